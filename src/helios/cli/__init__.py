@@ -1,0 +1,1 @@
+"""The `helios` command line."""

@@ -1,0 +1,48 @@
+"""`helios` entry point: a dispatcher over one module per command family.
+
+Each command module defines `register(subparsers)`, which adds its subcommands and sets
+`func(args) -> int` on each. Errors derived from `HeliosError` print one line and exit with the
+class's exit code; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from helios.errors import HeliosError
+
+# Command modules, in the order their commands appear in --help.
+COMMAND_MODULES = (
+    "helios.cli.contract_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="helios",
+        description="Prepared-model LLM serving: prepare, sign, verify, inspect and serve model cores.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HeliosError as error:
+        print(f"helios {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"helios {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
