@@ -1,0 +1,89 @@
+"""HTTP admission: bounded permits and frontend preparation slots.
+
+At most `queue_capacity + max_active` requests hold a permit at once; that counts CPU preparation,
+queued generation and finished responses whose reader has not yet released them. A request that
+finds no permit gets `OverloadedError` (HTTP 429) at once. Admitted requests then wait
+asynchronously for one of `frontend_workers` preparation slots.
+
+Invariants: `in_use` equals the number of unreleased permits; a permit is released exactly once
+(releasing twice is a no-op), so a response can release it from any of its exit paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from helios.errors import OverloadedError
+
+
+class IngressFull(OverloadedError):
+    """Every admission permit is held."""
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_active: int
+    queue_capacity: int
+    frontend_workers: int
+
+    @property
+    def num_permits(self) -> int:
+        return self.max_active + self.queue_capacity
+
+
+class Permit:
+    """One admitted request's claim on ingress capacity; `release()` is idempotent."""
+
+    __slots__ = ("_controller", "_released")
+
+    def __init__(self, controller: "AdmissionController"):
+        self._controller = controller
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._controller._give_back()
+
+
+class AdmissionController:
+    """Counts permits (thread-safe) and owns the preparation-slot semaphore (event-loop bound)."""
+
+    def __init__(self, limits: AdmissionLimits):
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._in_use = 0
+        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    def acquire(self) -> Permit:
+        """Returns a permit or raises `IngressFull`; never waits."""
+        with self._lock:
+            if self._in_use >= self.limits.num_permits:
+                raise IngressFull(
+                    f"server is at capacity ({self.limits.num_permits} admitted requests); retry later"
+                )
+            self._in_use += 1
+        return Permit(self)
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._in_use -= 1
+
+    @asynccontextmanager
+    async def preparation_slot(self):
+        """Waits for one of `frontend_workers` slots for CPU preparation (template, tokenize, grammar)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limits.frontend_workers)
+        async with self._slots:
+            yield
