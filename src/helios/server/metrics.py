@@ -1,0 +1,81 @@
+"""Prometheus exposition for /metrics.
+
+One `CollectorRegistry` per server (no process-global state). Runtime values come from the model
+worker's `StatsSnapshot` through a custom collector read at scrape time; HTTP-level outcomes
+(429, 400) are counted here. Labels hold operation names, terminal reasons and status codes only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from helios.runtime.stats import StatsSnapshot
+
+
+class _RuntimeCollector:
+    def __init__(self, source: Callable[[], StatsSnapshot]):
+        self._source = source
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        s = self._source()
+        yield _counter("helios_requests_admitted", "Requests admitted by the scheduler", s.requests_admitted)
+        yield _counter("helios_requests_rejected", "Requests rejected by scheduler admission", s.requests_rejected)
+        finished = CounterMetricFamily("helios_requests_finished", "Requests finished, by terminal reason", labels=["reason"])
+        for reason, value in sorted(s.requests_finished.items()):
+            finished.add_metric([reason], value)
+        yield finished
+        launches = CounterMetricFamily("helios_graph_launches", "Program launches, by operation", labels=["operation"])
+        for operation, value in sorted(s.graph_launches.items()):
+            launches.add_metric([operation], value)
+        yield launches
+        yield _counter("helios_prompt_tokens", "Prompt tokens admitted", s.prompt_tokens)
+        yield _counter("helios_generated_tokens", "Tokens generated", s.generated_tokens)
+        yield _counter("helios_prefix_lookup_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_lookup_tokens)
+        yield _counter("helios_prefix_reused_tokens", "Prompt tokens served from the prefix cache", s.prefix_reused_tokens)
+        yield _counter("helios_snapshots_published", "Snapshots published", s.snapshots_published)
+        yield _counter("helios_snapshots_evicted", "Snapshots evicted", s.snapshots_evicted)
+        yield _gauge("helios_cache_pages", "Physical cache pages", s.pages_total)
+        yield _gauge("helios_cache_pages_free", "Cache pages free", s.pages_free)
+        yield _gauge("helios_cache_pages_cached", "Unreferenced cache pages kept for prefix reuse", s.pages_cached)
+        yield _gauge("helios_requests_active", "Requests holding a slot", s.active_requests)
+        yield _gauge("helios_requests_queued", "Requests waiting for scheduler admission", s.queued_requests)
+        yield _gauge("helios_request_slots", "Selected concurrency (request slots)", s.request_slots)
+        yield _gauge("helios_healthy", "1 while the model worker is healthy", int(s.healthy))
+        yield _counter(
+            "flare_mixed_grammar_decode_steps",
+            "Successful decode submissions whose lanes include constrained and unconstrained requests",
+            s.mixed_grammar_decode_steps,
+        )
+        yield _gauge(
+            "flare_constrained_max_inflight",
+            "Maximum outstanding executor frames right after a constrained submission",
+            s.constrained_max_inflight,
+        )
+
+
+def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _gauge(name: str, documentation: str, value: int) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+class ServerMetrics:
+    """The registry behind /metrics: runtime collector plus HTTP outcome counters."""
+
+    def __init__(self, stats_source: Callable[[], StatsSnapshot]):
+        self.registry = CollectorRegistry()
+        self.registry.register(_RuntimeCollector(stats_source))
+        self.http_responses = Counter(
+            "helios_http_responses", "HTTP responses by endpoint and status", ["endpoint", "status"], registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
