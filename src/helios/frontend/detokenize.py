@@ -1,0 +1,91 @@
+"""Incremental detokenization: generated token ids in, text deltas out.
+
+One `IncrementalDetokenizer` serves one request's output and is used by one thread. It owns the ids
+fed so far and two offsets into them (the window scheme of TGI and vLLM):
+
+- text decoded from ``ids[prefix_offset:read_offset]`` has already been emitted;
+- each feed decodes ``ids[prefix_offset:]`` and emits what lies beyond that emitted prefix, unless
+  the decoded text ends in U+FFFD, which is how the tokenizer's lossy UTF-8 decoding spells an
+  incomplete trailing character; such text stays pending until a later token completes it.
+
+The window restarts at the last emission, so each feed decodes only a few tokens, and decoders that
+treat the first token of a sequence specially (leading-space stripping) see the same first token in
+both decodes. Invariants: a delta never ends inside a UTF-8 character, emitted text is never emitted
+again, and the concatenation of every delta and `finish()` equals
+``tokenizer.decode(all_ids, skip_special_tokens=...)``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class Decoder(Protocol):
+    """The part of `tokenizers.Tokenizer` that detokenization needs."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas; see the module docstring for the invariants.
+
+    `skip_special_tokens` follows `tokenizers`: tokens the tokenizer marks special decode to nothing
+    when true and to their content when false. Mutates only its own state; `tokenizer` is read-only.
+    """
+
+    def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True):
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._finished = False
+
+    @property
+    def num_tokens(self) -> int:
+        """Ids fed so far."""
+        return len(self._ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Ids fed whose text has not been emitted yet (an incomplete UTF-8 character)."""
+        return len(self._ids) - self._read_offset
+
+    def feed(self, token_id: int) -> str:
+        """Adds one generated id and returns the newly complete text ("" while a character is open)."""
+        if self._finished:
+            raise ValueError("feed after finish")
+        self._ids.append(token_id)
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset, len(self._ids))
+        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
+
+    def feed_many(self, token_ids: Sequence[int]) -> str:
+        """Feeds several ids and returns their combined delta (same text as feeding one by one)."""
+        return "".join(self.feed(token_id) for token_id in token_ids)
+
+    def finish(self) -> str:
+        """Ends the stream and returns pending text, with U+FFFD for any incomplete character.
+
+        Called at EOS, output limit, stop or cancellation; the detokenizer accepts no ids after it.
+        """
+        if self._finished:
+            return ""
+        self._finished = True
+        if self._read_offset == len(self._ids):
+            return ""
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset, len(self._ids))
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
+
+    def _decode(self, start: int, end: int) -> str:
+        if start == end:
+            return ""
+        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special_tokens)
