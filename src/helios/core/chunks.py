@@ -1,0 +1,124 @@
+"""Fixed-size chunk commitments over stored (compressed) bytes.
+
+A stored frame of `n` bytes is committed to by ceil(n / chunk_nbytes) SHA-256 digests, one per
+consecutive chunk (the last may be short). `ChunkDigester` computes them while bytes are written;
+`VerifiedChunks` reads a stored range back one chunk at a time and releases a chunk only after its
+digest matched, so a consumer never sees a byte that is not committed to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Sequence
+
+from helios.core.errors import ChunkDigestError, LocationError
+
+CHUNK_NBYTES = 4 * 1024 * 1024
+
+
+def chunk_count(stored_nbytes: int, chunk_nbytes: int = CHUNK_NBYTES) -> int:
+    """ceil(stored_nbytes / chunk_nbytes)."""
+    return -(-stored_nbytes // chunk_nbytes)
+
+
+class ChunkDigester:
+    """Digests of consecutive `chunk_nbytes` chunks of everything passed to `update`. Mutable."""
+
+    def __init__(self, chunk_nbytes: int = CHUNK_NBYTES):
+        self._chunk_nbytes = chunk_nbytes
+        self._digests: list[bytes] = []
+        self._current = hashlib.sha256()
+        self._filled = 0
+        self.nbytes = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            take = min(self._chunk_nbytes - self._filled, len(view))
+            self._current.update(view[:take])
+            self._filled += take
+            self.nbytes += take
+            view = view[take:]
+            if self._filled == self._chunk_nbytes:
+                self._digests.append(self._current.digest())
+                self._current = hashlib.sha256()
+                self._filled = 0
+
+    def finish(self) -> tuple[bytes, ...]:
+        """All digests, including the short last chunk. Call once, after the last update."""
+        if self._filled:
+            self._digests.append(self._current.digest())
+            self._filled = 0
+        return tuple(self._digests)
+
+
+class RangeFile:
+    """Positional reads from `[offset, offset + nbytes)` of an open file descriptor.
+
+    Owns the descriptor: `close()` closes it. `os.pread` keeps reads independent of any shared
+    file position.
+    """
+
+    def __init__(self, fd: int, offset: int, nbytes: int, name: str):
+        self.fd, self.offset, self.nbytes, self.name = fd, offset, nbytes, name
+
+    @classmethod
+    def open(cls, path: os.PathLike | str, offset: int, nbytes: int) -> "RangeFile":
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as error:
+            raise LocationError(f"cannot open {path}: {error.strerror}") from None
+        return cls(fd, offset, nbytes, str(path))
+
+    def read_at(self, position: int, nbytes: int) -> bytes:
+        """Exactly `nbytes` from `position` within the range; a short file is a LocationError."""
+        data = os.pread(self.fd, nbytes, self.offset + position)
+        if len(data) != nbytes:
+            raise LocationError(f"{self.name} ends before the stored range it must hold")
+        return data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class VerifiedChunks:
+    """Yields the stored bytes of one resource chunk by chunk, each verified before release.
+
+    Mutable cursor; owned by one reader; does not own `source` (the reader closes it).
+    """
+
+    def __init__(
+        self,
+        source: RangeFile,
+        digests: Sequence[bytes],
+        resource_id: str,
+        chunk_nbytes: int = CHUNK_NBYTES,
+    ):
+        if len(digests) != chunk_count(source.nbytes, chunk_nbytes):
+            raise LocationError(f"resource {resource_id!r}: chunk count does not fit its length")
+        self._source = source
+        self._digests = digests
+        self._resource_id = resource_id
+        self._chunk_nbytes = chunk_nbytes
+        self._index = 0
+
+    @property
+    def is_exhausted(self) -> bool:
+        return self._index == len(self._digests)
+
+    def next_chunk(self) -> bytes | None:
+        """The next verified chunk, or None after the last one."""
+        if self.is_exhausted:
+            return None
+        start = self._index * self._chunk_nbytes
+        nbytes = min(self._chunk_nbytes, self._source.nbytes - start)
+        data = self._source.read_at(start, nbytes)
+        if hashlib.sha256(data).digest() != self._digests[self._index]:
+            raise ChunkDigestError(
+                f"resource {self._resource_id!r}: chunk {self._index} does not match its digest"
+            )
+        self._index += 1
+        return data

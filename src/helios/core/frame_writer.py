@@ -1,0 +1,68 @@
+"""Encoding one resource as exactly one zstd level-3 frame, with chunk commitments.
+
+`write_frame` streams a source through the compressor into a sink and digests the compressed
+bytes in 4 MiB chunks on the way, so neither the resource nor its frame is ever held whole.
+Level 3 keeps the window at most 2 MiB (well under the 8 MiB reader cap); the frame carries its
+content size when known and a content checksum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import zstandard
+
+from helios.core.chunks import CHUNK_NBYTES, ChunkDigester
+
+ZSTD_LEVEL = 3
+_IO_NBYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoredFrame:
+    """What a written frame commits to: its stored length, decoded length and chunk digests."""
+
+    stored_nbytes: int
+    decoded_nbytes: int
+    chunk_sha256: tuple[bytes, ...]
+
+
+class _DigestingSink:
+    """Forwards writes to `sink` and digests them. Does not own `sink`."""
+
+    def __init__(self, sink: BinaryIO, chunk_nbytes: int):
+        self._sink = sink
+        self.digester = ChunkDigester(chunk_nbytes)
+
+    def write(self, data) -> int:
+        self.digester.update(data)
+        return self._sink.write(data)
+
+
+def write_frame(
+    source: BinaryIO,
+    sink: BinaryIO,
+    *,
+    size: int | None = None,
+    chunk_nbytes: int = CHUNK_NBYTES,
+) -> StoredFrame:
+    """Appends one zstd level-3 frame of everything `source` yields to `sink`.
+
+    `size`, when given, must be the exact number of bytes `source` yields; it is written into
+    the frame header. Reads `source` to EOF; neither stream is closed.
+    """
+    compressor = zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL, write_checksum=True, write_content_size=size is not None
+    )
+    digesting = _DigestingSink(sink, chunk_nbytes)
+    decoded, stored = compressor.copy_stream(
+        source,
+        digesting,
+        size=-1 if size is None else size,
+        read_size=_IO_NBYTES,
+        write_size=_IO_NBYTES,
+    )
+    if size is not None and decoded != size:
+        raise ValueError(f"the source yielded {decoded} bytes, not the announced {size}")
+    return StoredFrame(stored, decoded, digesting.digester.finish())
