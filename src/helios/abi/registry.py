@@ -1,0 +1,193 @@
+"""The `helios` op namespace: argument checks shared by the ABI ops, and load-time op validation.
+
+Every execution-ABI op is a `torch.library` custom op in the `helios` namespace, registered with an
+explicit schema string (the ABI: a schema never changes once a core that uses it exists). Programs
+are `torch.export` ExportedPrograms; before a runtime serves one it checks that every `helios` op the
+program calls is declared by the core's manifest and registered in this process with exactly the
+declared schema.
+
+Op names are qualified as ``helios::NAME`` (``helios::NAME.OVERLOAD`` for a non-default overload),
+and schema strings are ``str(FunctionSchema)``, for example
+``helios::philox_uniform(Tensor seeds, Tensor counters, int offset) -> Tensor``.
+
+Two entry points, used in this order by a loader:
+
+- `validate_serialized_ops(data, declared)` reads the op names from a saved program's JSON graph
+  (no unpickling, nothing deserialized) so an unregistered op fails with a clear `LoadError`
+  instead of `torch.export.load`'s generic deserialization error;
+- `validate_program_ops(program, declared)` walks the loaded ExportedProgram's graphs (subgraphs
+  and ops passed to higher-order ops such as ``auto_functionalized`` included).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import torch
+
+from helios.errors import ExecutionError, LoadError
+
+NAMESPACE = "helios"
+
+_SERIALIZED_TARGET = re.compile(r"^torch\.ops\.helios\.(\w+)\.(\w+)$")
+
+
+class AbiArgumentError(ExecutionError, ValueError):
+    """An ABI op was called with a tensor of the wrong dtype, rank or shape (a program bug)."""
+
+
+class ProgramOpError(LoadError):
+    """A program uses a `helios` op this runtime cannot serve. `op` is the qualified op name."""
+
+    def __init__(self, op: str, message: str):
+        self.op = op
+        super().__init__(f"{op}: {message}")
+
+
+class UndeclaredOpError(ProgramOpError):
+    """The program calls a `helios` op that the manifest does not declare."""
+
+
+class UnregisteredOpError(ProgramOpError):
+    """The program calls a `helios` op that is not registered in this process."""
+
+
+class SchemaMismatchError(ProgramOpError):
+    """The op's registered (or recorded) schema differs from the declared schema string."""
+
+
+class UnreadableProgramError(LoadError):
+    """A saved program's archive or graph JSON cannot be read."""
+
+
+def check_tensor(op: str, name: str, tensor: object, dtype: torch.dtype,
+                 shape: Sequence[int | None]) -> None:
+    """Raise `AbiArgumentError` unless `tensor` has `dtype` and `shape` (None matches any extent).
+
+    Checks only metadata, so it is safe on fake tensors and never synchronises a device.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise AbiArgumentError(f"{op}: {name} must be a Tensor, got {type(tensor).__name__}")
+    actual = tuple(tensor.shape)
+    fits = len(actual) == len(shape) and all(e is None or e == a for e, a in zip(shape, actual))
+    if tensor.dtype != dtype or not fits:
+        wanted = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+        raise AbiArgumentError(
+            f"{op}: {name} must be {dtype} {wanted}, got {tensor.dtype} {list(actual)}")
+
+
+def check_same_device(op: str, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Raise `AbiArgumentError` unless all `tensors` live on one device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{name}={device}" for name, device in devices.items())
+        raise AbiArgumentError(f"{op}: tensors must share one device, got {listing}")
+
+
+def qualified_name(schema: torch._C.FunctionSchema) -> str:
+    """``helios::NAME`` or ``helios::NAME.OVERLOAD`` for a schema."""
+    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+
+
+def registered_schemas() -> dict[str, str]:
+    """Every op currently registered in the `helios` namespace: qualified name -> schema string."""
+    return {
+        qualified_name(schema): str(schema)
+        for schema in torch._C._jit_get_all_schemas()
+        if schema.name.startswith(NAMESPACE + "::")
+    }
+
+
+def program_ops(program: torch.export.ExportedProgram) -> dict[str, str]:
+    """The `helios` ops a program calls: qualified name -> schema recorded in the program's graph."""
+    found: dict[str, str] = {}
+    for graph_module in program.graph_module.modules():
+        graph = getattr(graph_module, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            for target in _operators(node):
+                if target.namespace == NAMESPACE:
+                    found[qualified_name(target._schema)] = str(target._schema)
+    return found
+
+
+def _operators(node: torch.fx.Node) -> Iterator[torch._ops.OpOverload]:
+    """The node's target and any op passed as an argument (higher-order ops wrap custom ops)."""
+    candidates: list[object] = [node.target]
+    torch.fx.node.map_aggregate((node.args, node.kwargs), candidates.append)
+    for candidate in candidates:
+        if isinstance(candidate, torch._ops.OpOverload):
+            yield candidate
+
+
+def validate_program_ops(program: torch.export.ExportedProgram,
+                         declared: Mapping[str, str]) -> None:
+    """Check every `helios` op of `program` against `declared` (qualified name -> schema string).
+
+    Raises `UndeclaredOpError`, `UnregisteredOpError` or `SchemaMismatchError` naming the first
+    offending op in name order. Declared ops the program does not use are allowed.
+    """
+    registered = registered_schemas()
+    for op, recorded in sorted(program_ops(program).items()):
+        _check_op(op, declared, registered)
+        if recorded != declared[op]:
+            raise SchemaMismatchError(
+                op, f"program was exported with schema {recorded!r}, declared {declared[op]!r}")
+
+
+def _check_op(op: str, declared: Mapping[str, str], registered: Mapping[str, str]) -> None:
+    if op not in declared:
+        raise UndeclaredOpError(op, "the program uses this op but the manifest does not declare it")
+    if op not in registered:
+        raise UnregisteredOpError(op, "op is not registered in this runtime")
+    if registered[op] != declared[op]:
+        raise SchemaMismatchError(
+            op, f"registered schema {registered[op]!r} differs from declared {declared[op]!r}")
+
+
+def serialized_program_ops(data: bytes) -> frozenset[str]:
+    """The `helios` ops named in a `torch.export.save` archive, read from its JSON graphs only.
+
+    Nothing is unpickled. Raises `UnreadableProgramError` when the archive has no readable graph.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = [m for m in archive.namelist()
+                       if "/models/" in f"/{m}" and m.endswith(".json")]
+            graphs = [json.loads(archive.read(m)) for m in members]
+    except (zipfile.BadZipFile, ValueError, OSError) as error:
+        raise UnreadableProgramError(f"saved program cannot be read: {error}") from error
+    if not graphs:
+        raise UnreadableProgramError("saved program has no model graph")
+    return frozenset(_targets(graphs))
+
+
+def _targets(value: object) -> Iterable[str]:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            match = _SERIALIZED_TARGET.match(item)
+            if match:
+                name, overload = match.groups()
+                suffix = "" if overload == "default" else f".{overload}"
+                yield f"{NAMESPACE}::{name}{suffix}"
+
+
+def validate_serialized_ops(data: bytes, declared: Mapping[str, str]) -> None:
+    """Pre-load check of a saved program: each `helios` op it names is declared and registered
+    with the declared schema. Raises the same errors as `validate_program_ops`."""
+    registered = registered_schemas()
+    for op in sorted(serialized_program_ops(data)):
+        _check_op(op, declared, registered)
