@@ -1,1 +1,37 @@
-"""helios.ignition.recipes"""
+"""Recipes: the only model-specific code. Each turns a checkpoint family into an Architecture + weights.
+
+`load_checkpoint(path)` reads a Hugging Face checkpoint directory (config.json and *.safetensors),
+picks the recipe registered for its declared architecture class and returns a `Recipe`. An
+architecture no recipe supports raises `UnsupportedCheckpoint` naming the supported ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from helios.ignition.recipes import llama
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
+
+__all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheckpoint", "load_checkpoint"]
+
+RecipeBuilder = Callable[..., Recipe]
+
+_REGISTRY: dict[str, RecipeBuilder] = {name: llama.build for name in llama.ARCHITECTURES}
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
+
+
+def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
+    """Prepare the checkpoint at `path`; `dtype` ("float32", "bfloat16", "float16") overrides its own."""
+    directory = Path(path)
+    config = read_config(directory)
+    declared = config.get("architectures") or []
+    source = declared[0] if len(declared) == 1 else None
+    builder = _REGISTRY.get(source) if source else None
+    if builder is None:
+        raise UnsupportedCheckpoint(
+            f"unsupported architecture {declared or config.get('model_type')!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return builder(source, config, CheckpointTensors.open(directory), dtype)

@@ -1,0 +1,151 @@
+"""Execution ABI: paged attention and cache writes (namespace ``helios``).
+
+Importing this module registers two custom ops with ``torch.library``. Captured programs call them;
+``torch.export`` records them as opaque calls (their fake implementations give shapes only), so a
+saved program depends on their schemas, never on their Python bodies. The bodies here are the CPU
+reference implementations; they use plain torch ops and therefore run on any device.
+
+Cache layout (one plane per layer, for keys and for values alike)::
+
+    cache[P, page_tokens, Hkv, D]       position p of a row lives in page page_table[row, p // page_tokens]
+                                        at offset p % page_tokens; its flat slot is page * page_tokens + offset
+
+``helios::cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()``
+    k_cache, v_cache: [P, page_tokens, Hkv, D], mutated in place (no copy of the planes is made).
+    k, v: [T, Hkv, D], the same dtype as the caches. slot_mapping: int64 [T]; token t is written to flat
+    slot slot_mapping[t]; negative slots (padding) are skipped. Slots of one call must be distinct.
+
+``helios::paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor query_start,
+Tensor positions, float scale, int window) -> Tensor``
+    q: [T, Hq, D] packed queries of R rows: row r owns packed tokens [query_start[r], query_start[r+1]).
+    k_cache, v_cache: [P, page_tokens, Hkv, D] (read only), Hq a multiple of Hkv (grouped-query
+    attention: query head h reads key/value head h // (Hq // Hkv)).
+    page_table: int32 [R, max_pages]; entries past a row's last needed page are never read.
+    query_start: int32 [R + 1], non-decreasing; a row with query_start[r] == query_start[r+1] is
+    inactive. positions: int64 [T], the absolute position of each packed token.
+    Token t of row r attends to every cached position c of row r with c <= positions[t] and, when
+    window > 0, positions[t] - c < window (window == 0: no window). The caller writes this step's
+    keys and values first, so a query sees its own key. scale multiplies q.k.
+    Returns [T, Hq, D] in q's dtype; tokens at or past query_start[R] (padding) get zeros.
+    Scores and the softmax are computed in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
+
+__all__ = ["CACHE_WRITE_SCHEMA", "PAGED_ATTENTION_SCHEMA", "cache_write", "paged_attention"]
+
+CACHE_WRITE_SCHEMA = "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()"
+PAGED_ATTENTION_SCHEMA = (
+    "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor query_start, "
+    "Tensor positions, float scale, int window) -> Tensor"
+)
+_WRITE, _ATTEND = "helios::cache_write", "helios::paged_attention"
+_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_cache_planes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """Validate a key/value plane pair [P, page_tokens, Hkv, D]; return its extents."""
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4 or k_cache.dtype not in _CACHE_DTYPES:
+        raise AbiArgumentError(f"{op}: k_cache must be a float tensor [P, page_tokens, Hkv, D]")
+    check_tensor(op, "v_cache", v_cache, k_cache.dtype, tuple(k_cache.shape))
+    return tuple(k_cache.shape)
+
+
+def check_cache_write_args(k_cache, v_cache, k, v, slot_mapping) -> None:
+    """Metadata-only validation of ``helios::cache_write`` (safe on fake tensors)."""
+    _, _, num_kv_heads, head_dim = check_cache_planes(_WRITE, k_cache, v_cache)
+    check_tensor(_WRITE, "k", k, k_cache.dtype, (None, num_kv_heads, head_dim))
+    check_tensor(_WRITE, "v", v, k_cache.dtype, tuple(k.shape))
+    check_tensor(_WRITE, "slot_mapping", slot_mapping, torch.int64, (k.shape[0],))
+    check_same_device(_WRITE, dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping))
+
+
+def check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions) -> None:
+    """Metadata-only validation of ``helios::paged_attention`` (safe on fake tensors)."""
+    _, _, num_kv_heads, head_dim = check_cache_planes(_ATTEND, k_cache, v_cache)
+    check_tensor(_ATTEND, "q", q, k_cache.dtype, (None, None, head_dim))
+    if q.shape[1] % num_kv_heads:
+        raise AbiArgumentError(f"{_ATTEND}: {q.shape[1]} query heads are not a multiple of {num_kv_heads}")
+    check_tensor(_ATTEND, "page_table", page_table, torch.int32, (None, None))
+    check_tensor(_ATTEND, "query_start", query_start, torch.int32, (page_table.shape[0] + 1,))
+    check_tensor(_ATTEND, "positions", positions, torch.int64, (q.shape[0],))
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
+                   query_start=query_start, positions=positions)
+    check_same_device(_ATTEND, tensors)
+
+
+@torch.library.custom_op(_WRITE, mutates_args=("k_cache", "v_cache"), schema=CACHE_WRITE_SCHEMA)
+def cache_write(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    check_cache_write_args(k_cache, v_cache, k, v, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep])
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep])
+
+
+@cache_write.register_fake
+def _cache_write_fake(k_cache, v_cache, k, v, slot_mapping) -> None:
+    check_cache_write_args(k_cache, v_cache, k, v, slot_mapping)
+
+
+@torch.library.custom_op(_ATTEND, mutates_args=(), schema=PAGED_ATTENTION_SCHEMA)
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    query_start: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
+    out = torch.zeros_like(q)
+    bounds = query_start.tolist()
+    for row in range(len(bounds) - 1):
+        start, end = bounds[row], bounds[row + 1]
+        if end > start:
+            out[start:end] = _attend_row(
+                q[start:end], k_cache, v_cache, page_table[row], positions[start:end], scale, window
+            )
+    return out
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(q, k_cache, v_cache, page_table, query_start, positions, scale, window):
+    check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
+    return torch.empty_like(q)
+
+
+def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int) -> torch.Tensor:
+    """Attention of one row's queries [n, Hq, D] over its cached positions 0..max(positions)."""
+    num_tokens, num_heads, head_dim = q.shape
+    page_tokens, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    context_len = int(positions.max()) + 1
+    num_pages = -(-context_len // page_tokens)
+    if num_pages > pages.shape[0]:
+        raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {pages.shape[0]}")
+    page_ids = pages[:num_pages].long()
+    keys = k_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
+    values = v_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
+    cached = torch.arange(context_len, device=q.device)
+    allowed = cached[None, :] <= positions[:, None]
+    if window > 0:
+        allowed &= positions[:, None] - cached[None, :] < window
+    groups = num_heads // num_kv_heads
+    queries = q.float().view(num_tokens, num_kv_heads, groups, head_dim)
+    scores = torch.einsum("nhgd,khd->hgnk", queries, keys) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    attended = torch.einsum("hgnk,khd->nhgd", probs, values)
+    return attended.reshape(num_tokens, num_heads, head_dim).to(q.dtype)

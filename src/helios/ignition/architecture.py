@@ -1,0 +1,127 @@
+"""The typed description of a decoder-only transformer that the generic program is built from.
+
+A recipe turns a checkpoint's configuration into an `Architecture`; the program reads only these
+fields, never a model name. `weight_layout(arch)` is the single definition of the ordered weight list
+that programs take as their first input: recipes produce tensors in exactly this order and shape.
+
+Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out, in]``):
+  embed [V, H]; per layer i: ``layers.i.input_norm`` [H], ``layers.i.qkv.weight`` [(Hq + 2 Hkv) D, H]
+  (rows: q, then k, then v), optional ``layers.i.qkv.bias``, optional ``layers.i.q_norm`` /
+  ``layers.i.k_norm`` [D], ``layers.i.o.weight`` [H, Hq D], optional ``layers.i.o.bias``,
+  ``layers.i.post_norm`` [H], ``layers.i.gate_up.weight`` [2 F, H] (rows: gate, then up), optional
+  ``layers.i.gate_up.bias``, ``layers.i.down.weight`` [H, F], optional ``layers.i.down.bias``;
+  then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
+  [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from helios.errors import UsageError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(UsageError):
+    """A checkpoint or architecture description that preparation cannot turn into programs."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Geometry and dataflow switches of a pre-norm decoder with rotary attention and a gated MLP.
+
+    Invariants (checked on construction): heads divide evenly into key/value groups, one window per
+    layer (0 = full causal attention, w > 0 = the last w positions including the query's own).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    layer_windows: tuple[int, ...]
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if len(self.layer_windows) != self.num_layers:
+            raise CheckpointError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
+        if any(window < 0 for window in self.layer_windows):
+            raise CheckpointError("layer windows must be >= 0")
+        if self.dtype not in _DTYPES:
+            raise CheckpointError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
+        if self.head_dim % 2:
+            raise CheckpointError("rotary attention needs an even head_dim")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+@dataclass(frozen=True)
+class WeightSlot:
+    """One entry of the program's weight list: its name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
+    """The ordered weight list every program of `arch` takes as its first input."""
+    slots = [_slot("embed", arch, arch.vocab_size, arch.hidden_size)]
+    for layer in range(arch.num_layers):
+        slots += _layer_slots(arch, f"layers.{layer}.")
+    slots.append(_slot("final_norm", arch, arch.hidden_size))
+    if not arch.tie_word_embeddings:
+        slots.append(_slot("lm_head", arch, arch.vocab_size, arch.hidden_size))
+    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    return tuple(slots)
+
+
+def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    qkv_rows = arch.q_size + 2 * arch.kv_size
+    hidden, ff = arch.hidden_size, arch.intermediate_size
+    slots = [_slot(prefix + "input_norm", arch, hidden), _slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
+    if arch.qkv_bias:
+        slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
+    if arch.qk_norm:
+        slots += [_slot(prefix + "q_norm", arch, arch.head_dim), _slot(prefix + "k_norm", arch, arch.head_dim)]
+    slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
+    if arch.o_bias:
+        slots.append(_slot(prefix + "o.bias", arch, hidden))
+    slots += [_slot(prefix + "post_norm", arch, hidden), _slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
+    if arch.mlp_bias:
+        slots.append(_slot(prefix + "gate_up.bias", arch, 2 * ff))
+    slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
+    if arch.mlp_bias:
+        slots.append(_slot(prefix + "down.bias", arch, hidden))
+    return slots
+
+
+def _slot(name: str, arch: Architecture, *shape: int) -> WeightSlot:
+    return WeightSlot(name, tuple(shape), arch.dtype)

@@ -1,0 +1,93 @@
+"""Capture: export the generic programs of an Architecture with torch.export at capacity variants.
+
+Each (operation, capacity) becomes one `CapturedProgram`: the bytes written by ``torch.export.save``
+plus its `ProgramSpec`. Programs are captured on the CPU from example tensors that carry no data
+(``torch.empty``; tracing never reads them), with weights lifted to the first input, so the saved
+bytes hold neither weights nor example data. R and T are static; the page count, request-slot count
+and page-table width are symbolic, so physical cache capacities can be chosen after loading.
+
+Security: `load_program` unpickles. Call it only on bytes whose signature and commitments have been
+verified and whose publisher has been authorized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import io
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch.export import Dim
+
+from helios.abi.registry import program_ops
+from helios.ignition.architecture import Architecture
+from helios.ignition.program import GenerationProgram, ScoredPrefillProgram
+from helios.ignition.program_spec import Capacity, Operation, ProgramSpec, TensorSpec, program_spec
+
+_TORCH_DTYPES = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+    "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
+}
+# Example extents of the symbolic dims (>= 2, so tracing does not specialise them to 0 or 1).
+_EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "max_pages": 2}
+
+
+@dataclass(frozen=True)
+class CapturedProgram:
+    """One exported program (torch.export.save bytes, no weights, no example inputs) and its spec."""
+
+    spec: ProgramSpec
+    program: bytes
+
+
+def build_program(arch: Architecture, operation: Operation, page_tokens: int) -> torch.nn.Module:
+    """The eager module of `operation` (also usable directly, e.g. for debugging)."""
+    if operation is Operation.SCORED_PREFILL:
+        return ScoredPrefillProgram(arch, page_tokens)
+    return GenerationProgram(arch, page_tokens)
+
+
+def capture_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int) -> CapturedProgram:
+    """Export one program; its spec lists the ABI ops the graph calls, with their schemas."""
+    spec = program_spec(arch, operation, capacity, page_tokens)
+    module = build_program(arch, operation, page_tokens)
+    parameters = tuple(inspect.signature(module.forward).parameters)
+    if parameters != spec.input_names:
+        raise AssertionError(f"program signature {parameters} disagrees with its spec {spec.input_names}")
+    args, dynamic_shapes = _example_inputs(spec)
+    exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    exported.example_inputs = None  # never ship example data
+    spec = dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items())))
+    buffer = io.BytesIO()
+    torch.export.save(exported, buffer)
+    return CapturedProgram(spec, buffer.getvalue())
+
+
+def capture_programs(
+    arch: Architecture, variants: Iterable[tuple[Operation, Capacity]], page_tokens: int
+) -> tuple[CapturedProgram, ...]:
+    return tuple(capture_program(arch, operation, capacity, page_tokens) for operation, capacity in variants)
+
+
+def load_program(program: bytes) -> torch.nn.Module:
+    """Deserialize captured bytes into a callable module (unpickles: verified bytes only)."""
+    return torch.export.load(io.BytesIO(program)).module()
+
+
+def _example_inputs(spec: ProgramSpec):
+    """Uninitialised example tensors for `spec` and the torch.export dynamic-shape description."""
+    dims = {name: Dim(name, min=2) for name in _EXAMPLE_EXTENTS}
+    weights = [torch.empty(slot.shape, dtype=_TORCH_DTYPES[slot.dtype]) for slot in spec.weights]
+    args, shapes = [weights], [[None] * len(weights)]
+    for tensor_spec in spec.inputs[1:]:
+        args.append(_example_tensor(tensor_spec))
+        symbolic = {axis: dims[dim] for axis, dim in enumerate(tensor_spec.shape) if isinstance(dim, str)}
+        shapes.append(symbolic or None)
+    return tuple(args), tuple(shapes)
+
+
+def _example_tensor(spec: TensorSpec) -> torch.Tensor:
+    shape = tuple(_EXAMPLE_EXTENTS[dim] if isinstance(dim, str) else dim for dim in spec.shape)
+    return torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype])

@@ -1,0 +1,107 @@
+"""The generic paged decoder forward: packed tokens in, final hidden states out.
+
+Pure functions of an `Architecture`, the named weights of `weight_layout` and one packed step. They
+are traced by `torch.export` (see `program.py`); attention and cache writes go through the ABI ops of
+`helios.abi.attention`, so the only tensors they mutate are the cache planes, written in place.
+The arithmetic mirrors the Hugging Face reference order (float32 norms, rotary on [cos, sin] halves)
+so that float32 programs agree with it to rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+import helios.abi.attention  # noqa: F401  (registers helios::paged_attention and helios::cache_write)
+from helios.ignition.architecture import Architecture
+
+
+class PackedStep(NamedTuple):
+    """One step's packed geometry: R rows over T packed tokens (see `helios.abi.attention`)."""
+
+    token_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    query_start: torch.Tensor  # int32 [R + 1]
+    page_table: torch.Tensor  # int32 [R, max_pages]
+    slot_mapping: torch.Tensor  # int64 [T], -1 for padding tokens
+
+
+def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
+    """Flat cache slot of every packed token through its row's page table; -1 for padding tokens."""
+    num_tokens, num_rows = positions.shape[0], page_table.shape[0]
+    token_index = torch.arange(num_tokens, device=positions.device, dtype=query_start.dtype)
+    rows = torch.searchsorted(query_start[1:].contiguous(), token_index, right=True)
+    is_packed = token_index < query_start[num_rows]
+    rows = rows.clamp(max=num_rows - 1)
+    page_index = torch.div(positions, page_tokens, rounding_mode="floor").clamp(0, page_table.shape[1] - 1)
+    pages = page_table[rows, page_index].to(torch.int64)
+    slots = pages * page_tokens + torch.remainder(positions, page_tokens)
+    return torch.where(is_packed, slots, torch.full_like(slots, -1))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """cos and sin [T, 1, D] for the packed positions."""
+    freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention_block(arch, w, prefix, layer, hidden, caches, step, rotary):
+    """Self-attention of one layer; writes this step's keys/values into the layer's cache planes."""
+    num_tokens = hidden.shape[0]
+    qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
+    q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
+    q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
+    k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
+    v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
+    if arch.qk_norm:
+        q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
+        k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
+    cos, sin = rotary
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    k_plane, v_plane = caches[0][layer], caches[1][layer]
+    torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
+    attended = torch.ops.helios.paged_attention(
+        q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
+        arch.attention_scale, arch.layer_windows[layer],
+    )
+    return F.linear(attended.reshape(num_tokens, arch.q_size), w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+
+
+def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
+    gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
+    return F.linear(F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+
+
+def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
+    """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
+    hidden = F.embedding(step.token_ids, w["embed"])
+    rotary = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    for layer in range(arch.num_layers):
+        prefix = f"layers.{layer}."
+        normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+        hidden = hidden + attention_block(arch, w, prefix, layer, normed, (k_cache, v_cache), step, rotary)
+        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
+        hidden = hidden + mlp_block(arch, w, prefix, normed)
+    return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)
+
+
+def lm_logits(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits [N, V] of hidden states [N, H] (the embedding matrix when embeddings are tied)."""
+    head = w["embed"] if arch.tie_word_embeddings else w["lm_head"]
+    return F.linear(hidden, head).to(torch.float32)

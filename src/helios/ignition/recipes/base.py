@@ -1,0 +1,53 @@
+"""What a recipe produces: an Architecture and its weights in program order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
+
+
+class NamedWeight(NamedTuple):
+    name: str
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A prepared model: `weights` follow `weight_layout(architecture)` exactly (names, shapes, dtypes).
+
+    `source_architecture` is the checkpoint's declared class (for messages and provenance only; no
+    program or runtime behaviour depends on it).
+    """
+
+    source_architecture: str
+    architecture: Architecture
+    weights: tuple[NamedWeight, ...]
+
+    def __post_init__(self) -> None:
+        check_weights(self.architecture, self.weights)
+
+    @property
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The first program input."""
+        return [weight.tensor for weight in self.weights]
+
+
+class UnsupportedCheckpoint(CheckpointError):
+    """A checkpoint whose architecture, activation, rope type or tensors no recipe supports."""
+
+
+def check_weights(arch: Architecture, weights: tuple[NamedWeight, ...]) -> None:
+    layout = weight_layout(arch)
+    names = [weight.name for weight in weights]
+    if names != [slot.name for slot in layout]:
+        raise CheckpointError(f"weights {names} do not follow the program layout")
+    for slot, weight in zip(layout, weights):
+        if tuple(weight.tensor.shape) != slot.shape or str(weight.tensor.dtype) != f"torch.{slot.dtype}":
+            raise CheckpointError(
+                f"weight {slot.name} is {tuple(weight.tensor.shape)} {weight.tensor.dtype}, "
+                f"the layout needs {slot.shape} {slot.dtype}"
+            )

@@ -1,0 +1,168 @@
+"""Recipe for the Llama family of Hugging Face checkpoints.
+
+Covers LlamaForCausalLM (Llama 2 and 3, rope scaling "default", "linear" and "llama3"),
+MistralForCausalLM (sliding window on every layer), Qwen2ForCausalLM / Qwen2.5 (q/k/v bias, optional
+sliding layers) and Qwen3ForCausalLM (per-head q/k RMS norm): grouped-query attention, tied or
+untied embeddings. All the family knowledge lives here; it becomes Architecture fields and the
+prepared weight layout (q/k/v and gate/up fused, rotary frequencies computed once).
+
+Optional tensors (q/k/v, o and MLP biases, q/k norms) are taken from what the checkpoint holds, so
+a Llama checkpoint with ``attention_bias`` and a Qwen2 one with q/k/v bias need no special case.
+A checkpoint tensor this recipe does not place is an error: it would be silently ignored otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from helios.ignition.architecture import Architecture
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.checkpoint import CheckpointTensors
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ROPE_TYPES = ("default", "linear", "llama3")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    arch = architecture_from_config(source, config, tensors, dtype)
+    weights, used = prepared_weights(arch, config, tensors)
+    unplaced = sorted(name for name in tensors.names - used if not name.endswith(_IGNORED_SUFFIXES))
+    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
+        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
+    return Recipe(source, arch, weights)
+
+
+def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: str | None) -> Architecture:
+    if config.get("hidden_act", "silu") != "silu":
+        raise UnsupportedCheckpoint(f"hidden_act {config.get('hidden_act')!r} is not supported (only 'silu')")
+    num_heads = int(config["num_attention_heads"])
+    num_layers = int(config["num_hidden_layers"])
+    prefix = "model.layers.0."
+    return Architecture(
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=int(config["hidden_size"]),
+        intermediate_size=int(config["intermediate_size"]),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        head_dim=int(config.get("head_dim") or config["hidden_size"] // num_heads),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        layer_windows=layer_windows(source, config, num_layers),
+        qkv_bias=prefix + "self_attn.q_proj.bias" in tensors,
+        o_bias=prefix + "self_attn.o_proj.bias" in tensors,
+        mlp_bias=prefix + "mlp.gate_proj.bias" in tensors,
+        qk_norm=prefix + "self_attn.q_norm.weight" in tensors,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        dtype=dtype or _checkpoint_dtype(config, tensors),
+    )
+
+
+def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
+    """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it."""
+    window = int(config.get("sliding_window") or 0)
+    layer_types = config.get("layer_types")
+    if layer_types is None and source == "MistralForCausalLM":
+        layer_types = ["sliding_attention" if window else "full_attention"] * num_layers
+    if layer_types is None and config.get("use_sliding_window"):
+        first = int(config.get("max_window_layers", num_layers))
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if layer_types is None:
+        return (0,) * num_layers
+    if len(layer_types) != num_layers or not set(layer_types) <= {"sliding_attention", "full_attention"}:
+        raise UnsupportedCheckpoint(f"layer_types {layer_types} are not full/sliding attention per layer")
+    if "sliding_attention" in layer_types and window <= 0:
+        raise UnsupportedCheckpoint("sliding_attention layers need a positive sliding_window")
+    return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
+
+
+def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The rope settings in the current layout, from either `rope_parameters` or `rope_theta`/`rope_scaling`."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] not in ROPE_TYPES:
+        raise UnsupportedCheckpoint(f"rope_type {params['rope_type']!r} is not one of {ROPE_TYPES}")
+    if float(params.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0)) != 1.0:
+        raise UnsupportedCheckpoint("partial rotary embeddings are not supported")
+    if params["rope_type"] == "llama3":
+        params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
+    return params
+
+
+def rope_inv_freq(config: Mapping[str, Any], head_dim: int) -> torch.Tensor:
+    """float32 rotary inverse frequencies [head_dim / 2], scaling applied (the reference's arithmetic)."""
+    params = rope_parameters(config)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = 1.0 / (params["rope_theta"] ** exponents)
+    if params["rope_type"] == "linear":
+        return inv_freq / params["factor"]
+    if params["rope_type"] == "llama3":
+        return _llama3_scaled(inv_freq, params)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old_context = params["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
+    """The weights in program layout, and the checkpoint names they were made from."""
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return tensors.get(name).to(arch.torch_dtype)
+
+    weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
+    for layer in range(arch.num_layers):
+        weights += _layer_weights(arch, layer, take)
+    weights.append(NamedWeight("final_norm", take("model.norm.weight")))
+    if not arch.tie_word_embeddings:
+        weights.append(NamedWeight("lm_head", take("lm_head.weight")))
+    weights.append(NamedWeight("rope.inv_freq", rope_inv_freq(config, arch.head_dim)))
+    return tuple(weights), used
+
+
+def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    src, dst = f"model.layers.{layer}.", f"layers.{layer}."
+    attn, mlp = src + "self_attn.", src + "mlp."
+    qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
+    gate_up = [mlp + "gate_proj.", mlp + "up_proj."]
+    out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
+           NamedWeight(dst + "qkv.weight", torch.cat([take(p + "weight") for p in qkv]))]
+    if arch.qkv_bias:
+        out.append(NamedWeight(dst + "qkv.bias", torch.cat([take(p + "bias") for p in qkv])))
+    if arch.qk_norm:
+        out += [NamedWeight(dst + "q_norm", take(attn + "q_norm.weight")),
+                NamedWeight(dst + "k_norm", take(attn + "k_norm.weight"))]
+    out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
+    if arch.o_bias:
+        out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
+    out += [NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
+            NamedWeight(dst + "gate_up.weight", torch.cat([take(p + "weight") for p in gate_up]))]
+    if arch.mlp_bias:
+        out.append(NamedWeight(dst + "gate_up.bias", torch.cat([take(p + "bias") for p in gate_up])))
+    out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
+    if arch.mlp_bias:
+        out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))
+    return out
+
+
+def _checkpoint_dtype(config: Mapping[str, Any], tensors: CheckpointTensors) -> str:
+    declared = config.get("dtype") or config.get("torch_dtype")
+    if declared in _DTYPE_NAMES:
+        return _DTYPE_NAMES[declared]
+    return str(tensors.get("model.embed_tokens.weight").dtype).removeprefix("torch.")
