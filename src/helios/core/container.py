@@ -1,0 +1,109 @@
+"""Writing the files of one core atomically: a single file, or a core file plus sibling parts.
+
+`ContainerWriter` hands out a sink for each stored resource in turn, records where it went, and
+on `commit(body)` appends the CoreBody to the core file, writes the header last, fsyncs, and
+renames every temporary file into place (parts first, the core file last). Until then nothing
+exists under the final names; on error (`abort`, or leaving the `with` block by an exception)
+every temporary file is removed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+from helios.core.layout import HEADER_NBYTES, CoreHeader, encode_header
+from helios.core.locations import check_sibling_name
+from helios.core.records import Placement
+
+
+class _PendingFile:
+    def __init__(self, final: Path):
+        self.final = final
+        self.temp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        self.handle: BinaryIO = open(self.temp, "xb")
+
+    def finish(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+
+
+class ContainerWriter:
+    """Owns the temporary files of one core until `commit` or `abort`. Single use; mutable."""
+
+    def __init__(self, path: os.PathLike | str, *, split_nbytes: int | None = None):
+        self.path = Path(path)
+        if split_nbytes is not None and split_nbytes <= 0:
+            raise ValueError("split_nbytes must be positive")
+        self._split_nbytes = split_nbytes
+        self._main = _PendingFile(self.path)
+        self._main.handle.write(bytes(HEADER_NBYTES))  # placeholder; the header is written last
+        self._parts: list[_PendingFile] = []
+        self._current: tuple[str, BinaryIO, int] | None = None
+        self.placements: dict[str, Placement] = {}
+
+    def _target(self) -> tuple[str, _PendingFile]:
+        if self._split_nbytes is None:
+            return "", self._main
+        part = self._parts[-1] if self._parts else None
+        if part is None or part.handle.tell() >= self._split_nbytes:
+            name = check_sibling_name(f"{self.path.name}.part{len(self._parts):03d}")
+            part = _PendingFile(self.path.with_name(name))
+            self._parts.append(part)
+        return part.final.name, part
+
+    def begin_resource(self) -> BinaryIO:
+        """The sink for the next resource's stored bytes; call `end_resource` after writing."""
+        name, pending = self._target()
+        self._current = (name, pending.handle, pending.handle.tell())
+        return pending.handle
+
+    def end_resource(self, resource_id: str) -> Placement:
+        name, handle, offset = self._current
+        self._current = None
+        placement = Placement(name, offset, handle.tell() - offset)
+        self.placements[resource_id] = placement
+        return placement
+
+    def body_offset(self) -> int:
+        return self._main.handle.tell()
+
+    def commit(self, body: bytes) -> tuple[Path, ...]:
+        """Appends `body`, writes the header, syncs and renames; returns the final paths."""
+        offset = self._main.handle.tell()
+        self._main.handle.write(body)
+        self._main.handle.seek(0)
+        self._main.handle.write(encode_header(CoreHeader(offset, len(body))))
+        for pending in (*self._parts, self._main):
+            pending.finish()
+        for pending in (*self._parts, self._main):
+            os.replace(pending.temp, pending.final)
+        _sync_directory(self.path.parent)
+        return tuple(p.final for p in (self._main, *self._parts))
+
+    def abort(self) -> None:
+        for pending in (self._main, *self._parts):
+            pending.handle.close()
+            pending.temp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "ContainerWriter":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None:
+            self.abort()
+
+
+def _sync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

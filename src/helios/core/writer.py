@@ -1,0 +1,172 @@
+"""`CoreWriter`: the API ignition uses to produce a signed core.
+
+    writer = CoreWriter()                                   # payload format 2
+    writer.set_contract(prepared)                           # or (contract_bytes, manifest_bytes)
+    writer.set_publisher("acme/llama", license="llama3", acceptance_terms="...")
+    writer.add_resource("program.decode.b1", ResourceKind.PROGRAM, open("p.pt2", "rb"))
+    writer.add_resource("weights.rank0", ResourceKind.WEIGHTS, Path("w0.safetensors"), rank=0)
+    writer.add_signing_key(load_signing_key("publisher.key"))
+    writer.write("model.core")                              # or split_nbytes=2**30
+
+Each resource is compressed as exactly one zstd level-3 frame (or sealed as AES-GCM chunks for a
+v4 logical-resource core) while it streams from its source into the output file; nothing is held
+whole in memory. The writer is a single-use mutable builder: `write` consumes the sources.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Union
+
+from helios.contract import core_pb2
+from helios.core.aead import check_aead_key
+from helios.core.body import SignedContent
+from helios.core.catalogs import RebuildManifest, WeightCatalog
+from helios.core.container import ContainerWriter
+from helios.core.envelope import seal
+from helios.core.keys import SigningKey, check_namespace
+from helios.core.locations import encode_locations
+from helios.core.payload_encode import encode_payload, store_resource
+from helios.core.records import CoreFormat, Publisher, ResourceEntry, ResourceInfo, ResourceKind
+from helios.core.references import check_manifest_references
+
+Source = Union[bytes, bytearray, memoryview, BinaryIO, os.PathLike, str]
+
+
+@dataclass(frozen=True)
+class WrittenCore:
+    """The files written (core file first) and the signed resource descriptions."""
+
+    files: tuple[Path, ...]
+    resources: tuple[ResourceInfo, ...]
+
+
+@dataclass(frozen=True)
+class _PendingResource:
+    resource_id: str
+    kind: ResourceKind
+    rank: int | None
+    source: Source
+
+
+def _open_source(source: Source) -> tuple[BinaryIO, int | None, bool]:
+    """(stream, exact size if known, whether the writer must close the stream)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        return io.BytesIO(data), len(data), True
+    if isinstance(source, (str, os.PathLike)):
+        handle = open(source, "rb")
+        return handle, os.fstat(handle.fileno()).st_size, True
+    return source, None, False
+
+
+class CoreWriter:
+    """Collects contract, publisher terms, resources and signing keys; `write` produces the core.
+
+    `nonce_prefix_for` (v4 only) derives each resource's 8-byte nonce prefix; the default draws
+    random prefixes. Fixed prefixes are for reproducible test fixtures only.
+    """
+
+    def __init__(
+        self,
+        core_format: CoreFormat = CoreFormat.PAYLOAD_V2,
+        *,
+        aes_key: bytes | None = None,
+        nonce_prefix_for: Callable[[str], bytes] | None = None,
+    ):
+        if core_format.is_sealed and aes_key is None:
+            raise ValueError("a v4 logical-resource core needs an AES key")
+        self._format = core_format
+        self._aes_key = check_aead_key(aes_key) if aes_key is not None else None
+        self._nonce_prefix_for = nonce_prefix_for or (lambda _id: os.urandom(8))
+        self._resources: list[_PendingResource] = []
+        self._contract: tuple[bytes, bytes] | None = None
+        self._publisher: Publisher | None = None
+        self._rebuild: RebuildManifest | None = None
+        self._catalogs: list[WeightCatalog] = []
+        self._keys: list[SigningKey] = []
+        self._written = False
+
+    def add_resource(
+        self, resource_id: str, kind: ResourceKind, source: Source, *, rank: int | None = None
+    ) -> None:
+        """Adds a resource; `source` is bytes, a readable binary stream or a file path."""
+        if not resource_id or any(r.resource_id == resource_id for r in self._resources):
+            raise ValueError(f"resource id {resource_id!r} is empty or already added")
+        if rank is not None and rank < 0:
+            raise ValueError("rank must be non-negative")
+        self._resources.append(_PendingResource(resource_id, ResourceKind(kind), rank, source))
+
+    def set_contract(self, contract, manifest: bytes | None = None) -> None:
+        """A PreparedContract, or the encoded ServingContract and ExecutionManifest bytes."""
+        from helios.contract import PreparedContract
+
+        if manifest is None:
+            contract_bytes, manifest_bytes = contract.encode()
+        else:
+            contract_bytes, manifest_bytes = bytes(contract), bytes(manifest)
+        PreparedContract.decode(contract_bytes, manifest_bytes)  # refuse an invalid contract
+        self._contract = (contract_bytes, manifest_bytes)
+
+    def set_publisher(self, namespace: str, *, license: str = "", acceptance_terms: str = "") -> None:
+        self._publisher = Publisher(check_namespace(namespace), license, acceptance_terms)
+
+    def set_rebuild_manifest(self, manifest: RebuildManifest) -> None:
+        self._rebuild = manifest
+
+    def add_weight_catalog(self, catalog: WeightCatalog) -> None:
+        self._catalogs.append(catalog)
+
+    def add_signing_key(self, key: SigningKey) -> None:
+        self._keys.append(key)
+
+    def _check_ready(self) -> None:
+        if self._written:
+            raise ValueError("a CoreWriter writes once (its sources are consumed)")
+        if self._contract is None or self._publisher is None or not self._keys:
+            raise ValueError("set_contract, set_publisher and add_signing_key come before write")
+        planned = tuple(
+            ResourceEntry(ResourceInfo(r.resource_id, r.kind, r.rank, 0, 0), 0)
+            for r in self._resources
+        )
+        check_manifest_references(
+            SignedContent(self._format, self._publisher, *self._contract, planned, None, (), 0)
+        )
+
+    def write(self, path: os.PathLike | str, *, split_nbytes: int | None = None) -> WrittenCore:
+        """Writes the core atomically: one file, or with `split_nbytes` a core file plus parts
+        of about that size (a resource never spans parts)."""
+        self._check_ready()
+        self._written = True
+        with ContainerWriter(path, split_nbytes=split_nbytes) as container:
+            entries = [self._store(container, pending) for pending in self._resources]
+            payload = encode_payload(
+                self._format, self._contract, self._publisher, entries, self._rebuild,
+                self._catalogs,
+            )
+            body = core_pb2.CoreBody(
+                format_version=self._format.format_version,
+                envelope=seal(self._format.format_version, payload, self._keys),
+                locations=encode_locations(container.placements),
+            )
+            files = container.commit(body.SerializeToString(deterministic=True))
+        return WrittenCore(files, tuple(entry.info for entry in entries))
+
+    def _store(self, container: ContainerWriter, pending: _PendingResource) -> ResourceEntry:
+        stream, size, owned = _open_source(pending.source)
+        try:
+            sink = container.begin_resource()
+            nonce = self._nonce_prefix_for(pending.resource_id) if self._format.is_sealed else b""
+            entry = store_resource(
+                stream, sink, size=size, resource_id=pending.resource_id, kind=pending.kind,
+                rank=pending.rank, aes_key=self._aes_key, nonce_prefix=nonce,
+            )
+            container.end_resource(pending.resource_id)
+            return entry
+        finally:
+            if owned:
+                stream.close()
+
