@@ -16,6 +16,7 @@ from helios.errors import HeliosError
 # Command modules, in the order their commands appear in --help.
 COMMAND_MODULES = (
     "helios.cli.contract_cmd",
+    "helios.cli.core_cmd",
 )
 
 

@@ -161,3 +161,15 @@ class AeadChunkReader(io.RawIOBase):
         if not self.closed:
             self._source.close()
         super().close()
+
+
+def load_aead_key(path) -> bytes:
+    """An AES-256 key file: 64 hexadecimal digits (surrounding whitespace allowed)."""
+    try:
+        text = open(path, "rb").read().decode("ascii").strip()
+        key = bytes.fromhex(text)
+    except OSError as error:
+        raise KeyFileError(f"cannot read AES key {path}: {error.strerror}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise KeyFileError(f"{path}: an AES key file holds 64 hexadecimal digits") from None
+    return check_aead_key(key)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from helios.contract import manifest_pb2, serving_pb2
 from helios.core.body import parse_core_body, parse_payload, publisher_of, signed_content
 from helios.core.envelope import signature_reports
 from helios.core.layout import read_raw_core
@@ -27,6 +28,67 @@ class SignatureReport:
 
 
 @dataclass(frozen=True)
+class GraphSummary:
+    name: str
+    operation: str
+    variants: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ContractSummary:
+    """Serving metadata straight from the (unverified) contract bytes, valid or not."""
+
+    served_id: str
+    aliases: tuple[str, ...]
+    model_version: int
+    context_tokens: int
+    prefill_tokens: int
+    page_capacity: int
+    snapshot_capacity: int
+    max_concurrency: int
+    speculative_widths: tuple[int, ...]
+    ranks: int
+    graphs: tuple[GraphSummary, ...]
+
+
+def _variant(capacity) -> str:
+    text = f"B{capacity.batch_capacity}xW{capacity.token_capacity}"
+    if capacity.packed_token_capacity:
+        text += f"/P{capacity.packed_token_capacity}"
+    if capacity.draft_tokens:
+        text += f"/D{capacity.draft_tokens}"
+    return text
+
+
+def summarize_contract(contract_bytes: bytes, manifest_bytes: bytes) -> ContractSummary:
+    contract = serving_pb2.ServingContract.FromString(contract_bytes)
+    manifest = manifest_pb2.ExecutionManifest.FromString(manifest_bytes)
+    graphs = tuple(
+        GraphSummary(
+            graph.name,
+            serving_pb2.GraphOperation.Name(graph.operation)
+            if graph.operation in serving_pb2.GraphOperation.values()
+            else str(graph.operation),
+            tuple(_variant(v) for v in graph.variants),
+        )
+        for graph in contract.model.graphs
+    )
+    return ContractSummary(
+        served_id=contract.served_id,
+        aliases=tuple(contract.aliases),
+        model_version=contract.model.version,
+        context_tokens=contract.context_tokens,
+        prefill_tokens=contract.prefill_tokens,
+        page_capacity=contract.page_capacity,
+        snapshot_capacity=contract.snapshot_capacity,
+        max_concurrency=contract.max_concurrency,
+        speculative_widths=tuple(contract.speculative_widths),
+        ranks=manifest.ranks,
+        graphs=graphs,
+    )
+
+
+@dataclass(frozen=True)
 class CoreInspection:
     """What a core claims about itself. Unverified: trust nothing here for serving."""
 
@@ -37,6 +99,7 @@ class CoreInspection:
     resources: tuple[ResourceInfo, ...]
     placements: dict[str, Placement]
     location_problem: str | None
+    contract: ContractSummary
     prepared: object | None
     contract_problem: str | None
     ignored_catalogs: int
@@ -73,6 +136,7 @@ def inspect_core(path: os.PathLike | str) -> CoreInspection:
         resources=tuple(entry.info for entry in content.resources),
         placements=placements,
         location_problem=location_problem,
+        contract=summarize_contract(content.contract_bytes, content.manifest_bytes),
         prepared=prepared,
         contract_problem=contract_problem,
         ignored_catalogs=content.ignored_catalogs,

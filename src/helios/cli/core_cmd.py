@@ -1,0 +1,144 @@
+"""`helios keygen | sign | verify | inspect | relocate`: making, checking and moving cores.
+
+Exit codes come from the error classes (`helios.errors`): 2 usage, 3 contract, 4 core format,
+5 integrity (stored bytes), 6 signature, 7 authorization.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
+from helios.core.inspection import CoreInspection, inspect_core
+from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+from helios.core.relocate import add_signatures, relocate_core
+from helios.errors import UsageError
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    key = SigningKey.generate()
+    pub_path = write_key_pair(Path(args.output), key, args.namespace or ())
+    print(f"wrote {args.output} (private, keep secret) and {pub_path}")
+    print(f"key id {key.key_id.hex()}")
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    keys = [load_signing_key(Path(path)) for path in args.key]
+    files = add_signatures(
+        args.core, args.output or args.core, keys, replace=args.replace,
+        aes_key=aes_key_from_args(args),
+    )
+    ids = ", ".join(key.key_id.hex() for key in keys)
+    print(f"signed {files[0]} with key {ids}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    core = open_core_from_args(args, args.core)
+    decoded = core.verify_resources()
+    stored = sum(info.stored_nbytes for info in core.resources)
+    signers = ", ".join(key.key_id.hex() for key in core.admitted_signers)
+    print(f"verified {args.core}: {core.core_format.name}, publisher {core.publisher.namespace}")
+    print(f"  signed by trusted key {signers}")
+    print(f"  {len(core.resources)} resources: {stored} stored bytes, {decoded} decoded bytes")
+    return 0
+
+
+def _inspection_lines(report: CoreInspection) -> list[str]:
+    c = report.contract
+    lines = [
+        "UNVERIFIED: signatures checked for form only; no key trusted, nothing authorized,",
+        "no stored resource read. Use `helios verify` before trusting any of this.",
+        f"core: {report.path}",
+        f"format: {report.core_format.name}",
+        f"publisher namespace: {report.publisher.namespace}",
+        f"license: {report.publisher.license or '-'}",
+        f"acceptance terms: {report.publisher.acceptance_terms or '-'}",
+        "signatures:",
+        *(f"  key {s.key_id}: {'valid' if s.is_valid else 'INVALID'}" for s in report.signatures),
+        f"contract: {c.served_id} (aliases: {', '.join(c.aliases) or '-'}), model contract "
+        f"v{c.model_version}, {c.ranks} rank(s)",
+        f"  capacities: context {c.context_tokens}, prefill {c.prefill_tokens}, pages "
+        f"{c.page_capacity}, snapshots {c.snapshot_capacity}, concurrency {c.max_concurrency}, "
+        f"speculative widths {list(c.speculative_widths)}",
+        *(f"  graph {g.name} ({g.operation}): {', '.join(g.variants)}" for g in c.graphs),
+        f"  contract check: {report.contract_problem or 'ok'}",
+        f"resources: {len(report.resources)}",
+    ]
+    for info in report.resources:
+        place = report.placements.get(info.id)
+        where = f"{place.file or '(core file)'}@{place.offset}" if place else "?"
+        rank = "all" if info.rank is None else info.rank
+        lines.append(
+            f"  {info.id}  {info.kind.name}  rank {rank}  stored {info.stored_nbytes}  "
+            f"decoded {info.decoded_nbytes}  at {where}"
+        )
+    if report.location_problem:
+        lines.append(f"location problem: {report.location_problem}")
+    if report.ignored_catalogs:
+        lines.append(f"ignored weight catalogs of unknown versions: {report.ignored_catalogs}")
+    return lines
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    report = inspect_core(args.core)
+    if args.json:
+        data = asdict(report)
+        data.pop("prepared")
+        data["core_format"] = report.core_format.name
+        data["resources"] = [{**asdict(r), "kind": r.kind.name} for r in report.resources]
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print("\n".join(_inspection_lines(report)))
+    return 0
+
+
+def _relocate(args: argparse.Namespace) -> int:
+    if args.split_bytes is not None and args.split_bytes <= 0:
+        raise UsageError("--split-bytes must be positive")
+    files = relocate_core(args.core, args.output, split_nbytes=args.split_bytes)
+    print(f"wrote {len(files)} file(s): {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def register(subparsers) -> None:
+    keygen = subparsers.add_parser("keygen", help="create an Ed25519 signing key pair")
+    keygen.add_argument("-o", "--output", required=True, metavar="KEY",
+                        help="private key path; the public key goes to KEY.pub")
+    keygen.add_argument("--namespace", action="append", metavar="NS",
+                        help="scope KEY.pub to this publisher namespace (repeatable)")
+    keygen.set_defaults(func=_keygen)
+
+    sign = subparsers.add_parser("sign", help="add (or replace) signatures on a core")
+    sign.add_argument("core", metavar="CORE")
+    sign.add_argument("--key", action="append", required=True, metavar="KEY",
+                      help="private key file (repeatable)")
+    sign.add_argument("-o", "--output", metavar="OUT", help="write here instead of in place")
+    sign.add_argument("--replace", action="store_true", help="drop the existing signatures")
+    sign.add_argument("--aes-key", metavar="FILE", help="AES key to check v4 resources first")
+    sign.set_defaults(func=_sign)
+
+    verify = subparsers.add_parser(
+        "verify", help="verify signatures, authorization and every stored byte of a core"
+    )
+    verify.add_argument("core", metavar="CORE")
+    add_core_options(verify)
+    verify.set_defaults(func=_verify)
+
+    inspect = subparsers.add_parser("inspect", help="show what a core claims (unverified)")
+    inspect.add_argument("core", metavar="CORE")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.set_defaults(func=_inspect)
+
+    relocate = subparsers.add_parser(
+        "relocate", help="rewrite a core as one file or split parts, without re-signing"
+    )
+    relocate.add_argument("core", metavar="CORE")
+    relocate.add_argument("-o", "--output", required=True, metavar="OUT")
+    relocate.add_argument("--split-bytes", type=int, metavar="N",
+                          help="split into sibling parts of about N bytes (default: one file)")
+    relocate.set_defaults(func=_relocate)
