@@ -33,7 +33,8 @@ def unpack_mask(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bool [R, V]: True where the row's mask allows the token (ignores `mask_rows`)."""
     shifts = torch.arange(MASK_WORD_BITS, dtype=torch.int32, device=grammar_mask.device)
     bits = (grammar_mask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(grammar_mask.shape[0], -1)[:, :vocab_size].bool()
+    num_rows, num_words = grammar_mask.shape
+    return bits.reshape(num_rows, num_words * MASK_WORD_BITS)[:, :vocab_size].bool()
 
 
 def disallowed(grammar_mask: torch.Tensor, mask_rows: torch.Tensor, vocab_size: int

@@ -1,0 +1,206 @@
+"""Token sampling: ``helios::sample``, batch-invariant, with counter-based random numbers.
+
+Signature (the ABI seam; R rows, V vocabulary columns)::
+
+    helios::sample(Tensor logits,        float32 [R, V]
+                   Tensor seeds,         int64 [R]
+                   Tensor counters,      int64 [R]   draw counter, e.g. tokens sampled before
+                   Tensor temperature,   float32 [R]
+                   Tensor top_k,         int32 [R]
+                   Tensor top_p,         float32 [R]
+                   Tensor min_p,         float32 [R]
+                   Tensor penalties,     float32 [R, 3]  (repetition, presence, frequency)
+                   Tensor prompt_counts, int32 [R, V]
+                   Tensor output_counts, int32 [R, V]
+                   Tensor grammar_mask,  int32 [R, ceil(V / 32)]
+                   Tensor mask_rows)     bool [R]
+        -> Tensor                        int64 [R]: token ids, or NO_TOKEN (-1)
+
+Each row is computed independently, in float64 after reading its float32 logits:
+
+1. Read: NaN -> -inf, +inf -> float32 max.
+2. Penalties. Repetition r (1 = off, HF/vLLM): a token whose prompt or output count is > 0 gets
+   logit / r when logit > 0, else logit * r. Then presence a and frequency f (0 = off, OpenAI): a
+   token with output count c > 0 gets logit - f * c - a. Tokens never seen are never changed. The
+   host validates penalty ranges; a NaN produced here is treated as -inf.
+3. Grammar mask (``helios.abi.grammar`` layout): in rows with mask_rows true, disallowed -> -inf.
+4. NaN -> -inf, +inf -> float64 max. A row with no token above -inf returns NO_TOKEN (-1).
+5. Temperature T. Unless T > 0 (0, negative or NaN): greedy, the argmax, lowest id on ties.
+6. Otherwise z = logit / T (overflow -> float64 max), p = softmax(z).
+7. Canonical order: p descending, token id ascending on ties (a stable descending sort). Each
+   filter keeps a prefix of that order, and the first position is always kept:
+   - top-k (k <= 0 or k >= V = off): positions < k (exactly k tokens; ties broken by id);
+   - top-p (p >= 1 = off): over the top-k survivors, the positions whose preceding probability mass
+     is < top_p * (mass of the top-k survivors), i.e. the shortest prefix reaching top_p;
+   - min-p (<= 0 = off): positions with p >= min_p * p_max.
+8. Draw by inverse CDF: w = p on kept positions, 0 elsewhere; C = cumsum(w) (sequential, in
+   canonical order); u = `uniform53` of Philox4x32-10 at (seed, counter, offset SAMPLE_OFFSET = 0);
+   the token is at the first position i with C[i] > u * C[V - 1], clamped to the last position
+   with w > 0 (a zero-probability token is never drawn).
+
+Nothing depends on other rows, the row position or any generator state, so a row's token is the same
+alone or in any batch. The reference is pure tensor code registered for every device; on the CPU it
+runs the sort only for rows that draw. Cost per drawing row: one stable sort of V float64 values.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from helios.abi.grammar import check_mask_args, disallowed
+from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
+from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
+
+NO_TOKEN = -1
+NUM_PENALTIES = 3
+REPETITION, PRESENCE, FREQUENCY = range(NUM_PENALTIES)
+SAMPLE_SCHEMA = (
+    "(Tensor logits, Tensor seeds, Tensor counters, Tensor temperature, Tensor top_k, "
+    "Tensor top_p, Tensor min_p, Tensor penalties, Tensor prompt_counts, Tensor output_counts, "
+    "Tensor grammar_mask, Tensor mask_rows) -> Tensor"
+)
+_OP = "helios::sample"
+_NEG_INF = float("-inf")
+_F32_MAX = torch.finfo(torch.float32).max
+_F64_MAX = torch.finfo(torch.float64).max
+
+
+class DrawParams(NamedTuple):
+    """Per-row inputs of the random draw, each [R]; indexing every field selects rows."""
+
+    seeds: torch.Tensor
+    counters: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+
+    def rows(self, index: torch.Tensor) -> DrawParams:
+        return DrawParams(*(field[index] for field in self))
+
+
+def check_sample_args(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,
+                      counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor,
+                      mask_rows: torch.Tensor) -> tuple[int, int]:
+    """Validate every input of ``helios::sample`` (dtype, shape, device); return (R, V)."""
+    num_rows, vocab_size = check_mask_args(_OP, logits, grammar_mask, mask_rows)
+    if logits.dtype != torch.float32:
+        raise AbiArgumentError(f"{_OP}: logits must be float32 [R, V], got {logits.dtype}")
+    dtypes = (torch.int64, torch.int64, torch.float32, torch.int32, torch.float32, torch.float32)
+    for name, tensor, dtype in zip(DrawParams._fields, params, dtypes):
+        check_tensor(_OP, name, tensor, dtype, (num_rows,))
+    check_tensor(_OP, "penalties", penalties, torch.float32, (num_rows, NUM_PENALTIES))
+    check_tensor(_OP, "prompt_counts", counts[0], torch.int32, (num_rows, vocab_size))
+    check_tensor(_OP, "output_counts", counts[1], torch.int32, (num_rows, vocab_size))
+    named = dict(zip(DrawParams._fields, params))
+    named.update(logits=logits, penalties=penalties, prompt_counts=counts[0],
+                 output_counts=counts[1])
+    check_same_device(_OP, named)
+    return num_rows, vocab_size
+
+
+def _finite_or_neg_inf(values: torch.Tensor, posinf: float) -> torch.Tensor:
+    return torch.nan_to_num(values, nan=_NEG_INF, posinf=posinf, neginf=_NEG_INF)
+
+
+def apply_penalties(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
+                    output_counts: torch.Tensor) -> torch.Tensor:
+    """Repetition, then frequency and presence penalties on float64 logits [R, V] (step 2)."""
+    repetition, presence, frequency = (
+        penalties[:, index:index + 1].to(torch.float64) for index in range(NUM_PENALTIES))
+    generated = output_counts > 0
+    seen = generated | (prompt_counts > 0)
+    repeated = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(seen, repeated, logits)
+    penalised = logits - frequency * output_counts.to(torch.float64) - presence
+    return torch.where(generated, penalised, logits)
+
+
+def keep_prefix(sorted_probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                min_p: torch.Tensor) -> torch.Tensor:
+    """bool [R, V]: canonical-order positions kept by top-k, top-p and min-p (step 7)."""
+    position = torch.arange(sorted_probs.shape[1], device=sorted_probs.device)
+    keep_k = (top_k <= 0).unsqueeze(-1) | (position < top_k.unsqueeze(-1))
+    top_k_probs = sorted_probs * keep_k
+    cumulative = top_k_probs.cumsum(dim=-1)
+    mass_before = torch.nn.functional.pad(cumulative[:, :-1], (1, 0))
+    top_p = top_p.to(torch.float64).unsqueeze(-1)
+    keep_p = (top_p >= 1) | (mass_before < top_p * cumulative[:, -1:])
+    keep_m = sorted_probs >= min_p.to(torch.float64).unsqueeze(-1) * sorted_probs[:, :1]
+    return (keep_k & keep_p & keep_m) | (position == 0)
+
+
+def draw_tokens(logits: torch.Tensor, params: DrawParams) -> torch.Tensor:
+    """Steps 6-8 for rows with temperature > 0 and at least one finite logit: int64 [R]."""
+    scaled = logits / params.temperature.to(torch.float64).unsqueeze(-1)
+    probs = torch.softmax(_finite_or_neg_inf(scaled, _F64_MAX), dim=-1)
+    sorted_probs, sorted_ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep = keep_prefix(sorted_probs, params.top_k, params.top_p, params.min_p)
+    weights = torch.where(keep, sorted_probs, 0.0)
+    cumulative = weights.cumsum(dim=-1)
+    uniform = uniform53(philox_words(params.seeds, params.counters, SAMPLE_OFFSET))
+    target = uniform * cumulative[:, -1]
+    position = (cumulative <= target.unsqueeze(-1)).sum(dim=-1)
+    last_drawable = ((weights > 0).sum(dim=-1) - 1).clamp(min=0)
+    position = torch.minimum(position, last_drawable)
+    return sorted_ids.gather(1, position.unsqueeze(-1)).squeeze(-1)
+
+
+def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor,
+               params: DrawParams, select_rows: bool) -> torch.Tensor:
+    """Replace `tokens` by random draws on `drawing` rows; other rows keep their greedy token.
+
+    With `select_rows` only the drawing rows are computed (a data-dependent, synchronising branch:
+    host code only); without it every row is computed and the results are selected, which is what
+    a device may do inside a captured graph. Both give the same tokens.
+    """
+    if select_rows:
+        rows = drawing.nonzero().squeeze(-1)
+        if rows.numel() == 0:
+            return tokens
+        return tokens.index_put((rows,), draw_tokens(logits[rows], params.rows(rows)))
+    safe = params._replace(temperature=torch.where(drawing, params.temperature, 1.0))
+    drawn = draw_tokens(torch.where(drawing.unsqueeze(-1), logits, 0.0), safe)
+    return torch.where(drawing, drawn, tokens)
+
+
+def sample_reference(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,
+                     counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor,
+                     mask_rows: torch.Tensor) -> torch.Tensor:
+    """The whole pipeline of the module docstring on validated inputs: int64 [R]."""
+    values = _finite_or_neg_inf(logits.to(torch.float64), _F32_MAX)
+    values = apply_penalties(values, penalties, counts[0], counts[1])
+    values = values.masked_fill(disallowed(grammar_mask, mask_rows, logits.shape[1]), _NEG_INF)
+    values = _finite_or_neg_inf(values, _F64_MAX)
+    has_candidate = values.amax(dim=-1) > _NEG_INF
+    tokens = values.argmax(dim=-1)
+    drawing = (params.temperature > 0) & has_candidate
+    tokens = with_draws(tokens, values, drawing, params, select_rows=logits.device.type == "cpu")
+    return torch.where(has_candidate, tokens, NO_TOKEN)
+
+
+@torch.library.custom_op(_OP, mutates_args=(), schema=SAMPLE_SCHEMA)
+def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
+           temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
+           output_counts: torch.Tensor, grammar_mask: torch.Tensor,
+           mask_rows: torch.Tensor) -> torch.Tensor:
+    """Sampled token id per row (int64 [R]); see the module docstring for the exact semantics."""
+    params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
+    counts = (prompt_counts, output_counts)
+    check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
+
+
+@sample.register_fake
+def _sample_fake(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
+                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
+                 output_counts: torch.Tensor, grammar_mask: torch.Tensor,
+                 mask_rows: torch.Tensor) -> torch.Tensor:
+    params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
+    num_rows, _ = check_sample_args(logits, params, penalties, (prompt_counts, output_counts),
+                                    grammar_mask, mask_rows)
+    return logits.new_empty((num_rows,), dtype=torch.int64)
