@@ -1,0 +1,89 @@
+"""`helios contract check|show|encode`: validate, print and convert prepared contracts.
+
+FILE is either the semantic JSON form (``{"contract": ..., "manifest": ...}``) or the binary
+form (an encoded PreparedContractBundle); the first non-whitespace byte ``{`` selects JSON.
+``-`` reads standard input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from helios.contract import PreparedContract
+from helios.contract.files import load_bytes
+from helios.contract.rules import enum_label
+from helios.contract import serving_pb2 as spb
+from helios.errors import UsageError
+
+FILE_HELP = "contract file: semantic JSON, or the binary PreparedContractBundle; '-' reads stdin"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "contract",
+        help="validate, print and convert prepared serving contracts",
+        description="Validate, print and convert a serving contract plus execution manifest. " + FILE_HELP + ".",
+    )
+    commands = parser.add_subparsers(dest="contract_command", metavar="SUBCOMMAND")
+    commands.required = True
+    check = commands.add_parser("check", help="validate FILE; exit 0 when every rule holds", description=(
+        "Decode FILE and check every contract rule. Prints one summary line on success; on the first "
+        "violated rule prints 'field.path: reason' and exits 3."))
+    check.add_argument("file", metavar="FILE", help=FILE_HELP)
+    check.set_defaults(func=_check)
+    show = commands.add_parser("show", help="print FILE as canonical semantic JSON", description=(
+        "Decode and validate FILE, then print it as canonical semantic JSON (the form "
+        "PreparedContract.to_json writes). --settings prints the settings resolved from the core defaults instead."))
+    show.add_argument("file", metavar="FILE", help=FILE_HELP)
+    show.add_argument("--settings", action="store_true", help="print resolved default settings as JSON")
+    show.set_defaults(func=_show)
+    encode = commands.add_parser("encode", help="write FILE in the binary bundle form", description=(
+        "Decode and validate FILE, then write it to OUT as an encoded PreparedContractBundle."))
+    encode.add_argument("file", metavar="FILE", help=FILE_HELP)
+    encode.add_argument("out", metavar="OUT", help="output path of the binary form")
+    encode.set_defaults(func=_encode)
+
+
+def _load(name: str) -> PreparedContract:
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read {name}: {error.strerror or error}") from None
+    return load_bytes(data)
+
+
+def _check(args: argparse.Namespace) -> int:
+    prepared = _load(args.file)
+    counts = ", ".join(
+        f"{len(prepared.graphs_for(op))} {enum_label(spb.GraphOperation, op)}"
+        for op in spb.GraphOperation.values()
+        if prepared.graphs_for(op)
+    )
+    print(
+        f"ok: {prepared.contract.served_id} (contract v{prepared.version}; "
+        f"{len(prepared.graphs)} graphs: {counts}; {len(prepared.buffers)} buffers)"
+    )
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    prepared = _load(args.file)
+    if args.settings:
+        print(json.dumps(dataclasses.asdict(prepared.defaults), indent=2))
+    else:
+        sys.stdout.write(prepared.to_json())
+    return 0
+
+
+def _encode(args: argparse.Namespace) -> int:
+    prepared = _load(args.file)
+    try:
+        Path(args.out).write_bytes(prepared.to_bundle())
+    except OSError as error:
+        raise UsageError(f"cannot write {args.out}: {error.strerror or error}") from None
+    print(f"wrote {args.out}")
+    return 0

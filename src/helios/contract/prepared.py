@@ -1,0 +1,161 @@
+"""`PreparedContract`: the decoded, validated serving contract and execution manifest.
+
+Construction always validates (`decode`, `from_json`, `from_messages`, `from_bundle`); an
+instance therefore satisfies every rule in validate.py. It owns private copies of both
+messages. `.contract` and `.manifest` expose them for reading only: mutating them is a bug
+(encode() and the typed views were fixed at construction and would no longer agree).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+from google.protobuf.message import Message
+
+from helios.contract import manifest_pb2 as mpb
+from helios.contract import serving_pb2 as spb
+from helios.contract.json_form import from_json, to_json
+from helios.contract.rules import fail
+from helios.contract.validate import validate
+from helios.contract.validate_model import input_range
+from helios.contract.settings import ResolvedSettings, resolve_settings
+from helios.contract.views import BufferView, GraphView, buffer_view, graph_view
+
+
+def _parse(cls: type[Message], data: bytes, path: str) -> Message:
+    message = cls()
+    try:
+        message.ParseFromString(data)
+    except Exception as error:  # protobuf raises DecodeError, ValueError or RuntimeWarning subclasses
+        fail(path, f"not a valid {cls.DESCRIPTOR.name} encoding: {error}")
+    return message
+
+
+class PreparedContract:
+    """An immutable, validated contract + manifest pair with typed read-only views."""
+
+    __slots__ = ("_contract", "_manifest", "_encoded", "_graphs", "_buffers", "_destinations")
+
+    def __init__(self, contract: spb.ServingContract, manifest: mpb.ExecutionManifest, encoded: tuple[bytes, bytes]):
+        """Internal: use decode(), from_json(), from_messages() or from_bundle()."""
+        index = validate(contract, manifest)
+        destinations = {d.name: d.buffer for d in manifest.destinations}
+        views = {v.name: v for v in contract.model.state_views}
+        graphs = {g.name: graph_view(g, destinations, views) for g in contract.model.graphs}
+        object.__setattr__(self, "_contract", contract)
+        object.__setattr__(self, "_manifest", manifest)
+        object.__setattr__(self, "_encoded", encoded)
+        object.__setattr__(self, "_graphs", MappingProxyType(graphs))
+        object.__setattr__(self, "_buffers", MappingProxyType({n: buffer_view(e.message) for n, e in index.buffers.items()}))
+        object.__setattr__(self, "_destinations", MappingProxyType(destinations))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("PreparedContract is immutable")
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def decode(cls, contract_bytes: bytes, manifest_bytes: bytes) -> "PreparedContract":
+        """Decode and validate the wire encodings of a ServingContract and an ExecutionManifest."""
+        contract = _parse(spb.ServingContract, bytes(contract_bytes), "contract")
+        manifest = _parse(mpb.ExecutionManifest, bytes(manifest_bytes), "manifest")
+        return cls(contract, manifest, (bytes(contract_bytes), bytes(manifest_bytes)))
+
+    @classmethod
+    def from_messages(cls, contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> "PreparedContract":
+        """Validate copies of two messages (the caller keeps ownership of its own)."""
+        own_contract, own_manifest = spb.ServingContract(), mpb.ExecutionManifest()
+        own_contract.CopyFrom(contract)
+        own_manifest.CopyFrom(manifest)
+        return cls(own_contract, own_manifest, _encode(own_contract, own_manifest))
+
+    @classmethod
+    def from_json(cls, text: str) -> "PreparedContract":
+        """Parse and validate the semantic JSON form (see json_form.py)."""
+        contract, manifest = from_json(text)
+        return cls(contract, manifest, _encode(contract, manifest))
+
+    @classmethod
+    def from_bundle(cls, data: bytes) -> "PreparedContract":
+        """Decode the binary file form: a PreparedContractBundle holding both encodings."""
+        bundle = _parse(mpb.PreparedContractBundle, bytes(data), "bundle")
+        return cls.decode(bundle.contract, bundle.manifest)
+
+    # -- encodings ------------------------------------------------------------------------
+
+    def encode(self) -> tuple[bytes, bytes]:
+        """(contract bytes, manifest bytes): the decoded bytes, or deterministic encodings."""
+        return self._encoded
+
+    def to_bundle(self) -> bytes:
+        contract, manifest = self._encoded
+        return mpb.PreparedContractBundle(contract=contract, manifest=manifest).SerializeToString(deterministic=True)
+
+    def to_json(self) -> str:
+        return to_json(self._contract, self._manifest)
+
+    # -- read-only access -----------------------------------------------------------------
+
+    @property
+    def contract(self) -> spb.ServingContract:
+        """The ServingContract message. Read only."""
+        return self._contract
+
+    @property
+    def manifest(self) -> mpb.ExecutionManifest:
+        """The ExecutionManifest message. Read only."""
+        return self._manifest
+
+    @property
+    def version(self) -> int:
+        return self._contract.model.version
+
+    @property
+    def graphs(self) -> Mapping[str, GraphView]:
+        """Graph views by name, in declaration order."""
+        return self._graphs
+
+    @property
+    def buffers(self) -> Mapping[str, BufferView]:
+        """Buffer views by name, in declaration order."""
+        return self._buffers
+
+    @property
+    def destinations(self) -> Mapping[str, str]:
+        """Transport destination name -> buffer name."""
+        return self._destinations
+
+    @property
+    def input_range(self) -> tuple[int, int]:
+        """Valid input ids [begin, end); version-1 contracts accept the sampled range."""
+        return input_range(self._contract.model)
+
+    @property
+    def sampled_range(self) -> tuple[int, int]:
+        sampled = self._contract.model.vocabulary.sampled
+        return sampled.begin, sampled.end
+
+    def graphs_for(self, operation: int) -> tuple[GraphView, ...]:
+        """Graphs performing `operation` (a GraphOperation number), in declaration order."""
+        return tuple(g for g in self._graphs.values() if g.operation == operation)
+
+    @property
+    def defaults(self) -> ResolvedSettings:
+        """Settings resolved from the core's defaults alone (no startup options)."""
+        return resolve_settings(self)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PreparedContract) and self._contract == other._contract and self._manifest == other._manifest
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PreparedContract(served_id={self._contract.served_id!r}, version={self.version}, "
+            f"graphs={len(self._graphs)}, buffers={len(self._buffers)})"
+        )
+
+
+def _encode(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> tuple[bytes, bytes]:
+    return contract.SerializeToString(deterministic=True), manifest.SerializeToString(deterministic=True)
