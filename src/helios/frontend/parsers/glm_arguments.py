@@ -1,0 +1,31 @@
+"""GLM argument tags (`ToolSyntaxKind.GLM_ARGUMENTS`)::
+
+    <tool_call>NAME
+    <arg_key>K</arg_key>
+    <arg_value>V</arg_value>
+    </tool_call>
+
+The name is the text after the opener, up to ``name_separator`` (or the first key, or the closer
+of a call without arguments), surrounding whitespace removed. One block is one call; parallel calls
+are consecutive blocks. Values are typed by the request's JSON schema. Recovery rules: `tag_tools`.
+"""
+
+from __future__ import annotations
+
+from helios.frontend.parsers.scan import TagForm
+from helios.frontend.parsers.tag_tools import ToolGrammar
+from helios.frontend.syntax import GlmArgumentSyntax
+
+
+def glm_arguments_grammar(syntax: GlmArgumentSyntax) -> ToolGrammar:
+    return ToolGrammar(
+        block_open=syntax.block_open,
+        block_close=syntax.block_close,
+        invoke_open=None,
+        invoke_close="",
+        name_separator=syntax.name_separator,
+        key_open=TagForm(syntax.key_open, (syntax.key_close,)),
+        value_open=syntax.value_open,
+        value_close=syntax.value_close,
+        block_lead=syntax.block_lead,
+    )

@@ -1,0 +1,134 @@
+"""OutputPipeline: one reasoning parser and one tool parser, chosen by independent selectors.
+
+The reasoning parser reads generated text first; the answer text it emits (`ContentDelta`) is what
+the tool parser reads. The recipient-header pair is one parser, since it consumes whole frames.
+`OutputPipeline.create` wires the parsers from validated `OutputSyntax` (pairings are checked when
+that is constructed), the tokenizer's single-token delimiters, and the request's `OutputRequest`.
+
+Feeding contract (`delimiters`): ``feed(token_id, text)`` with the text of one or more consecutive
+generated tokens ending with ``token_id``; a registered delimiter token always ends its feed; EOS
+and stop tokens withheld from presentation are not fed. The events are the same in total for any
+such chunking, and `result()` after `finish()` is identical for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from helios.errors import ContractError
+from helios.frontend.events import ContentDelta, Event, ParseResult, ResultBuilder
+from helios.frontend.parsers.calls import CallIds
+from helios.frontend.parsers.delimiters import TokenDelimiters
+from helios.frontend.parsers.dsml import dsml_grammar
+from helios.frontend.parsers.glm_arguments import glm_arguments_grammar
+from helios.frontend.parsers.qwen_coder import qwen_coder_grammar
+from helios.frontend.parsers.recipient_frames import RecipientFrameParser
+from helios.frontend.parsers.start import AnswerMode, OutputStart
+from helios.frontend.parsers.tag_tools import NameRule, TagToolParser, ToolGrammar
+from helios.frontend.parsers.think_tags import ThinkTagParser
+from helios.frontend.parsers.values import ToolRegistry
+from helios.frontend.parsers.xtml import xtml_grammar
+from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind
+
+
+class OutputParser(Protocol):
+    def feed(self, token_id: int, text: str) -> list[Event]: ...
+
+    def finish(self) -> list[Event]: ...
+
+
+class PlainText:
+    """The NONE reasoning parser: every text is answer text."""
+
+    def feed(self, token_id: int, text: str) -> list[Event]:
+        return [ContentDelta(text)] if text else []
+
+    def finish(self) -> list[Event]:
+        return []
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """Per-request parser inputs: registered tools, the call-id prefix (unique per request), the
+    initial state from the prompt path and the answer mode."""
+
+    tools: ToolRegistry
+    call_id_prefix: str
+    start: OutputStart = field(default_factory=OutputStart)
+    answer: AnswerMode = AnswerMode.FREE
+
+
+_GRAMMARS = {
+    ToolSyntaxKind.QWEN_CODER_FUNCTIONS: qwen_coder_grammar,
+    ToolSyntaxKind.GLM_ARGUMENTS: glm_arguments_grammar,
+    ToolSyntaxKind.DSML: dsml_grammar,
+    ToolSyntaxKind.XTML: xtml_grammar,
+}
+
+
+def tool_grammar(syntax: OutputSyntax) -> ToolGrammar | None:
+    build = _GRAMMARS.get(syntax.tool_kind)
+    return build(syntax.tools) if build is not None else None
+
+
+class OutputPipeline:
+    """Runs ``first`` (reasoning) and feeds its answer text to ``second`` (tools, optional).
+
+    One pipeline serves one request's output, driven by one thread. It owns both parsers and a
+    `ResultBuilder`; `result()` is the summary of every event returned so far.
+    """
+
+    def __init__(self, first: OutputParser, second: OutputParser | None = None):
+        self._first = first
+        self._second = second
+        self._builder = ResultBuilder()
+        self._finished = False
+
+    @classmethod
+    def create(cls, syntax: OutputSyntax, delimiters: TokenDelimiters, request: OutputRequest) -> "OutputPipeline":
+        ids = CallIds(request.call_id_prefix)
+        if syntax.frames is not None:
+            for name in ("start_control", "message_control", "end_message_control"):
+                if not delimiters.is_single_token(getattr(syntax.frames, name)):
+                    raise ContractError(f"frontend.frames.{name}", "header control is not a single tokenizer token")
+            frames = RecipientFrameParser(syntax.frames, delimiters, request.start.frame, request.tools, ids)
+            return cls(frames)
+        if syntax.reasoning_kind is ReasoningSyntaxKind.NONE:
+            first: OutputParser = PlainText()
+        else:
+            escaped = syntax.reasoning_kind is ReasoningSyntaxKind.XTML_THINK
+            first = ThinkTagParser(syntax.think, delimiters, request.start.reasoning, escaped)
+        grammar = tool_grammar(syntax)
+        second = None
+        if grammar is not None:
+            second = TagToolParser(grammar, NameRule(request.tools), ids, answer=request.answer)
+        return cls(first, second)
+
+    def feed(self, token_id: int, text: str) -> list[Event]:
+        if self._finished:
+            raise ValueError("feed after finish")
+        return self._route(token_id, self._first.feed(token_id, text), finishing=False)
+
+    def finish(self) -> list[Event]:
+        if self._finished:
+            return []
+        self._finished = True
+        return self._route(-1, self._first.finish(), finishing=True)
+
+    def result(self) -> ParseResult:
+        return self._builder.result()
+
+    def _route(self, token_id: int, events: list[Event], finishing: bool) -> list[Event]:
+        if self._second is not None:
+            routed: list[Event] = []
+            for event in events:
+                if isinstance(event, ContentDelta):
+                    routed.extend(self._second.feed(token_id, event.text))
+                else:
+                    routed.append(event)
+            if finishing:
+                routed.extend(self._second.finish())
+            events = routed
+        self._builder.apply(events)
+        return events

@@ -1,0 +1,33 @@
+"""Qwen Coder function tags (`ToolSyntaxKind.QWEN_CODER_FUNCTIONS`)::
+
+    <tool_call>
+    <function=NAME>
+    <parameter=P>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+
+One block usually holds one function; parallel calls are consecutive blocks (several functions in
+one block are accepted too). ``value_wrap`` (a newline) is removed from both ends of each value;
+values are typed by the request's JSON schema for the parameter. Recovery rules: `tag_tools`.
+"""
+
+from __future__ import annotations
+
+from helios.frontend.parsers.scan import TagForm
+from helios.frontend.parsers.tag_tools import ToolGrammar
+from helios.frontend.syntax import QwenCoderSyntax
+
+
+def qwen_coder_grammar(syntax: QwenCoderSyntax) -> ToolGrammar:
+    return ToolGrammar(
+        block_open=syntax.block_open,
+        block_close=syntax.block_close,
+        invoke_open=TagForm(syntax.function_open, (syntax.tag_end,)),
+        invoke_close=syntax.function_close,
+        key_open=TagForm(syntax.parameter_open, (syntax.tag_end,)),
+        value_close=syntax.parameter_close,
+        value_wrap=syntax.value_wrap,
+        block_lead=syntax.block_lead,
+    )

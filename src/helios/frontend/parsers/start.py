@@ -1,0 +1,64 @@
+"""Where an output begins and how its answer is constrained: per-request parser inputs.
+
+The shared prompt path decides these from the rendered prompt (an open assistant envelope); the
+request decides `AnswerMode`. All are immutable values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ReasoningState(enum.Enum):
+    """Reasoning state at the start of generation (delimiter syntaxes).
+
+    OPEN: the prompt ended inside reasoning (the open delimiter was prefilled).
+    CLOSED: the prompt did not leave reasoning open; the output may still open it once, with the
+    open delimiter before any answer text (leading whitespace aside).
+    """
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class FramePosition(enum.Enum):
+    """Where generation starts in recipient-header syntax."""
+
+    BOUNDARY = "boundary"  # before a header: the output starts with the start control
+    HEADER = "header"  # inside an open header (``<|start|>assistant``): the output adds the recipient
+    BODY = "body"  # inside a frame body addressed to ``FrameStart.recipient``
+
+
+@dataclass(frozen=True)
+class FrameStart:
+    """Initial recipient-frame position. ``header_text`` is the header text already rendered after
+    the start control (HEADER); ``recipient`` the recipient of an initially open body (BODY)."""
+
+    position: FramePosition = FramePosition.BOUNDARY
+    header_text: str = ""
+    recipient: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.position is FramePosition.BODY) != bool(self.recipient):
+            raise ValueError("a recipient is given exactly for an initially open body")
+        if self.header_text and self.position is not FramePosition.HEADER:
+            raise ValueError("header text is given only for an initially open header")
+
+
+class AnswerMode(enum.Enum):
+    """FREE: tool markup anywhere in the answer is parsed. STRUCTURED: the answer is an opaque
+    grammar-constrained document; once its first non-whitespace character is out (and is not the
+    tool opener), everything after it is answer text, literal tags included."""
+
+    FREE = "free"
+    STRUCTURED = "structured"
+
+
+@dataclass(frozen=True)
+class OutputStart:
+    """Initial parser state from the prompt path. Delimiter syntaxes read ``reasoning``; the
+    recipient-header parser reads ``frame``."""
+
+    reasoning: ReasoningState = ReasoningState.CLOSED
+    frame: FrameStart = FrameStart()

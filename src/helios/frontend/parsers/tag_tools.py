@@ -1,0 +1,396 @@
+"""The incremental tool-call parser shared by the tag syntaxes (Qwen Coder, GLM, DSML, XTML, ATEM).
+
+A family module turns its syntax data into a `ToolGrammar`; `TagToolParser` runs it::
+
+    answer text  BLOCK_OPEN  [inline NAME NAME_SEPARATOR | INVOKE_OPEN(name)]
+                   KEY_OPEN(key[, string flag]) [VALUE_OPEN] value VALUE_CLOSE  ...
+                 [INVOKE_CLOSE ... more invocations]  BLOCK_CLOSE  answer text ...
+
+Whitespace between structural tags is a separator. Text is released as soon as it is decided
+(`helios.frontend.parsers.scan`), so events are the same in total for any feed chunking.
+
+Recovery (never raising from ``feed``); "raw" text goes to answer content when the parser reads
+answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool frames
+(`StrayText.ERROR`):
+
+- unknown invocation name (`UNKNOWN_TOOL`), a named recipient's mismatch (`RECIPIENT_MISMATCH`),
+  an invocation beyond the frame limit (`EXTRA_INVOCATION`), or non-whitespace text before a block's
+  first invocation (`MALFORMED_CALL`): if the block has no started call yet, the whole block up to
+  and including its closer is raw; otherwise that invocation up to its closer is raw;
+- stray text inside a started call: `UNEXPECTED_TEXT` with the complete run, dropped;
+- a typed value that does not parse: kept as a JSON string, `INVALID_VALUE`;
+- a block closer while an invocation is open: the call ends normally, `MALFORMED_CALL`;
+- output ending inside a started call: the call is closed (open value ended, JSON object closed)
+  with ``complete=False`` and `UNTERMINATED_CALL`; ending inside a block with no started call: the
+  block is raw, `UNTERMINATED_CALL`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from helios.frontend.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallStart
+from helios.frontend.parsers.calls import CallIds, OpenCall, ValueFormat, ValueMode
+from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagSet
+from helios.frontend.parsers.start import AnswerMode
+from helios.frontend.parsers.text import held_tail_len, strip_tail_len
+from helios.frontend.parsers.values import ToolRegistry
+
+
+@dataclass(frozen=True)
+class ToolGrammar:
+    """Compiled spellings of one tag tool syntax (built by the family modules).
+
+    ``invoke_open`` None: the name is text right after ``block_open`` ended by ``name_separator``.
+    ``invoke_close`` "": the block closer ends the invocation. ``value_open`` "": the key tag opens
+    the value. ``string_flag`` (true, false): the key tag captures a flag after the key.
+    ``max_invocations`` 0: unlimited.
+    """
+
+    block_open: str
+    block_close: str
+    invoke_open: TagForm | None
+    invoke_close: str
+    key_open: TagForm
+    value_close: str
+    value_open: str = ""
+    name_separator: str = ""
+    string_flag: tuple[str, str] | None = None
+    value_wrap: str = ""
+    value_format: ValueFormat = ValueFormat.RAW
+    block_lead: str = ""
+    max_invocations: int = 0
+
+
+class StrayText(enum.Enum):
+    CONTENT = "content"  # the parser reads answer text: raw markup becomes content
+    ERROR = "error"  # the parser reads a tool frame: nothing becomes content
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """Accepted invocation names: registered ones, or exactly ``required`` when it is set."""
+
+    registry: ToolRegistry
+    required: str = ""
+
+    def check(self, name: str) -> ParseError | None:
+        if self.required and name != self.required:
+            return ParseError(ParseErrorKind.RECIPIENT_MISMATCH, f"{self.required} != {name}")
+        if not self.registry.has(name):
+            return ParseError(ParseErrorKind.UNKNOWN_TOOL, name)
+        return None
+
+
+class _S(enum.Enum):
+    CONTENT = 1
+    BLOCK = 2
+    NAME = 3
+    INVOKE = 4
+    KEY = 5
+    VALUE = 6
+    REJECT_BLOCK = 7
+    REJECT_INVOKE = 8
+    OPAQUE = 9
+
+
+def _tags(**forms: TagForm | str) -> TagSet:
+    return TagSet({k: v if isinstance(v, TagForm) else TagForm(v) for k, v in forms.items() if v})
+
+
+class TagToolParser:
+    """Parses answer text (or a tool frame body) into content and tool-call events.
+
+    ``feed(token_id, text)`` ignores the id: tool markup is recognised in text. One instance serves
+    one output (or one frame) and is driven by one thread; ``ids`` may be shared with other parsers
+    of the same output.
+    """
+
+    def __init__(self, grammar: ToolGrammar, names: NameRule, ids: CallIds,
+                 stray: StrayText = StrayText.CONTENT, answer: AnswerMode = AnswerMode.FREE):
+        g = self._g = grammar
+        self._names, self._ids, self._stray_mode, self._answer = names, ids, stray, answer
+        end = g.invoke_close or g.block_close
+        self._sets = {
+            _S.CONTENT: _tags(open=g.block_open),
+            _S.BLOCK: _tags(invoke=g.invoke_open, close=g.block_close),
+            _S.NAME: _tags(sep=g.name_separator, key=g.key_open, close=g.block_close),
+            _S.INVOKE: _tags(key=g.key_open, end=end, close=g.block_close if g.invoke_close else ""),
+            _S.KEY: _tags(value=g.value_open, key=g.key_open, end=g.block_close),
+            _S.VALUE: _tags(close=g.value_close),
+            _S.REJECT_BLOCK: _tags(close=g.block_close),
+            _S.REJECT_INVOKE: _tags(close=g.invoke_close or g.block_close),
+        }
+        self._state = _S.CONTENT
+        self._buf = ""
+        self._pending_ws = ""  # answer whitespace that may turn out to be block wrapping
+        self._after_block = False
+        self._raw: list[str] = []  # block text before its first started call (raw if rejected)
+        self._stray: list[str] = []
+        self._name: list[str] = []
+        self._key = ""
+        self._block_calls = 0
+        self._num_calls = 0
+        self._call: OpenCall | None = None
+
+    def feed(self, token_id: int, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        self._run(out, final=False)
+        return out
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        self._run(out, final=True)
+        self._finish_state(out)
+        return out
+
+    def _run(self, out: list[Event], final: bool) -> None:
+        while self._buf and self._step(out, final):
+            pass
+
+    def _step(self, out: list[Event], final: bool) -> bool:
+        """Consumes what the current state can decide; False when it must wait for more text."""
+        if self._state is _S.OPAQUE:
+            out.append(ContentDelta(self._buf))
+            self._buf = ""
+            return False
+        if self._state is _S.CONTENT and self._answer_begins(final):
+            self._state = _S.OPAQUE
+            self._buf, self._pending_ws = self._pending_ws + self._buf, ""
+            return True
+        buf = self._buf
+        safe, tag = self._sets[self._state].find(buf, final)
+        changed = self._text(out, buf[:safe])
+        if tag is None or changed:
+            self._buf = buf[safe:]
+            return changed
+        self._buf = buf[tag.end :]
+        self._tag(out, tag.label, tag.captures, buf[tag.start : tag.end])
+        return True
+
+    def _answer_begins(self, final: bool) -> bool:
+        if self._answer is not AnswerMode.STRUCTURED or self._stray_mode is not StrayText.CONTENT:
+            return False
+        rest = self._buf.lstrip()
+        opener = self._g.block_open
+        return bool(rest) and not rest.startswith(opener) and (final or not opener.startswith(rest))
+
+    # Text between tags, by state. True when it changed the state (the scan must start over).
+
+    def _text(self, out: list[Event], text: str) -> bool:
+        state = self._state
+        if not text:
+            return False
+        if state is _S.CONTENT:
+            self._answer_text(out, text)
+        elif state is _S.BLOCK and not self._block_calls:
+            self._raw.append(text)
+            if text.strip():
+                self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "text before the first invocation"))
+                return True
+        elif state is _S.NAME:
+            self._name.append(text)
+            if len("".join(self._name)) > MAX_CAPTURE_LEN:
+                self._raw.append("".join(self._name))
+                self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "invocation name too long"))
+                return True
+        elif state is _S.VALUE:
+            out.extend(self._call.value_text(text))
+        elif state in (_S.REJECT_BLOCK, _S.REJECT_INVOKE):
+            self._raw_out(out, text)
+        else:  # BLOCK after a started call, INVOKE, KEY
+            self._stray.append(text)
+        return False
+
+    def _answer_text(self, out: list[Event], text: str) -> None:
+        if self._stray_mode is StrayText.ERROR:
+            self._stray.append(text)
+            return
+        text = self._pending_ws + text
+        if self._after_block:
+            if not text.strip():
+                self._pending_ws = text
+                return
+            self._after_block = False
+        hold = held_tail_len(text, self._g.block_lead)
+        self._pending_ws = text[len(text) - hold :]
+        if hold < len(text):
+            out.append(ContentDelta(text[: len(text) - hold]))
+
+    # Tags, by state.
+
+    def _tag(self, out: list[Event], label: str, captures: tuple[str, ...], tag_text: str) -> None:
+        state = self._state
+        if state is _S.CONTENT:
+            self._open_block(out, tag_text)
+        elif state is _S.BLOCK:
+            if label == "invoke":
+                self._start_invoke(out, captures[0], tag_text)
+            else:
+                self._close_empty_or_block(out, tag_text)
+        elif state is _S.NAME:
+            self._end_inline_name(out, label, tag_text)
+        elif state in (_S.INVOKE, _S.KEY):
+            self._call_tag(out, label, captures, tag_text)
+        elif state is _S.VALUE:
+            out.extend(self._call.end_value())
+            self._markup(out, tag_text)
+            self._state = _S.INVOKE
+        else:  # a rejected block or invocation ends
+            self._raw_out(out, tag_text)
+            self._state = _S.CONTENT if state is _S.REJECT_BLOCK else _S.BLOCK
+
+    def _open_block(self, out: list[Event], tag_text: str) -> None:
+        if self._stray_mode is StrayText.ERROR:
+            self._flush_stray(out)
+        else:
+            pending, self._pending_ws = self._pending_ws, ""
+            cut = len(pending) if self._after_block else strip_tail_len(pending, self._g.block_lead)
+            if cut < len(pending):
+                out.append(ContentDelta(pending[: len(pending) - cut]))
+            self._markup(out, pending[len(pending) - cut :])
+        self._after_block = False
+        self._raw, self._block_calls = [tag_text], 0
+        self._state = _S.NAME if self._g.invoke_open is None else _S.BLOCK
+
+    def _close_empty_or_block(self, out: list[Event], tag_text: str) -> None:
+        if not self._block_calls:
+            self._raw.append(tag_text)
+            self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "block without invocations"))
+            self._state = _S.CONTENT
+            return
+        self._flush_stray(out)
+        self._markup(out, tag_text)
+        self._end_block()
+
+    def _end_block(self) -> None:
+        self._state = _S.CONTENT
+        self._after_block = True
+
+    def _end_inline_name(self, out: list[Event], label: str, tag_text: str) -> None:
+        name_text = "".join(self._name)
+        self._name = []
+        if label == "sep":
+            name_text += tag_text
+        else:  # the key or closer tag belongs to the invocation: scan it again there
+            self._buf = tag_text + self._buf
+        self._start_invoke(out, name_text.strip(), name_text)
+
+    def _start_invoke(self, out: list[Event], name: str, tag_text: str) -> None:
+        g = self._g
+        if g.max_invocations and self._num_calls >= g.max_invocations:
+            error = ParseError(ParseErrorKind.EXTRA_INVOCATION, name)
+        elif not name:
+            error = ParseError(ParseErrorKind.MALFORMED_CALL, "empty invocation name")
+        else:
+            error = self._names.check(name)
+        if error is not None:
+            if not self._block_calls:
+                self._raw.append(tag_text)
+                self._reject_block(out, error)
+            else:
+                self._flush_stray(out)
+                out.append(error)
+                self._raw_out(out, tag_text)
+                self._state = _S.REJECT_INVOKE if g.invoke_close else _S.REJECT_BLOCK
+            return
+        self._flush_stray(out)
+        self._markup(out, "".join(self._raw) + tag_text)
+        self._raw = []
+        index, call_id = self._ids.allocate()
+        out.append(ToolCallStart(index, call_id, name))
+        self._call = OpenCall(index, name, g.value_wrap, g.value_format)
+        self._block_calls += 1
+        self._num_calls += 1
+        self._state = _S.INVOKE
+
+    def _call_tag(self, out: list[Event], label: str, captures: tuple[str, ...], tag_text: str) -> None:
+        self._flush_stray(out)
+        call = self._call
+        if label == "value":
+            self._markup(out, tag_text)
+            out.extend(call.start_value(self._key, ValueMode.SCHEMA, self._names.registry.kinds(call.name, self._key)))
+            self._state = _S.VALUE
+        elif label == "key":
+            if self._state is _S.KEY:
+                out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{call.name}.{self._key}: key without value"))
+            self._markup(out, tag_text)
+            self._key = captures[0]
+            if self._g.value_open:
+                self._state = _S.KEY
+                return
+            out.extend(call.start_value(captures[0], *self._value_mode(out, call.name, captures)))
+            self._state = _S.VALUE
+        else:  # "end": the invocation closer; "close": the block closer with the invocation open
+            if self._state is _S.KEY:
+                out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{call.name}.{self._key}: key without value"))
+            elif label == "close":
+                out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{call.name}: invocation not closed"))
+            out.extend(call.end(True))
+            self._call = None
+            self._markup(out, tag_text)
+            if self._g.invoke_close and label == "end":
+                self._state = _S.BLOCK
+            else:
+                self._end_block()
+
+    def _value_mode(self, out: list[Event], name: str, captures: tuple[str, ...]):
+        kinds = self._names.registry.kinds(name, captures[0])
+        if self._g.string_flag is None:
+            return ValueMode.SCHEMA, kinds
+        flag = captures[1]
+        if flag == self._g.string_flag[0]:
+            return ValueMode.RAW_STRING, kinds
+        if flag != self._g.string_flag[1]:
+            out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{name}.{captures[0]}: string flag {flag!r}"))
+        return ValueMode.JSON, kinds
+
+    # Output helpers.
+
+    def _markup(self, out: list[Event], text: str) -> None:
+        if text:
+            out.append(MarkupDropped(text))
+
+    def _raw_out(self, out: list[Event], text: str) -> None:
+        if text:
+            out.append(ContentDelta(text) if self._stray_mode is StrayText.CONTENT else MarkupDropped(text))
+
+    def _reject_block(self, out: list[Event], error: ParseError) -> None:
+        out.append(error)
+        self._raw_out(out, "".join(self._raw))
+        self._raw = []
+        self._state = _S.REJECT_BLOCK
+
+    def _flush_stray(self, out: list[Event]) -> None:
+        text = "".join(self._stray)
+        self._stray = []
+        if text.strip():
+            out.append(ParseError(ParseErrorKind.UNEXPECTED_TEXT, text))
+        else:
+            self._markup(out, text)
+
+    def _finish_state(self, out: list[Event]) -> None:
+        state = self._state
+        if state is _S.CONTENT:
+            pending, self._pending_ws = self._pending_ws, ""
+            if self._after_block or self._stray_mode is StrayText.ERROR:
+                self._markup(out, pending)
+            elif pending:
+                out.append(ContentDelta(pending))
+            self._flush_stray(out)
+        elif state in (_S.BLOCK, _S.NAME) and not self._block_calls:
+            self._raw.append("".join(self._name))
+            self._name = []
+            self._reject_block(out, ParseError(ParseErrorKind.UNTERMINATED_CALL, "output ended in a tool block"))
+        elif state is _S.BLOCK:
+            self._flush_stray(out)
+            out.append(ParseError(ParseErrorKind.UNTERMINATED_CALL, "tool block not closed"))
+        elif state in (_S.INVOKE, _S.KEY, _S.VALUE):
+            self._flush_stray(out)
+            out.append(ParseError(ParseErrorKind.UNTERMINATED_CALL, self._call.name))
+            out.extend(self._call.end(False))
+            self._call = None
+        self._state = _S.CONTENT
+        self._after_block = False

@@ -1,0 +1,167 @@
+"""The request's tools as parsers see them, and typing of parameter values from their schemas.
+
+`ToolRegistry` is built once per request from the OpenAI ``tools`` list. For each parameter it
+keeps the JSON types the schema allows (``type`` as a string or a list, ``enum``/``const`` values,
+``anyOf``/``oneOf`` branches). `typed_value` turns a parameter's raw text into JSON text:
+
+- a parameter allowing only ``string`` (or one with no usable type: undeclared, untyped) is the raw
+  text, verbatim;
+- otherwise the other allowed types are tried on the text without surrounding whitespace, in this
+  order: integer, number, boolean, null, object/array (as JSON); then ``string`` if allowed;
+- if nothing fits, the raw text is kept as a JSON string and the result says it was invalid.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Sequence
+
+
+class ValueKind(enum.Enum):
+    STRING = "string"
+    INTEGER = "integer"
+    NUMBER = "number"
+    BOOLEAN = "boolean"
+    NULL = "null"
+    OBJECT = "object"
+    ARRAY = "array"
+
+
+_TRY_ORDER = (ValueKind.INTEGER, ValueKind.NUMBER, ValueKind.BOOLEAN, ValueKind.NULL, ValueKind.OBJECT, ValueKind.ARRAY)
+STRING_ONLY = frozenset({ValueKind.STRING})
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One registered function: its name and the JSON schema kinds of its parameters."""
+
+    name: str
+    parameters: Mapping[str, frozenset[ValueKind]]
+
+    @classmethod
+    def from_schema(cls, name: str, schema: Mapping[str, Any] | None) -> "ToolSpec":
+        properties = (schema or {}).get("properties") or {}
+        if not isinstance(properties, Mapping):
+            properties = {}
+        return cls(name, {str(key): schema_kinds(value) for key, value in properties.items()})
+
+
+class ToolRegistry:
+    """The request's registered tools by name. Immutable after construction; shared read-only."""
+
+    def __init__(self, tools: Sequence[ToolSpec] = ()):
+        self._tools = {tool.name: tool for tool in tools}
+
+    @classmethod
+    def from_openai(cls, tools: Sequence[Mapping[str, Any]] | None) -> "ToolRegistry":
+        """From the request's ``tools`` list (``{"type": "function", "function": {...}}`` items)."""
+        specs = []
+        for tool in tools or ():
+            function = tool.get("function") or {}
+            if tool.get("type", "function") == "function" and function.get("name"):
+                specs.append(ToolSpec.from_schema(function["name"], function.get("parameters")))
+        return cls(specs)
+
+    def has(self, name: str) -> bool:
+        return name in self._tools
+
+    def kinds(self, tool: str, parameter: str) -> frozenset[ValueKind]:
+        """Allowed kinds of a parameter; string-only when the tool or parameter is not declared."""
+        spec = self._tools.get(tool)
+        kinds = spec.parameters.get(parameter) if spec is not None else None
+        return kinds or STRING_ONLY
+
+
+def schema_kinds(schema: Any) -> frozenset[ValueKind]:
+    """JSON types a (sub)schema allows; empty when it declares none."""
+    if not isinstance(schema, Mapping):
+        return frozenset()
+    kinds: set[ValueKind] = set()
+    declared = schema.get("type")
+    for name in declared if isinstance(declared, list) else [declared]:
+        if isinstance(name, str) and name in ValueKind._value2member_map_:
+            kinds.add(ValueKind(name))
+    for literal in [*(schema.get("enum") or ()), *([schema["const"]] if "const" in schema else [])]:
+        kinds.add(_kind_of(literal))
+    for key in ("anyOf", "oneOf"):
+        for branch in schema.get(key) or ():
+            kinds |= schema_kinds(branch)
+    return frozenset(kinds)
+
+
+def _kind_of(value: Any) -> ValueKind:
+    if isinstance(value, bool):
+        return ValueKind.BOOLEAN
+    if isinstance(value, int):
+        return ValueKind.INTEGER
+    if isinstance(value, float):
+        return ValueKind.NUMBER
+    if value is None:
+        return ValueKind.NULL
+    if isinstance(value, Mapping):
+        return ValueKind.OBJECT
+    if isinstance(value, list):
+        return ValueKind.ARRAY
+    return ValueKind.STRING
+
+
+class TypedValue(NamedTuple):
+    json_text: str
+    valid: bool
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _parse_json(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
+    try:
+        if kind is ValueKind.INTEGER:
+            return (True, int(text)) if _INTEGER.match(text) else (False, None)
+        if kind is ValueKind.NUMBER:
+            value = _parse_json(text)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            return ok, value
+        if kind is ValueKind.BOOLEAN:
+            lowered = text.lower()
+            return (lowered in ("true", "false"), lowered == "true")
+        if kind is ValueKind.NULL:
+            return (text in ("null", "None"), None)
+        value = _parse_json(text)
+        return isinstance(value, dict if kind is ValueKind.OBJECT else list), value
+    except (ValueError, RecursionError):
+        return False, None
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def typed_value(raw: str, kinds: frozenset[ValueKind]) -> TypedValue:
+    """JSON text for ``raw`` under ``kinds`` (see the module docstring)."""
+    if not kinds or kinds == STRING_ONLY:
+        return TypedValue(dump_json(raw), True)
+    text = raw.strip()
+    for kind in _TRY_ORDER:
+        if kind in kinds:
+            ok, value = _try_kind(kind, text)
+            if ok:
+                return TypedValue(dump_json(value), True)
+    return TypedValue(dump_json(raw), ValueKind.STRING in kinds)
+
+
+def json_value(raw: str) -> TypedValue:
+    """JSON text for a value declared to be JSON (any type); the raw string when it is not JSON."""
+    try:
+        return TypedValue(dump_json(_parse_json(raw.strip())), True)
+    except (ValueError, RecursionError):
+        return TypedValue(dump_json(raw), False)
