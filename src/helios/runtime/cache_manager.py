@@ -1,0 +1,169 @@
+"""Cache policy per request: prefix reuse, restore, growth, publication, release, checkpoints.
+
+`CacheManager` mutates a `RequestState`'s page table, chain digests and computed counter, the
+shared `PagePool` and the `SnapshotStore`; it never touches slots or queues (the scheduler does).
+Every method either completes or returns None having undone what it did.
+
+Reuse rules derived from the storage layout:
+- complete pages are reused through the prefix cache only when pages alone capture a prefix's
+  state (no recurrent or continuation regions); otherwise only snapshots are reused;
+- at least one prompt token is always recomputed, so the first row can sample;
+- a scored-prefill request reuses nothing until its prompt is scored (every prompt token needs
+  its score); it publishes its pages like any other request.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from helios.runtime.capacities import StorageLayout
+from helios.runtime.page_pool import PagePool
+from helios.runtime.plan import CopyOp
+from helios.runtime.prefix_cache import extend_chain
+from helios.runtime.request import RequestState
+from helios.runtime.snapshots import FenceKind, Residence, Snapshot, SnapshotStore
+
+Fence = tuple[int, FenceKind]
+
+
+class CopyWork(NamedTuple):
+    """Copies a plan must carry and the snapshot fences they settle."""
+
+    copies: tuple[CopyOp, ...] = ()
+    fences: tuple[Fence, ...] = ()
+
+
+class CacheManager:
+    def __init__(self, pool: PagePool, snapshots: SnapshotStore, layout: StorageLayout,
+                 prefix_caching: bool = True):
+        self.pool = pool
+        self.snapshots = snapshots
+        self.layout = layout
+        self.prefix_caching = prefix_caching
+        self.page_reuse = prefix_caching and layout.pages_capture_state
+        self.num_lookup_tokens = 0
+        self.num_reused_tokens = 0
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def admit(self, req: RequestState, budget: int) -> tuple[int, CopyWork] | None:
+        """Give a waiting request (slot already assigned) its reused prefix and the pages for its
+        first row of at most `budget` tokens. Returns (row length, restore copies) or None."""
+        page_tokens = self.layout.page_tokens
+        num_tokens = len(req.token_ids)
+        self.extend_chain(req, num_tokens // page_tokens)
+        reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
+        hits = self.pool.cache.lookup(req.chain[:(num_tokens - 1) // page_tokens]) if reuse and self.page_reuse else []
+        snapshot = self._restore_source(req, reuse)
+        if snapshot is not None and snapshot.endpoint <= len(hits) * page_tokens:
+            snapshot = None
+        if req.snapshot_id and (snapshot is None or snapshot.snapshot_id != req.snapshot_id):
+            self.snapshots.discard(req.snapshot_id)
+            req.snapshot_id = 0
+        shared, num_restored, computed = self._base(snapshot, hits)
+        chunk = min(num_tokens - computed, budget)
+        self.pool.retain(shared)
+        fresh = self.pool.allocate(self.layout.pages_for(computed + chunk) - len(shared))
+        if fresh is None:
+            self.pool.release(list(reversed(shared)))
+            return None
+        req.page_ids = shared + fresh
+        req.num_computed_tokens = computed
+        req.num_published_pages = len(shared)
+        if req.num_reused_tokens < 0:
+            req.num_reused_tokens = computed
+            self.num_lookup_tokens += num_tokens
+            self.num_reused_tokens += computed
+        if snapshot is None:
+            return chunk, CopyWork()
+        req.snapshot_id = 0
+        num_shared = len(shared) if snapshot.residence == Residence.HOST else 0
+        restored = fresh[:num_restored + (snapshot.endpoint % page_tokens > 0)]
+        copies = self.snapshots.restore_copies(snapshot, num_shared, restored, req.slot)
+        return chunk, CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.RESTORE),))
+
+    def _restore_source(self, req: RequestState, reuse: bool) -> Snapshot | None:
+        if req.snapshot_id:
+            snapshot = self.snapshots.get(req.snapshot_id)
+            return snapshot if snapshot is not None and snapshot.ready else None
+        if not reuse:
+            return None
+        return self.snapshots.find(req.token_ids, req.chain, req.root)
+
+    def _base(self, snapshot: Snapshot | None, hits: list[int]) -> tuple[list[int], int, int]:
+        """(pages to share, complete pages to copy from the host, computed tokens)."""
+        if snapshot is None:
+            return hits, 0, len(hits) * self.layout.page_tokens
+        num_complete = snapshot.endpoint // self.layout.page_tokens
+        if snapshot.residence == Residence.DEVICE:
+            return list(snapshot.page_ids), 0, snapshot.endpoint
+        shared = hits[:num_complete]
+        return shared, num_complete - len(shared), snapshot.endpoint
+
+    # -- running requests ----------------------------------------------------------------------
+
+    def grow(self, req: RequestState, num_tokens: int) -> list[int] | None:
+        """Pages so that `req` holds positions [0, num_tokens) in every view; new pages or None."""
+        missing = self.layout.pages_for(num_tokens) - len(req.page_ids)
+        if missing <= 0:
+            return []
+        pages = self.pool.allocate(missing)
+        if pages is not None:
+            req.page_ids.extend(pages)
+        return pages
+
+    def extend_chain(self, req: RequestState, num_pages: int) -> None:
+        extend_chain(req.chain, req.root, req.token_ids, self.layout.page_tokens, num_pages)
+
+    def publish(self, req: RequestState) -> None:
+        """Make the request's newly committed complete pages findable (after validation only)."""
+        if not self.page_reuse:
+            return
+        committed = min(req.num_computed_tokens, len(req.token_ids))
+        num_complete = committed // self.layout.page_tokens
+        if num_complete <= req.num_published_pages:
+            return
+        self.extend_chain(req, num_complete)
+        for index in range(req.num_published_pages, num_complete):
+            self.pool.publish(req.chain[index], req.page_ids[index])
+        req.num_published_pages = num_complete
+
+    def release(self, req: RequestState) -> None:
+        """Drop the request's page references, tails first (so they are evicted first)."""
+        self.pool.release(list(reversed(req.page_ids)))
+        req.page_ids = []
+        req.num_uploaded_pages = 0
+        req.num_published_pages = 0
+
+    def checkpoint(self, req: RequestState, residence: Residence) -> CopyWork | None:
+        """Checkpoint the committed state and release the request's other pages.
+
+        Device checkpoints are published for later requests (owner None); host checkpoints are
+        private to a preempted request. Returns the copies, or None with nothing changed (the
+        caller then releases as usual).
+        """
+        endpoint = min(req.num_computed_tokens, len(req.token_ids))
+        if endpoint == 0 or (residence == Residence.DEVICE and not self.snapshots.needs_tail(endpoint)):
+            return None
+        page_tokens = self.layout.page_tokens
+        num_complete = endpoint // page_tokens
+        self.extend_chain(req, num_complete)
+        key = req.chain[num_complete - 1] if num_complete else req.root
+        covered = -(-endpoint // page_tokens)
+        owner = req.request_id if residence == Residence.HOST else None
+        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, req.page_ids[:covered],
+                                        req.slot, owner, residence)
+        if result is None:
+            return None
+        snapshot, copies = result
+        req.page_ids = req.page_ids[covered:]
+        self.release(req)
+        if owner is not None:
+            req.snapshot_id = snapshot.snapshot_id
+        return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
+
+    def page_holders(self, requests: list[RequestState]) -> list[int]:
+        held = self.snapshots.page_holders()
+        for req in requests:
+            held.extend(req.page_ids)
+        return held

@@ -1,0 +1,42 @@
+"""Typed events the scheduler emits for each request, in order.
+
+A request yields zero or more `TokenEvent`s and then exactly one `FinishEvent`. Token events of
+observed requests carry `observed_ns`: one host clock read right after validated completion
+(before grammar advancement, stop handling or parsing); unobserved requests read no clock and
+carry None.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple, Union
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended. Distinct reasons keep distinct termination semantics downstream."""
+
+    UNSPECIFIED = 0
+    EOS = 1  # sampled one of the request's EOS ids (the EOS token is the last output token)
+    LENGTH = 2  # reached its output limit
+    STOP = 3  # a host stop (string or token sequence) matched; reported through `Scheduler.stop`
+    CANCELLED = 4  # the client cancelled or dropped the response
+    REJECTED = 5  # admission refused it (engines report rejections raised by `submit` this way)
+    ERROR = 6  # its execution failed or its completion record was invalid
+
+
+class TokenEvent(NamedTuple):
+    request_id: str
+    token_ids: tuple[int, ...]
+    observed_ns: int | None
+
+
+class FinishEvent(NamedTuple):
+    request_id: str
+    reason: FinishReason
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_reused_tokens: int  # prompt tokens served from cached pages or a snapshot at first admission
+    message: str = ""
+
+
+RequestEvent = Union[TokenEvent, FinishEvent]

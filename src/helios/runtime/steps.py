@@ -1,0 +1,315 @@
+"""Step composition: the cohort, each lane's tokens and pages, and the program of one step.
+
+`StepBuilder` reads completed observations only (the counters of each request) and decides:
+- the operation: DECODE when every chosen lane has only its pending token left; PREFILL when
+  only prompts (or recomputation) remain; MIXED when both (without a MIXED program, prompt and
+  decode steps alternate); SCORED_PREFILL for prompts that need scores (alternating with the
+  rest); SPECULATIVE instead of DECODE when loaded and enabled;
+- the lanes, in scheduling order (priority, then submission), within the program's row and
+  packed-token capacities and the prefill extent; a prompt longer than what is left of the
+  extent is chunked, and one token stays reserved for every later decoding lane;
+- pages: each lane's page table is grown to cover its new positions. On a shortage the builder
+  waits when copies in this plan will return enough pages at their fence, otherwise drops the
+  least recently used published snapshot, otherwise preempts a victim. The victim is the
+  running request not yet scheduled in this step with the largest (priority, submission) key:
+  lowest priority first, then the latest submitted; that may be the requesting lane itself.
+  A step that preempted admits no waiting request.
+
+The second frame (`build_second`) repeats a plain decode cohort with device-owned pending
+tokens, only when nothing would change phase and no active request needs host feedback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from helios.runtime.cache_manager import CacheManager, CopyWork, Fence
+from helios.runtime.capacities import Capacities, LengthSource, Operation, ProgramVariant
+from helios.runtime.faults import require
+from helios.runtime.plan import CopyOp, PlanRow
+from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.queues import RequestQueues
+from helios.runtime.request import RequestState, RequestStatus
+from helios.runtime.slots import SlotTable
+from helios.runtime.snapshots import FenceKind, Residence
+
+DECODING_OPS = (Operation.DECODE, Operation.MIXED, Operation.SPECULATIVE)
+
+
+@dataclass
+class Draft:
+    """A step under construction; becomes a StepPlan. Mutated only by `StepBuilder`."""
+
+    operation: Operation
+    variant: ProgramVariant | None = None
+    rows: list[PlanRow] = field(default_factory=list)
+    requests: list[RequestState] = field(default_factory=list)
+    copies: list[CopyOp] = field(default_factory=list)
+    fences: list[Fence] = field(default_factory=list)
+    num_tokens: int = 0
+    scheduled: set[str] = field(default_factory=set)
+    reclaiming: int = 0  # pages referenced only until this plan's copies complete
+    preempted: bool = False
+
+    def add_work(self, work: CopyWork) -> None:
+        self.copies.extend(work.copies)
+        self.fences.extend(work.fences)
+
+
+def is_scoring(req: RequestState) -> bool:
+    """Its prompt still needs scored prefill."""
+    return req.spec.score_prompt and req.num_output_tokens == 0
+
+
+class StepBuilder:
+    def __init__(self, caps: Capacities, policy: SchedulerPolicy, cache: CacheManager,
+                 slots: SlotTable, queues: RequestQueues):
+        self.caps = caps
+        self.policy = policy
+        self.cache = cache
+        self.slots = slots
+        self.queues = queues
+        self.last_operation = Operation.UNSPECIFIED
+        self.num_preemptions = 0
+
+    # -- fresh steps (no plan in flight) -------------------------------------------------------
+
+    def build(self, pending: CopyWork) -> Draft | None:
+        draft = Draft(Operation.UNSPECIFIED)
+        draft.add_work(pending)
+        self._offload_published(draft)
+        operation = self._choose_operation()
+        if operation is not None:
+            self._fill(draft, operation)
+            if not draft.rows and operation not in DECODING_OPS and self._has_decode_ready():
+                self._fill(draft, self._decode_operation())
+        if not draft.rows:
+            draft.operation = Operation.UNSPECIFIED
+            return draft if draft.copies else None
+        self._finalize(draft)
+        self.last_operation = draft.operation
+        return draft
+
+    def _choose_operation(self) -> Operation | None:
+        decode = self._has_decode_ready()
+        scoring = prompt = False
+        for req in self.queues.running:
+            if is_scoring(req):
+                scoring = scoring or req.num_tokens_ahead > 0
+            elif req.num_tokens_ahead > 1:
+                prompt = True
+        if self.queues.waiting and self.slots.num_free:
+            head = self.queues.waiting[0]
+            scoring, prompt = scoring or is_scoring(head), prompt or not is_scoring(head)
+        if scoring and (self.last_operation != Operation.SCORED_PREFILL or not (decode or prompt)):
+            return Operation.SCORED_PREFILL
+        if prompt and decode:
+            if self.caps.has(Operation.MIXED):
+                return Operation.MIXED
+            return self._prefill_operation() if self.last_operation in DECODING_OPS else self._decode_operation()
+        if prompt:
+            return self._prefill_operation()
+        if decode:
+            return self._decode_operation()
+        return None
+
+    def _has_decode_ready(self) -> bool:
+        return any(req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running)
+
+    def _decode_operation(self) -> Operation:
+        if self.policy.speculative and self.caps.has(Operation.SPECULATIVE):
+            return Operation.SPECULATIVE
+        return Operation.DECODE if self.caps.has(Operation.DECODE) else Operation.MIXED
+
+    def _prefill_operation(self) -> Operation:
+        return Operation.PREFILL if self.caps.has(Operation.PREFILL) else Operation.MIXED
+
+    def _fill(self, draft: Draft, operation: Operation) -> None:
+        draft.operation = operation
+        max_rows, max_tokens = self.caps.limits(operation)
+        if operation not in (Operation.DECODE, Operation.SPECULATIVE):
+            max_tokens = min(max_tokens, self.caps.prefill_tokens)
+        decoders = [r for r in self.queues.running if r.num_tokens_ahead == 1 and not is_scoring(r)]
+        lane_limit = 1
+        if operation == Operation.SPECULATIVE:
+            lanes = min(len(decoders), max_rows)
+            draft.variant = self.caps.select(operation, lanes, lanes)
+            require(draft.variant is not None, "no speculative program holds the decode cohort")
+            lane_limit = draft.variant.lane_limit
+            if draft.variant.length_source == LengthSource.PREFIX_LIMIT:
+                max_tokens = lanes * lane_limit
+        num_decoders = len(decoders) if operation in DECODING_OPS else 0
+        for req in list(self.queues.running):
+            if len(draft.rows) >= max_rows:
+                break
+            if req.status != RequestStatus.RUNNING or req.request_id in draft.scheduled:
+                continue
+            ahead = req.num_tokens_ahead
+            decoding = ahead == 1 and not is_scoring(req)
+            num_decoders -= decoding and operation in DECODING_OPS
+            room = max_tokens - draft.num_tokens - num_decoders
+            want = self._want(req, operation, decoding, lane_limit)
+            if want > 0 and room > 0:
+                self._schedule_lane(draft, req, min(want, room))
+        if operation in (Operation.PREFILL, Operation.MIXED, Operation.SCORED_PREFILL) and not draft.preempted:
+            self._admit(draft, max_rows, max_tokens)
+
+    def _want(self, req: RequestState, operation: Operation, decoding: bool, lane_limit: int) -> int:
+        """Tokens this lane would take in `operation` (0: not in this program)."""
+        if decoding:
+            if operation == Operation.SPECULATIVE:
+                width = 1 if req.spec.needs_feedback else lane_limit
+                return min(width, req.num_output_budget)
+            return 1 if operation in DECODING_OPS else 0
+        scoring = is_scoring(req)
+        if scoring != (operation == Operation.SCORED_PREFILL):
+            return 0
+        return req.num_tokens_ahead if operation != Operation.DECODE and operation != Operation.SPECULATIVE else 0
+
+    def _schedule_lane(self, draft: Draft, req: RequestState, tokens: int) -> None:
+        speculative = draft.operation == Operation.SPECULATIVE
+        if speculative and tokens > 1 and self.cache.grow(req, req.frontier + tokens) is None:
+            tokens = 1
+        if self._reserve(draft, req, req.frontier + tokens):
+            self._add_row(draft, req, tokens)
+
+    def _admit(self, draft: Draft, max_rows: int, max_tokens: int) -> None:
+        scored = draft.operation == Operation.SCORED_PREFILL
+        waiting = self.queues.waiting
+        while waiting and len(draft.rows) < max_rows and draft.num_tokens < max_tokens:
+            req = waiting[0]
+            if is_scoring(req) != scored:
+                return
+            acquired = self.slots.acquire(req.request_id)
+            if acquired is None:
+                return
+            req.slot, req.generation = acquired
+            admitted = self.cache.admit(req, max_tokens - draft.num_tokens)
+            if admitted is None:
+                self.slots.release(req.slot)
+                req.slot = -1
+                return
+            tokens, work = admitted
+            draft.add_work(work)
+            self.queues.start(req)
+            self._add_row(draft, req, tokens)
+
+    # -- pages and preemption ------------------------------------------------------------------
+
+    def _reserve(self, draft: Draft, req: RequestState, num_tokens: int) -> bool:
+        """Grow `req` to `num_tokens` positions, reclaiming or preempting; False if it must wait."""
+        while self.cache.grow(req, num_tokens) is None:
+            missing = self.cache.layout.pages_for(num_tokens) - len(req.page_ids) - self.cache.pool.num_available
+            if draft.reclaiming >= missing:
+                return False
+            if self.cache.snapshots.drop_lru_device():
+                continue
+            victim = max((r for r in self.queues.running if r.request_id not in draft.scheduled),
+                         key=lambda r: r.order_key)
+            self._preempt(draft, victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, draft: Draft, victim: RequestState) -> None:
+        require(victim.num_inflight_plans == 0, "preempting a request with a plan in flight")
+        draft.preempted = True
+        self.num_preemptions += 1
+        victim.num_preemptions += 1
+        work = None
+        if self.policy.preemption == PreemptionMode.OFFLOAD:
+            covered = -(-victim.num_computed_tokens // self.cache.layout.page_tokens)
+            work = self.cache.checkpoint(victim, Residence.HOST)
+            if work is not None:
+                draft.add_work(work)
+                draft.reclaiming += covered
+        if work is None:
+            self.cache.release(victim)
+        victim.num_computed_tokens = 0
+        self.slots.release(victim.slot)
+        victim.slot = -1
+        self.queues.leave(victim)
+        self.queues.enqueue(victim)
+
+    def _offload_published(self, draft: Draft) -> None:
+        watermark = self.policy.offload_watermark_pages
+        if not watermark or self.cache.pool.num_available >= watermark:
+            return
+        snapshot = self.cache.snapshots.offload_candidate()
+        if snapshot is None:
+            return
+        num_pages = len(snapshot.page_ids)
+        copies = self.cache.snapshots.offload(snapshot)
+        if copies is not None:
+            draft.add_work(CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.OFFLOAD),)))
+            draft.reclaiming += num_pages
+
+    # -- rows ----------------------------------------------------------------------------------
+
+    def _add_row(self, draft: Draft, req: RequestState, tokens: int) -> None:
+        start = req.frontier
+        speculative = draft.operation == Operation.SPECULATIVE
+        samples = tokens >= req.num_tokens_ahead
+        fed = req.token_ids[start:start + (1 if speculative else tokens)]
+        first = req.num_uploaded_pages
+        new_pages = tuple(req.page_ids[first:])
+        req.num_uploaded_pages = len(req.page_ids)
+        sample_index = req.num_output_tokens + req.num_pending_samples
+        ceiling = (tokens if speculative else 1) if samples else 0
+        draft.rows.append(PlanRow(
+            req.request_id, req.slot, req.generation, tuple(fed), False, start, tokens, first,
+            new_pages, samples, sample_index, ceiling, first == 0, req.spec.constrained))
+        req.num_inflight_tokens += tokens
+        req.num_pending_samples += samples
+        draft.requests.append(req)
+        draft.scheduled.add(req.request_id)
+        draft.num_tokens += tokens
+
+    def _finalize(self, draft: Draft) -> None:
+        """Pick the smallest program of the step's operation that holds its rows and tokens."""
+        if draft.operation == Operation.SPECULATIVE:
+            return
+        num_rows = len(draft.rows)
+        plain = all(row.query_len == 1 and row.samples for row in draft.rows)
+        if plain and draft.operation != Operation.SCORED_PREFILL:
+            variant = self.caps.select(Operation.DECODE, num_rows, draft.num_tokens)
+            if variant is not None:
+                draft.operation, draft.variant = Operation.DECODE, variant
+                return
+        variant = self.caps.select(draft.operation, num_rows, draft.num_tokens)
+        require(variant is not None, f"no {draft.operation.name} program holds {num_rows} rows")
+        draft.variant = variant
+
+    # -- second frame --------------------------------------------------------------------------
+
+    def build_second(self, operation: Operation, variant: ProgramVariant | None,
+                     requests: list[RequestState], has_copies: bool) -> Draft | None:
+        """A decode round behind the in-flight one, fed by its device-owned pending tokens."""
+        if (not self.policy.two_frames or operation != Operation.DECODE or has_copies
+                or variant is None or not variant.device_pending):
+            return None
+        if self.queues.waiting and self.slots.num_free:
+            return None  # an admission would change phase: wait for feedback
+        cohort = [req for req in requests if req.status == RequestStatus.RUNNING]
+        if len(cohort) != len(self.queues.running):
+            return None
+        if any(req.spec.needs_feedback for req in cohort):
+            return None
+        cohort = [req for req in cohort if req.num_output_budget >= 1]
+        if not cohort or any(self.cache.grow(req, req.frontier + 1) is None for req in cohort):
+            return None
+        draft = Draft(Operation.DECODE)
+        for req in cohort:
+            first = req.num_uploaded_pages
+            new_pages = tuple(req.page_ids[first:])
+            req.num_uploaded_pages = len(req.page_ids)
+            draft.rows.append(PlanRow(
+                req.request_id, req.slot, req.generation, (), True, req.frontier, 1, first, new_pages,
+                True, req.num_output_tokens + req.num_pending_samples, 1, False, False))
+            req.num_inflight_tokens += 1
+            req.num_pending_samples += 1
+            draft.requests.append(req)
+        draft.num_tokens = len(cohort)
+        draft.variant = self.caps.select(Operation.DECODE, len(cohort), len(cohort))
+        require(draft.variant is not None, "no decode program holds the second frame")
+        return draft
