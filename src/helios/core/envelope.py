@@ -2,9 +2,10 @@
 
 A signature covers `DOMAIN || format_version (u32 LE) || payload`: the exact payload bytes, bound
 to their payload format so a DeploymentBody signature cannot be replayed as a ModelIndex (or the
-reverse). Every signature in an envelope must verify; each carries its public key, so even a
-signature from a key the operator does not trust is checked and a flipped byte anywhere in the
-envelope fails. Trust (which of the valid signers counts) is decided by `authorize`.
+reverse). Every signature in an envelope must verify, in strictly increasing key id order (one
+canonical envelope per set of signers); each carries its public key, so even a signature from a
+key the operator does not trust is checked and a flipped byte anywhere in the envelope fails.
+Trust (which of the valid signers counts) is decided by `authorize`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def sign(format_version: int, payload: bytes, key: SigningKey) -> core_pb2.Signa
 
 def seal(format_version: int, payload: bytes, keys: Iterable[SigningKey]) -> core_pb2.SignedEnvelope:
     """An envelope over `payload` signed by each key, in order. Needs at least one key."""
-    signatures = [sign(format_version, payload, key) for key in keys]
+    signatures = sorted(
+        (sign(format_version, payload, key) for key in keys), key=lambda s: s.key_id
+    )
     if not signatures:
         raise UnsignedCoreError("a core needs at least one signing key")
     return core_pb2.SignedEnvelope(payload=payload, signatures=signatures)
@@ -61,8 +64,8 @@ def check_signatures(
             raise BadSignatureError(
                 f"signature {index} (key {entry.key_id.hex()}) does not verify over the payload"
             )
-        if any(s.raw == signer.raw for s in signers):
-            raise BadSignatureError(f"signature {index}: key {entry.key_id.hex()} signs twice")
+        if signers and signers[-1].key_id >= signer.key_id:
+            raise BadSignatureError("signatures are not in strictly increasing key id order")
         signers.append(signer)
     return tuple(signers)
 

@@ -40,6 +40,17 @@ class _VerifiedInput:
         self._buffer = memoryview(chunk)
         return True
 
+    def prime(self) -> None:
+        """Pulls chunks until the frame header is complete (and so checked by the walker)."""
+        pending = []
+        while self._walker.header is None:
+            chunk = self._chunks.next_chunk()
+            if chunk is None:
+                self._walker.finish()  # raises: the stored bytes end inside the header
+            self._walker.feed(chunk)
+            pending.append(chunk)
+        self._buffer = memoryview(pending[0] if len(pending) == 1 else b"".join(pending))
+
     def read(self, size: int = -1) -> memoryview:
         if not self._buffer and not self.pull():
             return memoryview(b"")
@@ -85,9 +96,7 @@ class FrameReader(io.RawIOBase):
     def _start(self) -> None:
         # The first chunk is verified and its frame header checked (window cap included)
         # before the decompressor, and with it any window buffer, exists.
-        self._input.pull()
-        if self._walker.header is None:
-            self._walker.finish()
+        self._input.prime()
         decompressor = zstandard.ZstdDecompressor(max_window_size=self._max_window)
         self._decoder = decompressor.stream_reader(
             self._input, read_size=256 * 1024, read_across_frames=False, closefd=False

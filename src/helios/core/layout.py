@@ -41,8 +41,10 @@ def encode_header(header: CoreHeader) -> bytes:
 
 def decode_header(raw: bytes, file_nbytes: int) -> CoreHeader:
     """Checks the header against the file length; raises the specific CoreError."""
-    if len(raw) < HEADER_NBYTES or not raw.startswith(MAGIC):
+    if not raw.startswith(MAGIC):
         raise NotACoreError("not a Helios core (magic bytes missing)")
+    if len(raw) < HEADER_NBYTES:
+        raise ContainerError("the file ends inside the core header")
     _, version, flags, body_offset, body_nbytes = HEADER.unpack(raw[:HEADER_NBYTES])
     if version != CONTAINER_VERSION:
         raise UnknownFormatError(f"container version {version} is not readable (expected 1)")

@@ -97,6 +97,9 @@ def add_signatures(
             raise BadSignatureError(f"key {key.key_id.hex()} already signed this core")
         envelope.signatures.append(sign(loaded.body.format_version, envelope.payload, key))
         present.add(key.public.raw)
+    ordered = sorted(envelope.signatures, key=lambda s: bytes(s.key_id))
+    del envelope.signatures[:]
+    envelope.signatures.extend(ordered)
     destination = Path(destination)
     if _siblings_stay(loaded, destination):
         return _write_body_only(loaded, destination, envelope)
