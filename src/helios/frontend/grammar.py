@@ -1,0 +1,255 @@
+"""Structured output with llguidance: request grammars, the reasoning envelope, per-step token masks.
+
+Flow: `parse_response_format` turns the request's `response_format` into a `GrammarRequest`; during
+preparation `GrammarCompiler.compile(request, envelope)` builds the request's `GrammarMatcher` or
+raises `GrammarError` (HTTP 400, before admission). Per decode step the worker fills the lane's mask
+row with `fill_bitmask` and, after the completion, advances with `consume_token`.
+
+Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
+w allows token 32 * w + j, where V is the sampled vocabulary size.
+
+Envelope: the grammar constrains only the answer. When the model has tag reasoning, the top-level
+grammar first admits the reasoning section still ahead of the output (free text up to the close
+delimiter, generated as its token when the tokenizer has one), then an optional declared separator,
+then the request's grammar as an opaque subgrammar, so delimiters spelled inside the answer are answer
+text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state,
+after which the mask allows only EOS.
+
+`GrammarCompiler` is immutable and shared by preparation workers. A `GrammarMatcher` belongs to one
+request and is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import llguidance
+import numpy as np
+
+from helios.errors import RequestError
+from helios.frontend.prompt import ReasoningState
+
+MASK_WORD_BITS = 32
+ANSWER_GRAMMAR = "answer"
+
+
+class GrammarError(RequestError):
+    """A structured-output request whose grammar is malformed or cannot be compiled."""
+
+
+class GrammarKind(enum.Enum):
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    LARK = "lark"
+    CHOICE = "choice"
+
+
+@dataclass(frozen=True)
+class GrammarRequest:
+    """What the answer must match. `source`: schema JSON text, regex, Lark text, or JSON array text."""
+
+    kind: GrammarKind
+    source: str
+
+
+def parse_response_format(value: object) -> GrammarRequest | None:
+    """OpenAI `response_format` plus the regex/grammar/choice extensions; None for plain text."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, '{"type": "object"}')
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise GrammarError("response_format.json_schema.schema must be a JSON schema object")
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+    if kind == "regex" and isinstance(value.get("regex"), str) and value["regex"]:
+        return GrammarRequest(GrammarKind.REGEX, value["regex"])
+    if kind == "grammar" and isinstance(value.get("grammar"), str) and value["grammar"]:
+        return GrammarRequest(GrammarKind.LARK, value["grammar"])
+    if kind == "choice":
+        choices = value.get("choices")
+        if isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices):
+            return GrammarRequest(GrammarKind.CHOICE, json.dumps(choices))
+        raise GrammarError("response_format.choices must be a non-empty array of non-empty strings")
+    raise GrammarError("response_format must be text, json_object, json_schema, regex, grammar or choice")
+
+
+@dataclass(frozen=True)
+class ReasoningEnvelope:
+    """The reasoning section that may precede the answer, as the prompt left it.
+
+    Delimiters with a token id must be generated as that token; without one they are matched as text.
+    `separator` is optional text the model may write between the close delimiter and the answer.
+    """
+
+    state: ReasoningState
+    open_text: str = ""
+    close_text: str = ""
+    open_token_id: int | None = None
+    close_token_id: int | None = None
+    separator: str = ""
+
+    def __post_init__(self):
+        if self.state in (ReasoningState.OPEN, ReasoningState.UNOPENED):
+            if not (self.close_text or self.close_token_id is not None):
+                raise ValueError("a reasoning envelope needs its close delimiter")
+        if self.state is ReasoningState.UNOPENED and not (self.open_text or self.open_token_id is not None):
+            raise ValueError("an unopened reasoning envelope needs its open delimiter")
+
+
+def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
+    """Top-level Lark grammar: the pending reasoning section, then the answer subgrammar."""
+    answer = f"@{ANSWER_GRAMMAR}"
+    if envelope is not None and envelope.separator:
+        answer = f"{json.dumps(envelope.separator)}? {answer}"
+    if envelope is None or envelope.state in (ReasoningState.CLOSED, ReasoningState.NO_REASONING):
+        return f"start: {answer}\n"
+    if envelope.close_token_id is not None:
+        body = f"reasoning: REASONING <[{envelope.close_token_id}]>\nREASONING: /(?s:.*)/\n"
+    else:
+        body = f"reasoning[suffix={json.dumps(envelope.close_text)}]: /(?s:.*)/\n"
+    if envelope.state is ReasoningState.OPEN:
+        return f"start: reasoning {answer}\n{body}"
+    opener = f"<[{envelope.open_token_id}]>" if envelope.open_token_id is not None else json.dumps(envelope.open_text)
+    return f"start: (opened)? {answer}\nopened: {opener} reasoning\n{body}"
+
+
+class GrammarCompiler:
+    """Compiles request grammars against one model's tokenizer and sampled vocabulary."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, vocab_size: int, json_defaults: Mapping | None = None):
+        if tokenizer.vocab_size != vocab_size:
+            raise ValueError("the llguidance tokenizer must span the sampled vocabulary")
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._json_defaults = dict(json_defaults or {})
+
+    @classmethod
+    def from_tokenizer(
+        cls,
+        tokenizer,
+        *,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        json_defaults: Mapping | None = None,
+    ) -> GrammarCompiler:
+        """From a `tokenizers.Tokenizer` (about a second for a 100k+ vocabulary; build once per model).
+
+        `json_defaults` are llguidance JSON options (for example ``whitespace_pattern``) that a
+        schema's own ``x-guidance`` may override.
+        """
+        ll_tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        return cls(ll_tokenizer, vocab_size, json_defaults)
+
+    @property
+    def mask_words(self) -> int:
+        return -(-self._vocab_size // MASK_WORD_BITS)
+
+    def grammar_text(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> str:
+        """The llguidance top-level grammar (JSON text) for the request inside its envelope."""
+        answer = self._answer_grammar(request)
+        answer["name"] = ANSWER_GRAMMAR
+        return json.dumps({"grammars": [{"lark_grammar": envelope_lark(envelope)}, answer]})
+
+    def compile(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> GrammarMatcher:
+        """A fresh matcher for one request; GrammarError if the grammar does not compile."""
+        matcher = llguidance.LLMatcher(self._tokenizer, self.grammar_text(request, envelope), log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {request.kind.value} grammar: {_first_line(matcher.get_error())}")
+        return GrammarMatcher(matcher, self.mask_words)
+
+    def _answer_grammar(self, request: GrammarRequest) -> dict:
+        if request.kind is GrammarKind.JSON_SCHEMA:
+            try:
+                text = llguidance.LLMatcher.grammar_from_json_schema(request.source, defaults=self._json_defaults)
+            except ValueError as error:
+                raise GrammarError(f"invalid JSON schema: {error}") from None
+            return json.loads(text)["grammars"][0]
+        if request.kind is GrammarKind.REGEX:
+            return {"lark_grammar": f"start: /{llguidance.regex_to_lark(request.source)}/"}
+        if request.kind is GrammarKind.CHOICE:
+            choices = json.loads(request.source)
+            return {"lark_grammar": "start: " + " | ".join(json.dumps(choice) for choice in choices)}
+        return {"lark_grammar": request.source}
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "unknown error"
+
+
+def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:
+    """int32 [num_rows, mask_words] with every token allowed (the state of unconstrained rows)."""
+    return np.full((num_rows, mask_words), -1, dtype=np.int32)
+
+
+class GrammarMatcher:
+    """One request's grammar state over generated tokens (EOS included once the answer is complete)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int):
+        self._matcher = matcher
+        self._mask_words = mask_words
+
+    @property
+    def is_error(self) -> bool:
+        return self._matcher.is_error()
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error()
+
+    @property
+    def is_accepting(self) -> bool:
+        """The answer is complete: EOS is allowed now."""
+        return self._matcher.is_accepting()
+
+    @property
+    def is_stopped(self) -> bool:
+        """No token but EOS can follow (also true in the error state)."""
+        return self._matcher.is_stopped()
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        """Writes the next step's allowed tokens into `out` (int32 [mask_words], C-contiguous)."""
+        if out.dtype != np.int32 or out.shape != (self._mask_words,) or not out.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"mask row must be C-contiguous int32 [{self._mask_words}]")
+        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+
+    def bitmask(self) -> np.ndarray:
+        out = np.empty(self._mask_words, dtype=np.int32)
+        self.fill_bitmask(out)
+        return out
+
+    def consume_token(self, token_id: int) -> bool:
+        """Advances by one generated token; False (and a sticky error) if the grammar forbids it."""
+        return self._matcher.consume_token(token_id)
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy of the current state (the compiled grammar is shared)."""
+        return GrammarMatcher(self._matcher.deep_copy(), self._mask_words)
+
+    def fill_draft_bitmasks(self, draft_ids: Sequence[int], out: np.ndarray) -> int:
+        """Masks for a speculative round: row k constrains the target token after draft_ids[:k].
+
+        `out` is int32 [len(draft_ids) + 1, mask_words]. Rows after the first draft the grammar
+        rejects repeat that position's mask (verification cannot accept past it). Works on a copy,
+        so this matcher is unchanged; returns how many drafts the grammar accepts.
+        """
+        if out.shape != (len(draft_ids) + 1, self._mask_words):
+            raise ValueError("draft mask rows must be [len(draft_ids) + 1, mask_words]")
+        probe = self.fork()
+        valid = 0
+        probe.fill_bitmask(out[0])
+        for token_id in draft_ids:
+            if not probe.consume_token(token_id):
+                break
+            valid += 1
+            probe.fill_bitmask(out[valid])
+        out[valid + 1 :] = out[valid]
+        return valid
