@@ -46,6 +46,6 @@ def _check_repeated(field: FieldDescriptor, values, path: str) -> None:
 def _check_enum(field: FieldDescriptor, value: int, path: str) -> None:
     enum = field.enum_type
     if value == 0:
-        fail(path, f"{enum.values_by_number[0].name} selects nothing; name a {enum.name} value")
+        fail(path, f"{enum.values_by_number[0].name} selects nothing; choose a {enum.name} value")
     if value not in enum.values_by_number:
         fail(path, f"unknown {enum.name} value {value}")
