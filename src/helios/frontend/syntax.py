@@ -54,7 +54,8 @@ class ThinkSyntax:
 
     Wrapping strings are removed where present: ``after_open`` from the start of the reasoning,
     ``before_close`` from its end, ``after_close`` from the start of the answer (each: the longest
-    part of the text that matches the wrapping string from its outer side). ``terminal`` is a marker
+    part of the text that matches the wrapping string from its outer side; ``before_close`` also
+    before a terminal marker). ``terminal`` is a marker
     that also ends reasoning and then belongs to the answer; empty when the syntax has none.
     """
 

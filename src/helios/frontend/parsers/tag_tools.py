@@ -141,7 +141,15 @@ class TagToolParser:
         return out
 
     def finish(self) -> list[Event]:
+        """Ends the output. An undecided tail inside tool markup (a tag cut off by the end) belongs
+        to the unterminated markup; elsewhere it is text."""
         out: list[Event] = []
+        if self._state not in (_S.CONTENT, _S.OPAQUE, _S.REJECT_BLOCK, _S.REJECT_INVOKE):
+            tail, self._buf = self._buf, ""
+            if self._state in (_S.BLOCK, _S.NAME) and not self._block_calls:
+                self._name.append(tail)
+            else:
+                self._markup(out, tail)
         self._run(out, final=True)
         self._finish_state(out)
         return out
@@ -243,6 +251,7 @@ class TagToolParser:
             self._state = _S.CONTENT if state is _S.REJECT_BLOCK else _S.BLOCK
 
     def _open_block(self, out: list[Event], tag_text: str) -> None:
+        lead = ""  # wrapping before the opener: markup if a call starts, content if the block is raw
         if self._stray_mode is StrayText.ERROR:
             self._flush_stray(out)
         else:
@@ -250,9 +259,9 @@ class TagToolParser:
             cut = len(pending) if self._after_block else strip_tail_len(pending, self._g.block_lead)
             if cut < len(pending):
                 out.append(ContentDelta(pending[: len(pending) - cut]))
-            self._markup(out, pending[len(pending) - cut :])
+            lead = pending[len(pending) - cut :]
         self._after_block = False
-        self._raw, self._block_calls = [tag_text], 0
+        self._raw, self._block_calls = [lead, tag_text], 0
         self._state = _S.NAME if self._g.invoke_open is None else _S.BLOCK
 
     def _close_empty_or_block(self, out: list[Event], tag_text: str) -> None:
