@@ -133,12 +133,15 @@ def craft_core(
     stored: Mapping[str, tuple[bytes, int]],
     *,
     namespace: str = NAMESPACE,
+    omit: frozenset[str] | set[str] = frozenset(),
 ) -> Path:
     """A payload core holding `stored` frames verbatim: id -> (stored bytes, signed decoded length).
 
-    The manifest's resources are added as honest frames. Chunk digests are honest.
+    The manifest's resources (less `omit`) are added as honest frames. Chunk digests are honest.
     """
-    frames = {rid: (zstd_frame(filler(rid)), 48) for rid, _, _ in required_resources()}
+    frames = {
+        rid: (zstd_frame(filler(rid)), 48) for rid, _, _ in required_resources() if rid not in omit
+    }
     frames.update(stored)
     kinds = {rid: (kind, rank) for rid, kind, rank in required_resources()}
     with ContainerWriter(path) as container:

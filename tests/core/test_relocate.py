@@ -1,0 +1,100 @@
+"""Relocation, splitting, joining and co-signing keep the signed payload byte for byte and read
+identically."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from helios.core.errors import BadSignatureError, ChunkDigestError, UntrustedSignerError
+from helios.core.reader import load_unverified, open_core
+from helios.core.records import CoreFormat
+from helios.core.relocate import add_signatures, relocate_core
+
+from .builders import AES_KEY, NAMESPACE, build_core, random_bytes, read_body
+
+BLOBS = {"blob.a": random_bytes(5000, 1), "blob.b": b"text " * 3000, "blob.c": b""}
+
+
+def contents(path, key):
+    core = open_core(path, accept=NAMESPACE, trusted_keys=[key.public], aes_key=AES_KEY)
+    return {info.id: core.read_resource(info.id) for info in core.resources}
+
+
+def payload_of(path) -> bytes:
+    return read_body(path)[1].envelope.payload
+
+
+@pytest.mark.parametrize("core_format", list(CoreFormat), ids=lambda f: f.name)
+def test_split_join_and_move_read_identically(tmp_path, key, core_format):
+    original = tmp_path / "a" / "m.core"
+    original.parent.mkdir()
+    build_core(original, [key], core_format=core_format, extra=BLOBS)
+    expected = contents(original, key)
+
+    (tmp_path / "b").mkdir()
+    split = relocate_core(original, tmp_path / "b" / "split.core", split_nbytes=4000)
+    assert len(split) > 2
+    assert all(load_unverified(split[0]).placements[rid].file for rid in expected)
+    moved = tmp_path / "c"
+    shutil.copytree(tmp_path / "b", moved)  # a mirror copies the directory as is
+    joined = relocate_core(moved / "split.core", tmp_path / "joined.core")
+    assert joined == (tmp_path / "joined.core",)
+    for path in (split[0], moved / "split.core", joined[0]):
+        assert contents(path, key) == expected
+        assert payload_of(path) == payload_of(original)
+        assert read_body(path)[1].envelope == read_body(original)[1].envelope
+
+
+def test_relocate_in_place_and_refuse_corrupt_sources(tmp_path, key):
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS)
+    expected = contents(path, key)
+    relocate_core(path, path, split_nbytes=1)
+    assert contents(path, key) == expected
+    relocate_core(path, path)
+    assert contents(path, key) == expected
+    data = bytearray(path.read_bytes())
+    placement = load_unverified(path).placements["blob.a"]
+    data[placement.offset + 10] ^= 1
+    path.write_bytes(data)
+    with pytest.raises(ChunkDigestError):
+        relocate_core(path, tmp_path / "out.core")
+    assert not (tmp_path / "out.core").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_co_sign_and_replace(tmp_path, key, other_key):
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS)
+    add_signatures(path, path, [other_key])
+    core = open_core(path, accept=NAMESPACE, trusted_keys=[other_key.public])
+    assert core.read_resource("blob.a") == BLOBS["blob.a"]
+    assert len(read_body(path)[1].envelope.signatures) == 2
+    with pytest.raises(BadSignatureError):
+        add_signatures(path, path, [other_key])
+    add_signatures(path, tmp_path / "only.core", [other_key], replace=True)
+    assert len(read_body(tmp_path / "only.core")[1].envelope.signatures) == 1
+    with pytest.raises(UntrustedSignerError):
+        open_core(tmp_path / "only.core", accept=NAMESPACE, trusted_keys=[key.public])
+
+
+def test_signing_a_split_core_rewrites_only_the_core_file(tmp_path, key, other_key):
+    path = tmp_path / "m.core"
+    files = build_core(path, [key], extra=BLOBS, split_nbytes=1).files
+    parts = {f: f.stat().st_mtime_ns for f in files[1:]}
+    written = add_signatures(path, path, [other_key])
+    assert {f: f.stat().st_mtime_ns for f in files[1:]} == parts
+    assert set(written[1:]) == set(parts)
+    assert contents(path, key) == contents(path, other_key)
+
+
+def test_signing_refuses_a_corrupt_core(tmp_path, key, other_key):
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS)
+    data = bytearray(path.read_bytes())
+    data[load_unverified(path).placements["blob.b"].offset + 3] ^= 1
+    path.write_bytes(data)
+    with pytest.raises(ChunkDigestError):
+        add_signatures(path, tmp_path / "signed.core", [other_key])
