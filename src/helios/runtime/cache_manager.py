@@ -63,9 +63,13 @@ class CacheManager:
         shared, num_restored, computed = self._base(snapshot, hits)
         chunk = min(num_tokens - computed, budget)
         self.pool.retain(shared)
-        fresh = self.pool.allocate(self.layout.pages_for(computed + chunk) - len(shared))
+        if snapshot is not None:
+            self.snapshots.hold(snapshot)
+        fresh = self.allocate(self.layout.pages_for(computed + chunk) - len(shared))
         if fresh is None:
             self.pool.release(list(reversed(shared)))
+            if snapshot is not None:
+                self.snapshots.unhold(snapshot)
             return None
         req.page_ids = shared + fresh
         req.num_computed_tokens = computed
@@ -100,6 +104,14 @@ class CacheManager:
         shared = hits[:num_complete]
         return shared, num_complete - len(shared), snapshot.endpoint
 
+    def allocate(self, count: int) -> list[int] | None:
+        """`count` pages: free, then evicted LRU parked pages, then pages of dropped published
+        snapshots (least recently used first, idle ones only); or None."""
+        while True:
+            pages = self.pool.allocate(count)
+            if pages is not None or not self.snapshots.drop_lru_device():
+                return pages
+
     # -- running requests ----------------------------------------------------------------------
 
     def grow(self, req: RequestState, num_tokens: int) -> list[int] | None:
@@ -107,7 +119,7 @@ class CacheManager:
         missing = self.layout.pages_for(num_tokens) - len(req.page_ids)
         if missing <= 0:
             return []
-        pages = self.pool.allocate(missing)
+        pages = self.allocate(missing)
         if pages is not None:
             req.page_ids.extend(pages)
         return pages

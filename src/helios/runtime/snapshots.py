@@ -247,7 +247,8 @@ class SnapshotStore:
         A device snapshot's complete pages are shared (the caller retains them), so `pages` holds
         only the tail page, if any. A host snapshot's first `num_shared` complete pages were found
         in the prefix cache; `pages` receives the remaining complete pages and then the tail page.
-        Holds the snapshot until `settle(..., RESTORE, ...)`; a private snapshot is consumed.
+        The caller holds the snapshot (`hold`) until `settle(..., RESTORE, ...)`; a private
+        snapshot is consumed.
         """
         page_tokens = self._layout.page_tokens
         copies = []
@@ -259,12 +260,21 @@ class SnapshotStore:
             copies.append(CopyOp(snapshot.tail, _page(pages[-1]), partial))
         if not self._layout.pages_capture_state:
             copies.append(CopyOp(snapshot.tail, Location(StorageKind.STATE, state_slot), 0))
-        snapshot.num_readers += 1
         if snapshot.owner is not None:
             snapshot.doomed = True
         elif snapshot.snapshot_id in self._lru:
             self._lru.move_to_end(snapshot.snapshot_id)
         return copies
+
+    def hold(self, snapshot: Snapshot) -> None:
+        """Keep a snapshot from eviction, offload and dropping while a restore reads it."""
+        snapshot.num_readers += 1
+
+    def unhold(self, snapshot: Snapshot) -> None:
+        """Undo `hold` for a restore that did not happen."""
+        snapshot.num_readers -= 1
+        if snapshot.doomed and not snapshot.is_busy:
+            self._drop(snapshot)
 
     # -- offload and eviction ------------------------------------------------------------------
 

@@ -9,8 +9,8 @@
   packed-token capacities and the prefill extent; a prompt longer than what is left of the
   extent is chunked, and one token stays reserved for every later decoding lane;
 - pages: each lane's page table is grown to cover its new positions. On a shortage the builder
-  waits when copies in this plan will return enough pages at their fence, otherwise drops the
-  least recently used published snapshot, otherwise preempts a victim. The victim is the
+  waits when copies in this plan will return enough pages at their fence, otherwise preempts a
+  victim (allocation itself already evicted parked pages and dropped idle published snapshots). The victim is the
   running request not yet scheduled in this step with the largest (priority, submission) key:
   lowest priority first, then the latest submitted; that may be the requesting lane itself.
   A step that preempted admits no waiting request.
@@ -202,8 +202,6 @@ class StepBuilder:
             missing = self.cache.layout.pages_for(num_tokens) - len(req.page_ids) - self.cache.pool.num_available
             if draft.reclaiming >= missing:
                 return False
-            if self.cache.snapshots.drop_lru_device():
-                continue
             victim = max((r for r in self.queues.running if r.request_id not in draft.scheduled),
                          key=lambda r: r.order_key)
             self._preempt(draft, victim)
