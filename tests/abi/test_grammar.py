@@ -146,3 +146,11 @@ def test_export_reports_argument_errors():
     args = (torch.randn(3, 45), torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, dtype=torch.bool))
     with pytest.raises(AbiArgumentError, match="grammar_mask"):
         torch.export.export(_MaskModule(), args, strict=False)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    args = (torch.randn(6, 77), random_mask(6, 77, seed=4), torch.tensor([1, 0, 1, 1, 0, 1]).bool())
+    expected = torch.ops.helios.apply_grammar_mask(*args)
+    on_cuda = torch.ops.helios.apply_grammar_mask(*(a.cuda() for a in args))
+    assert torch.equal(on_cuda.cpu(), expected)

@@ -414,15 +414,44 @@ class _SampleModule(torch.nn.Module):
                                        mask_rows)
 
 
-def test_op_survives_export_save_and_load():
-    args = random_args(16, 50, seed=5)
-    hidden, weight = torch.randn(16, 8), torch.randn(8, 50)
-    names = [name for name in args if name != "logits"]
-    inputs = (hidden, weight, *(args[name] for name in names))
-    program = torch.export.export(_SampleModule(), inputs, strict=False)
+def test_op_survives_export_save_and_load_with_a_dynamic_batch():
+    names = [name for name in make_args(torch.zeros(1, 50)) if name != "logits"]
+    weight = torch.randn(8, 50)
+
+    def inputs(num_rows: int, seed: int) -> tuple:
+        args = random_args(num_rows, 50, seed=seed)
+        hidden = torch.randn(num_rows, 8, generator=torch.Generator().manual_seed(seed))
+        return (hidden, weight, *(args[name] for name in names))
+
+    rows = torch.export.Dim("rows", min=2, max=1024)
+    dynamic = [{0: rows}, None, *({0: rows} for _ in names)]
+    program = torch.export.export(_SampleModule(), inputs(16, 5), dynamic_shapes=dynamic,
+                                  strict=False)
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     loaded = torch.export.load(io.BytesIO(buffer.getvalue())).module()
-    expected = _SampleModule()(*inputs)
-    assert torch.equal(loaded(*inputs), expected)
-    assert expected.dtype == torch.int64 and expected.shape == (16,)
+    for num_rows, seed in ((16, 5), (41, 6)):
+        expected = _SampleModule()(*inputs(num_rows, seed))
+        assert torch.equal(loaded(*inputs(num_rows, seed)), expected)
+        assert expected.dtype == torch.int64 and expected.shape == (num_rows,)
+
+
+@pytest.mark.gpu
+def test_reference_on_cuda_matches_cpu_and_replays_in_a_cuda_graph():
+    args = random_args(400, 70, seed=1)
+    expected = torch.ops.helios.sample(**args)
+    static = {name: value.cuda() for name, value in args.items()}
+    assert torch.equal(torch.ops.helios.sample(**static).cpu(), expected)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.helios.sample(**static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.helios.sample(**static)
+    other = random_args(400, 70, seed=6)
+    for name, value in other.items():
+        static[name].copy_(value)
+    graph.replay()
+    assert torch.equal(captured.cpu(), torch.ops.helios.sample(**other))
