@@ -16,7 +16,7 @@ from helios.errors import ContractError
 
 EXAMPLE = PreparedContract.from_json(example_text())
 CONTRACT_BYTES, MANIFEST_BYTES = EXAMPLE.encode()
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def only_contract_errors(call, *args) -> None:

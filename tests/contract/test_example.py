@@ -107,6 +107,8 @@ def test_views(prepared):
     with pytest.raises(KeyError):
         keys.nbytes()
     assert prepared.destinations["page_table"] == "in.page_table"
+    assert prepared.state_rows_per_request() == 2
+    assert prepared.state_rows_per_request(["decode", "prefill"]) == 1
     assert [g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_SPECULATIVE)] == [
         "speculate_w1", "speculate_w4", "speculate_confident"
     ]

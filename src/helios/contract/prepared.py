@@ -9,7 +9,7 @@ messages. `.contract` and `.manifest` expose them for reading only: mutating the
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from google.protobuf.message import Message
 
@@ -139,6 +139,11 @@ class PreparedContract:
     def graphs_for(self, operation: int) -> tuple[GraphView, ...]:
         """Graphs performing `operation` (a GraphOperation number), in declaration order."""
         return tuple(g for g in self._graphs.values() if g.operation == operation)
+
+    def state_rows_per_request(self, graph_names: Iterable[str] | None = None) -> int:
+        """Rows one request occupies: the maximum over the selected graphs (default: all)."""
+        names = self._graphs if graph_names is None else graph_names
+        return max((self._graphs[name].state_rows_per_request for name in names), default=0)
 
     @property
     def defaults(self) -> ResolvedSettings:
