@@ -239,6 +239,19 @@ def test_envelope_lark_shapes(think):
         ReasoningEnvelope(ReasoningState.UNOPENED, close_text="</think>")
 
 
+def test_envelope_from_contract(think):
+    from helios.contract import serving_pb2 as spb
+
+    syntax = spb.ReasoningSyntax(open="<think>", close="</think>", open_token_id=think[0], close_token_id=think[1])
+    assert ReasoningEnvelope.from_contract(syntax, ReasoningState.OPEN, "\n\n") == envelope(
+        ReasoningState.OPEN, think, separator="\n\n"
+    )
+    text_only = spb.ReasoningSyntax(open="[t]", close="[/t]")
+    assert ReasoningEnvelope.from_contract(text_only, ReasoningState.OPEN) == ReasoningEnvelope(
+        ReasoningState.OPEN, "[t]", "[/t]"
+    )
+
+
 def test_qwen_tokenizer_envelope(qwen_tokenizer):
     vocab_size = qwen_tokenizer.get_vocab_size()
     eos = qwen_tokenizer.token_to_id("<|im_end|>")

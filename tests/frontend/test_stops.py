@@ -137,6 +137,16 @@ def test_eos_flushes_an_unmatched_prefix():
     matcher = StringStopMatcher(["STOP"])
     assert matcher.feed(0, "go ST") == ("go ", False)
     assert matcher.finish() == "ST"
+    assert matcher.finish() == ""
+
+
+def test_final_flushed_text_can_still_complete_a_stop():
+    matcher = StringStopMatcher(["S\ufffd"])
+    assert matcher.feed(0, "xS") == ("x", False)
+    assert matcher.finish("\ufffdtail") == ""
+    other = StringStopMatcher(["END"])
+    assert other.feed(0, "aE") == ("a", False)
+    assert other.finish("\ufffd") == "E\ufffd"
 
 
 def test_first_completed_match_wins_over_an_earlier_starting_longer_stop():
@@ -189,7 +199,7 @@ def test_token_stream_never_leaks_a_stop_or_a_partial_character(deepseek_tokeniz
             matched_at = index
             break
     else:
-        visible.append(matcher.finish() + detok.finish())
+        visible.append(matcher.finish(detok.finish()))
     expected, matched = reference_visible(text, [stop])
     assert "".join(visible) == expected and (matched_at is not None) == matched
     if matched:
@@ -210,6 +220,13 @@ def run_token_stops(options: StopOptions, ids: list[int]) -> tuple[str, int | No
         if result.matched:
             return "".join(out), index
     return "".join(out) + matcher.finish(), None
+
+
+def test_token_stop_finish_appends_the_detokenizer_tail():
+    matcher = TokenStopMatcher([(5, 6)])
+    assert matcher.feed(5, "a") == ("", False)
+    assert matcher.finish("\ufffd") == "a\ufffd"
+    assert matcher.finish("x") == ""
 
 
 def test_single_stop_token_is_omitted():

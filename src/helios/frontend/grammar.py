@@ -105,6 +105,19 @@ class ReasoningEnvelope:
             raise ValueError("an unopened reasoning envelope needs its open delimiter")
 
 
+    @classmethod
+    def from_contract(cls, syntax, state: ReasoningState, separator: str = "") -> ReasoningEnvelope:
+        """From a contract `ReasoningSyntax` (serving_pb2) and the prompt's initial reasoning state."""
+        return cls(
+            state,
+            syntax.open,
+            syntax.close,
+            syntax.open_token_id if syntax.HasField("open_token_id") else None,
+            syntax.close_token_id if syntax.HasField("close_token_id") else None,
+            separator,
+        )
+
+
 def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
     """Top-level Lark grammar: the pending reasoning section, then the answer subgrammar."""
     answer = f"@{ANSWER_GRAMMAR}"

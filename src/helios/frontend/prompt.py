@@ -22,8 +22,15 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
-from helios.frontend.messages import ChatMessage, Role, parse_messages, parse_tools, template_messages, template_tools
-from helios.frontend.messages import MessageError
+from helios.frontend.messages import (
+    ChatMessage,
+    MessageError,
+    Role,
+    parse_messages,
+    parse_tools,
+    template_messages,
+    template_tools,
+)
 from helios.frontend.template import ChatTemplate
 
 
@@ -71,7 +78,8 @@ class PromptRules:
     prefix_boundaries: tuple[tuple[Role, PrefixConstraint], ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "prefix_boundaries", tuple(dict(self.prefix_boundaries).items()))
+        pairs = sorted(dict(self.prefix_boundaries).items(), key=lambda pair: list(Role).index(pair[0]))
+        object.__setattr__(self, "prefix_boundaries", tuple(pairs))
         if not self.message_start + self.assistant_header:
             raise ValueError("an assistant envelope needs a header")
         if not all(self.message_ends):

@@ -6,7 +6,7 @@ the request's output pipeline and fed in generation order:
 
     result = matcher.feed(token_id, text)   # text: the detokenizer's delta for this token
     ... present result.emit_text; if result.matched the request finishes with reason "stop"
-    tail = matcher.finish()                 # EOS or output limit: flush what was held back
+    tail = matcher.finish(detokenizer.finish())   # EOS or output limit: flush what was held back
 
 String stops match the decoded text before presentation, including reasoning and tool envelopes, so
 `text` must be the raw delta (envelope markup included). The detokenizer already holds back partial
@@ -46,7 +46,7 @@ class StopMatcher(Protocol):
 
     def feed(self, token_id: int, text: str) -> StopResult: ...
 
-    def finish(self) -> str: ...
+    def finish(self, final_text: str = "") -> str: ...
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,14 @@ class StringStopMatcher:
         self._held = buffer[keep:]
         return StopResult(buffer[:keep], False)
 
-    def finish(self) -> str:
-        """Releases held text (EOS or output limit); "" after a match."""
+    def finish(self, final_text: str = "") -> str:
+        """EOS or output limit: matches `final_text` (the detokenizer's flushed tail) like a feed,
+        then releases everything held. Returns "" after an earlier match."""
+        if self._done:
+            return ""
+        result = self.feed(-1, final_text)
         held, self._held, self._done = self._held, "", True
-        return held
+        return result.emit_text if result.matched else result.emit_text + held
 
 
 def _first_completed_match(buffer: str, stops: tuple[str, ...]) -> int | None:
@@ -224,11 +228,14 @@ class TokenStopMatcher:
         )
         return StopResult(self._release(keep), False)
 
-    def finish(self) -> str:
-        """Releases held text (EOS or output limit); "" after a match."""
+    def finish(self, final_text: str = "") -> str:
+        """EOS or output limit: releases held tokens' text, then `final_text` (the detokenizer's
+        flushed tail). Returns "" after an earlier match."""
+        if self._done:
+            return ""
         emit = self._release(len(self._pending))
         self._done = True
-        return emit
+        return emit + final_text
 
     def _release(self, count: int) -> str:
         released, self._pending = self._pending[:count], self._pending[count:]
