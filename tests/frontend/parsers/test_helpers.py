@@ -1,0 +1,105 @@
+"""Chunking independence of the text helpers (hypothesis), tag matching, and value typing."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings, strategies as st
+
+from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagMatch, TagSet, match_form
+from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
+from helios.frontend.parsers.values import ToolRegistry, ValueKind, json_value, schema_kinds, typed_value
+
+SMALL = settings(max_examples=150, deadline=None)
+texts = st.text(alphabet="ab\n &;#x1ltgmpo<>", max_size=30)
+
+
+def split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
+    return [text[a:b] for a, b in zip(points, points[1:])]
+
+
+@SMALL
+@given(texts, st.sampled_from(["", "\n", "\n\n", " \n"]), st.sampled_from(["", "\n", "\n\n"]), st.lists(st.integers(0, 40)),
+       st.booleans())
+def test_wrapped_text_is_chunking_independent(text, lead, tail, cuts, escaped):
+    def run(pieces):
+        wrapped = WrappedText(lead, tail, XmlEntityDecoder() if escaped else None)
+        return "".join(wrapped.push(p) for p in pieces) + wrapped.close()
+
+    whole = run([text])
+    assert run(split(text, cuts)) == whole
+    if not escaped:
+        body = text[len(_common(text, lead)) :]
+        cut = next(n for n in range(min(len(body), len(tail)), -1, -1) if n == 0 or tail.endswith(body[-n:]))
+        assert whole == body[: len(body) - cut]
+
+
+def _common(text: str, wrap: str) -> str:
+    size = 0
+    while size < min(len(text), len(wrap)) and text[size] == wrap[size]:
+        size += 1
+    return text[:size]
+
+
+@SMALL
+@given(texts, st.lists(st.integers(0, 40)))
+def test_entity_decoding_is_chunking_independent(text, cuts):
+    decoder = XmlEntityDecoder()
+    chunked = "".join(decoder.decode(p) for p in split(text, cuts)) + decoder.finish()
+    whole = XmlEntityDecoder()
+    assert chunked == whole.decode(text) + whole.finish()
+
+
+def test_entities():
+    decoder = XmlEntityDecoder()
+    assert decoder.decode("&lt;a&gt; &amp;amp; &#65;&#x42; &#0; &#xD800; &copy; &amp") == "<a> &amp; AB &#0; &#xD800; &copy; "
+    assert decoder.finish() == "&amp"
+
+
+def test_match_form_captures_partial_and_rejects():
+    form = TagForm('<p name="', ('" s="', '">'))
+    assert match_form('x<p name="k" s="true">', 1, form) == TagMatch("", 1, 22, ("k", "true"))
+    for partial in ("<p na", '<p name="ke', '<p name="k" s', '<p name="k" s="t"'):
+        assert match_form(partial, 0, form) == 1
+    for bad in ('<p name="" s="t">', '<p name="a<b" s="t">', '<q>', '<p name="a\nb" s="t">'):
+        assert match_form(bad, 0, form) == 0
+    assert match_form('<p name="' + "k" * (MAX_CAPTURE_LEN + 2), 0, form) == 0
+
+
+def test_tag_set_waits_only_for_undecided_starts():
+    tags = TagSet({"open": TagForm("<tool>"), "sep": TagForm("\n")})
+    assert tags.find("a < b <to", final=False) == (6, None)
+    assert tags.find("a < b <to", final=True) == (9, None)
+    assert tags.find("ab<tool>c", final=False) == (2, TagMatch("open", 2, 8, ()))
+    assert tags.find("ab\n", final=False) == (2, TagMatch("sep", 2, 3, ()))
+
+
+def test_schema_kinds():
+    assert schema_kinds({"type": ["integer", "null"]}) == {ValueKind.INTEGER, ValueKind.NULL}
+    assert schema_kinds({"enum": ["a", 1]}) == {ValueKind.STRING, ValueKind.INTEGER}
+    assert schema_kinds({"oneOf": [{"type": "object"}, {"const": True}]}) == {ValueKind.OBJECT, ValueKind.BOOLEAN}
+    assert schema_kinds({"description": "anything"}) == frozenset()
+    registry = ToolRegistry.from_openai([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}}}}])
+    assert registry.kinds("f", "n") == {ValueKind.INTEGER}
+    assert registry.kinds("f", "other") == {ValueKind.STRING} == registry.kinds("g", "n")
+
+
+def test_typed_values():
+    kinds = ValueKind.INTEGER, ValueKind.NUMBER, ValueKind.BOOLEAN, ValueKind.NULL, ValueKind.OBJECT, ValueKind.ARRAY, ValueKind.STRING
+    I, N, B, Z, O, A, S = (frozenset({kind}) for kind in kinds)
+    assert typed_value(" 42\n", I) == ("42", True)
+    assert typed_value("4.0", I) == ('"4.0"', False)
+    assert typed_value("4.0", I | N) == ("4.0", True)
+    assert typed_value("NaN", N) == ('"NaN"', False)
+    assert typed_value("FALSE", B) == ("false", True)
+    assert typed_value("null", Z | I) == ("null", True)
+    assert typed_value('{"a": [1]}', O) == ('{"a": [1]}', True)
+    assert typed_value("[1]", O) == ('"[1]"', False)
+    assert typed_value("x", A | S) == ('"x"', True)
+    assert typed_value(" raw \n", S) == ('" raw \\n"', True)
+    assert typed_value("ünï", frozenset()) == ('"ünï"', True)
+    assert json_value(" [1, 2] ") == ("[1, 2]", True)
+    assert json_value("Infinity") == ('"Infinity"', False)
+    assert re.fullmatch(r'"9+"', typed_value("9" * 5000, I).json_text)
