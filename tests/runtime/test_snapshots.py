@@ -1,0 +1,151 @@
+"""Snapshot bookkeeping: capture, publish, restore, offload, eviction, failure."""
+
+from __future__ import annotations
+
+from helios.runtime.capacities import HistoryKind, HistoryRegion, StorageLayout
+from helios.runtime.page_pool import PagePool
+from helios.runtime.pages import PageAllocator
+from helios.runtime.plan import CopyOp, Location, StorageKind
+from helios.runtime.prefix_cache import PrefixCache, extend_chain, root_digest
+from helios.runtime.snapshots import FenceKind, Residence, SnapshotStore
+
+ROOT = root_digest(b"m")
+PAGE, CONT, HOST, STATE = StorageKind.PAGE, StorageKind.CONTINUATION, StorageKind.HOST, StorageKind.STATE
+
+
+def store(rows=2, host=8, num_pages=8, stateful=False):
+    regions = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
+    if stateful:
+        regions += (HistoryRegion("ssm", HistoryKind.RECURRENT),)
+    pool = PagePool(PageAllocator(num_pages), PrefixCache())
+    return pool, SnapshotStore(pool, StorageLayout(4, regions), rows, host)
+
+
+def chain_of(tokens):
+    chain: list[bytes] = []
+    extend_chain(chain, ROOT, tokens, 4, len(tokens) // 4)
+    return chain
+
+
+def capture(snapshots, pool, tokens, residence=Residence.DEVICE, owner=None, slot=3):
+    pages = pool.allocate(-(-len(tokens) // 4))
+    chain = chain_of(tokens)
+    key = chain[-1] if chain else ROOT
+    return pages, snapshots.capture(tuple(tokens), key, pages, slot, owner, residence)
+
+
+def test_device_capture_publishes_only_after_its_fence():
+    pool, snapshots = store()
+    tokens = list(range(10))
+    pages, (snapshot, copies) = capture(snapshots, pool, tokens)
+    assert pages == [0, 1, 2]
+    assert copies == [CopyOp(Location(PAGE, 2), Location(CONT, 0), 2)]
+    assert snapshot.page_ids == [0, 1] and snapshot.fenced_pages == [2] and snapshot.tail == Location(CONT, 0)
+    probe = tokens + [77, 78]
+    assert snapshots.find(probe, chain_of(probe), ROOT) is None  # still being written
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    assert snapshot.ready and snapshot.fenced_pages == []
+    assert [pool.allocator.ref_count(p) for p in pages] == [1, 1, 0] and pool.allocator.is_free(2)
+    assert snapshots.find(probe, chain_of(probe), ROOT) is snapshot
+    assert snapshots.find(tokens, chain_of(tokens), ROOT) is None  # endpoint must leave a token
+    other = tokens[:9] + [99, 1, 2]
+    assert snapshots.find(other, chain_of(other), ROOT) is None
+    assert snapshots.num_published == 1
+    snapshots.check()
+
+
+def test_failed_capture_never_publishes():
+    pool, snapshots = store()
+    pages, (snapshot, _) = capture(snapshots, pool, list(range(6)))
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, False)
+    assert snapshots.get(snapshot.snapshot_id) is None and snapshots.num_published == 0
+    assert all(pool.allocator.is_free(p) for p in pages)
+    snapshots.check()
+
+
+def test_restore_copies_tail_into_private_page_and_shares_complete_pages():
+    pool, snapshots = store()
+    _, (snapshot, _) = capture(snapshots, pool, list(range(10)))
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    snapshots.hold(snapshot)
+    copies = snapshots.restore_copies(snapshot, 0, [6], slot := 1)
+    assert copies == [CopyOp(Location(CONT, 0), Location(PAGE, 6), 2)] and slot == 1
+    assert not snapshots.drop_lru_device()  # held while the restore reads it
+    snapshots.settle(snapshot.snapshot_id, FenceKind.RESTORE, True)
+    assert snapshots.drop_lru_device() and snapshots.get(snapshot.snapshot_id) is None
+    assert pool.num_available == 8
+    snapshots.check()
+
+
+def test_offload_moves_pages_to_host_after_the_fence_and_restores_from_there():
+    pool, snapshots = store()
+    pages, (snapshot, _) = capture(snapshots, pool, list(range(9)))
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    assert snapshots.offload_candidate() is snapshot
+    copies = snapshots.offload(snapshot)
+    assert copies == [CopyOp(Location(PAGE, 0), Location(HOST, 0), 4), CopyOp(Location(PAGE, 1), Location(HOST, 1), 4),
+                      CopyOp(Location(CONT, 0), Location(HOST, 2), 1)]
+    assert pool.allocator.ref_count(0) == 1  # still on the device until the copies complete
+    snapshots.settle(snapshot.snapshot_id, FenceKind.OFFLOAD, True)
+    assert snapshot.residence == Residence.HOST and snapshot.host_slots == [0, 1]
+    assert snapshot.tail == Location(HOST, 2) and pool.num_available == 8
+    probe = list(range(9)) + [5]
+    assert snapshots.find(probe, chain_of(probe), ROOT) is snapshot
+    restore = snapshots.restore_copies(snapshot, 1, [5, 6], 0)  # page 0 came from the prefix cache
+    assert restore == [CopyOp(Location(HOST, 1), Location(PAGE, 5), 4), CopyOp(Location(HOST, 2), Location(PAGE, 6), 1)]
+    assert snapshots.num_offloaded == 1
+    snapshots.check()
+
+
+def test_failed_offload_keeps_the_device_copy():
+    pool, snapshots = store()
+    _, (snapshot, _) = capture(snapshots, pool, list(range(5)))
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    snapshots.offload(snapshot)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.OFFLOAD, False)
+    assert snapshot.residence == Residence.DEVICE and snapshot.page_ids == [0] and snapshot.ready
+    snapshots.check()
+
+
+def test_rows_are_reclaimed_from_the_least_recently_used_snapshot():
+    pool, snapshots = store(rows=2)
+    made = []
+    for start in (0, 20, 40):
+        _, (snapshot, _) = capture(snapshots, pool, list(range(start, start + 3)))
+        snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+        made.append(snapshot)
+    assert snapshots.get(made[0].snapshot_id) is None and snapshots.num_evicted == 1
+    assert made[2].tail == Location(CONT, 0)  # the row the oldest snapshot gave back
+    snapshots.hold(made[1])
+    snapshots.restore_copies(made[1], 0, [7], 0)  # a restore makes it most recently used
+    snapshots.settle(made[1].snapshot_id, FenceKind.RESTORE, True)
+    _, (fourth, _) = capture(snapshots, pool, list(range(60, 63)))
+    assert snapshots.get(made[2].snapshot_id) is None and snapshots.get(made[1].snapshot_id) is made[1]
+    assert fourth.tail == Location(CONT, 0)
+    snapshots.check()
+
+
+def test_private_host_capture_is_consumed_by_its_restore():
+    pool, snapshots = store()
+    pages, (snapshot, copies) = capture(snapshots, pool, list(range(6)), Residence.HOST, owner="r1")
+    assert copies == [CopyOp(Location(PAGE, 0), Location(HOST, 0), 4), CopyOp(Location(PAGE, 1), Location(HOST, 1), 2)]
+    assert snapshot.fenced_pages == pages and snapshot.page_ids == []
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    assert pool.num_available == 8
+    probe = list(range(6)) + [1]
+    assert snapshots.find(probe, chain_of(probe), ROOT) is None  # private snapshots are not shared
+    snapshots.hold(snapshot)
+    snapshots.restore_copies(snapshot, 0, [3, 4], 2)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.RESTORE, True)
+    assert snapshots.get(snapshot.snapshot_id) is None
+    snapshots.check()
+
+
+def test_state_layouts_carry_slot_state_even_at_page_boundaries():
+    pool, snapshots = store(stateful=True)
+    assert snapshots.needs_tail(8)
+    _, (snapshot, copies) = capture(snapshots, pool, list(range(8)), slot=5)
+    assert copies == [CopyOp(Location(STATE, 5), Location(CONT, 0), 0)]
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    snapshots.hold(snapshot)
+    assert snapshots.restore_copies(snapshot, 0, [], 2) == [CopyOp(Location(CONT, 0), Location(STATE, 2), 0)]
