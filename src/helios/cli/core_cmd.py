@@ -84,14 +84,26 @@ def _inspection_lines(report: CoreInspection) -> list[str]:
     return lines
 
 
+def _inspection_json(report: CoreInspection) -> dict:
+    return {
+        "is_verified": report.is_verified,
+        "path": report.path,
+        "core_format": report.core_format.name,
+        "publisher": asdict(report.publisher),
+        "signatures": [asdict(s) for s in report.signatures],
+        "contract": asdict(report.contract),
+        "contract_problem": report.contract_problem,
+        "resources": [{**asdict(r), "kind": r.kind.name} for r in report.resources],
+        "placements": {rid: asdict(p) for rid, p in report.placements.items()},
+        "location_problem": report.location_problem,
+        "ignored_catalogs": report.ignored_catalogs,
+    }
+
+
 def _inspect(args: argparse.Namespace) -> int:
     report = inspect_core(args.core)
     if args.json:
-        data = asdict(report)
-        data.pop("prepared")
-        data["core_format"] = report.core_format.name
-        data["resources"] = [{**asdict(r), "kind": r.kind.name} for r in report.resources]
-        print(json.dumps(data, indent=2, sort_keys=True))
+        print(json.dumps(_inspection_json(report), indent=2, sort_keys=True))
     else:
         print("\n".join(_inspection_lines(report)))
     return 0
