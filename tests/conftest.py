@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
+
+# The CI machine has 2 cores; several-threaded torch on tiny tensors is much slower there.
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

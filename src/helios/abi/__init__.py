@@ -1,1 +1,7 @@
-"""helios.abi"""
+"""The execution ABI: generic `helios::*` custom ops that captured programs call.
+
+Importing this package registers every op (CPU reference implementations; CUDA kernels where
+present), so loading a program that uses them can validate their schemas.
+"""
+
+from helios.abi import attention, completion, grammar, rng, sampling  # noqa: F401  (registers ops)
