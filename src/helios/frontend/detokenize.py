@@ -8,9 +8,9 @@ fed so far and two offsets into them (the window scheme of TGI and vLLM):
   the decoded text ends in U+FFFD, which is how the tokenizer's lossy UTF-8 decoding spells an
   incomplete trailing character; such text stays pending until a later token completes it.
 
-The window restarts at the last emission, so each feed decodes only a few tokens, and decoders that
-treat the first token of a sequence specially (leading-space stripping) see the same first token in
-both decodes. Invariants: a delta never ends inside a UTF-8 character, emitted text is never emitted
+The window restarts at the last emission and ids that add no text (skipped special tokens) are left
+out of it, so each feed decodes only a few tokens; decoders that treat the first token of a sequence
+specially (leading-space stripping) see the same first token in both decodes. Invariants: a delta never ends inside a UTF-8 character, emitted text is never emitted
 again, and the concatenation of every delta and `finish()` equals
 ``tokenizer.decode(all_ids, skip_special_tokens=...)``.
 """
@@ -38,7 +38,8 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._ids: list[int] = []
+        self._ids: list[int] = []  # ids that produce text; ids that decode to nothing are dropped
+        self._num_tokens = 0
         self._prefix_offset = 0
         self._read_offset = 0
         self._finished = False
@@ -46,7 +47,7 @@ class IncrementalDetokenizer:
     @property
     def num_tokens(self) -> int:
         """Ids fed so far."""
-        return len(self._ids)
+        return self._num_tokens
 
     @property
     def num_pending_tokens(self) -> int:
@@ -57,10 +58,15 @@ class IncrementalDetokenizer:
         """Adds one generated id and returns the newly complete text ("" while a character is open)."""
         if self._finished:
             raise ValueError("feed after finish")
+        self._num_tokens += 1
         self._ids.append(token_id)
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset, len(self._ids))
-        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
+        if new_text.endswith(REPLACEMENT_CHAR):
+            return ""
+        if len(new_text) <= len(prefix_text):
+            # The id adds no text (a skipped special token): leave it out of later windows.
+            self._ids.pop()
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
