@@ -22,6 +22,7 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
+from helios.contract import serving_pb2 as spb
 from helios.frontend.messages import (
     ChatMessage,
     MessageError,
@@ -95,8 +96,6 @@ class PromptRules:
     @classmethod
     def from_contract(cls, frontend) -> PromptRules:
         """From a `serving_pb2.FrontendContract` that the contract validators accepted."""
-        from helios.contract import serving_pb2 as spb
-
         boundary = frontend.assistant_boundary
         ends = tuple(e for e in (boundary.message_end, boundary.internal_message_end) if e)
         reasoning = None
@@ -137,6 +136,8 @@ class Prompt:
 
 
 class PromptBuilder:
+    """Prepares chat prompts for one model; holds only immutable collaborators (thread-safe)."""
+
     def __init__(self, template: ChatTemplate, tokenizer: Encoder, rules: PromptRules):
         self._template = template
         self._tokenizer = tokenizer
