@@ -1,0 +1,96 @@
+"""Capacities validation, variant selection and typed admission rejections."""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.errors import AdmissionRejected, LoadError
+from helios.runtime import admission
+from helios.runtime.capacities import (CacheGeometry, Capacities, Operation, PageTableView, ProgramVariant,
+                                       StorageLayout)
+
+from .harness import capacities, make, spec
+
+
+def test_capacities_reject_unservable_geometry():
+    layout = StorageLayout(4)
+    decode = ProgramVariant("d", Operation.DECODE, 4, 4)
+    prefill = ProgramVariant("p", Operation.PREFILL, 4, 32)
+    geometry = CacheGeometry(layout, 16, 8)
+    Capacities(4, 64, 32, 100, (decode, prefill), geometry)
+    cases = [
+        dict(max_active=8),  # no decode program holds 8 lanes
+        dict(prefill_tokens=64),  # no prefill program holds the extent
+        dict(variants=(prefill,)),
+        dict(cache=CacheGeometry(layout, 4, 8)),
+        dict(variants=(ProgramVariant("d", Operation.DECODE, 4, 8), prefill)),
+        dict(variants=(decode, prefill, ProgramVariant("s", Operation.SPECULATIVE, 4, 2, 1, 2))),
+    ]
+    for case in cases:
+        values = dict(max_active=4, context_tokens=64, prefill_tokens=32, vocab_size=100,
+                      variants=(decode, prefill), cache=geometry) | case
+        with pytest.raises(LoadError):
+            Capacities(**values)
+
+
+def test_select_picks_the_smallest_fitting_variant():
+    caps = capacities(max_active=8, prefill_tokens=64)
+    assert caps.select(Operation.DECODE, 1, 1).name == "decode1"
+    assert caps.select(Operation.DECODE, 3, 3).name == "decode4"
+    assert caps.select(Operation.DECODE, 5, 5).name == "decode8"
+    assert caps.select(Operation.DECODE, 9, 9) is None
+    assert caps.select(Operation.PREFILL, 2, 16).name == "prefill16"
+    assert caps.select(Operation.PREFILL, 2, 17).name == "prefill64"
+    assert caps.limits(Operation.MIXED) == (8, 64)
+    assert caps.select(Operation.SPECULATIVE, 1, 1) is None
+
+
+def test_layout_pages_include_shifted_views():
+    layout = StorageLayout(4, views=(PageTableView("kv"), PageTableView("draft", page_offset=1)))
+    assert [layout.pages_for(n) for n in (0, 1, 4, 5)] == [0, 2, 2, 3]
+
+
+@pytest.mark.parametrize("item, error", [
+    (spec("a", [], 4), admission.InvalidShape),
+    (spec("a", [1], 0), admission.InvalidShape),
+    (spec("a", [1, 200], 4), admission.TokenOutOfRange),
+    (spec("a", [1] * 200, 60), admission.ContextExceeded),
+    (spec("a", [1], 4, stop_strings=("a", "b", "c", "d", "e")), admission.StopLimitExceeded),
+    (spec("a", [1], 4, stop_strings=("",)), admission.StopLimitExceeded),
+    (spec("a", [1], 4, stop_strings=("x" * 4097,)), admission.StopLimitExceeded),
+    (spec("a", [1], 4, stop_token_sequences=((1,),) * 17), admission.StopLimitExceeded),
+    (spec("a", [1], 4, stop_token_sequences=(tuple(range(65)),)), admission.StopLimitExceeded),
+    (spec("a", [1], 4, stop_token_sequences=((500,),)), admission.TokenOutOfRange),
+])
+def test_requests_outside_capacities_are_rejected(item, error):
+    scheduler, _ = make(context=256)
+    with pytest.raises(error) as raised:
+        scheduler.submit(item)
+    assert isinstance(raised.value, AdmissionRejected) and raised.value.http_status == 503
+    assert scheduler.view("a") is None
+
+
+def test_cache_and_program_limits_are_admission_errors():
+    scheduler, _ = make(num_pages=8, context=256)
+    with pytest.raises(admission.CacheExceeded):
+        scheduler.submit(spec("a", range(1, 30), 10))  # 39 tokens need 10 pages of 4
+    caps = capacities()
+    no_scoring = Capacities(caps.max_active, caps.context_tokens, caps.prefill_tokens, caps.vocab_size,
+                            tuple(v for v in caps.variants if v.operation != Operation.SCORED_PREFILL), caps.cache)
+    with pytest.raises(admission.UnsupportedRequest):
+        admission.check_admission(spec("b", [1, 2], 2, score_prompt=True), no_scoring)
+
+
+def test_rejection_never_disturbs_other_requests():
+    scheduler, driver = make(queue=2)
+    driver.submit(spec("a", range(1, 9), 4), spec("b", range(1, 5), 4))
+    driver.step()
+    before = scheduler.view("a")
+    with pytest.raises(admission.DuplicateRequest):
+        scheduler.submit(spec("a", [1], 1))
+    driver.submit(spec("c", [3], 2), spec("d", [4], 2))
+    with pytest.raises(admission.QueueFull):
+        scheduler.submit(spec("e", [5], 2))
+    assert scheduler.view("a") == before
+    outcomes = driver.run()
+    assert {name: o.num_finishes for name, o in outcomes.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}
