@@ -1,0 +1,74 @@
+"""Shared fixtures: each family's tiny checkpoint is built, prepared and captured once per session."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from helios.ignition.capture import CapturedProgram, capture_program, load_program
+from helios.ignition.program_spec import Capacity, Operation
+from helios.ignition.recipes import Recipe, load_checkpoint
+
+from .hf_checkpoints import Family, random_model, write_checkpoint
+
+PAGE_TOKENS = 4
+VARIANTS = (
+    (Operation.PREFILL, Capacity(2, 32)),
+    (Operation.DECODE, Capacity(4, 4)),
+    (Operation.MIXED, Capacity(4, 32)),
+    (Operation.SCORED_PREFILL, Capacity(2, 32)),
+)
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Tiny tensors: intra-op threads only add contention on the shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    with single_thread():
+        yield
+
+
+@dataclass
+class Prepared:
+    """A family's reference model, its recipe, captured programs (bytes) and loaded modules."""
+
+    family: Family
+    reference: torch.nn.Module
+    recipe: Recipe
+    captured: dict[Operation, CapturedProgram]
+    programs: dict[Operation, tuple]  # {operation: (ProgramSpec, loaded module)}
+
+
+@pytest.fixture(scope="session")
+def prepare(tmp_path_factory):
+    cache: dict[str, Prepared] = {}
+
+    def get(family: Family) -> Prepared:
+        if family.name not in cache:
+            with single_thread():
+                cache[family.name] = _prepare(family, tmp_path_factory.mktemp(family.name))
+        return cache[family.name]
+
+    return get
+
+
+def _prepare(family: Family, directory) -> Prepared:
+    reference = random_model(family)
+    reference.generation_config.eos_token_id = None
+    reference.generation_config.pad_token_id = 0
+    recipe = load_checkpoint(write_checkpoint(reference, directory))
+    captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS}
+    programs = {op: (program.spec, load_program(program.program)) for op, program in captured.items()}
+    return Prepared(family, reference, recipe, captured, programs)

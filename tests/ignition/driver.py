@@ -1,0 +1,188 @@
+"""A small host-side test driver for captured programs: page allocation, packing, greedy generation.
+
+It packs every input by the names in the program's ProgramSpec (so it also checks that the spec is
+enough to call a program). Pages are handed out in a shuffled order, so sequences own non-contiguous
+pages. This is test scaffolding; the production packer and scheduler live in helios.runtime.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from helios.ignition.program_spec import Operation, ProgramSpec
+
+_DTYPES = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "float32": torch.float32}
+
+
+@dataclass
+class Sequence:
+    """One request: its tokens so far, how many are in the cache, its pages and its state slot."""
+
+    slot: int
+    token_ids: list[int]
+    pages: list[int] = field(default_factory=list)
+    num_cached: int = 0
+    generated: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # float32 [V] behind each generated token
+
+
+@dataclass(frozen=True)
+class RowWork:
+    """One row of a step: `tokens` at positions start.., sampling a token after the last if `sample`."""
+
+    sequence: Sequence
+    tokens: tuple[int, ...]
+    start: int
+    sample: bool
+    targets: tuple[int, ...] = ()
+
+
+class PagedModel:
+    """Owns the cache storage and persistent state; calls loaded programs with packed inputs."""
+
+    def __init__(self, weights, programs, *, num_pages=160, max_pages=24, num_slots=6, seed=0):
+        self.weights = weights
+        self.programs = programs  # {Operation: (ProgramSpec, module)}
+        spec = next(iter(programs.values()))[0]
+        self.page_tokens, self.max_pages = spec.page_tokens, max_pages
+        state = {s.name: s for s in spec.inputs}
+        self.state = {
+            name: torch.zeros(_shape(state[name], {"pages": num_pages, "slots": num_slots}), dtype=_dtype(state[name]))
+            for name in ("k_cache", "v_cache", "prompt_counts", "output_counts")
+        }
+        self.operations_run: list[Operation] = []
+        self.free_pages = list(range(num_pages))
+        random.Random(seed).shuffle(self.free_pages)
+
+    def ensure_pages(self, sequence: Sequence, num_tokens: int) -> None:
+        while len(sequence.pages) * self.page_tokens < num_tokens:
+            sequence.pages.append(self.free_pages.pop())
+
+    def admit(self, sequence: Sequence, prompt_len: int) -> None:
+        """Admission: the prompt histogram of the slot is set once and its output histogram zeroed."""
+        counts = torch.bincount(torch.tensor(sequence.token_ids[:prompt_len]), minlength=self.vocab_size)
+        self.state["prompt_counts"][sequence.slot] = counts.to(torch.int32)
+        self.state["output_counts"][sequence.slot] = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.state["prompt_counts"].shape[1]
+
+    def choose(self, rows: list[RowWork]) -> Operation:
+        """DECODE for single-token rows, PREFILL when no row has generated yet, else MIXED."""
+        is_decode = all(len(r.tokens) == 1 for r in rows)
+        is_prefill = not any(r.sequence.generated for r in rows)
+        for operation, allowed in ((Operation.DECODE, is_decode), (Operation.PREFILL, is_prefill),
+                                   (Operation.MIXED, True)):
+            capacity = self.programs[operation][0].capacity
+            fits = len(rows) <= capacity.batch_capacity and \
+                sum(len(r.tokens) for r in rows) <= capacity.packed_token_capacity
+            if allowed and fits:
+                return operation
+        raise AssertionError("no program variant fits the step")
+
+    def run(self, operation: Operation, rows: list[RowWork]) -> dict[str, torch.Tensor]:
+        self.operations_run.append(operation)
+        spec, module = self.programs[operation]
+        for row in rows:
+            self.ensure_pages(row.sequence, row.start + len(row.tokens))
+        values = pack_step(spec, rows, self.max_pages, self.vocab_size)
+        args = [self.weights] + [self.state.get(s.name, values.get(s.name)) for s in spec.inputs[1:]]
+        outputs = module(*args)
+        for row in rows:
+            row.sequence.num_cached = max(row.sequence.num_cached, row.start + len(row.tokens))
+        return dict(zip(spec.output_names, outputs))
+
+
+def pack_step(spec: ProgramSpec, rows: list[RowWork], max_pages: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Every per-step input of `spec`, by name; inactive rows and padding tokens filled harmlessly."""
+    num_rows, num_tokens = spec.capacity.batch_capacity, spec.capacity.packed_token_capacity
+    assert len(rows) <= num_rows and sum(len(r.tokens) for r in rows) <= num_tokens
+    tokens, positions, targets, starts = [], [], [], [0]
+    for row in rows:
+        tokens += row.tokens
+        positions += range(row.start, row.start + len(row.tokens))
+        targets += row.targets or (0,) * len(row.tokens)
+        starts.append(len(tokens))
+    starts += [len(tokens)] * (num_rows - len(rows))
+    page_table = torch.zeros(num_rows, max_pages, dtype=torch.int32)
+    for index, row in enumerate(rows):
+        page_table[index, : len(row.sequence.pages)] = torch.tensor(row.sequence.pages, dtype=torch.int32)
+    pad_rows = num_rows - len(rows)
+    values = {
+        "token_ids": _padded(tokens, num_tokens, torch.int64),
+        "positions": _padded(positions, num_tokens, torch.int64),
+        "target_ids": _padded(targets, num_tokens, torch.int64),
+        "query_start": torch.tensor(starts, dtype=torch.int32),
+        "page_table": page_table,
+        "request_slots": torch.tensor([r.sequence.slot for r in rows] + [-1] * pad_rows, dtype=torch.int64),
+        "sample_rows": torch.tensor([r.sample for r in rows] + [False] * pad_rows),
+    }
+    values.update(greedy_controls(num_rows, vocab_size))
+    return values
+
+
+def greedy_controls(num_rows: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Sampling inputs that select the most likely token: temperature 0, no filters, no penalties."""
+    return {
+        "seeds": torch.zeros(num_rows, dtype=torch.int64),
+        "counters": torch.zeros(num_rows, dtype=torch.int64),
+        "temperature": torch.zeros(num_rows),
+        "top_k": torch.zeros(num_rows, dtype=torch.int32),
+        "top_p": torch.ones(num_rows),
+        "min_p": torch.zeros(num_rows),
+        "penalties": torch.tensor([[1.0, 0.0, 0.0]] * num_rows),
+        "grammar_mask": torch.full((num_rows, -(-vocab_size // 32)), -1, dtype=torch.int32),
+        "mask_rows": torch.zeros(num_rows, dtype=torch.bool),
+    }
+
+
+def generate(model: PagedModel, sequences: list[Sequence], max_new: int, *, chunk: int, arrivals=None):
+    """Greedy continuous batching: each step packs one decode token per running sequence and a
+    prompt chunk of at most `chunk` tokens per prefilling one; sequence i joins at step arrivals[i].
+    Each step runs the first of DECODE, PREFILL, MIXED that can take it (`PagedModel.choose`)."""
+    arrivals = arrivals or [0] * len(sequences)
+    step = 0
+    while any(len(s.generated) < max_new for s in sequences):
+        for sequence, arrival in zip(sequences, arrivals):
+            if arrival == step:
+                model.admit(sequence, len(sequence.token_ids))
+        live = [s for s, a in zip(sequences, arrivals) if a <= step and len(s.generated) < max_new]
+        rows = [_next_row(s, chunk) for s in live]
+        if rows:
+            outputs = model.run(model.choose(rows), rows)
+            _record(rows, outputs["sampled_ids"], outputs["logits"])
+        step += 1
+    return [s.generated for s in sequences]
+
+
+def _next_row(sequence: Sequence, chunk: int) -> RowWork:
+    pending = sequence.token_ids[sequence.num_cached:]
+    tokens = tuple(pending[:chunk])
+    return RowWork(sequence, tokens, sequence.num_cached, sample=len(tokens) == len(pending))
+
+
+def _record(rows: list[RowWork], sampled: torch.Tensor, logits: torch.Tensor) -> None:
+    for row, token, row_logits in zip(rows, sampled.tolist(), logits):
+        if row.sample:
+            assert token >= 0
+            row.sequence.generated.append(token)
+            row.sequence.logits.append(row_logits.clone())
+            row.sequence.token_ids.append(token)
+        else:
+            assert token == -1
+
+
+def _padded(values: list[int], length: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values + [0] * (length - len(values)), dtype=dtype)
+
+
+def _shape(spec, extents) -> tuple[int, ...]:
+    return tuple(extents[d] if isinstance(d, str) else d for d in spec.shape)
+
+
+def _dtype(spec) -> torch.dtype:
+    return {**_DTYPES, "bfloat16": torch.bfloat16, "float16": torch.float16}[spec.dtype]

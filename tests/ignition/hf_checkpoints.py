@@ -1,0 +1,77 @@
+"""Tiny random Hugging Face checkpoints on disk (config.json + model.safetensors), built with the
+transformers config classes, and the reference models they came from.
+
+Every parameter is re-drawn (norm weights around 1, non-zero biases, spread-out logits) so that
+q/k/v biases, q/k norms and per-layer norms all matter, and greedy choices are not near-ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+_BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=512)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One checkpoint family under test: a name, its config class and the overrides that shape it."""
+
+    name: str
+    config_class: type
+    overrides: tuple[tuple[str, object], ...]
+
+    def config(self):
+        config = self.config_class(**{**_BASE, **dict(self.overrides)})
+        config._attn_implementation = "eager"
+        return config
+
+
+LLAMA2 = Family("llama2", transformers.LlamaConfig, (
+    ("num_key_value_heads", 4), ("attention_bias", True), ("mlp_bias", True), ("tie_word_embeddings", False),
+))
+LLAMA3 = Family("llama3", transformers.LlamaConfig, (
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    ("tie_word_embeddings", True),
+))
+MISTRAL = Family("mistral", transformers.MistralConfig, (("sliding_window", 8), ("tie_word_embeddings", False)))
+QWEN2 = Family("qwen2", transformers.Qwen2Config, (
+    ("use_sliding_window", True), ("sliding_window", 6), ("max_window_layers", 1), ("tie_word_embeddings", True),
+))
+QWEN3 = Family("qwen3", transformers.Qwen3Config, (("head_dim", 32), ("tie_word_embeddings", False)))
+FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+
+
+def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
+    """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(family.config()).float().eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(_draw(name, parameter, generator))
+    return model
+
+
+def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
+    """Save `model` as a Hugging Face checkpoint directory (safetensors weights) and return it."""
+    model.save_pretrained(directory)
+    return directory
+
+
+def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    noise = torch.randn(parameter.shape, generator=generator)
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * noise
+    if name.endswith("bias"):
+        return 0.1 * noise
+    if "embed_tokens" in name:
+        return noise
+    if name.startswith("lm_head"):
+        return 0.3 * noise
+    return noise / parameter.shape[1] ** 0.5
