@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 from helios.core.errors import ChunkDigestError, LocationError
@@ -84,10 +86,27 @@ class RangeFile:
             self.fd = -1
 
 
+_READ_AHEAD: ThreadPoolExecutor | None = None
+_READ_AHEAD_LOCK = threading.Lock()
+
+
+def _read_ahead_pool() -> ThreadPoolExecutor:
+    """One small process-wide pool: chunk reads and SHA-256 release the GIL, so hashing chunk
+    i + 1 overlaps decoding chunk i."""
+    global _READ_AHEAD
+    with _READ_AHEAD_LOCK:
+        if _READ_AHEAD is None:
+            _READ_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="helios-chunks")
+        return _READ_AHEAD
+
+
 class VerifiedChunks:
     """Yields the stored bytes of one resource chunk by chunk, each verified before release.
 
-    Mutable cursor; owned by one reader; does not own `source` (the reader closes it).
+    With `read_ahead`, the next chunk is read and verified on a pool thread while the caller
+    works on the current one: at most two chunks are held, and a chunk is still released only
+    after its digest matched. Mutable cursor; owned by one reader; does not own `source`, but
+    `close()` must run before `source` is closed (it waits for an in-flight read).
     """
 
     def __init__(
@@ -96,6 +115,8 @@ class VerifiedChunks:
         digests: Sequence[bytes],
         resource_id: str,
         chunk_nbytes: int = CHUNK_NBYTES,
+        *,
+        read_ahead: bool = True,
     ):
         if len(digests) != chunk_count(source.nbytes, chunk_nbytes):
             raise LocationError(f"resource {resource_id!r}: chunk count does not fit its length")
@@ -103,22 +124,37 @@ class VerifiedChunks:
         self._digests = digests
         self._resource_id = resource_id
         self._chunk_nbytes = chunk_nbytes
+        self._read_ahead = read_ahead
         self._index = 0
+        self._pending: Future | None = None
 
     @property
     def is_exhausted(self) -> bool:
         return self._index == len(self._digests)
 
+    def _load(self, index: int) -> bytes:
+        start = index * self._chunk_nbytes
+        nbytes = min(self._chunk_nbytes, self._source.nbytes - start)
+        data = self._source.read_at(start, nbytes)
+        if hashlib.sha256(data).digest() != self._digests[index]:
+            raise ChunkDigestError(
+                f"resource {self._resource_id!r}: chunk {index} does not match its digest"
+            )
+        return data
+
     def next_chunk(self) -> bytes | None:
         """The next verified chunk, or None after the last one."""
         if self.is_exhausted:
             return None
-        start = self._index * self._chunk_nbytes
-        nbytes = min(self._chunk_nbytes, self._source.nbytes - start)
-        data = self._source.read_at(start, nbytes)
-        if hashlib.sha256(data).digest() != self._digests[self._index]:
-            raise ChunkDigestError(
-                f"resource {self._resource_id!r}: chunk {self._index} does not match its digest"
-            )
+        pending, self._pending = self._pending, None
+        data = pending.result() if pending is not None else self._load(self._index)
         self._index += 1
+        if self._read_ahead and not self.is_exhausted:
+            self._pending = _read_ahead_pool().submit(self._load, self._index)
         return data
+
+    def close(self) -> None:
+        """Waits for (and discards) an in-flight read-ahead."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.cancel():
+            pending.exception()

@@ -34,7 +34,9 @@ def sign(format_version: int, payload: bytes, key: SigningKey) -> core_pb2.Signa
     )
 
 
-def seal(format_version: int, payload: bytes, keys: Iterable[SigningKey]) -> core_pb2.SignedEnvelope:
+def seal(
+    format_version: int, payload: bytes, keys: Iterable[SigningKey]
+) -> core_pb2.SignedEnvelope:
     """An envelope over `payload` signed by each key, in order. Needs at least one key."""
     signatures = sorted(
         (sign(format_version, payload, key) for key in keys), key=lambda s: s.key_id

@@ -58,6 +58,9 @@ class _VerifiedInput:
         piece, self._buffer = self._buffer[:size], self._buffer[size:]
         return piece
 
+    def close(self) -> None:
+        self._chunks.close()
+
     def drain(self) -> None:
         """Runs every remaining chunk through verification and the walker, then finishes it."""
         self._buffer = memoryview(b"")
@@ -136,6 +139,7 @@ class FrameReader(io.RawIOBase):
         if not self.closed:
             if self._decoder is not None:
                 self._decoder.close()
+            self._input.close()
             if self._on_close is not None:
                 self._on_close()
         super().close()

@@ -26,7 +26,13 @@ from typing import BinaryIO, Iterable, Mapping
 
 from helios.contract import core_pb2
 from helios.core.authorize import authorize, trusted_signers
-from helios.core.body import SignedContent, parse_core_body, parse_payload, publisher_of, signed_content
+from helios.core.body import (
+    SignedContent,
+    parse_core_body,
+    parse_payload,
+    publisher_of,
+    signed_content,
+)
 from helios.core.catalogs import RebuildManifest, WeightCatalog
 from helios.core.envelope import check_signatures
 from helios.core.errors import UnknownResourceError, UntrustedSignerError

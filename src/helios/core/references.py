@@ -32,4 +32,6 @@ def check_manifest_references(content: SignedContent) -> None:
         if info.kind not in _PROGRAM_KINDS:
             raise ContractError(path, f"resource {handle.resource_id!r} is not a program")
         if info.rank is not None and info.rank != handle.rank:
-            raise ContractError(path, f"resource {handle.resource_id!r} belongs to rank {info.rank}")
+            raise ContractError(
+                path, f"resource {handle.resource_id!r} belongs to rank {info.rank}"
+            )

@@ -77,8 +77,11 @@ def copy_stored(path: Path, placement: Placement, entry: ResourceEntry, sink: Bi
     try:
         if entry.chunk_sha256:
             chunks = VerifiedChunks(source, entry.chunk_sha256, entry.id, entry.chunk_nbytes)
-            while (chunk := chunks.next_chunk()) is not None:
-                sink.write(chunk)
+            try:
+                while (chunk := chunks.next_chunk()) is not None:
+                    sink.write(chunk)
+            finally:
+                chunks.close()
         else:
             for start in range(0, placement.nbytes, STREAM_BUFFER_NBYTES * 4):
                 nbytes = min(STREAM_BUFFER_NBYTES * 4, placement.nbytes - start)

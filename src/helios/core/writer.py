@@ -111,7 +111,9 @@ class CoreWriter:
         PreparedContract.decode(contract_bytes, manifest_bytes)  # refuse an invalid contract
         self._contract = (contract_bytes, manifest_bytes)
 
-    def set_publisher(self, namespace: str, *, license: str = "", acceptance_terms: str = "") -> None:
+    def set_publisher(
+        self, namespace: str, *, license: str = "", acceptance_terms: str = ""
+    ) -> None:
         self._publisher = Publisher(check_namespace(namespace), license, acceptance_terms)
 
     def set_rebuild_manifest(self, manifest: RebuildManifest) -> None:
