@@ -568,3 +568,28 @@ def object_where_array_expected(doc):
 def both_oneof_members(doc):
     manifest(doc)["buffers"][0]["shape"][0]["load_extent"] = "LOAD_EXTENT_PHYSICAL_PAGES"
     return "manifest.buffers[0].shape[0].load_extent"
+
+
+@case
+def abi_operation_unqualified(doc):
+    manifest(doc)["abi_operations"][0]["name"] = "paged_attention"
+    return "manifest.abi_operations[0].name"
+
+
+@case
+def abi_operation_duplicate(doc):
+    ops = manifest(doc)["abi_operations"]
+    ops[1]["name"] = ops[0]["name"]
+    return "manifest.abi_operations[1].name"
+
+
+@case
+def abi_operation_without_schema(doc):
+    manifest(doc)["abi_operations"][0]["schema"] = ""
+    return "manifest.abi_operations[0].schema"
+
+
+@case
+def handle_names_undeclared_op(doc):
+    manifest(doc)["graph_handles"][2]["abi_operations"][1] = "helios::missing"
+    return "manifest.graph_handles[2].abi_operations[1]"

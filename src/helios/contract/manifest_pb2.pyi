@@ -122,16 +122,26 @@ class Buffer(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., shape: _Optional[_Iterable[_Union[Dim, _Mapping]]] = ..., placement: _Optional[_Union[Placement, str]] = ..., role: _Optional[_Union[BufferRole, str]] = ..., resource_id: _Optional[str] = ...) -> None: ...
 
 class GraphHandle(_message.Message):
-    __slots__ = ("graph", "capacity", "resource_id", "rank")
+    __slots__ = ("graph", "capacity", "resource_id", "rank", "abi_operations")
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    ABI_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     graph: str
     capacity: _serving_pb2.GraphCapacity
     resource_id: str
     rank: int
-    def __init__(self, graph: _Optional[str] = ..., capacity: _Optional[_Union[_serving_pb2.GraphCapacity, _Mapping]] = ..., resource_id: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+    abi_operations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, graph: _Optional[str] = ..., capacity: _Optional[_Union[_serving_pb2.GraphCapacity, _Mapping]] = ..., resource_id: _Optional[str] = ..., rank: _Optional[int] = ..., abi_operations: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AbiOperation(_message.Message):
+    __slots__ = ("name", "schema")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    schema: str
+    def __init__(self, name: _Optional[str] = ..., schema: _Optional[str] = ...) -> None: ...
 
 class TransportDestination(_message.Message):
     __slots__ = ("name", "buffer")
@@ -184,7 +194,7 @@ class CompletionLayout(_message.Message):
     def __init__(self, buffer: _Optional[str] = ..., frames: _Optional[int] = ..., record_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[CompletionField, _Mapping]]] = ..., confidence_buffer: _Optional[str] = ...) -> None: ...
 
 class ExecutionManifest(_message.Message):
-    __slots__ = ("version", "ranks", "buffers", "graph_handles", "destinations", "completion", "execution_catalog", "tuning_catalog")
+    __slots__ = ("version", "ranks", "buffers", "graph_handles", "destinations", "completion", "execution_catalog", "tuning_catalog", "abi_operations")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +203,7 @@ class ExecutionManifest(_message.Message):
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_CATALOG_FIELD_NUMBER: _ClassVar[int]
     TUNING_CATALOG_FIELD_NUMBER: _ClassVar[int]
+    ABI_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     version: int
     ranks: int
     buffers: _containers.RepeatedCompositeFieldContainer[Buffer]
@@ -201,7 +212,8 @@ class ExecutionManifest(_message.Message):
     completion: CompletionLayout
     execution_catalog: _containers.RepeatedCompositeFieldContainer[CatalogEntry]
     tuning_catalog: _containers.RepeatedCompositeFieldContainer[TuningProducer]
-    def __init__(self, version: _Optional[int] = ..., ranks: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., graph_handles: _Optional[_Iterable[_Union[GraphHandle, _Mapping]]] = ..., destinations: _Optional[_Iterable[_Union[TransportDestination, _Mapping]]] = ..., completion: _Optional[_Union[CompletionLayout, _Mapping]] = ..., execution_catalog: _Optional[_Iterable[_Union[CatalogEntry, _Mapping]]] = ..., tuning_catalog: _Optional[_Iterable[_Union[TuningProducer, _Mapping]]] = ...) -> None: ...
+    abi_operations: _containers.RepeatedCompositeFieldContainer[AbiOperation]
+    def __init__(self, version: _Optional[int] = ..., ranks: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., graph_handles: _Optional[_Iterable[_Union[GraphHandle, _Mapping]]] = ..., destinations: _Optional[_Iterable[_Union[TransportDestination, _Mapping]]] = ..., completion: _Optional[_Union[CompletionLayout, _Mapping]] = ..., execution_catalog: _Optional[_Iterable[_Union[CatalogEntry, _Mapping]]] = ..., tuning_catalog: _Optional[_Iterable[_Union[TuningProducer, _Mapping]]] = ..., abi_operations: _Optional[_Iterable[_Union[AbiOperation, _Mapping]]] = ...) -> None: ...
 
 class PreparedContractBundle(_message.Message):
     __slots__ = ("contract", "manifest")

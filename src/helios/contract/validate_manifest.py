@@ -47,6 +47,7 @@ def check_manifest(manifest: mpb.ExecutionManifest, index: ContractIndex) -> Non
         role = target.message.role
         require(role == mpb.BUFFER_ROLE_INPUT, path, f"destinations feed INPUT buffers; {destination.buffer!r} is {role_label(role)}")
     _check_handles(manifest)
+    _check_abi_operations(manifest)
     for name, entry in index.tuning_catalog.items():
         require(
             name not in index.execution_catalog,
@@ -153,3 +154,21 @@ def _check_confidence(layout: mpb.CompletionLayout, index: ContractIndex) -> Non
         path,
         f"proposal confidence has shape [frames={layout.frames}, request_slots, draft_capacity]",
     )
+
+
+def _check_abi_operations(manifest: mpb.ExecutionManifest) -> None:
+    """Declared ABI ops are unique and non-empty; every op a handle names is declared."""
+    declared: dict[str, int] = {}
+    for i, operation in enumerate(manifest.abi_operations):
+        path = f"{MANIFEST}.abi_operations[{i}]"
+        require("::" in operation.name, f"{path}.name", f"{operation.name!r} is not a qualified op name (ns::name)")
+        require(operation.name not in declared, f"{path}.name", f"duplicate op {operation.name!r}")
+        require(bool(operation.schema), f"{path}.schema", "an op declares its schema")
+        declared[operation.name] = i
+    for i, handle in enumerate(manifest.graph_handles):
+        for j, name in enumerate(handle.abi_operations):
+            require(
+                name in declared,
+                f"{MANIFEST}.graph_handles[{i}].abi_operations[{j}]",
+                f"op {name!r} is not declared in abi_operations",
+            )
