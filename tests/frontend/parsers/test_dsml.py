@@ -21,7 +21,7 @@ OPENER = f"<{M}function_calls>"
 SYNTAX = OutputSyntax(
     ReasoningSyntaxKind.THINK_TAGS, ToolSyntaxKind.DSML, think=example_think_tags(terminal=OPENER), tools=example_dsml(),
 )
-OPEN, CLOSED = ReasoningState.OPEN, ReasoningState.CLOSED
+OPEN, UNOPENED, CLOSED = ReasoningState.OPEN, ReasoningState.UNOPENED, ReasoningState.CLOSED
 
 
 def param(key: str, value: str, string: str = "true") -> str:
@@ -39,7 +39,7 @@ def block(*invokes: str) -> str:
 WEATHER = invoke("get_weather", param("city", "北京"), param("days", "3", "false"))
 CASES = {
     "reasoning_answer_parallel_invokes": (
-        CLOSED,
+        UNOPENED,
         ["<think>\n用户想要天气。\n</think>\n\nChecking both.\n\n" + block(WEATHER, invoke("write_file", param("path", "a.py"), param("content", FILE_BODY)))],
         Expect("用户想要天气。", "Checking both.", (
             Call("get_weather", {"city": "北京", "days": 3}),
@@ -47,7 +47,7 @@ CASES = {
         )),
     ),
     "json_values": (
-        CLOSED,
+        UNOPENED,
         [block(invoke("get_weather", param("options", '{"x": [true, null]}', "false"), param("days", "7", "true")))],
         Expect("", "", (Call("get_weather", {"options": {"x": [True, None]}, "days": "7"}),)),
     ),
@@ -60,24 +60,25 @@ CASES = {
     "second_close_token_dropped": (
         OPEN, ["r\n</think>\n\nanswer </think>tail"], Expect("r", "answer tail", markup_contains=("</think>",)),
     ),
+    "prompt_closed_reasoning": (CLOSED, ["Answer.\n\n" + block(WEATHER)], Expect("", "Answer.", (Call("get_weather", {"city": "北京", "days": 3}),))),
     "unknown_second_invoke_is_content": (
-        CLOSED, [block(WEATHER, invoke("launch", param("x", "1")))],
+        UNOPENED, [block(WEATHER, invoke("launch", param("x", "1")))],
         Expect("", invoke("launch", param("x", "1")), (Call("get_weather", {"city": "北京", "days": 3}),), (K.UNKNOWN_TOOL,)),
     ),
     "invalid_json_value": (
-        CLOSED, [block(invoke("get_weather", param("days", "three", "false")))],
+        UNOPENED, [block(invoke("get_weather", param("days", "three", "false")))],
         Expect("", "", (Call("get_weather", {"days": "three"}),), (K.INVALID_VALUE,)),
     ),
     "bad_string_flag_reads_json": (
-        CLOSED, [block(invoke("get_weather", param("days", "5", "maybe")))],
+        UNOPENED, [block(invoke("get_weather", param("days", "5", "maybe")))],
         Expect("", "", (Call("get_weather", {"days": 5}),), (K.MALFORMED_CALL,)),
     ),
     "unterminated_invoke": (
-        CLOSED, [OPENER + "\n" + f'<{M}invoke name="get_weather">\n' + f'<{M}parameter name="city" string="true">Par'],
+        UNOPENED, [OPENER + "\n" + f'<{M}invoke name="get_weather">\n' + f'<{M}parameter name="city" string="true">Par'],
         Expect("", "", (Call("get_weather", {"city": "Par"}, complete=False),), (K.UNTERMINATED_CALL,)),
     ),
     "missing_invoke_close": (
-        CLOSED, [OPENER + f'\n<{M}invoke name="get_time">\n</{M}function_calls>'],
+        UNOPENED, [OPENER + f'\n<{M}invoke name="get_time">\n</{M}function_calls>'],
         Expect("", "", (Call("get_time", {}),), (K.MALFORMED_CALL,)),
     ),
 }

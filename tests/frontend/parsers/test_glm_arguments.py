@@ -16,7 +16,7 @@ SYNTAX = OutputSyntax(
     ReasoningSyntaxKind.THINK_TAGS, ToolSyntaxKind.GLM_ARGUMENTS,
     think=example_think_tags(terminal="<tool_call>"), tools=example_glm_arguments(),
 )
-OPEN, CLOSED = ReasoningState.OPEN, ReasoningState.CLOSED
+OPEN, UNOPENED, CLOSED = ReasoningState.OPEN, ReasoningState.UNOPENED, ReasoningState.CLOSED
 
 
 def call(name: str, *args: tuple[str, str]) -> str:
@@ -26,7 +26,7 @@ def call(name: str, *args: tuple[str, str]) -> str:
 
 CASES = {
     "reasoning_answer_and_call": (
-        CLOSED,
+        UNOPENED,
         ["<think>\nLook up Paris.\n</think>\n\nLet me check.\n" + call("get_weather", ("city", "Paris"), ("days", "2"))],
         Expect("Look up Paris.", "Let me check.", (Call("get_weather", {"city": "Paris", "days": 2}),)),
     ),
@@ -40,27 +40,28 @@ CASES = {
         ["Both.\n" + call("get_weather", ("city", "Lima")) + "\n" + call("write_file", ("path", "x"), ("content", FILE_BODY))],
         Expect("Both.", "", (Call("get_weather", {"city": "Lima"}), Call("write_file", {"path": "x", "content": FILE_BODY}))),
     ),
-    "call_without_arguments": (CLOSED, ["<tool_call>get_time</tool_call>"], Expect("", "", (Call("get_time", {}),))),
+    "call_without_arguments": (UNOPENED, ["<tool_call>get_time</tool_call>"], Expect("", "", (Call("get_time", {}),))),
+    "newline_before_name": (UNOPENED, ["<tool_call>\nget_time\n</tool_call>"], Expect("", "", (Call("get_time", {}),))),
     "name_then_key_without_separator": (
-        CLOSED, ["<tool_call>get_weather<arg_key>city</arg_key><arg_value>Kyiv</arg_value></tool_call>"],
+        UNOPENED, ["<tool_call>get_weather<arg_key>city</arg_key><arg_value>Kyiv</arg_value></tool_call>"],
         Expect("", "", (Call("get_weather", {"city": "Kyiv"}),)),
     ),
     "plain_close_stays_reasoning": (
         OPEN, ["a ", Plain("</think>"), " b\n</think>\n\nc"], Expect("a </think> b", "c"),
     ),
     "unknown_tool_is_content": (
-        CLOSED, ["x\n" + call("rm_rf", ("path", "/"))], Expect("", "x\n" + call("rm_rf", ("path", "/")), errors=(K.UNKNOWN_TOOL,)),
+        UNOPENED, ["x\n" + call("rm_rf", ("path", "/"))], Expect("", "x\n" + call("rm_rf", ("path", "/")), errors=(K.UNKNOWN_TOOL,)),
     ),
     "key_without_value": (
-        CLOSED, ["<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call>"],
+        UNOPENED, ["<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call>"],
         Expect("", "", (Call("get_weather", {"city": "Rome"}),), (K.MALFORMED_CALL,)),
     ),
     "unterminated_value": (
-        CLOSED, ["<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>4</arg_va"],
+        UNOPENED, ["<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>4</arg_va"],
         Expect("", "", (Call("get_weather", {"days": 4}, complete=False),), (K.UNTERMINATED_CALL,)),
     ),
     "invalid_boolean": (
-        CLOSED, [call("get_weather", ("verbose", "maybe"))],
+        UNOPENED, [call("get_weather", ("verbose", "maybe"))],
         Expect("", "", (Call("get_weather", {"verbose": "maybe"}),), (K.INVALID_VALUE,)),
     ),
 }

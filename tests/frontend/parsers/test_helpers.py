@@ -102,4 +102,5 @@ def test_typed_values():
     assert typed_value("ünï", frozenset()) == ('"ünï"', True)
     assert json_value(" [1, 2] ") == ("[1, 2]", True)
     assert json_value("Infinity") == ('"Infinity"', False)
+    assert json_value("[1e999]") == ('"[1e999]"', False) and typed_value("1e999", N) == ('"1e999"', False)
     assert re.fullmatch(r'"9+"', typed_value("9" * 5000, I).json_text)

@@ -16,7 +16,7 @@ SYNTAX = OutputSyntax(
     ReasoningSyntaxKind.THINK_TAGS, ToolSyntaxKind.QWEN_CODER_FUNCTIONS,
     think=example_think_tags(terminal="<tool_call>"), tools=example_qwen_coder(),
 )
-OPEN, CLOSED = ReasoningState.OPEN, ReasoningState.CLOSED
+OPEN, UNOPENED, CLOSED = ReasoningState.OPEN, ReasoningState.UNOPENED, ReasoningState.CLOSED
 
 
 def call(name: str, *params: tuple[str, str]) -> str:
@@ -27,11 +27,11 @@ def call(name: str, *params: tuple[str, str]) -> str:
 WEATHER = call("get_weather", ("city", "Paris"), ("days", "3"))
 CASES = {
     "reasoning_then_answer": (
-        CLOSED, ["<think>\nThe user greets me. 思考 🧪\n</think>\n\nHello there!"],
+        UNOPENED, ["<think>\nThe user greets me. 思考 🧪\n</think>\n\nHello there!"],
         Expect("The user greets me. 思考 🧪", "Hello there!"),
     ),
     "prefilled_open_reasoning": (OPEN, ["Still thinking.\n</think>\n\nDone."], Expect("Still thinking.", "Done.")),
-    "no_reasoning_opened": (CLOSED, ["  Just an answer."], Expect("", "  Just an answer.")),
+    "no_reasoning_opened": (UNOPENED, ["  Just an answer."], Expect("", "  Just an answer.")),
     "plain_close_spelling_stays_reasoning": (
         OPEN, ["I could write ", Plain("</think>"), " here.\n</think>\n\nOk."],
         Expect("I could write </think> here.", "Ok."),
@@ -44,9 +44,12 @@ CASES = {
         OPEN, ["Think.\n</think>\n\nUse ", Plain("</think>"), " to close."],
         Expect("Think.", "Use </think> to close."),
     ),
-    "late_open_token_dropped": (CLOSED, ["Hi <think> there"], Expect("", "Hi  there", markup_contains=("<think>",))),
+    "prompt_closed_reasoning_drops_delimiter_tokens": (
+        CLOSED, ["<think>\nAnswer</think> only."], Expect("", "\nAnswer only.", markup_contains=("<think>", "</think>")),
+    ),
+    "late_open_token_dropped": (UNOPENED, ["Hi <think> there"], Expect("", "Hi  there", markup_contains=("<think>",))),
     "typed_values": (
-        CLOSED,
+        UNOPENED,
         ["Checking.\n\n" + call(
             "get_weather", ("city", "São Paulo"), ("days", " 3 "), ("units", "celsius"), ("ratio", "0.5"),
             ("verbose", "True"), ("options", '{"hourly": [1, 2]}'), ("tags", '["a", "b"]'), ("limit", "null"),
@@ -70,34 +73,34 @@ CASES = {
         Expect("Calls look like <tool_call>.", "Ok"),
     ),
     "multiline_string_value": (
-        CLOSED, [call("write_file", ("path", "a.py"), ("content", FILE_BODY))],
+        UNOPENED, [call("write_file", ("path", "a.py"), ("content", FILE_BODY))],
         Expect("", "", (Call("write_file", {"path": "a.py", "content": FILE_BODY}),)),
     ),
     "call_without_parameters": (
-        CLOSED, ["<tool_call>\n<function=get_time>\n</function>\n</tool_call>"],
+        UNOPENED, ["<tool_call>\n<function=get_time>\n</function>\n</tool_call>"],
         Expect("", "", (Call("get_time", {}),)),
     ),
     "unknown_tool_is_content": (
-        CLOSED, ["Sure.\n\n" + call("delete_all", ("x", "1")) + "\nDone."],
+        UNOPENED, ["Sure.\n\n" + call("delete_all", ("x", "1")) + "\nDone."],
         Expect("", "Sure.\n\n" + call("delete_all", ("x", "1")) + "\nDone.", errors=(K.UNKNOWN_TOOL,)),
     ),
     "json_block_is_content": (
-        CLOSED, ['<tool_call>\n{"name": "get_weather"}\n</tool_call>'],
+        UNOPENED, ['<tool_call>\n{"name": "get_weather"}\n</tool_call>'],
         Expect("", '<tool_call>\n{"name": "get_weather"}\n</tool_call>', errors=(K.MALFORMED_CALL,)),
     ),
     "invalid_integer_kept_as_string": (
-        CLOSED, [call("get_weather", ("days", "three"))],
+        UNOPENED, [call("get_weather", ("days", "three"))],
         Expect("", "", (Call("get_weather", {"days": "three"}),), (K.INVALID_VALUE,)),
     ),
     "stray_text_in_call": (
-        CLOSED, ["<tool_call>\n<function=get_weather>\noops\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"],
+        UNOPENED, ["<tool_call>\n<function=get_weather>\noops\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"],
         Expect("", "", (Call("get_weather", {"city": "Rome"}),), (K.UNEXPECTED_TEXT,)),
     ),
     "unterminated_call": (
-        CLOSED, ["<tool_call>\n<function=write_file>\n<parameter=content>\nhalf a li"],
+        UNOPENED, ["<tool_call>\n<function=write_file>\n<parameter=content>\nhalf a li"],
         Expect("", "", (Call("write_file", {"content": "half a li"}, complete=False),), (K.UNTERMINATED_CALL,)),
     ),
-    "unterminated_block_is_content": (CLOSED, ["Hm\n\n<tool_call>\n<funct"], Expect("", "Hm\n\n<tool_call>\n<funct", errors=(K.UNTERMINATED_CALL,))),
+    "unterminated_block_is_content": (UNOPENED, ["Hm\n\n<tool_call>\n<funct"], Expect("", "Hm\n\n<tool_call>\n<funct", errors=(K.UNTERMINATED_CALL,))),
 }
 
 
@@ -121,7 +124,7 @@ def test_golden(qwen_tokenizer, delimiters, name):
 
 def test_arguments_text_is_openai_json(qwen_tokenizer, delimiters):
     stream = detokenize(qwen_tokenizer, encode(qwen_tokenizer, [WEATHER]))
-    result = check_golden(make(delimiters, CLOSED), stream, delimiters,
+    result = check_golden(make(delimiters, UNOPENED), stream, delimiters,
                           Expect("", "", (Call("get_weather", {"city": "Paris", "days": 3}),)), seed=1)
     assert result.tool_calls[0].arguments == '{"city": "Paris", "days": 3}'
     assert result.tool_calls[0].call_id == "call_0"
@@ -136,4 +139,4 @@ def test_structured_answer_keeps_literal_tags(qwen_tokenizer, delimiters):
 def test_structured_mode_still_parses_leading_tool_call(qwen_tokenizer, delimiters):
     stream = detokenize(qwen_tokenizer, encode(qwen_tokenizer, ["\n" + WEATHER]))
     expect = Expect("", "", (Call("get_weather", {"city": "Paris", "days": 3}),))
-    check_golden(make(delimiters, CLOSED, AnswerMode.STRUCTURED), stream, delimiters, expect, seed=3)
+    check_golden(make(delimiters, UNOPENED, AnswerMode.STRUCTURED), stream, delimiters, expect, seed=3)

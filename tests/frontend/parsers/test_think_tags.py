@@ -44,12 +44,12 @@ def test_open_token_inside_reasoning_is_dropped():
 
 def test_closed_start_opens_once_after_whitespace():
     result = parse([(TEXT_ID, " \n"), (OPEN_ID, "<think>"), (TEXT_ID, "\nr\n"), (CLOSE_ID, "</think>"),
-                    (TEXT_ID, "\n\na"), (OPEN_ID, "<think>")], start=ReasoningState.CLOSED)
+                    (TEXT_ID, "\n\na"), (OPEN_ID, "<think>")], start=ReasoningState.UNOPENED)
     assert (result.reasoning, result.content, result.markup) == ("r", "a", " \n<think></think><think>")
 
 
 def test_closed_start_close_token_before_reasoning_is_dropped():
-    result = parse([(TEXT_ID, "  "), (CLOSE_ID, "</think>"), (TEXT_ID, "\n\nanswer")], start=ReasoningState.CLOSED)
+    result = parse([(TEXT_ID, "  "), (CLOSE_ID, "</think>"), (TEXT_ID, "\n\nanswer")], start=ReasoningState.UNOPENED)
     assert (result.reasoning, result.content, result.markup) == ("", "  answer", "</think>")
 
 
@@ -70,3 +70,8 @@ def test_events_stream_while_generating():
     assert parser.feed(TEXT_ID, "\nab") == [ReasoningDelta("ab")]
     assert parser.feed(TEXT_ID, "c\n") == [ReasoningDelta("c")]  # the newline may be wrapping
     assert parser.feed(CLOSE_ID, "</think>") == [MarkupDropped("</think>")]
+
+
+def test_prompt_closed_reasoning_starts_in_the_answer():
+    result = parse([(OPEN_ID, "<think>"), (TEXT_ID, "\n\nx"), (CLOSE_ID, "</think>")], start=ReasoningState.CLOSED)
+    assert (result.reasoning, result.content, result.markup) == ("", "\n\nx", "<think></think>")

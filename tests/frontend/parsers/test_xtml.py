@@ -14,7 +14,7 @@ from .golden import Call, Expect, check_golden, delimiters_for, detokenize, enco
 from .tools import FILE_BODY, TOOLS
 
 SYNTAX = OutputSyntax(ReasoningSyntaxKind.XTML_THINK, ToolSyntaxKind.XTML, think=example_xtml_think(), tools=example_xtml())
-OPEN, CLOSED = ReasoningState.OPEN, ReasoningState.CLOSED
+OPEN, UNOPENED, CLOSED = ReasoningState.OPEN, ReasoningState.UNOPENED, ReasoningState.CLOSED
 
 
 def escape(text: str) -> str:
@@ -32,7 +32,7 @@ def calls(*items: str) -> str:
 
 CASES = {
     "escaped_reasoning_then_answer": (
-        CLOSED, ["<xtml:think>\nIs a &lt; b &amp;&amp; c &gt; d? &#x1F9EA; &#26481;\n</xtml:think>\nYes, a < b."],
+        UNOPENED, ["<xtml:think>\nIs a &lt; b &amp;&amp; c &gt; d? &#x1F9EA; &#26481;\n</xtml:think>\nYes, a < b."],
         Expect("Is a < b && c > d? 🧪 東", "Yes, a < b."),
     ),
     "unknown_entity_stays_literal": (OPEN, ["R&D &copy; &amp\n</xtml:think>\nok"], Expect("R&D &copy; &amp", "ok")),
@@ -41,16 +41,16 @@ CASES = {
         Expect("Weather for two.", "", (Call("get_weather", {"city": "Paris", "days": 2}), Call("write_file", {"content": FILE_BODY}))),
     ),
     "answer_then_calls": (
-        CLOSED, ["<xtml:think>plan</xtml:think>\nCalling.\n" + calls(call("get_time"))],
+        UNOPENED, ["<xtml:think>plan</xtml:think>\nCalling.\n" + calls(call("get_time"))],
         Expect("plan", "Calling.", (Call("get_time", {}),)),
     ),
     "escaped_json_value": (
-        CLOSED, [calls(call("get_weather", ("options", '{"q": "<b>"}')))],
+        UNOPENED, [calls(call("get_weather", ("options", '{"q": "<b>"}')))],
         Expect("", "", (Call("get_weather", {"options": {"q": "<b>"}}),)),
     ),
-    "open_spelled_late_is_answer_text": (CLOSED, ["Answer first <xtml:think>not reasoning"], Expect("", "Answer first <xtml:think>not reasoning")),
+    "open_spelled_late_is_answer_text": (UNOPENED, ["Answer first <xtml:think>not reasoning"], Expect("", "Answer first <xtml:think>not reasoning")),
     "unknown_call_is_content": (
-        CLOSED, [calls(call("nope", ("a", "1")))], Expect("", calls(call("nope", ("a", "1"))), errors=(K.UNKNOWN_TOOL,)),
+        UNOPENED, [calls(call("nope", ("a", "1")))], Expect("", calls(call("nope", ("a", "1"))), errors=(K.UNKNOWN_TOOL,)),
     ),
     "unterminated_reasoning": (OPEN, ["still &lt;thinking"], Expect("still <thinking", "")),
 }

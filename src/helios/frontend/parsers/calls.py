@@ -16,6 +16,8 @@ from helios.frontend.events import Event, ParseError, ParseErrorKind, ToolCallAr
 from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
 from helios.frontend.parsers.values import STRING_ONLY, ValueKind, dump_json, json_value, typed_value
 
+DETAIL_LEN = 200  # characters of an offending value quoted in a ParseError
+
 
 class CallIds:
     """Indices 0, 1, ... and ids ``prefix + index`` for the calls of one output.
@@ -100,7 +102,7 @@ class OpenCall:
         typed = json_value(raw) if self._mode is ValueMode.JSON else typed_value(raw, self._kinds)
         events = self._fragment(typed.json_text)
         if not typed.valid:
-            events.append(ParseError(ParseErrorKind.INVALID_VALUE, f"{self.name}.{self._key}: {raw!r}"))
+            events.append(ParseError(ParseErrorKind.INVALID_VALUE, f"{self.name}.{self._key}: {raw[:DETAIL_LEN]!r}"))
         return events
 
     def end(self, complete: bool) -> list[Event]:

@@ -1,6 +1,6 @@
 """Where an output begins and how its answer is constrained: per-request parser inputs.
 
-The shared prompt path decides these from the rendered prompt (an open assistant envelope); the
+The shared prompt path decides these from the rendered prompt (the open assistant envelope); the
 request decides `AnswerMode`. All are immutable values.
 """
 
@@ -9,17 +9,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
-class ReasoningState(enum.Enum):
-    """Reasoning state at the start of generation (delimiter syntaxes).
-
-    OPEN: the prompt ended inside reasoning (the open delimiter was prefilled).
-    CLOSED: the prompt did not leave reasoning open; the output may still open it once, with the
-    open delimiter before any answer text (leading whitespace aside).
-    """
-
-    OPEN = "open"
-    CLOSED = "closed"
+# The prompt path's verdict on the open assistant envelope (see `helios.frontend.prompt`), used by
+# the delimiter syntaxes: OPEN -> output starts inside reasoning; UNOPENED -> output may open
+# reasoning once, before any answer text; CLOSED -> reasoning ended in the prompt, so reasoning
+# delimiter tokens in the output are protocol markup; NO_REASONING is read like UNOPENED.
+from helios.frontend.prompt import ReasoningState
 
 
 class FramePosition(enum.Enum):
@@ -60,5 +54,5 @@ class OutputStart:
     """Initial parser state from the prompt path. Delimiter syntaxes read ``reasoning``; the
     recipient-header parser reads ``frame``."""
 
-    reasoning: ReasoningState = ReasoningState.CLOSED
+    reasoning: ReasoningState = ReasoningState.UNOPENED
     frame: FrameStart = FrameStart()

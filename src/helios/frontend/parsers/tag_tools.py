@@ -28,59 +28,13 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from helios.frontend.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallStart
-from helios.frontend.parsers.calls import CallIds, OpenCall, ValueFormat, ValueMode
+from helios.frontend.parsers.calls import CallIds, OpenCall, ValueMode
+from helios.frontend.parsers.grammar import NameRule, StrayText, ToolGrammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagSet
 from helios.frontend.parsers.start import AnswerMode
 from helios.frontend.parsers.text import held_tail_len, strip_tail_len
-from helios.frontend.parsers.values import ToolRegistry
-
-
-@dataclass(frozen=True)
-class ToolGrammar:
-    """Compiled spellings of one tag tool syntax (built by the family modules).
-
-    ``invoke_open`` None: the name is text right after ``block_open`` ended by ``name_separator``.
-    ``invoke_close`` "": the block closer ends the invocation. ``value_open`` "": the key tag opens
-    the value. ``string_flag`` (true, false): the key tag captures a flag after the key.
-    ``max_invocations`` 0: unlimited.
-    """
-
-    block_open: str
-    block_close: str
-    invoke_open: TagForm | None
-    invoke_close: str
-    key_open: TagForm
-    value_close: str
-    value_open: str = ""
-    name_separator: str = ""
-    string_flag: tuple[str, str] | None = None
-    value_wrap: str = ""
-    value_format: ValueFormat = ValueFormat.RAW
-    block_lead: str = ""
-    max_invocations: int = 0
-
-
-class StrayText(enum.Enum):
-    CONTENT = "content"  # the parser reads answer text: raw markup becomes content
-    ERROR = "error"  # the parser reads a tool frame: nothing becomes content
-
-
-@dataclass(frozen=True)
-class NameRule:
-    """Accepted invocation names: registered ones, or exactly ``required`` when it is set."""
-
-    registry: ToolRegistry
-    required: str = ""
-
-    def check(self, name: str) -> ParseError | None:
-        if self.required and name != self.required:
-            return ParseError(ParseErrorKind.RECIPIENT_MISMATCH, f"{self.required} != {name}")
-        if not self.registry.has(name):
-            return ParseError(ParseErrorKind.UNKNOWN_TOOL, name)
-        return None
 
 
 class _S(enum.Enum):
@@ -280,6 +234,9 @@ class TagToolParser:
 
     def _end_inline_name(self, out: list[Event], label: str, tag_text: str) -> None:
         name_text = "".join(self._name)
+        if label == "sep" and not name_text.strip():
+            self._name.append(tag_text)  # a separator before the name is leading whitespace
+            return
         self._name = []
         if label == "sep":
             name_text += tag_text

@@ -9,8 +9,10 @@ Delimiter rules (from the serving contract):
   delimiter that is several tokens is recognised in the text;
 - the close delimiter ends reasoning once; a later close (or open) delimiter token is protocol
   markup, dropped (`MarkupDropped`), never answer text;
-- with `ReasoningState.CLOSED` the output may open reasoning once, with the open delimiter before
-  any answer text (leading whitespace is then dropped); otherwise reasoning starts open;
+- the initial state comes from the prompt path: OPEN starts inside reasoning; UNOPENED (and
+  NO_REASONING) lets the output open reasoning once, with the open delimiter before any answer text
+  (leading whitespace is then dropped); CLOSED starts in the answer, where delimiter tokens are
+  protocol markup;
 - the terminal marker (the tool syntax's opener) also ends reasoning, and is passed on as answer
   text so the tool parser sees its block open;
 - wrapping text (``after_open``, ``before_close``, ``after_close``) is removed where present.
@@ -61,6 +63,8 @@ class ThinkTagParser:
         self._answer = WrappedText()
         if start is ReasoningState.OPEN:
             self._open_reasoning()
+        elif start is ReasoningState.CLOSED:
+            self._state = _S.ANSWER
 
     def feed(self, token_id: int, text: str) -> list[Event]:
         before, delimiter, markup = split_feed(self._delimiters, token_id, text)

@@ -119,8 +119,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(name)
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)  # 1e999: JSON has no spelling for infinity
+    return value
+
+
 def _parse_json(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant)
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
@@ -129,8 +136,7 @@ def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
             return (True, int(text)) if _INTEGER.match(text) else (False, None)
         if kind is ValueKind.NUMBER:
             value = _parse_json(text)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            return ok, value
+            return isinstance(value, (int, float)) and not isinstance(value, bool), value
         if kind is ValueKind.BOOLEAN:
             lowered = text.lower()
             return (lowered in ("true", "false"), lowered == "true")
