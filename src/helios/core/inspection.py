@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from helios.contract import manifest_pb2, serving_pb2
+from helios.contract import PreparedContract, manifest_pb2, serving_pb2
 from helios.core.body import parse_core_body, parse_payload, publisher_of, signed_content
 from helios.core.envelope import signature_reports
 from helios.core.layout import read_raw_core
@@ -100,7 +100,7 @@ class CoreInspection:
     placements: dict[str, Placement]
     location_problem: str | None
     contract: ContractSummary
-    prepared: object | None
+    prepared: PreparedContract | None
     contract_problem: str | None
     ignored_catalogs: int
     is_verified: bool = False
@@ -108,8 +108,6 @@ class CoreInspection:
 
 def inspect_core(path: os.PathLike | str) -> CoreInspection:
     """Reads a core's claims without authorization; raises CoreError if it cannot be parsed."""
-    from helios.contract import PreparedContract
-
     path = Path(path)
     raw = read_raw_core(path)
     body = parse_core_body(raw.body)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping
 
-from helios.contract import core_pb2
+from helios.contract import PreparedContract, core_pb2
 from helios.core.authorize import authorize, trusted_signers
 from helios.core.body import (
     SignedContent,
@@ -106,16 +106,33 @@ class Core:
     read; `verify_resources` reads them all.
     """
 
-    def __init__(self, loaded: LoadedCore, admitted: tuple[PublicKey, ...], prepared, aes_key):
+    def __init__(
+        self,
+        loaded: LoadedCore,
+        admitted: tuple[PublicKey, ...],
+        prepared: PreparedContract,
+        aes_key: bytes | None,
+    ):
         self._loaded = loaded
         self._aes_key = aes_key
         self.prepared = prepared
         self.admitted_signers = admitted
 
-    path = property(lambda self: self._loaded.path)
-    core_format: CoreFormat = property(lambda self: self._loaded.content.core_format)
-    publisher: Publisher = property(lambda self: self._loaded.content.publisher)
-    rebuild: RebuildManifest | None = property(lambda self: self._loaded.content.rebuild)
+    @property
+    def path(self) -> Path:
+        return self._loaded.path
+
+    @property
+    def core_format(self) -> CoreFormat:
+        return self._loaded.content.core_format
+
+    @property
+    def publisher(self) -> Publisher:
+        return self._loaded.content.publisher
+
+    @property
+    def rebuild(self) -> RebuildManifest | None:
+        return self._loaded.content.rebuild
 
     @property
     def weight_catalogs(self) -> tuple[WeightCatalog, ...]:
@@ -161,8 +178,6 @@ def open_core(
     aes_key: bytes | None = None,
 ) -> Core:
     """Verifies and authorizes the core at `path` and returns it (see the module docstring)."""
-    from helios.contract import PreparedContract
-
     path = Path(path)
     trusted = _as_trusted(trusted_keys)
     raw, body, signers = _read_signed(path)

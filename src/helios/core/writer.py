@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
 
-from helios.contract import core_pb2
+from helios.contract import PreparedContract, core_pb2
 from helios.core.aead import check_aead_key
 from helios.core.body import SignedContent
 from helios.core.catalogs import RebuildManifest, WeightCatalog
@@ -102,8 +102,6 @@ class CoreWriter:
 
     def set_contract(self, contract, manifest: bytes | None = None) -> None:
         """A PreparedContract, or the encoded ServingContract and ExecutionManifest bytes."""
-        from helios.contract import PreparedContract
-
         if manifest is None:
             contract_bytes, manifest_bytes = contract.encode()
         else:
