@@ -18,7 +18,7 @@ name, a named tool recipient exactly its own.
 from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
-from helios.frontend.parsers.grammar import ToolGrammar
+from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.syntax import ElementToolSyntax
 
 

@@ -15,7 +15,7 @@ One block holds one or more invocations (parallel calls). The ``string`` flag ty
 from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
-from helios.frontend.parsers.grammar import ToolGrammar
+from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.syntax import ElementToolSyntax
 
 

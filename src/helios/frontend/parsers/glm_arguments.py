@@ -13,7 +13,7 @@ are consecutive blocks. Values are typed by the request's JSON schema. Recovery 
 from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
-from helios.frontend.parsers.grammar import ToolGrammar
+from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.syntax import GlmArgumentSyntax
 
 

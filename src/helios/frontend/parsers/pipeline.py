@@ -25,7 +25,7 @@ from helios.frontend.parsers.glm_arguments import glm_arguments_grammar
 from helios.frontend.parsers.qwen_coder import qwen_coder_grammar
 from helios.frontend.parsers.recipient_frames import RecipientFrameParser
 from helios.frontend.parsers.start import AnswerMode, OutputStart
-from helios.frontend.parsers.grammar import NameRule, ToolGrammar
+from helios.frontend.parsers.tool_grammar import NameRule, ToolGrammar
 from helios.frontend.parsers.tag_tools import TagToolParser
 from helios.frontend.parsers.think_tags import ThinkTagParser
 from helios.frontend.parsers.values import ToolRegistry

@@ -16,7 +16,7 @@ values are typed by the request's JSON schema for the parameter. Recovery rules:
 from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
-from helios.frontend.parsers.grammar import ToolGrammar
+from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.syntax import QwenCoderSyntax
 
 

@@ -29,7 +29,7 @@ from helios.frontend.parsers.atem import atem_grammar
 from helios.frontend.parsers.calls import CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters, split_feed
 from helios.frontend.parsers.start import FramePosition, FrameStart
-from helios.frontend.parsers.grammar import NameRule, StrayText
+from helios.frontend.parsers.tool_grammar import NameRule, StrayText
 from helios.frontend.parsers.tag_tools import TagToolParser
 from helios.frontend.parsers.values import ToolRegistry
 from helios.frontend.syntax import RecipientSyntax

@@ -31,7 +31,7 @@ import enum
 
 from helios.frontend.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallStart
 from helios.frontend.parsers.calls import CallIds, OpenCall, ValueMode
-from helios.frontend.parsers.grammar import NameRule, StrayText, ToolGrammar
+from helios.frontend.parsers.tool_grammar import NameRule, StrayText, ToolGrammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagSet
 from helios.frontend.parsers.start import AnswerMode
 from helios.frontend.parsers.text import held_tail_len, strip_tail_len

@@ -28,7 +28,7 @@ from helios.frontend.parsers.calls import ValueFormat
 from helios.frontend.parsers.delimiters import TokenDelimiters
 from helios.frontend.parsers.scan import TagForm
 from helios.frontend.parsers.start import ReasoningState
-from helios.frontend.parsers.grammar import ToolGrammar
+from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.parsers.think_tags import ThinkTagParser
 from helios.frontend.syntax import ElementToolSyntax, ThinkSyntax
 
