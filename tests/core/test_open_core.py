@@ -199,3 +199,19 @@ def test_signed_dangling_reference_fails_at_open(tmp_path, key):
     with pytest.raises(ContractError) as caught:
         open_core(path, accept=NAMESPACE, trusted_keys=[key.public])
     assert caught.value.path.startswith("manifest.buffers[")
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 7])
+def test_unknown_protected_index_versions_are_rejected(tmp_path, key, version):
+    from helios.core.envelope import seal
+    from helios.core.errors import UnknownFormatError
+
+    path = tmp_path / "v6.core"
+    build_core(path, [key], core_format=CoreFormat.LOGICAL_V6)
+    _, body = read_body(path)
+    index = core_pb2.ModelIndex.FromString(body.envelope.payload)
+    index.index.version = version
+    body.envelope.CopyFrom(seal(1, index.SerializeToString(deterministic=True), [key]))
+    write_body(path, body)
+    with pytest.raises(UnknownFormatError):
+        open_core(path, accept=NAMESPACE, trusted_keys=[key.public])

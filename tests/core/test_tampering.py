@@ -166,7 +166,8 @@ def rewrite(path, tmp_path, mutate):
     return target
 
 
-def test_crafted_body_extensions(base, key, tmp_path):
+def test_crafted_body_extensions_and_truncations(base, key, tmp_path):
+    """Parts of the body lengthened or shortened with the protobuf framing kept consistent."""
     _, path = base
 
     def extra_signature(body):
@@ -176,14 +177,35 @@ def test_crafted_body_extensions(base, key, tmp_path):
     def longer_payload(body):
         body.envelope.payload += b"\x00"
 
+    def shorter_payload(body):
+        body.envelope.payload = body.envelope.payload[:-1]
+
+    def shorter_signature(body):
+        body.envelope.signatures[0].signature = body.envelope.signatures[0].signature[:-1]
+
+    def shorter_public_key(body):
+        body.envelope.signatures[0].public_key = body.envelope.signatures[0].public_key[:-1]
+
+    def no_signatures(body):
+        del body.envelope.signatures[:]
+
     def extra_location(body):
         body.locations.locations.add(resource_id="ghost", offset=0)
+
+    def dropped_location(body):
+        del body.locations.locations[-1]
 
     def unknown_field(body):
         body.locations.locations[0].MergeFromString(b"\xa0\x06\x01")
 
+    def future_format(body):
+        body.format_version = 3
+
     cases = [(extra_signature, BadSignatureError), (longer_payload, BadSignatureError),
-             (extra_location, LocationError), (unknown_field, MalformedCoreError)]
+             (shorter_payload, BadSignatureError), (shorter_signature, BadSignatureError),
+             (shorter_public_key, BadSignatureError), (no_signatures, UnsignedCoreError),
+             (extra_location, LocationError), (dropped_location, LocationError),
+             (unknown_field, MalformedCoreError), (future_format, UnknownFormatError)]
     problems = [expect_rejected(lambda: verify(rewrite(path, tmp_path, m), [key.public]), (e,),
                                 m.__name__) for m, e in cases]
     assert [p for p in problems if p] == []
