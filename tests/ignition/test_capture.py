@@ -1,0 +1,134 @@
+"""Captured programs: the calling convention, what the saved bytes hold, the ABI ops they declare,
+and proof that a decode step writes caches and state in place without copying them."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from helios.abi.registry import serialized_program_ops, validate_program_ops, validate_serialized_ops
+from helios.ignition.architecture import CheckpointError
+from helios.ignition.program_spec import Access, Capacity, InputRole, Operation, program_spec
+
+from .driver import PagedModel, RowWork, Sequence
+from .hf_checkpoints import QWEN2
+
+STATE = ("weights", "k_cache", "v_cache", "prompt_counts", "output_counts")
+STEP = ("token_ids", "positions", "query_start", "page_table", "request_slots", "sample_rows", "seeds",
+        "counters", "temperature", "top_k", "top_p", "min_p", "penalties", "grammar_mask", "mask_rows")
+ABI_OPS = {"helios::cache_write", "helios::paged_attention", "helios::sample"}
+
+
+@pytest.fixture(scope="module")
+def prepared(prepare):
+    return prepare(QWEN2)  # q/k/v bias, tied embeddings, one sliding-window layer
+
+
+def exported(captured) -> torch.export.ExportedProgram:
+    return torch.export.load(io.BytesIO(captured.program))
+
+
+def test_inputs_and_outputs_follow_the_calling_convention(prepared):
+    arch = prepared.recipe.architecture
+    for operation, captured in prepared.captured.items():
+        spec = captured.spec
+        scored = operation is Operation.SCORED_PREFILL
+        assert spec.input_names == STATE + STEP + (("target_ids",) if scored else ())
+        assert spec.output_names == ("sampled_ids", "logits") + (("target_logprobs",) if scored else ())
+        inputs = {s.name: s for s in spec.inputs}
+        assert inputs["k_cache"].shape == (arch.num_layers, "pages", 4, arch.num_kv_heads, arch.head_dim)
+        assert (inputs["k_cache"].role, inputs["k_cache"].access) == (InputRole.CACHE_STORAGE, Access.READ_WRITE)
+        assert (inputs["output_counts"].role, inputs["output_counts"].access) == \
+            (InputRole.PERSISTENT_STATE, Access.READ_WRITE)
+        assert inputs["prompt_counts"].access is Access.READ
+        assert inputs["page_table"].shape == (spec.capacity.batch_capacity, "max_pages")
+        assert inputs["grammar_mask"].shape == (spec.capacity.batch_capacity, 4)
+        assert all(inputs[name].role is InputRole.STEP_INPUT for name in STEP)
+        assert [slot.name for slot in spec.weights] == [w.name for w in prepared.recipe.weights]
+
+
+def test_decode_variants_need_one_token_per_row(prepared):
+    arch = prepared.recipe.architecture
+    with pytest.raises(CheckpointError, match="T == R"):
+        program_spec(arch, Operation.DECODE, Capacity(2, 4), 4)
+    with pytest.raises(CheckpointError, match="batch_capacity"):
+        Capacity(4, 2)
+
+
+def test_saved_programs_hold_no_weights_and_no_example_inputs(prepared):
+    for captured in prepared.captured.values():
+        program = exported(captured)
+        assert program.example_inputs is None
+        assert not program.state_dict
+        assert sum(t.numel() for t in program.constants.values() if isinstance(t, torch.Tensor)) == 0
+        kinds = {spec.kind for spec in program.graph_signature.input_specs}
+        assert kinds == {torch.export.graph_signature.InputKind.USER_INPUT}
+
+
+def test_programs_declare_the_abi_ops_they_call(prepared):
+    for captured in prepared.captured.values():
+        declared = dict(captured.spec.abi_ops)
+        assert set(declared) == ABI_OPS
+        assert serialized_program_ops(captured.program) == ABI_OPS
+        validate_serialized_ops(captured.program, declared)
+        validate_program_ops(exported(captured), declared)
+
+
+def test_decode_graph_only_touches_caches_through_views_and_abi_ops(prepared):
+    program = exported(prepared.captured[Operation.DECODE])
+    signature = program.graph_signature
+    assert not signature.user_inputs_to_mutate and not signature.buffers_to_mutate  # no write-back copies
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    for name in ("k_cache", "v_cache"):
+        planes = list(placeholders[name].users)
+        assert planes and {str(node.target) for node in planes} == {"aten.select.int"}
+        consumers = {str(user.target) for plane in planes for user in plane.users}
+        assert consumers == {"helios.cache_write.default", "helios.paged_attention.default"}
+    state_users = {str(node.target) for node in placeholders["output_counts"].users}
+    assert state_users == {"aten.index.Tensor", "aten.index_put_.default"}  # row gather, in-place count
+
+
+class _AllocationLog(TorchDispatchMode):
+    """Records every op and the size of every output that does not alias an input's storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+        self.new_bytes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        self.ops.append(str(func))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
+                self.new_bytes.append(tensor.untyped_storage().nbytes())
+        return out
+
+
+def test_decode_step_writes_cache_and_counts_in_place_without_copies(prepared):
+    model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
+    sequence = Sequence(2, [5, 9, 11, 3, 7, 1])
+    model.admit(sequence, 6)
+    model.run(Operation.PREFILL, [RowWork(sequence, tuple(sequence.token_ids), 0, sample=False)])
+    pointers = {name: tensor.data_ptr() for name, tensor in model.state.items()}
+    before = {name: tensor.clone() for name, tensor in model.state.items()}
+    log = _AllocationLog()
+    with log:
+        outputs = model.run(Operation.DECODE, [RowWork(sequence, (4,), 6, sample=True)])
+    token = outputs["sampled_ids"][0].item()
+    assert "helios.cache_write.default" in log.ops and "aten.index_put_.default" in log.ops
+    plane_bytes = model.state["k_cache"][0].nbytes
+    assert max(log.new_bytes) < plane_bytes // 8  # nothing near the size of one cache plane
+    assert {name: tensor.data_ptr() for name, tensor in model.state.items()} == pointers
+    page, offset = sequence.pages[6 // 4], 6 % 4
+    for name in ("k_cache", "v_cache"):
+        changed = (model.state[name] != before[name]).any(dim=(3, 4))  # [layers, pages, page_tokens]
+        assert changed.nonzero().tolist() == [[layer, page, offset] for layer in range(2)]
+    counts = model.state["output_counts"] - before["output_counts"]
+    assert counts.nonzero().tolist() == [[2, token]] and counts[2, token] == 1
+    assert torch.equal(model.state["prompt_counts"], before["prompt_counts"])
