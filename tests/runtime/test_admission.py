@@ -94,3 +94,13 @@ def test_rejection_never_disturbs_other_requests():
     assert scheduler.view("a") == before
     outcomes = driver.run()
     assert {name: o.num_finishes for name, o in outcomes.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+
+def test_rejected_requests_get_a_distinct_terminal_event():
+    from helios.runtime.events import FinishReason, rejected
+    scheduler, _ = make()
+    try:
+        scheduler.submit(spec("a", [], 1))
+    except AdmissionRejected as error:
+        event = rejected("a", 0, str(error))
+    assert event.reason == FinishReason.REJECTED and event.num_output_tokens == 0 and "empty" in event.message

@@ -8,7 +8,6 @@ import pytest
 
 from helios.errors import AdmissionRejected
 from helios.runtime.events import FinishReason
-from helios.runtime.plan import RowResult
 from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 
 from .fake_model import reference
@@ -45,75 +44,91 @@ def random_request(rng: random.Random, index: int, shared: list[list[int]], turn
     return spec(f"q{index}", prompt, max_output, **options)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"seed{c['seed']}")
-def test_soak(config):
-    rng = random.Random(config["seed"])
-    stateful = config["options"].get("stateful", False)
-    scheduler, driver = make(config["policy"], queue=40, **config["options"])
-    shared = [[rng.randrange(1, 97) for _ in range(24)] for _ in range(4)]
-    specs, rejected, rejection_kinds = {}, set(), set()
-    barrier_violations = []
+class Soak:
+    """Random arrivals, cancellations, host stops, failed executions and corrupt records."""
 
-    turns: list[list[int]] = []
+    def __init__(self, config, num_requests: int = 300):
+        self.rng = random.Random(config["seed"])
+        self.stateful = config["options"].get("stateful", False)
+        self.scheduler, self.driver = make(config["policy"], queue=40, **config["options"])
+        self.driver.fail_next = lambda plan: bool(plan.rows) and self.rng.random() < 0.004
+        self.num_requests = num_requests
+        self.shared = [[self.rng.randrange(1, 97) for _ in range(24)] for _ in range(4)]
+        self.turns: list[list[int]] = []
+        self.specs, self.rejected, self.rejection_kinds = {}, set(), set()
+        self.barrier_violations: list[int] = []
 
-    def on_events(events):
+    def run(self) -> None:
+        rng, driver, scheduler = self.rng, self.driver, self.scheduler
+        while True:
+            if len(self.specs) < self.num_requests and rng.random() < 0.08:
+                self.arrive()
+            if rng.random() < 0.04 and driver.outcomes:
+                driver.cancel(rng.choice(list(driver.outcomes)))
+            feedback = any(r.spec.needs_feedback for r in scheduler.queues.running)
+            inflight = scheduler.num_inflight
+            if not driver.step(self.on_events) and len(self.specs) >= self.num_requests:
+                break
+            if feedback and scheduler.num_inflight == 2 and inflight == 1:
+                self.barrier_violations.append(driver.plans[-1].sequence)
+            if rng.random() < 0.005 and driver.inflight:
+                corrupt_oldest(driver, rng)
+        driver.run(self.on_events)
+
+    def arrive(self) -> None:
+        item = random_request(self.rng, len(self.specs), self.shared, self.turns)
+        self.specs[item.request_id] = item
+        try:
+            self.driver.submit(item)
+        except AdmissionRejected as error:
+            self.rejected.add(item.request_id)
+            self.rejection_kinds.add(type(error).__name__)
+
+    def on_events(self, events) -> None:
+        """The frontend's part: resolve host stops; remember finished turns to continue."""
         for event in events:
-            item = specs[event.request_id]
-            outcome = driver.outcomes[event.request_id]
+            item = self.specs[event.request_id]
+            outcome = self.driver.outcomes[event.request_id]
             if outcome.finish is not None and outcome.finish.reason == FinishReason.LENGTH:
-                turns.append(list(item.prompt_ids) + outcome.tokens)
+                self.turns.append(list(item.prompt_ids) + outcome.tokens)
             stops = {seq[0] for seq in item.stop_token_sequences}
             if outcome.finish is None and stops & set(outcome.tokens):
-                driver.stop(event.request_id)
+                self.driver.stop(event.request_id)
 
-    driver.fail_next = lambda plan: bool(plan.rows) and rng.random() < 0.004
-    submitted = 0
-    for _ in range(20_000):
-        if submitted < 300 and rng.random() < 0.08:
-            item = random_request(rng, submitted, shared, turns)
-            submitted += 1
-            specs[item.request_id] = item
-            try:
-                driver.submit(item)
-            except AdmissionRejected as error:
-                rejected.add(item.request_id)
-                rejection_kinds.add(type(error).__name__)
-        if rng.random() < 0.04 and driver.outcomes:
-            driver.cancel(rng.choice(list(driver.outcomes)))
-        feedback = any(r.spec.needs_feedback for r in scheduler.queues.running)
-        inflight = scheduler.num_inflight
-        if not driver.step(on_events) and submitted >= 300:
-            break
-        if feedback and scheduler.num_inflight == 2 and inflight == 1:
-            barrier_violations.append(driver.plans[-1].sequence)
-        if rng.random() < 0.005 and driver.inflight:
-            corrupt_oldest(driver, rng)
-    driver.run(on_events)
+    def check_outcomes(self) -> dict[FinishReason, int]:
+        """Exactly one terminal event each; natural ends match the reference, others a prefix."""
+        reasons = {reason: 0 for reason in FinishReason}
+        for request_id, item in self.specs.items():
+            outcome = self.driver.outcomes.get(request_id)
+            if request_id in self.rejected:
+                assert outcome is None or outcome.num_finishes == 0
+                continue
+            assert outcome.num_finishes == 1, request_id
+            reasons[outcome.finish.reason] += 1
+            expected = reference(item.prompt_ids, item.max_output_tokens, item.eos_ids, self.stateful)
+            if outcome.finish.reason in (FinishReason.EOS, FinishReason.LENGTH):
+                assert outcome.tokens == expected, request_id
+            else:
+                assert outcome.tokens == expected[: len(outcome.tokens)], request_id
+            assert all((e.observed_ns is not None) == item.observe for e in outcome.token_events)
+        return reasons
 
-    assert not barrier_violations
-    assert submitted == 300 and 0 < len(rejected) < 60, rejection_kinds
-    assert "ContextExceeded" in rejection_kinds
-    reasons = {reason: 0 for reason in FinishReason}
-    for request_id, item in specs.items():
-        outcome = driver.outcomes.get(request_id)
-        if request_id in rejected:
-            assert outcome is None or outcome.num_finishes == 0
-            continue
-        assert outcome.num_finishes == 1, request_id
-        reasons[outcome.finish.reason] += 1
-        expected = reference(item.prompt_ids, item.max_output_tokens, item.eos_ids, stateful)
-        if outcome.finish.reason in (FinishReason.EOS, FinishReason.LENGTH):
-            assert outcome.tokens == expected, request_id
-        else:
-            assert outcome.tokens == expected[: len(outcome.tokens)], request_id
-        assert all((e.observed_ns is not None) == item.observe for e in outcome.token_events)
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"seed{c['seed']}")
+def test_soak(config):
+    soak = Soak(config)
+    soak.run()
+    assert not soak.barrier_violations
+    assert 0 < len(soak.rejected) < 60, soak.rejection_kinds
+    assert "ContextExceeded" in soak.rejection_kinds
+    reasons = soak.check_outcomes()
     for reason in (FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.ERROR, FinishReason.STOP):
         assert reasons[reason] > 0, reason
-    counters = scheduler.counters()
+    counters = soak.scheduler.counters()
     assert counters.preemptions > 0 and counters.constrained_max_inflight == 1
     assert counters.prefix_reused_tokens > 0 and counters.snapshots_published > 0
-    assert_all_released(scheduler)
-    scheduler.check_invariants()
+    assert_all_released(soak.scheduler)
+    soak.scheduler.check_invariants()
 
 
 def corrupt_oldest(driver, rng):

@@ -120,7 +120,7 @@ class StorageLayout:
         """
         return all(region.kind in PAGED_KINDS for region in self.regions)
 
-    @property
+    @cached_property
     def lookahead_pages(self) -> int:
         return max((view.page_offset for view in self.views), default=0)
 

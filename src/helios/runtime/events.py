@@ -40,3 +40,8 @@ class FinishEvent(NamedTuple):
 
 
 RequestEvent = Union[TokenEvent, FinishEvent]
+
+
+def rejected(request_id: str, num_prompt_tokens: int, message: str) -> FinishEvent:
+    """The terminal event an engine emits for a request whose `submit` raised `AdmissionRejected`."""
+    return FinishEvent(request_id, FinishReason.REJECTED, num_prompt_tokens, 0, 0, message)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from helios.runtime.events import FinishReason
@@ -48,11 +49,11 @@ class RequestSpec:
     score_prompt: bool = False
     cache_salt: bytes = b""
 
-    @property
+    @cached_property
     def has_host_stops(self) -> bool:
         return bool(self.stop_strings or self.stop_token_sequences)
 
-    @property
+    @cached_property
     def needs_feedback(self) -> bool:
         """Each round waits for the host to see the previous one (grammar, host stops)."""
         return self.constrained or self.has_host_stops
@@ -88,18 +89,16 @@ class RequestState:
     num_reused_tokens: int = -1  # -1 until first admission
     num_preemptions: int = 0
     released: bool = False
+    request_id: str = ""
+    num_prompt_tokens: int = 0
 
-    @property
-    def request_id(self) -> str:
-        return self.spec.request_id
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.spec.prompt_ids)
+    def __post_init__(self) -> None:
+        self.request_id = self.spec.request_id
+        self.num_prompt_tokens = len(self.spec.prompt_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.spec.prompt_ids)
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def frontier(self) -> int:
@@ -123,7 +122,7 @@ class RequestState:
     def view(self) -> RequestView:
         return RequestView(
             self.request_id, self.status, self.finish_reason, self.num_prompt_tokens,
-            tuple(self.token_ids[len(self.spec.prompt_ids):]), self.num_computed_tokens,
+            tuple(self.token_ids[self.num_prompt_tokens:]), self.num_computed_tokens,
             max(self.num_reused_tokens, 0), self.num_preemptions, self.slot)
 
 

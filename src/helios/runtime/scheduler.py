@@ -225,6 +225,15 @@ class Scheduler:
     def _accept(req: RequestState, token_ids: tuple[int, ...], observed: int | None,
                 events: list[RequestEvent]) -> FinishReason | None:
         """Append emitted tokens up to the first EOS or the output limit; the reason it ends."""
+        if len(token_ids) == 1:  # the common case, kept cheap
+            token = token_ids[0]
+            req.token_ids.append(token)
+            events.append(TokenEvent(req.request_id, token_ids, observed))
+            if token in req.spec.eos_ids:
+                return FinishReason.EOS
+            if len(req.token_ids) - req.num_prompt_tokens >= req.spec.max_output_tokens:
+                return FinishReason.LENGTH
+            return None
         reason = None
         count = 0
         for token in token_ids:

@@ -35,6 +35,16 @@ from helios.runtime.snapshots import FenceKind, Residence
 
 DECODING_OPS = (Operation.DECODE, Operation.MIXED, Operation.SPECULATIVE)
 
+# Lane kinds, from a running request's counters.
+IDLE, DECODE, PROMPT, SCORING = 0, 1, 2, 3  # nothing ahead / pending token only / prompt / scored prompt
+_TAKES = {
+    Operation.DECODE: frozenset({DECODE}),
+    Operation.SPECULATIVE: frozenset({DECODE}),
+    Operation.MIXED: frozenset({DECODE, PROMPT}),
+    Operation.PREFILL: frozenset({PROMPT}),
+    Operation.SCORED_PREFILL: frozenset({SCORING}),
+}
+
 
 @dataclass
 class Draft:
@@ -78,11 +88,12 @@ class StepBuilder:
         draft = Draft(Operation.UNSPECIFIED)
         draft.add_work(pending)
         self._offload_published(draft)
-        operation = self._choose_operation()
+        lanes = self._classify()
+        operation = self._choose_operation(lanes)
         if operation is not None:
-            self._fill(draft, operation)
-            if not draft.rows and operation not in DECODING_OPS and self._has_decode_ready():
-                self._fill(draft, self._decode_operation())
+            self._fill(draft, operation, lanes)
+            if not draft.rows and operation not in DECODING_OPS and any(k == DECODE for _, _, k in lanes):
+                self._fill(draft, self._decode_operation(), self._classify())
         if not draft.rows:
             draft.operation = Operation.UNSPECIFIED
             return draft if draft.copies else None
@@ -90,14 +101,23 @@ class StepBuilder:
         self.last_operation = draft.operation
         return draft
 
-    def _choose_operation(self) -> Operation | None:
-        decode = self._has_decode_ready()
-        scoring = prompt = False
+    def _classify(self) -> list[tuple[RequestState, int, int]]:
+        """(request, tokens ahead, lane kind) for each running request, in scheduling order."""
+        lanes = []
         for req in self.queues.running:
-            if is_scoring(req):
-                scoring = scoring or req.num_tokens_ahead > 0
-            elif req.num_tokens_ahead > 1:
-                prompt = True
+            ahead = req.num_tokens_ahead
+            if ahead <= 0:
+                kind = IDLE
+            elif req.spec.score_prompt and is_scoring(req):
+                kind = SCORING
+            else:
+                kind = DECODE if ahead == 1 else PROMPT
+            lanes.append((req, ahead, kind))
+        return lanes
+
+    def _choose_operation(self, lanes: list[tuple[RequestState, int, int]]) -> Operation | None:
+        kinds = {kind for _, _, kind in lanes}
+        decode, prompt, scoring = DECODE in kinds, PROMPT in kinds, SCORING in kinds
         if self.queues.waiting and self.slots.num_free:
             head = self.queues.waiting[0]
             scoring, prompt = scoring or is_scoring(head), prompt or not is_scoring(head)
@@ -113,9 +133,6 @@ class StepBuilder:
             return self._decode_operation()
         return None
 
-    def _has_decode_ready(self) -> bool:
-        return any(req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running)
-
     def _decode_operation(self) -> Operation:
         if self.policy.speculative and self.caps.has(Operation.SPECULATIVE):
             return Operation.SPECULATIVE
@@ -124,54 +141,44 @@ class StepBuilder:
     def _prefill_operation(self) -> Operation:
         return Operation.PREFILL if self.caps.has(Operation.PREFILL) else Operation.MIXED
 
-    def _fill(self, draft: Draft, operation: Operation) -> None:
+    def _fill(self, draft: Draft, operation: Operation, lanes: list[tuple[RequestState, int, int]]) -> None:
         draft.operation = operation
         max_rows, max_tokens = self.caps.limits(operation)
         if operation not in (Operation.DECODE, Operation.SPECULATIVE):
             max_tokens = min(max_tokens, self.caps.prefill_tokens)
-        decoders = [r for r in self.queues.running if r.num_tokens_ahead == 1 and not is_scoring(r)]
+        takes = _TAKES[operation]
+        num_decoders = sum(kind == DECODE for _, _, kind in lanes) if DECODE in takes else 0
         lane_limit = 1
         if operation == Operation.SPECULATIVE:
-            lanes = min(len(decoders), max_rows)
-            draft.variant = self.caps.select(operation, lanes, lanes)
+            count = min(num_decoders, max_rows)
+            draft.variant = self.caps.select(operation, count, count)
             require(draft.variant is not None, "no speculative program holds the decode cohort")
             lane_limit = draft.variant.lane_limit
             if draft.variant.length_source == LengthSource.PREFIX_LIMIT:
-                max_tokens = lanes * lane_limit
-        num_decoders = len(decoders) if operation in DECODING_OPS else 0
-        for req in list(self.queues.running):
+                max_tokens = count * lane_limit
+        for req, ahead, kind in lanes:
             if len(draft.rows) >= max_rows:
                 break
-            if req.status != RequestStatus.RUNNING or req.request_id in draft.scheduled:
+            if kind not in takes or req.status != RequestStatus.RUNNING:
                 continue
-            ahead = req.num_tokens_ahead
-            decoding = ahead == 1 and not is_scoring(req)
-            num_decoders -= decoding and operation in DECODING_OPS
+            if kind == DECODE:
+                num_decoders -= 1
+                want = min(1 if req.spec.needs_feedback else lane_limit, req.num_output_budget)
+            else:
+                want = ahead
             room = max_tokens - draft.num_tokens - num_decoders
-            want = self._want(req, operation, decoding, lane_limit)
-            if want > 0 and room > 0:
+            if room > 0:
                 self._schedule_lane(draft, req, min(want, room))
         if operation in (Operation.PREFILL, Operation.MIXED, Operation.SCORED_PREFILL) and not draft.preempted:
             self._admit(draft, max_rows, max_tokens)
 
-    def _want(self, req: RequestState, operation: Operation, decoding: bool, lane_limit: int) -> int:
-        """Tokens this lane would take in `operation` (0: not in this program)."""
-        if decoding:
-            if operation == Operation.SPECULATIVE:
-                width = 1 if req.spec.needs_feedback else lane_limit
-                return min(width, req.num_output_budget)
-            return 1 if operation in DECODING_OPS else 0
-        scoring = is_scoring(req)
-        if scoring != (operation == Operation.SCORED_PREFILL):
-            return 0
-        return req.num_tokens_ahead if operation != Operation.DECODE and operation != Operation.SPECULATIVE else 0
-
     def _schedule_lane(self, draft: Draft, req: RequestState, tokens: int) -> None:
-        speculative = draft.operation == Operation.SPECULATIVE
-        if speculative and tokens > 1 and self.cache.grow(req, req.frontier + tokens) is None:
-            tokens = 1
-        if self._reserve(draft, req, req.frontier + tokens):
-            self._add_row(draft, req, tokens)
+        if self.cache.grow(req, req.frontier + tokens) is None:
+            if draft.operation == Operation.SPECULATIVE:
+                tokens = 1  # a narrower lane before anyone is preempted for it
+            if not self._reserve(draft, req, req.frontier + tokens):
+                return
+        self._add_row(draft, req, tokens)
 
     def _admit(self, draft: Draft, max_rows: int, max_tokens: int) -> None:
         scored = draft.operation == Operation.SCORED_PREFILL
@@ -245,17 +252,19 @@ class StepBuilder:
     # -- rows ----------------------------------------------------------------------------------
 
     def _add_row(self, draft: Draft, req: RequestState, tokens: int) -> None:
-        start = req.frontier
+        start = req.num_computed_tokens + req.num_inflight_tokens
+        known = len(req.token_ids)
         speculative = draft.operation == Operation.SPECULATIVE
-        samples = tokens >= req.num_tokens_ahead
-        fed = req.token_ids[start:start + (1 if speculative else tokens)]
+        samples = start + tokens >= known + req.num_pending_samples
+        fed = tuple(req.token_ids[start:start + (1 if speculative else tokens)])
         first = req.num_uploaded_pages
-        new_pages = tuple(req.page_ids[first:])
-        req.num_uploaded_pages = len(req.page_ids)
-        sample_index = req.num_output_tokens + req.num_pending_samples
+        page_ids = req.page_ids
+        new_pages = tuple(page_ids[first:]) if first < len(page_ids) else ()
+        req.num_uploaded_pages = len(page_ids)
+        sample_index = known - req.num_prompt_tokens + req.num_pending_samples
         ceiling = (tokens if speculative else 1) if samples else 0
         draft.rows.append(PlanRow(
-            req.request_id, req.slot, req.generation, tuple(fed), False, start, tokens, first,
+            req.request_id, req.slot, req.generation, fed, False, start, tokens, first,
             new_pages, samples, sample_index, ceiling, first == 0, req.spec.constrained))
         req.num_inflight_tokens += tokens
         req.num_pending_samples += samples
@@ -288,13 +297,19 @@ class StepBuilder:
             return None
         if self.queues.waiting and self.slots.num_free:
             return None  # an admission would change phase: wait for feedback
-        cohort = [req for req in requests if req.status == RequestStatus.RUNNING]
-        if len(cohort) != len(self.queues.running):
+        cohort = []
+        num_running = 0
+        for req in requests:
+            if req.status != RequestStatus.RUNNING:
+                continue
+            num_running += 1
+            if req.spec.needs_feedback:
+                return None
+            if req.num_output_budget >= 1:
+                cohort.append(req)
+        if num_running != len(self.queues.running) or not cohort:
             return None
-        if any(req.spec.needs_feedback for req in cohort):
-            return None
-        cohort = [req for req in cohort if req.num_output_budget >= 1]
-        if not cohort or any(self.cache.grow(req, req.frontier + 1) is None for req in cohort):
+        if any(self.cache.grow(req, req.frontier + 1) is None for req in cohort):
             return None
         draft = Draft(Operation.DECODE)
         for req in cohort:
