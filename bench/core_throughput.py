@@ -173,8 +173,8 @@ def main() -> int:
     nbytes = int(args.gib * 2**30)
     facts = prepare(directory, nbytes)
     print(f"resource: {nbytes / 2**30:.2f} GiB decoded, {facts['stored'] / 2**30:.3f} GiB stored "
-          f"(ratio {nbytes / facts['stored']:.2f}); write+compress {facts['write_seconds']:.2f} s "
-          f"({nbytes / facts['write_seconds'] / 2**30:.2f} GiB/s)")
+          f"(ratio {nbytes / facts['stored']:.2f}); generate+compress+write "
+          f"{facts['write_seconds']:.2f} s")
     warm(directory / "bench.core")
     warm(directory / "frame.zst")
     helios = report("helios", measure("helios", directory, args.repeat))
