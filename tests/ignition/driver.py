@@ -43,14 +43,16 @@ class RowWork:
 class PagedModel:
     """Owns the cache storage and persistent state; calls loaded programs with packed inputs."""
 
-    def __init__(self, weights, programs, *, num_pages=160, max_pages=24, num_slots=6, seed=0):
-        self.weights = weights
+    def __init__(self, weights, programs, *, num_pages=160, max_pages=24, num_slots=6, seed=0, device="cpu"):
+        self.device = torch.device(device)
+        self.weights = [weight.to(self.device) for weight in weights]
         self.programs = programs  # {Operation: (ProgramSpec, module)}
         spec = next(iter(programs.values()))[0]
         self.page_tokens, self.max_pages = spec.page_tokens, max_pages
         state = {s.name: s for s in spec.inputs}
         self.state = {
-            name: torch.zeros(_shape(state[name], {"pages": num_pages, "slots": num_slots}), dtype=_dtype(state[name]))
+            name: torch.zeros(_shape(state[name], {"pages": num_pages, "slots": num_slots}), dtype=_dtype(state[name]),
+                              device=self.device)
             for name in ("k_cache", "v_cache", "prompt_counts", "output_counts")
         }
         self.operations_run: list[Operation] = []
@@ -89,12 +91,13 @@ class PagedModel:
         spec, module = self.programs[operation]
         for row in rows:
             self.ensure_pages(row.sequence, row.start + len(row.tokens))
-        values = pack_step(spec, rows, self.max_pages, self.vocab_size)
+        values = {name: value.to(self.device)
+                  for name, value in pack_step(spec, rows, self.max_pages, self.vocab_size).items()}
         args = [self.weights] + [self.state.get(s.name, values.get(s.name)) for s in spec.inputs[1:]]
         outputs = module(*args)
         for row in rows:
             row.sequence.num_cached = max(row.sequence.num_cached, row.start + len(row.tokens))
-        return dict(zip(spec.output_names, outputs))
+        return {name: output.cpu() for name, output in zip(spec.output_names, outputs)}
 
 
 def pack_step(spec: ProgramSpec, rows: list[RowWork], max_pages: int, vocab_size: int) -> dict[str, torch.Tensor]:

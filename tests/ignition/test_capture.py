@@ -132,3 +132,15 @@ def test_decode_step_writes_cache_and_counts_in_place_without_copies(prepared):
     counts = model.state["output_counts"] - before["output_counts"]
     assert counts.nonzero().tolist() == [[2, token]] and counts[2, token] == 1
     assert torch.equal(model.state["prompt_counts"], before["prompt_counts"])
+
+
+def test_symbolic_dims_take_any_extent_after_capture(prepared):
+    results = []
+    for pages, max_pages, slots in ((1, 1, 1), (300, 40, 9)):
+        model = PagedModel(prepared.recipe.weight_tensors, prepared.programs,
+                           num_pages=pages, max_pages=max_pages, num_slots=slots)
+        sequence = Sequence(0, [3, 1, 4])
+        model.admit(sequence, 3)
+        outputs = model.run(Operation.PREFILL, [RowWork(sequence, (3, 1, 4), 0, sample=True)])
+        results.append(outputs["logits"])
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)

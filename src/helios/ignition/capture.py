@@ -30,7 +30,7 @@ _TORCH_DTYPES = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
     "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
 }
-# Example extents of the symbolic dims (>= 2, so tracing does not specialise them to 0 or 1).
+# Example extents of the symbolic dims (>= 2, so tracing does not specialise them; any extent >= 1 runs).
 _EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "max_pages": 2}
 
 
@@ -78,7 +78,7 @@ def load_program(program: bytes) -> torch.nn.Module:
 
 def _example_inputs(spec: ProgramSpec):
     """Uninitialised example tensors for `spec` and the torch.export dynamic-shape description."""
-    dims = {name: Dim(name, min=2) for name in _EXAMPLE_EXTENTS}
+    dims = {name: Dim(name, min=1) for name in _EXAMPLE_EXTENTS}
     weights = [torch.empty(slot.shape, dtype=_TORCH_DTYPES[slot.dtype]) for slot in spec.weights]
     args, shapes = [weights], [[None] * len(weights)]
     for tensor_spec in spec.inputs[1:]:

@@ -29,7 +29,11 @@ class PackedStep(NamedTuple):
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
-    """Flat cache slot of every packed token through its row's page table; -1 for padding tokens."""
+    """Flat cache slot of every packed token through its row's page table; -1 for padding tokens.
+
+    A packed token's position must lie inside its row's page table (paged_attention rejects it
+    otherwise); the clamp only keeps padding tokens' lookups in range.
+    """
     num_tokens, num_rows = positions.shape[0], page_table.shape[0]
     token_index = torch.arange(num_tokens, device=positions.device, dtype=query_start.dtype)
     rows = torch.searchsorted(query_start[1:].contiguous(), token_index, right=True)
@@ -60,9 +64,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
-def attention_block(arch, w, prefix, layer, hidden, caches, step, rotary):
+class LayerInputs(NamedTuple):
+    """What every layer of one step shares: the packed geometry, the cache storage, rotary tables."""
+
+    step: PackedStep
+    k_cache: torch.Tensor  # [layers, pages, page_tokens, Hkv, D], written in place
+    v_cache: torch.Tensor
+    cos: torch.Tensor  # [T, 1, D]
+    sin: torch.Tensor
+
+
+def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs):
     """Self-attention of one layer; writes this step's keys/values into the layer's cache planes."""
-    num_tokens = hidden.shape[0]
+    prefix, num_tokens = f"layers.{layer}.", hidden.shape[0]
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
@@ -71,9 +85,8 @@ def attention_block(arch, w, prefix, layer, hidden, caches, step, rotary):
     if arch.qk_norm:
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    cos, sin = rotary
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    k_plane, v_plane = caches[0][layer], caches[1][layer]
+    q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
+    k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
     torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
     attended = torch.ops.helios.paged_attention(
         q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
@@ -91,11 +104,12 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
     hidden = F.embedding(step.token_ids, w["embed"])
-    rotary = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
         normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
-        hidden = hidden + attention_block(arch, w, prefix, layer, normed, (k_cache, v_cache), step, rotary)
+        hidden = hidden + attention_block(arch, w, layer, normed, shared)
         normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
         hidden = hidden + mlp_block(arch, w, prefix, normed)
     return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)

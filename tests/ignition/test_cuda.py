@@ -1,0 +1,31 @@
+"""Programs captured on the CPU run on a CUDA device once moved there (device machine only)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.export.passes import move_to_device_pass
+
+from helios.ignition.program_spec import Operation
+
+from .driver import PagedModel, Sequence, generate
+from .hf_checkpoints import MISTRAL
+from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_prompt
+
+
+@pytest.mark.gpu
+def test_moved_programs_generate_the_reference_tokens_on_cuda(prepare):
+    prepared = prepare(MISTRAL)
+    programs = {}
+    for operation, captured in prepared.captured.items():
+        program = move_to_device_pass(torch.export.load(io.BytesIO(captured.program)), "cuda")
+        programs[operation] = (captured.spec, program.module())
+    model = PagedModel(prepared.recipe.weight_tensors, programs, device="cuda")
+    prompts = [random_prompt(11, seed=9), random_prompt(6, seed=10)]
+    sequences = [Sequence(slot, list(prompt)) for slot, prompt in enumerate(prompts)]
+    generate(model, sequences, NEW_TOKENS, chunk=8, arrivals=[0, 2])
+    assert model.state["k_cache"].is_cuda and {Operation.MIXED, Operation.DECODE} <= set(model.operations_run)
+    for sequence, prompt in zip(sequences, prompts):
+        assert_matches_reference(prepared, sequence, prompt)
