@@ -7,6 +7,7 @@ import random
 import pytest
 
 from helios.errors import AdmissionRejected
+from helios.runtime.capacities import LengthSource
 from helios.runtime.events import FinishReason
 from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 
@@ -157,3 +158,32 @@ def test_soak_leaves_running_requests_intact_after_failures():
     # only c's two complete pages were published: the failed prefill of a and b published nothing
     assert scheduler.view("a") is None and scheduler.counters().pages_cached == 2
     assert_all_released(scheduler)
+
+
+def random_config(seed: int) -> dict:
+    """A small random geometry and policy (speculation only on paged layouts: the fake model's
+    speculative program keeps no recurrent state)."""
+    rng = random.Random(seed)
+    page_tokens = rng.choice([1, 2, 3, 4, 8])
+    options = dict(max_active=rng.choice([1, 2, 3, 4, 8]), page_tokens=page_tokens,
+                   num_pages=rng.randrange(3 * (60 // page_tokens), 8 * (60 // page_tokens) + 8),
+                   mixed=rng.random() < 0.6, rows=rng.choice([0, 1, 4]), host_slots=rng.choice([0, 4, 64]),
+                   stateful=rng.random() < 0.25, prefill_tokens=rng.choice([16, 32, 64]),
+                   context=rng.choice([128, 256]))
+    if rng.random() < 0.3 and not options["stateful"]:
+        options.update(speculative=(rng.randrange(0, 4), rng.randrange(1, 5)),
+                       length_source=rng.choice([LengthSource.QUERY_LENGTH, LengthSource.PREFIX_LIMIT]),
+                       draft_lag=rng.choice([None, 0, 1, 3]))
+    policy = SchedulerPolicy(preemption=rng.choice(list(PreemptionMode)), prefix_caching=rng.random() < 0.8,
+                             two_frames=rng.random() < 0.7, offload_watermark_pages=rng.choice([0, 0, 6]))
+    return dict(seed=seed, policy=policy, options=options)
+
+
+@pytest.mark.parametrize("seed", range(100, 108))
+def test_random_geometries_and_policies(seed):
+    soak = Soak(random_config(seed), num_requests=40)
+    soak.run()
+    assert not soak.barrier_violations
+    soak.check_outcomes()
+    assert_all_released(soak.scheduler)
+    soak.scheduler.check_invariants()
