@@ -1,0 +1,138 @@
+"""Preparation end to end: checkpoint -> captured programs -> contract -> signed core.
+
+`prepare_core` reads a Hugging Face checkpoint directory through its recipe, captures every
+(operation, capacity) program with torch.export, declares the serving contract and execution
+manifest, and writes one signed core through `CoreWriter`: per-rank weights as one safetensors
+resource, one resource per program, the tokenizer and the chat template. Progress goes to the
+`progress` callback, one line per stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from safetensors.torch import save as save_safetensors
+
+from helios.contract import serving_pb2 as spb
+from helios.core.keys import SigningKey
+from helios.core.records import ResourceKind
+from helios.core.writer import CoreWriter, WrittenCore
+from helios.ignition.architecture import CheckpointError
+from helios.ignition.capture import capture_program
+from helios.ignition.checkpoint_assets import read_assets
+from helios.ignition.preparation.contract import (
+    PagedTextDeclaration,
+    ProgramResource,
+    declare_paged_text,
+)
+from helios.ignition.program_spec import Capacity, Operation
+from helios.ignition.recipes import Recipe, load_checkpoint
+
+WEIGHTS_RESOURCE = "weights.rank0"
+TOKENIZER_RESOURCE = "tokenizer.json"
+TEMPLATE_RESOURCE = "chat_template.jinja"
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Which program variants to capture and the extents the contract declares."""
+
+    page_tokens: int = 16
+    context_tokens: int = 2048
+    prefill_tokens: int = 256
+    decode_batches: tuple[int, ...] = (1, 4, 16)
+    prefill_batches: tuple[int, ...] = (1,)
+    mixed: bool = True
+    scored_prefill: bool = False
+    page_capacity: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
+            raise CheckpointError("page_tokens, context_tokens and prefill_tokens must be positive")
+        if not self.decode_batches or min(self.decode_batches) <= 0:
+            raise CheckpointError("at least one positive decode batch capacity is required")
+
+    @property
+    def max_concurrency(self) -> int:
+        return max(self.decode_batches)
+
+    def variants(self) -> list[tuple[Operation, Capacity]]:
+        tokens = self.prefill_tokens
+        plan = [(Operation.DECODE, Capacity(rows, rows)) for rows in sorted(set(self.decode_batches))]
+        plan += [(Operation.PREFILL, Capacity(rows, max(tokens, rows))) for rows in sorted(set(self.prefill_batches))]
+        if self.mixed:
+            rows = self.max_concurrency
+            plan.append((Operation.MIXED, Capacity(rows, tokens + rows)))
+        if self.scored_prefill:
+            plan.append((Operation.SCORED_PREFILL, Capacity(1, tokens)))
+        return plan
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    namespace: str
+    served_id: str | None = None
+    aliases: tuple[str, ...] = ()
+    dtype: str | None = None
+    license: str = ""
+    capacities: CapacityPlan = field(default_factory=CapacityPlan)
+    sampling: spb.SamplingDefaults = field(
+        default_factory=lambda: spb.SamplingDefaults(seed_policy=spb.SEED_POLICY_RANDOM)
+    )
+
+
+def prepare_core(
+    checkpoint: Path, output: Path, key: SigningKey, options: PrepareOptions,
+    progress: Callable[[str], None] = lambda line: None,
+) -> WrittenCore:
+    """Writes the signed core for `checkpoint` to `output`; returns what was written."""
+    checkpoint = Path(checkpoint)
+    recipe = load_checkpoint(checkpoint, options.dtype)
+    arch = recipe.architecture
+    progress(f"recipe: {recipe.source_architecture}, {arch.num_layers} layers, vocab {arch.vocab_size}, {arch.dtype}")
+    assets = read_assets(checkpoint, arch.vocab_size)
+    plan = options.capacities
+    writer = CoreWriter()
+    programs = []
+    variants = plan.variants()
+    for number, (operation, capacity) in enumerate(variants, 1):
+        captured = capture_program(arch, operation, capacity, plan.page_tokens)
+        resource_id = f"program.{operation.value}.r{capacity.batch_capacity}t{capacity.packed_token_capacity}.rank0"
+        writer.add_resource(resource_id, ResourceKind.PROGRAM, captured.program, rank=0)
+        programs.append(ProgramResource(captured.spec, resource_id, 0))
+        progress(f"captured {operation.value} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
+                 f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(variants)}]")
+    weights = _weights_bytes(recipe)
+    writer.add_resource(WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, weights, rank=0)
+    writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
+    writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
+    declaration = _declaration(recipe, assets, options, weights)
+    prepared = declare_paged_text(declaration, programs, [WEIGHTS_RESOURCE])
+    writer.set_contract(prepared)
+    writer.set_publisher(options.namespace, license=options.license)
+    writer.add_signing_key(key)
+    progress(f"writing {output}")
+    return writer.write(output)
+
+
+def _weights_bytes(recipe: Recipe) -> bytes:
+    tensors = {f"w.{weight.name}": weight.tensor.contiguous() for weight in recipe.weights}
+    return save_safetensors(tensors)
+
+
+def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights: bytes) -> PagedTextDeclaration:
+    plan = options.capacities
+    pages_per_request = -(-plan.context_tokens // plan.page_tokens)
+    page_capacity = plan.page_capacity or pages_per_request * plan.max_concurrency
+    identity = hashlib.sha256(hashlib.sha256(weights).digest() + assets.digest.encode()).hexdigest()
+    served_id = options.served_id or options.namespace
+    return PagedTextDeclaration(
+        served_id=served_id, cache_identity=f"sha256:{identity}", vocab_size=recipe.architecture.vocab_size,
+        page_tokens=plan.page_tokens, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens,
+        max_concurrency=plan.max_concurrency, page_capacity=page_capacity, eos_token_ids=assets.eos_token_ids,
+        sampling=options.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
+        frontend=assets.frontend,
+    )

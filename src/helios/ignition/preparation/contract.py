@@ -1,0 +1,329 @@
+"""Reusable contract declarations: admission, sampling, state transfer and paged text.
+
+A recipe's captured programs follow the calling convention of `ProgramSpec`; this module declares,
+for every program input, where shared packing obtains its value (`ValueBinding`), which physical
+buffer backs it (`Buffer`), and which state it reads or writes (`StateView`/`StateAccess`). The
+result is a `ServingContract` plus `ExecutionManifest` that the generic runtime serves with no
+knowledge of the model. Input names here are the programs' own calling convention (defined in
+`helios.ignition.program_spec`), never model identities.
+
+Declarations, per input of the paged-text programs:
+
+* admission sampling: ``prompt_counts`` (PROMPT_HISTOGRAM, physical request row, written once at
+  admission), ``seeds`` (SEED_BITS), ``sampling_params`` (SAMPLING_PARAMETERS, FP32 columns in
+  `helios.abi.sampling` order), ``grammar_mask`` (GRAMMAR_MASK; padding -1 allows every token);
+* request identity and lane geometry: ``request_slots`` (SLOT), ``generations`` (GENERATION),
+  ``query_lens`` (QUERY_LENGTH), ``sample_rows`` (SAMPLING_DECISION);
+* tokens and positions: ``token_ids``/``positions`` (PROMPT_TOKENS/PROMPT_POSITIONS packed; DECODE
+  binds PENDING_TOKEN and CONSUMED_TOKEN_START per row instead), ``target_ids``
+  (SCORED_TARGET_TOKENS), ``counters`` (CONSUMED_TOKEN_END: the draw counter of a row is the
+  token endpoint it samples at, so draws depend on the request alone);
+* cache bindings: ``page_table`` (PAGE_TABLE, physical request row: only new entries are uploaded);
+* state transfer: ``output_counts`` (persistent state, read/write), the k/v planes (cache storage
+  of one paged key/value region).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from helios.contract import manifest_pb2 as mpb
+from helios.contract import serving_pb2 as spb
+from helios.contract.prepared import PreparedContract
+from helios.ignition.program_spec import InputRole, Operation, ProgramSpec, TensorSpec
+
+S, M = spb, mpb
+EXPORTED_CONTRACT_VERSION = 3
+MANIFEST_VERSION = 1
+COMPLETION_BUFFER = "completion"
+COMPLETION_FIELDS = 10  # int64 columns of helios.abi.completion.CompletionLayout
+
+_OPERATIONS = {
+    Operation.PREFILL: S.GRAPH_OPERATION_PREFILL,
+    Operation.DECODE: S.GRAPH_OPERATION_DECODE,
+    Operation.MIXED: S.GRAPH_OPERATION_MIXED,
+    Operation.SCORED_PREFILL: S.GRAPH_OPERATION_SCORED_PREFILL,
+}
+_DTYPES = {
+    "float32": M.DTYPE_FLOAT32, "bfloat16": M.DTYPE_BFLOAT16, "float16": M.DTYPE_FLOAT16,
+    "int64": M.DTYPE_INT64, "int32": M.DTYPE_INT32, "bool": M.DTYPE_BOOL, "uint8": M.DTYPE_UINT8,
+}
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
+_EXTENTS = {"pages": M.LOAD_EXTENT_PHYSICAL_PAGES, "slots": M.LOAD_EXTENT_STATE_ROWS}
+
+# (source, indexing, padding) of every bound step input; DECODE overrides the packed-token rows.
+_BINDINGS = {
+    "token_ids": (S.VALUE_SOURCE_PROMPT_TOKENS, S.INDEXING_PACKED_TOKEN, 0),
+    "positions": (S.VALUE_SOURCE_PROMPT_POSITIONS, S.INDEXING_PACKED_TOKEN, 0),
+    "target_ids": (S.VALUE_SOURCE_SCORED_TARGET_TOKENS, S.INDEXING_PACKED_TOKEN, -1),
+    "query_lens": (S.VALUE_SOURCE_QUERY_LENGTH, S.INDEXING_SUBMISSION_ROW, 0),
+    "page_table": (S.VALUE_SOURCE_PAGE_TABLE, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
+    "request_slots": (S.VALUE_SOURCE_SLOT, S.INDEXING_SUBMISSION_ROW, -1),
+    "generations": (S.VALUE_SOURCE_GENERATION, S.INDEXING_SUBMISSION_ROW, -1),
+    "sample_rows": (S.VALUE_SOURCE_SAMPLING_DECISION, S.INDEXING_SUBMISSION_ROW, 0),
+    "seeds": (S.VALUE_SOURCE_SEED_BITS, S.INDEXING_SUBMISSION_ROW, 0),
+    "counters": (S.VALUE_SOURCE_CONSUMED_TOKEN_END, S.INDEXING_SUBMISSION_ROW, 0),
+    "sampling_params": (S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.INDEXING_SUBMISSION_ROW, 0),
+    "grammar_mask": (S.VALUE_SOURCE_GRAMMAR_MASK, S.INDEXING_SUBMISSION_ROW, -1),
+    "prompt_counts": (S.VALUE_SOURCE_PROMPT_HISTOGRAM, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
+}
+_DECODE_BINDINGS = {
+    "token_ids": (S.VALUE_SOURCE_PENDING_TOKEN, S.INDEXING_SUBMISSION_ROW, 0),
+    "positions": (S.VALUE_SOURCE_CONSUMED_TOKEN_START, S.INDEXING_SUBMISSION_ROW, 0),
+}
+
+
+@dataclass(frozen=True)
+class FrontendDeclaration:
+    """Parser selectors and syntax data; `tool_syntax`/`reasoning_syntax` are None when unused."""
+
+    tool_parser: int = S.TOOL_PARSER_NONE
+    reasoning_parser: int = S.REASONING_PARSER_NONE
+    tool_syntax: spb.ToolSyntax | None = None
+    reasoning_syntax: spb.ReasoningSyntax | None = None
+    assistant_boundary: spb.AssistantBoundary | None = None
+
+
+@dataclass(frozen=True)
+class PagedTextDeclaration:
+    """Everything a paged-text model declares beyond its captured programs."""
+
+    served_id: str
+    cache_identity: str
+    vocab_size: int
+    page_tokens: int
+    context_tokens: int
+    prefill_tokens: int
+    max_concurrency: int
+    page_capacity: int
+    eos_token_ids: tuple[int, ...]
+    sampling: spb.SamplingDefaults
+    template_tokens: tuple[spb.TemplateToken, ...] = ()
+    aliases: tuple[str, ...] = ()
+    frontend: FrontendDeclaration = field(default_factory=FrontendDeclaration)
+    ranks: int = 1
+
+    @property
+    def max_pages_per_request(self) -> int:
+        return -(-self.context_tokens // self.page_tokens)
+
+
+@dataclass(frozen=True)
+class ProgramResource:
+    """A captured program of one rank and the core resource id that stores it."""
+
+    spec: ProgramSpec
+    resource_id: str
+    rank: int = 0
+
+
+def graph_name(operation: Operation) -> str:
+    return operation.value
+
+
+def declare_paged_text(
+    declaration: PagedTextDeclaration, programs: Sequence[ProgramResource], weights_resource: Sequence[str]
+) -> PreparedContract:
+    """The validated contract and manifest of `programs` (every operation's variants, every rank).
+
+    `weights_resource[rank]` is the resource id of that rank's weight file.
+    """
+    if not programs:
+        raise ValueError("at least one captured program is required")
+    first = programs[0].spec
+    manifest = M.ExecutionManifest(version=MANIFEST_VERSION, ranks=declaration.ranks)
+    manifest.buffers.extend(_buffers(declaration, programs, weights_resource))
+    manifest.destinations.extend(
+        M.TransportDestination(name=name, buffer=name) for name in sorted(_bound_inputs(programs))
+    )
+    manifest.completion.CopyFrom(_completion_layout())
+    graphs = []
+    for operation in _operations(programs):
+        variants = [p for p in programs if p.spec.operation is operation]
+        graphs.append(_graph(operation, variants, first))
+        manifest.execution_catalog.add(graph=graph_name(operation), operation=_OPERATIONS[operation])
+        for program in variants:
+            manifest.graph_handles.add(
+                graph=graph_name(operation), capacity=_capacity(program.spec),
+                resource_id=program.resource_id, rank=program.rank,
+                abi_operations=[name for name, _ in program.spec.abi_ops],
+            )
+    manifest.abi_operations.extend(
+        M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops(programs).items())
+    )
+    contract = _serving(declaration, graphs)
+    return PreparedContract.from_messages(contract, manifest)
+
+
+def _operations(programs: Iterable[ProgramResource]) -> list[Operation]:
+    seen: list[Operation] = []
+    for program in programs:
+        if program.spec.operation not in seen:
+            seen.append(program.spec.operation)
+    return seen
+
+
+def _abi_ops(programs: Sequence[ProgramResource]) -> dict[str, str]:
+    ops: dict[str, str] = {}
+    for program in programs:
+        for name, schema in program.spec.abi_ops:
+            if ops.setdefault(name, schema) != schema:
+                raise ValueError(f"programs were captured against two schemas of {name}")
+    return ops
+
+
+def _bound_inputs(programs: Sequence[ProgramResource]) -> set[str]:
+    return {spec.name for p in programs for spec in p.spec.inputs if spec.name in _BINDINGS}
+
+
+def _capacity(spec: ProgramSpec) -> spb.GraphCapacity:
+    rows, tokens = spec.capacity.batch_capacity, spec.capacity.packed_token_capacity
+    width = 1 if spec.operation is Operation.DECODE else tokens
+    return spb.GraphCapacity(batch_capacity=rows, token_capacity=width, packed_token_capacity=tokens)
+
+
+def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: ProgramSpec) -> spb.GraphContract:
+    graph = spb.GraphContract(name=graph_name(operation), operation=_OPERATIONS[operation], state_rows_per_request=1)
+    seen = set()
+    for program in variants:
+        if program.spec.capacity in seen:
+            continue
+        seen.add(program.spec.capacity)
+        graph.variants.append(_capacity(program.spec))
+    inputs = variants[0].spec.inputs
+    table = {**_BINDINGS, **(_DECODE_BINDINGS if operation is Operation.DECODE else {})}
+    for tensor in inputs:
+        if tensor.name in table:
+            source, indexing, padding = table[tensor.name]
+            graph.bindings.add(destination=tensor.name, source=source, indexing=indexing, padding=padding)
+        elif tensor.role is InputRole.PERSISTENT_STATE:
+            mode = S.ACCESS_MODE_READ_WRITE if tensor.access.value == "read_write" else S.ACCESS_MODE_READ
+            graph.state_accesses.add(view=tensor.name, mode=mode)
+    graph.resource_dependencies.extend(_weight_buffer(slot.name) for slot in spec.weights)
+    return graph
+
+
+def _weight_buffer(name: str) -> str:
+    return f"w.{name}"
+
+
+def _dims(shape: Sequence[int | str], declaration: PagedTextDeclaration, fixed: bool = False) -> list[mpb.Dim]:
+    """Manifest dims; `fixed` (INPUT buffers) sizes request-slot dims at the captured concurrency."""
+    dims = []
+    for dim in shape:
+        if dim == "max_pages":
+            dims.append(M.Dim(size=declaration.max_pages_per_request))
+        elif dim == "slots" and fixed:
+            dims.append(M.Dim(size=declaration.max_concurrency))
+        elif isinstance(dim, str):
+            dims.append(M.Dim(load_extent=_EXTENTS[dim]))
+        else:
+            dims.append(M.Dim(size=dim))
+    return dims
+
+
+def _buffers(declaration, programs, weights_resource) -> list[mpb.Buffer]:
+    buffers: dict[str, mpb.Buffer] = {}
+    spec = programs[0].spec
+    for slot in spec.weights:
+        buffers[_weight_buffer(slot.name)] = M.Buffer(
+            name=_weight_buffer(slot.name), dtype=_DTYPES[slot.dtype], shape=_dims(slot.shape, declaration),
+            placement=M.PLACEMENT_DEVICE, role=M.BUFFER_ROLE_WEIGHT, resource_id=weights_resource[0],
+        )
+    for tensor in _widest_inputs(programs):
+        role = _role(tensor)
+        buffers[tensor.name] = M.Buffer(
+            name=tensor.name, dtype=_DTYPES[tensor.dtype], placement=M.PLACEMENT_DEVICE, role=role,
+            shape=_dims(tensor.shape, declaration, fixed=role == M.BUFFER_ROLE_INPUT),
+        )
+    rows = max(p.spec.capacity.batch_capacity for p in programs)
+    buffers[COMPLETION_BUFFER] = M.Buffer(
+        name=COMPLETION_BUFFER, dtype=M.DTYPE_UINT8, role=M.BUFFER_ROLE_OUTPUT, placement=M.PLACEMENT_HOST,
+        shape=[M.Dim(size=2), M.Dim(size=rows), M.Dim(size=COMPLETION_FIELDS * 8)],
+    )
+    return list(buffers.values())
+
+
+def _widest_inputs(programs: Sequence[ProgramResource]) -> list[TensorSpec]:
+    """Each non-weight input once, at the largest static extent any variant uses."""
+    widest: dict[str, TensorSpec] = {}
+    for program in programs:
+        for tensor in program.spec.inputs:
+            if tensor.role is InputRole.WEIGHTS:
+                continue
+            known = widest.get(tensor.name)
+            if known is None or _static_size(tensor) > _static_size(known):
+                widest[tensor.name] = tensor
+    return list(widest.values())
+
+
+def _static_size(tensor: TensorSpec) -> int:
+    size = 1
+    for dim in tensor.shape:
+        size *= dim if isinstance(dim, int) else 1
+    return size
+
+
+def _role(tensor: TensorSpec) -> int:
+    if tensor.name in _BINDINGS:
+        return M.BUFFER_ROLE_INPUT  # host-written through a transport destination
+    if tensor.role is InputRole.CACHE_STORAGE:
+        return M.BUFFER_ROLE_CACHE_STORAGE
+    if tensor.role is InputRole.PERSISTENT_STATE:
+        return M.BUFFER_ROLE_PERSISTENT_STATE
+    return M.BUFFER_ROLE_INPUT
+
+
+def _completion_layout() -> mpb.CompletionLayout:
+    """Byte layout of helios.abi.completion records: int64 columns, see CompletionLayout."""
+    columns = (
+        (M.COMPLETION_FIELD_KIND_SLOT, 0), (M.COMPLETION_FIELD_KIND_GENERATION, 1),
+        (M.COMPLETION_FIELD_KIND_SAMPLED_TOKENS, 3), (M.COMPLETION_FIELD_KIND_OFFERED_TOKENS, 4),
+        (M.COMPLETION_FIELD_KIND_ACCEPTED_DRAFTS, 5), (M.COMPLETION_FIELD_KIND_EMITTED_TOKENS, 6),
+        (M.COMPLETION_FIELD_KIND_DRAFT_CURSOR, 8), (M.COMPLETION_FIELD_KIND_RESERVED_MODEL, 9),
+    )
+    layout = M.CompletionLayout(buffer=COMPLETION_BUFFER, frames=2, record_bytes=COMPLETION_FIELDS * 8)
+    for kind, column in columns:
+        layout.fields.add(kind=kind, byte_offset=column * 8, dtype=M.DTYPE_INT64, count=1)
+    return layout
+
+
+def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract]) -> spb.ServingContract:
+    vocab = declaration.vocab_size
+    model = spb.ModelContract(version=EXPORTED_CONTRACT_VERSION)
+    model.vocabulary.sampled.begin, model.vocabulary.sampled.end = 0, vocab
+    model.vocabulary.histogram_bins = vocab
+    model.vocabulary.mask_words = -(-vocab // 32)
+    model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
+    model.cache.page_tokens = declaration.page_tokens
+    model.cache.regions.add(
+        name="attention", kind=S.HISTORY_KIND_PAGED_KEY_VALUE, planes=["k_cache", "v_cache"], tokens_per_record=1
+    )
+    model.cache.page_table_views.add(destination="page_table", region="attention")
+    model.graphs.extend(graphs)
+    model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
+    _frontend(model.frontend, declaration.frontend)
+    contract = spb.ServingContract(
+        served_id=declaration.served_id, aliases=list(declaration.aliases),
+        cache_identity=declaration.cache_identity, context_tokens=declaration.context_tokens,
+        prefill_tokens=declaration.prefill_tokens, page_capacity=declaration.page_capacity,
+        max_concurrency=declaration.max_concurrency, model=model,
+    )
+    contract.defaults.sampling.CopyFrom(declaration.sampling)
+    contract.defaults.eos_token_ids.extend(declaration.eos_token_ids)
+    contract.defaults.template_tokens.extend(declaration.template_tokens)
+    return contract
+
+
+def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> None:
+    target.tool_parser = frontend.tool_parser
+    target.reasoning_parser = frontend.reasoning_parser
+    target.image_preparation = S.IMAGE_PREPARATION_NONE
+    target.image_layout = S.IMAGE_LAYOUT_NONE
+    if frontend.tool_syntax is not None:
+        target.tool_syntax.CopyFrom(frontend.tool_syntax)
+    if frontend.reasoning_syntax is not None:
+        target.reasoning_syntax.CopyFrom(frontend.reasoning_syntax)
+    if frontend.assistant_boundary is not None:
+        target.assistant_boundary.CopyFrom(frontend.assistant_boundary)
