@@ -95,7 +95,8 @@ def main() -> None:
             median = statistics.median(samples) * 1e6
             p90 = samples[int(0.9 * (len(samples) - 1))] * 1e6
             p99 = samples[int(0.99 * (len(samples) - 1))] * 1e6
-            line = f"{lanes:>6} {2 if two_frames else 1:>6} {median:>10.1f} {p90:>8.1f} {p99:>8.1f} {median / lanes:>8.2f}"
+            frames = 2 if two_frames else 1
+            line = f"{lanes:>6} {frames:>6} {median:>10.1f} {p90:>8.1f} {p99:>8.1f} {median / lanes:>8.2f}"
             if args.step_ms:
                 line += f"  {median / (args.step_ms * 1e3):.1%}"
             print(line)

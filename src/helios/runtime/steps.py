@@ -8,12 +8,13 @@
 - the lanes, in scheduling order (priority, then submission), within the program's row and
   packed-token capacities and the prefill extent; a prompt longer than what is left of the
   extent is chunked, and one token stays reserved for every later decoding lane;
-- pages: each lane's page table is grown to cover its new positions. On a shortage the builder
-  waits when copies in this plan will return enough pages at their fence, otherwise preempts a
-  victim (allocation itself already evicted parked pages and dropped idle published snapshots). The victim is the
-  running request not yet scheduled in this step with the largest (priority, submission) key:
-  lowest priority first, then the latest submitted; that may be the requesting lane itself.
-  A step that preempted admits no waiting request.
+- pages: each lane's page table is grown to cover its new positions. Allocation itself evicts
+  parked pages (LRU) and drops idle published snapshots (LRU). On a remaining shortage the
+  builder waits when copies in this plan will return enough pages at their fence, otherwise it
+  preempts a victim: the running request not yet scheduled in this step with the largest
+  (priority, submission) key - lowest priority first, then the latest submitted; that may be
+  the requesting lane itself. A step that preempted admits no waiting request, and waiting
+  requests never preempt running ones.
 
 The second frame (`build_second`) repeats a plain decode cohort with device-owned pending
 tokens, only when nothing would change phase and no active request needs host feedback.
