@@ -593,3 +593,38 @@ def abi_operation_without_schema(doc):
 def handle_names_undeclared_op(doc):
     manifest(doc)["graph_handles"][2]["abi_operations"][1] = "helios::missing"
     return "manifest.graph_handles[2].abi_operations[1]"
+
+
+def decode_handle(doc):
+    handles = manifest(doc)["graph_handles"]
+    index = next(i for i, h in enumerate(handles) if h["graph"] == "decode")
+    return handles[index], f"manifest.graph_handles[{index}]"
+
+
+@case
+def program_input_unknown_buffer(doc):
+    handle, path = decode_handle(doc)
+    handle["program_inputs"][1] = "in.missing"
+    return f"{path}.program_inputs[1]"
+
+
+@case
+def program_input_repeated(doc):
+    handle, path = decode_handle(doc)
+    handle["program_inputs"][2] = handle["program_inputs"][0]
+    return f"{path}.program_inputs[2]"
+
+
+@case
+def program_input_is_a_weight(doc):
+    handle, path = decode_handle(doc)
+    weight = next(b["name"] for b in manifest(doc)["buffers"] if b["role"] == "BUFFER_ROLE_WEIGHT")
+    handle["program_inputs"][0] = weight
+    return f"{path}.program_inputs[0]"
+
+
+@case
+def program_output_not_output_role(doc):
+    handle, path = decode_handle(doc)
+    handle["program_outputs"][0] = "in.slots"
+    return f"{path}.program_outputs[0]"

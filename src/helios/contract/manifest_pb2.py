@@ -25,43 +25,43 @@ _sym_db = _symbol_database.Default()
 from helios.contract import serving_pb2 as helios_dot_contract_dot_serving__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehelios/contract/manifest.proto\x12\x0fhelios.contract\x1a\x1dhelios/contract/serving.proto\"S\n\x03\x44im\x12\x0e\n\x04size\x18\x01 \x01(\x04H\x00\x12\x32\n\x0bload_extent\x18\x02 \x01(\x0e\x32\x1b.helios.contract.LoadExtentH\x00\x42\x08\n\x06\x65xtent\"\xd1\x01\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.helios.contract.Dtype\x12#\n\x05shape\x18\x03 \x03(\x0b\x32\x14.helios.contract.Dim\x12-\n\tplacement\x18\x04 \x01(\x0e\x32\x1a.helios.contract.Placement\x12)\n\x04role\x18\x05 \x01(\x0e\x32\x1b.helios.contract.BufferRole\x12\x13\n\x0bresource_id\x18\x06 \x01(\t\"\x89\x01\n\x0bGraphHandle\x12\r\n\x05graph\x18\x01 \x01(\t\x12\x30\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x1e.helios.contract.GraphCapacity\x12\x13\n\x0bresource_id\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x16\n\x0e\x61\x62i_operations\x18\x05 \x03(\t\",\n\x0c\x41\x62iOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"4\n\x14TransportDestination\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62uffer\x18\x02 \x01(\t\"Q\n\x0c\x43\x61talogEntry\x12\r\n\x05graph\x18\x01 \x01(\t\x12\x32\n\toperation\x18\x02 \x01(\x0e\x32\x1f.helios.contract.GraphOperation\"0\n\x0eTuningProducer\x12\r\n\x05graph\x18\x01 \x01(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\"\x90\x01\n\x0f\x43ompletionField\x12\x32\n\x04kind\x18\x01 \x01(\x0e\x32$.helios.contract.CompletionFieldKind\x12\x13\n\x0b\x62yte_offset\x18\x02 \x01(\r\x12%\n\x05\x64type\x18\x03 \x01(\x0e\x32\x16.helios.contract.Dtype\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"\x95\x01\n\x10\x43ompletionLayout\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\x12\x14\n\x0crecord_bytes\x18\x03 \x01(\r\x12\x30\n\x06\x66ields\x18\x04 \x03(\x0b\x32 .helios.contract.CompletionField\x12\x19\n\x11\x63onfidence_buffer\x18\x05 \x01(\t\"\xb0\x03\n\x11\x45xecutionManifest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05ranks\x18\x02 \x01(\r\x12(\n\x07\x62uffers\x18\x03 \x03(\x0b\x32\x17.helios.contract.Buffer\x12\x33\n\rgraph_handles\x18\x04 \x03(\x0b\x32\x1c.helios.contract.GraphHandle\x12;\n\x0c\x64\x65stinations\x18\x05 \x03(\x0b\x32%.helios.contract.TransportDestination\x12\x35\n\ncompletion\x18\x06 \x01(\x0b\x32!.helios.contract.CompletionLayout\x12\x38\n\x11\x65xecution_catalog\x18\x07 \x03(\x0b\x32\x1d.helios.contract.CatalogEntry\x12\x37\n\x0etuning_catalog\x18\x08 \x03(\x0b\x32\x1f.helios.contract.TuningProducer\x12\x35\n\x0e\x61\x62i_operations\x18\t \x03(\x0b\x32\x1d.helios.contract.AbiOperation\"<\n\x16PreparedContractBundle\x12\x10\n\x08\x63ontract\x18\x01 \x01(\x0c\x12\x10\n\x08manifest\x18\x02 \x01(\x0c*\x8e\x02\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x15\n\x11\x44TYPE_FLOAT8_E4M3\x10\x04\x12\x15\n\x11\x44TYPE_FLOAT8_E5M2\x10\x05\x12\x0f\n\x0b\x44TYPE_INT64\x10\x06\x12\x0f\n\x0b\x44TYPE_INT32\x10\x07\x12\x0f\n\x0b\x44TYPE_INT16\x10\x08\x12\x0e\n\nDTYPE_INT8\x10\t\x12\x0f\n\x0b\x44TYPE_UINT8\x10\n\x12\x10\n\x0c\x44TYPE_UINT16\x10\x0b\x12\x10\n\x0c\x44TYPE_UINT32\x10\x0c\x12\x0e\n\nDTYPE_BOOL\x10\r*k\n\tPlacement\x12\x19\n\x15PLACEMENT_UNSPECIFIED\x10\x00\x12\x14\n\x10PLACEMENT_DEVICE\x10\x01\x12\x19\n\x15PLACEMENT_MAPPED_HOST\x10\x02\x12\x12\n\x0ePLACEMENT_HOST\x10\x03*\xca\x01\n\nBufferRole\x12\x1b\n\x17\x42UFFER_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42UFFER_ROLE_INPUT\x10\x01\x12 \n\x1c\x42UFFER_ROLE_PERSISTENT_STATE\x10\x02\x12\x1d\n\x19\x42UFFER_ROLE_CACHE_STORAGE\x10\x03\x12\x17\n\x13\x42UFFER_ROLE_SCRATCH\x10\x04\x12\x16\n\x12\x42UFFER_ROLE_WEIGHT\x10\x05\x12\x16\n\x12\x42UFFER_ROLE_OUTPUT\x10\x06*e\n\nLoadExtent\x12\x1b\n\x17LOAD_EXTENT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aLOAD_EXTENT_PHYSICAL_PAGES\x10\x01\x12\x1a\n\x16LOAD_EXTENT_STATE_ROWS\x10\x02*\xfd\x02\n\x13\x43ompletionFieldKind\x12%\n!COMPLETION_FIELD_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPLETION_FIELD_KIND_SLOT\x10\x01\x12$\n COMPLETION_FIELD_KIND_GENERATION\x10\x02\x12(\n$COMPLETION_FIELD_KIND_OFFERED_TOKENS\x10\x03\x12)\n%COMPLETION_FIELD_KIND_ACCEPTED_DRAFTS\x10\x04\x12(\n$COMPLETION_FIELD_KIND_EMITTED_TOKENS\x10\x05\x12(\n$COMPLETION_FIELD_KIND_SAMPLED_TOKENS\x10\x06\x12&\n\"COMPLETION_FIELD_KIND_DRAFT_CURSOR\x10\x07\x12(\n$COMPLETION_FIELD_KIND_RESERVED_MODEL\x10\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehelios/contract/manifest.proto\x12\x0fhelios.contract\x1a\x1dhelios/contract/serving.proto\"S\n\x03\x44im\x12\x0e\n\x04size\x18\x01 \x01(\x04H\x00\x12\x32\n\x0bload_extent\x18\x02 \x01(\x0e\x32\x1b.helios.contract.LoadExtentH\x00\x42\x08\n\x06\x65xtent\"\xd1\x01\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.helios.contract.Dtype\x12#\n\x05shape\x18\x03 \x03(\x0b\x32\x14.helios.contract.Dim\x12-\n\tplacement\x18\x04 \x01(\x0e\x32\x1a.helios.contract.Placement\x12)\n\x04role\x18\x05 \x01(\x0e\x32\x1b.helios.contract.BufferRole\x12\x13\n\x0bresource_id\x18\x06 \x01(\t\"\xba\x01\n\x0bGraphHandle\x12\r\n\x05graph\x18\x01 \x01(\t\x12\x30\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x1e.helios.contract.GraphCapacity\x12\x13\n\x0bresource_id\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x16\n\x0e\x61\x62i_operations\x18\x05 \x03(\t\x12\x16\n\x0eprogram_inputs\x18\x06 \x03(\t\x12\x17\n\x0fprogram_outputs\x18\x07 \x03(\t\",\n\x0c\x41\x62iOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"4\n\x14TransportDestination\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62uffer\x18\x02 \x01(\t\"Q\n\x0c\x43\x61talogEntry\x12\r\n\x05graph\x18\x01 \x01(\t\x12\x32\n\toperation\x18\x02 \x01(\x0e\x32\x1f.helios.contract.GraphOperation\"0\n\x0eTuningProducer\x12\r\n\x05graph\x18\x01 \x01(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\"\x90\x01\n\x0f\x43ompletionField\x12\x32\n\x04kind\x18\x01 \x01(\x0e\x32$.helios.contract.CompletionFieldKind\x12\x13\n\x0b\x62yte_offset\x18\x02 \x01(\r\x12%\n\x05\x64type\x18\x03 \x01(\x0e\x32\x16.helios.contract.Dtype\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"\x95\x01\n\x10\x43ompletionLayout\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\x12\x14\n\x0crecord_bytes\x18\x03 \x01(\r\x12\x30\n\x06\x66ields\x18\x04 \x03(\x0b\x32 .helios.contract.CompletionField\x12\x19\n\x11\x63onfidence_buffer\x18\x05 \x01(\t\"\xb0\x03\n\x11\x45xecutionManifest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05ranks\x18\x02 \x01(\r\x12(\n\x07\x62uffers\x18\x03 \x03(\x0b\x32\x17.helios.contract.Buffer\x12\x33\n\rgraph_handles\x18\x04 \x03(\x0b\x32\x1c.helios.contract.GraphHandle\x12;\n\x0c\x64\x65stinations\x18\x05 \x03(\x0b\x32%.helios.contract.TransportDestination\x12\x35\n\ncompletion\x18\x06 \x01(\x0b\x32!.helios.contract.CompletionLayout\x12\x38\n\x11\x65xecution_catalog\x18\x07 \x03(\x0b\x32\x1d.helios.contract.CatalogEntry\x12\x37\n\x0etuning_catalog\x18\x08 \x03(\x0b\x32\x1f.helios.contract.TuningProducer\x12\x35\n\x0e\x61\x62i_operations\x18\t \x03(\x0b\x32\x1d.helios.contract.AbiOperation\"<\n\x16PreparedContractBundle\x12\x10\n\x08\x63ontract\x18\x01 \x01(\x0c\x12\x10\n\x08manifest\x18\x02 \x01(\x0c*\x8e\x02\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x15\n\x11\x44TYPE_FLOAT8_E4M3\x10\x04\x12\x15\n\x11\x44TYPE_FLOAT8_E5M2\x10\x05\x12\x0f\n\x0b\x44TYPE_INT64\x10\x06\x12\x0f\n\x0b\x44TYPE_INT32\x10\x07\x12\x0f\n\x0b\x44TYPE_INT16\x10\x08\x12\x0e\n\nDTYPE_INT8\x10\t\x12\x0f\n\x0b\x44TYPE_UINT8\x10\n\x12\x10\n\x0c\x44TYPE_UINT16\x10\x0b\x12\x10\n\x0c\x44TYPE_UINT32\x10\x0c\x12\x0e\n\nDTYPE_BOOL\x10\r*k\n\tPlacement\x12\x19\n\x15PLACEMENT_UNSPECIFIED\x10\x00\x12\x14\n\x10PLACEMENT_DEVICE\x10\x01\x12\x19\n\x15PLACEMENT_MAPPED_HOST\x10\x02\x12\x12\n\x0ePLACEMENT_HOST\x10\x03*\xca\x01\n\nBufferRole\x12\x1b\n\x17\x42UFFER_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42UFFER_ROLE_INPUT\x10\x01\x12 \n\x1c\x42UFFER_ROLE_PERSISTENT_STATE\x10\x02\x12\x1d\n\x19\x42UFFER_ROLE_CACHE_STORAGE\x10\x03\x12\x17\n\x13\x42UFFER_ROLE_SCRATCH\x10\x04\x12\x16\n\x12\x42UFFER_ROLE_WEIGHT\x10\x05\x12\x16\n\x12\x42UFFER_ROLE_OUTPUT\x10\x06*e\n\nLoadExtent\x12\x1b\n\x17LOAD_EXTENT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aLOAD_EXTENT_PHYSICAL_PAGES\x10\x01\x12\x1a\n\x16LOAD_EXTENT_STATE_ROWS\x10\x02*\xfd\x02\n\x13\x43ompletionFieldKind\x12%\n!COMPLETION_FIELD_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPLETION_FIELD_KIND_SLOT\x10\x01\x12$\n COMPLETION_FIELD_KIND_GENERATION\x10\x02\x12(\n$COMPLETION_FIELD_KIND_OFFERED_TOKENS\x10\x03\x12)\n%COMPLETION_FIELD_KIND_ACCEPTED_DRAFTS\x10\x04\x12(\n$COMPLETION_FIELD_KIND_EMITTED_TOKENS\x10\x05\x12(\n$COMPLETION_FIELD_KIND_SAMPLED_TOKENS\x10\x06\x12&\n\"COMPLETION_FIELD_KIND_DRAFT_CURSOR\x10\x07\x12(\n$COMPLETION_FIELD_KIND_RESERVED_MODEL\x10\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'helios.contract.manifest_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1549
-  _globals['_DTYPE']._serialized_end=1819
-  _globals['_PLACEMENT']._serialized_start=1821
-  _globals['_PLACEMENT']._serialized_end=1928
-  _globals['_BUFFERROLE']._serialized_start=1931
-  _globals['_BUFFERROLE']._serialized_end=2133
-  _globals['_LOADEXTENT']._serialized_start=2135
-  _globals['_LOADEXTENT']._serialized_end=2236
-  _globals['_COMPLETIONFIELDKIND']._serialized_start=2239
-  _globals['_COMPLETIONFIELDKIND']._serialized_end=2620
+  _globals['_DTYPE']._serialized_start=1598
+  _globals['_DTYPE']._serialized_end=1868
+  _globals['_PLACEMENT']._serialized_start=1870
+  _globals['_PLACEMENT']._serialized_end=1977
+  _globals['_BUFFERROLE']._serialized_start=1980
+  _globals['_BUFFERROLE']._serialized_end=2182
+  _globals['_LOADEXTENT']._serialized_start=2184
+  _globals['_LOADEXTENT']._serialized_end=2285
+  _globals['_COMPLETIONFIELDKIND']._serialized_start=2288
+  _globals['_COMPLETIONFIELDKIND']._serialized_end=2669
   _globals['_DIM']._serialized_start=82
   _globals['_DIM']._serialized_end=165
   _globals['_BUFFER']._serialized_start=168
   _globals['_BUFFER']._serialized_end=377
   _globals['_GRAPHHANDLE']._serialized_start=380
-  _globals['_GRAPHHANDLE']._serialized_end=517
-  _globals['_ABIOPERATION']._serialized_start=519
-  _globals['_ABIOPERATION']._serialized_end=563
-  _globals['_TRANSPORTDESTINATION']._serialized_start=565
-  _globals['_TRANSPORTDESTINATION']._serialized_end=617
-  _globals['_CATALOGENTRY']._serialized_start=619
-  _globals['_CATALOGENTRY']._serialized_end=700
-  _globals['_TUNINGPRODUCER']._serialized_start=702
-  _globals['_TUNINGPRODUCER']._serialized_end=750
-  _globals['_COMPLETIONFIELD']._serialized_start=753
-  _globals['_COMPLETIONFIELD']._serialized_end=897
-  _globals['_COMPLETIONLAYOUT']._serialized_start=900
-  _globals['_COMPLETIONLAYOUT']._serialized_end=1049
-  _globals['_EXECUTIONMANIFEST']._serialized_start=1052
-  _globals['_EXECUTIONMANIFEST']._serialized_end=1484
-  _globals['_PREPAREDCONTRACTBUNDLE']._serialized_start=1486
-  _globals['_PREPAREDCONTRACTBUNDLE']._serialized_end=1546
+  _globals['_GRAPHHANDLE']._serialized_end=566
+  _globals['_ABIOPERATION']._serialized_start=568
+  _globals['_ABIOPERATION']._serialized_end=612
+  _globals['_TRANSPORTDESTINATION']._serialized_start=614
+  _globals['_TRANSPORTDESTINATION']._serialized_end=666
+  _globals['_CATALOGENTRY']._serialized_start=668
+  _globals['_CATALOGENTRY']._serialized_end=749
+  _globals['_TUNINGPRODUCER']._serialized_start=751
+  _globals['_TUNINGPRODUCER']._serialized_end=799
+  _globals['_COMPLETIONFIELD']._serialized_start=802
+  _globals['_COMPLETIONFIELD']._serialized_end=946
+  _globals['_COMPLETIONLAYOUT']._serialized_start=949
+  _globals['_COMPLETIONLAYOUT']._serialized_end=1098
+  _globals['_EXECUTIONMANIFEST']._serialized_start=1101
+  _globals['_EXECUTIONMANIFEST']._serialized_end=1533
+  _globals['_PREPAREDCONTRACTBUNDLE']._serialized_start=1535
+  _globals['_PREPAREDCONTRACTBUNDLE']._serialized_end=1595
 # @@protoc_insertion_point(module_scope)

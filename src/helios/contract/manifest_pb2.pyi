@@ -122,18 +122,22 @@ class Buffer(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., shape: _Optional[_Iterable[_Union[Dim, _Mapping]]] = ..., placement: _Optional[_Union[Placement, str]] = ..., role: _Optional[_Union[BufferRole, str]] = ..., resource_id: _Optional[str] = ...) -> None: ...
 
 class GraphHandle(_message.Message):
-    __slots__ = ("graph", "capacity", "resource_id", "rank", "abi_operations")
+    __slots__ = ("graph", "capacity", "resource_id", "rank", "abi_operations", "program_inputs", "program_outputs")
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     ABI_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     graph: str
     capacity: _serving_pb2.GraphCapacity
     resource_id: str
     rank: int
     abi_operations: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, graph: _Optional[str] = ..., capacity: _Optional[_Union[_serving_pb2.GraphCapacity, _Mapping]] = ..., resource_id: _Optional[str] = ..., rank: _Optional[int] = ..., abi_operations: _Optional[_Iterable[str]] = ...) -> None: ...
+    program_inputs: _containers.RepeatedScalarFieldContainer[str]
+    program_outputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, graph: _Optional[str] = ..., capacity: _Optional[_Union[_serving_pb2.GraphCapacity, _Mapping]] = ..., resource_id: _Optional[str] = ..., rank: _Optional[int] = ..., abi_operations: _Optional[_Iterable[str]] = ..., program_inputs: _Optional[_Iterable[str]] = ..., program_outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AbiOperation(_message.Message):
     __slots__ = ("name", "schema")

@@ -57,6 +57,7 @@ def check_manifest(manifest: mpb.ExecutionManifest, index: ContractIndex) -> Non
         _check_outputs(entry.message, entry.path, index)
     require(manifest.HasField("completion"), COMPLETION, "completion record layout is required")
     _check_completion(manifest.completion, index)
+    _check_program_io(manifest, index)
 
 
 def _check_buffer(buffer: mpb.Buffer, path: str) -> None:
@@ -172,3 +173,25 @@ def _check_abi_operations(manifest: mpb.ExecutionManifest) -> None:
                 f"{MANIFEST}.graph_handles[{i}].abi_operations[{j}]",
                 f"op {name!r} is not declared in abi_operations",
             )
+
+
+_NOT_PROGRAM_INPUTS = frozenset({mpb.BUFFER_ROLE_WEIGHT, mpb.BUFFER_ROLE_OUTPUT})
+
+
+def _check_program_io(manifest: mpb.ExecutionManifest, index: ContractIndex) -> None:
+    """Program inputs name non-weight, non-output buffers; outputs name OUTPUT buffers; no repeats."""
+    for i, handle in enumerate(manifest.graph_handles):
+        path = f"{MANIFEST}.graph_handles[{i}]"
+        for field, names in (("program_inputs", handle.program_inputs), ("program_outputs", handle.program_outputs)):
+            seen: set[str] = set()
+            for j, name in enumerate(names):
+                item = f"{path}.{field}[{j}]"
+                require(name not in seen, item, f"{name!r} is listed twice")
+                seen.add(name)
+                target = index.buffers.get(name)
+                require(target is not None, item, f"unknown buffer {name!r}")
+                role = target.message.role
+                if field == "program_inputs":
+                    require(role not in _NOT_PROGRAM_INPUTS, item, f"{name!r} is {role_label(role)}, not a program input")
+                else:
+                    require(role == mpb.BUFFER_ROLE_OUTPUT, item, f"{name!r} is {role_label(role)}, not OUTPUT")
