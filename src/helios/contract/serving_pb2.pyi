@@ -500,35 +500,57 @@ class GraphContract(_message.Message):
     def __init__(self, name: _Optional[str] = ..., operation: _Optional[_Union[GraphOperation, str]] = ..., variants: _Optional[_Iterable[_Union[GraphCapacity, _Mapping]]] = ..., bindings: _Optional[_Iterable[_Union[ValueBinding, _Mapping]]] = ..., state_accesses: _Optional[_Iterable[_Union[StateAccess, _Mapping]]] = ..., resource_dependencies: _Optional[_Iterable[str]] = ..., tuned_bindings: _Optional[_Iterable[_Union[TunedBinding, _Mapping]]] = ..., state_rows_per_request: _Optional[int] = ..., pending_token_view: _Optional[str] = ..., draft_cursor: _Optional[str] = ...) -> None: ...
 
 class ToolSyntax(_message.Message):
-    __slots__ = ("opener", "closer", "tag_separator", "wrapping_newlines")
+    __slots__ = ("opener", "closer", "tag_separator", "wrapping_newlines", "invoke_open", "invoke_close", "parameter_open", "parameter_close", "name_end", "value_open", "string_attribute", "string_true", "string_false", "block_lead")
     OPENER_FIELD_NUMBER: _ClassVar[int]
     CLOSER_FIELD_NUMBER: _ClassVar[int]
     TAG_SEPARATOR_FIELD_NUMBER: _ClassVar[int]
     WRAPPING_NEWLINES_FIELD_NUMBER: _ClassVar[int]
+    INVOKE_OPEN_FIELD_NUMBER: _ClassVar[int]
+    INVOKE_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_OPEN_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    NAME_END_FIELD_NUMBER: _ClassVar[int]
+    VALUE_OPEN_FIELD_NUMBER: _ClassVar[int]
+    STRING_ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    STRING_TRUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_FALSE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LEAD_FIELD_NUMBER: _ClassVar[int]
     opener: str
     closer: str
     tag_separator: str
     wrapping_newlines: int
-    def __init__(self, opener: _Optional[str] = ..., closer: _Optional[str] = ..., tag_separator: _Optional[str] = ..., wrapping_newlines: _Optional[int] = ...) -> None: ...
+    invoke_open: str
+    invoke_close: str
+    parameter_open: str
+    parameter_close: str
+    name_end: str
+    value_open: str
+    string_attribute: str
+    string_true: str
+    string_false: str
+    block_lead: str
+    def __init__(self, opener: _Optional[str] = ..., closer: _Optional[str] = ..., tag_separator: _Optional[str] = ..., wrapping_newlines: _Optional[int] = ..., invoke_open: _Optional[str] = ..., invoke_close: _Optional[str] = ..., parameter_open: _Optional[str] = ..., parameter_close: _Optional[str] = ..., name_end: _Optional[str] = ..., value_open: _Optional[str] = ..., string_attribute: _Optional[str] = ..., string_true: _Optional[str] = ..., string_false: _Optional[str] = ..., block_lead: _Optional[str] = ...) -> None: ...
 
 class ReasoningSyntax(_message.Message):
-    __slots__ = ("open", "close", "open_token_id", "close_token_id", "terminal_markers", "wrapping_newlines")
+    __slots__ = ("open", "close", "open_token_id", "close_token_id", "terminal_markers", "wrapping_newlines", "after_close")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
     OPEN_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     CLOSE_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_MARKERS_FIELD_NUMBER: _ClassVar[int]
     WRAPPING_NEWLINES_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CLOSE_FIELD_NUMBER: _ClassVar[int]
     open: str
     close: str
     open_token_id: int
     close_token_id: int
     terminal_markers: _containers.RepeatedScalarFieldContainer[str]
     wrapping_newlines: int
-    def __init__(self, open: _Optional[str] = ..., close: _Optional[str] = ..., open_token_id: _Optional[int] = ..., close_token_id: _Optional[int] = ..., terminal_markers: _Optional[_Iterable[str]] = ..., wrapping_newlines: _Optional[int] = ...) -> None: ...
+    after_close: str
+    def __init__(self, open: _Optional[str] = ..., close: _Optional[str] = ..., open_token_id: _Optional[int] = ..., close_token_id: _Optional[int] = ..., terminal_markers: _Optional[_Iterable[str]] = ..., wrapping_newlines: _Optional[int] = ..., after_close: _Optional[str] = ...) -> None: ...
 
 class AssistantBoundary(_message.Message):
-    __slots__ = ("message_start", "message_end", "assistant_header", "recipient_prefix", "header_end", "internal_message_end", "self_recipient", "visible_recipients", "generic_tool_recipient")
+    __slots__ = ("message_start", "message_end", "assistant_header", "recipient_prefix", "header_end", "internal_message_end", "self_recipient", "visible_recipients", "generic_tool_recipient", "named_tool_prefix", "embedded_message_ends")
     MESSAGE_START_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_END_FIELD_NUMBER: _ClassVar[int]
     ASSISTANT_HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -538,6 +560,8 @@ class AssistantBoundary(_message.Message):
     SELF_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
     VISIBLE_RECIPIENTS_FIELD_NUMBER: _ClassVar[int]
     GENERIC_TOOL_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    NAMED_TOOL_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_MESSAGE_ENDS_FIELD_NUMBER: _ClassVar[int]
     message_start: str
     message_end: str
     assistant_header: str
@@ -547,7 +571,9 @@ class AssistantBoundary(_message.Message):
     self_recipient: str
     visible_recipients: _containers.RepeatedScalarFieldContainer[str]
     generic_tool_recipient: str
-    def __init__(self, message_start: _Optional[str] = ..., message_end: _Optional[str] = ..., assistant_header: _Optional[str] = ..., recipient_prefix: _Optional[str] = ..., header_end: _Optional[str] = ..., internal_message_end: _Optional[str] = ..., self_recipient: _Optional[str] = ..., visible_recipients: _Optional[_Iterable[str]] = ..., generic_tool_recipient: _Optional[str] = ...) -> None: ...
+    named_tool_prefix: str
+    embedded_message_ends: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, message_start: _Optional[str] = ..., message_end: _Optional[str] = ..., assistant_header: _Optional[str] = ..., recipient_prefix: _Optional[str] = ..., header_end: _Optional[str] = ..., internal_message_end: _Optional[str] = ..., self_recipient: _Optional[str] = ..., visible_recipients: _Optional[_Iterable[str]] = ..., generic_tool_recipient: _Optional[str] = ..., named_tool_prefix: _Optional[str] = ..., embedded_message_ends: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrefixBoundaryRule(_message.Message):
     __slots__ = ("role", "constraint")
