@@ -628,3 +628,15 @@ def program_output_not_output_role(doc):
     handle, path = decode_handle(doc)
     handle["program_outputs"][0] = "in.slots"
     return f"{path}.program_outputs[0]"
+
+
+@case
+def submission_input_unknown(doc):
+    manifest(doc)["completion"]["submission_input"] = "in.nothing"
+    return f"{C}.submission_input"
+
+
+@case
+def submission_input_not_scalar_int64(doc):
+    manifest(doc)["completion"]["submission_input"] = "in.slots"
+    return f"{C}.submission_input"

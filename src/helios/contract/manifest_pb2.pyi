@@ -184,18 +184,20 @@ class CompletionField(_message.Message):
     def __init__(self, kind: _Optional[_Union[CompletionFieldKind, str]] = ..., byte_offset: _Optional[int] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class CompletionLayout(_message.Message):
-    __slots__ = ("buffer", "frames", "record_bytes", "fields", "confidence_buffer")
+    __slots__ = ("buffer", "frames", "record_bytes", "fields", "confidence_buffer", "submission_input")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     RECORD_BYTES_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_INPUT_FIELD_NUMBER: _ClassVar[int]
     buffer: str
     frames: int
     record_bytes: int
     fields: _containers.RepeatedCompositeFieldContainer[CompletionField]
     confidence_buffer: str
-    def __init__(self, buffer: _Optional[str] = ..., frames: _Optional[int] = ..., record_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[CompletionField, _Mapping]]] = ..., confidence_buffer: _Optional[str] = ...) -> None: ...
+    submission_input: str
+    def __init__(self, buffer: _Optional[str] = ..., frames: _Optional[int] = ..., record_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[CompletionField, _Mapping]]] = ..., confidence_buffer: _Optional[str] = ..., submission_input: _Optional[str] = ...) -> None: ...
 
 class ExecutionManifest(_message.Message):
     __slots__ = ("version", "ranks", "buffers", "graph_handles", "destinations", "completion", "execution_catalog", "tuning_catalog", "abi_operations")

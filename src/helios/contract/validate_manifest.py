@@ -120,6 +120,15 @@ def _check_completion(layout: mpb.CompletionLayout, index: ContractIndex) -> Non
         f"{COMPLETION}.buffer",
         f"buffer shape must be [frames={layout.frames}, rows, record_bytes={layout.record_bytes}]",
     )
+    if layout.submission_input:
+        source = index.buffers.get(layout.submission_input)
+        require(source is not None, f"{COMPLETION}.submission_input", f"unknown buffer {layout.submission_input!r}")
+        message = source.message
+        require(
+            message.role == mpb.BUFFER_ROLE_INPUT and message.dtype == mpb.DTYPE_INT64 and static_dims(message) in ([], [1]),
+            f"{COMPLETION}.submission_input",
+            "the submission sequence is a scalar INT64 INPUT buffer",
+        )
     kinds: dict[int, int] = {}
     spans: list[tuple[int, int, int]] = []
     for j, field in enumerate(layout.fields):
