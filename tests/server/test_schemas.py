@@ -5,11 +5,13 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from helios.errors import RequestError
+from helios.frontend.observation import ObservationOptionError
+from helios.frontend.request_options import ChatOptionError, parse_body_stops
+from helios.frontend.stops import StopOptionError
 from helios.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    InvalidRequest,
-    stop_strings,
     validate_chat,
     validate_common,
 )
@@ -60,7 +62,7 @@ def test_malformed_bodies_fail_schema_validation(fields):
         ({"stop": ["a", ""]}, "non-empty"),
         ({"stop": "x" * 4097}, "4096"),
         ({"stop": "x", "stop_token_ids": [1]}, "cannot be combined"),
-        ({"stop_token_ids": [VOCAB]}, "outside the vocabulary"),
+        ({"stop_token_ids": [VOCAB]}, r"token ids in \[0, 1000\)"),
         ({"stop_token_sequences": [[1]] * 17}, "at most 16"),
         ({"stop_token_sequences": [[1] * 65]}, "1 to 64"),
         ({"stop_token_sequences": [[]]}, "1 to 64"),
@@ -72,20 +74,22 @@ def test_malformed_bodies_fail_schema_validation(fields):
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "undeclared"),
     ],
 )
-def test_semantic_rules_raise_invalid_request(fields, fragment):
-    with pytest.raises(InvalidRequest, match=fragment):
+def test_semantic_rules_raise_request_errors(fields, fragment):
+    with pytest.raises(RequestError, match=fragment):
         validate_chat(chat(**fields), VOCAB)
 
 
-def test_invalid_request_maps_to_http_400():
-    assert InvalidRequest("x").http_status == 400
+@pytest.mark.parametrize("error", [StopOptionError, ObservationOptionError, ChatOptionError])
+def test_rule_errors_map_to_http_400(error):
+    assert issubclass(error, RequestError) and error("x").http_status == 400
 
 
 def test_stop_normalisation():
-    assert stop_strings(None) == ()
-    assert stop_strings([]) == ()
-    assert stop_strings("ab") == ("ab",)
-    assert stop_strings(["a", "b"]) == ("a", "b")
+    assert parse_body_stops(chat(), VOCAB).strings == ()
+    assert parse_body_stops(chat(stop=[]), VOCAB).strings == ()
+    assert parse_body_stops(chat(stop="ab"), VOCAB).strings == ("ab",)
+    assert parse_body_stops(chat(stop=["a", "b"]), VOCAB).strings == ("a", "b")
+    assert parse_body_stops(chat(stop_token_ids=[3], stop_token_sequences=[[1, 2]]), VOCAB).token_sequences == ((1, 2),)
 
 
 def test_null_observation_flags_mean_false():

@@ -66,7 +66,7 @@ class PromptRules:
     """Message boundaries, reasoning markup and per-role prefix constraints of one model.
 
     `message_ends` lists every text that completes a message (the contract's message_end, plus its
-    internal message end where one is declared). `prefix_boundaries` pairs each declared role with
+    internal message end and embedded message ends where declared). `prefix_boundaries` pairs each declared role with
     its constraint (a mapping is accepted and normalized to pairs); messages of undeclared roles are
     rejected, except developer messages, which render as system messages when only system is
     declared. Empty `prefix_boundaries` accepts every role and declares no stable prefix.
@@ -97,7 +97,8 @@ class PromptRules:
     def from_contract(cls, frontend) -> PromptRules:
         """From a `serving_pb2.FrontendContract` that the contract validators accepted."""
         boundary = frontend.assistant_boundary
-        ends = tuple(e for e in (boundary.message_end, boundary.internal_message_end) if e)
+        declared = (boundary.message_end, boundary.internal_message_end, *boundary.embedded_message_ends)
+        ends = tuple(e for e in declared if e)
         reasoning = None
         if frontend.HasField("reasoning_syntax"):
             syntax = frontend.reasoning_syntax

@@ -1,9 +1,10 @@
 """Request bodies the HTTP API accepts, as strict pydantic models.
 
 Unknown fields are rejected (never silently ignored), so the OpenAPI document generated from these
-models is exactly what the server accepts. Semantic rules that pydantic cannot express (stops that
-cannot be combined, observation flags that require each other) are checked in `validate_*` below
-and raise `RequestError`, which the app turns into HTTP 400.
+models is exactly what the server accepts. Rules that combine fields (stops that cannot be combined,
+observation flags that require each other, tool choice) live in `helios.frontend.request_options`,
+their single source; `validate_*` below apply them before preparation. They raise `RequestError`
+subclasses, which the app turns into HTTP 400.
 """
 
 from __future__ import annotations
@@ -12,17 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from helios.errors import RequestError
-
-MAX_STOP_STRINGS = 4
-MAX_STOP_BYTES = 4096
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_SEQUENCE_LEN = 64
-
-
-class InvalidRequest(RequestError):
-    """A request body that parses but breaks a rule of the API."""
-
+from helios.frontend.request_options import check_chat_options, check_completion_options
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -193,56 +184,12 @@ class CompletionRequest(_SamplingFields):
     return_token_timestamps: StrictBool | None = None
 
 
-def stop_strings(stop: StopField) -> tuple[str, ...]:
-    """Normalises `stop` to a tuple, enforcing the count, emptiness and byte-size rules."""
-    if stop is None:
-        return ()
-    strings = (stop,) if isinstance(stop, str) else tuple(stop)
-    if len(strings) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"stop: at most {MAX_STOP_STRINGS} strings are allowed")
-    if any(not s for s in strings):
-        raise InvalidRequest("stop: stop strings must be non-empty")
-    if sum(len(s.encode("utf-8")) for s in strings) > MAX_STOP_BYTES:
-        raise InvalidRequest(f"stop: stop strings total more than {MAX_STOP_BYTES} UTF-8 bytes")
-    return strings
-
-
 def validate_common(body: _SamplingFields, vocab_size: int) -> None:
-    """Rules shared by both endpoints that need the served model's vocabulary."""
-    strings = stop_strings(body.stop)
-    token_stops = bool(body.stop_token_ids) or bool(body.stop_token_sequences)
-    if strings and token_stops:
-        raise InvalidRequest("stop cannot be combined with stop_token_ids or stop_token_sequences")
-    for token_id in body.stop_token_ids or ():
-        if not 0 <= token_id < vocab_size:
-            raise InvalidRequest(f"stop_token_ids: {token_id} is outside the vocabulary [0, {vocab_size})")
-    sequences = body.stop_token_sequences or ()
-    if len(sequences) > MAX_STOP_SEQUENCES:
-        raise InvalidRequest(f"stop_token_sequences: at most {MAX_STOP_SEQUENCES} sequences are allowed")
-    for sequence in sequences:
-        if not 1 <= len(sequence) <= MAX_STOP_SEQUENCE_LEN:
-            raise InvalidRequest(f"stop_token_sequences: each sequence holds 1 to {MAX_STOP_SEQUENCE_LEN} ids")
-        if any(not 0 <= t < vocab_size for t in sequence):
-            raise InvalidRequest(f"stop_token_sequences: ids must lie in [0, {vocab_size})")
-    if body.return_token_timestamps and not body.return_token_ids:
-        raise InvalidRequest("return_token_timestamps requires return_token_ids")
-    if body.stream_options is not None and not body.stream:
-        raise InvalidRequest("stream_options is only allowed when stream is true")
+    """Combined-field rules of a text completion body (stops, observation, stream options)."""
+    check_completion_options(body, vocab_size)
 
 
 def validate_chat(body: ChatCompletionRequest, vocab_size: int) -> None:
-    """Chat-specific rules on top of `validate_common`."""
-    validate_common(body, vocab_size)
-    structured = body.response_format is not None and body.response_format.type != "text"
-    if structured and (body.stop is not None and stop_strings(body.stop)):
-        raise InvalidRequest("stop strings cannot be combined with structured output (response_format)")
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        raise InvalidRequest("give max_tokens or max_completion_tokens, not both")
-    names = [tool.function.name for tool in body.tools or ()]
-    if len(set(names)) != len(names):
-        raise InvalidRequest("tools: function names must be unique")
-    choice = body.tool_choice
-    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
-        raise InvalidRequest(f"tool_choice names an undeclared function {choice.function.name!r}")
-    if choice == "required" and not names:
-        raise InvalidRequest("tool_choice 'required' needs at least one tool")
+    """Combined-field rules of a chat body: those of `validate_common` plus output-limit aliases,
+    stops with structured output, and tool choice. Request preparation applies the same rules."""
+    check_chat_options(body, vocab_size)

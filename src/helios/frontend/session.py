@@ -1,0 +1,303 @@
+"""Request preparation for one served model: HTTP body in, `PreparedRequest` out.
+
+`FrontendModel.from_contract(prepared, tokenizer, chat_template_source)` wires, once per model and
+at startup, everything requests share: the contract's frontend syntax (`FrontendSyntax`), the
+sandboxed chat template and prompt builder, the grammar compiler, EOS ids and the resolved
+defaults. It is immutable and may be used by several preparation workers at once.
+
+`prepare_chat(body, ingress_ns)` / `prepare_completion(body, ingress_ns)` run in a preparation
+slot: they apply the combined-field rules (`request_options`), render and tokenize the prompt,
+compile the grammar inside the reasoning envelope the prompt leaves, resolve sampling (explicit
+request values win over the prepared defaults) and the output limit, and return a frozen
+`PreparedRequest`. Every invalid request raises a `RequestError` subclass (HTTP 400) here, before
+admission. A `PreparedRequest` hands the engine its prompt ids, `GenerationParams` and grammar
+matcher, and the output side an `OutputProcessor` factory and the response's presenters.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from helios.contract import PreparedContract
+from helios.contract.settings import ResolvedSettings
+from helios.errors import ContractError, RequestError
+from helios.frontend.contract_syntax import FrontendSyntax
+from helios.frontend.detokenize import IncrementalDetokenizer
+from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
+from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
+from helios.frontend.observation import ObservationOptions
+from helios.frontend.output import OutputFinal, OutputProcessor
+from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, ToolRegistry
+from helios.frontend.parsers.pipeline import PlainText
+from helios.frontend.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
+from helios.frontend.prompt import Prompt, PromptBuilder
+from helios.frontend.request_options import (
+    ChatOptionError,
+    ResponseOptions,
+    has_structured_output,
+    parse_body_stops,
+    parse_response_options,
+    requested_output_limit,
+    tools_are_active,
+)
+from helios.frontend.stops import StopOptions
+from helios.frontend.template import ChatTemplate
+from helios.runtime.request import RequestSpec
+
+
+class PromptError(RequestError):
+    """A text-completion prompt that is empty or holds ids outside the input vocabulary."""
+
+
+class UnknownModel(RequestError):
+    """The body names a model this server does not serve."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Served names and vocabulary geometry of one model."""
+
+    served_names: tuple[str, ...]  # the served id first, then its aliases
+    vocab_size: int  # one past the largest sampled id (mask and stop-id range)
+    input_range: tuple[int, int]  # valid prompt ids [begin, end)
+
+
+@dataclass(frozen=True)
+class OutputFactory:
+    """Immutable parts of one request's output path; `create` builds a fresh `OutputProcessor`."""
+
+    tokenizer: Any
+    frontend: FrontendSyntax | None  # None: plain text (text completions)
+    request: OutputRequest | None
+    stops: StopOptions
+    eos_token_ids: tuple[int, ...]
+    observation: ObservationOptions
+    prompt_token_ids: tuple[int, ...] = field(repr=False)
+    ingress_ns: int | None
+
+    def create(self) -> OutputProcessor:
+        if self.frontend is None:
+            pipeline = OutputPipeline(PlainText())
+        else:
+            pipeline = OutputPipeline.create(self.frontend.output, self.frontend.delimiters, self.request)
+        return OutputProcessor(
+            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False),
+            pipeline,
+            self.stops.new_matcher(),
+            self.eos_token_ids,
+            self.observation,
+            self.prompt_token_ids,
+            self.ingress_ns,
+        )
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated, tokenized request. The grammar matcher (None when unconstrained) is mutable
+    state: the model worker owns it once the request is submitted and advances it with
+    ``consume_token`` after each completion, before computing the next mask."""
+
+    request_id: str
+    head: ResponseHead
+    prompt_token_ids: tuple[int, ...] = field(repr=False)
+    params: GenerationParams
+    grammar: GrammarMatcher | None
+    stable_prefix_len: int
+    output: OutputFactory = field(repr=False)
+
+    def new_output(self) -> OutputProcessor:
+        return self.output.create()
+
+    def new_stream(self) -> StreamPresenter:
+        return StreamPresenter(self.head)
+
+    def response_body(self, final: OutputFinal) -> dict:
+        return response_body(self.head, final)
+
+    def request_spec(self, **scheduling) -> RequestSpec:
+        return self.params.request_spec(self.request_id, self.prompt_token_ids, **scheduling)
+
+
+@dataclass(frozen=True)
+class PreparedChat(PreparedRequest):
+    """A chat request; `prompt` also holds the rendered text and the initial reasoning state."""
+
+    prompt: Prompt = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class PreparedCompletion(PreparedRequest):
+    """A text completion request (raw text out: no reasoning or tool parsing)."""
+
+
+class FrontendModel:
+    """Per-model frontend state; immutable after construction and shared by preparation workers."""
+
+    def __init__(
+        self,
+        tokenizer,
+        syntax: FrontendSyntax,
+        prompts: PromptBuilder,
+        grammar: GrammarCompiler,
+        settings: ResolvedSettings,
+        facts: ModelFacts,
+        draw_seed: Callable[[], int] = lambda: secrets.randbits(64),
+    ):
+        self._tokenizer = tokenizer
+        self._syntax = syntax
+        self._prompts = prompts
+        self._grammar = grammar
+        self._settings = settings
+        self._facts = facts
+        self._draw_seed = draw_seed
+
+    @classmethod
+    def from_contract(
+        cls,
+        prepared: PreparedContract,
+        tokenizer,
+        chat_template_source: str,
+        *,
+        settings: ResolvedSettings | None = None,
+        json_defaults: dict | None = None,
+        draw_seed: Callable[[], int] | None = None,
+    ) -> FrontendModel:
+        """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
+        when the template does not compile. `settings` default to the core's own defaults."""
+        serving = prepared.contract
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False).ids
+
+        syntax = FrontendSyntax.from_contract(serving.model.frontend, encode)
+        check_template_tokens(serving.defaults.template_tokens, encode)
+        template = ChatTemplate(chat_template_source, {t.name: t.text for t in serving.defaults.template_tokens})
+        settings = settings or prepared.defaults
+        vocab_size = prepared.sampled_range[1]
+        grammar = GrammarCompiler.from_tokenizer(
+            tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
+        )
+        facts = ModelFacts((serving.served_id, *serving.aliases), vocab_size, prepared.input_range)
+        extra = {} if draw_seed is None else {"draw_seed": draw_seed}
+        return cls(tokenizer, syntax, PromptBuilder(template, tokenizer, syntax.prompt_rules), grammar, settings, facts, **extra)
+
+    @property
+    def served_id(self) -> str:
+        return self._facts.served_names[0]
+
+    @property
+    def syntax(self) -> FrontendSyntax:
+        return self._syntax
+
+    @property
+    def settings(self) -> ResolvedSettings:
+        return self._settings
+
+    def prepare_chat(self, body, ingress_ns: int | None = None, *, request_id: str | None = None,
+                     created: int | None = None) -> PreparedChat:
+        """Validates and prepares one `ChatCompletionRequest` body (RequestError on bad input)."""
+        self._check_model(body.model)
+        response = parse_response_options(body)
+        _check_ingress(response, ingress_ns)
+        is_structured = has_structured_output(body)
+        stops = parse_body_stops(body, self._facts.vocab_size, has_structured_output=is_structured)
+        requested = requested_output_limit(body)
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if tools_are_active(body) else None
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        prompt = self._prompts.build(messages, tools, template_kwargs=body.chat_template_kwargs)
+        grammar = self._compile_grammar(body.response_format, prompt) if is_structured else None
+        request_id = request_id or uuid.uuid4().hex
+        output_request = OutputRequest(
+            ToolRegistry.from_openai(tools),
+            call_id_prefix=f"call_{request_id}_",
+            start=self._syntax.output_start(prompt),
+            answer=AnswerMode.STRUCTURED if grammar is not None else AnswerMode.FREE,
+        )
+        params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response)
+        head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids)
+        factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns)
+        return PreparedChat(
+            request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt
+        )
+
+    def prepare_completion(self, body, ingress_ns: int | None = None, *, request_id: str | None = None,
+                           created: int | None = None) -> PreparedCompletion:
+        """Validates and prepares one `CompletionRequest` body (RequestError on bad input)."""
+        self._check_model(body.model)
+        response = parse_response_options(body)
+        _check_ingress(response, ingress_ns)
+        stops = parse_body_stops(body, self._facts.vocab_size)
+        prompt_ids = self._completion_prompt(body.prompt)
+        params = self._params(body, stops, body.max_tokens, len(prompt_ids), False, response)
+        request_id = request_id or uuid.uuid4().hex
+        head = self._head(f"cmpl-{request_id}", created, ResponseKind.TEXT, response, prompt_ids)
+        factory = self._factory(None, None, stops, response, prompt_ids, ingress_ns)
+        return PreparedCompletion(request_id, head, prompt_ids, params, None, 0, factory)
+
+    def _check_model(self, name: str) -> None:
+        if name not in self._facts.served_names:
+            raise UnknownModel(f"model {name!r} is not served here; use {self.served_id!r}")
+
+    def _compile_grammar(self, response_format, prompt: Prompt) -> GrammarMatcher:
+        if self._syntax.has_frames:
+            raise ChatOptionError("structured output is not supported for recipient-frame output syntax")
+        request = parse_response_format(response_format.model_dump(by_alias=True, exclude_none=True))
+        return self._grammar.compile(request, self._syntax.envelope(prompt.reasoning_state))
+
+    def _completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
+        if isinstance(prompt, str):
+            ids = tuple(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+        else:
+            begin, end = self._facts.input_range
+            if any(not begin <= token < end for token in prompt):
+                raise PromptError(f"prompt token ids must lie in [{begin}, {end})")
+            ids = tuple(prompt)
+        if not ids:
+            raise PromptError("the prompt is empty")
+        return ids
+
+    def _params(self, body, stops: StopOptions, requested: int | None, prompt_len: int, is_constrained: bool,
+                response: ResponseOptions) -> GenerationParams:
+        defaults = self._settings.sampling
+        limit = resolve_output_limit(requested, defaults.max_output_tokens, self._settings.context_tokens, prompt_len)
+        return GenerationParams(
+            sampling=resolve_sampling(body, defaults, self._draw_seed),
+            max_output_tokens=limit,
+            eos_token_ids=self._settings.eos_token_ids,
+            stop_strings=stops.strings,
+            stop_token_sequences=tuple((t,) for t in stops.token_ids) + stops.token_sequences,
+            is_constrained=is_constrained,
+            is_timed=response.observation.is_timed,
+        )
+
+    def _head(self, response_id: str, created: int | None, kind: ResponseKind, response: ResponseOptions,
+              prompt_ids: tuple[int, ...]) -> ResponseHead:
+        created = int(time.time()) if created is None else created
+        return ResponseHead(response_id, created, self.served_id, kind, response, prompt_ids)
+
+    def _factory(self, syntax: FrontendSyntax | None, request: OutputRequest | None, stops: StopOptions,
+                 response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None) -> OutputFactory:
+        return OutputFactory(
+            self._tokenizer, syntax, request, stops,
+            self._settings.eos_token_ids, response.observation, prompt_ids, ingress_ns,
+        )
+
+
+def _check_ingress(response: ResponseOptions, ingress_ns: int | None) -> None:
+    if response.observation.is_timed and ingress_ns is None:
+        raise ValueError("a timed request needs its ingress timestamp (stamp_ingress at handler entry)")
+
+
+def check_template_tokens(tokens, encode: Callable[[str], Sequence[int]]) -> None:
+    """Each declared template token's text must encode as exactly its declared id."""
+    for i, token in enumerate(tokens):
+        ids = list(encode(token.text))
+        if ids != [token.token_id]:
+            raise ContractError(
+                f"contract.defaults.template_tokens[{i}].token_id",
+                f"declares {token.token_id} but the tokenizer encodes {token.text!r} as {ids}",
+            )
