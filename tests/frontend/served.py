@@ -203,3 +203,56 @@ def served_contract(
     if context_tokens is not None:
         contract["context_tokens"] = context_tokens
     return PreparedContract.from_json(json.dumps(document))
+
+
+JSON_DEFAULTS = {"whitespace_pattern": r"[ \n]{0,2}"}
+_MODELS: dict[tuple, object] = {}
+
+
+def cached_model(key: str, tokenizer, build):
+    """One FrontendModel per (kind, tokenizer) for the whole session (grammar compilers are slow)."""
+    cache_key = (key, id(tokenizer))
+    if cache_key not in _MODELS:
+        _MODELS[cache_key] = build()
+    return _MODELS[cache_key]
+
+
+def qwen_model(qwen_tokenizer):
+    from helios.frontend.session import FrontendModel
+
+    def build():
+        eos = [qwen_tokenizer.token_to_id("<|im_end|>"), qwen_tokenizer.token_to_id("<|endoftext|>")]
+        contract = served_contract(qwen_tokenizer.get_vocab_size(), qwen_frontend(qwen_tokenizer), eos)
+        return FrontendModel.from_contract(contract, qwen_tokenizer, CHATML_THINK, json_defaults=JSON_DEFAULTS)
+
+    return cached_model("qwen", qwen_tokenizer, build)
+
+
+def deepseek_model(deepseek_tokenizer):
+    from helios.frontend.session import FrontendModel
+
+    def build():
+        bos = {"name": "bos_token", "text": "<｜begin▁of▁sentence｜>", "token_id": 0}
+        contract = served_contract(deepseek_tokenizer.get_vocab_size(), dsml_frontend(deepseek_tokenizer), [1], [bos])
+        return FrontendModel.from_contract(contract, deepseek_tokenizer, DEEPSEEK_THINK, json_defaults=JSON_DEFAULTS)
+
+    return cached_model("deepseek", deepseek_tokenizer, build)
+
+
+def ids_of(tokenizer, *pieces: str) -> list[int]:
+    """Token ids of text pieces encoded separately (special-token spellings become their tokens)."""
+    return [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False).ids]
+
+
+def run_output(prepared, token_ids, reason=None, *, timestamps=None, reused_prompt_tokens=0, clock=None):
+    """Drives one request's output path like the engine would: (steps, final)."""
+    from helios.runtime.events import FinishReason
+
+    output = prepared.new_output()
+    if clock is not None:
+        output.mark_enqueue(clock)
+    steps = []
+    for i, token_id in enumerate(token_ids):
+        steps.append(output.feed(token_id, None if timestamps is None else timestamps[i]))
+    final = output.finish(reason or FinishReason.EOS, reused_prompt_tokens)
+    return steps, final
