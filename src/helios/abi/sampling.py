@@ -61,6 +61,17 @@ from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
 
 NO_TOKEN = -1
 NUM_PENALTIES = 3
+# Packed per-row sampling parameters (one FP32 row per request, the SAMPLING_PARAMETERS source):
+# temperature, top_k, top_p, min_p, repetition, presence, frequency penalty.
+SAMPLING_PARAMETER_COLUMNS = ("temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency")
+NUM_SAMPLING_PARAMETERS = len(SAMPLING_PARAMETER_COLUMNS)
+NEUTRAL_SAMPLING_PARAMETERS = (0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0)  # greedy, no filter, no penalty
+
+
+def split_sampling_parameters(params: torch.Tensor):
+    """(temperature, top_k, top_p, min_p, penalties) of packed FP32 rows [R, 7], in `sample` order."""
+    return params[:, 0], params[:, 1].to(torch.int32), params[:, 2], params[:, 3], params[:, 4:7]
+
 REPETITION, PRESENCE, FREQUENCY = range(NUM_PENALTIES)
 SAMPLE_SCHEMA = (
     "(Tensor logits, Tensor seeds, Tensor counters, Tensor temperature, Tensor top_k, "

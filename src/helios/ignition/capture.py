@@ -23,7 +23,7 @@ from torch.export import Dim
 
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
-from helios.ignition.program import GenerationProgram, ScoredPrefillProgram
+from helios.ignition.program import GenerationProgram, MixedProgram, ScoredPrefillProgram
 from helios.ignition.program_spec import Capacity, Operation, ProgramSpec, TensorSpec, program_spec
 
 _TORCH_DTYPES = {
@@ -31,7 +31,7 @@ _TORCH_DTYPES = {
     "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
 }
 # Example extents of the symbolic dims (>= 2, so tracing does not specialise them; any extent >= 1 runs).
-_EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "max_pages": 2}
+_EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "request_rows": 4, "max_pages": 2}
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int) ->
     """The eager module of `operation` (also usable directly, e.g. for debugging)."""
     if operation is Operation.SCORED_PREFILL:
         return ScoredPrefillProgram(arch, page_tokens)
+    if operation is Operation.MIXED:
+        return MixedProgram(arch, page_tokens)
     return GenerationProgram(arch, page_tokens)
 
 

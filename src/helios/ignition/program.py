@@ -2,9 +2,14 @@
 
 The forward signatures are the calling convention declared by `program_spec.ProgramSpec` (capture
 checks that the parameter names equal the spec's input names). PREFILL, DECODE and MIXED share one
-graph shape: rows of any query length packed into T tokens; they differ only in capacity. Every
-program ends with the ABI sampling op on the last packed token of each row; SCORED_PREFILL also
-returns the log-probability of given target tokens at every packed position.
+graph shape: rows of any query length packed into T tokens; they differ only in capacity and in
+where a generating lane's pending token comes from (DECODE: `token_ids` per row; MIXED: the row's
+`pending_ids` entry replaces its first packed token when >= 0). Every program samples with the ABI
+sampling op on the last packed token of each sampling row and ends with `helios::completion_record`;
+SCORED_PREFILL also returns the log-probability of given target tokens at every packed position.
+
+Per-request-row inputs (`page_table`, `prompt_counts`) are indexed by `request_slots`, so the host
+uploads a slot's page-table entries once, when they are assigned.
 
 Mutation: k_cache and v_cache (this step's keys/values, through ``helios::cache_write``) and
 output_counts (one count per sampled row, ``index_put_`` with accumulation) are written in place.
@@ -13,29 +18,17 @@ Nothing else that is passed in is modified.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+import helios.abi.completion  # noqa: F401  (registers helios::completion_record)
 import helios.abi.sampling  # noqa: F401  (registers helios::sample)
+from helios.abi.sampling import split_sampling_parameters
 from helios.ignition.architecture import Architecture, weight_layout
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
 
 
-class SamplingInputs(NamedTuple):
-    """Per-row sampling controls, in the argument order of ``helios::sample``."""
-
-    seeds: torch.Tensor
-    counters: torch.Tensor
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor
-    penalties: torch.Tensor
-
-
 class GenerationProgram(torch.nn.Module):
-    """PREFILL, DECODE and MIXED: run the packed tokens, sample one token per sampling row."""
+    """PREFILL and DECODE: run the packed tokens, sample one token per sampling row."""
 
     def __init__(self, arch: Architecture, page_tokens: int):
         super().__init__()
@@ -44,56 +37,107 @@ class GenerationProgram(torch.nn.Module):
         self.weight_names = tuple(slot.name for slot in weight_layout(arch))
 
     def forward(
-        self, weights: list[torch.Tensor], k_cache, v_cache, prompt_counts, output_counts,
-        token_ids, positions, query_start, page_table, request_slots, sample_rows,
-        seeds, counters, temperature, top_k, top_p, min_p, penalties, grammar_mask, mask_rows,
+        self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
+        token_ids, positions, query_lens, request_slots, generations, sample_rows,
+        seeds, counters, sampling_params, grammar_mask, submission,
     ):
+        step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
+                        (request_slots, generations, sample_rows, query_lens, submission),
+                        (seeds, counters, sampling_params, grammar_mask))
+
+    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls):
         w = self.bind(weights)
-        step = self.packed_step(token_ids, positions, query_start, page_table)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
-        controls = SamplingInputs(seeds, counters, temperature, top_k, top_p, min_p, penalties)
-        return self.sample(w, hidden, step, (prompt_counts, output_counts, request_slots, sample_rows),
-                           controls, (grammar_mask, mask_rows))
+        sampled, logits = self.sample(w, hidden, step, counts, lanes, controls)
+        return self.completion(step, lanes, sampled), logits
 
     def bind(self, weights: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         if len(weights) != len(self.weight_names):
             raise ValueError(f"expected {len(self.weight_names)} weights, got {len(weights)}")
         return dict(zip(self.weight_names, weights))
 
-    def packed_step(self, token_ids, positions, query_start, page_table) -> PackedStep:
-        slots = slot_mapping(query_start, page_table, positions, self.page_tokens)
-        return PackedStep(token_ids, positions, query_start, page_table, slots)
+    def packed_step(self, token_ids, positions, query_lens, request_slots, page_table) -> PackedStep:
+        zero = torch.zeros(1, dtype=torch.int32, device=query_lens.device)
+        query_start = torch.cat((zero, torch.cumsum(query_lens, 0).to(torch.int32)))
+        rows_page_table = page_table[request_slots.clamp(min=0)]
+        slots = slot_mapping(query_start, rows_page_table, positions, self.page_tokens)
+        return PackedStep(token_ids, positions, query_start, rows_page_table, slots)
 
-    def sample(self, w, hidden, step: PackedStep, state, controls: SamplingInputs, grammar):
+    def sample(self, w, hidden, step: PackedStep, counts, lanes, controls):
         """Sample each row's next token from its last packed token; count it in output_counts."""
-        prompt_counts, output_counts, request_slots, sample_rows = state
-        last = (step.query_start[1:] - 1).clamp(min=0).to(torch.int64)
-        logits = lm_logits(self.arch, w, hidden[last])
+        output_counts, prompt_counts = counts
+        request_slots, sample_rows = lanes[0], lanes[2]
+        seeds, counters, params, grammar_mask = controls
+        logits = lm_logits(self.arch, w, hidden[self.last_tokens(step)])
         slots = request_slots.clamp(min=0)
+        temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)
+        allow = torch.ones_like(sample_rows)  # unconstrained rows carry an all-ones mask
         sampled = torch.ops.helios.sample(
-            logits, *controls, prompt_counts[slots], output_counts[slots], grammar[0], grammar[1]
+            logits, seeds, counters, temperature, top_k, top_p, min_p, penalties,
+            prompt_counts[slots], output_counts[slots], grammar_mask, allow,
         )
         sampled = torch.where(sample_rows, sampled, torch.full_like(sampled, -1))
         counted = (sampled >= 0).to(output_counts.dtype)  # NO_TOKEN (-1) rows count nothing
         output_counts.index_put_((slots, sampled.clamp(min=0)), counted, accumulate=True)
         return sampled, logits
 
+    @staticmethod
+    def last_tokens(step: PackedStep) -> torch.Tensor:
+        return (step.query_start[1:] - 1).clamp(min=0).to(torch.int64)
+
+    def completion(self, step: PackedStep, lanes, sampled) -> torch.Tensor:
+        """The ABI completion record [R, fields] of this round (no drafts: accepted is 0)."""
+        request_slots, generations, sample_rows, query_lens, submission = lanes
+        offered = query_lens.to(torch.int64)
+        consumed = torch.where(offered > 0, step.positions[self.last_tokens(step)] + 1, torch.zeros_like(offered))
+        emitted = (sampled >= 0).to(torch.int64)
+        return torch.ops.helios.completion_record(
+            request_slots, generations, submission.reshape(()), sampled, offered, torch.zeros_like(offered),
+            emitted, consumed, None,
+        )
+
+
+class MixedProgram(GenerationProgram):
+    """MIXED: prompt rows and generating rows in one packed batch; pending tokens per row."""
+
+    def forward(
+        self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
+        token_ids, positions, query_lens, request_slots, generations, sample_rows,
+        seeds, counters, sampling_params, grammar_mask, submission, pending_ids,
+    ):
+        step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        step = step._replace(token_ids=self.with_pending(step, pending_ids))
+        return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
+                        (request_slots, generations, sample_rows, query_lens, submission),
+                        (seeds, counters, sampling_params, grammar_mask))
+
+    @staticmethod
+    def with_pending(step: PackedStep, pending_ids: torch.Tensor) -> torch.Tensor:
+        """Packed tokens with each row's first token replaced by its pending token where >= 0."""
+        num_tokens, num_rows = step.token_ids.shape[0], pending_ids.shape[0]
+        index = torch.arange(num_tokens, device=step.token_ids.device, dtype=step.query_start.dtype)
+        rows = torch.searchsorted(step.query_start[1:].contiguous(), index, right=True).clamp(max=num_rows - 1)
+        is_first = index == step.query_start[rows]
+        pending = pending_ids[rows]
+        return torch.where(is_first & (pending >= 0), pending, step.token_ids)
+
 
 class ScoredPrefillProgram(GenerationProgram):
     """SCORED_PREFILL: a prefill that also scores target_ids at every packed position."""
 
     def forward(
-        self, weights: list[torch.Tensor], k_cache, v_cache, prompt_counts, output_counts,
-        token_ids, positions, query_start, page_table, request_slots, sample_rows,
-        seeds, counters, temperature, top_k, top_p, min_p, penalties, grammar_mask, mask_rows, target_ids,
+        self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
+        token_ids, positions, query_lens, request_slots, generations, sample_rows,
+        seeds, counters, sampling_params, grammar_mask, submission, target_ids,
     ):
+        step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         w = self.bind(weights)
-        step = self.packed_step(token_ids, positions, query_start, page_table)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
-        controls = SamplingInputs(seeds, counters, temperature, top_k, top_p, min_p, penalties)
-        sampled, logits = self.sample(w, hidden, step, (prompt_counts, output_counts, request_slots, sample_rows),
-                                      controls, (grammar_mask, mask_rows))
-        return sampled, logits, self.target_logprobs(w, hidden, step, target_ids)
+        lanes = (request_slots, generations, sample_rows, query_lens, submission)
+        sampled, logits = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
+                                      (seeds, counters, sampling_params, grammar_mask))
+        return self.completion(step, lanes, sampled), logits, self.target_logprobs(w, hidden, step, target_ids)
 
     def target_logprobs(self, w, hidden, step: PackedStep, target_ids) -> torch.Tensor:
         logprobs = torch.log_softmax(lm_logits(self.arch, w, hidden), dim=-1)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from helios.abi.completion import NUM_FIELDS as COMPLETION_FIELDS
+from helios.abi.sampling import NUM_SAMPLING_PARAMETERS
 from helios.ignition.architecture import Architecture, CheckpointError, WeightSlot, weight_layout
 
 Dim = int | str
@@ -115,12 +117,14 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
 
 def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...]:
     cache_shape = (arch.num_layers, "pages", page_tokens, arch.num_kv_heads, arch.head_dim)
-    cache, state, vocab = InputRole.CACHE_STORAGE, InputRole.PERSISTENT_STATE, arch.vocab_size
+    cache, state, step, vocab = InputRole.CACHE_STORAGE, InputRole.PERSISTENT_STATE, InputRole.STEP_INPUT, arch.vocab_size
     return (
         TensorSpec("k_cache", arch.dtype, cache_shape, cache, Access.READ_WRITE),
         TensorSpec("v_cache", arch.dtype, cache_shape, cache, Access.READ_WRITE),
-        TensorSpec("prompt_counts", "int32", ("slots", vocab), state, Access.READ),
         TensorSpec("output_counts", "int32", ("slots", vocab), state, Access.READ_WRITE),
+        # Host-written per request row: at admission (histogram) and as pages are assigned.
+        TensorSpec("prompt_counts", "int32", ("request_rows", vocab), step),
+        TensorSpec("page_table", "int32", ("request_rows", "max_pages"), step),
     )
 
 
@@ -129,20 +133,18 @@ def _step_inputs(arch: Architecture, capacity: Capacity, operation: Operation) -
     specs = (
         TensorSpec("token_ids", "int64", (tokens,)),
         TensorSpec("positions", "int64", (tokens,)),
-        TensorSpec("query_start", "int32", (rows + 1,)),
-        TensorSpec("page_table", "int32", (rows, "max_pages")),
+        TensorSpec("query_lens", "int32", (rows,)),
         TensorSpec("request_slots", "int64", (rows,)),
+        TensorSpec("generations", "int64", (rows,)),
         TensorSpec("sample_rows", "bool", (rows,)),
         TensorSpec("seeds", "int64", (rows,)),
         TensorSpec("counters", "int64", (rows,)),
-        TensorSpec("temperature", "float32", (rows,)),
-        TensorSpec("top_k", "int32", (rows,)),
-        TensorSpec("top_p", "float32", (rows,)),
-        TensorSpec("min_p", "float32", (rows,)),
-        TensorSpec("penalties", "float32", (rows, 3)),
+        TensorSpec("sampling_params", "float32", (rows, NUM_SAMPLING_PARAMETERS)),
         TensorSpec("grammar_mask", "int32", (rows, -(-arch.vocab_size // 32))),
-        TensorSpec("mask_rows", "bool", (rows,)),
+        TensorSpec("submission", "int64", (1,)),
     )
+    if operation is Operation.MIXED:
+        specs += (TensorSpec("pending_ids", "int64", (rows,)),)
     if operation is Operation.SCORED_PREFILL:
         specs += (TensorSpec("target_ids", "int64", (tokens,)),)
     return specs
@@ -151,7 +153,7 @@ def _step_inputs(arch: Architecture, capacity: Capacity, operation: Operation) -
 def _outputs(arch: Architecture, capacity: Capacity, operation: Operation) -> tuple[OutputSpec, ...]:
     rows = capacity.batch_capacity
     outputs = (
-        OutputSpec("sampled_ids", "int64", (rows,)),
+        OutputSpec("completion", "int64", (rows, COMPLETION_FIELDS)),
         OutputSpec("logits", "float32", (rows, arch.vocab_size)),
     )
     if operation is Operation.SCORED_PREFILL:

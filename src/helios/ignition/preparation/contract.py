@@ -36,7 +36,8 @@ from helios.ignition.program_spec import InputRole, Operation, ProgramSpec, Tens
 S, M = spb, mpb
 EXPORTED_CONTRACT_VERSION = 3
 MANIFEST_VERSION = 1
-COMPLETION_BUFFER = "completion"
+COMPLETION_BUFFER = "completion"  # also the name of the programs' record output
+SUBMISSION_INPUT = "submission"  # written by the transport, not by a value binding
 COMPLETION_FIELDS = 10  # int64 columns of helios.abi.completion.CompletionLayout
 
 _OPERATIONS = {
@@ -66,6 +67,7 @@ _BINDINGS = {
     "counters": (S.VALUE_SOURCE_CONSUMED_TOKEN_END, S.INDEXING_SUBMISSION_ROW, 0),
     "sampling_params": (S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.INDEXING_SUBMISSION_ROW, 0),
     "grammar_mask": (S.VALUE_SOURCE_GRAMMAR_MASK, S.INDEXING_SUBMISSION_ROW, -1),
+    "pending_ids": (S.VALUE_SOURCE_PENDING_TOKEN, S.INDEXING_SUBMISSION_ROW, -1),
     "prompt_counts": (S.VALUE_SOURCE_PROMPT_HISTOGRAM, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
 }
 _DECODE_BINDINGS = {
@@ -148,6 +150,7 @@ def declare_paged_text(
                 graph=graph_name(operation), capacity=_capacity(program.spec),
                 resource_id=program.resource_id, rank=program.rank,
                 abi_operations=[name for name, _ in program.spec.abi_ops],
+                program_inputs=list(program.spec.input_names[1:]), program_outputs=list(program.spec.output_names),
             )
     manifest.abi_operations.extend(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops(programs).items())
@@ -214,7 +217,7 @@ def _dims(shape: Sequence[int | str], declaration: PagedTextDeclaration, fixed: 
     for dim in shape:
         if dim == "max_pages":
             dims.append(M.Dim(size=declaration.max_pages_per_request))
-        elif dim == "slots" and fixed:
+        elif dim == "request_rows" or (dim == "slots" and fixed):
             dims.append(M.Dim(size=declaration.max_concurrency))
         elif isinstance(dim, str):
             dims.append(M.Dim(load_extent=_EXTENTS[dim]))
@@ -237,6 +240,11 @@ def _buffers(declaration, programs, weights_resource) -> list[mpb.Buffer]:
             name=tensor.name, dtype=_DTYPES[tensor.dtype], placement=M.PLACEMENT_DEVICE, role=role,
             shape=_dims(tensor.shape, declaration, fixed=role == M.BUFFER_ROLE_INPUT),
         )
+    for output in _widest_outputs(programs):
+        buffers[output.name] = M.Buffer(
+            name=output.name, dtype=_DTYPES[output.dtype], role=M.BUFFER_ROLE_OUTPUT,
+            placement=M.PLACEMENT_DEVICE, shape=_dims(output.shape, declaration, fixed=True),
+        )
     rows = max(p.spec.capacity.batch_capacity for p in programs)
     buffers[COMPLETION_BUFFER] = M.Buffer(
         name=COMPLETION_BUFFER, dtype=M.DTYPE_UINT8, role=M.BUFFER_ROLE_OUTPUT, placement=M.PLACEMENT_HOST,
@@ -258,7 +266,18 @@ def _widest_inputs(programs: Sequence[ProgramResource]) -> list[TensorSpec]:
     return list(widest.values())
 
 
-def _static_size(tensor: TensorSpec) -> int:
+def _widest_outputs(programs: Sequence[ProgramResource]):
+    """Each output but the completion record once, at its largest static extent."""
+    widest = {}
+    for program in programs:
+        for output in program.spec.outputs:
+            known = widest.get(output.name)
+            if output.name != COMPLETION_BUFFER and (known is None or _static_size(output) > _static_size(known)):
+                widest[output.name] = output
+    return list(widest.values())
+
+
+def _static_size(tensor) -> int:
     size = 1
     for dim in tensor.shape:
         size *= dim if isinstance(dim, int) else 1
@@ -283,7 +302,9 @@ def _completion_layout() -> mpb.CompletionLayout:
         (M.COMPLETION_FIELD_KIND_ACCEPTED_DRAFTS, 5), (M.COMPLETION_FIELD_KIND_EMITTED_TOKENS, 6),
         (M.COMPLETION_FIELD_KIND_DRAFT_CURSOR, 8), (M.COMPLETION_FIELD_KIND_RESERVED_MODEL, 9),
     )
-    layout = M.CompletionLayout(buffer=COMPLETION_BUFFER, frames=2, record_bytes=COMPLETION_FIELDS * 8)
+    layout = M.CompletionLayout(
+        buffer=COMPLETION_BUFFER, frames=2, record_bytes=COMPLETION_FIELDS * 8, submission_input=SUBMISSION_INPUT
+    )
     for kind, column in columns:
         layout.fields.add(kind=kind, byte_offset=column * 8, dtype=M.DTYPE_INT64, count=1)
     return layout

@@ -1,0 +1,203 @@
+"""The in-process engine: one model worker thread that owns the device, scheduler and executor.
+
+Other threads talk to it only through `submit` and `cancel`, which enqueue plain records and wake
+the worker. The worker loop: take new requests (scheduler admission; a rejection becomes that
+request's REJECTED event and touches nothing else), apply cancellations, build a plan, compute the
+grammar masks of constrained rows, run it, validate and complete it, then deliver events. Per-token
+host work that must finish before the next round (grammar advance, host stops) runs here, in the
+request's hooks, so the scheduler sees a stop before it schedules again.
+
+Every request ends with exactly one `FinishEvent`. Events are delivered by calling the request's
+`on_event` in the worker thread; it must not block (hand off to a queue).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from helios.errors import AdmissionRejected, ExecutionError
+from helios.runtime.events import FinishEvent, RequestEvent, TokenEvent, rejected
+from helios.runtime.executor import Executor
+from helios.runtime.packer import AdmissionValues
+from helios.runtime.request import RequestSpec
+from helios.runtime.scheduler import Scheduler
+from helios.runtime.stats import WorkerStats
+
+
+class GrammarState(Protocol):
+    """The per-request grammar matcher the worker owns once submitted."""
+
+    def fill_bitmask(self, row: torch.Tensor) -> None: ...
+
+    def consume_token(self, token_id: int) -> object: ...
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A prepared request. `host_stop(token_id) -> bool` (None when the request has no host
+    stops) runs in the worker after each token and returns True when a stop matched."""
+
+    spec: RequestSpec
+    admission: AdmissionValues
+    on_event: Callable[[RequestEvent], None]
+    grammar: GrammarState | None = None
+    host_stop: Callable[[int], bool] | None = None
+
+
+class Engine:
+    """Owns the worker thread; `submit`/`cancel` are thread-safe."""
+
+    def __init__(self, scheduler: Scheduler, executor: Executor, stats: WorkerStats | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns):
+        self.scheduler = scheduler
+        self.executor = executor
+        self.stats = stats or WorkerStats()
+        self._clock = clock
+        self._wake = threading.Condition()
+        self._ingress: deque[EngineRequest] = deque()
+        self._cancels: deque[str] = deque()
+        self._active: dict[str, EngineRequest] = {}
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._mask_words = executor.model.prepared.contract.model.vocabulary.mask_words
+        self.stats.request_slots = scheduler.caps.max_active
+        self.stats.pages_total = scheduler.caps.cache.num_pages
+
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="helios-model-worker", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stops the worker after its current round; in-flight requests end CANCELLED."""
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, request: EngineRequest) -> None:
+        with self._wake:
+            self._ingress.append(request)
+            self._wake.notify()
+
+    def cancel(self, request_id: str) -> None:
+        with self._wake:
+            self._cancels.append(request_id)
+            self._wake.notify()
+
+    # -- worker --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not (self._ingress or self._cancels or self.scheduler.has_work):
+                    self._wake.wait()
+                if not self._running:
+                    break
+                ingress, self._ingress = list(self._ingress), deque()
+                cancels, self._cancels = list(self._cancels), deque()
+            self._admit(ingress)
+            for request_id in cancels:
+                self._dispatch(self.scheduler.cancel(request_id))
+            self.step()
+        for request_id in list(self._active):
+            self._dispatch(self.scheduler.cancel(request_id))
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        """Synchronous driving (tests, offline generation): admit, step until nothing is left."""
+        for _ in range(max_steps):
+            ingress, self._ingress = list(self._ingress), deque()
+            self._admit(ingress)
+            cancels, self._cancels = list(self._cancels), deque()
+            for request_id in cancels:
+                self._dispatch(self.scheduler.cancel(request_id))
+            if not self.scheduler.has_work:
+                return
+            self.step()
+        raise ExecutionError("the engine did not go idle")
+
+    def _admit(self, requests: list[EngineRequest]) -> None:
+        for request in requests:
+            spec = request.spec
+            try:
+                self.scheduler.submit(spec)
+            except AdmissionRejected as error:
+                self.stats.requests_rejected += 1
+                request.on_event(rejected(spec.request_id, len(spec.prompt_ids), str(error)))
+                continue
+            self._active[spec.request_id] = request
+            self.executor.packer.register(spec.request_id, request.admission)
+            self.stats.requests_admitted += 1
+            self.stats.prompt_tokens += len(spec.prompt_ids)
+
+    def step(self) -> None:
+        """Schedules and runs one plan (or nothing when none can run now)."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return
+        try:
+            output = self.executor.run(plan, self._masks(plan))
+        except ExecutionError as error:
+            self._dispatch(self.scheduler.fail(plan, str(error)))
+            return
+        except Exception as error:  # a device or program failure must not kill the worker
+            self._dispatch(self.scheduler.fail(plan, f"execution failed: {type(error).__name__}: {error}"))
+            return
+        if plan.variant is not None:
+            self.stats.graph_launches[plan.operation.name.lower()] += 1
+        self._dispatch(self.scheduler.complete(plan, output.results))
+        self._refresh_gauges()
+
+    def _masks(self, plan) -> dict[str, torch.Tensor]:
+        masks = {}
+        for row in plan.rows:
+            request = self._active.get(row.request_id)
+            if row.constrained and row.samples and request is not None and request.grammar is not None:
+                mask = torch.empty(self._mask_words, dtype=torch.int32)
+                request.grammar.fill_bitmask(mask)
+                masks[row.request_id] = mask
+        return masks
+
+    def _dispatch(self, events: list[RequestEvent]) -> None:
+        for event in events:
+            request = self._active.get(event.request_id)
+            if request is None:
+                continue
+            if isinstance(event, TokenEvent):
+                self.stats.generated_tokens += len(event.token_ids)
+                request.on_event(event)
+                self._after_tokens(request, event.token_ids)
+            else:
+                self._finish(request, event)
+
+    def _after_tokens(self, request: EngineRequest, token_ids) -> None:
+        for token_id in token_ids:
+            if request.grammar is not None:
+                request.grammar.consume_token(token_id)
+            if request.host_stop is not None and request.host_stop(token_id):
+                self._dispatch(self.scheduler.stop(request.spec.request_id))
+                return
+
+    def _finish(self, request: EngineRequest, event: FinishEvent) -> None:
+        del self._active[event.request_id]
+        self.executor.packer.forget(event.request_id)
+        self.stats.requests_finished[event.reason.name.lower()] += 1
+        request.on_event(event)
+
+    def _refresh_gauges(self) -> None:
+        c = self.scheduler.counters()
+        stats = self.stats
+        with stats._lock:
+            stats.active_requests, stats.queued_requests = c.num_running, c.num_waiting
+            stats.pages_total, stats.pages_free, stats.pages_cached = c.pages_total, c.pages_free, c.pages_cached
+            stats.prefix_lookup_tokens, stats.prefix_reused_tokens = c.prefix_lookup_tokens, c.prefix_reused_tokens
+            stats.snapshots_published, stats.snapshots_evicted = c.snapshots_published, c.snapshots_evicted
+            stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
+            stats.constrained_max_inflight = c.constrained_max_inflight

@@ -1,0 +1,61 @@
+"""Scheduler capacities of a loaded model: variants, storage layout and limits from the contract.
+
+Everything comes from the contract and from the physical capacities chosen at load; nothing is
+keyed by model identity. The scheduler reads the result only.
+"""
+
+from __future__ import annotations
+
+from helios.contract import serving_pb2 as spb
+from helios.runtime.capacities import (
+    Capacities,
+    CacheGeometry,
+    HistoryKind,
+    HistoryRegion,
+    PageTableView,
+    ProgramVariant,
+    StorageLayout,
+)
+from helios.runtime.executor import OPERATIONS, variant_name
+from helios.runtime.model import LoadedModel
+
+_KINDS = {
+    spb.HISTORY_KIND_PAGED_KEY_VALUE: HistoryKind.PAGED_KV,
+    spb.HISTORY_KIND_PAGED_LATENT: HistoryKind.PAGED_LATENT,
+    spb.HISTORY_KIND_SLIDING_WINDOW: HistoryKind.SLIDING_WINDOW,
+    spb.HISTORY_KIND_RECURRENT: HistoryKind.RECURRENT,
+    spb.HISTORY_KIND_CONTINUATION: HistoryKind.CONTINUATION,
+}
+
+
+def storage_layout(model: LoadedModel) -> StorageLayout:
+    cache = model.prepared.contract.model.cache
+    regions = tuple(
+        HistoryRegion(r.name, _KINDS[r.kind], max(1, r.tokens_per_record), r.window_tokens) for r in cache.regions
+    )
+    views = tuple(PageTableView(v.destination, v.page_offset) for v in cache.page_table_views)
+    return StorageLayout(cache.page_tokens, regions, views)
+
+
+def capacities_for(model: LoadedModel, queue_capacity: int) -> Capacities:
+    """The scheduler's view of `model`: selected concurrency, extents, variants and cache geometry."""
+    settings = model.settings
+    layout = storage_layout(model)
+    variants = tuple(
+        ProgramVariant(
+            name=variant_name(p), operation=OPERATIONS[p.operation], batch_capacity=p.batch_capacity,
+            packed_token_capacity=p.packed_token_capacity, device_pending=False,
+        )
+        for p in model.programs
+    )
+    vocab_begin, vocab_end = model.prepared.sampled_range
+    geometry = CacheGeometry(
+        layout=layout, num_pages=model.num_pages,
+        max_pages_per_request=-(-settings.context_tokens // layout.page_tokens) + layout.lookahead_pages,
+        identity=model.prepared.contract.cache_identity.encode("utf-8"),
+    )
+    return Capacities(
+        max_active=settings.max_concurrency, context_tokens=settings.context_tokens,
+        prefill_tokens=settings.prefill_tokens, vocab_size=vocab_end, variants=variants, cache=geometry,
+        input_vocab_size=model.prepared.input_range[1], queue_capacity=queue_capacity,
+    )

@@ -1,0 +1,201 @@
+"""Loading a verified core into an executable model (the `NativeModel::load` of the spec).
+
+Order, and why: the caller hands in a `Core` that `open_core` already verified and authorized, so
+nothing here runs on untrusted bytes. `load_model` then
+
+1. resolves settings (core defaults, explicit startup options win) and selects, per serving graph,
+   the captured variants that the selected concurrency needs (load-time selection may reduce
+   captured concurrency; a missing graph or variant fails startup with `LoadError`);
+2. checks, before deserializing a program, that every ABI op it names is declared in the manifest
+   and registered here with exactly the declared schema, then loads it and checks again;
+3. loads each rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
+4. backs every other buffer after graph loading: physical page and state-row extents are chosen
+   now and replace preparation's working-set counts.
+
+The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+import torch
+from safetensors.torch import load as load_safetensors
+
+from helios.abi.registry import validate_program_ops, validate_serialized_ops
+from helios.contract import PreparedContract, StartupOptions, resolve_settings
+from helios.contract import manifest_pb2 as mpb
+from helios.contract import serving_pb2 as spb
+from helios.contract.settings import ResolvedSettings
+from helios.errors import LoadError
+
+SERVING_OPERATIONS = (spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED)
+_DTYPES = {
+    mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
+    mpb.DTYPE_INT64: torch.int64, mpb.DTYPE_INT32: torch.int32, mpb.DTYPE_INT16: torch.int16,
+    mpb.DTYPE_INT8: torch.int8, mpb.DTYPE_UINT8: torch.uint8, mpb.DTYPE_BOOL: torch.bool,
+}
+
+
+class MissingVariantError(LoadError):
+    """The contract needs a graph or capacity variant that has no loadable program."""
+
+
+class WeightMismatchError(LoadError):
+    """A weight resource lacks a declared buffer or holds it with another dtype or shape."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Startup options: contract settings overrides, device and physical cache pages."""
+
+    startup: StartupOptions = StartupOptions()
+    device: str = "cpu"
+    num_pages: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadedProgram:
+    """One selected program: graph name, operation, capacities, callable and its I/O buffers."""
+
+    graph: str
+    operation: int
+    batch_capacity: int
+    packed_token_capacity: int
+    module: torch.nn.Module
+    weights: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    input_shapes: tuple[tuple[int | None, ...], ...]  # static extents per input; None where symbolic
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """Everything serving needs from a core, owned until drop. Buffers are mutated only by
+    the model worker (packing and program execution)."""
+
+    prepared: PreparedContract
+    settings: ResolvedSettings
+    programs: tuple[LoadedProgram, ...]
+    weights: Mapping[str, torch.Tensor]
+    buffers: Mapping[str, torch.Tensor]
+    num_pages: int
+    num_state_rows: int
+    tokenizer_json: bytes
+    chat_template: str
+    device: torch.device
+
+
+def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
+    """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring)."""
+    prepared = core.prepared
+    settings = resolve_settings(prepared, options.startup)
+    device = torch.device(options.device)
+    handles = select_handles(prepared, settings.max_concurrency)
+    declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
+    programs = tuple(_load_program(core, prepared, handle, declared) for handle in handles)
+    weights = _load_weights(core, prepared, device)
+    num_pages = options.num_pages or settings.page_capacity
+    num_state_rows = settings.max_concurrency * max(1, prepared.state_rows_per_request())
+    buffers = _allocate(prepared, num_pages, num_state_rows, device)
+    return LoadedModel(
+        prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
+        num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
+        core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device,
+    )
+
+
+def select_handles(prepared: PreparedContract, concurrency: int) -> list[mpb.GraphHandle]:
+    """Rank-0 handles of the serving graphs, reduced to the variants `concurrency` can use."""
+    selected = []
+    for operation in SERVING_OPERATIONS:
+        for graph in prepared.graphs_for(operation):
+            handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == 0]
+            selected += _reduce(handles, concurrency)
+    operations = {prepared.graphs[h.graph].operation for h in selected}
+    if spb.GRAPH_OPERATION_DECODE not in operations:
+        raise MissingVariantError("the core has no DECODE program: it cannot generate")
+    if not operations & {spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED}:
+        raise MissingVariantError("the core has no PREFILL or MIXED program: it cannot consume prompts")
+    for handle in selected:
+        if not handle.program_inputs or not handle.program_outputs:
+            raise MissingVariantError(f"graph {handle.graph!r}: the manifest does not name the program's inputs/outputs")
+    return selected
+
+
+def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphHandle]:
+    """Variants with B <= concurrency plus the smallest one with B >= concurrency."""
+    ordered = sorted(handles, key=lambda h: (h.capacity.batch_capacity, h.capacity.packed_token_capacity))
+    kept = [h for h in ordered if h.capacity.batch_capacity <= concurrency]
+    larger = [h for h in ordered if h.capacity.batch_capacity > concurrency]
+    if larger and (not kept or kept[-1].capacity.batch_capacity < concurrency):
+        kept.append(larger[0])
+    return kept
+
+
+def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared) -> LoadedProgram:
+    names = set(handle.abi_operations)
+    ops = {name: schema for name, schema in declared.items() if name in names}
+    data = core.read_resource(handle.resource_id)
+    validate_serialized_ops(data, ops)
+    exported = torch.export.load(io.BytesIO(data))
+    validate_program_ops(exported, ops)
+    graph = prepared.graphs[handle.graph]
+    return LoadedProgram(
+        graph=handle.graph, operation=graph.operation, batch_capacity=handle.capacity.batch_capacity,
+        packed_token_capacity=handle.capacity.packed_token_capacity, module=exported.module(),
+        weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
+        outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
+    )
+
+
+def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], ...]:
+    """Static extents of the user inputs after the weight list (symbolic dims are None)."""
+    shapes = []
+    specs = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    for spec in specs[num_weights:]:
+        value = placeholders[spec.arg.name].meta.get("val")
+        shapes.append(tuple(int(d) if isinstance(d, int) else None for d in value.shape))
+    return tuple(shapes)
+
+
+def _load_weights(core, prepared: PreparedContract, device: torch.device) -> dict[str, torch.Tensor]:
+    weight_buffers = [b for b in prepared.manifest.buffers if b.role == mpb.BUFFER_ROLE_WEIGHT]
+    loaded: dict[str, dict[str, torch.Tensor]] = {}
+    weights = {}
+    for buffer in weight_buffers:
+        if buffer.resource_id not in loaded:
+            loaded[buffer.resource_id] = load_safetensors(core.read_resource(buffer.resource_id))
+        tensor = loaded[buffer.resource_id].get(buffer.name)
+        expected = tuple(dim.size for dim in buffer.shape)
+        if tensor is None:
+            raise WeightMismatchError(f"weight resource {buffer.resource_id!r} lacks {buffer.name!r}")
+        if tensor.dtype != _DTYPES[buffer.dtype] or tuple(tensor.shape) != expected:
+            raise WeightMismatchError(
+                f"weight {buffer.name!r} is {tuple(tensor.shape)} {tensor.dtype}; the manifest declares {expected}"
+            )
+        weights[buffer.name] = tensor.to(device)
+    return weights
+
+
+def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device) -> dict[str, torch.Tensor]:
+    extents = {mpb.LOAD_EXTENT_PHYSICAL_PAGES: num_pages, mpb.LOAD_EXTENT_STATE_ROWS: num_rows}
+    buffers = {}
+    for buffer in prepared.manifest.buffers:
+        if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
+            continue
+        shape = [extents[d.load_extent] if d.WhichOneof("extent") == "load_extent" else d.size for d in buffer.shape]
+        target = device if buffer.placement == mpb.PLACEMENT_DEVICE else torch.device("cpu")
+        buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], device=target)
+    return buffers
+
+
+def _resource_of_kind(core, kind: str) -> str:
+    for info in core.resources:
+        if info.kind.name == kind:
+            return info.id
+    raise LoadError(f"the core holds no {kind.lower()} resource")

@@ -1,0 +1,221 @@
+"""Shared packing: fills every value binding of a program from a `StepPlan`, generically.
+
+Sources, types, extents and indexing are resolved once per program at startup (`PackingPlan`);
+each step then writes only the values its rows need into the destination buffers, which the
+executor passes to the program. Nothing here knows a model: a binding's `ValueSource` says where a
+value comes from and its `Indexing` says where it goes.
+
+Per-request admission values (prompt, seed, sampling parameters, output limit) are registered by
+the engine when a request is submitted (`register`) and dropped when it ends (`forget`).
+PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
+invalidates everything remembered for the slot), and page tables receive only the entries new
+since the last upload. Persistent-state rows a program writes are zeroed at admission.
+
+Thread ownership: one packer per model worker; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from helios.contract import PreparedContract
+from helios.contract import serving_pb2 as spb
+from helios.errors import LoadError
+from helios.runtime.plan import PlanRow, StepPlan
+
+S = spb
+NUM_SAMPLING_PARAMETERS = 7  # temperature, top_k, top_p, min_p, repetition, presence, frequency
+
+
+class UnsupportedBindingError(LoadError):
+    """A selected program binds a value source this runtime cannot supply."""
+
+
+@dataclass(frozen=True)
+class AdmissionValues:
+    """Values a request fixes at admission."""
+
+    prompt_ids: tuple[int, ...]
+    seed: int
+    sampling: tuple[float, ...]  # NUM_SAMPLING_PARAMETERS values, in the order above
+    output_limit: int
+    eos_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A value binding resolved to the buffer behind its destination."""
+
+    destination: str
+    buffer_name: str
+    source: int
+    indexing: int
+    offset: int
+    padding: int
+    constant: int
+
+
+_ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
+    S.VALUE_SOURCE_SLOT: lambda row, req: row.slot,
+    S.VALUE_SOURCE_GENERATION: lambda row, req: row.generation,
+    S.VALUE_SOURCE_QUERY_LENGTH: lambda row, req: row.query_len,
+    S.VALUE_SOURCE_SAMPLING_DECISION: lambda row, req: int(row.samples),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_START: lambda row, req: row.start_pos,
+    S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda row, req: row.start_pos + row.query_len,
+    S.VALUE_SOURCE_SEED_BITS: lambda row, req: req.seed,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda row, req: req.sampling,
+    S.VALUE_SOURCE_OUTPUT_LIMIT: lambda row, req: req.output_limit,
+    S.VALUE_SOURCE_PENDING_TOKEN: lambda row, req: _pending_token(row, req),
+}
+_PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
+_ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
+    S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
+}
+_ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
+
+
+def _pending_token(row: PlanRow, req: AdmissionValues):
+    """The completed pending token a generating lane feeds; None (padding) for a prompt lane."""
+    if row.token_ids and row.start_pos >= len(req.prompt_ids):
+        return row.token_ids[0]
+    return None
+
+
+class Packer:
+    """Writes a plan's values into the model's destination buffers (see the module docstring)."""
+
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1):
+        self._buffers = buffers
+        self._state_rows = state_rows
+        self._requests: dict[str, AdmissionValues] = {}
+        self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+
+    def register(self, request_id: str, values: AdmissionValues) -> None:
+        self._requests[request_id] = values
+
+    def forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def pack(self, graph: str, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Fills every binding of `graph` for `plan`; `masks` holds constrained rows' grammar masks."""
+        requests = [self._requests[row.request_id] for row in plan.rows]
+        for row in plan.rows:
+            if row.admits:
+                self._reset_state(graph, row.slot)
+        for binding in self._bindings[graph]:
+            target = self._buffers[binding.buffer_name]
+            self._fill(binding, target, plan.rows, requests, masks or {})
+
+    def _reset_state(self, graph: str, slot: int) -> None:
+        rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
+        for name in self._written_state[graph]:
+            self._buffers[name][rows].zero_()
+
+    def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks) -> None:
+        source, indexing = binding.source, binding.indexing
+        if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
+            for row, req in zip(rows, requests):
+                _fill_admission(binding, target, row, req)
+        elif indexing == S.INDEXING_PACKED_TOKEN:
+            values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
+            _write_vector(target, values, binding, pad=True)
+        elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
+            _write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+        elif indexing in _ROW_INDEXING:
+            values = [_row_value(binding, row, req) for row, req in zip(rows, requests)]
+            _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+        elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
+            target.fill_(len(rows) + binding.offset)
+        else:  # CONSTANT (scalar)
+            target.fill_(binding.constant)
+
+
+def _row_value(binding, row: PlanRow, req: AdmissionValues):
+    if binding.source == S.VALUE_SOURCE_CONSTANT:
+        return binding.constant
+    return _ROW_SOURCES[binding.source](row, req)
+
+
+def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
+    if source == S.VALUE_SOURCE_PROMPT_TOKENS:
+        return list(row.token_ids)
+    if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
+        return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
+    prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
+    return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
+
+
+def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> None:
+    """Rows (or packed tokens) 0..n-1 get values (+offset; None -> padding); the rest padding."""
+    n = len(values)
+    if n > target.shape[0]:
+        raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
+    if n:
+        filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
+        target[:n] = torch.tensor(filled, dtype=target.dtype)
+    if pad and n < target.shape[0]:
+        target[n:] = binding.padding
+
+
+def _offset(value, offset: int):
+    if isinstance(value, tuple):
+        return value
+    return value + offset
+
+
+def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool) -> None:
+    for index, row in enumerate(rows):
+        mask = masks.get(row.request_id) if row.constrained else None
+        if mask is None:
+            target[index] = -1  # every token allowed
+        else:
+            target[index] = mask
+    if pad:
+        target[len(rows):] = -1
+
+
+def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues) -> None:
+    source, slot = binding.source, row.slot
+    if source == S.VALUE_SOURCE_PAGE_TABLE:
+        if row.admits:
+            target[slot] = binding.padding
+        if row.new_page_ids:
+            start = row.page_table_start
+            target[slot, start:start + len(row.new_page_ids)] = torch.tensor(row.new_page_ids, dtype=target.dtype)
+    elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
+        if row.admits:
+            target[slot] = 0
+        prompt_len = len(req.prompt_ids)
+        tokens = [t for i, t in enumerate(row.token_ids) if row.start_pos + i < prompt_len]
+        if tokens:
+            ids = torch.tensor(tokens, dtype=torch.int64)
+            target[slot].index_add_(0, ids, torch.ones(len(tokens), dtype=target.dtype))
+    elif row.admits:
+        value = _ROW_SOURCES[source](row, req)
+        target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
+
+
+def _resolve(prepared: PreparedContract, graph: str) -> tuple:
+    """The graph's bindings with their destination buffers; unsupported sources fail startup."""
+    resolved = []
+    for view in prepared.graphs[graph].bindings:
+        supported = view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
+            S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
+        ) or view.source in _ADMISSION_SOURCES
+        if not supported:
+            raise UnsupportedBindingError(
+                f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
+            )
+        resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
+                                view.offset, view.padding, view.constant))
+    return tuple(resolved)
+
+
+def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
+    """Persistent-state buffers the graph writes: zeroed for a slot when it is (re)admitted."""
+    writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
+    return tuple(sorted({a.buffer for a in prepared.graphs[graph].accesses if a.mode in writes}))
