@@ -35,6 +35,7 @@ from helios.frontend.presentation import (
     chat_deltas,
     error_body,
     error_status,
+    failure_error,
     finish_reason,
     response_body,
     sse_error,
@@ -132,10 +133,13 @@ def test_terminal_reasons(reason, calls, expected):
     assert response_body(HEAD, final)["choices"][0]["finish_reason"] == expected
 
 
-@pytest.mark.parametrize("reason", [FinishReason.ERROR, FinishReason.REJECTED])
-def test_failures_are_not_finish_reasons(reason):
+@pytest.mark.parametrize("reason, error", [(FinishReason.ERROR, ExecutionError), (FinishReason.REJECTED, AdmissionRejected)])
+def test_failures_are_typed_errors_not_finish_reasons(reason, error):
     with pytest.raises(ValueError):
         finish_reason(final_of(ParseResult("", "", (), (), ""), reason))
+    assert type(failure_error(reason, "engine says")) is error
+    with pytest.raises(ValueError):
+        failure_error(FinishReason.CANCELLED, "not a failure")
 
 
 @pytest.mark.parametrize(

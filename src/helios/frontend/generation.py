@@ -69,7 +69,6 @@ def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: 
         seed = defaults.seed
     else:
         seed = draw_seed() & SEED_MASK
-    values["temperature"] = float(values["temperature"])
     return SamplingParams(**values, seed=seed)
 
 

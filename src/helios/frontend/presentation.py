@@ -20,8 +20,8 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   object (``ingress_ns``, ``enqueue_ns``, ``reused_prompt_tokens``);
 - finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
   ``stop``, output limit -> ``length``, cancellation -> ``cancelled``. Execution failure and
-  admission rejection are errors, not finish reasons: `error_body` for JSON (the status is the
-  error class's), `sse_error` once the SSE headers are out: one ``event: error`` with an
+  admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
+  `error_body` for JSON (the status is the error class's), `sse_error` once the SSE headers are out: one ``event: error`` with an
   ``{"error": ...}`` body and no ``[DONE]``; the error ``type`` tells admission rejection
   (``admission_rejected``) from execution failure (``execution_error``).
 
@@ -34,7 +34,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 
-from helios.errors import AdmissionRejected, HeliosError, OverloadedError, RequestError
+from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError
 from helios.frontend.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStart
 from helios.frontend.observation import ObservationRecord
 from helios.frontend.output import OutputFinal, OutputStep, Usage
@@ -144,6 +144,16 @@ def response_body(head: ResponseHead, final: OutputFinal) -> dict:
 
 
 # -- errors --------------------------------------------------------------------------------------
+
+
+def failure_error(reason: FinishReason, message: str) -> HeliosError:
+    """The typed error of an output the engine ended in failure: admission rejection or execution
+    failure (the message is the engine's; the class alone decides status and error type)."""
+    if reason is FinishReason.REJECTED:
+        return AdmissionRejected(message)
+    if reason is FinishReason.ERROR:
+        return ExecutionError(message)
+    raise ValueError(f"{reason.name} is not a failure")
 
 
 def error_type(error: BaseException) -> str:

@@ -49,6 +49,11 @@ from helios.frontend.template import ChatTemplate
 from helios.runtime.request import RequestSpec
 
 
+def random_seed() -> int:
+    """Fresh seed bits for a request without a seed under the random seed policy."""
+    return secrets.randbits(64)
+
+
 class PromptError(RequestError):
     """A text-completion prompt that is empty or holds ids outside the input vocabulary."""
 
@@ -126,7 +131,7 @@ class PreparedRequest:
 class PreparedChat(PreparedRequest):
     """A chat request; `prompt` also holds the rendered text and the initial reasoning state."""
 
-    prompt: Prompt = field(default=None, repr=False)
+    prompt: Prompt = field(kw_only=True, repr=False)
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ class FrontendModel:
         grammar: GrammarCompiler,
         settings: ResolvedSettings,
         facts: ModelFacts,
-        draw_seed: Callable[[], int] = lambda: secrets.randbits(64),
+        draw_seed: Callable[[], int] = random_seed,
     ):
         self._tokenizer = tokenizer
         self._syntax = syntax
@@ -182,8 +187,8 @@ class FrontendModel:
             tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
         )
         facts = ModelFacts((serving.served_id, *serving.aliases), vocab_size, prepared.input_range)
-        extra = {} if draw_seed is None else {"draw_seed": draw_seed}
-        return cls(tokenizer, syntax, PromptBuilder(template, tokenizer, syntax.prompt_rules), grammar, settings, facts, **extra)
+        prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
+        return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed)
 
     @property
     def served_id(self) -> str:
