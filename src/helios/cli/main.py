@@ -17,6 +17,8 @@ from helios.errors import HeliosError
 COMMAND_MODULES = (
     "helios.cli.contract_cmd",
     "helios.cli.core_cmd",
+    "helios.cli.prepare_cmd",
+    "helios.cli.generate_cmd",
 )
 
 
@@ -34,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Positional lists (generate's prompts) may follow options; anything else is an error.
+        if not hasattr(args, "prompts") or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.prompts = list(args.prompts or []) + extra
     try:
         return int(args.func(args) or 0)
     except HeliosError as error:

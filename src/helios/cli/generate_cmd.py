@@ -1,0 +1,79 @@
+"""`helios generate MODEL.core --accept NS (PROMPT ... | --prompt-ids JSON)`: offline batch generation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tokenizers import Tokenizer
+
+from helios.cli.core_options import add_core_options, open_core_from_args
+from helios.errors import UsageError
+from helios.frontend.template import ChatTemplate
+from helios.runtime.offline import SamplingChoice, generate
+from helios.runtime.service import build_runtime
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate from a core offline (all prompts in one batch)",
+        description="Load a verified core and generate for every prompt through the same runtime the "
+        "server uses. Prompts are text (tokenized with the core's tokenizer; --chat applies its chat "
+        "template to each as a user message) or token ids (--prompt-ids).",
+    )
+    parser.add_argument("core", help="core file")
+    parser.add_argument("prompts", nargs="*", help="prompt texts")
+    parser.add_argument("--prompt-ids", help='JSON list of token-id lists, e.g. "[[1, 2, 3]]"')
+    parser.add_argument("--chat", action="store_true", help="render each prompt as a user message with the chat template")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus probability mass (default 1)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k cutoff; 0 disables (default)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the core's EOS tokens")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_core_options(parser)
+    parser.set_defaults(func=run)
+
+
+def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> list[list[int]]:
+    if bool(args.prompts) == bool(args.prompt_ids):
+        raise UsageError("give prompt texts or --prompt-ids, not both or neither")
+    if args.prompt_ids:
+        try:
+            ids = json.loads(args.prompt_ids)
+        except ValueError as error:
+            raise UsageError(f"--prompt-ids is not JSON: {error}") from None
+        if not isinstance(ids, list) or not all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in ids):
+            raise UsageError("--prompt-ids must be a JSON list of non-empty lists of integers")
+        return ids
+    if args.chat:
+        chat = ChatTemplate(template, template_tokens)
+        texts = [chat.render([{"role": "user", "content": text}], add_generation_prompt=True) for text in args.prompts]
+        return [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    return [tokenizer.encode(text).ids for text in args.prompts]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_tokens <= 0:
+        raise UsageError("--max-tokens must be positive")
+    runtime = build_runtime(open_core_from_args(args, args.core))
+    model = runtime.model
+    tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
+    template_tokens = {t.name: t.text for t in model.prepared.contract.defaults.template_tokens}
+    prompts = _prompt_ids(args, tokenizer, model.chat_template, template_tokens)
+    eos = () if args.ignore_eos else model.settings.eos_token_ids
+    parameters = (args.temperature, float(args.top_k), args.top_p, 0.0, 1.0, 0.0, 0.0)
+    results = generate(runtime.engine, prompts, args.max_tokens, eos, SamplingChoice(parameters, args.seed))
+    for prompt, result in zip(prompts, results):
+        text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+        if args.json:
+            print(json.dumps({"prompt_ids": prompt, "token_ids": list(result.token_ids), "text": text,
+                              "finish_reason": result.finish_reason.name.lower(), "message": result.message}))
+        else:
+            print(text)
+    failed = [r for r in results if r.finish_reason.name in ("ERROR", "REJECTED")]
+    for result in failed:
+        print(f"helios generate: {result.finish_reason.name.lower()}: {result.message}", file=sys.stderr)
+    return 9 if failed else 0

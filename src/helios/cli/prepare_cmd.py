@@ -1,0 +1,64 @@
+"""`helios prepare CHECKPOINT -o MODEL.core --key KEY --namespace NS`: checkpoint -> signed core."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from helios.core.keys import load_signing_key
+from helios.errors import UsageError
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError("batch capacities must be positive")
+    return values
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "prepare", help="prepare a Hugging Face checkpoint into a signed core",
+        description="Capture the checkpoint's programs at the given capacities, declare the serving "
+        "contract and write one signed core (weights, programs, tokenizer, chat template).",
+    )
+    parser.add_argument("checkpoint", help="checkpoint directory (config.json, *.safetensors, tokenizer files)")
+    parser.add_argument("-o", "--output", required=True, help="core file to write")
+    parser.add_argument("--key", required=True, help="Ed25519 private key (from `helios keygen`)")
+    parser.add_argument("--namespace", required=True, help="publisher namespace signed into the core")
+    parser.add_argument("--served-id", help="model name served by the API (default: the namespace)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="weight dtype (default: the checkpoint's)")
+    parser.add_argument("--license", default="", help="license terms recorded in the signed payload")
+    parser.add_argument("--page-tokens", type=int, default=16, help="tokens per cache page (default 16)")
+    parser.add_argument("--context-tokens", type=int, default=2048, help="largest prompt+output per request (default 2048)")
+    parser.add_argument("--prefill-tokens", type=int, default=256, help="prompt tokens per prefill step (default 256)")
+    parser.add_argument("--decode-batches", type=_batches, default=(1, 4, 16),
+                        help="captured decode batch capacities, comma-separated (default 1,4,16)")
+    parser.add_argument("--no-mixed", action="store_true", help="do not capture the mixed prefill+decode program")
+    parser.add_argument("--scored-prefill", action="store_true", help="also capture a scored-prefill program")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_dir():
+        raise UsageError(f"{checkpoint} is not a checkpoint directory")
+    plan = CapacityPlan(
+        page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
+        decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
+    )
+    options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
+                             capacities=plan)
+    started = time.monotonic()
+    written = prepare_core(checkpoint, Path(args.output), load_signing_key(Path(args.key)), options,
+                           progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    total = sum(info.stored_nbytes for info in written.resources)
+    print(f"wrote {', '.join(str(f) for f in written.files)}: {len(written.resources)} resources, "
+          f"{total / 1e6:.1f} MB stored, in {time.monotonic() - started:.1f} s")
+    return 0
