@@ -1,0 +1,109 @@
+"""The committed prepared-model fixture still loads and generates the recorded tokens (no re-export
+after engine upgrades), and cores whose manifest is inconsistent fail at load with a clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helios.contract import PreparedContract, manifest_pb2
+from helios.core.keys import load_signing_key
+from helios.core.reader import open_core
+from helios.core.writer import CoreWriter
+from helios.errors import LoadError
+from helios.runtime.model import MissingVariantError, WeightMismatchError
+from helios.runtime.offline import generate
+from helios.runtime.service import build_runtime
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CORE = FIXTURES / "models" / "tiny_qwen3.core"
+EXPECTED = json.loads((FIXTURES / "models" / "tiny_qwen3.json").read_text())
+KEY = FIXTURES / "cores" / "TEST-ONLY-signing.key"
+NAMESPACE = EXPECTED["namespace"]
+
+
+def open_fixture(path: Path = CORE):
+    return open_core(path, accept=NAMESPACE, trusted_keys=[Path(str(KEY) + ".pub")])
+
+
+def test_fixture_core_generates_the_recorded_tokens():
+    runtime = build_runtime(open_fixture())
+    results = generate(runtime.engine, EXPECTED["prompts"], EXPECTED["max_tokens"])
+    assert [list(r.token_ids) for r in results] == EXPECTED["token_ids"]
+
+
+def rewrite(tmp_path: Path, edit) -> Path:
+    """A copy of the fixture core whose manifest `edit(manifest)` changed, re-signed with the test key."""
+    source = open_fixture()
+    contract_bytes, manifest_bytes = source.prepared.encode()
+    manifest = manifest_pb2.ExecutionManifest.FromString(manifest_bytes)
+    edit(manifest)
+    writer = CoreWriter()
+    for info in source.resources:
+        writer.add_resource(info.id, info.kind, source.read_resource(info.id), rank=info.rank)
+    writer.set_contract(PreparedContract.decode(contract_bytes, manifest.SerializeToString()))
+    writer.set_publisher(NAMESPACE)
+    writer.add_signing_key(load_signing_key(KEY))
+    target = tmp_path / "edited.core"
+    writer.write(target)
+    return target
+
+
+def drop_decode(manifest):
+    keep = [h for h in manifest.graph_handles if h.graph != "decode"]
+    del manifest.graph_handles[:]
+    manifest.graph_handles.extend(keep)
+
+
+def test_missing_decode_variant_fails_at_load(tmp_path):
+    def edit(manifest):
+        drop_decode(manifest)
+        catalog = [c for c in manifest.execution_catalog if c.graph != "decode"]
+        del manifest.execution_catalog[:]
+        manifest.execution_catalog.extend(catalog)
+
+    # The contract still declares the decode graph, so the contract check itself refuses it.
+    with pytest.raises(Exception) as caught:
+        rewrite(tmp_path, edit)
+    assert "decode" in str(caught.value)
+
+
+def test_op_schema_mismatch_fails_at_load(tmp_path):
+    def edit(manifest):
+        for op in manifest.abi_operations:
+            if op.name == "helios::sample":
+                op.schema = op.schema.replace("Tensor mask_rows", "Tensor rows")
+
+    with pytest.raises(LoadError, match="helios::sample"):
+        build_runtime(open_fixture(rewrite(tmp_path, edit)))
+
+
+def test_declared_but_unused_op_does_not_block_loading(tmp_path):
+    def edit(manifest):
+        manifest.abi_operations.add(name="helios::not_an_op", schema="(Tensor x) -> Tensor")
+        for handle in manifest.graph_handles:
+            handle.abi_operations.append("helios::not_an_op")
+
+    # Declared but never called by the programs: loading succeeds; a program calling an
+    # unregistered op is caught by validate_serialized_ops (tests/abi/test_registry.py).
+    build_runtime(open_fixture(rewrite(tmp_path, edit)))
+
+
+def test_weight_shape_disagreeing_with_manifest_fails_at_load(tmp_path):
+    def edit(manifest):
+        weight = next(b for b in manifest.buffers if b.role == manifest_pb2.BUFFER_ROLE_WEIGHT)
+        weight.shape[0].size += 1
+
+    with pytest.raises(WeightMismatchError, match="manifest declares"):
+        build_runtime(open_fixture(rewrite(tmp_path, edit)))
+
+
+def test_manifest_without_program_io_fails_at_load(tmp_path):
+    def edit(manifest):
+        for handle in manifest.graph_handles:
+            del handle.program_inputs[:]
+
+    with pytest.raises(MissingVariantError, match="inputs/outputs"):
+        build_runtime(open_fixture(rewrite(tmp_path, edit)))
