@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from helios.abi.completion import LAYOUT as COMPLETION
+from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
 from helios.ignition.program_spec import Operation, ProgramSpec
 
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "float32": torch.float32}
@@ -50,10 +52,10 @@ class PagedModel:
         spec = next(iter(programs.values()))[0]
         self.page_tokens, self.max_pages = spec.page_tokens, max_pages
         state = {s.name: s for s in spec.inputs}
+        extents = {"pages": num_pages, "slots": num_slots, "request_rows": num_slots, "max_pages": max_pages}
         self.state = {
-            name: torch.zeros(_shape(state[name], {"pages": num_pages, "slots": num_slots}), dtype=_dtype(state[name]),
-                              device=self.device)
-            for name in ("k_cache", "v_cache", "prompt_counts", "output_counts")
+            name: torch.zeros(_shape(state[name], extents), dtype=_dtype(state[name]), device=self.device)
+            for name in ("k_cache", "v_cache", "prompt_counts", "output_counts", "page_table")
         }
         self.operations_run: list[Operation] = []
         self.free_pages = list(range(num_pages))
@@ -91,38 +93,39 @@ class PagedModel:
         spec, module = self.programs[operation]
         for row in rows:
             self.ensure_pages(row.sequence, row.start + len(row.tokens))
+            pages = torch.tensor(row.sequence.pages, dtype=torch.int32)
+            self.state["page_table"][row.sequence.slot, : len(pages)] = pages.to(self.device)
         values = {name: value.to(self.device)
                   for name, value in pack_step(spec, rows, self.max_pages, self.vocab_size).items()}
         args = [self.weights] + [self.state.get(s.name, values.get(s.name)) for s in spec.inputs[1:]]
         outputs = module(*args)
         for row in rows:
             row.sequence.num_cached = max(row.sequence.num_cached, row.start + len(row.tokens))
-        return {name: output.cpu() for name, output in zip(spec.output_names, outputs)}
+        named = {name: output.cpu() for name, output in zip(spec.output_names, outputs)}
+        named["sampled_ids"] = named["completion"][:, COMPLETION.token]
+        return named
 
 
 def pack_step(spec: ProgramSpec, rows: list[RowWork], max_pages: int, vocab_size: int) -> dict[str, torch.Tensor]:
     """Every per-step input of `spec`, by name; inactive rows and padding tokens filled harmlessly."""
     num_rows, num_tokens = spec.capacity.batch_capacity, spec.capacity.packed_token_capacity
     assert len(rows) <= num_rows and sum(len(r.tokens) for r in rows) <= num_tokens
-    tokens, positions, targets, starts = [], [], [], [0]
+    tokens, positions, targets = [], [], []
     for row in rows:
         tokens += row.tokens
         positions += range(row.start, row.start + len(row.tokens))
         targets += row.targets or (0,) * len(row.tokens)
-        starts.append(len(tokens))
-    starts += [len(tokens)] * (num_rows - len(rows))
-    page_table = torch.zeros(num_rows, max_pages, dtype=torch.int32)
-    for index, row in enumerate(rows):
-        page_table[index, : len(row.sequence.pages)] = torch.tensor(row.sequence.pages, dtype=torch.int32)
     pad_rows = num_rows - len(rows)
     values = {
         "token_ids": _padded(tokens, num_tokens, torch.int64),
         "positions": _padded(positions, num_tokens, torch.int64),
         "target_ids": _padded(targets, num_tokens, torch.int64),
-        "query_start": torch.tensor(starts, dtype=torch.int32),
-        "page_table": page_table,
+        "query_lens": torch.tensor([len(r.tokens) for r in rows] + [0] * pad_rows, dtype=torch.int32),
         "request_slots": torch.tensor([r.sequence.slot for r in rows] + [-1] * pad_rows, dtype=torch.int64),
+        "generations": torch.tensor([1] * len(rows) + [-1] * pad_rows, dtype=torch.int64),
         "sample_rows": torch.tensor([r.sample for r in rows] + [False] * pad_rows),
+        "pending_ids": torch.full((num_rows,), -1, dtype=torch.int64),  # tokens are packed directly
+        "submission": torch.zeros(1, dtype=torch.int64),
     }
     values.update(greedy_controls(num_rows, vocab_size))
     return values
@@ -133,13 +136,8 @@ def greedy_controls(num_rows: int, vocab_size: int) -> dict[str, torch.Tensor]:
     return {
         "seeds": torch.zeros(num_rows, dtype=torch.int64),
         "counters": torch.zeros(num_rows, dtype=torch.int64),
-        "temperature": torch.zeros(num_rows),
-        "top_k": torch.zeros(num_rows, dtype=torch.int32),
-        "top_p": torch.ones(num_rows),
-        "min_p": torch.zeros(num_rows),
-        "penalties": torch.tensor([[1.0, 0.0, 0.0]] * num_rows),
+        "sampling_params": torch.tensor([NEUTRAL_SAMPLING_PARAMETERS] * num_rows, dtype=torch.float32),
         "grammar_mask": torch.full((num_rows, -(-vocab_size // 32)), -1, dtype=torch.int32),
-        "mask_rows": torch.zeros(num_rows, dtype=torch.bool),
     }
 
 

@@ -17,10 +17,11 @@ from helios.ignition.program_spec import Access, Capacity, InputRole, Operation,
 from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import QWEN2
 
-STATE = ("weights", "k_cache", "v_cache", "prompt_counts", "output_counts")
-STEP = ("token_ids", "positions", "query_start", "page_table", "request_slots", "sample_rows", "seeds",
-        "counters", "temperature", "top_k", "top_p", "min_p", "penalties", "grammar_mask", "mask_rows")
-ABI_OPS = {"helios::cache_write", "helios::paged_attention", "helios::sample"}
+STATE = ("weights", "k_cache", "v_cache", "output_counts")
+ROW_INPUTS = ("prompt_counts", "page_table")
+STEP = ("token_ids", "positions", "query_lens", "request_slots", "generations", "sample_rows", "seeds",
+        "counters", "sampling_params", "grammar_mask", "submission")
+ABI_OPS = {"helios::cache_write", "helios::paged_attention", "helios::sample", "helios::completion_record"}
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +38,19 @@ def test_inputs_and_outputs_follow_the_calling_convention(prepared):
     for operation, captured in prepared.captured.items():
         spec = captured.spec
         scored = operation is Operation.SCORED_PREFILL
-        assert spec.input_names == STATE + STEP + (("target_ids",) if scored else ())
-        assert spec.output_names == ("sampled_ids", "logits") + (("target_logprobs",) if scored else ())
+        extra = ("target_ids",) if scored else ("pending_ids",) if operation is Operation.MIXED else ()
+        assert spec.input_names == STATE + ROW_INPUTS + STEP + extra
+        assert spec.output_names == ("completion", "logits") + (("target_logprobs",) if scored else ())
         inputs = {s.name: s for s in spec.inputs}
         assert inputs["k_cache"].shape == (arch.num_layers, "pages", 4, arch.num_kv_heads, arch.head_dim)
         assert (inputs["k_cache"].role, inputs["k_cache"].access) == (InputRole.CACHE_STORAGE, Access.READ_WRITE)
         assert (inputs["output_counts"].role, inputs["output_counts"].access) == \
             (InputRole.PERSISTENT_STATE, Access.READ_WRITE)
         assert inputs["prompt_counts"].access is Access.READ
-        assert inputs["page_table"].shape == (spec.capacity.batch_capacity, "max_pages")
+        assert inputs["page_table"].shape == ("request_rows", "max_pages")
         assert inputs["grammar_mask"].shape == (spec.capacity.batch_capacity, 4)
-        assert all(inputs[name].role is InputRole.STEP_INPUT for name in STEP)
+        assert inputs["sampling_params"].shape == (spec.capacity.batch_capacity, 7)
+        assert all(inputs[name].role is InputRole.STEP_INPUT for name in ROW_INPUTS + STEP + extra)
         assert [slot.name for slot in spec.weights] == [w.name for w in prepared.recipe.weights]
 
 
@@ -89,6 +92,7 @@ def test_decode_graph_only_touches_caches_through_views_and_abi_ops(prepared):
         consumers = {str(user.target) for plane in planes for user in plane.users}
         assert consumers == {"helios.cache_write.default", "helios.paged_attention.default"}
     state_users = {str(node.target) for node in placeholders["output_counts"].users}
+    assert not signature.user_inputs_to_mutate
     assert state_users == {"aten.index.Tensor", "aten.index_put_.default"}  # row gather, in-place count
 
 
@@ -132,6 +136,7 @@ def test_decode_step_writes_cache_and_counts_in_place_without_copies(prepared):
     counts = model.state["output_counts"] - before["output_counts"]
     assert counts.nonzero().tolist() == [[2, token]] and counts[2, token] == 1
     assert torch.equal(model.state["prompt_counts"], before["prompt_counts"])
+    assert torch.equal(model.state["page_table"], before["page_table"])
 
 
 def test_symbolic_dims_take_any_extent_after_capture(prepared):
