@@ -3,7 +3,7 @@
 Each (operation, capacity) becomes one `CapturedProgram`: the bytes written by ``torch.export.save``
 plus its `ProgramSpec`. Programs are captured on the CPU from example tensors that carry no data
 (``torch.empty``; tracing never reads them), with weights lifted to the first input, so the saved
-bytes hold neither weights nor example data. R and T are static; the page count, request-slot count
+bytes hold neither weights nor example data. R and T are static; the page count, request-slot counts
 and page-table width are symbolic, so physical cache capacities can be chosen after loading.
 
 Security: `load_program` unpickles. Call it only on bytes whose signature and commitments have been

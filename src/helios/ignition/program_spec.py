@@ -3,18 +3,25 @@
 A program is called positionally as ``module(weights, *tensors)`` in the order of `ProgramSpec.inputs`
 (the first entry is the weight list). Every program shares one convention:
 
-* R = batch_capacity rows, T = packed_token_capacity tokens (DECODE: T == R). Row r owns packed
-  tokens [query_start[r], query_start[r+1]); rows past the live ones have zero length; tokens at or
-  past query_start[R] are padding (any token id, position 0). Symbolic dims: ``pages`` (physical
-  cache pages), ``slots`` (request slots of the persistent state), ``max_pages`` (page-table width).
+* R = batch_capacity rows, T = packed_token_capacity tokens (DECODE: T == R). Row r owns the next
+  ``query_lens[r]`` packed tokens (rows are packed in order); rows past the live ones have length 0
+  and ``request_slots`` -1; tokens past the sum of the lengths are padding (any id, position 0).
+  Symbolic dims: ``pages`` (physical cache pages), ``slots`` (request slots of the persistent state),
+  ``request_rows`` (rows of the host-written per-slot inputs), ``max_pages`` (page-table width).
+* Per-slot inputs written by the host, not per step: ``page_table[slot]`` (entries uploaded when
+  pages are assigned) and ``prompt_counts[slot]`` (the full prompt histogram, set at admission).
+  Programs read them through ``request_slots``.
 * Cache storage and persistent state are mutated in place, never copied: the caches receive this
-  step's keys/values; ``output_counts[request_slots[r], sampled_ids[r]]`` grows by one for each row
-  with ``sample_rows[r]``. ``prompt_counts`` is read only (the host fills a slot's histogram once at
-  admission and zeroes its ``output_counts``).
-* ``sampled_ids[r]`` is the token sampled from the logits of row r's last packed token (-1 where
-  ``sample_rows[r]`` is false); ``logits`` are those rows' float32 logits. SCORED_PREFILL adds
-  ``target_ids`` (the token each packed token should predict) and ``target_logprobs`` [T], the
-  log-probability of that target after each packed token (0 for padding tokens).
+  step's keys/values; ``output_counts[request_slots[r], token]`` grows by one for each row with
+  ``sample_rows[r]`` that emits a token (the host zeroes a slot's counts at admission).
+* ``sampling_params`` [R, 7] packs (temperature, top_k, top_p, min_p, repetition, presence,
+  frequency) as in `helios.abi.sampling`; ``grammar_mask`` is all ones for unconstrained rows.
+  MIXED adds ``pending_ids`` [R]: where >= 0 it replaces the row's first packed token.
+* Outputs: ``completion`` [R, fields], the `helios.abi.completion` record of each row (the sampled
+  token in its ``token`` column, -1 where ``sample_rows[r]`` is false), and ``logits`` [R, V], the
+  float32 logits of each row's last packed token. SCORED_PREFILL adds ``target_ids`` [T] (the token
+  each packed token should predict) and ``target_logprobs`` [T], that target's log-probability
+  after each packed token (0 for padding tokens).
 """
 
 from __future__ import annotations
