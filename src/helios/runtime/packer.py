@@ -78,10 +78,10 @@ _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
 
 
 def _pending_token(row: PlanRow, req: AdmissionValues):
-    """The completed pending token a generating lane feeds; None (padding) for a prompt lane."""
-    if row.token_ids and row.start_pos >= len(req.prompt_ids):
-        return row.token_ids[0]
-    return None
+    """The token a one-token lane feeds next: the completed pending token of a generating lane, or
+    the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
+    feeds its first packed token (the program's override then changes nothing)."""
+    return row.token_ids[0] if row.token_ids else None
 
 
 class Packer:
