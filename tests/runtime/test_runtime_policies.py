@@ -7,7 +7,7 @@ import pytest
 
 from helios.runtime.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.policy import SchedulerPolicy
+from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 
 from .test_model_fixture import open_fixture
@@ -17,12 +17,13 @@ PROMPTS = [SHARED + [20, 21], SHARED + [30], [40, 41, 42], [7, 7, 7, 7, 7, 7, 7,
 MAX_TOKENS = 20
 
 
-def run(prompts, *, num_pages=None, prefix_caching=True, concurrency=None, sequential=False):
+def run(prompts, *, num_pages=None, prefix_caching=True, concurrency=None, sequential=False,
+        preemption=PreemptionMode.RECOMPUTE, host_pages=0):
     from helios.contract import StartupOptions
 
     options = RuntimeOptions(
         load=LoadOptions(startup=StartupOptions(max_concurrency=concurrency), num_pages=num_pages),
-        policy=SchedulerPolicy(prefix_caching=prefix_caching),
+        policy=SchedulerPolicy(preemption=preemption, prefix_caching=prefix_caching), host_pages=host_pages,
     )
     runtime = build_runtime(open_fixture(), options)
     if sequential:
@@ -47,6 +48,15 @@ def test_preemption_and_readmission_give_the_same_tokens(baseline):
     tokens, runtime = run(PROMPTS, num_pages=12)
     assert tokens == baseline
     assert runtime.engine.scheduler.counters().preemptions > 0
+
+
+def test_offload_preemption_restores_from_host_memory(baseline):
+    tokens, runtime = run(PROMPTS, num_pages=12, preemption=PreemptionMode.OFFLOAD, host_pages=32)
+    assert tokens == baseline
+    assert runtime.engine.scheduler.counters().preemptions > 0
+    host_planes = runtime.engine.executor._host_planes
+    assert any(plane.abs().sum() > 0 for plane in host_planes)  # pages went to host memory and back
+    runtime.engine.scheduler.check_invariants()
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])

@@ -48,7 +48,8 @@ class StepOutput:
 class Executor:
     """Runs plans on one `LoadedModel` (rank 0)."""
 
-    def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram]):
+    def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram],
+                 host_pages: int = 0):
         self.model = model
         self.packer = packer
         self._programs = programs  # variant name -> program
@@ -58,6 +59,10 @@ class Executor:
         self._weights = {p.graph: [model.weights[name] for name in p.weights] for p in model.programs}
         self._cache_planes = [
             model.buffers[plane] for region in model.prepared.contract.model.cache.regions for plane in region.planes
+        ]
+        # Host slots for offloaded snapshot pages: one page of every plane per slot, in host memory.
+        self._host_planes = [
+            torch.zeros((plane.shape[0], host_pages, *plane.shape[2:]), dtype=plane.dtype) for plane in self._cache_planes
         ]
         self._vocab = model.prepared.sampled_range[1]
 
@@ -96,10 +101,13 @@ class Executor:
         return tuple(results)
 
     def _copy(self, copy: CopyOp) -> None:
-        if copy.src.kind != StorageKind.PAGE or copy.dst.kind != StorageKind.PAGE:
+        """Copies the first `num_tokens` of one page between device pages and host slots, every plane."""
+        storage = {StorageKind.PAGE: self._cache_planes, StorageKind.HOST: self._host_planes}
+        if copy.src.kind not in storage or copy.dst.kind not in storage:
             raise UnsupportedCopyError(f"copy {copy.src.kind.name} -> {copy.dst.kind.name} has no storage here")
-        for plane in self._cache_planes:  # [layers, pages, page_tokens, ...]
-            plane[:, copy.dst.index, : copy.num_tokens] = plane[:, copy.src.index, : copy.num_tokens]
+        tokens = copy.num_tokens
+        for source, target in zip(storage[copy.src.kind], storage[copy.dst.kind]):  # [layers, pages, page_tokens, ...]
+            target[:, copy.dst.index, :tokens].copy_(source[:, copy.src.index, :tokens])
 
 
 def _lane(row: PlanRow) -> LaneExpectation:

@@ -37,7 +37,7 @@ def storage_layout(model: LoadedModel) -> StorageLayout:
     return StorageLayout(cache.page_tokens, regions, views)
 
 
-def capacities_for(model: LoadedModel, queue_capacity: int) -> Capacities:
+def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0) -> Capacities:
     """The scheduler's view of `model`: selected concurrency, extents, variants and cache geometry."""
     settings = model.settings
     layout = storage_layout(model)
@@ -52,7 +52,7 @@ def capacities_for(model: LoadedModel, queue_capacity: int) -> Capacities:
     geometry = CacheGeometry(
         layout=layout, num_pages=model.num_pages,
         max_pages_per_request=-(-settings.context_tokens // layout.page_tokens) + layout.lookahead_pages,
-        identity=model.prepared.contract.cache_identity.encode("utf-8"),
+        identity=model.prepared.contract.cache_identity.encode("utf-8"), num_host_slots=host_pages,
     )
     return Capacities(
         max_active=settings.max_concurrency, context_tokens=settings.context_tokens,

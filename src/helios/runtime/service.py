@@ -23,6 +23,7 @@ class RuntimeOptions:
     load: LoadOptions = LoadOptions()
     queue_capacity: int = 256
     policy: SchedulerPolicy = SchedulerPolicy()
+    host_pages: int = 0  # host-memory page slots for offloaded snapshots and preempted requests
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,6 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     """Loads `core` (already verified and authorized) and builds an engine that is not started."""
     model = load_model(core, options.load)
     packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
-    executor = Executor(model, packer, program_table(model))
-    scheduler = Scheduler.create(capacities_for(model, options.queue_capacity), options.policy)
+    executor = Executor(model, packer, program_table(model), options.host_pages)
+    scheduler = Scheduler.create(capacities_for(model, options.queue_capacity, options.host_pages), options.policy)
     return Runtime(model, Engine(scheduler, executor, WorkerStats()))
