@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "helios.cli.core_cmd",
     "helios.cli.prepare_cmd",
     "helios.cli.generate_cmd",
+    "helios.cli.serve_cmd",
 )
 
 

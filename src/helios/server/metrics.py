@@ -7,10 +7,11 @@ worker's `StatsSnapshot` through a custom collector read at scrape time; HTTP-le
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.runtime.stats import StatsSnapshot
 
@@ -79,3 +80,26 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ResponseCounter:
+    """ASGI middleware counting HTTP responses by endpoint and status. Paths outside `endpoints`
+    (a fixed path -> label map) count as "other", so labels stay a small fixed set."""
+
+    def __init__(self, app: ASGIApp, counter: Counter, endpoints: Mapping[str, str]):
+        self.app = app
+        self._counter = counter
+        self._endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = self._endpoints.get(scope["path"], "other")
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._counter.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

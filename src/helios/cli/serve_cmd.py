@@ -1,0 +1,77 @@
+"""`helios serve [MODEL.core] --accept NS --trust KEY.pub [--host --port ...]`: the HTTP server.
+
+With a core file, `--accept` (and trusted keys, as on every command that loads a core) are
+required. Without one, the embedded default model is served (prepared into the cache on first use
+and signed with a local key; see `helios.server.embedded`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
+from helios.contract import StartupOptions
+from helios.core.reader import open_core
+from helios.errors import UsageError
+from helios.runtime.model import LoadOptions
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve a core over an OpenAI-compatible HTTP API",
+        description="Load a verified core and serve /v1/chat/completions, /v1/completions, /v1/models, "
+        "/health and /metrics. Without MODEL.core the embedded default model is served. SIGTERM or "
+        f"SIGINT stops accepting, drains connections for {DRAIN_SECONDS} s, then stops the model.",
+    )
+    parser.add_argument("core", nargs="?", help="core file (default: the embedded default model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default 8000)")
+    parser.add_argument("--max-active", type=int, help="requests generating at once (default: the core's concurrency)")
+    parser.add_argument("--queue-capacity", type=int, default=256,
+                        help="requests waiting for a slot; admission allows max-active + this (default 256)")
+    parser.add_argument("--frontend-workers", type=int, default=min(4, os.cpu_count() or 1),
+                        help="concurrent request preparations (template, tokenize, grammar; default min(4, CPUs))")
+    parser.add_argument("--context-tokens", type=int, help="largest prompt+output per request (default: the core's)")
+    parser.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
+    parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    group = parser.add_argument_group("trust")
+    group.add_argument("--accept", metavar="NAMESPACE",
+                       help="accept the publisher's terms; must equal the core's signed publisher namespace "
+                       "(required with MODEL.core)")
+    group.add_argument("--trust", action="append", metavar="KEY.pub|DIR",
+                       help=f"trusted public key file or directory of *.pub files (repeatable; default: ${TRUST_ENV})")
+    group.add_argument("--aes-key", metavar="FILE", help="AES-256 key file for version 4 logical-resource cores")
+    parser.set_defaults(func=run)
+
+
+def _open(args: argparse.Namespace):
+    if args.core:
+        if not args.accept:
+            raise UsageError("--accept NAMESPACE is required to serve a core file")
+        return open_core_from_args(args, args.core)
+    from helios.server.embedded import embedded_core
+
+    embedded = embedded_core()
+    return open_core(embedded.path, accept=args.accept or embedded.namespace,
+                     trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= args.port <= 65535:
+        raise UsageError("--port must be in [0, 65535]")
+    core = _open(args)
+    startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
+    runtime = build_runtime(core, RuntimeOptions(LoadOptions(startup, device=args.device), args.queue_capacity))
+    options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
+                           log_level=args.log_level, access_log=args.access_log)
+    return serve(runtime, options, owned_by=core.publisher.namespace)

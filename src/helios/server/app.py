@@ -1,0 +1,191 @@
+"""The OpenAI-compatible HTTP application of one served model.
+
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or SSE with
+``stream: true``), ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (503 once the
+model worker died), ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``. Request bodies are
+the strict models of `helios.server.schemas`, so the OpenAPI document describes exactly what the
+server accepts: unknown or unsupported fields are rejected, not ignored.
+
+Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}}``) whose status
+comes from the error's class: schema violations and malformed JSON 400 (never 422), `HeliosError`
+subclasses their ``http_status`` (400 invalid request, 429 ingress full, 503 admission rejection,
+500 execution failure), anything unexpected 500. The lifespan starts the model worker and, at
+shutdown (after uvicorn drained or dropped the connections), stops it once its round is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from helios.errors import ExecutionError, HeliosError, RequestError
+from helios.server.metrics import ResponseCounter
+from helios.frontend.presentation import error_body
+from helios.server.responses import error_response
+from helios.server.schemas import ChatCompletionRequest, CompletionRequest
+from helios.server.service import ServedModel
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+    "/health": "health",
+    "/metrics": "metrics",
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorDetail
+
+
+class SchemaViolation(RequestError):
+    """A request body that does not match the endpoint's schema (or is not JSON)."""
+
+    def __init__(self, message: str, param: str | None):
+        super().__init__(message)
+        self.param = param
+
+
+_ERRORS = {
+    400: {"model": ErrorResponse, "description": "Invalid request"},
+    429: {"model": ErrorResponse, "description": "Admission limit reached; retry later"},
+    500: {"model": ErrorResponse, "description": "Model execution failure"},
+    503: {"model": ErrorResponse, "description": "Scheduler admission rejected the request (non-streamed)"},
+}
+_COMPLETION_RESPONSES = {
+    200: {
+        "description": "A completion (JSON), or with stream=true an SSE stream of chunks ending in "
+        "`data: [DONE]`, or in one `event: error` when the request fails after the headers",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **_ERRORS,
+}
+
+
+def create_app(served: ServedModel) -> FastAPI:
+    """The application; its lifespan starts and stops `served`'s model worker."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        served.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(served.shutdown)
+
+    app = FastAPI(title="Helios", summary="OpenAI-compatible serving of a prepared model core",
+                  version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    _install_error_handlers(app)
+    _install_routes(app, served)
+    _document_400_not_422(app)
+    app.add_middleware(ResponseCounter, counter=served.metrics.http_responses, endpoints=ENDPOINTS)
+    return app
+
+
+def _install_routes(app: FastAPI, served: ServedModel) -> None:
+    @app.post("/v1/chat/completions", responses=_COMPLETION_RESPONSES, response_class=Response)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """Chat completion (OpenAI), with tools, reasoning, structured output, stops and observation."""
+        return await served.respond(body, request.receive)
+
+    @app.post("/v1/completions", responses=_COMPLETION_RESPONSES, response_class=Response)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        """Text completion (OpenAI) of a text or token-id prompt."""
+        return await served.respond(body, request.receive)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [_model_entry(served, name) for name in served.card.served_names]}
+
+    @app.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
+    async def get_model(model_id: str) -> dict:
+        if model_id not in served.card.served_names:
+            raise StarletteHTTPException(404, f"model {model_id!r} is not served here")
+        return _model_entry(served, model_id)
+
+    @app.get("/health", responses={503: {"description": "The model worker is not running"}})
+    async def health() -> JSONResponse:
+        if served.is_healthy:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unhealthy"}, status_code=503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(served.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+
+def _document_400_not_422(app: FastAPI) -> None:
+    """FastAPI documents its own 422 for body validation; this server answers those with 400."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = generate()
+            for operations in document.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            schemas = document.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _model_entry(served: ServedModel, name: str) -> dict:
+    card = served.card
+    return {"id": name, "object": "model", "created": card.created, "owned_by": card.owned_by,
+            "max_model_len": card.context_tokens}
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:
+        violation = schema_violation(error.errors())
+        body = error_body(violation)
+        body["error"]["param"] = violation.param
+        return JSONResponse(body, status_code=violation.http_status)
+
+    @app.exception_handler(HeliosError)
+    async def typed_error(_request: Request, error: HeliosError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+        body = {"error": {"message": str(error.detail), "type": "invalid_request_error", "param": None,
+                          "code": error.status_code}}
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, error: Exception) -> JSONResponse:
+        return error_response(ExecutionError(f"internal error: {type(error).__name__}"))
+
+
+def schema_violation(errors) -> SchemaViolation:
+    """The 400 error of pydantic/JSON validation errors: the first few, with their locations."""
+    described = []
+    for entry in list(errors)[:4]:
+        where = ".".join(str(part) for part in entry.get("loc", ()) if part != "body")
+        described.append(f"{where}: {entry.get('msg', 'invalid')}" if where else str(entry.get("msg", "invalid")))
+    first = list(errors)[:1]
+    param = ".".join(str(p) for p in first[0].get("loc", ()) if p != "body") if first else None
+    more = f" (and {len(errors) - 4} more)" if len(errors) > 4 else ""
+    return SchemaViolation("invalid request body: " + "; ".join(described) + more, param or None)
+

@@ -1,0 +1,167 @@
+"""One response's bridge between the model worker thread and the event loop.
+
+Worker thread (the engine's callbacks, which must never block): `on_event` feeds each generated id
+to the request's `OutputProcessor` right away, so observation, stops and parsing are decided before
+the worker schedules the request again, and `host_stop` reports a matched stop to the engine. The
+resulting `OutputStep`s (streamed responses only) and the one terminal item are handed to the event
+loop with `loop.call_soon_threadsafe` into an unbounded `asyncio.Queue`: it grows as events arrive
+and is bounded in total by the request's validated output budget (one step per generated token plus
+one terminal item), so a paused or slow reader never blocks the worker and loses nothing.
+Presentation (JSON encoding) happens on the event loop, off the worker's serial step loop.
+
+Event loop: `next_items` awaits what has arrived; `cancel` cancels the request in the engine (a
+dropped connection); `close` says the reader released the response. The admission permit is
+released once the response is closed AND the terminal event has arrived: finished requests have
+already given back their slot and pages, but keep their permit until the body is sent or the client
+is gone; a cancelled request keeps it until the engine confirmed the end.
+
+Every request produces exactly one terminal item: an `OutputFinal`, or a `Failure` carrying the
+typed error (admission rejection, execution failure, or an output-processing failure, which cancels
+the request in the engine and is reported as an execution error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from helios.errors import ExecutionError, HeliosError
+from helios.frontend.output import OutputFinal, OutputProcessor, OutputStep
+from helios.frontend.presentation import failure_error
+from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
+from helios.server.admission import Permit
+
+_FAILURES = (FinishReason.REJECTED, FinishReason.ERROR)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The terminal item of a request that ended in error; the class of `error` decides the status."""
+
+    error: HeliosError
+
+
+Terminal = Union[OutputFinal, Failure]
+Item = Union[OutputStep, OutputFinal, Failure]
+
+
+class ResponseBridge:
+    """See the module docstring. Worker-side methods run in the model worker thread only;
+    loop-side methods (`next_items`, `cancel`, `close`) on the event loop only."""
+
+    def __init__(
+        self,
+        request_id: str,
+        output: OutputProcessor,
+        *,
+        is_stream: bool,
+        permit: Permit,
+        cancel: Callable[[str], None],
+        origin_ns: int,
+        loop: asyncio.AbstractEventLoop,
+    ):
+        self.request_id = request_id
+        self._output = output
+        self._is_stream = is_stream
+        self._permit = permit
+        self._cancel = cancel
+        self._origin_ns = origin_ns
+        self._loop = loop
+        self._queue: asyncio.Queue[list[Item]] = asyncio.Queue()
+        self._failure: HeliosError | None = None  # worker side: output processing failed
+        self._has_terminal = False  # loop side
+        self._is_closed = False
+        self._is_cancel_sent = False
+
+    # -- worker thread ---------------------------------------------------------------------------
+
+    def on_event(self, event: RequestEvent) -> None:
+        """The engine's `on_event`: never raises, never blocks."""
+        if isinstance(event, TokenEvent):
+            steps = self._feed(event)
+            if steps:
+                self._post(steps, is_terminal=False)
+        else:
+            self._post([self._terminal(event)], is_terminal=True)
+
+    def host_stop(self, token_id: int) -> bool:
+        """The engine's `host_stop`: the processor already saw `token_id` in `on_event`."""
+        return self._output.is_stopped or self._failure is not None
+
+    def _feed(self, event: TokenEvent) -> list[OutputStep]:
+        if self._failure is not None:
+            return []
+        observed_ns = None if event.observed_ns is None else event.observed_ns - self._origin_ns
+        steps = []
+        try:
+            for token_id in event.token_ids:
+                step = self._output.feed(token_id, observed_ns)
+                if self._is_stream and (step.events or step.observation is not None):
+                    steps.append(step)
+                if step.is_stopped:
+                    break
+        except Exception as error:  # noqa: BLE001 - an output failure ends this request, not the worker
+            self._failure = ExecutionError(f"output processing failed: {type(error).__name__}: {error}")
+            self._cancel(self.request_id)
+            return []
+        return steps
+
+    def _terminal(self, event: FinishEvent) -> Terminal:
+        if event.reason in _FAILURES:
+            return Failure(failure_error(event.reason, event.message))
+        if self._failure is not None:
+            return Failure(self._failure)
+        try:
+            return self._output.finish(event.reason, event.num_reused_tokens)
+        except Exception as error:  # noqa: BLE001
+            return Failure(ExecutionError(f"output processing failed: {type(error).__name__}: {error}"))
+
+    def _post(self, items: list[Item], is_terminal: bool) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._deliver, items, is_terminal)
+        except RuntimeError:  # the event loop is closed: nobody is left to read this response
+            pass
+
+    # -- event loop ------------------------------------------------------------------------------
+
+    @property
+    def has_terminal(self) -> bool:
+        return self._has_terminal
+
+    def _deliver(self, items: list[Item], is_terminal: bool) -> None:
+        self._queue.put_nowait(items)
+        if is_terminal:
+            self._has_terminal = True
+            self._release_when_done()
+
+    async def next_items(self) -> list[Item]:
+        """Every item that has arrived, waiting for at least one. The last item of the response
+        is its terminal item; nothing follows it."""
+        items = await self._queue.get()
+        while not self._queue.empty():
+            items = items + self._queue.get_nowait()
+        return items
+
+    async def terminal(self) -> Terminal:
+        """Waits for the terminal item, dropping any steps (non-streamed responses)."""
+        while True:
+            items = await self.next_items()
+            if isinstance(items[-1], (OutputFinal, Failure)):
+                return items[-1]
+
+    def cancel(self) -> None:
+        """The client is gone before the end: cancel the request in the engine (idempotent)."""
+        if not self._has_terminal and not self._is_cancel_sent:
+            self._is_cancel_sent = True
+            self._cancel(self.request_id)
+
+    def close(self) -> None:
+        """The reader released the response (sent, or the client is gone); idempotent."""
+        self._is_closed = True
+        self.cancel()
+        self._release_when_done()
+
+    def _release_when_done(self) -> None:
+        if self._is_closed and self._has_terminal:
+            self._permit.release()

@@ -1,0 +1,120 @@
+"""The core `helios serve` runs when no model is given: the project's embedded default model.
+
+`embedded_core()` returns a signed core for the checkpoint shipped in `helios.embedded`. Until that
+package ships a prepared core itself, the checkpoint is prepared on first use into the cache
+directory (``$HELIOS_CACHE``, else ``~/.cache/helios``) and signed with a key generated there; the
+core's file name carries a digest of the checkpoint files, so a changed checkpoint is prepared
+again. Preparation writes into a private directory and renames it into place, so concurrent first
+runs cannot see a partial core. The embedded-model owner may replace the body of `embedded_core`
+(for example to return a committed core and its public key) without touching the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from helios.errors import LoadError
+
+NAMESPACE = "helios.embedded/default"
+SERVED_ID = "helios-default"
+CACHE_ENV = "HELIOS_CACHE"
+KEY_NAME = "embedded-publisher.key"
+CONTEXT_TOKENS = 2048
+DECODE_BATCHES = (1, 4, 16, 64)
+
+
+class EmbeddedModelMissing(LoadError):
+    """The embedded default model's checkpoint is not present in this installation."""
+
+
+@dataclass(frozen=True)
+class EmbeddedCore:
+    """A prepared core of the embedded model and what is needed to open it."""
+
+    path: Path
+    namespace: str
+    public_key: Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "helios")
+
+
+def embedded_core(progress: Callable[[str], None] | None = None) -> EmbeddedCore:
+    """The embedded model's core, prepared into the cache on first use (see the module docstring)."""
+    from helios.embedded import default_model_dir
+
+    checkpoint = default_model_dir()
+    if not (checkpoint / "config.json").is_file():
+        raise EmbeddedModelMissing(
+            f"the embedded default model is not built in this installation (no checkpoint at {checkpoint}); "
+            "pass a MODEL.core to serve"
+        )
+    root = cache_root() / "embedded"
+    root.mkdir(parents=True, exist_ok=True)
+    public_key = _publisher_key(root)
+    target = root / checkpoint_digest(checkpoint)[:16]
+    if not (target / "model.core").is_file():
+        _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
+    return EmbeddedCore(target / "model.core", NAMESPACE, public_key)
+
+
+def checkpoint_digest(checkpoint: Path) -> str:
+    """SHA-256 over the checkpoint's file names and contents."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(checkpoint).as_posix().encode() + b"\0")
+        with open(path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _publisher_key(root: Path) -> Path:
+    from helios.core.keys import SigningKey, write_key_pair
+
+    key = root / KEY_NAME
+    public = root / (KEY_NAME + ".pub")
+    if not key.is_file():
+        write_key_pair(key, SigningKey.generate(), [NAMESPACE])
+    return public
+
+
+def _prepare(checkpoint: Path, target: Path, key: Path, progress: Callable[[str], None]) -> None:
+    from helios.core.keys import load_signing_key
+    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+
+    progress(f"preparing the embedded default model into {target} (first use)")
+    plan = CapacityPlan(context_tokens=_context_tokens(checkpoint), decode_batches=DECODE_BATCHES)
+    options = PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan)
+    scratch = Path(tempfile.mkdtemp(prefix=".preparing-", dir=target.parent))
+    try:
+        prepare_core(checkpoint, scratch / "model.core", load_signing_key(key), options, progress=progress)
+        try:
+            scratch.rename(target)
+        except OSError:  # another process finished first; its core is as good as ours
+            if not (target / "model.core").is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _context_tokens(checkpoint: Path) -> int:
+    try:
+        config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return CONTEXT_TOKENS
+    limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return min(CONTEXT_TOKENS, limit) if isinstance(limit, int) and limit > 0 else CONTEXT_TOKENS
+
+
+def _to_stderr(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)

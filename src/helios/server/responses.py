@@ -1,0 +1,124 @@
+"""HTTP responses of submitted requests: JSON bodies and SSE streams that own their admission permit.
+
+A submitted request's `ResponseBridge` holds the request's permit; the response classes here close
+the bridge when the ASGI response is over (body fully sent, or the client gone, or the task
+cancelled at shutdown), in a `finally` that runs on every path. Closing before the terminal event
+cancels the request in the engine; the permit is released once the engine confirmed the end.
+
+- JSON: waits for the terminal item while watching the connection; a client that disconnects
+  cancels its request. The status is the error class's (`error.http_status`) for failures:
+  admission rejection 503, execution failure 500.
+- SSE: headers go out at once; each arrival of items becomes one write (steps that piled up while
+  the reader was slow are coalesced). The stream ends with the presenter's terminal chunks and
+  ``[DONE]``, or with exactly one ``event: error`` (its ``type`` tells admission rejection from
+  execution failure) and no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from helios.errors import ExecutionError, HeliosError
+from helios.frontend.output import OutputFinal, OutputStep
+from helios.frontend.presentation import StreamPresenter, error_body, error_status, sse_error
+from helios.frontend.session import PreparedRequest
+from helios.server.bridge import Failure, Item, ResponseBridge
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(error: BaseException) -> JSONResponse:
+    """The OpenAI-style error body with the status the error's class decides."""
+    return JSONResponse(error_body(error), status_code=error_status(error))
+
+
+class LeasedJSONResponse(JSONResponse):
+    """A JSON response that closes its bridge (releasing the permit) once it is over."""
+
+    def __init__(self, content, status_code: int, bridge: ResponseBridge):
+        super().__init__(content, status_code=status_code)
+        self._bridge = bridge
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._bridge.close()
+
+
+class LeasedStreamingResponse(StreamingResponse):
+    """An SSE response that closes its bridge once it is over (completed or disconnected)."""
+
+    def __init__(self, content, bridge: ResponseBridge):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._bridge = bridge
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._bridge.close()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def json_response(bridge: ResponseBridge, prepared: PreparedRequest, receive: Receive) -> Response:
+    """Waits for the end of a non-streamed request; a client that disconnects meanwhile cancels it."""
+    waiter = asyncio.ensure_future(bridge.terminal())
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            bridge.cancel()
+        terminal = await waiter
+        if isinstance(terminal, Failure):
+            return LeasedJSONResponse(error_body(terminal.error), terminal.error.http_status, bridge)
+        return LeasedJSONResponse(prepared.response_body(terminal), 200, bridge)
+    except BaseException:
+        waiter.cancel()
+        bridge.close()
+        raise
+    finally:
+        watcher.cancel()
+
+
+def stream_response(bridge: ResponseBridge, presenter: StreamPresenter) -> Response:
+    return LeasedStreamingResponse(_sse_chunks(bridge, presenter), bridge)
+
+
+async def _sse_chunks(bridge: ResponseBridge, presenter: StreamPresenter):
+    start = presenter.sse_start()
+    if start:
+        yield start
+    is_done = False
+    while not is_done:
+        items = await bridge.next_items()
+        chunk, is_done = present(presenter, items)
+        yield chunk
+
+
+def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
+    """SSE bytes of `items` and whether the stream is over. A presentation failure ends the stream
+    with an execution error event (the bridge's close then cancels the request)."""
+    parts = []
+    try:
+        for item in items:
+            if isinstance(item, OutputStep):
+                parts.append(presenter.sse_step(item))
+            elif isinstance(item, OutputFinal):
+                parts.append(presenter.sse_finish(item))
+                return b"".join(parts), True
+            else:
+                parts.append(sse_error(item.error))
+                return b"".join(parts), True
+    except Exception as error:  # noqa: BLE001 - the stream still ends with one terminal event
+        failure = error if isinstance(error, HeliosError) else ExecutionError(f"presentation failed: {error}")
+        parts.append(sse_error(failure))
+        return b"".join(parts), True
+    return b"".join(parts), False

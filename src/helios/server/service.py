@@ -1,0 +1,149 @@
+"""One served model behind the HTTP API: engine, frontend, admission, metrics and the request path.
+
+`ServedModel.respond(body, receive)` is what the completion endpoints call, in the order the
+specification fixes:
+
+1. ingress timestamp (timed requests only) at handler entry, after HTTP JSON decoding;
+2. combined-field validation (`RequestError`, HTTP 400) before any capacity is taken;
+3. an admission permit (`IngressFull`, HTTP 429), never waited for;
+4. CPU preparation (template, tokenize, grammar compile) in one of `frontend_workers` preparation
+   slots, run in a worker thread so the event loop keeps serving;
+5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
+6. the response (`helios.server.responses`), which owns the permit from then on.
+
+`start` / `shutdown` start and stop the model worker; `shutdown` returns after the worker drained
+its current round. The object is shared by every request; after construction it is not mutated
+except through the engine's and the admission controller's own thread-safe methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from starlette.responses import Response
+from starlette.types import Receive
+from tokenizers import Tokenizer
+
+from helios.frontend.observation import ObservationClock
+from helios.frontend.session import FrontendModel, PreparedRequest
+from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.packer import AdmissionValues
+from helios.runtime.service import Runtime
+from helios.runtime.stats import StatsSnapshot
+from helios.server.admission import AdmissionController, AdmissionLimits, Permit
+from helios.server.bridge import ResponseBridge
+from helios.server.metrics import ServerMetrics
+from helios.server.responses import json_response, stream_response
+from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
+
+SEED_SPAN = 2**64
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What /v1/models reports."""
+
+    served_names: tuple[str, ...]  # the served id first, then its aliases
+    owned_by: str  # the publisher namespace the core is signed for
+    created: int
+    context_tokens: int
+    vocab_size: int  # one past the largest sampled id (stop-id range)
+
+
+class EngineGrammar:
+    """Adapts a frontend `GrammarMatcher` (numpy mask rows) to the engine's `GrammarState` (torch rows)."""
+
+    __slots__ = ("_matcher",)
+
+    def __init__(self, matcher):
+        self._matcher = matcher
+
+    def fill_bitmask(self, row) -> None:
+        self._matcher.fill_bitmask(row.numpy())
+
+    def consume_token(self, token_id: int) -> object:
+        return self._matcher.consume_token(token_id)
+
+
+def admission_values(prepared: PreparedRequest) -> AdmissionValues:
+    """The packed admission values of a prepared request (seed bits as two's-complement int64)."""
+    params = prepared.params
+    s = params.sampling
+    sampling = (s.temperature, float(s.top_k), s.top_p, s.min_p, s.repetition_penalty,
+                s.presence_penalty, s.frequency_penalty)
+    seed = s.seed - SEED_SPAN if s.seed >= SEED_SPAN // 2 else s.seed
+    return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids)
+
+
+class ServedModel:
+    """See the module docstring."""
+
+    def __init__(self, engine: Engine, frontend: FrontendModel, admission: AdmissionController,
+                 clock: ObservationClock, card: ModelCard):
+        self.engine = engine
+        self.frontend = frontend
+        self.admission = admission
+        self.clock = clock
+        self.card = card
+        self.metrics = ServerMetrics(self.stats)
+
+    @classmethod
+    def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
+                     owned_by: str = "", clock: ObservationClock | None = None) -> ServedModel:
+        """Wires the frontend of a loaded model; the engine is not started (see `start`)."""
+        model = runtime.model
+        tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
+        frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings)
+        limits = AdmissionLimits(model.settings.max_concurrency, queue_capacity, frontend_workers)
+        serving = model.prepared.contract
+        card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),
+                         model.settings.context_tokens, model.prepared.sampled_range[1])
+        return cls(runtime.engine, frontend, AdmissionController(limits), clock or ObservationClock(), card)
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def shutdown(self) -> None:
+        """Stops the model worker once its current round is done (blocking)."""
+        self.engine.shutdown()
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.engine.is_healthy
+
+    def stats(self) -> StatsSnapshot:
+        return dataclasses.replace(self.engine.stats.snapshot(), healthy=self.is_healthy)
+
+    async def respond(self, body: ChatCompletionRequest | CompletionRequest, receive: Receive) -> Response:
+        """Runs one completion request (steps 1-6 of the module docstring)."""
+        ingress_ns = self.clock.now_ns() if body.return_token_timestamps is True else None
+        is_chat = isinstance(body, ChatCompletionRequest)
+        (validate_chat if is_chat else validate_common)(body, self.card.vocab_size)
+        permit = self.admission.acquire()
+        try:
+            async with self.admission.preparation_slot():
+                prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
+                prepared = await asyncio.to_thread(prepare, body, ingress_ns)
+            bridge = self._submit(prepared, permit)
+        except BaseException:
+            permit.release()
+            raise
+        if prepared.head.options.is_stream:
+            return stream_response(bridge, prepared.new_stream())
+        return await json_response(bridge, prepared, receive)
+
+    def _submit(self, prepared: PreparedRequest, permit: Permit) -> ResponseBridge:
+        output = prepared.new_output()
+        bridge = ResponseBridge(
+            prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
+            cancel=self.engine.cancel, origin_ns=self.clock.origin_ns, loop=asyncio.get_running_loop(),
+        )
+        grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
+        host_stop = bridge.host_stop if prepared.params.has_host_stops else None
+        request = EngineRequest(prepared.request_spec(), admission_values(prepared), bridge.on_event, grammar, host_stop)
+        output.mark_enqueue(self.clock)
+        self.engine.submit(request)
+        return bridge

@@ -1,0 +1,103 @@
+"""A tiny prepared chat core for server tests, prepared once per test session, and a server process.
+
+`tiny_core(base)` prepares a random Qwen3-shaped checkpoint with the test tokenizer and chat
+template (think tags and tool-call tags, so reasoning and tool parsing are active) into
+`base/helios-server-core/` the first time it is called with that base, and reuses it afterwards;
+test modules pass pytest's session base directory so that all of them share one core.
+
+`ServerProcess` runs `helios serve` on a free loopback port in a subprocess, waits for /health and
+stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+NAMESPACE = "test.helios/server"
+SERVED_ID = "tiny-chat"
+CONTEXT_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class TinyCore:
+    path: Path
+    public_key: Path
+    namespace: str = NAMESPACE
+    served_id: str = SERVED_ID
+
+
+def tiny_core(base: Path) -> TinyCore:
+    from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+    from ignition.hf_checkpoints import QWEN3
+    from support.chat_checkpoint import write_chat_checkpoint
+
+    root = Path(base) / "helios-server-core"
+    core = TinyCore(root / "model.core", root / "publisher.key.pub")
+    if core.path.is_file():
+        return core
+    root.mkdir(parents=True, exist_ok=True)
+    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
+    key_path = root / "publisher.key"
+    if key_path.is_file():
+        key = load_signing_key(key_path)
+    else:
+        key = SigningKey.generate()
+        write_key_pair(key_path, key, [NAMESPACE])
+    plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8))
+    scratch = root / "model.core.partial"
+    prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+    scratch.rename(core.path)
+    return core
+
+
+class ServerProcess:
+    """`helios serve CORE --port 0 ...` in a subprocess; `url` once started."""
+
+    def __init__(self, core: TinyCore, *options: str, log: Path):
+        command = [sys.executable, "-m", "helios.cli.main", "serve", str(core.path), "--accept", core.namespace,
+                   "--trust", str(core.public_key), "--port", "0", "--log-level", "info", *options]
+        self.log = log
+        with open(log, "w") as stderr:  # a file, not a pipe: a chatty server must never block on it
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.url = self._read_url()
+        self._wait_healthy()
+
+    def _read_url(self) -> str:
+        line = self.process.stdout.readline()
+        if "http://" not in line:
+            self.process.kill()
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read_text()}")
+        return line.split(" on ", 1)[1].split()[0]
+
+    def _wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.process.kill()
+        raise RuntimeError("server did not become healthy")
+
+    def terminate(self, timeout: float = 30.0) -> tuple[int, str]:
+        """SIGTERM, then the exit status and stderr (killed if it does not exit within `timeout`)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        self.process.stdout.close()
+        return self.process.returncode, self.log.read_text()
