@@ -118,7 +118,11 @@ def _frontend(tokenizer: Tokenizer) -> FrontendDeclaration:
     tool_parser, tool_syntax = spb.TOOL_PARSER_NONE, None
     if has_tools:
         tool_parser = spb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS
-        tool_syntax = spb.ToolSyntax(opener=TOOL_OPEN, closer=TOOL_CLOSE, tag_separator="\n", wrapping_newlines=1)
+        tool_syntax = spb.ToolSyntax(
+            opener=TOOL_OPEN, closer=TOOL_CLOSE, tag_separator="\n", wrapping_newlines=1,
+            invoke_open="<function=", invoke_close="</function>", parameter_open="<parameter=",
+            parameter_close="</parameter>", name_end=">",
+        )
     reasoning_parser, reasoning_syntax = spb.REASONING_PARSER_NONE, None
     if think_open is not None and think_close is not None:
         reasoning_parser = spb.REASONING_PARSER_THINK_TAGS

@@ -8,7 +8,10 @@ host work that must finish before the next round (grammar advance, host stops) r
 request's hooks, so the scheduler sees a stop before it schedules again.
 
 Every request ends with exactly one `FinishEvent`. Events are delivered by calling the request's
-`on_event` in the worker thread; it must not block (hand off to a queue).
+`on_event` in the worker thread; it must not block (hand off to a queue). That holds at the edges
+too: `shutdown` ends queued and running requests CANCELLED, a request submitted after shutdown ends
+CANCELLED at once, and if the worker loop itself fails every request it knows ends ERROR and the
+engine reports itself unhealthy (`is_healthy`, `stats.healthy`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Callable, Protocol
 import torch
 
 from helios.errors import AdmissionRejected, ExecutionError
-from helios.runtime.events import FinishEvent, RequestEvent, TokenEvent, rejected
+from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent, rejected
 from helios.runtime.executor import Executor
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.request import RequestSpec
@@ -64,6 +67,7 @@ class Engine:
         self._cancels: deque[str] = deque()
         self._active: dict[str, EngineRequest] = {}
         self._running = False
+        self._is_closed = False  # shut down or failed: `submit` answers at once
         self._thread: threading.Thread | None = None
         self._mask_words = executor.model.prepared.contract.model.vocabulary.mask_words
         self.stats.request_slots = scheduler.caps.max_active
@@ -82,10 +86,21 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def is_healthy(self) -> bool:
+        """False once the worker loop failed (a started worker that is no longer alive)."""
+        if not self.stats.healthy:
+            return False
+        return self._thread is None or self._thread.is_alive() or self._is_closed
+
     def submit(self, request: EngineRequest) -> None:
         with self._wake:
-            self._ingress.append(request)
-            self._wake.notify()
+            if not self._is_closed:
+                self._ingress.append(request)
+                self._wake.notify()
+                return
+        reason = FinishReason.ERROR if not self.stats.healthy else FinishReason.CANCELLED
+        request.on_event(_ended(request, reason, "the model worker is not running"))
 
     def cancel(self, request_id: str) -> None:
         with self._wake:
@@ -95,6 +110,14 @@ class Engine:
     # -- worker --------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as error:  # noqa: BLE001 - no request may wait forever on a dead worker
+            self.stats.healthy = False
+            self._close(FinishReason.ERROR, f"model worker failed: {type(error).__name__}: {error}")
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._wake:
                 while self._running and not (self._ingress or self._cancels or self.scheduler.has_work):
@@ -109,6 +132,20 @@ class Engine:
             self.step()
         for request_id in list(self._active):
             self._dispatch(self.scheduler.cancel(request_id))
+        self._close(FinishReason.CANCELLED, "the model worker shut down")
+
+    def _close(self, reason: FinishReason, message: str) -> None:
+        """Refuses later submissions and ends every request still known with `reason`."""
+        with self._wake:
+            self._is_closed = True
+            pending, self._ingress = list(self._ingress), deque()
+        pending += list(self._active.values())
+        self._active.clear()
+        for request in pending:
+            try:
+                request.on_event(_ended(request, reason, message))
+            except Exception:  # noqa: BLE001 - one failing callback must not starve the others
+                pass
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Synchronous driving (tests, offline generation): admit, step until nothing is left."""
@@ -141,6 +178,7 @@ class Engine:
         """Schedules and runs one plan (or nothing when none can run now)."""
         plan = self.scheduler.schedule()
         if plan is None:
+            self._refresh_gauges()  # admissions and cancellations change them without a plan
             return
         try:
             output = self.executor.run(plan, self._masks(plan))
@@ -201,3 +239,8 @@ class Engine:
             stats.snapshots_published, stats.snapshots_evicted = c.snapshots_published, c.snapshots_evicted
             stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
             stats.constrained_max_inflight = c.constrained_max_inflight
+
+
+def _ended(request: EngineRequest, reason: FinishReason, message: str) -> FinishEvent:
+    """The terminal event of a request the worker can no longer run."""
+    return FinishEvent(request.spec.request_id, reason, len(request.spec.prompt_ids), 0, 0, message)
