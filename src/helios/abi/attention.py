@@ -112,12 +112,20 @@ def paged_attention(
     check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
     out = torch.zeros_like(q)
     bounds = query_start.tolist()
+    single_rows, single_tokens = [], []
     for row in range(len(bounds) - 1):
         start, end = bounds[row], bounds[row + 1]
-        if end > start:
+        if end - start == 1:
+            single_rows.append(row)
+            single_tokens.append(start)
+        elif end > start:
             out[start:end] = _attend_row(
                 q[start:end], k_cache, v_cache, page_table[row], positions[start:end], scale, window
             )
+    if single_rows:  # decoding lanes: one query each, attended together
+        tokens = torch.tensor(single_tokens, device=q.device)
+        rows = torch.tensor(single_rows, device=q.device)
+        out[tokens] = _attend_single(q[tokens], k_cache, v_cache, page_table[rows], positions[tokens], scale, window)
     return out
 
 
@@ -149,3 +157,27 @@ def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int
     probs = torch.softmax(scores, dim=-1)
     attended = torch.einsum("hgnk,khd->nhgd", probs, values)
     return attended.reshape(num_tokens, num_heads, head_dim).to(q.dtype)
+
+
+def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, window: int) -> torch.Tensor:
+    """Attention of n rows with one query each [n, Hq, D], batched over a shared padded context."""
+    num_rows, num_heads, head_dim = q.shape
+    page_tokens, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    context_len = int(positions.max()) + 1
+    num_pages = -(-context_len // page_tokens)
+    if num_pages > page_table.shape[1]:
+        raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
+    page_ids = page_table[:, :num_pages].long()
+    keys = k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).float()
+    values = v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).float()
+    cached = torch.arange(keys.shape[1], device=q.device)
+    allowed = cached[None, :] <= positions[:, None]
+    if window > 0:
+        allowed &= positions[:, None] - cached[None, :] < window
+    groups = num_heads // num_kv_heads
+    queries = q.float().view(num_rows, num_kv_heads, groups, head_dim)
+    scores = torch.einsum("nhgd,nkhd->nhgk", queries, keys) * scale
+    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    attended = torch.einsum("nhgk,nkhd->nhgd", probs, values)
+    return attended.reshape(num_rows, num_heads, head_dim).to(q.dtype)
