@@ -128,7 +128,7 @@ class Engine:
                 cancels, self._cancels = list(self._cancels), deque()
             self._admit(ingress)
             for request_id in cancels:
-                self._dispatch(self.scheduler.cancel(request_id))
+                self._cancel(request_id)
             self.step()
         for request_id in list(self._active):
             self._dispatch(self.scheduler.cancel(request_id))
@@ -154,14 +154,21 @@ class Engine:
             self._admit(ingress)
             cancels, self._cancels = list(self._cancels), deque()
             for request_id in cancels:
-                self._dispatch(self.scheduler.cancel(request_id))
+                self._cancel(request_id)
             if not self.scheduler.has_work:
                 return
             self.step()
         raise ExecutionError("the engine did not go idle")
 
     def _admit(self, requests: list[EngineRequest]) -> None:
-        for request in requests:
+        """Submits ingress to the scheduler while its pending deque has room; the rest stays in the
+        ingress channel, in order, until a round frees room (a request whose predecessor just
+        finished is not rejected only because the scheduler has not yet promoted the next one)."""
+        for index, request in enumerate(requests):
+            if len(self.scheduler.queues.waiting) >= self.scheduler.caps.queue_capacity:
+                with self._wake:
+                    self._ingress.extendleft(reversed(requests[index:]))
+                return
             spec = request.spec
             try:
                 self.scheduler.submit(spec)
@@ -173,6 +180,16 @@ class Engine:
             self.executor.packer.register(spec.request_id, request.admission)
             self.stats.requests_admitted += 1
             self.stats.prompt_tokens += len(spec.prompt_ids)
+
+    def _cancel(self, request_id: str) -> None:
+        """Cancels a scheduled request, or one still waiting in the ingress channel."""
+        with self._wake:
+            waiting = [r for r in self._ingress if r.spec.request_id == request_id]
+            for request in waiting:
+                self._ingress.remove(request)
+        for request in waiting:
+            request.on_event(_ended(request, FinishReason.CANCELLED, ""))
+        self._dispatch(self.scheduler.cancel(request_id))
 
     def step(self) -> None:
         """Schedules and runs one plan (or nothing when none can run now)."""

@@ -4,7 +4,8 @@
 accepting, lets open connections finish for `drain_seconds` (the specification's five seconds) and
 then drops the rest (their responses close and cancel their requests); only then does the app's
 lifespan stop the model worker, which returns after its current round drained, so device resources
-outlive every execution that uses them.
+outlive every execution that uses them. After that uvicorn re-raises the signal, so the process
+ends the way the signal says (status -15 / 143 for SIGTERM; SIGINT exits through `KeyboardInterrupt`).
 
 The socket is bound before uvicorn starts so that port 0 works and the printed address is exact.
 """
@@ -50,7 +51,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
-    """Serves `runtime` (a built, not started runtime) until a shutdown signal; returns 0."""
+    """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by
     )

@@ -1,0 +1,236 @@
+"""`helios serve` end to end: a real server process on a loopback port, driven by the official
+`openai` client and by raw HTTP (SSE parsed as a client parses it).
+
+The tiny model generates noise, so the tests assert protocol shape, usage accounting, finish
+reasons, token observation, stops, limits, structured output and seeded repeatability rather than
+text. Greedy requests for the prompt "hello" run to their output limit (no EOS) with this model.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from support.server_core import SERVED_ID, ServerProcess, tiny_core
+
+EOS_ID = 1  # <|im_end|> in the test tokenizer (support.chat_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    process = ServerProcess(core, "--max-active", "4", "--queue-capacity", "2",
+                            log=tmp_path_factory.mktemp("serve") / "server.log")
+    yield process
+    code, log = process.terminate()
+    assert code == -signal.SIGTERM and "Application shutdown complete" in log and "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+def messages(content: str = "hello") -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def sse_events(lines) -> list[tuple[str, str]]:
+    """(event, data) pairs from SSE lines, as a client parses them."""
+    events, name, data = [], "message", []
+    for line in lines:
+        if line == "":
+            if data:
+                events.append((name, "\n".join(data)))
+            name, data = "message", []
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+    if data:
+        events.append((name, "\n".join(data)))
+    return events
+
+
+def stream_chunks(http: httpx.Client, body: dict) -> list[dict]:
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response.iter_lines())
+    assert events[-1] == ("message", "[DONE]")
+    return [json.loads(data) for _, data in events[:-1]]
+
+
+def metric(http: httpx.Client, line_prefix: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# -- openai client --------------------------------------------------------------------------------
+
+
+def test_chat_shape_usage_and_seeded_repeatability(client):
+    def run():
+        return client.chat.completions.create(
+            model=SERVED_ID, messages=messages("what is 12 plus 30?"), max_tokens=12, temperature=1.0, seed=7,
+            extra_body={"return_token_ids": True},
+        )
+
+    first, second = run(), run()
+    choice = first.choices[0]
+    assert first.object == "chat.completion" and first.id.startswith("chatcmpl-") and first.model == SERVED_ID
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert first.usage.completion_tokens == len(choice.token_ids) <= 12
+    assert first.usage.prompt_tokens == len(first.prompt_token_ids)
+    assert first.usage.total_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
+    assert (choice.finish_reason == "length") == (len(choice.token_ids) == 12 and choice.token_ids[-1] != EOS_ID)
+    assert second.choices[0].token_ids == choice.token_ids
+    assert second.choices[0].message.content == choice.message.content
+
+
+def test_stream_equals_json_and_include_usage(client):
+    request = dict(model=SERVED_ID, messages=messages(), max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(**request)
+    chunks = list(client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-2].choices[0].finish_reason == "length" == whole.choices[0].finish_reason
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks[:-1])
+    assert text == whole.choices[0].message.content
+    assert whole.usage.completion_tokens == 16
+
+
+def test_text_completions_with_text_and_id_prompts(client):
+    by_text = client.completions.create(model=SERVED_ID, prompt="hello there", max_tokens=5, temperature=0)
+    assert by_text.object == "text_completion" and by_text.choices[0].finish_reason == "length"
+    assert by_text.usage.completion_tokens == 5
+    by_ids = client.completions.create(model=SERVED_ID, prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    assert by_ids.usage.prompt_tokens == 3
+    streamed = list(client.completions.create(model=SERVED_ID, prompt="hello there", max_tokens=5, temperature=0,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == by_text.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "length"
+
+
+def test_models_and_client_errors(client):
+    assert [model.id for model in client.models.list().data] == [SERVED_ID]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=SERVED_ID, messages=messages(), logprobs=True)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="other-model", messages=messages())
+    with pytest.raises(openai.InternalServerError) as caught:  # 503: outside the prepared context
+        client.chat.completions.create(model=SERVED_ID, messages=messages(), max_tokens=100_000)
+    assert caught.value.status_code == 503
+
+
+def test_tools_and_structured_output(client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    with_tools = client.chat.completions.create(model=SERVED_ID, messages=messages(), tools=tools, max_tokens=24, seed=3)
+    choice = with_tools.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    assert (choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=SERVED_ID, messages=messages(), tools=tools, tool_choice="required")
+    choice = client.chat.completions.create(
+        model=SERVED_ID, messages=messages(), max_tokens=16, seed=1, extra_body={"return_token_ids": True},
+        response_format={"type": "choice", "choices": ["yes", "no"]},
+    ).choices[0]
+    assert choice.message.content in ("yes", "no") and choice.finish_reason == "stop"
+    assert choice.token_ids[-1] == EOS_ID  # the grammar ends the answer with EOS; it is observed, not shown
+    regex = {"type": "regex", "regex": "[ab]{3}"}
+    chunks = list(client.chat.completions.create(model=SERVED_ID, messages=messages(), max_tokens=16,
+                                                 response_format=regex, stream=True))
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert len(text) == 3 and set(text) <= {"a", "b"}
+
+
+# -- raw HTTP --------------------------------------------------------------------------------------
+
+
+def test_token_ids_and_timestamps_in_json_and_sse(http):
+    body = {"model": SERVED_ID, "messages": messages(), "max_tokens": 10, "temperature": 0,
+            "return_token_ids": True, "return_token_timestamps": True}
+    whole = http.post("/v1/chat/completions", json=body).json()
+    choice = whole["choices"][0]
+    ids, stamps = choice["token_ids"], choice["token_timestamps_ns"]
+    assert len(ids) == len(stamps) == whole["usage"]["completion_tokens"] == 10
+    assert stamps == sorted(stamps)
+    performance = whole["performance"]
+    assert performance["ingress_ns"] <= performance["enqueue_ns"] <= stamps[0]
+    assert performance["reused_prompt_tokens"] == whole["reused_prompt_tokens"] >= 0
+    assert whole["usage"]["prompt_tokens"] == len(whole["prompt_token_ids"])
+
+    chunks = stream_chunks(http, body)
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
+    observed = [c["choices"][0] for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
+    assert [o["token_ids"] for o in observed] == [[i] for i in ids]
+    assert all(o["delta"] == {} and len(o["token_timestamps_ns"]) == 1 for o in observed)
+    text_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert all("token_ids" not in c["choices"][0] for c in text_chunks)
+    terminal = chunks[-1]
+    assert terminal["choices"][0]["finish_reason"] == "length"
+    assert terminal["usage"] == whole["usage"] and "performance" in terminal and "reused_prompt_tokens" in terminal
+
+
+def test_stop_token_ids_and_stop_strings(http):
+    base = {"model": SERVED_ID, "messages": messages(), "max_tokens": 24, "temperature": 0, "return_token_ids": True}
+    baseline = http.post("/v1/chat/completions", json=base).json()["choices"][0]
+    ids, content = baseline["token_ids"], baseline["message"]["content"]
+    first_new = next(i for i in range(4, len(ids)) if ids[i] not in ids[:i])
+    stopped = http.post("/v1/chat/completions", json={**base, "stop_token_ids": [ids[first_new]]}).json()
+    choice = stopped["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == ids[: first_new + 1]  # the stop token is observed and counted ...
+    assert stopped["usage"]["completion_tokens"] == first_new + 1
+    assert content.startswith(choice["message"]["content"])  # ... but not shown
+    at = next(k for k in range(3, len(content) - 1) if content[k:k + 2].isalnum() and content.find(content[k:k + 2]) == k)
+    stopped = http.post("/v1/chat/completions", json={**base, "stop": [content[at:at + 2]]}).json()
+    assert stopped["choices"][0]["message"]["content"] == content[:at]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+
+def test_invalid_requests_are_400_and_nothing_is_500(http):
+    bad = [
+        b"{", b"[]", json.dumps({"model": SERVED_ID}).encode(),
+        json.dumps({"model": SERVED_ID, "messages": messages(), "n": 2}).encode(),
+        json.dumps({"model": SERVED_ID, "messages": messages(), "return_token_timestamps": True}).encode(),
+        json.dumps({"model": SERVED_ID, "messages": messages(), "stop": ["a"] * 5}).encode(),
+        json.dumps({"model": SERVED_ID, "messages": messages(), "response_format": {"type": "regex", "regex": "("}}).encode(),
+    ]
+    for content in bad:
+        response = http.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    assert 'status="500"' not in http.get("/metrics").text
+
+
+def test_disconnect_cancels_the_request_and_frees_its_slot(http):
+    cancelled = metric(http, 'helios_requests_finished_total{reason="cancelled"}')
+    body = {"model": SERVED_ID, "messages": messages(), "max_tokens": 200, "temperature": 0, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("data:"):
+            pass
+    # leaving the block closed the connection mid-stream
+    deadline = time.monotonic() + 30
+    while metric(http, 'helios_requests_finished_total{reason="cancelled"}') < cancelled + 1:
+        assert time.monotonic() < deadline, "the dropped request was not cancelled"
+        time.sleep(0.02)
+    assert metric(http, "helios_requests_active") == 0
