@@ -12,6 +12,12 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
   ``layers.i.gate_up.bias``, ``layers.i.down.weight`` [H, F], optional ``layers.i.down.bias``;
   then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
   [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe).
+
+Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
+`helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
+vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
+vocabulary rows; the layout then ends with ``vocab.start`` int64 [1], the first vocabulary id of
+the rank's rows (so one captured program serves every rank).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class Architecture:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     dtype: str = "float32"
+    tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -64,6 +71,8 @@ class Architecture:
             raise CheckpointError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
         if self.head_dim % 2:
             raise CheckpointError("rotary attention needs an even head_dim")
+        if self.tensor_parallel < 1:
+            raise CheckpointError("tensor_parallel must be >= 1")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -81,6 +90,11 @@ class Architecture:
     def attention_scale(self) -> float:
         return self.head_dim**-0.5
 
+    @property
+    def vocab_rows(self) -> int:
+        """Vocabulary rows of ``embed`` / ``lm_head`` held by one rank: ceil(V / tensor_parallel)."""
+        return -(-self.vocab_size // self.tensor_parallel)
+
 
 @dataclass(frozen=True)
 class WeightSlot:
@@ -93,13 +107,15 @@ class WeightSlot:
 
 def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     """The ordered weight list every program of `arch` takes as its first input."""
-    slots = [_slot("embed", arch, arch.vocab_size, arch.hidden_size)]
+    slots = [_slot("embed", arch, arch.vocab_rows, arch.hidden_size)]
     for layer in range(arch.num_layers):
         slots += _layer_slots(arch, f"layers.{layer}.")
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
-        slots.append(_slot("lm_head", arch, arch.vocab_size, arch.hidden_size))
+        slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
     slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    if arch.tensor_parallel > 1:
+        slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
 
 

@@ -4,7 +4,8 @@ Pure functions of an `Architecture`, the named weights of `weight_layout` and on
 are traced by `torch.export` (see `program.py`); attention and cache writes go through the ABI ops of
 `helios.abi.attention`, so the only tensors they mutate are the cache planes, written in place.
 The arithmetic mirrors the Hugging Face reference order (float32 norms, rotary on [cos, sin] halves)
-so that float32 programs agree with it to rounding.
+so that float32 programs agree with it to rounding. A tensor-parallel Architecture (one rank's
+share) combines partial results through the collectives of `helios.ignition.tensor_parallel`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention and helios::cache_write)
 from helios.ignition.architecture import Architecture
+from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
 
 
 class PackedStep(NamedTuple):
@@ -92,18 +94,19 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
         arch.attention_scale, arch.layer_windows[layer],
     )
-    return F.linear(attended.reshape(num_tokens, arch.q_size), w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+    attended = attended.reshape(num_tokens, arch.q_size)
+    return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 
 
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
-    return F.linear(F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+    return row_parallel_linear(arch, F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
 
 
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
-    hidden = F.embedding(step.token_ids, w["embed"])
+    hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     for layer in range(arch.num_layers):
@@ -118,4 +121,4 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
 def lm_logits(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
     """float32 logits [N, V] of hidden states [N, H] (the embedding matrix when embeddings are tied)."""
     head = w["embed"] if arch.tie_word_embeddings else w["lm_head"]
-    return F.linear(hidden, head).to(torch.float32)
+    return vocab_logits(arch, hidden, head)

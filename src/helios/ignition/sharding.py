@@ -1,0 +1,152 @@
+"""Cutting a prepared model into N tensor-parallel ranks (Megatron-style), at preparation time.
+
+`rank_architecture(arch, N)` is the Architecture of one rank (see `architecture`'s module docstring)
+and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` order:
+
+| weight | rank r of N holds |
+|---|---|
+| ``qkv.weight`` / ``qkv.bias`` (column-parallel) | its q heads, then its k heads, then its v heads |
+| ``o.weight`` (row-parallel) | the input columns of its q heads; ``o.bias`` whole (added after the sum) |
+| ``gate_up.weight`` / ``gate_up.bias`` (column-parallel) | its gate rows, then its up rows |
+| ``down.weight`` (row-parallel) | the input columns of its MLP rows; ``down.bias`` whole |
+| ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
+| norms, ``rope.inv_freq`` | whole (replicated) |
+| ``vocab.start`` | [r * ceil(V/N)] |
+
+Heads, key/value heads and the MLP width must divide by N (a `CheckpointError` says which does
+not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
+Every rank has the same shapes, so one captured program serves all of them.
+
+`rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
+weight catalog (stored tensor views; they describe the resource and select no serving behaviour).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+from helios.contract import manifest_pb2 as mpb
+from helios.core.catalogs import TensorView, WeightCatalog
+from helios.ignition.architecture import Architecture, CheckpointError
+from helios.ignition.recipes.base import NamedWeight, Recipe, check_weights
+
+
+def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
+    """The Architecture of one of `ranks` tensor-parallel ranks (`arch` itself when ranks == 1)."""
+    if ranks < 1:
+        raise CheckpointError(f"tensor parallelism needs at least one rank, got {ranks}")
+    if arch.tensor_parallel != 1:
+        raise CheckpointError("the architecture is already one rank's share")
+    if ranks == 1:
+        return arch
+    extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
+               "MLP width (intermediate_size)": arch.intermediate_size}
+    uneven = [f"{name} {value}" for name, value in extents.items() if value % ranks]
+    if uneven:
+        raise CheckpointError(f"tensor parallel {ranks} needs {', '.join(uneven)} divisible by {ranks}")
+    return dataclasses.replace(
+        arch, num_heads=arch.num_heads // ranks, num_kv_heads=arch.num_kv_heads // ranks,
+        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks,
+    )
+
+
+def rank_weights(recipe: Recipe, ranks: int, rank: int) -> tuple[NamedWeight, ...]:
+    """Rank `rank`'s weights, following `weight_layout(rank_architecture(...))` exactly."""
+    full, shard = recipe.architecture, rank_architecture(recipe.architecture, ranks)
+    if ranks == 1:
+        return recipe.weights
+    if not 0 <= rank < ranks:
+        raise CheckpointError(f"rank {rank} is not below {ranks}")
+    cut = _Cutter(full, shard, rank)
+    weights = tuple(NamedWeight(w.name, cut(w.name, w.tensor)) for w in recipe.weights)
+    start = torch.tensor([rank * shard.vocab_rows], dtype=torch.int64)
+    weights += (NamedWeight("vocab.start", start),)
+    check_weights(shard, weights)  # names, order, shapes and dtypes of weight_layout(shard)
+    return weights
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cutter:
+    full: Architecture
+    shard: Architecture
+    rank: int
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        key = name.split(".", 2)[2] if name.startswith("layers.") else name
+        if key in ("qkv.weight", "qkv.bias"):
+            return self.qkv(tensor)
+        if key in ("gate_up.weight", "gate_up.bias"):
+            return self.gate_up(tensor)
+        if key == "o.weight":
+            return self.columns(tensor, self.shard.q_size)
+        if key == "down.weight":
+            return self.columns(tensor, self.shard.intermediate_size)
+        if name in ("embed", "lm_head"):
+            return self.vocabulary(tensor)
+        return tensor.clone()  # norms, o/down biases, rotary frequencies: replicated
+
+    def qkv(self, tensor: torch.Tensor) -> torch.Tensor:
+        q, k, v = tensor.split([self.full.q_size, self.full.kv_size, self.full.kv_size])
+        return torch.cat([self.rows(q, self.shard.q_size), self.rows(k, self.shard.kv_size),
+                          self.rows(v, self.shard.kv_size)]).contiguous()
+
+    def gate_up(self, tensor: torch.Tensor) -> torch.Tensor:
+        gate, up = tensor.split([self.full.intermediate_size, self.full.intermediate_size])
+        width = self.shard.intermediate_size
+        return torch.cat([self.rows(gate, width), self.rows(up, width)]).contiguous()
+
+    def rows(self, tensor: torch.Tensor, count: int) -> torch.Tensor:
+        return tensor[self.rank * count:(self.rank + 1) * count]
+
+    def columns(self, tensor: torch.Tensor, count: int) -> torch.Tensor:
+        return tensor[:, self.rank * count:(self.rank + 1) * count].contiguous()
+
+    def vocabulary(self, tensor: torch.Tensor) -> torch.Tensor:
+        rows = self.shard.vocab_rows
+        held = tensor[self.rank * rows:(self.rank + 1) * rows]
+        padded = torch.zeros((rows, tensor.shape[1]), dtype=tensor.dtype)
+        padded[: held.shape[0]] = held
+        return padded
+
+
+@dataclasses.dataclass(frozen=True)
+class RankWeightsFile:
+    """One rank's weights resource: safetensors bytes (tensor names ``w.<slot>``) and its catalog."""
+
+    rank: int
+    resource_id: str
+    data: bytes
+    catalog: WeightCatalog
+
+
+def rank_weight_files(recipe: Recipe, ranks: int) -> tuple[RankWeightsFile, ...]:
+    """Every rank's weights resource, rank order; resource ids ``weights.rank<r>``."""
+    files = []
+    for rank in range(ranks):
+        tensors = {f"w.{w.name}": w.tensor.contiguous() for w in rank_weights(recipe, ranks, rank)}
+        data = save_safetensors(tensors)
+        resource_id = f"weights.rank{rank}"
+        files.append(RankWeightsFile(rank, resource_id, data, weight_catalog(rank, resource_id, data)))
+    return tuple(files)
+
+
+def weight_catalog(rank: int, resource_id: str, data: bytes) -> WeightCatalog:
+    """The stored tensor views of a safetensors resource: names, dtypes, shapes, byte ranges."""
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_len])
+    views = []
+    for name, entry in sorted(header.items()):
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        views.append(TensorView(name, _CATALOG_DTYPES[entry["dtype"]], tuple(entry["shape"]),
+                                8 + header_len + begin, end - begin))
+    return WeightCatalog(rank, resource_id, tuple(views))
+
+
+_CATALOG_DTYPES = {"F32": mpb.DTYPE_FLOAT32, "BF16": mpb.DTYPE_BFLOAT16, "F16": mpb.DTYPE_FLOAT16,
+                   "I64": mpb.DTYPE_INT64, "I32": mpb.DTYPE_INT32}
