@@ -331,5 +331,6 @@ def test_models_health_and_metrics(runner, app, served):
     metrics = runner.run(get(app, "/metrics"))
     assert metrics.headers["content-type"].startswith("text/plain")
     for name in ("helios_requests_finished_total", "helios_graph_launches_total", "helios_cache_pages",
-                 "flare_mixed_grammar_decode_steps_total", "flare_constrained_max_inflight", "helios_healthy 1.0"):
+                 "flare_mixed_grammar_decode_steps_total", "flare_constrained_max_inflight", "helios_healthy 1.0",
+                 "helios_admission_permits_in_use 0.0", f"helios_admission_permits {served.admission.limits.num_permits}.0"):
         assert name in metrics.text

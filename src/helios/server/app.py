@@ -31,6 +31,7 @@ from helios.server.responses import error_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 from helios.server.service import ServedModel
 
+UNSUPPORTED_FIELD = "not a field this server accepts (unsupported options are rejected, not ignored)"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -180,12 +181,21 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def schema_violation(errors) -> SchemaViolation:
     """The 400 error of pydantic/JSON validation errors: the first few, with their locations."""
-    described = []
-    for entry in list(errors)[:4]:
-        where = ".".join(str(part) for part in entry.get("loc", ()) if part != "body")
-        described.append(f"{where}: {entry.get('msg', 'invalid')}" if where else str(entry.get("msg", "invalid")))
-    first = list(errors)[:1]
-    param = ".".join(str(p) for p in first[0].get("loc", ()) if p != "body") if first else None
+    errors = list(errors)
+    if errors and errors[0].get("type") == "json_invalid":
+        detail = errors[0].get("ctx", {}).get("error", "")
+        return SchemaViolation(f"the request body is not valid JSON: {detail}".rstrip(": "), None)
+    described = [_describe(entry) for entry in errors[:4]]
     more = f" (and {len(errors) - 4} more)" if len(errors) > 4 else ""
+    param = _location(errors[0]) if errors else ""
     return SchemaViolation("invalid request body: " + "; ".join(described) + more, param or None)
 
+
+def _location(entry: dict) -> str:
+    return ".".join(str(part) for part in entry.get("loc", ()) if part != "body")
+
+
+def _describe(entry: dict) -> str:
+    message = UNSUPPORTED_FIELD if entry.get("type") == "extra_forbidden" else str(entry.get("msg", "invalid"))
+    where = _location(entry)
+    return f"{where}: {message}" if where else message

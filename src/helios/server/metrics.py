@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -77,6 +77,14 @@ class ServerMetrics:
         self.http_responses = Counter(
             "helios_http_responses", "HTTP responses by endpoint and status", ["endpoint", "status"], registry=self.registry
         )
+
+    def track_admission(self, permits_in_use: Callable[[], int], num_permits: int) -> None:
+        """Exposes HTTP admission: permits held (preparing, queued, generating or being delivered)."""
+        held = Gauge("helios_admission_permits_in_use", "HTTP admission permits held", registry=self.registry)
+        held.set_function(permits_in_use)
+        limit = Gauge("helios_admission_permits", "HTTP admission permits (max active + queue capacity)",
+                      registry=self.registry)
+        limit.set(num_permits)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

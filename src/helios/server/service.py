@@ -89,6 +89,7 @@ class ServedModel:
         self.clock = clock
         self.card = card
         self.metrics = ServerMetrics(self.stats)
+        self.metrics.track_admission(lambda: admission.in_use, admission.limits.num_permits)
 
     @classmethod
     def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
