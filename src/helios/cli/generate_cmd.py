@@ -9,10 +9,11 @@ import sys
 from tokenizers import Tokenizer
 
 from helios.cli.core_options import add_core_options, open_core_from_args
+from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.errors import UsageError
 from helios.frontend.template import ChatTemplate
 from helios.runtime.offline import SamplingChoice, generate
-from helios.runtime.service import build_runtime
+from helios.runtime.service import RuntimeOptions, build_runtime
 
 
 def register(subparsers) -> None:
@@ -34,6 +35,7 @@ def register(subparsers) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the core's EOS tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     add_core_options(parser)
+    add_rank_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -58,7 +60,14 @@ def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> l
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise UsageError("--max-tokens must be positive")
-    runtime = build_runtime(open_core_from_args(args, args.core))
+    runtime = build_runtime(open_core_from_args(args, args.core), RuntimeOptions(ranks=rank_options_from_args(args)))
+    try:
+        return _generate(args, runtime)
+    finally:
+        runtime.close()
+
+
+def _generate(args: argparse.Namespace, runtime) -> int:
     model = runtime.model
     tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
     template_tokens = {t.name: t.text for t in model.prepared.contract.defaults.template_tokens}

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "helios.cli.prepare_cmd",
     "helios.cli.generate_cmd",
     "helios.cli.serve_cmd",
+    "helios.cli.rank_cmd",
 )
 
 

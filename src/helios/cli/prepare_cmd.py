@@ -42,6 +42,8 @@ def register(subparsers) -> None:
                         help="captured decode batch capacities, comma-separated (default 1,4,16)")
     parser.add_argument("--no-mixed", action="store_true", help="do not capture the mixed prefill+decode program")
     parser.add_argument("--scored-prefill", action="store_true", help="also capture a scored-prefill program")
+    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="prepare for N tensor-parallel ranks: one program set, N weight shards (default 1)")
     parser.set_defaults(func=run)
 
 
@@ -53,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
     )
+    if args.tensor_parallel < 1:
+        raise UsageError("--tensor-parallel must be at least 1")
     options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
-                             capacities=plan)
+                             capacities=plan, tensor_parallel=args.tensor_parallel)
     started = time.monotonic()
     written = prepare_core(checkpoint, Path(args.output), load_signing_key(Path(args.key)), options,
                            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))

@@ -3,8 +3,10 @@
 `prepare_core` reads a Hugging Face checkpoint directory through its recipe, captures every
 (operation, capacity) program with torch.export, declares the serving contract and execution
 manifest, and writes one signed core through `CoreWriter`: per-rank weights as one safetensors
-resource, one resource per program, the tokenizer and the chat template. Progress goes to the
-`progress` callback, one line per stage.
+resource each (with its weight catalog), one resource per program, the tokenizer and the chat
+template. With ``tensor_parallel`` N > 1 the programs are captured once for one rank's share
+(`helios.ignition.sharding`) and stored once, shared by every rank; the manifest holds N ranks and a
+handle per rank for every variant. Progress goes to the `progress` callback, one line per stage.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-from safetensors.torch import save as save_safetensors
 
 from helios.contract import serving_pb2 as spb
 from helios.core.keys import SigningKey
@@ -30,8 +30,8 @@ from helios.ignition.preparation.contract import (
 )
 from helios.ignition.program_spec import Capacity, Operation
 from helios.ignition.recipes import Recipe, load_checkpoint
+from helios.ignition.sharding import rank_architecture, rank_weight_files
 
-WEIGHTS_RESOURCE = "weights.rank0"
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
 
@@ -82,6 +82,7 @@ class PrepareOptions:
     sampling: spb.SamplingDefaults = field(
         default_factory=lambda: spb.SamplingDefaults(seed_policy=spb.SEED_POLICY_RANDOM)
     )
+    tensor_parallel: int = 1  # ranks the core is prepared for (one program set, N weight shards)
 
 
 def prepare_core(
@@ -91,7 +92,8 @@ def prepare_core(
     """Writes the signed core for `checkpoint` to `output`; returns what was written."""
     checkpoint = Path(checkpoint)
     recipe = load_checkpoint(checkpoint, options.dtype)
-    arch = recipe.architecture
+    ranks = options.tensor_parallel
+    arch = rank_architecture(recipe.architecture, ranks)
     progress(f"recipe: {recipe.source_architecture}, {arch.num_layers} layers, vocab {arch.vocab_size}, {arch.dtype}")
     assets = read_assets(checkpoint, arch.vocab_size)
     plan = options.capacities
@@ -100,17 +102,21 @@ def prepare_core(
     variants = plan.variants()
     for number, (operation, capacity) in enumerate(variants, 1):
         captured = capture_program(arch, operation, capacity, plan.page_tokens)
-        resource_id = f"program.{operation.value}.r{capacity.batch_capacity}t{capacity.packed_token_capacity}.rank0"
-        writer.add_resource(resource_id, ResourceKind.PROGRAM, captured.program, rank=0)
-        programs.append(ProgramResource(captured.spec, resource_id, 0))
+        resource_id = f"program.{operation.value}.r{capacity.batch_capacity}t{capacity.packed_token_capacity}"
+        resource_id += ".rank0" if ranks == 1 else ""  # ranks > 1 share one program resource
+        writer.add_resource(resource_id, ResourceKind.PROGRAM, captured.program, rank=0 if ranks == 1 else None)
+        programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
         progress(f"captured {operation.value} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
                  f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(variants)}]")
-    weights = _weights_bytes(recipe)
-    writer.add_resource(WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, weights, rank=0)
+    weight_files = rank_weight_files(recipe, ranks)
+    for weights in weight_files:
+        writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.data, rank=weights.rank)
+        writer.add_weight_catalog(weights.catalog)
     writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
     writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
-    declaration = _declaration(recipe, assets, options, weights)
-    prepared = declare_paged_text(declaration, programs, [WEIGHTS_RESOURCE])
+    weights_digest = b"".join(hashlib.sha256(weights.data).digest() for weights in weight_files)
+    declaration = _declaration(recipe, assets, options, weights_digest)
+    prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files])
     writer.set_contract(prepared)
     writer.set_publisher(options.namespace, license=options.license)
     writer.add_signing_key(key)
@@ -118,21 +124,16 @@ def prepare_core(
     return writer.write(output)
 
 
-def _weights_bytes(recipe: Recipe) -> bytes:
-    tensors = {f"w.{weight.name}": weight.tensor.contiguous() for weight in recipe.weights}
-    return save_safetensors(tensors)
-
-
-def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights: bytes) -> PagedTextDeclaration:
+def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights_digest: bytes) -> PagedTextDeclaration:
     plan = options.capacities
     pages_per_request = -(-plan.context_tokens // plan.page_tokens)
     page_capacity = plan.page_capacity or pages_per_request * plan.max_concurrency
-    identity = hashlib.sha256(hashlib.sha256(weights).digest() + assets.digest.encode()).hexdigest()
+    identity = hashlib.sha256(weights_digest + assets.digest.encode()).hexdigest()
     served_id = options.served_id or options.namespace
     return PagedTextDeclaration(
         served_id=served_id, cache_identity=f"sha256:{identity}", vocab_size=recipe.architecture.vocab_size,
         page_tokens=plan.page_tokens, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens,
         max_concurrency=plan.max_concurrency, page_capacity=page_capacity, eos_token_ids=assets.eos_token_ids,
         sampling=options.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
-        frontend=assets.frontend,
+        frontend=assets.frontend, ranks=options.tensor_parallel,
     )

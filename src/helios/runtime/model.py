@@ -8,11 +8,16 @@ nothing here runs on untrusted bytes. `load_model` then
    captured concurrency; a missing graph or variant fails startup with `LoadError`);
 2. checks, before deserializing a program, that every ABI op it names is declared in the manifest
    and registered here with exactly the declared schema, then loads it and checks again;
-3. loads each rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
+3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
    now and replace preparation's working-set counts.
 
 The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
+
+A process (or thread) loads ONE rank (`LoadOptions.rank`): that rank's graph handles, and for each
+WEIGHT buffer the rank's counterpart of the weights resource the manifest names (a resource of
+another rank is replaced by the same-position weights resource of this rank; a resource with no
+rank is shared). `helios.runtime.ranks` loads the other ranks and ties them together.
 """
 
 from __future__ import annotations
@@ -48,13 +53,18 @@ class WeightMismatchError(LoadError):
     """A weight resource lacks a declared buffer or holds it with another dtype or shape."""
 
 
+class RankResourceError(LoadError):
+    """The rank is outside the manifest's ranks, or the core lacks that rank's weights."""
+
+
 @dataclass(frozen=True)
 class LoadOptions:
-    """Startup options: contract settings overrides, device and physical cache pages."""
+    """Startup options: contract settings overrides, device, physical cache pages and the rank."""
 
     startup: StartupOptions = StartupOptions()
     device: str = "cpu"
     num_pages: int | None = None
+    rank: int = 0  # the tensor-parallel rank this process (or thread) loads
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class LoadedModel:
     tokenizer_json: bytes
     chat_template: str
     device: torch.device
+    rank: int = 0
 
 
 def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
@@ -94,26 +105,28 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     prepared = core.prepared
     settings = resolve_settings(prepared, options.startup)
     device = torch.device(options.device)
-    handles = select_handles(prepared, settings.max_concurrency)
+    if not 0 <= options.rank < prepared.manifest.ranks:
+        raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
+    handles = select_handles(prepared, settings.max_concurrency, options.rank)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
     programs = tuple(_load_program(core, prepared, handle, declared) for handle in handles)
-    weights = _load_weights(core, prepared, device)
+    weights = _load_weights(core, prepared, device, options.rank)
     num_pages = options.num_pages or settings.page_capacity
     num_state_rows = settings.max_concurrency * max(1, prepared.state_rows_per_request())
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
-        core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device,
+        core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
     )
 
 
-def select_handles(prepared: PreparedContract, concurrency: int) -> list[mpb.GraphHandle]:
-    """Rank-0 handles of the serving graphs, reduced to the variants `concurrency` can use."""
+def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0) -> list[mpb.GraphHandle]:
+    """The rank's handles of the serving graphs, reduced to the variants `concurrency` can use."""
     selected = []
     for operation in SERVING_OPERATIONS:
         for graph in prepared.graphs_for(operation):
-            handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == 0]
+            handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == rank]
             selected += _reduce(handles, concurrency)
     operations = {prepared.graphs[h.graph].operation for h in selected}
     if spb.GRAPH_OPERATION_DECODE not in operations:
@@ -167,23 +180,39 @@ def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], .
     return tuple(shapes)
 
 
-def _load_weights(core, prepared: PreparedContract, device: torch.device) -> dict[str, torch.Tensor]:
+def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
     weight_buffers = [b for b in prepared.manifest.buffers if b.role == mpb.BUFFER_ROLE_WEIGHT]
     loaded: dict[str, dict[str, torch.Tensor]] = {}
     weights = {}
     for buffer in weight_buffers:
-        if buffer.resource_id not in loaded:
-            loaded[buffer.resource_id] = load_safetensors(core.read_resource(buffer.resource_id))
-        tensor = loaded[buffer.resource_id].get(buffer.name)
+        resource_id = rank_resource(core, buffer.resource_id, rank)
+        if resource_id not in loaded:
+            loaded[resource_id] = load_safetensors(core.read_resource(resource_id))
+        tensor = loaded[resource_id].get(buffer.name)
         expected = tuple(dim.size for dim in buffer.shape)
         if tensor is None:
-            raise WeightMismatchError(f"weight resource {buffer.resource_id!r} lacks {buffer.name!r}")
+            raise WeightMismatchError(f"weight resource {resource_id!r} lacks {buffer.name!r}")
         if tensor.dtype != _DTYPES[buffer.dtype] or tuple(tensor.shape) != expected:
             raise WeightMismatchError(
                 f"weight {buffer.name!r} is {tuple(tensor.shape)} {tensor.dtype}; the manifest declares {expected}"
             )
         weights[buffer.name] = tensor.to(device)
     return weights
+
+
+def rank_resource(core, resource_id: str, rank: int) -> str:
+    """`rank`'s counterpart of a weights resource: itself when shared (no rank) or already the
+    rank's, else the rank's weights resource at the same position among its rank's resources."""
+    info = core.resource(resource_id)
+    if info.rank is None or info.rank == rank:
+        return resource_id
+    same = [r.id for r in core.resources if r.kind == info.kind and r.rank == info.rank]
+    mine = [r.id for r in core.resources if r.kind == info.kind and r.rank == rank]
+    if len(mine) != len(same):
+        raise RankResourceError(
+            f"rank {rank} has {len(mine)} {info.kind.name.lower()} resources; rank {info.rank} has {len(same)}"
+        )
+    return mine[same.index(resource_id)]
 
 
 def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device) -> dict[str, torch.Tensor]:

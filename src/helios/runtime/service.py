@@ -1,7 +1,9 @@
 """Wiring of a verified core into a running engine: load, packer, executor, scheduler, engine.
 
 `start_runtime` is the one place that builds these collaborators (constructors elsewhere take
-them), used by offline generation and by the server.
+them), used by offline generation and by the server. A core prepared for N > 1 tensor-parallel
+ranks also starts ranks 1..N-1 (`helios.runtime.rank_peers`) and runs the engine on their
+`RankedExecutor`; `Runtime.close` stops the engine and then those ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from helios.runtime.geometry import capacities_for
 from helios.runtime.model import LoadedModel, LoadOptions, load_model
 from helios.runtime.packer import Packer
 from helios.runtime.policy import SchedulerPolicy
+from helios.runtime.rank_peers import RankOptions, RankPeers, start_ranks
 from helios.runtime.scheduler import Scheduler
 from helios.runtime.stats import WorkerStats
 
@@ -24,12 +27,20 @@ class RuntimeOptions:
     queue_capacity: int = 256
     policy: SchedulerPolicy = SchedulerPolicy()
     host_pages: int = 0  # host-memory page slots for offloaded snapshots and preempted requests
+    ranks: RankOptions = RankOptions()  # how ranks 1..N-1 of a tensor-parallel core run
 
 
 @dataclass(frozen=True)
 class Runtime:
     model: LoadedModel
     engine: Engine
+    peers: RankPeers | None = None  # tensor-parallel ranks 1..N-1; None for a one-rank core
+
+    def close(self) -> None:
+        """Stops the engine, then the tensor-parallel peers (idempotent)."""
+        self.engine.shutdown()
+        if self.peers is not None:
+            self.peers.close()
 
 
 def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
@@ -37,5 +48,14 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     model = load_model(core, options.load)
     packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
     executor = Executor(model, packer, program_table(model), options.host_pages)
-    scheduler = Scheduler.create(capacities_for(model, options.queue_capacity, options.host_pages), options.policy)
-    return Runtime(model, Engine(scheduler, executor, WorkerStats()))
+    stats, peers = WorkerStats(), None
+    if model.prepared.manifest.ranks > 1:
+        peers = start_ranks(core, executor, stats, options.ranks, options.host_pages)
+        executor = peers.executor
+    try:
+        scheduler = Scheduler.create(capacities_for(model, options.queue_capacity, options.host_pages), options.policy)
+    except BaseException:
+        if peers is not None:
+            peers.close()
+        raise
+    return Runtime(model, Engine(scheduler, executor, stats), peers)

@@ -1,0 +1,73 @@
+"""`helios rank CORE --join HOST:PORT --accept NS`: serve one tensor-parallel rank for rank zero.
+
+Rank zero (``helios serve`` / ``helios generate`` on a core prepared with ``--tensor-parallel N``)
+serves a rendezvous; each rank on another host runs this command with its own copy of the same
+core. It takes the next free rank (or ``--rank``), checks that its core is rank zero's, loads its
+rank's weights and programs, and then runs every plan rank zero sends until rank zero stops (exit
+0) or the group breaks (exit 9). Rank zero starts its own local ranks as
+``python -m helios.cli.rank_cmd ...`` (this command alone, without importing every other command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+
+import torch
+
+from helios.cli.core_options import add_core_options, open_core_from_args
+from helios.errors import HeliosError, UsageError
+from helios.runtime.rank_peers import join_rank
+from helios.runtime.rank_rendezvous import Rendezvous
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "rank", help="serve one tensor-parallel rank of a core for rank zero",
+        description="Join rank zero's rendezvous, load this rank of the core and run rank zero's plans "
+        "until it stops. The core must be the one rank zero serves.",
+    )
+    parser.add_argument("core", help="core file (the same core rank zero serves)")
+    parser.add_argument("--join", required=True, metavar="HOST:PORT", help="rank zero's rendezvous address")
+    parser.add_argument("--rank", type=int, help="rank to serve (default: the next free rank on other hosts)")
+    parser.add_argument("--device", default="cpu", help="device of this rank (default cpu)")
+    parser.add_argument("--torch-threads", type=int, help="intra-op threads of this rank (default: torch's)")
+    parser.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="how long to wait for rank zero (default 60)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing unless the rank fails")
+    add_core_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rank is not None and args.rank < 1:
+        raise UsageError("--rank must be at least 1 (rank zero is the serving process)")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    core = open_core_from_args(args, args.core)
+    timeout = timedelta(seconds=args.join_timeout)
+    rendezvous = Rendezvous.join(args.join, timeout)
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"helios rank: {line}", file=sys.stderr, flush=True))
+    join_rank(core, rendezvous, args.rank, args.device, timeout, on_joined=lambda rank, ranks: say(
+        f"serving rank {rank} of {ranks} for {args.join}"))
+    say("rank zero stopped the group")
+    return 0
+
+
+def run_alone(argv: list[str]) -> int:
+    """``helios rank ARGV`` with only this command loaded (errors as `helios.cli.main` reports them)."""
+    parser = argparse.ArgumentParser(prog="helios")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["rank", *argv])
+    try:
+        return int(args.func(args) or 0)
+    except HeliosError as error:
+        print(f"helios rank: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(run_alone(sys.argv[1:]))

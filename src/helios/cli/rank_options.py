@@ -1,0 +1,42 @@
+"""The tensor-parallel options of commands that serve a core (`generate`, `serve`).
+
+    add_rank_options(parser)                       # in register()
+    options = rank_options_from_args(args)         # -> RankOptions for RuntimeOptions.ranks
+
+They matter only for a core prepared with ``--tensor-parallel N``: by default all N ranks run on
+this host (ranks 1..N-1 as local processes); ``--local-ranks K`` keeps K here and waits for the
+others to join ``--rendezvous HOST:PORT`` with ``helios rank --join HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from helios.errors import UsageError
+from helios.runtime.rank_peers import PeerKind, RankOptions
+
+
+def add_rank_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tensor parallel (cores prepared with --tensor-parallel N)")
+    group.add_argument("--local-ranks", type=int, metavar="K",
+                       help="ranks on this host, this process included (default: all of the core's ranks)")
+    group.add_argument("--rank-peers", choices=[kind.value for kind in PeerKind], default=PeerKind.PROCESSES.value,
+                       help="how local ranks 1..K-1 run: one process each (default) or threads of this process")
+    group.add_argument("--rendezvous", default="127.0.0.1:0", metavar="HOST:PORT",
+                       help="address ranks on other hosts join (default 127.0.0.1 on a free port)")
+    group.add_argument("--join-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="how long to wait for every rank to load and join (default 300)")
+    group.add_argument("--collective-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="a rank silent this long fails the model (default 60)")
+
+
+def rank_options_from_args(args: argparse.Namespace) -> RankOptions:
+    if args.local_ranks is not None and args.local_ranks < 1:
+        raise UsageError("--local-ranks must be at least 1")
+    if args.join_timeout <= 0 or args.collective_timeout <= 0:
+        raise UsageError("--join-timeout and --collective-timeout must be positive")
+    return RankOptions(
+        local_ranks=args.local_ranks, peers=PeerKind(args.rank_peers), rendezvous=args.rendezvous,
+        join_timeout_s=args.join_timeout, collective_timeout_s=args.collective_timeout,
+        aes_key_file=getattr(args, "aes_key", None),
+    )

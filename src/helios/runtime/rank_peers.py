@@ -1,0 +1,254 @@
+"""Starting and watching the ranks of a tensor-parallel core (the spec's RankPeers).
+
+Rank zero (the serving process) loads its own rank, then `start_ranks`:
+
+* serves the rendezvous (`helios.runtime.rank_rendezvous`) and publishes its launch choices;
+* starts the local peers, ranks 1 .. local_ranks - 1, as `PeerKind.PROCESSES` (one
+  ``helios rank --join`` process each, the default) or `PeerKind.THREADS` (threads of this
+  process); ranks from local_ranks on join from other hosts with ``helios rank --join HOST:PORT``;
+* waits until every rank has loaded the same core (or fails with a typed `LoadError`), forms the
+  group and returns `RankPeers`, whose `executor` replaces the engine's executor.
+
+Why processes are the default for local peers on the CPU: gloo itself runs several ranks as
+threads of one process (each rank creates its own ProcessGroup object), but an exported program is
+executed op by op by the Python interpreter, so rank threads hold the GIL for everything except the
+kernels themselves and mostly take turns; processes run the ranks in parallel, and a rank that dies
+takes only itself down, which rank zero then reports. Threads start faster and share one verified
+core, which suits tests and very small models.
+
+`RankPeers` watches the peers while the model runs: a local peer that exits, or an idle group whose
+keepalive exchange fails, marks the model failed (requests end with an execution error, health
+turns false). `close` stops the peers after the engine has stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from helios.contract import StartupOptions
+from helios.errors import LoadError
+from helios.runtime.executor import Executor, program_table, variant_name
+from helios.runtime.model import LoadOptions, load_model
+from helios.runtime.packer import Packer
+from helios.runtime.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous
+from helios.runtime.ranks import RankedExecutor, serve_rank
+from helios.runtime.stats import WorkerStats
+
+
+class PeerKind(enum.Enum):
+    PROCESSES = "processes"
+    THREADS = "threads"
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    """How rank zero runs a core prepared for N > 1 ranks."""
+
+    local_ranks: int | None = None  # ranks on this host, rank zero included; None: all N
+    peers: PeerKind = PeerKind.PROCESSES
+    rendezvous: str = "127.0.0.1:0"  # HOST:PORT rank zero serves; port 0 picks a free one
+    join_timeout_s: float = 300.0  # for every rank to load and join
+    collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
+    torch_threads: int | None = None  # intra-op threads of each local rank process (None: rank zero's)
+    aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
+
+
+class UnsupportedRanksError(LoadError):
+    """The rank options do not fit the core or the device (for example tensor parallel on CUDA)."""
+
+
+class RankPeers:
+    """Rank zero's peers, their monitor and the `RankedExecutor`. Owned by the runtime."""
+
+    def __init__(self, executor: RankedExecutor, peers: list, keepalive_s: float, workdir: Path | None):
+        self.executor = executor
+        self._peers = peers
+        self._workdir = workdir
+        self._closing = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, args=(keepalive_s,), name="helios-rank-monitor",
+                                         daemon=True)
+        self._monitor.start()
+
+    @property
+    def local_pids(self) -> tuple[int, ...]:
+        """Process ids of the local rank processes (none when the peers are threads)."""
+        return tuple(peer.process.pid for peer in self._peers if isinstance(peer, _ProcessPeer))
+
+    def _watch(self, keepalive_s: float) -> None:
+        while not self._closing.wait(min(keepalive_s, 0.5)):
+            reason = _first_lost(self._peers)
+            if reason is not None:
+                self.executor.mark_failed(reason)
+                return
+            self.executor.keepalive(keepalive_s)
+            if self.executor.failure is not None:
+                return
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops every peer (call after the engine stopped). Idempotent."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self.executor.stop()
+        for peer in self._peers:
+            peer.stop(timeout)
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptions, host_pages: int) -> RankPeers:
+    """Starts and joins every rank of `core` around rank zero's loaded `executor`."""
+    model = executor.model
+    ranks, local = model.prepared.manifest.ranks, options.local_ranks or model.prepared.manifest.ranks
+    if not 1 <= local <= ranks:
+        raise UnsupportedRanksError(f"{local} local ranks for a core of {ranks} ranks")
+    if model.device.type != "cpu":
+        raise UnsupportedRanksError(f"tensor parallelism runs on the CPU (gloo) only, not on {model.device}")
+    timeout = timedelta(seconds=options.collective_timeout_s)
+    rendezvous = _rendezvous(options, local < ranks)
+    launch = Launch(RankIdentity.of(model.prepared), model.settings.max_concurrency, model.num_pages, host_pages,
+                    tuple(variant_name(p) for p in model.programs), local, options.collective_timeout_s)
+    rendezvous.publish(launch)
+    workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
+    peers = [_start_peer(core, rendezvous, rank, options, workdir) for rank in range(1, local)]
+    try:
+        rendezvous.wait_ready(range(1, ranks), options.join_timeout_s, lambda: _first_lost(peers))
+        group = rendezvous.form_group(0, ranks, timeout)
+    except BaseException:
+        for peer in peers:
+            peer.stop(0.0)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    # A failed group takes its local peers down with it.
+    ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
+    return RankPeers(ranked, peers, options.collective_timeout_s / 4, workdir)
+
+
+def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
+    if options.peers is PeerKind.THREADS and not has_remote:
+        return Rendezvous.in_process()
+    host, _, port = options.rendezvous.rpartition(":")
+    if not host or not port.isdigit():
+        raise UnsupportedRanksError(f"rendezvous address {options.rendezvous!r} is not HOST:PORT")
+    return Rendezvous.serve(host.strip("[]"), int(port), timedelta(seconds=options.join_timeout_s))
+
+
+def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str = "cpu",
+              launch_timeout: timedelta = timedelta(seconds=60),
+              on_joined: Callable[[int, int], None] = lambda rank, ranks: None) -> None:
+    """A peer: take a rank, check the core, load it, join the group and serve until rank zero stops.
+
+    `on_joined(rank, ranks)` runs once the group is formed. Raises `RankJoinError` /
+    `MissingRankError` (startup) or `CollectiveError` (the group broke).
+    """
+    launch = rendezvous.read_launch(launch_timeout)
+    rank = rendezvous.next_remote_rank(launch.first_remote_rank) if rank is None else rank
+    if not 1 <= rank < launch.ranks:
+        raise RankJoinError(f"rank {rank} is not a peer rank of a {launch.ranks}-rank group (is it full?)")
+    try:
+        executor = _load_rank(core, launch, rank, device)
+    except LoadError as error:
+        rendezvous.reject(rank, str(error))
+        raise
+    rendezvous.mark_ready(rank)
+    group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s))
+    on_joined(rank, launch.ranks)
+    serve_rank(executor, group)
+
+
+def _load_rank(core, launch: Launch, rank: int, device: str) -> Executor:
+    reason = launch.identity.mismatch(RankIdentity.of(core.prepared))
+    if reason is not None:
+        raise RankJoinError(f"rank {rank} cannot join: {reason}")
+    startup = StartupOptions(max_concurrency=launch.max_concurrency)
+    model = load_model(core, LoadOptions(startup, device, num_pages=launch.num_pages, rank=rank))
+    variants = tuple(variant_name(p) for p in model.programs)
+    if variants != launch.variants:
+        raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {launch.variants}")
+    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
+    return Executor(model, packer, program_table(model), launch.host_pages)
+
+
+class _ThreadPeer:
+    def __init__(self, core, rendezvous: Rendezvous, rank: int):
+        self.rank = rank
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(core, rendezvous), name=f"helios-rank-{rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, core, rendezvous) -> None:
+        try:
+            join_rank(core, rendezvous, self.rank)
+        except BaseException as error:  # noqa: BLE001 - reported to rank zero through lost()
+            self.error = error
+
+    def lost(self) -> str | None:
+        if self._thread.is_alive():
+            return None
+        detail = f": {type(self.error).__name__}: {self.error}" if self.error else ""
+        return f"rank {self.rank} (thread) ended{detail}"
+
+    def kill(self) -> None:
+        pass  # a thread cannot be killed; its next collective fails with the group
+
+    def stop(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+class _ProcessPeer:
+    def __init__(self, command: list[str], rank: int):
+        self.rank = rank
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def lost(self) -> str | None:
+        code = self.process.poll()
+        return None if code is None else f"rank {self.rank} (process {self.process.pid}) exited with status {code}"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def stop(self, timeout: float) -> None:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _first_lost(peers) -> str | None:
+    return next((reason for reason in (peer.lost() for peer in peers) if reason is not None), None)
+
+
+def _start_peer(core, rendezvous: Rendezvous, rank: int, options: RankOptions, workdir: Path | None):
+    if options.peers is PeerKind.THREADS:
+        return _ThreadPeer(core, rendezvous, rank)
+    return _ProcessPeer(_rank_command(core, rendezvous.address, rank, options, workdir), rank)
+
+
+def _rank_command(core, address: str, rank: int, options: RankOptions, workdir: Path) -> list[str]:
+    """``helios rank --join`` for a local peer: the same core, trusting the keys rank zero admitted."""
+    trust = workdir / "trust"
+    trust.mkdir(exist_ok=True)
+    for key in core.admitted_signers:
+        (trust / f"{key.key_id.hex()}.pub").write_text(key.to_line(), encoding="ascii")
+    threads = options.torch_threads or torch.get_num_threads()
+    command = [sys.executable, "-m", "helios.cli.rank_cmd", str(core.path), "--join", address,
+               "--rank", str(rank), "--accept", core.publisher.namespace, "--trust", str(trust),
+               "--torch-threads", str(threads), "--quiet"]
+    if options.aes_key_file:
+        command += ["--aes-key", options.aes_key_file]
+    return command

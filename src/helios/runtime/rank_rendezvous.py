@@ -1,0 +1,202 @@
+"""Rank rendezvous: how N ranks find each other, agree that they serve one core, and form a group.
+
+Everything goes through a `torch.distributed` key-value store: a TCPStore served by rank zero (ranks
+in other processes or on other hosts connect to HOST:PORT) or a HashStore (ranks that are threads
+of one process). The protocol, in order:
+
+1. rank zero publishes the `Launch`: the `RankIdentity` every rank must match (rank count, cache
+   identity, digest of the contract and manifest, wire signature) and the startup choices every
+   rank must share (selected concurrency, physical pages, host page slots, selected variants,
+   collective timeout);
+2. each peer takes its rank (given, or the next free one after the local ranks), compares its own
+   core with the identity and either marks itself ready after loading its model or records why it
+   refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
+   refusal, a local peer that died, or a rank that did not come within the join timeout;
+3. every rank forms the gloo process group (``form_group``), whose timeout bounds every collective
+   (rank zero keeps an idle group alive with keepalive exchanges, see `helios.runtime.ranks`).
+
+Gloo (CPU) is the backend: its collectives work for ranks that are threads of one process as long
+as each rank creates its own ProcessGroup object (never the process-global default group), which
+is what this module does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Callable
+
+import torch.distributed as dist
+
+from helios.abi.collectives import RankGroup
+from helios.errors import LoadError
+from helios.runtime.rank_wire import wire_signature
+
+_LAUNCH, _NEXT_REMOTE = "helios/launch", "helios/next_remote"
+_POLL_S = 0.05
+
+
+class RankJoinError(LoadError):
+    """A rank could not join: wrong core, wrong rank count, version mismatch or a refusal."""
+
+
+class MissingRankError(LoadError):
+    """A rank did not join (or died) before the join timeout."""
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """What every rank's core must agree on."""
+
+    ranks: int
+    cache_identity: str
+    contract_digest: str
+    wire: str
+
+    @classmethod
+    def of(cls, prepared) -> "RankIdentity":
+        contract, manifest = prepared.encode()
+        digest = hashlib.sha256(contract + b"\0" + manifest).hexdigest()
+        return cls(prepared.manifest.ranks, prepared.contract.cache_identity, digest, wire_signature())
+
+    def mismatch(self, other: "RankIdentity") -> str | None:
+        """Why `other` (a peer's) cannot join a group of `self`, or None when it can."""
+        if other.wire != self.wire:
+            return "it runs another helios version (rank wire signature differs)"
+        if other.ranks != self.ranks:
+            return f"its core is prepared for {other.ranks} ranks, rank zero's for {self.ranks}"
+        if other.cache_identity != self.cache_identity:
+            return f"its core has cache identity {other.cache_identity}, rank zero's {self.cache_identity}"
+        if other.contract_digest != self.contract_digest:
+            return "its core's contract or manifest differs from rank zero's"
+        return None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Rank zero's startup choices that every rank loads with."""
+
+    identity: RankIdentity
+    max_concurrency: int
+    num_pages: int
+    host_pages: int
+    variants: tuple[str, ...]
+    first_remote_rank: int  # ranks below it run on rank zero's host; the others join from elsewhere
+    collective_timeout_s: float
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Launch":
+        fields = json.loads(data.decode("utf-8"))
+        fields["identity"] = RankIdentity(**fields["identity"])
+        fields["variants"] = tuple(fields["variants"])
+        return cls(**fields)
+
+    @property
+    def ranks(self) -> int:
+        return self.identity.ranks
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise RankJoinError(f"rendezvous address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class Rendezvous:
+    """The store shared by the ranks, and the address this rank's gloo device listens on."""
+
+    def __init__(self, store, device_host: str | None, address: str = "in-process"):
+        self.store = store
+        self.device_host = device_host  # None: gloo's default device for this host
+        self.address = address
+
+    @classmethod
+    def in_process(cls) -> "Rendezvous":
+        return cls(dist.HashStore(), "127.0.0.1")
+
+    @classmethod
+    def serve(cls, host: str, port: int, timeout: timedelta) -> "Rendezvous":
+        """Rank zero's store on host:port (port 0: any free port)."""
+        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+        device = None if host in ("0.0.0.0", "::", "") else host
+        return cls(store, device, f"{host}:{store.port}")
+
+    @classmethod
+    def join(cls, address: str, timeout: timedelta) -> "Rendezvous":
+        host, port = parse_address(address)
+        try:
+            store = dist.TCPStore(host, port, None, False, timeout)
+        except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError
+            raise MissingRankError(f"cannot reach rank zero at {address}: {error}") from error
+        return cls(store, _route_to(host), address)
+
+    def publish(self, launch: Launch) -> None:
+        self.store.set(_LAUNCH, launch.encode())
+
+    def read_launch(self, timeout: timedelta) -> Launch:
+        try:
+            self.store.wait([_LAUNCH], timeout)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank zero at {self.address} published no launch: {error}") from error
+        return Launch.decode(self.store.get(_LAUNCH))
+
+    def next_remote_rank(self, first_remote: int) -> int:
+        return first_remote + self.store.add(_NEXT_REMOTE, 1) - 1
+
+    def mark_ready(self, rank: int) -> None:
+        self.store.set(f"helios/ready/{rank}", b"ok")
+
+    def reject(self, rank: int, reason: str) -> None:
+        self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8"))
+
+    def wait_ready(self, ranks: range, timeout_s: float, lost: Callable[[], str | None]) -> None:
+        """Rank zero: returns once every rank in `ranks` is ready; `lost()` names a dead local peer."""
+        deadline, waiting = time.monotonic() + timeout_s, set(ranks)
+        while waiting:
+            for rank in sorted(waiting):
+                key = f"helios/ready/{rank}"
+                if not self.store.check([key]):
+                    continue
+                answer = self.store.get(key)
+                if answer.startswith(b"reject:"):
+                    raise RankJoinError(f"rank {rank} refused to join: {answer[7:].decode('utf-8', 'replace')}")
+                waiting.discard(rank)
+            reason = lost()
+            if reason is not None:
+                raise MissingRankError(reason)
+            if waiting and time.monotonic() > deadline:
+                raise MissingRankError(f"rank(s) {sorted(waiting)} did not join {self.address} within {timeout_s:g} s")
+            if waiting:
+                time.sleep(_POLL_S)
+
+    def form_group(self, rank: int, size: int, timeout: timedelta) -> RankGroup:
+        """This rank's gloo group; blocks until every rank calls it. `timeout` bounds forming the
+        group and every later collective on it."""
+        options = dist.ProcessGroupGloo._Options()
+        device = (dist.ProcessGroupGloo.create_device(hostname=self.device_host) if self.device_host
+                  else dist.ProcessGroupGloo.create_default_device())
+        options._devices = [device]
+        options._timeout = timeout
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore("helios/group", self.store), rank, size, options)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank {rank} could not form the group of {size}: {error}") from error
+        return RankGroup(group, rank, size, timeout)
+
+
+def _route_to(host: str) -> str:
+    """The local address that reaches `host` (loopback for a loopback rendezvous)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,249 @@
+"""Tensor-parallel execution: rank zero schedules, every rank runs the same programs, all or none commit.
+
+Rank zero's `RankedExecutor` stands in for the `Executor` the engine drives. For each plan it
+
+1. broadcasts a `StepMessage` (the plan, admission values new to the peers, forgotten requests and
+   grammar masks) over the group, so every peer's own `Packer` packs exactly rank zero's inputs;
+2. runs the plan on its own rank while every peer runs it on theirs (`serve_rank`); the programs
+   meet in their ``helios::all_reduce`` / ``all_gather`` collectives;
+3. gathers every rank's verdict (`agree`): its status and its completion record. Only when every
+   rank validated its record and all records are equal does rank zero return the results, which
+   the engine then commits; otherwise the plan fails on every rank (`CohortRejected`): rank zero's
+   engine fails its requests and no peer holds request state that could commit it.
+
+A dead or silent rank fails the model, never hangs it: every collective is bounded by the group's
+timeout, a `CollectiveError` breaks the executor for good (`RankFailure` on every later plan), and
+`mark_failed` (called by the peer monitor) does the same between steps. While no plan runs, the
+monitor calls `keepalive`, a KEEPALIVE message answered by one all_reduce from every rank, so an
+idle group still notices a lost rank (and peers, which wait for messages under the same timeout,
+notice a lost rank zero). A broken executor sets `WorkerStats.healthy` to False (`/health`).
+
+Thread ownership: `run` on the model worker; `keepalive`, `mark_failed` and `stop` from any thread
+(a lock serializes every use of the group).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Mapping
+
+import torch
+
+from helios.abi.collectives import CollectiveError, RankGroup, bind_group
+from helios.errors import ExecutionError
+from helios.runtime.executor import Executor, StepOutput
+from helios.runtime.packer import AdmissionValues
+from helios.runtime.plan import StepPlan
+from helios.runtime.rank_wire import MessageKind, StepMessage, decode_message, encode_message
+from helios.runtime.stats import WorkerStats
+
+_REASON_BYTES = 256  # of a rank's failure message in its verdict
+
+
+class RankFailure(ExecutionError):
+    """A rank died, stopped answering or broke the group: the tensor-parallel model cannot run."""
+
+
+class CohortRejected(ExecutionError):
+    """A rank rejected this plan's completion, or the ranks' records differ: nothing is committed."""
+
+
+class StepChannel:
+    """Rank zero's step messages over the group: a length, then the bytes (uint8)."""
+
+    def __init__(self, group: RankGroup):
+        self.group = group
+
+    def send(self, message: StepMessage) -> None:
+        data = encode_message(message)
+        self.group.broadcast(torch.tensor([len(data)], dtype=torch.int64), 0)
+        self.group.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0)
+
+    def receive(self) -> StepMessage:
+        """Blocks until rank zero sends, at most the group's timeout (rank zero keeps it alive)."""
+        length = torch.zeros(1, dtype=torch.int64)
+        self.group.broadcast(length, 0)
+        data = torch.empty(int(length.item()), dtype=torch.uint8)
+        self.group.broadcast(data, 0)
+        return decode_message(data.numpy().tobytes())
+
+
+def agree(group: RankGroup, executor: Executor, plan: StepPlan, error: BaseException | None) -> None:
+    """Every rank's verdict on `plan`; raises `CohortRejected` on every rank unless all accept.
+
+    A verdict is the rank's status (0 accepted), its completion frame as int64 and its failure
+    message; gathering them gives every rank the same view, so all decide alike.
+    """
+    completion = executor.model.buffers[executor.model.prepared.manifest.completion.buffer]
+    frame = completion[plan.frame].reshape(-1).view(torch.int64)
+    if error is not None or plan.variant is None:
+        frame = torch.zeros_like(frame)
+    reason = f"{type(error).__name__}: {error}".encode("utf-8")[:_REASON_BYTES] if error is not None else b""
+    reason_words = torch.frombuffer(bytearray(reason.ljust(_REASON_BYTES, b"\0")), dtype=torch.int64)
+    verdict = torch.cat((torch.tensor([int(error is not None)]), frame, reason_words))
+    verdicts = group.all_gather(verdict)
+    for rank, theirs in enumerate(verdicts):
+        if theirs[0] != 0:
+            message = theirs[1 + frame.numel():].view(torch.uint8).numpy().tobytes().rstrip(b"\0")
+            raise CohortRejected(f"rank {rank} rejected submission {plan.sequence}: {message.decode('utf-8', 'replace')}")
+    for rank, theirs in enumerate(verdicts[1:], 1):
+        if not torch.equal(theirs, verdicts[0]):
+            raise CohortRejected(f"rank {rank}'s completion record of submission {plan.sequence} differs from rank 0's")
+
+
+class _PeerPacker:
+    """The packer the engine sees on rank zero: forwards to the real one and remembers which
+    requests the peers have been sent (so admissions cross once and forgets only when needed)."""
+
+    def __init__(self, packer):
+        self._packer = packer
+        self._registered: dict[str, AdmissionValues] = {}
+        self._sent: set[str] = set()
+        self._forgotten: list[str] = []
+
+    def register(self, request_id: str, values: AdmissionValues) -> None:
+        self._packer.register(request_id, values)
+        self._registered[request_id] = values
+
+    def forget(self, request_id: str) -> None:
+        self._packer.forget(request_id)
+        self._registered.pop(request_id, None)
+        if request_id in self._sent:
+            self._sent.discard(request_id)
+            self._forgotten.append(request_id)
+
+    def pack(self, graph, plan, masks=None) -> None:
+        self._packer.pack(graph, plan, masks)
+
+    def message(self, plan: StepPlan, masks: Mapping[str, torch.Tensor]) -> StepMessage:
+        admissions = []
+        for row in plan.rows:
+            if row.request_id not in self._sent:
+                self._sent.add(row.request_id)
+                admissions.append((row.request_id, self._registered[row.request_id]))
+        forgotten, self._forgotten = tuple(self._forgotten), []
+        mask_rows = tuple((rid, tuple(mask.tolist())) for rid, mask in masks.items())
+        return StepMessage(MessageKind.STEP, plan, tuple(admissions), forgotten, mask_rows)
+
+
+class RankedExecutor:
+    """Rank zero's executor for N ranks (see the module docstring); quacks like `Executor`."""
+
+    def __init__(self, executor: Executor, group: RankGroup, stats: WorkerStats,
+                 on_failure: Callable[[str], None] = lambda reason: None):
+        self.model = executor.model
+        self.packer = _PeerPacker(executor.packer)
+        self._executor = executor
+        self._group = group
+        self._channel = StepChannel(group)
+        self._stats = stats
+        self._on_failure = on_failure
+        self._lock = threading.Lock()  # guards _failure
+        self._group_lock = threading.Lock()  # one exchange on the group at a time
+        self._failure: str | None = None
+        self._last_exchange = time.monotonic()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the group can no longer run plans (failed or stopped), or None."""
+        return self._failure
+
+    def mark_failed(self, reason: str) -> None:
+        """The group is unusable: every later plan fails; health turns false. Idempotent."""
+        if self._close(reason):
+            self._stats.healthy = False
+            self._on_failure(reason)
+
+    def _close(self, reason: str) -> bool:
+        with self._lock:
+            if self._failure is not None:
+                return False
+            self._failure = reason
+            return True
+
+    def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
+        with self._group_lock:
+            self._check()
+            try:
+                self._channel.send(self.packer.message(plan, masks or {}))
+                output, error = self._run_local(plan, masks)
+                agree(self._group, self._executor, plan, error)
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+            finally:
+                self._last_exchange = time.monotonic()
+        if error is not None:
+            raise error
+        return output
+
+    def keepalive(self, idle_s: float) -> None:
+        """When the group has been idle `idle_s` and no plan runs: one exchange with every rank."""
+        if self._failure is not None or not self._group_lock.acquire(blocking=False):
+            return
+        try:
+            if time.monotonic() - self._last_exchange < idle_s:
+                return
+            self._channel.send(StepMessage(MessageKind.KEEPALIVE))
+            self._group.all_reduce(torch.ones(1, dtype=torch.int64))
+        except CollectiveError as failure:
+            self.mark_failed(str(failure))
+        finally:
+            self._last_exchange = time.monotonic()
+            self._group_lock.release()
+
+    def stop(self) -> None:
+        """Tells the peers to leave (rank zero shutting down); a broken group is left alone."""
+        with self._group_lock:
+            if self._failure is not None:
+                return
+            try:
+                self._channel.send(StepMessage(MessageKind.STOP))
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+            else:
+                self._close("the tensor-parallel group was stopped")
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise RankFailure(f"tensor-parallel model failed: {self._failure}")
+
+    def _run_local(self, plan, masks):
+        try:
+            with bind_group(self._group):
+                return self._executor.run(plan, masks), None
+        except CollectiveError:
+            raise
+        except Exception as error:  # noqa: BLE001 - reported through agreement, re-raised after it
+            return None, error
+
+
+def serve_rank(executor: Executor, group: RankGroup) -> None:
+    """A peer's loop: run rank zero's plans until STOP. Raises `CollectiveError` when the group
+    breaks (rank zero died or a rank stopped answering)."""
+    channel = StepChannel(group)
+    while True:
+        message = channel.receive()
+        if message.kind is MessageKind.STOP:
+            return
+        if message.kind is MessageKind.KEEPALIVE:
+            group.all_reduce(torch.ones(1, dtype=torch.int64))
+            continue
+        for request_id in message.forgotten:
+            executor.packer.forget(request_id)
+        for request_id, values in message.admissions:
+            executor.packer.register(request_id, values)
+        masks = {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
+        error = None
+        try:
+            with bind_group(group):
+                executor.run(message.plan, masks)
+        except CollectiveError:
+            raise
+        except Exception as failure:  # noqa: BLE001 - this rank rejects the cohort; the group decides
+            error = failure
+        try:
+            agree(group, executor, message.plan, error)
+        except CohortRejected:
+            continue  # nothing to undo here: peers commit no request state

@@ -1,0 +1,94 @@
+"""Tensor-parallel test cores: tiny chat checkpoints of every family, prepared once per session for
+one rank and for two ranks with the same small capacities, and helpers to open and run them."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from helios.cli.main import main
+from helios.core.reader import open_core
+from helios.runtime.offline import generate
+from helios.runtime.rank_peers import PeerKind, RankOptions
+from helios.runtime.service import RuntimeOptions, build_runtime
+from support.chat_checkpoint import write_chat_checkpoint
+
+NAMESPACE = "test.helios/parallel"
+PROMPTS = [
+    list(range(3, 23)),  # longer than the 16-token prefill extent: chunked
+    list(range(3, 23))[:18] + [7, 8],  # shares a full page with the first: prefix reuse
+    [5, 6, 7],
+]
+MAX_TOKENS = 10
+# Small collective timeout: a silent rank fails a test model within seconds (the default is 60 s).
+FAST = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=5.0, join_timeout_s=60.0)
+
+
+class Cores:
+    """Checkpoints and prepared cores, built on first use and kept for the session."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.key = root / "publisher.key"
+        assert main(["keygen", "-o", str(self.key)]) == 0
+        self._checkpoints: dict[tuple[str, int], Path] = {}
+        self._cores: dict[tuple[str, int, int], Path] = {}
+        self._one_rank: dict[str, list[list[int]]] = {}
+
+    @property
+    def trust(self) -> Path:
+        return Path(str(self.key) + ".pub")
+
+    def checkpoint(self, family, seed: int = 3) -> Path:
+        key = (family.name, seed)
+        if key not in self._checkpoints:
+            self._checkpoints[key] = write_chat_checkpoint(family, self.root / f"{family.name}-{seed}", seed=seed)
+        return self._checkpoints[key]
+
+    def core(self, family, ranks: int, seed: int = 3) -> Path:
+        key = (family.name, ranks, seed)
+        if key not in self._cores:
+            path = self.root / f"{family.name}-{seed}-tp{ranks}.core"
+            assert main([
+                "prepare", str(self.checkpoint(family, seed)), "-o", str(path), "--key", str(self.key),
+                "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
+                "--decode-batches", "2", "--no-mixed", "--tensor-parallel", str(ranks),
+            ]) == 0
+            self._cores[key] = path
+        return self._cores[key]
+
+    def one_rank_tokens(self, family) -> list[list[int]]:
+        """Greedy tokens of PROMPTS from the family's one-rank core (the reference), computed once."""
+        if family.name not in self._one_rank:
+            self._one_rank[family.name] = greedy_tokens(self.open(self.core(family, 1)))
+        return self._one_rank[family.name]
+
+    def open(self, path: Path):
+        return open_core(path, accept=NAMESPACE, trusted_keys=[self.trust])
+
+    def cli_trust(self) -> list[str]:
+        return ["--accept", NAMESPACE, "--trust", str(self.trust)]
+
+
+@pytest.fixture(scope="session")
+def cores(tmp_path_factory) -> Cores:
+    return Cores(tmp_path_factory.mktemp("parallel"))
+
+
+@contextlib.contextmanager
+def running(core, ranks: RankOptions = FAST):
+    """A runtime (engine not started) whose peers are closed on exit."""
+    runtime = build_runtime(core, RuntimeOptions(ranks=ranks))
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def greedy_tokens(core, ranks: RankOptions = FAST, prompts=PROMPTS) -> list[list[int]]:
+    with running(core, ranks) as runtime:
+        results = generate(runtime.engine, prompts, MAX_TOKENS)
+    assert [r.finish_reason.name for r in results] == ["LENGTH"] * len(prompts), [r.message for r in results]
+    return [list(r.token_ids) for r in results]

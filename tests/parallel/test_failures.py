@@ -1,0 +1,120 @@
+"""A rank that dies or stops answering fails the model cleanly: requests in flight end with an
+execution error, the engine reports itself unhealthy, later requests fail at once, nothing hangs.
+Startup with a missing or mismatched rank fails with a typed LoadError on rank zero (and on the
+refusing rank)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from helios.errors import LoadError
+from helios.runtime.engine import EngineRequest
+from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.packer import AdmissionValues
+from helios.runtime.rank_peers import PeerKind, join_rank
+from helios.runtime.rank_rendezvous import MissingRankError, RankJoinError, Rendezvous
+from helios.runtime.request import RequestSpec
+from helios.runtime.service import RuntimeOptions, build_runtime
+from ignition.hf_checkpoints import LLAMA3, QWEN3
+
+from .conftest import FAST, running
+from .test_generate_cli import free_port
+
+HANG_GUARD_S = 120  # a broken model must answer long before this; reaching it means a hang
+PROCESSES = replace(FAST, peers=PeerKind.PROCESSES, collective_timeout_s=3.0)
+
+
+class Requests:
+    """Submits long requests and records their events (called in the model worker thread)."""
+
+    def __init__(self, engine, count: int, max_tokens: int = 55):
+        self.first_token = threading.Event()
+        self.all_done = threading.Event()
+        self.finished: dict[str, FinishEvent] = {}
+        self._lock = threading.Lock()
+        self._count = count
+        for index in range(count):
+            prompt = (5 + index, 6, 7)
+            spec = RequestSpec(f"r{index}", prompt, max_tokens, frozenset())
+            values = AdmissionValues(prompt, 0, (0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), max_tokens)
+            engine.submit(EngineRequest(spec, values, self.record))
+
+    def record(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            self.first_token.set()
+            return
+        with self._lock:
+            self.finished[event.request_id] = event
+            if len(self.finished) == self._count:
+                self.all_done.set()
+
+    def unfinished(self) -> set[str]:
+        with self._lock:
+            return {f"r{i}" for i in range(self._count)} - set(self.finished)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops-answering"])
+def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
+    with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
+        engine = runtime.engine
+        engine.start()
+        requests = Requests(engine, 3)
+        assert requests.first_token.wait(HANG_GUARD_S)
+        in_flight = requests.unfinished()
+        (pid,) = runtime.peers.local_pids
+        os.kill(pid, how)
+        try:
+            assert requests.all_done.wait(HANG_GUARD_S)
+        finally:
+            os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
+        assert in_flight, "every request finished before the rank was lost"
+        assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
+        assert not engine.is_healthy
+        assert not engine.stats.snapshot().healthy
+        late = Requests(engine, 1)
+        assert late.all_done.wait(HANG_GUARD_S)
+        assert late.finished["r0"].reason is FinishReason.ERROR
+        assert "tensor-parallel model failed" in late.finished["r0"].message
+
+
+def test_a_rank_that_never_joins_fails_startup(cores):
+    core = cores.open(cores.core(QWEN3, 2))
+    options = replace(FAST, local_ranks=1, rendezvous="127.0.0.1:0", join_timeout_s=0.5)
+    with pytest.raises(MissingRankError, match=r"rank\(s\) \[1\] did not join"):
+        build_runtime(core, RuntimeOptions(ranks=options))
+
+
+def start_with_one_remote(core, address: str) -> tuple[threading.Thread, list]:
+    """Rank zero of `core` in a thread, waiting for rank 1 on `address`; the list gets its outcome."""
+    outcome: list = []
+
+    def serve() -> None:
+        options = replace(FAST, local_ranks=1, rendezvous=address, join_timeout_s=60.0)
+        try:
+            outcome.append(build_runtime(core, RuntimeOptions(ranks=options)))
+        except LoadError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("joiner", ["other-weights", "one-rank-core"])
+def test_a_rank_with_another_core_is_refused(cores, joiner):
+    theirs = cores.core(LLAMA3, 2) if joiner == "other-weights" else cores.core(QWEN3, 1)
+    expected = "cache identity" if joiner == "other-weights" else "prepared for 1 ranks"
+    address = f"127.0.0.1:{free_port()}"
+    thread, outcome = start_with_one_remote(cores.open(cores.core(QWEN3, 2)), address)
+    with pytest.raises(RankJoinError, match=expected):
+        join_rank(cores.open(theirs), Rendezvous.join(address, timedelta(seconds=30)), None)
+    thread.join(HANG_GUARD_S)
+    (error,) = outcome
+    assert isinstance(error, RankJoinError)
+    assert "rank 1 refused to join" in str(error) and expected in str(error)

@@ -1,0 +1,18 @@
+"""Two tensor-parallel ranks give the same greedy tokens as one rank, for every recipe family,
+through the runtime API (ranks as threads of this process: the same code path as processes, which
+`test_generate_cli` covers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ignition.hf_checkpoints import FAMILIES
+
+from .conftest import greedy_tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
+def test_two_ranks_generate_what_one_rank_generates(cores, family):
+    two = greedy_tokens(cores.open(cores.core(family, 2)))
+    assert two == cores.one_rank_tokens(family)
+    assert all(len(tokens) == 10 for tokens in two)

@@ -1,0 +1,81 @@
+"""Rank sharding at preparation time: every rank's weights follow the rank's layout, the shards put
+back together are the whole model, and the per-rank weight catalogs describe the stored bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+
+from helios.contract import manifest_pb2 as mpb
+from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
+from helios.ignition.recipes.base import NamedWeight, Recipe
+from helios.ignition.sharding import rank_architecture, rank_weight_files, rank_weights
+
+ARCH = Architecture(vocab_size=11, hidden_size=8, intermediate_size=6, num_layers=1, num_heads=4, num_kv_heads=2,
+                    head_dim=2, rms_norm_eps=1e-5, layer_windows=(0,), qkv_bias=True, o_bias=True, mlp_bias=True)
+
+
+def numbered_recipe(arch: Architecture = ARCH) -> Recipe:
+    """Every weight element holds a distinct number, so a misplaced row or column shows."""
+    weights, start = [], 0
+    for slot in weight_layout(arch):
+        count = 1
+        for extent in slot.shape:
+            count *= extent
+        weights.append(NamedWeight(slot.name, torch.arange(start, start + count, dtype=torch.float32).reshape(slot.shape)))
+        start += count
+    return Recipe("numbered", arch, tuple(weights))
+
+
+def test_rank_architecture_divides_heads_and_mlp_and_keeps_the_vocabulary():
+    shard = rank_architecture(ARCH, 2)
+    assert (shard.num_heads, shard.num_kv_heads, shard.intermediate_size) == (2, 1, 3)
+    assert (shard.vocab_size, shard.vocab_rows, shard.tensor_parallel) == (11, 6, 2)
+    assert rank_architecture(ARCH, 1) is ARCH
+
+
+def test_uneven_heads_are_refused_by_name():
+    with pytest.raises(CheckpointError, match="key/value heads 2"):
+        rank_architecture(ARCH, 4)
+    with pytest.raises(CheckpointError, match="MLP width"):
+        rank_architecture(dataclasses.replace(ARCH, intermediate_size=5), 2)
+
+
+def test_shards_reassemble_the_whole_model():
+    recipe, full = numbered_recipe(), ARCH
+    whole = {w.name: w.tensor for w in recipe.weights}
+    ranks = [{w.name: w.tensor for w in rank_weights(recipe, 2, rank)} for rank in range(2)]
+    q, kv = full.q_size, full.kv_size
+    qkv = whole["layers.0.qkv.weight"]
+    for rank, shard in enumerate(ranks):
+        heads_q, heads_kv = slice(rank * q // 2, (rank + 1) * q // 2), slice(rank * kv // 2, (rank + 1) * kv // 2)
+        expected = torch.cat([qkv[:q][heads_q], qkv[q:q + kv][heads_kv], qkv[q + kv:][heads_kv]])
+        assert torch.equal(shard["layers.0.qkv.weight"], expected)
+        assert torch.equal(shard["layers.0.o.bias"], whole["layers.0.o.bias"])  # added once, after the sum
+        assert shard["vocab.start"].tolist() == [rank * 6]
+    assert torch.equal(torch.cat([r["layers.0.o.weight"] for r in ranks], dim=1), whole["layers.0.o.weight"])
+    assert torch.equal(torch.cat([r["layers.0.down.weight"] for r in ranks], dim=1), whole["layers.0.down.weight"])
+    gate_up = whole["layers.0.gate_up.weight"]
+    assert torch.equal(torch.cat([r["layers.0.gate_up.weight"][:3] for r in ranks]), gate_up[:6])
+    assert torch.equal(torch.cat([r["layers.0.gate_up.weight"][3:] for r in ranks]), gate_up[6:])
+    vocabulary = torch.cat([r["lm_head"] for r in ranks])
+    assert torch.equal(vocabulary[:11], whole["lm_head"])
+    assert not vocabulary[11:].any()  # the last rank's padding row
+
+
+def test_weight_files_carry_catalogs_of_their_stored_tensors():
+    files = rank_weight_files(numbered_recipe(), 2)
+    assert [(f.rank, f.resource_id) for f in files] == [(0, "weights.rank0"), (1, "weights.rank1")]
+    for file in files:
+        tensors = load_safetensors(file.data)
+        assert file.catalog.rank == file.rank and file.catalog.resource_id == file.resource_id
+        assert {view.name for view in file.catalog.tensors} == set(tensors)
+        for view in file.catalog.tensors:
+            stored = tensors[view.name]
+            assert view.shape == tuple(stored.shape)
+            assert view.dtype == (mpb.DTYPE_INT64 if view.name == "w.vocab.start" else mpb.DTYPE_FLOAT32)
+            raw = file.data[view.byte_offset:view.byte_offset + view.nbytes]
+            assert raw == stored.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
