@@ -4,10 +4,15 @@
 The tiny model generates noise, so the tests assert protocol shape, usage accounting, finish
 reasons, token observation, stops, limits, structured output and seeded repeatability rather than
 text. Greedy requests for the prompt "hello" run to their output limit (no EOS) with this model.
+
+The server admits 3 requests (max-active 2 + queue-capacity 1), so the load tests can overrun it:
+rejected clients get 429, admitted ones their complete stream, a paused reader holds back neither
+the engine nor other streams, and nothing hangs (every wait has a deadline). Nothing is timed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -19,12 +24,13 @@ import pytest
 from support.server_core import SERVED_ID, ServerProcess, tiny_core
 
 EOS_ID = 1  # <|im_end|> in the test tokenizer (support.chat_checkpoint)
+NUM_CLIENTS = 24  # far more than the 3 admission permits
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     core = tiny_core(tmp_path_factory.getbasetemp())
-    process = ServerProcess(core, "--max-active", "4", "--queue-capacity", "2",
+    process = ServerProcess(core, "--max-active", "2", "--queue-capacity", "1",
                             log=tmp_path_factory.mktemp("serve") / "server.log")
     yield process
     code, log = process.terminate()
@@ -146,7 +152,8 @@ def test_tools_and_structured_output(client):
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert (choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=SERVED_ID, messages=messages(), tools=tools, tool_choice="required")
+        undeclared = {"type": "function", "function": {"name": "undeclared"}}
+        client.chat.completions.create(model=SERVED_ID, messages=messages(), tools=tools, tool_choice=undeclared)
     choice = client.chat.completions.create(
         model=SERVED_ID, messages=messages(), max_tokens=16, seed=1, extra_body={"return_token_ids": True},
         response_format={"type": "choice", "choices": ["yes", "no"]},
@@ -234,3 +241,68 @@ def test_disconnect_cancels_the_request_and_frees_its_slot(http):
         assert time.monotonic() < deadline, "the dropped request was not cancelled"
         time.sleep(0.02)
     assert metric(http, "helios_requests_active") == 0
+
+
+# -- load -------------------------------------------------------------------------------------------
+
+
+def load_chat(content: str = "hello", **fields) -> dict:
+    return {"model": SERVED_ID, "messages": messages(content), "stream": True, **fields}
+
+
+def data_lines(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def wait_for(predicate, message: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)
+
+
+def test_overload_gets_429_and_every_admitted_request_completes(server, http):
+    async def one(client: httpx.AsyncClient, seed: int) -> tuple[int, str]:
+        response = await client.post("/v1/chat/completions", json=load_chat(max_tokens=48, seed=seed))
+        return response.status_code, response.text
+
+    async def crowd():
+        limits = httpx.Limits(max_connections=NUM_CLIENTS)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, seed) for seed in range(NUM_CLIENTS)))
+
+    before = metric(http, 'helios_http_responses_total{endpoint="chat",status="429"}')
+    results = asyncio.run(crowd())
+    statuses = [status for status, _ in results]
+    assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses
+    for status, text in results:
+        if status == 429:
+            assert json.loads(text)["error"]["type"] == "overloaded"
+        else:
+            lines = data_lines(text)
+            assert lines[-1] == "[DONE]"
+            assert json.loads(lines[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    after = metric(http, 'helios_http_responses_total{endpoint="chat",status="429"}')
+    assert after - before == statuses.count(429)
+    wait_for(lambda: metric(http, "helios_requests_active") == 0, "slots were not released")
+
+
+def test_a_paused_reader_slows_neither_the_engine_nor_other_streams(server, http):
+    finished = 'helios_requests_finished_total{reason="length"}'
+    before = metric(http, finished)
+    slow_body = load_chat(max_tokens=120, temperature=0, return_token_ids=True)
+    with httpx.Client(base_url=server.url, timeout=60) as slow, httpx.Client(base_url=server.url, timeout=60) as fast:
+        with slow.stream("POST", "/v1/chat/completions", json=slow_body) as paused:
+            lines = paused.iter_lines()
+            assert next(lines).startswith("data: ")  # the reader takes its first event, then pauses
+            other = fast.post("/v1/chat/completions", json=load_chat("the weather", max_tokens=16, temperature=0))
+            assert data_lines(other.text)[-1] == "[DONE]"
+            # the paused request was generated to its end too: the engine does not wait for readers
+            wait_for(lambda: metric(http, finished) >= before + 2, "the paused request did not finish")
+            rest = "\n".join(lines)
+    events = data_lines(rest)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(data) for data in events[:-1]]
+    observed = [c for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
+    assert len(observed) == 120  # nothing was lost while the reader was paused
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

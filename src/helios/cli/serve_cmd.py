@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import torch
+
 from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
@@ -38,6 +40,7 @@ def register(subparsers) -> None:
                         help="concurrent request preparations (template, tokenize, grammar; default min(4, CPUs))")
     parser.add_argument("--context-tokens", type=int, help="largest prompt+output per request (default: the core's)")
     parser.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
+    parser.add_argument("--torch-threads", type=int, help="intra-op threads of the model worker (default: torch's)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
     group = parser.add_argument_group("trust")
@@ -63,12 +66,14 @@ def _open(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens"):
+    for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be in [0, 65535]")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     core = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
     runtime = build_runtime(core, RuntimeOptions(LoadOptions(startup, device=args.device), args.queue_capacity))

@@ -4,7 +4,8 @@ Worker thread (the engine's callbacks, which must never block): `on_event` feeds
 to the request's `OutputProcessor` right away, so observation, stops and parsing are decided before
 the worker schedules the request again, and `host_stop` reports a matched stop to the engine. The
 resulting `OutputStep`s (streamed responses only) and the one terminal item are handed to the event
-loop with `loop.call_soon_threadsafe` into an unbounded `asyncio.Queue`: it grows as events arrive
+loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup per batch of deliveries, not one
+per request and token) into the response's unbounded `asyncio.Queue`: it grows as events arrive
 and is bounded in total by the request's validated output budget (one step per generated token plus
 one terminal item), so a paused or slow reader never blocks the worker and loses nothing.
 Presentation (JSON encoding) happens on the event loop, off the worker's serial step loop.
@@ -23,6 +24,7 @@ the request in the engine and is reported as an execution error).
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -44,6 +46,38 @@ class Failure:
 
 Terminal = Union[OutputFinal, Failure]
 Item = Union[OutputStep, OutputFinal, Failure]
+Delivery = Callable[[list, bool], None]
+
+
+class LoopOutbox:
+    """Deliveries from the model worker to one event loop, batched: the worker appends under a lock
+    and wakes the loop only when no drain is pending, so a round of many requests costs one wakeup.
+    Deliveries run on the loop in the order they were posted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Delivery, list, bool]] = []
+        self._is_scheduled = False
+
+    def post(self, deliver: Delivery, items: list, is_terminal: bool) -> None:
+        """Any thread; never blocks on the loop."""
+        with self._lock:
+            self._pending.append((deliver, items, is_terminal))
+            if self._is_scheduled:
+                return
+            self._is_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the event loop is closed: nobody is left to read these responses
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._is_scheduled = False
+        for deliver, items, is_terminal in pending:
+            deliver(items, is_terminal)
 
 
 class ResponseBridge:
@@ -59,7 +93,7 @@ class ResponseBridge:
         permit: Permit,
         cancel: Callable[[str], None],
         origin_ns: int,
-        loop: asyncio.AbstractEventLoop,
+        outbox: LoopOutbox,
     ):
         self.request_id = request_id
         self._output = output
@@ -67,7 +101,7 @@ class ResponseBridge:
         self._permit = permit
         self._cancel = cancel
         self._origin_ns = origin_ns
-        self._loop = loop
+        self._outbox = outbox
         self._queue: asyncio.Queue[list[Item]] = asyncio.Queue()
         self._failure: HeliosError | None = None  # worker side: output processing failed
         self._has_terminal = False  # loop side
@@ -118,10 +152,7 @@ class ResponseBridge:
             return Failure(ExecutionError(f"output processing failed: {type(error).__name__}: {error}"))
 
     def _post(self, items: list[Item], is_terminal: bool) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._deliver, items, is_terminal)
-        except RuntimeError:  # the event loop is closed: nobody is left to read this response
-            pass
+        self._outbox.post(self._deliver, items, is_terminal)
 
     # -- event loop ------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from helios.runtime.packer import AdmissionValues
 from helios.runtime.service import Runtime
 from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
-from helios.server.bridge import ResponseBridge
+from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
 from helios.server.responses import json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
@@ -90,6 +90,7 @@ class ServedModel:
         self.card = card
         self.metrics = ServerMetrics(self.stats)
         self.metrics.track_admission(lambda: admission.in_use, admission.limits.num_permits)
+        self._outbox: LoopOutbox | None = None
 
     @classmethod
     def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
@@ -136,11 +137,18 @@ class ServedModel:
             return stream_response(bridge, prepared.new_stream())
         return await json_response(bridge, prepared, receive)
 
+    def _loop_outbox(self) -> LoopOutbox:
+        """The outbox of the running event loop (one per loop; the server runs one loop)."""
+        loop = asyncio.get_running_loop()
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = LoopOutbox(loop)
+        return self._outbox
+
     def _submit(self, prepared: PreparedRequest, permit: Permit) -> ResponseBridge:
         output = prepared.new_output()
         bridge = ResponseBridge(
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
-            cancel=self.engine.cancel, origin_ns=self.clock.origin_ns, loop=asyncio.get_running_loop(),
+            cancel=self.engine.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
         )
         grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
