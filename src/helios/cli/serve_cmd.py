@@ -13,6 +13,7 @@ import os
 import torch
 
 from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
+from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.errors import UsageError
@@ -50,6 +51,7 @@ def register(subparsers) -> None:
     group.add_argument("--trust", action="append", metavar="KEY.pub|DIR",
                        help=f"trusted public key file or directory of *.pub files (repeatable; default: ${TRUST_ENV})")
     group.add_argument("--aes-key", metavar="FILE", help="AES-256 key file for version 4 logical-resource cores")
+    add_rank_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -72,11 +74,16 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be in [0, 65535]")
+    ranks = rank_options_from_args(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     core = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
-    runtime = build_runtime(core, RuntimeOptions(LoadOptions(startup, device=args.device), args.queue_capacity))
+    load = LoadOptions(startup, device=args.device)
+    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, ranks=ranks))
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log)
-    return serve(runtime, options, owned_by=core.publisher.namespace)
+    try:
+        return serve(runtime, options, owned_by=core.publisher.namespace)
+    finally:
+        runtime.close()  # idempotent; stops the ranks also when the server never started

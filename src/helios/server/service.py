@@ -12,7 +12,7 @@ specification fixes:
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
 `start` / `shutdown` start and stop the model worker; `shutdown` returns after the worker drained
-its current round. The object is shared by every request; after construction it is not mutated
+its current round and the runtime's tensor-parallel ranks (if any) stopped. The object is shared by every request; after construction it is not mutated
 except through the engine's and the admission controller's own thread-safe methods.
 """
 
@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from helios.frontend.observation import ObservationClock
 from helios.frontend.session import FrontendModel, PreparedRequest
-from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.engine import EngineRequest
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.service import Runtime
 from helios.runtime.stats import StatsSnapshot
@@ -81,9 +81,10 @@ def admission_values(prepared: PreparedRequest) -> AdmissionValues:
 class ServedModel:
     """See the module docstring."""
 
-    def __init__(self, engine: Engine, frontend: FrontendModel, admission: AdmissionController,
+    def __init__(self, runtime: Runtime, frontend: FrontendModel, admission: AdmissionController,
                  clock: ObservationClock, card: ModelCard):
-        self.engine = engine
+        self.runtime = runtime
+        self.engine = runtime.engine
         self.frontend = frontend
         self.admission = admission
         self.clock = clock
@@ -103,14 +104,15 @@ class ServedModel:
         serving = model.prepared.contract
         card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
-        return cls(runtime.engine, frontend, AdmissionController(limits), clock or ObservationClock(), card)
+        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card)
 
     def start(self) -> None:
         self.engine.start()
 
     def shutdown(self) -> None:
-        """Stops the model worker once its current round is done (blocking)."""
-        self.engine.shutdown()
+        """Stops the model worker once its current round is done, then any tensor-parallel ranks
+        (blocking; idempotent)."""
+        self.runtime.close()
 
     @property
     def is_healthy(self) -> bool:
