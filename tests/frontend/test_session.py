@@ -151,8 +151,10 @@ def test_stops_structured_output_and_observation_reach_the_engine_record(qwen):
         ({"return_token_timestamps": True}, ObservationOptionError),
         ({"stream_options": {"include_usage": True}}, ChatOptionError),
         ({"max_tokens": 1, "max_completion_tokens": 2}, ChatOptionError),
-        ({"tools": [WEATHER], "tool_choice": "required"}, ChatOptionError),
-        ({"tools": [WEATHER], "parallel_tool_calls": False}, ChatOptionError),
+        ({"tool_choice": "required"}, ChatOptionError),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, ChatOptionError),
+        ({"tools": [WEATHER], "tool_choice": "required", "stop": "x"}, ChatOptionError),
+        ({"tools": [WEATHER], "parallel_tool_calls": False, "stop": ["x"]}, ChatOptionError),
         ({"response_format": {"type": "regex", "regex": "(unclosed"}}, GrammarError),
         ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, MessageError),
     ],
@@ -327,8 +329,8 @@ def test_recipient_frames_start_in_the_open_header(frames_model):
     generated = " to=self<|message|>Thinking.<|eom|><|start|>assistant to=user<|message|>Hello!"
     _, final = run_output(prepared, ids_of(tokenizer, generated) + [tokenizer.token_to_id("<|endoftext|>")])
     assert (final.result.reasoning, final.result.content, final.result.errors) == ("Thinking.", "Hello!", ())
-    with pytest.raises(ChatOptionError):
-        model.prepare_chat(chat(model, response_format={"type": "json_object"}))
+    structured = model.prepare_chat(chat(model, response_format={"type": "json_object"}))
+    assert structured.grammar is not None and structured.params.is_constrained
 
 
 # -- text completions ----------------------------------------------------------------------------

@@ -166,18 +166,45 @@ class GrammarCompiler:
     def mask_words(self) -> int:
         return -(-self._vocab_size // MASK_WORD_BITS)
 
+    @property
+    def json_options(self) -> dict:
+        """The llguidance JSON options every JSON schema here is compiled with (a copy)."""
+        return dict(self._json_defaults)
+
+    def is_special_token(self, token_id: int) -> bool:
+        """Whether llguidance treats the token as special: text rules never produce it."""
+        return self._tokenizer.is_special_token(token_id)
+
     def grammar_text(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> str:
         """The llguidance top-level grammar (JSON text) for the request inside its envelope."""
-        answer = self._answer_grammar(request)
-        answer["name"] = ANSWER_GRAMMAR
-        return json.dumps({"grammars": [{"lark_grammar": envelope_lark(envelope)}, answer]})
+        return self.document_text(envelope_lark(envelope), request)
+
+    def document_text(self, lark: str, answer: GrammarRequest | None) -> str:
+        """A top-level Lark grammar plus, when given, the answer grammar it references as ``@answer``."""
+        grammars = [{"lark_grammar": lark}]
+        if answer is not None:
+            grammars.append({**self._answer_grammar(answer), "name": ANSWER_GRAMMAR})
+        return json.dumps({"grammars": grammars}, ensure_ascii=False)
 
     def compile(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> GrammarMatcher:
         """A fresh matcher for one request; GrammarError if the grammar does not compile."""
-        matcher = llguidance.LLMatcher(self._tokenizer, self.grammar_text(request, envelope), log_level=0)
+        matcher = self._matcher(envelope_lark(envelope), request)
         if matcher.is_error():
             raise GrammarError(f"invalid {request.kind.value} grammar: {_first_line(matcher.get_error())}")
         return GrammarMatcher(matcher, self.mask_words)
+
+    def compile_lark(self, lark: str, answer: GrammarRequest | None) -> GrammarMatcher:
+        """A fresh matcher for a top-level Lark grammar built from syntax data (tool calls, frames)
+        and the request's answer grammar; GrammarError naming the part that does not compile."""
+        matcher = self._matcher(lark, answer)
+        if matcher.is_error():
+            if answer is not None:
+                self.compile(answer)  # raises when the answer grammar itself is invalid
+            raise GrammarError(f"the tool-call grammar does not compile: {_first_line(matcher.get_error())}")
+        return GrammarMatcher(matcher, self.mask_words)
+
+    def _matcher(self, lark: str, answer: GrammarRequest | None) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self._tokenizer, self.document_text(lark, answer), log_level=0)
 
     def _answer_grammar(self, request: GrammarRequest) -> dict:
         if request.kind is GrammarKind.JSON_SCHEMA:

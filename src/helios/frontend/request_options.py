@@ -2,7 +2,7 @@
 
 The HTTP body models (`helios.server.schemas`) check shapes and ranges; the rules here combine
 fields (stops with structured output, timestamps with token ids, stream options with streaming,
-output-limit aliases, tool choice). Request preparation (`helios.frontend.session`) applies them,
+output-limit aliases, tool choice and parallel calls). Request preparation (`helios.frontend.session`) applies them,
 and the server's early validation calls the same functions, so every rule has one implementation.
 Bodies are read by attribute (`ChatOptionsBody`), so this module does not depend on the server.
 Every failure is a `RequestError` subclass (HTTP 400).
@@ -10,6 +10,7 @@ Every failure is a `RequestError` subclass (HTTP 400).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -92,36 +93,77 @@ def tool_names(body: ChatOptionsBody) -> tuple[str, ...]:
     return names
 
 
-def tools_are_active(body: ChatOptionsBody) -> bool:
-    """Whether the request's tools are rendered and parsed: ``auto`` (the default) with tools.
+class ToolChoiceMode(enum.Enum):
+    NONE = "none"  # no tools rendered or parsed (``none``, or no tools declared)
+    AUTO = "auto"  # the model may call the tools or answer
+    REQUIRED = "required"  # at least one call, no answer
+    NAMED = "named"  # one call of the named function
 
-    ``none`` renders and parses no tools. Forcing a call (``required`` or a named function) needs a
-    tool-call grammar this server does not build, and ``parallel_tool_calls=false`` cannot be
-    enforced on free generation: both are rejected rather than ignored.
-    """
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """The request's tool options after the combined-field rules. ``parallel`` is
+    ``parallel_tool_calls`` (true unless the request sets false)."""
+
+    mode: ToolChoiceMode = ToolChoiceMode.NONE
+    function: str = ""  # NAMED: the function the call must name
+    parallel: bool = True
+
+    @property
+    def is_active(self) -> bool:
+        """Tools are rendered into the prompt and parsed from the output."""
+        return self.mode is not ToolChoiceMode.NONE
+
+    @property
+    def forces_call(self) -> bool:
+        return self.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
+
+    @property
+    def needs_grammar(self) -> bool:
+        """Only a tool-call grammar can honour the options (forcing a call, or at most one call)."""
+        return self.forces_call or (self.is_active and not self.parallel)
+
+
+def parse_tool_policy(body: ChatOptionsBody) -> ToolPolicy:
+    """``tool_choice`` and ``parallel_tool_calls``: ``auto`` (the default) with tools, ``none``,
+    ``required`` (needs tools) or a named function (must be declared). Forcing and
+    ``parallel_tool_calls=false`` are enforced by a tool-call grammar (`helios.frontend.grammar_request`)."""
     names = tool_names(body)
+    parallel = body.parallel_tool_calls is not False
     choice = body.tool_choice
     if choice is not None and not isinstance(choice, str):
         if choice.function.name not in names:
             raise ChatOptionError(f"tool_choice names an undeclared function {choice.function.name!r}")
-        raise ChatOptionError("tool_choice naming a function is not supported; use 'auto' or 'none'")
+        return ToolPolicy(ToolChoiceMode.NAMED, choice.function.name, parallel)
     if choice == "required":
         if not names:
             raise ChatOptionError("tool_choice 'required' needs at least one tool")
-        raise ChatOptionError("tool_choice 'required' is not supported; use 'auto' or 'none'")
-    if choice == "none":
-        return False
-    if names and body.parallel_tool_calls is False:
-        raise ChatOptionError("parallel_tool_calls=false is not supported; the model may call several tools")
-    return bool(names)
+        return ToolPolicy(ToolChoiceMode.REQUIRED, parallel=parallel)
+    if choice == "none" or not names:
+        return ToolPolicy(ToolChoiceMode.NONE, parallel=parallel)
+    return ToolPolicy(ToolChoiceMode.AUTO, parallel=parallel)
+
+
+def tools_are_active(body: ChatOptionsBody) -> bool:
+    """Whether the request's tools are rendered and parsed (any tool choice but ``none``, with tools)."""
+    return parse_tool_policy(body).is_active
+
+
+def parse_chat_stops(body: ChatOptionsBody, vocab_size: int) -> StopOptions:
+    """The chat body's stops. String stops cannot cut grammar-constrained output: neither a
+    structured answer nor forced tool calls."""
+    stops = parse_body_stops(body, vocab_size, has_structured_output=has_structured_output(body))
+    if stops.strings and parse_tool_policy(body).needs_grammar:
+        raise ChatOptionError("stop strings cannot be combined with tool_choice forcing a call or parallel_tool_calls=false")
+    return stops
 
 
 def check_chat_options(body: ChatOptionsBody, vocab_size: int) -> None:
     """Every combined-field rule of a chat body (what preparation applies before rendering)."""
     parse_response_options(body)
-    parse_body_stops(body, vocab_size, has_structured_output=has_structured_output(body))
+    parse_tool_policy(body)
+    parse_chat_stops(body, vocab_size)
     requested_output_limit(body)
-    tools_are_active(body)
 
 
 def check_completion_options(body: SamplingBody, vocab_size: int) -> None:

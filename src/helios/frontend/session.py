@@ -7,8 +7,9 @@ defaults. It is immutable and may be used by several preparation workers at once
 
 `prepare_chat(body, ingress_ns)` / `prepare_completion(body, ingress_ns)` run in a preparation
 slot: they apply the combined-field rules (`request_options`), render and tokenize the prompt,
-compile the grammar inside the reasoning envelope the prompt leaves, resolve sampling (explicit
-request values win over the prepared defaults) and the output limit, and return a frozen
+compile the output grammar (`grammar_request`: the structured answer and forced or limited tool
+calls inside the reasoning/tool envelope the prompt leaves), resolve sampling (explicit request
+values win over the prepared defaults) and the output limit, and return a frozen
 `PreparedRequest`. Every invalid request raises a `RequestError` subclass (HTTP 400) here, before
 admission. A `PreparedRequest` hands the engine its prompt ids, `GenerationParams` and grammar
 matcher, and the output side an `OutputProcessor` factory and the response's presenters.
@@ -29,6 +30,7 @@ from helios.frontend.contract_syntax import FrontendSyntax
 from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
+from helios.frontend.grammar_request import OutputConstraints
 from helios.frontend.observation import ObservationOptions
 from helios.frontend.output import OutputFinal, OutputProcessor
 from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, ToolRegistry
@@ -36,13 +38,13 @@ from helios.frontend.parsers.pipeline import PlainText
 from helios.frontend.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
 from helios.frontend.prompt import Prompt, PromptBuilder
 from helios.frontend.request_options import (
-    ChatOptionError,
     ResponseOptions,
     has_structured_output,
     parse_body_stops,
+    parse_chat_stops,
     parse_response_options,
+    parse_tool_policy,
     requested_output_limit,
-    tools_are_active,
 )
 from helios.frontend.stops import StopOptions
 from helios.frontend.template import ChatTemplate
@@ -156,6 +158,7 @@ class FrontendModel:
         self._syntax = syntax
         self._prompts = prompts
         self._grammar = grammar
+        self._constraints = OutputConstraints.for_tokenizer(syntax, grammar, tokenizer)
         self._settings = settings
         self._facts = facts
         self._draw_seed = draw_seed
@@ -208,19 +211,22 @@ class FrontendModel:
         self._check_model(body.model)
         response = parse_response_options(body)
         _check_ingress(response, ingress_ns)
-        is_structured = has_structured_output(body)
-        stops = parse_body_stops(body, self._facts.vocab_size, has_structured_output=is_structured)
+        policy = parse_tool_policy(body)
+        stops = parse_chat_stops(body, self._facts.vocab_size)
         requested = requested_output_limit(body)
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if tools_are_active(body) else None
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         prompt = self._prompts.build(messages, tools, template_kwargs=body.chat_template_kwargs)
-        grammar = self._compile_grammar(body.response_format, prompt) if is_structured else None
+        answer = None
+        if has_structured_output(body):
+            answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))
+        grammar = self._constraints.compile(answer, policy, tools, prompt)
         request_id = request_id or uuid.uuid4().hex
         output_request = OutputRequest(
             ToolRegistry.from_openai(tools),
             call_id_prefix=f"call_{request_id}_",
             start=self._syntax.output_start(prompt),
-            answer=AnswerMode.STRUCTURED if grammar is not None else AnswerMode.FREE,
+            answer=AnswerMode.STRUCTURED if answer is not None else AnswerMode.FREE,
         )
         params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response)
         head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids)
@@ -246,12 +252,6 @@ class FrontendModel:
     def _check_model(self, name: str) -> None:
         if name not in self._facts.served_names:
             raise UnknownModel(f"model {name!r} is not served here; use {self.served_id!r}")
-
-    def _compile_grammar(self, response_format, prompt: Prompt) -> GrammarMatcher:
-        if self._syntax.has_frames:
-            raise ChatOptionError("structured output is not supported for recipient-frame output syntax")
-        request = parse_response_format(response_format.model_dump(by_alias=True, exclude_none=True))
-        return self._grammar.compile(request, self._syntax.envelope(prompt.reasoning_state))
 
     def _completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):

@@ -1,0 +1,323 @@
+"""Tool calls and structured answers under one llguidance grammar, per tool syntax, on real tokenizers.
+
+Each case prepares a chat request through `FrontendModel.prepare_chat` and samples outputs from its
+grammar: at every step either a random token the mask allows (seeded) or, now and then, a "guide"
+(the tokens of a syntax spelling, a JSON delimiter or EOS) when the grammar accepts all of it, so
+outputs end in a few dozen tokens yet cover every branch. Every output is then fed through the
+request's own output path (`OutputPipeline` via `OutputProcessor`) and must parse without errors
+into complete calls of callable tools with schema-valid JSON arguments, or into an answer valid
+under the response schema. Syntaxes: Qwen Coder function tags (Qwen tokenizer, reasoning open),
+DSML (DeepSeek tokenizer, reasoning closed), GLM argument tags (DeepSeek tokenizer, text markup,
+reasoning open), XTML (trained BPE, text delimiters, reasoning not yet opened) and recipient frames
+with ATEM calls (trained BPE, open header).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from helios.frontend.grammar import GrammarError
+from helios.frontend.grammar_lark import Piece, Speller, not_containing, text_then, LarkRules
+from helios.frontend.grammar_tools import AnswerKind, CallPolicy, ToolSchema
+from helios.frontend.grammar_values import safe_schema, string_pattern, ValueStyle, without_strings
+from helios.frontend.parsers.calls import ValueFormat
+from helios.frontend.parsers import TokenDelimiters
+from helios.frontend.request_options import ChatOptionError
+from helios.frontend.session import FrontendModel
+from helios.server.schemas import ChatCompletionRequest
+
+from .parsers.conftest import small_bpe
+from .served import (
+    JSON_DEFAULTS, RECIPIENT_FRAMES, STABLE_ROLES, deepseek_model, dsml_frontend, ids_of, qwen_model,
+    recipient_frontend, run_output, served_contract, DEEPSEEK_THINK,
+)
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "units": {"enum": ["celsius", "fahrenheit"]},
+            "ratio": {"type": "number"},
+            "hourly": {"type": "boolean"},
+            "options": {"type": "object"},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+            "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        },
+        "required": ["city"],
+    }}},
+    {"type": "function", "function": {"name": "write_file", "parameters": {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["path", "content"],
+    }}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "reply", "schema": ANSWER}}
+JSON_CLOSERS = ['"', '"}', "}", "]"]
+JSON_CONTENT = [", ", "1", "true", "null", '{"answer": "', "\n", '{"']
+
+# -- models -----------------------------------------------------------------------------------------
+
+XTML_TEMPLATE = """
+{%- for message in messages %}<|{{ message.role }}|>{{ message.content }}<|end|>{% endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}
+"""
+
+
+def glm_frontend(deepseek_tokenizer) -> dict:
+    frontend = dsml_frontend(deepseek_tokenizer)
+    frontend["tool_parser"] = "TOOL_PARSER_GLM_ARGUMENT_TAGS"
+    frontend["tool_syntax"] = {
+        "opener": "<tool_call>", "closer": "</tool_call>", "tag_separator": "\n", "parameter_open": "<arg_key>",
+        "name_end": "</arg_key>", "value_open": "<arg_value>", "parameter_close": "</arg_value>", "block_lead": "\n",
+    }
+    return frontend
+
+
+def xtml_frontend() -> dict:
+    return {
+        "tool_parser": "TOOL_PARSER_XTML",
+        "reasoning_parser": "REASONING_PARSER_XTML_THINK",
+        "tool_syntax": {
+            "opener": "<xtml:calls>", "closer": "</xtml:calls>", "invoke_open": '<xtml:call name="',
+            "invoke_close": "</xtml:call>", "parameter_open": '<xtml:arg name="', "parameter_close": "</xtml:arg>",
+            "name_end": '">', "block_lead": "\n",
+        },
+        "reasoning_syntax": {
+            "open": "<xtml:think>", "close": "</xtml:think>", "terminal_markers": ["<xtml:calls>"],
+            "wrapping_newlines": 1, "after_close": "\n",
+        },
+        "assistant_boundary": {"message_start": "", "message_end": "<|end|>", "assistant_header": "<|assistant|>"},
+        "prefix_boundaries": STABLE_ROLES,
+    }
+
+
+@dataclass(frozen=True)
+class Served:
+    model: FrontendModel
+    tokenizer: object
+    eos: int
+    closers: tuple[tuple[int, ...], ...]  # guides that can end free text: markup, JSON closers, EOS
+    kwargs: dict
+
+    @property
+    def guides(self) -> tuple[tuple[int, ...], ...]:
+        return self.closers + tuple(tuple(ids_of(self.tokenizer, text)) for text in JSON_CONTENT)
+
+
+def closers_for(model: FrontendModel, tokenizer, eos: int, extra=()) -> tuple[tuple[int, ...], ...]:
+    """Token sequences of the syntax's spellings, JSON closers and EOS."""
+    output = model.syntax.output
+    texts = list(JSON_CLOSERS) + list(extra)
+    for data in (output.think, output.tools, output.frames, output.frames and output.frames.tools):
+        if data:
+            texts += [value for value in vars(data).values() if isinstance(value, str) and value.strip()]
+    sequences = {tuple(ids_of(tokenizer, text)) for text in texts}
+    return tuple(sorted(sequences | {(eos,)}))
+
+
+@pytest.fixture(scope="module")
+def served(qwen_tokenizer, deepseek_tokenizer):
+    out = {}
+    qwen = qwen_model(qwen_tokenizer)
+    eos = qwen_tokenizer.token_to_id("<|im_end|>")
+    out["qwen"] = Served(qwen, qwen_tokenizer, eos, closers_for(qwen, qwen_tokenizer, eos), {})
+    dsml = deepseek_model(deepseek_tokenizer)
+    out["dsml"] = Served(dsml, deepseek_tokenizer, 1, closers_for(dsml, deepseek_tokenizer, 1), {})
+    bos = {"name": "bos_token", "text": "<｜begin▁of▁sentence｜>", "token_id": 0}
+    contract = served_contract(deepseek_tokenizer.get_vocab_size(), glm_frontend(deepseek_tokenizer), [1], [bos])
+    glm = FrontendModel.from_contract(contract, deepseek_tokenizer, DEEPSEEK_THINK, json_defaults=JSON_DEFAULTS)
+    out["glm"] = Served(glm, deepseek_tokenizer, 1, closers_for(glm, deepseek_tokenizer, 1),
+                        {"chat_template_kwargs": {"thinking": True}})
+    xtml_tokenizer = small_bpe(["<|endoftext|>"])
+    eos = xtml_tokenizer.token_to_id("<|endoftext|>")
+    contract = served_contract(xtml_tokenizer.get_vocab_size(), xtml_frontend(), [eos])
+    xtml = FrontendModel.from_contract(contract, xtml_tokenizer, XTML_TEMPLATE, json_defaults=JSON_DEFAULTS)
+    out["xtml"] = Served(xtml, xtml_tokenizer, eos, closers_for(xtml, xtml_tokenizer, eos, ["&lt;", "&amp;"]), {})
+    frames_tokenizer = small_bpe(["<|endoftext|>", "<|start|>", "<|message|>", "<|eom|>", "<|end|>"])
+    eos = frames_tokenizer.token_to_id("<|endoftext|>")
+    contract = served_contract(frames_tokenizer.get_vocab_size(), recipient_frontend(), [eos])
+    frames = FrontendModel.from_contract(contract, frames_tokenizer, RECIPIENT_FRAMES, json_defaults=JSON_DEFAULTS)
+    headers = [" to=self", " to=user", " to=functions", "assistant to=functions.get_weather"]
+    out["atem"] = Served(frames, frames_tokenizer, eos, closers_for(frames, frames_tokenizer, eos, headers), {})
+    return out
+
+
+SYNTAXES = ["qwen", "dsml", "glm", "xtml", "atem"]
+
+
+def chat(served: Served, **fields) -> ChatCompletionRequest:
+    body = {"model": served.model.served_id, "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    body.update(served.kwargs)
+    body.update(fields)
+    return ChatCompletionRequest.model_validate(body)
+
+
+# -- sampling -----------------------------------------------------------------------------------------
+
+
+def is_allowed(mask: np.ndarray, token_id: int) -> bool:
+    return bool((int(mask[token_id // 32]) >> (token_id % 32)) & 1)
+
+
+def random_allowed(mask: np.ndarray, rng: np.random.Generator) -> int:
+    words = mask.view(np.uint32)
+    counts = np.cumsum(np.bitwise_count(words))
+    pick = int(rng.integers(counts[-1]))
+    word = int(np.searchsorted(counts, pick, side="right"))
+    rank = pick - (int(counts[word - 1]) if word else 0)
+    bits = [j for j in range(32) if (int(words[word]) >> j) & 1]
+    return 32 * word + bits[rank]
+
+
+def allowed_count(mask: np.ndarray) -> int:
+    return int(np.bitwise_count(mask.view(np.uint32)).sum())
+
+
+def is_free(mask: np.ndarray, served: Served) -> bool:
+    """Free text (reasoning, raw values, JSON strings): most of the vocabulary is allowed."""
+    return allowed_count(mask) > served.tokenizer.get_vocab_size() // 2
+
+
+def guided(matcher, mask: np.ndarray, served: Served, rng: np.random.Generator) -> list[int] | None:
+    """EOS (when allowed, probability 1/2), or a guide the grammar accepts whole; in free text only
+    a closer after which the allowed tokens change (it ends the text)."""
+    if is_allowed(mask, served.eos) and rng.random() < 0.5:
+        return [served.eos]
+    free = is_free(mask, served)
+    guides = served.closers if free else served.guides
+    for index in rng.permutation(len(guides)):
+        guide = guides[index]
+        if not is_allowed(mask, guide[0]):
+            continue
+        probe = matcher.fork()
+        if all(probe.consume_token(t) for t in guide) and not (free and np.array_equal(probe.bitmask(), mask)):
+            return list(guide)
+    return None
+
+
+def sample(matcher, served: Served, rng: np.random.Generator, max_tokens: int = 400) -> list[int]:
+    """One output: random allowed tokens, or (probability 1/2) a guide."""
+    ids: list[int] = []
+    while len(ids) < max_tokens:
+        mask = matcher.bitmask()
+        step = guided(matcher, mask, served, rng) if rng.random() < 0.5 else None
+        for token_id in step or [random_allowed(mask, rng)]:
+            assert matcher.consume_token(token_id), matcher.error
+            ids.append(token_id)
+            if token_id == served.eos:
+                return ids
+    text = served.tokenizer.decode(ids, skip_special_tokens=False)
+    raise AssertionError(f"no EOS within {max_tokens} tokens: {text!r}")
+
+
+# -- checks -------------------------------------------------------------------------------------------
+
+PYTHON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def validate(value, schema) -> list[str]:
+    """The JSON-schema keywords used here; returns the violations."""
+    if "anyOf" in schema:
+        return [] if any(not validate(value, s) for s in schema["anyOf"]) else [f"{value!r}: no anyOf branch"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{value!r} not in {schema['enum']}")
+    kind = schema.get("type")
+    if kind in ("integer", "number"):
+        numeric = int if kind == "integer" else (int, float)
+        if not isinstance(value, numeric) or isinstance(value, bool):
+            return [f"{value!r} is not {kind}"]
+        if not schema.get("minimum", value) <= value <= schema.get("maximum", value):
+            errors.append(f"{value} out of range")
+    elif kind is not None and type(value) is not PYTHON_TYPES[kind]:
+        return [f"{value!r} is not {kind}"]
+    if kind == "string" and len(value) > schema.get("maxLength", len(value)):
+        errors.append(f"{value!r} too long")
+    if kind == "array":
+        if len(value) > schema.get("maxItems", len(value)):
+            errors.append("too many items")
+        errors += [e for item in value for e in validate(item, schema.get("items", {}))]
+    if kind == "object":
+        properties = schema.get("properties", {})
+        errors += [f"missing {key}" for key in schema.get("required", []) if key not in value]
+        if schema.get("additionalProperties", True) is False:
+            errors += [f"extra {key}" for key in value if key not in properties]
+        errors += [e for key, item in value.items() if key in properties for e in validate(item, properties[key])]
+    return errors
+
+
+def check(result, *, callable_names, answer: AnswerKind, single: bool) -> str:
+    """Validates one parsed output; returns "calls" or "answer"."""
+    assert result.errors == (), result
+    if result.tool_calls:
+        assert not single or len(result.tool_calls) == 1, result.tool_calls
+        for call in result.tool_calls:
+            assert call.complete and call.name in callable_names, call
+            arguments = json.loads(call.arguments)
+            assert validate(arguments, SCHEMAS[call.name]) == [], (call, arguments)
+        if answer is not AnswerKind.FREE:
+            assert result.content == "", result
+        return "calls"
+    assert answer is not AnswerKind.NONE, result
+    if answer is AnswerKind.STRUCTURED:
+        assert validate(json.loads(result.content), ANSWER) == [], result.content
+    return "answer"
+
+
+def run_samples(served: Served, prepared, count: int, seed: int, **expect) -> dict:
+    rng = np.random.default_rng(seed)
+    seen = {"calls": 0, "answer": 0, "names": set()}
+    for _ in range(count):
+        ids = sample(prepared.grammar.fork(), served, rng)
+        _, final = run_output(prepared, ids)
+        seen[check(final.result, **expect)] += 1
+        seen["names"] |= {call.name for call in final.result.tool_calls}
+    return seen
+
+
+# -- random outputs per syntax ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+def test_structured_answer_or_registered_calls(served, syntax):
+    case = served[syntax]
+    prepared = case.model.prepare_chat(chat(case, tools=TOOLS, response_format=RESPONSE_FORMAT))
+    assert prepared.params.is_constrained
+    seen = run_samples(case, prepared, 100, seed=len(syntax), callable_names=set(SCHEMAS),
+                       answer=AnswerKind.STRUCTURED, single=False)
+    assert seen["calls"] and seen["answer"]
+    assert seen["names"] == set(SCHEMAS)
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+def test_required_and_named_tool_choice_always_call(served, syntax):
+    case = served[syntax]
+    required = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice="required"))
+    seen = run_samples(case, required, 20, seed=1, callable_names=set(SCHEMAS), answer=AnswerKind.NONE, single=False)
+    assert seen["calls"] == 20
+    named = {"type": "function", "function": {"name": "write_file"}}
+    forced = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice=named, response_format=RESPONSE_FORMAT))
+    seen = run_samples(case, forced, 20, seed=2, callable_names={"write_file"}, answer=AnswerKind.NONE, single=True)
+    assert seen["calls"] == 20 and seen["names"] == {"write_file"}
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+def test_parallel_tool_calls_false_allows_at_most_one_call(served, syntax):
+    case = served[syntax]
+    prepared = case.model.prepare_chat(chat(case, tools=TOOLS, parallel_tool_calls=False))
+    seen = run_samples(case, prepared, 20, seed=3, callable_names=set(SCHEMAS), answer=AnswerKind.FREE, single=True)
+    assert seen["calls"] and seen["answer"]
