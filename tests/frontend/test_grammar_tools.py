@@ -15,25 +15,28 @@ with ATEM calls (trained BPE, open header).
 from __future__ import annotations
 
 import json
+import random
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from helios.frontend.grammar import GrammarError
-from helios.frontend.grammar_lark import Piece, Speller, not_containing, text_then, LarkRules
+from helios.frontend.grammar import GrammarCompiler, GrammarError, parse_response_format
+from helios.frontend.grammar_frames import frames_lark
+from helios.frontend.grammar_lark import LarkRules, Piece, Speller, not_containing, text_then
 from helios.frontend.grammar_tools import AnswerKind, CallPolicy, ToolSchema
-from helios.frontend.grammar_values import safe_schema, string_pattern, ValueStyle, without_strings
+from helios.frontend.grammar_values import ValueStyle, safe_schema, string_pattern, without_strings
+from helios.frontend.parsers import FramePosition, FrameStart, TokenDelimiters
 from helios.frontend.parsers.calls import ValueFormat
-from helios.frontend.parsers import TokenDelimiters
 from helios.frontend.request_options import ChatOptionError
 from helios.frontend.session import FrontendModel
 from helios.server.schemas import ChatCompletionRequest
 
 from .parsers.conftest import small_bpe
 from .served import (
-    JSON_DEFAULTS, RECIPIENT_FRAMES, STABLE_ROLES, deepseek_model, dsml_frontend, ids_of, qwen_model,
-    recipient_frontend, run_output, served_contract, DEEPSEEK_THINK,
+    DEEPSEEK_THINK, JSON_DEFAULTS, RECIPIENT_FRAMES, STABLE_ROLES, deepseek_model, dsml_frontend, ids_of,
+    qwen_model, recipient_frontend, run_output, served_contract,
 )
 
 TOOLS = [
@@ -280,11 +283,12 @@ def check(result, *, callable_names, answer: AnswerKind, single: bool) -> str:
 
 def run_samples(served: Served, prepared, count: int, seed: int, **expect) -> dict:
     rng = np.random.default_rng(seed)
-    seen = {"calls": 0, "answer": 0, "names": set()}
+    seen = {"calls": 0, "answer": 0, "reasoning": 0, "names": set()}
     for _ in range(count):
         ids = sample(prepared.grammar.fork(), served, rng)
         _, final = run_output(prepared, ids)
         seen[check(final.result, **expect)] += 1
+        seen["reasoning"] += bool(final.result.reasoning)
         seen["names"] |= {call.name for call in final.result.tool_calls}
     return seen
 
@@ -301,6 +305,14 @@ def test_structured_answer_or_registered_calls(served, syntax):
                        answer=AnswerKind.STRUCTURED, single=False)
     assert seen["calls"] and seen["answer"]
     assert seen["names"] == set(SCHEMAS)
+    assert seen["reasoning"] or syntax == "dsml"  # the DeepSeek prompt closes reasoning
+
+
+def test_recipient_frames_without_tools_constrain_the_visible_answer(served):
+    case = served["atem"]
+    prepared = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice="none", response_format=RESPONSE_FORMAT))
+    seen = run_samples(case, prepared, 30, seed=4, callable_names=set(), answer=AnswerKind.STRUCTURED, single=False)
+    assert seen["answer"] == 30 and seen["reasoning"]
 
 
 @pytest.mark.parametrize("syntax", SYNTAXES)
@@ -321,3 +333,225 @@ def test_parallel_tool_calls_false_allows_at_most_one_call(served, syntax):
     prepared = case.model.prepare_chat(chat(case, tools=TOOLS, parallel_tool_calls=False))
     seen = run_samples(case, prepared, 20, seed=3, callable_names=set(SCHEMAS), answer=AnswerKind.FREE, single=True)
     assert seen["calls"] and seen["answer"]
+
+
+# -- fixed outputs ------------------------------------------------------------------------------------
+
+TEXT_FORMAT = {"type": "json_schema", "json_schema": {"name": "t", "schema": {
+    "type": "object", "properties": {"t": {"type": "string"}}, "required": ["t"], "additionalProperties": False}}}
+
+
+def plain_ids(tokenizer, text: str) -> list[int]:
+    """``text`` as ordinary tokens, one character at a time (markup never becomes its added token)."""
+    return [i for char in text for i in tokenizer.encode(char, add_special_tokens=False).ids]
+
+
+def accepts(matcher, ids) -> bool:
+    probe = matcher.fork()
+    return all(probe.consume_token(token_id) for token_id in ids)
+
+
+def drive(prepared, ids):
+    """Consumes ``ids`` through the request's grammar (all must be accepted), then parses them."""
+    matcher = prepared.grammar.fork()
+    for token_id in ids:
+        assert matcher.consume_token(token_id), matcher.error
+    assert matcher.is_stopped
+    return run_output(prepared, ids)[1].result
+
+
+LITERAL_ANSWERS = {
+    "qwen": (["ok", "</think>", "\n\n"], '{"t": "<tool_call> </think> <function=get_time>"}'),
+    "dsml": ([], '{"t": "<｜DSML｜function_calls> </think>"}'),
+    "glm": (["ok", "</think>"], '{"t": "<tool_call>get_time</tool_call>"}'),
+    "xtml": ([], '{"t": "<xtml:calls><xtml:call name=\\"get_time\\"></xtml:call></xtml:calls>"}'),
+    "atem": ([" to=user<|message|>"], '{"t": "<|start|>assistant to=functions<|message|>"}'),
+}
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+def test_literal_tags_inside_a_structured_answer_stay_answer_text(served, syntax):
+    case = served[syntax]
+    prepared = case.model.prepare_chat(chat(case, tools=TOOLS, response_format=TEXT_FORMAT))
+    lead, answer = LITERAL_ANSWERS[syntax]
+    result = drive(prepared, ids_of(case.tokenizer, *lead) + plain_ids(case.tokenizer, answer) + [case.eos])
+    assert (result.content, result.tool_calls, result.errors) == (answer, (), ())
+
+
+def test_qwen_masks_force_the_named_function_and_a_single_call(served):
+    case = served["qwen"]
+    tokenizer = case.tokenizer
+    named = {"type": "function", "function": {"name": "get_time"}}
+    prepared = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice=named))
+    head = ids_of(tokenizer, "</think>", "\n\n", "<tool_call>", "\n<function=")
+    assert accepts(prepared.grammar, head + ids_of(tokenizer, "get_time>"))
+    assert not accepts(prepared.grammar, head + ids_of(tokenizer, "get_weather>"))
+    assert not accepts(prepared.grammar, ids_of(tokenizer, "</think>", "Sure."))  # no answer
+    call = ids_of(tokenizer, "<tool_call>", "\n<function=get_time>\n</function>\n", "</tool_call>")
+    single = case.model.prepare_chat(chat(case, tools=TOOLS, parallel_tool_calls=False))
+    matcher = single.grammar.fork()
+    assert all(matcher.consume_token(t) for t in ids_of(tokenizer, "</think>", "Sure.\n\n") + call)
+    mask = matcher.bitmask()
+    assert is_allowed(mask, case.eos) and not is_allowed(mask, ids_of(tokenizer, "<tool_call>")[0])
+    result = drive(single, ids_of(tokenizer, "</think>", "Sure.\n\n") + call + [case.eos])
+    assert result.content == "Sure." and [c.name for c in result.tool_calls] == ["get_time"]
+
+
+def test_recipient_frames_force_registered_and_named_recipients(served):
+    case = served["atem"]
+    tokenizer = case.tokenizer
+    named = {"type": "function", "function": {"name": "get_time"}}
+    prepared = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice=named, response_format=RESPONSE_FORMAT))
+    assert accepts(prepared.grammar, ids_of(tokenizer, " to=functions.get_time<|message|>"))
+    assert not accepts(prepared.grammar, ids_of(tokenizer, " to=functions.get_weather<|message|>"))
+    assert not accepts(prepared.grammar, ids_of(tokenizer, " to=user<|message|>"))
+    generic = ids_of(tokenizer, " to=functions<|message|><atem:function_calls>\n<atem:invoke name=\"")
+    assert accepts(prepared.grammar, generic + ids_of(tokenizer, 'get_time">'))
+    assert not accepts(prepared.grammar, generic + ids_of(tokenizer, 'write_file">'))
+    reasoning = ids_of(tokenizer, " to=self<|message|>Plan.<|eom|>")
+    call = ids_of(tokenizer, '<|start|>assistant to=functions.get_time<|message|><atem:function_calls>\n'
+                             '<atem:invoke name="get_time">\n</atem:invoke>\n</atem:function_calls><|eom|>')
+    result = drive(prepared, reasoning + call + [case.eos])
+    assert result.reasoning == "Plan." and [c.name for c in result.tool_calls] == ["get_time"]
+
+
+def test_json_values_never_close_early(served):
+    qwen = served["qwen"]
+    prepared = qwen.model.prepare_chat(chat(qwen, tools=TOOLS, tool_choice="required"))
+    head = ids_of(qwen.tokenizer, "</think>", "<tool_call>", "\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                  "<parameter=options>\n")
+    assert accepts(prepared.grammar, head + plain_ids(qwen.tokenizer, '{"a": "</p>"}'))
+    assert not accepts(prepared.grammar, head + plain_ids(qwen.tokenizer, '{"a": "</parameter>'))
+    assert not accepts(prepared.grammar, head + plain_ids(qwen.tokenizer, '{"a": 1e999'))
+    xtml = served["xtml"]
+    prepared = xtml.model.prepare_chat(chat(xtml, tools=TOOLS, tool_choice="required"))
+    head = ids_of(xtml.tokenizer, '<xtml:calls>\n<xtml:call name="get_weather">\n<xtml:arg name="city">a &lt; b</xtml:arg>\n'
+                  '<xtml:arg name="options">')
+    assert not accepts(prepared.grammar, head + plain_ids(xtml.tokenizer, '{"a": "&quot;'))
+    assert not accepts(prepared.grammar, head + plain_ids(xtml.tokenizer, '{"a": "<'))
+    tail = plain_ids(xtml.tokenizer, '{"a&amp;b": "&lt;i&gt;"}') + ids_of(xtml.tokenizer, "</xtml:arg>\n</xtml:call>\n</xtml:calls>")
+    result = drive(prepared, head + tail + [xtml.eos])
+    assert [json.loads(c.arguments) for c in result.tool_calls] == [{"city": "a < b", "options": {"a&b": "<i>"}}]
+
+
+# -- options that cannot be honoured ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toolless():
+    """A model whose output syntax has no tool calls (and no reasoning)."""
+    tokenizer = small_bpe(["<|endoftext|>"])
+    frontend = {
+        "tool_parser": "TOOL_PARSER_NONE", "reasoning_parser": "REASONING_PARSER_NONE",
+        "assistant_boundary": {"message_start": "", "message_end": "<|end|>", "assistant_header": "<|assistant|>"},
+        "prefix_boundaries": STABLE_ROLES,
+    }
+    contract = served_contract(tokenizer.get_vocab_size(), frontend, [tokenizer.token_to_id("<|endoftext|>")])
+    model = FrontendModel.from_contract(contract, tokenizer, XTML_TEMPLATE, json_defaults=JSON_DEFAULTS)
+    return Served(model, tokenizer, tokenizer.token_to_id("<|endoftext|>"), (), {})
+
+
+def test_forcing_calls_without_a_tool_syntax_is_a_400(toolless):
+    for fields in ({"tool_choice": "required"}, {"parallel_tool_calls": False},
+                   {"tool_choice": {"type": "function", "function": {"name": "get_time"}}}):
+        with pytest.raises(ChatOptionError, match="no tool calls") as caught:
+            toolless.model.prepare_chat(chat(toolless, tools=TOOLS, **fields))
+        assert caught.value.http_status == 400
+    answer_only = toolless.model.prepare_chat(chat(toolless, tools=TOOLS, response_format=TEXT_FORMAT))
+    assert accepts(answer_only.grammar, plain_ids(toolless.tokenizer, '{"t": "x"}') + [toolless.eos])
+
+
+def test_an_invalid_answer_grammar_is_reported_even_when_calls_are_forced(served):
+    case = served["qwen"]
+    bad = {"type": "regex", "regex": "(unclosed"}
+    for fields in ({"tool_choice": "required"}, {}):
+        with pytest.raises(GrammarError, match="regex"):
+            case.model.prepare_chat(chat(case, tools=TOOLS, response_format=bad, **fields))
+
+
+# -- building blocks ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("literal", ["</p>", "</parameter>", "</｜DSML｜parameter>", "ab", "<<a", "x"])
+def test_not_containing_matches_exactly_the_strings_without_the_literal(literal):
+    pattern = re.compile(not_containing(literal).replace("\\/", "/"), re.S)
+    rng = random.Random(literal)
+    alphabet = sorted(set(literal + "<xa"))
+    strict = literal[0] in literal[1:] or len(literal) == 1  # then the first character is excluded
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        expected = literal[0] not in text if strict else literal not in text
+        assert (pattern.fullmatch(text) is not None) == expected, text
+
+
+def test_speller_keeps_special_tokens_and_declared_delimiters_as_tokens(served):
+    qwen = served["qwen"].tokenizer
+    special = {qwen.token_to_id(t) for t in ("<tool_call>", "</think>")}
+    delimiters = TokenDelimiters({"<think>": qwen.token_to_id("<think>")})
+    speller = Speller.from_tokenizer(qwen, special.__contains__, delimiters)
+    assert speller("<function=") == (Piece("<function="),)
+    assert speller("x<tool_call>y") == (Piece("x"), Piece("<tool_call>", qwen.token_to_id("<tool_call>")), Piece("y"))
+    assert speller("<think>") == (Piece("<think>", qwen.token_to_id("<think>"), text_matches=True),)
+    assert speller("") == ()
+
+
+def test_safe_schema_limits_free_strings_keys_and_numbers():
+    pattern = string_pattern(ValueStyle(ValueFormat.RAW), "</v>")
+    schema = {"type": "object", "properties": {"s": {"type": "string"}, "e": {"enum": ["a<"]},
+                                                "x": {"type": "number", "maximum": 3}, "y": {"type": ["number", "null"]}}}
+    safe = safe_schema(schema, pattern)
+    properties = safe["properties"]
+    assert properties["s"]["pattern"] == pattern and "pattern" not in properties["e"]
+    assert properties["x"] == {"type": "number", "maximum": 3}
+    assert (properties["y"]["minimum"], properties["y"]["maximum"]) == (-1e15, 1e15)
+    assert safe["additionalProperties"] is False and list(safe["patternProperties"]) == [pattern]
+    assert safe_schema({}, pattern) == {"$ref": "#/$defs/helios_safe_json"}
+    assert safe_schema({"type": "array"}, pattern)["items"] == {"$ref": "#/$defs/helios_safe_json"}
+    assert string_pattern(ValueStyle(ValueFormat.XML_ESCAPED), "</v>").count("quot") == 0
+
+
+def test_without_strings_keeps_the_other_alternatives():
+    assert without_strings({"type": ["string", "integer"]}) == {"type": ["integer"]}
+    assert without_strings({"anyOf": [{"type": "string"}, {"type": "null"}]}) == {"anyOf": [{"type": "null"}]}
+    assert without_strings({"enum": ["a", 1]}) == {"enum": [1]}
+    assert without_strings({"type": "string"}) is None and without_strings({"const": "a"}) is None
+
+
+def test_call_policy_needs_spellable_tools():
+    with pytest.raises(ValueError):
+        CallPolicy((), AnswerKind.NONE)
+    with pytest.raises(ValueError):
+        CallPolicy((ToolSchema('bad"name'),), AnswerKind.FREE)
+    tool = ToolSchema("f", {"properties": {"ok": {}, "bad\nkey": {}}, "required": ["ok"]})
+    assert tool.properties() == [("ok", {}, True)]
+
+
+def test_text_then_ends_text_at_the_first_stop():
+    rules = LarkRules()
+    close, terminal = (Piece("</c>"),), (Piece("<t>"),)
+    upto = text_then(rules, [close, terminal])
+    text = rules.text(f"{upto[0]} \"!\" | {upto[1]} \"?\"")
+    assert text.count("[lazy]") == 2 and "<\\/c>" in text
+
+
+@pytest.fixture(scope="module")
+def frames_parts(served):
+    case = served["atem"]
+    compiler = GrammarCompiler.from_tokenizer(case.tokenizer, vocab_size=case.tokenizer.get_vocab_size(),
+                                              eos_token_ids=[case.eos])
+    speller = Speller.from_tokenizer(case.tokenizer, compiler.is_special_token, case.model.syntax.delimiters)
+    return case, compiler, speller
+
+
+def test_frames_continue_an_open_body_or_refuse_an_unusable_header(frames_parts):
+    case, compiler, speller = frames_parts
+    frames = case.model.syntax.output.frames
+    answer = parse_response_format(TEXT_FORMAT)
+    policy = CallPolicy(ToolSchema.from_openai(TOOLS), AnswerKind.STRUCTURED)
+    lark = frames_lark(frames, speller, FrameStart(FramePosition.BODY, recipient="self"), policy, policy.answer, {})
+    matcher = compiler.compile_lark(lark, answer)
+    steps = ids_of(case.tokenizer, "still thinking<|eom|><|start|>assistant to=user<|message|>", '{"t": "x"}')
+    assert all(matcher.consume_token(t) for t in steps + [case.eos]), matcher.error
+    with pytest.raises(GrammarError, match="cannot continue"):
+        frames_lark(frames, speller, FrameStart(FramePosition.HEADER, header_text="assistant to=nobody"),
+                    None, AnswerKind.STRUCTURED, {})

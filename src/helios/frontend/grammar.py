@@ -15,6 +15,10 @@ then the request's grammar as an opaque subgrammar, so delimiters spelled inside
 text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state,
 after which the mask allows only EOS.
 
+Requests with tools or recipient frames get a grammar built from the contract's syntax data instead
+(`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
+top-level Lark grammar together with the answer grammar it references as ``@answer``.
+
 `GrammarCompiler` is immutable and shared by preparation workers. A `GrammarMatcher` belongs to one
 request and is used by one thread at a time.
 """

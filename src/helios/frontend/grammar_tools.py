@@ -30,13 +30,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from helios.frontend.grammar_lark import LarkRules, Speller, Spelling, join, lark_of, text_spelling, text_then, free_text
+from helios.frontend.grammar_lark import (
+    LarkRules, Speller, Spelling, free_text, join, lark_of, text_spelling, text_then,
+)
 from helios.frontend.grammar_values import ValueGrammar, ValueStyle
 from helios.frontend.parsers.pipeline import tool_grammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN
 from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.prompt import ReasoningState
-from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind
+from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ThinkSyntax, ToolSyntaxKind
 
 ANSWER_RULE = "@answer"
 WHITESPACE = "/[ \\t\\r\\n]{1,4}/"
@@ -205,7 +207,7 @@ def _after_opener(rules: LarkRules, calls: CallGrammar, policy: CallPolicy, one_
 
 
 def _body(rules: LarkRules, calls: CallGrammar, grammar: ToolGrammar, speller: Speller, policy: CallPolicy,
-          tail: str, think, state: ReasoningState) -> str:
+          tail: str, think: ThinkSyntax | None, state: ReasoningState) -> str:
     """What follows reasoning: calls, or the answer the policy allows."""
     opener = calls.opener()
     separator = think.after_close if think is not None else ""
