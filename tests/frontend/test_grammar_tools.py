@@ -51,6 +51,7 @@ TOOLS = [
             "options": {"type": "object"},
             "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
             "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+            "level": {"type": ["integer", "string"]},
         },
         "required": ["city"],
     }}},
@@ -236,6 +237,9 @@ def validate(value, schema) -> list[str]:
     """The JSON-schema keywords used here; returns the violations."""
     if "anyOf" in schema:
         return [] if any(not validate(value, s) for s in schema["anyOf"]) else [f"{value!r}: no anyOf branch"]
+    if isinstance(schema.get("type"), list):
+        branches = [{**schema, "type": kind} for kind in schema["type"]]
+        return [] if any(not validate(value, s) for s in branches) else [f"{value!r} is none of {schema['type']}"]
     errors = []
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{value!r} not in {schema['enum']}")
@@ -331,7 +335,7 @@ def test_required_and_named_tool_choice_always_call(served, syntax):
 def test_parallel_tool_calls_false_allows_at_most_one_call(served, syntax):
     case = served[syntax]
     prepared = case.model.prepare_chat(chat(case, tools=TOOLS, parallel_tool_calls=False))
-    seen = run_samples(case, prepared, 20, seed=3, callable_names=set(SCHEMAS), answer=AnswerKind.FREE, single=True)
+    seen = run_samples(case, prepared, 30, seed=3, callable_names=set(SCHEMAS), answer=AnswerKind.FREE, single=True)
     assert seen["calls"] and seen["answer"]
 
 
@@ -461,12 +465,17 @@ def test_forcing_calls_without_a_tool_syntax_is_a_400(toolless):
     assert accepts(answer_only.grammar, plain_ids(toolless.tokenizer, '{"t": "x"}') + [toolless.eos])
 
 
-def test_an_invalid_answer_grammar_is_reported_even_when_calls_are_forced(served):
+def test_invalid_answer_and_tool_grammars_are_400s_naming_the_part(served):
     case = served["qwen"]
     bad = {"type": "regex", "regex": "(unclosed"}
     for fields in ({"tool_choice": "required"}, {}):
         with pytest.raises(GrammarError, match="regex"):
             case.model.prepare_chat(chat(case, tools=TOOLS, response_format=bad, **fields))
+    lookaround = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "array", "items": {"type": "string", "pattern": "(?=x)"}}}}}}
+    with pytest.raises(GrammarError, match="tool-call grammar") as caught:
+        case.model.prepare_chat(chat(case, tools=[lookaround], tool_choice="required"))
+    assert caught.value.http_status == 400
 
 
 # -- building blocks ----------------------------------------------------------------------------------
