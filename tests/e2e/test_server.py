@@ -167,6 +167,26 @@ def test_tools_and_structured_output(client):
     assert len(text) == 3 and set(text) <= {"a", "b"}
 
 
+def test_forced_tool_call_json_and_stream(client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["paris", "london"]}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    request = dict(model=SERVED_ID, messages=messages(), tools=tools, tool_choice="required", max_tokens=60)
+    runs = [(seed, client.chat.completions.create(**request, seed=seed)) for seed in (1, 2, 3)]
+    called = [(seed, r) for seed, r in runs if r.choices[0].message.tool_calls]
+    assert called, "no forced call completed within the output limit"
+    seed, whole = called[0]
+    call = whole.choices[0].message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert json.loads(call.function.arguments)["city"] in ("paris", "london")
+    assert whole.choices[0].finish_reason in ("tool_calls", "length")
+    chunks = list(client.chat.completions.create(**request, seed=seed, stream=True))
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0].id and deltas[0].function.name == "get_weather" and deltas[0].type == "function"
+    assert all(d.id is None and d.function.name is None for d in deltas[1:])
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+
+
 # -- raw HTTP --------------------------------------------------------------------------------------
 
 
