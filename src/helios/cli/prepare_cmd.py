@@ -10,6 +10,7 @@ from pathlib import Path
 from helios.core.keys import load_signing_key
 from helios.errors import UsageError
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from helios.ignition.speculative_plan import SpeculativePlan
 
 
 def _batches(text: str) -> tuple[int, ...]:
@@ -42,9 +43,35 @@ def register(subparsers) -> None:
                         help="captured decode batch capacities, comma-separated (default 1,4,16)")
     parser.add_argument("--no-mixed", action="store_true", help="do not capture the mixed prefill+decode program")
     parser.add_argument("--scored-prefill", action="store_true", help="also capture a scored-prefill program")
+    speculative = parser.add_argument_group("speculative generation (with --draft)")
+    speculative.add_argument("--draft", metavar="DIR",
+                             help="draft checkpoint (same vocabulary) prepared into the core for speculative generation")
+    speculative.add_argument("--speculative-widths", type=_batches, default=(1, 4), metavar="W,...",
+                             help="verify widths W of the SPECULATIVE programs, pending token included (default 1,4)")
+    speculative.add_argument("--speculative-batches", type=_batches, metavar="B,...",
+                             help="SPECULATIVE batch capacities (default: the decode batches)")
+    speculative.add_argument("--draft-tokens", type=int, metavar="D",
+                             help="proposal draws per round of every wider program (default W - 1)")
+    speculative.add_argument("--allocate-prefixes", action="store_true",
+                             help="lanes get ceilings and the program allocates prefixes from proposal confidence")
+    speculative.add_argument("--packed-per-lane", type=int, metavar="N",
+                             help="packed target positions P = B x N (default W: rectangular)")
     parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                         help="prepare for N tensor-parallel ranks: one program set, N weight shards (default 1)")
     parser.set_defaults(func=run)
+
+
+def _speculative_plan(args: argparse.Namespace) -> SpeculativePlan | None:
+    if args.draft is None:
+        if args.allocate_prefixes or args.draft_tokens or args.speculative_batches or args.packed_per_lane:
+            raise UsageError("speculative options need --draft")
+        return None
+    draft = Path(args.draft)
+    if not draft.is_dir():
+        raise UsageError(f"{draft} is not a checkpoint directory")
+    return SpeculativePlan(draft, widths=args.speculative_widths, batches=args.speculative_batches,
+                           draft_tokens=args.draft_tokens, allocate_prefixes=args.allocate_prefixes,
+                           packed_per_lane=args.packed_per_lane)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
+        speculative=_speculative_plan(args),
     )
     if args.tensor_parallel < 1:
         raise UsageError("--tensor-parallel must be at least 1")

@@ -24,7 +24,8 @@ from torch.export import Dim
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
 from helios.ignition.program import GenerationProgram, MixedProgram, ScoredPrefillProgram
-from helios.ignition.program_spec import Capacity, Operation, ProgramSpec, TensorSpec, program_spec
+from helios.ignition.program_spec import Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, program_spec
+from helios.ignition.speculative import SpeculativeProgram
 
 _TORCH_DTYPES = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -42,29 +43,58 @@ class CapturedProgram:
     program: bytes
 
 
-def build_program(arch: Architecture, operation: Operation, page_tokens: int) -> torch.nn.Module:
-    """The eager module of `operation` (also usable directly, e.g. for debugging)."""
+def build_program(arch: Architecture, operation: Operation, page_tokens: int,
+                  options: ProgramOptions = ProgramOptions(), capacity: Capacity | None = None) -> torch.nn.Module:
+    """The eager module of `operation` (also usable directly, e.g. for debugging); SPECULATIVE
+    modules are built for one `capacity`."""
+    if operation is Operation.SPECULATIVE:
+        if capacity is None:
+            raise ValueError("a SPECULATIVE program is built for one capacity")
+        return SpeculativeProgram(arch, page_tokens, capacity, options)
     if operation is Operation.SCORED_PREFILL:
-        return ScoredPrefillProgram(arch, page_tokens)
+        return ScoredPrefillProgram(arch, page_tokens, options)
     if operation is Operation.MIXED:
-        return MixedProgram(arch, page_tokens)
-    return GenerationProgram(arch, page_tokens)
+        return MixedProgram(arch, page_tokens, options)
+    return GenerationProgram(arch, page_tokens, options)
 
 
-def capture_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int) -> CapturedProgram:
+def capture_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,
+                    options: ProgramOptions = ProgramOptions()) -> CapturedProgram:
     """Export one program; its spec lists the ABI ops the graph calls, with their schemas."""
-    spec = program_spec(arch, operation, capacity, page_tokens)
-    module = build_program(arch, operation, page_tokens)
-    parameters = tuple(inspect.signature(module.forward).parameters)
+    spec = program_spec(arch, operation, capacity, page_tokens, options)
+    module = build_program(arch, operation, page_tokens, options, capacity)
+    parameters = parameter_names(module)
     if parameters != spec.input_names:
         raise AssertionError(f"program signature {parameters} disagrees with its spec {spec.input_names}")
     args, dynamic_shapes = _example_inputs(spec)
+    dynamic_shapes = _grouped_varargs(module, dynamic_shapes)
     exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     exported.example_inputs = None  # never ship example data
     spec = dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items())))
     buffer = io.BytesIO()
     torch.export.save(exported, buffer)
     return CapturedProgram(spec, buffer.getvalue())
+
+
+def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
+    """The names a module's forward takes, its ``*draft`` inputs expanded to `draft_input_names`."""
+    names = []
+    for name, parameter in inspect.signature(module.forward).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            names += getattr(module, "draft_input_names", ())
+        else:
+            names.append(name)
+    return tuple(names)
+
+
+def _grouped_varargs(module: torch.nn.Module, shapes: tuple) -> tuple:
+    """torch.export wants the shapes of ``*draft`` inputs as one nested entry."""
+    extra = len(getattr(module, "draft_input_names", ()))
+    has_varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL
+                      for p in inspect.signature(module.forward).parameters.values())
+    if not has_varargs or not extra:
+        return shapes
+    return shapes[:len(shapes) - extra] + (shapes[len(shapes) - extra:],)
 
 
 def capture_programs(

@@ -28,9 +28,10 @@ from helios.ignition.preparation.contract import (
     ProgramResource,
     declare_paged_text,
 )
-from helios.ignition.program_spec import Capacity, Operation
+from helios.ignition.program_spec import Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import Recipe, load_checkpoint
 from helios.ignition.sharding import rank_architecture, rank_weight_files
+from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
@@ -48,6 +49,7 @@ class CapacityPlan:
     mixed: bool = True
     scored_prefill: bool = False
     page_capacity: int | None = None
+    speculative: SpeculativePlan | None = None  # a draft model and the SPECULATIVE variants
 
     def __post_init__(self) -> None:
         if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
@@ -68,6 +70,8 @@ class CapacityPlan:
             plan.append((Operation.MIXED, Capacity(rows, tokens + rows)))
         if self.scored_prefill:
             plan.append((Operation.SCORED_PREFILL, Capacity(1, tokens)))
+        if self.speculative is not None:
+            plan += self.speculative.variants(self.decode_batches)
         return plan
 
 
@@ -100,9 +104,11 @@ def prepare_core(
     writer = CoreWriter()
     programs = []
     variants = plan.variants()
+    draft = load_draft(plan.speculative, arch) if plan.speculative is not None else None
+    program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
     for number, (operation, capacity) in enumerate(variants, 1):
-        captured = capture_program(arch, operation, capacity, plan.page_tokens)
-        resource_id = f"program.{operation.value}.r{capacity.batch_capacity}t{capacity.packed_token_capacity}"
+        captured = capture_program(arch, operation, capacity, plan.page_tokens, program_options)
+        resource_id = f"program.{operation.value}.{_variant_label(capacity)}"
         resource_id += ".rank0" if ranks == 1 else ""  # ranks > 1 share one program resource
         writer.add_resource(resource_id, ResourceKind.PROGRAM, captured.program, rank=0 if ranks == 1 else None)
         programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
@@ -115,13 +121,26 @@ def prepare_core(
     writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
     writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
     weights_digest = b"".join(hashlib.sha256(weights.data).digest() for weights in weight_files)
+    if draft is not None:
+        draft_data, draft_digest = draft_weights_file(draft)
+        writer.add_resource(DRAFT_WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, draft_data, rank=0)
+        weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
+        progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)
-    prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files])
+    prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],
+                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
     writer.set_contract(prepared)
     writer.set_publisher(options.namespace, license=options.license)
     writer.add_signing_key(key)
     progress(f"writing {output}")
     return writer.write(output)
+
+
+def _variant_label(capacity: Capacity) -> str:
+    rows, tokens = capacity.batch_capacity, capacity.packed_token_capacity
+    if capacity.verify_tokens > 1 or capacity.draft_tokens:
+        return f"r{rows}w{capacity.verify_tokens}d{capacity.draft_tokens}t{tokens}"
+    return f"r{rows}t{tokens}"
 
 
 def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights_digest: bytes) -> PagedTextDeclaration:

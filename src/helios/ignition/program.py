@@ -11,9 +11,14 @@ SCORED_PREFILL also returns the log-probability of given target tokens at every 
 Per-request-row inputs (`page_table`, `prompt_counts`) are indexed by `request_slots`, so the host
 uploads a slot's page-table entries once, when they are assigned.
 
-Mutation: k_cache and v_cache (this step's keys/values, through ``helios::cache_write``) and
-output_counts (one count per sampled row, ``index_put_`` with accumulation) are written in place.
-Nothing else that is passed in is modified.
+In a core with a draft model (`ProgramOptions.draft`) every program also takes the draft inputs
+last (``*draft``: its planes and page table, see `helios.ignition.draft`) and writes the draft's
+keys/values of the packed tokens. With `ProgramOptions.record_tokens` the completion record carries
+the emitted token as its first extra column.
+
+Mutation: k_cache and v_cache (this step's keys/values, through ``helios::cache_write``), the draft
+planes when present, and output_counts (one count per sampled row, ``index_put_`` with
+accumulation) are written in place. Nothing else that is passed in is modified.
 """
 
 from __future__ import annotations
@@ -23,39 +28,52 @@ import torch
 import helios.abi.completion  # noqa: F401  (registers helios::completion_record)
 import helios.abi.sampling  # noqa: F401  (registers helios::sample)
 from helios.abi.sampling import split_sampling_parameters
-from helios.ignition.architecture import Architecture, weight_layout
+from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
+from helios.ignition.draft import DraftStorage, split_weights, write_history
+from helios.ignition.program_spec import DRAFT_INPUTS, ProgramOptions, model_weight_layout
+from helios.ignition.speculative import with_emitted
 
 
 class GenerationProgram(torch.nn.Module):
     """PREFILL and DECODE: run the packed tokens, sample one token per sampling row."""
 
-    def __init__(self, arch: Architecture, page_tokens: int):
+    def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
         super().__init__()
         self.arch = arch
         self.page_tokens = page_tokens
-        self.weight_names = tuple(slot.name for slot in weight_layout(arch))
+        self.draft = options.draft
+        self.record_tokens = options.record_tokens
+        self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft))
+        self.draft_input_names = DRAFT_INPUTS if options.draft is not None else ()
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission,
+        seeds, counters, sampling_params, grammar_mask, submission, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
                         (request_slots, generations, sample_rows, query_lens, submission),
-                        (seeds, counters, sampling_params, grammar_mask))
+                        (seeds, counters, sampling_params, grammar_mask), draft)
 
-    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls):
-        w = self.bind(weights)
+    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=()):
+        w = self.bind(weights, step, lanes[0], draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         sampled, logits = self.sample(w, hidden, step, counts, lanes, controls)
         return self.completion(step, lanes, sampled), logits
 
-    def bind(self, weights: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        if len(weights) != len(self.weight_names):
-            raise ValueError(f"expected {len(self.weight_names)} weights, got {len(weights)}")
-        return dict(zip(self.weight_names, weights))
+    def bind(self, weights: list[torch.Tensor], step: PackedStep, request_slots, draft) -> dict[str, torch.Tensor]:
+        """The target's named weights, after the draft (if any) has written its history of `step`."""
+        target, draft_weights = split_weights(self.weight_names, weights)
+        if self.draft is not None:
+            self.write_draft_history(draft_weights, step, request_slots, draft)
+        return target
+
+    def write_draft_history(self, weights, step: PackedStep, request_slots, draft) -> None:
+        k_cache, v_cache, page_table = draft
+        storage = DraftStorage(k_cache, v_cache, page_table[request_slots.clamp(min=0)])
+        write_history(self.draft, weights, storage, step, self.page_tokens)
 
     def packed_step(self, token_ids, positions, query_lens, request_slots, page_table) -> PackedStep:
         zero = torch.zeros(1, dtype=torch.int32, device=query_lens.device)
@@ -92,10 +110,11 @@ class GenerationProgram(torch.nn.Module):
         offered = query_lens.to(torch.int64)
         consumed = torch.where(offered > 0, step.positions[self.last_tokens(step)] + 1, torch.zeros_like(offered))
         emitted = (sampled >= 0).to(torch.int64)
-        return torch.ops.helios.completion_record(
+        record = torch.ops.helios.completion_record(
             request_slots, generations, submission.reshape(()), sampled, offered, torch.zeros_like(offered),
             emitted, consumed, None,
         )
+        return with_emitted(record, sampled.unsqueeze(-1), self.record_tokens)
 
 
 class MixedProgram(GenerationProgram):
@@ -104,13 +123,13 @@ class MixedProgram(GenerationProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, pending_ids,
+        seeds, counters, sampling_params, grammar_mask, submission, pending_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         step = step._replace(token_ids=self.with_pending(step, pending_ids))
         return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
                         (request_slots, generations, sample_rows, query_lens, submission),
-                        (seeds, counters, sampling_params, grammar_mask))
+                        (seeds, counters, sampling_params, grammar_mask), draft)
 
     @staticmethod
     def with_pending(step: PackedStep, pending_ids: torch.Tensor) -> torch.Tensor:
@@ -129,10 +148,10 @@ class ScoredPrefillProgram(GenerationProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, target_ids,
+        seeds, counters, sampling_params, grammar_mask, submission, target_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
-        w = self.bind(weights)
+        w = self.bind(weights, step, request_slots, draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         lanes = (request_slots, generations, sample_rows, query_lens, submission)
         sampled, logits = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,

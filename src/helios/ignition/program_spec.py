@@ -22,6 +22,21 @@ A program is called positionally as ``module(weights, *tensors)`` in the order o
   float32 logits of each row's last packed token. SCORED_PREFILL adds ``target_ids`` [T] (the token
   each packed token should predict) and ``target_logprobs`` [T], that target's log-probability
   after each packed token (0 for padding tokens).
+
+SPECULATIVE programs (`helios.ignition.speculative`) have four extents: B rows, W verify tokens per
+lane (pending token included), P packed target tokens, D proposal draws. Their per-lane inputs are
+those of DECODE (``token_ids``: the pending token, ``positions``: its position) plus
+``lane_tokens`` (the lane's exact target length, or with `ProgramOptions.allocates_prefixes` its
+immutable ceiling) and the copied history candidates ``copied_ids`` [B, max(D, 1)],
+``copied_counts``, ``copied_endpoints``. They draw with counters derived from the positions, so they
+take no ``counters``. Outputs: the completion record and, when D > 0, ``proposal_confidence`` [B, D].
+
+A core with a draft model (`ProgramOptions.draft`) appends the draft's weights (names prefixed
+``draft.``) to the weight list and gives every program three more inputs, last:
+``draft_k_cache``, ``draft_v_cache`` (the draft's paged planes, same page ids) and
+``draft_page_table``; every program writes the draft's keys/values of the tokens it consumes, so the
+draft context always covers the committed history. With `ProgramOptions.record_tokens` n > 0 every
+program's completion record carries n more int64 columns: the emitted token ids, -1 padded.
 """
 
 from __future__ import annotations
@@ -34,6 +49,9 @@ from helios.abi.sampling import NUM_SAMPLING_PARAMETERS
 from helios.ignition.architecture import Architecture, CheckpointError, WeightSlot, weight_layout
 
 Dim = int | str
+DRAFT_PREFIX = "draft."  # weight names of the draft model in the combined weight list
+DRAFT_INPUTS = ("draft_k_cache", "draft_v_cache", "draft_page_table")
+CONFIDENCE_OUTPUT = "proposal_confidence"
 
 
 class Operation(enum.Enum):
@@ -41,6 +59,7 @@ class Operation(enum.Enum):
     DECODE = "decode"
     MIXED = "mixed"
     SCORED_PREFILL = "scored_prefill"
+    SPECULATIVE = "speculative"
 
 
 class InputRole(enum.Enum):
@@ -57,14 +76,52 @@ class Access(enum.Enum):
 
 @dataclass(frozen=True)
 class Capacity:
-    """A captured variant: R request rows over T packed tokens."""
+    """A captured variant: R request rows over T packed tokens.
+
+    SPECULATIVE variants also declare W (`verify_tokens`, per-lane target capacity including the
+    pending token) and D (`draft_tokens`, proposal draws); D is not inferred from W, and a lane
+    offers at most `lane_limit` = min(D + 1, W) target positions. T is P, at most B x W.
+    """
 
     batch_capacity: int
     packed_token_capacity: int
+    verify_tokens: int = 1
+    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.batch_capacity <= self.packed_token_capacity:
             raise CheckpointError(f"capacity needs 0 < batch_capacity <= packed_token_capacity, got {self}")
+        if self.verify_tokens < 1 or self.draft_tokens < 0:
+            raise CheckpointError(f"capacity needs verify_tokens >= 1 and draft_tokens >= 0, got {self}")
+        if self.verify_tokens == 1 and self.draft_tokens:
+            raise CheckpointError("width-one speculative programs draw no proposals")
+
+    @property
+    def lane_limit(self) -> int:
+        return min(self.draft_tokens + 1, self.verify_tokens)
+
+
+@dataclass(frozen=True)
+class ProgramOptions:
+    """What every program of one core shares beyond the target Architecture.
+
+    `draft`: the draft model proposals come from (same vocabulary), or None. `record_tokens`: emitted
+    token columns appended to each completion record (0: none; a core whose lanes can emit more
+    than one token needs its widest lane limit). `allocates_prefixes`: SPECULATIVE programs take
+    lane ceilings and allocate prefixes from proposal confidence (else exact lane lengths).
+    """
+
+    draft: Architecture | None = None
+    record_tokens: int = 0
+    allocates_prefixes: bool = False
+
+
+def model_weight_layout(arch: Architecture, draft: Architecture | None = None) -> tuple[WeightSlot, ...]:
+    """The weight list of a core's programs: the target's, then the draft's under `DRAFT_PREFIX`."""
+    slots = weight_layout(arch)
+    if draft is None:
+        return slots
+    return slots + tuple(WeightSlot(DRAFT_PREFIX + s.name, s.shape, s.dtype) for s in weight_layout(draft))
 
 
 @dataclass(frozen=True)
@@ -99,6 +156,7 @@ class ProgramSpec:
     weights: tuple[WeightSlot, ...]
     # (qualified name, schema string) of every helios op the exported graph calls, by name
     abi_ops: tuple[tuple[str, str], ...] = ()
+    options: ProgramOptions = ProgramOptions()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -109,17 +167,47 @@ class ProgramSpec:
         return tuple(spec.name for spec in self.outputs)
 
 
-def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int) -> ProgramSpec:
+def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,
+                 options: ProgramOptions = ProgramOptions()) -> ProgramSpec:
     """The spec of the program for (`operation`, `capacity`); abi_ops is filled in by capture."""
-    if operation is Operation.DECODE and capacity.packed_token_capacity != capacity.batch_capacity:
-        raise CheckpointError(f"a DECODE variant needs T == R, got {capacity}")
-    weights = weight_layout(arch)
+    _check_capacity(operation, capacity, options)
+    weights = model_weight_layout(arch, options.draft)
     inputs = (
         TensorSpec("weights", "tensor_list", (len(weights),), InputRole.WEIGHTS),
         *_state_inputs(arch, page_tokens),
         *_step_inputs(arch, capacity, operation),
+        *_draft_inputs(options.draft, page_tokens),
     )
-    return ProgramSpec(operation, capacity, page_tokens, inputs, _outputs(arch, capacity, operation), weights)
+    outputs = _outputs(arch, capacity, operation, options.record_tokens)
+    return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)
+
+
+def _check_capacity(operation: Operation, capacity: Capacity, options: ProgramOptions) -> None:
+    if operation is Operation.DECODE and capacity.packed_token_capacity != capacity.batch_capacity:
+        raise CheckpointError(f"a DECODE variant needs T == R, got {capacity}")
+    if operation is not Operation.SPECULATIVE:
+        if capacity.verify_tokens != 1 or capacity.draft_tokens:
+            raise CheckpointError(f"only SPECULATIVE variants declare W and D, got {operation.value} {capacity}")
+        return
+    if options.draft is None:
+        raise CheckpointError("SPECULATIVE programs need a draft model")
+    if capacity.packed_token_capacity > capacity.batch_capacity * capacity.verify_tokens:
+        raise CheckpointError(f"a SPECULATIVE variant needs P <= B x W, got {capacity}")
+    if capacity.lane_limit > max(1, options.record_tokens):
+        raise CheckpointError(
+            f"completion records hold {options.record_tokens} tokens; lanes emit {capacity.lane_limit}")
+
+
+def _draft_inputs(draft: Architecture | None, page_tokens: int) -> tuple[TensorSpec, ...]:
+    if draft is None:
+        return ()
+    cache_shape = (draft.num_layers, "pages", page_tokens, draft.num_kv_heads, draft.head_dim)
+    cache = InputRole.CACHE_STORAGE
+    return (
+        TensorSpec(DRAFT_INPUTS[0], draft.dtype, cache_shape, cache, Access.READ_WRITE),
+        TensorSpec(DRAFT_INPUTS[1], draft.dtype, cache_shape, cache, Access.READ_WRITE),
+        TensorSpec(DRAFT_INPUTS[2], "int32", ("request_rows", "max_pages")),
+    )
 
 
 def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...]:
@@ -137,6 +225,8 @@ def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...
 
 def _step_inputs(arch: Architecture, capacity: Capacity, operation: Operation) -> tuple[TensorSpec, ...]:
     rows, tokens = capacity.batch_capacity, capacity.packed_token_capacity
+    if operation is Operation.SPECULATIVE:
+        return _speculative_inputs(arch, capacity)
     specs = (
         TensorSpec("token_ids", "int64", (tokens,)),
         TensorSpec("positions", "int64", (tokens,)),
@@ -157,12 +247,32 @@ def _step_inputs(arch: Architecture, capacity: Capacity, operation: Operation) -
     return specs
 
 
-def _outputs(arch: Architecture, capacity: Capacity, operation: Operation) -> tuple[OutputSpec, ...]:
-    rows = capacity.batch_capacity
-    outputs = (
-        OutputSpec("completion", "int64", (rows, COMPLETION_FIELDS)),
-        OutputSpec("logits", "float32", (rows, arch.vocab_size)),
+def _speculative_inputs(arch: Architecture, capacity: Capacity) -> tuple[TensorSpec, ...]:
+    rows, candidates = capacity.batch_capacity, max(capacity.draft_tokens, 1)
+    return (
+        TensorSpec("token_ids", "int64", (rows,)),
+        TensorSpec("positions", "int64", (rows,)),
+        TensorSpec("lane_tokens", "int32", (rows,)),
+        TensorSpec("request_slots", "int64", (rows,)),
+        TensorSpec("generations", "int64", (rows,)),
+        TensorSpec("seeds", "int64", (rows,)),
+        TensorSpec("sampling_params", "float32", (rows, NUM_SAMPLING_PARAMETERS)),
+        TensorSpec("grammar_mask", "int32", (rows, -(-arch.vocab_size // 32))),
+        TensorSpec("submission", "int64", (1,)),
+        TensorSpec("copied_ids", "int64", (rows, candidates)),
+        TensorSpec("copied_counts", "int32", (rows,)),
+        TensorSpec("copied_endpoints", "int64", (rows,)),
     )
+
+
+def _outputs(arch: Architecture, capacity: Capacity, operation: Operation,
+             record_tokens: int) -> tuple[OutputSpec, ...]:
+    rows = capacity.batch_capacity
+    record = OutputSpec("completion", "int64", (rows, COMPLETION_FIELDS + record_tokens))
+    if operation is Operation.SPECULATIVE:
+        drafts = capacity.draft_tokens
+        return (record,) + ((OutputSpec(CONFIDENCE_OUTPUT, "float32", (rows, drafts)),) if drafts else ())
+    outputs = (record, OutputSpec("logits", "float32", (rows, arch.vocab_size)))
     if operation is Operation.SCORED_PREFILL:
         outputs += (OutputSpec("target_logprobs", "float32", (capacity.packed_token_capacity,)),)
     return outputs

@@ -7,6 +7,13 @@ the plan's frame of the completion buffer, and validates it (`helios.abi.complet
 turning it into the scheduler's `RowResult`s. A record that fails validation raises a
 `CompletionError` (an `ExecutionError`); the caller fails the plan.
 
+Emitted token ids come from the record's SAMPLED_TOKENS field as the manifest lays it out (the ABI
+token column, or the extra columns of cores whose lanes emit several tokens; they must end with
+the ABI record's last token). SPECULATIVE lanes are validated as generating lanes against their
+reserved ceiling, the aggregate P and the program's draft-cursor lag; a program's proposal
+confidence is copied into the plan's frame of the confidence buffer. Validated emissions are
+reported to the packer (`Packer.observe`), which keeps request histories for history drafting.
+
 Thread ownership: the model worker only. Buffers stay alive through execution drain because the
 `LoadedModel` owns them.
 """
@@ -19,12 +26,16 @@ from typing import Mapping
 import torch
 
 from helios.abi.completion import (
+    NUM_FIELDS,
     CompletionExpectation,
+    LaneCompletion,
     LaneExpectation,
     LaneKind,
     LaneOutcome,
+    SampledTokenError,
     validate_completion,
 )
+from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.errors import ExecutionError
 from helios.runtime.capacities import Operation
@@ -65,6 +76,11 @@ class Executor:
             torch.zeros((plane.shape[0], host_pages, *plane.shape[2:]), dtype=plane.dtype) for plane in self._cache_planes
         ]
         self._vocab = model.prepared.sampled_range[1]
+        self._token_columns = _token_columns(manifest.completion)
+        if model.settings.history_drafting:  # a startup option of the loaded model
+            packer.enable_history_drafting()
+        confidence = manifest.completion.confidence_buffer
+        self._confidence = model.buffers.get(confidence) if confidence else None
 
     def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
         for copy in plan.copies:
@@ -83,22 +99,43 @@ class Executor:
         outputs = dict(zip(program.outputs, returned if isinstance(returned, (tuple, list)) else (returned,)))
         record = outputs[self.model.prepared.manifest.completion.buffer]
         frame = self._completion[plan.frame].view(torch.int64).view(self._completion.shape[1], -1)
-        frame[: record.shape[0]].copy_(record)
-        return StepOutput(self._results(plan, frame[: len(plan.rows)]), outputs)
+        frame[: record.shape[0], : record.shape[1]].copy_(record)
+        confidence = outputs.get(self.model.prepared.manifest.completion.confidence_buffer)
+        if confidence is not None and self._confidence is not None:
+            self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]].copy_(confidence)
+        results = self._results(plan, program, frame[: len(plan.rows)])
+        self.packer.observe(plan, results)
+        return StepOutput(results, outputs)
 
-    def _results(self, plan: StepPlan, record: torch.Tensor) -> tuple[RowResult, ...]:
+    def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
+        speculative = plan.operation == Operation.SPECULATIVE
         expected = CompletionExpectation(
             submission=plan.sequence if self._submission is not None else 0, vocab_size=self._vocab,
-            packed_capacity=plan.variant.packed_token_capacity, draft_lag=None,
-            lanes=tuple(_lane(row) for row in plan.rows),
+            packed_capacity=plan.variant.packed_token_capacity,
+            draft_lag=program.speculative.draft_lag if program.speculative is not None else None,
+            lanes=tuple(_lane(row, speculative) for row in plan.rows),
         )
-        lanes = validate_completion(record, expected)
+        lanes = validate_completion(record[:, :NUM_FIELDS], expected)
+        rows = record.tolist()
         results = []
-        for lane in lanes:
-            tokens = (lane.token,) if lane.emitted and lane.outcome is LaneOutcome.OK else ()
+        for index, lane in enumerate(lanes):
+            tokens = self._emitted(index, rows[index], lane)
             results.append(RowResult(lane.slot, lane.generation, lane.consumed_end, tokens, lane.offered,
                                      lane.accepted, lane.draft_cursor))
         return tuple(results)
+
+    def _emitted(self, index: int, row: list[int], lane: LaneCompletion) -> tuple[int, ...]:
+        """The lane's emitted ids from the SAMPLED_TOKENS columns (empty for NO_ALLOWED_TOKEN)."""
+        if not lane.emitted or lane.outcome is not LaneOutcome.OK:
+            return ()
+        first, count = self._token_columns
+        if lane.emitted > count:
+            raise SampledTokenError(index, "tokens", f"{lane.emitted} emitted, the record holds {count} token ids")
+        tokens = tuple(row[first:first + lane.emitted])
+        if tokens[-1] != lane.token or any(t != -1 for t in row[first + lane.emitted:first + count]):
+            raise SampledTokenError(index, "tokens", f"emitted ids {row[first:first + count]} disagree with "
+                                    f"{lane.emitted} tokens ending in {lane.token}")
+        return tokens
 
     def _copy(self, copy: CopyOp) -> None:
         """Copies the first `num_tokens` of one page between device pages and host slots, every plane."""
@@ -110,7 +147,16 @@ class Executor:
             target[:, copy.dst.index, :tokens].copy_(source[:, copy.src.index, :tokens])
 
 
-def _lane(row: PlanRow) -> LaneExpectation:
+def _token_columns(layout: mpb.CompletionLayout) -> tuple[int, int]:
+    """(first int64 column, count) of the record's SAMPLED_TOKENS field."""
+    field = next(f for f in layout.fields if f.kind == mpb.COMPLETION_FIELD_KIND_SAMPLED_TOKENS)
+    return field.byte_offset // 8, field.count
+
+
+def _lane(row: PlanRow, speculative: bool = False) -> LaneExpectation:
+    if speculative and row.samples:
+        return LaneExpectation(row.slot, row.generation, LaneKind.GENERATE, row.start_pos, row.token_ceiling,
+                               row.constrained)
     if not row.samples:
         kind = LaneKind.PREFILL
     elif row.query_len > 1 or row.admits:
@@ -134,7 +180,9 @@ def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:
 
 
 def variant_name(program: LoadedProgram) -> str:
-    return f"{program.graph}.r{program.batch_capacity}t{program.packed_token_capacity}"
+    shape = program.speculative
+    width = f"w{shape.verify_tokens}" if shape is not None else ""
+    return f"{program.graph}.r{program.batch_capacity}{width}t{program.packed_token_capacity}"
 
 
 OPERATIONS = {  # contract GraphOperation -> scheduler Operation
@@ -142,4 +190,5 @@ OPERATIONS = {  # contract GraphOperation -> scheduler Operation
     spb.GRAPH_OPERATION_DECODE: Operation.DECODE,
     spb.GRAPH_OPERATION_MIXED: Operation.MIXED,
     spb.GRAPH_OPERATION_SCORED_PREFILL: Operation.SCORED_PREFILL,
+    spb.GRAPH_OPERATION_SPECULATIVE: Operation.SPECULATIVE,
 }

@@ -12,12 +12,13 @@ from helios.runtime.capacities import (
     CacheGeometry,
     HistoryKind,
     HistoryRegion,
+    LengthSource,
     PageTableView,
     ProgramVariant,
     StorageLayout,
 )
 from helios.runtime.executor import OPERATIONS, variant_name
-from helios.runtime.model import LoadedModel
+from helios.runtime.model import LoadedModel, LoadedProgram
 
 _KINDS = {
     spb.HISTORY_KIND_PAGED_KEY_VALUE: HistoryKind.PAGED_KV,
@@ -37,17 +38,35 @@ def storage_layout(model: LoadedModel) -> StorageLayout:
     return StorageLayout(cache.page_tokens, regions, views)
 
 
+_LENGTH_SOURCES = {
+    spb.VALUE_SOURCE_QUERY_LENGTH: LengthSource.QUERY_LENGTH,
+    spb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: LengthSource.PREFIX_LIMIT,
+}
+
+
+def program_variant(program: LoadedProgram) -> ProgramVariant:
+    """The scheduler's view of one loaded program (SPECULATIVE: D, W, length source, cursor lag)."""
+    variant = ProgramVariant(
+        name=variant_name(program), operation=OPERATIONS[program.operation], batch_capacity=program.batch_capacity,
+        packed_token_capacity=program.packed_token_capacity, device_pending=False,
+    )
+    shape = program.speculative
+    if shape is None:
+        return variant
+    return ProgramVariant(
+        name=variant.name, operation=variant.operation, batch_capacity=variant.batch_capacity,
+        packed_token_capacity=variant.packed_token_capacity, draft_tokens=shape.draft_tokens,
+        verify_tokens=shape.verify_tokens,
+        length_source=_LENGTH_SOURCES.get(shape.length_source, LengthSource.UNSPECIFIED),
+        device_pending=False, draft_lag_tokens=shape.draft_lag,
+    )
+
+
 def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0) -> Capacities:
     """The scheduler's view of `model`: selected concurrency, extents, variants and cache geometry."""
     settings = model.settings
     layout = storage_layout(model)
-    variants = tuple(
-        ProgramVariant(
-            name=variant_name(p), operation=OPERATIONS[p.operation], batch_capacity=p.batch_capacity,
-            packed_token_capacity=p.packed_token_capacity, device_pending=False,
-        )
-        for p in model.programs
-    )
+    variants = tuple(program_variant(p) for p in model.programs)
     vocab_begin, vocab_end = model.prepared.sampled_range
     geometry = CacheGeometry(
         layout=layout, num_pages=model.num_pages,

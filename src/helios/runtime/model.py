@@ -36,8 +36,11 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
+from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
 
-SERVING_OPERATIONS = (spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED)
+SERVING_OPERATIONS = (
+    spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
+)
 _DTYPES = {
     mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
     mpb.DTYPE_INT64: torch.int64, mpb.DTYPE_INT32: torch.int32, mpb.DTYPE_INT16: torch.int16,
@@ -80,6 +83,7 @@ class LoadedProgram:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     input_shapes: tuple[tuple[int | None, ...], ...]  # static extents per input; None where symbolic
+    speculative: SpeculativeShape | None = None  # W, D, lane limit, length source (SPECULATIVE only)
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     device = torch.device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
-    handles = select_handles(prepared, settings.max_concurrency, options.rank)
+    handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
     programs = tuple(_load_program(core, prepared, handle, declared) for handle in handles)
     weights = _load_weights(core, prepared, device, options.rank)
@@ -121,12 +125,16 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     )
 
 
-def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0) -> list[mpb.GraphHandle]:
-    """The rank's handles of the serving graphs, reduced to the variants `concurrency` can use."""
+def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
+                   widths: tuple[int, ...] = ()) -> list[mpb.GraphHandle]:
+    """The rank's handles of the serving graphs, reduced to the variants `concurrency` can use;
+    SPECULATIVE handles only of the widest of the selected `widths` (none without widths)."""
     selected = []
     for operation in SERVING_OPERATIONS:
         for graph in prepared.graphs_for(operation):
             handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == rank]
+            if operation == spb.GRAPH_OPERATION_SPECULATIVE:
+                handles = speculative_handles(handles, widths)
             selected += _reduce(handles, concurrency)
     operations = {prepared.graphs[h.graph].operation for h in selected}
     if spb.GRAPH_OPERATION_DECODE not in operations:
@@ -166,6 +174,7 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
         packed_token_capacity=handle.capacity.packed_token_capacity, module=module,
         weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
         outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
+        speculative=speculative_shape(prepared, handle),
     )
 
 

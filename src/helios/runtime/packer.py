@@ -7,6 +7,11 @@ value comes from and its `Indexing` says where it goes.
 
 Per-request admission values (prompt, seed, sampling parameters, output limit) are registered by
 the engine when a request is submitted (`register`) and dropped when it ends (`forget`).
+SPECULATIVE lanes bind their ceiling (QUERY_LENGTH or SPECULATIVE_PREFIX_LIMIT: the row's reserved
+query length) and the copied-token sources. With history drafting enabled (a startup option) the
+packer keeps each request's history - its prompt plus every emission the executor validated
+(`observe`) - and copies candidates from it (`helios.runtime.history_drafting`) for lanes whose
+history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), and page tables receive only the entries new
 since the last upload. Persistent-state rows a program writes are zeroed at admission.
@@ -24,7 +29,8 @@ import torch
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
-from helios.runtime.plan import PlanRow, StepPlan
+from helios.runtime.history_drafting import HistoryIndex
+from helios.runtime.plan import PlanRow, RowResult, StepPlan
 
 S = spb
 NUM_SAMPLING_PARAMETERS = 7  # temperature, top_k, top_p, min_p, repetition, presence, frequency
@@ -62,6 +68,7 @@ _ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
     S.VALUE_SOURCE_SLOT: lambda row, req: row.slot,
     S.VALUE_SOURCE_GENERATION: lambda row, req: row.generation,
     S.VALUE_SOURCE_QUERY_LENGTH: lambda row, req: row.query_len,
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda row, req: row.query_len,
     S.VALUE_SOURCE_SAMPLING_DECISION: lambda row, req: int(row.samples),
     S.VALUE_SOURCE_CONSUMED_TOKEN_START: lambda row, req: row.start_pos,
     S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda row, req: row.start_pos + row.query_len,
@@ -75,6 +82,9 @@ _ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM
     S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
 }
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
+_COPIED_SOURCES = {
+    S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
+}
 
 
 def _pending_token(row: PlanRow, req: AdmissionValues):
@@ -87,18 +97,40 @@ def _pending_token(row: PlanRow, req: AdmissionValues):
 class Packer:
     """Writes a plan's values into the model's destination buffers (see the module docstring)."""
 
-    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1):
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1,
+                 history_drafting: bool = False):
         self._buffers = buffers
         self._state_rows = state_rows
         self._requests: dict[str, AdmissionValues] = {}
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+        self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+
+    def enable_history_drafting(self) -> None:
+        """Keep request histories from now on (call before the first request is registered)."""
+        if self._requests:
+            raise ValueError("history drafting must be enabled before requests are registered")
+        if self._histories is None:
+            self._histories = {}
 
     def register(self, request_id: str, values: AdmissionValues) -> None:
         self._requests[request_id] = values
+        if self._histories is not None:
+            self._histories[request_id] = HistoryIndex(values.prompt_ids)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        if self._histories is not None:
+            self._histories.pop(request_id, None)
+
+    def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
+        """Validated emissions of `plan`, in row order: they extend the requests' histories."""
+        if self._histories is None:
+            return
+        for row, result in zip(plan.rows, results):
+            history = self._histories.get(row.request_id)
+            if history is not None and result.token_ids:
+                history.extend(result.token_ids)
 
     def pack(self, graph: str, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> None:
         """Fills every binding of `graph` for `plan`; `masks` holds constrained rows' grammar masks."""
@@ -106,9 +138,31 @@ class Packer:
         for row in plan.rows:
             if row.admits:
                 self._reset_state(graph, row.slot)
+        copied = self._copied_for(graph, plan.rows)
         for binding in self._bindings[graph]:
             target = self._buffers[binding.buffer_name]
-            self._fill(binding, target, plan.rows, requests, masks or {})
+            if binding.source in _COPIED_SOURCES:
+                _fill_copied(binding, target, plan.rows, copied)
+            else:
+                self._fill(binding, target, plan.rows, requests, masks or {})
+
+    def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
+        """Copied history candidates for a lane: none unless its history ends at its pending token."""
+        history = self._histories.get(row.request_id) if self._histories is not None else None
+        if history is None or len(history) != row.start_pos + 1 or not row.token_ids:
+            return ()
+        if history.tokens[-1] != row.token_ids[0]:
+            return ()
+        return history.candidates(min(limit, row.token_ceiling - 1))
+
+    def _copied_for(self, graph: str, rows: Sequence[PlanRow]) -> list[tuple[int, ...]]:
+        """Each row's candidates, at most the width of the graph's candidate-id buffer."""
+        ids = next((b for b in self._bindings[graph] if b.source == S.VALUE_SOURCE_COPIED_CANDIDATE_IDS), None)
+        if ids is None:
+            return []
+        width = self._buffers[ids.buffer_name].shape[1]
+        return [self.candidates(row, width) for row in rows]
+
 
     def _reset_state(self, graph: str, slot: int) -> None:
         rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
@@ -132,6 +186,16 @@ class Packer:
             target.fill_(len(rows) + binding.offset)
         else:  # CONSTANT (scalar)
             target.fill_(binding.constant)
+
+
+def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow], copied) -> None:
+    if binding.source == S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT:
+        _write_vector(target, [row.start_pos for row in rows], binding, pad=True)
+    elif binding.source == S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT:
+        _write_vector(target, [len(c) for c in copied] or [0] * len(rows), binding, pad=True)
+    else:
+        width = target.shape[1]
+        _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
 
 
 def _row_value(binding, row: PlanRow, req: AdmissionValues):
@@ -205,7 +269,7 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
     for view in prepared.graphs[graph].bindings:
         supported = view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
             S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
-        ) or view.source in _ADMISSION_SOURCES
+        ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES
         if not supported:
             raise UnsupportedBindingError(
                 f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"

@@ -21,6 +21,10 @@ Declarations, per input of the paged-text programs:
 * cache bindings: ``page_table`` (PAGE_TABLE, physical request row: only new entries are uploaded);
 * state transfer: ``output_counts`` (persistent state, read/write), the k/v planes (cache storage
   of one paged key/value region).
+
+Cores with a draft model and SPECULATIVE programs add the declarations of
+`helios.ignition.preparation.speculative` (draft region, view and cursor, speculative extents and
+length sources, copied-token inputs, record token columns, proposal confidence).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from typing import Iterable, Sequence
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
-from helios.ignition.program_spec import InputRole, Operation, ProgramSpec, TensorSpec
+from helios.ignition.preparation import speculative as spec_decl
+from helios.ignition.program_spec import CONFIDENCE_OUTPUT, InputRole, Operation, ProgramSpec, TensorSpec
 
 S, M = spb, mpb
 EXPORTED_CONTRACT_VERSION = 3
@@ -45,6 +50,7 @@ _OPERATIONS = {
     Operation.DECODE: S.GRAPH_OPERATION_DECODE,
     Operation.MIXED: S.GRAPH_OPERATION_MIXED,
     Operation.SCORED_PREFILL: S.GRAPH_OPERATION_SCORED_PREFILL,
+    Operation.SPECULATIVE: S.GRAPH_OPERATION_SPECULATIVE,
 }
 _DTYPES = {
     "float32": M.DTYPE_FLOAT32, "bfloat16": M.DTYPE_BFLOAT16, "float16": M.DTYPE_FLOAT16,
@@ -69,6 +75,7 @@ _BINDINGS = {
     "grammar_mask": (S.VALUE_SOURCE_GRAMMAR_MASK, S.INDEXING_SUBMISSION_ROW, -1),
     "pending_ids": (S.VALUE_SOURCE_PENDING_TOKEN, S.INDEXING_SUBMISSION_ROW, -1),
     "prompt_counts": (S.VALUE_SOURCE_PROMPT_HISTOGRAM, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
+    **spec_decl.SPECULATIVE_BINDINGS,
 }
 _DECODE_BINDINGS = {
     "token_ids": (S.VALUE_SOURCE_PENDING_TOKEN, S.INDEXING_SUBMISSION_ROW, 0),
@@ -125,21 +132,23 @@ def graph_name(operation: Operation) -> str:
 
 
 def declare_paged_text(
-    declaration: PagedTextDeclaration, programs: Sequence[ProgramResource], weights_resource: Sequence[str]
+    declaration: PagedTextDeclaration, programs: Sequence[ProgramResource], weights_resource: Sequence[str],
+    draft_weights_resource: str | None = None,
 ) -> PreparedContract:
     """The validated contract and manifest of `programs` (every operation's variants, every rank).
 
-    `weights_resource[rank]` is the resource id of that rank's weight file.
+    `weights_resource[rank]` is the resource id of that rank's weight file; `draft_weights_resource`
+    holds the draft model's weights when the programs have one.
     """
     if not programs:
         raise ValueError("at least one captured program is required")
     first = programs[0].spec
     manifest = M.ExecutionManifest(version=MANIFEST_VERSION, ranks=declaration.ranks)
-    manifest.buffers.extend(_buffers(declaration, programs, weights_resource))
+    manifest.buffers.extend(_buffers(declaration, programs, weights_resource, draft_weights_resource))
     manifest.destinations.extend(
         M.TransportDestination(name=name, buffer=name) for name in sorted(_bound_inputs(programs))
     )
-    manifest.completion.CopyFrom(_completion_layout())
+    manifest.completion.CopyFrom(_completion_layout(programs))
     graphs = []
     for operation in _operations(programs):
         variants = [p for p in programs if p.spec.operation is operation]
@@ -156,6 +165,9 @@ def declare_paged_text(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops(programs).items())
     )
     contract = _serving(declaration, graphs)
+    if spec_decl.has_draft(programs):
+        spec_decl.declare_draft_cache(contract.model)
+    contract.speculative_widths.extend(spec_decl.speculative_widths(programs))
     return PreparedContract.from_messages(contract, manifest)
 
 
@@ -181,6 +193,8 @@ def _bound_inputs(programs: Sequence[ProgramResource]) -> set[str]:
 
 
 def _capacity(spec: ProgramSpec) -> spb.GraphCapacity:
+    if spec.operation is Operation.SPECULATIVE:
+        return spec_decl.speculative_capacity(spec)
     rows, tokens = spec.capacity.batch_capacity, spec.capacity.packed_token_capacity
     width = 1 if spec.operation is Operation.DECODE else tokens
     return spb.GraphCapacity(batch_capacity=rows, token_capacity=width, packed_token_capacity=tokens)
@@ -196,6 +210,10 @@ def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: Prog
         graph.variants.append(_capacity(program.spec))
     inputs = variants[0].spec.inputs
     table = {**_BINDINGS, **(_DECODE_BINDINGS if operation is Operation.DECODE else {})}
+    if operation is Operation.SPECULATIVE:
+        table.update(spec_decl.speculative_overrides(variants[0].spec))
+        if spec.options.draft is not None:
+            graph.draft_cursor = spec_decl.DRAFT_CURSOR
     for tensor in inputs:
         if tensor.name in table:
             source, indexing, padding = table[tensor.name]
@@ -226,13 +244,14 @@ def _dims(shape: Sequence[int | str], declaration: PagedTextDeclaration, fixed: 
     return dims
 
 
-def _buffers(declaration, programs, weights_resource) -> list[mpb.Buffer]:
+def _buffers(declaration, programs, weights_resource, draft_resource=None) -> list[mpb.Buffer]:
     buffers: dict[str, mpb.Buffer] = {}
     spec = programs[0].spec
     for slot in spec.weights:
         buffers[_weight_buffer(slot.name)] = M.Buffer(
             name=_weight_buffer(slot.name), dtype=_DTYPES[slot.dtype], shape=_dims(slot.shape, declaration),
-            placement=M.PLACEMENT_DEVICE, role=M.BUFFER_ROLE_WEIGHT, resource_id=weights_resource[0],
+            placement=M.PLACEMENT_DEVICE, role=M.BUFFER_ROLE_WEIGHT,
+            resource_id=spec_decl.weight_resource(slot.name, weights_resource[0], draft_resource),
         )
     for tensor in _widest_inputs(programs):
         role = _role(tensor)
@@ -248,8 +267,11 @@ def _buffers(declaration, programs, weights_resource) -> list[mpb.Buffer]:
     rows = max(p.spec.capacity.batch_capacity for p in programs)
     buffers[COMPLETION_BUFFER] = M.Buffer(
         name=COMPLETION_BUFFER, dtype=M.DTYPE_UINT8, role=M.BUFFER_ROLE_OUTPUT, placement=M.PLACEMENT_HOST,
-        shape=[M.Dim(size=2), M.Dim(size=rows), M.Dim(size=COMPLETION_FIELDS * 8)],
+        shape=[M.Dim(size=2), M.Dim(size=rows), M.Dim(size=spec_decl.completion_columns(programs) * 8)],
     )
+    confidence = spec_decl.confidence_buffer(programs)
+    if confidence is not None:
+        buffers[CONFIDENCE_OUTPUT] = confidence
     return list(buffers.values())
 
 
@@ -272,7 +294,8 @@ def _widest_outputs(programs: Sequence[ProgramResource]):
     for program in programs:
         for output in program.spec.outputs:
             known = widest.get(output.name)
-            if output.name != COMPLETION_BUFFER and (known is None or _static_size(output) > _static_size(known)):
+            framed = output.name in (COMPLETION_BUFFER, CONFIDENCE_OUTPUT)  # declared with their frames
+            if not framed and (known is None or _static_size(output) > _static_size(known)):
                 widest[output.name] = output
     return list(widest.values())
 
@@ -294,19 +317,17 @@ def _role(tensor: TensorSpec) -> int:
     return M.BUFFER_ROLE_INPUT
 
 
-def _completion_layout() -> mpb.CompletionLayout:
-    """Byte layout of helios.abi.completion records: int64 columns, see CompletionLayout."""
-    columns = (
-        (M.COMPLETION_FIELD_KIND_SLOT, 0), (M.COMPLETION_FIELD_KIND_GENERATION, 1),
-        (M.COMPLETION_FIELD_KIND_SAMPLED_TOKENS, 3), (M.COMPLETION_FIELD_KIND_OFFERED_TOKENS, 4),
-        (M.COMPLETION_FIELD_KIND_ACCEPTED_DRAFTS, 5), (M.COMPLETION_FIELD_KIND_EMITTED_TOKENS, 6),
-        (M.COMPLETION_FIELD_KIND_DRAFT_CURSOR, 8), (M.COMPLETION_FIELD_KIND_RESERVED_MODEL, 9),
-    )
+def _completion_layout(programs: Sequence[ProgramResource]) -> mpb.CompletionLayout:
+    """Byte layout of helios.abi.completion records (int64 columns, see CompletionLayout), plus the
+    emitted-token columns of cores whose lanes emit more than one token."""
     layout = M.CompletionLayout(
-        buffer=COMPLETION_BUFFER, frames=2, record_bytes=COMPLETION_FIELDS * 8, submission_input=SUBMISSION_INPUT
+        buffer=COMPLETION_BUFFER, frames=2, record_bytes=spec_decl.completion_columns(programs) * 8,
+        submission_input=SUBMISSION_INPUT,
     )
-    for kind, column in columns:
-        layout.fields.add(kind=kind, byte_offset=column * 8, dtype=M.DTYPE_INT64, count=1)
+    for kind, column, count in spec_decl.completion_fields(programs):
+        layout.fields.add(kind=kind, byte_offset=column * 8, dtype=M.DTYPE_INT64, count=count)
+    if spec_decl.confidence_buffer(programs) is not None:
+        layout.confidence_buffer = CONFIDENCE_OUTPUT
     return layout
 
 

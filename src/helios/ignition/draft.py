@@ -1,0 +1,73 @@
+"""The draft model inside captured programs: weight binding, one-token steps and history writes.
+
+A core with a draft model keeps the draft's own paged key/value planes, addressed through its own
+page-table view with the same page ids as the target's (page offset 0: the draft attends at the
+target's positions and never writes past a lane's reserved ceiling). Every program of such a core
+writes the draft's keys/values for exactly the tokens it consumes, so the draft context covers the
+committed history after any program; speculative programs additionally write the positions of
+their proposals, which later rounds overwrite.
+
+Nothing here allocates persistent state or reads host values; mutation is limited to the draft
+planes passed in, through ``helios::cache_write``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from helios.ignition.architecture import Architecture
+from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
+from helios.ignition.program_spec import DRAFT_PREFIX
+
+
+class DraftStorage(NamedTuple):
+    """The draft's planes and the page-table rows of the submitted lanes."""
+
+    k_cache: torch.Tensor  # [draft layers, pages, page_tokens, Hkv, D], written in place
+    v_cache: torch.Tensor
+    table_rows: torch.Tensor  # int32 [rows, max_pages]
+
+
+def split_weights(names: Sequence[str], weights: list[torch.Tensor]):
+    """(target weights, draft weights) by name; the draft's names lose `DRAFT_PREFIX`."""
+    if len(weights) != len(names):
+        raise ValueError(f"expected {len(names)} weights, got {len(weights)}")
+    target, draft = {}, {}
+    for name, tensor in zip(names, weights):
+        if name.startswith(DRAFT_PREFIX):
+            draft[name[len(DRAFT_PREFIX):]] = tensor
+        else:
+            target[name] = tensor
+    return target, draft
+
+
+def retable(step: PackedStep, table_rows: torch.Tensor, page_tokens: int) -> PackedStep:
+    """`step` addressed through another page-table view of the same rows (its slots recomputed)."""
+    slots = slot_mapping(step.query_start, table_rows, step.positions, page_tokens)
+    return step._replace(page_table=table_rows, slot_mapping=torch.where(step.slot_mapping >= 0, slots, -1))
+
+
+def write_history(draft: Architecture, weights, storage: DraftStorage, step: PackedStep, page_tokens: int) -> None:
+    """Writes the draft's keys/values of every packed token of `step` (its output is not needed)."""
+    decoder_hidden(draft, weights, storage.k_cache, storage.v_cache, retable(step, storage.table_rows, page_tokens))
+
+
+def one_token_step(tokens, positions, table_rows, writable, page_tokens: int) -> PackedStep:
+    """One token per lane at `positions`; lanes that are not `writable` write nothing.
+
+    A lane that does not write attends at position 0 instead (its output is never used), so no
+    position outside a lane's reserved pages is ever looked up.
+    """
+    rows = tokens.shape[0]
+    query_start = torch.arange(rows + 1, dtype=torch.int32, device=tokens.device)
+    positions = torch.where(writable, positions, torch.zeros_like(positions))
+    slots = slot_mapping(query_start, table_rows, positions, page_tokens)
+    return PackedStep(tokens, positions, query_start, table_rows, torch.where(writable, slots, -1))
+
+
+def step_logits(draft: Architecture, weights, storage: DraftStorage, step: PackedStep) -> torch.Tensor:
+    """float32 draft logits [rows, V] of a one-token-per-lane step (writes its keys/values)."""
+    hidden = decoder_hidden(draft, weights, storage.k_cache, storage.v_cache, step)
+    return lm_logits(draft, weights, hidden)

@@ -1,0 +1,161 @@
+"""Speculative test support: truncated drafts, and runtimes over eager (uncaptured) programs.
+
+`eager_runtime` declares the same contract and manifest as `helios prepare` would for a plan, but
+calls the programs' eager modules instead of captured ones, so the real scheduler, packer, executor
+and completion validation run without paying torch.export for every family and width. The
+captured path is covered separately (test_capture.py, test_prepared_core.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from helios.contract import StartupOptions, resolve_settings
+from helios.contract import serving_pb2 as spb
+from helios.ignition.capture import build_program
+from helios.ignition.export import CapacityPlan
+from helios.ignition.preparation.contract import (
+    FrontendDeclaration,
+    PagedTextDeclaration,
+    ProgramResource,
+    declare_paged_text,
+)
+from helios.ignition.program_spec import DRAFT_PREFIX, ProgramSpec, program_spec
+from helios.ignition.recipes import Recipe
+from helios.ignition.recipes.base import NamedWeight
+from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE
+from helios.runtime.engine import Engine
+from helios.runtime.executor import Executor, program_table
+from helios.runtime.geometry import capacities_for
+from helios.runtime.model import LoadedModel, LoadedProgram, _allocate, select_handles
+from helios.runtime.packer import Packer
+from helios.runtime.policy import SchedulerPolicy
+from helios.runtime.scheduler import Scheduler
+from helios.runtime.speculation import speculative_shape
+from helios.runtime.stats import WorkerStats
+
+WEIGHTS_RESOURCE = "weights.rank0"
+
+
+def truncated(recipe: Recipe, num_layers: int) -> Recipe:
+    """The first `num_layers` layers of `recipe` with its embeddings, final norm and head."""
+    arch = dataclasses.replace(recipe.architecture, num_layers=num_layers,
+                               layer_windows=recipe.architecture.layer_windows[:num_layers])
+    keep = [w for w in recipe.weights
+            if not w.name.startswith("layers.") or int(w.name.split(".")[1]) < num_layers]
+    return Recipe(recipe.source_architecture, arch, tuple(NamedWeight(w.name, w.tensor) for w in keep))
+
+
+@dataclass
+class Counting:
+    """Wraps an executor's run: counts speculative rounds, lanes and emitted tokens."""
+
+    rounds: int = 0
+    lanes: int = 0
+    emitted: int = 0
+    accepted: int = 0
+    trimmed_rounds: int = 0  # rounds whose ceilings summed above P and whose offers filled P
+    operations: Counter = dataclasses.field(default_factory=Counter)
+
+    def wrap(self, executor: Executor) -> None:
+        run = executor.run
+
+        def counted(plan, masks=None):
+            output = run(plan, masks)
+            self.operations[plan.operation.name] += 1
+            if plan.operation.name == "SPECULATIVE":
+                self.rounds += 1
+                self.lanes += len(output.results)
+                self.emitted += sum(len(r.token_ids) for r in output.results)
+                self.accepted += sum(r.accepted_drafts for r in output.results)
+                offered = sum(r.offered_tokens for r in output.results)
+                ceilings = sum(row.token_ceiling for row in plan.rows)
+                self.trimmed_rounds += ceilings > plan.variant.packed_token_capacity == offered
+            return output
+
+        executor.run = counted
+
+    @property
+    def tokens_per_lane(self) -> float:
+        return self.emitted / max(1, self.lanes)
+
+
+def eager_model(recipe: Recipe, draft: Recipe | None, plan: CapacityPlan, startup: StartupOptions = StartupOptions(),
+                num_pages: int | None = None) -> LoadedModel:
+    """A LoadedModel of `plan`'s programs as eager modules (see the module docstring)."""
+    arch = recipe.architecture
+    options = plan.speculative.options(draft.architecture) if plan.speculative else None
+    specs = {}
+    for operation, capacity in plan.variants():
+        spec = program_spec(arch, operation, capacity, plan.page_tokens, *(() if options is None else (options,)))
+        label = f"{capacity.batch_capacity}.{capacity.verify_tokens}.{capacity.packed_token_capacity}"
+        specs[f"{operation.value}.{label}"] = spec
+    programs = [ProgramResource(spec, resource_id) for resource_id, spec in specs.items()]
+    prepared = declare_paged_text(_declaration(recipe, plan), programs, [WEIGHTS_RESOURCE],
+                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
+    settings = resolve_settings(prepared, startup)
+    handles = select_handles(prepared, settings.max_concurrency, 0, settings.speculative_widths)
+    loaded = tuple(_program(prepared, handle, specs[handle.resource_id], arch) for handle in handles)
+    weights = {f"w.{w.name}": w.tensor for w in recipe.weights}
+    if draft is not None:
+        weights.update({f"w.{DRAFT_PREFIX}{w.name}": w.tensor for w in draft.weights})
+    pages = num_pages or settings.page_capacity
+    rows = settings.max_concurrency
+    buffers = _allocate(prepared, pages, rows, torch.device("cpu"))
+    return LoadedModel(prepared, settings, loaded, MappingProxyType(weights), MappingProxyType(buffers), pages, rows,
+                       b"", "", torch.device("cpu"))
+
+
+def eager_runtime(model: LoadedModel, policy: SchedulerPolicy = SchedulerPolicy()) -> tuple[Engine, Counting]:
+    packer = Packer(model.prepared, model.buffers, 1)
+    executor = Executor(model, packer, program_table(model))
+    counting = Counting()
+    counting.wrap(executor)
+    scheduler = Scheduler.create(capacities_for(model, 256), policy)
+    return Engine(scheduler, executor, WorkerStats()), counting
+
+
+def _program(prepared, handle, spec: ProgramSpec, arch) -> LoadedProgram:
+    graph = prepared.graphs[handle.graph]
+    module = build_program(arch, spec.operation, spec.page_tokens, spec.options, spec.capacity)
+    shapes = tuple(tuple(d if isinstance(d, int) else None for d in s.shape) for s in spec.inputs[1:])
+    return LoadedProgram(
+        graph=handle.graph, operation=graph.operation, batch_capacity=handle.capacity.batch_capacity,
+        packed_token_capacity=handle.capacity.packed_token_capacity, module=module,
+        weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
+        outputs=tuple(handle.program_outputs), input_shapes=shapes, speculative=speculative_shape(prepared, handle),
+    )
+
+
+def _declaration(recipe: Recipe, plan: CapacityPlan) -> PagedTextDeclaration:
+    pages = -(-plan.context_tokens // plan.page_tokens) * plan.max_concurrency
+    identity = hashlib.sha256(repr(recipe.architecture).encode()).hexdigest()
+    return PagedTextDeclaration(
+        served_id="test", cache_identity=f"sha256:{identity}", vocab_size=recipe.architecture.vocab_size,
+        page_tokens=plan.page_tokens, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens,
+        max_concurrency=plan.max_concurrency, page_capacity=plan.page_capacity or pages,
+        eos_token_ids=(recipe.architecture.vocab_size - 1,),
+        sampling=spb.SamplingDefaults(seed_policy=spb.SEED_POLICY_RANDOM),
+        frontend=FrontendDeclaration(assistant_boundary=spb.AssistantBoundary(
+            message_start="<s>", message_end="</s>", assistant_header="assistant\n")),
+    )
+
+
+def write_truncated_checkpoint(source: Path, directory: Path, num_layers: int) -> Path:
+    """A Hugging Face checkpoint of the first `num_layers` layers of the one at `source`."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source))
+    model.model.layers = model.model.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    model.save_pretrained(directory)
+    return directory

@@ -1,0 +1,105 @@
+"""Speculative generation through the runtime gives exactly the target's output.
+
+For every recipe family and widths 1, 2 and 4, with the target itself and a truncated copy as the
+draft: greedy tokens equal ordinary decoding token for token (chunked prompts interleave MIXED
+rounds with speculative ones). Also: device prefix allocation under a packed capacity below the
+lanes' ceilings, sampled lanes with a draft equal to the target (identical samples, by the shared
+counter-based draws), and history drafting on a copy-heavy prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helios.contract import StartupOptions
+from helios.ignition.export import CapacityPlan
+from helios.ignition.recipes import load_checkpoint
+from helios.ignition.speculative_plan import SpeculativePlan
+from helios.runtime.offline import SamplingChoice, generate
+from helios.runtime.policy import SchedulerPolicy
+from ignition.hf_checkpoints import FAMILIES, LLAMA2, LLAMA3, QWEN2, random_model, write_checkpoint
+
+from .support import eager_model, eager_runtime, truncated
+
+PROMPTS = [[5, 9, 17, 3, 44, 2, 8], [1, 2, 3], list(range(10, 50))]  # the last is chunked (prefill 32)
+MAX_TOKENS = 24
+UNUSED = Path("draft-is-given-directly")
+
+
+def plan(widths=(4,), allocate=False, per_lane=None) -> CapacityPlan:
+    speculative = SpeculativePlan(UNUSED, widths=widths, allocate_prefixes=allocate, packed_per_lane=per_lane)
+    return CapacityPlan(page_tokens=4, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
+                        speculative=speculative)
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory):
+    cache = {}
+
+    def get(family):
+        if family.name not in cache:
+            directory = write_checkpoint(random_model(family), tmp_path_factory.mktemp(family.name))
+            cache[family.name] = load_checkpoint(directory)
+        return cache[family.name]
+
+    return get
+
+
+def run(recipe, draft, capacity_plan, speculative=True, startup=StartupOptions(), prompts=PROMPTS,
+        sampling=SamplingChoice(), max_tokens=MAX_TOKENS):
+    engine, counting = eager_runtime(eager_model(recipe, draft, capacity_plan, startup),
+                                     SchedulerPolicy(speculative=speculative))
+    results = generate(engine, prompts, max_tokens, sampling=sampling)
+    assert all(r.finish_reason.name == "LENGTH" for r in results), [r.message for r in results]
+    return [list(r.token_ids) for r in results], counting
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_greedy_speculative_output_equals_ordinary_decoding(recipes, family):
+    recipe = recipes(family)
+    drafts = {"self": recipe, "truncated": truncated(recipe, 1)}
+    expected, counting = run(recipe, recipe, plan(), speculative=False)
+    assert counting.rounds == 0
+    for width in (1, 2, 4):
+        for name, draft in drafts.items():
+            tokens, counting = run(recipe, draft, plan((width,)))
+            assert tokens == expected, (family.name, width, name)
+            assert counting.rounds > 0
+            if width == 1:
+                assert counting.tokens_per_lane == 1.0  # width one draws no proposals
+            elif name == "self":  # the target proposes its own tokens: every proposal survives
+                assert counting.tokens_per_lane >= width - 0.5
+
+
+@pytest.mark.parametrize("family", [LLAMA3, QWEN2], ids=lambda f: f.name)
+def test_device_allocation_within_a_smaller_packed_capacity(recipes, family):
+    recipe = recipes(family)
+    expected, _ = run(recipe, recipe, plan(), speculative=False)
+    for draft in (recipe, truncated(recipe, 1)):
+        tokens, counting = run(recipe, draft, plan((4,), allocate=True, per_lane=2))
+        assert tokens == expected
+        assert counting.trimmed_rounds > 0  # ceilings of 4 per lane, P = 2 per lane
+
+
+def test_sampled_lanes_with_the_target_as_draft_reproduce_ordinary_sampling(recipes):
+    recipe = recipes(QWEN2)
+    sampling = SamplingChoice(parameters=(0.9, 20.0, 0.95, 0.0, 1.1, 0.2, 0.1), seed=1234)
+    expected, _ = run(recipe, recipe, plan(), speculative=False, sampling=sampling)
+    tokens, counting = run(recipe, recipe, plan((4,)), sampling=sampling)
+    assert tokens == expected
+    assert counting.tokens_per_lane > 3  # identical draft and target distributions: all accepted
+
+
+def test_history_drafting_copies_candidates_and_keeps_the_output(recipes, tmp_path):
+    recipe = recipes(LLAMA2)  # untied embeddings: its greedy output cycles through several tokens
+    draft = load_checkpoint(write_checkpoint(random_model(LLAMA2, seed=9), tmp_path))  # an unrelated draft
+    phrase = [7, 21, 33, 4, 90, 12, 5, 61]
+    prompts = [phrase * 4 + phrase[:3]]
+    expected, _ = run(recipe, draft, plan(), speculative=False, prompts=prompts, max_tokens=40)
+    learned, plain = run(recipe, draft, plan((4,)), prompts=prompts, max_tokens=40)
+    copied, drafting = run(recipe, draft, plan((4,)), prompts=prompts, max_tokens=40,
+                           startup=StartupOptions(history_drafting=True))
+    assert learned == copied == expected
+    assert plain.accepted <= 2 < 10 <= drafting.accepted  # the unrelated draft rarely agrees; copies do
