@@ -5,9 +5,11 @@ refusing rank)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
 from dataclasses import replace
 from datetime import timedelta
 
@@ -16,6 +18,7 @@ import pytest
 from helios.errors import LoadError
 from helios.runtime.engine import EngineRequest
 from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.offline import generate
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.rank_peers import PeerKind, join_rank
 from helios.runtime.rank_rendezvous import MissingRankError, RankJoinError, Rendezvous
@@ -23,7 +26,7 @@ from helios.runtime.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3
 
-from .conftest import FAST, running
+from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 from .test_generate_cli import free_port
 
 HANG_GUARD_S = 120  # a broken model must answer long before this; reaching it means a hang
@@ -72,7 +75,8 @@ def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
         try:
             assert requests.all_done.wait(HANG_GUARD_S)
         finally:
-            os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
+            with contextlib.suppress(ProcessLookupError):  # already reaped when the model failed
+                os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
         assert in_flight, "every request finished before the rank was lost"
         assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
         assert not engine.is_healthy
@@ -81,6 +85,16 @@ def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
         assert late.all_done.wait(HANG_GUARD_S)
         assert late.finished["r0"].reason is FinishReason.ERROR
         assert "tensor-parallel model failed" in late.finished["r0"].message
+
+
+def test_an_idle_group_outlives_its_collective_timeout(cores):
+    """Peers wait for rank zero's next message under the collective timeout; keepalive exchanges
+    while the engine idles keep the group (and its health) alive for as long as it idles."""
+    with running(cores.open(cores.core(QWEN3, 2)), replace(FAST, collective_timeout_s=1.0)) as runtime:
+        time.sleep(3.0)  # three collective timeouts without a plan
+        assert runtime.engine.is_healthy
+        results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
+    assert [list(r.token_ids) for r in results] == cores.one_rank_tokens(QWEN3)
 
 
 def test_a_rank_that_never_joins_fails_startup(cores):

@@ -11,7 +11,10 @@ rank's weights and programs, and then runs every plan rank zero sends until rank
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -36,6 +39,8 @@ def register(subparsers) -> None:
     parser.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="how long to wait for rank zero (default 60)")
     parser.add_argument("--quiet", action="store_true", help="print nothing unless the rank fails")
+    parser.add_argument("--parent", type=int, metavar="PID",
+                        help="exit as soon as process PID (rank zero) is gone (how rank zero starts its local ranks)")
     add_core_options(parser)
     parser.set_defaults(func=run)
 
@@ -45,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--rank must be at least 1 (rank zero is the serving process)")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    if args.parent is not None:
+        _exit_with_parent(args.parent)
     core = open_core_from_args(args, args.core)
     timeout = timedelta(seconds=args.join_timeout)
     rendezvous = Rendezvous.join(args.join, timeout)
@@ -53,6 +60,17 @@ def run(args: argparse.Namespace) -> int:
         f"serving rank {rank} of {ranks} for {args.join}"))
     say("rank zero stopped the group")
     return 0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A local rank must not outlive rank zero, even while it is still loading or joining."""
+
+    def watch() -> None:
+        while os.getppid() == parent:  # a dead parent's children are re-parented
+            time.sleep(0.5)
+        os._exit(9)  # no cleanup is owed to a group whose rank zero is gone
+
+    threading.Thread(target=watch, name="helios-parent-watch", daemon=True).start()
 
 
 def run_alone(argv: list[str]) -> int:

@@ -123,7 +123,8 @@ def prepare_core(
     weights_digest = b"".join(hashlib.sha256(weights.data).digest() for weights in weight_files)
     if draft is not None:
         draft_data, draft_digest = draft_weights_file(draft)
-        writer.add_resource(DRAFT_WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, draft_data, rank=0)
+        # Every rank runs the whole draft, so its weights are one resource shared by all ranks.
+        writer.add_resource(DRAFT_WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, draft_data, rank=0 if ranks == 1 else None)
         weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
         progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)

@@ -8,7 +8,9 @@
 2. Lengths: exact host lengths (``lane_tokens`` bound to QUERY_LENGTH), or device allocation of
    causal prefixes within P from the confidence (``lane_tokens`` bound to SPECULATIVE_PREFIX_LIMIT:
    immutable ceilings, ``helios::allocate_prefixes``). Lengths outside the lane limit or the packed
-   capacity reject the cohort: every length is 0 and nothing is committed.
+   capacity reject the cohort: every length is 0 and nothing is committed. With tensor parallelism
+   every rank runs the whole draft and allocates from rank zero's confidence (``helios::broadcast``
+   before allocation), so all ranks verify the same prefixes.
 3. Verification: the target runs the pending token and each lane's proposals packed into P
    positions; ``helios::verify_proposals`` accepts by rejection sampling against the target's
    sampling weights (greedy lanes: the longest prefix that matches the target's argmax) and emits
@@ -32,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+import helios.abi.collectives  # noqa: F401  (registers helios::broadcast)
 import helios.abi.completion  # noqa: F401  (registers helios::completion_record)
 import helios.abi.speculative  # noqa: F401  (registers the speculative ops)
 from helios.abi.rng import SAMPLE_OFFSET
@@ -163,7 +166,10 @@ class SpeculativeProgram(torch.nn.Module):
         limits = lanes.limits
         in_range = ((limits >= 0) & (limits <= self.lane_limit)).all()
         if self.allocates and self.drafts:
-            lengths = _OPS.allocate_prefixes(proposals.confidence, limits.to(torch.int32), self.packed).to(torch.int64)
+            confidence = proposals.confidence
+            if self.arch.tensor_parallel > 1:  # rank zero's confidence decides for every rank
+                confidence = torch.ops.helios.broadcast(confidence, self.arch.tensor_parallel, 0)
+            lengths = _OPS.allocate_prefixes(confidence, limits.to(torch.int32), self.packed).to(torch.int64)
         else:
             lengths = limits
             in_range &= limits.sum() <= self.packed

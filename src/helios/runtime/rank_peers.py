@@ -24,6 +24,7 @@ turns false). `close` stops the peers after the engine has stopped.
 from __future__ import annotations
 
 import enum
+import os
 import shutil
 import subprocess
 import sys
@@ -107,8 +108,10 @@ class RankPeers:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
 
-def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptions, host_pages: int) -> RankPeers:
-    """Starts and joins every rank of `core` around rank zero's loaded `executor`."""
+def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptions, host_pages: int,
+                startup: StartupOptions = StartupOptions()) -> RankPeers:
+    """Starts and joins every rank of `core` around rank zero's loaded `executor`, which was loaded
+    with `startup` (every rank loads with the same options)."""
     model = executor.model
     ranks, local = model.prepared.manifest.ranks, options.local_ranks or model.prepared.manifest.ranks
     if not 1 <= local <= ranks:
@@ -117,7 +120,7 @@ def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptio
         raise UnsupportedRanksError(f"tensor parallelism runs on the CPU (gloo) only, not on {model.device}")
     timeout = timedelta(seconds=options.collective_timeout_s)
     rendezvous = _rendezvous(options, local < ranks)
-    launch = Launch(RankIdentity.of(model.prepared), model.settings.max_concurrency, model.num_pages, host_pages,
+    launch = Launch(RankIdentity.of(model.prepared), startup, model.num_pages, host_pages,
                     tuple(variant_name(p) for p in model.programs), local, options.collective_timeout_s)
     rendezvous.publish(launch)
     workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
@@ -172,8 +175,7 @@ def _load_rank(core, launch: Launch, rank: int, device: str) -> Executor:
     reason = launch.identity.mismatch(RankIdentity.of(core.prepared))
     if reason is not None:
         raise RankJoinError(f"rank {rank} cannot join: {reason}")
-    startup = StartupOptions(max_concurrency=launch.max_concurrency)
-    model = load_model(core, LoadOptions(startup, device, num_pages=launch.num_pages, rank=rank))
+    model = load_model(core, LoadOptions(launch.startup, device, num_pages=launch.num_pages, rank=rank))
     variants = tuple(variant_name(p) for p in model.programs)
     if variants != launch.variants:
         raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {launch.variants}")
@@ -248,7 +250,7 @@ def _rank_command(core, address: str, rank: int, options: RankOptions, workdir: 
     threads = options.torch_threads or torch.get_num_threads()
     command = [sys.executable, "-m", "helios.cli.rank_cmd", str(core.path), "--join", address,
                "--rank", str(rank), "--accept", core.publisher.namespace, "--trust", str(trust),
-               "--torch-threads", str(threads), "--quiet"]
+               "--torch-threads", str(threads), "--quiet", "--parent", str(os.getpid())]
     if options.aes_key_file:
         command += ["--aes-key", options.aes_key_file]
     return command

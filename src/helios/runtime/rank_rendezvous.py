@@ -6,8 +6,8 @@ of one process). The protocol, in order:
 
 1. rank zero publishes the `Launch`: the `RankIdentity` every rank must match (rank count, cache
    identity, digest of the contract and manifest, wire signature) and the startup choices every
-   rank must share (selected concurrency, physical pages, host page slots, selected variants,
-   collective timeout);
+   rank must share (rank zero's startup options, physical pages, host page slots, the variants
+   they select, collective timeout);
 2. each peer takes its rank (given, or the next free one after the local ranks), compares its own
    core with the identity and either marks itself ready after loading its model or records why it
    refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
@@ -26,13 +26,15 @@ import hashlib
 import json
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Callable
 
 import torch.distributed as dist
 
 from helios.abi.collectives import RankGroup
+from helios.contract import StartupOptions
+from helios.contract.settings import SamplingOptions
 from helios.errors import LoadError
 from helios.runtime.rank_wire import wire_signature
 
@@ -81,7 +83,7 @@ class Launch:
     """Rank zero's startup choices that every rank loads with."""
 
     identity: RankIdentity
-    max_concurrency: int
+    startup: StartupOptions  # rank zero's, as given: every rank resolves the same settings from them
     num_pages: int
     host_pages: int
     variants: tuple[str, ...]
@@ -95,6 +97,8 @@ class Launch:
     def decode(cls, data: bytes) -> "Launch":
         fields = json.loads(data.decode("utf-8"))
         fields["identity"] = RankIdentity(**fields["identity"])
+        startup = fields["startup"]
+        fields["startup"] = replace(StartupOptions(**startup), sampling=SamplingOptions(**startup["sampling"]))
         fields["variants"] = tuple(fields["variants"])
         return cls(**fields)
 

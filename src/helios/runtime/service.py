@@ -50,7 +50,7 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     executor = Executor(model, packer, program_table(model), options.host_pages)
     stats, peers = WorkerStats(), None
     if model.prepared.manifest.ranks > 1:
-        peers = start_ranks(core, executor, stats, options.ranks, options.host_pages)
+        peers = start_ranks(core, executor, stats, options.ranks, options.host_pages, options.load.startup)
         executor = peers.executor
     try:
         scheduler = Scheduler.create(capacities_for(model, options.queue_capacity, options.host_pages), options.policy)
