@@ -63,12 +63,15 @@ class Counting:
     accepted: int = 0
     trimmed_rounds: int = 0  # rounds whose ceilings summed above P and whose offers filled P
     operations: Counter = dataclasses.field(default_factory=Counter)
+    active: bool = True
 
     def wrap(self, executor: Executor) -> None:
         run = executor.run
 
         def counted(plan, masks=None):
             output = run(plan, masks)
+            if not self.active:
+                return output
             self.operations[plan.operation.name] += 1
             if plan.operation.name == "SPECULATIVE":
                 self.rounds += 1
@@ -81,6 +84,10 @@ class Counting:
             return output
 
         executor.run = counted
+
+    def stop(self) -> None:
+        """Counts stay as they are from now on."""
+        self.active = False
 
     @property
     def tokens_per_lane(self) -> float:

@@ -28,8 +28,9 @@ MAX_TOKENS = 24
 UNUSED = Path("draft-is-given-directly")
 
 
-def plan(widths=(4,), allocate=False, per_lane=None) -> CapacityPlan:
-    speculative = SpeculativePlan(UNUSED, widths=widths, allocate_prefixes=allocate, packed_per_lane=per_lane)
+def plan(widths=(4,), allocate=False, per_lane=None, draft_tokens=None) -> CapacityPlan:
+    speculative = SpeculativePlan(UNUSED, widths=widths, allocate_prefixes=allocate, packed_per_lane=per_lane,
+                                  draft_tokens=draft_tokens)
     return CapacityPlan(page_tokens=4, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
                         speculative=speculative)
 
@@ -81,6 +82,16 @@ def test_device_allocation_within_a_smaller_packed_capacity(recipes, family):
         tokens, counting = run(recipe, draft, plan((4,), allocate=True, per_lane=2))
         assert tokens == expected
         assert counting.trimmed_rounds > 0  # ceilings of 4 per lane, P = 2 per lane
+
+
+@pytest.mark.parametrize("width, drafts, allocate", [(3, 5, True), (4, 1, False)])
+def test_draft_count_independent_of_width(recipes, width, drafts, allocate):
+    # D > W - 1: a block of proposals of which a prefix is verified; D < W - 1: lanes offer D + 1
+    recipe = recipes(LLAMA3)
+    expected, _ = run(recipe, recipe, plan(), speculative=False)
+    tokens, counting = run(recipe, recipe, plan((width,), allocate=allocate, draft_tokens=drafts))
+    assert tokens == expected
+    assert counting.tokens_per_lane >= min(drafts + 1, width) - 0.5
 
 
 def test_sampled_lanes_with_the_target_as_draft_reproduce_ordinary_sampling(recipes):

@@ -147,11 +147,30 @@ def _check_draw_args(op: str, weights, seeds, counters) -> int:
     return num_rows
 
 
+def uniforms(seeds: torch.Tensor, counters: torch.Tensor, offset: int, needed: torch.Tensor) -> torch.Tensor:
+    """`uniform53` at (seed, counter, offset) on the `needed` rows, 0 elsewhere.
+
+    On the CPU only the needed rows run Philox (a data-dependent selection, as in
+    ``helios::sample``); elsewhere every row does and the rest are masked. Results are the same.
+    """
+    if seeds.device.type != "cpu":
+        return torch.where(needed, uniform53(philox_words(seeds, counters, offset)), 0.0)
+    values = torch.zeros(seeds.shape, dtype=torch.float64)
+    rows = needed.nonzero().squeeze(-1)
+    if rows.numel():
+        values[rows] = uniform53(philox_words(seeds[rows], counters[rows], offset))
+    return values
+
+
 def draw_reference(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
-    """`helios::draw_weighted` on validated inputs (the inverse CDF of `helios.abi.sampling`, step 8)."""
+    """`helios::draw_weighted` on validated inputs (the inverse CDF of `helios.abi.sampling`, step 8).
+
+    A row with a single positive weight (a greedy row) needs no random number.
+    """
     sorted_weights, sorted_ids = torch.sort(weights, dim=-1, descending=True, stable=True)
     cumulative = sorted_weights.cumsum(dim=-1)
-    target = uniform53(philox_words(seeds, counters, offset)) * cumulative[:, -1]
+    random = sorted_weights[:, 1] > 0 if weights.shape[1] > 1 else torch.zeros_like(seeds, dtype=torch.bool)
+    target = uniforms(seeds, counters, offset, random) * cumulative[:, -1]
     position = (cumulative <= target.unsqueeze(-1)).sum(dim=-1)
     last_drawable = ((sorted_weights > 0).sum(dim=-1) - 1).clamp(min=0)
     token = sorted_ids.gather(1, torch.minimum(position, last_drawable).unsqueeze(-1)).squeeze(-1)
@@ -197,7 +216,9 @@ def _acceptances(p, q, proposals, lengths, seeds, counters) -> torch.Tensor:
     q_token = q.gather(2, tokens).squeeze(-1)
     flat_counters = (counters.unsqueeze(-1) + index).reshape(-1)
     flat_seeds = seeds.unsqueeze(-1).expand(rows, num_checked).reshape(-1)
-    uniform = uniform53(philox_words(flat_seeds, flat_counters, ACCEPT_OFFSET)).reshape(rows, num_checked)
+    # u only decides where 0 < p(t) < q(t): p(t) >= q(t) accepts and p(t) = 0 rejects for any u < 1
+    undecided = ((p_token > 0) & (p_token < q_token)).reshape(-1)
+    uniform = uniforms(flat_seeds, flat_counters, ACCEPT_OFFSET, undecided).reshape(rows, num_checked)
     passed = (uniform * q_token < p_token) & (proposals >= 0) & (index < (lengths - 1).unsqueeze(-1))
     return passed.to(torch.int64).cumprod(dim=1).sum(dim=1)
 

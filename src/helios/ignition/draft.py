@@ -16,10 +16,23 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from helios.ignition.architecture import Architecture
-from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
+from helios.ignition.decoder import (
+    LayerInputs,
+    PackedStep,
+    apply_rotary,
+    attention_block,
+    decoder_hidden,
+    lm_logits,
+    mlp_block,
+    rms_norm,
+    rotary_tables,
+    slot_mapping,
+)
 from helios.ignition.program_spec import DRAFT_PREFIX
+from helios.ignition.tensor_parallel import embed_tokens
 
 
 class DraftStorage(NamedTuple):
@@ -51,7 +64,32 @@ def retable(step: PackedStep, table_rows: torch.Tensor, page_tokens: int) -> Pac
 
 def write_history(draft: Architecture, weights, storage: DraftStorage, step: PackedStep, page_tokens: int) -> None:
     """Writes the draft's keys/values of every packed token of `step` (its output is not needed)."""
-    decoder_hidden(draft, weights, storage.k_cache, storage.v_cache, retable(step, storage.table_rows, page_tokens))
+    write_keys(draft, weights, storage, retable(step, storage.table_rows, page_tokens))
+
+
+def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -> None:
+    """The decoder's cache writes without its output: every layer but the last runs whole, the last
+    one only projects, rotates and writes its keys/values (no attention, MLP or final norm)."""
+    hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    shared = LayerInputs(step, storage.k_cache, storage.v_cache, cos, sin)
+    last = arch.num_layers - 1
+    for layer in range(last):
+        prefix = f"layers.{layer}."
+        normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+        hidden = hidden + attention_block(arch, w, layer, normed, shared)
+        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
+        hidden = hidden + mlp_block(arch, w, prefix, normed)
+    prefix = f"layers.{last}."
+    normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+    bias = w.get(prefix + "qkv.bias")
+    kv = F.linear(normed, w[prefix + "qkv.weight"][arch.q_size:], None if bias is None else bias[arch.q_size:])
+    k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)
+    if arch.qk_norm:
+        k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
+    k = apply_rotary(k, cos, sin)
+    torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
+                                 step.slot_mapping)
 
 
 def one_token_step(tokens, positions, table_rows, writable, page_tokens: int) -> PackedStep:

@@ -41,7 +41,7 @@ from helios.abi.rng import SAMPLE_OFFSET
 from helios.abi.sampling import split_sampling_parameters
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
-from helios.ignition.draft import DraftStorage, one_token_step, split_weights, step_logits
+from helios.ignition.draft import DraftStorage, one_token_step, split_weights, step_logits, write_keys
 from helios.ignition.program_spec import Capacity, ProgramOptions, model_weight_layout
 
 _OPS = torch.ops.helios
@@ -235,7 +235,7 @@ class SpeculativeProgram(torch.nn.Module):
         writable = lanes.active & (lengths > 0)
         last = sequence.gather(1, accepted.clamp(max=sequence.shape[1] - 1).unsqueeze(-1)).squeeze(-1)
         step = one_token_step(last, lanes.start + accepted, draft.table_rows, writable, self.page_tokens)
-        decoder_hidden(self.draft, weights, draft.k_cache, draft.v_cache, step)
+        write_keys(self.draft, weights, draft, step)
 
     def record(self, lanes: Lanes, submission, lengths, emitted, accepted) -> torch.Tensor:
         live = lengths > 0
