@@ -107,3 +107,14 @@ def test_manifest_without_program_io_fails_at_load(tmp_path):
 
     with pytest.raises(MissingVariantError, match="inputs/outputs"):
         build_runtime(open_fixture(rewrite(tmp_path, edit)))
+
+
+def test_fixture_core_has_a_servable_frontend():
+    from tokenizers import Tokenizer
+
+    from helios.frontend.session import FrontendModel
+
+    model = build_runtime(open_fixture()).model
+    tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
+    frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template)
+    assert frontend.served_id == "fixture/tiny-qwen3"
