@@ -120,12 +120,13 @@ def eager_model(recipe: Recipe, draft: Recipe | None, plan: CapacityPlan, startu
                        b"", "", torch.device("cpu"))
 
 
-def eager_runtime(model: LoadedModel, policy: SchedulerPolicy = SchedulerPolicy()) -> tuple[Engine, Counting]:
+def eager_runtime(model: LoadedModel, policy: SchedulerPolicy = SchedulerPolicy(),
+                  host_pages: int = 0) -> tuple[Engine, Counting]:
     packer = Packer(model.prepared, model.buffers, 1)
-    executor = Executor(model, packer, program_table(model))
+    executor = Executor(model, packer, program_table(model), host_pages)
     counting = Counting()
     counting.wrap(executor)
-    scheduler = Scheduler.create(capacities_for(model, 256), policy)
+    scheduler = Scheduler.create(capacities_for(model, 256, host_pages), policy)
     return Engine(scheduler, executor, WorkerStats()), counting
 
 

@@ -18,7 +18,7 @@ from helios.ignition.export import CapacityPlan
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.speculative_plan import SpeculativePlan
 from helios.runtime.offline import SamplingChoice, generate
-from helios.runtime.policy import SchedulerPolicy
+from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 from ignition.hf_checkpoints import FAMILIES, LLAMA2, LLAMA3, QWEN2, random_model, write_checkpoint
 
 from .support import eager_model, eager_runtime, truncated
@@ -28,10 +28,10 @@ MAX_TOKENS = 24
 UNUSED = Path("draft-is-given-directly")
 
 
-def plan(widths=(4,), allocate=False, per_lane=None, draft_tokens=None) -> CapacityPlan:
+def plan(widths=(4,), allocate=False, per_lane=None, draft_tokens=None, context=128) -> CapacityPlan:
     speculative = SpeculativePlan(UNUSED, widths=widths, allocate_prefixes=allocate, packed_per_lane=per_lane,
                                   draft_tokens=draft_tokens)
-    return CapacityPlan(page_tokens=4, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
+    return CapacityPlan(page_tokens=4, context_tokens=context, prefill_tokens=32, decode_batches=(1, 4),
                         speculative=speculative)
 
 
@@ -82,6 +82,23 @@ def test_device_allocation_within_a_smaller_packed_capacity(recipes, family):
         tokens, counting = run(recipe, draft, plan((4,), allocate=True, per_lane=2))
         assert tokens == expected
         assert counting.trimmed_rounds > 0  # ceilings of 4 per lane, P = 2 per lane
+
+
+@pytest.mark.parametrize("mode", [PreemptionMode.RECOMPUTE, PreemptionMode.OFFLOAD])
+def test_draft_history_survives_prefix_reuse_and_preemption(recipes, mode):
+    # the draft's keys/values live in the same pages: reused, recomputed or offloaded with them
+    recipe = recipes(QWEN2)
+    draft = truncated(recipe, 1)
+    shared = list(range(20, 44))  # six complete pages
+    prompts = [shared + [5, 6], [9, 8, 7, 6, 5], shared + [7], shared[:10] + [3]]
+    expected, _ = run(recipe, draft, plan(), speculative=False, prompts=prompts, max_tokens=30)
+    model = eager_model(recipe, draft, plan((4,), context=64), num_pages=20)
+    engine, counting = eager_runtime(model, SchedulerPolicy(preemption=mode), host_pages=32)
+    first = generate(engine, prompts[:1], 30)  # publishes the shared pages
+    rest = generate(engine, prompts[1:], 30)
+    assert [list(r.token_ids) for r in first + rest] == expected
+    counters = engine.scheduler.counters()
+    assert counters.prefix_reused_tokens >= len(shared) and counters.preemptions > 0 and counting.rounds > 0
 
 
 @pytest.mark.parametrize("width, drafts, allocate", [(3, 5, True), (4, 1, False)])
