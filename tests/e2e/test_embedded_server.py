@@ -1,0 +1,66 @@
+"""`helios serve` with no model serves the embedded default model: it answers arithmetic with its
+reasoning in the reasoning field, and calls a declared tool with schema-valid arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from helios.embedded import default_tools
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    env = dict(os.environ, HELIOS_CACHE=str(tmp_path_factory.mktemp("cache")), PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, "-m", "helios.cli.main", "serve", "--port", "0"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = None
+    deadline = time.monotonic() + 240
+    for line in process.stdout:
+        if "http://" in line:
+            url = "http://" + line.split("http://", 1)[1].split()[0].rstrip(".,")
+            break
+        if time.monotonic() > deadline:
+            break
+    assert url, "the server printed no address"
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield OpenAI(base_url=url + "/v1", api_key="unused")
+    process.terminate()
+    process.wait(30)
+
+
+def test_arithmetic_answer_with_reasoning_in_its_field(server):
+    model = server.models.list().data[0].id
+    response = server.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 487 + 356?"}], temperature=0, max_tokens=120
+    )
+    message = response.choices[0].message
+    assert message.content.strip().endswith("= 843.")
+    assert "<think>" not in message.content and "</think>" not in message.content
+    assert message.reasoning_content
+    assert response.choices[0].finish_reason == "stop"
+
+
+def test_tool_call_for_a_declared_tool(server):
+    model = server.models.list().data[0].id
+    response = server.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What's the weather like in Lisbon?"}],
+        tools=default_tools(), temperature=0, max_tokens=120,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Lisbon"}
