@@ -171,15 +171,25 @@ class RequestObserver:
 
     def finish(self, reused_prompt_tokens: int) -> ObservationRecord:
         """The terminal record; reads no clock."""
-        performance = None
-        if self._options.is_timed:
-            if self._enqueue_ns is None:
-                raise ValueError("a timed request finished without an enqueue timestamp")
-            performance = Performance(self._ingress_ns, self._enqueue_ns, reused_prompt_tokens)
-        return ObservationRecord(
-            prompt_token_ids=self._prompt_token_ids,
-            token_ids=tuple(self._token_ids),
-            token_timestamps_ns=tuple(self._timestamps_ns) if self._options.is_timed else None,
-            reused_prompt_tokens=reused_prompt_tokens,
-            performance=performance,
+        return observation_record(
+            self._options.is_timed, self._prompt_token_ids, self._token_ids, self._timestamps_ns,
+            (self._ingress_ns, self._enqueue_ns), reused_prompt_tokens,
         )
+
+
+def observation_record(is_timed: bool, prompt_token_ids, token_ids, timestamps_ns, stamps: tuple,
+                       reused_prompt_tokens: int) -> ObservationRecord:
+    """The terminal record of an observed request; `stamps` is (ingress_ns, enqueue_ns). Reads no clock."""
+    performance = None
+    if is_timed:
+        ingress_ns, enqueue_ns = stamps
+        if enqueue_ns is None:
+            raise ValueError("a timed request finished without an enqueue timestamp")
+        performance = Performance(ingress_ns, enqueue_ns, reused_prompt_tokens)
+    return ObservationRecord(
+        prompt_token_ids=tuple(prompt_token_ids),
+        token_ids=tuple(token_ids),
+        token_timestamps_ns=tuple(timestamps_ns) if is_timed else None,
+        reused_prompt_tokens=reused_prompt_tokens,
+        performance=performance,
+    )

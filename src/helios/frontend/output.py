@@ -35,8 +35,8 @@ from helios.frontend.observation import (
     ObservationClock,
     ObservationOptions,
     ObservationRecord,
-    Performance,
     TokenObservation,
+    observation_record,
 )
 from helios.frontend.parsers import OutputPipeline
 from helios.frontend.stops import StopMatcher
@@ -229,15 +229,7 @@ class OutputProcessor:
     def _record(self, reused_prompt_tokens: int) -> ObservationRecord | None:
         if not self._observation.is_observed:
             return None
-        performance = None
-        if self._observation.is_timed:
-            if self._enqueue_ns is None:
-                raise ValueError("a timed request finished without an enqueue timestamp")
-            performance = Performance(self._ingress_ns, self._enqueue_ns, reused_prompt_tokens)
-        return ObservationRecord(
-            prompt_token_ids=self._prompt_token_ids,
-            token_ids=tuple(self._token_ids),
-            token_timestamps_ns=tuple(self._timestamps_ns) if self._observation.is_timed else None,
-            reused_prompt_tokens=reused_prompt_tokens,
-            performance=performance,
+        return observation_record(
+            self._observation.is_timed, self._prompt_token_ids, self._token_ids, self._timestamps_ns,
+            (self._ingress_ns, self._enqueue_ns), reused_prompt_tokens,
         )
