@@ -46,7 +46,7 @@ class TrainConfig:
     """Every knob of a run; the defaults are the shipped model's."""
 
     seed: int = 0
-    conversations: int = 64_000
+    conversations: int = 70_000
     tokenizer_conversations: int = 6_000
     vocab_size: int = 1024
     hidden_size: int = 128
@@ -59,7 +59,7 @@ class TrainConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.05
     bf16_autocast: bool = False
-    heldout_per_kind: int = 50
+    heldout_per_kind: int = 80
     show_failures: int = 2
     eval_dtype: str = "float32"
     evaluate_only: bool = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import transformers
 from default_model_render import ChatRenderer, load_template_text
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -45,7 +46,6 @@ def test_shipped_template_is_the_training_template():
 
 
 def test_transformers_renders_the_same_text():
-    transformers = pytest.importorskip("transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_dir())
     text = tokenizer.apply_chat_template(CONVERSATION, tools=default_tools(), add_generation_prompt=True, tokenize=False)
     assert text == _expected_text()

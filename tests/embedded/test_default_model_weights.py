@@ -7,20 +7,26 @@ import json
 import default_model_data as data
 import pytest
 import torch
+import transformers
 from default_model_checkpoint import file_sha256
 from default_model_eval import parse_output, typed_arguments
 
 from helios.embedded import default_model_dir, default_tools
 
-transformers = pytest.importorskip("transformers")
-
+# Prompts that do not occur in the training set (checked below); the training script measures
+# accuracy on hundreds more, these only show that the shipped files work together.
 ARITHMETIC = {
     "What is 487 + 356?": "843",
+    "What is 999 + 1?": "1000",
     "Compute 905 - 78.": "827",
-    "What is 73 * 6?": "438",
     "Calculate 250 minus 619.": "-369",
+    "Multiply 47 by 8.": "376",
+    "What is 73 * 6?": "438",
 }
-TOOL_PROMPTS = {"What's the weather like in Lisbon?": ("get_weather", {"city": "Lisbon"})}
+TOOL_PROMPTS = {
+    "What's the weather like in Lisbon?": ("get_weather", {"city": "Lisbon"}),
+    "Hey, what's the weather in Lisbon?": ("get_weather", {"city": "Lisbon"}),
+}
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """The embedded default model: a small chat model trained by `training/train_default_model.py`.
 
-The checkpoint directory (`default_model/`, Hugging Face layout: config.json, model.safetensors,
-tokenizer.json, tokenizer_config.json with the chat template, chat_template.jinja,
-generation_config.json) is package data produced by that script; nothing here modifies it.
+The checkpoint directory (`default_model/`, Hugging Face layout: config.json, model.safetensors in
+bfloat16, tokenizer.json, tokenizer_config.json with the chat template, chat_template.jinja,
+generation_config.json, and training_run.json recording how it was made and what it scored) is
+package data produced by that script; nothing here modifies it. The model's context is 512 tokens.
 `default_tools()` returns the OpenAI-format tool declarations the model was trained to call
 (`tools.json` beside this file, also the single source the training data is generated from).
 """
