@@ -118,3 +118,23 @@ def test_fixture_core_has_a_servable_frontend():
     tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
     frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template)
     assert frontend.served_id == "fixture/tiny-qwen3"
+
+
+def test_host_staged_packing_generates_the_same_tokens():
+    """Packing through host mirrors (what a CUDA model does) equals packing in place; a grammar-free
+    workload keeps the staged masks all-allowed after the first upload."""
+    from helios.runtime.engine import Engine
+    from helios.runtime.executor import Executor, program_table
+    from helios.runtime.geometry import capacities_for
+    from helios.runtime.packer import Packer
+    from helios.runtime.scheduler import Scheduler
+    from helios.runtime.stats import WorkerStats
+
+    model = build_runtime(open_fixture()).model
+    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()), staged=True)
+    engine = Engine(Scheduler.create(capacities_for(model, 16, 0)), Executor(model, packer, program_table(model)),
+                    WorkerStats())
+    results = generate(engine, EXPECTED["prompts"], EXPECTED["max_tokens"])
+    assert [list(r.token_ids) for r in results] == EXPECTED["token_ids"]
+    masks = [name for name in model.buffers if "grammar" in name or "mask" in name]
+    assert masks and all(bool((model.buffers[name] == -1).all()) for name in masks)

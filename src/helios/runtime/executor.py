@@ -39,7 +39,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.errors import ExecutionError
 from helios.runtime.capacities import Operation
-from helios.runtime.model import LoadedModel, LoadedProgram
+from helios.runtime.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.packer import Packer
 from helios.runtime.plan import CopyOp, PlanRow, RowResult, StepPlan, StorageKind
 
@@ -67,7 +67,7 @@ class Executor:
         manifest = model.prepared.manifest
         self._completion = model.buffers[manifest.completion.buffer]
         self._submission = model.buffers.get(manifest.completion.submission_input)
-        self._weights = {p.graph: [model.weights[name] for name in p.weights] for p in model.programs}
+        self._arguments = {name: program_arguments(p, model.weights, model.buffers) for name, p in programs.items()}
         self._cache_planes = [
             model.buffers[plane] for region in model.prepared.contract.model.cache.regions for plane in region.planes
         ]
@@ -91,9 +91,7 @@ class Executor:
         self.packer.pack(program.graph, plan, masks)
         if self._submission is not None:
             self._submission.fill_(plan.sequence)
-        args = [self._weights[program.graph]] + [
-            _narrow(self.model.buffers[name], shape) for name, shape in zip(program.inputs, program.input_shapes)
-        ]
+        args = self._arguments[plan.variant.name]
         with torch.inference_mode():
             returned = program.module(*args)
         outputs = dict(zip(program.outputs, returned if isinstance(returned, (tuple, list)) else (returned,)))
@@ -164,14 +162,6 @@ def _lane(row: PlanRow, speculative: bool = False) -> LaneExpectation:
     else:
         kind = LaneKind.GENERATE
     return LaneExpectation(row.slot, row.generation, kind, row.start_pos, row.query_len, row.constrained)
-
-
-def _narrow(buffer: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor:
-    view = buffer
-    for dim, extent in enumerate(shape):
-        if extent is not None and view.shape[dim] != extent:
-            view = view.narrow(dim, 0, extent)
-    return view
 
 
 def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:

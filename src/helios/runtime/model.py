@@ -29,6 +29,7 @@ from typing import Mapping
 
 import torch
 from safetensors.torch import load as load_safetensors
+from torch.export.passes import move_to_device_pass
 
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
@@ -36,6 +37,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
+from helios.runtime.cuda_graphs import capture_programs
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
 
 SERVING_OPERATIONS = (
@@ -68,6 +70,7 @@ class LoadOptions:
     device: str = "cpu"
     num_pages: int | None = None
     rank: int = 0  # the tensor-parallel rank this process (or thread) loads
+    cuda_graphs: bool = True  # on CUDA: capture every selected program at load and replay it
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,15 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
     handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
-    programs = tuple(_load_program(core, prepared, handle, declared) for handle in handles)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
     weights = _load_weights(core, prepared, device, options.rank)
     num_pages = options.num_pages or settings.page_capacity
     num_state_rows = settings.max_concurrency * max(1, prepared.state_rows_per_request())
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
+    if device.type == "cuda" and options.cuda_graphs:
+        programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device)
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
@@ -157,13 +164,32 @@ def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphH
     return kept
 
 
-def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared) -> LoadedProgram:
+def program_arguments(program: LoadedProgram, weights: Mapping[str, torch.Tensor],
+                      buffers: Mapping[str, torch.Tensor]) -> list:
+    """The program's call arguments: its weight list, then its input buffers narrowed to the
+    program's static extents. The same tensors every call (a captured graph relies on it)."""
+    inputs = [_narrow(buffers[name], shape) for name, shape in zip(program.inputs, program.input_shapes)]
+    return [[weights[name] for name in program.weights], *inputs]
+
+
+def _narrow(buffer: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor:
+    view = buffer
+    for dim, extent in enumerate(shape):
+        if extent is not None and view.shape[dim] != extent:
+            view = view.narrow(dim, 0, extent)
+    return view
+
+
+def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared,
+                  device: torch.device) -> LoadedProgram:
     names = set(handle.abi_operations)
     ops = {name: schema for name, schema in declared.items() if name in names}
     data = core.read_resource(handle.resource_id)
     validate_serialized_ops(data, ops)
     exported = torch.export.load(io.BytesIO(data))
     validate_program_ops(exported, ops)
+    if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
+        exported = move_to_device_pass(exported, {"cpu": str(device)})
     graph = prepared.graphs[handle.graph]
     module = exported.module()
     # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so

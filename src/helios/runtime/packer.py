@@ -16,6 +16,14 @@ PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generat
 invalidates everything remembered for the slot), and page tables receive only the entries new
 since the last upload. Persistent-state rows a program writes are zeroed at admission.
 
+Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
+tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
+with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
+current stream; a grammar mask is uploaded only while some row is constrained (and once more to
+clear it). Per-slot admission values go straight to the device, when a slot is admitted or gains
+pages. The caller reads the step's completion before packing the next one, so a mirror is never
+rewritten while its previous upload is pending.
+
 Thread ownership: one packer per model worker; not thread-safe.
 """
 
@@ -98,9 +106,10 @@ class Packer:
     """Writes a plan's values into the model's destination buffers (see the module docstring)."""
 
     def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1,
-                 history_drafting: bool = False):
+                 history_drafting: bool = False, staged: bool | None = None):
         self._buffers = buffers
         self._state_rows = state_rows
+        self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, AdmissionValues] = {}
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
@@ -139,12 +148,16 @@ class Packer:
             if row.admits:
                 self._reset_state(graph, row.slot)
         copied = self._copied_for(graph, plan.rows)
+        constrained = any(row.constrained for row in plan.rows)
         for binding in self._bindings[graph]:
-            target = self._buffers[binding.buffer_name]
+            if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
+                continue
+            target = self._staging.target(binding.buffer_name)
             if binding.source in _COPIED_SOURCES:
                 _fill_copied(binding, target, plan.rows, copied)
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
+        self._staging.upload()
 
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
         """Copied history candidates for a lane: none unless its history ends at its pending token."""
@@ -256,11 +269,61 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
         prompt_len = len(req.prompt_ids)
         tokens = [t for i, t in enumerate(row.token_ids) if row.start_pos + i < prompt_len]
         if tokens:
-            ids = torch.tensor(tokens, dtype=torch.int64)
-            target[slot].index_add_(0, ids, torch.ones(len(tokens), dtype=target.dtype))
+            ids = torch.tensor(tokens, dtype=torch.int64).to(target.device, non_blocking=True)
+            target[slot].index_add_(0, ids, torch.ones(len(tokens), dtype=target.dtype, device=target.device))
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
         target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
+
+
+class _Staging:
+    """Pinned host mirrors of the device buffers that are rewritten every step (module docstring)."""
+
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
+        """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
+        (host buffers too: the same logic, testable without a device); False stages none."""
+        per_step = {
+            view.buffer for graph in prepared.graphs.values() for view in graph.bindings
+            if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW
+        }
+        self._buffers = buffers
+        pinned = torch.cuda.is_available()
+        self._mirrors = {
+            name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned)
+            for name in sorted(per_step)
+            if name in buffers and (buffers[name].device.type != "cpu" if staged is None else staged)
+        }
+        self._dirty: set[str] = set()
+        # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
+        self._masks_in_use = {
+            view.buffer for graph in prepared.graphs.values() for view in graph.bindings
+            if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
+        }
+
+    def target(self, name: str) -> torch.Tensor:
+        mirror = self._mirrors.get(name)
+        if mirror is None:
+            return self._buffers[name]
+        self._dirty.add(name)
+        return mirror
+
+    def mask_needed(self, binding, constrained: bool) -> bool:
+        """Whether the mask must be written: a row is constrained now, or was on the last upload.
+        On the host (no mirror) masks are always written."""
+        name = binding.buffer_name
+        if name not in self._mirrors:
+            return True
+        needed = constrained or name in self._masks_in_use
+        if constrained:
+            self._masks_in_use.add(name)
+        else:
+            self._masks_in_use.discard(name)
+        return needed
+
+    def upload(self) -> None:
+        for name in sorted(self._dirty):
+            self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
+        self._dirty.clear()
 
 
 def _resolve(prepared: PreparedContract, graph: str) -> tuple:

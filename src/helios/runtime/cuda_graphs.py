@@ -1,0 +1,94 @@
+"""CUDA graphs captured at load: one per selected program, replayed on fixed argument buffers.
+
+Every program of a `LoadedModel` is called with the same arguments each step: its weight list and
+its input buffers narrowed to the program's static extents (`program_arguments`). Those tensors
+never move, so a program can be captured once at load and replayed while serving: a replay
+launches the recorded kernels on the recorded addresses and allocates nothing.
+
+Capture order and memory: programs are warmed up (Triton compiles its kernels here, not while
+serving), then captured largest first into one shared memory pool. Graphs that share a pool may
+reuse each other's intermediate memory, which is safe because one model worker replays one graph
+at a time on one stream and reads a graph's outputs (the completion record, logits) before the
+next replay. Warm-up and capture run the programs on all-zero inputs, which can write cache pages
+and state rows; `capture_programs` zeroes every non-weight buffer afterwards, so serving starts
+from the state `load_model` allocated.
+
+The captured callable ignores the arguments it is given: the executor passes the same buffers the
+graph recorded, and `CapturedProgram.check_arguments` (used by tests) proves it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import torch
+
+from helios.errors import LoadError
+
+
+class CaptureError(LoadError):
+    """A program could not be captured into a CUDA graph (it synchronises or allocates host data)."""
+
+
+class CapturedProgram:
+    """A program's CUDA graph and its static outputs; calling it replays the graph."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs, arguments: Sequence[object]):
+        self._graph = graph
+        self._outputs = outputs
+        self._pointers = _pointers(arguments)
+
+    def __call__(self, *arguments):
+        self._graph.replay()
+        return self._outputs
+
+    def check_arguments(self, arguments: Sequence[object]) -> bool:
+        """Whether `arguments` are the tensors (same addresses and shapes) the graph recorded."""
+        return _pointers(arguments) == self._pointers
+
+
+def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
+                     device: torch.device, warmups: int = 2) -> tuple:
+    """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
+
+    `arguments_of(program)` returns the program's fixed argument list. Raises `CaptureError` naming
+    the program when warm-up or capture fails.
+    """
+    pool = torch.cuda.graph_pool_handle()
+    ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
+    captured = {}
+    with torch.inference_mode(), torch.cuda.device(device):
+        for program in ordered:
+            captured[id(program)] = _capture(program, arguments_of(program), pool, warmups)
+        torch.cuda.synchronize(device)
+        for tensor in buffers.values():
+            if tensor.device.type == "cuda":
+                tensor.zero_()
+        torch.cuda.synchronize(device)
+    return tuple(dataclasses.replace(p, module=captured[id(p)]) for p in programs)
+
+
+def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
+    name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            for _ in range(warmups):
+                program.module(*arguments)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = program.module(*arguments)
+    except RuntimeError as error:
+        raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+    return CapturedProgram(graph, outputs, arguments)
+
+
+def _pointers(arguments: Sequence[object]) -> tuple:
+    flat = []
+    for argument in arguments:
+        for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+            flat.append((tensor.data_ptr(), tuple(tensor.shape), tensor.dtype))
+    return tuple(flat)
