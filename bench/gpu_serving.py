@@ -167,8 +167,11 @@ def _synchronize(device: torch.device) -> None:
 
 
 def prepare(shape: LlamaShape, workloads: list[Workload], scratch: Path, key: SigningKey, dtype: str,
-            ttft_prompt: int) -> Path:
-    checkpoint = write_random_llama(scratch / "checkpoint", shape, getattr(torch, dtype), progress=_every(8))
+            ttft_prompt: int, device: torch.device = torch.device("cpu")) -> Path:
+    started = time.perf_counter()
+    checkpoint = write_random_llama(scratch / "checkpoint", shape, getattr(torch, dtype), progress=_every(8),
+                                    device=device.type)
+    log(f"checkpoint written in {time.perf_counter() - started:.0f} s")
     batches = tuple(sorted({w.requests for w in workloads} | {1}))
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
     pages = sum(-(-(w.prompt + w.output) // 16) for w in workloads if w.requests == max(batches)) + 4 * (context // 16)
@@ -217,7 +220,7 @@ def main() -> None:
     log(f"device copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write)")
     key = SigningKey.generate()
     with tempfile.TemporaryDirectory() as scratch:
-        core = prepare(shape, workloads, Path(scratch), key, args.dtype, ttft_prompt)
+        core = prepare(shape, workloads, Path(scratch), key, args.dtype, ttft_prompt, device)
         helios_rows(core, key, shape, workloads, results, args, device, bandwidth, element_bytes, ttft_prompt)
         hf_rows(shape, workloads, results, args, device, Path(scratch) / "checkpoint")
     print_table(results)

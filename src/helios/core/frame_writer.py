@@ -40,6 +40,9 @@ class _DigestingSink:
         return self._sink.write(data)
 
 
+_THREADED_NBYTES = 64 << 20
+
+
 def write_frame(
     source: BinaryIO,
     sink: BinaryIO,
@@ -52,8 +55,11 @@ def write_frame(
     `size`, when given, must be the exact number of bytes `source` yields; it is written into
     the frame header. Reads `source` to EOF; neither stream is closed.
     """
+    # zstd's multi-threaded mode writes one standard frame whose bytes do not depend on how many
+    # workers ran; it pays for large resources (weights) and is left off for small ones.
+    threads = -1 if size is None or size >= _THREADED_NBYTES else 0
     compressor = zstandard.ZstdCompressor(
-        level=ZSTD_LEVEL, write_checksum=True, write_content_size=size is not None
+        level=ZSTD_LEVEL, write_checksum=True, write_content_size=size is not None, threads=threads
     )
     digesting = _DigestingSink(sink, chunk_nbytes)
     decoded, stored = compressor.copy_stream(
