@@ -3,7 +3,10 @@
 Importing this module registers two custom ops with ``torch.library``. Captured programs call them;
 ``torch.export`` records them as opaque calls (their fake implementations give shapes only), so a
 saved program depends on their schemas, never on their Python bodies. The bodies here are the CPU
-reference implementations; they use plain torch ops and therefore run on any device.
+reference implementations; they use plain torch ops (and read tensors on the host). On CUDA the ops
+run the Triton kernels of `helios.abi.triton_attention` (imported on first use, so triton is needed
+only where a CUDA tensor reaches these ops); those never synchronise, so they can be captured in a
+CUDA graph.
 
 Cache layout (one plane per layer, for keys and for values alike)::
 
@@ -98,6 +101,14 @@ def _cache_write_fake(k_cache, v_cache, k, v, slot_mapping) -> None:
     check_cache_write_args(k_cache, v_cache, k, v, slot_mapping)
 
 
+@cache_write.register_kernel("cuda")
+def _cache_write_cuda(k_cache, v_cache, k, v, slot_mapping) -> None:
+    check_cache_write_args(k_cache, v_cache, k, v, slot_mapping)
+    from helios.abi.triton_attention import triton_cache_write
+
+    triton_cache_write(k_cache, v_cache, k, v, slot_mapping)
+
+
 @torch.library.custom_op(_ATTEND, mutates_args=(), schema=PAGED_ATTENTION_SCHEMA)
 def paged_attention(
     q: torch.Tensor,
@@ -133,6 +144,14 @@ def paged_attention(
 def _paged_attention_fake(q, k_cache, v_cache, page_table, query_start, positions, scale, window):
     check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
     return torch.empty_like(q)
+
+
+@paged_attention.register_kernel("cuda")
+def _paged_attention_cuda(q, k_cache, v_cache, page_table, query_start, positions, scale, window):
+    check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
+    from helios.abi.triton_attention import triton_paged_attention
+
+    return triton_paged_attention(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
 
 
 def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int) -> torch.Tensor:

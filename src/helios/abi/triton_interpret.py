@@ -1,0 +1,68 @@
+"""Triton's interpreter for the attention kernels on CPU tensors (tests, ``--smoke`` benchmarks).
+
+Never used by the runtime. Triton decides whether a kernel (its own library functions such as
+``tl.max`` included) is interpreted when the kernel is decorated, from ``TRITON_INTERPRET``; so the
+variable must be set before triton is first imported, and it then holds for the whole process.
+
+`enable_interpreter` also repairs two bugs of the triton 3.6 interpreter (compiled kernels are
+untouched):
+
+- triton-lang/triton#9171: with numpy >= 2.4 every loop whose bounds are tensors fails (``int()`` of
+  a one-element 1-D array now raises). The fix, the one merged upstream, converts such a bound
+  through ``squeeze()`` in the interpreter's patched ``tensor.__index__``.
+- ``tl.dot`` of bfloat16 operands multiplies their raw uint16 storage (numpy has no bfloat16).
+  Operands are widened to float32 first, exactly, as the tensor cores do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["enable_interpreter"]
+
+
+def enable_interpreter() -> None:
+    """Interpret every Triton kernel of this process (CPU tensors work; nothing is compiled).
+
+    Raises RuntimeError when triton was already imported without ``TRITON_INTERPRET=1``: its
+    library functions are then compiled-only and cannot run interpreted.
+    """
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; set it first")
+    os.environ["TRITON_INTERPRET"] = "1"
+    _fix_interpreter_index()
+    _fix_interpreter_bf16_dot()
+
+
+def _fix_interpreter_index() -> None:
+    """Wrap the interpreter's tensor patching once so ``__index__`` accepts one-element arrays."""
+    from triton.runtime import interpreter
+
+    if getattr(interpreter._patch_lang_tensor, "helios_index_fix", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.helios_index_fix = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _fix_interpreter_bf16_dot() -> None:
+    """Wrap the interpreter's ``create_dot`` once so bfloat16 operands are widened to float32 first."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    if getattr(InterpreterBuilder.create_dot, "helios_bf16_fix", False):
+        return
+    original = InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a, b = (self.cast_impl(x, tl.float32) if x.dtype.scalar == tl.bfloat16 else x for x in (a, b))
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot.helios_bf16_fix = True
+    InterpreterBuilder.create_dot = create_dot

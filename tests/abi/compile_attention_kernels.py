@@ -1,0 +1,56 @@
+"""Compile the Triton attention kernels for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
+
+Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
+rejects, such as loop-carried values that change type). Kernels are compiled at Llama-3.1-8B shapes
+(bfloat16, 32 query heads, 8 key/value heads, head_dim 128, pages of 16) and at a float16 head_dim 96,
+group 3 case, with the specialisation a launch gives (unit strides constant, the rest multiples of 16).
+Exits 0 when every kernel compiles; prints each kernel's shared memory use.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from helios.abi import triton_attention as kernels
+
+TARGET = GPUTarget("cuda", 90, 32)
+UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd", "stride_vtd"}
+
+
+def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options):
+    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`."""
+    names = kernel.arg_names
+    constants = {**constants, **{name: 1 for name in names if name in UNIT_STRIDES}}
+    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
+    aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
+               if name not in constants and (name.endswith("_ptr") or name.startswith("stride"))}
+    source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
+                       constexprs={(names.index(name),): value for name, value in constants.items()})
+    compiled = triton.compile(source, target=TARGET, options=options)
+    print(f"{kernel.fn.__name__}: {compiled.metadata.shared} bytes of shared memory")
+
+
+def compile_all(dtype: str, group: int, head_dim: int) -> None:
+    pointer = f"*{dtype}"
+    block_d = triton.next_power_of_2(head_dim)
+    attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
+                  query_start_ptr="*i32", positions_ptr="*i64", scale_log2="fp32",
+                  part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32")
+    shape = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16, DOT_PRECISION="tf32")
+    block_g = triton.next_power_of_2(group)
+    compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=64 // block_g, BLOCK_N=64),
+                   num_warps=4, num_stages=2)
+    for splits in (1, 8):
+        compile_kernel(kernels._decode_kernel, attend, dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits),
+                       num_warps=4, num_stages=2)
+    compile_kernel(kernels._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim, BLOCK_D=block_d))
+    compile_kernel(kernels._cache_write_kernel,
+                   dict(k_cache_ptr=pointer, v_cache_ptr=pointer, k_ptr=pointer, v_ptr=pointer, slot_ptr="*i64"),
+                   dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))
+
+
+if __name__ == "__main__":
+    compile_all("bf16", group=4, head_dim=128)
+    compile_all("fp16", group=3, head_dim=96)
