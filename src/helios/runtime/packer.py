@@ -186,7 +186,7 @@ class Packer:
         source, indexing = binding.source, binding.indexing
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
             for row, req in zip(rows, requests):
-                _fill_admission(binding, target, row, req)
+                _fill_admission(binding, target, row, req, self._staging)
         elif indexing == S.INDEXING_PACKED_TOKEN:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
             _write_vector(target, values, binding, pad=True)
@@ -255,7 +255,7 @@ def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool
         target[len(rows):] = -1
 
 
-def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues) -> None:
+def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
     source, slot = binding.source, row.slot
     if source == S.VALUE_SOURCE_PAGE_TABLE:
         if row.admits:
@@ -269,8 +269,7 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
         prompt_len = len(req.prompt_ids)
         tokens = [t for i, t in enumerate(row.token_ids) if row.start_pos + i < prompt_len]
         if tokens:
-            ids = torch.tensor(tokens, dtype=torch.int64).to(target.device, non_blocking=True)
-            target[slot].index_add_(0, ids, torch.ones(len(tokens), dtype=target.dtype, device=target.device))
+            staging.add_counts(binding.buffer_name, target[slot], tokens)
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
         target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
@@ -294,11 +293,33 @@ class _Staging:
             if name in buffers and (buffers[name].device.type != "cpu" if staged is None else staged)
         }
         self._dirty: set[str] = set()
+        self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for view in (v for g in prepared.graphs.values() for v in g.bindings):
+            buffer = buffers.get(view.buffer)
+            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffer is not None and buffer.device.type != "cpu":
+                self._new_scratch(view.buffer, buffer[0])
         # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
         self._masks_in_use = {
             view.buffer for graph in prepared.graphs.values() for view in graph.bindings
             if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
         }
+
+    def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
+        """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
+        scratch pair per buffer (no allocation while serving); on the host in place."""
+        counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
+        if row.device.type == "cpu":
+            row.add_(counts)
+            return
+        host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
+        host.copy_(counts)
+        device.copy_(host)  # blocking: the next admission of this step reuses `host`
+        row.add_(device)
+
+    def _new_scratch(self, name: str, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
+        self._count_scratch[name] = pair
+        return pair
 
     def target(self, name: str) -> torch.Tensor:
         mirror = self._mirrors.get(name)
