@@ -184,6 +184,16 @@ def completion_record(slots: torch.Tensor, generations: torch.Tensor, submission
     others = dict(generations=generations, tokens=tokens, offered=offered, accepted=accepted,
                   emitted=emitted, consumed_end=consumed_end)
     _check_record_args(slots, others, submission, draft_lag)
+    return record_columns(slots, generations, submission, tokens, offered, accepted, emitted,
+                          consumed_end, draft_lag)
+
+
+def record_columns(slots: torch.Tensor, generations: torch.Tensor, submission: torch.Tensor,
+                   tokens: torch.Tensor, offered: torch.Tensor, accepted: torch.Tensor,
+                   emitted: torch.Tensor, consumed_end: torch.Tensor,
+                   draft_lag: int | None) -> torch.Tensor:
+    """``helios::completion_record`` on validated inputs: stacks on the inputs' device, no host
+    read and no host tensor (a program may call it inside a captured CUDA graph)."""
     if draft_lag is None:
         cursor = torch.full_like(consumed_end, NO_DRAFT_CURSOR)
     else:

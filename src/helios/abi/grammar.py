@@ -10,7 +10,8 @@ disallowed tokens in masked rows become -inf. A masked row that allows no token 
 -inf; this is the defined outcome, and ``helios::sample`` returns ``NO_TOKEN`` (-1) for such a row
 instead of inventing a token (the host's completion validation reports it for that lane).
 The op accepts float32, float16 and bfloat16 logits and keeps their dtype; the result is
-contiguous. It never mutates its inputs.
+contiguous. It never mutates its inputs. The body is elementwise tensor code on every device (no
+host read, no host tensor), so it can be captured into a CUDA graph.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def disallowed(grammar_mask: torch.Tensor, mask_rows: torch.Tensor, vocab_size: 
                ) -> torch.Tensor:
     """bool [R, V]: True for tokens to suppress (masked rows only)."""
     return mask_rows.unsqueeze(-1) & ~unpack_mask(grammar_mask, vocab_size)
+
+
+def masked_logits(logits: torch.Tensor, grammar_mask: torch.Tensor, mask_rows: torch.Tensor
+                  ) -> torch.Tensor:
+    """``helios::apply_grammar_mask`` on validated inputs: elementwise on the device, no host read."""
+    suppressed = disallowed(grammar_mask, mask_rows, logits.shape[1])
+    return logits.masked_fill(suppressed, float("-inf")).contiguous()
 
 
 def check_mask_args(op: str, logits: torch.Tensor, grammar_mask: torch.Tensor,
@@ -74,8 +82,7 @@ def apply_grammar_mask(logits: torch.Tensor, grammar_mask: torch.Tensor,
                        mask_rows: torch.Tensor) -> torch.Tensor:
     """Copy of `logits` with disallowed tokens of masked rows set to -inf."""
     _check_apply_args(logits, grammar_mask, mask_rows)
-    suppressed = disallowed(grammar_mask, mask_rows, logits.shape[1])
-    return logits.masked_fill(suppressed, float("-inf")).contiguous()
+    return masked_logits(logits, grammar_mask, mask_rows)
 
 
 @apply_grammar_mask.register_fake

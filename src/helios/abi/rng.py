@@ -33,8 +33,9 @@ Offsets name independent streams at one counter. ``helios::sample`` draws at off
 for example speculative acceptance tests.
 
 Ops: ``helios::philox4x32`` (raw words, int64 [R, 4] in [0, 2**32)) and ``helios::philox_uniform``.
-Both are registered for every device as pure tensor code; a CUDA kernel may override them with
-``register_kernel("cuda")`` as long as it matches this algorithm.
+Both are registered for every device as pure tensor code (elementwise integer ops on the inputs'
+device: no host read and no host tensor, so they can be captured into a CUDA graph); a CUDA kernel
+may override them with ``register_kernel("cuda")`` as long as it matches this algorithm.
 """
 
 from __future__ import annotations

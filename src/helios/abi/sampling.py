@@ -40,9 +40,17 @@ Each row is computed independently, in float64 after reading its float32 logits:
 
 All masses are sequential float64 sums in canonical order (zero where a position is not counted).
 Nothing depends on other rows, the row position or any generator state, so a row's token is the same
-alone or in any batch. The reference is pure tensor code registered for every device (it replays in
-a CUDA graph); on the CPU it sorts only the rows that draw. Cost per drawing row: one stable sort of
-V float64 values plus about twenty elementwise passes (tens of ms at V = 128k on one CPU core).
+alone or in any batch. The reference is pure tensor code registered for every device. Cost per
+drawing row: one stable sort of V float64 values plus about twenty elementwise passes (tens of ms at
+V = 128k on one CPU core).
+
+Capture: where `selective(device)` is false (every device but the CPU) the body never reads device
+data on the host (no ``.item()``, ``nonzero``, boolean indexing or data-dependent shapes) and creates
+no host tensor, so it runs inside a CUDA graph and replays there: it draws for every row and selects
+the drawn or greedy token with ``torch.where``. On the CPU it sorts only the rows that draw (a
+data-dependent selection); both paths give the same tokens bit for bit. On CUDA the softmax and the
+prefix sums are CUDA's (parallel, rounded differently in the last bits): greedy tokens and the
+uniforms are identical to the CPU's, and a sampled token differs only in the case described next.
 
 Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
 exactly; its sampled tokens differ from this reference only where a different softmax or summation
@@ -164,6 +172,13 @@ def draw_tokens(logits: torch.Tensor, params: DrawParams) -> torch.Tensor:
     return sorted_ids.gather(1, position.unsqueeze(-1)).squeeze(-1)
 
 
+def selective(device: torch.device) -> bool:
+    """Whether op bodies on `device` may select rows on the host (a data-dependent, synchronising
+    step that a CUDA graph cannot hold): the CPU only. `helios.abi.speculative` asks this too; tests
+    patch it to run the device path on CPU tensors."""
+    return device.type == "cpu"
+
+
 def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor,
                params: DrawParams, select_rows: bool) -> torch.Tensor:
     """Replace `tokens` by random draws on `drawing` rows; other rows keep their greedy token.
@@ -193,7 +208,7 @@ def sample_reference(logits: torch.Tensor, params: DrawParams, penalties: torch.
     has_candidate = values.amax(dim=-1) > _NEG_INF
     tokens = values.argmax(dim=-1)
     drawing = (params.temperature > 0) & has_candidate
-    tokens = with_draws(tokens, values, drawing, params, select_rows=logits.device.type == "cpu")
+    tokens = with_draws(tokens, values, drawing, params, select_rows=selective(logits.device))
     return torch.where(has_candidate, tokens, NO_TOKEN)
 
 

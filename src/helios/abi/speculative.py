@@ -3,7 +3,10 @@ verification by rejection sampling, and device prefix allocation from proposal c
 
 A SPECULATIVE program calls them inside one captured graph (proposals, allocation, verification,
 commit). Each has a pure-tensor reference registered for every device, and a fake implementation
-that gives shapes only, so a saved program depends on the schemas alone.
+that gives shapes only, so a saved program depends on the schemas alone. Off the CPU (see
+`helios.abi.sampling.selective`) the references never read device data on the host and create no
+host tensors, so they can be captured into a CUDA graph; on the CPU, draws skip Philox for rows
+whose outcome no uniform decides.
 
 ``helios::sampling_weights(logits, temperature, top_k, top_p, min_p, penalties, prompt_counts,
 output_counts, grammar_mask, mask_rows) -> Tensor``
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi import sampling
 from helios.abi.grammar import check_mask_args, disallowed
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
@@ -150,12 +154,13 @@ def _check_draw_args(op: str, weights, seeds, counters) -> int:
 def uniforms(seeds: torch.Tensor, counters: torch.Tensor, offset: int, needed: torch.Tensor) -> torch.Tensor:
     """`uniform53` at (seed, counter, offset) on the `needed` rows, 0 elsewhere.
 
-    On the CPU only the needed rows run Philox (a data-dependent selection, as in
-    ``helios::sample``); elsewhere every row does and the rest are masked. Results are the same.
+    Where `sampling.selective` holds (the CPU) only the needed rows run Philox (a data-dependent
+    selection, as in ``helios::sample``); elsewhere every row does and the rest are masked, without
+    reading device data on the host. Results are the same.
     """
-    if seeds.device.type != "cpu":
+    if not sampling.selective(seeds.device):
         return torch.where(needed, uniform53(philox_words(seeds, counters, offset)), 0.0)
-    values = torch.zeros(seeds.shape, dtype=torch.float64)
+    values = torch.zeros(seeds.shape, dtype=torch.float64, device=seeds.device)
     rows = needed.nonzero().squeeze(-1)
     if rows.numel():
         values[rows] = uniform53(philox_words(seeds[rows], counters[rows], offset))

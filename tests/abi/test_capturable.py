@@ -1,0 +1,181 @@
+"""The device paths of the execution-ABI op bodies, checked on the CPU.
+
+Off the CPU every op body must be capturable into a CUDA graph: no host read of device data and no
+host tensor copied in. Here each body runs its device path on CPU tensors (`sampling.selective`
+patched to answer False, as it does for CUDA) under `forbid_host_sync`, the CPU stand-in for CUDA's
+sync debug mode, and must give the CPU path's result bit for bit; each body also runs on meta
+tensors, where any data-dependent step fails. tests/gpu/test_ops_cuda.py repeats this on CUDA with
+the real sync debug mode and graph capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helios.abi import completion, grammar, rng, sampling, speculative
+from support.abi_inputs import (
+    AttentionCase,
+    allocate_inputs,
+    attention_inputs,
+    cache_write_inputs,
+    draw_inputs,
+    grammar_inputs,
+    philox_inputs,
+    record_inputs,
+    sample_inputs,
+    verify_inputs,
+)
+from support.host_sync import HostSyncError, forbid_host_sync
+
+OPS = torch.ops.helios
+
+
+def _sample(logits, seeds, counters, temperature, top_k, top_p, min_p, penalties, prompt_counts,
+            output_counts, grammar_mask, mask_rows):
+    params = sampling.DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
+    return sampling.sample_reference(logits, params, penalties, (prompt_counts, output_counts),
+                                     grammar_mask, mask_rows)
+
+
+def _weights(logits, temperature, top_k, top_p, min_p, penalties, prompt_counts, output_counts,
+             grammar_mask, mask_rows):
+    return speculative.sampling_weights_reference(logits, (temperature, top_k, top_p, min_p), penalties,
+                                                  (prompt_counts, output_counts), grammar_mask, mask_rows)
+
+
+def _without(inputs: dict, *names: str) -> dict:
+    return {name: value for name, value in inputs.items() if name not in names}
+
+
+# op name -> (its body on validated inputs, its inputs, whether the body asks `selective`)
+CASES = {
+    "sample": (_sample, lambda: sample_inputs(37, 300, seed=1), True),
+    "sampling_weights": (_weights, lambda: _without(sample_inputs(29, 200, seed=2), "seeds", "counters"), False),
+    "draw_weighted": (speculative.draw_reference, lambda: draw_inputs(29, 200, seed=3), True),
+    "verify_proposals": (speculative.verify_reference, lambda: verify_inputs(13, 4, 3, 90, seed=4), True),
+    "allocate_prefixes": (speculative.allocate_reference, lambda: allocate_inputs(17, 5, seed=5), False),
+    "apply_grammar_mask": (grammar.masked_logits, lambda: grammar_inputs(9, 77, torch.bfloat16, seed=6), False),
+    "completion_record": (completion.record_columns, lambda: record_inputs(11, seed=7, draft_lag=2), False),
+    "philox4x32": (rng.philox_words, lambda: philox_inputs(50, seed=8), False),
+    "philox_uniform": (lambda **a: rng.uniform24(rng.philox_words(**a)), lambda: philox_inputs(50, seed=9), False),
+}
+
+
+def _assert_identical(actual, expected) -> None:
+    for got, want in zip(actual if isinstance(actual, tuple) else (actual,),
+                         expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.fixture
+def device_path(monkeypatch) -> list:
+    """Makes op bodies take their device path on the CPU; records the devices they asked about."""
+    asked = []
+
+    def selective(device: torch.device) -> bool:
+        asked.append(device)
+        return False
+
+    monkeypatch.setattr(sampling, "selective", selective)
+    return asked
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_device_path_is_capturable_and_equals_the_cpu_path(op, device_path):
+    body, make_inputs, asks = CASES[op]
+    inputs = make_inputs()
+    expected = getattr(OPS, op)(**inputs)  # through the registered op: the CPU path
+    with forbid_host_sync():
+        actual = body(**inputs)
+    _assert_identical(actual, expected)
+    assert bool(device_path) == asks
+
+
+@pytest.mark.parametrize("op", ["sample", "draw_weighted", "verify_proposals"])
+def test_cpu_path_selects_rows_on_the_host(op):
+    """The guard sees the CPU path's row selection: the device-path test above is not vacuous."""
+    body, make_inputs, _ = CASES[op]
+    inputs = make_inputs()
+    with pytest.raises(HostSyncError, match="nonzero"), forbid_host_sync():
+        body(**inputs)
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_device_path_runs_on_meta_tensors(op):
+    """Meta tensors have no data: any data-dependent step or host tensor in the body fails here."""
+    body, make_inputs, _ = CASES[op]
+    inputs = make_inputs()
+    expected = getattr(OPS, op)(**inputs)
+    meta = body(**{name: v.to("meta") if isinstance(v, torch.Tensor) else v for name, v in inputs.items()})
+    for got, want in zip(meta if isinstance(meta, tuple) else (meta,),
+                         expected if isinstance(expected, tuple) else (expected,)):
+        assert got.device.type == "meta" and got.shape == want.shape and got.dtype == want.dtype
+
+
+GUARDED = {
+    "item": lambda x: x[0].item(),
+    "bool": lambda x: bool(x[0] > 0),
+    "int": lambda x: int(x[0]),
+    "tolist": lambda x: x.tolist(),
+    "nonzero": lambda x: x.nonzero(),
+    "where one argument": lambda x: torch.where(x > 0),
+    "boolean index": lambda x: x[x > 0],
+    "boolean assignment": lambda x: x.clone().__setitem__(x > 0, 0.0),
+    "host data": lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0]),
+    "factory without device": lambda x: x + torch.zeros(4),
+    "move": lambda x: x.to("cpu"),
+}
+ALLOWED = {
+    "elementwise": lambda x: torch.where(x > 0, x, 0.0).cumsum(0),
+    "factory with device": lambda x: x + torch.arange(4, device=x.device),
+    "like": lambda x: torch.full_like(x, 2.0) + x.new_zeros(4),
+    "integer index": lambda x: x[torch.argsort(x)],
+    "dtype": lambda x: x.to(torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_guard_rejects_host_reads_and_host_tensors(name):
+    values = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    with pytest.raises(HostSyncError), forbid_host_sync():
+        GUARDED[name](values)
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_guard_allows_device_code(name):
+    values = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    with forbid_host_sync():
+        ALLOWED[name](values)
+
+
+def test_attention_inputs_hide_poison_and_replay_with_other_contexts():
+    """The CUDA tests' attention inputs: the reference reads no poisoned entry, padding tokens come
+    back zero, and a case with other contexts (<= max_context) keeps every shape."""
+    case = AttentionCase("mixed", ((40, 1), (17, 17), (0, 0), (100, 30), (1, 1)), q_heads=4, kv_heads=2,
+                         head_dim=8, dtype=torch.float32, max_context=128, padding=3, window=0)
+    other = dataclasses.replace(case, rows=((128, 1), (20, 17), (5, 0), (31, 30), (90, 1)), window=24)
+    inputs, again = attention_inputs(case, seed=1), attention_inputs(other, seed=2)
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            assert value.shape == again[name].shape and value.dtype == again[name].dtype, name
+    assert inputs["k_cache"].abs().max() > 100  # poison is there ...
+    for args in (inputs, again):
+        out = OPS.paged_attention(**args)
+        assert out[:-3].abs().max() < 8 and bool((out[-3:] == 0).all())  # ... and never read
+
+
+def test_cache_write_inputs_keep_padding_slots_untouched():
+    inputs = cache_write_inputs(num_pages=6, page_tokens=4, kv_heads=2, head_dim=8, tokens=20,
+                                dtype=torch.bfloat16, seed=3)
+    before = inputs["k_cache"].clone()
+    OPS.cache_write(**inputs)
+    slots = inputs["slot_mapping"]
+    assert bool((slots < 0).any()) and len(set(slots[slots >= 0].tolist())) == int((slots >= 0).sum())
+    flat, old = inputs["k_cache"].view(-1, 2, 8), before.view(-1, 2, 8)
+    assert torch.equal(flat[slots[slots >= 0]], inputs["k"][slots >= 0])
+    untouched = torch.ones(flat.shape[0], dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    assert torch.equal(flat[untouched], old[untouched])
