@@ -18,9 +18,20 @@ call. One process may therefore hold several ranks (one thread each, each with i
 (`AbiArgumentError` otherwise: a core captured for another rank count). Results are identical on
 every rank, bit for bit: each reduced element is computed once and then distributed.
 
+Devices: a CPU tensor goes through the group's gloo process group, a device (CUDA) tensor through
+its NCCL process group (`RankGroup.device_group`). On the device an op only enqueues: NCCL runs the
+collective on its own stream and the caller's stream waits for it, so the op body never
+synchronises with the host, allocates its output from the input's shape alone and can be captured
+into a CUDA graph. NCCL's all-reduce algorithms (ring, tree) also reduce each element along one
+path and copy the result to every rank, so the results agree bit for bit on the device too (and
+the runtime's cohort agreement compares every step's completion records).
+
 Failures are `CollectiveError` (an `ExecutionError`): no bound group, a peer that closed its
 connection (a rank died), or a peer that did not answer within the group's timeout (a rank hangs).
-The timeout bounds every call: a collective never waits forever.
+On the CPU the timeout bounds every call: a collective never waits forever. On the device the host
+does not wait, so nothing can time out inside the op; the runtime bounds each step's device work
+instead and aborts the NCCL communicator when a step overruns (`helios.runtime.rank_deadline`),
+which ends every collective still waiting on a lost rank.
 """
 
 from __future__ import annotations
@@ -48,39 +59,79 @@ class CollectiveError(ExecutionError):
 
 @dataclass(frozen=True)
 class RankGroup:
-    """One rank's handle on a `torch.distributed` process group (gloo on CPU, NCCL on CUDA).
+    """One rank's handle on its `torch.distributed` process groups.
 
-    `process_group` is a ProcessGroup object created for exactly these ranks (never the process's
-    default group), so several groups, and several ranks as threads, can live in one process.
-    Calls block the calling thread until every rank has joined them or `timeout` has passed.
+    `process_group` (gloo) carries every CPU tensor: the runtime's control messages and, on a CPU
+    model, the programs' collectives. `device_group` (NCCL, None on a CPU model) carries the
+    collectives of device tensors; each call picks the group by its tensor's device. Both are
+    ProcessGroup objects created for exactly these ranks (never the process's default group), so
+    several groups, and several CPU ranks as threads, can live in one process.
+
+    CPU calls block the calling thread until every rank has joined them or `timeout` has passed.
+    Device calls only enqueue the collective and make the caller's current stream wait for it
+    (no host synchronisation; see the module docstring for what bounds them).
     """
 
     process_group: object
     rank: int
     size: int
     timeout: timedelta
+    device_group: object | None = None
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """Sums `tensor` over the ranks, in place."""
-        self._wait(self.process_group.allreduce([tensor]), "all_reduce")
+        group = self._group_for(tensor, "all_reduce")
+        self._wait(self._call(lambda: group.allreduce([tensor]), "all_reduce"), tensor, "all_reduce")
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's `tensor`, in rank order."""
-        gathered = [torch.empty_like(tensor) for _ in range(self.size)]
-        self._wait(self.process_group.allgather([gathered], [tensor]), "all_gather")
-        return gathered
+        """Every rank's `tensor`, in rank order (new tensors)."""
+        gathered = tensor.new_empty((self.size, *tensor.shape))
+        self.all_gather_into(gathered, tensor)
+        return list(gathered.unbind(0))
+
+    def all_gather_into(self, out: torch.Tensor, tensor: torch.Tensor) -> None:
+        """Writes rank r's `tensor` into ``out[r]``; `out` is contiguous, [size, *tensor.shape]."""
+        group = self._group_for(tensor, "all_gather")
+        if tensor.device.type == "cpu":  # gloo copies each rank's tensor into the views of `out`
+            work = self._call(lambda: group.allgather([list(out.unbind(0))], [tensor]), "all_gather")
+        else:  # one NCCL all-gather straight into `out`
+            work = self._call(lambda: group._allgather_base(out, tensor), "all_gather")
+        self._wait(work, tensor, "all_gather")
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """Overwrites `tensor` with rank `src`'s, in place."""
+        group = self._group_for(tensor, "broadcast")
         options = torch.distributed.BroadcastOptions()
         options.rootRank, options.rootTensor = src, 0
-        self._wait(self.process_group.broadcast([tensor], options), "broadcast")
+        self._wait(self._call(lambda: group.broadcast([tensor], options), "broadcast"), tensor, "broadcast")
 
-    def _wait(self, work, name: str) -> None:
+    def abort(self) -> None:
+        """Aborts the device group (no-op without one): collectives still waiting on it, queued on
+        the device or replayed from a CUDA graph, end instead of waiting for a lost rank. The
+        group is unusable afterwards; a rank that leaves the group also ends it this way (no wait
+        on the others). Idempotent; safe from any thread, also while another thread waits."""
+        if self.device_group is not None:
+            with contextlib.suppress(RuntimeError):  # already aborted or torn down
+                self.device_group.abort()
+
+    def _group_for(self, tensor: torch.Tensor, name: str):
+        if tensor.device.type == "cpu":
+            return self.process_group
+        if self.device_group is None:
+            raise CollectiveError(f"{name} on rank {self.rank}: a {tensor.device} tensor, but the group has no "
+                                  "device process group (it was formed for a CPU model)")
+        return self.device_group
+
+    def _call(self, start, name: str):
         try:
-            work.wait(self.timeout)
-        except RuntimeError as error:  # gloo/NCCL report peer loss and timeouts as RuntimeError
+            return start()
+        except RuntimeError as error:  # NCCL refuses to enqueue on an aborted or broken communicator
             raise CollectiveError(f"{name} on rank {self.rank} of {self.size} failed: {_first_line(error)}") from error
+
+    def _wait(self, work, tensor: torch.Tensor, name: str) -> None:
+        # CPU: block up to the timeout. Device: only order the current stream after the collective;
+        # a timeout here would make NCCL block the host until completion (no graph capture).
+        self._call(lambda: work.wait(self.timeout) if tensor.device.type == "cpu" else work.wait(), name)
 
 
 def _first_line(error: BaseException) -> str:
@@ -134,7 +185,9 @@ def _all_reduce_fake(x: torch.Tensor, ranks: int) -> torch.Tensor:
 @torch.library.custom_op(_GATHER, mutates_args=(), schema=ALL_GATHER_SCHEMA)
 def all_gather(x: torch.Tensor, ranks: int) -> torch.Tensor:
     _check(_GATHER, x, ranks)
-    return torch.stack(bound_group(_GATHER, ranks).all_gather(x.contiguous()))
+    out = x.new_empty((ranks, *x.shape))
+    bound_group(_GATHER, ranks).all_gather_into(out, x.contiguous())
+    return out
 
 
 @all_gather.register_fake

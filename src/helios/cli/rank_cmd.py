@@ -34,7 +34,8 @@ def register(subparsers) -> None:
     parser.add_argument("core", help="core file (the same core rank zero serves)")
     parser.add_argument("--join", required=True, metavar="HOST:PORT", help="rank zero's rendezvous address")
     parser.add_argument("--rank", type=int, help="rank to serve (default: the next free rank on other hosts)")
-    parser.add_argument("--device", default="cpu", help="device of this rank (default cpu)")
+    parser.add_argument("--device", help="device of this rank, of the kind rank zero runs on (default: cpu, or "
+                        "cuda:0 when rank zero runs on CUDA; several ranks on one host need one GPU each)")
     parser.add_argument("--torch-threads", type=int, help="intra-op threads of this rank (default: torch's)")
     parser.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="how long to wait for rank zero (default 60)")

@@ -5,9 +5,17 @@ Rank zero (the serving process) loads its own rank, then `start_ranks`:
 * serves the rendezvous (`helios.runtime.rank_rendezvous`) and publishes its launch choices;
 * starts the local peers, ranks 1 .. local_ranks - 1, as `PeerKind.PROCESSES` (one
   ``helios rank --join`` process each, the default) or `PeerKind.THREADS` (threads of this
-  process); ranks from local_ranks on join from other hosts with ``helios rank --join HOST:PORT``;
+  process, CPU models only); ranks from local_ranks on join from other hosts with
+  ``helios rank --join HOST:PORT``;
 * waits until every rank has loaded the same core (or fails with a typed `LoadError`), forms the
   group and returns `RankPeers`, whose `executor` replaces the engine's executor.
+
+On CUDA (`helios.runtime.rank_devices`) local rank r runs on ``cuda:(B + r)`` where rank zero runs
+on ``cuda:B``, the programs' collectives go through NCCL, and, when rank zero's load options ask
+for CUDA graphs (`LoadOptions.cuda_graphs`), every rank captures its programs right after the
+group is formed (`capture_rank`), not while it loads: capture runs each program eagerly first, and
+its collectives need every rank's group bound. Every rank therefore loads a tensor-parallel core
+with ``cuda_graphs=False`` (`helios.runtime.service` does so for rank zero).
 
 Why processes are the default for local peers on the CPU: gloo itself runs several ranks as
 threads of one process (each rank creates its own ProcessGroup object), but an exported program is
@@ -23,6 +31,7 @@ turns false). `close` stops the peers after the engine has stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import shutil
@@ -37,14 +46,24 @@ from typing import Callable
 
 import torch
 
-from helios.contract import StartupOptions
+from helios.abi.collectives import RankGroup, bind_group
 from helios.errors import LoadError
 from helios.runtime.executor import Executor, program_table, variant_name
 from helios.runtime.model import LoadOptions, load_model
 from helios.runtime.packer import Packer
+from helios.runtime.rank_devices import (
+    RankBackend,
+    UnsupportedRanksError,
+    check_nccl_environment,
+    join_device,
+    place_local_ranks,
+)
 from helios.runtime.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous
 from helios.runtime.ranks import RankedExecutor, serve_rank
 from helios.runtime.stats import WorkerStats
+
+__all__ = ["PeerKind", "RankOptions", "RankPeers", "UnsupportedRanksError", "capture_rank", "join_rank",
+           "start_ranks"]
 
 
 class PeerKind(enum.Enum):
@@ -63,10 +82,6 @@ class RankOptions:
     collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
     torch_threads: int | None = None  # intra-op threads of each local rank process (None: rank zero's)
     aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
-
-
-class UnsupportedRanksError(LoadError):
-    """The rank options do not fit the core or the device (for example tensor parallel on CUDA)."""
 
 
 class RankPeers:
@@ -109,26 +124,35 @@ class RankPeers:
 
 
 def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptions, host_pages: int,
-                startup: StartupOptions = StartupOptions()) -> RankPeers:
+                load: LoadOptions = LoadOptions()) -> RankPeers:
     """Starts and joins every rank of `core` around rank zero's loaded `executor`, which was loaded
-    with `startup` (every rank loads with the same options)."""
+    with `load` but without CUDA graphs (every rank loads with the same startup options; with
+    ``load.cuda_graphs`` on CUDA every rank captures once the group is formed)."""
     model = executor.model
     ranks, local = model.prepared.manifest.ranks, options.local_ranks or model.prepared.manifest.ranks
     if not 1 <= local <= ranks:
         raise UnsupportedRanksError(f"{local} local ranks for a core of {ranks} ranks")
-    if model.device.type != "cpu":
-        raise UnsupportedRanksError(f"tensor parallelism runs on the CPU (gloo) only, not on {model.device}")
+    placement = place_local_ranks(model.device, local, threads=options.peers is PeerKind.THREADS)
+    nccl = placement.backend is RankBackend.NCCL
+    if nccl:
+        check_nccl_environment()
     timeout = timedelta(seconds=options.collective_timeout_s)
     rendezvous = _rendezvous(options, local < ranks)
-    launch = Launch(RankIdentity.of(model.prepared), startup, model.num_pages, host_pages,
-                    tuple(variant_name(p) for p in model.programs), local, options.collective_timeout_s)
+    launch = Launch(RankIdentity.of(model.prepared), load.startup, model.num_pages, host_pages,
+                    tuple(variant_name(p) for p in model.programs), local, options.collective_timeout_s,
+                    placement.backend.value, nccl and load.cuda_graphs)
     rendezvous.publish(launch)
     workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
-    peers = [_start_peer(core, rendezvous, rank, options, workdir) for rank in range(1, local)]
+    peers = [_start_peer(core, rendezvous, r, options, workdir, placement.devices[r]) for r in range(1, local)]
+    group = None
     try:
         rendezvous.wait_ready(range(1, ranks), options.join_timeout_s, lambda: _first_lost(peers))
-        group = rendezvous.form_group(0, ranks, timeout)
+        group = rendezvous.form_group(0, ranks, timeout, placement.devices[0] if nccl else None)
+        if launch.cuda_graphs:
+            executor = capture_rank(executor, group, host_pages)
     except BaseException:
+        if group is not None:
+            group.abort()
         for peer in peers:
             peer.stop(0.0)
         if workdir is not None:
@@ -137,6 +161,20 @@ def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptio
     # A failed group takes its local peers down with it.
     ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
     return RankPeers(ranked, peers, options.collective_timeout_s / 4, workdir)
+
+
+def capture_rank(executor: Executor, group: RankGroup, host_pages: int) -> Executor:
+    """An executor of the same model whose programs replay CUDA graphs captured now, with `group`
+    bound (every rank must call this at the same point: the warm-up runs meet in collectives)."""
+    from helios.runtime.cuda_graphs import capture_programs  # CUDA only
+    from helios.runtime.model import program_arguments
+
+    model = executor.model
+    with bind_group(group):
+        programs = capture_programs(model.programs, lambda p: program_arguments(p, model.weights, model.buffers),
+                                    model.buffers, model.device)
+    captured = dataclasses.replace(model, programs=programs)
+    return Executor(captured, executor.packer, program_table(captured), host_pages)
 
 
 def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
@@ -148,34 +186,47 @@ def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
     return Rendezvous.serve(host.strip("[]"), int(port), timedelta(seconds=options.join_timeout_s))
 
 
-def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str = "cpu",
+def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None = None,
               launch_timeout: timedelta = timedelta(seconds=60),
               on_joined: Callable[[int, int], None] = lambda rank, ranks: None) -> None:
     """A peer: take a rank, check the core, load it, join the group and serve until rank zero stops.
 
-    `on_joined(rank, ranks)` runs once the group is formed. Raises `RankJoinError` /
-    `MissingRankError` (startup) or `CollectiveError` (the group broke).
+    `device`: this rank's (None: ``cpu`` when rank zero runs on the CPU, ``cuda:0`` when it runs on
+    CUDA). `on_joined(rank, ranks)` runs once the group is formed. Raises `RankJoinError` /
+    `MissingRankError` / `UnsupportedRanksError` (startup) or `CollectiveError` (the group broke).
     """
     launch = rendezvous.read_launch(launch_timeout)
     rank = rendezvous.next_remote_rank(launch.first_remote_rank) if rank is None else rank
     if not 1 <= rank < launch.ranks:
         raise RankJoinError(f"rank {rank} is not a peer rank of a {launch.ranks}-rank group (is it full?)")
     try:
-        executor = _load_rank(core, launch, rank, device)
+        placed = join_device(RankBackend(launch.backend), device)  # checks that the GPU is visible
+        if placed.type == "cuda":
+            check_nccl_environment()
+            torch.cuda.set_device(placed)  # this process's CUDA work (and NCCL's) goes to its GPU
+        executor = _load_rank(core, launch, rank, str(placed))
     except LoadError as error:
         rendezvous.reject(rank, str(error))
         raise
     rendezvous.mark_ready(rank)
-    group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s))
-    on_joined(rank, launch.ranks)
-    serve_rank(executor, group)
+    group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s),
+                                  placed if launch.backend == RankBackend.NCCL.value else None)
+    try:
+        if launch.cuda_graphs:
+            executor = capture_rank(executor, group, launch.host_pages)
+        on_joined(rank, launch.ranks)
+        serve_rank(executor, group)
+    finally:
+        group.abort()  # releases the NCCL communicator (no-op for gloo) without waiting on the others
 
 
 def _load_rank(core, launch: Launch, rank: int, device: str) -> Executor:
     reason = launch.identity.mismatch(RankIdentity.of(core.prepared))
     if reason is not None:
         raise RankJoinError(f"rank {rank} cannot join: {reason}")
-    model = load_model(core, LoadOptions(launch.startup, device, num_pages=launch.num_pages, rank=rank))
+    # Captured after the group is formed, if at all (see the module docstring).
+    options = LoadOptions(launch.startup, device, num_pages=launch.num_pages, rank=rank, cuda_graphs=False)
+    model = load_model(core, options)
     variants = tuple(variant_name(p) for p in model.programs)
     if variants != launch.variants:
         raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {launch.variants}")
@@ -235,13 +286,15 @@ def _first_lost(peers) -> str | None:
     return next((reason for reason in (peer.lost() for peer in peers) if reason is not None), None)
 
 
-def _start_peer(core, rendezvous: Rendezvous, rank: int, options: RankOptions, workdir: Path | None):
-    if options.peers is PeerKind.THREADS:
+def _start_peer(core, rendezvous: Rendezvous, rank: int, options: RankOptions, workdir: Path | None,
+                device: torch.device):
+    if options.peers is PeerKind.THREADS:  # CPU only (place_local_ranks)
         return _ThreadPeer(core, rendezvous, rank)
-    return _ProcessPeer(_rank_command(core, rendezvous.address, rank, options, workdir), rank)
+    return _ProcessPeer(_rank_command(core, rendezvous.address, rank, options, workdir, device), rank)
 
 
-def _rank_command(core, address: str, rank: int, options: RankOptions, workdir: Path) -> list[str]:
+def _rank_command(core, address: str, rank: int, options: RankOptions, workdir: Path,
+                  device: torch.device) -> list[str]:
     """``helios rank --join`` for a local peer: the same core, trusting the keys rank zero admitted."""
     trust = workdir / "trust"
     trust.mkdir(exist_ok=True)
@@ -249,8 +302,8 @@ def _rank_command(core, address: str, rank: int, options: RankOptions, workdir: 
         (trust / f"{key.key_id.hex()}.pub").write_text(key.to_line(), encoding="ascii")
     threads = options.torch_threads or torch.get_num_threads()
     command = [sys.executable, "-m", "helios.cli.rank_cmd", str(core.path), "--join", address,
-               "--rank", str(rank), "--accept", core.publisher.namespace, "--trust", str(trust),
-               "--torch-threads", str(threads), "--quiet", "--parent", str(os.getpid())]
+               "--rank", str(rank), "--device", str(device), "--accept", core.publisher.namespace,
+               "--trust", str(trust), "--torch-threads", str(threads), "--quiet", "--parent", str(os.getpid())]
     if options.aes_key_file:
         command += ["--aes-key", options.aes_key_file]
     return command

@@ -12,30 +12,35 @@ of one process). The protocol, in order:
    core with the identity and either marks itself ready after loading its model or records why it
    refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
    refusal, a local peer that died, or a rank that did not come within the join timeout;
-3. every rank forms the gloo process group (``form_group``), whose timeout bounds every collective
-   (rank zero keeps an idle group alive with keepalive exchanges, see `helios.runtime.ranks`).
+3. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
+   CPU collective (rank zero keeps an idle group alive with keepalive exchanges, see
+   `helios.runtime.ranks`), and for a CUDA model also an NCCL group for the programs' collectives.
 
-Gloo (CPU) is the backend: its collectives work for ranks that are threads of one process as long
-as each rank creates its own ProcessGroup object (never the process-global default group), which
-is what this module does.
+Gloo carries the control messages in every case, since they are CPU tensors and NCCL moves device
+memory only. Gloo collectives work for ranks that are threads of one process as long as each rank
+creates its own ProcessGroup object (never the process-global default group), which is what this
+module does; NCCL ranks are processes (`helios.runtime.rank_devices` says why).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 
 from helios.abi.collectives import RankGroup
 from helios.contract import StartupOptions
 from helios.contract.settings import SamplingOptions
 from helios.errors import LoadError
+from helios.runtime.rank_devices import RankBackend
 from helios.runtime.rank_wire import wire_signature
 
 _LAUNCH, _NEXT_REMOTE = "helios/launch", "helios/next_remote"
@@ -89,6 +94,8 @@ class Launch:
     variants: tuple[str, ...]
     first_remote_rank: int  # ranks below it run on rank zero's host; the others join from elsewhere
     collective_timeout_s: float
+    backend: str = RankBackend.GLOO.value  # of the programs' collectives: rank zero's device decides
+    cuda_graphs: bool = False  # every rank captures its programs into CUDA graphs once the group is formed
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
@@ -181,19 +188,47 @@ class Rendezvous:
             if waiting:
                 time.sleep(_POLL_S)
 
-    def form_group(self, rank: int, size: int, timeout: timedelta) -> RankGroup:
-        """This rank's gloo group; blocks until every rank calls it. `timeout` bounds forming the
-        group and every later collective on it."""
+    def form_group(self, rank: int, size: int, timeout: timedelta,
+                   device: torch.device | None = None) -> RankGroup:
+        """This rank's groups; blocks until every rank calls it. `timeout` bounds forming the groups
+        and every later CPU collective. With a CUDA `device` (this rank's) the group also gets an
+        NCCL process group, connected here with one all_reduce so that a rank that cannot reach
+        the others fails startup, not its first step (or a CUDA graph capture)."""
         options = dist.ProcessGroupGloo._Options()
-        device = (dist.ProcessGroupGloo.create_device(hostname=self.device_host) if self.device_host
-                  else dist.ProcessGroupGloo.create_default_device())
-        options._devices = [device]
+        host = (dist.ProcessGroupGloo.create_device(hostname=self.device_host) if self.device_host
+                else dist.ProcessGroupGloo.create_default_device())
+        options._devices = [host]
         options._timeout = timeout
         try:
             group = dist.ProcessGroupGloo(dist.PrefixStore("helios/group", self.store), rank, size, options)
         except RuntimeError as error:
             raise MissingRankError(f"rank {rank} could not form the group of {size}: {error}") from error
-        return RankGroup(group, rank, size, timeout)
+        if device is None or device.type == "cpu":
+            return RankGroup(group, rank, size, timeout)
+        return RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))
+
+    def _nccl_group(self, rank: int, size: int, timeout: timedelta, device: torch.device):
+        # On a collective past `timeout` NCCL's watchdog aborts the communicator without ending
+        # the process (2 = CleanUpOnly; torch's default tears the whole process down, here the
+        # serving process); later calls on it raise, which the runtime reports as a lost rank.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout
+        try:
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("helios/nccl", self.store), rank, size, options)
+            with torch.cuda.device(device):
+                probe = torch.ones(1, device=device)
+                nccl.allreduce([probe]).wait(timeout)  # startup only: blocking here is fine
+                torch.cuda.synchronize(device)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank {rank} could not connect NCCL on {device} to the group of {size}: "
+                                   f"{_first_line(error)}") from error
+        return nccl
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _route_to(host: str) -> str:

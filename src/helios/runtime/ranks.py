@@ -11,12 +11,17 @@ Rank zero's `RankedExecutor` stands in for the `Executor` the engine drives. For
    the engine then commits; otherwise the plan fails on every rank (`CohortRejected`): rank zero's
    engine fails its requests and no peer holds request state that could commit it.
 
-A dead or silent rank fails the model, never hangs it: every collective is bounded by the group's
-timeout, a `CollectiveError` breaks the executor for good (`RankFailure` on every later plan), and
-`mark_failed` (called by the peer monitor) does the same between steps. While no plan runs, the
-monitor calls `keepalive`, a KEEPALIVE message answered by one all_reduce from every rank, so an
-idle group still notices a lost rank (and peers, which wait for messages under the same timeout,
-notice a lost rank zero). A broken executor sets `WorkerStats.healthy` to False (`/health`).
+A dead or silent rank fails the model, never hangs it: every CPU collective is bounded by the
+group's timeout, and on CUDA every step by a `StepDeadline` of the same length (device collectives
+never block the host; the deadline aborts the NCCL communicator, which ends them); a
+`CollectiveError` breaks the executor for good (`RankFailure` on every later plan), and
+`mark_failed` (called by the peer monitor) does the same between steps. It does not abort the
+device group itself: the model worker may be about to replay a CUDA graph whose collectives would
+then run on a freed communicator; a step already waiting on the lost rank ends at its deadline.
+While no plan runs, the monitor calls `keepalive`, a KEEPALIVE message answered
+by one all_reduce from every rank, so an idle group still notices a lost rank (and peers, which
+wait for messages under the same timeout, notice a lost rank zero). A broken executor sets
+`WorkerStats.healthy` to False (`/health`).
 
 Thread ownership: `run` on the model worker; `keepalive`, `mark_failed` and `stop` from any thread
 (a lock serializes every use of the group).
@@ -24,6 +29,7 @@ Thread ownership: `run` on the model worker; `keepalive`, `mark_failed` and `sto
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Callable, Mapping
@@ -35,6 +41,7 @@ from helios.errors import ExecutionError
 from helios.runtime.executor import Executor, StepOutput
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import StepPlan
+from helios.runtime.rank_deadline import StepDeadline
 from helios.runtime.rank_wire import MessageKind, StepMessage, decode_message, encode_message
 from helios.runtime.stats import WorkerStats
 
@@ -76,7 +83,7 @@ def agree(group: RankGroup, executor: Executor, plan: StepPlan, error: BaseExcep
     message; gathering them gives every rank the same view, so all decide alike.
     """
     completion = executor.model.buffers[executor.model.prepared.manifest.completion.buffer]
-    frame = completion[plan.frame].reshape(-1).view(torch.int64)
+    frame = completion[plan.frame].reshape(-1).view(torch.int64).cpu()  # a device buffer on CUDA
     if error is not None or plan.variant is None:
         frame = torch.zeros_like(frame)
     reason = f"{type(error).__name__}: {error}".encode("utf-8")[:_REASON_BYTES] if error is not None else b""
@@ -143,6 +150,7 @@ class RankedExecutor:
         self._group_lock = threading.Lock()  # one exchange on the group at a time
         self._failure: str | None = None
         self._last_exchange = time.monotonic()
+        self._deadline = _deadline(group, "helios-rank-0-deadline")
 
     @property
     def failure(self) -> str | None:
@@ -167,8 +175,9 @@ class RankedExecutor:
             self._check()
             try:
                 self._channel.send(self.packer.message(plan, masks or {}))
-                output, error = self._run_local(plan, masks)
-                agree(self._group, self._executor, plan, error)
+                with _guarded(self._deadline, f"submission {plan.sequence}"):
+                    output, error = self._run_local(plan, masks)
+                    agree(self._group, self._executor, plan, error)
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
                 raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
@@ -194,16 +203,19 @@ class RankedExecutor:
             self._group_lock.release()
 
     def stop(self) -> None:
-        """Tells the peers to leave (rank zero shutting down); a broken group is left alone."""
+        """Tells the peers to leave (rank zero shutting down; a broken group gets no message) and
+        releases this rank's device group."""
         with self._group_lock:
-            if self._failure is not None:
-                return
             try:
-                self._channel.send(StepMessage(MessageKind.STOP))
+                if self._failure is None:
+                    self._channel.send(StepMessage(MessageKind.STOP))
+                    self._close("the tensor-parallel group was stopped")
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
-            else:
-                self._close("the tensor-parallel group was stopped")
+            finally:
+                if self._deadline is not None:
+                    self._deadline.close()
+                self._group.abort()  # no step runs now: releases the NCCL communicator, waiting on no peer
 
     def _check(self) -> None:
         if self._failure is not None:
@@ -222,28 +234,48 @@ class RankedExecutor:
 def serve_rank(executor: Executor, group: RankGroup) -> None:
     """A peer's loop: run rank zero's plans until STOP. Raises `CollectiveError` when the group
     breaks (rank zero died or a rank stopped answering)."""
-    channel = StepChannel(group)
-    while True:
-        message = channel.receive()
-        if message.kind is MessageKind.STOP:
-            return
-        if message.kind is MessageKind.KEEPALIVE:
-            group.all_reduce(torch.ones(1, dtype=torch.int64))
-            continue
-        for request_id in message.forgotten:
-            executor.packer.forget(request_id)
-        for request_id, values in message.admissions:
-            executor.packer.register(request_id, values)
-        masks = {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
-        error = None
-        try:
-            with bind_group(group):
-                executor.run(message.plan, masks)
-        except CollectiveError:
-            raise
-        except Exception as failure:  # noqa: BLE001 - this rank rejects the cohort; the group decides
-            error = failure
-        try:
-            agree(group, executor, message.plan, error)
-        except CohortRejected:
-            continue  # nothing to undo here: peers commit no request state
+    channel, deadline = StepChannel(group), _deadline(group, f"helios-rank-{group.rank}-deadline")
+    try:
+        while True:
+            message = channel.receive()
+            if message.kind is MessageKind.STOP:
+                return
+            if message.kind is MessageKind.KEEPALIVE:
+                group.all_reduce(torch.ones(1, dtype=torch.int64))
+                continue
+            with _guarded(deadline, f"rank {group.rank}'s submission {message.plan.sequence}"):
+                _serve_step(executor, group, message)
+    finally:
+        if deadline is not None:
+            deadline.close()
+
+
+def _serve_step(executor: Executor, group: RankGroup, message: StepMessage) -> None:
+    for request_id in message.forgotten:
+        executor.packer.forget(request_id)
+    for request_id, values in message.admissions:
+        executor.packer.register(request_id, values)
+    masks = {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
+    error = None
+    try:
+        with bind_group(group):
+            executor.run(message.plan, masks)
+    except CollectiveError:
+        raise
+    except Exception as failure:  # noqa: BLE001 - this rank rejects the cohort; the group decides
+        error = failure
+    try:
+        agree(group, executor, message.plan, error)
+    except CohortRejected:
+        pass  # nothing to undo here: peers commit no request state
+
+
+def _deadline(group: RankGroup, name: str) -> StepDeadline | None:
+    """A step deadline for a group with device collectives (CPU collectives bound themselves)."""
+    if group.device_group is None:
+        return None
+    return StepDeadline(group.timeout.total_seconds(), group.abort, name)
+
+
+def _guarded(deadline: StepDeadline | None, step: str):
+    return contextlib.nullcontext() if deadline is None else deadline.guard(step)

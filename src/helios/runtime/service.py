@@ -8,7 +8,7 @@ ranks also starts ranks 1..N-1 (`helios.runtime.rank_peers`) and runs the engine
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from helios.runtime.engine import Engine
 from helios.runtime.executor import Executor, program_table
@@ -45,13 +45,17 @@ class Runtime:
 
 def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     """Loads `core` (already verified and authorized) and builds an engine that is not started."""
-    model = load_model(core, options.load)
+    ranked = core.prepared.manifest.ranks > 1
+    # A tensor-parallel core is captured into CUDA graphs once its ranks' group is formed
+    # (`start_ranks`): its programs' collectives need every rank.
+    model = load_model(core, replace(options.load, cuda_graphs=False) if ranked else options.load)
     packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
     executor = Executor(model, packer, program_table(model), options.host_pages)
     stats, peers = WorkerStats(), None
-    if model.prepared.manifest.ranks > 1:
-        peers = start_ranks(core, executor, stats, options.ranks, options.host_pages, options.load.startup)
+    if ranked:
+        peers = start_ranks(core, executor, stats, options.ranks, options.host_pages, options.load)
         executor = peers.executor
+        model = executor.model  # its programs captured, on CUDA
     try:
         scheduler = Scheduler.create(capacities_for(model, options.queue_capacity, options.host_pages), options.policy)
     except BaseException:

@@ -1,0 +1,108 @@
+"""Tensor parallelism on two GPUs (device machine only): the collective ABI ops through NCCL, eager
+and replayed from a CUDA graph, bit for bit equal on both ranks; a two-rank core on cuda:0 and
+cuda:1 (rank 1 a local process) generates the greedy tokens the one-rank core generates on
+cuda:0; a lost GPU rank fails the model instead of hanging it."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+from dataclasses import replace
+
+import pytest
+import torch
+
+from helios.runtime.cuda_graphs import CapturedProgram
+from helios.runtime.model import LoadOptions
+from helios.runtime.offline import generate
+from helios.runtime.rank_peers import PeerKind
+from helios.runtime.service import RuntimeOptions, build_runtime
+from ignition.hf_checkpoints import LLAMA3, QWEN3
+from support import nccl_ranks
+
+from .conftest import FAST, MAX_TOKENS, PROMPTS
+from .test_failures import HANG_GUARD_S, Requests
+from .test_generate_cli import free_port
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism on CUDA needs two GPUs"),
+]
+
+GPU_RANKS = replace(FAST, peers=PeerKind.PROCESSES, collective_timeout_s=10.0)
+
+
+def test_collectives_on_two_gpus_agree_bit_for_bit_eagerly_and_in_a_cuda_graph():
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    address = f"127.0.0.1:{free_port()}"
+    ranks = [context.Process(target=nccl_ranks.run_rank, args=(rank, address, results)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        outputs = dict(results.get(timeout=HANG_GUARD_S) for _ in ranks)
+        for process in ranks:
+            process.join(HANG_GUARD_S)
+    finally:
+        for process in ranks:
+            process.kill()
+    for rank, output in outputs.items():
+        assert isinstance(output, dict), f"rank {rank} failed:\n{output}"
+    assert [process.exitcode for process in ranks] == [0, 0]
+    for mode, step in (("eager", 0), ("graph", 1)):
+        x0, x1 = (nccl_ranks.inputs(rank, step, "cpu") for rank in range(2))
+        expected = {"reduce": x0 + x1, "gather": torch.stack([x0, x1]), "broadcast": x1}
+        for name, value in expected.items():
+            mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
+            assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
+            assert torch.equal(mine, value), f"{mode} {name} is not the {name} of the ranks' inputs"
+
+
+def cuda_tokens(core, cuda_graphs: bool) -> list[list[int]]:
+    load = LoadOptions(device="cuda", cuda_graphs=cuda_graphs)
+    runtime = build_runtime(core, RuntimeOptions(load=load, ranks=GPU_RANKS))
+    try:
+        assert runtime.model.device == torch.device("cuda", 0)
+        captured = [isinstance(p.module, CapturedProgram) for p in runtime.model.programs]
+        assert captured == [cuda_graphs] * len(captured)
+        results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
+    finally:
+        runtime.close()
+    assert [r.finish_reason.name for r in results] == ["LENGTH"] * len(PROMPTS), [r.message for r in results]
+    return [list(r.token_ids) for r in results]
+
+
+@pytest.mark.parametrize("family, cuda_graphs", [(QWEN3, True), (QWEN3, False), (LLAMA3, True)],
+                         ids=["qwen3-graphs", "qwen3-eager", "llama3-graphs"])
+def test_two_gpu_ranks_generate_what_one_gpu_generates(cores, family, cuda_graphs):
+    one = cuda_tokens(cores.open(cores.core(family, 1)), cuda_graphs)
+    two = cuda_tokens(cores.open(cores.core(family, 2)), cuda_graphs)
+    assert two == one
+    assert all(len(tokens) == MAX_TOKENS for tokens in two)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops-answering"])
+def test_a_lost_gpu_rank_ends_requests_in_flight_with_errors(cores, how):
+    options = RuntimeOptions(load=LoadOptions(device="cuda"), ranks=replace(GPU_RANKS, collective_timeout_s=3.0))
+    runtime = build_runtime(cores.open(cores.core(QWEN3, 2)), options)
+    try:
+        engine = runtime.engine
+        engine.start()
+        requests = Requests(engine, 3)
+        assert requests.first_token.wait(HANG_GUARD_S)
+        in_flight = requests.unfinished()
+        (pid,) = runtime.peers.local_pids
+        os.kill(pid, how)
+        try:
+            assert requests.all_done.wait(HANG_GUARD_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert in_flight, "every request finished before the rank was lost"
+        assert {requests.finished[r].reason.name for r in in_flight} == {"ERROR"}
+        assert not engine.is_healthy
+    finally:
+        runtime.close()
+

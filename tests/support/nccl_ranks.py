@@ -1,0 +1,63 @@
+"""Two NCCL ranks as spawned processes (one GPU each) running the collective ABI ops eagerly and
+from a captured CUDA graph; each rank sends its results (on the CPU) back to the test.
+
+Spawned with ``multiprocessing`` ("spawn"): this module must be importable in the child, which is
+why it lives in `support` rather than in the test module.
+"""
+
+from __future__ import annotations
+
+import traceback
+from datetime import timedelta
+
+import torch
+
+RANKS = 2
+TIMEOUT = timedelta(seconds=60)
+
+
+def inputs(rank: int, step: int, device) -> torch.Tensor:
+    """Rank `rank`'s input of round `step`: bf16 values no other rank or round shares."""
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn((3, 257), generator=generator).to(torch.bfloat16).to(device)
+
+
+def run_rank(rank: int, address: str, results) -> None:
+    """Forms the group on ``cuda:rank`` and puts (rank, outputs) or (rank, error text) on `results`."""
+    try:
+        results.put((rank, _collectives(rank, address)))
+    except BaseException:  # noqa: BLE001 - the test reports the child's traceback
+        results.put((rank, traceback.format_exc()))
+
+
+def _collectives(rank: int, address: str) -> dict[str, torch.Tensor]:
+    import helios.abi.collectives  # noqa: F401 - registers the ops
+    from helios.abi.collectives import bind_group
+    from helios.runtime.rank_rendezvous import Rendezvous
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    host, _, port = address.rpartition(":")
+    rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
+    group = rendezvous.form_group(rank, RANKS, TIMEOUT, device)
+    ops = torch.ops.helios
+    static = inputs(rank, 0, device)
+    with bind_group(group):
+        eager = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
+                 "broadcast": ops.broadcast(static, RANKS, 1)}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capturing stream, as graph capture wants
+            ops.all_reduce(static, RANKS)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
+                        "broadcast": ops.broadcast(static, RANKS, 1)}
+    static.copy_(inputs(rank, 1, device))
+    graph.replay()  # no group is bound now: the replay needs none
+    torch.cuda.synchronize(device)
+    results = {f"eager.{name}": value.cpu() for name, value in eager.items()}
+    results.update({f"graph.{name}": value.cpu() for name, value in captured.items()})
+    group.abort()
+    return results
