@@ -1,0 +1,229 @@
+"""Tensor-parallel decode throughput: one rank (TP1) against two ranks (TP2), same weights, same prompts.
+
+Writes a random Llama-3.1-8B-shaped checkpoint in bf16 (hidden 4096, MLP 14336, 32 heads, 8
+key/value heads, head_dim 128, vocabulary 128256, rope theta 500000; --layers of them) with
+`bench/random_llama.py`: tensor by tensor, drawn on the GPU when there is one, never whole and
+never in float32 on the CPU, plus the tests' small tokenizer (prompts are token ids). Prepares it
+for 1 and for 2 tensor-parallel ranks, loads each on --device (TP2: rank 0 on cuda:0, rank 1 on
+cuda:1 as a local `helios rank` process; both with CUDA graphs) and times greedy generation through
+`helios.runtime.offline.generate` at each batch size: --prompt-tokens prompts of random token ids,
+--output-tokens outputs each. Prints output tokens per second (decode only, and end to end with
+the prompts' prefill) for TP1 and TP2 and their ratio, and whether TP1 and TP2 agree on the first
+--compare-tokens greedy tokens of every prompt.
+
+    python bench/tensor_parallel.py                         # 2 GPUs, 32 layers (preparing takes minutes)
+    python bench/tensor_parallel.py --layers 8 --workdir /tmp/tp-bench   # keeps checkpoint and cores
+    python bench/tensor_parallel.py --smoke                 # CPU, tiny shapes, gloo: checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # noqa: E402
+
+from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.reader import open_core  # noqa: E402
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.offline import generate  # noqa: E402
+from helios.runtime.rank_peers import RankOptions  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+
+NAMESPACE = "bench/tensor-parallel"
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+PAGE_TOKENS = 16
+
+
+def context_tokens(args) -> int:
+    """Room for a prompt and its outputs, rounded up to whole pages, plus one page."""
+    return -(-(args.prompt_tokens + args.output_tokens) // PAGE_TOKENS) * PAGE_TOKENS + PAGE_TOKENS
+
+
+def capacity_plan(args) -> CapacityPlan:
+    return CapacityPlan(page_tokens=PAGE_TOKENS, context_tokens=context_tokens(args),
+                        prefill_tokens=args.prefill_tokens, decode_batches=tuple(sorted(set(args.batches))))
+
+
+def prepared(workdir: Path, key: SigningKey, args, ranks: int) -> Path:
+    """The core for `ranks` ranks (kept in --workdir and reused when its shape matches)."""
+    core, stamp = workdir / f"tp{ranks}.core", workdir / f"tp{ranks}.core.json"
+    recipe = json.dumps({"plan": repr(capacity_plan(args)), "shape": repr(args.shape), "seed": args.seed})
+    if core.is_file() and stamp.is_file() and stamp.read_text() == recipe:
+        say(f"reusing {core}")
+        return core
+    start = time.perf_counter()
+    say(f"preparing the TP{ranks} core (captures the programs, shards and writes the weights)")
+    options = PrepareOptions(NAMESPACE, capacities=capacity_plan(args), tensor_parallel=ranks)
+    prepare_core(workdir / "checkpoint", core, key, options, progress=lambda line: say(f"  tp{ranks}: {line}"))
+    stamp.write_text(recipe)
+    say(f"prepared {core} ({core.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s")
+    return core
+
+
+def checkpoint(workdir: Path, args) -> Path:
+    directory, stamp = workdir / "checkpoint", workdir / "checkpoint.json"
+    recipe = json.dumps({"shape": repr(args.shape), "seed": args.seed})
+    if stamp.is_file() and stamp.read_text() == recipe:
+        say(f"reusing {directory}")
+        return directory
+    draw_on = "cuda" if args.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    say(f"writing a random {args.shape} checkpoint in bf16 to {directory} (drawn on {draw_on})")
+    start = time.perf_counter()
+    write_random_llama(directory, args.shape, torch.bfloat16, args.seed, progress=lambda line: say(f"  {line}"),
+                       device=draw_on)
+    stamp.write_text(recipe)
+    say(f"checkpoint written in {time.perf_counter() - start:.0f} s")
+    return directory
+
+
+def signing_key(workdir: Path) -> SigningKey:
+    path = workdir / "bench.key.pem"
+    if path.is_file():
+        return SigningKey.from_pem(path.read_bytes())
+    key = SigningKey.generate()
+    path.write_bytes(key.to_pem())
+    return key
+
+
+def prompts_for(batch: int, args, purpose: int) -> list[list[int]]:
+    """Distinct random token-id prompts per (batch, purpose): runs never share a cached prefix."""
+    draw = random.Random(args.seed * 1_000_003 + batch * 101 + purpose)
+    return [[draw.randrange(args.shape.vocab_size) for _ in range(args.prompt_tokens)] for _ in range(batch)]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    decode_rate: float  # output tokens per second after the first token of every prompt
+    total_rate: float  # output tokens per second, prefill included
+    tokens: tuple[tuple[int, ...], ...]  # greedy tokens of the timed run
+
+
+def measure(engine, batch: int, args) -> Measurement:
+    """Warm-up, then the prompts' prefill alone (one output token), then the full timed run; every
+    run on its own prompts so prefix caching never skips a prefill."""
+    generate(engine, prompts_for(batch, args, 0), 4)
+    start = time.perf_counter()
+    generate(engine, prompts_for(batch, args, 1), 1)
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    results = generate(engine, prompts_for(batch, args, 2), args.output_tokens)
+    total_s = time.perf_counter() - start
+    if any(r.finish_reason.name != "LENGTH" for r in results):
+        raise SystemExit(f"generation failed: {[r.message for r in results if r.message]}")
+    generated = sum(len(r.token_ids) for r in results)
+    decode_s = max(total_s - prefill_s, 1e-9)
+    return Measurement((generated - batch) / decode_s, generated / total_s, tuple(r.token_ids for r in results))
+
+
+def run_ranks(core: Path, key: SigningKey, ranks: int, args) -> dict[int, Measurement]:
+    say(f"loading TP{ranks} on {args.device}" + (" (rank 1 as a local process)" if ranks > 1 else ""))
+    start = time.perf_counter()
+    options = RuntimeOptions(load=LoadOptions(device=args.device),
+                             ranks=RankOptions(collective_timeout_s=args.collective_timeout))
+    runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+    say(f"loaded TP{ranks} in {time.perf_counter() - start:.0f} s")
+    measured = {}
+    try:
+        for batch in args.batches:
+            measured[batch] = measure(runtime.engine, batch, args)
+            say(f"  TP{ranks} B={batch}: decode {measured[batch].decode_rate:.1f} tok/s, "
+                f"end to end {measured[batch].total_rate:.1f} tok/s")
+    finally:
+        runtime.close()
+        del runtime
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return measured
+
+
+def agreement(one: Measurement, two: Measurement, compare: int) -> str:
+    pairs = [(a[:compare], b[:compare]) for a, b in zip(one.tokens, two.tokens)]
+    same = sum(a == b for a, b in pairs)
+    prefixes = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in pairs]
+    return f"{same}/{len(pairs)} prompts identical, shortest common prefix {min(prefixes)} tokens"
+
+
+def report(results: dict[int, dict[int, Measurement]], args) -> None:
+    say("")
+    say(f"{'workload':<26} {'TP1 tok/s':>10} {'TP2 tok/s':>10} {'TP2/TP1':>8}")
+    for label, rate in (("decode", lambda m: m.decode_rate), ("end to end", lambda m: m.total_rate)):
+        for batch in args.batches:
+            one, two = rate(results[1][batch]), rate(results[2][batch])
+            say(f"{f'{label} B={batch}':<26} {one:>10.1f} {two:>10.1f} {two / one:>8.2f}")
+    say("")
+    say(f"greedy agreement TP1 vs TP2, first {args.compare_tokens} tokens:")
+    for batch in args.batches:
+        say(f"  B={batch}: {agreement(results[1][batch], results[2][batch], args.compare_tokens)}")
+    say("  (random bf16 weights give nearly tied logits and TP2 sums its partial products in another order,")
+    say("  so greedy paths may part after a few tokens; tests/parallel/test_cuda.py checks exact float32 agreement)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--layers", type=int, help="decoder layers (default 32; --smoke: 2)")
+    parser.add_argument("--batches", help="comma-separated batch sizes (default 1,64; --smoke: 1,4)")
+    parser.add_argument("--prompt-tokens", type=int, help="prompt length in token ids (default 128; --smoke: 16)")
+    parser.add_argument("--output-tokens", type=int, help="greedy output tokens per prompt (default 128; --smoke: 16)")
+    parser.add_argument("--compare-tokens", type=int, default=32, help="tokens compared between TP1 and TP2")
+    parser.add_argument("--prefill-tokens", type=int,
+                        help="packed prefill tokens per step (default and most: the context, prompt + output + 16)")
+    parser.add_argument("--device", help="serving device of rank 0 (default cuda; --smoke: cpu)")
+    parser.add_argument("--workdir", type=Path, help="keep checkpoint and cores here and reuse them (default: temp)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
+    parser.add_argument("--collective-timeout", type=float, default=300.0, help="seconds (a lost rank fails after)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads of this process (CPU runs)")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
+    args = parser.parse_args(argv)
+    smoke = args.smoke
+    shape = SMOKE if smoke else LLAMA_31_8B
+    args.shape = with_layers(shape, args.layers) if args.layers else shape
+    args.batches = [int(b) for b in (args.batches or ("1,4" if smoke else "1,64")).split(",")]
+    args.prompt_tokens = args.prompt_tokens or (16 if smoke else 128)
+    args.output_tokens = args.output_tokens or (16 if smoke else 128)
+    args.prefill_tokens = min(args.prefill_tokens or context_tokens(args), context_tokens(args))
+    args.device = args.device or ("cpu" if smoke else "cuda")
+    if args.shape.num_hidden_layers < 1 or min(args.batches) < 1 or min(args.prompt_tokens, args.output_tokens) < 1:
+        parser.error("--layers, --batches, --prompt-tokens and --output-tokens must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    say(f"torch {torch.__version__}, device {args.device}, {args.shape}, batches {args.batches}, "
+        f"{args.prompt_tokens}-token prompts, {args.output_tokens} output tokens, greedy")
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="helios-tp-bench-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        key = signing_key(workdir)
+        checkpoint(workdir, args)
+        cores = {ranks: prepared(workdir, key, args, ranks) for ranks in (1, 2)}
+        results = {ranks: run_ranks(core, key, ranks, args) for ranks, core in cores.items()}
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()
