@@ -13,6 +13,7 @@ the prompts' prefill) for TP1 and TP2 and their ratio, and whether TP1 and TP2 a
 
     python bench/tensor_parallel.py                         # 2 GPUs, 32 layers (preparing takes minutes)
     python bench/tensor_parallel.py --layers 8 --workdir /tmp/tp-bench   # keeps checkpoint and cores
+    python bench/tensor_parallel.py --workdir /tmp/tp-bench --prepare-only  # then again without it
     python bench/tensor_parallel.py --smoke                 # CPU, tiny shapes, gloo: checks the script
 """
 
@@ -195,6 +196,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--collective-timeout", type=float, default=300.0, help="seconds (a lost rank fails after)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads of this process (CPU runs)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="stop once the checkpoint and both cores exist (with --workdir: measure in a later run)")
     args = parser.parse_args(argv)
     smoke = args.smoke
     shape = SMOKE if smoke else LLAMA_31_8B
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         key = signing_key(workdir)
         checkpoint(workdir, args)
         cores = {ranks: prepared(workdir, key, args, ranks) for ranks in (1, 2)}
+        if args.prepare_only:
+            return
         results = {ranks: run_ranks(core, key, ranks, args) for ranks, core in cores.items()}
     report(results, args)
 
