@@ -174,7 +174,8 @@ def prepare(shape: LlamaShape, workloads: list[Workload], scratch: Path, key: Si
     log(f"checkpoint written in {time.perf_counter() - started:.0f} s")
     batches = tuple(sorted({w.requests for w in workloads} | {1}))
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
-    pages = sum(-(-(w.prompt + w.output) // 16) for w in workloads if w.requests == max(batches)) + 4 * (context // 16)
+    # Every workload's requests live at once; the TTFT prompts and cached prefixes need a few more.
+    pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
     plan = CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=min(2048, context), decode_batches=batches,
                         prefill_batches=(1,), mixed=True, page_capacity=max(pages, 2 * context // 16))
     core = scratch / "model.core"
