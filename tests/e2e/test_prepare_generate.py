@@ -87,3 +87,16 @@ def test_generate_rejects_bad_prompt_ids(prepared, capsys):
     code = main(["generate", str(core), "--accept", NAMESPACE, "--trust", str(public), "--prompt-ids", "[[]]"])
     assert code == 2
     assert "non-empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, message", [
+    ("tpu:0", "not a device"), ("mps", "CPU or on CUDA"), ("cuda:99", "CUDA"),
+])
+def test_generate_rejects_a_device_it_cannot_use(prepared, capsys, device, message):
+    _, core, public = prepared
+    capsys.readouterr()
+    code = main(["generate", str(core), "--accept", NAMESPACE, "--trust", str(public), "--prompt-ids", "[[3, 4]]",
+                 "--device", device])
+    err = capsys.readouterr().err
+    assert code != 0 and message in err
+    assert "Traceback" not in err

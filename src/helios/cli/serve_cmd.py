@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument("--frontend-workers", type=int, default=min(4, os.cpu_count() or 1),
                         help="concurrent request preparations (template, tokenize, grammar; default min(4, CPUs))")
     parser.add_argument("--context-tokens", type=int, help="largest prompt+output per request (default: the core's)")
-    parser.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
+    parser.add_argument("--device", default="cpu", help="torch device of the model: cpu (default), cuda or cuda:N")
     parser.add_argument("--torch-threads", type=int, help="intra-op threads of the model worker (default: torch's)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request")

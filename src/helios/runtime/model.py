@@ -111,13 +111,11 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring)."""
     prepared = core.prepared
     settings = resolve_settings(prepared, options.startup)
-    device = torch.device(options.device)
+    device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
     handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
     weights = _load_weights(core, prepared, device, options.rank)
     num_pages = options.num_pages or settings.page_capacity
@@ -130,6 +128,28 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
     )
+
+
+class DeviceUnavailableError(LoadError):
+    """The startup device is not a torch device string, or this process cannot use it."""
+
+
+def serving_device(name: str) -> torch.device:
+    """The torch device for `name` ("cpu", "cuda", "cuda:N"); a CUDA device gets its index."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as error:
+        raise DeviceUnavailableError(f"{name!r} is not a device: {error}") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise DeviceUnavailableError(f"device {name!r}: models run on the CPU or on CUDA")
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(f"device {name!r}: this process sees no CUDA device")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise DeviceUnavailableError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return torch.device("cuda", index)
 
 
 def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
