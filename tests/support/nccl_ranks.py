@@ -23,14 +23,20 @@ def inputs(rank: int, step: int, device) -> torch.Tensor:
 
 
 def run_rank(rank: int, address: str, results) -> None:
-    """Forms the group on ``cuda:rank`` and puts (rank, outputs) or (rank, error text) on `results`."""
+    """Forms the group on ``cuda:rank`` and puts (rank, outputs) or (rank, error text) on `results`,
+    then leaves the group by aborting it (what a rank does when it stops); a hang there shows as
+    the process not exiting, after the results have been reported."""
+    group = None
     try:
-        results.put((rank, _collectives(rank, address)))
+        group, outputs = _collectives(rank, address)
+        results.put((rank, outputs))
     except BaseException:  # noqa: BLE001 - the test reports the child's traceback
         results.put((rank, traceback.format_exc()))
+    if group is not None:
+        group.abort()
 
 
-def _collectives(rank: int, address: str) -> dict[str, torch.Tensor]:
+def _collectives(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
     from helios.abi.collectives import bind_group
     from helios.runtime.rank_rendezvous import Rendezvous
@@ -47,8 +53,10 @@ def _collectives(rank: int, address: str) -> dict[str, torch.Tensor]:
                  "broadcast": ops.broadcast(static, RANKS, 1)}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capturing stream, as graph capture wants
+        with torch.cuda.stream(side):  # warm-up of every op off the capturing stream, as capture wants
             ops.all_reduce(static, RANKS)
+            ops.all_gather(static, RANKS)
+            ops.broadcast(static, RANKS, 1)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -59,5 +67,4 @@ def _collectives(rank: int, address: str) -> dict[str, torch.Tensor]:
     torch.cuda.synchronize(device)
     results = {f"eager.{name}": value.cpu() for name, value in eager.items()}
     results.update({f"graph.{name}": value.cpu() for name, value in captured.items()})
-    group.abort()
-    return results
+    return group, results
