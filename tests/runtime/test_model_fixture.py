@@ -123,6 +123,14 @@ def test_fixture_core_has_a_servable_frontend():
 def test_host_staged_packing_generates_the_same_tokens():
     """Packing through host mirrors (what a CUDA model does) equals packing in place; a grammar-free
     workload keeps the staged masks all-allowed after the first upload."""
+    model = build_runtime(open_fixture()).model
+    results = generate(_engine(model, staged=True), EXPECTED["prompts"], EXPECTED["max_tokens"])
+    assert [list(r.token_ids) for r in results] == EXPECTED["token_ids"]
+    masks = [name for name in model.buffers if "grammar" in name or "mask" in name]
+    assert masks and all(bool((model.buffers[name] == -1).all()) for name in masks)
+
+
+def _engine(model, **packer_options):
     from helios.runtime.engine import Engine
     from helios.runtime.executor import Executor, program_table
     from helios.runtime.geometry import capacities_for
@@ -130,11 +138,35 @@ def test_host_staged_packing_generates_the_same_tokens():
     from helios.runtime.scheduler import Scheduler
     from helios.runtime.stats import WorkerStats
 
+    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()), **packer_options)
+    return Engine(Scheduler.create(capacities_for(model, 16, 0)), Executor(model, packer, program_table(model)),
+                  WorkerStats())
+
+
+def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
+    """A captured program (CUDA graphs) is replayed with greedy=True exactly for the steps in which
+    no request has temperature > 0; here a recording stand-in plays the captured program on the CPU."""
+    import dataclasses
+
+    from helios.runtime.model import program_arguments
+    from helios.runtime.offline import SamplingChoice
+
     model = build_runtime(open_fixture()).model
-    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()), staged=True)
-    engine = Engine(Scheduler.create(capacities_for(model, 16, 0)), Executor(model, packer, program_table(model)),
-                    WorkerStats())
-    results = generate(engine, EXPECTED["prompts"], EXPECTED["max_tokens"])
+    seen: list[bool] = []
+
+    class Recording:
+        def __init__(self, program):
+            self.module, self.arguments = program.module, program_arguments(program, model.weights, model.buffers)
+
+        def replay(self, greedy: bool):
+            seen.append(greedy)
+            return self.module(*self.arguments)
+
+    model = dataclasses.replace(model, programs=tuple(dataclasses.replace(p, module=Recording(p)) for p in model.programs))
+    results = generate(_engine(model), EXPECTED["prompts"], EXPECTED["max_tokens"])
     assert [list(r.token_ids) for r in results] == EXPECTED["token_ids"]
-    masks = [name for name in model.buffers if "grammar" in name or "mask" in name]
-    assert masks and all(bool((model.buffers[name] == -1).all()) for name in masks)
+    assert seen and all(seen)
+    seen.clear()
+    sampled = SamplingChoice((0.7, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), seed=3)
+    generate(_engine(model), EXPECTED["prompts"][:1], 4, sampling=sampled)
+    assert seen and not any(seen)

@@ -59,7 +59,9 @@ rounding moves u * C across a boundary (order 1e-15 per draw), so the distributi
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+import threading
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -172,6 +174,29 @@ def draw_tokens(logits: torch.Tensor, params: DrawParams) -> torch.Tensor:
     return sorted_ids.gather(1, position.unsqueeze(-1)).squeeze(-1)
 
 
+_GREEDY_ONLY = threading.local()
+
+
+@contextlib.contextmanager
+def greedy_only() -> Iterator[None]:
+    """Within this context (this thread) the device path of ``helios::sample`` computes no random
+    draws: every row gets its greedy token. A runtime captures a second CUDA graph of a program
+    under it and replays that graph only for steps in which no row has temperature > 0, where the
+    full pipeline selects exactly the same tokens (`with_draws` keeps the greedy token of every
+    row that does not draw), without its per-row sort and prefix sums over the vocabulary."""
+    previous = getattr(_GREEDY_ONLY, "active", False)
+    _GREEDY_ONLY.active = True
+    try:
+        yield
+    finally:
+        _GREEDY_ONLY.active = previous
+
+
+def draws_skipped() -> bool:
+    """Whether `greedy_only` is active in this thread."""
+    return getattr(_GREEDY_ONLY, "active", False)
+
+
 def selective(device: torch.device) -> bool:
     """Whether op bodies on `device` may select rows on the host (a data-dependent, synchronising
     step that a CUDA graph cannot hold): the CPU only. `helios.abi.speculative` asks this too; tests
@@ -187,6 +212,8 @@ def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor
     host code only); without it every row is computed and the results are selected, which is what
     a device may do inside a captured graph. Both give the same tokens.
     """
+    if draws_skipped():
+        return tokens
     if select_rows:
         rows = drawing.nonzero().squeeze(-1)
         if rows.numel() == 0:

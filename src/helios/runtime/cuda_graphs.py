@@ -15,6 +15,11 @@ from the state `load_model` allocated.
 
 The captured callable ignores the arguments it is given: the executor passes the same buffers the
 graph recorded, and `CapturedProgram.check_arguments` (used by tests) proves it.
+
+Each program is captured twice: as exported, and under `helios.abi.sampling.greedy_only`, which
+leaves the random draws out of ``helios::sample`` (the per-row sort and prefix sums over the whole
+vocabulary, most of a large batch's sampling time). The executor replays the greedy graph only for
+steps in which no row samples with temperature > 0; there both graphs select the same tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from helios.abi.sampling import greedy_only
 from helios.errors import LoadError
 
 
@@ -32,16 +38,21 @@ class CaptureError(LoadError):
 
 
 class CapturedProgram:
-    """A program's CUDA graph and its static outputs; calling it replays the graph."""
+    """A program's CUDA graphs (full and greedy-only) and their static outputs."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, outputs, arguments: Sequence[object]):
-        self._graph = graph
-        self._outputs = outputs
+    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object]):
+        self._full = full  # (graph, outputs)
+        self._greedy = greedy
         self._pointers = _pointers(arguments)
 
     def __call__(self, *arguments):
-        self._graph.replay()
-        return self._outputs
+        return self.replay(greedy=False)
+
+    def replay(self, greedy: bool):
+        """Replays the greedy-only graph when `greedy` (no row of the step draws), else the full one."""
+        graph, outputs = self._greedy if greedy else self._full
+        graph.replay()
+        return outputs
 
     def check_arguments(self, arguments: Sequence[object]) -> bool:
         """Whether `arguments` are the tensors (same addresses and shapes) the graph recorded."""
@@ -71,19 +82,27 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 
 def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(stream):
-            for _ in range(warmups):
-                program.module(*arguments)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            outputs = program.module(*arguments)
+        full = _record(program, arguments, pool, warmups)
+        with greedy_only():
+            greedy = _record(program, arguments, pool, 1)
     except RuntimeError as error:
         raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
-    return CapturedProgram(graph, outputs, arguments)
+    return CapturedProgram(full, greedy, arguments)
+
+
+def _record(program, arguments: list, pool, warmups: int) -> tuple:
+    """Warm-up calls on a side stream, then one call captured: (graph, its static outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            program.module(*arguments)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = program.module(*arguments)
+    return graph, outputs
 
 
 def _pointers(arguments: Sequence[object]) -> tuple:

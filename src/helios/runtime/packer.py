@@ -159,6 +159,10 @@ class Packer:
                 self._fill(binding, target, plan.rows, requests, masks or {})
         self._staging.upload()
 
+    def all_greedy(self, plan: StepPlan) -> bool:
+        """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""
+        return not any(self._requests[row.request_id].sampling[0] > 0 for row in plan.rows)
+
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
         """Copied history candidates for a lane: none unless its history ends at its pending token."""
         history = self._histories.get(row.request_id) if self._histories is not None else None
