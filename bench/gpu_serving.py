@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="1x128x128,64x128x128,256x128x128,64x1024x1024",
                         help="comma-separated REQUESTSxPROMPTxOUTPUT")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--hf-max-batch", type=int, default=64, help="largest workload run through transformers")
+    parser.add_argument("--hf-max-batch", type=int, default=64, help="largest workload run through transformers (0: none)")
     parser.add_argument("--hf-max-output", type=int, default=128, help="skip transformers above this output length")
     parser.add_argument("--ttft-prompt", type=int, default=2048, help="prompt tokens for the time-to-first-token rows")
     parser.add_argument("--no-graphs", action="store_true", help="run programs eagerly (no CUDA graphs)")
@@ -223,7 +223,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         core = prepare(shape, workloads, Path(scratch), key, args.dtype, ttft_prompt, device)
         helios_rows(core, key, shape, workloads, results, args, device, bandwidth, element_bytes, ttft_prompt)
-        hf_rows(shape, workloads, results, args, device, Path(scratch) / "checkpoint")
+        if args.hf_max_batch > 0:
+            hf_rows(shape, workloads, results, args, device, Path(scratch) / "checkpoint")
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
