@@ -145,10 +145,12 @@ class StepBuilder:
     def _fill(self, draft: Draft, operation: Operation, lanes: list[tuple[RequestState, int, int]]) -> None:
         draft.operation = operation
         max_rows, max_tokens = self.caps.limits(operation)
-        if operation not in (Operation.DECODE, Operation.SPECULATIVE):
-            max_tokens = min(max_tokens, self.caps.prefill_tokens)
         takes = _TAKES[operation]
         num_decoders = sum(kind == DECODE for _, _, kind in lanes) if DECODE in takes else 0
+        if operation not in (Operation.DECODE, Operation.SPECULATIVE):
+            # The prefill extent bounds prompt tokens; a MIXED step's decoding lanes come on top
+            # (its program holds prefill + rows tokens), up to the program's capacity.
+            max_tokens = min(max_tokens, self.caps.prefill_tokens + min(num_decoders, max_rows))
         lane_limit = 1
         if operation == Operation.SPECULATIVE:
             count = min(num_decoders, max_rows)
