@@ -5,9 +5,7 @@ cuda:0; a lost GPU rank fails the model instead of hanging it."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 import signal
 from dataclasses import replace
 
@@ -23,7 +21,7 @@ from ignition.hf_checkpoints import LLAMA3, QWEN3
 from support import nccl_ranks
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS
-from .test_failures import HANG_GUARD_S, Requests
+from .test_failures import HANG_GUARD_S, lose_a_rank_mid_generation
 from .test_generate_cli import free_port
 
 pytestmark = [
@@ -89,21 +87,7 @@ def test_a_lost_gpu_rank_ends_requests_in_flight_with_errors(cores, how):
     options = RuntimeOptions(load=LoadOptions(device="cuda"), ranks=replace(GPU_RANKS, collective_timeout_s=3.0))
     runtime = build_runtime(cores.open(cores.core(QWEN3, 2)), options)
     try:
-        engine = runtime.engine
-        engine.start()
-        requests = Requests(engine, 3)
-        assert requests.first_token.wait(HANG_GUARD_S)
-        in_flight = requests.unfinished()
-        (pid,) = runtime.peers.local_pids
-        os.kill(pid, how)
-        try:
-            assert requests.all_done.wait(HANG_GUARD_S)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        assert in_flight, "every request finished before the rank was lost"
-        assert {requests.finished[r].reason.name for r in in_flight} == {"ERROR"}
-        assert not engine.is_healthy
+        lose_a_rank_mid_generation(runtime, how)
     finally:
         runtime.close()
 

@@ -62,24 +62,31 @@ class Requests:
             return {f"r{i}" for i in range(self._count)} - set(self.finished)
 
 
+def lose_a_rank_mid_generation(runtime, how: int) -> None:
+    """Starts 3 requests, sends `how` to the local rank-1 process after the first token, and checks
+    that every request still in flight ends with an error and the engine turns unhealthy."""
+    engine = runtime.engine
+    engine.start()
+    requests = Requests(engine, 3)
+    assert requests.first_token.wait(HANG_GUARD_S)
+    in_flight = requests.unfinished()
+    (pid,) = runtime.peers.local_pids
+    os.kill(pid, how)
+    try:
+        assert requests.all_done.wait(HANG_GUARD_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # already reaped when the model failed
+            os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
+    assert in_flight, "every request finished before the rank was lost"
+    assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
+    assert not engine.is_healthy
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops-answering"])
 def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
     with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
+        lose_a_rank_mid_generation(runtime, how)
         engine = runtime.engine
-        engine.start()
-        requests = Requests(engine, 3)
-        assert requests.first_token.wait(HANG_GUARD_S)
-        in_flight = requests.unfinished()
-        (pid,) = runtime.peers.local_pids
-        os.kill(pid, how)
-        try:
-            assert requests.all_done.wait(HANG_GUARD_S)
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # already reaped when the model failed
-                os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
-        assert in_flight, "every request finished before the rank was lost"
-        assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
-        assert not engine.is_healthy
         assert not engine.stats.snapshot().healthy
         late = Requests(engine, 1)
         assert late.all_done.wait(HANG_GUARD_S)
