@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One full GPU check on the device machine, logs under $OUT (or ./device-out):
+#   1. tests/gpu, the model fixture and the Triton kernels on CUDA (one GPU);
+#   2. tests/parallel/test_cuda.py when two GPUs are visible;
+#   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1;
+#   4. the TP1-vs-TP2 table (bench/tensor_parallel.py) when two GPUs are visible and SKIP_TP is unset.
+# The machine lacks some packages: carry `.whl` (../shared/device/fetch-wheels.sh protobuf==7.36.2)
+# and run from the repository root:  bash bench/device_session.sh
+# LAYERS (default 32) makes the benchmarks' model shallower for quick runs.
+set -uo pipefail
+out=${OUT:-device-out}
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+layers=${LAYERS:-32}
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
+
+timeout 300 python3 -m pytest -q -p no:cacheprovider -ra tests/runtime/test_model_fixture.py tests/gpu \
+  tests/abi/test_triton_attention.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+if [ "$gpus" -ge 2 ]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -ra tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
+fi
+if [ -z "${SKIP_SERVING:-}" ]; then
+  timeout 420 python3 bench/gpu_serving.py --layers "$layers" --json "$out/serving.json" 2>&1 \
+    | grep -v "checkpoint: layer\|Loading weights" | tee "$out/serving.log" | tail -12
+fi
+if [ "$gpus" -ge 2 ] && [ -z "${SKIP_TP:-}" ]; then
+  timeout 480 python3 bench/tensor_parallel.py --layers "$layers" 2>&1 \
+    | grep -v "checkpoint: layer" | tee "$out/tp_bench.log" | tail -14
+fi
