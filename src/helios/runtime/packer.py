@@ -236,7 +236,10 @@ def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> Non
     if n > target.shape[0]:
         raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
     if n:
-        filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
+        if binding.offset == 0 and None not in values:  # the common case: the values as they are
+            filled = values
+        else:
+            filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
         target[:n] = torch.tensor(filled, dtype=target.dtype)
     if pad and n < target.shape[0]:
         target[n:] = binding.padding
@@ -249,14 +252,13 @@ def _offset(value, offset: int):
 
 
 def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool) -> None:
+    """Constrained rows get their grammar mask; every other row (and, with `pad`, the padding
+    rows) -1: every token allowed."""
+    target[: target.shape[0] if pad else len(rows)] = -1
     for index, row in enumerate(rows):
         mask = masks.get(row.request_id) if row.constrained else None
-        if mask is None:
-            target[index] = -1  # every token allowed
-        else:
+        if mask is not None:
             target[index] = mask
-    if pad:
-        target[len(rows):] = -1
 
 
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
