@@ -206,6 +206,36 @@ def test_decode_splits_depend_on_shapes_only():
     assert kernels.decode_splits(1, 1, 1 << 20, cpu) <= 64
 
 
+# Tuned decode: the split count comes from a device tensor (helios::paged_attention_tuned).
+
+TUNED_LENS, TUNED_CACHED = [1, 1, 1], [5, 610, 1100]  # contexts long enough for several splits
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 99])
+def test_tuned_decode_reads_its_split_count_from_the_tensor(count):
+    """Any count (clamped to [1, bound]) is only a schedule: every one gives the reference result."""
+    batch = make_batch(17, TUNED_LENS, TUNED_CACHED, Shape(page_tokens=32))
+    max_context = batch.poisoned[2].shape[1] * 32
+    bound = kernels.tuned_split_bound(3, Shape().num_kv_heads, max_context)
+    assert bound == 5 and kernels.decode_partition(max_context, bound)[0] == 5  # several splits in the grid
+    splits = torch.tensor([count], dtype=torch.int32, device=DEVICE)
+    out = run(kernels.triton_paged_attention_tuned, batch, 700, splits=splits)
+    assert_matches_reference(out, batch, 700)
+
+
+def test_tuned_prefill_path_ignores_the_split_count():
+    batch = make_batch(18, [4, 1], [3, 9], padding=1)
+    splits = torch.tensor([4], dtype=torch.int32, device=DEVICE)
+    assert_matches_reference(run(kernels.triton_paged_attention_tuned, batch, 0, splits=splits), batch, 0)
+
+
+def test_tuned_split_bound_depends_on_shapes_only():
+    assert kernels.tuned_split_bound(1, 8, 8192) == 32  # no split shorter than 256 positions
+    assert kernels.tuned_split_bound(1, 1, 1 << 20) == 64  # at most _MAX_SPLITS
+    assert kernels.tuned_split_bound(256, 8, 8192) == 1  # a big batch fills any device alone
+    assert kernels.tuned_split_bound(16, 8, 8192) == 4
+
+
 # Cache writes.
 
 def test_cache_write_matches_reference_and_skips_negative_slots():
@@ -232,7 +262,10 @@ def test_kernels_compile_for_hopper():
 
 
 def test_ops_have_cuda_kernels_registered():
-    for op in ("helios::paged_attention", "helios::cache_write"):
+    import helios.abi.tuning  # noqa: F401  (registers helios::device_multiprocessors)
+
+    for op in ("helios::paged_attention", "helios::paged_attention_tuned", "helios::cache_write",
+               "helios::device_multiprocessors"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")
 
 

@@ -31,6 +31,14 @@ Tensor positions, float scale, int window) -> Tensor``
     keys and values first, so a query sees its own key. scale multiplies q.k.
     Returns [T, Hq, D] in q's dtype; tokens at or past query_start[R] (padding) get zeros.
     Scores and the softmax are computed in float32.
+
+``helios::paged_attention_tuned(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table,
+Tensor query_start, Tensor positions, float scale, int window, Tensor splits) -> Tensor``
+    Exactly the semantics of ``helios::paged_attention``. splits: int32 [1] on q's device, how many
+    sequence splits the decode path uses (a schedule, never a result: any value gives the same
+    attention; values are clamped to [1, a static maximum]). It is read on the device, so a captured
+    CUDA graph replays whatever a startup tuning producer wrote there. The CPU reference and the
+    prefill path ignore it.
 """
 
 from __future__ import annotations
@@ -39,15 +47,27 @@ import torch
 
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
-__all__ = ["CACHE_WRITE_SCHEMA", "PAGED_ATTENTION_SCHEMA", "cache_write", "paged_attention"]
+__all__ = [
+    "CACHE_WRITE_SCHEMA", "PAGED_ATTENTION_SCHEMA", "PAGED_ATTENTION_TUNED_SCHEMA", "cache_write", "paged_attention",
+    "paged_attention_tuned",
+]
 
 CACHE_WRITE_SCHEMA = "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()"
 PAGED_ATTENTION_SCHEMA = (
     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor query_start, "
     "Tensor positions, float scale, int window) -> Tensor"
 )
+PAGED_ATTENTION_TUNED_SCHEMA = (
+    "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor query_start, "
+    "Tensor positions, float scale, int window, Tensor splits) -> Tensor"
+)
 _WRITE, _ATTEND = "helios::cache_write", "helios::paged_attention"
+_TUNED = "helios::paged_attention_tuned"
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Decode split schedule (helios.abi.triton_attention and startup tuning producers share it): no split
+# shorter than MIN_SPLIT_TOKENS cached positions, at most DECODE_MAX_SPLITS splits.
+MIN_SPLIT_TOKENS = 256
+DECODE_MAX_SPLITS = 64
 
 
 def check_cache_planes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
@@ -121,6 +141,12 @@ def paged_attention(
     window: int,
 ) -> torch.Tensor:
     check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
+    return _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
+
+
+def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale: float,
+                         window: int) -> torch.Tensor:
+    """The CPU reference of both attention ops (reads query_start on the host)."""
     out = torch.zeros_like(q)
     bounds = query_start.tolist()
     single_rows, single_tokens = [], []
@@ -152,6 +178,44 @@ def _paged_attention_cuda(q, k_cache, v_cache, page_table, query_start, position
     from helios.abi.triton_attention import triton_paged_attention
 
     return triton_paged_attention(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
+
+
+def check_paged_attention_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, splits) -> None:
+    """Metadata-only validation of ``helios::paged_attention_tuned`` (safe on fake tensors)."""
+    check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
+    check_tensor(_TUNED, "splits", splits, torch.int32, (1,))
+    check_same_device(_TUNED, dict(q=q, splits=splits))
+
+
+@torch.library.custom_op(_TUNED, mutates_args=(), schema=PAGED_ATTENTION_TUNED_SCHEMA)
+def paged_attention_tuned(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    query_start: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    window: int,
+    splits: torch.Tensor,
+) -> torch.Tensor:
+    check_paged_attention_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, splits)
+    return _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
+
+
+@paged_attention_tuned.register_fake
+def _paged_attention_tuned_fake(q, k_cache, v_cache, page_table, query_start, positions, scale, window, splits):
+    check_paged_attention_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, splits)
+    return torch.empty_like(q)
+
+
+@paged_attention_tuned.register_kernel("cuda")
+def _paged_attention_tuned_cuda(q, k_cache, v_cache, page_table, query_start, positions, scale, window, splits):
+    check_paged_attention_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, splits)
+    from helios.abi.triton_attention import triton_paged_attention_tuned
+
+    return triton_paged_attention_tuned(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
+                                        splits)
 
 
 def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int) -> torch.Tensor:

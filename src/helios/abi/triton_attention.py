@@ -19,6 +19,10 @@ Two attention paths, picked from static shapes by `triton_paged_attention`:
   per (token, key/value head, split); the cached positions are cut into ``split`` equal ranges
   (flash-decoding), each program writes a partial max, sum and normalised accumulator, and a combine
   kernel merges them. With ``split == 1`` the decode kernel writes the output itself.
+- tuned decode (``helios::paged_attention_tuned``): the same kernels, but the split count is read
+  from an int32 [1] device tensor that a startup tuning producer wrote. The grid holds a static
+  maximum (`tuned_split_bound`, from shapes), programs of splits past the asked count exit, and the
+  combine kernel reads the count too, so a captured CUDA graph replays whatever the tensor holds.
 
 Both paths are correct for any layout (a row of several tokens in a decode-shaped batch, one-token
 rows in a prefill batch). Padding tokens (t >= query_start[R]) are never written: the output is
@@ -40,22 +44,28 @@ import torch
 import triton
 import triton.language as tl
 
+from helios.abi.attention import DECODE_MAX_SPLITS, MIN_SPLIT_TOKENS
+
 __all__ = [
     "decode_partition",
     "decode_splits",
     "paged_attention_decode",
+    "paged_attention_decode_tuned",
     "paged_attention_prefill",
     "triton_cache_write",
     "triton_paged_attention",
+    "triton_paged_attention_tuned",
+    "tuned_split_bound",
 ]
 
 _LOG2E = 1.4426950408889634
 _NO_WINDOW = (1 << 31) - 1  # window bound used when window <= 0: no int32 position difference reaches it
 _PREFILL_M = 64  # (token, head) pairs per prefill program: BLOCK_M * BLOCK_G
 _BLOCK_N = 64  # cached positions per inner iteration
-_MIN_SPLIT_TOKENS = 256  # shortest useful decode split
-_MAX_SPLITS = 64
+_MIN_SPLIT_TOKENS = MIN_SPLIT_TOKENS  # shortest useful decode split
+_MAX_SPLITS = DECODE_MAX_SPLITS
 _CPU_SMS = 8  # stand-in multiprocessor count for interpreted (CPU) launches
+_MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned decode grid
 # Per-step values are not specialised on (== 1, multiple of 16), so batches of different sizes and
 # windows share one compiled kernel.
 
@@ -154,20 +164,34 @@ def _prefill_kernel(out_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr, query_start_pt
                  result.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["window", "num_rows", "max_pages", "split_len"])
+@triton.jit
+def _tuned_partition(splits_ptr, max_context, MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`decode_partition` on the device for the count in splits_ptr (clamped to [1, MAX_SPLITS]) with
+    a fixed tile: (positions per split, number of splits); the count never exceeds MAX_SPLITS."""
+    asked = tl.minimum(tl.maximum(tl.load(splits_ptr), 1), MAX_SPLITS)
+    split_len = (max_context + asked - 1) // asked
+    split_len = (split_len + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    return split_len, (max_context + split_len - 1) // split_len
+
+
+@triton.jit(do_not_specialize=["window", "num_rows", "max_pages", "split_len", "max_context"])
 def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
-                   query_start_ptr, positions_ptr, scale_log2, window, num_rows, max_pages, split_len,
-                   num_heads, stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+                   query_start_ptr, positions_ptr, splits_ptr, scale_log2, window, num_rows, max_pages, split_len,
+                   max_context, num_heads, stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
                    stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
                    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Program (token, key/value head, split): the token's GROUP query heads over cached positions
-    [split * split_len, (split + 1) * split_len). Writes the output (NUM_SPLITS == 1) or partials."""
+    [split * split_len, (split + 1) * split_len). Writes the output (one split) or partials. TUNED:
+    the split count is read from splits_ptr (NUM_SPLITS is the grid's bound, splits past it exit)."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)):
+    live = NUM_SPLITS
+    if TUNED:
+        split_len, live = _tuned_partition(splits_ptr, max_context, NUM_SPLITS, BLOCK_N)
+    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < live):
         row = _find_row(query_start_ptr, num_rows, token, 1, False)
         pos = tl.load(positions_ptr + token).to(tl.int32)
         lo = tl.maximum(tl.maximum(pos - window + 1, 0), split * split_len)
@@ -191,7 +215,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, kv_head,
                                          offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        if NUM_SPLITS == 1:
+        if live == 1:
             tl.store(out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
                      result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
         else:
@@ -201,17 +225,22 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
             tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def _combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, num_rows, num_heads,
-                    stride_ot, stride_oh, stride_od,
+@triton.jit(do_not_specialize=["num_rows", "max_context"])
+def _combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, splits_ptr, num_rows, max_context,
+                    num_heads, stride_ot, stride_oh, stride_od,
                     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-    """Program (token, query head): merge the NUM_SPLITS partial softmaxes into the output."""
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TUNED: tl.constexpr):
+    """Program (token, query head): merge the partial softmaxes into the output. Partials are laid out
+    NUM_SPLITS per (token, head); TUNED reads the live count from splits_ptr (one split: the decode
+    kernel wrote the output itself and this program does nothing)."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)):
+    live = NUM_SPLITS
+    if TUNED:
+        _, live = _tuned_partition(splits_ptr, max_context, NUM_SPLITS, BLOCK_N)
+    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (live > 1):
         offs_s = tl.arange(0, BLOCK_S)
-        s_ok = offs_s < NUM_SPLITS
+        s_ok = offs_s < live
         offs_d = tl.arange(0, BLOCK_D)
         part = (token * num_heads + head) * NUM_SPLITS + offs_s
         m_s = tl.load(part_m_ptr + part, mask=s_ok, other=-1e30)
@@ -310,27 +339,81 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.zeros_like(q)  # the strides of the reference and fake implementations
     if num_tokens == 0 or num_rows == 0:
         return out
-    page_table = _row_major(page_table)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if split is None:
         split = decode_splits(num_tokens, num_kv_heads, max_context, q.device)
     num_splits, split_len, block_n = decode_partition(max_context, split)
+    _launch_decode(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+                   (num_splits, split_len, block_n), None)
+    return out
+
+
+def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
+                                 scale: float, window: int, splits: torch.Tensor) -> torch.Tensor:
+    """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
+    (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
+    (and reads the count) whenever the bound allows more than one split."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
+    out = torch.zeros_like(q)
+    if num_tokens == 0 or num_rows == 0:
+        return out
+    max_context = page_table.shape[1] * k_cache.shape[1]
+    bound = tuned_split_bound(num_tokens, num_kv_heads, max_context)
+    num_splits, _, block_n = decode_partition(max_context, bound)
+    _launch_decode(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+                   (num_splits, 0, block_n), splits.contiguous())
+    return out
+
+
+def triton_paged_attention_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
+                                 scale: float, window: int, splits: torch.Tensor) -> torch.Tensor:
+    """``helios::paged_attention_tuned`` (arguments as the op, already validated): the tuned decode
+    path when T <= R, else the prefill kernel (which ignores `splits`)."""
+    if q.shape[0] <= page_table.shape[0]:
+        return paged_attention_decode_tuned(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
+                                            splits)
+    return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
+
+
+def tuned_split_bound(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
+    """The most splits a tuned decode launch can use, from static numbers only: no split shorter than
+    _MIN_SPLIT_TOKENS, at most _MAX_SPLITS, and no more programs than fill a _MAX_SMS device twice."""
+    programs = max(1, num_tokens * num_kv_heads)
+    useful = -(-max_context // _MIN_SPLIT_TOKENS)
+    return max(1, min(_MAX_SPLITS, useful, -(-2 * _MAX_SMS // programs)))
+
+
+def _launch_decode(out: torch.Tensor, tensors, scale: float, window: int, partition: tuple[int, int, int],
+                   splits: torch.Tensor | None) -> None:
+    """Launch the decode kernel (and the combine kernel when more than one split can run).
+    partition: (splits in the grid, positions per split, tile); splits: the tuned count or None."""
+    q, k_cache, v_cache, page_table, query_start, positions = tensors
+    num_tokens, num_heads, head_dim = q.shape
+    num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
+    num_splits, split_len, block_n = partition
+    page_table = _row_major(page_table)
+    max_context = page_table.shape[1] * k_cache.shape[1]
+    tuned = splits is not None
     block_d = _block_d(head_dim)
     parts = _partials(num_tokens, num_heads, num_splits, block_d, out)
     query_start = query_start.contiguous()
+    splits = splits if tuned else query_start  # an unread stand-in
     with _on_device(q):
         _decode_kernel[(num_tokens, num_kv_heads, num_splits)](
-            out, *parts, q, k_cache, v_cache, page_table, query_start, positions.contiguous(),
-            scale * _LOG2E, _window_bound(window), num_rows, page_table.shape[1], split_len, num_heads,
+            out, *parts, q, k_cache, v_cache, page_table, query_start, positions.contiguous(), splits,
+            scale * _LOG2E, _window_bound(window), num_rows, page_table.shape[1], split_len, max_context, num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
             BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=k_cache.shape[1],
-            NUM_SPLITS=num_splits, DOT_PRECISION=_dot_precision(q), num_warps=4, num_stages=2)
+            NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=_dot_precision(q), num_warps=4, num_stages=2)
         if num_splits > 1:
             _combine_kernel[(num_tokens, num_heads)](
-                out, *parts, query_start, num_rows, num_heads, *out.stride(), NUM_SPLITS=num_splits,
-                BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, BLOCK_D=block_d)
-    return out
+                out, *parts, query_start, splits, num_rows, max_context, num_heads, *out.stride(),
+                NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+                BLOCK_D=block_d, BLOCK_N=block_n, TUNED=tuned)
 
 
 def decode_splits(num_tokens: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import io
+import warnings
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -23,9 +24,10 @@ from torch.export import Dim
 
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
-from helios.ignition.program import GenerationProgram, MixedProgram, ScoredPrefillProgram
+from helios.ignition.program import GenerationProgram, MixedProgram, ScoredPrefillProgram, TunedDecodeProgram
 from helios.ignition.program_spec import Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, program_spec
 from helios.ignition.speculative import SpeculativeProgram
+from helios.ignition.tuning import AttentionTuningProgram
 
 _TORCH_DTYPES = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -46,7 +48,13 @@ class CapturedProgram:
 def build_program(arch: Architecture, operation: Operation, page_tokens: int,
                   options: ProgramOptions = ProgramOptions(), capacity: Capacity | None = None) -> torch.nn.Module:
     """The eager module of `operation` (also usable directly, e.g. for debugging); SPECULATIVE
-    modules are built for one `capacity`."""
+    and tuned DECODE modules are built for one `capacity`."""
+    if operation is Operation.TUNING:
+        return AttentionTuningProgram(arch, options.attention_tuning)
+    if operation is Operation.DECODE and options.attention_tuning is not None:
+        if capacity is None:
+            raise ValueError("a tuned DECODE program is built for one capacity")
+        return TunedDecodeProgram(arch, page_tokens, options, capacity.batch_capacity)
     if operation is Operation.SPECULATIVE:
         if capacity is None:
             raise ValueError("a SPECULATIVE program is built for one capacity")
@@ -69,6 +77,12 @@ def capture_program(arch: Architecture, operation: Operation, capacity: Capacity
     args, dynamic_shapes = _example_inputs(spec)
     dynamic_shapes = _grouped_varargs(module, dynamic_shapes)
     exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    if operation is Operation.TUNING:
+        # A producer returns nothing; functionalizing records its in-place write as the graph's
+        # (input mutation) output, which saving needs and loading applies back to the buffer.
+        with warnings.catch_warnings():  # torch's own pytree deprecation notice while copying the graph
+            warnings.simplefilter("ignore", FutureWarning)
+            exported = exported.run_decompositions({})
     exported.example_inputs = None  # never ship example data
     spec = dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items())))
     buffer = io.BytesIO()

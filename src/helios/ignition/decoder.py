@@ -15,7 +15,7 @@ from typing import Mapping, NamedTuple
 import torch
 import torch.nn.functional as F
 
-import helios.abi.attention  # noqa: F401  (registers helios::paged_attention and helios::cache_write)
+import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
 
@@ -28,6 +28,7 @@ class PackedStep(NamedTuple):
     query_start: torch.Tensor  # int32 [R + 1]
     page_table: torch.Tensor  # int32 [R, max_pages]
     slot_mapping: torch.Tensor  # int64 [T], -1 for padding tokens
+    splits: torch.Tensor | None = None  # int32 [1] tuned decode split count; None: untuned attention
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
@@ -90,10 +91,16 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
     torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
-    attended = torch.ops.helios.paged_attention(
-        q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
-        arch.attention_scale, arch.layer_windows[layer],
-    )
+    if step.splits is None:
+        attended = torch.ops.helios.paged_attention(
+            q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
+            arch.attention_scale, arch.layer_windows[layer],
+        )
+    else:
+        attended = torch.ops.helios.paged_attention_tuned(
+            q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
+            arch.attention_scale, arch.layer_windows[layer], step.splits,
+        )
     attended = attended.reshape(num_tokens, arch.q_size)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 

@@ -7,10 +7,15 @@ resource each (with its weight catalog), one resource per program, the tokenizer
 template. With ``tensor_parallel`` N > 1 the programs are captured once for one rank's share
 (`helios.ignition.sharding`) and stored once, shared by every rank; the manifest holds N ranks and a
 handle per rank for every variant. Progress goes to the `progress` callback, one line per stage.
+
+Startup tuning: the core also holds the TUNING producer ``tune_attention`` (`helios.ignition.tuning`),
+which the runtime runs once at load to choose each DECODE variant's attention split count; the
+DECODE programs read it (see `ProgramOptions.attention_tuning`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +33,11 @@ from helios.ignition.preparation.contract import (
     ProgramResource,
     declare_paged_text,
 )
-from helios.ignition.program_spec import Capacity, Operation, ProgramOptions
+from helios.ignition.program_spec import AttentionTuning, Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import Recipe, load_checkpoint
 from helios.ignition.sharding import rank_architecture, rank_weight_files
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
+from helios.ignition.tuning import TUNING_CAPACITY
 
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
@@ -61,7 +67,12 @@ class CapacityPlan:
     def max_concurrency(self) -> int:
         return max(self.decode_batches)
 
+    @property
+    def attention_tuning(self) -> AttentionTuning:
+        return AttentionTuning(tuple(sorted(set(self.decode_batches))), self.context_tokens)
+
     def variants(self) -> list[tuple[Operation, Capacity]]:
+        """Serving variants, then the startup tuning producer (one variant)."""
         tokens = self.prefill_tokens
         plan = [(Operation.DECODE, Capacity(rows, rows)) for rows in sorted(set(self.decode_batches))]
         plan += [(Operation.PREFILL, Capacity(rows, max(tokens, rows))) for rows in sorted(set(self.prefill_batches))]
@@ -72,7 +83,7 @@ class CapacityPlan:
             plan.append((Operation.SCORED_PREFILL, Capacity(1, tokens)))
         if self.speculative is not None:
             plan += self.speculative.variants(self.decode_batches)
-        return plan
+        return plan + [(Operation.TUNING, TUNING_CAPACITY)]
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ def prepare_core(
     variants = plan.variants()
     draft = load_draft(plan.speculative, arch) if plan.speculative is not None else None
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
+    program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning)
     for number, (operation, capacity) in enumerate(variants, 1):
         captured = capture_program(arch, operation, capacity, plan.page_tokens, program_options)
         resource_id = f"program.{operation.value}.{_variant_label(capacity)}"

@@ -16,6 +16,10 @@ last (``*draft``: its planes and page table, see `helios.ignition.draft`) and wr
 keys/values of the packed tokens. With `ProgramOptions.record_tokens` the completion record carries
 the emitted token as its first extra column.
 
+A core prepared with startup tuning (`ProgramOptions.attention_tuning`) captures DECODE as
+`TunedDecodeProgram`: it also takes ``attention_splits`` and attends with its own entry (a static
+index per variant) through ``helios::paged_attention_tuned``; it never writes that buffer.
+
 Mutation: k_cache and v_cache (this step's keys/values, through ``helios::cache_write``), the draft
 planes when present, and output_counts (one count per sampled row, ``index_put_`` with
 accumulation) are written in place. Nothing else that is passed in is modified.
@@ -115,6 +119,25 @@ class GenerationProgram(torch.nn.Module):
             emitted, consumed, None,
         )
         return with_emitted(record, sampled.unsqueeze(-1), self.record_tokens)
+
+
+class TunedDecodeProgram(GenerationProgram):
+    """DECODE of a tuned core: GenerationProgram plus the tuned split count of this variant."""
+
+    def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions, rows: int):
+        super().__init__(arch, page_tokens, options)
+        self.splits_index = options.attention_tuning.index(rows)
+
+    def forward(
+        self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
+        token_ids, positions, query_lens, request_slots, generations, sample_rows,
+        seeds, counters, sampling_params, grammar_mask, submission, attention_splits, *draft,
+    ):
+        step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        step = step._replace(splits=attention_splits[self.splits_index:self.splits_index + 1])
+        return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
+                        (request_slots, generations, sample_rows, query_lens, submission),
+                        (seeds, counters, sampling_params, grammar_mask), draft)
 
 
 class MixedProgram(GenerationProgram):

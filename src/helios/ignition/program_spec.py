@@ -37,10 +37,17 @@ A core with a draft model (`ProgramOptions.draft`) appends the draft's weights (
 ``draft_page_table``; every program writes the draft's keys/values of the tokens it consumes, so the
 draft context always covers the committed history. With `ProgramOptions.record_tokens` n > 0 every
 program's completion record carries n more int64 columns: the emitted token ids, -1 padded.
+
+Startup tuning (`ProgramOptions.attention_tuning`): the TUNING program ``tune_attention`` takes an
+empty weight list and the persistent buffer ``attention_splits`` int32 [number of DECODE variants],
+which it fills in place (`helios.ignition.tuning`); every DECODE program then also takes
+``attention_splits`` (after ``submission``) and reads its own entry, the variant's index in
+`AttentionTuning.decode_rows`, as the decode split count of ``helios::paged_attention_tuned``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -60,6 +67,7 @@ class Operation(enum.Enum):
     MIXED = "mixed"
     SCORED_PREFILL = "scored_prefill"
     SPECULATIVE = "speculative"
+    TUNING = "tuning"  # a startup tuning producer (helios.ignition.tuning)
 
 
 class InputRole(enum.Enum):
@@ -67,6 +75,7 @@ class InputRole(enum.Enum):
     CACHE_STORAGE = "cache_storage"  # paged key/value planes [layers, pages, page_tokens, Hkv, D]
     PERSISTENT_STATE = "persistent_state"  # per-request-slot device state that outlives a step
     STEP_INPUT = "step_input"  # values packed by the host for this step only
+    TUNED = "tuned"  # persistent values a startup tuning producer writes once; serving programs read them
 
 
 class Access(enum.Enum):
@@ -101,6 +110,24 @@ class Capacity:
         return min(self.draft_tokens + 1, self.verify_tokens)
 
 
+TUNED_SPLITS = "attention_splits"  # the tuned decode split counts, one per DECODE variant
+
+
+@dataclass(frozen=True)
+class AttentionTuning:
+    """The decode attention split producer: DECODE row capacities in buffer order (ascending) and
+    the context the producer sizes splits for."""
+
+    decode_rows: tuple[int, ...]
+    context_tokens: int
+
+    def index(self, rows: int) -> int:
+        """The `attention_splits` entry of the DECODE variant with `rows` rows."""
+        if rows not in self.decode_rows:
+            raise CheckpointError(f"no tuned split count for a DECODE variant of {rows} rows")
+        return self.decode_rows.index(rows)
+
+
 @dataclass(frozen=True)
 class ProgramOptions:
     """What every program of one core shares beyond the target Architecture.
@@ -109,11 +136,13 @@ class ProgramOptions:
     token columns appended to each completion record (0: none; a core whose lanes can emit more
     than one token needs its widest lane limit). `allocates_prefixes`: SPECULATIVE programs take
     lane ceilings and allocate prefixes from proposal confidence (else exact lane lengths).
+    `attention_tuning`: DECODE programs read tuned split counts (None: they call the untuned op).
     """
 
     draft: Architecture | None = None
     record_tokens: int = 0
     allocates_prefixes: bool = False
+    attention_tuning: AttentionTuning | None = None
 
 
 def model_weight_layout(arch: Architecture, draft: Architecture | None = None) -> tuple[WeightSlot, ...]:
@@ -171,15 +200,37 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
                  options: ProgramOptions = ProgramOptions()) -> ProgramSpec:
     """The spec of the program for (`operation`, `capacity`); abi_ops is filled in by capture."""
     _check_capacity(operation, capacity, options)
+    if operation is Operation.TUNING:
+        return _tuning_spec(capacity, page_tokens, options)
     weights = model_weight_layout(arch, options.draft)
     inputs = (
         TensorSpec("weights", "tensor_list", (len(weights),), InputRole.WEIGHTS),
         *_state_inputs(arch, page_tokens),
         *_step_inputs(arch, capacity, operation),
+        *_tuned_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)
+
+
+def _tuned_splits_spec(tuning: AttentionTuning) -> TensorSpec:
+    return TensorSpec(TUNED_SPLITS, "int32", (len(tuning.decode_rows),), InputRole.TUNED, Access.READ)
+
+
+def _tuned_inputs(operation: Operation, options: ProgramOptions) -> tuple[TensorSpec, ...]:
+    if operation is not Operation.DECODE or options.attention_tuning is None:
+        return ()
+    return (_tuned_splits_spec(options.attention_tuning),)
+
+
+def _tuning_spec(capacity: Capacity, page_tokens: int, options: ProgramOptions) -> ProgramSpec:
+    """The producer's convention: an empty weight list, then the buffer it fills in place."""
+    if options.attention_tuning is None:
+        raise CheckpointError("a TUNING program needs ProgramOptions.attention_tuning")
+    splits = dataclasses.replace(_tuned_splits_spec(options.attention_tuning), access=Access.READ_WRITE)
+    inputs = (TensorSpec("weights", "tensor_list", (0,), InputRole.WEIGHTS), splits)
+    return ProgramSpec(Operation.TUNING, capacity, page_tokens, inputs, (), (), options=options)
 
 
 def _check_capacity(operation: Operation, capacity: Capacity, options: ProgramOptions) -> None:

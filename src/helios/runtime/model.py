@@ -10,7 +10,10 @@ nothing here runs on untrusted bytes. `load_model` then
    and registered here with exactly the declared schema, then loads it and checks again;
 3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
-   now and replace preparation's working-set counts.
+   now and replace preparation's working-set counts;
+5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.tuning`;
+   loaded like serving programs in step 2), once, before any CUDA graph is captured and before the
+   model is returned; a missing or failing producer fails startup with `TuningProducerError`.
 
 The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
 
@@ -39,6 +42,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
+from helios.runtime.tuning import producer_handles, run_producers
 
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
@@ -117,10 +121,13 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
     programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
+    tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
+    producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
     weights = _load_weights(core, prepared, device, options.rank)
     num_pages = options.num_pages or settings.page_capacity
     num_state_rows = settings.max_concurrency * max(1, prepared.state_rows_per_request())
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
+    run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     if device.type == "cuda" and options.cuda_graphs:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device)
     return LoadedModel(

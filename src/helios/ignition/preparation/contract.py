@@ -22,6 +22,11 @@ Declarations, per input of the paged-text programs:
 * state transfer: ``output_counts`` (persistent state, read/write), the k/v planes (cache storage
   of one paged key/value region).
 
+Startup tuning: a TUNING program (`helios.ignition.tuning`) becomes a TUNING graph listed in the
+manifest's tuning catalog (never the execution catalog) with the buffers it fills as outputs; its
+inputs of role TUNED are persistent-state buffers that serving graphs read with no state view and
+declare as ``tuned_bindings`` naming the producer.
+
 Cores with a draft model and SPECULATIVE programs add the declarations of
 `helios.ignition.preparation.speculative` (draft region, view and cursor, speculative extents and
 length sources, copied-token inputs, record token columns, proposal confidence).
@@ -37,6 +42,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
 from helios.ignition.preparation import speculative as spec_decl
 from helios.ignition.program_spec import CONFIDENCE_OUTPUT, InputRole, Operation, ProgramSpec, TensorSpec
+from helios.ignition.tuning import TUNING_GRAPH
 
 S, M = spb, mpb
 EXPORTED_CONTRACT_VERSION = 3
@@ -140,11 +146,14 @@ def declare_paged_text(
     `weights_resource[rank]` is the resource id of that rank's weight file; `draft_weights_resource`
     holds the draft model's weights when the programs have one.
     """
+    tuning = [p for p in programs if p.spec.operation is Operation.TUNING]
+    programs = [p for p in programs if p.spec.operation is not Operation.TUNING]
     if not programs:
         raise ValueError("at least one captured program is required")
     first = programs[0].spec
     manifest = M.ExecutionManifest(version=MANIFEST_VERSION, ranks=declaration.ranks)
     manifest.buffers.extend(_buffers(declaration, programs, weights_resource, draft_weights_resource))
+    producers = _producers(tuning)
     manifest.destinations.extend(
         M.TransportDestination(name=name, buffer=name) for name in sorted(_bound_inputs(programs))
     )
@@ -152,23 +161,47 @@ def declare_paged_text(
     graphs = []
     for operation in _operations(programs):
         variants = [p for p in programs if p.spec.operation is operation]
-        graphs.append(_graph(operation, variants, first))
+        graphs.append(_graph(operation, variants, first, producers))
         manifest.execution_catalog.add(graph=graph_name(operation), operation=_OPERATIONS[operation])
-        for program in variants:
-            manifest.graph_handles.add(
-                graph=graph_name(operation), capacity=_capacity(program.spec),
-                resource_id=program.resource_id, rank=program.rank,
-                abi_operations=[name for name, _ in program.spec.abi_ops],
-                program_inputs=list(program.spec.input_names[1:]), program_outputs=list(program.spec.output_names),
-            )
+        _add_handles(manifest, graph_name(operation), variants)
+    graphs += _tuning_graphs(manifest, tuning)
     manifest.abi_operations.extend(
-        M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops(programs).items())
+        M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops([*programs, *tuning]).items())
     )
     contract = _serving(declaration, graphs)
     if spec_decl.has_draft(programs):
         spec_decl.declare_draft_cache(contract.model)
     contract.speculative_widths.extend(spec_decl.speculative_widths(programs))
     return PreparedContract.from_messages(contract, manifest)
+
+
+def _add_handles(manifest: mpb.ExecutionManifest, graph: str, variants: Sequence[ProgramResource]) -> None:
+    for program in variants:
+        manifest.graph_handles.add(
+            graph=graph, capacity=_capacity(program.spec), resource_id=program.resource_id, rank=program.rank,
+            abi_operations=[name for name, _ in program.spec.abi_ops],
+            program_inputs=list(program.spec.input_names[1:]), program_outputs=list(program.spec.output_names),
+        )
+
+
+def _tuned_outputs(spec: ProgramSpec) -> list[str]:
+    return [t.name for t in spec.inputs if t.role is InputRole.TUNED]
+
+
+def _producers(tuning: Sequence[ProgramResource]) -> dict[str, str]:
+    """Tuned buffer name -> the TUNING graph that fills it."""
+    return {name: TUNING_GRAPH for program in tuning for name in _tuned_outputs(program.spec)}
+
+
+def _tuning_graphs(manifest: mpb.ExecutionManifest, tuning: Sequence[ProgramResource]) -> list[spb.GraphContract]:
+    """The TUNING graph (no bindings, state accesses or weights), its catalog entry and handles."""
+    if not tuning:
+        return []
+    graph = spb.GraphContract(name=TUNING_GRAPH, operation=S.GRAPH_OPERATION_TUNING)
+    graph.variants.append(_capacity(tuning[0].spec))
+    manifest.tuning_catalog.add(graph=TUNING_GRAPH, outputs=_tuned_outputs(tuning[0].spec))
+    _add_handles(manifest, TUNING_GRAPH, tuning)
+    return [graph]
 
 
 def _operations(programs: Iterable[ProgramResource]) -> list[Operation]:
@@ -200,7 +233,8 @@ def _capacity(spec: ProgramSpec) -> spb.GraphCapacity:
     return spb.GraphCapacity(batch_capacity=rows, token_capacity=width, packed_token_capacity=tokens)
 
 
-def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: ProgramSpec) -> spb.GraphContract:
+def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: ProgramSpec,
+           producers: dict[str, str]) -> spb.GraphContract:
     graph = spb.GraphContract(name=graph_name(operation), operation=_OPERATIONS[operation], state_rows_per_request=1)
     seen = set()
     for program in variants:
@@ -221,6 +255,10 @@ def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: Prog
         elif tensor.role is InputRole.PERSISTENT_STATE:
             mode = S.ACCESS_MODE_READ_WRITE if tensor.access.value == "read_write" else S.ACCESS_MODE_READ
             graph.state_accesses.add(view=tensor.name, mode=mode)
+        elif tensor.role is InputRole.TUNED:
+            if tensor.name not in producers:
+                raise ValueError(f"{operation.value} programs read {tensor.name!r}; no tuning program fills it")
+            graph.tuned_bindings.add(buffer=tensor.name, producer=producers[tensor.name])
     graph.resource_dependencies.extend(_weight_buffer(slot.name) for slot in spec.weights)
     return graph
 
@@ -312,7 +350,7 @@ def _role(tensor: TensorSpec) -> int:
         return M.BUFFER_ROLE_INPUT  # host-written through a transport destination
     if tensor.role is InputRole.CACHE_STORAGE:
         return M.BUFFER_ROLE_CACHE_STORAGE
-    if tensor.role is InputRole.PERSISTENT_STATE:
+    if tensor.role in (InputRole.PERSISTENT_STATE, InputRole.TUNED):
         return M.BUFFER_ROLE_PERSISTENT_STATE
     return M.BUFFER_ROLE_INPUT
 
