@@ -27,7 +27,7 @@ from helios.ignition.preparation.contract import (
     ProgramResource,
     declare_paged_text,
 )
-from helios.ignition.program_spec import DRAFT_PREFIX, ProgramSpec, program_spec
+from helios.ignition.program_spec import DRAFT_PREFIX, ProgramOptions, ProgramSpec, program_spec
 from helios.ignition.recipes import Recipe
 from helios.ignition.recipes.base import NamedWeight
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE
@@ -98,10 +98,11 @@ def eager_model(recipe: Recipe, draft: Recipe | None, plan: CapacityPlan, startu
                 num_pages: int | None = None) -> LoadedModel:
     """A LoadedModel of `plan`'s programs as eager modules (see the module docstring)."""
     arch = recipe.architecture
-    options = plan.speculative.options(draft.architecture) if plan.speculative else None
+    options = plan.speculative.options(draft.architecture) if plan.speculative else ProgramOptions()
+    options = dataclasses.replace(options, attention_tuning=plan.attention_tuning)  # as prepare_core does
     specs = {}
     for operation, capacity in plan.variants():
-        spec = program_spec(arch, operation, capacity, plan.page_tokens, *(() if options is None else (options,)))
+        spec = program_spec(arch, operation, capacity, plan.page_tokens, options)
         label = f"{capacity.batch_capacity}.{capacity.verify_tokens}.{capacity.packed_token_capacity}"
         specs[f"{operation.value}.{label}"] = spec
     programs = [ProgramResource(spec, resource_id) for resource_id, spec in specs.items()]
