@@ -186,3 +186,11 @@ def test_ops_survive_export_save_and_load_and_write_in_place():
     torch.testing.assert_close(fresh[0][1, 1, 1:4], k)  # slots 5..7 = page 1, offsets 1..3
     eager = _WriteThenAttend()(*caches, q, k, v, *step)
     torch.testing.assert_close(out, eager)
+
+
+def test_decode_rows_of_different_lengths_never_read_past_their_pages():
+    """One-token rows are attended together over the longest row's pages; a shorter row's table
+    entries past its last page are junk (10,000 here) and must not be read."""
+    layout = make_layout(4, [1, 1, 1], [1, 8, 3], 2, 2, 4, padding=1)
+    out = attend(layout, 0.4, 0)
+    torch.testing.assert_close(out, dense_reference(layout, 0.4, 0), rtol=1e-5, atol=1e-5)

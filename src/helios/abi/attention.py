@@ -251,6 +251,9 @@ def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, win
     if num_pages > page_table.shape[1]:
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
     page_ids = page_table[:, :num_pages].long()
+    # A shorter row's entries past its last page are never valid: read page 0 there (masked below).
+    own_pages = torch.div(positions, page_tokens, rounding_mode="floor")[:, None] + 1
+    page_ids = torch.where(torch.arange(num_pages, device=q.device)[None, :] < own_pages, page_ids, 0)
     keys = k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).float()
     values = v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).float()
     cached = torch.arange(keys.shape[1], device=q.device)
