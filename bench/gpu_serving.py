@@ -176,8 +176,11 @@ def prepare(shape: LlamaShape, workloads: list[Workload], scratch: Path, key: Si
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
     # Every workload's requests live at once; the TTFT prompts and cached prefixes need a few more.
     pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
-    plan = CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=min(2048, context), decode_batches=batches,
-                        prefill_batches=(1,), mixed=True, page_capacity=max(pages, 2 * context // 16))
+    prefill = min(2048, context)
+    chunks = tuple(chunk for chunk in (prefill // 16, prefill // 4) if 0 < chunk < prefill)
+    plan = CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=prefill, decode_batches=batches,
+                        prefill_batches=(1,), mixed=True, page_capacity=max(pages, 2 * context // 16),
+                        prefill_chunks=chunks)
     core = scratch / "model.core"
     started = time.perf_counter()
     prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=dtype, capacities=plan), progress=log)

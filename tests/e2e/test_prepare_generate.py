@@ -37,7 +37,7 @@ def prepared(tmp_path_factory) -> tuple[Path, Path, Path]:
     core = root / "model.core"
     assert main([
         "prepare", str(checkpoint), "-o", str(core), "--key", str(key), "--namespace", NAMESPACE,
-        "--context-tokens", "128", "--prefill-tokens", "32", "--decode-batches", "1,4",
+        "--context-tokens", "128", "--prefill-tokens", "32", "--prefill-chunks", "8", "--decode-batches", "1,4",
     ]) == 0
     return checkpoint, core, Path(str(key) + ".pub")
 
@@ -100,3 +100,43 @@ def test_generate_rejects_a_device_it_cannot_use(prepared, capsys, device, messa
     err = capsys.readouterr().err
     assert code != 0 and message in err
     assert "Traceback" not in err
+
+
+def test_a_short_prompt_alone_runs_the_smallest_prefill_program(prepared):
+    """--prefill-chunks 8 captures PREFILL and MIXED at 8 prompt tokens beside 32; a 3-token prompt
+    runs the 8-token PREFILL program, a 40-token prompt the 32-token one (chunked)."""
+    from helios.core.reader import open_core
+    from helios.runtime import executor as executor_module
+    from helios.runtime.offline import generate
+    from helios.runtime.service import build_runtime
+
+    _, core, public = prepared
+    runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[public]))
+    shapes = {(p.graph, p.batch_capacity, p.packed_token_capacity) for p in runtime.model.programs}
+    assert {("prefill", 1, 8), ("prefill", 1, 32), ("mixed", 4, 12), ("mixed", 4, 36)} <= shapes
+    ran: list[str] = []
+    run = executor_module.Executor.run
+
+    def recording(self, plan, masks=None):
+        if plan.variant is not None:
+            ran.append(plan.variant.name)
+        return run(self, plan, masks)
+
+    executor_module.Executor.run = recording
+    try:
+        generate(runtime.engine, [[5, 6, 7]], 1)
+        assert ran == ["prefill.r1t8"]
+        ran.clear()
+        generate(runtime.engine, [list(range(50, 90))], 1)
+        assert ran[0] == "prefill.r1t32" and ran[-1] == "prefill.r1t8"
+    finally:
+        executor_module.Executor.run = run
+
+
+def test_prepare_rejects_prefill_chunks_outside_the_prefill_extent(prepared, tmp_path, capsys):
+    checkpoint, _, public = prepared
+    key = Path(str(public).removesuffix(".pub"))
+    code = main(["prepare", str(checkpoint), "-o", str(tmp_path / "bad.core"), "--key", str(key), "--namespace",
+                 NAMESPACE, "--prefill-tokens", "32", "--prefill-chunks", "32"])
+    err = capsys.readouterr().err
+    assert code != 0 and "prefill chunks" in err and "Traceback" not in err

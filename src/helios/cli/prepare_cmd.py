@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--page-tokens", type=int, default=16, help="tokens per cache page (default 16)")
     parser.add_argument("--context-tokens", type=int, default=2048, help="largest prompt+output per request (default 2048)")
     parser.add_argument("--prefill-tokens", type=int, default=256, help="prompt tokens per prefill step (default 256)")
+    parser.add_argument("--prefill-chunks", type=_batches, default=(), metavar="N,N",
+                        help="smaller prompt-token capacities also captured for prefill and mixed steps, e.g. 64,512 "
+                        "(a short prompt then runs a smaller program; default none)")
     parser.add_argument("--decode-batches", type=_batches, default=(1, 4, 16),
                         help="captured decode batch capacities, comma-separated (default 1,4,16)")
     parser.add_argument("--no-mixed", action="store_true", help="do not capture the mixed prefill+decode program")
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
-        speculative=_speculative_plan(args),
+        speculative=_speculative_plan(args), prefill_chunks=args.prefill_chunks,
     )
     if args.tensor_parallel < 1:
         raise UsageError("--tensor-parallel must be at least 1")

@@ -56,12 +56,19 @@ class CapacityPlan:
     scored_prefill: bool = False
     page_capacity: int | None = None
     speculative: SpeculativePlan | None = None  # a draft model and the SPECULATIVE variants
+    # Smaller prompt-token capacities captured beside prefill_tokens for PREFILL and MIXED: a step
+    # with fewer prompt tokens runs the smallest program that holds them (a short prompt, or the
+    # uncached rest of a prompt served from the prefix cache, does not pay for prefill_tokens).
+    prefill_chunks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
             raise CheckpointError("page_tokens, context_tokens and prefill_tokens must be positive")
         if not self.decode_batches or min(self.decode_batches) <= 0:
             raise CheckpointError("at least one positive decode batch capacity is required")
+        if any(not 0 < chunk < self.prefill_tokens for chunk in self.prefill_chunks):
+            raise CheckpointError(f"prefill chunks must lie between 0 and prefill_tokens ({self.prefill_tokens}), "
+                                  f"got {list(self.prefill_chunks)}")
 
     @property
     def max_concurrency(self) -> int:
@@ -74,11 +81,13 @@ class CapacityPlan:
     def variants(self) -> list[tuple[Operation, Capacity]]:
         """Serving variants, then the startup tuning producer (one variant)."""
         tokens = self.prefill_tokens
+        chunks = sorted(set(self.prefill_chunks) | {tokens})
         plan = [(Operation.DECODE, Capacity(rows, rows)) for rows in sorted(set(self.decode_batches))]
-        plan += [(Operation.PREFILL, Capacity(rows, max(tokens, rows))) for rows in sorted(set(self.prefill_batches))]
+        plan += [(Operation.PREFILL, Capacity(rows, max(chunk, rows)))
+                 for rows in sorted(set(self.prefill_batches)) for chunk in chunks if chunk >= rows or chunk == tokens]
         if self.mixed:
             rows = self.max_concurrency
-            plan.append((Operation.MIXED, Capacity(rows, tokens + rows)))
+            plan += [(Operation.MIXED, Capacity(rows, chunk + rows)) for chunk in chunks]
         if self.scored_prefill:
             plan.append((Operation.SCORED_PREFILL, Capacity(1, tokens)))
         if self.speculative is not None:
