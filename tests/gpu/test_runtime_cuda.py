@@ -114,3 +114,14 @@ def test_soak_allocates_nothing_once_warm_and_frees_everything(cores):
     quiet = greedy_run(cores.open(QWEN3), [r.prompt for r in picked], settings.max_tokens)  # CPU path
     for request, tokens in zip(picked, quiet.tokens):
         assert request.tokens == tokens[:request.max_tokens], request.request_id
+
+
+def test_startup_tuning_outputs_survive_graph_capture(cores):
+    """The producer runs before capture; capture re-zeroes the buffers warm-up wrote, but not its
+    outputs: the decode split counts the graphs read are the producer's, for this GPU."""
+    from helios.runtime.model import load_model
+
+    model = load_model(cores.open(QWEN3), cuda_options())
+    splits = model.buffers["attention_splits"]
+    assert splits.device.type == "cuda" and splits.numel() >= 1
+    assert bool((splits >= 1).all())

@@ -96,6 +96,13 @@ def test_loading_runs_the_producer_with_the_formula_of_this_cpu(prepared):
     assert model.buffers["attention_splits"].tolist() == expected_splits(THREADS, num_kv_heads)
 
 
+def test_tuned_outputs_are_the_buffers_capture_must_keep(prepared):
+    """CUDA capture zeroes the buffers its warm-up may have written, except the producers' outputs."""
+    from helios.runtime.model import tuned_outputs
+
+    assert tuned_outputs(open_prepared(prepared).prepared) == {"attention_splits"}
+
+
 def test_each_decode_program_reads_its_own_entry(prepared):
     model = load_model(open_prepared(prepared))
     decode = [p for p in model.programs if p.operation == spb.GRAPH_OPERATION_DECODE]

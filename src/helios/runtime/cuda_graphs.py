@@ -25,7 +25,7 @@ steps in which no row samples with temperature > 0; there both graphs select the
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -60,11 +60,12 @@ class CapturedProgram:
 
 
 def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
-                     device: torch.device, warmups: int = 2) -> tuple:
+                     device: torch.device, warmups: int = 2, keep: Iterable[str] = ()) -> tuple:
     """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
 
-    `arguments_of(program)` returns the program's fixed argument list. Raises `CaptureError` naming
-    the program when warm-up or capture fails.
+    `arguments_of(program)` returns the program's fixed argument list. Buffers named in `keep`
+    (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
+    Raises `CaptureError` naming the program when warm-up or capture fails.
     """
     pool = torch.cuda.graph_pool_handle()
     ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
@@ -73,8 +74,9 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
         for program in ordered:
             captured[id(program)] = _capture(program, arguments_of(program), pool, warmups)
         torch.cuda.synchronize(device)
-        for tensor in buffers.values():
-            if tensor.device.type == "cuda":
+        kept = set(keep)
+        for name, tensor in buffers.items():
+            if tensor.device.type == "cuda" and name not in kept:
                 tensor.zero_()
         torch.cuda.synchronize(device)
     return tuple(dataclasses.replace(p, module=captured[id(p)]) for p in programs)

@@ -129,7 +129,8 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     if device.type == "cuda" and options.cuda_graphs:
-        programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device)
+        programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
+                                    keep=tuned_outputs(prepared))
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
@@ -189,6 +190,11 @@ def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphH
     if larger and (not kept or kept[-1].capacity.batch_capacity < concurrency):
         kept.append(larger[0])
     return kept
+
+
+def tuned_outputs(prepared: PreparedContract) -> set[str]:
+    """Buffers the startup tuning producers write (serving programs only read them)."""
+    return {output for entry in prepared.manifest.tuning_catalog for output in entry.outputs}
 
 
 def program_arguments(program: LoadedProgram, weights: Mapping[str, torch.Tensor],

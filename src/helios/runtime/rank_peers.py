@@ -167,12 +167,12 @@ def capture_rank(executor: Executor, group: RankGroup, host_pages: int) -> Execu
     """An executor of the same model whose programs replay CUDA graphs captured now, with `group`
     bound (every rank must call this at the same point: the warm-up runs meet in collectives)."""
     from helios.runtime.cuda_graphs import capture_programs  # CUDA only
-    from helios.runtime.model import program_arguments
+    from helios.runtime.model import program_arguments, tuned_outputs
 
     model = executor.model
     with bind_group(group):
         programs = capture_programs(model.programs, lambda p: program_arguments(p, model.weights, model.buffers),
-                                    model.buffers, model.device)
+                                    model.buffers, model.device, keep=tuned_outputs(model.prepared))
     captured = dataclasses.replace(model, programs=programs)
     return Executor(captured, executor.packer, program_table(captured), host_pages)
 
