@@ -140,3 +140,17 @@ def test_prepare_rejects_prefill_chunks_outside_the_prefill_extent(prepared, tmp
                  NAMESPACE, "--prefill-tokens", "32", "--prefill-chunks", "32"])
     err = capsys.readouterr().err
     assert code != 0 and "prefill chunks" in err and "Traceback" not in err
+
+
+def test_serving_below_the_largest_batch_keeps_every_token_capacity_of_the_next_one(prepared):
+    """At concurrency 2 the 4-row MIXED programs are the smallest that hold it: both of their token
+    capacities (8 and 32 prompt tokens) are loaded, not only the smaller one."""
+    from helios.core.reader import open_core
+    from helios.runtime.model import select_handles
+
+    _, core, public = prepared
+    contract = open_core(core, accept=NAMESPACE, trusted_keys=[public]).prepared
+    shapes = {(h.graph, h.capacity.batch_capacity, h.capacity.packed_token_capacity)
+              for h in select_handles(contract, 2)}
+    assert {("mixed", 4, 12), ("mixed", 4, 36), ("prefill", 1, 8), ("prefill", 1, 32), ("decode", 1, 1),
+            ("decode", 4, 4)} <= shapes

@@ -170,3 +170,23 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
     sampled = SamplingChoice((0.7, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), seed=3)
     generate(_engine(model), EXPECTED["prompts"][:1], 4, sampling=sampled)
     assert seen and not any(seen)
+
+
+def test_prompt_histogram_counts_a_prefix_served_from_the_cache():
+    """The prompt histogram (repetition penalties read it) counts the whole prompt at admission,
+    also the part whose pages came from the prefix cache (that row starts past it)."""
+    import torch
+
+    from helios.contract import serving_pb2
+
+    prompt = [(i * 37) % 300 + 3 for i in range(40)]
+    runtime = build_runtime(open_fixture())
+    bindings = [b for g in runtime.model.prepared.graphs.values() for b in g.bindings]
+    name = next(b.buffer for b in bindings if b.source == serving_pb2.VALUE_SOURCE_PROMPT_HISTOGRAM)
+    expected = torch.bincount(torch.tensor(prompt), minlength=runtime.model.buffers[name].shape[1])
+    histogram = runtime.model.buffers[name]
+    for _ in range(2):  # the second request finds 32 of its 40 tokens in the prefix cache
+        histogram.zero_()
+        generate(runtime.engine, [prompt], 1)
+        (slot,) = histogram.sum(dim=1).nonzero().flatten().tolist()  # the row of the admitted slot
+        assert torch.equal(histogram[slot].to(torch.int64), expected)

@@ -40,7 +40,8 @@ class CaptureError(LoadError):
 class CapturedProgram:
     """A program's CUDA graphs (full and greedy-only) and their static outputs."""
 
-    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object]):
+    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object], module=None):
+        self._module = module  # owns any constants the graphs read: it must outlive them
         self._full = full  # (graph, outputs)
         self._greedy = greedy
         self._pointers = _pointers(arguments)
@@ -90,7 +91,7 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
             greedy = _record(program, arguments, pool, 1)
     except RuntimeError as error:
         raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
-    return CapturedProgram(full, greedy, arguments)
+    return CapturedProgram(full, greedy, arguments, program.module)
 
 
 def _record(program, arguments: list, pool, warmups: int) -> tuple:

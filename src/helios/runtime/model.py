@@ -183,12 +183,14 @@ def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
 
 
 def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphHandle]:
-    """Variants with B <= concurrency plus the smallest one with B >= concurrency."""
+    """Variants with B <= concurrency, plus every variant (each token capacity) of the smallest
+    B above it when no variant has B == concurrency."""
     ordered = sorted(handles, key=lambda h: (h.capacity.batch_capacity, h.capacity.packed_token_capacity))
     kept = [h for h in ordered if h.capacity.batch_capacity <= concurrency]
     larger = [h for h in ordered if h.capacity.batch_capacity > concurrency]
     if larger and (not kept or kept[-1].capacity.batch_capacity < concurrency):
-        kept.append(larger[0])
+        rows = larger[0].capacity.batch_capacity
+        kept += [h for h in larger if h.capacity.batch_capacity == rows]
     return kept
 
 

@@ -270,12 +270,10 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
             start = row.page_table_start
             target[slot, start:start + len(row.new_page_ids)] = torch.tensor(row.new_page_ids, dtype=target.dtype)
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
-        if row.admits:
+        if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
             target[slot] = 0
-        prompt_len = len(req.prompt_ids)
-        tokens = [t for i, t in enumerate(row.token_ids) if row.start_pos + i < prompt_len]
-        if tokens:
-            staging.add_counts(binding.buffer_name, target[slot], tokens)
+            if req.prompt_ids:
+                staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
         target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
