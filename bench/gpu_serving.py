@@ -91,6 +91,13 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * (1 << 30) / sorted(times[5:])[len(times[5:]) // 2]
 
 
+def submit_greedy(engine, request_id: str, prompt: list[int], output: int, record) -> None:
+    """One greedy request of exactly `output` tokens (EOS ignored), events to `record`."""
+    spec = RequestSpec(request_id, tuple(prompt), output, frozenset())
+    admission = AdmissionValues(tuple(prompt), 0, NEUTRAL_SAMPLING_PARAMETERS, output, ())
+    engine.submit(EngineRequest(spec, admission, record))
+
+
 def run_helios(engine, workload: Workload, vocab: int, salt: int = 0) -> dict:
     """Submits every request of `workload`, runs to idle; output tokens/s and steady decode rate."""
     stamps: dict[str, list[float]] = {}
@@ -103,9 +110,7 @@ def run_helios(engine, workload: Workload, vocab: int, salt: int = 0) -> dict:
     for index, prompt in enumerate(workload.prompts(vocab, salt)):
         request_id = f"w{salt}-{index}"
         stamps[request_id] = []
-        spec = RequestSpec(request_id, tuple(prompt), workload.output, frozenset())
-        admission = AdmissionValues(tuple(prompt), 0, NEUTRAL_SAMPLING_PARAMETERS, workload.output, ())
-        engine.submit(EngineRequest(spec, admission, record))
+        submit_greedy(engine, request_id, prompt, workload.output, record)
     engine.run_until_idle()
     elapsed = time.perf_counter() - start
     tokens = sum(len(s) for s in stamps.values())
@@ -129,10 +134,8 @@ def time_to_first_token(engine, prompt: list[int]) -> tuple[float, int]:
             reused.append(event.num_reused_tokens)
 
     request_id = f"ttft-{time.perf_counter_ns()}"
-    spec = RequestSpec(request_id, tuple(prompt), 1, frozenset())
-    admission = AdmissionValues(tuple(prompt), 0, NEUTRAL_SAMPLING_PARAMETERS, 1, ())
     start = time.perf_counter()
-    engine.submit(EngineRequest(spec, admission, record))
+    submit_greedy(engine, request_id, prompt, 1, record)
     engine.run_until_idle()
     return seen["first"] - start, reused[0]
 

@@ -285,27 +285,22 @@ class _Staging:
     def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
         """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
         (host buffers too: the same logic, testable without a device); False stages none."""
-        per_step = {
-            view.buffer for graph in prepared.graphs.values() for view in graph.bindings
-            if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW
-        }
+        views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
+        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW}
         self._buffers = buffers
         pinned = torch.cuda.is_available()
         self._mirrors = {
             name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned)
-            for name in sorted(per_step)
-            if name in buffers and (buffers[name].device.type != "cpu" if staged is None else staged)
+            for name in sorted(per_step) if (buffers[name].device.type != "cpu" if staged is None else staged)
         }
         self._dirty: set[str] = set()
         self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for view in (v for g in prepared.graphs.values() for v in g.bindings):
-            buffer = buffers.get(view.buffer)
-            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffer is not None and buffer.device.type != "cpu":
-                self._new_scratch(view.buffer, buffer[0])
+        for view in views:
+            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffers[view.buffer].device.type != "cpu":
+                self._new_scratch(view.buffer, buffers[view.buffer][0])
         # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
         self._masks_in_use = {
-            view.buffer for graph in prepared.graphs.values() for view in graph.bindings
-            if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
+            view.buffer for view in views if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
         }
 
     def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
