@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch
 
 from helios.cli.core_options import add_core_options, open_core_from_args
+from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.errors import HeliosError, UsageError
 from helios.runtime.rank_peers import join_rank
 from helios.runtime.rank_rendezvous import Rendezvous
@@ -47,6 +48,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    dump_stacks_on_sigusr1()
     if args.rank is not None and args.rank < 1:
         raise UsageError("--rank must be at least 1 (rank zero is the serving process)")
     if args.torch_threads:

@@ -14,6 +14,7 @@ import torch
 
 from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
+from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.errors import UsageError
@@ -68,6 +69,7 @@ def _open(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads"):
         value = getattr(args, name)
         if value is not None and value <= 0:
