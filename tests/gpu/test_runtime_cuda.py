@@ -125,3 +125,25 @@ def test_startup_tuning_outputs_survive_graph_capture(cores):
     splits = model.buffers["attention_splits"]
     assert splits.device.type == "cuda" and splits.numel() >= 1
     assert bool((splits >= 1).all())
+
+
+def test_released_graphs_refuse_to_replay():
+    """A rank releases its graphs before tearing down NCCL; a released program fails typed."""
+    from types import SimpleNamespace
+
+    from helios.runtime.cuda_graphs import CaptureError, CapturedProgram, release_graphs
+
+    static = torch.zeros(4, device="cuda")
+
+    def record(offset: float):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = static + offset
+        return graph, out
+
+    captured = CapturedProgram(record(1.0), record(2.0), [static])
+    assert torch.equal(captured.replay(greedy=True), torch.full((4,), 2.0, device="cuda"))
+    program = SimpleNamespace(module=captured)
+    release_graphs([program, program])  # idempotent
+    with pytest.raises(CaptureError, match="released"):
+        captured.replay(greedy=False)

@@ -119,7 +119,7 @@ def test_a_failed_executor_keeps_its_device_group_until_it_stops():
     the communicator); stopping, after the engine has stopped, releases it."""
     fake = FakeDeviceGroup()
     stats = WorkerStats()
-    ranked = RankedExecutor(SimpleNamespace(model=None, packer=None), device_group(fake), stats)
+    ranked = RankedExecutor(SimpleNamespace(model=SimpleNamespace(programs=()), packer=None), device_group(fake), stats)
     ranked.mark_failed("rank 1 (process 42) exited with status -9")
     assert fake.calls == [] and not stats.healthy
     assert ranked.failure == "rank 1 (process 42) exited with status -9"

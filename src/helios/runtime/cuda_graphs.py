@@ -51,13 +51,33 @@ class CapturedProgram:
 
     def replay(self, greedy: bool):
         """Replays the greedy-only graph when `greedy` (no row of the step draws), else the full one."""
+        if self._full is None:
+            raise CaptureError("the program's CUDA graphs were released (the model is shutting down)")
         graph, outputs = self._greedy if greedy else self._full
         graph.replay()
         return outputs
 
+    def release(self) -> None:
+        """Destroys both graphs (a graph still running is freed when it finishes). Idempotent.
+
+        A graph holding NCCL collectives keeps their communicator's resources: tearing the
+        communicator down waits until every such graph is gone, so a tensor-parallel rank
+        releases its graphs before it aborts its device group."""
+        for pair in (self._full, self._greedy):
+            if pair is not None:
+                pair[0].reset()
+        self._full = self._greedy = None
+
     def check_arguments(self, arguments: Sequence[object]) -> bool:
         """Whether `arguments` are the tensors (same addresses and shapes) the graph recorded."""
         return _pointers(arguments) == self._pointers
+
+
+def release_graphs(programs: Iterable) -> None:
+    """Releases the CUDA graphs of every captured program among `programs` (LoadedProgram)."""
+    for program in programs:
+        if isinstance(program.module, CapturedProgram):
+            program.module.release()
 
 
 def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],

@@ -48,6 +48,7 @@ import torch
 
 from helios.abi.collectives import RankGroup, bind_group
 from helios.errors import LoadError
+from helios.runtime.cuda_graphs import release_graphs
 from helios.runtime.executor import Executor, program_table, variant_name
 from helios.runtime.model import LoadOptions, load_model
 from helios.runtime.packer import Packer
@@ -217,6 +218,7 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
         on_joined(rank, launch.ranks)
         serve_rank(executor, group)
     finally:
+        release_graphs(executor.model.programs)  # NCCL teardown waits for the graphs that use it
         group.abort()  # releases the NCCL communicator (no-op for gloo) without waiting on the others
 
 

@@ -38,6 +38,7 @@ import torch
 
 from helios.abi.collectives import CollectiveError, RankGroup, bind_group
 from helios.errors import ExecutionError
+from helios.runtime.cuda_graphs import release_graphs
 from helios.runtime.executor import Executor, StepOutput
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import StepPlan
@@ -215,6 +216,7 @@ class RankedExecutor:
             finally:
                 if self._deadline is not None:
                     self._deadline.close()
+                release_graphs(self._executor.model.programs)  # NCCL teardown waits for graphs using it
                 self._group.abort()  # no step runs now: releases the NCCL communicator, waiting on no peer
 
     def _check(self) -> None:
