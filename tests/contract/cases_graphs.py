@@ -282,7 +282,9 @@ def generation_graph_without_pending_token(doc):
 
 
 @case
-def device_and_host_pending_token(doc):
+def host_pending_token_beside_a_read_only_view(doc):
+    entry, _ = access(doc, "decode", "pending_token")
+    entry["mode"] = "ACCESS_MODE_READ"  # a graph that also takes the host's token must keep the view current
     return add_binding(doc, "decode", "pending_tokens", "PENDING_TOKEN", "ACTIVE_ROW") + ".source"
 
 

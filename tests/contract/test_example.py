@@ -163,3 +163,17 @@ def test_json_is_canonical_on_disk():
     document = json.loads(example_text())
     assert list(document) == ["contract", "manifest"]
     assert example_text().endswith("}\n")
+
+
+def test_a_pending_token_both_host_fed_and_device_owned_is_valid_when_the_graph_writes_the_view():
+    """The prepared cores' DECODE: PENDING_TOKEN bound (the host's token where it has one) and a
+    pending_token_view it reads and writes (the token of a second execution frame)."""
+    from contract.cases_graphs import add_binding
+    from contract.documents import access, example_doc
+
+    doc = example_doc()
+    entry, _ = access(doc, "decode", "pending_token")
+    assert entry["mode"] == "ACCESS_MODE_READ_WRITE"
+    add_binding(doc, "decode", "pending_tokens", "PENDING_TOKEN", "ACTIVE_ROW")
+    prepared = decode_doc(doc)
+    assert prepared.graphs["decode"].pending_token_view == "pending_token"

@@ -2,7 +2,8 @@
 
 `greedy_run(core, prompts, max_tokens, load)` builds the runtime (`build_runtime`) with `load`
 options (device, CUDA graphs), wraps its executor so that after each plan the logits row of every
-row that sampled is copied to the host, generates with `helios.runtime.offline.generate` and closes
+row that sampled is copied to the host (in one execution frame: a captured program's logits are
+overwritten by the next replay, so a second frame would replace them before they are read), generates with `helios.runtime.offline.generate` and closes
 the runtime. Used by the CUDA runtime tests and, on the CPU, by tests/runtime/test_engine_soak.py.
 """
 
@@ -50,6 +51,7 @@ def greedy_run(core, prompts, max_tokens: int, load: LoadOptions = LoadOptions()
     runtime = build_runtime(core, RuntimeOptions(load=load))
     try:
         captured = all(type(p.module).__name__ == "CapturedProgram" for p in runtime.model.programs)
+        runtime.engine.frames = 1
         recorded = record_logits(runtime.engine.executor)
         results = generate(runtime.engine, prompts, max_tokens)
     finally:

@@ -12,8 +12,14 @@ import sys
 
 
 def dump_stacks_on_sigusr1() -> bool:
-    """Registers the handler; returns whether the platform has SIGUSR1."""
+    """Registers the handler; returns whether it could (a platform without SIGUSR1, or no stderr
+    with a file descriptor, as under a capturing test runner, cannot)."""
     if not hasattr(signal, "SIGUSR1"):
         return False
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
-    return True
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
+            return True
+        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is an OSError
+            continue
+    return False

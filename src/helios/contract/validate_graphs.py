@@ -117,6 +117,10 @@ def _mode(graph: spb.GraphContract, view: str) -> int | None:
 
 
 def _check_pending(graph: spb.GraphContract, path: str, index: ContractIndex) -> None:
+    """A consumer's pending token is host-fed (a PENDING_TOKEN binding), device-owned (a readable
+    `pending_token_view`), or both: then the graph feeds the host's token where the host packs one
+    (>= 0) and the view's where it packs -1 (a second execution frame), and it must also write the
+    view (it keeps the view current for the frame behind it)."""
     view = graph.pending_token_view
     host = [j for j, b in enumerate(graph.bindings) if b.source == S.VALUE_SOURCE_PENDING_TOKEN]
     if graph.operation not in CONSUMERS:
@@ -129,21 +133,22 @@ def _check_pending(graph: spb.GraphContract, path: str, index: ContractIndex) ->
             f"a {op_label(graph.operation)} graph needs its pending token: name a readable state view or bind PENDING_TOKEN",
         )
         return
-    require(
-        not host,
-        f"{path}.bindings[{host[0]}].source" if host else path,
-        "the pending token is device-owned (pending_token_view); a host PENDING_TOKEN binding conflicts",
-    )
     require(view in index.state_views, f"{path}.pending_token_view", f"unknown state view {view!r}")
     require(
         _mode(graph, view) in READS,
         f"{path}.pending_token_view",
         f"device-owned pending token view {view!r} must be read by the graph (READ or READ_WRITE access)",
     )
+    require(
+        not host or _mode(graph, view) in WRITES,
+        f"{path}.bindings[{host[0]}].source" if host else path,
+        f"a graph that binds PENDING_TOKEN beside view {view!r} must also write the view (READ_WRITE access)",
+    )
 
 
 def _check_pending_producers(model: spb.ModelContract) -> None:
-    views = {g.pending_token_view for g in model.graphs if g.pending_token_view}
+    """Every producer writes a purely device-owned pending token view (no consumer binds the host's)."""
+    views = {g.pending_token_view for g in model.graphs if g.pending_token_view and not _binds_pending(g)}
     for i, graph in enumerate(model.graphs):
         if graph.operation not in PRODUCERS:
             continue
@@ -153,6 +158,10 @@ def _check_pending_producers(model: spb.ModelContract) -> None:
                 f"{graph_path(i)}.state_accesses",
                 f"{op_label(graph.operation)} produces the device-owned pending token; declare a write of view {view!r}",
             )
+
+
+def _binds_pending(graph: spb.GraphContract) -> bool:
+    return any(b.source == S.VALUE_SOURCE_PENDING_TOKEN for b in graph.bindings)
 
 
 def _check_extras(graph: spb.GraphContract, path: str, index: ContractIndex) -> None:

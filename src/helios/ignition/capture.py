@@ -24,7 +24,9 @@ from torch.export import Dim
 
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
-from helios.ignition.program import GenerationProgram, MixedProgram, ScoredPrefillProgram, TunedDecodeProgram
+from helios.ignition.program import (
+    DecodeProgram, GenerationProgram, MixedProgram, ScoredPrefillProgram, TunedDecodeProgram,
+)
 from helios.ignition.program_spec import Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, program_spec
 from helios.ignition.speculative import SpeculativeProgram
 from helios.ignition.tuning import AttentionTuningProgram
@@ -63,6 +65,8 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int,
         return ScoredPrefillProgram(arch, page_tokens, options)
     if operation is Operation.MIXED:
         return MixedProgram(arch, page_tokens, options)
+    if operation is Operation.DECODE:
+        return DecodeProgram(arch, page_tokens, options)
     return GenerationProgram(arch, page_tokens, options)
 
 
@@ -91,19 +95,19 @@ def capture_program(arch: Architecture, operation: Operation, capacity: Capacity
 
 
 def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
-    """The names a module's forward takes, its ``*draft`` inputs expanded to `draft_input_names`."""
+    """The names a module's forward takes, its ``*trailing`` inputs expanded to `trailing_input_names`."""
     names = []
     for name, parameter in inspect.signature(module.forward).parameters.items():
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            names += getattr(module, "draft_input_names", ())
+            names += getattr(module, "trailing_input_names", ())
         else:
             names.append(name)
     return tuple(names)
 
 
 def _grouped_varargs(module: torch.nn.Module, shapes: tuple) -> tuple:
-    """torch.export wants the shapes of ``*draft`` inputs as one nested entry."""
-    extra = len(getattr(module, "draft_input_names", ()))
+    """torch.export wants the shapes of ``*trailing`` inputs as one nested entry."""
+    extra = len(getattr(module, "trailing_input_names", ()))
     has_varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL
                       for p in inspect.signature(module.forward).parameters.values())
     if not has_varargs or not extra:

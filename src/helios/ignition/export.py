@@ -35,6 +35,7 @@ from helios.ignition.preparation.contract import (
 )
 from helios.ignition.program_spec import AttentionTuning, Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import Recipe, load_checkpoint
+from helios.ignition.safetensors_image import digest_in_background
 from helios.ignition.sharding import rank_architecture, rank_weight_files
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 from helios.ignition.tuning import TUNING_CAPACITY
@@ -60,6 +61,9 @@ class CapacityPlan:
     # with fewer prompt tokens runs the smallest program that holds them (a short prompt, or the
     # uncached rest of a prompt served from the prefix cache, does not pay for prefill_tokens).
     prefill_chunks: tuple[int, ...] = ()
+    # DECODE keeps each slot's sampled token on the device, so decode rounds can occupy both
+    # execution frames (the host packs round N+1 while round N runs).
+    device_pending: bool = True
 
     def __post_init__(self) -> None:
         if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
@@ -119,6 +123,10 @@ def prepare_core(
     ranks = options.tensor_parallel
     arch = rank_architecture(recipe.architecture, ranks)
     progress(f"recipe: {recipe.source_architecture}, {arch.num_layers} layers, vocab {arch.vocab_size}, {arch.dtype}")
+    # Each rank's file digest (for the cache identity) is hashed in the background while the
+    # programs are captured; the weights are compressed straight from the tensors at `write`.
+    weight_files = rank_weight_files(recipe, ranks)
+    digests = [digest_in_background(weights.image) for weights in weight_files]  # one thread per rank
     assets = read_assets(checkpoint, arch.vocab_size)
     plan = options.capacities
     writer = CoreWriter()
@@ -126,7 +134,8 @@ def prepare_core(
     variants = plan.variants()
     draft = load_draft(plan.speculative, arch) if plan.speculative is not None else None
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
-    program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning)
+    program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning,
+                                          device_pending=plan.device_pending)
     for number, (operation, capacity) in enumerate(variants, 1):
         captured = capture_program(arch, operation, capacity, plan.page_tokens, program_options)
         resource_id = f"program.{operation.value}.{_variant_label(capacity)}"
@@ -135,13 +144,12 @@ def prepare_core(
         programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
         progress(f"captured {operation.value} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
                  f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(variants)}]")
-    weight_files = rank_weight_files(recipe, ranks)
     for weights in weight_files:
-        writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.data, rank=weights.rank)
+        writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.image.segments, rank=weights.rank)
         writer.add_weight_catalog(weights.catalog)
     writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
     writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
-    weights_digest = b"".join(hashlib.sha256(weights.data).digest() for weights in weight_files)
+    weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each rank's file
     if draft is not None:
         draft_data, draft_digest = draft_weights_file(draft)
         # Every rank runs the whole draft, so its weights are one resource shared by all ranks.

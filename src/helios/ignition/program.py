@@ -20,6 +20,9 @@ A core prepared with startup tuning (`ProgramOptions.attention_tuning`) captures
 `TunedDecodeProgram`: it also takes ``attention_splits`` and attends with its own entry (a static
 index per variant) through ``helios::paged_attention_tuned``; it never writes that buffer.
 
+With `ProgramOptions.device_pending`, DECODE (`DecodeProgram`) also reads and writes
+``pending_tokens`` (see `helios.ignition.program_spec`).
+
 Mutation: k_cache and v_cache (this step's keys/values, through ``helios::cache_write``), the draft
 planes when present, and output_counts (one count per sampled row, ``index_put_`` with
 accumulation) are written in place. Nothing else that is passed in is modified.
@@ -35,7 +38,7 @@ from helios.abi.sampling import split_sampling_parameters
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
 from helios.ignition.draft import DraftStorage, split_weights, write_history
-from helios.ignition.program_spec import DRAFT_INPUTS, ProgramOptions, model_weight_layout
+from helios.ignition.program_spec import DRAFT_INPUTS, PENDING_TOKENS, ProgramOptions, model_weight_layout
 from helios.ignition.speculative import with_emitted
 
 
@@ -49,7 +52,8 @@ class GenerationProgram(torch.nn.Module):
         self.draft = options.draft
         self.record_tokens = options.record_tokens
         self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft))
-        self.draft_input_names = DRAFT_INPUTS if options.draft is not None else ()
+        # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more.
+        self.trailing_input_names = DRAFT_INPUTS if options.draft is not None else ()
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
@@ -61,10 +65,12 @@ class GenerationProgram(torch.nn.Module):
                         (request_slots, generations, sample_rows, query_lens, submission),
                         (seeds, counters, sampling_params, grammar_mask), draft)
 
-    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=()):
+    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None):
         w = self.bind(weights, step, lanes[0], draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         sampled, logits = self.sample(w, hidden, step, counts, lanes, controls)
+        if pending is not None:
+            store_pending(pending, lanes[0], sampled)
         return self.completion(step, lanes, sampled), logits
 
     def bind(self, weights: list[torch.Tensor], step: PackedStep, request_slots, draft) -> dict[str, torch.Tensor]:
@@ -121,8 +127,50 @@ class GenerationProgram(torch.nn.Module):
         return with_emitted(record, sampled.unsqueeze(-1), self.record_tokens)
 
 
-class TunedDecodeProgram(GenerationProgram):
-    """DECODE of a tuned core: GenerationProgram plus the tuned split count of this variant."""
+def store_pending(pending: torch.Tensor, request_slots: torch.Tensor, sampled: torch.Tensor) -> None:
+    """pending[slot] = the row's sampled token, for rows that sampled one. Written as an
+    accumulated difference so that padding rows (slot -1, clamped to 0) add nothing, whatever
+    order duplicate indices are applied in."""
+    slots = request_slots.clamp(min=0)
+    change = torch.where(sampled >= 0, sampled - pending[slots], torch.zeros_like(sampled))
+    pending.index_put_((slots,), change, accumulate=True)
+
+
+def with_device_pending(token_ids: torch.Tensor, request_slots: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
+    """DECODE tokens (one per row): the host's where >= 0, else the slot's device-owned pending token."""
+    return torch.where(token_ids >= 0, token_ids, pending[request_slots.clamp(min=0)])
+
+
+class DecodeProgram(GenerationProgram):
+    """DECODE: one token per row; with `ProgramOptions.device_pending` it also takes
+    ``pending_tokens`` (first of its trailing inputs), feeds it to rows packed as -1 and stores
+    every sampled token there (see `helios.ignition.program_spec`)."""
+
+    def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
+        super().__init__(arch, page_tokens, options)
+        self.device_pending = options.device_pending
+        if self.device_pending:
+            self.trailing_input_names = (PENDING_TOKENS, *self.trailing_input_names)
+
+    def forward(
+        self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
+        token_ids, positions, query_lens, request_slots, generations, sample_rows,
+        seeds, counters, sampling_params, grammar_mask, submission, *trailing,
+    ):
+        step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        return self.decode(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
+                           (request_slots, generations, sample_rows, query_lens, submission),
+                           (seeds, counters, sampling_params, grammar_mask), trailing)
+
+    def decode(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, trailing):
+        pending, draft = (trailing[0], trailing[1:]) if self.device_pending else (None, trailing)
+        if pending is not None:
+            step = step._replace(token_ids=with_device_pending(step.token_ids, lanes[0], pending))
+        return self.run(weights, k_cache, v_cache, counts, step, lanes, controls, draft, pending)
+
+
+class TunedDecodeProgram(DecodeProgram):
+    """DECODE of a tuned core: DecodeProgram plus the tuned split count of this variant."""
 
     def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions, rows: int):
         super().__init__(arch, page_tokens, options)
@@ -131,13 +179,13 @@ class TunedDecodeProgram(GenerationProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, attention_splits, *draft,
+        seeds, counters, sampling_params, grammar_mask, submission, attention_splits, *trailing,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         step = step._replace(splits=attention_splits[self.splits_index:self.splits_index + 1])
-        return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
-                        (request_slots, generations, sample_rows, query_lens, submission),
-                        (seeds, counters, sampling_params, grammar_mask), draft)
+        return self.decode(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
+                           (request_slots, generations, sample_rows, query_lens, submission),
+                           (seeds, counters, sampling_params, grammar_mask), trailing)
 
 
 class MixedProgram(GenerationProgram):

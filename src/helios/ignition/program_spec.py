@@ -43,6 +43,13 @@ empty weight list and the persistent buffer ``attention_splits`` int32 [number o
 which it fills in place (`helios.ignition.tuning`); every DECODE program then also takes
 ``attention_splits`` (after ``submission``) and reads its own entry, the variant's index in
 `AttentionTuning.decode_rows`, as the decode split count of ``helios::paged_attention_tuned``.
+
+Device-owned pending tokens (`ProgramOptions.device_pending`): every DECODE program also takes
+``pending_tokens`` int64 [slots] (persistent state, after the tuned inputs, before the draft's).
+A row whose ``token_ids`` entry is -1 feeds ``pending_tokens[request_slots[r]]`` instead, and every
+row that samples stores its token there. So a decode round may be submitted behind another one
+before the host has read its tokens (the second execution frame); a host-fed token (>= 0) always
+wins, so prompt chunks, recomputation and restored prefixes need nothing from the device state.
 """
 
 from __future__ import annotations
@@ -111,6 +118,7 @@ class Capacity:
 
 
 TUNED_SPLITS = "attention_splits"  # the tuned decode split counts, one per DECODE variant
+PENDING_TOKENS = "pending_tokens"  # each request slot's last sampled token (device-owned pending token)
 
 
 @dataclass(frozen=True)
@@ -137,12 +145,15 @@ class ProgramOptions:
     than one token needs its widest lane limit). `allocates_prefixes`: SPECULATIVE programs take
     lane ceilings and allocate prefixes from proposal confidence (else exact lane lengths).
     `attention_tuning`: DECODE programs read tuned split counts (None: they call the untuned op).
+    `device_pending`: DECODE programs keep each slot's last sampled token in ``pending_tokens`` and
+    read it for rows whose token the host packs as -1 (a second execution frame).
     """
 
     draft: Architecture | None = None
     record_tokens: int = 0
     allocates_prefixes: bool = False
     attention_tuning: AttentionTuning | None = None
+    device_pending: bool = False
 
 
 def model_weight_layout(arch: Architecture, draft: Architecture | None = None) -> tuple[WeightSlot, ...]:
@@ -208,6 +219,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_state_inputs(arch, page_tokens),
         *_step_inputs(arch, capacity, operation),
         *_tuned_inputs(operation, options),
+        *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
@@ -222,6 +234,12 @@ def _tuned_inputs(operation: Operation, options: ProgramOptions) -> tuple[Tensor
     if operation is not Operation.DECODE or options.attention_tuning is None:
         return ()
     return (_tuned_splits_spec(options.attention_tuning),)
+
+
+def _pending_inputs(operation: Operation, options: ProgramOptions) -> tuple[TensorSpec, ...]:
+    if operation is not Operation.DECODE or not options.device_pending:
+        return ()
+    return (TensorSpec(PENDING_TOKENS, "int64", ("slots",), InputRole.PERSISTENT_STATE, Access.READ_WRITE),)
 
 
 def _tuning_spec(capacity: Capacity, page_tokens: int, options: ProgramOptions) -> ProgramSpec:

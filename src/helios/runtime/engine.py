@@ -7,6 +7,13 @@ grammar masks of constrained rows, run it, validate and complete it, then delive
 host work that must finish before the next round (grammar advance, host stops) runs here, in the
 request's hooks, so the scheduler sees a stop before it schedules again.
 
+Two execution frames: with an executor whose `launch` returns before the device finishes (CUDA),
+the worker keeps up to two plans submitted. After launching a plan it asks the scheduler for
+another; the scheduler offers a second frame only when it needs no feedback from the first (a
+decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.steps`),
+and the worker packs and launches it before it waits for the first one's completion. Completions
+are taken oldest first. An executor with only `run` (tensor-parallel rank zero) gets one frame.
+
 Every request ends with exactly one `FinishEvent`. Events are delivered by calling the request's
 `on_event` in the worker thread; it must not block (hand off to a queue). That holds at the edges
 too: `shutdown` ends queued and running requests CANCELLED, a request submitted after shutdown ends
@@ -57,9 +64,15 @@ class Engine:
     """Owns the worker thread; `submit`/`cancel` are thread-safe."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, stats: WorkerStats | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns):
+                 clock: Callable[[], int] = time.monotonic_ns, frames: int | None = None):
+        """`frames`: plans kept submitted at once (1 or 2); None: 2 when the executor overlaps."""
         self.scheduler = scheduler
         self.executor = executor
+        overlaps = getattr(executor, "overlaps", False) and hasattr(executor, "launch")
+        self.frames = frames if frames is not None else (2 if overlaps else 1)
+        if self.frames not in (1, 2) or (self.frames == 2 and not hasattr(executor, "launch")):
+            raise ValueError(f"{self.frames} execution frames with {type(executor).__name__}")
+        self._launched: deque = deque()  # (plan, Launched or StepOutput), oldest first
         self.stats = stats or WorkerStats()
         self._clock = clock
         self._wake = threading.Condition()
@@ -130,6 +143,7 @@ class Engine:
             for request_id in cancels:
                 self._cancel(request_id)
             self.step()
+        self._drain()
         for request_id in list(self._active):
             self._dispatch(self.scheduler.cancel(request_id))
         self._close(FinishReason.CANCELLED, "the model worker shut down")
@@ -192,23 +206,60 @@ class Engine:
         self._dispatch(self.scheduler.cancel(request_id))
 
     def step(self) -> None:
-        """Schedules and runs one plan (or nothing when none can run now)."""
-        plan = self.scheduler.schedule()
-        if plan is None:
+        """Submits plans until `frames` are in flight (or none can run now), then completes the oldest."""
+        while len(self._launched) < self.frames:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                break
+            if self._launched:
+                self.stats.second_frames += 1
+            self._launch(plan)
+        if not self._launched:
             self._refresh_gauges()  # admissions and cancellations change them without a plan
             return
+        plan, launched = self._launched.popleft()
+        if launched is None:
+            return  # its launch failed; the plan was failed then
         try:
-            output = self.executor.run(plan, self._masks(plan))
-        except ExecutionError as error:
-            self._dispatch(self.scheduler.fail(plan, str(error)))
-            return
-        except Exception as error:  # a device or program failure must not kill the worker
-            self._dispatch(self.scheduler.fail(plan, f"execution failed: {type(error).__name__}: {error}"))
+            output = self.executor.finish(launched) if self.frames == 2 else launched
+        except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
+            self._fail(plan, error)
             return
         if plan.variant is not None:
             self.stats.graph_launches[plan.operation.name.lower()] += 1
         self._dispatch(self.scheduler.complete(plan, output.results))
         self._refresh_gauges()
+
+    def _launch(self, plan) -> None:
+        """Launches `plan` (one frame: runs it); a failure fails the plan at once."""
+        try:
+            masks = self._masks(plan)
+            if self.frames == 2:
+                launched = self.executor.launch(plan, masks)
+            else:
+                launched = self.executor.run(plan, masks)
+        except Exception as error:  # noqa: BLE001 - failed like a failed completion
+            self._launched.append((plan, None))
+            self._fail(plan, error)
+            return
+        self._launched.append((plan, launched))
+
+    def _fail(self, plan, error: Exception) -> None:
+        message = str(error) if isinstance(error, ExecutionError) else f"execution failed: {type(error).__name__}: {error}"
+        self._dispatch(self.scheduler.fail(plan, message))
+
+    def _drain(self) -> None:
+        """Completes every launched plan (shutdown: nothing stays submitted on the device)."""
+        while self._launched:
+            plan, launched = self._launched.popleft()
+            if launched is None:
+                continue
+            try:
+                output = self.executor.finish(launched) if self.frames == 2 else launched
+            except Exception as error:  # noqa: BLE001
+                self._fail(plan, error)
+                continue
+            self._dispatch(self.scheduler.complete(plan, output.results))
 
     def _masks(self, plan) -> dict[str, torch.Tensor]:
         masks = {}

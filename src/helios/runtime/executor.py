@@ -14,6 +14,16 @@ reserved ceiling, the aggregate P and the program's draft-cursor lag; a program'
 confidence is copied into the plan's frame of the confidence buffer. Validated emissions are
 reported to the packer (`Packer.observe`), which keeps request histories for history drafting.
 
+Two execution frames (`launch` / `finish`): `launch` performs everything up to the program
+call and queues the record's copy into the plan's frame of the host completion buffer (pinned, an
+asynchronous copy on CUDA) followed by an event; `finish` waits for that event and validates. The
+engine launches a second plan (a decode round fed by device-owned pending tokens) before it
+finishes the first, so the host packs round N+1 while the device runs round N. The two frames use
+separate completion frames and separate packer staging (`Packer.pack` stages by `plan.frame`); a
+program's named outputs in `StepOutput.outputs` are its static graph outputs on CUDA, valid until
+that program is launched again (read them before the next `launch`, or use `run`). `run` is
+`finish(launch(plan))`.
+
 Thread ownership: the model worker only. Buffers stay alive through execution drain because the
 `LoadedModel` owns them.
 """
@@ -56,6 +66,16 @@ class StepOutput:
     outputs: Mapping[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A plan whose program was submitted (`Executor.launch`); `Executor.finish` completes it."""
+
+    plan: StepPlan
+    program: LoadedProgram | None  # None: a plan of copies only
+    outputs: Mapping[str, torch.Tensor]
+    done: torch.cuda.Event | None  # recorded after the record's copy (CUDA only)
+
+
 class Executor:
     """Runs plans on one `LoadedModel` (rank 0)."""
 
@@ -81,12 +101,23 @@ class Executor:
             packer.enable_history_drafting()
         confidence = manifest.completion.confidence_buffer
         self._confidence = model.buffers.get(confidence) if confidence else None
+        cuda = model.device.type == "cuda"
+        self._events = [torch.cuda.Event() for _ in range(2)] if cuda else []  # one per frame
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether `launch` returns before the device has finished (a second frame pays off)."""
+        return self.model.device.type == "cuda"
 
     def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
+        return self.finish(self.launch(plan, masks))
+
+    def launch(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> Launched:
+        """Copies, packing and the program call of `plan`; its record is on its way to the host."""
         for copy in plan.copies:
             self._copy(copy)
         if plan.variant is None:
-            return StepOutput((), {})
+            return Launched(plan, None, {}, None)
         program = self._programs[plan.variant.name]
         self.packer.pack(program.graph, plan, masks)
         if self._submission is not None:
@@ -97,14 +128,32 @@ class Executor:
             returned = replay(greedy=self.packer.all_greedy(plan)) if replay else program.module(*args)
         outputs = dict(zip(program.outputs, returned if isinstance(returned, (tuple, list)) else (returned,)))
         record = outputs[self.model.prepared.manifest.completion.buffer]
-        frame = self._completion[plan.frame].view(torch.int64).view(self._completion.shape[1], -1)
-        frame[: record.shape[0], : record.shape[1]].copy_(record)
+        asynchronous = record.device.type == "cuda" and self._completion.is_pinned()
+        self._frame(plan)[: record.shape[0], : record.shape[1]].copy_(record, non_blocking=asynchronous)
         confidence = outputs.get(self.model.prepared.manifest.completion.confidence_buffer)
         if confidence is not None and self._confidence is not None:
-            self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]].copy_(confidence)
-        results = self._results(plan, program, frame[: len(plan.rows)])
+            target = self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]]
+            target.copy_(confidence, non_blocking=asynchronous and self._confidence.is_pinned())
+        done = None
+        if record.device.type == "cuda":
+            done = self._events[plan.frame]
+            done.record()
+        return Launched(plan, program, outputs, done)
+
+    def finish(self, launched: Launched) -> StepOutput:
+        """Waits for `launched` and validates its record (raises `CompletionError` when invalid)."""
+        if launched.program is None:
+            return StepOutput((), {})
+        if launched.done is not None:
+            launched.done.synchronize()
+        plan = launched.plan
+        results = self._results(plan, launched.program, self._frame(plan)[: len(plan.rows)])
         self.packer.observe(plan, results)
-        return StepOutput(results, outputs)
+        return StepOutput(results, launched.outputs)
+
+    def _frame(self, plan: StepPlan) -> torch.Tensor:
+        """The plan's frame of the completion buffer as int64 records [rows, columns]."""
+        return self._completion[plan.frame].view(torch.int64).view(self._completion.shape[1], -1)
 
     def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
         speculative = plan.operation == Operation.SPECULATIVE

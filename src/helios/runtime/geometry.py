@@ -6,6 +6,7 @@ keyed by model identity. The scheduler reads the result only.
 
 from __future__ import annotations
 
+from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.runtime.capacities import (
     Capacities,
@@ -44,11 +45,13 @@ _LENGTH_SOURCES = {
 }
 
 
-def program_variant(program: LoadedProgram) -> ProgramVariant:
-    """The scheduler's view of one loaded program (SPECULATIVE: D, W, length source, cursor lag)."""
+def program_variant(program: LoadedProgram, prepared: PreparedContract | None = None) -> ProgramVariant:
+    """The scheduler's view of one loaded program (SPECULATIVE: D, W, length source, cursor lag).
+    `device_pending` needs `prepared` (the graph's declarations); without it, False."""
     variant = ProgramVariant(
         name=variant_name(program), operation=OPERATIONS[program.operation], batch_capacity=program.batch_capacity,
-        packed_token_capacity=program.packed_token_capacity, device_pending=False,
+        packed_token_capacity=program.packed_token_capacity,
+        device_pending=prepared is not None and device_pending(prepared, program.graph),
     )
     shape = program.speculative
     if shape is None:
@@ -62,11 +65,19 @@ def program_variant(program: LoadedProgram) -> ProgramVariant:
     )
 
 
+def device_pending(prepared: PreparedContract, graph_name: str) -> bool:
+    """Whether `graph_name` reads its pending token from a device state view it also writes, so a
+    round of it can follow another round of it before the host has seen that round's tokens."""
+    graph = prepared.graphs[graph_name]
+    view = graph.pending_token_view
+    return view is not None and any(a.view == view and a.mode == spb.ACCESS_MODE_READ_WRITE for a in graph.accesses)
+
+
 def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0) -> Capacities:
     """The scheduler's view of `model`: selected concurrency, extents, variants and cache geometry."""
     settings = model.settings
     layout = storage_layout(model)
-    variants = tuple(program_variant(p) for p in model.programs)
+    variants = tuple(program_variant(p, model.prepared) for p in model.programs)
     vocab_begin, vocab_end = model.prepared.sampled_range
     geometry = CacheGeometry(
         layout=layout, num_pages=model.num_pages,

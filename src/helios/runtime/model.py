@@ -292,8 +292,11 @@ def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device)
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
             continue
         shape = [extents[d.load_extent] if d.WhichOneof("extent") == "load_extent" else d.size for d in buffer.shape]
-        target = device if buffer.placement == mpb.PLACEMENT_DEVICE else torch.device("cpu")
-        buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], device=target)
+        if buffer.placement == mpb.PLACEMENT_DEVICE:
+            buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], device=device)
+        else:  # host buffers of a CUDA model are pinned: the device copies into them asynchronously
+            pinned = device.type == "cuda"
+            buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], pin_memory=pinned)
     return buffers
 
 

@@ -21,8 +21,9 @@ tokens, per-row values, counts, grammar masks) is packed into a pinned host mirr
 with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
 current stream; a grammar mask is uploaded only while some row is constrained (and once more to
 clear it). Per-slot admission values go straight to the device, when a slot is admitted or gains
-pages. The caller reads the step's completion before packing the next one, so a mirror is never
-rewritten while its previous upload is pending.
+pages; new page-table entries go through pinned staging and an asynchronous copy too. There are two
+sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
+the previous plan of its frame finished, while the other frame's uploads may still be queued.
 
 Thread ownership: one packer per model worker; not thread-safe.
 """
@@ -98,7 +99,10 @@ _COPIED_SOURCES = {
 def _pending_token(row: PlanRow, req: AdmissionValues):
     """The token a one-token lane feeds next: the completed pending token of a generating lane, or
     the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
-    feeds its first packed token (the program's override then changes nothing)."""
+    feeds its first packed token (the program's override then changes nothing). A lane of a second
+    frame feeds -1: its token exists only in the program's device state (``pending_token_view``)."""
+    if row.pending_on_device:
+        return -1
     return row.token_ids[0] if row.token_ids else None
 
 
@@ -144,6 +148,7 @@ class Packer:
     def pack(self, graph: str, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> None:
         """Fills every binding of `graph` for `plan`; `masks` holds constrained rows' grammar masks."""
         requests = [self._requests[row.request_id] for row in plan.rows]
+        self._staging.begin(plan.frame)
         for row in plan.rows:
             if row.admits:
                 self._reset_state(graph, row.slot)
@@ -268,7 +273,7 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
             target[slot] = binding.padding
         if row.new_page_ids:
             start = row.page_table_start
-            target[slot, start:start + len(row.new_page_ids)] = torch.tensor(row.new_page_ids, dtype=target.dtype)
+            staging.write_entries(target[slot, start:start + len(row.new_page_ids)], row.new_page_ids)
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
         if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
             target[slot] = 0
@@ -289,10 +294,22 @@ class _Staging:
         per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW}
         self._buffers = buffers
         pinned = torch.cuda.is_available()
-        self._mirrors = {
-            name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned)
-            for name in sorted(per_step) if (buffers[name].device.type != "cpu" if staged is None else staged)
-        }
+        staged_names = [name for name in sorted(per_step)
+                        if (buffers[name].device.type != "cpu" if staged is None else staged)]
+        # One set of mirrors per execution frame: a frame's mirrors are rewritten only after its
+        # previous plan finished (the other frame's upload may still be queued behind a program).
+        self._mirror_sets = [
+            {name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned) for name in staged_names}
+            for _ in range(2)
+        ]
+        self._mirrors = self._mirror_sets[0]
+        # Page-table entries of one frame, staged for their asynchronous copies to a device table.
+        tables = [view.buffer for view in views if view.source == S.VALUE_SOURCE_PAGE_TABLE
+                  and buffers[view.buffer].device.type != "cpu"]
+        size = max((buffers[name].numel() for name in tables), default=0)
+        self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._entries = self._entry_sets[0]
+        self._entries_used = 0
         self._dirty: set[str] = set()
         self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for view in views:
@@ -319,6 +336,26 @@ class _Staging:
         pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
         self._count_scratch[name] = pair
         return pair
+
+    def begin(self, frame: int) -> None:
+        """Packing of a plan of execution frame `frame` starts (its previous plan has finished)."""
+        self._mirrors = self._mirror_sets[frame % 2]
+        self._entries = self._entry_sets[frame % 2]
+        self._entries_used = 0
+
+    def write_entries(self, target: torch.Tensor, values: Sequence[int]) -> None:
+        """target[:] = values. A device target gets an asynchronous copy from this frame's pinned
+        entries (no host synchronisation, so a frame can be packed while the other one runs)."""
+        if target.device.type == "cpu" or target.dtype != torch.int32:
+            target.copy_(torch.tensor(values, dtype=target.dtype))
+            return
+        start, end = self._entries_used, self._entries_used + len(values)
+        if end > self._entries.numel():
+            raise ValueError(f"{end} page-table entries in one step exceed the staging's {self._entries.numel()}")
+        staged = self._entries[start:end]
+        staged.copy_(torch.tensor(values, dtype=torch.int32))
+        target.copy_(staged, non_blocking=True)
+        self._entries_used = end
 
     def target(self, name: str) -> torch.Tensor:
         mirror = self._mirrors.get(name)

@@ -33,6 +33,7 @@ class StatsSnapshot:
     request_slots: int
     mixed_grammar_decode_steps: int
     constrained_max_inflight: int
+    second_frames: int
     healthy: bool
 
 
@@ -58,6 +59,7 @@ class WorkerStats:
     request_slots: int = 0
     mixed_grammar_decode_steps: int = 0
     constrained_max_inflight: int = 0
+    second_frames: int = 0  # plans submitted while another was still in flight
     healthy: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

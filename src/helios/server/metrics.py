@@ -35,6 +35,8 @@ class _RuntimeCollector:
         for operation, value in sorted(s.graph_launches.items()):
             launches.add_metric([operation], value)
         yield launches
+        yield _counter("helios_second_frame_launches", "Plans submitted while another was still running on the device",
+                       s.second_frames)
         yield _counter("helios_prompt_tokens", "Prompt tokens admitted", s.prompt_tokens)
         yield _counter("helios_generated_tokens", "Tokens generated", s.generated_tokens)
         yield _counter("helios_prefix_lookup_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_lookup_tokens)

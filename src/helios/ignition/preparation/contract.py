@@ -20,7 +20,10 @@ Declarations, per input of the paged-text programs:
   token endpoint it samples at, so draws depend on the request alone);
 * cache bindings: ``page_table`` (PAGE_TABLE, physical request row: only new entries are uploaded);
 * state transfer: ``output_counts`` (persistent state, read/write), the k/v planes (cache storage
-  of one paged key/value region).
+  of one paged key/value region);
+* device-owned pending tokens: DECODE programs with ``pending_tokens`` (persistent state,
+  read/write, one int64 per slot) name it as their ``pending_token_view`` and still bind
+  PENDING_TOKEN: the host's token where it packs one (>= 0), the view's for rows packed as -1.
 
 Startup tuning: a TUNING program (`helios.ignition.tuning`) becomes a TUNING graph listed in the
 manifest's tuning catalog (never the execution catalog) with the buffers it fills as outputs; its
@@ -41,7 +44,9 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
 from helios.ignition.preparation import speculative as spec_decl
-from helios.ignition.program_spec import CONFIDENCE_OUTPUT, InputRole, Operation, ProgramSpec, TensorSpec
+from helios.ignition.program_spec import (
+    CONFIDENCE_OUTPUT, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
+)
 from helios.ignition.tuning import TUNING_GRAPH
 
 S, M = spb, mpb
@@ -259,6 +264,8 @@ def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: Prog
             if tensor.name not in producers:
                 raise ValueError(f"{operation.value} programs read {tensor.name!r}; no tuning program fills it")
             graph.tuned_bindings.add(buffer=tensor.name, producer=producers[tensor.name])
+        if tensor.name == PENDING_TOKENS:  # host-fed where packed >= 0, else this device state
+            graph.pending_token_view = PENDING_TOKENS
     graph.resource_dependencies.extend(_weight_buffer(slot.name) for slot in spec.weights)
     return graph
 
@@ -383,6 +390,8 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract])
     model.cache.page_table_views.add(destination="page_table", region="attention")
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
+    if any(graph.pending_token_view == PENDING_TOKENS for graph in graphs):
+        model.state_views.add(name=PENDING_TOKENS, buffer=PENDING_TOKENS, row_stride=8, byte_extent=8)
     _frontend(model.frontend, declaration.frontend)
     contract = spb.ServingContract(
         served_id=declaration.served_id, aliases=list(declaration.aliases),
