@@ -246,16 +246,38 @@ def helios_rows(core: Path, key: SigningKey, shape: LlamaShape, workloads, resul
     log(f"loaded in {results['load_seconds']:.0f} s")
     run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
     for workload in workloads:
+        behind = runtime.engine.stats.second_frames
         ours = run_helios(runtime.engine, workload, shape.vocab_size)
+        ours["second_frames"] = runtime.engine.stats.second_frames - behind
         ours["roofline_tokens_per_s"] = roofline(shape, workload, bandwidth, element_bytes)
         results["workloads"][str(workload)] = {"helios": ours}
-        log(f"helios {workload}: {ours['tokens_per_s']:.1f} tok/s (decode {ours['decode_tokens_per_s']:.1f})")
+        log(f"helios {workload}: {ours['tokens_per_s']:.1f} tok/s (decode {ours['decode_tokens_per_s']:.1f}, "
+            f"{ours['second_frames']} rounds submitted behind another)")
+    results["one_frame"] = one_frame_rows(runtime.engine, workloads[:2], shape.vocab_size, results)
     results["ttft"] = ttft_rows(runtime.engine, shape.vocab_size, ttft_prompt)
     runtime.close()
     del runtime
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def one_frame_rows(engine, workloads, vocab: int, results: dict) -> dict:
+    """The same workloads with one execution frame (no overlap of host packing and the device):
+    decode tok/s with two frames over one frame, measured in this process."""
+    frames, engine.frames = engine.frames, 1
+    rows = {}
+    try:
+        for workload in workloads:
+            single = run_helios(engine, workload, vocab, salt=7)
+            double = results["workloads"][str(workload)]["helios"]
+            rows[str(workload)] = {"one_frame": single,
+                                   "speedup": double["decode_tokens_per_s"] / single["decode_tokens_per_s"]}
+            log(f"one frame {workload}: decode {single['decode_tokens_per_s']:.1f} tok/s; "
+                f"two frames / one frame {rows[str(workload)]['speedup']:.3f}x")
+    finally:
+        engine.frames = frames
+    return rows
 
 
 def ttft_rows(engine, vocab: int, prompt_tokens: int) -> dict:
@@ -291,6 +313,9 @@ def print_table(results: dict) -> None:
         ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.1f}x" if theirs else "-"
         log(f"| {name} | {ours['tokens_per_s']:.1f} | {ours['decode_tokens_per_s']:.1f} | {peer} | "
             f"{ours['roofline_tokens_per_s']:.1f} | {ratio} | {ours['decode_tokens_per_s'] / ours['roofline_tokens_per_s']:.0%} |")
+    for name, row in results.get("one_frame", {}).items():
+        log(f"| {name}, one execution frame (no overlap) | | {row['one_frame']['decode_tokens_per_s']:.1f} | | | | "
+            f"two frames / one: {row['speedup']:.2f}x |")
     ttft = results["ttft"]
     log(f"| TTFT, {ttft['prompt_tokens']}-token prompt | {ttft['cold_s'] * 1e3:.1f} ms | | | | | |")
     log(f"| TTFT, 90% from the prefix cache ({ttft['reused_tokens']} reused) | {ttft['prefix_cached_s'] * 1e3:.1f} ms | | | | | |")

@@ -147,3 +147,22 @@ def test_released_graphs_refuse_to_replay():
     release_graphs([program, program])  # idempotent
     with pytest.raises(CaptureError, match="released"):
         captured.replay(greedy=False)
+
+
+def test_two_frames_on_cuda_give_the_cpu_path_tokens(cores):
+    """On CUDA the engine keeps two frames in flight: decode rounds fed by device-owned pending
+    tokens run behind the round whose tokens the host has not read yet."""
+    from helios.runtime.offline import generate
+
+    reference = cores.cpu_run(QWEN3)
+    runtime = build_runtime(cores.open(QWEN3), RuntimeOptions(load=cuda_options()))
+    try:
+        assert runtime.engine.frames == 2
+        results = generate(runtime.engine, PROMPTS, NEW_TOKENS)
+        behind = runtime.engine.stats.second_frames
+    finally:
+        runtime.close()
+    assert behind >= NEW_TOKENS // 2, behind
+    for index, (result, expected) in enumerate(zip(results, reference.tokens)):
+        assert list(result.token_ids) == expected, f"prompt {index} differs from token " \
+                                                   f"{first_difference(list(result.token_ids), expected)}"
