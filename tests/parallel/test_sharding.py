@@ -70,12 +70,13 @@ def test_weight_files_carry_catalogs_of_their_stored_tensors():
     files = rank_weight_files(numbered_recipe(), 2)
     assert [(f.rank, f.resource_id) for f in files] == [(0, "weights.rank0"), (1, "weights.rank1")]
     for file in files:
-        tensors = load_safetensors(file.data)
+        data = file.image.to_bytes()
+        tensors = load_safetensors(data)
         assert file.catalog.rank == file.rank and file.catalog.resource_id == file.resource_id
         assert {view.name for view in file.catalog.tensors} == set(tensors)
         for view in file.catalog.tensors:
             stored = tensors[view.name]
             assert view.shape == tuple(stored.shape)
             assert view.dtype == (mpb.DTYPE_INT64 if view.name == "w.vocab.start" else mpb.DTYPE_FLOAT32)
-            raw = file.data[view.byte_offset:view.byte_offset + view.nbytes]
+            raw = data[view.byte_offset:view.byte_offset + view.nbytes]
             assert raw == stored.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()

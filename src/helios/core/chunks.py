@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
@@ -55,6 +56,67 @@ class ChunkDigester:
         return tuple(self._digests)
 
 
+def _digest_pieces(pieces: list) -> bytes:
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return digest.digest()
+
+
+class ParallelChunkDigester:
+    """`ChunkDigester`'s digests, each chunk hashed on the process-wide chunk pool.
+
+    `update` keeps references to the pieces it is given (they must not change afterwards: pass
+    bytes) until their chunk is hashed; at most `in_flight` full chunks wait for a worker, so
+    memory stays bounded. A worker's error is raised by `update` or `finish`; `finish` (or
+    `close`, on an error path) leaves no task behind. Mutable; owned by one writer.
+    """
+
+    def __init__(self, chunk_nbytes: int = CHUNK_NBYTES, *, in_flight: int = 2):
+        self._chunk_nbytes = chunk_nbytes
+        self._in_flight = in_flight
+        self._pieces: list = []
+        self._filled = 0
+        self._futures: deque[Future] = deque()
+        self._digests: list[bytes] = []
+        self.nbytes = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            take = min(self._chunk_nbytes - self._filled, len(view))
+            self._pieces.append(view[:take])
+            self._filled += take
+            self.nbytes += take
+            view = view[take:]
+            if self._filled == self._chunk_nbytes:
+                self._submit()
+
+    def _submit(self) -> None:
+        pieces, self._pieces, self._filled = self._pieces, [], 0
+        self._futures.append(_read_ahead_pool().submit(_digest_pieces, pieces))
+        while len(self._futures) > self._in_flight:
+            self._digests.append(self._futures.popleft().result())
+
+    def finish(self) -> tuple[bytes, ...]:
+        """All digests, including the short last chunk. Call once, after the last update."""
+        if self._filled:
+            self._submit()
+        try:
+            while self._futures:
+                self._digests.append(self._futures.popleft().result())
+        finally:
+            self.close()
+        return tuple(self._digests)
+
+    def close(self) -> None:
+        """Cancels or waits for every pending hash (an error path leaves no task behind)."""
+        futures, self._futures = self._futures, deque()
+        for future in futures:
+            if not future.cancel():
+                future.exception()
+
+
 class RangeFile:
     """Positional reads from `[offset, offset + nbytes)` of an open file descriptor.
 
@@ -88,25 +150,34 @@ class RangeFile:
 
 _READ_AHEAD: ThreadPoolExecutor | None = None
 _READ_AHEAD_LOCK = threading.Lock()
+READ_AHEAD_CHUNKS = 2  # chunks in flight per reader: 3 chunks (12 MiB) held at most
+
+
+def read_ahead_workers() -> int:
+    """Threads of the process-wide chunk pool: enough for several readers' read-ahead."""
+    return max(4, min(16, os.cpu_count() or 4))
 
 
 def _read_ahead_pool() -> ThreadPoolExecutor:
-    """One small process-wide pool: chunk reads and SHA-256 release the GIL, so hashing chunk
-    i + 1 overlaps decoding chunk i."""
+    """One process-wide pool, created once and never shut down (its threads are reused, so
+    failing readers leak none): chunk reads and SHA-256 release the GIL, so reading and hashing
+    chunks i + 1 .. i + depth overlaps decoding chunk i."""
     global _READ_AHEAD
     with _READ_AHEAD_LOCK:
         if _READ_AHEAD is None:
-            _READ_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="helios-chunks")
+            _READ_AHEAD = ThreadPoolExecutor(read_ahead_workers(), thread_name_prefix="helios-chunks")
         return _READ_AHEAD
 
 
 class VerifiedChunks:
     """Yields the stored bytes of one resource chunk by chunk, each verified before release.
 
-    With `read_ahead`, the next chunk is read and verified on a pool thread while the caller
-    works on the current one: at most two chunks are held, and a chunk is still released only
-    after its digest matched. Mutable cursor; owned by one reader; does not own `source`, but
-    `close()` must run before `source` is closed (it waits for an in-flight read).
+    With `read_ahead` N > 0, the next N chunks are read and verified on pool threads while the
+    caller works on the current one: at most N + 1 chunks are held, and a chunk is still released
+    only after its digest matched. A worker's error (a `ChunkDigestError`, a short file) is raised
+    by `next_chunk` for that chunk, in order, exactly as without read-ahead. Mutable cursor; owned
+    by one reader; does not own `source`, but `close()` must run before `source` is closed (it
+    cancels or waits for every in-flight read).
     """
 
     def __init__(
@@ -116,17 +187,19 @@ class VerifiedChunks:
         resource_id: str,
         chunk_nbytes: int = CHUNK_NBYTES,
         *,
-        read_ahead: bool = True,
+        read_ahead: int = READ_AHEAD_CHUNKS,
     ):
         if len(digests) != chunk_count(source.nbytes, chunk_nbytes):
             raise LocationError(f"resource {resource_id!r}: chunk count does not fit its length")
+        if read_ahead < 0:
+            raise ValueError("read_ahead must be non-negative")
         self._source = source
         self._digests = digests
         self._resource_id = resource_id
         self._chunk_nbytes = chunk_nbytes
-        self._read_ahead = read_ahead
+        self._read_ahead = int(read_ahead)
         self._index = 0
-        self._pending: Future | None = None
+        self._pending: deque[Future] = deque()  # chunks _index, _index + 1, ... in order
 
     @property
     def is_exhausted(self) -> bool:
@@ -142,19 +215,31 @@ class VerifiedChunks:
             )
         return data
 
+    def _top_up(self) -> None:
+        requested = self._index + len(self._pending)
+        stop = min(len(self._digests), self._index + 1 + self._read_ahead)
+        for index in range(requested, stop):
+            self._pending.append(_read_ahead_pool().submit(self._load, index))
+
     def next_chunk(self) -> bytes | None:
         """The next verified chunk, or None after the last one."""
         if self.is_exhausted:
             return None
-        pending, self._pending = self._pending, None
-        data = pending.result() if pending is not None else self._load(self._index)
+        if self._read_ahead:
+            self._top_up()
+            data = self._pending.popleft().result()
+        else:
+            data = self._load(self._index)
         self._index += 1
-        if self._read_ahead and not self.is_exhausted:
-            self._pending = _read_ahead_pool().submit(self._load, self._index)
+        if self._read_ahead:
+            self._top_up()
         return data
 
     def close(self) -> None:
-        """Waits for (and discards) an in-flight read-ahead."""
-        pending, self._pending = self._pending, None
-        if pending is not None and not pending.cancel():
-            pending.exception()
+        """Cancels (or waits for and discards) every in-flight read-ahead."""
+        pending, self._pending = self._pending, deque()
+        for future in pending:
+            future.cancel()
+        for future in pending:
+            if not future.cancelled():
+                future.exception()

@@ -1,7 +1,10 @@
 """Encoding one resource as exactly one zstd level-3 frame, with chunk commitments.
 
-`write_frame` streams a source through the compressor into a sink and digests the compressed
-bytes in 4 MiB chunks on the way, so neither the resource nor its frame is ever held whole.
+`write_frame` streams a source (a binary stream, or `Segments` compressed straight from their
+memory) through the compressor into a sink and digests the compressed bytes in 4 MiB chunks on
+the way (each chunk hashed on a pool thread while compression goes on), so neither the resource
+nor its frame is ever held whole. Both kinds of source give the same frame bytes for the same
+content: zstd's output does not depend on how its input was cut.
 Level 3 keeps the window at most 2 MiB (well under the 8 MiB reader cap); the frame carries its
 content size when known and a content checksum.
 """
@@ -13,7 +16,8 @@ from typing import BinaryIO
 
 import zstandard
 
-from helios.core.chunks import CHUNK_NBYTES, ChunkDigester
+from helios.core.chunks import CHUNK_NBYTES, ParallelChunkDigester
+from helios.core.segments import Segments
 
 ZSTD_LEVEL = 3
 _IO_NBYTES = 1024 * 1024
@@ -33,9 +37,10 @@ class _DigestingSink:
 
     def __init__(self, sink: BinaryIO, chunk_nbytes: int):
         self._sink = sink
-        self.digester = ChunkDigester(chunk_nbytes)
+        self.digester = ParallelChunkDigester(chunk_nbytes)
 
     def write(self, data) -> int:
+        data = bytes(data)  # the digester holds it until its chunk is hashed
         self.digester.update(data)
         return self._sink.write(data)
 
@@ -44,7 +49,7 @@ _THREADED_NBYTES = 64 << 20
 
 
 def write_frame(
-    source: BinaryIO,
+    source: BinaryIO | Segments,
     sink: BinaryIO,
     *,
     size: int | None = None,
@@ -53,8 +58,11 @@ def write_frame(
     """Appends one zstd level-3 frame of everything `source` yields to `sink`.
 
     `size`, when given, must be the exact number of bytes `source` yields; it is written into
-    the frame header. Reads `source` to EOF; neither stream is closed.
+    the frame header (`Segments` always know their size). Reads a stream to EOF; neither stream
+    is closed.
     """
+    if isinstance(source, Segments):
+        size = source.nbytes if size is None else size
     # zstd's multi-threaded mode writes one standard frame whose bytes do not depend on how many
     # workers ran; it pays for large resources (weights) and is left off for small ones.
     threads = -1 if size is None or size >= _THREADED_NBYTES else 0
@@ -62,13 +70,29 @@ def write_frame(
         level=ZSTD_LEVEL, write_checksum=True, write_content_size=size is not None, threads=threads
     )
     digesting = _DigestingSink(sink, chunk_nbytes)
-    decoded, stored = compressor.copy_stream(
-        source,
-        digesting,
-        size=-1 if size is None else size,
-        read_size=_IO_NBYTES,
-        write_size=_IO_NBYTES,
-    )
+    try:
+        if isinstance(source, Segments):
+            decoded, stored = _compress_segments(compressor, source, digesting, size)
+        else:
+            decoded, stored = compressor.copy_stream(
+                source, digesting, size=-1 if size is None else size,
+                read_size=_IO_NBYTES, write_size=_IO_NBYTES,
+            )
+    except BaseException:
+        digesting.digester.close()
+        raise
     if size is not None and decoded != size:
+        digesting.digester.close()
         raise ValueError(f"the source yielded {decoded} bytes, not the announced {size}")
     return StoredFrame(stored, decoded, digesting.digester.finish())
+
+
+def _compress_segments(compressor, source: Segments, sink: _DigestingSink, size: int) -> tuple[int, int]:
+    """Feeds the buffers to the compressor without copying them first; (decoded, stored) counts."""
+    writer = compressor.stream_writer(sink, size=size, write_size=_IO_NBYTES, closefd=False)
+    decoded = 0
+    for piece in source.slices():
+        writer.write(piece)
+        decoded += len(piece)
+    writer.flush(zstandard.FLUSH_FRAME)
+    return decoded, sink.digester.nbytes

@@ -14,10 +14,11 @@ from helios.core.catalogs import RebuildManifest, WeightCatalog
 from helios.core.chunks import CHUNK_NBYTES
 from helios.core.frame_writer import write_frame
 from helios.core.records import CoreFormat, Publisher, ResourceEntry, ResourceInfo, ResourceKind
+from helios.core.segments import Segments, SegmentsReader
 
 
 def store_resource(
-    source: BinaryIO,
+    source: BinaryIO | Segments,
     sink: BinaryIO,
     *,
     size: int | None,
@@ -29,6 +30,8 @@ def store_resource(
 ) -> ResourceEntry:
     """Streams `source` into `sink` as a zstd frame (or, with `aes_key`, as sealed v4 chunks)."""
     if aes_key is not None:
+        if isinstance(source, Segments):
+            source = SegmentsReader(source)
         sealed = write_aead_resource(
             source, sink, key=aes_key, resource_id=resource_id, nonce_prefix=nonce_prefix
         )

@@ -62,6 +62,25 @@ def read_decoded(stream: BinaryIO, decoded_nbytes: int) -> bytes:
     return data
 
 
+def read_exact_into(stream: BinaryIO, buffer) -> None:
+    """Fills the writable `buffer` from `stream` (decoding straight into its memory: a buffered
+    stream hands reads this large to the frame reader unbuffered); DecodedLengthError if the
+    stream ends first. Call `expect_end` after the last read so the final checks run."""
+    view = memoryview(buffer).cast("B")
+    while view:
+        count = stream.readinto(view)
+        if not count:
+            raise DecodedLengthError("the resource decodes to fewer bytes than its contents need")
+        view = view[count:]
+
+
+def expect_end(stream: BinaryIO) -> None:
+    """Reads `stream` to EOF, where the length and end-of-frame checks run; DecodedLengthError if
+    decoded bytes are left over."""
+    if stream.read(1):
+        raise DecodedLengthError("the resource decodes to more bytes than its contents use")
+
+
 def drain_decoded(stream: BinaryIO, block_nbytes: int = 4 * STREAM_BUFFER_NBYTES) -> int:
     """Reads `stream` to EOF (running every check) and returns the decoded byte count."""
     buffer = bytearray(block_nbytes)

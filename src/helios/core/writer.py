@@ -32,8 +32,9 @@ from helios.core.locations import encode_locations
 from helios.core.payload_encode import encode_payload, store_resource
 from helios.core.records import CoreFormat, Publisher, ResourceEntry, ResourceInfo, ResourceKind
 from helios.core.references import check_manifest_references
+from helios.core.segments import Segments
 
-Source = Union[bytes, bytearray, memoryview, BinaryIO, os.PathLike, str]
+Source = Union[bytes, bytearray, memoryview, BinaryIO, os.PathLike, str, Segments]
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class _PendingResource:
     source: Source
 
 
-def _open_source(source: Source) -> tuple[BinaryIO, int | None, bool]:
-    """(stream, exact size if known, whether the writer must close the stream)."""
+def _open_source(source: Source) -> tuple[BinaryIO | Segments, int | None, bool]:
+    """(stream or segments, exact size if known, whether the writer must close the stream)."""
+    if isinstance(source, Segments):
+        return source, source.nbytes, False
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         return io.BytesIO(data), len(data), True
@@ -93,7 +96,8 @@ class CoreWriter:
     def add_resource(
         self, resource_id: str, kind: ResourceKind, source: Source, *, rank: int | None = None
     ) -> None:
-        """Adds a resource; `source` is bytes, a readable binary stream or a file path."""
+        """Adds a resource; `source` is bytes, a readable binary stream, a file path or `Segments`
+        (borrowed buffers compressed in place; they must stay unchanged until `write`)."""
         if not resource_id or any(r.resource_id == resource_id for r in self._resources):
             raise ValueError(f"resource id {resource_id!r} is empty or already added")
         if rank is not None and rank < 0:

@@ -19,6 +19,8 @@ Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
 weight catalog (stored tensor views; they describe the resource and select no serving behaviour).
+The resource is a `SafetensorsImage`: the bytes `safetensors.torch.save` would produce, kept as a
+header plus the tensors' own memory, so the core writer compresses the weights in place.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import dataclasses
 import json
 
 import torch
-from safetensors.torch import save as save_safetensors
 
 from helios.contract import manifest_pb2 as mpb
 from helios.core.catalogs import TensorView, WeightCatalog
 from helios.ignition.architecture import Architecture, CheckpointError
 from helios.ignition.recipes.base import NamedWeight, Recipe, check_weights
+from helios.ignition.safetensors_image import SafetensorsImage, safetensors_image
 
 
 def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
@@ -115,11 +117,12 @@ class _Cutter:
 
 @dataclasses.dataclass(frozen=True)
 class RankWeightsFile:
-    """One rank's weights resource: safetensors bytes (tensor names ``w.<slot>``) and its catalog."""
+    """One rank's weights resource: a safetensors image (tensor names ``w.<slot>``; it borrows the
+    rank's tensors) and its catalog."""
 
     rank: int
     resource_id: str
-    data: bytes
+    image: SafetensorsImage
     catalog: WeightCatalog
 
 
@@ -128,14 +131,15 @@ def rank_weight_files(recipe: Recipe, ranks: int) -> tuple[RankWeightsFile, ...]
     files = []
     for rank in range(ranks):
         tensors = {f"w.{w.name}": w.tensor.contiguous() for w in rank_weights(recipe, ranks, rank)}
-        data = save_safetensors(tensors)
+        image = safetensors_image(tensors)
         resource_id = f"weights.rank{rank}"
-        files.append(RankWeightsFile(rank, resource_id, data, weight_catalog(rank, resource_id, data)))
+        files.append(RankWeightsFile(rank, resource_id, image, weight_catalog(rank, resource_id, image.header)))
     return tuple(files)
 
 
 def weight_catalog(rank: int, resource_id: str, data: bytes) -> WeightCatalog:
-    """The stored tensor views of a safetensors resource: names, dtypes, shapes, byte ranges."""
+    """The stored tensor views of a safetensors resource: names, dtypes, shapes, byte ranges.
+    `data` is the file or just its header (length prefix and JSON)."""
     header_len = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + header_len])
     views = []

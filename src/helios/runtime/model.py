@@ -31,7 +31,6 @@ from types import MappingProxyType
 from typing import Mapping
 
 import torch
-from safetensors.torch import load as load_safetensors
 from torch.export.passes import move_to_device_pass
 
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
@@ -43,6 +42,9 @@ from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
 from helios.runtime.tuning import producer_handles, run_producers
+from helios.runtime.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
+    HostFiller, StagedCopier, WantedTensor, WeightMismatchError, load_safetensors_stream,
+)
 
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
@@ -56,10 +58,6 @@ _DTYPES = {
 
 class MissingVariantError(LoadError):
     """The contract needs a graph or capacity variant that has no loadable program."""
-
-
-class WeightMismatchError(LoadError):
-    """A weight resource lacks a declared buffer or holds it with another dtype or shape."""
 
 
 class RankResourceError(LoadError):
@@ -251,22 +249,20 @@ def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], .
 
 
 def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
-    weight_buffers = [b for b in prepared.manifest.buffers if b.role == mpb.BUFFER_ROLE_WEIGHT]
-    loaded: dict[str, dict[str, torch.Tensor]] = {}
+    """The rank's WEIGHT buffers, each weights resource decoded once, straight into its tensors
+    (`helios.runtime.weight_stream`); dtype and shape are checked against the manifest first."""
+    wanted: dict[str, dict[str, WantedTensor]] = {}
+    for buffer in prepared.manifest.buffers:
+        if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
+            shape = tuple(dim.size for dim in buffer.shape)
+            resource_id = rank_resource(core, buffer.resource_id, rank)
+            wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
     weights = {}
-    for buffer in weight_buffers:
-        resource_id = rank_resource(core, buffer.resource_id, rank)
-        if resource_id not in loaded:
-            loaded[resource_id] = load_safetensors(core.read_resource(resource_id))
-        tensor = loaded[resource_id].get(buffer.name)
-        expected = tuple(dim.size for dim in buffer.shape)
-        if tensor is None:
-            raise WeightMismatchError(f"weight resource {resource_id!r} lacks {buffer.name!r}")
-        if tensor.dtype != _DTYPES[buffer.dtype] or tuple(tensor.shape) != expected:
-            raise WeightMismatchError(
-                f"weight {buffer.name!r} is {tuple(tensor.shape)} {tensor.dtype}; the manifest declares {expected}"
-            )
-        weights[buffer.name] = tensor.to(device)
+    for resource_id, names in wanted.items():
+        filler = StagedCopier(device) if device.type != "cpu" else HostFiller()
+        with core.open_resource(resource_id) as stream:
+            decoded_nbytes = core.resource(resource_id).decoded_nbytes
+            weights.update(load_safetensors_stream(stream, decoded_nbytes, resource_id, names, filler))
     return weights
 
 
