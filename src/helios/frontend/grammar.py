@@ -1,6 +1,8 @@
 """Structured output with llguidance: request grammars, the reasoning envelope, per-step token masks.
 
-Flow: `parse_response_format` turns the request's `response_format` into a `GrammarRequest`; during
+Flow: `parse_response_format` turns the request's `response_format` into a `GrammarRequest` (a JSON
+schema's ``$ref``s are checked there: local ones are left to llguidance, which resolves them
+itself; remote or dangling ones raise `SchemaRefError`, HTTP 400); during
 preparation `GrammarCompiler.compile(request, envelope)` builds the request's `GrammarMatcher` or
 raises `GrammarError` (HTTP 400, before admission). Per decode step the worker fills the lane's mask
 row with `fill_bitmask` and, after the completion, advances with `consume_token`.
@@ -34,6 +36,7 @@ import llguidance
 import numpy as np
 
 from helios.errors import RequestError
+from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.prompt import ReasoningState
 
 MASK_WORD_BITS = 32
@@ -73,6 +76,7 @@ def parse_response_format(value: object) -> GrammarRequest | None:
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise GrammarError("response_format.json_schema.schema must be a JSON schema object")
+        SchemaDocument(schema, "response_format.json_schema.schema")  # SchemaRefError: a non-local or dangling $ref
         return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
     if kind == "regex" and isinstance(value.get("regex"), str) and value["regex"]:
         return GrammarRequest(GrammarKind.REGEX, value["regex"])

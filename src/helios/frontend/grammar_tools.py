@@ -36,7 +36,9 @@ from helios.frontend.grammar_lark import (
 from helios.frontend.grammar_values import ValueGrammar, ValueStyle
 from helios.frontend.parsers.pipeline import tool_grammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN
+from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.parsers.tool_grammar import ToolGrammar
+from helios.frontend.parsers.values import tool_document, tool_properties
 from helios.frontend.prompt import ReasoningState
 from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ThinkSyntax, ToolSyntaxKind
 
@@ -59,10 +61,18 @@ def is_markup_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class ToolSchema:
-    """A callable function: its name and its arguments' JSON schema (an object schema)."""
+    """A callable function: its name and its arguments' JSON schema (an object schema).
+
+    ``document`` is that schema checked for local refs (`SchemaRefError`, HTTP 400, otherwise);
+    property values are read through it, the way the output parsers type them.
+    """
 
     name: str
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    document: SchemaDocument = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "document", tool_document(self.name, self.parameters))
 
     @classmethod
     def from_openai(cls, tools: Sequence[Mapping[str, Any]] | None) -> tuple[ToolSchema, ...]:
@@ -76,15 +86,11 @@ class ToolSchema:
 
     def properties(self) -> list[tuple[str, Any, bool]]:
         """(name, schema, required) for each declared property the parsers can read, in order."""
-        properties = self.parameters.get("properties")
-        required = set(self.parameters.get("required") or ())
-        if not isinstance(properties, Mapping):
-            return []
+        root = self.document.deref(self.parameters)
+        required = root.get("required") if isinstance(root, Mapping) else None
+        required = set(required) if isinstance(required, list) else set()
+        properties = tool_properties(self.document)
         return [(key, value, key in required) for key, value in properties.items() if is_markup_name(key)]
-
-    def definitions(self) -> dict[str, Any]:
-        return {key: self.parameters[key] for key in ("$defs", "definitions")
-                if isinstance(self.parameters.get(key), Mapping)}
 
 
 @dataclass(frozen=True)
@@ -138,15 +144,14 @@ class CallGrammar:
 
     def _parameters(self, tool: ToolSchema) -> list[str]:
         out = []
-        definitions = tool.definitions()
         for key, schema, required in tool.properties():
-            rule = self._parameter(key, schema, definitions)
+            rule = self._parameter(key, schema, tool.document)
             out.append(rule if required else f"({rule})?")
         return out
 
-    def _parameter(self, key: str, schema: Any, definitions: Mapping) -> str:
+    def _parameter(self, key: str, schema: Any, document: SchemaDocument) -> str:
         g, spell = self._g, self._spell
-        value = self._values.value(schema, definitions)
+        value = self._values.value(schema, document)
         form = g.key_open
         pieces = [spell(form.prefix), text_spelling(key), spell(form.terminators[0])]
         if g.string_flag is not None:

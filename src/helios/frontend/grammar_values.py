@@ -18,13 +18,18 @@ syntaxes) and holds ``&``, ``<`` and ``>`` only as the entities the parser decod
 syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote). Numbers without
 declared bounds stay within ``NUMBER_LIMIT`` (llguidance then writes them without an exponent), so
 none overflows to an infinity the parsers reject. Free-form objects, arrays and untyped values use
-a recursive "safe JSON" definition with the same string and number rules for keys and values. Schemas keep their own ``$defs``; unsupported JSON-schema keywords are ignored
-(llguidance ``lenient``), so such constraints are not enforced.
+a recursive "safe JSON" definition with the same string and number rules for keys and values.
+
+Local ``$ref``s (``#/$defs/NAME``, ``#/definitions/NAME``, JSON pointers into the tool's schema) are
+read through the tool's `SchemaDocument`: the kinds, string removal and string literals look through
+them like the parsers do, and each JSON value is a standalone bundle of the parameter's schema whose
+refs point into its own ``$defs`` (recursion stays a ref, which llguidance resolves lazily).
+Unsupported JSON-schema keywords are ignored (llguidance ``lenient``), so such constraints are not
+enforced.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -40,6 +45,7 @@ from helios.frontend.grammar_lark import (
     text_then,
 )
 from helios.frontend.parsers.calls import ValueFormat
+from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.parsers.values import STRING_ONLY, ValueKind, schema_kinds
 
 SAFE_JSON = "helios_safe_json"
@@ -127,8 +133,19 @@ def safe_schema(schema: Any, pattern: str) -> Any:
     return out
 
 
-def without_strings(schema: Any) -> Any | None:
-    """``schema`` minus its string alternatives (None when nothing else is left)."""
+def without_strings(schema: Any, document: SchemaDocument | None = None,
+                    visiting: frozenset[str] = frozenset()) -> Any | None:
+    """``schema`` minus its string alternatives (None when nothing else is left).
+
+    With ``document``, a ``$ref`` of the schema or of its ``anyOf``/``oneOf``/``allOf`` branches is
+    replaced by its target first; a ref already on the path (``A = anyOf[A, ...]``) adds nothing
+    and its branch is dropped.
+    """
+    if document is not None and isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
+        if schema["$ref"] in visiting:
+            return None
+        visiting = visiting | {schema["$ref"]}
+        schema = document.deref(schema)
     if not isinstance(schema, Mapping):
         return schema
     out = dict(schema)
@@ -139,20 +156,28 @@ def without_strings(schema: Any) -> Any | None:
         out["type"] = [t for t in declared if t != "string"]
         if not out["type"]:
             return None
-    for key in ("enum",):
-        if isinstance(out.get(key), list):
-            out[key] = [v for v in out[key] if not isinstance(v, str)]
-            if not out[key]:
-                return None
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [v for v in out["enum"] if not isinstance(v, str)]
+        if not out["enum"]:
+            return None
     if isinstance(out.get("const"), str):
         return None
     for key in ("anyOf", "oneOf"):
         if isinstance(out.get(key), list):
-            branches = [b for b in (without_strings(branch) for branch in out[key]) if b is not None]
-            if not branches:
+            out[key] = [b for b in (without_strings(branch, document, visiting) for branch in out[key]) if b is not None]
+            if not out[key]:
                 return None
-            out[key] = branches
+    if isinstance(out.get("allOf"), list):
+        conjuncts = [branch for branch in out["allOf"] if not _is_repeat(branch, visiting)]
+        out["allOf"] = [without_strings(branch, document, visiting) for branch in conjuncts]
+        if any(branch is None for branch in out["allOf"]):
+            return None  # a conjunct that allows only strings
     return out
+
+
+def _is_repeat(schema: Any, visiting: frozenset[str]) -> bool:
+    ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+    return isinstance(ref, str) and ref in visiting
 
 
 class ValueGrammar:
@@ -168,21 +193,21 @@ class ValueGrammar:
         self._pattern = string_pattern(style, "".join(p.text for p in closer))
         self._options = {**json_options, "lenient": True}
 
-    def value(self, schema: Any, definitions: Mapping[str, Any]) -> ParameterValue:
-        """The value rule of a parameter with ``schema`` (``definitions``: the tool's ``$defs``)."""
-        kinds = schema_kinds(schema)
+    def value(self, schema: Any, document: SchemaDocument) -> ParameterValue:
+        """The value rule of a parameter with ``schema`` (a subschema of the tool's ``document``)."""
+        kinds = schema_kinds(schema, document)
         flag = self._style.flag
         if flag is not None:
             if kinds == STRING_ONLY:
-                return ParameterValue(flag[0], self._string(schema))
-            return ParameterValue(flag[1], self._json(schema, definitions))
+                return ParameterValue(flag[0], self._string(document.deref(schema)))
+            return ParameterValue(flag[1], self._json(schema, document))
         if not kinds or kinds == STRING_ONLY:
-            return ParameterValue("", self._string(schema))
+            return ParameterValue("", self._string(document.deref(schema)))
         if ValueKind.STRING in kinds:
-            schema = without_strings(schema)
+            schema = without_strings(schema, document)
             if schema is None:
                 return ParameterValue("", self._string({}))
-        return ParameterValue("", self._json(schema, definitions))
+        return ParameterValue("", self._json(schema, document))
 
     def _string(self, schema: Any) -> str:
         literals = _string_literals(schema)
@@ -200,11 +225,9 @@ class ValueGrammar:
             return self._rules.rule("string", f"{text}? {closer}")
         return text_then(self._rules, [self._closer])[0]
 
-    def _json(self, schema: Any, definitions: Mapping[str, Any]) -> str:
-        document = copy.deepcopy(dict(schema)) if isinstance(schema, Mapping) else {}
-        for key, value in definitions.items():  # the tool's "$defs" / "definitions", for "$ref"s
-            document[key] = {**value, **document.get(key, {})}
-        document = safe_schema(document, self._pattern)
+    def _json(self, schema: Any, source: SchemaDocument) -> str:
+        bundle = source.bundled(schema, reserved=(SAFE_JSON,))
+        document = safe_schema(bundle if isinstance(bundle, Mapping) else {}, self._pattern)
         if f"#/$defs/{SAFE_JSON}" in json.dumps(document):
             document.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(self._pattern)
         document["x-guidance"] = self._options

@@ -2,7 +2,9 @@
 
 `ToolRegistry` is built once per request from the OpenAI ``tools`` list. For each parameter it
 keeps the JSON types the schema allows (``type`` as a string or a list, ``enum``/``const`` values,
-``anyOf``/``oneOf`` branches). `typed_value` turns a parameter's raw text into JSON text:
+``anyOf``/``oneOf`` branches, narrowed by local ``$ref`` targets and ``allOf`` branches, see
+`schema_kinds`). Each tool's schema is checked as a `SchemaDocument` first: a remote or unresolvable
+``$ref`` raises `SchemaRefError` (HTTP 400). `typed_value` turns a parameter's raw text into JSON text:
 
 - a parameter allowing only ``string`` (or one with no usable type: undeclared, untyped) is the raw
   text, verbatim;
@@ -19,6 +21,8 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
+
+from helios.frontend.parsers.schema_refs import SchemaDocument
 
 
 class ValueKind(enum.Enum):
@@ -45,10 +49,23 @@ class ToolSpec:
 
     @classmethod
     def from_schema(cls, name: str, schema: Mapping[str, Any] | None) -> "ToolSpec":
-        properties = (schema or {}).get("properties") or {}
-        if not isinstance(properties, Mapping):
-            properties = {}
-        return cls(name, {str(key): schema_kinds(value) for key, value in properties.items()})
+        """SchemaRefError when the schema's refs are not local or do not resolve."""
+        document = tool_document(name, schema)
+        properties = tool_properties(document)
+        return cls(name, {str(key): schema_kinds(value, document) for key, value in properties.items()})
+
+
+def tool_document(name: str, schema: Any) -> SchemaDocument:
+    """A tool's ``parameters`` as a checked schema document (an absent schema is ``{}``)."""
+    return SchemaDocument(schema if isinstance(schema, Mapping) else {}, f"tool {name!r} parameters")
+
+
+def tool_properties(document: SchemaDocument) -> Mapping[str, Any]:
+    """The ``properties`` of a tool's parameters, through a ``$ref`` at the top (pydantic writes
+    one for a recursive model); empty when there are none."""
+    root = document.deref(document.root)
+    properties = root.get("properties") if isinstance(root, Mapping) else None
+    return properties if isinstance(properties, Mapping) else {}
 
 
 class ToolRegistry:
@@ -77,8 +94,19 @@ class ToolRegistry:
         return kinds or STRING_ONLY
 
 
-def schema_kinds(schema: Any) -> frozenset[ValueKind]:
-    """JSON types a (sub)schema allows; empty when it declares none."""
+def schema_kinds(schema: Any, document: SchemaDocument | None = None) -> frozenset[ValueKind]:
+    """JSON types a (sub)schema allows; empty when it declares none.
+
+    ``type``, ``enum``/``const`` and ``anyOf``/``oneOf`` branches add kinds. With the ``document``
+    the schema belongs to, its ``$ref`` target and ``allOf`` branches narrow them (an intersection
+    when both sides declare kinds); a ref already being followed adds nothing (the least fixed
+    point of a recursion such as ``A = anyOf[A, null]``). Each ref is followed once per call.
+    """
+    return _kinds(schema, document, frozenset(), {})
+
+
+def _kinds(schema: Any, document: SchemaDocument | None, visiting: frozenset[str],
+           memo: dict[str, frozenset[ValueKind]]) -> frozenset[ValueKind]:
     if not isinstance(schema, Mapping):
         return frozenset()
     kinds: set[ValueKind] = set()
@@ -89,9 +117,34 @@ def schema_kinds(schema: Any) -> frozenset[ValueKind]:
     for literal in [*(schema.get("enum") or ()), *([schema["const"]] if "const" in schema else [])]:
         kinds.add(_kind_of(literal))
     for key in ("anyOf", "oneOf"):
-        for branch in schema.get(key) or ():
-            kinds |= schema_kinds(branch)
-    return frozenset(kinds)
+        for branch in _branches(schema, key):
+            kinds |= _kinds(branch, document, visiting, memo)
+    narrowed = frozenset(kinds)
+    for branch in _branches(schema, "allOf"):
+        narrowed = _both(narrowed, _kinds(branch, document, visiting, memo))
+    ref = schema.get("$ref")
+    if document is not None and isinstance(ref, str) and ref not in visiting:
+        if ref not in memo:
+            memo[ref] = _kinds(document.resolve(ref), document, visiting | {ref}, memo)
+        narrowed = _both(narrowed, memo[ref])
+    return narrowed
+
+
+def _branches(schema: Mapping, key: str) -> list:
+    branches = schema.get(key)
+    return branches if isinstance(branches, list) else []
+
+
+def _both(left: frozenset[ValueKind], right: frozenset[ValueKind]) -> frozenset[ValueKind]:
+    """Kinds both constraints allow (an empty side constrains nothing)."""
+    if not left or not right:
+        return left or right
+    return _with_integers(left) & _with_integers(right)
+
+
+def _with_integers(kinds: frozenset[ValueKind]) -> frozenset[ValueKind]:
+    """Every integer is a number (adding INTEGER beside NUMBER types no text differently)."""
+    return kinds | {ValueKind.INTEGER} if ValueKind.NUMBER in kinds else kinds
 
 
 def _kind_of(value: Any) -> ValueKind:
