@@ -189,6 +189,25 @@ def test_invalid_requests_are_400_with_openai_error_bodies(runner, app, body, he
         assert error["param"].startswith(param)
 
 
+@pytest.mark.parametrize(
+    "fields, ref",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"loc": {"$ref": "#/$defs/Location"}}}}}]}, "#/$defs/Location"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"loc": {"$ref": "https://example.com/loc.json"}}}}}],
+          "tool_choice": "required"}, "https://example.com/loc.json"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
+            "$ref": "#/definitions/Node"}}}, "stream": True}, "#/definitions/Node"),
+    ],
+)
+def test_unresolvable_schema_refs_are_400_naming_the_ref(runner, app, fields, ref):
+    response = runner.run(post(app, "/v1/chat/completions", chat_body(**fields)))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and f"$ref {ref!r}" in error["message"]
+
+
 def test_completion_prompt_ids_outside_the_input_range_are_400(runner, app):
     response = runner.run(post(app, "/v1/completions", {"model": SERVED_ID, "prompt": [1, 10**6]}))
     assert response.status_code == 400 and "prompt token ids" in response.json()["error"]["message"]
