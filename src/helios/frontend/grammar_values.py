@@ -164,7 +164,8 @@ def without_strings(schema: Any, document: SchemaDocument | None = None,
         return None
     for key in ("anyOf", "oneOf"):
         if isinstance(out.get(key), list):
-            out[key] = [b for b in (without_strings(branch, document, visiting) for branch in out[key]) if b is not None]
+            branches = (without_strings(branch, document, visiting) for branch in out[key])
+            out[key] = [branch for branch in branches if branch is not None]
             if not out[key]:
                 return None
     if isinstance(out.get("allOf"), list):

@@ -100,7 +100,8 @@ class SchemaDocument:
 
     def _lookup(self, ref: str) -> Any:
         if not ref.startswith("#"):
-            raise self._error(ref, "is not local: only refs within the same schema ('#/$defs/NAME', '#/...') are supported")
+            raise self._error(ref, "is not local: only refs within the same schema ('#/$defs/NAME', '#/...') "
+                                   "are supported")
         fragment = unquote(ref[1:])
         if fragment and not fragment.startswith("/"):
             if fragment not in self._anchors:
