@@ -197,3 +197,33 @@ def test_token_events_carry_observation_times_only_when_observed():
     assert all(e.observed_ns is None for e in driver.outcomes["unseen"].token_events)
     assert len(calls) == 3  # one read per completion that carried an observed token
     assert all(isinstance(e, TokenEvent) for e in driver.outcomes["seen"].token_events)
+
+
+def test_a_second_frame_only_runs_programs_with_device_pending_tokens():
+    """A cohort whose size selects a host-fed DECODE program waits for feedback instead."""
+    caps = capacities(max_active=4)
+    host_fed_one = tuple(dataclasses.replace(v, device_pending=False)
+                         if v.operation == Operation.DECODE and v.batch_capacity == 1 else v for v in caps.variants)
+    caps = dataclasses.replace(caps, variants=host_fed_one)
+    driver = Driver(Scheduler.create(caps), FakeExecutor(caps))
+    driver.submit(spec("a", [1, 2, 3], 2), spec("b", [4, 5, 6], 3), spec("c", [7, 8], 4), spec("e", [9, 9], 12))
+    driver.run()
+    seconds = [p for p in driver.plans if any(r.pending_on_device for r in p.rows)]
+    assert seconds, "the four-row cohort ran second frames"
+    assert all(p.variant.device_pending for p in seconds)
+    assert_all_released(driver.scheduler)
+
+
+@pytest.mark.parametrize("prompt", [[5], [5, 6]], ids=["one-token-prompt", "two-token-prompt"])
+def test_second_frames_do_not_replace_speculation(prompt):
+    """A plain DECODE head (a one-token prompt) must not chain plain rounds behind it in a core
+    that speculates: every later round is SPECULATIVE, as with one frame."""
+    plans = {}
+    for two_frames in (False, True):
+        scheduler, driver = make(policy=SchedulerPolicy(two_frames=two_frames), max_active=4, speculative=(3, 4))
+        driver.submit(spec("a", prompt, 24))
+        driver.run()
+        plans[two_frames] = [p.operation for p in driver.plans]
+        assert len(driver.outcomes["a"].tokens) == 24
+    assert plans[True] == plans[False]
+    assert plans[True].count(Operation.SPECULATIVE) >= 6

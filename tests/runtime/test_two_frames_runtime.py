@@ -107,3 +107,28 @@ def test_soak_with_two_frames_ends_every_request_and_frees_every_page(core_path)
     finally:
         runtime.close()
     assert reasons[FinishReason.CANCELLED] >= 1 and reasons[FinishReason.LENGTH] >= 30, reasons
+
+
+def test_a_failed_second_frame_ends_its_requests_once_and_leaves_nothing_submitted(core_path):
+    runtime = build_runtime(_open(core_path))
+    engine = runtime.engine
+    engine.frames = 2
+    launch, calls = engine.executor.launch, []
+
+    def failing_second_frame(plan, masks=None):
+        calls.append(plan)
+        if any(row.pending_on_device for row in plan.rows) and len(calls) > 4:
+            raise RuntimeError("injected launch failure")
+        return launch(plan, masks)
+
+    engine.executor.launch = failing_second_frame
+    try:
+        results = generate(engine, PROMPTS, MAX_TOKENS)
+        counters = engine.scheduler.counters()
+        assert not engine._launched and engine.scheduler.num_inflight == 0
+        assert counters.pages_free + counters.pages_cached == counters.pages_total
+    finally:
+        runtime.close()
+    reasons = [r.finish_reason for r in results]
+    assert FinishReason.ERROR in reasons
+    assert all("injected launch failure" in r.message for r in results if r.finish_reason == FinishReason.ERROR)

@@ -92,8 +92,13 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
     captured = {}
     with torch.inference_mode(), torch.cuda.device(device):
-        for program in ordered:
-            captured[id(program)] = _capture(program, arguments_of(program), pool, warmups)
+        try:
+            for program in ordered:
+                captured[id(program)] = _capture(program, arguments_of(program), pool, warmups)
+        except BaseException:
+            for done in captured.values():  # before a caller tears down NCCL (see `release`)
+                done.release()
+            raise
         torch.cuda.synchronize(device)
         kept = set(keep)
         for name, tensor in buffers.items():
@@ -105,12 +110,17 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 
 def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
+    full = None
     try:
         full = _record(program, arguments, pool, warmups)
         with greedy_only():
             greedy = _record(program, arguments, pool, 1)
-    except RuntimeError as error:
-        raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+    except BaseException as error:
+        if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
+            full[0].reset()
+        if isinstance(error, RuntimeError):
+            raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+        raise
     return CapturedProgram(full, greedy, arguments, program.module)
 
 

@@ -211,15 +211,11 @@ class Engine:
             plan = self.scheduler.schedule()
             if plan is None:
                 break
-            if self._launched:
-                self.stats.second_frames += 1
             self._launch(plan)
         if not self._launched:
             self._refresh_gauges()  # admissions and cancellations change them without a plan
             return
         plan, launched = self._launched.popleft()
-        if launched is None:
-            return  # its launch failed; the plan was failed then
         try:
             output = self.executor.finish(launched) if self.frames == 2 else launched
         except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
@@ -239,9 +235,10 @@ class Engine:
             else:
                 launched = self.executor.run(plan, masks)
         except Exception as error:  # noqa: BLE001 - failed like a failed completion
-            self._launched.append((plan, None))
             self._fail(plan, error)
             return
+        if self._launched:
+            self.stats.second_frames += 1
         self._launched.append((plan, launched))
 
     def _fail(self, plan, error: Exception) -> None:
@@ -252,8 +249,6 @@ class Engine:
         """Completes every launched plan (shutdown: nothing stays submitted on the device)."""
         while self._launched:
             plan, launched = self._launched.popleft()
-            if launched is None:
-                continue
             try:
                 output = self.executor.finish(launched) if self.frames == 2 else launched
             except Exception as error:  # noqa: BLE001

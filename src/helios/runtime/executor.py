@@ -135,9 +135,9 @@ class Executor:
             target = self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]]
             target.copy_(confidence, non_blocking=asynchronous and self._confidence.is_pinned())
         done = None
-        if record.device.type == "cuda":
+        if record.device.type == "cuda":  # on the model's stream, whatever this thread's current device
             done = self._events[plan.frame]
-            done.record()
+            done.record(torch.cuda.current_stream(record.device))
         return Launched(plan, program, outputs, done)
 
     def finish(self, launched: Launched) -> StepOutput:

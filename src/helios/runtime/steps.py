@@ -294,9 +294,12 @@ class StepBuilder:
 
     def build_second(self, operation: Operation, variant: ProgramVariant | None,
                      requests: list[RequestState], has_copies: bool) -> Draft | None:
-        """A decode round behind the in-flight one, fed by its device-owned pending tokens."""
+        """A decode round behind the in-flight one, fed by its device-owned pending tokens. Only
+        where a fresh step would also decode plainly (a speculative core speculates instead) and
+        the program chosen for the cohort reads device-owned pending tokens too."""
         if (not self.policy.two_frames or operation != Operation.DECODE or has_copies
-                or variant is None or not variant.device_pending):
+                or variant is None or not variant.device_pending
+                or self._decode_operation() is not Operation.DECODE):
             return None
         if self.queues.waiting and self.slots.num_free:
             return None  # an admission would change phase: wait for feedback
@@ -312,6 +315,9 @@ class StepBuilder:
                 cohort.append(req)
         if num_running != len(self.queues.running) or not cohort:
             return None
+        second = self.caps.select(Operation.DECODE, len(cohort), len(cohort))
+        if second is None or not second.device_pending:
+            return None
         if any(self.cache.grow(req, req.frontier + 1) is None for req in cohort):
             return None
         draft = Draft(Operation.DECODE)
@@ -326,6 +332,5 @@ class StepBuilder:
             req.num_pending_samples += 1
             draft.requests.append(req)
         draft.num_tokens = len(cohort)
-        draft.variant = self.caps.select(Operation.DECODE, len(cohort), len(cohort))
-        require(draft.variant is not None, "no decode program holds the second frame")
+        draft.variant = second
         return draft

@@ -1,0 +1,50 @@
+"""Page-table entries of a device model go through pinned per-frame staging (asynchronous copies).
+
+The staging must hold every entry one step can write to every device page table (a core with a
+draft model binds two), so that no step falls back to a synchronous copy. ``meta`` tensors stand in
+for a device here: anything off the CPU takes the staged path.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from helios.contract import serving_pb2 as S
+from helios.runtime.packer import AdmissionValues, Binding, _fill_admission, _Staging
+from helios.runtime.plan import PlanRow
+
+SLOTS, MAX_PAGES = 8, 256
+
+
+def _staging(tables):
+    buffers = {name: torch.zeros(SLOTS, MAX_PAGES, dtype=torch.int32, device="meta") for name in tables}
+    views = [SimpleNamespace(buffer=n, destination=n, source=S.VALUE_SOURCE_PAGE_TABLE,
+                             indexing=S.INDEXING_PHYSICAL_REQUEST_ROW, offset=0, padding=0, constant=0) for n in tables]
+    return _Staging(SimpleNamespace(graphs={"prefill": SimpleNamespace(bindings=views)}), buffers, None), buffers, views
+
+
+def test_one_step_admitting_every_slot_with_long_cached_prompts_is_staged_whole_in_both_tables():
+    staging, buffers, views = _staging(("page_table", "draft_page_table"))
+    request = AdmissionValues((1,), 0, (0.0,) * 7, 8)
+    pages = 201  # a 3,200-token cached prompt plus one new page, uploaded at admission
+    rows = [PlanRow(f"r{i}", i, 1, (5,), False, 3200, 10, 0, tuple(range(i * pages, (i + 1) * pages)), True, 0, 1,
+                    True, False) for i in range(SLOTS)]
+    for frame in (0, 1):
+        staging.begin(frame)
+        for view in views:
+            binding = Binding(view.destination, view.buffer, view.source, view.indexing, 0, 0, 0)
+            for row in rows:
+                _fill_admission(binding, buffers[view.buffer], row, request, staging)
+        assert staging._entries_used == 2 * SLOTS * pages  # all staged: no synchronous fallback
+
+
+def test_the_frames_stage_into_separate_pinned_entries():
+    staging, _, _ = _staging(("page_table",))
+    staging.begin(0)
+    first = staging._entries
+    staging.begin(1)
+    assert staging._entries.data_ptr() != first.data_ptr()
+    staging.begin(2)
+    assert staging._entries.data_ptr() == first.data_ptr()
