@@ -40,6 +40,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
+from helios.runtime.graph_passes import drop_no_op_nodes
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
 from helios.runtime.tuning import producer_handles, run_producers
 from helios.runtime.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
@@ -225,6 +226,7 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
         exported = move_to_device_pass(exported, {"cpu": str(device)})
     graph = prepared.graphs[handle.graph]
     module = exported.module()
+    drop_no_op_nodes(module)
     # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
     # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
     module.validate_inputs = False
