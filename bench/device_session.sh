@@ -7,6 +7,8 @@
 # The machine lacks some packages: carry `.whl` (../shared/device/fetch-wheels.sh protobuf==7.36.2)
 # and run from the repository root:  bash bench/device_session.sh
 # LAYERS (default 32) makes the benchmarks' model shallower for quick runs.
+# A test stuck past 280 s prints its stacks (pytest faulthandler); `pkill -USR1 -f "m helios[.]cli[.]rank_cmd"`
+# makes local rank processes print theirs.
 set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
@@ -19,10 +21,10 @@ layers=${LAYERS:-32}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
-timeout 300 python3 -m pytest -q -p no:cacheprovider -ra tests/runtime/test_model_fixture.py tests/gpu \
+timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
   tests/abi/test_triton_attention.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 if [ "$gpus" -ge 2 ]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -ra tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
 fi
 if [ -z "${SKIP_SERVING:-}" ]; then
   timeout 420 python3 bench/gpu_serving.py --layers "$layers" --json "$out/serving.json" 2>&1 \
