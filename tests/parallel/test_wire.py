@@ -3,6 +3,7 @@ known records decodes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -44,3 +45,10 @@ def test_only_known_records_decode():
 def test_values_that_are_not_wire_records_are_refused():
     with pytest.raises(TypeError, match="cannot cross"):
         encode_message(StepMessage(MessageKind.STEP, masks=(("req", {1, 2}),)))
+
+
+def test_the_encoding_is_pinned():
+    """Ranks compare `wire_signature()` (record fields), not bytes: a change of the encoding itself
+    must bump WIRE_VERSION. This digest is of the bytes `message()` encodes to."""
+    digest = hashlib.sha256(encode_message(message())).hexdigest()
+    assert digest == "bc75ebc2507b00e00835db90d10d696d58df70a49f0eedd26ef583227306c7b1"

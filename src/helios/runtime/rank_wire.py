@@ -81,30 +81,42 @@ def _field_names(cls) -> list[str]:
     return list(cls._fields)
 
 
+# Each wire record's field names, resolved once: encoding a 64-row plan touches thousands of fields.
+_FIELDS = {cls: tuple(_field_names(cls)) for cls in _RECORDS.values()}
+_SCALARS = frozenset({bool, int, float, str, type(None)})
+
+
 def _encode(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:  # most values: checked first
+        return value
+    fields = _FIELDS.get(kind)
+    if fields is not None:
+        return {"r": kind.__name__, "v": [_encode(getattr(value, field)) for field in fields]}
     if isinstance(value, enum.Enum):
-        return {"e": type(value).__name__, "v": value.name}
+        return {"e": kind.__name__, "v": value.name}
     if isinstance(value, tuple) and hasattr(value, "_fields") or dataclasses.is_dataclass(value):
-        name = type(value).__name__
-        if name not in _RECORDS:
-            raise TypeError(f"{name} is not a wire record")
-        return {"r": name, "v": [_encode(getattr(value, field)) for field in _field_names(type(value))]}
+        raise TypeError(f"{kind.__name__} is not a wire record")
     if isinstance(value, (tuple, list)):
         return [_encode(item) for item in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, (bool, int, float, str)):  # subclasses of the scalars
         return value
-    raise TypeError(f"{type(value).__name__} cannot cross the rank wire")
+    raise TypeError(f"{kind.__name__} cannot cross the rank wire")
 
 
 def _decode(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_decode(item) for item in value)
-    if isinstance(value, dict):
+    kind = type(value)
+    if kind is list:
+        return tuple([_decode(item) if type(item) in _CONTAINERS else item for item in value])
+    if kind is dict:
         if "e" in value:
             return _ENUMS[value["e"]][value["v"]]
         cls = _RECORDS[value["r"]]
-        fields = [_decode(item) for item in value["v"]]
-        if len(fields) != len(_field_names(cls)):
-            raise ValueError(f"{cls.__name__} has {len(_field_names(cls))} fields, the message {len(fields)}")
+        fields = [_decode(item) if type(item) in _CONTAINERS else item for item in value["v"]]
+        if len(fields) != len(_FIELDS[cls]):
+            raise ValueError(f"{cls.__name__} has {len(_FIELDS[cls])} fields, the message {len(fields)}")
         return cls(*fields)
     return value
+
+
+_CONTAINERS = frozenset({list, dict})
