@@ -159,10 +159,15 @@ def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions
             out[start:end] = _attend_row(
                 q[start:end], k_cache, v_cache, page_table[row], positions[start:end], scale, window
             )
-    if single_rows:  # decoding lanes: one query each, attended together
-        tokens = torch.tensor(single_tokens, device=q.device)
-        rows = torch.tensor(single_rows, device=q.device)
-        out[tokens] = _attend_single(q[tokens], k_cache, v_cache, page_table[rows], positions[tokens], scale, window)
+    if not single_rows:
+        return out
+    count = len(single_rows)
+    if single_rows[-1] == count - 1 and single_tokens[-1] == count - 1:  # a decode step: rows 0..n-1 own tokens 0..n-1
+        out[:count] = _attend_single(q[:count], k_cache, v_cache, page_table[:count], positions[:count], scale, window)
+        return out
+    tokens = torch.tensor(single_tokens, device=q.device)  # decoding lanes among prompt rows, attended together
+    rows = torch.tensor(single_rows, device=q.device)
+    out[tokens] = _attend_single(q[tokens], k_cache, v_cache, page_table[rows], positions[tokens], scale, window)
     return out
 
 
@@ -227,19 +232,12 @@ def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int
     if num_pages > pages.shape[0]:
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {pages.shape[0]}")
     page_ids = pages[:num_pages].long()
-    keys = k_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
-    values = v_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].float()
-    cached = torch.arange(context_len, device=q.device)
-    allowed = cached[None, :] <= positions[:, None]
-    if window > 0:
-        allowed &= positions[:, None] - cached[None, :] < window
-    groups = num_heads // num_kv_heads
-    queries = q.float().view(num_tokens, num_kv_heads, groups, head_dim)
-    scores = torch.einsum("nhgd,khd->hgnk", queries, keys) * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    attended = torch.einsum("hgnk,khd->nhgd", probs, values)
-    return attended.reshape(num_tokens, num_heads, head_dim).to(q.dtype)
+    keys = k_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1).float()
+    values = v_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1).float()
+    allowed = _allowed(torch.arange(context_len, device=q.device), positions, window)
+    queries = q.float().transpose(0, 1)  # [Hq, n, D]
+    attended = _softmax_attention(queries, keys, values, allowed, scale)
+    return attended.transpose(0, 1).to(q.dtype)
 
 
 def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, window: int) -> torch.Tensor:
@@ -254,16 +252,25 @@ def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, win
     # A shorter row's entries past its last page are never valid: read page 0 there (masked below).
     own_pages = torch.div(positions, page_tokens, rounding_mode="floor")[:, None] + 1
     page_ids = torch.where(torch.arange(num_pages, device=q.device)[None, :] < own_pages, page_ids, 0)
-    keys = k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).float()
-    values = v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).float()
-    cached = torch.arange(keys.shape[1], device=q.device)
+    keys = k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2).float()
+    values = v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2).float()
+    allowed = _allowed(torch.arange(keys.shape[2], device=q.device), positions, window)
+    queries = q.float().unsqueeze(2)  # [n, Hq, 1, D]
+    attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale)
+    return attended.squeeze(2).to(q.dtype)
+
+
+def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """bool [n, L]: cached position c is visible to query position p (c <= p, inside the window)."""
     allowed = cached[None, :] <= positions[:, None]
     if window > 0:
         allowed &= positions[:, None] - cached[None, :] < window
-    groups = num_heads // num_kv_heads
-    queries = q.float().view(num_rows, num_kv_heads, groups, head_dim)
-    scores = torch.einsum("nhgd,nkhd->nhgk", queries, keys) * scale
-    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    attended = torch.einsum("nhgk,nkhd->nhgd", probs, values)
-    return attended.reshape(num_rows, num_heads, head_dim).to(q.dtype)
+    return allowed
+
+
+def _softmax_attention(queries, keys, values, allowed, scale: float) -> torch.Tensor:
+    """softmax(scale * q.k, masked) . v in float32, query heads grouped over the key/value heads
+    (head h reads key/value head h // (Hq // Hkv)); one fused op instead of a dozen small ones.
+    Every query sees at least its own position, so no row is fully masked."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
