@@ -33,7 +33,7 @@ import torch
 
 from helios.errors import AdmissionRejected, ExecutionError
 from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent, rejected
-from helios.runtime.executor import Executor
+from helios.runtime.executor import Executor, StepOutput
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.request import RequestSpec
 from helios.runtime.scheduler import Scheduler
@@ -217,7 +217,7 @@ class Engine:
             return
         plan, launched = self._launched.popleft()
         try:
-            output = self.executor.finish(launched) if self.frames == 2 else launched
+            output = self._output(launched)
         except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
             self._fail(plan, error)
             return
@@ -241,6 +241,11 @@ class Engine:
             self.stats.second_frames += 1
         self._launched.append((plan, launched))
 
+    def _output(self, launched):
+        """The StepOutput of a launched plan (a plan run in one frame already has it), whatever
+        `frames` is now (tests and benchmarks change it between runs)."""
+        return launched if isinstance(launched, StepOutput) else self.executor.finish(launched)
+
     def _fail(self, plan, error: Exception) -> None:
         message = str(error) if isinstance(error, ExecutionError) else f"execution failed: {type(error).__name__}: {error}"
         self._dispatch(self.scheduler.fail(plan, message))
@@ -250,7 +255,7 @@ class Engine:
         while self._launched:
             plan, launched = self._launched.popleft()
             try:
-                output = self.executor.finish(launched) if self.frames == 2 else launched
+                output = self._output(launched)
             except Exception as error:  # noqa: BLE001
                 self._fail(plan, error)
                 continue
