@@ -212,19 +212,9 @@ class Engine:
             if plan is None:
                 break
             self._launch(plan)
-        if not self._launched:
-            self._refresh_gauges()  # admissions and cancellations change them without a plan
-            return
-        plan, launched = self._launched.popleft()
-        try:
-            output = self._output(launched)
-        except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
-            self._fail(plan, error)
-            return
-        if plan.variant is not None:
-            self.stats.graph_launches[plan.operation.name.lower()] += 1
-        self._dispatch(self.scheduler.complete(plan, output.results))
-        self._refresh_gauges()
+        if self._launched:
+            self._complete_oldest()
+        self._refresh_gauges()  # admissions and cancellations change them without a plan too
 
     def _launch(self, plan) -> None:
         """Launches `plan` (one frame: runs it); a failure fails the plan at once."""
@@ -253,13 +243,19 @@ class Engine:
     def _drain(self) -> None:
         """Completes every launched plan (shutdown: nothing stays submitted on the device)."""
         while self._launched:
-            plan, launched = self._launched.popleft()
-            try:
-                output = self._output(launched)
-            except Exception as error:  # noqa: BLE001
-                self._fail(plan, error)
-                continue
-            self._dispatch(self.scheduler.complete(plan, output.results))
+            self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        """Waits for the oldest launched plan and completes (or fails) it."""
+        plan, launched = self._launched.popleft()
+        try:
+            output = self._output(launched)
+        except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
+            self._fail(plan, error)
+            return
+        if plan.variant is not None:
+            self.stats.graph_launches[plan.operation.name.lower()] += 1
+        self._dispatch(self.scheduler.complete(plan, output.results))
 
     def _masks(self, plan) -> dict[str, torch.Tensor]:
         masks = {}
