@@ -11,6 +11,10 @@ specification fixes:
 5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
+`interrupt_responses` (the server's drain deadline at shutdown) ends every response still running
+with one `ShuttingDown` error; after it, responses whose connections the server then drops end
+quietly, and requests still preparing are refused with the same error.
+
 `start` / `shutdown` start and stop the model worker; `shutdown` returns after the worker drained
 its current round and the runtime's tensor-parallel ranks (if any) stopped. The object is shared by every request; after construction it is not mutated
 except through the engine's and the admission controller's own thread-safe methods.
@@ -21,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass
 
 from starlette.responses import Response
 from starlette.types import Receive
 from tokenizers import Tokenizer
 
+from helios.errors import ShuttingDown
 from helios.frontend.observation import ObservationClock
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
@@ -36,7 +42,7 @@ from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
-from helios.server.responses import json_response, stream_response
+from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
 
 SEED_SPAN = 2**64
@@ -82,7 +88,7 @@ class ServedModel:
     """See the module docstring."""
 
     def __init__(self, runtime: Runtime, frontend: FrontendModel, admission: AdmissionController,
-                 clock: ObservationClock, card: ModelCard):
+                 clock: ObservationClock, card: ModelCard, send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S):
         self.runtime = runtime
         self.engine = runtime.engine
         self.frontend = frontend
@@ -91,11 +97,15 @@ class ServedModel:
         self.card = card
         self.metrics = ServerMetrics(self.stats)
         self.metrics.track_admission(lambda: admission.in_use, admission.limits.num_permits)
+        self.send_timeout_s = send_timeout_s
         self._outbox: LoopOutbox | None = None
+        self._bridges: weakref.WeakSet[ResponseBridge] = weakref.WeakSet()  # responses not yet collected
+        self._is_dropping = False
 
     @classmethod
     def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
-                     owned_by: str = "", clock: ObservationClock | None = None) -> ServedModel:
+                     owned_by: str = "", clock: ObservationClock | None = None,
+                     send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`)."""
         model = runtime.model
         tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
@@ -104,7 +114,7 @@ class ServedModel:
         serving = model.prepared.contract
         card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
-        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card)
+        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, send_timeout_s)
 
     def start(self) -> None:
         self.engine.start()
@@ -113,6 +123,18 @@ class ServedModel:
         """Stops the model worker once its current round is done, then any tensor-parallel ranks
         (blocking; idempotent)."""
         self.runtime.close()
+
+    def interrupt_responses(self) -> int:
+        """Event loop: ends every running response with a `ShuttingDown` error (a stream gets one
+        error event) and refuses requests still preparing; returns how many were running."""
+        self._is_dropping = True
+        error = ShuttingDown("server shutting down")
+        return sum(bridge.interrupt(error) for bridge in list(self._bridges))
+
+    @property
+    def is_dropping(self) -> bool:
+        """Whether the drain deadline passed (set by `interrupt_responses`)."""
+        return self._is_dropping
 
     @property
     def is_healthy(self) -> bool:
@@ -131,13 +153,16 @@ class ServedModel:
             async with self.admission.preparation_slot():
                 prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
                 prepared = await asyncio.to_thread(prepare, body, ingress_ns)
+            if self._is_dropping:
+                raise ShuttingDown("server shutting down")
             bridge = self._submit(prepared, permit)
         except BaseException:
             permit.release()
             raise
+        lease = Lease(bridge, self.send_timeout_s, lambda: self._is_dropping)
         if prepared.head.options.is_stream:
-            return stream_response(bridge, prepared.new_stream())
-        return await json_response(bridge, prepared, receive)
+            return stream_response(lease, prepared.new_stream())
+        return await json_response(lease, prepared, receive)
 
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""
@@ -156,5 +181,6 @@ class ServedModel:
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
         request = EngineRequest(prepared.request_spec(), admission_values(prepared), bridge.on_event, grammar, host_stop)
         output.mark_enqueue(self.clock)
+        self._bridges.add(bridge)
         self.engine.submit(request)
         return bridge
