@@ -7,7 +7,8 @@ specification fixes:
 2. combined-field validation (`RequestError`, HTTP 400) before any capacity is taken;
 3. an admission permit (`IngressFull`, HTTP 429), never waited for;
 4. CPU preparation (template, tokenize, grammar compile) in one of `frontend_workers` preparation
-   slots, run in a worker thread so the event loop keeps serving;
+   slots, run in a preparation thread so the event loop keeps serving, bounded in time, with
+   grammar compiles held to fewer slots than there are (`helios.server.preparation`);
 5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
@@ -42,6 +43,7 @@ from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
+from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
 
@@ -84,11 +86,18 @@ def admission_values(prepared: PreparedRequest) -> AdmissionValues:
     return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids)
 
 
+def compiles_grammar(body: ChatCompletionRequest) -> bool:
+    """Whether preparing `body` may compile a grammar (structured output or tools)."""
+    has_format = body.response_format is not None and body.response_format.type != "text"
+    return has_format or bool(body.tools)
+
+
 class ServedModel:
     """See the module docstring."""
 
     def __init__(self, runtime: Runtime, frontend: FrontendModel, admission: AdmissionController,
-                 clock: ObservationClock, card: ModelCard, send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S):
+                 clock: ObservationClock, card: ModelCard, preparation: PreparationGate,
+                 send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S):
         self.runtime = runtime
         self.engine = runtime.engine
         self.frontend = frontend
@@ -97,6 +106,7 @@ class ServedModel:
         self.card = card
         self.metrics = ServerMetrics(self.stats)
         self.metrics.track_admission(lambda: admission.in_use, admission.limits.num_permits)
+        self.preparation = preparation
         self.send_timeout_s = send_timeout_s
         self._outbox: LoopOutbox | None = None
         self._bridges: weakref.WeakSet[ResponseBridge] = weakref.WeakSet()  # responses not yet collected
@@ -105,7 +115,8 @@ class ServedModel:
     @classmethod
     def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
                      owned_by: str = "", clock: ObservationClock | None = None,
-                     send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> ServedModel:
+                     send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
+                     preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`)."""
         model = runtime.model
         tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
@@ -114,7 +125,9 @@ class ServedModel:
         serving = model.prepared.contract
         card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
-        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, send_timeout_s)
+        gate = PreparationGate(PreparationPool(frontend_workers), frontend_workers, preparation_timeout_s)
+        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, gate,
+                   send_timeout_s)
 
     def start(self) -> None:
         self.engine.start()
@@ -150,9 +163,8 @@ class ServedModel:
         (validate_chat if is_chat else validate_common)(body, self.card.vocab_size)
         permit = self.admission.acquire()
         try:
-            async with self.admission.preparation_slot():
-                prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
-                prepared = await asyncio.to_thread(prepare, body, ingress_ns)
+            prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
+            prepared = await self.preparation.run(prepare, body, ingress_ns, compiles=is_chat and compiles_grammar(body))
             if self._is_dropping:
                 raise ShuttingDown("server shutting down")
             bridge = self._submit(prepared, permit)
