@@ -3,13 +3,13 @@ and proof that a decode step writes caches and state in place without copying th
 
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from helios.abi.program_image import decode_program
 from helios.abi.registry import serialized_program_ops, validate_program_ops, validate_serialized_ops
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.program_spec import Access, Capacity, InputRole, Operation, program_spec
@@ -30,7 +30,7 @@ def prepared(prepare):
 
 
 def exported(captured) -> torch.export.ExportedProgram:
-    return torch.export.load(io.BytesIO(captured.program))
+    return decode_program(captured.program)
 
 
 def test_inputs_and_outputs_follow_the_calling_convention(prepared):
