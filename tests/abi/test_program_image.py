@@ -177,3 +177,22 @@ def test_symbolic_expressions_torch_writes_are_accepted(expression):
 def test_other_expressions_are_refused(expression):
     with pytest.raises(ForbiddenProgramError):
         check_expression(expression)
+
+
+def test_schema_objects_equal_what_torch_builds(image):
+    """`schema_object` (cached type hints) is torch's own ``_dict_to_dataclass``, faster: the same
+    schema objects for this image and for a fixture core's program with symbolic shapes."""
+    from pathlib import Path
+
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import _dict_to_dataclass
+
+    from helios.abi.program_image import schema_object
+    from helios.core.reader import open_core
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    core = open_core(fixtures / "models" / "tiny_qwen3.core", accept="test.helios/fixtures",
+                     trusted_keys=[fixtures / "cores" / "TEST-ONLY-signing.key.pub"])
+    for data in (image, core.read_resource("program.mixed.r4t20.rank0")):
+        graph = read_program_image(data).graph
+        assert schema_object(schema.ExportedProgram, graph) == _dict_to_dataclass(schema.ExportedProgram, graph)

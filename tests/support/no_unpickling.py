@@ -13,7 +13,6 @@ import pickle
 from unittest import mock
 
 import torch
-import torch._dynamo  # noqa: F401  (imported first: it subclasses pickle.Unpickler at import)
 
 
 class Unpickled(AssertionError):
@@ -31,6 +30,8 @@ class _RefusingUnpickler(pickle.Unpickler):
 
 @contextlib.contextmanager
 def no_unpickling():
+    import torch._dynamo  # noqa: F401  (imported unpatched: it subclasses pickle.Unpickler at import)
+
     with contextlib.ExitStack() as stack:
         for module in (pickle, _pickle):
             stack.enter_context(mock.patch.object(module, "load", _refuse))

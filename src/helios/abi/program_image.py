@@ -17,7 +17,11 @@ building anything; `deserialize_program` builds the ExportedProgram; `decode_pro
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import types
+import typing
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -102,18 +106,64 @@ def read_program_image(data: bytes) -> ProgramImage:
 def deserialize_program(image: ProgramImage) -> torch.export.ExportedProgram:
     """Build the ExportedProgram of a checked image (torch's JSON deserializer, tensors passed in
     already decoded). Raises `UnreadableProgramError` when torch cannot build it."""
-    from torch._export.serde.serialize import SerializedArtifact, deserialize
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer
 
     parameters = _parameter_names(image.graph)
     state = {name: torch.nn.Parameter(t, requires_grad=False) if name in parameters else t
              for name, t in image.state_dict.items()}
-    artifact = SerializedArtifact(image.graph_json, state, dict(image.constants), b"")
     try:
-        return deserialize(artifact)
-    except ForbiddenProgramError:
-        raise
+        serialized = schema_object(schema.ExportedProgram, image.graph)
+        return ExportedProgramDeserializer().deserialize(serialized, state, dict(image.constants), b"")
     except Exception as error:  # torch's deserializer raises many types for malformed graphs
         raise UnreadableProgramError(f"torch cannot build the program: {type(error).__name__}: {error}") from None
+
+
+def schema_object(cls, data):
+    """The torch.export serde schema object of parsed JSON: what torch's ``_dict_to_dataclass``
+    returns, with each class's type hints resolved once instead of at every object (that
+    resolution was about half of a program's load time)."""
+    from torch._export.serde import schema
+    from torch._export.serde.union import _Union
+
+    if isinstance(cls, str):
+        cls = getattr(schema, cls, cls)
+    elif isinstance(cls, typing.ForwardRef):
+        return schema_object(cls.__forward_arg__, data)
+    if isinstance(cls, str):
+        raise TypeError(f"unresolved schema type {cls!r}")
+    origin = typing.get_origin(cls)
+    if origin is typing.Annotated:
+        return schema_object(cls.__origin__, data)
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls):
+        if data is None:
+            return None
+        (inner,) = [arg for arg in typing.get_args(cls) if arg is not type(None)]
+        return schema_object(inner, data)
+    if isinstance(cls, type) and issubclass(cls, _Union):
+        if not isinstance(data, dict) or len(data) != 1:
+            raise TypeError(f"a {cls.__name__} is an object with one field, got {data!r:.80}")
+        ((tag, value),) = data.items()
+        return cls.create(**{tag: schema_object(_type_hints(cls)[tag], value)})
+    if dataclasses.is_dataclass(cls):
+        hints = _type_hints(cls)
+        return cls(**{f.name: schema_object(hints[f.name], data[f.name])
+                      for f in dataclasses.fields(cls) if f.name in data})
+    if isinstance(data, list):
+        return [schema_object(typing.get_args(cls)[0], item) for item in data] if data else data
+    if isinstance(data, dict):
+        value_type = typing.get_args(cls)[1]
+        return {key: schema_object(value_type, value) for key, value in data.items()}
+    if cls is float:
+        return float(data)
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls) -> dict:
+    from torch._export.serde import schema
+
+    return typing.get_type_hints(cls, globalns=vars(schema))
 
 
 def decode_program(data: bytes) -> torch.export.ExportedProgram:

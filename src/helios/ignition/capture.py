@@ -72,7 +72,15 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int,
 
 def capture_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,
                     options: ProgramOptions = ProgramOptions()) -> CapturedProgram:
-    """Export one program; its spec lists the ABI ops the graph calls, with their schemas."""
+    """Export one program and store it as a program image; its spec lists the ABI ops the graph
+    calls, with their schemas."""
+    spec, exported = export_program(arch, operation, capacity, page_tokens, options)
+    return CapturedProgram(spec, encode_program(exported))
+
+
+def export_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,
+                   options: ProgramOptions = ProgramOptions()) -> tuple[ProgramSpec, torch.export.ExportedProgram]:
+    """The ExportedProgram of one (operation, capacity) (no example inputs) and its spec."""
     spec = program_spec(arch, operation, capacity, page_tokens, options)
     module = build_program(arch, operation, page_tokens, options, capacity)
     parameters = parameter_names(module)
@@ -88,8 +96,7 @@ def capture_program(arch: Architecture, operation: Operation, capacity: Capacity
             warnings.simplefilter("ignore", FutureWarning)
             exported = exported.run_decompositions({})
     exported.example_inputs = None  # never ship example data
-    spec = dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items())))
-    return CapturedProgram(spec, encode_program(exported))
+    return dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items()))), exported
 
 
 def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
