@@ -120,10 +120,11 @@ def test_crafted_program_resources_in_a_signed_core_are_refused(tmp_path, monkey
 
 
 def test_the_command_line_names_the_problem_and_the_fix():
+    path = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, "-m", "helios.cli.main", "generate", str(PICKLED), "--accept", NAMESPACE,
          "--trust", str(KEY) + ".pub", "--prompt-ids", "[[3, 4]]", "--max-tokens", "1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": path},
     )
     assert done.returncode == 8, done.stderr
     assert "torch.export.save" in done.stderr and "helios prepare" in done.stderr
