@@ -57,7 +57,6 @@ class ProgramImage:
     """A parsed and checked program image; nothing in it has been deserialized by torch yet."""
 
     graph: dict  # the checked JSON of the ExportedProgram
-    graph_json: bytes
     state_dict: Mapping[str, torch.Tensor]
     constants: Mapping[str, torch.Tensor]
 
@@ -99,13 +98,13 @@ def read_program_image(data: bytes) -> ProgramImage:
     except (ValueError, RecursionError) as error:
         raise UnreadableProgramError(f"the program graph is not JSON: {error}") from None
     check_program_graph(graph)
-    return ProgramImage(graph, message.exported_program, _tensors(message.state_dict, "state dict"),
-                        _tensors(message.constants, "constants"))
+    return ProgramImage(graph, _tensors(message.state_dict, "state dict"), _tensors(message.constants, "constants"))
 
 
 def deserialize_program(image: ProgramImage) -> torch.export.ExportedProgram:
-    """Build the ExportedProgram of a checked image (torch's JSON deserializer, tensors passed in
-    already decoded). Raises `UnreadableProgramError` when torch cannot build it."""
+    """Build the ExportedProgram of a checked image (torch's deserializer, given the schema objects
+    and the already decoded tensors, so it never reaches ``torch.load``). Raises
+    `UnreadableProgramError` when torch cannot build it."""
     from torch._export.serde import schema
     from torch._export.serde.serialize import ExportedProgramDeserializer
 
