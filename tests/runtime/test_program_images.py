@@ -129,3 +129,13 @@ def test_the_command_line_names_the_problem_and_the_fix():
     assert done.returncode == 8, done.stderr
     assert "torch.export.save" in done.stderr and "helios prepare" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_verify_accepts_an_older_core_and_says_serving_will_refuse_it(capsys):
+    from helios.cli.main import main
+
+    trust = str(KEY) + ".pub"
+    assert main(["verify", str(PICKLED), "--accept", NAMESPACE, "--trust", trust]) == 0
+    assert "serving refuses this core; prepare it again" in capsys.readouterr().out
+    assert main(["verify", str(CORE), "--accept", NAMESPACE, "--trust", trust]) == 0
+    assert "torch.export.save" not in capsys.readouterr().out
