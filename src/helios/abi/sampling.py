@@ -52,6 +52,12 @@ data-dependent selection); both paths give the same tokens bit for bit. On CUDA 
 prefix sums are CUDA's (parallel, rounded differently in the last bits): greedy tokens and the
 uniforms are identical to the CPU's, and a sampled token differs only in the case described next.
 
+Greedy fast path: on CUDA, under `greedy_only` (the runtime's graph for steps in which no row draws),
+the op runs `helios.abi.triton_sampling.greedy_tokens`: one fused pass per row over the float32
+logits that applies penalties and the grammar mask only in the rows that need them (decided on the
+device) and takes the float64 argmax. It selects the reference's tokens bit for bit and never builds
+the [R, V] float64 intermediates.
+
 Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
 exactly; its sampled tokens differ from this reference only where a different softmax or summation
 rounding moves u * C across a boundary (order 1e-15 per draw), so the distribution is the same.
@@ -197,6 +203,24 @@ def draws_skipped() -> bool:
     return getattr(_GREEDY_ONLY, "active", False)
 
 
+@contextlib.contextmanager
+def reference_greedy() -> Iterator[None]:
+    """Within this context (this thread) the CUDA path of ``helios::sample`` under `greedy_only`
+    runs the reference pipeline instead of the fused greedy kernel (same tokens; benchmarks A/B
+    the two by capturing a graph in each mode)."""
+    previous = getattr(_GREEDY_ONLY, "reference", False)
+    _GREEDY_ONLY.reference = True
+    try:
+        yield
+    finally:
+        _GREEDY_ONLY.reference = previous
+
+
+def greedy_kernel_enabled() -> bool:
+    """Whether the CUDA greedy path uses the fused kernel (not inside `reference_greedy`)."""
+    return not getattr(_GREEDY_ONLY, "reference", False)
+
+
 def selective(device: torch.device) -> bool:
     """Whether op bodies on `device` may select rows on the host (a data-dependent, synchronising
     step that a CUDA graph cannot hold): the CPU only. `helios.abi.speculative` asks this too; tests
@@ -249,6 +273,24 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
+
+
+@sample.register_kernel("cuda")
+def _sample_cuda(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
+                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
+                 output_counts: torch.Tensor, grammar_mask: torch.Tensor,
+                 mask_rows: torch.Tensor) -> torch.Tensor:
+    """Under `greedy_only` (no row draws) the fused Triton greedy kernel, which gives the
+    reference's tokens bit for bit; otherwise the reference pipeline."""
+    params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
+    counts = (prompt_counts, output_counts)
+    check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    if draws_skipped() and greedy_kernel_enabled():
+        from helios.abi.triton_sampling import greedy_tokens
+
+        return greedy_tokens(logits, penalties, prompt_counts, output_counts, grammar_mask, mask_rows)
     return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
 
 
