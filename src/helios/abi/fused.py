@@ -79,19 +79,16 @@ def _uses_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.dtype == weight.dtype and x.numel() > 0
 
 
-@torch.library.custom_op(_NORM, mutates_args=(), schema=RMS_NORM_SCHEMA)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     check_rms_norm_args(_NORM, x, weight)
     return reference_rms_norm(x, weight, eps)
 
 
-@rms_norm.register_fake
 def _rms_norm_fake(x, weight, eps):
     check_rms_norm_args(_NORM, x, weight)
     return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
 
 
-@rms_norm.register_kernel("cuda")
 def _rms_norm_cuda(x, weight, eps):
     check_rms_norm_args(_NORM, x, weight)
     if not _uses_kernel(x, weight):
@@ -112,20 +109,17 @@ def reference_add_rms_norm(x, delta, weight, eps: float) -> tuple[torch.Tensor, 
     return summed, reference_rms_norm(summed, weight, eps)
 
 
-@torch.library.custom_op(_ADD_NORM, mutates_args=(), schema=ADD_RMS_NORM_SCHEMA)
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     check_add_rms_norm_args(x, delta, weight)
     return reference_add_rms_norm(x, delta, weight, eps)
 
 
-@add_rms_norm.register_fake
 def _add_rms_norm_fake(x, delta, weight, eps):
     check_add_rms_norm_args(x, delta, weight)
     return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
 
 
-@add_rms_norm.register_kernel("cuda")
 def _add_rms_norm_cuda(x, delta, weight, eps):
     check_add_rms_norm_args(x, delta, weight)
     if not _uses_kernel(x, weight):
@@ -148,19 +142,16 @@ def reference_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-@torch.library.custom_op(_SILU, mutates_args=(), schema=SILU_MUL_SCHEMA)
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     check_silu_mul_args(gate_up)
     return reference_silu_mul(gate_up)
 
 
-@silu_mul.register_fake
 def _silu_mul_fake(gate_up):
     width = check_silu_mul_args(gate_up)
     return gate_up.new_empty((gate_up.shape[0], width))
 
 
-@silu_mul.register_kernel("cuda")
 def _silu_mul_cuda(gate_up):
     check_silu_mul_args(gate_up)
     if gate_up.numel() == 0:
@@ -188,7 +179,6 @@ def reference_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mappi
     return q.contiguous()
 
 
-@torch.library.custom_op(_ROTARY, mutates_args=("k_cache", "v_cache"), schema=ROTARY_CACHE_WRITE_SCHEMA)
 def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -196,13 +186,11 @@ def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: t
     return reference_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
-@rotary_cache_write.register_fake
 def _rotary_cache_write_fake(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     check_rotary_cache_write_args(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
     return q.new_empty(q.shape)
 
 
-@rotary_cache_write.register_kernel("cuda")
 def _rotary_cache_write_cuda(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     check_rotary_cache_write_args(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.shape[0] == 0:
@@ -210,3 +198,21 @@ def _rotary_cache_write_cuda(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     from helios.abi.triton_fused import triton_rotary_cache_write
 
     return triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+# Registration through `torch.library.Library` rather than `torch.library.custom_op`: the same
+# schema, dispatch keys and fake implementation, without custom_op's Python wrapper layers, which
+# cost about 20 us per call on the CPU path (four calls per layer; measured on this machine). The
+# ops are inference-only (no autograd formula), like every execution-ABI op.
+_LIB = torch.library.Library("helios", "FRAGMENT")
+for _name, _schema, _cpu, _cuda, _fake in (
+    ("rms_norm", RMS_NORM_SCHEMA, rms_norm, _rms_norm_cuda, _rms_norm_fake),
+    ("add_rms_norm", ADD_RMS_NORM_SCHEMA, add_rms_norm, _add_rms_norm_cuda, _add_rms_norm_fake),
+    ("silu_mul", SILU_MUL_SCHEMA, silu_mul, _silu_mul_cuda, _silu_mul_fake),
+    ("rotary_cache_write", ROTARY_CACHE_WRITE_SCHEMA, rotary_cache_write, _rotary_cache_write_cuda,
+     _rotary_cache_write_fake),
+):
+    _LIB.define(_name + _schema)
+    _LIB.impl(_name, _cpu, "CPU")
+    _LIB.impl(_name, _cuda, "CUDA")
+    torch.library.register_fake(f"helios::{_name}", _fake, lib=_LIB)
