@@ -14,10 +14,11 @@ One command on one H200 (about 5-7 minutes at 32 layers):
    output tokens, greedy, EOS ignored, for each anchor batch; the 64 x 1024/1024 workload against
    its roofline (every weight plus the live KV once per step at the copy bandwidth measured here);
    time to first token of a 2,048-token prompt, cold and with 90% of it in the prefix cache.
-3. Levers A/B in this process, on the inputs of the long workload's last decode step (`bench/lever_ab.py`): the loaded DECODE programs captured with the
-   fused greedy sampling kernel and with the reference sampling; each fused op against the torch
-   sequence it replaced, per decode step; then the profiler's top kernels of one decode step at
-   batch 1 and 64 beside the captured graph's replay time.
+3. Levers A/B in this process (`bench/lever_ab.py`), on the inputs of the long workload's last
+   decode step: the loaded DECODE programs captured again (greedy-only and full graphs) with the
+   fused sampling pass and with the reference sampling; each fused op against the torch sequence
+   it replaced, per decode step; then the profiler's top kernels of one decode step at batch 1 and
+   64 beside the captured graph's replay time.
 
 Prints one table of Helios/anchor ratios and the targets of issue 18, the A/B rows and the profile;
 `--json PATH` writes every number. `--smoke` runs tiny shapes on the CPU (checks the script).
@@ -186,7 +187,7 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
 def levers(model, shape, results: dict, device, args) -> None:
     """The A/B rows and the decode profile; a failure here is reported, never fatal to the table."""
     rows = [int(r) for r in args.profile_rows.split(",")]
-    parts = (("greedy_program_ab", lambda: lever_ab.greedy_program_ab(model, log)),
+    parts = (("sampling_program_ab", lambda: lever_ab.sampling_program_ab(model, log)),
              ("op_ab", lambda: lever_ab.op_ab(shape, sorted({1, 64, 256} if not args.smoke else {1, 2}), device, log)),
              ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]))
     for name, part in parts:
@@ -223,14 +224,16 @@ def print_summary(results: dict, batches: list[int], workloads: list) -> None:
 
 
 def print_levers(results: dict) -> None:
-    greedy = results.get("greedy_program_ab")
-    if isinstance(greedy, list) and greedy:
+    sampling = results.get("sampling_program_ab")
+    if isinstance(sampling, list) and sampling:
         log("")
-        log("| DECODE step device ms (greedy graph) | fused greedy kernel | reference sampling | speedup |")
-        log("|---|---|---|---|")
-        for row in greedy:
-            log(f"| R={row['rows']} | {row['kernel_ms']:.3f} | {row['reference_ms']:.3f} | "
-                f"{row['reference_ms'] / row['kernel_ms']:.2f}x |")
+        log("| DECODE step device ms | greedy graph: fused sampling | reference | speedup | "
+            "full graph: fused sampling | reference | speedup |")
+        log("|---|---|---|---|---|---|---|")
+        for row in sampling:
+            cells = [f"{row[f'{g}_kernel_ms']:.3f} | {row[f'{g}_reference_ms']:.3f} | "
+                     f"{row[f'{g}_reference_ms'] / row[f'{g}_kernel_ms']:.2f}x" for g in ("greedy", "full")]
+            log(f"| R={row['rows']} | {cells[0]} | {cells[1]} |")
     ops = results.get("op_ab")
     if isinstance(ops, list) and ops:
         log("")

@@ -6,8 +6,9 @@ Used by `bench/anchor_compare.py` on a loaded runtime (importable on its own):
   greedy sampling kernel against the reference pipeline, at 8B shapes and several row counts. Each
   side is captured in a CUDA graph repeated as often as one decode step calls it (2 norms, 1 SiLU-mul
   and 1 rotary per layer; one sample per step) and replayed; the table gives ms per decode step.
-- `greedy_program_ab`: the loaded DECODE programs captured again under `greedy_only` with the fused
-  greedy kernel and with the reference pipeline (`reference_greedy`): whole-step device ms of each.
+- `sampling_program_ab`: the loaded DECODE programs captured again, greedy-only and full (with the
+  random draws), each with the fused sampling pass and with the reference pipeline
+  (`reference_sampling`): whole-step device ms of each.
 - `decode_profile`: the torch profiler's top kernels of one eager decode step (the greedy graph's
   work), with the kernel count per step and the captured graph's replay time beside it.
 """
@@ -21,7 +22,7 @@ from typing import Callable
 import torch
 
 from helios.abi import fused
-from helios.abi.sampling import DrawParams, greedy_only, reference_greedy, sample_reference
+from helios.abi.sampling import greedy_only, reference_sampling
 from helios.runtime.model import program_arguments
 
 OPS = torch.ops.helios
@@ -97,24 +98,29 @@ def _op_cases(rows: int, shape, device) -> dict:
 
 
 def _sample_case(rows: int, vocab: int, device) -> dict:
+    """``helios::sample`` with the fused pass vs the reference, greedy-only and drawing (T = 0.8,
+    top-p 0.9) with every row constrained by an all-allowing mask, as programs call it."""
     logits = torch.randn(rows, vocab, device=device)
     zeros_f, zeros_i = torch.zeros(rows, device=device), torch.zeros(rows, dtype=torch.int32, device=device)
-    params = DrawParams(torch.zeros(rows, dtype=torch.int64, device=device), torch.zeros(rows, dtype=torch.int64,
-                        device=device), zeros_f, zeros_i, torch.ones(rows, device=device), zeros_f)
+    seeds = torch.arange(rows, dtype=torch.int64, device=device)
     penalties = torch.tensor([[1.0, 0.0, 0.0]], device=device).repeat(rows, 1)
     counts = (torch.zeros(rows, vocab, dtype=torch.int32, device=device),) * 2
     mask = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
     mask_rows = torch.ones(rows, dtype=torch.bool, device=device)
-    arguments = (logits, *params, penalties, *counts, mask, mask_rows)
+    cases = {}
+    for label, temperature, mode in (("greedy", 0.0, greedy_only), ("drawing", 0.8, contextlib.nullcontext)):
+        arguments = (logits, seeds, seeds, zeros_f + temperature, zeros_i, zeros_f + 0.9, zeros_f, penalties,
+                     *counts, mask, mask_rows)
 
-    def kernel():
-        with greedy_only():
-            return OPS.sample(*arguments)
+        def fused_call(arguments=arguments, mode=mode):
+            with mode():
+                return OPS.sample(*arguments)
 
-    def reference():
-        with greedy_only():
-            return sample_reference(logits, params, penalties, counts, mask, mask_rows)
-    return {f"greedy sample ({vocab:,} vocabulary)": (kernel, reference, 1)}
+        def reference_call(arguments=arguments, mode=mode):
+            with mode(), reference_sampling():
+                return OPS.sample(*arguments)
+        cases[f"sample, {label} ({vocab:,} vocabulary)"] = (fused_call, reference_call, 1)
+    return cases
 
 
 def op_ab(shape, rows_list, device, log) -> list[dict]:
@@ -138,8 +144,8 @@ def _eager(program):
     return getattr(program.module, "_module", None) or program.module
 
 
-def greedy_program_ab(model, log) -> list[dict]:
-    """Whole DECODE step device ms: greedy graph with the fused greedy kernel vs the reference."""
+def sampling_program_ab(model, log) -> list[dict]:
+    """Whole DECODE step device ms, greedy-only and full graphs: fused sampling pass vs reference."""
     results = []
     for program in decode_programs(model):
         arguments = program_arguments(program, model.weights, model.buffers)
@@ -147,13 +153,15 @@ def greedy_program_ab(model, log) -> list[dict]:
 
         def run():
             return module(*arguments)
-        with greedy_only():
-            fast = graph_ms(run)
-            with reference_greedy():
-                slow = graph_ms(run)
-        results.append({"rows": program.batch_capacity, "kernel_ms": fast, "reference_ms": slow})
-        log(f"greedy decode step R={program.batch_capacity}: fused greedy kernel {fast:.3f} ms, "
-            f"reference sampling {slow:.3f} ms ({slow / fast:.2f}x)")
+        row = {"rows": program.batch_capacity}
+        for graph, mode in (("greedy", greedy_only), ("full", contextlib.nullcontext)):
+            with mode():
+                row[f"{graph}_kernel_ms"] = graph_ms(run)
+                with reference_sampling():
+                    row[f"{graph}_reference_ms"] = graph_ms(run)
+            log(f"{graph} decode step R={program.batch_capacity}: fused sampling {row[f'{graph}_kernel_ms']:.3f} ms, "
+                f"reference sampling {row[f'{graph}_reference_ms']:.3f} ms")
+        results.append(row)
     return results
 
 

@@ -17,7 +17,7 @@ if not ON_CUDA:
 
     enable_interpreter()
 
-from helios.abi.sampling import DrawParams, NO_TOKEN, greedy_only, sample_reference  # noqa: E402
+from helios.abi.sampling import DrawParams, NO_TOKEN, greedy_only, sample_reference, sample_with_kernel  # noqa: E402
 from helios.abi.triton_sampling import greedy_splits, greedy_tokens  # noqa: E402
 from support.abi_inputs import sample_inputs  # noqa: E402
 
@@ -88,3 +88,20 @@ def test_the_op_takes_the_kernel_only_on_cuda_under_greedy_only():
     with greedy_only():  # on the CPU the op keeps the reference: drawing rows keep the greedy token
         tokens = torch.ops.helios.sample(**inputs)
     assert torch.equal(tokens, reference_greedy(inputs))
+
+
+@pytest.mark.parametrize("rows, vocab, seed", [(8, 3000, 6), (5, 700, 7)])
+def test_the_kernel_pipeline_with_draws_gives_the_reference_tokens(rows, vocab, seed):
+    """The full pipeline with the fused pass: drawn rows (temperatures > 0, top-k/p, min-p) and
+    greedy rows get the reference's tokens exactly (on the CPU: the same softmax and sums)."""
+    cpu = sample_inputs(rows, vocab, seed)
+    expected = torch.ops.helios.sample(**cpu)  # the CPU op: the reference pipeline
+    drawn = cpu["temperature"] > 0
+    assert bool((expected[drawn] != reference_greedy(cpu)[drawn]).any())  # the inputs really draw
+    inputs = {name: value.to(DEVICE) for name, value in cpu.items()}
+    params = DrawParams(*(inputs[name] for name in DrawParams._fields))
+    arguments = (inputs["logits"], params, inputs["penalties"], (inputs["prompt_counts"], inputs["output_counts"]),
+                 inputs["grammar_mask"], inputs["mask_rows"])
+    assert torch.equal(sample_with_kernel(*arguments).cpu(), expected)
+    with greedy_only():
+        assert torch.equal(sample_with_kernel(*arguments).cpu(), reference_greedy(cpu))

@@ -13,6 +13,9 @@ penalties the reference's penalty step is the identity (x / 1, x * 1, x - 0 * c 
 arithmetic of other rows is the reference's float64 arithmetic in the same order; the argmax
 compares the same float64 values and keeps the lowest id on ties.
 
+With `values_out` the same pass also stores those float64 values (the input of the random draw,
+steps 6-8), so the drawing path skips the reference's dozen [R, V] float64 passes before its sort.
+
 Two kernels: each (row, split) program reduces a contiguous id range of one row to its best
 (value, id); a combine program per row picks the first split holding the row maximum (splits are in
 id order, so that is the lowest id). The split count depends only on the static row count and
@@ -41,8 +44,8 @@ def greedy_splits(num_rows: int, vocab_size: int) -> int:
 @triton.jit
 def _greedy_partial_kernel(
     logits, logit_stride, penalties, prompt_counts, prompt_stride, output_counts, output_stride,
-    grammar_mask, mask_stride, mask_rows, part_values, part_ids, vocab_size, chunk,
-    NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
+    grammar_mask, mask_stride, mask_rows, part_values, part_ids, values_out, vocab_size, chunk,
+    NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, STORE_VALUES: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -76,6 +79,8 @@ def _greedy_partial_kernel(
             x = tl.where(allowed, x, float("-inf"))
         x = tl.where(x != x, float("-inf"), x)  # step 4
         x = tl.where(x == float("inf"), 1.7976931348623157e308, x)
+        if STORE_VALUES:  # the float64 values the random draw starts from
+            tl.store(values_out + row.to(tl.int64) * vocab_size + ids, x, mask=inside)
         x = tl.where(inside, x, float("-inf"))
         block_best = tl.max(x, axis=0)
         block_id = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64) + offset
@@ -99,11 +104,12 @@ def _greedy_combine_kernel(part_values, part_ids, tokens, NUM_SPLITS: tl.constex
 
 def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
                   output_counts: torch.Tensor, grammar_mask: torch.Tensor,
-                  mask_rows: torch.Tensor) -> torch.Tensor:
+                  mask_rows: torch.Tensor, values_out: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [R]: each row's greedy token as `sample_reference` selects it for a non-drawing row.
 
-    Inputs are validated ``helios::sample`` arguments (logits float32 [R, V]); the last dimension
-    of every [R, *] tensor must be contiguous. Allocates its output and two small partial buffers;
+    Inputs are validated ``helios::sample`` arguments (logits float32 [R, V]). With `values_out`
+    (float64 [R, V], contiguous) the kernel also stores every row's values after steps 1-4, exactly
+    the reference's, for the random draw. Allocates its output and two small partial buffers;
     never reads device data on the host.
     """
     num_rows, vocab_size = logits.shape
@@ -120,7 +126,8 @@ def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: 
     _greedy_partial_kernel[(num_rows, splits)](
         logits, logits.stride(0), penalties, prompt_counts, prompt_counts.stride(0), output_counts,
         output_counts.stride(0), grammar_mask, grammar_mask.stride(0), mask_rows.contiguous(),
-        part_values, part_ids, vocab_size, chunk, NUM_SPLITS=splits, BLOCK_V=BLOCK,
+        part_values, part_ids, part_values if values_out is None else values_out, vocab_size, chunk,
+        NUM_SPLITS=splits, BLOCK_V=BLOCK, STORE_VALUES=values_out is not None,
     )
     _greedy_combine_kernel[(num_rows,)](part_values, part_ids, tokens, NUM_SPLITS=splits)
     return tokens
