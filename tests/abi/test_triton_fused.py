@@ -8,6 +8,11 @@ float32 agrees to ~1e-6 and bfloat16 to one unit in the last place at most.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -122,3 +127,18 @@ def test_bad_arguments_are_typed_errors():
         OPS.rotary_cache_write(q, k, v, cos[:, 0], sin, cache, cache.clone(), slots)
     with pytest.raises(AbiArgumentError, match="q must be"):
         OPS.rotary_cache_write(q[:, :, :8], k, v, cos, sin, cache, cache.clone(), slots)
+
+
+def test_kernels_compile_for_hopper():
+    """The compiler, stricter than the interpreter, accepts the fused and greedy sampling kernels
+    (PTX and ptxas, sm_90), without a GPU."""
+    script = Path(__file__).with_name("compile_fused_kernels.py")
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ops_have_cuda_kernels_registered():
+    for op in ("helios::rms_norm", "helios::add_rms_norm", "helios::silu_mul", "helios::rotary_cache_write",
+               "helios::sample"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")
