@@ -15,7 +15,7 @@ fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 timeout 570 python3 bench/anchor_compare.py --anchor .anchor/compiled_anchor.py --layers "${LAYERS:-32}" \
-  --anchor-timeout 300 --json "$out/anchor_compare.json" \
+  --anchor-timeout 270 --json "$out/anchor_compare.json" \
   --tests "tests/gpu/test_fused_cuda.py tests/gpu/test_runtime_cuda.py -ra -o faulthandler_timeout=250
            -k 'in_a_graph or greedy_tokens_on_cuda or two_frames'" 2>&1 \
   | grep -v "checkpoint: layer" | tee "$out/anchor_compare.log" | tail -120
