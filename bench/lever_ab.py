@@ -141,7 +141,8 @@ def decode_programs(model) -> list:
 
 def _eager(program):
     """The exported module behind a captured program (or the program's own eager module)."""
-    return getattr(program.module, "_module", None) or program.module
+    module = getattr(program.module, "_module", None)
+    return program.module if module is None else module
 
 
 def sampling_program_ab(model, log) -> list[dict]:
@@ -227,10 +228,3 @@ def _top_kernels(kernels, top: int) -> list[dict]:
         entry[1] += 1
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
     return [{"kernel": name[:90], "ms": ms, "calls": calls} for name, (ms, calls) in ranked]
-
-
-@contextlib.contextmanager
-def timed(label: str, log):
-    started = time.perf_counter()
-    yield
-    log(f"{label} in {time.perf_counter() - started:.0f} s")
