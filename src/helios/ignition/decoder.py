@@ -111,9 +111,9 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
+    update = torch.ops.helios.add_rms_norm  # the residual add and the next norm, one fused op
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
-        update = torch.ops.helios.add_rms_norm  # residual add + the next norm, one fused op
         hidden, normed = update(hidden, attention_block(arch, w, layer, normed, shared), w[prefix + "post_norm"],
                                 arch.rms_norm_eps)
         next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
