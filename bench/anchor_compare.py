@@ -254,7 +254,8 @@ def print_levers(results: dict) -> None:
             continue
         log("")
         log(f"decode step R={profile['rows']}: {profile['kernels']} kernels, {profile['kernel_ms']:.3f} ms kernel "
-            f"time, graph replay {profile['graph_replay_ms']:.3f} ms; top kernels:")
+            f"time, graph replay {profile['graph_replay_ms']:.3f} ms; by kind: "
+            + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in profile["by_kind_ms"].items()) + "; top kernels:")
         for entry in profile["top"]:
             log(f"  {entry['ms']:8.3f} ms  x{entry['calls']:<4} {entry['kernel']}")
 

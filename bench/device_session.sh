@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One full GPU check on the device machine, logs under $OUT (or ./device-out):
-#   1. tests/gpu, the model fixture and the Triton kernels on CUDA (one GPU);
+#   1. tests/gpu, the model fixture and the Triton kernels (attention, fused ops, sampling) on CUDA (one GPU);
 #   2. tests/parallel/test_cuda.py when two GPUs are visible;
 #   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1;
 #   4. the TP1-vs-TP2 table (bench/tensor_parallel.py) when two GPUs are visible and SKIP_TP is unset.
@@ -22,7 +22,7 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
 timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
-  tests/abi/test_triton_attention.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+  tests/abi/test_triton_attention.py tests/abi/test_triton_fused.py tests/abi/test_triton_sampling.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 if [ "$gpus" -ge 2 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
 fi

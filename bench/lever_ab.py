@@ -188,8 +188,29 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     log(f"decode step R={rows}: {len(kernels)} kernels, {busy_ms:.3f} ms of kernel time; "
         f"the captured greedy graph replays in {replay:.3f} ms")
     log(table)
+    shares = _categories(kernels, on_cuda)
+    log(f"decode step R={rows} by kind: " + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in shares.items()))
     return {"rows": rows, "kernels": len(kernels), "kernel_ms": busy_ms, "graph_replay_ms": replay,
-            "top": _top_kernels(kernels, top)}
+            "by_kind_ms": shares, "top": _top_kernels(kernels, top)}
+
+
+_KINDS = (  # kernel-name fragments -> kind, first match wins
+    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear")),
+    ("attention", ("_decode_kernel", "_combine_kernel", "_prefill_kernel", "paged_attention")),
+    ("fused norm/rotary/SiLU", ("_rms_norm_kernel", "_rotary_cache_write_kernel", "_silu_mul_kernel",
+                                "rms_norm", "rotary_cache_write", "silu_mul")),
+    ("sampling", ("_greedy_", "sort", "scan", "cumsum", "helios::sample")),
+)
+
+
+def _categories(kernels, on_cuda: bool) -> dict[str, float]:
+    """Kernel ms per kind (matmul, attention, fused elementwise, sampling, other)."""
+    totals = {kind: 0.0 for kind, _ in _KINDS} | {"other": 0.0}
+    for event in kernels:
+        name = event.name.lower()
+        kind = next((k for k, fragments in _KINDS if any(f.lower() in name for f in fragments)), "other")
+        totals[kind] += _self_us(event, on_cuda) / 1e3
+    return totals
 
 
 def _replay_ms(program, replays: int = 20) -> float:
