@@ -18,7 +18,8 @@ One command on one H200 (about 5-7 minutes at 32 layers):
    decode step: the loaded DECODE programs captured again (greedy-only and full graphs) with the
    fused sampling pass and with the reference sampling; each fused op against the torch sequence
    it replaced, per decode step; then the profiler's top kernels of one decode step at batch 1 and
-   64 beside the captured graph's replay time.
+   64 beside the captured graph's replay time; and cuBLAS against a Triton GEMV at the batch-1
+   projection shapes (`bench/gemv_ab.py`: is a GEMV op worth building?).
 
 Prints one table of Helios/anchor ratios and the targets of issue 18, the A/B rows and the profile;
 `--json PATH` writes every number. `--smoke` runs tiny shapes on the CPU (checks the script).
@@ -197,13 +198,22 @@ def levers(model, shape, results: dict, device, args) -> None:
     rows = [int(r) for r in args.profile_rows.split(",")]
     parts = (("sampling_program_ab", lambda: lever_ab.sampling_program_ab(model, log)),
              ("op_ab", lambda: lever_ab.op_ab(shape, sorted({1, 64, 256} if not args.smoke else {1, 2}), device, log)),
-             ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]))
+             ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]),
+             ("gemv_ab", lambda: _gemv_ab(shape, device)))
     for name, part in parts:
         try:
             results[name] = part()
         except Exception as error:  # noqa: BLE001 - the main table must still print
             log(f"{name} failed: {type(error).__name__}: {error}")
             results[name] = {"error": f"{type(error).__name__}: {error}"}
+
+
+def _gemv_ab(shape, device) -> list[dict]:
+    if device.type != "cuda":
+        return []
+    import gemv_ab  # imports triton: CUDA runs only
+
+    return gemv_ab.gemv_ab([1], shape.num_hidden_layers, log)
 
 
 def print_summary(results: dict, batches: list[int], workloads: list) -> None:
