@@ -181,7 +181,8 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
             ours = run_helios(runtime.engine, workload, shape.vocab_size)
             ours["roofline_tokens_per_s"] = roofline(shape, workload, bandwidth, 2)
             results["workloads"][str(workload)] = ours
-            log(f"helios {workload}: decode {ours['decode_tokens_per_s']:.1f} tok/s ({ours['tokens_per_s']:.1f} overall)")
+            log(f"helios {workload}: decode {ours['decode_tokens_per_s']:.1f} tok/s "
+                f"({ours['tokens_per_s']:.1f} overall)")
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
         save(results, args.json)  # the call runs out of time while they run
         # The DECODE programs' input buffers now hold a real decode step (one token per row, live
@@ -219,7 +220,8 @@ def _gemv_ab(shape, device) -> list[dict]:
 def print_summary(results: dict, batches: list[int], workloads: list) -> None:
     anchor, rows = results.get("anchor", {}), results["workloads"]
     log("")
-    log(f"| decode tok/s, {workloads[0].prompt}-token prompts, greedy | compiled anchor | Helios | Helios / anchor | target |")
+    log(f"| decode tok/s, {workloads[0].prompt}-token prompts, greedy | compiled anchor | Helios | "
+        "Helios / anchor | target |")
     log("|---|---|---|---|---|")
     for batch, workload in zip(batches, workloads):
         ours = rows.get(str(workload), {}).get("decode_tokens_per_s", float("nan"))

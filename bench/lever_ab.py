@@ -184,7 +184,8 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     kernels = _kernels(profile, on_cuda)
     replay = _replay_ms(program)
     busy_ms = sum(_self_us(e, on_cuda) for e in kernels) / 1e3
-    table = profile.key_averages().table(sort_by="self_device_time_total" if on_cuda else "self_cpu_time_total", row_limit=top, max_name_column_width=70)
+    order = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    table = profile.key_averages().table(sort_by=order, row_limit=top, max_name_column_width=70)
     log(f"decode step R={rows}: {len(kernels)} kernels, {busy_ms:.3f} ms of kernel time; "
         f"the captured greedy graph replays in {replay:.3f} ms")
     log(table)
