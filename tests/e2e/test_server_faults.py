@@ -24,7 +24,7 @@ from helios.server import serve as serve_module
 from helios.server.serve import ServeOptions, WorkerDied, serve
 from support.server_core import SERVED_ID, ServerProcess, tiny_core
 
-STREAMS = 12
+STREAMS = 48  # with one active at a time, about 11,000 tokens: longer than the 5 s drain at 1 ms a token
 
 
 def read_stream(url: str, started: threading.Event) -> str:
@@ -43,7 +43,7 @@ def read_stream(url: str, started: threading.Event) -> str:
 
 
 def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp_path_factory, tmp_path):
-    process = ServerProcess(tiny_core(tmp_path_factory.getbasetemp()), "--max-active", "1", "--queue-capacity", "32",
+    process = ServerProcess(tiny_core(tmp_path_factory.getbasetemp()), "--max-active", "1", "--queue-capacity", "64",
                             log=tmp_path / "server.log")
     events = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
