@@ -113,7 +113,7 @@ def assert_idle_and_healthy(app, served) -> None:
     assert stats.pages_free + stats.pages_cached == stats.pages_total
 
 
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                            HealthCheck.too_slow])
 
 
@@ -138,7 +138,7 @@ def test_mutated_completion_bodies(app, served, case, stream):
         assert text.rstrip().endswith("data: [DONE]") or text.count("event: error") == 1
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(["/v1/models/", "/health", "/metrics", "/openapi.json", "/v1/models", "/"]), tail=TEXT)
 def test_arbitrary_get_paths(app, served, path, tail):
     quoted = quote(tail.encode("utf-8", "surrogatepass"), safe="") if path.endswith("/") else ""
