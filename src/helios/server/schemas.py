@@ -33,6 +33,9 @@ MAX_REGEX_CHARS = 4096
 MAX_CHOICE_CHARS = 4096
 MAX_TEMPLATE_KWARGS = 64
 MAX_STOP_IDS = 1024
+MAX_METADATA_ENTRIES = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 def _bounded_schema(value: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +203,15 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=MAX_STOP_IDS)
     stop_token_sequences: list[Annotated[list[StrictInt], Field(max_length=MAX_STOP_IDS)]] | None = Field(
         default=None, max_length=MAX_STOP_IDS)
-    user: StrictStr | None = None
+    user: StrictStr | None = Field(default=None, max_length=256,
+                                   description="An end-user id; appears in the access log, nowhere else")
+    metadata: dict[Annotated[StrictStr, Field(max_length=MAX_METADATA_KEY_CHARS)],
+                   Annotated[StrictStr, Field(max_length=MAX_METADATA_VALUE_CHARS)]] | None = Field(
+        default=None, max_length=MAX_METADATA_ENTRIES,
+        description="Client tags (at most 16); accepted and validated, not stored")
+    store: Literal[False] | None = Field(default=None, description="Helios keeps no completions: only false")
+    service_tier: Literal["auto", "default"] | None = Field(
+        default=None, description="There is one tier: auto and default both mean it")
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -214,11 +225,17 @@ class ChatCompletionRequest(_SamplingFields):
         default=None, max_length=MAX_TEMPLATE_KWARGS)
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
+    logprobs: Literal[False] | None = Field(default=None, description="Off (log-probabilities are not returned)")
+    top_logprobs: Literal[0] | None = Field(default=None, description="Off: null or 0")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="Sets the family's thinking switch (the chat template argument "
+        "enable_thinking) where it has one: none turns thinking off, any other value on")
 
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[StrictStr, list[StrictInt]]
     echo: Literal[False] | None = None
+    logprobs: None = Field(default=None, description="Off (log-probabilities are not returned): null only")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
 
