@@ -178,9 +178,11 @@ class FrontendModel:
         settings: ResolvedSettings | None = None,
         json_defaults: dict | None = None,
         draw_seed: Callable[[], int] | None = None,
+        served_names: Sequence[str] = (),
     ) -> FrontendModel:
         """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
-        when the template does not compile. `settings` default to the core's own defaults."""
+        when the template does not compile. `settings` default to the core's own defaults;
+        `served_names` (operator names: the served id, then aliases) replace the contract's."""
         serving = prepared.contract
 
         def encode(text: str) -> list[int]:
@@ -194,7 +196,8 @@ class FrontendModel:
         grammar = GrammarCompiler.from_tokenizer(
             tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
         )
-        facts = ModelFacts((serving.served_id, *serving.aliases), vocab_size, prepared.input_range)
+        names = tuple(served_names) or (serving.served_id, *serving.aliases)
+        facts = ModelFacts(names, vocab_size, prepared.input_range)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed,
                    thinking_switch_of(chat_template_source))
