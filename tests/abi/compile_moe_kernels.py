@@ -29,6 +29,21 @@ def compile_all(dtype: str, precision: str) -> None:
                                                             BLOCK_K=64, DOT_PRECISION=precision), num_warps=4)
 
 
+def compile_gemv(dtype: str) -> None:
+    pointer = f"*{dtype}"
+    for bias in (False, True):
+        for activation in (0, 1):
+            compile_kernel(kernels._gate_up_gemv_kernel,
+                           dict(hidden=pointer, ids="*i64", gate_up=pointer, gate_up_bias=pointer, inter=pointer,
+                                alpha="fp32", limit="fp32"),
+                           dict(HAS_BIAS=bias, ACTIVATION=activation, BLOCK_N=32, BLOCK_K=128), num_warps=4)
+        compile_kernel(kernels._down_gemv_kernel,
+                       dict(inter=pointer, ids="*i64", route_weights="*fp32", down=pointer, down_bias=pointer,
+                            out="*fp32"), dict(HAS_BIAS=bias, BLOCK_N=32, BLOCK_K=128), num_warps=4)
+
+
 if __name__ == "__main__":
+    compile_gemv("bf16")
+    compile_gemv("fp32")
     compile_all("bf16", "tf32")
     compile_all("fp32", "ieee")

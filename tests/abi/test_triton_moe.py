@@ -33,10 +33,12 @@ def run_kernel(inputs: dict) -> torch.Tensor:
     return kernels.triton_moe_experts(**on_device).cpu()
 
 
+@pytest.mark.parametrize("tokens", [9, 40], ids=["matrix-vector", "grouped"])
 @pytest.mark.parametrize("activation", moe.ACTIVATIONS)
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_equals_reference(activation, bias):
-    inputs = expert_inputs(tokens=9, hidden=40, ffn=24, experts=5, top_k=2, bias=bias, activation=activation)
+def test_kernel_equals_reference(tokens, activation, bias):
+    assert (tokens * 2 <= kernels.GEMV_ASSIGNMENTS) == (tokens == 9)
+    inputs = expert_inputs(tokens=tokens, hidden=40, ffn=24, experts=5, top_k=2, bias=bias, activation=activation)
     torch.testing.assert_close(run_kernel(inputs), torch.ops.helios.moe_experts(**inputs), **TOLERANCE[torch.float32])
 
 
@@ -54,8 +56,9 @@ def test_large_batches_use_the_prefill_block_size():
     torch.testing.assert_close(run_kernel(inputs), torch.ops.helios.moe_experts(**inputs), **TOLERANCE[torch.float32])
 
 
-def test_bfloat16():
-    inputs = expert_inputs(tokens=6, hidden=64, ffn=32, experts=4, top_k=2, dtype=torch.bfloat16, bias=True,
+@pytest.mark.parametrize("tokens", [6, 20], ids=["matrix-vector", "grouped"])
+def test_bfloat16(tokens):
+    inputs = expert_inputs(tokens=tokens, hidden=64, ffn=32, experts=4, top_k=2, dtype=torch.bfloat16, bias=True,
                            activation="swiglu_clamped")
     out = run_kernel(inputs)
     assert out.dtype == torch.bfloat16
