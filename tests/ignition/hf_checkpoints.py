@@ -61,7 +61,8 @@ GLM4_MOE = Family("glm4_moe", transformers.Glm4MoeConfig, (
     ("tie_word_embeddings", False),
 ))
 MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
-FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3) + MOE_FAMILIES
+DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
