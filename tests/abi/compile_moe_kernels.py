@@ -19,7 +19,7 @@ def compile_all(dtype: str, precision: str) -> None:
     gate_up = dict(SCHEDULE, hidden=pointer, gate_up=pointer, gate_up_bias=pointer, inter=pointer,
                    alpha="fp32", limit="fp32")
     down = dict(SCHEDULE, inter=pointer, route_weights="*fp32", down=pointer, down_bias=pointer, out="*fp32")
-    for block_m, block_n in ((16, 32), (16, 64), (64, 64)):
+    for block_m, block_n in ((16, 32), (16, 64), (32, 64), (64, 64)):
         for bias in (False, True):
             for activation in (0, 1):
                 compile_kernel(kernels._gate_up_kernel, gate_up,

@@ -52,7 +52,7 @@ def test_many_tokens_per_expert_span_several_blocks_and_ragged_tiles():
 
 def test_large_batches_use_the_prefill_block_size():
     inputs = expert_inputs(tokens=260, hidden=32, ffn=16, experts=8, top_k=2, seed=5)
-    assert kernels.block_m(260 * 2) == 64
+    assert kernels.block_m(260 * 2, 8) == 64 and kernels.block_m(64 * 8, 128) == 16
     torch.testing.assert_close(run_kernel(inputs), torch.ops.helios.moe_experts(**inputs), **TOLERANCE[torch.float32])
 
 

@@ -180,9 +180,11 @@ def _down_kernel(inter, order, route_weights, down, down_bias, out, block_expert
              mask=row_ok[:, None] & col_ok[None, :])
 
 
-def block_m(assignments: int) -> int:
-    """Rows per block: small for decode-sized batches (each expert sees a few rows), larger for prefill."""
-    return 16 if assignments <= 512 else 64
+def block_m(assignments: int, num_experts: int = 1) -> int:
+    """Rows per block from the mean rows per expert (a static shape): 16 while experts see a few rows
+    each (decode), up to 64 for prefill-sized batches."""
+    mean_rows = assignments / num_experts
+    return 16 if mean_rows <= 24 else 32 if mean_rows <= 48 else 64
 
 
 def block_schedule(ids: torch.Tensor, num_experts: int, rows_per_block: int):
@@ -235,7 +237,7 @@ def triton_moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_b
         _gemv_experts(hidden, ids.reshape(-1).contiguous(), route, (gate_up, down), biases, inter, per_assignment,
                       activation, alpha, limit)
         return per_assignment.view(tokens, top_k, width).sum(dim=1).to(hidden.dtype)
-    rows_per_block = block_m(assignments)
+    rows_per_block = block_m(assignments, num_experts)
     order, block_expert, block_start, block_end = block_schedule(ids, num_experts, rows_per_block)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     num_blocks = block_expert.shape[0]
