@@ -72,9 +72,9 @@ def prepare(shape: MoeShape, workloads: list[Workload], scratch: Path, key: Sign
                                         device=device.type)
     log(f"checkpoint written in {time.perf_counter() - started:.0f} s")
     batches = tuple(sorted({w.requests for w in workloads} | {1}))
-    context = max(w.prompt + w.output for w in workloads)
+    prefill = min(2048, max(w.requests * w.prompt for w in workloads))  # a prefill step packs many prompts
+    context = max([w.prompt + w.output for w in workloads] + [prefill])
     pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
-    prefill = min(2048, max(w.requests * w.prompt for w in workloads))
     plan = CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=prefill, decode_batches=batches,
                         prefill_batches=(1,), mixed=True, page_capacity=pages,
                         prefill_chunks=tuple(c for c in (128, 512) if c < prefill))
