@@ -22,7 +22,7 @@ if not ON_CUDA:
 
 from helios.abi import moe  # noqa: E402,F401  (registers the reference ops)
 from helios.abi import triton_moe as kernels  # noqa: E402
-from support.moe_inputs import expert_inputs  # noqa: E402
+from support.moe_inputs import expert_inputs, route_logits  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -91,3 +91,28 @@ def test_kernels_compile_for_hopper():
 
 def test_expert_op_has_a_cuda_kernel_registered():
     assert torch._C._dispatch_has_kernel_for_dispatch_key("helios::moe_experts", "CUDA")
+
+
+ROUTES = [("softmax", 1, 1, True, 1.0, False), ("softmax", 1, 1, False, 1.0, False),
+          ("topk_softmax", 1, 1, False, 1.0, False), ("sigmoid", 4, 2, True, 2.5, True),
+          ("sigmoid", 1, 1, False, 1.0, True), ("sigmoid", 3, 2, True, 1.0, False)]
+
+
+@pytest.mark.parametrize("scoring,groups,kept,normalize,scale,bias", ROUTES)
+def test_routing_kernel_equals_reference(scoring, groups, kept, normalize, scale, bias):
+    """12 and 24 experts: not powers of two, so padded group and member lanes are exercised."""
+    from helios.abi.triton_route import triton_moe_route
+
+    for tokens, experts, top_k in ((5, 12, 3), (3, 24, 5)):
+        logits = route_logits(tokens, experts, seed=experts)
+        correction = route_logits(1, experts, seed=7)[0] * 0.1 if bias else None
+        args = (correction, scoring, top_k, groups, kept, normalize, scale)
+        expected = torch.ops.helios.moe_route(logits, *args)
+        on_device = (correction.to(DEVICE) if bias else None, *args[1:])
+        weights, ids = triton_moe_route(logits.to(DEVICE), *on_device)
+        assert torch.equal(ids.cpu(), expected[1])
+        torch.testing.assert_close(weights.cpu(), expected[0], rtol=1e-6, atol=1e-7)
+
+
+def test_routing_op_has_a_cuda_kernel_registered():
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("helios::moe_route", "CUDA")
