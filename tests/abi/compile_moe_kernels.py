@@ -60,6 +60,9 @@ def compile_routes(dtype: str) -> None:
 
 
 if __name__ == "__main__":
+    for rows in (16, 64):
+        compile_kernel(kernels._schedule_kernel, dict(bounds="*i64", block_expert="*i32", block_start="*i32",
+                                                      block_end="*i32"), dict(ROWS=rows, BLOCK_E=128, CHUNK=32))
     compile_routes("fp32")
     compile_gemv("bf16")
     compile_gemv("fp32")

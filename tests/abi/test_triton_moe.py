@@ -80,6 +80,17 @@ def test_block_schedule_covers_each_expert_run_once():
     assert sorted(covered) == [i for i, e in enumerate(flat.tolist()) if 0 <= e < 4]
 
 
+@pytest.mark.parametrize("tokens,experts,top_k,rows", [(5, 4, 2, 2), (40, 6, 3, 16), (64, 128, 8, 16), (300, 8, 2, 64)])
+def test_device_schedule_equals_the_torch_schedule(tokens, experts, top_k, rows):
+    ids = torch.rand(tokens, experts, generator=torch.Generator().manual_seed(tokens)).topk(top_k, dim=-1)[1]
+    ids[0, 0], ids[-1, -1] = -1, experts  # skipped assignments
+    expected = kernels.block_schedule(ids, experts, rows)
+    order, block_expert, start, end = (t.cpu() for t in kernels.device_block_schedule(ids.to(DEVICE), experts, rows))
+    assert torch.equal(order, expected[0]) and torch.equal(block_expert, expected[1])
+    live = block_expert >= 0
+    assert torch.equal(start[live], expected[2][live]) and torch.equal(end[live], expected[3][live])
+
+
 def test_kernels_compile_for_hopper():
     """The compiler, stricter than the interpreter, accepts every kernel (PTX and ptxas, sm_90)."""
     script = Path(__file__).with_name("compile_moe_kernels.py")

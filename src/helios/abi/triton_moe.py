@@ -5,10 +5,10 @@ the host: every grid and buffer is a function of shapes, so a program calling th
 into a CUDA graph. Steps (A = T * K token-expert assignments):
 
 1. sort the assignments by expert (device ``torch.sort``; ids outside [0, E) go to a last bucket
-   that is never computed), count each expert's assignments (``scatter_add``), and cut each
-   expert's run into blocks of ``BLOCK_M`` rows. The grid holds a static upper bound of blocks,
-   ``min(A, ceil(A / BLOCK_M) + E)``; each block's expert and row range are computed on the device
-   (``searchsorted`` over the experts' cumulative block counts), blocks past the last exit at once;
+   that is never computed), find each expert's run of sorted positions (``searchsorted``), and cut
+   each run into blocks of ``BLOCK_M`` rows (`_schedule_kernel`; `block_schedule` is the same in
+   torch ops). The grid holds a static upper bound of blocks, ``min(A, ceil(A / BLOCK_M) + E)``;
+   blocks past the last exit at once;
 2. gate/up kernel: block (expert e, its rows) x a tile of F columns: gathers the rows' token
    hidden states, multiplies by e's gate and up rows (reading only expert e's weights), adds the
    bias, applies the activation in float32 and writes the intermediate [A, F] in sorted order;
@@ -180,6 +180,32 @@ def _down_kernel(inter, order, route_weights, down, down_bias, out, block_expert
              mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _schedule_kernel(bounds, block_expert, block_start, block_end, num_blocks, E, ROWS: tl.constexpr,
+                     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """One program: from each expert's [start, end) run of sorted positions (``bounds``), every block's
+    expert (-1 past the last block) and row range; a block's expert is the run its index falls in."""
+    experts = tl.arange(0, BLOCK_E)
+    ok = experts < E
+    lo = tl.load(bounds + experts, mask=ok, other=0).to(tl.int32)
+    hi = tl.load(bounds + experts + 1, mask=ok, other=0).to(tl.int32)
+    blocks = (hi - lo + ROWS - 1) // ROWS
+    ends = tl.cumsum(blocks, axis=0)
+    firsts = ends - blocks
+    total = tl.sum(blocks, axis=0)
+    for b0 in range(0, num_blocks, CHUNK):
+        index = b0 + tl.arange(0, CHUNK)
+        owner = (firsts[None, :] <= index[:, None]) & (index[:, None] < ends[None, :]) & ok[None, :]
+        expert = tl.sum(tl.where(owner, experts[None, :], 0), axis=1)
+        first = tl.sum(tl.where(owner, firsts[None, :], 0), axis=1)
+        start = tl.sum(tl.where(owner, lo[None, :], 0), axis=1) + (index - first) * ROWS
+        end = tl.sum(tl.where(owner, hi[None, :], 0), axis=1)
+        inside = index < num_blocks
+        tl.store(block_expert + index, tl.where(index < total, expert, -1), mask=inside)
+        tl.store(block_start + index, start, mask=inside)
+        tl.store(block_end + index, end, mask=inside)
+
+
 def block_m(assignments: int, num_experts: int = 1) -> int:
     """Rows per block from the mean rows per expert (a static shape): 16 while experts see a few rows
     each (decode), up to 64 for prefill-sized batches."""
@@ -217,6 +243,23 @@ def block_schedule(ids: torch.Tensor, num_experts: int, rows_per_block: int):
     return order, block_expert, start.to(torch.int32), end.to(torch.int32)
 
 
+def device_block_schedule(ids: torch.Tensor, num_experts: int, rows_per_block: int):
+    """`block_schedule`'s results in five launches: the sort, one binary search of every expert's run
+    in the sorted keys, and `_schedule_kernel` (blocks past the last carry expert -1 and rows 0..0)."""
+    flat = ids.reshape(-1)
+    count = flat.shape[0]
+    key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    sorted_key, order = torch.sort(key, stable=True)
+    experts = torch.arange(num_experts + 1, device=ids.device, dtype=sorted_key.dtype)
+    bounds = torch.searchsorted(sorted_key, experts)
+    num_blocks = min(count, -(-count // rows_per_block) + num_experts)
+    block_expert, block_start, block_end = (torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
+                                            for _ in range(3))
+    _schedule_kernel[(1,)](bounds, block_expert, block_start, block_end, num_blocks, num_experts,
+                           ROWS=rows_per_block, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=32, num_warps=4)
+    return order, block_expert, block_start, block_end
+
+
 def triton_moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_bias, activation: str,
                        alpha: float, limit: float) -> torch.Tensor:
     """``helios::moe_experts`` on validated inputs (see `helios.abi.moe`)."""
@@ -238,7 +281,7 @@ def triton_moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_b
                       activation, alpha, limit)
         return per_assignment.view(tokens, top_k, width).sum(dim=1).to(hidden.dtype)
     rows_per_block = block_m(assignments, num_experts)
-    order, block_expert, block_start, block_end = block_schedule(ids, num_experts, rows_per_block)
+    order, block_expert, block_start, block_end = device_block_schedule(ids, num_experts, rows_per_block)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     num_blocks = block_expert.shape[0]
     block_n = 32 if assignments <= 64 else 64
