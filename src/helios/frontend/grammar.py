@@ -151,8 +151,10 @@ def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
         body = f"reasoning[suffix={json.dumps(envelope.close_text)}]: /(?s:.*)/\n"
     if envelope.state is ReasoningState.OPEN:
         return f"start: reasoning {answer}\n{body}"
+    # The separator follows a close delimiter only: an output that never opens reasoning starts
+    # with the answer itself (the parser would show a leading separator as answer text).
     opener = f"<[{envelope.open_token_id}]>" if envelope.open_token_id is not None else json.dumps(envelope.open_text)
-    return f"start: (opened)? {answer}\nopened: {opener} reasoning\n{body}"
+    return f"start: opened | @{ANSWER_GRAMMAR}\nopened: {opener} reasoning {answer}\n{body}"
 
 
 class GrammarCompiler:

@@ -104,7 +104,9 @@ def message_boundary(template: ProbeTemplate, tokenizer: Tokenizer, stated: dict
         raise CheckpointError("the chat template does not render an assistant reply after the user message")
     opening, _, ending = answered[len(first):].partition(ANSWER1)
     follow = _render(template, "a second user turn", [user(USER1), assistant(ANSWER1), user(USER2)])
-    next_open = follow[len(answered):].partition(USER2)[0] if follow.startswith(answered) else ""
+    between = follow.partition(USER2)[0]
+    between = between[between.rfind(ANSWER1) + len(ANSWER1):] if ANSWER1 in between else ""
+    next_open = between[len(ending):] if ending and between.startswith(ending) else between
     message_end = stated.get("message_end") or ending.strip() or next_open.strip()
     if not message_end:
         raise CheckpointError("cannot find the chat template's message end: nothing follows an assistant "
@@ -178,10 +180,10 @@ def tool_call_text(template: ProbeTemplate) -> str:
     return ""
 
 
-def _conversation(template: ProbeTemplate, has_tools: bool) -> list[dict]:
+def _conversation(template: ProbeTemplate, has_tools: bool, arguments_as_text: bool) -> list[dict]:
     messages = [{"role": "system", "content": SYSTEM}, user(USER1)]
     if has_tools:
-        messages += [tool_call_message(), tool_result()]
+        messages += [tool_call_message(arguments_as_text), tool_result()]
     messages += [assistant(ANSWER1, REASONING), user(USER2), assistant(ANSWER2, REASONING), user(USER3)]
     if template.try_render(messages[:1]) is None:
         messages = messages[1:]
@@ -209,9 +211,12 @@ def stable_count(roles: Sequence[str], rules: dict[str, int]) -> int:
 def prefix_rules(template: ProbeTemplate, has_tools: bool) -> list[spb.PrefixBoundaryRule]:
     """Per-role constraints that hold on the probe conversations, strongest first; [] when the
     template cannot render them (every role is then accepted and no prefix is declared stable)."""
-    messages = _conversation(template, has_tools)
-    renders = [template.try_render(messages[:k]) for k in range(len(messages) + 1)]
-    if any(text is None for text in renders[1:]):
+    for tools, as_text in ((has_tools, False), (has_tools, True), (False, False)):
+        messages = _conversation(template, tools, as_text)
+        renders = [template.try_render(messages[:k]) for k in range(len(messages) + 1)]
+        if all(text is not None for text in renders[1:]):
+            break
+    else:
         return []
     renders[0] = ""
     roles = [m["role"] for m in messages]
