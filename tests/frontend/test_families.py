@@ -33,7 +33,7 @@ from .served import ids_of, run_output
 NAMESPACE = "test.helios/families"
 TOOL_KINDS = {
     "hermes": ToolSyntaxKind.JSON_CALLS, "qwen3-coder": ToolSyntaxKind.QWEN_CODER_FUNCTIONS,
-    "deepseek-v3": ToolSyntaxKind.JSON_CALLS, "glm-4.5": ToolSyntaxKind.GLM_ARGUMENTS,
+    "deepseek-v3": ToolSyntaxKind.JSON_CALLS, "deepseek-v3.1": ToolSyntaxKind.JSON_CALLS, "glm-4.5": ToolSyntaxKind.GLM_ARGUMENTS,
     "llama3": ToolSyntaxKind.JSON_CALLS, "mistral": ToolSyntaxKind.JSON_CALLS,
 }
 WEATHER = {"type": "function", "function": {
@@ -123,12 +123,14 @@ def test_prompt_tokens_equal_transformers_apply_chat_template(family):
 def test_a_tool_call_in_the_family_syntax_becomes_openai_tool_calls(family):
     case, tokenizer, served, _, _ = family
     request = ChatCompletionRequest.model_validate(
-        {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]})
+        {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+         "chat_template_kwargs": case.thinking_kwargs or None})
     prepared = served.frontend.prepare_chat(request, request_id="f")
     pieces = [case.tool_text]
     if case.reasoning:
         think = served.frontend.syntax.output.think
-        pieces = [think.open, think.after_open + "Let me check." + think.before_close, think.close,
+        opened = [] if case.thinking_kwargs else [think.open]  # a thinking prompt opened reasoning itself
+        pieces = [*opened, think.after_open + "Let me check." + think.before_close, think.close,
                   think.after_close, case.tool_text]
     eos = tokenizer.token_to_id(case.eos)
     _, final = run_output(prepared, ids_of(tokenizer, *pieces) + [eos])

@@ -44,6 +44,7 @@ class FamilyCase:
     tool_text: str = ""  # a tool call in the family's syntax (get_weather, city=Paris)
     reasoning: bool = False  # the template renders think tags
     string_arguments: bool = False  # the template concatenates the arguments text (DeepSeek V3)
+    thinking_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs that open reasoning
 
 
 def train_tokenizer(special_tokens: tuple[str, ...]) -> Tokenizer:
@@ -128,6 +129,11 @@ CASES = (
                tool_text="<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                          '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
                string_arguments=True),
+    FamilyCase("deepseek-v3.1", "deepseek_v3_1.jinja", "deepseek", "llama", "deepseek_v3", "<｜begin▁of▁sentence｜>",
+               "<｜end▁of▁sentence｜>", generation={"do_sample": True, "temperature": 0.6, "top_p": 0.95},
+               tool_text='<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
+                         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+               reasoning=True, string_arguments=True, thinking_kwargs={"thinking": True}),
     FamilyCase("glm-4.5", "glm4_5.jinja", "trained", "llama", "glm4_moe", None, "<|endoftext|>",
                ("<|user|>", "<|observation|>"), special_tokens=GLM_TOKENS,
                generation={"do_sample": True, "temperature": 0.6, "top_p": 0.95},

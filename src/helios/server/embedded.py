@@ -3,8 +3,8 @@
 `embedded_core()` returns a signed core for the checkpoint shipped in `helios.embedded`. Until that
 package ships a prepared core itself, the checkpoint is prepared on first use into the cache
 directory (``$HELIOS_CACHE``, else ``~/.cache/helios``) and signed with a key generated there; the
-core's file name carries a digest of the checkpoint files, so a changed checkpoint is prepared
-again. Preparation writes into a private directory and renames it into place, so concurrent first
+core's directory name carries a digest of the checkpoint files and `PREPARATION_VERSION`, so a
+changed checkpoint, or a preparation that declares more, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
 runs cannot see a partial core. The embedded-model owner may replace the body of `embedded_core`
 (for example to return a committed core and its public key) without touching the server.
 """
@@ -29,6 +29,9 @@ CACHE_ENV = "HELIOS_CACHE"
 KEY_NAME = "embedded-publisher.key"
 CONTEXT_TOKENS = 2048
 DECODE_BATCHES = (1, 4, 16, 64)
+# Bumped whenever preparation declares something new for the same checkpoint (2: frontend derived
+# from the chat template, generation_config sampling defaults), so a cached older core is replaced.
+PREPARATION_VERSION = 2
 
 
 class EmbeddedModelMissing(LoadError):
@@ -61,7 +64,7 @@ def embedded_core(progress: Callable[[str], None] | None = None) -> EmbeddedCore
     root = cache_root() / "embedded"
     root.mkdir(parents=True, exist_ok=True)
     public_key = _publisher_key(root)
-    target = root / checkpoint_digest(checkpoint)[:16]
+    target = root / f"{checkpoint_digest(checkpoint)[:16]}-p{PREPARATION_VERSION}"
     if not (target / "model.core").is_file():
         _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
     return EmbeddedCore(target / "model.core", NAMESPACE, public_key)

@@ -142,6 +142,7 @@ class JsonCallParser:
         self._held = ""  # undecided answer text (a possible opener prefix, trailing whitespace)
         self._block: list[str] | None = None  # body text of an open block
         self._opaque = False  # a structured answer started: everything is answer text
+        self._lead = ""  # whitespace between the answer and the open block's opener
         self._seen_text = False
 
     def feed(self, token_id: int, text: str) -> list[Event]:
@@ -155,7 +156,7 @@ class JsonCallParser:
             unterminated = bool(self._syntax.block_close)
             body = "".join(self._block)
             self._block = None
-            return self._emit_block(body, unterminated)
+            return self._emit_block(body, "", unterminated)
         held, self._held = self._held, ""
         return [ContentDelta(held)] if held else []
 
@@ -171,13 +172,15 @@ class JsonCallParser:
             before, after = text[:at], text[at + len(opener):]
             if self._answer is AnswerMode.STRUCTURED and before.strip():
                 return self._to_opaque(text)
-            events = [ContentDelta(before.rstrip())] if before.rstrip() else []
-            events.append(MarkupDropped(before[len(before.rstrip()):] + opener))
-            self._held, self._block = "", [after]
+            answer = before.rstrip()
+            self._lead, self._held, self._block = before[len(answer):], "", [after]
+            events = [ContentDelta(answer)] if answer else []
             return events + self._close_block_if_done()
         if self._answer is AnswerMode.STRUCTURED and text.strip() and not opener.startswith(text.lstrip()[:len(opener)]):
             return self._to_opaque(text)
-        keep = max(_partial_suffix_len(text, opener), len(text) - len(text.rstrip()))
+        partial = _partial_suffix_len(text, opener)
+        rest = text[: len(text) - partial]
+        keep = partial + len(rest) - len(rest.rstrip())  # whitespace before an opener is its lead
         released, self._held = text[: len(text) - keep], text[len(text) - keep:]
         return [ContentDelta(released)] if released else []
 
@@ -189,7 +192,7 @@ class JsonCallParser:
             return []
         if self._answer is AnswerMode.STRUCTURED or stripped[0] not in _JSON_STARTS:
             return self._to_opaque(text)
-        self._held, self._block = "", [text]
+        self._lead, self._held, self._block = "", "", [text]
         return []
 
     def _to_opaque(self, text: str) -> list[Event]:
@@ -206,13 +209,15 @@ class JsonCallParser:
             self._block = [body]
             return []
         self._block = None
-        events = self._emit_block(body[:at], unterminated=False)
-        events.append(MarkupDropped(closer))
+        events = self._emit_block(body[:at], closer, unterminated=False)
         rest = body[at + len(closer):]
         return events + (self._content(rest) if rest else [])
 
-    def _emit_block(self, body: str, unterminated: bool) -> list[Event]:
-        raw = self._syntax.block_open + body
+    def _emit_block(self, body: str, closer: str, unterminated: bool) -> list[Event]:
+        """Events of a complete block: its calls (the block's text is markup), or, when it holds no
+        acceptable call, its whole text (lead whitespace, opener, body, closer) as answer text."""
+        raw = self._lead + self._syntax.block_open + body + closer
+        self._lead = ""
         try:
             calls = parse_block(body, self._syntax)
         except MalformedCalls as error:
@@ -228,7 +233,7 @@ class JsonCallParser:
                 accepted.append(call)
         if not accepted:
             return [ContentDelta(raw), *events]
-        events.append(MarkupDropped(body))
+        events.append(MarkupDropped(raw))
         for call in accepted:
             index, call_id = self._ids.allocate()
             events += [

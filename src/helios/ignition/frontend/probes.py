@@ -126,6 +126,15 @@ def message_boundary(template: ProbeTemplate, tokenizer: Tokenizer, stated: dict
 
 
 def _assistant_header(tokenizer: Tokenizer, opening: str, generation: str, first: str) -> str:
+    header = _header_text(tokenizer, opening, generation, first)
+    for tags in THINK_TAGS:  # reasoning delimiters belong to the envelope, not to its header
+        for tag in tags:
+            if header.find(tag) > 0:
+                header = header[: header.find(tag)]
+    return header
+
+
+def _header_text(tokenizer: Tokenizer, opening: str, generation: str, first: str) -> str:
     if generation.strip():
         if opening.strip():
             shared = common_token_prefix(tokenizer, generation, opening)
