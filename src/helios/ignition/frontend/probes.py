@@ -118,11 +118,20 @@ def message_boundary(template: ProbeTemplate, tokenizer: Tokenizer, stated: dict
     start = stated.get("message_start")
     if start is None:
         start = common_token_prefix(tokenizer, header, next_open.lstrip()) if next_open.strip() else ""
+        if not _is_control_text(tokenizer, start):
+            start = ""  # shared plain text ("[" of "[A]" and "[U]") is no message start
     if not header.startswith(start) or header == start:
         raise CheckpointError(f"message_start {start!r} must be a proper prefix of the assistant header {header!r}")
     if header not in prompted:
         raise CheckpointError(f"the assistant header {header!r} is not in the rendered generation prompt")
     return Boundary(start, header[len(start):], message_end, generation)
+
+
+def _is_control_text(tokenizer: Tokenizer, text: str) -> bool:
+    """Whether `text` is made of the tokenizer's added (control) tokens only."""
+    added = tokenizer.get_added_tokens_decoder()
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return bool(ids) and all(i in added for i in ids)
 
 
 def _assistant_header(tokenizer: Tokenizer, opening: str, generation: str, first: str) -> str:
