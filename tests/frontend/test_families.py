@@ -17,7 +17,7 @@ import json
 import httpx
 import pytest
 
-from helios.contract import serving_pb2 as spb
+from helios.errors import RequestError
 from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
 from helios.frontend.syntax import ReasoningSyntaxKind, ToolSyntaxKind
@@ -163,3 +163,16 @@ def test_do_sample_false_serves_greedy_by_default(family):
     first, second = post(family, body), post(family, {**body, "seed": 99})
     assert first["choices"][0]["message"] == second["choices"][0]["message"]
     assert first["usage"]["completion_tokens"] > 0
+
+
+def test_forcing_a_call_needs_a_call_grammar(family):
+    """Tag syntaxes compile a grammar that forces the call; JSON-call syntaxes refuse with a 400."""
+    case, _, served, _, _ = family
+    request = ChatCompletionRequest.model_validate(
+        {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+         "tool_choice": "required"})
+    if TOOL_KINDS[case.name] is ToolSyntaxKind.JSON_CALLS:
+        with pytest.raises(RequestError, match="JSON tool syntax"):
+            served.frontend.prepare_chat(request, request_id="r")
+    else:
+        assert served.frontend.prepare_chat(request, request_id="r").grammar is not None
