@@ -38,7 +38,8 @@ TOOL_KINDS = {
 }
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                   "required": ["city"]},
 }}
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
           "maximum": 9}}, "required": ["ok", "n"], "additionalProperties": False}
@@ -165,14 +166,32 @@ def test_do_sample_false_serves_greedy_by_default(family):
     assert first["usage"]["completion_tokens"] > 0
 
 
-def test_forcing_a_call_needs_a_call_grammar(family):
-    """Tag syntaxes compile a grammar that forces the call; JSON-call syntaxes refuse with a 400."""
+def test_a_forced_call_is_written_in_the_family_syntax_and_parsed(family):
+    """tool_choice "required" at temperature 1: the grammar makes the random model write a call in the
+    family's own syntax, and the server parses it into OpenAI tool_calls."""
+    case, tokenizer, served, _, _ = family
+    body = {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+            "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0, "max_tokens": 128,
+            "seed": 5, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": False, "thinking": False}}
+    choice = post(family, body)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", json.dumps(choice)
+    calls = choice["message"]["tool_calls"]
+    assert len(calls) >= 1 and all(c["function"]["name"] == "get_weather" for c in calls)
+    assert all(json.loads(c["function"]["arguments"])["city"] in ("Paris", "Rome") for c in calls)
+    assert not choice["message"].get("content")
+    written = tokenizer.decode(choice["token_ids"], skip_special_tokens=False)
+    tools = served.frontend.syntax.output.tools
+    assert (tools.block_open or '{"name"') in written  # the family's own markup, as the parsers read it
+
+
+def test_parallel_false_without_forcing_is_refused_for_json_calls(family):
     case, _, served, _, _ = family
     request = ChatCompletionRequest.model_validate(
         {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
-         "tool_choice": "required"})
+         "parallel_tool_calls": False})
     if TOOL_KINDS[case.name] is ToolSyntaxKind.JSON_CALLS:
-        with pytest.raises(RequestError, match="JSON tool syntax"):
+        with pytest.raises(RequestError, match="without forcing a call"):
             served.frontend.prepare_chat(request, request_id="r")
     else:
         assert served.frontend.prepare_chat(request, request_id="r").grammar is not None

@@ -23,8 +23,9 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from helios.frontend.contract_syntax import FrontendSyntax
-from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, GrammarRequest
+from helios.frontend.grammar import GrammarCompiler, GrammarKind, GrammarMatcher, GrammarRequest
 from helios.frontend.grammar_frames import frames_lark
+from helios.frontend.grammar_json_calls import json_calls_lark
 from helios.frontend.grammar_lark import Speller
 from helios.frontend.grammar_tools import AnswerKind, CallPolicy, TagEnvelope, ToolSchema, is_markup_name, tag_tool_lark
 from helios.frontend.prompt import Prompt
@@ -32,8 +33,8 @@ from helios.frontend.request_options import ChatOptionError, ToolChoiceMode, Too
 from helios.frontend.syntax import ToolSyntaxKind
 
 
-# Tool syntaxes without a call grammar: a response format then constrains only the answer, and
-# forcing a call is refused.
+# JSON-call syntaxes have a grammar for forced calls only: with a response format and optional calls
+# the answer alone is constrained, and parallel_tool_calls=false without forcing is refused.
 _NO_CALL_GRAMMAR = (ToolSyntaxKind.NONE, ToolSyntaxKind.JSON_CALLS)
 
 
@@ -60,6 +61,9 @@ class OutputConstraints:
         if answer is not None and calls.answer is not AnswerKind.STRUCTURED:
             self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
         syntax, options = self._syntax, self._compiler.json_options
+        if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # forced calls only (see _call_policy)
+            lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
+            return self._answer_only(GrammarRequest(GrammarKind.LARK, lark), prompt, reasoning_budget)
         if syntax.has_frames:
             start = syntax.output_start(prompt).frame
             lark = frames_lark(syntax.output.frames, self._speller, start, calls, calls.answer, options)
@@ -86,7 +90,8 @@ class OutputConstraints:
         if policy.mode is ToolChoiceMode.NAMED:
             callable_tools = tuple(tool for tool in callable_tools if tool.name == policy.function)
         spelled = tuple(tool for tool in callable_tools if is_markup_name(tool.name))
-        if self._syntax.output.tool_kind in _NO_CALL_GRAMMAR or not spelled:
+        json_calls = self._syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS
+        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled or (json_calls and not policy.forces_call):
             if policy.needs_grammar:
                 raise ChatOptionError(self._unforceable(policy, callable_tools))
             return None
@@ -102,6 +107,6 @@ class OutputConstraints:
         if self._syntax.output.tool_kind is ToolSyntaxKind.NONE:
             return f"{option} cannot be honoured: this model's output syntax has no tool calls"
         if self._syntax.output.tool_kind in _NO_CALL_GRAMMAR:
-            return f"{option} cannot be honoured: calls in this model's JSON tool syntax are not constrained"
+            return f"{option} cannot be honoured without forcing a call in this model's JSON tool syntax"
         names = ", ".join(repr(tool.name) for tool in tools)
         return f"{option} cannot be honoured: the tool syntax cannot spell the function names {names}"
