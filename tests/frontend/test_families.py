@@ -154,16 +154,20 @@ def test_json_schema_at_temperature_one_is_valid_compact_json(family):
     assert choice["finish_reason"] == "stop"
 
 
-GREEDY = [case for case in CASES if case.generation.get("do_sample") is False]
-
-
-@pytest.mark.parametrize("family", GREEDY, ids=[case.name for case in GREEDY], indirect=True)
-def test_do_sample_false_serves_greedy_by_default(family):
+def test_requests_without_temperature_follow_the_recommendation(family):
+    """do_sample: false -> greedy: two requests with different seeds answer the same; otherwise the
+    request samples at the recommended temperature."""
     case, _, served, _, _ = family
     body = {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 12}
-    first, second = post(family, body), post(family, {**body, "seed": 99})
-    assert first["choices"][0]["message"] == second["choices"][0]["message"]
-    assert first["usage"]["completion_tokens"] > 0
+    request = ChatCompletionRequest.model_validate(body)
+    temperature = served.frontend.prepare_chat(request, request_id="t").params.sampling.temperature
+    if case.generation.get("do_sample") is False:
+        assert temperature == 0.0
+        first, second = post(family, {**body, "seed": 1}), post(family, {**body, "seed": 99})
+        assert first["choices"][0]["message"] == second["choices"][0]["message"]
+        assert first["usage"]["completion_tokens"] > 0
+    else:
+        assert temperature == pytest.approx(case.generation["temperature"])
 
 
 def test_a_forced_call_is_written_in_the_family_syntax_and_parsed(family):
