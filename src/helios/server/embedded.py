@@ -3,8 +3,9 @@
 `embedded_core()` returns a signed core for the checkpoint shipped in `helios.embedded`. Until that
 package ships a prepared core itself, the checkpoint is prepared on first use into the cache
 directory (``$HELIOS_CACHE``, else ``~/.cache/helios``) and signed with a key generated there; the
-core's directory name carries a digest of the checkpoint files and `PREPARATION_VERSION`, so a
-changed checkpoint, or a preparation that declares more, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
+core's directory name carries a digest of the checkpoint files and `CORE_GENERATION`, so a changed
+checkpoint, a core written in a storage this version no longer loads, or one whose preparation
+declared less, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
 runs cannot see a partial core. The embedded-model owner may replace the body of `embedded_core`
 (for example to return a committed core and its public key) without touching the server.
 """
@@ -29,9 +30,11 @@ CACHE_ENV = "HELIOS_CACHE"
 KEY_NAME = "embedded-publisher.key"
 CONTEXT_TOKENS = 2048
 DECODE_BATCHES = (1, 4, 16, 64)
-# Bumped whenever preparation declares something new for the same checkpoint (2: frontend derived
-# from the chat template, generation_config sampling defaults), so a cached older core is replaced.
-PREPARATION_VERSION = 2
+# Bumped when prepared cores change in a way older cached cores cannot be loaded or serve the
+# checkpoint worse: "images" since programs are stored as program images (cores cached before hold
+# pickled programs, now refused); "-templates" since the frontend and sampling defaults come from the
+# chat template and generation_config.json (an older core served do_sample: false at temperature 1).
+CORE_GENERATION = "images-templates"
 
 
 class EmbeddedModelMissing(LoadError):
@@ -64,7 +67,7 @@ def embedded_core(progress: Callable[[str], None] | None = None) -> EmbeddedCore
     root = cache_root() / "embedded"
     root.mkdir(parents=True, exist_ok=True)
     public_key = _publisher_key(root)
-    target = root / f"{checkpoint_digest(checkpoint)[:16]}-p{PREPARATION_VERSION}"
+    target = root / f"{checkpoint_digest(checkpoint)[:16]}-{CORE_GENERATION}"
     if not (target / "model.core").is_file():
         _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
     return EmbeddedCore(target / "model.core", NAMESPACE, public_key)
