@@ -112,3 +112,32 @@ def test_omitted_max_tokens_means_up_to_the_rest_of_the_context(runner, client, 
     response = runner.run(client.completions.create(model=SERVED_ID, prompt=prompt, temperature=0))
     assert response.usage.completion_tokens <= room
     assert response.choices[0].finish_reason in ("length", "stop")
+
+
+def _readme_fields() -> set[str]:
+    import re
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
+    table = text.split("### Request fields", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    fields = set()
+    for row in table.splitlines()[2:]:
+        first_cell = row.split("|")[1]
+        fields.update(name.split(".")[0] for name in re.findall(r"`([a-z_.]+)`", first_cell))
+    return fields
+
+
+def test_readme_and_openapi_list_every_accepted_field(runner, client, served):
+    from helios.server.schemas import ChatCompletionRequest, CompletionRequest
+
+    accepted = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+    assert _readme_fields() == accepted
+    document = create_app(served).openapi()
+    schemas = document["components"]["schemas"]
+    for name, model in (("ChatCompletionRequest", ChatCompletionRequest), ("CompletionRequest", CompletionRequest)):
+        properties = schemas[name]["properties"]
+        assert set(properties) == set(model.model_fields) and schemas[name]["additionalProperties"] is False
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert "enable_thinking" in chat["reasoning_effort"]["description"]
+    assert [branch.get("const") for branch in chat["store"]["anyOf"]] == [False, None]
+    assert [branch.get("enum") for branch in chat["service_tier"]["anyOf"]] == [["auto", "default"], None]
