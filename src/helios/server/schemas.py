@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from helios.frontend.request_options import check_chat_options, check_completion_options
+from helios.frontend.request_options import ChatOptionError, check_chat_options, check_completion_options
 
 MAX_MESSAGES = 1024
 MAX_TOOLS = 128
@@ -33,6 +33,7 @@ MAX_REGEX_CHARS = 4096
 MAX_CHOICE_CHARS = 4096
 MAX_TEMPLATE_KWARGS = 64
 MAX_STOP_IDS = 1024
+MAX_CHOICES = 16  # n, and n times the prompts of a batch (helios.server.fanout)
 MAX_METADATA_ENTRIES = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
@@ -196,7 +197,8 @@ class _SamplingFields(_Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     seed: StrictInt | None = Field(default=None, ge=-(2**63), lt=2**63)
-    n: StrictInt | None = Field(default=None, ge=1, le=1)
+    n: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
+                                description="Choices per prompt (each its own engine request; choice j samples with seed + j)")
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     stop: StopField = None
@@ -233,7 +235,11 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[StrictStr, list[StrictInt]]
+    prompt: Union[StrictStr, list[StrictInt], Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES)],
+                  Annotated[list[list[StrictInt]], Field(min_length=1, max_length=MAX_CHOICES)]] = Field(
+        description="A text or token ids, or a batch of texts or of token-id lists (one choice set each)")
+    best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
+                                      description="Accepted where it means the same as n: equal to n (or 1 without n)")
     echo: Literal[False] | None = None
     logprobs: None = Field(default=None, description="Off (log-probabilities are not returned): null only")
     return_token_ids: StrictBool | None = None
@@ -243,6 +249,9 @@ class CompletionRequest(_SamplingFields):
 def validate_common(body: _SamplingFields, vocab_size: int) -> None:
     """Combined-field rules of a text completion body (stops, observation, stream options)."""
     check_completion_options(body, vocab_size)
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of != (body.n or 1):
+        raise ChatOptionError("best_of is accepted only equal to n (Helios returns every choice it samples)")
 
 
 def validate_chat(body: ChatCompletionRequest, vocab_size: int) -> None:

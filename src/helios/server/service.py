@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
+import uuid
 import weakref
 from dataclasses import dataclass
 
@@ -43,6 +45,7 @@ from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
+from helios.server.fanout import Choice, choice_bodies, fanout_json, fanout_stream, with_choice_seed
 from helios.server.request_metrics import LatencyHistograms, RequestRecord, timed_events
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
@@ -171,6 +174,9 @@ class ServedModel:
         ingress_ns = self.clock.now_ns() if body.return_token_timestamps is True else None
         is_chat = isinstance(body, ChatCompletionRequest)
         (validate_chat if is_chat else validate_common)(body, self.card.vocab_size)
+        several = choice_bodies(body, is_chat)
+        if several is not None:
+            return await self._respond_choices(several, is_chat, ingress_ns, receive, record)
         permit = self.admission.acquire()
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
@@ -185,6 +191,33 @@ class ServedModel:
         if prepared.head.options.is_stream:
             return stream_response(lease, prepared.new_stream())
         return await json_response(lease, prepared, receive)
+
+    async def _respond_choices(self, bodies, is_chat: bool, ingress_ns: int | None, receive: Receive,
+                               record: RequestRecord) -> Response:
+        """Several choices (``n``, batched prompts): one engine request each (`helios.server.fanout`)."""
+        permits = []
+        try:
+            for _ in bodies:
+                permits.append(self.admission.acquire())
+            prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
+            base = uuid.uuid4().hex
+            prepared, first_seeds = [], {}
+            for k, (prompt_index, choice, body) in enumerate(bodies):
+                one = await self.preparation.run(functools.partial(prepare, request_id=f"{base}-{k}"), body,
+                                                 ingress_ns, compiles=is_chat and compiles_grammar(body))
+                seed = first_seeds.setdefault(prompt_index, one.params.sampling.seed)
+                prepared.append(with_choice_seed(one, seed, choice))
+            if self._is_dropping:
+                raise ShuttingDown("server shutting down")
+        except BaseException:
+            for permit in permits:
+                permit.release()
+            raise
+        choices = [Choice(one, self._submit(one, permit, record if k == 0 else RequestRecord.now()), index)
+                   for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies))]
+        if prepared[0].head.options.is_stream:
+            return fanout_stream(choices)
+        return await fanout_json(choices, receive)
 
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""
