@@ -237,7 +237,7 @@ def test_stop_token_ids_and_stop_strings(http):
 def test_invalid_requests_are_400_and_nothing_is_500(http):
     bad = [
         b"{", b"[]", json.dumps({"model": SERVED_ID}).encode(),
-        json.dumps({"model": SERVED_ID, "messages": messages(), "n": 2}).encode(),
+        json.dumps({"model": SERVED_ID, "messages": messages(), "n": 17}).encode(),
         json.dumps({"model": SERVED_ID, "messages": messages(), "return_token_timestamps": True}).encode(),
         json.dumps({"model": SERVED_ID, "messages": messages(), "stop": ["a"] * 5}).encode(),
         json.dumps({"model": SERVED_ID, "messages": messages(), "response_format": {"type": "regex", "regex": "("}}).encode(),

@@ -111,6 +111,8 @@ def test_batched_prompts_number_choices_prompt_by_prompt(runner, client, stream)
     ids = runner.run(client.completions.create(model=SERVED_ID, prompt=[[5, 6, 7], [8, 9]], max_tokens=2,
                                                temperature=0))
     assert len(ids.choices) == 2
+    one = runner.run(client.completions.create(model=SERVED_ID, prompt=["hello"], max_tokens=3, temperature=0))
+    assert [c.text for c in one.choices] == [singles[0].choices[0].text]
 
 
 def test_choice_limits_and_best_of(runner, client):

@@ -113,6 +113,13 @@ def test_histograms_with_model_name_and_one_access_line_per_request(runner, app,
     assert "latency_ms=" in line and "ttft_ms=" in line and 'user="alice"' in line and "prompt_tokens=" in line
 
 
+def test_access_line_of_several_choices_counts_them_all(runner, app, caplog):
+    caplog.set_level(logging.INFO, logger="helios.access")
+    runner.run(client(app).completions.create(model=NAMES[0], prompt="hello", max_tokens=3, n=2, temperature=0))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "helios.access" and "/v1/completions" in r.getMessage()]
+    assert "completion_tokens=6" in line and "choices=2" in line
+
+
 def test_access_line_of_a_refused_request(runner, app, caplog):
     caplog.set_level(logging.INFO, logger="helios.access")
     assert runner.run(get(app, "/v1/models")).status_code == 401

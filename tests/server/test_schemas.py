@@ -35,7 +35,7 @@ def test_minimal_chat_request_is_valid():
     "fields",
     [
         {"logit_bias": {"1": 2}},  # unsupported OpenAI field: rejected, not ignored
-        {"n": 2},
+        {"n": 17},
         {"temperature": -1},
         {"temperature": "hot"},
         {"max_tokens": 0},

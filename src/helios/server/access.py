@@ -86,9 +86,11 @@ def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     where = f"{client[0]}:{client[1]}" if client else "-"
     latency_ms = (time.monotonic() - record.arrival_s) * 1000.0
     fields = [where, f'"{scope.get("method", "")} {scope.get("path", "")}"', str(status)]
-    if record.num_prompt_tokens is not None:
-        fields.append(f"prompt_tokens={record.num_prompt_tokens} completion_tokens={record.num_output_tokens} "
-                      f"finish={record.finish_reason}")
+    totals = record.totals()
+    if totals is not None:
+        fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={record.finish_reason}")
+        if record.choices:
+            fields.append(f"choices={1 + len(record.choices)}")
     if record.first_token_s is not None:
         fields.append(f"ttft_ms={(record.first_token_s - record.arrival_s) * 1000.0:.1f}")
     fields.append(f"latency_ms={latency_ms:.1f}")

@@ -165,13 +165,14 @@ async def _fanout_chunks(choices: Sequence[Choice]):
 
 
 def choice_bodies(body, is_chat: bool) -> list[tuple[int, int, object]] | None:
-    """(prompt index, choice, body of one choice) of a request with several choices; None when
-    it has one (``n`` 1 and one prompt)."""
+    """(prompt index, choice, body of one choice) of a request with several choices or a batch of
+    prompts (a batch of one included); None for ``n`` 1 and one unbatched prompt."""
     n = body.n or 1
     prompts = [None]
-    if not is_chat and _is_batch(body.prompt):
+    is_batch = not is_chat and _is_batch(body.prompt)
+    if is_batch:
         prompts = list(body.prompt)
-    if n == 1 and len(prompts) == 1:
+    elif n == 1:
         return None
     if n * len(prompts) > MAX_CHOICES:
         raise TooManyChoices(f"n ({n}) times the number of prompts ({len(prompts)}) may be at most {MAX_CHOICES}")

@@ -22,7 +22,7 @@ Histograms (seconds unless said; label ``model_name``, the served id):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -50,10 +50,25 @@ class RequestRecord:
     num_prompt_tokens: int | None = None
     num_output_tokens: int | None = None
     finish_reason: str | None = None
+    choices: list[RequestRecord] = field(default_factory=list)  # the other choices (n, batched prompts)
 
     @classmethod
     def now(cls) -> RequestRecord:
         return cls(time.monotonic())
+
+    def choice(self) -> RequestRecord:
+        """A record for one more choice of this request, counted in its access-log line."""
+        record = RequestRecord(self.arrival_s, self.model_name, self.user)
+        self.choices.append(record)
+        return record
+
+    def totals(self) -> tuple[int, int] | None:
+        """(prompt, output) tokens summed over every choice that finished (each choice is its own
+        engine request); None before any did."""
+        done = [r for r in (self, *self.choices) if r.num_prompt_tokens is not None]
+        if not done:
+            return None
+        return sum(r.num_prompt_tokens for r in done), sum(r.num_output_tokens or 0 for r in done)
 
 
 class LatencyHistograms:

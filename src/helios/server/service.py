@@ -213,7 +213,7 @@ class ServedModel:
             for permit in permits:
                 permit.release()
             raise
-        choices = [Choice(one, self._submit(one, permit, record if k == 0 else RequestRecord.now()), index)
+        choices = [Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index)
                    for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies))]
         if prepared[0].head.options.is_stream:
             return fanout_stream(choices)
