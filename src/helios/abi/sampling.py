@@ -52,6 +52,9 @@ data-dependent selection); both paths give the same tokens bit for bit. On CUDA 
 prefix sums are CUDA's (parallel, rounded differently in the last bits): greedy tokens and the
 uniforms are identical to the CPU's, and a sampled token differs only in the case described next.
 
+CPU greedy fast path: a call in which no row draws, none is penalised and none is masked takes
+`helios.abi.sampling_cpu.greedy_tokens_cpu` (the float32 argmax; the same tokens bit for bit).
+
 Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
 exactly; its sampled tokens differ from this reference only where a different softmax or summation
 rounding moves u * C across a boundary (order 1e-15 per draw), so the distribution is the same.
@@ -68,6 +71,7 @@ import torch
 from helios.abi.grammar import check_mask_args, disallowed
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
+from helios.abi.sampling_cpu import greedy_tokens_cpu
 
 NO_TOKEN = -1
 NUM_PENALTIES = 3
@@ -249,6 +253,10 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    # CPU only: a call with no drawing, penalised or masked row takes the float32 argmax (same tokens).
+    greedy = greedy_tokens_cpu(logits, temperature, penalties, mask_rows)
+    if greedy is not None:
+        return greedy
     return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
 
 
