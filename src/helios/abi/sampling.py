@@ -52,7 +52,7 @@ data-dependent selection); both paths give the same tokens bit for bit. On CUDA 
 prefix sums are CUDA's (parallel, rounded differently in the last bits): greedy tokens and the
 uniforms are identical to the CPU's, and a sampled token differs only in the case described next.
 
-CPU greedy fast path: a call in which no row draws, none is penalised and none is masked takes
+CPU greedy fast path: a call in which no row draws and none is penalised takes
 `helios.abi.sampling_cpu.greedy_tokens_cpu` (the float32 argmax; the same tokens bit for bit).
 
 Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
@@ -253,8 +253,8 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
-    # CPU only: a call with no drawing, penalised or masked row takes the float32 argmax (same tokens).
-    greedy = greedy_tokens_cpu(logits, temperature, penalties, mask_rows)
+    # CPU only: a call with no drawing or penalised row takes the float32 argmax (the same tokens).
+    greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows)
     if greedy is not None:
         return greedy
     return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
