@@ -110,10 +110,13 @@ def cache_write(
     slot_mapping: torch.Tensor,
 ) -> None:
     check_cache_write_args(k_cache, v_cache, k, v, slot_mapping)
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep])
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep])
+    if slot_mapping.numel() and int(slot_mapping.min()) >= 0:  # no padding: every token is written
+        slots, k, v = slot_mapping, k, v
+    else:
+        keep = slot_mapping >= 0
+        slots, k, v = slot_mapping[keep], k[keep], v[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
 @cache_write.register_fake
@@ -147,10 +150,13 @@ def paged_attention(
 def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale: float,
                          window: int) -> torch.Tensor:
     """The CPU reference of both attention ops (reads query_start on the host)."""
-    out = torch.zeros_like(q)
     bounds = query_start.tolist()
+    count = len(bounds) - 1
+    if count == q.shape[0] and bounds == list(range(count + 1)):  # a full decode step: row r owns token r
+        return _attend_single(q, k_cache, v_cache, page_table, positions, scale, window)
+    out = torch.zeros_like(q)
     single_rows, single_tokens = [], []
-    for row in range(len(bounds) - 1):
+    for row in range(count):
         start, end = bounds[row], bounds[row + 1]
         if end - start == 1:
             single_rows.append(row)
@@ -248,10 +254,9 @@ def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, win
     num_pages = -(-context_len // page_tokens)
     if num_pages > page_table.shape[1]:
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
-    page_ids = page_table[:, :num_pages].long()
-    # A shorter row's entries past its last page are never valid: read page 0 there (masked below).
-    own_pages = torch.div(positions, page_tokens, rounding_mode="floor")[:, None] + 1
-    page_ids = torch.where(torch.arange(num_pages, device=q.device)[None, :] < own_pages, page_ids, 0)
+    # A shorter row's entries past its last page may hold anything: clamped into the plane, the
+    # pages they name are read but masked below (a masked position's weight is exactly 0).
+    page_ids = page_table[:, :num_pages].long().clamp_(0, k_cache.shape[0] - 1)
     keys = k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2).float()
     values = v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2).float()
     allowed = _allowed(torch.arange(keys.shape[2], device=q.device), positions, window)
