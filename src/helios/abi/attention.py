@@ -256,13 +256,17 @@ def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, win
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
     # A shorter row's entries past its last page may hold anything: clamped into the plane, the
     # pages they name are read but masked below (a masked position's weight is exactly 0).
-    page_ids = page_table[:, :num_pages].long().clamp_(0, k_cache.shape[0] - 1)
-    keys = k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2).float()
-    values = v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2).float()
+    page_ids = page_table[:, :num_pages].clamp(0, k_cache.shape[0] - 1)  # int32 indices index as they are
+    keys = _float(k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
+    values = _float(v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
     allowed = _allowed(torch.arange(keys.shape[2], device=q.device), positions, window)
-    queries = q.float().unsqueeze(2)  # [n, Hq, 1, D]
-    attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale)
-    return attended.squeeze(2).to(q.dtype)
+    queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
+    attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale).squeeze(2)
+    return attended if attended.dtype == q.dtype else attended.to(q.dtype)
+
+
+def _float(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
 def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:

@@ -73,6 +73,8 @@ def check_tensor(op: str, name: str, tensor: object, dtype: torch.dtype,
     if not isinstance(tensor, torch.Tensor):
         raise AbiArgumentError(f"{op}: {name} must be a Tensor, got {type(tensor).__name__}")
     actual = tuple(tensor.shape)
+    if tensor.dtype == dtype and actual == shape:  # the common case, decided without a loop
+        return
     fits = len(actual) == len(shape) and all(e is None or e == a for e, a in zip(shape, actual))
     if tensor.dtype != dtype or not fits:
         wanted = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
