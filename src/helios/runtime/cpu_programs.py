@@ -14,6 +14,7 @@ the same values with less of it, once, at load (nothing is compiled, traced or e
 - Flat calls. The exported module flattens its (weight list, inputs...) arguments through a pytree
   spec and unflattens its outputs on every call; a `CpuProgram` regenerates the graph's code with
   plain positional inputs and calls it with the weight list unpacked.
+- `helios.runtime.graph_rewrites`: exact rewrites of op chains into fewer ops (rotary halves).
 
 Results are bit-for-bit those of the exported module: the same kernels run on the same values.
 """
@@ -26,6 +27,7 @@ import torch
 from torch._library import custom_ops
 
 from helios.abi.registry import NAMESPACE
+from helios.runtime.graph_rewrites import fuse_rotary_halves
 
 
 class CpuProgram:
@@ -56,6 +58,7 @@ def cpu_program(module: torch.fx.GraphModule) -> CpuProgram | torch.fx.GraphModu
         return module
     graph = module.graph
     bind_abi_kernels(graph)
+    fuse_rotary_halves(graph)
     graph._codegen = torch.fx.graph.CodeGen()  # positional placeholders, outputs returned as they are
     graph.lint()
     module.recompile()
