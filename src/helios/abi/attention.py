@@ -237,9 +237,9 @@ def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int
     num_pages = -(-context_len // page_tokens)
     if num_pages > pages.shape[0]:
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {pages.shape[0]}")
-    page_ids = pages[:num_pages].long()
-    keys = k_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1).float()
-    values = v_cache[page_ids].reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1).float()
+    page_ids = pages[:num_pages]
+    keys = _float(_pages(k_cache, page_ids).reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1))
+    values = _float(_pages(v_cache, page_ids).reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1))
     allowed = _allowed(torch.arange(context_len, device=q.device), positions, window)
     queries = q.float().transpose(0, 1)  # [Hq, n, D]
     attended = _softmax_attention(queries, keys, values, allowed, scale)
@@ -257,12 +257,18 @@ def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, win
     # A shorter row's entries past its last page may hold anything: clamped into the plane, the
     # pages they name are read but masked below (a masked position's weight is exactly 0).
     page_ids = page_table[:, :num_pages].clamp(0, k_cache.shape[0] - 1)  # int32 indices index as they are
-    keys = _float(k_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
-    values = _float(v_cache[page_ids].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
+    keys = _float(_pages(k_cache, page_ids).reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
+    values = _float(_pages(v_cache, page_ids).reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
     allowed = _allowed(torch.arange(keys.shape[2], device=q.device), positions, window)
     queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
     attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale).squeeze(2)
     return attended if attended.dtype == q.dtype else attended.to(q.dtype)
+
+
+def _pages(plane: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
+    """plane[page_ids] ([n, pages, page_tokens, Hkv, D]) by one index_select of whole pages (a
+    copy of contiguous page blocks; advanced indexing copies element by element, 3x slower)."""
+    return plane.index_select(0, page_ids.reshape(-1)).view(*page_ids.shape, *plane.shape[1:])
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
