@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import helios.abi.attention  # noqa: F401 (registers the ops)
-from helios.runtime.cpu_programs import CpuProgram, bind_abi_kernels, cpu_program
+from helios.runtime.cpu_programs import CpuProgram, ProgramArgumentError, bind_abi_kernels, cpu_program
 
 HEAD_DIM = 4
 
@@ -75,7 +75,7 @@ def test_defaults_are_filled_in_and_keywords_made_positional():
 def test_a_wrong_weight_list_is_refused():
     module, weights, step = _exported_module()
     program = cpu_program(module)
-    with pytest.raises(ValueError, match="3 weights"):
+    with pytest.raises(ProgramArgumentError, match="3 weights"):
         program(weights[:2], *_fresh(step))
 
 

@@ -27,7 +27,12 @@ import torch
 from torch._library import custom_ops
 
 from helios.abi.registry import NAMESPACE
+from helios.errors import ExecutionError
 from helios.runtime.graph_rewrites import fuse_rotary_halves
+
+
+class ProgramArgumentError(ExecutionError, ValueError):
+    """A CPU program was called with a weight list of the wrong length (a runtime bug)."""
 
 
 class CpuProgram:
@@ -46,7 +51,7 @@ class CpuProgram:
 
     def __call__(self, weights: Sequence[torch.Tensor], *inputs: torch.Tensor) -> Any:
         if len(weights) != self.num_weights:
-            raise ValueError(f"the program takes {self.num_weights} weights, got {len(weights)}")
+            raise ProgramArgumentError(f"the program takes {self.num_weights} weights, got {len(weights)}")
         return self._forward(*weights, *inputs)
 
 
@@ -72,15 +77,20 @@ def _weights_first(module: torch.fx.GraphModule) -> int | None:
     spec = getattr(info, "in_spec", None)
     if spec is None or getattr(info, "out_spec", None) is None:
         return None
-    args = spec.children()[0] if spec.type is tuple and spec.num_children == 2 else spec
-    if args.type not in (tuple, list) or args.num_children < 1 or not _is_list_of_leaves(args.children()[0]):
+    args = _children(spec)[0] if spec.type is tuple and spec.num_children == 2 else spec
+    if args.type not in (tuple, list) or args.num_children < 1 or not _is_list_of_leaves(_children(args)[0]):
         return None
-    if not all(_is_leaf(child) for child in args.children()[1:]) or not _outputs_are_leaves(info.out_spec):
+    if not all(_is_leaf(child) for child in _children(args)[1:]) or not _outputs_are_leaves(info.out_spec):
         return None
-    kwargs = spec.children()[1] if spec.type is tuple and spec.num_children == 2 else None
+    kwargs = _children(spec)[1] if spec.type is tuple and spec.num_children == 2 else None
     if kwargs is not None and kwargs.num_children:
         return None
-    return args.children()[0].num_children
+    return _children(args)[0].num_children
+
+
+def _children(spec) -> list:
+    children = getattr(spec, "children", None)  # a method in newer torch; older TreeSpecs hold children_specs
+    return list(children() if callable(children) else spec.children_specs)
 
 
 def _is_leaf(spec) -> bool:
@@ -88,11 +98,11 @@ def _is_leaf(spec) -> bool:
 
 
 def _is_list_of_leaves(spec) -> bool:
-    return spec.type in (list, tuple) and all(_is_leaf(child) for child in spec.children())
+    return spec.type in (list, tuple) and all(_is_leaf(child) for child in _children(spec))
 
 
 def _outputs_are_leaves(spec) -> bool:
-    return spec.type in (list, tuple) and all(_is_leaf(child) for child in spec.children())
+    return spec.type in (list, tuple) and all(_is_leaf(child) for child in _children(spec))
 
 
 def bind_abi_kernels(graph: torch.fx.Graph) -> int:
@@ -114,7 +124,7 @@ def bind_abi_kernels(graph: torch.fx.Graph) -> int:
 
 
 def _cpu_body(op: torch._ops.OpOverload) -> Callable | None:
-    definition = custom_ops.OPDEFS.get(op._schema.name)
+    definition = getattr(custom_ops, "OPDEFS", {}).get(op._schema.name)
     if definition is None or op._overloadname != "default":
         return None
     backends = getattr(definition, "_backend_fns", {})
