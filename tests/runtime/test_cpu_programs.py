@@ -86,3 +86,23 @@ def test_a_program_without_a_leading_weight_list_is_left_as_it_is():
 
     module = torch.export.export(Plain(), (torch.ones(2), torch.ones(2)), strict=False).module()
     assert cpu_program(module) is module
+
+
+class _Norm(torch.nn.Module):
+    """A program calling an op registered through torch.library.Library (helios::add_rms_norm)."""
+
+    def forward(self, weights, x, delta):
+        summed, normed = torch.ops.helios.add_rms_norm(x, delta, weights[0], 1e-6)
+        return summed, normed @ weights[1]
+
+
+def test_library_registered_ops_are_called_through_their_recorded_cpu_bodies():
+    import helios.abi.fused  # noqa: F401 (registers the fused ops and their CPU bodies)
+
+    weights = [torch.rand(8) + 0.5, torch.randn(8, 3)]
+    x, delta = torch.randn(4, 8), torch.randn(4, 8)
+    module = torch.export.export(_Norm(), (weights, x, delta), strict=False).module()
+    expected = module(weights, x, delta)
+    program = cpu_program(module)
+    assert _helios_targets(program.graph) == []
+    assert all(torch.equal(a, b) for a, b in zip(program(weights, x, delta), expected))

@@ -49,7 +49,7 @@ from helios.abi.registry import AbiArgumentError, check_same_device, check_tenso
 
 __all__ = [
     "CACHE_WRITE_SCHEMA", "PAGED_ATTENTION_SCHEMA", "PAGED_ATTENTION_TUNED_SCHEMA", "cache_write", "paged_attention",
-    "paged_attention_tuned",
+    "paged_attention_tuned", "reference_cache_write",
 ]
 
 CACHE_WRITE_SCHEMA = "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()"
@@ -110,6 +110,12 @@ def cache_write(
     slot_mapping: torch.Tensor,
 ) -> None:
     check_cache_write_args(k_cache, v_cache, k, v, slot_mapping)
+    reference_cache_write(k_cache, v_cache, k, v, slot_mapping)
+
+
+def reference_cache_write(k_cache, v_cache, k, v, slot_mapping) -> None:
+    """The CPU body of ``helios::cache_write`` on validated arguments (host reads: the slots'
+    minimum); CPU callers that validated already may call it directly."""
     if slot_mapping.numel() and int(slot_mapping.min()) >= 0:  # no padding: every token is written
         slots, k, v = slot_mapping, k, v
     else:

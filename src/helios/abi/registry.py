@@ -22,7 +22,7 @@ Two entry points, used in this order by a loader:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -86,6 +86,21 @@ def check_same_device(op: str, tensors: Mapping[str, torch.Tensor]) -> None:
     if len(set(devices.values())) > 1:
         listing = ", ".join(f"{name}={device}" for name, device in devices.items())
         raise AbiArgumentError(f"{op}: tensors must share one device, got {listing}")
+
+
+_CPU_BODIES: dict[str, Callable] = {}
+
+
+def register_cpu_body(op: str, body: Callable) -> None:
+    """Records the Python function that a ``torch.library.Library`` registration runs for `op`
+    (``helios::NAME``) on the CPU, so a loader may call it without the dispatcher
+    (`helios.runtime.cpu_programs`). Ops defined with ``torch.library.custom_op`` need no entry."""
+    _CPU_BODIES[op] = body
+
+
+def cpu_body(op: str) -> Callable | None:
+    """The CPU body recorded for `op` by `register_cpu_body`, if any."""
+    return _CPU_BODIES.get(op)
 
 
 def qualified_name(schema: torch._C.FunctionSchema) -> str:

@@ -9,8 +9,9 @@ the same values with less of it, once, at load (nothing is compiled, traced or e
   and in-place/view keys and ``torch.library``'s wrappers (a dynamo-disable frame among them)
   before it reaches the op's Python body: tens of microseconds per call. On the CPU that body is
   the op's registered implementation (`torch.library.custom_op`'s function, unless the op has a
-  CPU-specific kernel, which is then kept behind the dispatcher), so the node calls it directly,
-  with the same arguments (schema defaults filled in at load).
+  CPU-specific kernel, which is then kept behind the dispatcher; for an op registered through
+  ``torch.library.Library``, the CPU function recorded with `helios.abi.registry.register_cpu_body`),
+  so the node calls it directly, with the same arguments (schema defaults filled in at load).
 - Flat calls. The exported module flattens its (weight list, inputs...) arguments through a pytree
   spec and unflattens its outputs on every call; a `CpuProgram` regenerates the graph's code with
   plain positional inputs and calls it with the weight list unpacked.
@@ -26,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch._library import custom_ops
 
-from helios.abi.registry import NAMESPACE
+from helios.abi.registry import NAMESPACE, cpu_body
 from helios.errors import ExecutionError
 from helios.runtime.graph_rewrites import fuse_rotary_halves
 
@@ -124,8 +125,13 @@ def bind_abi_kernels(graph: torch.fx.Graph) -> int:
 
 
 def _cpu_body(op: torch._ops.OpOverload) -> Callable | None:
+    if op._overloadname != "default":
+        return None
+    recorded = cpu_body(op._schema.name)  # an op registered through torch.library.Library
+    if recorded is not None:
+        return recorded
     definition = getattr(custom_ops, "OPDEFS", {}).get(op._schema.name)
-    if definition is None or op._overloadname != "default":
+    if definition is None:
         return None
     backends = getattr(definition, "_backend_fns", {})
     if "cpu" in backends:  # a CPU-specific kernel: keep the dispatcher's choice
