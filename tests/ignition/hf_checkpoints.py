@@ -44,7 +44,16 @@ QWEN2 = Family("qwen2", transformers.Qwen2Config, (
     ("use_sliding_window", True), ("sliding_window", 6), ("max_window_layers", 1), ("tie_word_embeddings", True),
 ))
 QWEN3 = Family("qwen3", transformers.Qwen3Config, (("head_dim", 32), ("tie_word_embeddings", False)))
-FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+         "mscale": 0.9, "mscale_all_dim": 0.7, "beta_fast": 32, "beta_slow": 1}
+# Multi-head latent attention, every layer dense (first_k_dense_replace = num_hidden_layers), queries
+# projected directly (q_lora_rank None), YaRN rope with DeepSeek's mscale, interleaved rotary rows.
+DEEPSEEK_DENSE = Family("deepseek_dense", transformers.DeepseekV3Config, (
+    ("num_key_value_heads", 4), ("q_lora_rank", None), ("kv_lora_rank", 32), ("qk_rope_head_dim", 16),
+    ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("first_k_dense_replace", 2), ("rope_parameters", _YARN),
+    ("tie_word_embeddings", False),
+))
+FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, DEEPSEEK_DENSE)
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

@@ -54,11 +54,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos and sin [T, 1, D] for the packed positions."""
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
+    """cos and sin [T, 1, D] for the packed positions, times `factor` (a rope scaling's attention factor)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+    cos, sin = angles.cos(), angles.sin()
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -80,6 +83,11 @@ class LayerInputs(NamedTuple):
 def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs):
     """Self-attention of one layer; writes this step's keys/values into the layer's cache planes."""
     prefix, num_tokens = f"layers.{layer}.", hidden.shape[0]
+    if arch.latent is not None:  # multi-head latent attention: its planes hold latents and rotary keys
+        from helios.ignition.latent import latent_attention  # (it builds on this module's norms and rotary)
+
+        attended = latent_attention(arch, w, layer, hidden, shared)
+        return row_parallel_linear(arch, attended, w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
@@ -114,7 +122,7 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
