@@ -53,7 +53,15 @@ DEEPSEEK_DENSE = Family("deepseek_dense", transformers.DeepseekV3Config, (
     ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("first_k_dense_replace", 2), ("rope_parameters", _YARN),
     ("tie_word_embeddings", False),
 ))
-FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, DEEPSEEK_DENSE)
+# Two dense then two mixture-of-experts layers: 8 routed experts in 4 groups (2 kept), top-3, a
+# shared expert, a random routing correction bias; queries through the low-rank pair.
+DEEPSEEK = Family("deepseek", transformers.DeepseekV3Config, (
+    ("num_hidden_layers", 4), ("num_key_value_heads", 4), ("q_lora_rank", 24), ("kv_lora_rank", 32),
+    ("qk_rope_head_dim", 16), ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("first_k_dense_replace", 2),
+    ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("n_group", 4), ("topk_group", 2),
+    ("moe_intermediate_size", 32), ("n_shared_experts", 1), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
+))
+FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, DEEPSEEK_DENSE, DEEPSEEK)
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
@@ -64,6 +72,9 @@ def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(_draw(name, parameter, generator))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # routing correction biases matter too
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
     return model
 
 

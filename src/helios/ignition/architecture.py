@@ -21,6 +21,12 @@ key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (pe
 then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
 recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
 
+Mixture-of-experts layers (``experts`` set, layers from ``experts.first_layer`` on): the MLP weights
+after ``post_norm`` are ``layers.i.router.weight`` [E, H] float32, ``layers.i.router.bias`` [E]
+float32 (the routing correction bias, when the family has one), ``layers.i.experts.gate_up`` [E, 2 F, H]
+(per expert: gate rows, then up rows), ``layers.i.experts.down`` [E, H, F] and, with shared experts,
+``layers.i.shared.gate_up.weight`` [2 Fs, H] and ``layers.i.shared.down.weight`` [H, Fs].
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -68,6 +74,27 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
+class RoutedExperts:
+    """Mixture-of-experts MLP of the layers from `first_layer` on (`helios::moe_route` settings:
+    `scoring`, `top_k`, `num_groups`/`topk_groups`, `normalize`, `scale`; `correction_bias`: the router
+    has a float32 bias added to the choice scores). `intermediate_size` is one expert's width F and
+    `shared_intermediate_size` the shared experts' total width (0: none); with tensor parallelism both
+    are this rank's share of every expert."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    first_layer: int
+    scoring: str = "softmax"
+    num_groups: int = 1
+    topk_groups: int = 1
+    normalize: bool = True
+    scale: float = 1.0
+    correction_bias: bool = False
+    shared_intermediate_size: int = 0
+
+
+@dataclass(frozen=True)
 class Architecture:
     """Geometry and dataflow switches of a pre-norm decoder with rotary attention and a gated MLP.
 
@@ -92,6 +119,7 @@ class Architecture:
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
+    experts: RoutedExperts | None = None  # mixture-of-experts layers (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -109,6 +137,9 @@ class Architecture:
         if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
                                         self.num_kv_heads != self.num_heads):
             raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
+
+    def is_expert_layer(self, layer: int) -> bool:
+        return self.experts is not None and layer >= self.experts.first_layer
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -168,7 +199,22 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden = arch.hidden_size
     slots = [_slot(prefix + "input_norm", arch, hidden)]
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
-    return slots + _mlp_slots(arch, prefix)
+    layer = int(prefix.split(".")[1])
+    return slots + (_expert_slots(arch, prefix) if arch.is_expert_layer(layer) else _mlp_slots(arch, prefix))
+
+
+def _expert_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    experts, hidden = arch.experts, arch.hidden_size
+    count, width, shared = experts.num_experts, experts.intermediate_size, experts.shared_intermediate_size
+    slots = [_slot(prefix + "post_norm", arch, hidden), WeightSlot(prefix + "router.weight", (count, hidden), "float32")]
+    if experts.correction_bias:
+        slots.append(WeightSlot(prefix + "router.bias", (count,), "float32"))
+    slots += [_slot(prefix + "experts.gate_up", arch, count, 2 * width, hidden),
+              _slot(prefix + "experts.down", arch, count, hidden, width)]
+    if shared:
+        slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
+                  _slot(prefix + "shared.down.weight", arch, hidden, shared)]
+    return slots
 
 
 def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:

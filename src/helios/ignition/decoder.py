@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 from helios.ignition.architecture import Architecture
+from helios.ignition.experts import experts_block
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
 
 
@@ -114,6 +115,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
 
 
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    if prefix + "router.weight" in w:  # a mixture-of-experts layer
+        return experts_block(arch, w, prefix, hidden)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
     return row_parallel_linear(arch, F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))

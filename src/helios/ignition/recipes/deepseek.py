@@ -10,7 +10,10 @@ Family knowledge turned into Architecture fields and the prepared weight layout:
   DeepSeek's softmax scale ``qk_head_dim ** -0.5 * mscale(factor, mscale_all_dim) ** 2``, exactly as
   transformers' DeepseekV3 computes them); with ``rope_interleave`` the rotary rows of the query and
   rotary-key projections are de-interleaved here, so programs rotate halves (the same values);
-* dense first layers (``first_k_dense_replace``) with the gated MLP of ``intermediate_size``.
+* dense first layers (``first_k_dense_replace``) with the gated MLP of ``intermediate_size``, then
+  mixture-of-experts layers (`RoutedExperts`): sigmoid scoring with the router's correction bias
+  (``e_score_correction_bias``), group-limited top-k (``n_group``, ``topk_group``), ``norm_topk_prob``,
+  ``routed_scaling_factor`` and ``n_shared_experts`` shared experts of ``moe_intermediate_size`` each.
 
 A checkpoint tensor this recipe does not place is an error (multi-token-prediction layers past
 ``num_hidden_layers`` are not served and are skipped, as transformers skips them).
@@ -23,7 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
-from helios.ignition.architecture import Architecture, LatentAttention
+from helios.ignition.architecture import Architecture, CheckpointError, LatentAttention, RoutedExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.llama import _checkpoint_dtype
@@ -49,10 +52,6 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     if config.get("attention_bias"):
         raise UnsupportedCheckpoint("DeepSeek-V3 attention_bias is not supported")
     num_layers, num_heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
-    dense_layers = int(config.get("first_k_dense_replace") or 0)
-    if dense_layers < num_layers:
-        raise UnsupportedCheckpoint("mixture-of-experts layers are not supported yet (first_k_dense_replace "
-                                    f"{dense_layers} < num_hidden_layers {num_layers})")
     rope_dim = int(config["qk_rope_head_dim"])
     params = rope_parameters(config)
     _, attention_factor = rope_inv_freq(config, rope_dim)
@@ -67,7 +66,22 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
         intermediate_size=int(config["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_heads, head_dim=rope_dim, rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         layer_windows=(0,) * num_layers, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent,
+        dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent, experts=routed_experts(config),
+    )
+
+
+def routed_experts(config: Mapping[str, Any]) -> RoutedExperts | None:
+    """The mixture-of-experts layers (from first_k_dense_replace on), or None when every layer is dense."""
+    first = int(config.get("first_k_dense_replace") or 0)
+    if first >= int(config["num_hidden_layers"]):
+        return None
+    width = int(config["moe_intermediate_size"])
+    return RoutedExperts(
+        num_experts=int(config["n_routed_experts"]), top_k=int(config["num_experts_per_tok"]), intermediate_size=width,
+        first_layer=first, scoring="sigmoid", num_groups=int(config.get("n_group") or 1),
+        topk_groups=int(config.get("topk_group") or 1), normalize=bool(config.get("norm_topk_prob", True)),
+        scale=float(config.get("routed_scaling_factor", 1.0)), correction_bias=True,
+        shared_intermediate_size=width * int(config.get("n_shared_experts") or 0),
     )
 
 
@@ -168,9 +182,34 @@ def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool) -> l
             NamedWeight(dst + "kv_a_norm", take(attn + "kv_a_layernorm.weight")),
             NamedWeight(dst + "kv_b.weight", take(attn + "kv_b_proj.weight")),
             NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")),
-            NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
-            NamedWeight(dst + "gate_up.weight", torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])),
-            NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight"))]
+            NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight"))]
+    if arch.is_expert_layer(layer):
+        return out + _expert_weights(arch, dst, mlp, take)
+    return out + [NamedWeight(dst + "gate_up.weight", _gate_up(take, mlp)),
+                  NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight"))]
+
+
+def _gate_up(take, prefix: str) -> torch.Tensor:
+    return torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")])
+
+
+def _expert_weights(arch: Architecture, dst: str, mlp: str, take) -> list[NamedWeight]:
+    """Router (float32, as the reference keeps it), correction bias, stacked experts, shared experts.
+    Experts are read per expert (``experts.N.gate_proj``...) or fused (``experts.gate_up_proj``)."""
+    experts = arch.experts
+    out = [NamedWeight(dst + "router.weight", take(mlp + "gate.weight").float()),
+           NamedWeight(dst + "router.bias", take(mlp + "gate.e_score_correction_bias").float())]
+    try:
+        gate_up = take(mlp + "experts.gate_up_proj")
+        down = take(mlp + "experts.down_proj")
+    except CheckpointError:
+        numbered = [f"{mlp}experts.{e}." for e in range(experts.num_experts)]
+        gate_up = torch.stack([_gate_up(take, prefix) for prefix in numbered])
+        down = torch.stack([take(prefix + "down_proj.weight") for prefix in numbered])
+    out += [NamedWeight(dst + "experts.gate_up", gate_up), NamedWeight(dst + "experts.down", down)]
+    if experts.shared_intermediate_size:
+        out += [NamedWeight(dst + "shared.gate_up.weight", _gate_up(take, mlp + "shared_experts.")),
+                NamedWeight(dst + "shared.down.weight", take(mlp + "shared_experts.down_proj.weight"))]
     return out
 
 
