@@ -13,7 +13,8 @@ from helios.ignition.architecture import weight_layout
 from helios.ignition.recipes import SUPPORTED_ARCHITECTURES, UnsupportedCheckpoint, load_checkpoint
 from helios.ignition.recipes.llama import rope_inv_freq
 
-from .hf_checkpoints import FAMILIES, LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, random_model, write_checkpoint
+from .hf_checkpoints import LLAMA_FAMILIES as FAMILIES
+from .hf_checkpoints import LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, random_model, write_checkpoint
 
 EXPECTED = {  # family: (num_kv_heads, head_dim, layer_windows, qkv_bias, o_bias, mlp_bias, qk_norm, tied)
     LLAMA2.name: (4, 16, (0, 0), True, True, True, False, False),

@@ -10,10 +10,16 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``gate_up.weight`` / ``gate_up.bias`` (column-parallel) | its gate rows, then its up rows |
 | ``down.weight`` (row-parallel) | the input columns of its MLP rows; ``down.bias`` whole |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
+| latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
+| ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
+| ``experts.gate_up`` / ``shared.gate_up.weight`` | per expert: its gate rows, then its up rows |
+| ``experts.down`` / ``shared.down.weight`` | per expert: the input columns of its rows |
+| ``router.weight`` / ``router.bias`` | whole (replicated: every rank routes alike) |
 | norms, ``rope.inv_freq`` | whole (replicated) |
 | ``vocab.start`` | [r * ceil(V/N)] |
 
-Heads, key/value heads and the MLP width must divide by N (a `CheckpointError` says which does
+A latent layer's history (latent and rotary key) is the same on every rank, so each rank keeps the
+whole latent region. Heads, key/value heads, the MLP width and the expert widths must divide by N (a `CheckpointError` says which does
 not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
@@ -47,12 +53,19 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         return arch
     extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
+    experts = arch.experts
+    if experts is not None:
+        extents.update({"expert width (moe_intermediate_size)": experts.intermediate_size,
+                        "shared expert width": experts.shared_intermediate_size})
     uneven = [f"{name} {value}" for name, value in extents.items() if value % ranks]
     if uneven:
         raise CheckpointError(f"tensor parallel {ranks} needs {', '.join(uneven)} divisible by {ranks}")
+    if experts is not None:
+        experts = dataclasses.replace(experts, intermediate_size=experts.intermediate_size // ranks,
+                                      shared_intermediate_size=experts.shared_intermediate_size // ranks)
     return dataclasses.replace(
         arch, num_heads=arch.num_heads // ranks, num_kv_heads=arch.num_kv_heads // ranks,
-        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks,
+        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks, experts=experts,
     )
 
 
@@ -82,23 +95,34 @@ class _Cutter:
         if key in ("qkv.weight", "qkv.bias"):
             return self.qkv(tensor)
         if key in ("gate_up.weight", "gate_up.bias"):
-            return self.gate_up(tensor)
+            return self.gate_up(tensor, self.shard.intermediate_size)
         if key == "o.weight":
-            return self.columns(tensor, self.shard.q_size)
+            return self.columns(tensor, self.shard.attention_out_size)
         if key == "down.weight":
             return self.columns(tensor, self.shard.intermediate_size)
+        if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
+            return self.rows(tensor, tensor.shape[0] // self.shard.tensor_parallel).clone()
+        if key == "experts.gate_up":
+            return torch.stack([self.gate_up(expert, self.shard.experts.intermediate_size) for expert in tensor])
+        if key == "experts.down":
+            width = self.shard.experts.intermediate_size
+            return tensor[..., self.rank * width:(self.rank + 1) * width].contiguous()
+        if key == "shared.gate_up.weight":
+            return self.gate_up(tensor, self.shard.experts.shared_intermediate_size)
+        if key == "shared.down.weight":
+            return self.columns(tensor, self.shard.experts.shared_intermediate_size)
         if name in ("embed", "lm_head"):
             return self.vocabulary(tensor)
-        return tensor.clone()  # norms, o/down biases, rotary frequencies: replicated
+        return tensor.clone()  # norms, o/down biases, rotary frequencies, latent down-projections, routers: replicated
 
     def qkv(self, tensor: torch.Tensor) -> torch.Tensor:
         q, k, v = tensor.split([self.full.q_size, self.full.kv_size, self.full.kv_size])
         return torch.cat([self.rows(q, self.shard.q_size), self.rows(k, self.shard.kv_size),
                           self.rows(v, self.shard.kv_size)]).contiguous()
 
-    def gate_up(self, tensor: torch.Tensor) -> torch.Tensor:
-        gate, up = tensor.split([self.full.intermediate_size, self.full.intermediate_size])
-        width = self.shard.intermediate_size
+    def gate_up(self, tensor: torch.Tensor, width: int) -> torch.Tensor:
+        """This rank's `width` gate rows, then its up rows, of a [2 F, ...] gate/up matrix."""
+        gate, up = tensor.chunk(2)
         return torch.cat([self.rows(gate, width), self.rows(up, width)]).contiguous()
 
     def rows(self, tensor: torch.Tensor, count: int) -> torch.Tensor:
