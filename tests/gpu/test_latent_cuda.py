@@ -101,7 +101,8 @@ def test_latent_cache_write_in_a_graph():
         return (torch.randn(33, 512, generator=generator).to(torch.bfloat16),
                 torch.randn(33, 64, generator=generator).to(torch.bfloat16), slots)
 
-    planes = (torch.zeros(40, PAGE_TOKENS, 512, dtype=torch.bfloat16), torch.zeros(40, PAGE_TOKENS, 64, dtype=torch.bfloat16))
+    planes = (torch.zeros(40, PAGE_TOKENS, 512, dtype=torch.bfloat16),
+              torch.zeros(40, PAGE_TOKENS, 64, dtype=torch.bfloat16))
     device_planes = tuple(p.cuda() for p in planes)
     static = tuple(t.cuda() for t in make(0))
     graph, _ = capture(lambda: OPS.latent_cache_write(*device_planes, *static))

@@ -96,7 +96,8 @@ def test_weights_follow_the_layout_with_rotary_rows_de_interleaved(built):
 
 
 def test_rotary_rows_that_are_not_interleaved_are_kept_and_still_match(tmp_path):
-    family = Family("deepseek_halves", DEEPSEEK_DENSE.config_class, DEEPSEEK_DENSE.overrides + (("rope_interleave", False),))
+    family = Family("deepseek_halves", DEEPSEEK_DENSE.config_class,
+                    DEEPSEEK_DENSE.overrides + (("rope_interleave", False),))
     model = random_model(family)
     recipe = load_checkpoint(write_checkpoint(model, tmp_path))
     assert torch.equal(dict(recipe.weights)["layers.0.q.weight"], model.model.layers[0].self_attn.q_proj.weight)

@@ -206,7 +206,8 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
 def _expert_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     experts, hidden = arch.experts, arch.hidden_size
     count, width, shared = experts.num_experts, experts.intermediate_size, experts.shared_intermediate_size
-    slots = [_slot(prefix + "post_norm", arch, hidden), WeightSlot(prefix + "router.weight", (count, hidden), "float32")]
+    slots = [_slot(prefix + "post_norm", arch, hidden),
+             WeightSlot(prefix + "router.weight", (count, hidden), "float32")]
     if experts.correction_bias:
         slots.append(WeightSlot(prefix + "router.bias", (count,), "float32"))
     slots += [_slot(prefix + "experts.gate_up", arch, count, 2 * width, hidden),

@@ -30,6 +30,9 @@ class PackedStep(NamedTuple):
     page_table: torch.Tensor  # int32 [R, max_pages]
     slot_mapping: torch.Tensor  # int64 [T], -1 for padding tokens
     splits: torch.Tensor | None = None  # int32 [1] tuned decode split count; None: untuned attention
+    # Prompt programs (PREFILL, SCORED_PREFILL: few rows of many tokens): latent attention up-projects
+    # the rows' context into per-head keys/values; every other step attends over the latents absorbed.
+    up_project: bool = False
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):

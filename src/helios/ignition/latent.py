@@ -3,14 +3,14 @@
 A layer's history is its paged latent region: per token the normed latent (C values) and the rotary
 key (Dr values), written with ``helios::latent_cache_write`` into the layer's two planes (the
 decoder's ``k_cache``/``v_cache`` arguments carry the ``latent_cache``/``rope_cache`` planes). Then
-one of two equal computations, picked from static shapes (no host value decides):
+one of two equal computations, picked by the program (`PackedStep.up_project`, a static choice):
 
-* up-projected (prefill-shaped steps, more packed tokens than rows): the latents of every page the
+* up-projected (PREFILL and SCORED_PREFILL: few rows of many prompt tokens): the latents of every page the
   step's rows reference are gathered and up-projected through ``kv_b`` into per-head keys
   (no-rotary part, then the shared rotary key) and values, and ``helios::paged_attention`` attends
   over them through a page table of the gathered pages. Its cost grows with rows x pages per row,
   which suits a few prompt rows.
-* absorbed (decode-shaped steps, one token per row): each head's query is folded into its key
+* absorbed (DECODE, MIXED, SPECULATIVE, a draft's steps): each head's query is folded into its key
   up-projection (q_latent = q_nope W_UK), ``helios::paged_latent_attention`` reads the latent cache
   directly, and the attended latents go through each head's value up-projection W_UV.
 
@@ -45,7 +45,7 @@ def latent_attention(arch: Architecture, w: Mapping[str, torch.Tensor], layer: i
                                         step.slot_mapping)
     kv_b = w[prefix + "kv_b.weight"].view(arch.num_heads, latent_arch.qk_nope_head_dim + latent_arch.v_head_dim,
                                           latent_arch.kv_lora_rank)
-    if step.token_ids.shape[0] > step.page_table.shape[0]:
+    if step.up_project:
         attended = _up_projected(arch, kv_b, q_nope, q_rope, (latent_plane, rope_plane), step)
     else:
         attended = _absorbed(arch, kv_b, q_nope, q_rope, (latent_plane, rope_plane), step)

@@ -19,8 +19,8 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``vocab.start`` | [r * ceil(V/N)] |
 
 A latent layer's history (latent and rotary key) is the same on every rank, so each rank keeps the
-whole latent region. Heads, key/value heads, the MLP width and the expert widths must divide by N (a `CheckpointError` says which does
-not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
+whole latent region. Heads, key/value heads, the MLP width and the expert widths must divide by N
+(a `CheckpointError` says which does not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
