@@ -20,10 +20,15 @@ def compile_all(dtype: str, latent: int, rope: int, precision: str) -> None:
     types = dict(out_ptr=pointer, q_latent_ptr=pointer, q_rope_ptr=pointer, latent_cache_ptr=pointer,
                  rope_cache_ptr=pointer, page_table_ptr="*i32", query_start_ptr="*i32", positions_ptr="*i64",
                  scale="fp32")
-    compile_kernel(kernels._latent_attention_kernel, types,
-                   dict(LATENT_DIM=latent, ROPE_DIM=rope, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_H=16, BLOCK_N=32,
-                        PAGE_TOKENS=16, DOT_PRECISION=precision),
-                   num_warps=8 if block_c >= 256 else 4, num_stages=2)
+    types.update(part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32")
+    for splits in (1, 8):
+        compile_kernel(kernels._latent_attention_kernel, types,
+                       dict(LATENT_DIM=latent, ROPE_DIM=rope, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_H=16,
+                            BLOCK_N=32, PAGE_TOKENS=16, NUM_SPLITS=splits, DOT_PRECISION=precision),
+                       num_warps=8 if block_c >= 256 else 4, num_stages=2)
+    compile_kernel(kernels._latent_combine_kernel, types,
+                   dict(LATENT_DIM=latent, BLOCK_C=triton.next_power_of_2(latent), NUM_SPLITS=8, BLOCK_S=8),
+                   num_warps=4)
     compile_kernel(kernels._latent_write_kernel,
                    dict(latent_cache_ptr=pointer, rope_cache_ptr=pointer, latent_ptr=pointer, rope_ptr=pointer,
                         slot_ptr="*i64"),

@@ -147,22 +147,23 @@ def test_bad_arguments_are_typed_errors():
     ([1, 1, 1, 1], [0, 5, 17, 40], 4),  # decode rows, ragged contexts
     ([3, 0, 1, 6], [2, 4, 9, 0], 20),  # multi-token rows, an inactive row, two head blocks
 ])
-def test_kernel_matches_reference(query_lens, cached_lens, heads):
+@pytest.mark.parametrize("split", [1, 3])
+def test_kernel_matches_reference(query_lens, cached_lens, heads, split):
     batch = make_batch(5, query_lens, cached_lens, heads=heads, padding=1)
     latent, rope, table = (t.to(DEVICE) for t in batch.poisoned)
     out = kernels.triton_paged_latent_attention(
         batch.q_latent.to(DEVICE), batch.q_rope.to(DEVICE), latent, rope, table, batch.query_start.to(DEVICE),
-        batch.positions.to(DEVICE), SCALE).cpu()
+        batch.positions.to(DEVICE), SCALE, split=split).cpu()
     assert torch.all(out[batch.num_real_tokens:] == 0)
     torch.testing.assert_close(out, reference(batch), **TOLERANCE[torch.float32])
 
 
-def test_kernel_bfloat16():
-    batch = make_batch(6, [1, 1, 2], [3, 11, 6], latent_dim=32, rope_dim=16, dtype=torch.bfloat16)
+def test_kernel_bfloat16_with_more_splits_than_a_short_context_fills():
+    batch = make_batch(6, [1, 1, 2], [3, 11, 70], latent_dim=32, rope_dim=16, dtype=torch.bfloat16)
     latent, rope, table = (t.to(DEVICE) for t in batch.poisoned)
     out = kernels.triton_paged_latent_attention(
         batch.q_latent.to(DEVICE), batch.q_rope.to(DEVICE), latent, rope, table, batch.query_start.to(DEVICE),
-        batch.positions.to(DEVICE), SCALE).cpu()
+        batch.positions.to(DEVICE), SCALE, split=4).cpu()
     torch.testing.assert_close(out.float(), reference(batch).float(), **TOLERANCE[torch.bfloat16])
 
 
@@ -173,6 +174,13 @@ def test_kernels_compile_for_hopper():
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_split_count_comes_from_shapes_only():
+    cpu = torch.device("cpu")
+    assert kernels.latent_splits(1, 1, 4096, cpu) == 16  # batch 1: fill the (stand-in) device
+    assert kernels.latent_splits(64, 8, 4096, cpu) == 1
+    assert kernels.latent_splits(1, 1, 300, cpu) == 1  # no split shorter than 256 positions
 
 
 def test_ops_have_cuda_kernels_registered():
