@@ -62,8 +62,25 @@ DEEPSEEK = Family("deepseek", transformers.DeepseekV3Config, (
     ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("n_group", 4), ("topk_group", 2),
     ("moe_intermediate_size", 32), ("n_shared_experts", 1), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
 ))
-LLAMA_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)  # the llama recipe's families
-FAMILIES = LLAMA_FAMILIES + (DEEPSEEK,)
+# Mixture-of-experts families: several experts, top-k > 1, two layers of each kind a family mixes.
+QWEN3_MOE = Family("qwen3_moe", transformers.Qwen3MoeConfig, (
+    ("head_dim", 32), ("num_hidden_layers", 4), ("mlp_only_layers", [0, 2]), ("num_experts", 8),
+    ("num_experts_per_tok", 3), ("moe_intermediate_size", 48), ("norm_topk_prob", True),
+    ("tie_word_embeddings", False),
+))
+MIXTRAL = Family("mixtral", transformers.MixtralConfig, (
+    ("num_local_experts", 6), ("num_experts_per_tok", 2), ("intermediate_size", 64), ("tie_word_embeddings", False),
+))
+GLM4_MOE = Family("glm4_moe", transformers.Glm4MoeConfig, (
+    ("num_hidden_layers", 4), ("first_k_dense_replace", 2), ("n_routed_experts", 8), ("num_experts_per_tok", 3),
+    ("n_group", 4), ("topk_group", 2), ("moe_intermediate_size", 32), ("n_shared_experts", 1),
+    ("routed_scaling_factor", 2.5), ("norm_topk_prob", True), ("use_qk_norm", True), ("attention_bias", True),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    ("tie_word_embeddings", False),
+))
+MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
+DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK,)
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
@@ -75,7 +92,7 @@ def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
         for name, parameter in model.named_parameters():
             parameter.copy_(_draw(name, parameter, generator))
         for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # routing correction biases matter too
+            if name.endswith("e_score_correction_bias"):  # sigmoid routing's choice bias
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
     return model
 
@@ -96,4 +113,4 @@ def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> tor
         return noise
     if name.startswith("lm_head"):
         return 0.3 * noise
-    return noise / parameter.shape[1] ** 0.5
+    return noise / parameter.shape[-1] ** 0.5

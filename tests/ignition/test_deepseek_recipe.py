@@ -54,16 +54,16 @@ def eager_prefill_logits(recipe, prompt) -> torch.Tensor:
 def test_architecture_fields_come_from_the_config(built):
     model, recipe = built[DEEPSEEK.name]
     arch, config = recipe.architecture, model.config
-    latent, experts = arch.latent, arch.experts
+    latent, experts = arch.latent, arch.moe
     assert (latent.kv_lora_rank, latent.q_lora_rank, latent.qk_nope_head_dim, latent.qk_rope_head_dim,
             latent.v_head_dim) == (32, 24, 16, 16, 24)
     assert (arch.head_dim, arch.num_heads, arch.num_kv_heads, arch.num_layers) == (16, 4, 4, 4)
-    assert (experts.first_layer, experts.num_experts, experts.top_k, experts.num_groups, experts.topk_groups) == \
-        (2, 8, 3, 4, 2)
+    assert (experts.sparse_layers, experts.num_experts, experts.experts_per_token, experts.num_groups,
+            experts.topk_groups) == ((2, 3), 8, 3, 4, 2)
     assert (experts.scoring, experts.normalize, experts.scale, experts.correction_bias) == ("sigmoid", True, 2.5, True)
-    assert (experts.intermediate_size, experts.shared_intermediate_size) == (32, 32)
-    assert [arch.is_expert_layer(layer) for layer in range(4)] == [False, False, True, True]
-    assert built[DEEPSEEK_DENSE.name][1].architecture.experts is None
+    assert (experts.expert_intermediate_size, experts.shared_intermediate_size) == (32, 32)
+    assert [arch.is_sparse(layer) for layer in range(4)] == [False, False, True, True]
+    assert built[DEEPSEEK_DENSE.name][1].architecture.moe is None
     assert built[DEEPSEEK_DENSE.name][1].architecture.latent.q_lora_rank == 0
     assert config.rope_interleave
 
@@ -91,8 +91,8 @@ def test_weights_follow_the_layout_with_rotary_rows_de_interleaved(built):
     assert torch.equal(weights["layers.2.kv_a.weight"][32:40], kv_a[32::2])
     mlp = model.model.layers[3].mlp
     assert torch.equal(weights["layers.3.experts.down"][5], mlp.experts.down_proj[5])
-    assert torch.equal(weights["layers.3.router.bias"], mlp.gate.e_score_correction_bias)
-    assert weights["layers.3.router.bias"].abs().sum() > 0
+    assert torch.equal(weights["layers.3.router.correction_bias"], mlp.gate.e_score_correction_bias)
+    assert weights["layers.3.router.correction_bias"].abs().sum() > 0
 
 
 def test_rotary_rows_that_are_not_interleaved_are_kept_and_still_match(tmp_path):
@@ -133,7 +133,7 @@ def test_tensor_parallel_shards_reassemble(built):
     whole = dict(recipe.weights)
     ranks = [dict(rank_weights(recipe, 2, rank)) for rank in range(2)]
     shard = rank_architecture(recipe.architecture, 2)
-    assert (shard.num_heads, shard.experts.intermediate_size, shard.experts.shared_intermediate_size) == (2, 16, 16)
+    assert (shard.num_heads, shard.moe.expert_intermediate_size, shard.moe.shared_intermediate_size) == (2, 16, 16)
     for name in ("layers.0.q_b.weight", "layers.1.kv_b.weight"):
         assert torch.equal(torch.cat([r[name] for r in ranks]), whole[name])
     for name in ("layers.0.q_a.weight", "layers.0.kv_a.weight", "layers.0.kv_a_norm", "layers.2.router.weight"):
@@ -148,7 +148,7 @@ def test_tensor_parallel_shards_reassemble(built):
 
 def test_uneven_expert_width_is_refused_by_name(built):
     arch = built[DEEPSEEK.name][1].architecture
-    odd = dataclasses.replace(arch, experts=dataclasses.replace(arch.experts, intermediate_size=33))
+    odd = dataclasses.replace(arch, moe=dataclasses.replace(arch.moe, expert_intermediate_size=33))
     with pytest.raises(CheckpointError, match="expert width"):
         rank_architecture(odd, 2)
 

@@ -11,7 +11,18 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
   ``layers.i.post_norm`` [H], ``layers.i.gate_up.weight`` [2 F, H] (rows: gate, then up), optional
   ``layers.i.gate_up.bias``, ``layers.i.down.weight`` [H, F], optional ``layers.i.down.bias``;
   then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
-  [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe).
+  [R / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe; R = ``rotary_dim``,
+  the leading dimensions of each head that rotate, D unless the family rotates only part of a head).
+
+Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) replace the gated MLP's
+``gate_up`` / ``down`` slots by (E experts, F = ``moe.expert_intermediate_size``):
+  ``layers.i.router.weight`` [E, H] float32, optional ``layers.i.router.bias`` [E] float32 (added to the
+  logits), optional ``layers.i.router.correction_bias`` [E] float32 (sigmoid routing's choice bias),
+  ``layers.i.experts.gate_up`` [E, 2F, H] (per expert rows: gate, then up), optional
+  ``layers.i.experts.gate_up_bias`` [E, 2F], ``layers.i.experts.down`` [E, H, F], optional
+  ``layers.i.experts.down_bias`` [E, H]; with shared experts (S = ``moe.shared_intermediate_size`` > 0)
+  ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S].
+  The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
 
 Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attention weights are instead
 ``layers.i.q.weight`` [Hq (Dn + Dr), H] or, with a query rank Q, ``layers.i.q_a.weight`` [Q, H],
@@ -20,12 +31,6 @@ Dr rotary rows); ``layers.i.kv_a.weight`` [C + Dr, H] (rows: the latent, then th
 key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (per head: Dn key rows,
 then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
 recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
-
-Mixture-of-experts layers (``experts`` set, layers from ``experts.first_layer`` on): the MLP weights
-after ``post_norm`` are ``layers.i.router.weight`` [E, H] float32, ``layers.i.router.bias`` [E]
-float32 (the routing correction bias, when the family has one), ``layers.i.experts.gate_up`` [E, 2 F, H]
-(per expert: gate rows, then up rows), ``layers.i.experts.down`` [E, H, F] and, with shared experts,
-``layers.i.shared.gate_up.weight`` [2 Fs, H] and ``layers.i.shared.down.weight`` [H, Fs].
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -47,6 +52,46 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class CheckpointError(UsageError):
     """A checkpoint or architecture description that preparation cannot turn into programs."""
+
+
+ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
+EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped")
+
+
+@dataclass(frozen=True)
+class MixtureOfExperts:
+    """The sparse layers of a mixture-of-experts decoder: routing (``helios::moe_route``, whose
+    docstring defines scoring, groups, normalisation and scale) and experts (``helios::moe_experts``)."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int  # per expert (one rank's share under tensor parallelism)
+    sparse_layers: tuple[int, ...]  # the layers whose MLP is the mixture; the others are dense
+    scoring: str = "softmax"
+    num_groups: int = 1
+    topk_groups: int = 1
+    normalize: bool = True
+    scale: float = 1.0
+    correction_bias: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "silu"
+    alpha: float = 1.0  # swiglu_clamped only
+    limit: float = 0.0  # swiglu_clamped only
+    shared_intermediate_size: int = 0  # 0: no shared expert
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ROUTER_SCORINGS:
+            raise CheckpointError(f"router scoring {self.scoring!r} is not one of {ROUTER_SCORINGS}")
+        if self.activation not in EXPERT_ACTIVATIONS:
+            raise CheckpointError(f"expert activation {self.activation!r} is not one of {EXPERT_ACTIVATIONS}")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise CheckpointError(f"{self.experts_per_token} experts per token of {self.num_experts}")
+        if self.num_groups < 1 or self.num_experts % self.num_groups or not 1 <= self.topk_groups <= self.num_groups:
+            raise CheckpointError(f"{self.num_experts} experts do not form {self.num_groups} groups "
+                                  f"of which {self.topk_groups} are kept")
+        if self.expert_intermediate_size < 1 or self.shared_intermediate_size < 0:
+            raise CheckpointError("expert widths must be positive")
 
 
 @dataclass(frozen=True)
@@ -74,27 +119,6 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
-class RoutedExperts:
-    """Mixture-of-experts MLP of the layers from `first_layer` on (`helios::moe_route` settings:
-    `scoring`, `top_k`, `num_groups`/`topk_groups`, `normalize`, `scale`; `correction_bias`: the router
-    has a float32 bias added to the choice scores). `intermediate_size` is one expert's width F and
-    `shared_intermediate_size` the shared experts' total width (0: none); with tensor parallelism both
-    are this rank's share of every expert."""
-
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    first_layer: int
-    scoring: str = "softmax"
-    num_groups: int = 1
-    topk_groups: int = 1
-    normalize: bool = True
-    scale: float = 1.0
-    correction_bias: bool = False
-    shared_intermediate_size: int = 0
-
-
-@dataclass(frozen=True)
 class Architecture:
     """Geometry and dataflow switches of a pre-norm decoder with rotary attention and a gated MLP.
 
@@ -118,8 +142,9 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
+    rotary_dim: int = 0  # leading dimensions of a head that rotate; 0: the whole head
+    moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
-    experts: RoutedExperts | None = None  # mixture-of-experts layers (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -134,12 +159,22 @@ class Architecture:
             raise CheckpointError("rotary attention needs an even head_dim")
         if self.tensor_parallel < 1:
             raise CheckpointError("tensor_parallel must be >= 1")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise CheckpointError(f"rotary_dim {self.rotary_dim} is not an even width within head_dim {self.head_dim}")
         if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
-                                        self.num_kv_heads != self.num_heads):
+                                        self.num_kv_heads != self.num_heads or self.rotary_dim):
             raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
+        if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
+            raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
 
-    def is_expert_layer(self, layer: int) -> bool:
-        return self.experts is not None and layer >= self.experts.first_layer
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the mixture of experts."""
+        return self.moe is not None and layer in self.moe.sparse_layers
+
+    @property
+    def rotary_width(self) -> int:
+        """How many leading dimensions of each head rotate."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -189,7 +224,7 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
-    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
@@ -199,23 +234,9 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden = arch.hidden_size
     slots = [_slot(prefix + "input_norm", arch, hidden)]
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
+    slots.append(_slot(prefix + "post_norm", arch, hidden))
     layer = int(prefix.split(".")[1])
-    return slots + (_expert_slots(arch, prefix) if arch.is_expert_layer(layer) else _mlp_slots(arch, prefix))
-
-
-def _expert_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
-    experts, hidden = arch.experts, arch.hidden_size
-    count, width, shared = experts.num_experts, experts.intermediate_size, experts.shared_intermediate_size
-    slots = [_slot(prefix + "post_norm", arch, hidden),
-             WeightSlot(prefix + "router.weight", (count, hidden), "float32")]
-    if experts.correction_bias:
-        slots.append(WeightSlot(prefix + "router.bias", (count,), "float32"))
-    slots += [_slot(prefix + "experts.gate_up", arch, count, 2 * width, hidden),
-              _slot(prefix + "experts.down", arch, count, hidden, width)]
-    if shared:
-        slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
-                  _slot(prefix + "shared.down.weight", arch, hidden, shared)]
-    return slots
+    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
 
 
 def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
@@ -251,12 +272,32 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
 
 def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden, ff = arch.hidden_size, arch.intermediate_size
-    slots = [_slot(prefix + "post_norm", arch, hidden), _slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
+    slots = [_slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
     if arch.mlp_bias:
         slots.append(_slot(prefix + "gate_up.bias", arch, 2 * ff))
     slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
     if arch.mlp_bias:
         slots.append(_slot(prefix + "down.bias", arch, hidden))
+    return slots
+
+
+def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    moe, hidden = arch.moe, arch.hidden_size
+    experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size
+    slots = [WeightSlot(prefix + "router.weight", (experts, hidden), "float32")]
+    if moe.router_bias:
+        slots.append(WeightSlot(prefix + "router.bias", (experts,), "float32"))
+    if moe.correction_bias:
+        slots.append(WeightSlot(prefix + "router.correction_bias", (experts,), "float32"))
+    slots.append(_slot(prefix + "experts.gate_up", arch, experts, 2 * ff, hidden))
+    if moe.expert_bias:
+        slots.append(_slot(prefix + "experts.gate_up_bias", arch, experts, 2 * ff))
+    slots.append(_slot(prefix + "experts.down", arch, experts, hidden, ff))
+    if moe.expert_bias:
+        slots.append(_slot(prefix + "experts.down_bias", arch, experts, hidden))
+    if shared:
+        slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
+                  _slot(prefix + "shared.down.weight", arch, hidden, shared)]
     return slots
 
 

@@ -11,7 +11,7 @@ Family knowledge turned into Architecture fields and the prepared weight layout:
   transformers' DeepseekV3 computes them); with ``rope_interleave`` the rotary rows of the query and
   rotary-key projections are de-interleaved here, so programs rotate halves (the same values);
 * dense first layers (``first_k_dense_replace``) with the gated MLP of ``intermediate_size``, then
-  mixture-of-experts layers (`RoutedExperts`): sigmoid scoring with the router's correction bias
+  mixture-of-experts layers (`MixtureOfExperts`, read as `helios.ignition.recipes.moe` reads them): sigmoid scoring with the router's correction bias
   (``e_score_correction_bias``), group-limited top-k (``n_group``, ``topk_group``), ``norm_topk_prob``,
   ``routed_scaling_factor`` and ``n_shared_experts`` shared experts of ``moe_intermediate_size`` each.
 
@@ -26,18 +26,20 @@ from typing import Any, Mapping
 
 import torch
 
-from helios.ignition.architecture import Architecture, CheckpointError, LatentAttention, RoutedExperts
+from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.llama import _checkpoint_dtype
+from helios.ignition.recipes.moe import ExpertNames, mixture_from_config, sparse_weights
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 ROPE_TYPES = ("default", "yarn")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_EXPERT_NAMES = ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj")
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    arch = architecture_from_config(config, tensors, dtype)
+    arch = architecture_from_config(source, config, tensors, dtype)
     weights, used = prepared_weights(arch, config, tensors)
     unplaced = sorted(name for name in tensors.names - used
                       if not name.endswith(_IGNORED_SUFFIXES) and not _is_extra_layer(name, arch.num_layers))
@@ -46,7 +48,8 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     return Recipe(source, arch, weights)
 
 
-def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Architecture:
+def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
+                             dtype: str | None) -> Architecture:
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedCheckpoint(f"hidden_act {config.get('hidden_act')!r} is not supported (only 'silu')")
     if config.get("attention_bias"):
@@ -66,23 +69,16 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
         intermediate_size=int(config["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_heads, head_dim=rope_dim, rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         layer_windows=(0,) * num_layers, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent, experts=routed_experts(config),
+        dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent, moe=experts(source, config, num_layers),
     )
 
 
-def routed_experts(config: Mapping[str, Any]) -> RoutedExperts | None:
-    """The mixture-of-experts layers (from first_k_dense_replace on), or None when every layer is dense."""
-    first = int(config.get("first_k_dense_replace") or 0)
-    if first >= int(config["num_hidden_layers"]):
+def experts(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts | None:
+    """The mixture-of-experts layers (from first_k_dense_replace on; sigmoid routing with the correction
+    bias, as `helios.ignition.recipes.moe` declares it for GLM-4.5), or None when every layer is dense."""
+    if int(config.get("first_k_dense_replace") or 0) >= num_layers:
         return None
-    width = int(config["moe_intermediate_size"])
-    return RoutedExperts(
-        num_experts=int(config["n_routed_experts"]), top_k=int(config["num_experts_per_tok"]), intermediate_size=width,
-        first_layer=first, scoring="sigmoid", num_groups=int(config.get("n_group") or 1),
-        topk_groups=int(config.get("topk_group") or 1), normalize=bool(config.get("norm_topk_prob", True)),
-        scale=float(config.get("routed_scaling_factor", 1.0)), correction_bias=True,
-        shared_intermediate_size=width * int(config.get("n_shared_experts") or 0),
-    )
+    return mixture_from_config(source, config, num_layers)
 
 
 def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +155,7 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
     interleaved = bool(config.get("rope_interleave", True))
     weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
     for layer in range(arch.num_layers):
-        weights += _layer_weights(arch, layer, take, interleaved)
+        weights += _layer_weights(arch, layer, take, interleaved, tensors)
     weights.append(NamedWeight("final_norm", take("model.norm.weight")))
     if not arch.tie_word_embeddings:
         weights.append(NamedWeight("lm_head", take("lm_head.weight")))
@@ -167,7 +163,8 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
     return tuple(weights), used
 
 
-def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool) -> list[NamedWeight]:
+def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool,
+                   tensors: CheckpointTensors) -> list[NamedWeight]:
     src, dst, latent = f"model.layers.{layer}.", f"layers.{layer}.", arch.latent
     attn, mlp = src + "self_attn.", src + "mlp."
     heads = _HeadRows(arch, interleaved)
@@ -183,34 +180,14 @@ def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool) -> l
             NamedWeight(dst + "kv_b.weight", take(attn + "kv_b_proj.weight")),
             NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")),
             NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight"))]
-    if arch.is_expert_layer(layer):
-        return out + _expert_weights(arch, dst, mlp, take)
+    if arch.is_sparse(layer):
+        return out + sparse_weights(arch, layer, take, tensors, _EXPERT_NAMES)
     return out + [NamedWeight(dst + "gate_up.weight", _gate_up(take, mlp)),
                   NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight"))]
 
 
 def _gate_up(take, prefix: str) -> torch.Tensor:
     return torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")])
-
-
-def _expert_weights(arch: Architecture, dst: str, mlp: str, take) -> list[NamedWeight]:
-    """Router (float32, as the reference keeps it), correction bias, stacked experts, shared experts.
-    Experts are read per expert (``experts.N.gate_proj``...) or fused (``experts.gate_up_proj``)."""
-    experts = arch.experts
-    out = [NamedWeight(dst + "router.weight", take(mlp + "gate.weight").float()),
-           NamedWeight(dst + "router.bias", take(mlp + "gate.e_score_correction_bias").float())]
-    try:
-        gate_up = take(mlp + "experts.gate_up_proj")
-        down = take(mlp + "experts.down_proj")
-    except CheckpointError:
-        numbered = [f"{mlp}experts.{e}." for e in range(experts.num_experts)]
-        gate_up = torch.stack([_gate_up(take, prefix) for prefix in numbered])
-        down = torch.stack([take(prefix + "down_proj.weight") for prefix in numbered])
-    out += [NamedWeight(dst + "experts.gate_up", gate_up), NamedWeight(dst + "experts.down", down)]
-    if experts.shared_intermediate_size:
-        out += [NamedWeight(dst + "shared.gate_up.weight", _gate_up(take, mlp + "shared_experts.")),
-                NamedWeight(dst + "shared.down.weight", take(mlp + "shared_experts.down_proj.weight"))]
-    return out
 
 
 class _HeadRows:
