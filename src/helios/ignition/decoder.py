@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
-from helios.abi.fused import apply_rotary as apply_full_rotary
+from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
 
@@ -60,7 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
-    """cos and sin [T, 1, R] for the packed positions (R = 2 * len(inv_freq), the rotated width),
+    """cos and sin [T, 1, D] for the packed positions,
     times `factor` (a rope scaling's attention factor)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
@@ -68,14 +68,6 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
     if factor != 1.0:
         cos, sin = cos * factor, sin * factor
     return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates the leading cos.shape[-1] dimensions of each head (the rest pass through)."""
-    width = cos.shape[-1]
-    if width < x.shape[-1]:
-        return torch.cat((apply_full_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
-    return apply_full_rotary(x, cos, sin)
 
 
 class LayerInputs(NamedTuple):
@@ -105,12 +97,7 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
-    if arch.rotary_width < arch.head_dim:  # partial rotary: the fused op rotates whole heads
-        q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
-        torch.ops.helios.cache_write(k_plane, v_plane, k.contiguous(), v.contiguous(), step.slot_mapping)
-    else:
-        q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane,
-                                                step.slot_mapping)
+    q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, step.slot_mapping)
     if step.splits is None:
         attended = torch.ops.helios.paged_attention(
             q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
@@ -147,8 +134,8 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
         hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
         w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
     if moe.shared_intermediate_size:
-        gate, up = F.linear(hidden, w[prefix + "shared.gate_up.weight"]).chunk(2, dim=-1)
-        out = out + F.linear(F.silu(gate) * up, w[prefix + "shared.down.weight"])
+        shared = torch.ops.helios.silu_mul(F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
+        out = out + F.linear(shared, w[prefix + "shared.down.weight"])
     return partial_sum(arch, out)
 
 
