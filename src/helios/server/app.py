@@ -7,7 +7,8 @@ the strict models of `helios.server.schemas`, so the OpenAPI document describes 
 server accepts: unknown or unsupported fields are rejected, not ignored.
 
 Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}}``) whose status
-comes from the error's class: schema violations and malformed JSON 400 (never 422), `HeliosError`
+comes from the error's class: a missing API key 401 (when the server has one), schema violations
+and malformed JSON 400 (never 422), `HeliosError`
 subclasses their ``http_status`` (400 invalid request, 429 ingress full, 503 admission rejection,
 500 execution failure), anything unexpected 500. The lifespan starts the model worker and, at
 shutdown (after uvicorn drained or dropped the connections), stops it once its round is done.

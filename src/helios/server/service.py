@@ -12,6 +12,10 @@ specification fixes:
 5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
+A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once per choice
+(`helios.server.fanout`). Each engine request's callback first stamps the request's
+`RequestRecord` (latency histograms, access log; `helios.server.request_metrics`).
+
 `interrupt_responses` (the server's drain deadline at shutdown) ends every response still running
 with one `ShuttingDown` error; after it, responses whose connections the server then drops end
 quietly, and requests still preparing are refused with the same error.
