@@ -2,7 +2,7 @@
 
 The grammar keeps the frames (`ChannelSyntax`); controls are generated as their tokens::
 
-    frames    := (reasoning START)* final
+    frames    := (reasoning START)* final                 (at most one reasoning frame with a budget)
     reasoning := ROLE CHANNEL reasoning_channel MESSAGE text[max_tokens=budget] END
     final     := ROLE CHANNEL final_channel MESSAGE answer                   (unless the answer is NONE)
                | ROLE CHANNEL tool_channel " " MARKER NAMESPACE NAME " " CONSTRAIN type MESSAGE arguments
@@ -12,8 +12,8 @@ The grammar keeps the frames (`ChannelSyntax`); controls are generated as their 
 - a call is one tool frame (its call control is an EOS token, so one call ends the output:
   harmony writes parallel calls one turn at a time), with compact JSON arguments typed by the
   tool's schema (`grammar_json_calls.arguments_schema`);
-- reasoning frames carry free text, at most ``budget`` tokens each when a budget is given (half the
-  request's output limit), so a sampled model always reaches the answer or the call;
+- reasoning frames carry free text; with a budget (half the request's output limit) there is at
+  most one, of at most ``budget`` tokens, so a sampled model always reaches the answer or the call;
 - the output continues the prompt's position (`FrameStart`): at a boundary it starts a frame; in an
   open header it completes the header when the rendered text is a prefix of the role; an open body
   cannot be continued under constraints (`GrammarError`).
@@ -61,12 +61,14 @@ def channels_lark(channels: ChannelSyntax, speller: Speller, start: FrameStart, 
                       f"{message} {arguments}")
     final = rules.rule("final", " | ".join(finals))
     role = json_literal(channels.role)
-    frames = rules.rule("frames", f"({role} {reasoning})* {role} {final}")
+    repeat = "?" if budget is not None else "*"  # a bounded section is one reasoning frame
+    frames = rules.rule("frames", f"({role} {reasoning}){repeat} {role} {final}")
     if start.position is FramePosition.BOUNDARY:
         return rules.text(f"{start_control} {frames}")
     if start.position is FramePosition.HEADER and channels.role.startswith(start.header_text):
         rest = channels.role[len(start.header_text):]
         first = f"{json_literal(rest)} " if rest else ""
-        return rules.text(f"{first}{final} | {first}{reasoning} {frames}")
+        then = f"{role} {final}" if budget is not None else frames
+        return rules.text(f"{first}{final} | {first}{reasoning} {then}")
     where = start.recipient or start.header_text
     raise GrammarError(f"the prompt's open frame {where!r} cannot continue under this request's constraints")
