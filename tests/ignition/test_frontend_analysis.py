@@ -106,6 +106,14 @@ def test_unreadable_tool_markup_is_a_prepare_error_naming_the_syntax():
     assert select_family("", "llama", None) is None
 
 
+def test_harmony_frames_need_single_control_tokens_and_keep_their_reasoning(tmp_path):
+    directory = checkpoint(tmp_path, (TEMPLATES / "gpt_oss.jinja").read_text())
+    with pytest.raises(CheckpointError, match="no single token for the start control '<\\|start\\|>'"):
+        frontend(directory)
+    with pytest.raises(CheckpointError, match="reasoning=none does not apply"):
+        frontend(directory, reasoning="none")
+
+
 def test_model_type_breaks_a_tie_between_families():
     both = '<tool_call>\n{"name": "probe_lookup", "parameters": {}}</tool_call>'
     assert select_family(both, "llama", None).name == "llama3"

@@ -126,6 +126,7 @@ def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else ""
     family = select_family(rendered_call, model_type, stated.get("family"))
     if family is not None and family.channel_syntax is not None:
+        _check_channel_controls(family.channel_syntax, tokenizer, stated)
         reasoning_parser, reasoning_syntax = spb.REASONING_PARSER_HARMONY_CHANNELS, None
         tool_parser, tool_syntax = family.tool_parser, None
     else:
@@ -137,6 +138,19 @@ def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping
     return FrontendDeclaration(tool_parser, reasoning_parser, tool_syntax, reasoning_syntax, assistant,
                                tuple(rules), family.name if family is not None else "none",
                                family.channel_syntax if family is not None else None)
+
+
+def _check_channel_controls(channels: spb.ChannelSyntax, tokenizer: Tokenizer, stated: Mapping[str, str]) -> None:
+    """Harmony frames delimit only at single control tokens, and carry reasoning structurally."""
+    if stated.get("reasoning") == "none":
+        raise CheckpointError("harmony frames carry reasoning on their own channels: reasoning=none does not apply; "
+                              "state --frontend family=none to serve without the frame parsers")
+    for field in ("start_control", "channel_control", "message_control", "end_control", "call_control",
+                  "return_control", "constrain_control"):
+        text = getattr(channels, field)
+        if len(tokenizer.encode(text, add_special_tokens=False).ids) != 1:
+            raise CheckpointError(f"the template renders harmony frames, but the tokenizer has no single token "
+                                  f"for the {field.replace('_', ' ')} {text!r}")
 
 
 def _tags_frontend(probe: ProbeTemplate, tokenizer: Tokenizer, boundary, family, stated: Mapping[str, str]):
