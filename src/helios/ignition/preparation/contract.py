@@ -105,6 +105,7 @@ class FrontendDeclaration:
     assistant_boundary: spb.AssistantBoundary | None = None
     prefix_boundaries: tuple[spb.PrefixBoundaryRule, ...] = ()
     family: str = "none"  # the declared family's name, for preparation logs (not contract data)
+    channel_syntax: spb.ChannelSyntax | None = None  # the harmony channel parsers' markup
 
 
 @dataclass(frozen=True)
@@ -429,4 +430,6 @@ def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> No
         target.reasoning_syntax.CopyFrom(frontend.reasoning_syntax)
     if frontend.assistant_boundary is not None:
         target.assistant_boundary.CopyFrom(frontend.assistant_boundary)
+    if frontend.channel_syntax is not None:
+        target.channel_syntax.CopyFrom(frontend.channel_syntax)
     target.prefix_boundaries.extend(frontend.prefix_boundaries)
