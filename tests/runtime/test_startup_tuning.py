@@ -73,8 +73,10 @@ def test_prepared_contract_declares_the_producer_and_the_decode_binding(prepared
     manifest = again.manifest
     graphs = {g.name: g for g in again.contract.model.graphs}
     assert graphs[TUNING_GRAPH].operation == spb.GRAPH_OPERATION_TUNING
-    assert [(t.buffer, t.producer) for t in graphs["decode"].tuned_bindings] == [("attention_splits", TUNING_GRAPH)]
-    assert all(not g.tuned_bindings for name, g in graphs.items() if name != "decode")
+    decodes = ("decode", "decode_logprobs")  # the token-logprobs variant reads the same split counts
+    for name in decodes:
+        assert [(t.buffer, t.producer) for t in graphs[name].tuned_bindings] == [("attention_splits", TUNING_GRAPH)]
+    assert all(not g.tuned_bindings for name, g in graphs.items() if name not in decodes)
     assert [(e.graph, list(e.outputs)) for e in manifest.tuning_catalog] == [(TUNING_GRAPH, ["attention_splits"])]
     assert TUNING_GRAPH not in {e.graph for e in manifest.execution_catalog}
     splits = next(b for b in manifest.buffers if b.name == "attention_splits")
@@ -106,7 +108,8 @@ def test_tuned_outputs_are_the_buffers_capture_must_keep(prepared):
 def test_each_decode_program_reads_its_own_entry(prepared):
     model = load_model(open_prepared(prepared))
     decode = [p for p in model.programs if p.operation == spb.GRAPH_OPERATION_DECODE]
-    assert sorted(p.batch_capacity for p in decode) == list(DECODE_ROWS)
+    for twins in (False, True):  # the plain programs and their token-logprobs variants
+        assert sorted(p.batch_capacity for p in decode if bool(p.token_logprobs) is twins) == list(DECODE_ROWS)
     for program in decode:
         assert "attention_splits" in program.inputs
         index = DECODE_ROWS.index(program.batch_capacity)

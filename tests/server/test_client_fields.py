@@ -92,9 +92,9 @@ def test_other_values_are_400_naming_the_field(runner, client, field, value):
     assert field in caught.value.body["message"]
 
 
-def test_completion_logprobs_other_than_null_are_400(runner, client):
+def test_completion_logprobs_beyond_20_are_400(runner, client):
     with pytest.raises(openai.BadRequestError, match="logprobs"):
-        runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=2, logprobs=2))
+        runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=2, logprobs=21))
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -53,6 +53,8 @@ def register(subparsers) -> None:
                         help="captured decode batch capacities, comma-separated (default 1,4,16)")
     parser.add_argument("--no-mixed", action="store_true", help="do not capture the mixed prefill+decode program")
     parser.add_argument("--scored-prefill", action="store_true", help="also capture a scored-prefill program")
+    parser.add_argument("--no-logprobs", action="store_true",
+                        help="do not capture the token-logprobs variants (the core then refuses logprobs requests)")
     speculative = parser.add_argument_group("speculative generation (with --draft)")
     speculative.add_argument("--draft", metavar="DIR",
                              help="draft checkpoint (same vocabulary) prepared into the core for speculative generation")
@@ -95,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
+        token_logprobs=not args.no_logprobs,
         speculative=_speculative_plan(args), prefill_chunks=args.prefill_chunks,
     )
     if args.tensor_parallel < 1:

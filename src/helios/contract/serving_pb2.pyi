@@ -482,7 +482,7 @@ class GraphCapacity(_message.Message):
     def __init__(self, batch_capacity: _Optional[int] = ..., token_capacity: _Optional[int] = ..., packed_token_capacity: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., confidence_width: _Optional[int] = ..., lane_limit: _Optional[int] = ..., patch_capacity: _Optional[int] = ...) -> None: ...
 
 class GraphContract(_message.Message):
-    __slots__ = ("name", "operation", "variants", "bindings", "state_accesses", "resource_dependencies", "tuned_bindings", "state_rows_per_request", "pending_token_view", "draft_cursor")
+    __slots__ = ("name", "operation", "variants", "bindings", "state_accesses", "resource_dependencies", "tuned_bindings", "state_rows_per_request", "pending_token_view", "draft_cursor", "token_logprobs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OPERATION_FIELD_NUMBER: _ClassVar[int]
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
@@ -493,6 +493,7 @@ class GraphContract(_message.Message):
     STATE_ROWS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     PENDING_TOKEN_VIEW_FIELD_NUMBER: _ClassVar[int]
     DRAFT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     name: str
     operation: GraphOperation
     variants: _containers.RepeatedCompositeFieldContainer[GraphCapacity]
@@ -503,7 +504,8 @@ class GraphContract(_message.Message):
     state_rows_per_request: int
     pending_token_view: str
     draft_cursor: str
-    def __init__(self, name: _Optional[str] = ..., operation: _Optional[_Union[GraphOperation, str]] = ..., variants: _Optional[_Iterable[_Union[GraphCapacity, _Mapping]]] = ..., bindings: _Optional[_Iterable[_Union[ValueBinding, _Mapping]]] = ..., state_accesses: _Optional[_Iterable[_Union[StateAccess, _Mapping]]] = ..., resource_dependencies: _Optional[_Iterable[str]] = ..., tuned_bindings: _Optional[_Iterable[_Union[TunedBinding, _Mapping]]] = ..., state_rows_per_request: _Optional[int] = ..., pending_token_view: _Optional[str] = ..., draft_cursor: _Optional[str] = ...) -> None: ...
+    token_logprobs: int
+    def __init__(self, name: _Optional[str] = ..., operation: _Optional[_Union[GraphOperation, str]] = ..., variants: _Optional[_Iterable[_Union[GraphCapacity, _Mapping]]] = ..., bindings: _Optional[_Iterable[_Union[ValueBinding, _Mapping]]] = ..., state_accesses: _Optional[_Iterable[_Union[StateAccess, _Mapping]]] = ..., resource_dependencies: _Optional[_Iterable[str]] = ..., tuned_bindings: _Optional[_Iterable[_Union[TunedBinding, _Mapping]]] = ..., state_rows_per_request: _Optional[int] = ..., pending_token_view: _Optional[str] = ..., draft_cursor: _Optional[str] = ..., token_logprobs: _Optional[int] = ...) -> None: ...
 
 class ToolSyntax(_message.Message):
     __slots__ = ("opener", "closer", "tag_separator", "wrapping_newlines", "invoke_open", "invoke_close", "parameter_open", "parameter_close", "name_end", "value_open", "string_attribute", "string_true", "string_false", "block_lead", "name_key", "arguments_key", "arguments_open", "arguments_close")

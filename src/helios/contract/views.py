@@ -57,6 +57,12 @@ class AccessView:
     byte_extent: int
 
 
+# The outputs a token-logprobs graph (GraphContract.token_logprobs) returns after its completion
+# record and logits, in return order: each row's sampled-token log-probability [R] (float32), its
+# most probable ids [R, K] (int64) and their log-probabilities [R, K] (float32).
+TOKEN_LOGPROB_OUTPUTS = ("token_logprob", "top_token_ids", "top_token_logprobs")
+
+
 @dataclass(frozen=True)
 class GraphView:
     """One captured program as the runtime consumes it."""
@@ -71,6 +77,7 @@ class GraphView:
     state_rows_per_request: int
     pending_token_view: str | None
     draft_cursor: str | None
+    token_logprobs: int = 0  # nonzero: the logprob variant of its operation, with this many alternatives
 
     @property
     def operation_name(self) -> str:
@@ -153,4 +160,5 @@ def graph_view(graph: spb.GraphContract, destinations: Mapping[str, str], views:
         state_rows_per_request=graph.state_rows_per_request,
         pending_token_view=graph.pending_token_view or None,
         draft_cursor=graph.draft_cursor or None,
+        token_logprobs=graph.token_logprobs,
     )

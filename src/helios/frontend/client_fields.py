@@ -10,8 +10,8 @@ that change the request their effect:
   without the switch renders as it always does. An explicit ``chat_template_kwargs.enable_thinking``
   that contradicts the effort is a 400.
 - ``user``, ``metadata``, ``service_tier`` (``auto``/``default``: there is one tier), ``store``
-  (``false``: Helios keeps no completions), ``logprobs: false``/``top_logprobs: null|0`` change
-  nothing in the request; they are accepted so clients that always send them work.
+  (``false``: Helios keeps no completions) change nothing in the request; they are accepted so
+  clients that always send them work. ``logprobs``/``top_logprobs`` are in `helios.frontend.logprobs`.
 """
 
 from __future__ import annotations

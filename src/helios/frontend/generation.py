@@ -113,6 +113,7 @@ class GenerationParams:
     stop_token_sequences: tuple[tuple[int, ...], ...] = ()
     is_constrained: bool = False
     is_timed: bool = False
+    top_logprobs: int | None = None  # None: no log-probabilities; K: each token's and K alternatives
 
     @property
     def has_host_stops(self) -> bool:
@@ -129,5 +130,6 @@ class GenerationParams:
             stop_strings=self.stop_strings,
             stop_token_sequences=self.stop_token_sequences,
             observe=self.is_timed,
+            top_logprobs=self.top_logprobs,
             **scheduling,
         )

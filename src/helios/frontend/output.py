@@ -15,6 +15,10 @@ order, and returns an `OutputStep`:
    token always ends its feed (the parsers' feeding contract). Only the visible part of a token
    that a stop cut is fed as plain text.
 
+A request that asks for log-probabilities (built with `TokenTexts`) passes each token's
+`TokenLogprobs` with it; every token fed after step 2 (not EOS, not after a stop) becomes a
+`LogprobEntry` in its step and in the final record (`helios.frontend.logprobs`).
+
 `finish(reason, reused_prompt_tokens)` flushes held text (EOS and output limits release an
 unmatched stop prefix) and returns the `OutputFinal`: usage (every token fed counts, including the
 one that crossed a stop), the parse result and the observation record. The grammar matcher is not
@@ -31,6 +35,7 @@ from typing import Sequence
 
 from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.events import Event, ParseResult
+from helios.frontend.logprobs import LogprobEntry, TokenTexts
 from helios.frontend.observation import (
     ObservationClock,
     ObservationOptions,
@@ -40,7 +45,7 @@ from helios.frontend.observation import (
 )
 from helios.frontend.parsers import OutputPipeline
 from helios.frontend.stops import StopMatcher
-from helios.runtime.events import FinishReason
+from helios.runtime.events import FinishReason, TokenLogprobs
 
 NOT_A_TOKEN = -1  # id fed with text that no single generated token ends (flushed or cut text)
 Segment = tuple[int, str]
@@ -65,6 +70,7 @@ class OutputStep:
     observation: TokenObservation | None
     events: tuple[Event, ...]
     is_stopped: bool
+    logprobs: tuple[LogprobEntry, ...] = ()  # the token's entry, for requests that ask
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,7 @@ class OutputFinal:
     usage: Usage
     result: ParseResult
     observation: ObservationRecord | None
+    logprobs: tuple[LogprobEntry, ...] | None = None  # every entry, for requests that ask
 
 
 class PendingText:
@@ -127,6 +134,7 @@ class OutputProcessor:
         observation: ObservationOptions,
         prompt_token_ids: Sequence[int],
         ingress_ns: int | None = None,
+        token_texts: TokenTexts | None = None,
     ):
         if observation.is_timed and ingress_ns is None:
             raise ValueError("a timed request needs its ingress timestamp")
@@ -141,6 +149,8 @@ class OutputProcessor:
         self._enqueue_ns: int | None = None
         self._token_ids: list[int] = []
         self._timestamps_ns: list[int] = []
+        self._token_texts = token_texts  # None: the request asks for no log-probabilities
+        self._logprobs: list[LogprobEntry] = []
         self._num_tokens = 0
         self._is_ended = False  # EOS seen or a stop matched: later tokens are ignored
         self._is_stopped = False
@@ -162,8 +172,9 @@ class OutputProcessor:
                 raise ValueError("enqueue already stamped")
             self._enqueue_ns = clock.now_ns()
 
-    def feed(self, token_id: int, observed_ns: int | None = None) -> OutputStep:
-        """One generated id (with the scheduler's completion timestamp for timed requests)."""
+    def feed(self, token_id: int, observed_ns: int | None = None, logprobs: TokenLogprobs | None = None) -> OutputStep:
+        """One generated id (with the scheduler's completion timestamp for timed requests, and its
+        log-probabilities for requests that ask)."""
         if self._is_finished:
             raise ValueError("feed after finish")
         if self._is_ended:
@@ -173,16 +184,24 @@ class OutputProcessor:
         if token_id in self._eos:
             self._is_ended = True
             return OutputStep(observation, (), False)
+        entry = self._logprob_entry(token_id, logprobs)
         text = self._detokenizer.feed(token_id)
         if self._stops is None:
-            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False)
+            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
         result = self._stops.feed(token_id, text)
         self._pending.push(token_id, text)
         segments = self._pending.release(len(result.emit_text))
         if result.matched:
             segments += self._pending.cut()
             self._is_ended = self._is_stopped = True
-        return OutputStep(observation, tuple(self._parse(segments)), result.matched)
+        return OutputStep(observation, tuple(self._parse(segments)), result.matched, entry)
+
+    def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None) -> tuple[LogprobEntry, ...]:
+        if self._token_texts is None or logprobs is None:
+            return ()
+        entry = self._token_texts.entry(token_id, logprobs)
+        self._logprobs.append(entry)
+        return (entry,)
 
     def finish(self, reason: FinishReason, reused_prompt_tokens: int = 0) -> OutputFinal:
         """Ends the output with the engine's reason (a matched stop makes it STOP) and flushes."""
@@ -194,7 +213,9 @@ class OutputProcessor:
         if self._is_stopped and reason not in (FinishReason.ERROR, FinishReason.REJECTED):
             reason = FinishReason.STOP
         usage = Usage(len(self._prompt_token_ids), self._num_tokens)
-        return OutputFinal(tuple(events), reason, usage, self._pipeline.result(), self._record(reused_prompt_tokens))
+        logprobs = tuple(self._logprobs) if self._token_texts is not None else None
+        return OutputFinal(tuple(events), reason, usage, self._pipeline.result(), self._record(reused_prompt_tokens),
+                           logprobs)
 
     def _flush(self) -> list[Segment]:
         """Held text at EOS or the output limit; a stop may still complete in the detokenizer's tail."""

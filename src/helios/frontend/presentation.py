@@ -18,6 +18,10 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   JSON body, or the chunk carrying usage: the usage-only chunk with include_usage, else the
   terminal choice chunk) ``usage``, ``reused_prompt_tokens`` and, when timed, the ``performance``
   object (``ingress_ns``, ``enqueue_ns``, ``reused_prompt_tokens``);
+- log-probabilities (requests that ask, `helios.frontend.logprobs`): ``choices[0].logprobs`` of
+  the JSON body holds every entry; in a stream, each token's entry rides on the first chunk that
+  step produces (a step that shows no text yet gets a chunk of its own, ``delta={}`` or ``text=""``);
+  text streams count ``text_offset`` across chunks;
 - finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
   ``stop``, output limit -> ``length``, cancellation -> ``cancelled``. Execution failure and
   admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 
 from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown
 from helios.frontend.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStart
+from helios.frontend.logprobs import LogprobEntry, chat_logprobs, text_logprobs
 from helios.frontend.observation import ObservationRecord
 from helios.frontend.output import OutputFinal, OutputStep, Usage
 from helios.frontend.request_options import ResponseOptions
@@ -134,13 +139,20 @@ def response_body(head: ResponseHead, final: OutputFinal) -> dict:
         choice: dict = {"index": 0, "message": message}
     else:
         choice = {"index": 0, "text": result.content}
-    choice.update(logprobs=None, finish_reason=finish_reason(final), **_token_fields(final.observation))
+    choice.update(logprobs=_logprobs_body(head.kind, final.logprobs), finish_reason=finish_reason(final),
+                  **_token_fields(final.observation))
     body = {"id": head.response_id, "object": _OBJECTS[head.kind][0], "created": head.created, "model": head.model}
     body["choices"] = [choice]
     if final.observation is not None:
         body["prompt_token_ids"] = list(final.observation.prompt_token_ids)
     body.update(_terminal_fields(final))
     return body
+
+
+def _logprobs_body(kind: ResponseKind, entries: tuple[LogprobEntry, ...] | None, text_offset: int = 0) -> dict | None:
+    if entries is None:
+        return None
+    return chat_logprobs(entries) if kind is ResponseKind.CHAT else text_logprobs(entries, text_offset)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -225,6 +237,7 @@ class StreamPresenter:
         self._head = head
         self._is_chat = head.kind is ResponseKind.CHAT
         self._has_sent_first = False
+        self._text_offset = 0  # text streams: characters of the scored tokens sent so far
 
     def start_chunks(self) -> list[dict]:
         """Chat: the role chunk (with prompt ids when observed). Text: nothing."""
@@ -239,7 +252,13 @@ class StreamPresenter:
             if step.observation.timestamp_ns is not None:
                 choice["token_timestamps_ns"] = [step.observation.timestamp_ns]
             chunks.append(self._chunk([choice]))
-        return chunks + self._event_chunks(step.events)
+        events = self._event_chunks(step.events)
+        if step.logprobs:
+            if not events:
+                events = [self._chunk([self._choice({} if self._is_chat else "")])]
+            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, step.logprobs, self._text_offset)
+            self._text_offset += sum(len(entry.text) for entry in step.logprobs)
+        return chunks + events
 
     def finish_chunks(self, final: OutputFinal) -> list[dict]:
         """Flushed deltas, the terminal choice chunk and, with include_usage, the usage chunk."""

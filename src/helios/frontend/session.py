@@ -32,6 +32,7 @@ from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.grammar_request import OutputConstraints
+from helios.frontend.logprobs import TokenTexts, check_logprobs_capability, requested_logprobs
 from helios.frontend.observation import ObservationOptions
 from helios.frontend.output import OutputFinal, OutputProcessor
 from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, ToolRegistry
@@ -73,6 +74,7 @@ class ModelFacts:
     served_names: tuple[str, ...]  # the served id first, then its aliases
     vocab_size: int  # one past the largest sampled id (mask and stop-id range)
     input_range: tuple[int, int]  # valid prompt ids [begin, end)
+    token_logprobs: int = 0  # alternatives per token the core's token-logprobs programs return (0: none)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class OutputFactory:
     observation: ObservationOptions
     prompt_token_ids: tuple[int, ...] = field(repr=False)
     ingress_ns: int | None
+    token_texts: TokenTexts | None = None  # set when the request asks for log-probabilities
 
     def create(self) -> OutputProcessor:
         if self.frontend is None:
@@ -101,6 +104,7 @@ class OutputFactory:
             self.observation,
             self.prompt_token_ids,
             self.ingress_ns,
+            self.token_texts,
         )
 
 
@@ -167,6 +171,7 @@ class FrontendModel:
         self._facts = facts
         self._draw_seed = draw_seed
         self._text_bounds = TextBounds.from_tokenizer(tokenizer, settings.context_tokens)
+        self._token_texts = TokenTexts(tokenizer)
 
     @classmethod
     def from_contract(
@@ -197,7 +202,8 @@ class FrontendModel:
             tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
         )
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
-        facts = ModelFacts(names, vocab_size, prepared.input_range)
+        logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
+        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed,
                    thinking_switch_of(chat_template_source))
@@ -242,9 +248,11 @@ class FrontendModel:
             start=self._syntax.output_start(prompt),
             answer=AnswerMode.STRUCTURED if answer is not None else AnswerMode.FREE,
         )
-        params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response)
+        params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response,
+                              self._logprobs(body, is_chat=True))
         head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids)
-        factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns)
+        factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns,
+                                params.top_logprobs is not None)
         return PreparedChat(
             request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt
         )
@@ -256,11 +264,12 @@ class FrontendModel:
         response = parse_response_options(body)
         _check_ingress(response, ingress_ns)
         stops = parse_body_stops(body, self._facts.vocab_size)
+        logprobs = self._logprobs(body, is_chat=False)
         prompt_ids = self._completion_prompt(body.prompt)
-        params = self._params(body, stops, body.max_tokens, len(prompt_ids), False, response)
+        params = self._params(body, stops, body.max_tokens, len(prompt_ids), False, response, logprobs)
         request_id = request_id or uuid.uuid4().hex
         head = self._head(f"cmpl-{request_id}", created, ResponseKind.TEXT, response, prompt_ids)
-        factory = self._factory(None, None, stops, response, prompt_ids, ingress_ns)
+        factory = self._factory(None, None, stops, response, prompt_ids, ingress_ns, logprobs is not None)
         return PreparedCompletion(request_id, head, prompt_ids, params, None, 0, factory)
 
     def _check_model(self, name: str) -> None:
@@ -280,8 +289,15 @@ class FrontendModel:
             raise PromptError("the prompt is empty")
         return ids
 
+    def _logprobs(self, body, is_chat: bool) -> int | None:
+        """Alternatives per token the body asks for (None: no log-probabilities); a 400 when the
+        core cannot compute them."""
+        requested = requested_logprobs(body, is_chat)
+        check_logprobs_capability(requested, self._facts.token_logprobs)
+        return requested
+
     def _params(self, body, stops: StopOptions, requested: int | None, prompt_len: int, is_constrained: bool,
-                response: ResponseOptions) -> GenerationParams:
+                response: ResponseOptions, top_logprobs: int | None = None) -> GenerationParams:
         defaults = self._settings.sampling
         limit = resolve_output_limit(requested, defaults.max_output_tokens, self._settings.context_tokens, prompt_len)
         return GenerationParams(
@@ -292,6 +308,7 @@ class FrontendModel:
             stop_token_sequences=tuple((t,) for t in stops.token_ids) + stops.token_sequences,
             is_constrained=is_constrained,
             is_timed=response.observation.is_timed,
+            top_logprobs=top_logprobs,
         )
 
     def _head(self, response_id: str, created: int | None, kind: ResponseKind, response: ResponseOptions,
@@ -300,10 +317,12 @@ class FrontendModel:
         return ResponseHead(response_id, created, self.served_id, kind, response, prompt_ids)
 
     def _factory(self, syntax: FrontendSyntax | None, request: OutputRequest | None, stops: StopOptions,
-                 response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None) -> OutputFactory:
+                 response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None,
+                 logprobs: bool = False) -> OutputFactory:
         return OutputFactory(
             self._tokenizer, syntax, request, stops,
             self._settings.eos_token_ids, response.observation, prompt_ids, ingress_ns,
+            self._token_texts if logprobs else None,
         )
 
 

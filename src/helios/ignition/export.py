@@ -34,7 +34,7 @@ from helios.ignition.preparation.contract import (
     ProgramResource,
     declare_paged_text,
 )
-from helios.ignition.program_spec import AttentionTuning, Capacity, Operation, ProgramOptions
+from helios.ignition.program_spec import LOGPROB_OPERATIONS, AttentionTuning, Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import Recipe, load_checkpoint
 from helios.ignition.safetensors_image import digest_in_background
 from helios.ignition.sharding import rank_architecture, rank_weight_files
@@ -65,6 +65,10 @@ class CapacityPlan:
     # DECODE keeps each slot's sampled token on the device, so decode rounds can occupy both
     # execution frames (the host packs round N+1 while round N runs).
     device_pending: bool = True
+    # Every PREFILL, DECODE and MIXED variant also gets its token-logprobs variant (a second
+    # program at the same capacity that returns the sampled tokens' log-probabilities; the runtime
+    # runs it only for steps holding a request that asks for them).
+    token_logprobs: bool = True
 
     def __post_init__(self) -> None:
         if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
@@ -98,6 +102,12 @@ class CapacityPlan:
         if self.speculative is not None:
             plan += self.speculative.variants(self.decode_batches)
         return plan + [(Operation.TUNING, TUNING_CAPACITY)]
+
+    def logprob_variants(self) -> list[tuple[Operation, Capacity]]:
+        """The serving variants that get a token-logprobs variant (none without `token_logprobs`)."""
+        if not self.token_logprobs:
+            return []
+        return [(op, capacity) for op, capacity in self.variants() if op.value in LOGPROB_OPERATIONS]
 
 
 @dataclass(frozen=True)
@@ -138,18 +148,20 @@ def prepare_core(
     plan = options.capacities
     writer = CoreWriter()
     programs = []
-    variants = plan.variants()
+    variants = [(op, capacity, False) for op, capacity in plan.variants()]
+    variants += [(op, capacity, True) for op, capacity in plan.logprob_variants()]
     draft = load_draft(plan.speculative, arch) if plan.speculative is not None else None
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
     program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning,
                                           device_pending=plan.device_pending)
-    for number, (operation, capacity) in enumerate(variants, 1):
-        captured = capture_program(arch, operation, capacity, plan.page_tokens, program_options)
-        resource_id = f"program.{operation.value}.{_variant_label(capacity)}"
+    for number, (operation, capacity, logprobs) in enumerate(variants, 1):
+        captured = capture_program(arch, operation, capacity, plan.page_tokens,
+                                   dataclasses.replace(program_options, token_logprobs=logprobs))
+        resource_id = f"program.{operation.value}{'_logprobs' if logprobs else ''}.{_variant_label(capacity)}"
         resource_id += ".rank0" if ranks == 1 else ""  # ranks > 1 share one program resource
         writer.add_resource(resource_id, ResourceKind.PROGRAM_IMAGE, captured.program, rank=0 if ranks == 1 else None)
         programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
-        progress(f"captured {operation.value} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
+        progress(f"captured {operation.value}{' (logprobs)' if logprobs else ''} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
                  f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(variants)}]")
     for weights in weight_files:
         writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.image.segments, rank=weights.rank)

@@ -14,7 +14,9 @@ uploads a slot's page-table entries once, when they are assigned.
 In a core with a draft model (`ProgramOptions.draft`) every program also takes the draft inputs
 last (``*draft``: its planes and page table, see `helios.ignition.draft`) and writes the draft's
 keys/values of the packed tokens. With `ProgramOptions.record_tokens` the completion record carries
-the emitted token as its first extra column.
+the emitted token as its first extra column. With `ProgramOptions.token_logprobs` (a PREFILL, DECODE
+or MIXED program's logprob variant) the program also returns ``helios::token_logprobs`` of every
+row: the sampled token's log-probability and the `logprob_width` most probable ids with theirs.
 
 A core prepared with startup tuning (`ProgramOptions.attention_tuning`) captures DECODE as
 `TunedDecodeProgram`: it also takes ``attention_splits`` and attends with its own entry (a static
@@ -34,11 +36,14 @@ import torch
 
 import helios.abi.completion  # noqa: F401  (registers helios::completion_record)
 import helios.abi.sampling  # noqa: F401  (registers helios::sample)
+import helios.abi.token_logprobs  # noqa: F401  (registers helios::token_logprobs)
 from helios.abi.sampling import split_sampling_parameters
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
 from helios.ignition.draft import DraftStorage, split_weights, write_history
-from helios.ignition.program_spec import DRAFT_INPUTS, PENDING_TOKENS, ProgramOptions, model_weight_layout
+from helios.ignition.program_spec import (
+    DRAFT_INPUTS, PENDING_TOKENS, ProgramOptions, logprob_width, model_weight_layout,
+)
 from helios.ignition.speculative import with_emitted
 
 
@@ -53,6 +58,7 @@ class GenerationProgram(torch.nn.Module):
         self.page_tokens = page_tokens
         self.draft = options.draft
         self.record_tokens = options.record_tokens
+        self.token_logprobs = options.token_logprobs
         self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft))
         # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more.
         self.trailing_input_names = DRAFT_INPUTS if options.draft is not None else ()
@@ -70,10 +76,10 @@ class GenerationProgram(torch.nn.Module):
     def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None):
         w = self.bind(weights, step, lanes[0], draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
-        sampled, logits = self.sample(w, hidden, step, counts, lanes, controls)
+        sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
         if pending is not None:
             store_pending(pending, lanes[0], sampled)
-        return self.completion(step, lanes, sampled), logits
+        return self.completion(step, lanes, sampled), logits, *scores
 
     def bind(self, weights: list[torch.Tensor], step: PackedStep, request_slots, draft) -> dict[str, torch.Tensor]:
         """The target's named weights, after the draft (if any) has written its history of `step`."""
@@ -95,7 +101,10 @@ class GenerationProgram(torch.nn.Module):
         return PackedStep(token_ids, positions, query_start, rows_page_table, slots, up_project=self.up_projects)
 
     def sample(self, w, hidden, step: PackedStep, counts, lanes, controls):
-        """Sample each row's next token from its last packed token; count it in output_counts."""
+        """Sample each row's next token from its last packed token; count it in output_counts.
+        Returns (sampled, logits, scores): `scores` is () or, in a token-logprobs program, the
+        ``helios::token_logprobs`` outputs of the distribution the token was drawn from (read
+        before this step's token is counted)."""
         output_counts, prompt_counts = counts
         request_slots, sample_rows = lanes[0], lanes[2]
         seeds, counters, params, grammar_mask = controls
@@ -108,9 +117,13 @@ class GenerationProgram(torch.nn.Module):
             prompt_counts[slots], output_counts[slots], grammar_mask, allow,
         )
         sampled = torch.where(sample_rows, sampled, torch.full_like(sampled, -1))
+        scores = ()
+        if self.token_logprobs:
+            scores = torch.ops.helios.token_logprobs(
+                logits, sampled, penalties, prompt_counts[slots], output_counts[slots], grammar_mask, allow, logprob_width(self.arch))
         counted = (sampled >= 0).to(output_counts.dtype)  # NO_TOKEN (-1) rows count nothing
         output_counts.index_put_((slots, sampled.clamp(min=0)), counted, accumulate=True)
-        return sampled, logits
+        return sampled, logits, tuple(scores)
 
     @staticmethod
     def last_tokens(step: PackedStep) -> torch.Tensor:
@@ -231,8 +244,8 @@ class ScoredPrefillProgram(GenerationProgram):
         w = self.bind(weights, step, request_slots, draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         lanes = (request_slots, generations, sample_rows, query_lens, submission)
-        sampled, logits = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
-                                      (seeds, counters, sampling_params, grammar_mask))
+        sampled, logits, _ = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
+                                         (seeds, counters, sampling_params, grammar_mask))
         return self.completion(step, lanes, sampled), logits, self.target_logprobs(w, hidden, step, target_ids)
 
     def target_logprobs(self, w, hidden, step: PackedStep, target_ids) -> torch.Tensor:

@@ -21,7 +21,10 @@ A program is called positionally as ``module(weights, *tensors)`` in the order o
   token in its ``token`` column, -1 where ``sample_rows[r]`` is false), and ``logits`` [R, V], the
   float32 logits of each row's last packed token. SCORED_PREFILL adds ``target_ids`` [T] (the token
   each packed token should predict) and ``target_logprobs`` [T], that target's log-probability
-  after each packed token (0 for padding tokens).
+  after each packed token (0 for padding tokens). A token-logprobs variant
+  (`ProgramOptions.token_logprobs`) adds `LOGPROB_OUTPUTS`: ``token_logprob`` [R] (the sampled
+  token's log-probability, -inf for rows that sample nothing), ``top_token_ids`` [R, K] and
+  ``top_token_logprobs`` [R, K] (K = `logprob_width`), see `helios.abi.token_logprobs`.
 
 SPECULATIVE programs (`helios.ignition.speculative`) have four extents: B rows, W verify tokens per
 lane (pending token included), P packed target tokens, D proposal draws. Their per-lane inputs are
@@ -60,6 +63,8 @@ from dataclasses import dataclass
 
 from helios.abi.completion import NUM_FIELDS as COMPLETION_FIELDS
 from helios.abi.sampling import NUM_SAMPLING_PARAMETERS
+from helios.abi.token_logprobs import MAX_TOP
+from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.ignition.architecture import Architecture, CheckpointError, WeightSlot, weight_layout
 
 Dim = int | str
@@ -70,6 +75,9 @@ DRAFT_INPUTS = ("draft_k_cache", "draft_v_cache", "draft_page_table")
 KV_PLANES = ("k_cache", "v_cache")
 LATENT_PLANES = ("latent_cache", "rope_cache")
 CONFIDENCE_OUTPUT = "proposal_confidence"
+# Outputs of a token-logprobs program (`ProgramOptions.token_logprobs`), in return order after the logits.
+LOGPROB_OUTPUTS = TOKEN_LOGPROB_OUTPUTS
+LOGPROB_OPERATIONS = frozenset({"prefill", "decode", "mixed"})  # Operation values with a logprob variant
 
 
 class Operation(enum.Enum):
@@ -151,6 +159,9 @@ class ProgramOptions:
     `attention_tuning`: DECODE programs read tuned split counts (None: they call the untuned op).
     `device_pending`: DECODE programs keep each slot's last sampled token in ``pending_tokens`` and
     read it for rows whose token the host packs as -1 (a second execution frame).
+    `token_logprobs`: a PREFILL, DECODE or MIXED program also returns `LOGPROB_OUTPUTS`, the
+    ``helios::token_logprobs`` values of each row's sampled token (the logprob variant of a
+    program; the runtime runs it only for steps holding a request that asks for log-probabilities).
     """
 
     draft: Architecture | None = None
@@ -158,6 +169,13 @@ class ProgramOptions:
     allocates_prefixes: bool = False
     attention_tuning: AttentionTuning | None = None
     device_pending: bool = False
+    token_logprobs: bool = False
+
+
+def logprob_width(arch: Architecture) -> int:
+    """Alternatives a token-logprobs program returns per row: `MAX_TOP`, or the whole vocabulary
+    when it is smaller."""
+    return min(MAX_TOP, arch.vocab_size)
 
 
 def model_weight_layout(arch: Architecture, draft: Architecture | None = None) -> tuple[WeightSlot, ...]:
@@ -227,6 +245,8 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_draft_inputs(options.draft, page_tokens),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
+    if options.token_logprobs:
+        outputs += _logprob_outputs(arch, capacity)
     return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)
 
 
@@ -255,7 +275,16 @@ def _tuning_spec(capacity: Capacity, page_tokens: int, options: ProgramOptions) 
     return ProgramSpec(Operation.TUNING, capacity, page_tokens, inputs, (), (), options=options)
 
 
+def _logprob_outputs(arch: Architecture, capacity: Capacity) -> tuple[OutputSpec, ...]:
+    rows, width = capacity.batch_capacity, logprob_width(arch)
+    shapes = ((rows,), (rows, width), (rows, width))
+    return tuple(OutputSpec(name, dtype, shape)
+                 for name, dtype, shape in zip(LOGPROB_OUTPUTS, ("float32", "int64", "float32"), shapes))
+
+
 def _check_capacity(operation: Operation, capacity: Capacity, options: ProgramOptions) -> None:
+    if options.token_logprobs and operation.value not in LOGPROB_OPERATIONS:
+        raise CheckpointError(f"{operation.value} programs have no token-logprobs variant")
     if operation is Operation.DECODE and capacity.packed_token_capacity != capacity.batch_capacity:
         raise CheckpointError(f"a DECODE variant needs T == R, got {capacity}")
     if operation is not Operation.SPECULATIVE:

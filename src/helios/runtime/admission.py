@@ -64,6 +64,12 @@ def check_admission(spec: RequestSpec, caps: Capacities) -> None:
     _check_stops(spec, caps)
     if spec.score_prompt and not caps.has(Operation.SCORED_PREFILL):
         raise UnsupportedRequest(f"request {spec.request_id}: no scored prefill program is loaded")
+    if spec.top_logprobs is not None and not 0 <= spec.top_logprobs <= caps.token_logprobs:
+        if not caps.token_logprobs:
+            raise UnsupportedRequest(f"request {spec.request_id}: no token-logprobs program is loaded")
+        raise UnsupportedRequest(
+            f"request {spec.request_id}: {spec.top_logprobs} alternatives per token; the programs return "
+            f"{caps.token_logprobs}")
 
 
 def _check_stops(spec: RequestSpec, caps: Capacities) -> None:

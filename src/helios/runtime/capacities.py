@@ -170,6 +170,7 @@ class Capacities:
     input_vocab_size: int = 0  # 0: same as vocab_size
     queue_capacity: int = 256
     stops: StopLimits = field(default_factory=StopLimits)
+    token_logprobs: int = 0  # alternatives the loaded token-logprobs programs return per row (0: none loaded)
 
     def __post_init__(self) -> None:
         _validate(self)

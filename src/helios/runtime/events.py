@@ -3,7 +3,8 @@
 A request yields zero or more `TokenEvent`s and then exactly one `FinishEvent`. Token events of
 observed requests carry `observed_ns`: one host clock read right after validated completion
 (before grammar advancement, stop handling or parsing); unobserved requests read no clock and
-carry None.
+carry None. Token events of a request that asks for log-probabilities (`RequestSpec.top_logprobs`)
+carry one `TokenLogprobs` per token in `logprobs`; others carry None.
 """
 
 from __future__ import annotations
@@ -24,10 +25,21 @@ class FinishReason(enum.IntEnum):
     ERROR = 6  # its execution failed or its completion record was invalid
 
 
+class TokenLogprobs(NamedTuple):
+    """One sampled token's log-probability under the distribution it was drawn from (after
+    penalties and grammar mask, before temperature and filters; see `helios.abi.token_logprobs`)
+    and the request's number of most probable (id, log-probability) alternatives, most probable
+    first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class TokenEvent(NamedTuple):
     request_id: str
     token_ids: tuple[int, ...]
     observed_ns: int | None
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token, for requests that ask
 
 
 class FinishEvent(NamedTuple):

@@ -24,6 +24,14 @@ program's named outputs in `StepOutput.outputs` are its static graph outputs on 
 that program is launched again (read them before the next `launch`, or use `run`). `run` is
 `finish(launch(plan))`.
 
+Token log-probabilities: a plain PREFILL, DECODE or MIXED program may have a token-logprobs twin
+(same operation and capacities, `GraphContract.token_logprobs`), which also returns each row's
+``helios::token_logprobs`` values. `launch` runs the twin instead of the planned program only when
+a sampling row of the plan belongs to a request that asks for log-probabilities (steps without
+one pay nothing), and queues the copy of those outputs to the host with the record's; `finish`
+attaches each asking row's `TokenLogprobs` (its request's number of alternatives) to its
+`RowResult`.
+
 Thread ownership: the model worker only. Buffers stay alive through execution drain because the
 `LoadedModel` owns them.
 """
@@ -47,8 +55,10 @@ from helios.abi.completion import (
 )
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
+from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.errors import ExecutionError
 from helios.runtime.capacities import Operation
+from helios.runtime.events import TokenLogprobs
 from helios.runtime.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.packer import Packer
 from helios.runtime.plan import CopyOp, PlanRow, RowResult, StepPlan, StorageKind
@@ -74,6 +84,7 @@ class Launched:
     program: LoadedProgram | None  # None: a plan of copies only
     outputs: Mapping[str, torch.Tensor]
     done: torch.cuda.Event | None  # recorded after the record's copy (CUDA only)
+    scores: tuple[torch.Tensor, ...] | None = None  # host copies of a token-logprobs program's outputs
 
 
 class Executor:
@@ -84,6 +95,7 @@ class Executor:
         self.model = model
         self.packer = packer
         self._programs = programs  # variant name -> program
+        self._twins = logprob_twins(programs.values())  # plain variant name -> token-logprobs twin
         manifest = model.prepared.manifest
         self._completion = model.buffers[manifest.completion.buffer]
         self._submission = model.buffers.get(manifest.completion.submission_input)
@@ -118,11 +130,11 @@ class Executor:
             self._copy(copy)
         if plan.variant is None:
             return Launched(plan, None, {}, None)
-        program = self._programs[plan.variant.name]
+        program = self._program_for(plan)
         self.packer.pack(program.graph, plan, masks)
         if self._submission is not None:
             self._submission.fill_(plan.sequence)
-        args = self._arguments[plan.variant.name]
+        args = self._arguments[variant_name(program)]
         with torch.inference_mode():
             replay = getattr(program.module, "replay", None)  # a captured program (CUDA graphs)
             returned = replay(greedy=self.packer.all_greedy(plan)) if replay else program.module(*args)
@@ -134,11 +146,21 @@ class Executor:
         if confidence is not None and self._confidence is not None:
             target = self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]]
             target.copy_(confidence, non_blocking=asynchronous and self._confidence.is_pinned())
+        scores = None
+        if program.token_logprobs:
+            scores = tuple(_to_host(outputs[name][: len(plan.rows)], asynchronous) for name in TOKEN_LOGPROB_OUTPUTS)
         done = None
         if record.device.type == "cuda":  # on the model's stream, whatever this thread's current device
             done = self._events[plan.frame]
             done.record(torch.cuda.current_stream(record.device))
-        return Launched(plan, program, outputs, done)
+        return Launched(plan, program, outputs, done, scores)
+
+    def _program_for(self, plan: StepPlan) -> LoadedProgram:
+        """The planned program, or its token-logprobs twin when a row asks for log-probabilities."""
+        twin = self._twins.get(plan.variant.name)
+        if twin is not None and self.packer.wants_logprobs(plan):
+            return twin
+        return self._programs[plan.variant.name]
 
     def finish(self, launched: Launched) -> StepOutput:
         """Waits for `launched` and validates its record (raises `CompletionError` when invalid)."""
@@ -148,8 +170,23 @@ class Executor:
             launched.done.synchronize()
         plan = launched.plan
         results = self._results(plan, launched.program, self._frame(plan)[: len(plan.rows)])
+        if launched.scores is not None:
+            results = self._with_logprobs(plan, results, launched.scores)
         self.packer.observe(plan, results)
         return StepOutput(results, launched.outputs)
+
+    def _with_logprobs(self, plan: StepPlan, results: tuple[RowResult, ...], scores) -> tuple[RowResult, ...]:
+        """`results` with the `TokenLogprobs` of every emitting row whose request asks for them."""
+        chosen, top_ids, top_values = (tensor.tolist() for tensor in scores)
+        out = []
+        for index, (row, result) in enumerate(zip(plan.rows, results)):
+            count = self.packer.top_logprobs(row.request_id)
+            if count is None or len(result.token_ids) != 1:
+                out.append(result)
+                continue
+            top = tuple(zip(top_ids[index][:count], top_values[index][:count]))
+            out.append(result._replace(logprobs=(TokenLogprobs(chosen[index], top),)))
+        return tuple(out)
 
     def _frame(self, plan: StepPlan) -> torch.Tensor:
         """The plan's frame of the completion buffer as int64 records [rows, columns]."""
@@ -212,6 +249,27 @@ def _lane(row: PlanRow, speculative: bool = False) -> LaneExpectation:
     else:
         kind = LaneKind.GENERATE
     return LaneExpectation(row.slot, row.generation, kind, row.start_pos, row.query_len, row.constrained)
+
+
+def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
+    """A host copy of a program output (queued on the stream when `asynchronous`; the launch's
+    event, recorded after it, says when it is complete)."""
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    return tensor.to("cpu", non_blocking=asynchronous)
+
+
+def logprob_twins(programs) -> dict[str, LoadedProgram]:
+    """Plain variant name -> its token-logprobs twin (same operation and capacities), over the
+    loaded programs that have one."""
+    plain = {(p.operation, p.batch_capacity, p.packed_token_capacity): variant_name(p)
+             for p in programs if not p.token_logprobs and p.speculative is None}
+    twins = {}
+    for program in programs:
+        name = plain.get((program.operation, program.batch_capacity, program.packed_token_capacity))
+        if program.token_logprobs and name is not None:
+            twins[name] = program
+    return twins
 
 
 def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:

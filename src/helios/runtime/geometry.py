@@ -11,6 +11,7 @@ from helios.contract import serving_pb2 as spb
 from helios.runtime.capacities import (
     Capacities,
     CacheGeometry,
+    Operation,
     HistoryKind,
     HistoryRegion,
     LengthSource,
@@ -18,7 +19,7 @@ from helios.runtime.capacities import (
     ProgramVariant,
     StorageLayout,
 )
-from helios.runtime.executor import OPERATIONS, variant_name
+from helios.runtime.executor import OPERATIONS, logprob_twins, variant_name
 from helios.runtime.model import LoadedModel, LoadedProgram
 
 _KINDS = {
@@ -77,7 +78,8 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
     """The scheduler's view of `model`: selected concurrency, extents, variants and cache geometry."""
     settings = model.settings
     layout = storage_layout(model)
-    variants = tuple(program_variant(p, model.prepared) for p in model.programs)
+    # A token-logprobs variant is not planned for: the executor runs it in place of its plain twin.
+    variants = tuple(program_variant(p, model.prepared) for p in model.programs if not p.token_logprobs)
     vocab_begin, vocab_end = model.prepared.sampled_range
     geometry = CacheGeometry(
         layout=layout, num_pages=model.num_pages,
@@ -88,4 +90,17 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         max_active=settings.max_concurrency, context_tokens=settings.context_tokens,
         prefill_tokens=settings.prefill_tokens, vocab_size=vocab_end, variants=variants, cache=geometry,
         input_vocab_size=model.prepared.input_range[1], queue_capacity=queue_capacity,
+        token_logprobs=logprob_width(model.programs),
     )
+
+
+def logprob_width(programs) -> int:
+    """Alternatives per row every plain PREFILL/DECODE/MIXED program's token-logprobs twin returns
+    (`helios.runtime.executor.logprob_twins`); 0 when some program has no twin (a core prepared
+    without them), so the whole capability is either there or refused."""
+    twins = logprob_twins(programs)
+    plain = [p for p in programs if not p.token_logprobs and p.speculative is None
+             and OPERATIONS.get(p.operation) in (Operation.PREFILL, Operation.DECODE, Operation.MIXED)]
+    if not plain or any(variant_name(p) not in twins for p in plain):
+        return 0
+    return min(twins[variant_name(p)].token_logprobs for p in plain)

@@ -41,6 +41,7 @@ from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
+from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.core.records import ResourceKind
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
@@ -96,6 +97,7 @@ class LoadedProgram:
     outputs: tuple[str, ...]
     input_shapes: tuple[tuple[int | None, ...], ...]  # static extents per input; None where symbolic
     speculative: SpeculativeShape | None = None  # W, D, lane limit, length source (SPECULATIVE only)
+    token_logprobs: int = 0  # alternatives per row of a token-logprobs variant (0: a plain program)
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,9 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
     if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
         exported = move_to_device_pass(exported, {"cpu": str(device)})
     graph = prepared.graphs[handle.graph]
+    if graph.token_logprobs and not set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs):
+        raise MissingVariantError(f"graph {handle.graph!r} is a token-logprobs variant whose program does not "
+                                  f"return {', '.join(TOKEN_LOGPROB_OUTPUTS)}")
     module = exported.module()
     drop_no_op_nodes(module)
     # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
@@ -243,7 +248,7 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
         packed_token_capacity=handle.capacity.packed_token_capacity, module=module,
         weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
         outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
-        speculative=speculative_shape(prepared, handle),
+        speculative=speculative_shape(prepared, handle), token_logprobs=graph.token_logprobs,
     )
 
 

@@ -58,6 +58,7 @@ class AdmissionValues:
     sampling: tuple[float, ...]  # NUM_SAMPLING_PARAMETERS values, in the order above
     output_limit: int
     eos_ids: tuple[int, ...] = ()
+    top_logprobs: int | None = None  # None: no log-probabilities; K: the token's and K alternatives
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,15 @@ class Packer:
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
         self._staging.upload()
+
+    def top_logprobs(self, request_id: str) -> int | None:
+        """The alternatives per token a registered request asks for (None: no log-probabilities)."""
+        values = self._requests.get(request_id)
+        return values.top_logprobs if values is not None else None
+
+    def wants_logprobs(self, plan: StepPlan) -> bool:
+        """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
+        return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
 
     def all_greedy(self, plan: StepPlan) -> bool:
         """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""

@@ -14,6 +14,7 @@ import enum
 from typing import NamedTuple
 
 from helios.runtime.capacities import Operation, ProgramVariant
+from helios.runtime.events import TokenLogprobs
 
 
 class StorageKind(enum.IntEnum):
@@ -90,7 +91,8 @@ class RowResult(NamedTuple):
     `consumed_endpoint` is the committed history length after the row; `token_ids` the emitted
     tokens (empty for a non-sampling row). Speculative rows also report `offered_tokens` (target
     rows used, including the pending token), `accepted_drafts` and `draft_cursor` (-1 when the
-    program has no draft cursor).
+    program has no draft cursor). `logprobs` holds one `TokenLogprobs` per emitted token when the
+    row's request asks for log-probabilities and the step ran a token-logprobs program.
     """
 
     slot: int
@@ -100,3 +102,4 @@ class RowResult(NamedTuple):
     offered_tokens: int = 1
     accepted_drafts: int = 0
     draft_cursor: int = -1
+    logprobs: tuple[TokenLogprobs, ...] | None = None

@@ -34,6 +34,8 @@ class RequestSpec:
     `observe` asks for token timestamps. `publish_snapshot` asks to checkpoint the final
     committed state for later requests (multi-turn reuse). `score_prompt` runs the prompt
     through scored prefill (no prefix reuse). `cache_salt` separates prefix-cache namespaces.
+    `top_logprobs` (None: none) asks for every sampled token's log-probability and that many
+    most probable alternatives: its steps run token-logprobs programs, never speculative ones.
     """
 
     request_id: str
@@ -48,6 +50,7 @@ class RequestSpec:
     publish_snapshot: bool = False
     score_prompt: bool = False
     cache_salt: bytes = b""
+    top_logprobs: int | None = None
 
     @cached_property
     def has_host_stops(self) -> bool:

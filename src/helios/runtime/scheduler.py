@@ -181,7 +181,7 @@ class Scheduler:
             if row.samples:
                 if req.spec.observe and now is None:
                     now = self._clock()
-                reason = self._accept(req, result.token_ids, now if req.spec.observe else None, events)
+                reason = self._accept(req, result, now if req.spec.observe else None, events)
             self.cache.publish(req)
             if reason is not None:
                 self._finish(req, reason, events)
@@ -222,13 +222,14 @@ class Scheduler:
         req.num_pending_samples -= row.samples
 
     @staticmethod
-    def _accept(req: RequestState, token_ids: tuple[int, ...], observed: int | None,
+    def _accept(req: RequestState, result: RowResult, observed: int | None,
                 events: list[RequestEvent]) -> FinishReason | None:
         """Append emitted tokens up to the first EOS or the output limit; the reason it ends."""
+        token_ids, logprobs = result.token_ids, result.logprobs
         if len(token_ids) == 1:  # the common case, kept cheap
             token = token_ids[0]
             req.token_ids.append(token)
-            events.append(TokenEvent(req.request_id, token_ids, observed))
+            events.append(TokenEvent(req.request_id, token_ids, observed, logprobs))
             if token in req.spec.eos_ids:
                 return FinishReason.EOS
             if len(req.token_ids) - req.num_prompt_tokens >= req.spec.max_output_tokens:
@@ -245,7 +246,8 @@ class Scheduler:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 break
-        events.append(TokenEvent(req.request_id, tuple(token_ids[:count]), observed))
+        events.append(TokenEvent(req.request_id, tuple(token_ids[:count]), observed,
+                                 logprobs[:count] if logprobs is not None else None))
         return reason
 
     def _terminate(self, request_id: str, reason: FinishReason) -> list[RequestEvent]:

@@ -4,7 +4,8 @@
 - the operation: DECODE when every chosen lane has only its pending token left; PREFILL when
   only prompts (or recomputation) remain; MIXED when both (without a MIXED program, prompt and
   decode steps alternate); SCORED_PREFILL for prompts that need scores (alternating with the
-  rest); SPECULATIVE instead of DECODE when loaded and enabled;
+  rest); SPECULATIVE instead of DECODE when loaded and enabled, unless a running request asks for
+  log-probabilities (the executor runs DECODE's token-logprobs variant for it);
 - the lanes, in scheduling order (priority, then submission), within the program's row and
   packed-token capacities and the prefill extent; a prompt longer than what is left of the
   extent is chunked, and one token stays reserved for every later decoding lane;
@@ -135,9 +136,13 @@ class StepBuilder:
         return None
 
     def _decode_operation(self) -> Operation:
-        if self.policy.speculative and self.caps.has(Operation.SPECULATIVE):
+        if self.policy.speculative and self.caps.has(Operation.SPECULATIVE) and not self._wants_logprobs():
             return Operation.SPECULATIVE
         return Operation.DECODE if self.caps.has(Operation.DECODE) else Operation.MIXED
+
+    def _wants_logprobs(self) -> bool:
+        """A running request asks for log-probabilities (speculative programs compute none)."""
+        return any(req.spec.top_logprobs is not None for req in self.queues.running)
 
     def _prefill_operation(self) -> Operation:
         return Operation.PREFILL if self.caps.has(Operation.PREFILL) else Operation.MIXED

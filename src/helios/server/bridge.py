@@ -133,9 +133,10 @@ class ResponseBridge:
         observed_ns = None if event.observed_ns is None else event.observed_ns - self._origin_ns
         steps = []
         try:
-            for token_id in event.token_ids:
-                step = self._output.feed(token_id, observed_ns)
-                if self._is_stream and (step.events or step.observation is not None):
+            logprobs = event.logprobs or (None,) * len(event.token_ids)
+            for token_id, values in zip(event.token_ids, logprobs):
+                step = self._output.feed(token_id, observed_ns, values)
+                if self._is_stream and (step.events or step.observation is not None or step.logprobs):
                     steps.append(step)
                 if step.is_stopped:
                     break

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from helios.frontend.logprobs import MAX_TOP_LOGPROBS
 from helios.frontend.request_options import ChatOptionError, check_chat_options, check_completion_options
 
 MAX_MESSAGES = 1024
@@ -227,8 +228,11 @@ class ChatCompletionRequest(_SamplingFields):
         default=None, max_length=MAX_TEMPLATE_KWARGS)
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
-    logprobs: Literal[False] | None = Field(default=None, description="Off (log-probabilities are not returned)")
-    top_logprobs: Literal[0] | None = Field(default=None, description="Off: null or 0")
+    logprobs: StrictBool | None = Field(
+        default=None, description="Return each output token's log-probability (choices[].logprobs.content)")
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS,
+        description="Most probable alternatives per output token, 0-20 (a nonzero value needs logprobs: true)")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
         default=None, description="Sets the family's thinking switch (the chat template argument "
         "enable_thinking) where it has one: none turns thinking off, any other value on")
@@ -241,7 +245,9 @@ class CompletionRequest(_SamplingFields):
     best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
                                       description="Accepted where it means the same as n: equal to n (or 1 without n)")
     echo: Literal[False] | None = None
-    logprobs: None = Field(default=None, description="Off (log-probabilities are not returned): null only")
+    logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS,
+        description="Return each output token's log-probability and this many most probable alternatives (0-20)")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
 

@@ -45,7 +45,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
 from helios.ignition.preparation import speculative as spec_decl
 from helios.ignition.program_spec import (
-    CONFIDENCE_OUTPUT, LATENT_PLANES, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
+    CONFIDENCE_OUTPUT, LATENT_PLANES, LOGPROB_OUTPUTS, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
 )
 from helios.ignition.tuning import TUNING_GRAPH
 
@@ -141,8 +141,13 @@ class ProgramResource:
     rank: int = 0
 
 
-def graph_name(operation: Operation) -> str:
-    return operation.value
+def graph_name(operation: Operation, token_logprobs: bool = False) -> str:
+    """A graph's name: its operation's, with ``_logprobs`` for the token-logprobs variant."""
+    return operation.value + ("_logprobs" if token_logprobs else "")
+
+
+def _graph_of(spec: ProgramSpec) -> str:
+    return graph_name(spec.operation, spec.options.token_logprobs)
 
 
 def declare_paged_text(
@@ -167,11 +172,12 @@ def declare_paged_text(
     )
     manifest.completion.CopyFrom(_completion_layout(programs))
     graphs = []
-    for operation in _operations(programs):
-        variants = [p for p in programs if p.spec.operation is operation]
-        graphs.append(_graph(operation, variants, first, producers))
-        manifest.execution_catalog.add(graph=graph_name(operation), operation=_OPERATIONS[operation])
-        _add_handles(manifest, graph_name(operation), variants)
+    for name in _graph_names(programs):
+        variants = [p for p in programs if _graph_of(p.spec) == name]
+        operation = variants[0].spec.operation
+        graphs.append(_graph(name, variants, first, producers))
+        manifest.execution_catalog.add(graph=name, operation=_OPERATIONS[operation])
+        _add_handles(manifest, name, variants)
     graphs += _tuning_graphs(manifest, tuning)
     manifest.abi_operations.extend(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops([*programs, *tuning]).items())
@@ -212,11 +218,12 @@ def _tuning_graphs(manifest: mpb.ExecutionManifest, tuning: Sequence[ProgramReso
     return [graph]
 
 
-def _operations(programs: Iterable[ProgramResource]) -> list[Operation]:
-    seen: list[Operation] = []
+def _graph_names(programs: Iterable[ProgramResource]) -> list[str]:
+    """One graph per operation (and per logprob variant of one), in capture order."""
+    seen: list[str] = []
     for program in programs:
-        if program.spec.operation not in seen:
-            seen.append(program.spec.operation)
+        if _graph_of(program.spec) not in seen:
+            seen.append(_graph_of(program.spec))
     return seen
 
 
@@ -241,9 +248,12 @@ def _capacity(spec: ProgramSpec) -> spb.GraphCapacity:
     return spb.GraphCapacity(batch_capacity=rows, token_capacity=width, packed_token_capacity=tokens)
 
 
-def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: ProgramSpec,
+def _graph(name: str, variants: Sequence[ProgramResource], spec: ProgramSpec,
            producers: dict[str, str]) -> spb.GraphContract:
-    graph = spb.GraphContract(name=graph_name(operation), operation=_OPERATIONS[operation], state_rows_per_request=1)
+    operation = variants[0].spec.operation
+    graph = spb.GraphContract(name=name, operation=_OPERATIONS[operation], state_rows_per_request=1)
+    if variants[0].spec.options.token_logprobs:
+        graph.token_logprobs = _logprob_width(variants[0].spec)
     seen = set()
     for program in variants:
         if program.spec.capacity in seen:
@@ -271,6 +281,11 @@ def _graph(operation: Operation, variants: Sequence[ProgramResource], spec: Prog
             graph.pending_token_view = PENDING_TOKENS
     graph.resource_dependencies.extend(_weight_buffer(slot.name) for slot in spec.weights)
     return graph
+
+
+def _logprob_width(spec: ProgramSpec) -> int:
+    """The alternatives per row a token-logprobs program returns (its top-ids output's width)."""
+    return next(int(o.shape[1]) for o in spec.outputs if o.name == LOGPROB_OUTPUTS[1])
 
 
 def _weight_buffer(name: str) -> str:
