@@ -13,6 +13,15 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
   then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
   [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe).
 
+With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 (after the o
+projection's slots): one learned logit per query head in the attention softmax's denominator.
+With ``experts`` (a mixture-of-experts layer, see `ExpertLayout`) the gated MLP's slots are replaced
+by ``layers.i.router.weight`` [E, H], optional ``layers.i.router.bias`` [E],
+``layers.i.experts.gate_up`` [E, 2 F, H] (rows: gate, then up), optional
+``layers.i.experts.gate_up_bias`` [E, 2 F], ``layers.i.experts.down`` [E, H, F] and optional
+``layers.i.experts.down_bias`` [E, H] (F = intermediate_size, each expert's width), the layout of
+``helios::moe_experts``.
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -33,6 +42,30 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class CheckpointError(UsageError):
     """A checkpoint or architecture description that preparation cannot turn into programs."""
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """A mixture-of-experts MLP: routing and activation as ``helios::moe_route`` / ``moe_experts`` name them.
+
+    `scoring` and `activation` are the ops' selectors; `alpha` and `limit` parameterise the clamped
+    SwiGLU; `normalize` and `scale` the routed weights. Biases are present when the flags say so.
+    """
+
+    num_experts: int
+    top_k: int
+    scoring: str = "softmax"
+    activation: str = "silu"
+    normalize: bool = False
+    scale: float = 1.0
+    alpha: float = 1.0
+    limit: float = 0.0
+    router_bias: bool = False
+    expert_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise CheckpointError(f"top_k {self.top_k} is not in [1, {self.num_experts}] experts")
 
 
 @dataclass(frozen=True)
@@ -59,6 +92,9 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
+    attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
+    rope_attention_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
+    experts: ExpertLayout | None = None  # every layer's MLP is this mixture of experts
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -130,12 +166,31 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
-    slots += [_slot(prefix + "post_norm", arch, hidden), _slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
+    if arch.attention_sinks:
+        slots.append(WeightSlot(prefix + "sinks", (arch.num_heads,), "float32"))
+    slots.append(_slot(prefix + "post_norm", arch, hidden))
+    if arch.experts is not None:
+        return slots + _expert_slots(arch, arch.experts, prefix)
+    slots.append(_slot(prefix + "gate_up.weight", arch, 2 * ff, hidden))
     if arch.mlp_bias:
         slots.append(_slot(prefix + "gate_up.bias", arch, 2 * ff))
     slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
     if arch.mlp_bias:
         slots.append(_slot(prefix + "down.bias", arch, hidden))
+    return slots
+
+
+def _expert_slots(arch: Architecture, experts: ExpertLayout, prefix: str) -> list[WeightSlot]:
+    count, hidden, ff = experts.num_experts, arch.hidden_size, arch.intermediate_size
+    slots = [_slot(prefix + "router.weight", arch, count, hidden)]
+    if experts.router_bias:
+        slots.append(_slot(prefix + "router.bias", arch, count))
+    slots.append(_slot(prefix + "experts.gate_up", arch, count, 2 * ff, hidden))
+    if experts.expert_bias:
+        slots.append(_slot(prefix + "experts.gate_up_bias", arch, count, 2 * ff))
+    slots.append(_slot(prefix + "experts.down", arch, count, hidden, ff))
+    if experts.expert_bias:
+        slots.append(_slot(prefix + "experts.down_bias", arch, count, hidden))
     return slots
 
 

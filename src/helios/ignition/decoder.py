@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
+import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
+import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
 
@@ -54,11 +56,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos and sin [T, 1, D] for the packed positions."""
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
+    """cos and sin [T, 1, D] for the packed positions, times `factor` (YaRN's attention scaling)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+    cos, sin = angles.cos(), angles.sin()
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -91,21 +96,40 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
     torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
-    if step.splits is None:
-        attended = torch.ops.helios.paged_attention(
-            q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
-            arch.attention_scale, arch.layer_windows[layer],
-        )
-    else:
-        attended = torch.ops.helios.paged_attention_tuned(
-            q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
-            arch.attention_scale, arch.layer_windows[layer], step.splits,
-        )
+    attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane, step)
     attended = attended.reshape(num_tokens, arch.q_size)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 
 
+def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, step: PackedStep):
+    """The layer's attention op: with or without sinks, tuned (device split count) or not."""
+    geometry = (q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
+                arch.attention_scale, arch.layer_windows[layer])
+    ops = torch.ops.helios
+    if sinks is None:
+        return ops.paged_attention(*geometry) if step.splits is None else ops.paged_attention_tuned(*geometry,
+                                                                                                      step.splits)
+    if step.splits is None:
+        return ops.paged_attention_sinks(*geometry, sinks)
+    return ops.paged_attention_sinks_tuned(*geometry, sinks, step.splits)
+
+
+def expert_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    """Mixture-of-experts MLP: route each token to top_k experts, sum their weighted outputs."""
+    experts = arch.experts
+    logits = F.linear(hidden, w[prefix + "router.weight"], w.get(prefix + "router.bias"))
+    weights, ids = torch.ops.helios.moe_route(logits, None, experts.scoring, experts.top_k, 1, 1,
+                                              experts.normalize, experts.scale)
+    return torch.ops.helios.moe_experts(
+        hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
+        w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), experts.activation, experts.alpha,
+        experts.limit,
+    )
+
+
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    if arch.experts is not None:
+        return expert_block(arch, w, prefix, hidden)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
     return row_parallel_linear(arch, F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
@@ -114,7 +138,7 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."

@@ -71,7 +71,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     """The decoder's cache writes without its output: every layer but the last runs whole, the last
     one only projects, rotates and writes its keys/values (no attention, MLP or final norm)."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, storage.k_cache, storage.v_cache, cos, sin)
     last = arch.num_layers - 1
     for layer in range(last):
