@@ -4,5 +4,6 @@ Importing this package registers every op (CPU reference implementations; CUDA k
 present), so loading a program that uses them can validate their schemas.
 """
 
-from helios.abi import attention, attention_sinks, collectives, completion, grammar, rng, sampling  # noqa: F401
+from helios.abi import attention, attention_sinks, collectives, completion, grammar, moe  # noqa: F401  (registers ops)
+from helios.abi import rng, sampling  # noqa: F401  (registers ops)
 from helios.abi import speculative, tuning  # noqa: F401  (registers ops)
