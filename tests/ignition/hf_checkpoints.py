@@ -44,7 +44,15 @@ QWEN2 = Family("qwen2", transformers.Qwen2Config, (
     ("use_sliding_window", True), ("sliding_window", 6), ("max_window_layers", 1), ("tie_word_embeddings", True),
 ))
 QWEN3 = Family("qwen3", transformers.Qwen3Config, (("head_dim", 32), ("tie_word_embeddings", False)))
-FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)  # dense families (tensor-parallel tests run these)
+# gpt-oss: sliding, full, sliding, full layers; 4 experts, top-2; a small swiglu_limit so the clamps act
+GPT_OSS = Family("gpt_oss", transformers.GptOssConfig, (
+    ("num_hidden_layers", 4), ("head_dim", 16), ("intermediate_size", 32), ("num_local_experts", 4),
+    ("num_experts_per_tok", 2), ("sliding_window", 6), ("swiglu_limit", 1.0), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}),
+))
+EQUIVALENCE_FAMILIES = FAMILIES + (GPT_OSS,)
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
@@ -70,6 +78,8 @@ def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> tor
         return 1.0 + 0.1 * noise
     if name.endswith("bias"):
         return 0.1 * noise
+    if name.endswith("sinks"):
+        return noise
     if "embed_tokens" in name:
         return noise
     if name.startswith("lm_head"):
