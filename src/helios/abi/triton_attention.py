@@ -225,7 +225,8 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
         for start in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             page, offset, valid = _kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
-            allowed = (valid & (offs_n >= lo))[None, :]
+            valid = valid & (offs_n >= lo)  # nothing below the window is read: its pages may be released
+            allowed = valid[None, :]
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, kv_head,
                                          offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

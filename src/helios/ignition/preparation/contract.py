@@ -123,6 +123,9 @@ class PagedTextDeclaration:
     aliases: tuple[str, ...] = ()
     frontend: FrontendDeclaration = field(default_factory=FrontendDeclaration)
     ranks: int = 1
+    # Sliding-window extent (tokens) when every layer attends only to that many latest positions: the
+    # history region is then declared a sliding window, whose older pages the runtime releases. 0: full.
+    history_window: int = 0
 
     @property
     def max_pages_per_request(self) -> int:
@@ -384,9 +387,12 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract])
     model.vocabulary.mask_words = -(-vocab // 32)
     model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
     model.cache.page_tokens = declaration.page_tokens
-    model.cache.regions.add(
-        name="attention", kind=S.HISTORY_KIND_PAGED_KEY_VALUE, planes=["k_cache", "v_cache"], tokens_per_record=1
-    )
+    if declaration.history_window > 0:
+        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=["k_cache", "v_cache"],
+                                tokens_per_record=1, window_tokens=declaration.history_window)
+    else:
+        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_PAGED_KEY_VALUE,
+                                planes=["k_cache", "v_cache"], tokens_per_record=1)
     model.cache.page_table_views.add(destination="page_table", region="attention")
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
