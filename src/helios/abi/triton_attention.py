@@ -168,6 +168,7 @@ def _prefill_kernel(out_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr, query_start_pt
         for start in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             page, offset, valid = _kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
+            valid = valid & (offs_n >= lo)  # below every token's window: never read (may be released)
             allowed = ((offs_n[None, :] <= pos[:, None]) & (pos[:, None] - offs_n[None, :] < window)
                        & valid[None, :])
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, kv_head,
