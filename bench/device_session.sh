@@ -2,7 +2,8 @@
 # One full GPU check on the device machine, logs under $OUT (or ./device-out):
 #   1. tests/gpu, the model fixture and the Triton kernels on CUDA (one GPU);
 #   2. tests/parallel/test_cuda.py when two GPUs are visible;
-#   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1;
+#   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1, and the
+#      Qwen3-30B-A3B-shaped mixture-of-experts table (bench/moe_serving.py, MOE_LAYERS, default 8) unless SKIP_MOE=1;
 #   4. the TP1-vs-TP2 table (bench/tensor_parallel.py) when two GPUs are visible and SKIP_TP is unset.
 # The machine lacks some packages: carry `.whl` (../shared/device/fetch-wheels.sh protobuf==7.36.2)
 # and run from the repository root:  bash bench/device_session.sh
@@ -22,13 +23,17 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
 timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
-  tests/abi/test_triton_attention.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+  tests/abi/test_triton_attention.py tests/abi/test_triton_moe.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 if [ "$gpus" -ge 2 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
 fi
 if [ -z "${SKIP_SERVING:-}" ]; then
   timeout 420 python3 bench/gpu_serving.py --layers "$layers" --json "$out/serving.json" 2>&1 \
     | grep -v "checkpoint: layer\|Loading weights" | tee "$out/serving.log" | tail -12
+fi
+if [ -z "${SKIP_MOE:-}" ]; then
+  timeout 480 python3 bench/moe_serving.py --layers "${MOE_LAYERS:-8}" --json "$out/moe_serving.json" 2>&1 \
+    | grep -v "checkpoint: layer\|Loading weights" | tee "$out/moe_serving.log" | tail -8
 fi
 if [ "$gpus" -ge 2 ] && [ -z "${SKIP_TP:-}" ]; then
   timeout 480 python3 bench/tensor_parallel.py --layers "$layers" 2>&1 \

@@ -78,9 +78,13 @@ def test_routing(tokens, scoring, groups, kept, normalize, scale, bias):
 
 EXPERT_CASES = [
     dict(tokens=1, hidden=2048, ffn=768, experts=128, top_k=8, dtype=torch.bfloat16),  # Qwen3-30B-A3B decode
+    dict(tokens=4, hidden=2048, ffn=768, experts=128, top_k=8, dtype=torch.bfloat16),  # the largest matrix-vector
+    dict(tokens=5, hidden=256, ffn=96, experts=8, top_k=8, dtype=torch.float32),  # the smallest grouped
     dict(tokens=64, hidden=2048, ffn=768, experts=128, top_k=8, dtype=torch.bfloat16),
     dict(tokens=300, hidden=512, ffn=256, experts=16, top_k=4, dtype=torch.bfloat16),  # prefill blocks
     dict(tokens=33, hidden=256, ffn=96, experts=8, top_k=2, dtype=torch.float32),
+    dict(tokens=3, hidden=512, ffn=256, experts=32, top_k=4, dtype=torch.bfloat16, bias=True,
+         activation="swiglu_clamped"),
     dict(tokens=17, hidden=512, ffn=256, experts=32, top_k=4, dtype=torch.bfloat16, bias=True,
          activation="swiglu_clamped"),  # gpt-oss
 ]

@@ -13,13 +13,13 @@ import torch
 from helios.ignition.program_spec import Operation
 
 from .driver import PagedModel, RowWork, Sequence, generate
-from .hf_checkpoints import EQUIVALENCE_FAMILIES
+from .hf_checkpoints import FAMILIES
 
 NEW_TOKENS = 64
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module", params=EQUIVALENCE_FAMILIES, ids=lambda family: family.name)
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
 def prepared(request, prepare):
     return prepare(request.param)
 

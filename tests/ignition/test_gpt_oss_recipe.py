@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from helios.ignition.architecture import CheckpointError, weight_layout
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
-from helios.ignition.sharding import rank_architecture
+from helios.ignition.sharding import rank_architecture, rank_weights
 
 from .hf_checkpoints import GPT_OSS, random_model, write_checkpoint
 
@@ -25,9 +25,11 @@ def test_architecture_fields_come_from_the_config(checkpoint):
     arch = load_checkpoint(checkpoint[1]).architecture
     assert arch.layer_windows == (6, 0, 6, 0)  # layer_types: sliding, full, sliding, full
     assert (arch.qkv_bias, arch.o_bias, arch.mlp_bias, arch.attention_sinks) == (True, True, False, True)
-    experts = arch.experts
-    assert (experts.num_experts, experts.top_k, experts.scoring, experts.activation) == (
+    experts = arch.moe
+    assert (experts.num_experts, experts.experts_per_token, experts.scoring, experts.activation) == (
         4, 2, "topk_softmax", "swiglu_clamped")
+    assert experts.sparse_layers == (0, 1, 2, 3) and experts.expert_intermediate_size == 32
+    assert arch.intermediate_size == 0
     assert (experts.alpha, experts.limit, experts.router_bias, experts.expert_bias) == (1.702, 1.0, True, True)
     assert arch.rope_attention_factor == pytest.approx(0.1 * torch.log(torch.tensor(8.0)).item() + 1.0)
 
@@ -74,8 +76,10 @@ def test_unsupported_rope_type_is_refused(checkpoint, tmp_path):
         load_checkpoint(directory)
 
 
-def test_tensor_parallel_preparation_refuses_expert_layers(checkpoint):
-    arch = load_checkpoint(checkpoint[1]).architecture
-    assert rank_architecture(arch, 1) is arch
-    with pytest.raises(CheckpointError, match="expert"):
-        rank_architecture(arch, 2)
+def test_tensor_parallel_ranks_hold_their_heads_sinks(checkpoint):
+    recipe = load_checkpoint(checkpoint[1])
+    whole = dict(recipe.weights)["layers.1.sinks"]
+    shares = [dict(rank_weights(recipe, 2, rank))["layers.1.sinks"] for rank in range(2)]
+    assert torch.equal(torch.cat(shares), whole) and shares[0].shape == (2,)
+    with pytest.raises(CheckpointError, match="heads"):
+        rank_architecture(recipe.architecture, 3)

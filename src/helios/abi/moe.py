@@ -1,10 +1,11 @@
 """Execution ABI: mixture-of-experts routing and expert computation (namespace ``helios``).
 
 Importing this module registers two custom ops with ``torch.library``. The bodies here are the CPU
-references (the expert op reads which experts are active on the host and loops over them). On CUDA
-routing runs as device tensor ops and the expert op as the Triton grouped GEMM of
-`helios.abi.triton_moe` (imported on first use); neither ever synchronises, every shape is static,
-so both can be captured in a CUDA graph.
+references (the expert op reads which experts are active on the host and loops over them; routing
+is device tensor ops only). On CUDA routing runs as one Triton kernel per call
+(`helios.abi.triton_route`) and the expert op as the Triton kernels of `helios.abi.triton_moe`
+(both imported on first use); neither ever synchronises, every shape is static, so both can be
+captured in a CUDA graph.
 
 ``helios::moe_route(Tensor logits, Tensor? correction_bias, str scoring, int top_k, int num_groups,
 int topk_groups, bool normalize, float scale) -> (Tensor, Tensor)``
@@ -120,6 +121,14 @@ def reference_route(logits, correction_bias, scoring: str, top_k: int, num_group
 def moe_route(logits, correction_bias, scoring, top_k, num_groups, topk_groups, normalize, scale):
     check_route_args(logits, correction_bias, scoring, top_k, num_groups, topk_groups)
     return reference_route(logits, correction_bias, scoring, top_k, num_groups, topk_groups, normalize, scale)
+
+
+@moe_route.register_kernel("cuda")
+def _moe_route_cuda(logits, correction_bias, scoring, top_k, num_groups, topk_groups, normalize, scale):
+    check_route_args(logits, correction_bias, scoring, top_k, num_groups, topk_groups)
+    from helios.abi.triton_route import triton_moe_route
+
+    return triton_moe_route(logits, correction_bias, scoring, top_k, num_groups, topk_groups, normalize, scale)
 
 
 @moe_route.register_fake

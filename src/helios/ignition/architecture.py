@@ -11,16 +11,23 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
   ``layers.i.post_norm`` [H], ``layers.i.gate_up.weight`` [2 F, H] (rows: gate, then up), optional
   ``layers.i.gate_up.bias``, ``layers.i.down.weight`` [H, F], optional ``layers.i.down.bias``;
   then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
-  [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe).
+  [R / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe; R = ``rotary_dim``,
+  the leading dimensions of each head that rotate, D unless the family rotates only part of a head).
 
-With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 (after the o
-projection's slots): one learned logit per query head in the attention softmax's denominator.
-With ``experts`` (a mixture-of-experts layer, see `ExpertLayout`) the gated MLP's slots are replaced
-by ``layers.i.router.weight`` [E, H], optional ``layers.i.router.bias`` [E],
-``layers.i.experts.gate_up`` [E, 2 F, H] (rows: gate, then up), optional
-``layers.i.experts.gate_up_bias`` [E, 2 F], ``layers.i.experts.down`` [E, H, F] and optional
-``layers.i.experts.down_bias`` [E, H] (F = intermediate_size, each expert's width), the layout of
-``helios::moe_experts``.
+Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) replace the gated MLP's
+``gate_up`` / ``down`` slots by (E experts, F = ``moe.expert_intermediate_size``):
+  ``layers.i.router.weight`` [E, H] float32, optional ``layers.i.router.bias`` [E] float32 (added to the
+  logits), optional ``layers.i.router.correction_bias`` [E] float32 (sigmoid routing's choice bias),
+  ``layers.i.experts.gate_up`` [E, 2F, H] (per expert rows: gate, then up), optional
+  ``layers.i.experts.gate_up_bias`` [E, 2F], ``layers.i.experts.down`` [E, H, F], optional
+  ``layers.i.experts.down_bias`` [E, H]; with shared experts (S = ``moe.shared_intermediate_size`` > 0)
+  ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S].
+  The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
+
+With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 right after the o
+projection's slots: one learned logit per query head in the attention softmax's denominator
+(``helios::paged_attention_sinks``). ``rope_attention_factor`` scales the rotary cos/sin tables
+(YaRN's attention factor; 1.0 for none).
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -44,28 +51,44 @@ class CheckpointError(UsageError):
     """A checkpoint or architecture description that preparation cannot turn into programs."""
 
 
-@dataclass(frozen=True)
-class ExpertLayout:
-    """A mixture-of-experts MLP: routing and activation as ``helios::moe_route`` / ``moe_experts`` name them.
+ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
+EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped")
 
-    `scoring` and `activation` are the ops' selectors; `alpha` and `limit` parameterise the clamped
-    SwiGLU; `normalize` and `scale` the routed weights. Biases are present when the flags say so.
-    """
+
+@dataclass(frozen=True)
+class MixtureOfExperts:
+    """The sparse layers of a mixture-of-experts decoder: routing (``helios::moe_route``, whose
+    docstring defines scoring, groups, normalisation and scale) and experts (``helios::moe_experts``)."""
 
     num_experts: int
-    top_k: int
+    experts_per_token: int
+    expert_intermediate_size: int  # per expert (one rank's share under tensor parallelism)
+    sparse_layers: tuple[int, ...]  # the layers whose MLP is the mixture; the others are dense
     scoring: str = "softmax"
-    activation: str = "silu"
-    normalize: bool = False
+    num_groups: int = 1
+    topk_groups: int = 1
+    normalize: bool = True
     scale: float = 1.0
-    alpha: float = 1.0
-    limit: float = 0.0
+    correction_bias: bool = False
     router_bias: bool = False
     expert_bias: bool = False
+    activation: str = "silu"
+    alpha: float = 1.0  # swiglu_clamped only
+    limit: float = 0.0  # swiglu_clamped only
+    shared_intermediate_size: int = 0  # 0: no shared expert
 
     def __post_init__(self) -> None:
-        if not 1 <= self.top_k <= self.num_experts:
-            raise CheckpointError(f"top_k {self.top_k} is not in [1, {self.num_experts}] experts")
+        if self.scoring not in ROUTER_SCORINGS:
+            raise CheckpointError(f"router scoring {self.scoring!r} is not one of {ROUTER_SCORINGS}")
+        if self.activation not in EXPERT_ACTIVATIONS:
+            raise CheckpointError(f"expert activation {self.activation!r} is not one of {EXPERT_ACTIVATIONS}")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise CheckpointError(f"{self.experts_per_token} experts per token of {self.num_experts}")
+        if self.num_groups < 1 or self.num_experts % self.num_groups or not 1 <= self.topk_groups <= self.num_groups:
+            raise CheckpointError(f"{self.num_experts} experts do not form {self.num_groups} groups "
+                                  f"of which {self.topk_groups} are kept")
+        if self.expert_intermediate_size < 1 or self.shared_intermediate_size < 0:
+            raise CheckpointError("expert widths must be positive")
 
 
 @dataclass(frozen=True)
@@ -92,9 +115,10 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
+    rotary_dim: int = 0  # leading dimensions of a head that rotate; 0: the whole head
+    moe: MixtureOfExperts | None = None
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
     rope_attention_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
-    experts: ExpertLayout | None = None  # every layer's MLP is this mixture of experts
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -109,6 +133,19 @@ class Architecture:
             raise CheckpointError("rotary attention needs an even head_dim")
         if self.tensor_parallel < 1:
             raise CheckpointError("tensor_parallel must be >= 1")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise CheckpointError(f"rotary_dim {self.rotary_dim} is not an even width within head_dim {self.head_dim}")
+        if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
+            raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the mixture of experts."""
+        return self.moe is not None and layer in self.moe.sparse_layers
+
+    @property
+    def rotary_width(self) -> int:
+        """How many leading dimensions of each head rotate."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -149,7 +186,7 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
-    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
@@ -157,7 +194,7 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
 
 def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     qkv_rows = arch.q_size + 2 * arch.kv_size
-    hidden, ff = arch.hidden_size, arch.intermediate_size
+    hidden = arch.hidden_size
     slots = [_slot(prefix + "input_norm", arch, hidden), _slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
@@ -169,9 +206,13 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     if arch.attention_sinks:
         slots.append(WeightSlot(prefix + "sinks", (arch.num_heads,), "float32"))
     slots.append(_slot(prefix + "post_norm", arch, hidden))
-    if arch.experts is not None:
-        return slots + _expert_slots(arch, arch.experts, prefix)
-    slots.append(_slot(prefix + "gate_up.weight", arch, 2 * ff, hidden))
+    layer = int(prefix.split(".")[1])
+    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+
+
+def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    hidden, ff = arch.hidden_size, arch.intermediate_size
+    slots = [_slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
     if arch.mlp_bias:
         slots.append(_slot(prefix + "gate_up.bias", arch, 2 * ff))
     slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
@@ -180,17 +221,23 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     return slots
 
 
-def _expert_slots(arch: Architecture, experts: ExpertLayout, prefix: str) -> list[WeightSlot]:
-    count, hidden, ff = experts.num_experts, arch.hidden_size, arch.intermediate_size
-    slots = [_slot(prefix + "router.weight", arch, count, hidden)]
-    if experts.router_bias:
-        slots.append(_slot(prefix + "router.bias", arch, count))
-    slots.append(_slot(prefix + "experts.gate_up", arch, count, 2 * ff, hidden))
-    if experts.expert_bias:
-        slots.append(_slot(prefix + "experts.gate_up_bias", arch, count, 2 * ff))
-    slots.append(_slot(prefix + "experts.down", arch, count, hidden, ff))
-    if experts.expert_bias:
-        slots.append(_slot(prefix + "experts.down_bias", arch, count, hidden))
+def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    moe, hidden = arch.moe, arch.hidden_size
+    experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size
+    slots = [WeightSlot(prefix + "router.weight", (experts, hidden), "float32")]
+    if moe.router_bias:
+        slots.append(WeightSlot(prefix + "router.bias", (experts,), "float32"))
+    if moe.correction_bias:
+        slots.append(WeightSlot(prefix + "router.correction_bias", (experts,), "float32"))
+    slots.append(_slot(prefix + "experts.gate_up", arch, experts, 2 * ff, hidden))
+    if moe.expert_bias:
+        slots.append(_slot(prefix + "experts.gate_up_bias", arch, experts, 2 * ff))
+    slots.append(_slot(prefix + "experts.down", arch, experts, hidden, ff))
+    if moe.expert_bias:
+        slots.append(_slot(prefix + "experts.down_bias", arch, experts, hidden))
+    if shared:
+        slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
+                  _slot(prefix + "shared.down.weight", arch, hidden, shared)]
     return slots
 
 

@@ -19,7 +19,7 @@ import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_t
 import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.ignition.architecture import Architecture
-from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
+from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
 
 
 class PackedStep(NamedTuple):
@@ -57,7 +57,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
-    """cos and sin [T, 1, D] for the packed positions, times `factor` (YaRN's attention scaling)."""
+    """cos and sin [T, 1, R] for the packed positions (R = 2 * len(inv_freq), the rotated width),
+    times `factor` (YaRN's attention scaling)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
@@ -67,7 +68,11 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+    """Rotates the leading cos.shape[-1] dimensions of each head (the rest pass through)."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
+    half = width // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
@@ -114,25 +119,31 @@ def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, 
     return ops.paged_attention_sinks_tuned(*geometry, sinks, step.splits)
 
 
-def expert_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
-    """Mixture-of-experts MLP: route each token to top_k experts, sum their weighted outputs."""
-    experts = arch.experts
-    logits = F.linear(hidden, w[prefix + "router.weight"], w.get(prefix + "router.bias"))
-    weights, ids = torch.ops.helios.moe_route(logits, None, experts.scoring, experts.top_k, 1, 1,
-                                              experts.normalize, experts.scale)
-    return torch.ops.helios.moe_experts(
-        hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
-        w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), experts.activation, experts.alpha,
-        experts.limit,
-    )
-
-
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
-    if arch.experts is not None:
-        return expert_block(arch, w, prefix, hidden)
+    """The layer's MLP: the gated MLP, or the mixture of experts where the layer is sparse."""
+    if arch.is_sparse(int(prefix.split(".")[1])):
+        return moe_block(arch, w, prefix, hidden)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
     return row_parallel_linear(arch, F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+
+
+def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    """Routed experts (plus the shared expert): float32 router logits, `helios::moe_route`, then
+    `helios::moe_experts`; under tensor parallelism every rank routes alike (the router is whole)
+    and holds each expert's share of its width, so one all-reduce sums experts and shared expert."""
+    moe = arch.moe
+    logits = F.linear(hidden.to(torch.float32), w[prefix + "router.weight"], w.get(prefix + "router.bias"))
+    weights, ids = torch.ops.helios.moe_route(
+        logits, w.get(prefix + "router.correction_bias"), moe.scoring, moe.experts_per_token, moe.num_groups,
+        moe.topk_groups, moe.normalize, moe.scale)
+    out = torch.ops.helios.moe_experts(
+        hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
+        w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
+    if moe.shared_intermediate_size:
+        gate, up = F.linear(hidden, w[prefix + "shared.gate_up.weight"]).chunk(2, dim=-1)
+        out = out + F.linear(F.silu(gate) * up, w[prefix + "shared.down.weight"])
+    return partial_sum(arch, out)
 
 
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:

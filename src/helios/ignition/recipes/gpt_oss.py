@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from helios.ignition.architecture import Architecture, ExpertLayout
+from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows
@@ -50,14 +50,15 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
     num_heads, num_layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     layer_types = config.get("layer_types") or [
         "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]  # the config's default
-    experts = ExpertLayout(
-        num_experts=int(config["num_local_experts"]), top_k=int(config["num_experts_per_tok"]),
-        scoring="topk_softmax", activation="swiglu_clamped", alpha=float(config.get("swiglu_alpha", 1.702)),
-        limit=float(config.get("swiglu_limit", 7.0)), router_bias=True, expert_bias=True,
+    experts = MixtureOfExperts(
+        num_experts=int(config["num_local_experts"]), experts_per_token=int(config["num_experts_per_tok"]),
+        expert_intermediate_size=int(config["intermediate_size"]), sparse_layers=tuple(range(num_layers)),
+        scoring="topk_softmax", normalize=False, router_bias=True, expert_bias=True, activation="swiglu_clamped",
+        alpha=float(config.get("swiglu_alpha", 1.702)), limit=float(config.get("swiglu_limit", 7.0)),
     )
     return Architecture(
         vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
-        intermediate_size=int(config["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
+        intermediate_size=0, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
         head_dim=int(config.get("head_dim") or config["hidden_size"] // num_heads),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
@@ -66,7 +67,7 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
         o_bias="model.layers.0.self_attn.o_proj.bias" in tensors,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype or _checkpoint_dtype(config, tensors), attention_sinks=True,
-        rope_attention_factor=attention_factor, experts=experts,
+        rope_attention_factor=attention_factor, moe=experts,
     )
 
 
@@ -116,8 +117,8 @@ def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
         out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
     out += [NamedWeight(dst + "sinks", take(attn + "sinks", torch.float32)),
             NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
-            NamedWeight(dst + "router.weight", take(mlp + "router.weight")),
-            NamedWeight(dst + "router.bias", take(mlp + "router.bias"))]
+            NamedWeight(dst + "router.weight", take(mlp + "router.weight", torch.float32)),
+            NamedWeight(dst + "router.bias", take(mlp + "router.bias", torch.float32))]
     experts = mlp + "experts."
     gate_up, gate_up_bias = take(experts + "gate_up_proj"), take(experts + "gate_up_proj_bias")
     out += [
