@@ -22,8 +22,8 @@ layers=${LAYERS:-32}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
-timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
-  tests/abi/test_triton_attention.py tests/abi/test_triton_moe.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+timeout 400 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
+  tests/abi/test_triton_attention.py tests/abi/test_attention_sinks.py tests/abi/test_triton_moe.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 if [ "$gpus" -ge 2 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
 fi
