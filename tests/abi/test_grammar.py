@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest
 import torch
 
 from helios.abi import grammar
+from helios.abi.program_image import decode_program, encode_program
 from helios.abi.registry import AbiArgumentError
 
 NEG_INF = float("-inf")
@@ -39,9 +39,7 @@ def mask_allowing(num_rows: int, vocab_size: int, tokens: list[int]) -> torch.Te
 
 def export_roundtrip(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
     program = torch.export.export(module, args, strict=False)
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    return torch.export.load(io.BytesIO(buffer.getvalue())).module()
+    return decode_program(encode_program(program)).module()  # stored as a program image
 
 
 @pytest.mark.parametrize("vocab_size", [1, 31, 32, 33, 64, 70, 100])

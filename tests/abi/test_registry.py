@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from helios.abi import completion, grammar, registry, rng, sampling
+from helios.abi.program_image import PickledProgramError, encode_program
+from helios.contract import core_pb2
 from helios.errors import LoadError
 
 DOCUMENTED = {
@@ -53,9 +55,7 @@ def export(module: torch.nn.Module, *args) -> torch.export.ExportedProgram:
 
 
 def saved(program: torch.export.ExportedProgram) -> bytes:
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    return buffer.getvalue()
+    return encode_program(program)
 
 
 class _AllOps(torch.nn.Module):
@@ -183,11 +183,15 @@ def test_ops_inside_subgraphs_are_found():
 
 def test_unreadable_saved_programs():
     with pytest.raises(registry.UnreadableProgramError):
-        registry.serialized_program_ops(b"not a zip archive")
+        registry.serialized_program_ops(b"not a program image")
+    with pytest.raises(registry.UnreadableProgramError, match="version 7"):
+        registry.serialized_program_ops(core_pb2.ProgramImage(version=7).SerializeToString())
+    with pytest.raises(registry.UnreadableProgramError, match="not JSON"):
+        registry.serialized_program_ops(core_pb2.ProgramImage(version=1, exported_program=b"{").SerializeToString())
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
+    with zipfile.ZipFile(buffer, "w") as archive:  # what torch.export.save writes: refused unread
         archive.writestr("archive/version", "1")
-    with pytest.raises(registry.UnreadableProgramError, match="no model graph"):
+    with pytest.raises(PickledProgramError, match="torch.export.save"):
         registry.serialized_program_ops(buffer.getvalue())
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import random
 
 import pytest
 import torch
 
 from helios.abi import rng
+from helios.abi.program_image import decode_program, encode_program
 from helios.abi.registry import AbiArgumentError
 
 M32 = 0xFFFFFFFF
@@ -51,9 +51,7 @@ def as_tensor(*values: int) -> torch.Tensor:
 
 def export_roundtrip(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
     program = torch.export.export(module, args, strict=False)
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    return torch.export.load(io.BytesIO(buffer.getvalue())).module()
+    return decode_program(encode_program(program)).module()  # stored as a program image
 
 
 @pytest.mark.parametrize("counter,key,expected", KNOWN_ANSWERS)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 from torch.export.passes import move_to_device_pass
 
+from helios.abi.program_image import decode_program
 from helios.ignition.program_spec import Operation
 
 from .driver import PagedModel, Sequence, generate
@@ -20,7 +19,7 @@ def test_moved_programs_generate_the_reference_tokens_on_cuda(prepare):
     prepared = prepare(MISTRAL)
     programs = {}
     for operation, captured in prepared.captured.items():
-        program = move_to_device_pass(torch.export.load(io.BytesIO(captured.program)), "cuda")
+        program = move_to_device_pass(decode_program(captured.program), "cuda")
         programs[operation] = (captured.spec, program.module())
     model = PagedModel(prepared.recipe.weight_tensors, programs, device="cuda")
     prompts = [random_prompt(11, seed=9), random_prompt(6, seed=10)]

@@ -38,3 +38,27 @@ def test_embedded_core_is_prepared_into_the_cache_once(tmp_path, monkeypatch):
     (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text() + "\n")
     with pytest.raises(AssertionError, match="prepared again"):  # a changed checkpoint is a new core
         embedded.embedded_core(progress=lambda line: None)
+
+
+def test_a_core_cached_before_programs_were_images_is_not_reused(tmp_path, monkeypatch):
+    """Cores cached under the checkpoint digest alone hold pickled programs, which the runtime
+    refuses; the cache key carries the core generation, so the model is prepared again beside them."""
+    checkpoint = tmp_path / "default_model"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
+    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "cache"))
+    stale = tmp_path / "cache" / "embedded" / embedded.checkpoint_digest(checkpoint)[:16]
+    stale.mkdir(parents=True)
+    (stale / "model.core").write_bytes(b"a core with pickled programs")
+    prepared = []
+
+    def prepare(checkpoint, target, key, progress):
+        prepared.append(target)
+        target.mkdir()
+        (target / "model.core").write_bytes(b"a core with program images")
+
+    monkeypatch.setattr(embedded, "_prepare", prepare)
+    core = embedded.embedded_core(progress=lambda line: None)
+    assert prepared == [core.path.parent] and core.path.parent != stale
+    assert core.path.parent.name.endswith(embedded.CORE_GENERATION)

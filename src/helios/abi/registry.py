@@ -12,23 +12,21 @@ and schema strings are ``str(FunctionSchema)``, for example
 
 Two entry points, used in this order by a loader:
 
-- `validate_serialized_ops(data, declared)` reads the op names from a saved program's JSON graph
-  (no unpickling, nothing deserialized) so an unregistered op fails with a clear `LoadError`
-  instead of `torch.export.load`'s generic deserialization error;
+- `validate_serialized_ops(graph, declared)` reads the op names from a stored program's JSON graph
+  (`helios.abi.program_image`; nothing deserialized) so an unregistered op fails with a clear
+  `LoadError` instead of torch's generic deserialization error;
 - `validate_program_ops(program, declared)` walks the loaded ExportedProgram's graphs (subgraphs
   and ops passed to higher-order ops such as ``auto_functionalized`` included).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import re
-import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from helios.abi.program_graph import graph_targets
 from helios.errors import ExecutionError, LoadError
 
 NAMESPACE = "helios"
@@ -61,7 +59,7 @@ class SchemaMismatchError(ProgramOpError):
 
 
 class UnreadableProgramError(LoadError):
-    """A saved program's archive or graph JSON cannot be read."""
+    """A stored program is not a program image this runtime reads, or torch cannot build it."""
 
 
 def check_tensor(op: str, name: str, tensor: object, dtype: torch.dtype,
@@ -152,42 +150,31 @@ def _check_op(op: str, declared: Mapping[str, str], registered: Mapping[str, str
             op, f"registered schema {registered[op]!r} differs from declared {declared[op]!r}")
 
 
-def serialized_program_ops(data: bytes) -> frozenset[str]:
-    """The `helios` ops named in a `torch.export.save` archive, read from its JSON graphs only.
+def serialized_program_ops(program: bytes | Mapping) -> frozenset[str]:
+    """The `helios` ops named in a stored program (program image bytes, or the parsed graph JSON of
+    one), read from its JSON graph only: nothing is unpickled or built.
 
-    Nothing is unpickled. Raises `UnreadableProgramError` when the archive has no readable graph.
-    """
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            members = [m for m in archive.namelist()
-                       if "/models/" in f"/{m}" and m.endswith(".json")]
-            graphs = [json.loads(archive.read(m)) for m in members]
-    except (zipfile.BadZipFile, ValueError, OSError) as error:
-        raise UnreadableProgramError(f"saved program cannot be read: {error}") from error
-    if not graphs:
-        raise UnreadableProgramError("saved program has no model graph")
-    return frozenset(_targets(graphs))
+    Raises `UnreadableProgramError` (or a subclass) for bytes that are not a program image."""
+    if isinstance(program, (bytes, bytearray, memoryview)):
+        from helios.abi.program_image import read_program_image  # program images use this module
+
+        program = read_program_image(bytes(program)).graph
+    return frozenset(_helios_ops(graph_targets(program)))
 
 
-def _targets(value: object) -> Iterable[str]:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str):
-            match = _SERIALIZED_TARGET.match(item)
-            if match:
-                name, overload = match.groups()
-                suffix = "" if overload == "default" else f".{overload}"
-                yield f"{NAMESPACE}::{name}{suffix}"
+def _helios_ops(targets: Iterable[str]) -> Iterable[str]:
+    for target in targets:
+        match = _SERIALIZED_TARGET.match(target)
+        if match:
+            name, overload = match.groups()
+            suffix = "" if overload == "default" else f".{overload}"
+            yield f"{NAMESPACE}::{name}{suffix}"
 
 
-def validate_serialized_ops(data: bytes, declared: Mapping[str, str]) -> None:
-    """Pre-load check of a saved program: each `helios` op it names is declared and registered
-    with the declared schema. Raises the same errors as `validate_program_ops`."""
+def validate_serialized_ops(program: bytes | Mapping, declared: Mapping[str, str]) -> None:
+    """Pre-load check of a stored program (as `serialized_program_ops` takes it): each `helios` op
+    it names is declared and registered with the declared schema. Raises the same errors as
+    `validate_program_ops`."""
     registered = registered_schemas()
-    for op in sorted(serialized_program_ops(data)):
+    for op in sorted(serialized_program_ops(program)):
         _check_op(op, declared, registered)

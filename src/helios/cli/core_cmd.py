@@ -14,6 +14,7 @@ from pathlib import Path
 from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
 from helios.core.inspection import CoreInspection, inspect_core
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+from helios.core.records import ResourceKind
 from helios.core.relocate import add_signatures, relocate_core
 from helios.errors import UsageError
 
@@ -45,6 +46,10 @@ def _verify(args: argparse.Namespace) -> int:
     print(f"verified {args.core}: {core.core_format.name}, publisher {core.publisher.namespace}")
     print(f"  signed by trusted key {signers}")
     print(f"  {len(core.resources)} resources: {stored} stored bytes, {decoded} decoded bytes")
+    pickled = [info.id for info in core.resources if info.kind.is_program and info.kind is not ResourceKind.PROGRAM_IMAGE]
+    if pickled:
+        print(f"  {len(pickled)} programs are torch.export.save archives, which loading would unpickle: serving "
+              "refuses this core; prepare it again with `helios prepare`")
     return 0
 
 

@@ -26,17 +26,17 @@ from helios.contract import manifest_pb2 as helios_dot_contract_dot_manifest__pb
 from helios.contract import serving_pb2 as helios_dot_contract_dot_serving__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahelios/contract/core.proto\x12\x0fhelios.contract\x1a\x1ehelios/contract/manifest.proto\x1a\x1dhelios/contract/serving.proto\"\x86\x01\n\x08\x43oreBody\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x31\n\x08\x65nvelope\x18\x02 \x01(\x0b\x32\x1f.helios.contract.SignedEnvelope\x12/\n\tlocations\x18\x03 \x01(\x0b\x32\x1c.helios.contract.LocationSet\"Q\n\x0eSignedEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12.\n\nsignatures\x18\x02 \x03(\x0b\x32\x1a.helios.contract.Signature\"z\n\tSignature\x12\x36\n\talgorithm\x18\x01 \x01(\x0e\x32#.helios.contract.SignatureAlgorithm\x12\x0e\n\x06key_id\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"C\n\x0bLocationSet\x12\x34\n\tlocations\x18\x01 \x03(\x0b\x32!.helios.contract.ResourceLocation\"E\n\x10ResourceLocation\x12\x13\n\x0bresource_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"N\n\x0ePublisherTerms\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0f\n\x07license\x18\x02 \x01(\t\x12\x18\n\x10\x61\x63\x63\x65ptance_terms\x18\x03 \x01(\t\"\xc4\x01\n\x12\x45xecutableResource\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.helios.contract.ResourceKind\x12\x11\n\x04rank\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rstored_nbytes\x18\x04 \x01(\x04\x12\x16\n\x0e\x64\x65\x63oded_nbytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x63hunk_nbytes\x18\x06 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x07 \x03(\x0c\x42\x07\n\x05_rank\"\xd2\x02\n\x0e\x44\x65ploymentBody\x12\x32\n\x08\x63ontract\x18\x01 \x01(\x0b\x32 .helios.contract.ServingContract\x12\x34\n\x08manifest\x18\x02 \x01(\x0b\x32\".helios.contract.ExecutionManifest\x12\x32\n\tpublisher\x18\x03 \x01(\x0b\x32\x1f.helios.contract.PublisherTerms\x12\x36\n\tresources\x18\x04 \x03(\x0b\x32#.helios.contract.ExecutableResource\x12\x31\n\x07rebuild\x18\x05 \x01(\x0b\x32 .helios.contract.RebuildManifest\x12\x37\n\x0fweight_catalogs\x18\x06 \x03(\x0b\x32\x1e.helios.contract.WeightCatalog\"s\n\x0fRebuildManifest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06recipe\x18\x02 \x01(\t\x12\x10\n\x08preparer\x18\x03 \x01(\t\x12-\n\x06inputs\x18\x04 \x03(\x0b\x32\x1d.helios.contract.RebuildInput\"<\n\x0cRebuildInput\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\"q\n\rWeightCatalog\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bresource_id\x18\x03 \x01(\t\x12,\n\x07tensors\x18\x04 \x03(\x0b\x32\x1b.helios.contract.TensorView\"u\n\nTensorView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.helios.contract.Dtype\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x13\n\x0b\x62yte_offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xc6\x02\n\nModelIndex\x12\x32\n\x08\x63ontract\x18\x01 \x01(\x0b\x32 .helios.contract.ServingContract\x12\x34\n\x08manifest\x18\x02 \x01(\x0b\x32\".helios.contract.ExecutionManifest\x12\x32\n\tpublisher\x18\x03 \x01(\x0b\x32\x1f.helios.contract.PublisherTerms\x12.\n\x05index\x18\x04 \x01(\x0b\x32\x1f.helios.contract.ProtectedIndex\x12\x31\n\x07rebuild\x18\x05 \x01(\x0b\x32 .helios.contract.RebuildManifest\x12\x37\n\x0fweight_catalogs\x18\x06 \x03(\x0b\x32\x1e.helios.contract.WeightCatalog\"V\n\x0eProtectedIndex\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x33\n\tresources\x18\x02 \x03(\x0b\x32 .helios.contract.LogicalResource\"\xd7\x01\n\x0fLogicalResource\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.helios.contract.ResourceKind\x12\x11\n\x04rank\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rstored_nbytes\x18\x04 \x01(\x04\x12\x16\n\x0e\x64\x65\x63oded_nbytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x63hunk_nbytes\x18\x06 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x07 \x03(\x0c\x12\x14\n\x0cnonce_prefix\x18\x08 \x01(\x0c\x42\x07\n\x05_rank*Z\n\x12SignatureAlgorithm\x12#\n\x1fSIGNATURE_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSIGNATURE_ALGORITHM_ED25519\x10\x01*\xc3\x01\n\x0cResourceKind\x12\x1d\n\x19RESOURCE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15RESOURCE_KIND_PROGRAM\x10\x01\x12\x19\n\x15RESOURCE_KIND_WEIGHTS\x10\x02\x12\x1b\n\x17RESOURCE_KIND_TOKENIZER\x10\x03\x12\x1f\n\x1bRESOURCE_KIND_CHAT_TEMPLATE\x10\x04\x12 \n\x1cRESOURCE_KIND_TUNING_PROGRAM\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahelios/contract/core.proto\x12\x0fhelios.contract\x1a\x1ehelios/contract/manifest.proto\x1a\x1dhelios/contract/serving.proto\"\x86\x01\n\x08\x43oreBody\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x31\n\x08\x65nvelope\x18\x02 \x01(\x0b\x32\x1f.helios.contract.SignedEnvelope\x12/\n\tlocations\x18\x03 \x01(\x0b\x32\x1c.helios.contract.LocationSet\"Q\n\x0eSignedEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12.\n\nsignatures\x18\x02 \x03(\x0b\x32\x1a.helios.contract.Signature\"z\n\tSignature\x12\x36\n\talgorithm\x18\x01 \x01(\x0e\x32#.helios.contract.SignatureAlgorithm\x12\x0e\n\x06key_id\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"C\n\x0bLocationSet\x12\x34\n\tlocations\x18\x01 \x03(\x0b\x32!.helios.contract.ResourceLocation\"E\n\x10ResourceLocation\x12\x13\n\x0bresource_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"N\n\x0ePublisherTerms\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0f\n\x07license\x18\x02 \x01(\t\x12\x18\n\x10\x61\x63\x63\x65ptance_terms\x18\x03 \x01(\t\"`\n\x0cProgramImage\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x18\n\x10\x65xported_program\x18\x02 \x01(\x0c\x12\x12\n\nstate_dict\x18\x03 \x01(\x0c\x12\x11\n\tconstants\x18\x04 \x01(\x0c\"\xc4\x01\n\x12\x45xecutableResource\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.helios.contract.ResourceKind\x12\x11\n\x04rank\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rstored_nbytes\x18\x04 \x01(\x04\x12\x16\n\x0e\x64\x65\x63oded_nbytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x63hunk_nbytes\x18\x06 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x07 \x03(\x0c\x42\x07\n\x05_rank\"\xd2\x02\n\x0e\x44\x65ploymentBody\x12\x32\n\x08\x63ontract\x18\x01 \x01(\x0b\x32 .helios.contract.ServingContract\x12\x34\n\x08manifest\x18\x02 \x01(\x0b\x32\".helios.contract.ExecutionManifest\x12\x32\n\tpublisher\x18\x03 \x01(\x0b\x32\x1f.helios.contract.PublisherTerms\x12\x36\n\tresources\x18\x04 \x03(\x0b\x32#.helios.contract.ExecutableResource\x12\x31\n\x07rebuild\x18\x05 \x01(\x0b\x32 .helios.contract.RebuildManifest\x12\x37\n\x0fweight_catalogs\x18\x06 \x03(\x0b\x32\x1e.helios.contract.WeightCatalog\"s\n\x0fRebuildManifest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06recipe\x18\x02 \x01(\t\x12\x10\n\x08preparer\x18\x03 \x01(\t\x12-\n\x06inputs\x18\x04 \x03(\x0b\x32\x1d.helios.contract.RebuildInput\"<\n\x0cRebuildInput\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\"q\n\rWeightCatalog\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bresource_id\x18\x03 \x01(\t\x12,\n\x07tensors\x18\x04 \x03(\x0b\x32\x1b.helios.contract.TensorView\"u\n\nTensorView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.helios.contract.Dtype\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x13\n\x0b\x62yte_offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xc6\x02\n\nModelIndex\x12\x32\n\x08\x63ontract\x18\x01 \x01(\x0b\x32 .helios.contract.ServingContract\x12\x34\n\x08manifest\x18\x02 \x01(\x0b\x32\".helios.contract.ExecutionManifest\x12\x32\n\tpublisher\x18\x03 \x01(\x0b\x32\x1f.helios.contract.PublisherTerms\x12.\n\x05index\x18\x04 \x01(\x0b\x32\x1f.helios.contract.ProtectedIndex\x12\x31\n\x07rebuild\x18\x05 \x01(\x0b\x32 .helios.contract.RebuildManifest\x12\x37\n\x0fweight_catalogs\x18\x06 \x03(\x0b\x32\x1e.helios.contract.WeightCatalog\"V\n\x0eProtectedIndex\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x33\n\tresources\x18\x02 \x03(\x0b\x32 .helios.contract.LogicalResource\"\xd7\x01\n\x0fLogicalResource\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.helios.contract.ResourceKind\x12\x11\n\x04rank\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rstored_nbytes\x18\x04 \x01(\x04\x12\x16\n\x0e\x64\x65\x63oded_nbytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x63hunk_nbytes\x18\x06 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x07 \x03(\x0c\x12\x14\n\x0cnonce_prefix\x18\x08 \x01(\x0c\x42\x07\n\x05_rank*Z\n\x12SignatureAlgorithm\x12#\n\x1fSIGNATURE_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSIGNATURE_ALGORITHM_ED25519\x10\x01*\xe4\x01\n\x0cResourceKind\x12\x1d\n\x19RESOURCE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15RESOURCE_KIND_PROGRAM\x10\x01\x12\x19\n\x15RESOURCE_KIND_WEIGHTS\x10\x02\x12\x1b\n\x17RESOURCE_KIND_TOKENIZER\x10\x03\x12\x1f\n\x1bRESOURCE_KIND_CHAT_TEMPLATE\x10\x04\x12 \n\x1cRESOURCE_KIND_TUNING_PROGRAM\x10\x05\x12\x1f\n\x1bRESOURCE_KIND_PROGRAM_IMAGE\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'helios.contract.core_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SIGNATUREALGORITHM']._serialized_start=2262
-  _globals['_SIGNATUREALGORITHM']._serialized_end=2352
-  _globals['_RESOURCEKIND']._serialized_start=2355
-  _globals['_RESOURCEKIND']._serialized_end=2550
+  _globals['_SIGNATUREALGORITHM']._serialized_start=2360
+  _globals['_SIGNATUREALGORITHM']._serialized_end=2450
+  _globals['_RESOURCEKIND']._serialized_start=2453
+  _globals['_RESOURCEKIND']._serialized_end=2681
   _globals['_COREBODY']._serialized_start=111
   _globals['_COREBODY']._serialized_end=245
   _globals['_SIGNEDENVELOPE']._serialized_start=247
@@ -49,22 +49,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOURCELOCATION']._serialized_end=592
   _globals['_PUBLISHERTERMS']._serialized_start=594
   _globals['_PUBLISHERTERMS']._serialized_end=672
-  _globals['_EXECUTABLERESOURCE']._serialized_start=675
-  _globals['_EXECUTABLERESOURCE']._serialized_end=871
-  _globals['_DEPLOYMENTBODY']._serialized_start=874
-  _globals['_DEPLOYMENTBODY']._serialized_end=1212
-  _globals['_REBUILDMANIFEST']._serialized_start=1214
-  _globals['_REBUILDMANIFEST']._serialized_end=1329
-  _globals['_REBUILDINPUT']._serialized_start=1331
-  _globals['_REBUILDINPUT']._serialized_end=1391
-  _globals['_WEIGHTCATALOG']._serialized_start=1393
-  _globals['_WEIGHTCATALOG']._serialized_end=1506
-  _globals['_TENSORVIEW']._serialized_start=1508
-  _globals['_TENSORVIEW']._serialized_end=1625
-  _globals['_MODELINDEX']._serialized_start=1628
-  _globals['_MODELINDEX']._serialized_end=1954
-  _globals['_PROTECTEDINDEX']._serialized_start=1956
-  _globals['_PROTECTEDINDEX']._serialized_end=2042
-  _globals['_LOGICALRESOURCE']._serialized_start=2045
-  _globals['_LOGICALRESOURCE']._serialized_end=2260
+  _globals['_PROGRAMIMAGE']._serialized_start=674
+  _globals['_PROGRAMIMAGE']._serialized_end=770
+  _globals['_EXECUTABLERESOURCE']._serialized_start=773
+  _globals['_EXECUTABLERESOURCE']._serialized_end=969
+  _globals['_DEPLOYMENTBODY']._serialized_start=972
+  _globals['_DEPLOYMENTBODY']._serialized_end=1310
+  _globals['_REBUILDMANIFEST']._serialized_start=1312
+  _globals['_REBUILDMANIFEST']._serialized_end=1427
+  _globals['_REBUILDINPUT']._serialized_start=1429
+  _globals['_REBUILDINPUT']._serialized_end=1489
+  _globals['_WEIGHTCATALOG']._serialized_start=1491
+  _globals['_WEIGHTCATALOG']._serialized_end=1604
+  _globals['_TENSORVIEW']._serialized_start=1606
+  _globals['_TENSORVIEW']._serialized_end=1723
+  _globals['_MODELINDEX']._serialized_start=1726
+  _globals['_MODELINDEX']._serialized_end=2052
+  _globals['_PROTECTEDINDEX']._serialized_start=2054
+  _globals['_PROTECTEDINDEX']._serialized_end=2140
+  _globals['_LOGICALRESOURCE']._serialized_start=2143
+  _globals['_LOGICALRESOURCE']._serialized_end=2358
 # @@protoc_insertion_point(module_scope)

@@ -22,6 +22,7 @@ class ResourceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESOURCE_KIND_TOKENIZER: _ClassVar[ResourceKind]
     RESOURCE_KIND_CHAT_TEMPLATE: _ClassVar[ResourceKind]
     RESOURCE_KIND_TUNING_PROGRAM: _ClassVar[ResourceKind]
+    RESOURCE_KIND_PROGRAM_IMAGE: _ClassVar[ResourceKind]
 SIGNATURE_ALGORITHM_UNSPECIFIED: SignatureAlgorithm
 SIGNATURE_ALGORITHM_ED25519: SignatureAlgorithm
 RESOURCE_KIND_UNSPECIFIED: ResourceKind
@@ -30,6 +31,7 @@ RESOURCE_KIND_WEIGHTS: ResourceKind
 RESOURCE_KIND_TOKENIZER: ResourceKind
 RESOURCE_KIND_CHAT_TEMPLATE: ResourceKind
 RESOURCE_KIND_TUNING_PROGRAM: ResourceKind
+RESOURCE_KIND_PROGRAM_IMAGE: ResourceKind
 
 class CoreBody(_message.Message):
     __slots__ = ("format_version", "envelope", "locations")
@@ -86,6 +88,18 @@ class PublisherTerms(_message.Message):
     license: str
     acceptance_terms: str
     def __init__(self, namespace: _Optional[str] = ..., license: _Optional[str] = ..., acceptance_terms: _Optional[str] = ...) -> None: ...
+
+class ProgramImage(_message.Message):
+    __slots__ = ("version", "exported_program", "state_dict", "constants")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    STATE_DICT_FIELD_NUMBER: _ClassVar[int]
+    CONSTANTS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    exported_program: bytes
+    state_dict: bytes
+    constants: bytes
+    def __init__(self, version: _Optional[int] = ..., exported_program: _Optional[bytes] = ..., state_dict: _Optional[bytes] = ..., constants: _Optional[bytes] = ...) -> None: ...
 
 class ExecutableResource(_message.Message):
     __slots__ = ("id", "kind", "rank", "stored_nbytes", "decoded_nbytes", "chunk_nbytes", "chunk_sha256")

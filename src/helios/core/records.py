@@ -46,6 +46,12 @@ class ResourceKind(enum.IntEnum):
     TOKENIZER = core_pb2.RESOURCE_KIND_TOKENIZER
     CHAT_TEMPLATE = core_pb2.RESOURCE_KIND_CHAT_TEMPLATE
     TUNING_PROGRAM = core_pb2.RESOURCE_KIND_TUNING_PROGRAM
+    PROGRAM_IMAGE = core_pb2.RESOURCE_KIND_PROGRAM_IMAGE
+
+    @property
+    def is_program(self) -> bool:
+        """A captured program in either storage: PROGRAM_IMAGE (data) or the pickled PROGRAM/TUNING_PROGRAM."""
+        return self in (ResourceKind.PROGRAM, ResourceKind.TUNING_PROGRAM, ResourceKind.PROGRAM_IMAGE)
 
 
 @dataclass(frozen=True)

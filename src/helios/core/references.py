@@ -8,9 +8,6 @@ from helios.core.body import SignedContent
 from helios.core.records import ResourceKind
 from helios.errors import ContractError
 
-_PROGRAM_KINDS = (ResourceKind.PROGRAM, ResourceKind.TUNING_PROGRAM)
-
-
 def check_manifest_references(content: SignedContent) -> None:
     """Raises ContractError (with the manifest field path) for a dangling resource reference."""
     manifest = manifest_pb2.ExecutionManifest.FromString(content.manifest_bytes)
@@ -29,7 +26,7 @@ def check_manifest_references(content: SignedContent) -> None:
         info = infos.get(handle.resource_id)
         if info is None:
             raise ContractError(path, f"resource {handle.resource_id!r} is not in the core")
-        if info.kind not in _PROGRAM_KINDS:
+        if not info.kind.is_program:
             raise ContractError(path, f"resource {handle.resource_id!r} is not a program")
         if info.rank is not None and info.rank != handle.rank:
             raise ContractError(

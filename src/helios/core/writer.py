@@ -3,7 +3,7 @@
     writer = CoreWriter()                                   # payload format 2
     writer.set_contract(prepared)                           # or (contract_bytes, manifest_bytes)
     writer.set_publisher("acme/llama", license="llama3", acceptance_terms="...")
-    writer.add_resource("program.decode.b1", ResourceKind.PROGRAM, open("p.pt2", "rb"))
+    writer.add_resource("program.decode.b1", ResourceKind.PROGRAM_IMAGE, image_bytes)
     writer.add_resource("weights.rank0", ResourceKind.WEIGHTS, Path("w0.safetensors"), rank=0)
     writer.add_signing_key(load_signing_key("publisher.key"))
     writer.write("model.core")                              # or split_nbytes=2**30

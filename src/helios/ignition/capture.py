@@ -1,20 +1,19 @@
 """Capture: export the generic programs of an Architecture with torch.export at capacity variants.
 
-Each (operation, capacity) becomes one `CapturedProgram`: the bytes written by ``torch.export.save``
-plus its `ProgramSpec`. Programs are captured on the CPU from example tensors that carry no data
+Each (operation, capacity) becomes one `CapturedProgram`: its program image
+(`helios.abi.program_image`: the graph's JSON and its tensors, nothing pickled) plus its `ProgramSpec`. Programs are captured on the CPU from example tensors that carry no data
 (``torch.empty``; tracing never reads them), with weights lifted to the first input, so the saved
 bytes hold neither weights nor example data. R and T are static; the page count, request-slot counts
 and page-table width are symbolic, so physical cache capacities can be chosen after loading.
 
-Security: `load_program` unpickles. Call it only on bytes whose signature and commitments have been
-verified and whose publisher has been authorized.
+`load_program` unpickles nothing and checks the graph first (`helios.abi.program_graph`), but the
+runtime still reads programs only from verified, authorized cores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import io
 import warnings
 from dataclasses import dataclass
 from typing import Iterable
@@ -22,6 +21,7 @@ from typing import Iterable
 import torch
 from torch.export import Dim
 
+from helios.abi.program_image import decode_program, encode_program
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
 from helios.ignition.program import (
@@ -41,7 +41,7 @@ _EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "request_rows": 4, "max_pages": 2}
 
 @dataclass(frozen=True)
 class CapturedProgram:
-    """One exported program (torch.export.save bytes, no weights, no example inputs) and its spec."""
+    """One exported program (program image bytes, no weights, no example inputs) and its spec."""
 
     spec: ProgramSpec
     program: bytes
@@ -72,7 +72,15 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int,
 
 def capture_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,
                     options: ProgramOptions = ProgramOptions()) -> CapturedProgram:
-    """Export one program; its spec lists the ABI ops the graph calls, with their schemas."""
+    """Export one program and store it as a program image; its spec lists the ABI ops the graph
+    calls, with their schemas."""
+    spec, exported = export_program(arch, operation, capacity, page_tokens, options)
+    return CapturedProgram(spec, encode_program(exported))
+
+
+def export_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,
+                   options: ProgramOptions = ProgramOptions()) -> tuple[ProgramSpec, torch.export.ExportedProgram]:
+    """The ExportedProgram of one (operation, capacity) (no example inputs) and its spec."""
     spec = program_spec(arch, operation, capacity, page_tokens, options)
     module = build_program(arch, operation, page_tokens, options, capacity)
     parameters = parameter_names(module)
@@ -88,10 +96,7 @@ def capture_program(arch: Architecture, operation: Operation, capacity: Capacity
             warnings.simplefilter("ignore", FutureWarning)
             exported = exported.run_decompositions({})
     exported.example_inputs = None  # never ship example data
-    spec = dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items())))
-    buffer = io.BytesIO()
-    torch.export.save(exported, buffer)
-    return CapturedProgram(spec, buffer.getvalue())
+    return dataclasses.replace(spec, abi_ops=tuple(sorted(program_ops(exported).items()))), exported
 
 
 def parameter_names(module: torch.nn.Module) -> tuple[str, ...]:
@@ -122,8 +127,8 @@ def capture_programs(
 
 
 def load_program(program: bytes) -> torch.nn.Module:
-    """Deserialize captured bytes into a callable module (unpickles: verified bytes only)."""
-    return torch.export.load(io.BytesIO(program)).module()
+    """Decode program image bytes into a callable module (no unpickling; the graph is checked first)."""
+    return decode_program(program).module()
 
 
 def _example_inputs(spec: ProgramSpec):

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
+import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
+from helios.abi import fused
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
 
@@ -51,9 +53,8 @@ def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """Hugging Face RMSNorm over the last dimension (one fused ABI op; see `helios.abi.fused`)."""
+    return torch.ops.helios.rms_norm(x, weight, eps)
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
@@ -71,10 +72,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotates the leading cos.shape[-1] dimensions of each head (the rest pass through)."""
     width = cos.shape[-1]
     if width < x.shape[-1]:
-        return torch.cat((apply_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
-    half = width // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+        return torch.cat((fused.apply_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
+    return fused.apply_rotary(x, cos, sin)
 
 
 class LayerInputs(NamedTuple):
@@ -98,9 +97,13 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     if arch.qk_norm:
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
-    torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
+    if arch.rotary_width == arch.head_dim:  # one fused op rotates q and k and writes k and v
+        q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane,
+                                                step.slot_mapping)
+    else:  # partial rotary: the fused op rotates whole heads
+        q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
+        torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane, step)
     attended = attended.reshape(num_tokens, arch.q_size)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
@@ -124,8 +127,8 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     if arch.is_sparse(int(prefix.split(".")[1])):
         return moe_block(arch, w, prefix, hidden)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
-    gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
-    return row_parallel_linear(arch, F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+    return row_parallel_linear(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"],
+                               w.get(prefix + "down.bias"))
 
 
 def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
@@ -151,13 +154,15 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
+    normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
+    update = torch.ops.helios.add_rms_norm  # the residual add and the next norm, one fused op
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
-        normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
-        hidden = hidden + attention_block(arch, w, layer, normed, shared)
-        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
-        hidden = hidden + mlp_block(arch, w, prefix, normed)
-    return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)
+        hidden, normed = update(hidden, attention_block(arch, w, layer, normed, shared), w[prefix + "post_norm"],
+                                arch.rms_norm_eps)
+        next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
+        hidden, normed = update(hidden, mlp_block(arch, w, prefix, normed), next_norm, arch.rms_norm_eps)
+    return normed
 
 
 def lm_logits(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:

@@ -140,7 +140,7 @@ def prepare_core(
         captured = capture_program(arch, operation, capacity, plan.page_tokens, program_options)
         resource_id = f"program.{operation.value}.{_variant_label(capacity)}"
         resource_id += ".rank0" if ranks == 1 else ""  # ranks > 1 share one program resource
-        writer.add_resource(resource_id, ResourceKind.PROGRAM, captured.program, rank=0 if ranks == 1 else None)
+        writer.add_resource(resource_id, ResourceKind.PROGRAM_IMAGE, captured.program, rank=0 if ranks == 1 else None)
         programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
         progress(f"captured {operation.value} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
                  f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(variants)}]")

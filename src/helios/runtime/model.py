@@ -6,8 +6,11 @@ nothing here runs on untrusted bytes. `load_model` then
 1. resolves settings (core defaults, explicit startup options win) and selects, per serving graph,
    the captured variants that the selected concurrency needs (load-time selection may reduce
    captured concurrency; a missing graph or variant fails startup with `LoadError`);
-2. checks, before deserializing a program, that every ABI op it names is declared in the manifest
-   and registered here with exactly the declared schema, then loads it and checks again;
+2. checks, before deserializing a program, that it is a program image (`helios.abi.program_image`:
+   graph JSON plus safetensors, nothing unpickled; a core with pickled ``torch.export.save``
+   programs fails with `PickledProgramError`), that its graph calls nothing but allowed ops and
+   that every ABI op it names is declared in the manifest and registered here with exactly the
+   declared schema, then builds it and checks again;
 3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
    now and replace preparation's working-set counts;
@@ -25,7 +28,6 @@ rank is shared). `helios.runtime.ranks` loads the other ranks and ties them toge
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
@@ -33,11 +35,13 @@ from typing import Mapping
 import torch
 from torch.export.passes import move_to_device_pass
 
+from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
+from helios.core.records import ResourceKind
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
 from helios.runtime.graph_passes import drop_no_op_nodes
@@ -218,9 +222,9 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
                   device: torch.device) -> LoadedProgram:
     names = set(handle.abi_operations)
     ops = {name: schema for name, schema in declared.items() if name in names}
-    data = core.read_resource(handle.resource_id)
-    validate_serialized_ops(data, ops)
-    exported = torch.export.load(io.BytesIO(data))
+    image = read_program_image(_program_bytes(core, handle.resource_id))
+    validate_serialized_ops(image.graph, ops)
+    exported = deserialize_program(image)
     validate_program_ops(exported, ops)
     if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
         exported = move_to_device_pass(exported, {"cpu": str(device)})
@@ -237,6 +241,17 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
         outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
         speculative=speculative_shape(prepared, handle),
     )
+
+
+def _program_bytes(core, resource_id: str) -> bytes:
+    """A program resource's bytes; a program stored the pickled way is refused by its signed kind."""
+    kind = core.resource(resource_id).kind
+    if kind is not ResourceKind.PROGRAM_IMAGE:
+        raise PickledProgramError(
+            f"program {resource_id!r} is stored as a torch.export.save archive ({kind.name} resource), which "
+            "loading would unpickle, running code from the core; prepare the core again with this version of "
+            "helios (`helios prepare`), which stores programs as data")
+    return core.read_resource(resource_id)
 
 
 def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], ...]:

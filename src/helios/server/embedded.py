@@ -3,8 +3,8 @@
 `embedded_core()` returns a signed core for the checkpoint shipped in `helios.embedded`. Until that
 package ships a prepared core itself, the checkpoint is prepared on first use into the cache
 directory (``$HELIOS_CACHE``, else ``~/.cache/helios``) and signed with a key generated there; the
-core's file name carries a digest of the checkpoint files, so a changed checkpoint is prepared
-again. Preparation writes into a private directory and renames it into place, so concurrent first
+core's directory name carries a digest of the checkpoint files and `CORE_GENERATION`, so a changed
+checkpoint, or a core written in a storage this version no longer loads, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
 runs cannot see a partial core. The embedded-model owner may replace the body of `embedded_core`
 (for example to return a committed core and its public key) without touching the server.
 """
@@ -29,6 +29,9 @@ CACHE_ENV = "HELIOS_CACHE"
 KEY_NAME = "embedded-publisher.key"
 CONTEXT_TOKENS = 2048
 DECODE_BATCHES = (1, 4, 16, 64)
+# Bumped when prepared cores change in a way older cached cores cannot be loaded: "images" since
+# programs are stored as program images (cores cached before hold pickled programs, now refused).
+CORE_GENERATION = "images"
 
 
 class EmbeddedModelMissing(LoadError):
@@ -61,7 +64,7 @@ def embedded_core(progress: Callable[[str], None] | None = None) -> EmbeddedCore
     root = cache_root() / "embedded"
     root.mkdir(parents=True, exist_ok=True)
     public_key = _publisher_key(root)
-    target = root / checkpoint_digest(checkpoint)[:16]
+    target = root / f"{checkpoint_digest(checkpoint)[:16]}-{CORE_GENERATION}"
     if not (target / "model.core").is_file():
         _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
     return EmbeddedCore(target / "model.core", NAMESPACE, public_key)

@@ -1,0 +1,204 @@
+"""Program images: a torch.export ExportedProgram stored as data, loaded without unpickling.
+
+A core's program resource (`RESOURCE_KIND_PROGRAM_IMAGE`) is an encoded `ProgramImage` message
+(`proto/helios/contract/core.proto`): the program graph's JSON serialization
+(``torch._export.serde``) plus its state dict and tensor constants as safetensors files. Loading
+one parses protobuf, JSON and safetensors only, checks the graph (`helios.abi.program_graph`:
+targets, symbolic expressions, no guard code or custom objects) and then has torch build the
+ExportedProgram from the checked JSON and the already-decoded tensors, so torch's deserializer
+never reaches ``torch.load``. A signed core is data, never code, whoever signed it.
+
+``torch.export.save`` archives (the older `RESOURCE_KIND_PROGRAM`) unpickle on load; the runtime
+refuses them with `PickledProgramError` and the core has to be prepared again.
+
+`encode_program` writes an image (preparation); `read_program_image` parses and checks one without
+building anything; `deserialize_program` builds the ExportedProgram; `decode_program` does both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Mapping
+
+import safetensors
+import safetensors.torch
+import torch
+from google.protobuf.message import DecodeError
+
+from helios.abi.program_graph import ForbiddenProgramError, check_program_graph
+from helios.abi.registry import UnreadableProgramError
+from helios.contract import core_pb2
+from helios.errors import LoadError
+
+PROGRAM_IMAGE_VERSION = 1
+
+__all__ = [
+    "ForbiddenProgramError", "PickledProgramError", "ProgramEncodingError", "ProgramImage", "UnreadableProgramError",
+    "decode_program", "deserialize_program", "encode_program", "read_program_image",
+]
+
+
+class PickledProgramError(LoadError):
+    """The core stores a program as a ``torch.export.save`` archive, whose loading unpickles (runs
+    code chosen by whoever wrote the core); the runtime loads program images only."""
+
+
+class ProgramEncodingError(ValueError):
+    """An ExportedProgram holds something a program image cannot store (a non-tensor constant)."""
+
+
+@dataclass(frozen=True)
+class ProgramImage:
+    """A parsed and checked program image; nothing in it has been deserialized by torch yet."""
+
+    graph: dict  # the checked JSON of the ExportedProgram
+    state_dict: Mapping[str, torch.Tensor]
+    constants: Mapping[str, torch.Tensor]
+
+
+def encode_program(program: torch.export.ExportedProgram) -> bytes:
+    """The `ProgramImage` bytes of `program`, without example inputs, node metadata or guard code."""
+    from torch._export.serde.serialize import serialize
+
+    state = {name: _tensor(name, value) for name, value in program.state_dict.items()}
+    constants = {name: _tensor(name, value) for name, value in program.constants.items()}
+    graph = json.loads(serialize(program).exported_program)
+    for _, node in _nodes(graph):
+        node["metadata"] = {}  # stack traces and module paths of the preparing machine
+    graph["guards_code"] = []  # Python source; the runtime fixes shapes itself (see runtime.model)
+    image = core_pb2.ProgramImage(
+        version=PROGRAM_IMAGE_VERSION,
+        exported_program=json.dumps(graph, separators=(",", ":")).encode("utf-8"),
+        state_dict=safetensors.torch.save(state) if state else b"",
+        constants=safetensors.torch.save(constants) if constants else b"",
+    )
+    return image.SerializeToString(deterministic=True)
+
+
+def read_program_image(data: bytes) -> ProgramImage:
+    """Parse and check an encoded image. Raises `UnreadableProgramError` for bytes that are not an
+    image of a known version (`PickledProgramError` for a ``torch.export.save`` archive) and
+    `ForbiddenProgramError` for a graph that holds what an image may not."""
+    if data[:2] == b"PK":  # a zip archive: what torch.export.save writes
+        raise PickledProgramError("the program is a torch.export.save archive, which loading would unpickle")
+    try:
+        message = core_pb2.ProgramImage.FromString(data)
+    except (DecodeError, RecursionError) as error:
+        raise UnreadableProgramError(f"the program is not a program image: {error}") from None
+    if message.version != PROGRAM_IMAGE_VERSION:
+        raise UnreadableProgramError(
+            f"program image version {message.version}; this runtime reads version {PROGRAM_IMAGE_VERSION}")
+    try:
+        graph = json.loads(message.exported_program)
+    except (ValueError, RecursionError) as error:
+        raise UnreadableProgramError(f"the program graph is not JSON: {error}") from None
+    check_program_graph(graph)
+    return ProgramImage(graph, _tensors(message.state_dict, "state dict"), _tensors(message.constants, "constants"))
+
+
+def deserialize_program(image: ProgramImage) -> torch.export.ExportedProgram:
+    """Build the ExportedProgram of a checked image (torch's deserializer, given the schema objects
+    and the already decoded tensors, so it never reaches ``torch.load``). Raises
+    `UnreadableProgramError` when torch cannot build it."""
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer
+
+    parameters = _parameter_names(image.graph)
+    state = {name: torch.nn.Parameter(t, requires_grad=False) if name in parameters else t
+             for name, t in image.state_dict.items()}
+    try:
+        serialized = schema_object(schema.ExportedProgram, image.graph)
+        return ExportedProgramDeserializer().deserialize(serialized, state, dict(image.constants), b"")
+    except Exception as error:  # torch's deserializer raises many types for malformed graphs
+        raise UnreadableProgramError(f"torch cannot build the program: {type(error).__name__}: {error}") from None
+
+
+def schema_object(cls, data):
+    """The torch.export serde schema object of parsed JSON: what torch's ``_dict_to_dataclass``
+    returns, with each class's type hints resolved once instead of at every object (that
+    resolution was about half of a program's load time)."""
+    from torch._export.serde import schema
+    from torch._export.serde.union import _Union
+
+    if isinstance(cls, str):
+        cls = getattr(schema, cls, cls)
+    elif isinstance(cls, typing.ForwardRef):
+        return schema_object(cls.__forward_arg__, data)
+    if isinstance(cls, str):
+        raise TypeError(f"unresolved schema type {cls!r}")
+    origin = typing.get_origin(cls)
+    if origin is typing.Annotated:
+        return schema_object(cls.__origin__, data)
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls):
+        if data is None:
+            return None
+        (inner,) = [arg for arg in typing.get_args(cls) if arg is not type(None)]
+        return schema_object(inner, data)
+    if isinstance(cls, type) and issubclass(cls, _Union):
+        if not isinstance(data, dict) or len(data) != 1:
+            raise TypeError(f"a {cls.__name__} is an object with one field, got {data!r:.80}")
+        ((tag, value),) = data.items()
+        return cls.create(**{tag: schema_object(_type_hints(cls)[tag], value)})
+    if dataclasses.is_dataclass(cls):
+        hints = _type_hints(cls)
+        return cls(**{f.name: schema_object(hints[f.name], data[f.name])
+                      for f in dataclasses.fields(cls) if f.name in data})
+    if isinstance(data, list):
+        return [schema_object(typing.get_args(cls)[0], item) for item in data] if data else data
+    if isinstance(data, dict):
+        value_type = typing.get_args(cls)[1]
+        return {key: schema_object(value_type, value) for key, value in data.items()}
+    if cls is float:
+        return float(data)
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls) -> dict:
+    from torch._export.serde import schema
+
+    return typing.get_type_hints(cls, globalns=vars(schema))
+
+
+def decode_program(data: bytes) -> torch.export.ExportedProgram:
+    """`read_program_image` then `deserialize_program`."""
+    return deserialize_program(read_program_image(data))
+
+
+def _tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ProgramEncodingError(f"constant {name!r} is a {type(value).__name__}; a program image stores tensors only")
+    return value.detach().contiguous().clone()
+
+
+def _tensors(data: bytes, what: str) -> dict[str, torch.Tensor]:
+    if not data:
+        return {}
+    try:
+        return safetensors.torch.load(data)
+    except (safetensors.SafetensorError, ValueError, TypeError) as error:
+        raise UnreadableProgramError(f"the program's {what} is not a safetensors file: {error}") from None
+
+
+def _nodes(graph: dict):
+    """(graph, node) for the nodes of the top-level graph and of every nested subgraph."""
+    stack = [graph["graph_module"]["graph"]]
+    while stack:
+        current = stack.pop()
+        for node in current.get("nodes", ()):
+            yield current, node
+            for argument in node.get("inputs", ()):
+                value = argument.get("arg", {})
+                if isinstance(value, dict) and "as_graph" in value:
+                    stack.append(value["as_graph"]["graph"])
+
+
+def _parameter_names(graph: dict) -> set[str]:
+    specs = graph.get("graph_module", {}).get("signature", {}).get("input_specs", ())
+    return {spec["parameter"]["parameter_name"] for spec in specs
+            if isinstance(spec, dict) and isinstance(spec.get("parameter"), dict)}
