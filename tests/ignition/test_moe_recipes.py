@@ -16,10 +16,10 @@ from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from .hf_checkpoints import GLM4_MOE, MIXTRAL, MOE_FAMILIES, QWEN3_MOE, random_model, write_checkpoint
 
-EXPECTED = {
+EXPECTED = {  # family: (intermediate_size, head_dim, qk_norm, qkv_bias, moe)
     QWEN3_MOE.name: (96, 32, True, False, MixtureOfExperts(8, 3, 48, (1, 3), normalize=True)),
     MIXTRAL.name: (0, 16, False, False, MixtureOfExperts(6, 2, 64, (0, 1), normalize=True)),
-    GLM4_MOE.name: (96, 8, True, True, MixtureOfExperts(
+    GLM4_MOE.name: (96, 16, True, True, MixtureOfExperts(
         8, 3, 32, (2, 3), scoring="sigmoid", num_groups=4, topk_groups=2, normalize=True, scale=2.5,
         correction_bias=True, shared_intermediate_size=32)),
 }
@@ -37,7 +37,7 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("family", MOE_FAMILIES, ids=lambda family: family.name)
 def test_architecture_fields_come_from_the_config(checkpoints, family):
     arch = load_checkpoint(checkpoints[family.name][1]).architecture
-    assert (arch.intermediate_size, arch.rotary_width, arch.qk_norm, arch.qkv_bias, arch.moe) == EXPECTED[family.name]
+    assert (arch.intermediate_size, arch.head_dim, arch.qk_norm, arch.qkv_bias, arch.moe) == EXPECTED[family.name]
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES, ids=lambda family: family.name)
@@ -52,13 +52,42 @@ def test_expert_weights_are_stacked_in_program_layout(checkpoints, family):
     assert torch.equal(weights[f"layers.{last}.experts.down"], block.experts.down_proj)
     assert torch.equal(weights[f"layers.{last}.router.weight"], block.gate.weight)
     assert weights[f"layers.{last}.router.weight"].dtype == torch.float32
-    assert torch.equal(weights["rope.inv_freq"], model.model.rotary_emb.inv_freq)  # partial rotary for GLM
+    reference_freq = model.model.rotary_emb.inv_freq  # GLM rotates half of each head: zeros past its frequencies
+    assert torch.equal(weights["rope.inv_freq"][: len(reference_freq)], reference_freq)
+    assert not weights["rope.inv_freq"][len(reference_freq):].any()
     if family is GLM4_MOE:
         assert torch.equal(weights["layers.3.router.correction_bias"], block.gate.e_score_correction_bias)
         shared = block.shared_experts
         assert torch.equal(weights["layers.3.shared.gate_up.weight"],
                            torch.cat([shared.gate_proj.weight, shared.up_proj.weight]))
         assert "layers.1.gate_up.weight" in weights and "layers.1.experts.gate_up" not in weights
+
+
+@pytest.mark.parametrize("head_dim, rotary", [(16, 8), (128, 64), (12, 4), (8, 8)])
+def test_reordered_whole_head_rotary_is_the_partial_rotary(head_dim, rotary):
+    """transformers' partial rotary then q.k equals, after `rotary_order`, the whole-head rotary with
+    zero frequencies past the rotated ones (the decoder's rotary and its fused kernel)."""
+    from transformers.models.glm4_moe.modeling_glm4_moe import apply_rotary_pos_emb
+
+    from helios.abi.fused import apply_rotary
+    from helios.ignition.decoder import rotary_tables
+    from helios.ignition.recipes.moe import rotary_order
+
+    generator = torch.Generator().manual_seed(head_dim)
+    q, k = torch.randn(2, 5, 3, head_dim, generator=generator, dtype=torch.float64)  # [tokens, heads, D] each
+    positions = torch.tensor([0, 3, 7, 100, 2048])
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary, 2, dtype=torch.float32) / rotary)
+    angles = torch.cat([positions[:, None].float() * inv_freq[None, :]] * 2, dim=-1)  # float32, as both compute them
+    cos_hf, sin_hf = angles.cos().double(), angles.sin().double()
+    q_hf, k_hf = apply_rotary_pos_emb(q, k, cos_hf, sin_hf, unsqueeze_dim=1)
+    padded = torch.zeros(head_dim // 2, dtype=torch.float32)
+    padded[: rotary // 2] = inv_freq
+    cos, sin = rotary_tables(positions, padded, torch.float64)
+    order = rotary_order(head_dim, rotary)
+    assert sorted(order.tolist()) == list(range(head_dim))
+    q_ours, k_ours = apply_rotary(q[..., order], cos, sin), apply_rotary(k[..., order], cos, sin)
+    torch.testing.assert_close(q_ours @ k_ours.transpose(-1, -2), q_hf @ k_hf.transpose(-1, -2))
+    torch.testing.assert_close(q_ours, q_hf[..., order])
 
 
 def _copy(checkpoints, tmp_path, family):

@@ -25,8 +25,9 @@ def expert_inputs(tokens: int = 7, hidden: int = 48, ffn: int = 40, experts: int
         ids[2, 0] = experts
     return dict(
         hidden=rand(tokens, hidden), weights=weights.float(), ids=ids,
-        gate_up=rand(experts, 2 * ffn, hidden, scale=0.2), gate_up_bias=rand(experts, 2 * ffn) if bias else None,
-        down=rand(experts, hidden, ffn, scale=0.2), down_bias=rand(experts, hidden) if bias else None,
+        gate_up=rand(experts, 2 * ffn, hidden, scale=hidden ** -0.5),  # unit-scale pre-activations at any width
+        gate_up_bias=rand(experts, 2 * ffn) if bias else None,
+        down=rand(experts, hidden, ffn, scale=ffn ** -0.5), down_bias=rand(experts, hidden) if bias else None,
         activation=activation, alpha=1.702, limit=0.7,
     )
 

@@ -11,8 +11,8 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
   ``layers.i.post_norm`` [H], ``layers.i.gate_up.weight`` [2 F, H] (rows: gate, then up), optional
   ``layers.i.gate_up.bias``, ``layers.i.down.weight`` [H, F], optional ``layers.i.down.bias``;
   then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
-  [R / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe; R = ``rotary_dim``,
-  the leading dimensions of each head that rotate, D unless the family rotates only part of a head).
+  [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe; a family that
+  rotates only part of each head gets zero frequencies for the rest, see `helios.ignition.recipes.moe`).
 
 Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) replace the gated MLP's
 ``gate_up`` / ``down`` slots by (E experts, F = ``moe.expert_intermediate_size``):
@@ -115,7 +115,6 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
-    rotary_dim: int = 0  # leading dimensions of a head that rotate; 0: the whole head
     moe: MixtureOfExperts | None = None
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
     rope_attention_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
@@ -133,19 +132,12 @@ class Architecture:
             raise CheckpointError("rotary attention needs an even head_dim")
         if self.tensor_parallel < 1:
             raise CheckpointError("tensor_parallel must be >= 1")
-        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
-            raise CheckpointError(f"rotary_dim {self.rotary_dim} is not an even width within head_dim {self.head_dim}")
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""
         return self.moe is not None and layer in self.moe.sparse_layers
-
-    @property
-    def rotary_width(self) -> int:
-        """How many leading dimensions of each head rotate."""
-        return self.rotary_dim or self.head_dim
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -186,7 +178,7 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
-    slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
+    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)

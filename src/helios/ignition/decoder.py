@@ -19,7 +19,7 @@ import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_t
 import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
-from helios.abi import fused
+from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
 
@@ -58,22 +58,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
-    """cos and sin [T, 1, R] for the packed positions (R = 2 * len(inv_freq), the rotated width),
-    times `factor` (YaRN's attention scaling)."""
+    """cos and sin [T, 1, D] for the packed positions, times `factor` (YaRN's attention scaling)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
     if factor != 1.0:
         cos, sin = cos * factor, sin * factor
     return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates the leading cos.shape[-1] dimensions of each head (the rest pass through)."""
-    width = cos.shape[-1]
-    if width < x.shape[-1]:
-        return torch.cat((fused.apply_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
-    return fused.apply_rotary(x, cos, sin)
 
 
 class LayerInputs(NamedTuple):
@@ -98,12 +89,7 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
-    if arch.rotary_width == arch.head_dim:  # one fused op rotates q and k and writes k and v
-        q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane,
-                                                step.slot_mapping)
-    else:  # partial rotary: the fused op rotates whole heads
-        q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
-        torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
+    q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, step.slot_mapping)
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane, step)
     attended = attended.reshape(num_tokens, arch.q_size)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
@@ -144,8 +130,8 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
         hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
         w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
     if moe.shared_intermediate_size:
-        gate, up = F.linear(hidden, w[prefix + "shared.gate_up.weight"]).chunk(2, dim=-1)
-        out = out + F.linear(F.silu(gate) * up, w[prefix + "shared.down.weight"])
+        shared = torch.ops.helios.silu_mul(F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
+        out = out + F.linear(shared, w[prefix + "shared.down.weight"])
     return partial_sum(arch, out)
 
 

@@ -130,15 +130,18 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
-def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, layer_weights=None):
+def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, layer_weights=None, inv_freq=None,
+                     transform=None):
     """The weights in program layout, and the checkpoint names they were made from. `layer_weights`
-    (arch, layer, take) -> slots of one layer (default: attention and the dense MLP)."""
+    (arch, layer, take) -> slots of one layer (default: attention and the dense MLP); `inv_freq`
+    replaces the rotary frequencies; `transform` (name, tensor) -> tensor rewrites checkpoint tensors."""
     layer_weights = layer_weights or _layer_weights
     used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
         used.add(name)
-        return tensors.get(name).to(arch.torch_dtype)
+        tensor = tensors.get(name).to(arch.torch_dtype)
+        return transform(name, tensor) if transform else tensor
 
     weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
     for layer in range(arch.num_layers):
@@ -146,8 +149,8 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, lay
     weights.append(NamedWeight("final_norm", take("model.norm.weight")))
     if not arch.tie_word_embeddings:
         weights.append(NamedWeight("lm_head", take("lm_head.weight")))
-    partial = arch.rotary_width != arch.head_dim
-    weights.append(NamedWeight("rope.inv_freq", rope_inv_freq(config, arch.rotary_width, partial)))
+    inv_freq = rope_inv_freq(config, arch.head_dim) if inv_freq is None else inv_freq
+    weights.append(NamedWeight("rope.inv_freq", inv_freq))
     return tuple(weights), used
 
 

@@ -5,7 +5,8 @@ Covers Qwen3MoeForCausalLM (softmax top-k, ``norm_topk_prob``, dense ``mlp_only_
 every layer when set) and Glm4MoeForCausalLM (sigmoid scoring with ``e_score_correction_bias``,
 ``n_group`` / ``topk_group`` group-limited top-k, ``norm_topk_prob``, ``routed_scaling_factor``,
 shared experts, the first ``first_k_dense_replace`` layers dense, partial rotary
-``partial_rotary_factor``, q/k norm where ``use_qk_norm``, q/k/v bias where ``attention_bias``).
+``partial_rotary_factor`` (see `partial_rotary`), q/k norm where ``use_qk_norm``, q/k/v bias where
+``attention_bias``).
 Attention is the Llama recipe's (`helios.ignition.recipes.llama`); this module adds the experts:
 per-expert gate/up/down tensors (``experts.N.gate_proj`` / ``w1`` style, or the fused
 ``experts.gate_up_proj`` / ``experts.down_proj`` layout) are stacked into [E, 2F, H] and [E, H, F],
@@ -50,10 +51,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     base = llama.architecture_from_config(source, config, tensors, dtype)
     moe = mixture_from_config(source, config, base.num_layers)
     dense = len(moe.sparse_layers) < base.num_layers
-    arch = dataclasses.replace(
-        base, moe=moe, intermediate_size=base.intermediate_size if dense else 0,
-        rotary_dim=llama.rotary_width(config, base.head_dim))
+    arch = dataclasses.replace(base, moe=moe, intermediate_size=base.intermediate_size if dense else 0)
     names = _NAMES[source]
+    rotary = llama.rotary_width(config, arch.head_dim)
 
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
         slots = llama.attention_weights(arch, layer, take)
@@ -61,7 +61,10 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
             return slots + llama.dense_mlp_weights(arch, layer, take)
         return slots + sparse_weights(arch, layer, take, tensors, names)
 
-    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights)
+    inv_freq, transform = None, None
+    if rotary < arch.head_dim:
+        inv_freq, transform = partial_rotary(config, arch.head_dim, rotary)
+    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, inv_freq, transform)
     unplaced = sorted(name for name in tensors.names - used if not _ignored(name, arch, config))
     if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
@@ -90,6 +93,38 @@ def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int)
         topk_groups=int(config.get("topk_group") or 1), normalize=bool(config.get("norm_topk_prob", True)),
         scale=float(config.get("routed_scaling_factor", 1.0)), correction_bias=True,
         shared_intermediate_size=ffn * int(config.get("n_shared_experts") or 0))
+
+
+def rotary_order(head_dim: int, rotary: int) -> torch.Tensor:
+    """A reordering of each head's dimensions under which rotating the leading `rotary` of them in
+    [cos, sin] halves (pairs i, i + rotary / 2) is the whole-head rotation (pairs j, j + head_dim / 2)
+    with zero frequencies past rotary / 2: position j < rotary / 2 holds dimension j, position
+    head_dim / 2 + j holds dimension rotary / 2 + j, the pass-through dimensions fill the rest."""
+    half, passing = rotary // 2, torch.arange(rotary, head_dim)
+    split = (head_dim - rotary) // 2
+    return torch.cat([torch.arange(half), passing[:split], torch.arange(half, rotary), passing[split:]])
+
+
+def partial_rotary(config: Mapping[str, Any], head_dim: int, rotary: int):
+    """(inv_freq [head_dim / 2], transform) for a family rotating `rotary` < head_dim dimensions: the
+    queries' and keys' dimensions are reordered by `rotary_order` (q/k projection rows and biases,
+    q/k norms; a consistent reordering of both leaves every q.k unchanged and values untouched), so
+    the decoder's whole-head rotary (and its fused kernel) applies, with zero frequencies (cos 1,
+    sin 0) on the pass-through pairs."""
+    order = rotary_order(head_dim, rotary)
+    inv_freq = torch.zeros(head_dim // 2, dtype=torch.float32)
+    inv_freq[: rotary // 2] = llama.rope_inv_freq(config, rotary, partial=True)
+
+    def transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            return tensor[order]
+        if not name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                              "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            return tensor
+        heads = tensor.reshape(-1, head_dim, *tensor.shape[1:])
+        return heads[:, order].reshape(tensor.shape).contiguous()
+
+    return inv_freq, transform
 
 
 def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors,
