@@ -112,6 +112,7 @@ class LoadedModel:
     chat_template: str
     device: torch.device
     rank: int = 0
+    state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
 
 
 def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
@@ -128,7 +129,8 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
     weights = _load_weights(core, prepared, device, options.rank)
     num_pages = options.num_pages or settings.page_capacity
-    num_state_rows = settings.max_concurrency * max(1, prepared.state_rows_per_request())
+    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
+    num_state_rows = settings.max_concurrency * rows_per_request
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     if device.type == "cuda" and options.cuda_graphs:
@@ -138,6 +140,7 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
+        rows_per_request,
     )
 
 
