@@ -221,6 +221,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_tuned_inputs(operation, options),
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
+        *_recurrent_inputs(arch),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)
@@ -279,8 +280,22 @@ def _draft_inputs(draft: Architecture | None, page_tokens: int) -> tuple[TensorS
     )
 
 
+def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
+    """A hybrid decoder's mixer state rows (see `helios.ignition.hybrid_program`)."""
+    g = arch.recurrent
+    if g is None:
+        return ()
+    layers, cache = len(g.layers), InputRole.CACHE_STORAGE
+    return (
+        TensorSpec("conv_state", arch.dtype, (layers, "slots", g.conv_dim, g.conv_kernel - 1), cache,
+                   Access.READ_WRITE),
+        TensorSpec("ssm_state", "float32", (layers, "slots", g.num_heads, g.head_dim, g.state_size), cache,
+                   Access.READ_WRITE),
+    )
+
+
 def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...]:
-    cache_shape = (arch.num_layers, "pages", page_tokens, arch.num_kv_heads, arch.head_dim)
+    cache_shape = (len(arch.attention_layers), "pages", page_tokens, arch.num_kv_heads, arch.head_dim)
     cache, state, step, vocab = InputRole.CACHE_STORAGE, InputRole.PERSISTENT_STATE, InputRole.STEP_INPUT, arch.vocab_size
     return (
         TensorSpec("k_cache", arch.dtype, cache_shape, cache, Access.READ_WRITE),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from helios.ignition.recipes import llama
+from helios.ignition.recipes import bamba, llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 
@@ -19,6 +19,7 @@ __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheck
 RecipeBuilder = Callable[..., Recipe]
 
 _REGISTRY: dict[str, RecipeBuilder] = {name: llama.build for name in llama.ARCHITECTURES}
+_REGISTRY.update({name: bamba.build for name in bamba.ARCHITECTURES})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 
