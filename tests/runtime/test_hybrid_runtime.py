@@ -92,11 +92,13 @@ def test_shared_prefix_restores_a_snapshot_with_the_same_tokens(hybrid, expected
     assert counters.snapshots_published > 0
     warm = generate(runtime.engine, [PROMPTS[1]], STEPS)[0]
     assert list(warm.token_ids) == expected[1]
-    assert runtime.engine.scheduler.counters().prefix_reused_tokens >= len(PROMPTS[0])
+    counters = runtime.engine.scheduler.counters()
+    assert counters.snapshots_restored == 1 and counters.prefix_reused_tokens >= len(PROMPTS[0])
+    assert runtime.engine.stats.snapshot().snapshots_restored == 1  # what /metrics reports
 
 
 def test_preemption_with_state_offload_gives_the_same_tokens(hybrid, expected):
-    runtime = runtime_of(hybrid, num_pages=14, host_pages=32,
+    runtime = runtime_of(hybrid, num_pages=17, host_pages=32,
                          policy=SchedulerPolicy(preemption=PreemptionMode.OFFLOAD))
     results = generate(runtime.engine, PROMPTS, STEPS)
     assert runtime.engine.scheduler.counters().preemptions > 0

@@ -68,6 +68,7 @@ class SchedulerCounters(NamedTuple):
     snapshots_offloaded: int
     mixed_grammar_decode_plans: int
     constrained_max_inflight: int
+    snapshots_restored: int = 0
 
 
 class Scheduler:
@@ -298,7 +299,7 @@ class Scheduler:
             pool.allocator.num_free, pool.cache.num_cached, pool.num_evicted,
             self.cache.num_lookup_tokens, self.cache.num_reused_tokens, self.builder.num_preemptions,
             snapshots.num_published, snapshots.num_evicted, snapshots.num_offloaded,
-            self._mixed_grammar_decode_plans, self._constrained_max_inflight)
+            self._mixed_grammar_decode_plans, self._constrained_max_inflight, snapshots.num_restored)
 
     def check_invariants(self) -> None:
         """Raise `InvariantViolation` if any bookkeeping contradicts itself (tests run it per step)."""
