@@ -98,7 +98,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
     assert "GPT2LMHeadModel" in str(raised.value)
     assert all(name in str(raised.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                            "Qwen3ForCausalLM"}
+                                            "Qwen3ForCausalLM", "BambaForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
