@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One full GPU check on the device machine, logs under $OUT (or ./device-out):
-#   1. tests/gpu, the model fixture and the Triton kernels on CUDA (one GPU), program images (the
-#      stored format loads on this torch; CUDA graphs are captured from it), and their load time
-#      against torch.export.save archives (bench/program_load.py);
+#   1. tests/gpu, the model fixture and the Triton kernels (attention, fused ops, sampling) on CUDA
+#      (one GPU), program images (the stored format loads on this torch; CUDA graphs are captured
+#      from it), and their load time against torch.export.save archives (bench/program_load.py);
 #   2. tests/parallel/test_cuda.py when two GPUs are visible;
 #   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1;
 #   4. the TP1-vs-TP2 table (bench/tensor_parallel.py) when two GPUs are visible and SKIP_TP is unset.
@@ -23,9 +23,9 @@ layers=${LAYERS:-32}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
-timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
-  tests/abi/test_triton_attention.py tests/runtime/test_program_images.py tests/abi/test_program_image.py \
-  tests/ignition/test_cuda.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+timeout 420 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
+  tests/abi/test_triton_attention.py tests/abi/test_triton_fused.py tests/abi/test_triton_sampling.py \
+  tests/runtime/test_program_images.py tests/abi/test_program_image.py tests/ignition/test_cuda.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 timeout 240 python3 bench/program_load.py --json "$out/program_load.json" 2>&1 | tee "$out/program_load.log" | tail -3
 if [ "$gpus" -ge 2 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5

@@ -170,11 +170,18 @@ def _synchronize(device: torch.device) -> None:
 
 
 def prepare(shape: LlamaShape, workloads: list[Workload], scratch: Path, key: SigningKey, dtype: str,
-            ttft_prompt: int, device: torch.device = torch.device("cpu")) -> Path:
+            ttft_prompt: int, device: torch.device = torch.device("cpu"), on_checkpoint=None) -> Path:
+    """Writes a random checkpoint (on `device`), calls `on_checkpoint()` (the device is free from
+    here on: preparation runs on the host), and prepares the core for `workloads`."""
     started = time.perf_counter()
     checkpoint = write_random_llama(scratch / "checkpoint", shape, getattr(torch, dtype), progress=_every(8),
                                     device=device.type)
     log(f"checkpoint written in {time.perf_counter() - started:.0f} s")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    if on_checkpoint is not None:
+        on_checkpoint()
     batches = tuple(sorted({w.requests for w in workloads} | {1}))
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
     # Every workload's requests live at once; the TTFT prompts and cached prefixes need a few more.

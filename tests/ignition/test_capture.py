@@ -21,7 +21,8 @@ STATE = ("weights", "k_cache", "v_cache", "output_counts")
 ROW_INPUTS = ("prompt_counts", "page_table")
 STEP = ("token_ids", "positions", "query_lens", "request_slots", "generations", "sample_rows", "seeds",
         "counters", "sampling_params", "grammar_mask", "submission")
-ABI_OPS = {"helios::cache_write", "helios::paged_attention", "helios::sample", "helios::completion_record"}
+ABI_OPS = {"helios::rotary_cache_write", "helios::paged_attention", "helios::sample", "helios::completion_record",
+           "helios::rms_norm", "helios::add_rms_norm", "helios::silu_mul"}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_decode_graph_only_touches_caches_through_views_and_abi_ops(prepared):
         planes = list(placeholders[name].users)
         assert planes and {str(node.target) for node in planes} == {"aten.select.int"}
         consumers = {str(user.target) for plane in planes for user in plane.users}
-        assert consumers == {"helios.cache_write.default", "helios.paged_attention.default"}
+        assert consumers == {"helios.rotary_cache_write.default", "helios.paged_attention.default"}
     state_users = {str(node.target) for node in placeholders["output_counts"].users}
     assert not signature.user_inputs_to_mutate
     assert state_users == {"aten.index.Tensor", "aten.index_put_.default"}  # row gather, in-place count
@@ -125,7 +126,7 @@ def test_decode_step_writes_cache_and_counts_in_place_without_copies(prepared):
     with log:
         outputs = model.run(Operation.DECODE, [RowWork(sequence, (4,), 6, sample=True)])
     token = outputs["sampled_ids"][0].item()
-    assert "helios.cache_write.default" in log.ops and "aten.index_put_.default" in log.ops
+    assert "helios.rotary_cache_write.default" in log.ops and "aten.index_put_.default" in log.ops
     plane_bytes = model.state["k_cache"][0].nbytes
     assert max(log.new_bytes) < plane_bytes // 8  # nothing near the size of one cache plane
     assert {name: tensor.data_ptr() for name, tensor in model.state.items()} == pointers

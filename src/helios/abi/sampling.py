@@ -52,6 +52,13 @@ data-dependent selection); both paths give the same tokens bit for bit. On CUDA 
 prefix sums are CUDA's (parallel, rounded differently in the last bits): greedy tokens and the
 uniforms are identical to the CPU's, and a sampled token differs only in the case described next.
 
+Fused pass on CUDA: steps 1-5 run as `helios.abi.triton_sampling.greedy_tokens`, one pass per row
+over the float32 logits that applies penalties and the grammar mask only in the rows that need them
+(decided on the device) and takes the float64 argmax: the reference's values and greedy tokens bit
+for bit, without its [R, V] float64 intermediates. Under `greedy_only` (the runtime's graph for
+steps in which no row draws) that is all; otherwise the pass also stores the float64 values and the
+draws (steps 6-8) run as in the reference's device path.
+
 Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
 exactly; its sampled tokens differ from this reference only where a different softmax or summation
 rounding moves u * C across a boundary (order 1e-15 per draw), so the distribution is the same.
@@ -197,6 +204,24 @@ def draws_skipped() -> bool:
     return getattr(_GREEDY_ONLY, "active", False)
 
 
+@contextlib.contextmanager
+def reference_sampling() -> Iterator[None]:
+    """Within this context (this thread) the CUDA path of ``helios::sample`` runs the reference
+    pipeline instead of the fused Triton pass (same tokens; benchmarks A/B the two by capturing a
+    graph in each mode)."""
+    previous = getattr(_GREEDY_ONLY, "reference", False)
+    _GREEDY_ONLY.reference = True
+    try:
+        yield
+    finally:
+        _GREEDY_ONLY.reference = previous
+
+
+def sampling_kernels_enabled() -> bool:
+    """Whether the CUDA path uses the fused Triton pass (not inside `reference_sampling`)."""
+    return not getattr(_GREEDY_ONLY, "reference", False)
+
+
 def selective(device: torch.device) -> bool:
     """Whether op bodies on `device` may select rows on the host (a data-dependent, synchronising
     step that a CUDA graph cannot hold): the CPU only. `helios.abi.speculative` asks this too; tests
@@ -250,6 +275,41 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
     counts = (prompt_counts, output_counts)
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
     return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
+
+
+@sample.register_kernel("cuda")
+def _sample_cuda(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
+                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
+                 output_counts: torch.Tensor, grammar_mask: torch.Tensor,
+                 mask_rows: torch.Tensor) -> torch.Tensor:
+    """`sample_with_kernel` (the reference's tokens; its uniforms and draw arithmetic) unless
+    inside `reference_sampling`."""
+    params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
+    counts = (prompt_counts, output_counts)
+    check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    if not sampling_kernels_enabled():
+        return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
+    return sample_with_kernel(logits, params, penalties, counts, grammar_mask, mask_rows)
+
+
+def sample_with_kernel(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,
+                       counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor,
+                       mask_rows: torch.Tensor) -> torch.Tensor:
+    """`sample_reference` with steps 1-5 in the fused Triton pass (the same values and greedy
+    tokens bit for bit); under `greedy_only` nothing else runs, otherwise the random draws of the
+    device path (no host selection) start from the values the pass stored."""
+    from helios.abi.triton_sampling import greedy_tokens
+
+    arguments = (logits, penalties, counts[0], counts[1], grammar_mask, mask_rows)
+    if draws_skipped():
+        return greedy_tokens(*arguments)
+    values = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
+    tokens = greedy_tokens(*arguments, values_out=values)
+    has_candidate = tokens >= 0
+    drawing = (params.temperature > 0) & has_candidate
+    tokens = with_draws(tokens, values, drawing, params, select_rows=False)
+    return torch.where(has_candidate, tokens, NO_TOKEN)
 
 
 @sample.register_fake

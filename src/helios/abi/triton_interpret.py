@@ -12,6 +12,8 @@ untouched):
   through ``squeeze()`` in the interpreter's patched ``tensor.__index__``.
 - ``tl.dot`` of bfloat16 operands multiplies their raw uint16 storage (numpy has no bfloat16).
   Operands are widened to float32 first, exactly, as the tensor cores do.
+- float32 -> bfloat16 casts truncate (round toward zero); compiled kernels and torch round to
+  nearest, ties to even. The fix rounds to nearest even (NaN stays NaN).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def enable_interpreter() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     _fix_interpreter_index()
     _fix_interpreter_bf16_dot()
+    _fix_interpreter_bf16_rounding()
 
 
 def _fix_interpreter_index() -> None:
@@ -66,3 +69,25 @@ def _fix_interpreter_bf16_dot() -> None:
 
     create_dot.helios_bf16_fix = True
     InterpreterBuilder.create_dot = create_dot
+
+
+def _fix_interpreter_bf16_rounding() -> None:
+    """Wrap the interpreter's ``cast_impl`` once so float32 -> bfloat16 rounds to nearest even."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    if getattr(InterpreterBuilder.cast_impl, "helios_bf16_round", False):
+        return
+    original = InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return original(self, src, dst_type)
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        rounded = np.where(np.isnan(src.data), np.uint16(0x7FC0), rounded).astype(np.uint16)
+        return TensorHandle(rounded.reshape(np.shape(src.data)), dst_type.scalar)
+
+    cast_impl.helios_bf16_round = True
+    InterpreterBuilder.cast_impl = cast_impl

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
+import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
+from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
 
@@ -49,9 +51,8 @@ def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """Hugging Face RMSNorm over the last dimension (one fused ABI op; see `helios.abi.fused`)."""
+    return torch.ops.helios.rms_norm(x, weight, eps)
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
@@ -59,12 +60,6 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class LayerInputs(NamedTuple):
@@ -88,9 +83,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     if arch.qk_norm:
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    q, k = apply_rotary(q, shared.cos, shared.sin), apply_rotary(k, shared.cos, shared.sin)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
-    torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
+    q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, step.slot_mapping)
     if step.splits is None:
         attended = torch.ops.helios.paged_attention(
             q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
@@ -107,8 +101,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
 
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
-    gate, up = gate_up.split([arch.intermediate_size, arch.intermediate_size], dim=-1)
-    return row_parallel_linear(arch, F.silu(gate) * up, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+    return row_parallel_linear(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"],
+                               w.get(prefix + "down.bias"))
 
 
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
@@ -116,13 +110,15 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
+    normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
+    update = torch.ops.helios.add_rms_norm  # the residual add and the next norm, one fused op
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
-        normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
-        hidden = hidden + attention_block(arch, w, layer, normed, shared)
-        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
-        hidden = hidden + mlp_block(arch, w, prefix, normed)
-    return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)
+        hidden, normed = update(hidden, attention_block(arch, w, layer, normed, shared), w[prefix + "post_norm"],
+                                arch.rms_norm_eps)
+        next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
+        hidden, normed = update(hidden, mlp_block(arch, w, prefix, normed), next_norm, arch.rms_norm_eps)
+    return normed
 
 
 def lm_logits(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:

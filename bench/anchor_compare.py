@@ -1,0 +1,276 @@
+"""Helios against the hand-compiled anchor decoder in one device call, the levers A/B, and a profile.
+
+One command on one H200 (about 5-7 minutes at 32 layers):
+
+    python bench/anchor_compare.py --anchor .anchor/compiled_anchor.py --layers 32 --json out.json
+
+1. Writes the random Llama-3.1-8B-shaped bf16 checkpoint (on the GPU), then starts the anchor
+   (``python ANCHOR --layers L --batches 1,64,256``: static KV cache, fused weights, torch.compile
+   with CUDA graphs) as a subprocess while Helios prepares its core on the host. Helios touches the
+   device again only after the anchor has exited (`--serial` runs the anchor before preparing).
+   `--tests "ARGS"` first runs pytest on the device (beside the checkpoint writing and preparation;
+   the anchor starts after them), so one device call also checks the kernels it measures.
+2. Loads the core (CUDA graphs) and runs the same shapes: B requests of 128 prompt tokens and 128
+   output tokens, greedy, EOS ignored, for each anchor batch; the 64 x 1024/1024 workload against
+   its roofline (every weight plus the live KV once per step at the copy bandwidth measured here);
+   time to first token of a 2,048-token prompt, cold and with 90% of it in the prefix cache.
+3. Levers A/B in this process (`bench/lever_ab.py`), on the inputs of the long workload's last
+   decode step: the loaded DECODE programs captured again (greedy-only and full graphs) with the
+   fused sampling pass and with the reference sampling; each fused op against the torch sequence
+   it replaced, per decode step; then the profiler's top kernels of one decode step at batch 1 and
+   64 beside the captured graph's replay time; and cuBLAS against a Triton GEMV at the batch-1
+   projection shapes (`bench/gemv_ab.py`: is a GEMV op worth building?).
+
+Prints one table of Helios/anchor ratios and the targets of issue 18, the A/B rows and the profile;
+`--json PATH` writes every number. `--smoke` runs tiny shapes on the CPU (checks the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import lever_ab  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofline, run_helios, ttft_rows  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
+
+from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.reader import open_core  # noqa: E402
+from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+
+TESTS_TIMEOUT_S = 150  # the GPU tests delay the anchor; the whole call must fit about 8 minutes
+TARGET_RATIO, TARGET_ROOFLINE, TARGET_COLD_MS, TARGET_CACHED_MS = 1.15, 0.75, 45.0, 12.0
+
+
+class DeviceQueue:
+    """Subprocesses that use the device while this process prepares on the host: the GPU tests
+    (if any) at once, then the anchor once the checkpoint is written and the tests have ended, so
+    nothing else runs on the device while the anchor measures. Logs are read back afterwards."""
+
+    def __init__(self, anchor: list[str], tests: list[str], scratch: Path):
+        self.anchor_command = [sys.executable, *anchor]
+        self.tests_command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests] if tests else None
+        self.anchor_log, self.tests_log = scratch / "anchor.log", scratch / "tests.log"
+        self.checkpoint_written = threading.Event()
+        self.anchor: subprocess.Popen | None = None
+        self.anchor_started = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        if self.tests_command:
+            log(f"tests: {' '.join(self.tests_command[3:])}")
+            with open(self.tests_log, "ab") as sink:
+                try:
+                    subprocess.run(self.tests_command, stdout=sink, stderr=subprocess.STDOUT, timeout=TESTS_TIMEOUT_S,
+                                   check=False)
+                except subprocess.TimeoutExpired:
+                    sink.write(b"\ntests stopped: time limit\n")
+        self.checkpoint_written.wait()
+        log(f"anchor: {' '.join(self.anchor_command[1:])}")
+        self.anchor_started = time.perf_counter()
+        with open(self.anchor_log, "wb") as sink:
+            self.anchor = subprocess.Popen(self.anchor_command, stdout=sink, stderr=subprocess.STDOUT)
+
+    def wait(self, deadline_s: float) -> dict:
+        """The anchor's rows (batch -> row), waiting at most `deadline_s` after its start."""
+        self.thread.join()
+        if self.tests_command and self.tests_log.exists():
+            lines = self.tests_log.read_text(errors="replace").splitlines()
+            log("tests: " + " | ".join(line for line in lines[-3:] if line.strip()))
+        if self.anchor is None:
+            return {}
+        try:
+            self.anchor.wait(timeout=max(1.0, deadline_s - (time.perf_counter() - self.anchor_started)))
+        except subprocess.TimeoutExpired:
+            log(f"anchor: still running after {deadline_s:.0f} s; stopped (its finished batches are kept)")
+            self.anchor.kill()
+            self.anchor.wait()
+        log(f"anchor: exit {self.anchor.returncode} after {time.perf_counter() - self.anchor_started:.0f} s")
+        rows = {}
+        for line in self.anchor_log.read_text(errors="replace").splitlines():
+            if line.startswith('{"batch"'):
+                row = json.loads(line)
+                rows[row["batch"]] = row
+            elif "Error" in line or "error:" in line:
+                log(f"anchor: {line[:200]}")
+        return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--anchor", type=Path, default=ROOT / ".anchor" / "compiled_anchor.py")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--long", default="64x1024x1024", help="the roofline workload, REQUESTSxPROMPTxOUTPUT")
+    parser.add_argument("--ttft-prompt", type=int, default=2048)
+    parser.add_argument("--anchor-timeout", type=float, default=270.0, help="seconds the anchor may run")
+    parser.add_argument("--serial", action="store_true", help="run the anchor before preparing (no overlap)")
+    parser.add_argument("--tests", default="", help="pytest arguments (one string) run on the device first, "
+                        "while the checkpoint is written and the core prepares (the anchor waits for them)")
+    parser.add_argument("--profile-rows", default="1,64")
+    parser.add_argument("--top", type=int, default=12, help="kernels listed per profiled step")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
+    args = parser.parse_args()
+    smoke = args.smoke
+    shape = SMOKE if smoke else with_layers(LLAMA_31_8B, args.layers)
+    device = torch.device("cpu" if smoke else "cuda")
+    batches = [int(b) for b in ("1,2" if smoke else args.batches).split(",")]
+    prompt, output = (16, 16) if smoke else (128, 128)
+    workloads = [Workload(b, prompt, output) for b in batches] + [Workload.parse("2x32x32" if smoke else args.long)]
+    ttft_prompt = 64 if smoke else args.ttft_prompt
+    results: dict = {"layers": shape.num_hidden_layers, "torch": torch.__version__, "workloads": {}}
+    log(f"torch {torch.__version__}, {torch.cuda.get_device_name() if not smoke else 'cpu'}, "
+        f"{shape.parameters() / 1e9:.2f}B parameters")
+    bandwidth = copy_bandwidth(device)
+    results["copy_bandwidth_gbs"] = bandwidth / 1e9
+    with tempfile.TemporaryDirectory() as scratch:
+        anchor_args = [str(args.anchor), "--layers", str(shape.num_hidden_layers), "--batches",
+                       ",".join(map(str, batches)), "--prompt", str(prompt), "--steps", str(output)]
+        queue = DeviceQueue(anchor_args + (["--smoke"] if smoke else []), shlex.split(args.tests), Path(scratch))
+        queue.start()
+        if args.serial:
+            queue.checkpoint_written.set()
+            results["anchor"] = queue.wait(args.anchor_timeout)
+        key = SigningKey.generate()
+        started = time.perf_counter()
+        core = prepare(shape, workloads, Path(scratch), key, "bfloat16", ttft_prompt, device,
+                       on_checkpoint=queue.checkpoint_written.set)
+        results["prepare_seconds"] = time.perf_counter() - started
+        if not args.serial:
+            results["anchor"] = queue.wait(args.anchor_timeout)
+        helios_part(core, key, shape, workloads, results, device, bandwidth, ttft_prompt, args)
+    print_levers(results)
+    save(results, args.json)
+
+
+def save(results: dict, path: Path | None) -> None:
+    if path:
+        path.write_text(json.dumps(results, indent=1, default=str))
+
+
+def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: float, ttft_prompt: int, args) -> None:
+    started = time.perf_counter()
+    options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"),
+                             queue_capacity=max(w.requests for w in workloads) + 8)
+    runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+    results["load_seconds"] = time.perf_counter() - started
+    log(f"loaded in {results['load_seconds']:.0f} s")
+    try:
+        run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
+        for index, workload in enumerate(workloads):
+            if index == len(workloads) - 1:  # before the long workload, whose last step is a decode step
+                results["ttft"] = ttft_rows(runtime.engine, shape.vocab_size, ttft_prompt)
+            ours = run_helios(runtime.engine, workload, shape.vocab_size)
+            ours["roofline_tokens_per_s"] = roofline(shape, workload, bandwidth, 2)
+            results["workloads"][str(workload)] = ours
+            log(f"helios {workload}: decode {ours['decode_tokens_per_s']:.1f} tok/s "
+                f"({ours['tokens_per_s']:.1f} overall)")
+        print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
+        save(results, args.json)  # the call runs out of time while they run
+        # The DECODE programs' input buffers now hold a real decode step (one token per row, live
+        # page tables): the A/B captures and the profile replay it.
+        levers(runtime.model, shape, results, device, args)
+    finally:
+        runtime.close()
+        del runtime
+        gc.collect()
+
+
+def levers(model, shape, results: dict, device, args) -> None:
+    """The A/B rows and the decode profile; a failure here is reported, never fatal to the table."""
+    rows = [int(r) for r in args.profile_rows.split(",")]
+    parts = (("sampling_program_ab", lambda: lever_ab.sampling_program_ab(model, log)),
+             ("op_ab", lambda: lever_ab.op_ab(shape, sorted({1, 64, 256} if not args.smoke else {1, 2}), device, log)),
+             ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]),
+             ("gemv_ab", lambda: _gemv_ab(shape, device)))
+    for name, part in parts:
+        try:
+            results[name] = part()
+        except Exception as error:  # noqa: BLE001 - the main table must still print
+            log(f"{name} failed: {type(error).__name__}: {error}")
+            results[name] = {"error": f"{type(error).__name__}: {error}"}
+
+
+def _gemv_ab(shape, device) -> list[dict]:
+    if device.type != "cuda":
+        return []
+    import gemv_ab  # imports triton: CUDA runs only
+
+    return gemv_ab.gemv_ab([1], shape.num_hidden_layers, log)
+
+
+def print_summary(results: dict, batches: list[int], workloads: list) -> None:
+    anchor, rows = results.get("anchor", {}), results["workloads"]
+    log("")
+    log(f"| decode tok/s, {workloads[0].prompt}-token prompts, greedy | compiled anchor | Helios | "
+        "Helios / anchor | target |")
+    log("|---|---|---|---|---|")
+    for batch, workload in zip(batches, workloads):
+        ours = rows.get(str(workload), {}).get("decode_tokens_per_s", float("nan"))
+        theirs = anchor.get(batch, {}).get("decode_tok_s", float("nan"))
+        log(f"| batch {batch} | {theirs:,.1f} | {ours:,.1f} | {ours / theirs:.2f}x | {TARGET_RATIO:.2f}x |")
+    long = rows.get(str(workloads[-1]), {})
+    if long:
+        share = long["decode_tokens_per_s"] / long["roofline_tokens_per_s"]
+        log(f"| {workloads[-1]} decode vs roofline | {long['roofline_tokens_per_s']:,.1f} (roofline) | "
+            f"{long['decode_tokens_per_s']:,.1f} | {share:.0%} | {TARGET_ROOFLINE:.0%} |")
+    ttft = results.get("ttft")
+    if ttft:
+        log(f"| time to first token, {ttft['prompt_tokens']} tokens cold | | {ttft['cold_s'] * 1e3:.1f} ms | | "
+            f"<= {TARGET_COLD_MS:.0f} ms |")
+        log(f"| the same, {ttft['reused_tokens']} tokens cached | | {ttft['prefix_cached_s'] * 1e3:.1f} ms | | "
+            f"<= {TARGET_CACHED_MS:.0f} ms |")
+    log(f"| prepare / load | | {results.get('prepare_seconds', 0):.0f} s / {results.get('load_seconds', 0):.0f} s | | "
+        f"<= 45 s / 20 s |")
+
+
+def print_levers(results: dict) -> None:
+    sampling = results.get("sampling_program_ab")
+    if isinstance(sampling, list) and sampling:
+        log("")
+        log("| DECODE step device ms | greedy graph: fused sampling | reference | speedup | "
+            "full graph: fused sampling | reference | speedup |")
+        log("|---|---|---|---|---|---|---|")
+        for row in sampling:
+            cells = [f"{row[f'{g}_kernel_ms']:.3f} | {row[f'{g}_reference_ms']:.3f} | "
+                     f"{row[f'{g}_reference_ms'] / row[f'{g}_kernel_ms']:.2f}x" for g in ("greedy", "full")]
+            log(f"| R={row['rows']} | {cells[0]} | {cells[1]} |")
+    ops = results.get("op_ab")
+    if isinstance(ops, list) and ops:
+        log("")
+        log("| fused op, ms per decode step (calls per step) | rows | fused | torch sequence | saved |")
+        log("|---|---|---|---|---|")
+        for row in ops:
+            log(f"| {row['op']} (x{row['calls_per_step']}) | {row['rows']} | {row['fused_ms']:.3f} | "
+                f"{row['reference_ms']:.3f} | {row['saved_ms']:.3f} |")
+    for profile in results.get("profile", []) if isinstance(results.get("profile"), list) else []:
+        if not profile:
+            continue
+        log("")
+        log(f"decode step R={profile['rows']}: {profile['kernels']} kernels, {profile['kernel_ms']:.3f} ms kernel "
+            f"time, graph replay {profile['graph_replay_ms']:.3f} ms; by kind: "
+            + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in profile["by_kind_ms"].items()) + "; top kernels:")
+        for entry in profile["top"]:
+            log(f"  {entry['ms']:8.3f} ms  x{entry['calls']:<4} {entry['kernel']}")
+
+
+if __name__ == "__main__":
+    main()

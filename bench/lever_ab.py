@@ -1,0 +1,252 @@
+"""Same-process A/B of the GPU decode levers, and where a decode step's time goes.
+
+Used by `bench/anchor_compare.py` on a loaded runtime (importable on its own):
+
+- `op_ab`: each fused ABI op (`helios.abi.fused`) against the torch sequence it replaced, and the
+  greedy sampling kernel against the reference pipeline, at 8B shapes and several row counts. Each
+  side is captured in a CUDA graph repeated as often as one decode step calls it (2 norms, 1 SiLU-mul
+  and 1 rotary per layer; one sample per step) and replayed; the table gives ms per decode step.
+- `sampling_program_ab`: the loaded DECODE programs captured again, greedy-only and full (with the
+  random draws), each with the fused sampling pass and with the reference pipeline
+  (`reference_sampling`): whole-step device ms of each.
+- `decode_profile`: the torch profiler's top kernels of one eager decode step (the greedy graph's
+  work), with the kernel count per step and the captured graph's replay time beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+import torch
+
+from helios.abi import fused
+from helios.abi.sampling import greedy_only, reference_sampling
+from helios.runtime.model import program_arguments
+
+OPS = torch.ops.helios
+
+
+def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20) -> float:
+    """Median device ms of one replay of a CUDA graph holding `repeat` calls of `call` (without
+    CUDA, for `--smoke`: wall ms of `repeat` calls)."""
+    if not torch.cuda.is_available():
+        return _wall_ms(call, repeat, replays=3)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            call()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    graph.reset()
+    return sorted(times)[len(times) // 2]
+
+
+def _wall_ms(call, repeat: int, replays: int) -> float:
+    times = []
+    for _ in range(replays):
+        started = time.perf_counter()
+        for _ in range(repeat):
+            call()
+        times.append(1e3 * (time.perf_counter() - started))
+    return sorted(times)[len(times) // 2]
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _reference_rotary(q, k, v, cos, sin, k_cache, v_cache, slots):
+    return fused.reference_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slots)
+
+
+def _op_cases(rows: int, shape, device) -> dict:
+    """name -> (fused call, reference call, calls per decode step) at one row count."""
+    dtype, hidden, width = torch.bfloat16, shape.hidden_size, shape.intermediate_size
+    heads, kv_heads, head_dim = shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
+    layers = shape.num_hidden_layers
+    x, delta = (torch.randn(rows, hidden, device=device, dtype=dtype) for _ in range(2))
+    weight = torch.randn(hidden, device=device, dtype=dtype)
+    gate_up = torch.randn(rows, 2 * width, device=device, dtype=dtype)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device=device, dtype=dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim), v.view(rows, kv_heads, head_dim)
+    cos, sin = (torch.randn(rows, 1, head_dim, device=device, dtype=dtype) for _ in range(2))
+    cache = torch.zeros(rows * 2 // 16 + 2, 16, kv_heads, head_dim, device=device, dtype=dtype)
+    caches, slots = (cache, cache.clone()), torch.arange(rows, device=device, dtype=torch.int64)
+    rotary = (q, k, v, cos, sin, *caches, slots)
+    return {
+        "add + RMSNorm": (lambda: OPS.add_rms_norm(x, delta, weight, 1e-5),
+                          lambda: fused.reference_add_rms_norm(x, delta, weight, 1e-5), 2 * layers),
+        "SiLU-mul": (lambda: OPS.silu_mul(gate_up), lambda: fused.reference_silu_mul(gate_up), layers),
+        "rotary + cache write": (lambda: OPS.rotary_cache_write(*rotary), lambda: _reference_rotary(*rotary), layers),
+        **_sample_case(rows, shape.vocab_size, device),
+    }
+
+
+def _sample_case(rows: int, vocab: int, device) -> dict:
+    """``helios::sample`` with the fused pass vs the reference, greedy-only and drawing (T = 0.8,
+    top-p 0.9) with every row constrained by an all-allowing mask, as programs call it."""
+    logits = torch.randn(rows, vocab, device=device)
+    zeros_f, zeros_i = torch.zeros(rows, device=device), torch.zeros(rows, dtype=torch.int32, device=device)
+    seeds = torch.arange(rows, dtype=torch.int64, device=device)
+    penalties = torch.tensor([[1.0, 0.0, 0.0]], device=device).repeat(rows, 1)
+    counts = (torch.zeros(rows, vocab, dtype=torch.int32, device=device),) * 2
+    mask = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
+    mask_rows = torch.ones(rows, dtype=torch.bool, device=device)
+    cases = {}
+    for label, temperature, mode in (("greedy", 0.0, greedy_only), ("drawing", 0.8, contextlib.nullcontext)):
+        arguments = (logits, seeds, seeds, zeros_f + temperature, zeros_i, zeros_f + 0.9, zeros_f, penalties,
+                     *counts, mask, mask_rows)
+
+        def fused_call(arguments=arguments, mode=mode):
+            with mode():
+                return OPS.sample(*arguments)
+
+        def reference_call(arguments=arguments, mode=mode):
+            with mode(), reference_sampling():
+                return OPS.sample(*arguments)
+        cases[f"sample, {label} ({vocab:,} vocabulary)"] = (fused_call, reference_call, 1)
+    return cases
+
+
+def op_ab(shape, rows_list, device, log) -> list[dict]:
+    """Fused op vs torch sequence per decode step (ms), for every row count."""
+    results = []
+    for rows in rows_list:
+        for name, (ours, theirs, per_step) in _op_cases(rows, shape, device).items():
+            fast, slow = graph_ms(ours, per_step), graph_ms(theirs, per_step)
+            results.append({"rows": rows, "op": name, "calls_per_step": per_step, "fused_ms": fast,
+                            "reference_ms": slow, "saved_ms": slow - fast})
+            log(f"lever A/B R={rows} {name} x{per_step}: fused {fast:.3f} ms, reference {slow:.3f} ms per step")
+    return results
+
+
+def decode_programs(model) -> list:
+    return sorted((p for p in model.programs if p.graph == "decode"), key=lambda p: p.batch_capacity)
+
+
+def _eager(program):
+    """The exported module behind a captured program (or the program's own eager module)."""
+    module = getattr(program.module, "_module", None)
+    return program.module if module is None else module
+
+
+def sampling_program_ab(model, log) -> list[dict]:
+    """Whole DECODE step device ms, greedy-only and full graphs: fused sampling pass vs reference."""
+    results = []
+    for program in decode_programs(model):
+        arguments = program_arguments(program, model.weights, model.buffers)
+        module = _eager(program)
+
+        def run():
+            return module(*arguments)
+        row = {"rows": program.batch_capacity}
+        for graph, mode in (("greedy", greedy_only), ("full", contextlib.nullcontext)):
+            with mode():
+                row[f"{graph}_kernel_ms"] = graph_ms(run)
+                with reference_sampling():
+                    row[f"{graph}_reference_ms"] = graph_ms(run)
+            log(f"{graph} decode step R={program.batch_capacity}: fused sampling {row[f'{graph}_kernel_ms']:.3f} ms, "
+                f"reference sampling {row[f'{graph}_reference_ms']:.3f} ms")
+        results.append(row)
+    return results
+
+
+def decode_profile(model, rows: int, top: int, log) -> dict:
+    """Top kernels of one eager greedy decode step at `rows`, the kernel count, graph replay ms."""
+    program = next((p for p in decode_programs(model) if p.batch_capacity == rows), None)
+    if program is None:
+        return {}
+    arguments = program_arguments(program, model.weights, model.buffers)
+    module = _eager(program)
+    on_cuda = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
+    with greedy_only():
+        module(*arguments)
+        _synchronize()
+        with torch.profiler.profile(activities=activities) as profile:
+            module(*arguments)
+            _synchronize()
+    kernels = _kernels(profile, on_cuda)
+    replay = _replay_ms(program)
+    busy_ms = sum(_self_us(e, on_cuda) for e in kernels) / 1e3
+    order = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    table = profile.key_averages().table(sort_by=order, row_limit=top, max_name_column_width=70)
+    log(f"decode step R={rows}: {len(kernels)} kernels, {busy_ms:.3f} ms of kernel time; "
+        f"the captured greedy graph replays in {replay:.3f} ms")
+    log(table)
+    shares = _categories(kernels, on_cuda)
+    log(f"decode step R={rows} by kind: " + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in shares.items()))
+    return {"rows": rows, "kernels": len(kernels), "kernel_ms": busy_ms, "graph_replay_ms": replay,
+            "by_kind_ms": shares, "top": _top_kernels(kernels, top)}
+
+
+_KINDS = (  # kernel-name fragments -> kind, first match wins
+    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear")),
+    ("attention", ("_decode_kernel", "_combine_kernel", "_prefill_kernel", "paged_attention")),
+    ("fused norm/rotary/SiLU", ("_rms_norm_kernel", "_rotary_cache_write_kernel", "_silu_mul_kernel",
+                                "rms_norm", "rotary_cache_write", "silu_mul")),
+    ("sampling", ("_greedy_", "sort", "scan", "cumsum", "helios::sample")),
+)
+
+
+def _categories(kernels, on_cuda: bool) -> dict[str, float]:
+    """Kernel ms per kind (matmul, attention, fused elementwise, sampling, other)."""
+    totals = {kind: 0.0 for kind, _ in _KINDS} | {"other": 0.0}
+    for event in kernels:
+        name = event.name.lower()
+        kind = next((k for k, fragments in _KINDS if any(f.lower() in name for f in fragments)), "other")
+        totals[kind] += _self_us(event, on_cuda) / 1e3
+    return totals
+
+
+def _replay_ms(program, replays: int = 20) -> float:
+    replay = getattr(program.module, "replay", None)
+    if replay is None or not torch.cuda.is_available():
+        return float("nan")
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay(greedy=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _kernels(profile, on_cuda: bool) -> list:
+    """Device kernels of the profiled step (without CUDA: the top-level CPU ops, for `--smoke`)."""
+    events = profile.events()
+    if on_cuda:
+        return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [e for e in events if e.cpu_parent is None]
+
+
+def _self_us(event, on_cuda: bool) -> float:
+    return event.device_time if on_cuda else event.cpu_time_total
+
+
+def _top_kernels(kernels, top: int) -> list[dict]:
+    on_cuda = torch.cuda.is_available()
+    totals: dict[str, list[float]] = {}
+    for event in kernels:
+        entry = totals.setdefault(event.name, [0.0, 0])
+        entry[0] += _self_us(event, on_cuda) / 1e3
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return [{"kernel": name[:90], "ms": ms, "calls": calls} for name, (ms, calls) in ranked]

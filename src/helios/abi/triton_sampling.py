@@ -1,0 +1,137 @@
+"""Triton kernels of ``helios::sample``'s greedy path (CUDA; CPU under TRITON_INTERPRET=1).
+
+`greedy_tokens` computes, for every row, exactly the token that `helios.abi.sampling`'s reference
+pipeline selects when the row does not draw (steps 1-5 of its docstring): the float64 argmax,
+lowest id on ties, after sanitising, penalties and the grammar mask, or NO_TOKEN (-1) for a row
+with no token above -inf. It reads each row's logits once and, unlike the reference, touches
+prompt/output counts only in rows whose penalties are not neutral (repetition 1, presence 0,
+frequency 0) and mask words only in rows whose ``mask_rows`` entry is true: those per-row
+decisions are made on the device, so nothing synchronises and a CUDA graph holds the launches.
+
+Why the result is the reference's bit for bit: float32 -> float64 is exact; in a row with neutral
+penalties the reference's penalty step is the identity (x / 1, x * 1, x - 0 * c - 0); the penalty
+arithmetic of other rows is the reference's float64 arithmetic in the same order; the argmax
+compares the same float64 values and keeps the lowest id on ties.
+
+With `values_out` the same pass also stores those float64 values (the input of the random draw,
+steps 6-8), so the drawing path skips the reference's dozen [R, V] float64 passes before its sort.
+
+Two kernels: each (row, split) program reduces a contiguous id range of one row to its best
+(value, id); a combine program per row picks the first split holding the row maximum (splits are in
+id order, so that is the lowest id). The split count depends only on the static row count and
+vocabulary size, so enough programs run at batch 1 to use the device's bandwidth.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["greedy_tokens", "greedy_splits"]
+
+BLOCK = 2048  # ids per loop iteration of one program
+_TARGET_PROGRAMS = 512  # enough (row, split) programs to keep every SM of a large GPU reading
+_MAX_SPLITS = 64
+
+
+def greedy_splits(num_rows: int, vocab_size: int) -> int:
+    """Splits of one row's ids: a power of two, at most one per BLOCK ids (static: shapes only)."""
+    wanted = max(1, min(_MAX_SPLITS, -(-_TARGET_PROGRAMS // max(num_rows, 1)), -(-vocab_size // BLOCK)))
+    return triton.next_power_of_2(wanted)
+
+
+@triton.jit
+def _greedy_partial_kernel(
+    logits, logit_stride, penalties, prompt_counts, prompt_stride, output_counts, output_stride,
+    grammar_mask, mask_stride, mask_rows, part_values, part_ids, values_out, vocab_size, chunk,
+    NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, STORE_VALUES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    repetition = tl.load(penalties + row * 3).to(tl.float64)
+    presence = tl.load(penalties + row * 3 + 1).to(tl.float64)
+    frequency = tl.load(penalties + row * 3 + 2).to(tl.float64)
+    penalised = (repetition != 1.0) | (presence != 0.0) | (frequency != 0.0)
+    masked = tl.load(mask_rows + row).to(tl.int32) != 0
+    start = split * chunk
+    end = tl.minimum(start + chunk, vocab_size)
+    best = tl.full((), float("-inf"), tl.float64)
+    best_id = start.to(tl.int64)
+    for offset in range(start, end, BLOCK_V):
+        ids = offset + tl.arange(0, BLOCK_V)
+        inside = ids < end
+        x = tl.load(logits + row.to(tl.int64) * logit_stride + ids, mask=inside, other=float("-inf"))
+        x = x.to(tl.float64)
+        x = tl.where(x != x, float("-inf"), x)  # step 1: NaN -> -inf, +inf -> float32 max
+        x = tl.where(x == float("inf"), 3.4028234663852886e38, x)
+        if penalised:  # step 2, in the reference's float64 order
+            prompt = tl.load(prompt_counts + row.to(tl.int64) * prompt_stride + ids, mask=inside, other=0)
+            output = tl.load(output_counts + row.to(tl.int64) * output_stride + ids, mask=inside, other=0)
+            generated = output > 0
+            seen = generated | (prompt > 0)
+            repeated = tl.where(x > 0, x / repetition, x * repetition)
+            x = tl.where(seen, repeated, x)
+            x = tl.where(generated, x - frequency * output.to(tl.float64) - presence, x)
+        if masked:  # step 3
+            word = tl.load(grammar_mask + row.to(tl.int64) * mask_stride + ids // 32, mask=inside, other=0)
+            allowed = ((word >> (ids % 32)) & 1) != 0
+            x = tl.where(allowed, x, float("-inf"))
+        x = tl.where(x != x, float("-inf"), x)  # step 4
+        x = tl.where(x == float("inf"), 1.7976931348623157e308, x)
+        if STORE_VALUES:  # the float64 values the random draw starts from
+            tl.store(values_out + row.to(tl.int64) * vocab_size + ids, x, mask=inside)
+        x = tl.where(inside, x, float("-inf"))
+        block_best = tl.max(x, axis=0)
+        block_id = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64) + offset
+        better = block_best > best  # strictly: an earlier block keeps a tie
+        best_id = tl.where(better, block_id, best_id)
+        best = tl.where(better, block_best, best)
+    tl.store(part_values + row * NUM_SPLITS + split, best)
+    tl.store(part_ids + row * NUM_SPLITS + split, best_id)
+
+
+@triton.jit
+def _greedy_combine_kernel(part_values, part_ids, tokens, NUM_SPLITS: tl.constexpr):
+    row = tl.program_id(0)
+    splits = tl.arange(0, NUM_SPLITS)
+    values = tl.load(part_values + row * NUM_SPLITS + splits)
+    first = tl.argmax(values, axis=0, tie_break_left=True)
+    best = tl.max(values, axis=0)
+    token = tl.load(part_ids + row * NUM_SPLITS + first)
+    tl.store(tokens + row, tl.where(best > float("-inf"), token, -1))
+
+
+def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
+                  output_counts: torch.Tensor, grammar_mask: torch.Tensor,
+                  mask_rows: torch.Tensor, values_out: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [R]: each row's greedy token as `sample_reference` selects it for a non-drawing row.
+
+    Inputs are validated ``helios::sample`` arguments (logits float32 [R, V]). With `values_out`
+    (float64 [R, V], contiguous) the kernel also stores every row's values after steps 1-4, exactly
+    the reference's, for the random draw. Allocates its output and two small partial buffers;
+    never reads device data on the host.
+    """
+    num_rows, vocab_size = logits.shape
+    splits = greedy_splits(num_rows, vocab_size)
+    chunk = -(-vocab_size // splits)
+    tokens = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return tokens
+    part_values = torch.empty((num_rows, splits), dtype=torch.float64, device=logits.device)
+    part_ids = torch.empty((num_rows, splits), dtype=torch.int64, device=logits.device)
+    operands = [_last_contiguous(t) for t in (logits, penalties, prompt_counts, output_counts, grammar_mask)]
+    logits, penalties, prompt_counts, output_counts, grammar_mask = operands
+    penalties = penalties.contiguous()
+    _greedy_partial_kernel[(num_rows, splits)](
+        logits, logits.stride(0), penalties, prompt_counts, prompt_counts.stride(0), output_counts,
+        output_counts.stride(0), grammar_mask, grammar_mask.stride(0), mask_rows.contiguous(),
+        part_values, part_ids, part_values if values_out is None else values_out, vocab_size, chunk,
+        NUM_SPLITS=splits, BLOCK_V=BLOCK, STORE_VALUES=values_out is not None,
+    )
+    _greedy_combine_kernel[(num_rows,)](part_values, part_ids, tokens, NUM_SPLITS=splits)
+    return tokens
+
+
+def _last_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()

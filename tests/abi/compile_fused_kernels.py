@@ -1,0 +1,57 @@
+"""Compile the fused decoder kernels and the greedy sampling kernels for a Hopper GPU (sm_90)
+without a GPU, through PTX and ptxas.
+
+Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
+rejects). Shapes of Llama-3.1-8B in bfloat16 and a float32 case, with the specialisation a launch
+gives (pointers and leading strides multiples of 16). Exits 0 when every kernel compiles.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.compiler import ASTSource
+
+from compile_attention_kernels import TARGET  # sm_90
+
+from helios.abi import triton_fused, triton_sampling
+
+
+def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options) -> None:
+    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`."""
+    names = kernel.arg_names
+    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
+    aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
+               if name not in constants and signature[name].startswith("*")}
+    source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
+                       constexprs={(names.index(name),): value for name, value in constants.items()})
+    compiled = triton.compile(source, target=TARGET, options=options)
+    print(f"{kernel.fn.__name__}: {compiled.metadata.shared} bytes of shared memory")
+
+
+def compile_fused(dtype: str) -> None:
+    pointer = f"*{dtype}"
+    for has_delta in (False, True):
+        compile_kernel(triton_fused._rms_norm_kernel,
+                       dict(x=pointer, delta=pointer, weight=pointer, summed=pointer, normed=pointer, eps="fp32"),
+                       dict(HAS_DELTA=has_delta, BLOCK_D=4096), num_warps=16)
+    compile_kernel(triton_fused._silu_mul_kernel, dict(gate_up=pointer, out=pointer), dict(BLOCK=1024), num_warps=4)
+    compile_kernel(triton_fused._rotary_cache_write_kernel,
+                   dict(q=pointer, k=pointer, v=pointer, cos=pointer, sin=pointer, k_cache=pointer, v_cache=pointer,
+                        slot_mapping="*i64", q_out=pointer),
+                   dict(HEAD_BLOCK=8, BLOCK_D=128), num_warps=4)
+
+
+def compile_sampling() -> None:
+    types = dict(logits="*fp32", penalties="*fp32", prompt_counts="*i32", output_counts="*i32",
+                 grammar_mask="*i32", mask_rows="*i1", part_values="*fp64", part_ids="*i64", values_out="*fp64")
+    for store in (False, True):
+        compile_kernel(triton_sampling._greedy_partial_kernel, types,
+                       dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store))
+    compile_kernel(triton_sampling._greedy_combine_kernel, dict(part_values="*fp64", part_ids="*i64", tokens="*i64"),
+                   dict(NUM_SPLITS=64))
+
+
+if __name__ == "__main__":
+    compile_fused("bf16")
+    compile_fused("fp32")
+    compile_sampling()
