@@ -45,7 +45,7 @@ def runtime_of(hybrid, **options):
     root, _ = hybrid
     core = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
     load = LoadOptions(startup=StartupOptions(max_concurrency=options.pop("concurrency", None)),
-                       num_pages=options.pop("num_pages", None))
+                       num_pages=options.pop("num_pages", None), device=options.pop("device", "cpu"))
     return build_runtime(core, RuntimeOptions(load=load, **options))
 
 
