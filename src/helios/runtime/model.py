@@ -38,6 +38,7 @@ from torch.export.passes import move_to_device_pass
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
+from helios.contract.servable import check_servable
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
@@ -118,6 +119,7 @@ class LoadedModel:
 def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring)."""
     prepared = core.prepared
+    check_servable(prepared.contract, prepared.manifest)  # a valid contract this runtime cannot serve fails here
     settings = resolve_settings(prepared, options.startup)
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
