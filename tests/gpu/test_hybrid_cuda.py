@@ -6,6 +6,7 @@ tokens, as on the CPU (tests/runtime/test_hybrid_runtime.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helios.runtime.offline import generate
 from helios.runtime.plan import StorageKind
@@ -38,3 +39,13 @@ def test_state_offload_and_restore_on_cuda(hybrid, expected):  # noqa: F811
     assert [list(r.token_ids) for r in results] == expected
     _, host_state = runtime.engine.executor.storage.planes(StorageKind.HOST)
     assert any(p.tensor.abs().sum() > 0 for p in host_state)  # state rows went to host slots and back
+
+
+def test_pages_are_sized_from_free_device_memory(hybrid):  # noqa: F811
+    from helios.runtime.page_sizing import MAX_DEFAULT_PAGES, page_bytes
+
+    runtime = runtime_of(hybrid, device="cuda")
+    model = runtime.model
+    assert model.num_pages > model.prepared.contract.page_capacity  # a tiny model: memory holds far more
+    assert model.num_pages <= MAX_DEFAULT_PAGES
+    assert model.num_pages * page_bytes(model.prepared) < torch.cuda.get_device_properties(0).total_memory

@@ -18,7 +18,7 @@ from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.errors import UsageError
-from helios.runtime.model import LoadOptions
+from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
 
@@ -45,6 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--torch-threads", type=int, help="intra-op threads of the model worker (default: torch's)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    add_runtime_flags(parser)
     group = parser.add_argument_group("trust")
     group.add_argument("--accept", metavar="NAMESPACE",
                        help="accept the publisher's terms; must equal the core's signed publisher namespace "
@@ -81,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     core = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
-    load = LoadOptions(startup, device=args.device)
-    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, ranks=ranks))
+    load, policy, host_pages = runtime_flags(args, startup, args.device)
+    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks))
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log)
     try:
