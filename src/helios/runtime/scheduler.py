@@ -159,8 +159,6 @@ class Scheduler:
         constrained = sum(row.constrained for row in plan.rows)
         if constrained:
             self._constrained_max_inflight = max(self._constrained_max_inflight, len(self._inflight))
-            if plan.operation == Operation.DECODE and constrained < len(plan.rows):
-                self._mixed_grammar_decode_plans += 1
         return plan
 
     def complete(self, plan: StepPlan, results: Sequence[RowResult]) -> list[RequestEvent]:
@@ -168,6 +166,9 @@ class Scheduler:
         flight, in_order = self._take_flight(plan)
         if not in_order:
             return self._abort(flight, f"plan {plan.sequence} completed out of submission order")
+        constrained = sum(row.constrained for row in plan.rows)
+        if plan.operation == Operation.DECODE and 0 < constrained < len(plan.rows):
+            self._mixed_grammar_decode_plans += 1  # counted once the plan ran (a failed launch never does)
         violation = find_violation(plan, results, self.caps.vocab_size)
         if violation is not None:
             return self._abort(flight, violation)
