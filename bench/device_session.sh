@@ -4,7 +4,8 @@
 #      (one GPU), program images (the stored format loads on this torch; CUDA graphs are captured
 #      from it), and their load time against torch.export.save archives (bench/program_load.py);
 #   2. tests/parallel/test_cuda.py when two GPUs are visible;
-#   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1;
+#   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1, and the
+#      Qwen3-30B-A3B-shaped mixture-of-experts table (bench/moe_serving.py, MOE_LAYERS, default 8) unless SKIP_MOE=1;
 #   4. the TP1-vs-TP2 table (bench/tensor_parallel.py) when two GPUs are visible and SKIP_TP is unset.
 # The machine lacks some packages: carry `.whl` (../shared/device/fetch-wheels.sh protobuf==7.36.2)
 # and run from the repository root:  bash bench/device_session.sh
@@ -25,7 +26,8 @@ echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s)
 
 timeout 420 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
   tests/abi/test_triton_attention.py tests/abi/test_triton_fused.py tests/abi/test_triton_sampling.py \
-  tests/runtime/test_program_images.py tests/abi/test_program_image.py tests/ignition/test_cuda.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+  tests/runtime/test_program_images.py tests/abi/test_program_image.py tests/ignition/test_cuda.py \
+  tests/abi/test_triton_moe.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 timeout 240 python3 bench/program_load.py --json "$out/program_load.json" 2>&1 | tee "$out/program_load.log" | tail -3
 if [ "$gpus" -ge 2 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5
@@ -33,6 +35,10 @@ fi
 if [ -z "${SKIP_SERVING:-}" ]; then
   timeout 420 python3 bench/gpu_serving.py --layers "$layers" --json "$out/serving.json" 2>&1 \
     | grep -v "checkpoint: layer\|Loading weights" | tee "$out/serving.log" | tail -12
+fi
+if [ -z "${SKIP_MOE:-}" ]; then
+  timeout 480 python3 bench/moe_serving.py --layers "${MOE_LAYERS:-8}" --json "$out/moe_serving.json" 2>&1 \
+    | grep -v "checkpoint: layer\|Loading weights" | tee "$out/moe_serving.log" | tail -8
 fi
 if [ "$gpus" -ge 2 ] && [ -z "${SKIP_TP:-}" ]; then
   timeout 480 python3 bench/tensor_parallel.py --layers "$layers" 2>&1 \

@@ -90,3 +90,10 @@ class ExecutionError(HeliosError):
 
     exit_code = 9
     http_status = 500
+
+
+class ShuttingDown(HeliosError):
+    """The server is shutting down: a response still running at the drain deadline ends with this
+    (HTTP 503; in a stream, one error event). Retry on another instance."""
+
+    http_status = 503

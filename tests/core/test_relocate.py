@@ -98,3 +98,28 @@ def test_signing_refuses_a_corrupt_core(tmp_path, key, other_key):
     path.write_bytes(data)
     with pytest.raises(ChunkDigestError):
         add_signatures(path, tmp_path / "signed.core", [other_key])
+
+
+def test_relocate_and_sign_write_through_unpredictable_temporary_names(tmp_path, key, other_key):
+    """Files planted where a predictable temporary name would be (a plain file, a symlink to a
+    victim) neither fail the write nor are written through; the results get the usual file mode."""
+    import os
+
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS)
+    expected = contents(path, key)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    for name in ("out.core", "signed.core"):
+        (tmp_path / f".{name}.tmp-{os.getpid()}").write_bytes(b"planted")
+        (tmp_path / f".{name}.tmp").symlink_to(victim)
+    relocate_core(path, tmp_path / "out.core", split_nbytes=4000)
+    add_signatures(path, tmp_path / "signed.core", [other_key])
+    assert contents(tmp_path / "out.core", key) == expected
+    assert contents(tmp_path / "signed.core", key) == expected
+    assert victim.read_bytes() == b"untouched"
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "out.core").stat().st_mode & 0o777 == 0o666 & ~umask
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+    assert leftovers == sorted(f".{n}.tmp{s}" for n in ("out.core", "signed.core") for s in ("", f"-{os.getpid()}"))

@@ -367,3 +367,14 @@ def test_200_random_samples_parse_and_validate(compiler, deepseek_tokenizer, thi
         assert validate(value, SCHEMA) == [], value
         seen_keys |= set(value)
     assert seen_keys == set(SCHEMA["properties"])  # the sampler explored every property
+
+
+def test_grammar_errors_are_worded_for_users():
+    from helios.frontend.grammar import MAX_ERROR_CHARS, user_message
+
+    panic = "thread '<unnamed>' panicked at parser/src/earley/regexvec.rs:512:9:\nindex out of bounds"
+    assert user_message(panic) == "the grammar could not be compiled (it is too large or too complex); simplify it"
+    assert user_message("") == "the grammar could not be compiled"
+    long = "invalid regex " + "(" * 1000
+    assert len(user_message(long + "\n<state>...")) == MAX_ERROR_CHARS + 3
+    assert user_message("1(7): unknown name: foo\n<grammar>...") == "1(7): unknown name: foo"

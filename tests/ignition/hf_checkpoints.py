@@ -44,7 +44,25 @@ QWEN2 = Family("qwen2", transformers.Qwen2Config, (
     ("use_sliding_window", True), ("sliding_window", 6), ("max_window_layers", 1), ("tie_word_embeddings", True),
 ))
 QWEN3 = Family("qwen3", transformers.Qwen3Config, (("head_dim", 32), ("tie_word_embeddings", False)))
-FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+# Mixture-of-experts families: several experts, top-k > 1, two layers of each kind a family mixes.
+QWEN3_MOE = Family("qwen3_moe", transformers.Qwen3MoeConfig, (
+    ("head_dim", 32), ("num_hidden_layers", 4), ("mlp_only_layers", [0, 2]), ("num_experts", 8),
+    ("num_experts_per_tok", 3), ("moe_intermediate_size", 48), ("norm_topk_prob", True),
+    ("tie_word_embeddings", False),
+))
+MIXTRAL = Family("mixtral", transformers.MixtralConfig, (
+    ("num_local_experts", 6), ("num_experts_per_tok", 2), ("intermediate_size", 64), ("tie_word_embeddings", False),
+))
+GLM4_MOE = Family("glm4_moe", transformers.Glm4MoeConfig, (
+    ("num_hidden_layers", 4), ("first_k_dense_replace", 2), ("n_routed_experts", 8), ("num_experts_per_tok", 3),
+    ("n_group", 4), ("topk_group", 2), ("moe_intermediate_size", 32), ("n_shared_experts", 1),
+    ("routed_scaling_factor", 2.5), ("norm_topk_prob", True), ("use_qk_norm", True), ("attention_bias", True),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    ("tie_word_embeddings", False),
+))
+MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
+DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),
@@ -61,6 +79,9 @@ def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(_draw(name, parameter, generator))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # sigmoid routing's choice bias
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
     return model
 
 
@@ -80,6 +101,6 @@ def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> tor
         return noise
     if name.startswith("lm_head"):
         return 0.3 * noise
-    if parameter.dim() == 1:  # per-head mixer parameters (A_log, D)
+    if ".mamba." in name and parameter.dim() == 1:  # per-head mixer parameters (A_log, D)
         return 0.5 * noise
-    return noise / parameter.shape[1] ** 0.5
+    return noise / parameter.shape[-1] ** 0.5

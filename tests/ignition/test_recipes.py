@@ -1,4 +1,4 @@
-"""The Llama-family recipe: architecture fields, prepared weight layout, rope scaling, and refusals."""
+"""The Llama-family recipe (dense families; tests/ignition/test_moe_recipes.py has the MoE ones): architecture fields, prepared weight layout, rope scaling, and refusals."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from helios.ignition.architecture import weight_layout
 from helios.ignition.recipes import SUPPORTED_ARCHITECTURES, UnsupportedCheckpoint, load_checkpoint
 from helios.ignition.recipes.llama import rope_inv_freq
 
-from .hf_checkpoints import FAMILIES, LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, random_model, write_checkpoint
+from .hf_checkpoints import DENSE_FAMILIES, LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3, random_model, write_checkpoint
 
 EXPECTED = {  # family: (num_kv_heads, head_dim, layer_windows, qkv_bias, o_bias, mlp_bias, qk_norm, tied)
     LLAMA2.name: (4, 16, (0, 0), True, True, True, False, False),
@@ -28,13 +28,13 @@ EXPECTED = {  # family: (num_kv_heads, head_dim, layer_windows, qkv_bias, o_bias
 def checkpoints(tmp_path_factory):
     """{family name: (reference model, checkpoint directory)} for every family."""
     built = {}
-    for family in FAMILIES:
+    for family in DENSE_FAMILIES:
         model = random_model(family)
         built[family.name] = (model, write_checkpoint(model, tmp_path_factory.mktemp(family.name)))
     return built
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
+@pytest.mark.parametrize("family", DENSE_FAMILIES, ids=lambda family: family.name)
 def test_architecture_fields_come_from_the_checkpoint(checkpoints, family):
     arch = load_checkpoint(checkpoints[family.name][1]).architecture
     fields = (arch.num_kv_heads, arch.head_dim, arch.layer_windows, arch.qkv_bias, arch.o_bias,
@@ -43,7 +43,7 @@ def test_architecture_fields_come_from_the_checkpoint(checkpoints, family):
     assert (arch.vocab_size, arch.hidden_size, arch.num_layers, arch.num_heads) == (128, 64, 2, 4)
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
+@pytest.mark.parametrize("family", DENSE_FAMILIES, ids=lambda family: family.name)
 def test_weights_are_fused_in_program_layout(checkpoints, family):
     model, directory = checkpoints[family.name]
     recipe = load_checkpoint(directory)
@@ -98,7 +98,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
     assert "GPT2LMHeadModel" in str(raised.value)
     assert all(name in str(raised.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                            "Qwen3ForCausalLM", "BambaForCausalLM"}
+                                            "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+                                            "Glm4MoeForCausalLM", "BambaForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
 from helios.server.admission import AdmissionController, AdmissionLimits, IngressFull
+from helios.server.preparation import PreparationGate, PreparationPool, PreparationTimeout
 
 
 def test_permits_are_bounded_by_queue_plus_active():
@@ -24,20 +27,69 @@ def test_permits_are_bounded_by_queue_plus_active():
 
 
 def test_preparation_slots_bound_concurrency():
-    controller = AdmissionController(AdmissionLimits(max_active=8, queue_capacity=8, frontend_workers=2))
+    gate = PreparationGate(PreparationPool(2), frontend_workers=2)
     running = 0
     peak = 0
+    lock = threading.Lock()
 
-    async def prepare():
+    def prepare():
         nonlocal running, peak
-        async with controller.preparation_slot():
+        with lock:
             running += 1
             peak = max(peak, running)
-            await asyncio.sleep(0.01)
+        time.sleep(0.01)
+        with lock:
             running -= 1
 
     async def main():
-        await asyncio.gather(*(prepare() for _ in range(6)))
+        await asyncio.gather(*(gate.run(prepare, compiles=False) for _ in range(6)))
 
     asyncio.run(main())
+    gate.close()
     assert peak == 2
+
+
+def test_grammar_compiles_never_hold_every_preparation_slot():
+    """Two slow compiles with two slots: one slot stays free for plain requests."""
+    gate = PreparationGate(PreparationPool(3), frontend_workers=2)
+    release = threading.Event()
+
+    async def main():
+        compiles = [asyncio.ensure_future(gate.run(release.wait, 5, compiles=True)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        plain = await asyncio.wait_for(gate.run(lambda: "plain", compiles=False), 2)
+        release.set()
+        await asyncio.gather(*compiles)
+        return plain
+
+    assert asyncio.run(main()) == "plain"
+    gate.close()
+
+
+def test_a_preparation_past_the_time_bound_fails_and_keeps_its_slot_until_it_ends():
+    gate = PreparationGate(PreparationPool(2), frontend_workers=1, timeout_s=0.05)
+    release = threading.Event()
+
+    async def main():
+        with pytest.raises(PreparationTimeout):
+            await gate.run(release.wait, 5, compiles=False)
+        waiting = asyncio.ensure_future(gate.run(lambda: "next", compiles=False))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # the timed-out call still runs and holds the only slot
+        release.set()
+        return await asyncio.wait_for(waiting, 2)
+
+    assert asyncio.run(main()) == "next"
+    assert PreparationTimeout.http_status == 400
+    gate.close()
+
+
+def test_preparation_errors_reach_the_request():
+    gate = PreparationGate(PreparationPool(1), frontend_workers=1)
+
+    def failing():
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        asyncio.run(gate.run(failing, compiles=False))
+    gate.close()

@@ -14,6 +14,7 @@ from helios.errors import UsageError
 from helios.frontend.template import ChatTemplate
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
+from helios.frontend.text_bounds import is_unicode_text
 from helios.runtime.offline import SamplingChoice, generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 
@@ -54,6 +55,9 @@ def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> l
         if not isinstance(ids, list) or not all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in ids):
             raise UsageError("--prompt-ids must be a JSON list of non-empty lists of integers")
         return ids
+    for text in args.prompts:
+        if not is_unicode_text(text):  # bytes that are not UTF-8 arrive as lone surrogates
+            raise UsageError(f"prompt {text!r} is not valid UTF-8 text")
     if args.chat:
         chat = ChatTemplate(template, template_tokens)
         texts = [chat.render([{"role": "user", "content": text}], add_generation_prompt=True) for text in args.prompts]

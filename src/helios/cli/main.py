@@ -2,7 +2,8 @@
 
 Each command module defines `register(subparsers)`, which adds its subcommands and sets
 `func(args) -> int` on each. Errors derived from `HeliosError` print one line and exit with the
-class's exit code; no traceback reaches the user.
+class's exit code; an operating-system error (a file that cannot be read or written) prints one line
+and exits 1; no traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except HeliosError as error:
         print(f"helios {args.command}: error: {error}", file=sys.stderr)
         return error.exit_code
+    except OSError as error:  # a file the command cannot read or write: one line, no traceback
+        where = f": {error.filename}" if error.filename else ""
+        print(f"helios {args.command}: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"helios {args.command}: interrupted", file=sys.stderr)
         return 130

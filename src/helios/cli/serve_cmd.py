@@ -20,6 +20,8 @@ from helios.core.reader import open_core
 from helios.errors import UsageError
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
+from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
 from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -43,6 +45,11 @@ def register(subparsers) -> None:
     parser.add_argument("--context-tokens", type=int, help="largest prompt+output per request (default: the core's)")
     parser.add_argument("--device", default="cpu", help="torch device of the model: cpu (default), cuda or cuda:N")
     parser.add_argument("--torch-threads", type=int, help="intra-op threads of the model worker (default: torch's)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_NBYTES,
+                        help=f"largest request body; larger ones get 413 (default {DEFAULT_MAX_BODY_NBYTES})")
+    parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S,
+                        help="seconds a response write may wait for a client that stopped reading before the "
+                        f"response is dropped and its admission permit released (default {DEFAULT_SEND_TIMEOUT_S:.0f})")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_runtime_flags(parser)
@@ -71,7 +78,8 @@ def _open(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     dump_stacks_on_sigusr1()
-    for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads"):
+    for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
+                 "max_body_bytes", "send_timeout"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
@@ -85,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     load, policy, host_pages = runtime_flags(args, startup, args.device)
     runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks))
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
-                           log_level=args.log_level, access_log=args.access_log)
+                           log_level=args.log_level, access_log=args.access_log,
+                           max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout)
     try:
         return serve(runtime, options, owned_by=core.publisher.namespace)
     finally:

@@ -21,8 +21,9 @@ from helios.contract import core_pb2
 from helios.core.aead import NONCE_PREFIX_NBYTES, aead_stored_nbytes
 from helios.core.catalogs import RebuildManifest, WeightCatalog, read_catalogs, read_rebuild
 from helios.core.chunks import CHUNK_NBYTES, chunk_count
-from helios.core.errors import MalformedCoreError, UnknownFormatError
+from helios.core.errors import DecodedSizeError, MalformedCoreError, UnknownFormatError
 from helios.core.keys import check_namespace
+from helios.core.zstd_frame import max_decoded_nbytes
 from helios.core.records import (
     FORMAT_LOGICAL_RESOURCE,
     FORMAT_PAYLOAD,
@@ -113,6 +114,9 @@ def _frame_entry(message, path: str) -> ResourceEntry:
         raise MalformedCoreError(f"{path}: chunk digests do not cover the stored frame")
     if any(len(d) != 32 for d in digests):
         raise MalformedCoreError(f"{path}.chunk_sha256: every digest is 32 bytes")
+    if info.decoded_nbytes > max_decoded_nbytes(info.stored_nbytes):
+        raise DecodedSizeError(
+            f"{path}: a frame of {info.stored_nbytes} bytes cannot decode to the signed {info.decoded_nbytes}")
     if getattr(message, "nonce_prefix", b""):
         raise MalformedCoreError(f"{path}.nonce_prefix is only for version 4 indexes")
     return ResourceEntry(info, CHUNK_NBYTES, digests)

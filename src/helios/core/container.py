@@ -10,6 +10,7 @@ every temporary file is removed.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,13 +19,34 @@ from helios.core.locations import check_sibling_name
 from helios.core.records import Placement
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (Linux); 0o022 where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
 class _PendingFile:
+    """A temporary file beside `final` under an unpredictable name, created exclusively (mode 0600
+    until renamed): a file someone placed there beforehand can neither collide with nor be
+    written through (no symlink is followed)."""
+
     def __init__(self, final: Path):
         self.final = final
-        self.temp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        self.handle: BinaryIO = open(self.temp, "xb")
+        fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        self.temp = Path(name)
+        self.handle: BinaryIO = os.fdopen(fd, "wb")
 
     def finish(self) -> None:
+        os.fchmod(self.handle.fileno(), _FILE_MODE)  # what `open` would have made, not mkstemp's 0600
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()

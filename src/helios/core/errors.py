@@ -88,6 +88,15 @@ class DecodedLengthError(IntegrityError):
     """The frame decodes to a length different from the signed decoded length."""
 
 
+class DecodedSizeError(MalformedCoreError):
+    """A signed decoded length that no frame of the stored length can produce (checked before
+    anything is allocated for it)."""
+
+
+class ResourceTooLargeError(CoreError):
+    """A resource to be read whole decodes to more bytes than this machine has memory available."""
+
+
 # --- signatures and trust ----------------------------------------------------------------------
 
 

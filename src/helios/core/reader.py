@@ -159,7 +159,7 @@ class Core:
     def read_resource(self, resource_id: str) -> bytes:
         """The whole decoded resource (for small resources; stream big ones)."""
         with self.open_resource(resource_id) as stream:
-            return read_decoded(stream, self.resource(resource_id).decoded_nbytes)
+            return read_decoded(stream, self.resource(resource_id).decoded_nbytes, f"resource {resource_id!r}")
 
     def verify_resources(self) -> int:
         """Reads every resource to its end (all checks run); returns the decoded byte total."""

@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from helios.core.aead import AeadChunkReader
 from helios.core.chunks import RangeFile, VerifiedChunks
-from helios.core.errors import DecodedLengthError, MissingAeadKeyError
+from helios.core.errors import DecodedLengthError, MissingAeadKeyError, ResourceTooLargeError
 from helios.core.frame_reader import FrameReader
 from helios.core.records import Placement, ResourceEntry
 
@@ -53,8 +53,30 @@ def open_decoded(
     return io.BufferedReader(raw, STREAM_BUFFER_NBYTES)
 
 
-def read_decoded(stream: BinaryIO, decoded_nbytes: int) -> bytes:
-    """All of `stream` (which must decode to `decoded_nbytes`), read to EOF so checks run."""
+def available_memory_nbytes() -> int | None:
+    """Memory the kernel says is available to new allocations (Linux ``MemAvailable``); None
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits_memory(what: str, nbytes: int) -> None:
+    """`ResourceTooLargeError` when `nbytes` exceed the memory available now."""
+    available = available_memory_nbytes()
+    if available is not None and nbytes > available:
+        raise ResourceTooLargeError(f"{what} decodes to {nbytes} bytes; only {available} bytes of memory are available")
+
+
+def read_decoded(stream: BinaryIO, decoded_nbytes: int, what: str = "the resource") -> bytes:
+    """All of `stream` (which must decode to `decoded_nbytes`), read to EOF so checks run. The
+    length is checked against available memory before the one allocation."""
+    check_fits_memory(what, decoded_nbytes)
     data = stream.read(decoded_nbytes)  # one allocation; the buffered reader fills it in place
     # One more read reaches EOF, where the length and end-of-frame checks run (or a bomb fails).
     if stream.read(1) or len(data) != decoded_nbytes:

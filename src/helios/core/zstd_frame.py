@@ -32,6 +32,7 @@ SKIPPABLE_MAGIC_MASK = 0xFFFFFFF0
 SKIPPABLE_MAGIC = 0x184D2A50
 MAX_BLOCK_NBYTES = 128 * 1024
 MAX_WINDOW_NBYTES = 8 * 1024 * 1024
+MIN_BLOCK_WITH_OUTPUT_NBYTES = 4  # a block header (3 bytes) and one byte of an RLE block
 
 _FCS_NBYTES = (0, 2, 4, 8)
 _DID_NBYTES = (0, 1, 2, 4)
@@ -204,3 +205,10 @@ class FrameWalker:
             self._state = _CHECKSUM
         else:
             self._state = _DONE
+
+
+def max_decoded_nbytes(stored_nbytes: int) -> int:
+    """The most bytes any zstd frame of `stored_nbytes` can decode to: each block that produces
+    output takes at least `MIN_BLOCK_WITH_OUTPUT_NBYTES` stored bytes and produces at most
+    `MAX_BLOCK_NBYTES` (an RLE block: about 32,768 to 1)."""
+    return (stored_nbytes // MIN_BLOCK_WITH_OUTPUT_NBYTES) * MAX_BLOCK_NBYTES

@@ -43,6 +43,12 @@ MASK_WORD_BITS = 32
 ANSWER_GRAMMAR = "answer"
 
 
+# llguidance's resource limits, tighter than its defaults where a request controls the cost: the
+# number of grammar symbols (request grammars are at most 64 KiB of text; the tool-call envelope and
+# JSON schemas expand, hence the margin) and lexer states (1-2 kB each).
+LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, max_lexer_states=50_000)
+
+
 class GrammarError(RequestError):
     """A structured-output request whose grammar is malformed or cannot be compiled."""
 
@@ -198,7 +204,7 @@ class GrammarCompiler:
         """A fresh matcher for one request; GrammarError if the grammar does not compile."""
         matcher = self._matcher(envelope_lark(envelope), request)
         if matcher.is_error():
-            raise GrammarError(f"invalid {request.kind.value} grammar: {_first_line(matcher.get_error())}")
+            raise GrammarError(f"invalid {request.kind.value} grammar: {user_message(matcher.get_error())}")
         return GrammarMatcher(matcher, self.mask_words)
 
     def compile_lark(self, lark: str, answer: GrammarRequest | None) -> GrammarMatcher:
@@ -208,18 +214,18 @@ class GrammarCompiler:
         if matcher.is_error():
             if answer is not None:
                 self.compile(answer)  # raises when the answer grammar itself is invalid
-            raise GrammarError(f"the tool-call grammar does not compile: {_first_line(matcher.get_error())}")
+            raise GrammarError(f"the tool-call grammar does not compile: {user_message(matcher.get_error())}")
         return GrammarMatcher(matcher, self.mask_words)
 
     def _matcher(self, lark: str, answer: GrammarRequest | None) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self._tokenizer, self.document_text(lark, answer), log_level=0)
+        return llguidance.LLMatcher(self._tokenizer, self.document_text(lark, answer), log_level=0, limits=LIMITS)
 
     def _answer_grammar(self, request: GrammarRequest) -> dict:
         if request.kind is GrammarKind.JSON_SCHEMA:
             try:
                 text = llguidance.LLMatcher.grammar_from_json_schema(request.source, defaults=self._json_defaults)
             except ValueError as error:
-                raise GrammarError(f"invalid JSON schema: {error}") from None
+                raise GrammarError(f"invalid JSON schema: {user_message(str(error))}") from None
             return json.loads(text)["grammars"][0]
         if request.kind is GrammarKind.REGEX:
             return {"lark_grammar": f"start: /{llguidance.regex_to_lark(request.source)}/"}
@@ -229,8 +235,20 @@ class GrammarCompiler:
         return {"lark_grammar": request.source}
 
 
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "unknown error"
+MAX_ERROR_CHARS = 240
+_INTERNAL_MARKS = ("panicked", "RUST_BACKTRACE", "called `Option::unwrap()`", "called `Result::unwrap()`", ".rs:")
+
+
+def user_message(message: str) -> str:
+    """llguidance's error worded for a client: its first line, at most `MAX_ERROR_CHARS`, and never
+    the text of an internal failure (a Rust panic, source locations), which says nothing to a user."""
+    text = message.strip()
+    if not text:
+        return "the grammar could not be compiled"
+    if any(mark in text for mark in _INTERNAL_MARKS):
+        return "the grammar could not be compiled (it is too large or too complex); simplify it"
+    line = text.splitlines()[0]
+    return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
 
 
 def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:

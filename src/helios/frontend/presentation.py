@@ -34,7 +34,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 
-from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError
+from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown
 from helios.frontend.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStart
 from helios.frontend.observation import ObservationRecord
 from helios.frontend.output import OutputFinal, OutputStep, Usage
@@ -157,6 +157,8 @@ def failure_error(reason: FinishReason, message: str) -> HeliosError:
 
 
 def error_type(error: BaseException) -> str:
+    if isinstance(error, ShuttingDown):
+        return "server_shutting_down"
     if isinstance(error, AdmissionRejected):
         return "admission_rejected"
     if isinstance(error, OverloadedError):

@@ -33,6 +33,7 @@ from helios.frontend.messages import (
     template_tools,
 )
 from helios.frontend.template import ChatTemplate
+from helios.frontend.text_bounds import check_unicode
 
 
 class ReasoningState(enum.Enum):
@@ -183,6 +184,7 @@ class PromptBuilder:
         )
 
     def _encode(self, text: str) -> tuple[int, ...]:
+        check_unicode(text)  # a template may place request text (kwargs, tool JSON) anywhere
         return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _stable_prefix_len(self, messages, tools, template_kwargs, token_ids: Sequence[int]) -> int:

@@ -48,6 +48,7 @@ from helios.frontend.request_options import (
 )
 from helios.frontend.stops import StopOptions
 from helios.frontend.template import ChatTemplate
+from helios.frontend.text_bounds import TextBounds, strings_of
 from helios.runtime.request import RequestSpec
 
 
@@ -162,6 +163,7 @@ class FrontendModel:
         self._settings = settings
         self._facts = facts
         self._draw_seed = draw_seed
+        self._text_bounds = TextBounds.from_tokenizer(tokenizer, settings.context_tokens)
 
     @classmethod
     def from_contract(
@@ -216,6 +218,7 @@ class FrontendModel:
         requested = requested_output_limit(body)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        self._text_bounds.check(strings_of([messages, tools, body.chat_template_kwargs]))
         prompt = self._prompts.build(messages, tools, template_kwargs=body.chat_template_kwargs)
         answer = None
         if has_structured_output(body):
@@ -255,6 +258,7 @@ class FrontendModel:
 
     def _completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):
+            self._text_bounds.check([prompt])
             ids = tuple(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
         else:
             begin, end = self._facts.input_range

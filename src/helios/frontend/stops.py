@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
 from helios.errors import RequestError
+from helios.frontend.text_bounds import is_unicode_text
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_STRING_BYTES = 4096
@@ -107,7 +108,9 @@ def _parse_stop_strings(stop: object) -> tuple[str, ...]:
         raise StopOptionError(f"stop accepts at most {MAX_STOP_STRINGS} strings")
     if not all(isinstance(item, str) and item for item in items):
         raise StopOptionError("every stop must be a non-empty string")
-    if sum(len(item.encode("utf-8", "surrogatepass")) for item in items) > MAX_STOP_STRING_BYTES:
+    if not all(is_unicode_text(item) for item in items):
+        raise StopOptionError("every stop must be valid Unicode text (no lone surrogates)")
+    if sum(len(item.encode("utf-8")) for item in items) > MAX_STOP_STRING_BYTES:
         raise StopOptionError(f"stop strings total more than {MAX_STOP_STRING_BYTES} UTF-8 bytes")
     return tuple(items)
 

@@ -11,7 +11,18 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
   ``layers.i.post_norm`` [H], ``layers.i.gate_up.weight`` [2 F, H] (rows: gate, then up), optional
   ``layers.i.gate_up.bias``, ``layers.i.down.weight`` [H, F], optional ``layers.i.down.bias``;
   then ``final_norm`` [H], ``lm_head`` [V, H] unless embeddings are tied, and ``rope.inv_freq``
-  [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe).
+  [D / 2] float32 (rotary inverse frequencies, scaling already applied by the recipe; a family that
+  rotates only part of each head gets zero frequencies for the rest, see `helios.ignition.recipes.moe`).
+
+Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) replace the gated MLP's
+``gate_up`` / ``down`` slots by (E experts, F = ``moe.expert_intermediate_size``):
+  ``layers.i.router.weight`` [E, H] float32, optional ``layers.i.router.bias`` [E] float32 (added to the
+  logits), optional ``layers.i.router.correction_bias`` [E] float32 (sigmoid routing's choice bias),
+  ``layers.i.experts.gate_up`` [E, 2F, H] (per expert rows: gate, then up), optional
+  ``layers.i.experts.gate_up_bias`` [E, 2F], ``layers.i.experts.down`` [E, H, F], optional
+  ``layers.i.experts.down_bias`` [E, H]; with shared experts (S = ``moe.shared_intermediate_size`` > 0)
+  ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S].
+  The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -34,6 +45,46 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class CheckpointError(UsageError):
     """A checkpoint or architecture description that preparation cannot turn into programs."""
+
+
+ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
+EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped")
+
+
+@dataclass(frozen=True)
+class MixtureOfExperts:
+    """The sparse layers of a mixture-of-experts decoder: routing (``helios::moe_route``, whose
+    docstring defines scoring, groups, normalisation and scale) and experts (``helios::moe_experts``)."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int  # per expert (one rank's share under tensor parallelism)
+    sparse_layers: tuple[int, ...]  # the layers whose MLP is the mixture; the others are dense
+    scoring: str = "softmax"
+    num_groups: int = 1
+    topk_groups: int = 1
+    normalize: bool = True
+    scale: float = 1.0
+    correction_bias: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "silu"
+    alpha: float = 1.0  # swiglu_clamped only
+    limit: float = 0.0  # swiglu_clamped only
+    shared_intermediate_size: int = 0  # 0: no shared expert
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ROUTER_SCORINGS:
+            raise CheckpointError(f"router scoring {self.scoring!r} is not one of {ROUTER_SCORINGS}")
+        if self.activation not in EXPERT_ACTIVATIONS:
+            raise CheckpointError(f"expert activation {self.activation!r} is not one of {EXPERT_ACTIVATIONS}")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise CheckpointError(f"{self.experts_per_token} experts per token of {self.num_experts}")
+        if self.num_groups < 1 or self.num_experts % self.num_groups or not 1 <= self.topk_groups <= self.num_groups:
+            raise CheckpointError(f"{self.num_experts} experts do not form {self.num_groups} groups "
+                                  f"of which {self.topk_groups} are kept")
+        if self.expert_intermediate_size < 1 or self.shared_intermediate_size < 0:
+            raise CheckpointError("expert widths must be positive")
 
 
 @dataclass(frozen=True)
@@ -64,6 +115,7 @@ class Architecture:
     # leading head dims that rotary embeddings rotate (0: all of head_dim).
     recurrent: RecurrentGeometry | None = None
     rotary_dim: int = 0
+    moe: MixtureOfExperts | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -94,6 +146,12 @@ class Architecture:
     @property
     def rotary_width(self) -> int:
         return self.rotary_dim or self.head_dim
+        if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
+            raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the mixture of experts."""
+        return self.moe is not None and layer in self.moe.sparse_layers
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -144,7 +202,7 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
 
 def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     qkv_rows = arch.q_size + 2 * arch.kv_size
-    hidden, ff = arch.hidden_size, arch.intermediate_size
+    hidden = arch.hidden_size
     slots = [_slot(prefix + "input_norm", arch, hidden), _slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
@@ -153,7 +211,14 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
-    slots += [_slot(prefix + "post_norm", arch, hidden), _slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
+    slots.append(_slot(prefix + "post_norm", arch, hidden))
+    layer = int(prefix.split(".")[1])
+    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+
+
+def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    hidden, ff = arch.hidden_size, arch.intermediate_size
+    slots = [_slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
     if arch.mlp_bias:
         slots.append(_slot(prefix + "gate_up.bias", arch, 2 * ff))
     slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
@@ -170,6 +235,24 @@ def _mixer_layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     attention = _layer_slots(arch, prefix)
     post = next(i for i, s in enumerate(attention) if s.name == prefix + "post_norm")
     return [attention[0], *mixer_slots(arch, prefix, slot), *attention[post:]]
+def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    moe, hidden = arch.moe, arch.hidden_size
+    experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size
+    slots = [WeightSlot(prefix + "router.weight", (experts, hidden), "float32")]
+    if moe.router_bias:
+        slots.append(WeightSlot(prefix + "router.bias", (experts,), "float32"))
+    if moe.correction_bias:
+        slots.append(WeightSlot(prefix + "router.correction_bias", (experts,), "float32"))
+    slots.append(_slot(prefix + "experts.gate_up", arch, experts, 2 * ff, hidden))
+    if moe.expert_bias:
+        slots.append(_slot(prefix + "experts.gate_up_bias", arch, experts, 2 * ff))
+    slots.append(_slot(prefix + "experts.down", arch, experts, hidden, ff))
+    if moe.expert_bias:
+        slots.append(_slot(prefix + "experts.down_bias", arch, experts, hidden))
+    if shared:
+        slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
+                  _slot(prefix + "shared.down.weight", arch, hidden, shared)]
+    return slots
 
 
 def _slot(name: str, arch: Architecture, *shape: int) -> WeightSlot:

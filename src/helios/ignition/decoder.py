@@ -17,9 +17,10 @@ import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
+import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
-from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear, vocab_logits
+from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
 
 
 class PackedStep(NamedTuple):
@@ -100,9 +101,30 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
 
 
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    """The layer's MLP: the gated MLP, or the mixture of experts where the layer is sparse."""
+    if arch.is_sparse(int(prefix.split(".")[1])):
+        return moe_block(arch, w, prefix, hidden)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     return row_parallel_linear(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"],
                                w.get(prefix + "down.bias"))
+
+
+def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
+    """Routed experts (plus the shared expert): float32 router logits, `helios::moe_route`, then
+    `helios::moe_experts`; under tensor parallelism every rank routes alike (the router is whole)
+    and holds each expert's share of its width, so one all-reduce sums experts and shared expert."""
+    moe = arch.moe
+    logits = F.linear(hidden.to(torch.float32), w[prefix + "router.weight"], w.get(prefix + "router.bias"))
+    weights, ids = torch.ops.helios.moe_route(
+        logits, w.get(prefix + "router.correction_bias"), moe.scoring, moe.experts_per_token, moe.num_groups,
+        moe.topk_groups, moe.normalize, moe.scale)
+    out = torch.ops.helios.moe_experts(
+        hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
+        w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
+    if moe.shared_intermediate_size:
+        shared = torch.ops.helios.silu_mul(F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
+        out = out + F.linear(shared, w[prefix + "shared.down.weight"])
+    return partial_sum(arch, out)
 
 
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:

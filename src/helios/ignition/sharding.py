@@ -9,11 +9,17 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``o.weight`` (row-parallel) | the input columns of its q heads; ``o.bias`` whole (added after the sum) |
 | ``gate_up.weight`` / ``gate_up.bias`` (column-parallel) | its gate rows, then its up rows |
 | ``down.weight`` (row-parallel) | the input columns of its MLP rows; ``down.bias`` whole |
+| ``experts.gate_up`` / ``experts.gate_up_bias``, ``shared.gate_up.weight`` | per expert its gate rows, then its up rows |
+| ``experts.down``, ``shared.down.weight`` | per expert the input columns of its rows |
+| ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
+| ``router.*`` | whole (every rank routes every token alike) |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | norms, ``rope.inv_freq`` | whole (replicated) |
 | ``vocab.start`` | [r * ceil(V/N)] |
 
-Heads, key/value heads and the MLP width must divide by N (a `CheckpointError` says which does
+Experts are split by their intermediate width (each rank runs every selected expert on its share and
+one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width and the
+expert widths must divide by N (a `CheckpointError` says which does
 not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
@@ -49,12 +55,19 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("tensor parallelism of hybrid recurrent decoders is not supported yet")
     extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
+    moe = arch.moe
+    if moe is not None:
+        extents["expert width (moe_intermediate_size)"] = moe.expert_intermediate_size
+        extents["shared expert width"] = moe.shared_intermediate_size
     uneven = [f"{name} {value}" for name, value in extents.items() if value % ranks]
     if uneven:
         raise CheckpointError(f"tensor parallel {ranks} needs {', '.join(uneven)} divisible by {ranks}")
+    if moe is not None:
+        moe = dataclasses.replace(moe, expert_intermediate_size=moe.expert_intermediate_size // ranks,
+                                  shared_intermediate_size=moe.shared_intermediate_size // ranks)
     return dataclasses.replace(
         arch, num_heads=arch.num_heads // ranks, num_kv_heads=arch.num_kv_heads // ranks,
-        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks,
+        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks, moe=moe,
     )
 
 
@@ -84,7 +97,9 @@ class _Cutter:
         if key in ("qkv.weight", "qkv.bias"):
             return self.qkv(tensor)
         if key in ("gate_up.weight", "gate_up.bias"):
-            return self.gate_up(tensor)
+            return self.gate_up(tensor, self.full.intermediate_size, self.shard.intermediate_size)
+        if key.startswith(("experts.", "shared.")):
+            return self.experts(key, tensor)
         if key == "o.weight":
             return self.columns(tensor, self.shard.q_size)
         if key == "down.weight":
@@ -98,10 +113,25 @@ class _Cutter:
         return torch.cat([self.rows(q, self.shard.q_size), self.rows(k, self.shard.kv_size),
                           self.rows(v, self.shard.kv_size)]).contiguous()
 
-    def gate_up(self, tensor: torch.Tensor) -> torch.Tensor:
-        gate, up = tensor.split([self.full.intermediate_size, self.full.intermediate_size])
-        width = self.shard.intermediate_size
-        return torch.cat([self.rows(gate, width), self.rows(up, width)]).contiguous()
+    def gate_up(self, tensor: torch.Tensor, full: int, width: int, dim: int = 0) -> torch.Tensor:
+        gate, up = tensor.split([full, full], dim=dim)
+        own = slice(self.rank * width, (self.rank + 1) * width)
+        return torch.cat([gate.narrow(dim, own.start, width), up.narrow(dim, own.start, width)], dim=dim).contiguous()
+
+    def experts(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Each expert's (or the shared expert's) share of its intermediate width."""
+        full, shard = self.full.moe, self.shard.moe
+        if key.startswith("shared."):
+            full_width, width = full.shared_intermediate_size, shard.shared_intermediate_size
+            if key == "shared.gate_up.weight":
+                return self.gate_up(tensor, full_width, width)
+            return self.columns(tensor, width)
+        full_width, width = full.expert_intermediate_size, shard.expert_intermediate_size
+        if key in ("experts.gate_up", "experts.gate_up_bias"):
+            return self.gate_up(tensor, full_width, width, dim=1)
+        if key == "experts.down":
+            return tensor[:, :, self.rank * width:(self.rank + 1) * width].contiguous()
+        return tensor.clone() if self.rank == 0 else torch.zeros_like(tensor)  # experts.down_bias
 
     def rows(self, tensor: torch.Tensor, count: int) -> torch.Tensor:
         return tensor[self.rank * count:(self.rank + 1) * count]

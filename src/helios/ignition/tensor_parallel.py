@@ -41,6 +41,13 @@ def row_parallel_linear(arch: Architecture, x: torch.Tensor, weight: torch.Tenso
     return summed if bias is None else summed + bias
 
 
+def partial_sum(arch: Architecture, x: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of each rank's partial result `x` (x itself on one rank)."""
+    if arch.tensor_parallel == 1:
+        return x
+    return torch.ops.helios.all_reduce(x, arch.tensor_parallel)
+
+
 def vocab_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     """float32 logits [N, V] over the whole vocabulary from this rank's head rows."""
     logits = F.linear(hidden, head).to(torch.float32)

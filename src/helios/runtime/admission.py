@@ -70,7 +70,11 @@ def _check_stops(spec: RequestSpec, caps: Capacities) -> None:
     stops = caps.stops
     if len(spec.stop_strings) > stops.max_stop_strings or any(not s for s in spec.stop_strings):
         raise StopLimitExceeded(f"request {spec.request_id}: at most {stops.max_stop_strings} nonempty stop strings")
-    if sum(len(s.encode()) for s in spec.stop_strings) > stops.max_stop_bytes:
+    try:
+        num_stop_bytes = sum(len(s.encode("utf-8")) for s in spec.stop_strings)
+    except UnicodeEncodeError:
+        raise StopLimitExceeded(f"request {spec.request_id}: a stop string is not valid Unicode text") from None
+    if num_stop_bytes > stops.max_stop_bytes:
         raise StopLimitExceeded(f"request {spec.request_id}: stop strings exceed {stops.max_stop_bytes} bytes")
     sequences = spec.stop_token_sequences
     if len(sequences) > stops.max_stop_sequences or any(

@@ -19,6 +19,11 @@ Every request ends with exactly one `FinishEvent`. Events are delivered by calli
 too: `shutdown` ends queued and running requests CANCELLED, a request submitted after shutdown ends
 CANCELLED at once, and if the worker loop itself fails every request it knows ends ERROR and the
 engine reports itself unhealthy (`is_healthy`, `stats.healthy`).
+
+One request can never kill the worker: an unexpected exception raised by what belongs to one request
+(its admission checks, its grammar, its host stop, its `on_event`) ends that request with ERROR and
+the worker keeps serving; a failed launch or completion ends that plan's requests with ERROR. Only
+a failure of the worker's own bookkeeping (the scheduler) ends the loop.
 """
 
 from __future__ import annotations
@@ -183,17 +188,28 @@ class Engine:
                 with self._wake:
                     self._ingress.extendleft(reversed(requests[index:]))
                 return
-            spec = request.spec
-            try:
-                self.scheduler.submit(spec)
-            except AdmissionRejected as error:
-                self.stats.requests_rejected += 1
-                request.on_event(rejected(spec.request_id, len(spec.prompt_ids), str(error)))
-                continue
-            self._active[spec.request_id] = request
+            self._admit_one(request)
+
+    def _admit_one(self, request: EngineRequest) -> None:
+        spec = request.spec
+        try:
+            self.scheduler.submit(spec)
+        except AdmissionRejected as error:
+            self.stats.requests_rejected += 1
+            _notify(request, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
+            return
+        except Exception as error:  # noqa: BLE001 - a malformed request fails alone (nothing was queued)
+            self.stats.requests_finished["error"] += 1
+            _notify(request, _ended(request, FinishReason.ERROR, _request_failure(error)))
+            return
+        self._active[spec.request_id] = request
+        try:
             self.executor.packer.register(spec.request_id, request.admission)
-            self.stats.requests_admitted += 1
-            self.stats.prompt_tokens += len(spec.prompt_ids)
+        except Exception as error:  # noqa: BLE001
+            self._fail_request(request, error)
+            return
+        self.stats.requests_admitted += 1
+        self.stats.prompt_tokens += len(spec.prompt_ids)
 
     def _cancel(self, request_id: str) -> None:
         """Cancels a scheduled request, or one still waiting in the ingress channel."""
@@ -202,7 +218,7 @@ class Engine:
             for request in waiting:
                 self._ingress.remove(request)
         for request in waiting:
-            request.on_event(_ended(request, FinishReason.CANCELLED, ""))
+            _notify(request, _ended(request, FinishReason.CANCELLED, ""))
         self._dispatch(self.scheduler.cancel(request_id))
 
     def step(self) -> None:
@@ -258,6 +274,7 @@ class Engine:
         self._dispatch(self.scheduler.complete(plan, output.results))
 
     def _masks(self, plan) -> dict[str, torch.Tensor]:
+        """Grammar masks of the plan's constrained rows (a grammar that raises fails the plan)."""
         masks = {}
         for row in plan.rows:
             request = self._active.get(row.request_id)
@@ -272,12 +289,15 @@ class Engine:
             request = self._active.get(event.request_id)
             if request is None:
                 continue
-            if isinstance(event, TokenEvent):
-                self.stats.generated_tokens += len(event.token_ids)
+            if not isinstance(event, TokenEvent):
+                self._finish(request, event)
+                continue
+            self.stats.generated_tokens += len(event.token_ids)
+            try:
                 request.on_event(event)
                 self._after_tokens(request, event.token_ids)
-            else:
-                self._finish(request, event)
+            except Exception as error:  # noqa: BLE001 - this request's hooks failed: it ends, the worker serves on
+                self._fail_request(request, error)
 
     def _after_tokens(self, request: EngineRequest, token_ids) -> None:
         for token_id in token_ids:
@@ -287,11 +307,24 @@ class Engine:
                 self._dispatch(self.scheduler.stop(request.spec.request_id))
                 return
 
+    def _fail_request(self, request: EngineRequest, error: Exception) -> None:
+        """Ends one request with ERROR after its own hook raised; the scheduler frees what it holds."""
+        request_id = request.spec.request_id
+        message = _request_failure(error)
+        events = self.scheduler.cancel(request_id)
+        ended = [e for e in events if isinstance(e, FinishEvent) and e.request_id == request_id]
+        others = [e for e in events if e not in ended]
+        self._dispatch(others)
+        if request_id in self._active:
+            finish = ended[0] if ended else _ended(request, FinishReason.ERROR, message)
+            self._finish(request, FinishEvent(request_id, FinishReason.ERROR, finish.num_prompt_tokens,
+                                              finish.num_output_tokens, finish.num_reused_tokens, message))
+
     def _finish(self, request: EngineRequest, event: FinishEvent) -> None:
         del self._active[event.request_id]
         self.executor.packer.forget(event.request_id)
         self.stats.requests_finished[event.reason.name.lower()] += 1
-        request.on_event(event)
+        _notify(request, event)
 
     def _refresh_gauges(self) -> None:
         c = self.scheduler.counters()
@@ -304,6 +337,18 @@ class Engine:
             stats.snapshots_restored = c.snapshots_restored
             stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
             stats.constrained_max_inflight = c.constrained_max_inflight
+
+
+def _notify(request: EngineRequest, event: FinishEvent) -> None:
+    """Delivers a terminal event; a callback that raises on it has nothing left to fail."""
+    try:
+        request.on_event(event)
+    except Exception:  # noqa: BLE001 - the request is over either way
+        pass
+
+
+def _request_failure(error: Exception) -> str:
+    return f"request failed on the model worker: {type(error).__name__}: {error}"
 
 
 def _ended(request: EngineRequest, reason: FinishReason, message: str) -> FinishEvent:

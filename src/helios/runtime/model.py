@@ -47,6 +47,7 @@ from helios.core.records import ResourceKind
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
 from helios.runtime.graph_passes import drop_no_op_nodes
+from helios.runtime.memory_budget import check_fits
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
 from helios.runtime.tuning import producer_handles, run_producers
 from helios.runtime.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
@@ -284,6 +285,7 @@ def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: 
             shape = tuple(dim.size for dim in buffer.shape)
             resource_id = rank_resource(core, buffer.resource_id, rank)
             wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
+    check_fits("the weights", sum(core.resource(r).decoded_nbytes for r in wanted), device)
     weights = {}
     for resource_id, names in wanted.items():
         filler = StagedCopier(device) if device.type != "cpu" else HostFiller()

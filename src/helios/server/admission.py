@@ -3,7 +3,7 @@
 At most `queue_capacity + max_active` requests hold a permit at once; that counts CPU preparation,
 queued generation and finished responses whose reader has not yet released them. A request that
 finds no permit gets `OverloadedError` (HTTP 429) at once. Admitted requests then wait
-asynchronously for one of `frontend_workers` preparation slots.
+asynchronously for one of `frontend_workers` preparation slots (`helios.server.preparation`).
 
 Invariants: `in_use` equals the number of unreleased permits; a permit is released exactly once
 (releasing twice is a no-op), so a response can release it from any of its exit paths.
@@ -11,9 +11,7 @@ Invariants: `in_use` equals the number of unreleased permits; a permit is releas
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from helios.errors import OverloadedError
@@ -54,13 +52,12 @@ class Permit:
 
 
 class AdmissionController:
-    """Counts permits (thread-safe) and owns the preparation-slot semaphore (event-loop bound)."""
+    """Counts permits (thread-safe)."""
 
     def __init__(self, limits: AdmissionLimits):
         self.limits = limits
         self._lock = threading.Lock()
         self._in_use = 0
-        self._slots: asyncio.Semaphore | None = None
 
     @property
     def in_use(self) -> int:
@@ -79,11 +76,3 @@ class AdmissionController:
     def _give_back(self) -> None:
         with self._lock:
             self._in_use -= 1
-
-    @asynccontextmanager
-    async def preparation_slot(self):
-        """Waits for one of `frontend_workers` slots for CPU preparation (template, tokenize, grammar)."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.limits.frontend_workers)
-        async with self._slots:
-            yield

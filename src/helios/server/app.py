@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from helios.errors import ExecutionError, HeliosError, RequestError
+from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES, BodyGuard
 from helios.server.metrics import ResponseCounter
 from helios.frontend.presentation import error_body
 from helios.server.responses import error_response
@@ -64,7 +65,8 @@ class SchemaViolation(RequestError):
 
 
 _ERRORS = {
-    400: {"model": ErrorResponse, "description": "Invalid request"},
+    400: {"model": ErrorResponse, "description": "Invalid request (schema, strict UTF-8 JSON, limits)"},
+    413: {"model": ErrorResponse, "description": "Request body larger than the server's limit"},
     429: {"model": ErrorResponse, "description": "Admission limit reached; retry later"},
     500: {"model": ErrorResponse, "description": "Model execution failure"},
     503: {"model": ErrorResponse, "description": "Scheduler admission rejected the request (non-streamed)"},
@@ -79,8 +81,9 @@ _COMPLETION_RESPONSES = {
 }
 
 
-def create_app(served: ServedModel) -> FastAPI:
-    """The application; its lifespan starts and stops `served`'s model worker."""
+def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES) -> FastAPI:
+    """The application; its lifespan starts and stops `served`'s model worker. Bodies larger than
+    `max_body_nbytes` get 413 before they are read whole (`helios.server.body_guard`)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -95,6 +98,7 @@ def create_app(served: ServedModel) -> FastAPI:
     _install_error_handlers(app)
     _install_routes(app, served)
     _document_400_not_422(app)
+    app.add_middleware(BodyGuard, max_body_nbytes=max_body_nbytes)
     app.add_middleware(ResponseCounter, counter=served.metrics.http_responses, endpoints=ENDPOINTS)
     return app
 

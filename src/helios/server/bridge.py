@@ -16,6 +16,9 @@ released once the response is closed AND the terminal event has arrived: finishe
 already given back their slot and pages, but keep their permit until the body is sent or the client
 is gone; a cancelled request keeps it until the engine confirmed the end.
 
+At shutdown, `interrupt` ends a response that is still running with a `ShuttingDown` failure (its
+request is cancelled; the permit still waits for the engine's confirmation).
+
 Every request produces exactly one terminal item: an `OutputFinal`, or a `Failure` carrying the
 typed error (admission rejection, execution failure, or an output-processing failure, which cancels
 the request in the engine and is reported as an execution error).
@@ -107,6 +110,7 @@ class ResponseBridge:
         self._has_terminal = False  # loop side
         self._is_closed = False
         self._is_cancel_sent = False
+        self._is_interrupted = False
 
     # -- worker thread ---------------------------------------------------------------------------
 
@@ -180,6 +184,16 @@ class ResponseBridge:
             items = await self.next_items()
             if isinstance(items[-1], (OutputFinal, Failure)):
                 return items[-1]
+
+    def interrupt(self, error: HeliosError) -> bool:
+        """Ends a response still running with `error` as its terminal item (the reader sees nothing
+        after it) and cancels its request; False when the response already ended or was released."""
+        if self._has_terminal or self._is_closed or self._is_interrupted:
+            return False
+        self._is_interrupted = True
+        self._queue.put_nowait([Failure(error)])
+        self.cancel()
+        return True
 
     def cancel(self) -> None:
         """The client is gone before the end: cancel the request in the engine (idempotent)."""

@@ -8,6 +8,12 @@ cancels the request in the engine; the permit is released once the engine confir
 - JSON: waits for the terminal item while watching the connection; a client that disconnects
   cancels its request. The status is the error class's (`error.http_status`) for failures:
   admission rejection 503, execution failure 500.
+- Send timeout: a write that the client does not take within `send_timeout_s` (it stopped reading
+  and the connection's buffers are full) drops the response: the connection is closed, the request
+  cancelled and the permit released once the engine confirmed the end. A reader that pauses for
+  less than that and resumes loses nothing (output waits in the bridge's queue meanwhile).
+- Shutdown: a response task cancelled by the server's final drop ends quietly (the connection is
+  closed; no traceback), after the drain deadline already gave running streams their error event.
 - SSE: headers go out at once; each arrival of items becomes one write (steps that piled up while
   the reader was slow are coalesced). The stream ends with the presenter's terminal chunks and
   ``[DONE]``, or with exactly one ``event: error`` (its ``type`` tells admission rejection from
@@ -17,6 +23,9 @@ cancels the request in the engine; the permit is released once the engine confir
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Callable
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -28,6 +37,52 @@ from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, Item, ResponseBridge
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DEFAULT_SEND_TIMEOUT_S = 60.0
+logger = logging.getLogger("uvicorn.error")  # uvicorn configures and formats this one
+
+
+class SendTimeout(Exception):
+    """The client took none of a response write within the send timeout (internal to this module)."""
+
+
+def timed_send(send: Send, timeout_s: float | None) -> Send:
+    """`send` bounded by `timeout_s` per message (None: unbounded); raises `SendTimeout`."""
+    if timeout_s is None:
+        return send
+
+    async def send_within(message) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await send(message)
+        except TimeoutError:
+            raise SendTimeout from None
+
+    return send_within
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a response needs besides its content: the bridge it closes when over, the send
+    timeout, and whether the server is dropping its last connections (shutdown)."""
+
+    bridge: ResponseBridge
+    send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S
+    is_dropping: Callable[[], bool] = lambda: False
+
+
+async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
+    """Runs the response's own ASGI `call` with a timed send and closes the bridge on every path."""
+    try:
+        await call(scope, receive, timed_send(send, lease.send_timeout_s))
+    except SendTimeout:
+        logger.warning("response %s dropped: its client took nothing for %.0f s",
+                       lease.bridge.request_id, lease.send_timeout_s)
+    except asyncio.CancelledError:
+        if not lease.is_dropping():
+            raise
+        # The server drops the connections left after the drain deadline: the connection closes.
+    finally:
+        lease.bridge.close()
 
 
 def error_response(error: BaseException) -> JSONResponse:
@@ -38,29 +93,23 @@ def error_response(error: BaseException) -> JSONResponse:
 class LeasedJSONResponse(JSONResponse):
     """A JSON response that closes its bridge (releasing the permit) once it is over."""
 
-    def __init__(self, content, status_code: int, bridge: ResponseBridge):
+    def __init__(self, content, status_code: int, lease: Lease):
         super().__init__(content, status_code=status_code)
-        self._bridge = bridge
+        self._lease = lease
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._bridge.close()
+        await send_leased(super().__call__, self._lease, scope, receive, send)
 
 
 class LeasedStreamingResponse(StreamingResponse):
     """An SSE response that closes its bridge once it is over (completed or disconnected)."""
 
-    def __init__(self, content, bridge: ResponseBridge):
+    def __init__(self, content, lease: Lease):
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._bridge = bridge
+        self._lease = lease
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._bridge.close()
+        await send_leased(super().__call__, self._lease, scope, receive, send)
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -68,8 +117,9 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def json_response(bridge: ResponseBridge, prepared: PreparedRequest, receive: Receive) -> Response:
+async def json_response(lease: Lease, prepared: PreparedRequest, receive: Receive) -> Response:
     """Waits for the end of a non-streamed request; a client that disconnects meanwhile cancels it."""
+    bridge = lease.bridge
     waiter = asyncio.ensure_future(bridge.terminal())
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
     try:
@@ -78,8 +128,8 @@ async def json_response(bridge: ResponseBridge, prepared: PreparedRequest, recei
             bridge.cancel()
         terminal = await waiter
         if isinstance(terminal, Failure):
-            return LeasedJSONResponse(error_body(terminal.error), terminal.error.http_status, bridge)
-        return LeasedJSONResponse(prepared.response_body(terminal), 200, bridge)
+            return LeasedJSONResponse(error_body(terminal.error), terminal.error.http_status, lease)
+        return LeasedJSONResponse(prepared.response_body(terminal), 200, lease)
     except BaseException:
         waiter.cancel()
         bridge.close()
@@ -88,8 +138,8 @@ async def json_response(bridge: ResponseBridge, prepared: PreparedRequest, recei
         watcher.cancel()
 
 
-def stream_response(bridge: ResponseBridge, presenter: StreamPresenter) -> Response:
-    return LeasedStreamingResponse(_sse_chunks(bridge, presenter), bridge)
+def stream_response(lease: Lease, presenter: StreamPresenter) -> Response:
+    return LeasedStreamingResponse(_sse_chunks(lease.bridge, presenter), lease)
 
 
 async def _sse_chunks(bridge: ResponseBridge, presenter: StreamPresenter):

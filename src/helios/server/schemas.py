@@ -5,18 +5,55 @@ models is exactly what the server accepts. Rules that combine fields (stops that
 observation flags that require each other, tool choice) live in `helios.frontend.request_options`,
 their single source; `validate_*` below apply them before preparation. They raise `RequestError`
 subclasses, which the app turns into HTTP 400.
+
+Types are strict (``"temperature": "0.5"`` or ``true`` where a number belongs is a 400, as the
+OpenAPI document says), and every list and free-form object has a bound, so the work one request
+can cause is bounded before preparation: `MAX_MESSAGES` messages, `MAX_TOOLS` tools, JSON
+schemas (tool parameters, response schemas) of at most `MAX_SCHEMA_NBYTES` encoded and
+`MAX_SCHEMA_DEPTH` deep, grammars of at most `MAX_GRAMMAR_CHARS`, regular expressions of at most
+`MAX_REGEX_CHARS`. Text length is bounded by the body size (`helios.server.body_guard`) and, before
+tokenizing, by the model's context extent (`helios.frontend.session`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from helios.frontend.request_options import check_chat_options, check_completion_options
 
+MAX_MESSAGES = 1024
+MAX_TOOLS = 128
+MAX_SCHEMA_NBYTES = 64 * 1024
+MAX_SCHEMA_DEPTH = 32
+MAX_GRAMMAR_CHARS = 64 * 1024
+MAX_REGEX_CHARS = 4096
+MAX_CHOICE_CHARS = 4096
+MAX_TEMPLATE_KWARGS = 64
+MAX_STOP_IDS = 1024
+
+
+def _bounded_schema(value: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema no larger than `MAX_SCHEMA_NBYTES` encoded, nested at most `MAX_SCHEMA_DEPTH`."""
+    if len(json.dumps(value, ensure_ascii=False)) > MAX_SCHEMA_NBYTES:
+        raise ValueError(f"a schema may be at most {MAX_SCHEMA_NBYTES} characters of JSON")
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"a schema may nest at most {MAX_SCHEMA_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return value
+
+
+JsonSchema = Annotated[dict[str, Any], AfterValidator(_bounded_schema)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class TextPart(_Strict):
@@ -69,7 +106,7 @@ Message = Annotated[
 class FunctionDefinition(_Strict):
     name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchema | None = None
     strict: StrictBool | None = None
 
 
@@ -89,7 +126,7 @@ class NamedToolChoice(_Strict):
 
 class JsonSchemaFormat(_Strict):
     name: StrictStr = Field(min_length=1, max_length=64)
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: JsonSchema = Field(alias="schema")
     description: StrictStr | None = None
     strict: StrictBool | None = None
 
@@ -111,21 +148,21 @@ class RegexFormat(_Strict):
     """Extension: the answer matches a regular expression."""
 
     type: Literal["regex"]
-    regex: StrictStr = Field(min_length=1)
+    regex: StrictStr = Field(min_length=1, max_length=MAX_REGEX_CHARS)
 
 
 class GrammarFormat(_Strict):
     """Extension: the answer matches a Lark grammar (llguidance dialect)."""
 
     type: Literal["grammar"]
-    grammar: StrictStr = Field(min_length=1)
+    grammar: StrictStr = Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)
 
 
 class ChoiceFormat(_Strict):
     """Extension: the answer is exactly one of the given strings."""
 
     type: Literal["choice"]
-    choices: list[StrictStr] = Field(min_length=1, max_length=256)
+    choices: list[Annotated[StrictStr, Field(max_length=MAX_CHOICE_CHARS)]] = Field(min_length=1, max_length=256)
 
 
 ResponseFormat = Annotated[
@@ -160,19 +197,21 @@ class _SamplingFields(_Strict):
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     stop: StopField = None
-    stop_token_ids: list[StrictInt] | None = None
-    stop_token_sequences: list[list[StrictInt]] | None = None
+    stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=MAX_STOP_IDS)
+    stop_token_sequences: list[Annotated[list[StrictInt], Field(max_length=MAX_STOP_IDS)]] | None = Field(
+        default=None, max_length=MAX_STOP_IDS)
     user: StrictStr | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
-    chat_template_kwargs: dict[str, Union[StrictBool, StrictInt, float, StrictStr, None]] | None = None
+    chat_template_kwargs: dict[str, Union[StrictBool, StrictInt, float, StrictStr, None]] | None = Field(
+        default=None, max_length=MAX_TEMPLATE_KWARGS)
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
 

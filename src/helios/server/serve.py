@@ -1,29 +1,42 @@
 """Running the HTTP server: uvicorn (uvloop when installed) on a socket bound here.
 
 `serve(runtime, options, owned_by)` blocks until SIGTERM or SIGINT. Shutdown order: uvicorn stops
-accepting, lets open connections finish for `drain_seconds` (the specification's five seconds) and
-then drops the rest (their responses close and cancel their requests); only then does the app's
-lifespan stop the model worker, which returns after its current round drained, so device resources
-outlive every execution that uses them. After that uvicorn re-raises the signal, so the process
-ends the way the signal says (status -15 / 143 for SIGTERM; SIGINT exits through `KeyboardInterrupt`).
+accepting and lets open connections finish for `drain_seconds` (the specification's five seconds);
+at that deadline every response still running ends with one ``event: error`` ("server shutting
+down"; a JSON response waiting for its end gets 503 with the same error) and its request is
+cancelled; connections still open `DROP_GRACE_SECONDS` later (clients that read nothing) are
+dropped quietly. Only then does the app's lifespan stop the model worker, which returns after its
+current round drained, so device resources outlive every execution that uses them. After that
+uvicorn re-raises the signal, so the process ends the way the signal says (status -15 / 143 for
+SIGTERM; SIGINT exits through `KeyboardInterrupt`).
+
+If the model worker dies (a fault of the worker itself, never of one request: those fail alone),
+`/health` answers 503 at once and the server shuts down the same way and `serve` raises
+`WorkerDied`, so the process exits non-zero (status 9) and a supervisor restarts it.
 
 The socket is bound before uvicorn starts so that port 0 works and the printed address is exact.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 import sys
 from dataclasses import dataclass
 
 import uvicorn
 
-from helios.errors import HeliosError
+from helios.errors import ExecutionError, HeliosError
 from helios.runtime.service import Runtime
 from helios.server.app import create_app
+from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
+from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
 from helios.server.service import ServedModel
 
 DRAIN_SECONDS = 5
+DROP_GRACE_SECONDS = 1  # after the drain deadline: time for the error events to reach their clients
+logger = logging.getLogger("uvicorn.error")  # uvicorn configures and formats this one
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,47 @@ class ServeOptions:
     drain_seconds: int = DRAIN_SECONDS
     log_level: str = "info"
     access_log: bool = False
+    max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
 
 
 class ListenError(HeliosError):
     """The server cannot listen on the requested address."""
+
+
+class WorkerDied(ExecutionError):
+    """The model worker stopped serving; the server shut down so that a supervisor restarts it."""
+
+
+class HeliosServer(uvicorn.Server):
+    """uvicorn with the shutdown of the module docstring: error events at the drain deadline, and
+    an exit when the model worker died."""
+
+    def __init__(self, config: uvicorn.Config, served: ServedModel, drain_seconds: float):
+        super().__init__(config)
+        self.served = served
+        self.drain_seconds = drain_seconds
+        self.has_worker_died = False
+
+    async def on_tick(self, counter: int) -> bool:
+        if not self.has_worker_died and not self.served.is_healthy:
+            self.has_worker_died = True
+            logger.error("the model worker died; shutting down so that a supervisor restarts the server")
+            return True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets=None) -> None:
+        deadline = asyncio.get_running_loop().call_later(self.drain_seconds, self._interrupt)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            deadline.cancel()
+        logger.info("helios serve: shut down")
+
+    def _interrupt(self) -> None:
+        count = self.served.interrupt_responses()
+        if count:
+            logger.warning("drain deadline: %d running response(s) ended with 'server shutting down'", count)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -53,11 +103,12 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
     served = ServedModel.from_runtime(
-        runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by
+        runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
+        send_timeout_s=options.send_timeout_s,
     )
     config = uvicorn.Config(
-        create_app(served), loop="auto", lifespan="on", log_level=options.log_level,
-        access_log=options.access_log, timeout_graceful_shutdown=options.drain_seconds,
+        create_app(served, options.max_body_nbytes), loop="auto", lifespan="on", log_level=options.log_level,
+        access_log=options.access_log, timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
     )
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
@@ -66,5 +117,8 @@ def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
     print(f"helios serve: {served.card.served_names[0]} on http://{shown}:{port} "
           f"(max active {limits.max_active}, queue {limits.queue_capacity}, "
           f"frontend workers {limits.frontend_workers})", file=sys.stdout, flush=True)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = HeliosServer(config, served, options.drain_seconds)
+    server.run(sockets=[sock])
+    if server.has_worker_died:
+        raise WorkerDied("the model worker died; the server shut down (restart it)")
     return 0

@@ -7,9 +7,14 @@ specification fixes:
 2. combined-field validation (`RequestError`, HTTP 400) before any capacity is taken;
 3. an admission permit (`IngressFull`, HTTP 429), never waited for;
 4. CPU preparation (template, tokenize, grammar compile) in one of `frontend_workers` preparation
-   slots, run in a worker thread so the event loop keeps serving;
+   slots, run in a preparation thread so the event loop keeps serving, bounded in time, with
+   grammar compiles held to fewer slots than there are (`helios.server.preparation`);
 5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
 6. the response (`helios.server.responses`), which owns the permit from then on.
+
+`interrupt_responses` (the server's drain deadline at shutdown) ends every response still running
+with one `ShuttingDown` error; after it, responses whose connections the server then drops end
+quietly, and requests still preparing are refused with the same error.
 
 `start` / `shutdown` start and stop the model worker; `shutdown` returns after the worker drained
 its current round and the runtime's tensor-parallel ranks (if any) stopped. The object is shared by every request; after construction it is not mutated
@@ -21,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass
 
 from starlette.responses import Response
 from starlette.types import Receive
 from tokenizers import Tokenizer
 
+from helios.errors import ShuttingDown
 from helios.frontend.observation import ObservationClock
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
@@ -36,7 +43,8 @@ from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
-from helios.server.responses import json_response, stream_response
+from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
+from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
 
 SEED_SPAN = 2**64
@@ -78,11 +86,18 @@ def admission_values(prepared: PreparedRequest) -> AdmissionValues:
     return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids)
 
 
+def compiles_grammar(body: ChatCompletionRequest) -> bool:
+    """Whether preparing `body` may compile a grammar (structured output or tools)."""
+    has_format = body.response_format is not None and body.response_format.type != "text"
+    return has_format or bool(body.tools)
+
+
 class ServedModel:
     """See the module docstring."""
 
     def __init__(self, runtime: Runtime, frontend: FrontendModel, admission: AdmissionController,
-                 clock: ObservationClock, card: ModelCard):
+                 clock: ObservationClock, card: ModelCard, preparation: PreparationGate,
+                 send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S):
         self.runtime = runtime
         self.engine = runtime.engine
         self.frontend = frontend
@@ -91,11 +106,17 @@ class ServedModel:
         self.card = card
         self.metrics = ServerMetrics(self.stats)
         self.metrics.track_admission(lambda: admission.in_use, admission.limits.num_permits)
+        self.preparation = preparation
+        self.send_timeout_s = send_timeout_s
         self._outbox: LoopOutbox | None = None
+        self._bridges: weakref.WeakSet[ResponseBridge] = weakref.WeakSet()  # responses not yet collected
+        self._is_dropping = False
 
     @classmethod
     def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
-                     owned_by: str = "", clock: ObservationClock | None = None) -> ServedModel:
+                     owned_by: str = "", clock: ObservationClock | None = None,
+                     send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
+                     preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`)."""
         model = runtime.model
         tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
@@ -104,7 +125,9 @@ class ServedModel:
         serving = model.prepared.contract
         card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
-        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card)
+        gate = PreparationGate(PreparationPool(frontend_workers), frontend_workers, preparation_timeout_s)
+        return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, gate,
+                   send_timeout_s)
 
     def start(self) -> None:
         self.engine.start()
@@ -113,6 +136,18 @@ class ServedModel:
         """Stops the model worker once its current round is done, then any tensor-parallel ranks
         (blocking; idempotent)."""
         self.runtime.close()
+
+    def interrupt_responses(self) -> int:
+        """Event loop: ends every running response with a `ShuttingDown` error (a stream gets one
+        error event) and refuses requests still preparing; returns how many were running."""
+        self._is_dropping = True
+        error = ShuttingDown("server shutting down")
+        return sum(bridge.interrupt(error) for bridge in list(self._bridges))
+
+    @property
+    def is_dropping(self) -> bool:
+        """Whether the drain deadline passed (set by `interrupt_responses`)."""
+        return self._is_dropping
 
     @property
     def is_healthy(self) -> bool:
@@ -128,16 +163,18 @@ class ServedModel:
         (validate_chat if is_chat else validate_common)(body, self.card.vocab_size)
         permit = self.admission.acquire()
         try:
-            async with self.admission.preparation_slot():
-                prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
-                prepared = await asyncio.to_thread(prepare, body, ingress_ns)
+            prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
+            prepared = await self.preparation.run(prepare, body, ingress_ns, compiles=is_chat and compiles_grammar(body))
+            if self._is_dropping:
+                raise ShuttingDown("server shutting down")
             bridge = self._submit(prepared, permit)
         except BaseException:
             permit.release()
             raise
+        lease = Lease(bridge, self.send_timeout_s, lambda: self._is_dropping)
         if prepared.head.options.is_stream:
-            return stream_response(bridge, prepared.new_stream())
-        return await json_response(bridge, prepared, receive)
+            return stream_response(lease, prepared.new_stream())
+        return await json_response(lease, prepared, receive)
 
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""
@@ -156,5 +193,6 @@ class ServedModel:
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
         request = EngineRequest(prepared.request_spec(), admission_values(prepared), bridge.on_event, grammar, host_stop)
         output.mark_enqueue(self.clock)
+        self._bridges.add(bridge)
         self.engine.submit(request)
         return bridge

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from helios.ignition.recipes import bamba, llama
+from helios.ignition.recipes import bamba, llama, moe
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 
@@ -18,8 +18,9 @@ __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheck
 
 RecipeBuilder = Callable[..., Recipe]
 
-_REGISTRY: dict[str, RecipeBuilder] = {name: llama.build for name in llama.ARCHITECTURES}
-_REGISTRY.update({name: bamba.build for name in bamba.ARCHITECTURES})
+_REGISTRY: dict[str, RecipeBuilder] = {
+    name: family.build for family in (llama, moe, bamba) for name in family.ARCHITECTURES
+}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 

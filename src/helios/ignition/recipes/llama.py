@@ -66,7 +66,7 @@ def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tu
     """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it."""
     window = int(config.get("sliding_window") or 0)
     layer_types = config.get("layer_types")
-    if layer_types is None and source == "MistralForCausalLM":
+    if layer_types is None and source in ("MistralForCausalLM", "MixtralForCausalLM"):
         layer_types = ["sliding_attention" if window else "full_attention"] * num_layers
     if layer_types is None and config.get("use_sliding_window"):
         first = int(config.get("max_window_layers", num_layers))
@@ -80,23 +80,35 @@ def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tu
     return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
 
 
-def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The rope settings in the current layout, from either `rope_parameters` or `rope_theta`/`rope_scaling`."""
+def rope_parameters(config: Mapping[str, Any], partial: bool = False) -> dict[str, Any]:
+    """The rope settings in the current layout, from either `rope_parameters` or `rope_theta`/`rope_scaling`.
+    A partial rotary factor is an error unless the family supports it (`partial`)."""
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
     if params["rope_type"] not in ROPE_TYPES:
         raise UnsupportedCheckpoint(f"rope_type {params['rope_type']!r} is not one of {ROPE_TYPES}")
-    if float(params.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0)) != 1.0:
+    params["partial_rotary_factor"] = float(params.get("partial_rotary_factor",
+                                                       config.get("partial_rotary_factor") or 1.0))
+    if params["partial_rotary_factor"] != 1.0 and not partial:
         raise UnsupportedCheckpoint("partial rotary embeddings are not supported")
     if params["rope_type"] == "llama3":
         params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
     return params
 
 
-def rope_inv_freq(config: Mapping[str, Any], head_dim: int) -> torch.Tensor:
-    """float32 rotary inverse frequencies [head_dim / 2], scaling applied (the reference's arithmetic)."""
-    params = rope_parameters(config)
+def rotary_width(config: Mapping[str, Any], head_dim: int) -> int:
+    """The rotated leading dimensions of a head: head_dim times the partial rotary factor."""
+    width = int(head_dim * rope_parameters(config, partial=True)["partial_rotary_factor"])
+    if width <= 0 or width % 2:
+        raise UnsupportedCheckpoint(f"a rotary width of {width} of head_dim {head_dim} is not a positive even width")
+    return width
+
+
+def rope_inv_freq(config: Mapping[str, Any], head_dim: int, partial: bool = False) -> torch.Tensor:
+    """float32 rotary inverse frequencies [head_dim / 2], scaling applied (the reference's arithmetic);
+    head_dim is the rotated width where only part of a head rotates."""
+    params = rope_parameters(config, partial)
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
     inv_freq = 1.0 / (params["rope_theta"] ** exponents)
     if params["rope_type"] == "linear":
@@ -118,29 +130,39 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
-def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
-    """The weights in program layout, and the checkpoint names they were made from."""
+def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, layer_weights=None, inv_freq=None,
+                     transform=None):
+    """The weights in program layout, and the checkpoint names they were made from. `layer_weights`
+    (arch, layer, take) -> slots of one layer (default: attention and the dense MLP); `inv_freq`
+    replaces the rotary frequencies; `transform` (name, tensor) -> tensor rewrites checkpoint tensors."""
+    layer_weights = layer_weights or _layer_weights
     used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
         used.add(name)
-        return tensors.get(name).to(arch.torch_dtype)
+        tensor = tensors.get(name).to(arch.torch_dtype)
+        return transform(name, tensor) if transform else tensor
 
     weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
     for layer in range(arch.num_layers):
-        weights += _layer_weights(arch, layer, take)
+        weights += layer_weights(arch, layer, take)
     weights.append(NamedWeight("final_norm", take("model.norm.weight")))
     if not arch.tie_word_embeddings:
         weights.append(NamedWeight("lm_head", take("lm_head.weight")))
-    weights.append(NamedWeight("rope.inv_freq", rope_inv_freq(config, arch.head_dim)))
+    inv_freq = rope_inv_freq(config, arch.head_dim) if inv_freq is None else inv_freq
+    weights.append(NamedWeight("rope.inv_freq", inv_freq))
     return tuple(weights), used
 
 
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    return attention_weights(arch, layer, take) + dense_mlp_weights(arch, layer, take)
+
+
+def attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """A layer's slots from ``input_norm`` through ``post_norm`` (attention and its norms)."""
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
-    attn, mlp = src + "self_attn.", src + "mlp."
+    attn = src + "self_attn."
     qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
-    gate_up = [mlp + "gate_proj.", mlp + "up_proj."]
     out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
            NamedWeight(dst + "qkv.weight", torch.cat([take(p + "weight") for p in qkv]))]
     if arch.qkv_bias:
@@ -151,8 +173,15 @@ def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
     if arch.o_bias:
         out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
-    out += [NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
-            NamedWeight(dst + "gate_up.weight", torch.cat([take(p + "weight") for p in gate_up]))]
+    out.append(NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")))
+    return out
+
+
+def dense_mlp_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """A layer's gated MLP slots (``gate_up`` fused: gate rows, then up rows)."""
+    dst, mlp = f"layers.{layer}.", f"model.layers.{layer}.mlp."
+    gate_up = [mlp + "gate_proj.", mlp + "up_proj."]
+    out = [NamedWeight(dst + "gate_up.weight", torch.cat([take(p + "weight") for p in gate_up]))]
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "gate_up.bias", torch.cat([take(p + "bias") for p in gate_up])))
     out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))

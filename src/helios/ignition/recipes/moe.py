@@ -1,0 +1,160 @@
+"""Recipe for mixture-of-experts decoders with Llama-family attention.
+
+Covers Qwen3MoeForCausalLM (softmax top-k, ``norm_topk_prob``, dense ``mlp_only_layers`` and
+``decoder_sparse_step``), MixtralForCausalLM (softmax top-k, always normalised; sliding window on
+every layer when set) and Glm4MoeForCausalLM (sigmoid scoring with ``e_score_correction_bias``,
+``n_group`` / ``topk_group`` group-limited top-k, ``norm_topk_prob``, ``routed_scaling_factor``,
+shared experts, the first ``first_k_dense_replace`` layers dense, partial rotary
+``partial_rotary_factor`` (see `partial_rotary`), q/k norm where ``use_qk_norm``, q/k/v bias where
+``attention_bias``).
+Attention is the Llama recipe's (`helios.ignition.recipes.llama`); this module adds the experts:
+per-expert gate/up/down tensors (``experts.N.gate_proj`` / ``w1`` style, or the fused
+``experts.gate_up_proj`` / ``experts.down_proj`` layout) are stacked into [E, 2F, H] and [E, H, F],
+the router weight and correction bias are kept in float32. GLM's multi-token-prediction layers
+(``num_nextn_predict_layers``, stored after the last layer) are not served and are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Mapping, NamedTuple
+
+import torch
+
+from helios.ignition.architecture import Architecture, MixtureOfExperts
+from helios.ignition.recipes import llama
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.checkpoint import CheckpointTensors
+
+ARCHITECTURES = ("Glm4MoeForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class ExpertNames(NamedTuple):
+    """Where a family keeps its sparse block: the module prefix and the per-expert projection names."""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+_NAMES = {
+    "Qwen3MoeForCausalLM": ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj"),
+    "MixtralForCausalLM": ExpertNames("block_sparse_moe.", "w1", "w3", "w2"),
+    "Glm4MoeForCausalLM": ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    base = llama.architecture_from_config(source, config, tensors, dtype)
+    moe = mixture_from_config(source, config, base.num_layers)
+    dense = len(moe.sparse_layers) < base.num_layers
+    arch = dataclasses.replace(base, moe=moe, intermediate_size=base.intermediate_size if dense else 0)
+    names = _NAMES[source]
+    rotary = llama.rotary_width(config, arch.head_dim)
+
+    def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+        slots = llama.attention_weights(arch, layer, take)
+        if not arch.is_sparse(layer):
+            return slots + llama.dense_mlp_weights(arch, layer, take)
+        return slots + sparse_weights(arch, layer, take, tensors, names)
+
+    inv_freq, transform = None, None
+    if rotary < arch.head_dim:
+        inv_freq, transform = partial_rotary(config, arch.head_dim, rotary)
+    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, inv_freq, transform)
+    unplaced = sorted(name for name in tensors.names - used if not _ignored(name, arch, config))
+    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
+        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
+    return Recipe(source, arch, weights)
+
+
+def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts:
+    """The routing and expert geometry the family's configuration declares."""
+    top_k = int(config["num_experts_per_tok"])
+    if source == "MixtralForCausalLM":
+        return MixtureOfExperts(int(config["num_local_experts"]), top_k, int(config["intermediate_size"]),
+                                tuple(range(num_layers)), normalize=True)
+    if source == "Qwen3MoeForCausalLM":
+        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+        step, dense = int(config.get("decoder_sparse_step", 1)), set(config.get("mlp_only_layers") or ())
+        sparse = tuple(i for i in range(num_layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
+        if not sparse:
+            raise UnsupportedCheckpoint("a Qwen3-MoE checkpoint without sparse layers is a Qwen3 checkpoint")
+        return MixtureOfExperts(experts, top_k, int(config["moe_intermediate_size"]), sparse,
+                                normalize=bool(config.get("norm_topk_prob", False)))
+    first_sparse = int(config.get("first_k_dense_replace", 0))
+    ffn = int(config["moe_intermediate_size"])
+    return MixtureOfExperts(
+        int(config.get("n_routed_experts") or config["num_local_experts"]), top_k, ffn,
+        tuple(range(first_sparse, num_layers)), scoring="sigmoid", num_groups=int(config.get("n_group") or 1),
+        topk_groups=int(config.get("topk_group") or 1), normalize=bool(config.get("norm_topk_prob", True)),
+        scale=float(config.get("routed_scaling_factor", 1.0)), correction_bias=True,
+        shared_intermediate_size=ffn * int(config.get("n_shared_experts") or 0))
+
+
+def rotary_order(head_dim: int, rotary: int) -> torch.Tensor:
+    """A reordering of each head's dimensions under which rotating the leading `rotary` of them in
+    [cos, sin] halves (pairs i, i + rotary / 2) is the whole-head rotation (pairs j, j + head_dim / 2)
+    with zero frequencies past rotary / 2: position j < rotary / 2 holds dimension j, position
+    head_dim / 2 + j holds dimension rotary / 2 + j, the pass-through dimensions fill the rest."""
+    half, passing = rotary // 2, torch.arange(rotary, head_dim)
+    split = (head_dim - rotary) // 2
+    return torch.cat([torch.arange(half), passing[:split], torch.arange(half, rotary), passing[split:]])
+
+
+def partial_rotary(config: Mapping[str, Any], head_dim: int, rotary: int):
+    """(inv_freq [head_dim / 2], transform) for a family rotating `rotary` < head_dim dimensions: the
+    queries' and keys' dimensions are reordered by `rotary_order` (q/k projection rows and biases,
+    q/k norms; a consistent reordering of both leaves every q.k unchanged and values untouched), so
+    the decoder's whole-head rotary (and its fused kernel) applies, with zero frequencies (cos 1,
+    sin 0) on the pass-through pairs."""
+    order = rotary_order(head_dim, rotary)
+    inv_freq = torch.zeros(head_dim // 2, dtype=torch.float32)
+    inv_freq[: rotary // 2] = llama.rope_inv_freq(config, rotary, partial=True)
+
+    def transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            return tensor[order]
+        if not name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                              "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            return tensor
+        heads = tensor.reshape(-1, head_dim, *tensor.shape[1:])
+        return heads[:, order].reshape(tensor.shape).contiguous()
+
+    return inv_freq, transform
+
+
+def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors,
+                   names: ExpertNames) -> list[NamedWeight]:
+    """A sparse layer's router, stacked experts and shared expert, in `weight_layout` order."""
+    moe, dst = arch.moe, f"layers.{layer}."
+    block = f"model.layers.{layer}.{names.block}"
+    out = [NamedWeight(dst + "router.weight", take(block + "gate.weight").float())]
+    if moe.correction_bias:
+        out.append(NamedWeight(dst + "router.correction_bias", take(block + "gate.e_score_correction_bias").float()))
+    if block + "experts.gate_up_proj" in tensors:
+        gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
+    else:
+        experts = [f"{block}experts.{e}." for e in range(moe.num_experts)]
+        gate_up = torch.stack([torch.cat([take(p + names.gate + ".weight"), take(p + names.up + ".weight")])
+                               for p in experts])
+        down = torch.stack([take(p + names.down + ".weight") for p in experts])
+    out += [NamedWeight(dst + "experts.gate_up", gate_up.contiguous()), NamedWeight(dst + "experts.down", down.contiguous())]
+    if moe.shared_intermediate_size:
+        shared = block + "shared_experts."
+        out += [NamedWeight(dst + "shared.gate_up.weight",
+                            torch.cat([take(shared + "gate_proj.weight"), take(shared + "up_proj.weight")])),
+                NamedWeight(dst + "shared.down.weight", take(shared + "down_proj.weight"))]
+    return out
+
+
+def _ignored(name: str, arch: Architecture, config: Mapping[str, Any]) -> bool:
+    """Rotary buffers, and the multi-token-prediction layers stored after the last decoder layer."""
+    if name.endswith("rotary_emb.inv_freq"):
+        return True
+    match = _LAYER_INDEX.match(name)
+    return bool(match and int(config.get("num_nextn_predict_layers") or 0) > 0
+                and int(match.group(1)) >= arch.num_layers)

@@ -1,0 +1,144 @@
+"""The first check of every request body, before FastAPI decodes it: size, encoding, JSON shape.
+
+`BodyGuard` is an ASGI middleware in front of the routes that take a JSON body (POST). It answers
+itself, with an OpenAI-style error body, when the body
+
+- is larger than `max_body_nbytes` (from ``Content-Length`` at once, or while reading a chunked
+  body, never holding more than the limit): 413 `BodyTooLarge`;
+- is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
+  400 `MalformedBody`;
+- is not strict JSON: ``NaN``/``Infinity`` literals, integers beyond 4,300 digits, nesting deeper
+  than `MAX_JSON_DEPTH`, or any string (key or value) holding a lone surrogate escape such as
+  ``"\\ud800"``, which is valid JSON but no Unicode text: 400 `MalformedBody`.
+
+So no string that cannot be encoded as UTF-8 ever reaches validation, preparation or the model
+worker. A body that passes is replayed unchanged to the application; later `receive` calls go to
+the connection (disconnect detection keeps working).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from helios.errors import RequestError
+from helios.server.responses import error_response
+
+DEFAULT_MAX_BODY_NBYTES = 4 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+BOM = b"\xef\xbb\xbf"
+
+
+class BodyTooLarge(RequestError):
+    """The request body is larger than the server's limit (``--max-body-bytes``)."""
+
+    http_status = 413
+
+
+class MalformedBody(RequestError):
+    """The request body is not strict UTF-8 JSON text."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def check_json_text(body: bytes) -> Any:
+    """The parsed body, or `MalformedBody` saying why it is not strict UTF-8 JSON."""
+    if body.startswith(BOM):
+        raise MalformedBody("the request body starts with a UTF-8 byte-order mark; send plain UTF-8 JSON")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise MalformedBody(f"the request body is not valid UTF-8 (byte {error.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise MalformedBody(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as error:  # JSONDecodeError, NaN/Infinity, oversized integers
+        raise MalformedBody(f"the request body is not valid JSON: {error}") from None
+    _check_values(value)
+    return value
+
+
+def _check_values(value: Any) -> None:
+    """Depth bound and no lone surrogates, iteratively (no recursion on hostile nesting)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                raise MalformedBody(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    _check_text(key)
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise MalformedBody(
+            f"the request body holds a lone surrogate (\\u{ord(text[error.start]):04x}), which is not "
+            "Unicode text") from None
+
+
+class BodyGuard:
+    """See the module docstring. Requests other than POST pass through untouched."""
+
+    def __init__(self, app: ASGIApp, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES):
+        self.app = app
+        self.max_body_nbytes = max_body_nbytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read(scope, receive)
+            if body is None:
+                return  # the client went away while sending
+            if body:
+                check_json_text(body)
+        except RequestError as error:
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+        limit = self.max_body_nbytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise BodyTooLarge(f"the request body is {int(value)} bytes; this server accepts at most {limit}")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"the request body is larger than this server's limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    is_sent = False
+
+    async def replayed() -> Message:
+        nonlocal is_sent
+        if not is_sent:
+            is_sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

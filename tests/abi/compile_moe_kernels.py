@@ -1,0 +1,70 @@
+"""Compile the Triton expert kernels for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
+
+Run as a script in a process without TRITON_INTERPRET (see compile_attention_kernels.py): bfloat16 at
+Qwen3-30B-A3B expert shapes (decode and prefill block sizes, both activations, with and without
+biases) and float32. Exits 0 when every kernel compiles.
+"""
+
+from __future__ import annotations
+
+from compile_attention_kernels import compile_kernel
+
+from helios.abi import triton_moe as kernels
+from helios.abi import triton_route
+
+SCHEDULE = dict(order="*i64", block_expert="*i32", block_start="*i32", block_end="*i32")
+
+
+def compile_all(dtype: str, precision: str) -> None:
+    pointer = f"*{dtype}"
+    gate_up = dict(SCHEDULE, hidden=pointer, gate_up=pointer, gate_up_bias=pointer, inter=pointer,
+                   alpha="fp32", limit="fp32")
+    down = dict(SCHEDULE, inter=pointer, route_weights="*fp32", down=pointer, down_bias=pointer, out="*fp32")
+    for block_m, block_n in ((16, 32), (16, 64), (32, 64), (64, 64)):
+        for bias in (False, True):
+            for activation in (0, 1):
+                compile_kernel(kernels._gate_up_kernel, gate_up,
+                               dict(HAS_BIAS=bias, ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
+                                    BLOCK_K=64, DOT_PRECISION=precision), num_warps=4)
+            compile_kernel(kernels._down_kernel, down, dict(HAS_BIAS=bias, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                            BLOCK_K=64, DOT_PRECISION=precision), num_warps=4)
+
+
+def compile_gemv(dtype: str) -> None:
+    pointer = f"*{dtype}"
+    for bias in (False, True):
+        for activation in (0, 1):
+            compile_kernel(kernels._gate_up_gemv_kernel,
+                           dict(hidden=pointer, ids="*i64", gate_up=pointer, gate_up_bias=pointer, inter=pointer,
+                                alpha="fp32", limit="fp32"),
+                           dict(HAS_BIAS=bias, ACTIVATION=activation, BLOCK_N=32, BLOCK_K=128), num_warps=4)
+        compile_kernel(kernels._down_gemv_kernel,
+                       dict(inter=pointer, ids="*i64", route_weights="*fp32", down=pointer, down_bias=pointer,
+                            out="*fp32"), dict(HAS_BIAS=bias, BLOCK_N=32, BLOCK_K=128), num_warps=4)
+
+
+ROUTES = [  # (scoring, experts, top_k, groups, kept groups, bias): Qwen3-MoE, GLM-4.5, DeepSeek-V3, gpt-oss
+    (0, 128, 8, 1, 1, False), (2, 160, 8, 1, 1, True), (2, 256, 8, 8, 4, True), (1, 32, 4, 1, 1, False),
+]
+
+
+def compile_routes(dtype: str) -> None:
+    for scoring, experts, top_k, groups, kept, bias in ROUTES:
+        size = experts // groups
+        compile_kernel(triton_route._route_kernel,
+                       dict(logits=f"*{dtype}", bias="*fp32", weights_out="*fp32", ids_out="*i64", scale="fp32"),
+                       dict(SCORING=scoring, HAS_BIAS=bias, NORMALIZE=True, TOP_K=top_k, NUM_GROUPS=groups,
+                            GROUP_SIZE=size, TOPK_GROUPS=kept, BLOCK_G=max(1, 1 << (groups - 1).bit_length()),
+                            BLOCK_S=1 << (size - 1).bit_length(), BLOCK_K=1 << (top_k - 1).bit_length()),
+                       num_warps=4)
+
+
+if __name__ == "__main__":
+    for rows in (16, 64):
+        compile_kernel(kernels._schedule_kernel, dict(bounds="*i64", block_expert="*i32", block_start="*i32",
+                                                      block_end="*i32"), dict(ROWS=rows, BLOCK_E=128, CHUNK=32))
+    compile_routes("fp32")
+    compile_gemv("bf16")
+    compile_gemv("fp32")
+    compile_all("bf16", "tf32")
+    compile_all("fp32", "ieee")

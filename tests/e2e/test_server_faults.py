@@ -1,0 +1,108 @@
+"""`helios serve` under faults: SIGTERM with streams still running at the drain deadline, and a
+model worker that dies.
+
+At the deadline every stream still running gets exactly one ``event: error`` ("server shutting
+down") and its connection closes; the log shows a clean, logged exit without tracebacks. A dead
+worker makes the server shut down and `serve` fail with `WorkerDied` (exit status 9), so a
+supervisor restarts the process.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from helios.core.reader import open_core
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server import serve as serve_module
+from helios.server.serve import ServeOptions, WorkerDied, serve
+from support.server_core import SERVED_ID, ServerProcess, tiny_core
+
+STREAMS = 48  # with one active at a time, about 11,000 tokens: longer than the 5 s drain at 1 ms a token
+
+
+def read_stream(url: str, started: threading.Event) -> str:
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 220,
+            "temperature": 0, "stream": True}
+    lines = []
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                started.set()
+                for line in response.iter_lines():
+                    lines.append(line)
+    except httpx.HTTPError as error:
+        lines.append(f"transport error: {type(error).__name__}")
+    return "\n".join(lines)
+
+
+def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp_path_factory, tmp_path):
+    process = ServerProcess(tiny_core(tmp_path_factory.getbasetemp()), "--max-active", "1", "--queue-capacity", "64",
+                            log=tmp_path / "server.log")
+    events = [threading.Event() for _ in range(STREAMS)]
+    with ThreadPoolExecutor(STREAMS) as pool:
+        futures = [pool.submit(read_stream, process.url, started) for started in events]
+        for started in events:
+            assert started.wait(30)
+        time.sleep(0.3)
+        process.process.send_signal(signal.SIGTERM)
+        texts = [future.result(timeout=60) for future in futures]
+    code, log = process.terminate()
+    cut = [text for text in texts if "event: error" in text]
+    for text in texts:
+        finished = text.rstrip().endswith("data: [DONE]")
+        assert finished or (text.count("event: error") == 1 and "server shutting down" in text), text[-300:]
+    assert cut, "no stream was still running at the drain deadline"
+    for text in cut:
+        error = json.loads(text.split("event: error\ndata: ", 1)[1].split("\n", 1)[0])
+        assert error["error"]["type"] == "server_shutting_down" and error["error"]["code"] == 503
+    assert code == -signal.SIGTERM
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+    assert "drain deadline" in log and "helios serve: shut down" in log and "Application shutdown complete" in log
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_model_worker_stops_the_server_with_a_failure(tmp_path_factory, monkeypatch):
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
+                            RuntimeOptions(queue_capacity=4))
+
+    def broken_schedule():
+        raise RuntimeError("scheduler invariant violated")
+
+    monkeypatch.setattr(runtime.engine.scheduler, "schedule", broken_schedule)
+    sockets = []
+    bind = serve_module.bind
+    monkeypatch.setattr(serve_module, "bind", lambda host, port: sockets.append(bind(host, port)) or sockets[-1])
+    outcome = {}
+
+    def run():
+        try:
+            outcome["code"] = serve(runtime, ServeOptions(port=0, drain_seconds=1))
+        except WorkerDied as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not sockets and time.monotonic() < deadline:
+        time.sleep(0.01)
+    url = "http://127.0.0.1:%d" % sockets[0].getsockname()[1]
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    for _ in range(600):
+        try:
+            response = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    assert response.status_code == 500 and "model worker failed" in response.json()["error"]["message"]
+    thread.join(30)
+    runtime.close()
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), WorkerDied) and WorkerDied.exit_code == 9

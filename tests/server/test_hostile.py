@@ -1,0 +1,352 @@
+"""Hostile input through the app over a real tiny core and a running model worker: whatever a
+client sends is refused at validation with a specific status (400, 413, or 503 past the context
+extent), never a 500, the worker keeps serving, and every permit comes back.
+
+Also here: one request's fault on the model worker fails that request only, a reader that stops
+taking the body is dropped after the send timeout (and one that pauses and resumes is not), and at
+the drain deadline running responses end with one "server shutting down" error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from helios.core.reader import open_core
+from helios.runtime.engine import EngineRequest
+from helios.runtime.events import FinishEvent, FinishReason
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.frontend.text_bounds import TextBounds
+from helios.server.app import create_app
+from helios.server.schemas import MAX_GRAMMAR_CHARS, MAX_MESSAGES, MAX_SCHEMA_NBYTES, MAX_TOOLS, ChatCompletionRequest
+from helios.server.service import ServedModel, admission_values
+from support.server_core import SERVED_ID, tiny_core
+
+BODY_LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture(scope="module")
+def served(runtime):
+    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=2, send_timeout_s=0.5)
+    served.start()
+    return served
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return create_app(served, max_body_nbytes=BODY_LIMIT)
+
+
+def chat(content="hello", **fields) -> dict:
+    return {"model": SERVED_ID, "messages": [{"role": "user", "content": content}], **fields}
+
+
+def send(app, path: str, body, headers=None) -> httpx.Response:
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            if path.startswith("GET "):
+                return await client.get(path[4:])
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            return await client.post(path, content=content, headers=headers or {"content-type": "application/json"})
+
+    return asyncio.run(scenario())
+
+
+def assert_serving(app, served) -> None:
+    """The worker is alive and serves, /health is 200, and no permit is left held."""
+    ok = send(app, "/v1/chat/completions", chat(max_tokens=2))
+    assert ok.status_code == 200, ok.text
+    assert send(app, "GET /health", None).status_code == 200
+    assert served.is_healthy and served.admission.in_use == 0
+
+
+def raw(text: str) -> bytes:
+    """A JSON body given as text: escapes like \\ud800 stay escapes (json.dumps would too)."""
+    return text.encode("utf-8")
+
+
+BASE = '{"model": "%s", ' % SERVED_ID
+LONE_SURROGATES = {
+    "stop": BASE + r'"messages": [{"role": "user", "content": "hi"}], "stop": ["\ud800"]}',
+    "stop string": BASE + r'"messages": [{"role": "user", "content": "hi"}], "stop": "a\udfff"}',
+    "message content": BASE + r'"messages": [{"role": "user", "content": "x\ud800y"}]}',
+    "content part": BASE + r'"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}',
+    "tool schema key": BASE + r'"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+    r'"function": {"name": "f", "parameters": {"type": "object", "\ud800": 1}}}]}',
+    "template kwarg": BASE + r'"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"k": "\ud800"}}',
+    "grammar": BASE + r'"messages": [{"role": "user", "content": "hi"}], "response_format": '
+    r'{"type": "grammar", "grammar": "start: \"\ud800\""}}',
+    "user": BASE + r'"messages": [{"role": "user", "content": "hi"}], "user": "\ud800"}',
+}
+
+
+@pytest.mark.parametrize("where", list(LONE_SURROGATES))
+def test_a_lone_surrogate_anywhere_is_a_400_and_the_worker_keeps_serving(app, served, where):
+    response = send(app, "/v1/chat/completions", raw(LONE_SURROGATES[where]))
+    assert response.status_code == 400, response.text
+    assert "lone surrogate" in response.json()["error"]["message"]
+    assert_serving(app, served)
+
+
+def test_a_lone_surrogate_in_a_completion_prompt_is_a_400(app, served):
+    body = BASE + r'"prompt": "once \ud800 upon"}'
+    response = send(app, "/v1/completions", raw(body))
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    assert_serving(app, served)
+
+
+MALFORMED = {
+    "utf-8 bom": b"\xef\xbb\xbf" + json.dumps(chat()).encode(),
+    "encoded surrogate": json.dumps(chat("@")).encode().replace(b"@", b"\xed\xa0\x80"),
+    "invalid utf-8": json.dumps(chat("@")).encode().replace(b"@", b"\xff"),
+    "nan": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'),
+    "infinity": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "top_p": -Infinity}'),
+    "deep nesting": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": '
+                        + "[" * 5000 + "]" * 5000 + "}"),
+    "huge integer": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 5000 + "}"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_bodies_that_are_not_strict_utf8_json_are_400(app, served, case):
+    response = send(app, "/v1/chat/completions", MALFORMED[case])
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert_serving(app, served)
+
+
+LOOSE_TYPES = [
+    {"temperature": "0.5"}, {"temperature": True}, {"top_p": "1"}, {"max_tokens": "4"}, {"max_tokens": 4.0},
+    {"seed": "1"}, {"stream": "true"}, {"stream": 1}, {"stop": 5}, {"n": "1"}, {"frequency_penalty": "0"},
+]
+
+
+@pytest.mark.parametrize("fields", LOOSE_TYPES, ids=lambda f: json.dumps(f))
+def test_types_are_strict_as_the_openapi_document_says(app, fields):
+    response = send(app, "/v1/chat/completions", chat(**{"max_tokens": 2, **fields}))
+    assert response.status_code == 400, response.text
+
+
+def test_an_integer_is_a_number(app):
+    assert send(app, "/v1/chat/completions", chat(max_tokens=2, temperature=1, top_p=1)).status_code == 200
+
+
+def test_bodies_over_the_limit_are_413_before_they_are_read(app, served):
+    big = json.dumps(chat("x" * BODY_LIMIT)).encode()
+    response = send(app, "/v1/chat/completions", big)
+    assert response.status_code == 413 and "at most" in response.json()["error"]["message"]
+
+    async def chunked():  # no Content-Length: counted while reading
+        async def parts():
+            for start in range(0, len(big), 4096):
+                yield big[start:start + 4096]
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/chat/completions", content=parts(), headers={"content-type": "application/json"})
+
+    assert asyncio.run(chunked()).status_code == 413
+    assert_serving(app, served)
+
+
+def tool(index: int, parameters: dict | None = None) -> dict:
+    return {"type": "function", "function": {"name": f"f{index}", "parameters": parameters or {"type": "object"}}}
+
+
+OVER_LIMITS = {
+    "messages": chat(messages=[{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1)),
+    "tools": chat(tools=[tool(i) for i in range(MAX_TOOLS + 1)]),
+    "schema size": chat(tools=[tool(0, {"type": "object", "description": "d" * MAX_SCHEMA_NBYTES})]),
+    "schema depth": chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": json.loads(
+        '{"items": ' * 40 + "{}" + "}" * 40)}}),
+    "grammar size": chat(response_format={"type": "grammar", "grammar": "start: " + '"a" ' * MAX_GRAMMAR_CHARS}),
+    "regex size": chat(response_format={"type": "regex", "regex": "a" * 5000}),
+}
+
+
+@pytest.mark.parametrize("case", list(OVER_LIMITS))
+def test_list_and_schema_sizes_are_bounded(served, case):
+    app = create_app(served, max_body_nbytes=1 << 20)
+    response = send(app, "/v1/chat/completions", OVER_LIMITS[case])
+    assert response.status_code == 400, response.text
+    assert_serving(app, served)
+
+
+def test_text_beyond_the_context_extent_is_refused_before_tokenizing(served):
+    app = create_app(served, max_body_nbytes=1 << 20)
+    bound = TextBounds.from_tokenizer(served.frontend._tokenizer, served.card.context_tokens).max_text_chars
+    for path, body in (("/v1/chat/completions", chat("ab" * (bound // 2 + 1))),
+                       ("/v1/completions", {"model": SERVED_ID, "prompt": "z" * (bound + 1)})):
+        response = send(app, path, body)
+        assert response.status_code == 503 and response.json()["error"]["type"] == "admission_rejected"
+        assert "longer than any prompt" in response.json()["error"]["message"]
+    assert_serving(app, served)
+
+
+def test_a_deep_grammar_within_the_size_bound_compiles_in_a_preparation_thread(served):
+    """A rule chain this deep overflows a default 8 MiB thread stack inside llguidance (a segfault
+    of the whole server); preparation threads have room for the deepest grammar the bound allows."""
+    app = create_app(served, max_body_nbytes=1 << 20)
+    depth = MAX_GRAMMAR_CHARS // 19  # about 3,400; 2,800 already overflow 8 MiB
+    grammar = "start: a0\n" + "\n".join(f'a{i}:"x"a{i + 1}|"y"' for i in range(depth)) + f'\na{depth}:"z"\n'
+    assert len(grammar) <= MAX_GRAMMAR_CHARS
+    response = send(app, "/v1/chat/completions", chat(max_tokens=2, response_format={"type": "grammar", "grammar": grammar}))
+    assert response.status_code in (200, 400), response.text
+    assert_serving(app, served)
+
+
+# -- one request's fault on the model worker --------------------------------------------------------
+
+
+def submit_direct(served, spec: dict, **hooks) -> list:
+    """Submits an engine request straight to the worker (bypassing validation); its events."""
+    events, finished = [], threading.Event()
+
+    def on_event(event):
+        events.append(event)
+        if isinstance(event, FinishEvent):
+            finished.set()
+
+    prepared = served.frontend.prepare_chat(ChatCompletionRequest(**chat(max_tokens=4)))
+    request = EngineRequest(replace(prepared.request_spec(), **spec), admission_values(prepared), on_event, **hooks)
+    served.engine.submit(request)
+    assert finished.wait(30), "the request never ended"
+    return events
+
+
+def test_a_request_that_reaches_the_worker_unvalidated_fails_alone(app, served):
+    events = submit_direct(served, {"stop_strings": ("\ud800",)})
+    assert events[-1].reason in (FinishReason.REJECTED, FinishReason.ERROR)
+    assert_serving(app, served)
+
+
+class BrokenGrammar:
+    def fill_bitmask(self, row) -> None:
+        row.fill(-1)
+
+    def consume_token(self, token_id: int) -> object:
+        raise RuntimeError("grammar state corrupted")
+
+
+def test_a_request_whose_hooks_raise_fails_alone(app, served):
+    events = submit_direct(served, {}, grammar=BrokenGrammar())
+    assert events[-1].reason is FinishReason.ERROR and "grammar state corrupted" in events[-1].message
+
+    def broken_stop(token_id: int) -> bool:
+        raise ValueError("stop matcher failed")
+
+    events = submit_direct(served, {"stop_strings": ("zz",)}, host_stop=broken_stop)
+    assert events[-1].reason is FinishReason.ERROR and "stop matcher failed" in events[-1].message
+    assert served.engine.scheduler.counters().num_running == 0
+    assert_serving(app, served)
+
+
+# -- slow readers and shutdown ---------------------------------------------------------------------
+
+
+class Reader:
+    """One POST through the ASGI app whose reader takes `take` body chunks, then stalls for
+    `stall_s` (None: for good) before taking the rest."""
+
+    def __init__(self, app, body: dict, take: int, stall_s: float | None):
+        self.status, self.chunks = None, []
+        self._body, self._take, self._stall_s = json.dumps(body).encode(), take, stall_s
+        self._is_sent = False
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+                 "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+                 "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+                 "server": ("127.0.0.1", 80)}
+        self.task = asyncio.ensure_future(app(scope, self._receive, self._send))
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.chunks).decode()
+
+    async def _receive(self):
+        if not self._is_sent:
+            self._is_sent = True
+            return {"type": "http.request", "body": self._body, "more_body": False}
+        await asyncio.Event().wait()  # connected for good
+
+    async def _send(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            return
+        self.chunks.append(message.get("body", b""))
+        if len(self.chunks) == self._take:
+            await asyncio.sleep(self._stall_s if self._stall_s is not None else 3600)
+
+
+def test_a_reader_that_stops_is_dropped_after_the_send_timeout_and_one_that_pauses_is_not(app, served):
+    body = chat(max_tokens=24, temperature=0, stream=True)
+
+    async def scenario():
+        gone = Reader(app, body, take=2, stall_s=None)
+        paused = Reader(app, body, take=2, stall_s=0.2)  # under the 0.5 s send timeout
+        await asyncio.wait_for(asyncio.gather(gone.task, paused.task), 20)
+        for _ in range(200):
+            if served.admission.in_use == 0:
+                break
+            await asyncio.sleep(0.01)
+        return gone, paused
+
+    gone, paused = asyncio.run(scenario())
+    assert paused.text.rstrip().endswith("data: [DONE]")
+    assert "[DONE]" not in gone.text and len(gone.chunks) == 2
+    assert_serving(app, served)
+
+
+def test_at_the_drain_deadline_running_responses_end_with_one_shutting_down_error(app, served, monkeypatch):
+    run = served.engine.executor.run
+
+    def slow_run(*args, **kwargs):  # a slow model, so that responses are still running
+        time.sleep(0.02)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(served.engine.executor, "run", slow_run)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=30) as client:
+            streams = [asyncio.ensure_future(client.post("/v1/chat/completions", json=chat(
+                max_tokens=200, temperature=0, stream=True))) for _ in range(2)]
+            plain = asyncio.ensure_future(client.post("/v1/chat/completions", json=chat(max_tokens=200)))
+            while served.stats().requests_admitted < 3:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            count = served.interrupt_responses()
+            results = await asyncio.gather(*streams, plain)
+            for _ in range(500):  # permits come back once the engine confirmed the cancellations
+                if served.admission.in_use == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return count, results
+
+    try:
+        count, (*streams, plain) = asyncio.run(scenario())
+    finally:
+        served._is_dropping = False
+    assert count == 3
+    for stream in streams:
+        assert stream.text.count("event: error") == 1 and "server shutting down" in stream.text
+        assert "[DONE]" not in stream.text
+    assert plain.status_code == 503 and plain.json()["error"]["type"] == "server_shutting_down"
+    monkeypatch.undo()
+    assert_serving(app, served)
