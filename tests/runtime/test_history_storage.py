@@ -97,3 +97,14 @@ def test_snapshot_store_copies_round_trip_through_real_storage():
     assert all(torch.equal(a, b) for a, b in zip(state_of(store, 2), saved_state))
     assert torch.equal(page_of(store, private[0])[:, :2], saved_tail[:, :2])
     snapshots.check()
+
+
+def test_compressed_planes_copy_the_records_covering_the_tokens():
+    latent = Plane(torch.randn(1, PAGES, PAGE_TOKENS // 2, 3), 1, tokens_per_record=2)  # 2 records a page
+    store = HistoryStorage([latent], [], 1, continuation_rows=1, host_slots=1)
+    (cont,), _ = store.planes(StorageKind.CONTINUATION)
+    store.copy(CopyOp(Location(StorageKind.PAGE, 3), Location(StorageKind.CONTINUATION, 0), 3))  # 3 tokens
+    assert torch.equal(cont.tensor[:, 0], latent.tensor[:, 3])  # both records: the second is partial
+    store.copy(CopyOp(Location(StorageKind.PAGE, 1), Location(StorageKind.CONTINUATION, 0), 1))
+    assert torch.equal(cont.tensor[:, 0, 0], latent.tensor[:, 1, 0])
+    assert torch.equal(cont.tensor[:, 0, 1], latent.tensor[:, 3, 1])  # the record past 1 token is kept

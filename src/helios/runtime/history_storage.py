@@ -45,6 +45,7 @@ class Plane:
 
     tensor: torch.Tensor
     dim: int
+    tokens_per_record: int = 1  # a compressed paged plane holds one record per this many tokens
 
 
 class HistoryStorage:
@@ -129,7 +130,7 @@ def model_storage(model, host_slots: int, continuation_rows: int | None = None) 
         is_state = region.kind in _STATE_KINDS
         extent = mpb.LOAD_EXTENT_STATE_ROWS if is_state else mpb.LOAD_EXTENT_PHYSICAL_PAGES
         for name in region.planes:
-            plane = Plane(model.buffers[name], _extent_dim(buffers[name], extent))
+            plane = Plane(model.buffers[name], _extent_dim(buffers[name], extent), max(1, region.tokens_per_record))
             (state if is_state else pages).append(plane)
     rows = model.settings.snapshot_capacity if continuation_rows is None else continuation_rows
     return HistoryStorage(pages, state, model.state_rows_per_request, rows, host_slots)
@@ -143,12 +144,14 @@ def _extent_dim(buffer: mpb.Buffer, extent: int) -> int:
 
 
 def _tokens(plane: Plane, index: int, num_tokens: int) -> torch.Tensor:
-    """The first `num_tokens` token rows of page (or page-sized row) `index` of `plane`."""
-    return plane.tensor.select(plane.dim, index).narrow(plane.dim, 0, num_tokens)
+    """The records holding the first `num_tokens` tokens of page (or page-sized row) `index`: one
+    row per token, or per `tokens_per_record` tokens of a compressed plane (a partial record too)."""
+    records = -(-num_tokens // max(1, plane.tokens_per_record))
+    return plane.tensor.select(plane.dim, index).narrow(plane.dim, 0, records)
 
 
 def _rows_like(plane: Plane, rows: int, host: bool = False) -> Plane:
     shape = list(plane.tensor.shape)
     shape[plane.dim] = rows
     device = torch.device("cpu") if host else plane.tensor.device
-    return Plane(torch.zeros(shape, dtype=plane.tensor.dtype, device=device), plane.dim)
+    return Plane(torch.zeros(shape, dtype=plane.tensor.dtype, device=device), plane.dim, plane.tokens_per_record)
