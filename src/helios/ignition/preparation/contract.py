@@ -389,8 +389,9 @@ def _completion_layout(programs: Sequence[ProgramResource]) -> mpb.CompletionLay
 
 
 def cache_planes(spec: ProgramSpec, prefix: str = "") -> list[str]:
-    """The cache-storage planes of one model of `spec` (the target's, or the draft's by `prefix`)."""
-    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE]
+    """The paged cache-storage planes of one model of `spec` (the target's, or the draft's by
+    `prefix`); storage sized by state rows ("slots") belongs to the recurrent region instead."""
+    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE and "slots" not in t.shape]
     return [name for name in planes if name.startswith(prefix) and (prefix or not name.startswith("draft_"))]
 
 
