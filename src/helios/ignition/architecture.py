@@ -24,9 +24,17 @@ Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) re
   ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S].
   The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
 
+Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attention weights are instead
+``layers.i.q.weight`` [Hq (Dn + Dr), H] or, with a query rank Q, ``layers.i.q_a.weight`` [Q, H],
+``layers.i.q_a_norm`` [Q] and ``layers.i.q_b.weight`` [Hq (Dn + Dr), Q] (per head: Dn no-rotary then
+Dr rotary rows); ``layers.i.kv_a.weight`` [C + Dr, H] (rows: the latent, then the shared rotary
+key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (per head: Dn key rows,
+then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
+recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
+
 With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 right after the o
 projection's slots: one learned logit per query head in the attention softmax's denominator
-(``helios::paged_attention_sinks``). ``rope_attention_factor`` scales the rotary cos/sin tables
+(``helios::paged_attention_sinks``). ``rotary_factor`` scales the rotary cos/sin tables
 (YaRN's attention factor; 1.0 for none).
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
@@ -43,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from helios.errors import UsageError
+from helios.ignition.recurrent_geometry import RecurrentGeometry, mixer_slots
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -92,6 +101,30 @@ class MixtureOfExperts:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention: keys and values are up-projected from a per-token latent of
+    `kv_lora_rank` values shared by every head, plus one rotary key of `qk_rope_head_dim` values.
+
+    `scale` is the softmax scale (a recipe's rope scaling may change it), `rope_attention_factor`
+    multiplies the rotary cos/sin tables, `norm_eps` is the epsilon of the q/kv latent norms.
+    `q_lora_rank` 0: queries are projected from the hidden state directly.
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    scale: float
+    q_lora_rank: int = 0
+    rope_attention_factor: float = 1.0
+    norm_eps: float = 1e-6
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class Architecture:
     """Geometry and dataflow switches of a pre-norm decoder with rotary attention and a gated MLP.
 
@@ -115,9 +148,14 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
+    # Hybrid decoders: the layers whose attention block is a recurrent mixer (None: none), and the
+    # leading head dims that rotary embeddings rotate (0: all of head_dim).
+    recurrent: RecurrentGeometry | None = None
+    rotary_dim: int = 0
     moe: MixtureOfExperts | None = None
+    latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
-    rope_attention_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
+    rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -132,8 +170,27 @@ class Architecture:
             raise CheckpointError("rotary attention needs an even head_dim")
         if self.tensor_parallel < 1:
             raise CheckpointError("tensor_parallel must be >= 1")
+        if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
+                                        self.num_kv_heads != self.num_heads):
+            raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise CheckpointError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
+        if self.recurrent is not None:
+            problems = self.recurrent.problems(self.num_layers)
+            if problems or not self.attention_layers:
+                raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with an attention block (every layer unless `recurrent` says otherwise)."""
+        mixers = set(self.recurrent.layers) if self.recurrent is not None else set()
+        return tuple(layer for layer in range(self.num_layers) if layer not in mixers)
+
+    @property
+    def rotary_width(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""
@@ -153,7 +210,16 @@ class Architecture:
 
     @property
     def attention_scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.head_dim**-0.5 if self.latent is None else self.latent.scale
+
+    @property
+    def rope_attention_factor(self) -> float:
+        return self.rotary_factor if self.latent is None else self.latent.rope_attention_factor
+
+    @property
+    def attention_out_size(self) -> int:
+        """Input width of ``o.weight``: the attended values of this rank's heads."""
+        return self.q_size if self.latent is None else self.num_heads * self.latent.v_head_dim
 
     @property
     def vocab_rows(self) -> int:
@@ -173,21 +239,49 @@ class WeightSlot:
 def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     """The ordered weight list every program of `arch` takes as its first input."""
     slots = [_slot("embed", arch, arch.vocab_rows, arch.hidden_size)]
+    mixers = set(arch.recurrent.layers) if arch.recurrent is not None else set()
     for layer in range(arch.num_layers):
-        slots += _layer_slots(arch, f"layers.{layer}.")
+        prefix = f"layers.{layer}."
+        slots += _mixer_layer_slots(arch, prefix) if layer in mixers else _layer_slots(arch, prefix)
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
-    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
 
 
 def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    hidden = arch.hidden_size
+    slots = [_slot(prefix + "input_norm", arch, hidden)]
+    slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
+    slots.append(_slot(prefix + "post_norm", arch, hidden))
+    layer = int(prefix.split(".")[1])
+    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+
+
+def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    latent, hidden, heads = arch.latent, arch.hidden_size, arch.num_heads
+    q_rows = heads * latent.qk_head_dim
+    if latent.q_lora_rank:
+        slots = [_slot(prefix + "q_a.weight", arch, latent.q_lora_rank, hidden),
+                 _slot(prefix + "q_a_norm", arch, latent.q_lora_rank),
+                 _slot(prefix + "q_b.weight", arch, q_rows, latent.q_lora_rank)]
+    else:
+        slots = [_slot(prefix + "q.weight", arch, q_rows, hidden)]
+    return slots + [
+        _slot(prefix + "kv_a.weight", arch, latent.kv_lora_rank + latent.qk_rope_head_dim, hidden),
+        _slot(prefix + "kv_a_norm", arch, latent.kv_lora_rank),
+        _slot(prefix + "kv_b.weight", arch, heads * (latent.qk_nope_head_dim + latent.v_head_dim), latent.kv_lora_rank),
+        _slot(prefix + "o.weight", arch, hidden, arch.attention_out_size),
+    ]
+
+
+def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     qkv_rows = arch.q_size + 2 * arch.kv_size
     hidden = arch.hidden_size
-    slots = [_slot(prefix + "input_norm", arch, hidden), _slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
+    slots = [_slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
     if arch.qk_norm:
@@ -197,9 +291,7 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
     if arch.attention_sinks:
         slots.append(WeightSlot(prefix + "sinks", (arch.num_heads,), "float32"))
-    slots.append(_slot(prefix + "post_norm", arch, hidden))
-    layer = int(prefix.split(".")[1])
-    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+    return slots
 
 
 def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
@@ -213,6 +305,14 @@ def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     return slots
 
 
+def _mixer_layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    """A recurrent layer: the mixer (`helios.ignition.recurrent_geometry`) instead of attention."""
+    def slot(name: str, *shape: int, dtype: str | None = None) -> WeightSlot:
+        return WeightSlot(name, tuple(shape), dtype or arch.dtype)
+
+    attention = _layer_slots(arch, prefix)
+    post = next(i for i, s in enumerate(attention) if s.name == prefix + "post_norm")
+    return [attention[0], *mixer_slots(arch, prefix, slot), *attention[post:]]
 def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     moe, hidden = arch.moe, arch.hidden_size
     experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size

@@ -24,10 +24,13 @@ from torch.export import Dim
 from helios.abi.program_image import decode_program, encode_program
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
+from helios.ignition.hybrid_program import build_hybrid_program
 from helios.ignition.program import (
     DecodeProgram, GenerationProgram, MixedProgram, ScoredPrefillProgram, TunedDecodeProgram,
 )
-from helios.ignition.program_spec import Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, program_spec
+from helios.ignition.program_spec import (
+    Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, canonical_input_names, program_spec,
+)
 from helios.ignition.speculative import SpeculativeProgram
 from helios.ignition.tuning import AttentionTuningProgram
 
@@ -53,6 +56,8 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int,
     and tuned DECODE modules are built for one `capacity`."""
     if operation is Operation.TUNING:
         return AttentionTuningProgram(arch, options.attention_tuning)
+    if arch.recurrent is not None:
+        return build_hybrid_program(arch, operation, page_tokens, options, capacity)
     if operation is Operation.DECODE and options.attention_tuning is not None:
         if capacity is None:
             raise ValueError("a tuned DECODE program is built for one capacity")
@@ -84,7 +89,7 @@ def export_program(arch: Architecture, operation: Operation, capacity: Capacity,
     spec = program_spec(arch, operation, capacity, page_tokens, options)
     module = build_program(arch, operation, page_tokens, options, capacity)
     parameters = parameter_names(module)
-    if parameters != spec.input_names:
+    if parameters != canonical_input_names(spec.input_names):
         raise AssertionError(f"program signature {parameters} disagrees with its spec {spec.input_names}")
     args, dynamic_shapes = _example_inputs(spec)
     dynamic_shapes = _grouped_varargs(module, dynamic_shapes)

@@ -33,6 +33,9 @@ class PackedStep(NamedTuple):
     page_table: torch.Tensor  # int32 [R, max_pages]
     slot_mapping: torch.Tensor  # int64 [T], -1 for padding tokens
     splits: torch.Tensor | None = None  # int32 [1] tuned decode split count; None: untuned attention
+    # Prompt programs (PREFILL, SCORED_PREFILL: few rows of many tokens): latent attention up-projects
+    # the rows' context into per-head keys/values; every other step attends over the latents absorbed.
+    up_project: bool = False
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
@@ -58,7 +61,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
-    """cos and sin [T, 1, D] for the packed positions, times `factor` (YaRN's attention scaling)."""
+    """cos and sin [T, 1, D] for the packed positions,
+    times `factor` (a rope scaling's attention factor)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
@@ -80,6 +84,11 @@ class LayerInputs(NamedTuple):
 def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs):
     """Self-attention of one layer; writes this step's keys/values into the layer's cache planes."""
     prefix, num_tokens = f"layers.{layer}.", hidden.shape[0]
+    if arch.latent is not None:  # multi-head latent attention: its planes hold latents and rotary keys
+        from helios.ignition.latent import latent_attention  # (it builds on this module's norms and rotary)
+
+        attended = latent_attention(arch, w, layer, hidden, shared)
+        return row_parallel_linear(arch, attended, w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)

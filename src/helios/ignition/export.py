@@ -193,6 +193,8 @@ def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights_digest
         sampling=assets.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
         frontend=assets.frontend, ranks=options.tensor_parallel,
         history_window=history_window(recipe.architecture.layer_windows),
+        # Recurrent state is reused only through snapshots: continuation rows for two per request.
+        snapshot_capacity=2 * plan.max_concurrency if recipe.architecture.recurrent is not None else 0,
     )
 
 

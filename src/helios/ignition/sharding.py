@@ -15,10 +15,13 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``router.*`` | whole (every rank routes every token alike) |
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
+| latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
+| ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
 | norms, ``rope.inv_freq`` | whole (replicated) |
 | ``vocab.start`` | [r * ceil(V/N)] |
 
-Experts are split by their intermediate width (each rank runs every selected expert on its share and
+A latent layer's history (latent and rotary key) is the same for every head, so each rank keeps the
+whole latent region. Experts are split by their intermediate width (each rank runs every selected expert on its share and
 one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width and the
 expert widths must divide by N (a `CheckpointError` says which does
 not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
@@ -52,6 +55,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
+    if arch.recurrent is not None:
+        raise CheckpointError("tensor parallelism of hybrid recurrent decoders is not supported yet")
     extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
     moe = arch.moe
@@ -100,7 +105,9 @@ class _Cutter:
         if key.startswith(("experts.", "shared.")):
             return self.experts(key, tensor)
         if key == "o.weight":
-            return self.columns(tensor, self.shard.q_size)
+            return self.columns(tensor, self.shard.attention_out_size)
+        if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
+            return self.rows(tensor, tensor.shape[0] // self.shard.tensor_parallel).clone()
         if key == "sinks":
             return self.rows(tensor, self.shard.num_heads).contiguous()
         if key == "down.weight":

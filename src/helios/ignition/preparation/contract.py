@@ -45,7 +45,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
 from helios.ignition.preparation import speculative as spec_decl
 from helios.ignition.program_spec import (
-    CONFIDENCE_OUTPUT, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
+    CONFIDENCE_OUTPUT, LATENT_PLANES, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
 )
 from helios.ignition.tuning import TUNING_GRAPH
 
@@ -105,6 +105,7 @@ class FrontendDeclaration:
     assistant_boundary: spb.AssistantBoundary | None = None
     prefix_boundaries: tuple[spb.PrefixBoundaryRule, ...] = ()
     family: str = "none"  # the declared family's name, for preparation logs (not contract data)
+    channel_syntax: spb.ChannelSyntax | None = None  # the harmony channel parsers' markup
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class PagedTextDeclaration:
     # Sliding-window extent (tokens) when every layer attends only to that many latest positions: the
     # history region is then declared a sliding window, whose older pages the runtime releases. 0: full.
     history_window: int = 0
+    snapshot_capacity: int = 0  # continuation rows for snapshots at exact endpoints (default at load)
 
     @property
     def max_pages_per_request(self) -> int:
@@ -178,11 +180,19 @@ def declare_paged_text(
     manifest.abi_operations.extend(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops([*programs, *tuning]).items())
     )
-    contract = _serving(declaration, graphs)
+    contract = _serving(declaration, graphs, cache_planes(first))
+    _declare_recurrent(contract.model, programs)
     if spec_decl.has_draft(programs):
-        spec_decl.declare_draft_cache(contract.model)
+        spec_decl.declare_draft_cache(contract.model, cache_planes(first, spec_decl.DRAFT_PLANE_PREFIX))
     contract.speculative_widths.extend(spec_decl.speculative_widths(programs))
     return PreparedContract.from_messages(contract, manifest)
+
+
+def _declare_recurrent(model: spb.ModelContract, programs: Sequence[ProgramResource]) -> None:
+    """Cache storage sized by state rows (a hybrid decoder's mixer state) is one RECURRENT region."""
+    planes = [t.name for t in _widest_inputs(programs) if t.role is InputRole.CACHE_STORAGE and "slots" in t.shape]
+    if planes:
+        model.cache.regions.add(name="recurrent", kind=S.HISTORY_KIND_RECURRENT, planes=planes)
 
 
 def _add_handles(manifest: mpb.ExecutionManifest, graph: str, variants: Sequence[ProgramResource]) -> None:
@@ -381,7 +391,21 @@ def _completion_layout(programs: Sequence[ProgramResource]) -> mpb.CompletionLay
     return layout
 
 
-def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract]) -> spb.ServingContract:
+def cache_planes(spec: ProgramSpec, prefix: str = "") -> list[str]:
+    """The paged cache-storage planes of one model of `spec` (the target's, or the draft's by
+    `prefix`); storage sized by state rows ("slots") belongs to the recurrent region instead."""
+    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE and "slots" not in t.shape]
+    return [name for name in planes if name.startswith(prefix) and (prefix or not name.startswith("draft_"))]
+
+
+def history_kind(planes: Sequence[str]) -> int:
+    """Paged latent storage for latent/rotary-key planes, paged key/value storage otherwise."""
+    latent = [name.endswith(LATENT_PLANES[0]) for name in planes]
+    return S.HISTORY_KIND_PAGED_LATENT if any(latent) else S.HISTORY_KIND_PAGED_KEY_VALUE
+
+
+def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
+             planes: Sequence[str]) -> spb.ServingContract:
     vocab = declaration.vocab_size
     model = spb.ModelContract(version=EXPORTED_CONTRACT_VERSION)
     model.vocabulary.sampled.begin, model.vocabulary.sampled.end = 0, vocab
@@ -390,11 +414,10 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract])
     model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
     model.cache.page_tokens = declaration.page_tokens
     if declaration.history_window > 0:
-        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=["k_cache", "v_cache"],
+        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=list(planes),
                                 tokens_per_record=1, window_tokens=declaration.history_window)
     else:
-        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_PAGED_KEY_VALUE,
-                                planes=["k_cache", "v_cache"], tokens_per_record=1)
+        model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
     model.cache.page_table_views.add(destination="page_table", region="attention")
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
@@ -405,7 +428,7 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract])
         served_id=declaration.served_id, aliases=list(declaration.aliases),
         cache_identity=declaration.cache_identity, context_tokens=declaration.context_tokens,
         prefill_tokens=declaration.prefill_tokens, page_capacity=declaration.page_capacity,
-        max_concurrency=declaration.max_concurrency, model=model,
+        max_concurrency=declaration.max_concurrency, model=model, snapshot_capacity=declaration.snapshot_capacity,
     )
     contract.defaults.sampling.CopyFrom(declaration.sampling)
     contract.defaults.eos_token_ids.extend(declaration.eos_token_ids)
@@ -424,4 +447,6 @@ def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> No
         target.reasoning_syntax.CopyFrom(frontend.reasoning_syntax)
     if frontend.assistant_boundary is not None:
         target.assistant_boundary.CopyFrom(frontend.assistant_boundary)
+    if frontend.channel_syntax is not None:
+        target.channel_syntax.CopyFrom(frontend.channel_syntax)
     target.prefix_boundaries.extend(frontend.prefix_boundaries)

@@ -67,7 +67,7 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
         o_bias="model.layers.0.self_attn.o_proj.bias" in tensors,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype or _checkpoint_dtype(config, tensors), attention_sinks=True,
-        rope_attention_factor=attention_factor, moe=experts,
+        rotary_factor=attention_factor, moe=experts,
     )
 
 
