@@ -20,8 +20,9 @@ from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.core.reader import open_core
 from helios.errors import UsageError
 from helios.frontend.template import ChatTemplate
+from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
+from helios.contract import StartupOptions
 from helios.frontend.text_bounds import is_unicode_text
-from helios.runtime.model import LoadOptions
 from helios.runtime.offline import SamplingChoice, generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 
@@ -45,6 +46,7 @@ def register(subparsers) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the core's EOS tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     parser.add_argument("--device", default="cpu", help="torch device of the model: cpu (default), cuda or cuda:N")
+    add_runtime_flags(parser)
     add_core_options(parser, accept_required=False)
     add_rank_options(parser)
     parser.set_defaults(func=run)
@@ -95,7 +97,8 @@ def _open(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise UsageError("--max-tokens must be positive")
-    options = RuntimeOptions(LoadOptions(device=args.device), ranks=rank_options_from_args(args))
+    load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
+    options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
     runtime = build_runtime(_open(args), options)
     try:
         return _generate(args, runtime)

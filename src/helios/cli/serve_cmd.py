@@ -18,7 +18,7 @@ from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.errors import UsageError
-from helios.runtime.model import LoadOptions
+from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.access import API_KEY_ENV
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
@@ -59,6 +59,7 @@ def register(subparsers) -> None:
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
                         help="names the model is served under, the first reported in responses "
                         "(default: the core's served id and aliases)")
+    add_runtime_flags(parser)
     group = parser.add_argument_group("trust")
     group.add_argument("--accept", metavar="NAMESPACE",
                        help="accept the publisher's terms; must equal the core's signed publisher namespace "
@@ -101,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     core = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
-    load = LoadOptions(startup, device=args.device)
-    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, ranks=ranks))
+    load, policy, host_pages = runtime_flags(args, startup, args.device)
+    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks))
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log,
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
