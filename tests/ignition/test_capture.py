@@ -41,7 +41,9 @@ def test_inputs_and_outputs_follow_the_calling_convention(prepared):
         scored = operation is Operation.SCORED_PREFILL
         extra = ("target_ids",) if scored else ("pending_ids",) if operation is Operation.MIXED else ()
         assert spec.input_names == STATE + ROW_INPUTS + STEP + extra
-        assert spec.output_names == ("completion", "logits") + (("target_logprobs",) if scored else ())
+        scores = ("token_logprob", "top_token_ids", "top_token_logprobs",  # the sampled token's, then the targets'
+                  "target_logprobs", "target_top_ids", "target_top_logprobs")
+        assert spec.output_names == ("completion", "logits") + (scores if scored else ())
         inputs = {s.name: s for s in spec.inputs}
         assert inputs["k_cache"].shape == (arch.num_layers, "pages", 4, arch.num_kv_heads, arch.head_dim)
         assert (inputs["k_cache"].role, inputs["k_cache"].access) == (InputRole.CACHE_STORAGE, Access.READ_WRITE)
@@ -76,8 +78,10 @@ def test_saved_programs_hold_no_weights_and_no_example_inputs(prepared):
 def test_programs_declare_the_abi_ops_they_call(prepared):
     for captured in prepared.captured.values():
         declared = dict(captured.spec.abi_ops)
-        assert set(declared) == ABI_OPS
-        assert serialized_program_ops(captured.program) == ABI_OPS
+        scored = captured.spec.operation is Operation.SCORED_PREFILL  # it scores the sampled token too
+        expected = ABI_OPS | ({"helios::token_logprobs"} if scored else set())
+        assert set(declared) == expected
+        assert serialized_program_ops(captured.program) == expected
         validate_serialized_ops(captured.program, declared)
         validate_program_ops(exported(captured), declared)
 

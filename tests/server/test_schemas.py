@@ -103,4 +103,4 @@ def test_completion_request_accepts_text_or_ids():
     body = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3]})
     validate_common(body, VOCAB)
     with pytest.raises(pydantic.ValidationError):
-        CompletionRequest.model_validate({"model": "m", "prompt": "x", "echo": True})
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", "echo": "yes"})

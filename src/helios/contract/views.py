@@ -61,6 +61,10 @@ class AccessView:
 # record and logits, in return order: each row's sampled-token log-probability [R] (float32), its
 # most probable ids [R, K] (int64) and their log-probabilities [R, K] (float32).
 TOKEN_LOGPROB_OUTPUTS = ("token_logprob", "top_token_ids", "top_token_logprobs")
+# The outputs of a SCORED_PREFILL graph after its completion record and logits: each packed token's
+# log-probability of its target token [T] (float32), and (cores prepared since prompt scores are
+# served) its most probable next ids [T, K] (int64) with their log-probabilities [T, K] (float32).
+TARGET_LOGPROB_OUTPUTS = ("target_logprobs", "target_top_ids", "target_top_logprobs")
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ class GenerationParams:
     is_constrained: bool = False
     is_timed: bool = False
     top_logprobs: int | None = None  # None: no log-probabilities; K: each token's and K alternatives
+    score_prompt: bool = False  # run the prompt through scored prefill (prompt scores)
 
     @property
     def has_host_stops(self) -> bool:
@@ -131,5 +132,6 @@ class GenerationParams:
             stop_token_sequences=self.stop_token_sequences,
             observe=self.is_timed,
             top_logprobs=self.top_logprobs,
+            score_prompt=self.score_prompt,
             **scheduling,
         )

@@ -19,6 +19,11 @@ A request that asks for log-probabilities (built with `TokenTexts`) passes each 
 `TokenLogprobs` with it; every token fed after step 2 (not EOS, not after a stop) becomes a
 `LogprobEntry` in its step and in the final record (`helios.frontend.logprobs`).
 
+A request run through scored prefill (`PromptScoring`) gets its prompt tokens' scores through
+`score_prompt` before its first token; the first step fed after them (or the final record) carries
+every prompt token's `LogprobEntry` (logprob None for the first token). ``max_tokens: 0`` requests hide
+their output: every fed token is ignored and counts nothing.
+
 `finish(reason, reused_prompt_tokens)` flushes held text (EOS and output limits release an
 unmatched stop prefix) and returns the `OutputFinal`: usage (every token fed counts, including the
 one that crossed a stop), the parse result and the observation record. The grammar matcher is not
@@ -29,13 +34,14 @@ An `OutputProcessor` belongs to one request and is driven by one thread at a tim
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
 from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.events import Event, ParseResult
-from helios.frontend.logprobs import LogprobEntry, TokenTexts
+from helios.frontend.logprobs import LogprobEntry, PromptScoring, TokenTexts
 from helios.frontend.observation import (
     ObservationClock,
     ObservationOptions,
@@ -45,7 +51,7 @@ from helios.frontend.observation import (
 )
 from helios.frontend.parsers import OutputPipeline
 from helios.frontend.stops import StopMatcher
-from helios.runtime.events import FinishReason, TokenLogprobs
+from helios.runtime.events import FinishReason, PromptScoresEvent, TokenLogprobs
 
 NOT_A_TOKEN = -1  # id fed with text that no single generated token ends (flushed or cut text)
 Segment = tuple[int, str]
@@ -71,6 +77,7 @@ class OutputStep:
     events: tuple[Event, ...]
     is_stopped: bool
     logprobs: tuple[LogprobEntry, ...] = ()  # the token's entry, for requests that ask
+    prompt_logprobs: tuple[LogprobEntry, ...] | None = None  # the prompt's, on the first step after them
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class OutputFinal:
     result: ParseResult
     observation: ObservationRecord | None
     logprobs: tuple[LogprobEntry, ...] | None = None  # every entry, for requests that ask
+    prompt_logprobs: tuple[LogprobEntry, ...] | None = None  # requests run through scored prefill
 
 
 class PendingText:
@@ -135,6 +143,7 @@ class OutputProcessor:
         prompt_token_ids: Sequence[int],
         ingress_ns: int | None = None,
         token_texts: TokenTexts | None = None,
+        prompt_scoring: PromptScoring | None = None,
     ):
         if observation.is_timed and ingress_ns is None:
             raise ValueError("a timed request needs its ingress timestamp")
@@ -151,6 +160,11 @@ class OutputProcessor:
         self._timestamps_ns: list[int] = []
         self._token_texts = token_texts  # None: the request asks for no log-probabilities
         self._logprobs: list[LogprobEntry] = []
+        self._prompt_scoring = prompt_scoring
+        self._prompt_entries: list[LogprobEntry] | None = None
+        self._is_prompt_pending = prompt_scoring is not None and prompt_scoring.scores  # not yet on a step
+        if self._is_prompt_pending:  # a token without a score (the first) keeps logprob None
+            self._prompt_entries = [prompt_scoring.texts.entry(t, None) for t in self._prompt_token_ids]
         self._num_tokens = 0
         self._is_ended = False  # EOS seen or a stop matched: later tokens are ignored
         self._is_stopped = False
@@ -172,11 +186,29 @@ class OutputProcessor:
                 raise ValueError("enqueue already stamped")
             self._enqueue_ns = clock.now_ns()
 
+    def score_prompt(self, event: PromptScoresEvent) -> None:
+        """Records scores of prompt tokens (requests run through scored prefill only)."""
+        if self._prompt_entries is None:
+            raise ValueError("prompt scores for a request that did not ask for them")
+        for offset, values in enumerate(event.scores):
+            index = event.first_index + offset
+            self._prompt_entries[index] = self._prompt_scoring.texts.entry(
+                self._prompt_token_ids[index], values, self._prompt_scoring.num_top)
+
     def feed(self, token_id: int, observed_ns: int | None = None, logprobs: TokenLogprobs | None = None) -> OutputStep:
         """One generated id (with the scheduler's completion timestamp for timed requests, and its
         log-probabilities for requests that ask)."""
+        step = self._feed(token_id, observed_ns, logprobs)
+        if self._is_prompt_pending:
+            self._is_prompt_pending = False
+            step = dataclasses.replace(step, prompt_logprobs=tuple(self._prompt_entries))
+        return step
+
+    def _feed(self, token_id: int, observed_ns: int | None, logprobs: TokenLogprobs | None) -> OutputStep:
         if self._is_finished:
             raise ValueError("feed after finish")
+        if self._prompt_scoring is not None and not self._prompt_scoring.shows_output:
+            return OutputStep(None, (), False)
         if self._is_ended:
             return OutputStep(None, (), self._is_stopped)
         self._num_tokens += 1
@@ -214,8 +246,9 @@ class OutputProcessor:
             reason = FinishReason.STOP
         usage = Usage(len(self._prompt_token_ids), self._num_tokens)
         logprobs = tuple(self._logprobs) if self._token_texts is not None else None
+        prompt = tuple(self._prompt_entries) if self._prompt_entries is not None else None
         return OutputFinal(tuple(events), reason, usage, self._pipeline.result(), self._record(reused_prompt_tokens),
-                           logprobs)
+                           logprobs, prompt)
 
     def _flush(self) -> list[Segment]:
         """Held text at EOS or the output limit; a stop may still complete in the detokenizer's tail."""

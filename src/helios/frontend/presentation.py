@@ -34,13 +34,14 @@ A `StreamPresenter` belongs to one response (it remembers whether the first chun
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from dataclasses import dataclass, field
 
 from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown
 from helios.frontend.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStart
-from helios.frontend.logprobs import LogprobEntry, chat_logprobs, text_logprobs
+from helios.frontend.logprobs import LogprobEntry, PromptRequest, chat_logprobs, prompt_logprobs_body, text_logprobs
 from helios.frontend.observation import ObservationRecord
 from helios.frontend.output import OutputFinal, OutputStep, Usage
 from helios.frontend.request_options import ResponseOptions
@@ -76,6 +77,8 @@ class ResponseHead:
     kind: ResponseKind
     options: ResponseOptions = ResponseOptions()
     prompt_token_ids: tuple[int, ...] = field(default=(), repr=False)
+    prompt: PromptRequest = PromptRequest()  # echo, prompt scores, max_tokens 0
+    echo_text: str | None = field(default=None, repr=False)  # the prompt text echo returns
 
 
 def finish_reason(final: OutputFinal) -> str:
@@ -138,15 +141,36 @@ def response_body(head: ResponseHead, final: OutputFinal) -> dict:
             ]
         choice: dict = {"index": 0, "message": message}
     else:
-        choice = {"index": 0, "text": result.content}
-    choice.update(logprobs=_logprobs_body(head.kind, final.logprobs), finish_reason=finish_reason(final),
+        choice = {"index": 0, "text": (head.echo_text or "") + result.content}
+    logprobs = _echoed(head, final.prompt_logprobs, final.logprobs)
+    choice.update(logprobs=_logprobs_body(head.kind, logprobs), finish_reason=finish_reason(final),
                   **_token_fields(final.observation))
     body = {"id": head.response_id, "object": _OBJECTS[head.kind][0], "created": head.created, "model": head.model}
     body["choices"] = [choice]
+    _add_prompt_logprobs(head, final.prompt_logprobs, body, choice)
     if final.observation is not None:
         body["prompt_token_ids"] = list(final.observation.prompt_token_ids)
     body.update(_terminal_fields(final))
     return body
+
+
+def _echoed(head: ResponseHead, prompt: tuple | None, output: tuple[LogprobEntry, ...] | None):
+    """The entries a text choice's ``logprobs`` lists: with ``echo`` and ``logprobs``, the prompt
+    tokens' (the first without a value) before the output's."""
+    if head.prompt.echo_logprobs is None or prompt is None:
+        return output
+    top = head.prompt.echo_logprobs
+    echoed = tuple(e if e is None or e.top is None else dataclasses.replace(e, top=e.top[:top]) for e in prompt)
+    return echoed + (output or ())
+
+
+def _add_prompt_logprobs(head: ResponseHead, prompt: tuple | None, body: dict, choice: dict) -> None:
+    """vLLM's ``prompt_logprobs``: on the choice (text completions) or the body (chat)."""
+    if head.prompt.prompt_logprobs is None or prompt is None:
+        return
+    top = head.prompt.prompt_logprobs
+    trimmed = [e if e is None or e.top is None else dataclasses.replace(e, top=e.top[:top]) for e in prompt]
+    (body if head.kind is ResponseKind.CHAT else choice)["prompt_logprobs"] = prompt_logprobs_body(trimmed)
 
 
 def _logprobs_body(kind: ResponseKind, entries: tuple[LogprobEntry, ...] | None, text_offset: int = 0) -> dict | None:
@@ -238,6 +262,7 @@ class StreamPresenter:
         self._is_chat = head.kind is ResponseKind.CHAT
         self._has_sent_first = False
         self._text_offset = 0  # text streams: characters of the scored tokens sent so far
+        self._has_echoed = False
 
     def start_chunks(self) -> list[dict]:
         """Chat: the role chunk (with prompt ids when observed). Text: nothing."""
@@ -245,8 +270,32 @@ class StreamPresenter:
             return []
         return [self._chunk([self._choice({"role": "assistant", "content": ""})])]
 
+    def _echo_chunks(self, prompt: tuple | None) -> list[dict]:
+        """Once, before the first output: the echoed prompt text (and its scores) or, for chat,
+        a chunk carrying ``prompt_logprobs``."""
+        head = self._head
+        if self._has_echoed or not (head.echo_text is not None or head.prompt.scores):
+            return []
+        self._has_echoed = True
+        if self._is_chat:
+            if prompt is None or head.prompt.prompt_logprobs is None:
+                return []
+            chunk = self._chunk([self._choice({})])
+            _add_prompt_logprobs(head, prompt, chunk, chunk["choices"][0])
+            return [chunk]
+        choice = self._choice(head.echo_text or "")
+        entries = _echoed(head, prompt, ())
+        if entries:
+            choice["logprobs"] = _logprobs_body(head.kind, entries)
+            self._text_offset += sum(len(e.text) for e in entries)
+        elif head.echo_text:
+            self._text_offset += len(head.echo_text)
+        chunk = self._chunk([choice])
+        _add_prompt_logprobs(head, prompt, chunk, choice)
+        return [chunk] if head.echo_text or "prompt_logprobs" in choice else []
+
     def step_chunks(self, step: OutputStep) -> list[dict]:
-        chunks = []
+        chunks = self._echo_chunks(step.prompt_logprobs)
         if step.observation is not None:
             choice = self._choice({}, token_ids=[step.observation.token_id])
             if step.observation.timestamp_ns is not None:
@@ -262,7 +311,7 @@ class StreamPresenter:
 
     def finish_chunks(self, final: OutputFinal) -> list[dict]:
         """Flushed deltas, the terminal choice chunk and, with include_usage, the usage chunk."""
-        chunks = self._event_chunks(final.events)
+        chunks = self._echo_chunks(final.prompt_logprobs) + self._event_chunks(final.events)
         terminal = self._chunk([self._choice({}, finish_reason=finish_reason(final))])
         chunks.append(terminal)
         if self._head.options.include_usage:

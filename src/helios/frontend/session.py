@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from helios.contract import PreparedContract
+from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
 from helios.errors import ContractError, RequestError
 from helios.frontend.client_fields import effective_template_kwargs, thinking_switch_of
@@ -32,7 +33,9 @@ from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.grammar_request import OutputConstraints
-from helios.frontend.logprobs import TokenTexts, check_logprobs_capability, requested_logprobs
+from helios.frontend.logprobs import (
+    LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, requested_logprobs, requested_prompt,
+)
 from helios.frontend.observation import ObservationOptions
 from helios.frontend.output import OutputFinal, OutputProcessor
 from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, ToolRegistry
@@ -75,6 +78,7 @@ class ModelFacts:
     vocab_size: int  # one past the largest sampled id (mask and stop-id range)
     input_range: tuple[int, int]  # valid prompt ids [begin, end)
     token_logprobs: int = 0  # alternatives per token the core's token-logprobs programs return (0: none)
+    scores_prompts: bool = False  # the core has a scored-prefill program
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class OutputFactory:
     prompt_token_ids: tuple[int, ...] = field(repr=False)
     ingress_ns: int | None
     token_texts: TokenTexts | None = None  # set when the request asks for log-probabilities
+    prompt_scoring: PromptScoring | None = None  # echo, prompt scores, max_tokens 0
 
     def create(self) -> OutputProcessor:
         if self.frontend is None:
@@ -105,6 +110,7 @@ class OutputFactory:
             self.prompt_token_ids,
             self.ingress_ns,
             self.token_texts,
+            self.prompt_scoring,
         )
 
 
@@ -203,7 +209,8 @@ class FrontendModel:
         )
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
-        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs)
+        scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))
+        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed,
                    thinking_switch_of(chat_template_source))
@@ -248,11 +255,12 @@ class FrontendModel:
             start=self._syntax.output_start(prompt),
             answer=AnswerMode.STRUCTURED if answer is not None else AnswerMode.FREE,
         )
-        params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response,
-                              self._logprobs(body, is_chat=True))
-        head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids)
+        logprobs = self._logprobs(body, is_chat=True)
+        params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response, logprobs)
+        head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids,
+                          logprobs)
         factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns,
-                                params.top_logprobs is not None)
+                                logprobs)
         return PreparedChat(
             request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt
         )
@@ -268,8 +276,9 @@ class FrontendModel:
         prompt_ids = self._completion_prompt(body.prompt)
         params = self._params(body, stops, body.max_tokens, len(prompt_ids), False, response, logprobs)
         request_id = request_id or uuid.uuid4().hex
-        head = self._head(f"cmpl-{request_id}", created, ResponseKind.TEXT, response, prompt_ids)
-        factory = self._factory(None, None, stops, response, prompt_ids, ingress_ns, logprobs is not None)
+        echo = self._echo_text(body.prompt, prompt_ids) if logprobs.prompt.echo else None
+        head = self._head(f"cmpl-{request_id}", created, ResponseKind.TEXT, response, prompt_ids, logprobs, echo)
+        factory = self._factory(None, None, stops, response, prompt_ids, ingress_ns, logprobs)
         return PreparedCompletion(request_id, head, prompt_ids, params, None, 0, factory)
 
     def _check_model(self, name: str) -> None:
@@ -289,15 +298,21 @@ class FrontendModel:
             raise PromptError("the prompt is empty")
         return ids
 
-    def _logprobs(self, body, is_chat: bool) -> int | None:
-        """Alternatives per token the body asks for (None: no log-probabilities); a 400 when the
-        core cannot compute them."""
-        requested = requested_logprobs(body, is_chat)
+    def _logprobs(self, body, is_chat: bool) -> LogprobRequest:
+        """The log-probabilities the body asks for; a 400 when the core cannot compute them."""
+        prompt = requested_prompt(body, is_chat, self._facts.scores_prompts)
+        requested = None if prompt.hides_output else requested_logprobs(body, is_chat)  # no output: nothing to score
         check_logprobs_capability(requested, self._facts.token_logprobs)
-        return requested
+        return LogprobRequest(requested, prompt)
+
+    def _echo_text(self, prompt: str | Sequence, prompt_ids: tuple[int, ...]) -> str:
+        """The prompt as ``echo`` returns it: the text given, or the ids decoded."""
+        return prompt if isinstance(prompt, str) else self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
 
     def _params(self, body, stops: StopOptions, requested: int | None, prompt_len: int, is_constrained: bool,
-                response: ResponseOptions, top_logprobs: int | None = None) -> GenerationParams:
+                response: ResponseOptions, logprobs: LogprobRequest = LogprobRequest()) -> GenerationParams:
+        if logprobs.prompt.hides_output:  # the prefill samples one token anyway; the output hides it
+            requested = 1
         defaults = self._settings.sampling
         limit = resolve_output_limit(requested, defaults.max_output_tokens, self._settings.context_tokens, prompt_len)
         return GenerationParams(
@@ -308,21 +323,27 @@ class FrontendModel:
             stop_token_sequences=tuple((t,) for t in stops.token_ids) + stops.token_sequences,
             is_constrained=is_constrained,
             is_timed=response.observation.is_timed,
-            top_logprobs=top_logprobs,
+            top_logprobs=logprobs.top_logprobs,
+            score_prompt=logprobs.prompt.scores,
         )
 
     def _head(self, response_id: str, created: int | None, kind: ResponseKind, response: ResponseOptions,
-              prompt_ids: tuple[int, ...]) -> ResponseHead:
+              prompt_ids: tuple[int, ...], logprobs: LogprobRequest, echo_text: str | None = None) -> ResponseHead:
         created = int(time.time()) if created is None else created
-        return ResponseHead(response_id, created, self.served_id, kind, response, prompt_ids)
+        return ResponseHead(response_id, created, self.served_id, kind, response, prompt_ids, logprobs.prompt,
+                            echo_text)
 
     def _factory(self, syntax: FrontendSyntax | None, request: OutputRequest | None, stops: StopOptions,
                  response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None,
-                 logprobs: bool = False) -> OutputFactory:
+                 logprobs: LogprobRequest) -> OutputFactory:
+        prompt = logprobs.prompt
+        scoring = None
+        if prompt.scores or prompt.hides_output:
+            scoring = PromptScoring(self._token_texts, prompt.num_top, not prompt.hides_output, prompt.scores)
         return OutputFactory(
             self._tokenizer, syntax, request, stops,
             self._settings.eos_token_ids, response.observation, prompt_ids, ingress_ns,
-            self._token_texts if logprobs else None,
+            self._token_texts if logprobs.top_logprobs is not None else None, scoring,
         )
 
 

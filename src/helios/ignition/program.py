@@ -233,7 +233,13 @@ class MixedProgram(GenerationProgram):
 
 
 class ScoredPrefillProgram(GenerationProgram):
-    """SCORED_PREFILL: a prefill that also scores target_ids at every packed position."""
+    """SCORED_PREFILL: a prefill that also scores target_ids at every packed position. Only
+    requests that ask for scores run it, so it always returns the sampled token's log-probabilities
+    too (`LOGPROB_OUTPUTS`)."""
+
+    def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
+        super().__init__(arch, page_tokens, options)
+        self.token_logprobs = True
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
@@ -244,11 +250,15 @@ class ScoredPrefillProgram(GenerationProgram):
         w = self.bind(weights, step, request_slots, draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         lanes = (request_slots, generations, sample_rows, query_lens, submission)
-        sampled, logits, _ = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
-                                         (seeds, counters, sampling_params, grammar_mask))
-        return self.completion(step, lanes, sampled), logits, self.target_logprobs(w, hidden, step, target_ids)
+        sampled, logits, scores = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
+                                              (seeds, counters, sampling_params, grammar_mask))
+        targets = self.target_logprobs(w, hidden, step, target_ids)
+        return self.completion(step, lanes, sampled), logits, *scores, *targets
 
-    def target_logprobs(self, w, hidden, step: PackedStep, target_ids) -> torch.Tensor:
-        logprobs = torch.log_softmax(lm_logits(self.arch, w, hidden), dim=-1)
+    def target_logprobs(self, w, hidden, step: PackedStep, target_ids) -> tuple[torch.Tensor, ...]:
+        """(each packed token's target log-probability, its top ids, their log-probabilities)."""
+        logprobs = torch.log_softmax(lm_logits(self.arch, w, hidden).to(torch.float32), dim=-1)
         scored = logprobs.gather(1, target_ids.clamp(min=0)[:, None]).squeeze(1)
-        return torch.where(step.slot_mapping >= 0, scored, torch.zeros_like(scored))
+        # Stable sort: probability descending, id ascending on ties (helios::token_logprobs' order).
+        order = torch.sort(logprobs, dim=-1, descending=True, stable=True).indices[:, :logprob_width(self.arch)]
+        return torch.where(step.slot_mapping >= 0, scored, torch.zeros_like(scored)), order, logprobs.gather(1, order)

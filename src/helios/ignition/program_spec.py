@@ -21,7 +21,10 @@ A program is called positionally as ``module(weights, *tensors)`` in the order o
   token in its ``token`` column, -1 where ``sample_rows[r]`` is false), and ``logits`` [R, V], the
   float32 logits of each row's last packed token. SCORED_PREFILL adds ``target_ids`` [T] (the token
   each packed token should predict) and ``target_logprobs`` [T], that target's log-probability
-  after each packed token (0 for padding tokens). A token-logprobs variant
+  after each packed token (0 for padding tokens), then ``target_top_ids`` / ``target_top_logprobs``
+  [T, K] (K = `logprob_width`): the most probable next ids after each packed token, most probable
+  first (ids ascending on ties); before them it returns `LOGPROB_OUTPUTS` like a token-logprobs
+  variant (only requests that ask for scores run it). A token-logprobs variant
   (`ProgramOptions.token_logprobs`) adds `LOGPROB_OUTPUTS`: ``token_logprob`` [R] (the sampled
   token's log-probability, -inf for rows that sample nothing), ``top_token_ids`` [R, K] and
   ``top_token_logprobs`` [R, K] (K = `logprob_width`), see `helios.abi.token_logprobs`.
@@ -64,7 +67,7 @@ from dataclasses import dataclass
 from helios.abi.completion import NUM_FIELDS as COMPLETION_FIELDS
 from helios.abi.sampling import NUM_SAMPLING_PARAMETERS
 from helios.abi.token_logprobs import MAX_TOP
-from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
+from helios.contract.views import TARGET_LOGPROB_OUTPUTS, TOKEN_LOGPROB_OUTPUTS
 from helios.ignition.architecture import Architecture, CheckpointError, WeightSlot, weight_layout
 
 Dim = int | str
@@ -408,6 +411,8 @@ def _outputs(arch: Architecture, capacity: Capacity, operation: Operation,
         drafts = capacity.draft_tokens
         return (record,) + ((OutputSpec(CONFIDENCE_OUTPUT, "float32", (rows, drafts)),) if drafts else ())
     outputs = (record, OutputSpec("logits", "float32", (rows, arch.vocab_size)))
-    if operation is Operation.SCORED_PREFILL:
-        outputs += (OutputSpec("target_logprobs", "float32", (capacity.packed_token_capacity,)),)
+    if operation is Operation.SCORED_PREFILL:  # the sampled token's scores, then the targets'
+        tokens, width = capacity.packed_token_capacity, logprob_width(arch)
+        outputs += _logprob_outputs(arch, capacity) + tuple(OutputSpec(name, dtype, shape) for name, dtype, shape in zip(
+            TARGET_LOGPROB_OUTPUTS, ("float32", "int64", "float32"), ((tokens,), (tokens, width), (tokens, width))))
     return outputs

@@ -37,9 +37,10 @@ from typing import Callable, Protocol
 import torch
 
 from helios.errors import AdmissionRejected, ExecutionError
-from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent, rejected
+from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent, rejected
 from helios.runtime.executor import Executor, StepOutput
 from helios.runtime.packer import AdmissionValues
+from helios.runtime.prompt_scores import prompt_score_events
 from helios.runtime.request import RequestSpec
 from helios.runtime.scheduler import Scheduler
 from helios.runtime.stats import WorkerStats
@@ -271,7 +272,13 @@ class Engine:
             return
         if plan.variant is not None:
             self.stats.graph_launches[plan.operation.name.lower()] += 1
-        self._dispatch(self.scheduler.complete(plan, output.results))
+        scores = prompt_score_events(plan, output.outputs, self._prompt_lens(plan))  # read before the next launch
+        self._dispatch(scores + self.scheduler.complete(plan, output.results))
+
+    def _prompt_lens(self, plan) -> dict[str, int]:
+        """Prompt lengths of the plan's requests that asked for prompt scores."""
+        active = (self._active.get(row.request_id) for row in plan.rows)
+        return {r.spec.request_id: len(r.spec.prompt_ids) for r in active if r is not None and r.spec.score_prompt}
 
     def _masks(self, plan) -> dict[str, torch.Tensor]:
         """Grammar masks of the plan's constrained rows (a grammar that raises fails the plan)."""
@@ -289,8 +296,14 @@ class Engine:
             request = self._active.get(event.request_id)
             if request is None:
                 continue
-            if not isinstance(event, TokenEvent):
+            if isinstance(event, FinishEvent):
                 self._finish(request, event)
+                continue
+            if isinstance(event, PromptScoresEvent):
+                try:
+                    request.on_event(event)
+                except Exception as error:  # noqa: BLE001
+                    self._fail_request(request, error)
                 continue
             self.stats.generated_tokens += len(event.token_ids)
             try:

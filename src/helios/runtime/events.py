@@ -1,6 +1,7 @@
 """Typed events the scheduler emits for each request, in order.
 
-A request yields zero or more `TokenEvent`s and then exactly one `FinishEvent`. Token events of
+A request yields zero or more `TokenEvent`s (preceded, for a request run through scored prefill,
+by its `PromptScoresEvent`s) and then exactly one `FinishEvent`. Token events of
 observed requests carry `observed_ns`: one host clock read right after validated completion
 (before grammar advancement, stop handling or parsing); unobserved requests read no clock and
 carry None. Token events of a request that asks for log-probabilities (`RequestSpec.top_logprobs`)
@@ -42,6 +43,18 @@ class TokenEvent(NamedTuple):
     logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token, for requests that ask
 
 
+class PromptScoresEvent(NamedTuple):
+    """Scores of prompt tokens ``first_index`` .. ``first_index + len(scores) - 1`` (prompt token
+    indices, from 1: the first prompt token has none) of a request run through scored prefill:
+    each token's log-probability after the tokens before it and the most probable alternatives the
+    program returns (`helios.runtime.prompt_scores`). Precedes the request's token events; a long
+    prompt's scores may come in several events, in order."""
+
+    request_id: str
+    first_index: int
+    scores: tuple[TokenLogprobs, ...]
+
+
 class FinishEvent(NamedTuple):
     request_id: str
     reason: FinishReason
@@ -51,7 +64,7 @@ class FinishEvent(NamedTuple):
     message: str = ""
 
 
-RequestEvent = Union[TokenEvent, FinishEvent]
+RequestEvent = Union[TokenEvent, PromptScoresEvent, FinishEvent]
 
 
 def rejected(request_id: str, num_prompt_tokens: int, message: str) -> FinishEvent:

@@ -30,7 +30,7 @@ Token log-probabilities: a plain PREFILL, DECODE or MIXED program may have a tok
 a sampling row of the plan belongs to a request that asks for log-probabilities (steps without
 one pay nothing), and queues the copy of those outputs to the host with the record's; `finish`
 attaches each asking row's `TokenLogprobs` (its request's number of alternatives) to its
-`RowResult`.
+`RowResult`. SCORED_PREFILL programs return the same values for every row they sample.
 
 Thread ownership: the model worker only. Buffers stay alive through execution drain because the
 `LoadedModel` owns them.
@@ -139,7 +139,7 @@ class Executor:
             target = self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]]
             target.copy_(confidence, non_blocking=asynchronous and self._confidence.is_pinned())
         scores = None
-        if program.token_logprobs:
+        if program.returns_token_logprobs:
             scores = tuple(_to_host(outputs[name][: len(plan.rows)], asynchronous) for name in TOKEN_LOGPROB_OUTPUTS)
         done = None
         if record.device.type == "cuda":  # on the model's stream, whatever this thread's current device

@@ -58,6 +58,7 @@ from helios.runtime.weight_stream import (  # noqa: F401 (WeightMismatchError: p
 
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
+    spb.GRAPH_OPERATION_SCORED_PREFILL,
 )
 _DTYPES = {
     mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
@@ -102,6 +103,7 @@ class LoadedProgram:
     input_shapes: tuple[tuple[int | None, ...], ...]  # static extents per input; None where symbolic
     speculative: SpeculativeShape | None = None  # W, D, lane limit, length source (SPECULATIVE only)
     token_logprobs: int = 0  # alternatives per row of a token-logprobs variant (0: a plain program)
+    returns_token_logprobs: bool = False  # its outputs include TOKEN_LOGPROB_OUTPUTS (variants, scored prefill)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
         weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
         outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
         speculative=speculative_shape(prepared, handle), token_logprobs=graph.token_logprobs,
+        returns_token_logprobs=set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs),
     )
 
 

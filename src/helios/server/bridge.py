@@ -1,7 +1,8 @@
 """One response's bridge between the model worker thread and the event loop.
 
 Worker thread (the engine's callbacks, which must never block): `on_event` feeds each generated id
-to the request's `OutputProcessor` right away, so observation, stops and parsing are decided before
+to the request's `OutputProcessor` right away (a `PromptScoresEvent` is recorded there and ends
+nothing: it reaches the reader with the first step or the terminal item), so observation, stops and parsing are decided before
 the worker schedules the request again, and `host_stop` reports a matched stop to the engine. The
 resulting `OutputStep`s (streamed responses only) and the one terminal item are handed to the event
 loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup per batch of deliveries, not one
@@ -34,7 +35,7 @@ from typing import Callable, Union
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.output import OutputFinal, OutputProcessor, OutputStep
 from helios.frontend.presentation import failure_error
-from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
+from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
 from helios.server.admission import Permit
 
 _FAILURES = (FinishReason.REJECTED, FinishReason.ERROR)
@@ -120,6 +121,8 @@ class ResponseBridge:
             steps = self._feed(event)
             if steps:
                 self._post(steps, is_terminal=False)
+        elif isinstance(event, PromptScoresEvent):  # not the end: the scores wait for the first token
+            self._score_prompt(event)
         else:
             self._post([self._terminal(event)], is_terminal=True)
 
@@ -136,7 +139,8 @@ class ResponseBridge:
             logprobs = event.logprobs or (None,) * len(event.token_ids)
             for token_id, values in zip(event.token_ids, logprobs):
                 step = self._output.feed(token_id, observed_ns, values)
-                if self._is_stream and (step.events or step.observation is not None or step.logprobs):
+                if self._is_stream and (step.events or step.observation is not None or step.logprobs
+                                        or step.prompt_logprobs is not None):
                     steps.append(step)
                 if step.is_stopped:
                     break
@@ -145,6 +149,15 @@ class ResponseBridge:
             self._cancel(self.request_id)
             return []
         return steps
+
+    def _score_prompt(self, event: PromptScoresEvent) -> None:
+        if self._failure is not None:
+            return
+        try:
+            self._output.score_prompt(event)
+        except Exception as error:  # noqa: BLE001 - an output failure ends this request, not the worker
+            self._failure = ExecutionError(f"output processing failed: {type(error).__name__}: {error}")
+            self._cancel(self.request_id)
 
     def _terminal(self, event: FinishEvent) -> Terminal:
         if event.reason in _FAILURES:

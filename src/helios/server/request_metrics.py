@@ -27,7 +27,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from helios.runtime.events import FinishEvent, FinishReason, RequestEvent
+from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0, 320.0, 640.0)
@@ -120,7 +120,7 @@ def timed_events(on_event: Callable[[RequestEvent], None], record: RequestRecord
                 record.finish_reason = event.reason.name.lower()
                 if event.reason in _FINISHED:
                     histograms.observe(record)
-            elif record.first_token_s is None and event.token_ids:
+            elif isinstance(event, TokenEvent) and record.first_token_s is None and event.token_ids:
                 record.first_token_s = time.monotonic()
         except Exception:  # noqa: BLE001 - measurement never fails a request
             pass

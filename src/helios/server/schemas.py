@@ -215,6 +215,10 @@ class _SamplingFields(_Strict):
     store: Literal[False] | None = Field(default=None, description="Helios keeps no completions: only false")
     service_tier: Literal["auto", "default"] | None = Field(
         default=None, description="There is one tier: auto and default both mean it")
+    prompt_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS,
+        description="Extension (vLLM): each prompt token's log-probability and this many alternatives "
+        "(needs a core prepared with --scored-prefill)")
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -244,7 +248,11 @@ class CompletionRequest(_SamplingFields):
         description="A text or token ids, or a batch of texts or of token-id lists (one choice set each)")
     best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
                                       description="Accepted where it means the same as n: equal to n (or 1 without n)")
-    echo: Literal[False] | None = None
+    max_tokens: StrictInt | None = Field(
+        default=None, ge=0, description="The output limit; 0 (with echo or prompt_logprobs) returns no output")
+    echo: StrictBool | None = Field(
+        default=None, description="Return the prompt text before the output (with logprobs: the prompt tokens' "
+        "log-probabilities too, which needs a core prepared with --scored-prefill)")
     logprobs: StrictInt | None = Field(
         default=None, ge=0, le=MAX_TOP_LOGPROBS,
         description="Return each output token's log-probability and this many most probable alternatives (0-20)")
