@@ -11,6 +11,12 @@ cuda:1 as a local `helios rank` process; both with CUDA graphs) and times greedy
 the prompts' prefill) for TP1 and TP2 and their ratio, and whether TP1 and TP2 agree on the first
 --compare-tokens greedy tokens of every prompt.
 
+Where the time goes: for the end-to-end run of every batch it prints each rank's phase timers
+(`helios.runtime.rank_timing`: rank zero's message encode/send, program runs per operation and
+completion agreement; a peer's receive (waiting included), decode, apply, program runs and
+agreement) as seconds and share of the wall time; "engine" is rank zero's time outside its
+executor (scheduling, admission, dispatch). TP1 reports its program runs alone.
+
     python bench/tensor_parallel.py                         # 2 GPUs, 32 layers (preparing takes minutes)
     python bench/tensor_parallel.py --layers 8 --workdir /tmp/tp-bench   # keeps checkpoint and cores
     python bench/tensor_parallel.py --workdir /tmp/tp-bench --prepare-only  # then again without it
@@ -43,6 +49,7 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  #
 from helios.runtime.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 from helios.runtime.rank_peers import RankOptions  # noqa: E402
+from helios.runtime.rank_timing import PhaseTimers, run_phase  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/tensor-parallel"
@@ -117,23 +124,79 @@ class Measurement:
     decode_rate: float  # output tokens per second after the first token of every prompt
     total_rate: float  # output tokens per second, prefill included
     tokens: tuple[tuple[int, ...], ...]  # greedy tokens of the timed run
+    total_s: float = 0.0  # wall time of the end-to-end run
+    timers: tuple[PhaseTimers, ...] = ()  # every rank's phases during the end-to-end run
+
+
+class TimedExecutor:
+    """One rank's executor with rank zero's program timers (TP1's side of the breakdown)."""
+
+    def __init__(self, executor):
+        self._executor = executor
+        self.timers = PhaseTimers()
+
+    def __getattr__(self, name):
+        return getattr(self._executor, name)
+
+    def run(self, plan, masks=None):
+        with self.timers.phase(run_phase(plan.operation)):
+            return self._executor.run(plan, masks)
+
+    def launch(self, plan, masks=None):
+        with self.timers.phase("launch"):
+            return self._executor.launch(plan, masks)
+
+    def finish(self, launched):
+        with self.timers.phase("finish"):
+            return self._executor.finish(launched)
+
+    def timings(self, reset: bool = False) -> list[PhaseTimers]:
+        taken = PhaseTimers.from_tensor(self.timers.as_tensor())
+        if reset:
+            self.timers.reset()
+        return [taken]
+
+
+def timed(engine):
+    """The engine's executor, able to report `timings` (a tensor-parallel one already is)."""
+    if not hasattr(engine.executor, "timings"):
+        engine.executor = TimedExecutor(engine.executor)
+    return engine.executor
 
 
 def measure(engine, batch: int, args) -> Measurement:
     """Warm-up, then the prompts' prefill alone (one output token), then the full timed run; every
     run on its own prompts so prefix caching never skips a prefill."""
+    executor = timed(engine)
     generate(engine, prompts_for(batch, args, 0), 4)
     start = time.perf_counter()
     generate(engine, prompts_for(batch, args, 1), 1)
     prefill_s = time.perf_counter() - start
+    executor.timings(reset=True)
     start = time.perf_counter()
     results = generate(engine, prompts_for(batch, args, 2), args.output_tokens)
     total_s = time.perf_counter() - start
+    timers = tuple(executor.timings(reset=True))
     if any(r.finish_reason.name != "LENGTH" for r in results):
         raise SystemExit(f"generation failed: {[r.message for r in results if r.message]}")
     generated = sum(len(r.token_ids) for r in results)
     decode_s = max(total_s - prefill_s, 1e-9)
-    return Measurement((generated - batch) / decode_s, generated / total_s, tuple(r.token_ids for r in results))
+    return Measurement((generated - batch) / decode_s, generated / total_s, tuple(r.token_ids for r in results),
+                       total_s, timers)
+
+
+def breakdown(ranks: int, batch: int, measured: Measurement) -> None:
+    """Each rank's phases of the end-to-end run: seconds, share of the wall time, count."""
+    wall = measured.total_s
+    say(f"  TP{ranks} B={batch} end to end {wall:.3f} s:")
+    for rank, timers in enumerate(measured.timers):
+        phases = timers.nonzero()
+        parts = [f"{name} {seconds:.3f} s {100 * seconds / wall:.0f}% x{count}"
+                 for name, (seconds, count) in phases.items()]
+        if rank == 0:
+            outside = wall - sum(seconds for seconds, _ in phases.values())
+            parts.append(f"engine {outside:.3f} s {100 * outside / wall:.0f}%")
+        say(f"    rank {rank}: " + ", ".join(parts))
 
 
 def run_ranks(core: Path, key: SigningKey, ranks: int, args) -> dict[int, Measurement]:
@@ -149,6 +212,7 @@ def run_ranks(core: Path, key: SigningKey, ranks: int, args) -> dict[int, Measur
             measured[batch] = measure(runtime.engine, batch, args)
             say(f"  TP{ranks} B={batch}: decode {measured[batch].decode_rate:.1f} tok/s, "
                 f"end to end {measured[batch].total_rate:.1f} tok/s")
+            breakdown(ranks, batch, measured[batch])
     finally:
         runtime.close()
         del runtime

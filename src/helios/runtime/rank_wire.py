@@ -26,7 +26,7 @@ from helios.runtime.capacities import LengthSource, Operation, ProgramVariant
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: TIMINGS messages (StepMessage.reset)
 
 
 class MessageKind(enum.IntEnum):
@@ -34,6 +34,7 @@ class MessageKind(enum.IntEnum):
     STEP = 1  # run `plan`
     STOP = 2  # leave the group: rank zero is shutting down
     KEEPALIVE = 3  # no plan: every rank answers one small all_reduce (an idle group stays checked)
+    TIMINGS = 4  # no plan: every rank answers with its phase timers (one all_gather); `reset` zeroes them
 
 
 class StepMessage(NamedTuple):
@@ -42,6 +43,7 @@ class StepMessage(NamedTuple):
     admissions: tuple[tuple[str, AdmissionValues], ...] = ()  # (request id, values), new to the peers
     forgotten: tuple[str, ...] = ()  # request ids the peers may drop
     masks: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (request id, int32 grammar mask words)
+    reset: bool = False  # TIMINGS: zero the timers after reporting them
 
 
 class WireError(ExecutionError):

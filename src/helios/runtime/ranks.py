@@ -43,6 +43,7 @@ from helios.runtime.executor import Executor, StepOutput
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import StepPlan
 from helios.runtime.rank_deadline import StepDeadline
+from helios.runtime.rank_timing import PhaseTimers, run_phase
 from helios.runtime.rank_wire import MessageKind, StepMessage, decode_message, encode_message
 from helios.runtime.stats import WorkerStats
 
@@ -60,21 +61,26 @@ class CohortRejected(ExecutionError):
 class StepChannel:
     """Rank zero's step messages over the group: a length, then the bytes (uint8)."""
 
-    def __init__(self, group: RankGroup):
+    def __init__(self, group: RankGroup, timers: PhaseTimers):
         self.group = group
+        self.timers = timers
 
     def send(self, message: StepMessage) -> None:
-        data = encode_message(message)
-        self.group.broadcast(torch.tensor([len(data)], dtype=torch.int64), 0)
-        self.group.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0)
+        with self.timers.phase("encode"):
+            data = encode_message(message)
+        with self.timers.phase("send"):
+            self.group.broadcast(torch.tensor([len(data)], dtype=torch.int64), 0)
+            self.group.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0)
 
     def receive(self) -> StepMessage:
         """Blocks until rank zero sends, at most the group's timeout (rank zero keeps it alive)."""
-        length = torch.zeros(1, dtype=torch.int64)
-        self.group.broadcast(length, 0)
-        data = torch.empty(int(length.item()), dtype=torch.uint8)
-        self.group.broadcast(data, 0)
-        return decode_message(data.numpy().tobytes())
+        with self.timers.phase("receive"):  # includes waiting for rank zero
+            length = torch.zeros(1, dtype=torch.int64)
+            self.group.broadcast(length, 0)
+            data = torch.empty(int(length.item()), dtype=torch.uint8)
+            self.group.broadcast(data, 0)
+        with self.timers.phase("decode"):
+            return decode_message(data.numpy().tobytes())
 
 
 def agree(group: RankGroup, executor: Executor, plan: StepPlan, error: BaseException | None) -> None:
@@ -144,7 +150,8 @@ class RankedExecutor:
         self.packer = _PeerPacker(executor.packer)
         self._executor = executor
         self._group = group
-        self._channel = StepChannel(group)
+        self.timers = PhaseTimers()
+        self._channel = StepChannel(group, self.timers)
         self._stats = stats
         self._on_failure = on_failure
         self._lock = threading.Lock()  # guards _failure
@@ -177,8 +184,10 @@ class RankedExecutor:
             try:
                 self._channel.send(self.packer.message(plan, masks or {}))
                 with _guarded(self._deadline, f"submission {plan.sequence}"):
-                    output, error = self._run_local(plan, masks)
-                    agree(self._group, self._executor, plan, error)
+                    with self.timers.phase(run_phase(plan.operation)):
+                        output, error = self._run_local(plan, masks)
+                    with self.timers.phase("agree"):
+                        agree(self._group, self._executor, plan, error)
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
                 raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
@@ -202,6 +211,22 @@ class RankedExecutor:
         finally:
             self._last_exchange = time.monotonic()
             self._group_lock.release()
+
+    def timings(self, reset: bool = False) -> list[PhaseTimers]:
+        """Every rank's phase timers (rank order), in one exchange; `reset` zeroes them after."""
+        with self._group_lock:
+            self._check()
+            try:
+                self._channel.send(StepMessage(MessageKind.TIMINGS, reset=reset))
+                gathered = self._group.all_gather(self.timers.as_tensor())
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+            finally:
+                self._last_exchange = time.monotonic()
+        if reset:
+            self.timers.reset()
+        return [PhaseTimers.from_tensor(values) for values in gathered]
 
     def stop(self) -> None:
         """Tells the peers to leave (rank zero shutting down; a broken group gets no message) and
@@ -236,7 +261,8 @@ class RankedExecutor:
 def serve_rank(executor: Executor, group: RankGroup) -> None:
     """A peer's loop: run rank zero's plans until STOP. Raises `CollectiveError` when the group
     breaks (rank zero died or a rank stopped answering)."""
-    channel, deadline = StepChannel(group), _deadline(group, f"helios-rank-{group.rank}-deadline")
+    timers = PhaseTimers()
+    channel, deadline = StepChannel(group, timers), _deadline(group, f"helios-rank-{group.rank}-deadline")
     try:
         while True:
             message = channel.receive()
@@ -245,29 +271,36 @@ def serve_rank(executor: Executor, group: RankGroup) -> None:
             if message.kind is MessageKind.KEEPALIVE:
                 group.all_reduce(torch.ones(1, dtype=torch.int64))
                 continue
+            if message.kind is MessageKind.TIMINGS:
+                group.all_gather(timers.as_tensor())
+                if message.reset:
+                    timers.reset()
+                continue
             with _guarded(deadline, f"rank {group.rank}'s submission {message.plan.sequence}"):
-                _serve_step(executor, group, message)
+                _serve_step(executor, group, message, timers)
     finally:
         if deadline is not None:
             deadline.close()
 
 
-def _serve_step(executor: Executor, group: RankGroup, message: StepMessage) -> None:
-    for request_id in message.forgotten:
-        executor.packer.forget(request_id)
-    for request_id, values in message.admissions:
-        executor.packer.register(request_id, values)
-    masks = {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
+def _serve_step(executor: Executor, group: RankGroup, message: StepMessage, timers: PhaseTimers) -> None:
+    with timers.phase("apply"):
+        for request_id in message.forgotten:
+            executor.packer.forget(request_id)
+        for request_id, values in message.admissions:
+            executor.packer.register(request_id, values)
+        masks = {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
     error = None
     try:
-        with bind_group(group):
+        with bind_group(group), timers.phase(run_phase(message.plan.operation)):
             executor.run(message.plan, masks)
     except CollectiveError:
         raise
     except Exception as failure:  # noqa: BLE001 - this rank rejects the cohort; the group decides
         error = failure
     try:
-        agree(group, executor, message.plan, error)
+        with timers.phase("agree"):
+            agree(group, executor, message.plan, error)
     except CohortRejected:
         pass  # nothing to undo here: peers commit no request state
 
