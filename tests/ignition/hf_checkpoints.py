@@ -81,6 +81,12 @@ GLM4_MOE = Family("glm4_moe", transformers.Glm4MoeConfig, (
 MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
 DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK,)
+# A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
+BAMBA = Family("bamba", transformers.BambaConfig, (
+    ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),
+    ("mamba_n_groups", 2), ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_chunk_size", 8),
+    ("tie_word_embeddings", False),
+))
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
@@ -113,4 +119,6 @@ def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> tor
         return noise
     if name.startswith("lm_head"):
         return 0.3 * noise
+    if ".mamba." in name and parameter.dim() == 1:  # per-head mixer parameters (A_log, D)
+        return 0.5 * noise
     return noise / parameter.shape[-1] ** 0.5

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from helios.errors import UsageError
+from helios.ignition.recurrent_geometry import RecurrentGeometry, mixer_slots
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -142,6 +143,10 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
+    # Hybrid decoders: the layers whose attention block is a recurrent mixer (None: none), and the
+    # leading head dims that rotary embeddings rotate (0: all of head_dim).
+    recurrent: RecurrentGeometry | None = None
+    rotary_dim: int = 0
     moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
 
@@ -161,8 +166,24 @@ class Architecture:
         if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
                                         self.num_kv_heads != self.num_heads):
             raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise CheckpointError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
+        if self.recurrent is not None:
+            problems = self.recurrent.problems(self.num_layers)
+            if problems or not self.attention_layers:
+                raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with an attention block (every layer unless `recurrent` says otherwise)."""
+        mixers = set(self.recurrent.layers) if self.recurrent is not None else set()
+        return tuple(layer for layer in range(self.num_layers) if layer not in mixers)
+
+    @property
+    def rotary_width(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""
@@ -211,12 +232,14 @@ class WeightSlot:
 def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     """The ordered weight list every program of `arch` takes as its first input."""
     slots = [_slot("embed", arch, arch.vocab_rows, arch.hidden_size)]
+    mixers = set(arch.recurrent.layers) if arch.recurrent is not None else set()
     for layer in range(arch.num_layers):
-        slots += _layer_slots(arch, f"layers.{layer}.")
+        prefix = f"layers.{layer}."
+        slots += _mixer_layer_slots(arch, prefix) if layer in mixers else _layer_slots(arch, prefix)
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
-    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
@@ -273,6 +296,14 @@ def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     return slots
 
 
+def _mixer_layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    """A recurrent layer: the mixer (`helios.ignition.recurrent_geometry`) instead of attention."""
+    def slot(name: str, *shape: int, dtype: str | None = None) -> WeightSlot:
+        return WeightSlot(name, tuple(shape), dtype or arch.dtype)
+
+    attention = _layer_slots(arch, prefix)
+    post = next(i for i, s in enumerate(attention) if s.name == prefix + "post_norm")
+    return [attention[0], *mixer_slots(arch, prefix, slot), *attention[post:]]
 def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     moe, hidden = arch.moe, arch.hidden_size
     experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size

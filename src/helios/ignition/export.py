@@ -192,4 +192,6 @@ def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights_digest
         max_concurrency=plan.max_concurrency, page_capacity=page_capacity, eos_token_ids=assets.eos_token_ids,
         sampling=assets.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
         frontend=assets.frontend, ranks=options.tensor_parallel,
+        # Recurrent state is reused only through snapshots: continuation rows for two per request.
+        snapshot_capacity=2 * plan.max_concurrency if recipe.architecture.recurrent is not None else 0,
     )

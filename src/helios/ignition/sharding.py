@@ -54,6 +54,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
+    if arch.recurrent is not None:
+        raise CheckpointError("tensor parallelism of hybrid recurrent decoders is not supported yet")
     extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
     moe = arch.moe

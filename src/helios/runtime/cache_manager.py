@@ -174,6 +174,31 @@ class CacheManager:
             req.snapshot_id = snapshot.snapshot_id
         return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
 
+    def checkpoint_prompt(self, req: RequestState) -> CopyWork | None:
+        """Publish a snapshot of the request's committed state at its prompt boundary, keeping its
+        pages (complete pages are shared by reference, the partial page and state rows are copied to
+        a continuation row). Only for layouts whose pages do not hold the state: there, snapshots are
+        the only prefix reuse. None when not applicable, already published, or no row is free."""
+        endpoint = req.num_prompt_tokens
+        if not self.prefix_caching or self.layout.pages_capture_state or endpoint == 0:
+            return None
+        page_tokens = self.layout.page_tokens
+        num_complete = endpoint // page_tokens
+        self.extend_chain(req, num_complete)
+        probe = self.snapshots.find(req.token_ids[:endpoint + 1], req.chain, req.root)
+        if probe is not None and probe.endpoint == endpoint:
+            return None  # the same prompt's state is already published
+        key = req.chain[num_complete - 1] if num_complete else req.root
+        pages = req.page_ids[:-(-endpoint // page_tokens)]
+        self.pool.retain(pages)  # the snapshot's own references; the request keeps its pages
+        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, pages, req.slot, None,
+                                        Residence.DEVICE)
+        if result is None:
+            self.pool.release(list(reversed(pages)))
+            return None
+        snapshot, copies = result
+        return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
+
     def page_holders(self, requests: list[RequestState]) -> list[int]:
         held = self.snapshots.page_holders()
         for req in requests:

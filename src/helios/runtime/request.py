@@ -85,6 +85,7 @@ class RequestState:
     num_published_pages: int = 0
     chain: list[bytes] = field(default_factory=list)  # digests of complete pages of token_ids
     snapshot_id: int = 0  # private snapshot while preempted (0: none)
+    prompt_checkpointed: bool = False  # a snapshot of its prompt boundary was requested
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     num_reused_tokens: int = -1  # -1 until first admission
     num_preemptions: int = 0

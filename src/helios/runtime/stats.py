@@ -35,6 +35,7 @@ class StatsSnapshot:
     constrained_max_inflight: int
     second_frames: int
     healthy: bool
+    snapshots_restored: int = 0
 
 
 @dataclass
@@ -61,6 +62,7 @@ class WorkerStats:
     constrained_max_inflight: int = 0
     second_frames: int = 0  # plans submitted while another was still in flight
     healthy: bool = True
+    snapshots_restored: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_constrained_submission(self, inflight_frames: int) -> None:

@@ -126,6 +126,7 @@ class PagedTextDeclaration:
     aliases: tuple[str, ...] = ()
     frontend: FrontendDeclaration = field(default_factory=FrontendDeclaration)
     ranks: int = 1
+    snapshot_capacity: int = 0  # continuation rows for snapshots at exact endpoints (default at load)
 
     @property
     def max_pages_per_request(self) -> int:
@@ -177,10 +178,18 @@ def declare_paged_text(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops([*programs, *tuning]).items())
     )
     contract = _serving(declaration, graphs, cache_planes(first))
+    _declare_recurrent(contract.model, programs)
     if spec_decl.has_draft(programs):
         spec_decl.declare_draft_cache(contract.model, cache_planes(first, spec_decl.DRAFT_PLANE_PREFIX))
     contract.speculative_widths.extend(spec_decl.speculative_widths(programs))
     return PreparedContract.from_messages(contract, manifest)
+
+
+def _declare_recurrent(model: spb.ModelContract, programs: Sequence[ProgramResource]) -> None:
+    """Cache storage sized by state rows (a hybrid decoder's mixer state) is one RECURRENT region."""
+    planes = [t.name for t in _widest_inputs(programs) if t.role is InputRole.CACHE_STORAGE and "slots" in t.shape]
+    if planes:
+        model.cache.regions.add(name="recurrent", kind=S.HISTORY_KIND_RECURRENT, planes=planes)
 
 
 def _add_handles(manifest: mpb.ExecutionManifest, graph: str, variants: Sequence[ProgramResource]) -> None:
@@ -411,7 +420,7 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
         served_id=declaration.served_id, aliases=list(declaration.aliases),
         cache_identity=declaration.cache_identity, context_tokens=declaration.context_tokens,
         prefill_tokens=declaration.prefill_tokens, page_capacity=declaration.page_capacity,
-        max_concurrency=declaration.max_concurrency, model=model,
+        max_concurrency=declaration.max_concurrency, model=model, snapshot_capacity=declaration.snapshot_capacity,
     )
     contract.defaults.sampling.CopyFrom(declaration.sampling)
     contract.defaults.eos_token_ids.extend(declaration.eos_token_ids)
