@@ -205,7 +205,7 @@ def run_ranks(core: Path, key: SigningKey, ranks: int, args) -> dict[int, Measur
     options = RuntimeOptions(load=LoadOptions(device=args.device),
                              ranks=RankOptions(collective_timeout_s=args.collective_timeout))
     runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
-    say(f"loaded TP{ranks} in {time.perf_counter() - start:.0f} s")
+    say(f"loaded TP{ranks} in {time.perf_counter() - start:.1f} s")
     measured = {}
     try:
         for batch in args.batches:

@@ -4,15 +4,18 @@ Everything goes through a `torch.distributed` key-value store: a TCPStore served
 in other processes or on other hosts connect to HOST:PORT) or a HashStore (ranks that are threads
 of one process). The protocol, in order:
 
-1. rank zero publishes the `Launch`: the `RankIdentity` every rank must match (rank count, cache
-   identity, digest of the contract and manifest, wire signature) and the startup choices every
-   rank must share (rank zero's startup options, physical pages, host page slots, the variants
-   they select, collective timeout);
-2. each peer takes its rank (given, or the next free one after the local ranks), compares its own
+1. rank zero publishes the `Launch` before it loads its own model: the `RankIdentity` every rank
+   must match (rank count, cache identity, digest of the contract and manifest, wire signature)
+   and the startup choices every rank must share (rank zero's startup options, host page slots,
+   collective timeout), so every rank loads its weights at the same time;
+2. once loaded, rank zero publishes the `Sizing` (physical pages, which only its load decides, and
+   the variants it selected), or why it failed to load; a peer loads its programs and weights,
+   waits for the sizing, allocates its buffers and compares its variants;
+3. each peer takes its rank (given, or the next free one after the local ranks), compares its own
    core with the identity and either marks itself ready after loading its model or records why it
    refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
    refusal, a local peer that died, or a rank that did not come within the join timeout;
-3. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
+4. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
    CPU collective (rank zero keeps an idle group alive with keepalive exchanges, see
    `helios.runtime.ranks`), and for a CUDA model also an NCCL group for the programs' collectives.
 
@@ -43,7 +46,7 @@ from helios.errors import LoadError
 from helios.runtime.rank_devices import RankBackend
 from helios.runtime.rank_wire import wire_signature
 
-_LAUNCH, _NEXT_REMOTE = "helios/launch", "helios/next_remote"
+_LAUNCH, _SIZING, _NEXT_REMOTE = "helios/launch", "helios/sizing", "helios/next_remote"
 _POLL_S = 0.05
 
 
@@ -89,13 +92,12 @@ class Launch:
 
     identity: RankIdentity
     startup: StartupOptions  # rank zero's, as given: every rank resolves the same settings from them
-    num_pages: int
     host_pages: int
-    variants: tuple[str, ...]
     first_remote_rank: int  # ranks below it run on rank zero's host; the others join from elsewhere
     collective_timeout_s: float
     backend: str = RankBackend.GLOO.value  # of the programs' collectives: rank zero's device decides
     cuda_graphs: bool = False  # every rank captures its programs into CUDA graphs once the group is formed
+    join_timeout_s: float = 300.0  # how long a peer waits for rank zero's `Sizing` (rank zero loading)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
@@ -106,12 +108,29 @@ class Launch:
         fields["identity"] = RankIdentity(**fields["identity"])
         startup = fields["startup"]
         fields["startup"] = replace(StartupOptions(**startup), sampling=SamplingOptions(**startup["sampling"]))
-        fields["variants"] = tuple(fields["variants"])
         return cls(**fields)
 
     @property
     def ranks(self) -> int:
         return self.identity.ranks
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What rank zero's own load decided, published once it has loaded (or failed to)."""
+
+    num_pages: int
+    variants: tuple[str, ...]
+    error: str = ""  # rank zero failed to load: every peer gives up with this reason
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Sizing":
+        fields = json.loads(data.decode("utf-8"))
+        fields["variants"] = tuple(fields["variants"])
+        return cls(**fields)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -158,6 +177,21 @@ class Rendezvous:
         except RuntimeError as error:
             raise MissingRankError(f"rank zero at {self.address} published no launch: {error}") from error
         return Launch.decode(self.store.get(_LAUNCH))
+
+    def publish_sizing(self, sizing: Sizing) -> None:
+        self.store.set(_SIZING, sizing.encode())
+
+    def read_sizing(self, timeout: timedelta) -> Sizing:
+        """A peer: rank zero's sizing, waiting up to `timeout` for it to load; raises
+        `RankJoinError` when rank zero failed to load, `MissingRankError` when it never answered."""
+        try:
+            self.store.wait([_SIZING], timeout)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank zero at {self.address} did not finish loading: {error}") from error
+        sizing = Sizing.decode(self.store.get(_SIZING))
+        if sizing.error:
+            raise RankJoinError(f"rank zero failed to load: {sizing.error}")
+        return sizing
 
     def next_remote_rank(self, first_remote: int) -> int:
         return first_remote + self.store.add(_NEXT_REMOTE, 1) - 1
