@@ -84,6 +84,10 @@ class RankOptions:
     collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
     torch_threads: int | None = None  # intra-op threads of each local rank process (None: rank zero's)
     aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
+    # CUDA: small all-reduces through a one-shot symmetric-memory kernel when every rank can
+    # (`helios.abi.symmetric_reduce`); off by default until measured on the device, and because a
+    # rank lost inside one leaves its peers' kernels waiting (NCCL's abort does not end them).
+    symmetric_all_reduce: bool = False
 
 
 class RankPeers:
@@ -152,7 +156,8 @@ def launch_peers(core, options: RankOptions, host_pages: int, load: LoadOptions 
         check_nccl_environment()
     rendezvous = _rendezvous(options, local < ranks)
     launch = Launch(RankIdentity.of(core.prepared), load.startup, host_pages, local, options.collective_timeout_s,
-                    placement.backend.value, nccl and load.cuda_graphs, options.join_timeout_s)
+                    placement.backend.value, nccl and load.cuda_graphs, options.join_timeout_s,
+                    nccl and options.symmetric_all_reduce)
     rendezvous.publish(launch)
     workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
     peers = [_start_peer(core, rendezvous, r, options, workdir, placement.devices[r]) for r in range(1, local)]
@@ -179,7 +184,8 @@ class PendingRanks:
         group = None
         try:
             self.rendezvous.wait_ready(range(1, launch.ranks), self.options.join_timeout_s, lambda: _first_lost(peers))
-            group = self.rendezvous.form_group(0, launch.ranks, timeout, self.placement.devices[0] if nccl else None)
+            group = self.rendezvous.form_group(0, launch.ranks, timeout, self.placement.devices[0] if nccl else None,
+                                               symmetric=launch.symmetric_all_reduce)
             if launch.cuda_graphs:
                 executor = capture_rank(executor, group, launch.host_pages)
         except BaseException:
@@ -250,7 +256,8 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
         raise
     rendezvous.mark_ready(rank)
     group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s),
-                                  placed if launch.backend == RankBackend.NCCL.value else None)
+                                  placed if launch.backend == RankBackend.NCCL.value else None,
+                                  symmetric=launch.symmetric_all_reduce)
     try:
         if launch.cuda_graphs:
             executor = capture_rank(executor, group, launch.host_pages)

@@ -98,6 +98,7 @@ class Launch:
     backend: str = RankBackend.GLOO.value  # of the programs' collectives: rank zero's device decides
     cuda_graphs: bool = False  # every rank captures its programs into CUDA graphs once the group is formed
     join_timeout_s: float = 300.0  # how long a peer waits for rank zero's `Sizing` (rank zero loading)
+    symmetric_all_reduce: bool = False  # every rank sets up the one-shot symmetric all-reduce (CUDA)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
@@ -144,6 +145,7 @@ class Rendezvous:
     """The store shared by the ranks, and the address this rank's gloo device listens on."""
 
     def __init__(self, store, device_host: str | None, address: str = "in-process"):
+        self.symmetric_refusal: str | None = None  # why `form_group(symmetric=True)` kept NCCL only
         self.store = store
         self.device_host = device_host  # None: gloo's default device for this host
         self.address = address
@@ -223,11 +225,14 @@ class Rendezvous:
                 time.sleep(_POLL_S)
 
     def form_group(self, rank: int, size: int, timeout: timedelta,
-                   device: torch.device | None = None) -> RankGroup:
+                   device: torch.device | None = None, symmetric: bool = False) -> RankGroup:
         """This rank's groups; blocks until every rank calls it. `timeout` bounds forming the groups
         and every later CPU collective. With a CUDA `device` (this rank's) the group also gets an
         NCCL process group, connected here with one all_reduce so that a rank that cannot reach
-        the others fails startup, not its first step (or a CUDA graph capture)."""
+        the others fails startup, not its first step (or a CUDA graph capture). `symmetric`: also
+        set up the one-shot symmetric-memory all-reduce (`helios.abi.symmetric_reduce`); the
+        group has it only when every rank could set it up and it agreed with NCCL on a probe
+        (the ranks agree over gloo, so all take the same path)."""
         options = dist.ProcessGroupGloo._Options()
         host = (dist.ProcessGroupGloo.create_device(hostname=self.device_host) if self.device_host
                 else dist.ProcessGroupGloo.create_default_device())
@@ -239,7 +244,11 @@ class Rendezvous:
             raise MissingRankError(f"rank {rank} could not form the group of {size}: {error}") from error
         if device is None or device.type == "cpu":
             return RankGroup(group, rank, size, timeout)
-        return RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))
+        formed = RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))
+        if not symmetric:
+            return formed
+        reducer, self.symmetric_refusal = _symmetric_reducer(formed, self.store, device)
+        return replace(formed, reducer=reducer)
 
     def _nccl_group(self, rank: int, size: int, timeout: timedelta, device: torch.device):
         # On a collective past `timeout` NCCL's watchdog aborts the communicator without ending
@@ -259,6 +268,36 @@ class Rendezvous:
             raise MissingRankError(f"rank {rank} could not connect NCCL on {device} to the group of {size}: "
                                    f"{_first_line(error)}") from error
         return nccl
+
+
+def _symmetric_reducer(group: RankGroup, store, device: torch.device):
+    """(reducer, None) when every rank set one up and it sums a probe as NCCL does, else (None,
+    why not). Collective over the group's gloo group: every rank decides alike."""
+    from helios.abi.symmetric_reduce import SymmetricMemoryUnavailable, open_symmetric_reducer
+
+    reducer, reason = None, ""
+    try:
+        reducer = open_symmetric_reducer(group.device_group, "helios-tp", group.rank, group.size,
+                                         dist.PrefixStore("helios/symmetric", store), device)
+    except SymmetricMemoryUnavailable as error:
+        reason = f"rank {group.rank}: {error}"
+    if not _all_ranks(group, reducer is not None):
+        return None, reason or "another rank could not set up symmetric memory"
+    with torch.cuda.device(device):
+        probe = (torch.arange(4096, dtype=torch.float32, device=device) * (group.rank + 1) / 7).to(torch.bfloat16)
+        nccl = probe.clone()
+        group.device_group.allreduce([nccl]).wait(group.timeout)
+        agrees = torch.equal(reducer.all_reduce(probe), nccl)
+        torch.cuda.synchronize(device)
+    if not _all_ranks(group, agrees):
+        return None, "the symmetric all-reduce disagreed with NCCL on a probe"
+    return reducer, None
+
+
+def _all_ranks(group: RankGroup, flag: bool) -> bool:
+    votes = torch.tensor([int(flag)], dtype=torch.int64)
+    group.all_reduce(votes)  # gloo: a CPU tensor
+    return int(votes) == group.size
 
 
 def _first_line(error: BaseException) -> str:

@@ -175,6 +175,11 @@ class RankedExecutor:
             return True
 
     @property
+    def all_reduce_path(self) -> str:
+        """How the programs' all-reduces run ("symmetric", "nccl" or "gloo"; see `RankGroup`)."""
+        return self._group.all_reduce_path
+
+    @property
     def overlaps(self) -> bool:
         """Whether a second execution frame pays off (rank zero's own executor's answer)."""
         return self._executor.overlaps
