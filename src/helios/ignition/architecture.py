@@ -32,6 +32,11 @@ key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (pe
 then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
 recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
 
+With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 right after the o
+projection's slots: one learned logit per query head in the attention softmax's denominator
+(``helios::paged_attention_sinks``). ``rotary_factor`` scales the rotary cos/sin tables
+(YaRN's attention factor; 1.0 for none).
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -149,6 +154,8 @@ class Architecture:
     rotary_dim: int = 0
     moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
+    attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
+    rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -207,7 +214,7 @@ class Architecture:
 
     @property
     def rope_attention_factor(self) -> float:
-        return 1.0 if self.latent is None else self.latent.rope_attention_factor
+        return self.rotary_factor if self.latent is None else self.latent.rope_attention_factor
 
     @property
     def attention_out_size(self) -> int:
@@ -282,6 +289,8 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
+    if arch.attention_sinks:
+        slots.append(WeightSlot(prefix + "sinks", (arch.num_heads,), "float32"))
     return slots
 
 

@@ -185,6 +185,7 @@ class Scheduler:
                     now = self._clock()
                 reason = self._accept(req, result.token_ids, now if req.spec.observe else None, events)
             self.cache.publish(req)
+            self.cache.release_outside_window(req)
             if reason is not None:
                 self._finish(req, reason, events)
         for snapshot_id, kind in flight.fences:

@@ -126,6 +126,9 @@ class PagedTextDeclaration:
     aliases: tuple[str, ...] = ()
     frontend: FrontendDeclaration = field(default_factory=FrontendDeclaration)
     ranks: int = 1
+    # Sliding-window extent (tokens) when every layer attends only to that many latest positions: the
+    # history region is then declared a sliding window, whose older pages the runtime releases. 0: full.
+    history_window: int = 0
     snapshot_capacity: int = 0  # continuation rows for snapshots at exact endpoints (default at load)
 
     @property
@@ -389,8 +392,9 @@ def _completion_layout(programs: Sequence[ProgramResource]) -> mpb.CompletionLay
 
 
 def cache_planes(spec: ProgramSpec, prefix: str = "") -> list[str]:
-    """The cache-storage planes of one model of `spec` (the target's, or the draft's by `prefix`)."""
-    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE]
+    """The paged cache-storage planes of one model of `spec` (the target's, or the draft's by
+    `prefix`); storage sized by state rows ("slots") belongs to the recurrent region instead."""
+    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE and "slots" not in t.shape]
     return [name for name in planes if name.startswith(prefix) and (prefix or not name.startswith("draft_"))]
 
 
@@ -409,7 +413,11 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
     model.vocabulary.mask_words = -(-vocab // 32)
     model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
     model.cache.page_tokens = declaration.page_tokens
-    model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
+    if declaration.history_window > 0:
+        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=list(planes),
+                                tokens_per_record=1, window_tokens=declaration.history_window)
+    else:
+        model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
     model.cache.page_table_views.add(destination="page_table", region="attention")
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)

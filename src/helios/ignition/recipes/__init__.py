@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from helios.ignition.recipes import bamba, deepseek, llama, moe
+from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 
@@ -19,7 +19,7 @@ __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheck
 RecipeBuilder = Callable[..., Recipe]
 
 _REGISTRY: dict[str, RecipeBuilder] = {
-    name: family.build for family in (llama, moe, deepseek, bamba) for name in family.ARCHITECTURES
+    name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss) for name in family.ARCHITECTURES
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
