@@ -54,3 +54,10 @@ def test_a_rank_zero_that_fails_to_load_tells_its_peers(cores):
     assert "rank zero failed to load: RuntimeError: out of memory" in str(peer.error)
     with pytest.raises(RankJoinError, match="out of memory"):
         pending.rendezvous.read_sizing(timedelta(seconds=1))
+
+
+def test_a_launch_of_another_version_is_a_typed_refusal():
+    rendezvous = Rendezvous.in_process()
+    rendezvous.store.set("helios/launch", b'{"identity": {}, "num_pages": 8}')
+    with pytest.raises(RankJoinError, match="another helios version"):
+        rendezvous.read_launch(timedelta(seconds=1))

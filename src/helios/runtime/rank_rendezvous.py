@@ -178,7 +178,10 @@ class Rendezvous:
             self.store.wait([_LAUNCH], timeout)
         except RuntimeError as error:
             raise MissingRankError(f"rank zero at {self.address} published no launch: {error}") from error
-        return Launch.decode(self.store.get(_LAUNCH))
+        try:
+            return Launch.decode(self.store.get(_LAUNCH))
+        except (ValueError, TypeError, KeyError) as error:  # another version's launch record
+            raise RankJoinError(f"rank zero at {self.address} runs another helios version: {error}") from None
 
     def publish_sizing(self, sizing: Sizing) -> None:
         self.store.set(_SIZING, sizing.encode())
