@@ -5,6 +5,9 @@ tokens of one rank, with peers mirroring its launch/finish order."""
 from __future__ import annotations
 
 import dataclasses
+import signal
+
+import pytest
 
 from helios.runtime.capacities import Operation
 from helios.runtime.offline import generate
@@ -12,10 +15,11 @@ from helios.runtime.plan import StepPlan
 from helios.runtime.rank_channel import StepChannel
 from helios.runtime.rank_timing import PhaseTimers
 from helios.runtime.rank_wire import MessageKind, StepMessage
-from ignition.hf_checkpoints import LLAMA3
+from ignition.hf_checkpoints import LLAMA3, QWEN3
 
 from .conftest import MAX_TOKENS, PROMPTS, running
 from .test_collectives import on_ranks
+from .test_failures import PROCESSES, lose_a_rank_mid_generation
 from .test_wire import values
 
 
@@ -68,3 +72,10 @@ def test_a_launch_that_fails_on_rank_zero_fails_that_plan_and_the_group_stays_in
         assert executor.failure is None
         results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
     assert [list(r.token_ids) for r in results] == cores.one_rank_tokens(LLAMA3)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops-answering"])
+def test_a_rank_lost_with_two_frames_in_flight_ends_requests_with_errors(cores, how):
+    with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
+        runtime.engine.frames = 2
+        lose_a_rank_mid_generation(runtime, how)
