@@ -31,8 +31,8 @@ by one all_reduce from every rank, so an idle group still notices a lost rank (a
 wait for messages under the same timeout, notice a lost rank zero). A broken executor sets
 `WorkerStats.healthy` to False (`/health`).
 
-Thread ownership: `run`, `launch`, `finish` and `timings` on the model worker; `keepalive`, `mark_failed` and `stop` from any thread
-(a lock serializes every use of the group).
+Thread ownership: `run`, `launch` and `finish` on the model worker; `keepalive`, `mark_failed`,
+`stop` and `timings` from any thread (a lock serializes every use of the group).
 """
 
 from __future__ import annotations
