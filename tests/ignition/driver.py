@@ -56,8 +56,11 @@ class PagedModel:
         planes = tuple(s.name for s in spec.inputs if s.role is InputRole.CACHE_STORAGE)
         self.state = {
             name: torch.zeros(_shape(state[name], extents), dtype=_dtype(state[name]), device=self.device)
-            for name in (*planes, "prompt_counts", "output_counts", "page_table")
+            for name in (*planes, "prompt_counts", "output_counts", "page_table", *BIAS_INPUTS)
+            if name in state
         }
+        if "logit_bias_ids" in self.state:
+            self.state["logit_bias_ids"].fill_(-1)  # no request of the driver has a logit bias
         self.operations_run: list[Operation] = []
         self.free_pages = list(range(num_pages))
         random.Random(seed).shuffle(self.free_pages)
@@ -105,6 +108,9 @@ class PagedModel:
         named = {name: output.cpu() for name, output in zip(spec.output_names, outputs)}
         named["sampled_ids"] = named["completion"][:, COMPLETION.token]
         return named
+
+
+BIAS_INPUTS = ("logit_bias_ids", "logit_bias_values")  # per slot, like prompt_counts
 
 
 def pack_step(spec: ProgramSpec, rows: list[RowWork], max_pages: int, vocab_size: int) -> dict[str, torch.Tensor]:

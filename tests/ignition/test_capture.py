@@ -20,7 +20,7 @@ from .hf_checkpoints import QWEN2
 STATE = ("weights", "k_cache", "v_cache", "output_counts")
 ROW_INPUTS = ("prompt_counts", "page_table")
 STEP = ("token_ids", "positions", "query_lens", "request_slots", "generations", "sample_rows", "seeds",
-        "counters", "sampling_params", "grammar_mask", "submission")
+        "counters", "sampling_params", "grammar_mask", "logit_bias_ids", "logit_bias_values", "submission")
 ABI_OPS = {"helios::rotary_cache_write", "helios::paged_attention", "helios::sample", "helios::completion_record",
            "helios::rms_norm", "helios::add_rms_norm", "helios::silu_mul"}
 

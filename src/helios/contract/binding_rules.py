@@ -52,6 +52,8 @@ ALLOWED_INDEXING = MappingProxyType(
         S.VALUE_SOURCE_CONSTANT: _SCALAR | {S.INDEXING_SUBMISSION_ROW},
         S.VALUE_SOURCE_INACTIVE_PADDING: frozenset({S.INDEXING_SUBMISSION_ROW}) | _PACKED,
         S.VALUE_SOURCE_IMAGE_TENSOR: _SCALAR | _PACKED,
+        S.VALUE_SOURCE_LOGIT_BIAS_IDS: frozenset({S.INDEXING_PHYSICAL_REQUEST_ROW}),
+        S.VALUE_SOURCE_LOGIT_BIAS_VALUES: frozenset({S.INDEXING_PHYSICAL_REQUEST_ROW}),
     }
 )
 
@@ -60,6 +62,8 @@ _PROMPT_OPS = frozenset(
 )
 _IMAGE_OPS = frozenset({S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_SCORED_PREFILL, S.GRAPH_OPERATION_MIXED})
 _SPECULATIVE = frozenset({S.GRAPH_OPERATION_SPECULATIVE})
+# Graphs that sample with a request's logit bias (speculative programs take none: biased requests never speculate).
+_BIASED_OPS = _PROMPT_OPS | {S.GRAPH_OPERATION_DECODE}
 
 # Operations each restricted source is supplied to; sources not listed go to every serving
 # operation. TUNING producers receive only CONSTANT values (checked separately).
@@ -84,6 +88,8 @@ SOURCE_OPERATIONS = MappingProxyType(
         S.VALUE_SOURCE_COPIED_GENERATION: _SPECULATIVE,
         S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT: _SPECULATIVE,
         S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: _SPECULATIVE,
+        S.VALUE_SOURCE_LOGIT_BIAS_IDS: _BIASED_OPS,
+        S.VALUE_SOURCE_LOGIT_BIAS_VALUES: _BIASED_OPS,
     }
 )
 
@@ -107,5 +113,5 @@ COPIED_SOURCES = frozenset(
 )
 # Sources whose values are FP32; IMAGE_TENSOR takes the layout output's own type; all others
 # are integers and need an integer destination.
-FLOAT_SOURCES = frozenset({S.VALUE_SOURCE_SAMPLING_PARAMETERS})
+FLOAT_SOURCES = frozenset({S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES})
 UNTYPED_SOURCES = frozenset({S.VALUE_SOURCE_IMAGE_TENSOR})

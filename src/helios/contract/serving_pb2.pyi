@@ -73,6 +73,8 @@ class ValueSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VALUE_SOURCE_CONSTANT: _ClassVar[ValueSource]
     VALUE_SOURCE_INACTIVE_PADDING: _ClassVar[ValueSource]
     VALUE_SOURCE_IMAGE_TENSOR: _ClassVar[ValueSource]
+    VALUE_SOURCE_LOGIT_BIAS_IDS: _ClassVar[ValueSource]
+    VALUE_SOURCE_LOGIT_BIAS_VALUES: _ClassVar[ValueSource]
 
 class Indexing(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -196,6 +198,8 @@ VALUE_SOURCE_COPIED_GRAMMAR_MASKS: ValueSource
 VALUE_SOURCE_CONSTANT: ValueSource
 VALUE_SOURCE_INACTIVE_PADDING: ValueSource
 VALUE_SOURCE_IMAGE_TENSOR: ValueSource
+VALUE_SOURCE_LOGIT_BIAS_IDS: ValueSource
+VALUE_SOURCE_LOGIT_BIAS_VALUES: ValueSource
 INDEXING_UNSPECIFIED: Indexing
 INDEXING_SCALAR: Indexing
 INDEXING_SUBMISSION_ROW: Indexing

@@ -115,6 +115,7 @@ class GenerationParams:
     is_timed: bool = False
     top_logprobs: int | None = None  # None: no log-probabilities; K: each token's and K alternatives
     score_prompt: bool = False  # run the prompt through scored prefill (prompt scores)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), added to logits on the device
 
     @property
     def has_host_stops(self) -> bool:
@@ -133,5 +134,6 @@ class GenerationParams:
             observe=self.is_timed,
             top_logprobs=self.top_logprobs,
             score_prompt=self.score_prompt,
+            has_logit_bias=bool(self.logit_bias),
             **scheduling,
         )

@@ -33,6 +33,7 @@ from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.grammar_request import OutputConstraints
+from helios.frontend.logit_bias import logit_bias_capacity, parse_logit_bias
 from helios.frontend.logprobs import (
     LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, requested_logprobs, requested_prompt,
 )
@@ -79,6 +80,7 @@ class ModelFacts:
     input_range: tuple[int, int]  # valid prompt ids [begin, end)
     token_logprobs: int = 0  # alternatives per token the core's token-logprobs programs return (0: none)
     scores_prompts: bool = False  # the core has a scored-prefill program
+    logit_bias: int = 0  # logit-bias entries the core's programs take per request (0: none)
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ class FrontendModel:
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
         scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))
-        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored)
+        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, logit_bias_capacity(prepared))
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed,
                    thinking_switch_of(chat_template_source))
@@ -325,6 +327,7 @@ class FrontendModel:
             is_timed=response.observation.is_timed,
             top_logprobs=logprobs.top_logprobs,
             score_prompt=logprobs.prompt.scores,
+            logit_bias=parse_logit_bias(body.logit_bias, self._facts.vocab_size, self._facts.logit_bias),
         )
 
     def _head(self, response_id: str, created: int | None, kind: ResponseKind, response: ResponseOptions,

@@ -66,12 +66,12 @@ class GenerationProgram(torch.nn.Module):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, *draft,
+        seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
                         (request_slots, generations, sample_rows, query_lens, submission),
-                        (seeds, counters, sampling_params, grammar_mask), draft)
+                        (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values), draft)
 
     def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None):
         w = self.bind(weights, step, lanes[0], draft)
@@ -107,20 +107,21 @@ class GenerationProgram(torch.nn.Module):
         before this step's token is counted)."""
         output_counts, prompt_counts = counts
         request_slots, sample_rows = lanes[0], lanes[2]
-        seeds, counters, params, grammar_mask = controls
+        seeds, counters, params, grammar_mask, bias_ids, bias_values = controls
         logits = lm_logits(self.arch, w, hidden[self.last_tokens(step)])
         slots = request_slots.clamp(min=0)
+        biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots])
         temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)
         allow = torch.ones_like(sample_rows)  # unconstrained rows carry an all-ones mask
         sampled = torch.ops.helios.sample(
-            logits, seeds, counters, temperature, top_k, top_p, min_p, penalties,
+            biased, seeds, counters, temperature, top_k, top_p, min_p, penalties,
             prompt_counts[slots], output_counts[slots], grammar_mask, allow,
         )
         sampled = torch.where(sample_rows, sampled, torch.full_like(sampled, -1))
         scores = ()
         if self.token_logprobs:
             scores = torch.ops.helios.token_logprobs(
-                logits, sampled, penalties, prompt_counts[slots], output_counts[slots], grammar_mask, allow, logprob_width(self.arch))
+                biased, sampled, penalties, prompt_counts[slots], output_counts[slots], grammar_mask, allow, logprob_width(self.arch))
         counted = (sampled >= 0).to(output_counts.dtype)  # NO_TOKEN (-1) rows count nothing
         output_counts.index_put_((slots, sampled.clamp(min=0)), counted, accumulate=True)
         return sampled, logits, tuple(scores)
@@ -140,6 +141,11 @@ class GenerationProgram(torch.nn.Module):
             emitted, consumed, None,
         )
         return with_emitted(record, sampled.unsqueeze(-1), self.record_tokens)
+
+
+def with_logit_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`logits` [R, V] plus each row's bias at its listed ids (-1 pads; ids of one row are distinct)."""
+    return logits.scatter_add(1, ids.clamp(min=0), torch.where(ids >= 0, values, torch.zeros_like(values)))
 
 
 def store_pending(pending: torch.Tensor, request_slots: torch.Tensor, sampled: torch.Tensor) -> None:
@@ -172,12 +178,12 @@ class DecodeProgram(GenerationProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, *trailing,
+        seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, *trailing,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         return self.decode(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
                            (request_slots, generations, sample_rows, query_lens, submission),
-                           (seeds, counters, sampling_params, grammar_mask), trailing)
+                           (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values), trailing)
 
     def decode(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, trailing):
         pending, draft = (trailing[0], trailing[1:]) if self.device_pending else (None, trailing)
@@ -196,13 +202,13 @@ class TunedDecodeProgram(DecodeProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, attention_splits, *trailing,
+        seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, attention_splits, *trailing,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         step = step._replace(splits=attention_splits[self.splits_index:self.splits_index + 1])
         return self.decode(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
                            (request_slots, generations, sample_rows, query_lens, submission),
-                           (seeds, counters, sampling_params, grammar_mask), trailing)
+                           (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values), trailing)
 
 
 class MixedProgram(GenerationProgram):
@@ -213,13 +219,13 @@ class MixedProgram(GenerationProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, pending_ids, *draft,
+        seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, pending_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         step = step._replace(token_ids=self.with_pending(step, pending_ids))
         return self.run(weights, k_cache, v_cache, (output_counts, prompt_counts), step,
                         (request_slots, generations, sample_rows, query_lens, submission),
-                        (seeds, counters, sampling_params, grammar_mask), draft)
+                        (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values), draft)
 
     @staticmethod
     def with_pending(step: PackedStep, pending_ids: torch.Tensor) -> torch.Tensor:
@@ -244,14 +250,14 @@ class ScoredPrefillProgram(GenerationProgram):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, query_lens, request_slots, generations, sample_rows,
-        seeds, counters, sampling_params, grammar_mask, submission, target_ids, *draft,
+        seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, target_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
         w = self.bind(weights, step, request_slots, draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         lanes = (request_slots, generations, sample_rows, query_lens, submission)
         sampled, logits, scores = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
-                                              (seeds, counters, sampling_params, grammar_mask))
+                                              (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values))
         targets = self.target_logprobs(w, hidden, step, target_ids)
         return self.completion(step, lanes, sampled), logits, *scores, *targets
 

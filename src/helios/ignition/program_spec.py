@@ -14,6 +14,9 @@ A program is called positionally as ``module(weights, *tensors)`` in the order o
 * Cache storage and persistent state are mutated in place, never copied: the caches receive this
   step's keys/values; ``output_counts[request_slots[r], token]`` grows by one for each row with
   ``sample_rows[r]`` that emits a token (the host zeroes a slot's counts at admission).
+* ``logit_bias_ids`` / ``logit_bias_values`` [request_rows, `MAX_LOGIT_BIAS`] (per slot, written at
+  admission, read through ``request_slots``): each listed token's bias is added to its logit before
+  sampling (and before ``helios::token_logprobs``); ids -1 pad. The ``logits`` output stays unbiased.
 * ``sampling_params`` [R, 7] packs (temperature, top_k, top_p, min_p, repetition, presence,
   frequency) as in `helios.abi.sampling`; ``grammar_mask`` is all ones for unconstrained rows.
   MIXED adds ``pending_ids`` [R]: where >= 0 it replaces the row's first packed token.
@@ -132,6 +135,7 @@ class Capacity:
         return min(self.draft_tokens + 1, self.verify_tokens)
 
 
+MAX_LOGIT_BIAS = 300  # logit-bias entries one request may give (the width of the logit_bias_* inputs)
 TUNED_SPLITS = "attention_splits"  # the tuned decode split counts, one per DECODE variant
 PENDING_TOKENS = "pending_tokens"  # each request slot's last sampled token (device-owned pending token)
 
@@ -376,6 +380,9 @@ def _step_inputs(arch: Architecture, capacity: Capacity, operation: Operation) -
         TensorSpec("counters", "int64", (rows,)),
         TensorSpec("sampling_params", "float32", (rows, NUM_SAMPLING_PARAMETERS)),
         TensorSpec("grammar_mask", "int32", (rows, -(-arch.vocab_size // 32))),
+        # Host-written per request row at admission: the request's logit bias (ids -1 padded).
+        TensorSpec("logit_bias_ids", "int64", ("request_rows", MAX_LOGIT_BIAS)),
+        TensorSpec("logit_bias_values", "float32", ("request_rows", MAX_LOGIT_BIAS)),
         TensorSpec("submission", "int64", (1,)),
     )
     if operation is Operation.MIXED:

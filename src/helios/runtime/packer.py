@@ -5,7 +5,7 @@ each step then writes only the values its rows need into the destination buffers
 executor passes to the program. Nothing here knows a model: a binding's `ValueSource` says where a
 value comes from and its `Indexing` says where it goes.
 
-Per-request admission values (prompt, seed, sampling parameters, output limit) are registered by
+Per-request admission values (prompt, seed, sampling parameters, output limit, logit bias) are registered by
 the engine when a request is submitted (`register`) and dropped when it ends (`forget`).
 SPECULATIVE lanes bind their ceiling (QUERY_LENGTH or SPECULATIVE_PREFIX_LIMIT: the row's reserved
 query length) and the copied-token sources. With history drafting enabled (a startup option) the
@@ -59,6 +59,7 @@ class AdmissionValues:
     output_limit: int
     eos_ids: tuple[int, ...] = ()
     top_logprobs: int | None = None  # None: no log-probabilities; K: the token's and K alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), distinct ids
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ _PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS
 _ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
     S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
 }
+_BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES}  # written at admission
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
 _COPIED_SOURCES = {
     S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
@@ -283,6 +285,16 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
         if row.new_page_ids:
             start = row.page_table_start
             staging.write_entries(target[slot, start:start + len(row.new_page_ids)], row.new_page_ids)
+    elif source in _BIAS_SOURCES:
+        if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
+            width = target.shape[-1]
+            if len(req.logit_bias) > width:
+                raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
+            column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
+            values = [entry[column] for entry in req.logit_bias]
+            target[slot] = binding.padding
+            if values:
+                target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
         if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
             target[slot] = 0
@@ -399,7 +411,7 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
     for view in prepared.graphs[graph].bindings:
         supported = view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
             S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
-        ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES
+        ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES or view.source in _BIAS_SOURCES
         if not supported:
             raise UnsupportedBindingError(
                 f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"

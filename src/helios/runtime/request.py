@@ -38,6 +38,8 @@ class RequestSpec:
     through scored prefill (no prefix reuse). `cache_salt` separates prefix-cache namespaces.
     `top_logprobs` (None: none) asks for every sampled token's log-probability and that many
     most probable alternatives: its steps run token-logprobs programs, never speculative ones.
+    `has_logit_bias`: its admission values carry a logit bias, which speculative programs do not
+    apply; it never speculates either.
     """
 
     request_id: str
@@ -53,6 +55,7 @@ class RequestSpec:
     score_prompt: bool = False
     cache_salt: bytes = b""
     top_logprobs: int | None = None
+    has_logit_bias: bool = False
 
     @cached_property
     def has_host_stops(self) -> bool:

@@ -5,7 +5,7 @@
   only prompts (or recomputation) remain; MIXED when both (without a MIXED program, prompt and
   decode steps alternate); SCORED_PREFILL for prompts that need scores (alternating with the
   rest); SPECULATIVE instead of DECODE when loaded and enabled, unless a running request asks for
-  log-probabilities (the executor runs DECODE's token-logprobs variant for it);
+  log-probabilities (the executor runs DECODE's token-logprobs variant for it) or has a logit bias;
 - the lanes, in scheduling order (priority, then submission), within the program's row and
   packed-token capacities and the prefill extent; a prompt longer than what is left of the
   extent is chunked, and one token stays reserved for every later decoding lane;
@@ -136,13 +136,14 @@ class StepBuilder:
         return None
 
     def _decode_operation(self) -> Operation:
-        if self.policy.speculative and self.caps.has(Operation.SPECULATIVE) and not self._wants_logprobs():
+        if self.policy.speculative and self.caps.has(Operation.SPECULATIVE) and not self._needs_plain_sampling():
             return Operation.SPECULATIVE
         return Operation.DECODE if self.caps.has(Operation.DECODE) else Operation.MIXED
 
-    def _wants_logprobs(self) -> bool:
-        """A running request asks for log-probabilities (speculative programs compute none)."""
-        return any(req.spec.top_logprobs is not None for req in self.queues.running)
+    def _needs_plain_sampling(self) -> bool:
+        """A running request asks for log-probabilities or has a logit bias (speculative programs
+        compute the one and apply the other not)."""
+        return any(req.spec.top_logprobs is not None or req.spec.has_logit_bias for req in self.queues.running)
 
     def _prefill_operation(self) -> Operation:
         return Operation.PREFILL if self.caps.has(Operation.PREFILL) else Operation.MIXED

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from helios.frontend.logit_bias import MAX_LOGIT_BIAS
 from helios.frontend.logprobs import MAX_TOP_LOGPROBS
 from helios.frontend.request_options import ChatOptionError, check_chat_options, check_completion_options
 
@@ -215,6 +216,10 @@ class _SamplingFields(_Strict):
     store: Literal[False] | None = Field(default=None, description="Helios keeps no completions: only false")
     service_tier: Literal["auto", "default"] | None = Field(
         default=None, description="There is one tier: auto and default both mean it")
+    logit_bias: dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,9}$")],
+                     Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        default=None, max_length=MAX_LOGIT_BIAS,
+        description="Token id -> bias in [-100, 100] added to its logit before sampling (at most 300 ids)")
     prompt_logprobs: StrictInt | None = Field(
         default=None, ge=0, le=MAX_TOP_LOGPROBS,
         description="Extension (vLLM): each prompt token's log-probability and this many alternatives "

@@ -92,7 +92,7 @@ def admission_values(prepared: PreparedRequest) -> AdmissionValues:
                 s.presence_penalty, s.frequency_penalty)
     seed = s.seed - SEED_SPAN if s.seed >= SEED_SPAN // 2 else s.seed
     return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids,
-                           params.top_logprobs)
+                           params.top_logprobs, params.logit_bias)
 
 
 def compiles_grammar(body: ChatCompletionRequest) -> bool:

@@ -1,0 +1,54 @@
+"""``logit_bias``: OpenAI's per-token bias, validated here and applied on the device.
+
+The body maps token ids (decimal strings) to a bias in [-100, 100]; at most `MAX_LOGIT_BIAS`
+entries (the width of the prepared programs' ``logit_bias_*`` inputs; a core prepared by an older
+helios has none and answers 400). Each bias is added to that token's logit before sampling, so
+small values nudge the token, -100 all but bans it and 100 all but forces it; the values
+``logprobs`` reports are those of the biased distribution. Ids outside the sampled vocabulary
+are a 400 naming the id. A request with a bias never runs speculative programs.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from helios.contract import PreparedContract
+from helios.contract import serving_pb2 as spb
+from helios.errors import RequestError
+
+MAX_LOGIT_BIAS = 300
+
+
+class LogitBiasError(RequestError):
+    """A logit-bias id outside the vocabulary, or more entries than the core takes."""
+
+
+class LogitBiasUnavailable(RequestError):
+    """The core's programs take no logit bias (prepared before it existed)."""
+
+
+def logit_bias_capacity(prepared: PreparedContract) -> int:
+    """Entries one request's logit bias may hold on this core (0: its programs take none)."""
+    destinations = {d.name: d.buffer for d in prepared.manifest.destinations}
+    buffers = {b.name: b for b in prepared.manifest.buffers}
+    widths = [buffers[destinations[b.destination]].shape[-1].size for g in prepared.graphs.values()
+              for b in g.bindings if b.source == spb.VALUE_SOURCE_LOGIT_BIAS_IDS and b.destination in destinations]
+    return min(widths, default=0)
+
+
+def parse_logit_bias(value: Mapping[str, float] | None, vocab_size: int, capacity: int) -> tuple[tuple[int, float], ...]:
+    """(token id, bias) pairs by id; () for none. `LogitBiasError` / `LogitBiasUnavailable` (400)."""
+    if not value:
+        return ()
+    if not capacity:
+        raise LogitBiasUnavailable("this core's programs take no logit_bias (it was prepared by an older helios); "
+                                   "prepare it again to serve logit_bias")
+    if len(value) > capacity:
+        raise LogitBiasError(f"logit_bias holds {len(value)} entries; this core takes at most {capacity}")
+    entries = []
+    for key, bias in value.items():
+        token = int(key)
+        if not 0 <= token < vocab_size:
+            raise LogitBiasError(f"logit_bias token id {key} is outside the vocabulary [0, {vocab_size})")
+        entries.append((token, float(bias)))
+    return tuple(sorted(entries))
