@@ -34,7 +34,7 @@ def _manifest() -> mpb.ExecutionManifest:
 
 def test_served_sources_are_exactly_what_shared_packing_supplies():
     supplied = (set(packer._ROW_SOURCES) | packer._PACKED_SOURCES | packer._ADMISSION_SOURCES
-                | packer._COPIED_SOURCES | {spb.VALUE_SOURCE_GRAMMAR_MASK, spb.VALUE_SOURCE_LIVE_ROW_COUNT,
+                | packer._COPIED_SOURCES | packer._BIAS_SOURCES | {spb.VALUE_SOURCE_GRAMMAR_MASK, spb.VALUE_SOURCE_LIVE_ROW_COUNT,
                                             spb.VALUE_SOURCE_CONSTANT})
     assert SERVED_SOURCES == supplied
 

@@ -169,7 +169,7 @@ def test_openapi_documents_the_strict_request_models(runner, app):
         (b"{not json", {"content-type": "application/json"}, None),
         (b'{"model": "x"}', {"content-type": "text/plain"}, None),
         (b"[1, 2]", {"content-type": "application/json"}, None),
-        (chat_body(logit_bias={"1": 2}), {}, "logit_bias"),
+        (chat_body(logit_bias={"x": 2}), {}, "logit_bias"),
         (chat_body(temperature="hot"), {}, "temperature"),
         (chat_body(messages=[{"role": "wizard", "content": "x"}]), {}, "messages.0"),
         (chat_body(return_token_timestamps=True), {}, None),

@@ -100,7 +100,9 @@ class SchemaStrategies:
             if extra is False:
                 return st.just({})
             values = JSON_VALUES if extra is True else self.of(extra, depth + 1)
-            return st.dictionaries(st.text(max_size=8), values, max_size=3)
+            names = schema.get("propertyNames")
+            keys = self._string(names, depth + 1) if names else st.text(max_size=8)
+            return st.dictionaries(keys, values, max_size=min(3, schema.get("maxProperties", 3)))
         required = set(schema.get("required", ()))
         return st.fixed_dictionaries(
             {name: self.of(sub, depth + 1) for name, sub in properties.items() if name in required},

@@ -34,7 +34,8 @@ def test_minimal_chat_request_is_valid():
 @pytest.mark.parametrize(
     "fields",
     [
-        {"logit_bias": {"1": 2}},  # unsupported OpenAI field: rejected, not ignored
+        {"logit_bias": {"x": 2}},  # a key that is not a token id
+        {"logit_bias": {"1": 101}},  # beyond OpenAI's [-100, 100]
         {"n": 17},
         {"temperature": -1},
         {"temperature": "hot"},

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Capacity, Operation, ProgramOptions
+from helios.ignition.program_spec import MAX_LOGIT_BIAS, Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import load_checkpoint
 from ignition.hf_checkpoints import Family, random_model, write_checkpoint
 
@@ -62,7 +62,9 @@ class Rig:
             self.weights, self.k, self.v, self.output_counts, self.prompt_counts, self.table,
             torch.tensor(PROMPT), torch.arange(tokens), torch.tensor([tokens], dtype=torch.int32),
             torch.tensor([0]), torch.tensor([1]), torch.tensor([False]), torch.zeros(rows, dtype=torch.int64),
-            torch.tensor([tokens]), params, self.mask[:1], torch.zeros(1, dtype=torch.int64),
+            torch.tensor([tokens]), params, self.mask[:1],
+            torch.full((1, MAX_LOGIT_BIAS), -1, dtype=torch.int64), torch.zeros(1, MAX_LOGIT_BIAS),  # no bias
+            torch.zeros(1, dtype=torch.int64),
             self.dk, self.dv, self.table,
         )
 

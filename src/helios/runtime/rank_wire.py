@@ -33,7 +33,7 @@ from helios.runtime.capacities import LengthSource, Operation, ProgramVariant
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
 
-WIRE_VERSION = 3  # 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH
+WIRE_VERSION = 4  # 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH; 4: admission top_logprobs, logit_bias
 MAGIC = 0x48454C494F53_0000 + WIRE_VERSION  # "HELIOS" and the version: the first word of every message
 
 
@@ -71,7 +71,7 @@ RECORD_FIELDS = {  # the codec's positional layout of every record (checked agai
     "Location": ("kind", "index"),
     "ProgramVariant": ("name", "operation", "batch_capacity", "packed_token_capacity", "draft_tokens",
                        "verify_tokens", "length_source", "device_pending", "draft_lag_tokens"),
-    "AdmissionValues": ("prompt_ids", "seed", "sampling", "output_limit", "eos_ids"),
+    "AdmissionValues": ("prompt_ids", "seed", "sampling", "output_limit", "eos_ids", "top_logprobs", "logit_bias"),
 }
 _RECORDS = (StepMessage, StepPlan, PlanRow, CopyOp, Location, ProgramVariant, AdmissionValues)
 _ENUMS = (MessageKind, Operation, StorageKind, LengthSource)
@@ -254,12 +254,19 @@ def _put_admission(out: list[int], values: AdmissionValues) -> None:
     out += (len(values.prompt_ids), *values.prompt_ids, values.seed)
     _put_floats(out, values.sampling)
     out += (values.output_limit, len(values.eos_ids), *values.eos_ids)
+    top = values.top_logprobs
+    out += (int(top is not None), top if top is not None else 0)
+    out += (len(values.logit_bias), *(token for token, _ in values.logit_bias))
+    _put_floats(out, [bias for _, bias in values.logit_bias])
 
 
 def _get_admission(read: _Reader) -> AdmissionValues:
     prompt_ids, seed, sampling = read.many(read.count()), read.one(), _get_floats(read)
-    output_limit = read.one()
-    return AdmissionValues(prompt_ids, seed, sampling, output_limit, read.many(read.count()))
+    output_limit, eos_ids = read.one(), read.many(read.count())
+    has_top, top = read.flag(), read.one()
+    bias_ids, biases = read.many(read.count()), _get_floats(read)
+    return AdmissionValues(prompt_ids, seed, sampling, output_limit, eos_ids, top if has_top else None,
+                           tuple(zip(bias_ids, biases)))
 
 
 def _put_variant(out: list[int], variant: ProgramVariant) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
 
 from helios.frontend.logit_bias import MAX_LOGIT_BIAS
 from helios.frontend.logprobs import MAX_TOP_LOGPROBS
@@ -184,6 +184,13 @@ class StreamOptions(_Strict):
 
 
 StopField = Union[StrictStr, list[StrictStr], None]
+_TOKEN_KEY = r"^[0-9]{1,9}$"
+# Token id (decimal string) -> bias; the JSON schema says exactly that (every key matches the pattern).
+LogitBias = Annotated[
+    dict[Annotated[StrictStr, Field(pattern=_TOKEN_KEY)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    WithJsonSchema({"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": _TOKEN_KEY},
+                    "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0}}),
+]
 
 
 class _SamplingFields(_Strict):
@@ -216,8 +223,7 @@ class _SamplingFields(_Strict):
     store: Literal[False] | None = Field(default=None, description="Helios keeps no completions: only false")
     service_tier: Literal["auto", "default"] | None = Field(
         default=None, description="There is one tier: auto and default both mean it")
-    logit_bias: dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,9}$")],
-                     Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+    logit_bias: LogitBias | None = Field(
         default=None, max_length=MAX_LOGIT_BIAS,
         description="Token id -> bias in [-100, 100] added to its logit before sampling (at most 300 ids)")
     prompt_logprobs: StrictInt | None = Field(
