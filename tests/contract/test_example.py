@@ -17,7 +17,7 @@ from helios.errors import ContractError
 
 # Frontend selectors are mutually exclusive within one contract; every other enum value appears.
 EXCLUSIVE_VALUES = {
-    "ToolParser": {"NONE", "GLM_ARGUMENT_TAGS", "DSML", "XTML", "ATEM_RECIPIENT"},
+    "ToolParser": {"NONE", "GLM_ARGUMENT_TAGS", "DSML", "XTML", "ATEM_RECIPIENT", "JSON_CALLS"},
     "ReasoningParser": {"NONE", "XTML_THINK", "RECIPIENT_HEADER"},
     "ImagePreparation": {"NONE", "TILE_GRID"},
     "ImageLayout": {"NONE", "ROW_SEPARATED_GRID", "SPATIAL_POSITIONS_3D"},

@@ -64,3 +64,14 @@ def test_tool_call_for_a_declared_tool(server):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Lisbon"}
+
+
+def test_requests_without_temperature_follow_the_greedy_recommendation(server):
+    """The embedded generation_config says do_sample: false, so the core's default is greedy."""
+    model = server.models.list().data[0].id
+    messages = [{"role": "user", "content": "What is 12 + 30?"}]
+    first, second = (server.chat.completions.create(model=model, messages=messages, max_tokens=40, seed=seed)
+                     for seed in (1, 2))
+    assert first.choices[0].message.content == second.choices[0].message.content
+    assert first.choices[0].message.model_dump().get("reasoning_content") == \
+        second.choices[0].message.model_dump().get("reasoning_content")

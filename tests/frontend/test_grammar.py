@@ -378,3 +378,27 @@ def test_grammar_errors_are_worded_for_users():
     long = "invalid regex " + "(" * 1000
     assert len(user_message(long + "\n<state>...")) == MAX_ERROR_CHARS + 3
     assert user_message("1(7): unknown name: foo\n<grammar>...") == "1(7): unknown name: foo"
+
+
+def test_json_schemas_compile_to_compact_json_by_default(deepseek_tokenizer):
+    compact = GrammarCompiler.from_tokenizer(deepseek_tokenizer, vocab_size=deepseek_tokenizer.get_vocab_size(),
+                                             eos_token_ids=[EOS])
+    dense = compact.compile(SCHEMA_ANSWER)
+    assert all(dense.consume_token(t) for t in ids_of(deepseek_tokenizer, '{"t":"a b"}')) and dense.is_accepting
+    spaced = compact.compile(SCHEMA_ANSWER)
+    steps = ids_of(deepseek_tokenizer, "{", '"t"', ":", " ")
+    assert not all(spaced.consume_token(t) for t in steps)  # no free whitespace between tokens
+    flexible = GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(
+        {"type": "object", "properties": {"t": {"type": "string"}}, "x-guidance": {"whitespace_flexible": True}}))
+    relaxed = compact.compile(flexible)  # a schema may ask for free whitespace itself
+    assert all(relaxed.consume_token(t) for t in ids_of(deepseek_tokenizer, '{ "t" : "x" }')), relaxed.error
+
+
+def test_a_bounded_reasoning_section_must_close_after_its_budget(compiler, deepseek_tokenizer, think):
+    matcher = compiler.compile(SCHEMA_ANSWER, envelope(ReasoningState.OPEN, think, budget=3))
+    reasoning = ids_of(deepseek_tokenizer, "one two three")
+    assert len(reasoning) == 3 and all(matcher.consume_token(t) for t in reasoning)
+    assert allowed(matcher.bitmask(), deepseek_tokenizer.get_vocab_size()).tolist() == [think[1]]
+    unopened = compiler.compile(SCHEMA_ANSWER, envelope(ReasoningState.UNOPENED, think, budget=2))
+    assert all(unopened.consume_token(t) for t in [think[0], *ids_of(deepseek_tokenizer, "one two")])
+    assert allowed(unopened.bitmask(), deepseek_tokenizer.get_vocab_size()).tolist() == [think[1]]

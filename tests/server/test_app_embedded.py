@@ -35,8 +35,14 @@ def test_embedded_core_is_prepared_into_the_cache_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(helios.ignition.export, "prepare_core", no_second_preparation)
     assert embedded.embedded_core(progress=lambda line: None) == first
-    (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text() + "\n")
+    original = (checkpoint / "config.json").read_text()
+    (checkpoint / "config.json").write_text(original + "\n")
     with pytest.raises(AssertionError, match="prepared again"):  # a changed checkpoint is a new core
+        embedded.embedded_core(progress=lambda line: None)
+    (checkpoint / "config.json").write_text(original)
+    assert embedded.embedded_core(progress=lambda line: None) == first
+    monkeypatch.setattr(embedded, "CORE_GENERATION", embedded.CORE_GENERATION + "-next")
+    with pytest.raises(AssertionError, match="prepared again"):  # so is a newer core generation
         embedded.embedded_core(progress=lambda line: None)
 
 

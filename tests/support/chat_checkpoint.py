@@ -13,9 +13,21 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
 VOCAB_SIZE = 320
+# ChatML turns; assistant reasoning in think tags and tool calls in Qwen Coder function tags, so the
+# template itself declares think-tag reasoning and function-tag tools (prepare reads both from it).
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
-    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "<|im_start|>{{ message.role }}\n"
+    "{%- if message.reasoning_content -%}<think>\n{{ message.reasoning_content }}\n</think>\n\n{%- endif -%}"
+    "{{ message.content }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "<tool_call>\n<function={{ call.function.name }}>\n"
+    "{%- for key, value in call.function.arguments.items() -%}"
+    "<parameter={{ key }}>\n{{ value }}\n</parameter>\n"
+    "{%- endfor -%}"
+    "</function>\n</tool_call>"
+    "{%- endfor -%}"
+    "<|im_end|>\n"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
 )

@@ -23,6 +23,13 @@ def _batches(text: str) -> tuple[int, ...]:
     return values
 
 
+def _stated(text: str) -> tuple[str, str]:
+    key, found, value = text.partition("=")
+    if not found or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.replace("\\n", "\n").replace("\\t", "\t")  # newlines are written \\n
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "prepare", help="prepare a Hugging Face checkpoint into a signed core",
@@ -59,6 +66,10 @@ def register(subparsers) -> None:
                              help="lanes get ceilings and the program allocates prefixes from proposal confidence")
     speculative.add_argument("--packed-per-lane", type=int, metavar="N",
                              help="packed target positions P = B x N (default W: rectangular)")
+    parser.add_argument("--frontend", action="append", type=_stated, default=[], metavar="KEY=VALUE",
+                        help="state a frontend fact instead of deriving it from the chat template: "
+                        "family=NAME|none (tool syntax), reasoning=none, message_start=TEXT, "
+                        "assistant_header=TEXT, message_end=TEXT (repeatable)")
     parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                         help="prepare for N tensor-parallel ranks: one program set, N weight shards (default 1)")
     parser.set_defaults(func=run)
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tensor_parallel < 1:
         raise UsageError("--tensor-parallel must be at least 1")
     options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
-                             capacities=plan, tensor_parallel=args.tensor_parallel)
+                             capacities=plan, tensor_parallel=args.tensor_parallel, frontend=tuple(args.frontend))
     started = time.monotonic()
     written = prepare_core(checkpoint, Path(args.output), load_signing_key(Path(args.key)), options,
                            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))

@@ -99,6 +99,7 @@ class ToolParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_PARSER_DSML: _ClassVar[ToolParser]
     TOOL_PARSER_XTML: _ClassVar[ToolParser]
     TOOL_PARSER_ATEM_RECIPIENT: _ClassVar[ToolParser]
+    TOOL_PARSER_JSON_CALLS: _ClassVar[ToolParser]
 
 class ReasoningParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -210,6 +211,7 @@ TOOL_PARSER_GLM_ARGUMENT_TAGS: ToolParser
 TOOL_PARSER_DSML: ToolParser
 TOOL_PARSER_XTML: ToolParser
 TOOL_PARSER_ATEM_RECIPIENT: ToolParser
+TOOL_PARSER_JSON_CALLS: ToolParser
 REASONING_PARSER_UNSPECIFIED: ReasoningParser
 REASONING_PARSER_NONE: ReasoningParser
 REASONING_PARSER_THINK_TAGS: ReasoningParser
@@ -500,7 +502,7 @@ class GraphContract(_message.Message):
     def __init__(self, name: _Optional[str] = ..., operation: _Optional[_Union[GraphOperation, str]] = ..., variants: _Optional[_Iterable[_Union[GraphCapacity, _Mapping]]] = ..., bindings: _Optional[_Iterable[_Union[ValueBinding, _Mapping]]] = ..., state_accesses: _Optional[_Iterable[_Union[StateAccess, _Mapping]]] = ..., resource_dependencies: _Optional[_Iterable[str]] = ..., tuned_bindings: _Optional[_Iterable[_Union[TunedBinding, _Mapping]]] = ..., state_rows_per_request: _Optional[int] = ..., pending_token_view: _Optional[str] = ..., draft_cursor: _Optional[str] = ...) -> None: ...
 
 class ToolSyntax(_message.Message):
-    __slots__ = ("opener", "closer", "tag_separator", "wrapping_newlines", "invoke_open", "invoke_close", "parameter_open", "parameter_close", "name_end", "value_open", "string_attribute", "string_true", "string_false", "block_lead")
+    __slots__ = ("opener", "closer", "tag_separator", "wrapping_newlines", "invoke_open", "invoke_close", "parameter_open", "parameter_close", "name_end", "value_open", "string_attribute", "string_true", "string_false", "block_lead", "name_key", "arguments_key", "arguments_open", "arguments_close")
     OPENER_FIELD_NUMBER: _ClassVar[int]
     CLOSER_FIELD_NUMBER: _ClassVar[int]
     TAG_SEPARATOR_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +517,10 @@ class ToolSyntax(_message.Message):
     STRING_TRUE_FIELD_NUMBER: _ClassVar[int]
     STRING_FALSE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LEAD_FIELD_NUMBER: _ClassVar[int]
+    NAME_KEY_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_KEY_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_CLOSE_FIELD_NUMBER: _ClassVar[int]
     opener: str
     closer: str
     tag_separator: str
@@ -529,7 +535,11 @@ class ToolSyntax(_message.Message):
     string_true: str
     string_false: str
     block_lead: str
-    def __init__(self, opener: _Optional[str] = ..., closer: _Optional[str] = ..., tag_separator: _Optional[str] = ..., wrapping_newlines: _Optional[int] = ..., invoke_open: _Optional[str] = ..., invoke_close: _Optional[str] = ..., parameter_open: _Optional[str] = ..., parameter_close: _Optional[str] = ..., name_end: _Optional[str] = ..., value_open: _Optional[str] = ..., string_attribute: _Optional[str] = ..., string_true: _Optional[str] = ..., string_false: _Optional[str] = ..., block_lead: _Optional[str] = ...) -> None: ...
+    name_key: str
+    arguments_key: str
+    arguments_open: str
+    arguments_close: str
+    def __init__(self, opener: _Optional[str] = ..., closer: _Optional[str] = ..., tag_separator: _Optional[str] = ..., wrapping_newlines: _Optional[int] = ..., invoke_open: _Optional[str] = ..., invoke_close: _Optional[str] = ..., parameter_open: _Optional[str] = ..., parameter_close: _Optional[str] = ..., name_end: _Optional[str] = ..., value_open: _Optional[str] = ..., string_attribute: _Optional[str] = ..., string_true: _Optional[str] = ..., string_false: _Optional[str] = ..., block_lead: _Optional[str] = ..., name_key: _Optional[str] = ..., arguments_key: _Optional[str] = ..., arguments_open: _Optional[str] = ..., arguments_close: _Optional[str] = ...) -> None: ...
 
 class ReasoningSyntax(_message.Message):
     __slots__ = ("open", "close", "open_token_id", "close_token_id", "terminal_markers", "wrapping_newlines", "after_close")

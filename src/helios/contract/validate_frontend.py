@@ -66,6 +66,16 @@ def _check_tool_syntax(frontend: spb.FrontendContract) -> None:
         require(not frontend.HasField("tool_syntax"), path, "tool_parser NONE declares no tool syntax")
         return
     require(frontend.HasField("tool_syntax"), path, "the selected tool parser needs its syntax data")
+    if frontend.tool_parser == spb.TOOL_PARSER_JSON_CALLS:
+        # A JSON-call block may run to the end of the output (no closer), or be the whole answer
+        # when it starts with a JSON object (no opener); the invocation still needs a spelling.
+        syntax = frontend.tool_syntax
+        require(
+            (syntax.name_key != "") != (syntax.invoke_open != ""),
+            f"{path}.name_key",
+            "JSON calls name their function either by a key (name_key) or by markup (invoke_open)",
+        )
+        return
     require(frontend.tool_syntax.opener != "", f"{path}.opener", "tool-call opener is empty")
     require(frontend.tool_syntax.closer != "", f"{path}.closer", "tool-call closer is empty")
 

@@ -34,6 +34,7 @@ from helios.frontend.prompt import Prompt, PromptRules, ReasoningState
 from helios.frontend.syntax import (
     ElementToolSyntax,
     GlmArgumentSyntax,
+    JsonCallSyntax,
     OutputSyntax,
     QwenCoderSyntax,
     ReasoningSyntaxKind,
@@ -52,6 +53,7 @@ TOOL_KINDS = {
     spb.TOOL_PARSER_DSML: ToolSyntaxKind.DSML,
     spb.TOOL_PARSER_XTML: ToolSyntaxKind.XTML,
     spb.TOOL_PARSER_ATEM_RECIPIENT: ToolSyntaxKind.ATEM_RECIPIENTS,
+    spb.TOOL_PARSER_JSON_CALLS: ToolSyntaxKind.JSON_CALLS,
 }
 REASONING_KINDS = {
     spb.REASONING_PARSER_NONE: ReasoningSyntaxKind.NONE,
@@ -86,6 +88,10 @@ TOOL_FIELDS = {
     ),
     ToolSyntaxKind.XTML: _use(_ELEMENT, ("tag_separator", "block_lead")),
     ToolSyntaxKind.ATEM_RECIPIENTS: _use(_ELEMENT, ("tag_separator",)),
+    ToolSyntaxKind.JSON_CALLS: _use((), (
+        "opener", "closer", "name_key", "arguments_key", "invoke_open", "name_end", "arguments_open",
+        "arguments_close", "invoke_close", "block_lead",
+    )),
 }
 
 
@@ -111,6 +117,11 @@ def tool_syntax(kind: ToolSyntaxKind, tools: spb.ToolSyntax):
             tools.opener, tools.closer, tools.invoke_open, tools.invoke_close, tools.parameter_open,
             tools.parameter_close, tools.name_end, value_wrap="\n" * tools.wrapping_newlines,
             block_lead=tools.block_lead,
+        )
+    if kind is ToolSyntaxKind.JSON_CALLS:
+        return JsonCallSyntax(
+            tools.opener, tools.closer, tools.name_key, tools.arguments_key, tools.invoke_open, tools.name_end,
+            tools.arguments_open, tools.arguments_close, tools.invoke_close, tools.block_lead,
         )
     if kind is ToolSyntaxKind.GLM_ARGUMENTS:
         return GlmArgumentSyntax(

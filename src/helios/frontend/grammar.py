@@ -15,7 +15,11 @@ grammar first admits the reasoning section still ahead of the output (free text 
 delimiter, generated as its token when the tokenizer has one), then an optional declared separator,
 then the request's grammar as an opaque subgrammar, so delimiters spelled inside the answer are answer
 text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state,
-after which the mask allows only EOS.
+after which the mask allows only EOS. A request's reasoning section ahead of a structured answer is
+bounded (`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the
+rest of the output. JSON schemas compile to compact JSON by default (``whitespace_flexible`` off: no
+free whitespace between tokens), so a sampled model cannot spend its budget on whitespace; a
+schema's own ``x-guidance`` options, or the server's `json_defaults`, may turn it back on.
 
 Requests with tools or recipient frames get a grammar built from the contract's syntax data instead
 (`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
@@ -40,6 +44,7 @@ from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.prompt import ReasoningState
 
 MASK_WORD_BITS = 32
+COMPACT_JSON = {"whitespace_flexible": False}  # llguidance JSON option: no free whitespace
 ANSWER_GRAMMAR = "answer"
 
 
@@ -102,6 +107,8 @@ class ReasoningEnvelope:
 
     Delimiters with a token id must be generated as that token; without one they are matched as text.
     `separator` is optional text the model may write between the close delimiter and the answer.
+    `budget` bounds the reasoning text in tokens (None: unbounded); once it is spent the grammar
+    allows only the close delimiter, so a structured answer always gets the rest of the output.
     """
 
     state: ReasoningState
@@ -110,6 +117,7 @@ class ReasoningEnvelope:
     open_token_id: int | None = None
     close_token_id: int | None = None
     separator: str = ""
+    budget: int | None = None
 
     def __post_init__(self):
         if self.state in (ReasoningState.OPEN, ReasoningState.UNOPENED):
@@ -139,14 +147,20 @@ def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
         answer = f"{json.dumps(envelope.separator)}? {answer}"
     if envelope is None or envelope.state in (ReasoningState.CLOSED, ReasoningState.NO_REASONING):
         return f"start: {answer}\n"
+    bounded = f"[max_tokens={envelope.budget}]" if envelope.budget is not None else ""
     if envelope.close_token_id is not None:
-        body = f"reasoning: REASONING <[{envelope.close_token_id}]>\nREASONING: /(?s:.*)/\n"
+        body = f"reasoning: reasoning_text <[{envelope.close_token_id}]>\nreasoning_text{bounded}: /(?s:.*)/\n"
+    elif bounded:
+        close = json.dumps(envelope.close_text)
+        body = f"reasoning: reasoning_text {close}\nreasoning_text{bounded}: /(?s:.*)/\n"
     else:
         body = f"reasoning[suffix={json.dumps(envelope.close_text)}]: /(?s:.*)/\n"
     if envelope.state is ReasoningState.OPEN:
         return f"start: reasoning {answer}\n{body}"
+    # The separator follows a close delimiter only: an output that never opens reasoning starts
+    # with the answer itself (the parser would show a leading separator as answer text).
     opener = f"<[{envelope.open_token_id}]>" if envelope.open_token_id is not None else json.dumps(envelope.open_text)
-    return f"start: (opened)? {answer}\nopened: {opener} reasoning\n{body}"
+    return f"start: opened | @{ANSWER_GRAMMAR}\nopened: {opener} reasoning {answer}\n{body}"
 
 
 class GrammarCompiler:
@@ -157,7 +171,7 @@ class GrammarCompiler:
             raise ValueError("the llguidance tokenizer must span the sampled vocabulary")
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
-        self._json_defaults = dict(json_defaults or {})
+        self._json_defaults = {**COMPACT_JSON, **(json_defaults or {})}
 
     @classmethod
     def from_tokenizer(

@@ -18,16 +18,24 @@ output syntax has no tool calls, or when no forced tool has a name the syntax ca
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any, Mapping, Sequence
 
 from helios.frontend.contract_syntax import FrontendSyntax
-from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, GrammarRequest
+from helios.frontend.grammar import GrammarCompiler, GrammarKind, GrammarMatcher, GrammarRequest
 from helios.frontend.grammar_frames import frames_lark
+from helios.frontend.grammar_json_calls import json_calls_lark
 from helios.frontend.grammar_lark import Speller
 from helios.frontend.grammar_tools import AnswerKind, CallPolicy, TagEnvelope, ToolSchema, is_markup_name, tag_tool_lark
 from helios.frontend.prompt import Prompt
 from helios.frontend.request_options import ChatOptionError, ToolChoiceMode, ToolPolicy
 from helios.frontend.syntax import ToolSyntaxKind
+
+
+# JSON-call syntaxes have a grammar for forced calls only: with a response format and optional calls
+# the answer alone is constrained, and parallel_tool_calls=false without forcing is refused.
+_NO_CALL_GRAMMAR = (ToolSyntaxKind.NONE, ToolSyntaxKind.JSON_CALLS)
 
 
 class OutputConstraints:
@@ -43,14 +51,19 @@ class OutputConstraints:
         return cls(syntax, compiler, Speller.from_tokenizer(tokenizer, compiler.is_special_token, syntax.delimiters))
 
     def compile(self, answer: GrammarRequest | None, policy: ToolPolicy,
-                tools: Sequence[Mapping[str, Any]] | None, prompt: Prompt) -> GrammarMatcher | None:
-        """The request's matcher (None: unconstrained). GrammarError / ChatOptionError: HTTP 400."""
+                tools: Sequence[Mapping[str, Any]] | None, prompt: Prompt,
+                reasoning_budget: int | None = None) -> GrammarMatcher | None:
+        """The request's matcher (None: unconstrained). GrammarError / ChatOptionError: HTTP 400.
+        `reasoning_budget` bounds a reasoning section ahead of an answer-only structured output."""
         calls = self._call_policy(answer, policy, tools) if policy.is_active and (answer is not None or policy.needs_grammar) else None
         if calls is None:
-            return self._answer_only(answer, prompt) if answer is not None else None
+            return self._answer_only(answer, prompt, reasoning_budget) if answer is not None else None
         if answer is not None and calls.answer is not AnswerKind.STRUCTURED:
             self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
         syntax, options = self._syntax, self._compiler.json_options
+        if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # forced calls only (see _call_policy)
+            lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
+            return self._answer_only(GrammarRequest(GrammarKind.LARK, lark), prompt, reasoning_budget)
         if syntax.has_frames:
             start = syntax.output_start(prompt).frame
             lark = frames_lark(syntax.output.frames, self._speller, start, calls, calls.answer, options)
@@ -58,14 +71,17 @@ class OutputConstraints:
             lark = tag_tool_lark(syntax.output, self._speller, TagEnvelope(prompt.reasoning_state, calls), options)
         return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
 
-    def _answer_only(self, answer: GrammarRequest, prompt: Prompt) -> GrammarMatcher:
+    def _answer_only(self, answer: GrammarRequest, prompt: Prompt, budget: int | None) -> GrammarMatcher:
         syntax = self._syntax
         if syntax.has_frames:
             start = syntax.output_start(prompt).frame
             lark = frames_lark(syntax.output.frames, self._speller, start, None, AnswerKind.STRUCTURED,
                                self._compiler.json_options)
             return self._compiler.compile_lark(lark, answer)
-        return self._compiler.compile(answer, syntax.envelope(prompt.reasoning_state))
+        envelope = syntax.envelope(prompt.reasoning_state)
+        if envelope is not None and budget is not None:
+            envelope = replace(envelope, budget=max(1, budget))
+        return self._compiler.compile(answer, envelope)
 
     def _call_policy(self, answer: GrammarRequest | None, policy: ToolPolicy,
                      tools: Sequence[Mapping[str, Any]] | None) -> CallPolicy | None:
@@ -74,7 +90,8 @@ class OutputConstraints:
         if policy.mode is ToolChoiceMode.NAMED:
             callable_tools = tuple(tool for tool in callable_tools if tool.name == policy.function)
         spelled = tuple(tool for tool in callable_tools if is_markup_name(tool.name))
-        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled:
+        json_calls = self._syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS
+        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled or (json_calls and not policy.forces_call):
             if policy.needs_grammar:
                 raise ChatOptionError(self._unforceable(policy, callable_tools))
             return None
@@ -89,5 +106,7 @@ class OutputConstraints:
         option = "parallel_tool_calls=false" if not policy.forces_call else f"tool_choice {policy.mode.value!r}"
         if self._syntax.output.tool_kind is ToolSyntaxKind.NONE:
             return f"{option} cannot be honoured: this model's output syntax has no tool calls"
+        if self._syntax.output.tool_kind in _NO_CALL_GRAMMAR:
+            return f"{option} cannot be honoured without forcing a call in this model's JSON tool syntax"
         names = ", ".join(repr(tool.name) for tool in tools)
         return f"{option} cannot be honoured: the tool syntax cannot spell the function names {names}"

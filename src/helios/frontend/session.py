@@ -223,7 +223,9 @@ class FrontendModel:
         answer = None
         if has_structured_output(body):
             answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))
-        grammar = self._constraints.compile(answer, policy, tools, prompt)
+        limit = resolve_output_limit(requested, self._settings.sampling.max_output_tokens,
+                                     self._settings.context_tokens, len(prompt.token_ids))
+        grammar = self._constraints.compile(answer, policy, tools, prompt, reasoning_budget=limit // 2)
         request_id = request_id or uuid.uuid4().hex
         output_request = OutputRequest(
             ToolRegistry.from_openai(tools),

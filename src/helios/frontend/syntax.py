@@ -8,7 +8,7 @@ Two independent selectors choose the parser algorithms (mirroring the contract's
 value selects nothing): `ReasoningSyntaxKind` and `ToolSyntaxKind`. `OutputSyntax` bundles the
 selectors with their data and validates the legal pairings when constructed:
 
-- THINK_TAGS pairs with NONE, QWEN_CODER_FUNCTIONS, GLM_ARGUMENTS, DSML or XTML tools;
+- THINK_TAGS pairs with NONE, QWEN_CODER_FUNCTIONS, GLM_ARGUMENTS, DSML, XTML or JSON_CALLS tools;
 - XTML_THINK requires XTML tools;
 - RECIPIENT_HEADERS and ATEM_RECIPIENTS require each other (one parser consumes whole frames);
 - a reasoning terminal marker must be the declared tool syntax's opener.
@@ -46,6 +46,7 @@ class ToolSyntaxKind(enum.IntEnum):
     DSML = 4  # <｜DSML｜invoke name="..."><｜DSML｜parameter name="..." string="true|false">...
     XTML = 5  # <xtml:calls><xtml:call name="..."><xtml:arg name="...">escaped</xtml:arg>...
     ATEM_RECIPIENTS = 6  # <atem:function_calls> blocks inside tool recipient frames
+    JSON_CALLS = 7  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>, [TOOL_CALLS][...], ...
 
 
 @dataclass(frozen=True)
@@ -151,13 +152,45 @@ class RecipientSyntax:
     tools: ElementToolSyntax
 
 
-ToolSyntax = Union[QwenCoderSyntax, GlmArgumentSyntax, ElementToolSyntax]
+@dataclass(frozen=True)
+class JsonCallSyntax:
+    """JSON invocations inside an optional block: ``BLOCK_OPEN calls BLOCK_CLOSE``.
+
+    With ``name_key`` the calls are JSON objects ``{NAME_KEY: name, ARGUMENTS_KEY: {...}}`` (one, a
+    JSON array of them, or several separated by whitespace, commas or semicolons). Without it each
+    call is markup: ``INVOKE_OPEN name NAME_END ARGUMENTS_OPEN {...} ARGUMENTS_CLOSE INVOKE_CLOSE``.
+    An empty ``block_open`` means an answer whose first non-whitespace character opens a JSON
+    object or array is the block; an empty ``block_close`` means the block runs to the output's end.
+    """
+
+    block_open: str = ""
+    block_close: str = ""
+    name_key: str = ""
+    arguments_key: str = ""
+    invoke_open: str = ""
+    name_end: str = ""
+    arguments_open: str = ""
+    arguments_close: str = ""
+    invoke_close: str = ""
+    block_lead: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.name_key) == bool(self.invoke_open):
+            raise ContractError("frontend.tools.name_key", "JSON calls are named either by a key or by markup")
+        if self.name_key and not self.arguments_key:
+            raise ContractError("frontend.tools.arguments_key", "JSON call objects need an arguments key")
+        if self.invoke_open and not self.name_end:
+            raise ContractError("frontend.tools.name_end", "a named JSON call needs the text ending its name")
+
+
+ToolSyntax = Union[QwenCoderSyntax, GlmArgumentSyntax, ElementToolSyntax, JsonCallSyntax]
 
 _TOOL_DATA = {
     ToolSyntaxKind.QWEN_CODER_FUNCTIONS: QwenCoderSyntax,
     ToolSyntaxKind.GLM_ARGUMENTS: GlmArgumentSyntax,
     ToolSyntaxKind.DSML: ElementToolSyntax,
     ToolSyntaxKind.XTML: ElementToolSyntax,
+    ToolSyntaxKind.JSON_CALLS: JsonCallSyntax,
 }
 _THINK_TOOLS = (
     ToolSyntaxKind.NONE,
@@ -165,6 +198,7 @@ _THINK_TOOLS = (
     ToolSyntaxKind.GLM_ARGUMENTS,
     ToolSyntaxKind.DSML,
     ToolSyntaxKind.XTML,
+    ToolSyntaxKind.JSON_CALLS,
 )
 _OPTIONAL_TEXT = {
     "after_open", "before_close", "after_close", "terminal", "value_wrap", "block_lead",
@@ -191,7 +225,7 @@ class OutputSyntax:
         _check_data(self)
         for name in ("think", "tools", "frames"):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and not isinstance(value, JsonCallSyntax):  # it checks itself
                 _check_spellings(value, f"frontend.{name}")
         if self.think is not None and self.think.terminal:
             opener = self.tools.block_open if self.tools is not None else ""
@@ -320,4 +354,17 @@ def example_recipients() -> RecipientSyntax:
     return RecipientSyntax(
         "<|start|>", "<|message|>", "<|eom|>", "assistant", " to=", "self", ("commentary", "user"),
         "functions", "functions.", example_atem(),
+    )
+
+
+def example_hermes() -> JsonCallSyntax:
+    """``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`` (Qwen2.5, Qwen3)."""
+    return JsonCallSyntax("<tool_call>", "</tool_call>", name_key="name", arguments_key="arguments")
+
+
+def example_deepseek_v3() -> JsonCallSyntax:
+    """DeepSeek-V3 tool-call tokens with a fenced JSON argument object."""
+    return JsonCallSyntax(
+        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", invoke_open="<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+        name_end="\n", arguments_open="```json\n", arguments_close="\n```", invoke_close="<｜tool▁call▁end｜>",
     )

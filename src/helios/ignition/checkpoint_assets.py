@@ -1,4 +1,4 @@
-"""Frontend assets of a checkpoint directory: tokenizer, chat template, EOS ids, syntax choices.
+"""Frontend assets of a checkpoint directory: tokenizer, chat template, EOS ids, syntax declarations.
 
 Read once at preparation; the runtime never reads checkpoint files. What a checkpoint says about
 its frontend (special tokens, template, EOS) becomes typed contract data here.
@@ -10,20 +10,19 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from tokenizers import Tokenizer
 
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
+from helios.ignition.frontend.families import select_family
+from helios.ignition.frontend.probes import message_boundary, prefix_rules, reasoning_facts, tool_call_text
+from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.preparation.contract import FrontendDeclaration
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-# Message envelopes recognised from a tokenizer's special tokens: (start, end, assistant header).
-ENVELOPES = (
-    ("<|im_start|>", "<|im_end|>", "assistant\n"),
-    ("<|start_header_id|>", "<|eot_id|>", "assistant<|end_header_id|>\n\n"),
-)
+# Keys of `--frontend KEY=VALUE`: what a publisher may state instead of what the probes derive.
+STATED_KEYS = ("family", "reasoning", "message_start", "assistant_header", "message_end")
 
 
 @dataclass(frozen=True)
@@ -36,14 +35,20 @@ class CheckpointAssets:
     template_tokens: tuple[spb.TemplateToken, ...]
     frontend: FrontendDeclaration
     digest: str
+    sampling: spb.SamplingDefaults | None = None  # generation_config recommendations (see export)
 
     @property
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_str(self.tokenizer_json.decode("utf-8"))
 
 
-def read_assets(directory: Path, vocab_size: int) -> CheckpointAssets:
-    """Reads tokenizer.json, tokenizer_config.json (chat template, special tokens) and EOS ids."""
+def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | None = None) -> CheckpointAssets:
+    """Reads tokenizer.json, tokenizer_config.json (chat template, special tokens) and EOS ids, and
+    derives the frontend declaration from the template (`stated` values win; see STATED_KEYS)."""
+    stated = dict(stated or {})
+    unknown = set(stated) - set(STATED_KEYS)
+    if unknown:
+        raise CheckpointError(f"unknown frontend keys {sorted(unknown)}; known: {', '.join(STATED_KEYS)}")
     path = directory / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(f"{directory} has no tokenizer.json")
@@ -54,7 +59,8 @@ def read_assets(directory: Path, vocab_size: int) -> CheckpointAssets:
     tokens = _template_tokens(tokenizer, config, vocab_size)
     eos = _eos_ids(directory, tokenizer, config, vocab_size)
     digest = hashlib.sha256(tokenizer_json + template.encode("utf-8")).hexdigest()
-    return CheckpointAssets(tokenizer_json, template, eos, tokens, _frontend(tokenizer), digest)
+    frontend = _frontend(template, tokenizer, _read_json(directory / "config.json"), stated, tokens)
+    return CheckpointAssets(tokenizer_json, template, eos, tokens, frontend, digest)
 
 
 def _read_json(path: Path) -> dict:
@@ -111,33 +117,34 @@ def _eos_ids(directory: Path, tokenizer: Tokenizer, config: dict, vocab_size: in
     return unique
 
 
-def _frontend(tokenizer: Tokenizer) -> FrontendDeclaration:
-    """Think-tag reasoning and function-tag tools when the tokenizer has those special tokens."""
-    think_open, think_close = tokenizer.token_to_id(THINK_OPEN), tokenizer.token_to_id(THINK_CLOSE)
-    has_tools = tokenizer.token_to_id(TOOL_OPEN) is not None and tokenizer.token_to_id(TOOL_CLOSE) is not None
+def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping[str, str],
+              tokens: tuple[spb.TemplateToken, ...]) -> FrontendDeclaration:
+    """Boundaries, reasoning and tool syntax from probe renders of the template (see ignition.frontend)."""
+    probe = ProbeTemplate(template, {t.name: t.text for t in tokens})
+    boundary = message_boundary(probe, tokenizer, stated)
+    rendered_call = tool_call_text(probe)
+    model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else ""
+    family = select_family(rendered_call, model_type, stated.get("family"))
     tool_parser, tool_syntax = spb.TOOL_PARSER_NONE, None
-    if has_tools:
-        tool_parser = spb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS
-        tool_syntax = spb.ToolSyntax(
-            opener=TOOL_OPEN, closer=TOOL_CLOSE, tag_separator="\n", wrapping_newlines=1,
-            invoke_open="<function=", invoke_close="</function>", parameter_open="<parameter=",
-            parameter_close="</parameter>", name_end=">",
-        )
+    if family is not None:
+        tool_parser, tool_syntax = family.tool_parser, family.tool_syntax
     reasoning_parser, reasoning_syntax = spb.REASONING_PARSER_NONE, None
-    if think_open is not None and think_close is not None:
+    facts = None if stated.get("reasoning") == "none" else reasoning_facts(probe, boundary.generation_prompt)
+    if facts is not None:
         reasoning_parser = spb.REASONING_PARSER_THINK_TAGS
+        if family is not None and family.tool_parser == spb.TOOL_PARSER_XTML:
+            reasoning_parser = spb.REASONING_PARSER_XTML_THINK
+        terminal = [tool_syntax.opener] if family is not None and family.reasoning_ends_at_tools else []
         reasoning_syntax = spb.ReasoningSyntax(
-            open=THINK_OPEN, close=THINK_CLOSE, open_token_id=think_open, close_token_id=think_close,
-            terminal_markers=[TOOL_OPEN] if has_tools else [], wrapping_newlines=1,
+            open=facts.open, close=facts.close, terminal_markers=terminal,
+            wrapping_newlines=facts.wrapping_newlines, after_close=facts.after_close,
         )
-    return FrontendDeclaration(tool_parser, reasoning_parser, tool_syntax, reasoning_syntax, _boundary(tokenizer))
-
-
-def _boundary(tokenizer: Tokenizer) -> spb.AssistantBoundary:
-    for start, end, header in ENVELOPES:
-        if tokenizer.token_to_id(start) is not None and tokenizer.token_to_id(end) is not None:
-            return spb.AssistantBoundary(message_start=start, message_end=end, assistant_header=header)
-    raise CheckpointError(
-        "the tokenizer has no recognised chat message envelope; supported: "
-        + ", ".join(f"{start}...{end}" for start, end, _ in ENVELOPES)
-    )
+        for field, text in (("open_token_id", facts.open), ("close_token_id", facts.close)):
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            if len(ids) == 1:
+                setattr(reasoning_syntax, field, ids[0])
+    rules = prefix_rules(probe, family is not None)
+    assistant = spb.AssistantBoundary(message_start=boundary.message_start, message_end=boundary.message_end,
+                                      assistant_header=boundary.assistant_header)
+    return FrontendDeclaration(tool_parser, reasoning_parser, tool_syntax, reasoning_syntax, assistant,
+                               tuple(rules), family.name if family is not None else "none")

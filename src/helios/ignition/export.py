@@ -28,6 +28,7 @@ from helios.core.writer import CoreWriter, WrittenCore
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.capture import capture_program
 from helios.ignition.checkpoint_assets import read_assets
+from helios.ignition.frontend.sampling import merged_sampling
 from helios.ignition.preparation.contract import (
     PagedTextDeclaration,
     ProgramResource,
@@ -111,6 +112,8 @@ class PrepareOptions:
         default_factory=lambda: spb.SamplingDefaults(seed_policy=spb.SEED_POLICY_RANDOM)
     )
     tensor_parallel: int = 1  # ranks the core is prepared for (one program set, N weight shards)
+    # Frontend facts the publisher states instead of the template probes (checkpoint_assets.STATED_KEYS).
+    frontend: tuple[tuple[str, str], ...] = ()
 
 
 def prepare_core(
@@ -127,7 +130,11 @@ def prepare_core(
     # programs are captured; the weights are compressed straight from the tensors at `write`.
     weight_files = rank_weight_files(recipe, ranks)
     digests = [digest_in_background(weights.image) for weights in weight_files]  # one thread per rank
-    assets = read_assets(checkpoint, arch.vocab_size)
+    assets = read_assets(checkpoint, arch.vocab_size, dict(options.frontend))
+    assets = dataclasses.replace(assets, sampling=merged_sampling(checkpoint, options.sampling))
+    declared = assets.frontend
+    progress(f"frontend: {declared.family} family, tool parser {spb.ToolParser.Name(declared.tool_parser)}, "
+             f"reasoning {spb.ReasoningParser.Name(declared.reasoning_parser)}")
     plan = options.capacities
     writer = CoreWriter()
     programs = []
@@ -183,6 +190,6 @@ def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights_digest
         served_id=served_id, cache_identity=f"sha256:{identity}", vocab_size=recipe.architecture.vocab_size,
         page_tokens=plan.page_tokens, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens,
         max_concurrency=plan.max_concurrency, page_capacity=page_capacity, eos_token_ids=assets.eos_token_ids,
-        sampling=options.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
+        sampling=assets.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
         frontend=assets.frontend, ranks=options.tensor_parallel,
     )

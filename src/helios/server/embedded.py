@@ -4,7 +4,8 @@
 package ships a prepared core itself, the checkpoint is prepared on first use into the cache
 directory (``$HELIOS_CACHE``, else ``~/.cache/helios``) and signed with a key generated there; the
 core's directory name carries a digest of the checkpoint files and `CORE_GENERATION`, so a changed
-checkpoint, or a core written in a storage this version no longer loads, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
+checkpoint, a core written in a storage this version no longer loads, or one whose preparation
+declared less, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
 runs cannot see a partial core. The embedded-model owner may replace the body of `embedded_core`
 (for example to return a committed core and its public key) without touching the server.
 """
@@ -29,9 +30,11 @@ CACHE_ENV = "HELIOS_CACHE"
 KEY_NAME = "embedded-publisher.key"
 CONTEXT_TOKENS = 2048
 DECODE_BATCHES = (1, 4, 16, 64)
-# Bumped when prepared cores change in a way older cached cores cannot be loaded: "images" since
-# programs are stored as program images (cores cached before hold pickled programs, now refused).
-CORE_GENERATION = "images"
+# Bumped when prepared cores change in a way older cached cores cannot be loaded or serve the
+# checkpoint worse: "images" since programs are stored as program images (cores cached before hold
+# pickled programs, now refused); "-templates" since the frontend and sampling defaults come from the
+# chat template and generation_config.json (an older core served do_sample: false at temperature 1).
+CORE_GENERATION = "images-templates"
 
 
 class EmbeddedModelMissing(LoadError):

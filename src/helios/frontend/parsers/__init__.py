@@ -3,7 +3,8 @@
 Modules: `pipeline` (pairing and routing), `think_tags` (delimited reasoning), `xtml` (XTML think and
 calls), `recipient_frames` (recipient headers with ATEM calls), `tag_tools` (the tool-call state
 machine and its recovery rules) with one grammar module per tool family (`qwen_coder`,
-`glm_arguments`, `dsml`, `atem`) compiled to a `tool_grammar.ToolGrammar`, and helpers (`scan`, `text`, `calls`, `values`, `delimiters`,
+`glm_arguments`, `dsml`, `atem`) compiled to a `tool_grammar.ToolGrammar`, `json_calls` (whole JSON
+invocations: Hermes, Llama, Mistral and DeepSeek tool-call tokens), and helpers (`scan`, `text`, `calls`, `values`, `delimiters`,
 `start`). Events are defined in `helios.frontend.events`, syntax data in `helios.frontend.syntax`.
 """
 

@@ -22,6 +22,7 @@ from helios.frontend.parsers.calls import CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters
 from helios.frontend.parsers.dsml import dsml_grammar
 from helios.frontend.parsers.glm_arguments import glm_arguments_grammar
+from helios.frontend.parsers.json_calls import JsonCallParser
 from helios.frontend.parsers.qwen_coder import qwen_coder_grammar
 from helios.frontend.parsers.recipient_frames import RecipientFrameParser
 from helios.frontend.parsers.start import AnswerMode, OutputStart
@@ -102,7 +103,9 @@ class OutputPipeline:
             first = ThinkTagParser(syntax.think, delimiters, request.start.reasoning, escaped)
         grammar = tool_grammar(syntax)
         second = None
-        if grammar is not None:
+        if syntax.tool_kind is ToolSyntaxKind.JSON_CALLS:
+            second = JsonCallParser(syntax.tools, NameRule(request.tools), ids, answer=request.answer)
+        elif grammar is not None:
             second = TagToolParser(grammar, NameRule(request.tools), ids, answer=request.answer)
         return cls(first, second)
 

@@ -103,6 +103,8 @@ class FrontendDeclaration:
     tool_syntax: spb.ToolSyntax | None = None
     reasoning_syntax: spb.ReasoningSyntax | None = None
     assistant_boundary: spb.AssistantBoundary | None = None
+    prefix_boundaries: tuple[spb.PrefixBoundaryRule, ...] = ()
+    family: str = "none"  # the declared family's name, for preparation logs (not contract data)
 
 
 @dataclass(frozen=True)
@@ -416,3 +418,4 @@ def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> No
         target.reasoning_syntax.CopyFrom(frontend.reasoning_syntax)
     if frontend.assistant_boundary is not None:
         target.assistant_boundary.CopyFrom(frontend.assistant_boundary)
+    target.prefix_boundaries.extend(frontend.prefix_boundaries)

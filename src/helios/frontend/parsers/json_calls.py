@@ -1,0 +1,246 @@
+"""JSON tool calls (`ToolSyntaxKind.JSON_CALLS`): whole JSON invocations inside an optional block.
+
+Spellings served (all from `JsonCallSyntax` data, none keyed by model identity)::
+
+    <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>          Hermes style (Qwen2.5, Qwen3)
+    [TOOL_CALLS][{"name": "f", "arguments": {...}}]                       Mistral (block runs to the end)
+    {"name": "f", "parameters": {...}}                                    Llama 3.x (no opener: the answer
+                                                                          is a call when it starts with `{`)
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\\n```json\\n{...}\\n```<｜tool▁call▁end｜>...
+                                                                          DeepSeek V3 (V3.1 without fence)
+
+Answer text is released as soon as it cannot start the opener; a block is parsed when its closer
+arrives (or at the end of output when it has none), so arguments are emitted whole, once per call.
+Recovery (never raising from ``feed``): a block that does not parse is answer text with
+`MALFORMED_CALL`; calls naming unregistered functions are dropped with `UNKNOWN_TOOL` (the block is
+answer text when no call remains); output ending inside a block that has a closer parses what is
+there with `UNTERMINATED_CALL` (calls then end with ``complete=False``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from helios.frontend.events import (
+    ContentDelta,
+    Event,
+    MarkupDropped,
+    ParseError,
+    ParseErrorKind,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from helios.frontend.parsers.calls import DETAIL_LEN, CallIds
+from helios.frontend.parsers.start import AnswerMode
+from helios.frontend.parsers.tool_grammar import NameRule
+from helios.frontend.syntax import JsonCallSyntax
+
+_DECODER = json.JSONDecoder()
+_SEPARATORS = " \t\r\n,;"
+_JSON_STARTS = "{["
+
+
+class MalformedCalls(ValueError):
+    """A block body that does not follow the syntax."""
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: dict
+
+
+def parse_block(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
+    """The calls of one block body (MalformedCalls when it does not follow the syntax)."""
+    if syntax.name_key:
+        return _object_calls(body, syntax)
+    return _named_calls(body, syntax)
+
+
+def _object_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
+    calls, at = [], _skip(body, 0, _SEPARATORS)
+    while at < len(body):
+        try:
+            value, at = _DECODER.raw_decode(body, at)
+        except ValueError as error:
+            raise MalformedCalls(f"not JSON at {at}: {error}") from None
+        for item in value if isinstance(value, list) else [value]:
+            calls.append(_object_call(item, syntax))
+        at = _skip(body, at, _SEPARATORS)
+    if not calls:
+        raise MalformedCalls("no call in the block")
+    return calls
+
+
+def _object_call(item: object, syntax: JsonCallSyntax) -> ParsedCall:
+    if not isinstance(item, dict) or not isinstance(item.get(syntax.name_key), str):
+        raise MalformedCalls(f"a call is an object with a string {syntax.name_key!r}")
+    arguments = item.get(syntax.arguments_key, {})
+    if isinstance(arguments, str):  # some models write the arguments object as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise MalformedCalls(f"{syntax.arguments_key!r} is not a JSON object") from None
+    if not isinstance(arguments, dict):
+        raise MalformedCalls(f"{syntax.arguments_key!r} is not a JSON object")
+    return ParsedCall(item[syntax.name_key], arguments)
+
+
+def _named_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
+    calls, at = [], _skip(body, 0, " \t\r\n")
+    while at < len(body):
+        at = _expect(body, at, syntax.invoke_open)
+        end = body.find(syntax.name_end, at)
+        if end < 0:
+            raise MalformedCalls("a function name is not terminated")
+        name, at = body[at:end].strip(), end + len(syntax.name_end)
+        at = _expect(body, _skip(body, at, " \t\r\n"), syntax.arguments_open)
+        try:
+            arguments, at = _DECODER.raw_decode(body, _skip(body, at, " \t\r\n"))
+        except ValueError as error:
+            raise MalformedCalls(f"arguments of {name!r} are not JSON: {error}") from None
+        if not isinstance(arguments, dict) or not name:
+            raise MalformedCalls(f"call {name!r} has no JSON object arguments")
+        at = _expect(body, _skip(body, at, " \t\r\n"), syntax.arguments_close.strip())
+        at = _skip(body, _expect(body, _skip(body, at, " \t\r\n"), syntax.invoke_close), " \t\r\n")
+        calls.append(ParsedCall(name, arguments))
+    if not calls:
+        raise MalformedCalls("no call in the block")
+    return calls
+
+
+def _skip(text: str, at: int, chars: str) -> int:
+    while at < len(text) and text[at] in chars:
+        at += 1
+    return at
+
+
+def _expect(text: str, at: int, spelling: str) -> int:
+    if not spelling:
+        return at
+    if not text.startswith(spelling, at):
+        raise MalformedCalls(f"expected {spelling!r} at {at}")
+    return at + len(spelling)
+
+
+def _partial_suffix_len(text: str, spelling: str) -> int:
+    """Length of the longest end of `text` that is a proper prefix of `spelling`."""
+    for n in range(min(len(text), len(spelling) - 1), 0, -1):
+        if spelling.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class JsonCallParser:
+    """Answer text -> content and tool-call events for one output (one thread)."""
+
+    def __init__(self, syntax: JsonCallSyntax, names: NameRule, ids: CallIds,
+                 answer: AnswerMode = AnswerMode.FREE):
+        self._syntax, self._names, self._ids, self._answer = syntax, names, ids, answer
+        self._held = ""  # undecided answer text (a possible opener prefix, trailing whitespace)
+        self._block: list[str] | None = None  # body text of an open block
+        self._opaque = False  # a structured answer started: everything is answer text
+        self._lead = ""  # whitespace between the answer and the open block's opener
+        self._seen_text = False
+
+    def feed(self, token_id: int, text: str) -> list[Event]:
+        if self._block is not None:
+            self._block.append(text)
+            return self._close_block_if_done()
+        return self._content(self._held + text)
+
+    def finish(self) -> list[Event]:
+        if self._block is not None:
+            unterminated = bool(self._syntax.block_close)
+            body = "".join(self._block)
+            self._block = None
+            return self._emit_block(body, "", unterminated)
+        held, self._held = self._held, ""
+        return [ContentDelta(held)] if held else []
+
+    def _content(self, text: str) -> list[Event]:
+        opener = self._syntax.block_open
+        if self._opaque:
+            self._held = ""
+            return [ContentDelta(text)] if text else []
+        if not opener:
+            return self._answer_start(text)
+        at = text.find(opener)
+        if at >= 0:
+            before, after = text[:at], text[at + len(opener):]
+            if self._answer is AnswerMode.STRUCTURED and before.strip():
+                return self._to_opaque(text)
+            answer = before.rstrip()
+            self._lead, self._held, self._block = before[len(answer):], "", [after]
+            events = [ContentDelta(answer)] if answer else []
+            return events + self._close_block_if_done()
+        if self._answer is AnswerMode.STRUCTURED and text.strip() and not opener.startswith(text.lstrip()[:len(opener)]):
+            return self._to_opaque(text)
+        partial = _partial_suffix_len(text, opener)
+        rest = text[: len(text) - partial]
+        keep = partial + len(rest) - len(rest.rstrip())  # whitespace before an opener is its lead
+        released, self._held = text[: len(text) - keep], text[len(text) - keep:]
+        return [ContentDelta(released)] if released else []
+
+    def _answer_start(self, text: str) -> list[Event]:
+        """No opener: the answer is a block when its first non-whitespace character starts JSON."""
+        stripped = text.lstrip()
+        if not stripped:
+            self._held = text
+            return []
+        if self._answer is AnswerMode.STRUCTURED or stripped[0] not in _JSON_STARTS:
+            return self._to_opaque(text)
+        self._lead, self._held, self._block = "", "", [text]
+        return []
+
+    def _to_opaque(self, text: str) -> list[Event]:
+        self._opaque, self._held = True, ""
+        return [ContentDelta(text)] if text else []
+
+    def _close_block_if_done(self) -> list[Event]:
+        closer = self._syntax.block_close
+        if not closer:
+            return []
+        body = "".join(self._block)
+        at = body.find(closer)
+        if at < 0:
+            self._block = [body]
+            return []
+        self._block = None
+        events = self._emit_block(body[:at], closer, unterminated=False)
+        rest = body[at + len(closer):]
+        return events + (self._content(rest) if rest else [])
+
+    def _emit_block(self, body: str, closer: str, unterminated: bool) -> list[Event]:
+        """Events of a complete block: its calls (the block's text is markup), or, when it holds no
+        acceptable call, its whole text (lead whitespace, opener, body, closer) as answer text."""
+        raw = self._lead + self._syntax.block_open + body + closer
+        self._lead = ""
+        try:
+            calls = parse_block(body, self._syntax)
+        except MalformedCalls as error:
+            kind = ParseErrorKind.UNTERMINATED_CALL if unterminated else ParseErrorKind.MALFORMED_CALL
+            return [ContentDelta(raw), ParseError(kind, f"{error}: {body[:DETAIL_LEN]!r}")]
+        events: list[Event] = []
+        accepted = []
+        for call in calls:
+            problem = self._names.check(call.name)
+            if problem is not None:
+                events.append(problem)
+            else:
+                accepted.append(call)
+        if not accepted:
+            return [ContentDelta(raw), *events]
+        events.append(MarkupDropped(raw))
+        for call in accepted:
+            index, call_id = self._ids.allocate()
+            events += [
+                ToolCallStart(index, call_id, call.name),
+                ToolCallArguments(index, json.dumps(call.arguments, ensure_ascii=False)),
+                ToolCallEnd(index, not unterminated),
+            ]
+        if unterminated:
+            events.append(ParseError(ParseErrorKind.UNTERMINATED_CALL, body[:DETAIL_LEN]))
+        return events

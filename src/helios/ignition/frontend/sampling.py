@@ -1,0 +1,71 @@
+"""Sampling recommendations from a checkpoint's generation_config.json, as contract defaults.
+
+``do_sample: false`` recommends greedy decoding (temperature 0); otherwise the temperature, top_p,
+top_k and repetition_penalty the file gives are recorded (values outside the contract's ranges are
+a prepare error naming the field). Fields the publisher sets explicitly in `PrepareOptions.sampling`
+win; anything neither gives is left to the runtime's neutral defaults. Requests that set a value
+win over all of these.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helios.contract import serving_pb2 as spb
+from helios.ignition.architecture import CheckpointError
+
+FILE = "generation_config.json"
+
+
+def _read(directory: Path) -> dict:
+    path = directory / FILE
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from error
+    return value if isinstance(value, dict) else {}
+
+
+def _number(config: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
+    value = config.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{FILE}: {name} must be a number, not {value!r}")
+    if value < low or value > high or (low_open and value == low):
+        raise CheckpointError(f"{FILE}: {name} {value} is outside the supported range")
+    return float(value)
+
+
+def recommended_sampling(directory: Path) -> spb.SamplingDefaults:
+    """The checkpoint's recommendations (only the fields it gives)."""
+    config = _read(directory)
+    out = spb.SamplingDefaults()
+    if config.get("do_sample") is False:
+        out.temperature = 0.0
+    else:
+        temperature = _number(config, "temperature", 0.0, 100.0)
+        if temperature is not None:
+            out.temperature = temperature
+        top_p = _number(config, "top_p", 0.0, 1.0, low_open=True)
+        if top_p is not None:
+            out.top_p = top_p
+        top_k = config.get("top_k")
+        if top_k is not None:
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+                raise CheckpointError(f"{FILE}: top_k must be a non-negative integer, not {top_k!r}")
+            out.top_k = top_k
+    penalty = _number(config, "repetition_penalty", 0.0, 100.0, low_open=True)
+    if penalty is not None:
+        out.repetition_penalty = penalty
+    return out
+
+
+def merged_sampling(directory: Path, explicit: spb.SamplingDefaults) -> spb.SamplingDefaults:
+    """`explicit` fields over the checkpoint's recommendations."""
+    merged = recommended_sampling(directory)
+    merged.MergeFrom(explicit)  # set fields of `explicit` overwrite
+    return merged
