@@ -23,7 +23,7 @@ def run(argv, capsys):
 def test_check_example(capsys):
     code, out, err = run(["contract", "check", str(EXAMPLE)], capsys)
     assert code == 0 and err == ""
-    assert out.startswith("ok: example/llama-3.1-8b-vision-instruct (contract v3; 13 graphs")
+    assert out.startswith("ok: example/llama-3.1-8b-vision-instruct (contract v3; 14 graphs")
 
 
 def test_show_prints_canonical_json(capsys):

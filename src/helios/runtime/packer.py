@@ -118,6 +118,7 @@ class Packer:
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        self._allowed = allowed_row(prepared.contract.model.vocabulary)
 
     def enable_history_drafting(self) -> None:
         """Keep request histories from now on (call before the first request is registered)."""
@@ -200,7 +201,7 @@ class Packer:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
             _write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
-            _write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+            _write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
             values = [_row_value(binding, row, req) for row, req in zip(rows, requests)]
             _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
@@ -256,14 +257,31 @@ def _offset(value, offset: int):
     return value + offset
 
 
-def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool) -> None:
+def allowed_row(vocabulary: spb.VocabularyContract) -> torch.Tensor | None:
+    """The mask row of an unconstrained request: every id but the vocabulary's excluded ids (ids
+    inside the sampled range that sampling never returns, e.g. image sentinels); None: all ids."""
+    if not vocabulary.excluded_ids:
+        return None
+    bits = torch.full((vocabulary.mask_words,), -1, dtype=torch.int64) & 0xFFFFFFFF
+    for token in vocabulary.excluded_ids:
+        bits[token // 32] &= ~(1 << (token % 32)) & 0xFFFFFFFF
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+
+
+def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool,
+                 allowed: torch.Tensor | None = None) -> None:
     """Constrained rows get their grammar mask; every other row (and, with `pad`, the padding
-    rows) -1: every token allowed."""
-    target[: target.shape[0] if pad else len(rows)] = -1
+    rows) every token allowed: -1, or `allowed` (excluded ids cleared). A grammar mask is
+    intersected with `allowed` too."""
+    filled = target[: target.shape[0] if pad else len(rows)]
+    if allowed is None:
+        filled.fill_(-1)
+    else:
+        filled.copy_(allowed.expand_as(filled))
     for index, row in enumerate(rows):
         mask = masks.get(row.request_id) if row.constrained else None
         if mask is not None:
-            target[index] = mask
+            target[index] = mask if allowed is None else mask & allowed
 
 
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
