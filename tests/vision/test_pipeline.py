@@ -13,13 +13,14 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.images.errors import ImageRejected
+from helios.frontend.images.layout import LAYOUT_OUTPUTS
 from helios.frontend.images.pipeline import ImagePipeline
 from helios.ignition.preparation.vision_contract import ImageProcessorSettings, declare_vision
 from helios.runtime.image_features import ImageFeatureCache, encode_with_cache
 
 from .paged_greedy import encode_images, greedy
 from .test_vl_equivalence import _decoded, _prompt_ids, model, recipe  # noqa: F401 (fixtures)
-from .tiny_vl import IMAGE_TOKEN, MAX_PIXELS, MEAN, MIN_PIXELS, STD, hf_image_processor, image_bytes
+from .tiny_vl import IMAGE_TOKEN, MAX_PIXELS, MEAN, MIN_PIXELS, STD, VOCAB, hf_image_processor, image_bytes
 
 CAPACITIES = (32, 256)
 IMAGES = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG")]
@@ -35,8 +36,12 @@ URLS = [_url(IMAGES[0], "image/png"), _url(IMAGES[1], "image/jpeg")]
 @pytest.fixture(scope="module")
 def pipeline(recipe):  # noqa: F811
     contract = spb.ModelContract()
-    declare_vision(contract, recipe, ImageProcessorSettings(MEAN, STD, MIN_PIXELS, MAX_PIXELS), CAPACITIES)
+    contract.vocabulary.sampled.end = VOCAB
+    declare_vision(contract, recipe, ImageProcessorSettings(MEAN, STD, MIN_PIXELS, MAX_PIXELS), CAPACITIES, 64)
     assert list(contract.input_vocabulary.image_sentinel_ids) == [IMAGE_TOKEN]
+    assert list(contract.vocabulary.excluded_ids) == [IMAGE_TOKEN]  # inside the sampled range: never sampled
+    assert contract.vision.feature_slots == 64 and list(contract.frontend.image_layout_data.outputs) == [
+        *LAYOUT_OUTPUTS]
     return ImagePipeline.from_contract(contract, ImageLimits(max_images=2))
 
 
@@ -57,7 +62,7 @@ def test_capacity_and_placeholders_are_400s(pipeline):
     with pytest.raises(ImageRejected, match="2 image placeholders for 1 images"):
         pipeline.prepare(URLS[:1], _prompt_ids(2))
     small = ImagePipeline(pipeline.preparation, pipeline.layout, (16,), pipeline.limits)
-    with pytest.raises(ImageRejected, match="at most 16 are prepared"):
+    with pytest.raises(ImageRejected, match="image 1 needs 24 vision patches; at most 16 are prepared"):
         small.prepare(URLS[:1], _prompt_ids(1))
 
 
@@ -65,13 +70,12 @@ def test_requests_through_the_pipeline_equal_transformers(model, recipe, pipelin
     cache = ImageFeatureCache(max_rows=1024)
     for count in (1, 2):
         prepared = pipeline.prepare(URLS[:count], _prompt_ids(count))
-        assert prepared.patch_capacity == (32 if count == 1 else 256)
-        counts = [image.num_patches // 4 for image in prepared.images]
+        assert prepared.patch_capacities == (32,) * count
+        counts = list(prepared.feature_counts)
+        assert counts == [image.num_patches // 4 for image in prepared.images]
 
         def encode(missing, prepared=prepared):
-            features = encode_images(recipe, prepared.tensors)
-            starts = [sum(counts[:i]) for i in range(len(counts))]
-            return torch.cat([features[starts[i]: starts[i] + counts[i]] for i in missing])
+            return torch.cat([encode_images(recipe, prepared.tensors[i])[: counts[i]] for i in missing])
 
         features = encode_with_cache(cache, prepared.digests, counts, encode)
         reference = hf_image_processor()(images=[_decoded(b) for b in IMAGES[:count]], return_tensors="pt")
@@ -92,3 +96,9 @@ def test_feature_cache_evicts_least_recent():
     assert cache.lookup("a") is not None
     cache.store("c", torch.zeros(2, 2))
     assert cache.lookup("b") is None and cache.lookup("a") is not None and cache.stats.evictions == 1
+
+
+def test_frontend_layout_outputs_are_the_ones_preparation_declares():
+    from helios.ignition.preparation import vision_contract
+
+    assert vision_contract.LAYOUT_OUTPUTS == LAYOUT_OUTPUTS

@@ -40,6 +40,7 @@ from helios.ignition.safetensors_image import digest_in_background
 from helios.ignition.sharding import rank_architecture, rank_weight_files
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 from helios.ignition.tuning import TUNING_CAPACITY
+from helios.ignition.vision_plan import vision_preparation
 
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
@@ -65,6 +66,9 @@ class CapacityPlan:
     # DECODE keeps each slot's sampled token on the device, so decode rounds can occupy both
     # execution frames (the host packs round N+1 while round N runs).
     device_pending: bool = True
+    # Vision-language checkpoints: patch capacities of the VISION programs (one image each; default:
+    # the largest image the checkpoint's processor produces).
+    patch_capacities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
@@ -143,6 +147,11 @@ def prepare_core(
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
     program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning,
                                           device_pending=plan.device_pending)
+    images = vision_preparation(checkpoint, recipe, variants, plan.patch_capacities)
+    if images is not None:
+        program_options = dataclasses.replace(program_options, multimodal=images.multimodal)
+        variants = [*variants[:-1], *images.variants, variants[-1]]  # the TUNING producer stays last
+        progress(f"vision: patch capacities {list(images.patch_capacities)}")
     for number, (operation, capacity) in enumerate(variants, 1):
         captured = capture_program(arch, operation, capacity, plan.page_tokens, program_options)
         resource_id = f"program.{operation.value}.{_variant_label(capacity)}"
@@ -164,6 +173,8 @@ def prepare_core(
         weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
         progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)
+    if images is not None:
+        declaration = dataclasses.replace(declaration, images=images.declare)
     prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],
                                   DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
     writer.set_contract(prepared)

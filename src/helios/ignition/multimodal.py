@@ -39,9 +39,14 @@ def embed_with_features(arch, w, token_ids, features: torch.Tensor, feature_slot
 
 
 def multimodal_decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rotary_positions: torch.Tensor,
-                              features: torch.Tensor, feature_slots: torch.Tensor) -> torch.Tensor:
-    """Final-normed hidden states [T, H]; mutates the cache planes in place."""
-    hidden = embed_with_features(arch, w, step.token_ids, features, feature_slots)
+                              features: torch.Tensor | None = None,
+                              feature_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Final-normed hidden states [T, H]; mutates the cache planes in place. Without `features`
+    (one-token decode) every token takes its own embedding."""
+    if features is None:
+        hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
+    else:
+        hidden = embed_with_features(arch, w, step.token_ids, features, feature_slots)
     cos, sin = mrope_tables(rotary_positions, w["rope.inv_freq"], w["rope.mrope_components"], hidden.dtype)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)

@@ -75,6 +75,7 @@ class Operation(enum.Enum):
     SCORED_PREFILL = "scored_prefill"
     SPECULATIVE = "speculative"
     TUNING = "tuning"  # a startup tuning producer (helios.ignition.tuning)
+    VISION = "vision"  # the image encoder at a patch capacity (helios.ignition.multimodal_spec)
 
 
 class InputRole(enum.Enum):
@@ -154,11 +155,15 @@ class ProgramOptions:
     allocates_prefixes: bool = False
     attention_tuning: AttentionTuning | None = None
     device_pending: bool = False
+    # A vision-language core's images (`helios.ignition.multimodal_spec.MultimodalOptions`), or None.
+    multimodal: object = None
 
 
-def model_weight_layout(arch: Architecture, draft: Architecture | None = None) -> tuple[WeightSlot, ...]:
-    """The weight list of a core's programs: the target's, then the draft's under `DRAFT_PREFIX`."""
-    slots = weight_layout(arch)
+def model_weight_layout(arch: Architecture, draft: Architecture | None = None,
+                        extra: tuple[WeightSlot, ...] = ()) -> tuple[WeightSlot, ...]:
+    """The weight list of a core's programs: the target's, its `extra` weights (a multimodal
+    recipe's tables and encoder), then the draft's under `DRAFT_PREFIX`."""
+    slots = weight_layout(arch) + extra
     if draft is None:
         return slots
     return slots + tuple(WeightSlot(DRAFT_PREFIX + s.name, s.shape, s.dtype) for s in weight_layout(draft))
@@ -213,7 +218,11 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
     _check_capacity(operation, capacity, options)
     if operation is Operation.TUNING:
         return _tuning_spec(capacity, page_tokens, options)
-    weights = model_weight_layout(arch, options.draft)
+    from helios.ignition import multimodal_spec  # a multimodal core's extra inputs and its VISION program
+
+    weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options))
+    if operation is Operation.VISION:
+        return multimodal_spec.vision_spec(capacity, page_tokens, weights, options)
     inputs = (
         TensorSpec("weights", "tensor_list", (len(weights),), InputRole.WEIGHTS),
         *_state_inputs(arch, page_tokens),
@@ -221,6 +230,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_tuned_inputs(operation, options),
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
+        *multimodal_spec.step_inputs(arch, capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)

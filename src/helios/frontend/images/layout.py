@@ -21,6 +21,8 @@ from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.preparation import PreparedImage
 
 VISION_OUTPUTS = ("pixel_patches", "rotary_positions", "window_segments", "image_segments", "feature_order")
+ROTARY_OFFSETS = "rotary_offsets"  # per prompt token: rotary position minus sequence position [T, 3]
+LAYOUT_OUTPUTS = (*VISION_OUTPUTS, ROTARY_OFFSETS)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class ImagePrompt:
     positions: np.ndarray  # int64 [T, 3]: temporal, height, width rotary positions
     position_delta: int  # rotary position of a later token = its index + position_delta
     feature_tokens: np.ndarray  # int64 [F]: prompt index of each vision feature, in feature order
+
+    @property
+    def rotary_offsets(self) -> np.ndarray:
+        """int64 [T, 3]: each token's rotary position minus its index; tokens after the prompt keep
+        the last row's offset (`position_delta` on every component)."""
+        return self.positions - np.arange(len(self.positions), dtype=np.int64)[:, None]
 
 
 def features_of(image: PreparedImage, merge_size: int) -> int:

@@ -4,7 +4,8 @@
 selectors with their data and the vision capacities; selectors this frontend does not implement
 are a `LoadError` at startup. `prepare` turns a request's image URLs and its rendered prompt ids
 (one feature placeholder per image) into the expanded prompt, its rotary positions and feature
-mapping, and the vision tensors at the smallest captured patch capacity that holds them.
+mapping, and each image's vision tensors at the smallest captured patch capacity that holds it
+(images are encoded one at a time, so a repeated image's features can be reused by content hash).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
 from helios.frontend.images.decode import ImageLimits, decode_image_urls
 from helios.frontend.images.errors import ImageRejected
-from helios.frontend.images.layout import ImagePrompt, LayoutParams, layout_prompt, vision_tensors
+from helios.frontend.images.layout import LAYOUT_OUTPUTS, ImagePrompt, LayoutParams, features_of, layout_prompt, vision_tensors
 from helios.frontend.images.preparation import PreparationParams, PreparedImage, prepare_image
 
 SUPPORTED_PREPARATION = (spb.IMAGE_PREPARATION_RESIZE_NORMALIZE_PATCHES,)
@@ -31,12 +32,14 @@ class PreparedImages:
 
     prompt: ImagePrompt
     images: tuple[PreparedImage, ...]
-    patch_capacity: int
-    tensors: dict[str, np.ndarray]  # the layout's named outputs (IMAGE_TENSOR sources)
+    patch_capacities: tuple[int, ...]  # per image: the VISION variant that encodes it
+    tensors: tuple[dict[str, np.ndarray], ...]  # per image: the layout's vision outputs at that capacity
+    feature_counts: tuple[int, ...]  # per image: its features (the rows of its encoded features in use)
 
     @property
     def digests(self) -> tuple[str, ...]:
         return tuple(image.digest for image in self.images)
+
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ class ImagePipeline:
         if frontend.image_layout not in SUPPORTED_LAYOUT:
             raise LoadError(f"image layout {spb.ImageLayout.Name(frontend.image_layout)} is not implemented "
                             "by this frontend")
+        unknown = sorted(set(frontend.image_layout_data.outputs) - set(LAYOUT_OUTPUTS))
+        if unknown:
+            raise LoadError(f"the contract binds image layout outputs {unknown} that SPATIAL_POSITIONS_3D does not "
+                            "produce")
         data, vision = frontend.image_preparation_data, model.vision
         preparation = PreparationParams(int(data.patch_size), int(data.merge_size), tuple(data.mean), tuple(data.std),
                                         int(data.min_pixels), int(data.max_pixels))
@@ -72,9 +79,13 @@ class ImagePipeline:
     def prepare(self, urls: list[str], token_ids) -> PreparedImages:
         images = [prepare_image(d.image, self.preparation, d.digest) for d in decode_image_urls(urls, self.limits)]
         prompt = layout_prompt(token_ids, images, self.layout)
-        patches = sum(image.num_patches for image in images)
-        capacity = next((c for c in self.patch_capacities if c >= patches), None)
-        if capacity is None:
-            raise ImageRejected(f"the images need {patches} vision patches; at most {self.patch_capacities[-1]} "
-                                "are prepared (send fewer or smaller images)")
-        return PreparedImages(prompt, tuple(images), capacity, vision_tensors(images, self.layout, capacity))
+        capacities = []
+        for number, image in enumerate(images, 1):
+            capacity = next((c for c in self.patch_capacities if c >= image.num_patches), None)
+            if capacity is None:
+                raise ImageRejected(f"image {number} needs {image.num_patches} vision patches; at most "
+                                    f"{self.patch_capacities[-1]} are prepared (send a smaller image)")
+            capacities.append(capacity)
+        tensors = tuple(vision_tensors([image], self.layout, c) for image, c in zip(images, capacities))
+        counts = tuple(features_of(image, self.layout.merge_size) for image in images)
+        return PreparedImages(prompt, tuple(images), tuple(capacities), tensors, counts)

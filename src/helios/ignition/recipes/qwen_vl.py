@@ -35,6 +35,12 @@ class VisionLanguageRecipe:
     vision_end_id: int
 
     @property
+    def recipe(self) -> Recipe:
+        """The prepared model: the decoder's weights, then the mrope table and the encoder's."""
+        extra = (NamedWeight("rope.mrope_components", self.mrope_components), *self.vision_weights)
+        return Recipe(self.text.source_architecture, self.text.architecture, self.text.weights, extra, self)
+
+    @property
     def text_weights(self) -> dict[str, torch.Tensor]:
         weights = {w.name: w.tensor for w in self.text.weights}
         weights["rope.mrope_components"] = self.mrope_components
