@@ -31,12 +31,16 @@ from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.grammar_request import OutputConstraints
+from helios.frontend.image_parts import without_image_urls
+from helios.frontend.images.decode import ImageLimits
+from helios.frontend.images.pipeline import ImagePipeline
 from helios.frontend.observation import ObservationOptions
 from helios.frontend.output import OutputFinal, OutputProcessor
 from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, ToolRegistry
 from helios.frontend.parsers.pipeline import PlainText
 from helios.frontend.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
 from helios.frontend.prompt import Prompt, PromptBuilder
+from helios.frontend.prompt_images import with_images
 from helios.frontend.request_options import (
     ResponseOptions,
     has_structured_output,
@@ -49,6 +53,7 @@ from helios.frontend.request_options import (
 from helios.frontend.stops import StopOptions
 from helios.frontend.template import ChatTemplate
 from helios.frontend.text_bounds import TextBounds, strings_of
+from helios.runtime.images import RequestImages
 from helios.runtime.request import RequestSpec
 
 
@@ -116,6 +121,7 @@ class PreparedRequest:
     grammar: GrammarMatcher | None
     stable_prefix_len: int
     output: OutputFactory = field(repr=False)
+    images: RequestImages | None = field(default=None, kw_only=True, repr=False)
 
     def new_output(self) -> OutputProcessor:
         return self.output.create()
@@ -127,6 +133,8 @@ class PreparedRequest:
         return response_body(self.head, final)
 
     def request_spec(self, **scheduling) -> RequestSpec:
+        if self.images is not None:  # prefix caching keys image features by their image's content hash
+            scheduling = {**scheduling, "token_keys": self.images.token_keys()}
         return self.params.request_spec(self.request_id, self.prompt_token_ids, **scheduling)
 
 
@@ -154,6 +162,7 @@ class FrontendModel:
         settings: ResolvedSettings,
         facts: ModelFacts,
         draw_seed: Callable[[], int] = random_seed,
+        images: ImagePipeline | None = None,
     ):
         self._tokenizer = tokenizer
         self._syntax = syntax
@@ -164,6 +173,7 @@ class FrontendModel:
         self._facts = facts
         self._draw_seed = draw_seed
         self._text_bounds = TextBounds.from_tokenizer(tokenizer, settings.context_tokens)
+        self._images = images
 
     @classmethod
     def from_contract(
@@ -175,6 +185,7 @@ class FrontendModel:
         settings: ResolvedSettings | None = None,
         json_defaults: dict | None = None,
         draw_seed: Callable[[], int] | None = None,
+        image_limits: ImageLimits = ImageLimits(),
     ) -> FrontendModel:
         """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
         when the template does not compile. `settings` default to the core's own defaults."""
@@ -193,7 +204,8 @@ class FrontendModel:
         )
         facts = ModelFacts((serving.served_id, *serving.aliases), vocab_size, prepared.input_range)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
-        return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed)
+        images = ImagePipeline.from_contract(serving.model, image_limits)
+        return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed, images)
 
     @property
     def served_id(self) -> str:
@@ -218,8 +230,9 @@ class FrontendModel:
         requested = requested_output_limit(body)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
-        self._text_bounds.check(strings_of([messages, tools, body.chat_template_kwargs]))
+        self._text_bounds.check(strings_of([without_image_urls(messages), tools, body.chat_template_kwargs]))
         prompt = self._prompts.build(messages, tools, template_kwargs=body.chat_template_kwargs)
+        prompt, images = with_images(prompt, self._images)
         answer = None
         if has_structured_output(body):
             answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))
@@ -237,7 +250,8 @@ class FrontendModel:
         head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids)
         factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns)
         return PreparedChat(
-            request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt
+            request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt,
+            images=images,
         )
 
     def prepare_completion(self, body, ingress_ns: int | None = None, *, request_id: str | None = None,

@@ -336,6 +336,9 @@ class Engine:
             stats.snapshots_published, stats.snapshots_evicted = c.snapshots_published, c.snapshots_evicted
             stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
             stats.constrained_max_inflight = c.constrained_max_inflight
+            images = getattr(self.executor, "images", None)
+            if images is not None:
+                stats.image_cache_hits, stats.image_cache_misses = images.cache.stats.hits, images.cache.stats.misses
 
 
 def _notify(request: EngineRequest, event: FinishEvent) -> None:

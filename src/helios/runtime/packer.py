@@ -39,6 +39,8 @@ from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
 from helios.runtime.history_drafting import HistoryIndex
+from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.image_packing import supports as supports_image
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
 
 S = spb
@@ -58,6 +60,7 @@ class AdmissionValues:
     sampling: tuple[float, ...]  # NUM_SAMPLING_PARAMETERS values, in the order above
     output_limit: int
     eos_ids: tuple[int, ...] = ()
+    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Binding:
     offset: int
     padding: int
     constant: int
+    image_output: str = ""
 
 
 _ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
@@ -159,11 +163,17 @@ class Packer:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
             target = self._staging.target(binding.buffer_name)
-            if binding.source in _COPIED_SOURCES:
+            if binding.source in IMAGE_SOURCES:
+                fill_image(binding, target, plan.rows, requests)
+            elif binding.source in _COPIED_SOURCES:
                 _fill_copied(binding, target, plan.rows, copied)
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
         self._staging.upload()
+
+    def images_of(self, rows: Sequence[PlanRow]) -> list:
+        """Each row's request images (`RequestImages`), None for a request without images."""
+        return [self._requests[row.request_id].images for row in rows]
 
     def all_greedy(self, plan: StepPlan) -> bool:
         """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""
@@ -405,8 +415,9 @@ class _Staging:
 def _resolve(prepared: PreparedContract, graph: str) -> tuple:
     """The graph's bindings with their destination buffers; unsupported sources fail startup."""
     resolved = []
+    operation = prepared.graphs[graph].operation
     for view in prepared.graphs[graph].bindings:
-        supported = view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
+        supported = supports_image(view, operation) or view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
             S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
         ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES
         if not supported:
@@ -414,7 +425,7 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
                 f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
             )
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
-                                view.offset, view.padding, view.constant))
+                                view.offset, view.padding, view.constant, view.image_output))
     return tuple(resolved)
 
 

@@ -48,6 +48,9 @@ class RequestSpec:
     publish_snapshot: bool = False
     score_prompt: bool = False
     cache_salt: bytes = b""
+    # (prompt index, key) pairs the prefix cache digests instead of the token id there: image
+    # feature tokens keyed by their image's content hash.
+    token_keys: tuple[tuple[int, int], ...] = ()
 
     @cached_property
     def has_host_stops(self) -> bool:

@@ -83,7 +83,8 @@ def admission_values(prepared: PreparedRequest) -> AdmissionValues:
     sampling = (s.temperature, float(s.top_k), s.top_p, s.min_p, s.repetition_penalty,
                 s.presence_penalty, s.frequency_penalty)
     seed = s.seed - SEED_SPAN if s.seed >= SEED_SPAN // 2 else s.seed
-    return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids)
+    return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids,
+                           prepared.images)
 
 
 def compiles_grammar(body: ChatCompletionRequest) -> bool:
