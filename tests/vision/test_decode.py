@@ -69,3 +69,40 @@ def _solid(width: int, height: int) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (width, height), (10, 20, 30)).save(out, format="PNG")
     return out.getvalue()
+
+
+def test_remote_urls_are_fetched_only_when_enabled():
+    import http.server
+    import threading
+
+    from helios.frontend.images.decode import decode_image_urls
+
+    payload = image_bytes(30, 20, 4)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = payload if self.path == "/cat.png" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(ImageRejected, match="not fetched"):
+            decode_image_urls([url + "/cat.png"], LIMITS)
+        enabled = ImageLimits(max_images=2, max_bytes=64 * 1024, max_pixels=400 * 400, allow_remote=True)
+        (decoded,) = decode_image_urls([url + "/cat.png"], enabled)
+        assert decoded.image.size == (30, 20)
+        with pytest.raises(ImageRejected, match="cannot fetch image URL"):
+            decode_image_urls([url + "/missing.png"], enabled)
+        small = ImageLimits(max_bytes=16, allow_remote=True)
+        with pytest.raises(ImageRejected, match="16-byte limit"):
+            decode_image_urls([url + "/cat.png"], small)
+    finally:
+        server.shutdown()

@@ -24,6 +24,13 @@ PIL = pytest.importorskip("PIL.Image")
 NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
 IMAGES = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG"), image_bytes(64, 64, 5, "WEBP")]
 MEDIA = ["image/png", "image/jpeg", "image/webp"]
+MAX_IMAGE_BYTES = 200_000
+
+
+def _uniform_png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    PIL.new("RGB", (width, height), (10, 200, 30)).save(out, format="PNG")
+    return out.getvalue()
 
 
 def data_url(index: int) -> str:
@@ -43,7 +50,8 @@ def served(tmp_path_factory):
     assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
                  NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
                  "--decode-batches", "1,4", "--dtype", "float32"]) == 0
-    process = ServerProcess(core, "--max-active", "4", log=root / "server.log")
+    process = ServerProcess(core, "--max-active", "4", "--max-image-bytes", str(MAX_IMAGE_BYTES),
+                            log=root / "server.log")
     yield model, process
     code, log = process.terminate()
     assert code == -signal.SIGTERM and "Traceback" not in log, log
@@ -129,7 +137,9 @@ def test_a_repeated_image_hits_the_feature_cache_and_another_image_misses_the_pr
     ("data:text/plain;base64," + base64.b64encode(b"hello").decode(), "is not image/png"),
     ("data:image/png;base64," + base64.b64encode(b"hello, not an image").decode(), "not a PNG, JPEG or WebP"),
     ("data:image/png;base64," + base64.b64encode(IMAGES[0][: len(IMAGES[0]) // 2]).decode(), "truncated"),
-    ("data:image/png;base64," + base64.b64encode(image_bytes(5000, 4000, 3)).decode(), "pixels"),
+    ("data:image/png;base64," + base64.b64encode(_uniform_png(5000, 4000)).decode(), "pixels"),
+    ("data:image/png;base64," + base64.b64encode(image_bytes(400, 400, 3, "BMP")[:300_000]).decode(),
+     f"larger than the {MAX_IMAGE_BYTES}-byte limit"),
     ("https://example.com/cat.png", "remote image URLs are not fetched"),
     ("data:image/png", "malformed data: URL"),
 ])

@@ -23,11 +23,12 @@ import asyncio
 import logging
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 
 from helios.errors import ExecutionError, HeliosError
+from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
@@ -50,6 +51,7 @@ class ServeOptions:
     access_log: bool = False
     max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    image_limits: ImageLimits = field(default_factory=ImageLimits)  # per-request image bounds
 
 
 class ListenError(HeliosError):
@@ -104,7 +106,7 @@ def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
-        send_timeout_s=options.send_timeout_s,
+        send_timeout_s=options.send_timeout_s, image_limits=options.image_limits,
     )
     config = uvicorn.Config(
         create_app(served, options.max_body_nbytes), loop="auto", lifespan="on", log_level=options.log_level,

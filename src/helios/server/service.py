@@ -35,6 +35,7 @@ from tokenizers import Tokenizer
 
 from helios.errors import ShuttingDown
 from helios.frontend.observation import ObservationClock
+from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
 from helios.runtime.packer import AdmissionValues
@@ -117,11 +118,13 @@ class ServedModel:
     def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
                      owned_by: str = "", clock: ObservationClock | None = None,
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
-                     preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S) -> ServedModel:
+                     preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
+                     image_limits: ImageLimits | None = None) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`)."""
         model = runtime.model
         tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
-        frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings)
+        frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings,
+                                               image_limits=image_limits or ImageLimits())
         limits = AdmissionLimits(model.settings.max_concurrency, queue_capacity, frontend_workers)
         serving = model.prepared.contract
         card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),

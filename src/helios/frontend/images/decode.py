@@ -1,7 +1,8 @@
 """Image sources to decoded pixels: `data:` URLs (base64 PNG, JPEG or WebP), bounded.
 
-Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is
-off, a malformed data URL or base64 payload, a media type that is not an image, more bytes or
+Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
+`helios serve --allow-remote-images`), bounded by the same byte limit. Every failure is an
+`ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is off, a failed fetch, a malformed data URL or base64 payload, a media type that is not an image, more bytes or
 pixels than the limits, bytes that are not an image, and a truncated image. The image's content
 hash (SHA-256 of the decoded bytes) keys its vision features in the prefix cache.
 """
@@ -42,6 +43,8 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
     """The encoded bytes of an image URL; remote URLs are refused unless fetching is enabled."""
     if not url.startswith("data:"):
         if url.startswith(("http://", "https://")):
+            if limits.allow_remote:
+                return fetch_image(url, limits)
             raise ImageRejected("remote image URLs are not fetched by this server; send a data: URL")
         raise ImageRejected("image_url must be a data: URL (data:image/png;base64,...)")
     match = _DATA_URL.match(url)
@@ -63,6 +66,26 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
         raise ImageRejected("data: URL image is empty")
     if len(data) > limits.max_bytes:
         raise ImageRejected(f"image is larger than the {limits.max_bytes}-byte limit")
+    return data
+
+
+FETCH_TIMEOUT_S = 10.0
+
+
+def fetch_image(url: str, limits: ImageLimits) -> bytes:
+    """The bytes at an http(s) URL (only when the operator enabled fetching), within the byte bound."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 - http(s) only
+            data = response.read(limits.max_bytes + 1)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise ImageRejected(f"cannot fetch image URL: {getattr(error, 'reason', error)}") from None
+    if len(data) > limits.max_bytes:
+        raise ImageRejected(f"image is larger than the {limits.max_bytes}-byte limit")
+    if not data:
+        raise ImageRejected("fetched image is empty")
     return data
 
 
