@@ -24,10 +24,10 @@ layers=${LAYERS:-32}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
-timeout 420 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
+timeout 480 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
   tests/abi/test_triton_attention.py tests/abi/test_triton_fused.py tests/abi/test_triton_sampling.py \
   tests/runtime/test_program_images.py tests/abi/test_program_image.py tests/ignition/test_cuda.py \
-  tests/abi/test_triton_moe.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
+  tests/abi/test_triton_moe.py tests/abi/test_latent_attention.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 timeout 240 python3 bench/program_load.py --json "$out/program_load.json" 2>&1 | tee "$out/program_load.log" | tail -3
 if [ "$gpus" -ge 2 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/parallel/test_cuda.py 2>&1 | tee "$out/tp_tests.log" | tail -5

@@ -458,6 +458,57 @@ def recipient_frames_incomplete(doc):
     return f"{F}.assistant_boundary.internal_message_end"
 
 
+HARMONY = dict(start_control="<|start|>", channel_control="<|channel|>", message_control="<|message|>",
+               end_control="<|end|>", call_control="<|call|>", return_control="<|return|>",
+               constrain_control="<|constrain|>", role="assistant", recipient_marker="to=",
+               reasoning_channels=["analysis"], content_channels=["final", "commentary"], tool_namespace="functions.",
+               final_channel="final", tool_channel="commentary", tool_content_type="json")
+
+
+def _harmony(doc) -> dict:
+    fe = frontend(doc)
+    fe.update(tool_parser="TOOL_PARSER_HARMONY_CHANNELS", reasoning_parser="REASONING_PARSER_HARMONY_CHANNELS",
+              channel_syntax=dict(HARMONY))
+    del fe["tool_syntax"], fe["reasoning_syntax"]
+    return fe
+
+
+@case
+def harmony_tools_without_harmony_reasoning(doc):
+    _harmony(doc)["reasoning_parser"] = "REASONING_PARSER_NONE"
+    return f"{F}.reasoning_parser"
+
+
+@case
+def harmony_with_tool_syntax(doc):
+    _harmony(doc)["tool_syntax"] = {"opener": "<tool_call>"}
+    return f"{F}.tool_syntax"
+
+
+@case
+def harmony_channel_syntax_missing(doc):
+    del _harmony(doc)["channel_syntax"]
+    return f"{F}.channel_syntax"
+
+
+@case
+def harmony_control_empty(doc):
+    _harmony(doc)["channel_syntax"]["constrain_control"] = ""
+    return f"{F}.channel_syntax.constrain_control"
+
+
+@case
+def harmony_final_channel_not_content(doc):
+    _harmony(doc)["channel_syntax"]["final_channel"] = "analysis"
+    return f"{F}.channel_syntax.final_channel"
+
+
+@case
+def channel_syntax_without_harmony(doc):
+    frontend(doc)["channel_syntax"] = dict(HARMONY)
+    return f"{F}.channel_syntax"
+
+
 @case
 def duplicate_prefix_boundary_role(doc):
     frontend(doc)["prefix_boundaries"][1]["role"] = "MESSAGE_ROLE_SYSTEM"

@@ -17,8 +17,8 @@ from helios.errors import ContractError
 
 # Frontend selectors are mutually exclusive within one contract; every other enum value appears.
 EXCLUSIVE_VALUES = {
-    "ToolParser": {"NONE", "GLM_ARGUMENT_TAGS", "DSML", "XTML", "ATEM_RECIPIENT", "JSON_CALLS"},
-    "ReasoningParser": {"NONE", "XTML_THINK", "RECIPIENT_HEADER"},
+    "ToolParser": {"NONE", "GLM_ARGUMENT_TAGS", "DSML", "XTML", "ATEM_RECIPIENT", "JSON_CALLS", "HARMONY_CHANNELS"},
+    "ReasoningParser": {"NONE", "XTML_THINK", "RECIPIENT_HEADER", "HARMONY_CHANNELS"},
     "ImagePreparation": {"NONE", "TILE_GRID"},
     "ImageLayout": {"NONE", "ROW_SEPARATED_GRID", "SPATIAL_POSITIONS_3D"},
     "SeedPolicy": {"FIXED"},
@@ -68,7 +68,8 @@ def test_example_exercises_every_message_and_enum(prepared):
     declared = set()
     for module in (spb, mpb):
         declared |= {m.full_name for m in module.DESCRIPTOR.message_types_by_name.values()}
-    assert declared - messages == {"helios.contract.PreparedContractBundle"}
+    # ChannelSyntax belongs to the harmony parsers only (exclusive of the example's selectors).
+    assert declared - messages == {"helios.contract.PreparedContractBundle", "helios.contract.ChannelSyntax"}
     for module in (spb, mpb):
         for enum in module.DESCRIPTOR.enum_types_by_name.values():
             prefix = enum.values[0].name[: -len("UNSPECIFIED")]

@@ -35,7 +35,10 @@ TOOL_KINDS = {
     "hermes": ToolSyntaxKind.JSON_CALLS, "qwen3-coder": ToolSyntaxKind.QWEN_CODER_FUNCTIONS,
     "deepseek-v3": ToolSyntaxKind.JSON_CALLS, "deepseek-v3.1": ToolSyntaxKind.JSON_CALLS, "glm-4.5": ToolSyntaxKind.GLM_ARGUMENTS,
     "llama3": ToolSyntaxKind.JSON_CALLS, "mistral": ToolSyntaxKind.JSON_CALLS,
+    "harmony": ToolSyntaxKind.HARMONY_CHANNELS,
 }
+# Families whose frames carry reasoning on channels (the others reason in think tags where they do).
+CHANNEL_REASONING = {"harmony": ReasoningSyntaxKind.HARMONY_CHANNELS}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
@@ -95,6 +98,7 @@ def test_prepare_declares_the_family_from_its_template(family):
     syntax = served.frontend.syntax.output
     assert syntax.tool_kind is TOOL_KINDS[case.name]
     expected = ReasoningSyntaxKind.THINK_TAGS if case.reasoning else ReasoningSyntaxKind.NONE
+    expected = CHANNEL_REASONING.get(case.name, expected)
     assert syntax.reasoning_kind is expected  # the DeepSeek tokenizer has <think>; its V3 template does not
 
 
@@ -128,7 +132,11 @@ def test_a_tool_call_in_the_family_syntax_becomes_openai_tool_calls(family):
          "chat_template_kwargs": case.thinking_kwargs or None})
     prepared = served.frontend.prepare_chat(request, request_id="f")
     pieces = [case.tool_text]
-    if case.reasoning:
+    channels = served.frontend.syntax.output.channels
+    if channels is not None:  # an analysis message, then the call in its own frame
+        pieces = [channels.channel_control, channels.reasoning_channels[0], channels.message_control, "Let me check.",
+                  channels.end_control, channels.start_control, channels.role, case.tool_text]
+    elif case.reasoning:
         think = served.frontend.syntax.output.think
         opened = [] if case.thinking_kwargs else [think.open]  # a thinking prompt opened reasoning itself
         pieces = [*opened, think.after_open + "Let me check." + think.before_close, think.close,
@@ -185,8 +193,11 @@ def test_a_forced_call_is_written_in_the_family_syntax_and_parsed(family):
     assert all(json.loads(c["function"]["arguments"])["city"] in ("Paris", "Rome") for c in calls)
     assert not choice["message"].get("content")
     written = tokenizer.decode(choice["token_ids"], skip_special_tokens=False)
-    tools = served.frontend.syntax.output.tools
-    assert (tools.block_open or '{"name"') in written  # the family's own markup, as the parsers read it
+    tools, channels = served.frontend.syntax.output.tools, served.frontend.syntax.output.channels
+    if channels is not None:
+        assert f"{channels.recipient_marker}{channels.tool_namespace}get_weather" in written
+    else:
+        assert (tools.block_open or '{"name"') in written  # the family's own markup, as the parsers read it
 
 
 def test_parallel_false_without_forcing_is_refused_for_json_calls(family):

@@ -27,7 +27,7 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.events import FinishReason
 from helios.runtime.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import GLM4_MOE, LLAMA3, QWEN3, QWEN3_MOE
+from ignition.hf_checkpoints import DEEPSEEK, GLM4_MOE, LLAMA3, QWEN3, QWEN3_MOE
 from support.chat_checkpoint import write_chat_checkpoint
 from support.engine_soak import EngineSoak, SoakSettings, check_soak, greedy_completed
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -77,7 +77,7 @@ def cuda_options(cuda_graphs: bool = True) -> LoadOptions:
 
 
 @pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
-@pytest.mark.parametrize("family", [QWEN3, LLAMA3, QWEN3_MOE, GLM4_MOE], ids=lambda f: f.name)
+@pytest.mark.parametrize("family", [QWEN3, LLAMA3, QWEN3_MOE, GLM4_MOE, DEEPSEEK], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family, cuda_graphs):
     reference = cores.cpu_run(family)
     run = greedy_run(cores.open(family), PROMPTS, NEW_TOKENS, cuda_options(cuda_graphs))

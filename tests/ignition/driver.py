@@ -14,7 +14,7 @@ import torch
 
 from helios.abi.completion import LAYOUT as COMPLETION
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
-from helios.ignition.program_spec import Operation, ProgramSpec
+from helios.ignition.program_spec import InputRole, Operation, ProgramSpec
 
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "float32": torch.float32}
 
@@ -53,9 +53,10 @@ class PagedModel:
         self.page_tokens, self.max_pages = spec.page_tokens, max_pages
         state = {s.name: s for s in spec.inputs}
         extents = {"pages": num_pages, "slots": num_slots, "request_rows": num_slots, "max_pages": max_pages}
+        planes = tuple(s.name for s in spec.inputs if s.role is InputRole.CACHE_STORAGE)
         self.state = {
             name: torch.zeros(_shape(state[name], extents), dtype=_dtype(state[name]), device=self.device)
-            for name in ("k_cache", "v_cache", "prompt_counts", "output_counts", "page_table")
+            for name in (*planes, "prompt_counts", "output_counts", "page_table")
         }
         self.operations_run: list[Operation] = []
         self.free_pages = list(range(num_pages))

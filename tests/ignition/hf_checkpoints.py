@@ -44,6 +44,24 @@ QWEN2 = Family("qwen2", transformers.Qwen2Config, (
     ("use_sliding_window", True), ("sliding_window", 6), ("max_window_layers", 1), ("tie_word_embeddings", True),
 ))
 QWEN3 = Family("qwen3", transformers.Qwen3Config, (("head_dim", 32), ("tie_word_embeddings", False)))
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+         "mscale": 0.9, "mscale_all_dim": 0.7, "beta_fast": 32, "beta_slow": 1}
+# Multi-head latent attention, every layer dense (first_k_dense_replace = num_hidden_layers), queries
+# projected directly (q_lora_rank None), YaRN rope with DeepSeek's mscale, interleaved rotary rows.
+# Not in FAMILIES (DEEPSEEK covers dense layers): test_deepseek_recipe runs it eagerly.
+DEEPSEEK_DENSE = Family("deepseek_dense", transformers.DeepseekV3Config, (
+    ("num_key_value_heads", 4), ("q_lora_rank", None), ("kv_lora_rank", 32), ("qk_rope_head_dim", 16),
+    ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("first_k_dense_replace", 2), ("rope_parameters", _YARN),
+    ("tie_word_embeddings", False),
+))
+# Two dense then two mixture-of-experts layers: 8 routed experts in 4 groups (2 kept), top-3, a
+# shared expert, a random routing correction bias; queries through the low-rank pair.
+DEEPSEEK = Family("deepseek", transformers.DeepseekV3Config, (
+    ("num_hidden_layers", 4), ("num_key_value_heads", 4), ("q_lora_rank", 24), ("kv_lora_rank", 32),
+    ("qk_rope_head_dim", 16), ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("first_k_dense_replace", 2),
+    ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("n_group", 4), ("topk_group", 2),
+    ("moe_intermediate_size", 32), ("n_shared_experts", 1), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
+))
 # Mixture-of-experts families: several experts, top-k > 1, two layers of each kind a family mixes.
 QWEN3_MOE = Family("qwen3_moe", transformers.Qwen3MoeConfig, (
     ("head_dim", 32), ("num_hidden_layers", 4), ("mlp_only_layers", [0, 2]), ("num_experts", 8),
@@ -62,7 +80,7 @@ GLM4_MOE = Family("glm4_moe", transformers.Glm4MoeConfig, (
 ))
 MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
 DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
-FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK,)
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

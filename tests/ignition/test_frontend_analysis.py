@@ -95,11 +95,23 @@ def test_family_and_reasoning_can_be_stated(tmp_path):
 
 def test_unreadable_tool_markup_is_a_prepare_error_naming_the_syntax():
     harmony = "<|start|>assistant to=functions.probe_lookup<|channel|>commentary json<|message|>{}<|call|>"
-    with pytest.raises(CheckpointError, match="harmony recipient channels"):
-        select_family(harmony, "gpt_oss", None)
+    family = select_family(harmony, "gpt_oss", None)
+    assert (family.name, family.tool_parser) == ("harmony", spb.TOOL_PARSER_HARMONY_CHANNELS)
+    assert family.channel_syntax.reasoning_channels == ["analysis"]
+    builtin = "<|start|>assistant<|channel|>analysis to=browser.search<|message|>{}<|call|>"
+    with pytest.raises(CheckpointError, match="harmony channels without function recipients"):
+        select_family(builtin, "gpt_oss", None)
     with pytest.raises(CheckpointError, match="no tool parser reads"):
         select_family("CALL probe_lookup(probe_key=1)", "llama", None)
     assert select_family("", "llama", None) is None
+
+
+def test_harmony_frames_need_single_control_tokens_and_keep_their_reasoning(tmp_path):
+    directory = checkpoint(tmp_path, (TEMPLATES / "gpt_oss.jinja").read_text())
+    with pytest.raises(CheckpointError, match="no single token for the start control '<\\|start\\|>'"):
+        frontend(directory)
+    with pytest.raises(CheckpointError, match="reasoning=none does not apply"):
+        frontend(directory, reasoning="none")
 
 
 def test_model_type_breaks_a_tie_between_families():

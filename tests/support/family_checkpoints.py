@@ -113,6 +113,9 @@ GLM_TOKENS = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
               "<|assistant|>", "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
               "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
               "/nothink")
+HARMONY_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|reserved_200000|>", "<|reserved_200001|>", "<|return|>",
+                  "<|constrain|>", "<|reserved_200004|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>",
+                  "<|reserved_200009|>", "<|reserved_200010|>", "<|reserved_200011|>", "<|call|>")  # o200k_harmony order
 
 CASES = (
     FamilyCase("hermes", "qwen3.jinja", "qwen", "qwen3", "qwen3", None, "<|im_end|>", ("<|endoftext|>",),
@@ -146,4 +149,9 @@ CASES = (
     FamilyCase("mistral", "mistral_v0_3.jinja", "trained", "mistral", "mistral", "<s>", "</s>",
                special_tokens=MISTRAL_TOKENS, generation={"do_sample": False},
                tool_text='[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcdefghi"}]'),
+    FamilyCase("harmony", "gpt_oss.jinja", "trained", "llama", "gpt_oss", "<|startoftext|>", "<|return|>",
+               ("<|call|>", "<|endoftext|>"), special_tokens=HARMONY_TOKENS,
+               generation={"do_sample": True, "temperature": 1.0, "top_p": 1.0},
+               tool_text='<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+               reasoning=True),
 )

@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 
 import helios.abi.attention  # noqa: F401  (registers helios::cache_write, which the reference calls)
-from helios.abi.attention import check_cache_write_args
-from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
+from helios.abi.attention import check_cache_write_args, reference_cache_write
+from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor, register_cpu_body
 
 __all__ = ["RMS_NORM_SCHEMA", "ADD_RMS_NORM_SCHEMA", "SILU_MUL_SCHEMA", "ROTARY_CACHE_WRITE_SCHEMA",
            "apply_rotary", "reference_rms_norm", "add_rms_norm", "rms_norm", "rotary_cache_write", "silu_mul"]
@@ -182,8 +182,12 @@ def reference_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mappi
 def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The CPU body: `reference_rotary_cache_write`, with the (validated) cache write's CPU body
+    called directly rather than through the dispatcher (the same writes)."""
     check_rotary_cache_write_args(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
-    return reference_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    reference_cache_write(k_cache, v_cache, k, v, slot_mapping)
+    return q.contiguous()
 
 
 def _rotary_cache_write_fake(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
@@ -214,5 +218,6 @@ for _name, _schema, _cpu, _cuda, _fake in (
 ):
     _LIB.define(_name + _schema)
     _LIB.impl(_name, _cpu, "CPU")
+    register_cpu_body(f"helios::{_name}", _cpu)
     _LIB.impl(_name, _cuda, "CUDA")
     torch.library.register_fake(f"helios::{_name}", _fake, lib=_LIB)

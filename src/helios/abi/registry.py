@@ -22,7 +22,7 @@ Two entry points, used in this order by a loader:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -71,6 +71,8 @@ def check_tensor(op: str, name: str, tensor: object, dtype: torch.dtype,
     if not isinstance(tensor, torch.Tensor):
         raise AbiArgumentError(f"{op}: {name} must be a Tensor, got {type(tensor).__name__}")
     actual = tuple(tensor.shape)
+    if tensor.dtype == dtype and actual == shape:  # the common case, decided without a loop
+        return
     fits = len(actual) == len(shape) and all(e is None or e == a for e, a in zip(shape, actual))
     if tensor.dtype != dtype or not fits:
         wanted = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
@@ -84,6 +86,21 @@ def check_same_device(op: str, tensors: Mapping[str, torch.Tensor]) -> None:
     if len(set(devices.values())) > 1:
         listing = ", ".join(f"{name}={device}" for name, device in devices.items())
         raise AbiArgumentError(f"{op}: tensors must share one device, got {listing}")
+
+
+_CPU_BODIES: dict[str, Callable] = {}
+
+
+def register_cpu_body(op: str, body: Callable) -> None:
+    """Records the Python function that a ``torch.library.Library`` registration runs for `op`
+    (``helios::NAME``) on the CPU, so a loader may call it without the dispatcher
+    (`helios.runtime.cpu_programs`). Ops defined with ``torch.library.custom_op`` need no entry."""
+    _CPU_BODIES[op] = body
+
+
+def cpu_body(op: str) -> Callable | None:
+    """The CPU body recorded for `op` by `register_cpu_body`, if any."""
+    return _CPU_BODIES.get(op)
 
 
 def qualified_name(schema: torch._C.FunctionSchema) -> str:

@@ -52,6 +52,9 @@ data-dependent selection); both paths give the same tokens bit for bit. On CUDA 
 prefix sums are CUDA's (parallel, rounded differently in the last bits): greedy tokens and the
 uniforms are identical to the CPU's, and a sampled token differs only in the case described next.
 
+CPU greedy fast path: a call in which no row draws and none is penalised takes
+`helios.abi.sampling_cpu.greedy_tokens_cpu` (the float32 argmax; the same tokens bit for bit).
+
 Fused pass on CUDA: steps 1-5 run as `helios.abi.triton_sampling.greedy_tokens`, one pass per row
 over the float32 logits that applies penalties and the grammar mask only in the rows that need them
 (decided on the device) and takes the float64 argmax: the reference's values and greedy tokens bit
@@ -75,6 +78,7 @@ import torch
 from helios.abi.grammar import check_mask_args, disallowed
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
+from helios.abi.sampling_cpu import greedy_tokens_cpu
 
 NO_TOKEN = -1
 NUM_PENALTIES = 3
@@ -274,6 +278,10 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    # CPU only: a call with no drawing or penalised row takes the float32 argmax (the same tokens).
+    greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows)
+    if greedy is not None:
+        return greedy
     return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
 
 

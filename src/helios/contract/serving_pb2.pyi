@@ -101,6 +101,7 @@ class ToolParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_PARSER_XTML: _ClassVar[ToolParser]
     TOOL_PARSER_ATEM_RECIPIENT: _ClassVar[ToolParser]
     TOOL_PARSER_JSON_CALLS: _ClassVar[ToolParser]
+    TOOL_PARSER_HARMONY_CHANNELS: _ClassVar[ToolParser]
 
 class ReasoningParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -109,6 +110,7 @@ class ReasoningParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REASONING_PARSER_THINK_TAGS: _ClassVar[ReasoningParser]
     REASONING_PARSER_XTML_THINK: _ClassVar[ReasoningParser]
     REASONING_PARSER_RECIPIENT_HEADER: _ClassVar[ReasoningParser]
+    REASONING_PARSER_HARMONY_CHANNELS: _ClassVar[ReasoningParser]
 
 class ImagePreparation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -214,11 +216,13 @@ TOOL_PARSER_DSML: ToolParser
 TOOL_PARSER_XTML: ToolParser
 TOOL_PARSER_ATEM_RECIPIENT: ToolParser
 TOOL_PARSER_JSON_CALLS: ToolParser
+TOOL_PARSER_HARMONY_CHANNELS: ToolParser
 REASONING_PARSER_UNSPECIFIED: ReasoningParser
 REASONING_PARSER_NONE: ReasoningParser
 REASONING_PARSER_THINK_TAGS: ReasoningParser
 REASONING_PARSER_XTML_THINK: ReasoningParser
 REASONING_PARSER_RECIPIENT_HEADER: ReasoningParser
+REASONING_PARSER_HARMONY_CHANNELS: ReasoningParser
 IMAGE_PREPARATION_UNSPECIFIED: ImagePreparation
 IMAGE_PREPARATION_NONE: ImagePreparation
 IMAGE_PREPARATION_RESIZE_NORMALIZE_PATCHES: ImagePreparation
@@ -589,6 +593,40 @@ class AssistantBoundary(_message.Message):
     embedded_message_ends: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, message_start: _Optional[str] = ..., message_end: _Optional[str] = ..., assistant_header: _Optional[str] = ..., recipient_prefix: _Optional[str] = ..., header_end: _Optional[str] = ..., internal_message_end: _Optional[str] = ..., self_recipient: _Optional[str] = ..., visible_recipients: _Optional[_Iterable[str]] = ..., generic_tool_recipient: _Optional[str] = ..., named_tool_prefix: _Optional[str] = ..., embedded_message_ends: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ChannelSyntax(_message.Message):
+    __slots__ = ("start_control", "channel_control", "message_control", "end_control", "call_control", "return_control", "constrain_control", "role", "recipient_marker", "reasoning_channels", "content_channels", "tool_namespace", "final_channel", "tool_channel", "tool_content_type")
+    START_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    END_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CALL_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    RETURN_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAIN_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_MARKER_FIELD_NUMBER: _ClassVar[int]
+    REASONING_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    start_control: str
+    channel_control: str
+    message_control: str
+    end_control: str
+    call_control: str
+    return_control: str
+    constrain_control: str
+    role: str
+    recipient_marker: str
+    reasoning_channels: _containers.RepeatedScalarFieldContainer[str]
+    content_channels: _containers.RepeatedScalarFieldContainer[str]
+    tool_namespace: str
+    final_channel: str
+    tool_channel: str
+    tool_content_type: str
+    def __init__(self, start_control: _Optional[str] = ..., channel_control: _Optional[str] = ..., message_control: _Optional[str] = ..., end_control: _Optional[str] = ..., call_control: _Optional[str] = ..., return_control: _Optional[str] = ..., constrain_control: _Optional[str] = ..., role: _Optional[str] = ..., recipient_marker: _Optional[str] = ..., reasoning_channels: _Optional[_Iterable[str]] = ..., content_channels: _Optional[_Iterable[str]] = ..., tool_namespace: _Optional[str] = ..., final_channel: _Optional[str] = ..., tool_channel: _Optional[str] = ..., tool_content_type: _Optional[str] = ...) -> None: ...
+
 class PrefixBoundaryRule(_message.Message):
     __slots__ = ("role", "constraint")
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -630,7 +668,7 @@ class ImageLayoutData(_message.Message):
     def __init__(self, feature_ids: _Optional[_Iterable[int]] = ..., atomic_spans: _Optional[_Iterable[_Union[AtomicSpan, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FrontendContract(_message.Message):
-    __slots__ = ("tool_parser", "reasoning_parser", "image_preparation", "image_layout", "tool_syntax", "reasoning_syntax", "assistant_boundary", "prefix_boundaries", "image_preparation_data", "image_layout_data")
+    __slots__ = ("tool_parser", "reasoning_parser", "image_preparation", "image_layout", "tool_syntax", "reasoning_syntax", "assistant_boundary", "prefix_boundaries", "image_preparation_data", "image_layout_data", "channel_syntax")
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PREPARATION_FIELD_NUMBER: _ClassVar[int]
@@ -641,6 +679,7 @@ class FrontendContract(_message.Message):
     PREFIX_BOUNDARIES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PREPARATION_DATA_FIELD_NUMBER: _ClassVar[int]
     IMAGE_LAYOUT_DATA_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_SYNTAX_FIELD_NUMBER: _ClassVar[int]
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser
     image_preparation: ImagePreparation
@@ -651,4 +690,5 @@ class FrontendContract(_message.Message):
     prefix_boundaries: _containers.RepeatedCompositeFieldContainer[PrefixBoundaryRule]
     image_preparation_data: ImagePreparationData
     image_layout_data: ImageLayoutData
-    def __init__(self, tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., image_preparation: _Optional[_Union[ImagePreparation, str]] = ..., image_layout: _Optional[_Union[ImageLayout, str]] = ..., tool_syntax: _Optional[_Union[ToolSyntax, _Mapping]] = ..., reasoning_syntax: _Optional[_Union[ReasoningSyntax, _Mapping]] = ..., assistant_boundary: _Optional[_Union[AssistantBoundary, _Mapping]] = ..., prefix_boundaries: _Optional[_Iterable[_Union[PrefixBoundaryRule, _Mapping]]] = ..., image_preparation_data: _Optional[_Union[ImagePreparationData, _Mapping]] = ..., image_layout_data: _Optional[_Union[ImageLayoutData, _Mapping]] = ...) -> None: ...
+    channel_syntax: ChannelSyntax
+    def __init__(self, tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., image_preparation: _Optional[_Union[ImagePreparation, str]] = ..., image_layout: _Optional[_Union[ImageLayout, str]] = ..., tool_syntax: _Optional[_Union[ToolSyntax, _Mapping]] = ..., reasoning_syntax: _Optional[_Union[ReasoningSyntax, _Mapping]] = ..., assistant_boundary: _Optional[_Union[AssistantBoundary, _Mapping]] = ..., prefix_boundaries: _Optional[_Iterable[_Union[PrefixBoundaryRule, _Mapping]]] = ..., image_preparation_data: _Optional[_Union[ImagePreparationData, _Mapping]] = ..., image_layout_data: _Optional[_Union[ImageLayoutData, _Mapping]] = ..., channel_syntax: _Optional[_Union[ChannelSyntax, _Mapping]] = ...) -> None: ...

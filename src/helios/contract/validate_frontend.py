@@ -2,7 +2,8 @@
 
 Selectors are independent enums; the only pairings are the ones the specification states:
 XTML think reasoning needs the XTML tool parser, and recipient-header reasoning and ATEM
-recipient tools require each other. Syntax data is required exactly where a selector uses it.
+recipient tools require each other, and so do the two harmony channel parsers (whose markup is
+`channel_syntax`, not `tool_syntax`). Syntax data is required exactly where a selector uses it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ RECIPIENT_FIELDS = (
     "generic_tool_recipient",
     "internal_message_end",
 )
+CHANNEL_CONTROLS = (
+    "start_control", "channel_control", "message_control", "end_control", "call_control", "return_control",
+    "constrain_control",
+)
+CHANNEL_TEXT = ("role", "recipient_marker", "tool_namespace", "final_channel", "tool_channel", "tool_content_type")
 
 
 def check_frontend(model: spb.ModelContract) -> None:
@@ -30,6 +36,7 @@ def check_frontend(model: spb.ModelContract) -> None:
     _check_tool_syntax(frontend)
     _check_reasoning_syntax(model)
     _check_boundary(frontend)
+    _check_channel_syntax(frontend)
     roles: set[int] = set()
     for i, rule in enumerate(frontend.prefix_boundaries):
         path = f"{FRONTEND}.prefix_boundaries[{i}].role"
@@ -60,10 +67,37 @@ def _check_pairings(frontend: spb.FrontendContract) -> None:
         )
 
 
+def _check_harmony_pairing(frontend: spb.FrontendContract) -> None:
+    reasoning = frontend.reasoning_parser == spb.REASONING_PARSER_HARMONY_CHANNELS
+    tools = frontend.tool_parser == spb.TOOL_PARSER_HARMONY_CHANNELS
+    if reasoning != tools:
+        fail(f"{FRONTEND}.reasoning_parser", "HARMONY_CHANNELS reasoning and tools are only used together")
+
+
+def _check_channel_syntax(frontend: spb.FrontendContract) -> None:
+    path = f"{FRONTEND}.channel_syntax"
+    if frontend.tool_parser != spb.TOOL_PARSER_HARMONY_CHANNELS:
+        require(not frontend.HasField("channel_syntax"), path, "only the HARMONY_CHANNELS parsers use channel syntax")
+        return
+    require(frontend.HasField("channel_syntax"), path, "harmony channel parsers need their syntax data")
+    syntax = frontend.channel_syntax
+    for name in (*CHANNEL_CONTROLS, *CHANNEL_TEXT):
+        require(getattr(syntax, name) != "", f"{path}.{name}", "must not be empty")
+    controls = [getattr(syntax, name) for name in CHANNEL_CONTROLS]
+    require(len(set(controls)) == len(controls), path, "control spellings must differ")
+    for name in ("reasoning_channels", "content_channels"):
+        values = list(getattr(syntax, name))
+        require(values and all(values), f"{path}.{name}", "must be a non-empty list of non-empty names")
+    require(not set(syntax.reasoning_channels) & set(syntax.content_channels), f"{path}.content_channels",
+            "a channel is either reasoning or content")
+    require(syntax.final_channel in syntax.content_channels, f"{path}.final_channel", "must be a content channel")
+
+
 def _check_tool_syntax(frontend: spb.FrontendContract) -> None:
     path = f"{FRONTEND}.tool_syntax"
-    if frontend.tool_parser == spb.TOOL_PARSER_NONE:
-        require(not frontend.HasField("tool_syntax"), path, "tool_parser NONE declares no tool syntax")
+    _check_harmony_pairing(frontend)
+    if frontend.tool_parser in (spb.TOOL_PARSER_NONE, spb.TOOL_PARSER_HARMONY_CHANNELS):
+        require(not frontend.HasField("tool_syntax"), path, "this tool parser declares no tool syntax")
         return
     require(frontend.HasField("tool_syntax"), path, "the selected tool parser needs its syntax data")
     if frontend.tool_parser == spb.TOOL_PARSER_JSON_CALLS:

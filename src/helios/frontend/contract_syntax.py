@@ -32,6 +32,7 @@ from helios.frontend.grammar import ReasoningEnvelope
 from helios.frontend.parsers import FramePosition, FrameStart, OutputStart, TokenDelimiters
 from helios.frontend.prompt import Prompt, PromptRules, ReasoningState
 from helios.frontend.syntax import (
+    ChannelSyntax,
     ElementToolSyntax,
     GlmArgumentSyntax,
     JsonCallSyntax,
@@ -54,12 +55,14 @@ TOOL_KINDS = {
     spb.TOOL_PARSER_XTML: ToolSyntaxKind.XTML,
     spb.TOOL_PARSER_ATEM_RECIPIENT: ToolSyntaxKind.ATEM_RECIPIENTS,
     spb.TOOL_PARSER_JSON_CALLS: ToolSyntaxKind.JSON_CALLS,
+    spb.TOOL_PARSER_HARMONY_CHANNELS: ToolSyntaxKind.HARMONY_CHANNELS,
 }
 REASONING_KINDS = {
     spb.REASONING_PARSER_NONE: ReasoningSyntaxKind.NONE,
     spb.REASONING_PARSER_THINK_TAGS: ReasoningSyntaxKind.THINK_TAGS,
     spb.REASONING_PARSER_XTML_THINK: ReasoningSyntaxKind.XTML_THINK,
     spb.REASONING_PARSER_RECIPIENT_HEADER: ReasoningSyntaxKind.RECIPIENT_HEADERS,
+    spb.REASONING_PARSER_HARMONY_CHANNELS: ReasoningSyntaxKind.HARMONY_CHANNELS,
 }
 
 _ELEMENT = ("opener", "closer", "invoke_open", "invoke_close", "parameter_open", "parameter_close", "name_end")
@@ -109,7 +112,7 @@ def check_tool_fields(kind: ToolSyntaxKind, tools: spb.ToolSyntax) -> None:
 
 def tool_syntax(kind: ToolSyntaxKind, tools: spb.ToolSyntax):
     """The parsers' tool syntax record of a tag family (None for NONE; ATEM: see recipient_syntax)."""
-    if kind is ToolSyntaxKind.NONE or kind is ToolSyntaxKind.ATEM_RECIPIENTS:
+    if kind in (ToolSyntaxKind.NONE, ToolSyntaxKind.ATEM_RECIPIENTS, ToolSyntaxKind.HARMONY_CHANNELS):
         return None
     check_tool_fields(kind, tools)
     if kind is ToolSyntaxKind.QWEN_CODER_FUNCTIONS:
@@ -173,6 +176,16 @@ def recipient_syntax(frontend: spb.FrontendContract) -> RecipientSyntax:
     )
 
 
+def channel_syntax(frontend: spb.FrontendContract) -> ChannelSyntax:
+    """Harmony channel frames: every spelling from the contract's channel syntax."""
+    c = frontend.channel_syntax
+    return ChannelSyntax(
+        c.start_control, c.channel_control, c.message_control, c.end_control, c.call_control, c.return_control,
+        c.constrain_control, c.role, c.recipient_marker, tuple(c.reasoning_channels), tuple(c.content_channels),
+        c.tool_namespace, c.final_channel, c.tool_channel, c.tool_content_type,
+    )
+
+
 def output_syntax(frontend: spb.FrontendContract) -> OutputSyntax:
     """The parsers' syntax; the pairing rules were checked by the contract validators."""
     reasoning_kind = REASONING_KINDS[frontend.reasoning_parser]
@@ -180,6 +193,8 @@ def output_syntax(frontend: spb.FrontendContract) -> OutputSyntax:
     _check_boundary_fields(frontend, reasoning_kind)
     if reasoning_kind is ReasoningSyntaxKind.RECIPIENT_HEADERS:
         return OutputSyntax(reasoning_kind, tool_kind, frames=recipient_syntax(frontend))
+    if reasoning_kind is ReasoningSyntaxKind.HARMONY_CHANNELS:
+        return OutputSyntax(reasoning_kind, tool_kind, channels=channel_syntax(frontend))
     think = None
     if reasoning_kind in (ReasoningSyntaxKind.THINK_TAGS, ReasoningSyntaxKind.XTML_THINK):
         think = think_syntax(frontend.reasoning_syntax)
@@ -220,6 +235,11 @@ def token_delimiters(syntax: OutputSyntax, frontend: spb.FrontendContract, encod
                     f"{FRONTEND}.assistant_boundary.{field}",
                     f"header control {spelling!r} is not one tokenizer token: {list(encoded[spelling])}",
                 )
+    if syntax.channels is not None:
+        for spelling in syntax.channels.controls:
+            if spelling not in ids:
+                raise ContractError(f"{FRONTEND}.channel_syntax",
+                                    f"control {spelling!r} is not one tokenizer token: {list(encoded[spelling])}")
     try:
         return TokenDelimiters(ids)
     except ValueError:
@@ -259,8 +279,18 @@ class FrontendSyntax:
             return None
         return replace(self.reasoning_envelope, state=state)
 
+    @property
+    def has_channels(self) -> bool:
+        """Harmony channel output (its own frame grammar, like recipient frames)."""
+        return self.output.channels is not None
+
     def output_start(self, prompt: Prompt) -> OutputStart:
-        frame = frame_start(prompt.text, self.output.frames, self.message_ends) if self.has_frames else FrameStart()
+        if self.has_frames:
+            frame = frame_start(prompt.text, self.output.frames, self.message_ends)
+        elif self.has_channels:
+            frame = channel_start(prompt.text, self.output.channels)
+        else:
+            frame = FrameStart()
         return OutputStart(reasoning=prompt.reasoning_state, frame=frame)
 
 
@@ -285,3 +315,20 @@ def frame_start(prompt_text: str, frames: RecipientSyntax, message_ends: Sequenc
     if not recipient:
         return FrameStart()
     return FrameStart(FramePosition.BODY, recipient=recipient)
+
+
+def channel_start(prompt_text: str, channels: ChannelSyntax) -> FrameStart:
+    """Where generation starts among harmony frames, read from the end of the prompt text: after
+    the last start control, a closed message -> BOUNDARY; a header without its message control ->
+    HEADER (its text, controls spelled inline); a complete header -> BODY (``recipient`` holds the
+    whole header text, which the parser reads as it reads a generated one)."""
+    at = prompt_text.rfind(channels.start_control)
+    if at < 0:
+        return FrameStart()
+    tail = prompt_text[at + len(channels.start_control):]
+    if any(end in tail for end in (channels.end_control, channels.call_control, channels.return_control)):
+        return FrameStart()
+    header, found, _ = tail.partition(channels.message_control)
+    if not found:
+        return FrameStart(FramePosition.HEADER, header_text=tail)
+    return FrameStart(FramePosition.BODY, recipient=header) if header else FrameStart()

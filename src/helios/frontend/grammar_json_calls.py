@@ -24,7 +24,7 @@ from helios.frontend.grammar_tools import ToolSchema
 from helios.frontend.syntax import JsonCallSyntax
 
 
-def _schema(tool: ToolSchema, json_options: Mapping) -> str:
+def arguments_schema(tool: ToolSchema, json_options: Mapping) -> str:
     """The arguments schema; like the tag grammars, a call writes only the declared properties."""
     schema = dict(tool.parameters) or {"type": "object"}
     if "properties" in schema:
@@ -38,7 +38,7 @@ def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSc
     for i, tool in enumerate(tools):
         names.append(f"call_{i}")
         arguments = f"args_{i}"
-        rules.append(f"{arguments}: %json {_schema(tool, json_options)}")
+        rules.append(f"{arguments}: %json {arguments_schema(tool, json_options)}")
         if syntax.name_key:
             head = '{"%s": %s, "%s": ' % (syntax.name_key, json.dumps(tool.name), syntax.arguments_key)
             rules.append(f"call_{i}: {json_literal(head)} {arguments} \"}}\"")

@@ -5,10 +5,11 @@ request's answer grammar (``response_format``), its `ToolPolicy` and the prompt'
 the request's `GrammarMatcher`, or None for unconstrained output:
 
 - no active tools, or tools under ``auto`` with parallel calls and no ``response_format``: the
-  answer grammar inside the reasoning envelope (`grammar.envelope_lark`), or recipient frames around
-  it (`grammar_frames`); None without an answer grammar;
+  answer grammar inside the reasoning envelope (`grammar.envelope_lark`), or recipient or harmony
+  frames around it (`grammar_frames`, `grammar_channels`); None without an answer grammar;
 - otherwise one grammar for calls and the answer (`grammar_tools` for tag syntaxes,
-  `grammar_frames` for recipient frames): ``required`` and a named function allow only calls (the
+  `grammar_frames` for recipient frames, `grammar_channels` for harmony frames, where a call ends
+  the output so at most one is written): ``required`` and a named function allow only calls (the
   named one: exactly one call of it), ``parallel_tool_calls=false`` at most one call, and the answer
   is the structured one or, without ``response_format``, free text.
 
@@ -24,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from helios.frontend.contract_syntax import FrontendSyntax
 from helios.frontend.grammar import GrammarCompiler, GrammarKind, GrammarMatcher, GrammarRequest
+from helios.frontend.grammar_channels import channels_lark
 from helios.frontend.grammar_frames import frames_lark
 from helios.frontend.grammar_json_calls import json_calls_lark
 from helios.frontend.grammar_lark import Speller
@@ -67,6 +69,10 @@ class OutputConstraints:
         if syntax.has_frames:
             start = syntax.output_start(prompt).frame
             lark = frames_lark(syntax.output.frames, self._speller, start, calls, calls.answer, options)
+        elif syntax.has_channels:
+            start = syntax.output_start(prompt).frame
+            lark = channels_lark(syntax.output.channels, self._speller, start, calls, calls.answer, options,
+                                 reasoning_budget)
         else:
             lark = tag_tool_lark(syntax.output, self._speller, TagEnvelope(prompt.reasoning_state, calls), options)
         return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
@@ -77,6 +83,11 @@ class OutputConstraints:
             start = syntax.output_start(prompt).frame
             lark = frames_lark(syntax.output.frames, self._speller, start, None, AnswerKind.STRUCTURED,
                                self._compiler.json_options)
+            return self._compiler.compile_lark(lark, answer)
+        if syntax.has_channels:
+            start = syntax.output_start(prompt).frame
+            lark = channels_lark(syntax.output.channels, self._speller, start, None, AnswerKind.STRUCTURED,
+                                 self._compiler.json_options, None if budget is None else max(1, budget))
             return self._compiler.compile_lark(lark, answer)
         envelope = syntax.envelope(prompt.reasoning_state)
         if envelope is not None and budget is not None:
@@ -99,7 +110,7 @@ class OutputConstraints:
             kind = AnswerKind.NONE
         else:
             kind = AnswerKind.STRUCTURED if answer is not None else AnswerKind.FREE
-        single = policy.mode is ToolChoiceMode.NAMED or not policy.parallel
+        single = policy.mode is ToolChoiceMode.NAMED or not policy.parallel or self._syntax.has_channels
         return CallPolicy(spelled, kind, single)
 
     def _unforceable(self, policy: ToolPolicy, tools: Sequence[ToolSchema]) -> str:

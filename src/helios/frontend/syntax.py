@@ -11,6 +11,7 @@ selectors with their data and validates the legal pairings when constructed:
 - THINK_TAGS pairs with NONE, QWEN_CODER_FUNCTIONS, GLM_ARGUMENTS, DSML, XTML or JSON_CALLS tools;
 - XTML_THINK requires XTML tools;
 - RECIPIENT_HEADERS and ATEM_RECIPIENTS require each other (one parser consumes whole frames);
+- HARMONY_CHANNELS reasoning and HARMONY_CHANNELS tools require each other (likewise);
 - a reasoning terminal marker must be the declared tool syntax's opener.
 
 Single-token status is not syntax data: the parsers are told at construction which spellings the
@@ -34,6 +35,7 @@ class ReasoningSyntaxKind(enum.IntEnum):
     THINK_TAGS = 2  # open/close delimiters around raw reasoning text
     XTML_THINK = 3  # XTML think element: XML-escaped reasoning text (requires XTML tools)
     RECIPIENT_HEADERS = 4  # `self` frames of the recipient-header syntax (requires ATEM tools)
+    HARMONY_CHANNELS = 5  # reasoning-channel messages of harmony frames (requires harmony tools)
 
 
 class ToolSyntaxKind(enum.IntEnum):
@@ -47,6 +49,7 @@ class ToolSyntaxKind(enum.IntEnum):
     XTML = 5  # <xtml:calls><xtml:call name="..."><xtml:arg name="...">escaped</xtml:arg>...
     ATEM_RECIPIENTS = 6  # <atem:function_calls> blocks inside tool recipient frames
     JSON_CALLS = 7  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>, [TOOL_CALLS][...], ...
+    HARMONY_CHANNELS = 8  # <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,42 @@ class RecipientSyntax:
 
 
 @dataclass(frozen=True)
+class ChannelSyntax:
+    """Harmony channel frames::
+
+        START ROLE [MARKER recipient] CHANNEL channel [MARKER recipient] [CONSTRAIN type] MESSAGE body END
+
+    The seven controls delimit only as their tokenizer tokens. A message on a ``reasoning_channels``
+    channel is reasoning; one on a ``content_channels`` channel without a recipient is content; one
+    addressed to ``tool_namespace`` + NAME is a call of NAME whose body is the JSON arguments.
+    ``end_control`` permits another header; ``call_control`` and ``return_control`` end a message
+    (normally the EOS tokens ending generation). ``final_channel``, ``tool_channel`` and
+    ``tool_content_type`` are what grammars write for a structured answer and a forced call.
+    """
+
+    start_control: str
+    channel_control: str
+    message_control: str
+    end_control: str
+    call_control: str
+    return_control: str
+    constrain_control: str
+    role: str
+    recipient_marker: str
+    reasoning_channels: tuple[str, ...]
+    content_channels: tuple[str, ...]
+    tool_namespace: str
+    final_channel: str
+    tool_channel: str
+    tool_content_type: str
+
+    @property
+    def controls(self) -> tuple[str, ...]:
+        return (self.start_control, self.channel_control, self.message_control, self.end_control,
+                self.call_control, self.return_control, self.constrain_control)
+
+
+@dataclass(frozen=True)
 class JsonCallSyntax:
     """JSON invocations inside an optional block: ``BLOCK_OPEN calls BLOCK_CLOSE``.
 
@@ -211,7 +250,8 @@ class OutputSyntax:
     """The selected parser pair and its syntax data; validated on construction (ContractError).
 
     ``think`` is set for THINK_TAGS and XTML_THINK; ``tools`` for tag tool syntaxes;
-    ``frames`` for the RECIPIENT_HEADERS / ATEM_RECIPIENTS pair (its ATEM data is ``frames.tools``).
+    ``frames`` for the RECIPIENT_HEADERS / ATEM_RECIPIENTS pair (its ATEM data is ``frames.tools``);
+    ``channels`` for the HARMONY_CHANNELS pair.
     """
 
     reasoning_kind: ReasoningSyntaxKind
@@ -219,11 +259,12 @@ class OutputSyntax:
     think: ThinkSyntax | None = None
     tools: ToolSyntax | None = None
     frames: RecipientSyntax | None = None
+    channels: ChannelSyntax | None = None
 
     def __post_init__(self) -> None:
         _check_kinds(self)
         _check_data(self)
-        for name in ("think", "tools", "frames"):
+        for name in ("think", "tools", "frames", "channels"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, JsonCallSyntax):  # it checks itself
                 _check_spellings(value, f"frontend.{name}")
@@ -240,6 +281,8 @@ class OutputSyntax:
         if self.frames is not None:
             f = self.frames
             return (f.start_control, f.message_control, f.end_message_control)
+        if self.channels is not None:
+            return self.channels.controls
         if self.think is not None:
             return tuple(s for s in (self.think.open, self.think.close, self.think.terminal) if s)
         return ()
@@ -256,6 +299,9 @@ def _check_kinds(syntax: OutputSyntax) -> None:
         raise ContractError(
             "frontend.tool_parser", "recipient-header reasoning and ATEM recipient tools are only used together"
         )
+    harmony = ReasoningSyntaxKind.HARMONY_CHANNELS, ToolSyntaxKind.HARMONY_CHANNELS
+    if (reasoning == harmony[0]) != (tool == harmony[1]):
+        raise ContractError("frontend.tool_parser", "harmony channel reasoning and tools are only used together")
     if reasoning == ReasoningSyntaxKind.XTML_THINK and tool != ToolSyntaxKind.XTML:
         raise ContractError("frontend.tool_parser", "XTML think reasoning requires the XTML tool parser")
     if reasoning == ReasoningSyntaxKind.THINK_TAGS and tool not in _THINK_TOOLS:
@@ -270,6 +316,8 @@ def _check_data(syntax: OutputSyntax) -> None:
     wants_frames = tool == ToolSyntaxKind.ATEM_RECIPIENTS
     if wants_frames != (syntax.frames is not None):
         raise ContractError("frontend.frames", "recipient syntax data must be present exactly for ATEM_RECIPIENTS")
+    if (tool == ToolSyntaxKind.HARMONY_CHANNELS) != (syntax.channels is not None):
+        raise ContractError("frontend.channels", "channel syntax data must be present exactly for HARMONY_CHANNELS")
     expected = _TOOL_DATA.get(tool)
     if expected is None:
         if syntax.tools is not None:
@@ -354,6 +402,14 @@ def example_recipients() -> RecipientSyntax:
     return RecipientSyntax(
         "<|start|>", "<|message|>", "<|eom|>", "assistant", " to=", "self", ("commentary", "user"),
         "functions", "functions.", example_atem(),
+    )
+
+
+def example_harmony() -> ChannelSyntax:
+    """gpt-oss's harmony format."""
+    return ChannelSyntax(
+        "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>",
+        "assistant", "to=", ("analysis",), ("final", "commentary"), "functions.", "final", "commentary", "json",
     )
 
 

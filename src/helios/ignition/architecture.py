@@ -24,6 +24,14 @@ Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) re
   ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S].
   The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
 
+Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attention weights are instead
+``layers.i.q.weight`` [Hq (Dn + Dr), H] or, with a query rank Q, ``layers.i.q_a.weight`` [Q, H],
+``layers.i.q_a_norm`` [Q] and ``layers.i.q_b.weight`` [Hq (Dn + Dr), Q] (per head: Dn no-rotary then
+Dr rotary rows); ``layers.i.kv_a.weight`` [C + Dr, H] (rows: the latent, then the shared rotary
+key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (per head: Dn key rows,
+then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
+recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -87,6 +95,30 @@ class MixtureOfExperts:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention: keys and values are up-projected from a per-token latent of
+    `kv_lora_rank` values shared by every head, plus one rotary key of `qk_rope_head_dim` values.
+
+    `scale` is the softmax scale (a recipe's rope scaling may change it), `rope_attention_factor`
+    multiplies the rotary cos/sin tables, `norm_eps` is the epsilon of the q/kv latent norms.
+    `q_lora_rank` 0: queries are projected from the hidden state directly.
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    scale: float
+    q_lora_rank: int = 0
+    rope_attention_factor: float = 1.0
+    norm_eps: float = 1e-6
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class Architecture:
     """Geometry and dataflow switches of a pre-norm decoder with rotary attention and a gated MLP.
 
@@ -111,6 +143,7 @@ class Architecture:
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
     moe: MixtureOfExperts | None = None
+    latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -125,6 +158,9 @@ class Architecture:
             raise CheckpointError("rotary attention needs an even head_dim")
         if self.tensor_parallel < 1:
             raise CheckpointError("tensor_parallel must be >= 1")
+        if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
+                                        self.num_kv_heads != self.num_heads):
+            raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
 
@@ -146,7 +182,16 @@ class Architecture:
 
     @property
     def attention_scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.head_dim**-0.5 if self.latent is None else self.latent.scale
+
+    @property
+    def rope_attention_factor(self) -> float:
+        return 1.0 if self.latent is None else self.latent.rope_attention_factor
+
+    @property
+    def attention_out_size(self) -> int:
+        """Input width of ``o.weight``: the attended values of this rank's heads."""
+        return self.q_size if self.latent is None else self.num_heads * self.latent.v_head_dim
 
     @property
     def vocab_rows(self) -> int:
@@ -178,9 +223,35 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
 
 
 def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    hidden = arch.hidden_size
+    slots = [_slot(prefix + "input_norm", arch, hidden)]
+    slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
+    slots.append(_slot(prefix + "post_norm", arch, hidden))
+    layer = int(prefix.split(".")[1])
+    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+
+
+def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    latent, hidden, heads = arch.latent, arch.hidden_size, arch.num_heads
+    q_rows = heads * latent.qk_head_dim
+    if latent.q_lora_rank:
+        slots = [_slot(prefix + "q_a.weight", arch, latent.q_lora_rank, hidden),
+                 _slot(prefix + "q_a_norm", arch, latent.q_lora_rank),
+                 _slot(prefix + "q_b.weight", arch, q_rows, latent.q_lora_rank)]
+    else:
+        slots = [_slot(prefix + "q.weight", arch, q_rows, hidden)]
+    return slots + [
+        _slot(prefix + "kv_a.weight", arch, latent.kv_lora_rank + latent.qk_rope_head_dim, hidden),
+        _slot(prefix + "kv_a_norm", arch, latent.kv_lora_rank),
+        _slot(prefix + "kv_b.weight", arch, heads * (latent.qk_nope_head_dim + latent.v_head_dim), latent.kv_lora_rank),
+        _slot(prefix + "o.weight", arch, hidden, arch.attention_out_size),
+    ]
+
+
+def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     qkv_rows = arch.q_size + 2 * arch.kv_size
     hidden = arch.hidden_size
-    slots = [_slot(prefix + "input_norm", arch, hidden), _slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
+    slots = [_slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
     if arch.qk_norm:
@@ -188,9 +259,7 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
-    slots.append(_slot(prefix + "post_norm", arch, hidden))
-    layer = int(prefix.split(".")[1])
-    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+    return slots
 
 
 def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:

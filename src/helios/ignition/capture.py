@@ -27,7 +27,9 @@ from helios.ignition.architecture import Architecture
 from helios.ignition.program import (
     DecodeProgram, GenerationProgram, MixedProgram, ScoredPrefillProgram, TunedDecodeProgram,
 )
-from helios.ignition.program_spec import Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, program_spec
+from helios.ignition.program_spec import (
+    Capacity, Operation, ProgramOptions, ProgramSpec, TensorSpec, canonical_input_names, program_spec,
+)
 from helios.ignition.speculative import SpeculativeProgram
 from helios.ignition.tuning import AttentionTuningProgram
 
@@ -88,7 +90,7 @@ def export_program(arch: Architecture, operation: Operation, capacity: Capacity,
     spec = program_spec(arch, operation, capacity, page_tokens, options)
     module = build_program(arch, operation, page_tokens, options, capacity)
     parameters = parameter_names(module)
-    if parameters != spec.input_names:
+    if parameters != canonical_input_names(spec.input_names):
         raise AssertionError(f"program signature {parameters} disagrees with its spec {spec.input_names}")
     args, dynamic_shapes = _example_inputs(spec)
     dynamic_shapes = _grouped_varargs(module, dynamic_shapes)

@@ -125,6 +125,36 @@ def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping
     rendered_call = tool_call_text(probe)
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else ""
     family = select_family(rendered_call, model_type, stated.get("family"))
+    if family is not None and family.channel_syntax is not None:
+        _check_channel_controls(family.channel_syntax, tokenizer, stated)
+        reasoning_parser, reasoning_syntax = spb.REASONING_PARSER_HARMONY_CHANNELS, None
+        tool_parser, tool_syntax = family.tool_parser, None
+    else:
+        tool_parser, tool_syntax, reasoning_parser, reasoning_syntax = _tags_frontend(
+            probe, tokenizer, boundary, family, stated)
+    rules = prefix_rules(probe, family is not None)
+    assistant = spb.AssistantBoundary(message_start=boundary.message_start, message_end=boundary.message_end,
+                                      assistant_header=boundary.assistant_header)
+    return FrontendDeclaration(tool_parser, reasoning_parser, tool_syntax, reasoning_syntax, assistant,
+                               tuple(rules), family.name if family is not None else "none",
+                               family.channel_syntax if family is not None else None)
+
+
+def _check_channel_controls(channels: spb.ChannelSyntax, tokenizer: Tokenizer, stated: Mapping[str, str]) -> None:
+    """Harmony frames delimit only at single control tokens, and carry reasoning structurally."""
+    if stated.get("reasoning") == "none":
+        raise CheckpointError("harmony frames carry reasoning on their own channels: reasoning=none does not apply; "
+                              "state --frontend family=none to serve without the frame parsers")
+    for field in ("start_control", "channel_control", "message_control", "end_control", "call_control",
+                  "return_control", "constrain_control"):
+        text = getattr(channels, field)
+        if len(tokenizer.encode(text, add_special_tokens=False).ids) != 1:
+            raise CheckpointError(f"the template renders harmony frames, but the tokenizer has no single token "
+                                  f"for the {field.replace('_', ' ')} {text!r}")
+
+
+def _tags_frontend(probe: ProbeTemplate, tokenizer: Tokenizer, boundary, family, stated: Mapping[str, str]):
+    """Tool and reasoning selectors and syntax of the delimiter families (think tags probed)."""
     tool_parser, tool_syntax = spb.TOOL_PARSER_NONE, None
     if family is not None:
         tool_parser, tool_syntax = family.tool_parser, family.tool_syntax
@@ -143,8 +173,4 @@ def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping
             ids = tokenizer.encode(text, add_special_tokens=False).ids
             if len(ids) == 1:
                 setattr(reasoning_syntax, field, ids[0])
-    rules = prefix_rules(probe, family is not None)
-    assistant = spb.AssistantBoundary(message_start=boundary.message_start, message_end=boundary.message_end,
-                                      assistant_header=boundary.assistant_header)
-    return FrontendDeclaration(tool_parser, reasoning_parser, tool_syntax, reasoning_syntax, assistant,
-                               tuple(rules), family.name if family is not None else "none")
+    return tool_parser, tool_syntax, reasoning_parser, reasoning_syntax

@@ -32,6 +32,9 @@ class PackedStep(NamedTuple):
     page_table: torch.Tensor  # int32 [R, max_pages]
     slot_mapping: torch.Tensor  # int64 [T], -1 for padding tokens
     splits: torch.Tensor | None = None  # int32 [1] tuned decode split count; None: untuned attention
+    # Prompt programs (PREFILL, SCORED_PREFILL: few rows of many tokens): latent attention up-projects
+    # the rows' context into per-head keys/values; every other step attends over the latents absorbed.
+    up_project: bool = False
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
@@ -56,11 +59,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.ops.helios.rms_norm(x, weight, eps)
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos and sin [T, 1, D] for the packed positions."""
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
+    """cos and sin [T, 1, D] for the packed positions,
+    times `factor` (a rope scaling's attention factor)."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+    cos, sin = angles.cos(), angles.sin()
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 class LayerInputs(NamedTuple):
@@ -76,6 +83,11 @@ class LayerInputs(NamedTuple):
 def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs):
     """Self-attention of one layer; writes this step's keys/values into the layer's cache planes."""
     prefix, num_tokens = f"layers.{layer}.", hidden.shape[0]
+    if arch.latent is not None:  # multi-head latent attention: its planes hold latents and rotary keys
+        from helios.ignition.latent import latent_attention  # (it builds on this module's norms and rotary)
+
+        attended = latent_attention(arch, w, layer, hidden, shared)
+        return row_parallel_linear(arch, attended, w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
@@ -130,7 +142,7 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
     update = torch.ops.helios.add_rms_norm  # the residual add and the next norm, one fused op

@@ -71,7 +71,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     """The decoder's cache writes without its output: every layer but the last runs whole, the last
     one only projects, rotates and writes its keys/values (no attention, MLP or final norm)."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, storage.k_cache, storage.v_cache, cos, sin)
     last = arch.num_layers - 1
     for layer in range(last):
@@ -82,6 +82,11 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         hidden = hidden + mlp_block(arch, w, prefix, normed)
     prefix = f"layers.{last}."
     normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+    if arch.latent is not None:
+        from helios.ignition.latent import latent_keys  # (it builds on the decoder's norms and rotary)
+
+        latent_keys(arch, w, last, normed, shared)
+        return
     bias = w.get(prefix + "qkv.bias")
     kv = F.linear(normed, w[prefix + "qkv.weight"][arch.q_size:], None if bias is None else bias[arch.q_size:])
     k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)

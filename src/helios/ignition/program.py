@@ -45,6 +45,8 @@ from helios.ignition.speculative import with_emitted
 class GenerationProgram(torch.nn.Module):
     """PREFILL and DECODE: run the packed tokens, sample one token per sampling row."""
 
+    up_projects = True  # prompt rows: latent attention up-projects the context (see `PackedStep`)
+
     def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
         super().__init__()
         self.arch = arch
@@ -96,7 +98,7 @@ class GenerationProgram(torch.nn.Module):
         query_start = torch.cat((zero, torch.cumsum(query_lens, 0).to(torch.int32)))
         rows_page_table = page_table[request_slots.clamp(min=0)]
         slots = slot_mapping(query_start, rows_page_table, positions, self.page_tokens)
-        return PackedStep(token_ids, positions, query_start, rows_page_table, slots)
+        return PackedStep(token_ids, positions, query_start, rows_page_table, slots, up_project=self.up_projects)
 
     def sample(self, w, hidden, step: PackedStep, counts, lanes, controls):
         """Sample each row's next token from its last packed token; count it in output_counts."""
@@ -152,6 +154,8 @@ class DecodeProgram(GenerationProgram):
     ``pending_tokens`` (first of its trailing inputs), feeds it to rows packed as -1 and stores
     every sampled token there (see `helios.ignition.program_spec`)."""
 
+    up_projects = False
+
     def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
         super().__init__(arch, page_tokens, options)
         self.device_pending = options.device_pending
@@ -196,6 +200,8 @@ class TunedDecodeProgram(DecodeProgram):
 
 class MixedProgram(GenerationProgram):
     """MIXED: prompt rows and generating rows in one packed batch; pending tokens per row."""
+
+    up_projects = False  # up to max-concurrency rows: gathering every row's context would not pay
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,

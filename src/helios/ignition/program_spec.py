@@ -65,6 +65,10 @@ from helios.ignition.architecture import Architecture, CheckpointError, WeightSl
 Dim = int | str
 DRAFT_PREFIX = "draft."  # weight names of the draft model in the combined weight list
 DRAFT_INPUTS = ("draft_k_cache", "draft_v_cache", "draft_page_table")
+# The two cache planes every program takes (positional parameters ``k_cache``, ``v_cache``): the
+# key/value planes, or for latent attention the latent and rotary-key planes of a paged latent region.
+KV_PLANES = ("k_cache", "v_cache")
+LATENT_PLANES = ("latent_cache", "rope_cache")
 CONFIDENCE_OUTPUT = "proposal_confidence"
 
 
@@ -277,24 +281,42 @@ def _check_capacity(operation: Operation, capacity: Capacity, options: ProgramOp
             f"completion records hold {options.record_tokens} tokens; lanes emit {capacity.lane_limit}")
 
 
+def cache_plane_names(arch: Architecture, prefix: str = "") -> tuple[str, str]:
+    """The names of `arch`'s two cache planes (`prefix` + ``k_cache``/``v_cache`` or the latent pair)."""
+    return tuple(prefix + name for name in (LATENT_PLANES if arch.latent is not None else KV_PLANES))
+
+
+def cache_plane_specs(arch: Architecture, page_tokens: int, prefix: str = "") -> tuple[TensorSpec, TensorSpec]:
+    """`arch`'s two cache-storage inputs: [layers, pages, page_tokens, Hkv, D] key and value planes,
+    or [layers, pages, page_tokens, C] latent and [layers, pages, page_tokens, Dr] rotary-key planes."""
+    names, layers = cache_plane_names(arch, prefix), arch.num_layers
+    if arch.latent is None:
+        shapes = [(layers, "pages", page_tokens, arch.num_kv_heads, arch.head_dim)] * 2
+    else:
+        shapes = [(layers, "pages", page_tokens, arch.latent.kv_lora_rank),
+                  (layers, "pages", page_tokens, arch.latent.qk_rope_head_dim)]
+    return tuple(TensorSpec(name, arch.dtype, shape, InputRole.CACHE_STORAGE, Access.READ_WRITE)
+                 for name, shape in zip(names, shapes))
+
+
+def canonical_input_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Input names with latent plane names replaced by the programs' positional parameter names."""
+    renames = dict(zip(LATENT_PLANES, KV_PLANES))
+    renames.update(zip(("draft_" + n for n in LATENT_PLANES), DRAFT_INPUTS[:2]))
+    return tuple(renames.get(name, name) for name in names)
+
+
 def _draft_inputs(draft: Architecture | None, page_tokens: int) -> tuple[TensorSpec, ...]:
     if draft is None:
         return ()
-    cache_shape = (draft.num_layers, "pages", page_tokens, draft.num_kv_heads, draft.head_dim)
-    cache = InputRole.CACHE_STORAGE
-    return (
-        TensorSpec(DRAFT_INPUTS[0], draft.dtype, cache_shape, cache, Access.READ_WRITE),
-        TensorSpec(DRAFT_INPUTS[1], draft.dtype, cache_shape, cache, Access.READ_WRITE),
-        TensorSpec(DRAFT_INPUTS[2], "int32", ("request_rows", "max_pages")),
-    )
+    return (*cache_plane_specs(draft, page_tokens, "draft_"),
+            TensorSpec(DRAFT_INPUTS[2], "int32", ("request_rows", "max_pages")))
 
 
 def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...]:
-    cache_shape = (arch.num_layers, "pages", page_tokens, arch.num_kv_heads, arch.head_dim)
-    cache, state, step, vocab = InputRole.CACHE_STORAGE, InputRole.PERSISTENT_STATE, InputRole.STEP_INPUT, arch.vocab_size
+    state, step, vocab = InputRole.PERSISTENT_STATE, InputRole.STEP_INPUT, arch.vocab_size
     return (
-        TensorSpec("k_cache", arch.dtype, cache_shape, cache, Access.READ_WRITE),
-        TensorSpec("v_cache", arch.dtype, cache_shape, cache, Access.READ_WRITE),
+        *cache_plane_specs(arch, page_tokens),
         TensorSpec("output_counts", "int32", ("slots", vocab), state, Access.READ_WRITE),
         # Host-written per request row: at admission (histogram) and as pages are assigned.
         TensorSpec("prompt_counts", "int32", ("request_rows", vocab), step),

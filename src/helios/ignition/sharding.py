@@ -14,10 +14,13 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
 | ``router.*`` | whole (every rank routes every token alike) |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
+| latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
+| ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
 | norms, ``rope.inv_freq`` | whole (replicated) |
 | ``vocab.start`` | [r * ceil(V/N)] |
 
-Experts are split by their intermediate width (each rank runs every selected expert on its share and
+A latent layer's history (latent and rotary key) is the same for every head, so each rank keeps the
+whole latent region. Experts are split by their intermediate width (each rank runs every selected expert on its share and
 one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width and the
 expert widths must divide by N (a `CheckpointError` says which does
 not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
@@ -101,7 +104,9 @@ class _Cutter:
         if key.startswith(("experts.", "shared.")):
             return self.experts(key, tensor)
         if key == "o.weight":
-            return self.columns(tensor, self.shard.q_size)
+            return self.columns(tensor, self.shard.attention_out_size)
+        if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
+            return self.rows(tensor, tensor.shape[0] // self.shard.tensor_parallel).clone()
         if key == "down.weight":
             return self.columns(tensor, self.shard.intermediate_size)
         if name in ("embed", "lm_head"):

@@ -44,6 +44,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.core.records import ResourceKind
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
+from helios.runtime.cpu_programs import cpu_program
 from helios.runtime.graph_passes import drop_no_op_nodes
 from helios.runtime.memory_budget import check_fits
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
@@ -249,6 +250,8 @@ def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, dec
     # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
     # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
     module.validate_inputs = False
+    if device.type == "cpu":  # direct ABI kernels and flat calls: the same values, less overhead per op
+        module = cpu_program(module)
     return LoadedProgram(
         graph=handle.graph, operation=graph.operation, batch_capacity=handle.capacity.batch_capacity,
         packed_token_capacity=handle.capacity.packed_token_capacity, module=module,

@@ -206,14 +206,19 @@ class Packer:
         source, indexing = binding.source, binding.indexing
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
             for row, req in zip(rows, requests):
-                _fill_admission(binding, target, row, req, self._staging)
+                if row.admits or row.new_page_ids:  # nothing to write for any other row
+                    _fill_admission(binding, target, row, req, self._staging)
         elif indexing == S.INDEXING_PACKED_TOKEN:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
             _write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
             _write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
-            values = [_row_value(binding, row, req) for row, req in zip(rows, requests)]
+            if source == S.VALUE_SOURCE_CONSTANT:
+                values = [binding.constant] * len(rows)
+            else:
+                value_of = _ROW_SOURCES[source]
+                values = [value_of(row, req) for row, req in zip(rows, requests)]
             _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
         elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
             target.fill_(len(rows) + binding.offset)
@@ -229,12 +234,6 @@ def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow]
     else:
         width = target.shape[1]
         _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
-
-
-def _row_value(binding, row: PlanRow, req: AdmissionValues):
-    if binding.source == S.VALUE_SOURCE_CONSTANT:
-        return binding.constant
-    return _ROW_SOURCES[binding.source](row, req)
 
 
 def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:

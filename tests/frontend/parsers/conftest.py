@@ -38,3 +38,12 @@ def xtml_tokenizer() -> Tokenizer:
 @pytest.fixture(scope="session")
 def recipient_tokenizer() -> Tokenizer:
     return small_bpe(["<|endoftext|>", "<|start|>", "<|message|>", "<|eom|>"])
+
+
+HARMONY_CONTROLS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"]
+
+
+@pytest.fixture(scope="session")
+def harmony_tokenizer() -> Tokenizer:
+    """The seven harmony controls as special tokens (gpt-oss's o200k_harmony spellings)."""
+    return small_bpe(["<|endoftext|>", *HARMONY_CONTROLS])

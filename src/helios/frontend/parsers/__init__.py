@@ -1,7 +1,8 @@
 """Incremental output parsers: reasoning and tool-call syntaxes, paired by `OutputPipeline`.
 
 Modules: `pipeline` (pairing and routing), `think_tags` (delimited reasoning), `xtml` (XTML think and
-calls), `recipient_frames` (recipient headers with ATEM calls), `tag_tools` (the tool-call state
+calls), `recipient_frames` (recipient headers with ATEM calls), `harmony` (harmony channel
+frames with JSON calls), `tag_tools` (the tool-call state
 machine and its recovery rules) with one grammar module per tool family (`qwen_coder`,
 `glm_arguments`, `dsml`, `atem`) compiled to a `tool_grammar.ToolGrammar`, `json_calls` (whole JSON
 invocations: Hermes, Llama, Mistral and DeepSeek tool-call tokens), and helpers (`scan`, `text`, `calls`, `values`, `delimiters`,

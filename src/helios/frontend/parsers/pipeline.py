@@ -1,7 +1,8 @@
 """OutputPipeline: one reasoning parser and one tool parser, chosen by independent selectors.
 
 The reasoning parser reads generated text first; the answer text it emits (`ContentDelta`) is what
-the tool parser reads. The recipient-header pair is one parser, since it consumes whole frames.
+the tool parser reads. The recipient-header pair and the harmony channel pair are each one parser,
+since they consume whole frames.
 `OutputPipeline.create` wires the parsers from validated `OutputSyntax` (pairings are checked when
 that is constructed), the tokenizer's single-token delimiters, and the request's `OutputRequest`.
 
@@ -22,6 +23,7 @@ from helios.frontend.parsers.calls import CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters
 from helios.frontend.parsers.dsml import dsml_grammar
 from helios.frontend.parsers.glm_arguments import glm_arguments_grammar
+from helios.frontend.parsers.harmony import HarmonyParser
 from helios.frontend.parsers.json_calls import JsonCallParser
 from helios.frontend.parsers.qwen_coder import qwen_coder_grammar
 from helios.frontend.parsers.recipient_frames import RecipientFrameParser
@@ -96,6 +98,11 @@ class OutputPipeline:
                     raise ContractError(f"frontend.frames.{name}", "header control is not a single tokenizer token")
             frames = RecipientFrameParser(syntax.frames, delimiters, request.start.frame, request.tools, ids)
             return cls(frames)
+        if syntax.channels is not None:
+            for control in syntax.channels.controls:
+                if not delimiters.is_single_token(control):
+                    raise ContractError("frontend.channel_syntax", f"control {control!r} is not a single tokenizer token")
+            return cls(HarmonyParser(syntax.channels, delimiters, request.start.frame, request.tools, ids))
         if syntax.reasoning_kind is ReasoningSyntaxKind.NONE:
             first: OutputParser = PlainText()
         else:

@@ -17,6 +17,10 @@ a DeepSeek-V3.1 or Qwen3 template, whose generation prompts open or close reason
 | llama3 | llama | bare `{"name": ..., "parameters": {...}}` answer (JSON_CALLS) |
 | mistral | mistral, mixtral | `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (JSON_CALLS) |
 | xtml | - | `<xtml:calls><xtml:call name=...>` (XTML; XTML think reasoning) |
+| harmony | gpt_oss | `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}` (HARMONY_CHANNELS; analysis channel reasoning) |
+
+A family with ``channel_syntax`` (harmony) declares both parsers itself: its frames carry reasoning
+on their own channels, so the think-tag probe does not apply.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Family:
     tool_parser: int
     tool_syntax: spb.ToolSyntax
     reasoning_ends_at_tools: bool = False  # the tool opener is a reasoning terminal marker
+    channel_syntax: spb.ChannelSyntax | None = None  # harmony frames: tool_syntax is unused
 
     def matches(self, rendered: str) -> bool:
         return all(marker in rendered for marker in self.markers)
@@ -82,9 +87,19 @@ FAMILIES = (
                           parameter_close="</xtml:arg>", name_end='">', tag_separator="\n"),
            reasoning_ends_at_tools=True),
 )
+HARMONY = spb.ChannelSyntax(
+    start_control="<|start|>", channel_control="<|channel|>", message_control="<|message|>", end_control="<|end|>",
+    call_control="<|call|>", return_control="<|return|>", constrain_control="<|constrain|>", role="assistant",
+    recipient_marker="to=", reasoning_channels=["analysis"], content_channels=["final", "commentary"],
+    tool_namespace="functions.", final_channel="final", tool_channel="commentary", tool_content_type="json",
+)
+FAMILIES += (
+    Family("harmony", ("gpt_oss",), ("<|channel|>", f"to=functions.{TOOL_NAME}"), spb.TOOL_PARSER_HARMONY_CHANNELS,
+           spb.ToolSyntax(), channel_syntax=HARMONY),
+)
 BY_NAME = {family.name: family for family in FAMILIES}
 # Rendered markup of syntaxes no parser here reads; naming them beats a silent "no tools".
-UNSUPPORTED = {"<|channel|>": "harmony recipient channels (gpt-oss)", "<|python_tag|>": "Llama built-in tool calls"}
+UNSUPPORTED = {"<|channel|>": "harmony channels without function recipients", "<|python_tag|>": "Llama built-in tool calls"}
 
 
 def select_family(rendered_call: str, model_type: str, stated: str | None) -> Family | None:

@@ -46,7 +46,7 @@ from helios.contract.prepared import PreparedContract
 from helios.ignition.multimodal_spec import FEATURE_INDICES, ROTARY_DELTAS, ROTARY_OFFSETS, VISION_INPUTS
 from helios.ignition.preparation import speculative as spec_decl
 from helios.ignition.program_spec import (
-    CONFIDENCE_OUTPUT, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
+    CONFIDENCE_OUTPUT, LATENT_PLANES, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
 )
 from helios.ignition.tuning import TUNING_GRAPH
 
@@ -110,6 +110,7 @@ class FrontendDeclaration:
     assistant_boundary: spb.AssistantBoundary | None = None
     prefix_boundaries: tuple[spb.PrefixBoundaryRule, ...] = ()
     family: str = "none"  # the declared family's name, for preparation logs (not contract data)
+    channel_syntax: spb.ChannelSyntax | None = None  # the harmony channel parsers' markup
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,9 @@ def declare_paged_text(
     manifest.abi_operations.extend(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops([*programs, *tuning]).items())
     )
-    contract = _serving(declaration, graphs)
+    contract = _serving(declaration, graphs, cache_planes(first))
     if spec_decl.has_draft(programs):
-        spec_decl.declare_draft_cache(contract.model)
+        spec_decl.declare_draft_cache(contract.model, cache_planes(first, spec_decl.DRAFT_PLANE_PREFIX))
     contract.speculative_widths.extend(spec_decl.speculative_widths(programs))
     return PreparedContract.from_messages(contract, manifest)
 
@@ -391,7 +392,20 @@ def _completion_layout(programs: Sequence[ProgramResource]) -> mpb.CompletionLay
     return layout
 
 
-def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract]) -> spb.ServingContract:
+def cache_planes(spec: ProgramSpec, prefix: str = "") -> list[str]:
+    """The cache-storage planes of one model of `spec` (the target's, or the draft's by `prefix`)."""
+    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE]
+    return [name for name in planes if name.startswith(prefix) and (prefix or not name.startswith("draft_"))]
+
+
+def history_kind(planes: Sequence[str]) -> int:
+    """Paged latent storage for latent/rotary-key planes, paged key/value storage otherwise."""
+    latent = [name.endswith(LATENT_PLANES[0]) for name in planes]
+    return S.HISTORY_KIND_PAGED_LATENT if any(latent) else S.HISTORY_KIND_PAGED_KEY_VALUE
+
+
+def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
+             planes: Sequence[str]) -> spb.ServingContract:
     vocab = declaration.vocab_size
     model = spb.ModelContract(version=EXPORTED_CONTRACT_VERSION)
     model.vocabulary.sampled.begin, model.vocabulary.sampled.end = 0, vocab
@@ -399,9 +413,7 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract])
     model.vocabulary.mask_words = -(-vocab // 32)
     model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
     model.cache.page_tokens = declaration.page_tokens
-    model.cache.regions.add(
-        name="attention", kind=S.HISTORY_KIND_PAGED_KEY_VALUE, planes=["k_cache", "v_cache"], tokens_per_record=1
-    )
+    model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
     model.cache.page_table_views.add(destination="page_table", region="attention")
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
@@ -435,4 +447,6 @@ def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> No
         target.reasoning_syntax.CopyFrom(frontend.reasoning_syntax)
     if frontend.assistant_boundary is not None:
         target.assistant_boundary.CopyFrom(frontend.assistant_boundary)
+    if frontend.channel_syntax is not None:
+        target.channel_syntax.CopyFrom(frontend.channel_syntax)
     target.prefix_boundaries.extend(frontend.prefix_boundaries)

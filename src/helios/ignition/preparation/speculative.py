@@ -3,7 +3,8 @@
 What a core with a draft model and SPECULATIVE programs declares, all derived from the programs'
 own `ProgramSpec`s (no model flag, no model name):
 
-* the draft's paged key/value region ``draft`` (planes ``draft_k_cache``/``draft_v_cache``), its
+* the draft's paged key/value region ``draft`` (planes ``draft_k_cache``/``draft_v_cache``; a latent
+  draft's paged latent region, planes ``draft_latent_cache``/``draft_rope_cache``), its
   page-table view ``draft_page_table`` with page offset 0 (the draft attends at the target's
   positions and writes only inside each lane's reserved ceiling, so it references no extra page)
   and the completion cursor ``draft`` with lag 0 (every program leaves the draft's keys/values
@@ -24,11 +25,14 @@ from typing import Sequence
 
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
-from helios.ignition.program_spec import CONFIDENCE_OUTPUT, DRAFT_INPUTS, DRAFT_PREFIX, Operation, ProgramSpec
+from helios.ignition.program_spec import (
+    CONFIDENCE_OUTPUT, DRAFT_INPUTS, DRAFT_PREFIX, LATENT_PLANES, Operation, ProgramSpec,
+)
 
 S, M = spb, mpb
 DRAFT_REGION = "draft"
 DRAFT_CURSOR = "draft"
+DRAFT_PLANE_PREFIX = "draft_"  # the draft's cache planes: the target's plane names with this prefix
 ABI_RECORD_FIELDS = 10  # int64 columns written by helios::completion_record
 
 # Step-input bindings only speculative cores use: (source, indexing, padding).
@@ -79,10 +83,12 @@ def speculative_widths(programs: Sequence) -> list[int]:
     return sorted({p.spec.capacity.verify_tokens for p in programs if p.spec.operation is Operation.SPECULATIVE})
 
 
-def declare_draft_cache(model: spb.ModelContract) -> None:
-    """The draft's region, page-table view and completion cursor (see the module docstring)."""
-    model.cache.regions.add(name=DRAFT_REGION, kind=S.HISTORY_KIND_PAGED_KEY_VALUE,
-                            planes=list(DRAFT_INPUTS[:2]), tokens_per_record=1)
+def declare_draft_cache(model: spb.ModelContract, planes: Sequence[str]) -> None:
+    """The draft's region, page-table view and completion cursor (see the module docstring);
+    `planes` are the draft's cache-storage inputs (latent and rotary-key planes: a paged latent region)."""
+    latent = any(name.endswith(LATENT_PLANES[0]) for name in planes)
+    kind = S.HISTORY_KIND_PAGED_LATENT if latent else S.HISTORY_KIND_PAGED_KEY_VALUE
+    model.cache.regions.add(name=DRAFT_REGION, kind=kind, planes=list(planes), tokens_per_record=1)
     model.cache.page_table_views.add(destination=DRAFT_INPUTS[2], region=DRAFT_REGION, page_offset=0)
     model.cache.cursors.add(name=DRAFT_CURSOR, region=DRAFT_REGION, lag_tokens=0)
 

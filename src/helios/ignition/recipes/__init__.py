@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from helios.ignition.recipes import llama, moe, qwen_vl
+from helios.ignition.recipes import deepseek, llama, moe, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 
@@ -18,11 +18,14 @@ __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheck
 
 RecipeBuilder = Callable[..., Recipe]
 
+
 def _vision_language(source, config, tensors, dtype) -> Recipe:
     return qwen_vl.build(source, config, tensors, dtype).recipe
 
 
-_REGISTRY: dict[str, RecipeBuilder] = {name: family.build for family in (llama, moe) for name in family.ARCHITECTURES}
+_REGISTRY: dict[str, RecipeBuilder] = {
+    name: family.build for family in (llama, moe, deepseek) for name in family.ARCHITECTURES
+}
 _REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 

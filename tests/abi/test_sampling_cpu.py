@@ -1,0 +1,96 @@
+"""The CPU greedy fast path of ``helios::sample`` (`helios.abi.sampling_cpu`): the reference
+pipeline's tokens bit for bit, taken only where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helios.abi import sampling
+from helios.abi.grammar import mask_words
+from helios.abi.sampling_cpu import greedy_tokens_cpu
+
+NEG_INF, POS_INF, NAN = float("-inf"), float("inf"), float("nan")
+
+
+def _inputs(logits: torch.Tensor, seed: int = 0):
+    rows, vocab = logits.shape
+    generator = torch.Generator().manual_seed(seed)
+    return dict(
+        logits=logits, seeds=torch.arange(rows, dtype=torch.int64), counters=torch.zeros(rows, dtype=torch.int64),
+        temperature=torch.zeros(rows), top_k=torch.zeros(rows, dtype=torch.int32), top_p=torch.ones(rows),
+        min_p=torch.zeros(rows), penalties=torch.tensor([[1.0, 0.0, 0.0]]).repeat(rows, 1),
+        prompt_counts=torch.randint(0, 3, (rows, vocab), dtype=torch.int32, generator=generator),
+        output_counts=torch.randint(0, 3, (rows, vocab), dtype=torch.int32, generator=generator),
+        grammar_mask=torch.full((rows, mask_words(vocab)), -1, dtype=torch.int32),
+        mask_rows=torch.ones(rows, dtype=torch.bool))
+
+
+def _reference(args) -> torch.Tensor:
+    params = sampling.DrawParams(*(args[name] for name in sampling.DrawParams._fields))
+    return sampling.sample_reference(args["logits"], params, args["penalties"],
+                                     (args["prompt_counts"], args["output_counts"]), args["grammar_mask"],
+                                     args["mask_rows"])
+
+
+def _fast(args):
+    return greedy_tokens_cpu(args["logits"], args["temperature"], args["penalties"], args["grammar_mask"],
+                             args["mask_rows"])
+
+
+def _awkward_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Random logits with ties at the maximum, NaN, +inf, -inf and a row entirely -inf or NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, (rows, vocab), generator=generator).float()  # many ties
+    logits[1, 5] = NAN
+    logits[2, 7] = POS_INF
+    logits[2, 9] = torch.finfo(torch.float32).max  # ties with +inf once clamped: the lower id wins
+    logits[3] = NEG_INF
+    logits[4] = NAN
+    logits[5, :] = -1.0
+    return logits
+
+
+@pytest.mark.parametrize("vocab", [64, 70, 1000])
+def test_greedy_tokens_are_the_reference_tokens_with_awkward_logits(vocab):
+    args = _inputs(_awkward_logits(8, vocab, seed=vocab), seed=1)
+    fast = _fast(args)
+    assert fast is not None and fast.dtype == torch.int64
+    assert torch.equal(fast, _reference(args))
+    assert fast[3] == sampling.NO_TOKEN and fast[4] == sampling.NO_TOKEN and fast[5] == 0 and fast[2] == 7
+    assert torch.equal(torch.ops.helios.sample(**args), fast)
+
+
+@pytest.mark.parametrize("vocab", [64, 70])
+def test_restricting_masks_are_applied_and_bits_past_the_vocabulary_ignored(vocab):
+    args = _inputs(_awkward_logits(8, vocab, seed=3))
+    mask = args["grammar_mask"]
+    mask[0, :] = 0
+    mask[0, 0] = 0b1000  # row 0: only token 3
+    mask[1, :] = 0  # row 1 allows nothing
+    mask[6, :] = 0  # allows nothing, but row 6 is not masked
+    args["mask_rows"][6] = False
+    mask[7, -1] = (1 << (vocab % 32)) - 1 if vocab % 32 else -1  # bits past V cleared: still all allowed
+    fast = _fast(args)
+    assert torch.equal(fast, _reference(args))
+    assert fast[0] == 3
+    assert fast[1] == sampling.NO_TOKEN
+
+
+def test_rows_that_draw_or_are_penalised_take_the_reference_pipeline():
+    logits = torch.randn(3, 40)
+    for name, column, value in (("temperature", None, 0.7), ("penalties", 0, 1.2), ("penalties", 1, 0.5),
+                                ("penalties", 2, -0.5)):
+        args = _inputs(logits)
+        if column is None:
+            args[name][1] = value
+        else:
+            args[name][1, column] = value
+        assert _fast(args) is None
+        assert torch.ops.helios.sample(**args).tolist() == _reference(args).tolist()
+
+
+def test_greedy_rows_with_nan_or_negative_temperature_take_the_fast_path():
+    args = _inputs(torch.randn(3, 40))
+    args["temperature"] = torch.tensor([0.0, -1.0, NAN])
+    assert torch.equal(_fast(args), _reference(args))
