@@ -1,54 +1,58 @@
-"""Qwen2.5-VL on CUDA: the captured vision encoder replayed as a CUDA graph gives the CPU path's
-features (float32), and greedy tokens over 16 steps with one and two images equal the CPU path's."""
+"""Qwen2.5-VL on CUDA through the runtime: the prepared core's VISION programs are captured as CUDA
+graphs at load, and greedy tokens over 16 steps with one and with two images, served over HTTP with
+`--device cuda`, equal the CPU server's (float32); a repeated image is a feature-cache hit there too."""
 
 from __future__ import annotations
 
-import io
+import signal
 
+import httpx
+import openai
 import pytest
-import torch
 
-from gpu.test_ops_cuda import capture
-from helios.frontend.images.layout import LayoutParams, layout_prompt, vision_tensors
-from helios.frontend.images.preparation import PreparationParams, prepare_image
-from helios.ignition.recipes import qwen_vl
-from helios.ignition.recipes.vision import vision_features
-from vision.paged_greedy import encode_images, greedy, vision_inputs
-from vision.test_vl_equivalence import _prompt_ids, _Tensors
-from vision.tiny_vl import IMAGE_TOKEN, MAX_PIXELS, MEAN, MIN_PIXELS, STD, image_bytes, tiny_model
+from support.server_core import ServerProcess
+from vision.test_vl_server import _metric, _user
+from vision.vl_checkpoint import SERVED_ID, prepare_vl_core
 
 pytestmark = pytest.mark.gpu
-CAPACITY = 256
-PARAMS = PreparationParams(14, 2, MEAN, STD, MIN_PIXELS, MAX_PIXELS)
-LAYOUT = LayoutParams(IMAGE_TOKEN, 2, 56, 14)
 
 
-def _images(count):
-    from PIL import Image
-
-    data = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG")][:count]
-    return [prepare_image(Image.open(io.BytesIO(b)), PARAMS, "") for b in data]
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    return prepare_vl_core(tmp_path_factory.mktemp("vl-cuda"))[1]
 
 
-def test_vision_graph_and_tokens_equal_cpu():
-    model = tiny_model()
-    recipe = qwen_vl.build("Qwen2_5_VLForConditionalGeneration", model.config.to_dict(),
-                           _Tensors(model.state_dict()), "float32")
-    weights = {w.name: w.tensor.cuda() for w in recipe.vision_weights}
-    one, two = vision_tensors(_images(1), LAYOUT, CAPACITY), vision_tensors(_images(2), LAYOUT, CAPACITY)
+def test_vision_programs_are_captured_as_cuda_graphs(core):
+    from helios.core.reader import open_core
+    from helios.runtime.model import LoadOptions, load_model
 
-    class Encoder(torch.nn.Module):
-        def forward(self, weights, *inputs):
-            return vision_features(recipe.vision, weights, *inputs)
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    model = load_model(opened, LoadOptions(device="cuda", cuda_graphs=True))
+    assert model.vision_programs and all(hasattr(p.module, "replay") for p in model.vision_programs)
 
-    program = torch.export.export(Encoder(), (weights, *vision_inputs(one, "cuda"))).module()
-    static = vision_inputs(one, "cuda")
-    graph, out = capture(lambda: program(weights, *static))
-    for tensors, count in ((one, 1), (two, 2)):
-        for target, value in zip(static, vision_inputs(tensors, "cuda")):
-            target.copy_(value)
-        graph.replay()
-        cpu_features = encode_images(recipe, tensors)
-        torch.testing.assert_close(out.cpu(), cpu_features, atol=1e-4, rtol=1e-4)
-        prompt = layout_prompt(_prompt_ids(count), _images(count), LAYOUT)
-        assert greedy(recipe, prompt, out.clone(), 16) == greedy(recipe, prompt, cpu_features, 16)
+
+def _tokens(process) -> list[list[int]]:
+    client = openai.OpenAI(base_url=process.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    out = []
+    for images in ((0,), (0, 1), (0,)):
+        response = client.chat.completions.create(model=SERVED_ID, messages=_user(*images), max_tokens=16,
+                                                  temperature=0, extra_body={"return_token_ids": True})
+        out.append(response.choices[0].token_ids)
+    return out
+
+
+def test_cuda_server_tokens_equal_the_cpu_server(core, tmp_path):
+    results = {}
+    for device in ("cpu", "cuda"):
+        process = ServerProcess(core, "--device", device, log=tmp_path / f"{device}.log")
+        try:
+            results[device] = _tokens(process)
+            if device == "cuda":
+                assert _metric(process.url, "helios_image_cache_hits") >= 2  # image 0 again, twice
+                assert _metric(process.url, "helios_image_cache_misses") == 2
+                assert httpx.get(process.url + "/health").status_code == 200
+        finally:
+            code, log = process.terminate()
+        assert code == -signal.SIGTERM and "Traceback" not in log, log
+    assert results["cuda"] == results["cpu"]
+    assert len(set(results["cpu"][0])) > 1

@@ -15,13 +15,12 @@ import openai
 import pytest
 import torch
 
-from support.server_core import ServerProcess, TinyCore
+from support.server_core import ServerProcess
 
 from .tiny_vl import IMAGE_TOKEN, hf_image_processor, image_bytes
-from .vl_checkpoint import write_vl_checkpoint
+from .vl_checkpoint import SERVED_ID, prepare_vl_core
 
 PIL = pytest.importorskip("PIL.Image")
-NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
 IMAGES = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG"), image_bytes(64, 64, 5, "WEBP")]
 MEDIA = ["image/png", "image/jpeg", "image/webp"]
 MAX_IMAGE_BYTES = 200_000
@@ -39,17 +38,8 @@ def data_url(index: int) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from helios.cli.main import main
-    from helios.core.keys import SigningKey, write_key_pair
-
     root = tmp_path_factory.mktemp("vl")
-    model = write_vl_checkpoint(root / "checkpoint")
-    key = root / "publisher.key"
-    write_key_pair(key, SigningKey.generate(), [NAMESPACE])
-    core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
-    assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
-                 NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
-                 "--decode-batches", "1,4", "--dtype", "float32"]) == 0
+    model, core = prepare_vl_core(root)
     process = ServerProcess(core, "--max-active", "4", "--max-image-bytes", str(MAX_IMAGE_BYTES),
                             log=root / "server.log")
     yield model, process

@@ -40,3 +40,23 @@ def write_vl_checkpoint(directory: Path):
         "image_mean": list(MEAN), "image_std": list(STD), "patch_size": 14, "temporal_patch_size": 2,
         "merge_size": 2}))
     return model
+
+
+NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
+
+
+def prepare_vl_core(root: Path):
+    """The checkpoint under `root`, prepared by `helios prepare` (float32, prefill 128, decode 1 and 4);
+    returns (transformers model, `support.server_core.TinyCore`)."""
+    from helios.cli.main import main
+    from helios.core.keys import SigningKey, write_key_pair
+    from support.server_core import TinyCore
+
+    model = write_vl_checkpoint(root / "checkpoint")
+    key = root / "publisher.key"
+    write_key_pair(key, SigningKey.generate(), [NAMESPACE])
+    core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
+    assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
+                 NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
+                 "--decode-batches", "1,4", "--dtype", "float32"]) == 0
+    return model, core
