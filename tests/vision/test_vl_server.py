@@ -57,13 +57,16 @@ def _user(*images: int, text: str = "Describe.") -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
-def _reference(model, prompt_ids: list[int], images: tuple[int, ...]) -> list[int]:
-    processed = hf_image_processor()(images=[PIL.open(io.BytesIO(IMAGES[i])) for i in images], return_tensors="pt")
+def _reference(model, prompt_ids: list[int], images: tuple[int, ...], steps: int = 16) -> list[int]:
     input_ids = torch.tensor([prompt_ids])
+    extra = {}
+    if images:
+        processed = hf_image_processor()(images=[PIL.open(io.BytesIO(IMAGES[i])) for i in images],
+                                         return_tensors="pt")
+        extra = {"pixel_values": processed["pixel_values"], "image_grid_thw": processed["image_grid_thw"]}
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                             pixel_values=processed["pixel_values"], image_grid_thw=processed["image_grid_thw"],
-                             max_new_tokens=16, do_sample=False)
+        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **extra,
+                             max_new_tokens=steps, do_sample=False)
     return out[0, len(prompt_ids):].tolist()
 
 
@@ -144,3 +147,19 @@ def test_bad_image_urls_are_400s_naming_the_problem(client, url, problem):
 def test_too_many_images_is_a_400(client):
     with pytest.raises(openai.BadRequestError, match="at most 4 images"):
         client.chat.completions.create(model=SERVED_ID, messages=_user(0, 1, 2, 0, 1), max_tokens=2)
+
+
+def test_an_image_past_the_first_prefill_chunk_and_text_only_requests(served, client):
+    long_text = " ".join(f"word{i}" for i in range(120))  # the prompt spans two 128-token prefill chunks
+    messages = [{"role": "user", "content": [{"type": "text", "text": long_text},
+                                             {"type": "image_url", "image_url": {"url": data_url(1)}},
+                                             {"type": "text", "text": "And this?"}]}]
+    response = client.chat.completions.create(model=SERVED_ID, messages=messages, max_tokens=16, temperature=0,
+                                              extra_body={"return_token_ids": True})
+    prompt_ids = response.model_extra["prompt_token_ids"]
+    assert len(prompt_ids) > 128 and prompt_ids.index(IMAGE_TOKEN) > 128
+    assert response.choices[0].token_ids == _reference(served[0], prompt_ids, (1,))
+    text_only = client.chat.completions.create(model=SERVED_ID, messages=[{"role": "user", "content": "hello"}],
+                                               max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+    ids = text_only.model_extra["prompt_token_ids"]
+    assert text_only.choices[0].token_ids == _reference(served[0], ids, (), steps=8)

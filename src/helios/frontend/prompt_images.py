@@ -1,13 +1,15 @@
 """A chat prompt's images through the contract's image pipeline: the prompt with each image's
 placeholder expanded to its features, and the `RequestImages` the model worker binds.
 
-A model without a vision contract refuses image parts (400). The stable prefix (what later turns
+A model without a vision contract, or whose image selectors this frontend does not implement, refuses
+image parts (400). The stable prefix (what later turns
 render identically) moves by the features of the images inside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,11 +20,22 @@ from helios.frontend.prompt import Prompt
 from helios.runtime.images import RequestImages
 
 
-def with_images(prompt: Prompt, pipeline: ImagePipeline | None) -> tuple[Prompt, RequestImages | None]:
+@dataclass(frozen=True)
+class UnavailableImages:
+    """A vision contract whose image selectors this frontend does not implement: text requests
+    serve, image parts are refused with `reason`."""
+
+    reason: str
+
+
+def with_images(prompt: Prompt, pipeline: ImagePipeline | UnavailableImages | None
+                ) -> tuple[Prompt, RequestImages | None]:
     if not prompt.image_urls:
         return prompt, None
     if pipeline is None:
         raise ImageRejected("this model takes no images (its core declares no vision contract)")
+    if isinstance(pipeline, UnavailableImages):
+        raise ImageRejected(f"this server cannot prepare this model's images: {pipeline.reason}")
     prepared = pipeline.prepare(list(prompt.image_urls), prompt.token_ids)
     feature_id = pipeline.layout.feature_id
     before = [i for i, token in enumerate(prompt.token_ids) if token == feature_id]

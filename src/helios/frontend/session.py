@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from helios.contract import PreparedContract
 from helios.contract.settings import ResolvedSettings
-from helios.errors import ContractError, RequestError
+from helios.errors import ContractError, LoadError, RequestError
 from helios.frontend.contract_syntax import FrontendSyntax
 from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
@@ -40,7 +40,7 @@ from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, T
 from helios.frontend.parsers.pipeline import PlainText
 from helios.frontend.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
 from helios.frontend.prompt import Prompt, PromptBuilder
-from helios.frontend.prompt_images import with_images
+from helios.frontend.prompt_images import UnavailableImages, with_images
 from helios.frontend.request_options import (
     ResponseOptions,
     has_structured_output,
@@ -162,7 +162,7 @@ class FrontendModel:
         settings: ResolvedSettings,
         facts: ModelFacts,
         draw_seed: Callable[[], int] = random_seed,
-        images: ImagePipeline | None = None,
+        images: ImagePipeline | UnavailableImages | None = None,
     ):
         self._tokenizer = tokenizer
         self._syntax = syntax
@@ -204,7 +204,10 @@ class FrontendModel:
         )
         facts = ModelFacts((serving.served_id, *serving.aliases), vocab_size, prepared.input_range)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
-        images = ImagePipeline.from_contract(serving.model, image_limits)
+        try:
+            images = ImagePipeline.from_contract(serving.model, image_limits)
+        except LoadError as error:  # text still serves; image parts get a 400 naming the reason
+            images = UnavailableImages(str(error))
         return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed, images)
 
     @property
