@@ -106,13 +106,18 @@ class ImageFeeder:
         if len(wanted) > self._features.shape[0]:
             raise ValueError(f"{len(wanted)} image features in one step; the feature buffer holds "
                              f"{self._features.shape[0]}")
-        encoded: dict[tuple[int, int], torch.Tensor] = {}
+        groups: dict[tuple[int, int], tuple[RequestImages, int, list[int], list[int]]] = {}
+        starts = np.cumsum([0] + [len(row.token_ids) for row in rows])
         for index, (packed, number, row) in enumerate(wanted):
-            request = images[_row_of(rows, packed)]
-            key = (id(request), number)
-            if key not in encoded:
-                encoded[key] = self._image_features(request, number)
-            self._features[index].copy_(encoded[key][row])
+            request = images[int(np.searchsorted(starts, packed, side="right")) - 1]
+            _, _, targets, sources = groups.setdefault((id(request), number), (request, number, [], []))
+            targets.append(index)
+            sources.append(row)
+        device = self._features.device
+        for request, number, targets, sources in groups.values():  # one gather per image of the step
+            features = self._image_features(request, number)
+            chosen = features.index_select(0, torch.tensor(sources, device=features.device))
+            self._features.index_copy_(0, torch.tensor(targets, device=device), chosen.to(self._features.dtype))
 
     def _image_features(self, request: RequestImages, number: int) -> torch.Tensor:
         digest = request.digests[number]
@@ -134,11 +139,3 @@ class ImageFeeder:
         self.cache.store(digest, features)
         return features
 
-
-def _row_of(rows: Sequence[PlanRow], packed: int) -> int:
-    offset = 0
-    for index, row in enumerate(rows):
-        offset += len(row.token_ids)
-        if packed < offset:
-            return index
-    raise IndexError(packed)
