@@ -64,3 +64,29 @@ def test_image_parts_on_a_model_that_cannot_take_them_are_400s():
     with pytest.raises(ImageRejected, match="FEATURE_SPAN"):
         with_images(prompt, UnavailableImages("image layout IMAGE_LAYOUT_FEATURE_SPAN is not implemented"))
     assert with_images(Prompt("x", (1,), None, "", 0), None) == (Prompt("x", (1,), None, "", 0), None)
+
+
+@pytest.mark.parametrize("part, problem", [
+    ({"type": "image_url", "image_url": {}}, "non-empty url"),
+    ({"type": "image_url", "image_url": {"url": "data:x", "detail": "huge"}}, "detail must be one of"),
+    ({"type": "image_url", "image_url": {"url": "data:x"}, "extra": 1}, "does not take"),
+    ({"type": "audio"}, "must be a text part"),
+])
+def test_malformed_image_parts_are_request_errors(part, problem):
+    from helios.errors import RequestError
+    from helios.frontend.messages import parse_messages
+
+    with pytest.raises(RequestError, match=problem):
+        parse_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:y"}}, part]}])
+
+
+def test_user_image_parts_reach_the_template_as_image_parts():
+    from helios.frontend.image_parts import image_urls
+    from helios.frontend.messages import parse_messages, template_messages
+
+    parsed = parse_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                          {"type": "image_url", "image_url": {"url": "data:1"}},
+                                                          {"type": "text", "text": "b"}]}])
+    assert parsed[0].content == "a\nb" and image_urls(parsed) == ["data:1"]
+    assert template_messages(parsed, False)[0]["content"] == [
+        {"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]
