@@ -40,6 +40,7 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
 from helios.runtime.history_drafting import HistoryIndex
 from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.masks import allowed_row, write_masks
 from helios.runtime.image_packing import supports as supports_image
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
 
@@ -212,7 +213,7 @@ class Packer:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
             _write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
-            _write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
+            write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
             if source == S.VALUE_SOURCE_CONSTANT:
                 values = [binding.constant] * len(rows)
@@ -264,33 +265,6 @@ def _offset(value, offset: int):
     if isinstance(value, tuple):
         return value
     return value + offset
-
-
-def allowed_row(vocabulary: spb.VocabularyContract) -> torch.Tensor | None:
-    """The mask row of an unconstrained request: every id but the vocabulary's excluded ids (ids
-    inside the sampled range that sampling never returns, e.g. image sentinels); None: all ids."""
-    if not vocabulary.excluded_ids:
-        return None
-    bits = torch.full((vocabulary.mask_words,), -1, dtype=torch.int64) & 0xFFFFFFFF
-    for token in vocabulary.excluded_ids:
-        bits[token // 32] &= ~(1 << (token % 32)) & 0xFFFFFFFF
-    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
-
-
-def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool,
-                 allowed: torch.Tensor | None = None) -> None:
-    """Constrained rows get their grammar mask; every other row (and, with `pad`, the padding
-    rows) every token allowed: -1, or `allowed` (excluded ids cleared). A grammar mask is
-    intersected with `allowed` too."""
-    filled = target[: target.shape[0] if pad else len(rows)]
-    if allowed is None:
-        filled.fill_(-1)
-    else:
-        filled.copy_(allowed.expand_as(filled))
-    for index, row in enumerate(rows):
-        mask = masks.get(row.request_id) if row.constrained else None
-        if mask is not None:
-            target[index] = mask if allowed is None else mask & allowed
 
 
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
