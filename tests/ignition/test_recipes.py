@@ -99,7 +99,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
     assert all(name in str(raised.value) for name in SUPPORTED_ARCHITECTURES)
     assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                             "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
-                                            "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"}
+                                            "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM",
+                                            "Qwen2_5_VLForConditionalGeneration"}
 
 
 @pytest.mark.parametrize("changes, message", [
