@@ -25,7 +25,7 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)'), $gpus GPU(s), $layers layers"
 
 timeout 480 python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=280 tests/runtime/test_model_fixture.py tests/gpu \
-  tests/abi/test_triton_attention.py tests/abi/test_triton_fused.py tests/abi/test_triton_sampling.py \
+  tests/abi/test_triton_attention.py tests/abi/test_attention_sinks.py tests/abi/test_triton_fused.py tests/abi/test_triton_sampling.py \
   tests/runtime/test_program_images.py tests/abi/test_program_image.py tests/ignition/test_cuda.py \
   tests/abi/test_triton_moe.py tests/abi/test_latent_attention.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
 timeout 240 python3 bench/program_load.py --json "$out/program_load.json" 2>&1 | tee "$out/program_load.log" | tail -3

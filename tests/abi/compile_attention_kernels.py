@@ -36,15 +36,18 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
     pointer = f"*{dtype}"
     block_d = triton.next_power_of_2(head_dim)
     attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
-                  query_start_ptr="*i32", positions_ptr="*i64", splits_ptr="*i32", scale_log2="fp32",
+                  query_start_ptr="*i32", positions_ptr="*i64", splits_ptr="*i32", sinks_ptr="*fp32",
+                  scale_log2="fp32",
                   part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32")
     shape = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16, DOT_PRECISION="tf32")
     block_g = triton.next_power_of_2(group)
-    compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=64 // block_g, BLOCK_N=64),
-                   num_warps=4, num_stages=2)
-    for splits, tuned in ((1, False), (8, False), (1, True), (8, True)):  # tuned: the count is read on the device
-        compile_kernel(kernels._decode_kernel, attend,
-                       dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned), num_warps=4, num_stages=2)
+    for sinks in (False, True):  # sinks: helios::paged_attention_sinks(_tuned)
+        compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=64 // block_g,
+                                                             BLOCK_N=64, HAS_SINKS=sinks), num_warps=4, num_stages=2)
+        for splits, tuned in ((1, False), (8, False), (1, True), (8, True)):  # tuned: the count is read on the device
+            compile_kernel(kernels._decode_kernel, attend,
+                           dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks),
+                           num_warps=4, num_stages=2)
     for tuned in (False, True):
         compile_kernel(kernels._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,
                                                              BLOCK_D=block_d, BLOCK_N=64, TUNED=tuned))

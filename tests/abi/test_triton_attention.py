@@ -161,6 +161,29 @@ def test_mixed_batch_sliding_window(window):
     assert_matches_reference(run(kernels.triton_paged_attention, batch, window), batch, window)
 
 
+def release_below_window(batch: Batch, window: int) -> Batch:
+    """The poisoned page tables with every page that lies wholly below each row's window pointing at
+    the NaN page, as after the runtime released them (another request may own them now)."""
+    k_cache, v_cache, table = batch.poisoned
+    table, page_tokens, poison = table.clone(), k_cache.shape[1], k_cache.shape[0] - 1
+    bounds = batch.query_start.tolist()
+    for row in range(len(bounds) - 1):
+        if bounds[row + 1] > bounds[row]:
+            first_read = int(batch.positions[bounds[row]:bounds[row + 1]].min()) - window + 1
+            table[row, :max(0, first_read) // page_tokens] = poison
+    return replace(batch, poisoned=(k_cache, v_cache, table))
+
+
+@pytest.mark.parametrize("window", [5, 9])
+def test_pages_below_the_window_are_never_read(window):
+    """Both kernels read nothing below a row's window, not even in a tile they mask: released
+    pages may hold anything."""
+    decode = release_below_window(make_batch(19, DECODE_LENS, DECODE_CACHED, Shape(page_tokens=4)), window)
+    assert_matches_reference(run(kernels.triton_paged_attention, decode, window, split=2), decode, window)
+    mixed = release_below_window(make_batch(20, MIXED_LENS, MIXED_CACHED, Shape(page_tokens=4), padding=1), window)
+    assert_matches_reference(run(kernels.paged_attention_prefill, mixed, window), mixed, window)
+
+
 @pytest.mark.parametrize("page_tokens", [1, 5])
 def test_one_token_pages_and_pages_that_are_not_powers_of_two(page_tokens):
     batch = make_batch(16, SHORT_LENS, MIXED_CACHED, Shape(page_tokens=page_tokens), padding=1)

@@ -113,12 +113,6 @@ def width_without_speculative_variant(doc):
 
 
 @case
-def snapshots_without_snapshot_graph(doc):
-    model(doc)["graphs"].remove(graph(doc, "snapshot")[0])
-    return "contract.snapshot_capacity"
-
-
-@case
 def missing_defaults(doc):
     del doc["contract"]["defaults"]
     return "contract.defaults"

@@ -131,14 +131,16 @@ def test_options_outside_prepared_capacities(prepared, options, path):
     assert isinstance(caught.value, ContractError) and caught.value.exit_code == 2
 
 
-def test_snapshots_need_snapshot_programs():
+def test_snapshot_rows_are_runtime_storage_needing_no_snapshot_programs():
+    """Snapshots are runtime copies into continuation rows: a core without SNAPSHOT/RESTORATION
+    graphs may declare them, and a startup option may size them."""
     doc = version_2_doc()
-    doc["contract"]["snapshot_capacity"] = 0
-    drop_graphs(doc, {"GRAPH_OPERATION_SNAPSHOT"})
+    drop_graphs(doc, {"GRAPH_OPERATION_SNAPSHOT", "GRAPH_OPERATION_RESTORATION"})
     prepared = decode_doc(doc)
-    assert resolve_settings(prepared, StartupOptions(snapshot_capacity=0)).snapshot_capacity == 0
+    assert resolve_settings(prepared, StartupOptions()).snapshot_capacity == 256
+    assert resolve_settings(prepared, StartupOptions(snapshot_capacity=4)).snapshot_capacity == 4
     with pytest.raises(StartupOptionError) as caught:
-        resolve_settings(prepared, StartupOptions(snapshot_capacity=4))
+        resolve_settings(prepared, StartupOptions(snapshot_capacity=-1))
     assert caught.value.path == "startup.snapshot_capacity"
 
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSampling
-from helios.errors import ContractError
+from helios.errors import ContractError, RequestError
 from helios.frontend.events import ResultBuilder
-from helios.frontend.generation import SamplingParams, resolve_output_limit, resolve_sampling
+from helios.frontend.generation import ContextLimitExceeded, SamplingParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarError
 from helios.frontend.messages import MessageError
 from helios.frontend.observation import ObservationClock, ObservationOptionError
@@ -124,8 +124,12 @@ def test_seed_policies():
 def test_default_output_limit_leaves_room_for_the_prompt():
     assert resolve_output_limit(None, 4096, 32768, 100) == 4096
     assert resolve_output_limit(None, 4096, 4100, 100) == 4000
-    assert resolve_output_limit(None, 4096, 100, 100) == 1  # admission rejects it (context)
-    assert resolve_output_limit(9000, 4096, 4100, 100) == 9000
+    assert resolve_output_limit(4000, 4096, 4100, 100) == 4000
+    with pytest.raises(ContextLimitExceeded, match="leaves no room"):
+        resolve_output_limit(None, 4096, 100, 100)
+    with pytest.raises(ContextLimitExceeded, match="at most 4000 output tokens") as caught:
+        resolve_output_limit(9000, 4096, 4100, 100)
+    assert caught.value.http_status == 400 and "4100" in str(caught.value)
 
 
 def test_stops_structured_output_and_observation_reach_the_engine_record(qwen):
@@ -364,3 +368,23 @@ def test_property_string_stops_never_leak(qwen, qwen_tokenizer, text, data):
     _, final = run_output(prepared, ids_of(qwen_tokenizer, text), FinishReason.LENGTH)
     assert final.result.content == text[: text.find(stop)]
     assert final.reason is FinishReason.STOP and "\ufffd" not in final.result.content
+
+
+def test_reasoning_effort_sets_the_thinking_switch_of_the_template(qwen):
+    assert qwen.prepare_chat(chat(qwen, reasoning_effort="none")).prompt.reasoning_state is ReasoningState.CLOSED
+    for effort in ("minimal", "low", "medium", "high"):
+        opened = qwen.prepare_chat(chat(qwen, reasoning_effort=effort)).prompt
+        assert opened.reasoning_state is ReasoningState.OPEN and opened.text.endswith("<think>\n")
+    agreeing = chat(qwen, reasoning_effort="none", chat_template_kwargs={"enable_thinking": False})
+    assert qwen.prepare_chat(agreeing).prompt.reasoning_state is ReasoningState.CLOSED
+    with pytest.raises(RequestError, match="contradicts chat_template_kwargs.enable_thinking"):
+        qwen.prepare_chat(chat(qwen, reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))
+
+
+def test_a_template_without_a_thinking_switch_renders_unchanged():
+    from helios.frontend.client_fields import effective_template_kwargs, thinking_switch_of
+
+    assert thinking_switch_of("{{ messages }}") is None
+    assert effective_template_kwargs("none", {"x": 1}, None) == {"x": 1}
+    assert effective_template_kwargs("low", None, "enable_thinking") == {"enable_thinking": True}
+    assert effective_template_kwargs(None, None, "enable_thinking") is None

@@ -104,9 +104,9 @@ def test_invalid_token_stops(ids, sequences):
 
 
 def test_token_stop_limits_are_inclusive():
-    sequences = [list(range(64))] * 16
+    sequences = [list(range(64))] * 15  # 15 sequences + 1 id: the 16 stops admission accepts
     options = parse_stop_options(None, [VOCAB - 1], sequences, vocab_size=VOCAB)
-    assert len(options.token_sequences) == 16 and options.token_ids == (VOCAB - 1,)
+    assert len(options.token_sequences) == 15 and options.token_ids == (VOCAB - 1,)
 
 
 # --- string stop semantics --------------------------------------------------------------------
@@ -273,3 +273,18 @@ def test_token_stops_match_the_reference(single, sequences, ids):
         assert options.new_matcher() is None
         return
     assert run_token_stops(options, ids) == reference_token_stop(ids, all_sequences)
+
+
+def test_token_stops_are_limited_together_as_admission_counts_them():
+    """Every stop token id is matched as a one-token sequence, so ids and sequences share the limit
+    scheduler admission enforces: 16 sequences plus one id is a 400 here, not a 503 later."""
+    from helios.frontend.stops import MAX_STOP_TOKEN_SEQUENCES, parse_stop_options
+    from helios.runtime.capacities import StopLimits
+
+    assert StopLimits().max_stop_sequences == MAX_STOP_TOKEN_SEQUENCES
+    sequences = [[1, 2]] * MAX_STOP_TOKEN_SEQUENCES
+    assert len(parse_stop_options(None, None, sequences, vocab_size=100).token_sequences) == 16
+    assert len(parse_stop_options(None, [3] * 8, sequences[:8], vocab_size=100).token_ids) == 8
+    with pytest.raises(StopOptionError, match="together accept at most 16") as caught:
+        parse_stop_options(None, [3], sequences, vocab_size=100)
+    assert caught.value.http_status == 400

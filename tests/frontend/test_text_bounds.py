@@ -37,7 +37,7 @@ def test_text_over_the_bound_or_not_unicode_is_refused(tokenizer):
         bounds.check(["a" * (bounds.max_text_chars // 2)] * 2 + ["b"])
     with pytest.raises(TextNotUnicode, match="lone surrogate"):
         bounds.check(["fine", "bad \ud800"])
-    assert PromptTooLong.http_status == 503 and TextNotUnicode.http_status == 400
+    assert PromptTooLong.http_status == 400 and TextNotUnicode.http_status == 400
 
 
 def test_strings_of_walks_keys_and_values_without_recursion():

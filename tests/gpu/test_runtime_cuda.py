@@ -27,7 +27,7 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.events import FinishReason
 from helios.runtime.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import DEEPSEEK, GLM4_MOE, LLAMA3, QWEN3, QWEN3_MOE
+from ignition.hf_checkpoints import DEEPSEEK, GLM4_MOE, GPT_OSS, LLAMA3, MISTRAL, QWEN3, QWEN3_MOE
 from support.chat_checkpoint import write_chat_checkpoint
 from support.engine_soak import EngineSoak, SoakSettings, check_soak, greedy_completed
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -77,8 +77,10 @@ def cuda_options(cuda_graphs: bool = True) -> LoadOptions:
 
 
 @pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
-@pytest.mark.parametrize("family", [QWEN3, LLAMA3, QWEN3_MOE, GLM4_MOE, DEEPSEEK], ids=lambda f: f.name)
+@pytest.mark.parametrize("family", [QWEN3, LLAMA3, QWEN3_MOE, GLM4_MOE, DEEPSEEK, MISTRAL, GPT_OSS], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family, cuda_graphs):
+    """MISTRAL: every layer slides, so pages outside the window are released while it runs;
+    GPT_OSS: attention sinks, sliding and full layers, experts (the sinks and expert kernels)."""
     reference = cores.cpu_run(family)
     run = greedy_run(cores.open(family), PROMPTS, NEW_TOKENS, cuda_options(cuda_graphs))
     assert run.captured == cuda_graphs
@@ -150,13 +152,15 @@ def test_released_graphs_refuse_to_replay():
         captured.replay(greedy=False)
 
 
-def test_two_frames_on_cuda_give_the_cpu_path_tokens(cores):
+@pytest.mark.parametrize("family", [QWEN3, MISTRAL], ids=lambda f: f.name)
+def test_two_frames_on_cuda_give_the_cpu_path_tokens(cores, family):
     """On CUDA the engine keeps two frames in flight: decode rounds fed by device-owned pending
-    tokens run behind the round whose tokens the host has not read yet."""
+    tokens run behind the round whose tokens the host has not read yet (MISTRAL: sliding-window
+    pages are released while the next round runs)."""
     from helios.runtime.offline import generate
 
-    reference = cores.cpu_run(QWEN3)
-    runtime = build_runtime(cores.open(QWEN3), RuntimeOptions(load=cuda_options()))
+    reference = cores.cpu_run(family)
+    runtime = build_runtime(cores.open(family), RuntimeOptions(load=cuda_options()))
     try:
         assert runtime.engine.frames == 2
         results = generate(runtime.engine, PROMPTS, NEW_TOKENS)

@@ -78,9 +78,22 @@ GLM4_MOE = Family("glm4_moe", transformers.Glm4MoeConfig, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     ("tie_word_embeddings", False),
 ))
+# gpt-oss: sliding, full, sliding, full layers; 4 experts, top-2; a small swiglu_limit so the clamps act
+GPT_OSS = Family("gpt_oss", transformers.GptOssConfig, (
+    ("num_hidden_layers", 4), ("head_dim", 16), ("intermediate_size", 32), ("num_local_experts", 4),
+    ("num_experts_per_tok", 2), ("sliding_window", 6), ("swiglu_limit", 1.0), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}),
+))
 MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
 DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
-FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK,)
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK, GPT_OSS)
+# A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
+BAMBA = Family("bamba", transformers.BambaConfig, (
+    ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),
+    ("mamba_n_groups", 2), ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_chunk_size", 8),
+    ("tie_word_embeddings", False),
+))
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
@@ -109,8 +122,12 @@ def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> tor
         return 1.0 + 0.1 * noise
     if name.endswith("bias"):
         return 0.1 * noise
+    if name.endswith("sinks"):
+        return noise
     if "embed_tokens" in name:
         return noise
     if name.startswith("lm_head"):
         return 0.3 * noise
+    if ".mamba." in name and parameter.dim() == 1:  # per-head mixer parameters (A_log, D)
+        return 0.5 * noise
     return noise / parameter.shape[-1] ** 0.5

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from ignition.hf_checkpoints import DENSE_FAMILIES, GLM4_MOE, QWEN3_MOE
+from ignition.hf_checkpoints import DENSE_FAMILIES, GLM4_MOE, GPT_OSS, QWEN3_MOE
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
-# the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary.
-FAMILIES = DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE)
+# the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
+# sinks (split by query head) and expert biases (the down bias added once).
+FAMILIES = DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, GPT_OSS)
 
 from .conftest import greedy_tokens
 

@@ -7,6 +7,9 @@ token is a hash of the context *read back through the page table*, so any wrong 
 premature reuse of a page, missed copy or stale slot changes the output. With `stateful` the
 slot also carries a running state (like a recurrent region) that the sample depends on.
 
+With `window` W > 0 (a sliding-window model) the next token depends only on the last W tokens,
+and only their pages are read, so a page released too early (and reused) changes the output.
+
 `reference` computes the same function directly from the token list.
 """
 
@@ -37,7 +40,8 @@ def draft_token(context: Sequence[int], state: int = 0) -> int:
     return target if hash(tuple(context[-3:])) % 4 else (target + 1) % VOCAB
 
 
-def reference(prompt: Sequence[int], max_output: int, eos_ids=frozenset(), stateful: bool = False) -> list[int]:
+def reference(prompt: Sequence[int], max_output: int, eos_ids=frozenset(), stateful: bool = False,
+              window: int = 0) -> list[int]:
     context = list(prompt)
     state = 0
     if stateful:
@@ -47,7 +51,7 @@ def reference(prompt: Sequence[int], max_output: int, eos_ids=frozenset(), state
     while len(output) < max_output:
         if stateful:
             state = advance_state(state, context[-1])
-        token = next_token(context, state if stateful else 0)
+        token = next_token(context[-window:] if window else context, state if stateful else 0)
         output.append(token)
         context.append(token)
         if token in eos_ids:
@@ -56,8 +60,9 @@ def reference(prompt: Sequence[int], max_output: int, eos_ids=frozenset(), state
 
 
 class FakeExecutor:
-    def __init__(self, caps: Capacities, stateful: bool = False):
+    def __init__(self, caps: Capacities, stateful: bool = False, window: int = 0):
         self.caps = caps
+        self.window = window
         self.page_tokens = caps.page_tokens
         self.stateful = stateful
         self.pages = [[-1] * self.page_tokens for _ in range(caps.cache.num_pages)]
@@ -122,10 +127,13 @@ class FakeExecutor:
         self.pages[table[position // self.page_tokens]][position % self.page_tokens] = token
 
     def _context(self, table: list[int], end: int) -> list[int]:
+        """The tokens at positions [0, end), or only the last `window` of them."""
+        begin = max(0, end - self.window) if self.window else 0
+        first = begin // self.page_tokens
         context: list[int] = []
-        for page in table[: -(-end // self.page_tokens)]:
+        for page in table[first: -(-end // self.page_tokens)]:
             context.extend(self.pages[page])
-        return context[:end]
+        return context[begin - first * self.page_tokens: end - first * self.page_tokens]
 
     # -- programs ------------------------------------------------------------------------------
 

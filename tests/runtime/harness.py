@@ -41,8 +41,11 @@ def variants(max_active: int = 8, prefill_tokens: int = 64, mixed: bool = True,
 
 def capacities(max_active: int = 8, num_pages: int = 64, page_tokens: int = 4, context: int = 256,
                prefill_tokens: int = 64, rows: int = 8, host_slots: int = 64, queue: int = 1024,
-               stateful: bool = False, **variant_options) -> Capacities:
+               stateful: bool = False, window: int = 0, **variant_options) -> Capacities:
+    """`window` > 0: the paged region is a sliding window of that many tokens."""
     regions = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
+    if window:
+        regions = (HistoryRegion("kv", HistoryKind.SLIDING_WINDOW, window_tokens=window),)
     if stateful:
         regions += (HistoryRegion("ssm", HistoryKind.RECURRENT),)
     layout = StorageLayout(page_tokens, regions)
@@ -139,10 +142,10 @@ class Driver:
             self.scheduler.check_invariants()
 
 
-def make(policy: SchedulerPolicy = SchedulerPolicy(), stateful: bool = False, **caps_options):
-    caps = capacities(stateful=stateful, **caps_options)
+def make(policy: SchedulerPolicy = SchedulerPolicy(), stateful: bool = False, window: int = 0, **caps_options):
+    caps = capacities(stateful=stateful, window=window, **caps_options)
     scheduler = Scheduler.create(caps, policy, clock=iter(range(10**9)).__next__)
-    return scheduler, Driver(scheduler, FakeExecutor(caps, stateful=stateful))
+    return scheduler, Driver(scheduler, FakeExecutor(caps, stateful=stateful, window=window))
 
 
 def assert_all_released(scheduler: Scheduler) -> None:

@@ -227,3 +227,18 @@ def test_second_frames_do_not_replace_speculation(prompt):
         assert len(driver.outcomes["a"].tokens) == 24
     assert plans[True] == plans[False]
     assert plans[True].count(Operation.SPECULATIVE) >= 6
+
+
+def test_mixed_grammar_decode_steps_count_only_plans_that_ran():
+    scheduler, driver = make(max_active=4)
+    decoding(driver, spec("a", range(1, 8), 6), spec("g", range(20, 25), 6, constrained=True))
+    plan = scheduler.schedule()
+    assert plan.operation == Operation.DECODE and 0 < sum(r.constrained for r in plan.rows) < len(plan.rows)
+    scheduler.fail(plan, "launch failed")  # the program never ran: nothing is counted
+    assert scheduler.counters().mixed_grammar_decode_plans == 0
+    scheduler, driver = make(max_active=4)
+    decoding(driver, spec("a", range(1, 8), 6), spec("g", range(20, 25), 6, constrained=True))
+    plan = scheduler.schedule()
+    assert scheduler.counters().mixed_grammar_decode_plans == 0  # built and submitted, not yet run
+    driver.record(scheduler.complete(plan, driver.executor.run(plan)))
+    assert scheduler.counters().mixed_grammar_decode_plans == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from helios.runtime.model import LoadOptions
+from helios.runtime.plan import StorageKind
 from helios.runtime.offline import generate
 from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
@@ -54,8 +55,8 @@ def test_offload_preemption_restores_from_host_memory(baseline):
     tokens, runtime = run(PROMPTS, num_pages=12, preemption=PreemptionMode.OFFLOAD, host_pages=32)
     assert tokens == baseline
     assert runtime.engine.scheduler.counters().preemptions > 0
-    host_planes = runtime.engine.executor._host_planes
-    assert any(plane.abs().sum() > 0 for plane in host_planes)  # pages went to host memory and back
+    host_planes, _ = runtime.engine.executor.storage.planes(StorageKind.HOST)
+    assert any(plane.tensor.abs().sum() > 0 for plane in host_planes)  # pages went to host memory and back
     runtime.engine.scheduler.check_invariants()
 
 

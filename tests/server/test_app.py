@@ -227,8 +227,31 @@ def test_full_ingress_is_429_and_counted(runner, app, served):
     assert runner.run(post(app, "/v1/chat/completions", chat_body(max_tokens=2))).status_code == 200
 
 
-def test_scheduler_admission_rejection_is_503_or_one_error_event(runner, app, served):
-    too_long = chat_body(max_tokens=10_000)
+def test_request_beyond_the_context_extent_is_400_naming_the_limit(runner, app, served):
+    for body in (chat_body(max_tokens=10_000), {**chat_body(max_tokens=10_000), "stream": True}):
+        response = runner.run(post(app, "/v1/chat/completions", body))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert f"context extent of {served.card.context_tokens} tokens" in error["message"]
+    prompt = list(range(3, 3 + served.card.context_tokens))  # no room left for one output token
+    response = runner.run(post(app, "/v1/completions", {"model": SERVED_ID, "prompt": prompt}))
+    assert response.status_code == 400 and "leaves no room for output" in response.json()["error"]["message"]
+    fits = runner.run(post(app, "/v1/completions", {"model": SERVED_ID, "prompt": prompt[:-4], "temperature": 0}))
+    assert fits.status_code == 200, fits.text  # max_tokens omitted: up to the rest of the context
+    assert fits.json()["usage"]["completion_tokens"] <= 4
+    assert served.admission.in_use == 0
+
+
+def test_scheduler_admission_rejection_is_503_or_one_error_event(runner, app, served, monkeypatch):
+    from helios.runtime import scheduler
+    from helios.runtime.admission import CacheExceeded
+
+    def no_room(spec, caps):
+        raise CacheExceeded(f"request {spec.request_id}: needs more pages than the cache holds")
+
+    monkeypatch.setattr(scheduler, "check_admission", no_room)
+    too_long = chat_body(max_tokens=4)
     response = runner.run(post(app, "/v1/chat/completions", too_long))
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "admission_rejected"

@@ -1,6 +1,6 @@
 """Hostile input through the app over a real tiny core and a running model worker: whatever a
-client sends is refused at validation with a specific status (400, 413, or 503 past the context
-extent), never a 500, the worker keeps serving, and every permit comes back.
+client sends is refused at validation with a specific status (400, or 413 for a body over
+the size limit), never a 500, the worker keeps serving, and every permit comes back.
 
 Also here: one request's fault on the model worker fails that request only, a reader that stops
 taking the body is dropped after the send timeout (and one that pauses and resumes is not), and at
@@ -194,7 +194,7 @@ def test_text_beyond_the_context_extent_is_refused_before_tokenizing(served):
     for path, body in (("/v1/chat/completions", chat("ab" * (bound // 2 + 1))),
                        ("/v1/completions", {"model": SERVED_ID, "prompt": "z" * (bound + 1)})):
         response = send(app, path, body)
-        assert response.status_code == 503 and response.json()["error"]["type"] == "admission_rejected"
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
         assert "longer than any prompt" in response.json()["error"]["message"]
     assert_serving(app, served)
 

@@ -35,7 +35,7 @@ def test_minimal_chat_request_is_valid():
     "fields",
     [
         {"logit_bias": {"1": 2}},  # unsupported OpenAI field: rejected, not ignored
-        {"n": 2},
+        {"n": 17},
         {"temperature": -1},
         {"temperature": "hot"},
         {"max_tokens": 0},
@@ -64,6 +64,7 @@ def test_malformed_bodies_fail_schema_validation(fields):
         ({"stop": "x", "stop_token_ids": [1]}, "cannot be combined"),
         ({"stop_token_ids": [VOCAB]}, r"token ids in \[0, 1000\)"),
         ({"stop_token_sequences": [[1]] * 17}, "at most 16"),
+        ({"stop_token_sequences": [[1]] * 16, "stop_token_ids": [2]}, "together accept at most 16"),
         ({"stop_token_sequences": [[1] * 65]}, "1 to 64"),
         ({"stop_token_sequences": [[]]}, "1 to 64"),
         ({"return_token_timestamps": True}, "requires return_token_ids"),

@@ -4,5 +4,5 @@ Importing this package registers every op (CPU reference implementations; CUDA k
 present), so loading a program that uses them can validate their schemas.
 """
 
-from helios.abi import attention, collectives, completion, grammar, latent_attention, moe  # noqa: F401  (registers ops)
-from helios.abi import fused, rng, sampling, speculative, tuning  # noqa: F401  (registers ops)
+from helios.abi import attention, attention_sinks, collectives, completion, grammar, latent_attention, moe  # noqa: F401  (registers ops)
+from helios.abi import fused, recurrent, rng, sampling, speculative, tuning  # noqa: F401  (registers ops)

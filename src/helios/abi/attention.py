@@ -154,12 +154,13 @@ def paged_attention(
 
 
 def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale: float,
-                         window: int) -> torch.Tensor:
-    """The CPU reference of both attention ops (reads query_start on the host)."""
+                         window: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The CPU reference of the attention ops (reads query_start on the host); `sinks` (float32 [Hq],
+    optional) adds one learned logit per query head to every softmax denominator."""
     bounds = query_start.tolist()
     count = len(bounds) - 1
     if count == q.shape[0] and bounds == list(range(count + 1)):  # a full decode step: row r owns token r
-        return _attend_single(q, k_cache, v_cache, page_table, positions, scale, window)
+        return _attend_single(q, k_cache, v_cache, page_table, positions, scale, window, sinks)
     out = torch.zeros_like(q)
     single_rows, single_tokens = [], []
     for row in range(count):
@@ -169,17 +170,19 @@ def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions
             single_tokens.append(start)
         elif end > start:
             out[start:end] = _attend_row(
-                q[start:end], k_cache, v_cache, page_table[row], positions[start:end], scale, window
+                q[start:end], k_cache, v_cache, page_table[row], positions[start:end], scale, window, sinks
             )
     if not single_rows:
         return out
     count = len(single_rows)
     if single_rows[-1] == count - 1 and single_tokens[-1] == count - 1:  # a decode step: rows 0..n-1 own tokens 0..n-1
-        out[:count] = _attend_single(q[:count], k_cache, v_cache, page_table[:count], positions[:count], scale, window)
+        out[:count] = _attend_single(q[:count], k_cache, v_cache, page_table[:count], positions[:count], scale, window,
+                                     sinks)
         return out
     tokens = torch.tensor(single_tokens, device=q.device)  # decoding lanes among prompt rows, attended together
     rows = torch.tensor(single_rows, device=q.device)
-    out[tokens] = _attend_single(q[tokens], k_cache, v_cache, page_table[rows], positions[tokens], scale, window)
+    out[tokens] = _attend_single(q[tokens], k_cache, v_cache, page_table[rows], positions[tokens], scale, window,
+                                 sinks)
     return out
 
 
@@ -235,7 +238,7 @@ def _paged_attention_tuned_cuda(q, k_cache, v_cache, page_table, query_start, po
                                         splits)
 
 
-def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int) -> torch.Tensor:
+def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int, sinks=None) -> torch.Tensor:
     """Attention of one row's queries [n, Hq, D] over its cached positions 0..max(positions)."""
     num_tokens, num_heads, head_dim = q.shape
     page_tokens, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -248,11 +251,12 @@ def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int
     values = _float(_pages(v_cache, page_ids).reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1))
     allowed = _allowed(torch.arange(context_len, device=q.device), positions, window)
     queries = q.float().transpose(0, 1)  # [Hq, n, D]
-    attended = _softmax_attention(queries, keys, values, allowed, scale)
+    attended = _softmax_attention(queries, keys, values, allowed, scale, sinks)
     return attended.transpose(0, 1).to(q.dtype)
 
 
-def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, window: int) -> torch.Tensor:
+def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, window: int,
+                   sinks=None) -> torch.Tensor:
     """Attention of n rows with one query each [n, Hq, D], batched over a shared padded context."""
     num_rows, num_heads, head_dim = q.shape
     page_tokens, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -267,7 +271,7 @@ def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, win
     values = _float(_pages(v_cache, page_ids).reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
     allowed = _allowed(torch.arange(keys.shape[2], device=q.device), positions, window)
     queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
-    attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale).squeeze(2)
+    attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale, sinks).squeeze(2)
     return attended if attended.dtype == q.dtype else attended.to(q.dtype)
 
 
@@ -289,9 +293,20 @@ def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int) -> torc
     return allowed
 
 
-def _softmax_attention(queries, keys, values, allowed, scale: float) -> torch.Tensor:
+def _softmax_attention(queries, keys, values, allowed, scale: float, sinks=None) -> torch.Tensor:
     """softmax(scale * q.k, masked) . v in float32, query heads grouped over the key/value heads
     (head h reads key/value head h // (Hq // Hkv)); one fused op instead of a dozen small ones.
-    Every query sees at least its own position, so no row is fully masked."""
-    return torch.nn.functional.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
+    Every query sees at least its own position, so no row is fully masked. Query heads are dim -3.
+    With `sinks` [Hq], each head's sink logit joins the softmax's denominator (and adds no value)."""
+    if sinks is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
+    group = queries.shape[-3] // keys.shape[-3]
+    keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    sink = sinks.to(torch.float32).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat((scores, sink), dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(combined, dim=-1)[..., :-1]
+    return torch.matmul(probs, values)

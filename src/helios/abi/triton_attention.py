@@ -119,15 +119,29 @@ def _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, k
     return acc, m_new, l_i
 
 
+@triton.jit
+def _softmax_start(sinks_ptr, head, with_sink, SIZE: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """Initial online-softmax (max, sum) of SIZE (query, head) pairs in log2 units: empty, or for
+    the pairs `with_sink` the head's sink logit alone (max = sink * log2 e, sum = 1)."""
+    m_i = tl.full([SIZE], -1e30, tl.float32)
+    l_i = tl.zeros([SIZE], tl.float32)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=with_sink, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(with_sink, sink, m_i)
+        l_i = tl.where(with_sink, 1.0, l_i)
+    return m_i, l_i
+
+
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
-def _prefill_kernel(out_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr, query_start_ptr, positions_ptr,
+def _prefill_kernel(out_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr, query_start_ptr, positions_ptr, sinks_ptr,
                     scale_log2, window, num_rows, max_pages,
                     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
                     stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
                     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
-    """Program (query block b, key/value head): up to BLOCK_M tokens of one row x its GROUP query heads."""
+                    DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """Program (query block b, key/value head): up to BLOCK_M tokens of one row x its GROUP query heads.
+    HAS_SINKS: each head's sink logit (sinks_ptr, float32 [Hq]) starts its online softmax."""
     block = tl.program_id(0)
     kv_head = tl.program_id(1)
     row = _find_row(query_start_ptr, num_rows, block, BLOCK_M, True)
@@ -148,13 +162,13 @@ def _prefill_kernel(out_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr, query_start_pt
         hi = tl.max(pos) + 1
         lo = tl.maximum(tl.min(tl.where(token_ok, pos, hi)) - window + 1, 0)
         acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
-        m_i = tl.full([BLOCK_M * BLOCK_G], -1e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
+        m_i, l_i = _softmax_start(sinks_ptr, head, m_ok, BLOCK_M * BLOCK_G, HAS_SINKS)
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
         for start in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             page, offset, valid = _kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
+            valid = valid & (offs_n >= lo)  # below every token's window: never read (may be released)
             allowed = ((offs_n[None, :] <= pos[:, None]) & (pos[:, None] - offs_n[None, :] < window)
                        & valid[None, :])
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, kv_head,
@@ -176,15 +190,17 @@ def _tuned_partition(splits_ptr, max_context, MAX_SPLITS: tl.constexpr, BLOCK_N:
 
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages", "split_len", "max_context"])
 def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
-                   query_start_ptr, positions_ptr, splits_ptr, scale_log2, window, num_rows, max_pages, split_len,
+                   query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages, split_len,
                    max_context, num_heads, stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
                    stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
                    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Program (token, key/value head, split): the token's GROUP query heads over cached positions
     [split * split_len, (split + 1) * split_len). Writes the output (one split) or partials. TUNED:
-    the split count is read from splits_ptr (NUM_SPLITS is the grid's bound, splits past it exit)."""
+    the split count is read from splits_ptr (NUM_SPLITS is the grid's bound, splits past it exit).
+    HAS_SINKS: split 0 starts its online softmax from the heads' sink logits, so the combine counts
+    each sink once."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -204,14 +220,14 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
         q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        m_i = tl.full([BLOCK_H], -1e30, tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
+        m_i, l_i = _softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
         for start in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             page, offset, valid = _kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
-            allowed = (valid & (offs_n >= lo))[None, :]
+            valid = valid & (offs_n >= lo)  # nothing below the window is read: its pages may be released
+            allowed = valid[None, :]
             acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, kv_head,
                                          offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -291,22 +307,25 @@ def triton_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Te
 
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
-                           scale: float, window: int, *, split: int | None = None) -> torch.Tensor:
+                           scale: float, window: int, *, split: int | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``helios::paged_attention`` (arguments as the op, already validated): a new [T, Hq, D] tensor.
 
     The path is chosen from shapes: the decode kernel when T <= R (at most as many tokens as rows),
     else the prefill kernel; both are exact for any layout. `split` is the decode path's number of
     key/value splits (None: `decode_splits`; 1: no split and no combine); the prefill path ignores it.
+    `sinks` (float32 [Hq]): ``helios::paged_attention_sinks`` instead.
     """
     if q.shape[0] <= page_table.shape[0]:
         return paged_attention_decode(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
-                                      split=split)
-    return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
+                                      split=split, sinks=sinks)
+    return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
+                                   sinks=sinks)
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
-                            scale: float, window: int) -> torch.Tensor:
+                            scale: float, window: int, *, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The general kernel: grid (T // BLOCK_M + R, Hkv) query blocks of one row each (see module doc)."""
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
@@ -320,17 +339,18 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     with _on_device(q):
         _prefill_kernel[(num_tokens // block_m + num_rows, num_kv_heads)](
             out, q, k_cache, v_cache, page_table, query_start.contiguous(), positions.contiguous(),
-            scale * _LOG2E, _window_bound(window), num_rows, page_table.shape[1],
+            _sinks_or(sinks, q), scale * _LOG2E, _window_bound(window), num_rows, page_table.shape[1],
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, HEAD_DIM=head_dim,
             BLOCK_D=_block_d(head_dim), PAGE_TOKENS=k_cache.shape[1], DOT_PRECISION=_dot_precision(q),
-            num_warps=4, num_stages=2)
+            HAS_SINKS=sinks is not None, num_warps=4, num_stages=2)
     return out
 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
-                           scale: float, window: int, *, split: int | None = None) -> torch.Tensor:
+                           scale: float, window: int, *, split: int | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Flash-decoding: grid (T, Hkv, splits), one token per program, then a combine kernel when
     splits > 1. The splits cut [0, max_pages * page_tokens) into equal ranges; `split` asks for a
     count (None: `decode_splits`), rounded so each range is a whole number of kernel tiles."""
@@ -344,13 +364,14 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         split = decode_splits(num_tokens, num_kv_heads, max_context, q.device)
     num_splits, split_len, block_n = decode_partition(max_context, split)
     _launch_decode(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-                   (num_splits, split_len, block_n), None)
+                   (num_splits, split_len, block_n), None, sinks)
     return out
 
 
 def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
-                                 scale: float, window: int, splits: torch.Tensor) -> torch.Tensor:
+                                 scale: float, window: int, splits: torch.Tensor, *,
+                                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
     (and reads the count) whenever the bound allows more than one split."""
@@ -363,19 +384,21 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     bound = tuned_split_bound(num_tokens, num_kv_heads, max_context)
     num_splits, _, block_n = decode_partition(max_context, bound)
     _launch_decode(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-                   (num_splits, 0, block_n), splits.contiguous())
+                   (num_splits, 0, block_n), splits.contiguous(), sinks)
     return out
 
 
 def triton_paged_attention_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
-                                 scale: float, window: int, splits: torch.Tensor) -> torch.Tensor:
+                                 scale: float, window: int, splits: torch.Tensor, *,
+                                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``helios::paged_attention_tuned`` (arguments as the op, already validated): the tuned decode
-    path when T <= R, else the prefill kernel (which ignores `splits`)."""
+    path when T <= R, else the prefill kernel (which ignores `splits`). `sinks`: the sinks variant."""
     if q.shape[0] <= page_table.shape[0]:
         return paged_attention_decode_tuned(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
-                                            splits)
-    return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window)
+                                            splits, sinks=sinks)
+    return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
+                                   sinks=sinks)
 
 
 def tuned_split_bound(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
@@ -387,9 +410,10 @@ def tuned_split_bound(num_tokens: int, num_kv_heads: int, max_context: int) -> i
 
 
 def _launch_decode(out: torch.Tensor, tensors, scale: float, window: int, partition: tuple[int, int, int],
-                   splits: torch.Tensor | None) -> None:
+                   splits: torch.Tensor | None, sinks: torch.Tensor | None = None) -> None:
     """Launch the decode kernel (and the combine kernel when more than one split can run).
-    partition: (splits in the grid, positions per split, tile); splits: the tuned count or None."""
+    partition: (splits in the grid, positions per split, tile); splits: the tuned count or None;
+    sinks: float32 [Hq] sink logits or None."""
     q, k_cache, v_cache, page_table, query_start, positions = tensors
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
@@ -404,11 +428,12 @@ def _launch_decode(out: torch.Tensor, tensors, scale: float, window: int, partit
     with _on_device(q):
         _decode_kernel[(num_tokens, num_kv_heads, num_splits)](
             out, *parts, q, k_cache, v_cache, page_table, query_start, positions.contiguous(), splits,
-            scale * _LOG2E, _window_bound(window), num_rows, page_table.shape[1], split_len, max_context, num_heads,
+            _sinks_or(sinks, q), scale * _LOG2E, _window_bound(window), num_rows, page_table.shape[1], split_len, max_context, num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
             BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=k_cache.shape[1],
-            NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=_dot_precision(q), num_warps=4, num_stages=2)
+            NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=_dot_precision(q), HAS_SINKS=sinks is not None,
+            num_warps=4, num_stages=2)
         if num_splits > 1:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, splits, num_rows, max_context, num_heads, *out.stride(),
@@ -456,6 +481,11 @@ def _multiprocessors(device: torch.device) -> int:
 def _on_device(tensor: torch.Tensor):
     """Launch on the tensor's GPU (Triton launches on the current device)."""
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
+def _sinks_or(sinks: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """The sink logits, or an unread stand-in pointer when the kernel is compiled without sinks."""
+    return stand_in if sinks is None else sinks.contiguous()
 
 
 def _row_major(page_table: torch.Tensor) -> torch.Tensor:

@@ -23,11 +23,12 @@ from helios.errors import UsageError
 TRUST_ENV = "HELIOS_TRUST"
 
 
-def add_core_options(parser: argparse.ArgumentParser) -> None:
+def add_core_options(parser: argparse.ArgumentParser, *, accept_required: bool = True) -> None:
+    """`accept_required=False`: the command checks --accept itself (it may load the embedded model)."""
     group = parser.add_argument_group("trust")
     group.add_argument(
         "--accept",
-        required=True,
+        required=accept_required,
         metavar="NAMESPACE",
         help="accept the publisher's terms; must equal the core's signed publisher namespace",
     )

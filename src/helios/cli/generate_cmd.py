@@ -1,19 +1,28 @@
-"""`helios generate MODEL.core --accept NS (PROMPT ... | --prompt-ids JSON)`: offline batch generation."""
+"""`helios generate [MODEL.core --accept NS] (PROMPT ... | --prompt-ids JSON)`: offline batch generation.
+
+Without a core file the embedded default model is used (prepared into the cache on first use, as
+`helios serve` does), and text prompts are rendered as chat user messages, since it is a chat model:
+``helios generate "What is 2 + 3?"`` needs nothing else. The first positional is the core when it
+is an existing file or ends in ``.core``; otherwise every positional is a prompt.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from helios.cli.core_options import add_core_options, open_core_from_args
+from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
+from helios.core.reader import open_core
 from helios.errors import UsageError
 from helios.frontend.template import ChatTemplate
+from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
+from helios.contract import StartupOptions
 from helios.frontend.text_bounds import is_unicode_text
-from helios.runtime.model import LoadOptions
 from helios.runtime.offline import SamplingChoice, generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 
@@ -25,7 +34,7 @@ def register(subparsers) -> None:
         "server uses. Prompts are text (tokenized with the core's tokenizer; --chat applies its chat "
         "template to each as a user message) or token ids (--prompt-ids).",
     )
-    parser.add_argument("core", help="core file")
+    parser.add_argument("core", nargs="?", help="core file (default: the embedded default model, chat prompts)")
     parser.add_argument("prompts", nargs="*", help="prompt texts")
     parser.add_argument("--prompt-ids", help='JSON list of token-id lists, e.g. "[[1, 2, 3]]"')
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user message with the chat template")
@@ -37,7 +46,8 @@ def register(subparsers) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the core's EOS tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     parser.add_argument("--device", default="cpu", help="torch device of the model: cpu (default), cuda or cuda:N")
-    add_core_options(parser)
+    add_runtime_flags(parser)
+    add_core_options(parser, accept_required=False)
     add_rank_options(parser)
     parser.set_defaults(func=run)
 
@@ -63,11 +73,33 @@ def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> l
     return [tokenizer.encode(text).ids for text in args.prompts]
 
 
+def _is_core_path(text: str) -> bool:
+    return text.endswith(".core") or Path(text).is_file()
+
+
+def _open(args: argparse.Namespace):
+    """The core to generate from: the given file, else the embedded model (prompts as chat)."""
+    if args.core is not None and not _is_core_path(args.core):
+        args.prompts = [args.core, *(args.prompts or [])]
+        args.core = None
+    if args.core is not None:
+        if not args.accept:
+            raise UsageError("--accept NAMESPACE is required to generate from a core file")
+        return open_core_from_args(args, args.core)
+    from helios.server.embedded import embedded_core
+
+    embedded = embedded_core()
+    args.chat = True
+    return open_core(embedded.path, accept=args.accept or embedded.namespace,
+                     trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise UsageError("--max-tokens must be positive")
-    options = RuntimeOptions(LoadOptions(device=args.device), ranks=rank_options_from_args(args))
-    runtime = build_runtime(open_core_from_args(args, args.core), options)
+    load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
+    options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
+    runtime = build_runtime(_open(args), options)
     try:
         return _generate(args, runtime)
     finally:

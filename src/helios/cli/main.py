@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from helios import __version__
 from helios.errors import HeliosError
 
 # Command modules, in the order their commands appear in --help.
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="helios",
         description="Prepared-model LLM serving: prepare, sign, verify, inspect and serve model cores.",
     )
+    parser.add_argument("--version", action="version", version=f"helios {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:

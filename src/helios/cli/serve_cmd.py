@@ -18,9 +18,10 @@ from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.errors import UsageError
+from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.frontend.images.decode import ImageLimits
-from helios.runtime.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.access import API_KEY_ENV
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
 from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
@@ -60,7 +61,14 @@ def register(subparsers) -> None:
     images.add_argument("--allow-remote-images", action="store_true",
                         help="fetch http(s) image URLs (default: only data: URLs; remote URLs are a 400)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
-    parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="one line per HTTP request: status, tokens, latency (default on)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require 'Authorization: Bearer KEY' on /v1/ requests, else 401 (default: ${API_KEY_ENV})")
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        help="names the model is served under, the first reported in responses "
+                        "(default: the core's served id and aliases)")
+    add_runtime_flags(parser)
     group = parser.add_argument_group("trust")
     group.add_argument("--accept", metavar="NAMESPACE",
                        help="accept the publisher's terms; must equal the core's signed publisher namespace "
@@ -91,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    names = tuple(args.served_model_name or ())
+    if any(not name.strip() for name in names) or len(set(names)) != len(names):
+        raise UsageError("--served-model-name takes distinct, nonempty names")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError(f"--api-key (or ${API_KEY_ENV}) must not be empty")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be in [0, 65535]")
     ranks = rank_options_from_args(args)
@@ -98,11 +111,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     core = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
-    load = LoadOptions(startup, device=args.device)
-    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, ranks=ranks))
+    load, policy, host_pages = runtime_flags(args, startup, args.device)
+    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks))
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log,
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
+                           api_key=args.api_key, served_names=names,
                            image_limits=ImageLimits(args.max_images, args.max_image_bytes, args.max_image_pixels,
                                                     args.allow_remote_images))
     try:

@@ -143,10 +143,8 @@ def _resolve_snapshots(contract: "PreparedContract", value: int | None) -> int:
     default = contract.contract.snapshot_capacity
     if value is None:
         return default
-    has_programs = bool(contract.graphs_for(spb.GRAPH_OPERATION_SNAPSHOT)) and bool(
-        contract.graphs_for(spb.GRAPH_OPERATION_RESTORATION)
-    )
-    high = 2**63 - 1 if has_programs else 0
+    # Snapshots are runtime copies into continuation rows and host slots: any count can be backed.
+    high = 2**63 - 1
     return _bounded("snapshot_capacity", value, default, 0, high)
 
 

@@ -209,10 +209,3 @@ def _check_selected_capacities(contract: spb.ServingContract) -> None:
     widths = {v.token_capacity for v in _variants_of(model, S.GRAPH_OPERATION_SPECULATIVE)}
     for i, width in enumerate(contract.speculative_widths):
         require(width in widths, f"{CONTRACT}.speculative_widths[{i}]", f"no SPECULATIVE variant has W = {width}")
-    if contract.snapshot_capacity > 0:
-        for op in (S.GRAPH_OPERATION_SNAPSHOT, S.GRAPH_OPERATION_RESTORATION):
-            require(
-                bool(_variants_of(model, op)),
-                f"{CONTRACT}.snapshot_capacity",
-                f"snapshots are prepared but no {op_label(op)} graph is declared",
-            )

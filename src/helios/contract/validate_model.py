@@ -10,7 +10,10 @@ from helios.contract.rules import MODEL, fail, require
 
 SUPPORTED_VERSIONS = (1, 2, 3)
 EXPORTED_VERSION = 3
-PAGED_KINDS = frozenset({spb.HISTORY_KIND_PAGED_KEY_VALUE, spb.HISTORY_KIND_PAGED_LATENT})
+# Regions whose storage page ids address (page-table views may name them). A sliding window is paged
+# too: its pages that fall outside the window are released (the runtime's cache policy).
+PAGED_KINDS = frozenset({spb.HISTORY_KIND_PAGED_KEY_VALUE, spb.HISTORY_KIND_PAGED_LATENT,
+                         spb.HISTORY_KIND_SLIDING_WINDOW})
 
 
 def input_range(model: spb.ModelContract) -> tuple[int, int]:
@@ -129,16 +132,16 @@ def _check_cache(model: spb.ModelContract) -> None:
 
 def _check_region(region: spb.HistoryRegion, page_tokens: int, path: str) -> None:
     require(len(region.planes) > 0, f"{path}.planes", "a history region names at least one plane")
+    if region.kind == spb.HISTORY_KIND_SLIDING_WINDOW:
+        require(region.window_tokens > 0, f"{path}.window_tokens", "sliding windows declare their token extent")
+    else:
+        require(region.window_tokens == 0, f"{path}.window_tokens", "only sliding windows declare a window")
     if region.kind in PAGED_KINDS:
         ratio = region.tokens_per_record
         require(ratio > 0, f"{path}.tokens_per_record", "paged regions declare tokens per record")
         require(page_tokens % ratio == 0, f"{path}.tokens_per_record", f"does not divide page_tokens ({page_tokens})")
     else:
         require(region.tokens_per_record == 0, f"{path}.tokens_per_record", "only paged regions are paged by records")
-    if region.kind == spb.HISTORY_KIND_SLIDING_WINDOW:
-        require(region.window_tokens > 0, f"{path}.window_tokens", "sliding windows declare their token extent")
-    else:
-        require(region.window_tokens == 0, f"{path}.window_tokens", "only sliding windows declare a window")
     seen: set[str] = set()
     for j, plane in enumerate(region.planes):
         require(plane != "", f"{path}.planes[{j}]", "plane name is empty")

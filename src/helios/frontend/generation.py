@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSampling
+from helios.errors import RequestError
 from helios.runtime.request import RequestSpec
 
 SEED_MASK = 2**64 - 1
@@ -72,13 +73,28 @@ def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: 
     return SamplingParams(**values, seed=seed)
 
 
+class ContextLimitExceeded(RequestError):
+    """A request that can never fit the context extent: its prompt leaves no room for one output
+    token, or its prompt plus explicit output limit exceed the extent (HTTP 400, naming the limit)."""
+
+
 def resolve_output_limit(requested: int | None, default_limit: int, context_tokens: int, prompt_len: int) -> int:
-    """The request's output limit: an explicit value as given (admission rejects a prompt plus
-    limit beyond the context extent, HTTP 503), else the default limit reduced to the context
-    left after the prompt (at least one token)."""
-    if requested is not None:
-        return requested
-    return max(1, min(default_limit, context_tokens - prompt_len))
+    """The request's output limit: an explicit value as given, else the default limit reduced to
+    the context left after the prompt ("up to the rest of the context"). `ContextLimitExceeded`
+    when the request can never fit `context_tokens`, whatever the load."""
+    room = context_tokens - prompt_len
+    if room < 1:
+        raise ContextLimitExceeded(
+            f"the prompt is {prompt_len} tokens; the context extent is {context_tokens} tokens, which "
+            "leaves no room for output: shorten the prompt")
+    if requested is None:
+        return min(default_limit, room)
+    if requested > room:
+        raise ContextLimitExceeded(
+            f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceed the context extent "
+            f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit max_tokens for "
+            "up to the rest of the context")
+    return requested
 
 
 @dataclass(frozen=True)

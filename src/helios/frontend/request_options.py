@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from helios.errors import RequestError
+from helios.frontend.client_fields import check_reasoning_effort
 from helios.frontend.observation import ObservationOptions, parse_optional_bool
 from helios.frontend.stops import StopOptions, parse_stop_options
 
@@ -164,6 +165,7 @@ def check_chat_options(body: ChatOptionsBody, vocab_size: int) -> None:
     parse_tool_policy(body)
     parse_chat_stops(body, vocab_size)
     requested_output_limit(body)
+    check_reasoning_effort(getattr(body, "reasoning_effort", None), getattr(body, "chat_template_kwargs", None))
 
 
 def check_completion_options(body: SamplingBody, vocab_size: int) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from helios.contract import PreparedContract
 from helios.contract.settings import ResolvedSettings
 from helios.errors import ContractError, LoadError, RequestError
+from helios.frontend.client_fields import effective_template_kwargs, thinking_switch_of
 from helios.frontend.contract_syntax import FrontendSyntax
 from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
@@ -162,9 +163,11 @@ class FrontendModel:
         settings: ResolvedSettings,
         facts: ModelFacts,
         draw_seed: Callable[[], int] = random_seed,
+        thinking_switch: str | None = None,
         images: ImagePipeline | UnavailableImages | None = None,
     ):
         self._tokenizer = tokenizer
+        self._thinking_switch = thinking_switch  # the template argument reasoning_effort sets
         self._syntax = syntax
         self._prompts = prompts
         self._grammar = grammar
@@ -185,10 +188,12 @@ class FrontendModel:
         settings: ResolvedSettings | None = None,
         json_defaults: dict | None = None,
         draw_seed: Callable[[], int] | None = None,
+        served_names: Sequence[str] = (),
         image_limits: ImageLimits = ImageLimits(),
     ) -> FrontendModel:
         """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
-        when the template does not compile. `settings` default to the core's own defaults."""
+        when the template does not compile. `settings` default to the core's own defaults;
+        `served_names` (operator names: the served id, then aliases) replace the contract's."""
         serving = prepared.contract
 
         def encode(text: str) -> list[int]:
@@ -202,13 +207,15 @@ class FrontendModel:
         grammar = GrammarCompiler.from_tokenizer(
             tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
         )
-        facts = ModelFacts((serving.served_id, *serving.aliases), vocab_size, prepared.input_range)
+        names = tuple(served_names) or (serving.served_id, *serving.aliases)
+        facts = ModelFacts(names, vocab_size, prepared.input_range)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         try:
             images = ImagePipeline.from_contract(serving.model, image_limits)
         except LoadError as error:  # text still serves; image parts get a 400 naming the reason
             images = UnavailableImages(str(error))
-        return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed, images)
+        return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed,
+                   thinking_switch_of(chat_template_source), images)
 
     @property
     def served_id(self) -> str:
@@ -233,8 +240,10 @@ class FrontendModel:
         requested = requested_output_limit(body)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
-        self._text_bounds.check(strings_of([without_image_urls(messages), tools, body.chat_template_kwargs]))
-        prompt = self._prompts.build(messages, tools, template_kwargs=body.chat_template_kwargs)
+        template_kwargs = effective_template_kwargs(
+            getattr(body, "reasoning_effort", None), body.chat_template_kwargs, self._thinking_switch)
+        self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]))
+        prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs)
         prompt, images = with_images(prompt, self._images)
         answer = None
         if has_structured_output(body):

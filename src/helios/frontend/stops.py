@@ -90,6 +90,9 @@ def parse_stop_options(
     sequences = _parse_token_sequences(stop_token_sequences, vocab_size)
     if strings and (token_ids or sequences):
         raise StopOptionError("stop strings cannot be combined with stop_token_ids or stop_token_sequences")
+    if len(token_ids) + len(sequences) > MAX_STOP_TOKEN_SEQUENCES:  # each id is matched as a sequence
+        raise StopOptionError(f"stop_token_ids and stop_token_sequences together accept at most "
+                              f"{MAX_STOP_TOKEN_SEQUENCES} stops")
     if strings and has_structured_output:
         raise StopOptionError("stop strings cannot be combined with structured output")
     return StopOptions(strings, token_ids, sequences)

@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from helios.errors import AdmissionRejected, RequestError
+from helios.errors import RequestError
 
 
-class PromptTooLong(AdmissionRejected):
-    """The request's text is longer than any prompt the context extent can hold (HTTP 503, like a
-    tokenized prompt beyond the context extent)."""
+class PromptTooLong(RequestError):
+    """The request's text is longer than any prompt the context extent can hold: it can never fit,
+    so HTTP 400 (like a tokenized prompt beyond the context extent)."""
 
 
 class TextNotUnicode(RequestError):

@@ -32,6 +32,11 @@ key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (pe
 then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
 recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
 
+With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 right after the o
+projection's slots: one learned logit per query head in the attention softmax's denominator
+(``helios::paged_attention_sinks``). ``rotary_factor`` scales the rotary cos/sin tables
+(YaRN's attention factor; 1.0 for none).
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -46,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from helios.errors import UsageError
+from helios.ignition.recurrent_geometry import RecurrentGeometry, mixer_slots
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -142,8 +148,14 @@ class Architecture:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
+    # Hybrid decoders: the layers whose attention block is a recurrent mixer (None: none), and the
+    # leading head dims that rotary embeddings rotate (0: all of head_dim).
+    recurrent: RecurrentGeometry | None = None
+    rotary_dim: int = 0
     moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
+    attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
+    rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -161,8 +173,24 @@ class Architecture:
         if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
                                         self.num_kv_heads != self.num_heads):
             raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise CheckpointError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
+        if self.recurrent is not None:
+            problems = self.recurrent.problems(self.num_layers)
+            if problems or not self.attention_layers:
+                raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with an attention block (every layer unless `recurrent` says otherwise)."""
+        mixers = set(self.recurrent.layers) if self.recurrent is not None else set()
+        return tuple(layer for layer in range(self.num_layers) if layer not in mixers)
+
+    @property
+    def rotary_width(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""
@@ -186,7 +214,7 @@ class Architecture:
 
     @property
     def rope_attention_factor(self) -> float:
-        return 1.0 if self.latent is None else self.latent.rope_attention_factor
+        return self.rotary_factor if self.latent is None else self.latent.rope_attention_factor
 
     @property
     def attention_out_size(self) -> int:
@@ -211,12 +239,14 @@ class WeightSlot:
 def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     """The ordered weight list every program of `arch` takes as its first input."""
     slots = [_slot("embed", arch, arch.vocab_rows, arch.hidden_size)]
+    mixers = set(arch.recurrent.layers) if arch.recurrent is not None else set()
     for layer in range(arch.num_layers):
-        slots += _layer_slots(arch, f"layers.{layer}.")
+        prefix = f"layers.{layer}."
+        slots += _mixer_layer_slots(arch, prefix) if layer in mixers else _layer_slots(arch, prefix)
     slots.append(_slot("final_norm", arch, arch.hidden_size))
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
-    slots.append(WeightSlot("rope.inv_freq", (arch.head_dim // 2,), "float32"))
+    slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
@@ -259,6 +289,8 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
+    if arch.attention_sinks:
+        slots.append(WeightSlot(prefix + "sinks", (arch.num_heads,), "float32"))
     return slots
 
 
@@ -273,6 +305,14 @@ def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     return slots
 
 
+def _mixer_layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    """A recurrent layer: the mixer (`helios.ignition.recurrent_geometry`) instead of attention."""
+    def slot(name: str, *shape: int, dtype: str | None = None) -> WeightSlot:
+        return WeightSlot(name, tuple(shape), dtype or arch.dtype)
+
+    attention = _layer_slots(arch, prefix)
+    post = next(i for i, s in enumerate(attention) if s.name == prefix + "post_norm")
+    return [attention[0], *mixer_slots(arch, prefix, slot), *attention[post:]]
 def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     moe, hidden = arch.moe, arch.hidden_size
     experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size

@@ -24,6 +24,7 @@ from torch.export import Dim
 from helios.abi.program_image import decode_program, encode_program
 from helios.abi.registry import program_ops
 from helios.ignition.architecture import Architecture
+from helios.ignition.hybrid_program import build_hybrid_program
 from helios.ignition.program import (
     DecodeProgram, GenerationProgram, MixedProgram, ScoredPrefillProgram, TunedDecodeProgram,
 )
@@ -59,6 +60,8 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int,
         from helios.ignition.multimodal_programs import build_multimodal
 
         return build_multimodal(arch, operation, page_tokens, options, capacity)
+    if arch.recurrent is not None:
+        return build_hybrid_program(arch, operation, page_tokens, options, capacity)
     if operation is Operation.DECODE and options.attention_tuning is not None:
         if capacity is None:
             raise ValueError("a tuned DECODE program is built for one capacity")

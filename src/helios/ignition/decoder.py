@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
+import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.abi.fused import apply_rotary
@@ -98,18 +99,22 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
     q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, step.slot_mapping)
-    if step.splits is None:
-        attended = torch.ops.helios.paged_attention(
-            q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
-            arch.attention_scale, arch.layer_windows[layer],
-        )
-    else:
-        attended = torch.ops.helios.paged_attention_tuned(
-            q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
-            arch.attention_scale, arch.layer_windows[layer], step.splits,
-        )
+    attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane, step)
     attended = attended.reshape(num_tokens, arch.q_size)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+
+
+def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, step: PackedStep):
+    """The layer's attention op: with or without sinks, tuned (device split count) or not."""
+    geometry = (q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
+                arch.attention_scale, arch.layer_windows[layer])
+    ops = torch.ops.helios
+    if sinks is None:
+        return ops.paged_attention(*geometry) if step.splits is None else ops.paged_attention_tuned(*geometry,
+                                                                                                      step.splits)
+    if step.splits is None:
+        return ops.paged_attention_sinks(*geometry, sinks)
+    return ops.paged_attention_sinks_tuned(*geometry, sinks, step.splits)
 
 
 def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):

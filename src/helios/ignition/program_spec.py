@@ -234,6 +234,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_tuned_inputs(operation, options),
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
+        *_recurrent_inputs(arch),
         *multimodal_spec.step_inputs(arch, capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
@@ -289,7 +290,7 @@ def cache_plane_names(arch: Architecture, prefix: str = "") -> tuple[str, str]:
 def cache_plane_specs(arch: Architecture, page_tokens: int, prefix: str = "") -> tuple[TensorSpec, TensorSpec]:
     """`arch`'s two cache-storage inputs: [layers, pages, page_tokens, Hkv, D] key and value planes,
     or [layers, pages, page_tokens, C] latent and [layers, pages, page_tokens, Dr] rotary-key planes."""
-    names, layers = cache_plane_names(arch, prefix), arch.num_layers
+    names, layers = cache_plane_names(arch, prefix), len(arch.attention_layers)
     if arch.latent is None:
         shapes = [(layers, "pages", page_tokens, arch.num_kv_heads, arch.head_dim)] * 2
     else:
@@ -311,6 +312,20 @@ def _draft_inputs(draft: Architecture | None, page_tokens: int) -> tuple[TensorS
         return ()
     return (*cache_plane_specs(draft, page_tokens, "draft_"),
             TensorSpec(DRAFT_INPUTS[2], "int32", ("request_rows", "max_pages")))
+
+
+def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
+    """A hybrid decoder's mixer state rows (see `helios.ignition.hybrid_program`)."""
+    g = arch.recurrent
+    if g is None:
+        return ()
+    layers, cache = len(g.layers), InputRole.CACHE_STORAGE
+    return (
+        TensorSpec("conv_state", arch.dtype, (layers, "slots", g.conv_dim, g.conv_kernel - 1), cache,
+                   Access.READ_WRITE),
+        TensorSpec("ssm_state", "float32", (layers, "slots", g.num_heads, g.head_dim, g.state_size), cache,
+                   Access.READ_WRITE),
+    )
 
 
 def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...]:

@@ -13,6 +13,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``experts.down``, ``shared.down.weight`` | per expert the input columns of its rows |
 | ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
 | ``router.*`` | whole (every rank routes every token alike) |
+| ``sinks`` (attention sinks, one per query head) | its q heads' |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
 | ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
@@ -54,6 +55,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
+    if arch.recurrent is not None:
+        raise CheckpointError("tensor parallelism of hybrid recurrent decoders is not supported yet")
     extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
     moe = arch.moe
@@ -107,6 +110,8 @@ class _Cutter:
             return self.columns(tensor, self.shard.attention_out_size)
         if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
             return self.rows(tensor, tensor.shape[0] // self.shard.tensor_parallel).clone()
+        if key == "sinks":
+            return self.rows(tensor, self.shard.num_heads).contiguous()
         if key == "down.weight":
             return self.columns(tensor, self.shard.intermediate_size)
         if name in ("embed", "lm_head"):

@@ -10,6 +10,16 @@ Reuse rules derived from the storage layout:
 - at least one prompt token is always recomputed, so the first row can sample;
 - a scored-prefill request reuses nothing until its prompt is scored (every prompt token needs
   its score); it publishes its pages like any other request.
+
+Sliding-window release (`release_outside_window`, layouts whose paged regions are all sliding
+windows): once a round's completion commits history up to n, the leading pages below position
+n - window + 1 are read by no later query, and every round that read them has completed (rounds
+complete in order; a round still in flight queries at positions >= n), so the request drops them.
+Its page_ids keep their positions (RELEASED_PAGE in place of a released id). Published pages park
+in the prefix cache as any released page does, intact until evicted, so prefix hits over them stay
+exact (a lookup reuses only a leading run of cached pages). A request that released pages is never
+checkpointed (a snapshot would lack them): preemption recomputes it and no final snapshot is
+published; later requests reuse its prefix only through the pages still cached.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from helios.runtime.capacities import StorageLayout
 from helios.runtime.page_pool import PagePool
 from helios.runtime.plan import CopyOp
 from helios.runtime.prefix_cache import extend_chain
-from helios.runtime.request import RequestState
+from helios.runtime.request import RELEASED_PAGE, RequestState
 from helios.runtime.snapshots import FenceKind, Residence, Snapshot, SnapshotStore
 
 Fence = tuple[int, FenceKind]
@@ -74,6 +84,7 @@ class CacheManager:
         req.page_ids = shared + fresh
         req.num_computed_tokens = computed
         req.num_published_pages = len(shared)
+        req.num_released_pages = 0
         if req.num_reused_tokens < 0:
             req.num_reused_tokens = computed
             self.num_lookup_tokens += num_tokens
@@ -142,10 +153,24 @@ class CacheManager:
 
     def release(self, req: RequestState) -> None:
         """Drop the request's page references, tails first (so they are evicted first)."""
-        self.pool.release(list(reversed(req.page_ids)))
+        self.pool.release([page for page in reversed(req.page_ids) if page != RELEASED_PAGE])
         req.page_ids = []
         req.num_uploaded_pages = 0
         req.num_published_pages = 0
+        req.num_released_pages = 0
+
+    def release_outside_window(self, req: RequestState) -> int:
+        """After a completion committed `req`'s history: drop the leading pages no later query reads
+        (see the module docstring). Returns how many pages were released now (0 for layouts that
+        keep every page)."""
+        count = min(self.layout.releasable_pages(req.num_computed_tokens), req.num_uploaded_pages)
+        if count <= req.num_released_pages:
+            return 0
+        first, pages = req.num_released_pages, req.page_ids[req.num_released_pages:count]
+        req.page_ids[first:count] = [RELEASED_PAGE] * len(pages)
+        req.num_released_pages = count
+        self.pool.release(list(reversed(pages)))
+        return len(pages)
 
     def checkpoint(self, req: RequestState, residence: Residence) -> CopyWork | None:
         """Checkpoint the committed state and release the request's other pages.
@@ -155,7 +180,8 @@ class CacheManager:
         caller then releases as usual).
         """
         endpoint = min(req.num_computed_tokens, len(req.token_ids))
-        if endpoint == 0 or (residence == Residence.DEVICE and not self.snapshots.needs_tail(endpoint)):
+        if endpoint == 0 or req.num_released_pages or (
+                residence == Residence.DEVICE and not self.snapshots.needs_tail(endpoint)):
             return None
         page_tokens = self.layout.page_tokens
         num_complete = endpoint // page_tokens
@@ -174,10 +200,35 @@ class CacheManager:
             req.snapshot_id = snapshot.snapshot_id
         return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
 
+    def checkpoint_prompt(self, req: RequestState) -> CopyWork | None:
+        """Publish a snapshot of the request's committed state at its prompt boundary, keeping its
+        pages (complete pages are shared by reference, the partial page and state rows are copied to
+        a continuation row). Only for layouts whose pages do not hold the state: there, snapshots are
+        the only prefix reuse. None when not applicable, already published, or no row is free."""
+        endpoint = req.num_prompt_tokens
+        if not self.prefix_caching or self.layout.pages_capture_state or endpoint == 0:
+            return None
+        page_tokens = self.layout.page_tokens
+        num_complete = endpoint // page_tokens
+        self.extend_chain(req, num_complete)
+        probe = self.snapshots.find(req.token_ids[:endpoint + 1], req.chain, req.root)
+        if probe is not None and probe.endpoint == endpoint:
+            return None  # the same prompt's state is already published
+        key = req.chain[num_complete - 1] if num_complete else req.root
+        pages = req.page_ids[:-(-endpoint // page_tokens)]
+        self.pool.retain(pages)  # the snapshot's own references; the request keeps its pages
+        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, pages, req.slot, None,
+                                        Residence.DEVICE)
+        if result is None:
+            self.pool.release(list(reversed(pages)))
+            return None
+        snapshot, copies = result
+        return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
+
     def page_holders(self, requests: list[RequestState]) -> list[int]:
         held = self.snapshots.page_holders()
         for req in requests:
-            held.extend(req.page_ids)
+            held.extend(page for page in req.page_ids if page != RELEASED_PAGE)
         return held
 
 

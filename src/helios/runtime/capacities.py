@@ -124,6 +124,28 @@ class StorageLayout:
     def lookahead_pages(self) -> int:
         return max((view.page_offset for view in self.views), default=0)
 
+    @cached_property
+    def release_window(self) -> int:
+        """Token extent beyond which history pages are released; 0 when every page is kept.
+
+        A page id spans every paged region, so a page can go only when it is outside every
+        region's window: only when all paged regions are sliding windows, and then the widest
+        window decides. One paged key/value or latent region (a full-attention layer) keeps all.
+        """
+        paged = [region for region in self.regions if region.kind in PAGED_KINDS]
+        if not paged or any(region.kind != HistoryKind.SLIDING_WINDOW for region in paged):
+            return 0
+        return max(region.window_tokens for region in paged)
+
+    def releasable_pages(self, num_committed: int) -> int:
+        """Leading pages that no query at a position >= `num_committed` reads: a query at p reads
+        positions (p - window, p], so positions below num_committed - window + 1 are never read
+        again (a shifted view's extra pages keep as many more)."""
+        if self.release_window <= 0:
+            return 0
+        unread = max(0, num_committed - self.release_window + 1)
+        return max(0, unread // self.page_tokens - self.lookahead_pages)
+
     def pages_for(self, num_tokens: int) -> int:
         """Page-table entries a request needs to hold `num_tokens` positions in every view."""
         if num_tokens <= 0:

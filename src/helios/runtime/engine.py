@@ -334,6 +334,7 @@ class Engine:
             stats.pages_total, stats.pages_free, stats.pages_cached = c.pages_total, c.pages_free, c.pages_cached
             stats.prefix_lookup_tokens, stats.prefix_reused_tokens = c.prefix_lookup_tokens, c.prefix_reused_tokens
             stats.snapshots_published, stats.snapshots_evicted = c.snapshots_published, c.snapshots_evicted
+            stats.snapshots_restored = c.snapshots_restored
             stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
             stats.constrained_max_inflight = c.constrained_max_inflight
             images = getattr(self.executor, "images", None)

@@ -49,15 +49,12 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.errors import ExecutionError
 from helios.runtime.capacities import Operation
+from helios.runtime.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
 from helios.runtime.image_features import ImageFeatureCache
 from helios.runtime.images import ImageFeeder
 from helios.runtime.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.packer import Packer
-from helios.runtime.plan import CopyOp, PlanRow, RowResult, StepPlan, StorageKind
-
-
-class UnsupportedCopyError(ExecutionError):
-    """A plan asks for a copy between storage kinds this model has no storage for."""
+from helios.runtime.plan import CopyOp, PlanRow, RowResult, StepPlan
 
 
 @dataclass(frozen=True)
@@ -90,13 +87,8 @@ class Executor:
         self._completion = model.buffers[manifest.completion.buffer]
         self._submission = model.buffers.get(manifest.completion.submission_input)
         self._arguments = {name: program_arguments(p, model.weights, model.buffers) for name, p in programs.items()}
-        self._cache_planes = [
-            model.buffers[plane] for region in model.prepared.contract.model.cache.regions for plane in region.planes
-        ]
-        # Host slots for offloaded snapshot pages: one page of every plane per slot, in host memory.
-        self._host_planes = [
-            torch.zeros((plane.shape[0], host_pages, *plane.shape[2:]), dtype=plane.dtype) for plane in self._cache_planes
-        ]
+        # Pages, slot state rows, continuation rows and host slots that plan copies move between.
+        self.storage = model_storage(model, host_pages)
         self._vocab = model.prepared.sampled_range[1]
         self._token_columns = _token_columns(manifest.completion)
         if model.settings.history_drafting:  # a startup option of the loaded model
@@ -191,13 +183,8 @@ class Executor:
         return tokens
 
     def _copy(self, copy: CopyOp) -> None:
-        """Copies the first `num_tokens` of one page between device pages and host slots, every plane."""
-        storage = {StorageKind.PAGE: self._cache_planes, StorageKind.HOST: self._host_planes}
-        if copy.src.kind not in storage or copy.dst.kind not in storage:
-            raise UnsupportedCopyError(f"copy {copy.src.kind.name} -> {copy.dst.kind.name} has no storage here")
-        tokens = copy.num_tokens
-        for source, target in zip(storage[copy.src.kind], storage[copy.dst.kind]):  # [layers, pages, page_tokens, ...]
-            target[:, copy.dst.index, :tokens].copy_(source[:, copy.src.index, :tokens])
+        """One plan copy between pages, slot state rows, continuation rows and host slots."""
+        self.storage.copy(copy)
 
 
 def _token_columns(layout: mpb.CompletionLayout) -> tuple[int, int]:

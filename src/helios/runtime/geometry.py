@@ -83,6 +83,7 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         layout=layout, num_pages=model.num_pages,
         max_pages_per_request=-(-settings.context_tokens // layout.page_tokens) + layout.lookahead_pages,
         identity=model.prepared.contract.cache_identity.encode("utf-8"), num_host_slots=host_pages,
+        num_continuation_rows=settings.snapshot_capacity,
     )
     return Capacities(
         max_active=settings.max_concurrency, context_tokens=settings.context_tokens,

@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Sequence
 
 from helios.runtime.cache_manager import CacheManager
-from helios.runtime.capacities import Capacities
+from helios.runtime.capacities import Capacities, StorageLayout
 from helios.runtime.faults import require
 from helios.runtime.plan import StepPlan
 from helios.runtime.queues import RequestQueues
@@ -63,6 +63,15 @@ def _check_slots(slots: SlotTable, requests: list[RequestState]) -> None:
     require(len(free) + len(owners) == slots.num_slots, "a slot leaked")
 
 
+def _check_released(layout: StorageLayout, req: RequestState) -> None:
+    """Released entries are exactly the leading ones, already uploaded, and outside the window."""
+    name, count = req.request_id, req.num_released_pages
+    require(all(page < 0 for page in req.page_ids[:count]), f"{name}: a released page is still held")
+    require(all(page >= 0 for page in req.page_ids[count:]), f"{name}: a held page is marked released")
+    require(count <= req.num_uploaded_pages, f"{name}: released a page never uploaded")
+    require(count <= layout.releasable_pages(req.num_computed_tokens), f"{name}: released a page inside the window")
+
+
 def _check_requests(caps: Capacities, queues: RequestQueues, requests: list[RequestState],
                     flights: Sequence[tuple[StepPlan, list[RequestState]]]) -> None:
     plans = Counter()
@@ -88,6 +97,7 @@ def _check_requests(caps: Capacities, queues: RequestQueues, requests: list[Requ
             require(req.slot >= 0, f"{name}: running without a slot")
             require(len(req.page_ids) >= layout.pages_for(req.frontier), f"{name}: pages do not cover the frontier")
             require(req.num_computed_tokens <= len(req.token_ids), f"{name}: computed beyond known tokens")
+            _check_released(layout, req)
         if req.status == RequestStatus.FINISHED:
             require(req.num_inflight_plans > 0, f"{name}: finished and fenced but not released")
     require(len(queues.waiting) + len(queues.running) <= len(requests), "a queue holds a released request")

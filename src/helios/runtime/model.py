@@ -38,6 +38,8 @@ from torch.export.passes import move_to_device_pass
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
+from helios.contract.servable import check_servable
+from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
@@ -80,6 +82,8 @@ class LoadOptions:
     num_pages: int | None = None
     rank: int = 0  # the tensor-parallel rank this process (or thread) loads
     cuda_graphs: bool = True  # on CUDA: capture every selected program at load and replay it
+    # On CUDA without `num_pages`: the share of device memory free after loading that pages may take.
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,14 @@ class LoadedModel:
     chat_template: str
     device: torch.device
     rank: int = 0
+    state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
 
 
 def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring)."""
     prepared = core.prepared
+    check_servable(prepared.contract, prepared.manifest)  # a valid contract this runtime cannot serve fails here
     settings = resolve_settings(prepared, options.startup)
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
@@ -130,8 +136,11 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
     producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
     weights = _load_weights(core, prepared, device, options.rank)
-    num_pages = options.num_pages or settings.page_capacity
-    num_state_rows = settings.max_concurrency * max(1, prepared.state_rows_per_request())
+    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
+    num_state_rows = settings.max_concurrency * rows_per_request
+    num_pages = options.num_pages or default_pages(
+        prepared, device, options.memory_fraction, num_state_rows,
+        -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(_load_program(core, prepared, handle, declared, device)
@@ -146,6 +155,7 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
+        rows_per_request,
         vision,
     )
 

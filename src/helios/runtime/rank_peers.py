@@ -232,7 +232,7 @@ def _load_rank(core, launch: Launch, rank: int, device: str) -> Executor:
     variants = tuple(variant_name(p) for p in model.programs)
     if variants != launch.variants:
         raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {launch.variants}")
-    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
+    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
     return Executor(model, packer, program_table(model), launch.host_pages)
 
 

@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 from helios.runtime.events import FinishReason
 
+RELEASED_PAGE = -1  # a page_ids entry whose page was released (outside the sliding window); never read
+
 
 @dataclass(frozen=True)
 class RequestSpec:
@@ -86,8 +88,10 @@ class RequestState:
     page_ids: list[int] = field(default_factory=list)
     num_uploaded_pages: int = 0
     num_published_pages: int = 0
+    num_released_pages: int = 0  # leading page_ids released outside the sliding window (now RELEASED_PAGE)
     chain: list[bytes] = field(default_factory=list)  # digests of complete pages of token_ids
     snapshot_id: int = 0  # private snapshot while preempted (0: none)
+    prompt_checkpointed: bool = False  # a snapshot of its prompt boundary was requested
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     num_reused_tokens: int = -1  # -1 until first admission
     num_preemptions: int = 0

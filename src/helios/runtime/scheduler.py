@@ -68,6 +68,7 @@ class SchedulerCounters(NamedTuple):
     snapshots_offloaded: int
     mixed_grammar_decode_plans: int
     constrained_max_inflight: int
+    snapshots_restored: int = 0
 
 
 class Scheduler:
@@ -158,8 +159,6 @@ class Scheduler:
         constrained = sum(row.constrained for row in plan.rows)
         if constrained:
             self._constrained_max_inflight = max(self._constrained_max_inflight, len(self._inflight))
-            if plan.operation == Operation.DECODE and constrained < len(plan.rows):
-                self._mixed_grammar_decode_plans += 1
         return plan
 
     def complete(self, plan: StepPlan, results: Sequence[RowResult]) -> list[RequestEvent]:
@@ -167,6 +166,9 @@ class Scheduler:
         flight, in_order = self._take_flight(plan)
         if not in_order:
             return self._abort(flight, f"plan {plan.sequence} completed out of submission order")
+        constrained = sum(row.constrained for row in plan.rows)
+        if plan.operation == Operation.DECODE and 0 < constrained < len(plan.rows):
+            self._mixed_grammar_decode_plans += 1  # counted once the plan ran (a failed launch never does)
         violation = find_violation(plan, results, self.caps.vocab_size)
         if violation is not None:
             return self._abort(flight, violation)
@@ -183,6 +185,7 @@ class Scheduler:
                     now = self._clock()
                 reason = self._accept(req, result.token_ids, now if req.spec.observe else None, events)
             self.cache.publish(req)
+            self.cache.release_outside_window(req)
             if reason is not None:
                 self._finish(req, reason, events)
         for snapshot_id, kind in flight.fences:
@@ -298,7 +301,7 @@ class Scheduler:
             pool.allocator.num_free, pool.cache.num_cached, pool.num_evicted,
             self.cache.num_lookup_tokens, self.cache.num_reused_tokens, self.builder.num_preemptions,
             snapshots.num_published, snapshots.num_evicted, snapshots.num_offloaded,
-            self._mixed_grammar_decode_plans, self._constrained_max_inflight)
+            self._mixed_grammar_decode_plans, self._constrained_max_inflight, snapshots.num_restored)
 
     def check_invariants(self) -> None:
         """Raise `InvariantViolation` if any bookkeeping contradicts itself (tests run it per step)."""

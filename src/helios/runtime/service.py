@@ -49,7 +49,7 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     # A tensor-parallel core is captured into CUDA graphs once its ranks' group is formed
     # (`start_ranks`): its programs' collectives need every rank.
     model = load_model(core, replace(options.load, cuda_graphs=False) if ranked else options.load)
-    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
+    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
     executor = Executor(model, packer, program_table(model), options.host_pages)
     stats, peers = WorkerStats(), None
     if ranked:

@@ -106,6 +106,7 @@ class SnapshotStore:
         self.num_published = 0
         self.num_evicted = 0
         self.num_offloaded = 0
+        self.num_restored = 0
 
     def get(self, snapshot_id: int) -> Snapshot | None:
         return self._snapshots.get(snapshot_id)
@@ -260,6 +261,7 @@ class SnapshotStore:
             copies.append(CopyOp(snapshot.tail, _page(pages[-1]), partial))
         if not self._layout.pages_capture_state:
             copies.append(CopyOp(snapshot.tail, Location(StorageKind.STATE, state_slot), 0))
+        self.num_restored += 1
         if snapshot.owner is not None:
             snapshot.doomed = True
         elif snapshot.snapshot_id in self._lru:

@@ -35,6 +35,7 @@ class StatsSnapshot:
     constrained_max_inflight: int
     second_frames: int
     healthy: bool
+    snapshots_restored: int = 0
     image_cache_hits: int = 0  # images whose features came from the content-hash cache
     image_cache_misses: int = 0  # images encoded by a VISION program
 
@@ -65,6 +66,7 @@ class WorkerStats:
     image_cache_hits: int = 0
     image_cache_misses: int = 0
     healthy: bool = True
+    snapshots_restored: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_constrained_submission(self, inflight_frames: int) -> None:

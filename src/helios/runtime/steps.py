@@ -256,6 +256,8 @@ class StepBuilder:
 
     def _add_row(self, draft: Draft, req: RequestState, tokens: int) -> None:
         start = req.num_computed_tokens + req.num_inflight_tokens
+        if start == req.num_prompt_tokens and not req.prompt_checkpointed:
+            self._checkpoint_prompt(draft, req)
         known = len(req.token_ids)
         speculative = draft.operation == Operation.SPECULATIVE
         samples = start + tokens >= known + req.num_pending_samples
@@ -274,6 +276,14 @@ class StepBuilder:
         draft.requests.append(req)
         draft.scheduled.add(req.request_id)
         draft.num_tokens += tokens
+
+    def _checkpoint_prompt(self, draft: Draft, req: RequestState) -> None:
+        """Snapshot the state at the prompt boundary: this plan's copies run before its program,
+        after every plan launched before it, so they see exactly the prompt's state."""
+        req.prompt_checkpointed = True
+        work = self.cache.checkpoint_prompt(req)
+        if work is not None:
+            draft.add_work(work)
 
     def _finalize(self, draft: Draft) -> None:
         """Pick the smallest program of the step's operation that holds its rows and tokens."""

@@ -7,7 +7,8 @@ the strict models of `helios.server.schemas`, so the OpenAPI document describes 
 server accepts: unknown or unsupported fields are rejected, not ignored.
 
 Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}}``) whose status
-comes from the error's class: schema violations and malformed JSON 400 (never 422), `HeliosError`
+comes from the error's class: a missing API key 401 (when the server has one), schema violations
+and malformed JSON 400 (never 422), `HeliosError`
 subclasses their ``http_status`` (400 invalid request, 429 ingress full, 503 admission rejection,
 500 execution failure), anything unexpected 500. The lifespan starts the model worker and, at
 shutdown (after uvicorn drained or dropped the connections), stops it once its round is done.
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from helios.errors import ExecutionError, HeliosError, RequestError
+from helios.server.access import RECORD_KEY, AccessLog, ApiKeyGuard
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES, BodyGuard
 from helios.server.metrics import ResponseCounter
 from helios.frontend.presentation import error_body
@@ -66,6 +68,7 @@ class SchemaViolation(RequestError):
 
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "Invalid request (schema, strict UTF-8 JSON, limits)"},
+    401: {"model": ErrorResponse, "description": "The server has an API key and the request lacks it"},
     413: {"model": ErrorResponse, "description": "Request body larger than the server's limit"},
     429: {"model": ErrorResponse, "description": "Admission limit reached; retry later"},
     500: {"model": ErrorResponse, "description": "Model execution failure"},
@@ -81,9 +84,11 @@ _COMPLETION_RESPONSES = {
 }
 
 
-def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES) -> FastAPI:
+def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES,
+               api_key: str | None = None) -> FastAPI:
     """The application; its lifespan starts and stops `served`'s model worker. Bodies larger than
-    `max_body_nbytes` get 413 before they are read whole (`helios.server.body_guard`)."""
+    `max_body_nbytes` get 413 before they are read whole (`helios.server.body_guard`); with
+    `api_key`, ``/v1/`` requests without it get 401 (`helios.server.access`, also the access log)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -99,7 +104,10 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
     _install_routes(app, served)
     _document_400_not_422(app)
     app.add_middleware(BodyGuard, max_body_nbytes=max_body_nbytes)
+    if api_key:
+        app.add_middleware(ApiKeyGuard, api_key=api_key)
     app.add_middleware(ResponseCounter, counter=served.metrics.http_responses, endpoints=ENDPOINTS)
+    app.add_middleware(AccessLog)
     return app
 
 
@@ -107,12 +115,12 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
     @app.post("/v1/chat/completions", responses=_COMPLETION_RESPONSES, response_class=Response)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """Chat completion (OpenAI), with tools, reasoning, structured output, stops and observation."""
-        return await served.respond(body, request.receive)
+        return await served.respond(body, request.receive, getattr(request.state, RECORD_KEY, None))
 
     @app.post("/v1/completions", responses=_COMPLETION_RESPONSES, response_class=Response)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """Text completion (OpenAI) of a text or token-id prompt."""
-        return await served.respond(body, request.receive)
+        return await served.respond(body, request.receive, getattr(request.state, RECORD_KEY, None))
 
     @app.get("/v1/models")
     async def list_models() -> dict:

@@ -46,6 +46,8 @@ class _RuntimeCollector:
         yield _counter("helios_image_cache_misses", "Request images encoded by a vision program", s.image_cache_misses)
         yield _counter("helios_snapshots_published", "Snapshots published", s.snapshots_published)
         yield _counter("helios_snapshots_evicted", "Snapshots evicted", s.snapshots_evicted)
+        yield _counter("helios_snapshots_restored", "Snapshots restored into a request's pages and state rows",
+                       s.snapshots_restored)
         yield _gauge("helios_cache_pages", "Physical cache pages", s.pages_total)
         yield _gauge("helios_cache_pages_free", "Cache pages free", s.pages_free)
         yield _gauge("helios_cache_pages_cached", "Unreferenced cache pages kept for prefix reuse", s.pages_cached)

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from helios.frontend.request_options import check_chat_options, check_completion_options
+from helios.frontend.request_options import ChatOptionError, check_chat_options, check_completion_options
 
 MAX_MESSAGES = 1024
 MAX_TOOLS = 128
@@ -33,6 +33,10 @@ MAX_REGEX_CHARS = 4096
 MAX_CHOICE_CHARS = 4096
 MAX_TEMPLATE_KWARGS = 64
 MAX_STOP_IDS = 1024
+MAX_CHOICES = 16  # n, and n times the prompts of a batch (helios.server.fanout)
+MAX_METADATA_ENTRIES = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 def _bounded_schema(value: dict[str, Any]) -> dict[str, Any]:
@@ -208,14 +212,23 @@ class _SamplingFields(_Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     seed: StrictInt | None = Field(default=None, ge=-(2**63), lt=2**63)
-    n: StrictInt | None = Field(default=None, ge=1, le=1)
+    n: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
+                                description="Choices per prompt (each its own engine request; choice j samples with seed + j)")
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     stop: StopField = None
     stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=MAX_STOP_IDS)
     stop_token_sequences: list[Annotated[list[StrictInt], Field(max_length=MAX_STOP_IDS)]] | None = Field(
         default=None, max_length=MAX_STOP_IDS)
-    user: StrictStr | None = None
+    user: StrictStr | None = Field(default=None, max_length=256,
+                                   description="An end-user id; appears in the access log, nowhere else")
+    metadata: dict[Annotated[StrictStr, Field(max_length=MAX_METADATA_KEY_CHARS)],
+                   Annotated[StrictStr, Field(max_length=MAX_METADATA_VALUE_CHARS)]] | None = Field(
+        default=None, max_length=MAX_METADATA_ENTRIES,
+        description="Client tags (at most 16); accepted and validated, not stored")
+    store: Literal[False] | None = Field(default=None, description="Helios keeps no completions: only false")
+    service_tier: Literal["auto", "default"] | None = Field(
+        default=None, description="There is one tier: auto and default both mean it")
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -229,11 +242,21 @@ class ChatCompletionRequest(_SamplingFields):
         default=None, max_length=MAX_TEMPLATE_KWARGS)
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
+    logprobs: Literal[False] | None = Field(default=None, description="Off (log-probabilities are not returned)")
+    top_logprobs: Literal[0] | None = Field(default=None, description="Off: null or 0")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="Sets the family's thinking switch (the chat template argument "
+        "enable_thinking) where it has one: none turns thinking off, any other value on")
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[StrictStr, list[StrictInt]]
+    prompt: Union[StrictStr, list[StrictInt], Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES)],
+                  Annotated[list[list[StrictInt]], Field(min_length=1, max_length=MAX_CHOICES)]] = Field(
+        description="A text or token ids, or a batch of texts or of token-id lists (one choice set each)")
+    best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
+                                      description="Accepted where it means the same as n: equal to n (or 1 without n)")
     echo: Literal[False] | None = None
+    logprobs: None = Field(default=None, description="Off (log-probabilities are not returned): null only")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
 
@@ -241,6 +264,9 @@ class CompletionRequest(_SamplingFields):
 def validate_common(body: _SamplingFields, vocab_size: int) -> None:
     """Combined-field rules of a text completion body (stops, observation, stream options)."""
     check_completion_options(body, vocab_size)
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of != (body.n or 1):
+        raise ChatOptionError("best_of is accepted only equal to n (Helios returns every choice it samples)")
 
 
 def validate_chat(body: ChatCompletionRequest, vocab_size: int) -> None:

@@ -30,6 +30,7 @@ import uvicorn
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
+from helios.server.access import access_logger
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
@@ -51,6 +52,8 @@ class ServeOptions:
     access_log: bool = False
     max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    api_key: str | None = None  # /v1/ requests without it get 401
+    served_names: tuple[str, ...] = ()  # operator names (served id first); empty: the core's
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # per-request image bounds
 
 
@@ -93,6 +96,15 @@ class HeliosServer(uvicorn.Server):
             logger.warning("drain deadline: %d running response(s) ended with 'server shutting down'", count)
 
 
+def _configure_access_log(is_on: bool) -> None:
+    """The ``helios.access`` lines (one per request) on stderr, beside uvicorn's own log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s access: %(message)s"))
+    access_logger.handlers[:] = [handler]
+    access_logger.propagate = False
+    access_logger.setLevel(logging.INFO if is_on else logging.WARNING)
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket (IPv6 when `host` is an IPv6 literal)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -106,12 +118,15 @@ def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
-        send_timeout_s=options.send_timeout_s, image_limits=options.image_limits,
+        send_timeout_s=options.send_timeout_s, served_names=options.served_names,
+        image_limits=options.image_limits,
     )
     config = uvicorn.Config(
-        create_app(served, options.max_body_nbytes), loop="auto", lifespan="on", log_level=options.log_level,
-        access_log=options.access_log, timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
+        create_app(served, options.max_body_nbytes, options.api_key), loop="auto", lifespan="on",
+        log_level=options.log_level, access_log=False,
+        timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
     )
+    _configure_access_log(options.access_log)
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

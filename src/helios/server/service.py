@@ -12,6 +12,10 @@ specification fixes:
 5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
+A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once per choice
+(`helios.server.fanout`). Each engine request's callback first stamps the request's
+`RequestRecord` (latency histograms, access log; `helios.server.request_metrics`).
+
 `interrupt_responses` (the server's drain deadline at shutdown) ends every response still running
 with one `ShuttingDown` error; after it, responses whose connections the server then drops end
 quietly, and requests still preparing are refused with the same error.
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
+import uuid
 import weakref
 from dataclasses import dataclass
 
@@ -44,6 +50,8 @@ from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
+from helios.server.fanout import Choice, choice_bodies, fanout_json, fanout_stream, with_choice_seed
+from helios.server.request_metrics import LatencyHistograms, RequestRecord, timed_events
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
@@ -108,6 +116,7 @@ class ServedModel:
         self.card = card
         self.metrics = ServerMetrics(self.stats)
         self.metrics.track_admission(lambda: admission.in_use, admission.limits.num_permits)
+        self.latency = LatencyHistograms(self.metrics.registry)
         self.preparation = preparation
         self.send_timeout_s = send_timeout_s
         self._outbox: LoopOutbox | None = None
@@ -119,15 +128,18 @@ class ServedModel:
                      owned_by: str = "", clock: ObservationClock | None = None,
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
+                     served_names: tuple[str, ...] = (),
                      image_limits: ImageLimits | None = None) -> ServedModel:
-        """Wires the frontend of a loaded model; the engine is not started (see `start`)."""
+        """Wires the frontend of a loaded model; the engine is not started (see `start`).
+        `served_names` (the served id, then aliases) replace the contract's names when given."""
         model = runtime.model
         tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
-        frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings,
-                                               image_limits=image_limits or ImageLimits())
-        limits = AdmissionLimits(model.settings.max_concurrency, queue_capacity, frontend_workers)
         serving = model.prepared.contract
-        card = ModelCard((serving.served_id, *serving.aliases), owned_by, int(time.time()),
+        names = tuple(served_names) or (serving.served_id, *serving.aliases)
+        frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings,
+                                               served_names=names, image_limits=image_limits or ImageLimits())
+        limits = AdmissionLimits(model.settings.max_concurrency, queue_capacity, frontend_workers)
+        card = ModelCard(names, owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
         gate = PreparationGate(PreparationPool(frontend_workers), frontend_workers, preparation_timeout_s)
         return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, gate,
@@ -160,18 +172,25 @@ class ServedModel:
     def stats(self) -> StatsSnapshot:
         return dataclasses.replace(self.engine.stats.snapshot(), healthy=self.is_healthy)
 
-    async def respond(self, body: ChatCompletionRequest | CompletionRequest, receive: Receive) -> Response:
-        """Runs one completion request (steps 1-6 of the module docstring)."""
+    async def respond(self, body: ChatCompletionRequest | CompletionRequest, receive: Receive,
+                      record: RequestRecord | None = None) -> Response:
+        """Runs one completion request (steps 1-6 of the module docstring); `record` (the access
+        log's, made at arrival) gets its timings and token counts."""
+        record = record or RequestRecord.now()
+        record.model_name, record.user = self.card.served_names[0], body.user
         ingress_ns = self.clock.now_ns() if body.return_token_timestamps is True else None
         is_chat = isinstance(body, ChatCompletionRequest)
         (validate_chat if is_chat else validate_common)(body, self.card.vocab_size)
+        several = choice_bodies(body, is_chat)
+        if several is not None:
+            return await self._respond_choices(several, is_chat, ingress_ns, receive, record)
         permit = self.admission.acquire()
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
             prepared = await self.preparation.run(prepare, body, ingress_ns, compiles=is_chat and compiles_grammar(body))
             if self._is_dropping:
                 raise ShuttingDown("server shutting down")
-            bridge = self._submit(prepared, permit)
+            bridge = self._submit(prepared, permit, record)
         except BaseException:
             permit.release()
             raise
@@ -180,6 +199,33 @@ class ServedModel:
             return stream_response(lease, prepared.new_stream())
         return await json_response(lease, prepared, receive)
 
+    async def _respond_choices(self, bodies, is_chat: bool, ingress_ns: int | None, receive: Receive,
+                               record: RequestRecord) -> Response:
+        """Several choices (``n``, batched prompts): one engine request each (`helios.server.fanout`)."""
+        permits = []
+        try:
+            for _ in bodies:
+                permits.append(self.admission.acquire())
+            prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
+            base = uuid.uuid4().hex
+            prepared, first_seeds = [], {}
+            for k, (prompt_index, choice, body) in enumerate(bodies):
+                one = await self.preparation.run(functools.partial(prepare, request_id=f"{base}-{k}"), body,
+                                                 ingress_ns, compiles=is_chat and compiles_grammar(body))
+                seed = first_seeds.setdefault(prompt_index, one.params.sampling.seed)
+                prepared.append(with_choice_seed(one, seed, choice))
+            if self._is_dropping:
+                raise ShuttingDown("server shutting down")
+        except BaseException:
+            for permit in permits:
+                permit.release()
+            raise
+        choices = [Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index)
+                   for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies))]
+        if prepared[0].head.options.is_stream:
+            return fanout_stream(choices)
+        return await fanout_json(choices, receive)
+
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""
         loop = asyncio.get_running_loop()
@@ -187,7 +233,7 @@ class ServedModel:
             self._outbox = LoopOutbox(loop)
         return self._outbox
 
-    def _submit(self, prepared: PreparedRequest, permit: Permit) -> ResponseBridge:
+    def _submit(self, prepared: PreparedRequest, permit: Permit, record: RequestRecord) -> ResponseBridge:
         output = prepared.new_output()
         bridge = ResponseBridge(
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
@@ -195,8 +241,10 @@ class ServedModel:
         )
         grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
-        request = EngineRequest(prepared.request_spec(), admission_values(prepared), bridge.on_event, grammar, host_stop)
+        on_event = timed_events(bridge.on_event, record, self.latency)
+        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop)
         output.mark_enqueue(self.clock)
+        record.submitted_s = time.monotonic()
         self._bridges.add(bridge)
         self.engine.submit(request)
         return bridge

@@ -131,6 +131,10 @@ class PagedTextDeclaration:
     aliases: tuple[str, ...] = ()
     frontend: FrontendDeclaration = field(default_factory=FrontendDeclaration)
     ranks: int = 1
+    # Sliding-window extent (tokens) when every layer attends only to that many latest positions: the
+    # history region is then declared a sliding window, whose older pages the runtime releases. 0: full.
+    history_window: int = 0
+    snapshot_capacity: int = 0  # continuation rows for snapshots at exact endpoints (default at load)
     # Declares a vision-language model's vision capacities, image sentinels and frontend image
     # selectors into the model contract (`preparation.vision_contract`); None: text only.
     images: Callable[[spb.ModelContract], None] | None = None
@@ -185,10 +189,18 @@ def declare_paged_text(
         M.AbiOperation(name=name, schema=schema) for name, schema in sorted(_abi_ops([*programs, *tuning]).items())
     )
     contract = _serving(declaration, graphs, cache_planes(first))
+    _declare_recurrent(contract.model, programs)
     if spec_decl.has_draft(programs):
         spec_decl.declare_draft_cache(contract.model, cache_planes(first, spec_decl.DRAFT_PLANE_PREFIX))
     contract.speculative_widths.extend(spec_decl.speculative_widths(programs))
     return PreparedContract.from_messages(contract, manifest)
+
+
+def _declare_recurrent(model: spb.ModelContract, programs: Sequence[ProgramResource]) -> None:
+    """Cache storage sized by state rows (a hybrid decoder's mixer state) is one RECURRENT region."""
+    planes = [t.name for t in _widest_inputs(programs) if t.role is InputRole.CACHE_STORAGE and "slots" in t.shape]
+    if planes:
+        model.cache.regions.add(name="recurrent", kind=S.HISTORY_KIND_RECURRENT, planes=planes)
 
 
 def _add_handles(manifest: mpb.ExecutionManifest, graph: str, variants: Sequence[ProgramResource]) -> None:
@@ -393,8 +405,9 @@ def _completion_layout(programs: Sequence[ProgramResource]) -> mpb.CompletionLay
 
 
 def cache_planes(spec: ProgramSpec, prefix: str = "") -> list[str]:
-    """The cache-storage planes of one model of `spec` (the target's, or the draft's by `prefix`)."""
-    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE]
+    """The paged cache-storage planes of one model of `spec` (the target's, or the draft's by
+    `prefix`); storage sized by state rows ("slots") belongs to the recurrent region instead."""
+    planes = [t.name for t in spec.inputs if t.role is InputRole.CACHE_STORAGE and "slots" not in t.shape]
     return [name for name in planes if name.startswith(prefix) and (prefix or not name.startswith("draft_"))]
 
 
@@ -413,7 +426,11 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
     model.vocabulary.mask_words = -(-vocab // 32)
     model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
     model.cache.page_tokens = declaration.page_tokens
-    model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
+    if declaration.history_window > 0:
+        model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=list(planes),
+                                tokens_per_record=1, window_tokens=declaration.history_window)
+    else:
+        model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
     model.cache.page_table_views.add(destination="page_table", region="attention")
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
@@ -428,7 +445,7 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
         served_id=declaration.served_id, aliases=list(declaration.aliases),
         cache_identity=declaration.cache_identity, context_tokens=declaration.context_tokens,
         prefill_tokens=declaration.prefill_tokens, page_capacity=declaration.page_capacity,
-        max_concurrency=declaration.max_concurrency, model=model,
+        max_concurrency=declaration.max_concurrency, model=model, snapshot_capacity=declaration.snapshot_capacity,
     )
     contract.defaults.sampling.CopyFrom(declaration.sampling)
     contract.defaults.eos_token_ids.extend(declaration.eos_token_ids)

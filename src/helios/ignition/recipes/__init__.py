@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from helios.ignition.recipes import deepseek, llama, moe, qwen_vl
+from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 
@@ -24,7 +24,7 @@ def _vision_language(source, config, tensors, dtype) -> Recipe:
 
 
 _REGISTRY: dict[str, RecipeBuilder] = {
-    name: family.build for family in (llama, moe, deepseek) for name in family.ARCHITECTURES
+    name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss) for name in family.ARCHITECTURES
 }
 _REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))

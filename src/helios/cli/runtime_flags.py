@@ -1,0 +1,65 @@
+"""Startup flags `serve` and `generate` share: cache pages, snapshots, speculation, preemption.
+
+    add_runtime_flags(parser)                       # in register()
+    load, policy, host_pages = runtime_flags(args, startup_fields)
+
+`--pages N` fixes the physical cache pages (default: the core's page capacity on the CPU; on CUDA,
+`--memory-fraction` of the device memory free after loading). `--snapshot-capacity` sizes the
+continuation rows snapshots use, `--speculative-width` selects a prepared width (1 turns
+speculation off), `--history-drafting` / `--no-history-drafting` override the core's default, and
+`--preemption offload --host-pages N` moves a preempted request's pages and state to N host slots
+instead of recomputing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from helios.contract import StartupOptions
+from helios.errors import UsageError
+from helios.runtime.model import LoadOptions
+from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION
+from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+
+_PREEMPTION = {"recompute": PreemptionMode.RECOMPUTE, "offload": PreemptionMode.OFFLOAD}
+
+
+def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cache and scheduling")
+    group.add_argument("--pages", type=int, metavar="N",
+                       help="physical cache pages (default: the core's on the CPU; sized from free memory on CUDA)")
+    group.add_argument("--memory-fraction", type=float, default=DEFAULT_MEMORY_FRACTION, metavar="F",
+                       help="on CUDA without --pages: share of the memory free after loading that pages take "
+                       f"(default {DEFAULT_MEMORY_FRACTION})")
+    group.add_argument("--snapshot-capacity", type=int, metavar="N",
+                       help="continuation rows for snapshots at exact endpoints (default: the core's)")
+    group.add_argument("--speculative-width", type=int, metavar="W",
+                       help="speculative width among the core's prepared widths; 1 disables speculation")
+    drafting = group.add_mutually_exclusive_group()
+    drafting.add_argument("--history-drafting", dest="history_drafting", action="store_true", default=None,
+                          help="draft proposals from each request's own history")
+    drafting.add_argument("--no-history-drafting", dest="history_drafting", action="store_false")
+    group.add_argument("--preemption", choices=sorted(_PREEMPTION), default="recompute",
+                       help="what a preempted request keeps: recompute (default) or offload to host slots")
+    group.add_argument("--host-pages", type=int, default=0, metavar="N",
+                       help="host-memory slots for offloaded pages and state (needed by --preemption offload)")
+
+
+def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
+                  ) -> tuple[LoadOptions, SchedulerPolicy, int]:
+    """(load options, scheduler policy, host pages) from the flags; bad values raise `UsageError`."""
+    for name in ("pages", "snapshot_capacity", "speculative_width"):
+        value = getattr(args, name)
+        if value is not None and value <= 0 and not (name == "snapshot_capacity" and value == 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 < args.memory_fraction <= 1:
+        raise UsageError("--memory-fraction must be in (0, 1]")
+    if args.host_pages < 0:
+        raise UsageError("--host-pages must not be negative")
+    if args.preemption == "offload" and args.host_pages == 0:
+        raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
+    startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,
+                      history_drafting=args.history_drafting)
+    load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction)
+    return load, SchedulerPolicy(preemption=_PREEMPTION[args.preemption]), args.host_pages

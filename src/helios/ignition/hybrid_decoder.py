@@ -1,0 +1,131 @@
+"""The hybrid decoder forward: attention layers and recurrent mixer layers over one packed step.
+
+Same packed geometry and weights convention as `helios.ignition.decoder`; the layers listed in
+`Architecture.recurrent` run a Mamba2-style mixer instead of attention (in_proj, causal depthwise
+convolution, selective state-space scan, gated group RMS norm, out_proj), whose state advances in
+the slot's state rows through the ABI ops of `helios.abi.recurrent`. Attention layers rotate the
+leading `Architecture.rotary_width` head dims (partial rotary) and keep their keys/values in the
+paged planes, indexed by attention-layer ordinal. The arithmetic mirrors the Hugging Face
+reference (float32 norms and scan), so float32 programs agree with it to rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
+import helios.abi.recurrent  # noqa: F401  (registers helios::causal_conv_update, helios::ssm_scan)
+from helios.ignition.architecture import Architecture
+from helios.ignition.decoder import PackedStep, apply_rotary, mlp_block, rms_norm, rotary_tables
+from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear
+
+
+class HybridStorage(NamedTuple):
+    """The step's history storage: paged k/v planes of the attention layers, state rows of the mixers."""
+
+    k_cache: torch.Tensor  # [attention layers, pages, page_tokens, Hkv, D]
+    v_cache: torch.Tensor
+    conv_state: torch.Tensor  # [mixer layers, state rows, conv_dim, conv_kernel - 1]
+    ssm_state: torch.Tensor  # float32 [mixer layers, state rows, heads, head_dim, state_size]
+
+
+class RowState(NamedTuple):
+    """Which state row each packed row advances, and whether it starts from zero state."""
+
+    rows: torch.Tensor  # int64 [R], -1 for inactive rows
+    fresh: torch.Tensor  # bool [R]
+    max_query_len: int  # static bound on a row's tokens (1 for decode programs)
+
+
+def row_state(step: PackedStep, request_slots: torch.Tensor, max_query_len: int) -> RowState:
+    """State row = request slot (one row per request); a row whose first token is position 0 is fresh."""
+    num_tokens = step.positions.shape[0]
+    first = step.query_start[:-1].to(torch.int64).clamp(max=num_tokens - 1)
+    has_tokens = step.query_start[1:] > step.query_start[:-1]
+    fresh = has_tokens & (step.positions[first] == 0)
+    return RowState(request_slots, fresh, max_query_len)
+
+
+def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: HybridStorage, step: PackedStep,
+                  state: RowState) -> torch.Tensor:
+    """Final-normed hidden states [T, H]. Mutates the k/v planes and the mixers' state rows in place."""
+    hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
+    mixers = {layer: index for index, layer in enumerate(arch.recurrent.layers)}
+    attention = {layer: index for index, layer in enumerate(arch.attention_layers)}
+    for layer in range(arch.num_layers):
+        prefix = f"layers.{layer}."
+        normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+        if layer in mixers:
+            planes = (storage.conv_state[mixers[layer]], storage.ssm_state[mixers[layer]])
+            hidden = hidden + mixer_block(arch, w, prefix, normed, planes, step, state)
+        else:
+            planes = (storage.k_cache[attention[layer]], storage.v_cache[attention[layer]])
+            hidden = hidden + attention_block(arch, w, prefix, normed, planes, step, (cos, sin))
+        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
+        hidden = hidden + mlp_block(arch, w, prefix, normed)
+    return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)
+
+
+def attention_block(arch: Architecture, w, prefix: str, hidden, planes, step: PackedStep, rotary):
+    """Self-attention with partial rotary embeddings; writes this step's keys/values."""
+    num_tokens = hidden.shape[0]
+    qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
+    q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
+    q = _rotate(q.reshape(num_tokens, arch.num_heads, arch.head_dim), rotary, arch.rotary_width)
+    k = _rotate(k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim), rotary, arch.rotary_width)
+    v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
+    k_plane, v_plane = planes
+    torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
+    window = 0
+    if step.splits is None:
+        attended = torch.ops.helios.paged_attention(
+            q, k_plane, v_plane, step.page_table, step.query_start, step.positions, arch.attention_scale, window)
+    else:
+        attended = torch.ops.helios.paged_attention_tuned(
+            q, k_plane, v_plane, step.page_table, step.query_start, step.positions, arch.attention_scale, window,
+            step.splits)
+    attended = attended.reshape(num_tokens, arch.q_size)
+    return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+
+
+def _rotate(x: torch.Tensor, rotary, width: int) -> torch.Tensor:
+    cos, sin = rotary
+    if width == x.shape[-1]:
+        return apply_rotary(x, cos, sin)
+    return torch.cat((apply_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
+
+
+def mixer_block(arch: Architecture, w, prefix: str, hidden, planes, step: PackedStep, state: RowState):
+    """The Mamba2 mixer of one layer; advances the rows' convolution and SSM state in place."""
+    g, p = arch.recurrent, prefix + "mixer."
+    num_tokens = hidden.shape[0]
+    conv_plane, ssm_plane = planes
+    projected = F.linear(hidden, w[p + "in_proj.weight"], w.get(p + "in_proj.bias"))
+    gate, xbc, dt = projected.split([g.intermediate, g.conv_dim, g.num_heads], dim=-1)
+    xbc = F.silu(torch.ops.helios.causal_conv_update(
+        conv_plane, xbc.contiguous(), w[p + "conv.weight"], w[p + "conv.bias"], step.query_start, state.rows,
+        state.fresh, state.max_query_len))
+    x, b, c = xbc.split([g.intermediate, g.num_groups * g.state_size, g.num_groups * g.state_size], dim=-1)
+    dt = F.softplus(dt + w[p + "dt_bias"]).clamp(min=g.dt_limit[0], max=g.dt_limit[1])
+    heads = x.reshape(num_tokens, g.num_heads, g.head_dim)
+    scanned = torch.ops.helios.ssm_scan(
+        ssm_plane, heads.contiguous(), dt.contiguous(), w[p + "A"],
+        b.reshape(num_tokens, g.num_groups, g.state_size).contiguous(),
+        c.reshape(num_tokens, g.num_groups, g.state_size).contiguous(),
+        step.query_start, state.rows, state.fresh, state.max_query_len)
+    scanned = scanned + heads.to(torch.float32) * w[p + "D"].to(torch.float32)[:, None]
+    normed = gated_group_norm(scanned.reshape(num_tokens, g.intermediate).to(hidden.dtype), gate, w[p + "norm"],
+                              g.num_groups, arch.rms_norm_eps)
+    return F.linear(normed, w[p + "out.weight"], w.get(p + "out.bias"))
+
+
+def gated_group_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float):
+    """RMS norm over `groups` equal groups of x * silu(gate), in float32 (the reference's gated norm)."""
+    x32 = x.to(torch.float32) * F.silu(gate.to(torch.float32))
+    grouped = x32.reshape(*x32.shape[:-1], groups, x32.shape[-1] // groups)
+    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * grouped.reshape(x32.shape).to(x.dtype)

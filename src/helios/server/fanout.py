@@ -1,0 +1,190 @@
+"""Several choices in one response: ``n`` > 1 and batched prompts in ``/v1/completions``.
+
+A request with ``n`` choices per prompt (and, for text completions, a list of prompts) runs as one
+engine request per choice, each prepared like a request of its own (its own grammar matcher and
+output path) and holding its own admission permit (all taken at once, or the request gets 429).
+Choice ``j`` of a prompt samples with seed ``s + j`` (mod 2**64), ``s`` being the seed that prompt's
+first choice resolved (the request's ``seed``, the core's fixed seed, or fresh random bits), so a
+seeded request is reproducible choice by choice and greedy choices are identical. The prompt's
+cache pages are shared through the prefix cache: choices that start after the first one's prefill
+published its pages reuse them (``reused_prompt_tokens``); choices admitted in the same step prefill
+on their own.
+
+Choices are numbered prompt by prompt: choice ``j`` of prompt ``i`` has ``index = i * n + j``.
+Usage counts each prompt once and every choice's output. JSON: one body with every choice (the first
+failure instead, as its status, with the other choices cancelled). SSE: the choices' chunks
+interleaved as they come, each with its ``index`` and the response's ``id``, then one usage chunk
+(with ``stream_options.include_usage``) and one ``[DONE]``; a failure ends the stream with one
+``event: error`` and cancels the other choices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable, Sequence
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from helios.errors import RequestError
+from helios.frontend.generation import SEED_MASK
+from helios.frontend.output import OutputFinal, OutputStep
+from helios.frontend.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
+from helios.frontend.session import PreparedRequest
+from helios.server.bridge import Failure, ResponseBridge
+from helios.server.responses import SSE_HEADERS
+from helios.server.schemas import MAX_CHOICES
+
+class TooManyChoices(RequestError):
+    """More choices (``n`` times the prompts) than one request may ask for."""
+
+
+def with_choice_seed(prepared: PreparedRequest, first_seed: int, choice: int) -> PreparedRequest:
+    """`prepared` sampling with seed ``first_seed + choice`` (mod 2**64)."""
+    sampling = dataclasses.replace(prepared.params.sampling, seed=(first_seed + choice) & SEED_MASK)
+    return dataclasses.replace(prepared, params=dataclasses.replace(prepared.params, sampling=sampling))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    prepared: PreparedRequest
+    bridge: ResponseBridge
+    prompt_index: int
+
+
+def _close_all(choices: Sequence[Choice]) -> None:
+    for choice in choices:
+        choice.bridge.close()
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def fanout_json(choices: Sequence[Choice], receive) -> Response:
+    """One JSON body of every choice (see the module docstring); closes every bridge."""
+    waiters = [asyncio.ensure_future(choice.bridge.terminal()) for choice in choices]
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        gathered = asyncio.gather(*waiters)
+        await asyncio.wait((gathered, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if not gathered.done():
+            for choice in choices:
+                choice.bridge.cancel()
+        terminals = await gathered
+    finally:
+        watcher.cancel()
+        _close_all(choices)
+    failure = next((t for t in terminals if isinstance(t, Failure)), None)
+    if failure is not None:
+        return JSONResponse(error_body(failure.error), status_code=failure.error.http_status)
+    bodies = [choice.prepared.response_body(final) for choice, final in zip(choices, terminals)]
+    entries = [body["choices"][0] for body in bodies]
+    for index, entry in enumerate(entries):
+        entry["index"] = index
+    merged = bodies[0]
+    merged["choices"] = entries
+    merged["usage"] = merged_usage(choices, terminals)
+    return JSONResponse(merged)
+
+
+def merged_usage(choices: Sequence[Choice], finals: Sequence[OutputFinal]) -> dict:
+    prompts = {choice.prompt_index: final.usage.prompt_tokens for choice, final in zip(choices, finals)}
+    prompt_tokens = sum(prompts.values())
+    completion_tokens = sum(final.usage.completion_tokens for final in finals)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def fanout_stream(choices: Sequence[Choice]) -> Response:
+    return _ClosingStream(_fanout_chunks(choices), lambda: _close_all(choices))
+
+
+class _ClosingStream(StreamingResponse):
+    def __init__(self, content, close: Callable[[], None]):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._close = close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._close()
+
+
+async def _fanout_chunks(choices: Sequence[Choice]):
+    presenters = [choice.prepared.new_stream() for choice in choices]
+    response_id = choices[0].prepared.head.response_id
+    include_usage = choices[0].prepared.head.options.include_usage
+
+    def render(index: int, chunks: list[dict]) -> bytes:
+        out = []
+        for chunk in chunks:
+            if not chunk["choices"] and "usage" in chunk and chunk["usage"] is not None:
+                continue  # the usage-only chunk: one merged chunk at the end instead
+            chunk["id"] = response_id
+            for entry in chunk["choices"]:
+                entry["index"] = index
+            out.append(sse_data(chunk))
+        return b"".join(out)
+
+    yield b"".join(render(i, p.start_chunks()) for i, p in enumerate(presenters))
+    finals: list[OutputFinal | None] = [None] * len(choices)
+    pending = {asyncio.ensure_future(choice.bridge.next_items()): i for i, choice in enumerate(choices)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                index = pending.pop(future)
+                parts, is_over = [], False
+                for item in future.result():
+                    if isinstance(item, OutputStep):
+                        parts.append(render(index, presenters[index].step_chunks(item)))
+                    elif isinstance(item, OutputFinal):
+                        parts.append(render(index, presenters[index].finish_chunks(item)))
+                        finals[index], is_over = item, True
+                    else:
+                        yield b"".join(parts) + sse_error(item.error)
+                        return
+                if parts:
+                    yield b"".join(parts)
+                if not is_over:
+                    pending[asyncio.ensure_future(choices[index].bridge.next_items())] = index
+    finally:
+        for future in pending:
+            future.cancel()
+    if include_usage:
+        head = choices[0].prepared.head
+        usage = {"id": response_id, "object": _OBJECTS[head.kind][1],
+                 "created": choices[0].prepared.head.created, "model": choices[0].prepared.head.model,
+                 "choices": [], "usage": merged_usage(choices, finals)}
+        yield sse_data(usage)
+    yield SSE_DONE
+
+
+
+def choice_bodies(body, is_chat: bool) -> list[tuple[int, int, object]] | None:
+    """(prompt index, choice, body of one choice) of a request with several choices or a batch of
+    prompts (a batch of one included); None for ``n`` 1 and one unbatched prompt."""
+    n = body.n or 1
+    prompts = [None]
+    is_batch = not is_chat and _is_batch(body.prompt)
+    if is_batch:
+        prompts = list(body.prompt)
+    elif n == 1:
+        return None
+    if n * len(prompts) > MAX_CHOICES:
+        raise TooManyChoices(f"n ({n}) times the number of prompts ({len(prompts)}) may be at most {MAX_CHOICES}")
+    out = []
+    for i, prompt in enumerate(prompts):
+        update = {"n": None} if is_chat else {"n": None, "best_of": None}
+        if prompt is not None:
+            update["prompt"] = prompt
+        one = body.model_copy(update=update)
+        out.extend((i, j, one) for j in range(n))
+    return out
+
+
+def _is_batch(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)

@@ -1,0 +1,54 @@
+"""`serve`/`generate` startup flags (pages, snapshots, speculation width, history drafting, offload
+preemption) reach the runtime, bad values are usage errors, and CUDA page sizing from free memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helios.cli.main import main
+from helios.runtime.page_sizing import CacheMemoryError, other_bytes, page_bytes, pages_for_memory
+from runtime.test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, expected, hybrid  # noqa: F401 (fixtures)
+from runtime.test_model_fixture import open_fixture
+
+
+def _generate(hybrid, capsys, *flags):  # noqa: F811
+    root, _ = hybrid
+    code = main(["generate", str(root / "model.core"), "--accept", NAMESPACE, "--trust",
+                 str(root / "publisher.key.pub"), "--prompt-ids", json.dumps(PROMPTS), "--max-tokens", str(STEPS),
+                 "--ignore-eos", "--json", *flags])
+    captured = capsys.readouterr()
+    tokens = [json.loads(line)["token_ids"] for line in captured.out.splitlines() if line.startswith("{")]
+    return code, tokens, captured.err
+
+
+def test_generate_with_offload_preemption_flags_gives_the_reference_tokens(hybrid, expected, capsys):  # noqa: F811
+    code, tokens, _ = _generate(hybrid, capsys, "--pages", "17", "--preemption", "offload", "--host-pages", "32",
+                                "--snapshot-capacity", "4", "--no-history-drafting")
+    assert code == 0
+    assert tokens == expected
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--preemption", "offload"], "--host-pages"),
+    (["--pages", "0"], "--pages"),
+    (["--memory-fraction", "1.5"], "--memory-fraction"),
+    (["--speculative-width", "4"], "startup.speculative_width: 4 is not a prepared width"),
+    (["--history-drafting"], "startup.history_drafting"),
+])
+def test_bad_flag_values_are_usage_errors(hybrid, capsys, flags, message):  # noqa: F811
+    code, tokens, err = _generate(hybrid, capsys, *flags)
+    assert code == 2 and tokens == []
+    assert message in err
+
+
+def test_pages_are_sized_from_free_memory_beside_the_other_buffers():
+    prepared = open_fixture().prepared
+    per_page, others = page_bytes(prepared), other_bytes(prepared, num_state_rows=4)
+    assert per_page > 0
+    free = others + 100 * per_page + per_page // 2
+    assert pages_for_memory(prepared, free, 1.0, 4, min_pages=8) == 100
+    assert pages_for_memory(prepared, 2 * free, 0.5, 4, min_pages=8) == (free - others) // per_page
+    with pytest.raises(CacheMemoryError, match="one request needs 200"):
+        pages_for_memory(prepared, free, 1.0, 4, min_pages=200)

@@ -1,0 +1,128 @@
+"""Several choices per response through the official `openai` client (in-process app): ``n`` and
+batched prompts, streamed and not; choice j samples with seed + j."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from helios.core.reader import open_core
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.app import create_app
+from helios.server.service import ServedModel
+from support.server_core import SERVED_ID, tiny_core
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with asyncio.Runner() as runner:
+        yield runner
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=8)), queue_capacity=8,
+                                      frontend_workers=2, owned_by=core.namespace)
+    served.start()
+    yield served
+    served.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+
+
+def chat(client, **fields):
+    return client.chat.completions.create(model=SERVED_ID, messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=4, **fields)
+
+
+async def collect(stream) -> list:
+    return [chunk async for chunk in stream]
+
+
+def streamed_texts(chunks, n: int, is_chat: bool) -> tuple[list[str], list]:
+    texts, reasons = [""] * n, [None] * n
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += (choice.delta.content or "") if is_chat else choice.text
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    return texts, reasons
+
+
+def test_n_greedy_choices_with_a_seed_are_identical(runner, client, served):
+    response = runner.run(chat(client, n=3, seed=11, temperature=0))
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert len({c.message.content for c in response.choices}) == 1
+    single = runner.run(chat(client, seed=11, temperature=0))
+    assert response.choices[0].message.content == single.choices[0].message.content
+    assert response.usage.completion_tokens == 3 * single.usage.completion_tokens
+    assert response.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counts once
+    assert served.admission.in_use == 0
+
+
+def test_choice_j_samples_with_seed_plus_j(runner, client):
+    response = runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=6, n=3, seed=40,
+                                                    temperature=1.0))
+    for j, choice in enumerate(response.choices):
+        alone = runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=6, seed=40 + j,
+                                                     temperature=1.0))
+        assert choice.text == alone.choices[0].text
+
+
+@pytest.mark.parametrize("is_chat", [True, False])
+def test_streamed_choices_carry_their_index(runner, client, is_chat):
+    if is_chat:
+        stream = runner.run(chat(client, n=2, seed=5, temperature=0, stream=True,
+                                 stream_options={"include_usage": True}))
+    else:
+        stream = runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=4, n=2, seed=5,
+                                                      temperature=0, stream=True,
+                                                      stream_options={"include_usage": True}))
+    chunks = runner.run(collect(stream))
+    texts, reasons = streamed_texts(chunks, 2, is_chat)
+    assert texts[0] == texts[1] and texts[0] and reasons == ["length", "length"]
+    usage = [chunk.usage for chunk in chunks if chunk.usage is not None]
+    assert len(usage) == 1 and usage[0].completion_tokens == 8
+    assert len({chunk.id for chunk in chunks}) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_batched_prompts_number_choices_prompt_by_prompt(runner, client, stream):
+    prompts = ["hello", "the quick brown fox"]
+    singles = [runner.run(client.completions.create(model=SERVED_ID, prompt=p, max_tokens=3, temperature=0))
+               for p in prompts]
+    response = runner.run(client.completions.create(model=SERVED_ID, prompt=prompts, max_tokens=3, n=2,
+                                                    temperature=0, stream=stream))
+    if stream:
+        texts, _ = streamed_texts(runner.run(collect(response)), 4, False)
+    else:
+        assert [c.index for c in response.choices] == [0, 1, 2, 3]
+        texts = [c.text for c in response.choices]
+        assert response.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert texts == [singles[0].choices[0].text] * 2 + [singles[1].choices[0].text] * 2
+    ids = runner.run(client.completions.create(model=SERVED_ID, prompt=[[5, 6, 7], [8, 9]], max_tokens=2,
+                                               temperature=0))
+    assert len(ids.choices) == 2
+    one = runner.run(client.completions.create(model=SERVED_ID, prompt=["hello"], max_tokens=3, temperature=0))
+    assert [c.text for c in one.choices] == [singles[0].choices[0].text]
+
+
+def test_choice_limits_and_best_of(runner, client):
+    with pytest.raises(openai.BadRequestError, match="at most 16"):
+        runner.run(client.completions.create(model=SERVED_ID, prompt=["a"] * 9, n=2, max_tokens=2))
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        runner.run(client.completions.create(model=SERVED_ID, prompt="a", n=2, best_of=3, max_tokens=2))
+    same = runner.run(client.completions.create(model=SERVED_ID, prompt="a", n=2, best_of=2, max_tokens=2))
+    assert len(same.choices) == 2
+    with pytest.raises(openai.BadRequestError, match="n"):
+        runner.run(chat(client, n=17))
+    with pytest.raises(openai.BadRequestError, match="empty"):
+        runner.run(client.completions.create(model=SERVED_ID, prompt=[], max_tokens=2))

@@ -1,0 +1,79 @@
+"""The command line for operators: `helios --version`, a one-line description on every
+subcommand, `helios generate PROMPT` on the embedded model, and serve's option checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+import helios
+import helios.embedded
+from helios.cli import serve_cmd
+from helios.cli.main import build_parser, main
+from helios.server import embedded
+from ignition.hf_checkpoints import QWEN3
+from support.chat_checkpoint import write_chat_checkpoint
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"helios {helios.__version__}"
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: str = ""):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield prefix + name, helps.get(name)
+                yield from _subcommands(sub, prefix + name + " ")
+
+
+def test_every_subcommand_has_a_one_line_description():
+    commands = dict(_subcommands(build_parser()))
+    assert {"generate", "serve", "prepare", "contract check"} <= set(commands)
+    for name, text in commands.items():
+        assert text and "\n" not in text and len(text) < 100, name
+
+
+def test_generate_on_the_embedded_model_needs_only_the_prompt(tmp_path, monkeypatch, capsys):
+    checkpoint = write_chat_checkpoint(QWEN3, tmp_path / "default_model", seed=5)
+    monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
+    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded, "DECODE_BATCHES", (1,))
+    assert main(["generate", "hello there", "--max-tokens", "3", "--json", "--ignore-eos"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(line)
+    assert len(result["token_ids"]) == 3 and result["finish_reason"] == "length"
+    # the prompt was rendered as a chat user message (the embedded model is a chat model)
+    assert result["prompt_ids"][0] == 0  # <|im_start|> in the test tokenizer
+
+
+def test_generate_names_a_missing_core_file(tmp_path, capsys):
+    key = tmp_path / "k.pub"
+    assert main(["keygen", "-o", str(tmp_path / "k"), "--namespace", "x/y"]) == 0
+    assert main(["generate", str(tmp_path / "missing.core"), "hi", "--accept", "x/y", "--trust", str(key)]) != 0
+    assert "missing.core" in capsys.readouterr().err
+    assert main(["generate", str(tmp_path / "missing.core"), "hi"]) == 2
+    assert "--accept" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--served-model-name", "a", "a"], "distinct"),
+    (["--served-model-name", " "], "nonempty"),
+    (["--api-key", ""], "must not be empty"),
+])
+def test_serve_checks_its_operator_options(argv, message, capsys):
+    assert main(["serve", "--port", "0", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_api_key_defaults_to_the_environment(monkeypatch):
+    monkeypatch.setenv("HELIOS_API_KEY", "from-env")
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers()
+    serve_cmd.register(commands)
+    assert parser.parse_args(["serve"]).api_key == "from-env"

@@ -1,0 +1,126 @@
+"""What operators get: latency and length histograms labelled by model name, the API key, served
+names and aliases, and one access-log line per request (in-process app over a real tiny core)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import openai
+import pytest
+
+from helios.core.reader import open_core
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.app import create_app
+from helios.server.service import ServedModel
+from support.server_core import SERVED_ID, tiny_core
+
+KEY = "sk-test-key"
+NAMES = ("house-model", "house-alias")
+HISTOGRAMS = ("helios_time_to_first_token_seconds", "helios_time_per_output_token_seconds",
+              "helios_e2e_request_latency_seconds", "helios_request_queue_time_seconds",
+              "helios_request_prompt_tokens", "helios_request_generation_tokens")
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with asyncio.Runner() as runner:
+        yield runner
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=4)), queue_capacity=4,
+                                      frontend_workers=2, owned_by=core.namespace, served_names=NAMES)
+    served.start()
+    yield served
+    served.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return create_app(served, api_key=KEY)
+
+
+def client(app, key: str = KEY) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key=key, max_retries=0, http_client=http)
+
+
+async def get(app, path: str, **headers) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        return await http.get(path, headers=headers)
+
+
+def sample(metrics: str, name: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_requests_without_the_api_key_get_401(runner, app):
+    for key in ("wrong", KEY + "x"):
+        with pytest.raises(openai.AuthenticationError) as caught:
+            runner.run(client(app, key).chat.completions.create(
+                model=NAMES[0], messages=[{"role": "user", "content": "hi"}], max_tokens=2))
+        assert caught.value.status_code == 401 and caught.value.body["type"] == "authentication_error"
+    assert runner.run(get(app, "/v1/models")).status_code == 401
+    assert runner.run(get(app, "/v1/models", authorization=f"Bearer {KEY}")).status_code == 200
+    for open_path in ("/health", "/metrics", "/openapi.json"):
+        assert runner.run(get(app, open_path)).status_code == 200
+
+
+def test_served_names_and_aliases_replace_the_contracts(runner, app):
+    api = client(app)
+    async def names():
+        return [model.id async for model in api.models.list()]
+
+    assert runner.run(names()) == list(NAMES)
+    for name in NAMES:
+        response = runner.run(api.completions.create(model=name, prompt="hello", max_tokens=2))
+        assert response.model == NAMES[0]
+    with pytest.raises(openai.BadRequestError, match="not served here"):
+        runner.run(api.completions.create(model=SERVED_ID, prompt="hello", max_tokens=2))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_histograms_with_model_name_and_one_access_line_per_request(runner, app, caplog, stream):
+    before = runner.run(get(app, "/metrics")).text
+    label = f'{{model_name="{NAMES[0]}"}}'
+    counts = {name: sample(before, f"{name}_count{label}") if f"{name}_count{label}" in before else 0.0
+              for name in HISTOGRAMS}
+    caplog.set_level(logging.INFO, logger="helios.access")
+    response = runner.run(client(app).completions.create(model=NAMES[1], prompt="hello", max_tokens=4,
+                                                         temperature=0, user="alice", stream=stream))
+    if stream:
+        async def drain():
+            return [chunk async for chunk in response]
+
+        runner.run(drain())
+    metrics = runner.run(get(app, "/metrics")).text
+    for name in HISTOGRAMS:
+        assert sample(metrics, f"{name}_count{label}") == counts[name] + 1, name
+    assert 'helios_request_generation_tokens_bucket{le="4.0",model_name="house-model"}' in metrics
+    assert "flare_mixed_grammar_decode_steps_total" in metrics and "flare_constrained_max_inflight" in metrics
+    lines = [r.getMessage() for r in caplog.records if r.name == "helios.access" and "/v1/completions" in r.getMessage()]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert '"POST /v1/completions" 200' in line and "completion_tokens=4" in line and "finish=length" in line
+    assert "latency_ms=" in line and "ttft_ms=" in line and 'user="alice"' in line and "prompt_tokens=" in line
+
+
+def test_access_line_of_several_choices_counts_them_all(runner, app, caplog):
+    caplog.set_level(logging.INFO, logger="helios.access")
+    runner.run(client(app).completions.create(model=NAMES[0], prompt="hello", max_tokens=3, n=2, temperature=0))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "helios.access" and "/v1/completions" in r.getMessage()]
+    assert "completion_tokens=6" in line and "choices=2" in line
+
+
+def test_access_line_of_a_refused_request(runner, app, caplog):
+    caplog.set_level(logging.INFO, logger="helios.access")
+    assert runner.run(get(app, "/v1/models")).status_code == 401
+    assert any('"GET /v1/models" 401' in r.getMessage() for r in caplog.records if r.name == "helios.access")
