@@ -176,6 +176,8 @@ class DecodeProgram(GenerationProgram):
         pending, draft = (trailing[0], trailing[1:]) if self.device_pending else (None, trailing)
         if pending is not None:
             step = step._replace(token_ids=with_device_pending(step.token_ids, lanes[0], pending))
+        if extra is None:  # subclasses that override `run` (hybrid recurrent layers) take no extra inputs
+            return self.run(weights, k_cache, v_cache, counts, step, lanes, controls, draft, pending)
         return self.run(weights, k_cache, v_cache, counts, step, lanes, controls, draft, pending, extra)
 
 
