@@ -14,7 +14,7 @@ from helios.frontend.prompt import Prompt
 from helios.frontend.prompt_images import UnavailableImages, with_images
 from helios.runtime.image_packing import fill_image
 from helios.runtime.images import RequestImages, step_features
-from helios.runtime.packer import AdmissionValues, Binding
+from helios.runtime.packer import Binding
 from helios.runtime.plan import PlanRow
 
 S = spb
@@ -38,7 +38,7 @@ def test_feature_rows_follow_rows_then_prompt_order():
 
 def test_packed_sources_fill_feature_indices_and_rotary_offsets():
     a = _images("a" * 64, [2, 3], 5)
-    requests = [AdmissionValues((1,) * 5, 0, (0.0,) * 7, 4, images=a), AdmissionValues((1, 2), 0, (0.0,) * 7, 4)]
+    requests = [a, None]
     rows = [_row("a", 1, 6), _row("t", 0, 2)]  # row a runs past its 5-token prompt (a recomputation)
     indices = torch.zeros(10, dtype=torch.int64)
     fill_image(Binding("idx", "idx", S.VALUE_SOURCE_IMAGE_FEATURE_INDICES, S.INDEXING_PACKED_TOKEN, 0, -1, 0),

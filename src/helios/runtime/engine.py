@@ -63,6 +63,7 @@ class EngineRequest:
     on_event: Callable[[RequestEvent], None]
     grammar: GrammarState | None = None
     host_stop: Callable[[int], bool] | None = None
+    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
 
 
 class Engine:
@@ -204,7 +205,7 @@ class Engine:
             return
         self._active[spec.request_id] = request
         try:
-            self.executor.packer.register(spec.request_id, request.admission)
+            self.executor.packer.register(spec.request_id, request.admission, request.images)
         except Exception as error:  # noqa: BLE001
             self._fail_request(request, error)
             return

@@ -36,8 +36,8 @@ def supports(view, operation: int) -> bool:
     return False
 
 
-def fill_image(binding, target: torch.Tensor, rows: Sequence[PlanRow], requests) -> None:
-    images = [getattr(req, "images", None) for req in requests]
+def fill_image(binding, target: torch.Tensor, rows: Sequence[PlanRow], images: Sequence) -> None:
+    """Fills one image binding for `rows`; `images[i]`: row i's `RequestImages` or None."""
     if binding.source == S.VALUE_SOURCE_IMAGE_FEATURE_INDICES:
         target.fill_(binding.padding)
         for index, (packed, _, _) in enumerate(step_features(rows, images)):

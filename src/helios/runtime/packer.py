@@ -61,7 +61,6 @@ class AdmissionValues:
     sampling: tuple[float, ...]  # NUM_SAMPLING_PARAMETERS values, in the order above
     output_limit: int
     eos_ids: tuple[int, ...] = ()
-    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
 
 
 @dataclass(frozen=True)
@@ -120,6 +119,7 @@ class Packer:
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, AdmissionValues] = {}
+        self._images: dict[str, object] = {}  # request id -> `helios.runtime.images.RequestImages`
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
@@ -132,13 +132,17 @@ class Packer:
         if self._histories is None:
             self._histories = {}
 
-    def register(self, request_id: str, values: AdmissionValues) -> None:
+    def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
+        """`images`: the request's `RequestImages` (None: text only)."""
         self._requests[request_id] = values
+        if images is not None:
+            self._images[request_id] = images
         if self._histories is not None:
             self._histories[request_id] = HistoryIndex(values.prompt_ids)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        self._images.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
 
@@ -165,7 +169,7 @@ class Packer:
                 continue
             target = self._staging.target(binding.buffer_name)
             if binding.source in IMAGE_SOURCES:
-                fill_image(binding, target, plan.rows, requests)
+                fill_image(binding, target, plan.rows, self.images_of(plan.rows))
             elif binding.source in _COPIED_SOURCES:
                 _fill_copied(binding, target, plan.rows, copied)
             else:
@@ -174,7 +178,7 @@ class Packer:
 
     def images_of(self, rows: Sequence[PlanRow]) -> list:
         """Each row's request images (`RequestImages`), None for a request without images."""
-        return [self._requests[row.request_id].images for row in rows]
+        return [self._images.get(row.request_id) for row in rows]
 
     def all_greedy(self, plan: StepPlan) -> bool:
         """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""

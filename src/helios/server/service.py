@@ -92,8 +92,7 @@ def admission_values(prepared: PreparedRequest) -> AdmissionValues:
     sampling = (s.temperature, float(s.top_k), s.top_p, s.min_p, s.repetition_penalty,
                 s.presence_penalty, s.frequency_penalty)
     seed = s.seed - SEED_SPAN if s.seed >= SEED_SPAN // 2 else s.seed
-    return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids,
-                           prepared.images)
+    return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids)
 
 
 def compiles_grammar(body: ChatCompletionRequest) -> bool:
@@ -242,7 +241,8 @@ class ServedModel:
         grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
         on_event = timed_events(bridge.on_event, record, self.latency)
-        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop)
+        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop,
+                                prepared.images)
         output.mark_enqueue(self.clock)
         record.submitted_s = time.monotonic()
         self._bridges.add(bridge)
