@@ -11,10 +11,20 @@ cuda:1 as a local `helios rank` process; both with CUDA graphs) and times greedy
 the prompts' prefill) for TP1 and TP2 and their ratio, and whether TP1 and TP2 agree on the first
 --compare-tokens greedy tokens of every prompt.
 
+Where the time goes: for the end-to-end run of every batch it prints each rank's phase timers
+(`helios.runtime.rank_timing`: rank zero's message encode/send, program runs per operation and
+completion agreement; a peer's receive (waiting included), decode, apply, program runs and
+agreement) as seconds and share of the wall time; "engine" is rank zero's time outside its
+executor (scheduling, admission, dispatch). TP1 reports its program runs alone.
+
     python bench/tensor_parallel.py                         # 2 GPUs, 32 layers (preparing takes minutes)
     python bench/tensor_parallel.py --layers 8 --workdir /tmp/tp-bench   # keeps checkpoint and cores
     python bench/tensor_parallel.py --workdir /tmp/tp-bench --prepare-only  # then again without it
     python bench/tensor_parallel.py --smoke                 # CPU, tiny shapes, gloo: checks the script
+
+On CUDA the TP2 core runs twice by default: with NCCL all-reduces ("TP2") and with the one-shot
+symmetric-memory all-reduce for small tensors ("TP2 symm", `RankOptions.symmetric_all_reduce`).
+Each load line gives the load time, the all-reduce path the group took and the execution frames.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  #
 from helios.runtime.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 from helios.runtime.rank_peers import RankOptions  # noqa: E402
+from helios.runtime.rank_timing import PhaseTimers, run_phase  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/tensor-parallel"
@@ -117,38 +128,98 @@ class Measurement:
     decode_rate: float  # output tokens per second after the first token of every prompt
     total_rate: float  # output tokens per second, prefill included
     tokens: tuple[tuple[int, ...], ...]  # greedy tokens of the timed run
+    total_s: float = 0.0  # wall time of the end-to-end run
+    timers: tuple[PhaseTimers, ...] = ()  # every rank's phases during the end-to-end run
+
+
+class TimedExecutor:
+    """One rank's executor with rank zero's program timers (TP1's side of the breakdown)."""
+
+    def __init__(self, executor):
+        self._executor = executor
+        self.timers = PhaseTimers()
+
+    def __getattr__(self, name):
+        return getattr(self._executor, name)
+
+    def run(self, plan, masks=None):
+        with self.timers.phase(run_phase(plan.operation)):
+            return self._executor.run(plan, masks)
+
+    def launch(self, plan, masks=None):
+        with self.timers.phase("launch"):
+            return self._executor.launch(plan, masks)
+
+    def finish(self, launched):
+        with self.timers.phase("finish"):
+            return self._executor.finish(launched)
+
+    def timings(self, reset: bool = False) -> list[PhaseTimers]:
+        taken = PhaseTimers.from_tensor(self.timers.as_tensor())
+        if reset:
+            self.timers.reset()
+        return [taken]
+
+
+def timed(engine):
+    """The engine's executor, able to report `timings` (a tensor-parallel one already is)."""
+    if not hasattr(engine.executor, "timings"):
+        engine.executor = TimedExecutor(engine.executor)
+    return engine.executor
 
 
 def measure(engine, batch: int, args) -> Measurement:
     """Warm-up, then the prompts' prefill alone (one output token), then the full timed run; every
     run on its own prompts so prefix caching never skips a prefill."""
+    executor = timed(engine)
     generate(engine, prompts_for(batch, args, 0), 4)
     start = time.perf_counter()
     generate(engine, prompts_for(batch, args, 1), 1)
     prefill_s = time.perf_counter() - start
+    executor.timings(reset=True)
     start = time.perf_counter()
     results = generate(engine, prompts_for(batch, args, 2), args.output_tokens)
     total_s = time.perf_counter() - start
+    timers = tuple(executor.timings(reset=True))
     if any(r.finish_reason.name != "LENGTH" for r in results):
         raise SystemExit(f"generation failed: {[r.message for r in results if r.message]}")
     generated = sum(len(r.token_ids) for r in results)
     decode_s = max(total_s - prefill_s, 1e-9)
-    return Measurement((generated - batch) / decode_s, generated / total_s, tuple(r.token_ids for r in results))
+    return Measurement((generated - batch) / decode_s, generated / total_s, tuple(r.token_ids for r in results),
+                       total_s, timers)
 
 
-def run_ranks(core: Path, key: SigningKey, ranks: int, args) -> dict[int, Measurement]:
-    say(f"loading TP{ranks} on {args.device}" + (" (rank 1 as a local process)" if ranks > 1 else ""))
+def breakdown(ranks: int, batch: int, measured: Measurement) -> None:
+    """Each rank's phases of the end-to-end run: seconds, share of the wall time, count."""
+    wall = measured.total_s
+    say(f"  TP{ranks} B={batch} end to end {wall:.3f} s:")
+    for rank, timers in enumerate(measured.timers):
+        phases = timers.nonzero()
+        parts = [f"{name} {seconds:.3f} s {100 * seconds / wall:.0f}% x{count}"
+                 for name, (seconds, count) in phases.items()]
+        if rank == 0:
+            outside = wall - sum(seconds for seconds, _ in phases.values())
+            parts.append(f"engine {outside:.3f} s {100 * outside / wall:.0f}%")
+        say(f"    rank {rank}: " + ", ".join(parts))
+
+
+def run_ranks(core: Path, key: SigningKey, ranks: int, args, symmetric: bool = False) -> dict[int, Measurement]:
+    say(f"loading TP{ranks} on {args.device}" + (" (rank 1 as a local process)" if ranks > 1 else "")
+        + (", symmetric all-reduce asked for" if symmetric else ""))
     start = time.perf_counter()
-    options = RuntimeOptions(load=LoadOptions(device=args.device),
-                             ranks=RankOptions(collective_timeout_s=args.collective_timeout))
+    ranked = RankOptions(collective_timeout_s=args.collective_timeout, symmetric_all_reduce=symmetric)
+    options = RuntimeOptions(load=LoadOptions(device=args.device), ranks=ranked)
     runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
-    say(f"loaded TP{ranks} in {time.perf_counter() - start:.0f} s")
+    path = getattr(runtime.engine.executor, "all_reduce_path", "none")
+    say(f"loaded TP{ranks} in {time.perf_counter() - start:.1f} s (all-reduce: {path}, "
+        f"{runtime.engine.frames} execution frame(s))")
     measured = {}
     try:
         for batch in args.batches:
             measured[batch] = measure(runtime.engine, batch, args)
             say(f"  TP{ranks} B={batch}: decode {measured[batch].decode_rate:.1f} tok/s, "
                 f"end to end {measured[batch].total_rate:.1f} tok/s")
+            breakdown(ranks, batch, measured[batch])
     finally:
         runtime.close()
         del runtime
@@ -165,17 +236,22 @@ def agreement(one: Measurement, two: Measurement, compare: int) -> str:
     return f"{same}/{len(pairs)} prompts identical, shortest common prefix {min(prefixes)} tokens"
 
 
-def report(results: dict[int, dict[int, Measurement]], args) -> None:
+def report(results: dict[str, dict[int, Measurement]], args) -> None:
+    """One row per workload: every run's tokens per second, then each TP2 run's ratio to TP1."""
+    others = [name for name in results if name != "TP1"]
     say("")
-    say(f"{'workload':<26} {'TP1 tok/s':>10} {'TP2 tok/s':>10} {'TP2/TP1':>8}")
+    say(f"{'workload':<22}" + "".join(f"{name + ' tok/s':>16}" for name in results)
+        + "".join(f"{name + '/TP1':>14}" for name in others))
     for label, rate in (("decode", lambda m: m.decode_rate), ("end to end", lambda m: m.total_rate)):
         for batch in args.batches:
-            one, two = rate(results[1][batch]), rate(results[2][batch])
-            say(f"{f'{label} B={batch}':<26} {one:>10.1f} {two:>10.1f} {two / one:>8.2f}")
-    say("")
-    say(f"greedy agreement TP1 vs TP2, first {args.compare_tokens} tokens:")
-    for batch in args.batches:
-        say(f"  B={batch}: {agreement(results[1][batch], results[2][batch], args.compare_tokens)}")
+            one = rate(results["TP1"][batch])
+            say(f"{f'{label} B={batch}':<22}" + "".join(f"{rate(r[batch]):>16.1f}" for r in results.values())
+                + "".join(f"{rate(results[name][batch]) / one:>14.2f}" for name in others))
+    for name in others:
+        say("")
+        say(f"greedy agreement TP1 vs {name}, first {args.compare_tokens} tokens:")
+        for batch in args.batches:
+            say(f"  B={batch}: {agreement(results['TP1'][batch], results[name][batch], args.compare_tokens)}")
     say("  (random bf16 weights give nearly tied logits and TP2 sums its partial products in another order,")
     say("  so greedy paths may part after a few tokens; tests/parallel/test_cuda.py checks exact float32 agreement)")
 
@@ -195,6 +271,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
     parser.add_argument("--collective-timeout", type=float, default=300.0, help="seconds (a lost rank fails after)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads of this process (CPU runs)")
+    parser.add_argument("--all-reduce", choices=("nccl", "symmetric", "both"),
+                        help="TP2 runs: NCCL all-reduces, the one-shot symmetric-memory path for small ones "
+                             "(falls back to NCCL where unavailable; the load line says which), or both "
+                             "(default on CUDA; on the CPU: nccl, which is gloo there)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--prepare-only", action="store_true",
                         help="stop once the checkpoint and both cores exist (with --workdir: measure in a later run)")
@@ -207,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.output_tokens = args.output_tokens or (16 if smoke else 128)
     args.prefill_tokens = min(args.prefill_tokens or context_tokens(args), context_tokens(args))
     args.device = args.device or ("cpu" if smoke else "cuda")
+    args.all_reduce = args.all_reduce or ("both" if args.device.startswith("cuda") else "nccl")
     if args.shape.num_hidden_layers < 1 or min(args.batches) < 1 or min(args.prompt_tokens, args.output_tokens) < 1:
         parser.error("--layers, --batches, --prompt-tokens and --output-tokens must be positive")
     return args
@@ -226,7 +307,11 @@ def main(argv: list[str] | None = None) -> None:
         cores = {ranks: prepared(workdir, key, args, ranks) for ranks in (1, 2)}
         if args.prepare_only:
             return
-        results = {ranks: run_ranks(core, key, ranks, args) for ranks, core in cores.items()}
+        results = {"TP1": run_ranks(cores[1], key, 1, args)}
+        if args.all_reduce in ("nccl", "both"):
+            results["TP2"] = run_ranks(cores[2], key, 2, args)
+        if args.all_reduce in ("symmetric", "both"):
+            results["TP2 symm"] = run_ranks(cores[2], key, 2, args, symmetric=True)
     report(results, args)
 
 

@@ -133,6 +133,23 @@ def test_cache_write_reference_and_kernel_agree():
     assert all(torch.equal(a.cpu(), b) for a, b in zip(device_planes, planes))
 
 
+
+def test_cache_write_kernel_is_exact_in_bfloat16_over_successive_writes():
+    """The GPU graph test's inputs (DeepSeek-V3 planes, bfloat16, a padding slot) written three times
+    into the same planes: the kernel copies bit for bit, as the reference's index_copy_ does."""
+    generator = torch.Generator()
+    planes = (torch.zeros(40, 16, 512, dtype=torch.bfloat16), torch.zeros(40, 16, 64, dtype=torch.bfloat16))
+    device_planes = tuple(torch.zeros_like(p, device=DEVICE) for p in planes)
+    for seed in (0, 1, 2):
+        generator.manual_seed(seed)
+        slots = torch.randperm(40 * 16, generator=generator)[:33]
+        slots[5] = -1
+        latent = torch.randn(33, 512, generator=generator).to(torch.bfloat16)
+        rope = torch.randn(33, 64, generator=generator).to(torch.bfloat16)
+        OPS.latent_cache_write(*planes, latent, rope, slots)
+        kernels.triton_latent_cache_write(*device_planes, latent.to(DEVICE), rope.to(DEVICE), slots.to(DEVICE))
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(device_planes, planes))
+
 def test_bad_arguments_are_typed_errors():
     batch = make_batch(4, [1], [2])
     latent, rope, table = batch.clean

@@ -59,11 +59,47 @@ def test_collectives_on_two_gpus_agree_bit_for_bit_eagerly_and_in_a_cuda_graph()
     assert exits == [0, 0], f"ranks exited {exits} (None: still inside the group abort after reporting)"
 
 
-def cuda_tokens(core, cuda_graphs: bool) -> list[list[int]]:
+def test_the_symmetric_all_reduce_is_selected_and_sums_bit_for_bit_eagerly_and_in_a_cuda_graph():
+    """torch 2.11 on two H200s has symmetric memory: the group takes the one-shot path for small
+    float32 / bf16 tensors (NCCL for the rest), identical on both ranks and equal to the sum."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    address = f"127.0.0.1:{free_port()}"
+    ranks = [context.Process(target=nccl_ranks.run_symmetric_rank, args=(rank, address, results))
+             for rank in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        outputs = dict(results.get(timeout=HANG_GUARD_S) for _ in ranks)
+        for process in ranks:
+            process.join(HANG_GUARD_S)
+    finally:
+        for process in ranks:
+            process.kill()
+    for rank, output in outputs.items():
+        assert isinstance(output, dict), f"rank {rank} failed:\n{output}"
+    assert outputs[0]["path"] == outputs[1]["path"] == "symmetric", outputs[0]["refusal"] or outputs[1]["refusal"]
+    for mode, step in (("eager", 0), ("graph", 1)):
+        x0, x1 = (nccl_ranks.symmetric_inputs(rank, step, "cpu") for rank in range(2))
+        for name in x0:
+            mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
+            assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
+            assert torch.equal(mine, x0[name] + x1[name]), f"{mode} {name} is not the sum of the ranks' inputs"
+
+
+def test_two_gpu_ranks_with_the_symmetric_all_reduce_generate_what_one_gpu_generates(cores):
+    one = cuda_tokens(cores.open(cores.core(QWEN3, 1)), True)
+    two = cuda_tokens(cores.open(cores.core(QWEN3, 2)), True, replace(GPU_RANKS, symmetric_all_reduce=True))
+    assert two == one
+
+
+def cuda_tokens(core, cuda_graphs: bool, ranks=GPU_RANKS) -> list[list[int]]:
     load = LoadOptions(device="cuda", cuda_graphs=cuda_graphs)
-    runtime = build_runtime(core, RuntimeOptions(load=load, ranks=GPU_RANKS))
+    runtime = build_runtime(core, RuntimeOptions(load=load, ranks=ranks))
     try:
         assert runtime.model.device == torch.device("cuda", 0)
+        if ranks.symmetric_all_reduce:
+            assert runtime.engine.executor.all_reduce_path == "symmetric"
         captured = [isinstance(p.module, CapturedProgram) for p in runtime.model.programs]
         assert captured == [cuda_graphs] * len(captured)
         results = generate(runtime.engine, PROMPTS, MAX_TOKENS)

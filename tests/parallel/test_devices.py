@@ -107,7 +107,7 @@ def test_blocking_nccl_waits_are_refused():
 
 def launch(backend: RankBackend, cuda_graphs: bool = False) -> Launch:
     identity = RankIdentity(2, "cache-identity", "digest", "wire")
-    return Launch(identity, StartupOptions(), 8, 0, ("decode.r1t1",), 2, 5.0, backend.value, cuda_graphs)
+    return Launch(identity, StartupOptions(), 0, 2, 5.0, backend.value, cuda_graphs, 30.0)
 
 
 def test_the_launch_carries_the_backend_and_the_capture_choice():

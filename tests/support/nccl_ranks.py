@@ -68,3 +68,59 @@ def _collectives(rank: int, address: str):
     results = {f"eager.{name}": value.cpu() for name, value in eager.items()}
     results.update({f"graph.{name}": value.cpu() for name, value in captured.items()})
     return group, results
+
+
+def symmetric_inputs(rank: int, step: int, device) -> dict[str, torch.Tensor]:
+    """Tensors the one-shot reducer takes (bf16 and float32, whole 16-byte units) and one it leaves
+    to NCCL (an odd byte count)."""
+    generator = torch.Generator().manual_seed(7000 + 1000 * step + rank)
+    return {"bf16": torch.randn((4, 256), generator=generator).to(torch.bfloat16).to(device),
+            "f32": torch.randn((2, 96), generator=generator).to(device),
+            "odd": torch.randn((3, 257), generator=generator).to(torch.bfloat16).to(device)}
+
+
+def run_symmetric_rank(rank: int, address: str, results) -> None:
+    """Like `run_rank`, with the group formed with the symmetric all-reduce: puts (rank, outputs)
+    where outputs also name the group's all-reduce path and why symmetric memory was refused."""
+    group = None
+    try:
+        group, outputs = _symmetric(rank, address)
+        results.put((rank, outputs))
+    except BaseException:  # noqa: BLE001 - the test reports the child's traceback
+        results.put((rank, traceback.format_exc()))
+    if group is not None:
+        group.abort()
+
+
+def _symmetric(rank: int, address: str):
+    import helios.abi.collectives  # noqa: F401 - registers the ops
+    from helios.abi.collectives import bind_group
+    from helios.runtime.rank_rendezvous import Rendezvous
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    host, _, port = address.rpartition(":")
+    rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
+    group = rendezvous.form_group(rank, RANKS, TIMEOUT, device, symmetric=True)
+    static = symmetric_inputs(rank, 0, device)
+    reduce = torch.ops.helios.all_reduce
+    with bind_group(group):
+        eager = {name: reduce(x, RANKS) for name, x in static.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for x in static.values():
+                reduce(x, RANKS)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = {name: reduce(x, RANKS) for name, x in static.items()}
+    for name, x in symmetric_inputs(rank, 1, device).items():
+        static[name].copy_(x)
+    for _ in range(3):  # replays back to back reuse the symmetric buffers
+        graph.replay()
+    torch.cuda.synchronize(device)
+    outputs = {f"eager.{name}": value.cpu() for name, value in eager.items()}
+    outputs.update({f"graph.{name}": value.cpu() for name, value in captured.items()})
+    outputs["path"], outputs["refusal"] = group.all_reduce_path, rendezvous.symmetric_refusal
+    return group, outputs

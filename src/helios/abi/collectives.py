@@ -19,7 +19,9 @@ call. One process may therefore hold several ranks (one thread each, each with i
 every rank, bit for bit: each reduced element is computed once and then distributed.
 
 Devices: a CPU tensor goes through the group's gloo process group, a device (CUDA) tensor through
-its NCCL process group (`RankGroup.device_group`). On the device an op only enqueues: NCCL runs the
+its NCCL process group (`RankGroup.device_group`), or, for an all-reduce of a small tensor, through
+the group's one-shot symmetric-memory reducer when the group was formed with one
+(`helios.abi.symmetric_reduce`: every rank sums every rank's buffer in rank order, on its stream). On the device an op only enqueues: NCCL runs the
 collective on its own stream and the caller's stream waits for it, so the op body never
 synchronises with the host, allocates its output from the input's shape alone and can be captured
 into a CUDA graph. NCCL's all-reduce algorithms (ring, tree) also reduce each element along one
@@ -77,6 +79,24 @@ class RankGroup:
     size: int
     timeout: timedelta
     device_group: object | None = None
+    reducer: object | None = None  # `helios.abi.symmetric_reduce.SymmetricReducer`, when every rank has one
+
+    @property
+    def all_reduce_path(self) -> str:
+        """How the programs' all-reduces run: "symmetric" (one-shot for small device tensors, NCCL
+        above), "nccl", or "gloo" (a CPU model)."""
+        if self.reducer is not None:
+            return "symmetric"
+        return "nccl" if self.device_group is not None else "gloo"
+
+    def all_reduced(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of `tensor` (contiguous) over the ranks, in a new tensor: a small device tensor
+        through the one-shot symmetric reducer when the group has one, everything else `all_reduce`."""
+        if self.reducer is not None and tensor.device.type != "cpu" and self.reducer.fits(tensor):
+            return self.reducer.all_reduce(tensor)
+        out = tensor.clone()
+        self.all_reduce(out)
+        return out
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """Sums `tensor` over the ranks, in place."""
@@ -171,9 +191,7 @@ def _check(op: str, x: torch.Tensor, ranks: int) -> None:
 @torch.library.custom_op(_REDUCE, mutates_args=(), schema=ALL_REDUCE_SCHEMA)
 def all_reduce(x: torch.Tensor, ranks: int) -> torch.Tensor:
     _check(_REDUCE, x, ranks)
-    out = x.contiguous().clone()
-    bound_group(_REDUCE, ranks).all_reduce(out)
-    return out
+    return bound_group(_REDUCE, ranks).all_reduced(x.contiguous())
 
 
 @all_reduce.register_fake

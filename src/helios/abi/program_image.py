@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import threading
 import types
 import typing
 from dataclasses import dataclass
@@ -101,6 +102,9 @@ def read_program_image(data: bytes) -> ProgramImage:
     return ProgramImage(graph, _tensors(message.state_dict, "state dict"), _tensors(message.constants, "constants"))
 
 
+_DESERIALIZING = threading.Lock()
+
+
 def deserialize_program(image: ProgramImage) -> torch.export.ExportedProgram:
     """Build the ExportedProgram of a checked image (torch's deserializer, given the schema objects
     and the already decoded tensors, so it never reaches ``torch.load``). Raises
@@ -113,7 +117,8 @@ def deserialize_program(image: ProgramImage) -> torch.export.ExportedProgram:
              for name, t in image.state_dict.items()}
     try:
         serialized = schema_object(schema.ExportedProgram, image.graph)
-        return ExportedProgramDeserializer().deserialize(serialized, state, dict(image.constants), b"")
+        with _DESERIALIZING:  # torch's deserializer keeps process-global state (ranks load in parallel)
+            return ExportedProgramDeserializer().deserialize(serialized, state, dict(image.constants), b"")
     except Exception as error:  # torch's deserializer raises many types for malformed graphs
         raise UnreadableProgramError(f"torch cannot build the program: {type(error).__name__}: {error}") from None
 

@@ -12,7 +12,7 @@ the worker keeps up to two plans submitted. After launching a plan it asks the s
 another; the scheduler offers a second frame only when it needs no feedback from the first (a
 decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.steps`),
 and the worker packs and launches it before it waits for the first one's completion. Completions
-are taken oldest first. An executor with only `run` (tensor-parallel rank zero) gets one frame.
+are taken oldest first. An executor with only `run` gets one frame (a tensor-parallel rank zero has both: `RankedExecutor`).
 
 Every request ends with exactly one `FinishEvent`. Events are delivered by calling the request's
 `on_event` in the worker thread; it must not block (hand off to a queue). That holds at the edges

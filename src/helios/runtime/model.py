@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 from torch.export.passes import move_to_device_pass
@@ -122,8 +122,11 @@ class LoadedModel:
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
 
 
-def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
-    """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring)."""
+def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
+    """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring).
+
+    `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
+    peer waits there for rank zero's, so every rank reads its weights at the same time)."""
     prepared = core.prepared
     check_servable(prepared.contract, prepared.manifest)  # a valid contract this runtime cannot serve fails here
     settings = resolve_settings(prepared, options.startup)
@@ -138,7 +141,7 @@ def load_model(core, options: LoadOptions = LoadOptions()) -> LoadedModel:
     weights = _load_weights(core, prepared, device, options.rank)
     rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
     num_state_rows = settings.max_concurrency * rows_per_request
-    num_pages = options.num_pages or default_pages(
+    num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows,
         -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
     buffers = _allocate(prepared, num_pages, num_state_rows, device)

@@ -1,6 +1,7 @@
 """Starting and watching the ranks of a tensor-parallel core (the spec's RankPeers).
 
-Rank zero (the serving process) loads its own rank, then `start_ranks`:
+Rank zero (the serving process) calls `launch_peers`, loads its own rank while the peers load
+theirs, then `PendingRanks.join` (`start_ranks` does both around an already loaded rank zero):
 
 * serves the rendezvous (`helios.runtime.rank_rendezvous`) and publishes its launch choices;
 * starts the local peers, ranks 1 .. local_ranks - 1, as `PeerKind.PROCESSES` (one
@@ -50,7 +51,7 @@ from helios.abi.collectives import RankGroup, bind_group
 from helios.errors import LoadError
 from helios.runtime.cuda_graphs import release_graphs
 from helios.runtime.executor import Executor, program_table, variant_name
-from helios.runtime.model import LoadOptions, load_model
+from helios.runtime.model import LoadOptions, load_model, serving_device
 from helios.runtime.packer import Packer
 from helios.runtime.rank_devices import (
     RankBackend,
@@ -59,12 +60,12 @@ from helios.runtime.rank_devices import (
     join_device,
     place_local_ranks,
 )
-from helios.runtime.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous
+from helios.runtime.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous, Sizing
 from helios.runtime.ranks import RankedExecutor, serve_rank
 from helios.runtime.stats import WorkerStats
 
-__all__ = ["PeerKind", "RankOptions", "RankPeers", "UnsupportedRanksError", "capture_rank", "join_rank",
-           "start_ranks"]
+__all__ = ["PeerKind", "PendingRanks", "RankOptions", "RankPeers", "UnsupportedRanksError", "capture_rank",
+           "join_rank", "launch_peers", "start_ranks"]
 
 
 class PeerKind(enum.Enum):
@@ -83,6 +84,10 @@ class RankOptions:
     collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
     torch_threads: int | None = None  # intra-op threads of each local rank process (None: rank zero's)
     aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
+    # CUDA: small all-reduces through a one-shot symmetric-memory kernel when every rank can
+    # (`helios.abi.symmetric_reduce`); off by default until measured on the device, and because a
+    # rank lost inside one leaves its peers' kernels waiting (NCCL's abort does not end them).
+    symmetric_all_reduce: bool = False
 
 
 class RankPeers:
@@ -128,40 +133,80 @@ def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptio
                 load: LoadOptions = LoadOptions()) -> RankPeers:
     """Starts and joins every rank of `core` around rank zero's loaded `executor`, which was loaded
     with `load` but without CUDA graphs (every rank loads with the same startup options; with
-    ``load.cuda_graphs`` on CUDA every rank captures once the group is formed)."""
+    ``load.cuda_graphs`` on CUDA every rank captures once the group is formed). `launch_peers`
+    then `PendingRanks.join` does the same with the peers loading while rank zero loads."""
     model = executor.model
-    ranks, local = model.prepared.manifest.ranks, options.local_ranks or model.prepared.manifest.ranks
+    pending = launch_peers(core, options, host_pages, load, model.device, model.prepared.manifest.ranks)
+    return pending.join(executor, stats)
+
+
+def launch_peers(core, options: RankOptions, host_pages: int, load: LoadOptions = LoadOptions(),
+                 device: torch.device | None = None, ranks: int | None = None) -> "PendingRanks":
+    """Serves the rendezvous, publishes the `Launch` and starts the local peers, which load their
+    shards at once; rank zero loads its own model meanwhile, then calls `PendingRanks.join` (or
+    `abandon` when its load failed). `device` and `ranks` default to the load's and the core's."""
+    device = serving_device(load.device) if device is None else device
+    ranks = core.prepared.manifest.ranks if ranks is None else ranks
+    local = options.local_ranks or ranks
     if not 1 <= local <= ranks:
         raise UnsupportedRanksError(f"{local} local ranks for a core of {ranks} ranks")
-    placement = place_local_ranks(model.device, local, threads=options.peers is PeerKind.THREADS)
+    placement = place_local_ranks(device, local, threads=options.peers is PeerKind.THREADS)
     nccl = placement.backend is RankBackend.NCCL
     if nccl:
         check_nccl_environment()
-    timeout = timedelta(seconds=options.collective_timeout_s)
     rendezvous = _rendezvous(options, local < ranks)
-    launch = Launch(RankIdentity.of(model.prepared), load.startup, model.num_pages, host_pages,
-                    tuple(variant_name(p) for p in model.programs), local, options.collective_timeout_s,
-                    placement.backend.value, nccl and load.cuda_graphs)
+    launch = Launch(RankIdentity.of(core.prepared), load.startup, host_pages, local, options.collective_timeout_s,
+                    placement.backend.value, nccl and load.cuda_graphs, options.join_timeout_s,
+                    nccl and options.symmetric_all_reduce)
     rendezvous.publish(launch)
     workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
     peers = [_start_peer(core, rendezvous, r, options, workdir, placement.devices[r]) for r in range(1, local)]
-    group = None
-    try:
-        rendezvous.wait_ready(range(1, ranks), options.join_timeout_s, lambda: _first_lost(peers))
-        group = rendezvous.form_group(0, ranks, timeout, placement.devices[0] if nccl else None)
-        if launch.cuda_graphs:
-            executor = capture_rank(executor, group, host_pages)
-    except BaseException:
-        if group is not None:
-            group.abort()
-        for peer in peers:
+    return PendingRanks(rendezvous, launch, peers, placement, options, workdir)
+
+
+@dataclass
+class PendingRanks:
+    """Peers started and loading (`launch_peers`), not yet joined into a group."""
+
+    rendezvous: Rendezvous
+    launch: Launch
+    peers: list
+    placement: object  # RankPlacement
+    options: RankOptions
+    workdir: Path | None
+
+    def join(self, executor: Executor, stats: WorkerStats) -> RankPeers:
+        """Publishes rank zero's sizing, waits for every rank, forms the group (captures on CUDA)."""
+        model, launch, peers = executor.model, self.launch, self.peers
+        nccl = self.placement.backend is RankBackend.NCCL
+        timeout = timedelta(seconds=self.options.collective_timeout_s)
+        self.rendezvous.publish_sizing(Sizing(model.num_pages, tuple(variant_name(p) for p in model.programs)))
+        group = None
+        try:
+            self.rendezvous.wait_ready(range(1, launch.ranks), self.options.join_timeout_s, lambda: _first_lost(peers))
+            group = self.rendezvous.form_group(0, launch.ranks, timeout, self.placement.devices[0] if nccl else None,
+                                               symmetric=launch.symmetric_all_reduce)
+            if launch.cuda_graphs:
+                executor = capture_rank(executor, group, launch.host_pages)
+        except BaseException:
+            if group is not None:
+                group.abort()
+            self._stop()
+            raise
+        # A failed group takes its local peers down with it.
+        ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
+        return RankPeers(ranked, peers, self.options.collective_timeout_s / 4, self.workdir)
+
+    def abandon(self, reason: str) -> None:
+        """Rank zero could not load: every peer gives up (remote ones learn why), local ones stop."""
+        self.rendezvous.publish_sizing(Sizing(0, (), reason or "unknown error"))
+        self._stop()
+
+    def _stop(self) -> None:
+        for peer in self.peers:
             peer.stop(0.0)
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    # A failed group takes its local peers down with it.
-    ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
-    return RankPeers(ranked, peers, options.collective_timeout_s / 4, workdir)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def capture_rank(executor: Executor, group: RankGroup, host_pages: int) -> Executor:
@@ -205,13 +250,14 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
         if placed.type == "cuda":
             check_nccl_environment()
             torch.cuda.set_device(placed)  # this process's CUDA work (and NCCL's) goes to its GPU
-        executor = _load_rank(core, launch, rank, str(placed))
+        executor = _load_rank(core, launch, rank, str(placed), rendezvous)
     except LoadError as error:
         rendezvous.reject(rank, str(error))
         raise
     rendezvous.mark_ready(rank)
     group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s),
-                                  placed if launch.backend == RankBackend.NCCL.value else None)
+                                  placed if launch.backend == RankBackend.NCCL.value else None,
+                                  symmetric=launch.symmetric_all_reduce)
     try:
         if launch.cuda_graphs:
             executor = capture_rank(executor, group, launch.host_pages)
@@ -222,16 +268,23 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
         group.abort()  # releases the NCCL communicator (no-op for gloo) without waiting on the others
 
 
-def _load_rank(core, launch: Launch, rank: int, device: str) -> Executor:
+def _load_rank(core, launch: Launch, rank: int, device: str, rendezvous: Rendezvous) -> Executor:
     reason = launch.identity.mismatch(RankIdentity.of(core.prepared))
     if reason is not None:
         raise RankJoinError(f"rank {rank} cannot join: {reason}")
-    # Captured after the group is formed, if at all (see the module docstring).
-    options = LoadOptions(launch.startup, device, num_pages=launch.num_pages, rank=rank, cuda_graphs=False)
-    model = load_model(core, options)
+    # Captured after the group is formed, if at all (see the module docstring). Programs and
+    # weights load while rank zero loads; the page count waits for rank zero's sizing.
+    sizing: list[Sizing] = []
+
+    def pages() -> int:
+        sizing.append(rendezvous.read_sizing(timedelta(seconds=launch.join_timeout_s)))
+        return sizing[0].num_pages
+
+    options = LoadOptions(launch.startup, device, rank=rank, cuda_graphs=False)
+    model = load_model(core, options, pages=pages)
     variants = tuple(variant_name(p) for p in model.programs)
-    if variants != launch.variants:
-        raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {launch.variants}")
+    if variants != sizing[0].variants:
+        raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {sizing[0].variants}")
     packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
     return Executor(model, packer, program_table(model), launch.host_pages)
 

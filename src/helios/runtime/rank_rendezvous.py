@@ -4,15 +4,18 @@ Everything goes through a `torch.distributed` key-value store: a TCPStore served
 in other processes or on other hosts connect to HOST:PORT) or a HashStore (ranks that are threads
 of one process). The protocol, in order:
 
-1. rank zero publishes the `Launch`: the `RankIdentity` every rank must match (rank count, cache
-   identity, digest of the contract and manifest, wire signature) and the startup choices every
-   rank must share (rank zero's startup options, physical pages, host page slots, the variants
-   they select, collective timeout);
-2. each peer takes its rank (given, or the next free one after the local ranks), compares its own
+1. rank zero publishes the `Launch` before it loads its own model: the `RankIdentity` every rank
+   must match (rank count, cache identity, digest of the contract and manifest, wire signature)
+   and the startup choices every rank must share (rank zero's startup options, host page slots,
+   collective timeout), so every rank loads its weights at the same time;
+2. once loaded, rank zero publishes the `Sizing` (physical pages, which only its load decides, and
+   the variants it selected), or why it failed to load; a peer loads its programs and weights,
+   waits for the sizing, allocates its buffers and compares its variants;
+3. each peer takes its rank (given, or the next free one after the local ranks), compares its own
    core with the identity and either marks itself ready after loading its model or records why it
    refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
    refusal, a local peer that died, or a rank that did not come within the join timeout;
-3. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
+4. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
    CPU collective (rank zero keeps an idle group alive with keepalive exchanges, see
    `helios.runtime.ranks`), and for a CUDA model also an NCCL group for the programs' collectives.
 
@@ -43,7 +46,7 @@ from helios.errors import LoadError
 from helios.runtime.rank_devices import RankBackend
 from helios.runtime.rank_wire import wire_signature
 
-_LAUNCH, _NEXT_REMOTE = "helios/launch", "helios/next_remote"
+_LAUNCH, _SIZING, _NEXT_REMOTE = "helios/launch", "helios/sizing", "helios/next_remote"
 _POLL_S = 0.05
 
 
@@ -89,13 +92,13 @@ class Launch:
 
     identity: RankIdentity
     startup: StartupOptions  # rank zero's, as given: every rank resolves the same settings from them
-    num_pages: int
     host_pages: int
-    variants: tuple[str, ...]
     first_remote_rank: int  # ranks below it run on rank zero's host; the others join from elsewhere
     collective_timeout_s: float
     backend: str = RankBackend.GLOO.value  # of the programs' collectives: rank zero's device decides
     cuda_graphs: bool = False  # every rank captures its programs into CUDA graphs once the group is formed
+    join_timeout_s: float = 300.0  # how long a peer waits for rank zero's `Sizing` (rank zero loading)
+    symmetric_all_reduce: bool = False  # every rank sets up the one-shot symmetric all-reduce (CUDA)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
@@ -106,12 +109,29 @@ class Launch:
         fields["identity"] = RankIdentity(**fields["identity"])
         startup = fields["startup"]
         fields["startup"] = replace(StartupOptions(**startup), sampling=SamplingOptions(**startup["sampling"]))
-        fields["variants"] = tuple(fields["variants"])
         return cls(**fields)
 
     @property
     def ranks(self) -> int:
         return self.identity.ranks
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What rank zero's own load decided, published once it has loaded (or failed to)."""
+
+    num_pages: int
+    variants: tuple[str, ...]
+    error: str = ""  # rank zero failed to load: every peer gives up with this reason
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Sizing":
+        fields = json.loads(data.decode("utf-8"))
+        fields["variants"] = tuple(fields["variants"])
+        return cls(**fields)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -125,6 +145,7 @@ class Rendezvous:
     """The store shared by the ranks, and the address this rank's gloo device listens on."""
 
     def __init__(self, store, device_host: str | None, address: str = "in-process"):
+        self.symmetric_refusal: str | None = None  # why `form_group(symmetric=True)` kept NCCL only
         self.store = store
         self.device_host = device_host  # None: gloo's default device for this host
         self.address = address
@@ -157,7 +178,25 @@ class Rendezvous:
             self.store.wait([_LAUNCH], timeout)
         except RuntimeError as error:
             raise MissingRankError(f"rank zero at {self.address} published no launch: {error}") from error
-        return Launch.decode(self.store.get(_LAUNCH))
+        try:
+            return Launch.decode(self.store.get(_LAUNCH))
+        except (ValueError, TypeError, KeyError) as error:  # another version's launch record
+            raise RankJoinError(f"rank zero at {self.address} runs another helios version: {error}") from None
+
+    def publish_sizing(self, sizing: Sizing) -> None:
+        self.store.set(_SIZING, sizing.encode())
+
+    def read_sizing(self, timeout: timedelta) -> Sizing:
+        """A peer: rank zero's sizing, waiting up to `timeout` for it to load; raises
+        `RankJoinError` when rank zero failed to load, `MissingRankError` when it never answered."""
+        try:
+            self.store.wait([_SIZING], timeout)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank zero at {self.address} did not finish loading: {error}") from error
+        sizing = Sizing.decode(self.store.get(_SIZING))
+        if sizing.error:
+            raise RankJoinError(f"rank zero failed to load: {sizing.error}")
+        return sizing
 
     def next_remote_rank(self, first_remote: int) -> int:
         return first_remote + self.store.add(_NEXT_REMOTE, 1) - 1
@@ -189,11 +228,14 @@ class Rendezvous:
                 time.sleep(_POLL_S)
 
     def form_group(self, rank: int, size: int, timeout: timedelta,
-                   device: torch.device | None = None) -> RankGroup:
+                   device: torch.device | None = None, symmetric: bool = False) -> RankGroup:
         """This rank's groups; blocks until every rank calls it. `timeout` bounds forming the groups
         and every later CPU collective. With a CUDA `device` (this rank's) the group also gets an
         NCCL process group, connected here with one all_reduce so that a rank that cannot reach
-        the others fails startup, not its first step (or a CUDA graph capture)."""
+        the others fails startup, not its first step (or a CUDA graph capture). `symmetric`: also
+        set up the one-shot symmetric-memory all-reduce (`helios.abi.symmetric_reduce`); the
+        group has it only when every rank could set it up and it agreed with NCCL on a probe
+        (the ranks agree over gloo, so all take the same path)."""
         options = dist.ProcessGroupGloo._Options()
         host = (dist.ProcessGroupGloo.create_device(hostname=self.device_host) if self.device_host
                 else dist.ProcessGroupGloo.create_default_device())
@@ -205,7 +247,11 @@ class Rendezvous:
             raise MissingRankError(f"rank {rank} could not form the group of {size}: {error}") from error
         if device is None or device.type == "cpu":
             return RankGroup(group, rank, size, timeout)
-        return RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))
+        formed = RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))
+        if not symmetric:
+            return formed
+        reducer, self.symmetric_refusal = _symmetric_reducer(formed, self.store, device)
+        return replace(formed, reducer=reducer)
 
     def _nccl_group(self, rank: int, size: int, timeout: timedelta, device: torch.device):
         # On a collective past `timeout` NCCL's watchdog aborts the communicator without ending
@@ -225,6 +271,36 @@ class Rendezvous:
             raise MissingRankError(f"rank {rank} could not connect NCCL on {device} to the group of {size}: "
                                    f"{_first_line(error)}") from error
         return nccl
+
+
+def _symmetric_reducer(group: RankGroup, store, device: torch.device):
+    """(reducer, None) when every rank set one up and it sums a probe as NCCL does, else (None,
+    why not). Collective over the group's gloo group: every rank decides alike."""
+    from helios.abi.symmetric_reduce import SymmetricMemoryUnavailable, open_symmetric_reducer
+
+    reducer, reason = None, ""
+    try:
+        reducer = open_symmetric_reducer(group.device_group, "helios-tp", group.rank, group.size,
+                                         dist.PrefixStore("helios/symmetric", store), device)
+    except SymmetricMemoryUnavailable as error:
+        reason = f"rank {group.rank}: {error}"
+    if not _all_ranks(group, reducer is not None):
+        return None, reason or "another rank could not set up symmetric memory"
+    with torch.cuda.device(device):
+        probe = (torch.arange(4096, dtype=torch.float32, device=device) * (group.rank + 1) / 7).to(torch.bfloat16)
+        nccl = probe.clone()
+        group.device_group.allreduce([nccl]).wait(group.timeout)
+        agrees = torch.equal(reducer.all_reduce(probe), nccl)
+        torch.cuda.synchronize(device)
+    if not _all_ranks(group, agrees):
+        return None, "the symmetric all-reduce disagreed with NCCL on a probe"
+    return reducer, None
+
+
+def _all_ranks(group: RankGroup, flag: bool) -> bool:
+    votes = torch.tensor([int(flag)], dtype=torch.int64)
+    group.all_reduce(votes)  # gloo: a CPU tensor
+    return int(votes) == group.size
 
 
 def _first_line(error: BaseException) -> str:

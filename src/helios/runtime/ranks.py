@@ -3,13 +3,21 @@
 Rank zero's `RankedExecutor` stands in for the `Executor` the engine drives. For each plan it
 
 1. broadcasts a `StepMessage` (the plan, admission values new to the peers, forgotten requests and
-   grammar masks) over the group, so every peer's own `Packer` packs exactly rank zero's inputs;
+   grammar masks) over the group in one preallocated int64 buffer (`helios.runtime.rank_channel`),
+   so every peer's own `Packer` packs exactly rank zero's inputs;
 2. runs the plan on its own rank while every peer runs it on theirs (`serve_rank`); the programs
    meet in their ``helios::all_reduce`` / ``all_gather`` collectives;
 3. gathers every rank's verdict (`agree`): its status and its completion record. Only when every
    rank validated its record and all records are equal does rank zero return the results, which
    the engine then commits; otherwise the plan fails on every rank (`CohortRejected`): rank zero's
    engine fails its requests and no peer holds request state that could commit it.
+
+Two execution frames: `launch` sends a LAUNCH message and launches on rank zero; `finish` sends
+a FINISH message (the submission's sequence) and every rank finishes its oldest launched plan and
+agrees on it, so peers mirror the engine's launch/finish order exactly and, on CUDA, rank zero
+packs and launches round N+1 while every device still runs round N. `run` (one frame) is a single
+STEP message. A launch that fails on a rank is reported at its finish, which every rank reaches.
+Every rank keeps `PhaseTimers` (`helios.runtime.rank_timing`); `timings` gathers them.
 
 A dead or silent rank fails the model, never hangs it: every CPU collective is bounded by the
 group's timeout, and on CUDA every step by a `StepDeadline` of the same length (device collectives
@@ -23,8 +31,8 @@ by one all_reduce from every rank, so an idle group still notices a lost rank (a
 wait for messages under the same timeout, notice a lost rank zero). A broken executor sets
 `WorkerStats.healthy` to False (`/health`).
 
-Thread ownership: `run` on the model worker; `keepalive`, `mark_failed` and `stop` from any thread
-(a lock serializes every use of the group).
+Thread ownership: `run`, `launch` and `finish` on the model worker; `keepalive`, `mark_failed`,
+`stop` and `timings` from any thread (a lock serializes every use of the group).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -39,11 +49,13 @@ import torch
 from helios.abi.collectives import CollectiveError, RankGroup, bind_group
 from helios.errors import ExecutionError
 from helios.runtime.cuda_graphs import release_graphs
-from helios.runtime.executor import Executor, StepOutput
+from helios.runtime.executor import Executor, Launched, StepOutput
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import StepPlan
 from helios.runtime.rank_deadline import StepDeadline
-from helios.runtime.rank_wire import MessageKind, StepMessage, decode_message, encode_message
+from helios.runtime.rank_timing import PhaseTimers, run_phase
+from helios.runtime.rank_channel import StepChannel
+from helios.runtime.rank_wire import MessageKind, StepMessage, WireError
 from helios.runtime.stats import WorkerStats
 
 _REASON_BYTES = 256  # of a rank's failure message in its verdict
@@ -55,26 +67,6 @@ class RankFailure(ExecutionError):
 
 class CohortRejected(ExecutionError):
     """A rank rejected this plan's completion, or the ranks' records differ: nothing is committed."""
-
-
-class StepChannel:
-    """Rank zero's step messages over the group: a length, then the bytes (uint8)."""
-
-    def __init__(self, group: RankGroup):
-        self.group = group
-
-    def send(self, message: StepMessage) -> None:
-        data = encode_message(message)
-        self.group.broadcast(torch.tensor([len(data)], dtype=torch.int64), 0)
-        self.group.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0)
-
-    def receive(self) -> StepMessage:
-        """Blocks until rank zero sends, at most the group's timeout (rank zero keeps it alive)."""
-        length = torch.zeros(1, dtype=torch.int64)
-        self.group.broadcast(length, 0)
-        data = torch.empty(int(length.item()), dtype=torch.uint8)
-        self.group.broadcast(data, 0)
-        return decode_message(data.numpy().tobytes())
 
 
 def agree(group: RankGroup, executor: Executor, plan: StepPlan, error: BaseException | None) -> None:
@@ -126,7 +118,8 @@ class _PeerPacker:
     def pack(self, graph, plan, masks=None) -> None:
         self._packer.pack(graph, plan, masks)
 
-    def message(self, plan: StepPlan, masks: Mapping[str, torch.Tensor]) -> StepMessage:
+    def message(self, plan: StepPlan, masks: Mapping[str, torch.Tensor],
+                kind: MessageKind = MessageKind.STEP) -> StepMessage:
         admissions = []
         for row in plan.rows:
             if row.request_id not in self._sent:
@@ -134,7 +127,16 @@ class _PeerPacker:
                 admissions.append((row.request_id, self._registered[row.request_id]))
         forgotten, self._forgotten = tuple(self._forgotten), []
         mask_rows = tuple((rid, tuple(mask.tolist())) for rid, mask in masks.items())
-        return StepMessage(MessageKind.STEP, plan, tuple(admissions), forgotten, mask_rows)
+        return StepMessage(kind, plan, tuple(admissions), forgotten, mask_rows)
+
+
+@dataclass(frozen=True)
+class RankLaunched:
+    """A plan every rank launched (`RankedExecutor.launch`); `finish` completes it on every rank."""
+
+    plan: StepPlan
+    launched: Launched | None  # None when rank zero's launch failed (`error`)
+    error: Exception | None
 
 
 class RankedExecutor:
@@ -146,7 +148,8 @@ class RankedExecutor:
         self.packer = _PeerPacker(executor.packer)
         self._executor = executor
         self._group = group
-        self._channel = StepChannel(group)
+        self.timers = PhaseTimers()
+        self._channel = StepChannel(group, self.timers)
         self._stats = stats
         self._on_failure = on_failure
         self._lock = threading.Lock()  # guards _failure
@@ -173,14 +176,66 @@ class RankedExecutor:
             self._failure = reason
             return True
 
+    @property
+    def all_reduce_path(self) -> str:
+        """How the programs' all-reduces run ("symmetric", "nccl" or "gloo"; see `RankGroup`)."""
+        return self._group.all_reduce_path
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether a second execution frame pays off (rank zero's own executor's answer)."""
+        return self._executor.overlaps
+
+    def launch(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> RankLaunched:
+        """Every rank launches `plan` (a LAUNCH message, then rank zero's own launch). A local
+        failure is kept for `finish`, which every rank must reach to stay in step."""
+        with self._group_lock:
+            self._check()
+            try:
+                self._channel.send(self.packer.message(plan, masks or {}, MessageKind.LAUNCH))
+                with _guarded(self._deadline, f"launch of submission {plan.sequence}"), self.timers.phase("launch"):
+                    launched, error = self._local(lambda: self._executor.launch(plan, masks))
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+            finally:
+                self._last_exchange = time.monotonic()
+        return RankLaunched(plan, launched, error)
+
+    def finish(self, launched: RankLaunched) -> StepOutput:
+        """Every rank finishes its oldest launched plan (a FINISH message) and they agree on it."""
+        plan = launched.plan
+        with self._group_lock:
+            self._check()
+            try:
+                self._channel.send(StepMessage(MessageKind.FINISH, sequence=plan.sequence))
+                with _guarded(self._deadline, f"submission {plan.sequence}"):
+                    output, error = None, launched.error
+                    if error is None:
+                        with self.timers.phase("finish"):
+                            output, error = self._local(lambda: self._executor.finish(launched.launched))
+                    with self.timers.phase("agree"):
+                        agree(self._group, self._executor, plan, error)
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+            finally:
+                self._last_exchange = time.monotonic()
+        if error is not None:
+            raise error
+        return output
+
     def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
+        """`launch` and `finish` in one STEP message (one execution frame)."""
         with self._group_lock:
             self._check()
             try:
                 self._channel.send(self.packer.message(plan, masks or {}))
                 with _guarded(self._deadline, f"submission {plan.sequence}"):
-                    output, error = self._run_local(plan, masks)
-                    agree(self._group, self._executor, plan, error)
+                    with self.timers.phase(run_phase(plan.operation)):
+                        output, error = self._local(lambda: self._executor.run(plan, masks))
+                    with self.timers.phase("agree"):
+                        agree(self._group, self._executor, plan, error)
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
                 raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
@@ -205,6 +260,22 @@ class RankedExecutor:
             self._last_exchange = time.monotonic()
             self._group_lock.release()
 
+    def timings(self, reset: bool = False) -> list[PhaseTimers]:
+        """Every rank's phase timers (rank order), in one exchange; `reset` zeroes them after."""
+        with self._group_lock:
+            self._check()
+            try:
+                self._channel.send(StepMessage(MessageKind.TIMINGS, reset=reset))
+                gathered = self._group.all_gather(self.timers.as_tensor())
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+            finally:
+                self._last_exchange = time.monotonic()
+        if reset:
+            self.timers.reset()
+        return [PhaseTimers.from_tensor(values) for values in gathered]
+
     def stop(self) -> None:
         """Tells the peers to leave (rank zero shutting down; a broken group gets no message) and
         releases this rank's device group."""
@@ -225,10 +296,10 @@ class RankedExecutor:
         if self._failure is not None:
             raise RankFailure(f"tensor-parallel model failed: {self._failure}")
 
-    def _run_local(self, plan, masks):
+    def _local(self, call):
         try:
             with bind_group(self._group):
-                return self._executor.run(plan, masks), None
+                return call(), None
         except CollectiveError:
             raise
         except Exception as error:  # noqa: BLE001 - reported through agreement, re-raised after it
@@ -238,7 +309,9 @@ class RankedExecutor:
 def serve_rank(executor: Executor, group: RankGroup) -> None:
     """A peer's loop: run rank zero's plans until STOP. Raises `CollectiveError` when the group
     breaks (rank zero died or a rank stopped answering)."""
-    channel, deadline = StepChannel(group), _deadline(group, f"helios-rank-{group.rank}-deadline")
+    timers = PhaseTimers()
+    channel, deadline = StepChannel(group, timers), _deadline(group, f"helios-rank-{group.rank}-deadline")
+    launched: deque = deque()  # (plan, Launched or None, error): LAUNCHed, not yet FINISHed
     try:
         while True:
             message = channel.receive()
@@ -247,31 +320,75 @@ def serve_rank(executor: Executor, group: RankGroup) -> None:
             if message.kind is MessageKind.KEEPALIVE:
                 group.all_reduce(torch.ones(1, dtype=torch.int64))
                 continue
+            if message.kind is MessageKind.TIMINGS:
+                group.all_gather(timers.as_tensor())
+                if message.reset:
+                    timers.reset()
+                continue
+            if message.kind is MessageKind.LAUNCH:
+                with _guarded(deadline, f"rank {group.rank}'s launch of submission {message.plan.sequence}"):
+                    launched.append(_launch_step(executor, group, message, timers))
+                continue
+            if message.kind is MessageKind.FINISH:
+                if not launched or launched[0][0].sequence != message.sequence:
+                    raise WireError(f"rank {group.rank} has no launched submission {message.sequence} to finish")
+                with _guarded(deadline, f"rank {group.rank}'s submission {message.sequence}"):
+                    _finish_step(executor, group, *launched.popleft(), timers)
+                continue
             with _guarded(deadline, f"rank {group.rank}'s submission {message.plan.sequence}"):
-                _serve_step(executor, group, message)
+                _serve_step(executor, group, message, timers)
     finally:
         if deadline is not None:
             deadline.close()
 
 
-def _serve_step(executor: Executor, group: RankGroup, message: StepMessage) -> None:
-    for request_id in message.forgotten:
-        executor.packer.forget(request_id)
-    for request_id, values in message.admissions:
-        executor.packer.register(request_id, values)
-    masks = {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
-    error = None
+def _apply(executor: Executor, message: StepMessage, timers: PhaseTimers) -> dict[str, torch.Tensor]:
+    with timers.phase("apply"):
+        for request_id in message.forgotten:
+            executor.packer.forget(request_id)
+        for request_id, values in message.admissions:
+            executor.packer.register(request_id, values)
+        return {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
+
+
+def _peer_call(group: RankGroup, call):
+    """(result, None) or (None, the failure); a broken group (`CollectiveError`) propagates."""
     try:
         with bind_group(group):
-            executor.run(message.plan, masks)
+            return call(), None
     except CollectiveError:
         raise
     except Exception as failure:  # noqa: BLE001 - this rank rejects the cohort; the group decides
-        error = failure
+        return None, failure
+
+
+def _agree_as_peer(executor: Executor, group: RankGroup, plan: StepPlan, error, timers: PhaseTimers) -> None:
     try:
-        agree(group, executor, message.plan, error)
+        with timers.phase("agree"):
+            agree(group, executor, plan, error)
     except CohortRejected:
         pass  # nothing to undo here: peers commit no request state
+
+
+def _serve_step(executor: Executor, group: RankGroup, message: StepMessage, timers: PhaseTimers) -> None:
+    masks = _apply(executor, message, timers)
+    with timers.phase(run_phase(message.plan.operation)):
+        _, error = _peer_call(group, lambda: executor.run(message.plan, masks))
+    _agree_as_peer(executor, group, message.plan, error, timers)
+
+
+def _launch_step(executor: Executor, group: RankGroup, message: StepMessage, timers: PhaseTimers):
+    masks = _apply(executor, message, timers)
+    with timers.phase("launch"):
+        launched, error = _peer_call(group, lambda: executor.launch(message.plan, masks))
+    return message.plan, launched, error
+
+
+def _finish_step(executor: Executor, group: RankGroup, plan: StepPlan, launched, error, timers: PhaseTimers) -> None:
+    if error is None:
+        with timers.phase("finish"):
+            _, error = _peer_call(group, lambda: executor.finish(launched))
+    _agree_as_peer(executor, group, plan, error, timers)
 
 
 def _deadline(group: RankGroup, name: str) -> StepDeadline | None:

@@ -16,7 +16,7 @@ from helios.runtime.geometry import capacities_for
 from helios.runtime.model import LoadedModel, LoadOptions, load_model
 from helios.runtime.packer import Packer
 from helios.runtime.policy import SchedulerPolicy
-from helios.runtime.rank_peers import RankOptions, RankPeers, start_ranks
+from helios.runtime.rank_peers import RankOptions, RankPeers, launch_peers
 from helios.runtime.scheduler import Scheduler
 from helios.runtime.stats import WorkerStats
 
@@ -46,14 +46,20 @@ class Runtime:
 def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     """Loads `core` (already verified and authorized) and builds an engine that is not started."""
     ranked = core.prepared.manifest.ranks > 1
-    # A tensor-parallel core is captured into CUDA graphs once its ranks' group is formed
-    # (`start_ranks`): its programs' collectives need every rank.
-    model = load_model(core, replace(options.load, cuda_graphs=False) if ranked else options.load)
+    # A tensor-parallel core's peers load their shards while rank zero loads its own; its programs
+    # are captured into CUDA graphs once the group is formed (their collectives need every rank).
+    pending = launch_peers(core, options.ranks, options.host_pages, options.load) if ranked else None
+    try:
+        model = load_model(core, replace(options.load, cuda_graphs=False) if ranked else options.load)
+    except BaseException as error:
+        if pending is not None:
+            pending.abandon(f"{type(error).__name__}: {error}")
+        raise
     packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
     executor = Executor(model, packer, program_table(model), options.host_pages)
     stats, peers = WorkerStats(), None
-    if ranked:
-        peers = start_ranks(core, executor, stats, options.ranks, options.host_pages, options.load)
+    if pending is not None:
+        peers = pending.join(executor, stats)
         executor = peers.executor
         model = executor.model  # its programs captured, on CUDA
     try:

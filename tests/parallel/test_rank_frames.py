@@ -1,0 +1,81 @@
+"""Rank zero's control plane: messages cross in one preallocated buffer (spilling into a second
+broadcast only when longer), and rank zero on two execution frames (LAUNCH / FINISH) gives the
+tokens of one rank, with peers mirroring its launch/finish order."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+import pytest
+
+from helios.runtime.capacities import Operation
+from helios.runtime.offline import generate
+from helios.runtime.plan import StepPlan
+from helios.runtime.rank_channel import StepChannel
+from helios.runtime.rank_timing import PhaseTimers
+from helios.runtime.rank_wire import MessageKind, StepMessage
+from ignition.hf_checkpoints import LLAMA3, QWEN3
+
+from .conftest import MAX_TOKENS, PROMPTS, running
+from .test_collectives import on_ranks
+from .test_failures import PROCESSES, lose_a_rank_mid_generation
+from .test_wire import values
+
+
+def test_messages_fit_the_buffer_or_spill_into_a_second_broadcast():
+    short = StepMessage(MessageKind.STEP, None, (("a", values()),))
+    long = StepMessage(MessageKind.STEP, None, (("b", values(tuple(range(300)))),), ("a",))
+    finish = StepMessage(MessageKind.FINISH, sequence=7)
+
+    def work(rank, group):
+        timers = PhaseTimers()
+        channel = StepChannel(group, timers, words=64)
+        if rank == 0:
+            for message in (short, long, finish):
+                channel.send(message)
+            return timers
+        return [channel.receive() for _ in range(3)], timers
+
+    zero, (received, timers) = on_ranks(work)
+    assert received == [short, long, finish]
+    assert zero.counts["send"] == 3 and timers.counts["receive"] == 3 and timers.counts["decode"] == 3
+
+
+def test_two_frames_on_two_ranks_generate_what_one_rank_generates(cores):
+    with running(cores.open(cores.core(LLAMA3, 2))) as runtime:
+        engine, executor = runtime.engine, runtime.engine.executor
+        engine.frames = 2  # the CPU does not overlap, but launch/finish must still be exact
+        executor.timings(reset=True)
+        results = generate(engine, PROMPTS, MAX_TOKENS)
+        zero, one = executor.timings()
+        seconds = engine.stats.second_frames
+    assert [list(r.token_ids) for r in results] == cores.one_rank_tokens(LLAMA3)
+    assert zero.counts["launch"] == one.counts["launch"] == zero.counts["finish"] == one.counts["finish"] > 0
+    assert zero.counts["agree"] == one.counts["agree"] == zero.counts["launch"]
+    assert seconds > 0  # a second plan was launched before the first finished: peers held two
+
+
+def test_a_launch_that_fails_on_rank_zero_fails_that_plan_and_the_group_stays_in_step(cores):
+    with running(cores.open(cores.core(LLAMA3, 2))) as runtime:
+        executor = runtime.engine.executor
+        generate(runtime.engine, PROMPTS[:1], 2)
+        variant = dataclasses.replace(runtime.engine.scheduler.caps.variants[0], name="no-such-program")
+        plan = StepPlan(10_000, 0, Operation.DECODE, variant, (), (), 0)
+        launched = executor.launch(plan)
+        assert isinstance(launched.error, KeyError)  # no rank has that program
+        try:
+            executor.finish(launched)
+        except Exception as error:  # noqa: BLE001 - inspected below
+            failure = error
+        assert "rank 0 rejected submission 10000" in str(failure)
+        assert executor.failure is None
+        results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
+    assert [list(r.token_ids) for r in results] == cores.one_rank_tokens(LLAMA3)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops-answering"])
+def test_a_rank_lost_with_two_frames_in_flight_ends_requests_with_errors(cores, how):
+    with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
+        runtime.engine.frames = 2
+        lose_a_rank_mid_generation(runtime, how)
