@@ -258,6 +258,25 @@ def sentinel_is_sampled(doc):
 
 
 @case
+def excluded_id_outside_sampled_range(doc):
+    model(doc)["vocabulary"]["excluded_ids"] = [5, 200000]
+    return "contract.model.vocabulary.excluded_ids[1]"
+
+
+@case
+def excluded_id_twice(doc):
+    model(doc)["vocabulary"]["excluded_ids"] = [5, 5]
+    return "contract.model.vocabulary.excluded_ids[1]"
+
+
+@case
+def eos_id_excluded(doc):
+    eos = doc["contract"]["defaults"]["eos_token_ids"][0]
+    model(doc)["vocabulary"]["excluded_ids"] = [eos]
+    return "contract.defaults.eos_token_ids[0]"
+
+
+@case
 def vision_in_version_1(doc):
     model(doc)["version"] = 1
     del model(doc)["input_vocabulary"]

@@ -354,3 +354,23 @@ def no_decode_graph(doc):
     graphs = model(doc)["graphs"]
     graphs[:] = [g for g in graphs if g["operation"] != "GRAPH_OPERATION_DECODE"]
     return "contract.model.graphs"
+
+
+@case
+def vision_variant_without_patch_capacity(doc):
+    entry, path = variant(doc, "encode_images")
+    del entry["patch_capacity"]
+    return f"{path}.patch_capacity"
+
+
+@case
+def vision_graph_binds_a_lane_source(doc):
+    return add_binding(doc, "encode_images", "slots", "SLOT", "SUBMISSION_ROW") + ".source"
+
+
+@case
+def vision_graph_holds_request_rows(doc):
+    entry, path = graph(doc, "encode_images")
+    entry["state_rows_per_request"] = 1
+    return f"{path}.state_rows_per_request"
+

@@ -90,10 +90,10 @@ def drop_graphs(doc: dict, operations: set[str]) -> None:
 
 
 def version_2_doc() -> dict:
-    """The example reduced to what contract version 2 can express (no speculation, no tuning)."""
+    """The example reduced to what contract version 2 can express (no speculation, no tuning, no VISION graph)."""
     doc = example_doc()
     model(doc)["version"] = 2
-    drop_graphs(doc, {"GRAPH_OPERATION_SPECULATIVE", "GRAPH_OPERATION_TUNING"})
+    drop_graphs(doc, {"GRAPH_OPERATION_SPECULATIVE", "GRAPH_OPERATION_TUNING", "GRAPH_OPERATION_VISION"})
     for entry in model(doc)["graphs"]:
         entry.pop("tuned_bindings", None)
     del doc["contract"]["speculative_widths"]

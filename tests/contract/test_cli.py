@@ -23,7 +23,7 @@ def run(argv, capsys):
 def test_check_example(capsys):
     code, out, err = run(["contract", "check", str(EXAMPLE)], capsys)
     assert code == 0 and err == ""
-    assert out.startswith("ok: example/llama-3.1-8b-vision-instruct (contract v3; 13 graphs")
+    assert out.startswith("ok: example/llama-3.1-8b-vision-instruct (contract v3; 14 graphs")
     # valid, but its INITIALIZATION graph (and more) is not served: loading it would be refused there
     assert "not servable by this runtime: contract.model.graphs[0].operation: INITIALIZATION" in out
 

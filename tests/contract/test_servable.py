@@ -34,8 +34,8 @@ def _manifest() -> mpb.ExecutionManifest:
 
 def test_served_sources_are_exactly_what_shared_packing_supplies():
     supplied = (set(packer._ROW_SOURCES) | packer._PACKED_SOURCES | packer._ADMISSION_SOURCES
-                | packer._COPIED_SOURCES | packer._BIAS_SOURCES | {spb.VALUE_SOURCE_GRAMMAR_MASK, spb.VALUE_SOURCE_LIVE_ROW_COUNT,
-                                            spb.VALUE_SOURCE_CONSTANT})
+                | packer._COPIED_SOURCES | packer.IMAGE_SOURCES | packer._BIAS_SOURCES
+                | {spb.VALUE_SOURCE_GRAMMAR_MASK, spb.VALUE_SOURCE_LIVE_ROW_COUNT, spb.VALUE_SOURCE_CONSTANT})
     assert SERVED_SOURCES == supplied
 
 
@@ -54,12 +54,27 @@ def test_every_graph_operation_is_served_or_refused_with_its_path(operation):
 @pytest.mark.parametrize("source", SOURCES, ids=lambda v: spb.ValueSource.Name(v))
 def test_every_value_source_is_served_or_refused_with_its_path(source):
     contract = _contract(spb.GRAPH_OPERATION_PREFILL, source)
+    contract.model.graphs[0].bindings[0].indexing = spb.INDEXING_PACKED_TOKEN  # how image tensors reach prompts
     if source in SERVED_SOURCES:
         check_servable(contract, _manifest())
         return
     with pytest.raises(NotServableError) as caught:
         check_servable(contract, _manifest())
     assert caught.value.path == "contract.model.graphs[0].bindings[0].source"
+
+
+def test_image_tensors_are_whole_for_vision_graphs_and_packed_for_prompt_graphs():
+    for operation, indexing, served in ((spb.GRAPH_OPERATION_VISION, spb.INDEXING_SCALAR, True),
+                                        (spb.GRAPH_OPERATION_PREFILL, spb.INDEXING_SCALAR, False),
+                                        (spb.GRAPH_OPERATION_VISION, spb.INDEXING_PACKED_TOKEN, False)):
+        contract = _contract(operation, spb.VALUE_SOURCE_IMAGE_TENSOR)
+        contract.model.graphs[0].bindings[0].indexing = indexing
+        if served:
+            check_servable(contract, _manifest())
+            continue
+        with pytest.raises(NotServableError) as caught:
+            check_servable(contract, _manifest())
+        assert caught.value.path == "contract.model.graphs[0].bindings[0].indexing"
 
 
 def test_prepared_cores_are_servable_and_load():

@@ -325,7 +325,7 @@ def test_from_contract():
         [{"role": "robot", "content": "x"}],
         [{"role": "user"}],
         [{"role": "user", "content": 3}],
-        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
         [{"role": "user", "content": "x", "tool_calls": []}],
         [{"role": "assistant", "content": None}],
         [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}],

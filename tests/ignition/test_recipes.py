@@ -100,7 +100,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
     assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                             "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
                                             "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM",
-                                            "BambaForCausalLM", "GptOssForCausalLM"}
+                                            "BambaForCausalLM", "GptOssForCausalLM",
+                                            "Qwen2_5_VLForConditionalGeneration"}
 
 
 @pytest.mark.parametrize("changes, message", [

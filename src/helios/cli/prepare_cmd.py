@@ -51,6 +51,9 @@ def register(subparsers) -> None:
                         "(a short prompt then runs a smaller program; default none)")
     parser.add_argument("--decode-batches", type=_batches, default=(1, 4, 16),
                         help="captured decode batch capacities, comma-separated (default 1,4,16)")
+    parser.add_argument("--patch-capacities", type=_batches, default=(), metavar="N,N",
+                        help="vision-language checkpoints: image patch capacities of the captured vision "
+                        "programs (default: the largest image the checkpoint's processor produces)")
     parser.add_argument("--no-mixed", action="store_true", help="do not capture the mixed prefill+decode program")
     parser.add_argument("--scored-prefill", action="store_true", help="also capture a scored-prefill program")
     parser.add_argument("--no-logprobs", action="store_true",
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
         token_logprobs=not args.no_logprobs,
         speculative=_speculative_plan(args), prefill_chunks=args.prefill_chunks,
+        patch_capacities=args.patch_capacities,
     )
     if args.tensor_parallel < 1:
         raise UsageError("--tensor-parallel must be at least 1")

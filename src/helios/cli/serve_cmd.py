@@ -19,6 +19,7 @@ from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.errors import UsageError
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
+from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.access import API_KEY_ENV
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
@@ -51,6 +52,14 @@ def register(subparsers) -> None:
     parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S,
                         help="seconds a response write may wait for a client that stopped reading before the "
                         f"response is dropped and its admission permit released (default {DEFAULT_SEND_TIMEOUT_S:.0f})")
+    images = parser.add_argument_group("images (vision-language cores)")
+    images.add_argument("--max-images", type=int, default=4, help="images per request (default 4)")
+    images.add_argument("--max-image-bytes", type=int, default=2 * 1024 * 1024,
+                        help="encoded bytes per image (default 2 MiB; the request body bound applies too)")
+    images.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+                        help="decoded pixels per image (default 4096x4096)")
+    images.add_argument("--allow-remote-images", action="store_true",
+                        help="fetch http(s) image URLs (default: only data: URLs; remote URLs are a 400)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per HTTP request: status, tokens, latency (default on)")
@@ -86,7 +95,7 @@ def _open(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
-                 "max_body_bytes", "send_timeout"):
+                 "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
@@ -107,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log,
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
-                           api_key=args.api_key, served_names=names)
+                           api_key=args.api_key, served_names=names,
+                           image_limits=ImageLimits(args.max_images, args.max_image_bytes, args.max_image_pixels,
+                                                    args.allow_remote_images))
     try:
         return serve(runtime, options, owned_by=core.publisher.namespace)
     finally:

@@ -64,6 +64,8 @@ _IMAGE_OPS = frozenset({S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_SCORED_PREF
 _SPECULATIVE = frozenset({S.GRAPH_OPERATION_SPECULATIVE})
 # Graphs that sample with a request's logit bias (speculative programs take none: biased requests never speculate).
 _BIASED_OPS = _PROMPT_OPS | {S.GRAPH_OPERATION_DECODE}
+# A VISION graph receives only image tensors (and constants); it holds no request lanes.
+VISION_SOURCES = frozenset({S.VALUE_SOURCE_IMAGE_TENSOR, S.VALUE_SOURCE_CONSTANT})
 
 # Operations each restricted source is supplied to; sources not listed go to every serving
 # operation. TUNING producers receive only CONSTANT values (checked separately).
@@ -80,7 +82,7 @@ SOURCE_OPERATIONS = MappingProxyType(
         S.VALUE_SOURCE_IMAGE_FEATURE_INDICES: _IMAGE_OPS,
         S.VALUE_SOURCE_IMAGE_CONTEXT_INDICES: _IMAGE_OPS,
         S.VALUE_SOURCE_IMAGE_FEATURE_SLOT: _IMAGE_OPS,
-        S.VALUE_SOURCE_IMAGE_TENSOR: _IMAGE_OPS,
+        S.VALUE_SOURCE_IMAGE_TENSOR: _IMAGE_OPS | {S.GRAPH_OPERATION_VISION},
         S.VALUE_SOURCE_RESTORE_SOURCE: frozenset({S.GRAPH_OPERATION_RESTORATION}),
         S.VALUE_SOURCE_SNAPSHOT_DESTINATION: frozenset({S.GRAPH_OPERATION_SNAPSHOT}),
         S.VALUE_SOURCE_COPIED_CANDIDATE_IDS: _SPECULATIVE,

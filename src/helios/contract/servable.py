@@ -4,12 +4,14 @@
 this runtime can serve it, so that a core which validates either loads or is refused here with the
 offending field's path (never a late failure or a silently skipped graph):
 
-* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE and TUNING are executed.
+* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE, TUNING and VISION (image
+  encoders, run before the prompt step that needs their features) are executed.
   INITIALIZATION and RESUME graphs are not (admission zeroes a slot's written state, and a resumed
   prompt runs through PREFILL or MIXED); SNAPSHOT and RESTORATION graphs are not either: snapshots
   and restores are runtime copies of the declared storage (pages, state rows, continuation rows,
   host slots; `helios.runtime.history_storage`).
-* value sources: the ones shared packing supplies (`SERVED_SOURCES`, `helios.runtime.packer`).
+* value sources: the ones shared packing supplies (`SERVED_SOURCES`, `helios.runtime.packer`); image
+  tensors whole (SCALAR) to VISION graphs and per packed token to prompt graphs.
 * the completion record: the runtime reads the ABI columns (`helios.abi.completion`) and the
   SAMPLED_TOKENS field where the layout puts it; a layout declaring another column for an ABI
   field, or a non-int64 field, is refused.
@@ -26,7 +28,7 @@ S, M = spb, mpb
 
 SERVED_OPERATIONS = frozenset({
     S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_SCORED_PREFILL, S.GRAPH_OPERATION_DECODE,
-    S.GRAPH_OPERATION_MIXED, S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_TUNING,
+    S.GRAPH_OPERATION_MIXED, S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION,
 })
 _OPERATION_REASONS = {
     S.GRAPH_OPERATION_INITIALIZATION: "admission zeroes a slot's written state; no initialization graph runs",
@@ -43,7 +45,10 @@ SERVED_SOURCES = frozenset({
     S.VALUE_SOURCE_PROMPT_HISTOGRAM, S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_COPIED_CANDIDATE_IDS,
     S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT, S.VALUE_SOURCE_CONSTANT,
     S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES,
+    S.VALUE_SOURCE_IMAGE_TENSOR, S.VALUE_SOURCE_IMAGE_FEATURE_INDICES,
 })
+# IMAGE_TENSOR indexing the runtime supplies: [prompt graphs, VISION graphs] (helios.runtime.image_packing).
+_IMAGE_TENSOR_INDEXING = (S.INDEXING_PACKED_TOKEN, S.INDEXING_SCALAR)
 # int64 column the runtime reads for each single-column ABI field (helios.abi.completion.LAYOUT).
 ABI_COLUMNS = {
     M.COMPLETION_FIELD_KIND_SLOT: 0, M.COMPLETION_FIELD_KIND_GENERATION: 1,
@@ -71,6 +76,10 @@ def check_servable(contract: spb.ServingContract, manifest: mpb.ExecutionManifes
             if binding.source not in SERVED_SOURCES:
                 raise NotServableError(f"{path}.bindings[{j}].source",
                                        f"{source_label(binding.source)} values are not supplied by this runtime")
+            if binding.source == S.VALUE_SOURCE_IMAGE_TENSOR and binding.indexing != _IMAGE_TENSOR_INDEXING[
+                    graph.operation == S.GRAPH_OPERATION_VISION]:
+                raise NotServableError(f"{path}.bindings[{j}].indexing", "image tensors are supplied whole to VISION "
+                                       "graphs (SCALAR) and per packed token to prompt graphs")
     _check_completion(manifest.completion)
 
 

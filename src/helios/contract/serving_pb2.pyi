@@ -35,6 +35,7 @@ class GraphOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GRAPH_OPERATION_MIXED: _ClassVar[GraphOperation]
     GRAPH_OPERATION_SNAPSHOT: _ClassVar[GraphOperation]
     GRAPH_OPERATION_TUNING: _ClassVar[GraphOperation]
+    GRAPH_OPERATION_VISION: _ClassVar[GraphOperation]
 
 class ValueSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -163,6 +164,7 @@ GRAPH_OPERATION_SPECULATIVE: GraphOperation
 GRAPH_OPERATION_MIXED: GraphOperation
 GRAPH_OPERATION_SNAPSHOT: GraphOperation
 GRAPH_OPERATION_TUNING: GraphOperation
+GRAPH_OPERATION_VISION: GraphOperation
 VALUE_SOURCE_UNSPECIFIED: ValueSource
 VALUE_SOURCE_SLOT: ValueSource
 VALUE_SOURCE_GENERATION: ValueSource
@@ -344,14 +346,16 @@ class TokenRange(_message.Message):
     def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class VocabularyContract(_message.Message):
-    __slots__ = ("sampled", "histogram_bins", "mask_words")
+    __slots__ = ("sampled", "histogram_bins", "mask_words", "excluded_ids")
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAM_BINS_FIELD_NUMBER: _ClassVar[int]
     MASK_WORDS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_IDS_FIELD_NUMBER: _ClassVar[int]
     sampled: TokenRange
     histogram_bins: int
     mask_words: int
-    def __init__(self, sampled: _Optional[_Union[TokenRange, _Mapping]] = ..., histogram_bins: _Optional[int] = ..., mask_words: _Optional[int] = ...) -> None: ...
+    excluded_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sampled: _Optional[_Union[TokenRange, _Mapping]] = ..., histogram_bins: _Optional[int] = ..., mask_words: _Optional[int] = ..., excluded_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InputVocabularyContract(_message.Message):
     __slots__ = ("input", "image_sentinel_ids")

@@ -11,6 +11,7 @@ from helios.contract.binding_rules import (
     IMAGE_SOURCES,
     LENGTH_SOURCES,
     SOURCE_OPERATIONS,
+    VISION_SOURCES,
 )
 from helios.contract.rules import enum_label, fail, op_label, require, source_label
 
@@ -37,6 +38,8 @@ def _check_source(operation: int, binding: spb.ValueBinding, path: str, model: s
     label = source_label(source)
     if operation == spb.GRAPH_OPERATION_TUNING:
         require(source == spb.VALUE_SOURCE_CONSTANT, f"{path}.source", "tuning producers bind only CONSTANT values")
+    if operation == spb.GRAPH_OPERATION_VISION:
+        require(source in VISION_SOURCES, f"{path}.source", "VISION graphs bind only IMAGE_TENSOR and CONSTANT values")
     operations = SOURCE_OPERATIONS.get(source)
     if operations is not None and operation != spb.GRAPH_OPERATION_TUNING:
         require(operation in operations, f"{path}.source", f"{label} values are not supplied to {op_label(operation)} graphs")

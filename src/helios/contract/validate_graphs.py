@@ -19,7 +19,7 @@ PRODUCERS = CONSUMERS | {
     S.GRAPH_OPERATION_SCORED_PREFILL,
     S.GRAPH_OPERATION_RESUME,
 }
-VERSION3_OPERATIONS = frozenset({S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_TUNING})
+VERSION3_OPERATIONS = frozenset({S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION})
 LOGPROB_OPERATIONS = frozenset({S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_DECODE, S.GRAPH_OPERATION_MIXED})
 MAX_TOKEN_LOGPROBS = 20  # alternatives a token-logprobs graph may return per row (OpenAI's bound)
 WRITES = frozenset({S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE})
@@ -58,6 +58,8 @@ def _check_variants(graph: spb.GraphContract, path: str, model: spb.ModelContrac
         else:
             for name in ("draft_tokens", "confidence_width", "lane_limit"):
                 require(getattr(variant, name) == 0, f"{item}.{name}", "only SPECULATIVE graphs declare proposals")
+        if graph.operation == S.GRAPH_OPERATION_VISION:
+            require(variant.patch_capacity > 0, f"{item}.patch_capacity", "a VISION variant declares its patch capacity")
         if variant.patch_capacity:
             require(
                 variant.patch_capacity in patch_capacities,
@@ -94,6 +96,8 @@ def _check_speculative(graph: spb.GraphContract, variant: spb.GraphCapacity, pat
 
 def _check_accesses(graph: spb.GraphContract, path: str, index: ContractIndex) -> None:
     seen: set[str] = set()
+    if graph.operation == S.GRAPH_OPERATION_VISION:
+        require(graph.state_rows_per_request == 0, f"{path}.state_rows_per_request", "VISION graphs hold no request rows")
     if graph.operation == S.GRAPH_OPERATION_TUNING:
         require(len(graph.state_accesses) == 0, f"{path}.state_accesses", "tuning producers write only their catalog outputs")
         require(graph.state_rows_per_request == 0, f"{path}.state_rows_per_request", "tuning producers hold no request rows")

@@ -54,6 +54,13 @@ def _check_vocabulary(model: spb.ModelContract) -> None:
     end = vocab.sampled.end
     require(vocab.histogram_bins >= end, f"{path}.histogram_bins", f"fewer bins than sampled ids ({end})")
     require(vocab.mask_words * 32 >= end, f"{path}.mask_words", f"mask rows cannot cover {end} sampled ids")
+    seen: set[int] = set()
+    for i, token in enumerate(vocab.excluded_ids):
+        item = f"{path}.excluded_ids[{i}]"
+        require(vocab.sampled.begin <= token < end, item, f"excluded id {token} is outside the sampled range")
+        require(token not in seen, item, f"duplicate excluded id {token}")
+        seen.add(token)
+    require(len(seen) < end - vocab.sampled.begin, f"{path}.excluded_ids", "every sampled id is excluded")
 
 
 def _check_input_vocabulary(model: spb.ModelContract) -> None:
@@ -76,7 +83,11 @@ def _check_input_vocabulary(model: spb.ModelContract) -> None:
     for i, token in enumerate(inputs.image_sentinel_ids):
         item = f"{path}.image_sentinel_ids[{i}]"
         require(inputs.input.begin <= token < inputs.input.end, item, f"sentinel {token} is outside the input range")
-        require(not (sampled.begin <= token < sampled.end), item, f"sentinel {token} is a sampled id")
+        require(
+            not (sampled.begin <= token < sampled.end) or token in model.vocabulary.excluded_ids,
+            item,
+            f"sentinel {token} is a sampled id; declare it in vocabulary.excluded_ids so sampling never returns it",
+        )
         require(token not in seen, item, f"duplicate image sentinel {token}")
         seen.add(token)
 

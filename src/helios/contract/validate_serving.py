@@ -99,6 +99,7 @@ def _check_tokens(contract: spb.ServingContract) -> None:
     for i, token in enumerate(defaults.eos_token_ids):
         path = f"{DEFAULTS}.eos_token_ids[{i}]"
         require(sampled.begin <= token < sampled.end, path, f"EOS id {token} is outside the sampled vocabulary")
+        require(token not in contract.model.vocabulary.excluded_ids, path, f"EOS id {token} is never sampled (excluded)")
         require(token not in seen_ids, path, f"duplicate EOS id {token}")
         seen_ids.add(token)
     begin, end = input_range(contract.model)

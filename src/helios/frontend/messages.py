@@ -3,7 +3,8 @@
 `parse_messages` and `parse_tools` take JSON-decoded request values (dicts, lists, strings) and
 return immutable records, raising `MessageError` (HTTP 400) for anything malformed. Conventions:
 
-- content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with newlines;
+- content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with newlines; a
+  user message may also carry ``image_url`` parts (`helios.frontend.image_parts`);
 - an assistant message has content, tool calls, or both; its `reasoning_content` is optional;
 - tool-call arguments are JSON text of an object (what the model generated, kept verbatim);
 - a tool message answers a call id of the closest preceding assistant message with tool calls.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from helios.errors import RequestError
+from helios.frontend.image_parts import template_parts, user_content
 
 MAX_TOOL_NAME_LEN = 64
 
@@ -54,6 +56,8 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    # A user message with image parts: its parts in order, ("text", text) or ("image", url).
+    parts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ def _parse_message(index: int, item: object) -> ChatMessage:
             raise MessageError(f"{where}: an assistant message needs content or tool_calls")
         reasoning = _optional_str(item, "reasoning_content", where)
         return ChatMessage(role, content, reasoning, calls, name=name)
+    if role is Role.USER and (mixed := user_content(item.get("content"), where)) is not None:
+        return ChatMessage(role, mixed[0], name=name, parts=mixed[1])
     content = _content(item.get("content"), where)
     if role is Role.TOOL:
         call_id = item.get("tool_call_id")
@@ -222,6 +228,8 @@ def template_messages(messages: tuple[ChatMessage, ...], render_developer_as_sys
         if role is Role.DEVELOPER and render_developer_as_system:
             role = Role.SYSTEM
         item: dict[str, Any] = {"role": role.value, "content": message.content}
+        if message.parts:  # image parts: the template renders each image's placeholder
+            item["content"] = template_parts(message.parts)
         if message.name is not None:
             item["name"] = message.name
         if message.reasoning_content is not None:

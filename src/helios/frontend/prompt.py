@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
 from helios.contract import serving_pb2 as spb
+from helios.frontend.image_parts import image_urls
 from helios.frontend.messages import (
     ChatMessage,
     MessageError,
@@ -135,6 +136,7 @@ class Prompt:
     reasoning_state: ReasoningState
     assistant_prefill: str
     stable_prefix_len: int
+    image_urls: tuple[str, ...] = ()  # the messages' image parts, in prompt order
 
 
 class PromptBuilder:
@@ -161,7 +163,7 @@ class PromptBuilder:
         token_ids = self._encode(text)
         state, prefill = initial_reasoning_state(text, self._rules)
         stable = self._stable_prefix_len(parsed, tool_inputs, template_kwargs, token_ids)
-        return Prompt(text, token_ids, state, prefill, stable)
+        return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)))
 
     def _check_roles(self, messages: tuple[ChatMessage, ...]) -> None:
         declared = self._rules.declared_roles

@@ -26,13 +26,16 @@ from typing import Any, Callable, Sequence
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
-from helios.errors import ContractError, RequestError
+from helios.errors import ContractError, LoadError, RequestError
 from helios.frontend.client_fields import effective_template_kwargs, thinking_switch_of
 from helios.frontend.contract_syntax import FrontendSyntax
 from helios.frontend.detokenize import IncrementalDetokenizer
 from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
 from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.grammar_request import OutputConstraints
+from helios.frontend.image_parts import without_image_urls
+from helios.frontend.images.decode import ImageLimits
+from helios.frontend.images.pipeline import ImagePipeline
 from helios.frontend.logit_bias import logit_bias_capacity, parse_logit_bias
 from helios.frontend.logprobs import (
     LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, requested_logprobs, requested_prompt,
@@ -43,6 +46,7 @@ from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, T
 from helios.frontend.parsers.pipeline import PlainText
 from helios.frontend.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
 from helios.frontend.prompt import Prompt, PromptBuilder
+from helios.frontend.prompt_images import UnavailableImages, with_images
 from helios.frontend.request_options import (
     ResponseOptions,
     has_structured_output,
@@ -55,6 +59,7 @@ from helios.frontend.request_options import (
 from helios.frontend.stops import StopOptions
 from helios.frontend.template import ChatTemplate
 from helios.frontend.text_bounds import TextBounds, strings_of
+from helios.runtime.images import RequestImages
 from helios.runtime.request import RequestSpec
 
 
@@ -129,6 +134,7 @@ class PreparedRequest:
     grammar: GrammarMatcher | None
     stable_prefix_len: int
     output: OutputFactory = field(repr=False)
+    images: RequestImages | None = field(default=None, kw_only=True, repr=False)
 
     def new_output(self) -> OutputProcessor:
         return self.output.create()
@@ -140,6 +146,8 @@ class PreparedRequest:
         return response_body(self.head, final)
 
     def request_spec(self, **scheduling) -> RequestSpec:
+        if self.images is not None:  # prefix caching keys image features by their image's content hash
+            scheduling = {**scheduling, "token_keys": self.images.token_keys()}
         return self.params.request_spec(self.request_id, self.prompt_token_ids, **scheduling)
 
 
@@ -168,6 +176,7 @@ class FrontendModel:
         facts: ModelFacts,
         draw_seed: Callable[[], int] = random_seed,
         thinking_switch: str | None = None,
+        images: ImagePipeline | UnavailableImages | None = None,
     ):
         self._tokenizer = tokenizer
         self._thinking_switch = thinking_switch  # the template argument reasoning_effort sets
@@ -179,6 +188,7 @@ class FrontendModel:
         self._facts = facts
         self._draw_seed = draw_seed
         self._text_bounds = TextBounds.from_tokenizer(tokenizer, settings.context_tokens)
+        self._images = images
         self._token_texts = TokenTexts(tokenizer)
 
     @classmethod
@@ -192,6 +202,7 @@ class FrontendModel:
         json_defaults: dict | None = None,
         draw_seed: Callable[[], int] | None = None,
         served_names: Sequence[str] = (),
+        image_limits: ImageLimits = ImageLimits(),
     ) -> FrontendModel:
         """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
         when the template does not compile. `settings` default to the core's own defaults;
@@ -214,8 +225,12 @@ class FrontendModel:
         scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))
         facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, logit_bias_capacity(prepared))
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
+        try:
+            images = ImagePipeline.from_contract(serving.model, image_limits)
+        except LoadError as error:  # text still serves; image parts get a 400 naming the reason
+            images = UnavailableImages(str(error))
         return cls(tokenizer, syntax, prompts, grammar, settings, facts, draw_seed or random_seed,
-                   thinking_switch_of(chat_template_source))
+                   thinking_switch_of(chat_template_source), images)
 
     @property
     def served_id(self) -> str:
@@ -242,8 +257,9 @@ class FrontendModel:
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         template_kwargs = effective_template_kwargs(
             getattr(body, "reasoning_effort", None), body.chat_template_kwargs, self._thinking_switch)
-        self._text_bounds.check(strings_of([messages, tools, template_kwargs]))
+        self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]))
         prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs)
+        prompt, images = with_images(prompt, self._images)
         answer = None
         if has_structured_output(body):
             answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))
@@ -264,7 +280,8 @@ class FrontendModel:
         factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns,
                                 logprobs)
         return PreparedChat(
-            request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt
+            request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt,
+            images=images,
         )
 
     def prepare_completion(self, body, ingress_ns: int | None = None, *, request_id: str | None = None,

@@ -56,6 +56,10 @@ def build_program(arch: Architecture, operation: Operation, page_tokens: int,
     and tuned DECODE modules are built for one `capacity`."""
     if operation is Operation.TUNING:
         return AttentionTuningProgram(arch, options.attention_tuning)
+    if options.multimodal is not None:
+        from helios.ignition.multimodal_programs import build_multimodal
+
+        return build_multimodal(arch, operation, page_tokens, options, capacity)
     if arch.recurrent is not None:
         return build_hybrid_program(arch, operation, page_tokens, options, capacity)
     if operation is Operation.DECODE and options.attention_tuning is not None:

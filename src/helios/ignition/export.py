@@ -40,6 +40,7 @@ from helios.ignition.safetensors_image import digest_in_background
 from helios.ignition.sharding import rank_architecture, rank_weight_files
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 from helios.ignition.tuning import TUNING_CAPACITY
+from helios.ignition.vision_plan import vision_preparation
 
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
@@ -65,10 +66,9 @@ class CapacityPlan:
     # DECODE keeps each slot's sampled token on the device, so decode rounds can occupy both
     # execution frames (the host packs round N+1 while round N runs).
     device_pending: bool = True
-    # Every PREFILL, DECODE and MIXED variant also gets its token-logprobs variant (a second
-    # program at the same capacity that returns the sampled tokens' log-probabilities; the runtime
-    # runs it only for steps holding a request that asks for them).
-    token_logprobs: bool = True
+    # Vision-language checkpoints: patch capacities of the VISION programs (one image each; default:
+    # the largest image the checkpoint's processor produces).
+    patch_capacities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.page_tokens <= 0 or self.context_tokens <= 0 or self.prefill_tokens <= 0:
@@ -148,13 +148,21 @@ def prepare_core(
     plan = options.capacities
     writer = CoreWriter()
     programs = []
-    variants = [(op, capacity, False) for op, capacity in plan.variants()]
-    variants += [(op, capacity, True) for op, capacity in plan.logprob_variants()]
+    variants = plan.variants()
     draft = load_draft(plan.speculative, arch) if plan.speculative is not None else None
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
     program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning,
                                           device_pending=plan.device_pending)
-    for number, (operation, capacity, logprobs) in enumerate(variants, 1):
+    images = vision_preparation(checkpoint, recipe, variants, plan.patch_capacities)
+    if images is not None:
+        program_options = dataclasses.replace(program_options, multimodal=images.multimodal)
+        variants = [*variants[:-1], *images.variants, variants[-1]]  # the TUNING producer stays last
+        progress(f"vision: patch capacities {list(images.patch_capacities)}")
+    # The token-logprobs variants go before the TUNING producer, which stays last.
+    captures = [(op, capacity, False) for op, capacity in variants[:-1]]
+    captures += [(op, capacity, True) for op, capacity in plan.logprob_variants()]
+    captures.append((*variants[-1], False))
+    for number, (operation, capacity, logprobs) in enumerate(captures, 1):
         captured = capture_program(arch, operation, capacity, plan.page_tokens,
                                    dataclasses.replace(program_options, token_logprobs=logprobs))
         resource_id = f"program.{operation.value}{'_logprobs' if logprobs else ''}.{_variant_label(capacity)}"
@@ -162,7 +170,7 @@ def prepare_core(
         writer.add_resource(resource_id, ResourceKind.PROGRAM_IMAGE, captured.program, rank=0 if ranks == 1 else None)
         programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
         progress(f"captured {operation.value}{' (logprobs)' if logprobs else ''} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
-                 f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(variants)}]")
+                 f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(captures)}]")
     for weights in weight_files:
         writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.image.segments, rank=weights.rank)
         writer.add_weight_catalog(weights.catalog)
@@ -176,6 +184,8 @@ def prepare_core(
         weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
         progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)
+    if images is not None:
+        declaration = dataclasses.replace(declaration, images=images.declare)
     prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],
                                   DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
     writer.set_contract(prepared)

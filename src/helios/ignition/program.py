@@ -59,7 +59,8 @@ class GenerationProgram(torch.nn.Module):
         self.draft = options.draft
         self.record_tokens = options.record_tokens
         self.token_logprobs = options.token_logprobs
-        self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft))
+        extra = options.multimodal.extra_weights if options.multimodal is not None else ()
+        self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft, extra))
         # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more.
         self.trailing_input_names = DRAFT_INPUTS if options.draft is not None else ()
 
@@ -73,13 +74,18 @@ class GenerationProgram(torch.nn.Module):
                         (request_slots, generations, sample_rows, query_lens, submission),
                         (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values), draft)
 
-    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None):
+    def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None,
+            extra=None):
         w = self.bind(weights, step, lanes[0], draft)
-        hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
+        hidden = self.hidden(w, k_cache, v_cache, step, extra)
         sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
         if pending is not None:
             store_pending(pending, lanes[0], sampled)
         return self.completion(step, lanes, sampled), logits, *scores
+
+    def hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
+        """Final-normed hidden states of the packed tokens; `extra`: a subclass's own inputs."""
+        return decoder_hidden(self.arch, w, k_cache, v_cache, step)
 
     def bind(self, weights: list[torch.Tensor], step: PackedStep, request_slots, draft) -> dict[str, torch.Tensor]:
         """The target's named weights, after the draft (if any) has written its history of `step`."""
@@ -185,11 +191,13 @@ class DecodeProgram(GenerationProgram):
                            (request_slots, generations, sample_rows, query_lens, submission),
                            (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values), trailing)
 
-    def decode(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, trailing):
+    def decode(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, trailing, extra=None):
         pending, draft = (trailing[0], trailing[1:]) if self.device_pending else (None, trailing)
         if pending is not None:
             step = step._replace(token_ids=with_device_pending(step.token_ids, lanes[0], pending))
-        return self.run(weights, k_cache, v_cache, counts, step, lanes, controls, draft, pending)
+        if extra is None:  # subclasses that override `run` (hybrid recurrent layers) take no extra inputs
+            return self.run(weights, k_cache, v_cache, counts, step, lanes, controls, draft, pending)
+        return self.run(weights, k_cache, v_cache, counts, step, lanes, controls, draft, pending, extra)
 
 
 class TunedDecodeProgram(DecodeProgram):

@@ -93,6 +93,7 @@ class Operation(enum.Enum):
     SCORED_PREFILL = "scored_prefill"
     SPECULATIVE = "speculative"
     TUNING = "tuning"  # a startup tuning producer (helios.ignition.tuning)
+    VISION = "vision"  # the image encoder at a patch capacity (helios.ignition.multimodal_spec)
 
 
 class InputRole(enum.Enum):
@@ -177,6 +178,8 @@ class ProgramOptions:
     attention_tuning: AttentionTuning | None = None
     device_pending: bool = False
     token_logprobs: bool = False
+    # A vision-language core's images (`helios.ignition.multimodal_spec.MultimodalOptions`), or None.
+    multimodal: object = None
 
 
 def logprob_width(arch: Architecture) -> int:
@@ -185,9 +188,11 @@ def logprob_width(arch: Architecture) -> int:
     return min(MAX_TOP, arch.vocab_size)
 
 
-def model_weight_layout(arch: Architecture, draft: Architecture | None = None) -> tuple[WeightSlot, ...]:
-    """The weight list of a core's programs: the target's, then the draft's under `DRAFT_PREFIX`."""
-    slots = weight_layout(arch)
+def model_weight_layout(arch: Architecture, draft: Architecture | None = None,
+                        extra: tuple[WeightSlot, ...] = ()) -> tuple[WeightSlot, ...]:
+    """The weight list of a core's programs: the target's, its `extra` weights (a multimodal
+    recipe's tables and encoder), then the draft's under `DRAFT_PREFIX`."""
+    slots = weight_layout(arch) + extra
     if draft is None:
         return slots
     return slots + tuple(WeightSlot(DRAFT_PREFIX + s.name, s.shape, s.dtype) for s in weight_layout(draft))
@@ -242,7 +247,11 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
     _check_capacity(operation, capacity, options)
     if operation is Operation.TUNING:
         return _tuning_spec(capacity, page_tokens, options)
-    weights = model_weight_layout(arch, options.draft)
+    from helios.ignition import multimodal_spec  # a multimodal core's extra inputs and its VISION program
+
+    weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options))
+    if operation is Operation.VISION:
+        return multimodal_spec.vision_spec(capacity, page_tokens, weights, options)
     inputs = (
         TensorSpec("weights", "tensor_list", (len(weights),), InputRole.WEIGHTS),
         *_state_inputs(arch, page_tokens),
@@ -251,6 +260,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
         *_recurrent_inputs(arch),
+        *multimodal_spec.step_inputs(arch, capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     if options.token_logprobs:

@@ -79,7 +79,9 @@ def rank_weights(recipe: Recipe, ranks: int, rank: int) -> tuple[NamedWeight, ..
     """Rank `rank`'s weights, following `weight_layout(rank_architecture(...))` exactly."""
     full, shard = recipe.architecture, rank_architecture(recipe.architecture, ranks)
     if ranks == 1:
-        return recipe.weights
+        return recipe.weights + recipe.extra_weights
+    if recipe.extra_weights:
+        raise CheckpointError(f"{recipe.source_architecture} checkpoints are prepared for one rank")
     if not 0 <= rank < ranks:
         raise CheckpointError(f"rank {rank} is not below {ranks}")
     cut = _Cutter(full, shard, rank)

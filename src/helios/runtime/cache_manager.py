@@ -136,7 +136,7 @@ class CacheManager:
         return pages
 
     def extend_chain(self, req: RequestState, num_pages: int) -> None:
-        extend_chain(req.chain, req.root, req.token_ids, self.layout.page_tokens, num_pages)
+        extend_chain(req.chain, req.root, keyed_tokens(req), self.layout.page_tokens, num_pages)
 
     def publish(self, req: RequestState) -> None:
         """Make the request's newly committed complete pages findable (after validation only)."""
@@ -230,3 +230,16 @@ class CacheManager:
         for req in requests:
             held.extend(page for page in req.page_ids if page != RELEASED_PAGE)
         return held
+
+
+def keyed_tokens(req: RequestState):
+    """The ids the prefix cache digests: the request's tokens, with its declared `token_keys` (image
+    feature tokens: their image's content hash) in place of the ids at those positions."""
+    keys = req.spec.token_keys
+    if not keys:
+        return req.token_ids
+    ids = list(req.token_ids)
+    for index, key in keys:
+        if index < len(ids):
+            ids[index] = key
+    return ids

@@ -64,6 +64,7 @@ class EngineRequest:
     on_event: Callable[[RequestEvent], None]
     grammar: GrammarState | None = None
     host_stop: Callable[[int], bool] | None = None
+    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
 
 
 class Engine:
@@ -205,7 +206,7 @@ class Engine:
             return
         self._active[spec.request_id] = request
         try:
-            self.executor.packer.register(spec.request_id, request.admission)
+            self.executor.packer.register(spec.request_id, request.admission, request.images)
         except Exception as error:  # noqa: BLE001
             self._fail_request(request, error)
             return
@@ -350,6 +351,9 @@ class Engine:
             stats.snapshots_restored = c.snapshots_restored
             stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
             stats.constrained_max_inflight = c.constrained_max_inflight
+            images = getattr(self.executor, "images", None)
+            if images is not None:
+                stats.image_cache_hits, stats.image_cache_misses = images.cache.stats.hits, images.cache.stats.misses
 
 
 def _notify(request: EngineRequest, event: FinishEvent) -> None:

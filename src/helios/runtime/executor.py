@@ -60,6 +60,8 @@ from helios.errors import ExecutionError
 from helios.runtime.capacities import Operation
 from helios.runtime.events import TokenLogprobs
 from helios.runtime.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
+from helios.runtime.image_features import ImageFeatureCache
+from helios.runtime.images import ImageFeeder
 from helios.runtime.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.packer import Packer
 from helios.runtime.plan import CopyOp, PlanRow, RowResult, StepPlan
@@ -107,6 +109,7 @@ class Executor:
         self._confidence = model.buffers.get(confidence) if confidence else None
         cuda = model.device.type == "cuda"
         self._events = [torch.cuda.Event() for _ in range(2)] if cuda else []  # one per frame
+        self.images = image_feeder(model, packer)  # None for a text-only core
 
     @property
     def overlaps(self) -> bool:
@@ -123,6 +126,8 @@ class Executor:
         if plan.variant is None:
             return Launched(plan, None, {}, None)
         program = self._program_for(plan)
+        if self.images is not None and plan.operation in (Operation.PREFILL, Operation.MIXED):
+            self.images.feed(plan.rows, self.packer.images_of(plan.rows))
         self.packer.pack(program.graph, plan, masks)
         if self._submission is not None:
             self._submission.fill_(plan.sequence)
@@ -257,6 +262,30 @@ def logprob_twins(programs) -> dict[str, LoadedProgram]:
         if program.token_logprobs and name is not None:
             twins[name] = program
     return twins
+
+
+def image_feeder(model: LoadedModel, packer: Packer, cached_images: int = 64) -> ImageFeeder | None:
+    """The feeder of a core with VISION programs: they encode images into a feature cache holding
+    about `cached_images` of the largest images' features."""
+    if not model.vision_programs:
+        return None
+    programs = {p.packed_token_capacity: p for p in model.vision_programs}
+    arguments = {capacity: program_arguments(p, model.weights, model.buffers) for capacity, p in programs.items()}
+
+    def encoder(capacity: int):
+        program = programs.get(capacity)
+        if program is None:
+            return None
+        replay = getattr(program.module, "replay", None)  # captured as a CUDA graph
+        call = (lambda: replay(greedy=False)) if replay else (lambda: program.module(*arguments[capacity]))
+        return lambda: _first(call())
+
+    rows = model.prepared.contract.model.vision.feature_slots * cached_images
+    return ImageFeeder(model.prepared, model.buffers, encoder, ImageFeatureCache(max_rows=rows))
+
+
+def _first(returned):
+    return returned[0] if isinstance(returned, (tuple, list)) else returned
 
 
 def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:

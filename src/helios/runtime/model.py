@@ -123,6 +123,7 @@ class LoadedModel:
     device: torch.device
     rank: int = 0
     state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
+    vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -149,14 +150,20 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
+    vision = tuple(_load_program(core, prepared, handle, declared, device)
+                   for handle in vision_handles(prepared, options.rank))
     if device.type == "cuda" and options.cuda_graphs:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                     keep=tuned_outputs(prepared))
+        if vision:  # the image encoders replay as CUDA graphs too
+            vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
+                                      keep=tuned_outputs(prepared))
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
         rows_per_request,
+        vision,
     )
 
 
@@ -202,6 +209,13 @@ def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
         if not handle.program_inputs or not handle.program_outputs:
             raise MissingVariantError(f"graph {handle.graph!r}: the manifest does not name the program's inputs/outputs")
     return selected
+
+
+def vision_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
+    """The rank's VISION handles (every patch capacity), smallest first."""
+    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_VISION)}
+    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
+    return sorted(handles, key=lambda h: h.capacity.patch_capacity)
 
 
 def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphHandle]:

@@ -39,6 +39,9 @@ from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
 from helios.runtime.history_drafting import HistoryIndex
+from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.masks import allowed_row, write_masks
+from helios.runtime.image_packing import supports as supports_image
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
 
 S = spb
@@ -73,6 +76,7 @@ class Binding:
     offset: int
     padding: int
     constant: int
+    image_output: str = ""
 
 
 _ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
@@ -118,9 +122,11 @@ class Packer:
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, AdmissionValues] = {}
+        self._images: dict[str, object] = {}  # request id -> `helios.runtime.images.RequestImages`
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        self._allowed = allowed_row(prepared.contract.model.vocabulary)
 
     def enable_history_drafting(self) -> None:
         """Keep request histories from now on (call before the first request is registered)."""
@@ -129,13 +135,17 @@ class Packer:
         if self._histories is None:
             self._histories = {}
 
-    def register(self, request_id: str, values: AdmissionValues) -> None:
+    def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
+        """`images`: the request's `RequestImages` (None: text only)."""
         self._requests[request_id] = values
+        if images is not None:
+            self._images[request_id] = images
         if self._histories is not None:
             self._histories[request_id] = HistoryIndex(values.prompt_ids)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        self._images.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
 
@@ -161,7 +171,9 @@ class Packer:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
             target = self._staging.target(binding.buffer_name)
-            if binding.source in _COPIED_SOURCES:
+            if binding.source in IMAGE_SOURCES:
+                fill_image(binding, target, plan.rows, self.images_of(plan.rows))
+            elif binding.source in _COPIED_SOURCES:
                 _fill_copied(binding, target, plan.rows, copied)
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
@@ -175,6 +187,9 @@ class Packer:
     def wants_logprobs(self, plan: StepPlan) -> bool:
         """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
         return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
+    def images_of(self, rows: Sequence[PlanRow]) -> list:
+        """Each row's request images (`RequestImages`), None for a request without images."""
+        return [self._images.get(row.request_id) for row in rows]
 
     def all_greedy(self, plan: StepPlan) -> bool:
         """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""
@@ -213,7 +228,7 @@ class Packer:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
             _write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
-            _write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+            write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
             if source == S.VALUE_SOURCE_CONSTANT:
                 values = [binding.constant] * len(rows)
@@ -265,16 +280,6 @@ def _offset(value, offset: int):
     if isinstance(value, tuple):
         return value
     return value + offset
-
-
-def _write_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, pad: bool) -> None:
-    """Constrained rows get their grammar mask; every other row (and, with `pad`, the padding
-    rows) -1: every token allowed."""
-    target[: target.shape[0] if pad else len(rows)] = -1
-    for index, row in enumerate(rows):
-        mask = masks.get(row.request_id) if row.constrained else None
-        if mask is not None:
-            target[index] = mask
 
 
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
@@ -408,8 +413,9 @@ class _Staging:
 def _resolve(prepared: PreparedContract, graph: str) -> tuple:
     """The graph's bindings with their destination buffers; unsupported sources fail startup."""
     resolved = []
+    operation = prepared.graphs[graph].operation
     for view in prepared.graphs[graph].bindings:
-        supported = view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
+        supported = supports_image(view, operation) or view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
             S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
         ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES or view.source in _BIAS_SOURCES
         if not supported:
@@ -417,7 +423,7 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
                 f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
             )
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
-                                view.offset, view.padding, view.constant))
+                                view.offset, view.padding, view.constant, view.image_output))
     return tuple(resolved)
 
 

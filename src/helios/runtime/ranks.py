@@ -102,7 +102,9 @@ class _PeerPacker:
         self._sent: set[str] = set()
         self._forgotten: list[str] = []
 
-    def register(self, request_id: str, values: AdmissionValues) -> None:
+    def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
+        if images is not None:  # vision-language cores are prepared for one rank
+            raise ValueError("image inputs are not served by tensor-parallel ranks")
         self._packer.register(request_id, values)
         self._registered[request_id] = values
 

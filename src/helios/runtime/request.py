@@ -56,6 +56,9 @@ class RequestSpec:
     cache_salt: bytes = b""
     top_logprobs: int | None = None
     has_logit_bias: bool = False
+    # (prompt index, key) pairs the prefix cache digests instead of the token id there: image
+    # feature tokens keyed by their image's content hash.
+    token_keys: tuple[tuple[int, int], ...] = ()
 
     @cached_property
     def has_host_stops(self) -> bool:

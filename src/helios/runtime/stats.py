@@ -36,6 +36,8 @@ class StatsSnapshot:
     second_frames: int
     healthy: bool
     snapshots_restored: int = 0
+    image_cache_hits: int = 0  # images whose features came from the content-hash cache
+    image_cache_misses: int = 0  # images encoded by a VISION program
 
 
 @dataclass
@@ -61,6 +63,8 @@ class WorkerStats:
     mixed_grammar_decode_steps: int = 0
     constrained_max_inflight: int = 0
     second_frames: int = 0  # plans submitted while another was still in flight
+    image_cache_hits: int = 0
+    image_cache_misses: int = 0
     healthy: bool = True
     snapshots_restored: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -41,6 +41,9 @@ class _RuntimeCollector:
         yield _counter("helios_generated_tokens", "Tokens generated", s.generated_tokens)
         yield _counter("helios_prefix_lookup_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_lookup_tokens)
         yield _counter("helios_prefix_reused_tokens", "Prompt tokens served from the prefix cache", s.prefix_reused_tokens)
+        yield _counter("helios_image_cache_hits", "Request images whose features were reused by content hash",
+                       s.image_cache_hits)
+        yield _counter("helios_image_cache_misses", "Request images encoded by a vision program", s.image_cache_misses)
         yield _counter("helios_snapshots_published", "Snapshots published", s.snapshots_published)
         yield _counter("helios_snapshots_evicted", "Snapshots evicted", s.snapshots_evicted)
         yield _counter("helios_snapshots_restored", "Snapshots restored into a request's pages and state rows",

@@ -67,6 +67,21 @@ class TextPart(_Strict):
     text: StrictStr
 
 
+class ImageUrl(_Strict):
+    url: StrictStr
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(_Strict):
+    """An image of a user message: a data: URL (remote URLs only when the server fetches them)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+UserPart = Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]
+
+
 class FunctionCall(_Strict):
     name: StrictStr
     arguments: StrictStr
@@ -86,7 +101,7 @@ class SystemMessage(_Strict):
 
 class UserMessage(_Strict):
     role: Literal["user"]
-    content: Union[StrictStr, list[TextPart]]
+    content: Union[StrictStr, list[UserPart]]
     name: StrictStr | None = None
 
 

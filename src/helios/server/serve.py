@@ -23,11 +23,12 @@ import asyncio
 import logging
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 
 from helios.errors import ExecutionError, HeliosError
+from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
 from helios.server.access import access_logger
 from helios.server.app import create_app
@@ -53,6 +54,7 @@ class ServeOptions:
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     api_key: str | None = None  # /v1/ requests without it get 401
     served_names: tuple[str, ...] = ()  # operator names (served id first); empty: the core's
+    image_limits: ImageLimits = field(default_factory=ImageLimits)  # per-request image bounds
 
 
 class ListenError(HeliosError):
@@ -117,6 +119,7 @@ def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
         send_timeout_s=options.send_timeout_s, served_names=options.served_names,
+        image_limits=options.image_limits,
     )
     config = uvicorn.Config(
         create_app(served, options.max_body_nbytes, options.api_key), loop="auto", lifespan="on",

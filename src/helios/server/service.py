@@ -41,6 +41,7 @@ from tokenizers import Tokenizer
 
 from helios.errors import ShuttingDown
 from helios.frontend.observation import ObservationClock
+from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
 from helios.runtime.packer import AdmissionValues
@@ -127,7 +128,8 @@ class ServedModel:
                      owned_by: str = "", clock: ObservationClock | None = None,
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
-                     served_names: tuple[str, ...] = ()) -> ServedModel:
+                     served_names: tuple[str, ...] = (),
+                     image_limits: ImageLimits | None = None) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`).
         `served_names` (the served id, then aliases) replace the contract's names when given."""
         model = runtime.model
@@ -135,7 +137,7 @@ class ServedModel:
         serving = model.prepared.contract
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings,
-                                               served_names=names)
+                                               served_names=names, image_limits=image_limits or ImageLimits())
         limits = AdmissionLimits(model.settings.max_concurrency, queue_capacity, frontend_workers)
         card = ModelCard(names, owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
@@ -240,7 +242,8 @@ class ServedModel:
         grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
         on_event = timed_events(bridge.on_event, record, self.latency)
-        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop)
+        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop,
+                                prepared.images)
         output.mark_enqueue(self.clock)
         record.submitted_s = time.monotonic()
         self._bridges.add(bridge)

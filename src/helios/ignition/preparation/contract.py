@@ -38,11 +38,12 @@ length sources, copied-token inputs, record token columns, proposal confidence).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
+from helios.ignition.multimodal_spec import FEATURE_INDICES, ROTARY_DELTAS, ROTARY_OFFSETS, VISION_INPUTS
 from helios.ignition.preparation import speculative as spec_decl
 from helios.ignition.program_spec import (
     CONFIDENCE_OUTPUT, LATENT_PLANES, LOGPROB_OUTPUTS, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
@@ -62,6 +63,7 @@ _OPERATIONS = {
     Operation.MIXED: S.GRAPH_OPERATION_MIXED,
     Operation.SCORED_PREFILL: S.GRAPH_OPERATION_SCORED_PREFILL,
     Operation.SPECULATIVE: S.GRAPH_OPERATION_SPECULATIVE,
+    Operation.VISION: S.GRAPH_OPERATION_VISION,
 }
 _DTYPES = {
     "float32": M.DTYPE_FLOAT32, "bfloat16": M.DTYPE_BFLOAT16, "float16": M.DTYPE_FLOAT16,
@@ -88,6 +90,9 @@ _BINDINGS = {
     "prompt_counts": (S.VALUE_SOURCE_PROMPT_HISTOGRAM, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
     "logit_bias_ids": (S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.INDEXING_PHYSICAL_REQUEST_ROW, -1),
     "logit_bias_values": (S.VALUE_SOURCE_LOGIT_BIAS_VALUES, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
+    FEATURE_INDICES: (S.VALUE_SOURCE_IMAGE_FEATURE_INDICES, S.INDEXING_PACKED_TOKEN, -1),
+    ROTARY_OFFSETS: (S.VALUE_SOURCE_IMAGE_TENSOR, S.INDEXING_PACKED_TOKEN, 0),
+    **{name: (S.VALUE_SOURCE_IMAGE_TENSOR, S.INDEXING_SCALAR, 0) for name in VISION_INPUTS},
     **spec_decl.SPECULATIVE_BINDINGS,
 }
 _DECODE_BINDINGS = {
@@ -132,6 +137,9 @@ class PagedTextDeclaration:
     # history region is then declared a sliding window, whose older pages the runtime releases. 0: full.
     history_window: int = 0
     snapshot_capacity: int = 0  # continuation rows for snapshots at exact endpoints (default at load)
+    # Declares a vision-language model's vision capacities, image sentinels and frontend image
+    # selectors into the model contract (`preparation.vision_contract`); None: text only.
+    images: Callable[[spb.ModelContract], None] | None = None
 
     @property
     def max_pages_per_request(self) -> int:
@@ -259,13 +267,16 @@ def _capacity(spec: ProgramSpec) -> spb.GraphCapacity:
         return spec_decl.speculative_capacity(spec)
     rows, tokens = spec.capacity.batch_capacity, spec.capacity.packed_token_capacity
     width = 1 if spec.operation is Operation.DECODE else tokens
-    return spb.GraphCapacity(batch_capacity=rows, token_capacity=width, packed_token_capacity=tokens)
+    patches = tokens if spec.operation is Operation.VISION else 0
+    return spb.GraphCapacity(batch_capacity=rows, token_capacity=width, packed_token_capacity=tokens,
+                             patch_capacity=patches)
 
 
 def _graph(name: str, variants: Sequence[ProgramResource], spec: ProgramSpec,
            producers: dict[str, str]) -> spb.GraphContract:
     operation = variants[0].spec.operation
-    graph = spb.GraphContract(name=name, operation=_OPERATIONS[operation], state_rows_per_request=1)
+    rows = 0 if operation is Operation.VISION else 1
+    graph = spb.GraphContract(name=name, operation=_OPERATIONS[operation], state_rows_per_request=rows)
     if variants[0].spec.options.token_logprobs:
         graph.token_logprobs = _logprob_width(variants[0].spec)
     seen = set()
@@ -283,7 +294,9 @@ def _graph(name: str, variants: Sequence[ProgramResource], spec: ProgramSpec,
     for tensor in inputs:
         if tensor.name in table:
             source, indexing, padding = table[tensor.name]
-            graph.bindings.add(destination=tensor.name, source=source, indexing=indexing, padding=padding)
+            output = tensor.name if source == S.VALUE_SOURCE_IMAGE_TENSOR else ""
+            graph.bindings.add(destination=tensor.name, source=source, indexing=indexing, padding=padding,
+                               image_output=output)
         elif tensor.role is InputRole.PERSISTENT_STATE:
             mode = S.ACCESS_MODE_READ_WRITE if tensor.access.value == "read_write" else S.ACCESS_MODE_READ
             graph.state_accesses.add(view=tensor.name, mode=mode)
@@ -440,7 +453,11 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
     if any(graph.pending_token_view == PENDING_TOKENS for graph in graphs):
         model.state_views.add(name=PENDING_TOKENS, buffer=PENDING_TOKENS, row_stride=8, byte_extent=8)
+    if any(access.view == ROTARY_DELTAS for graph in graphs for access in graph.state_accesses):
+        model.state_views.add(name=ROTARY_DELTAS, buffer=ROTARY_DELTAS, row_stride=8, byte_extent=8)
     _frontend(model.frontend, declaration.frontend)
+    if declaration.images is not None:
+        declaration.images(model)
     contract = spb.ServingContract(
         served_id=declaration.served_id, aliases=list(declaration.aliases),
         cache_identity=declaration.cache_identity, context_tokens=declaration.context_tokens,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe
+from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 
@@ -18,9 +18,15 @@ __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheck
 
 RecipeBuilder = Callable[..., Recipe]
 
+
+def _vision_language(source, config, tensors, dtype) -> Recipe:
+    return qwen_vl.build(source, config, tensors, dtype).recipe
+
+
 _REGISTRY: dict[str, RecipeBuilder] = {
     name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss) for name in family.ARCHITECTURES
 }
+_REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,11 +21,17 @@ class Recipe:
 
     `source_architecture` is the checkpoint's declared class (for messages and provenance only; no
     program or runtime behaviour depends on it).
+
+    `extra_weights` follow the decoder's weights in the program weight list: tables and encoders a
+    multimodal recipe's programs read (for one rank; tensor parallelism does not cut them).
+    `vision` is the recipe's vision-language description (`qwen_vl.VisionLanguageRecipe`), or None.
     """
 
     source_architecture: str
     architecture: Architecture
     weights: tuple[NamedWeight, ...]
+    extra_weights: tuple[NamedWeight, ...] = ()
+    vision: Any = None
 
     def __post_init__(self) -> None:
         check_weights(self.architecture, self.weights)

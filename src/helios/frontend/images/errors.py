@@ -1,0 +1,10 @@
+"""Typed errors of image inputs: every one a client's mistake (HTTP 400) naming the problem."""
+
+from __future__ import annotations
+
+from helios.errors import RequestError
+
+
+class ImageRejected(RequestError):
+    """An image input that cannot be used: malformed, oversized, truncated, not an image, or outside
+    the request's image bounds. The message names the problem."""

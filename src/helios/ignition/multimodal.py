@@ -1,0 +1,60 @@
+"""The dense decoder with image features and multimodal rotary positions (mrope).
+
+Two differences from `decoder.decoder_hidden`: vision features replace the embeddings of the image
+placeholder tokens (a per-token feature slot, -1 for text), and the rotary angle of each frequency
+takes one of three position components (temporal, height, width) by the checkpoint's
+`mrope_section`, while the cache position (causality, slots) stays the token's sequence index.
+Everything else (attention with cache writes, MLP, fused norms) is the shared decoder's.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from helios.ignition.decoder import LayerInputs, PackedStep, attention_block, mlp_block, rms_norm
+from helios.ignition.tensor_parallel import embed_tokens
+
+
+def mrope_components(mrope_section: Sequence[int]) -> torch.Tensor:
+    """Position component (0 temporal, 1 height, 2 width) of each rotary frequency, int64 [D / 2]."""
+    return torch.cat([torch.full((int(size),), i % 3, dtype=torch.int64) for i, size in enumerate(mrope_section)])
+
+
+def mrope_tables(rotary_positions: torch.Tensor, inv_freq: torch.Tensor, components: torch.Tensor, dtype):
+    """cos and sin [T, 1, D] from 3-component positions [T, 3] (frequency j rotates by component
+    components[j]; the reference computes all three and selects sections, the same products)."""
+    chosen = rotary_positions.to(torch.float32)[:, components]  # [T, D / 2]
+    freqs = chosen * inv_freq[None, :].to(torch.float32)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+
+
+def embed_with_features(arch, w, token_ids, features: torch.Tensor, feature_slots: torch.Tensor):
+    """Token embeddings [T, H] with row t replaced by features[feature_slots[t]] where it is >= 0."""
+    hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), token_ids)
+    gathered = features.to(hidden.dtype)[feature_slots.clamp(min=0)]
+    return torch.where((feature_slots >= 0)[:, None], gathered, hidden)
+
+
+def multimodal_decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rotary_positions: torch.Tensor,
+                              features: torch.Tensor | None = None,
+                              feature_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Final-normed hidden states [T, H]; mutates the cache planes in place. Without `features`
+    (one-token decode) every token takes its own embedding."""
+    if features is None:
+        hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
+    else:
+        hidden = embed_with_features(arch, w, step.token_ids, features, feature_slots)
+    cos, sin = mrope_tables(rotary_positions, w["rope.inv_freq"], w["rope.mrope_components"], hidden.dtype)
+    shared = LayerInputs(step, k_cache, v_cache, cos, sin)
+    normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
+    update = torch.ops.helios.add_rms_norm
+    for layer in range(arch.num_layers):
+        prefix = f"layers.{layer}."
+        hidden, normed = update(hidden, attention_block(arch, w, layer, normed, shared), w[prefix + "post_norm"],
+                                arch.rms_norm_eps)
+        next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
+        hidden, normed = update(hidden, mlp_block(arch, w, prefix, normed), next_norm, arch.rms_norm_eps)
+    return normed

