@@ -11,12 +11,12 @@ import httpx
 import openai
 import pytest
 import torch
-import transformers
 
 from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel
+from support.logprob_runs import transformers_logprob_table
 from support.server_core import SERVED_ID, tiny_core
 
 TOLERANCE = 1e-4
@@ -62,15 +62,7 @@ def client(served):
 
 @pytest.fixture(scope="module")
 def reference(core):
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(core.path.parent / "checkpoint")).float().eval()
-
-    def logprobs(ids: list[int]) -> torch.Tensor:
-        """log_softmax of the logits after every prefix of `ids` (row i predicts ids[i + 1])."""
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].double()
-        return torch.log_softmax(logits, dim=-1)
-
-    return logprobs
+    return transformers_logprob_table(core.path.parent / "checkpoint")
 
 
 async def _collect(stream) -> list:

@@ -13,12 +13,12 @@ import httpx
 import openai
 import pytest
 import torch
-import transformers
 
 from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel
+from support.logprob_runs import transformers_logprob_table
 from support.server_core import NAMESPACE, SERVED_ID, TinyCore, tiny_core
 
 TOLERANCE = 1e-4
@@ -80,14 +80,7 @@ def client(served):
 
 @pytest.fixture(scope="module")
 def reference(core):
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(core.path.parent / "checkpoint")).float().eval()
-
-    def table(ids: list[int]) -> torch.Tensor:
-        """Row i: log_softmax after ids[: i + 1] (it scores ids[i + 1])."""
-        with torch.no_grad():
-            return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
-
-    return table
+    return transformers_logprob_table(core.path.parent / "checkpoint")
 
 
 def _text(served, token_id: int) -> str:

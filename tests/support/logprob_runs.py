@@ -77,3 +77,17 @@ def check_logprob_run(core, load: LoadOptions = LoadOptions(), max_tokens: int =
             assert max((abs(v - e) for (_, v), e in zip(values.top, expected.values.tolist())), default=0) < TOLERANCE
             checked += 1
     return checked
+
+
+def transformers_logprob_table(checkpoint_dir):
+    """`table(ids)`: float64 log_softmax of `transformers`' float32 logits after every prefix of
+    `ids` (row i scores ids[i + 1]), for the checkpoint a test core was prepared from."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint_dir)).float().eval()
+
+    def table(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+
+    return table
