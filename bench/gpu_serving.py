@@ -43,10 +43,8 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  #
 from helios.runtime.engine import EngineRequest  # noqa: E402
 from helios.runtime.events import TokenEvent  # noqa: E402
 from helios.runtime.model import LoadOptions  # noqa: E402
-from helios.runtime.packer import AdmissionValues  # noqa: E402
 from helios.runtime.request import RequestSpec  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
-from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS  # noqa: E402
 
 NAMESPACE = "bench/gpu"
 
@@ -94,8 +92,7 @@ def copy_bandwidth(device: torch.device) -> float:
 def submit_greedy(engine, request_id: str, prompt: list[int], output: int, record) -> None:
     """One greedy request of exactly `output` tokens (EOS ignored), events to `record`."""
     spec = RequestSpec(request_id, tuple(prompt), output, frozenset())
-    admission = AdmissionValues(tuple(prompt), 0, NEUTRAL_SAMPLING_PARAMETERS, output, ())
-    engine.submit(EngineRequest(spec, admission, record))
+    engine.submit(EngineRequest(spec, record))
 
 
 def run_helios(engine, workload: Workload, vocab: int, salt: int = 0) -> dict:

@@ -43,7 +43,6 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench.helios/server"
 PROMPT = tuple(range(3, 35))
-GREEDY = (0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,6 @@ class InProcess:
     def round(self, level: int, samples: Samples | None) -> None:
         from helios.runtime.engine import EngineRequest
         from helios.runtime.events import TokenEvent
-        from helios.runtime.packer import AdmissionValues
         from helios.runtime.request import RequestSpec
 
         times: dict[str, list[float]] = {}
@@ -133,9 +131,8 @@ class InProcess:
             request_id = f"bench-{self._count}"
             times[request_id] = []
             spec = RequestSpec(request_id, PROMPT, self.tokens, frozenset(self.eos))
-            admission = AdmissionValues(PROMPT, 0, GREEDY, self.tokens, self.eos)
             submitted[request_id] = time.perf_counter()
-            self.runtime.engine.submit(EngineRequest(spec, admission, on_event))
+            self.runtime.engine.submit(EngineRequest(spec, on_event))
         for _ in range(level):
             done.acquire()
         if samples is not None:
@@ -149,16 +146,16 @@ class InProcess:
 
 def offline_rates(core: CoreRef, levels: list[int], tokens: int) -> dict[int, float]:
     from helios.core.reader import open_core
-    from helios.runtime.offline import SamplingChoice, generate
+    from helios.runtime.offline import generate
     from helios.runtime.service import build_runtime
 
     runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
     eos = runtime.model.settings.eos_token_ids
     rates = {}
     for level in levels:
-        generate(runtime.engine, [PROMPT] * level, tokens, eos, SamplingChoice(GREEDY))  # warm-up
+        generate(runtime.engine, [PROMPT] * level, tokens, eos)  # warm-up (greedy)
         started = time.perf_counter()
-        results = generate(runtime.engine, [PROMPT] * level, tokens, eos, SamplingChoice(GREEDY))
+        results = generate(runtime.engine, [PROMPT] * level, tokens, eos)
         rates[level] = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
     return rates
 

@@ -97,7 +97,7 @@ def test_explicit_sampling_values_win_over_prepared_defaults(qwen, eos):
     assert (defaults.sampling.temperature, defaults.sampling.top_k, defaults.sampling.top_p) == (0.6, 50, 0.9)
     assert defaults.max_output_tokens == 4096 and defaults.eos_token_ids[0] == eos
     explicit = qwen.prepare_chat(chat(qwen, temperature=0, top_k=0, min_p=0.2, seed=-1, max_completion_tokens=5)).params
-    assert explicit.sampling == SamplingParams(0.0, 0.9, 0, 0.2, 1.05, 0.0, 0.1, 2**64 - 1)
+    assert explicit.sampling == SamplingParams(0.0, 0.9, 0, 0.2, 1.05, 0.0, 0.1, -1)  # the signed seed as given
     assert explicit.max_output_tokens == 5
     assert not (explicit.is_constrained or explicit.is_timed or explicit.has_host_stops)
 

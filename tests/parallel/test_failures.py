@@ -19,7 +19,6 @@ from helios.errors import LoadError
 from helios.runtime.engine import EngineRequest
 from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.offline import generate
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.rank_peers import PeerKind, join_rank
 from helios.runtime.rank_rendezvous import MissingRankError, RankJoinError, Rendezvous
 from helios.runtime.request import RequestSpec
@@ -45,8 +44,7 @@ class Requests:
         for index in range(count):
             prompt = (5 + index, 6, 7)
             spec = RequestSpec(f"r{index}", prompt, max_tokens, frozenset())
-            values = AdmissionValues(prompt, 0, (0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), max_tokens)
-            engine.submit(EngineRequest(spec, values, self.record))
+            engine.submit(EngineRequest(spec, self.record))
 
     def record(self, event) -> None:
         if isinstance(event, TokenEvent):

@@ -149,7 +149,7 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
     import dataclasses
 
     from helios.runtime.model import program_arguments
-    from helios.runtime.offline import SamplingChoice
+    from helios.runtime.sampling_params import SamplingParams
 
     model = build_runtime(open_fixture()).model
     seen: list[bool] = []
@@ -167,7 +167,7 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
     assert [list(r.token_ids) for r in results] == EXPECTED["token_ids"]
     assert seen and all(seen)
     seen.clear()
-    sampled = SamplingChoice((0.7, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), seed=3)
+    sampled = SamplingParams.from_packed((0.7, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), seed=3)
     generate(_engine(model), EXPECTED["prompts"][:1], 4, sampling=sampled)
     assert seen and not any(seen)
 

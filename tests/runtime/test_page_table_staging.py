@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import torch
 
 from helios.contract import serving_pb2 as S
-from helios.runtime.packer import AdmissionValues, Binding, _fill_admission, _Staging
+from helios.runtime.packer import Binding, _fill_admission, _Staging
+from helios.runtime.request import RequestSpec
 from helios.runtime.plan import PlanRow
 
 SLOTS, MAX_PAGES = 8, 256
@@ -27,7 +28,7 @@ def _staging(tables):
 
 def test_one_step_admitting_every_slot_with_long_cached_prompts_is_staged_whole_in_both_tables():
     staging, buffers, views = _staging(("page_table", "draft_page_table"))
-    request = AdmissionValues((1,), 0, (0.0,) * 7, 8)
+    request = RequestSpec("r", (1,), 8)
     pages = 201  # a 3,200-token cached prompt plus one new page, uploaded at admission
     rows = [PlanRow(f"r{i}", i, 1, (5,), False, 3200, 10, 0, tuple(range(i * pages, (i + 1) * pages)), True, 0, 1,
                     True, False) for i in range(SLOTS)]

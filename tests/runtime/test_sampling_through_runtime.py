@@ -3,12 +3,13 @@ not on which other requests share its batch, and greedy decoding ignores the see
 
 from __future__ import annotations
 
-from helios.runtime.offline import SamplingChoice, generate
+from helios.runtime.offline import generate
+from helios.runtime.sampling_params import GREEDY, SamplingParams
 from helios.runtime.service import build_runtime
 
 from .test_model_fixture import open_fixture
 
-SAMPLED = SamplingChoice((1.0, 0.0, 0.95, 0.0, 1.0, 0.0, 0.0), seed=1234)  # temperature 1, top-p 0.95
+SAMPLED = SamplingParams.from_packed((1.0, 0.0, 0.95, 0.0, 1.0, 0.0, 0.0), seed=1234)  # temperature 1, top-p 0.95
 
 
 def run(prompts, sampling=SAMPLED, max_tokens=10):
@@ -27,10 +28,10 @@ def test_seeded_request_gives_the_same_tokens_alone_and_in_a_batch():
 def test_another_seed_samples_other_tokens():
     prompt = [5, 9, 13, 2]
     first = run([prompt])
-    other = run([prompt], SamplingChoice(SAMPLED.parameters, seed=99))
+    other = run([prompt], SAMPLED.with_seed(99))
     assert first != other
 
 
 def test_greedy_ignores_the_seed():
-    greedy = SamplingChoice()
-    assert run([[5, 9]], greedy) == run([[5, 9]], SamplingChoice(greedy.parameters, seed=7))
+    greedy = GREEDY
+    assert run([[5, 9]], greedy) == run([[5, 9]], greedy.with_seed(7))

@@ -17,7 +17,8 @@ from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.events import FinishReason
 from helios.runtime.geometry import device_pending
-from helios.runtime.offline import SamplingChoice, generate
+from helios.runtime.offline import generate
+from helios.runtime.sampling_params import GREEDY, SamplingParams
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
@@ -29,7 +30,7 @@ PROMPTS = [[_CHOOSER.randrange(3, 300) for _ in range(n)] for n in (1, 4, 17, 33
 MAX_TOKENS = 12
 # temperature, top_k, top_p, min_p, repetition, presence, frequency: penalties read the device
 # histogram of output tokens, which a second frame must see updated by the first.
-SAMPLED = SamplingChoice((0.8, 40.0, 0.95, 0.0, 1.3, 0.2, 0.1), seed=1234)
+SAMPLED = SamplingParams.from_packed((0.8, 40.0, 0.95, 0.0, 1.3, 0.2, 0.1), seed=1234)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def _open(core_path):
     return open_core(path, accept=NAMESPACE, trusted_keys=[key.public])
 
 
-def _generate(core_path, frames: int, sampling: SamplingChoice = SamplingChoice()):
+def _generate(core_path, frames: int, sampling: SamplingParams = GREEDY):
     runtime = build_runtime(_open(core_path))
     runtime.engine.frames = frames
     try:
@@ -66,7 +67,7 @@ def test_prepared_decode_keeps_its_pending_token_on_the_device(core_path):
     assert not device_pending(prepared, "prefill") and not device_pending(prepared, "mixed")
 
 
-@pytest.mark.parametrize("sampling", [SamplingChoice(), SAMPLED], ids=["greedy", "sampled-with-penalties"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled-with-penalties"])
 def test_two_frames_give_the_one_frame_tokens(core_path, sampling):
     one, none_behind, _ = _generate(core_path, 1, sampling)
     two, behind, results = _generate(core_path, 2, sampling)

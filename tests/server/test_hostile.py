@@ -25,7 +25,7 @@ from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.frontend.text_bounds import TextBounds
 from helios.server.app import create_app
 from helios.server.schemas import MAX_GRAMMAR_CHARS, MAX_MESSAGES, MAX_SCHEMA_NBYTES, MAX_TOOLS, ChatCompletionRequest
-from helios.server.service import ServedModel, admission_values
+from helios.server.service import ServedModel
 from support.server_core import SERVED_ID, tiny_core
 
 BODY_LIMIT = 64 * 1024
@@ -224,7 +224,7 @@ def submit_direct(served, spec: dict, **hooks) -> list:
             finished.set()
 
     prepared = served.frontend.prepare_chat(ChatCompletionRequest(**chat(max_tokens=4)))
-    request = EngineRequest(replace(prepared.request_spec(), **spec), admission_values(prepared), on_event, **hooks)
+    request = EngineRequest(replace(prepared.request_spec(), **spec), on_event, **hooks)
     served.engine.submit(request)
     assert finished.wait(30), "the request never ended"
     return events

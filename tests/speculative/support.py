@@ -59,7 +59,7 @@ def truncated(recipe: Recipe, num_layers: int) -> Recipe:
 
 @dataclass
 class Counting:
-    """Wraps an executor's run: counts speculative rounds, lanes and emitted tokens."""
+    """Wraps an executor's finish: counts speculative rounds, lanes and emitted tokens."""
 
     rounds: int = 0
     lanes: int = 0
@@ -70,10 +70,11 @@ class Counting:
     active: bool = True
 
     def wrap(self, executor: Executor) -> None:
-        run = executor.run
+        finish = executor.finish
 
-        def counted(plan, masks=None):
-            output = run(plan, masks)
+        def counted(launched):
+            output = finish(launched)
+            plan = launched.plan
             if not self.active:
                 return output
             self.operations[plan.operation.name] += 1
@@ -87,7 +88,7 @@ class Counting:
                 self.trimmed_rounds += ceilings > plan.variant.packed_token_capacity == offered
             return output
 
-        executor.run = counted
+        executor.finish = counted
 
     def stop(self) -> None:
         """Counts stay as they are from now on."""

@@ -17,7 +17,8 @@ from helios.contract import StartupOptions
 from helios.ignition.export import CapacityPlan
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.speculative_plan import SpeculativePlan
-from helios.runtime.offline import SamplingChoice, generate
+from helios.runtime.offline import generate
+from helios.runtime.sampling_params import GREEDY, SamplingParams
 from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 from ignition.hf_checkpoints import FAMILIES, LLAMA2, LLAMA3, QWEN2, random_model, write_checkpoint
 
@@ -49,7 +50,7 @@ def recipes(tmp_path_factory):
 
 
 def run(recipe, draft, capacity_plan, speculative=True, startup=StartupOptions(), prompts=PROMPTS,
-        sampling=SamplingChoice(), max_tokens=MAX_TOKENS):
+        sampling=GREEDY, max_tokens=MAX_TOKENS):
     engine, counting = eager_runtime(eager_model(recipe, draft, capacity_plan, startup),
                                      SchedulerPolicy(speculative=speculative))
     results = generate(engine, prompts, max_tokens, sampling=sampling)
@@ -113,7 +114,7 @@ def test_draft_count_independent_of_width(recipes, width, drafts, allocate):
 
 def test_sampled_lanes_with_the_target_as_draft_reproduce_ordinary_sampling(recipes):
     recipe = recipes(QWEN2)
-    sampling = SamplingChoice(parameters=(0.9, 20.0, 0.95, 0.0, 1.1, 0.2, 0.1), seed=1234)
+    sampling = SamplingParams.from_packed((0.9, 20.0, 0.95, 0.0, 1.1, 0.2, 0.1), seed=1234)
     expected, _ = run(recipe, recipe, plan(), speculative=False, sampling=sampling)
     tokens, counting = run(recipe, recipe, plan((4,)), sampling=sampling)
     assert tokens == expected

@@ -13,8 +13,9 @@ from helios.ignition.speculative_plan import SpeculativePlan
 from helios.runtime.capacities import Operation
 from helios.runtime.geometry import program_variant
 from helios.runtime.history_drafting import HistoryIndex
-from helios.runtime.packer import AdmissionValues, Packer
+from helios.runtime.packer import Packer
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
+from helios.runtime.request import RequestSpec
 from ignition.hf_checkpoints import LLAMA3, random_model, write_checkpoint
 
 from .support import eager_model
@@ -66,7 +67,7 @@ def test_the_packer_copies_candidates_for_lanes_whose_history_ends_at_their_pend
     packer = Packer(model.prepared, model.buffers, 1, history_drafting=True)
     prompt = (5, 6, 7, 8, 5, 6)
     for request_id in ("a", "b", "c"):
-        packer.register(request_id, AdmissionValues(prompt, 0, (0.0,) * 7, 10))
+        packer.register(RequestSpec(request_id, prompt, 10))
     first = StepPlan(0, 0, Operation.PREFILL, None, (lane("a", 0, 6, 0), lane("b", 1, 6, 0), lane("c", 2, 6, 0)), (), 3)
     packer.observe(first, [RowResult(s, 1, 7, (7,)) for s in range(3)])  # every history: prompt + 7
     plan = speculative_plan(model, [lane("a", 0, 7, 6), lane("b", 1, 9, 6), lane("c", 2, 7, 6, ceiling=2)])
@@ -80,6 +81,6 @@ def test_the_packer_copies_candidates_for_lanes_whose_history_ends_at_their_pend
 
 def test_without_history_drafting_no_candidates_are_copied(model):
     packer = Packer(model.prepared, model.buffers, 1)
-    packer.register("a", AdmissionValues((5, 6, 7, 5, 6), 0, (0.0,) * 7, 10))
+    packer.register(RequestSpec("a", (5, 6, 7, 5, 6), 10))
     packer.pack("speculative", speculative_plan(model, [lane("a", 0, 7, 5)]))
     assert model.buffers["copied_counts"][0].item() == 0

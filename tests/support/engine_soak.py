@@ -23,8 +23,8 @@ from typing import Callable
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.request import RequestSpec
+from helios.runtime.sampling_params import SamplingParams
 
 SAMPLED_PARAMETERS = (0.8, 0.0, 0.9, 0.0, 1.0, 0.0, 0.0)  # temperature 0.8, top-p 0.9
 
@@ -90,9 +90,9 @@ class EngineSoak:
         self.requests[request.request_id] = request
         self._open.append(request.request_id)
         parameters = SAMPLED_PARAMETERS if request.sampled else NEUTRAL_SAMPLING_PARAMETERS
-        spec = RequestSpec(request.request_id, prompt, request.max_tokens)
-        admission = AdmissionValues(prompt, rng.randrange(2**62), parameters, request.max_tokens)
-        self.engine.submit(EngineRequest(spec, admission, self._on_event))
+        sampling = SamplingParams.from_packed(parameters, rng.randrange(2**62))
+        spec = RequestSpec(request.request_id, prompt, request.max_tokens, sampling=sampling)
+        self.engine.submit(EngineRequest(spec, self._on_event))
 
     def _on_event(self, event) -> None:
         request = self.requests[event.request_id]

@@ -17,8 +17,8 @@ import torch
 from helios.runtime.engine import EngineRequest
 from helios.runtime.events import FinishReason, TokenEvent
 from helios.runtime.model import LoadOptions
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.request import RequestSpec
+from helios.runtime.sampling_params import SamplingParams
 from helios.runtime.service import RuntimeOptions, build_runtime
 from support.runtime_runs import record_logits
 
@@ -50,10 +50,9 @@ def check_logprob_run(core, load: LoadOptions = LoadOptions(), max_tokens: int =
         for index, (prompt, top, sampling) in enumerate(REQUESTS):
             request_id = f"r{index}"
             events[request_id] = []
-            spec = RequestSpec(request_id, tuple(prompt), max_tokens, top_logprobs=top)
-            admission = AdmissionValues(tuple(prompt), 7 + index, sampling, max_tokens, (), top)
-
-            runtime.engine.submit(EngineRequest(spec, admission, _recorder(events[request_id], finished)))
+            spec = RequestSpec(request_id, tuple(prompt), max_tokens, top_logprobs=top,
+                               sampling=SamplingParams.from_packed(sampling, 7 + index))
+            runtime.engine.submit(EngineRequest(spec, _recorder(events[request_id], finished)))
         runtime.engine.run_until_idle()
     finally:
         runtime.close()

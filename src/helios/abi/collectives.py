@@ -2,9 +2,12 @@
 
 Importing this module registers three custom ops. A tensor-parallel program calls them between its
 sharded projections; ``torch.export`` records them as opaque calls, so a saved program depends on
-their schemas only. The program itself is rank-agnostic: which ranks take part is decided at run
-time by the `RankGroup` the runtime binds to the calling thread (`bind_group`) around each program
-call. One process may therefore hold several ranks (one thread each, each with its own binding).
+their schemas only. The program itself is rank-agnostic: which ranks take part is decided when the
+runtime binds a loaded program to its rank's `RankGroup` (`bind_collectives`, once, after the group
+is formed and before any CUDA graph is captured): every call of these ops in the program's graph
+then calls the op body with that group as an explicit argument (`GroupCollectives`). No thread or
+global state is involved, so one process may hold several ranks (each with its own programs). A
+call of the registered op itself (a program that was never bound) raises `CollectiveError`.
 
 ``helios::all_reduce(Tensor x, int ranks) -> Tensor``
     The elementwise sum of `x` over every rank, in a new tensor of x's shape and dtype.
@@ -39,10 +42,8 @@ which ends every collective still waiting on a lost rank.
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
 
 import torch
 
@@ -158,27 +159,47 @@ def _first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-_bound = threading.local()
-
-
-@contextlib.contextmanager
-def bind_group(group: RankGroup | None) -> Iterator[None]:
-    """Binds `group` to the calling thread for the collectives of the programs it calls."""
-    previous = getattr(_bound, "group", None)
-    _bound.group = group
-    try:
-        yield
-    finally:
-        _bound.group = previous
-
-
-def bound_group(op: str, ranks: int) -> RankGroup:
-    group = getattr(_bound, "group", None)
+def _group_of(group: RankGroup | None, op: str, ranks: int) -> RankGroup:
     if group is None:
-        raise CollectiveError(f"{op}: no rank group is bound to this thread (a tensor-parallel program ran alone)")
+        raise CollectiveError(f"{op}: no rank group is bound to this program (a tensor-parallel program ran alone; "
+                              "bind it with bind_collectives)")
     if group.size != ranks:
         raise AbiArgumentError(f"{op}: the program was captured for {ranks} ranks; the bound group has {group.size}")
     return group
+
+
+@dataclass(frozen=True)
+class GroupCollectives:
+    """The three collective ops with their rank group as an explicit argument: what a bound
+    program calls (`bind_collectives`). Same signatures and results as the registered ops."""
+
+    group: RankGroup
+
+    def all_reduce(self, x: torch.Tensor, ranks: int) -> torch.Tensor:
+        return _all_reduce(self.group, x, ranks)
+
+    def all_gather(self, x: torch.Tensor, ranks: int) -> torch.Tensor:
+        return _all_gather(self.group, x, ranks)
+
+    def broadcast(self, x: torch.Tensor, ranks: int, src: int) -> torch.Tensor:
+        return _broadcast(self.group, x, ranks, src)
+
+
+def bind_collectives(graph: torch.fx.Graph, group: RankGroup) -> int:
+    """Points every ``helios`` collective call in `graph` (the registered op, or its Python body
+    where a CPU program calls bodies directly) at `GroupCollectives(group)`; returns how many calls
+    were bound. The caller recompiles the graph's module."""
+    bound = GroupCollectives(group)
+    targets = {}
+    for op, method in ((all_reduce, bound.all_reduce), (all_gather, bound.all_gather), (broadcast, bound.broadcast)):
+        targets[getattr(torch.ops.helios, op._name).default] = method
+        targets[op._init_fn] = method
+    count = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in targets:
+            node.target = targets[node.target]
+            count += 1
+    return count
 
 
 def _check(op: str, x: torch.Tensor, ranks: int) -> None:
@@ -188,10 +209,30 @@ def _check(op: str, x: torch.Tensor, ranks: int) -> None:
         raise AbiArgumentError(f"{op}: ranks must be an int >= 2, got {ranks!r}")
 
 
+def _all_reduce(group: RankGroup | None, x: torch.Tensor, ranks: int) -> torch.Tensor:
+    _check(_REDUCE, x, ranks)
+    return _group_of(group, _REDUCE, ranks).all_reduced(x.contiguous())
+
+
+def _all_gather(group: RankGroup | None, x: torch.Tensor, ranks: int) -> torch.Tensor:
+    _check(_GATHER, x, ranks)
+    out = x.new_empty((ranks, *x.shape))
+    _group_of(group, _GATHER, ranks).all_gather_into(out, x.contiguous())
+    return out
+
+
+def _broadcast(group: RankGroup | None, x: torch.Tensor, ranks: int, src: int) -> torch.Tensor:
+    _check(_BROADCAST, x, ranks)
+    if not 0 <= src < ranks:
+        raise AbiArgumentError(f"{_BROADCAST}: src {src} is not a rank below {ranks}")
+    out = x.contiguous().clone()
+    _group_of(group, _BROADCAST, ranks).broadcast(out, src)
+    return out
+
+
 @torch.library.custom_op(_REDUCE, mutates_args=(), schema=ALL_REDUCE_SCHEMA)
 def all_reduce(x: torch.Tensor, ranks: int) -> torch.Tensor:
-    _check(_REDUCE, x, ranks)
-    return bound_group(_REDUCE, ranks).all_reduced(x.contiguous())
+    return _all_reduce(None, x, ranks)
 
 
 @all_reduce.register_fake
@@ -202,10 +243,7 @@ def _all_reduce_fake(x: torch.Tensor, ranks: int) -> torch.Tensor:
 
 @torch.library.custom_op(_GATHER, mutates_args=(), schema=ALL_GATHER_SCHEMA)
 def all_gather(x: torch.Tensor, ranks: int) -> torch.Tensor:
-    _check(_GATHER, x, ranks)
-    out = x.new_empty((ranks, *x.shape))
-    bound_group(_GATHER, ranks).all_gather_into(out, x.contiguous())
-    return out
+    return _all_gather(None, x, ranks)
 
 
 @all_gather.register_fake
@@ -216,12 +254,7 @@ def _all_gather_fake(x: torch.Tensor, ranks: int) -> torch.Tensor:
 
 @torch.library.custom_op(_BROADCAST, mutates_args=(), schema=BROADCAST_SCHEMA)
 def broadcast(x: torch.Tensor, ranks: int, src: int) -> torch.Tensor:
-    _check(_BROADCAST, x, ranks)
-    if not 0 <= src < ranks:
-        raise AbiArgumentError(f"{_BROADCAST}: src {src} is not a rank below {ranks}")
-    out = x.contiguous().clone()
-    bound_group(_BROADCAST, ranks).broadcast(out, src)
-    return out
+    return _broadcast(None, x, ranks, src)
 
 
 @broadcast.register_fake

@@ -23,7 +23,8 @@ from helios.frontend.template import ChatTemplate
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.frontend.text_bounds import is_unicode_text
-from helios.runtime.offline import SamplingChoice, generate
+from helios.runtime.offline import generate
+from helios.runtime.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
 
 
@@ -112,8 +113,9 @@ def _generate(args: argparse.Namespace, runtime) -> int:
     template_tokens = {t.name: t.text for t in model.prepared.contract.defaults.template_tokens}
     prompts = _prompt_ids(args, tokenizer, model.chat_template, template_tokens)
     eos = () if args.ignore_eos else model.settings.eos_token_ids
-    parameters = (args.temperature, float(args.top_k), args.top_p, 0.0, 1.0, 0.0, 0.0)
-    results = generate(runtime.engine, prompts, args.max_tokens, eos, SamplingChoice(parameters, args.seed))
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              seed=signed_seed(args.seed))
+    results = generate(runtime.engine, prompts, args.max_tokens, eos, sampling)
     for prompt, result in zip(prompts, results):
         text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
         if args.json:

@@ -16,8 +16,10 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSampling
 from helios.errors import RequestError
 from helios.runtime.request import RequestSpec
+from helios.runtime.sampling_params import SamplingParams, signed_seed
 
-SEED_MASK = 2**64 - 1
+__all__ = ["ContextLimitExceeded", "GenerationParams", "SamplingBody", "SamplingParams", "resolve_output_limit",
+           "resolve_sampling"]
 SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -42,34 +44,20 @@ class SamplingBody(Protocol):
     seed: int | None
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Complete sampling values of one request. `seed` is the 64 seed bits the sampler uses."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    repetition_penalty: float
-    presence_penalty: float
-    frequency_penalty: float
-    seed: int
-
-
 def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: Callable[[], int]) -> SamplingParams:
-    """Explicit request values, else the defaults. A request seed (signed 64-bit) is used as its
-    two's-complement bits; without one, a fixed seed policy uses the default seed and a random
-    policy draws fresh bits with `draw_seed` (called only then)."""
+    """Explicit request values, else the defaults. A request seed (signed 64-bit) is used as given;
+    without one, a fixed seed policy uses the default seed and a random policy draws fresh bits with
+    `draw_seed` (called only then), both unsigned bits converted once to the signed seed."""
     values = {}
     for name in SAMPLING_FIELDS:
         given = getattr(body, name)
         values[name] = given if given is not None else getattr(defaults, name)
     if body.seed is not None:
-        seed = body.seed & SEED_MASK
+        seed = signed_seed(body.seed)  # already signed (the schema's range): unchanged
     elif defaults.seed_policy == spb.SEED_POLICY_FIXED and defaults.seed is not None:
-        seed = defaults.seed
+        seed = signed_seed(defaults.seed)
     else:
-        seed = draw_seed() & SEED_MASK
+        seed = signed_seed(draw_seed())
     return SamplingParams(**values, seed=seed)
 
 
@@ -134,6 +122,7 @@ class GenerationParams:
             observe=self.is_timed,
             top_logprobs=self.top_logprobs,
             score_prompt=self.score_prompt,
-            has_logit_bias=bool(self.logit_bias),
+            sampling=self.sampling,
+            logit_bias=self.logit_bias,
             **scheduling,
         )

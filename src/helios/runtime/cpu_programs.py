@@ -50,6 +50,11 @@ class CpuProgram:
     def graph(self) -> torch.fx.Graph:
         return self.module.graph
 
+    def recompile(self) -> None:
+        """Regenerates the code after an edit of `graph` (a load-time binding, e.g. of collectives)."""
+        self.module.recompile()
+        self._forward = self.module.forward
+
     def __call__(self, weights: Sequence[torch.Tensor], *inputs: torch.Tensor) -> Any:
         if len(weights) != self.num_weights:
             raise ProgramArgumentError(f"the program takes {self.num_weights} weights, got {len(weights)}")

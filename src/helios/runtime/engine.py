@@ -12,7 +12,13 @@ the worker keeps up to two plans submitted. After launching a plan it asks the s
 another; the scheduler offers a second frame only when it needs no feedback from the first (a
 decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.steps`),
 and the worker packs and launches it before it waits for the first one's completion. Completions
-are taken oldest first. An executor with only `run` gets one frame (a tensor-parallel rank zero has both: `RankedExecutor`).
+are taken oldest first. The engine drives every executor through one protocol
+(`helios.runtime.execution.PlanExecutor`: `launch` then `finish`); with one frame it launches a plan
+`alone` and finishes it before scheduling the next.
+
+Request state: the engine keeps only each request's hooks (`EngineRequest`); what a request asks
+for is its `RequestSpec`, which the scheduler owns and each plan carries once to the executor's
+packer (`StepPlan.admitted`), with the ids it may drop (`StepPlan.finished`).
 
 Every request ends with exactly one `FinishEvent`. Events are delivered by calling the request's
 `on_event` in the worker thread; it must not block (hand off to a queue). That holds at the edges
@@ -38,8 +44,7 @@ import torch
 
 from helios.errors import AdmissionRejected, ExecutionError
 from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent, rejected
-from helios.runtime.executor import Executor, StepOutput
-from helios.runtime.packer import AdmissionValues
+from helios.runtime.execution import PlanExecutor
 from helios.runtime.prompt_scores import prompt_score_events
 from helios.runtime.request import RequestSpec
 from helios.runtime.scheduler import Scheduler
@@ -56,30 +61,27 @@ class GrammarState(Protocol):
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A prepared request. `host_stop(token_id) -> bool` (None when the request has no host
-    stops) runs in the worker after each token and returns True when a stop matched."""
+    """A prepared request and its hooks. `host_stop(token_id) -> bool` (None when the request has
+    no host stops) runs in the worker after each token and returns True when a stop matched."""
 
     spec: RequestSpec
-    admission: AdmissionValues
     on_event: Callable[[RequestEvent], None]
     grammar: GrammarState | None = None
     host_stop: Callable[[int], bool] | None = None
-    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
 
 
 class Engine:
     """Owns the worker thread; `submit`/`cancel` are thread-safe."""
 
-    def __init__(self, scheduler: Scheduler, executor: Executor, stats: WorkerStats | None = None,
+    def __init__(self, scheduler: Scheduler, executor: PlanExecutor, stats: WorkerStats | None = None,
                  clock: Callable[[], int] = time.monotonic_ns, frames: int | None = None):
         """`frames`: plans kept submitted at once (1 or 2); None: 2 when the executor overlaps."""
         self.scheduler = scheduler
         self.executor = executor
-        overlaps = getattr(executor, "overlaps", False) and hasattr(executor, "launch")
-        self.frames = frames if frames is not None else (2 if overlaps else 1)
-        if self.frames not in (1, 2) or (self.frames == 2 and not hasattr(executor, "launch")):
-            raise ValueError(f"{self.frames} execution frames with {type(executor).__name__}")
-        self._launched: deque = deque()  # (plan, Launched or StepOutput), oldest first
+        self.frames = frames if frames is not None else (2 if executor.overlaps else 1)
+        if self.frames not in (1, 2):
+            raise ValueError(f"{self.frames} execution frames (1 or 2)")
+        self._launched: deque = deque()  # (plan, the executor's handle), oldest first
         self.stats = stats or WorkerStats()
         self._clock = clock
         self._wake = threading.Condition()
@@ -205,11 +207,6 @@ class Engine:
             _notify(request, _ended(request, FinishReason.ERROR, _request_failure(error)))
             return
         self._active[spec.request_id] = request
-        try:
-            self.executor.packer.register(spec.request_id, request.admission, request.images)
-        except Exception as error:  # noqa: BLE001
-            self._fail_request(request, error)
-            return
         self.stats.requests_admitted += 1
         self.stats.prompt_tokens += len(spec.prompt_ids)
 
@@ -237,22 +234,14 @@ class Engine:
     def _launch(self, plan) -> None:
         """Launches `plan` (one frame: runs it); a failure fails the plan at once."""
         try:
-            masks = self._masks(plan)
-            if self.frames == 2:
-                launched = self.executor.launch(plan, masks)
-            else:
-                launched = self.executor.run(plan, masks)
+            plan = plan.with_masks(self._masks(plan))
+            launched = self.executor.launch(plan, alone=self.frames == 1)
         except Exception as error:  # noqa: BLE001 - failed like a failed completion
             self._fail(plan, error)
             return
         if self._launched:
             self.stats.second_frames += 1
         self._launched.append((plan, launched))
-
-    def _output(self, launched):
-        """The StepOutput of a launched plan (a plan run in one frame already has it), whatever
-        `frames` is now (tests and benchmarks change it between runs)."""
-        return launched if isinstance(launched, StepOutput) else self.executor.finish(launched)
 
     def _fail(self, plan, error: Exception) -> None:
         message = str(error) if isinstance(error, ExecutionError) else f"execution failed: {type(error).__name__}: {error}"
@@ -267,7 +256,7 @@ class Engine:
         """Waits for the oldest launched plan and completes (or fails) it."""
         plan, launched = self._launched.popleft()
         try:
-            output = self._output(launched)
+            output = self.executor.finish(launched)
         except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
             self._fail(plan, error)
             return
@@ -336,7 +325,6 @@ class Engine:
 
     def _finish(self, request: EngineRequest, event: FinishEvent) -> None:
         del self._active[event.request_id]
-        self.executor.packer.forget(event.request_id)
         self.stats.requests_finished[event.reason.name.lower()] += 1
         _notify(request, event)
 
@@ -351,7 +339,7 @@ class Engine:
             stats.snapshots_restored = c.snapshots_restored
             stats.mixed_grammar_decode_steps = c.mixed_grammar_decode_plans
             stats.constrained_max_inflight = c.constrained_max_inflight
-            images = getattr(self.executor, "images", None)
+            images = self.executor.images
             if images is not None:
                 stats.image_cache_hits, stats.image_cache_misses = images.cache.stats.hits, images.cache.stats.misses
 

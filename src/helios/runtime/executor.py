@@ -58,6 +58,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.errors import ExecutionError
 from helios.runtime.capacities import Operation
+from helios.runtime.cuda_graphs import CaptureError, CapturedProgram
 from helios.runtime.events import TokenLogprobs
 from helios.runtime.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
 from helios.runtime.image_features import ImageFeatureCache
@@ -109,18 +110,21 @@ class Executor:
         self._confidence = model.buffers.get(confidence) if confidence else None
         cuda = model.device.type == "cuda"
         self._events = [torch.cuda.Event() for _ in range(2)] if cuda else []  # one per frame
-        self.images = image_feeder(model, packer)  # None for a text-only core
+        self.images = image_feeder(model, packer, self._encode)  # None for a text-only core
 
     @property
     def overlaps(self) -> bool:
         """Whether `launch` returns before the device has finished (a second frame pays off)."""
         return self.model.device.type == "cuda"
 
-    def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
-        return self.finish(self.launch(plan, masks))
+    def run(self, plan: StepPlan) -> StepOutput:
+        """`launch` and `finish` of one plan."""
+        return self.finish(self.launch(plan, alone=True))
 
-    def launch(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> Launched:
-        """Copies, packing and the program call of `plan`; its record is on its way to the host."""
+    def launch(self, plan: StepPlan, *, alone: bool = False) -> Launched:
+        """Copies, packing and the program call of `plan`; its record is on its way to the host.
+        (`alone` changes nothing here: one rank runs the same way either way.)"""
+        self.packer.apply(plan)
         for copy in plan.copies:
             self._copy(copy)
         if plan.variant is None:
@@ -128,13 +132,11 @@ class Executor:
         program = self._program_for(plan)
         if self.images is not None and plan.operation in (Operation.PREFILL, Operation.MIXED):
             self.images.feed(plan.rows, self.packer.images_of(plan.rows))
-        self.packer.pack(program.graph, plan, masks)
+        self.packer.pack(program.graph, plan)
         if self._submission is not None:
             self._submission.fill_(plan.sequence)
-        args = self._arguments[variant_name(program)]
         with torch.inference_mode():
-            replay = getattr(program.module, "replay", None)  # a captured program (CUDA graphs)
-            returned = replay(greedy=self.packer.all_greedy(plan)) if replay else program.module(*args)
+            returned = self._call(program, plan)
         outputs = dict(zip(program.outputs, returned if isinstance(returned, (tuple, list)) else (returned,)))
         record = outputs[self.model.prepared.manifest.completion.buffer]
         asynchronous = record.device.type == "cuda" and self._completion.is_pinned()
@@ -151,6 +153,10 @@ class Executor:
             done = self._events[plan.frame]
             done.record(torch.cuda.current_stream(record.device))
         return Launched(plan, program, outputs, done, scores)
+
+    def _call(self, program: LoadedProgram, plan: StepPlan):
+        """The program's outputs for the packed `plan`: an eager call on its fixed arguments."""
+        return program.module(*self._arguments[variant_name(program)])
 
     def _program_for(self, plan: StepPlan) -> LoadedProgram:
         """The planned program, or its token-logprobs twin when a row asks for log-probabilities."""
@@ -223,6 +229,38 @@ class Executor:
         """One plan copy between pages, slot state rows, continuation rows and host slots."""
         self.storage.copy(copy)
 
+    @staticmethod
+    def _encode(program: LoadedProgram, arguments: list):
+        """An image encoder's outputs (an eager call)."""
+        return program.module(*arguments)
+
+
+class GraphExecutor(Executor):
+    """`Executor` over programs captured into CUDA graphs (`helios.runtime.cuda_graphs`): each
+    launch replays the program's graph, the greedy-only one when no row of the plan draws."""
+
+    def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram],
+                 host_pages: int = 0):
+        uncaptured = [name for name, p in programs.items() if not isinstance(p.module, CapturedProgram)]
+        uncaptured += [p.graph for p in model.vision_programs if not isinstance(p.module, CapturedProgram)]
+        if uncaptured:
+            raise CaptureError(f"programs {', '.join(uncaptured)} were not captured into CUDA graphs")
+        super().__init__(model, packer, programs, host_pages)
+
+    def _call(self, program: LoadedProgram, plan: StepPlan):
+        return program.module.replay(greedy=self.packer.all_greedy(plan))
+
+    @staticmethod
+    def _encode(program: LoadedProgram, arguments: list):
+        return program.module.replay(greedy=False)
+
+
+def executor_for(model: LoadedModel, packer: Packer, host_pages: int = 0) -> Executor:
+    """The one-rank executor of `model`: a `GraphExecutor` when its programs were captured."""
+    captured = bool(model.programs) and all(isinstance(p.module, CapturedProgram) for p in model.programs)
+    kind = GraphExecutor if captured else Executor
+    return kind(model, packer, program_table(model), host_pages)
+
 
 def _token_columns(layout: mpb.CompletionLayout) -> tuple[int, int]:
     """(first int64 column, count) of the record's SAMPLED_TOKENS field."""
@@ -264,9 +302,11 @@ def logprob_twins(programs) -> dict[str, LoadedProgram]:
     return twins
 
 
-def image_feeder(model: LoadedModel, packer: Packer, cached_images: int = 64) -> ImageFeeder | None:
+def image_feeder(model: LoadedModel, packer: Packer, encode=lambda program, arguments: program.module(*arguments),
+                 cached_images: int = 64) -> ImageFeeder | None:
     """The feeder of a core with VISION programs: they encode images into a feature cache holding
-    about `cached_images` of the largest images' features."""
+    about `cached_images` of the largest images' features. `encode(program, arguments)` calls one
+    (eagerly, or by replaying its captured graph)."""
     if not model.vision_programs:
         return None
     programs = {p.packed_token_capacity: p for p in model.vision_programs}
@@ -276,9 +316,7 @@ def image_feeder(model: LoadedModel, packer: Packer, cached_images: int = 64) ->
         program = programs.get(capacity)
         if program is None:
             return None
-        replay = getattr(program.module, "replay", None)  # captured as a CUDA graph
-        call = (lambda: replay(greedy=False)) if replay else (lambda: program.module(*arguments[capacity]))
-        return lambda: _first(call())
+        return lambda: _first(encode(program, arguments[capacity]))
 
     rows = model.prepared.contract.model.vision.feature_slots * cached_images
     return ImageFeeder(model.prepared, model.buffers, encoder, ImageFeatureCache(max_rows=rows))

@@ -9,19 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.request import RequestSpec
-
-
-@dataclass(frozen=True)
-class SamplingChoice:
-    """Packed sampling parameters (see `helios.abi.sampling.SAMPLING_PARAMETER_COLUMNS`) and seed."""
-
-    parameters: tuple[float, ...] = NEUTRAL_SAMPLING_PARAMETERS
-    seed: int = 0
+from helios.runtime.sampling_params import GREEDY, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -33,7 +24,7 @@ class Generation:
 
 
 def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int, eos_ids: Sequence[int] = (),
-             sampling: SamplingChoice = SamplingChoice()) -> list[Generation]:
+             sampling: SamplingParams = GREEDY) -> list[Generation]:
     """Generates for every prompt (one request each, all submitted before the first step)."""
     tokens: dict[str, list[int]] = {}
     finished: dict[str, FinishEvent] = {}
@@ -47,9 +38,8 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int, 
     ids = [f"offline-{index}" for index in range(len(prompts))]
     for request_id, prompt in zip(ids, prompts):
         tokens[request_id] = []
-        spec = RequestSpec(request_id, tuple(prompt), max_tokens, frozenset(eos_ids))
-        admission = AdmissionValues(tuple(prompt), sampling.seed, tuple(sampling.parameters), max_tokens, tuple(eos_ids))
-        engine.submit(EngineRequest(spec, admission, record))
+        spec = RequestSpec(request_id, tuple(prompt), max_tokens, frozenset(eos_ids), sampling=sampling)
+        engine.submit(EngineRequest(spec, record))
     engine.run_until_idle()
     return [
         Generation(tuple(tokens[r]), finished[r].reason, finished[r].num_prompt_tokens, finished[r].message)

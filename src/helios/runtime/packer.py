@@ -5,8 +5,11 @@ each step then writes only the values its rows need into the destination buffers
 executor passes to the program. Nothing here knows a model: a binding's `ValueSource` says where a
 value comes from and its `Indexing` says where it goes.
 
-Per-request admission values (prompt, seed, sampling parameters, output limit, logit bias) are registered by
-the engine when a request is submitted (`register`) and dropped when it ends (`forget`).
+Per-request values (prompt, `SamplingParams` with the seed, output limit, logit bias) come from
+the requests' `RequestSpec`s, which the plans carry: `apply(plan)` (the executor calls it first
+for every plan it launches) drops the plan's `finished` ids and records its `admitted` specs, so
+every packer that applies the same plan stream - rank zero's and each tensor-parallel peer's -
+holds the same records. `register`/`forget` do the same for one request (tests, tools).
 SPECULATIVE lanes bind their ceiling (QUERY_LENGTH or SPECULATIVE_PREFIX_LIMIT: the row's reserved
 query length) and the copied-token sources. With history drafting enabled (a startup option) the
 packer keeps each request's history - its prompt plus every emission the executor validated
@@ -43,26 +46,13 @@ from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.masks import allowed_row, write_masks
 from helios.runtime.image_packing import supports as supports_image
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
+from helios.runtime.request import RequestSpec
 
 S = spb
-NUM_SAMPLING_PARAMETERS = 7  # temperature, top_k, top_p, min_p, repetition, presence, frequency
 
 
 class UnsupportedBindingError(LoadError):
     """A selected program binds a value source this runtime cannot supply."""
-
-
-@dataclass(frozen=True)
-class AdmissionValues:
-    """Values a request fixes at admission."""
-
-    prompt_ids: tuple[int, ...]
-    seed: int
-    sampling: tuple[float, ...]  # NUM_SAMPLING_PARAMETERS values, in the order above
-    output_limit: int
-    eos_ids: tuple[int, ...] = ()
-    top_logprobs: int | None = None  # None: no log-probabilities; K: the token's and K alternatives
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), distinct ids
 
 
 @dataclass(frozen=True)
@@ -79,7 +69,7 @@ class Binding:
     image_output: str = ""
 
 
-_ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
+_ROW_SOURCES: Mapping[int, Callable[[PlanRow, RequestSpec], object]] = {
     S.VALUE_SOURCE_SLOT: lambda row, req: row.slot,
     S.VALUE_SOURCE_GENERATION: lambda row, req: row.generation,
     S.VALUE_SOURCE_QUERY_LENGTH: lambda row, req: row.query_len,
@@ -87,9 +77,9 @@ _ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
     S.VALUE_SOURCE_SAMPLING_DECISION: lambda row, req: int(row.samples),
     S.VALUE_SOURCE_CONSUMED_TOKEN_START: lambda row, req: row.start_pos,
     S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda row, req: row.start_pos + row.query_len,
-    S.VALUE_SOURCE_SEED_BITS: lambda row, req: req.seed,
-    S.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda row, req: req.sampling,
-    S.VALUE_SOURCE_OUTPUT_LIMIT: lambda row, req: req.output_limit,
+    S.VALUE_SOURCE_SEED_BITS: lambda row, req: req.sampling.seed,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda row, req: req.sampling.packed(),
+    S.VALUE_SOURCE_OUTPUT_LIMIT: lambda row, req: req.max_output_tokens,
     S.VALUE_SOURCE_PENDING_TOKEN: lambda row, req: _pending_token(row, req),
 }
 _PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
@@ -103,7 +93,7 @@ _COPIED_SOURCES = {
 }
 
 
-def _pending_token(row: PlanRow, req: AdmissionValues):
+def _pending_token(row: PlanRow, req: RequestSpec):
     """The token a one-token lane feeds next: the completed pending token of a generating lane, or
     the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
     feeds its first packed token (the program's override then changes nothing). A lane of a second
@@ -121,8 +111,7 @@ class Packer:
         self._buffers = buffers
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
-        self._requests: dict[str, AdmissionValues] = {}
-        self._images: dict[str, object] = {}  # request id -> `helios.runtime.images.RequestImages`
+        self._requests: dict[str, RequestSpec] = {}
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
@@ -135,19 +124,32 @@ class Packer:
         if self._histories is None:
             self._histories = {}
 
-    def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
-        """`images`: the request's `RequestImages` (None: text only)."""
-        self._requests[request_id] = values
-        if images is not None:
-            self._images[request_id] = images
+    def apply(self, plan: StepPlan) -> None:
+        """Drops `plan.finished` requests, then records `plan.admitted` ones (in that order: an id
+        may be finished and admitted again)."""
+        for request_id in plan.finished:
+            self.forget(request_id)
+        for spec in plan.admitted:
+            self.register(spec)
+
+    def register(self, spec: RequestSpec) -> None:
+        self._requests[spec.request_id] = spec
         if self._histories is not None:
-            self._histories[request_id] = HistoryIndex(values.prompt_ids)
+            self._histories[spec.request_id] = HistoryIndex(spec.prompt_ids)
 
     def forget(self, request_id: str) -> None:
+        """Drops a request's record (an id it never saw is ignored)."""
         self._requests.pop(request_id, None)
-        self._images.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests recorded (admitted by a plan and not finished since)."""
+        return len(self._requests)
+
+    def spec(self, request_id: str) -> RequestSpec | None:
+        return self._requests.get(request_id)
 
     def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
         """Validated emissions of `plan`, in row order: they extend the requests' histories."""
@@ -158,8 +160,9 @@ class Packer:
             if history is not None and result.token_ids:
                 history.extend(result.token_ids)
 
-    def pack(self, graph: str, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> None:
-        """Fills every binding of `graph` for `plan`; `masks` holds constrained rows' grammar masks."""
+    def pack(self, graph: str, plan: StepPlan) -> None:
+        """Fills every binding of `graph` for `plan` (`apply` it first); `plan.masks` holds its
+        constrained rows' grammar masks."""
         requests = [self._requests[row.request_id] for row in plan.rows]
         self._staging.begin(plan.frame)
         for row in plan.rows:
@@ -176,24 +179,24 @@ class Packer:
             elif binding.source in _COPIED_SOURCES:
                 _fill_copied(binding, target, plan.rows, copied)
             else:
-                self._fill(binding, target, plan.rows, requests, masks or {})
+                self._fill(binding, target, plan.rows, requests, plan.masks)
         self._staging.upload()
 
     def top_logprobs(self, request_id: str) -> int | None:
         """The alternatives per token a registered request asks for (None: no log-probabilities)."""
-        values = self._requests.get(request_id)
-        return values.top_logprobs if values is not None else None
+        spec = self._requests.get(request_id)
+        return spec.top_logprobs if spec is not None else None
 
     def wants_logprobs(self, plan: StepPlan) -> bool:
         """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
         return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
     def images_of(self, rows: Sequence[PlanRow]) -> list:
         """Each row's request images (`RequestImages`), None for a request without images."""
-        return [self._images.get(row.request_id) for row in rows]
+        return [self._requests[row.request_id].images for row in rows]
 
     def all_greedy(self, plan: StepPlan) -> bool:
-        """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""
-        return not any(self._requests[row.request_id].sampling[0] > 0 for row in plan.rows)
+        """Whether every row of `plan` belongs to a greedy request (`SamplingParams.is_greedy`)."""
+        return all(self._requests[row.request_id].sampling.is_greedy for row in plan.rows)
 
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
         """Copied history candidates for a lane: none unless its history ends at its pending token."""
@@ -252,7 +255,7 @@ def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow]
         _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
 
 
-def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
+def _packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
     if source == S.VALUE_SOURCE_PROMPT_TOKENS:
         return list(row.token_ids)
     if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
@@ -282,7 +285,7 @@ def _offset(value, offset: int):
     return value + offset
 
 
-def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
+def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: "_Staging") -> None:
     source, slot = binding.source, row.slot
     if source == S.VALUE_SOURCE_PAGE_TABLE:
         if row.admits:

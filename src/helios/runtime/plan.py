@@ -1,20 +1,34 @@
 """What one scheduling step asks the executor to do, and what the executor reports back.
 
-All records are immutable. A `StepPlan` is self-contained: the packer needs no scheduler state
-to fill value bindings from it, apart from what it remembers per (slot, generation) - rows send
-only the page-table entries new since the last row of that slot generation, and a new slot
-generation (`PlanRow.admits`) invalidates everything remembered for the slot.
+All records are immutable. A `StepPlan` is self-contained: whoever applies the stream of plans in
+order (rank zero's packer, every tensor-parallel peer's packer) rebuilds the same per-request
+state from the plans alone, and needs nothing from the scheduler:
 
-Execution order inside a plan: every `CopyOp` in order, then the program over `rows`.
+- `admitted`: the `RequestSpec` of every request whose first row is in this plan, sent once per
+  request (a preempted request that comes back is not sent again);
+- rows: only what changed - the input tokens appended since the lane's last row, the page-table
+  entries new since the last row of that slot generation, and the lane's slot; a new slot
+  generation (`PlanRow.admits`) invalidates everything remembered for the slot;
+- `finished`: ids of requests released since the previous plan (no later plan names them; an id
+  may be admitted again by a later plan, never by the same one);
+- `masks`: the grammar mask rows of its constrained sampling rows (host feedback the engine adds
+  after scheduling, `with_masks`).
+
+Application order inside a plan: `finished` ids are dropped, `admitted` specs recorded, every
+`CopyOp` runs in order, then the program over `rows`.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
+
+import torch
 
 from helios.runtime.capacities import Operation, ProgramVariant
 from helios.runtime.events import TokenLogprobs
+from helios.runtime.request import RequestSpec
 
 
 class StorageKind(enum.IntEnum):
@@ -73,8 +87,12 @@ class PlanRow(NamedTuple):
     constrained: bool
 
 
+NO_MASKS: Mapping[str, torch.Tensor] = MappingProxyType({})
+
+
 class StepPlan(NamedTuple):
-    """One submission: `sequence` orders completions; `frame` (0/1) selects completion storage."""
+    """One submission: `sequence` orders completions; `frame` (0/1) selects completion storage.
+    See the module docstring for what `admitted`, `finished` and `masks` carry."""
 
     sequence: int
     frame: int
@@ -83,6 +101,13 @@ class StepPlan(NamedTuple):
     rows: tuple[PlanRow, ...]
     copies: tuple[CopyOp, ...]
     num_tokens: int
+    admitted: tuple[RequestSpec, ...] = ()
+    finished: tuple[str, ...] = ()
+    masks: Mapping[str, torch.Tensor] = NO_MASKS  # request id -> int32 mask words (constrained rows)
+
+    def with_masks(self, masks: Mapping[str, torch.Tensor]) -> StepPlan:
+        """This plan with the grammar masks of its constrained rows (read-only from then on)."""
+        return self._replace(masks=MappingProxyType(dict(masks))) if masks else self
 
 
 class RowResult(NamedTuple):

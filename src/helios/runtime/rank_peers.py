@@ -15,7 +15,8 @@ On CUDA (`helios.runtime.rank_devices`) local rank r runs on ``cuda:(B + r)`` wh
 on ``cuda:B``, the programs' collectives go through NCCL, and, when rank zero's load options ask
 for CUDA graphs (`LoadOptions.cuda_graphs`), every rank captures its programs right after the
 group is formed (`capture_rank`), not while it loads: capture runs each program eagerly first, and
-its collectives need every rank's group bound. Every rank therefore loads a tensor-parallel core
+its collectives need every rank's group. Every rank binds its programs' collectives to its group
+(`bind_rank`, an explicit load-time rewrite of each program's graph) as soon as the group is formed. Every rank therefore loads a tensor-parallel core
 with ``cuda_graphs=False`` (`helios.runtime.service` does so for rank zero).
 
 Why processes are the default for local peers on the CPU: gloo itself runs several ranks as
@@ -47,10 +48,11 @@ from typing import Callable
 
 import torch
 
-from helios.abi.collectives import RankGroup, bind_group
+from helios.abi.collectives import RankGroup, bind_collectives
 from helios.errors import LoadError
-from helios.runtime.cuda_graphs import release_graphs
-from helios.runtime.executor import Executor, program_table, variant_name
+from helios.runtime.cpu_programs import CpuProgram
+from helios.runtime.cuda_graphs import CaptureError, CapturedProgram, release_graphs
+from helios.runtime.executor import Executor, GraphExecutor, program_table, variant_name
 from helios.runtime.model import LoadOptions, load_model, serving_device
 from helios.runtime.packer import Packer
 from helios.runtime.rank_devices import (
@@ -64,8 +66,8 @@ from helios.runtime.rank_rendezvous import Launch, RankIdentity, RankJoinError, 
 from helios.runtime.ranks import RankedExecutor, serve_rank
 from helios.runtime.stats import WorkerStats
 
-__all__ = ["PeerKind", "PendingRanks", "RankOptions", "RankPeers", "UnsupportedRanksError", "capture_rank",
-           "join_rank", "launch_peers", "start_ranks"]
+__all__ = ["PeerKind", "PendingRanks", "RankOptions", "RankPeers", "UnsupportedRanksError", "bind_rank",
+           "capture_rank", "join_rank", "launch_peers", "start_ranks"]
 
 
 class PeerKind(enum.Enum):
@@ -186,8 +188,9 @@ class PendingRanks:
             self.rendezvous.wait_ready(range(1, launch.ranks), self.options.join_timeout_s, lambda: _first_lost(peers))
             group = self.rendezvous.form_group(0, launch.ranks, timeout, self.placement.devices[0] if nccl else None,
                                                symmetric=launch.symmetric_all_reduce)
+            bind_rank(executor.model, group)
             if launch.cuda_graphs:
-                executor = capture_rank(executor, group, launch.host_pages)
+                executor = capture_rank(executor, launch.host_pages)
         except BaseException:
             if group is not None:
                 group.abort()
@@ -209,18 +212,35 @@ class PendingRanks:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def capture_rank(executor: Executor, group: RankGroup, host_pages: int) -> Executor:
-    """An executor of the same model whose programs replay CUDA graphs captured now, with `group`
-    bound (every rank must call this at the same point: the warm-up runs meet in collectives)."""
+def bind_rank(model, group: RankGroup) -> int:
+    """Binds the collectives of every program of `model` (this rank's, not yet captured) to
+    `group`, in place (`helios.abi.collectives.bind_collectives`); returns how many calls were
+    bound. Programs without collectives are left as they are."""
+    count = 0
+    for program in (*model.programs, *model.vision_programs):
+        module = program.module
+        if isinstance(module, CapturedProgram):
+            raise CaptureError(f"program {program.graph} was captured before its collectives were bound")
+        graph_module = module.module if isinstance(module, CpuProgram) else module
+        bound = bind_collectives(graph_module.graph, group)
+        if bound:
+            module.recompile()
+        count += bound
+    return count
+
+
+def capture_rank(executor: Executor, host_pages: int) -> GraphExecutor:
+    """An executor of the same model whose programs replay CUDA graphs captured now (their
+    collectives already bound, `bind_rank`; every rank must call this at the same point: the
+    warm-up runs meet in collectives)."""
     from helios.runtime.cuda_graphs import capture_programs  # CUDA only
     from helios.runtime.model import program_arguments, tuned_outputs
 
     model = executor.model
-    with bind_group(group):
-        programs = capture_programs(model.programs, lambda p: program_arguments(p, model.weights, model.buffers),
-                                    model.buffers, model.device, keep=tuned_outputs(model.prepared))
+    programs = capture_programs(model.programs, lambda p: program_arguments(p, model.weights, model.buffers),
+                                model.buffers, model.device, keep=tuned_outputs(model.prepared))
     captured = dataclasses.replace(model, programs=programs)
-    return Executor(captured, executor.packer, program_table(captured), host_pages)
+    return GraphExecutor(captured, executor.packer, program_table(captured), host_pages)
 
 
 def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
@@ -259,8 +279,9 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
                                   placed if launch.backend == RankBackend.NCCL.value else None,
                                   symmetric=launch.symmetric_all_reduce)
     try:
+        bind_rank(executor.model, group)
         if launch.cuda_graphs:
-            executor = capture_rank(executor, group, launch.host_pages)
+            executor = capture_rank(executor, launch.host_pages)
         on_joined(rank, launch.ranks)
         serve_rank(executor, group)
     finally:

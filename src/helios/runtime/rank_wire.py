@@ -1,17 +1,20 @@
 """What rank zero sends its peers before each step, and its encoding on the wire.
 
-A `StepMessage` carries one `StepPlan` (the same immutable record the executor runs), the admission
-values of requests the peers have not seen yet, the requests they may forget, and the grammar
-masks of constrained rows: everything a peer's own `Packer` needs to pack exactly the inputs rank
-zero packs. Nothing else crosses: peers hold no scheduler and no request state beyond that.
+A `StepMessage` carries one `StepPlan`, the same immutable record the executor runs. A plan is
+self-contained (`helios.runtime.plan`): the `RequestSpec` of each request it names for the first
+time (`admitted`), the ids of requests released since the previous plan (`finished`), only what
+changed per lane, and the grammar masks of its constrained rows. A peer's `Packer` applies the
+plans in order exactly as rank zero's does, so both hold the same request records; peers hold
+no scheduler and no other request state.
 
 Encoding: a flat sequence of int64 words, each record's fields in declaration order at fixed
 positions (no JSON, no pickling, no arbitrary construction). A request crosses by its id once, in
-its admission, which also gives it a small integer handle; rows, masks and forgotten requests
-then carry only the handle (`WireEncoder` on rank zero and `WireDecoder` on each peer keep the two
-tables in step; a forgotten handle is dropped on both sides). Floats travel as their IEEE-754 bits,
-strings as a byte length and UTF-8 bytes packed eight to a word. Decoding checks every count,
-enum value, flag and handle and raises `WireError` on anything else.
+its admission, which also gives it a small integer handle; rows, masks and finished requests then
+carry only the handle (`WireEncoder` on rank zero and `WireDecoder` on each peer keep the two
+tables in step; a finished handle is dropped on both sides, and an id rank zero never sent - a
+request whose admitting plan never reached the wire - is left out of `finished`). Floats travel as
+their IEEE-754 bits, strings and bytes as a byte length and the bytes packed eight to a word.
+Decoding checks every count, enum value, flag and handle and raises `WireError` on anything else.
 
 The codec lists each record's fields by name (`RECORD_FIELDS`); a record class that gains a field
 no longer matches it (tests/parallel/test_wire.py) and changes `wire_signature()`, which every
@@ -30,10 +33,13 @@ from typing import NamedTuple, Sequence
 
 from helios.errors import ExecutionError
 from helios.runtime.capacities import LengthSource, Operation, ProgramVariant
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
+import torch
 
-WIRE_VERSION = 4  # 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH; 4: admission top_logprobs, logit_bias
+from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
+from helios.runtime.request import RequestSpec
+from helios.runtime.sampling_params import SamplingParams
+
+WIRE_VERSION = 5  # 2: TIMINGS; 3: handles, LAUNCH / FINISH; 4: top_logprobs, logit_bias; 5: self-contained plans
 MAGIC = 0x48454C494F53_0000 + WIRE_VERSION  # "HELIOS" and the version: the first word of every message
 
 
@@ -49,10 +55,7 @@ class MessageKind(enum.IntEnum):
 
 class StepMessage(NamedTuple):
     kind: MessageKind
-    plan: StepPlan | None = None
-    admissions: tuple[tuple[str, AdmissionValues], ...] = ()  # (request id, values), new to the peers
-    forgotten: tuple[str, ...] = ()  # request ids the peers may drop
-    masks: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (request id, int32 grammar mask words)
+    plan: StepPlan | None = None  # STEP and LAUNCH: the plan, with its admissions and finished ids
     reset: bool = False  # TIMINGS: zero the timers after reporting them
     sequence: int = 0  # FINISH: the submission finished
 
@@ -62,8 +65,9 @@ class WireError(ExecutionError):
 
 
 RECORD_FIELDS = {  # the codec's positional layout of every record (checked against the classes)
-    "StepMessage": ("kind", "plan", "admissions", "forgotten", "masks", "reset", "sequence"),
-    "StepPlan": ("sequence", "frame", "operation", "variant", "rows", "copies", "num_tokens"),
+    "StepMessage": ("kind", "plan", "reset", "sequence"),
+    "StepPlan": ("sequence", "frame", "operation", "variant", "rows", "copies", "num_tokens", "admitted", "finished",
+                 "masks"),
     "PlanRow": ("request_id", "slot", "generation", "token_ids", "pending_on_device", "start_pos", "query_len",
                 "page_table_start", "new_page_ids", "samples", "sample_index", "token_ceiling", "admits",
                 "constrained"),
@@ -71,9 +75,13 @@ RECORD_FIELDS = {  # the codec's positional layout of every record (checked agai
     "Location": ("kind", "index"),
     "ProgramVariant": ("name", "operation", "batch_capacity", "packed_token_capacity", "draft_tokens",
                        "verify_tokens", "length_source", "device_pending", "draft_lag_tokens"),
-    "AdmissionValues": ("prompt_ids", "seed", "sampling", "output_limit", "eos_ids", "top_logprobs", "logit_bias"),
+    "RequestSpec": ("request_id", "prompt_ids", "max_output_tokens", "eos_ids", "priority", "constrained",
+                    "stop_strings", "stop_token_sequences", "observe", "publish_snapshot", "score_prompt", "cache_salt",
+                    "top_logprobs", "sampling", "logit_bias", "token_keys", "images"),
+    "SamplingParams": ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                       "frequency_penalty", "seed"),
 }
-_RECORDS = (StepMessage, StepPlan, PlanRow, CopyOp, Location, ProgramVariant, AdmissionValues)
+_RECORDS = (StepMessage, StepPlan, PlanRow, CopyOp, Location, ProgramVariant, RequestSpec, SamplingParams)
 _ENUMS = (MessageKind, Operation, StorageKind, LengthSource)
 
 
@@ -99,21 +107,7 @@ class WireEncoder:
         self._next = 1
 
     def encode(self, message: StepMessage) -> list[int]:
-        out = [MAGIC, int(message.kind), int(message.sequence), int(bool(message.reset)),
-               len(message.admissions), len(message.forgotten), len(message.masks), int(message.plan is not None)]
-        for request_id in message.forgotten:  # first: a request id may be forgotten and admitted again
-            out.append(self._handle(request_id))
-            del self._handles[request_id]
-        for request_id, values in message.admissions:
-            if request_id in self._handles:
-                raise WireError(f"request {request_id!r} was already admitted on the wire")
-            self._handles[request_id] = handle = self._next
-            self._next += 1
-            out.append(handle)
-            _put_str(out, request_id)
-            _put_admission(out, values)
-        for request_id, mask in message.masks:
-            out += (self._handle(request_id), len(mask), *mask)
+        out = [MAGIC, int(message.kind), int(message.sequence), int(bool(message.reset)), int(message.plan is not None)]
         if message.plan is not None:
             self._put_plan(out, message.plan)
         return out
@@ -125,8 +119,18 @@ class WireEncoder:
         return handle
 
     def _put_plan(self, out: list[int], plan: StepPlan) -> None:
+        finished = [request_id for request_id in plan.finished if request_id in self._handles]
         out += (plan.sequence, plan.frame, int(plan.operation), plan.num_tokens, len(plan.rows), len(plan.copies),
-                int(plan.variant is not None))
+                int(plan.variant is not None), len(finished), len(plan.admitted), len(plan.masks))
+        for request_id in finished:  # first: an id may be finished and admitted again
+            out.append(self._handles.pop(request_id))
+        for spec in plan.admitted:
+            if spec.request_id in self._handles:
+                raise WireError(f"request {spec.request_id!r} was already admitted on the wire")
+            self._handles[spec.request_id] = handle = self._next
+            self._next += 1
+            out.append(handle)
+            _put_spec(out, spec)
         if plan.variant is not None:
             _put_variant(out, plan.variant)
         for row in plan.rows:
@@ -136,6 +140,9 @@ class WireEncoder:
                     len(row.new_page_ids), *row.new_page_ids)
         for copy in plan.copies:
             out += (int(copy.src.kind), copy.src.index, int(copy.dst.kind), copy.dst.index, copy.num_tokens)
+        for request_id, mask in plan.masks.items():
+            words = mask.tolist()
+            out += (self._handle(request_id), len(words), *words)
 
 
 class WireDecoder:
@@ -153,23 +160,11 @@ class WireDecoder:
     def _decode(self, read: "_Reader") -> StepMessage:
         if read.one() != MAGIC:
             raise WireError("not a step message of this wire version")
-        kind, sequence, reset = MessageKind(read.one()), read.one(), read.flag()
-        admitted, forgotten, masked, has_plan = read.count(), read.count(), read.count(), read.flag()
-        dropped = tuple(self._names.pop(read.one(), None) for _ in range(forgotten))
-        if None in dropped:
-            raise WireError("a forgotten handle names no admitted request")
-        admissions = []
-        for _ in range(admitted):
-            handle, request_id = read.one(), _get_str(read)
-            if handle in self._names:
-                raise WireError(f"handle {handle} admitted twice")
-            self._names[handle] = request_id
-            admissions.append((request_id, _get_admission(read)))
-        masks = tuple((self._name(read.one()), read.many(read.count())) for _ in range(masked))
+        kind, sequence, reset, has_plan = MessageKind(read.one()), read.one(), read.flag(), read.flag()
         plan = self._plan(read) if has_plan else None
         if read.left():
             raise WireError(f"{read.left()} words after the message")
-        return StepMessage(kind, plan, tuple(admissions), dropped, masks, reset, sequence)
+        return StepMessage(kind, plan, reset, sequence)
 
     def _name(self, handle: int) -> str:
         name = self._names.get(handle)
@@ -180,11 +175,24 @@ class WireDecoder:
     def _plan(self, read: "_Reader") -> StepPlan:
         sequence, frame, operation, num_tokens = read.one(), read.one(), Operation(read.one()), read.one()
         rows, copies, has_variant = read.count(), read.count(), read.flag()
+        finished, admitted, masked = read.count(), read.count(), read.count()
+        dropped = tuple(self._names.pop(read.one(), None) for _ in range(finished))
+        if None in dropped:
+            raise WireError("a finished handle names no admitted request")
+        specs = []
+        for _ in range(admitted):
+            handle, spec = read.one(), _get_spec(read)
+            if handle in self._names:
+                raise WireError(f"handle {handle} admitted twice")
+            self._names[handle] = spec.request_id
+            specs.append(spec)
         variant = _get_variant(read) if has_variant else None
         plan_rows = tuple(self._row(read) for _ in range(rows))
         plan_copies = tuple(CopyOp(Location(StorageKind(read.one()), read.one()),
                                    Location(StorageKind(read.one()), read.one()), read.one()) for _ in range(copies))
-        return StepPlan(sequence, frame, operation, variant, plan_rows, plan_copies, num_tokens)
+        masks = {self._name(read.one()): torch.tensor(read.many(read.count()), dtype=torch.int32) for _ in range(masked)}
+        return StepPlan(sequence, frame, operation, variant, plan_rows, plan_copies, num_tokens, tuple(specs),
+                        dropped).with_masks(masks)
 
     def _row(self, read: "_Reader") -> PlanRow:
         request_id, slot, generation, pending = self._name(read.one()), read.one(), read.one(), read.flag()
@@ -228,16 +236,11 @@ class _Reader:
 
 
 def _put_str(out: list[int], text: str) -> None:
-    data = text.encode("utf-8")
-    words = -(-len(data) // 8)
-    out.append(len(data))
-    out += struct.unpack(f"<{words}q", data.ljust(8 * words, b"\0"))
+    _put_bytes(out, text.encode("utf-8"))
 
 
 def _get_str(read: _Reader) -> str:
-    size = read.count()
-    words = read.many(-(-size // 8))
-    return struct.pack(f"<{len(words)}q", *words)[:size].decode("utf-8")
+    return _get_bytes(read).decode("utf-8")
 
 
 def _put_floats(out: list[int], values: Sequence[float]) -> None:
@@ -250,23 +253,77 @@ def _get_floats(read: _Reader) -> tuple[float, ...]:
     return struct.unpack(f"<{len(words)}d", struct.pack(f"<{len(words)}q", *words))
 
 
-def _put_admission(out: list[int], values: AdmissionValues) -> None:
-    out += (len(values.prompt_ids), *values.prompt_ids, values.seed)
-    _put_floats(out, values.sampling)
-    out += (values.output_limit, len(values.eos_ids), *values.eos_ids)
-    top = values.top_logprobs
-    out += (int(top is not None), top if top is not None else 0)
-    out += (len(values.logit_bias), *(token for token, _ in values.logit_bias))
-    _put_floats(out, [bias for _, bias in values.logit_bias])
+def _put_bytes(out: list[int], data: bytes) -> None:
+    words = -(-len(data) // 8)
+    out.append(len(data))
+    out += struct.unpack(f"<{words}q", data.ljust(8 * words, b"\0"))
 
 
-def _get_admission(read: _Reader) -> AdmissionValues:
-    prompt_ids, seed, sampling = read.many(read.count()), read.one(), _get_floats(read)
-    output_limit, eos_ids = read.one(), read.many(read.count())
-    has_top, top = read.flag(), read.one()
+def _get_bytes(read: _Reader) -> bytes:
+    size = read.count()
+    words = read.many(-(-size // 8))
+    return struct.pack(f"<{len(words)}q", *words)[:size]
+
+
+def _put_optional(out: list[int], value: int | None) -> None:
+    out += (int(value is not None), value if value is not None else 0)
+
+
+def _get_optional(read: _Reader) -> int | None:
+    present, value = read.flag(), read.one()
+    return value if present else None
+
+
+def _put_sampling(out: list[int], sampling: SamplingParams) -> None:
+    _put_floats(out, (sampling.temperature, sampling.top_p, sampling.min_p, sampling.repetition_penalty,
+                      sampling.presence_penalty, sampling.frequency_penalty))
+    out += (sampling.top_k, sampling.seed)
+
+
+def _get_sampling(read: _Reader) -> SamplingParams:
+    floats = _get_floats(read)
+    if len(floats) != 6:
+        raise WireError(f"{len(floats)} sampling floats; expected 6")
+    temperature, top_p, min_p, repetition, presence, frequency = floats
+    return SamplingParams(temperature, top_p, read.one(), min_p, repetition, presence, frequency, read.one())
+
+
+def _put_spec(out: list[int], spec: RequestSpec) -> None:
+    """Every field of `spec` (a request with images is refused: its images stay on rank zero)."""
+    if spec.images is not None:
+        raise WireError(f"request {spec.request_id!r}: image inputs are not served by tensor-parallel ranks")
+    _put_str(out, spec.request_id)
+    out += (len(spec.prompt_ids), *spec.prompt_ids, spec.max_output_tokens)
+    eos = sorted(spec.eos_ids)
+    out += (len(eos), *eos, spec.priority, int(spec.constrained), len(spec.stop_strings))
+    for text in spec.stop_strings:
+        _put_str(out, text)
+    out.append(len(spec.stop_token_sequences))
+    for sequence in spec.stop_token_sequences:
+        out += (len(sequence), *sequence)
+    out += (int(spec.observe), int(spec.publish_snapshot), int(spec.score_prompt))
+    _put_bytes(out, spec.cache_salt)
+    _put_optional(out, spec.top_logprobs)
+    _put_sampling(out, spec.sampling)
+    out += (len(spec.logit_bias), *(token for token, _ in spec.logit_bias))
+    _put_floats(out, [bias for _, bias in spec.logit_bias])
+    out += (len(spec.token_keys), *(word for pair in spec.token_keys for word in pair))
+
+
+def _get_spec(read: _Reader) -> RequestSpec:
+    request_id, prompt_ids, max_output = _get_str(read), read.many(read.count()), read.one()
+    eos_ids, priority, constrained = frozenset(read.many(read.count())), read.one(), read.flag()
+    stop_strings = tuple(_get_str(read) for _ in range(read.count()))
+    stop_sequences = tuple(read.many(read.count()) for _ in range(read.count()))
+    observe, publish, score = read.flag(), read.flag(), read.flag()
+    salt, top, sampling = _get_bytes(read), _get_optional(read), _get_sampling(read)
     bias_ids, biases = read.many(read.count()), _get_floats(read)
-    return AdmissionValues(prompt_ids, seed, sampling, output_limit, eos_ids, top if has_top else None,
-                           tuple(zip(bias_ids, biases)))
+    if len(bias_ids) != len(biases):
+        raise WireError(f"{len(bias_ids)} logit-bias ids with {len(biases)} values")
+    keys = read.many(2 * read.count())
+    return RequestSpec(request_id, prompt_ids, max_output, eos_ids, priority, constrained, stop_strings, stop_sequences,
+                       observe, publish, score, salt, top, sampling, tuple(zip(bias_ids, biases)),
+                       tuple(zip(keys[::2], keys[1::2])))
 
 
 def _put_variant(out: list[int], variant: ProgramVariant) -> None:

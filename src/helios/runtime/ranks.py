@@ -2,9 +2,10 @@
 
 Rank zero's `RankedExecutor` stands in for the `Executor` the engine drives. For each plan it
 
-1. broadcasts a `StepMessage` (the plan, admission values new to the peers, forgotten requests and
-   grammar masks) over the group in one preallocated int64 buffer (`helios.runtime.rank_channel`),
-   so every peer's own `Packer` packs exactly rank zero's inputs;
+1. broadcasts a `StepMessage` - the self-contained plan: the specs of requests it names for the
+   first time, the ids released since the previous plan, its rows and grammar masks - over the
+   group in one preallocated int64 buffer (`helios.runtime.rank_channel`), so every peer's own
+   `Packer`, applying the same plans in the same order, packs exactly rank zero's inputs;
 2. runs the plan on its own rank while every peer runs it on theirs (`serve_rank`); the programs
    meet in their ``helios::all_reduce`` / ``all_gather`` collectives;
 3. gathers every rank's verdict (`agree`): its status and its completion record. Only when every
@@ -42,15 +43,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 import torch
 
-from helios.abi.collectives import CollectiveError, RankGroup, bind_group
+from helios.abi.collectives import CollectiveError, RankGroup
 from helios.errors import ExecutionError
 from helios.runtime.cuda_graphs import release_graphs
 from helios.runtime.executor import Executor, Launched, StepOutput
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import StepPlan
 from helios.runtime.rank_deadline import StepDeadline
 from helios.runtime.rank_timing import PhaseTimers, run_phase
@@ -92,60 +92,24 @@ def agree(group: RankGroup, executor: Executor, plan: StepPlan, error: BaseExcep
             raise CohortRejected(f"rank {rank}'s completion record of submission {plan.sequence} differs from rank 0's")
 
 
-class _PeerPacker:
-    """The packer the engine sees on rank zero: forwards to the real one and remembers which
-    requests the peers have been sent (so admissions cross once and forgets only when needed)."""
-
-    def __init__(self, packer):
-        self._packer = packer
-        self._registered: dict[str, AdmissionValues] = {}
-        self._sent: set[str] = set()
-        self._forgotten: list[str] = []
-
-    def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
-        if images is not None:  # vision-language cores are prepared for one rank
-            raise ValueError("image inputs are not served by tensor-parallel ranks")
-        self._packer.register(request_id, values)
-        self._registered[request_id] = values
-
-    def forget(self, request_id: str) -> None:
-        self._packer.forget(request_id)
-        self._registered.pop(request_id, None)
-        if request_id in self._sent:
-            self._sent.discard(request_id)
-            self._forgotten.append(request_id)
-
-    def pack(self, graph, plan, masks=None) -> None:
-        self._packer.pack(graph, plan, masks)
-
-    def message(self, plan: StepPlan, masks: Mapping[str, torch.Tensor],
-                kind: MessageKind = MessageKind.STEP) -> StepMessage:
-        admissions = []
-        for row in plan.rows:
-            if row.request_id not in self._sent:
-                self._sent.add(row.request_id)
-                admissions.append((row.request_id, self._registered[row.request_id]))
-        forgotten, self._forgotten = tuple(self._forgotten), []
-        mask_rows = tuple((rid, tuple(mask.tolist())) for rid, mask in masks.items())
-        return StepMessage(kind, plan, tuple(admissions), forgotten, mask_rows)
-
-
 @dataclass(frozen=True)
 class RankLaunched:
-    """A plan every rank launched (`RankedExecutor.launch`); `finish` completes it on every rank."""
+    """A plan every rank launched (`RankedExecutor.launch`); `finish` completes it on every rank.
+    `alone`: not launched yet - `finish` runs it on every rank in one STEP exchange."""
 
     plan: StepPlan
-    launched: Launched | None  # None when rank zero's launch failed (`error`)
+    launched: Launched | None  # None when rank zero's launch failed (`error`) or the plan is `alone`
     error: Exception | None
+    alone: bool = False
 
 
 class RankedExecutor:
-    """Rank zero's executor for N ranks (see the module docstring); quacks like `Executor`."""
+    """Rank zero's executor for N ranks (see the module docstring): a `PlanExecutor`."""
 
     def __init__(self, executor: Executor, group: RankGroup, stats: WorkerStats,
                  on_failure: Callable[[str], None] = lambda reason: None):
         self.model = executor.model
-        self.packer = _PeerPacker(executor.packer)
+        self.images = None  # vision-language cores are prepared for one rank
         self._executor = executor
         self._group = group
         self.timers = PhaseTimers()
@@ -186,15 +150,18 @@ class RankedExecutor:
         """Whether a second execution frame pays off (rank zero's own executor's answer)."""
         return self._executor.overlaps
 
-    def launch(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> RankLaunched:
+    def launch(self, plan: StepPlan, *, alone: bool = False) -> RankLaunched:
         """Every rank launches `plan` (a LAUNCH message, then rank zero's own launch). A local
-        failure is kept for `finish`, which every rank must reach to stay in step."""
+        failure is kept for `finish`, which every rank must reach to stay in step. A plan launched
+        `alone` is only recorded: its `finish` runs it on every rank in one STEP message."""
+        if alone:
+            return RankLaunched(plan, None, None, alone=True)
         with self._group_lock:
             self._check()
             try:
-                self._channel.send(self.packer.message(plan, masks or {}, MessageKind.LAUNCH))
+                self._channel.send(StepMessage(MessageKind.LAUNCH, plan))
                 with _guarded(self._deadline, f"launch of submission {plan.sequence}"), self.timers.phase("launch"):
-                    launched, error = self._local(lambda: self._executor.launch(plan, masks))
+                    launched, error = self._local(lambda: self._executor.launch(plan))
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
                 raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
@@ -205,6 +172,8 @@ class RankedExecutor:
     def finish(self, launched: RankLaunched) -> StepOutput:
         """Every rank finishes its oldest launched plan (a FINISH message) and they agree on it."""
         plan = launched.plan
+        if launched.alone:
+            return self.run(plan)
         with self._group_lock:
             self._check()
             try:
@@ -225,15 +194,15 @@ class RankedExecutor:
             raise error
         return output
 
-    def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
+    def run(self, plan: StepPlan) -> StepOutput:
         """`launch` and `finish` in one STEP message (one execution frame)."""
         with self._group_lock:
             self._check()
             try:
-                self._channel.send(self.packer.message(plan, masks or {}))
+                self._channel.send(StepMessage(MessageKind.STEP, plan))
                 with _guarded(self._deadline, f"submission {plan.sequence}"):
                     with self.timers.phase(run_phase(plan.operation)):
-                        output, error = self._local(lambda: self._executor.run(plan, masks))
+                        output, error = self._local(lambda: self._executor.run(plan))
                     with self.timers.phase("agree"):
                         agree(self._group, self._executor, plan, error)
             except CollectiveError as failure:
@@ -296,10 +265,10 @@ class RankedExecutor:
         if self._failure is not None:
             raise RankFailure(f"tensor-parallel model failed: {self._failure}")
 
-    def _local(self, call):
+    @staticmethod
+    def _local(call):
         try:
-            with bind_group(self._group):
-                return call(), None
+            return call(), None
         except CollectiveError:
             raise
         except Exception as error:  # noqa: BLE001 - reported through agreement, re-raised after it
@@ -342,20 +311,10 @@ def serve_rank(executor: Executor, group: RankGroup) -> None:
             deadline.close()
 
 
-def _apply(executor: Executor, message: StepMessage, timers: PhaseTimers) -> dict[str, torch.Tensor]:
-    with timers.phase("apply"):
-        for request_id in message.forgotten:
-            executor.packer.forget(request_id)
-        for request_id, values in message.admissions:
-            executor.packer.register(request_id, values)
-        return {rid: torch.tensor(words, dtype=torch.int32) for rid, words in message.masks}
-
-
 def _peer_call(group: RankGroup, call):
     """(result, None) or (None, the failure); a broken group (`CollectiveError`) propagates."""
     try:
-        with bind_group(group):
-            return call(), None
+        return call(), None
     except CollectiveError:
         raise
     except Exception as failure:  # noqa: BLE001 - this rank rejects the cohort; the group decides
@@ -371,16 +330,14 @@ def _agree_as_peer(executor: Executor, group: RankGroup, plan: StepPlan, error, 
 
 
 def _serve_step(executor: Executor, group: RankGroup, message: StepMessage, timers: PhaseTimers) -> None:
-    masks = _apply(executor, message, timers)
     with timers.phase(run_phase(message.plan.operation)):
-        _, error = _peer_call(group, lambda: executor.run(message.plan, masks))
+        _, error = _peer_call(group, lambda: executor.run(message.plan))
     _agree_as_peer(executor, group, message.plan, error, timers)
 
 
 def _launch_step(executor: Executor, group: RankGroup, message: StepMessage, timers: PhaseTimers):
-    masks = _apply(executor, message, timers)
     with timers.phase("launch"):
-        launched, error = _peer_call(group, lambda: executor.launch(message.plan, masks))
+        launched, error = _peer_call(group, lambda: executor.launch(message.plan))
     return message.plan, launched, error
 
 

@@ -22,6 +22,7 @@ from functools import cached_property
 from typing import NamedTuple
 
 from helios.runtime.events import FinishReason
+from helios.runtime.sampling_params import GREEDY, SamplingParams
 
 RELEASED_PAGE = -1  # a page_ids entry whose page was released (outside the sliding window); never read
 
@@ -38,8 +39,13 @@ class RequestSpec:
     through scored prefill (no prefix reuse). `cache_salt` separates prefix-cache namespaces.
     `top_logprobs` (None: none) asks for every sampled token's log-probability and that many
     most probable alternatives: its steps run token-logprobs programs, never speculative ones.
-    `has_logit_bias`: its admission values carry a logit bias, which speculative programs do not
-    apply; it never speculates either.
+    `sampling` holds its sampling parameters and seed; `logit_bias` (token id, bias) pairs with
+    distinct ids are added to its logits on the device, which speculative programs do not do, so a
+    request with a bias never speculates either.
+
+    This is the one record of what a request asks for: the scheduler keeps it in the request's
+    `RequestState`, a plan carries it once to the packers (`StepPlan.admitted`, the tensor-parallel
+    peers' included), and the engine reads it from there; nothing restates its values.
     """
 
     request_id: str
@@ -55,10 +61,17 @@ class RequestSpec:
     score_prompt: bool = False
     cache_salt: bytes = b""
     top_logprobs: int | None = None
-    has_logit_bias: bool = False
+    sampling: SamplingParams = GREEDY
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # (prompt index, key) pairs the prefix cache digests instead of the token id there: image
     # feature tokens keyed by their image's content hash.
     token_keys: tuple[tuple[int, int], ...] = ()
+    # The request's `helios.runtime.images.RequestImages` (None: text only); in-process only.
+    images: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def has_logit_bias(self) -> bool:
+        return bool(self.logit_bias)
 
     @cached_property
     def has_host_stops(self) -> bool:
@@ -97,6 +110,7 @@ class RequestState:
     num_released_pages: int = 0  # leading page_ids released outside the sliding window (now RELEASED_PAGE)
     chain: list[bytes] = field(default_factory=list)  # digests of complete pages of token_ids
     snapshot_id: int = 0  # private snapshot while preempted (0: none)
+    announced: bool = False  # a plan carried its spec to the packers (`StepPlan.admitted`)
     prompt_checkpointed: bool = False  # a snapshot of its prompt boundary was requested
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     num_reused_tokens: int = -1  # -1 until first admission

@@ -7,7 +7,10 @@ execution itself failed), in submission order. At most two plans are in flight: 
 as a decode round fed by device-owned pending tokens (see `steps`).
 
 Ownership: the scheduler owns every `RequestState`, the page pool, snapshots and slots.
-Outward it returns immutable plans, events and `RequestView`s.
+Outward it returns immutable plans, events and `RequestView`s. A plan is self-contained (see
+`helios.runtime.plan`): it carries each request's `RequestSpec` the first time a row names it
+and the ids of requests released since the previous plan, so the packers (and tensor-parallel
+peers) hold no per-request state that did not come from the plans.
 
 Termination: every submitted request gets exactly one `FinishEvent` (EOS, LENGTH, STOP,
 CANCELLED or ERROR; REJECTED is raised by `submit` instead). A finished request's slot and pages
@@ -85,6 +88,7 @@ class Scheduler:
         self._pending = CopyWork()
         self._next_arrival = 0
         self._next_sequence = 0
+        self._released_ids: list[str] = []  # announced requests released since the last plan
         self._mixed_grammar_decode_plans = 0
         self._constrained_max_inflight = 0
 
@@ -151,8 +155,14 @@ class Scheduler:
     def _launch(self, draft: Draft) -> StepPlan:
         sequence = self._next_sequence
         self._next_sequence += 1
+        admitted = []
+        for req in draft.requests:
+            if not req.announced:
+                req.announced = True
+                admitted.append(req.spec)
+        finished, self._released_ids = tuple(self._released_ids), []
         plan = StepPlan(sequence, sequence % 2, draft.operation, draft.variant, tuple(draft.rows),
-                        tuple(draft.copies), draft.num_tokens)
+                        tuple(draft.copies), draft.num_tokens, tuple(admitted), finished)
         for req in draft.requests:
             req.num_inflight_plans += 1
         self._inflight.append(Flight(plan, draft.requests, draft.fences))
@@ -293,6 +303,8 @@ class Scheduler:
             req.snapshot_id = 0
         self.queues.forget(req)
         req.released = True
+        if req.announced:  # the next plan tells the packers to drop it
+            self._released_ids.append(req.request_id)
 
     # -- observation ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from helios.runtime.engine import Engine
-from helios.runtime.executor import Executor, program_table
+from helios.runtime.executor import executor_for
 from helios.runtime.geometry import capacities_for
 from helios.runtime.model import LoadedModel, LoadOptions, load_model
 from helios.runtime.packer import Packer
@@ -56,7 +56,7 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
             pending.abandon(f"{type(error).__name__}: {error}")
         raise
     packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
-    executor = Executor(model, packer, program_table(model), options.host_pages)
+    executor = executor_for(model, packer, options.host_pages)
     stats, peers = WorkerStats(), None
     if pending is not None:
         peers = pending.join(executor, stats)

@@ -27,7 +27,6 @@ from typing import Callable, Sequence
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from helios.errors import RequestError
-from helios.frontend.generation import SEED_MASK
 from helios.frontend.output import OutputFinal, OutputStep
 from helios.frontend.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
 from helios.frontend.session import PreparedRequest
@@ -40,8 +39,8 @@ class TooManyChoices(RequestError):
 
 
 def with_choice_seed(prepared: PreparedRequest, first_seed: int, choice: int) -> PreparedRequest:
-    """`prepared` sampling with seed ``first_seed + choice`` (mod 2**64)."""
-    sampling = dataclasses.replace(prepared.params.sampling, seed=(first_seed + choice) & SEED_MASK)
+    """`prepared` sampling with seed ``first_seed + choice`` (wrapped to a signed 64-bit seed)."""
+    sampling = prepared.params.sampling.with_seed(first_seed + choice)
     return dataclasses.replace(prepared, params=dataclasses.replace(prepared.params, sampling=sampling))
 
 

@@ -44,7 +44,6 @@ from helios.frontend.observation import ObservationClock
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.service import Runtime
 from helios.runtime.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
@@ -55,8 +54,6 @@ from helios.server.request_metrics import LatencyHistograms, RequestRecord, time
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
-
-SEED_SPAN = 2**64
 
 
 @dataclass(frozen=True)
@@ -83,17 +80,6 @@ class EngineGrammar:
 
     def consume_token(self, token_id: int) -> object:
         return self._matcher.consume_token(token_id)
-
-
-def admission_values(prepared: PreparedRequest) -> AdmissionValues:
-    """The packed admission values of a prepared request (seed bits as two's-complement int64)."""
-    params = prepared.params
-    s = params.sampling
-    sampling = (s.temperature, float(s.top_k), s.top_p, s.min_p, s.repetition_penalty,
-                s.presence_penalty, s.frequency_penalty)
-    seed = s.seed - SEED_SPAN if s.seed >= SEED_SPAN // 2 else s.seed
-    return AdmissionValues(prepared.prompt_token_ids, seed, sampling, params.max_output_tokens, params.eos_token_ids,
-                           params.top_logprobs, params.logit_bias)
 
 
 def compiles_grammar(body: ChatCompletionRequest) -> bool:
@@ -242,8 +228,7 @@ class ServedModel:
         grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
         host_stop = bridge.host_stop if prepared.params.has_host_stops else None
         on_event = timed_events(bridge.on_event, record, self.latency)
-        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop,
-                                prepared.images)
+        request = EngineRequest(prepared.request_spec(images=prepared.images), on_event, grammar, host_stop)
         output.mark_enqueue(self.clock)
         record.submitted_s = time.monotonic()
         self._bridges.add(bridge)
