@@ -8,21 +8,21 @@ Used by `bench/anchor_compare.py` on a loaded runtime (importable on its own):
   and 1 rotary per layer; one sample per step) and replayed; the table gives ms per decode step.
 - `sampling_program_ab`: the loaded DECODE programs captured again, greedy-only and full (with the
   random draws), each with the fused sampling pass and with the reference pipeline
-  (`reference_sampling`): whole-step device ms of each.
+  (`SampleVariant.REFERENCE*`): whole-step device ms of each.
 - `decode_profile`: the torch profiler's top kernels of one eager decode step (the greedy graph's
   work), with the kernel count per step and the captured graph's replay time beside it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Callable
 
 import torch
 
 from helios.abi import fused
-from helios.abi.sampling import greedy_only, reference_sampling
+from helios.abi.sampling import SampleVariant
+from helios.runtime.cuda_graphs import CapturedProgram, variant_module
 from helios.runtime.model import program_arguments
 
 OPS = torch.ops.helios
@@ -108,17 +108,17 @@ def _sample_case(rows: int, vocab: int, device) -> dict:
     mask = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
     mask_rows = torch.ones(rows, dtype=torch.bool, device=device)
     cases = {}
-    for label, temperature, mode in (("greedy", 0.0, greedy_only), ("drawing", 0.8, contextlib.nullcontext)):
+    variants = (("greedy", 0.0, SampleVariant.GREEDY, SampleVariant.REFERENCE_GREEDY),
+                ("drawing", 0.8, SampleVariant.FULL, SampleVariant.REFERENCE))
+    for label, temperature, fused_variant, reference_variant in variants:
         arguments = (logits, seeds, seeds, zeros_f + temperature, zeros_i, zeros_f + 0.9, zeros_f, penalties,
                      *counts, mask, mask_rows)
 
-        def fused_call(arguments=arguments, mode=mode):
-            with mode():
-                return OPS.sample(*arguments)
+        def fused_call(arguments=arguments, variant=fused_variant):
+            return variant(*arguments)
 
-        def reference_call(arguments=arguments, mode=mode):
-            with mode(), reference_sampling():
-                return OPS.sample(*arguments)
+        def reference_call(arguments=arguments, variant=reference_variant):
+            return variant(*arguments)
         cases[f"sample, {label} ({vocab:,} vocabulary)"] = (fused_call, reference_call, 1)
     return cases
 
@@ -141,8 +141,7 @@ def decode_programs(model) -> list:
 
 def _eager(program):
     """The exported module behind a captured program (or the program's own eager module)."""
-    module = getattr(program.module, "_module", None)
-    return program.module if module is None else module
+    return program.module.eager_modules[0] if isinstance(program.module, CapturedProgram) else program.module
 
 
 def sampling_program_ab(model, log) -> list[dict]:
@@ -151,15 +150,13 @@ def sampling_program_ab(model, log) -> list[dict]:
     for program in decode_programs(model):
         arguments = program_arguments(program, model.weights, model.buffers)
         module = _eager(program)
-
-        def run():
-            return module(*arguments)
         row = {"rows": program.batch_capacity}
-        for graph, mode in (("greedy", greedy_only), ("full", contextlib.nullcontext)):
-            with mode():
-                row[f"{graph}_kernel_ms"] = graph_ms(run)
-                with reference_sampling():
-                    row[f"{graph}_reference_ms"] = graph_ms(run)
+        variants = (("greedy", SampleVariant.GREEDY, SampleVariant.REFERENCE_GREEDY),
+                    ("full", SampleVariant.FULL, SampleVariant.REFERENCE))
+        for graph, fused_variant, reference_variant in variants:
+            for kind, variant in (("kernel", fused_variant), ("reference", reference_variant)):
+                bound = variant_module(module, variant)
+                row[f"{graph}_{kind}_ms"] = graph_ms(lambda bound=bound: bound(*arguments))
             log(f"{graph} decode step R={program.batch_capacity}: fused sampling {row[f'{graph}_kernel_ms']:.3f} ms, "
                 f"reference sampling {row[f'{graph}_reference_ms']:.3f} ms")
         results.append(row)
@@ -172,15 +169,14 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     if program is None:
         return {}
     arguments = program_arguments(program, model.weights, model.buffers)
-    module = _eager(program)
+    module = variant_module(_eager(program), SampleVariant.GREEDY)
     on_cuda = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
-    with greedy_only():
+    module(*arguments)
+    _synchronize()
+    with torch.profiler.profile(activities=activities) as profile:
         module(*arguments)
         _synchronize()
-        with torch.profiler.profile(activities=activities) as profile:
-            module(*arguments)
-            _synchronize()
     kernels = _kernels(profile, on_cuda)
     replay = _replay_ms(program)
     busy_ms = sum(_self_us(e, on_cuda) for e in kernels) / 1e3

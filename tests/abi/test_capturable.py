@@ -181,22 +181,21 @@ def test_cache_write_inputs_keep_padding_slots_untouched():
     assert torch.equal(flat[untouched], old[untouched])
 
 
-def test_greedy_only_device_path_equals_the_full_path_when_no_row_draws(device_path):
+def test_greedy_device_path_equals_the_full_path_when_no_row_draws(device_path):
     """The greedy-only graph a runtime replays for all-greedy steps selects the tokens of the full
     pipeline (penalties and grammar masks included), and draws nothing where a row would."""
     inputs = sample_inputs(12, 301, seed=21)
     greedy = dict(inputs, temperature=torch.where(torch.arange(12) % 2 == 0, 0.0, -1.0))
     greedy["temperature"][3] = float("nan")
     expected = OPS.sample(**greedy)  # the CPU path: no row draws
-    with forbid_host_sync(), sampling.greedy_only():
-        actual = sampling.sample_reference(*_sample_arguments(greedy))
+    with forbid_host_sync():
+        actual = sampling.sample_reference(*_sample_arguments(greedy), draws=False)
     _assert_identical(actual, expected)
-    with sampling.greedy_only():
-        skipped = sampling.sample_reference(*_sample_arguments(inputs))
+    skipped = sampling.sample_reference(*_sample_arguments(inputs), draws=False)
     drawn = OPS.sample(**inputs)
     draws = inputs["temperature"] > 0
     assert torch.equal(skipped[~draws], drawn[~draws]) and not torch.equal(skipped[draws], drawn[draws])
-    assert not sampling.draws_skipped()
+    assert torch.equal(sampling.SampleVariant.GREEDY(**inputs), skipped)  # the variant a greedy graph binds
 
 
 def _sample_arguments(inputs: dict) -> tuple:

@@ -17,7 +17,7 @@ if not ON_CUDA:
 
     enable_interpreter()
 
-from helios.abi.sampling import DrawParams, NO_TOKEN, greedy_only, sample_reference, sample_with_kernel  # noqa: E402
+from helios.abi.sampling import DrawParams, NO_TOKEN, SampleVariant, sample_reference, sample_with_kernel  # noqa: E402
 from helios.abi.triton_sampling import greedy_splits, greedy_tokens  # noqa: E402
 from support.abi_inputs import sample_inputs  # noqa: E402
 
@@ -83,10 +83,9 @@ def test_splits_are_powers_of_two_and_cover_batch_one():
     assert greedy_splits(1, 50) == 1
 
 
-def test_the_op_takes_the_kernel_only_on_cuda_under_greedy_only():
+def test_the_greedy_variant_takes_the_kernel_only_on_cuda():
     inputs = sample_inputs(4, 300, 5)
-    with greedy_only():  # on the CPU the op keeps the reference: drawing rows keep the greedy token
-        tokens = torch.ops.helios.sample(**inputs)
+    tokens = SampleVariant.GREEDY(**inputs)  # on the CPU the reference: drawing rows keep the greedy token
     assert torch.equal(tokens, reference_greedy(inputs))
 
 
@@ -103,5 +102,4 @@ def test_the_kernel_pipeline_with_draws_gives_the_reference_tokens(rows, vocab, 
     arguments = (inputs["logits"], params, inputs["penalties"], (inputs["prompt_counts"], inputs["output_counts"]),
                  inputs["grammar_mask"], inputs["mask_rows"])
     assert torch.equal(sample_with_kernel(*arguments).cpu(), expected)
-    with greedy_only():
-        assert torch.equal(sample_with_kernel(*arguments).cpu(), reference_greedy(cpu))
+    assert torch.equal(sample_with_kernel(*arguments, draws=False).cpu(), reference_greedy(cpu))

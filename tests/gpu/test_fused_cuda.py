@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helios.abi.sampling import greedy_only
+from helios.abi.sampling import SampleVariant
 from support.abi_inputs import sample_inputs
 
 from gpu.test_ops_cuda import capture, load, to_cuda, without_sync
@@ -38,8 +38,8 @@ def _close(dtype):
     return compare
 
 
-def check_in_graph(op: str, make, compare) -> None:
-    function = getattr(OPS, op)
+def check_in_graph(op, make, compare) -> None:
+    function = getattr(OPS, op) if isinstance(op, str) else op
     compare(function(**to_cuda(make(0))), function(**make(0)))
     static = to_cuda(make(1))
     compare(without_sync(lambda: function(**static)), function(**make(1)))
@@ -54,10 +54,10 @@ def check_in_graph(op: str, make, compare) -> None:
 
 @pytest.mark.parametrize("rows,vocab", [(1, 128256), (64, 128256), (256, 32000), (7, 151936)])
 def test_greedy_sample_kernel_in_a_graph(rows, vocab):
-    """Under greedy_only every row's token is its greedy one: bit for bit the CPU pipeline's."""
+    """In the greedy variant every row's token is its greedy one: bit for bit the CPU pipeline's."""
     make = lambda seed: sample_inputs(rows, vocab, seed=1000 * rows + seed)  # noqa: E731
-    with greedy_only():
-        check_in_graph("sample", make, lambda a, e: torch.equal(a.cpu(), e) or pytest.fail(f"{a.cpu()} != {e}"))
+    check_in_graph(SampleVariant.GREEDY, make,
+                   lambda a, e: torch.equal(a.cpu(), e) or pytest.fail(f"{a.cpu()} != {e}"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helios.abi.collectives import CollectiveError, bind_group
+from helios.abi import collectives
+from helios.abi.collectives import CollectiveError, GroupCollectives, bind_collectives
 from helios.abi.registry import AbiArgumentError
 from helios.contract import manifest_pb2 as mpb
 from helios.runtime.rank_rendezvous import Rendezvous
@@ -40,9 +41,8 @@ def on_ranks(work, ranks: int = 2, timeout: timedelta = TIMEOUT) -> list:
 def test_ops_combine_every_rank_and_agree_bit_for_bit():
     def work(rank, group):
         x = torch.tensor([[1.5, -2.0], [0.25, 3.0]]) * (rank + 1)
-        with bind_group(group):
-            return (torch.ops.helios.all_reduce(x, 2), torch.ops.helios.all_gather(x, 2),
-                    torch.ops.helios.broadcast(x, 2, 1), x)
+        ops = GroupCollectives(group)
+        return ops.all_reduce(x, 2), ops.all_gather(x, 2), ops.broadcast(x, 2, 1), x
 
     (reduced0, gathered0, broadcast0, x0), (reduced1, gathered1, broadcast1, x1) = on_ranks(work)
     assert torch.equal(reduced0, x0 + x1) and torch.equal(reduced1, reduced0)
@@ -56,18 +56,43 @@ def test_a_program_needs_a_bound_group_of_its_rank_count():
         torch.ops.helios.all_reduce(torch.ones(2), 2)
 
     def work(rank, group):
-        with bind_group(group):
-            torch.ops.helios.all_reduce(torch.ones(2), 4)
+        GroupCollectives(group).all_reduce(torch.ones(2), 4)
 
     assert all(isinstance(result, AbiArgumentError) for result in on_ranks(work))
+
+
+def test_binding_points_a_program_graph_at_its_group():
+    """`bind_collectives` rewrites a program's collective calls (the registered op or the body a
+    CPU program calls) to take its rank's group explicitly; unbound, the op refuses to run."""
+
+    def program(x):
+        return torch.ops.helios.all_reduce.default(x * 2, 2), torch.ops.helios.broadcast.default(x, 2, 1)
+
+    def work(rank, group):
+        module = torch.fx.symbolic_trace(program)
+        with pytest.raises(CollectiveError, match="no rank group"):
+            module(torch.ones(2))
+        graph = torch.fx.Graph()  # a CPU program calls op bodies directly (`bind_abi_kernels`)
+        graph.output(graph.call_function(collectives.all_gather._init_fn, (graph.placeholder("x"), 2)))
+        bodies = torch.fx.GraphModule(torch.nn.Module(), graph)
+        bound = bind_collectives(module.graph, group), bind_collectives(bodies.graph, group)
+        module.recompile()
+        bodies.recompile()
+        x = torch.full((2,), float(rank + 1))
+        return bound, module(x), bodies(x)
+
+    (bound, (reduced, broadcast), gathered), (_, (reduced1, _), _) = on_ranks(work)
+    assert bound == (2, 1)
+    assert torch.equal(reduced, torch.full((2,), 6.0)) and torch.equal(reduced1, reduced)
+    assert torch.equal(broadcast, torch.full((2,), 2.0))
+    assert torch.equal(gathered, torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
 
 
 def test_a_rank_that_does_not_answer_fails_the_collective():
     def work(rank, group):
         if rank == 1:
             return None  # never joins the all_reduce
-        with bind_group(group):
-            return torch.ops.helios.all_reduce(torch.ones(2), 2)
+        return GroupCollectives(group).all_reduce(torch.ones(2), 2)
 
     silent_peer = on_ranks(work, timeout=timedelta(seconds=1))
     assert isinstance(silent_peer[0], CollectiveError) and "rank 0 of 2" in str(silent_peer[0])

@@ -20,12 +20,13 @@ from ignition.hf_checkpoints import LLAMA3, QWEN3
 from .conftest import MAX_TOKENS, PROMPTS, running
 from .test_collectives import on_ranks
 from .test_failures import PROCESSES, lose_a_rank_mid_generation
-from .test_wire import values
+from .test_wire import spec
 
 
 def test_messages_fit_the_buffer_or_spill_into_a_second_broadcast():
-    short = StepMessage(MessageKind.STEP, None, (("a", values()),))
-    long = StepMessage(MessageKind.STEP, None, (("b", values(tuple(range(300)))),), ("a",))
+    short = StepMessage(MessageKind.STEP, StepPlan(1, 1, Operation.DECODE, None, (), (), 0, (spec("a"),)))
+    long = StepMessage(MessageKind.STEP, StepPlan(2, 0, Operation.DECODE, None, (), (), 0,
+                                                  (spec("b", tuple(range(300))),), ("a",)))
     finish = StepMessage(MessageKind.FINISH, sequence=7)
 
     def work(rank, group):

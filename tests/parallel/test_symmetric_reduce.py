@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from helios.abi.collectives import RankGroup, bind_group
+from helios.abi.collectives import GroupCollectives, RankGroup
 from helios.abi.symmetric_reduce import SymmetricMemoryUnavailable, SymmetricReducer, open_symmetric_reducer
 from helios.runtime.rank_rendezvous import Rendezvous
 
@@ -59,8 +59,8 @@ def test_a_group_with_a_reducer_sends_what_fits_there_and_the_rest_to_nccl():
 def test_cpu_tensors_never_take_the_reducer():
     def work(rank, group):
         with_reducer = RankGroup(group.process_group, rank, 2, group.timeout, None, reducer("cpu"))
-        with bind_group(with_reducer):
-            return torch.ops.helios.all_reduce(torch.full((4, 4), float(rank + 1)), 2), with_reducer.reducer.taken
+        reduced = GroupCollectives(with_reducer).all_reduce(torch.full((4, 4), float(rank + 1)), 2)
+        return reduced, with_reducer.reducer.taken
 
     (zero, taken0), (one, taken1) = on_ranks(work)
     assert torch.equal(zero, torch.full((4, 4), 3.0)) and torch.equal(one, zero)

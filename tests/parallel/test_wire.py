@@ -8,10 +8,12 @@ import hashlib
 import struct
 
 import pytest
+import torch
 
 from helios.runtime.capacities import Operation, ProgramVariant
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
+from helios.runtime.request import RequestSpec
+from helios.runtime.sampling_params import SamplingParams
 from helios.runtime.rank_wire import (
     _RECORDS,
     RECORD_FIELDS,
@@ -24,36 +26,58 @@ from helios.runtime.rank_wire import (
 )
 
 
-def values(prompt=(1, 2, 3)) -> AdmissionValues:
-    return AdmissionValues(prompt, 2**40 + 7, (0.7, 50.0, 0.9, 0.0, 1.1, 0.25, float("inf")), 32, (2,))
+def spec(request_id="req-1", prompt=(1, 2, 3)) -> RequestSpec:
+    sampling = SamplingParams(0.7, 0.9, 50, 0.0, 1.1, 0.25, float("inf"), -(2**40) - 7)
+    return RequestSpec(request_id, prompt, 32, frozenset({2}), priority=1, constrained=True, stop_strings=("é",),
+                       stop_token_sequences=((4, 5),), cache_salt=b"salt", top_logprobs=0, sampling=sampling,
+                       logit_bias=((7, -1.5),), token_keys=((0, 99),))
+
+
+def same(left: StepMessage, right: StepMessage) -> bool:
+    """Equal messages (grammar masks are tensors: compared by value)."""
+    if left.plan is None or right.plan is None:
+        return left == right
+    masks = {k: v.tolist() for k, v in left.plan.masks.items()} == {k: v.tolist() for k, v in right.plan.masks.items()}
+    return masks and left._replace(plan=left.plan._replace(masks={})) == right._replace(plan=right.plan._replace(masks={}))
 
 
 def message() -> StepMessage:
     variant = ProgramVariant("decode.r2t2", Operation.DECODE, 2, 2, device_pending=False)
     row = PlanRow("req-1", 1, 4, (17,), False, 9, 1, 2, (5, 6), True, 3, 1, False, True)
     copy = CopyOp(Location(StorageKind.PAGE, 3), Location(StorageKind.HOST, 0), 16)
-    plan = StepPlan(12, 1, Operation.DECODE, variant, (row,), (copy,), 1)
-    return StepMessage(MessageKind.LAUNCH, plan, (("req-1", values()),), (), (("req-1", (-1, 0, 2**31 - 1)),))
+    plan = StepPlan(12, 1, Operation.DECODE, variant, (row,), (copy,), 1, (spec(),), ())
+    plan = plan.with_masks({"req-1": torch.tensor([-1, 0, 2**31 - 1], dtype=torch.int32)})
+    return StepMessage(MessageKind.LAUNCH, plan)
 
 
 def test_step_messages_round_trip_exactly_and_ids_cross_once():
     encoder, decoder = WireEncoder(), WireDecoder()
     first = message()
-    assert decoder.decode(encoder.encode(first)) == first
+    decoded = decoder.decode(encoder.encode(first))
+    assert same(decoded, first) and decoded.plan.admitted[0] == spec() and decoded.plan.masks["req-1"].dtype == torch.int32
     variant = ProgramVariant("spec.r2w3t6", Operation.SPECULATIVE, 2, 6, 2, 3, draft_lag_tokens=1)
     row = PlanRow("req-1", 1, 4, (), True, 10, 3, 3, (), True, 4, 3, False, False)
-    later = StepMessage(MessageKind.STEP, StepPlan(13, 0, Operation.SPECULATIVE, variant, (row,), (), 3),
-                        (("réq-2", values((9,) * 40)),), ())
+    later = StepMessage(MessageKind.STEP, StepPlan(13, 0, Operation.SPECULATIVE, variant, (row,), (), 3,
+                                                   (spec("réq-2", (9,) * 40),)))
     words = encoder.encode(later)
     assert "req-1".encode() not in struct.pack(f"<{len(words)}q", *words)  # a handle, not the id
     decoded = decoder.decode(words)
-    assert decoded == later and decoded.plan.variant.draft_lag_tokens == 1
+    assert same(decoded, later) and decoded.plan.variant.draft_lag_tokens == 1
     assert type(decoded.plan.variant) is ProgramVariant and decoded.plan.operation is Operation.SPECULATIVE
-    # Forgotten, then admitted again under the same id in one message.
-    again = StepMessage(MessageKind.STEP, None, (("req-1", values()),), ("req-1", "réq-2"))
-    assert decoder.decode(encoder.encode(again)) == again
+    # Finished, then admitted again under the same id in one plan (a copy-only plan).
+    again = StepMessage(MessageKind.STEP, StepPlan(14, 0, Operation.DECODE, None, (), (), 0, (spec(),),
+                                                   ("req-1", "réq-2")))
+    assert same(decoder.decode(encoder.encode(again)), again)
     finish = StepMessage(MessageKind.FINISH, sequence=13)
     assert decoder.decode(encoder.encode(finish)) == finish
+
+
+def test_an_id_never_sent_is_left_out_of_finished():
+    """A request whose admitting plan never reached the wire (its launch failed first)."""
+    encoder, decoder = WireEncoder(), WireDecoder()
+    decoder.decode(encoder.encode(message()))
+    plan = StepPlan(13, 0, Operation.DECODE, None, (), (), 0, (), ("never-sent", "req-1"))
+    assert decoder.decode(encoder.encode(StepMessage(MessageKind.STEP, plan))).plan.finished == ("req-1",)
 
 
 def test_only_well_formed_words_decode():
@@ -72,14 +96,22 @@ def test_only_well_formed_words_decode():
         decoder.decode(words)  # the same handle admitted again
     unknown = WireEncoder()
     unknown._handles["ghost"] = 77
-    ghost = unknown.encode(StepMessage(MessageKind.STEP, None, (), ("ghost",)))
+    ghost = unknown.encode(StepMessage(MessageKind.STEP, StepPlan(1, 1, Operation.DECODE, None, (), (), 0, (),
+                                                                  ("ghost",))))
     with pytest.raises(WireError, match="no admitted request"):
         WireDecoder().decode(ghost)
 
 
 def test_ids_never_admitted_are_refused_by_the_encoder():
+    plan = StepPlan(1, 1, Operation.DECODE, None, (), (), 0).with_masks({"req": torch.ones(1, dtype=torch.int32)})
     with pytest.raises(WireError, match="never admitted"):
-        WireEncoder().encode(StepMessage(MessageKind.STEP, masks=(("req", (1,)),)))
+        WireEncoder().encode(StepMessage(MessageKind.STEP, plan))
+
+
+def test_requests_with_images_do_not_cross():
+    plan = StepPlan(1, 1, Operation.DECODE, None, (), (), 0, (dataclasses.replace(spec(), images=object()),))
+    with pytest.raises(WireError, match="image inputs"):
+        WireEncoder().encode(StepMessage(MessageKind.STEP, plan))
 
 
 def test_the_codec_layout_matches_every_record():
@@ -94,4 +126,4 @@ def test_the_encoding_is_pinned():
     must bump WIRE_VERSION. This digest is of the words `message()` encodes to."""
     words = WireEncoder().encode(message())
     digest = hashlib.sha256(struct.pack(f"<{len(words)}q", *words)).hexdigest()
-    assert digest == "71fb9fe7b3a3fbef907cdbff4261ce69b25316649af3ccb71048ed6e71c20f8f"
+    assert digest == "8b1056eb73588d2de28c6f4cae14002120f4454eb8a7cb4cf188d7b77a898241"

@@ -14,7 +14,8 @@ import pytest
 
 import helios.runtime.model as model_module
 import helios.runtime.service as service
-from helios.abi.sampling import greedy_only
+from helios.runtime.cuda_graphs import CapturedProgram, greedy_module
+from helios.runtime.executor import GraphExecutor
 from helios.runtime.model import program_arguments
 from helios.runtime.offline import generate
 from helios.runtime.packer import Packer
@@ -22,17 +23,15 @@ from helios.runtime.policy import PreemptionMode, SchedulerPolicy
 from runtime.test_hybrid_runtime import PROMPTS, STEPS, expected, hybrid, runtime_of  # noqa: F401
 
 
-class _Replayed:
-    """A captured program's stand-in: ignores its call arguments, runs on the recorded ones."""
+class _Replayed(CapturedProgram):
+    """A captured program's stand-in: its "graphs" are the eager module and its greedy variant
+    (`greedy_module`), run on the recorded arguments whatever the call passes."""
 
     def __init__(self, module, arguments):
-        self.module, self.arguments = module, arguments
+        self.module, self.greedy, self.arguments = module, greedy_module(module), arguments
 
     def replay(self, greedy: bool):
-        if greedy:
-            with greedy_only():
-                return self.module(*self.arguments)
-        return self.module(*self.arguments)
+        return (self.greedy if greedy else self.module)(*self.arguments)
 
 
 def _two_frames(runtime):
@@ -56,10 +55,11 @@ def test_replayed_exported_programs_with_two_frames_give_the_reference_tokens(hy
     monkeypatch.setattr(model_module, "cpu_program", lambda module: module)  # what a CUDA model runs
     runtime = _two_frames(runtime_of(hybrid))
     executor, model = runtime.engine.executor, runtime.engine.executor.model
-    executor._programs = {
+    programs = {
         name: dataclasses.replace(p, module=_Replayed(p.module, program_arguments(p, model.weights, model.buffers)))
         for name, p in executor._programs.items()
     }
+    runtime.engine.executor = GraphExecutor(model, executor.packer, programs)
     try:
         results = generate(runtime.engine, PROMPTS, STEPS)
         assert [list(r.token_ids) for r in results] == expected

@@ -38,7 +38,7 @@ def run_rank(rank: int, address: str, results) -> None:
 
 def _collectives(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
-    from helios.abi.collectives import bind_group
+    from helios.abi.collectives import GroupCollectives
     from helios.runtime.rank_rendezvous import Rendezvous
 
     device = torch.device("cuda", rank)
@@ -46,24 +46,23 @@ def _collectives(rank: int, address: str):
     host, _, port = address.rpartition(":")
     rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
     group = rendezvous.form_group(rank, RANKS, TIMEOUT, device)
-    ops = torch.ops.helios
+    ops = GroupCollectives(group)  # the ops as a bound program calls them
     static = inputs(rank, 0, device)
-    with bind_group(group):
-        eager = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
-                 "broadcast": ops.broadcast(static, RANKS, 1)}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up of every op off the capturing stream, as capture wants
-            ops.all_reduce(static, RANKS)
-            ops.all_gather(static, RANKS)
-            ops.broadcast(static, RANKS, 1)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
-                        "broadcast": ops.broadcast(static, RANKS, 1)}
+    eager = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
+             "broadcast": ops.broadcast(static, RANKS, 1)}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up of every op off the capturing stream, as capture wants
+        ops.all_reduce(static, RANKS)
+        ops.all_gather(static, RANKS)
+        ops.broadcast(static, RANKS, 1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
+                    "broadcast": ops.broadcast(static, RANKS, 1)}
     static.copy_(inputs(rank, 1, device))
-    graph.replay()  # no group is bound now: the replay needs none
+    graph.replay()  # the replay needs no host call: the group's collectives were recorded
     torch.cuda.synchronize(device)
     results = {f"eager.{name}": value.cpu() for name, value in eager.items()}
     results.update({f"graph.{name}": value.cpu() for name, value in captured.items()})
@@ -94,7 +93,7 @@ def run_symmetric_rank(rank: int, address: str, results) -> None:
 
 def _symmetric(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
-    from helios.abi.collectives import bind_group
+    from helios.abi.collectives import GroupCollectives
     from helios.runtime.rank_rendezvous import Rendezvous
 
     device = torch.device("cuda", rank)
@@ -103,18 +102,17 @@ def _symmetric(rank: int, address: str):
     rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
     group = rendezvous.form_group(rank, RANKS, TIMEOUT, device, symmetric=True)
     static = symmetric_inputs(rank, 0, device)
-    reduce = torch.ops.helios.all_reduce
-    with bind_group(group):
-        eager = {name: reduce(x, RANKS) for name, x in static.items()}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for x in static.values():
-                reduce(x, RANKS)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = {name: reduce(x, RANKS) for name, x in static.items()}
+    reduce = GroupCollectives(group).all_reduce  # as a bound program calls it
+    eager = {name: reduce(x, RANKS) for name, x in static.items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x in static.values():
+            reduce(x, RANKS)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = {name: reduce(x, RANKS) for name, x in static.items()}
     for name, x in symmetric_inputs(rank, 1, device).items():
         static[name].copy_(x)
     for _ in range(3):  # replays back to back reuse the symmetric buffers

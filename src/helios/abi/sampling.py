@@ -58,9 +58,18 @@ CPU greedy fast path: a call in which no row draws and none is penalised takes
 Fused pass on CUDA: steps 1-5 run as `helios.abi.triton_sampling.greedy_tokens`, one pass per row
 over the float32 logits that applies penalties and the grammar mask only in the rows that need them
 (decided on the device) and takes the float64 argmax: the reference's values and greedy tokens bit
-for bit, without its [R, V] float64 intermediates. Under `greedy_only` (the runtime's graph for
-steps in which no row draws) that is all; otherwise the pass also stores the float64 values and the
-draws (steps 6-8) run as in the reference's device path.
+for bit, without its [R, V] float64 intermediates. In the greedy variant (below) that is all;
+otherwise the pass also stores the float64 values and the draws (steps 6-8) run as in the
+reference's device path.
+
+Variants. The registered op is the full pipeline. `SampleVariant` names explicit variants of it
+with the same signature, which a runtime binds into a program's graph in place of the op
+(`bind_sample_variant`, at load or capture time; the op set a program declares does not change):
+`SampleVariant.GREEDY` leaves the random draws out (every row gets its greedy token, which is the
+full pipeline's token in every row that does not draw: a runtime captures a second CUDA graph of
+each program with it and replays that graph only for steps in which no row has temperature > 0),
+and the `REFERENCE` variants run the reference pipeline on CUDA instead of the fused pass
+(benchmarks A/B the two). Nothing is chosen by thread or global state.
 
 Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
 exactly; its sampled tokens differ from this reference only where a different softmax or summation
@@ -69,9 +78,8 @@ rounding moves u * C across a boundary (order 1e-15 per draw), so the distributi
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Iterator, NamedTuple
+import enum
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -185,47 +193,6 @@ def draw_tokens(logits: torch.Tensor, params: DrawParams) -> torch.Tensor:
     return sorted_ids.gather(1, position.unsqueeze(-1)).squeeze(-1)
 
 
-_GREEDY_ONLY = threading.local()
-
-
-@contextlib.contextmanager
-def greedy_only() -> Iterator[None]:
-    """Within this context (this thread) the device path of ``helios::sample`` computes no random
-    draws: every row gets its greedy token. A runtime captures a second CUDA graph of a program
-    under it and replays that graph only for steps in which no row has temperature > 0, where the
-    full pipeline selects exactly the same tokens (`with_draws` keeps the greedy token of every
-    row that does not draw), without its per-row sort and prefix sums over the vocabulary."""
-    previous = getattr(_GREEDY_ONLY, "active", False)
-    _GREEDY_ONLY.active = True
-    try:
-        yield
-    finally:
-        _GREEDY_ONLY.active = previous
-
-
-def draws_skipped() -> bool:
-    """Whether `greedy_only` is active in this thread."""
-    return getattr(_GREEDY_ONLY, "active", False)
-
-
-@contextlib.contextmanager
-def reference_sampling() -> Iterator[None]:
-    """Within this context (this thread) the CUDA path of ``helios::sample`` runs the reference
-    pipeline instead of the fused Triton pass (same tokens; benchmarks A/B the two by capturing a
-    graph in each mode)."""
-    previous = getattr(_GREEDY_ONLY, "reference", False)
-    _GREEDY_ONLY.reference = True
-    try:
-        yield
-    finally:
-        _GREEDY_ONLY.reference = previous
-
-
-def sampling_kernels_enabled() -> bool:
-    """Whether the CUDA path uses the fused Triton pass (not inside `reference_sampling`)."""
-    return not getattr(_GREEDY_ONLY, "reference", False)
-
-
 def selective(device: torch.device) -> bool:
     """Whether op bodies on `device` may select rows on the host (a data-dependent, synchronising
     step that a CUDA graph cannot hold): the CPU only. `helios.abi.speculative` asks this too; tests
@@ -241,8 +208,6 @@ def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor
     host code only); without it every row is computed and the results are selected, which is what
     a device may do inside a captured graph. Both give the same tokens.
     """
-    if draws_skipped():
-        return tokens
     if select_rows:
         rows = drawing.nonzero().squeeze(-1)
         if rows.numel() == 0:
@@ -255,16 +220,18 @@ def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor
 
 def sample_reference(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,
                      counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor,
-                     mask_rows: torch.Tensor) -> torch.Tensor:
-    """The whole pipeline of the module docstring on validated inputs: int64 [R]."""
+                     mask_rows: torch.Tensor, draws: bool = True) -> torch.Tensor:
+    """The whole pipeline of the module docstring on validated inputs: int64 [R]. Without
+    `draws` steps 6-8 are left out: every row gets its greedy token."""
     values = _finite_or_neg_inf(logits.to(torch.float64), _F32_MAX)
     values = apply_penalties(values, penalties, counts[0], counts[1])
     values = values.masked_fill(disallowed(grammar_mask, mask_rows, logits.shape[1]), _NEG_INF)
     values = _finite_or_neg_inf(values, _F64_MAX)
     has_candidate = values.amax(dim=-1) > _NEG_INF
     tokens = values.argmax(dim=-1)
-    drawing = (params.temperature > 0) & has_candidate
-    tokens = with_draws(tokens, values, drawing, params, select_rows=selective(logits.device))
+    if draws:
+        drawing = (params.temperature > 0) & has_candidate
+        tokens = with_draws(tokens, values, drawing, params, select_rows=selective(logits.device))
     return torch.where(has_candidate, tokens, NO_TOKEN)
 
 
@@ -275,14 +242,18 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
            output_counts: torch.Tensor, grammar_mask: torch.Tensor,
            mask_rows: torch.Tensor) -> torch.Tensor:
     """Sampled token id per row (int64 [R]); see the module docstring for the exact semantics."""
-    params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
-    counts = (prompt_counts, output_counts)
+    return _host_sample(logits, DrawParams(seeds, counters, temperature, top_k, top_p, min_p), penalties,
+                        (prompt_counts, output_counts), grammar_mask, mask_rows, True)
+
+
+def _host_sample(logits, params: DrawParams, penalties, counts, grammar_mask, mask_rows, draws: bool):
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
     # CPU only: a call with no drawing or penalised row takes the float32 argmax (the same tokens).
+    temperature = params.temperature if draws else torch.zeros_like(params.temperature)
     greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows)
     if greedy is not None:
         return greedy
-    return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
+    return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows, draws)
 
 
 @sample.register_kernel("cuda")
@@ -291,26 +262,23 @@ def _sample_cuda(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tens
                  min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
                  output_counts: torch.Tensor, grammar_mask: torch.Tensor,
                  mask_rows: torch.Tensor) -> torch.Tensor:
-    """`sample_with_kernel` (the reference's tokens; its uniforms and draw arithmetic) unless
-    inside `reference_sampling`."""
+    """`sample_with_kernel` (the reference's tokens; its uniforms and draw arithmetic)."""
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
-    if not sampling_kernels_enabled():
-        return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows)
     return sample_with_kernel(logits, params, penalties, counts, grammar_mask, mask_rows)
 
 
 def sample_with_kernel(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,
                        counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor,
-                       mask_rows: torch.Tensor) -> torch.Tensor:
+                       mask_rows: torch.Tensor, draws: bool = True) -> torch.Tensor:
     """`sample_reference` with steps 1-5 in the fused Triton pass (the same values and greedy
-    tokens bit for bit); under `greedy_only` nothing else runs, otherwise the random draws of the
+    tokens bit for bit); without `draws` nothing else runs, otherwise the random draws of the
     device path (no host selection) start from the values the pass stored."""
     from helios.abi.triton_sampling import greedy_tokens
 
     arguments = (logits, penalties, counts[0], counts[1], grammar_mask, mask_rows)
-    if draws_skipped():
+    if not draws:
         return greedy_tokens(*arguments)
     values = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
     tokens = greedy_tokens(*arguments, values_out=values)
@@ -330,3 +298,60 @@ def _sample_fake(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tens
     num_rows, _ = check_sample_args(logits, params, penalties, (prompt_counts, output_counts),
                                     grammar_mask, mask_rows)
     return logits.new_empty((num_rows,), dtype=torch.int64)
+
+
+class SampleVariant(enum.Enum):
+    """Explicit variants of ``helios::sample`` (see the module docstring): (draws, fused pass on CUDA)."""
+
+    FULL = (True, True)  # what the registered op computes
+    GREEDY = (False, True)
+    REFERENCE = (True, False)
+    REFERENCE_GREEDY = (False, False)
+
+    @property
+    def draws(self) -> bool:
+        return self.value[0]
+
+    @property
+    def fused(self) -> bool:
+        return self.value[1]
+
+    def __call__(self, logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
+                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                 penalties: torch.Tensor, prompt_counts: torch.Tensor, output_counts: torch.Tensor,
+                 grammar_mask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:
+        """The variant's tokens: the op's signature and checks, on any device."""
+        return _VARIANTS[self](logits, seeds, counters, temperature, top_k, top_p, min_p, penalties, prompt_counts,
+                               output_counts, grammar_mask, mask_rows)
+
+
+def _variant(variant: SampleVariant) -> Callable[..., torch.Tensor]:
+    def call(logits, seeds, counters, temperature, top_k, top_p, min_p, penalties, prompt_counts, output_counts,
+             grammar_mask, mask_rows):
+        params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
+        counts = (prompt_counts, output_counts)
+        if logits.device.type != "cuda":
+            return _host_sample(logits, params, penalties, counts, grammar_mask, mask_rows, variant.draws)
+        check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+        if variant.fused:
+            return sample_with_kernel(logits, params, penalties, counts, grammar_mask, mask_rows, variant.draws)
+        return sample_reference(logits, params, penalties, counts, grammar_mask, mask_rows, variant.draws)
+
+    call.__name__ = call.__qualname__ = f"sample_{variant.name.lower()}"
+    return call
+
+
+_VARIANTS = {variant: _variant(variant) for variant in SampleVariant}
+
+
+def bind_sample_variant(graph: torch.fx.Graph, variant: SampleVariant) -> int:
+    """Points every ``helios::sample`` call in `graph` (the registered op, or its Python body where
+    a CPU program calls bodies directly) at `variant`; returns how many calls were bound. The
+    caller recompiles the graph's module."""
+    targets = {torch.ops.helios.sample.default, sample._init_fn, *_VARIANTS.values()}
+    count = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in targets:
+            node.target = _VARIANTS[variant]
+            count += 1
+    return count

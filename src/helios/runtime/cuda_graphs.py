@@ -16,21 +16,25 @@ from the state `load_model` allocated.
 The captured callable ignores the arguments it is given: the executor passes the same buffers the
 graph recorded, and `CapturedProgram.check_arguments` (used by tests) proves it.
 
-Each program is captured twice: as exported, and under `helios.abi.sampling.greedy_only`, which
-leaves the random draws out of ``helios::sample`` (the per-row sort and prefix sums over the whole
-vocabulary, most of a large batch's sampling time). The executor replays the greedy graph only for
-steps in which no row samples with temperature > 0; there both graphs select the same tokens.
+Each program is captured twice: as exported, and as its greedy variant (`greedy_module`: a copy of
+its graph whose ``helios::sample`` calls are bound to `helios.abi.sampling.SampleVariant.GREEDY`,
+which leaves the random draws out - the per-row sort and prefix sums over the whole vocabulary,
+most of a large batch's sampling time). The choice is made here, explicitly, per captured graph;
+no thread or global mode is involved. `GraphExecutor` replays the greedy graph only for steps in
+which no row samples with temperature > 0; there both graphs select the same tokens.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from helios.abi.sampling import greedy_only
+from helios.abi.sampling import SampleVariant, bind_sample_variant
 from helios.errors import LoadError
+from helios.runtime.cpu_programs import CpuProgram
 
 
 class CaptureError(LoadError):
@@ -40,8 +44,8 @@ class CaptureError(LoadError):
 class CapturedProgram:
     """A program's CUDA graphs (full and greedy-only) and their static outputs."""
 
-    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object], module=None):
-        self._module = module  # owns any constants the graphs read: it must outlive them
+    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object], module=None, greedy_module=None):
+        self._modules = (module, greedy_module)  # own any constants the graphs read: they must outlive them
         self._full = full  # (graph, outputs)
         self._greedy = greedy
         self._pointers = _pointers(arguments)
@@ -67,6 +71,11 @@ class CapturedProgram:
             if pair is not None:
                 pair[0].reset()
         self._full = self._greedy = None
+
+    @property
+    def eager_modules(self) -> tuple:
+        """(full, greedy): the eager modules the two graphs were captured from."""
+        return self._modules
 
     def check_arguments(self, arguments: Sequence[object]) -> bool:
         """Whether `arguments` are the tensors (same addresses and shapes) the graph recorded."""
@@ -112,29 +121,51 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
     full = None
     try:
-        full = _record(program, arguments, pool, warmups)
-        with greedy_only():
-            greedy = _record(program, arguments, pool, 1)
+        full = _record(program.module, arguments, pool, warmups)
+        greedy_variant = greedy_module(program.module)
+        greedy = _record(greedy_variant, arguments, pool, 1)
     except BaseException as error:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
             full[0].reset()
         if isinstance(error, RuntimeError):
             raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
         raise
-    return CapturedProgram(full, greedy, arguments, program.module)
+    return CapturedProgram(full, greedy, arguments, program.module, greedy_variant)
 
 
-def _record(program, arguments: list, pool, warmups: int) -> tuple:
+def greedy_module(module):
+    """`variant_module(module, SampleVariant.GREEDY)`: the module of a program's greedy graph."""
+    return variant_module(module, SampleVariant.GREEDY)
+
+
+def variant_module(module, variant: SampleVariant):
+    """A module computing `module`'s program with ``helios::sample`` bound to `variant` (a new
+    graph sharing `module`'s attributes; `module` is not changed). A module whose graph samples
+    nothing is returned as it is."""
+    if isinstance(module, torch.fx.GraphModule):
+        graph = copy.deepcopy(module.graph)
+        if not bind_sample_variant(graph, variant):
+            return module
+        return torch.fx.GraphModule(module, graph)
+    if isinstance(module, CpuProgram):
+        bound = copy.copy(module)
+        bound.module = variant_module(module.module, variant)
+        bound.recompile()
+        return bound
+    raise CaptureError(f"a {type(module).__name__} has no graph to bind a sampling variant into")
+
+
+def _record(module, arguments: list, pool, warmups: int) -> tuple:
     """Warm-up calls on a side stream, then one call captured: (graph, its static outputs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmups):
-            program.module(*arguments)
+            module(*arguments)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        outputs = program.module(*arguments)
+        outputs = module(*arguments)
     return graph, outputs
 
 
