@@ -130,16 +130,18 @@ def test_host_staged_packing_generates_the_same_tokens():
     assert masks and all(bool((model.buffers[name] == -1).all()) for name in masks)
 
 
-def _engine(model, **packer_options):
+def _engine(model, graphs: bool = False, **packer_options):
+    """An engine on `model`; `graphs`: on a `GraphExecutor` (programs that replay captured graphs)."""
     from helios.runtime.engine import Engine
-    from helios.runtime.executor import Executor, program_table
+    from helios.runtime.executor import Executor, GraphExecutor, program_table
     from helios.runtime.geometry import capacities_for
     from helios.runtime.packer import Packer
     from helios.runtime.scheduler import Scheduler
     from helios.runtime.stats import WorkerStats
 
     packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()), **packer_options)
-    return Engine(Scheduler.create(capacities_for(model, 16, 0)), Executor(model, packer, program_table(model)),
+    kind = GraphExecutor if graphs else Executor
+    return Engine(Scheduler.create(capacities_for(model, 16, 0)), kind(model, packer, program_table(model)),
                   WorkerStats())
 
 
@@ -148,13 +150,14 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
     no request has temperature > 0; here a recording stand-in plays the captured program on the CPU."""
     import dataclasses
 
+    from helios.runtime.cuda_graphs import CapturedProgram
     from helios.runtime.model import program_arguments
     from helios.runtime.sampling_params import SamplingParams
 
     model = build_runtime(open_fixture()).model
     seen: list[bool] = []
 
-    class Recording:
+    class Recording(CapturedProgram):
         def __init__(self, program):
             self.module, self.arguments = program.module, program_arguments(program, model.weights, model.buffers)
 
@@ -163,12 +166,12 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
             return self.module(*self.arguments)
 
     model = dataclasses.replace(model, programs=tuple(dataclasses.replace(p, module=Recording(p)) for p in model.programs))
-    results = generate(_engine(model), EXPECTED["prompts"], EXPECTED["max_tokens"])
+    results = generate(_engine(model, graphs=True), EXPECTED["prompts"], EXPECTED["max_tokens"])
     assert [list(r.token_ids) for r in results] == EXPECTED["token_ids"]
     assert seen and all(seen)
     seen.clear()
     sampled = SamplingParams.from_packed((0.7, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0), seed=3)
-    generate(_engine(model), EXPECTED["prompts"][:1], 4, sampling=sampled)
+    generate(_engine(model, graphs=True), EXPECTED["prompts"][:1], 4, sampling=sampled)
     assert seen and not any(seen)
 
 

@@ -204,8 +204,13 @@ class Scheduler:
         return events
 
     def fail(self, plan: StepPlan, message: str) -> list[RequestEvent]:
-        """The execution of `plan` failed: its lanes end with ERROR, its copies publish nothing."""
+        """The execution of `plan` failed: its lanes end with ERROR, its copies publish nothing.
+        Its finished ids go out again with the next plan (it may never have reached the packers)."""
         flight, _ = self._take_flight(plan)
+        for request_id in plan.finished:
+            current = self.queues.requests.get(request_id)
+            if current is None or not current.announced:  # not admitted again since
+                self._released_ids.append(request_id)
         return self._abort(flight, message)
 
     # -- internals -----------------------------------------------------------------------------
