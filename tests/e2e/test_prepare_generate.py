@@ -115,14 +115,14 @@ def test_a_short_prompt_alone_runs_the_smallest_prefill_program(prepared):
     shapes = {(p.graph, p.batch_capacity, p.packed_token_capacity) for p in runtime.model.programs}
     assert {("prefill", 1, 8), ("prefill", 1, 32), ("mixed", 4, 12), ("mixed", 4, 36)} <= shapes
     ran: list[str] = []
-    run = executor_module.Executor.run
+    launch = executor_module.Executor.launch
 
-    def recording(self, plan, masks=None):
+    def recording(self, plan, *, alone=False):
         if plan.variant is not None:
             ran.append(plan.variant.name)
-        return run(self, plan, masks)
+        return launch(self, plan, alone=alone)
 
-    executor_module.Executor.run = recording
+    executor_module.Executor.launch = recording
     try:
         generate(runtime.engine, [[5, 6, 7]], 1)
         assert ran == ["prefill.r1t8"]
@@ -130,7 +130,7 @@ def test_a_short_prompt_alone_runs_the_smallest_prefill_program(prepared):
         generate(runtime.engine, [list(range(50, 90))], 1)
         assert ran[0] == "prefill.r1t32" and ran[-1] == "prefill.r1t8"
     finally:
-        executor_module.Executor.run = run
+        executor_module.Executor.launch = launch
 
 
 def test_prepare_rejects_prefill_chunks_outside_the_prefill_extent(prepared, tmp_path, capsys):

@@ -109,9 +109,14 @@ def test_ids_never_admitted_are_refused_by_the_encoder():
 
 
 def test_requests_with_images_do_not_cross():
-    plan = StepPlan(1, 1, Operation.DECODE, None, (), (), 0, (dataclasses.replace(spec(), images=object()),))
+    encoder, decoder = WireEncoder(), WireDecoder()
+    plan = StepPlan(1, 1, Operation.DECODE, None, (), (), 0,
+                    (spec("text"), dataclasses.replace(spec("image"), images=object())))
     with pytest.raises(WireError, match="image inputs"):
-        WireEncoder().encode(StepMessage(MessageKind.STEP, plan))
+        encoder.encode(StepMessage(MessageKind.STEP, plan))
+    later = message()  # the failed message left no handle behind: the words of a fresh encoder
+    words = encoder.encode(later)
+    assert words == WireEncoder().encode(later) and same(decoder.decode(words), later)
 
 
 def test_the_codec_layout_matches_every_record():

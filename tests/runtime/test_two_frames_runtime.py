@@ -116,11 +116,11 @@ def test_a_failed_second_frame_ends_its_requests_once_and_leaves_nothing_submitt
     engine.frames = 2
     launch, calls = engine.executor.launch, []
 
-    def failing_second_frame(plan, masks=None):
+    def failing_second_frame(plan, *, alone=False):
         calls.append(plan)
         if any(row.pending_on_device for row in plan.rows) and len(calls) > 4:
             raise RuntimeError("injected launch failure")
-        return launch(plan, masks)
+        return launch(plan, alone=alone)
 
     engine.executor.launch = failing_second_frame
     try:

@@ -264,10 +264,10 @@ def test_scheduler_admission_rejection_is_503_or_one_error_event(runner, app, se
 
 
 def test_execution_failure_is_500_or_one_error_event(runner, app, served, monkeypatch):
-    def failing_run(plan, masks):
+    def failing_launch(plan, *, alone=False):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(served.engine.executor, "run", failing_run)
+    monkeypatch.setattr(served.engine.executor, "launch", failing_launch)
     response = runner.run(post(app, "/v1/chat/completions", chat_body(max_tokens=4)))
     streamed = runner.run(post(app, "/v1/chat/completions", chat_body(max_tokens=4, stream=True)))
     monkeypatch.undo()

@@ -314,13 +314,13 @@ def test_a_reader_that_stops_is_dropped_after_the_send_timeout_and_one_that_paus
 
 
 def test_at_the_drain_deadline_running_responses_end_with_one_shutting_down_error(app, served, monkeypatch):
-    run = served.engine.executor.run
+    launch = served.engine.executor.launch
 
-    def slow_run(*args, **kwargs):  # a slow model, so that responses are still running
+    def slow_launch(*args, **kwargs):  # a slow model, so that responses are still running
         time.sleep(0.02)
-        return run(*args, **kwargs)
+        return launch(*args, **kwargs)
 
-    monkeypatch.setattr(served.engine.executor, "run", slow_run)
+    monkeypatch.setattr(served.engine.executor, "launch", slow_launch)
 
     async def scenario():
         transport = httpx.ASGITransport(app=app)

@@ -30,19 +30,21 @@ class GreedyRun:
 
 
 def record_logits(executor) -> dict[str, dict[int, torch.Tensor]]:
-    """Wraps `executor.run`; returns request id -> output index -> logits (host float32 copies)."""
+    """Wraps `executor.finish` (one execution frame: each plan is finished before the next launch);
+    returns request id -> output index -> logits (host float32 copies)."""
     recorded: dict[str, dict[int, torch.Tensor]] = {}
-    run = executor.run
+    finish = executor.finish
 
-    def recording(plan, masks=None):
-        output = run(plan, masks)
+    def recording(launched):
+        output = finish(launched)
+        plan = launched.plan
         logits = output.outputs.get(LOGITS_OUTPUT)
         for index, (row, result) in enumerate(zip(plan.rows, output.results)):
             if result.token_ids:
                 recorded.setdefault(row.request_id, {})[row.sample_index] = logits[index].float().cpu()
         return output
 
-    executor.run = recording
+    executor.finish = recording
     return recorded
 
 

@@ -9,6 +9,7 @@ keeps the output-side state (detokenizer, stops, parsers) to itself.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -20,15 +21,8 @@ from helios.runtime.sampling_params import SamplingParams, signed_seed
 
 __all__ = ["ContextLimitExceeded", "GenerationParams", "SamplingBody", "SamplingParams", "resolve_output_limit",
            "resolve_sampling"]
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-)
+# The request fields (and model defaults) of the same names as `SamplingParams`' values.
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.name != "seed")
 
 
 class SamplingBody(Protocol):

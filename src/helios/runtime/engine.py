@@ -232,7 +232,8 @@ class Engine:
         self._refresh_gauges()  # admissions and cancellations change them without a plan too
 
     def _launch(self, plan) -> None:
-        """Launches `plan` (one frame: runs it); a failure fails the plan at once."""
+        """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
+        its grammar masks; a failure fails the plan at once."""
         try:
             plan = plan.with_masks(self._masks(plan))
             launched = self.executor.launch(plan, alone=self.frames == 1)

@@ -1,6 +1,11 @@
 """Execution: runs one `StepPlan` on the loaded programs and validates its completion record.
 
-For a plan the executor performs its cache copies, packs the program's bindings (`Packer`),
+Two one-rank implementations of `helios.runtime.execution.PlanExecutor`: `Executor` calls each
+program eagerly, `GraphExecutor` replays the CUDA graphs captured at load (the greedy-only graph
+for steps in which no row draws); `executor_for` picks the one that fits a loaded model.
+
+For a plan the executor first applies it to the packer (`Packer.apply`: the plan's finished ids
+and admitted request specs), then performs its cache copies, packs the program's bindings (`Packer`),
 writes the transport's submission sequence, calls the selected program with its weight list and
 input buffers (each narrowed to the program's static extents), copies the completion record into
 the plan's frame of the completion buffer, and validates it (`helios.abi.completion`) before

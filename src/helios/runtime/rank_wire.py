@@ -107,9 +107,16 @@ class WireEncoder:
         self._next = 1
 
     def encode(self, message: StepMessage) -> list[int]:
+        """The message's words; a message that cannot be encoded (`WireError`) changes nothing, so
+        the handle tables of rank zero and its peers stay in step."""
         out = [MAGIC, int(message.kind), int(message.sequence), int(bool(message.reset)), int(message.plan is not None)]
         if message.plan is not None:
-            self._put_plan(out, message.plan)
+            handles, next_handle = dict(self._handles), self._next
+            try:
+                self._put_plan(out, message.plan)
+            except BaseException:
+                self._handles, self._next = handles, next_handle
+                raise
         return out
 
     def _handle(self, request_id: str) -> int:
