@@ -68,18 +68,23 @@ def test_binding_points_a_program_graph_at_its_group():
     def program(x):
         return torch.ops.helios.all_reduce.default(x * 2, 2), torch.ops.helios.broadcast.default(x, 2, 1)
 
-    def work(rank, group):
-        module = torch.fx.symbolic_trace(program)
-        with pytest.raises(CollectiveError, match="no rank group"):
-            module(torch.ones(2))
-        graph = torch.fx.Graph()  # a CPU program calls op bodies directly (`bind_abi_kernels`)
+    def bodies() -> torch.fx.GraphModule:  # a CPU program calls op bodies directly (`bind_abi_kernels`)
+        graph = torch.fx.Graph()
         graph.output(graph.call_function(collectives.all_gather._init_fn, (graph.placeholder("x"), 2)))
-        bodies = torch.fx.GraphModule(torch.nn.Module(), graph)
-        bound = bind_collectives(module.graph, group), bind_collectives(bodies.graph, group)
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    # Built before the ranks start: a rank still tracing would keep the other waiting in a collective.
+    modules = [(torch.fx.symbolic_trace(program), bodies()) for _ in range(2)]
+    with pytest.raises(CollectiveError, match="no rank group"):
+        modules[0][0](torch.ones(2))
+
+    def work(rank, group):
+        module, gather = modules[rank]
+        bound = bind_collectives(module.graph, group), bind_collectives(gather.graph, group)
         module.recompile()
-        bodies.recompile()
+        gather.recompile()
         x = torch.full((2,), float(rank + 1))
-        return bound, module(x), bodies(x)
+        return bound, module(x), gather(x)
 
     (bound, (reduced, broadcast), gathered), (_, (reduced1, _), _) = on_ranks(work)
     assert bound == (2, 1)
