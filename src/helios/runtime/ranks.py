@@ -16,8 +16,9 @@ Rank zero's `RankedExecutor` stands in for the `Executor` the engine drives. For
 Two execution frames: `launch` sends a LAUNCH message and launches on rank zero; `finish` sends
 a FINISH message (the submission's sequence) and every rank finishes its oldest launched plan and
 agrees on it, so peers mirror the engine's launch/finish order exactly and, on CUDA, rank zero
-packs and launches round N+1 while every device still runs round N. `run` (one frame) is a single
-STEP message. A launch that fails on a rank is reported at its finish, which every rank reaches.
+packs and launches round N+1 while every device still runs round N. A plan launched `alone` (the
+engine's one frame: it finishes the plan before launching another) crosses at its `finish` as a
+single STEP message, as `run` does. A launch that fails on a rank is reported at its finish, which every rank reaches.
 Every rank keeps `PhaseTimers` (`helios.runtime.rank_timing`); `timings` gathers them.
 
 A dead or silent rank fails the model, never hangs it: every CPU collective is bounded by the
