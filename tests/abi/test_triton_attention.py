@@ -240,7 +240,7 @@ def test_tuned_decode_reads_its_split_count_from_the_tensor(count):
     batch = make_batch(17, TUNED_LENS, TUNED_CACHED, Shape(page_tokens=32))
     max_context = batch.poisoned[2].shape[1] * 32
     bound = kernels.tuned_split_bound(3, Shape().num_kv_heads, max_context)
-    assert bound == 5 and kernels.decode_partition(max_context, bound)[0] == 5  # several splits in the grid
+    assert bound == 9 and kernels.grid_splits(max_context, bound, 64) == 9  # several splits in the grid
     splits = torch.tensor([count], dtype=torch.int32, device=DEVICE)
     out = run(kernels.triton_paged_attention_tuned, batch, 700, splits=splits)
     assert_matches_reference(out, batch, 700)
@@ -253,10 +253,11 @@ def test_tuned_prefill_path_ignores_the_split_count():
 
 
 def test_tuned_split_bound_depends_on_shapes_only():
-    assert kernels.tuned_split_bound(1, 8, 8192) == 32  # no split shorter than 256 positions
-    assert kernels.tuned_split_bound(1, 1, 1 << 20) == 64  # at most _MAX_SPLITS
+    assert kernels.tuned_split_bound(1, 8, 4096) == 32  # one split per 128 positions of the capacity
+    assert kernels.tuned_split_bound(1, 1, 1 << 20) == 64  # at most DECODE_MAX_SPLITS
     assert kernels.tuned_split_bound(256, 8, 8192) == 1  # a big batch fills any device alone
-    assert kernels.tuned_split_bound(16, 8, 8192) == 4
+    assert kernels.tuned_split_bound(64, 8, 8192) == 4  # 8 programs per multiprocessor of a 256-SM device
+    assert kernels.tuned_split_bound(16, 8, 8192) == 16
 
 
 # Cache writes.
