@@ -185,18 +185,21 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                                  scale: float, window: int, splits: torch.Tensor, *,
-                                 sinks: torch.Tensor | None = None, tile: DecodeTile | None = None) -> torch.Tensor:
+                                 sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
+                                 bound: int | None = None) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
-    (and reads the count) whenever the bound allows more than one split."""
+    (and reads the count) whenever the bound allows more than one split. `tile` and `bound` (the
+    grid's split bound) override the static choices (benchmarks sweep them)."""
     num_tokens, _, head_dim = q.shape
     out = torch.zeros_like(q)
     if num_tokens == 0 or page_table.shape[0] == 0:
         return out
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
-    bound = grid_splits(max_context, tuned_split_bound(num_tokens, k_cache.shape[2], max_context), tile.block_n)
-    _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window, bound,
+    bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
+    _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+            grid_splits(max_context, bound, tile.block_n),
             splits.contiguous(), sinks, tile)
     return out
 
