@@ -39,6 +39,9 @@ from attention_kernels import FULL, SMOKE, Config, copy_bandwidth, kv_bytes, mak
 from attention_kernels import check_against_reference, median_seconds  # noqa: E402
 
 TILES = "32x4x2,64x4x2,64x4x3,64x8x2,128x4x2,128x8x2,128x8x3"  # block_n x num_warps x num_stages
+# block_pairs x block_n x num_warps x num_stages
+PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
+PREFILL_CASES = ((2048, 0), (208, 1840), (512, 0))  # (new tokens, cached tokens) of one row
 
 
 def parse_args(argv):
@@ -51,6 +54,8 @@ def parse_args(argv):
     parser.add_argument("--splits", default="1,2,4,8,16")
     parser.add_argument("--peak", type=float, default=4.8e12, help="datasheet bytes/s (H200: 4.8 TB/s)")
     parser.add_argument("--no-flashinfer", action="store_true")
+    parser.add_argument("--prefill", action="store_true", help="also sweep the prefill kernel's tiles")
+    parser.add_argument("--prefill-tiles", default=PREFILL_TILES)
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -81,7 +86,7 @@ class Case:
         return (self.step.q, *self.caches, *self.step[1:], self.scale, 0)
 
 
-def time_variant(case: Case, fn, expected: torch.Tensor | None, device) -> float:
+def time_variant(fn, expected: torch.Tensor | None, device) -> float:
     """Seconds per call of fn() (CUDA graph replays), after checking its output against `expected`."""
     got = fn()
     if expected is not None:
@@ -98,7 +103,7 @@ def sweep(case: Case, decode, tiles, split_counts, expected, device) -> list[dic
         for count in counts:
             splits = torch.tensor([count], dtype=torch.int32, device=device)
             try:
-                seconds = time_variant(case, lambda: decode.paged_attention_decode_tuned(
+                seconds = time_variant(lambda: decode.paged_attention_decode_tuned(
                     *case.args(), splits, tile=tile, bound=bound), expected, device)
             except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
                 print(f"  tile {tile} splits {count}: {type(error).__name__}: {str(error)[:120]}", flush=True)
@@ -126,7 +131,7 @@ def flashinfer_rows(case: Case, config: Config, expected, device) -> list[dict]:
             wrapper.plan(indptr, table.reshape(-1).contiguous(), last, config.num_heads, config.num_kv_heads,
                          config.head_dim, config.page_tokens, pos_encoding_mode="NONE",
                          q_data_type=case.step.q.dtype, kv_data_type=case.caches[0].dtype)
-            seconds = time_variant(case, lambda: wrapper.run(case.step.q, case.caches), expected, device)
+            seconds = time_variant(lambda: wrapper.run(case.step.q, case.caches), expected, device)
             rows.append({"tensor_cores": tensor_cores, "seconds": seconds})
         except Exception as error:  # noqa: BLE001
             print(f"  flashinfer tensor_cores={tensor_cores}: {type(error).__name__}: {str(error)[:160]}", flush=True)
@@ -151,11 +156,11 @@ def run_case(case: Case, config: Config, modules, args, copy_rate: float, device
                                                                                 device=device))
     print(f"decode b={case.batch} ctx={case.context} ({case.bytes / 1e6:.1f} MB of keys and values)", flush=True)
     asked_old = torch.tensor([old_splits(case.batch, config, max_context, sms)], dtype=torch.int32, device=device)
-    old = time_variant(case, lambda: old_module.paged_attention_decode_tuned(*case.args(), asked_old), expected, device)
+    old = time_variant(lambda: old_module.paged_attention_decode_tuned(*case.args(), asked_old), expected, device)
     rows = [report(f"old ({int(asked_old)} splits asked)", old, case, copy_rate, args.peak, None)]
     splits = torch.tensor([new_splits], dtype=torch.int32, device=device)
     tile = decode.decode_tile(case.batch, config.head_dim)
-    new = time_variant(case, lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device)
+    new = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device)
     rows.append(report(f"new ({new_splits} splits, tile {tile.block_n}x{tile.num_warps}x{tile.num_stages})",
                        new, case, copy_rate, args.peak, old))
     tiles = [decode.DecodeTile(*map(int, t.split("x"))) for t in args.tiles.split(",")]
@@ -195,13 +200,48 @@ def main(argv=None) -> int:
     print(f"new kernels match the CPU reference (max |error| {check_against_reference(config, kernels, device):.2e})")
     copy_rate = copy_bandwidth(config, device)
     print(f"device copy: {copy_rate / 1e9:.1f} GB/s (read + write); peak {args.peak / 1e9:.0f} GB/s", flush=True)
-    caches = make_caches(config, max(batches) * max(contexts) // config.page_tokens + 2 * max(batches), device)
+    longest_prefill = max(new + cached for new, cached in PREFILL_CASES)
+    num_pages = max(max(batches) * max(contexts), longest_prefill) // config.page_tokens + 2 * max(batches) + 2
+    caches = make_caches(config, num_pages, device)
     results = [run_case(Case(config, caches, b, c, args.capacity, device), config, (old_module, decode), args,
                         copy_rate, device) for b in batches for c in contexts]
     suggest(results, config)
+    prefill = prefill_sweep(config, caches, old_module, kernels, args, device) if args.prefill else []
     if args.json:
-        args.json.write_text(json.dumps({"copy_gb_s": copy_rate / 1e9, "cases": results}, indent=1))
+        args.json.write_text(json.dumps({"copy_gb_s": copy_rate / 1e9, "cases": results, "prefill": prefill}, indent=1))
     return 0
+
+
+def prefill_sweep(config: Config, caches, old_module, kernels, args, device) -> list[dict]:
+    """The prefill kernel (one row of `new` tokens after `cached` ones) at each tile, against the old
+    kernel: microseconds, TFLOP/s of the causal QK and PV products, ratio to old; the best tile."""
+    tiles = [kernels.PrefillTile(*map(int, t.split("x"))) for t in args.prefill_tiles.split(",")]
+    cases = ((24, 8), (8, 16)) if args.smoke else PREFILL_CASES  # smoke: within the caches' pages
+    results, totals = [], {}
+    for new, cached in cases:
+        step = make_step(config, [new], [new + cached], caches[0].shape[0], device)
+        args_ = (step.q, *caches, *step[1:], config.head_dim ** -0.5, 0)
+        flops = 4 * config.num_heads * config.head_dim * sum(range(cached + 1, cached + new + 1))
+        expected = kernels.paged_attention_prefill(*args_)
+        old = time_variant(lambda: old_module.paged_attention_prefill(*args_), expected, device)
+        print(f"prefill {new} tokens after {cached} cached: old {old * 1e6:.1f} us ({flops / old / 1e12:.1f} TFLOP/s)",
+              flush=True)
+        for tile in tiles:
+            try:
+                seconds = time_variant(lambda: kernels.paged_attention_prefill(*args_, tile=tile), expected,
+                                       device)
+            except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
+                print(f"  tile {tile}: {type(error).__name__}: {str(error)[:120]}", flush=True)
+                continue
+            key = tuple(tile.__dict__.values())
+            totals[key] = totals.get(key, 0.0) + seconds
+            results.append({"new": new, "cached": cached, "tile": list(key), "us": seconds * 1e6, "old_us": old * 1e6})
+            print(f"  tile {'x'.join(map(str, key)):<14} {seconds * 1e6:9.1f} us {flops / seconds / 1e12:6.1f} TFLOP/s "
+                  f"{old / seconds:5.2f}x old", flush=True)
+    if totals:
+        best = min(totals, key=totals.get)
+        print(f"suggested PREFILL_TILES[{config.head_dim}] = PrefillTile{best} (summed {totals[best] * 1e6:.1f} us)")
+    return results
 
 
 def suggest(results: list[dict], config: Config) -> None:

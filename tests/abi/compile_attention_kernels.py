@@ -49,6 +49,10 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks),
                            num_warps=4, num_stages=2)
+    for pairs, block_n, warps, stages in ((128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 3)):  # prefill tiles swept
+        compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=pairs // block_g,
+                                                             BLOCK_N=block_n, HAS_SINKS=False),
+                       num_warps=warps, num_stages=stages)
     for block_n, warps, stages in ((32, 4, 3), (128, 8, 2), (128, 4, 4)):  # the tiles the benchmark sweeps
         compile_kernel(decode._decode_kernel, attend,
                        dict(shape, BLOCK_H=16, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True, HAS_SINKS=False),

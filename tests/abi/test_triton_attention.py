@@ -184,6 +184,14 @@ def test_pages_below_the_window_are_never_read(window):
     assert_matches_reference(run(kernels.paged_attention_prefill, mixed, window), mixed, window)
 
 
+@pytest.mark.parametrize("tile", [kernels.PrefillTile(16, 16, 2, 1), kernels.PrefillTile(128, 32, 8, 3)],
+                         ids=["small", "wide"])
+def test_every_prefill_tile_is_exact(tile):
+    batch = make_batch(21, MIXED_LENS, MIXED_CACHED, Shape(group=4, num_kv_heads=1, page_tokens=4), padding=2)
+    assert_matches_reference(run(kernels.paged_attention_prefill, batch, 0, tile=tile), batch, 0)
+    assert_matches_reference(run(kernels.paged_attention_prefill, batch, 7, tile=tile), batch, 7)
+
+
 @pytest.mark.parametrize("page_tokens", [1, 5])
 def test_one_token_pages_and_pages_that_are_not_powers_of_two(page_tokens):
     batch = make_batch(16, SHORT_LENS, MIXED_CACHED, Shape(page_tokens=page_tokens), padding=1)

@@ -32,6 +32,8 @@ where triton is not installed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -47,6 +49,7 @@ from helios.abi.triton_paged import (
 
 __all__ = [
     "DecodeTile",
+    "PrefillTile",
     "decode_splits",
     "decode_tile",
     "grid_splits",
@@ -59,8 +62,24 @@ __all__ = [
     "tuned_split_bound",
 ]
 
-_PREFILL_M = 64  # (token, head) pairs per prefill program: BLOCK_M * BLOCK_G
-_BLOCK_N = 64  # cached positions per inner iteration
+
+
+@dataclass(frozen=True)
+class PrefillTile:
+    """How one prefill program is shaped: `block_pairs` (token, query head) pairs (BLOCK_M * BLOCK_G,
+    a power of two), `block_n` cached positions per iteration, and the Triton launch options. A
+    schedule only: every tile gives the same result."""
+
+    block_pairs: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_PREFILL_TILE = PrefillTile()
+# Measured tiles by head_dim; absent keys use DEFAULT_PREFILL_TILE. Fill from the "prefill" lines of
+# `bench/decode_attention.py --prefill` on the serving device class.
+PREFILL_TILES: dict[int, PrefillTile] = {}
 # Per-step values are not specialised on (== 1, multiple of 16), so batches of different sizes and
 # windows share one compiled kernel.
 
@@ -75,7 +94,9 @@ def _prefill_kernel(out_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr, query_start_pt
                     DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Program (query block b, key/value head): up to BLOCK_M tokens of one row x its GROUP query heads.
     HAS_SINKS: each head's sink logit (sinks_ptr, float32 [Hq]) starts its online softmax."""
-    block = tl.program_id(0)
+    # Highest query blocks first: in a causal prefill they see the most positions, so the longest
+    # programs start in the first wave and the last wave holds short ones (a schedule only).
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     row = find_row(query_start_ptr, num_rows, block, BLOCK_M, True)
     row_start = tl.load(query_start_ptr + row)
@@ -169,8 +190,10 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
-                            scale: float, window: int, *, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The general kernel: grid (T // BLOCK_M + R, Hkv) query blocks of one row each (see module doc)."""
+                            scale: float, window: int, *, sinks: torch.Tensor | None = None,
+                            tile: PrefillTile | None = None) -> torch.Tensor:
+    """The general kernel: grid (T // BLOCK_M + R, Hkv) query blocks of one row each (see module doc).
+    `tile` overrides the head_dim's entry of PREFILL_TILES (benchmarks sweep it)."""
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
     out = torch.zeros_like(q)  # the strides of the reference and fake implementations
@@ -178,18 +201,18 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     group = num_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
-    block_m = max(1, _PREFILL_M // block_g)
+    tile = tile or PREFILL_TILES.get(head_dim, DEFAULT_PREFILL_TILE)
+    block_m = max(1, tile.block_pairs // block_g)
     page_table = row_major(page_table)
     with on_device(q):
         _prefill_kernel[(num_tokens // block_m + num_rows, num_kv_heads)](
             out, q, k_cache, v_cache, page_table, query_start.contiguous(), positions.contiguous(),
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1],
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
-            GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, HEAD_DIM=head_dim,
+            GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim,
             BLOCK_D=block_d(head_dim), PAGE_TOKENS=k_cache.shape[1], DOT_PRECISION=dot_precision(q),
-            HAS_SINKS=sinks is not None, num_warps=4, num_stages=2)
+            HAS_SINKS=sinks is not None, num_warps=tile.num_warps, num_stages=tile.num_stages)
     return out
-
 
 
 def triton_paged_attention_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
