@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
-from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
@@ -39,12 +39,15 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  #
 from helios.runtime.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
+# A model with real weight traffic that still prepares in a minute on a CPU (--medium).
+MEDIUM = LlamaShape(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=16,
+                    num_key_value_heads=4, head_dim=128, vocab_size=32000)
 # (module, attribute, phase): the functions timed; a phase may gather several. None of them calls
 # another of its stage's list, so the phases do not overlap.
 PREPARE_PHASES = (
     ("helios.ignition.export", "load_checkpoint", "read checkpoint"),
     ("helios.ignition.export", "rank_weight_files", "weight images"),
-    ("helios.ignition.export", "capture_program", "export programs"),
+    ("helios.ignition.export", "capture_all", "export programs (worker processes)"),
     ("helios.core.writer", "store_resource", "compress + commit resources"),
 )
 LOAD_PHASES = (
@@ -170,12 +173,13 @@ def main(argv=None) -> int:
     parser.add_argument("--ttft-prompt", type=int, default=2048)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--medium", action="store_true", help="a 2048-wide model of --layers layers (CPU studies)")
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
     parser.add_argument("--profile-rows", type=int, default=18)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)
     if args.smoke:
         args.ttft_prompt = 64
     results = {"layers": shape.num_hidden_layers, "device": str(device), "variants": {}}
