@@ -11,7 +11,8 @@ nothing here runs on untrusted bytes. `load_model` then
    programs fails with `PickledProgramError`), that its graph calls nothing but allowed ops and
    that every ABI op it names is declared in the manifest and registered here with exactly the
    declared schema, then builds it and checks again;
-3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
+3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape
+   (on a thread, while step 2 deserializes the programs; a failure of either fails the load);
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
    now and replace preparation's working-set counts;
 5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.tuning`;
@@ -28,6 +29,8 @@ rank is shared). `helios.runtime.ranks` loads the other ranks and ties them toge
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
@@ -139,10 +142,14 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
     handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
-    programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
-    tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
-    producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
-    weights = _load_weights(core, prepared, device, options.rank)
+    # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
+    # programs deserialize here (Python that holds it): the two overlap instead of adding up.
+    with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
+        loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
+        programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
+        tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
+        producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
+        weights = loading.result()
     rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
     num_state_rows = settings.max_concurrency * rows_per_request
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
@@ -302,6 +309,13 @@ def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], .
         value = placeholders[spec.arg.name].meta.get("val")
         shapes.append(tuple(int(d) if isinstance(d, int) else None for d in value.shape))
     return tuple(shapes)
+
+
+def _load_weights_on_device(core, prepared: PreparedContract, device: torch.device,
+                            rank: int) -> dict[str, torch.Tensor]:
+    """`_load_weights` with `device` current (a thread starts on the process's default device)."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return _load_weights(core, prepared, device, rank)
 
 
 def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
