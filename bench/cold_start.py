@@ -1,5 +1,6 @@
 """Where cold start goes: prepare and load of an 8B-shaped core, phase by phase, with and without the
-token-logprobs program variants (``helios prepare --no-logprobs``).
+token-logprobs program variants (``helios prepare --no-logprobs``), and the core that holds them loaded
+without them (``helios serve --no-logprobs``).
 
 One random Llama-3.1-8B-shaped checkpoint (``--layers``) is written once; for each variant the core is
 prepared and then loaded (``build_runtime``: verify, programs, weights, tuning producers, CUDA graph
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
+from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
@@ -146,11 +148,21 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
         prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan))
         prepared = table("prepare", variant, time.perf_counter() - started, timer)
     prepared["core_gb"] = core.stat().st_size / 1e9
+    result = {"prepare": prepared, "load": load(core, key, variant, StartupOptions(), args, device)}
+    if variant == "logprobs":  # the same core started with `helios serve --no-logprobs`
+        result["load_skipping_logprobs"] = load(core, key, f"{variant} core, --no-logprobs at load",
+                                                StartupOptions(token_logprobs=False), args, device)
+    core.unlink()
+    return result
+
+
+def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, args, device: torch.device) -> dict:
+    """Open, verify and load `core` as `build_runtime` does; the phase table; the runtime is closed."""
     with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows):
         started = time.perf_counter()
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
         verified = time.perf_counter() - started
-        options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"))
+        options = RuntimeOptions(load=LoadOptions(startup, device=str(device), cuda_graphs=device.type == "cuda"))
         runtime = build_runtime(opened, options)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -163,8 +175,7 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    core.unlink()
-    return {"prepare": prepared, "load": loaded}
+    return loaded
 
 
 def main(argv=None) -> int:
@@ -206,6 +217,8 @@ def compare(variants: dict) -> None:
         for stage in ("prepare", "load"):
             log(f"{stage}: {with_[stage]['total_s']:.1f} s with the logprobs variants, "
                 f"{without[stage]['total_s']:.1f} s without ({with_[stage]['total_s'] / without[stage]['total_s']:.2f}x)")
+        if "load_skipping_logprobs" in with_:
+            log(f"load of the logprobs core with --no-logprobs: {with_['load_skipping_logprobs']['total_s']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -140,7 +140,8 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
-    handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
+    handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths,
+                             token_logprobs=options.startup.token_logprobs is not False)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
     # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
     # programs deserialize here (Python that holds it): the two overlap instead of adding up.
@@ -197,12 +198,15 @@ def serving_device(name: str) -> torch.device:
 
 
 def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
-                   widths: tuple[int, ...] = ()) -> list[mpb.GraphHandle]:
+                   widths: tuple[int, ...] = (), token_logprobs: bool = True) -> list[mpb.GraphHandle]:
     """The rank's handles of the serving graphs, reduced to the variants `concurrency` can use;
-    SPECULATIVE handles only of the widest of the selected `widths` (none without widths)."""
+    SPECULATIVE handles only of the widest of the selected `widths` (none without widths); no
+    token-logprobs variant unless `token_logprobs`."""
     selected = []
     for operation in SERVING_OPERATIONS:
         for graph in prepared.graphs_for(operation):
+            if graph.token_logprobs and not token_logprobs:
+                continue
             handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == rank]
             if operation == spb.GRAPH_OPERATION_SPECULATIVE:
                 handles = speculative_handles(handles, widths)
