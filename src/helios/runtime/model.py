@@ -33,13 +33,13 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 from torch.export.passes import move_to_device_pass
 
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
-from helios.abi.registry import validate_program_ops, validate_serialized_ops
+from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.contract.servable import check_servable
 from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
@@ -143,6 +143,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths,
                              token_logprobs=options.startup.token_logprobs is not False)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
+    declared = DeclaredOps(declared, registered_schemas())  # the registered ops, listed once per load
     # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
     # programs deserialize here (Python that holds it): the two overlap instead of adding up.
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
@@ -262,14 +263,21 @@ def _narrow(buffer: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor
     return view
 
 
-def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared,
+class DeclaredOps(NamedTuple):
+    """The manifest's ABI ops (name -> schema) and this process's registered `helios` ops."""
+
+    schemas: dict[str, str]
+    registered: dict[str, str]
+
+
+def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared: DeclaredOps,
                   device: torch.device) -> LoadedProgram:
     names = set(handle.abi_operations)
-    ops = {name: schema for name, schema in declared.items() if name in names}
+    ops = {name: schema for name, schema in declared.schemas.items() if name in names}
     image = read_program_image(_program_bytes(core, handle.resource_id))
-    validate_serialized_ops(image.graph, ops)
+    validate_serialized_ops(image.graph, ops, declared.registered)
     exported = deserialize_program(image)
-    validate_program_ops(exported, ops)
+    validate_program_ops(exported, ops, declared.registered)
     if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
         exported = move_to_device_pass(exported, {"cpu": str(device)})
     graph = prepared.graphs[handle.graph]
