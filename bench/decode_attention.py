@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import FULL, SMOKE, Config, copy_bandwidth, kv_bytes, make_caches, make_step  # noqa: E402
 from attention_kernels import check_against_reference, median_seconds  # noqa: E402
 
-TILES = "32x4x2,64x4x2,64x4x3,64x8x2,128x4x2,128x8x2,128x8x3"  # block_n x num_warps x num_stages
+TILES = "32x4x2,64x4x2,64x8x2,128x4x2,128x8x2,128x8x3"  # block_n x num_warps x num_stages
 # block_pairs x block_n x num_warps x num_stages
 PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
 PREFILL_CASES = ((2048, 0), (208, 1840), (512, 0))  # (new tokens, cached tokens) of one row

@@ -34,7 +34,7 @@ timeout "$(limit 90)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandl
 timeout "$(limit 60)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=50 tests/gpu/test_runtime_cuda.py \
   -k "greedy_tokens_on_cuda and graphs and (llama or gpt_oss or mistral)" 2>&1 | tee "$out/greedy_tests.log" | tail -4
 echo "[tests done at ${SECONDS}s]"
-timeout "$(limit 190)" python3 bench/decode_attention.py --prefill --json "$out/decode_attention.json" 2>&1 \
+timeout "$(limit 170)" python3 bench/decode_attention.py --prefill --json "$out/decode_attention.json" 2>&1 \
   | tee "$out/decode_attention.log" | grep -v "^  tile" | tail -75
 echo "[decode attention done at ${SECONDS}s]"
 timeout "$(limit 110)" python3 bench/ttft_breakdown.py --layers "${TTFT_LAYERS:-32}" --json "$out/ttft.json" 2>&1 \
