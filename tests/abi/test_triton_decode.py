@@ -36,11 +36,12 @@ def test_short_rows_in_a_long_capacity_with_any_split_count(split):
     token's tiles are empty and weigh nothing in the combine."""
     batch = with_capacity(make_batch(30, [1] * 5, RAGGED, Shape(page_tokens=8)), 128)
     assert decode.grid_splits(128 * 8, split, 16) == split
-    out = run(decode.paged_attention_decode, batch, 0, split=split, tile=decode.DecodeTile(block_n=16))
+    tile = decode.DecodeTile(block_n=16, min_split_tokens=16)
+    out = run(decode.paged_attention_decode, batch, 0, split=split, tile=tile)
     assert_matches_reference(out, batch, 0)
 
 
-@pytest.mark.parametrize("tile", [decode.DecodeTile(16, 2, 1), decode.DecodeTile(32, 4, 3),
+@pytest.mark.parametrize("tile", [decode.DecodeTile(16, 2, 1, 16), decode.DecodeTile(32, 4, 3, 64),
                                   decode.DecodeTile(128, 8, 2)], ids=["n16", "n32", "n128"])
 def test_every_tile_is_exact(tile):
     batch = make_batch(31, [1] * 5, RAGGED, Shape(page_tokens=16))
@@ -59,7 +60,7 @@ def test_window_spans_are_cut_into_splits(window):
     """The span starts at pos - window + 1: splits cut only the visible positions, and released pages
     below the window are never read."""
     batch = base.release_below_window(make_batch(33, [1] * 5, RAGGED, Shape(page_tokens=4)), window)
-    tile = decode.DecodeTile(block_n=16)
+    tile = decode.DecodeTile(block_n=16, min_split_tokens=16)
     assert_matches_reference(run(decode.paged_attention_decode, batch, window, split=3, tile=tile), batch, window)
 
 
@@ -67,7 +68,8 @@ def test_window_spans_are_cut_into_splits(window):
 def test_tuned_count_with_a_multi_token_row_and_padding(count):
     batch = make_batch(34, [2, 0, 1, 1], [30, 3, 12, 61], Shape(page_tokens=8), padding=1)
     splits = torch.tensor([count], dtype=torch.int32, device=DEVICE)
-    out = run(decode.paged_attention_decode_tuned, batch, 0, splits=splits, tile=decode.DecodeTile(block_n=16))
+    out = run(decode.paged_attention_decode_tuned, batch, 0, splits=splits,
+              tile=decode.DecodeTile(block_n=16, min_split_tokens=16))
     assert_matches_reference(out, batch, 0)
 
 
@@ -78,6 +80,15 @@ def test_tile_table_is_keyed_by_head_dim_and_batch_bucket(monkeypatch):
     assert decode.decode_tile(16, 128) == decode.DEFAULT_TILE  # another bucket
     assert decode.decode_tile(64, 64) == decode.DEFAULT_TILE  # another head_dim
     assert decode.decode_tile(1000, 128) == decode.DEFAULT_TILE  # past the last bucket: the 256 bucket
+
+
+@pytest.mark.parametrize("min_split_tokens", [16, 32, 1000])
+def test_short_spans_get_fewer_runs_not_shorter_ones(min_split_tokens):
+    """The same result whether a 71-position span is cut into 5 runs of 16, 3 of 32 or kept whole."""
+    batch = make_batch(36, [1] * 5, RAGGED, Shape(page_tokens=8))
+    tile = decode.DecodeTile(block_n=16, min_split_tokens=min_split_tokens)
+    assert tile.min_split_tiles == -(-min_split_tokens // 16)
+    assert_matches_reference(run(decode.paged_attention_decode, batch, 0, split=8, tile=tile), batch, 0)
 
 
 def test_grid_splits_are_bounded_by_capacity_tiles():

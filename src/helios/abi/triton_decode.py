@@ -6,11 +6,12 @@ Flash-decoding with GQA packing: one program per (token, key/value head, split) 
 heads of that key/value head as the M dimension of one ``tl.dot`` (padded to 16), so each cached key
 and value is loaded once per token, not once per query head. Splits cut *each token's own span*
 ``[max(pos - window + 1, 0), pos]`` into equal runs of whole tiles (as flash-decoding does), not the
-static capacity context: a 200-token row in a 2,064-token capacity uses every split, where a cut of
-the capacity would leave all but the first split idle. Each split writes a partial max, sum and
-normalised accumulator (float32), and a combine kernel merges them; a split whose run is empty
-writes an empty partial (sum 0) that the combine weighs zero. With one live split the decode kernel
-writes the output itself.
+static capacity context: a 1,000-token row in a 4,096-token capacity uses every split, where a cut of
+the capacity would leave most of them idle. A token gets at most the live split count of runs and
+none shorter than the tile's `min_split_tokens` (a short span is not cut finer than is worth a
+combine); splits past its runs exit. Each run writes a partial max, sum and normalised accumulator
+(float32), and a combine kernel merges the token's runs; a token of one run gets its output from the
+decode kernel directly, and the combine program of that token does nothing.
 
 The split count is static (`decode_splits`, from shapes) or, for ``helios::paged_attention_tuned``,
 read on the device from an int32 [1] tensor that a startup tuning producer wrote: the grid holds a
@@ -48,11 +49,18 @@ _MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned dec
 @dataclass(frozen=True)
 class DecodeTile:
     """How one decode program walks its positions: `block_n` cached positions per iteration (a power
-    of two, at least 16), and the Triton launch options. A schedule only: every tile is exact."""
+    of two, at least 16), the Triton launch options, and the shortest run a split gets
+    (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
+    than shorter ones). A schedule only: every tile is exact."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    min_split_tokens: int = MIN_SPLIT_TOKENS
+
+    @property
+    def min_split_tiles(self) -> int:
+        return max(1, -(-self.min_split_tokens // self.block_n))
 
 
 DEFAULT_TILE = DecodeTile()
@@ -78,15 +86,15 @@ def _live_splits(splits_ptr, NUM_SPLITS: tl.constexpr, TUNED: tl.constexpr):
 
 
 @triton.jit
-def _split_run(pos, window, split, live, BLOCK_N: tl.constexpr):
-    """(first visible position, first and end position of this split's run): the token's span
-    [max(pos - window + 1, 0), pos] in tiles aligned to BLOCK_N, cut into `live` equal runs."""
+def _token_splits(pos, window, live, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """(first visible position, first tile's position, tiles per run, runs) of a token: its span
+    [max(pos - window + 1, 0), pos] in tiles aligned to BLOCK_N, cut into at most `live` equal runs
+    of at least MIN_TILES tiles (a short span is not cut finer than is worth a combine)."""
     first = tl.maximum(pos - window + 1, 0)
     base = first // BLOCK_N * BLOCK_N
     tiles = (pos + 1 - base + BLOCK_N - 1) // BLOCK_N
-    run = (tiles + live - 1) // live * BLOCK_N
-    lo = base + split * run
-    return first, lo, tl.minimum(pos + 1, lo + run)
+    runs = tl.maximum(tl.minimum(live, (tiles + MIN_TILES - 1) // MIN_TILES), 1)
+    return first, base, (tiles + runs - 1) // runs, runs
 
 
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
@@ -96,20 +104,23 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
                    stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
                    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr):
+                   TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
+                   MIN_TILES: tl.constexpr):
     """Program (token, key/value head, split): the token's GROUP query heads over its split's run of
-    cached positions. Writes the output (one live split) or partials. TUNED: the live split count is
-    read from splits_ptr (NUM_SPLITS is the grid's bound, splits past it exit). HAS_SINKS: split 0
-    (never empty) starts its online softmax from the heads' sink logits, so the combine counts each
-    sink once."""
+    cached positions (`_token_splits`; splits past the token's runs exit). Writes the output (the
+    token has one run) or partials. TUNED: the live split count is read from splits_ptr (NUM_SPLITS
+    is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the heads' sink logits,
+    so the combine counts each sink once."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     live = _live_splits(splits_ptr, NUM_SPLITS, TUNED)
-    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < live):
+    pos = tl.load(positions_ptr + token, mask=split < live, other=0).to(tl.int32)
+    first, base, run_tiles, runs = _token_splits(pos, window, live, BLOCK_N, MIN_TILES)
+    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
         row = find_row(query_start_ptr, num_rows, token, 1, False)
-        pos = tl.load(positions_ptr + token).to(tl.int32)
-        first, lo, hi = _split_run(pos, window, split, live, BLOCK_N)
+        lo = base + split * run_tiles * BLOCK_N
+        hi = tl.minimum(pos + 1, lo + run_tiles * BLOCK_N)
         offs_h = tl.arange(0, BLOCK_H)
         head = kv_head * GROUP + offs_h
         h_ok = offs_h < GROUP
@@ -128,7 +139,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
             acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, valid[None, :],
                                         kv_head, offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        if live == 1:
+        if runs == 1:
             tl.store(out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
                      result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
         else:
@@ -138,18 +149,21 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
             tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def _combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, splits_ptr, num_rows,
-                    num_heads, stride_ot, stride_oh, stride_od, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TUNED: tl.constexpr):
-    """Program (token, query head): merge the live splits' partial softmaxes into the output (one live
-    split: the decode kernel wrote the output itself and this program does nothing)."""
+@triton.jit(do_not_specialize=["window", "num_rows"])
+def _combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, positions_ptr, splits_ptr,
+                    window, num_rows, num_heads, stride_ot, stride_oh, stride_od, NUM_SPLITS: tl.constexpr,
+                    BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TUNED: tl.constexpr,
+                    BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Program (token, query head): merge the token's runs' partial softmaxes into the output (one
+    run: the decode kernel wrote the output itself and this program does nothing)."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     live = _live_splits(splits_ptr, NUM_SPLITS, TUNED)
-    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (live > 1):
+    pos = tl.load(positions_ptr + token).to(tl.int32)
+    _, _, _, runs = _token_splits(pos, window, live, BLOCK_N, MIN_TILES)
+    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (runs > 1):
         offs_s = tl.arange(0, BLOCK_S)
-        s_ok = offs_s < live
+        s_ok = offs_s < runs
         offs_d = tl.arange(0, BLOCK_D)
         part = (token * num_heads + head) * NUM_SPLITS + offs_s
         m_s = tl.load(part_m_ptr + part, mask=s_ok, other=-1e30)
@@ -234,23 +248,24 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
     q, k_cache, v_cache, page_table, query_start, positions = tensors
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
-    page_table, query_start = row_major(page_table), query_start.contiguous()
+    page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     tuned, width = splits is not None, block_d(head_dim)
     parts = _partials(num_tokens, num_heads, num_splits, width, out)
     splits = splits if tuned else query_start  # an unread stand-in
     with on_device(q):
         _decode_kernel[(num_tokens, num_kv_heads, num_splits)](
-            out, *parts, q, k_cache, v_cache, page_table, query_start, positions.contiguous(), splits,
+            out, *parts, q, k_cache, v_cache, page_table, query_start, positions, splits,
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
             BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
-            num_warps=tile.num_warps, num_stages=tile.num_stages)
+            MIN_TILES=tile.min_split_tiles, num_warps=tile.num_warps, num_stages=tile.num_stages)
         if num_splits > 1:
             _combine_kernel[(num_tokens, num_heads)](
-                out, *parts, query_start, splits, num_rows, num_heads, *out.stride(), NUM_SPLITS=num_splits,
-                BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, BLOCK_D=width, TUNED=tuned)
+                out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
+                *out.stride(), NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+                BLOCK_D=width, TUNED=tuned, BLOCK_N=tile.block_n, MIN_TILES=tile.min_split_tiles)
 
 
 def _partials(num_tokens: int, num_heads: int, num_splits: int, width: int,
