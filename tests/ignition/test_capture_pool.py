@@ -50,7 +50,8 @@ def test_jobs_that_cannot_be_pickled_are_captured_here(prepare, monkeypatch):
 
 def test_default_workers_leave_half_the_cpus(monkeypatch):
     monkeypatch.setattr(capture_pool.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert capture_pool.default_workers(20) == 8
-    assert capture_pool.default_workers(3) == 3
+    assert capture_pool.default_workers(20, 32) == 8
+    assert capture_pool.default_workers(3, 32) == 3
+    assert capture_pool.default_workers(20, 2) == 1  # a tiny model captures here
     monkeypatch.setattr(capture_pool.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert capture_pool.default_workers(20) == 1
+    assert capture_pool.default_workers(20, 32) == 1

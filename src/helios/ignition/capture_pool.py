@@ -27,6 +27,7 @@ from helios.ignition.program_spec import Capacity, Operation, ProgramOptions
 __all__ = ["CaptureJob", "capture_all", "default_workers"]
 
 MAX_WORKERS = 8  # past this, spawning and importing torch costs more than the programs left to share
+MIN_LAYERS = 8  # a shallower model's program traces in about the time a worker takes to start
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,12 @@ class CaptureJob:
     options: ProgramOptions
 
 
-def default_workers(num_jobs: int) -> int:
-    """Worker processes for `num_jobs` captures: half the CPUs this process may use (tracing leaves
-    the rest to the background hashing), at most MAX_WORKERS and at most one per job."""
+def default_workers(num_jobs: int, num_layers: int) -> int:
+    """Worker processes for `num_jobs` captures of a `num_layers` model: half the CPUs this process
+    may use (tracing leaves the rest to the background hashing), at most MAX_WORKERS and one per
+    job; none (1: capture here) below MIN_LAYERS layers."""
+    if num_layers < MIN_LAYERS:
+        return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(num_jobs, cpus // 2, MAX_WORKERS))
 

@@ -180,7 +180,7 @@ def prepare_core(
         progress(f"captured {operation.value}{' (logprobs)' if logprobs else ''} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
                  f"({len(captured.program) / 1e6:.1f} MB) [{index + 1}/{len(captures)}]")
 
-    workers = options.capture_workers or default_workers(len(jobs))
+    workers = options.capture_workers or default_workers(len(jobs), arch.num_layers)
     capture_all(arch, jobs, plan.page_tokens, workers, store)
     for weights in weight_files:
         writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.image.segments, rank=weights.rank)
