@@ -12,10 +12,9 @@ from helios.runtime.admission import UnsupportedRequest
 from helios.runtime.engine import EngineRequest
 from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.model import LoadOptions
-from helios.runtime.packer import AdmissionValues
 from helios.runtime.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
-from support.logprob_runs import GREEDY, REQUESTS, check_logprob_run
+from support.logprob_runs import REQUESTS, check_logprob_run
 from support.server_core import tiny_core
 
 
@@ -42,7 +41,7 @@ def test_a_start_without_the_logprobs_programs_refuses_logprobs_requests(tmp_pat
         events = []
         for request_id, top in (("asks", 1), ("plain", None)):
             spec = RequestSpec(request_id, (5, 6, 7), 2, top_logprobs=top)
-            runtime.engine.submit(EngineRequest(spec, AdmissionValues((5, 6, 7), 1, GREEDY, 2, (), top), events.append))
+            runtime.engine.submit(EngineRequest(spec, events.append))  # greedy sampling, the default
         runtime.engine.run_until_idle()
         finished = {e.request_id: e for e in events if isinstance(e, FinishEvent)}
         assert finished["asks"].reason is FinishReason.REJECTED
