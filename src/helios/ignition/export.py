@@ -41,6 +41,7 @@ from helios.ignition.sharding import rank_architecture, rank_weight_files
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 from helios.ignition.tuning import TUNING_CAPACITY
 from helios.ignition.vision_plan import vision_preparation
+from helios.ignition.window_split import window_tokens
 
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
@@ -188,6 +189,8 @@ def prepare_core(
         weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
         progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)
+    declaration = dataclasses.replace(
+        declaration, split_window=window_tokens(arch, draft.architecture if draft is not None else None))
     if images is not None:
         declaration = dataclasses.replace(declaration, images=images.declare)
     prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],

@@ -52,6 +52,7 @@ from helios.runtime.graph_passes import drop_no_op_nodes
 from helios.runtime.memory_budget import check_fits
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
 from helios.runtime.tuning import producer_handles, run_producers
+from helios.runtime.window_pages import window_page_count
 from helios.runtime.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
     HostFiller, StagedCopier, WantedTensor, WeightMismatchError, load_safetensors_stream,
 )
@@ -86,6 +87,9 @@ class LoadOptions:
     cuda_graphs: bool = True  # on CUDA: capture every selected program at load and replay it
     # On CUDA without `num_pages`: the share of device memory free after loading that pages may take.
     memory_fraction: float = DEFAULT_MEMORY_FRACTION
+    # Pages of a window region that owns its page ids (`helios.runtime.window_pages`); None: enough
+    # that the window never makes a request wait (`window_page_count`).
+    window_pages: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class LoadedModel:
     rank: int = 0
     state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
+    num_window_pages: int = 0  # pages of the window region with its own page ids (0: none)
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -145,10 +150,14 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     weights = _load_weights(core, prepared, device, options.rank)
     rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
     num_state_rows = settings.max_concurrency * rows_per_request
+    context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
+    row_tokens = max(h.capacity.packed_token_capacity for h in handles)
+    num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages) \
+        if options.window_pages is None else options.window_pages
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
-        prepared, device, options.memory_fraction, num_state_rows,
-        -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
-    buffers = _allocate(prepared, num_pages, num_state_rows, device)
+        prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
+        num_window_pages)
+    buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(_load_program(core, prepared, handle, declared, device)
                    for handle in vision_handles(prepared, options.rank))
@@ -163,7 +172,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
         rows_per_request,
-        vision,
+        vision, num_window_pages,
     )
 
 
@@ -338,8 +347,10 @@ def rank_resource(core, resource_id: str, rank: int) -> str:
     return mine[same.index(resource_id)]
 
 
-def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device) -> dict[str, torch.Tensor]:
-    extents = {mpb.LOAD_EXTENT_PHYSICAL_PAGES: num_pages, mpb.LOAD_EXTENT_STATE_ROWS: num_rows}
+def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device,
+              num_window_pages: int = 0) -> dict[str, torch.Tensor]:
+    extents = {mpb.LOAD_EXTENT_PHYSICAL_PAGES: num_pages, mpb.LOAD_EXTENT_STATE_ROWS: num_rows,
+               mpb.LOAD_EXTENT_WINDOW_PAGES: num_window_pages}
     buffers = {}
     for buffer in prepared.manifest.buffers:
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT:

@@ -96,7 +96,8 @@ class Scheduler:
         pool = PagePool(PageAllocator(geometry.num_pages), PrefixCache())
         snapshots = SnapshotStore(pool, geometry.layout, geometry.num_continuation_rows,
                                   geometry.num_host_slots)
-        cache = CacheManager(pool, snapshots, geometry.layout, policy.prefix_caching)
+        window = PagePool(PageAllocator(geometry.num_window_pages), PrefixCache()) if geometry.num_window_pages else None
+        cache = CacheManager(pool, snapshots, geometry.layout, policy.prefix_caching, window)
         return cls(caps, policy, cache, SlotTable(caps.max_active), clock)
 
     # -- requests ------------------------------------------------------------------------------
