@@ -18,6 +18,7 @@ from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.offline import generate
 from helios.runtime.model import LoadOptions
+from helios.runtime.page_sizing import other_bytes, page_bytes
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import GPT_OSS
 from support.chat_checkpoint import write_chat_checkpoint
@@ -109,3 +110,12 @@ def test_a_window_pool_smaller_than_one_history_serves_past_the_window(prepared)
         runtime.close()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), attn_implementation="eager")
     assert list(result.token_ids) == reference(model.float().eval(), PROMPTS[0])
+
+
+def test_window_pages_are_budgeted_apart_from_the_shared_pages(prepared):
+    """A shared page costs the full layers' planes only; each window page the sliding layers'."""
+    contract = prepared[1].prepared
+    # [2 layers, pages, 4 tokens, 2 kv heads, 16] float32, keys and values
+    assert page_bytes(contract) == 2 * (2 * 4 * 2 * 16 * 4)
+    window_page = 2 * (2 * 4 * 2 * 16 * 4)
+    assert other_bytes(contract, 4, num_window_pages=10) - other_bytes(contract, 4) == 10 * window_page
