@@ -20,6 +20,7 @@ from helios.runtime.offline import generate
 from helios.runtime.model import LoadOptions
 from helios.runtime.page_sizing import other_bytes, page_bytes
 from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.runtime.window_pages import WindowPagesError
 from ignition.hf_checkpoints import GPT_OSS
 from support.chat_checkpoint import write_chat_checkpoint
 
@@ -88,9 +89,10 @@ def test_batched_greedy_tokens_equal_transformers_and_alone(prepared):
 
 
 def test_a_window_pool_smaller_than_one_history_serves_past_the_window(prepared):
-    """41 positions need 11 pages of every layer; the sliding layers get 6 pages in all (and the
-    default count is what the window can reach, not the context): released window pages are reused
-    while the full layers keep all 11, and the tokens still equal transformers'."""
+    """41 positions need 11 pages of every layer; the sliding layers get 9 pages in all, the least one
+    request's window (6) plus one round of the widest program (mixed: 20 tokens) needs: released
+    window pages are reused while the full layers keep all 11, and the tokens equal transformers'.
+    The default count is what every slot's window can reach, not the context."""
     checkpoint, core = prepared
     default = build_runtime(core)
     try:
@@ -100,12 +102,15 @@ def test_a_window_pool_smaller_than_one_history_serves_past_the_window(prepared)
         assert geometry.num_window_pages == default.model.num_window_pages == 4 * 14
     finally:
         default.close()
-    runtime = build_runtime(core, RuntimeOptions(load=LoadOptions(window_pages=6)))
+    with pytest.raises(WindowPagesError, match="at least 9 are needed"):
+        build_runtime(core, RuntimeOptions(load=LoadOptions(window_pages=8)))
+    runtime = build_runtime(core, RuntimeOptions(load=LoadOptions(window_pages=9)))
     try:
-        assert runtime.model.buffers["window_k_cache"].shape[:2] == (2, 6)
+        assert runtime.model.buffers["window_k_cache"].shape[:2] == (2, 9)
         (result,) = generate(runtime.engine, PROMPTS[:1], MAX_TOKENS)
         window_pool = runtime.engine.scheduler.cache.window.pool
-        assert window_pool.num_pages == 6 and window_pool.num_available == 6
+        assert window_pool.num_pages == 9 and window_pool.num_available == 9
+        assert runtime.engine.scheduler.counters().preemptions == 0
     finally:
         runtime.close()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), attn_implementation="eager")

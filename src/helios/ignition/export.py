@@ -189,8 +189,7 @@ def prepare_core(
         weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
         progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)
-    declaration = dataclasses.replace(
-        declaration, split_window=window_tokens(arch, draft.architecture if draft is not None else None))
+    declaration = dataclasses.replace(declaration, split_window=window_tokens(arch, program_options))
     if images is not None:
         declaration = dataclasses.replace(declaration, images=images.declare)
     prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],

@@ -65,7 +65,7 @@ class GenerationProgram(torch.nn.Module):
         # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more; last, the
         # sliding layers' own region where the layers mix windows (`helios.ignition.window_split`).
         self.trailing_input_names = DRAFT_INPUTS if options.draft is not None else ()
-        self.window_split = window_tokens(arch, options.draft) > 0
+        self.window_split = window_tokens(arch, options) > 0
         if self.window_split:
             self.trailing_input_names = (*self.trailing_input_names, *WINDOW_INPUTS)
 

@@ -254,13 +254,13 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         return multimodal_spec.vision_spec(capacity, page_tokens, weights, options)
     inputs = (
         TensorSpec("weights", "tensor_list", (len(weights),), InputRole.WEIGHTS),
-        *_state_inputs(arch, page_tokens, options.draft),
+        *_state_inputs(arch, page_tokens, options),
         *_step_inputs(arch, capacity, operation),
         *_tuned_inputs(operation, options),
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
         *_recurrent_inputs(arch),
-        *_window_inputs(arch, page_tokens, options.draft),
+        *_window_inputs(arch, page_tokens, options),
         *multimodal_spec.step_inputs(arch, capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
@@ -370,11 +370,11 @@ def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
     )
 
 
-def _window_inputs(arch: Architecture, page_tokens: int, draft: Architecture | None) -> tuple[TensorSpec, ...]:
+def _window_inputs(arch: Architecture, page_tokens: int, options: ProgramOptions) -> tuple[TensorSpec, ...]:
     """The sliding layers' own planes (WINDOW_PAGES) and page table, when the layers mix windows."""
     from helios.ignition.window_split import WINDOW_INPUTS, sliding_layers, window_tokens
 
-    if not window_tokens(arch, draft):
+    if not window_tokens(arch, options):
         return ()
     shape = (len(sliding_layers(arch)), "window_pages", page_tokens, arch.num_kv_heads, arch.head_dim)
     return (*(TensorSpec(name, arch.dtype, shape, InputRole.CACHE_STORAGE, Access.READ_WRITE)
@@ -382,12 +382,12 @@ def _window_inputs(arch: Architecture, page_tokens: int, draft: Architecture | N
             TensorSpec(WINDOW_INPUTS[2], "int32", ("request_rows", "max_pages"), InputRole.STEP_INPUT))
 
 
-def _state_inputs(arch: Architecture, page_tokens: int, draft: Architecture | None) -> tuple[TensorSpec, ...]:
+def _state_inputs(arch: Architecture, page_tokens: int, options: ProgramOptions) -> tuple[TensorSpec, ...]:
     from helios.ignition.window_split import window_tokens
 
     state, step, vocab = InputRole.PERSISTENT_STATE, InputRole.STEP_INPUT, arch.vocab_size
     return (
-        *cache_plane_specs(arch, page_tokens, split=window_tokens(arch, draft) > 0),
+        *cache_plane_specs(arch, page_tokens, split=window_tokens(arch, options) > 0),
         TensorSpec("output_counts", "int32", ("slots", vocab), state, Access.READ_WRITE),
         # Host-written per request row: at admission (histogram) and as pages are assigned.
         TensorSpec("prompt_counts", "int32", ("request_rows", vocab), step),

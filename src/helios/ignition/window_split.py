@@ -11,8 +11,8 @@ A decoder that mixes sliding-window and full-attention layers keeps two paged hi
 
 Both tables map the same logical pages (entry i covers positions [i * page_tokens, (i + 1) *
 page_tokens)); a sliding layer writes and reads its keys through the window table, a full layer
-through the full one. Cores with a draft model, latent attention or recurrent mixers keep one region
-(`window_tokens` returns 0): their programs are not built for the split.
+through the full one. Cores with a draft model, an image encoder, latent attention or recurrent
+mixers keep one region (`window_tokens` returns 0): their programs are not built for the split.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ WINDOW_INPUTS = ("window_k_cache", "window_v_cache", "window_page_table")
 WINDOW_REGION = "window"
 
 
-def window_tokens(arch: Architecture, draft: Architecture | None = None) -> int:
-    """The split window's extent (tokens), or 0 when `arch` keeps one paged region (see the module)."""
+def window_tokens(arch: Architecture, options=None) -> int:
+    """The split window's extent (tokens), or 0 when `arch` keeps one paged region (see the module):
+    `options` (the core's `ProgramOptions`) with a draft model or a multimodal encoder keeps one."""
     windows = [arch.layer_windows[layer] for layer in arch.attention_layers]
     mixed = any(w > 0 for w in windows) and any(w == 0 for w in windows)
-    if not mixed or draft is not None or arch.latent is not None or arch.recurrent is not None:
+    extras = options is not None and (options.draft is not None or options.multimodal is not None)
+    if not mixed or extras or arch.latent is not None or arch.recurrent is not None:
         return 0
     return max(windows)
 

@@ -152,8 +152,8 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     num_state_rows = settings.max_concurrency * rows_per_request
     context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
     row_tokens = max(h.capacity.packed_token_capacity for h in handles)
-    num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages) \
-        if options.window_pages is None else options.window_pages
+    num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
+                                         options.window_pages)
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
         num_window_pages)

@@ -29,6 +29,7 @@ import math
 
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
+from helios.errors import LoadError
 from helios.runtime.page_pool import PagePool
 from helios.runtime.request import RELEASED_PAGE, RequestState
 
@@ -51,18 +52,43 @@ def window_view_names(prepared: PreparedContract) -> frozenset[str]:
     return frozenset(v.destination for v in prepared.contract.model.cache.page_table_views if region and v.region == region)
 
 
-def window_page_count(prepared: PreparedContract, max_active: int, row_tokens: int, context_pages: int) -> int:
-    """Window pages so that the window pool is never what a request waits for: per active request,
-    the pages of (window - 1) positions behind its committed history plus two rounds in flight of at
-    most `row_tokens` each, one page of alignment on either side; at most a full context's pages per
-    request. 0 without a window region."""
+class WindowPagesError(LoadError):
+    """An explicit window page count below what one request needs to make progress."""
+
+
+def _window_of(prepared: PreparedContract) -> tuple[int, int] | None:
     name = window_region_name(prepared)
     if not name:
-        return 0
+        return None
     cache = prepared.contract.model.cache
-    window = next(r.window_tokens for r in cache.regions if r.name == name)
-    per_request = math.ceil((window - 1 + 2 * row_tokens) / cache.page_tokens) + 2
+    return next(r.window_tokens for r in cache.regions if r.name == name), cache.page_tokens
+
+
+def window_page_count(prepared: PreparedContract, max_active: int, row_tokens: int, context_pages: int,
+                      requested: int | None = None) -> int:
+    """The window region's page count: `requested` when given (at least `min_window_pages`, else
+    `WindowPagesError`), else enough that the window pool is never what a request waits for: per
+    active request the pages of (window - 1) positions behind its committed history plus two rounds in
+    flight of at most `row_tokens` each, one page of alignment on either side; at most a full
+    context's pages per request. 0 without a window region."""
+    found = _window_of(prepared)
+    if found is None:
+        return 0
+    window, page_tokens = found
+    if requested is not None:
+        least = min_window_pages(window, page_tokens, row_tokens)
+        if requested < least:
+            raise WindowPagesError(f"{requested} window pages cannot hold one request's window and one round "
+                                   f"of {row_tokens} tokens; at least {least} are needed")
+        return requested
+    per_request = math.ceil((window - 1 + 2 * row_tokens) / page_tokens) + 2
     return max_active * min(per_request, context_pages)
+
+
+def min_window_pages(window: int, page_tokens: int, row_tokens: int) -> int:
+    """Window pages one request needs for a round of `row_tokens` tokens: the (window - 1) positions
+    before it and the round's own, one page of alignment on either side."""
+    return math.ceil((window - 1 + row_tokens) / page_tokens) + 2
 
 
 class WindowPages:
