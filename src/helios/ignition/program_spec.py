@@ -248,6 +248,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
     if operation is Operation.TUNING:
         return _tuning_spec(capacity, page_tokens, options)
     from helios.ignition import multimodal_spec  # a multimodal core's extra inputs and its VISION program
+    from helios.ignition.window_split import window_input_specs  # the sliding layers' own region
 
     weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options))
     if operation is Operation.VISION:
@@ -260,7 +261,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
         *_recurrent_inputs(arch),
-        *_window_inputs(arch, page_tokens, options),
+        *window_input_specs(arch, page_tokens, options),
         *multimodal_spec.step_inputs(arch, capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
@@ -368,18 +369,6 @@ def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
         TensorSpec("ssm_state", "float32", (layers, "slots", g.num_heads, g.head_dim, g.state_size), cache,
                    Access.READ_WRITE),
     )
-
-
-def _window_inputs(arch: Architecture, page_tokens: int, options: ProgramOptions) -> tuple[TensorSpec, ...]:
-    """The sliding layers' own planes (WINDOW_PAGES) and page table, when the layers mix windows."""
-    from helios.ignition.window_split import WINDOW_INPUTS, sliding_layers, window_tokens
-
-    if not window_tokens(arch, options):
-        return ()
-    shape = (len(sliding_layers(arch)), "window_pages", page_tokens, arch.num_kv_heads, arch.head_dim)
-    return (*(TensorSpec(name, arch.dtype, shape, InputRole.CACHE_STORAGE, Access.READ_WRITE)
-              for name in WINDOW_INPUTS[:2]),
-            TensorSpec(WINDOW_INPUTS[2], "int32", ("request_rows", "max_pages"), InputRole.STEP_INPUT))
 
 
 def _state_inputs(arch: Architecture, page_tokens: int, options: ProgramOptions) -> tuple[TensorSpec, ...]:

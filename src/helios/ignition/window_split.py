@@ -38,6 +38,19 @@ def window_tokens(arch: Architecture, options=None) -> int:
     return max(windows)
 
 
+def window_input_specs(arch: Architecture, page_tokens: int, options) -> tuple:
+    """The programs' inputs of the window region (last): its two planes [sliding layers, window_pages,
+    page_tokens, Hkv, D] (WINDOW_PAGES) and its page table; none without a split."""
+    from helios.ignition.program_spec import Access, InputRole, TensorSpec
+
+    if not window_tokens(arch, options):
+        return ()
+    shape = (len(sliding_layers(arch)), "window_pages", page_tokens, arch.num_kv_heads, arch.head_dim)
+    return (*(TensorSpec(name, arch.dtype, shape, InputRole.CACHE_STORAGE, Access.READ_WRITE)
+              for name in WINDOW_INPUTS[:2]),
+            TensorSpec(WINDOW_INPUTS[2], "int32", ("request_rows", "max_pages"), InputRole.STEP_INPUT))
+
+
 def sliding_layers(arch: Architecture) -> tuple[int, ...]:
     return tuple(layer for layer in arch.attention_layers if arch.layer_windows[layer] > 0)
 
