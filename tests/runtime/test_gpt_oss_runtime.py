@@ -110,7 +110,9 @@ def test_a_window_pool_smaller_than_one_history_serves_past_the_window(prepared)
         (result,) = generate(runtime.engine, PROMPTS[:1], MAX_TOKENS)
         window_pool = runtime.engine.scheduler.cache.window.pool
         assert window_pool.num_pages == 9 and window_pool.num_available == 9
-        assert runtime.engine.scheduler.counters().preemptions == 0
+        counters = runtime.engine.scheduler.counters()
+        assert counters.preemptions == 0 and counters.window_pages_total == 9
+        assert counters.window_pages_free + counters.window_pages_cached == 9
     finally:
         runtime.close()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), attn_implementation="eager")
