@@ -126,3 +126,23 @@ def test_window_pages_are_budgeted_apart_from_the_shared_pages(prepared):
     assert page_bytes(contract) == 2 * (2 * 4 * 2 * 16 * 4)
     window_page = 2 * (2 * 4 * 2 * 16 * 4)
     assert other_bytes(contract, 4, num_window_pages=10) - other_bytes(contract, 4) == 10 * window_page
+
+
+def test_a_prefix_hit_past_the_window_equals_transformers(prepared):
+    """A second prompt sharing 16 tokens (4 pages) with a finished one reuses its full pages and the
+    window pages a query at position 16 reads (positions 11.., pages 2 and 3; pages 0 and 1 were
+    released and are not needed), and still generates transformers' tokens."""
+    checkpoint, core = prepared
+    first = [7, 19, 3, 88, 41, 6, 250, 12, 9, 77, 31, 4, 160, 2, 58, 23, 99, 14]
+    second = first[:16] + [201, 5, 66]
+    runtime = build_runtime(core)
+    try:
+        (one,) = generate(runtime.engine, [first], MAX_TOKENS)
+        (two,) = generate(runtime.engine, [second], MAX_TOKENS)
+        counters = runtime.engine.scheduler.counters()
+        assert counters.prefix_reused_tokens == 16
+    finally:
+        runtime.close()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), attn_implementation="eager").float().eval()
+    assert list(one.token_ids) == reference(model, first)
+    assert list(two.token_ids) == reference(model, second)

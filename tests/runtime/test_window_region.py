@@ -226,7 +226,9 @@ def test_a_preempted_request_is_recomputed_never_checkpointed(mode, prefix_cachi
     assert low.num_preemptions >= 1 and scheduler.cache.snapshots.num_published == 0
     readmitted = [row for plan in driver.plans for row in plan.rows if row.request_id == "low" and row.admits]
     assert len(readmitted) == low.num_preemptions + 1 and all(row.start_pos % PAGE_TOKENS == 0 for row in readmitted)
-    if not prefix_caching:
+    if prefix_caching:  # readmitted past the 2 full pages whose window pages (0 and 1) parked in reach
+        assert [row.start_pos for row in readmitted] == [0, 8]
+    else:
         assert [row.start_pos for row in readmitted] == [0] * len(readmitted)
     assert driver.executor.num_copies == 0  # nothing restored: recomputed
     assert driver.outcomes["low"].tokens == reference([3, 1, 4, 1, 5], 18)
