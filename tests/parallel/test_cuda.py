@@ -12,10 +12,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helios.runtime.cuda_graphs import CapturedProgram
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.cuda_graphs import CapturedProgram
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.rank_peers import PeerKind
+from helios.runtime.parallel.rank_peers import PeerKind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3
 from support import nccl_ranks

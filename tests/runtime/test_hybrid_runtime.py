@@ -14,10 +14,10 @@ from helios.contract import serving_pb2 as spb
 from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.plan import StorageKind
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.plan import StorageKind
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import BAMBA
 from support.chat_checkpoint import write_chat_checkpoint
