@@ -120,7 +120,7 @@ def mixer_block(arch: Architecture, w, prefix: str, hidden, planes, step: Packed
     scanned = scanned + heads.to(torch.float32) * w[p + "D"].to(torch.float32)[:, None]
     normed = gated_group_norm(scanned.reshape(num_tokens, g.intermediate).to(hidden.dtype), gate, w[p + "norm"],
                               g.num_groups, arch.rms_norm_eps)
-    return F.linear(normed, w[p + "out.weight"], w.get(p + "out.bias"))
+    return row_parallel_linear(arch, normed, w[p + "out.weight"], w.get(p + "out.bias"))
 
 
 def gated_group_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float):
