@@ -112,7 +112,21 @@ def test_mixers_split_by_heads_and_the_groups_they_read():
     assert torch.equal(out, whole["layers.0.mixer.out.weight"])
 
 
-def test_mixer_groups_that_do_not_divide_are_refused_by_name():
+def test_one_group_mixers_keep_b_and_c_whole_and_norm_over_the_ranks():
     one_group = dataclasses.replace(HYBRID, recurrent=dataclasses.replace(HYBRID.recurrent, num_groups=1))
+    g, shard = one_group.recurrent, rank_architecture(one_group, 2).recurrent
+    assert (shard.num_heads, shard.num_groups, shard.norm_ranks) == (2, 1, 2)
+    recipe = numbered_recipe(one_group)
+    conv = {w.name: w.tensor for w in recipe.weights}["layers.0.mixer.conv.weight"]
+    for rank in range(2):
+        weights = {w.name: w.tensor for w in rank_weights(recipe, 2, rank)}
+        channels = slice(4 * rank, 4 * rank + 4)
+        expected = torch.cat([conv[:g.intermediate][channels], conv[g.intermediate:]])  # x share, B and C whole
+        assert torch.equal(weights["layers.0.mixer.conv.weight"], expected)
+
+
+def test_mixer_groups_that_do_not_divide_are_refused_by_name():
+    three_groups = dataclasses.replace(HYBRID, recurrent=dataclasses.replace(HYBRID.recurrent, num_heads=6,
+                                                                               num_groups=3))
     with pytest.raises(CheckpointError, match="mixer groups"):
-        rank_architecture(one_group, 2)
+        rank_architecture(three_groups, 2)

@@ -13,7 +13,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``experts.down``, ``shared.down.weight`` | per expert the input columns of its rows |
 | ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
 | ``router.*`` | whole (every rank routes every token alike) |
-| Mamba2 ``mixer.in_proj`` / ``mixer.conv`` | its heads' z and x rows, its groups' B and C rows, its heads' dt rows |
+| Mamba2 ``mixer.in_proj`` / ``mixer.conv`` | its heads' z and x rows, its groups' B and C rows (one group: whole), its heads' dt rows |
 | ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: its heads' channels) |
 | ``mixer.out.weight`` (row-parallel) | the input columns of its heads; ``mixer.out.bias`` whole |
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
@@ -27,9 +27,10 @@ A latent layer's history (latent and rotary key) is the same for every head, so 
 whole latent region. A Mamba2 mixer is split by heads and by the B/C groups those heads read
 (rank r: heads [r H/N, (r+1) H/N), groups [r G/N, (r+1) G/N)), so each rank's convolution, scan,
 gated group norm and state rows (conv state of its channels, SSM state of its heads) are local and
-one all-reduce after out sums the mixer. Experts are split by their intermediate width (each rank runs every selected expert on its share and
+one all-reduce after out sums the mixer. A one-group mixer (most Mamba2 hybrids) keeps B and C
+whole on every rank and its gated norm sums each token's squares over the ranks (one all-reduce). Experts are split by their intermediate width (each rank runs every selected expert on its share and
 one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width, the
-expert widths and a mixer's heads and groups must divide by N (a `CheckpointError` says which does
+expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError` says which does
 not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
@@ -66,7 +67,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     recurrent = arch.recurrent
     if recurrent is not None:  # a mixer's heads and the B/C groups they read are split alike
         extents["mixer heads (mamba_n_heads)"] = recurrent.num_heads
-        extents["mixer groups (mamba_n_groups)"] = recurrent.num_groups
+        if recurrent.num_groups > 1:  # one group: B/C whole on every rank, the norm summed over ranks
+            extents["mixer groups (mamba_n_groups)"] = recurrent.num_groups
     moe = arch.moe
     if moe is not None:
         extents["expert width (moe_intermediate_size)"] = moe.expert_intermediate_size
@@ -78,8 +80,10 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         moe = dataclasses.replace(moe, expert_intermediate_size=moe.expert_intermediate_size // ranks,
                                   shared_intermediate_size=moe.shared_intermediate_size // ranks)
     if recurrent is not None:
+        split = recurrent.num_groups > 1
         recurrent = dataclasses.replace(recurrent, num_heads=recurrent.num_heads // ranks,
-                                        num_groups=recurrent.num_groups // ranks)
+                                        num_groups=recurrent.num_groups // ranks if split else 1,
+                                        norm_ranks=1 if split else ranks)
     return dataclasses.replace(
         arch, num_heads=arch.num_heads // ranks, num_kv_heads=arch.num_kv_heads // ranks,
         intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks, moe=moe, recurrent=recurrent,
@@ -176,6 +180,8 @@ class _Cutter:
         full, shard = self.full.recurrent, self.shard.recurrent
         x, b, c = tensor.split([full.intermediate, full.num_groups * full.state_size,
                                 full.num_groups * full.state_size])
+        if shard.norm_ranks > 1:  # one group, read by every rank's heads: B and C whole
+            return torch.cat([self.rows(x, shard.intermediate), b, c])
         groups = shard.num_groups * shard.state_size
         return torch.cat([self.rows(x, shard.intermediate), self.rows(b, groups), self.rows(c, groups)])
 
