@@ -123,7 +123,7 @@ def test_state_offload_and_restore_between_graph_replays(hybrid):  # noqa: F811
     options = dict(pages=17, host_pages=32, policy=SchedulerPolicy(preemption=PreemptionMode.OFFLOAD))
     cpu, cuda = _runtime(hybrid, "cpu", **options), _runtime(hybrid, "cuda", True, **options)
     try:
-        _same_run(cpu, cuda, PROMPTS)
+        _same_run(cpu, cuda, PROMPTS, 32)  # long enough to run out of pages
         assert cuda.engine.scheduler.counters().preemptions > 0
         assert cpu.engine.scheduler.counters() == cuda.engine.scheduler.counters()
         _, host_state = cuda.engine.executor.storage.planes(StorageKind.HOST)
