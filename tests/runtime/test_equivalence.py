@@ -133,15 +133,17 @@ def test_state_layout_reuses_only_snapshots():
     assert_all_released(scheduler)
 
 
-@pytest.mark.parametrize("stable", [0, 13], ids=["no-stable-prefix", "stable-prefix"])
+@pytest.mark.parametrize("stable", [0, 13, 12], ids=["no-stable-prefix", "stable-prefix", "page-aligned"])
 def test_state_layout_publishes_the_stable_prefix_for_the_next_turn(stable):
     """A chat turn whose template re-renders its tail (the generation prompt, the reply) differently
-    next turn: only its stable prefix is reused, through the snapshot published where it ends."""
+    next turn: only its stable prefix is reused, through the snapshot published where it ends (a
+    partial page and the state rows, or the state rows alone at a page boundary)."""
     first = prompts(1, seed=9, low=20, high=21)[0]
     scheduler, driver = make(max_active=2, stateful=True)
     run_all(driver, [first], max_output=4, stable_prefix_len=stable)
-    assert any(row.start_pos + row.query_len == 13 for plan in driver.plans for row in plan.rows) == bool(stable)
-    turn2 = first[:13] + [7, 7, 8, 9, 9, 9]
+    ends = {row.start_pos + row.query_len for plan in driver.plans for row in plan.rows}
+    assert (stable in ends) == bool(stable)
+    turn2 = first[:stable or 13] + [7, 7, 8, 9, 9, 9]
     driver.submit(spec("turn2", turn2, 5))
     driver.run()
     counters = scheduler.counters()
