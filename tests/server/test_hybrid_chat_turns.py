@@ -78,7 +78,8 @@ def test_second_turn_restores_the_first_turns_stable_prefix(hybrid, warm):
     reply, _ = _chat(app, model, [QUESTION])
     assert _metric(app, "helios_snapshots_published_total") >= 2  # stable prefix end and prompt end
     assert _metric(app, "helios_snapshots_restored_total") == 0
-    turn2 = [QUESTION, {"role": "assistant", "content": reply["content"] or ""}, {"role": "user", "content": "and 7 plus 8?"}]
+    answer = {"role": "assistant", "content": reply["content"] or ""}
+    turn2 = [QUESTION, answer, {"role": "user", "content": "and 7 plus 8?"}]
     warm_answer = _chat(app, model, turn2)
     assert _metric(app, "helios_snapshots_restored_total") == 1
     cold, _ = _served(hybrid)

@@ -13,8 +13,8 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``experts.down``, ``shared.down.weight`` | per expert the input columns of its rows |
 | ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
 | ``router.*`` | whole (every rank routes every token alike) |
-| Mamba2 ``mixer.in_proj`` / ``mixer.conv`` | its heads' z and x rows, its groups' B and C rows (one group: whole), its heads' dt rows |
-| ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: its heads' channels) |
+| Mamba2 ``mixer.in_proj`` / ``mixer.conv`` | its heads' z, x, dt rows; its groups' B, C rows (one group: whole) |
+| ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: their channels) |
 | ``mixer.out.weight`` (row-parallel) | the input columns of its heads; ``mixer.out.bias`` whole |
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
@@ -28,10 +28,12 @@ whole latent region. A Mamba2 mixer is split by heads and by the B/C groups thos
 (rank r: heads [r H/N, (r+1) H/N), groups [r G/N, (r+1) G/N)), so each rank's convolution, scan,
 gated group norm and state rows (conv state of its channels, SSM state of its heads) are local and
 one all-reduce after out sums the mixer. A one-group mixer (most Mamba2 hybrids) keeps B and C
-whole on every rank and its gated norm sums each token's squares over the ranks (one all-reduce). Experts are split by their intermediate width (each rank runs every selected expert on its share and
-one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width, the
-expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError` says which does
-not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
+whole on every rank and its gated norm sums each token's squares over the ranks (one all-reduce).
+Experts are split by their intermediate width (each rank runs every selected expert on its share
+and one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width, the
+expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError`
+says which does not); the vocabulary need not (the last rank's rows are padded with zeros and
+their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
