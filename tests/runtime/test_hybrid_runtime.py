@@ -20,6 +20,7 @@ from helios.runtime.records.plan import StorageKind
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import BAMBA
+from support.bamba_reference import grouped_gated_norm
 from support.chat_checkpoint import write_chat_checkpoint
 
 NAMESPACE = "test.helios/hybrid"
@@ -37,6 +38,7 @@ def hybrid(tmp_path_factory):
                         prefill_chunks=(8,))
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
+    grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it (the GPU machine's)
     reference.generation_config.eos_token_id = None
     return root, reference
 

@@ -146,6 +146,7 @@ class PreparedRequest:
         return response_body(self.head, final)
 
     def request_spec(self, **scheduling) -> RequestSpec:
+        scheduling = {"stable_prefix_len": self.stable_prefix_len, **scheduling}
         if self.images is not None:  # prefix caching keys image features by their image's content hash
             scheduling = {**scheduling, "token_keys": self.images.token_keys()}
         return self.params.request_spec(self.request_id, self.prompt_token_ids, **scheduling)

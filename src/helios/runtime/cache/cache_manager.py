@@ -71,7 +71,7 @@ class CacheManager:
             self.snapshots.discard(req.snapshot_id)
             req.snapshot_id = 0
         shared, num_restored, computed = self._base(snapshot, hits)
-        chunk = min(num_tokens - computed, budget)
+        chunk = self.until_boundary(req, computed, min(num_tokens - computed, budget))
         self.pool.retain(shared)
         if snapshot is not None:
             self.snapshots.hold(snapshot)
@@ -200,13 +200,25 @@ class CacheManager:
             req.snapshot_id = snapshot.snapshot_id
         return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
 
-    def checkpoint_prompt(self, req: RequestState) -> CopyWork | None:
-        """Publish a snapshot of the request's committed state at its prompt boundary, keeping its
-        pages (complete pages are shared by reference, the partial page and state rows are copied to
-        a continuation row). Only for layouts whose pages do not hold the state: there, snapshots are
-        the only prefix reuse. None when not applicable, already published, or no row is free."""
-        endpoint = req.num_prompt_tokens
-        if not self.prefix_caching or self.layout.pages_capture_state or endpoint == 0:
+    @property
+    def publishes_prompt_snapshots(self) -> bool:
+        """Whether prompt boundaries are snapshotted: prefix caching on a layout whose pages do not
+        hold the state (there, snapshots are the only prefix reuse)."""
+        return self.prefix_caching and not self.layout.pages_capture_state
+
+    def until_boundary(self, req: RequestState, start: int, tokens: int) -> int:
+        """A prompt row of `tokens` from `start`, cut to end at the request's stable prefix when it
+        would run past it and a snapshot is to be published there (`RequestState.stable_boundary`)."""
+        boundary = req.stable_boundary if self.publishes_prompt_snapshots else 0
+        return boundary - start if start < boundary < start + tokens else tokens
+
+    def checkpoint_prompt(self, req: RequestState, endpoint: int | None = None) -> CopyWork | None:
+        """Publish a snapshot of the request's committed state at `endpoint` (default: its prompt
+        boundary; or the end of its stable prefix), keeping its pages (complete pages are shared by
+        reference, the partial page and state rows are copied to a continuation row). Only where
+        `publishes_prompt_snapshots`. None when not applicable, already published, or no row is free."""
+        endpoint = req.num_prompt_tokens if endpoint is None else endpoint
+        if not self.publishes_prompt_snapshots or endpoint == 0:
             return None
         page_tokens = self.layout.page_tokens
         num_complete = endpoint // page_tokens

@@ -39,7 +39,10 @@ class RequestSpec:
     `top_logprobs` (None: none) asks for every sampled token's log-probability and that many
     most probable alternatives: its steps run token-logprobs programs, never speculative ones.
     `has_logit_bias`: its admission values carry a logit bias, which speculative programs do not
-    apply; it never speculates either.
+    apply; it never speculates either. `stable_prefix_len`: prompt tokens that later turns of the
+    same conversation render identically (the frontend's prefix-boundary rules; 0: none known);
+    where snapshots are the only prefix reuse, the prompt's state is published there too, so the
+    next turn restores it.
     """
 
     request_id: str
@@ -56,6 +59,7 @@ class RequestSpec:
     cache_salt: bytes = b""
     top_logprobs: int | None = None
     has_logit_bias: bool = False
+    stable_prefix_len: int = 0
     # (prompt index, key) pairs the prefix cache digests instead of the token id there: image
     # feature tokens keyed by their image's content hash.
     token_keys: tuple[tuple[int, int], ...] = ()
@@ -98,6 +102,7 @@ class RequestState:
     chain: list[bytes] = field(default_factory=list)  # digests of complete pages of token_ids
     snapshot_id: int = 0  # private snapshot while preempted (0: none)
     prompt_checkpointed: bool = False  # a snapshot of its prompt boundary was requested
+    stable_checkpointed: bool = False  # a snapshot at its stable prefix's end was requested
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     num_reused_tokens: int = -1  # -1 until first admission
     num_preemptions: int = 0
@@ -108,6 +113,13 @@ class RequestState:
     def __post_init__(self) -> None:
         self.request_id = self.spec.request_id
         self.num_prompt_tokens = len(self.spec.prompt_ids)
+
+    @property
+    def stable_boundary(self) -> int:
+        """Where a snapshot of the stable prefix is still to be published: its end when inside the
+        prompt (short of the prompt boundary, which is published anyway) and not yet requested; else 0."""
+        end = self.spec.stable_prefix_len
+        return end if 0 < end < self.num_prompt_tokens and not self.stable_checkpointed else 0
 
     @property
     def num_output_tokens(self) -> int:

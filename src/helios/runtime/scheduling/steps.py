@@ -174,7 +174,7 @@ class StepBuilder:
                 num_decoders -= 1
                 want = min(1 if req.spec.needs_feedback else lane_limit, req.num_output_budget)
             else:
-                want = ahead
+                want = self.cache.until_boundary(req, req.frontier, ahead)
             room = max_tokens - draft.num_tokens - num_decoders
             if room > 0:
                 self._schedule_lane(draft, req, min(want, room))
@@ -264,6 +264,8 @@ class StepBuilder:
         start = req.num_computed_tokens + req.num_inflight_tokens
         if start == req.num_prompt_tokens and not req.prompt_checkpointed:
             self._checkpoint_prompt(draft, req)
+        elif start and start == req.stable_boundary:
+            self._checkpoint_prompt(draft, req, start)
         known = len(req.token_ids)
         speculative = draft.operation == Operation.SPECULATIVE
         samples = start + tokens >= known + req.num_pending_samples
@@ -283,11 +285,15 @@ class StepBuilder:
         draft.scheduled.add(req.request_id)
         draft.num_tokens += tokens
 
-    def _checkpoint_prompt(self, draft: Draft, req: RequestState) -> None:
-        """Snapshot the state at the prompt boundary: this plan's copies run before its program,
-        after every plan launched before it, so they see exactly the prompt's state."""
-        req.prompt_checkpointed = True
-        work = self.cache.checkpoint_prompt(req)
+    def _checkpoint_prompt(self, draft: Draft, req: RequestState, stable_end: int | None = None) -> None:
+        """Snapshot the state at the prompt boundary (or at the end of its stable prefix, which the
+        rows before were cut to reach): this plan's copies run before its program, after every plan
+        launched before it, so they see exactly the state there."""
+        if stable_end is None:
+            req.prompt_checkpointed = True
+        else:
+            req.stable_checkpointed = True
+        work = self.cache.checkpoint_prompt(req, stable_end)
         if work is not None:
             draft.add_work(work)
 
