@@ -113,9 +113,9 @@ class InProcess:
 
     def round(self, level: int, samples: Samples | None) -> None:
         from helios.runtime.engine import EngineRequest
-        from helios.runtime.events import TokenEvent
-        from helios.runtime.packer import AdmissionValues
-        from helios.runtime.request import RequestSpec
+        from helios.runtime.records.events import TokenEvent
+        from helios.runtime.execution.packer import AdmissionValues
+        from helios.runtime.records.request import RequestSpec
 
         times: dict[str, list[float]] = {}
         done = threading.Semaphore(0)

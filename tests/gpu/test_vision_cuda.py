@@ -24,7 +24,7 @@ def core(tmp_path_factory):
 
 def test_vision_programs_are_captured_as_cuda_graphs(core):
     from helios.core.reader import open_core
-    from helios.runtime.model import LoadOptions, load_model
+    from helios.runtime.loading.model import LoadOptions, load_model
 
     opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
     model = load_model(opened, LoadOptions(device="cuda", cuda_graphs=True))

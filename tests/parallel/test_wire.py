@@ -9,10 +9,10 @@ import struct
 
 import pytest
 
-from helios.runtime.capacities import Operation, ProgramVariant
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
-from helios.runtime.rank_wire import (
+from helios.runtime.records.capacities import Operation, ProgramVariant
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.records.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
+from helios.runtime.parallel.rank_wire import (
     _RECORDS,
     RECORD_FIELDS,
     MessageKind,

@@ -17,10 +17,10 @@ from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.offline import generate
-from helios.runtime.model import LoadOptions
-from helios.runtime.page_sizing import other_bytes, page_bytes
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.loading.page_sizing import other_bytes, page_bytes
 from helios.runtime.service import RuntimeOptions, build_runtime
-from helios.runtime.window_pages import WindowPagesError
+from helios.runtime.cache.window_pages import WindowPagesError
 from ignition.hf_checkpoints import GPT_OSS
 from support.chat_checkpoint import write_chat_checkpoint
 

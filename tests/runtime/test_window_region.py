@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import pytest
 
-from helios.runtime.capacities import (
+from helios.runtime.records.capacities import (
     Capacities, CacheGeometry, HistoryKind, HistoryRegion, PageTableView, StorageLayout,
 )
 from helios.errors import LoadError
-from helios.runtime.page_pool import PagePool
-from helios.runtime.pages import PageAllocator
-from helios.runtime.plan import PlanRow
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
-from helios.runtime.prefix_cache import PrefixCache, extend_chain, root_digest
-from helios.runtime.request import RELEASED_PAGE
-from helios.runtime.scheduler import Scheduler
-from helios.runtime.window_pages import WindowPages
+from helios.runtime.cache.page_pool import PagePool
+from helios.runtime.cache.pages import PageAllocator
+from helios.runtime.records.plan import PlanRow
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.cache.prefix_cache import PrefixCache, extend_chain, root_digest
+from helios.runtime.records.request import RELEASED_PAGE
+from helios.runtime.scheduling.scheduler import Scheduler
+from helios.runtime.cache.window_pages import WindowPages
 
 from .fake_model import VOCAB, FakeExecutor, next_token
 from .harness import Driver, assert_all_released, spec, variants

@@ -16,7 +16,7 @@ from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.layout import LAYOUT_OUTPUTS
 from helios.frontend.images.pipeline import ImagePipeline
 from helios.ignition.preparation.vision_contract import ImageProcessorSettings, declare_vision
-from helios.runtime.image_features import ImageFeatureCache, encode_with_cache
+from helios.runtime.execution.image_features import ImageFeatureCache, encode_with_cache
 
 from .paged_greedy import encode_images, greedy
 from .test_vl_equivalence import _decoded, _prompt_ids, model, recipe  # noqa: F401 (fixtures)

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from helios.contract import StartupOptions
 from helios.errors import UsageError
-from helios.runtime.model import LoadOptions
-from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
 _PREEMPTION = {"recompute": PreemptionMode.RECOMPUTE, "offload": PreemptionMode.OFFLOAD}
 

@@ -10,7 +10,7 @@ request's hooks, so the scheduler sees a stop before it schedules again.
 Two execution frames: with an executor whose `launch` returns before the device finishes (CUDA),
 the worker keeps up to two plans submitted. After launching a plan it asks the scheduler for
 another; the scheduler offers a second frame only when it needs no feedback from the first (a
-decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.steps`),
+decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.scheduling.steps`),
 and the worker packs and launches it before it waits for the first one's completion. Completions
 are taken oldest first. An executor with only `run` gets one frame (a tensor-parallel rank zero has both: `RankedExecutor`).
 
@@ -37,13 +37,13 @@ from typing import Callable, Protocol
 import torch
 
 from helios.errors import AdmissionRejected, ExecutionError
-from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent, rejected
-from helios.runtime.executor import Executor, StepOutput
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.prompt_scores import prompt_score_events
-from helios.runtime.request import RequestSpec
-from helios.runtime.scheduler import Scheduler
-from helios.runtime.stats import WorkerStats
+from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent, rejected
+from helios.runtime.execution.executor import Executor, StepOutput
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.execution.prompt_scores import prompt_score_events
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.scheduling.scheduler import Scheduler
+from helios.runtime.records.stats import WorkerStats
 
 
 class GrammarState(Protocol):
@@ -64,7 +64,7 @@ class EngineRequest:
     on_event: Callable[[RequestEvent], None]
     grammar: GrammarState | None = None
     host_stop: Callable[[int], bool] | None = None
-    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
+    images: object = None  # `helios.runtime.execution.images.RequestImages` of a request with images
 
 
 class Engine:

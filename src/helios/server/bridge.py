@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from helios.errors import ExecutionError, HeliosError
-from helios.frontend.output import OutputFinal, OutputProcessor, OutputStep
-from helios.frontend.presentation import failure_error
-from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
+from helios.frontend.responses.output import OutputFinal, OutputProcessor, OutputStep
+from helios.frontend.responses.presentation import failure_error
+from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
 from helios.server.admission import Permit
 
 _FAILURES = (FinishReason.REJECTED, FinishReason.ERROR)

@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from helios.errors import RequestError
-from helios.frontend.generation import SEED_MASK
-from helios.frontend.output import OutputFinal, OutputStep
-from helios.frontend.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
+from helios.frontend.preparation.generation import SEED_MASK
+from helios.frontend.responses.output import OutputFinal, OutputStep
+from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
 from helios.server.responses import SSE_HEADERS

@@ -27,7 +27,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
+from helios.runtime.records.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0, 320.0, 640.0)

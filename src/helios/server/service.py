@@ -40,13 +40,13 @@ from starlette.types import Receive
 from tokenizers import Tokenizer
 
 from helios.errors import ShuttingDown
-from helios.frontend.observation import ObservationClock
+from helios.frontend.decoding.observation import ObservationClock
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
-from helios.runtime.packer import AdmissionValues
+from helios.runtime.execution.packer import AdmissionValues
 from helios.runtime.service import Runtime
-from helios.runtime.stats import StatsSnapshot
+from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
