@@ -1,4 +1,4 @@
-"""Qwen2.5-VL on CUDA through the runtime: the prepared core's VISION programs are captured as CUDA
+"""Qwen2.5-VL and Qwen3-VL on CUDA through the runtime: the prepared core's VISION programs are captured as CUDA
 graphs at load, and greedy tokens over 16 steps with one and with two images, served over HTTP with
 `--device cuda`, equal the CPU server's (float32); a repeated image is a feature-cache hit there too;
 feeding image features (encoding a new image, reusing a cached one) allocates no device memory."""
@@ -13,15 +13,17 @@ import openai
 import pytest
 
 from support.server_core import ServerProcess
+from vision.test_vl3_server import prepare_vl3_core
 from vision.test_vl_server import _metric, _user
 from vision.vl_checkpoint import SERVED_ID, prepare_vl_core
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    return prepare_vl_core(tmp_path_factory.mktemp("vl-cuda"))[1]
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def core(request, tmp_path_factory):
+    prepare = prepare_vl_core if request.param == "qwen2_5_vl" else prepare_vl3_core
+    return prepare(tmp_path_factory.mktemp(f"{request.param}-cuda"))[1]
 
 
 def test_vision_programs_are_captured_as_cuda_graphs(core):
