@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from helios.runtime.engine import EngineRequest
 from helios.runtime.events import TokenEvent
+from helios.runtime.model import LoadOptions
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.policy import SchedulerPolicy
 from helios.runtime.request import RequestSpec
@@ -19,8 +20,10 @@ GREEDY = (0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0)
 MAX_TOKENS = 10
 
 
-def run_choices(n: int, parameters, prefix_caching: bool = True):
-    runtime = build_runtime(open_fixture(), RuntimeOptions(policy=SchedulerPolicy(prefix_caching=prefix_caching)))
+def run_choices(n: int, parameters, prefix_caching: bool = True, device: str = "cpu"):
+    """(tokens per choice, prompt tokens computed, prompt pages, scheduler) of n seeded choices."""
+    options = RuntimeOptions(load=LoadOptions(device=device), policy=SchedulerPolicy(prefix_caching=prefix_caching))
+    runtime = build_runtime(open_fixture(), options)
     engine, scheduler = runtime.engine, runtime.engine.scheduler
     plans = []
     schedule = scheduler.schedule
