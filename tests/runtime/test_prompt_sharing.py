@@ -3,6 +3,8 @@ rows, copies, page tables, reference counts and prefill token counts, against se
 
 from __future__ import annotations
 
+import dataclasses
+
 from helios.runtime.capacities import Operation
 from helios.runtime.plan import CopyOp, Location, StorageKind
 from helios.runtime.policy import SchedulerPolicy
@@ -141,3 +143,23 @@ def test_sharing_survives_preemption_and_pressure():
     assert driver.outcomes["x"].tokens == reference(list(range(50, 66)), 10)
     assert scheduler.counters().preemptions > 0 and scheduler.cache.groups.num_shared_admissions > 0
     assert_all_released(scheduler)
+
+
+def test_a_decode_program_that_cannot_admit_leaves_admissions_to_prompt_programs():
+    """A DECODE program reading per-slot state only prompt programs write (`admits_slots` False):
+    the choices' one-token admission rows run in a MIXED program beside the decoding source."""
+    scheduler, driver = make(max_active=8, num_pages=64)
+    caps = scheduler.caps
+    variants = tuple(dataclasses.replace(v, admits_slots=False) if v.operation == Operation.DECODE else v
+                     for v in caps.variants)
+    scheduler.caps = scheduler.builder.caps = dataclasses.replace(caps, variants=variants)
+    driver.submit(*choices(3))
+    driver.step()
+    driver.step()
+    second = driver.scheduler.schedule()
+    assert second.operation == Operation.MIXED and [r.admits for r in second.rows] == [False, True, True]
+    driver.plans.append(second)
+    driver.inflight.append((second, driver.executor.run(second)))
+    driver.run()
+    assert all(driver.outcomes[f"c{j}"].tokens == reference(PROMPT, 5) for j in range(3))
+    assert all(plan.operation == Operation.DECODE for plan in driver.plans[2:])

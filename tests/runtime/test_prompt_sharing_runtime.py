@@ -63,6 +63,7 @@ def test_seeded_choices_equal_separate_prefills_and_compute_the_prompt_once():
     assert (shared_tokens, separate_tokens) == (19 + 3, 4 * 19)
     assert scheduler.cache.groups.num_shared_admissions == 3
     assert scheduler.counters().prefix_reused_tokens == 3 * 18
+    assert all(v.admits_slots for v in scheduler.caps.variants)  # a text core's DECODE admits the choices
 
 
 def test_greedy_choices_are_identical_and_one_choice_takes_the_same_prompt_pages():

@@ -302,7 +302,7 @@ class StepBuilder:
         plain = all(row.query_len == 1 and row.samples for row in draft.rows)
         if plain and draft.operation != Operation.SCORED_PREFILL:
             variant = self.caps.select(Operation.DECODE, num_rows, draft.num_tokens)
-            if variant is not None:
+            if variant is not None and (variant.admits_slots or not any(row.admits for row in draft.rows)):
                 draft.operation, draft.variant = Operation.DECODE, variant
                 return
         variant = self.caps.select(draft.operation, num_rows, draft.num_tokens)
