@@ -49,6 +49,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--image-cache-images", type=int, default=DEFAULT_CACHED_IMAGES, metavar="N",
                        help="vision-language cores: images whose encoded features stay on the device for reuse by "
                        f"content hash, allocated at load (default {DEFAULT_CACHED_IMAGES})")
+    group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
+                       help="do not load the core's token-logprobs programs (a faster start; requests for "
+                       "log-probabilities are refused)")
 
 
 def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
@@ -67,7 +70,7 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
     if args.preemption == "offload" and args.host_pages == 0:
         raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
     startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,
-                      history_drafting=args.history_drafting)
+                      history_drafting=args.history_drafting, token_logprobs=args.token_logprobs)
     load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction,
                        image_cache_images=args.image_cache_images)
     return load, SchedulerPolicy(preemption=_PREEMPTION[args.preemption]), args.host_pages
