@@ -163,3 +163,12 @@ def test_a_decode_program_that_cannot_admit_leaves_admissions_to_prompt_programs
     driver.run()
     assert all(driver.outcomes[f"c{j}"].tokens == reference(PROMPT, 5) for j in range(3))
     assert all(plan.operation == Operation.DECODE for plan in driver.plans[2:])
+
+
+def test_sliding_window_choices_share_and_release_their_pages():
+    scheduler, driver = make(max_active=8, num_pages=64, window=8)
+    driver.submit(*[spec(f"c{j}", PROMPT, 12) for j in range(3)])
+    driver.run()
+    assert scheduler.cache.groups.num_shared_admissions == 2
+    assert all(driver.outcomes[f"c{j}"].tokens == reference(PROMPT, 12, window=8) for j in range(3))
+    assert_all_released(scheduler)

@@ -72,8 +72,9 @@ class CacheManager:
         reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
         key = prompt_key(req, keyed_tokens(req))
         source = self.groups.source(key) if self._may_share(req, reuse) else None
-        if source is not None:
-            return self._admit_onto(req, source, key)
+        admitted = self._admit_onto(req, source, key) if source is not None else None
+        if admitted is not None:
+            return admitted
         admitted = self._admit_own(req, budget, reuse)
         if admitted is not None:
             self.groups.join(req, key)
@@ -92,10 +93,14 @@ class CacheManager:
         return reuse and self.page_reuse and req.num_output_tokens == 0 and req.num_prompt_tokens > 1
 
     def _admit_onto(self, req: RequestState, source: RequestState, key: bytes) -> tuple[int, CopyWork] | None:
-        """Admit `req` onto `source`'s prompt pages: all but the last prompt token reused, the page
-        of that token private (its leading tokens copied); one token to compute."""
+        """Admit `req` onto `source`'s prompt: all but the last prompt token reused (complete pages
+        from the prefix cache, the leading tokens of the last token's page copied from `source`'s
+        into a private page); one token to compute. None (nothing changed) when a complete page is
+        no longer cached or no page is free."""
         num_shared, partial = divmod(req.num_prompt_tokens - 1, self.layout.page_tokens)
-        shared = source.page_ids[:num_shared]
+        shared = self.pool.cache.lookup(req.chain[:num_shared])
+        if len(shared) < num_shared:
+            return None
         self.pool.retain(shared)
         fresh = self.allocate(1)
         if fresh is None:

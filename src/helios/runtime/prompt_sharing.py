@@ -8,15 +8,17 @@ source) prefills the prompt; while a running member is still computing the promp
 tokens and none has them, a later member waits (`is_waiting_for_source`) instead of prefilling the
 same tokens itself. Then it is admitted onto a source's pages (`CacheManager.admit`):
 
-- pages [0, (P - 1) // page_tokens) are shared by reference: every position in them is committed
-  and no member writes a position below P - 1 again;
+- pages [0, (P - 1) // page_tokens) are shared by reference: the source published them to the
+  prefix cache when it committed them (a sliding-window source may have released some since; they
+  stay cached until evicted), every position in them is committed and no one writes them again;
 - the page holding position P - 1 is a fresh private page whose first (P - 1) % page_tokens tokens
   are copied from the source's page (a PAGE -> PAGE copy that the admitting plan runs ahead of its
   program; the source writes that page only at positions >= P);
 - the member computes one token, position P - 1, and samples its first output with its own seed.
 
 So n members compute P + (n - 1) prompt tokens and take ceil(P / page_tokens) + (n - 1) pages at
-admission, where separate prefills compute n * P tokens and take n * ceil(P / page_tokens) pages.
+admission, where separate prefills compute n * P tokens and take n * ceil(P / page_tokens) pages. (Should a complete page have been evicted meanwhile, the member is
+admitted from the prefix cache as any request is.)
 
 Only layouts whose pages hold a prefix's whole state share this way, and only with prefix caching
 on; a request that must score its prompt, or that has outputs already (readmitted after
@@ -38,13 +40,14 @@ def prompt_key(req: RequestState, keyed_ids: Sequence[int]) -> bytes:
 
 
 def holds_prompt(member: RequestState, page_tokens: int) -> bool:
-    """`member` has committed its prompt's first P - 1 tokens and still holds every page of them."""
+    """`member` has committed its prompt's first P - 1 tokens and still holds the page of the last
+    prompt token when that page has leading prompt tokens to copy (the complete pages before it are
+    shared through the prefix cache, where the member published them)."""
     needed = member.num_prompt_tokens - 1
     if member.status != RequestStatus.RUNNING or member.num_computed_tokens < needed:
         return False
-    count = -(-needed // page_tokens)
-    pages = member.page_ids[:count]
-    return len(pages) == count and RELEASED_PAGE not in pages
+    index, partial = divmod(needed, page_tokens)
+    return not partial or (len(member.page_ids) > index and member.page_ids[index] != RELEASED_PAGE)
 
 
 class PromptGroups:
