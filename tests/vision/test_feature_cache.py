@@ -125,3 +125,11 @@ def test_feeding_a_step_only_copies_and_reuses_cached_images(num_images):
         assert (encoded, feeder.stats.encoded_images, stats.hits, stats.evictions) == (2, 2, 2, 0)
     else:  # one slot: each image is copied out before the next evicts it
         assert (encoded, stats.hits, stats.evictions) == (2, 2, 1)
+
+
+def test_the_default_image_count_keeps_the_slab_within_a_gibibyte():
+    from helios.runtime.image_features import default_num_images
+
+    assert default_num_images(64, 64, 4) == 16  # tiny images: the default count
+    assert default_num_images(16384, 3584, 2) == 9  # Qwen2.5-VL-7B's largest image: 112 MiB a slot
+    assert default_num_images(16384, 4 * 4096, 2) == 2 and default_num_images(1 << 20, 8192, 4) == 1

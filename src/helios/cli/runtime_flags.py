@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from helios.contract import StartupOptions
 from helios.errors import UsageError
-from helios.runtime.image_features import DEFAULT_CACHED_IMAGES
+from helios.runtime.image_features import DEFAULT_CACHE_BYTES, DEFAULT_CACHED_IMAGES
 from helios.runtime.model import LoadOptions
 from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION
 from helios.runtime.policy import PreemptionMode, SchedulerPolicy
@@ -46,9 +46,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        help="what a preempted request keeps: recompute (default) or offload to host slots")
     group.add_argument("--host-pages", type=int, default=0, metavar="N",
                        help="host-memory slots for offloaded pages and state (needed by --preemption offload)")
-    group.add_argument("--image-cache-images", type=int, default=DEFAULT_CACHED_IMAGES, metavar="N",
+    group.add_argument("--image-cache-images", type=int, metavar="N",
                        help="vision-language cores: images whose encoded features stay on the device for reuse by "
-                       f"content hash, allocated at load (default {DEFAULT_CACHED_IMAGES})")
+                       f"content hash, allocated at load (default {DEFAULT_CACHED_IMAGES}, fewer when their slots of "
+                       f"the largest image would pass {DEFAULT_CACHE_BYTES >> 30} GiB)")
     group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
                        help="do not load the core's token-logprobs programs (a faster start; requests for "
                        "log-probabilities are refused)")
@@ -63,7 +64,7 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0 < args.memory_fraction <= 1:
         raise UsageError("--memory-fraction must be in (0, 1]")
-    if args.image_cache_images < 1:
+    if args.image_cache_images is not None and args.image_cache_images < 1:
         raise UsageError("--image-cache-images must be positive")
     if args.host_pages < 0:
         raise UsageError("--host-pages must not be negative")

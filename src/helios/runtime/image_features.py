@@ -16,6 +16,13 @@ from dataclasses import dataclass
 import torch
 
 DEFAULT_CACHED_IMAGES = 16
+DEFAULT_CACHE_BYTES = 1 << 30  # the default count is cut so the slab stays within this
+
+
+def default_num_images(rows_per_image: int, width: int, element_bytes: int) -> int:
+    """DEFAULT_CACHED_IMAGES, or fewer (at least one) when their slots would pass DEFAULT_CACHE_BYTES."""
+    slot_bytes = rows_per_image * width * element_bytes
+    return max(1, min(DEFAULT_CACHED_IMAGES, DEFAULT_CACHE_BYTES // slot_bytes))
 
 
 @dataclass

@@ -52,7 +52,7 @@ from helios.errors import LoadError
 from helios.runtime.cuda_graphs import capture_programs
 from helios.runtime.cpu_programs import cpu_program
 from helios.runtime.graph_passes import drop_no_op_nodes
-from helios.runtime.image_features import DEFAULT_CACHED_IMAGES, ImageFeatureCache
+from helios.runtime.image_features import ImageFeatureCache, default_num_images
 from helios.runtime.images import FEATURE_BUFFER_INPUT
 from helios.runtime.memory_budget import check_fits
 from helios.runtime.speculation import SpeculativeShape, speculative_handles, speculative_shape
@@ -91,8 +91,9 @@ class LoadOptions:
     cuda_graphs: bool = True  # on CUDA: capture every selected program at load and replay it
     # On CUDA without `num_pages`: the share of device memory free after loading that pages may take.
     memory_fraction: float = DEFAULT_MEMORY_FRACTION
-    # Vision-language cores: images whose encoded features stay on the device for reuse.
-    image_cache_images: int = DEFAULT_CACHED_IMAGES
+    # Vision-language cores: images whose encoded features stay on the device for reuse (None: 16,
+    # fewer when 16 of the largest image's would pass 1 GiB).
+    image_cache_images: int | None = None
 
 
 @dataclass(frozen=True)
@@ -390,15 +391,18 @@ def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device)
     return buffers
 
 
-def _image_cache(prepared: PreparedContract, num_images: int, device) -> ImageFeatureCache:
-    """The feature cache: `num_images` slots of the largest image's feature rows, in the dtype
-    and width of the prompt programs' feature buffer."""
+def _image_cache(prepared: PreparedContract, num_images: int | None, device) -> ImageFeatureCache:
+    """The feature cache: `num_images` (default: `default_num_images`) slots of the largest image's
+    feature rows, in the dtype and width of the prompt programs' feature buffer."""
     buffer = next((b for b in prepared.manifest.buffers if b.name == FEATURE_BUFFER_INPUT), None)
     if buffer is None or len(buffer.shape) != 2:
         raise LoadError(f"the core declares VISION graphs but no [features, width] {FEATURE_BUFFER_INPUT!r} buffer")
     vision = prepared.contract.model.vision
     rows = max(vision.patch_capacities) // vision.patches_per_feature
-    return ImageFeatureCache(num_images, rows, buffer.shape[1].size, _DTYPES[buffer.dtype], device)
+    width, dtype = buffer.shape[1].size, _DTYPES[buffer.dtype]
+    if num_images is None:
+        num_images = default_num_images(rows, width, dtype.itemsize)
+    return ImageFeatureCache(num_images, rows, width, dtype, device)
 
 
 def _resource_of_kind(core, kind: str) -> str:
