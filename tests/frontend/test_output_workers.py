@@ -104,3 +104,12 @@ def test_close_drains_queued_events_first():
 def test_at_least_one_worker():
     with pytest.raises(ValueError):
         OutputWorkers(0)
+
+
+def test_events_posted_after_close_are_consumed_by_the_caller():
+    workers = OutputWorkers(1)
+    workers.close()
+    consumer = Consumer()
+    workers.register("late", consumer)
+    workers.post(StepBatch((finish("late"),)))  # a closed engine answering a late submission
+    assert consumer.events == [finish("late")] and not workers.is_registered("late")

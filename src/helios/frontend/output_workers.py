@@ -51,11 +51,17 @@ class _Worker:
         self._thread.start()
 
     def put(self, items: list[tuple[OutputConsumer, RequestEvent]]) -> None:
+        """Queues `items`; after `stop` (a request ended by a closed engine) consumes them here."""
         with self._wake:
-            was_empty = not self._items
-            self._items.extend(items)
-            if was_empty:
-                self._wake.notify()
+            is_running = self._is_running
+            if is_running:
+                was_empty = not self._items
+                self._items.extend(items)
+                if was_empty:
+                    self._wake.notify()
+        if not is_running:
+            for consumer, event in items:
+                self._consume(consumer, event)
 
     def stop(self, timeout: float) -> None:
         """Ends the thread once the queue is empty."""
@@ -89,7 +95,8 @@ class _Worker:
 
 
 class OutputWorkers:
-    """See the module docstring. `close` stops the threads after their queues drained."""
+    """See the module docstring. `close` stops the threads after their queues drained; events
+    posted later (the answer a closed engine gives a late submission) are consumed by the caller."""
 
     def __init__(self, num_workers: int = 2, name: str = "helios-output"):
         if num_workers < 1:
@@ -110,7 +117,8 @@ class OutputWorkers:
         return request_id in self._routes
 
     def post(self, batch: StepBatch) -> None:
-        """The engine's sink: routes one round's events to the workers; never blocks on their work."""
+        """The engine's sink (the model worker; any thread after the engine closed): routes one
+        round's events to the workers; never blocks on their work."""
         routes = self._routes
         shares: dict[_Worker, list] = {}
         for event in batch.events:
