@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from helios.errors import AdmissionRejected, ExecutionError
-from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent, rejected
+from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, rejected
 from helios.runtime.executor import Executor, StepOutput
 from helios.runtime.feedback import GrammarState, LaneFeedback
-from helios.runtime.outlet import Cancel, Command, EventSink, StepBatch, StopMatched
+from helios.runtime.outlet import Cancel, Command, EventSink, Outbox, StepBatch, StopMatched
 from helios.runtime.packer import AdmissionValues
 from helios.runtime.prompt_scores import prompt_score_events
 from helios.runtime.request import RequestSpec
@@ -89,14 +89,12 @@ class Engine:
             raise ValueError(f"{self.frames} execution frames with {type(executor).__name__}")
         self._launched: deque = deque()  # (plan, Launched or StepOutput), oldest first
         self.stats = stats or WorkerStats()
+        self.outbox = Outbox(self.stats, sink)
         self._clock = clock
         self._wake = threading.Condition()
         self._ingress: deque[EngineRequest] = deque()
         self._commands: deque[Command] = deque()
         self._active: dict[str, EngineRequest] = {}
-        self._sink = sink
-        self._outgoing: list[RequestEvent] = []  # this round's events, for the sink
-        self._uncounted: dict[str, int] = {}  # host-stop requests' tokens, counted when they end
         self._running = False
         self._is_closed = False  # shut down or failed: `submit` answers at once
         self._thread: threading.Thread | None = None
@@ -108,7 +106,7 @@ class Engine:
         """Sends the events of requests submitted without `on_event` to `sink`, one `StepBatch`
         per round. The sink is called from the worker thread (and from `submit` after shutdown) and
         must not block."""
-        self._sink = sink
+        self.outbox.sink = sink
 
     def start(self) -> None:
         self._running = True
@@ -133,7 +131,7 @@ class Engine:
     def submit(self, request: EngineRequest) -> None:
         """Queues `request` for admission (any thread); its events go to its `on_event`, or to the
         connected sink when it has none."""
-        if request.on_event is None and self._sink is None:
+        if request.on_event is None and self.outbox.sink is None:
             raise ValueError(f"request {request.spec.request_id} has no on_event and the engine no sink")
         with self._wake:
             if not self._is_closed:
@@ -143,7 +141,7 @@ class Engine:
         reason = FinishReason.ERROR if not self.stats.healthy else FinishReason.CANCELLED
         event = _ended(request, reason, "the model worker is not running")
         if request.on_event is None:
-            self._sink(StepBatch((event,)))
+            self.outbox.sink(StepBatch((event,)))
         else:
             request.on_event(event)
 
@@ -185,7 +183,7 @@ class Engine:
         self._drain()
         for request_id in list(self._active):
             self._dispatch(self.scheduler.cancel(request_id))
-        self._flush()
+        self.outbox.flush()
         self._close(FinishReason.CANCELLED, "the model worker shut down")
 
     def _close(self, reason: FinishReason, message: str) -> None:
@@ -195,12 +193,11 @@ class Engine:
             pending, self._ingress = list(self._ingress), deque()
         pending += list(self._active.values())
         self._active.clear()
-        self.stats.generated_tokens += sum(self._uncounted.values())
-        self._uncounted.clear()
+        self.outbox.close()
         for request in pending:
-            _notify(request, _ended(request, reason, message), self._outgoing)
+            self.outbox.end(request.on_event, _ended(request, reason, message))
         try:
-            self._flush()
+            self.outbox.flush()
         except Exception:  # noqa: BLE001 - nobody is left to tell
             pass
 
@@ -212,7 +209,7 @@ class Engine:
             commands, self._commands = list(self._commands), deque()
             self._apply(commands)
             if not self.scheduler.has_work:
-                self._flush()
+                self.outbox.flush()
                 return
             self.step()
         raise ExecutionError("the engine did not go idle")
@@ -223,7 +220,7 @@ class Engine:
                 self._stop_matched(command)
             else:
                 self._cancel(command.request_id)
-        self._flush()
+        self.outbox.flush()
 
     def _stop_matched(self, command: StopMatched) -> None:
         """Ends the request STOP with the frontend's output count (tokens past the stop are dropped)."""
@@ -233,12 +230,6 @@ class Engine:
                   if isinstance(e, FinishEvent) and e.request_id == command.request_id else e
                   for e in self.scheduler.stop(command.request_id)]
         self._dispatch(events)
-
-    def _flush(self) -> None:
-        """Hands this round's events to the sink as one batch."""
-        if self._outgoing:
-            batch, self._outgoing = StepBatch(tuple(self._outgoing)), []
-            self._sink(batch)
 
     def _admit(self, requests: list[EngineRequest]) -> None:
         """Submits ingress to the scheduler while its pending deque has room; the rest stays in the
@@ -257,16 +248,15 @@ class Engine:
             self.scheduler.submit(spec)
         except AdmissionRejected as error:
             self.stats.requests_rejected += 1
-            self._notify(request, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
+            self.outbox.end(request.on_event, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
             return
         except Exception as error:  # noqa: BLE001 - a malformed request fails alone (nothing was queued)
             self.stats.requests_finished["error"] += 1
-            self._notify(request, _ended(request, FinishReason.ERROR, _request_failure(error)))
+            self.outbox.end(request.on_event, _ended(request, FinishReason.ERROR, _request_failure(error)))
             return
         self._active[spec.request_id] = request
         self.feedback.register(spec.request_id, request.grammar, request.host_stop)
-        if request.on_event is None and spec.has_host_stops:
-            self._uncounted[spec.request_id] = 0
+        self.outbox.admit(spec.request_id, request.on_event, spec.has_host_stops)
         try:
             self.executor.packer.register(spec.request_id, request.admission, request.images)
         except Exception as error:  # noqa: BLE001
@@ -282,7 +272,7 @@ class Engine:
             for request in waiting:
                 self._ingress.remove(request)
         for request in waiting:
-            self._notify(request, _ended(request, FinishReason.CANCELLED, ""))
+            self.outbox.end(request.on_event, _ended(request, FinishReason.CANCELLED, ""))
         self._dispatch(self.scheduler.cancel(request_id))
 
     def step(self) -> None:
@@ -294,7 +284,7 @@ class Engine:
             self._launch(plan)
         if self._launched:
             self._complete_oldest()
-        self._flush()  # the frontend works on this round's output while the worker packs the next
+        self.outbox.flush()  # the frontend works on this round's output while the worker packs the next
         self._refresh_gauges()  # admissions and cancellations change them without a plan too
 
     def _launch(self, plan) -> None:
@@ -354,35 +344,17 @@ class Engine:
                 continue
             if isinstance(event, PromptScoresEvent):
                 try:
-                    self._deliver(request, event)
+                    self.outbox.deliver(request.on_event, event)
                 except Exception as error:  # noqa: BLE001
                     self._fail_request(request, error)
                 continue
-            self._count(event)
+            self.outbox.count(event)
             try:
-                self._deliver(request, event)
+                self.outbox.deliver(request.on_event, event)
                 if self.feedback.advance(event.request_id, event.token_ids):
                     self._dispatch(self.scheduler.stop(event.request_id))
             except Exception as error:  # noqa: BLE001 - this request's hooks failed: it ends, the worker serves on
                 self._fail_request(request, error)
-
-    def _deliver(self, request: EngineRequest, event: RequestEvent) -> None:
-        """To the round's batch (with a sink) or to the request's `on_event` now (which may raise)."""
-        if request.on_event is None:
-            self._outgoing.append(event)
-        else:
-            request.on_event(event)
-
-    def _notify(self, request: EngineRequest, event: FinishEvent) -> None:
-        _notify(request, event, self._outgoing)
-
-    def _count(self, event: TokenEvent) -> None:
-        """Counts generated tokens; a request with host stops counts when it ends, since a stop the
-        frontend finds may drop its last tokens."""
-        if event.request_id in self._uncounted:
-            self._uncounted[event.request_id] += len(event.token_ids)
-        else:
-            self.stats.generated_tokens += len(event.token_ids)
 
     def _fail_request(self, request: EngineRequest, error: Exception) -> None:
         """Ends one request with ERROR after its own hook raised; the scheduler frees what it holds."""
@@ -401,12 +373,8 @@ class Engine:
         del self._active[event.request_id]
         self.executor.packer.forget(event.request_id)
         self.feedback.forget(event.request_id)
-        uncounted = self._uncounted.pop(event.request_id, 0)
-        if event.reason is FinishReason.STOP:
-            uncounted = min(uncounted, event.num_output_tokens)
-        self.stats.generated_tokens += uncounted
         self.stats.requests_finished[event.reason.name.lower()] += 1
-        self._notify(request, event)
+        self.outbox.end(request.on_event, event)
 
     def _refresh_gauges(self) -> None:
         c = self.scheduler.counters()
@@ -422,18 +390,6 @@ class Engine:
             images = getattr(self.executor, "images", None)
             if images is not None:
                 stats.image_cache_hits, stats.image_cache_misses = images.cache.stats.hits, images.cache.stats.misses
-
-
-def _notify(request: EngineRequest, event: FinishEvent, outgoing: list) -> None:
-    """Delivers a terminal event (to `outgoing`, the round's batch, for the sink's requests); a
-    callback that raises on it has nothing left to fail."""
-    if request.on_event is None:
-        outgoing.append(event)
-        return
-    try:
-        request.on_event(event)
-    except Exception:  # noqa: BLE001 - the request is over either way
-        pass
 
 
 def _request_failure(error: Exception) -> str:
