@@ -16,10 +16,10 @@ import torch
 
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.plan import StorageKind
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.plan import StorageKind
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 from runtime.test_hybrid_runtime import NAMESPACE, PROMPTS, hybrid  # noqa: F401 (fixture)
 

@@ -45,6 +45,7 @@ def test_no_logprobs_reaches_the_startup_options(flags, loaded):
     (["--preemption", "offload"], "--host-pages"),
     (["--pages", "0"], "--pages"),
     (["--memory-fraction", "1.5"], "--memory-fraction"),
+    (["--image-cache-images", "0"], "--image-cache-images must be positive"),
     (["--speculative-width", "4"], "startup.speculative_width: 4 is not a prepared width"),
     (["--history-drafting"], "startup.history_drafting"),
 ])

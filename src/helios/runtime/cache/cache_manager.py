@@ -9,7 +9,10 @@ Reuse rules derived from the storage layout:
   state (no recurrent or continuation regions); otherwise only snapshots are reused;
 - at least one prompt token is always recomputed, so the first row can sample;
 - a scored-prefill request reuses nothing until its prompt is scored (every prompt token needs
-  its score); it publishes its pages like any other request.
+  its score); it publishes its pages like any other request;
+- requests with the same prompt (the choices of one request) share it through `PromptGroups`:
+  one prefills, the others wait for it and then compute only the prompt's last token, on its
+  pages (see `prompt_sharing`).
 
 A layout with a window region of its own page ids (`StorageLayout.window_region`) keeps a second
 table per request through `WindowPages` (its module docstring: release, prefix reuse, snapshots);
@@ -32,8 +35,9 @@ from typing import NamedTuple
 
 from helios.runtime.records.capacities import StorageLayout
 from helios.runtime.cache.page_pool import PagePool
-from helios.runtime.records.plan import CopyOp
+from helios.runtime.records.plan import CopyOp, Location, StorageKind
 from helios.runtime.cache.prefix_cache import extend_chain
+from helios.runtime.cache.prompt_sharing import PromptGroups, prompt_key
 from helios.runtime.records.request import RELEASED_PAGE, RequestState
 from helios.runtime.cache.snapshots import FenceKind, Residence, Snapshot, SnapshotStore
 from helios.runtime.cache.window_pages import WindowPages
@@ -64,16 +68,78 @@ class CacheManager:
             window_pool, region.window_tokens, layout.page_tokens, self.page_reuse)
         self.num_lookup_tokens = 0
         self.num_reused_tokens = 0
+        self.groups = PromptGroups(layout.page_tokens)
 
     # -- admission -----------------------------------------------------------------------------
 
     def admit(self, req: RequestState, budget: int) -> tuple[int, CopyWork] | None:
         """Give a waiting request (slot already assigned) its reused prefix and the pages for its
-        first row of at most `budget` tokens. Returns (row length, restore copies) or None."""
+        first row of at most `budget` (>= 1) tokens: from a running request with the same prompt
+        when one holds it (`prompt_sharing`), else from the prefix cache or a snapshot. Returns
+        (row length, the copies its plan must run first) or None."""
         page_tokens = self.layout.page_tokens
         num_tokens = len(req.token_ids)
         self.extend_chain(req, num_tokens // page_tokens)
         reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
+        key = prompt_key(req, keyed_tokens(req))
+        source = self.groups.source(key) if self._may_share(req, reuse) else None
+        admitted = self._admit_onto(req, source, key) if source is not None else None
+        if admitted is not None:
+            return admitted
+        admitted = self._admit_own(req, budget, reuse)
+        if admitted is not None:
+            self.groups.join(req, key)
+        return admitted
+
+    def is_waiting_for_source(self, req: RequestState) -> bool:
+        """A waiting request should not be admitted yet: a running request with the same prompt is
+        computing it and will share its pages (see `prompt_sharing`)."""
+        reuse = self.prefix_caching and not req.spec.score_prompt
+        if not self._may_share(req, reuse):
+            return False
+        key = prompt_key(req, keyed_tokens(req))
+        return self.groups.source(key) is None and self.groups.is_computing(key)
+
+    def _may_share(self, req: RequestState, reuse: bool) -> bool:
+        return reuse and self.page_reuse and req.num_output_tokens == 0 and req.num_prompt_tokens > 1
+
+    def _admit_onto(self, req: RequestState, source: RequestState, key: bytes) -> tuple[int, CopyWork] | None:
+        """Admit `req` onto `source`'s prompt: all but the last prompt token reused (complete pages
+        from the prefix cache, the leading tokens of the last token's page copied from `source`'s
+        into a private page); one token to compute. None (nothing changed) when a complete page is
+        no longer cached or no page is free."""
+        num_shared, partial = divmod(req.num_prompt_tokens - 1, self.layout.page_tokens)
+        shared = self.pool.cache.lookup(req.chain[:num_shared])
+        if len(shared) < num_shared:
+            return None
+        self.pool.retain(shared)
+        fresh = self.allocate(1)
+        if fresh is None:
+            self.pool.release(list(reversed(shared)))
+            return None
+        if req.snapshot_id:
+            self.snapshots.discard(req.snapshot_id)
+            req.snapshot_id = 0
+        req.page_ids = shared + fresh
+        req.num_computed_tokens = req.num_prompt_tokens - 1
+        req.num_published_pages = num_shared
+        req.num_released_pages = 0
+        if req.num_reused_tokens < 0:
+            req.num_reused_tokens = req.num_computed_tokens
+            self.num_lookup_tokens += req.num_prompt_tokens
+            self.num_reused_tokens += req.num_computed_tokens
+        self.groups.join(req, key)
+        self.groups.num_shared_admissions += 1
+        if not partial:
+            return 1, CopyWork()
+        copy = CopyOp(Location(StorageKind.PAGE, source.page_ids[num_shared]), Location(StorageKind.PAGE, fresh[0]),
+                      partial)
+        return 1, CopyWork((copy,))
+
+    def _admit_own(self, req: RequestState, budget: int, reuse: bool) -> tuple[int, CopyWork] | None:
+        """Admission from the prefix cache or a snapshot (or nothing reused)."""
+        page_tokens = self.layout.page_tokens
+        num_tokens = len(req.token_ids)
         hits = self.pool.cache.lookup(req.chain[:(num_tokens - 1) // page_tokens]) if reuse and self.page_reuse else []
         window_first, window_shared = 0, []
         if self.window is not None:  # only as much of the hit as the window region still holds
@@ -187,6 +253,7 @@ class CacheManager:
 
     def release(self, req: RequestState) -> None:
         """Drop the request's page references, tails first (so they are evicted first)."""
+        self.groups.leave(req)
         self.pool.release([page for page in reversed(req.page_ids) if page != RELEASED_PAGE])
         if self.window is not None:
             self.window.release(req)

@@ -56,15 +56,15 @@ from helios.abi.completion import (
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
-from helios.errors import ExecutionError
+from helios.errors import ExecutionError, LoadError
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import TokenLogprobs
 from helios.runtime.execution.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
-from helios.runtime.execution.image_features import ImageFeatureCache
 from helios.runtime.execution.images import ImageFeeder
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.execution.packer import Packer
 from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan
+from helios.errors import ExecutionError
 
 
 @dataclass(frozen=True)
@@ -264,9 +264,9 @@ def logprob_twins(programs) -> dict[str, LoadedProgram]:
     return twins
 
 
-def image_feeder(model: LoadedModel, packer: Packer, cached_images: int = 64) -> ImageFeeder | None:
-    """The feeder of a core with VISION programs: they encode images into a feature cache holding
-    about `cached_images` of the largest images' features."""
+def image_feeder(model: LoadedModel, packer: Packer) -> ImageFeeder | None:
+    """The feeder of a core with VISION programs: they encode images into the feature cache the
+    model allocated at load (`LoadedModel.image_cache`)."""
     if not model.vision_programs:
         return None
     programs = {p.packed_token_capacity: p for p in model.vision_programs}
@@ -280,8 +280,9 @@ def image_feeder(model: LoadedModel, packer: Packer, cached_images: int = 64) ->
         call = (lambda: replay(greedy=False)) if replay else (lambda: program.module(*arguments[capacity]))
         return lambda: _first(call())
 
-    rows = model.prepared.contract.model.vision.feature_slots * cached_images
-    return ImageFeeder(model.prepared, model.buffers, encoder, ImageFeatureCache(max_rows=rows))
+    if model.image_cache is None:
+        raise LoadError("a model with VISION programs was loaded without an image feature cache")
+    return ImageFeeder(model.prepared, model.buffers, encoder, model.image_cache)
 
 
 def _first(returned):

@@ -54,6 +54,7 @@ def program_variant(program: LoadedProgram, prepared: PreparedContract | None = 
         name=variant_name(program), operation=OPERATIONS[program.operation], batch_capacity=program.batch_capacity,
         packed_token_capacity=program.packed_token_capacity,
         device_pending=prepared is not None and device_pending(prepared, program.graph),
+        admits_slots=prepared is None or admits_slots(prepared, program.graph),
     )
     shape = program.speculative
     if shape is None:
@@ -73,6 +74,20 @@ def device_pending(prepared: PreparedContract, graph_name: str) -> bool:
     graph = prepared.graphs[graph_name]
     view = graph.pending_token_view
     return view is not None and any(a.view == view and a.mode == spb.ACCESS_MODE_READ_WRITE for a in graph.accesses)
+
+
+_PROMPT_OPERATIONS = (spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SCORED_PREFILL)
+_WRITES = (spb.ACCESS_MODE_WRITE, spb.ACCESS_MODE_READ_WRITE)
+
+
+def admits_slots(prepared: PreparedContract, graph_name: str) -> bool:
+    """Whether a row of `graph_name` may start a slot generation: it reads no state view that
+    prompt programs write and it only reads (state a prompt program initializes per slot)."""
+    graph = prepared.graphs[graph_name]
+    read_only = {a.view for a in graph.accesses if a.mode == spb.ACCESS_MODE_READ}
+    initialized = {a.view for operation in _PROMPT_OPERATIONS for g in prepared.graphs_for(operation)
+                   for a in g.accesses if a.mode in _WRITES}
+    return not read_only & initialized
 
 
 def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0) -> Capacities:

@@ -8,10 +8,11 @@ IMAGE_TENSOR sources, e.g. rotary offsets; a token past the prompt keeps the las
 
 `ImageFeeder` runs before a PREFILL or MIXED step: for every feature token inside the step's
 packed rows (row order, then prompt order: `step_features`) it takes the image's features from the
-content-hash cache (`ImageFeatureCache`) or encodes the image with the VISION variant of its patch
-capacity, binding that graph's IMAGE_TENSOR destinations from the image's vision tensors; then it
-writes the features of the step's feature tokens into the feature buffer the prompt programs read,
-in that same order, which is the order `step_features` numbers IMAGE_FEATURE_INDICES with.
+content-hash cache (`ImageFeatureCache`, a slab allocated at load) or encodes the image with the
+VISION variant of its patch capacity into that cache, binding that graph's IMAGE_TENSOR
+destinations from the image's vision tensors; then it copies the features of the step's feature
+tokens into the feature buffer the prompt programs read, in that same order, which is the order
+`step_features` numbers IMAGE_FEATURE_INDICES with. Nothing on this path allocates device memory.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ import torch
 
 from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
-from helios.runtime.execution.image_features import ImageFeatureCache
+from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache  # noqa: F401 (re-exported)
 from helios.runtime.records.plan import PlanRow
 
 S = spb
-FEATURE_BUFFER_INPUT = "image_features"  # the prompt programs' feature buffer (multimodal_spec)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +100,8 @@ class ImageFeeder:
             raise LoadError(f"the core declares a VISION graph but no {FEATURE_BUFFER_INPUT!r} buffer")
 
     def feed(self, rows: Sequence[PlanRow], images: Sequence[RequestImages | None]) -> None:
+        """Write the step's feature rows into the feature buffer; allocates no device memory (the
+        features come from, or are encoded into, the cache's slab and are copied run by run)."""
         wanted = step_features(rows, images)
         if not wanted:
             return
@@ -113,11 +115,11 @@ class ImageFeeder:
             _, _, targets, sources = groups.setdefault((id(request), number), (request, number, [], []))
             targets.append(index)
             sources.append(row)
-        device = self._features.device
-        for request, number, targets, sources in groups.values():  # one gather per image of the step
+        # One image at a time: its features are copied out before the next image may evict them.
+        for request, number, targets, sources in groups.values():
             features = self._image_features(request, number)
-            chosen = features.index_select(0, torch.tensor(sources, device=features.device))
-            self._features.index_copy_(0, torch.tensor(targets, device=device), chosen.to(self._features.dtype))
+            for target, source, count in contiguous_runs(targets, sources):
+                self._features.narrow(0, target, count).copy_(features.narrow(0, source, count))
 
     def _image_features(self, request: RequestImages, number: int) -> torch.Tensor:
         digest = request.digests[number]
@@ -133,9 +135,19 @@ class ImageFeeder:
             target.narrow(0, 0, value.shape[0]).copy_(value)
         with torch.inference_mode():
             features = program()
-        count = len(request.feature_tokens[number])
-        features = features[:count].clone()
         self.stats.encoded_images += 1
-        self.cache.store(digest, features)
-        return features
+        return self.cache.store(digest, features[:len(request.feature_tokens[number])])
+
+
+def contiguous_runs(targets: Sequence[int], sources: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first target, first source, count) of the runs where both index lists step by one."""
+    runs: list[tuple[int, int, int]] = []
+    for target, source in zip(targets, sources):
+        if runs:
+            first_target, first_source, count = runs[-1]
+            if target == first_target + count and source == first_source + count:
+                runs[-1] = (first_target, first_source, count + 1)
+                continue
+        runs.append((target, source, 1))
+    return runs
 

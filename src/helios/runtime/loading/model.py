@@ -52,6 +52,7 @@ from helios.errors import LoadError
 from helios.runtime.loading.cuda_graphs import capture_programs
 from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.graph_passes import drop_no_op_nodes
+from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
 from helios.runtime.loading.speculation import SpeculativeShape, speculative_handles, speculative_shape
 from helios.runtime.loading.tuning import producer_handles, run_producers
@@ -93,6 +94,9 @@ class LoadOptions:
     # Pages of a window region that owns its page ids (`helios.runtime.cache.window_pages`); None: enough
     # that the window never makes a request wait (`window_page_count`).
     window_pages: int | None = None
+    # Vision-language cores: images whose encoded features stay on the device for reuse (None: 16,
+    # fewer when 16 of the largest image's would pass 1 GiB).
+    image_cache_images: int | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class LoadedModel:
     rank: int = 0
     state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
+    image_cache: ImageFeatureCache | None = None  # with VISION programs on rank zero: allocated at load
     num_window_pages: int = 0  # pages of the window region with its own page ids (0: none)
 
 
@@ -163,13 +168,18 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     row_tokens = max(h.capacity.packed_token_capacity for h in handles)
     num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                          options.window_pages)
+    vision_graphs = vision_handles(prepared, options.rank)
+    # Allocated before pages are sized from the free memory, so the pages leave room for it.
+    image_cache = None
+    if vision_graphs and options.rank == 0:  # tensor-parallel ranks serve no images
+        image_cache = _image_cache(prepared, options.image_cache_images, device)
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
         num_window_pages)
     buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(_load_program(core, prepared, handle, declared, device)
-                   for handle in vision_handles(prepared, options.rank))
+                   for handle in vision_graphs)
     if device.type == "cuda" and options.cuda_graphs:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                     keep=tuned_outputs(prepared))
@@ -181,7 +191,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
         rows_per_request,
-        vision, num_window_pages,
+        vision,
+        image_cache,
+        num_window_pages=num_window_pages,
     )
 
 
@@ -388,6 +400,20 @@ def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device,
             pinned = device.type == "cuda"
             buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], pin_memory=pinned)
     return buffers
+
+
+def _image_cache(prepared: PreparedContract, num_images: int | None, device) -> ImageFeatureCache:
+    """The feature cache: `num_images` (default: `default_num_images`) slots of the largest image's
+    feature rows, in the dtype and width of the prompt programs' feature buffer."""
+    buffer = next((b for b in prepared.manifest.buffers if b.name == FEATURE_BUFFER_INPUT), None)
+    if buffer is None or len(buffer.shape) != 2:
+        raise LoadError(f"the core declares VISION graphs but no [features, width] {FEATURE_BUFFER_INPUT!r} buffer")
+    vision = prepared.contract.model.vision
+    rows = max(vision.patch_capacities) // vision.patches_per_feature
+    width, dtype = buffer.shape[1].size, _DTYPES[buffer.dtype]
+    if num_images is None:
+        num_images = default_num_images(rows, width, dtype.itemsize)
+    return ImageFeatureCache(num_images, rows, width, dtype, device)
 
 
 def _resource_of_kind(core, kind: str) -> str:

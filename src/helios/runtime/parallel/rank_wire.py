@@ -33,8 +33,9 @@ from helios.runtime.records.capacities import LengthSource, Operation, ProgramVa
 from helios.runtime.execution.packer import AdmissionValues
 from helios.runtime.records.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
 
-WIRE_VERSION = 5  # 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH; 4: admission top_logprobs, logit_bias;
-# 5: plan rows carry the window region's new table entries
+# 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH; 4: admission top_logprobs, logit_bias;
+# 5: ProgramVariant.admits_slots; 6: plan rows carry the window region's new table entries
+WIRE_VERSION = 6
 MAGIC = 0x48454C494F53_0000 + WIRE_VERSION  # "HELIOS" and the version: the first word of every message
 
 
@@ -71,7 +72,7 @@ RECORD_FIELDS = {  # the codec's positional layout of every record (checked agai
     "CopyOp": ("src", "dst", "num_tokens"),
     "Location": ("kind", "index"),
     "ProgramVariant": ("name", "operation", "batch_capacity", "packed_token_capacity", "draft_tokens",
-                       "verify_tokens", "length_source", "device_pending", "draft_lag_tokens"),
+                       "verify_tokens", "length_source", "device_pending", "draft_lag_tokens", "admits_slots"),
     "AdmissionValues": ("prompt_ids", "seed", "sampling", "output_limit", "eos_ids", "top_logprobs", "logit_bias"),
 }
 _RECORDS = (StepMessage, StepPlan, PlanRow, CopyOp, Location, ProgramVariant, AdmissionValues)
@@ -276,11 +277,12 @@ def _put_variant(out: list[int], variant: ProgramVariant) -> None:
     lag = variant.draft_lag_tokens
     out += (int(variant.operation), variant.batch_capacity, variant.packed_token_capacity, variant.draft_tokens,
             variant.verify_tokens, int(variant.length_source), int(variant.device_pending), int(lag is not None),
-            lag if lag is not None else 0)
+            lag if lag is not None else 0, int(variant.admits_slots))
 
 
 def _get_variant(read: _Reader) -> ProgramVariant:
     name, operation, batch, packed = _get_str(read), Operation(read.one()), read.one(), read.one()
     draft, verify, source, pending = read.one(), read.one(), LengthSource(read.one()), read.flag()
-    has_lag, lag = read.flag(), read.one()
-    return ProgramVariant(name, operation, batch, packed, draft, verify, source, pending, lag if has_lag else None)
+    has_lag, lag, admits = read.flag(), read.one(), read.flag()
+    return ProgramVariant(name, operation, batch, packed, draft, verify, source, pending, lag if has_lag else None,
+                          admits)

@@ -62,6 +62,10 @@ class ProgramVariant:
     capacity including the pending token). `device_pending` says the pending token is a readable
     device state view (so a second frame can consume it without host feedback).
     `draft_lag_tokens` is the completion cursor's lag, or None when the program has no draft cursor.
+    `admits_slots` (DECODE): a row of it may be a slot generation's first one (a prefix-cache or
+    shared-prompt admission with one token left); False when the program only reads per-slot state
+    that prompt programs initialize (e.g. mrope rotary deltas), so such a row must run in a prompt
+    program.
     """
 
     name: str
@@ -73,6 +77,7 @@ class ProgramVariant:
     length_source: LengthSource = LengthSource.QUERY_LENGTH
     device_pending: bool = True
     draft_lag_tokens: int | None = None
+    admits_slots: bool = True
 
     @property
     def lane_limit(self) -> int:

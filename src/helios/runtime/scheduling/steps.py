@@ -15,7 +15,10 @@
   preempts a victim: the running request not yet scheduled in this step with the largest
   (priority, submission) key - lowest priority first, then the latest submitted; that may be
   the requesting lane itself. A step that preempted admits no waiting request, and waiting
-  requests never preempt running ones.
+  requests never preempt running ones;
+- admission, in queue order: a request whose prompt a running request is still computing waits
+  for it (then shares its pages and computes one prompt token; `prompt_sharing`), and so does
+  everything queued behind it.
 
 The second frame (`build_second`) repeats a plain decode cohort with device-owned pending
 tokens, only when nothing would change phase and no active request needs host feedback.
@@ -194,7 +197,7 @@ class StepBuilder:
         waiting = self.queues.waiting
         while waiting and len(draft.rows) < max_rows and draft.num_tokens < max_tokens:
             req = waiting[0]
-            if is_scoring(req) != scored:
+            if is_scoring(req) != scored or self.cache.is_waiting_for_source(req):
                 return
             acquired = self.slots.acquire(req.request_id)
             if acquired is None:
@@ -305,7 +308,7 @@ class StepBuilder:
         plain = all(row.query_len == 1 and row.samples for row in draft.rows)
         if plain and draft.operation != Operation.SCORED_PREFILL:
             variant = self.caps.select(Operation.DECODE, num_rows, draft.num_tokens)
-            if variant is not None:
+            if variant is not None and (variant.admits_slots or not any(row.admits for row in draft.rows)):
                 draft.operation, draft.variant = Operation.DECODE, variant
                 return
         variant = self.caps.select(draft.operation, num_rows, draft.num_tokens)
