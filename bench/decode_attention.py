@@ -162,6 +162,11 @@ def run_case(case: Case, config: Config, modules, args, copy_rate: float, device
     new = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device)
     rows.append(report(f"new ({new_splits} splits, tile {tile.block_n}x{tile.num_warps}x{tile.num_stages})",
                        new, case, copy_rate, args.peak, old))
+    if tile != decode.DEFAULT_TILE:  # the table's entry against the default tile, same split count
+        plain = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits,
+                                                                         tile=decode.DEFAULT_TILE), expected, device)
+        rows.append(report(f"new, default tile {'x'.join(map(str, decode.DEFAULT_TILE.__dict__.values()))}",
+                           plain, case, copy_rate, args.peak, old))
     tiles = [decode.DecodeTile(*map(int, t.split("x"))) for t in args.tiles.split(",")]
     swept = sweep(case, decode, tiles, [int(s) for s in args.splits.split(",")], expected, device)
     best = min(swept, key=lambda r: r["seconds"]) if swept else None
