@@ -102,7 +102,7 @@ class FrameReader(io.RawIOBase):
         self._input.prime()
         decompressor = zstandard.ZstdDecompressor(max_window_size=self._max_window)
         self._decoder = decompressor.stream_reader(
-            self._input, read_size=256 * 1024, read_across_frames=False, closefd=False
+            self._input, read_size=1024 * 1024, read_across_frames=False, closefd=False
         )
 
     def readinto(self, buffer) -> int:
