@@ -9,6 +9,7 @@ measurable); "other" is the rest of the stage. Prints one table per stage and va
 two variants, and the functions with the most own time in each stage (cProfile, ``--profile``).
 
     python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
+        [--skip-no-logprobs-load] [--keep-core DIR]   # DIR: the first variant's core, for ttft_breakdown --core
     python bench/cold_start.py --smoke    # tiny model on the CPU (checks the script runs)
 """
 
@@ -35,7 +36,7 @@ from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
-from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.keys import SigningKey, write_key_pair  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 from helios.runtime.model import LoadOptions  # noqa: E402
@@ -175,10 +176,16 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
         prepared = table("prepare", variant, time.perf_counter() - started, timer)
     prepared["core_gb"] = core.stat().st_size / 1e9
     result = {"prepare": prepared, "load": load(core, key, variant, StartupOptions(), args, device)}
-    if variant == "logprobs":  # the same core started with `helios serve --no-logprobs`
+    if variant == "logprobs" and not args.skip_no_logprobs_load:  # the core started with `serve --no-logprobs`
         result["load_skipping_logprobs"] = load(core, key, f"{variant} core, --no-logprobs at load",
                                                 StartupOptions(token_logprobs=False), args, device)
-    core.unlink()
+    if args.keep_core and variant == args.variants.split(",")[0]:  # for bench/ttft_breakdown.py --core
+        args.keep_core.mkdir(parents=True, exist_ok=True)
+        core.replace(args.keep_core / "model.core")
+        write_key_pair(args.keep_core / "publisher.key", key, [NAMESPACE])
+        log(f"kept the {variant} core in {args.keep_core}")
+    else:
+        core.unlink()
     return result
 
 
@@ -215,6 +222,10 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
     parser.add_argument("--profile-rows", type=int, default=18)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--skip-no-logprobs-load", action="store_true",
+                        help="do not also load the logprobs core with --no-logprobs")
+    parser.add_argument("--keep-core", type=Path, default=None,
+                        help="keep the first variant's core (model.core, publisher.key.pub) in this folder")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)
