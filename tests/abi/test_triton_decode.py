@@ -135,3 +135,17 @@ def test_llama_8b_shapes_on_cuda_in_a_graph(tile):
         splits.fill_(count)
         graph.replay()
         assert_matches_reference(out.cpu(), batch, 0)
+
+
+@pytest.mark.gpu
+def test_batch_64_runs_a_one_split_grid_on_cuda():
+    """At 64 tokens of 8 key/value heads the tuned bound is 1: the compiled one-split kernel (no
+    partials, no combine) gives the reference at 8B shapes whatever count the tensor holds."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    shape = Shape(num_kv_heads=8, group=4, head_dim=128, page_tokens=16, dtype=torch.bfloat16)
+    batch = with_capacity(make_batch(37, [1] * 64, [(37 * i) % 700 for i in range(64)], shape), 129)
+    assert decode.tuned_split_bound(64, 8, 129 * 16) == 1
+    for count in (1, 5):
+        splits = torch.tensor([count], dtype=torch.int32, device="cuda")
+        assert_matches_reference(run(decode.paged_attention_decode_tuned, batch, 0, splits=splits), batch, 0)
