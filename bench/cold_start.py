@@ -39,7 +39,7 @@ from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey, write_key_pair  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 # A model with real weight traffic that still prepares in a minute on a CPU (--medium).
@@ -62,21 +62,21 @@ PREPARE_PHASES = (
 IN_LOAD_MODEL = "[total] load_model"  # the phases below it, the weights thread, and its own rest
 LOAD_PHASES = (
     ("helios.runtime.service", "load_model", IN_LOAD_MODEL),
-    ("helios.runtime.model", "check_servable", "check contract"),
-    ("helios.runtime.model", "_program_bytes", "program bytes (decompress, verify)"),
-    ("helios.runtime.model", "read_program_image", "program images (parse)"),
-    ("helios.runtime.model", "validate_serialized_ops", "validate ops"),
-    ("helios.runtime.model", "validate_program_ops", "validate ops"),
-    ("helios.runtime.model", "deserialize_program", "deserialize programs"),
-    ("helios.runtime.model", "move_to_device_pass", "programs to device"),
+    ("helios.runtime.loading.model", "check_servable", "check contract"),
+    ("helios.runtime.loading.model", "_program_bytes", "program bytes (decompress, verify)"),
+    ("helios.runtime.loading.model", "read_program_image", "program images (parse)"),
+    ("helios.runtime.loading.model", "validate_serialized_ops", "validate ops"),
+    ("helios.runtime.loading.model", "validate_program_ops", "validate ops"),
+    ("helios.runtime.loading.model", "deserialize_program", "deserialize programs"),
+    ("helios.runtime.loading.model", "move_to_device_pass", "programs to device"),
     ("torch.export.exported_program", "ExportedProgram.module", "program modules (unflatten)"),
-    ("helios.runtime.model", "drop_no_op_nodes", "drop no-op nodes"),
-    ("helios.runtime.model", "cpu_program", "CPU program rewrite"),
-    ("helios.runtime.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
-    ("helios.runtime.model", "default_pages", "size the page pool"),
-    ("helios.runtime.model", "_allocate", "allocate caches"),
-    ("helios.runtime.model", "run_producers", "tuning producers"),
-    ("helios.runtime.model", "capture_programs", "CUDA graph capture"),
+    ("helios.runtime.loading.model", "drop_no_op_nodes", "drop no-op nodes"),
+    ("helios.runtime.loading.model", "cpu_program", "CPU program rewrite"),
+    ("helios.runtime.loading.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
+    ("helios.runtime.loading.model", "default_pages", "size the page pool"),
+    ("helios.runtime.loading.model", "_allocate", "allocate caches"),
+    ("helios.runtime.loading.model", "run_producers", "tuning producers"),
+    ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
 )
 
 

@@ -42,7 +42,7 @@ from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.model import LoadOptions, program_arguments  # noqa: E402
+from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 

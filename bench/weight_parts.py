@@ -5,7 +5,7 @@
 Random bf16 tensors (8192 x 2048 each, about `--mb` MB in all) are stored as one zstd frame with
 chunk digests (as `helios.core.writer` stores a weights resource), and again as parts of about
 `--part-mb` MB (`helios.ignition.sharding.weight_parts`). Each is loaded with
-`helios.runtime.weight_stream.load_weight_resources` (verify, decode, copy), alternating so that
+`helios.runtime.loading.weight_stream.load_weight_resources` (verify, decode, copy), alternating so that
 load on a shared machine affects both alike; prints MB/s of decoded bytes and the ratio parts / one.
 The tensors are checked equal. Not a test.
 """
@@ -29,7 +29,7 @@ from helios.core.records import ResourceKind
 from helios.core.streams import STREAM_BUFFER_NBYTES
 from helios.ignition.safetensors_image import safetensors_image
 from helios.ignition.sharding import weight_parts
-from helios.runtime.weight_stream import WantedTensor, load_weight_resources, load_workers
+from helios.runtime.loading.weight_stream import WantedTensor, load_weight_resources, load_workers
 
 
 def store(folder: Path, name: str, tensors: dict) -> tuple[Path, object, int]:

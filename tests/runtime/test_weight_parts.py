@@ -1,5 +1,5 @@
 """Weights cut into several resources (`helios.ignition.sharding.WEIGHT_PART_NBYTES`) load side by
-side (`helios.runtime.weight_stream.load_weight_resources`) into exactly the tensors of a one-resource
+side (`helios.runtime.loading.weight_stream.load_weight_resources`) into exactly the tensors of a one-resource
 core, whatever the thread count, and serve the same tokens; a bad part fails with its typed error."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import helios.ignition.sharding as sharding
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from helios.runtime import model as runtime_model
-from helios.runtime.model import rank_resource
+from helios.runtime.loading import model as runtime_model
+from helios.runtime.loading.model import rank_resource
 from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
-from helios.runtime.weight_stream import WantedTensor, WeightMismatchError, load_weight_resources
+from helios.runtime.loading.weight_stream import WantedTensor, WeightMismatchError, load_weight_resources
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 
