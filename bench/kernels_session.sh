@@ -29,7 +29,7 @@ limit() {  # the smaller of $1 and the seconds left of the budget (at least 10)
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 echo "[setup done at ${SECONDS}s]"
 
-timeout "$(limit 80)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=75 \
+timeout "$(limit 100)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=95 \
   tests/abi/test_triton_decode.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
 echo "[tests done at ${SECONDS}s]"
 timeout "$(limit 110)" python3 bench/decode_attention.py --no-flashinfer --tiles 64x4x2,128x8x2,128x4x2 \
