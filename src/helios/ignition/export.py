@@ -37,7 +37,7 @@ from helios.ignition.preparation.contract import (
 from helios.ignition.program_spec import LOGPROB_OPERATIONS, AttentionTuning, Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import Recipe, load_checkpoint
 from helios.ignition.safetensors_image import digest_in_background
-from helios.ignition.sharding import rank_architecture, rank_weight_files
+from helios.ignition.sharding import rank_architecture, rank_weight_files, weight_resources
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 from helios.ignition.tuning import TUNING_CAPACITY
 from helios.ignition.vision_plan import vision_preparation
@@ -146,7 +146,7 @@ def prepare_core(
     # Each rank's file digest (for the cache identity) is hashed in the background while the
     # programs are captured; the weights are compressed straight from the tensors at `write`.
     weight_files = rank_weight_files(recipe, ranks)
-    digests = [digest_in_background(weights.image) for weights in weight_files]  # one thread per rank
+    digests = [digest_in_background(weights.image) for weights in weight_files]  # rank, then part order
     assets = read_assets(checkpoint, arch.vocab_size, dict(options.frontend))
     assets = dataclasses.replace(assets, sampling=merged_sampling(checkpoint, options.sampling))
     declared = assets.frontend
@@ -188,7 +188,7 @@ def prepare_core(
         writer.add_weight_catalog(weights.catalog)
     writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
     writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
-    weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each rank's file
+    weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each weights file
     if draft is not None:
         draft_data, draft_digest = draft_weights_file(draft)
         # Every rank runs the whole draft, so its weights are one resource shared by all ranks.
@@ -199,8 +199,9 @@ def prepare_core(
     declaration = dataclasses.replace(declaration, split_window=window_tokens(arch, program_options))
     if images is not None:
         declaration = dataclasses.replace(declaration, images=images.declare)
-    prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],
-                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
+    firsts = {weights.rank: weights.resource_id for weights in reversed(weight_files)}  # each rank's first part
+    prepared = declare_paged_text(declaration, programs, [firsts[rank] for rank in sorted(firsts)],
+                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None, weight_resources(weight_files))
     writer.set_contract(prepared)
     writer.set_publisher(options.namespace, license=options.license)
     writer.add_signing_key(key)

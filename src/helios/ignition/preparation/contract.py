@@ -38,7 +38,7 @@ length sources, copied-token inputs, record token columns, proposal confidence).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -172,12 +172,15 @@ def _graph_of(spec: ProgramSpec) -> str:
 
 def declare_paged_text(
     declaration: PagedTextDeclaration, programs: Sequence[ProgramResource], weights_resource: Sequence[str],
-    draft_weights_resource: str | None = None,
+    draft_weights_resource: str | None = None, weight_parts: Mapping[str, str] | None = None,
 ) -> PreparedContract:
     """The validated contract and manifest of `programs` (every operation's variants, every rank).
 
     `weights_resource[rank]` is the resource id of that rank's weight file; `draft_weights_resource`
-    holds the draft model's weights when the programs have one.
+    holds the draft model's weights when the programs have one. `weight_parts` (weight slot ->
+    rank 0's resource) names the resource of each slot when rank 0's weights span several
+    resources (`helios.ignition.sharding.WEIGHT_PART_NBYTES`); slots it lacks are in
+    `weights_resource[0]`.
     """
     tuning = [p for p in programs if p.spec.operation is Operation.TUNING]
     programs = [p for p in programs if p.spec.operation is not Operation.TUNING]
@@ -185,7 +188,7 @@ def declare_paged_text(
         raise ValueError("at least one captured program is required")
     first = programs[0].spec
     manifest = M.ExecutionManifest(version=MANIFEST_VERSION, ranks=declaration.ranks)
-    manifest.buffers.extend(_buffers(declaration, programs, weights_resource, draft_weights_resource))
+    manifest.buffers.extend(_buffers(declaration, programs, weights_resource, draft_weights_resource, weight_parts))
     producers = _producers(tuning)
     manifest.destinations.extend(
         M.TransportDestination(name=name, buffer=name) for name in sorted(_bound_inputs(programs))
@@ -340,14 +343,16 @@ def _dims(shape: Sequence[int | str], declaration: PagedTextDeclaration, fixed: 
     return dims
 
 
-def _buffers(declaration, programs, weights_resource, draft_resource=None) -> list[mpb.Buffer]:
+def _buffers(declaration, programs, weights_resource, draft_resource=None, parts=None) -> list[mpb.Buffer]:
     buffers: dict[str, mpb.Buffer] = {}
     spec = programs[0].spec
+    parts = parts or {}
     for slot in spec.weights:
+        target = parts.get(slot.name, weights_resource[0])
         buffers[_weight_buffer(slot.name)] = M.Buffer(
             name=_weight_buffer(slot.name), dtype=_DTYPES[slot.dtype], shape=_dims(slot.shape, declaration),
             placement=M.PLACEMENT_DEVICE, role=M.BUFFER_ROLE_WEIGHT,
-            resource_id=spec_decl.weight_resource(slot.name, weights_resource[0], draft_resource),
+            resource_id=spec_decl.weight_resource(slot.name, target, draft_resource),
         )
     for tensor in _widest_inputs(programs):
         role = _role(tensor)

@@ -58,7 +58,7 @@ from helios.runtime.loading.speculation import SpeculativeShape, speculative_han
 from helios.runtime.loading.tuning import producer_handles, run_producers
 from helios.runtime.cache.window_pages import window_page_count
 from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
-    HostFiller, StagedCopier, WantedTensor, WeightMismatchError, load_safetensors_stream,
+    WantedTensor, WeightMismatchError, load_weight_resources,
 )
 
 SERVING_OPERATIONS = (
@@ -352,8 +352,9 @@ def _load_weights_on_device(core, prepared: PreparedContract, device: torch.devi
 
 
 def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
-    """The rank's WEIGHT buffers, each weights resource decoded once, straight into its tensors
-    (`helios.runtime.loading.weight_stream`); dtype and shape are checked against the manifest first."""
+    """The rank's WEIGHT buffers, each weights resource decoded once, straight into its tensors, the
+    resources side by side (`helios.runtime.loading.weight_stream.load_weight_resources`); dtype and
+    shape are checked against the manifest first."""
     wanted: dict[str, dict[str, WantedTensor]] = {}
     for buffer in prepared.manifest.buffers:
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
@@ -361,13 +362,8 @@ def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: 
             resource_id = rank_resource(core, buffer.resource_id, rank)
             wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
     check_fits("the weights", sum(core.resource(r).decoded_nbytes for r in wanted), device)
-    weights = {}
-    for resource_id, names in wanted.items():
-        filler = StagedCopier(device) if device.type != "cpu" else HostFiller()
-        with core.open_resource(resource_id) as stream:
-            decoded_nbytes = core.resource(resource_id).decoded_nbytes
-            weights.update(load_safetensors_stream(stream, decoded_nbytes, resource_id, names, filler))
-    return weights
+    resources = {r: (core.resource(r).decoded_nbytes, names) for r, names in wanted.items()}
+    return load_weight_resources(core.open_resource, resources, device)
 
 
 def rank_resource(core, resource_id: str, rank: int) -> str:
