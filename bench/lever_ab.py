@@ -22,8 +22,8 @@ import torch
 
 from helios.abi import fused
 from helios.abi.sampling import SampleVariant
-from helios.runtime.cuda_graphs import CapturedProgram, variant_module
-from helios.runtime.model import program_arguments
+from helios.runtime.loading.cuda_graphs import CapturedProgram, variant_module
+from helios.runtime.loading.model import program_arguments
 
 OPS = torch.ops.helios
 

@@ -13,7 +13,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.servable import SERVED_OPERATIONS, SERVED_SOURCES, NotServableError, check_servable
 from helios.errors import LoadError
-from helios.runtime import packer
+from helios.runtime.execution import packer
 from helios.runtime.service import build_runtime
 from runtime.test_model_fixture import open_fixture, rewrite
 

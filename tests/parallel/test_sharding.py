@@ -12,7 +12,8 @@ from safetensors.torch import load as load_safetensors
 from helios.contract import manifest_pb2 as mpb
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
 from helios.ignition.recipes.base import NamedWeight, Recipe
-from helios.ignition.sharding import rank_architecture, rank_weight_files, rank_weights
+from helios.ignition.recurrent_geometry import RecurrentGeometry
+from helios.ignition.sharding import rank_architecture, rank_weight_files, rank_weights, weight_parts, weight_resources
 
 ARCH = Architecture(vocab_size=11, hidden_size=8, intermediate_size=6, num_layers=1, num_heads=4, num_kv_heads=2,
                     head_dim=2, rms_norm_eps=1e-5, layer_windows=(0,), qkv_bias=True, o_bias=True, mlp_bias=True)
@@ -80,3 +81,79 @@ def test_weight_files_carry_catalogs_of_their_stored_tensors():
             assert view.dtype == (mpb.DTYPE_INT64 if view.name == "w.vocab.start" else mpb.DTYPE_FLOAT32)
             raw = data[view.byte_offset:view.byte_offset + view.nbytes]
             assert raw == stored.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+
+
+def test_weights_are_cut_into_parts_of_whole_tensors_in_name_order():
+    """Parts of at most part_nbytes (a bigger tensor alone); every rank gets the same parts, and
+    weight_resources names each slot's part on rank 0."""
+    files = rank_weight_files(numbered_recipe(), 2, part_nbytes=200)
+    per_rank = [[f for f in files if f.rank == rank] for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) > 2
+    assert [f.resource_id for f in per_rank[1]] == ["weights.rank1"] + [
+        f"weights.rank1.part{k}" for k in range(1, len(per_rank[1]))]
+    names = [view.name for f in per_rank[0] for view in sorted(f.catalog.tensors, key=lambda v: v.name)]
+    assert names == sorted(names) and len(names) == len(set(names))  # name order, each tensor once
+    for file in per_rank[0]:
+        sizes = [view.nbytes for view in file.catalog.tensors]
+        assert sum(sizes) <= 200 or len(sizes) == 1
+    slots = weight_resources(files)
+    assert slots == {view.name[2:]: f.resource_id for f in per_rank[0] for view in f.catalog.tensors}
+    whole = rank_weight_files(numbered_recipe(), 2)  # the default size: one resource per rank
+    assert [(f.rank, f.resource_id) for f in whole] == [(0, "weights.rank0"), (1, "weights.rank1")]
+
+
+def test_weight_parts_keep_every_tensor_once():
+    tensors = {name: torch.zeros(n, dtype=torch.uint8) for name, n in (("b", 60), ("a", 50), ("c", 300), ("d", 10))}
+    parts = weight_parts(tensors, 100)
+    assert [list(p) for p in parts] == [["a"], ["b"], ["c"], ["d"]]
+    assert [list(p) for p in weight_parts(tensors, 1 << 20)] == [["a", "b", "c", "d"]]
+    assert weight_parts({}, 100) == [{}]
+
+
+HYBRID = dataclasses.replace(ARCH, num_layers=2, layer_windows=(0, 0), recurrent=RecurrentGeometry(
+    layers=(0,), num_heads=4, head_dim=2, state_size=3, num_groups=2, conv_kernel=3, proj_bias=True, out_bias=True))
+
+
+def test_mixers_split_by_heads_and_the_groups_they_read():
+    recipe, g = numbered_recipe(HYBRID), HYBRID.recurrent
+    whole = {w.name: w.tensor for w in recipe.weights}
+    ranks = [{w.name: w.tensor for w in rank_weights(recipe, 2, rank)} for rank in range(2)]
+    shard = rank_architecture(HYBRID, 2).recurrent
+    assert (shard.num_heads, shard.num_groups, shard.conv_dim) == (2, 1, g.conv_dim // 2)
+    inner, group = g.intermediate, g.state_size  # 8 channels of x (and z), 3 of each B and C group
+    in_proj, conv = whole["layers.0.mixer.in_proj.weight"], whole["layers.0.mixer.conv.weight"]
+    for rank, weights in enumerate(ranks):
+        heads, channels, groups = slice(2 * rank, 2 * rank + 2), slice(4 * rank, 4 * rank + 4), slice(
+            group * rank, group * (rank + 1))
+        x, b, c = conv[:inner], conv[inner:inner + 2 * group], conv[inner + 2 * group:]
+        assert torch.equal(weights["layers.0.mixer.conv.weight"], torch.cat([x[channels], b[groups], c[groups]]))
+        z, xbc, dt = in_proj[:inner], in_proj[inner:inner + g.conv_dim], in_proj[inner + g.conv_dim:]
+        x, b, c = xbc[:inner], xbc[inner:inner + 2 * group], xbc[inner + 2 * group:]
+        expected = torch.cat([z[channels], x[channels], b[groups], c[groups], dt[heads]])
+        assert torch.equal(weights["layers.0.mixer.in_proj.weight"], expected)
+        for name in ("A", "D", "dt_bias"):
+            assert torch.equal(weights[f"layers.0.mixer.{name}"], whole[f"layers.0.mixer.{name}"][heads])
+        assert torch.equal(weights["layers.0.mixer.norm"], whole["layers.0.mixer.norm"][channels])
+        assert torch.equal(weights["layers.0.mixer.out.bias"], whole["layers.0.mixer.out.bias"])  # added once
+    out = torch.cat([r["layers.0.mixer.out.weight"] for r in ranks], dim=1)
+    assert torch.equal(out, whole["layers.0.mixer.out.weight"])
+
+
+def test_one_group_mixers_keep_b_and_c_whole_and_norm_over_the_ranks():
+    one_group = dataclasses.replace(HYBRID, recurrent=dataclasses.replace(HYBRID.recurrent, num_groups=1))
+    g, shard = one_group.recurrent, rank_architecture(one_group, 2).recurrent
+    assert (shard.num_heads, shard.num_groups, shard.norm_ranks) == (2, 1, 2)
+    recipe = numbered_recipe(one_group)
+    conv = {w.name: w.tensor for w in recipe.weights}["layers.0.mixer.conv.weight"]
+    for rank in range(2):
+        weights = {w.name: w.tensor for w in rank_weights(recipe, 2, rank)}
+        channels = slice(4 * rank, 4 * rank + 4)
+        expected = torch.cat([conv[:g.intermediate][channels], conv[g.intermediate:]])  # x share, B and C whole
+        assert torch.equal(weights["layers.0.mixer.conv.weight"], expected)
+
+
+def test_mixer_groups_that_do_not_divide_are_refused_by_name():
+    three_groups = dataclasses.replace(HYBRID, recurrent=dataclasses.replace(HYBRID.recurrent, num_heads=6,
+                                                                               num_groups=3))
+    with pytest.raises(CheckpointError, match="mixer groups"):
+        rank_architecture(three_groups, 2)

@@ -10,11 +10,11 @@ import struct
 import pytest
 import torch
 
-from helios.runtime.capacities import Operation, ProgramVariant
-from helios.runtime.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
-from helios.runtime.request import RequestSpec
-from helios.runtime.sampling_params import SamplingParams
-from helios.runtime.rank_wire import (
+from helios.runtime.records.capacities import Operation, ProgramVariant
+from helios.runtime.records.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.records.sampling_params import SamplingParams
+from helios.runtime.parallel.rank_wire import (
     _RECORDS,
     RECORD_FIELDS,
     MessageKind,
@@ -43,7 +43,7 @@ def same(left: StepMessage, right: StepMessage) -> bool:
 
 def message() -> StepMessage:
     variant = ProgramVariant("decode.r2t2", Operation.DECODE, 2, 2, device_pending=False)
-    row = PlanRow("req-1", 1, 4, (17,), False, 9, 1, 2, (5, 6), True, 3, 1, False, True)
+    row = PlanRow("req-1", 1, 4, (17,), False, 9, 1, 2, (5, 6), True, 3, 1, False, True, (-1, 7))
     copy = CopyOp(Location(StorageKind.PAGE, 3), Location(StorageKind.HOST, 0), 16)
     plan = StepPlan(12, 1, Operation.DECODE, variant, (row,), (copy,), 1, (spec(),), ())
     plan = plan.with_masks({"req-1": torch.tensor([-1, 0, 2**31 - 1], dtype=torch.int32)})
@@ -131,4 +131,4 @@ def test_the_encoding_is_pinned():
     must bump WIRE_VERSION. This digest is of the words `message()` encodes to."""
     words = WireEncoder().encode(message())
     digest = hashlib.sha256(struct.pack(f"<{len(words)}q", *words)).hexdigest()
-    assert digest == "8b1056eb73588d2de28c6f4cae14002120f4454eb8a7cb4cf188d7b77a898241"
+    assert digest == "c158f005bfc3377ccde42efb43a8cfbff33a549f9a4366a10c020a0b206a6b9b"

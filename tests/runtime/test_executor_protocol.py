@@ -9,16 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from helios.runtime.cuda_graphs import CaptureError, CapturedProgram
+from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram
 from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.execution import PlanExecutor, run
-from helios.runtime.executor import Executor, GraphExecutor, StepOutput, executor_for, program_table
-from helios.runtime.packer import Packer
-from helios.runtime.ranks import RankedExecutor
-from helios.runtime.scheduler import Scheduler
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.execution.protocol import PlanExecutor, run
+from helios.runtime.execution.executor import Executor, GraphExecutor, StepOutput, executor_for, program_table
+from helios.runtime.execution.packer import Packer
+from helios.runtime.parallel.ranks import RankedExecutor
+from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.service import build_runtime
-from helios.runtime.stats import WorkerStats
+from helios.runtime.records.stats import WorkerStats
 
 from .fake_model import FakeExecutor, reference
 from .harness import capacities, spec
@@ -41,7 +41,7 @@ def model():
 
 
 def implementations(model) -> list:
-    from helios.runtime.model import program_arguments
+    from helios.runtime.loading.model import program_arguments
 
     packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
     eager = Executor(model, packer, program_table(model))
@@ -73,7 +73,7 @@ def test_the_eager_and_graph_executors_run_a_plan_alike(model):
 
 
 def capacities_of(model):
-    from helios.runtime.geometry import capacities_for
+    from helios.runtime.execution.geometry import capacities_for
 
     return capacities_for(model, 16, 0)
 

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import torch
 
 from helios.contract import serving_pb2 as S
-from helios.runtime.packer import Binding, _fill_admission, _Staging
-from helios.runtime.request import RequestSpec
-from helios.runtime.plan import PlanRow
+from helios.runtime.execution.packer import Binding, _fill_admission, _Staging
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.records.plan import PlanRow
 
 SLOTS, MAX_PAGES = 8, 256
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from helios.contract import serving_pb2 as spb
-from helios.runtime.packer import Packer
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
-from helios.runtime.rank_wire import MessageKind, StepMessage, WireDecoder, WireEncoder
-from helios.runtime.sampling_params import SamplingParams
+from helios.runtime.execution.packer import Packer
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.parallel.rank_wire import MessageKind, StepMessage, WireDecoder, WireEncoder
+from helios.runtime.records.sampling_params import SamplingParams
 
 from .harness import make, spec
 

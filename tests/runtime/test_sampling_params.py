@@ -7,7 +7,7 @@ import math
 import pytest
 
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS, SAMPLING_PARAMETER_COLUMNS
-from helios.runtime.sampling_params import GREEDY, SEED_MAX, SEED_MIN, SamplingParams, seed_bits, signed_seed
+from helios.runtime.records.sampling_params import GREEDY, SEED_MAX, SEED_MIN, SamplingParams, seed_bits, signed_seed
 
 
 @pytest.mark.parametrize("temperature, greedy", [(0.0, True), (-1.0, True), (math.nan, True), (1e-6, False),

@@ -4,7 +4,7 @@ not on which other requests share its batch, and greedy decoding ignores the see
 from __future__ import annotations
 
 from helios.runtime.offline import generate
-from helios.runtime.sampling_params import GREEDY, SamplingParams
+from helios.runtime.records.sampling_params import GREEDY, SamplingParams
 from helios.runtime.service import build_runtime
 
 from .test_model_fixture import open_fixture

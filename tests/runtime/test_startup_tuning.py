@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helios.abi.attention import DECODE_PROGRAMS_PER_MULTIPROCESSOR
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -22,15 +23,15 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.program_spec import AttentionTuning, Operation, ProgramOptions
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.tuning import TUNING_CAPACITY, TUNING_GRAPH
-from helios.runtime.model import load_model
+from helios.runtime.loading.model import load_model
 from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
-from helios.runtime.tuning import MissingProducerError, ProducerFailedError, TuningProducerError
+from helios.runtime.loading.tuning import MissingProducerError, ProducerFailedError, TuningProducerError
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 
 NAMESPACE = "test.helios/tuning"
-CONTEXT_TOKENS, DECODE_ROWS, THREADS = 512, (1, 4), 3
+CONTEXT_TOKENS, DECODE_ROWS, THREADS = 512, (1, 4), 6
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13]]
 
 
@@ -64,7 +65,7 @@ def threads(count: int):
 def expected_splits(multiprocessors: int, num_kv_heads: int) -> list[int]:
     """The documented formula, written independently of the producer's tensor ops."""
     ceiling = min(64, math.ceil(CONTEXT_TOKENS / 128))
-    return [max(1, min(math.ceil(8 * multiprocessors / (rows * num_kv_heads)), ceiling)) for rows in DECODE_ROWS]
+    return [max(1, min(math.ceil(DECODE_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors / (rows * num_kv_heads)), ceiling)) for rows in DECODE_ROWS]
 
 
 def test_prepared_contract_declares_the_producer_and_the_decode_binding(prepared):
@@ -94,13 +95,13 @@ def test_loading_runs_the_producer_with_the_formula_of_this_cpu(prepared):
     with threads(THREADS):
         model = load_model(core)
     num_kv_heads = QWEN3.config().num_key_value_heads
-    assert expected_splits(THREADS, num_kv_heads) == [4, 3]  # the context ceiling and the row count both bite
+    assert expected_splits(THREADS, num_kv_heads) == [4, 2]  # the context ceiling and the row count both bite
     assert model.buffers["attention_splits"].tolist() == expected_splits(THREADS, num_kv_heads)
 
 
 def test_tuned_outputs_are_the_buffers_capture_must_keep(prepared):
     """CUDA capture zeroes the buffers its warm-up may have written, except the producers' outputs."""
-    from helios.runtime.model import tuned_outputs
+    from helios.runtime.loading.model import tuned_outputs
 
     assert tuned_outputs(open_prepared(prepared).prepared) == {"attention_splits"}
 

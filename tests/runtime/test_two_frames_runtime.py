@@ -15,10 +15,10 @@ import pytest
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from helios.runtime.events import FinishReason
-from helios.runtime.geometry import device_pending
+from helios.runtime.records.events import FinishReason
+from helios.runtime.execution.geometry import device_pending
 from helios.runtime.offline import generate
-from helios.runtime.sampling_params import GREEDY, SamplingParams
+from helios.runtime.records.sampling_params import GREEDY, SamplingParams
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint

@@ -9,8 +9,8 @@ offending field's path (never a late failure or a silently skipped graph):
   INITIALIZATION and RESUME graphs are not (admission zeroes a slot's written state, and a resumed
   prompt runs through PREFILL or MIXED); SNAPSHOT and RESTORATION graphs are not either: snapshots
   and restores are runtime copies of the declared storage (pages, state rows, continuation rows,
-  host slots; `helios.runtime.history_storage`).
-* value sources: the ones shared packing supplies (`SERVED_SOURCES`, `helios.runtime.packer`); image
+  host slots; `helios.runtime.execution.history_storage`).
+* value sources: the ones shared packing supplies (`SERVED_SOURCES`, `helios.runtime.execution.packer`); image
   tensors whole (SCALAR) to VISION graphs and per packed token to prompt graphs.
 * the completion record: the runtime reads the ABI columns (`helios.abi.completion`) and the
   SAMPLED_TOKENS field where the layout puts it; a layout declaring another column for an ABI
@@ -47,7 +47,7 @@ SERVED_SOURCES = frozenset({
     S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES,
     S.VALUE_SOURCE_IMAGE_TENSOR, S.VALUE_SOURCE_IMAGE_FEATURE_INDICES,
 })
-# IMAGE_TENSOR indexing the runtime supplies: [prompt graphs, VISION graphs] (helios.runtime.image_packing).
+# IMAGE_TENSOR indexing the runtime supplies: [prompt graphs, VISION graphs] (helios.runtime.execution.image_packing).
 _IMAGE_TENSOR_INDEXING = (S.INDEXING_PACKED_TOKEN, S.INDEXING_SCALAR)
 # int64 column the runtime reads for each single-column ABI field (helios.abi.completion.LAYOUT).
 ABI_COLUMNS = {

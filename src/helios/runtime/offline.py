@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.request import RequestSpec
-from helios.runtime.sampling_params import GREEDY, SamplingParams
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.records.sampling_params import GREEDY, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,442 @@
+"""Shared packing: fills every value binding of a program from a `StepPlan`, generically.
+
+Sources, types, extents and indexing are resolved once per program at startup (`PackingPlan`);
+each step then writes only the values its rows need into the destination buffers, which the
+executor passes to the program. Nothing here knows a model: a binding's `ValueSource` says where a
+value comes from and its `Indexing` says where it goes.
+
+Per-request values (prompt, `SamplingParams` with the seed, output limit, logit bias) come from
+the requests' `RequestSpec`s, which the plans carry: `apply(plan)` (the executor calls it first
+for every plan it launches) drops the plan's `finished` ids and records its `admitted` specs, so
+every packer that applies the same plan stream - rank zero's and each tensor-parallel peer's -
+holds the same records. `register`/`forget` do the same for one request (tests, tools).
+SPECULATIVE lanes bind their ceiling (QUERY_LENGTH or SPECULATIVE_PREFIX_LIMIT: the row's reserved
+query length) and the copied-token sources. With history drafting enabled (a startup option) the
+packer keeps each request's history - its prompt plus every emission the executor validated
+(`observe`) - and copies candidates from it (`helios.runtime.execution.history_drafting`) for lanes whose
+history ends exactly at their pending token; otherwise every lane gets zero candidates.
+PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
+invalidates everything remembered for the slot), and page tables receive only the entries new
+since the last upload. Persistent-state rows a program writes are zeroed at admission.
+
+Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
+tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
+with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
+current stream; a grammar mask is uploaded only while some row is constrained (and once more to
+clear it). Per-slot admission values go straight to the device, when a slot is admitted or gains
+pages; new page-table entries go through pinned staging and an asynchronous copy too. There are two
+sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
+the previous plan of its frame finished, while the other frame's uploads may still be queued.
+
+Thread ownership: one packer per model worker; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from helios.contract import PreparedContract
+from helios.contract import serving_pb2 as spb
+from helios.errors import LoadError
+from helios.runtime.execution.history_drafting import HistoryIndex
+from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.execution.masks import allowed_row, write_masks
+from helios.runtime.execution.image_packing import supports as supports_image
+from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.cache.window_pages import UNHELD_PAGE_ID, window_view_names
+
+S = spb
+
+
+class UnsupportedBindingError(LoadError):
+    """A selected program binds a value source this runtime cannot supply."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A value binding resolved to the buffer behind its destination."""
+
+    destination: str
+    buffer_name: str
+    source: int
+    indexing: int
+    offset: int
+    padding: int
+    constant: int
+    image_output: str = ""
+    window: bool = False  # a page table of the window region's own ids (`PlanRow.new_window_ids`)
+
+
+_ROW_SOURCES: Mapping[int, Callable[[PlanRow, RequestSpec], object]] = {
+    S.VALUE_SOURCE_SLOT: lambda row, req: row.slot,
+    S.VALUE_SOURCE_GENERATION: lambda row, req: row.generation,
+    S.VALUE_SOURCE_QUERY_LENGTH: lambda row, req: row.query_len,
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda row, req: row.query_len,
+    S.VALUE_SOURCE_SAMPLING_DECISION: lambda row, req: int(row.samples),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_START: lambda row, req: row.start_pos,
+    S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda row, req: row.start_pos + row.query_len,
+    S.VALUE_SOURCE_SEED_BITS: lambda row, req: req.sampling.seed,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda row, req: req.sampling.packed(),
+    S.VALUE_SOURCE_OUTPUT_LIMIT: lambda row, req: req.max_output_tokens,
+    S.VALUE_SOURCE_PENDING_TOKEN: lambda row, req: _pending_token(row, req),
+}
+_PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
+_ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
+    S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
+}
+_BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES}  # written at admission
+_ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
+_COPIED_SOURCES = {
+    S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
+}
+
+
+def _pending_token(row: PlanRow, req: RequestSpec):
+    """The token a one-token lane feeds next: the completed pending token of a generating lane, or
+    the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
+    feeds its first packed token (the program's override then changes nothing). A lane of a second
+    frame feeds -1: its token exists only in the program's device state (``pending_token_view``)."""
+    if row.pending_on_device:
+        return -1
+    return row.token_ids[0] if row.token_ids else None
+
+
+class Packer:
+    """Writes a plan's values into the model's destination buffers (see the module docstring)."""
+
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1,
+                 history_drafting: bool = False, staged: bool | None = None):
+        self._buffers = buffers
+        self._state_rows = state_rows
+        self._staging = _Staging(prepared, buffers, staged)
+        self._requests: dict[str, RequestSpec] = {}
+        self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+        self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        self._allowed = allowed_row(prepared.contract.model.vocabulary)
+
+    def enable_history_drafting(self) -> None:
+        """Keep request histories from now on (call before the first request is registered)."""
+        if self._requests:
+            raise ValueError("history drafting must be enabled before requests are registered")
+        if self._histories is None:
+            self._histories = {}
+
+    def apply(self, plan: StepPlan) -> None:
+        """Drops `plan.finished` requests, then records `plan.admitted` ones (in that order: an id
+        may be finished and admitted again)."""
+        for request_id in plan.finished:
+            self.forget(request_id)
+        for spec in plan.admitted:
+            self.register(spec)
+
+    def register(self, spec: RequestSpec) -> None:
+        self._requests[spec.request_id] = spec
+        if self._histories is not None:
+            self._histories[spec.request_id] = HistoryIndex(spec.prompt_ids)
+
+    def forget(self, request_id: str) -> None:
+        """Drops a request's record (an id it never saw is ignored)."""
+        self._requests.pop(request_id, None)
+        if self._histories is not None:
+            self._histories.pop(request_id, None)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests recorded (admitted by a plan and not finished since)."""
+        return len(self._requests)
+
+    def spec(self, request_id: str) -> RequestSpec | None:
+        return self._requests.get(request_id)
+
+    def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
+        """Validated emissions of `plan`, in row order: they extend the requests' histories."""
+        if self._histories is None:
+            return
+        for row, result in zip(plan.rows, results):
+            history = self._histories.get(row.request_id)
+            if history is not None and result.token_ids:
+                history.extend(result.token_ids)
+
+    def pack(self, graph: str, plan: StepPlan) -> None:
+        """Fills every binding of `graph` for `plan` (`apply` it first); `plan.masks` holds its
+        constrained rows' grammar masks."""
+        requests = [self._requests[row.request_id] for row in plan.rows]
+        self._staging.begin(plan.frame)
+        for row in plan.rows:
+            if row.admits:
+                self._reset_state(graph, row.slot)
+        copied = self._copied_for(graph, plan.rows)
+        constrained = any(row.constrained for row in plan.rows)
+        for binding in self._bindings[graph]:
+            if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
+                continue
+            target = self._staging.target(binding.buffer_name)
+            if binding.source in IMAGE_SOURCES:
+                fill_image(binding, target, plan.rows, self.images_of(plan.rows))
+            elif binding.source in _COPIED_SOURCES:
+                _fill_copied(binding, target, plan.rows, copied)
+            else:
+                self._fill(binding, target, plan.rows, requests, plan.masks)
+        self._staging.upload()
+
+    def top_logprobs(self, request_id: str) -> int | None:
+        """The alternatives per token a registered request asks for (None: no log-probabilities)."""
+        spec = self._requests.get(request_id)
+        return spec.top_logprobs if spec is not None else None
+
+    def wants_logprobs(self, plan: StepPlan) -> bool:
+        """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
+        return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
+    def images_of(self, rows: Sequence[PlanRow]) -> list:
+        """Each row's request images (`RequestImages`), None for a request without images."""
+        return [self._requests[row.request_id].images for row in rows]
+
+    def all_greedy(self, plan: StepPlan) -> bool:
+        """Whether every row of `plan` belongs to a greedy request (`SamplingParams.is_greedy`)."""
+        return all(self._requests[row.request_id].sampling.is_greedy for row in plan.rows)
+
+    def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
+        """Copied history candidates for a lane: none unless its history ends at its pending token."""
+        history = self._histories.get(row.request_id) if self._histories is not None else None
+        if history is None or len(history) != row.start_pos + 1 or not row.token_ids:
+            return ()
+        if history.tokens[-1] != row.token_ids[0]:
+            return ()
+        return history.candidates(min(limit, row.token_ceiling - 1))
+
+    def _copied_for(self, graph: str, rows: Sequence[PlanRow]) -> list[tuple[int, ...]]:
+        """Each row's candidates, at most the width of the graph's candidate-id buffer."""
+        ids = next((b for b in self._bindings[graph] if b.source == S.VALUE_SOURCE_COPIED_CANDIDATE_IDS), None)
+        if ids is None:
+            return []
+        width = self._buffers[ids.buffer_name].shape[1]
+        return [self.candidates(row, width) for row in rows]
+
+
+    def _reset_state(self, graph: str, slot: int) -> None:
+        rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
+        for name in self._written_state[graph]:
+            self._buffers[name][rows].zero_()
+
+    def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks) -> None:
+        source, indexing = binding.source, binding.indexing
+        if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
+            for row, req in zip(rows, requests):
+                if row.admits or row.new_page_ids or row.new_window_ids:  # nothing to write for any other row
+                    _fill_admission(binding, target, row, req, self._staging)
+        elif indexing == S.INDEXING_PACKED_TOKEN:
+            values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
+            _write_vector(target, values, binding, pad=True)
+        elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
+            write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
+        elif indexing in _ROW_INDEXING:
+            if source == S.VALUE_SOURCE_CONSTANT:
+                values = [binding.constant] * len(rows)
+            else:
+                value_of = _ROW_SOURCES[source]
+                values = [value_of(row, req) for row, req in zip(rows, requests)]
+            _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+        elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
+            target.fill_(len(rows) + binding.offset)
+        else:  # CONSTANT (scalar)
+            target.fill_(binding.constant)
+
+
+def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow], copied) -> None:
+    if binding.source == S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT:
+        _write_vector(target, [row.start_pos for row in rows], binding, pad=True)
+    elif binding.source == S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT:
+        _write_vector(target, [len(c) for c in copied] or [0] * len(rows), binding, pad=True)
+    else:
+        width = target.shape[1]
+        _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
+
+
+def _packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
+    if source == S.VALUE_SOURCE_PROMPT_TOKENS:
+        return list(row.token_ids)
+    if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
+        return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
+    prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
+    return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
+
+
+def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> None:
+    """Rows (or packed tokens) 0..n-1 get values (+offset; None -> padding); the rest padding."""
+    n = len(values)
+    if n > target.shape[0]:
+        raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
+    if n:
+        if binding.offset == 0 and None not in values:  # the common case: the values as they are
+            filled = values
+        else:
+            filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
+        target[:n] = torch.tensor(filled, dtype=target.dtype)
+    if pad and n < target.shape[0]:
+        target[n:] = binding.padding
+
+
+def _offset(value, offset: int):
+    if isinstance(value, tuple):
+        return value
+    return value + offset
+
+
+def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: "_Staging") -> None:
+    source, slot = binding.source, row.slot
+    if source == S.VALUE_SOURCE_PAGE_TABLE:
+        if row.admits:
+            target[slot] = binding.padding
+        # A window table's released entries upload as a valid id its window masks (never read).
+        ids = tuple(max(page, UNHELD_PAGE_ID) for page in row.new_window_ids) if binding.window else row.new_page_ids
+        if ids:
+            start = row.page_table_start
+            staging.write_entries(target[slot, start:start + len(ids)], ids)
+    elif source in _BIAS_SOURCES:
+        if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
+            width = target.shape[-1]
+            if len(req.logit_bias) > width:
+                raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
+            column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
+            values = [entry[column] for entry in req.logit_bias]
+            target[slot] = binding.padding
+            if values:
+                target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
+    elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
+        if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
+            target[slot] = 0
+            if req.prompt_ids:
+                staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
+    elif row.admits:
+        value = _ROW_SOURCES[source](row, req)
+        target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
+
+
+class _Staging:
+    """Pinned host mirrors of the device buffers that are rewritten every step (module docstring)."""
+
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
+        """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
+        (host buffers too: the same logic, testable without a device); False stages none."""
+        views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
+        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW}
+        self._buffers = buffers
+        pinned = torch.cuda.is_available()
+        staged_names = [name for name in sorted(per_step)
+                        if (buffers[name].device.type != "cpu" if staged is None else staged)]
+        # One set of mirrors per execution frame: a frame's mirrors are rewritten only after its
+        # previous plan finished (the other frame's upload may still be queued behind a program).
+        self._mirror_sets = [
+            {name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned) for name in staged_names}
+            for _ in range(2)
+        ]
+        self._mirrors = self._mirror_sets[0]
+        # Page-table entries of one frame, staged for their asynchronous copies to a device table.
+        tables = [view.buffer for view in views if view.source == S.VALUE_SOURCE_PAGE_TABLE
+                  and buffers[view.buffer].device.type != "cpu"]
+        size = sum(buffers[name].numel() for name in set(tables))  # a step rewrites each table at most once
+        self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._entries = self._entry_sets[0]
+        self._entries_used = 0
+        self._dirty: set[str] = set()
+        self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for view in views:
+            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffers[view.buffer].device.type != "cpu":
+                self._new_scratch(view.buffer, buffers[view.buffer][0])
+        # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
+        self._masks_in_use = {
+            view.buffer for view in views if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
+        }
+
+    def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
+        """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
+        scratch pair per buffer (no allocation while serving); on the host in place."""
+        counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
+        if row.device.type == "cpu":
+            row.add_(counts)
+            return
+        host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
+        host.copy_(counts)
+        device.copy_(host)  # blocking: the next admission of this step reuses `host`
+        row.add_(device)
+
+    def _new_scratch(self, name: str, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
+        self._count_scratch[name] = pair
+        return pair
+
+    def begin(self, frame: int) -> None:
+        """Packing of a plan of execution frame `frame` starts (its previous plan has finished)."""
+        self._mirrors = self._mirror_sets[frame % 2]
+        self._entries = self._entry_sets[frame % 2]
+        self._entries_used = 0
+
+    def write_entries(self, target: torch.Tensor, values: Sequence[int]) -> None:
+        """target[:] = values. A device target gets an asynchronous copy from this frame's pinned
+        entries (no host synchronisation, so a frame can be packed while the other one runs)."""
+        if target.device.type == "cpu" or target.dtype != torch.int32:
+            target.copy_(torch.tensor(values, dtype=target.dtype))
+            return
+        start, end = self._entries_used, self._entries_used + len(values)
+        if end > self._entries.numel():  # not expected (sized for every table): copy synchronously
+            target.copy_(torch.tensor(values, dtype=target.dtype))
+            return
+        staged = self._entries[start:end]
+        staged.copy_(torch.tensor(values, dtype=torch.int32))
+        target.copy_(staged, non_blocking=True)
+        self._entries_used = end
+
+    def target(self, name: str) -> torch.Tensor:
+        mirror = self._mirrors.get(name)
+        if mirror is None:
+            return self._buffers[name]
+        self._dirty.add(name)
+        return mirror
+
+    def mask_needed(self, binding, constrained: bool) -> bool:
+        """Whether the mask must be written: a row is constrained now, or was on the last upload.
+        On the host (no mirror) masks are always written."""
+        name = binding.buffer_name
+        if name not in self._mirrors:
+            return True
+        needed = constrained or name in self._masks_in_use
+        if constrained:
+            self._masks_in_use.add(name)
+        else:
+            self._masks_in_use.discard(name)
+        return needed
+
+    def upload(self) -> None:
+        for name in sorted(self._dirty):
+            self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
+        self._dirty.clear()
+
+
+def _resolve(prepared: PreparedContract, graph: str) -> tuple:
+    """The graph's bindings with their destination buffers; unsupported sources fail startup."""
+    resolved = []
+    operation = prepared.graphs[graph].operation
+    window_views = window_view_names(prepared)
+    for view in prepared.graphs[graph].bindings:
+        supported = supports_image(view, operation) or view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
+            S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
+        ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES or view.source in _BIAS_SOURCES
+        if not supported:
+            raise UnsupportedBindingError(
+                f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
+            )
+        resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
+                                view.offset, view.padding, view.constant, view.image_output,
+                                view.destination in window_views))
+    return tuple(resolved)
+
+
+def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
+    """Persistent-state buffers the graph writes: zeroed for a slot when it is (re)admitted."""
+    writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
+    return tuple(sorted({a.buffer for a in prepared.graphs[graph].accesses if a.mode in writes}))

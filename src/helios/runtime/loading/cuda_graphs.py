@@ -1,0 +1,177 @@
+"""CUDA graphs captured at load: one per selected program, replayed on fixed argument buffers.
+
+Every program of a `LoadedModel` is called with the same arguments each step: its weight list and
+its input buffers narrowed to the program's static extents (`program_arguments`). Those tensors
+never move, so a program can be captured once at load and replayed while serving: a replay
+launches the recorded kernels on the recorded addresses and allocates nothing.
+
+Capture order and memory: programs are warmed up (Triton compiles its kernels here, not while
+serving), then captured largest first into one shared memory pool. Graphs that share a pool may
+reuse each other's intermediate memory, which is safe because one model worker replays one graph
+at a time on one stream and reads a graph's outputs (the completion record, logits) before the
+next replay. Warm-up and capture run the programs on all-zero inputs, which can write cache pages
+and state rows; `capture_programs` zeroes every non-weight buffer afterwards, so serving starts
+from the state `load_model` allocated.
+
+The captured callable ignores the arguments it is given: the executor passes the same buffers the
+graph recorded, and `CapturedProgram.check_arguments` (used by tests) proves it.
+
+Each program is captured twice: as exported, and as its greedy variant (`greedy_module`: a copy of
+its graph whose ``helios::sample`` calls are bound to `helios.abi.sampling.SampleVariant.GREEDY`,
+which leaves the random draws out - the per-row sort and prefix sums over the whole vocabulary,
+most of a large batch's sampling time). The choice is made here, explicitly, per captured graph;
+no thread or global mode is involved. `GraphExecutor` replays the greedy graph only for steps in
+which no row samples with temperature > 0; there both graphs select the same tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from helios.abi.sampling import SampleVariant, bind_sample_variant
+from helios.errors import LoadError
+from helios.runtime.loading.cpu_programs import CpuProgram
+
+
+class CaptureError(LoadError):
+    """A program could not be captured into a CUDA graph (it synchronises or allocates host data)."""
+
+
+class CapturedProgram:
+    """A program's CUDA graphs (full and greedy-only) and their static outputs."""
+
+    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object], module=None, greedy_module=None):
+        self._modules = (module, greedy_module)  # own any constants the graphs read: they must outlive them
+        self._full = full  # (graph, outputs)
+        self._greedy = greedy
+        self._pointers = _pointers(arguments)
+
+    def __call__(self, *arguments):
+        return self.replay(greedy=False)
+
+    def replay(self, greedy: bool):
+        """Replays the greedy-only graph when `greedy` (no row of the step draws), else the full one."""
+        if self._full is None:
+            raise CaptureError("the program's CUDA graphs were released (the model is shutting down)")
+        graph, outputs = self._greedy if greedy else self._full
+        graph.replay()
+        return outputs
+
+    def release(self) -> None:
+        """Destroys both graphs (a graph still running is freed when it finishes). Idempotent.
+
+        A graph holding NCCL collectives keeps their communicator's resources: tearing the
+        communicator down waits until every such graph is gone, so a tensor-parallel rank
+        releases its graphs before it aborts its device group."""
+        for pair in (self._full, self._greedy):
+            if pair is not None:
+                pair[0].reset()
+        self._full = self._greedy = None
+
+    @property
+    def eager_modules(self) -> tuple:
+        """(full, greedy): the eager modules the two graphs were captured from."""
+        return self._modules
+
+    def check_arguments(self, arguments: Sequence[object]) -> bool:
+        """Whether `arguments` are the tensors (same addresses and shapes) the graph recorded."""
+        return _pointers(arguments) == self._pointers
+
+
+def release_graphs(programs: Iterable) -> None:
+    """Releases the CUDA graphs of every captured program among `programs` (LoadedProgram)."""
+    for program in programs:
+        if isinstance(program.module, CapturedProgram):
+            program.module.release()
+
+
+def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
+                     device: torch.device, warmups: int = 2, keep: Iterable[str] = ()) -> tuple:
+    """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
+
+    `arguments_of(program)` returns the program's fixed argument list. Buffers named in `keep`
+    (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
+    Raises `CaptureError` naming the program when warm-up or capture fails.
+    """
+    pool = torch.cuda.graph_pool_handle()
+    ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
+    captured = {}
+    with torch.inference_mode(), torch.cuda.device(device):
+        try:
+            for program in ordered:
+                captured[id(program)] = _capture(program, arguments_of(program), pool, warmups)
+        except BaseException:
+            for done in captured.values():  # before a caller tears down NCCL (see `release`)
+                done.release()
+            raise
+        torch.cuda.synchronize(device)
+        kept = set(keep)
+        for name, tensor in buffers.items():
+            if tensor.device.type == "cuda" and name not in kept:
+                tensor.zero_()
+        torch.cuda.synchronize(device)
+    return tuple(dataclasses.replace(p, module=captured[id(p)]) for p in programs)
+
+
+def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
+    name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
+    full = None
+    try:
+        full = _record(program.module, arguments, pool, warmups)
+        greedy_variant = greedy_module(program.module)
+        greedy = _record(greedy_variant, arguments, pool, 1)
+    except BaseException as error:
+        if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
+            full[0].reset()
+        if isinstance(error, RuntimeError):
+            raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+        raise
+    return CapturedProgram(full, greedy, arguments, program.module, greedy_variant)
+
+
+def greedy_module(module):
+    """`variant_module(module, SampleVariant.GREEDY)`: the module of a program's greedy graph."""
+    return variant_module(module, SampleVariant.GREEDY)
+
+
+def variant_module(module, variant: SampleVariant):
+    """A module computing `module`'s program with ``helios::sample`` bound to `variant` (a new
+    graph sharing `module`'s attributes; `module` is not changed). A module whose graph samples
+    nothing is returned as it is."""
+    if isinstance(module, torch.fx.GraphModule):
+        graph = copy.deepcopy(module.graph)
+        if not bind_sample_variant(graph, variant):
+            return module
+        return torch.fx.GraphModule(module, graph)
+    if isinstance(module, CpuProgram):
+        bound = copy.copy(module)
+        bound.module = variant_module(module.module, variant)
+        bound.recompile()
+        return bound
+    raise CaptureError(f"a {type(module).__name__} has no graph to bind a sampling variant into")
+
+
+def _record(module, arguments: list, pool, warmups: int) -> tuple:
+    """Warm-up calls on a side stream, then one call captured: (graph, its static outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            module(*arguments)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = module(*arguments)
+    return graph, outputs
+
+
+def _pointers(arguments: Sequence[object]) -> tuple:
+    flat = []
+    for argument in arguments:
+        for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+            flat.append((tensor.data_ptr(), tuple(tensor.shape), tensor.dtype))
+    return tuple(flat)
