@@ -43,6 +43,7 @@ from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.image_packing import supports as supports_image
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
+from helios.runtime.cache.window_pages import UNHELD_PAGE_ID, window_view_names
 
 S = spb
 NUM_SAMPLING_PARAMETERS = 7  # temperature, top_k, top_p, min_p, repetition, presence, frequency
@@ -77,6 +78,7 @@ class Binding:
     padding: int
     constant: int
     image_output: str = ""
+    window: bool = False  # a page table of the window region's own ids (`PlanRow.new_window_ids`)
 
 
 _ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
@@ -222,7 +224,7 @@ class Packer:
         source, indexing = binding.source, binding.indexing
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
             for row, req in zip(rows, requests):
-                if row.admits or row.new_page_ids:  # nothing to write for any other row
+                if row.admits or row.new_page_ids or row.new_window_ids:  # nothing to write for any other row
                     _fill_admission(binding, target, row, req, self._staging)
         elif indexing == S.INDEXING_PACKED_TOKEN:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
@@ -287,9 +289,11 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
     if source == S.VALUE_SOURCE_PAGE_TABLE:
         if row.admits:
             target[slot] = binding.padding
-        if row.new_page_ids:
+        # A window table's released entries upload as a valid id its window masks (never read).
+        ids = tuple(max(page, UNHELD_PAGE_ID) for page in row.new_window_ids) if binding.window else row.new_page_ids
+        if ids:
             start = row.page_table_start
-            staging.write_entries(target[slot, start:start + len(row.new_page_ids)], row.new_page_ids)
+            staging.write_entries(target[slot, start:start + len(ids)], ids)
     elif source in _BIAS_SOURCES:
         if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
             width = target.shape[-1]
@@ -414,6 +418,7 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
     """The graph's bindings with their destination buffers; unsupported sources fail startup."""
     resolved = []
     operation = prepared.graphs[graph].operation
+    window_views = window_view_names(prepared)
     for view in prepared.graphs[graph].bindings:
         supported = supports_image(view, operation) or view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
             S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
@@ -423,7 +428,8 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
                 f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
             )
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
-                                view.offset, view.padding, view.constant, view.image_output))
+                                view.offset, view.padding, view.constant, view.image_output,
+                                view.destination in window_views))
     return tuple(resolved)
 
 
