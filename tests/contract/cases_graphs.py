@@ -29,13 +29,13 @@ def add_binding(doc, name, destination, source, indexing, **extra):
 
 @case
 def duplicate_graph_name(doc):
-    graph(doc, "restore")[0]["name"] = "initialize"
+    graph(doc, "score_prefill")[0]["name"] = "prefill"
     return "contract.model.graphs[1].name"
 
 
 @case
 def empty_graph_name(doc):
-    graph(doc, "restore")[0]["name"] = ""
+    graph(doc, "score_prefill")[0]["name"] = ""
     return "contract.model.graphs[1].name"
 
 

@@ -349,13 +349,13 @@ def plain_source_to_page_table_view(doc):
 @case
 def integer_source_into_float_destination(doc):
     buffer(doc, "in.slots")[0]["dtype"] = "DTYPE_FLOAT32"
-    return binding(doc, "restore", "slots")[1] + ".destination"
+    return binding(doc, "prefill", "slots")[1] + ".destination"
 
 
 @case
 def sampling_parameters_into_integer_destination(doc):
     buffer(doc, "in.sampling_params")[0]["dtype"] = "DTYPE_INT32"
-    return binding(doc, "initialize", "sampling_params")[1] + ".destination"
+    return binding(doc, "prefill", "sampling_params")[1] + ".destination"
 
 
 @case

@@ -39,6 +39,7 @@ from helios.abi.program_image import PickledProgramError, deserialize_program, r
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.contract.servable import check_servable
+from helios.runtime.packer import write_constants
 from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -64,6 +65,8 @@ _DTYPES = {
     mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
     mpb.DTYPE_INT64: torch.int64, mpb.DTYPE_INT32: torch.int32, mpb.DTYPE_INT16: torch.int16,
     mpb.DTYPE_INT8: torch.int8, mpb.DTYPE_UINT8: torch.uint8, mpb.DTYPE_BOOL: torch.bool,
+    mpb.DTYPE_UINT16: torch.uint16, mpb.DTYPE_UINT32: torch.uint32,
+    mpb.DTYPE_FLOAT8_E4M3: torch.float8_e4m3fn, mpb.DTYPE_FLOAT8_E5M2: torch.float8_e5m2,
 }
 
 
@@ -149,6 +152,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         prepared, device, options.memory_fraction, num_state_rows,
         -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
     buffers = _allocate(prepared, num_pages, num_state_rows, device)
+    write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(_load_program(core, prepared, handle, declared, device)
                    for handle in vision_handles(prepared, options.rank))

@@ -13,8 +13,10 @@ packer keeps each request's history - its prompt plus every emission the executo
 (`observe`) - and copies candidates from it (`helios.runtime.history_drafting`) for lanes whose
 history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
-invalidates everything remembered for the slot), and page tables receive only the entries new
-since the last upload. Persistent-state rows a program writes are zeroed at admission.
+invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
+since the last upload. Persistent-state rows a program writes are zeroed at admission. Which
+sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
+checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
 Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
 tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
@@ -37,11 +39,12 @@ import torch
 
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
+from helios.contract.rules import source_label
+from helios.contract.servable import source_decision
 from helios.errors import LoadError
 from helios.runtime.history_drafting import HistoryIndex
 from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.masks import allowed_row, write_masks
-from helios.runtime.image_packing import supports as supports_image
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
 
 S = spb
@@ -100,6 +103,7 @@ _BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
 _COPIED_SOURCES = {
     S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
+    S.VALUE_SOURCE_COPIED_GENERATION, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS,
 }
 
 
@@ -124,6 +128,7 @@ class Packer:
         self._requests: dict[str, AdmissionValues] = {}
         self._images: dict[str, object] = {}  # request id -> `helios.runtime.images.RequestImages`
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        self._elsewhere = {name: _admission_elsewhere(self._bindings, name) for name in self._bindings}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
@@ -165,6 +170,10 @@ class Packer:
         for row in plan.rows:
             if row.admits:
                 self._reset_state(graph, row.slot)
+        for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
+            for row, req in zip(plan.rows, requests):
+                if row.admits:
+                    _fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
         copied = self._copied_for(graph, plan.rows)
         constrained = any(row.constrained for row in plan.rows)
         for binding in self._bindings[graph]:
@@ -174,7 +183,7 @@ class Packer:
             if binding.source in IMAGE_SOURCES:
                 fill_image(binding, target, plan.rows, self.images_of(plan.rows))
             elif binding.source in _COPIED_SOURCES:
-                _fill_copied(binding, target, plan.rows, copied)
+                _fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
         self._staging.upload()
@@ -205,12 +214,15 @@ class Packer:
         return history.candidates(min(limit, row.token_ceiling - 1))
 
     def _copied_for(self, graph: str, rows: Sequence[PlanRow]) -> list[tuple[int, ...]]:
-        """Each row's candidates, at most the width of the graph's candidate-id buffer."""
+        """Each row's candidates, at most the width of the graph's candidate-id buffer. A graph that
+        binds per-position grammar masks gets no candidates for constrained lanes: the host grammar
+        is not advanced along copied tokens, so only the lane's own (first) mask is known."""
         ids = next((b for b in self._bindings[graph] if b.source == S.VALUE_SOURCE_COPIED_CANDIDATE_IDS), None)
         if ids is None:
             return []
+        masked = any(b.source == S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS for b in self._bindings[graph])
         width = self._buffers[ids.buffer_name].shape[1]
-        return [self.candidates(row, width) for row in rows]
+        return [() if masked and row.constrained else self.candidates(row, width) for row in rows]
 
 
     def _reset_state(self, graph: str, slot: int) -> None:
@@ -224,6 +236,8 @@ class Packer:
             for row, req in zip(rows, requests):
                 if row.admits or row.new_page_ids:  # nothing to write for any other row
                     _fill_admission(binding, target, row, req, self._staging)
+        elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
+            target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
             _write_vector(target, values, binding, pad=True)
@@ -232,29 +246,72 @@ class Packer:
         elif indexing in _ROW_INDEXING:
             if source == S.VALUE_SOURCE_CONSTANT:
                 values = [binding.constant] * len(rows)
+            elif source == S.VALUE_SOURCE_LIVE_STATE_ROWS:  # a slot's first state row
+                values = [row.slot * self._state_rows for row in rows]
+            elif source == S.VALUE_SOURCE_EOS_IDS:
+                values = [_eos_row(req, target, binding) for req in requests]
             else:
                 value_of = _ROW_SOURCES[source]
                 values = [value_of(row, req) for row, req in zip(rows, requests)]
             _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
         elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
             target.fill_(len(rows) + binding.offset)
+        elif source == S.VALUE_SOURCE_MIXED_PREFILL_ROW:
+            index = next((i for i, row in enumerate(rows) if _is_prompt_row(row)), None)
+            target.fill_(binding.padding if index is None else index + binding.offset)
         else:  # CONSTANT (scalar)
             target.fill_(binding.constant)
 
 
-def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow], copied) -> None:
+def _is_prompt_row(row: PlanRow) -> bool:
+    """A lane consuming prompt (or recomputed) tokens rather than one pending token."""
+    return not row.samples or row.query_len > 1 or row.sample_index == 0
+
+
+def _eos_row(req: AdmissionValues, target: torch.Tensor, binding) -> tuple[int, ...]:
+    """The request's EOS ids (+offset) padded to the destination's width."""
+    width = target.shape[-1] if target.dim() > 1 else 1
+    if len(req.eos_ids) > width:
+        raise ValueError(f"{binding.destination}: {len(req.eos_ids)} EOS ids exceed the prepared {width}")
+    return tuple(t + binding.offset for t in req.eos_ids) + (binding.padding,) * (width - len(req.eos_ids))
+
+
+def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow], copied, masking) -> None:
     if binding.source == S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT:
         _write_vector(target, [row.start_pos for row in rows], binding, pad=True)
     elif binding.source == S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT:
         _write_vector(target, [len(c) for c in copied] or [0] * len(rows), binding, pad=True)
+    elif binding.source == S.VALUE_SOURCE_COPIED_GENERATION:
+        # The generation the candidates were copied for: the lane's own (padding without candidates).
+        values = [row.generation if c else None for row, c in zip(rows, copied or [()] * len(rows))]
+        _write_vector(target, values, binding, pad=True)
+    elif binding.source == S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS:
+        _fill_copied_masks(target, rows, *masking)
     else:
         width = target.shape[1]
         _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
 
 
+def _fill_copied_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, allowed: torch.Tensor | None) -> None:
+    """[rows, positions, words]: every position of a lane allows the sampled vocabulary, except a
+    constrained lane's first position, which takes its grammar mask (such a lane has no candidates,
+    so no later position is used); rows past the live ones allow everything too."""
+    if allowed is None:
+        target.fill_(-1)
+    else:
+        target.copy_(allowed.to(target.dtype).expand_as(target))
+    for index, row in enumerate(rows):
+        mask = masks.get(row.request_id) if row.constrained else None
+        if mask is not None:
+            target[index, 0] = mask if allowed is None else mask & allowed
+
+
 def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
     if source == S.VALUE_SOURCE_PROMPT_TOKENS:
         return list(row.token_ids)
+    if source == S.VALUE_SOURCE_SAMPLING_DECISION:  # 1 on the token a sampling lane samples after
+        count = len(row.token_ids) if row.token_ids else row.query_len
+        return [int(row.samples and i == count - 1) for i in range(count)]
     if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
         return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
     prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
@@ -264,6 +321,8 @@ def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
 def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> None:
     """Rows (or packed tokens) 0..n-1 get values (+offset; None -> padding); the rest padding."""
     n = len(values)
+    if n and isinstance(values[0], tuple):
+        values = [_padded(v, target, binding) for v in values]
     if n > target.shape[0]:
         raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
     if n:
@@ -274,6 +333,14 @@ def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> Non
         target[:n] = torch.tensor(filled, dtype=target.dtype)
     if pad and n < target.shape[0]:
         target[n:] = binding.padding
+
+
+def _padded(value: tuple, target: torch.Tensor, binding) -> tuple:
+    """A vector value (sampling parameters) filled with padding to the destination's row width."""
+    width = target.shape[-1]
+    if len(value) > width:
+        raise ValueError(f"{binding.destination}: {len(value)} values exceed the prepared width {width}")
+    return value + (binding.padding,) * (width - len(value))
 
 
 def _offset(value, offset: int):
@@ -305,9 +372,15 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
             target[slot] = 0
             if req.prompt_ids:
                 staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
+    elif source == S.VALUE_SOURCE_EOS_IDS:
+        if row.admits:
+            target[slot] = torch.tensor(_eos_row(req, target, binding), dtype=target.dtype)
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
-        target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
+        if isinstance(value, tuple):
+            target[slot] = torch.tensor(_padded(value, target, binding), dtype=target.dtype)
+        else:
+            target[slot] = value + binding.offset
 
 
 class _Staging:
@@ -351,7 +424,10 @@ class _Staging:
         scratch pair per buffer (no allocation while serving); on the host in place."""
         counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
         if row.device.type == "cpu":
-            row.add_(counts)
+            if row.dtype in (torch.uint16, torch.uint32):  # no CPU addition kernel: widen, add, narrow
+                row.copy_((row.to(torch.int64) + counts.to(torch.int64)).to(row.dtype))
+            else:
+                row.add_(counts)
             return
         host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
         host.copy_(counts)
@@ -411,20 +487,43 @@ class _Staging:
 
 
 def _resolve(prepared: PreparedContract, graph: str) -> tuple:
-    """The graph's bindings with their destination buffers; unsupported sources fail startup."""
+    """The graph's bindings with their destination buffers; a binding `servable.SOURCES` does not
+    serve fails startup."""
     resolved = []
     operation = prepared.graphs[graph].operation
     for view in prepared.graphs[graph].bindings:
-        supported = supports_image(view, operation) or view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
-            S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
-        ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES or view.source in _BIAS_SOURCES
-        if not supported:
-            raise UnsupportedBindingError(
-                f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
-            )
+        reason = source_decision(view.source, view.indexing, operation)
+        if reason is not None:
+            raise UnsupportedBindingError(f"graph {graph!r} binds {source_label(view.source)}: {reason}")
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
                                 view.offset, view.padding, view.constant, view.image_output))
     return tuple(resolved)
+
+
+def _admission_elsewhere(bindings: Mapping[str, tuple], graph: str) -> tuple[Binding, ...]:
+    """PHYSICAL_REQUEST_ROW bindings (page tables aside) of the other graphs into buffers `graph`
+    does not bind: a slot admitted by `graph` must have them too (a DECODE-only EOS binding, say)."""
+    own = {b.buffer_name for b in bindings[graph]}
+    found: dict[str, Binding] = {}
+    for name, items in bindings.items():
+        for binding in items:
+            if (name != graph and binding.indexing == S.INDEXING_PHYSICAL_REQUEST_ROW
+                    and binding.source != S.VALUE_SOURCE_PAGE_TABLE and binding.buffer_name not in own):
+                found.setdefault(binding.buffer_name, binding)
+    return tuple(found.values())
+
+
+_UNPACKED_OPERATIONS = (S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION)  # never packed per step
+
+
+def write_constants(prepared: PreparedContract, buffers: Mapping[str, torch.Tensor]) -> None:
+    """Writes the CONSTANT bindings of the graphs no step packs (TUNING producers, VISION encoders)
+    once, at load, before any of them runs."""
+    for graph in prepared.graphs.values():
+        if graph.operation in _UNPACKED_OPERATIONS:
+            for view in graph.bindings:
+                if view.source == S.VALUE_SOURCE_CONSTANT and view.buffer in buffers:
+                    buffers[view.buffer].fill_(view.constant)
 
 
 def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
