@@ -183,7 +183,9 @@ def test_a_completion_layout_the_runtime_does_not_read_is_refused_with_its_path(
 
 # --- a core binding every value source the fixture's graphs can take, loaded and served --------------
 
-_TEXT_ONLY = {spb.VALUE_SOURCE_PAGE_TABLE}  # already bound to the fixture's page-table view
+# PAGE_TABLE is already bound to the fixture's page-table view; HOST_TABLE_ROWS needs a declared host
+# table (tests/runtime/test_host_staging.py loads and serves an Engram core).
+_TEXT_ONLY = {spb.VALUE_SOURCE_PAGE_TABLE, spb.VALUE_SOURCE_HOST_TABLE_ROWS}
 _FLOAT = {spb.VALUE_SOURCE_SAMPLING_PARAMETERS: 7, spb.VALUE_SOURCE_LOGIT_BIAS_VALUES: 300}
 _WIDTH = {spb.VALUE_SOURCE_EOS_IDS: 4, spb.VALUE_SOURCE_SEED_BITS: 0, spb.VALUE_SOURCE_PROMPT_HISTOGRAM: 320,
           spb.VALUE_SOURCE_GRAMMAR_MASK: 10, spb.VALUE_SOURCE_LOGIT_BIAS_IDS: 300}

@@ -113,6 +113,7 @@ SOURCES = MappingProxyType({
     S.VALUE_SOURCE_IMAGE_TENSOR: Served(_PACKED, vision=_SCALAR),
     S.VALUE_SOURCE_LOGIT_BIAS_IDS: Served(_PHYSICAL),
     S.VALUE_SOURCE_LOGIT_BIAS_VALUES: Served(_PHYSICAL),
+    S.VALUE_SOURCE_HOST_TABLE_ROWS: Served(_PACKED),  # helios.runtime.host_staging
 })
 SERVED_OPERATIONS = frozenset(op for op, decision in OPERATIONS.items() if isinstance(decision, Served))
 SERVED_SOURCES = frozenset(source for source, decision in SOURCES.items() if isinstance(decision, Served))

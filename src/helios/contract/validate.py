@@ -17,6 +17,7 @@ from helios.contract.servable import check_servable
 from helios.contract.validate_cross import check_cross
 from helios.contract.validate_frontend import check_frontend
 from helios.contract.validate_graphs import check_graphs
+from helios.contract.validate_host_tables import check_host_tables
 from helios.contract.validate_manifest import check_manifest
 from helios.contract.validate_model import check_model
 from helios.contract.validate_serving import check_serving
@@ -37,5 +38,6 @@ def validate(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> 
     check_manifest(manifest, index)
     check_cross(contract, manifest, index)
     check_tuned_bindings(contract.model, manifest, index)
+    check_host_tables(contract.model, index)
     check_servable(contract, manifest)
     return index
