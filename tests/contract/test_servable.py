@@ -114,6 +114,7 @@ class _View:
                                                                      binding.indexing)
         self.offset, self.padding, self.constant, self.image_output = (binding.offset, binding.padding,
                                                                        binding.constant, binding.image_output)
+        self.host_table = binding.host_table
 
 
 def test_image_tensors_are_whole_for_vision_graphs_and_packed_for_prompt_graphs():

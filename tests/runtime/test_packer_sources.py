@@ -14,6 +14,7 @@ from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.runtime.capacities import Operation
 from helios.runtime.model import _DTYPES
+from helios.runtime.host_staging import host_staging
 from helios.runtime.packer import AdmissionValues, Packer
 from helios.runtime.plan import PlanRow, StepPlan
 
@@ -44,7 +45,9 @@ def _row(request_id: str, slot: int, tokens, start: int, samples: bool, admits: 
 
 def _packer(prepared):
     buffers = _buffers(prepared)
-    packer = Packer(prepared, buffers, state_rows=STATE_ROWS, history_drafting=True)
+    table = torch.randn(65536, 64).to(torch.bfloat16)
+    staging = host_staging(prepared, {"w.engram": table}, buffers)
+    packer = Packer(prepared, buffers, state_rows=STATE_ROWS, history_drafting=True, host_staging=staging)
     packer.register("a", AdmissionValues((5, 6, 7, 8), 11, (0.0,) * 7, 16, eos_ids=(128001, 128009)))
     packer.register("b", AdmissionValues((9, 10, 11, 12, 13), 12, (0.0,) * 7, 16, eos_ids=(128009,)))
     return packer, buffers

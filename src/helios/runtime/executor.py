@@ -167,6 +167,7 @@ class Executor:
             launched.done.synchronize()
         plan = launched.plan
         results = self._results(plan, launched.program, self._frame(plan)[: len(plan.rows)])
+        self.packer.retire(plan.sequence)  # its consumers are done: host staging frames may be reused
         if launched.scores is not None:
             results = self._with_logprobs(plan, results, launched.scores)
         self.packer.observe(plan, results)

@@ -318,12 +318,17 @@ def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: 
             resource_id = rank_resource(core, buffer.resource_id, rank)
             wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
     check_fits("the weights", sum(core.resource(r).decoded_nbytes for r in wanted), device)
+    host = {b.name for b in prepared.manifest.buffers
+            if b.role == mpb.BUFFER_ROLE_WEIGHT and b.placement == mpb.PLACEMENT_HOST}
     weights = {}
     for resource_id, names in wanted.items():
-        filler = StagedCopier(device) if device.type != "cpu" else HostFiller()
+        on_host = device.type == "cpu" or set(names) <= host  # host tables stay in host memory
+        filler = HostFiller() if on_host else StagedCopier(device)
         with core.open_resource(resource_id) as stream:
             decoded_nbytes = core.resource(resource_id).decoded_nbytes
             weights.update(load_safetensors_stream(stream, decoded_nbytes, resource_id, names, filler))
+    for name in host & weights.keys():  # a host table sharing a resource with device weights
+        weights[name] = weights[name].cpu()
     return weights
 
 

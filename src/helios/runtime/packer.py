@@ -43,6 +43,7 @@ from helios.contract.rules import source_label
 from helios.contract.servable import source_decision
 from helios.errors import LoadError
 from helios.runtime.history_drafting import HistoryIndex
+from helios.runtime.host_staging import HostStaging
 from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.masks import allowed_row, write_masks
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
@@ -80,6 +81,7 @@ class Binding:
     padding: int
     constant: int
     image_output: str = ""
+    host_table: str = ""
 
 
 _ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
@@ -121,13 +123,20 @@ class Packer:
     """Writes a plan's values into the model's destination buffers (see the module docstring)."""
 
     def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1,
-                 history_drafting: bool = False, staged: bool | None = None):
+                 history_drafting: bool = False, staged: bool | None = None, host_staging: HostStaging | None = None):
+        """`host_staging`: the core's host tables (`helios.runtime.host_staging`), None without any."""
         self._buffers = buffers
+        self.host_staging = host_staging
+        # Each request's tokens (prompt, then validated emissions): host tables hash n-grams of them.
+        self._contexts: dict[str, list[int]] | None = {} if host_staging is not None else None
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, AdmissionValues] = {}
         self._images: dict[str, object] = {}  # request id -> `helios.runtime.images.RequestImages`
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
+                                        for items in self._bindings.values() for b in items):
+            raise UnsupportedBindingError("the core binds host-table rows but no host staging was given")
         self._elsewhere = {name: _admission_elsewhere(self._bindings, name) for name in self._bindings}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
@@ -143,6 +152,8 @@ class Packer:
     def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
         """`images`: the request's `RequestImages` (None: text only)."""
         self._requests[request_id] = values
+        if self._contexts is not None:
+            self._contexts[request_id] = list(values.prompt_ids)
         if images is not None:
             self._images[request_id] = images
         if self._histories is not None:
@@ -151,11 +162,18 @@ class Packer:
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
         self._images.pop(request_id, None)
+        if self._contexts is not None:
+            self._contexts.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
 
     def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
         """Validated emissions of `plan`, in row order: they extend the requests' histories."""
+        if self._contexts is not None:
+            for row, result in zip(plan.rows, results):
+                context = self._contexts.get(row.request_id)
+                if context is not None and result.token_ids:
+                    context.extend(result.token_ids)
         if self._histories is None:
             return
         for row, result in zip(plan.rows, results):
@@ -180,13 +198,35 @@ class Packer:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
             target = self._staging.target(binding.buffer_name)
-            if binding.source in IMAGE_SOURCES:
+            if binding.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
+                self._stage_rows(binding, plan)
+            elif binding.source in IMAGE_SOURCES:
                 fill_image(binding, target, plan.rows, self.images_of(plan.rows))
             elif binding.source in _COPIED_SOURCES:
                 _fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
         self._staging.upload()
+
+    def retire(self, sequence: int) -> None:
+        """Submission `sequence` has finished on this rank: its host staging frames may be reused
+        once every rank says so (`helios.runtime.host_staging`)."""
+        if self.host_staging is not None:
+            self.host_staging.retire(sequence)
+
+    def _stage_rows(self, binding: Binding, plan: StepPlan) -> None:
+        """Host-table rows of every packed token, gathered into the plan's host frame and copied
+        into the destination (asynchronously on a device, ordered before the program)."""
+        lanes = []
+        for row in plan.rows:
+            if row.pending_on_device:
+                raise ValueError(f"{binding.destination}: a lane's pending token is on the device; "
+                                 "host-table rows need host-known tokens")
+            context = self._contexts[row.request_id]
+            lanes.append((context[:row.start_pos] + list(row.token_ids), row.start_pos, len(row.token_ids)))
+        frame = self.host_staging.stage(binding.host_table, plan.frame, plan.sequence, lanes)
+        target = self._buffers[binding.buffer_name]
+        target.copy_(frame[: target.shape[0]], non_blocking=target.device.type == "cuda" and frame.is_pinned())
 
     def top_logprobs(self, request_id: str) -> int | None:
         """The alternatives per token a registered request asks for (None: no log-probabilities)."""
@@ -390,7 +430,9 @@ class _Staging:
         """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
         (host buffers too: the same logic, testable without a device); False stages none."""
         views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
-        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW}
+        # Host-table rows are copied from their own host frames (helios.runtime.host_staging).
+        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW
+                    and view.source != S.VALUE_SOURCE_HOST_TABLE_ROWS}
         self._buffers = buffers
         pinned = torch.cuda.is_available()
         staged_names = [name for name in sorted(per_step)
@@ -496,7 +538,7 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
         if reason is not None:
             raise UnsupportedBindingError(f"graph {graph!r} binds {source_label(view.source)}: {reason}")
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
-                                view.offset, view.padding, view.constant, view.image_output))
+                                view.offset, view.padding, view.constant, view.image_output, view.host_table))
     return tuple(resolved)
 
 
