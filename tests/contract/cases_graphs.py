@@ -29,14 +29,16 @@ def add_binding(doc, name, destination, source, indexing, **extra):
 
 @case
 def duplicate_graph_name(doc):
-    graph(doc, "score_prefill")[0]["name"] = "prefill"
-    return "contract.model.graphs[1].name"
+    entry, path = graph(doc, "score_prefill")
+    entry["name"] = "prefill"
+    return f"{path}.name"
 
 
 @case
 def empty_graph_name(doc):
-    graph(doc, "score_prefill")[0]["name"] = ""
-    return "contract.model.graphs[1].name"
+    entry, path = graph(doc, "score_prefill")
+    entry["name"] = ""
+    return f"{path}.name"
 
 
 @case

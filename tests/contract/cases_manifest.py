@@ -355,7 +355,7 @@ def integer_source_into_float_destination(doc):
 @case
 def sampling_parameters_into_integer_destination(doc):
     buffer(doc, "in.sampling_params")[0]["dtype"] = "DTYPE_INT32"
-    return binding(doc, "prefill", "sampling_params")[1] + ".destination"
+    return binding(doc, "initialize", "sampling_params")[1] + ".destination"
 
 
 @case

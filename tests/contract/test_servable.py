@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.documents import example_doc
+from contract.documents import example_doc, graph
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -137,7 +137,7 @@ def test_the_example_contract_validates_so_it_is_servable():
 
 def test_validation_refuses_an_unserved_graph_with_its_path():
     doc = example_doc()
-    scored = doc["contract"]["model"]["graphs"][1]
+    scored, path = graph(doc, "score_prefill")
     scored["operation"] = "GRAPH_OPERATION_RESUME"
     scored["bindings"] = [b for b in scored["bindings"] if b["source"] != "VALUE_SOURCE_SCORED_TARGET_TOKENS"]
     for entry in doc["manifest"]["execution_catalog"]:
@@ -145,17 +145,17 @@ def test_validation_refuses_an_unserved_graph_with_its_path():
             entry["operation"] = "GRAPH_OPERATION_RESUME"
     with pytest.raises(NotServableError) as caught:
         PreparedContract.from_json(json.dumps(doc))
-    assert caught.value.path == "contract.model.graphs[1].operation"
+    assert caught.value.path == f"{path}.operation"
 
 
 def test_validation_refuses_an_unserved_indexing_with_its_path():
     doc = example_doc()
-    graph = doc["contract"]["model"]["graphs"][0]
-    index = next(i for i, b in enumerate(graph["bindings"]) if b["source"] == "VALUE_SOURCE_PROMPT_HISTOGRAM")
-    graph["bindings"][index]["indexing"] = "INDEXING_SUBMISSION_ROW"  # valid, but histograms are per slot
+    prefill, path = graph(doc, "prefill")
+    index = next(i for i, b in enumerate(prefill["bindings"]) if b["source"] == "VALUE_SOURCE_PROMPT_HISTOGRAM")
+    prefill["bindings"][index]["indexing"] = "INDEXING_SUBMISSION_ROW"  # valid, but histograms are per slot
     with pytest.raises(NotServableError) as caught:
         PreparedContract.from_json(json.dumps(doc))
-    assert caught.value.path == f"contract.model.graphs[0].bindings[{index}].indexing"
+    assert caught.value.path == f"{path}.bindings[{index}].indexing"
 
 
 def test_prepared_cores_are_servable_and_load():

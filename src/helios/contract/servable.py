@@ -6,10 +6,11 @@ lists the indexings shared packing (`helios.runtime.packer`) supplies; the packe
 binding through `source_decision` at startup, and validation (`helios.contract.validate`, last
 stage) refuses the same bindings with their field path, so a contract that validates loads.
 
-* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE, TUNING and VISION (image
-  encoders, run before the prompt step that needs their features) are executed. INITIALIZATION,
-  RESUME, SNAPSHOT and RESTORATION graphs are refused (reasons in `OPERATIONS`): admission zeroes a
-  slot's written state, resumed prompts run through PREFILL or MIXED, and snapshots and restores are
+* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE, TUNING, VISION (image
+  encoders, run before the prompt step that needs their features) and INITIALIZATION (run over the
+  rows a step admits, before the step's program; without one, admission zeroes a slot's written
+  state) are executed. RESUME, SNAPSHOT and RESTORATION graphs are refused (reasons in
+  `OPERATIONS`): resumed prompts run through PREFILL or MIXED, and snapshots and restores are
   runtime copies of the declared storage (`helios.runtime.history_storage`).
 * value sources: see `SOURCES`; image tensors go whole (SCALAR) to VISION graphs and per packed
   token to prompt graphs.
@@ -63,7 +64,7 @@ OPERATIONS = MappingProxyType({
     S.GRAPH_OPERATION_SPECULATIVE: Served(frozenset()),
     S.GRAPH_OPERATION_TUNING: Served(frozenset()),
     S.GRAPH_OPERATION_VISION: Served(frozenset()),
-    S.GRAPH_OPERATION_INITIALIZATION: Refused("admission zeroes a slot's written state; no initialization graph runs"),
+    S.GRAPH_OPERATION_INITIALIZATION: Served(frozenset()),  # helios.runtime.executor (Executor._initialize)
     S.GRAPH_OPERATION_RESUME: Refused("resumed prompts run through PREFILL or MIXED graphs"),
     S.GRAPH_OPERATION_SNAPSHOT: Refused("snapshots are runtime copies of the declared storage into continuation rows"),
     S.GRAPH_OPERATION_RESTORATION: Refused("restores are runtime copies of continuation rows into a slot's pages and "

@@ -127,6 +127,8 @@ class LoadedModel:
     rank: int = 0
     state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
+    # INITIALIZATION variants, smallest batch first: run over the rows a step admits, before it.
+    initialization_programs: tuple[LoadedProgram, ...] = ()
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -146,7 +148,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
     producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
     weights = _load_weights(core, prepared, device, options.rank)
-    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
+    initial = initialization_handles(prepared, options.rank)
+    initializers = tuple(_load_program(core, prepared, handle, declared, device) for handle in initial)
+    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
     num_state_rows = settings.max_concurrency * rows_per_request
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows,
@@ -162,12 +166,17 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         if vision:  # the image encoders replay as CUDA graphs too
             vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                       keep=tuned_outputs(prepared))
+        if initializers:
+            initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
+                                            device, keep=tuned_outputs(prepared))
+    write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
         core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
         rows_per_request,
         vision,
+        initializers,
     )
 
 
@@ -213,6 +222,13 @@ def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
         if not handle.program_inputs or not handle.program_outputs:
             raise MissingVariantError(f"graph {handle.graph!r}: the manifest does not name the program's inputs/outputs")
     return selected
+
+
+def initialization_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
+    """The rank's INITIALIZATION handles, smallest batch capacity first."""
+    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_INITIALIZATION)}
+    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
+    return sorted(handles, key=lambda h: h.capacity.batch_capacity)
 
 
 def vision_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:

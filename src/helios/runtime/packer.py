@@ -14,7 +14,8 @@ packer keeps each request's history - its prompt plus every emission the executo
 history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
-since the last upload. Persistent-state rows a program writes are zeroed at admission. Which
+since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
+core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. Which
 sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
 checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
@@ -139,6 +140,8 @@ class Packer:
             raise UnsupportedBindingError("the core binds host-table rows but no host staging was given")
         self._elsewhere = {name: _admission_elsewhere(self._bindings, name) for name in self._bindings}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+        # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
+        self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
 
@@ -184,9 +187,9 @@ class Packer:
     def pack(self, graph: str, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> None:
         """Fills every binding of `graph` for `plan`; `masks` holds constrained rows' grammar masks."""
         requests = [self._requests[row.request_id] for row in plan.rows]
-        self._staging.begin(plan.frame)
+        self._staging.begin(plan.frame, plan.sequence)
         for row in plan.rows:
-            if row.admits:
+            if row.admits and not self._initializes:
                 self._reset_state(graph, row.slot)
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
             for row, req in zip(plan.rows, requests):
@@ -451,6 +454,7 @@ class _Staging:
         self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
         self._entries = self._entry_sets[0]
         self._entries_used = 0
+        self._begun: tuple[int, int | None] | None = None
         self._dirty: set[str] = set()
         self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for view in views:
@@ -481,8 +485,12 @@ class _Staging:
         self._count_scratch[name] = pair
         return pair
 
-    def begin(self, frame: int) -> None:
-        """Packing of a plan of execution frame `frame` starts (its previous plan has finished)."""
+    def begin(self, frame: int, sequence: int | None = None) -> None:
+        """Packing of a plan of execution frame `frame` starts (its previous plan has finished); a
+        second pack of the same submission (its INITIALIZATION program's, then its own) continues."""
+        if sequence is not None and self._begun == (frame, sequence):
+            return
+        self._begun = (frame, sequence)
         self._mirrors = self._mirror_sets[frame % 2]
         self._entries = self._entry_sets[frame % 2]
         self._entries_used = 0

@@ -312,7 +312,7 @@ def retire_over_group(executor: Executor, group: RankGroup) -> None:
     """A core with host staging tables reuses a frame only once every rank retired its consumer:
     every rank checks that with one MIN all-reduce over the group's gloo group (in the same pack of
     the same submission; `helios.runtime.host_staging`)."""
-    staging = executor.packer.host_staging
+    staging = getattr(executor.packer, "host_staging", None)
     if staging is not None:
         staging.use_retirement(GroupRetirement(group.process_group))
 
