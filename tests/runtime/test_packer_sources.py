@@ -97,3 +97,34 @@ def test_speculative_lanes_get_their_copied_generation_and_masks(prepared):
     masks = buffers["in.copied_masks"]
     assert masks[0].eq(-1).all() and masks[1, 1:].eq(-1).all()
     assert masks[1, 0, 0].item() == 0b1010 and masks[1, 0, 1:].eq(0).all()
+
+
+def _rows_for(operation: int) -> list[PlanRow]:
+    from helios.contract import serving_pb2 as spb
+
+    prompt = [_row("a", 2, (5, 6, 7, 8), 0, True, True), _row("b", 5, (9, 10, 11), 0, False, True)]
+    if operation in (spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_SCORED_PREFILL,
+                     spb.GRAPH_OPERATION_INITIALIZATION):
+        return prompt
+    lanes = [_row("a", 2, (40,), 4, True, True, ceiling=4, sample_index=1)]
+    if operation == spb.GRAPH_OPERATION_MIXED:
+        return lanes + prompt[1:]
+    return lanes
+
+
+def test_every_binding_of_every_packed_graph_of_the_example_is_written(prepared):
+    """Shared packing supplies the whole example contract: each binding's destination is written
+    (the host-table rows included) for a plan of its graph's operation."""
+    from helios.contract import serving_pb2 as spb
+
+    unpacked = (spb.GRAPH_OPERATION_VISION, spb.GRAPH_OPERATION_TUNING)  # written at load / by the feeder
+    for name, graph in prepared.graphs.items():
+        if graph.operation in unpacked:
+            continue
+        packer, buffers = _packer(prepared)
+        for tensor in buffers.values():
+            tensor.fill_(True if tensor.dtype == torch.bool else 77)
+        packer.pack(name, _plan(Operation.PREFILL, _rows_for(graph.operation)))
+        untouched = [b.destination for b in graph.bindings if b.buffer in buffers
+                     and buffers[b.buffer].eq(True if buffers[b.buffer].dtype == torch.bool else 77).all()]
+        assert untouched == [], name

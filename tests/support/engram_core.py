@@ -158,7 +158,8 @@ def _declare(contract: spb.ServingContract, manifest: mpb.ExecutionManifest, mod
     table = manifest.buffers.add(name="engram.table", dtype=mpb.DTYPE_FLOAT32, placement=mpb.PLACEMENT_HOST,
                                  role=mpb.BUFFER_ROLE_WEIGHT, resource_id="weights.engram_table")
     table.shape.extend([mpb.Dim(size=rows), mpb.Dim(size=width)])
-    staged = manifest.buffers.add(name="engram_rows", dtype=mpb.DTYPE_FLOAT32, placement=mpb.PLACEMENT_HOST,
+    # The destination lives on the device; the runtime's two host frames per table feed it.
+    staged = manifest.buffers.add(name="engram_rows", dtype=mpb.DTYPE_FLOAT32, placement=mpb.PLACEMENT_DEVICE,
                                   role=mpb.BUFFER_ROLE_INPUT)
     staged.shape.extend([mpb.Dim(size=tokens), mpb.Dim(size=model.heads), mpb.Dim(size=width)])
     manifest.destinations.add(name="engram_rows", buffer="engram_rows")

@@ -186,8 +186,8 @@ class Executor:
         if launched.done is not None:
             launched.done.synchronize()
         plan = launched.plan
+        self.packer.retire(plan.sequence)  # the device is done with it: host staging frames may be reused
         results = self._results(plan, launched.program, self._frame(plan)[: len(plan.rows)])
-        self.packer.retire(plan.sequence)  # its consumers are done: host staging frames may be reused
         if launched.scores is not None:
             results = self._with_logprobs(plan, results, launched.scores)
         self.packer.observe(plan, results)

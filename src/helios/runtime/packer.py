@@ -221,12 +221,14 @@ class Packer:
         """Host-table rows of every packed token, gathered into the plan's host frame and copied
         into the destination (asynchronously on a device, ordered before the program)."""
         lanes = []
+        reach = self.host_staging.tables[binding.host_table].ngram_tokens - 1  # predecessors an n-gram reads
         for row in plan.rows:
             if row.pending_on_device:
                 raise ValueError(f"{binding.destination}: a lane's pending token is on the device; "
                                  "host-table rows need host-known tokens")
-            context = self._contexts[row.request_id]
-            lanes.append((context[:row.start_pos] + list(row.token_ids), row.start_pos, len(row.token_ids)))
+            first = max(0, row.start_pos - reach)  # only the window the n-grams reach is copied
+            window = self._contexts[row.request_id][first:row.start_pos] + list(row.token_ids)
+            lanes.append((window, row.start_pos - first, len(row.token_ids)))
         frame = self.host_staging.stage(binding.host_table, plan.frame, plan.sequence, lanes)
         target = self._buffers[binding.buffer_name]
         target.copy_(frame[: target.shape[0]], non_blocking=target.device.type == "cuda" and frame.is_pinned())
