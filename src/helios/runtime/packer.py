@@ -47,6 +47,8 @@ from helios.runtime.history_drafting import HistoryIndex
 from helios.runtime.host_staging import HostStaging
 from helios.runtime.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.masks import allowed_row, write_masks
+from helios.runtime.pack_staging import Staging as _Staging
+from helios.runtime.pack_values import eos_row, fill_copied, is_prompt_row, padded, write_vector
 from helios.runtime.plan import PlanRow, RowResult, StepPlan
 
 S = spb
@@ -206,7 +208,7 @@ class Packer:
             elif binding.source in IMAGE_SOURCES:
                 fill_image(binding, target, plan.rows, self.images_of(plan.rows))
             elif binding.source in _COPIED_SOURCES:
-                _fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
+                fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, masks or {})
         self._staging.upload()
@@ -285,7 +287,7 @@ class Packer:
             target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
-            _write_vector(target, values, binding, pad=True)
+            write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
             write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
@@ -294,61 +296,18 @@ class Packer:
             elif source == S.VALUE_SOURCE_LIVE_STATE_ROWS:  # a slot's first state row
                 values = [row.slot * self._state_rows for row in rows]
             elif source == S.VALUE_SOURCE_EOS_IDS:
-                values = [_eos_row(req, target, binding) for req in requests]
+                values = [eos_row(req, target, binding) for req in requests]
             else:
                 value_of = _ROW_SOURCES[source]
                 values = [value_of(row, req) for row, req in zip(rows, requests)]
-            _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+            write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
         elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
             target.fill_(len(rows) + binding.offset)
         elif source == S.VALUE_SOURCE_MIXED_PREFILL_ROW:
-            index = next((i for i, row in enumerate(rows) if _is_prompt_row(row)), None)
+            index = next((i for i, row in enumerate(rows) if is_prompt_row(row)), None)
             target.fill_(binding.padding if index is None else index + binding.offset)
         else:  # CONSTANT (scalar)
             target.fill_(binding.constant)
-
-
-def _is_prompt_row(row: PlanRow) -> bool:
-    """A lane consuming prompt (or recomputed) tokens rather than one pending token."""
-    return not row.samples or row.query_len > 1 or row.sample_index == 0
-
-
-def _eos_row(req: AdmissionValues, target: torch.Tensor, binding) -> tuple[int, ...]:
-    """The request's EOS ids (+offset) padded to the destination's width."""
-    width = target.shape[-1] if target.dim() > 1 else 1
-    if len(req.eos_ids) > width:
-        raise ValueError(f"{binding.destination}: {len(req.eos_ids)} EOS ids exceed the prepared {width}")
-    return tuple(t + binding.offset for t in req.eos_ids) + (binding.padding,) * (width - len(req.eos_ids))
-
-
-def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow], copied, masking) -> None:
-    if binding.source == S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT:
-        _write_vector(target, [row.start_pos for row in rows], binding, pad=True)
-    elif binding.source == S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT:
-        _write_vector(target, [len(c) for c in copied] or [0] * len(rows), binding, pad=True)
-    elif binding.source == S.VALUE_SOURCE_COPIED_GENERATION:
-        # The generation the candidates were copied for: the lane's own (padding without candidates).
-        values = [row.generation if c else None for row, c in zip(rows, copied or [()] * len(rows))]
-        _write_vector(target, values, binding, pad=True)
-    elif binding.source == S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS:
-        _fill_copied_masks(target, rows, *masking)
-    else:
-        width = target.shape[1]
-        _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
-
-
-def _fill_copied_masks(target: torch.Tensor, rows: Sequence[PlanRow], masks, allowed: torch.Tensor | None) -> None:
-    """[rows, positions, words]: every position of a lane allows the sampled vocabulary, except a
-    constrained lane's first position, which takes its grammar mask (such a lane has no candidates,
-    so no later position is used); rows past the live ones allow everything too."""
-    if allowed is None:
-        target.fill_(-1)
-    else:
-        target.copy_(allowed.to(target.dtype).expand_as(target))
-    for index, row in enumerate(rows):
-        mask = masks.get(row.request_id) if row.constrained else None
-        if mask is not None:
-            target[index, 0] = mask if allowed is None else mask & allowed
 
 
 def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
@@ -361,37 +320,6 @@ def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
         return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
     prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
     return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
-
-
-def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> None:
-    """Rows (or packed tokens) 0..n-1 get values (+offset; None -> padding); the rest padding."""
-    n = len(values)
-    if n and isinstance(values[0], tuple):
-        values = [_padded(v, target, binding) for v in values]
-    if n > target.shape[0]:
-        raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
-    if n:
-        if binding.offset == 0 and None not in values:  # the common case: the values as they are
-            filled = values
-        else:
-            filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
-        target[:n] = torch.tensor(filled, dtype=target.dtype)
-    if pad and n < target.shape[0]:
-        target[n:] = binding.padding
-
-
-def _padded(value: tuple, target: torch.Tensor, binding) -> tuple:
-    """A vector value (sampling parameters) filled with padding to the destination's row width."""
-    width = target.shape[-1]
-    if len(value) > width:
-        raise ValueError(f"{binding.destination}: {len(value)} values exceed the prepared width {width}")
-    return value + (binding.padding,) * (width - len(value))
-
-
-def _offset(value, offset: int):
-    if isinstance(value, tuple):
-        return value
-    return value + offset
 
 
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
@@ -419,123 +347,13 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
                 staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
     elif source == S.VALUE_SOURCE_EOS_IDS:
         if row.admits:
-            target[slot] = torch.tensor(_eos_row(req, target, binding), dtype=target.dtype)
+            target[slot] = torch.tensor(eos_row(req, target, binding), dtype=target.dtype)
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
         if isinstance(value, tuple):
-            target[slot] = torch.tensor(_padded(value, target, binding), dtype=target.dtype)
+            target[slot] = torch.tensor(padded(value, target, binding), dtype=target.dtype)
         else:
             target[slot] = value + binding.offset
-
-
-class _Staging:
-    """Pinned host mirrors of the device buffers that are rewritten every step (module docstring)."""
-
-    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
-        """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
-        (host buffers too: the same logic, testable without a device); False stages none."""
-        views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
-        # Host-table rows are copied from their own host frames (helios.runtime.host_staging).
-        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW
-                    and view.source != S.VALUE_SOURCE_HOST_TABLE_ROWS}
-        self._buffers = buffers
-        pinned = torch.cuda.is_available()
-        staged_names = [name for name in sorted(per_step)
-                        if (buffers[name].device.type != "cpu" if staged is None else staged)]
-        # One set of mirrors per execution frame: a frame's mirrors are rewritten only after its
-        # previous plan finished (the other frame's upload may still be queued behind a program).
-        self._mirror_sets = [
-            {name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned) for name in staged_names}
-            for _ in range(2)
-        ]
-        self._mirrors = self._mirror_sets[0]
-        # Page-table entries of one frame, staged for their asynchronous copies to a device table.
-        tables = [view.buffer for view in views if view.source == S.VALUE_SOURCE_PAGE_TABLE
-                  and buffers[view.buffer].device.type != "cpu"]
-        size = sum(buffers[name].numel() for name in set(tables))  # a step rewrites each table at most once
-        self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        self._entries = self._entry_sets[0]
-        self._entries_used = 0
-        self._begun: tuple[int, int | None] | None = None
-        self._dirty: set[str] = set()
-        self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for view in views:
-            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffers[view.buffer].device.type != "cpu":
-                self._new_scratch(view.buffer, buffers[view.buffer][0])
-        # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
-        self._masks_in_use = {
-            view.buffer for view in views if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
-        }
-
-    def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
-        """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
-        scratch pair per buffer (no allocation while serving); on the host in place."""
-        counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
-        if row.device.type == "cpu":
-            if row.dtype in (torch.uint16, torch.uint32):  # no CPU addition kernel: widen, add, narrow
-                row.copy_((row.to(torch.int64) + counts.to(torch.int64)).to(row.dtype))
-            else:
-                row.add_(counts)
-            return
-        host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
-        host.copy_(counts)
-        device.copy_(host)  # blocking: the next admission of this step reuses `host`
-        row.add_(device)
-
-    def _new_scratch(self, name: str, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
-        self._count_scratch[name] = pair
-        return pair
-
-    def begin(self, frame: int, sequence: int | None = None) -> None:
-        """Packing of a plan of execution frame `frame` starts (its previous plan has finished); a
-        second pack of the same submission (its INITIALIZATION program's, then its own) continues."""
-        if sequence is not None and self._begun == (frame, sequence):
-            return
-        self._begun = (frame, sequence)
-        self._mirrors = self._mirror_sets[frame % 2]
-        self._entries = self._entry_sets[frame % 2]
-        self._entries_used = 0
-
-    def write_entries(self, target: torch.Tensor, values: Sequence[int]) -> None:
-        """target[:] = values. A device target gets an asynchronous copy from this frame's pinned
-        entries (no host synchronisation, so a frame can be packed while the other one runs)."""
-        if target.device.type == "cpu" or target.dtype != torch.int32:
-            target.copy_(torch.tensor(values, dtype=target.dtype))
-            return
-        start, end = self._entries_used, self._entries_used + len(values)
-        if end > self._entries.numel():  # not expected (sized for every table): copy synchronously
-            target.copy_(torch.tensor(values, dtype=target.dtype))
-            return
-        staged = self._entries[start:end]
-        staged.copy_(torch.tensor(values, dtype=torch.int32))
-        target.copy_(staged, non_blocking=True)
-        self._entries_used = end
-
-    def target(self, name: str) -> torch.Tensor:
-        mirror = self._mirrors.get(name)
-        if mirror is None:
-            return self._buffers[name]
-        self._dirty.add(name)
-        return mirror
-
-    def mask_needed(self, binding, constrained: bool) -> bool:
-        """Whether the mask must be written: a row is constrained now, or was on the last upload.
-        On the host (no mirror) masks are always written."""
-        name = binding.buffer_name
-        if name not in self._mirrors:
-            return True
-        needed = constrained or name in self._masks_in_use
-        if constrained:
-            self._masks_in_use.add(name)
-        else:
-            self._masks_in_use.discard(name)
-        return needed
-
-    def upload(self) -> None:
-        for name in sorted(self._dirty):
-            self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
-        self._dirty.clear()
 
 
 def _resolve(prepared: PreparedContract, graph: str) -> tuple:
