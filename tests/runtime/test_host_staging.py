@@ -132,3 +132,23 @@ def test_tensor_parallel_executors_retire_over_their_group():
     staging, none = _on_ranks(work)
     assert isinstance(staging.retirement, GroupRetirement) and none is None
     assert isinstance(_staging(EngramModel.random(97)).retirement, LocalRetirement)
+
+
+def test_a_two_rank_engram_core_serves_the_reference_tokens_with_cross_rank_retirement(engram, tmp_path):
+    """Both ranks stage every submission's rows and reuse a frame only after the MIN all-reduce
+    over the group says every rank retired it; the tokens are the reference's."""
+    from helios.runtime.rank_peers import PeerKind, RankOptions
+    from helios.runtime.service import RuntimeOptions
+
+    model, _ = engram
+    path = write_engram_core(open_fixture(), model, KEY, NAMESPACE, tmp_path / "engram-tp2.core", ranks=2)
+    options = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=10.0, join_timeout_s=60.0)
+    runtime = build_runtime(open_fixture(path), RuntimeOptions(ranks=options))
+    try:
+        staging = runtime.engine.executor.packer._packer.host_staging
+        assert isinstance(staging.retirement, GroupRetirement)
+        results = generate(runtime.engine, PROMPTS, 12)
+        assert [list(r.token_ids) for r in results] == [reference_tokens(model, p, 12) for p in PROMPTS]
+        assert staging.retirement.retired >= 2  # frames were reused across submissions
+    finally:
+        runtime.close()

@@ -111,21 +111,30 @@ class EngramProgram(torch.nn.Module):
         return record, logits
 
 
-def write_engram_core(fixture, model: EngramModel, key_path: Path, namespace: str, target: Path) -> Path:
-    """The Engram core derived from the opened fixture core `fixture` (module docstring)."""
+def write_engram_core(fixture, model: EngramModel, key_path: Path, namespace: str, target: Path,
+                      ranks: int = 1) -> Path:
+    """The Engram core derived from the opened fixture core `fixture` (module docstring). With
+    `ranks` 2 it is a tensor-parallel core whose ranks each run the whole (tiny) model: every rank
+    stages its own frames, and a frame is reused only once both ranks retired its consumer."""
     contract_bytes, manifest_bytes = fixture.prepared.encode()
     contract = spb.ServingContract.FromString(contract_bytes)
     manifest = mpb.ExecutionManifest.FromString(manifest_bytes)
     fixture_runtime = build_runtime(fixture)  # its programs' exact argument shapes
     writer = CoreWriter()
+    shared = None if ranks > 1 else 0  # rank of the programs and the model's weights
     for info in fixture.resources:
-        if info.kind is not ResourceKind.PROGRAM_IMAGE or info.id.startswith("program.tuning"):
-            writer.add_resource(info.id, info.kind, fixture.read_resource(info.id), rank=info.rank)
+        if info.kind is ResourceKind.WEIGHTS:  # the fixture's own weights: one copy per rank
+            for rank in range(ranks):
+                name = info.id if rank == 0 else f"{info.id}.r{rank}"
+                writer.add_resource(name, info.kind, fixture.read_resource(info.id), rank=rank)
+        elif info.kind is not ResourceKind.PROGRAM_IMAGE or info.id.startswith("program.tuning"):
+            writer.add_resource(info.id, info.kind, fixture.read_resource(info.id),
+                                rank=shared if info.kind is ResourceKind.PROGRAM_IMAGE else info.rank)
     _declare(contract, manifest, model, max(h.capacity.packed_token_capacity for h in manifest.graph_handles))
     weights = {"engram.embed": model.embed, "engram.proj": model.proj, "engram.head": model.head}
-    writer.add_resource("weights.engram", ResourceKind.WEIGHTS, save_safetensors(weights), rank=0)
+    writer.add_resource("weights.engram", ResourceKind.WEIGHTS, save_safetensors(weights), rank=shared)
     writer.add_resource("weights.engram_table", ResourceKind.WEIGHTS,
-                        save_safetensors({"engram.table": model.table}), rank=0)
+                        save_safetensors({"engram.table": model.table}), rank=shared)
     loaded = {p.graph + str(p.packed_token_capacity): p for p in fixture_runtime.model.programs}
     for handle in manifest.graph_handles:
         if handle.graph not in GRAPHS:
@@ -139,7 +148,12 @@ def write_engram_core(fixture, model: EngramModel, key_path: Path, namespace: st
         handle.program_inputs.append("engram_rows")
         del handle.abi_operations[:]
         handle.abi_operations.append("helios::completion_record")
-        writer.add_resource(handle.resource_id, ResourceKind.PROGRAM_IMAGE, encode_program(exported), rank=0)
+        writer.add_resource(handle.resource_id, ResourceKind.PROGRAM_IMAGE, encode_program(exported), rank=shared)
+    manifest.ranks = ranks
+    for handle in list(manifest.graph_handles):
+        for rank in range(1, ranks):
+            manifest.graph_handles.add().CopyFrom(handle)
+            manifest.graph_handles[-1].rank = rank
     writer.set_contract(PreparedContract.from_messages(contract, manifest))
     writer.set_publisher(namespace)
     writer.add_signing_key(load_signing_key(key_path))
