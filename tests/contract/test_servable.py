@@ -261,3 +261,24 @@ def _write(tmp_path: Path, source, contract, manifest) -> Path:
     target = tmp_path / "bound.core"
     writer.write(target)
     return target
+
+
+# Where a core holding graphs of each served operation is loaded and served; a newly served
+# operation needs an entry (and that test), a refused one is shown refused above.
+LOADED_BY = {
+    spb.GRAPH_OPERATION_PREFILL: "runtime/test_model_fixture.py",
+    spb.GRAPH_OPERATION_DECODE: "runtime/test_model_fixture.py",
+    spb.GRAPH_OPERATION_MIXED: "runtime/test_model_fixture.py",
+    spb.GRAPH_OPERATION_TUNING: "runtime/test_startup_tuning.py",
+    spb.GRAPH_OPERATION_SCORED_PREFILL: "server/test_prompt_scores.py",
+    spb.GRAPH_OPERATION_SPECULATIVE: "speculative/test_prepared_core.py",
+    spb.GRAPH_OPERATION_VISION: "vision/test_vl_equivalence.py",
+    spb.GRAPH_OPERATION_INITIALIZATION: "runtime/test_initialization.py",
+}
+
+
+def test_every_served_operation_has_a_test_that_loads_a_core_with_it():
+    tests = Path(__file__).resolve().parents[1]
+    assert set(LOADED_BY) == SERVED_OPERATIONS
+    for operation, name in LOADED_BY.items():
+        assert (tests / name).is_file(), name
