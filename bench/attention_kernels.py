@@ -147,7 +147,7 @@ def bench_decode(config: Config, kernels, caches, split: int | None, copy_rate: 
             max_context = step.page_table.shape[1] * config.page_tokens
             for label, value in (("split", split), ("no split", 1)):
                 asked = value or kernels.decode_splits(batch, config.num_kv_heads, max_context, device)
-                splits = kernels.decode_partition(max_context, asked)[0]
+                splits = kernels.grid_splits(max_context, asked, kernels.decode_tile(batch, config.head_dim).block_n)
                 seconds = median_seconds(lambda: kernels.triton_paged_attention(
                     step.q, *caches, *step[1:], scale, 0, split=value), device, captured)
                 report(f"decode b={batch} ctx={context} {label}", seconds, num_bytes, copy_rate,

@@ -14,6 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from helios.abi import triton_attention as kernels
+from helios.abi import triton_decode as decode
 
 TARGET = GPUTarget("cuda", 90, 32)
 UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd", "stride_vtd"}
@@ -45,12 +46,22 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
         compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=64 // block_g,
                                                              BLOCK_N=64, HAS_SINKS=sinks), num_warps=4, num_stages=2)
         for splits, tuned in ((1, False), (8, False), (1, True), (8, True)):  # tuned: the count is read on the device
-            compile_kernel(kernels._decode_kernel, attend,
-                           dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks),
+            compile_kernel(decode._decode_kernel, attend,
+                           dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
+                                MIN_TILES=2),
                            num_warps=4, num_stages=2)
+    for pairs, block_n, warps, stages in ((128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 3)):  # prefill tiles swept
+        compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=pairs // block_g,
+                                                             BLOCK_N=block_n, HAS_SINKS=False),
+                       num_warps=warps, num_stages=stages)
+    for block_n, warps, stages in ((32, 4, 3), (128, 8, 2), (128, 4, 4)):  # the tiles the benchmark sweeps
+        compile_kernel(decode._decode_kernel, attend,
+                       dict(shape, BLOCK_H=16, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True, HAS_SINKS=False,
+                            MIN_TILES=max(1, 128 // block_n)),
+                       num_warps=warps, num_stages=stages)
     for tuned in (False, True):
-        compile_kernel(kernels._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,
-                                                             BLOCK_D=block_d, BLOCK_N=64, TUNED=tuned))
+        compile_kernel(decode._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,
+                                                            BLOCK_D=block_d, TUNED=tuned, BLOCK_N=64, MIN_TILES=2))
     compile_kernel(kernels._cache_write_kernel,
                    dict(k_cache_ptr=pointer, v_cache_ptr=pointer, k_ptr=pointer, v_ptr=pointer, slot_ptr="*i64"),
                    dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))

@@ -184,6 +184,14 @@ def test_pages_below_the_window_are_never_read(window):
     assert_matches_reference(run(kernels.paged_attention_prefill, mixed, window), mixed, window)
 
 
+@pytest.mark.parametrize("tile", [kernels.PrefillTile(16, 16, 2, 1), kernels.PrefillTile(128, 32, 8, 3)],
+                         ids=["small", "wide"])
+def test_every_prefill_tile_is_exact(tile):
+    batch = make_batch(21, MIXED_LENS, MIXED_CACHED, Shape(group=4, num_kv_heads=1, page_tokens=4), padding=2)
+    assert_matches_reference(run(kernels.paged_attention_prefill, batch, 0, tile=tile), batch, 0)
+    assert_matches_reference(run(kernels.paged_attention_prefill, batch, 7, tile=tile), batch, 7)
+
+
 @pytest.mark.parametrize("page_tokens", [1, 5])
 def test_one_token_pages_and_pages_that_are_not_powers_of_two(page_tokens):
     batch = make_batch(16, SHORT_LENS, MIXED_CACHED, Shape(page_tokens=page_tokens), padding=1)
@@ -240,7 +248,7 @@ def test_tuned_decode_reads_its_split_count_from_the_tensor(count):
     batch = make_batch(17, TUNED_LENS, TUNED_CACHED, Shape(page_tokens=32))
     max_context = batch.poisoned[2].shape[1] * 32
     bound = kernels.tuned_split_bound(3, Shape().num_kv_heads, max_context)
-    assert bound == 5 and kernels.decode_partition(max_context, bound)[0] == 5  # several splits in the grid
+    assert bound == 9 and kernels.grid_splits(max_context, bound, 64) == 9  # several splits in the grid
     splits = torch.tensor([count], dtype=torch.int32, device=DEVICE)
     out = run(kernels.triton_paged_attention_tuned, batch, 700, splits=splits)
     assert_matches_reference(out, batch, 700)
@@ -253,10 +261,11 @@ def test_tuned_prefill_path_ignores_the_split_count():
 
 
 def test_tuned_split_bound_depends_on_shapes_only():
-    assert kernels.tuned_split_bound(1, 8, 8192) == 32  # no split shorter than 256 positions
-    assert kernels.tuned_split_bound(1, 1, 1 << 20) == 64  # at most _MAX_SPLITS
+    assert kernels.tuned_split_bound(1, 8, 4096) == 32  # one split per 128 positions of the capacity
+    assert kernels.tuned_split_bound(1, 1, 1 << 20) == 64  # at most DECODE_MAX_SPLITS
     assert kernels.tuned_split_bound(256, 8, 8192) == 1  # a big batch fills any device alone
-    assert kernels.tuned_split_bound(16, 8, 8192) == 4
+    assert kernels.tuned_split_bound(64, 8, 8192) == 4  # 8 programs per multiprocessor of a 256-SM device
+    assert kernels.tuned_split_bound(16, 8, 8192) == 16
 
 
 # Cache writes.

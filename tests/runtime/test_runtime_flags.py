@@ -3,11 +3,14 @@ preemption) reach the runtime, bad values are usage errors, and CUDA page sizing
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from helios.cli.main import main
+from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
+from helios.contract import StartupOptions
 from helios.runtime.page_sizing import CacheMemoryError, other_bytes, page_bytes, pages_for_memory
 from runtime.test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, expected, hybrid  # noqa: F401 (fixtures)
 from runtime.test_model_fixture import open_fixture
@@ -25,9 +28,17 @@ def _generate(hybrid, capsys, *flags):  # noqa: F811
 
 def test_generate_with_offload_preemption_flags_gives_the_reference_tokens(hybrid, expected, capsys):  # noqa: F811
     code, tokens, _ = _generate(hybrid, capsys, "--pages", "17", "--preemption", "offload", "--host-pages", "32",
-                                "--snapshot-capacity", "4", "--no-history-drafting")
+                                "--snapshot-capacity", "4", "--no-history-drafting", "--no-logprobs")
     assert code == 0
     assert tokens == expected
+
+
+@pytest.mark.parametrize("flags, loaded", [([], None), (["--no-logprobs"], False)])
+def test_no_logprobs_reaches_the_startup_options(flags, loaded):
+    parser = argparse.ArgumentParser()
+    add_runtime_flags(parser)
+    load, _, _ = runtime_flags(parser.parse_args(flags), StartupOptions(), "cpu")
+    assert load.startup.token_logprobs is loaded
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -63,8 +63,8 @@ def threads(count: int):
 
 def expected_splits(multiprocessors: int, num_kv_heads: int) -> list[int]:
     """The documented formula, written independently of the producer's tensor ops."""
-    ceiling = min(64, math.ceil(CONTEXT_TOKENS / 256))
-    return [max(1, min(math.ceil(2 * multiprocessors / (rows * num_kv_heads)), ceiling)) for rows in DECODE_ROWS]
+    ceiling = min(64, math.ceil(CONTEXT_TOKENS / 128))
+    return [max(1, min(math.ceil(8 * multiprocessors / (rows * num_kv_heads)), ceiling)) for rows in DECODE_ROWS]
 
 
 def test_prepared_contract_declares_the_producer_and_the_decode_binding(prepared):
@@ -94,7 +94,7 @@ def test_loading_runs_the_producer_with_the_formula_of_this_cpu(prepared):
     with threads(THREADS):
         model = load_model(core)
     num_kv_heads = QWEN3.config().num_key_value_heads
-    assert expected_splits(THREADS, num_kv_heads) == [2, 1]  # the context ceiling and the row count both bite
+    assert expected_splits(THREADS, num_kv_heads) == [4, 3]  # the context ceiling and the row count both bite
     assert model.buffers["attention_splits"].tolist() == expected_splits(THREADS, num_kv_heads)
 
 

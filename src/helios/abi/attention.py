@@ -64,10 +64,14 @@ PAGED_ATTENTION_TUNED_SCHEMA = (
 _WRITE, _ATTEND = "helios::cache_write", "helios::paged_attention"
 _TUNED = "helios::paged_attention_tuned"
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Decode split schedule (helios.abi.triton_attention and startup tuning producers share it): no split
-# shorter than MIN_SPLIT_TOKENS cached positions, at most DECODE_MAX_SPLITS splits.
-MIN_SPLIT_TOKENS = 256
+# Decode split schedule (helios.abi.triton_decode and startup tuning producers share it): about
+# DECODE_PROGRAMS_PER_MULTIPROCESSOR decode programs per multiprocessor (several waves, so programs of
+# uneven lengths leave no long tail), at most one split per MIN_SPLIT_TOKENS positions of the capacity
+# context, at most DECODE_MAX_SPLITS splits. Splits cut each token's own span, so a short row in a
+# long capacity still uses every split.
+MIN_SPLIT_TOKENS = 128
 DECODE_MAX_SPLITS = 64
+DECODE_PROGRAMS_PER_MULTIPROCESSOR = 8
 
 
 def check_cache_planes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:

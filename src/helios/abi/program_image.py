@@ -125,42 +125,115 @@ def deserialize_program(image: ProgramImage) -> torch.export.ExportedProgram:
 
 def schema_object(cls, data):
     """The torch.export serde schema object of parsed JSON: what torch's ``_dict_to_dataclass``
-    returns, with each class's type hints resolved once instead of at every object (that
-    resolution was about half of a program's load time)."""
+    returns, through one converter per schema type built once (type hints resolved and the type's
+    shape dispatched at build, not at every object: that was most of a program's load time)."""
+    return _converter(cls)(data)
+
+
+_CONVERTERS: dict = {}  # schema type (class, typing form, forward reference or name) -> converter
+
+
+def _converter(cls):
+    """The cached converter of `cls`. Built without recursing into field types (schema types refer
+    to themselves), which are looked up on first use."""
+    converter = _CONVERTERS.get(cls)
+    if converter is None:
+        converter = _CONVERTERS[cls] = _build_converter(cls)
+    return converter
+
+
+def _build_converter(cls):
     from torch._export.serde import schema
     from torch._export.serde.union import _Union
 
     if isinstance(cls, str):
         cls = getattr(schema, cls, cls)
     elif isinstance(cls, typing.ForwardRef):
-        return schema_object(cls.__forward_arg__, data)
+        return _lazy(lambda: _converter(cls.__forward_arg__))
     if isinstance(cls, str):
         raise TypeError(f"unresolved schema type {cls!r}")
     origin = typing.get_origin(cls)
     if origin is typing.Annotated:
-        return schema_object(cls.__origin__, data)
+        return _lazy(lambda: _converter(cls.__origin__))
     if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls):
-        if data is None:
-            return None
         (inner,) = [arg for arg in typing.get_args(cls) if arg is not type(None)]
-        return schema_object(inner, data)
+        return _optional(inner)
     if isinstance(cls, type) and issubclass(cls, _Union):
+        return _union(cls)
+    if dataclasses.is_dataclass(cls):
+        return _record(cls)
+    if cls is float:
+        return _number
+    return _container(cls)
+
+
+def _lazy(resolve):
+    """A converter that resolves its target converter on first use."""
+    target = []
+
+    def convert(data):
+        if not target:
+            target.append(resolve())
+        return target[0](data)
+    return convert
+
+
+def _optional(inner):
+    inner_converter = _lazy(lambda: _converter(inner))
+    return lambda data: None if data is None else inner_converter(data)
+
+
+def _union(cls):
+    hints = _type_hints(cls)
+    tags: dict = {}  # tag -> its value's converter, filled on first use
+
+    def convert(data):
         if not isinstance(data, dict) or len(data) != 1:
             raise TypeError(f"a {cls.__name__} is an object with one field, got {data!r:.80}")
         ((tag, value),) = data.items()
-        return cls.create(**{tag: schema_object(_type_hints(cls)[tag], value)})
-    if dataclasses.is_dataclass(cls):
-        hints = _type_hints(cls)
-        return cls(**{f.name: schema_object(hints[f.name], data[f.name])
-                      for f in dataclasses.fields(cls) if f.name in data})
-    if isinstance(data, list):
-        return [schema_object(typing.get_args(cls)[0], item) for item in data] if data else data
-    if isinstance(data, dict):
-        value_type = typing.get_args(cls)[1]
-        return {key: schema_object(value_type, value) for key, value in data.items()}
-    if cls is float:
-        return float(data)
-    return data
+        field = tags.get(tag)
+        if field is None:
+            field = tags[tag] = _converter(hints[tag])
+        return cls.create(**{tag: field(value)})
+    return convert
+
+
+def _record(cls):
+    hints = _type_hints(cls)
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    fields = []
+
+    def convert(data):
+        if not fields:
+            fields.extend((name, _converter(hints[name])) for name in names)
+        return cls(**{name: field(data[name]) for name, field in fields if name in data})
+    return convert
+
+
+def _number(data):
+    return float(data)
+
+
+def _container(cls):
+    """Lists and dicts convert their items by the type's argument; anything else passes as is."""
+    arguments = typing.get_args(cls)
+    items = []  # the item (list) or value (dict) converter, resolved on first use
+
+    def convert(data):
+        if isinstance(data, list):
+            if not data:
+                return data
+            if not items:
+                items.append(_converter(arguments[0]))
+            item = items[0]
+            return [item(value) for value in data]
+        if isinstance(data, dict):
+            if not items:
+                items.append(_converter(arguments[1]))
+            value_converter = items[0]
+            return {key: value_converter(value) for key, value in data.items()}
+        return data
+    return convert
 
 
 @functools.lru_cache(maxsize=None)

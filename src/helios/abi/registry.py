@@ -142,14 +142,16 @@ def _operators(node: torch.fx.Node) -> Iterator[torch._ops.OpOverload]:
             yield candidate
 
 
-def validate_program_ops(program: torch.export.ExportedProgram,
-                         declared: Mapping[str, str]) -> None:
+def validate_program_ops(program: torch.export.ExportedProgram, declared: Mapping[str, str],
+                         registered: Mapping[str, str] | None = None) -> None:
     """Check every `helios` op of `program` against `declared` (qualified name -> schema string).
+    `registered`: `registered_schemas()` when the caller already listed them (a loader checking
+    many programs lists them once; about 30 ms each time), else listed here.
 
     Raises `UndeclaredOpError`, `UnregisteredOpError` or `SchemaMismatchError` naming the first
     offending op in name order. Declared ops the program does not use are allowed.
     """
-    registered = registered_schemas()
+    registered = registered_schemas() if registered is None else registered
     for op, recorded in sorted(program_ops(program).items()):
         _check_op(op, declared, registered)
         if recorded != declared[op]:
@@ -188,10 +190,11 @@ def _helios_ops(targets: Iterable[str]) -> Iterable[str]:
             yield f"{NAMESPACE}::{name}{suffix}"
 
 
-def validate_serialized_ops(program: bytes | Mapping, declared: Mapping[str, str]) -> None:
+def validate_serialized_ops(program: bytes | Mapping, declared: Mapping[str, str],
+                            registered: Mapping[str, str] | None = None) -> None:
     """Pre-load check of a stored program (as `serialized_program_ops` takes it): each `helios` op
-    it names is declared and registered with the declared schema. Raises the same errors as
-    `validate_program_ops`."""
-    registered = registered_schemas()
+    it names is declared and registered with the declared schema (`registered` as for
+    `validate_program_ops`). Raises the same errors as `validate_program_ops`."""
+    registered = registered_schemas() if registered is None else registered
     for op in sorted(serialized_program_ops(program)):
         _check_op(op, declared, registered)

@@ -44,6 +44,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        help="what a preempted request keeps: recompute (default) or offload to host slots")
     group.add_argument("--host-pages", type=int, default=0, metavar="N",
                        help="host-memory slots for offloaded pages and state (needed by --preemption offload)")
+    group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
+                       help="do not load the core's token-logprobs programs (a faster start; requests for "
+                       "log-probabilities are refused)")
 
 
 def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
@@ -60,6 +63,6 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
     if args.preemption == "offload" and args.host_pages == 0:
         raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
     startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,
-                      history_drafting=args.history_drafting)
+                      history_drafting=args.history_drafting, token_logprobs=args.token_logprobs)
     load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction)
     return load, SchedulerPolicy(preemption=_PREEMPTION[args.preemption]), args.host_pages

@@ -66,6 +66,9 @@ class StartupOptions:
     learned_speculation: bool | None = None
     history_drafting: bool | None = None
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    # False: the core's token-logprobs program variants are not loaded (a faster start; requests that
+    # ask for log-probabilities are then refused as by a core prepared without them).
+    token_logprobs: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from helios.core.keys import SigningKey
 from helios.core.records import ResourceKind
 from helios.core.writer import CoreWriter, WrittenCore
 from helios.ignition.architecture import CheckpointError
-from helios.ignition.capture import capture_program
+from helios.ignition.capture_pool import CaptureJob, capture_all, default_workers
 from helios.ignition.checkpoint_assets import read_assets
 from helios.ignition.frontend.sampling import merged_sampling
 from helios.ignition.preparation.contract import (
@@ -128,6 +128,8 @@ class PrepareOptions:
     tensor_parallel: int = 1  # ranks the core is prepared for (one program set, N weight shards)
     # Frontend facts the publisher states instead of the template probes (checkpoint_assets.STATED_KEYS).
     frontend: tuple[tuple[str, str], ...] = ()
+    # Processes that capture programs side by side (0: `capture_pool.default_workers`; 1: this one).
+    capture_workers: int = 0
 
 
 def prepare_core(
@@ -166,15 +168,20 @@ def prepare_core(
     captures = [(op, capacity, False) for op, capacity in variants[:-1]]
     captures += [(op, capacity, True) for op, capacity in plan.logprob_variants()]
     captures.append((*variants[-1], False))
-    for number, (operation, capacity, logprobs) in enumerate(captures, 1):
-        captured = capture_program(arch, operation, capacity, plan.page_tokens,
-                                   dataclasses.replace(program_options, token_logprobs=logprobs))
+    jobs = [CaptureJob(operation, capacity, dataclasses.replace(program_options, token_logprobs=logprobs))
+            for operation, capacity, logprobs in captures]
+
+    def store(index: int, captured) -> None:
+        operation, capacity, logprobs = captures[index]
         resource_id = f"program.{operation.value}{'_logprobs' if logprobs else ''}.{_variant_label(capacity)}"
         resource_id += ".rank0" if ranks == 1 else ""  # ranks > 1 share one program resource
         writer.add_resource(resource_id, ResourceKind.PROGRAM_IMAGE, captured.program, rank=0 if ranks == 1 else None)
-        programs += [ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks)]
+        programs.extend(ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks))
         progress(f"captured {operation.value}{' (logprobs)' if logprobs else ''} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
-                 f"({len(captured.program) / 1e6:.1f} MB) [{number}/{len(captures)}]")
+                 f"({len(captured.program) / 1e6:.1f} MB) [{index + 1}/{len(captures)}]")
+
+    workers = options.capture_workers or default_workers(len(jobs), arch.num_layers)
+    capture_all(arch, jobs, plan.page_tokens, workers, store)
     for weights in weight_files:
         writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.image.segments, rank=weights.rank)
         writer.add_weight_catalog(weights.catalog)

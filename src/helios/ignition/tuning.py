@@ -3,11 +3,12 @@
 ``tune_attention`` (the one producer today) fills ``attention_splits`` int32 [n], one entry per DECODE
 variant in `AttentionTuning.decode_rows` order, with the decode split count of that variant::
 
-    splits[i] = clamp(ceil(2 * multiprocessors / (rows[i] * num_kv_heads)), 1, min(MAX, ceil(context / 256)))
+    splits[i] = clamp(ceil(P * multiprocessors / (rows[i] * num_kv_heads)), 1, min(MAX, ceil(context / MIN)))
 
 where ``multiprocessors`` is ``helios::device_multiprocessors`` of the buffer's device (CUDA: the
-device's multiprocessor count; CPU: torch's thread count), num_kv_heads the rank's key/value heads and
-MAX `helios.abi.attention.DECODE_MAX_SPLITS`. The runtime runs the producer once after allocating
+device's multiprocessor count; CPU: torch's thread count), num_kv_heads the rank's key/value heads, and
+P, MAX and MIN `helios.abi.attention`'s DECODE_PROGRAMS_PER_MULTIPROCESSOR, DECODE_MAX_SPLITS and
+MIN_SPLIT_TOKENS. The runtime runs the producer once after allocating
 buffers and before capturing or exposing the serving graphs; DECODE programs then pass their entry
 to ``helios::paged_attention_tuned``. The count is a schedule, so any value gives the same tokens.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 
 import helios.abi.tuning  # noqa: F401  (registers helios::device_multiprocessors)
-from helios.abi.attention import DECODE_MAX_SPLITS, MIN_SPLIT_TOKENS
+from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
 from helios.ignition.architecture import Architecture
 from helios.ignition.program_spec import AttentionTuning, Capacity, Operation
 
@@ -34,7 +35,7 @@ def attention_split_counts(multiprocessors: torch.Tensor, decode_rows: tuple[int
     wanted = []
     for rows in decode_rows:
         programs = max(1, rows * num_kv_heads)
-        wanted.append(torch.div(multiprocessors * 2 + (programs - 1), programs, rounding_mode="floor"))
+        wanted.append(torch.div(multiprocessors * DECODE_PROGRAMS_PER_MULTIPROCESSOR + (programs - 1), programs, rounding_mode="floor"))
     return torch.cat(wanted).clamp(1, ceiling).to(torch.int32)
 
 

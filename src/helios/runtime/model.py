@@ -11,7 +11,8 @@ nothing here runs on untrusted bytes. `load_model` then
    programs fails with `PickledProgramError`), that its graph calls nothing but allowed ops and
    that every ABI op it names is declared in the manifest and registered here with exactly the
    declared schema, then builds it and checks again;
-3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape;
+3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape
+   (on a thread, while step 2 deserializes the programs; a failure of either fails the load);
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
    now and replace preparation's working-set counts;
 5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.tuning`;
@@ -28,15 +29,17 @@ rank is shared). `helios.runtime.ranks` loads the other ranks and ties them toge
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 from torch.export.passes import move_to_device_pass
 
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
-from helios.abi.registry import validate_program_ops, validate_serialized_ops
+from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.contract.servable import check_servable
 from helios.runtime.packer import write_constants
@@ -142,14 +145,20 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
-    handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths)
+    handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths,
+                             token_logprobs=options.startup.token_logprobs is not False)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
-    programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
-    tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
-    producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
-    weights = _load_weights(core, prepared, device, options.rank)
+    declared = DeclaredOps(declared, registered_schemas())  # the registered ops, listed once per load
+    # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
+    # programs deserialize here (Python that holds it): the two overlap instead of adding up.
     initial = initialization_handles(prepared, options.rank)
-    initializers = tuple(_load_program(core, prepared, handle, declared, device) for handle in initial)
+    with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
+        loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
+        programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
+        tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
+        producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
+        initializers = tuple(_load_program(core, prepared, handle, declared, device) for handle in initial)
+        weights = loading.result()
     rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
     num_state_rows = settings.max_concurrency * rows_per_request
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
@@ -203,12 +212,15 @@ def serving_device(name: str) -> torch.device:
 
 
 def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
-                   widths: tuple[int, ...] = ()) -> list[mpb.GraphHandle]:
+                   widths: tuple[int, ...] = (), token_logprobs: bool = True) -> list[mpb.GraphHandle]:
     """The rank's handles of the serving graphs, reduced to the variants `concurrency` can use;
-    SPECULATIVE handles only of the widest of the selected `widths` (none without widths)."""
+    SPECULATIVE handles only of the widest of the selected `widths` (none without widths); no
+    token-logprobs variant unless `token_logprobs`."""
     selected = []
     for operation in SERVING_OPERATIONS:
         for graph in prepared.graphs_for(operation):
+            if graph.token_logprobs and not token_logprobs:
+                continue
             handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == rank]
             if operation == spb.GRAPH_OPERATION_SPECULATIVE:
                 handles = speculative_handles(handles, widths)
@@ -271,14 +283,21 @@ def _narrow(buffer: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor
     return view
 
 
-def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared,
+class DeclaredOps(NamedTuple):
+    """The manifest's ABI ops (name -> schema) and this process's registered `helios` ops."""
+
+    schemas: dict[str, str]
+    registered: dict[str, str]
+
+
+def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared: DeclaredOps,
                   device: torch.device) -> LoadedProgram:
     names = set(handle.abi_operations)
-    ops = {name: schema for name, schema in declared.items() if name in names}
+    ops = {name: schema for name, schema in declared.schemas.items() if name in names}
     image = read_program_image(_program_bytes(core, handle.resource_id))
-    validate_serialized_ops(image.graph, ops)
+    validate_serialized_ops(image.graph, ops, declared.registered)
     exported = deserialize_program(image)
-    validate_program_ops(exported, ops)
+    validate_program_ops(exported, ops, declared.registered)
     if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
         exported = move_to_device_pass(exported, {"cpu": str(device)})
     graph = prepared.graphs[handle.graph]
@@ -322,6 +341,13 @@ def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], .
         value = placeholders[spec.arg.name].meta.get("val")
         shapes.append(tuple(int(d) if isinstance(d, int) else None for d in value.shape))
     return tuple(shapes)
+
+
+def _load_weights_on_device(core, prepared: PreparedContract, device: torch.device,
+                            rank: int) -> dict[str, torch.Tensor]:
+    """`_load_weights` with `device` current (a thread starts on the process's default device)."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return _load_weights(core, prepared, device, rank)
 
 
 def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:

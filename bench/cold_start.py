@@ -1,0 +1,225 @@
+"""Where cold start goes: prepare and load of an 8B-shaped core, phase by phase, with and without the
+token-logprobs program variants (``helios prepare --no-logprobs``), and the core that holds them loaded
+without them (``helios serve --no-logprobs``).
+
+One random Llama-3.1-8B-shaped checkpoint (``--layers``) is written once; for each variant the core is
+prepared and then loaded (``build_runtime``: verify, programs, weights, tuning producers, CUDA graph
+capture on a GPU). Phases are timed by wrapping the functions that do them (the wrappers add nothing
+measurable); "other" is the rest of the stage. Prints one table per stage and variant, the ratio of the
+two variants, and the functions with the most own time in each stage (cProfile, ``--profile``).
+
+    python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
+    python bench/cold_start.py --smoke    # tiny model on the CPU (checks the script runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import contextlib
+import gc
+import importlib
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
+
+from helios.contract import StartupOptions  # noqa: E402
+from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.reader import open_core  # noqa: E402
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+
+# A model with real weight traffic that still prepares in a minute on a CPU (--medium).
+MEDIUM = LlamaShape(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=16,
+                    num_key_value_heads=4, head_dim=128, vocab_size=32000)
+THREADED = "[thread] "  # a phase that runs beside the others (not part of the stage's sum)
+# (module, attribute, phase): the functions timed; a phase may gather several. None of them calls
+# another of its stage's list, so the phases do not overlap.
+PREPARE_PHASES = (
+    ("helios.ignition.export", "load_checkpoint", "read checkpoint"),
+    ("helios.ignition.export", "rank_weight_files", "weight images"),
+    ("helios.ignition.export", "capture_all", "export programs (worker processes)"),
+    ("helios.core.writer", "store_resource", "compress + commit resources"),
+)
+LOAD_PHASES = (
+    ("helios.runtime.model", "_program_bytes", "program bytes (decompress, verify)"),
+    ("helios.runtime.model", "deserialize_program", "deserialize programs"),
+    ("helios.runtime.model", "move_to_device_pass", "programs to device"),
+    ("helios.runtime.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
+    ("helios.runtime.model", "_allocate", "allocate caches"),
+    ("helios.runtime.model", "run_producers", "tuning producers"),
+    ("helios.runtime.model", "capture_programs", "CUDA graph capture"),
+)
+
+
+class PhaseTimer:
+    """Wraps module functions to sum their wall time per phase (calls counted); restores on exit."""
+
+    def __init__(self, phases):
+        self.phases, self.seconds, self.calls, self._saved = phases, {}, {}, []
+
+    def __enter__(self) -> "PhaseTimer":
+        for module_name, attribute, phase in self.phases:
+            module = importlib.import_module(module_name)
+            inner = getattr(module, attribute)
+            self._saved.append((module, attribute, inner))
+            setattr(module, attribute, self._timed(inner, phase))
+        return self
+
+    def _timed(self, inner, phase: str):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+                self.calls[phase] = self.calls.get(phase, 0) + 1
+        return call
+
+    def __exit__(self, *exc) -> None:
+        for module, attribute, inner in reversed(self._saved):
+            setattr(module, attribute, inner)
+
+
+def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool) -> CapacityPlan:
+    """The capacities of `bench/anchor_compare.py`'s core (decode 1/64/256, prefill up to 2,048 with
+    chunks, mixed), with or without the token-logprobs variants."""
+    workloads = [Workload(1, 128, 128), Workload(64, 128, 128), Workload(256, 128, 128), Workload(64, 1024, 1024)]
+    if smoke:
+        workloads = [Workload(1, 16, 8), Workload(4, 16, 8)]
+    context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
+    pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
+    prefill = min(2048, context)
+    chunks = tuple(c for c in (prefill // 16, prefill // 4) if 0 < c < prefill)
+    return CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=prefill,
+                        decode_batches=tuple(sorted({w.requests for w in workloads} | {1})), prefill_batches=(1,),
+                        mixed=True, page_capacity=max(pages, 2 * context // 16), prefill_chunks=chunks,
+                        token_logprobs=logprobs)
+
+
+@contextlib.contextmanager
+def profiled(enabled: bool, title: str, rows: int):
+    profiler = cProfile.Profile() if enabled else None
+    if profiler:
+        profiler.enable()
+    try:
+        yield
+    finally:
+        if profiler:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
+            log(f"--- {title}: functions by own time")
+            log("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+
+
+def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
+    log(f"{stage} ({variant}): {total:.1f} s")
+    rows = {}
+    for _, _, phase in timer.phases:
+        if phase in rows:
+            continue
+        seconds = timer.seconds.get(phase, 0.0)
+        rows[phase] = seconds
+        log(f"  {phase:<38} {seconds:7.2f} s {100 * seconds / total:5.1f}%  ({timer.calls.get(phase, 0)} calls)")
+    other = total - sum(seconds for phase, seconds in rows.items() if not phase.startswith(THREADED))
+    log(f"  {'other':<38} {other:7.2f} s {100 * other / total:5.1f}%")
+    return {"total_s": total, "phases_s": rows, "other_s": other, "calls": dict(timer.calls)}
+
+
+def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: torch.device) -> dict:
+    key = SigningKey.generate()
+    core = scratch / f"{variant}.core"
+    plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke)
+    with PhaseTimer(PREPARE_PHASES) as timer, profiled(args.profile, f"prepare ({variant})", args.profile_rows):
+        started = time.perf_counter()
+        prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan))
+        prepared = table("prepare", variant, time.perf_counter() - started, timer)
+    prepared["core_gb"] = core.stat().st_size / 1e9
+    result = {"prepare": prepared, "load": load(core, key, variant, StartupOptions(), args, device)}
+    if variant == "logprobs":  # the same core started with `helios serve --no-logprobs`
+        result["load_skipping_logprobs"] = load(core, key, f"{variant} core, --no-logprobs at load",
+                                                StartupOptions(token_logprobs=False), args, device)
+    core.unlink()
+    return result
+
+
+def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, args, device: torch.device) -> dict:
+    """Open, verify and load `core` as `build_runtime` does; the phase table; the runtime is closed."""
+    with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows):
+        started = time.perf_counter()
+        opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
+        verified = time.perf_counter() - started
+        options = RuntimeOptions(load=LoadOptions(startup, device=str(device), cuda_graphs=device.type == "cuda"))
+        runtime = build_runtime(opened, options)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timer.seconds["open + verify core"] = verified
+        timer.phases = (("", "", "open + verify core"), *timer.phases)
+        loaded = table("load", variant, time.perf_counter() - started, timer)
+    loaded["programs"] = len(runtime.model.programs)
+    runtime.close()
+    del runtime, opened
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return loaded
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--variants", default="logprobs,no-logprobs")
+    parser.add_argument("--ttft-prompt", type=int, default=2048)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--medium", action="store_true", help="a 2048-wide model of --layers layers (CPU studies)")
+    parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
+    parser.add_argument("--profile-rows", type=int, default=18)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)
+    if args.smoke:
+        args.ttft_prompt = 64
+    results = {"layers": shape.num_hidden_layers, "device": str(device), "variants": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        checkpoint = write_random_llama(Path(scratch) / "checkpoint", shape, getattr(torch, args.dtype),
+                                        device=device.type)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+        log(f"checkpoint: {shape.num_hidden_layers} layers written in {time.perf_counter() - started:.0f} s")
+        for variant in args.variants.split(","):
+            results["variants"][variant] = run_variant(checkpoint, Path(scratch), variant, args, device)
+    compare(results["variants"])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def compare(variants: dict) -> None:
+    if {"logprobs", "no-logprobs"} <= set(variants):
+        with_, without = variants["logprobs"], variants["no-logprobs"]
+        for stage in ("prepare", "load"):
+            log(f"{stage}: {with_[stage]['total_s']:.1f} s with the logprobs variants, "
+                f"{without[stage]['total_s']:.1f} s without ({with_[stage]['total_s'] / without[stage]['total_s']:.2f}x)")
+        if "load_skipping_logprobs" in with_:
+            log(f"load of the logprobs core with --no-logprobs: {with_['load_skipping_logprobs']['total_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
