@@ -49,7 +49,7 @@ from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 TESTS_TIMEOUT_S = 150  # the GPU tests delay the anchor; the whole call must fit about 8 minutes

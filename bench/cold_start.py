@@ -38,7 +38,7 @@ from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 # A model with real weight traffic that still prepares in a minute on a CPU (--medium).
@@ -54,13 +54,13 @@ PREPARE_PHASES = (
     ("helios.core.writer", "store_resource", "compress + commit resources"),
 )
 LOAD_PHASES = (
-    ("helios.runtime.model", "_program_bytes", "program bytes (decompress, verify)"),
-    ("helios.runtime.model", "deserialize_program", "deserialize programs"),
-    ("helios.runtime.model", "move_to_device_pass", "programs to device"),
-    ("helios.runtime.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
-    ("helios.runtime.model", "_allocate", "allocate caches"),
-    ("helios.runtime.model", "run_producers", "tuning producers"),
-    ("helios.runtime.model", "capture_programs", "CUDA graph capture"),
+    ("helios.runtime.loading.model", "_program_bytes", "program bytes (decompress, verify)"),
+    ("helios.runtime.loading.model", "deserialize_program", "deserialize programs"),
+    ("helios.runtime.loading.model", "move_to_device_pass", "programs to device"),
+    ("helios.runtime.loading.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
+    ("helios.runtime.loading.model", "_allocate", "allocate caches"),
+    ("helios.runtime.loading.model", "run_producers", "tuning producers"),
+    ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
 )
 
 

@@ -45,7 +45,7 @@ from helios.core.streams import drain_decoded  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 from helios.ignition.recipes import load_checkpoint  # noqa: E402
 from helios.ignition.safetensors_image import digest_in_background, safetensors_image  # noqa: E402
-from helios.runtime import model as runtime_model  # noqa: E402
+from helios.runtime.loading import model as runtime_model  # noqa: E402
 
 NAMESPACE = "bench.helios/core-io"
 

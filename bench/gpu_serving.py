@@ -41,10 +41,10 @@ from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 from helios.runtime.engine import EngineRequest  # noqa: E402
-from helios.runtime.events import TokenEvent  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
-from helios.runtime.packer import AdmissionValues  # noqa: E402
-from helios.runtime.request import RequestSpec  # noqa: E402
+from helios.runtime.records.events import TokenEvent  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
+from helios.runtime.execution.packer import AdmissionValues  # noqa: E402
+from helios.runtime.records.request import RequestSpec  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS  # noqa: E402
 

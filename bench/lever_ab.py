@@ -23,7 +23,7 @@ import torch
 
 from helios.abi import fused
 from helios.abi.sampling import greedy_only, reference_sampling
-from helios.runtime.model import program_arguments
+from helios.runtime.loading.model import program_arguments
 
 OPS = torch.ops.helios
 

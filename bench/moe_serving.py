@@ -42,7 +42,7 @@ from random_moe import QWEN3_30B_A3B, SMOKE, MoeShape, with_layers, write_random
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/moe"

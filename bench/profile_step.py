@@ -22,7 +22,7 @@ from random_llama import LLAMA_31_8B, with_layers  # noqa: E402
 
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
-from helios.runtime.model import LoadOptions, program_arguments  # noqa: E402
+from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 

@@ -5,7 +5,7 @@ Exports every program variant that preparation captures for a checkpoint (the em
 model by default, with the embedded core's capacities), stores each both ways and times building a
 callable module from each storage, interleaved, best of --repeats: for images `read_program_image`
 (protobuf, JSON, the graph check, safetensors) + `deserialize_program` + ``.module()``, which is
-what `helios.runtime.model` does; for archives ``torch.export.load`` + ``.module()``. Prints the
+what `helios.runtime.loading.model` does; for archives ``torch.export.load`` + ``.module()``. Prints the
 per-variant and total times and sizes and the image/archive ratio (below 1: images load faster).
 
     python bench/program_load.py                                   # the embedded default model
@@ -86,7 +86,7 @@ def _checkpoint_and_plan(args) -> tuple[Path, CapacityPlan]:
         checkpoint = write_chat_checkpoint(QWEN3, Path(tempfile.mkdtemp()) / "checkpoint", seed=11)
         return checkpoint, CapacityPlan(page_tokens=8, context_tokens=64, prefill_tokens=16, decode_batches=(1, 4))
     from helios.embedded import default_model_dir
-    from helios.server import embedded
+    from helios.embedded import prepared as embedded
 
     checkpoint = args.checkpoint or default_model_dir()
     batches = tuple(int(b) for b in args.decode_batches.split(",")) if args.decode_batches else embedded.DECODE_BATCHES

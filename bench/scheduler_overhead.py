@@ -19,11 +19,11 @@ import gc
 import statistics
 import time
 
-from helios.runtime.capacities import CacheGeometry, Capacities, Operation, ProgramVariant, StorageLayout
-from helios.runtime.plan import RowResult, StepPlan
-from helios.runtime.policy import SchedulerPolicy
-from helios.runtime.request import RequestSpec
-from helios.runtime.scheduler import Scheduler
+from helios.runtime.records.capacities import CacheGeometry, Capacities, Operation, ProgramVariant, StorageLayout
+from helios.runtime.records.plan import RowResult, StepPlan
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.scheduling.scheduler import Scheduler
 
 PAGE_TOKENS = 16
 PROMPT_TOKENS = 64

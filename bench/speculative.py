@@ -35,7 +35,7 @@ from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 from helios.ignition.speculative_plan import SpeculativePlan  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 from ignition.hf_checkpoints import LLAMA2, random_model  # noqa: E402

@@ -12,7 +12,7 @@ the prompts' prefill) for TP1 and TP2 and their ratio, and whether TP1 and TP2 a
 --compare-tokens greedy tokens of every prompt.
 
 Where the time goes: for the end-to-end run of every batch it prints each rank's phase timers
-(`helios.runtime.rank_timing`: rank zero's message encode/send, program runs per operation and
+(`helios.runtime.parallel.rank_timing`: rank zero's message encode/send, program runs per operation and
 completion agreement; a peer's receive (waiting included), decode, apply, program runs and
 agreement) as seconds and share of the wall time; "engine" is rank zero's time outside its
 executor (scheduling, admission, dispatch). TP1 reports its program runs alone.
@@ -50,10 +50,10 @@ from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # 
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
-from helios.runtime.rank_peers import RankOptions  # noqa: E402
-from helios.runtime.rank_timing import PhaseTimers, run_phase  # noqa: E402
+from helios.runtime.parallel.rank_peers import RankOptions  # noqa: E402
+from helios.runtime.parallel.rank_timing import PhaseTimers, run_phase  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/tensor-parallel"

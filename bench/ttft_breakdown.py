@@ -40,7 +40,7 @@ from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # 
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.model import LoadOptions, program_arguments  # noqa: E402
+from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 

@@ -19,7 +19,7 @@ from helios.contract.servable import (OPERATIONS, SERVED_OPERATIONS, SOURCES, No
 from helios.core.keys import load_signing_key
 from helios.core.writer import CoreWriter
 from helios.errors import ContractError, LoadError
-from helios.runtime import packer
+from helios.runtime.execution import packer
 from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
 from runtime.test_model_fixture import EXPECTED, KEY, NAMESPACE, open_fixture, rewrite

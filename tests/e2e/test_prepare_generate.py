@@ -106,7 +106,7 @@ def test_a_short_prompt_alone_runs_the_smallest_prefill_program(prepared):
     """--prefill-chunks 8 captures PREFILL and MIXED at 8 prompt tokens beside 32; a 3-token prompt
     runs the 8-token PREFILL program, a 40-token prompt the 32-token one (chunked)."""
     from helios.core.reader import open_core
-    from helios.runtime import executor as executor_module
+    from helios.runtime.execution import executor as executor_module
     from helios.runtime.offline import generate
     from helios.runtime.service import build_runtime
 
@@ -146,7 +146,7 @@ def test_serving_below_the_largest_batch_keeps_every_token_capacity_of_the_next_
     """At concurrency 2 the 4-row MIXED programs are the smallest that hold it: both of their token
     capacities (8 and 32 prompt tokens) are loaded, not only the smaller one."""
     from helios.core.reader import open_core
-    from helios.runtime.model import select_handles
+    from helios.runtime.loading.model import select_handles
 
     _, core, public = prepared
     contract = open_core(core, accept=NAMESPACE, trusted_keys=[public]).prepared

@@ -246,7 +246,7 @@ def ids_of(tokenizer, *pieces: str) -> list[int]:
 
 def run_output(prepared, token_ids, reason=None, *, timestamps=None, reused_prompt_tokens=0, clock=None):
     """Drives one request's output path like the engine would: (steps, final)."""
-    from helios.runtime.events import FinishReason
+    from helios.runtime.records.events import FinishReason
 
     output = prepared.new_output()
     if clock is not None:

@@ -14,8 +14,8 @@ from google.protobuf import json_format
 from contract.documents import example_text
 from helios.contract import serving_pb2 as spb
 from helios.errors import ContractError
-from helios.frontend import syntax as S
-from helios.frontend.contract_syntax import (
+from helios.frontend.decoding import syntax as S
+from helios.frontend.structured.contract_syntax import (
     TOOL_FIELDS,
     FrontendSyntax,
     check_tool_fields,
@@ -23,8 +23,8 @@ from helios.frontend.contract_syntax import (
     tool_syntax,
 )
 from helios.frontend.parsers import FramePosition, FrameStart, OutputStart
-from helios.frontend.prompt import Prompt, ReasoningState, initial_reasoning_state
-from helios.frontend.syntax import ReasoningSyntaxKind as R, ToolSyntaxKind as T
+from helios.frontend.preparation.prompt import Prompt, ReasoningState, initial_reasoning_state
+from helios.frontend.decoding.syntax import ReasoningSyntaxKind as R, ToolSyntaxKind as T
 
 from .parsers.conftest import small_bpe
 from .served import dsml_frontend, qwen_frontend, recipient_frontend

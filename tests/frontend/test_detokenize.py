@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helios.frontend.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 TOKENIZERS = ["deepseek_tokenizer", "qwen_tokenizer"]
 FIXTURE_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

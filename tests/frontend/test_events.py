@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from helios.frontend.events import (
+from helios.frontend.decoding.events import (
     ContentDelta,
     MarkupDropped,
     ParseError,

@@ -20,7 +20,7 @@ import pytest
 from helios.errors import RequestError
 from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
-from helios.frontend.syntax import ReasoningSyntaxKind, ToolSyntaxKind
+from helios.frontend.decoding.syntax import ReasoningSyntaxKind, ToolSyntaxKind
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app

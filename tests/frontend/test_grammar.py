@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helios.errors import RequestError
-from helios.frontend.grammar import (
+from helios.frontend.structured.grammar import (
     GrammarCompiler,
     GrammarError,
     GrammarKind,
@@ -18,7 +18,7 @@ from helios.frontend.grammar import (
     envelope_lark,
     parse_response_format,
 )
-from helios.frontend.prompt import ReasoningState
+from helios.frontend.preparation.prompt import ReasoningState
 
 EOS = 1  # <｜end▁of▁sentence｜>
 
@@ -370,7 +370,7 @@ def test_200_random_samples_parse_and_validate(compiler, deepseek_tokenizer, thi
 
 
 def test_grammar_errors_are_worded_for_users():
-    from helios.frontend.grammar import MAX_ERROR_CHARS, user_message
+    from helios.frontend.structured.grammar import MAX_ERROR_CHARS, user_message
 
     panic = "thread '<unnamed>' panicked at parser/src/earley/regexvec.rs:512:9:\nindex out of bounds"
     assert user_message(panic) == "the grammar could not be compiled (it is too large or too complex); simplify it"

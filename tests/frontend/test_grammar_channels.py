@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from helios.frontend.grammar import GrammarError
-from helios.frontend.grammar_channels import channels_lark
-from helios.frontend.grammar_lark import Speller
-from helios.frontend.grammar_tools import AnswerKind, CallPolicy, ToolSchema
+from helios.frontend.structured.grammar import GrammarError
+from helios.frontend.structured.grammar_channels import channels_lark
+from helios.frontend.structured.grammar_lark import Speller
+from helios.frontend.structured.grammar_tools import AnswerKind, CallPolicy, ToolSchema
 from helios.frontend.parsers import FramePosition, FrameStart, TokenDelimiters
-from helios.frontend.syntax import example_harmony
+from helios.frontend.decoding.syntax import example_harmony
 
 CHANNELS = example_harmony()
 IDS = {control: 500 + i for i, control in enumerate(CHANNELS.controls)}

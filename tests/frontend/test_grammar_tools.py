@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from helios.frontend.grammar import GrammarCompiler, GrammarError, parse_response_format
-from helios.frontend.grammar_frames import frames_lark
-from helios.frontend.grammar_lark import LarkRules, Piece, Speller, not_containing, text_then
-from helios.frontend.grammar_tools import AnswerKind, CallPolicy, ToolSchema
-from helios.frontend.grammar_values import ValueStyle, safe_schema, string_pattern, without_strings
+from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, parse_response_format
+from helios.frontend.structured.grammar_frames import frames_lark
+from helios.frontend.structured.grammar_lark import LarkRules, Piece, Speller, not_containing, text_then
+from helios.frontend.structured.grammar_tools import AnswerKind, CallPolicy, ToolSchema
+from helios.frontend.structured.grammar_values import ValueStyle, safe_schema, string_pattern, without_strings
 from helios.frontend.parsers import FramePosition, FrameStart, TokenDelimiters
 from helios.frontend.parsers.calls import ValueFormat
-from helios.frontend.request_options import ChatOptionError
+from helios.frontend.preparation.request_options import ChatOptionError
 from helios.frontend.session import FrontendModel
 from helios.server.schemas import ChatCompletionRequest
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helios.errors import RequestError
-from helios.frontend.observation import (
+from helios.frontend.decoding.observation import (
     ObservationClock,
     ObservationOptionError,
     ObservationOptions,

@@ -13,7 +13,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from helios.errors import AdmissionRejected, ExecutionError, OverloadedError, RequestError
-from helios.frontend.events import (
+from helios.frontend.decoding.events import (
     ContentDelta,
     MarkupDropped,
     ParseError,
@@ -25,9 +25,9 @@ from helios.frontend.events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from helios.frontend.observation import ObservationClock
-from helios.frontend.output import OutputFinal, OutputStep, Usage
-from helios.frontend.presentation import (
+from helios.frontend.decoding.observation import ObservationClock
+from helios.frontend.responses.output import OutputFinal, OutputStep, Usage
+from helios.frontend.responses.presentation import (
     SSE_DONE,
     ResponseHead,
     ResponseKind,
@@ -40,8 +40,8 @@ from helios.frontend.presentation import (
     response_body,
     sse_error,
 )
-from helios.frontend.request_options import ResponseOptions
-from helios.runtime.events import FinishReason
+from helios.frontend.preparation.request_options import ResponseOptions
+from helios.runtime.records.events import FinishReason
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 
 from .served import ids_of, qwen_model, run_output

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from helios.errors import LoadError, RequestError
-from helios.frontend.messages import MessageError, Role, parse_messages, parse_tools
-from helios.frontend.prompt import (
+from helios.frontend.preparation.messages import MessageError, Role, parse_messages, parse_tools
+from helios.frontend.preparation.prompt import (
     PrefixConstraint,
     PromptBuilder,
     PromptRules,
@@ -14,7 +14,7 @@ from helios.frontend.prompt import (
     ReasoningState,
     initial_reasoning_state,
 )
-from helios.frontend.template import ChatTemplate, TemplateLoadError, TemplateRenderError
+from helios.frontend.preparation.template import ChatTemplate, TemplateLoadError, TemplateRenderError
 
 # A think-tag template in the Qwen style: ChatML turns, tools in the system turn, tool results as user
 # turns, reasoning kept only after the last user turn, enable_thinking opening or closing reasoning.

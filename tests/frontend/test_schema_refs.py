@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from helios.frontend.grammar import GrammarError, parse_response_format
-from helios.frontend.grammar_values import SAFE_JSON, without_strings
+from helios.frontend.structured.grammar import GrammarError, parse_response_format
+from helios.frontend.structured.grammar_values import SAFE_JSON, without_strings
 from helios.frontend.parsers.schema_refs import MAX_BUNDLED_NODES, SchemaDocument, SchemaRefError
 from helios.frontend.parsers.values import ToolRegistry, ValueKind, schema_kinds, typed_value
 from helios.frontend.session import FrontendModel

@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSampling
 from helios.errors import ContractError, RequestError
-from helios.frontend.events import ResultBuilder
-from helios.frontend.generation import ContextLimitExceeded, SamplingParams, resolve_output_limit, resolve_sampling
-from helios.frontend.grammar import GrammarError
-from helios.frontend.messages import MessageError
-from helios.frontend.observation import ObservationClock, ObservationOptionError
-from helios.frontend.prompt import ReasoningState
-from helios.frontend.request_options import ChatOptionError
+from helios.frontend.decoding.events import ResultBuilder
+from helios.frontend.preparation.generation import ContextLimitExceeded, SamplingParams, resolve_output_limit, resolve_sampling
+from helios.frontend.structured.grammar import GrammarError
+from helios.frontend.preparation.messages import MessageError
+from helios.frontend.decoding.observation import ObservationClock, ObservationOptionError
+from helios.frontend.preparation.prompt import ReasoningState
+from helios.frontend.preparation.request_options import ChatOptionError
 from helios.frontend.session import FrontendModel, PromptError, UnknownModel, check_template_tokens
-from helios.frontend.stops import StopOptionError
-from helios.runtime.events import FinishReason
+from helios.frontend.decoding.stops import StopOptionError
+from helios.runtime.records.events import FinishReason
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 
 from .parsers.conftest import small_bpe
@@ -382,7 +382,7 @@ def test_reasoning_effort_sets_the_thinking_switch_of_the_template(qwen):
 
 
 def test_a_template_without_a_thinking_switch_renders_unchanged():
-    from helios.frontend.client_fields import effective_template_kwargs, thinking_switch_of
+    from helios.frontend.preparation.client_fields import effective_template_kwargs, thinking_switch_of
 
     assert thinking_switch_of("{{ messages }}") is None
     assert effective_template_kwargs("none", {"x": 1}, None) == {"x": 1}

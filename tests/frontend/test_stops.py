@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helios.errors import RequestError
-from helios.frontend.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
-from helios.frontend.stops import (
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
+from helios.frontend.decoding.stops import (
     StopOptionError,
     StopOptions,
     StringStopMatcher,
@@ -278,8 +278,8 @@ def test_token_stops_match_the_reference(single, sequences, ids):
 def test_token_stops_are_limited_together_as_admission_counts_them():
     """Every stop token id is matched as a one-token sequence, so ids and sequences share the limit
     scheduler admission enforces: 16 sequences plus one id is a 400 here, not a 503 later."""
-    from helios.frontend.stops import MAX_STOP_TOKEN_SEQUENCES, parse_stop_options
-    from helios.runtime.capacities import StopLimits
+    from helios.frontend.decoding.stops import MAX_STOP_TOKEN_SEQUENCES, parse_stop_options
+    from helios.runtime.records.capacities import StopLimits
 
     assert StopLimits().max_stop_sequences == MAX_STOP_TOKEN_SEQUENCES
     sequences = [[1, 2]] * MAX_STOP_TOKEN_SEQUENCES

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from helios.cli.generate_cmd import _prompt_ids
 from helios.errors import UsageError
-from helios.frontend.text_bounds import PromptTooLong, TextBounds, TextNotUnicode, strings_of
+from helios.frontend.decoding.text_bounds import PromptTooLong, TextBounds, TextNotUnicode, strings_of
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "src/helios/embedded/default_model/tokenizer.json"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from helios.contract import StartupOptions
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 from runtime.test_host_staging import PROMPTS, engram  # noqa: F401 (the module-scoped core fixture)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from helios.runtime.offline import generate
-from helios.runtime.plan import StorageKind
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.plan import StorageKind
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from runtime.test_hybrid_runtime import PROMPTS, STEPS, expected, hybrid, runtime_of  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.gpu
@@ -42,7 +42,7 @@ def test_state_offload_and_restore_on_cuda(hybrid, expected):  # noqa: F811
 
 
 def test_pages_are_sized_from_free_device_memory(hybrid):  # noqa: F811
-    from helios.runtime.page_sizing import MAX_DEFAULT_PAGES, page_bytes
+    from helios.runtime.loading.page_sizing import MAX_DEFAULT_PAGES, page_bytes
 
     runtime = runtime_of(hybrid, device="cuda")
     model = runtime.model

@@ -1,7 +1,12 @@
-"""Which CUDA-only path breaks the hybrid core's tokens: one or two execution frames, CUDA graphs
-or eager programs (four runs of tests/gpu/test_hybrid_cuda.py's batched case). Diagnostic: a
-failing cell names the path; the CPU emulations of each path pass
-(tests/runtime/test_hybrid_two_frames.py)."""
+"""The hybrid core's batched greedy tokens on CUDA equal transformers' on every CUDA path: one or
+two execution frames, CUDA graphs or eager programs (four runs of tests/gpu/test_hybrid_cuda.py's
+batched case; a failing cell names the path). The CPU emulations of each path are
+tests/runtime/test_hybrid_two_frames.py; state buffer by buffer, tests/gpu/test_hybrid_state_cuda.py.
+
+The reference is transformers with Mamba2's grouped gated norm on every release
+(support.bamba_reference): transformers 5.17 normalises Bamba's gated scan output over the whole
+width, which with two groups changes every token after a coincidentally equal first one (what
+these cells once reported as a CUDA fault: CUDA's tokens were the CPU's all along)."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import pytest
 
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 from runtime.test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, expected, hybrid  # noqa: F401

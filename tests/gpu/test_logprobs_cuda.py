@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from helios.core.reader import open_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from support.logprob_runs import REQUESTS, check_logprob_run
 from support.server_core import tiny_core
 

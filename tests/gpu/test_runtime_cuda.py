@@ -24,8 +24,8 @@ import torch
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from helios.runtime.events import FinishReason
-from helios.runtime.model import LoadOptions
+from helios.runtime.records.events import FinishReason
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import DEEPSEEK, GLM4_MOE, GPT_OSS, LLAMA3, MISTRAL, QWEN3, QWEN3_MOE
 from support.chat_checkpoint import write_chat_checkpoint
@@ -122,7 +122,7 @@ def test_soak_allocates_nothing_once_warm_and_frees_everything(cores):
 def test_startup_tuning_outputs_survive_graph_capture(cores):
     """The producer runs before capture; capture re-zeroes the buffers warm-up wrote, but not its
     outputs: the decode split counts the graphs read are the producer's, for this GPU."""
-    from helios.runtime.model import load_model
+    from helios.runtime.loading.model import load_model
 
     model = load_model(cores.open(QWEN3), cuda_options())
     splits = model.buffers["attention_splits"]
@@ -134,7 +134,7 @@ def test_released_graphs_refuse_to_replay():
     """A rank releases its graphs before tearing down NCCL; a released program fails typed."""
     from types import SimpleNamespace
 
-    from helios.runtime.cuda_graphs import CaptureError, CapturedProgram, release_graphs
+    from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram, release_graphs
 
     static = torch.zeros(4, device="cuda")
 

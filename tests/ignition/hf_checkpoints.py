@@ -94,6 +94,12 @@ BAMBA = Family("bamba", transformers.BambaConfig, (
     ("mamba_n_groups", 2), ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_chunk_size", 8),
     ("tie_word_embeddings", False),
 ))
+# One B/C group (as most Mamba2 hybrids): under tensor parallelism B and C stay whole on every rank.
+BAMBA_ONE_GROUP = Family("bamba-one-group", transformers.BambaConfig, (
+    ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),
+    ("mamba_n_groups", 1), ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_chunk_size", 8),
+    ("tie_word_embeddings", False),
+))
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

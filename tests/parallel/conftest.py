@@ -11,7 +11,7 @@ import pytest
 from helios.cli.main import main
 from helios.core.reader import open_core
 from helios.runtime.offline import generate
-from helios.runtime.rank_peers import PeerKind, RankOptions
+from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
 from support.chat_checkpoint import write_chat_checkpoint
 

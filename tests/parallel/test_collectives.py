@@ -13,8 +13,8 @@ import torch
 from helios.abi.collectives import CollectiveError, bind_group
 from helios.abi.registry import AbiArgumentError
 from helios.contract import manifest_pb2 as mpb
-from helios.runtime.rank_rendezvous import Rendezvous
-from helios.runtime.ranks import CohortRejected, agree
+from helios.runtime.parallel.rank_rendezvous import Rendezvous
+from helios.runtime.parallel.ranks import CohortRejected, agree
 
 TIMEOUT = timedelta(seconds=2)
 

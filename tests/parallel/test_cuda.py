@@ -1,7 +1,8 @@
 """Tensor parallelism on two GPUs (device machine only): the collective ABI ops through NCCL, eager
 and replayed from a CUDA graph, bit for bit equal on both ranks; a two-rank core on cuda:0 and
 cuda:1 (rank 1 a local process) generates the greedy tokens the one-rank core generates on
-cuda:0; a lost GPU rank fails the model instead of hanging it."""
+cuda:0 (hybrid Mamba2 cores too: each rank's state rows, and a one-group mixer's norm summed over
+the ranks); a lost GPU rank fails the model instead of hanging it."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helios.runtime.cuda_graphs import CapturedProgram
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.cuda_graphs import CapturedProgram
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.rank_peers import PeerKind
+from helios.runtime.parallel.rank_peers import PeerKind
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import LLAMA3, QWEN3
+from ignition.hf_checkpoints import BAMBA, BAMBA_ONE_GROUP, LLAMA3, QWEN3
 from support import nccl_ranks
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS
@@ -109,8 +110,9 @@ def cuda_tokens(core, cuda_graphs: bool, ranks=GPU_RANKS) -> list[list[int]]:
     return [list(r.token_ids) for r in results]
 
 
-@pytest.mark.parametrize("family, cuda_graphs", [(QWEN3, True), (QWEN3, False), (LLAMA3, True)],
-                         ids=["qwen3-graphs", "qwen3-eager", "llama3-graphs"])
+@pytest.mark.parametrize("family, cuda_graphs", [(QWEN3, True), (QWEN3, False), (LLAMA3, True), (BAMBA, True),
+                                                 (BAMBA_ONE_GROUP, True)],
+                         ids=["qwen3-graphs", "qwen3-eager", "llama3-graphs", "bamba-graphs", "bamba-one-group-graphs"])
 def test_two_gpu_ranks_generate_what_one_gpu_generates(cores, family, cuda_graphs):
     one = cuda_tokens(cores.open(cores.core(family, 1)), cuda_graphs)
     two = cuda_tokens(cores.open(cores.core(family, 2)), cuda_graphs)

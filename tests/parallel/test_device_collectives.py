@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from helios.abi.collectives import CollectiveError, RankGroup
-from helios.runtime.rank_deadline import StepDeadline
-from helios.runtime.ranks import RankedExecutor
-from helios.runtime.stats import WorkerStats
+from helios.runtime.parallel.rank_deadline import StepDeadline
+from helios.runtime.parallel.ranks import RankedExecutor
+from helios.runtime.records.stats import WorkerStats
 
 HANG_GUARD_S = 60
 

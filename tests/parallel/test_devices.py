@@ -12,7 +12,7 @@ import torch
 
 from helios.contract import StartupOptions
 from helios.errors import LoadError
-from helios.runtime.rank_devices import (
+from helios.runtime.parallel.rank_devices import (
     MissingDeviceError,
     RankBackend,
     UnsupportedRanksError,
@@ -21,9 +21,9 @@ from helios.runtime.rank_devices import (
     join_device,
     place_local_ranks,
 )
-from helios.runtime.rank_peers import PeerKind, RankOptions, join_rank, start_ranks
-from helios.runtime.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous
-from helios.runtime.stats import WorkerStats
+from helios.runtime.parallel.rank_peers import PeerKind, RankOptions, join_rank, start_ranks
+from helios.runtime.parallel.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous
+from helios.runtime.records.stats import WorkerStats
 
 CUDA = [torch.device("cuda", index) for index in range(4)]
 

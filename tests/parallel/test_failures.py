@@ -17,12 +17,12 @@ import pytest
 
 from helios.errors import LoadError
 from helios.runtime.engine import EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.offline import generate
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.rank_peers import PeerKind, join_rank
-from helios.runtime.rank_rendezvous import MissingRankError, RankJoinError, Rendezvous
-from helios.runtime.request import RequestSpec
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.parallel.rank_peers import PeerKind, join_rank
+from helios.runtime.parallel.rank_rendezvous import MissingRankError, RankJoinError, Rendezvous
+from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3
 

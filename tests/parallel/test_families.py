@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from ignition.hf_checkpoints import DENSE_FAMILIES, GLM4_MOE, GPT_OSS, QWEN3_MOE
+from helios.runtime.offline import generate
+from ignition.hf_checkpoints import BAMBA, BAMBA_ONE_GROUP, DENSE_FAMILIES, GLM4_MOE, GPT_OSS, QWEN3_MOE
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
-# sinks (split by query head) and expert biases (the down bias added once).
-FAMILIES = DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, GPT_OSS)
+# sinks (split by query head) and expert biases (the down bias added once); Bamba Mamba2 mixers split
+# by heads and B/C groups, each rank's state rows its own share (one group: B/C whole on each rank,
+# the gated norm summed over the ranks).
+FAMILIES = DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, GPT_OSS, BAMBA, BAMBA_ONE_GROUP)
 
-from .conftest import greedy_tokens
+from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
@@ -21,3 +24,22 @@ def test_two_ranks_generate_what_one_rank_generates(cores, family):
     two = greedy_tokens(cores.open(cores.core(family, 2)))
     assert two == cores.one_rank_tokens(family)
     assert all(len(tokens) == 10 for tokens in two)
+
+
+def _restoring_run(core) -> tuple[list[list[int]], object, list]:
+    """PROMPTS[0], then a prompt that extends it (restoring the snapshot published at its end):
+    tokens, counters, rank 0's state plane shapes."""
+    with running(core) as runtime:
+        prompts = [PROMPTS[0], PROMPTS[0] + [7, 8, 9]]
+        tokens = [list(generate(runtime.engine, [prompt], MAX_TOKENS)[0].token_ids) for prompt in prompts]
+        state = [tuple(runtime.model.buffers[name].shape) for name in ("conv_state", "ssm_state")]  # rank 0's
+        return tokens, runtime.engine.scheduler.counters(), state
+
+
+def test_hybrid_ranks_hold_their_share_of_the_state_and_restore_snapshots(cores):
+    one_tokens, one_counters, one_state = _restoring_run(cores.open(cores.core(BAMBA, 1)))
+    two_tokens, two_counters, two_state = _restoring_run(cores.open(cores.core(BAMBA, 2)))
+    assert two_tokens == one_tokens
+    assert two_counters.snapshots_restored == one_counters.snapshots_restored == 1
+    (layers, rows, channels, taps), (_, _, heads, head_dim, state_size) = one_state
+    assert two_state == [(layers, rows, channels // 2, taps), (layers, rows, heads // 2, head_dim, state_size)]

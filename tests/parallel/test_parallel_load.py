@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 
 from helios.runtime import service
-from helios.runtime.model import load_model
+from helios.runtime.loading.model import load_model
 from helios.runtime.offline import generate
-from helios.runtime.rank_peers import launch_peers
-from helios.runtime.rank_rendezvous import RankJoinError, Rendezvous, Sizing
+from helios.runtime.parallel.rank_peers import launch_peers
+from helios.runtime.parallel.rank_rendezvous import RankJoinError, Rendezvous, Sizing
 from ignition.hf_checkpoints import LLAMA3
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running

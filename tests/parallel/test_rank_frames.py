@@ -9,12 +9,12 @@ import signal
 
 import pytest
 
-from helios.runtime.capacities import Operation
+from helios.runtime.records.capacities import Operation
 from helios.runtime.offline import generate
-from helios.runtime.plan import StepPlan
-from helios.runtime.rank_channel import StepChannel
-from helios.runtime.rank_timing import PhaseTimers
-from helios.runtime.rank_wire import MessageKind, StepMessage
+from helios.runtime.records.plan import StepPlan
+from helios.runtime.parallel.rank_channel import StepChannel
+from helios.runtime.parallel.rank_timing import PhaseTimers
+from helios.runtime.parallel.rank_wire import MessageKind, StepMessage
 from ignition.hf_checkpoints import LLAMA3, QWEN3
 
 from .conftest import MAX_TOKENS, PROMPTS, running

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from helios.runtime.offline import generate
-from helios.runtime.rank_timing import PHASES, PhaseTimers
+from helios.runtime.parallel.rank_timing import PHASES, PhaseTimers
 from ignition.hf_checkpoints import LLAMA3
 
 from .conftest import MAX_TOKENS, PROMPTS, running

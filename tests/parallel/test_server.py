@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import httpx
 
-from helios.runtime.rank_peers import PeerKind
+from helios.runtime.parallel.rank_peers import PeerKind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel

@@ -12,6 +12,7 @@ from safetensors.torch import load as load_safetensors
 from helios.contract import manifest_pb2 as mpb
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
 from helios.ignition.recipes.base import NamedWeight, Recipe
+from helios.ignition.recurrent_geometry import RecurrentGeometry
 from helios.ignition.sharding import rank_architecture, rank_weight_files, rank_weights
 
 ARCH = Architecture(vocab_size=11, hidden_size=8, intermediate_size=6, num_layers=1, num_heads=4, num_kv_heads=2,
@@ -80,3 +81,52 @@ def test_weight_files_carry_catalogs_of_their_stored_tensors():
             assert view.dtype == (mpb.DTYPE_INT64 if view.name == "w.vocab.start" else mpb.DTYPE_FLOAT32)
             raw = data[view.byte_offset:view.byte_offset + view.nbytes]
             assert raw == stored.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+
+
+HYBRID = dataclasses.replace(ARCH, num_layers=2, layer_windows=(0, 0), recurrent=RecurrentGeometry(
+    layers=(0,), num_heads=4, head_dim=2, state_size=3, num_groups=2, conv_kernel=3, proj_bias=True, out_bias=True))
+
+
+def test_mixers_split_by_heads_and_the_groups_they_read():
+    recipe, g = numbered_recipe(HYBRID), HYBRID.recurrent
+    whole = {w.name: w.tensor for w in recipe.weights}
+    ranks = [{w.name: w.tensor for w in rank_weights(recipe, 2, rank)} for rank in range(2)]
+    shard = rank_architecture(HYBRID, 2).recurrent
+    assert (shard.num_heads, shard.num_groups, shard.conv_dim) == (2, 1, g.conv_dim // 2)
+    inner, group = g.intermediate, g.state_size  # 8 channels of x (and z), 3 of each B and C group
+    in_proj, conv = whole["layers.0.mixer.in_proj.weight"], whole["layers.0.mixer.conv.weight"]
+    for rank, weights in enumerate(ranks):
+        heads, channels, groups = slice(2 * rank, 2 * rank + 2), slice(4 * rank, 4 * rank + 4), slice(
+            group * rank, group * (rank + 1))
+        x, b, c = conv[:inner], conv[inner:inner + 2 * group], conv[inner + 2 * group:]
+        assert torch.equal(weights["layers.0.mixer.conv.weight"], torch.cat([x[channels], b[groups], c[groups]]))
+        z, xbc, dt = in_proj[:inner], in_proj[inner:inner + g.conv_dim], in_proj[inner + g.conv_dim:]
+        x, b, c = xbc[:inner], xbc[inner:inner + 2 * group], xbc[inner + 2 * group:]
+        expected = torch.cat([z[channels], x[channels], b[groups], c[groups], dt[heads]])
+        assert torch.equal(weights["layers.0.mixer.in_proj.weight"], expected)
+        for name in ("A", "D", "dt_bias"):
+            assert torch.equal(weights[f"layers.0.mixer.{name}"], whole[f"layers.0.mixer.{name}"][heads])
+        assert torch.equal(weights["layers.0.mixer.norm"], whole["layers.0.mixer.norm"][channels])
+        assert torch.equal(weights["layers.0.mixer.out.bias"], whole["layers.0.mixer.out.bias"])  # added once
+    out = torch.cat([r["layers.0.mixer.out.weight"] for r in ranks], dim=1)
+    assert torch.equal(out, whole["layers.0.mixer.out.weight"])
+
+
+def test_one_group_mixers_keep_b_and_c_whole_and_norm_over_the_ranks():
+    one_group = dataclasses.replace(HYBRID, recurrent=dataclasses.replace(HYBRID.recurrent, num_groups=1))
+    g, shard = one_group.recurrent, rank_architecture(one_group, 2).recurrent
+    assert (shard.num_heads, shard.num_groups, shard.norm_ranks) == (2, 1, 2)
+    recipe = numbered_recipe(one_group)
+    conv = {w.name: w.tensor for w in recipe.weights}["layers.0.mixer.conv.weight"]
+    for rank in range(2):
+        weights = {w.name: w.tensor for w in rank_weights(recipe, 2, rank)}
+        channels = slice(4 * rank, 4 * rank + 4)
+        expected = torch.cat([conv[:g.intermediate][channels], conv[g.intermediate:]])  # x share, B and C whole
+        assert torch.equal(weights["layers.0.mixer.conv.weight"], expected)
+
+
+def test_mixer_groups_that_do_not_divide_are_refused_by_name():
+    three_groups = dataclasses.replace(HYBRID, recurrent=dataclasses.replace(HYBRID.recurrent, num_heads=6,
+                                                                               num_groups=3))
+    with pytest.raises(CheckpointError, match="mixer groups"):
+        rank_architecture(three_groups, 2)

@@ -12,7 +12,7 @@ import torch
 
 from helios.abi.collectives import RankGroup, bind_group
 from helios.abi.symmetric_reduce import SymmetricMemoryUnavailable, SymmetricReducer, open_symmetric_reducer
-from helios.runtime.rank_rendezvous import Rendezvous
+from helios.runtime.parallel.rank_rendezvous import Rendezvous
 
 from .test_collectives import on_ranks
 from .test_device_collectives import FakeDeviceGroup

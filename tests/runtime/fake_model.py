@@ -19,8 +19,8 @@ import hashlib
 from array import array
 from typing import Sequence
 
-from helios.runtime.capacities import Capacities, Operation
-from helios.runtime.plan import CopyOp, PlanRow, RowResult, StepPlan, StorageKind
+from helios.runtime.records.capacities import Capacities, Operation
+from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan, StorageKind
 
 VOCAB = 97
 

@@ -11,13 +11,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from helios.runtime.capacities import (CacheGeometry, Capacities, HistoryKind, HistoryRegion, LengthSource,
+from helios.runtime.records.capacities import (CacheGeometry, Capacities, HistoryKind, HistoryRegion, LengthSource,
                                        Operation, ProgramVariant, StorageLayout)
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.plan import StepPlan
-from helios.runtime.policy import SchedulerPolicy
-from helios.runtime.request import RequestSpec
-from helios.runtime.scheduler import Scheduler
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.plan import StepPlan
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.scheduling.scheduler import Scheduler
 
 from .fake_model import VOCAB, FakeExecutor
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from helios.errors import AdmissionRejected, LoadError
-from helios.runtime import admission
-from helios.runtime.capacities import (CacheGeometry, Capacities, Operation, PageTableView, ProgramVariant,
+from helios.runtime.scheduling import admission
+from helios.runtime.records.capacities import (CacheGeometry, Capacities, Operation, PageTableView, ProgramVariant,
                                        StorageLayout)
 
 from .harness import capacities, make, spec
@@ -97,7 +97,7 @@ def test_rejection_never_disturbs_other_requests():
 
 
 def test_rejected_requests_get_a_distinct_terminal_event():
-    from helios.runtime.events import FinishReason, rejected
+    from helios.runtime.records.events import FinishReason, rejected
     scheduler, _ = make()
     try:
         scheduler.submit(spec("a", [], 1))

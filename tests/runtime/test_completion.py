@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from helios.runtime.capacities import LengthSource, Operation
-from helios.runtime.events import FinishReason
-from helios.runtime.faults import InvariantViolation, UnknownPlan
+from helios.runtime.records.capacities import LengthSource, Operation
+from helios.runtime.records.events import FinishReason
+from helios.runtime.records.faults import InvariantViolation, UnknownPlan
 
 from .fake_model import reference
 from .harness import assert_all_released, make, spec

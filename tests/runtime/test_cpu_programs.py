@@ -1,4 +1,4 @@
-"""Load-time CPU preparation of programs (`helios.runtime.cpu_programs`): the same values, bit for
+"""Load-time CPU preparation of programs (`helios.runtime.loading.cpu_programs`): the same values, bit for
 bit, with ABI ops called directly and flat inputs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import helios.abi.attention  # noqa: F401 (registers the ops)
-from helios.runtime.cpu_programs import CpuProgram, ProgramArgumentError, bind_abi_kernels, cpu_program
+from helios.runtime.loading.cpu_programs import CpuProgram, ProgramArgumentError, bind_abi_kernels, cpu_program
 
 HEAD_DIM = 4
 

@@ -7,7 +7,7 @@ fixture core, so their use of the engine API is checked on every machine.
 
 from __future__ import annotations
 
-from helios.runtime.events import FinishReason
+from helios.runtime.records.events import FinishReason
 from helios.runtime.service import build_runtime
 from support.engine_soak import EngineSoak, SoakSettings, check_soak, greedy_completed
 from support.runtime_runs import greedy_run, logits_error

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from helios.runtime.capacities import LengthSource
-from helios.runtime.events import FinishReason
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.capacities import LengthSource
+from helios.runtime.records.events import FinishReason
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
 from .fake_model import reference
 from .harness import assert_all_released, make, spec
@@ -130,4 +130,25 @@ def test_state_layout_reuses_only_snapshots():
     assert driver.outcomes["pages-only"].tokens == reference(same_pages, 4, stateful=True)
     assert driver.outcomes["turn2"].finish.num_reused_tokens == len(first) + 4
     assert driver.outcomes["turn2"].tokens == reference(follow, 5, stateful=True)
+    assert_all_released(scheduler)
+
+
+@pytest.mark.parametrize("stable", [0, 13, 12], ids=["no-stable-prefix", "stable-prefix", "page-aligned"])
+def test_state_layout_publishes_the_stable_prefix_for_the_next_turn(stable):
+    """A chat turn whose template re-renders its tail (the generation prompt, the reply) differently
+    next turn: only its stable prefix is reused, through the snapshot published where it ends (a
+    partial page and the state rows, or the state rows alone at a page boundary)."""
+    first = prompts(1, seed=9, low=20, high=21)[0]
+    scheduler, driver = make(max_active=2, stateful=True)
+    run_all(driver, [first], max_output=4, stable_prefix_len=stable)
+    ends = {row.start_pos + row.query_len for plan in driver.plans for row in plan.rows}
+    assert (stable in ends) == bool(stable)
+    turn2 = first[:stable or 13] + [7, 7, 8, 9, 9, 9]
+    driver.submit(spec("turn2", turn2, 5))
+    driver.run()
+    counters = scheduler.counters()
+    assert driver.outcomes["turn2"].finish.num_reused_tokens == stable
+    assert counters.snapshots_restored == (1 if stable else 0)
+    assert counters.snapshots_published == (2 if stable else 1) + 1  # stable end, prompt ends of both turns
+    assert driver.outcomes["turn2"].tokens == reference(turn2, 5, stateful=True)
     assert_all_released(scheduler)

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from helios.runtime.capacities import Operation
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.policy import SchedulerPolicy
-from helios.runtime.scheduler import Scheduler
+from helios.runtime.records.capacities import Operation
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.scheduling.scheduler import Scheduler
 
 from .fake_model import FakeExecutor, reference
 from .harness import Driver, assert_all_released, capacities, make, spec

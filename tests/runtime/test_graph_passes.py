@@ -1,10 +1,10 @@
-"""Load-time removal of no-op nodes from exported programs (`helios.runtime.graph_passes`)."""
+"""Load-time removal of no-op nodes from exported programs (`helios.runtime.loading.graph_passes`)."""
 
 from __future__ import annotations
 
 import torch
 
-from helios.runtime.graph_passes import drop_no_op_nodes
+from helios.runtime.loading.graph_passes import drop_no_op_nodes
 
 
 class Casts(torch.nn.Module):

@@ -1,11 +1,11 @@
-"""Exact load-time graph rewrites (`helios.runtime.graph_rewrites`)."""
+"""Exact load-time graph rewrites (`helios.runtime.loading.graph_rewrites`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helios.runtime.graph_rewrites import fuse_rotary_halves
+from helios.runtime.loading.graph_rewrites import fuse_rotary_halves
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

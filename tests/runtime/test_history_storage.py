@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helios.runtime.capacities import HistoryKind, HistoryRegion, StorageLayout
-from helios.runtime.history_storage import HistoryStorage, Plane, UnsupportedCopyError
-from helios.runtime.page_pool import PagePool
-from helios.runtime.pages import PageAllocator
-from helios.runtime.prefix_cache import PrefixCache
-from helios.runtime.plan import CopyOp, Location, StorageKind
-from helios.runtime.snapshots import FenceKind, Residence, SnapshotStore
+from helios.runtime.records.capacities import HistoryKind, HistoryRegion, StorageLayout
+from helios.runtime.execution.history_storage import HistoryStorage, Plane, UnsupportedCopyError
+from helios.runtime.cache.page_pool import PagePool
+from helios.runtime.cache.pages import PageAllocator
+from helios.runtime.cache.prefix_cache import PrefixCache
+from helios.runtime.records.plan import CopyOp, Location, StorageKind
+from helios.runtime.cache.snapshots import FenceKind, Residence, SnapshotStore
 
 PAGE_TOKENS, PAGES, SLOTS, ROWS = 4, 6, 3, 2  # ROWS: state rows per request
 

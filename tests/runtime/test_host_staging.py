@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from helios.runtime.host_staging import (FrameInUseError, GroupRetirement, HostStaging, HostTable, LocalRetirement)
+from helios.runtime.execution.host_staging import (FrameInUseError, GroupRetirement, HostStaging, HostTable, LocalRetirement)
 from helios.runtime.offline import generate
-from helios.runtime.rank_rendezvous import Rendezvous
-from helios.runtime.ranks import retire_over_group
+from helios.runtime.parallel.rank_rendezvous import Rendezvous
+from helios.runtime.parallel.ranks import retire_over_group
 from helios.runtime.service import build_runtime
 from runtime.test_model_fixture import KEY, NAMESPACE, open_fixture
 from support.engram_core import EngramModel, reference_tokens, write_engram_core
@@ -137,7 +137,7 @@ def test_tensor_parallel_executors_retire_over_their_group():
 def test_a_two_rank_engram_core_serves_the_reference_tokens_with_cross_rank_retirement(engram, tmp_path):
     """Both ranks stage every submission's rows and reuse a frame only after the MIN all-reduce
     over the group says every rank retired it; the tokens are the reference's."""
-    from helios.runtime.rank_peers import PeerKind, RankOptions
+    from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
     from helios.runtime.service import RuntimeOptions
 
     model, _ = engram

@@ -14,12 +14,13 @@ from helios.contract import serving_pb2 as spb
 from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.plan import StorageKind
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.plan import StorageKind
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import BAMBA
+from support.bamba_reference import grouped_gated_norm
 from support.chat_checkpoint import write_chat_checkpoint
 
 NAMESPACE = "test.helios/hybrid"
@@ -37,6 +38,7 @@ def hybrid(tmp_path_factory):
                         prefill_chunks=(8,))
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
+    grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it (the GPU machine's)
     reference.generation_config.eos_token_id = None
     return root, reference
 

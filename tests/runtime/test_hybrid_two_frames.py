@@ -12,13 +12,13 @@ import functools
 
 import pytest
 
-import helios.runtime.model as model_module
+import helios.runtime.loading.model as model_module
 import helios.runtime.service as service
 from helios.abi.sampling import greedy_only
-from helios.runtime.model import program_arguments
+from helios.runtime.loading.model import program_arguments
 from helios.runtime.offline import generate
-from helios.runtime.packer import Packer
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.execution.packer import Packer
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from runtime.test_hybrid_runtime import PROMPTS, STEPS, expected, hybrid, runtime_of  # noqa: F401
 
 

@@ -13,7 +13,7 @@ from helios.core.keys import load_signing_key
 from helios.core.reader import open_core
 from helios.core.writer import CoreWriter
 from helios.errors import LoadError
-from helios.runtime.model import MissingVariantError, WeightMismatchError
+from helios.runtime.loading.model import MissingVariantError, WeightMismatchError
 from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
 
@@ -132,11 +132,11 @@ def test_host_staged_packing_generates_the_same_tokens():
 
 def _engine(model, **packer_options):
     from helios.runtime.engine import Engine
-    from helios.runtime.executor import Executor, program_table
-    from helios.runtime.geometry import capacities_for
-    from helios.runtime.packer import Packer
-    from helios.runtime.scheduler import Scheduler
-    from helios.runtime.stats import WorkerStats
+    from helios.runtime.execution.executor import Executor, program_table
+    from helios.runtime.execution.geometry import capacities_for
+    from helios.runtime.execution.packer import Packer
+    from helios.runtime.scheduling.scheduler import Scheduler
+    from helios.runtime.records.stats import WorkerStats
 
     packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()), **packer_options)
     return Engine(Scheduler.create(capacities_for(model, 16, 0)), Executor(model, packer, program_table(model)),
@@ -148,7 +148,7 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
     no request has temperature > 0; here a recording stand-in plays the captured program on the CPU."""
     import dataclasses
 
-    from helios.runtime.model import program_arguments
+    from helios.runtime.loading.model import program_arguments
     from helios.runtime.offline import SamplingChoice
 
     model = build_runtime(open_fixture()).model

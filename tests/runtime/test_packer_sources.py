@@ -12,11 +12,11 @@ import torch
 from contract.documents import example_doc
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
-from helios.runtime.capacities import Operation
-from helios.runtime.model import _DTYPES
-from helios.runtime.host_staging import host_staging
-from helios.runtime.packer import AdmissionValues, Packer
-from helios.runtime.plan import PlanRow, StepPlan
+from helios.runtime.records.capacities import Operation
+from helios.runtime.loading.model import _DTYPES
+from helios.runtime.execution.host_staging import host_staging
+from helios.runtime.execution.packer import AdmissionValues, Packer
+from helios.runtime.records.plan import PlanRow, StepPlan
 
 STATE_ROWS = 2
 

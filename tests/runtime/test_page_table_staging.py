@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import torch
 
 from helios.contract import serving_pb2 as S
-from helios.runtime.packer import AdmissionValues, Binding, _fill_admission, _Staging
-from helios.runtime.plan import PlanRow
+from helios.runtime.execution.packer import AdmissionValues, Binding, _fill_admission, _Staging
+from helios.runtime.records.plan import PlanRow
 
 SLOTS, MAX_PAGES = 8, 256
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from helios.runtime.faults import PageAccountingError
-from helios.runtime.page_pool import PagePool
-from helios.runtime.pages import PageAllocator
-from helios.runtime.prefix_cache import PrefixCache, extend_chain, page_digest, root_digest
+from helios.runtime.records.faults import PageAccountingError
+from helios.runtime.cache.page_pool import PagePool
+from helios.runtime.cache.pages import PageAllocator
+from helios.runtime.cache.prefix_cache import PrefixCache, extend_chain, page_digest, root_digest
 
 
 def test_allocate_is_all_or_nothing_and_counts_references():

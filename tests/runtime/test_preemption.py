@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from helios.runtime.plan import CopyOp, Location, StorageKind
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
-from helios.runtime.request import RequestStatus
+from helios.runtime.records.plan import CopyOp, Location, StorageKind
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.request import RequestStatus
 
 from .fake_model import reference
 from .harness import assert_all_released, make, spec

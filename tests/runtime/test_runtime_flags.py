@@ -11,7 +11,7 @@ import pytest
 from helios.cli.main import main
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
-from helios.runtime.page_sizing import CacheMemoryError, other_bytes, page_bytes, pages_for_memory
+from helios.runtime.loading.page_sizing import CacheMemoryError, other_bytes, page_bytes, pages_for_memory
 from runtime.test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, expected, hybrid  # noqa: F401 (fixtures)
 from runtime.test_model_fixture import open_fixture
 
@@ -45,6 +45,7 @@ def test_no_logprobs_reaches_the_startup_options(flags, loaded):
     (["--preemption", "offload"], "--host-pages"),
     (["--pages", "0"], "--pages"),
     (["--memory-fraction", "1.5"], "--memory-fraction"),
+    (["--image-cache-images", "0"], "--image-cache-images must be positive"),
     (["--speculative-width", "4"], "startup.speculative_width: 4 is not a prepared width"),
     (["--history-drafting"], "startup.history_drafting"),
 ])

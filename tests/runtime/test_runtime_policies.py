@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from helios.runtime.model import LoadOptions
-from helios.runtime.plan import StorageKind
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.records.plan import StorageKind
 from helios.runtime.offline import generate
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 
 from .test_model_fixture import open_fixture

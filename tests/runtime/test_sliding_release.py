@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from helios.runtime.capacities import HistoryKind, HistoryRegion, PageTableView, StorageLayout
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
-from helios.runtime.request import RELEASED_PAGE
-from helios.runtime.scheduler import Scheduler
+from helios.runtime.records.capacities import HistoryKind, HistoryRegion, PageTableView, StorageLayout
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.request import RELEASED_PAGE
+from helios.runtime.scheduling.scheduler import Scheduler
 
 from .fake_model import FakeExecutor, reference
 from .harness import Driver, assert_all_released, capacities, make, spec

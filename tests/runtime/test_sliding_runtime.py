@@ -15,7 +15,7 @@ from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.offline import generate
-from helios.runtime.request import RELEASED_PAGE
+from helios.runtime.records.request import RELEASED_PAGE
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import MISTRAL
 from support.chat_checkpoint import write_chat_checkpoint

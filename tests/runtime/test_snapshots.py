@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from helios.runtime.capacities import HistoryKind, HistoryRegion, StorageLayout
-from helios.runtime.page_pool import PagePool
-from helios.runtime.pages import PageAllocator
-from helios.runtime.plan import CopyOp, Location, StorageKind
-from helios.runtime.prefix_cache import PrefixCache, extend_chain, root_digest
-from helios.runtime.snapshots import FenceKind, Residence, SnapshotStore
+from helios.runtime.records.capacities import HistoryKind, HistoryRegion, StorageLayout
+from helios.runtime.cache.page_pool import PagePool
+from helios.runtime.cache.pages import PageAllocator
+from helios.runtime.records.plan import CopyOp, Location, StorageKind
+from helios.runtime.cache.prefix_cache import PrefixCache, extend_chain, root_digest
+from helios.runtime.cache.snapshots import FenceKind, Residence, SnapshotStore
 
 ROOT = root_digest(b"m")
 PAGE, CONT, HOST, STATE = StorageKind.PAGE, StorageKind.CONTINUATION, StorageKind.HOST, StorageKind.STATE

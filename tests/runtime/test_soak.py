@@ -7,9 +7,9 @@ import random
 import pytest
 
 from helios.errors import AdmissionRejected
-from helios.runtime.capacities import LengthSource
-from helios.runtime.events import FinishReason
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.records.capacities import LengthSource
+from helios.runtime.records.events import FinishReason
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
 from .fake_model import reference
 from .harness import assert_all_released, make, spec

@@ -22,10 +22,10 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.program_spec import AttentionTuning, Operation, ProgramOptions
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.tuning import TUNING_CAPACITY, TUNING_GRAPH
-from helios.runtime.model import load_model
+from helios.runtime.loading.model import load_model
 from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
-from helios.runtime.tuning import MissingProducerError, ProducerFailedError, TuningProducerError
+from helios.runtime.loading.tuning import MissingProducerError, ProducerFailedError, TuningProducerError
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 
@@ -100,7 +100,7 @@ def test_loading_runs_the_producer_with_the_formula_of_this_cpu(prepared):
 
 def test_tuned_outputs_are_the_buffers_capture_must_keep(prepared):
     """CUDA capture zeroes the buffers its warm-up may have written, except the producers' outputs."""
-    from helios.runtime.model import tuned_outputs
+    from helios.runtime.loading.model import tuned_outputs
 
     assert tuned_outputs(open_prepared(prepared).prepared) == {"attention_splits"}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from helios.runtime.capacities import Operation
-from helios.runtime.request import RequestStatus
+from helios.runtime.records.capacities import Operation
+from helios.runtime.records.request import RequestStatus
 
 from .fake_model import reference
 from .harness import assert_all_released, make, spec

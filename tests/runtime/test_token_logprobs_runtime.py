@@ -8,12 +8,12 @@ import pytest
 
 from helios.contract import StartupOptions
 from helios.core.reader import open_core
-from helios.runtime.admission import UnsupportedRequest
+from helios.runtime.scheduling.admission import UnsupportedRequest
 from helios.runtime.engine import EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.model import LoadOptions
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.request import RequestSpec
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
 from support.logprob_runs import GREEDY, REQUESTS, check_logprob_run
 from support.server_core import tiny_core

@@ -15,8 +15,8 @@ import pytest
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from helios.runtime.events import FinishReason
-from helios.runtime.geometry import device_pending
+from helios.runtime.records.events import FinishReason
+from helios.runtime.execution.geometry import device_pending
 from helios.runtime.offline import SamplingChoice, generate
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import QWEN3

@@ -17,8 +17,8 @@ from safetensors.torch import save as save_safetensors
 
 from helios.core.errors import ChunkDigestError, DecodedLengthError
 from helios.ignition.safetensors_image import safetensors_image
-from helios.runtime.model import LoadOptions, load_model
-from helios.runtime.weight_stream import (
+from helios.runtime.loading.model import LoadOptions, load_model
+from helios.runtime.loading.weight_stream import (
     HostFiller,
     StagedCopier,
     WantedTensor,

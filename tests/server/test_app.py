@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from helios.core.reader import open_core
-from helios.frontend.output import OutputProcessor
+from helios.frontend.responses.output import OutputProcessor
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -244,8 +244,8 @@ def test_request_beyond_the_context_extent_is_400_naming_the_limit(runner, app, 
 
 
 def test_scheduler_admission_rejection_is_503_or_one_error_event(runner, app, served, monkeypatch):
-    from helios.runtime import scheduler
-    from helios.runtime.admission import CacheExceeded
+    from helios.runtime.scheduling import scheduler
+    from helios.runtime.scheduling.admission import CacheExceeded
 
     def no_room(spec, caps):
         raise CacheExceeded(f"request {spec.request_id}: needs more pages than the cache holds")

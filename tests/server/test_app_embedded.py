@@ -8,7 +8,7 @@ import helios.embedded
 import helios.ignition.export
 from helios.cli.main import main
 from helios.core.reader import open_core
-from helios.server import embedded
+from helios.embedded import prepared as embedded
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 

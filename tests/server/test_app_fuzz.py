@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from helios.contract.settings import SamplingOptions, StartupOptions
 from helios.core.reader import open_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel

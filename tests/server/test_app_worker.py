@@ -14,11 +14,11 @@ import pytest
 
 from helios.core.reader import open_core
 from helios.runtime.engine import Engine
-from helios.runtime.executor import Executor, program_table
-from helios.runtime.geometry import capacities_for
-from helios.runtime.model import load_model
-from helios.runtime.packer import Packer
-from helios.runtime.scheduler import Scheduler
+from helios.runtime.execution.executor import Executor, program_table
+from helios.runtime.execution.geometry import capacities_for
+from helios.runtime.loading.model import load_model
+from helios.runtime.execution.packer import Packer
+from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.service import Runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel

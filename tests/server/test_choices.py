@@ -126,3 +126,29 @@ def test_choice_limits_and_best_of(runner, client):
         runner.run(chat(client, n=17))
     with pytest.raises(openai.BadRequestError, match="empty"):
         runner.run(client.completions.create(model=SERVED_ID, prompt=[], max_tokens=2))
+
+
+def reused_tokens(runner, served) -> float:
+    async def get():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)),
+                                     base_url="http://test") as http:
+            return (await http.get("/metrics")).text
+    for line in runner.run(get()).splitlines():
+        if line.startswith("helios_prefix_reused_tokens"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("helios_prefix_reused_tokens not in /metrics")
+
+
+@pytest.mark.parametrize("best_of", [None, 4])
+def test_choices_share_the_prompt_pages(runner, client, served, best_of):
+    """The prompt is computed once: the other choices reuse all of it but its last token."""
+    prompt = f"({best_of}) a prompt no other test sends, to be shared by four choices"
+    before = reused_tokens(runner, served)
+    response = runner.run(client.completions.create(model=SERVED_ID, prompt=prompt, max_tokens=6, n=4, seed=21,
+                                                    temperature=1.0, best_of=best_of))
+    num_prompt = response.usage.prompt_tokens
+    assert reused_tokens(runner, served) - before == 3 * (num_prompt - 1)
+    for j, choice in enumerate(response.choices):
+        alone = runner.run(client.completions.create(model=SERVED_ID, prompt=prompt, max_tokens=6, seed=21 + j,
+                                                     temperature=1.0))
+        assert choice.text == alone.choices[0].text

@@ -12,7 +12,7 @@ import helios
 import helios.embedded
 from helios.cli import serve_cmd
 from helios.cli.main import build_parser, main
-from helios.server import embedded
+from helios.embedded import prepared as embedded
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 

@@ -20,9 +20,9 @@ import pytest
 
 from helios.core.reader import open_core
 from helios.runtime.engine import EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason
+from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.service import RuntimeOptions, build_runtime
-from helios.frontend.text_bounds import TextBounds
+from helios.frontend.decoding.text_bounds import TextBounds
 from helios.server.app import create_app
 from helios.server.schemas import MAX_GRAMMAR_CHARS, MAX_MESSAGES, MAX_SCHEMA_NBYTES, MAX_TOOLS, ChatCompletionRequest
 from helios.server.service import ServedModel, admission_values

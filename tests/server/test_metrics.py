@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helios.runtime.stats import WorkerStats
+from helios.runtime.records.stats import WorkerStats
 from helios.server.metrics import ServerMetrics
 
 

@@ -6,9 +6,9 @@ import pydantic
 import pytest
 
 from helios.errors import RequestError
-from helios.frontend.observation import ObservationOptionError
-from helios.frontend.request_options import ChatOptionError, parse_body_stops
-from helios.frontend.stops import StopOptionError
+from helios.frontend.decoding.observation import ObservationOptionError
+from helios.frontend.preparation.request_options import ChatOptionError, parse_body_stops
+from helios.frontend.decoding.stops import StopOptionError
 from helios.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,

@@ -32,14 +32,14 @@ from helios.ignition.recipes import Recipe
 from helios.ignition.recipes.base import NamedWeight
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE
 from helios.runtime.engine import Engine
-from helios.runtime.executor import Executor, program_table
-from helios.runtime.geometry import capacities_for
-from helios.runtime.model import LoadedModel, LoadedProgram, _allocate, select_handles
-from helios.runtime.packer import Packer
-from helios.runtime.policy import SchedulerPolicy
-from helios.runtime.scheduler import Scheduler
-from helios.runtime.speculation import speculative_shape
-from helios.runtime.stats import WorkerStats
+from helios.runtime.execution.executor import Executor, program_table
+from helios.runtime.execution.geometry import capacities_for
+from helios.runtime.loading.model import LoadedModel, LoadedProgram, _allocate, select_handles
+from helios.runtime.execution.packer import Packer
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.scheduling.scheduler import Scheduler
+from helios.runtime.loading.speculation import speculative_shape
+from helios.runtime.records.stats import WorkerStats
 
 WEIGHTS_RESOURCE = "weights.rank0"
 

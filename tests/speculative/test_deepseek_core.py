@@ -18,9 +18,9 @@ from helios.cli.main import main
 from helios.contract import StartupOptions
 from helios.contract import serving_pb2 as spb
 from helios.core.reader import open_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
-from helios.runtime.policy import SchedulerPolicy
+from helios.runtime.scheduling.policy import SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import DEEPSEEK
 from support.chat_checkpoint import write_chat_checkpoint

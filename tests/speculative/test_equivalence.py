@@ -18,7 +18,7 @@ from helios.ignition.export import CapacityPlan
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.speculative_plan import SpeculativePlan
 from helios.runtime.offline import SamplingChoice, generate
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from ignition.hf_checkpoints import FAMILIES, LLAMA2, LLAMA3, QWEN2, random_model, write_checkpoint
 
 from .support import eager_model, eager_runtime, truncated

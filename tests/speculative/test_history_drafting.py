@@ -10,11 +10,11 @@ from helios.contract import StartupOptions
 from helios.ignition.export import CapacityPlan
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.speculative_plan import SpeculativePlan
-from helios.runtime.capacities import Operation
-from helios.runtime.geometry import program_variant
-from helios.runtime.history_drafting import HistoryIndex
-from helios.runtime.packer import AdmissionValues, Packer
-from helios.runtime.plan import PlanRow, RowResult, StepPlan
+from helios.runtime.records.capacities import Operation
+from helios.runtime.execution.geometry import program_variant
+from helios.runtime.execution.history_drafting import HistoryIndex
+from helios.runtime.execution.packer import AdmissionValues, Packer
+from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from ignition.hf_checkpoints import LLAMA3, random_model, write_checkpoint
 
 from .support import eager_model

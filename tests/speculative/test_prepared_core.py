@@ -20,7 +20,7 @@ from helios.contract import StartupOptions
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import StartupOptionError
 from helios.core.reader import open_core
-from helios.runtime.model import LoadOptions
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import QWEN3

@@ -22,9 +22,9 @@ from typing import Callable
 
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
 from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.request import RequestSpec
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.records.request import RequestSpec
 
 SAMPLED_PARAMETERS = (0.8, 0.0, 0.9, 0.0, 1.0, 0.0, 0.0)  # temperature 0.8, top-p 0.9
 

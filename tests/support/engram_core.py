@@ -1,5 +1,5 @@
 """A tiny Engram test model: an n-gram language model whose context comes only from a hashed n-gram
-embedding table resident in host memory, staged per step by the runtime (`helios.runtime.host_staging`).
+embedding table resident in host memory, staged per step by the runtime (`helios.runtime.execution.host_staging`).
 
 For every packed token t at position p the model reads the rows its n-gram selects (one per hash
 head, staged by the runtime into ``engram_rows`` [tokens, heads, width]) and computes
@@ -30,7 +30,7 @@ from helios.contract import serving_pb2 as spb
 from helios.core.keys import load_signing_key
 from helios.core.records import ResourceKind
 from helios.core.writer import CoreWriter
-from helios.runtime.model import program_arguments
+from helios.runtime.loading.model import program_arguments
 from helios.runtime.service import build_runtime
 
 MASK64 = (1 << 64) - 1

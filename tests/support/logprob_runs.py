@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from helios.runtime.engine import EngineRequest
-from helios.runtime.events import FinishReason, TokenEvent
-from helios.runtime.model import LoadOptions
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.request import RequestSpec
+from helios.runtime.records.events import FinishReason, TokenEvent
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
 from support.runtime_runs import record_logits
 

@@ -39,7 +39,7 @@ def run_rank(rank: int, address: str, results) -> None:
 def _collectives(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
     from helios.abi.collectives import bind_group
-    from helios.runtime.rank_rendezvous import Rendezvous
+    from helios.runtime.parallel.rank_rendezvous import Rendezvous
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
@@ -95,7 +95,7 @@ def run_symmetric_rank(rank: int, address: str, results) -> None:
 def _symmetric(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
     from helios.abi.collectives import bind_group
-    from helios.runtime.rank_rendezvous import Rendezvous
+    from helios.runtime.parallel.rank_rendezvous import Rendezvous
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

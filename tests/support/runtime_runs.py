@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from helios.runtime.events import FinishReason
-from helios.runtime.model import LoadOptions
+from helios.runtime.records.events import FinishReason
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 

@@ -10,7 +10,7 @@ import torch
 import helios.abi.sampling  # noqa: F401  (registers helios::sample)
 from helios.abi.sampling import split_sampling_parameters
 from helios.contract import serving_pb2 as spb
-from helios.runtime.masks import allowed_row, write_masks as _write_masks
+from helios.runtime.execution.masks import allowed_row, write_masks as _write_masks
 
 VOCAB = 100
 EXCLUDED = (31, 32, 63, 99)

@@ -10,12 +10,12 @@ import torch
 
 from helios.contract import serving_pb2 as spb
 from helios.frontend.images.errors import ImageRejected
-from helios.frontend.prompt import Prompt
-from helios.frontend.prompt_images import UnavailableImages, with_images
-from helios.runtime.image_packing import fill_image
-from helios.runtime.images import RequestImages, step_features
-from helios.runtime.packer import Binding
-from helios.runtime.plan import PlanRow
+from helios.frontend.preparation.prompt import Prompt
+from helios.frontend.preparation.prompt_images import UnavailableImages, with_images
+from helios.runtime.execution.image_packing import fill_image
+from helios.runtime.execution.images import RequestImages, step_features
+from helios.runtime.execution.packer import Binding
+from helios.runtime.records.plan import PlanRow
 
 S = spb
 
@@ -74,15 +74,15 @@ def test_image_parts_on_a_model_that_cannot_take_them_are_400s():
 ])
 def test_malformed_image_parts_are_request_errors(part, problem):
     from helios.errors import RequestError
-    from helios.frontend.messages import parse_messages
+    from helios.frontend.preparation.messages import parse_messages
 
     with pytest.raises(RequestError, match=problem):
         parse_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:y"}}, part]}])
 
 
 def test_user_image_parts_reach_the_template_as_image_parts():
-    from helios.frontend.image_parts import image_urls
-    from helios.frontend.messages import parse_messages, template_messages
+    from helios.frontend.preparation.image_parts import image_urls
+    from helios.frontend.preparation.messages import parse_messages, template_messages
 
     parsed = parse_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
                                                           {"type": "image_url", "image_url": {"url": "data:1"}},

@@ -16,7 +16,7 @@ from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.layout import LAYOUT_OUTPUTS
 from helios.frontend.images.pipeline import ImagePipeline
 from helios.ignition.preparation.vision_contract import ImageProcessorSettings, declare_vision
-from helios.runtime.image_features import ImageFeatureCache, encode_with_cache
+from helios.runtime.loading.image_features import ImageFeatureCache, encode_with_cache
 
 from .paged_greedy import encode_images, greedy
 from .test_vl_equivalence import _decoded, _prompt_ids, model, recipe  # noqa: F401 (fixtures)
@@ -67,7 +67,7 @@ def test_capacity_and_placeholders_are_400s(pipeline):
 
 
 def test_requests_through_the_pipeline_equal_transformers(model, recipe, pipeline):  # noqa: F811
-    cache = ImageFeatureCache(max_rows=1024)
+    cache = ImageFeatureCache(4, 256 // 4, recipe.vision.out_hidden_size)
     for count in (1, 2):
         prepared = pipeline.prepare(URLS[:count], _prompt_ids(count))
         assert prepared.patch_capacities == (32,) * count
@@ -87,15 +87,6 @@ def test_requests_through_the_pipeline_equal_transformers(model, recipe, pipelin
                                       do_sample=False)[0, input_ids.shape[1]:].tolist()
         assert greedy(recipe, prepared.prompt, features, 16) == expected
     assert (cache.stats.hits, cache.stats.misses) == (1, 2)  # the first image again in the second request: a hit
-
-
-def test_feature_cache_evicts_least_recent():
-    cache = ImageFeatureCache(max_rows=5)
-    cache.store("a", torch.zeros(3, 2))
-    cache.store("b", torch.zeros(2, 2))
-    assert cache.lookup("a") is not None
-    cache.store("c", torch.zeros(2, 2))
-    assert cache.lookup("b") is None and cache.lookup("a") is not None and cache.stats.evictions == 1
 
 
 def test_frontend_layout_outputs_are_the_ones_preparation_declares():

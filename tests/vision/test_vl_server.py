@@ -41,8 +41,8 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl")
     model, core = prepare_vl_core(root)
     process = ServerProcess(core, "--max-active", "4", "--max-image-bytes", str(MAX_IMAGE_BYTES),
-                            log=root / "server.log")
-    yield model, process
+                            "--image-cache-images", "3", log=root / "server.log")
+    yield model, process, core
     code, log = process.terminate()
     assert code == -signal.SIGTERM and "Traceback" not in log, log
 
@@ -163,3 +163,37 @@ def test_an_image_past_the_first_prefill_chunk_and_text_only_requests(served, cl
                                                max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
     ids = text_only.model_extra["prompt_token_ids"]
     assert text_only.choices[0].token_ids == _reference(served[0], ids, (), steps=8)
+
+
+def test_the_feature_cache_is_allocated_at_load_from_the_flag(served):
+    from helios.core.reader import open_core
+    from helios.runtime.records.capacities import Operation
+    from helios.runtime.execution.executor import image_feeder
+    from helios.runtime.execution.geometry import program_variant
+    from helios.runtime.loading.model import LoadOptions, load_model
+
+    core = served[2]
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    model = load_model(opened, LoadOptions(image_cache_images=3))
+    vision = model.prepared.contract.model.vision
+    rows = max(vision.patch_capacities) // vision.patches_per_feature
+    assert model.image_cache.slab.shape == (3 * rows, served[0].config.text_config.hidden_size)
+    assert model.image_cache.slab.dtype == torch.float32 and model.image_cache.num_images == 3
+    assert image_feeder(model, None).cache is model.image_cache
+    # its DECODE programs only read the mrope deltas prompt programs store: they admit no slot
+    variants = [program_variant(p, model.prepared) for p in model.programs]
+    assert {v.admits_slots for v in variants if v.operation == Operation.DECODE} == {False}
+    assert all(v.admits_slots for v in variants if v.operation != Operation.DECODE)
+
+
+def test_choices_share_an_image_prompt_with_the_first_ones_positions(served, client):
+    """n choices of an image prompt: the later ones admit onto the first one's pages with one prompt
+    token left, in a prompt program (it stores the slot's mrope delta; the slots were last used with
+    other images, hence other deltas), so every choice gets the same log-probabilities."""
+    client.chat.completions.create(model=SERVED_ID, messages=_user(0, 1, text="Tell"), max_tokens=4, temperature=0,
+                                   n=4)
+    response = client.chat.completions.create(model=SERVED_ID, messages=_user(2, text="Tell me"), max_tokens=6,
+                                              temperature=0, n=3, logprobs=True)
+    rows = [[t.logprob for t in choice.logprobs.content] for choice in response.choices]
+    for row in rows[1:]:
+        assert row == pytest.approx(rows[0], abs=1e-6)

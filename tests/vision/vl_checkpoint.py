@@ -5,6 +5,7 @@ ranks with the Qwen2.5 special tokens), the Qwen2.5-VL chat template and the ima
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from .tiny_vl import MAX_PIXELS, MEAN, MIN_PIXELS, STD, tiny_model
@@ -26,33 +27,43 @@ def qwen2_tokenizer():
     return tokenizer_from_tiktoken(ranks, PAT_STR, [(SPECIAL_START_ID + i, t) for i, t in enumerate(SPECIALS)])
 
 
-def write_vl_checkpoint(directory: Path):
-    """Writes the checkpoint into `directory`; returns the transformers model (float32, eval)."""
+@dataclass(frozen=True)
+class ProcessorConfig:
+    patch_size: int = 14
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
+    mean: tuple[float, ...] = MEAN
+    std: tuple[float, ...] = STD
+
+
+def write_vl_checkpoint(directory: Path, model=None, processor: ProcessorConfig = ProcessorConfig()):
+    """Writes the checkpoint (default: the tiny Qwen2.5-VL) into `directory`; returns the
+    transformers model (float32, eval)."""
     directory.mkdir(parents=True, exist_ok=True)
-    model = tiny_model()
+    model = model if model is not None else tiny_model()
     model.save_pretrained(directory, safe_serialization=True)
     qwen2_tokenizer().save(str(directory / "tokenizer.json"))
     config = {"chat_template": TEMPLATE.read_text(), "eos_token": "<|im_end|>", "bos_token": None,
               "pad_token": "<|endoftext|>"}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     (directory / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS,
-        "image_mean": list(MEAN), "image_std": list(STD), "patch_size": 14, "temporal_patch_size": 2,
-        "merge_size": 2}))
+        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": processor.min_pixels,
+        "max_pixels": processor.max_pixels, "image_mean": list(processor.mean), "image_std": list(processor.std),
+        "patch_size": processor.patch_size, "temporal_patch_size": 2, "merge_size": 2}))
     return model
 
 
 NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
 
 
-def prepare_vl_core(root: Path):
-    """The checkpoint under `root`, prepared by `helios prepare` (float32, prefill 128, decode 1 and 4);
-    returns (transformers model, `support.server_core.TinyCore`)."""
+def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = ProcessorConfig()):
+    """The checkpoint (default: the tiny Qwen2.5-VL) under `root`, prepared by `helios prepare`
+    (float32, prefill 128, decode 1 and 4); returns (transformers model, `support.server_core.TinyCore`)."""
     from helios.cli.main import main
     from helios.core.keys import SigningKey, write_key_pair
     from support.server_core import TinyCore
 
-    model = write_vl_checkpoint(root / "checkpoint")
+    model = write_vl_checkpoint(root / "checkpoint", model, processor)
     key = root / "publisher.key"
     write_key_pair(key, SigningKey.generate(), [NAMESPACE])
     core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)

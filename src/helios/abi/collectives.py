@@ -32,7 +32,7 @@ Failures are `CollectiveError` (an `ExecutionError`): no bound group, a peer tha
 connection (a rank died), or a peer that did not answer within the group's timeout (a rank hangs).
 On the CPU the timeout bounds every call: a collective never waits forever. On the device the host
 does not wait, so nothing can time out inside the op; the runtime bounds each step's device work
-instead and aborts the NCCL communicator when a step overruns (`helios.runtime.rank_deadline`),
+instead and aborts the NCCL communicator when a step overruns (`helios.runtime.parallel.rank_deadline`),
 which ends every collective still waiting on a lost rank.
 """
 

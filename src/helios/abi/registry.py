@@ -94,7 +94,7 @@ _CPU_BODIES: dict[str, Callable] = {}
 def register_cpu_body(op: str, body: Callable) -> None:
     """Records the Python function that a ``torch.library.Library`` registration runs for `op`
     (``helios::NAME``) on the CPU, so a loader may call it without the dispatcher
-    (`helios.runtime.cpu_programs`). Ops defined with ``torch.library.custom_op`` need no entry."""
+    (`helios.runtime.loading.cpu_programs`). Ops defined with ``torch.library.custom_op`` need no entry."""
     _CPU_BODIES[op] = body
 
 

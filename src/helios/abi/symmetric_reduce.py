@@ -12,7 +12,7 @@ promises. It runs on the caller's stream and can be captured into a CUDA graph.
 `open_symmetric_reducer` sets it up for one rank group at load (a collective step: every rank of
 the group calls it); `RankGroup` uses the reducer for device tensors that `fits` (float32 or
 bfloat16, at most `max_bytes`, a multiple of 16 bytes) and NCCL for the rest. Whether every rank
-could set it up is agreed by the caller (`helios.runtime.rank_rendezvous`), so all ranks take the
+could set it up is agreed by the caller (`helios.runtime.parallel.rank_rendezvous`), so all ranks take the
 same path. Unavailable symmetric memory (another torch, no peer access, a CPU model) leaves NCCL.
 
 Caveat: a rank that dies inside a symmetric all-reduce leaves its peers' kernels waiting at the

@@ -19,10 +19,10 @@ from helios.cli.core_options import add_core_options, aes_key_from_args, open_co
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.core.reader import open_core
 from helios.errors import UsageError
-from helios.frontend.template import ChatTemplate
+from helios.frontend.preparation.template import ChatTemplate
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
-from helios.frontend.text_bounds import is_unicode_text
+from helios.frontend.decoding.text_bounds import is_unicode_text
 from helios.runtime.offline import SamplingChoice, generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 
@@ -86,7 +86,7 @@ def _open(args: argparse.Namespace):
         if not args.accept:
             raise UsageError("--accept NAMESPACE is required to generate from a core file")
         return open_core_from_args(args, args.core)
-    from helios.server.embedded import embedded_core
+    from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()
     args.chat = True

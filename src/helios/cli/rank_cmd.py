@@ -22,8 +22,8 @@ import torch
 from helios.cli.core_options import add_core_options, open_core_from_args
 from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.errors import HeliosError, UsageError
-from helios.runtime.rank_peers import join_rank
-from helios.runtime.rank_rendezvous import Rendezvous
+from helios.runtime.parallel.rank_peers import join_rank
+from helios.runtime.parallel.rank_rendezvous import Rendezvous
 
 
 def register(subparsers) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from helios.errors import UsageError
-from helios.runtime.rank_peers import PeerKind, RankOptions
+from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 
 
 def add_rank_options(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,8 @@
 continuation rows snapshots use, `--speculative-width` selects a prepared width (1 turns
 speculation off), `--history-drafting` / `--no-history-drafting` override the core's default, and
 `--preemption offload --host-pages N` moves a preempted request's pages and state to N host slots
-instead of recomputing them.
+instead of recomputing them. `--image-cache-images N` sizes the device cache of encoded image
+features of a vision-language core (allocated at load).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from dataclasses import replace
 
 from helios.contract import StartupOptions
 from helios.errors import UsageError
-from helios.runtime.model import LoadOptions
-from helios.runtime.page_sizing import DEFAULT_MEMORY_FRACTION
-from helios.runtime.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.loading.image_features import DEFAULT_CACHE_BYTES, DEFAULT_CACHED_IMAGES
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
 _PREEMPTION = {"recompute": PreemptionMode.RECOMPUTE, "offload": PreemptionMode.OFFLOAD}
 
@@ -44,6 +46,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        help="what a preempted request keeps: recompute (default) or offload to host slots")
     group.add_argument("--host-pages", type=int, default=0, metavar="N",
                        help="host-memory slots for offloaded pages and state (needed by --preemption offload)")
+    group.add_argument("--image-cache-images", type=int, metavar="N",
+                       help="vision-language cores: images whose encoded features stay on the device for reuse by "
+                       f"content hash, allocated at load (default {DEFAULT_CACHED_IMAGES}, fewer when their slots of "
+                       f"the largest image would pass {DEFAULT_CACHE_BYTES >> 30} GiB)")
     group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
                        help="do not load the core's token-logprobs programs (a faster start; requests for "
                        "log-probabilities are refused)")
@@ -58,11 +64,14 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0 < args.memory_fraction <= 1:
         raise UsageError("--memory-fraction must be in (0, 1]")
+    if args.image_cache_images is not None and args.image_cache_images < 1:
+        raise UsageError("--image-cache-images must be positive")
     if args.host_pages < 0:
         raise UsageError("--host-pages must not be negative")
     if args.preemption == "offload" and args.host_pages == 0:
         raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
     startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,
                       history_drafting=args.history_drafting, token_logprobs=args.token_logprobs)
-    load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction)
+    load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction,
+                       image_cache_images=args.image_cache_images)
     return load, SchedulerPolicy(preemption=_PREEMPTION[args.preemption]), args.host_pages

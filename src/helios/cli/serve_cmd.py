@@ -2,7 +2,7 @@
 
 With a core file, `--accept` (and trusted keys, as on every command that loads a core) are
 required. Without one, the embedded default model is served (prepared into the cache on first use
-and signed with a local key; see `helios.server.embedded`).
+and signed with a local key; see `helios.embedded.prepared`).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _open(args: argparse.Namespace):
         if not args.accept:
             raise UsageError("--accept NAMESPACE is required to serve a core file")
         return open_core_from_args(args, args.core)
-    from helios.server.embedded import embedded_core
+    from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()
     return open_core(embedded.path, accept=args.accept or embedded.namespace,

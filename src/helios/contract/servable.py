@@ -2,7 +2,7 @@
 
 Every `GraphOperation` and every `ValueSource` of the schema has an entry here (a test enumerates
 the generated descriptors, so a new enum value without a decision fails it). A served value source
-lists the indexings shared packing (`helios.runtime.packer`) supplies; the packer resolves every
+lists the indexings shared packing (`helios.runtime.execution.packer`) supplies; the packer resolves every
 binding through `source_decision` at startup, and validation (`helios.contract.validate`, last
 stage) refuses the same bindings with their field path, so a contract that validates loads.
 
@@ -11,7 +11,7 @@ stage) refuses the same bindings with their field path, so a contract that valid
   rows a step admits, before the step's program; without one, admission zeroes a slot's written
   state) are executed. RESUME, SNAPSHOT and RESTORATION graphs are refused (reasons in
   `OPERATIONS`): resumed prompts run through PREFILL or MIXED, and snapshots and restores are
-  runtime copies of the declared storage (`helios.runtime.history_storage`).
+  runtime copies of the declared storage (`helios.runtime.execution.history_storage`).
 * value sources: see `SOURCES`; image tensors go whole (SCALAR) to VISION graphs and per packed
   token to prompt graphs.
 * the completion record: the runtime reads the ABI columns (`helios.abi.completion`) and the
@@ -64,7 +64,7 @@ OPERATIONS = MappingProxyType({
     S.GRAPH_OPERATION_SPECULATIVE: Served(frozenset()),
     S.GRAPH_OPERATION_TUNING: Served(frozenset()),
     S.GRAPH_OPERATION_VISION: Served(frozenset()),
-    S.GRAPH_OPERATION_INITIALIZATION: Served(frozenset()),  # helios.runtime.executor (Executor._initialize)
+    S.GRAPH_OPERATION_INITIALIZATION: Served(frozenset()),  # helios.runtime.execution.executor (Executor._initialize)
     S.GRAPH_OPERATION_RESUME: Refused("resumed prompts run through PREFILL or MIXED graphs"),
     S.GRAPH_OPERATION_SNAPSHOT: Refused("snapshots are runtime copies of the declared storage into continuation rows"),
     S.GRAPH_OPERATION_RESTORATION: Refused("restores are runtime copies of continuation rows into a slot's pages and "
@@ -108,13 +108,13 @@ SOURCES = MappingProxyType({
     S.VALUE_SOURCE_COPIED_GENERATION: Served(_ROW),
     S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT: Served(_ROW),
     S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: Served(_ROW),
-    # VISION and TUNING graphs get their constants once, at load (`helios.runtime.packer.write_constants`).
+    # VISION and TUNING graphs get their constants once, at load (`helios.runtime.execution.packer.write_constants`).
     S.VALUE_SOURCE_CONSTANT: Served(_SCALAR | {S.INDEXING_SUBMISSION_ROW}, vision=_SCALAR),
     S.VALUE_SOURCE_INACTIVE_PADDING: Served(frozenset({S.INDEXING_SUBMISSION_ROW}) | _PACKED),
     S.VALUE_SOURCE_IMAGE_TENSOR: Served(_PACKED, vision=_SCALAR),
     S.VALUE_SOURCE_LOGIT_BIAS_IDS: Served(_PHYSICAL),
     S.VALUE_SOURCE_LOGIT_BIAS_VALUES: Served(_PHYSICAL),
-    S.VALUE_SOURCE_HOST_TABLE_ROWS: Served(_PACKED),  # helios.runtime.host_staging
+    S.VALUE_SOURCE_HOST_TABLE_ROWS: Served(_PACKED),  # helios.runtime.execution.host_staging
 })
 SERVED_OPERATIONS = frozenset(op for op, decision in OPERATIONS.items() if isinstance(decision, Served))
 SERVED_SOURCES = frozenset(source for source, decision in SOURCES.items() if isinstance(decision, Served))

@@ -6,6 +6,7 @@ generation_config.json, and training_run.json recording how it was made and what
 package data produced by that script; nothing here modifies it. The model's context is 512 tokens.
 `default_tools()` returns the OpenAI-format tool declarations the model was trained to call
 (`tools.json` beside this file, also the single source the training data is generated from).
+`prepared.embedded_core()` prepares and signs the core `helios serve` runs when no model is given.
 """
 
 from __future__ import annotations

@@ -27,27 +27,27 @@ from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.contract.settings import ResolvedSettings
 from helios.errors import ContractError, LoadError, RequestError
-from helios.frontend.client_fields import effective_template_kwargs, thinking_switch_of
-from helios.frontend.contract_syntax import FrontendSyntax
-from helios.frontend.detokenize import IncrementalDetokenizer
-from helios.frontend.generation import GenerationParams, resolve_output_limit, resolve_sampling
-from helios.frontend.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
-from helios.frontend.grammar_request import OutputConstraints
-from helios.frontend.image_parts import without_image_urls
+from helios.frontend.preparation.client_fields import effective_template_kwargs, thinking_switch_of
+from helios.frontend.structured.contract_syntax import FrontendSyntax
+from helios.frontend.decoding.detokenize import IncrementalDetokenizer
+from helios.frontend.preparation.generation import GenerationParams, resolve_output_limit, resolve_sampling
+from helios.frontend.structured.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
+from helios.frontend.structured.grammar_request import OutputConstraints
+from helios.frontend.preparation.image_parts import without_image_urls
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.images.pipeline import ImagePipeline
-from helios.frontend.logit_bias import logit_bias_capacity, parse_logit_bias
-from helios.frontend.logprobs import (
+from helios.frontend.preparation.logit_bias import logit_bias_capacity, parse_logit_bias
+from helios.frontend.decoding.logprobs import (
     LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, requested_logprobs, requested_prompt,
 )
-from helios.frontend.observation import ObservationOptions
-from helios.frontend.output import OutputFinal, OutputProcessor
+from helios.frontend.decoding.observation import ObservationOptions
+from helios.frontend.responses.output import OutputFinal, OutputProcessor
 from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, ToolRegistry
 from helios.frontend.parsers.pipeline import PlainText
-from helios.frontend.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
-from helios.frontend.prompt import Prompt, PromptBuilder
-from helios.frontend.prompt_images import UnavailableImages, with_images
-from helios.frontend.request_options import (
+from helios.frontend.responses.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
+from helios.frontend.preparation.prompt import Prompt, PromptBuilder
+from helios.frontend.preparation.prompt_images import UnavailableImages, with_images
+from helios.frontend.preparation.request_options import (
     ResponseOptions,
     has_structured_output,
     parse_body_stops,
@@ -56,11 +56,11 @@ from helios.frontend.request_options import (
     parse_tool_policy,
     requested_output_limit,
 )
-from helios.frontend.stops import StopOptions
-from helios.frontend.template import ChatTemplate
-from helios.frontend.text_bounds import TextBounds, strings_of
-from helios.runtime.images import RequestImages
-from helios.runtime.request import RequestSpec
+from helios.frontend.decoding.stops import StopOptions
+from helios.frontend.preparation.template import ChatTemplate
+from helios.frontend.decoding.text_bounds import TextBounds, strings_of
+from helios.runtime.execution.images import RequestImages
+from helios.runtime.records.request import RequestSpec
 
 
 def random_seed() -> int:
@@ -146,6 +146,7 @@ class PreparedRequest:
         return response_body(self.head, final)
 
     def request_spec(self, **scheduling) -> RequestSpec:
+        scheduling = {"stable_prefix_len": self.stable_prefix_len, **scheduling}
         if self.images is not None:  # prefix caching keys image features by their image's content hash
             scheduling = {**scheduling, "token_keys": self.images.token_keys()}
         return self.params.request_spec(self.request_id, self.prompt_token_ids, **scheduling)

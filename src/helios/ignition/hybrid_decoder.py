@@ -119,13 +119,21 @@ def mixer_block(arch: Architecture, w, prefix: str, hidden, planes, step: Packed
         step.query_start, state.rows, state.fresh, state.max_query_len)
     scanned = scanned + heads.to(torch.float32) * w[p + "D"].to(torch.float32)[:, None]
     normed = gated_group_norm(scanned.reshape(num_tokens, g.intermediate).to(hidden.dtype), gate, w[p + "norm"],
-                              g.num_groups, arch.rms_norm_eps)
-    return F.linear(normed, w[p + "out.weight"], w.get(p + "out.bias"))
+                              g.num_groups, arch.rms_norm_eps, g.norm_ranks)
+    return row_parallel_linear(arch, normed, w[p + "out.weight"], w.get(p + "out.bias"))
 
 
-def gated_group_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float):
-    """RMS norm over `groups` equal groups of x * silu(gate), in float32 (the reference's gated norm)."""
+def gated_group_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float,
+                     norm_ranks: int = 1):
+    """RMS norm over `groups` equal groups of x * silu(gate), in float32 (the reference's gated norm).
+    `norm_ranks` > 1: x is this rank's share of one group spread over that many tensor-parallel
+    ranks (all of them), whose squares are summed over the ranks."""
     x32 = x.to(torch.float32) * F.silu(gate.to(torch.float32))
     grouped = x32.reshape(*x32.shape[:-1], groups, x32.shape[-1] // groups)
-    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    if norm_ranks == 1:
+        mean = grouped.pow(2).mean(-1, keepdim=True)
+    else:
+        total = torch.ops.helios.all_reduce(grouped.pow(2).sum(-1, keepdim=True).contiguous(), norm_ranks)
+        mean = total / (grouped.shape[-1] * norm_ranks)
+    grouped = grouped * torch.rsqrt(mean + eps)
     return weight * grouped.reshape(x32.shape).to(x.dtype)

@@ -6,11 +6,12 @@ The weight list carries the recipe's extra weights after the decoder's (the mrop
 * VISION (capacity: 1 row, T = P patches): the image layout's vision tensors at patch capacity P
   (``pixel_patches`` [P, patch_width], ``rotary_positions`` [P, 2], ``window_segments`` [P],
   ``image_segments`` [P], ``feature_order`` [P / merge^2]); output ``encoded_features``
-  [P / merge^2, H], the features of the patches' images in image order, padding features last.
+  [P / merge^2, W], the features of the patches' images in image order, padding features last;
+  W = H, or (1 + k) * H with k DeepStack blocks (Qwen3-VL), added after the first k layers.
 * PREFILL and MIXED also take ``rotary_offsets`` int64 [T, 3] (each packed token's rotary position
   minus its sequence position, per component; the layout's ``rotary_offsets`` output),
   ``image_feature_indices`` int64 [T] (the row of ``image_features`` that replaces the token's
-  embedding, -1 for text), ``image_features`` [F, H] (written by the host from encoded features
+  embedding, -1 for text), ``image_features`` [F, W] (written by the host from encoded features
   before the step; F = `MultimodalOptions.feature_rows`) and the persistent ``rotary_deltas`` int64
   [slots], where every row stores the offset of its last packed token (the rotary offset every later
   token of the request keeps).
@@ -72,7 +73,7 @@ def vision_spec(capacity: Capacity, page_tokens: int, weights: tuple[WeightSlot,
         TensorSpec(VISION_INPUTS[4], "int64", (features,)),
     )
     dtype = next(slot.dtype for slot in weights if slot.name == "vision.patch_embed")
-    outputs = (OutputSpec(ENCODED_FEATURES, dtype, (features, vision.out_hidden_size)),)
+    outputs = (OutputSpec(ENCODED_FEATURES, dtype, (features, vision.feature_width)),)
     return ProgramSpec(Operation.VISION, capacity, page_tokens, inputs, outputs, weights, options=options)
 
 
@@ -88,7 +89,7 @@ def step_inputs(arch: Architecture, capacity: Capacity, operation: Operation,
     return (
         TensorSpec(ROTARY_OFFSETS, "int64", (tokens, 3)),
         TensorSpec(FEATURE_INDICES, "int64", (tokens,)),
-        TensorSpec(IMAGE_FEATURES, arch.dtype, (multimodal.feature_rows, arch.hidden_size)),
+        TensorSpec(IMAGE_FEATURES, arch.dtype, (multimodal.feature_rows, multimodal.vision.feature_width)),
         deltas,
     )
 

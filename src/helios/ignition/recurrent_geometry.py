@@ -34,6 +34,10 @@ class RecurrentGeometry:
     proj_bias: bool = False
     out_bias: bool = False
     dt_limit: tuple[float, float] = (0.0, math.inf)
+    # Tensor-parallel ranks one gated-norm group spans (1: the groups are this rank's own). A
+    # one-group mixer split over N ranks keeps B/C whole on every rank and sums the norm's squares
+    # over the N ranks (`helios.ignition.hybrid_decoder.gated_group_norm`).
+    norm_ranks: int = 1
 
     @property
     def intermediate(self) -> int:

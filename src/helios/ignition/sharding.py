@@ -13,6 +13,9 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``experts.down``, ``shared.down.weight`` | per expert the input columns of its rows |
 | ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
 | ``router.*`` | whole (every rank routes every token alike) |
+| Mamba2 ``mixer.in_proj`` / ``mixer.conv`` | its heads' z, x, dt rows; its groups' B, C rows (one group: whole) |
+| ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: their channels) |
+| ``mixer.out.weight`` (row-parallel) | the input columns of its heads; ``mixer.out.bias`` whole |
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
@@ -21,10 +24,16 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``vocab.start`` | [r * ceil(V/N)] |
 
 A latent layer's history (latent and rotary key) is the same for every head, so each rank keeps the
-whole latent region. Experts are split by their intermediate width (each rank runs every selected expert on its share and
-one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width and the
-expert widths must divide by N (a `CheckpointError` says which does
-not); the vocabulary need not (the last rank's rows are padded with zeros and their logits cut).
+whole latent region. A Mamba2 mixer is split by heads and by the B/C groups those heads read
+(rank r: heads [r H/N, (r+1) H/N), groups [r G/N, (r+1) G/N)), so each rank's convolution, scan,
+gated group norm and state rows (conv state of its channels, SSM state of its heads) are local and
+one all-reduce after out sums the mixer. A one-group mixer (most Mamba2 hybrids) keeps B and C
+whole on every rank and its gated norm sums each token's squares over the ranks (one all-reduce).
+Experts are split by their intermediate width (each rank runs every selected expert on its share
+and one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width, the
+expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError`
+says which does not); the vocabulary need not (the last rank's rows are padded with zeros and
+their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
@@ -55,10 +64,13 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
-    if arch.recurrent is not None:
-        raise CheckpointError("tensor parallelism of hybrid recurrent decoders is not supported yet")
     extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
+    recurrent = arch.recurrent
+    if recurrent is not None:  # a mixer's heads and the B/C groups they read are split alike
+        extents["mixer heads (mamba_n_heads)"] = recurrent.num_heads
+        if recurrent.num_groups > 1:  # one group: B/C whole on every rank, the norm summed over ranks
+            extents["mixer groups (mamba_n_groups)"] = recurrent.num_groups
     moe = arch.moe
     if moe is not None:
         extents["expert width (moe_intermediate_size)"] = moe.expert_intermediate_size
@@ -69,9 +81,14 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     if moe is not None:
         moe = dataclasses.replace(moe, expert_intermediate_size=moe.expert_intermediate_size // ranks,
                                   shared_intermediate_size=moe.shared_intermediate_size // ranks)
+    if recurrent is not None:
+        split = recurrent.num_groups > 1
+        recurrent = dataclasses.replace(recurrent, num_heads=recurrent.num_heads // ranks,
+                                        num_groups=recurrent.num_groups // ranks if split else 1,
+                                        norm_ranks=1 if split else ranks)
     return dataclasses.replace(
         arch, num_heads=arch.num_heads // ranks, num_kv_heads=arch.num_kv_heads // ranks,
-        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks, moe=moe,
+        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks, moe=moe, recurrent=recurrent,
     )
 
 
@@ -106,6 +123,8 @@ class _Cutter:
             return self.gate_up(tensor, self.full.intermediate_size, self.shard.intermediate_size)
         if key.startswith(("experts.", "shared.")):
             return self.experts(key, tensor)
+        if key.startswith("mixer.") and key != "mixer.out.bias":
+            return self.mixer(key, tensor)
         if key == "o.weight":
             return self.columns(tensor, self.shard.attention_out_size)
         if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
@@ -142,6 +161,31 @@ class _Cutter:
         if key == "experts.down":
             return tensor[:, :, self.rank * width:(self.rank + 1) * width].contiguous()
         return tensor.clone() if self.rank == 0 else torch.zeros_like(tensor)  # experts.down_bias
+
+    def mixer(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A Mamba2 mixer's share: its heads' rows of z, x, dt, dt_bias, A, D and the gated norm, its
+        groups' rows of B and C (in_proj and the convolution), its heads' input columns of out."""
+        full, shard = self.full.recurrent, self.shard.recurrent
+        if key in ("mixer.in_proj.weight", "mixer.in_proj.bias"):
+            z, xbc, dt = tensor.split([full.intermediate, full.conv_dim, full.num_heads])
+            return torch.cat([self.rows(z, shard.intermediate), self.conv_channels(xbc),
+                              self.rows(dt, shard.num_heads)]).contiguous()
+        if key in ("mixer.conv.weight", "mixer.conv.bias"):
+            return self.conv_channels(tensor).contiguous()
+        if key == "mixer.out.weight":
+            return self.columns(tensor, shard.intermediate)
+        width = shard.intermediate if key == "mixer.norm" else shard.num_heads  # dt_bias, A, D: per head
+        return self.rows(tensor, width).clone()
+
+    def conv_channels(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The rank's rows of the convolved channels x | B | C (first dim)."""
+        full, shard = self.full.recurrent, self.shard.recurrent
+        x, b, c = tensor.split([full.intermediate, full.num_groups * full.state_size,
+                                full.num_groups * full.state_size])
+        if shard.norm_ranks > 1:  # one group, read by every rank's heads: B and C whole
+            return torch.cat([self.rows(x, shard.intermediate), b, c])
+        groups = shard.num_groups * shard.state_size
+        return torch.cat([self.rows(x, shard.intermediate), self.rows(b, groups), self.rows(c, groups)])
 
     def rows(self, tensor: torch.Tensor, count: int) -> torch.Tensor:
         return tensor[self.rank * count:(self.rank + 1) * count]

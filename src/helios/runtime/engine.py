@@ -1,21 +1,31 @@
 """The in-process engine: one model worker thread that owns the device, scheduler and executor.
 
-Other threads talk to it only through `submit` and `cancel`, which enqueue plain records and wake
-the worker. The worker loop: take new requests (scheduler admission; a rejection becomes that
+Other threads talk to it only through `submit`, `cancel` and `stop_matched`, which enqueue plain
+records and wake the worker. The worker loop: take new requests (scheduler admission; a rejection becomes that
 request's REJECTED event and touches nothing else), apply cancellations, build a plan, compute the
 grammar masks of constrained rows, run it, validate and complete it, then deliver events. Per-token
-host work that must finish before the next round (grammar advance, host stops) runs here, in the
-request's hooks, so the scheduler sees a stop before it schedules again.
+host work that must finish before the next round runs here (`helios.runtime.feedback`): the worker
+owns constrained requests' grammar matchers and advances them, and runs runtime host stops, so the
+scheduler sees them before it plans the lane again.
+
+Output work is not done here. A request submitted without `on_event` (the server's) has its events
+go out with every other such event of the round as one `StepBatch` record (`helios.runtime.outlet`)
+to the connected sink (`connect`: the server's output workers) at the end of the round, and the
+frontend answers with commands: `cancel`, and `stop_matched` when it finds a stop string (the
+request ends STOP with the frontend's token count; tokens generated past the stop are dropped by the
+frontend and not counted in `generated_tokens`, which counts such a request's tokens when it ends).
+A request with `on_event` (in-process callers: offline generation, benchmarks, tests) gets its
+events through it in the worker thread as they happen.
 
 Two execution frames: with an executor whose `launch` returns before the device finishes (CUDA),
 the worker keeps up to two plans submitted. After launching a plan it asks the scheduler for
 another; the scheduler offers a second frame only when it needs no feedback from the first (a
-decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.steps`),
+decode round of the same cohort, fed by device-owned pending tokens, see `helios.runtime.scheduling.steps`),
 and the worker packs and launches it before it waits for the first one's completion. Completions
 are taken oldest first. An executor with only `run` gets one frame (a tensor-parallel rank zero has both: `RankedExecutor`).
 
-Every request ends with exactly one `FinishEvent`. Events are delivered by calling the request's
-`on_event` in the worker thread; it must not block (hand off to a queue). That holds at the edges
+Every request ends with exactly one `FinishEvent`. `on_event` and the sink must not block (hand off
+to a queue). That holds at the edges
 too: `shutdown` ends queued and running requests CANCELLED, a request submitted after shutdown ends
 CANCELLED at once, and if the worker loop itself fails every request it knows ends ERROR and the
 engine reports itself unhealthy (`is_healthy`, `stats.healthy`).
@@ -32,47 +42,45 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Protocol
-
-import torch
+from typing import Callable
 
 from helios.errors import AdmissionRejected, ExecutionError
-from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent, rejected
-from helios.runtime.executor import Executor, StepOutput
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.prompt_scores import prompt_score_events
-from helios.runtime.request import RequestSpec
-from helios.runtime.scheduler import Scheduler
-from helios.runtime.stats import WorkerStats
+from helios.runtime.execution.executor import Executor, StepOutput
+from helios.runtime.feedback import GrammarState, LaneFeedback
+from helios.runtime.outlet import Cancel, Command, EventSink, Outbox, StepBatch, StopMatched
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.execution.prompt_scores import prompt_score_events
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.scheduling.scheduler import Scheduler
+from helios.runtime.records.stats import WorkerStats
+from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, rejected
 
 
-class GrammarState(Protocol):
-    """The per-request grammar matcher the worker owns once submitted."""
-
-    def fill_bitmask(self, row: torch.Tensor) -> None: ...
-
-    def consume_token(self, token_id: int) -> object: ...
+__all__ = ["Engine", "EngineRequest", "GrammarState"]
 
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A prepared request. `host_stop(token_id) -> bool` (None when the request has no host
-    stops) runs in the worker after each token and returns True when a stop matched."""
+    """A prepared request. `host_stop(token_id) -> bool` (None when the request has no runtime
+    host stops) runs in the worker after each token and returns True when a stop matched.
+    `on_event` receives the request's events when the engine has no sink (None: only with one)."""
 
     spec: RequestSpec
     admission: AdmissionValues
-    on_event: Callable[[RequestEvent], None]
+    on_event: Callable[[RequestEvent], None] | None = None
     grammar: GrammarState | None = None
     host_stop: Callable[[int], bool] | None = None
-    images: object = None  # `helios.runtime.images.RequestImages` of a request with images
+    images: object = None  # `helios.runtime.execution.images.RequestImages` of a request with images
 
 
 class Engine:
     """Owns the worker thread; `submit`/`cancel` are thread-safe."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, stats: WorkerStats | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns, frames: int | None = None):
-        """`frames`: plans kept submitted at once (1 or 2); None: 2 when the executor overlaps."""
+                 clock: Callable[[], int] = time.monotonic_ns, frames: int | None = None,
+                 sink: EventSink | None = None):
+        """`frames`: plans kept submitted at once (1 or 2); None: 2 when the executor overlaps.
+        `sink`: where each round's `StepBatch` goes (see `connect`)."""
         self.scheduler = scheduler
         self.executor = executor
         overlaps = getattr(executor, "overlaps", False) and hasattr(executor, "launch")
@@ -81,17 +89,24 @@ class Engine:
             raise ValueError(f"{self.frames} execution frames with {type(executor).__name__}")
         self._launched: deque = deque()  # (plan, Launched or StepOutput), oldest first
         self.stats = stats or WorkerStats()
+        self.outbox = Outbox(self.stats, sink)
         self._clock = clock
         self._wake = threading.Condition()
         self._ingress: deque[EngineRequest] = deque()
-        self._cancels: deque[str] = deque()
+        self._commands: deque[Command] = deque()
         self._active: dict[str, EngineRequest] = {}
         self._running = False
         self._is_closed = False  # shut down or failed: `submit` answers at once
         self._thread: threading.Thread | None = None
-        self._mask_words = executor.model.prepared.contract.model.vocabulary.mask_words
+        self.feedback = LaneFeedback(executor.model.prepared.contract.model.vocabulary.mask_words)
         self.stats.request_slots = scheduler.caps.max_active
         self.stats.pages_total = scheduler.caps.cache.num_pages
+
+    def connect(self, sink: EventSink) -> None:
+        """Sends the events of requests submitted without `on_event` to `sink`, one `StepBatch`
+        per round. The sink is called from the worker thread (and from `submit` after shutdown) and
+        must not block."""
+        self.outbox.sink = sink
 
     def start(self) -> None:
         self._running = True
@@ -114,17 +129,33 @@ class Engine:
         return self._thread is None or self._thread.is_alive() or self._is_closed
 
     def submit(self, request: EngineRequest) -> None:
+        """Queues `request` for admission (any thread); its events go to its `on_event`, or to the
+        connected sink when it has none."""
+        if request.on_event is None and self.outbox.sink is None:
+            raise ValueError(f"request {request.spec.request_id} has no on_event and the engine no sink")
         with self._wake:
             if not self._is_closed:
                 self._ingress.append(request)
                 self._wake.notify()
                 return
         reason = FinishReason.ERROR if not self.stats.healthy else FinishReason.CANCELLED
-        request.on_event(_ended(request, reason, "the model worker is not running"))
+        event = _ended(request, reason, "the model worker is not running")
+        if request.on_event is None:
+            self.outbox.sink(StepBatch((event,)))
+        else:
+            request.on_event(event)
 
     def cancel(self, request_id: str) -> None:
+        self._command(Cancel(request_id))
+
+    def stop_matched(self, request_id: str, num_output_tokens: int) -> None:
+        """The frontend found a stop in the request's output after `num_output_tokens` tokens: the
+        request ends STOP (nothing happens when it already ended). Any thread."""
+        self._command(StopMatched(request_id, num_output_tokens))
+
+    def _command(self, command: Command) -> None:
         with self._wake:
-            self._cancels.append(request_id)
+            self._commands.append(command)
             self._wake.notify()
 
     # -- worker --------------------------------------------------------------------------------
@@ -140,19 +171,19 @@ class Engine:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while self._running and not (self._ingress or self._cancels or self.scheduler.has_work):
+                while self._running and not (self._ingress or self._commands or self.scheduler.has_work):
                     self._wake.wait()
                 if not self._running:
                     break
                 ingress, self._ingress = list(self._ingress), deque()
-                cancels, self._cancels = list(self._cancels), deque()
+                commands, self._commands = list(self._commands), deque()
             self._admit(ingress)
-            for request_id in cancels:
-                self._cancel(request_id)
+            self._apply(commands)
             self.step()
         self._drain()
         for request_id in list(self._active):
             self._dispatch(self.scheduler.cancel(request_id))
+        self.outbox.flush()
         self._close(FinishReason.CANCELLED, "the model worker shut down")
 
     def _close(self, reason: FinishReason, message: str) -> None:
@@ -162,24 +193,43 @@ class Engine:
             pending, self._ingress = list(self._ingress), deque()
         pending += list(self._active.values())
         self._active.clear()
+        self.outbox.close()
         for request in pending:
-            try:
-                request.on_event(_ended(request, reason, message))
-            except Exception:  # noqa: BLE001 - one failing callback must not starve the others
-                pass
+            self.outbox.end(request.on_event, _ended(request, reason, message))
+        try:
+            self.outbox.flush()
+        except Exception:  # noqa: BLE001 - nobody is left to tell
+            pass
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Synchronous driving (tests, offline generation): admit, step until nothing is left."""
         for _ in range(max_steps):
             ingress, self._ingress = list(self._ingress), deque()
             self._admit(ingress)
-            cancels, self._cancels = list(self._cancels), deque()
-            for request_id in cancels:
-                self._cancel(request_id)
+            commands, self._commands = list(self._commands), deque()
+            self._apply(commands)
             if not self.scheduler.has_work:
+                self.outbox.flush()
                 return
             self.step()
         raise ExecutionError("the engine did not go idle")
+
+    def _apply(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, StopMatched):
+                self._stop_matched(command)
+            else:
+                self._cancel(command.request_id)
+        self.outbox.flush()
+
+    def _stop_matched(self, command: StopMatched) -> None:
+        """Ends the request STOP with the frontend's output count (tokens past the stop are dropped)."""
+        if command.request_id not in self._active:
+            return  # already ended (its end may have crossed the command)
+        events = [e._replace(num_output_tokens=min(e.num_output_tokens, command.num_output_tokens))
+                  if isinstance(e, FinishEvent) and e.request_id == command.request_id else e
+                  for e in self.scheduler.stop(command.request_id)]
+        self._dispatch(events)
 
     def _admit(self, requests: list[EngineRequest]) -> None:
         """Submits ingress to the scheduler while its pending deque has room; the rest stays in the
@@ -198,13 +248,15 @@ class Engine:
             self.scheduler.submit(spec)
         except AdmissionRejected as error:
             self.stats.requests_rejected += 1
-            _notify(request, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
+            self.outbox.end(request.on_event, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
             return
         except Exception as error:  # noqa: BLE001 - a malformed request fails alone (nothing was queued)
             self.stats.requests_finished["error"] += 1
-            _notify(request, _ended(request, FinishReason.ERROR, _request_failure(error)))
+            self.outbox.end(request.on_event, _ended(request, FinishReason.ERROR, _request_failure(error)))
             return
         self._active[spec.request_id] = request
+        self.feedback.register(spec.request_id, request.grammar, request.host_stop)
+        self.outbox.admit(spec.request_id, request.on_event, spec.has_host_stops)
         try:
             self.executor.packer.register(spec.request_id, request.admission, request.images)
         except Exception as error:  # noqa: BLE001
@@ -220,7 +272,7 @@ class Engine:
             for request in waiting:
                 self._ingress.remove(request)
         for request in waiting:
-            _notify(request, _ended(request, FinishReason.CANCELLED, ""))
+            self.outbox.end(request.on_event, _ended(request, FinishReason.CANCELLED, ""))
         self._dispatch(self.scheduler.cancel(request_id))
 
     def step(self) -> None:
@@ -232,12 +284,13 @@ class Engine:
             self._launch(plan)
         if self._launched:
             self._complete_oldest()
+        self.outbox.flush()  # the frontend works on this round's output while the worker packs the next
         self._refresh_gauges()  # admissions and cancellations change them without a plan too
 
     def _launch(self, plan) -> None:
         """Launches `plan` (one frame: runs it); a failure fails the plan at once."""
         try:
-            masks = self._masks(plan)
+            masks = self.feedback.fill_masks(plan.rows)
             if self.frames == 2:
                 launched = self.executor.launch(plan, masks)
             else:
@@ -281,17 +334,6 @@ class Engine:
         active = (self._active.get(row.request_id) for row in plan.rows)
         return {r.spec.request_id: len(r.spec.prompt_ids) for r in active if r is not None and r.spec.score_prompt}
 
-    def _masks(self, plan) -> dict[str, torch.Tensor]:
-        """Grammar masks of the plan's constrained rows (a grammar that raises fails the plan)."""
-        masks = {}
-        for row in plan.rows:
-            request = self._active.get(row.request_id)
-            if row.constrained and row.samples and request is not None and request.grammar is not None:
-                mask = torch.empty(self._mask_words, dtype=torch.int32)
-                request.grammar.fill_bitmask(mask)
-                masks[row.request_id] = mask
-        return masks
-
     def _dispatch(self, events: list[RequestEvent]) -> None:
         for event in events:
             request = self._active.get(event.request_id)
@@ -302,24 +344,17 @@ class Engine:
                 continue
             if isinstance(event, PromptScoresEvent):
                 try:
-                    request.on_event(event)
+                    self.outbox.deliver(request.on_event, event)
                 except Exception as error:  # noqa: BLE001
                     self._fail_request(request, error)
                 continue
-            self.stats.generated_tokens += len(event.token_ids)
+            self.outbox.count(event)
             try:
-                request.on_event(event)
-                self._after_tokens(request, event.token_ids)
+                self.outbox.deliver(request.on_event, event)
+                if self.feedback.advance(event.request_id, event.token_ids):
+                    self._dispatch(self.scheduler.stop(event.request_id))
             except Exception as error:  # noqa: BLE001 - this request's hooks failed: it ends, the worker serves on
                 self._fail_request(request, error)
-
-    def _after_tokens(self, request: EngineRequest, token_ids) -> None:
-        for token_id in token_ids:
-            if request.grammar is not None:
-                request.grammar.consume_token(token_id)
-            if request.host_stop is not None and request.host_stop(token_id):
-                self._dispatch(self.scheduler.stop(request.spec.request_id))
-                return
 
     def _fail_request(self, request: EngineRequest, error: Exception) -> None:
         """Ends one request with ERROR after its own hook raised; the scheduler frees what it holds."""
@@ -337,8 +372,9 @@ class Engine:
     def _finish(self, request: EngineRequest, event: FinishEvent) -> None:
         del self._active[event.request_id]
         self.executor.packer.forget(event.request_id)
+        self.feedback.forget(event.request_id)
         self.stats.requests_finished[event.reason.name.lower()] += 1
-        _notify(request, event)
+        self.outbox.end(request.on_event, event)
 
     def _refresh_gauges(self) -> None:
         c = self.scheduler.counters()
@@ -354,14 +390,6 @@ class Engine:
             images = getattr(self.executor, "images", None)
             if images is not None:
                 stats.image_cache_hits, stats.image_cache_misses = images.cache.stats.hits, images.cache.stats.misses
-
-
-def _notify(request: EngineRequest, event: FinishEvent) -> None:
-    """Delivers a terminal event; a callback that raises on it has nothing left to fail."""
-    try:
-        request.on_event(event)
-    except Exception:  # noqa: BLE001 - the request is over either way
-        pass
 
 
 def _request_failure(error: Exception) -> str:

@@ -11,9 +11,9 @@ from typing import Sequence
 
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
 from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.packer import AdmissionValues
-from helios.runtime.request import RequestSpec
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.records.request import RequestSpec
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `start_runtime` is the one place that builds these collaborators (constructors elsewhere take
 them), used by offline generation and by the server. A core prepared for N > 1 tensor-parallel
-ranks also starts ranks 1..N-1 (`helios.runtime.rank_peers`) and runs the engine on their
+ranks also starts ranks 1..N-1 (`helios.runtime.parallel.rank_peers`) and runs the engine on their
 `RankedExecutor`; `Runtime.close` stops the engine and then those ranks.
 """
 
@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from helios.runtime.engine import Engine
-from helios.runtime.executor import Executor, program_table
-from helios.runtime.geometry import capacities_for
-from helios.runtime.model import LoadedModel, LoadOptions, load_model
-from helios.runtime.host_staging import host_staging
-from helios.runtime.packer import Packer
-from helios.runtime.policy import SchedulerPolicy
-from helios.runtime.rank_peers import RankOptions, RankPeers, launch_peers
-from helios.runtime.scheduler import Scheduler
-from helios.runtime.stats import WorkerStats
+from helios.runtime.execution.executor import Executor, program_table
+from helios.runtime.execution.geometry import capacities_for
+from helios.runtime.loading.model import LoadedModel, LoadOptions, load_model
+from helios.runtime.execution.host_staging import host_staging
+from helios.runtime.execution.packer import Packer
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.parallel.rank_peers import RankOptions, RankPeers, launch_peers
+from helios.runtime.scheduling.scheduler import Scheduler
+from helios.runtime.records.stats import WorkerStats
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from helios.errors import ExecutionError, HeliosError, RequestError
 from helios.server.access import RECORD_KEY, AccessLog, ApiKeyGuard
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES, BodyGuard
 from helios.server.metrics import ResponseCounter
-from helios.frontend.presentation import error_body
+from helios.frontend.responses.presentation import error_body
 from helios.server.responses import error_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 from helios.server.service import ServedModel

@@ -1,15 +1,19 @@
-"""One response's bridge between the model worker thread and the event loop.
+"""One response's bridge between the frontend output workers and the event loop.
 
-Worker thread (the engine's callbacks, which must never block): `on_event` feeds each generated id
-to the request's `OutputProcessor` right away (a `PromptScoresEvent` is recorded there and ends
-nothing: it reaches the reader with the first step or the terminal item), so observation, stops and parsing are decided before
-the worker schedules the request again, and `host_stop` reports a matched stop to the engine. The
-resulting `OutputStep`s (streamed responses only) and the one terminal item are handed to the event
-loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup per batch of deliveries, not one
-per request and token) into the response's unbounded `asyncio.Queue`: it grows as events arrive
-and is bounded in total by the request's validated output budget (one step per generated token plus
-one terminal item), so a paused or slow reader never blocks the worker and loses nothing.
-Presentation (JSON encoding) happens on the event loop, off the worker's serial step loop.
+Output worker (`helios.frontend.output_workers`; never the model worker): `on_event` feeds each
+generated id to the request's `OutputProcessor` (a `PromptScoresEvent` is recorded there and ends
+nothing: it reaches the reader with the first step or the terminal item): observation,
+detokenizing, stops, parsing and logprob entries. When a stop string matches, `stop` (the engine's
+`stop_matched`) tells the engine with the number of output tokens up to the stop; the engine may
+have generated a few more by then: the processor ignores every token after a stop, so they are never
+shown or counted, and a finish the engine reported for them (EOS, output limit) is settled as STOP
+with the processor's count before the response sees it (`observe`, the request's metrics record,
+gets the settled event). The resulting `OutputStep`s (streamed responses only) and the one terminal
+item are handed to the event loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup
+per batch of deliveries, not one per request and token) into the response's unbounded
+`asyncio.Queue`: it grows as events arrive and is bounded in total by the request's validated output
+budget (one step per generated token plus one terminal item), so a paused or slow reader never
+blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
 
 Event loop: `next_items` awaits what has arrived; `cancel` cancels the request in the engine (a
 dropped connection); `close` says the reader released the response. The admission permit is
@@ -22,7 +26,8 @@ request is cancelled; the permit still waits for the engine's confirmation).
 
 Every request produces exactly one terminal item: an `OutputFinal`, or a `Failure` carrying the
 typed error (admission rejection, execution failure, or an output-processing failure, which cancels
-the request in the engine and is reported as an execution error).
+the request in the engine and is reported as an execution error: the processor's own failures are
+caught in `on_event`, anything else the output worker reports through `on_failure`).
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from helios.errors import ExecutionError, HeliosError
-from helios.frontend.output import OutputFinal, OutputProcessor, OutputStep
-from helios.frontend.presentation import failure_error
-from helios.runtime.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
+from helios.frontend.responses.output import OutputFinal, OutputProcessor, OutputStep
+from helios.frontend.responses.presentation import failure_error
+from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
 from helios.server.admission import Permit
 
 _FAILURES = (FinishReason.REJECTED, FinishReason.ERROR)
+_OUTRUN = (FinishReason.EOS, FinishReason.LENGTH)  # ends the engine may reach past a stop it was not yet told of
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ class LoopOutbox:
 
 
 class ResponseBridge:
-    """See the module docstring. Worker-side methods run in the model worker thread only;
+    """See the module docstring. Worker-side methods run in the request's output worker only;
     loop-side methods (`next_items`, `cancel`, `close`) on the event loop only."""
 
     def __init__(
@@ -98,6 +104,8 @@ class ResponseBridge:
         cancel: Callable[[str], None],
         origin_ns: int,
         outbox: LoopOutbox,
+        stop: Callable[[str, int], None] | None = None,
+        observe: Callable[[RequestEvent], None] | None = None,
     ):
         self.request_id = request_id
         self._output = output
@@ -106,29 +114,58 @@ class ResponseBridge:
         self._cancel = cancel
         self._origin_ns = origin_ns
         self._outbox = outbox
+        self._stop = stop
+        self._observe = observe
         self._queue: asyncio.Queue[list[Item]] = asyncio.Queue()
         self._failure: HeliosError | None = None  # worker side: output processing failed
+        self._is_stop_sent = False  # worker side
+        self._is_terminal_posted = False  # worker side
         self._has_terminal = False  # loop side
         self._is_closed = False
         self._is_cancel_sent = False
         self._is_interrupted = False
 
-    # -- worker thread ---------------------------------------------------------------------------
+    # -- output worker ---------------------------------------------------------------------------
 
     def on_event(self, event: RequestEvent) -> None:
-        """The engine's `on_event`: never raises, never blocks."""
+        """One engine event of this request, in order; never blocks."""
+        if isinstance(event, FinishEvent):
+            event = self._settled(event)
+        if self._observe is not None:
+            self._observe(event)
+        if self._is_terminal_posted:
+            return
         if isinstance(event, TokenEvent):
             steps = self._feed(event)
             if steps:
                 self._post(steps, is_terminal=False)
+            if self._output.is_stopped and not self._is_stop_sent and self._stop is not None:
+                self._is_stop_sent = True
+                self._stop(self.request_id, self._output.num_output_tokens)
         elif isinstance(event, PromptScoresEvent):  # not the end: the scores wait for the first token
             self._score_prompt(event)
         else:
-            self._post([self._terminal(event)], is_terminal=True)
+            self._post_terminal(self._terminal(event))
 
-    def host_stop(self, token_id: int) -> bool:
-        """The engine's `host_stop`: the processor already saw `token_id` in `on_event`."""
-        return self._output.is_stopped or self._failure is not None
+    def on_failure(self, error: Exception, event: RequestEvent) -> None:
+        """The output worker caught `error` from `on_event(event)`: this request ends with an
+        execution error (cancelled in the engine; the terminal item now if `event` was its end)."""
+        if self._failure is None:
+            self._failure = ExecutionError(f"output processing failed: {type(error).__name__}: {error}")
+            self._cancel(self.request_id)
+        if isinstance(event, FinishEvent):
+            self._post_terminal(Failure(self._failure))
+
+    def _settled(self, event: FinishEvent) -> FinishEvent:
+        """The engine's end, settled against a stop the processor matched before it."""
+        if self._output.is_stopped and event.reason in _OUTRUN:
+            return event._replace(reason=FinishReason.STOP, num_output_tokens=self._output.num_output_tokens)
+        return event
+
+    def _post_terminal(self, item: Terminal) -> None:
+        if not self._is_terminal_posted:
+            self._is_terminal_posted = True
+            self._post([item], is_terminal=True)
 
     def _feed(self, event: TokenEvent) -> list[OutputStep]:
         if self._failure is not None:

@@ -5,10 +5,12 @@ engine request per choice, each prepared like a request of its own (its own gram
 output path) and holding its own admission permit (all taken at once, or the request gets 429).
 Choice ``j`` of a prompt samples with seed ``s + j`` (mod 2**64), ``s`` being the seed that prompt's
 first choice resolved (the request's ``seed``, the core's fixed seed, or fresh random bits), so a
-seeded request is reproducible choice by choice and greedy choices are identical. The prompt's
-cache pages are shared through the prefix cache: choices that start after the first one's prefill
-published its pages reuse them (``reused_prompt_tokens``); choices admitted in the same step prefill
-on their own.
+seeded request is reproducible choice by choice and greedy choices are identical. The prompt is
+computed once: the scheduler admits the first choice, holds the others until its prefill commits,
+then admits them onto its pages (all but the page of the last prompt token shared by reference,
+that one copied) so each computes only the last prompt token and samples with its own seed
+(`helios.runtime.cache.prompt_sharing`; ``reused_prompt_tokens`` is the prompt length minus one).
+``best_of`` equal to ``n`` is the same thing.
 
 Choices are numbered prompt by prompt: choice ``j`` of prompt ``i`` has ``index = i * n + j``.
 Usage counts each prompt once and every choice's output. JSON: one body with every choice (the first
@@ -27,9 +29,9 @@ from typing import Callable, Sequence
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from helios.errors import RequestError
-from helios.frontend.generation import SEED_MASK
-from helios.frontend.output import OutputFinal, OutputStep
-from helios.frontend.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
+from helios.frontend.preparation.generation import SEED_MASK
+from helios.frontend.responses.output import OutputFinal, OutputStep
+from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
 from helios.server.responses import SSE_HEADERS

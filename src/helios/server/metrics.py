@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from helios.runtime.stats import StatsSnapshot
+from helios.runtime.records.stats import StatsSnapshot
 
 
 class _RuntimeCollector:

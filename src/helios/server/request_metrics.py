@@ -2,10 +2,11 @@
 
 `RequestRecord` is made when a request arrives (the access-log middleware puts it in the ASGI
 scope's state). The service stamps it when it hands the request to the model worker, and
-`timed_events` wraps the request's event callback on the worker thread: the first token event
+`event_stamps` stamps it from the request's events on its output worker (the response bridge
+calls it with each event, a finish settled against a stop the frontend found): the first token event
 stamps the first token, the finish event the end and the token counts, and the histograms of a
 request that finished (not rejected, failed or cancelled) are observed then. One monotonic clock
-read per token event; nothing else runs on the worker.
+read per token event; nothing of it runs on the model worker.
 
 Histograms (seconds unless said; label ``model_name``, the served id):
 
@@ -27,7 +28,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from helios.runtime.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
+from helios.runtime.records.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0, 320.0, 640.0)
@@ -107,9 +108,8 @@ class LatencyHistograms:
         self.generation.labels(name).observe(record.num_output_tokens or 0)
 
 
-def timed_events(on_event: Callable[[RequestEvent], None], record: RequestRecord,
-                 histograms: LatencyHistograms) -> Callable[[RequestEvent], None]:
-    """`on_event` that first stamps `record` (worker thread; never raises)."""
+def event_stamps(record: RequestRecord, histograms: LatencyHistograms) -> Callable[[RequestEvent], None]:
+    """A callable that stamps `record` from each of its request's events (never raises)."""
 
     def stamping(event: RequestEvent) -> None:
         try:
@@ -124,6 +124,5 @@ def timed_events(on_event: Callable[[RequestEvent], None], record: RequestRecord
                 record.first_token_s = time.monotonic()
         except Exception:  # noqa: BLE001 - measurement never fails a request
             pass
-        on_event(event)
 
     return stamping

@@ -31,8 +31,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from helios.errors import ExecutionError, HeliosError
-from helios.frontend.output import OutputFinal, OutputStep
-from helios.frontend.presentation import StreamPresenter, error_body, error_status, sse_error
+from helios.frontend.responses.output import OutputFinal, OutputStep
+from helios.frontend.responses.presentation import StreamPresenter, error_body, error_status, sse_error
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, Item, ResponseBridge
 

@@ -2,7 +2,7 @@
 
 Unknown fields are rejected (never silently ignored), so the OpenAPI document generated from these
 models is exactly what the server accepts. Rules that combine fields (stops that cannot be combined,
-observation flags that require each other, tool choice) live in `helios.frontend.request_options`,
+observation flags that require each other, tool choice) live in `helios.frontend.preparation.request_options`,
 their single source; `validate_*` below apply them before preparation. They raise `RequestError`
 subclasses, which the app turns into HTTP 400.
 
@@ -22,9 +22,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
 
-from helios.frontend.logit_bias import MAX_LOGIT_BIAS
-from helios.frontend.logprobs import MAX_TOP_LOGPROBS
-from helios.frontend.request_options import ChatOptionError, check_chat_options, check_completion_options
+from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
+from helios.frontend.decoding.logprobs import MAX_TOP_LOGPROBS
+from helios.frontend.preparation.request_options import ChatOptionError, check_chat_options, check_completion_options
 
 MAX_MESSAGES = 1024
 MAX_TOOLS = 128

@@ -9,19 +9,23 @@ specification fixes:
 4. CPU preparation (template, tokenize, grammar compile) in one of `frontend_workers` preparation
    slots, run in a preparation thread so the event loop keeps serving, bounded in time, with
    grammar compiles held to fewer slots than there are (`helios.server.preparation`);
-5. enqueue timestamp and submission to the model worker with a `ResponseBridge` as its callbacks;
+5. enqueue timestamp and submission to the model worker; the request's `ResponseBridge` is
+   registered with the output workers (`helios.frontend.output_workers`), which take the engine's
+   per-round event batches and run each request's output work off the model worker thread; its
+   grammar matcher goes to the engine, which owns it from then on;
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
 A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once per choice
-(`helios.server.fanout`). Each engine request's callback first stamps the request's
-`RequestRecord` (latency histograms, access log; `helios.server.request_metrics`).
+(`helios.server.fanout`). Each engine request's bridge stamps the request's `RequestRecord` from
+its events (latency histograms, access log; `helios.server.request_metrics`).
 
 `interrupt_responses` (the server's drain deadline at shutdown) ends every response still running
 with one `ShuttingDown` error; after it, responses whose connections the server then drops end
 quietly, and requests still preparing are refused with the same error.
 
 `start` / `shutdown` start and stop the model worker; `shutdown` returns after the worker drained
-its current round and the runtime's tensor-parallel ranks (if any) stopped. The object is shared by every request; after construction it is not mutated
+its current round, the runtime's tensor-parallel ranks (if any) stopped and the output workers
+consumed every event. The object is shared by every request; after construction it is not mutated
 except through the engine's and the admission controller's own thread-safe methods.
 """
 
@@ -40,18 +44,20 @@ from starlette.types import Receive
 from tokenizers import Tokenizer
 
 from helios.errors import ShuttingDown
-from helios.frontend.observation import ObservationClock
+from helios.frontend.decoding.observation import ObservationClock
+from helios.frontend.output_workers import OutputWorkers
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
-from helios.runtime.packer import AdmissionValues
+from helios.runtime.feedback import TensorGrammar
+from helios.runtime.execution.packer import AdmissionValues
 from helios.runtime.service import Runtime
-from helios.runtime.stats import StatsSnapshot
+from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
 from helios.server.fanout import Choice, choice_bodies, fanout_json, fanout_stream, with_choice_seed
-from helios.server.request_metrics import LatencyHistograms, RequestRecord, timed_events
+from helios.server.request_metrics import LatencyHistograms, RequestRecord, event_stamps
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
@@ -68,21 +74,6 @@ class ModelCard:
     created: int
     context_tokens: int
     vocab_size: int  # one past the largest sampled id (stop-id range)
-
-
-class EngineGrammar:
-    """Adapts a frontend `GrammarMatcher` (numpy mask rows) to the engine's `GrammarState` (torch rows)."""
-
-    __slots__ = ("_matcher",)
-
-    def __init__(self, matcher):
-        self._matcher = matcher
-
-    def fill_bitmask(self, row) -> None:
-        self._matcher.fill_bitmask(row.numpy())
-
-    def consume_token(self, token_id: int) -> object:
-        return self._matcher.consume_token(token_id)
 
 
 def admission_values(prepared: PreparedRequest) -> AdmissionValues:
@@ -107,9 +98,12 @@ class ServedModel:
 
     def __init__(self, runtime: Runtime, frontend: FrontendModel, admission: AdmissionController,
                  clock: ObservationClock, card: ModelCard, preparation: PreparationGate,
-                 send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S):
+                 send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S, output: OutputWorkers | None = None):
+        """`output`: the output workers (two when None); the engine's events go to them from now on."""
         self.runtime = runtime
         self.engine = runtime.engine
+        self.output = output or OutputWorkers()
+        self.engine.connect(self.output.post)
         self.frontend = frontend
         self.admission = admission
         self.clock = clock
@@ -129,7 +123,7 @@ class ServedModel:
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
                      served_names: tuple[str, ...] = (),
-                     image_limits: ImageLimits | None = None) -> ServedModel:
+                     image_limits: ImageLimits | None = None, output_workers: int = 2) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`).
         `served_names` (the served id, then aliases) replace the contract's names when given."""
         model = runtime.model
@@ -143,15 +137,16 @@ class ServedModel:
                          model.settings.context_tokens, model.prepared.sampled_range[1])
         gate = PreparationGate(PreparationPool(frontend_workers), frontend_workers, preparation_timeout_s)
         return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, gate,
-                   send_timeout_s)
+                   send_timeout_s, OutputWorkers(output_workers))
 
     def start(self) -> None:
         self.engine.start()
 
     def shutdown(self) -> None:
-        """Stops the model worker once its current round is done, then any tensor-parallel ranks
-        (blocking; idempotent)."""
+        """Stops the model worker once its current round is done, then any tensor-parallel ranks,
+        then the output workers once they consumed every event (blocking; idempotent)."""
         self.runtime.close()
+        self.output.close()
 
     def interrupt_responses(self) -> int:
         """Event loop: ends every running response with a `ShuttingDown` error (a stream gets one
@@ -238,14 +233,14 @@ class ServedModel:
         bridge = ResponseBridge(
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
             cancel=self.engine.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
+            stop=self.engine.stop_matched, observe=event_stamps(record, self.latency),
         )
-        grammar = EngineGrammar(prepared.grammar) if prepared.grammar is not None else None
-        host_stop = bridge.host_stop if prepared.params.has_host_stops else None
-        on_event = timed_events(bridge.on_event, record, self.latency)
-        request = EngineRequest(prepared.request_spec(), admission_values(prepared), on_event, grammar, host_stop,
-                                prepared.images)
+        grammar = TensorGrammar(prepared.grammar) if prepared.grammar is not None else None
+        request = EngineRequest(prepared.request_spec(), admission_values(prepared), grammar=grammar,
+                                images=prepared.images)
         output.mark_enqueue(self.clock)
         record.submitted_s = time.monotonic()
         self._bridges.add(bridge)
+        self.output.register(prepared.request_id, bridge)
         self.engine.submit(request)
         return bridge

@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from helios.frontend.detokenize import IncrementalDetokenizer
-from helios.frontend.events import (
+from helios.frontend.decoding.detokenize import IncrementalDetokenizer
+from helios.frontend.decoding.events import (
     ContentDelta,
     Event,
     MarkupDropped,

@@ -8,11 +8,11 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from helios.frontend import syntax as S
+from helios.frontend.decoding import syntax as S
 from helios.frontend.parsers import (
     AnswerMode, FramePosition, FrameStart, OutputPipeline, OutputRequest, OutputStart, ReasoningState, TokenDelimiters,
 )
-from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind as R, ToolSyntaxKind as T
+from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind as R, ToolSyntaxKind as T
 
 from .golden import FILLER_ID, check_stream_invariants, coarsest, random_chunks, run
 from .tools import TOOLS

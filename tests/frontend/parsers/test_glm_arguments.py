@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from helios.frontend.events import ParseErrorKind as K
+from helios.frontend.decoding.events import ParseErrorKind as K
 from helios.frontend.parsers import OutputPipeline, OutputRequest, OutputStart, ReasoningState
-from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_glm_arguments, example_think_tags
+from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_glm_arguments, example_think_tags
 
 from .golden import Call, Expect, Plain, check_golden, delimiters_for, detokenize, encode
 from .tools import FILE_BODY, TOOLS

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from helios.errors import ContractError
-from helios.frontend.events import ParseErrorKind as K
-from helios.frontend.events import ToolCallArguments, ToolCallStart
+from helios.frontend.decoding.events import ParseErrorKind as K
+from helios.frontend.decoding.events import ToolCallArguments, ToolCallStart
 from helios.frontend.parsers import FramePosition, FrameStart, OutputPipeline, OutputRequest, OutputStart
 from helios.frontend.parsers.harmony import parse_header
-from helios.frontend.syntax import ChannelSyntax, OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_harmony
+from helios.frontend.decoding.syntax import ChannelSyntax, OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_harmony
 
 from .golden import Call, Expect, Plain, check_golden, delimiters_for, detokenize, encode
 from .tools import FILE_BODY, TOOLS

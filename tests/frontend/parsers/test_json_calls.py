@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from helios.errors import ContractError
-from helios.frontend.events import ParseErrorKind as K
+from helios.frontend.decoding.events import ParseErrorKind as K
 from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, OutputStart, ReasoningState
-from helios.frontend.syntax import (
+from helios.frontend.decoding.syntax import (
     JsonCallSyntax,
     OutputSyntax,
     ReasoningSyntaxKind,

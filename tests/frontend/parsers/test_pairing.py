@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from helios.errors import ContractError
-from helios.frontend import syntax as S
+from helios.frontend.decoding import syntax as S
 from helios.frontend.parsers import OutputPipeline, OutputRequest, TokenDelimiters, ToolRegistry
-from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind as R, ToolSyntaxKind as T
+from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind as R, ToolSyntaxKind as T
 
 THINK = S.example_think_tags()
 TOOL_DATA = {

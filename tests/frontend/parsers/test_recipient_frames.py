@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from helios.errors import ContractError
-from helios.frontend.events import ParseErrorKind as K
+from helios.frontend.decoding.events import ParseErrorKind as K
 from helios.frontend.parsers import (
     FramePosition, FrameStart, OutputPipeline, OutputRequest, OutputStart, TokenDelimiters,
 )
-from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_recipients
+from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_recipients
 
 from .golden import Call, Expect, Plain, check_golden, delimiters_for, detokenize, encode
 from .tools import FILE_BODY, TOOLS

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from helios.frontend.events import ContentDelta, MarkupDropped, ReasoningDelta, ResultBuilder
+from helios.frontend.decoding.events import ContentDelta, MarkupDropped, ReasoningDelta, ResultBuilder
 from helios.frontend.parsers import ReasoningState, TokenDelimiters
 from helios.frontend.parsers.think_tags import ThinkTagParser
-from helios.frontend.syntax import example_think_tags
+from helios.frontend.decoding.syntax import example_think_tags
 
 OPEN_ID, CLOSE_ID, TERMINAL_ID, TEXT_ID = 11, 12, 13, 99
 DELIMITERS = TokenDelimiters({"<think>": OPEN_ID, "</think>": CLOSE_ID, "<tool_call>": TERMINAL_ID})

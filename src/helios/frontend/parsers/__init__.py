@@ -6,7 +6,7 @@ frames with JSON calls), `tag_tools` (the tool-call state
 machine and its recovery rules) with one grammar module per tool family (`qwen_coder`,
 `glm_arguments`, `dsml`, `atem`) compiled to a `tool_grammar.ToolGrammar`, `json_calls` (whole JSON
 invocations: Hermes, Llama, Mistral and DeepSeek tool-call tokens), and helpers (`scan`, `text`, `calls`, `values`, `delimiters`,
-`start`). Events are defined in `helios.frontend.events`, syntax data in `helios.frontend.syntax`.
+`start`). Events are defined in `helios.frontend.decoding.events`, syntax data in `helios.frontend.decoding.syntax`.
 """
 
 from helios.frontend.parsers.delimiters import TokenDelimiters

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
 from helios.frontend.parsers.tool_grammar import ToolGrammar
-from helios.frontend.syntax import ElementToolSyntax
+from helios.frontend.decoding.syntax import ElementToolSyntax
 
 
 def atem_grammar(syntax: ElementToolSyntax) -> ToolGrammar:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 
-from helios.frontend.events import Event, ParseError, ParseErrorKind, ToolCallArguments, ToolCallEnd
+from helios.frontend.decoding.events import Event, ParseError, ParseErrorKind, ToolCallArguments, ToolCallEnd
 from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
 from helios.frontend.parsers.values import STRING_ONLY, ValueKind, dump_json, json_value, typed_value
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
 from helios.frontend.parsers.tool_grammar import ToolGrammar
-from helios.frontend.syntax import GlmArgumentSyntax
+from helios.frontend.decoding.syntax import GlmArgumentSyntax
 
 
 def glm_arguments_grammar(syntax: GlmArgumentSyntax) -> ToolGrammar:

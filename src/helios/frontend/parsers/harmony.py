@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from helios.frontend.events import (
+from helios.frontend.decoding.events import (
     ContentDelta,
     Event,
     MarkupDropped,
@@ -46,7 +46,7 @@ from helios.frontend.parsers.calls import DETAIL_LEN, CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters, split_feed
 from helios.frontend.parsers.start import FramePosition, FrameStart
 from helios.frontend.parsers.values import ToolRegistry
-from helios.frontend.syntax import ChannelSyntax
+from helios.frontend.decoding.syntax import ChannelSyntax
 
 
 class _S(enum.Enum):

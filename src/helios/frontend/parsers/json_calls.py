@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from helios.frontend.events import (
+from helios.frontend.decoding.events import (
     ContentDelta,
     Event,
     MarkupDropped,
@@ -35,7 +35,7 @@ from helios.frontend.events import (
 from helios.frontend.parsers.calls import DETAIL_LEN, CallIds
 from helios.frontend.parsers.start import AnswerMode
 from helios.frontend.parsers.tool_grammar import NameRule
-from helios.frontend.syntax import JsonCallSyntax
+from helios.frontend.decoding.syntax import JsonCallSyntax
 
 _DECODER = json.JSONDecoder()
 _SEPARATORS = " \t\r\n,;"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from helios.errors import ContractError
-from helios.frontend.events import ContentDelta, Event, ParseResult, ResultBuilder
+from helios.frontend.decoding.events import ContentDelta, Event, ParseResult, ResultBuilder
 from helios.frontend.parsers.calls import CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters
 from helios.frontend.parsers.dsml import dsml_grammar
@@ -33,7 +33,7 @@ from helios.frontend.parsers.tag_tools import TagToolParser
 from helios.frontend.parsers.think_tags import ThinkTagParser
 from helios.frontend.parsers.values import ToolRegistry
 from helios.frontend.parsers.xtml import xtml_grammar
-from helios.frontend.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind
+from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind
 
 
 class OutputParser(Protocol):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from helios.frontend.parsers.scan import TagForm
 from helios.frontend.parsers.tool_grammar import ToolGrammar
-from helios.frontend.syntax import QwenCoderSyntax
+from helios.frontend.decoding.syntax import QwenCoderSyntax
 
 
 def qwen_coder_grammar(syntax: QwenCoderSyntax) -> ToolGrammar:

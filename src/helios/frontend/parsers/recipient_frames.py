@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 
-from helios.frontend.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ReasoningDelta
+from helios.frontend.decoding.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ReasoningDelta
 from helios.frontend.parsers.atem import atem_grammar
 from helios.frontend.parsers.calls import CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters, split_feed
@@ -32,7 +32,7 @@ from helios.frontend.parsers.start import FramePosition, FrameStart
 from helios.frontend.parsers.tool_grammar import NameRule, StrayText
 from helios.frontend.parsers.tag_tools import TagToolParser
 from helios.frontend.parsers.values import ToolRegistry
-from helios.frontend.syntax import RecipientSyntax
+from helios.frontend.decoding.syntax import RecipientSyntax
 
 
 class _S(enum.Enum):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-# The prompt path's verdict on the open assistant envelope (see `helios.frontend.prompt`), used by
+# The prompt path's verdict on the open assistant envelope (see `helios.frontend.preparation.prompt`), used by
 # the delimiter syntaxes: OPEN -> output starts inside reasoning; UNOPENED -> output may open
 # reasoning once, before any answer text; CLOSED -> reasoning ended in the prompt, so reasoning
 # delimiter tokens in the output are protocol markup; NO_REASONING is read like UNOPENED.
-from helios.frontend.prompt import ReasoningState
+from helios.frontend.preparation.prompt import ReasoningState
 
 
 class FramePosition(enum.Enum):

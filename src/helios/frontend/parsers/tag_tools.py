@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 
-from helios.frontend.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallStart
+from helios.frontend.decoding.events import ContentDelta, Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallStart
 from helios.frontend.parsers.calls import CallIds, OpenCall, ValueMode
 from helios.frontend.parsers.tool_grammar import NameRule, StrayText, ToolGrammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagSet

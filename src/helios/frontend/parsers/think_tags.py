@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import enum
 
-from helios.frontend.events import ContentDelta, Event, MarkupDropped, ReasoningDelta
+from helios.frontend.decoding.events import ContentDelta, Event, MarkupDropped, ReasoningDelta
 from helios.frontend.parsers.delimiters import TokenDelimiters, split_feed
 from helios.frontend.parsers.scan import TagSet, TagForm
 from helios.frontend.parsers.start import ReasoningState
 from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
-from helios.frontend.syntax import ThinkSyntax
+from helios.frontend.decoding.syntax import ThinkSyntax
 
 
 class _S(enum.Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from helios.frontend.events import ParseError, ParseErrorKind
+from helios.frontend.decoding.events import ParseError, ParseErrorKind
 from helios.frontend.parsers.calls import ValueFormat
 from helios.frontend.parsers.scan import TagForm
 from helios.frontend.parsers.values import ToolRegistry

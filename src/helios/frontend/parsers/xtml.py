@@ -30,7 +30,7 @@ from helios.frontend.parsers.scan import TagForm
 from helios.frontend.parsers.start import ReasoningState
 from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.parsers.think_tags import ThinkTagParser
-from helios.frontend.syntax import ElementToolSyntax, ThinkSyntax
+from helios.frontend.decoding.syntax import ElementToolSyntax, ThinkSyntax
 
 
 def xtml_grammar(syntax: ElementToolSyntax) -> ToolGrammar:

@@ -215,7 +215,7 @@ _STRENGTH = (spb.PREFIX_CONSTRAINT_STABLE, spb.PREFIX_CONSTRAINT_CHANGES_WHEN_LA
 
 
 def stable_count(roles: Sequence[str], rules: dict[str, int]) -> int:
-    """Leading messages the runtime treats as stable under `rules` (helios.frontend.prompt's rule)."""
+    """Leading messages the runtime treats as stable under `rules` (helios.frontend.preparation.prompt's rule)."""
     for i, role in enumerate(roles):
         constraint = rules.get(role)
         is_last = i == len(roles) - 1

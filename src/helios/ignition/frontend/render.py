@@ -1,7 +1,7 @@
 """The Hugging Face chat-template dialect, for rendering probe conversations at preparation.
 
 The same environment `transformers` uses for `apply_chat_template` (and the runtime's
-`helios.frontend.template`, which ignition may not import): an immutable jinja2 sandbox with
+`helios.frontend.preparation.template`, which ignition may not import): an immutable jinja2 sandbox with
 trim_blocks, lstrip_blocks, loop controls, `tojson` (``ensure_ascii=False``), `raise_exception` and
 `strftime_now`. Probe renders fix `strftime_now` to a constant date, so analysis is reproducible.
 """

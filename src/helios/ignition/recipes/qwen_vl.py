@@ -1,5 +1,6 @@
-"""Recipe for Qwen2_5_VLForConditionalGeneration: the dense Qwen2 language model with multimodal
-rotary positions, plus the vision encoder (`recipes.vision`).
+"""Recipe for Qwen2_5_VLForConditionalGeneration and Qwen3VLForConditionalGeneration: the dense
+Qwen2 (Qwen3: q/k norm) language model with multimodal rotary positions (Qwen3-VL: interleaved
+mrope and DeepStack feature blocks), plus the vision encoder (`recipes.vision`).
 
 Both checkpoint layouts are read: `model.language_model.*` / `model.visual.*` (current
 transformers) and `model.*` / `visual.*` (the original releases). The language model's weights are
@@ -17,9 +18,11 @@ import torch
 from helios.ignition.multimodal import mrope_components
 from helios.ignition.recipes import llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
-from helios.ignition.recipes.vision import VisionArchitecture, vision_architecture, vision_weights
+from helios.ignition.recipes.vision import (QWEN2_5_VL, QWEN3_VL, VisionArchitecture, vision_architecture,
+                                             vision_weights)
 
-ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+FAMILIES = {"Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL, "Qwen3VLForConditionalGeneration": QWEN3_VL}
+ARCHITECTURES = tuple(FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -81,15 +84,19 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     text = text_config(config)
     params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     section = params.pop("mrope_section", None)
+    interleaved = bool(params.pop("mrope_interleaved", False))
     if not section:
-        raise UnsupportedCheckpoint("a Qwen2.5-VL checkpoint needs rope mrope_section")
+        raise UnsupportedCheckpoint(f"a {source} checkpoint needs rope mrope_section")
     text["rope_parameters"] = params
     view = _TextTensors(tensors, text_prefix)
     arch = llama.architecture_from_config(source, text, view, dtype)
     if sum(section) * 2 != arch.head_dim:
         raise UnsupportedCheckpoint(f"mrope_section {section} does not cover head_dim {arch.head_dim}")
     weights, _ = llama.prepared_weights(arch, text, view)
-    vision = vision_architecture(config["vision_config"])
+    vision = vision_architecture(config["vision_config"], FAMILIES[source])
+    if vision.out_hidden_size != arch.hidden_size:
+        raise UnsupportedCheckpoint(f"vision out_hidden_size {vision.out_hidden_size} is not the decoder's "
+                                    f"hidden_size {arch.hidden_size}")
     used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
@@ -100,6 +107,6 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     unplaced = sorted(set(tensors.names) - used - view.used - {"lm_head.weight"})
     if unplaced:
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    return VisionLanguageRecipe(Recipe(source, arch, weights), mrope_components(section), vision, visual,
+    return VisionLanguageRecipe(Recipe(source, arch, weights), mrope_components(section, interleaved), vision, visual,
                                 int(config["image_token_id"]), int(config["vision_start_token_id"]),
                                 int(config["vision_end_token_id"]))

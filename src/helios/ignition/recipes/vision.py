@@ -1,4 +1,5 @@
-"""The Qwen2.5-VL vision encoder as a pure function of named weights, capturable at a patch capacity.
+"""The Qwen2.5-VL and Qwen3-VL vision encoders as pure functions of named weights, capturable at a
+patch capacity.
 
 Inputs are the SPATIAL_POSITIONS_3D layout's vision tensors (see `helios.frontend.images.layout`):
 patches already in window order, their (row, column) rotary positions, window and image segment
@@ -7,6 +8,14 @@ ids, and the feature order undoing the window permutation. Attention is masked t
 the reference's per-window attention; padding patches form a segment of their own, so a fixed
 capacity needs no dynamic shapes. The merger (RMS norm, MLP over merge units) projects to the
 language model's width. Arithmetic follows the reference order in float32.
+
+Qwen3-VL (`QWEN3_VL`): LayerNorm blocks with a tanh-GELU MLP, every block attending over its whole
+image (its windows are single merge units, so the layout's order is the reference's), a patch
+embedding with bias plus a learned position grid resampled bilinearly (align corners) to each
+image's patch grid (the grid's height and width are the largest row and column of the image's
+segment), a LayerNorm merger, and DeepStack: after each of `deepstack_blocks` a merger of its own
+(norm after the merge-unit shuffle) projects that block's output too. Its features are
+[main, deepstack 0, deepstack 1, ...] side by side: `feature_width` = out_hidden_size * (1 + k).
 """
 
 from __future__ import annotations
@@ -34,6 +43,14 @@ class VisionArchitecture:
     full_attention_blocks: tuple[int, ...]
     rope_theta: float = 10000.0
     in_channels: int = 3
+    family: str = "qwen2_5_vl"  # QWEN2_5_VL or QWEN3_VL: which encoder `vision_features` runs
+    num_position_embeddings: int = 0  # Qwen3-VL: the learned position grid's entries (a square)
+    deepstack_blocks: tuple[int, ...] = ()  # Qwen3-VL: blocks whose outputs feed the decoder's first layers
+
+    @property
+    def feature_width(self) -> int:
+        """Columns of one encoded feature: the merger's output, then each DeepStack merger's."""
+        return self.out_hidden_size * (1 + len(self.deepstack_blocks))
 
     @property
     def head_dim(self) -> int:
@@ -44,8 +61,13 @@ class VisionArchitecture:
         return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
 
 
-def vision_architecture(config: Mapping[str, Any]) -> VisionArchitecture:
+QWEN2_5_VL, QWEN3_VL = "qwen2_5_vl", "qwen3_vl"
+
+
+def vision_architecture(config: Mapping[str, Any], family: str = QWEN2_5_VL) -> VisionArchitecture:
     """The vision encoder's geometry from a checkpoint's `vision_config`."""
+    if family == QWEN3_VL:
+        return _qwen3_architecture(config)
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedCheckpoint(f"vision hidden_act {config.get('hidden_act')!r} is not supported")
     rope = config.get("rope_parameters") or {}
@@ -59,8 +81,28 @@ def vision_architecture(config: Mapping[str, Any]) -> VisionArchitecture:
         rope_theta=float(rope.get("rope_theta", 10000.0)), in_channels=int(config.get("in_channels", 3)))
 
 
+def _qwen3_architecture(config: Mapping[str, Any]) -> VisionArchitecture:
+    if config.get("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise UnsupportedCheckpoint(f"Qwen3-VL vision hidden_act {config.get('hidden_act')!r} is not supported")
+    depth, patch, merge = int(config["depth"]), int(config["patch_size"]), int(config.get("spatial_merge_size", 2))
+    positions = int(config["num_position_embeddings"])
+    if int(positions ** 0.5) ** 2 != positions:
+        raise UnsupportedCheckpoint(f"num_position_embeddings {positions} is not a square grid")
+    rope = config.get("rope_parameters") or {}
+    return VisionArchitecture(
+        depth=depth, hidden_size=int(config["hidden_size"]), num_heads=int(config["num_heads"]),
+        intermediate_size=int(config["intermediate_size"]), patch_size=patch,
+        temporal_patch_size=int(config.get("temporal_patch_size", 2)), merge_size=merge,
+        window_size=patch * merge, out_hidden_size=int(config["out_hidden_size"]),
+        full_attention_blocks=tuple(range(depth)), rope_theta=float(rope.get("rope_theta", 10000.0)),
+        in_channels=int(config.get("in_channels", 3)), family=QWEN3_VL, num_position_embeddings=positions,
+        deepstack_blocks=tuple(int(i) for i in config.get("deepstack_visual_indexes", ())))
+
+
 def vision_weights(arch: VisionArchitecture, take, prefix: str = "model.visual.") -> list[NamedWeight]:
     """The encoder's weights in program layout (`take` reads a checkpoint tensor by name)."""
+    if arch.family == QWEN3_VL:
+        return _qwen3_weights(arch, take, prefix)
     out = [NamedWeight("vision.patch_embed", take(prefix + "patch_embed.proj.weight").reshape(arch.hidden_size, -1))]
     for block in range(arch.depth):
         src, dst = f"{prefix}blocks.{block}.", f"vision.blocks.{block}."
@@ -70,9 +112,33 @@ def vision_weights(arch: VisionArchitecture, take, prefix: str = "model.visual."
             out.append(NamedWeight(dst + name, take(src + name)))
     for name in ("ln_q.weight", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"):
         out.append(NamedWeight("vision.merger." + name, take(prefix + "merger." + name)))
+    out.append(_rope_inv_freq(arch))
+    return out
+
+
+def _rope_inv_freq(arch: VisionArchitecture) -> NamedWeight:
     half = arch.head_dim // 2
     inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))
-    out.append(NamedWeight("vision.rope.inv_freq", inv_freq))
+    return NamedWeight("vision.rope.inv_freq", inv_freq)
+
+
+def _qwen3_weights(arch: VisionArchitecture, take, prefix: str) -> list[NamedWeight]:
+    out = [NamedWeight("vision.patch_embed", take(prefix + "patch_embed.proj.weight").reshape(arch.hidden_size, -1)),
+           NamedWeight("vision.patch_embed.bias", take(prefix + "patch_embed.proj.bias")),
+           NamedWeight("vision.pos_embed", take(prefix + "pos_embed.weight"))]
+    for block in range(arch.depth):
+        src, dst = f"{prefix}blocks.{block}.", f"vision.blocks.{block}."
+        for name in ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias", "attn.qkv.weight", "attn.qkv.bias",
+                     "attn.proj.weight", "attn.proj.bias", "mlp.linear_fc1.weight", "mlp.linear_fc1.bias",
+                     "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"):
+            out.append(NamedWeight(dst + name, take(src + name)))
+    mergers = [("merger.", "vision.merger.")]
+    mergers += [(f"deepstack_merger_list.{j}.", f"vision.deepstack.{j}.") for j in range(len(arch.deepstack_blocks))]
+    for src, dst in mergers:
+        for name in ("norm.weight", "norm.bias", "linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight",
+                     "linear_fc2.bias"):
+            out.append(NamedWeight(dst + name, take(prefix + src + name)))
+    out.append(_rope_inv_freq(arch))
     return out
 
 
@@ -107,15 +173,21 @@ def _mlp(w, prefix, hidden):
     return F.linear(F.silu(gate) * up, w[prefix + "mlp.down_proj.weight"], w[prefix + "mlp.down_proj.bias"])
 
 
-def vision_features(arch: VisionArchitecture, w: Mapping[str, torch.Tensor], pixel_patches, rotary_positions,
-                    window_segments, image_segments, feature_order) -> torch.Tensor:
-    """Features [capacity / merge^2, out_hidden_size] in image order (padding features last)."""
-    dtype = w["vision.patch_embed"].dtype
-    hidden = F.linear(pixel_patches.to(dtype), w["vision.patch_embed"])
+def _rotary(arch: VisionArchitecture, w, rotary_positions):
     freqs = rotary_positions.to(torch.float32)[..., None] * w["vision.rope.inv_freq"].to(torch.float32)
     angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
     angles = torch.cat([angles, angles], dim=-1)[:, None, :]
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def vision_features(arch: VisionArchitecture, w: Mapping[str, torch.Tensor], pixel_patches, rotary_positions,
+                    window_segments, image_segments, feature_order) -> torch.Tensor:
+    """Features [capacity / merge^2, feature_width] in image order (padding features last)."""
+    if arch.family == QWEN3_VL:
+        return _qwen3_features(arch, w, pixel_patches, rotary_positions, image_segments, feature_order)
+    dtype = w["vision.patch_embed"].dtype
+    hidden = F.linear(pixel_patches.to(dtype), w["vision.patch_embed"])
+    cos, sin = _rotary(arch, w, rotary_positions)
     window_mask = window_segments[:, None] == window_segments[None, :]
     image_mask = image_segments[:, None] == image_segments[None, :]
     for block in range(arch.depth):
@@ -127,3 +199,60 @@ def vision_features(arch: VisionArchitecture, w: Mapping[str, torch.Tensor], pix
     merged = F.linear(merged, w["vision.merger.mlp.0.weight"], w["vision.merger.mlp.0.bias"])
     merged = F.linear(F.gelu(merged), w["vision.merger.mlp.2.weight"], w["vision.merger.mlp.2.bias"])
     return merged[feature_order]
+
+
+def _layer_norm(x: torch.Tensor, w, name: str) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w[name + ".weight"], w[name + ".bias"], 1e-6)
+
+
+def _axis_taps(index: torch.Tensor, size: torch.Tensor, side: int):
+    """Bilinear (align corners) taps into a `side`-long axis and their weights, [P, 2] each."""
+    src = index.to(torch.float32) * (side - 1) / torch.clamp(size - 1, min=1)
+    floor = torch.floor(src)
+    offsets = torch.arange(0, 2, device=index.device)
+    taps = (floor.long()[:, None] + offsets).clamp(0, side - 1)
+    weights = (1 - (src[:, None] - floor[:, None] - offsets).abs()).clamp(min=0)
+    return taps, weights
+
+
+def _grid_positions(arch: VisionArchitecture, w, rotary_positions, image_segments) -> torch.Tensor:
+    """The learned position grid resampled to each patch's image grid, [P, hidden]."""
+    rows, cols = rotary_positions[:, 0], rotary_positions[:, 1]
+    segments = image_segments.long()
+    heights = torch.zeros_like(rows).scatter_reduce(0, segments, rows, "amax") + 1
+    widths = torch.zeros_like(cols).scatter_reduce(0, segments, cols, "amax") + 1
+    side = int(arch.num_position_embeddings ** 0.5)
+    h_taps, h_weights = _axis_taps(rows, heights[segments], side)
+    w_taps, w_weights = _axis_taps(cols, widths[segments], side)
+    indices = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
+    weights = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, 4)
+    return (w["vision.pos_embed"][indices] * weights[:, :, None]).sum(1)
+
+
+def _merge(arch: VisionArchitecture, w, prefix: str, hidden: torch.Tensor, postshuffle: bool) -> torch.Tensor:
+    width = arch.hidden_size * arch.merge_size ** 2
+    merged = _layer_norm(hidden.reshape(-1, width), w, prefix + "norm") if postshuffle else (
+        _layer_norm(hidden, w, prefix + "norm").reshape(-1, width))
+    merged = F.gelu(F.linear(merged, w[prefix + "linear_fc1.weight"], w[prefix + "linear_fc1.bias"]))
+    return F.linear(merged, w[prefix + "linear_fc2.weight"], w[prefix + "linear_fc2.bias"])
+
+
+def _qwen3_features(arch: VisionArchitecture, w, pixel_patches, rotary_positions, image_segments, feature_order):
+    dtype = w["vision.patch_embed"].dtype
+    hidden = F.linear(pixel_patches.to(dtype), w["vision.patch_embed"], w["vision.patch_embed.bias"])
+    hidden = hidden + _grid_positions(arch, w, rotary_positions, image_segments).to(hidden.dtype)
+    cos, sin = _rotary(arch, w, rotary_positions)
+    mask = image_segments[:, None] == image_segments[None, :]
+    stacked = []
+    for block in range(arch.depth):
+        prefix = f"vision.blocks.{block}."
+        hidden = hidden + _attention(arch, w, prefix, _layer_norm(hidden, w, prefix + "norm1"), cos, sin, mask)
+        up = F.linear(_layer_norm(hidden, w, prefix + "norm2"), w[prefix + "mlp.linear_fc1.weight"],
+                      w[prefix + "mlp.linear_fc1.bias"])
+        hidden = hidden + F.linear(F.gelu(up, approximate="tanh"), w[prefix + "mlp.linear_fc2.weight"],
+                                   w[prefix + "mlp.linear_fc2.bias"])
+        if block in arch.deepstack_blocks:
+            j = arch.deepstack_blocks.index(block)
+            stacked.append(_merge(arch, w, f"vision.deepstack.{j}.", hidden, postshuffle=True))
+    features = torch.cat([_merge(arch, w, "vision.merger.", hidden, postshuffle=False), *stacked], dim=-1)
+    return features[feature_order]

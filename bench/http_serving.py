@@ -1,0 +1,325 @@
+"""HTTP against in-process serving on one GPU, on the same core, in one run.
+
+Builds a random Llama-3.1-8B-shaped checkpoint in bf16 (`--layers` makes it shallower for a quick
+run), prepares it into a core (`bench/gpu_serving.py`'s plan: decode batches for every stream
+count) and serves it twice at once, with the same cache pages:
+
+- in-process: a runtime in this process whose engine runs in its model worker thread, as under the
+  server; requests go straight to `Engine.submit` and their token events are counted in the callback;
+- HTTP: `helios serve --device cuda` in a subprocess; streamed `/v1/completions` requests (token-id
+  prompts, ``temperature: 0``, ``stream_options.include_usage``) from `--client-processes` client
+  processes (asyncio + httpx), so that the clients' own parsing is spread over host cores.
+
+For each stream count: one warm-up round per side, then `--rounds` rounds, alternating in-process
+and HTTP, each round `streams` requests of `--prompt` prompt tokens and up to `--output` greedy output
+tokens (both sides stop at the core's EOS ids; fresh prompts every round, the same on both sides, so
+neither reuses cached prefixes). Output tokens/s of a round = output tokens of all its requests over
+the time from the first submission to the last request's end; a side's rate is the median over
+rounds. Prints a table with the HTTP / in-process ratio per stream count; `--json PATH` writes every
+number. `--smoke` runs tiny shapes on the CPU (checks the script, not a measurement).
+
+    python bench/http_serving.py [--layers 32] [--streams 1 64 256] [--prompt 128] [--output 128]
+        [--rounds 3] [--client-processes 8] [--json out.json] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "bench/gpu"  # gpu_serving.prepare signs for this namespace
+PAGE_TOKENS = 16
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def prompts(count: int, length: int, vocab: int, salt: int) -> list[list[int]]:
+    """Distinct token-id prompts, different for every salt (no prefix reuse between rounds)."""
+    return [[(r * 7919 + i * 31 + salt * 104729) % (vocab - 16) + 16 for i in range(length)] for r in range(count)]
+
+
+@dataclass
+class Side:
+    """One side's rounds: output tokens/s of each measured round."""
+
+    rates: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates) if self.rates else float("nan")
+
+
+# -- in-process ----------------------------------------------------------------------------------
+
+
+class InProcess:
+    """A started runtime in this process."""
+
+    def __init__(self, core: Path, public_key, num_pages: int, queue_capacity: int):
+        from helios.core.reader import open_core
+        from helios.runtime.loading.model import LoadOptions
+        from helios.runtime.service import RuntimeOptions, build_runtime
+
+        started = time.perf_counter()
+        options = RuntimeOptions(load=LoadOptions(device="cuda" if _has_cuda() else "cpu", num_pages=num_pages),
+                                 queue_capacity=queue_capacity)
+        self.runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[public_key]), options)
+        self.eos = tuple(self.runtime.model.settings.eos_token_ids)
+        self.runtime.engine.start()
+        self._count = 0
+        log(f"in-process runtime loaded in {time.perf_counter() - started:.0f} s")
+
+    def round(self, batch: list[list[int]], output: int) -> tuple[int, float]:
+        """Runs `batch` to its end; (output tokens, seconds from the first submission to the last end)."""
+        from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
+        from helios.runtime.engine import EngineRequest
+        from helios.runtime.records.events import FinishEvent, TokenEvent
+        from helios.runtime.execution.packer import AdmissionValues
+        from helios.runtime.records.request import RequestSpec
+
+        lock, done = threading.Lock(), threading.Semaphore(0)
+        counts = [0]
+        failures = []
+
+        def on_event(event) -> None:
+            if isinstance(event, TokenEvent):
+                with lock:
+                    counts[0] += len(event.token_ids)
+            elif isinstance(event, FinishEvent):
+                if event.reason.name not in ("EOS", "LENGTH"):
+                    failures.append(f"{event.reason.name}: {event.message}")
+                done.release()
+
+        started = time.perf_counter()
+        for prompt in batch:
+            self._count += 1
+            spec = RequestSpec(f"bench-{self._count}", tuple(prompt), output, frozenset(self.eos))
+            admission = AdmissionValues(tuple(prompt), 0, NEUTRAL_SAMPLING_PARAMETERS, output, self.eos)
+            self.runtime.engine.submit(EngineRequest(spec, admission, on_event))
+        for _ in batch:
+            done.acquire()
+        elapsed = time.perf_counter() - started
+        if failures:
+            raise RuntimeError(f"in-process requests failed: {failures[:3]}")
+        return counts[0], elapsed
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+
+class Server:
+    """`helios serve` in a subprocess on the same core and pages."""
+
+    def __init__(self, core: Path, public_key: Path, num_pages: int, max_active: int, queue_capacity: int,
+                 start_timeout_s: float):
+        device = "cuda" if _has_cuda() else "cpu"
+        command = [sys.executable, "-m", "helios.cli.main", "serve", str(core), "--accept", NAMESPACE,
+                   "--trust", str(public_key), "--device", device, "--port", "0", "--pages", str(num_pages),
+                   "--max-active", str(max_active), "--queue-capacity", str(queue_capacity),
+                   "--log-level", "warning", "--no-access-log"]
+        started = time.perf_counter()
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if " on " not in line:
+            raise RuntimeError(f"helios serve did not start (exit {self.process.poll()}): {line!r}")
+        self.url = line.split(" on ", 1)[1].split()[0]
+        self._wait_healthy(start_timeout_s)
+        import httpx
+
+        self.model = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+        log(f"server ready at {self.url} in {time.perf_counter() - started:.0f} s")
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(self.url + "/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not become healthy")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def http_round(pool: ProcessPoolExecutor, server: Server, batch: list[list[int]], output: int,
+               num_clients: int) -> tuple[int, float]:
+    """Streams `batch` through the server from the client processes, all starting at one instant."""
+    shares = [batch[k::num_clients] for k in range(num_clients)]
+    start_at = time.monotonic() + 0.5  # every client process is ready and waiting by then
+    futures = [pool.submit(client_streams, server.url, server.model, share, output, start_at)
+               for share in shares if share]
+    results = [f.result() for f in futures]
+    tokens = sum(r[0] for r in results)
+    ended = max(r[1] for r in results)
+    errors = [e for r in results for e in r[2]]
+    if errors:
+        raise RuntimeError(f"HTTP requests failed: {errors[:3]}")
+    return tokens, ended - start_at
+
+
+def client_streams(url: str, model: str, batch: list[list[int]], output: int, start_at: float):
+    """In a client process: streams every prompt of `batch` at once from `start_at` (monotonic);
+    (output tokens, monotonic end of the last stream, errors)."""
+    return asyncio.run(_client_streams(url, model, batch, output, start_at))
+
+
+async def _client_streams(url: str, model: str, batch, output: int, start_at: float):
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(batch), max_keepalive_connections=len(batch))
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        results = await asyncio.gather(*(_one_stream(client, model, prompt, output) for prompt in batch))
+    errors = [r for r in results if isinstance(r, str)]
+    return sum(r for r in results if isinstance(r, int)), time.monotonic(), errors
+
+
+async def _one_stream(client, model: str, prompt: list[int], output: int) -> int | str:
+    body = {"model": model, "prompt": prompt, "max_tokens": output, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    last = None
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            return f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                last = line
+    if last is None:
+        return "no data"
+    usage = json.loads(last[6:]).get("usage")
+    return usage["completion_tokens"] if usage else "no usage chunk"
+
+
+def _warm_client(_: int) -> int:
+    import httpx  # noqa: F401 - imported once per client process before the clock starts
+
+    return os.getpid()
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run(args, core: Path, public_key: Path, vocab: int) -> dict:
+    levels = sorted(set(args.streams))
+    num_pages = max(levels) * -(-(args.prompt + args.output) // PAGE_TOKENS) + 32
+    queue = max(levels) + 8
+    local = InProcess(core, public_key, num_pages, queue)
+    server = Server(core, public_key, num_pages, max(levels), queue, args.start_timeout)
+    pool = ProcessPoolExecutor(args.client_processes, mp_context=get_context("spawn"))
+    results: dict = {"levels": {}}
+    try:
+        list(pool.map(_warm_client, range(args.client_processes * 2)))
+        for level in levels:
+            ours, http = Side(), Side()
+            warm = prompts(level, args.prompt, vocab, salt=1000 + level)
+            local.round(warm, args.output)
+            http_round(pool, server, prompts(level, args.prompt, vocab, salt=2000 + level), args.output,
+                       args.client_processes)
+            for r in range(args.rounds):
+                batch = prompts(level, args.prompt, vocab, salt=10 * level + r)  # the same for both sides
+                tokens, seconds = local.round(batch, args.output)
+                ours.rates.append(tokens / seconds)
+                ours.tokens.append(tokens)
+                tokens, seconds = http_round(pool, server, prompts(level, args.prompt, vocab, salt=5000 + 10 * level + r),
+                                             args.output, args.client_processes)
+                http.rates.append(tokens / seconds)
+                http.tokens.append(tokens)
+            results["levels"][level] = {"in_process": ours.__dict__, "http": http.__dict__,
+                                        "in_process_tok_s": ours.median, "http_tok_s": http.median,
+                                        "ratio": http.median / ours.median}
+            log(f"{level} streams: in-process {ours.median:.1f} tok/s, HTTP {http.median:.1f} tok/s, "
+                f"HTTP/in-process {http.median / ours.median:.3f}")
+    finally:
+        pool.shutdown(cancel_futures=True)
+        server.close()
+        local.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32, help="decoder layers of the 8B shape (default 32)")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens per request")
+    parser.add_argument("--output", type=int, default=128, help="output tokens per request (at most)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per side and stream count")
+    parser.add_argument("--client-processes", type=int, default=8, help="HTTP client processes")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds the server may take to load")
+    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.streams, args.prompt, args.output, args.rounds = [1, 4], 16, 8, 1
+        args.client_processes = min(args.client_processes, 2)
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_serving import Workload, prepare  # noqa: E402
+    from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
+
+    from helios.core.keys import SigningKey, write_key_pair
+
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device (use --smoke on the CPU)")
+    shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    log(f"torch {torch.__version__}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+        f"{shape.num_hidden_layers} layers ({shape.parameters() / 1e9:.2f}B parameters), {args.dtype}; "
+        f"streams {args.streams}, {args.prompt} prompt / {args.output} output tokens, greedy")
+    key = SigningKey.generate()
+    with tempfile.TemporaryDirectory() as scratch:
+        public_key = write_key_pair(Path(scratch) / "bench.key", key, [NAMESPACE])
+        workloads = [Workload(n, args.prompt, args.output) for n in sorted(set(args.streams))]
+        core = prepare(shape, workloads, Path(scratch), key, args.dtype, ttft_prompt=args.prompt, device=device)
+        results = run(args, core, public_key, shape.vocab_size)
+    results.update({"layers": shape.num_hidden_layers, "dtype": args.dtype, "prompt": args.prompt,
+                    "output": args.output, "torch": torch.__version__})
+    log("")
+    log(f"| streams | in-process tok/s | HTTP tok/s | HTTP / in-process |  ({args.prompt} prompt / {args.output} "
+        f"output tokens, greedy, median of {args.rounds} rounds)")
+    log("|---|---|---|---|")
+    for level, row in results["levels"].items():
+        log(f"| {level} | {row['in_process_tok_s']:.1f} | {row['http_tok_s']:.1f} | {row['ratio']:.3f}x |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Token log-probabilities: the request fields, the texts of scored tokens, and OpenAI's shapes.
+
+Fields (`requested_logprobs`): chat takes ``logprobs: true`` and ``top_logprobs`` (0..20
+alternatives per token; a nonzero ``top_logprobs`` needs ``logprobs: true``); text completions take
+``logprobs`` as the number of alternatives (0..20). ``logprobs: false``/``null`` and
+``top_logprobs: null`` ask for nothing. The values come from the device (`helios.abi.token_logprobs`):
+the distribution each token was drawn from after penalties and the grammar mask, before temperature
+and the top-k/top-p/min-p filters, so greedy rows get exactly ``log_softmax`` of the logits.
+
+Which tokens: every generated token the output shows or cuts, in order; EOS tokens (never shown)
+and tokens after a matched stop are left out. A token's text is its id decoded alone (special
+tokens kept); ``bytes`` are that text's UTF-8 bytes.
+
+Shapes: chat ``choices[].logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs":
+[{"token", "logprob", "bytes"}]}], "refusal": null}``; text completions ``choices[].logprobs =
+{"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}``. Streamed chunks
+carry the entries of the tokens they deliver.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+from helios.errors import RequestError
+from helios.runtime.records.events import TokenLogprobs
+
+MAX_TOP_LOGPROBS = 20
+
+
+class LogprobsOptionError(RequestError):
+    """``top_logprobs`` without ``logprobs: true``."""
+
+
+class LogprobsUnavailable(RequestError):
+    """The core was prepared without token-logprobs programs, so it cannot return log-probabilities."""
+
+
+def requested_logprobs(body: Any, is_chat: bool) -> int | None:
+    """Alternatives per token the body asks for, or None when it asks for no log-probabilities."""
+    if not is_chat:
+        return body.logprobs
+    top = getattr(body, "top_logprobs", None)
+    if body.logprobs is not True:
+        if top:
+            raise LogprobsOptionError("top_logprobs needs logprobs: true")
+        return None
+    return top or 0
+
+
+def check_logprobs_capability(requested: int | None, available: int) -> None:
+    """`LogprobsUnavailable` when a request asks for log-probabilities the core cannot compute."""
+    if requested is None:
+        return
+    if not available:
+        raise LogprobsUnavailable(
+            "this core has no token-logprobs programs (it was prepared without them, by an older helios or "
+            "with --no-logprobs), so it cannot return logprobs; prepare it again to serve them")
+    if requested > available:
+        raise LogprobsUnavailable(f"this core returns at most {available} top_logprobs per token")
+
+
+class PromptScoresUnavailable(RequestError):
+    """The core has no scored-prefill program, so it cannot score prompt tokens."""
+
+
+class EchoOptionError(RequestError):
+    """``max_tokens: 0`` without ``echo`` or ``prompt_logprobs`` (nothing would be returned)."""
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """What a body asks about its prompt: ``echo`` (completions: the prompt text before the
+    output), the alternatives per echoed prompt token (``echo`` with ``logprobs``), vLLM's
+    ``prompt_logprobs``, and ``max_tokens: 0`` (no output shown)."""
+
+    echo: bool = False
+    echo_logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    hides_output: bool = False
+
+    @property
+    def scores(self) -> bool:
+        """Whether the prompt runs through scored prefill."""
+        return self.echo_logprobs is not None or self.prompt_logprobs is not None
+
+    @property
+    def num_top(self) -> int:
+        return max(self.echo_logprobs or 0, self.prompt_logprobs or 0)
+
+
+@dataclass(frozen=True)
+class LogprobRequest:
+    """Everything a body asks about log-probabilities: output tokens' alternatives (None: no
+    output log-probabilities) and its `PromptRequest`."""
+
+    top_logprobs: int | None = None
+    prompt: PromptRequest = PromptRequest()
+
+
+def requested_prompt(body: Any, is_chat: bool, scores_prompts: bool) -> PromptRequest:
+    """The body's `PromptRequest`; a 400 for ``max_tokens: 0`` that would return nothing and for
+    prompt scores a core without a scored-prefill program cannot compute."""
+    prompt_logprobs = getattr(body, "prompt_logprobs", None)
+    if is_chat:
+        request = PromptRequest(prompt_logprobs=prompt_logprobs)
+    else:
+        echo = body.echo is True
+        request = PromptRequest(echo, body.logprobs if echo else None, prompt_logprobs, body.max_tokens == 0)
+        if request.hides_output and not (echo or prompt_logprobs is not None):
+            raise EchoOptionError("max_tokens 0 returns no output: it needs echo or prompt_logprobs")
+    if request.scores and not scores_prompts:
+        raise PromptScoresUnavailable(
+            "this core has no scored-prefill program, so it cannot return prompt log-probabilities (echo with "
+            "logprobs, prompt_logprobs); prepare it with --scored-prefill to serve them")
+    return request
+
+
+@dataclass(frozen=True)
+class PromptScoring:
+    """What a request asks of scored prefill: alternatives to keep per prompt token, and whether
+    the generated output is shown (``max_tokens: 0`` hides the one token the prefill samples)."""
+
+    texts: TokenTexts
+    num_top: int
+    shows_output: bool = True
+    scores: bool = True  # False: an echo of max_tokens 0 without scores (the output is only hidden)
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobEntry:
+    """One token's id, text and log-probability, with its alternatives (id, text, logprob), most
+    probable first. The first prompt token has no log-probability (None) and no alternatives."""
+
+    token_id: int
+    text: str
+    logprob: float | None
+    top: tuple[tuple[int, str, float], ...] | None
+
+
+class TokenTexts:
+    """Each token id's text decoded alone (cached); shared by the requests of one model."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.text = lru_cache(maxsize=65536)(self._decode)
+
+    def _decode(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def entry(self, token_id: int, values: TokenLogprobs | None, num_top: int | None = None) -> LogprobEntry:
+        """`values` of `token_id` with at most `num_top` alternatives (None: all); a token without
+        values (the first prompt token) gets None for both."""
+        if values is None:
+            return LogprobEntry(token_id, self.text(token_id), None, None)
+        top = values.top if num_top is None else values.top[:num_top]
+        return LogprobEntry(token_id, self.text(token_id), values.logprob,
+                            tuple((alt, self.text(alt), value) for alt, value in top))
+
+
+def _number(value: float | None) -> float | None:
+    """JSON has no -inf: a token the mask removed reports the most negative finite float."""
+    if value is None:
+        return None
+    return value if math.isfinite(value) else -3.4028234663852886e38
+
+
+def _chat_item(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": _number(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict:
+    """A chat choice's (or chunk's) ``logprobs`` object."""
+    content = []
+    for entry in entries:
+        item = _chat_item(entry.text, entry.logprob)
+        item["top_logprobs"] = [_chat_item(text, value) for _, text, value in entry.top or ()]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(entries: Sequence[LogprobEntry], text_offset: int = 0) -> dict:
+    """A text completion choice's (or chunk's) ``logprobs`` object; offsets start at `text_offset`."""
+    offsets = []
+    for entry in entries:
+        offsets.append(text_offset)
+        text_offset += len(entry.text)
+    top = []
+    for entry in entries:
+        if entry.top is None:
+            top.append(None)
+            continue
+        alternatives: dict[str, float] = {}
+        for _, text, value in entry.top:
+            alternatives.setdefault(text, _number(value))  # two ids may decode alike: the likelier wins
+        top.append(alternatives)
+    return {"tokens": [e.text for e in entries], "token_logprobs": [_number(e.logprob) for e in entries],
+            "top_logprobs": top, "text_offset": offsets}
+
+
+def prompt_logprobs_body(entries: Sequence[LogprobEntry | None]) -> list:
+    """vLLM's ``prompt_logprobs``: per prompt token None (the first, or one without a score) or
+    ``{id: {"logprob", "rank", "decoded_token"}}`` holding the token and its alternatives; ``rank``
+    is 1-based among the alternatives (null for a token outside them)."""
+    body: list = []
+    for entry in entries:
+        if entry is None or entry.logprob is None:
+            body.append(None)
+            continue
+        ranked = {alt: rank for rank, (alt, _, _) in enumerate(entry.top or (), 1)}
+        item = {str(entry.token_id): {"logprob": _number(entry.logprob), "rank": ranked.get(entry.token_id),
+                                      "decoded_token": entry.text}}
+        for alt, text, value in entry.top or ():
+            item.setdefault(str(alt), {"logprob": _number(value), "rank": ranked[alt], "decoded_token": text})
+        body.append(item)
+    return body

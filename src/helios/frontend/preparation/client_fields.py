@@ -1,0 +1,56 @@
+"""Client fields that carry no sampling value of their own: their meaning, in one place.
+
+OpenAI clients send some fields whatever the request, often at their off values. The body schema
+(`helios.server.schemas`) accepts exactly the values documented there; this module gives the ones
+that change the request their effect:
+
+- ``reasoning_effort`` (chat) maps to the family's thinking switch where it has one: the chat
+  template argument ``enable_thinking`` when the core's chat template reads it. ``"none"`` turns
+  thinking off, any other effort turns it on (Helios has no graded effort levels). A template
+  without the switch renders as it always does. An explicit ``chat_template_kwargs.enable_thinking``
+  that contradicts the effort is a 400.
+- ``user``, ``metadata``, ``service_tier`` (``auto``/``default``: there is one tier), ``store``
+  (``false``: Helios keeps no completions) change nothing in the request; they are accepted so
+  clients that always send them work. ``logprobs``/``top_logprobs`` are in `helios.frontend.decoding.logprobs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from helios.errors import RequestError
+
+THINKING_KWARG = "enable_thinking"
+
+
+class ReasoningEffortConflict(RequestError):
+    """``reasoning_effort`` contradicts an explicit ``chat_template_kwargs.enable_thinking``."""
+
+
+def thinking_switch_of(chat_template_source: str) -> str | None:
+    """The template argument that switches thinking, when the chat template reads one."""
+    return THINKING_KWARG if THINKING_KWARG in chat_template_source else None
+
+
+def check_reasoning_effort(effort: str | None, template_kwargs: Mapping[str, Any] | None) -> bool | None:
+    """Whether the effort turns thinking on (None: not given); `ReasoningEffortConflict` when an
+    explicit ``enable_thinking`` template argument says otherwise."""
+    if effort is None:
+        return None
+    thinking = effort != "none"
+    explicit = (template_kwargs or {}).get(THINKING_KWARG)
+    if explicit is not None and explicit is not thinking:
+        raise ReasoningEffortConflict(
+            f"reasoning_effort {effort!r} contradicts chat_template_kwargs.{THINKING_KWARG}={explicit!r}; "
+            "give one of them")
+    return thinking
+
+
+def effective_template_kwargs(effort: str | None, template_kwargs: Mapping[str, Any] | None,
+                              switch: str | None) -> dict[str, Any] | None:
+    """The chat template arguments of a request: its explicit ones, plus the thinking switch its
+    ``reasoning_effort`` sets when the template has one."""
+    thinking = check_reasoning_effort(effort, template_kwargs)
+    if thinking is None or switch is None:
+        return dict(template_kwargs) if template_kwargs is not None else None
+    return {**(template_kwargs or {}), switch: thinking}

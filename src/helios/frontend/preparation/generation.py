@@ -1,0 +1,139 @@
+"""What the engine needs to generate one request: resolved sampling values and limits.
+
+`resolve_sampling` merges a request's explicit sampling fields over the model's resolved defaults
+(`helios.contract.settings.ResolvedSampling`: the core's prepared recommendations under startup
+options): explicit request values win. `resolve_output_limit` chooses the output token limit.
+`GenerationParams` is the frozen record handed to the engine with the prompt ids; the frontend
+keeps the output-side state (detokenizer, stops, parsers) to itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from helios.contract import serving_pb2 as spb
+from helios.contract.settings import ResolvedSampling
+from helios.errors import RequestError
+from helios.runtime.records.request import RequestSpec
+
+SEED_MASK = 2**64 - 1
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+class SamplingBody(Protocol):
+    """Explicit sampling fields of a request; None means "use the default"."""
+
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    repetition_penalty: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Complete sampling values of one request. `seed` is the 64 seed bits the sampler uses."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+
+
+def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: Callable[[], int]) -> SamplingParams:
+    """Explicit request values, else the defaults. A request seed (signed 64-bit) is used as its
+    two's-complement bits; without one, a fixed seed policy uses the default seed and a random
+    policy draws fresh bits with `draw_seed` (called only then)."""
+    values = {}
+    for name in SAMPLING_FIELDS:
+        given = getattr(body, name)
+        values[name] = given if given is not None else getattr(defaults, name)
+    if body.seed is not None:
+        seed = body.seed & SEED_MASK
+    elif defaults.seed_policy == spb.SEED_POLICY_FIXED and defaults.seed is not None:
+        seed = defaults.seed
+    else:
+        seed = draw_seed() & SEED_MASK
+    return SamplingParams(**values, seed=seed)
+
+
+class ContextLimitExceeded(RequestError):
+    """A request that can never fit the context extent: its prompt leaves no room for one output
+    token, or its prompt plus explicit output limit exceed the extent (HTTP 400, naming the limit)."""
+
+
+def resolve_output_limit(requested: int | None, default_limit: int, context_tokens: int, prompt_len: int) -> int:
+    """The request's output limit: an explicit value as given, else the default limit reduced to
+    the context left after the prompt ("up to the rest of the context"). `ContextLimitExceeded`
+    when the request can never fit `context_tokens`, whatever the load."""
+    room = context_tokens - prompt_len
+    if room < 1:
+        raise ContextLimitExceeded(
+            f"the prompt is {prompt_len} tokens; the context extent is {context_tokens} tokens, which "
+            "leaves no room for output: shorten the prompt")
+    if requested is None:
+        return min(default_limit, room)
+    if requested > room:
+        raise ContextLimitExceeded(
+            f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceed the context extent "
+            f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit max_tokens for "
+            "up to the rest of the context")
+    return requested
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """The engine's view of one prepared request besides its prompt ids.
+
+    `stop_token_sequences` holds single stop ids as sequences of one. `is_constrained`: a grammar
+    matcher masks every sampled token. `is_timed`: the scheduler stamps token completions.
+    Requests with host stops or a grammar run one outstanding round at width one.
+    """
+
+    sampling: SamplingParams
+    max_output_tokens: int
+    eos_token_ids: tuple[int, ...]
+    stop_strings: tuple[str, ...] = ()
+    stop_token_sequences: tuple[tuple[int, ...], ...] = ()
+    is_constrained: bool = False
+    is_timed: bool = False
+    top_logprobs: int | None = None  # None: no log-probabilities; K: each token's and K alternatives
+    score_prompt: bool = False  # run the prompt through scored prefill (prompt scores)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), added to logits on the device
+
+    @property
+    def has_host_stops(self) -> bool:
+        return bool(self.stop_strings or self.stop_token_sequences)
+
+    def request_spec(self, request_id: str, prompt_ids: tuple[int, ...], **scheduling) -> RequestSpec:
+        """The scheduler's `RequestSpec` (priority, snapshot and cache options pass through)."""
+        return RequestSpec(
+            request_id=request_id,
+            prompt_ids=tuple(prompt_ids),
+            max_output_tokens=self.max_output_tokens,
+            eos_ids=frozenset(self.eos_token_ids),
+            constrained=self.is_constrained,
+            stop_strings=self.stop_strings,
+            stop_token_sequences=self.stop_token_sequences,
+            observe=self.is_timed,
+            top_logprobs=self.top_logprobs,
+            score_prompt=self.score_prompt,
+            has_logit_bias=bool(self.logit_bias),
+            **scheduling,
+        )

@@ -1,0 +1,260 @@
+"""OpenAI-style chat messages and tools: validation into frozen records, and template inputs.
+
+`parse_messages` and `parse_tools` take JSON-decoded request values (dicts, lists, strings) and
+return immutable records, raising `MessageError` (HTTP 400) for anything malformed. Conventions:
+
+- content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with newlines; a
+  user message may also carry ``image_url`` parts (`helios.frontend.preparation.image_parts`);
+- an assistant message has content, tool calls, or both; its `reasoning_content` is optional;
+- tool-call arguments are JSON text of an object (what the model generated, kept verbatim);
+- a tool message answers a call id of the closest preceding assistant message with tool calls.
+
+`template_messages` / `template_tools` build the plain structures a chat template receives. Tool-call
+arguments become `ToolArguments`: a read-only mapping of the decoded object that renders as the
+original JSON text when printed or concatenated with strings, so templates written for either
+Hugging Face convention (``arguments | tojson`` / ``arguments.items()`` or ``'...' + arguments``)
+render the same call without a per-template flag.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from helios.errors import RequestError
+from helios.frontend.preparation.image_parts import template_parts, user_content
+
+MAX_TOOL_NAME_LEN = 64
+
+
+class MessageError(RequestError):
+    """A chat message or tool definition that cannot be rendered."""
+
+
+class Role(enum.Enum):
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of an object, verbatim
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    # A user message with image parts: its parts in order, ("text", text) or ("image", url).
+    parts: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str | None
+    parameters_json: str | None  # JSON text of the parameters schema object
+
+
+_KEYS = {
+    Role.SYSTEM: {"role", "content", "name"},
+    Role.DEVELOPER: {"role", "content", "name"},
+    Role.USER: {"role", "content", "name"},
+    Role.ASSISTANT: {"role", "content", "name", "reasoning_content", "tool_calls"},
+    Role.TOOL: {"role", "content", "tool_call_id"},
+}
+
+
+def parse_messages(raw: object) -> tuple[ChatMessage, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise MessageError("messages must be a non-empty array")
+    messages = tuple(_parse_message(i, item) for i, item in enumerate(raw))
+    _check_tool_responses(messages)
+    return messages
+
+
+def _parse_message(index: int, item: object) -> ChatMessage:
+    where = f"messages[{index}]"
+    if not isinstance(item, dict):
+        raise MessageError(f"{where} must be an object")
+    try:
+        role = Role(item.get("role"))
+    except ValueError:
+        raise MessageError(f"{where}.role must be one of {[r.value for r in Role]}") from None
+    unknown = set(item) - _KEYS[role]
+    if unknown:
+        raise MessageError(f"{where} has fields a {role.value} message does not take: {sorted(unknown)}")
+    name = _optional_str(item, "name", where)
+    if role is Role.ASSISTANT:
+        calls = _parse_tool_calls(item.get("tool_calls"), where)
+        content = None if item.get("content") is None else _content(item["content"], where)
+        if content is None and not calls:
+            raise MessageError(f"{where}: an assistant message needs content or tool_calls")
+        reasoning = _optional_str(item, "reasoning_content", where)
+        return ChatMessage(role, content, reasoning, calls, name=name)
+    if role is Role.USER and (mixed := user_content(item.get("content"), where)) is not None:
+        return ChatMessage(role, mixed[0], name=name, parts=mixed[1])
+    content = _content(item.get("content"), where)
+    if role is Role.TOOL:
+        call_id = item.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise MessageError(f"{where}.tool_call_id must be a non-empty string")
+        return ChatMessage(role, content, tool_call_id=call_id)
+    return ChatMessage(role, content, name=name)
+
+
+def _optional_str(item: dict, key: str, where: str) -> str | None:
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise MessageError(f"{where}.{key} must be a string")
+    return value
+
+
+def _content(value: object, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or set(part) != {"type", "text"}:
+                raise MessageError(f"{where}.content[{i}] must be a text part {{type: text, text}}")
+            if not isinstance(part["text"], str):
+                raise MessageError(f"{where}.content[{i}].text must be a string")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise MessageError(f"{where}.content must be a string or an array of text parts")
+
+
+def _parse_tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise MessageError(f"{where}.tool_calls must be an array")
+    calls = []
+    for i, call in enumerate(value):
+        path = f"{where}.tool_calls[{i}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise MessageError(f"{path} must be {{id, type: function, function: {{name, arguments}}}}")
+        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+            raise MessageError(f"{path} needs a non-empty id and function name")
+        if not isinstance(arguments, str) or not isinstance(_loads(arguments, path), dict):
+            raise MessageError(f"{path}.function.arguments must be JSON text of an object")
+        calls.append(ToolCall(call_id, name, arguments))
+    return tuple(calls)
+
+
+def _loads(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise MessageError(f"{where}: invalid JSON") from None
+
+
+def _check_tool_responses(messages: tuple[ChatMessage, ...]) -> None:
+    open_ids: set[str] = set()
+    for i, message in enumerate(messages):
+        if message.role is Role.ASSISTANT:
+            open_ids = {call.id for call in message.tool_calls}
+        elif message.role is Role.TOOL:
+            if message.tool_call_id not in open_ids:
+                raise MessageError(f"messages[{i}] answers no tool call of the preceding assistant message")
+        else:
+            open_ids = set()
+
+
+def parse_tools(raw: object) -> tuple[ToolSpec, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise MessageError("tools must be an array")
+    tools = []
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise MessageError(f"{where} must be {{type: function, function: {{name, ...}}}}")
+        name, description, parameters = function.get("name"), function.get("description"), function.get("parameters")
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_TOOL_NAME_LEN:
+            raise MessageError(f"{where}.function.name must be 1 to {MAX_TOOL_NAME_LEN} characters")
+        if description is not None and not isinstance(description, str):
+            raise MessageError(f"{where}.function.description must be a string")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise MessageError(f"{where}.function.parameters must be a JSON schema object")
+        tools.append(ToolSpec(name, description, None if parameters is None else json.dumps(parameters)))
+    if len({tool.name for tool in tools}) != len(tools):
+        raise MessageError("tools: function names must be unique")
+    return tuple(tools)
+
+
+class ToolArguments(dict):
+    """Decoded tool-call arguments that print, and concatenate, as their original JSON text."""
+
+    def __init__(self, text: str):
+        super().__init__(json.loads(text))
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __add__(self, other: object) -> str:
+        if isinstance(other, str):
+            return self.text + other
+        return NotImplemented
+
+    def __radd__(self, other: object) -> str:
+        if isinstance(other, str):
+            return other + self.text
+        return NotImplemented
+
+
+def template_messages(messages: tuple[ChatMessage, ...], render_developer_as_system: bool) -> list[dict]:
+    """Plain dicts in the Hugging Face chat-template shape; fresh objects on every call."""
+    rendered = []
+    for message in messages:
+        role = message.role
+        if role is Role.DEVELOPER and render_developer_as_system:
+            role = Role.SYSTEM
+        item: dict[str, Any] = {"role": role.value, "content": message.content}
+        if message.parts:  # image parts: the template renders each image's placeholder
+            item["content"] = template_parts(message.parts)
+        if message.name is not None:
+            item["name"] = message.name
+        if message.reasoning_content is not None:
+            item["reasoning_content"] = message.reasoning_content
+        if message.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": ToolArguments(c.arguments)}}
+                for c in message.tool_calls
+            ]
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        rendered.append(item)
+    return rendered
+
+
+def template_tools(tools: tuple[ToolSpec, ...]) -> list[dict] | None:
+    """Tools in the OpenAI/Hugging Face shape, or None when the request declares none."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        if tool.parameters_json is not None:
+            function["parameters"] = json.loads(tool.parameters_json)
+        out.append({"type": "function", "function": function})
+    return out

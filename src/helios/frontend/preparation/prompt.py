@@ -1,0 +1,253 @@
+"""The shared prompt path: messages -> chat template -> token ids, initial reasoning state, prefix boundary.
+
+`PromptBuilder.build` validates OpenAI-style messages and tools, renders the core's chat template in
+its sandbox, tokenizes the text (the template renders BOS and other template tokens itself), and
+derives two facts from frozen `PromptRules` (the contract's frontend syntax data):
+
+- `reasoning_state`: read only from the open assistant envelope, i.e. the text after the last
+  assistant header (``message_start + assistant_header``) when no later message starts. Inside it,
+  only text after the last message end marker counts, so completed user, tool and assistant
+  messages, and an embedded tool response that the template resumes after, cannot open reasoning.
+  The last open delimiter after the last close delimiter or terminal marker means OPEN.
+- `stable_prefix_len`: prompt tokens that later turns of the same conversation will render and
+  tokenize identically, from the per-role prefix-boundary constraints; the prefix cache may publish
+  reusable checkpoints up to it.
+
+The builder holds immutable collaborators only and is safe to use from several preparation workers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+from helios.contract import serving_pb2 as spb
+from helios.frontend.preparation.image_parts import image_urls
+from helios.frontend.preparation.messages import (
+    ChatMessage,
+    MessageError,
+    Role,
+    parse_messages,
+    parse_tools,
+    template_messages,
+    template_tools,
+)
+from helios.frontend.preparation.template import ChatTemplate
+from helios.frontend.decoding.text_bounds import check_unicode
+
+
+class ReasoningState(enum.Enum):
+    """Where generation starts relative to the reasoning envelope."""
+
+    NO_REASONING = "no_reasoning"  # the model declares no tag reasoning syntax
+    UNOPENED = "unopened"  # output starts outside reasoning; the model may open it
+    OPEN = "open"  # the prompt opened reasoning; output starts inside it
+    CLOSED = "closed"  # the prompt opened and closed reasoning; output starts with the answer
+
+
+class PrefixConstraint(enum.Enum):
+    """How a rendered message behaves when later messages are appended (PrefixBoundaryRule)."""
+
+    STABLE = "stable"
+    CHANGES_AFTER_USER_TURN = "changes_after_user_turn"
+    CHANGES_WHEN_LAST = "changes_when_last"
+
+
+@dataclass(frozen=True)
+class ReasoningMarkup:
+    """Tag reasoning delimiters as text; terminal markers end reasoning implicitly."""
+
+    open: str
+    close: str
+    terminal_markers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptRules:
+    """Message boundaries, reasoning markup and per-role prefix constraints of one model.
+
+    `message_ends` lists every text that completes a message (the contract's message_end, plus its
+    internal message end and embedded message ends where declared). `prefix_boundaries` pairs each declared role with
+    its constraint (a mapping is accepted and normalized to pairs); messages of undeclared roles are
+    rejected, except developer messages, which render as system messages when only system is
+    declared. Empty `prefix_boundaries` accepts every role and declares no stable prefix.
+    """
+
+    message_start: str
+    assistant_header: str
+    message_ends: tuple[str, ...]
+    reasoning: ReasoningMarkup | None = None
+    prefix_boundaries: tuple[tuple[Role, PrefixConstraint], ...] = ()
+
+    def __post_init__(self):
+        pairs = sorted(dict(self.prefix_boundaries).items(), key=lambda pair: list(Role).index(pair[0]))
+        object.__setattr__(self, "prefix_boundaries", tuple(pairs))
+        if not self.message_start + self.assistant_header:
+            raise ValueError("an assistant envelope needs a header")
+        if not all(self.message_ends):
+            raise ValueError("message end markers must be non-empty")
+
+    def constraint(self, role: Role) -> PrefixConstraint | None:
+        return dict(self.prefix_boundaries).get(role)
+
+    @property
+    def declared_roles(self) -> frozenset[Role]:
+        return frozenset(role for role, _ in self.prefix_boundaries)
+
+    @classmethod
+    def from_contract(cls, frontend) -> PromptRules:
+        """From a `serving_pb2.FrontendContract` that the contract validators accepted."""
+        boundary = frontend.assistant_boundary
+        declared = (boundary.message_end, boundary.internal_message_end, *boundary.embedded_message_ends)
+        ends = tuple(e for e in declared if e)
+        reasoning = None
+        if frontend.HasField("reasoning_syntax"):
+            syntax = frontend.reasoning_syntax
+            reasoning = ReasoningMarkup(syntax.open, syntax.close, tuple(syntax.terminal_markers))
+        roles = {
+            spb.MESSAGE_ROLE_SYSTEM: Role.SYSTEM,
+            spb.MESSAGE_ROLE_DEVELOPER: Role.DEVELOPER,
+            spb.MESSAGE_ROLE_USER: Role.USER,
+            spb.MESSAGE_ROLE_ASSISTANT: Role.ASSISTANT,
+            spb.MESSAGE_ROLE_TOOL: Role.TOOL,
+        }
+        constraints = {
+            spb.PREFIX_CONSTRAINT_STABLE: PrefixConstraint.STABLE,
+            spb.PREFIX_CONSTRAINT_CHANGES_AFTER_USER_TURN: PrefixConstraint.CHANGES_AFTER_USER_TURN,
+            spb.PREFIX_CONSTRAINT_CHANGES_WHEN_LAST: PrefixConstraint.CHANGES_WHEN_LAST,
+        }
+        rules = {roles[r.role]: constraints[r.constraint] for r in frontend.prefix_boundaries}
+        return cls(boundary.message_start, boundary.assistant_header, ends, reasoning, rules)
+
+
+class Encoder(Protocol):
+    """The part of `tokenizers.Tokenizer` the prompt path needs."""
+
+    def encode(self, text: str, add_special_tokens: bool = True): ...
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prepared prompt; `assistant_prefill` is the envelope text that decided `reasoning_state`."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    reasoning_state: ReasoningState
+    assistant_prefill: str
+    stable_prefix_len: int
+    image_urls: tuple[str, ...] = ()  # the messages' image parts, in prompt order
+
+
+class PromptBuilder:
+    """Prepares chat prompts for one model; holds only immutable collaborators (thread-safe)."""
+
+    def __init__(self, template: ChatTemplate, tokenizer: Encoder, rules: PromptRules):
+        self._template = template
+        self._tokenizer = tokenizer
+        self._rules = rules
+
+    def build(
+        self,
+        messages: object,
+        tools: object = None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, object] | None = None,
+    ) -> Prompt:
+        """Validates, renders and tokenizes one chat request (RequestError subclasses on bad input)."""
+        parsed = parse_messages(messages)
+        self._check_roles(parsed)
+        tool_inputs = template_tools(parse_tools(tools))
+        text = self._render(parsed, tool_inputs, add_generation_prompt, template_kwargs)
+        token_ids = self._encode(text)
+        state, prefill = initial_reasoning_state(text, self._rules)
+        stable = self._stable_prefix_len(parsed, tool_inputs, template_kwargs, token_ids)
+        return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)))
+
+    def _check_roles(self, messages: tuple[ChatMessage, ...]) -> None:
+        declared = self._rules.declared_roles
+        if not declared:
+            return
+        for i, message in enumerate(messages):
+            role = message.role
+            if role is Role.DEVELOPER and role not in declared:
+                role = Role.SYSTEM
+            if role not in declared:
+                raise MessageError(f"messages[{i}]: this model's template renders no {message.role.value} messages")
+
+    def _render(self, messages, tools, add_generation_prompt, template_kwargs) -> str:
+        developer_as_system = Role.DEVELOPER not in self._rules.declared_roles
+        return self._template.render(
+            template_messages(messages, developer_as_system),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
+        )
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        check_unicode(text)  # a template may place request text (kwargs, tool JSON) anywhere
+        return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _stable_prefix_len(self, messages, tools, template_kwargs, token_ids: Sequence[int]) -> int:
+        count = stable_message_count(messages, self._rules)
+        if count == 0:
+            return 0
+        prefix_ids = self._encode(self._render(messages[:count], tools, False, template_kwargs))
+        return _common_prefix_len(prefix_ids, token_ids)
+
+
+def stable_message_count(messages: Sequence[ChatMessage], rules: PromptRules) -> int:
+    """How many leading messages already render the way every later turn will render them."""
+    for i, message in enumerate(messages):
+        constraint = rules.constraint(message.role)
+        if constraint is None and message.role is Role.DEVELOPER:
+            constraint = rules.constraint(Role.SYSTEM)
+        is_last = i == len(messages) - 1
+        later_user = any(m.role is Role.USER for m in messages[i + 1 :])
+        if (
+            constraint is None
+            or (constraint is PrefixConstraint.CHANGES_WHEN_LAST and is_last)
+            or (constraint is PrefixConstraint.CHANGES_AFTER_USER_TURN and not later_user)
+        ):
+            return i
+    return len(messages)
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def initial_reasoning_state(text: str, rules: PromptRules) -> tuple[ReasoningState, str]:
+    """The reasoning state the open assistant envelope leaves, and the envelope text that decided it."""
+    header = rules.message_start + rules.assistant_header
+    at = text.rfind(header)
+    if at < 0:
+        return _no_envelope(rules)
+    body_start = at + len(header)
+    if rules.message_start and text.find(rules.message_start, body_start) >= 0:
+        return _no_envelope(rules)  # a later message started: the assistant envelope is complete
+    region_start = body_start
+    for end in rules.message_ends:
+        found = text.rfind(end, body_start)
+        if found >= 0:
+            region_start = max(region_start, found + len(end))
+    region = text[region_start:]
+    markup = rules.reasoning
+    if markup is None:
+        return ReasoningState.NO_REASONING, region
+    opened = region.rfind(markup.open)
+    closed = max((region.rfind(marker) for marker in (markup.close, *markup.terminal_markers)), default=-1)
+    if opened > closed:
+        return ReasoningState.OPEN, region
+    if closed >= 0:
+        return ReasoningState.CLOSED, region
+    return ReasoningState.UNOPENED, region
+
+
+def _no_envelope(rules: PromptRules) -> tuple[ReasoningState, str]:
+    return (ReasoningState.NO_REASONING if rules.reasoning is None else ReasoningState.UNOPENED), ""

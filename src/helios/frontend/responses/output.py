@@ -1,0 +1,289 @@
+"""One request's output path: generated ids -> observation, detokenization, stops, parsers.
+
+`OutputProcessor.feed(token_id, observed_ns)` takes the engine's generated ids one at a time, in
+order, and returns an `OutputStep`:
+
+1. observation: observed requests record every raw id (EOS and stop-hidden tokens included) and,
+   when timed, the scheduler's completion timestamp for it;
+2. EOS ids end the output and are not decoded or parsed;
+3. the id is detokenized (special tokens kept, so envelope markup is in the text);
+4. string stops match that decoded text before presentation, reasoning and tool envelopes
+   included; token stops match the ids. A match sets `OutputStep.is_stopped`: the caller cancels
+   the rest of the generation, and any later token is ignored;
+5. the text the stops release goes to the parser pipeline, one token's text per feed: text a stop
+   matcher held back and released later still reaches the parsers token by token, so a delimiter
+   token always ends its feed (the parsers' feeding contract). Only the visible part of a token
+   that a stop cut is fed as plain text.
+
+A request that asks for log-probabilities (built with `TokenTexts`) passes each token's
+`TokenLogprobs` with it; every token fed after step 2 (not EOS, not after a stop) becomes a
+`LogprobEntry` in its step and in the final record (`helios.frontend.decoding.logprobs`).
+
+A request run through scored prefill (`PromptScoring`) gets its prompt tokens' scores through
+`score_prompt` before its first token; the first step fed after them (or the final record) carries
+every prompt token's `LogprobEntry` (logprob None for the first token). ``max_tokens: 0`` requests hide
+their output: every fed token is ignored and counts nothing.
+
+`finish(reason, reused_prompt_tokens)` flushes held text (EOS and output limits release an
+unmatched stop prefix) and returns the `OutputFinal`: usage (every token fed counts, including the
+one that crossed a stop), the parse result and the observation record. The grammar matcher is not
+advanced here: the model worker does that before computing the next mask.
+
+An `OutputProcessor` belongs to one request and is driven by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from helios.frontend.decoding.detokenize import IncrementalDetokenizer
+from helios.frontend.decoding.events import Event, ParseResult
+from helios.frontend.decoding.logprobs import LogprobEntry, PromptScoring, TokenTexts
+from helios.frontend.decoding.observation import (
+    ObservationClock,
+    ObservationOptions,
+    ObservationRecord,
+    TokenObservation,
+    observation_record,
+)
+from helios.frontend.parsers import OutputPipeline
+from helios.frontend.decoding.stops import StopMatcher
+from helios.runtime.records.events import FinishReason, PromptScoresEvent, TokenLogprobs
+
+NOT_A_TOKEN = -1  # id fed with text that no single generated token ends (flushed or cut text)
+Segment = tuple[int, str]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """OpenAI usage: prompt tokens and generated tokens (EOS and stop-crossing tokens included)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class OutputStep:
+    """What one generated token produced. `observation` is set for observed requests only."""
+
+    observation: TokenObservation | None
+    events: tuple[Event, ...]
+    is_stopped: bool
+    logprobs: tuple[LogprobEntry, ...] = ()  # the token's entry, for requests that ask
+    prompt_logprobs: tuple[LogprobEntry, ...] | None = None  # the prompt's, on the first step after them
+
+
+@dataclass(frozen=True)
+class OutputFinal:
+    """The end of an output: flushed events, the finish reason, usage, result and observation."""
+
+    events: tuple[Event, ...]
+    reason: FinishReason
+    usage: Usage
+    result: ParseResult
+    observation: ObservationRecord | None
+    logprobs: tuple[LogprobEntry, ...] | None = None  # every entry, for requests that ask
+    prompt_logprobs: tuple[LogprobEntry, ...] | None = None  # requests run through scored prefill
+
+
+class PendingText:
+    """Per-token texts given to a stop matcher and not yet handed on, in order.
+
+    A matcher releases a prefix of the concatenated text; only segments it released completely
+    leave (`release`), so a token's text is handed on whole. Owned by one `OutputProcessor`.
+    """
+
+    def __init__(self) -> None:
+        self._segments: deque[Segment] = deque()
+        self._num_released = 0  # released characters at the front of the first segment
+
+    def __bool__(self) -> bool:
+        return bool(self._segments)
+
+    def push(self, token_id: int, text: str) -> None:
+        self._segments.append((token_id, text))
+
+    def release(self, num_chars: int) -> list[Segment]:
+        """Adds `num_chars` released characters; returns the segments now released completely."""
+        self._num_released += num_chars
+        out = []
+        while self._segments and len(self._segments[0][1]) <= self._num_released:
+            segment = self._segments.popleft()
+            self._num_released -= len(segment[1])
+            out.append(segment)
+        return out
+
+    def cut(self) -> list[Segment]:
+        """A stop matched: the released part of the first segment, as plain text; drops the rest."""
+        out = []
+        if self._segments and self._num_released:
+            out.append((NOT_A_TOKEN, self._segments[0][1][: self._num_released]))
+        self._segments.clear()
+        self._num_released = 0
+        return out
+
+
+class OutputProcessor:
+    """Turns one request's generated ids into parser events; see the module docstring."""
+
+    def __init__(
+        self,
+        detokenizer: IncrementalDetokenizer,
+        pipeline: OutputPipeline,
+        stops: StopMatcher | None,
+        eos_token_ids: Sequence[int],
+        observation: ObservationOptions,
+        prompt_token_ids: Sequence[int],
+        ingress_ns: int | None = None,
+        token_texts: TokenTexts | None = None,
+        prompt_scoring: PromptScoring | None = None,
+    ):
+        if observation.is_timed and ingress_ns is None:
+            raise ValueError("a timed request needs its ingress timestamp")
+        self._detokenizer = detokenizer
+        self._pipeline = pipeline
+        self._stops = stops
+        self._pending = PendingText()
+        self._eos = frozenset(eos_token_ids)
+        self._observation = observation
+        self._prompt_token_ids = tuple(prompt_token_ids)
+        self._ingress_ns = ingress_ns
+        self._enqueue_ns: int | None = None
+        self._token_ids: list[int] = []
+        self._timestamps_ns: list[int] = []
+        self._token_texts = token_texts  # None: the request asks for no log-probabilities
+        self._logprobs: list[LogprobEntry] = []
+        self._prompt_scoring = prompt_scoring
+        self._prompt_entries: list[LogprobEntry] | None = None
+        self._is_prompt_pending = prompt_scoring is not None and prompt_scoring.scores  # not yet on a step
+        if self._is_prompt_pending:  # a token without a score (the first) keeps logprob None
+            self._prompt_entries = [prompt_scoring.texts.entry(t, None) for t in self._prompt_token_ids]
+        self._num_tokens = 0
+        self._is_ended = False  # EOS seen or a stop matched: later tokens are ignored
+        self._is_stopped = False
+        self._is_finished = False
+
+    @property
+    def is_stopped(self) -> bool:
+        """A user stop matched; the engine should generate nothing more for this request."""
+        return self._is_stopped
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self._num_tokens
+
+    def mark_enqueue(self, clock: ObservationClock) -> None:
+        """Stamps the enqueue time just before model submission; reads the clock only when timed."""
+        if self._observation.is_timed:
+            if self._enqueue_ns is not None:
+                raise ValueError("enqueue already stamped")
+            self._enqueue_ns = clock.now_ns()
+
+    def score_prompt(self, event: PromptScoresEvent) -> None:
+        """Records scores of prompt tokens (requests run through scored prefill only)."""
+        if self._prompt_entries is None:
+            raise ValueError("prompt scores for a request that did not ask for them")
+        for offset, values in enumerate(event.scores):
+            index = event.first_index + offset
+            self._prompt_entries[index] = self._prompt_scoring.texts.entry(
+                self._prompt_token_ids[index], values, self._prompt_scoring.num_top)
+
+    def feed(self, token_id: int, observed_ns: int | None = None, logprobs: TokenLogprobs | None = None) -> OutputStep:
+        """One generated id (with the scheduler's completion timestamp for timed requests, and its
+        log-probabilities for requests that ask)."""
+        step = self._feed(token_id, observed_ns, logprobs)
+        if self._is_prompt_pending:
+            self._is_prompt_pending = False
+            step = dataclasses.replace(step, prompt_logprobs=tuple(self._prompt_entries))
+        return step
+
+    def _feed(self, token_id: int, observed_ns: int | None, logprobs: TokenLogprobs | None) -> OutputStep:
+        if self._is_finished:
+            raise ValueError("feed after finish")
+        if self._prompt_scoring is not None and not self._prompt_scoring.shows_output:
+            return OutputStep(None, (), False)
+        if self._is_ended:
+            return OutputStep(None, (), self._is_stopped)
+        self._num_tokens += 1
+        observation = self._observe(token_id, observed_ns)
+        if token_id in self._eos:
+            self._is_ended = True
+            return OutputStep(observation, (), False)
+        entry = self._logprob_entry(token_id, logprobs)
+        text = self._detokenizer.feed(token_id)
+        if self._stops is None:
+            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
+        result = self._stops.feed(token_id, text)
+        self._pending.push(token_id, text)
+        segments = self._pending.release(len(result.emit_text))
+        if result.matched:
+            segments += self._pending.cut()
+            self._is_ended = self._is_stopped = True
+        return OutputStep(observation, tuple(self._parse(segments)), result.matched, entry)
+
+    def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None) -> tuple[LogprobEntry, ...]:
+        if self._token_texts is None or logprobs is None:
+            return ()
+        entry = self._token_texts.entry(token_id, logprobs)
+        self._logprobs.append(entry)
+        return (entry,)
+
+    def finish(self, reason: FinishReason, reused_prompt_tokens: int = 0) -> OutputFinal:
+        """Ends the output with the engine's reason (a matched stop makes it STOP) and flushes."""
+        if self._is_finished:
+            raise ValueError("finish called twice")
+        self._is_finished = True
+        segments = [] if self._is_stopped else self._flush()
+        events = self._parse(segments) + self._pipeline.finish()
+        if self._is_stopped and reason not in (FinishReason.ERROR, FinishReason.REJECTED):
+            reason = FinishReason.STOP
+        usage = Usage(len(self._prompt_token_ids), self._num_tokens)
+        logprobs = tuple(self._logprobs) if self._token_texts is not None else None
+        prompt = tuple(self._prompt_entries) if self._prompt_entries is not None else None
+        return OutputFinal(tuple(events), reason, usage, self._pipeline.result(), self._record(reused_prompt_tokens),
+                           logprobs, prompt)
+
+    def _flush(self) -> list[Segment]:
+        """Held text at EOS or the output limit; a stop may still complete in the detokenizer's tail."""
+        tail = self._detokenizer.finish()
+        if self._stops is None:
+            return [(NOT_A_TOKEN, tail)]
+        self._pending.push(NOT_A_TOKEN, tail)
+        segments = self._pending.release(len(self._stops.finish(tail)))
+        if self._pending:
+            segments += self._pending.cut()
+            self._is_stopped = True
+        return segments
+
+    def _parse(self, segments: list[Segment]) -> list[Event]:
+        events: list[Event] = []
+        for token_id, text in segments:
+            if text:
+                events.extend(self._pipeline.feed(token_id, text))
+        return events
+
+    def _observe(self, token_id: int, observed_ns: int | None) -> TokenObservation | None:
+        if not self._observation.is_observed:
+            return None
+        self._token_ids.append(token_id)
+        if not self._observation.is_timed:
+            return TokenObservation(token_id, None)
+        if observed_ns is None:
+            raise ValueError("a timed request needs each token's completion timestamp")
+        self._timestamps_ns.append(observed_ns)
+        return TokenObservation(token_id, observed_ns)
+
+    def _record(self, reused_prompt_tokens: int) -> ObservationRecord | None:
+        if not self._observation.is_observed:
+            return None
+        return observation_record(
+            self._observation.is_timed, self._prompt_token_ids, self._token_ids, self._timestamps_ns,
+            (self._ingress_ns, self._enqueue_ns), reused_prompt_tokens,
+        )

@@ -1,0 +1,335 @@
+"""Structured output with llguidance: request grammars, the reasoning envelope, per-step token masks.
+
+Flow: `parse_response_format` turns the request's `response_format` into a `GrammarRequest` (a JSON
+schema's ``$ref``s are checked there: local ones are left to llguidance, which resolves them
+itself; remote or dangling ones raise `SchemaRefError`, HTTP 400); during
+preparation `GrammarCompiler.compile(request, envelope)` builds the request's `GrammarMatcher` or
+raises `GrammarError` (HTTP 400, before admission). Per decode step the worker fills the lane's mask
+row with `fill_bitmask` and, after the completion, advances with `consume_token`.
+
+Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
+w allows token 32 * w + j, where V is the sampled vocabulary size.
+
+Envelope: the grammar constrains only the answer. When the model has tag reasoning, the top-level
+grammar first admits the reasoning section still ahead of the output (free text up to the close
+delimiter, generated as its token when the tokenizer has one), then an optional declared separator,
+then the request's grammar as an opaque subgrammar, so delimiters spelled inside the answer are answer
+text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state,
+after which the mask allows only EOS. A request's reasoning section ahead of a structured answer is
+bounded (`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the
+rest of the output. JSON schemas compile to compact JSON by default (``whitespace_flexible`` off: no
+free whitespace between tokens), so a sampled model cannot spend its budget on whitespace; a
+schema's own ``x-guidance`` options, or the server's `json_defaults`, may turn it back on.
+
+Requests with tools or recipient frames get a grammar built from the contract's syntax data instead
+(`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
+top-level Lark grammar together with the answer grammar it references as ``@answer``.
+
+`GrammarCompiler` is immutable and shared by preparation workers. A `GrammarMatcher` belongs to one
+request and is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import llguidance
+import numpy as np
+
+from helios.errors import RequestError
+from helios.frontend.parsers.schema_refs import SchemaDocument
+from helios.frontend.preparation.prompt import ReasoningState
+
+MASK_WORD_BITS = 32
+COMPACT_JSON = {"whitespace_flexible": False}  # llguidance JSON option: no free whitespace
+ANSWER_GRAMMAR = "answer"
+
+
+# llguidance's resource limits, tighter than its defaults where a request controls the cost: the
+# number of grammar symbols (request grammars are at most 64 KiB of text; the tool-call envelope and
+# JSON schemas expand, hence the margin) and lexer states (1-2 kB each).
+LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, max_lexer_states=50_000)
+
+
+class GrammarError(RequestError):
+    """A structured-output request whose grammar is malformed or cannot be compiled."""
+
+
+class GrammarKind(enum.Enum):
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    LARK = "lark"
+    CHOICE = "choice"
+
+
+@dataclass(frozen=True)
+class GrammarRequest:
+    """What the answer must match. `source`: schema JSON text, regex, Lark text, or JSON array text."""
+
+    kind: GrammarKind
+    source: str
+
+
+def parse_response_format(value: object) -> GrammarRequest | None:
+    """OpenAI `response_format` plus the regex/grammar/choice extensions; None for plain text."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, '{"type": "object"}')
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise GrammarError("response_format.json_schema.schema must be a JSON schema object")
+        SchemaDocument(schema, "response_format.json_schema.schema")  # SchemaRefError: a non-local or dangling $ref
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+    if kind == "regex" and isinstance(value.get("regex"), str) and value["regex"]:
+        return GrammarRequest(GrammarKind.REGEX, value["regex"])
+    if kind == "grammar" and isinstance(value.get("grammar"), str) and value["grammar"]:
+        return GrammarRequest(GrammarKind.LARK, value["grammar"])
+    if kind == "choice":
+        choices = value.get("choices")
+        if isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices):
+            return GrammarRequest(GrammarKind.CHOICE, json.dumps(choices))
+        raise GrammarError("response_format.choices must be a non-empty array of non-empty strings")
+    raise GrammarError("response_format must be text, json_object, json_schema, regex, grammar or choice")
+
+
+@dataclass(frozen=True)
+class ReasoningEnvelope:
+    """The reasoning section that may precede the answer, as the prompt left it.
+
+    Delimiters with a token id must be generated as that token; without one they are matched as text.
+    `separator` is optional text the model may write between the close delimiter and the answer.
+    `budget` bounds the reasoning text in tokens (None: unbounded); once it is spent the grammar
+    allows only the close delimiter, so a structured answer always gets the rest of the output.
+    """
+
+    state: ReasoningState
+    open_text: str = ""
+    close_text: str = ""
+    open_token_id: int | None = None
+    close_token_id: int | None = None
+    separator: str = ""
+    budget: int | None = None
+
+    def __post_init__(self):
+        if self.state in (ReasoningState.OPEN, ReasoningState.UNOPENED):
+            if not (self.close_text or self.close_token_id is not None):
+                raise ValueError("a reasoning envelope needs its close delimiter")
+        if self.state is ReasoningState.UNOPENED and not (self.open_text or self.open_token_id is not None):
+            raise ValueError("an unopened reasoning envelope needs its open delimiter")
+
+
+    @classmethod
+    def from_contract(cls, syntax, state: ReasoningState, separator: str = "") -> ReasoningEnvelope:
+        """From a contract `ReasoningSyntax` (serving_pb2) and the prompt's initial reasoning state."""
+        return cls(
+            state,
+            syntax.open,
+            syntax.close,
+            syntax.open_token_id if syntax.HasField("open_token_id") else None,
+            syntax.close_token_id if syntax.HasField("close_token_id") else None,
+            separator,
+        )
+
+
+def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
+    """Top-level Lark grammar: the pending reasoning section, then the answer subgrammar."""
+    answer = f"@{ANSWER_GRAMMAR}"
+    if envelope is not None and envelope.separator:
+        answer = f"{json.dumps(envelope.separator)}? {answer}"
+    if envelope is None or envelope.state in (ReasoningState.CLOSED, ReasoningState.NO_REASONING):
+        return f"start: {answer}\n"
+    bounded = f"[max_tokens={envelope.budget}]" if envelope.budget is not None else ""
+    if envelope.close_token_id is not None:
+        body = f"reasoning: reasoning_text <[{envelope.close_token_id}]>\nreasoning_text{bounded}: /(?s:.*)/\n"
+    elif bounded:
+        close = json.dumps(envelope.close_text)
+        body = f"reasoning: reasoning_text {close}\nreasoning_text{bounded}: /(?s:.*)/\n"
+    else:
+        body = f"reasoning[suffix={json.dumps(envelope.close_text)}]: /(?s:.*)/\n"
+    if envelope.state is ReasoningState.OPEN:
+        return f"start: reasoning {answer}\n{body}"
+    # The separator follows a close delimiter only: an output that never opens reasoning starts
+    # with the answer itself (the parser would show a leading separator as answer text).
+    opener = f"<[{envelope.open_token_id}]>" if envelope.open_token_id is not None else json.dumps(envelope.open_text)
+    return f"start: opened | @{ANSWER_GRAMMAR}\nopened: {opener} reasoning {answer}\n{body}"
+
+
+class GrammarCompiler:
+    """Compiles request grammars against one model's tokenizer and sampled vocabulary."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, vocab_size: int, json_defaults: Mapping | None = None):
+        if tokenizer.vocab_size != vocab_size:
+            raise ValueError("the llguidance tokenizer must span the sampled vocabulary")
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._json_defaults = {**COMPACT_JSON, **(json_defaults or {})}
+
+    @classmethod
+    def from_tokenizer(
+        cls,
+        tokenizer,
+        *,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        json_defaults: Mapping | None = None,
+    ) -> GrammarCompiler:
+        """From a `tokenizers.Tokenizer` (about a second for a 100k+ vocabulary; build once per model).
+
+        `json_defaults` are llguidance JSON options (for example ``whitespace_pattern``) that a
+        schema's own ``x-guidance`` may override.
+        """
+        ll_tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        return cls(ll_tokenizer, vocab_size, json_defaults)
+
+    @property
+    def mask_words(self) -> int:
+        return -(-self._vocab_size // MASK_WORD_BITS)
+
+    @property
+    def json_options(self) -> dict:
+        """The llguidance JSON options every JSON schema here is compiled with (a copy)."""
+        return dict(self._json_defaults)
+
+    def is_special_token(self, token_id: int) -> bool:
+        """Whether llguidance treats the token as special: text rules never produce it."""
+        return self._tokenizer.is_special_token(token_id)
+
+    def grammar_text(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> str:
+        """The llguidance top-level grammar (JSON text) for the request inside its envelope."""
+        return self.document_text(envelope_lark(envelope), request)
+
+    def document_text(self, lark: str, answer: GrammarRequest | None) -> str:
+        """A top-level Lark grammar plus, when given, the answer grammar it references as ``@answer``."""
+        grammars = [{"lark_grammar": lark}]
+        if answer is not None:
+            grammars.append({**self._answer_grammar(answer), "name": ANSWER_GRAMMAR})
+        return json.dumps({"grammars": grammars}, ensure_ascii=False)
+
+    def compile(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> GrammarMatcher:
+        """A fresh matcher for one request; GrammarError if the grammar does not compile."""
+        matcher = self._matcher(envelope_lark(envelope), request)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {request.kind.value} grammar: {user_message(matcher.get_error())}")
+        return GrammarMatcher(matcher, self.mask_words)
+
+    def compile_lark(self, lark: str, answer: GrammarRequest | None) -> GrammarMatcher:
+        """A fresh matcher for a top-level Lark grammar built from syntax data (tool calls, frames)
+        and the request's answer grammar; GrammarError naming the part that does not compile."""
+        matcher = self._matcher(lark, answer)
+        if matcher.is_error():
+            if answer is not None:
+                self.compile(answer)  # raises when the answer grammar itself is invalid
+            raise GrammarError(f"the tool-call grammar does not compile: {user_message(matcher.get_error())}")
+        return GrammarMatcher(matcher, self.mask_words)
+
+    def _matcher(self, lark: str, answer: GrammarRequest | None) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self._tokenizer, self.document_text(lark, answer), log_level=0, limits=LIMITS)
+
+    def _answer_grammar(self, request: GrammarRequest) -> dict:
+        if request.kind is GrammarKind.JSON_SCHEMA:
+            try:
+                text = llguidance.LLMatcher.grammar_from_json_schema(request.source, defaults=self._json_defaults)
+            except ValueError as error:
+                raise GrammarError(f"invalid JSON schema: {user_message(str(error))}") from None
+            return json.loads(text)["grammars"][0]
+        if request.kind is GrammarKind.REGEX:
+            return {"lark_grammar": f"start: /{llguidance.regex_to_lark(request.source)}/"}
+        if request.kind is GrammarKind.CHOICE:
+            choices = json.loads(request.source)
+            return {"lark_grammar": "start: " + " | ".join(json.dumps(choice) for choice in choices)}
+        return {"lark_grammar": request.source}
+
+
+MAX_ERROR_CHARS = 240
+_INTERNAL_MARKS = ("panicked", "RUST_BACKTRACE", "called `Option::unwrap()`", "called `Result::unwrap()`", ".rs:")
+
+
+def user_message(message: str) -> str:
+    """llguidance's error worded for a client: its first line, at most `MAX_ERROR_CHARS`, and never
+    the text of an internal failure (a Rust panic, source locations), which says nothing to a user."""
+    text = message.strip()
+    if not text:
+        return "the grammar could not be compiled"
+    if any(mark in text for mark in _INTERNAL_MARKS):
+        return "the grammar could not be compiled (it is too large or too complex); simplify it"
+    line = text.splitlines()[0]
+    return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
+
+
+def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:
+    """int32 [num_rows, mask_words] with every token allowed (the state of unconstrained rows)."""
+    return np.full((num_rows, mask_words), -1, dtype=np.int32)
+
+
+class GrammarMatcher:
+    """One request's grammar state over generated tokens (EOS included once the answer is complete)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int):
+        self._matcher = matcher
+        self._mask_words = mask_words
+
+    @property
+    def is_error(self) -> bool:
+        return self._matcher.is_error()
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error()
+
+    @property
+    def is_accepting(self) -> bool:
+        """The answer is complete: EOS is allowed now."""
+        return self._matcher.is_accepting()
+
+    @property
+    def is_stopped(self) -> bool:
+        """No token but EOS can follow (also true in the error state)."""
+        return self._matcher.is_stopped()
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        """Writes the next step's allowed tokens into `out` (int32 [mask_words], C-contiguous)."""
+        if out.dtype != np.int32 or out.shape != (self._mask_words,) or not out.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"mask row must be C-contiguous int32 [{self._mask_words}]")
+        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+
+    def bitmask(self) -> np.ndarray:
+        out = np.empty(self._mask_words, dtype=np.int32)
+        self.fill_bitmask(out)
+        return out
+
+    def consume_token(self, token_id: int) -> bool:
+        """Advances by one generated token; False (and a sticky error) if the grammar forbids it."""
+        return self._matcher.consume_token(token_id)
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy of the current state (the compiled grammar is shared)."""
+        return GrammarMatcher(self._matcher.deep_copy(), self._mask_words)
+
+    def fill_draft_bitmasks(self, draft_ids: Sequence[int], out: np.ndarray) -> int:
+        """Masks for a speculative round: row k constrains the target token after draft_ids[:k].
+
+        `out` is int32 [len(draft_ids) + 1, mask_words]. Rows after the first draft the grammar
+        rejects repeat that position's mask (verification cannot accept past it). Works on a copy,
+        so this matcher is unchanged; returns how many drafts the grammar accepts.
+        """
+        if out.shape != (len(draft_ids) + 1, self._mask_words):
+            raise ValueError("draft mask rows must be [len(draft_ids) + 1, mask_words]")
+        probe = self.fork()
+        valid = 0
+        probe.fill_bitmask(out[0])
+        for token_id in draft_ids:
+            if not probe.consume_token(token_id):
+                break
+            valid += 1
+            probe.fill_bitmask(out[valid])
+        out[valid + 1 :] = out[valid]
+        return valid

@@ -1,0 +1,71 @@
+"""Forced tool calls in a JSON-call syntax (`ToolSyntaxKind.JSON_CALLS`) as an llguidance Lark grammar.
+
+When a request forces a call (``tool_choice`` required or a named function) on a model whose tool
+syntax is JSON calls, the answer is exactly the family's call block, written the way its template
+renders one, with each call's arguments constrained by the tool's JSON schema (compact JSON; only
+declared properties unless the schema allows more):
+
+    Hermes          <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>   (blocks joined by \\n)
+    Mistral         [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]         (no closer: a JSON array)
+    Llama 3.x       {"name": "f", "parameters": {...}}                          (no opener: one call)
+    DeepSeek        <｜tool▁calls▁begin｜>INVOKE_OPEN f NAME_END ARGS_OPEN {...} ARGS_CLOSE INVOKE_CLOSE ...
+
+The grammar is the answer part only; the reasoning envelope in front of it (`grammar.envelope_lark`)
+is the same as for a structured answer. Special-token spellings are generated as their tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence
+
+from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
+from helios.frontend.structured.grammar_tools import ToolSchema
+from helios.frontend.decoding.syntax import JsonCallSyntax
+
+
+def arguments_schema(tool: ToolSchema, json_options: Mapping) -> str:
+    """The arguments schema; like the tag grammars, a call writes only the declared properties."""
+    schema = dict(tool.parameters) or {"type": "object"}
+    if "properties" in schema:
+        schema.setdefault("additionalProperties", False)
+    schema["x-guidance"] = {**json_options, **schema.get("x-guidance", {})}
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping) -> list[str]:
+    rules, names = [], []
+    for i, tool in enumerate(tools):
+        names.append(f"call_{i}")
+        arguments = f"args_{i}"
+        rules.append(f"{arguments}: %json {arguments_schema(tool, json_options)}")
+        if syntax.name_key:
+            head = '{"%s": %s, "%s": ' % (syntax.name_key, json.dumps(tool.name), syntax.arguments_key)
+            rules.append(f"call_{i}: {json_literal(head)} {arguments} \"}}\"")
+        else:
+            parts = [lark_of(speller(syntax.invoke_open)), json_literal(tool.name), lark_of(speller(syntax.name_end)),
+                     lark_of(speller(syntax.arguments_open)), arguments, lark_of(speller(syntax.arguments_close)),
+                     lark_of(speller(syntax.invoke_close))]
+            rules.append(f"call_{i}: " + " ".join(part for part in parts if part))
+    rules.append("call: " + " | ".join(names))
+    return rules
+
+
+def json_calls_lark(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], single: bool,
+                    json_options: Mapping) -> str:
+    """A Lark grammar (``start``) writing one (`single`) or more forced calls in `syntax`."""
+    if not tools:
+        raise ValueError("forced calls need at least one callable tool")
+    rules = _call_rules(syntax, speller, tools, json_options)
+    opener, closer = lark_of(speller(syntax.block_open)), lark_of(speller(syntax.block_close))
+    more = "" if single else "*"
+    if not syntax.name_key:
+        body = f"{opener} call (\"\\n\" call){more} {closer}"
+    elif not syntax.block_open:
+        body = "call"  # the answer itself is the call: one per output
+    elif not syntax.block_close:
+        body = f"{opener} \"[\" call (\", \" call){more} \"]\""
+    else:
+        body = f"block (\"\\n\" block){more}"
+        rules.append(f"block: {opener} \"\\n\" call \"\\n\" {closer}")
+    return "\n".join([f"start: {body}", *rules]) + "\n"

@@ -1,0 +1,123 @@
+"""Which grammar constrains a chat request's output, compiled during preparation.
+
+`OutputConstraints` (one per served model, immutable, shared by preparation workers) turns a
+request's answer grammar (``response_format``), its `ToolPolicy` and the prompt's starting state into
+the request's `GrammarMatcher`, or None for unconstrained output:
+
+- no active tools, or tools under ``auto`` with parallel calls and no ``response_format``: the
+  answer grammar inside the reasoning envelope (`grammar.envelope_lark`), or recipient or harmony
+  frames around it (`grammar_frames`, `grammar_channels`); None without an answer grammar;
+- otherwise one grammar for calls and the answer (`grammar_tools` for tag syntaxes,
+  `grammar_frames` for recipient frames, `grammar_channels` for harmony frames, where a call ends
+  the output so at most one is written): ``required`` and a named function allow only calls (the
+  named one: exactly one call of it), ``parallel_tool_calls=false`` at most one call, and the answer
+  is the structured one or, without ``response_format``, free text.
+
+Requests that cannot be honoured raise `ChatOptionError` (HTTP 400): forcing calls on a model whose
+output syntax has no tool calls, or when no forced tool has a name the syntax can spell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from typing import Any, Mapping, Sequence
+
+from helios.frontend.structured.contract_syntax import FrontendSyntax
+from helios.frontend.structured.grammar import GrammarCompiler, GrammarKind, GrammarMatcher, GrammarRequest
+from helios.frontend.structured.grammar_channels import channels_lark
+from helios.frontend.structured.grammar_frames import frames_lark
+from helios.frontend.structured.grammar_json_calls import json_calls_lark
+from helios.frontend.structured.grammar_lark import Speller
+from helios.frontend.structured.grammar_tools import AnswerKind, CallPolicy, TagEnvelope, ToolSchema, is_markup_name, tag_tool_lark
+from helios.frontend.preparation.prompt import Prompt
+from helios.frontend.preparation.request_options import ChatOptionError, ToolChoiceMode, ToolPolicy
+from helios.frontend.decoding.syntax import ToolSyntaxKind
+
+
+# JSON-call syntaxes have a grammar for forced calls only: with a response format and optional calls
+# the answer alone is constrained, and parallel_tool_calls=false without forcing is refused.
+_NO_CALL_GRAMMAR = (ToolSyntaxKind.NONE, ToolSyntaxKind.JSON_CALLS)
+
+
+class OutputConstraints:
+    """Compiles request grammars for one model's frontend syntax."""
+
+    def __init__(self, syntax: FrontendSyntax, compiler: GrammarCompiler, speller: Speller):
+        self._syntax = syntax
+        self._compiler = compiler
+        self._speller = speller
+
+    @classmethod
+    def for_tokenizer(cls, syntax: FrontendSyntax, compiler: GrammarCompiler, tokenizer) -> OutputConstraints:
+        return cls(syntax, compiler, Speller.from_tokenizer(tokenizer, compiler.is_special_token, syntax.delimiters))
+
+    def compile(self, answer: GrammarRequest | None, policy: ToolPolicy,
+                tools: Sequence[Mapping[str, Any]] | None, prompt: Prompt,
+                reasoning_budget: int | None = None) -> GrammarMatcher | None:
+        """The request's matcher (None: unconstrained). GrammarError / ChatOptionError: HTTP 400.
+        `reasoning_budget` bounds a reasoning section ahead of an answer-only structured output."""
+        calls = self._call_policy(answer, policy, tools) if policy.is_active and (answer is not None or policy.needs_grammar) else None
+        if calls is None:
+            return self._answer_only(answer, prompt, reasoning_budget) if answer is not None else None
+        if answer is not None and calls.answer is not AnswerKind.STRUCTURED:
+            self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
+        syntax, options = self._syntax, self._compiler.json_options
+        if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # forced calls only (see _call_policy)
+            lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
+            return self._answer_only(GrammarRequest(GrammarKind.LARK, lark), prompt, reasoning_budget)
+        if syntax.has_frames:
+            start = syntax.output_start(prompt).frame
+            lark = frames_lark(syntax.output.frames, self._speller, start, calls, calls.answer, options)
+        elif syntax.has_channels:
+            start = syntax.output_start(prompt).frame
+            lark = channels_lark(syntax.output.channels, self._speller, start, calls, calls.answer, options,
+                                 reasoning_budget)
+        else:
+            lark = tag_tool_lark(syntax.output, self._speller, TagEnvelope(prompt.reasoning_state, calls), options)
+        return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
+
+    def _answer_only(self, answer: GrammarRequest, prompt: Prompt, budget: int | None) -> GrammarMatcher:
+        syntax = self._syntax
+        if syntax.has_frames:
+            start = syntax.output_start(prompt).frame
+            lark = frames_lark(syntax.output.frames, self._speller, start, None, AnswerKind.STRUCTURED,
+                               self._compiler.json_options)
+            return self._compiler.compile_lark(lark, answer)
+        if syntax.has_channels:
+            start = syntax.output_start(prompt).frame
+            lark = channels_lark(syntax.output.channels, self._speller, start, None, AnswerKind.STRUCTURED,
+                                 self._compiler.json_options, None if budget is None else max(1, budget))
+            return self._compiler.compile_lark(lark, answer)
+        envelope = syntax.envelope(prompt.reasoning_state)
+        if envelope is not None and budget is not None:
+            envelope = replace(envelope, budget=max(1, budget))
+        return self._compiler.compile(answer, envelope)
+
+    def _call_policy(self, answer: GrammarRequest | None, policy: ToolPolicy,
+                     tools: Sequence[Mapping[str, Any]] | None) -> CallPolicy | None:
+        """The calls the grammar allows; None when no tool can be called (answer only)."""
+        callable_tools = ToolSchema.from_openai(tools)
+        if policy.mode is ToolChoiceMode.NAMED:
+            callable_tools = tuple(tool for tool in callable_tools if tool.name == policy.function)
+        spelled = tuple(tool for tool in callable_tools if is_markup_name(tool.name))
+        json_calls = self._syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS
+        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled or (json_calls and not policy.forces_call):
+            if policy.needs_grammar:
+                raise ChatOptionError(self._unforceable(policy, callable_tools))
+            return None
+        if policy.forces_call:
+            kind = AnswerKind.NONE
+        else:
+            kind = AnswerKind.STRUCTURED if answer is not None else AnswerKind.FREE
+        single = policy.mode is ToolChoiceMode.NAMED or not policy.parallel or self._syntax.has_channels
+        return CallPolicy(spelled, kind, single)
+
+    def _unforceable(self, policy: ToolPolicy, tools: Sequence[ToolSchema]) -> str:
+        option = "parallel_tool_calls=false" if not policy.forces_call else f"tool_choice {policy.mode.value!r}"
+        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE:
+            return f"{option} cannot be honoured: this model's output syntax has no tool calls"
+        if self._syntax.output.tool_kind in _NO_CALL_GRAMMAR:
+            return f"{option} cannot be honoured without forcing a call in this model's JSON tool syntax"
+        names = ", ".join(repr(tool.name) for tool in tools)
+        return f"{option} cannot be honoured: the tool syntax cannot spell the function names {names}"

@@ -1,0 +1,228 @@
+"""Tool calls and structured answers in one llguidance grammar, inside the reasoning/tool envelope.
+
+When a request's tools meet a ``response_format`` or a forcing option (``tool_choice`` required or a
+named function, ``parallel_tool_calls=false``), the whole output is constrained by one grammar:
+
+    [reasoning, as the prompt left it]  then  tool-call blocks  |  the answer
+
+- reasoning follows the think syntax: free (or, for XTML, escaped) text up to the close delimiter,
+  generated as its token when the tokenizer has one; a terminal marker (the tool opener) may end it
+  and open the first block directly. UNOPENED prompts may open reasoning; CLOSED and NO_REASONING
+  prompts start with the body;
+- tool-call blocks use the declared tool syntax (`ToolGrammar`, the parsers' own compiled
+  spellings): invocation names are the policy's tools, parameters follow each tool's JSON schema in
+  declared order (required ones always written) with values typed as the parsers read them
+  (`grammar_values`). Qwen Coder and GLM write one call per block, DSML and XTML all calls in one
+  block. After the last block only whitespace may follow;
+- the answer is, by `AnswerKind`: STRUCTURED, the ``response_format`` grammar as an opaque
+  subgrammar (``@answer``), so tags spelled inside it stay answer text; FREE, text that never spells
+  the tool opener, optionally followed by calls; NONE, absent (a call is required).
+
+`CallPolicy` is the request's side: the callable tools (the registered ones, or only the named
+function), the answer kind and whether at most one call is allowed. `CallGrammar` builds invocation
+rules for one tool syntax and is shared with the recipient-frame grammar (`grammar_frames`).
+Builders mutate only the `LarkRules` they are given.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from helios.frontend.structured.grammar_lark import (
+    LarkRules, Speller, Spelling, free_text, join, lark_of, text_spelling, text_then,
+)
+from helios.frontend.structured.grammar_values import ValueGrammar, ValueStyle
+from helios.frontend.parsers.pipeline import tool_grammar
+from helios.frontend.parsers.scan import MAX_CAPTURE_LEN
+from helios.frontend.parsers.schema_refs import SchemaDocument
+from helios.frontend.parsers.tool_grammar import ToolGrammar
+from helios.frontend.parsers.values import tool_document, tool_properties
+from helios.frontend.preparation.prompt import ReasoningState
+from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, ThinkSyntax, ToolSyntaxKind
+
+ANSWER_RULE = "@answer"
+WHITESPACE = "/[ \\t\\r\\n]{1,4}/"
+_ONE_CALL_PER_BLOCK = (ToolSyntaxKind.QWEN_CODER_FUNCTIONS, ToolSyntaxKind.GLM_ARGUMENTS)
+_NOT_IN_NAMES = frozenset('<>"\n')
+
+
+class AnswerKind(enum.Enum):
+    NONE = "none"  # no answer: the output is tool calls
+    FREE = "free"  # free text, optionally followed by calls
+    STRUCTURED = "structured"  # the response_format grammar, or calls
+
+
+def is_markup_name(name: str) -> bool:
+    """Whether the tag parsers can read ``name`` as an invocation or parameter name."""
+    return bool(name) and name == name.strip() and len(name) <= MAX_CAPTURE_LEN and not (set(name) & _NOT_IN_NAMES)
+
+
+@dataclass(frozen=True)
+class ToolSchema:
+    """A callable function: its name and its arguments' JSON schema (an object schema).
+
+    ``document`` is that schema checked for local refs (`SchemaRefError`, HTTP 400, otherwise);
+    property values are read through it, the way the output parsers type them.
+    """
+
+    name: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    document: SchemaDocument = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "document", tool_document(self.name, self.parameters))
+
+    @classmethod
+    def from_openai(cls, tools: Sequence[Mapping[str, Any]] | None) -> tuple[ToolSchema, ...]:
+        out = []
+        for tool in tools or ():
+            function = tool.get("function") or {}
+            if tool.get("type", "function") == "function" and function.get("name"):
+                parameters = function.get("parameters")
+                out.append(cls(function["name"], parameters if isinstance(parameters, Mapping) else {}))
+        return tuple(out)
+
+    def properties(self) -> list[tuple[str, Any, bool]]:
+        """(name, schema, required) for each declared property the parsers can read, in order."""
+        root = self.document.deref(self.parameters)
+        required = root.get("required") if isinstance(root, Mapping) else None
+        required = set(required) if isinstance(required, list) else set()
+        properties = tool_properties(self.document)
+        return [(key, value, key in required) for key, value in properties.items() if is_markup_name(key)]
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """What the grammar allows besides reasoning: calls of ``tools`` (at most one when
+    ``single_call``) and, by ``answer``, an answer instead of or before them."""
+
+    tools: tuple[ToolSchema, ...]
+    answer: AnswerKind
+    single_call: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.tools:
+            raise ValueError("a call policy needs at least one callable tool")
+        if not all(is_markup_name(tool.name) for tool in self.tools):
+            raise ValueError("tool names must be readable as markup names")
+
+
+class CallGrammar:
+    """Invocation rules for one tag tool syntax inside one grammar build."""
+
+    def __init__(self, rules: LarkRules, grammar: ToolGrammar, speller: Speller, json_options: Mapping):
+        self._rules = rules
+        self._g = grammar
+        self._spell = speller
+        style = ValueStyle(grammar.value_format, grammar.value_wrap, grammar.string_flag)
+        self._values = ValueGrammar(rules, style, speller(grammar.value_close), json_options)
+        self.ws = rules.terminal("ws", WHITESPACE)
+
+    def opener(self) -> Spelling:
+        return self._spell(self._g.block_open)
+
+    def closer(self) -> str:
+        return lark_of(self._spell(self._g.block_close))
+
+    def invocations(self, tools: Sequence[ToolSchema]) -> str:
+        """A rule choosing one invocation of one of ``tools`` (with its invocation closer, if any)."""
+        return self._rules.rule("invoke", " | ".join(self.invocation(tool) for tool in tools))
+
+    def invocation(self, tool: ToolSchema) -> str:
+        g, spell = self._g, self._spell
+        if g.invoke_open is not None:
+            form = g.invoke_open
+            head = join(spell(form.prefix), text_spelling(tool.name), spell(form.terminators[0]))
+        else:  # the name is inline text right after the block opener, ended by the name separator
+            head = join(text_spelling(tool.name), spell(g.name_separator))
+        parts = [lark_of(head), *self._parameters(tool)]
+        if g.invoke_close:
+            parts.append(f"{self.ws}? {lark_of(spell(g.invoke_close))}")
+        return self._rules.rule(f"call_{_slug(tool.name)}", " ".join(parts))
+
+    def _parameters(self, tool: ToolSchema) -> list[str]:
+        out = []
+        for key, schema, required in tool.properties():
+            rule = self._parameter(key, schema, tool.document)
+            out.append(rule if required else f"({rule})?")
+        return out
+
+    def _parameter(self, key: str, schema: Any, document: SchemaDocument) -> str:
+        g, spell = self._g, self._spell
+        value = self._values.value(schema, document)
+        form = g.key_open
+        pieces = [spell(form.prefix), text_spelling(key), spell(form.terminators[0])]
+        if g.string_flag is not None:
+            pieces += [text_spelling(value.flag), spell(form.terminators[1])]
+        tag = lark_of(join(*pieces))
+        opening = f" {self.ws}? {lark_of(spell(g.value_open))}" if g.value_open else ""
+        return self._rules.rule("param", f"{self.ws}? {tag}{opening} {value.rule}")
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isascii() and c.isalnum() else "_" for c in name)[:40]
+
+
+@dataclass(frozen=True)
+class TagEnvelope:
+    """The prompt-dependent inputs of a tag-syntax tool grammar."""
+
+    state: ReasoningState
+    policy: CallPolicy
+
+
+def tag_tool_lark(syntax: OutputSyntax, speller: Speller, envelope: TagEnvelope, json_options: Mapping) -> str:
+    """The top-level Lark grammar (referencing ``@answer`` for a STRUCTURED answer)."""
+    grammar = tool_grammar(syntax)
+    if grammar is None:
+        raise ValueError(f"{syntax.tool_kind.name} output has no tool-call syntax")
+    rules = LarkRules()
+    calls = CallGrammar(rules, grammar, speller, json_options)
+    policy = envelope.policy
+    after_open = _after_opener(rules, calls, policy, syntax.tool_kind in _ONE_CALL_PER_BLOCK)
+    tail = rules.rule("calls_tail", f"{after_open} {calls.ws}?")
+    think = syntax.think
+    body = _body(rules, calls, grammar, speller, policy, tail, think, envelope.state)
+    if think is None or envelope.state in (ReasoningState.CLOSED, ReasoningState.NO_REASONING):
+        return rules.text(body)
+    stops = [speller(think.close)]
+    if think.terminal:
+        stops.append(speller(think.terminal))
+    escaped = syntax.reasoning_kind is ReasoningSyntaxKind.XTML_THINK
+    upto = text_then(rules, stops, escaped=escaped)
+    reasoned = f"{upto[0]} {body}" + (f" | {upto[1]} {tail}" if think.terminal else "")
+    if envelope.state is ReasoningState.OPEN:
+        return rules.text(reasoned)
+    opened = rules.rule("reasoned", reasoned)
+    return rules.text(f"{lark_of(speller(think.open))} {opened} | {body}")
+
+
+def _after_opener(rules: LarkRules, calls: CallGrammar, policy: CallPolicy, one_per_block: bool) -> str:
+    """Everything after the first block opener: the calls and the closers (more blocks if allowed)."""
+    ws, invoke = calls.ws, calls.invocations(policy.tools)
+    if one_per_block:
+        block = rules.rule("block", f"{ws}? {invoke} {ws}? {calls.closer()}")
+        if policy.single_call:
+            return block
+        return rules.rule("blocks", f"{block} ({ws}? {lark_of(calls.opener())} {block})*")
+    more = "" if policy.single_call else f" ({ws}? {invoke})*"
+    return rules.rule("block", f"{ws}? {invoke}{more} {ws}? {calls.closer()}")
+
+
+def _body(rules: LarkRules, calls: CallGrammar, grammar: ToolGrammar, speller: Speller, policy: CallPolicy,
+          tail: str, think: ThinkSyntax | None, state: ReasoningState) -> str:
+    """What follows reasoning: calls, or the answer the policy allows."""
+    opener = calls.opener()
+    separator = think.after_close if think is not None else ""
+    if policy.answer is AnswerKind.FREE:  # text (which may spell the gap), then calls or the end
+        avoid = [speller(think.open)] if think is not None and state is ReasoningState.UNOPENED else []
+        upto_open = text_then(rules, [opener], avoid=avoid)[0]
+        return rules.rule("body", f"{upto_open} {tail} | {free_text(rules, [opener, *avoid])}?")
+    gaps = sorted({text for text in (separator, grammar.block_lead) if text})
+    gap = f"({' | '.join(lark_of(text_spelling(text)) for text in gaps)})? " if gaps else ""
+    branches = [f"{gap}{lark_of(opener)} {tail}"]
+    if policy.answer is AnswerKind.STRUCTURED:
+        branches.append(f"{lark_of(text_spelling(separator))}? {ANSWER_RULE}" if separator else ANSWER_RULE)
+    return rules.rule("body", " | ".join(branches))

@@ -1,0 +1,253 @@
+"""Grammars for tool-call parameter values, typed the way the output parsers read them.
+
+A parameter's JSON schema decides its value grammar through the parsers' own typing
+(`helios.frontend.parsers.values.schema_kinds`), so every generated value parses back to JSON that
+the schema accepts:
+
+- a parameter the parsers read as a plain string (only ``string`` allowed, or no usable type) is raw
+  text up to the value closer, or one of its string ``enum``/``const`` values;
+- any other parameter is a JSON document under its schema (llguidance ``%json``), with string
+  branches removed when the parsers would read the text as a raw string instead; scalars are then
+  spelled as the parsers expect them (``3``, ``true``, ``null``);
+- a syntax whose markup declares JSON (`ValueStyle.flag`: DSML ``string="false"``) writes JSON
+  under the whole schema, and raw text under ``string="true"`` for plain string parameters;
+- XML-escaped syntaxes (XTML) write raw strings as escaped text.
+
+JSON strings must not end the value early: their decoded text never contains the value closer (raw
+syntaxes) and holds ``&``, ``<`` and ``>`` only as the entities the parser decodes (escaped
+syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote). Numbers without
+declared bounds stay within ``NUMBER_LIMIT`` (llguidance then writes them without an exponent), so
+none overflows to an infinity the parsers reject. Free-form objects, arrays and untyped values use
+a recursive "safe JSON" definition with the same string and number rules for keys and values.
+
+Local ``$ref``s (``#/$defs/NAME``, ``#/definitions/NAME``, JSON pointers into the tool's schema) are
+read through the tool's `SchemaDocument`: the kinds, string removal and string literals look through
+them like the parsers do, and each JSON value is a standalone bundle of the parameter's schema whose
+refs point into its own ``$defs`` (recursion stays a ref, which llguidance resolves lazily).
+Unsupported JSON-schema keywords are ignored (llguidance ``lenient``), so such constraints are not
+enforced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from helios.frontend.structured.grammar_lark import (
+    LarkRules,
+    Spelling,
+    free_text,
+    json_literal,
+    lark_of,
+    not_containing,
+    text_spelling,
+    text_then,
+)
+from helios.frontend.parsers.calls import ValueFormat
+from helios.frontend.parsers.schema_refs import SchemaDocument
+from helios.frontend.parsers.values import STRING_ONLY, ValueKind, schema_kinds
+
+SAFE_JSON = "helios_safe_json"
+NUMBER_LIMIT = 1e15  # unbounded JSON numbers: |x| <= 1e15, written without an exponent (always finite)
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_ENTITY_PATTERN = "^(?:[^<>&]|&(?:amp|lt|gt|apos);)*$"
+_XML_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
+
+
+@dataclass(frozen=True)
+class ValueStyle:
+    """How one tool syntax writes values: format, wrapping text, and the markup flag that declares
+    a value raw (``flag[0]``) or JSON (``flag[1]``) when the syntax has one."""
+
+    format: ValueFormat = ValueFormat.RAW
+    wrap: str = ""
+    flag: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ParameterValue:
+    """A value rule: ``flag`` is the markup flag text to write (or ""), ``rule`` the value grammar
+    followed by its closer."""
+
+    flag: str
+    rule: str
+
+
+def xml_escape(text: str) -> str:
+    for char, entity in _XML_ESCAPES:
+        text = text.replace(char, entity)
+    return text
+
+
+def string_pattern(style: ValueStyle, closer: str) -> str:
+    if style.format is ValueFormat.XML_ESCAPED:
+        return _ENTITY_PATTERN
+    return f"^{not_containing(closer)}$"
+
+
+def safe_json_definition(pattern: str) -> dict:
+    """Any JSON value whose strings and keys match ``pattern``."""
+    ref = {"$ref": f"#/$defs/{SAFE_JSON}"}
+    return {"anyOf": [
+        {"type": "null"}, {"type": "boolean"}, {"type": "number", "minimum": -NUMBER_LIMIT, "maximum": NUMBER_LIMIT},
+        {"type": "string", "pattern": pattern},
+        {"type": "array", "items": ref},
+        {"type": "object", "patternProperties": {pattern: ref}, "additionalProperties": False},
+    ]}
+
+
+_COMPOSITE = ("anyOf", "oneOf", "allOf", "prefixItems")
+_CONSTRAINING = ("type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf", "properties", "items", "not")
+
+
+def safe_schema(schema: Any, pattern: str) -> Any:
+    """``schema`` with free-form strings, keys and values limited to ``pattern`` (a copy)."""
+    ref = {"$ref": f"#/$defs/{SAFE_JSON}"}
+    if schema is True or schema == {}:
+        return ref
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    if not any(key in out for key in _CONSTRAINING):
+        return {**out, **ref}
+    for key in _COMPOSITE:
+        if isinstance(out.get(key), list):
+            out[key] = [safe_schema(branch, pattern) for branch in out[key]]
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: safe_schema(value, pattern) for name, value in out[key].items()}
+    types = out.get("type")
+    types = set(types) if isinstance(types, list) else {types}
+    if "string" in types and not any(key in out for key in ("enum", "const", "pattern", "format")):
+        out["pattern"] = pattern
+    if "number" in types and not any(key in out for key in (*_BOUNDS, "enum", "const")):
+        out.update(minimum=-NUMBER_LIMIT, maximum=NUMBER_LIMIT)
+    if "array" in types or "items" in out:
+        out["items"] = safe_schema(out.get("items", True), pattern)
+    if ("object" in types or "properties" in out) and "patternProperties" not in out:
+        extra = out.get("additionalProperties", True)
+        if extra is not False:
+            out["patternProperties"] = {pattern: safe_schema(extra, pattern)}
+            out["additionalProperties"] = False
+    return out
+
+
+def without_strings(schema: Any, document: SchemaDocument | None = None,
+                    visiting: frozenset[str] = frozenset()) -> Any | None:
+    """``schema`` minus its string alternatives (None when nothing else is left).
+
+    With ``document``, a ``$ref`` of the schema or of its ``anyOf``/``oneOf``/``allOf`` branches is
+    replaced by its target first; a ref already on the path (``A = anyOf[A, ...]``) adds nothing
+    and its branch is dropped.
+    """
+    if document is not None and isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
+        if schema["$ref"] in visiting:
+            return None
+        visiting = visiting | {schema["$ref"]}
+        schema = document.deref(schema)
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    declared = out.get("type")
+    if declared == "string":
+        return None
+    if isinstance(declared, list):
+        out["type"] = [t for t in declared if t != "string"]
+        if not out["type"]:
+            return None
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [v for v in out["enum"] if not isinstance(v, str)]
+        if not out["enum"]:
+            return None
+    if isinstance(out.get("const"), str):
+        return None
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            branches = (without_strings(branch, document, visiting) for branch in out[key])
+            out[key] = [branch for branch in branches if branch is not None]
+            if not out[key]:
+                return None
+    if isinstance(out.get("allOf"), list):
+        conjuncts = [branch for branch in out["allOf"] if not _is_repeat(branch, visiting)]
+        out["allOf"] = [without_strings(branch, document, visiting) for branch in conjuncts]
+        if any(branch is None for branch in out["allOf"]):
+            return None  # a conjunct that allows only strings
+    return out
+
+
+def _is_repeat(schema: Any, visiting: frozenset[str]) -> bool:
+    ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+    return isinstance(ref, str) and ref in visiting
+
+
+class ValueGrammar:
+    """Builds parameter value rules for one tool syntax inside one grammar build.
+
+    ``json_options`` are llguidance JSON options (``x-guidance``) applied to every JSON value.
+    """
+
+    def __init__(self, rules: LarkRules, style: ValueStyle, closer: Spelling, json_options: Mapping):
+        self._rules = rules
+        self._style = style
+        self._closer = closer
+        self._pattern = string_pattern(style, "".join(p.text for p in closer))
+        self._options = {**json_options, "lenient": True}
+
+    def value(self, schema: Any, document: SchemaDocument) -> ParameterValue:
+        """The value rule of a parameter with ``schema`` (a subschema of the tool's ``document``)."""
+        kinds = schema_kinds(schema, document)
+        flag = self._style.flag
+        if flag is not None:
+            if kinds == STRING_ONLY:
+                return ParameterValue(flag[0], self._string(document.deref(schema)))
+            return ParameterValue(flag[1], self._json(schema, document))
+        if not kinds or kinds == STRING_ONLY:
+            return ParameterValue("", self._string(document.deref(schema)))
+        if ValueKind.STRING in kinds:
+            schema = without_strings(schema, document)
+            if schema is None:
+                return ParameterValue("", self._string({}))
+        return ParameterValue("", self._json(schema, document))
+
+    def _string(self, schema: Any) -> str:
+        literals = _string_literals(schema)
+        closer = lark_of(self._closer)
+        escaped = self._style.format is ValueFormat.XML_ESCAPED
+        if literals:
+            if escaped:
+                literals = [xml_escape(text) for text in literals]
+            allowed = [t for t in literals if spelled_closer(self._closer) not in t]
+            if allowed:
+                choices = " | ".join(json_literal(text) for text in allowed)
+                return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
+        if escaped:
+            text = free_text(self._rules, escaped=True)
+            return self._rules.rule("string", f"{text}? {closer}")
+        return text_then(self._rules, [self._closer])[0]
+
+    def _json(self, schema: Any, source: SchemaDocument) -> str:
+        bundle = source.bundled(schema, reserved=(SAFE_JSON,))
+        document = safe_schema(bundle if isinstance(bundle, Mapping) else {}, self._pattern)
+        if f"#/$defs/{SAFE_JSON}" in json.dumps(document):
+            document.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(self._pattern)
+        document["x-guidance"] = self._options
+        body = f"%json {json.dumps(document, ensure_ascii=False)}"
+        return self._rules.rule("json", f"{self._wrap()}{body} {self._wrap()}{lark_of(self._closer)}")
+
+    def _wrap(self) -> str:
+        return f"{lark_of(text_spelling(self._style.wrap))}? " if self._style.wrap else ""
+
+
+def spelled_closer(closer: Spelling) -> str:
+    return "".join(piece.text for piece in closer)
+
+
+def _string_literals(schema: Any) -> list[str]:
+    """The string values an ``enum``/``const`` allows (empty when it does not restrict them)."""
+    if not isinstance(schema, Mapping):
+        return []
+    values = list(schema.get("enum") or [])
+    if "const" in schema:
+        values.append(schema["const"])
+    return [v for v in values if isinstance(v, str)] if values and all(isinstance(v, str) for v in values) else []

@@ -1,0 +1,324 @@
+"""Cache policy per request: prefix reuse, restore, growth, publication, release, checkpoints.
+
+`CacheManager` mutates a `RequestState`'s page table, chain digests and computed counter, the
+shared `PagePool` and the `SnapshotStore`; it never touches slots or queues (the scheduler does).
+Every method either completes or returns None having undone what it did.
+
+Reuse rules derived from the storage layout:
+- complete pages are reused through the prefix cache only when pages alone capture a prefix's
+  state (no recurrent or continuation regions); otherwise only snapshots are reused;
+- at least one prompt token is always recomputed, so the first row can sample;
+- a scored-prefill request reuses nothing until its prompt is scored (every prompt token needs
+  its score); it publishes its pages like any other request;
+- requests with the same prompt (the choices of one request) share it through `PromptGroups`:
+  one prefills, the others wait for it and then compute only the prompt's last token, on its
+  pages (see `prompt_sharing`).
+
+Sliding-window release (`release_outside_window`, layouts whose paged regions are all sliding
+windows): once a round's completion commits history up to n, the leading pages below position
+n - window + 1 are read by no later query, and every round that read them has completed (rounds
+complete in order; a round still in flight queries at positions >= n), so the request drops them.
+Its page_ids keep their positions (RELEASED_PAGE in place of a released id). Published pages park
+in the prefix cache as any released page does, intact until evicted, so prefix hits over them stay
+exact (a lookup reuses only a leading run of cached pages). A request that released pages is never
+checkpointed (a snapshot would lack them): preemption recomputes it and no final snapshot is
+published; later requests reuse its prefix only through the pages still cached.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from helios.runtime.records.capacities import StorageLayout
+from helios.runtime.cache.page_pool import PagePool
+from helios.runtime.records.plan import CopyOp, Location, StorageKind
+from helios.runtime.cache.prefix_cache import extend_chain
+from helios.runtime.cache.prompt_sharing import PromptGroups, prompt_key
+from helios.runtime.records.request import RELEASED_PAGE, RequestState
+from helios.runtime.cache.snapshots import FenceKind, Residence, Snapshot, SnapshotStore
+
+Fence = tuple[int, FenceKind]
+
+
+class CopyWork(NamedTuple):
+    """Copies a plan must carry and the snapshot fences they settle."""
+
+    copies: tuple[CopyOp, ...] = ()
+    fences: tuple[Fence, ...] = ()
+
+
+class CacheManager:
+    def __init__(self, pool: PagePool, snapshots: SnapshotStore, layout: StorageLayout,
+                 prefix_caching: bool = True):
+        self.pool = pool
+        self.snapshots = snapshots
+        self.layout = layout
+        self.prefix_caching = prefix_caching
+        self.page_reuse = prefix_caching and layout.pages_capture_state
+        self.num_lookup_tokens = 0
+        self.num_reused_tokens = 0
+        self.groups = PromptGroups(layout.page_tokens)
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def admit(self, req: RequestState, budget: int) -> tuple[int, CopyWork] | None:
+        """Give a waiting request (slot already assigned) its reused prefix and the pages for its
+        first row of at most `budget` (>= 1) tokens: from a running request with the same prompt
+        when one holds it (`prompt_sharing`), else from the prefix cache or a snapshot. Returns
+        (row length, the copies its plan must run first) or None."""
+        page_tokens = self.layout.page_tokens
+        num_tokens = len(req.token_ids)
+        self.extend_chain(req, num_tokens // page_tokens)
+        reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
+        key = prompt_key(req, keyed_tokens(req))
+        source = self.groups.source(key) if self._may_share(req, reuse) else None
+        admitted = self._admit_onto(req, source, key) if source is not None else None
+        if admitted is not None:
+            return admitted
+        admitted = self._admit_own(req, budget, reuse)
+        if admitted is not None:
+            self.groups.join(req, key)
+        return admitted
+
+    def is_waiting_for_source(self, req: RequestState) -> bool:
+        """A waiting request should not be admitted yet: a running request with the same prompt is
+        computing it and will share its pages (see `prompt_sharing`)."""
+        reuse = self.prefix_caching and not req.spec.score_prompt
+        if not self._may_share(req, reuse):
+            return False
+        key = prompt_key(req, keyed_tokens(req))
+        return self.groups.source(key) is None and self.groups.is_computing(key)
+
+    def _may_share(self, req: RequestState, reuse: bool) -> bool:
+        return reuse and self.page_reuse and req.num_output_tokens == 0 and req.num_prompt_tokens > 1
+
+    def _admit_onto(self, req: RequestState, source: RequestState, key: bytes) -> tuple[int, CopyWork] | None:
+        """Admit `req` onto `source`'s prompt: all but the last prompt token reused (complete pages
+        from the prefix cache, the leading tokens of the last token's page copied from `source`'s
+        into a private page); one token to compute. None (nothing changed) when a complete page is
+        no longer cached or no page is free."""
+        num_shared, partial = divmod(req.num_prompt_tokens - 1, self.layout.page_tokens)
+        shared = self.pool.cache.lookup(req.chain[:num_shared])
+        if len(shared) < num_shared:
+            return None
+        self.pool.retain(shared)
+        fresh = self.allocate(1)
+        if fresh is None:
+            self.pool.release(list(reversed(shared)))
+            return None
+        if req.snapshot_id:
+            self.snapshots.discard(req.snapshot_id)
+            req.snapshot_id = 0
+        req.page_ids = shared + fresh
+        req.num_computed_tokens = req.num_prompt_tokens - 1
+        req.num_published_pages = num_shared
+        req.num_released_pages = 0
+        if req.num_reused_tokens < 0:
+            req.num_reused_tokens = req.num_computed_tokens
+            self.num_lookup_tokens += req.num_prompt_tokens
+            self.num_reused_tokens += req.num_computed_tokens
+        self.groups.join(req, key)
+        self.groups.num_shared_admissions += 1
+        if not partial:
+            return 1, CopyWork()
+        copy = CopyOp(Location(StorageKind.PAGE, source.page_ids[num_shared]), Location(StorageKind.PAGE, fresh[0]),
+                      partial)
+        return 1, CopyWork((copy,))
+
+    def _admit_own(self, req: RequestState, budget: int, reuse: bool) -> tuple[int, CopyWork] | None:
+        """Admission from the prefix cache or a snapshot (or nothing reused)."""
+        page_tokens = self.layout.page_tokens
+        num_tokens = len(req.token_ids)
+        hits = self.pool.cache.lookup(req.chain[:(num_tokens - 1) // page_tokens]) if reuse and self.page_reuse else []
+        snapshot = self._restore_source(req, reuse)
+        if snapshot is not None and snapshot.endpoint <= len(hits) * page_tokens:
+            snapshot = None
+        if req.snapshot_id and (snapshot is None or snapshot.snapshot_id != req.snapshot_id):
+            self.snapshots.discard(req.snapshot_id)
+            req.snapshot_id = 0
+        shared, num_restored, computed = self._base(snapshot, hits)
+        chunk = self.until_boundary(req, computed, min(num_tokens - computed, budget))
+        self.pool.retain(shared)
+        if snapshot is not None:
+            self.snapshots.hold(snapshot)
+        fresh = self.allocate(self.layout.pages_for(computed + chunk) - len(shared))
+        if fresh is None:
+            self.pool.release(list(reversed(shared)))
+            if snapshot is not None:
+                self.snapshots.unhold(snapshot)
+            return None
+        req.page_ids = shared + fresh
+        req.num_computed_tokens = computed
+        req.num_published_pages = len(shared)
+        req.num_released_pages = 0
+        if req.num_reused_tokens < 0:
+            req.num_reused_tokens = computed
+            self.num_lookup_tokens += num_tokens
+            self.num_reused_tokens += computed
+        if snapshot is None:
+            return chunk, CopyWork()
+        req.snapshot_id = 0
+        num_shared = len(shared) if snapshot.residence == Residence.HOST else 0
+        restored = fresh[:num_restored + (snapshot.endpoint % page_tokens > 0)]
+        copies = self.snapshots.restore_copies(snapshot, num_shared, restored, req.slot)
+        return chunk, CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.RESTORE),))
+
+    def _restore_source(self, req: RequestState, reuse: bool) -> Snapshot | None:
+        if req.snapshot_id:
+            snapshot = self.snapshots.get(req.snapshot_id)
+            return snapshot if snapshot is not None and snapshot.ready else None
+        if not reuse:
+            return None
+        return self.snapshots.find(req.token_ids, req.chain, req.root)
+
+    def _base(self, snapshot: Snapshot | None, hits: list[int]) -> tuple[list[int], int, int]:
+        """(pages to share, complete pages to copy from the host, computed tokens)."""
+        if snapshot is None:
+            return hits, 0, len(hits) * self.layout.page_tokens
+        num_complete = snapshot.endpoint // self.layout.page_tokens
+        if snapshot.residence == Residence.DEVICE:
+            return list(snapshot.page_ids), 0, snapshot.endpoint
+        shared = hits[:num_complete]
+        return shared, num_complete - len(shared), snapshot.endpoint
+
+    def allocate(self, count: int) -> list[int] | None:
+        """`count` pages: free, then evicted LRU parked pages, then pages of dropped published
+        snapshots (least recently used first, idle ones only); or None."""
+        while True:
+            pages = self.pool.allocate(count)
+            if pages is not None or not self.snapshots.drop_lru_device():
+                return pages
+
+    # -- running requests ----------------------------------------------------------------------
+
+    def grow(self, req: RequestState, num_tokens: int) -> list[int] | None:
+        """Pages so that `req` holds positions [0, num_tokens) in every view; new pages or None."""
+        missing = self.layout.pages_for(num_tokens) - len(req.page_ids)
+        if missing <= 0:
+            return []
+        pages = self.allocate(missing)
+        if pages is not None:
+            req.page_ids.extend(pages)
+        return pages
+
+    def extend_chain(self, req: RequestState, num_pages: int) -> None:
+        extend_chain(req.chain, req.root, keyed_tokens(req), self.layout.page_tokens, num_pages)
+
+    def publish(self, req: RequestState) -> None:
+        """Make the request's newly committed complete pages findable (after validation only)."""
+        if not self.page_reuse:
+            return
+        committed = min(req.num_computed_tokens, len(req.token_ids))
+        num_complete = committed // self.layout.page_tokens
+        if num_complete <= req.num_published_pages:
+            return
+        self.extend_chain(req, num_complete)
+        for index in range(req.num_published_pages, num_complete):
+            self.pool.publish(req.chain[index], req.page_ids[index])
+        req.num_published_pages = num_complete
+
+    def release(self, req: RequestState) -> None:
+        """Drop the request's page references, tails first (so they are evicted first)."""
+        self.groups.leave(req)
+        self.pool.release([page for page in reversed(req.page_ids) if page != RELEASED_PAGE])
+        req.page_ids = []
+        req.num_uploaded_pages = 0
+        req.num_published_pages = 0
+        req.num_released_pages = 0
+
+    def release_outside_window(self, req: RequestState) -> int:
+        """After a completion committed `req`'s history: drop the leading pages no later query reads
+        (see the module docstring). Returns how many pages were released now (0 for layouts that
+        keep every page)."""
+        count = min(self.layout.releasable_pages(req.num_computed_tokens), req.num_uploaded_pages)
+        if count <= req.num_released_pages:
+            return 0
+        first, pages = req.num_released_pages, req.page_ids[req.num_released_pages:count]
+        req.page_ids[first:count] = [RELEASED_PAGE] * len(pages)
+        req.num_released_pages = count
+        self.pool.release(list(reversed(pages)))
+        return len(pages)
+
+    def checkpoint(self, req: RequestState, residence: Residence) -> CopyWork | None:
+        """Checkpoint the committed state and release the request's other pages.
+
+        Device checkpoints are published for later requests (owner None); host checkpoints are
+        private to a preempted request. Returns the copies, or None with nothing changed (the
+        caller then releases as usual).
+        """
+        endpoint = min(req.num_computed_tokens, len(req.token_ids))
+        if endpoint == 0 or req.num_released_pages or (
+                residence == Residence.DEVICE and not self.snapshots.needs_tail(endpoint)):
+            return None
+        page_tokens = self.layout.page_tokens
+        num_complete = endpoint // page_tokens
+        self.extend_chain(req, num_complete)
+        key = req.chain[num_complete - 1] if num_complete else req.root
+        covered = -(-endpoint // page_tokens)
+        owner = req.request_id if residence == Residence.HOST else None
+        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, req.page_ids[:covered],
+                                        req.slot, owner, residence)
+        if result is None:
+            return None
+        snapshot, copies = result
+        req.page_ids = req.page_ids[covered:]
+        self.release(req)
+        if owner is not None:
+            req.snapshot_id = snapshot.snapshot_id
+        return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
+
+    @property
+    def publishes_prompt_snapshots(self) -> bool:
+        """Whether prompt boundaries are snapshotted: prefix caching on a layout whose pages do not
+        hold the state (there, snapshots are the only prefix reuse)."""
+        return self.prefix_caching and not self.layout.pages_capture_state
+
+    def until_boundary(self, req: RequestState, start: int, tokens: int) -> int:
+        """A prompt row of `tokens` from `start`, cut to end at the request's stable prefix when it
+        would run past it and a snapshot is to be published there (`RequestState.stable_boundary`)."""
+        boundary = req.stable_boundary if self.publishes_prompt_snapshots else 0
+        return boundary - start if start < boundary < start + tokens else tokens
+
+    def checkpoint_prompt(self, req: RequestState, endpoint: int | None = None) -> CopyWork | None:
+        """Publish a snapshot of the request's committed state at `endpoint` (default: its prompt
+        boundary; or the end of its stable prefix), keeping its pages (complete pages are shared by
+        reference, the partial page and state rows are copied to a continuation row). Only where
+        `publishes_prompt_snapshots`. None when not applicable, already published, or no row is free."""
+        endpoint = req.num_prompt_tokens if endpoint is None else endpoint
+        if not self.publishes_prompt_snapshots or endpoint == 0:
+            return None
+        page_tokens = self.layout.page_tokens
+        num_complete = endpoint // page_tokens
+        self.extend_chain(req, num_complete)
+        probe = self.snapshots.find(req.token_ids[:endpoint + 1], req.chain, req.root)
+        if probe is not None and probe.endpoint == endpoint:
+            return None  # the same prompt's state is already published
+        key = req.chain[num_complete - 1] if num_complete else req.root
+        pages = req.page_ids[:-(-endpoint // page_tokens)]
+        self.pool.retain(pages)  # the snapshot's own references; the request keeps its pages
+        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, pages, req.slot, None,
+                                        Residence.DEVICE)
+        if result is None:
+            self.pool.release(list(reversed(pages)))
+            return None
+        snapshot, copies = result
+        return CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.CAPTURE),))
+
+    def page_holders(self, requests: list[RequestState]) -> list[int]:
+        held = self.snapshots.page_holders()
+        for req in requests:
+            held.extend(page for page in req.page_ids if page != RELEASED_PAGE)
+        return held
+
+
+def keyed_tokens(req: RequestState):
+    """The ids the prefix cache digests: the request's tokens, with its declared `token_keys` (image
+    feature tokens: their image's content hash) in place of the ids at those positions."""
+    keys = req.spec.token_keys
+    if not keys:
+        return req.token_ids
+    ids = list(req.token_ids)
+    for index, key in keys:
+        if index < len(ids):
+            ids[index] = key
+    return ids

@@ -1,0 +1,92 @@
+"""Prompt groups: requests with the same prompt share its pages at admission.
+
+The `n` choices of one request (and `best_of` candidates, repeated prompts in a batch) are
+separate requests with identical prompts: same chain root (cache identity and salt) and the same
+keyed prompt tokens (image tokens keyed by their image's content hash). They form a *prompt
+group*, keyed by one digest of the root and the whole prompt. The first member admitted (the
+source) prefills the prompt; while a running member is still computing the prompt's first P - 1
+tokens and none has them, a later member waits (`is_waiting_for_source`) instead of prefilling the
+same tokens itself. Then it is admitted onto a source's pages (`CacheManager.admit`):
+
+- pages [0, (P - 1) // page_tokens) are shared by reference: the source published them to the
+  prefix cache when it committed them (a sliding-window source may have released some since; they
+  stay cached until evicted), every position in them is committed and no one writes them again;
+- the page holding position P - 1 is a fresh private page whose first (P - 1) % page_tokens tokens
+  are copied from the source's page (a PAGE -> PAGE copy that the admitting plan runs ahead of its
+  program; the source writes that page only at positions >= P);
+- the member computes one token, position P - 1, and samples its first output with its own seed.
+
+So n members compute P + (n - 1) prompt tokens and take ceil(P / page_tokens) + (n - 1) pages at
+admission, where separate prefills compute n * P tokens and take n * ceil(P / page_tokens) pages. (Should a complete page have been evicted meanwhile, the member is
+admitted from the prefix cache as any request is.)
+
+Only layouts whose pages hold a prefix's whole state share this way, and only with prefix caching
+on; a request that must score its prompt, or that has outputs already (readmitted after
+preemption), neither waits nor shares, but may serve as a source. `PromptGroups` holds no page
+references: membership follows the request's page table (joined at admission, left at release).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from helios.runtime.cache.prefix_cache import page_digest
+from helios.runtime.records.request import RELEASED_PAGE, RequestState, RequestStatus
+
+
+def prompt_key(req: RequestState, keyed_ids: Sequence[int]) -> bytes:
+    """The group digest: the request's chain root and its keyed prompt tokens."""
+    return page_digest(req.root, keyed_ids[:req.num_prompt_tokens])
+
+
+def holds_prompt(member: RequestState, page_tokens: int) -> bool:
+    """`member` has committed its prompt's first P - 1 tokens and still holds the page of the last
+    prompt token when that page has leading prompt tokens to copy (the complete pages before it are
+    shared through the prefix cache, where the member published them)."""
+    needed = member.num_prompt_tokens - 1
+    if member.status != RequestStatus.RUNNING or member.num_computed_tokens < needed:
+        return False
+    index, partial = divmod(needed, page_tokens)
+    return not partial or (len(member.page_ids) > index and member.page_ids[index] != RELEASED_PAGE)
+
+
+class PromptGroups:
+    """Members (requests holding pages) by prompt key. Mutated by `CacheManager` only."""
+
+    def __init__(self, page_tokens: int):
+        self.page_tokens = page_tokens
+        self._members: dict[bytes, list[RequestState]] = {}
+        self._keys: dict[str, bytes] = {}
+        self.num_shared_admissions = 0
+
+    def join(self, req: RequestState, key: bytes) -> None:
+        """`req` now holds pages with its prompt's history (or will compute it)."""
+        if req.request_id not in self._keys:
+            self._keys[req.request_id] = key
+            self._members.setdefault(key, []).append(req)
+
+    def leave(self, req: RequestState) -> None:
+        """`req` dropped its pages (release, preemption, checkpoint)."""
+        key = self._keys.pop(req.request_id, None)
+        if key is None:
+            return
+        members = self._members[key]
+        members.remove(req)
+        if not members:
+            del self._members[key]
+
+    def source(self, key: bytes) -> RequestState | None:
+        """A member whose pages hold the prompt's first P - 1 tokens, or None."""
+        for member in self._members.get(key, ()):
+            if holds_prompt(member, self.page_tokens):
+                return member
+        return None
+
+    def is_computing(self, key: bytes) -> bool:
+        """A running member has yet to commit the prompt's first P - 1 tokens."""
+        return any(m.status == RequestStatus.RUNNING and m.num_computed_tokens < m.num_prompt_tokens - 1
+                   for m in self._members.get(key, ()))
+
+    @property
+    def num_members(self) -> int:
+        return len(self._keys)

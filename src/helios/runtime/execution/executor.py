@@ -1,0 +1,330 @@
+"""Execution: runs one `StepPlan` on the loaded programs and validates its completion record.
+
+For a plan the executor performs its cache copies, packs the program's bindings (`Packer`),
+writes the transport's submission sequence, calls the selected program with its weight list and
+input buffers (each narrowed to the program's static extents), copies the completion record into
+the plan's frame of the completion buffer, and validates it (`helios.abi.completion`) before
+turning it into the scheduler's `RowResult`s. A record that fails validation raises a
+`CompletionError` (an `ExecutionError`); the caller fails the plan.
+
+Emitted token ids come from the record's SAMPLED_TOKENS field as the manifest lays it out (the ABI
+token column, or the extra columns of cores whose lanes emit several tokens; they must end with
+the ABI record's last token). SPECULATIVE lanes are validated as generating lanes against their
+reserved ceiling, the aggregate P and the program's draft-cursor lag; a program's proposal
+confidence is copied into the plan's frame of the confidence buffer. Validated emissions are
+reported to the packer (`Packer.observe`), which keeps request histories for history drafting.
+
+Two execution frames (`launch` / `finish`): `launch` performs everything up to the program
+call and queues the record's copy into the plan's frame of the host completion buffer (pinned, an
+asynchronous copy on CUDA) followed by an event; `finish` waits for that event and validates. The
+engine launches a second plan (a decode round fed by device-owned pending tokens) before it
+finishes the first, so the host packs round N+1 while the device runs round N. The two frames use
+separate completion frames and separate packer staging (`Packer.pack` stages by `plan.frame`); a
+program's named outputs in `StepOutput.outputs` are its static graph outputs on CUDA, valid until
+that program is launched again (read them before the next `launch`, or use `run`). `run` is
+`finish(launch(plan))`.
+
+Token log-probabilities: a plain PREFILL, DECODE or MIXED program may have a token-logprobs twin
+(same operation and capacities, `GraphContract.token_logprobs`), which also returns each row's
+``helios::token_logprobs`` values. `launch` runs the twin instead of the planned program only when
+a sampling row of the plan belongs to a request that asks for log-probabilities (steps without
+one pay nothing), and queues the copy of those outputs to the host with the record's; `finish`
+attaches each asking row's `TokenLogprobs` (its request's number of alternatives) to its
+`RowResult`. SCORED_PREFILL programs return the same values for every row they sample.
+
+Thread ownership: the model worker only. Buffers stay alive through execution drain because the
+`LoadedModel` owns them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from helios.abi.completion import (
+    NUM_FIELDS,
+    CompletionExpectation,
+    LaneCompletion,
+    LaneExpectation,
+    LaneKind,
+    LaneOutcome,
+    SampledTokenError,
+    validate_completion,
+)
+from helios.contract import manifest_pb2 as mpb
+from helios.contract import serving_pb2 as spb
+from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
+from helios.errors import ExecutionError, LoadError
+from helios.runtime.records.capacities import Operation
+from helios.runtime.records.events import TokenLogprobs
+from helios.runtime.execution.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
+from helios.runtime.execution.images import ImageFeeder
+from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
+from helios.runtime.execution.packer import Packer
+from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan
+from helios.errors import ExecutionError
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Validated per-row results, plus the program's named outputs (read-only)."""
+
+    results: tuple[RowResult, ...]
+    outputs: Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A plan whose program was submitted (`Executor.launch`); `Executor.finish` completes it."""
+
+    plan: StepPlan
+    program: LoadedProgram | None  # None: a plan of copies only
+    outputs: Mapping[str, torch.Tensor]
+    done: torch.cuda.Event | None  # recorded after the record's copy (CUDA only)
+    scores: tuple[torch.Tensor, ...] | None = None  # host copies of a token-logprobs program's outputs
+
+
+class Executor:
+    """Runs plans on one `LoadedModel` (rank 0)."""
+
+    def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram],
+                 host_pages: int = 0):
+        self.model = model
+        self.packer = packer
+        self._programs = programs  # variant name -> program
+        self._twins = logprob_twins(programs.values())  # plain variant name -> token-logprobs twin
+        manifest = model.prepared.manifest
+        self._completion = model.buffers[manifest.completion.buffer]
+        self._submission = model.buffers.get(manifest.completion.submission_input)
+        self._arguments = {name: program_arguments(p, model.weights, model.buffers) for name, p in programs.items()}
+        # Pages, slot state rows, continuation rows and host slots that plan copies move between.
+        self.storage = model_storage(model, host_pages)
+        self._vocab = model.prepared.sampled_range[1]
+        self._token_columns = _token_columns(manifest.completion)
+        if model.settings.history_drafting:  # a startup option of the loaded model
+            packer.enable_history_drafting()
+        confidence = manifest.completion.confidence_buffer
+        self._confidence = model.buffers.get(confidence) if confidence else None
+        cuda = model.device.type == "cuda"
+        self._events = [torch.cuda.Event() for _ in range(2)] if cuda else []  # one per frame
+        self.images = image_feeder(model, packer)  # None for a text-only core
+        self._initializers = tuple((p, program_arguments(p, model.weights, model.buffers))
+                                   for p in model.initialization_programs)  # smallest batch first
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether `launch` returns before the device has finished (a second frame pays off)."""
+        return self.model.device.type == "cuda"
+
+    def run(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> StepOutput:
+        return self.finish(self.launch(plan, masks))
+
+    def launch(self, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> Launched:
+        """Copies, packing and the program call of `plan`; its record is on its way to the host."""
+        for copy in plan.copies:
+            self._copy(copy)
+        if plan.variant is None:
+            return Launched(plan, None, {}, None)
+        program = self._program_for(plan)
+        if self._initializers:
+            self._initialize(plan)
+        if self.images is not None and plan.operation in (Operation.PREFILL, Operation.MIXED):
+            self.images.feed(plan.rows, self.packer.images_of(plan.rows))
+        self.packer.pack(program.graph, plan, masks)
+        if self._submission is not None:
+            self._submission.fill_(plan.sequence)
+        args = self._arguments[variant_name(program)]
+        with torch.inference_mode():
+            replay = getattr(program.module, "replay", None)  # a captured program (CUDA graphs)
+            returned = replay(greedy=self.packer.all_greedy(plan)) if replay else program.module(*args)
+        outputs = dict(zip(program.outputs, returned if isinstance(returned, (tuple, list)) else (returned,)))
+        record = outputs[self.model.prepared.manifest.completion.buffer]
+        asynchronous = record.device.type == "cuda" and self._completion.is_pinned()
+        self._frame(plan)[: record.shape[0], : record.shape[1]].copy_(record, non_blocking=asynchronous)
+        confidence = outputs.get(self.model.prepared.manifest.completion.confidence_buffer)
+        if confidence is not None and self._confidence is not None:
+            target = self._confidence[plan.frame, : confidence.shape[0], : confidence.shape[1]]
+            target.copy_(confidence, non_blocking=asynchronous and self._confidence.is_pinned())
+        scores = None
+        if program.returns_token_logprobs:
+            scores = tuple(_to_host(outputs[name][: len(plan.rows)], asynchronous) for name in TOKEN_LOGPROB_OUTPUTS)
+        done = None
+        if record.device.type == "cuda":  # on the model's stream, whatever this thread's current device
+            done = self._events[plan.frame]
+            done.record(torch.cuda.current_stream(record.device))
+        return Launched(plan, program, outputs, done, scores)
+
+    def _initialize(self, plan: StepPlan) -> None:
+        """Runs the core's INITIALIZATION program over the rows `plan` admits (in chunks of the
+        largest variant), before the plan's own program reads their state. On CUDA the host then
+        waits for it: both packs write the same staging mirrors (admission is rare)."""
+        admitted = [row for row in plan.rows if row.admits]
+        largest = self._initializers[-1][0].batch_capacity
+        for start in range(0, len(admitted), largest):
+            rows = tuple(admitted[start:start + largest])
+            program, args = next((p, a) for p, a in self._initializers if p.batch_capacity >= len(rows))
+            self.packer.pack(program.graph, plan._replace(rows=rows))
+            with torch.inference_mode():
+                replay = getattr(program.module, "replay", None)
+                replay(greedy=True) if replay else program.module(*args)
+        if admitted and self.model.device.type == "cuda":
+            torch.cuda.current_stream(self.model.device).synchronize()
+
+    def _program_for(self, plan: StepPlan) -> LoadedProgram:
+        """The planned program, or its token-logprobs twin when a row asks for log-probabilities."""
+        twin = self._twins.get(plan.variant.name)
+        if twin is not None and self.packer.wants_logprobs(plan):
+            return twin
+        return self._programs[plan.variant.name]
+
+    def finish(self, launched: Launched) -> StepOutput:
+        """Waits for `launched` and validates its record (raises `CompletionError` when invalid)."""
+        if launched.program is None:
+            return StepOutput((), {})
+        if launched.done is not None:
+            launched.done.synchronize()
+        plan = launched.plan
+        self.packer.retire(plan.sequence)  # the device is done with it: host staging frames may be reused
+        results = self._results(plan, launched.program, self._frame(plan)[: len(plan.rows)])
+        if launched.scores is not None:
+            results = self._with_logprobs(plan, results, launched.scores)
+        self.packer.observe(plan, results)
+        return StepOutput(results, launched.outputs)
+
+    def _with_logprobs(self, plan: StepPlan, results: tuple[RowResult, ...], scores) -> tuple[RowResult, ...]:
+        """`results` with the `TokenLogprobs` of every emitting row whose request asks for them."""
+        chosen, top_ids, top_values = (tensor.tolist() for tensor in scores)
+        out = []
+        for index, (row, result) in enumerate(zip(plan.rows, results)):
+            count = self.packer.top_logprobs(row.request_id)
+            if count is None or len(result.token_ids) != 1:
+                out.append(result)
+                continue
+            top = tuple(zip(top_ids[index][:count], top_values[index][:count]))
+            out.append(result._replace(logprobs=(TokenLogprobs(chosen[index], top),)))
+        return tuple(out)
+
+    def _frame(self, plan: StepPlan) -> torch.Tensor:
+        """The plan's frame of the completion buffer as int64 records [rows, columns]."""
+        return self._completion[plan.frame].view(torch.int64).view(self._completion.shape[1], -1)
+
+    def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
+        speculative = plan.operation == Operation.SPECULATIVE
+        expected = CompletionExpectation(
+            submission=plan.sequence if self._submission is not None else 0, vocab_size=self._vocab,
+            packed_capacity=plan.variant.packed_token_capacity,
+            draft_lag=program.speculative.draft_lag if program.speculative is not None else None,
+            lanes=tuple(_lane(row, speculative) for row in plan.rows),
+        )
+        lanes = validate_completion(record[:, :NUM_FIELDS], expected)
+        rows = record.tolist()
+        results = []
+        for index, lane in enumerate(lanes):
+            tokens = self._emitted(index, rows[index], lane)
+            results.append(RowResult(lane.slot, lane.generation, lane.consumed_end, tokens, lane.offered,
+                                     lane.accepted, lane.draft_cursor))
+        return tuple(results)
+
+    def _emitted(self, index: int, row: list[int], lane: LaneCompletion) -> tuple[int, ...]:
+        """The lane's emitted ids from the SAMPLED_TOKENS columns (empty for NO_ALLOWED_TOKEN)."""
+        if not lane.emitted or lane.outcome is not LaneOutcome.OK:
+            return ()
+        first, count = self._token_columns
+        if lane.emitted > count:
+            raise SampledTokenError(index, "tokens", f"{lane.emitted} emitted, the record holds {count} token ids")
+        tokens = tuple(row[first:first + lane.emitted])
+        if tokens[-1] != lane.token or any(t != -1 for t in row[first + lane.emitted:first + count]):
+            raise SampledTokenError(index, "tokens", f"emitted ids {row[first:first + count]} disagree with "
+                                    f"{lane.emitted} tokens ending in {lane.token}")
+        return tokens
+
+    def _copy(self, copy: CopyOp) -> None:
+        """One plan copy between pages, slot state rows, continuation rows and host slots."""
+        self.storage.copy(copy)
+
+
+def _token_columns(layout: mpb.CompletionLayout) -> tuple[int, int]:
+    """(first int64 column, count) of the record's SAMPLED_TOKENS field."""
+    field = next(f for f in layout.fields if f.kind == mpb.COMPLETION_FIELD_KIND_SAMPLED_TOKENS)
+    return field.byte_offset // 8, field.count
+
+
+def _lane(row: PlanRow, speculative: bool = False) -> LaneExpectation:
+    if speculative and row.samples:
+        return LaneExpectation(row.slot, row.generation, LaneKind.GENERATE, row.start_pos, row.token_ceiling,
+                               row.constrained)
+    if not row.samples:
+        kind = LaneKind.PREFILL
+    elif row.query_len > 1 or row.admits:
+        kind = LaneKind.FINAL_PREFILL
+    else:
+        kind = LaneKind.GENERATE
+    return LaneExpectation(row.slot, row.generation, kind, row.start_pos, row.query_len, row.constrained)
+
+
+def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
+    """A host copy of a program output (queued on the stream when `asynchronous`; the launch's
+    event, recorded after it, says when it is complete)."""
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    return tensor.to("cpu", non_blocking=asynchronous)
+
+
+def logprob_twins(programs) -> dict[str, LoadedProgram]:
+    """Plain variant name -> its token-logprobs twin (same operation and capacities), over the
+    loaded programs that have one."""
+    plain = {(p.operation, p.batch_capacity, p.packed_token_capacity): variant_name(p)
+             for p in programs if not p.token_logprobs and p.speculative is None}
+    twins = {}
+    for program in programs:
+        name = plain.get((program.operation, program.batch_capacity, program.packed_token_capacity))
+        if program.token_logprobs and name is not None:
+            twins[name] = program
+    return twins
+
+
+def image_feeder(model: LoadedModel, packer: Packer) -> ImageFeeder | None:
+    """The feeder of a core with VISION programs: they encode images into the feature cache the
+    model allocated at load (`LoadedModel.image_cache`)."""
+    if not model.vision_programs:
+        return None
+    programs = {p.packed_token_capacity: p for p in model.vision_programs}
+    arguments = {capacity: program_arguments(p, model.weights, model.buffers) for capacity, p in programs.items()}
+
+    def encoder(capacity: int):
+        program = programs.get(capacity)
+        if program is None:
+            return None
+        replay = getattr(program.module, "replay", None)  # captured as a CUDA graph
+        call = (lambda: replay(greedy=False)) if replay else (lambda: program.module(*arguments[capacity]))
+        return lambda: _first(call())
+
+    if model.image_cache is None:
+        raise LoadError("a model with VISION programs was loaded without an image feature cache")
+    return ImageFeeder(model.prepared, model.buffers, encoder, model.image_cache)
+
+
+def _first(returned):
+    return returned[0] if isinstance(returned, (tuple, list)) else returned
+
+
+def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:
+    """Variant name (as the scheduler's `ProgramVariant.name`) -> program."""
+    return {variant_name(p): p for p in model.programs}
+
+
+def variant_name(program: LoadedProgram) -> str:
+    shape = program.speculative
+    width = f"w{shape.verify_tokens}" if shape is not None else ""
+    return f"{program.graph}.r{program.batch_capacity}{width}t{program.packed_token_capacity}"
+
+
+OPERATIONS = {  # contract GraphOperation -> scheduler Operation
+    spb.GRAPH_OPERATION_PREFILL: Operation.PREFILL,
+    spb.GRAPH_OPERATION_DECODE: Operation.DECODE,
+    spb.GRAPH_OPERATION_MIXED: Operation.MIXED,
+    spb.GRAPH_OPERATION_SCORED_PREFILL: Operation.SCORED_PREFILL,
+    spb.GRAPH_OPERATION_SPECULATIVE: Operation.SPECULATIVE,
+}

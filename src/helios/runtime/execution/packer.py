@@ -1,0 +1,402 @@
+"""Shared packing: fills every value binding of a program from a `StepPlan`, generically.
+
+Sources, types, extents and indexing are resolved once per program at startup (`PackingPlan`);
+each step then writes only the values its rows need into the destination buffers, which the
+executor passes to the program. Nothing here knows a model: a binding's `ValueSource` says where a
+value comes from and its `Indexing` says where it goes.
+
+Per-request admission values (prompt, seed, sampling parameters, output limit, logit bias) are registered by
+the engine when a request is submitted (`register`) and dropped when it ends (`forget`).
+SPECULATIVE lanes bind their ceiling (QUERY_LENGTH or SPECULATIVE_PREFIX_LIMIT: the row's reserved
+query length) and the copied-token sources. With history drafting enabled (a startup option) the
+packer keeps each request's history - its prompt plus every emission the executor validated
+(`observe`) - and copies candidates from it (`helios.runtime.execution.history_drafting`) for lanes whose
+history ends exactly at their pending token; otherwise every lane gets zero candidates.
+PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
+invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
+since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
+core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. Which
+sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
+checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
+
+Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
+tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
+with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
+current stream; a grammar mask is uploaded only while some row is constrained (and once more to
+clear it). Per-slot admission values go straight to the device, when a slot is admitted or gains
+pages; new page-table entries go through pinned staging and an asynchronous copy too. There are two
+sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
+the previous plan of its frame finished, while the other frame's uploads may still be queued.
+
+Thread ownership: one packer per model worker; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from helios.contract import PreparedContract
+from helios.contract import serving_pb2 as spb
+from helios.contract.rules import source_label
+from helios.contract.servable import source_decision
+from helios.errors import LoadError
+from helios.runtime.execution.history_drafting import HistoryIndex
+from helios.runtime.execution.host_staging import HostStaging
+from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.execution.masks import allowed_row, write_masks
+from helios.runtime.execution.pack_staging import Staging as _Staging
+from helios.runtime.execution.pack_values import eos_row, fill_copied, is_prompt_row, padded, write_vector
+from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
+
+S = spb
+NUM_SAMPLING_PARAMETERS = 7  # temperature, top_k, top_p, min_p, repetition, presence, frequency
+
+
+class UnsupportedBindingError(LoadError):
+    """A selected program binds a value source this runtime cannot supply."""
+
+
+@dataclass(frozen=True)
+class AdmissionValues:
+    """Values a request fixes at admission."""
+
+    prompt_ids: tuple[int, ...]
+    seed: int
+    sampling: tuple[float, ...]  # NUM_SAMPLING_PARAMETERS values, in the order above
+    output_limit: int
+    eos_ids: tuple[int, ...] = ()
+    top_logprobs: int | None = None  # None: no log-probabilities; K: the token's and K alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), distinct ids
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A value binding resolved to the buffer behind its destination."""
+
+    destination: str
+    buffer_name: str
+    source: int
+    indexing: int
+    offset: int
+    padding: int
+    constant: int
+    image_output: str = ""
+    host_table: str = ""
+
+
+_ROW_SOURCES: Mapping[int, Callable[[PlanRow, AdmissionValues], object]] = {
+    S.VALUE_SOURCE_SLOT: lambda row, req: row.slot,
+    S.VALUE_SOURCE_GENERATION: lambda row, req: row.generation,
+    S.VALUE_SOURCE_QUERY_LENGTH: lambda row, req: row.query_len,
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda row, req: row.query_len,
+    S.VALUE_SOURCE_SAMPLING_DECISION: lambda row, req: int(row.samples),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_START: lambda row, req: row.start_pos,
+    S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda row, req: row.start_pos + row.query_len,
+    S.VALUE_SOURCE_SEED_BITS: lambda row, req: req.seed,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda row, req: req.sampling,
+    S.VALUE_SOURCE_OUTPUT_LIMIT: lambda row, req: req.output_limit,
+    S.VALUE_SOURCE_PENDING_TOKEN: lambda row, req: _pending_token(row, req),
+}
+_PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
+_ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
+    S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
+}
+_BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES}  # written at admission
+_ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
+_COPIED_SOURCES = {
+    S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
+    S.VALUE_SOURCE_COPIED_GENERATION, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS,
+}
+
+
+def _pending_token(row: PlanRow, req: AdmissionValues):
+    """The token a one-token lane feeds next: the completed pending token of a generating lane, or
+    the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
+    feeds its first packed token (the program's override then changes nothing). A lane of a second
+    frame feeds -1: its token exists only in the program's device state (``pending_token_view``)."""
+    if row.pending_on_device:
+        return -1
+    return row.token_ids[0] if row.token_ids else None
+
+
+class Packer:
+    """Writes a plan's values into the model's destination buffers (see the module docstring)."""
+
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1,
+                 history_drafting: bool = False, staged: bool | None = None, host_staging: HostStaging | None = None):
+        """`host_staging`: the core's host tables (`helios.runtime.execution.host_staging`), None without any."""
+        self._buffers = buffers
+        self.host_staging = host_staging
+        # Each request's tokens (prompt, then validated emissions): host tables hash n-grams of them.
+        self._contexts: dict[str, list[int]] | None = {} if host_staging is not None else None
+        self._state_rows = state_rows
+        self._staging = _Staging(prepared, buffers, staged)
+        self._requests: dict[str, AdmissionValues] = {}
+        self._images: dict[str, object] = {}  # request id -> `helios.runtime.execution.images.RequestImages`
+        self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
+                                        for items in self._bindings.values() for b in items):
+            raise UnsupportedBindingError("the core binds host-table rows but no host staging was given")
+        self._elsewhere = {name: _admission_elsewhere(self._bindings, name) for name in self._bindings}
+        self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+        # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
+        self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
+        self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        self._allowed = allowed_row(prepared.contract.model.vocabulary)
+
+    def enable_history_drafting(self) -> None:
+        """Keep request histories from now on (call before the first request is registered)."""
+        if self._requests:
+            raise ValueError("history drafting must be enabled before requests are registered")
+        if self._histories is None:
+            self._histories = {}
+
+    def register(self, request_id: str, values: AdmissionValues, images=None) -> None:
+        """`images`: the request's `RequestImages` (None: text only)."""
+        self._requests[request_id] = values
+        if self._contexts is not None:
+            self._contexts[request_id] = list(values.prompt_ids)
+        if images is not None:
+            self._images[request_id] = images
+        if self._histories is not None:
+            self._histories[request_id] = HistoryIndex(values.prompt_ids)
+
+    def forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        self._images.pop(request_id, None)
+        if self._contexts is not None:
+            self._contexts.pop(request_id, None)
+        if self._histories is not None:
+            self._histories.pop(request_id, None)
+
+    def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
+        """Validated emissions of `plan`, in row order: they extend the requests' histories."""
+        if self._contexts is not None:
+            for row, result in zip(plan.rows, results):
+                context = self._contexts.get(row.request_id)
+                if context is not None and result.token_ids:
+                    context.extend(result.token_ids)
+        if self._histories is None:
+            return
+        for row, result in zip(plan.rows, results):
+            history = self._histories.get(row.request_id)
+            if history is not None and result.token_ids:
+                history.extend(result.token_ids)
+
+    def pack(self, graph: str, plan: StepPlan, masks: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Fills every binding of `graph` for `plan`; `masks` holds constrained rows' grammar masks."""
+        requests = [self._requests[row.request_id] for row in plan.rows]
+        self._staging.begin(plan.frame, plan.sequence)
+        for row in plan.rows:
+            if row.admits and not self._initializes:
+                self._reset_state(graph, row.slot)
+        for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
+            for row, req in zip(plan.rows, requests):
+                if row.admits:
+                    _fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
+        copied = self._copied_for(graph, plan.rows)
+        constrained = any(row.constrained for row in plan.rows)
+        for binding in self._bindings[graph]:
+            if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
+                continue
+            target = self._staging.target(binding.buffer_name)
+            if binding.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
+                self._stage_rows(binding, plan)
+            elif binding.source in IMAGE_SOURCES:
+                fill_image(binding, target, plan.rows, self.images_of(plan.rows))
+            elif binding.source in _COPIED_SOURCES:
+                fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
+            else:
+                self._fill(binding, target, plan.rows, requests, masks or {})
+        self._staging.upload()
+
+    def retire(self, sequence: int) -> None:
+        """Submission `sequence` has finished on this rank: its host staging frames may be reused
+        once every rank says so (`helios.runtime.execution.host_staging`)."""
+        if self.host_staging is not None:
+            self.host_staging.retire(sequence)
+
+    def _stage_rows(self, binding: Binding, plan: StepPlan) -> None:
+        """Host-table rows of every packed token, gathered into the plan's host frame and copied
+        into the destination (asynchronously on a device, ordered before the program)."""
+        lanes = []
+        reach = self.host_staging.tables[binding.host_table].ngram_tokens - 1  # predecessors an n-gram reads
+        for row in plan.rows:
+            if row.pending_on_device:
+                raise ValueError(f"{binding.destination}: a lane's pending token is on the device; "
+                                 "host-table rows need host-known tokens")
+            first = max(0, row.start_pos - reach)  # only the window the n-grams reach is copied
+            window = self._contexts[row.request_id][first:row.start_pos] + list(row.token_ids)
+            lanes.append((window, row.start_pos - first, len(row.token_ids)))
+        frame = self.host_staging.stage(binding.host_table, plan.frame, plan.sequence, lanes)
+        target = self._buffers[binding.buffer_name]
+        target.copy_(frame[: target.shape[0]], non_blocking=target.device.type == "cuda" and frame.is_pinned())
+
+    def top_logprobs(self, request_id: str) -> int | None:
+        """The alternatives per token a registered request asks for (None: no log-probabilities)."""
+        values = self._requests.get(request_id)
+        return values.top_logprobs if values is not None else None
+
+    def wants_logprobs(self, plan: StepPlan) -> bool:
+        """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
+        return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
+    def images_of(self, rows: Sequence[PlanRow]) -> list:
+        """Each row's request images (`RequestImages`), None for a request without images."""
+        return [self._images.get(row.request_id) for row in rows]
+
+    def all_greedy(self, plan: StepPlan) -> bool:
+        """Whether no row of `plan` samples with temperature > 0 (0, negative and NaN are greedy)."""
+        return not any(self._requests[row.request_id].sampling[0] > 0 for row in plan.rows)
+
+    def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
+        """Copied history candidates for a lane: none unless its history ends at its pending token."""
+        history = self._histories.get(row.request_id) if self._histories is not None else None
+        if history is None or len(history) != row.start_pos + 1 or not row.token_ids:
+            return ()
+        if history.tokens[-1] != row.token_ids[0]:
+            return ()
+        return history.candidates(min(limit, row.token_ceiling - 1))
+
+    def _copied_for(self, graph: str, rows: Sequence[PlanRow]) -> list[tuple[int, ...]]:
+        """Each row's candidates, at most the width of the graph's candidate-id buffer. A graph that
+        binds per-position grammar masks gets no candidates for constrained lanes: the host grammar
+        is not advanced along copied tokens, so only the lane's own (first) mask is known."""
+        ids = next((b for b in self._bindings[graph] if b.source == S.VALUE_SOURCE_COPIED_CANDIDATE_IDS), None)
+        if ids is None:
+            return []
+        masked = any(b.source == S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS for b in self._bindings[graph])
+        width = self._buffers[ids.buffer_name].shape[1]
+        return [() if masked and row.constrained else self.candidates(row, width) for row in rows]
+
+
+    def _reset_state(self, graph: str, slot: int) -> None:
+        rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
+        for name in self._written_state[graph]:
+            self._buffers[name][rows].zero_()
+
+    def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks) -> None:
+        source, indexing = binding.source, binding.indexing
+        if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
+            for row, req in zip(rows, requests):
+                if row.admits or row.new_page_ids:  # nothing to write for any other row
+                    _fill_admission(binding, target, row, req, self._staging)
+        elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
+            target.fill_(binding.padding)
+        elif indexing == S.INDEXING_PACKED_TOKEN:
+            values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
+            write_vector(target, values, binding, pad=True)
+        elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
+            write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
+        elif indexing in _ROW_INDEXING:
+            if source == S.VALUE_SOURCE_CONSTANT:
+                values = [binding.constant] * len(rows)
+            elif source == S.VALUE_SOURCE_LIVE_STATE_ROWS:  # a slot's first state row
+                values = [row.slot * self._state_rows for row in rows]
+            elif source == S.VALUE_SOURCE_EOS_IDS:
+                values = [eos_row(req, target, binding) for req in requests]
+            else:
+                value_of = _ROW_SOURCES[source]
+                values = [value_of(row, req) for row, req in zip(rows, requests)]
+            write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+        elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
+            target.fill_(len(rows) + binding.offset)
+        elif source == S.VALUE_SOURCE_MIXED_PREFILL_ROW:
+            index = next((i for i, row in enumerate(rows) if is_prompt_row(row)), None)
+            target.fill_(binding.padding if index is None else index + binding.offset)
+        else:  # CONSTANT (scalar)
+            target.fill_(binding.constant)
+
+
+def _packed_values(source: int, row: PlanRow, req: AdmissionValues) -> list:
+    if source == S.VALUE_SOURCE_PROMPT_TOKENS:
+        return list(row.token_ids)
+    if source == S.VALUE_SOURCE_SAMPLING_DECISION:  # 1 on the token a sampling lane samples after
+        count = len(row.token_ids) if row.token_ids else row.query_len
+        return [int(row.samples and i == count - 1) for i in range(count)]
+    if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
+        return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
+    prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
+    return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
+
+
+def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionValues, staging: "_Staging") -> None:
+    source, slot = binding.source, row.slot
+    if source == S.VALUE_SOURCE_PAGE_TABLE:
+        if row.admits:
+            target[slot] = binding.padding
+        if row.new_page_ids:
+            start = row.page_table_start
+            staging.write_entries(target[slot, start:start + len(row.new_page_ids)], row.new_page_ids)
+    elif source in _BIAS_SOURCES:
+        if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
+            width = target.shape[-1]
+            if len(req.logit_bias) > width:
+                raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
+            column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
+            values = [entry[column] for entry in req.logit_bias]
+            target[slot] = binding.padding
+            if values:
+                target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
+    elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
+        if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
+            target[slot] = 0
+            if req.prompt_ids:
+                staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
+    elif source == S.VALUE_SOURCE_EOS_IDS:
+        if row.admits:
+            target[slot] = torch.tensor(eos_row(req, target, binding), dtype=target.dtype)
+    elif row.admits:
+        value = _ROW_SOURCES[source](row, req)
+        if isinstance(value, tuple):
+            target[slot] = torch.tensor(padded(value, target, binding), dtype=target.dtype)
+        else:
+            target[slot] = value + binding.offset
+
+
+def _resolve(prepared: PreparedContract, graph: str) -> tuple:
+    """The graph's bindings with their destination buffers; a binding `servable.SOURCES` does not
+    serve fails startup."""
+    resolved = []
+    operation = prepared.graphs[graph].operation
+    for view in prepared.graphs[graph].bindings:
+        reason = source_decision(view.source, view.indexing, operation)
+        if reason is not None:
+            raise UnsupportedBindingError(f"graph {graph!r} binds {source_label(view.source)}: {reason}")
+        resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
+                                view.offset, view.padding, view.constant, view.image_output, view.host_table))
+    return tuple(resolved)
+
+
+def _admission_elsewhere(bindings: Mapping[str, tuple], graph: str) -> tuple[Binding, ...]:
+    """PHYSICAL_REQUEST_ROW bindings (page tables aside) of the other graphs into buffers `graph`
+    does not bind: a slot admitted by `graph` must have them too (a DECODE-only EOS binding, say)."""
+    own = {b.buffer_name for b in bindings[graph]}
+    found: dict[str, Binding] = {}
+    for name, items in bindings.items():
+        for binding in items:
+            if (name != graph and binding.indexing == S.INDEXING_PHYSICAL_REQUEST_ROW
+                    and binding.source != S.VALUE_SOURCE_PAGE_TABLE and binding.buffer_name not in own):
+                found.setdefault(binding.buffer_name, binding)
+    return tuple(found.values())
+
+
+_UNPACKED_OPERATIONS = (S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION)  # never packed per step
+
+
+def write_constants(prepared: PreparedContract, buffers: Mapping[str, torch.Tensor]) -> None:
+    """Writes the CONSTANT bindings of the graphs no step packs (TUNING producers, VISION encoders)
+    once, at load, before any of them runs."""
+    for graph in prepared.graphs.values():
+        if graph.operation in _UNPACKED_OPERATIONS:
+            for view in graph.bindings:
+                if view.source == S.VALUE_SOURCE_CONSTANT and view.buffer in buffers:
+                    buffers[view.buffer].fill_(view.constant)
+
+
+def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
+    """Persistent-state buffers the graph writes: zeroed for a slot when it is (re)admitted."""
+    writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
+    return tuple(sorted({a.buffer for a in prepared.graphs[graph].accesses if a.mode in writes}))

@@ -1,0 +1,98 @@
+"""Host feedback the model worker needs before a lane's next token: grammar masks and host stops.
+
+A constrained request's grammar matcher is handed to the engine at submission and from then on
+belongs to the model worker alone (next to the scheduler): the worker fills the lane's mask row
+before each sampled token (`fill_masks`) and advances the matcher with every token it generates
+(`advance`), before the scheduler plans the lane again. Nothing in the server or the frontend is
+called for it on the worker thread.
+
+A runtime-side host stop (`EngineRequest.host_stop`, a callable on token ids for in-process
+callers that resolve stops within the frame) runs in `advance` too. Stop strings of served
+requests are matched by the frontend's output workers instead, off the worker thread, and come back
+as a stop-matched command (`Engine.stop_matched`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Protocol
+
+import numpy as np
+import torch
+
+
+class GrammarState(Protocol):
+    """The per-request grammar matcher the worker owns once submitted."""
+
+    def fill_bitmask(self, row: torch.Tensor) -> None: ...
+
+    def consume_token(self, token_id: int) -> object: ...
+
+
+class ArrayMaskGrammar(Protocol):
+    """A matcher that writes mask rows into int32 numpy arrays (llguidance-style)."""
+
+    def fill_bitmask(self, out: np.ndarray) -> None: ...
+
+    def consume_token(self, token_id: int) -> object: ...
+
+
+class TensorGrammar:
+    """Adapts a matcher writing numpy mask rows to the engine's `GrammarState` (torch rows); the
+    row is a CPU tensor the engine allocates, so `numpy()` shares its memory."""
+
+    __slots__ = ("_matcher",)
+
+    def __init__(self, matcher: ArrayMaskGrammar):
+        self._matcher = matcher
+
+    def fill_bitmask(self, row: torch.Tensor) -> None:
+        self._matcher.fill_bitmask(row.numpy())
+
+    def consume_token(self, token_id: int) -> object:
+        return self._matcher.consume_token(token_id)
+
+
+class LaneFeedback:
+    """The worker's per-request feedback hooks (grammar matchers, runtime host stops), by request id.
+    Used by the model worker thread only."""
+
+    def __init__(self, mask_words: int):
+        self._mask_words = mask_words
+        self._grammars: dict[str, GrammarState] = {}
+        self._host_stops: dict[str, Callable[[int], bool]] = {}
+
+    def register(self, request_id: str, grammar: GrammarState | None,
+                 host_stop: Callable[[int], bool] | None) -> None:
+        if grammar is not None:
+            self._grammars[request_id] = grammar
+        if host_stop is not None:
+            self._host_stops[request_id] = host_stop
+
+    def forget(self, request_id: str) -> None:
+        self._grammars.pop(request_id, None)
+        self._host_stops.pop(request_id, None)
+
+    def fill_masks(self, rows: Iterable) -> dict[str, torch.Tensor]:
+        """Mask rows of the plan rows that sample under a grammar (a grammar that raises fails the plan)."""
+        masks = {}
+        for row in rows:
+            grammar = self._grammars.get(row.request_id) if row.constrained and row.samples else None
+            if grammar is not None:
+                mask = torch.empty(self._mask_words, dtype=torch.int32)
+                grammar.fill_bitmask(mask)
+                masks[row.request_id] = mask
+        return masks
+
+    def advance(self, request_id: str, token_ids: Iterable[int]) -> bool:
+        """Feeds generated ids to the request's grammar and host stop, in order; True when the host
+        stop matched (the ids after it are not fed). Raises what a hook raises."""
+        grammar = self._grammars.get(request_id)
+        host_stop = self._host_stops.get(request_id)
+        if grammar is None and host_stop is None:
+            return False
+        for token_id in token_ids:
+            if grammar is not None:
+                grammar.consume_token(token_id)
+            if host_stop is not None and host_stop(token_id):
+                return True
+        return False

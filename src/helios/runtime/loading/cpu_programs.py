@@ -1,0 +1,154 @@
+"""Load-time preparation of a program for the CPU, where per-call Python overhead is the step time.
+
+A small model's decode step on the CPU runs a few hundred tiny ops; what they cost is mostly the
+Python and dispatcher work around them, not arithmetic. `cpu_program(module)` turns a loaded
+program's graph module (``ExportedProgram.module()``) into a `CpuProgram` that computes exactly
+the same values with less of it, once, at load (nothing is compiled, traced or exported):
+
+- Direct ABI kernels. A call of a ``helios`` custom op goes through the dispatcher, the autograd
+  and in-place/view keys and ``torch.library``'s wrappers (a dynamo-disable frame among them)
+  before it reaches the op's Python body: tens of microseconds per call. On the CPU that body is
+  the op's registered implementation (`torch.library.custom_op`'s function, unless the op has a
+  CPU-specific kernel, which is then kept behind the dispatcher; for an op registered through
+  ``torch.library.Library``, the CPU function recorded with `helios.abi.registry.register_cpu_body`),
+  so the node calls it directly, with the same arguments (schema defaults filled in at load).
+- Flat calls. The exported module flattens its (weight list, inputs...) arguments through a pytree
+  spec and unflattens its outputs on every call; a `CpuProgram` regenerates the graph's code with
+  plain positional inputs and calls it with the weight list unpacked.
+- `helios.runtime.loading.graph_rewrites`: exact rewrites of op chains into fewer ops (rotary halves).
+
+Results are bit-for-bit those of the exported module: the same kernels run on the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch._library import custom_ops
+
+from helios.abi.registry import NAMESPACE, cpu_body
+from helios.errors import ExecutionError
+from helios.runtime.loading.graph_rewrites import fuse_rotary_halves
+
+
+class ProgramArgumentError(ExecutionError, ValueError):
+    """A CPU program was called with a weight list of the wrong length (a runtime bug)."""
+
+
+class CpuProgram:
+    """A program's graph, code-generated once with flat inputs; called like the exported module
+    (``program(weights, *inputs)``), it returns the tuple of its outputs. `graph` is the rewritten
+    graph (read-only by convention: editing it does not change the generated code)."""
+
+    def __init__(self, module: torch.fx.GraphModule, num_weights: int):
+        self.module = module
+        self.num_weights = num_weights
+        self._forward = module.forward
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.module.graph
+
+    def __call__(self, weights: Sequence[torch.Tensor], *inputs: torch.Tensor) -> Any:
+        if len(weights) != self.num_weights:
+            raise ProgramArgumentError(f"the program takes {self.num_weights} weights, got {len(weights)}")
+        return self._forward(*weights, *inputs)
+
+
+def cpu_program(module: torch.fx.GraphModule) -> CpuProgram | torch.fx.GraphModule:
+    """The `CpuProgram` of an exported program's module (see the module docstring), or `module`
+    itself when its inputs are not (a list of weights, then tensors) as the runtime's are."""
+    num_weights = _weights_first(module)
+    if num_weights is None:
+        return module
+    graph = module.graph
+    bind_abi_kernels(graph)
+    fuse_rotary_halves(graph)
+    graph._codegen = torch.fx.graph.CodeGen()  # positional placeholders, outputs returned as they are
+    graph.lint()
+    module.recompile()
+    return CpuProgram(module, num_weights)
+
+
+def _weights_first(module: torch.fx.GraphModule) -> int | None:
+    """How many weights the first (list) argument holds, when every other argument is one tensor."""
+    codegen = module.graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    spec = getattr(info, "in_spec", None)
+    if spec is None or getattr(info, "out_spec", None) is None:
+        return None
+    args = _children(spec)[0] if spec.type is tuple and spec.num_children == 2 else spec
+    if args.type not in (tuple, list) or args.num_children < 1 or not _is_list_of_leaves(_children(args)[0]):
+        return None
+    if not all(_is_leaf(child) for child in _children(args)[1:]) or not _outputs_are_leaves(info.out_spec):
+        return None
+    kwargs = _children(spec)[1] if spec.type is tuple and spec.num_children == 2 else None
+    if kwargs is not None and kwargs.num_children:
+        return None
+    return _children(args)[0].num_children
+
+
+def _children(spec) -> list:
+    children = getattr(spec, "children", None)  # a method in newer torch; older TreeSpecs hold children_specs
+    return list(children() if callable(children) else spec.children_specs)
+
+
+def _is_leaf(spec) -> bool:
+    return spec.is_leaf()
+
+
+def _is_list_of_leaves(spec) -> bool:
+    return spec.type in (list, tuple) and all(_is_leaf(child) for child in _children(spec))
+
+
+def _outputs_are_leaves(spec) -> bool:
+    return spec.type in (list, tuple) and all(_is_leaf(child) for child in _children(spec))
+
+
+def bind_abi_kernels(graph: torch.fx.Graph) -> int:
+    """Points every call of a ``helios`` op that has no CPU-specific kernel at the op's Python
+    body, with its arguments made positional (defaults filled in); returns how many were bound."""
+    bound = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if node.target.namespace != NAMESPACE:
+            continue
+        body = _cpu_body(node.target)
+        arguments = _positional(node.target._schema, node.args, node.kwargs)
+        if body is None or arguments is None:
+            continue
+        node.target, node.args, node.kwargs = body, arguments, {}
+        bound += 1
+    return bound
+
+
+def _cpu_body(op: torch._ops.OpOverload) -> Callable | None:
+    if op._overloadname != "default":
+        return None
+    recorded = cpu_body(op._schema.name)  # an op registered through torch.library.Library
+    if recorded is not None:
+        return recorded
+    definition = getattr(custom_ops, "OPDEFS", {}).get(op._schema.name)
+    if definition is None:
+        return None
+    backends = getattr(definition, "_backend_fns", {})
+    if "cpu" in backends:  # a CPU-specific kernel: keep the dispatcher's choice
+        return None
+    return getattr(definition, "_init_fn", None)
+
+
+def _positional(schema, args: tuple, kwargs: dict) -> tuple | None:
+    """The call's arguments in schema order, defaults filled in; None when one cannot be placed."""
+    values = list(args)
+    for argument in schema.arguments[len(args):]:
+        if argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif argument.has_default_value():
+            values.append(argument.default_value)
+        else:
+            return None
+    if len(values) != len(schema.arguments) or set(kwargs) - {a.name for a in schema.arguments[len(args):]}:
+        return None
+    return tuple(values)

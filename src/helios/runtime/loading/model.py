@@ -1,0 +1,436 @@
+"""Loading a verified core into an executable model (the `NativeModel::load` of the spec).
+
+Order, and why: the caller hands in a `Core` that `open_core` already verified and authorized, so
+nothing here runs on untrusted bytes. `load_model` then
+
+1. resolves settings (core defaults, explicit startup options win) and selects, per serving graph,
+   the captured variants that the selected concurrency needs (load-time selection may reduce
+   captured concurrency; a missing graph or variant fails startup with `LoadError`);
+2. checks, before deserializing a program, that it is a program image (`helios.abi.program_image`:
+   graph JSON plus safetensors, nothing unpickled; a core with pickled ``torch.export.save``
+   programs fails with `PickledProgramError`), that its graph calls nothing but allowed ops and
+   that every ABI op it names is declared in the manifest and registered here with exactly the
+   declared schema, then builds it and checks again;
+3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape
+   (on a thread, while step 2 deserializes the programs; a failure of either fails the load);
+4. backs every other buffer after graph loading: physical page and state-row extents are chosen
+   now and replace preparation's working-set counts;
+5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.loading.tuning`;
+   loaded like serving programs in step 2), once, before any CUDA graph is captured and before the
+   model is returned; a missing or failing producer fails startup with `TuningProducerError`.
+
+The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
+
+A process (or thread) loads ONE rank (`LoadOptions.rank`): that rank's graph handles, and for each
+WEIGHT buffer the rank's counterpart of the weights resource the manifest names (a resource of
+another rank is replaced by the same-position weights resource of this rank; a resource with no
+rank is shared). `helios.runtime.parallel.ranks` loads the other ranks and ties them together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple
+
+import torch
+from torch.export.passes import move_to_device_pass
+
+from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
+from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
+from helios.contract import PreparedContract, StartupOptions, resolve_settings
+from helios.contract.servable import check_servable
+from helios.runtime.execution.packer import write_constants
+from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
+from helios.contract import manifest_pb2 as mpb
+from helios.contract import serving_pb2 as spb
+from helios.contract.settings import ResolvedSettings
+from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
+from helios.core.records import ResourceKind
+from helios.errors import LoadError
+from helios.runtime.loading.cuda_graphs import capture_programs
+from helios.runtime.loading.cpu_programs import cpu_program
+from helios.runtime.loading.graph_passes import drop_no_op_nodes
+from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
+from helios.runtime.loading.memory_budget import check_fits
+from helios.runtime.loading.speculation import SpeculativeShape, speculative_handles, speculative_shape
+from helios.runtime.loading.tuning import producer_handles, run_producers
+from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
+    HostFiller, StagedCopier, WantedTensor, WeightMismatchError, load_safetensors_stream,
+)
+
+SERVING_OPERATIONS = (
+    spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
+    spb.GRAPH_OPERATION_SCORED_PREFILL,
+)
+_DTYPES = {
+    mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
+    mpb.DTYPE_INT64: torch.int64, mpb.DTYPE_INT32: torch.int32, mpb.DTYPE_INT16: torch.int16,
+    mpb.DTYPE_INT8: torch.int8, mpb.DTYPE_UINT8: torch.uint8, mpb.DTYPE_BOOL: torch.bool,
+    mpb.DTYPE_UINT16: torch.uint16, mpb.DTYPE_UINT32: torch.uint32,
+    mpb.DTYPE_FLOAT8_E4M3: torch.float8_e4m3fn, mpb.DTYPE_FLOAT8_E5M2: torch.float8_e5m2,
+}
+
+
+class MissingVariantError(LoadError):
+    """The contract needs a graph or capacity variant that has no loadable program."""
+
+
+class RankResourceError(LoadError):
+    """The rank is outside the manifest's ranks, or the core lacks that rank's weights."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Startup options: contract settings overrides, device, physical cache pages and the rank."""
+
+    startup: StartupOptions = StartupOptions()
+    device: str = "cpu"
+    num_pages: int | None = None
+    rank: int = 0  # the tensor-parallel rank this process (or thread) loads
+    cuda_graphs: bool = True  # on CUDA: capture every selected program at load and replay it
+    # On CUDA without `num_pages`: the share of device memory free after loading that pages may take.
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION
+    # Vision-language cores: images whose encoded features stay on the device for reuse (None: 16,
+    # fewer when 16 of the largest image's would pass 1 GiB).
+    image_cache_images: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadedProgram:
+    """One selected program: graph name, operation, capacities, callable and its I/O buffers."""
+
+    graph: str
+    operation: int
+    batch_capacity: int
+    packed_token_capacity: int
+    module: torch.nn.Module
+    weights: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    input_shapes: tuple[tuple[int | None, ...], ...]  # static extents per input; None where symbolic
+    speculative: SpeculativeShape | None = None  # W, D, lane limit, length source (SPECULATIVE only)
+    token_logprobs: int = 0  # alternatives per row of a token-logprobs variant (0: a plain program)
+    returns_token_logprobs: bool = False  # its outputs include TOKEN_LOGPROB_OUTPUTS (variants, scored prefill)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """Everything serving needs from a core, owned until drop. Buffers are mutated only by
+    the model worker (packing and program execution)."""
+
+    prepared: PreparedContract
+    settings: ResolvedSettings
+    programs: tuple[LoadedProgram, ...]
+    weights: Mapping[str, torch.Tensor]
+    buffers: Mapping[str, torch.Tensor]
+    num_pages: int
+    num_state_rows: int
+    tokenizer_json: bytes
+    chat_template: str
+    device: torch.device
+    rank: int = 0
+    state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
+    vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
+    image_cache: ImageFeatureCache | None = None  # with VISION programs on rank zero: allocated at load
+    # INITIALIZATION variants, smallest batch first: run over the rows a step admits, before it.
+    initialization_programs: tuple[LoadedProgram, ...] = ()
+
+
+def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
+    """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring).
+
+    `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
+    peer waits there for rank zero's, so every rank reads its weights at the same time)."""
+    prepared = core.prepared
+    check_servable(prepared.contract, prepared.manifest)  # a valid contract this runtime cannot serve fails here
+    settings = resolve_settings(prepared, options.startup)
+    device = serving_device(options.device)
+    if not 0 <= options.rank < prepared.manifest.ranks:
+        raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
+    handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths,
+                             token_logprobs=options.startup.token_logprobs is not False)
+    declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
+    declared = DeclaredOps(declared, registered_schemas())  # the registered ops, listed once per load
+    # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
+    # programs deserialize here (Python that holds it): the two overlap instead of adding up.
+    initial = initialization_handles(prepared, options.rank)
+    with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
+        loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
+        programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
+        tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
+        producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
+        initializers = tuple(_load_program(core, prepared, handle, declared, device) for handle in initial)
+        weights = loading.result()
+    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
+    num_state_rows = settings.max_concurrency * rows_per_request
+    vision_graphs = vision_handles(prepared, options.rank)
+    # Allocated before pages are sized from the free memory, so the pages leave room for it.
+    image_cache = None
+    if vision_graphs and options.rank == 0:  # tensor-parallel ranks serve no images
+        image_cache = _image_cache(prepared, options.image_cache_images, device)
+    num_pages = pages() if pages is not None else options.num_pages or default_pages(
+        prepared, device, options.memory_fraction, num_state_rows,
+        -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
+    buffers = _allocate(prepared, num_pages, num_state_rows, device)
+    write_constants(prepared, buffers)
+    run_producers(producers, lambda p: program_arguments(p, weights, buffers))
+    vision = tuple(_load_program(core, prepared, handle, declared, device)
+                   for handle in vision_graphs)
+    if device.type == "cuda" and options.cuda_graphs:
+        programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
+                                    keep=tuned_outputs(prepared))
+        if vision:  # the image encoders replay as CUDA graphs too
+            vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
+                                      keep=tuned_outputs(prepared))
+        if initializers:
+            initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
+                                            device, keep=tuned_outputs(prepared))
+    write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
+    return LoadedModel(
+        prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
+        num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
+        core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
+        rows_per_request,
+        vision,
+        image_cache,
+        initializers,
+    )
+
+
+class DeviceUnavailableError(LoadError):
+    """The startup device is not a torch device string, or this process cannot use it."""
+
+
+def serving_device(name: str) -> torch.device:
+    """The torch device for `name` ("cpu", "cuda", "cuda:N"); a CUDA device gets its index."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as error:
+        raise DeviceUnavailableError(f"{name!r} is not a device: {error}") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise DeviceUnavailableError(f"device {name!r}: models run on the CPU or on CUDA")
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(f"device {name!r}: this process sees no CUDA device")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise DeviceUnavailableError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return torch.device("cuda", index)
+
+
+def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
+                   widths: tuple[int, ...] = (), token_logprobs: bool = True) -> list[mpb.GraphHandle]:
+    """The rank's handles of the serving graphs, reduced to the variants `concurrency` can use;
+    SPECULATIVE handles only of the widest of the selected `widths` (none without widths); no
+    token-logprobs variant unless `token_logprobs`."""
+    selected = []
+    for operation in SERVING_OPERATIONS:
+        for graph in prepared.graphs_for(operation):
+            if graph.token_logprobs and not token_logprobs:
+                continue
+            handles = [h for h in prepared.manifest.graph_handles if h.graph == graph.name and h.rank == rank]
+            if operation == spb.GRAPH_OPERATION_SPECULATIVE:
+                handles = speculative_handles(handles, widths)
+            selected += _reduce(handles, concurrency)
+    operations = {prepared.graphs[h.graph].operation for h in selected}
+    if spb.GRAPH_OPERATION_DECODE not in operations:
+        raise MissingVariantError("the core has no DECODE program: it cannot generate")
+    if not operations & {spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED}:
+        raise MissingVariantError("the core has no PREFILL or MIXED program: it cannot consume prompts")
+    for handle in selected:
+        if not handle.program_inputs or not handle.program_outputs:
+            raise MissingVariantError(f"graph {handle.graph!r}: the manifest does not name the program's inputs/outputs")
+    return selected
+
+
+def initialization_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
+    """The rank's INITIALIZATION handles, smallest batch capacity first."""
+    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_INITIALIZATION)}
+    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
+    return sorted(handles, key=lambda h: h.capacity.batch_capacity)
+
+
+def vision_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
+    """The rank's VISION handles (every patch capacity), smallest first."""
+    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_VISION)}
+    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
+    return sorted(handles, key=lambda h: h.capacity.patch_capacity)
+
+
+def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphHandle]:
+    """Variants with B <= concurrency, plus every variant (each token capacity) of the smallest
+    B above it when no variant has B == concurrency."""
+    ordered = sorted(handles, key=lambda h: (h.capacity.batch_capacity, h.capacity.packed_token_capacity))
+    kept = [h for h in ordered if h.capacity.batch_capacity <= concurrency]
+    larger = [h for h in ordered if h.capacity.batch_capacity > concurrency]
+    if larger and (not kept or kept[-1].capacity.batch_capacity < concurrency):
+        rows = larger[0].capacity.batch_capacity
+        kept += [h for h in larger if h.capacity.batch_capacity == rows]
+    return kept
+
+
+def tuned_outputs(prepared: PreparedContract) -> set[str]:
+    """Buffers the startup tuning producers write (serving programs only read them)."""
+    return {output for entry in prepared.manifest.tuning_catalog for output in entry.outputs}
+
+
+def program_arguments(program: LoadedProgram, weights: Mapping[str, torch.Tensor],
+                      buffers: Mapping[str, torch.Tensor]) -> list:
+    """The program's call arguments: its weight list, then its input buffers narrowed to the
+    program's static extents. The same tensors every call (a captured graph relies on it)."""
+    inputs = [_narrow(buffers[name], shape) for name, shape in zip(program.inputs, program.input_shapes)]
+    return [[weights[name] for name in program.weights], *inputs]
+
+
+def _narrow(buffer: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor:
+    view = buffer
+    for dim, extent in enumerate(shape):
+        if extent is not None and view.shape[dim] != extent:
+            view = view.narrow(dim, 0, extent)
+    return view
+
+
+class DeclaredOps(NamedTuple):
+    """The manifest's ABI ops (name -> schema) and this process's registered `helios` ops."""
+
+    schemas: dict[str, str]
+    registered: dict[str, str]
+
+
+def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared: DeclaredOps,
+                  device: torch.device) -> LoadedProgram:
+    names = set(handle.abi_operations)
+    ops = {name: schema for name, schema in declared.schemas.items() if name in names}
+    image = read_program_image(_program_bytes(core, handle.resource_id))
+    validate_serialized_ops(image.graph, ops, declared.registered)
+    exported = deserialize_program(image)
+    validate_program_ops(exported, ops, declared.registered)
+    if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
+        exported = move_to_device_pass(exported, {"cpu": str(device)})
+    graph = prepared.graphs[handle.graph]
+    if graph.token_logprobs and not set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs):
+        raise MissingVariantError(f"graph {handle.graph!r} is a token-logprobs variant whose program does not "
+                                  f"return {', '.join(TOKEN_LOGPROB_OUTPUTS)}")
+    module = exported.module()
+    drop_no_op_nodes(module)
+    # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
+    # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
+    module.validate_inputs = False
+    if device.type == "cpu":  # direct ABI kernels and flat calls: the same values, less overhead per op
+        module = cpu_program(module)
+    return LoadedProgram(
+        graph=handle.graph, operation=graph.operation, batch_capacity=handle.capacity.batch_capacity,
+        packed_token_capacity=handle.capacity.packed_token_capacity, module=module,
+        weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
+        outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
+        speculative=speculative_shape(prepared, handle), token_logprobs=graph.token_logprobs,
+        returns_token_logprobs=set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs),
+    )
+
+
+def _program_bytes(core, resource_id: str) -> bytes:
+    """A program resource's bytes; a program stored the pickled way is refused by its signed kind."""
+    kind = core.resource(resource_id).kind
+    if kind is not ResourceKind.PROGRAM_IMAGE:
+        raise PickledProgramError(
+            f"program {resource_id!r} is stored as a torch.export.save archive ({kind.name} resource), which "
+            "loading would unpickle, running code from the core; prepare the core again with this version of "
+            "helios (`helios prepare`), which stores programs as data")
+    return core.read_resource(resource_id)
+
+
+def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], ...]:
+    """Static extents of the user inputs after the weight list (symbolic dims are None)."""
+    shapes = []
+    specs = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    for spec in specs[num_weights:]:
+        value = placeholders[spec.arg.name].meta.get("val")
+        shapes.append(tuple(int(d) if isinstance(d, int) else None for d in value.shape))
+    return tuple(shapes)
+
+
+def _load_weights_on_device(core, prepared: PreparedContract, device: torch.device,
+                            rank: int) -> dict[str, torch.Tensor]:
+    """`_load_weights` with `device` current (a thread starts on the process's default device)."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return _load_weights(core, prepared, device, rank)
+
+
+def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
+    """The rank's WEIGHT buffers, each weights resource decoded once, straight into its tensors
+    (`helios.runtime.loading.weight_stream`); dtype and shape are checked against the manifest first."""
+    wanted: dict[str, dict[str, WantedTensor]] = {}
+    for buffer in prepared.manifest.buffers:
+        if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
+            shape = tuple(dim.size for dim in buffer.shape)
+            resource_id = rank_resource(core, buffer.resource_id, rank)
+            wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
+    check_fits("the weights", sum(core.resource(r).decoded_nbytes for r in wanted), device)
+    host = {b.name for b in prepared.manifest.buffers
+            if b.role == mpb.BUFFER_ROLE_WEIGHT and b.placement == mpb.PLACEMENT_HOST}
+    weights = {}
+    for resource_id, names in wanted.items():
+        on_host = device.type == "cpu" or set(names) <= host  # host tables stay in host memory
+        filler = HostFiller() if on_host else StagedCopier(device)
+        with core.open_resource(resource_id) as stream:
+            decoded_nbytes = core.resource(resource_id).decoded_nbytes
+            weights.update(load_safetensors_stream(stream, decoded_nbytes, resource_id, names, filler))
+    for name in host & weights.keys():  # a host table sharing a resource with device weights
+        weights[name] = weights[name].cpu()
+    return weights
+
+
+def rank_resource(core, resource_id: str, rank: int) -> str:
+    """`rank`'s counterpart of a weights resource: itself when shared (no rank) or already the
+    rank's, else the rank's weights resource at the same position among its rank's resources."""
+    info = core.resource(resource_id)
+    if info.rank is None or info.rank == rank:
+        return resource_id
+    same = [r.id for r in core.resources if r.kind == info.kind and r.rank == info.rank]
+    mine = [r.id for r in core.resources if r.kind == info.kind and r.rank == rank]
+    if len(mine) != len(same):
+        raise RankResourceError(
+            f"rank {rank} has {len(mine)} {info.kind.name.lower()} resources; rank {info.rank} has {len(same)}"
+        )
+    return mine[same.index(resource_id)]
+
+
+def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device) -> dict[str, torch.Tensor]:
+    extents = {mpb.LOAD_EXTENT_PHYSICAL_PAGES: num_pages, mpb.LOAD_EXTENT_STATE_ROWS: num_rows}
+    buffers = {}
+    for buffer in prepared.manifest.buffers:
+        if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
+            continue
+        shape = [extents[d.load_extent] if d.WhichOneof("extent") == "load_extent" else d.size for d in buffer.shape]
+        if buffer.placement == mpb.PLACEMENT_DEVICE:
+            buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], device=device)
+        else:  # host buffers of a CUDA model are pinned: the device copies into them asynchronously
+            pinned = device.type == "cuda"
+            buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], pin_memory=pinned)
+    return buffers
+
+
+def _image_cache(prepared: PreparedContract, num_images: int | None, device) -> ImageFeatureCache:
+    """The feature cache: `num_images` (default: `default_num_images`) slots of the largest image's
+    feature rows, in the dtype and width of the prompt programs' feature buffer."""
+    buffer = next((b for b in prepared.manifest.buffers if b.name == FEATURE_BUFFER_INPUT), None)
+    if buffer is None or len(buffer.shape) != 2:
+        raise LoadError(f"the core declares VISION graphs but no [features, width] {FEATURE_BUFFER_INPUT!r} buffer")
+    vision = prepared.contract.model.vision
+    rows = max(vision.patch_capacities) // vision.patches_per_feature
+    width, dtype = buffer.shape[1].size, _DTYPES[buffer.dtype]
+    if num_images is None:
+        num_images = default_num_images(rows, width, dtype.itemsize)
+    return ImageFeatureCache(num_images, rows, width, dtype, device)
+
+
+def _resource_of_kind(core, kind: str) -> str:
+    for info in core.resources:
+        if info.kind.name == kind:
+            return info.id
+    raise LoadError(f"the core holds no {kind.lower()} resource")

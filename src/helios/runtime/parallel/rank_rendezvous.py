@@ -1,0 +1,317 @@
+"""Rank rendezvous: how N ranks find each other, agree that they serve one core, and form a group.
+
+Everything goes through a `torch.distributed` key-value store: a TCPStore served by rank zero (ranks
+in other processes or on other hosts connect to HOST:PORT) or a HashStore (ranks that are threads
+of one process). The protocol, in order:
+
+1. rank zero publishes the `Launch` before it loads its own model: the `RankIdentity` every rank
+   must match (rank count, cache identity, digest of the contract and manifest, wire signature)
+   and the startup choices every rank must share (rank zero's startup options, host page slots,
+   collective timeout), so every rank loads its weights at the same time;
+2. once loaded, rank zero publishes the `Sizing` (physical pages, which only its load decides, and
+   the variants it selected), or why it failed to load; a peer loads its programs and weights,
+   waits for the sizing, allocates its buffers and compares its variants;
+3. each peer takes its rank (given, or the next free one after the local ranks), compares its own
+   core with the identity and either marks itself ready after loading its model or records why it
+   refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
+   refusal, a local peer that died, or a rank that did not come within the join timeout;
+4. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
+   CPU collective (rank zero keeps an idle group alive with keepalive exchanges, see
+   `helios.runtime.parallel.ranks`), and for a CUDA model also an NCCL group for the programs' collectives.
+
+Gloo carries the control messages in every case, since they are CPU tensors and NCCL moves device
+memory only. Gloo collectives work for ranks that are threads of one process as long as each rank
+creates its own ProcessGroup object (never the process-global default group), which is what this
+module does; NCCL ranks are processes (`helios.runtime.parallel.rank_devices` says why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from helios.abi.collectives import RankGroup
+from helios.contract import StartupOptions
+from helios.contract.settings import SamplingOptions
+from helios.errors import LoadError
+from helios.runtime.parallel.rank_devices import RankBackend
+from helios.runtime.parallel.rank_wire import wire_signature
+
+_LAUNCH, _SIZING, _NEXT_REMOTE = "helios/launch", "helios/sizing", "helios/next_remote"
+_POLL_S = 0.05
+
+
+class RankJoinError(LoadError):
+    """A rank could not join: wrong core, wrong rank count, version mismatch or a refusal."""
+
+
+class MissingRankError(LoadError):
+    """A rank did not join (or died) before the join timeout."""
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """What every rank's core must agree on."""
+
+    ranks: int
+    cache_identity: str
+    contract_digest: str
+    wire: str
+
+    @classmethod
+    def of(cls, prepared) -> "RankIdentity":
+        contract, manifest = prepared.encode()
+        digest = hashlib.sha256(contract + b"\0" + manifest).hexdigest()
+        return cls(prepared.manifest.ranks, prepared.contract.cache_identity, digest, wire_signature())
+
+    def mismatch(self, other: "RankIdentity") -> str | None:
+        """Why `other` (a peer's) cannot join a group of `self`, or None when it can."""
+        if other.wire != self.wire:
+            return "it runs another helios version (rank wire signature differs)"
+        if other.ranks != self.ranks:
+            return f"its core is prepared for {other.ranks} ranks, rank zero's for {self.ranks}"
+        if other.cache_identity != self.cache_identity:
+            return f"its core has cache identity {other.cache_identity}, rank zero's {self.cache_identity}"
+        if other.contract_digest != self.contract_digest:
+            return "its core's contract or manifest differs from rank zero's"
+        return None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Rank zero's startup choices that every rank loads with."""
+
+    identity: RankIdentity
+    startup: StartupOptions  # rank zero's, as given: every rank resolves the same settings from them
+    host_pages: int
+    first_remote_rank: int  # ranks below it run on rank zero's host; the others join from elsewhere
+    collective_timeout_s: float
+    backend: str = RankBackend.GLOO.value  # of the programs' collectives: rank zero's device decides
+    cuda_graphs: bool = False  # every rank captures its programs into CUDA graphs once the group is formed
+    join_timeout_s: float = 300.0  # how long a peer waits for rank zero's `Sizing` (rank zero loading)
+    symmetric_all_reduce: bool = False  # every rank sets up the one-shot symmetric all-reduce (CUDA)
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Launch":
+        fields = json.loads(data.decode("utf-8"))
+        fields["identity"] = RankIdentity(**fields["identity"])
+        startup = fields["startup"]
+        fields["startup"] = replace(StartupOptions(**startup), sampling=SamplingOptions(**startup["sampling"]))
+        return cls(**fields)
+
+    @property
+    def ranks(self) -> int:
+        return self.identity.ranks
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What rank zero's own load decided, published once it has loaded (or failed to)."""
+
+    num_pages: int
+    variants: tuple[str, ...]
+    error: str = ""  # rank zero failed to load: every peer gives up with this reason
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Sizing":
+        fields = json.loads(data.decode("utf-8"))
+        fields["variants"] = tuple(fields["variants"])
+        return cls(**fields)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise RankJoinError(f"rendezvous address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class Rendezvous:
+    """The store shared by the ranks, and the address this rank's gloo device listens on."""
+
+    def __init__(self, store, device_host: str | None, address: str = "in-process"):
+        self.symmetric_refusal: str | None = None  # why `form_group(symmetric=True)` kept NCCL only
+        self.store = store
+        self.device_host = device_host  # None: gloo's default device for this host
+        self.address = address
+
+    @classmethod
+    def in_process(cls) -> "Rendezvous":
+        return cls(dist.HashStore(), "127.0.0.1")
+
+    @classmethod
+    def serve(cls, host: str, port: int, timeout: timedelta) -> "Rendezvous":
+        """Rank zero's store on host:port (port 0: any free port)."""
+        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+        device = None if host in ("0.0.0.0", "::", "") else host
+        return cls(store, device, f"{host}:{store.port}")
+
+    @classmethod
+    def join(cls, address: str, timeout: timedelta) -> "Rendezvous":
+        host, port = parse_address(address)
+        try:
+            store = dist.TCPStore(host, port, None, False, timeout)
+        except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError
+            raise MissingRankError(f"cannot reach rank zero at {address}: {error}") from error
+        return cls(store, _route_to(host), address)
+
+    def publish(self, launch: Launch) -> None:
+        self.store.set(_LAUNCH, launch.encode())
+
+    def read_launch(self, timeout: timedelta) -> Launch:
+        try:
+            self.store.wait([_LAUNCH], timeout)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank zero at {self.address} published no launch: {error}") from error
+        try:
+            return Launch.decode(self.store.get(_LAUNCH))
+        except (ValueError, TypeError, KeyError) as error:  # another version's launch record
+            raise RankJoinError(f"rank zero at {self.address} runs another helios version: {error}") from None
+
+    def publish_sizing(self, sizing: Sizing) -> None:
+        self.store.set(_SIZING, sizing.encode())
+
+    def read_sizing(self, timeout: timedelta) -> Sizing:
+        """A peer: rank zero's sizing, waiting up to `timeout` for it to load; raises
+        `RankJoinError` when rank zero failed to load, `MissingRankError` when it never answered."""
+        try:
+            self.store.wait([_SIZING], timeout)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank zero at {self.address} did not finish loading: {error}") from error
+        sizing = Sizing.decode(self.store.get(_SIZING))
+        if sizing.error:
+            raise RankJoinError(f"rank zero failed to load: {sizing.error}")
+        return sizing
+
+    def next_remote_rank(self, first_remote: int) -> int:
+        return first_remote + self.store.add(_NEXT_REMOTE, 1) - 1
+
+    def mark_ready(self, rank: int) -> None:
+        self.store.set(f"helios/ready/{rank}", b"ok")
+
+    def reject(self, rank: int, reason: str) -> None:
+        self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8"))
+
+    def wait_ready(self, ranks: range, timeout_s: float, lost: Callable[[], str | None]) -> None:
+        """Rank zero: returns once every rank in `ranks` is ready; `lost()` names a dead local peer."""
+        deadline, waiting = time.monotonic() + timeout_s, set(ranks)
+        while waiting:
+            for rank in sorted(waiting):
+                key = f"helios/ready/{rank}"
+                if not self.store.check([key]):
+                    continue
+                answer = self.store.get(key)
+                if answer.startswith(b"reject:"):
+                    raise RankJoinError(f"rank {rank} refused to join: {answer[7:].decode('utf-8', 'replace')}")
+                waiting.discard(rank)
+            reason = lost()
+            if reason is not None:
+                raise MissingRankError(reason)
+            if waiting and time.monotonic() > deadline:
+                raise MissingRankError(f"rank(s) {sorted(waiting)} did not join {self.address} within {timeout_s:g} s")
+            if waiting:
+                time.sleep(_POLL_S)
+
+    def form_group(self, rank: int, size: int, timeout: timedelta,
+                   device: torch.device | None = None, symmetric: bool = False) -> RankGroup:
+        """This rank's groups; blocks until every rank calls it. `timeout` bounds forming the groups
+        and every later CPU collective. With a CUDA `device` (this rank's) the group also gets an
+        NCCL process group, connected here with one all_reduce so that a rank that cannot reach
+        the others fails startup, not its first step (or a CUDA graph capture). `symmetric`: also
+        set up the one-shot symmetric-memory all-reduce (`helios.abi.symmetric_reduce`); the
+        group has it only when every rank could set it up and it agreed with NCCL on a probe
+        (the ranks agree over gloo, so all take the same path)."""
+        options = dist.ProcessGroupGloo._Options()
+        host = (dist.ProcessGroupGloo.create_device(hostname=self.device_host) if self.device_host
+                else dist.ProcessGroupGloo.create_default_device())
+        options._devices = [host]
+        options._timeout = timeout
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore("helios/group", self.store), rank, size, options)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank {rank} could not form the group of {size}: {error}") from error
+        if device is None or device.type == "cpu":
+            return RankGroup(group, rank, size, timeout)
+        formed = RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))
+        if not symmetric:
+            return formed
+        reducer, self.symmetric_refusal = _symmetric_reducer(formed, self.store, device)
+        return replace(formed, reducer=reducer)
+
+    def _nccl_group(self, rank: int, size: int, timeout: timedelta, device: torch.device):
+        # On a collective past `timeout` NCCL's watchdog aborts the communicator without ending
+        # the process (2 = CleanUpOnly; torch's default tears the whole process down, here the
+        # serving process); later calls on it raise, which the runtime reports as a lost rank.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout
+        try:
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("helios/nccl", self.store), rank, size, options)
+            with torch.cuda.device(device):
+                probe = torch.ones(1, device=device)
+                nccl.allreduce([probe]).wait(timeout)  # startup only: blocking here is fine
+                torch.cuda.synchronize(device)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank {rank} could not connect NCCL on {device} to the group of {size}: "
+                                   f"{_first_line(error)}") from error
+        return nccl
+
+
+def _symmetric_reducer(group: RankGroup, store, device: torch.device):
+    """(reducer, None) when every rank set one up and it sums a probe as NCCL does, else (None,
+    why not). Collective over the group's gloo group: every rank decides alike."""
+    from helios.abi.symmetric_reduce import SymmetricMemoryUnavailable, open_symmetric_reducer
+
+    reducer, reason = None, ""
+    try:
+        reducer = open_symmetric_reducer(group.device_group, "helios-tp", group.rank, group.size,
+                                         dist.PrefixStore("helios/symmetric", store), device)
+    except SymmetricMemoryUnavailable as error:
+        reason = f"rank {group.rank}: {error}"
+    if not _all_ranks(group, reducer is not None):
+        return None, reason or "another rank could not set up symmetric memory"
+    with torch.cuda.device(device):
+        probe = (torch.arange(4096, dtype=torch.float32, device=device) * (group.rank + 1) / 7).to(torch.bfloat16)
+        nccl = probe.clone()
+        group.device_group.allreduce([nccl]).wait(group.timeout)
+        agrees = torch.equal(reducer.all_reduce(probe), nccl)
+        torch.cuda.synchronize(device)
+    if not _all_ranks(group, agrees):
+        return None, "the symmetric all-reduce disagreed with NCCL on a probe"
+    return reducer, None
+
+
+def _all_ranks(group: RankGroup, flag: bool) -> bool:
+    votes = torch.tensor([int(flag)], dtype=torch.int64)
+    group.all_reduce(votes)  # gloo: a CPU tensor
+    return int(votes) == group.size
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _route_to(host: str) -> str:
+    """The local address that reaches `host` (loopback for a loopback rendezvous)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,92 @@
+"""Admission against prepared capacities: typed rejections, checked before a request is queued.
+
+Every rejection is an `AdmissionRejected` (HTTP 503 for non-stream responses); the subclass names
+the capacity, never the message text. Rejecting one request never touches any other.
+"""
+
+from __future__ import annotations
+
+from helios.errors import AdmissionRejected
+from helios.runtime.records.capacities import Capacities, Operation
+from helios.runtime.records.request import RequestSpec
+
+
+class QueueFull(AdmissionRejected):
+    """The pending admission deque already holds `queue_capacity` requests."""
+
+
+class DuplicateRequest(AdmissionRejected):
+    """A request with this id is still queued or running."""
+
+
+class InvalidShape(AdmissionRejected):
+    """An empty prompt or an output limit below one token."""
+
+
+class TokenOutOfRange(AdmissionRejected):
+    """A prompt or stop token id outside the prepared input vocabulary."""
+
+
+class ContextExceeded(AdmissionRejected):
+    """Prompt plus output limit exceed the prepared context extent."""
+
+
+class CacheExceeded(AdmissionRejected):
+    """The request could never hold its pages: more than a page table or the whole cache."""
+
+
+class StopLimitExceeded(AdmissionRejected):
+    """More, or longer, stop strings or stop token sequences than prepared."""
+
+
+class UnsupportedRequest(AdmissionRejected):
+    """The request needs a program the loaded model does not have (e.g. scored prefill)."""
+
+
+def check_admission(spec: RequestSpec, caps: Capacities) -> None:
+    """Raise the `AdmissionRejected` subclass for the first capacity `spec` exceeds."""
+    num_prompt = len(spec.prompt_ids)
+    if num_prompt == 0 or spec.max_output_tokens < 1:
+        raise InvalidShape(f"request {spec.request_id}: empty prompt or output limit below 1")
+    limit = caps.input_limit
+    if any(not 0 <= token < limit for token in spec.prompt_ids):
+        raise TokenOutOfRange(f"request {spec.request_id}: prompt token outside [0, {limit})")
+    total = num_prompt + spec.max_output_tokens
+    if total > caps.context_tokens:
+        raise ContextExceeded(
+            f"request {spec.request_id}: {num_prompt} prompt + {spec.max_output_tokens} output tokens "
+            f"exceed the context extent {caps.context_tokens}")
+    pages = caps.cache.layout.pages_for(total)
+    if pages > caps.cache.max_pages_per_request:
+        raise CacheExceeded(
+            f"request {spec.request_id}: needs {pages} pages, a page table holds "
+            f"{caps.cache.max_pages_per_request}")
+    _check_stops(spec, caps)
+    if spec.score_prompt and not caps.has(Operation.SCORED_PREFILL):
+        raise UnsupportedRequest(f"request {spec.request_id}: no scored prefill program is loaded")
+    if spec.top_logprobs is not None and not 0 <= spec.top_logprobs <= caps.token_logprobs:
+        if not caps.token_logprobs:
+            raise UnsupportedRequest(f"request {spec.request_id}: no token-logprobs program is loaded")
+        raise UnsupportedRequest(
+            f"request {spec.request_id}: {spec.top_logprobs} alternatives per token; the programs return "
+            f"{caps.token_logprobs}")
+
+
+def _check_stops(spec: RequestSpec, caps: Capacities) -> None:
+    stops = caps.stops
+    if len(spec.stop_strings) > stops.max_stop_strings or any(not s for s in spec.stop_strings):
+        raise StopLimitExceeded(f"request {spec.request_id}: at most {stops.max_stop_strings} nonempty stop strings")
+    try:
+        num_stop_bytes = sum(len(s.encode("utf-8")) for s in spec.stop_strings)
+    except UnicodeEncodeError:
+        raise StopLimitExceeded(f"request {spec.request_id}: a stop string is not valid Unicode text") from None
+    if num_stop_bytes > stops.max_stop_bytes:
+        raise StopLimitExceeded(f"request {spec.request_id}: stop strings exceed {stops.max_stop_bytes} bytes")
+    sequences = spec.stop_token_sequences
+    if len(sequences) > stops.max_stop_sequences or any(
+            not 0 < len(seq) <= stops.max_stop_sequence_tokens for seq in sequences):
+        raise StopLimitExceeded(
+            f"request {spec.request_id}: at most {stops.max_stop_sequences} stop sequences of "
+            f"1..{stops.max_stop_sequence_tokens} tokens")
+    if any(not 0 <= token < caps.vocab_size for seq in sequences for token in seq):
+        raise TokenOutOfRange(f"request {spec.request_id}: stop token outside the vocabulary")

@@ -1,0 +1,48 @@
+"""The scheduler's request collections, each kept in scheduling order.
+
+Order everywhere is `RequestState.order_key`: most important priority first, then submission
+order. A preempted request keeps its key, so it returns ahead of everything submitted after it.
+`requests` holds every request whose resources are not yet released (queued, running, or
+finished but still named by a plan in flight).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from helios.runtime.records.request import RequestState, RequestStatus
+
+
+def _key(req: RequestState) -> tuple[int, int]:
+    return req.order_key
+
+
+class RequestQueues:
+    def __init__(self) -> None:
+        self.waiting: list[RequestState] = []
+        self.running: list[RequestState] = []
+        self.requests: dict[str, RequestState] = {}
+
+    def add(self, req: RequestState) -> None:
+        """A newly submitted request joins the waiting queue."""
+        self.requests[req.request_id] = req
+        self.enqueue(req)
+
+    def enqueue(self, req: RequestState) -> None:
+        req.status = RequestStatus.WAITING
+        bisect.insort(self.waiting, req, key=_key)
+
+    def start(self, req: RequestState) -> None:
+        """Move an admitted request from waiting to running."""
+        self.waiting.remove(req)
+        req.status = RequestStatus.RUNNING
+        bisect.insort(self.running, req, key=_key)
+
+    def leave(self, req: RequestState) -> None:
+        """Take a request out of whichever queue holds it (it stays in `requests`)."""
+        queue = self.running if req.status == RequestStatus.RUNNING else self.waiting
+        if req in queue:
+            queue.remove(req)
+
+    def forget(self, req: RequestState) -> None:
+        del self.requests[req.request_id]

@@ -1,0 +1,113 @@
+"""The engine's message boundary: per-round `StepBatch` records to a sink, stop-matched commands.
+
+Driven synchronously (`run_until_idle`) on the committed fixture core, so every round is this
+thread's: the sink sees exactly what the worker emits, in order.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS
+from helios.runtime.engine import EngineRequest
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.outlet import StepBatch
+from helios.runtime.execution.packer import AdmissionValues
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.service import build_runtime
+
+from .test_model_fixture import open_fixture
+
+PROMPT = (5, 9, 14, 3, 22, 7)
+
+
+def request(request_id: str, max_tokens: int, on_event=None, **spec) -> EngineRequest:
+    admission = AdmissionValues(PROMPT, 0, NEUTRAL_SAMPLING_PARAMETERS, max_tokens)
+    return EngineRequest(RequestSpec(request_id, PROMPT, max_tokens, **spec), admission, on_event)
+
+
+@pytest.fixture
+def engine():
+    return build_runtime(open_fixture()).engine
+
+
+def tokens_of(events, request_id: str) -> list[int]:
+    return [t for e in events if isinstance(e, TokenEvent) and e.request_id == request_id for t in e.token_ids]
+
+
+def test_sink_requests_get_one_batch_per_round_and_on_event_requests_stay_inline(engine):
+    batches: list[StepBatch] = []
+    inline = []
+    engine.connect(batches.append)
+    engine.submit(request("a", 5))
+    engine.submit(request("b", 3))
+    engine.submit(request("c", 5, inline.append))
+    engine.run_until_idle()
+
+    events = [e for batch in batches for e in batch.events]
+    assert all(batch.events for batch in batches)
+    assert {e.request_id for e in events} == {"a", "b"}  # an on_event request never reaches the sink
+    for request_id, limit in (("a", 5), ("b", 3)):
+        own = [e for e in events if e.request_id == request_id]
+        assert isinstance(own[-1], FinishEvent) and own[-1].reason is FinishReason.LENGTH
+        assert sum(isinstance(e, FinishEvent) for e in own) == 1
+        assert len(tokens_of(own, request_id)) == limit
+    assert tokens_of(events, "a") == tokens_of(inline, "c")  # the same greedy tokens either way
+    assert len(batches) <= engine.stats.generated_tokens  # batched per round, not per token
+    assert engine.stats.generated_tokens == 5 + 3 + 5
+
+
+def test_stop_matched_ends_the_request_with_the_frontend_count_and_drops_the_rest(engine):
+    """A frontend that finds a stop after token 2 but says so only after token 4 (output work
+    queued behind the worker): the request ends STOP with 2 output tokens, counted as 2."""
+    batches: list[StepBatch] = []
+
+    def sink(batch: StepBatch) -> None:
+        batches.append(batch)
+        seen = tokens_of([e for b in batches for e in b.events], "s")
+        if len(seen) == 4:
+            engine.stop_matched("s", 2)
+
+    engine.connect(sink)
+    engine.submit(request("s", 10, stop_strings=("zz",)))
+    engine.run_until_idle()
+
+    events = [e for b in batches for e in b.events]
+    finish = events[-1]
+    assert isinstance(finish, FinishEvent) and finish.reason is FinishReason.STOP
+    assert finish.num_output_tokens == 2
+    assert len(tokens_of(events, "s")) == 4  # the worker ran ahead of the frontend by two tokens
+    assert engine.stats.generated_tokens == 2 and engine.stats.requests_finished["stop"] == 1
+    assert engine.scheduler.counters().num_running == 0
+
+    engine.stop_matched("s", 1)  # the request already ended: nothing happens
+    engine.run_until_idle()
+    assert [e for b in batches for e in b.events] == events
+
+
+def test_a_stop_matched_after_the_end_changes_nothing(engine):
+    batches: list[StepBatch] = []
+    engine.connect(batches.append)
+    engine.submit(request("s", 3, stop_strings=("zz",)))
+    engine.run_until_idle()
+    engine.stop_matched("s", 1)
+    engine.run_until_idle()
+    finishes = [e for b in batches for e in b.events if isinstance(e, FinishEvent)]
+    assert [(f.reason, f.num_output_tokens) for f in finishes] == [(FinishReason.LENGTH, 3)]
+    assert engine.stats.generated_tokens == 3
+
+
+def test_a_request_without_on_event_needs_a_sink(engine):
+    with pytest.raises(ValueError, match="no on_event"):
+        engine.submit(request("x", 2))
+
+
+def test_cancel_and_rejection_reach_the_sink(engine):
+    batches: list[StepBatch] = []
+    engine.connect(batches.append)
+    engine.submit(request("too-long", 10**6))
+    engine.submit(request("gone", 4))
+    engine.cancel("gone")
+    engine.run_until_idle()
+    reasons = {e.request_id: e.reason for b in batches for e in b.events if isinstance(e, FinishEvent)}
+    assert reasons == {"too-long": FinishReason.REJECTED, "gone": FinishReason.CANCELLED}
