@@ -41,7 +41,6 @@ from torch.export.passes import move_to_device_pass
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
 from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
-from helios.contract.servable import check_servable
 from helios.runtime.execution.packer import write_constants
 from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
 from helios.contract import manifest_pb2 as mpb
@@ -145,7 +144,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
     peer waits there for rank zero's, so every rank reads its weights at the same time)."""
     prepared = core.prepared
-    check_servable(prepared.contract, prepared.manifest)  # a valid contract this runtime cannot serve fails here
+    # `prepared` passed validation, whose last stage (helios.contract.servable) refused anything not served.
     settings = resolve_settings(prepared, options.startup)
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
