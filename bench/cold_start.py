@@ -9,6 +9,7 @@ measurable); "other" is the rest of the stage. Prints one table per stage and va
 two variants, and the functions with the most own time in each stage (cProfile, ``--profile``).
 
     python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
+        [--skip-no-logprobs-load] [--keep-core DIR]   # DIR: the first variant's core, for ttft_breakdown --core
     python bench/cold_start.py --smoke    # tiny model on the CPU (checks the script runs)
 """
 
@@ -35,7 +36,7 @@ from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
-from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.keys import SigningKey, write_key_pair  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
@@ -50,14 +51,29 @@ THREADED = "[thread] "  # a phase that runs beside the others (not part of the s
 PREPARE_PHASES = (
     ("helios.ignition.export", "load_checkpoint", "read checkpoint"),
     ("helios.ignition.export", "rank_weight_files", "weight images"),
+    ("helios.ignition.export", "read_assets", "tokenizer + assets"),
     ("helios.ignition.export", "capture_all", "export programs (worker processes)"),
     ("helios.core.writer", "store_resource", "compress + commit resources"),
+    ("helios.ignition.export", "declare_paged_text", "declare contract + manifest"),
+    ("helios.core.writer", "encode_payload", "encode + sign payload"),
+    ("helios.core.writer", "seal", "encode + sign payload"),
+    ("helios.core.container", "ContainerWriter.commit", "commit container (fsync, rename)"),
 )
+IN_LOAD_MODEL = "[total] load_model"  # the phases below it, the weights thread, and its own rest
 LOAD_PHASES = (
+    ("helios.runtime.service", "load_model", IN_LOAD_MODEL),
+    ("helios.runtime.loading.model", "check_servable", "check contract"),
     ("helios.runtime.loading.model", "_program_bytes", "program bytes (decompress, verify)"),
+    ("helios.runtime.loading.model", "read_program_image", "program images (parse)"),
+    ("helios.runtime.loading.model", "validate_serialized_ops", "validate ops"),
+    ("helios.runtime.loading.model", "validate_program_ops", "validate ops"),
     ("helios.runtime.loading.model", "deserialize_program", "deserialize programs"),
     ("helios.runtime.loading.model", "move_to_device_pass", "programs to device"),
+    ("torch.export.exported_program", "ExportedProgram.module", "program modules (unflatten)"),
+    ("helios.runtime.loading.model", "drop_no_op_nodes", "drop no-op nodes"),
+    ("helios.runtime.loading.model", "cpu_program", "CPU program rewrite"),
     ("helios.runtime.loading.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
+    ("helios.runtime.loading.model", "default_pages", "size the page pool"),
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
@@ -72,10 +88,13 @@ class PhaseTimer:
 
     def __enter__(self) -> "PhaseTimer":
         for module_name, attribute, phase in self.phases:
-            module = importlib.import_module(module_name)
-            inner = getattr(module, attribute)
-            self._saved.append((module, attribute, inner))
-            setattr(module, attribute, self._timed(inner, phase))
+            owner = importlib.import_module(module_name)
+            *path, name = attribute.split(".")  # "Class.method" wraps a method on its class
+            for part in path:
+                owner = getattr(owner, part)
+            inner = getattr(owner, name)
+            self._saved.append((owner, name, inner))
+            setattr(owner, name, self._timed(inner, phase))
         return self
 
     def _timed(self, inner, phase: str):
@@ -134,8 +153,16 @@ def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
         seconds = timer.seconds.get(phase, 0.0)
         rows[phase] = seconds
         log(f"  {phase:<38} {seconds:7.2f} s {100 * seconds / total:5.1f}%  ({timer.calls.get(phase, 0)} calls)")
-    other = total - sum(seconds for phase, seconds in rows.items() if not phase.startswith(THREADED))
-    log(f"  {'other':<38} {other:7.2f} s {100 * other / total:5.1f}%")
+    inside = sum(seconds for phase, seconds in rows.items() if not phase.startswith(("[", "open + verify")))
+    if IN_LOAD_MODEL in rows:  # the rest of load_model is waiting for the weights thread (and glue)
+        rest = rows[IN_LOAD_MODEL] - inside
+        rows["load_model rest (waiting for weights, glue)"] = rest
+        log(f"  {'load_model rest (waiting for weights)':<38} {rest:7.2f} s {100 * rest / total:5.1f}%")
+        other = total - rows[IN_LOAD_MODEL] - rows.get("open + verify core", 0.0)
+        label = "other (runtime around load_model)"
+    else:
+        other, label = total - inside, "other"
+    log(f"  {label:<38} {other:7.2f} s {100 * other / total:5.1f}%")
     return {"total_s": total, "phases_s": rows, "other_s": other, "calls": dict(timer.calls)}
 
 
@@ -149,10 +176,16 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
         prepared = table("prepare", variant, time.perf_counter() - started, timer)
     prepared["core_gb"] = core.stat().st_size / 1e9
     result = {"prepare": prepared, "load": load(core, key, variant, StartupOptions(), args, device)}
-    if variant == "logprobs":  # the same core started with `helios serve --no-logprobs`
+    if variant == "logprobs" and not args.skip_no_logprobs_load:  # the core started with `serve --no-logprobs`
         result["load_skipping_logprobs"] = load(core, key, f"{variant} core, --no-logprobs at load",
                                                 StartupOptions(token_logprobs=False), args, device)
-    core.unlink()
+    if args.keep_core and variant == args.variants.split(",")[0]:  # for bench/ttft_breakdown.py --core
+        args.keep_core.mkdir(parents=True, exist_ok=True)
+        core.replace(args.keep_core / "model.core")
+        write_key_pair(args.keep_core / "publisher.key", key, [NAMESPACE])
+        log(f"kept the {variant} core in {args.keep_core}")
+    else:
+        core.unlink()
     return result
 
 
@@ -189,6 +222,10 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
     parser.add_argument("--profile-rows", type=int, default=18)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--skip-no-logprobs-load", action="store_true",
+                        help="do not also load the logprobs core with --no-logprobs")
+    parser.add_argument("--keep-core", type=Path, default=None,
+                        help="keep the first variant's core (model.core, publisher.key.pub) in this folder")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)

@@ -99,12 +99,11 @@ def sweep(case: Case, decode, tiles, split_counts, expected, device) -> list[dic
     max_context = case.step.page_table.shape[1] * case.caches[0].shape[1]
     for tile in tiles:
         counts = [s for s in split_counts if s <= decode.grid_splits(max_context, s, tile.block_n)]
-        bound = max(counts)
-        for count in counts:
+        for count in counts:  # the grid holds exactly `count` splits (one split: no partials, no combine)
             splits = torch.tensor([count], dtype=torch.int32, device=device)
             try:
                 seconds = time_variant(lambda: decode.paged_attention_decode_tuned(
-                    *case.args(), splits, tile=tile, bound=bound), expected, device)
+                    *case.args(), splits, tile=tile, bound=count), expected, device)
             except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
                 print(f"  tile {tile} splits {count}: {type(error).__name__}: {str(error)[:120]}", flush=True)
                 continue
@@ -163,6 +162,11 @@ def run_case(case: Case, config: Config, modules, args, copy_rate: float, device
     new = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device)
     rows.append(report(f"new ({new_splits} splits, tile {tile.block_n}x{tile.num_warps}x{tile.num_stages})",
                        new, case, copy_rate, args.peak, old))
+    if tile != decode.DEFAULT_TILE:  # the table's entry against the default tile, same split count
+        plain = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits,
+                                                                         tile=decode.DEFAULT_TILE), expected, device)
+        rows.append(report(f"new, default tile {'x'.join(map(str, decode.DEFAULT_TILE.__dict__.values()))}",
+                           plain, case, copy_rate, args.peak, old))
     tiles = [decode.DecodeTile(*map(int, t.split("x"))) for t in args.tiles.split(",")]
     swept = sweep(case, decode, tiles, [int(s) for s in args.splits.split(",")], expected, device)
     best = min(swept, key=lambda r: r["seconds"]) if swept else None

@@ -13,6 +13,7 @@ capacities ``--chunks`` (the rest of a cached prompt runs in the smallest capaci
 - cProfile of one cold request's host side (functions by own time; the program calls are in it).
 
     python bench/ttft_breakdown.py [--layers 32] [--chunks 128,256,512,1024] [--json out.json]
+    python bench/ttft_breakdown.py --core DIR  # the 2,048-capacity core bench/cold_start.py --keep-core DIR kept
     python bench/ttft_breakdown.py --smoke    # tiny model on the CPU (checks the script runs)
 """
 
@@ -37,6 +38,7 @@ import lever_ab  # noqa: E402
 from gpu_serving import NAMESPACE, log, time_to_first_token  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # noqa: E402
 
+from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
@@ -146,6 +148,24 @@ def host_profile(engine, vocab: int, length: int, rows: int) -> None:
     log("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
 
 
+def prepared_core(scratch: Path, shape, length: int, chunks: tuple[int, ...], device: torch.device):
+    """A fresh core of `shape` whose prefill capacities are `chunks` and `length`, opened."""
+    key = SigningKey.generate()
+    checkpoint = write_random_llama(scratch / "checkpoint", shape, torch.bfloat16, device=device.type)
+    plan = CapacityPlan(page_tokens=16, context_tokens=length + 64, prefill_tokens=length, decode_batches=(1,),
+                        prefill_batches=(1,), mixed=False, page_capacity=8 * -(-(length + 64) // 16),
+                        prefill_chunks=chunks, token_logprobs=False)
+    started = time.perf_counter()
+    prepare_core(checkpoint, scratch / "ttft.core", key, PrepareOptions(NAMESPACE, capacities=plan))
+    log(f"prepared in {time.perf_counter() - started:.0f} s (prefill capacities {[*chunks, length]})")
+    return open_core(scratch / "ttft.core", accept=NAMESPACE, trusted_keys=[key.public])
+
+
+def reused_core(folder: Path):
+    """The core `bench/cold_start.py --keep-core` left in `folder` (model.core, publisher.key.pub)."""
+    return open_core(folder / "model.core", accept=NAMESPACE, trusted_keys=[folder / "publisher.key.pub"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=32)
@@ -155,24 +175,26 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--core", type=Path, default=None,
+                        help="load the core bench/cold_start.py --keep-core left here instead of preparing one")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
     length = args.prompt or (64 if args.smoke else 2048)
     chunks = tuple(c for c in (int(x) for x in args.chunks.split(",")) if 0 < c < length)
-    key = SigningKey.generate()
     results = {"layers": shape.num_hidden_layers, "prompt": length, "chunks": list(chunks)}
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = write_random_llama(Path(scratch) / "checkpoint", shape, torch.bfloat16, device=device.type)
-        plan = CapacityPlan(page_tokens=16, context_tokens=length + 64, prefill_tokens=length, decode_batches=(1,),
-                            prefill_batches=(1,), mixed=False, page_capacity=8 * -(-(length + 64) // 16),
-                            prefill_chunks=chunks, token_logprobs=False)
+        opened = reused_core(args.core) if args.core else prepared_core(Path(scratch), shape, length, chunks, device)
         started = time.perf_counter()
-        prepare_core(checkpoint, Path(scratch) / "ttft.core", key, PrepareOptions(NAMESPACE, capacities=plan))
-        log(f"prepared in {time.perf_counter() - started:.0f} s (prefill capacities {[*chunks, length]})")
-        opened = open_core(Path(scratch) / "ttft.core", accept=NAMESPACE, trusted_keys=[key.public])
-        runtime = build_runtime(opened, RuntimeOptions(load=LoadOptions(device=str(device),
+        startup = StartupOptions(token_logprobs=False) if args.core else StartupOptions()  # TTFT needs no logprobs
+        runtime = build_runtime(opened, RuntimeOptions(load=LoadOptions(startup, device=str(device),
                                                                         cuda_graphs=device.type == "cuda")))
+        log(f"loaded in {time.perf_counter() - started:.1f} s")
+        if args.core:  # the kept core's own prefill capacities
+            chunks = tuple(sorted({p.packed_token_capacity for p in runtime.model.programs
+                                   if p.graph == "prefill" and p.packed_token_capacity < length}))
+            results.update(layers=None, chunks=list(chunks), core=str(args.core))  # cold_start's --layers
+            log(f"reusing {args.core}: prefill capacities {[*chunks, length]}")
         try:
             clock = ProgramClock(runtime.model.programs, device)
             time_to_first_token(runtime.engine, prompt(length, shape.vocab_size, 1))  # warm-up

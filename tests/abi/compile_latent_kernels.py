@@ -14,17 +14,19 @@ from compile_attention_kernels import compile_kernel
 from helios.abi import triton_latent as kernels
 
 
-def compile_all(dtype: str, latent: int, rope: int, precision: str) -> None:
+def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int) -> None:
     pointer = f"*{dtype}"
     block_c, block_r = max(16, triton.next_power_of_2(latent)), max(16, triton.next_power_of_2(rope))
     types = dict(out_ptr=pointer, q_latent_ptr=pointer, q_rope_ptr=pointer, latent_cache_ptr=pointer,
                  rope_cache_ptr=pointer, page_table_ptr="*i32", query_start_ptr="*i32", positions_ptr="*i64",
                  scale="fp32")
     types.update(part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32")
-    for splits in (1, 8):
+    # The tiles launches choose: one token per tile (decode) and a multi-token tile (prefill, mixed).
+    tiles = {kernels.latent_tiles(1, 1, heads, latent), kernels.latent_tiles(64, 1, heads, latent)}
+    for (block_h, block_t), splits in ((tile, splits) for tile in sorted(tiles) for splits in (1, 8)):
         compile_kernel(kernels._latent_attention_kernel, types,
-                       dict(LATENT_DIM=latent, ROPE_DIM=rope, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_H=16,
-                            BLOCK_N=32, PAGE_TOKENS=16, NUM_SPLITS=splits, DOT_PRECISION=precision),
+                       dict(LATENT_DIM=latent, ROPE_DIM=rope, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_H=block_h,
+                            BLOCK_T=block_t, BLOCK_N=32, PAGE_TOKENS=16, NUM_SPLITS=splits, DOT_PRECISION=precision),
                        num_warps=8 if block_c >= 256 else 4, num_stages=2)
     compile_kernel(kernels._latent_combine_kernel, types,
                    dict(LATENT_DIM=latent, BLOCK_C=triton.next_power_of_2(latent), NUM_SPLITS=8, BLOCK_S=8),
@@ -37,5 +39,5 @@ def compile_all(dtype: str, latent: int, rope: int, precision: str) -> None:
 
 
 if __name__ == "__main__":
-    compile_all("bf16", 512, 64, "tf32")
-    compile_all("fp32", 32, 16, "ieee")
+    compile_all("bf16", 512, 64, "tf32", heads=16)
+    compile_all("fp32", 32, 16, "ieee", heads=4)

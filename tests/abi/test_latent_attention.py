@@ -175,6 +175,29 @@ def test_kernel_matches_reference(query_lens, cached_lens, heads, split):
     torch.testing.assert_close(out, reference(batch), **TOLERANCE[torch.float32])
 
 
+@pytest.mark.parametrize("block_t", [None, 1, 2, 8])
+@pytest.mark.parametrize("split", [1, 3])
+def test_multi_token_rows_in_query_tiles_match_the_reference(block_t, split):
+    """Prefill and speculative rows (9, 13 and 5 tokens, one over a long cached prefix) beside decode
+    and inactive rows: tiles of `block_t` tokens (None: the launch's own choice) attend causally
+    within the row; tiles cut rows at every offset."""
+    batch = make_batch(8, [9, 1, 0, 13, 5], [0, 21, 3, 2, 37], heads=4, padding=2)
+    assert kernels.latent_tiles(batch.q_latent.shape[0], 5, 4, 24) == (4, 16)  # T > R: 16 tokens x 4 heads
+    latent, rope, table = (t.to(DEVICE) for t in batch.poisoned)
+    out = kernels.triton_paged_latent_attention(
+        batch.q_latent.to(DEVICE), batch.q_rope.to(DEVICE), latent, rope, table, batch.query_start.to(DEVICE),
+        batch.positions.to(DEVICE), SCALE, split=split, block_t=block_t).cpu()
+    assert torch.all(out[batch.num_real_tokens:] == 0)
+    torch.testing.assert_close(out, reference(batch), **TOLERANCE[torch.float32])
+
+
+def test_tiles_from_static_shapes():
+    assert kernels.latent_tiles(8, 8, 16, 512) == (16, 1)  # decode: one token per program
+    assert kernels.latent_tiles(256, 1, 16, 512) == (16, 2)  # a wide latent: 32 dot rows
+    assert kernels.latent_tiles(256, 1, 16, 64) == (16, 4)
+    assert kernels.latent_tiles(8, 8, 4, 32) == (4, 4)  # at least 16 dot rows
+
+
 def test_kernel_bfloat16_with_more_splits_than_a_short_context_fills():
     batch = make_batch(6, [1, 1, 2], [3, 11, 70], latent_dim=32, rope_dim=16, dtype=torch.bfloat16)
     latent, rope, table = (t.to(DEVICE) for t in batch.poisoned)

@@ -264,8 +264,8 @@ def test_tuned_split_bound_depends_on_shapes_only():
     assert kernels.tuned_split_bound(1, 8, 4096) == 32  # one split per 128 positions of the capacity
     assert kernels.tuned_split_bound(1, 1, 1 << 20) == 64  # at most DECODE_MAX_SPLITS
     assert kernels.tuned_split_bound(256, 8, 8192) == 1  # a big batch fills any device alone
-    assert kernels.tuned_split_bound(64, 8, 8192) == 4  # 8 programs per multiprocessor of a 256-SM device
-    assert kernels.tuned_split_bound(16, 8, 8192) == 16
+    assert kernels.tuned_split_bound(64, 8, 8192) == 1  # 2 programs per multiprocessor of a 256-SM device
+    assert kernels.tuned_split_bound(16, 8, 8192) == 4
 
 
 # Cache writes.

@@ -55,13 +55,24 @@ def test_grouped_query_heads_share_each_program(group, num_kv_heads):
     assert_matches_reference(run(decode.paged_attention_decode, batch, 0, split=4), batch, 0)
 
 
+@pytest.mark.parametrize("split", [1, 3], ids=["one-split-grid", "split3"])
 @pytest.mark.parametrize("window", [1, 6, 33])
-def test_window_spans_are_cut_into_splits(window):
+def test_window_spans_are_cut_into_splits(window, split):
     """The span starts at pos - window + 1: splits cut only the visible positions, and released pages
-    below the window are never read."""
+    below the window are never read (a one-split grid walks the whole visible span)."""
     batch = base.release_below_window(make_batch(33, [1] * 5, RAGGED, Shape(page_tokens=4)), window)
     tile = decode.DecodeTile(block_n=16, min_split_tokens=16)
-    assert_matches_reference(run(decode.paged_attention_decode, batch, window, split=3, tile=tile), batch, window)
+    assert_matches_reference(run(decode.paged_attention_decode, batch, window, split=split, tile=tile), batch,
+                             window)
+
+
+def test_tuned_one_split_grid_ignores_the_count():
+    """A tuned launch whose grid bound is 1 compiles no partials: any count gives the reference."""
+    batch = make_batch(35, [2, 0, 1, 1], [30, 3, 12, 61], Shape(page_tokens=8), padding=1)
+    splits = torch.tensor([7], dtype=torch.int32, device=DEVICE)
+    out = run(decode.paged_attention_decode_tuned, batch, 0, splits=splits, bound=1,
+              tile=decode.DecodeTile(block_n=16, min_split_tokens=16))
+    assert_matches_reference(out, batch, 0)
 
 
 @pytest.mark.parametrize("count", [1, 3, 40])
@@ -124,3 +135,17 @@ def test_llama_8b_shapes_on_cuda_in_a_graph(tile):
         splits.fill_(count)
         graph.replay()
         assert_matches_reference(out.cpu(), batch, 0)
+
+
+@pytest.mark.gpu
+def test_batch_64_runs_a_one_split_grid_on_cuda():
+    """At 64 tokens of 8 key/value heads the tuned bound is 1: the compiled one-split kernel (no
+    partials, no combine) gives the reference at 8B shapes whatever count the tensor holds."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    shape = Shape(num_kv_heads=8, group=4, head_dim=128, page_tokens=16, dtype=torch.bfloat16)
+    batch = with_capacity(make_batch(37, [1] * 64, [(37 * i) % 700 for i in range(64)], shape), 129)
+    assert decode.tuned_split_bound(64, 8, 129 * 16) == 1
+    for count in (1, 5):
+        splits = torch.tensor([count], dtype=torch.int32, device="cuda")
+        assert_matches_reference(run(decode.paged_attention_decode_tuned, batch, 0, splits=splits), batch, 0)

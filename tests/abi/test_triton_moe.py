@@ -22,6 +22,7 @@ if not ON_CUDA:
 
 from helios.abi import moe  # noqa: E402,F401  (registers the reference ops)
 from helios.abi import triton_moe as kernels  # noqa: E402
+from helios.abi.moe_tiles import KernelTiles, LaunchTiles, default_tiles  # noqa: E402
 from support.moe_inputs import expert_inputs, route_logits  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
@@ -52,8 +53,22 @@ def test_many_tokens_per_expert_span_several_blocks_and_ragged_tiles():
 
 def test_large_batches_use_the_prefill_block_size():
     inputs = expert_inputs(tokens=260, hidden=32, ffn=16, experts=8, top_k=2, seed=5)
-    assert kernels.block_m(260 * 2, 8) == 64 and kernels.block_m(64 * 8, 128) == 16
+    assert default_tiles("grouped", 260 * 2, 8).gate_up.block_m == 64
+    assert default_tiles("grouped", 64 * 8, 128).gate_up.block_m == 16
     torch.testing.assert_close(run_kernel(inputs), torch.ops.helios.moe_experts(**inputs), **TOLERANCE[torch.float32])
+
+
+TUNED = [("gemv", 9, LaunchTiles(KernelTiles(1, 16, 32, 2, 1), KernelTiles(1, 64, 16, 8, 3))),
+         ("grouped", 40, LaunchTiles(KernelTiles(32, 16, 32, 8, 3), KernelTiles(32, 128, 16, 2, 1)))]
+
+
+@pytest.mark.parametrize("path,tokens,tiles", TUNED, ids=[t[0] for t in TUNED])
+def test_other_tiles_give_the_reference(path, tokens, tiles):
+    """The tiles a tuned table may choose (what the tuning script sweeps) keep the results."""
+    inputs = expert_inputs(tokens=tokens, hidden=40, ffn=24, experts=5, top_k=2, bias=True, seed=2)
+    on_device = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = kernels.triton_moe_experts(**on_device, tiles=tiles).cpu()
+    torch.testing.assert_close(out, torch.ops.helios.moe_experts(**inputs), **TOLERANCE[torch.float32])
 
 
 @pytest.mark.parametrize("tokens", [6, 20], ids=["matrix-vector", "grouped"])

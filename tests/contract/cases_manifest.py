@@ -640,3 +640,34 @@ def submission_input_unknown(doc):
 def submission_input_not_scalar_int64(doc):
     manifest(doc)["completion"]["submission_input"] = "in.slots"
     return f"{C}.submission_input"
+
+
+def _window_region(doc, region_index: int = 1, extent: str = "LOAD_EXTENT_WINDOW_PAGES"):
+    """Make the draft region a sliding window whose planes are sized by `extent`."""
+    region = model(doc)["cache"]["regions"][region_index]
+    region["kind"] = "HISTORY_KIND_SLIDING_WINDOW"
+    region["window_tokens"] = 128
+    for plane in region["planes"]:
+        entry, _ = buffer(doc, plane)
+        entry["shape"] = [{"load_extent": extent} if "load_extent" in dim else dim for dim in entry["shape"]]
+    return region
+
+
+@case
+def window_extent_on_key_value_plane(doc):
+    entry, _ = buffer(doc, "cache.keys")
+    entry["shape"][1] = {"load_extent": "LOAD_EXTENT_WINDOW_PAGES"}
+    return "contract.model.cache.regions[0].planes[0]"
+
+
+@case
+def window_region_without_its_own_view(doc):
+    _window_region(doc)
+    model(doc)["cache"]["page_table_views"][1]["region"] = "attention"
+    return "contract.model.cache.regions[1].planes[0]"
+
+
+@case
+def sliding_plane_sized_by_state_rows(doc):
+    _window_region(doc, extent="LOAD_EXTENT_STATE_ROWS")
+    return "contract.model.cache.regions[1].planes[0]"

@@ -34,6 +34,8 @@ EXCLUSIVE_VALUES = {
     "ImageLayout": {"NONE", "ROW_SEPARATED_GRID", "SPATIAL_POSITIONS_3D"},
     "SeedPolicy": {"FIXED"},
     "HistoryKind": {"PAGED_LATENT", "SLIDING_WINDOW", "RECURRENT"},
+    # Sizes only a sliding-window region's own pages (the example has no sliding region).
+    "LoadExtent": {"WINDOW_PAGES"},
 }
 
 

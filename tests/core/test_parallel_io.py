@@ -138,3 +138,25 @@ def test_a_core_written_from_segments_reads_back(tmp_path, key):
     assert core.read_resource("seg") == data
     with core.open_resource("seg") as stream:
         assert drain_decoded(stream) == len(data)
+
+
+def test_resources_compressed_ahead_on_a_pool_give_the_same_core_bytes(tmp_path, key, monkeypatch):
+    """Small in-memory resources are compressed side by side; the core is byte-identical to one
+    written with every resource streamed in order, and it opens and verifies."""
+    import helios.core.writer as writer_module
+
+    extra = {f"extra.{i}": random_bytes(300_000 + 7919 * i, seed=i) for i in range(6)}
+    extra["extra.stream"] = io.BytesIO(random_bytes(100_000, seed=99))  # a stream: never ahead
+    ahead = []
+    compress = writer_module.CoreWriter._compress_ahead
+    monkeypatch.setattr(writer_module.CoreWriter, "_compress_ahead",
+                        lambda self, pending: ahead.append(pending.resource_id) or compress(self, pending))
+    build_core(tmp_path / "ahead.core", [key], extra=extra)
+    assert {f"extra.{i}" for i in range(6)} <= set(ahead) and "extra.stream" not in ahead
+    monkeypatch.setattr(writer_module, "_AHEAD_NBYTES", 0)  # nothing ahead: all streamed in order
+    extra["extra.stream"] = io.BytesIO(random_bytes(100_000, seed=99))
+    build_core(tmp_path / "serial.core", [key], extra=extra)
+    assert (tmp_path / "ahead.core").read_bytes() == (tmp_path / "serial.core").read_bytes()
+    core = open_core(tmp_path / "ahead.core", accept=NAMESPACE, trusted_keys=[key.public])
+    assert core.verify_resources() > 6 * 300_000
+    assert core.read_resource("extra.3") == extra["extra.3"]

@@ -91,6 +91,55 @@ def test_paged_latent_attention(case):
         compare(output, function(**fresh))
 
 
+def prompt_inputs(seed: int, query_lens, heads: int, latent: int, rope: int, dtype, max_context: int = 600):
+    """Rows of several query tokens (prefill chunks, speculative lanes) over cached prefixes, plus a
+    decode row and an inactive one; a fixed number of packed tokens (padding at the end)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, max_pages = len(query_lens), -(-max_context // PAGE_TOKENS)
+    num_pages = rows * max_pages + 1
+    cached = [int(torch.randint(0, max_context - n, (1,), generator=generator)) for n in query_lens]
+    positions = [p for start, n in zip(cached, query_lens) for p in range(start, start + n)]
+    tokens = sum(query_lens) + 3
+    table = torch.randperm(num_pages, generator=generator)[: rows * max_pages].view(rows, max_pages).to(torch.int32)
+    return dict(
+        q_latent=torch.randn(tokens, heads, latent, generator=generator).to(dtype),
+        q_rope=torch.randn(tokens, heads, rope, generator=generator).to(dtype),
+        latent_cache=torch.randn(num_pages, PAGE_TOKENS, latent, generator=generator).to(dtype),
+        rope_cache=torch.randn(num_pages, PAGE_TOKENS, rope, generator=generator).to(dtype),
+        page_table=table, query_start=torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32),
+        positions=torch.tensor(positions + [0] * 3, dtype=torch.int64), scale=(128 + rope) ** -0.5)
+
+
+PROMPT_CASES = [
+    dict(query_lens=[64, 1, 0, 7], heads=16, latent=512, rope=64, dtype=torch.bfloat16),  # DeepSeek-V3 rank of 8
+    dict(query_lens=[5, 5, 5, 5], heads=128, latent=512, rope=64, dtype=torch.bfloat16),  # speculative lanes
+    dict(query_lens=[33, 2, 9], heads=4, latent=32, rope=16, dtype=torch.float32),  # the test checkpoints' shape
+]
+
+
+@pytest.mark.parametrize("case", PROMPT_CASES, ids=lambda c: f"{c['query_lens']}x{c['heads']}x{c['latent']}")
+def test_paged_latent_attention_of_multi_token_rows_in_a_graph(case):
+    """The query-tile path (several tokens of a row per program, causal within the row) equals the
+    CPU reference eagerly, without synchronisation and replayed in a CUDA graph with new inputs."""
+    tolerance = dict(rtol=1e-4, atol=1e-4) if case["dtype"] == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    function = OPS.paged_latent_attention
+
+    def compare(actual, expected):
+        torch.testing.assert_close(actual.cpu().float(), expected.float(), **tolerance)
+
+    static = to_cuda(prompt_inputs(1, **case))
+    compare(without_sync(lambda: function(**static)), function(**prompt_inputs(1, **case)))
+    graph, output = capture(lambda: function(**static))
+    for seed in (2, 3):
+        fresh = prompt_inputs(seed, **case)
+        for name, value in fresh.items():
+            if isinstance(value, torch.Tensor):
+                static[name].copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        compare(output, function(**fresh))
+
+
 def test_latent_cache_write_in_a_graph():
     generator = torch.Generator().manual_seed(4)
 

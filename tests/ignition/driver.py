@@ -26,6 +26,7 @@ class Sequence:
     slot: int
     token_ids: list[int]
     pages: list[int] = field(default_factory=list)
+    window_pages: list[int] = field(default_factory=list)  # ids in the sliding layers' own region, if any
     num_cached: int = 0
     generated: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)  # float32 [V] behind each generated token
@@ -52,11 +53,12 @@ class PagedModel:
         spec = next(iter(programs.values()))[0]
         self.page_tokens, self.max_pages = spec.page_tokens, max_pages
         state = {s.name: s for s in spec.inputs}
-        extents = {"pages": num_pages, "slots": num_slots, "request_rows": num_slots, "max_pages": max_pages}
+        extents = {"pages": num_pages, "slots": num_slots, "request_rows": num_slots, "max_pages": max_pages,
+                   "window_pages": num_pages}
         planes = tuple(s.name for s in spec.inputs if s.role is InputRole.CACHE_STORAGE)
         self.state = {
             name: torch.zeros(_shape(state[name], extents), dtype=_dtype(state[name]), device=self.device)
-            for name in (*planes, "prompt_counts", "output_counts", "page_table", *BIAS_INPUTS)
+            for name in (*planes, "prompt_counts", "output_counts", "page_table", "window_page_table", *BIAS_INPUTS)
             if name in state
         }
         if "logit_bias_ids" in self.state:
@@ -64,10 +66,14 @@ class PagedModel:
         self.operations_run: list[Operation] = []
         self.free_pages = list(range(num_pages))
         random.Random(seed).shuffle(self.free_pages)
+        self.free_window_pages = list(range(num_pages))  # a page-id space of its own, another order
+        random.Random(seed + 1).shuffle(self.free_window_pages)
 
     def ensure_pages(self, sequence: Sequence, num_tokens: int) -> None:
         while len(sequence.pages) * self.page_tokens < num_tokens:
             sequence.pages.append(self.free_pages.pop())
+        while "window_page_table" in self.state and len(sequence.window_pages) < len(sequence.pages):
+            sequence.window_pages.append(self.free_window_pages.pop())
 
     def admit(self, sequence: Sequence, prompt_len: int) -> None:
         """Admission: the prompt histogram of the slot is set once and its output histogram zeroed."""
@@ -99,6 +105,9 @@ class PagedModel:
             self.ensure_pages(row.sequence, row.start + len(row.tokens))
             pages = torch.tensor(row.sequence.pages, dtype=torch.int32)
             self.state["page_table"][row.sequence.slot, : len(pages)] = pages.to(self.device)
+            if "window_page_table" in self.state:
+                window = torch.tensor(row.sequence.window_pages, dtype=torch.int32)
+                self.state["window_page_table"][row.sequence.slot, : len(window)] = window.to(self.device)
         values = {name: value.to(self.device)
                   for name, value in pack_step(spec, rows, self.max_pages, self.vocab_size).items()}
         args = [self.weights] + [self.state.get(s.name, values.get(s.name)) for s in spec.inputs[1:]]

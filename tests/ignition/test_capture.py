@@ -13,6 +13,7 @@ from helios.abi.program_image import decode_program
 from helios.abi.registry import serialized_program_ops, validate_program_ops, validate_serialized_ops
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.program_spec import Access, Capacity, InputRole, Operation, program_spec
+from helios.ignition.window_split import WINDOW_INPUTS, full_layers, sliding_layers
 
 from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import QWEN2
@@ -40,12 +41,16 @@ def test_inputs_and_outputs_follow_the_calling_convention(prepared):
         spec = captured.spec
         scored = operation is Operation.SCORED_PREFILL
         extra = ("target_ids",) if scored else ("pending_ids",) if operation is Operation.MIXED else ()
-        assert spec.input_names == STATE + ROW_INPUTS + STEP + extra
+        # Its sliding layer keeps a region of its own page ids (helios.ignition.window_split), last.
+        assert spec.input_names == STATE + ROW_INPUTS + STEP + extra + WINDOW_INPUTS
         scores = ("token_logprob", "top_token_ids", "top_token_logprobs",  # the sampled token's, then the targets'
                   "target_logprobs", "target_top_ids", "target_top_logprobs")
         assert spec.output_names == ("completion", "logits") + (scores if scored else ())
         inputs = {s.name: s for s in spec.inputs}
-        assert inputs["k_cache"].shape == (arch.num_layers, "pages", 4, arch.num_kv_heads, arch.head_dim)
+        assert len(full_layers(arch)) == arch.num_layers - 1 and len(sliding_layers(arch)) == 1
+        assert inputs["k_cache"].shape == (arch.num_layers - 1, "pages", 4, arch.num_kv_heads, arch.head_dim)
+        assert inputs["window_v_cache"].shape == (1, "window_pages", 4, arch.num_kv_heads, arch.head_dim)
+        assert inputs["window_page_table"].shape == ("request_rows", "max_pages")
         assert (inputs["k_cache"].role, inputs["k_cache"].access) == (InputRole.CACHE_STORAGE, Access.READ_WRITE)
         assert (inputs["output_counts"].role, inputs["output_counts"].access) == \
             (InputRole.PERSISTENT_STATE, Access.READ_WRITE)
@@ -53,7 +58,7 @@ def test_inputs_and_outputs_follow_the_calling_convention(prepared):
         assert inputs["page_table"].shape == ("request_rows", "max_pages")
         assert inputs["grammar_mask"].shape == (spec.capacity.batch_capacity, 4)
         assert inputs["sampling_params"].shape == (spec.capacity.batch_capacity, 7)
-        assert all(inputs[name].role is InputRole.STEP_INPUT for name in ROW_INPUTS + STEP + extra)
+        assert all(inputs[name].role is InputRole.STEP_INPUT for name in ROW_INPUTS + STEP + extra + WINDOW_INPUTS[2:])
         assert [slot.name for slot in spec.weights] == [w.name for w in prepared.recipe.weights]
 
 
@@ -135,9 +140,12 @@ def test_decode_step_writes_cache_and_counts_in_place_without_copies(prepared):
     assert max(log.new_bytes) < plane_bytes // 8  # nothing near the size of one cache plane
     assert {name: tensor.data_ptr() for name, tensor in model.state.items()} == pointers
     page, offset = sequence.pages[6 // 4], 6 % 4
-    for name in ("k_cache", "v_cache"):
-        changed = (model.state[name] != before[name]).any(dim=(3, 4))  # [layers, pages, page_tokens]
-        assert changed.nonzero().tolist() == [[layer, page, offset] for layer in range(2)]
+    window_page = sequence.window_pages[6 // 4]  # the sliding layer's own page id of that position
+    for names, page_id in ((("k_cache", "v_cache"), page), (("window_k_cache", "window_v_cache"), window_page)):
+        for name in names:
+            changed = (model.state[name] != before[name]).any(dim=(3, 4))  # [layers, pages, page_tokens]
+            layers = model.state[name].shape[0]  # one full layer, one sliding layer
+            assert changed.nonzero().tolist() == [[layer, page_id, offset] for layer in range(layers)]
     counts = model.state["output_counts"] - before["output_counts"]
     assert counts.nonzero().tolist() == [[2, token]] and counts[2, token] == 1
     assert torch.equal(model.state["prompt_counts"], before["prompt_counts"])

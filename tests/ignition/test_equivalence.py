@@ -99,7 +99,8 @@ def test_prompt_continuing_from_cached_prefix_pages_matches(prepared):
     model.run(Operation.PREFILL, [RowWork(first, tuple(first.token_ids), 0, sample=False)])
     prompt = first.token_ids[:8] + random_prompt(6, seed=8)
     shared_pages = first.pages[:2]  # the two full pages of the common 8-token prefix
-    second = Sequence(1, list(prompt), pages=list(shared_pages), num_cached=8)
+    # (and the same pages of the sliding layers' own region where the layers mix windows)
+    second = Sequence(1, list(prompt), pages=list(shared_pages), window_pages=first.window_pages[:2], num_cached=8)
     generate(model, [second], NEW_TOKENS, chunk=16)
     assert second.pages[:2] == shared_pages
     assert model.operations_run[1] is Operation.PREFILL  # only the 6-token suffix was prefilled

@@ -13,7 +13,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
 from helios.ignition.recipes.base import NamedWeight, Recipe
 from helios.ignition.recurrent_geometry import RecurrentGeometry
-from helios.ignition.sharding import rank_architecture, rank_weight_files, rank_weights
+from helios.ignition.sharding import rank_architecture, rank_weight_files, rank_weights, weight_parts, weight_resources
 
 ARCH = Architecture(vocab_size=11, hidden_size=8, intermediate_size=6, num_layers=1, num_heads=4, num_kv_heads=2,
                     head_dim=2, rms_norm_eps=1e-5, layer_windows=(0,), qkv_bias=True, o_bias=True, mlp_bias=True)
@@ -81,6 +81,33 @@ def test_weight_files_carry_catalogs_of_their_stored_tensors():
             assert view.dtype == (mpb.DTYPE_INT64 if view.name == "w.vocab.start" else mpb.DTYPE_FLOAT32)
             raw = data[view.byte_offset:view.byte_offset + view.nbytes]
             assert raw == stored.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+
+
+def test_weights_are_cut_into_parts_of_whole_tensors_in_name_order():
+    """Parts of at most part_nbytes (a bigger tensor alone); every rank gets the same parts, and
+    weight_resources names each slot's part on rank 0."""
+    files = rank_weight_files(numbered_recipe(), 2, part_nbytes=200)
+    per_rank = [[f for f in files if f.rank == rank] for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) > 2
+    assert [f.resource_id for f in per_rank[1]] == ["weights.rank1"] + [
+        f"weights.rank1.part{k}" for k in range(1, len(per_rank[1]))]
+    names = [view.name for f in per_rank[0] for view in sorted(f.catalog.tensors, key=lambda v: v.name)]
+    assert names == sorted(names) and len(names) == len(set(names))  # name order, each tensor once
+    for file in per_rank[0]:
+        sizes = [view.nbytes for view in file.catalog.tensors]
+        assert sum(sizes) <= 200 or len(sizes) == 1
+    slots = weight_resources(files)
+    assert slots == {view.name[2:]: f.resource_id for f in per_rank[0] for view in f.catalog.tensors}
+    whole = rank_weight_files(numbered_recipe(), 2)  # the default size: one resource per rank
+    assert [(f.rank, f.resource_id) for f in whole] == [(0, "weights.rank0"), (1, "weights.rank1")]
+
+
+def test_weight_parts_keep_every_tensor_once():
+    tensors = {name: torch.zeros(n, dtype=torch.uint8) for name, n in (("b", 60), ("a", 50), ("c", 300), ("d", 10))}
+    parts = weight_parts(tensors, 100)
+    assert [list(p) for p in parts] == [["a"], ["b"], ["c"], ["d"]]
+    assert [list(p) for p in weight_parts(tensors, 1 << 20)] == [["a", "b", "c", "d"]]
+    assert weight_parts({}, 100) == [{}]
 
 
 HYBRID = dataclasses.replace(ARCH, num_layers=2, layer_windows=(0, 0), recurrent=RecurrentGeometry(

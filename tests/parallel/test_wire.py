@@ -30,7 +30,7 @@ def values(prompt=(1, 2, 3)) -> AdmissionValues:
 
 def message() -> StepMessage:
     variant = ProgramVariant("decode.r2t2", Operation.DECODE, 2, 2, device_pending=False)
-    row = PlanRow("req-1", 1, 4, (17,), False, 9, 1, 2, (5, 6), True, 3, 1, False, True)
+    row = PlanRow("req-1", 1, 4, (17,), False, 9, 1, 2, (5, 6), True, 3, 1, False, True, (-1, 7))
     copy = CopyOp(Location(StorageKind.PAGE, 3), Location(StorageKind.HOST, 0), 16)
     plan = StepPlan(12, 1, Operation.DECODE, variant, (row,), (copy,), 1)
     return StepMessage(MessageKind.LAUNCH, plan, (("req-1", values()),), (), (("req-1", (-1, 0, 2**31 - 1)),))
@@ -94,4 +94,4 @@ def test_the_encoding_is_pinned():
     must bump WIRE_VERSION. This digest is of the words `message()` encodes to."""
     words = WireEncoder().encode(message())
     digest = hashlib.sha256(struct.pack(f"<{len(words)}q", *words)).hexdigest()
-    assert digest == "4b1305bf94b23e2375a30f88c02e8e929ebae4e2d4249856633b5034ba8ac152"
+    assert digest == "5ee5eb47e7533e72d0d0b72c131af9a4b4aee0f5dc9b43fdd881d9586196b469"

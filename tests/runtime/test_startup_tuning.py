@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helios.abi.attention import DECODE_PROGRAMS_PER_MULTIPROCESSOR
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -30,7 +31,7 @@ from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 
 NAMESPACE = "test.helios/tuning"
-CONTEXT_TOKENS, DECODE_ROWS, THREADS = 512, (1, 4), 3
+CONTEXT_TOKENS, DECODE_ROWS, THREADS = 512, (1, 4), 6
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13]]
 
 
@@ -64,7 +65,7 @@ def threads(count: int):
 def expected_splits(multiprocessors: int, num_kv_heads: int) -> list[int]:
     """The documented formula, written independently of the producer's tensor ops."""
     ceiling = min(64, math.ceil(CONTEXT_TOKENS / 128))
-    return [max(1, min(math.ceil(8 * multiprocessors / (rows * num_kv_heads)), ceiling)) for rows in DECODE_ROWS]
+    return [max(1, min(math.ceil(DECODE_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors / (rows * num_kv_heads)), ceiling)) for rows in DECODE_ROWS]
 
 
 def test_prepared_contract_declares_the_producer_and_the_decode_binding(prepared):
@@ -94,7 +95,7 @@ def test_loading_runs_the_producer_with_the_formula_of_this_cpu(prepared):
     with threads(THREADS):
         model = load_model(core)
     num_kv_heads = QWEN3.config().num_key_value_heads
-    assert expected_splits(THREADS, num_kv_heads) == [4, 3]  # the context ceiling and the row count both bite
+    assert expected_splits(THREADS, num_kv_heads) == [4, 2]  # the context ceiling and the row count both bite
     assert model.buffers["attention_splits"].tolist() == expected_splits(THREADS, num_kv_heads)
 
 

@@ -65,13 +65,15 @@ _WRITE, _ATTEND = "helios::cache_write", "helios::paged_attention"
 _TUNED = "helios::paged_attention_tuned"
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Decode split schedule (helios.abi.triton_decode and startup tuning producers share it): about
-# DECODE_PROGRAMS_PER_MULTIPROCESSOR decode programs per multiprocessor (several waves, so programs of
-# uneven lengths leave no long tail), at most one split per MIN_SPLIT_TOKENS positions of the capacity
-# context, at most DECODE_MAX_SPLITS splits. Splits cut each token's own span, so a short row in a
-# long capacity still uses every split.
+# DECODE_PROGRAMS_PER_MULTIPROCESSOR decode programs per multiprocessor, at most one split per
+# MIN_SPLIT_TOKENS positions of the capacity context, at most DECODE_MAX_SPLITS splits. Splits cut each
+# token's own span, so a short row in a long capacity still uses every split. Two programs per
+# multiprocessor, not more: on an H200 at batch 64 (512 programs of 8 key/value heads) eight per
+# multiprocessor asked 3 splits and the partials and combine cost 10-23% over one split
+# (bench/results/h200_kernels_session16/decode_attention.log); batch 1 is capped by the context anyway.
 MIN_SPLIT_TOKENS = 128
 DECODE_MAX_SPLITS = 64
-DECODE_PROGRAMS_PER_MULTIPROCESSOR = 8
+DECODE_PROGRAMS_PER_MULTIPROCESSOR = 2
 
 
 def check_cache_planes(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:

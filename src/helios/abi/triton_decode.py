@@ -66,7 +66,10 @@ class DecodeTile:
 DEFAULT_TILE = DecodeTile()
 # Measured tiles by (head_dim, largest decode batch of the bucket); absent keys use DEFAULT_TILE.
 # Fill from `bench/decode_attention.py` (its "suggested tiles" lines) on the serving device class.
-DECODE_TILES: dict[tuple[int, int], DecodeTile] = {}
+# H200, Llama-8B shapes (bench/results/h200_kernels_session16/decode_attention.log): batch 1 is fastest
+# with 128-position tiles of 8 warps; at batch 64 the sweep's best is the default; at batch 256 no swept
+# tile beat the default. PREFILL_TILES' suggestion there is its default too.
+DECODE_TILES: dict[tuple[int, int], DecodeTile] = {(128, 1): DecodeTile(128, 8, 2, 128)}
 _BATCH_BUCKETS = (1, 16, 64, 256)
 
 
@@ -97,6 +100,28 @@ def _token_splits(pos, window, live, BLOCK_N: tl.constexpr, MIN_TILES: tl.conste
     return first, base, (tiles + runs - 1) // runs, runs
 
 
+@triton.jit
+def _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS: tl.constexpr, TUNED: tl.constexpr,
+               BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """(first visible position, first tile's position, end, runs) of this program's run of the token's
+    span. A one-split grid (NUM_SPLITS == 1, static) walks the whole span with no split arithmetic and
+    reads no split count; otherwise `_token_splits` cuts it and splits past the token's runs get
+    runs <= split (they exit)."""
+    if NUM_SPLITS == 1:
+        pos = tl.load(positions_ptr + token).to(tl.int32)
+        first = tl.maximum(pos - window + 1, 0)
+        lo = first // BLOCK_N * BLOCK_N
+        hi = pos + 1
+        runs = split + 1
+    else:
+        live = _live_splits(splits_ptr, NUM_SPLITS, TUNED)
+        pos = tl.load(positions_ptr + token, mask=split < live, other=0).to(tl.int32)
+        first, base, run_tiles, runs = _token_splits(pos, window, live, BLOCK_N, MIN_TILES)
+        lo = base + split * run_tiles * BLOCK_N
+        hi = tl.minimum(pos + 1, lo + run_tiles * BLOCK_N)
+    return first, lo, hi, runs
+
+
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
 def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                    query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
@@ -114,13 +139,10 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    live = _live_splits(splits_ptr, NUM_SPLITS, TUNED)
-    pos = tl.load(positions_ptr + token, mask=split < live, other=0).to(tl.int32)
-    first, base, run_tiles, runs = _token_splits(pos, window, live, BLOCK_N, MIN_TILES)
+    first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
+                                     MIN_TILES)
     if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
         row = find_row(query_start_ptr, num_rows, token, 1, False)
-        lo = base + split * run_tiles * BLOCK_N
-        hi = tl.minimum(pos + 1, lo + run_tiles * BLOCK_N)
         offs_h = tl.arange(0, BLOCK_H)
         head = kv_head * GROUP + offs_h
         h_ok = offs_h < GROUP
@@ -139,9 +161,11 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
             acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, valid[None, :],
                                         kv_head, offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        if runs == 1:
-            tl.store(out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                     result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+        out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+        if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+        elif runs == 1:
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
         else:
             part = (token * num_heads + head) * NUM_SPLITS + split
             tl.store(part_m_ptr + part, m_i, mask=h_ok)

@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from helios.abi.moe_tiles import LaunchTiles, tiles_for
+
 __all__ = ["block_schedule", "triton_moe_experts"]
 
 _ACTIVATION_CODES = {"silu": 0, "swiglu_clamped": 1}
@@ -206,13 +208,6 @@ def _schedule_kernel(bounds, block_expert, block_start, block_end, num_blocks, E
         tl.store(block_end + index, end, mask=inside)
 
 
-def block_m(assignments: int, num_experts: int = 1) -> int:
-    """Rows per block from the mean rows per expert (a static shape): 16 while experts see a few rows
-    each (decode), up to 64 for prefill-sized batches."""
-    mean_rows = assignments / num_experts
-    return 16 if mean_rows <= 24 else 32 if mean_rows <= 48 else 64
-
-
 def block_schedule(ids: torch.Tensor, num_experts: int, rows_per_block: int):
     """Sort assignments by expert and cut each expert's run into blocks (device ops, static shapes).
 
@@ -261,8 +256,9 @@ def device_block_schedule(ids: torch.Tensor, num_experts: int, rows_per_block: i
 
 
 def triton_moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_bias, activation: str,
-                       alpha: float, limit: float) -> torch.Tensor:
-    """``helios::moe_experts`` on validated inputs (see `helios.abi.moe`)."""
+                       alpha: float, limit: float, tiles: LaunchTiles | None = None) -> torch.Tensor:
+    """``helios::moe_experts`` on validated inputs (see `helios.abi.moe`). `tiles` overrides the
+    tuned table's (`helios.abi.moe_tiles`) choice for this shape (the tuning script sweeps them)."""
     tokens, width = hidden.shape
     top_k = ids.shape[1]
     num_experts, ffn = gate_up.shape[0], gate_up.shape[1] // 2
@@ -276,43 +272,55 @@ def triton_moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_b
     inter = torch.empty((assignments, ffn), dtype=hidden.dtype, device=hidden.device)
     per_assignment = torch.zeros((assignments, width), dtype=torch.float32, device=hidden.device)
     biases = (gate_up_bias, down_bias)
-    if assignments <= GEMV_ASSIGNMENTS:
+    path = "gemv" if assignments <= GEMV_ASSIGNMENTS else "grouped"
+    if tiles is None:
+        tiles = tiles_for(path, assignments, num_experts, width, ffn, gate_up.dtype)
+    if path == "gemv":
         _gemv_experts(hidden, ids.reshape(-1).contiguous(), route, (gate_up, down), biases, inter, per_assignment,
-                      activation, alpha, limit)
+                      (activation, alpha, limit), tiles)
         return per_assignment.view(tokens, top_k, width).sum(dim=1).to(hidden.dtype)
-    rows_per_block = block_m(assignments, num_experts)
-    order, block_expert, block_start, block_end = device_block_schedule(ids, num_experts, rows_per_block)
-    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
-    num_blocks = block_expert.shape[0]
-    block_n = 32 if assignments <= 64 else 64
-    block_k = 64
-    _gate_up_kernel[(num_blocks, triton.cdiv(ffn, block_n))](
-        hidden, order, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, inter,
-        block_expert, block_start, block_end, width, ffn, top_k, float(alpha), float(limit),
-        hidden.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        HAS_BIAS=gate_up_bias is not None, ACTIVATION=_ACTIVATION_CODES[activation], BLOCK_M=rows_per_block,
-        BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=4)
-    _down_kernel[(num_blocks, triton.cdiv(width, block_n))](
-        inter, order, route, down, down_bias if down_bias is not None else down, per_assignment,
-        block_expert, block_start, block_end, width, ffn, inter.stride(0), down.stride(0), down.stride(1),
-        per_assignment.stride(0), HAS_BIAS=down_bias is not None, BLOCK_M=rows_per_block, BLOCK_N=block_n,
-        BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=4)
+    _grouped_experts(hidden, ids, route, (gate_up, down), biases, inter, per_assignment, (activation, alpha, limit),
+                     tiles)
     return per_assignment.view(tokens, top_k, width).sum(dim=1).to(hidden.dtype)
 
 
-def _gemv_experts(hidden, ids, route, experts, biases, inter, out, activation: str, alpha: float, limit: float):
+def _grouped_experts(hidden, ids, route, experts, biases, inter, out, activation, tiles: LaunchTiles) -> None:
+    """The sorted block GEMM path (module docstring, steps 1-3)."""
+    (gate_up, down), (gate_up_bias, down_bias) = experts, biases
+    (activation, alpha, limit), width, ffn, top_k = activation, hidden.shape[1], inter.shape[1], ids.shape[1]
+    num_experts = gate_up.shape[0]
+    order, block_expert, block_start, block_end = device_block_schedule(ids, num_experts, tiles.gate_up.block_m)
+    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    num_blocks = block_expert.shape[0]
+    up, dn = tiles.gate_up, tiles.down
+    _gate_up_kernel[(num_blocks, triton.cdiv(ffn, up.block_n))](
+        hidden, order, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, inter,
+        block_expert, block_start, block_end, width, ffn, top_k, float(alpha), float(limit),
+        hidden.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
+        HAS_BIAS=gate_up_bias is not None, ACTIVATION=_ACTIVATION_CODES[activation], BLOCK_M=up.block_m,
+        BLOCK_N=up.block_n, BLOCK_K=up.block_k, DOT_PRECISION=precision, num_warps=up.num_warps,
+        num_stages=up.num_stages)
+    _down_kernel[(num_blocks, triton.cdiv(width, dn.block_n))](
+        inter, order, route, down, down_bias if down_bias is not None else down, out,
+        block_expert, block_start, block_end, width, ffn, inter.stride(0), down.stride(0), down.stride(1),
+        out.stride(0), HAS_BIAS=down_bias is not None, BLOCK_M=up.block_m, BLOCK_N=dn.block_n,
+        BLOCK_K=dn.block_k, DOT_PRECISION=precision, num_warps=dn.num_warps, num_stages=dn.num_stages)
+
+
+def _gemv_experts(hidden, ids, route, experts, biases, inter, out, activation, tiles: LaunchTiles) -> None:
     """The small-batch path: one program per (assignment, column tile), no sort (module docstring)."""
     gate_up, down = experts
     gate_up_bias, down_bias = biases
+    activation, alpha, limit = activation
     assignments, (num_experts, double, width) = ids.shape[0], gate_up.shape
-    ffn, block_n, block_k = double // 2, 32, 128
+    ffn, up, dn = double // 2, tiles.gate_up, tiles.down
     top_k = assignments // hidden.shape[0]
-    _gate_up_gemv_kernel[(assignments, triton.cdiv(ffn, block_n))](
+    _gate_up_gemv_kernel[(assignments, triton.cdiv(ffn, up.block_n))](
         hidden, ids, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, inter, num_experts, width, ffn,
         top_k, float(alpha), float(limit), hidden.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        HAS_BIAS=gate_up_bias is not None, ACTIVATION=_ACTIVATION_CODES[activation], BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4)
-    _down_gemv_kernel[(assignments, triton.cdiv(width, block_n))](
+        HAS_BIAS=gate_up_bias is not None, ACTIVATION=_ACTIVATION_CODES[activation], BLOCK_N=up.block_n,
+        BLOCK_K=up.block_k, num_warps=up.num_warps, num_stages=up.num_stages)
+    _down_gemv_kernel[(assignments, triton.cdiv(width, dn.block_n))](
         inter, ids, route, down, down_bias if down_bias is not None else down, out, num_experts, width, ffn,
         inter.stride(0), down.stride(0), down.stride(1), out.stride(0), HAS_BIAS=down_bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)

@@ -47,6 +47,7 @@ class LoadExtent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOAD_EXTENT_UNSPECIFIED: _ClassVar[LoadExtent]
     LOAD_EXTENT_PHYSICAL_PAGES: _ClassVar[LoadExtent]
     LOAD_EXTENT_STATE_ROWS: _ClassVar[LoadExtent]
+    LOAD_EXTENT_WINDOW_PAGES: _ClassVar[LoadExtent]
 
 class CompletionFieldKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -87,6 +88,7 @@ BUFFER_ROLE_OUTPUT: BufferRole
 LOAD_EXTENT_UNSPECIFIED: LoadExtent
 LOAD_EXTENT_PHYSICAL_PAGES: LoadExtent
 LOAD_EXTENT_STATE_ROWS: LoadExtent
+LOAD_EXTENT_WINDOW_PAGES: LoadExtent
 COMPLETION_FIELD_KIND_UNSPECIFIED: CompletionFieldKind
 COMPLETION_FIELD_KIND_SLOT: CompletionFieldKind
 COMPLETION_FIELD_KIND_GENERATION: CompletionFieldKind

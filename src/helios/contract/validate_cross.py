@@ -134,20 +134,37 @@ def _check_regions(model: spb.ModelContract, index: ContractIndex) -> None:
             require(buffer.role == mpb.BUFFER_ROLE_CACHE_STORAGE, path, f"{plane!r} is not CACHE_STORAGE")
             require(plane not in owner, path, f"{plane!r} already belongs to region {owner.get(plane)!r}")
             owner[plane] = name
+            extents = {dim.load_extent for dim in buffer.shape if dim.WhichOneof("extent") == "load_extent"}
             extent = EXTENT_OF_KIND.get(region.kind)
             if extent is not None:
-                extents = {dim.load_extent for dim in buffer.shape if dim.WhichOneof("extent") == "load_extent"}
                 require(
                     extent in extents,
                     path,
                     f"{enum_label(spb.HistoryKind, region.kind)} planes are sized by {enum_label(mpb.LoadExtent, extent)}",
                 )
+            _check_window_extent(region, extents, path, index)
     for name, entry in index.buffers.items():
         if entry.message.role == mpb.BUFFER_ROLE_CACHE_STORAGE:
             require(name in owner, f"{entry.path}.role", f"cache storage {name!r} belongs to no history region")
     for name, entry in index.cursors.items():
         region = entry.message.region
         require(region in index.regions, f"{entry.path}.region", f"unknown history region {region!r}")
+
+
+def _check_window_extent(region: spb.HistoryRegion, extents: set[int], path: str, index: ContractIndex) -> None:
+    """A sliding-window region owns its page ids (planes sized by WINDOW_PAGES) only with a page-table
+    view of its own; otherwise its planes share the PHYSICAL_PAGES ids of the other paged regions."""
+    if region.kind == spb.HISTORY_KIND_SLIDING_WINDOW:
+        require(bool(extents & _WINDOW_EXTENTS), path, "SLIDING_WINDOW planes are sized by PHYSICAL_PAGES or WINDOW_PAGES")
+    if mpb.LOAD_EXTENT_WINDOW_PAGES not in extents:
+        return
+    require(region.kind == spb.HISTORY_KIND_SLIDING_WINDOW, path, "only SLIDING_WINDOW planes are sized by WINDOW_PAGES")
+    require(mpb.LOAD_EXTENT_PHYSICAL_PAGES not in extents, path, "a plane is sized by one page extent")
+    require(any(view.message.region == region.name for view in index.page_table_views.values()), path,
+            f"region {region.name!r} owns its page ids (WINDOW_PAGES) but no page-table view names it")
+
+
+_WINDOW_EXTENTS = {mpb.LOAD_EXTENT_PHYSICAL_PAGES, mpb.LOAD_EXTENT_WINDOW_PAGES}
 
 
 def _check_catalogs(model: spb.ModelContract, index: ContractIndex) -> None:

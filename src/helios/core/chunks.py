@@ -202,6 +202,10 @@ class VerifiedChunks:
         self._pending: deque[Future] = deque()  # chunks _index, _index + 1, ... in order
 
     @property
+    def chunk_nbytes(self) -> int:
+        return self._chunk_nbytes
+
+    @property
     def is_exhausted(self) -> bool:
         return self._index == len(self._digests)
 

@@ -26,6 +26,7 @@ class _VerifiedInput:
     """The decompressor's `read(size)` source: verified, walked chunks in order. Mutable."""
 
     def __init__(self, chunks: VerifiedChunks, walker: FrameWalker):
+        self.chunk_nbytes = chunks.chunk_nbytes
         self._chunks = chunks
         self._walker = walker
         self._buffer = memoryview(b"")
@@ -101,8 +102,11 @@ class FrameReader(io.RawIOBase):
         # before the decompressor, and with it any window buffer, exists.
         self._input.prime()
         decompressor = zstandard.ZstdDecompressor(max_window_size=self._max_window)
+        # Whole chunks in: each input read is a call into Python (the GIL), so a reader decoding
+        # beside other threads (load decodes weight parts side by side while programs deserialize)
+        # takes the GIL once per stored chunk rather than once per slice of one.
         self._decoder = decompressor.stream_reader(
-            self._input, read_size=256 * 1024, read_across_frames=False, closefd=False
+            self._input, read_size=self._input.chunk_nbytes, read_across_frames=False, closefd=False
         )
 
     def readinto(self, buffer) -> int:

@@ -9,14 +9,16 @@
     writer.write("model.core")                              # or split_nbytes=2**30
 
 Each resource is compressed as exactly one zstd level-3 frame (or sealed as AES-GCM chunks for a
-v4 logical-resource core) while it streams from its source into the output file; nothing is held
-whole in memory. The writer is a single-use mutable builder: `write` consumes the sources.
+v4 logical-resource core) while it streams from its source into the output file; nothing large is
+held whole in memory (in-memory resources under 64 MiB are compressed ahead on a small pool, side by
+side, and their frames written in order: the same bytes). The writer is a single-use mutable builder: `write` consumes the sources.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
@@ -64,6 +66,20 @@ def _open_source(source: Source) -> tuple[BinaryIO | Segments, int | None, bool]
         handle = open(source, "rb")
         return handle, os.fstat(handle.fileno()).st_size, True
     return source, None, False
+
+
+# In-memory resources below this size (programs, tokenizer, template) are compressed side by side on
+# a small pool while the writer streams the others in order; larger ones (weights) use zstd's own
+# threads. The core's bytes are the same either way.
+_AHEAD_NBYTES = 64 << 20
+
+
+def _small_in_memory(source: Source) -> bool:
+    return isinstance(source, (bytes, bytearray, memoryview)) and len(source) < _AHEAD_NBYTES
+
+
+def _ahead_workers() -> int:
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 class CoreWriter:
@@ -145,8 +161,16 @@ class CoreWriter:
         of about that size (a resource never spans parts)."""
         self._check_ready()
         self._written = True
-        with ContainerWriter(path, split_nbytes=split_nbytes) as container:
-            entries = [self._store(container, pending) for pending in self._resources]
+        with ContainerWriter(path, split_nbytes=split_nbytes) as container, \
+                ThreadPoolExecutor(_ahead_workers(), thread_name_prefix="helios-compress") as pool:
+            ahead = {index: pool.submit(self._compress_ahead, pending) for index, pending in enumerate(self._resources)
+                     if _small_in_memory(pending.source) and not self._format.is_sealed}
+            try:
+                entries = [self._store(container, pending, ahead.get(index))
+                           for index, pending in enumerate(self._resources)]
+            finally:
+                for future in ahead.values():
+                    future.cancel()
             payload = encode_payload(
                 self._format, self._contract, self._publisher, entries, self._rebuild,
                 self._catalogs,
@@ -159,7 +183,21 @@ class CoreWriter:
             files = container.commit(body.SerializeToString(deterministic=True))
         return WrittenCore(files, tuple(entry.info for entry in entries))
 
-    def _store(self, container: ContainerWriter, pending: _PendingResource) -> ResourceEntry:
+    def _compress_ahead(self, pending: _PendingResource) -> tuple[ResourceEntry, bytes]:
+        """The resource's entry and stored frame, compressed in memory (the bytes `_store` would
+        stream: zstd's output depends only on the content and the settings)."""
+        stream, size, _ = _open_source(pending.source)
+        frame = io.BytesIO()
+        entry = store_resource(stream, frame, size=size, resource_id=pending.resource_id, kind=pending.kind,
+                               rank=pending.rank, aes_key=None, nonce_prefix=b"")
+        return entry, frame.getvalue()
+
+    def _store(self, container: ContainerWriter, pending: _PendingResource, ahead=None) -> ResourceEntry:
+        if ahead is not None:  # compressed on the pool: only its stored bytes are written here
+            entry, frame = ahead.result()
+            container.begin_resource().write(frame)
+            container.end_resource(pending.resource_id)
+            return entry
         stream, size, owned = _open_source(pending.source)
         try:
             sink = container.begin_resource()

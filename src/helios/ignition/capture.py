@@ -39,7 +39,7 @@ _TORCH_DTYPES = {
     "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
 }
 # Example extents of the symbolic dims (>= 2, so tracing does not specialise them; any extent >= 1 runs).
-_EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "request_rows": 4, "max_pages": 2}
+_EXAMPLE_EXTENTS = {"pages": 3, "slots": 2, "request_rows": 4, "max_pages": 2, "window_pages": 5}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_e
 from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
+from helios.ignition.window_split import layer_storage
 
 
 class PackedStep(NamedTuple):
@@ -36,6 +37,8 @@ class PackedStep(NamedTuple):
     # Prompt programs (PREFILL, SCORED_PREFILL: few rows of many tokens): latent attention up-projects
     # the rows' context into per-head keys/values; every other step attends over the latents absorbed.
     up_project: bool = False
+    # The sliding layers' own region (`helios.ignition.window_split.WindowStorage`); None: one region.
+    window: object = None
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
@@ -97,9 +100,11 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     if arch.qk_norm:
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    k_plane, v_plane, step = shared.k_cache[layer], shared.v_cache[layer], shared.step
-    q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, step.slot_mapping)
-    attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane, step)
+    step = shared.step
+    k_plane, v_plane, table, slots = layer_storage(arch, layer, shared.k_cache, shared.v_cache, step, step.window)
+    q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, slots)
+    attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
+                               step if table is step.page_table else step._replace(page_table=table))
     attended = attended.reshape(num_tokens, arch.q_size)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 

@@ -37,10 +37,11 @@ from helios.ignition.preparation.contract import (
 from helios.ignition.program_spec import LOGPROB_OPERATIONS, AttentionTuning, Capacity, Operation, ProgramOptions
 from helios.ignition.recipes import Recipe, load_checkpoint
 from helios.ignition.safetensors_image import digest_in_background
-from helios.ignition.sharding import rank_architecture, rank_weight_files
+from helios.ignition.sharding import rank_architecture, rank_weight_files, weight_resources
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
 from helios.ignition.tuning import TUNING_CAPACITY
 from helios.ignition.vision_plan import vision_preparation
+from helios.ignition.window_split import window_tokens
 
 TOKENIZER_RESOURCE = "tokenizer.json"
 TEMPLATE_RESOURCE = "chat_template.jinja"
@@ -145,7 +146,7 @@ def prepare_core(
     # Each rank's file digest (for the cache identity) is hashed in the background while the
     # programs are captured; the weights are compressed straight from the tensors at `write`.
     weight_files = rank_weight_files(recipe, ranks)
-    digests = [digest_in_background(weights.image) for weights in weight_files]  # one thread per rank
+    digests = [digest_in_background(weights.image) for weights in weight_files]  # rank, then part order
     assets = read_assets(checkpoint, arch.vocab_size, dict(options.frontend))
     assets = dataclasses.replace(assets, sampling=merged_sampling(checkpoint, options.sampling))
     declared = assets.frontend
@@ -187,7 +188,7 @@ def prepare_core(
         writer.add_weight_catalog(weights.catalog)
     writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
     writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
-    weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each rank's file
+    weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each weights file
     if draft is not None:
         draft_data, draft_digest = draft_weights_file(draft)
         # Every rank runs the whole draft, so its weights are one resource shared by all ranks.
@@ -195,10 +196,12 @@ def prepare_core(
         weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
         progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
     declaration = _declaration(recipe, assets, options, weights_digest)
+    declaration = dataclasses.replace(declaration, split_window=window_tokens(arch, program_options))
     if images is not None:
         declaration = dataclasses.replace(declaration, images=images.declare)
-    prepared = declare_paged_text(declaration, programs, [weights.resource_id for weights in weight_files],
-                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
+    firsts = {weights.rank: weights.resource_id for weights in reversed(weight_files)}  # each rank's first part
+    prepared = declare_paged_text(declaration, programs, [firsts[rank] for rank in sorted(firsts)],
+                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None, weight_resources(weight_files))
     writer.set_contract(prepared)
     writer.set_publisher(options.namespace, license=options.license)
     writer.add_signing_key(key)

@@ -45,6 +45,7 @@ from helios.ignition.program_spec import (
     DRAFT_INPUTS, PENDING_TOKENS, ProgramOptions, logprob_width, model_weight_layout,
 )
 from helios.ignition.speculative import with_emitted
+from helios.ignition.window_split import WINDOW_INPUTS, WindowStorage, window_tokens
 
 
 class GenerationProgram(torch.nn.Module):
@@ -61,8 +62,12 @@ class GenerationProgram(torch.nn.Module):
         self.token_logprobs = options.token_logprobs
         extra = options.multimodal.extra_weights if options.multimodal is not None else ()
         self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft, extra))
-        # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more.
+        # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more; last, the
+        # sliding layers' own region where the layers mix windows (`helios.ignition.window_split`).
         self.trailing_input_names = DRAFT_INPUTS if options.draft is not None else ()
+        self.window_split = window_tokens(arch, options) > 0
+        if self.window_split:
+            self.trailing_input_names = (*self.trailing_input_names, *WINDOW_INPUTS)
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
@@ -76,6 +81,7 @@ class GenerationProgram(torch.nn.Module):
 
     def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None,
             extra=None):
+        step, draft = self.with_window(step, lanes[0], draft)
         w = self.bind(weights, step, lanes[0], draft)
         hidden = self.hidden(w, k_cache, v_cache, step, extra)
         sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
@@ -86,6 +92,16 @@ class GenerationProgram(torch.nn.Module):
     def hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
         """Final-normed hidden states of the packed tokens; `extra`: a subclass's own inputs."""
         return decoder_hidden(self.arch, w, k_cache, v_cache, step)
+
+    def with_window(self, step: PackedStep, request_slots, trailing) -> tuple[PackedStep, tuple]:
+        """`step` with the window region's storage (the last three trailing inputs) and the rest of
+        `trailing`; unchanged without a window split."""
+        if not self.window_split:
+            return step, trailing
+        k_cache, v_cache, page_table = trailing[-3:]
+        rows = page_table[request_slots.clamp(min=0)]
+        slots = slot_mapping(step.query_start, rows, step.positions, self.page_tokens)
+        return step._replace(window=WindowStorage(k_cache, v_cache, rows, slots)), tuple(trailing[:-3])
 
     def bind(self, weights: list[torch.Tensor], step: PackedStep, request_slots, draft) -> dict[str, torch.Tensor]:
         """The target's named weights, after the draft (if any) has written its history of `step`."""
@@ -261,6 +277,7 @@ class ScoredPrefillProgram(GenerationProgram):
         seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, target_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        step, draft = self.with_window(step, request_slots, draft)
         w = self.bind(weights, step, request_slots, draft)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         lanes = (request_slots, generations, sample_rows, query_lens, submission)

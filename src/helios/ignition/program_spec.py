@@ -248,18 +248,20 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
     if operation is Operation.TUNING:
         return _tuning_spec(capacity, page_tokens, options)
     from helios.ignition import multimodal_spec  # a multimodal core's extra inputs and its VISION program
+    from helios.ignition.window_split import window_input_specs  # the sliding layers' own region
 
     weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options))
     if operation is Operation.VISION:
         return multimodal_spec.vision_spec(capacity, page_tokens, weights, options)
     inputs = (
         TensorSpec("weights", "tensor_list", (len(weights),), InputRole.WEIGHTS),
-        *_state_inputs(arch, page_tokens),
+        *_state_inputs(arch, page_tokens, options),
         *_step_inputs(arch, capacity, operation),
         *_tuned_inputs(operation, options),
         *_pending_inputs(operation, options),
         *_draft_inputs(options.draft, page_tokens),
         *_recurrent_inputs(arch),
+        *window_input_specs(arch, page_tokens, options),
         *multimodal_spec.step_inputs(arch, capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
@@ -323,10 +325,15 @@ def cache_plane_names(arch: Architecture, prefix: str = "") -> tuple[str, str]:
     return tuple(prefix + name for name in (LATENT_PLANES if arch.latent is not None else KV_PLANES))
 
 
-def cache_plane_specs(arch: Architecture, page_tokens: int, prefix: str = "") -> tuple[TensorSpec, TensorSpec]:
+def cache_plane_specs(arch: Architecture, page_tokens: int, prefix: str = "",
+                      split: bool = False) -> tuple[TensorSpec, TensorSpec]:
     """`arch`'s two cache-storage inputs: [layers, pages, page_tokens, Hkv, D] key and value planes,
-    or [layers, pages, page_tokens, C] latent and [layers, pages, page_tokens, Dr] rotary-key planes."""
-    names, layers = cache_plane_names(arch, prefix), len(arch.attention_layers)
+    or [layers, pages, page_tokens, C] latent and [layers, pages, page_tokens, Dr] rotary-key planes.
+    With `split` (`helios.ignition.window_split`) they hold the full-attention layers only."""
+    from helios.ignition.window_split import full_layers
+
+    names = cache_plane_names(arch, prefix)
+    layers = len(full_layers(arch)) if split else len(arch.attention_layers)
     if arch.latent is None:
         shapes = [(layers, "pages", page_tokens, arch.num_kv_heads, arch.head_dim)] * 2
     else:
@@ -364,10 +371,12 @@ def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
     )
 
 
-def _state_inputs(arch: Architecture, page_tokens: int) -> tuple[TensorSpec, ...]:
+def _state_inputs(arch: Architecture, page_tokens: int, options: ProgramOptions) -> tuple[TensorSpec, ...]:
+    from helios.ignition.window_split import window_tokens
+
     state, step, vocab = InputRole.PERSISTENT_STATE, InputRole.STEP_INPUT, arch.vocab_size
     return (
-        *cache_plane_specs(arch, page_tokens),
+        *cache_plane_specs(arch, page_tokens, split=window_tokens(arch, options) > 0),
         TensorSpec("output_counts", "int32", ("slots", vocab), state, Access.READ_WRITE),
         # Host-written per request row: at admission (histogram) and as pages are assigned.
         TensorSpec("prompt_counts", "int32", ("request_rows", vocab), step),

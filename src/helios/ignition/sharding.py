@@ -212,15 +212,46 @@ class RankWeightsFile:
     catalog: WeightCatalog
 
 
-def rank_weight_files(recipe: Recipe, ranks: int) -> tuple[RankWeightsFile, ...]:
-    """Every rank's weights resource, rank order; resource ids ``weights.rank<r>``."""
+# A rank's weights are cut into resources of about this many bytes (whole tensors, name order): each
+# resource is its own zstd frame, so load decodes, verifies and copies them side by side on a pool
+# (one frame decodes on one core). A model under this size keeps one resource per rank.
+WEIGHT_PART_NBYTES = 512 << 20
+
+
+def rank_weight_files(recipe: Recipe, ranks: int, part_nbytes: int | None = None) -> tuple[RankWeightsFile, ...]:
+    """Every rank's weights resources, rank order then part order; resource ids ``weights.rank<r>``
+    for the first part and ``weights.rank<r>.part<k>`` for the others. Every rank has the same
+    shapes, so every rank has the same parts (load maps them by position). `part_nbytes`: None for
+    WEIGHT_PART_NBYTES."""
+    part_nbytes = part_nbytes or WEIGHT_PART_NBYTES
     files = []
     for rank in range(ranks):
         tensors = {f"w.{w.name}": w.tensor.contiguous() for w in rank_weights(recipe, ranks, rank)}
-        image = safetensors_image(tensors)
-        resource_id = f"weights.rank{rank}"
-        files.append(RankWeightsFile(rank, resource_id, image, weight_catalog(rank, resource_id, image.header)))
+        for index, part in enumerate(weight_parts(tensors, part_nbytes)):
+            image = safetensors_image(part)
+            resource_id = f"weights.rank{rank}" + (f".part{index}" if index else "")
+            files.append(RankWeightsFile(rank, resource_id, image, weight_catalog(rank, resource_id, image.header)))
     return tuple(files)
+
+
+def weight_parts(tensors: dict[str, torch.Tensor], part_nbytes: int) -> list[dict[str, torch.Tensor]]:
+    """`tensors` in name order, cut into consecutive groups of at most `part_nbytes` bytes (a tensor
+    larger than that is a group of its own); at least one group."""
+    parts: list[dict[str, torch.Tensor]] = [{}]
+    filled = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if parts[-1] and filled + nbytes > part_nbytes:
+            parts.append({})
+            filled = 0
+        parts[-1][name] = tensors[name]
+        filled += nbytes
+    return parts
+
+
+def weight_resources(files: tuple[RankWeightsFile, ...], rank: int = 0) -> dict[str, str]:
+    """Weight slot name (``w.`` stripped) -> the resource of rank `rank` that holds it."""
+    return {view.name[2:]: file.resource_id for file in files if file.rank == rank for view in file.catalog.tensors}
 
 
 def weight_catalog(rank: int, resource_id: str, data: bytes) -> WeightCatalog:

@@ -382,6 +382,8 @@ class Engine:
         with stats._lock:
             stats.active_requests, stats.queued_requests = c.num_running, c.num_waiting
             stats.pages_total, stats.pages_free, stats.pages_cached = c.pages_total, c.pages_free, c.pages_cached
+            stats.window_pages_total, stats.window_pages_free = c.window_pages_total, c.window_pages_free
+            stats.window_pages_cached = c.window_pages_cached
             stats.prefix_lookup_tokens, stats.prefix_reused_tokens = c.prefix_lookup_tokens, c.prefix_reused_tokens
             stats.snapshots_published, stats.snapshots_evicted = c.snapshots_published, c.snapshots_evicted
             stats.snapshots_restored = c.snapshots_restored

@@ -51,6 +51,11 @@ class _RuntimeCollector:
         yield _gauge("helios_cache_pages", "Physical cache pages", s.pages_total)
         yield _gauge("helios_cache_pages_free", "Cache pages free", s.pages_free)
         yield _gauge("helios_cache_pages_cached", "Unreferenced cache pages kept for prefix reuse", s.pages_cached)
+        yield _gauge("helios_cache_window_pages", "Pages of the sliding-window region with its own page ids",
+                     s.window_pages_total)
+        yield _gauge("helios_cache_window_pages_free", "Window-region pages free", s.window_pages_free)
+        yield _gauge("helios_cache_window_pages_cached", "Unreferenced window-region pages kept for prefix reuse",
+                     s.window_pages_cached)
         yield _gauge("helios_requests_active", "Requests holding a slot", s.active_requests)
         yield _gauge("helios_requests_queued", "Requests waiting for scheduler admission", s.queued_requests)
         yield _gauge("helios_request_slots", "Selected concurrency (request slots)", s.request_slots)

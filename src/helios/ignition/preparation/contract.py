@@ -38,7 +38,7 @@ length sources, copied-token inputs, record token columns, proposal confidence).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -49,6 +49,7 @@ from helios.ignition.program_spec import (
     CONFIDENCE_OUTPUT, LATENT_PLANES, LOGPROB_OUTPUTS, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
 )
 from helios.ignition.tuning import TUNING_GRAPH
+from helios.ignition.window_split import WINDOW_INPUTS, WINDOW_REGION
 
 S, M = spb, mpb
 EXPORTED_CONTRACT_VERSION = 3
@@ -70,7 +71,8 @@ _DTYPES = {
     "int64": M.DTYPE_INT64, "int32": M.DTYPE_INT32, "bool": M.DTYPE_BOOL, "uint8": M.DTYPE_UINT8,
 }
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
-_EXTENTS = {"pages": M.LOAD_EXTENT_PHYSICAL_PAGES, "slots": M.LOAD_EXTENT_STATE_ROWS}
+_EXTENTS = {"pages": M.LOAD_EXTENT_PHYSICAL_PAGES, "slots": M.LOAD_EXTENT_STATE_ROWS,
+            "window_pages": M.LOAD_EXTENT_WINDOW_PAGES}
 
 # (source, indexing, padding) of every bound step input; DECODE overrides the packed-token rows.
 _BINDINGS = {
@@ -79,6 +81,7 @@ _BINDINGS = {
     "target_ids": (S.VALUE_SOURCE_SCORED_TARGET_TOKENS, S.INDEXING_PACKED_TOKEN, -1),
     "query_lens": (S.VALUE_SOURCE_QUERY_LENGTH, S.INDEXING_SUBMISSION_ROW, 0),
     "page_table": (S.VALUE_SOURCE_PAGE_TABLE, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
+    WINDOW_INPUTS[2]: (S.VALUE_SOURCE_PAGE_TABLE, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
     "request_slots": (S.VALUE_SOURCE_SLOT, S.INDEXING_SUBMISSION_ROW, -1),
     "generations": (S.VALUE_SOURCE_GENERATION, S.INDEXING_SUBMISSION_ROW, -1),
     "sample_rows": (S.VALUE_SOURCE_SAMPLING_DECISION, S.INDEXING_SUBMISSION_ROW, 0),
@@ -136,6 +139,9 @@ class PagedTextDeclaration:
     # Sliding-window extent (tokens) when every layer attends only to that many latest positions: the
     # history region is then declared a sliding window, whose older pages the runtime releases. 0: full.
     history_window: int = 0
+    # Window (tokens) of the sliding layers' own region when the layers mix sliding and full attention
+    # (`helios.ignition.window_split`): a SLIDING_WINDOW region with its own page ids. 0: none.
+    split_window: int = 0
     snapshot_capacity: int = 0  # continuation rows for snapshots at exact endpoints (default at load)
     # Declares a vision-language model's vision capacities, image sentinels and frontend image
     # selectors into the model contract (`preparation.vision_contract`); None: text only.
@@ -166,12 +172,15 @@ def _graph_of(spec: ProgramSpec) -> str:
 
 def declare_paged_text(
     declaration: PagedTextDeclaration, programs: Sequence[ProgramResource], weights_resource: Sequence[str],
-    draft_weights_resource: str | None = None,
+    draft_weights_resource: str | None = None, weight_parts: Mapping[str, str] | None = None,
 ) -> PreparedContract:
     """The validated contract and manifest of `programs` (every operation's variants, every rank).
 
     `weights_resource[rank]` is the resource id of that rank's weight file; `draft_weights_resource`
-    holds the draft model's weights when the programs have one.
+    holds the draft model's weights when the programs have one. `weight_parts` (weight slot ->
+    rank 0's resource) names the resource of each slot when rank 0's weights span several
+    resources (`helios.ignition.sharding.WEIGHT_PART_NBYTES`); slots it lacks are in
+    `weights_resource[0]`.
     """
     tuning = [p for p in programs if p.spec.operation is Operation.TUNING]
     programs = [p for p in programs if p.spec.operation is not Operation.TUNING]
@@ -179,7 +188,7 @@ def declare_paged_text(
         raise ValueError("at least one captured program is required")
     first = programs[0].spec
     manifest = M.ExecutionManifest(version=MANIFEST_VERSION, ranks=declaration.ranks)
-    manifest.buffers.extend(_buffers(declaration, programs, weights_resource, draft_weights_resource))
+    manifest.buffers.extend(_buffers(declaration, programs, weights_resource, draft_weights_resource, weight_parts))
     producers = _producers(tuning)
     manifest.destinations.extend(
         M.TransportDestination(name=name, buffer=name) for name in sorted(_bound_inputs(programs))
@@ -334,14 +343,16 @@ def _dims(shape: Sequence[int | str], declaration: PagedTextDeclaration, fixed: 
     return dims
 
 
-def _buffers(declaration, programs, weights_resource, draft_resource=None) -> list[mpb.Buffer]:
+def _buffers(declaration, programs, weights_resource, draft_resource=None, parts=None) -> list[mpb.Buffer]:
     buffers: dict[str, mpb.Buffer] = {}
     spec = programs[0].spec
+    parts = parts or {}
     for slot in spec.weights:
+        target = parts.get(slot.name, weights_resource[0])
         buffers[_weight_buffer(slot.name)] = M.Buffer(
             name=_weight_buffer(slot.name), dtype=_DTYPES[slot.dtype], shape=_dims(slot.shape, declaration),
             placement=M.PLACEMENT_DEVICE, role=M.BUFFER_ROLE_WEIGHT,
-            resource_id=spec_decl.weight_resource(slot.name, weights_resource[0], draft_resource),
+            resource_id=spec_decl.weight_resource(slot.name, target, draft_resource),
         )
     for tensor in _widest_inputs(programs):
         role = _role(tensor)
@@ -443,12 +454,20 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
     model.vocabulary.mask_words = -(-vocab // 32)
     model.input_vocabulary.input.begin, model.input_vocabulary.input.end = 0, vocab
     model.cache.page_tokens = declaration.page_tokens
+    window_planes = [name for name in planes if name in WINDOW_INPUTS]
+    planes = [name for name in planes if name not in WINDOW_INPUTS]
     if declaration.history_window > 0:
         model.cache.regions.add(name="attention", kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=list(planes),
                                 tokens_per_record=1, window_tokens=declaration.history_window)
     else:
         model.cache.regions.add(name="attention", kind=history_kind(planes), planes=list(planes), tokens_per_record=1)
     model.cache.page_table_views.add(destination="page_table", region="attention")
+    if window_planes:
+        if declaration.split_window <= 0:
+            raise ValueError("the programs keep a window region; the declaration states no split_window")
+        model.cache.regions.add(name=WINDOW_REGION, kind=S.HISTORY_KIND_SLIDING_WINDOW, planes=window_planes,
+                                tokens_per_record=1, window_tokens=declaration.split_window)
+        model.cache.page_table_views.add(destination=WINDOW_INPUTS[2], region=WINDOW_REGION)
     model.graphs.extend(graphs)
     model.state_views.add(name="output_counts", buffer="output_counts", row_stride=vocab * 4, byte_extent=vocab * 4)
     if any(graph.pending_token_view == PENDING_TOKENS for graph in graphs):

@@ -1,6 +1,7 @@
 """Recipes: the only model-specific code. Each turns a checkpoint family into an Architecture + weights.
 
-`load_checkpoint(path)` reads a Hugging Face checkpoint directory (config.json and *.safetensors),
+`load_checkpoint(path)` reads a Hugging Face checkpoint directory (config.json and *.safetensors;
+block-fp8 quantized weights are dequantized, `helios.ignition.recipes.fp8_blocks`),
 picks the recipe registered for its declared architecture class and returns a `Recipe`. An
 architecture no recipe supports raises `UnsupportedCheckpoint` naming the supported ones.
 """
@@ -13,6 +14,7 @@ from typing import Callable
 from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
+from helios.ignition.recipes.fp8_blocks import tensors_for_config
 
 __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheckpoint", "load_checkpoint"]
 
@@ -42,4 +44,5 @@ def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
             f"unsupported architecture {declared or config.get('model_type')!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    return builder(source, config, CheckpointTensors.open(directory), dtype)
+    # Block-fp8 weights (quantization_config) are dequantized as the recipe reads them.
+    return builder(source, config, tensors_for_config(config, CheckpointTensors.open(directory)), dtype)

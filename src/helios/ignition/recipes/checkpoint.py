@@ -43,6 +43,15 @@ class CheckpointTensors:
     def __contains__(self, name: str) -> bool:
         return name in self._files_by_name
 
+    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(safetensors dtype string such as "F8_E4M3", shape) of a tensor, read without its data."""
+        path = self._files_by_name.get(name)
+        if path is None:
+            raise CheckpointError(f"the checkpoint has no tensor {name}")
+        with safe_open(str(path), framework="pt") as handle:
+            view = handle.get_slice(name)
+            return view.get_dtype(), tuple(view.get_shape())
+
     def get(self, name: str) -> torch.Tensor:
         path = self._files_by_name.get(name)
         if path is None:

@@ -14,6 +14,10 @@ Reuse rules derived from the storage layout:
   one prefills, the others wait for it and then compute only the prompt's last token, on its
   pages (see `prompt_sharing`).
 
+A layout with a window region of its own page ids (`StorageLayout.window_region`) keeps a second
+table per request through `WindowPages` (its module docstring: release, prefix reuse, snapshots);
+every method here changes both tables together or neither.
+
 Sliding-window release (`release_outside_window`, layouts whose paged regions are all sliding
 windows): once a round's completion commits history up to n, the leading pages below position
 n - window + 1 are read by no later query, and every round that read them has completed (rounds
@@ -36,6 +40,7 @@ from helios.runtime.cache.prefix_cache import extend_chain
 from helios.runtime.cache.prompt_sharing import PromptGroups, prompt_key
 from helios.runtime.records.request import RELEASED_PAGE, RequestState
 from helios.runtime.cache.snapshots import FenceKind, Residence, Snapshot, SnapshotStore
+from helios.runtime.cache.window_pages import WindowPages
 
 Fence = tuple[int, FenceKind]
 
@@ -49,12 +54,18 @@ class CopyWork(NamedTuple):
 
 class CacheManager:
     def __init__(self, pool: PagePool, snapshots: SnapshotStore, layout: StorageLayout,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, window_pool: PagePool | None = None):
+        """`window_pool`: the pages of the layout's window region (required exactly when it has one)."""
         self.pool = pool
         self.snapshots = snapshots
         self.layout = layout
         self.prefix_caching = prefix_caching
         self.page_reuse = prefix_caching and layout.pages_capture_state
+        region = layout.window
+        if (region is None) != (window_pool is None):
+            raise ValueError("a window pool is given exactly for a layout with a window region")
+        self.window = None if region is None else WindowPages(
+            window_pool, region.window_tokens, layout.page_tokens, self.page_reuse)
         self.num_lookup_tokens = 0
         self.num_reused_tokens = 0
         self.groups = PromptGroups(layout.page_tokens)
@@ -130,6 +141,10 @@ class CacheManager:
         page_tokens = self.layout.page_tokens
         num_tokens = len(req.token_ids)
         hits = self.pool.cache.lookup(req.chain[:(num_tokens - 1) // page_tokens]) if reuse and self.page_reuse else []
+        window_first, window_shared = 0, []
+        if self.window is not None:  # only as much of the hit as the window region still holds
+            num_hits, window_first, window_shared = self.window.reusable(req.chain, len(hits))
+            hits = hits[:num_hits]
         snapshot = self._restore_source(req, reuse)
         if snapshot is not None and snapshot.endpoint <= len(hits) * page_tokens:
             snapshot = None
@@ -142,8 +157,9 @@ class CacheManager:
         if snapshot is not None:
             self.snapshots.hold(snapshot)
         fresh = self.allocate(self.layout.pages_for(computed + chunk) - len(shared))
-        if fresh is None:
-            self.pool.release(list(reversed(shared)))
+        if fresh is None or (self.window is not None and not self.window.admit(
+                req, window_first, window_shared, len(shared) + len(fresh))):
+            self.pool.release(list(reversed(shared + (fresh or []))))
             if snapshot is not None:
                 self.snapshots.unhold(snapshot)
             return None
@@ -196,10 +212,26 @@ class CacheManager:
         missing = self.layout.pages_for(num_tokens) - len(req.page_ids)
         if missing <= 0:
             return []
+        window = self.window.allocate(missing) if self.window is not None else []
+        if window is None:
+            return None
         pages = self.allocate(missing)
-        if pages is not None:
-            req.page_ids.extend(pages)
+        if pages is None:
+            if self.window is not None:
+                self.window.unallocate(window)
+            return None
+        req.page_ids.extend(pages)
+        if self.window is not None:
+            req.window_ids.extend(window)
         return pages
+
+    def shortfall(self, req: RequestState, num_tokens: int) -> int:
+        """Pages missing for `req` to hold `num_tokens` positions, in the scarcer page-id space."""
+        missing = self.layout.pages_for(num_tokens) - len(req.page_ids)
+        short = missing - self.pool.num_available
+        if self.window is not None:
+            short = max(short, missing - self.window.pool.num_available)
+        return short
 
     def extend_chain(self, req: RequestState, num_pages: int) -> None:
         extend_chain(req.chain, req.root, keyed_tokens(req), self.layout.page_tokens, num_pages)
@@ -216,11 +248,15 @@ class CacheManager:
         for index in range(req.num_published_pages, num_complete):
             self.pool.publish(req.chain[index], req.page_ids[index])
         req.num_published_pages = num_complete
+        if self.window is not None:
+            self.window.publish(req, num_complete)
 
     def release(self, req: RequestState) -> None:
         """Drop the request's page references, tails first (so they are evicted first)."""
         self.groups.leave(req)
         self.pool.release([page for page in reversed(req.page_ids) if page != RELEASED_PAGE])
+        if self.window is not None:
+            self.window.release(req)
         req.page_ids = []
         req.num_uploaded_pages = 0
         req.num_published_pages = 0
@@ -229,7 +265,9 @@ class CacheManager:
     def release_outside_window(self, req: RequestState) -> int:
         """After a completion committed `req`'s history: drop the leading pages no later query reads
         (see the module docstring). Returns how many pages were released now (0 for layouts that
-        keep every page)."""
+        keep every page; with a window region, the window pages released)."""
+        if self.window is not None:
+            return self.window.release_outside(req)
         count = min(self.layout.releasable_pages(req.num_computed_tokens), req.num_uploaded_pages)
         if count <= req.num_released_pages:
             return 0
@@ -247,7 +285,7 @@ class CacheManager:
         caller then releases as usual).
         """
         endpoint = min(req.num_computed_tokens, len(req.token_ids))
-        if endpoint == 0 or req.num_released_pages or (
+        if endpoint == 0 or req.num_released_pages or self.window is not None or (
                 residence == Residence.DEVICE and not self.snapshots.needs_tail(endpoint)):
             return None
         page_tokens = self.layout.page_tokens

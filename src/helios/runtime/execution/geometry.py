@@ -21,6 +21,7 @@ from helios.runtime.records.capacities import (
 )
 from helios.runtime.execution.executor import OPERATIONS, logprob_twins, variant_name
 from helios.runtime.loading.model import LoadedModel, LoadedProgram
+from helios.runtime.cache.window_pages import window_region_name
 
 _KINDS = {
     spb.HISTORY_KIND_PAGED_KEY_VALUE: HistoryKind.PAGED_KV,
@@ -36,8 +37,8 @@ def storage_layout(model: LoadedModel) -> StorageLayout:
     regions = tuple(
         HistoryRegion(r.name, _KINDS[r.kind], max(1, r.tokens_per_record), r.window_tokens) for r in cache.regions
     )
-    views = tuple(PageTableView(v.destination, v.page_offset) for v in cache.page_table_views)
-    return StorageLayout(cache.page_tokens, regions, views)
+    views = tuple(PageTableView(v.destination, v.page_offset, v.region) for v in cache.page_table_views)
+    return StorageLayout(cache.page_tokens, regions, views, window_region_name(model.prepared))
 
 
 _LENGTH_SOURCES = {
@@ -100,7 +101,7 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         layout=layout, num_pages=model.num_pages,
         max_pages_per_request=-(-settings.context_tokens // layout.page_tokens) + layout.lookahead_pages,
         identity=model.prepared.contract.cache_identity.encode("utf-8"), num_host_slots=host_pages,
-        num_continuation_rows=settings.snapshot_capacity,
+        num_continuation_rows=settings.snapshot_capacity, num_window_pages=model.num_window_pages,
     )
     return Capacities(
         max_active=settings.max_concurrency, context_tokens=settings.context_tokens,

@@ -33,6 +33,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.errors import ExecutionError
 from helios.runtime.records.plan import CopyOp, Location, StorageKind
+from helios.runtime.cache.window_pages import window_region_name
 
 
 class UnsupportedCopyError(ExecutionError):
@@ -126,7 +127,10 @@ def model_storage(model, host_slots: int, continuation_rows: int | None = None) 
     (default: the resolved snapshot capacity) and `host_slots` host slots."""
     buffers = {b.name: b for b in model.prepared.manifest.buffers}
     pages, state = [], []
+    window = window_region_name(model.prepared)
     for region in model.prepared.contract.model.cache.regions:
+        if region.name == window:  # its own page ids: never copied (such layouts take no snapshots)
+            continue
         is_state = region.kind in _STATE_KINDS
         extent = mpb.LOAD_EXTENT_STATE_ROWS if is_state else mpb.LOAD_EXTENT_PHYSICAL_PAGES
         for name in region.planes:

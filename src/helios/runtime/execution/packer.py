@@ -50,6 +50,7 @@ from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
 from helios.runtime.execution.pack_values import eos_row, fill_copied, is_prompt_row, padded, write_vector
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
+from helios.runtime.cache.window_pages import UNHELD_PAGE_ID, window_view_names
 
 S = spb
 NUM_SAMPLING_PARAMETERS = 7  # temperature, top_k, top_p, min_p, repetition, presence, frequency
@@ -84,6 +85,7 @@ class Binding:
     padding: int
     constant: int
     image_output: str = ""
+    window: bool = False  # a page table of the window region's own ids (`PlanRow.new_window_ids`)
     host_table: str = ""
 
 
@@ -281,7 +283,7 @@ class Packer:
         source, indexing = binding.source, binding.indexing
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
             for row, req in zip(rows, requests):
-                if row.admits or row.new_page_ids:  # nothing to write for any other row
+                if row.admits or row.new_page_ids or row.new_window_ids:  # nothing to write for any other row
                     _fill_admission(binding, target, row, req, self._staging)
         elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
             target.fill_(binding.padding)
@@ -327,9 +329,11 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: AdmissionV
     if source == S.VALUE_SOURCE_PAGE_TABLE:
         if row.admits:
             target[slot] = binding.padding
-        if row.new_page_ids:
+        # A window table's released entries upload as a valid id its window masks (never read).
+        ids = tuple(max(page, UNHELD_PAGE_ID) for page in row.new_window_ids) if binding.window else row.new_page_ids
+        if ids:
             start = row.page_table_start
-            staging.write_entries(target[slot, start:start + len(row.new_page_ids)], row.new_page_ids)
+            staging.write_entries(target[slot, start:start + len(ids)], ids)
     elif source in _BIAS_SOURCES:
         if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
             width = target.shape[-1]
@@ -361,12 +365,14 @@ def _resolve(prepared: PreparedContract, graph: str) -> tuple:
     serve fails startup."""
     resolved = []
     operation = prepared.graphs[graph].operation
+    window_views = window_view_names(prepared)
     for view in prepared.graphs[graph].bindings:
         reason = source_decision(view.source, view.indexing, operation)
         if reason is not None:
             raise UnsupportedBindingError(f"graph {graph!r} binds {source_label(view.source)}: {reason}")
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
-                                view.offset, view.padding, view.constant, view.image_output, view.host_table))
+                                view.offset, view.padding, view.constant, view.image_output,
+                                view.destination in window_views, view.host_table))
     return tuple(resolved)
 
 

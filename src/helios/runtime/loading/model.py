@@ -56,8 +56,9 @@ from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFea
 from helios.runtime.loading.memory_budget import check_fits
 from helios.runtime.loading.speculation import SpeculativeShape, speculative_handles, speculative_shape
 from helios.runtime.loading.tuning import producer_handles, run_producers
+from helios.runtime.cache.window_pages import window_page_count
 from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
-    HostFiller, StagedCopier, WantedTensor, WeightMismatchError, load_safetensors_stream,
+    WantedTensor, WeightMismatchError, load_weight_resources,
 )
 
 SERVING_OPERATIONS = (
@@ -92,6 +93,9 @@ class LoadOptions:
     cuda_graphs: bool = True  # on CUDA: capture every selected program at load and replay it
     # On CUDA without `num_pages`: the share of device memory free after loading that pages may take.
     memory_fraction: float = DEFAULT_MEMORY_FRACTION
+    # Pages of a window region that owns its page ids (`helios.runtime.cache.window_pages`); None: enough
+    # that the window never makes a request wait (`window_page_count`).
+    window_pages: int | None = None
     # Vision-language cores: images whose encoded features stay on the device for reuse (None: 16,
     # fewer when 16 of the largest image's would pass 1 GiB).
     image_cache_images: int | None = None
@@ -134,6 +138,7 @@ class LoadedModel:
     state_rows_per_request: int = 1  # the most any selected graph needs (at least 1)
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
     image_cache: ImageFeatureCache | None = None  # with VISION programs on rank zero: allocated at load
+    num_window_pages: int = 0  # pages of the window region with its own page ids (0: none)
     # INITIALIZATION variants, smallest batch first: run over the rows a step admits, before it.
     initialization_programs: tuple[LoadedProgram, ...] = ()
 
@@ -165,15 +170,19 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         weights = loading.result()
     rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
     num_state_rows = settings.max_concurrency * rows_per_request
+    context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
+    row_tokens = max(h.capacity.packed_token_capacity for h in handles)
+    num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
+                                         options.window_pages)
     vision_graphs = vision_handles(prepared, options.rank)
     # Allocated before pages are sized from the free memory, so the pages leave room for it.
     image_cache = None
     if vision_graphs and options.rank == 0:  # tensor-parallel ranks serve no images
         image_cache = _image_cache(prepared, options.image_cache_images, device)
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
-        prepared, device, options.memory_fraction, num_state_rows,
-        -(-settings.context_tokens // prepared.contract.model.cache.page_tokens), settings.page_capacity)
-    buffers = _allocate(prepared, num_pages, num_state_rows, device)
+        prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
+        num_window_pages)
+    buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(_load_program(core, prepared, handle, declared, device)
@@ -195,7 +204,8 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         rows_per_request,
         vision,
         image_cache,
-        initializers,
+        num_window_pages=num_window_pages,
+        initialization_programs=initializers,
     )
 
 
@@ -361,8 +371,9 @@ def _load_weights_on_device(core, prepared: PreparedContract, device: torch.devi
 
 
 def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: int) -> dict[str, torch.Tensor]:
-    """The rank's WEIGHT buffers, each weights resource decoded once, straight into its tensors
-    (`helios.runtime.loading.weight_stream`); dtype and shape are checked against the manifest first."""
+    """The rank's WEIGHT buffers, each weights resource decoded once, straight into its tensors, the
+    resources side by side (`helios.runtime.loading.weight_stream.load_weight_resources`); dtype and
+    shape are checked against the manifest first."""
     wanted: dict[str, dict[str, WantedTensor]] = {}
     for buffer in prepared.manifest.buffers:
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
@@ -370,15 +381,14 @@ def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: 
             resource_id = rank_resource(core, buffer.resource_id, rank)
             wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
     check_fits("the weights", sum(core.resource(r).decoded_nbytes for r in wanted), device)
+    resources = {r: (core.resource(r).decoded_nbytes, names) for r, names in wanted.items()}
     host = {b.name for b in prepared.manifest.buffers
             if b.role == mpb.BUFFER_ROLE_WEIGHT and b.placement == mpb.PLACEMENT_HOST}
-    weights = {}
-    for resource_id, names in wanted.items():
-        on_host = device.type == "cpu" or set(names) <= host  # host tables stay in host memory
-        filler = HostFiller() if on_host else StagedCopier(device)
-        with core.open_resource(resource_id) as stream:
-            decoded_nbytes = core.resource(resource_id).decoded_nbytes
-            weights.update(load_safetensors_stream(stream, decoded_nbytes, resource_id, names, filler))
+    on_host = {r: item for r, item in resources.items() if set(item[1]) <= host}  # host staging tables
+    weights = load_weight_resources(core.open_resource, {r: v for r, v in resources.items() if r not in on_host},
+                                    device)
+    if on_host:
+        weights.update(load_weight_resources(core.open_resource, on_host, torch.device("cpu")))
     for name in host & weights.keys():  # a host table sharing a resource with device weights
         weights[name] = weights[name].cpu()
     return weights
@@ -399,8 +409,10 @@ def rank_resource(core, resource_id: str, rank: int) -> str:
     return mine[same.index(resource_id)]
 
 
-def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device) -> dict[str, torch.Tensor]:
-    extents = {mpb.LOAD_EXTENT_PHYSICAL_PAGES: num_pages, mpb.LOAD_EXTENT_STATE_ROWS: num_rows}
+def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device,
+              num_window_pages: int = 0) -> dict[str, torch.Tensor]:
+    extents = {mpb.LOAD_EXTENT_PHYSICAL_PAGES: num_pages, mpb.LOAD_EXTENT_STATE_ROWS: num_rows,
+               mpb.LOAD_EXTENT_WINDOW_PAGES: num_window_pages}
     buffers = {}
     for buffer in prepared.manifest.buffers:
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT:

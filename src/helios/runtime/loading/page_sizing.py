@@ -4,7 +4,8 @@ On the CPU: the contract's page capacity. On CUDA: as many pages as fit in a fra
 device memory that is free after weights and programs are loaded, less every other buffer the
 model allocates (state rows, inputs, outputs), never fewer than one request's context needs and at
 most `MAX_DEFAULT_PAGES`.
-A page costs the bytes of one page of every buffer sized by PHYSICAL_PAGES.
+A page costs the bytes of one page of every buffer sized by PHYSICAL_PAGES; the pages of a window
+region with its own page ids (WINDOW_PAGES, a count fixed before) come out of the budget first.
 """
 
 from __future__ import annotations
@@ -38,25 +39,27 @@ def page_bytes(prepared: PreparedContract) -> int:
     return per_page
 
 
-def other_bytes(prepared: PreparedContract, num_state_rows: int) -> int:
-    """Bytes of the non-weight buffers not sized by pages, at `num_state_rows` state rows."""
+def other_bytes(prepared: PreparedContract, num_state_rows: int, num_window_pages: int = 0) -> int:
+    """Bytes of the non-weight buffers not sized by pages, at `num_state_rows` state rows and
+    `num_window_pages` pages of a window region that owns its page ids."""
     total = 0
     for buffer in prepared.manifest.buffers:
         extents = [d.load_extent for d in buffer.shape if d.WhichOneof("extent") == "load_extent"]
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT or mpb.LOAD_EXTENT_PHYSICAL_PAGES in extents:
             continue
         rows = num_state_rows if mpb.LOAD_EXTENT_STATE_ROWS in extents else 1
+        rows *= num_window_pages if mpb.LOAD_EXTENT_WINDOW_PAGES in extents else 1
         total += element_bytes(buffer.dtype) * math.prod(d.size for d in buffer.shape if d.size) * rows
     return total
 
 
 def pages_for_memory(prepared: PreparedContract, free_bytes: int, fraction: float, num_state_rows: int,
-                     min_pages: int) -> int:
+                     min_pages: int, num_window_pages: int = 0) -> int:
     """Pages that fit in `fraction` of `free_bytes` beside the other buffers (at least `min_pages`)."""
     if not 0 < fraction <= 1:
         raise LoadError(f"the cache memory fraction must be in (0, 1], got {fraction}")
     per_page = page_bytes(prepared)
-    budget = int(free_bytes * fraction) - other_bytes(prepared, num_state_rows)
+    budget = int(free_bytes * fraction) - other_bytes(prepared, num_state_rows, num_window_pages)
     pages = budget // per_page if per_page else 0
     if pages < min_pages:
         raise CacheMemoryError(f"{fraction:.0%} of the {free_bytes / 2**30:.2f} GiB free holds {max(pages, 0)} cache "
@@ -65,9 +68,9 @@ def pages_for_memory(prepared: PreparedContract, free_bytes: int, fraction: floa
 
 
 def default_pages(prepared: PreparedContract, device: torch.device, fraction: float, num_state_rows: int,
-                  min_pages: int, contract_pages: int) -> int:
+                  min_pages: int, contract_pages: int, num_window_pages: int = 0) -> int:
     """The page count without an explicit option: sized from free memory on CUDA, else the contract's."""
     if device.type != "cuda":
         return contract_pages
     free_bytes, _ = torch.cuda.mem_get_info(device)
-    return pages_for_memory(prepared, free_bytes, fraction, num_state_rows, min_pages)
+    return pages_for_memory(prepared, free_bytes, fraction, num_state_rows, min_pages, num_window_pages)

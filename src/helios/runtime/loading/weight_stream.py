@@ -11,6 +11,11 @@ its destination:
 - on a CUDA device, through `StagedCopier`: a small ring of pinned host buffers, each copied to the
   device asynchronously while the next is decoded, so the H2D copy overlaps zstd decoding.
 
+`load_weight_resources` decodes several weights resources (a model's weights are cut into parts of
+about `helios.ignition.sharding.WEIGHT_PART_NBYTES`) side by side on a few threads, one frame per
+thread, each with its own staging ring: one zstd frame decodes on one core, so a single resource
+caps load at one core's decode rate.
+
 Tensors the manifest does not name are decoded into a scratch buffer and dropped (every byte is
 still verified). After the last tensor the stream is read to its end, so the frame's final checks
 (decoded length, end of frame, checksum) run before any tensor is returned. Peak host memory is the
@@ -19,9 +24,13 @@ CPU weights themselves (one copy), or the staging ring for a device: never the w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from typing import BinaryIO, Mapping, NamedTuple
+import os
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO, Callable, Mapping, NamedTuple
 
 import torch
 
@@ -215,3 +224,59 @@ def load_safetensors_stream(
     expect_end(stream)
     filler.finish()
     return tensors
+
+
+def load_workers(resources: int) -> int:
+    """Threads that decode weights resources side by side: one per resource, at most half the CPUs
+    (at least 1, at most 8); each frame decodes on one core and zstd, SHA-256 and the copies
+    release the GIL."""
+    return max(1, min(resources, 8, (os.cpu_count() or 2) // 2))
+
+
+class _Fillers:
+    """One filler per worker thread, made on first use and reused (pinned staging is costly to
+    allocate); `finish` is called by the task that used it. Thread-safe."""
+
+    def __init__(self, device: torch.device):
+        self._device, self._free = device, queue.SimpleQueue()
+
+    @contextlib.contextmanager
+    def borrow(self):
+        try:
+            filler = self._free.get_nowait()
+        except queue.Empty:
+            filler = StagedCopier(self._device) if self._device.type != "cpu" else HostFiller()
+        try:
+            yield filler
+        finally:
+            self._free.put(filler)
+
+
+def load_weight_resources(
+    open_resource: Callable[[str], BinaryIO],
+    resources: Mapping[str, tuple[int, Mapping[str, WantedTensor]]],
+    device: torch.device,
+    workers: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """The wanted tensors of every weights resource (resource id -> (decoded bytes, wanted)), the
+    resources decoded side by side on `workers` threads (`load_workers`), each straight into its
+    tensors (`load_safetensors_stream`). The tensors do not depend on the thread count; the first
+    failing resource's error is raised after every task ended."""
+    fillers = _Fillers(device)
+
+    def one(resource_id: str) -> dict[str, torch.Tensor]:
+        decoded_nbytes, wanted = resources[resource_id]
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            with fillers.borrow() as filler, open_resource(resource_id) as stream:
+                return load_safetensors_stream(stream, decoded_nbytes, resource_id, wanted, filler)
+
+    count = workers or load_workers(len(resources))
+    if count <= 1 or len(resources) <= 1:
+        return {name: tensor for resource_id in resources for name, tensor in one(resource_id).items()}
+    with ThreadPoolExecutor(count, thread_name_prefix="helios-weights-part") as pool:
+        futures = [pool.submit(one, resource_id) for resource_id in resources]
+        errors = [future.exception() for future in futures]
+    first = next((error for error in errors if error is not None), None)
+    if first is not None:
+        raise first
+    return {name: tensor for future in futures for name, tensor in future.result().items()}

@@ -34,8 +34,8 @@ from helios.runtime.execution.packer import AdmissionValues
 from helios.runtime.records.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
 
 # 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH; 4: admission top_logprobs, logit_bias;
-# 5: ProgramVariant.admits_slots
-WIRE_VERSION = 5
+# 5: ProgramVariant.admits_slots; 6: plan rows carry the window region's new table entries
+WIRE_VERSION = 6
 MAGIC = 0x48454C494F53_0000 + WIRE_VERSION  # "HELIOS" and the version: the first word of every message
 
 
@@ -68,7 +68,7 @@ RECORD_FIELDS = {  # the codec's positional layout of every record (checked agai
     "StepPlan": ("sequence", "frame", "operation", "variant", "rows", "copies", "num_tokens"),
     "PlanRow": ("request_id", "slot", "generation", "token_ids", "pending_on_device", "start_pos", "query_len",
                 "page_table_start", "new_page_ids", "samples", "sample_index", "token_ceiling", "admits",
-                "constrained"),
+                "constrained", "new_window_ids"),
     "CopyOp": ("src", "dst", "num_tokens"),
     "Location": ("kind", "index"),
     "ProgramVariant": ("name", "operation", "batch_capacity", "packed_token_capacity", "draft_tokens",
@@ -135,7 +135,7 @@ class WireEncoder:
             out += (self._handle(row.request_id), row.slot, row.generation, int(row.pending_on_device), row.start_pos,
                     row.query_len, row.page_table_start, int(row.samples), row.sample_index, row.token_ceiling,
                     int(row.admits), int(row.constrained), len(row.token_ids), *row.token_ids,
-                    len(row.new_page_ids), *row.new_page_ids)
+                    len(row.new_page_ids), *row.new_page_ids, len(row.new_window_ids), *row.new_window_ids)
         for copy in plan.copies:
             out += (int(copy.src.kind), copy.src.index, int(copy.dst.kind), copy.dst.index, copy.num_tokens)
 
@@ -193,8 +193,9 @@ class WireDecoder:
         start_pos, query_len, page_table_start, samples = read.one(), read.one(), read.one(), read.flag()
         sample_index, token_ceiling, admits, constrained = read.one(), read.one(), read.flag(), read.flag()
         token_ids = read.many(read.count())
+        new_page_ids = read.many(read.count())
         return PlanRow(request_id, slot, generation, token_ids, pending, start_pos, query_len, page_table_start,
-                       read.many(read.count()), samples, sample_index, token_ceiling, admits, constrained)
+                       new_page_ids, samples, sample_index, token_ceiling, admits, constrained, read.many(read.count()))
 
 
 class _Reader:

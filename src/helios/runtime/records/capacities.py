@@ -102,19 +102,41 @@ class HistoryRegion:
 
 @dataclass(frozen=True)
 class PageTableView:
-    """A page-table destination; `page_offset` extra pages it references beyond the frontier."""
+    """A page-table destination; `page_offset` extra pages it references beyond the frontier;
+    `region` the history region its ids address."""
 
     name: str
     page_offset: int = 0
+    region: str = ""
 
 
 @dataclass(frozen=True)
 class StorageLayout:
-    """The storage contract the page allocator serves: one page id spans every paged region."""
+    """The storage contract the page allocator serves.
+
+    One page id spans every paged region but `window_region`: a SLIDING_WINDOW region whose planes
+    are sized by their own page count (WINDOW_PAGES) owns a second page-id space, with a table per
+    request of its own (same logical pages) whose pages are released as they fall out of its window
+    (`helios.runtime.cache.window_pages`). "" when every paged region shares the one space.
+    """
 
     page_tokens: int
     regions: tuple[HistoryRegion, ...] = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
     views: tuple[PageTableView, ...] = (PageTableView("kv"),)
+    window_region: str = ""
+
+    def __post_init__(self) -> None:
+        if self.window_region:
+            region = next((r for r in self.regions if r.name == self.window_region), None)
+            if region is None or region.kind != HistoryKind.SLIDING_WINDOW or region.window_tokens <= 0:
+                raise LoadError(f"region {self.window_region!r} owns page ids but is no sliding window")
+            if any(v.page_offset for v in self.views if v.region == self.window_region):
+                raise LoadError(f"a view of the window region {self.window_region!r} declares a page offset")
+
+    @property
+    def window(self) -> HistoryRegion | None:
+        """The region with its own page-id space, or None."""
+        return next((r for r in self.regions if r.name == self.window_region), None) if self.window_region else None
 
     @property
     def pages_capture_state(self) -> bool:
@@ -137,7 +159,8 @@ class StorageLayout:
         region's window: only when all paged regions are sliding windows, and then the widest
         window decides. One paged key/value or latent region (a full-attention layer) keeps all.
         """
-        paged = [region for region in self.regions if region.kind in PAGED_KINDS]
+        paged = [region for region in self.regions
+                 if region.kind in PAGED_KINDS and region.name != self.window_region]
         if not paged or any(region.kind != HistoryKind.SLIDING_WINDOW for region in paged):
             return 0
         return max(region.window_tokens for region in paged)
@@ -168,6 +191,7 @@ class CacheGeometry:
     num_continuation_rows: int = 0
     num_host_slots: int = 0
     identity: bytes = b""
+    num_window_pages: int = 0  # pages of the layout's window region (its own page ids); 0 without one
 
     @property
     def page_tokens(self) -> int:
@@ -252,6 +276,8 @@ def _validate(caps: Capacities) -> None:
             raise LoadError(f"capacity {name} must be positive, got {value}")
     if geometry.max_pages_per_request > geometry.num_pages:
         raise LoadError("cache.max_pages_per_request exceeds cache.num_pages")
+    if bool(geometry.layout.window_region) != (geometry.num_window_pages > 0):
+        raise LoadError("cache.num_window_pages must be positive exactly when the layout has a window region")
     for variant in caps.variants:
         _validate_variant(variant)
     decode_rows = max(caps.limits(Operation.DECODE)[0], caps.limits(Operation.MIXED)[0])

@@ -71,6 +71,9 @@ class PlanRow(NamedTuple):
     token_ceiling: int  # most tokens the row may emit: 0 without sampling, 1 outside speculation
     admits: bool
     constrained: bool
+    # Entries of the window region's table (its own page ids) from page_table_start, when the layout
+    # has one (`helios.runtime.cache.window_pages`); released ones are RELEASED_PAGE.
+    new_window_ids: tuple[int, ...] = ()
 
 
 class StepPlan(NamedTuple):

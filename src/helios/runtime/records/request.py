@@ -99,6 +99,11 @@ class RequestState:
     num_uploaded_pages: int = 0
     num_published_pages: int = 0
     num_released_pages: int = 0  # leading page_ids released outside the sliding window (now RELEASED_PAGE)
+    # The table of the layout's window region (its own page ids, same length as page_ids), if any:
+    # leading entries released outside the window, and entries published to its prefix cache.
+    window_ids: list[int] = field(default_factory=list)
+    num_window_released: int = 0
+    num_window_published: int = 0
     chain: list[bytes] = field(default_factory=list)  # digests of complete pages of token_ids
     snapshot_id: int = 0  # private snapshot while preempted (0: none)
     prompt_checkpointed: bool = False  # a snapshot of its prompt boundary was requested

@@ -38,6 +38,9 @@ class StatsSnapshot:
     snapshots_restored: int = 0
     image_cache_hits: int = 0  # images whose features came from the content-hash cache
     image_cache_misses: int = 0  # images encoded by a VISION program
+    window_pages_total: int = 0  # pages of a window region with its own page ids (0: none)
+    window_pages_free: int = 0
+    window_pages_cached: int = 0
 
 
 @dataclass
@@ -67,6 +70,9 @@ class WorkerStats:
     image_cache_misses: int = 0
     healthy: bool = True
     snapshots_restored: int = 0
+    window_pages_total: int = 0
+    window_pages_free: int = 0
+    window_pages_cached: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_constrained_submission(self, inflight_frames: int) -> None:

@@ -32,8 +32,14 @@ def check_state(caps: Capacities, cache: CacheManager, slots: SlotTable, queues:
 
 
 def _check_pages(cache: CacheManager, requests: list[RequestState]) -> None:
-    allocator, prefix = cache.pool.allocator, cache.pool.cache
-    holders = Counter(cache.page_holders(requests))
+    _check_pool(cache.pool, Counter(cache.page_holders(requests)))
+    if cache.window is not None:  # the window region's own page ids: held by request tables only
+        cache.window.pool.cache.check()
+        _check_pool(cache.window.pool, Counter(cache.window.holders(requests)))
+
+
+def _check_pool(pool, holders: Counter) -> None:
+    allocator, prefix = pool.allocator, pool.cache
     num_free = num_parked = 0
     for page in range(allocator.num_pages):
         refs = allocator.ref_count(page)
@@ -70,6 +76,16 @@ def _check_released(layout: StorageLayout, req: RequestState) -> None:
     require(all(page >= 0 for page in req.page_ids[count:]), f"{name}: a held page is marked released")
     require(count <= req.num_uploaded_pages, f"{name}: released a page never uploaded")
     require(count <= layout.releasable_pages(req.num_computed_tokens), f"{name}: released a page inside the window")
+    window = layout.window
+    if window is None:
+        require(not req.window_ids, f"{name}: a window table without a window region")
+        return
+    count = req.num_window_released
+    require(len(req.window_ids) == len(req.page_ids), f"{name}: the window table and the page table differ in length")
+    require(all(page < 0 for page in req.window_ids[:count]), f"{name}: a released window page is still held")
+    require(all(page >= 0 for page in req.window_ids[count:]), f"{name}: a held window page is marked released")
+    first_read = max(0, req.num_computed_tokens - window.window_tokens + 1) // layout.page_tokens
+    require(count <= first_read, f"{name}: released a window page a later query reads")
 
 
 def _check_requests(caps: Capacities, queues: RequestQueues, requests: list[RequestState],
@@ -92,7 +108,8 @@ def _check_requests(caps: Capacities, queues: RequestQueues, requests: list[Requ
         require((id(req) in waiting) == (req.status == RequestStatus.WAITING), f"{name}: waiting queue")
         require((id(req) in running) == (req.status == RequestStatus.RUNNING), f"{name}: running queue")
         if req.status == RequestStatus.WAITING:
-            require(req.slot < 0 and not req.page_ids and req.num_inflight_plans == 0, f"{name}: queued with resources")
+            require(req.slot < 0 and not req.page_ids and not req.window_ids and req.num_inflight_plans == 0,
+                    f"{name}: queued with resources")
         if req.status == RequestStatus.RUNNING:
             require(req.slot >= 0, f"{name}: running without a slot")
             require(len(req.page_ids) >= layout.pages_for(req.frontier), f"{name}: pages do not cover the frontier")

@@ -69,6 +69,10 @@ class SchedulerCounters(NamedTuple):
     mixed_grammar_decode_plans: int
     constrained_max_inflight: int
     snapshots_restored: int = 0
+    # The window region's own pages (layouts with one, `helios.runtime.cache.window_pages`; else 0).
+    window_pages_total: int = 0
+    window_pages_free: int = 0
+    window_pages_cached: int = 0
 
 
 class Scheduler:
@@ -96,7 +100,8 @@ class Scheduler:
         pool = PagePool(PageAllocator(geometry.num_pages), PrefixCache())
         snapshots = SnapshotStore(pool, geometry.layout, geometry.num_continuation_rows,
                                   geometry.num_host_slots)
-        cache = CacheManager(pool, snapshots, geometry.layout, policy.prefix_caching)
+        window = PagePool(PageAllocator(geometry.num_window_pages), PrefixCache()) if geometry.num_window_pages else None
+        cache = CacheManager(pool, snapshots, geometry.layout, policy.prefix_caching, window)
         return cls(caps, policy, cache, SlotTable(caps.max_active), clock)
 
     # -- requests ------------------------------------------------------------------------------
@@ -303,7 +308,14 @@ class Scheduler:
             pool.allocator.num_free, pool.cache.num_cached, pool.num_evicted,
             self.cache.num_lookup_tokens, self.cache.num_reused_tokens, self.builder.num_preemptions,
             snapshots.num_published, snapshots.num_evicted, snapshots.num_offloaded,
-            self._mixed_grammar_decode_plans, self._constrained_max_inflight, snapshots.num_restored)
+            self._mixed_grammar_decode_plans, self._constrained_max_inflight, snapshots.num_restored,
+            *self._window_counters())
+
+    def _window_counters(self) -> tuple[int, int, int]:
+        if self.cache.window is None:
+            return 0, 0, 0
+        window = self.cache.window.pool
+        return window.num_pages, window.allocator.num_free, window.cache.num_cached
 
     def check_invariants(self) -> None:
         """Raise `InvariantViolation` if any bookkeeping contradicts itself (tests run it per step)."""

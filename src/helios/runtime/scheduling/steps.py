@@ -218,7 +218,7 @@ class StepBuilder:
     def _reserve(self, draft: Draft, req: RequestState, num_tokens: int) -> bool:
         """Grow `req` to `num_tokens` positions, reclaiming or preempting; False if it must wait."""
         while self.cache.grow(req, num_tokens) is None:
-            missing = self.cache.layout.pages_for(num_tokens) - len(req.page_ids) - self.cache.pool.num_available
+            missing = self.cache.shortfall(req, num_tokens)
             if draft.reclaiming >= missing:
                 return False
             victim = max((r for r in self.queues.running if r.request_id not in draft.scheduled),
@@ -281,7 +281,7 @@ class StepBuilder:
         ceiling = (tokens if speculative else 1) if samples else 0
         draft.rows.append(PlanRow(
             req.request_id, req.slot, req.generation, fed, False, start, tokens, first,
-            new_pages, samples, sample_index, ceiling, first == 0, req.spec.constrained))
+            new_pages, samples, sample_index, ceiling, first == 0, req.spec.constrained, tuple(req.window_ids[first:])))
         req.num_inflight_tokens += tokens
         req.num_pending_samples += samples
         draft.requests.append(req)
@@ -352,7 +352,7 @@ class StepBuilder:
             req.num_uploaded_pages = len(req.page_ids)
             draft.rows.append(PlanRow(
                 req.request_id, req.slot, req.generation, (), True, req.frontier, 1, first, new_pages,
-                True, req.num_output_tokens + req.num_pending_samples, 1, False, False))
+                True, req.num_output_tokens + req.num_pending_samples, 1, False, False, tuple(req.window_ids[first:])))
             req.num_inflight_tokens += 1
             req.num_pending_samples += 1
             draft.requests.append(req)
