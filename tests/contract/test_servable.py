@@ -100,6 +100,7 @@ class _Prepared:
 
     def __init__(self, contract: spb.ServingContract):
         self.graphs = {"g": _Graph(contract.model.graphs[0])}
+        self.contract, self.manifest = contract, _manifest()
 
 
 class _Graph:
