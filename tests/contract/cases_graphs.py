@@ -29,14 +29,16 @@ def add_binding(doc, name, destination, source, indexing, **extra):
 
 @case
 def duplicate_graph_name(doc):
-    graph(doc, "restore")[0]["name"] = "initialize"
-    return "contract.model.graphs[1].name"
+    entry, path = graph(doc, "score_prefill")
+    entry["name"] = "prefill"
+    return f"{path}.name"
 
 
 @case
 def empty_graph_name(doc):
-    graph(doc, "restore")[0]["name"] = ""
-    return "contract.model.graphs[1].name"
+    entry, path = graph(doc, "score_prefill")
+    entry["name"] = ""
+    return f"{path}.name"
 
 
 @case
@@ -374,3 +376,69 @@ def vision_graph_holds_request_rows(doc):
     entry["state_rows_per_request"] = 1
     return f"{path}.state_rows_per_request"
 
+
+
+# --- host staging tables (Engram) ---------------------------------------------------------------
+
+@case
+def host_rows_name_an_undeclared_table(doc):
+    entry, path = binding(doc, "prefill", "engram_rows")
+    entry["host_table"] = "missing"
+    return f"{path}.host_table"
+
+
+@case
+def host_table_on_another_source(doc):
+    entry, path = binding(doc, "prefill", "slots")
+    entry["host_table"] = "engram"
+    return f"{path}.host_table"
+
+
+@case
+def host_rows_into_a_speculative_graph(doc):
+    return add_binding(doc, "speculate_w1", "engram_rows", "HOST_TABLE_ROWS", "PACKED_TOKEN",
+                       host_table="engram") + ".source"
+
+
+@case
+def host_rows_with_a_device_owned_pending_token(doc):
+    add_binding(doc, "decode", "engram_rows", "HOST_TABLE_ROWS", "PACKED_TOKEN", host_table="engram")
+    return graph(doc, "decode")[1] + ".pending_token_view"
+
+
+@case
+def host_table_multiplier_count(doc):
+    model(doc)["host_tables"][0]["multipliers"].pop()
+    return "contract.model.host_tables[0].multipliers"
+
+
+@case
+def host_table_zero_multiplier(doc):
+    model(doc)["host_tables"][0]["multipliers"][2] = "0"
+    return "contract.model.host_tables[0].multipliers[2]"
+
+
+@case
+def host_table_ngram_too_long(doc):
+    model(doc)["host_tables"][0]["ngram_tokens"] = 9
+    return "contract.model.host_tables[0].ngram_tokens"
+
+
+@case
+def host_table_not_in_host_memory(doc):
+    from contract.documents import buffer
+    buffer(doc, "w.engram")[0]["placement"] = "PLACEMENT_DEVICE"
+    return "contract.model.host_tables[0].table"
+
+
+@case
+def host_table_duplicate_name(doc):
+    model(doc)["host_tables"].append(dict(model(doc)["host_tables"][0]))
+    return "contract.model.host_tables[1].name"
+
+
+@case
+def host_rows_destination_of_another_width(doc):
+    from contract.documents import buffer
+    buffer(doc, "in.engram_rows")[0]["shape"][2] = {"size": "32"}
+    return binding(doc, "prefill", "engram_rows")[1] + ".destination"

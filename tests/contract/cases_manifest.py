@@ -349,7 +349,7 @@ def plain_source_to_page_table_view(doc):
 @case
 def integer_source_into_float_destination(doc):
     buffer(doc, "in.slots")[0]["dtype"] = "DTYPE_FLOAT32"
-    return binding(doc, "restore", "slots")[1] + ".destination"
+    return binding(doc, "prefill", "slots")[1] + ".destination"
 
 
 @case

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from contract.documents import EXAMPLE, REPO, example_doc, example_text
+from contract.documents import EXAMPLE, REPO, example_doc, example_text, graph
 from helios.cli.main import main
 from helios.contract import PreparedContract
 
@@ -23,9 +23,23 @@ def run(argv, capsys):
 def test_check_example(capsys):
     code, out, err = run(["contract", "check", str(EXAMPLE)], capsys)
     assert code == 0 and err == ""
-    assert out.startswith("ok: example/llama-3.1-8b-vision-instruct (contract v3; 14 graphs")
-    # valid, but its INITIALIZATION graph (and more) is not served: loading it would be refused there
-    assert "not servable by this runtime: contract.model.graphs[0].operation: INITIALIZATION" in out
+    assert out.startswith("ok: example/llama-3.1-8b-vision-instruct (contract v3; 11 graphs")
+
+
+def test_check_refuses_what_the_runtime_does_not_serve_with_its_path(tmp_path, capsys):
+    """Servability is part of validation: `check` answers what loading would."""
+    doc = example_doc()
+    scored, path = graph(doc, "score_prefill")
+    scored["operation"] = "GRAPH_OPERATION_RESUME"  # a valid RESUME graph takes no scored targets
+    scored["bindings"] = [b for b in scored["bindings"] if b["source"] != "VALUE_SOURCE_SCORED_TARGET_TOKENS"]
+    for entry in doc["manifest"]["execution_catalog"]:
+        if entry["graph"] == scored["name"]:
+            entry["operation"] = "GRAPH_OPERATION_RESUME"
+    bad = tmp_path / "resume.json"
+    bad.write_text(json.dumps(doc))
+    code, out, err = run(["contract", "check", str(bad)], capsys)
+    assert code == 8 and out == ""
+    assert err.startswith(f"helios contract: error: {path}.operation: RESUME graphs are not served")
 
 
 def test_show_prints_canonical_json(capsys):

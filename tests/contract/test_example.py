@@ -13,10 +13,21 @@ from contract.documents import decode_doc, example_text, version_1_doc, version_
 from helios.contract import EXPORTED_VERSION, PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
+from helios.contract.servable import OPERATIONS, SOURCES, Refused
 from helios.errors import ContractError
 
-# Frontend selectors are mutually exclusive within one contract; every other enum value appears.
+
+def _refused(enum_type, table) -> set[str]:
+    prefix = enum_type.DESCRIPTOR.values[0].name[: -len("UNSPECIFIED")]
+    return {enum_type.Name(v)[len(prefix):] for v, decision in table.items() if isinstance(decision, Refused)}
+
+
+# Frontend selectors are mutually exclusive within one contract; graph operations and value sources
+# this runtime refuses (helios.contract.servable) cannot appear in a valid contract; every other
+# enum value appears.
 EXCLUSIVE_VALUES = {
+    "GraphOperation": _refused(spb.GraphOperation, OPERATIONS),
+    "ValueSource": _refused(spb.ValueSource, SOURCES),
     "ToolParser": {"NONE", "GLM_ARGUMENT_TAGS", "DSML", "XTML", "ATEM_RECIPIENT", "JSON_CALLS", "HARMONY_CHANNELS"},
     "ReasoningParser": {"NONE", "XTML_THINK", "RECIPIENT_HEADER", "HARMONY_CHANNELS"},
     "ImagePreparation": {"NONE", "TILE_GRID"},

@@ -16,7 +16,6 @@ from pathlib import Path
 from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
 from helios.contract.rules import enum_label
-from helios.contract.servable import NotServableError, check_servable
 from helios.contract import serving_pb2 as spb
 from helios.errors import UsageError
 
@@ -68,10 +67,6 @@ def _check(args: argparse.Namespace) -> int:
         f"ok: {prepared.contract.served_id} (contract v{prepared.version}; "
         f"{len(prepared.graphs)} graphs: {counts}; {len(prepared.buffers)} buffers)"
     )
-    try:
-        check_servable(prepared.contract, prepared.manifest)
-    except NotServableError as error:
-        print(f"not servable by this runtime: {error}")
     return 0
 
 

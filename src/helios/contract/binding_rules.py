@@ -54,6 +54,7 @@ ALLOWED_INDEXING = MappingProxyType(
         S.VALUE_SOURCE_IMAGE_TENSOR: _SCALAR | _PACKED,
         S.VALUE_SOURCE_LOGIT_BIAS_IDS: frozenset({S.INDEXING_PHYSICAL_REQUEST_ROW}),
         S.VALUE_SOURCE_LOGIT_BIAS_VALUES: frozenset({S.INDEXING_PHYSICAL_REQUEST_ROW}),
+        S.VALUE_SOURCE_HOST_TABLE_ROWS: _PACKED,
     }
 )
 
@@ -92,6 +93,9 @@ SOURCE_OPERATIONS = MappingProxyType(
         S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: _SPECULATIVE,
         S.VALUE_SOURCE_LOGIT_BIAS_IDS: _BIASED_OPS,
         S.VALUE_SOURCE_LOGIT_BIAS_VALUES: _BIASED_OPS,
+        # The host hashes each packed token's n-gram, so it must know every token: not the drafts
+        # of SPECULATIVE programs.
+        S.VALUE_SOURCE_HOST_TABLE_ROWS: _PROMPT_OPS | {S.GRAPH_OPERATION_DECODE},
     }
 )
 
@@ -116,4 +120,4 @@ COPIED_SOURCES = frozenset(
 # Sources whose values are FP32; IMAGE_TENSOR takes the layout output's own type; all others
 # are integers and need an integer destination.
 FLOAT_SOURCES = frozenset({S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES})
-UNTYPED_SOURCES = frozenset({S.VALUE_SOURCE_IMAGE_TENSOR})
+UNTYPED_SOURCES = frozenset({S.VALUE_SOURCE_IMAGE_TENSOR, S.VALUE_SOURCE_HOST_TABLE_ROWS})

@@ -1,17 +1,19 @@
-"""What this runtime serves of a valid contract: graph operations, value sources, completion layout.
+"""What this runtime serves of a valid contract: one table of decisions, read by validation and by the loader.
 
-`PreparedContract` validation checks that a contract is well formed; `check_servable` checks that
-this runtime can serve it, so that a core which validates either loads or is refused here with the
-offending field's path (never a late failure or a silently skipped graph):
+Every `GraphOperation` and every `ValueSource` of the schema has an entry here (a test enumerates
+the generated descriptors, so a new enum value without a decision fails it). A served value source
+lists the indexings shared packing (`helios.runtime.execution.packer`) supplies; the packer resolves every
+binding through `source_decision` at startup, and validation (`helios.contract.validate`, last
+stage) refuses the same bindings with their field path, so a contract that validates loads.
 
-* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE, TUNING and VISION (image
-  encoders, run before the prompt step that needs their features) are executed.
-  INITIALIZATION and RESUME graphs are not (admission zeroes a slot's written state, and a resumed
-  prompt runs through PREFILL or MIXED); SNAPSHOT and RESTORATION graphs are not either: snapshots
-  and restores are runtime copies of the declared storage (pages, state rows, continuation rows,
-  host slots; `helios.runtime.execution.history_storage`).
-* value sources: the ones shared packing supplies (`SERVED_SOURCES`, `helios.runtime.execution.packer`); image
-  tensors whole (SCALAR) to VISION graphs and per packed token to prompt graphs.
+* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE, TUNING, VISION (image
+  encoders, run before the prompt step that needs their features) and INITIALIZATION (run over the
+  rows a step admits, before the step's program; without one, admission zeroes a slot's written
+  state) are executed. RESUME, SNAPSHOT and RESTORATION graphs are refused (reasons in
+  `OPERATIONS`): resumed prompts run through PREFILL or MIXED, and snapshots and restores are
+  runtime copies of the declared storage (`helios.runtime.execution.history_storage`).
+* value sources: see `SOURCES`; image tensors go whole (SCALAR) to VISION graphs and per packed
+  token to prompt graphs.
 * the completion record: the runtime reads the ABI columns (`helios.abi.completion`) and the
   SAMPLED_TOKENS field where the layout puts it; a layout declaring another column for an ABI
   field, or a non-int64 field, is refused.
@@ -19,36 +21,104 @@ offending field's path (never a late failure or a silently skipped graph):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import MappingProxyType
+
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.rules import GRAPHS, MANIFEST, enum_label, op_label, source_label
 from helios.errors import ContractError, LoadError
 
 S, M = spb, mpb
+_ROW = frozenset({S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW})
+_PHYSICAL = frozenset({S.INDEXING_PHYSICAL_REQUEST_ROW})
+_PACKED = frozenset({S.INDEXING_PACKED_TOKEN})
+_SCALAR = frozenset({S.INDEXING_SCALAR})
 
-SERVED_OPERATIONS = frozenset({
-    S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_SCORED_PREFILL, S.GRAPH_OPERATION_DECODE,
-    S.GRAPH_OPERATION_MIXED, S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION,
+
+@dataclass(frozen=True)
+class Served:
+    """Shared packing supplies the source with these indexings (`vision`: to VISION graphs, which
+    take whole tensors, instead of `indexings`)."""
+
+    indexings: frozenset[int]
+    vision: frozenset[int] = frozenset()
+
+    def indexings_for(self, operation: int) -> frozenset[int]:
+        return self.vision if operation == S.GRAPH_OPERATION_VISION else self.indexings
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Not served: why."""
+
+    reason: str
+
+
+# GraphOperation -> decision.
+OPERATIONS = MappingProxyType({
+    S.GRAPH_OPERATION_PREFILL: Served(frozenset()),
+    S.GRAPH_OPERATION_SCORED_PREFILL: Served(frozenset()),
+    S.GRAPH_OPERATION_DECODE: Served(frozenset()),
+    S.GRAPH_OPERATION_MIXED: Served(frozenset()),
+    S.GRAPH_OPERATION_SPECULATIVE: Served(frozenset()),
+    S.GRAPH_OPERATION_TUNING: Served(frozenset()),
+    S.GRAPH_OPERATION_VISION: Served(frozenset()),
+    S.GRAPH_OPERATION_INITIALIZATION: Served(frozenset()),  # helios.runtime.execution.executor (Executor._initialize)
+    S.GRAPH_OPERATION_RESUME: Refused("resumed prompts run through PREFILL or MIXED graphs"),
+    S.GRAPH_OPERATION_SNAPSHOT: Refused("snapshots are runtime copies of the declared storage into continuation rows"),
+    S.GRAPH_OPERATION_RESTORATION: Refused("restores are runtime copies of continuation rows into a slot's pages and "
+                                           "rows"),
 })
-_OPERATION_REASONS = {
-    S.GRAPH_OPERATION_INITIALIZATION: "admission zeroes a slot's written state; no initialization graph runs",
-    S.GRAPH_OPERATION_RESUME: "resumed prompts run through PREFILL or MIXED graphs",
-    S.GRAPH_OPERATION_SNAPSHOT: "snapshots are runtime copies of the declared storage into continuation rows",
-    S.GRAPH_OPERATION_RESTORATION: "restores are runtime copies of continuation rows into a slot's pages and rows",
-}
-SERVED_SOURCES = frozenset({
-    S.VALUE_SOURCE_SLOT, S.VALUE_SOURCE_GENERATION, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_QUERY_LENGTH,
-    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT, S.VALUE_SOURCE_SAMPLING_DECISION, S.VALUE_SOURCE_PROMPT_TOKENS,
-    S.VALUE_SOURCE_SCORED_TARGET_TOKENS, S.VALUE_SOURCE_PENDING_TOKEN, S.VALUE_SOURCE_PROMPT_POSITIONS,
-    S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_CONSUMED_TOKEN_START, S.VALUE_SOURCE_CONSUMED_TOKEN_END,
-    S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT,
-    S.VALUE_SOURCE_PROMPT_HISTOGRAM, S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_COPIED_CANDIDATE_IDS,
-    S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT, S.VALUE_SOURCE_CONSTANT,
-    S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES,
-    S.VALUE_SOURCE_IMAGE_TENSOR, S.VALUE_SOURCE_IMAGE_FEATURE_INDICES,
+
+_ROWS_AT_ADMISSION = Served(frozenset({S.INDEXING_SUBMISSION_ROW}) | _PHYSICAL)
+# ValueSource -> decision (indexings beyond `binding_rules.ALLOWED_INDEXING` never validate anyway).
+SOURCES = MappingProxyType({
+    S.VALUE_SOURCE_SLOT: Served(_ROW),
+    S.VALUE_SOURCE_GENERATION: Served(_ROW | _PHYSICAL),
+    S.VALUE_SOURCE_LIVE_ROW_COUNT: Served(_SCALAR),
+    S.VALUE_SOURCE_QUERY_LENGTH: Served(_ROW),
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: Served(_ROW),
+    S.VALUE_SOURCE_SAMPLING_DECISION: Served(_ROW | _PACKED),
+    S.VALUE_SOURCE_MIXED_PREFILL_ROW: Served(_SCALAR),
+    S.VALUE_SOURCE_PROMPT_TOKENS: Served(_PACKED),
+    S.VALUE_SOURCE_SCORED_TARGET_TOKENS: Served(_PACKED),
+    S.VALUE_SOURCE_PENDING_TOKEN: Served(_ROW),
+    S.VALUE_SOURCE_PROMPT_POSITIONS: Served(_PACKED),
+    S.VALUE_SOURCE_IMAGE_FEATURE_INDICES: Served(_PACKED),
+    S.VALUE_SOURCE_IMAGE_CONTEXT_INDICES: Served(_PACKED),
+    S.VALUE_SOURCE_IMAGE_FEATURE_SLOT: Served(_ROW),
+    # Page tables live per physical request row and receive only new entries (the specification's
+    # incremental upload); a per-submission copy of whole tables is not supplied.
+    S.VALUE_SOURCE_PAGE_TABLE: Served(_PHYSICAL),
+    S.VALUE_SOURCE_LIVE_STATE_ROWS: Served(_ROW),
+    S.VALUE_SOURCE_RESTORE_SOURCE: Refused("only RESTORATION graphs take it, and they are not served"),
+    S.VALUE_SOURCE_SNAPSHOT_DESTINATION: Refused("only SNAPSHOT graphs take it, and they are not served"),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_START: Served(_ROW),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_END: Served(_ROW),
+    S.VALUE_SOURCE_SEED_BITS: _ROWS_AT_ADMISSION,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS: _ROWS_AT_ADMISSION,
+    S.VALUE_SOURCE_OUTPUT_LIMIT: _ROWS_AT_ADMISSION,
+    S.VALUE_SOURCE_EOS_IDS: _ROWS_AT_ADMISSION,
+    # The histogram is initialised once per slot at admission (the specification), never per step.
+    S.VALUE_SOURCE_PROMPT_HISTOGRAM: Served(_PHYSICAL),
+    S.VALUE_SOURCE_GRAMMAR_MASK: Served(_ROW),
+    S.VALUE_SOURCE_COPIED_CANDIDATE_IDS: Served(_ROW),
+    S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT: Served(_ROW),
+    S.VALUE_SOURCE_COPIED_GENERATION: Served(_ROW),
+    S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT: Served(_ROW),
+    S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: Served(_ROW),
+    # VISION and TUNING graphs get their constants once, at load (`helios.runtime.execution.packer.write_constants`).
+    S.VALUE_SOURCE_CONSTANT: Served(_SCALAR | {S.INDEXING_SUBMISSION_ROW}, vision=_SCALAR),
+    S.VALUE_SOURCE_INACTIVE_PADDING: Served(frozenset({S.INDEXING_SUBMISSION_ROW}) | _PACKED),
+    S.VALUE_SOURCE_IMAGE_TENSOR: Served(_PACKED, vision=_SCALAR),
+    S.VALUE_SOURCE_LOGIT_BIAS_IDS: Served(_PHYSICAL),
+    S.VALUE_SOURCE_LOGIT_BIAS_VALUES: Served(_PHYSICAL),
+    S.VALUE_SOURCE_HOST_TABLE_ROWS: Served(_PACKED),  # helios.runtime.execution.host_staging
 })
-# IMAGE_TENSOR indexing the runtime supplies: [prompt graphs, VISION graphs] (helios.runtime.execution.image_packing).
-_IMAGE_TENSOR_INDEXING = (S.INDEXING_PACKED_TOKEN, S.INDEXING_SCALAR)
+SERVED_OPERATIONS = frozenset(op for op, decision in OPERATIONS.items() if isinstance(decision, Served))
+SERVED_SOURCES = frozenset(source for source, decision in SOURCES.items() if isinstance(decision, Served))
+
 # int64 column the runtime reads for each single-column ABI field (helios.abi.completion.LAYOUT).
 ABI_COLUMNS = {
     M.COMPLETION_FIELD_KIND_SLOT: 0, M.COMPLETION_FIELD_KIND_GENERATION: 1,
@@ -60,26 +130,40 @@ ABI_TOKEN_COLUMN, ABI_RECORD_COLUMNS = 3, 10
 
 
 class NotServableError(ContractError, LoadError):
-    """A valid contract this runtime cannot serve; `path` names the field."""
+    """A contract this runtime cannot serve; `path` names the field."""
 
     exit_code = 8
+
+
+def source_decision(source: int, indexing: int, operation: int) -> str | None:
+    """None when shared packing supplies `source` with `indexing` to a graph of `operation`, else
+    why not (`indexing` then names the problem when the source itself is served)."""
+    decision = SOURCES.get(source)
+    if decision is None:
+        return "this runtime has no decision for the source"
+    if isinstance(decision, Refused):
+        return decision.reason
+    if indexing not in decision.indexings_for(operation):
+        labels = ", ".join(sorted(enum_label(S.Indexing, i) for i in decision.indexings_for(operation))) or "none"
+        return f"supplied to {op_label(operation)} graphs with indexing {labels}"
+    return None
 
 
 def check_servable(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
     """Raise `NotServableError` at the first graph, binding or completion field this runtime cannot serve."""
     for i, graph in enumerate(contract.model.graphs):
         path = f"{GRAPHS}[{i}]"
-        if graph.operation not in SERVED_OPERATIONS:
-            reason = _OPERATION_REASONS.get(graph.operation, "this runtime executes no such graph")
-            raise NotServableError(f"{path}.operation", f"{op_label(graph.operation)} graphs are not served: {reason}")
+        decision = OPERATIONS.get(graph.operation, Refused("this runtime executes no such graph"))
+        if isinstance(decision, Refused):
+            raise NotServableError(f"{path}.operation", f"{op_label(graph.operation)} graphs are not served: "
+                                   f"{decision.reason}")
         for j, binding in enumerate(graph.bindings):
-            if binding.source not in SERVED_SOURCES:
-                raise NotServableError(f"{path}.bindings[{j}].source",
-                                       f"{source_label(binding.source)} values are not supplied by this runtime")
-            if binding.source == S.VALUE_SOURCE_IMAGE_TENSOR and binding.indexing != _IMAGE_TENSOR_INDEXING[
-                    graph.operation == S.GRAPH_OPERATION_VISION]:
-                raise NotServableError(f"{path}.bindings[{j}].indexing", "image tensors are supplied whole to VISION "
-                                       "graphs (SCALAR) and per packed token to prompt graphs")
+            reason = source_decision(binding.source, binding.indexing, graph.operation)
+            if reason is None:
+                continue
+            field = "source" if binding.source not in SERVED_SOURCES else "indexing"
+            raise NotServableError(f"{path}.bindings[{j}].{field}",
+                                   f"{source_label(binding.source)} values are not supplied: {reason}")
     _check_completion(manifest.completion)
 
 

@@ -76,6 +76,7 @@ class ValueSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VALUE_SOURCE_IMAGE_TENSOR: _ClassVar[ValueSource]
     VALUE_SOURCE_LOGIT_BIAS_IDS: _ClassVar[ValueSource]
     VALUE_SOURCE_LOGIT_BIAS_VALUES: _ClassVar[ValueSource]
+    VALUE_SOURCE_HOST_TABLE_ROWS: _ClassVar[ValueSource]
 
 class Indexing(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -202,6 +203,7 @@ VALUE_SOURCE_INACTIVE_PADDING: ValueSource
 VALUE_SOURCE_IMAGE_TENSOR: ValueSource
 VALUE_SOURCE_LOGIT_BIAS_IDS: ValueSource
 VALUE_SOURCE_LOGIT_BIAS_VALUES: ValueSource
+VALUE_SOURCE_HOST_TABLE_ROWS: ValueSource
 INDEXING_UNSPECIFIED: Indexing
 INDEXING_SCALAR: Indexing
 INDEXING_SUBMISSION_ROW: Indexing
@@ -318,7 +320,7 @@ class ServingDefaults(_message.Message):
     def __init__(self, sampling: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., template_tokens: _Optional[_Iterable[_Union[TemplateToken, _Mapping]]] = ...) -> None: ...
 
 class ModelContract(_message.Message):
-    __slots__ = ("version", "vocabulary", "input_vocabulary", "vision", "cache", "graphs", "frontend", "state_views")
+    __slots__ = ("version", "vocabulary", "input_vocabulary", "vision", "cache", "graphs", "frontend", "state_views", "host_tables")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     VOCABULARY_FIELD_NUMBER: _ClassVar[int]
     INPUT_VOCABULARY_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +329,7 @@ class ModelContract(_message.Message):
     GRAPHS_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
     STATE_VIEWS_FIELD_NUMBER: _ClassVar[int]
+    HOST_TABLES_FIELD_NUMBER: _ClassVar[int]
     version: int
     vocabulary: VocabularyContract
     input_vocabulary: InputVocabularyContract
@@ -335,7 +338,22 @@ class ModelContract(_message.Message):
     graphs: _containers.RepeatedCompositeFieldContainer[GraphContract]
     frontend: FrontendContract
     state_views: _containers.RepeatedCompositeFieldContainer[StateView]
-    def __init__(self, version: _Optional[int] = ..., vocabulary: _Optional[_Union[VocabularyContract, _Mapping]] = ..., input_vocabulary: _Optional[_Union[InputVocabularyContract, _Mapping]] = ..., vision: _Optional[_Union[VisionContract, _Mapping]] = ..., cache: _Optional[_Union[CacheContract, _Mapping]] = ..., graphs: _Optional[_Iterable[_Union[GraphContract, _Mapping]]] = ..., frontend: _Optional[_Union[FrontendContract, _Mapping]] = ..., state_views: _Optional[_Iterable[_Union[StateView, _Mapping]]] = ...) -> None: ...
+    host_tables: _containers.RepeatedCompositeFieldContainer[HostStagingTable]
+    def __init__(self, version: _Optional[int] = ..., vocabulary: _Optional[_Union[VocabularyContract, _Mapping]] = ..., input_vocabulary: _Optional[_Union[InputVocabularyContract, _Mapping]] = ..., vision: _Optional[_Union[VisionContract, _Mapping]] = ..., cache: _Optional[_Union[CacheContract, _Mapping]] = ..., graphs: _Optional[_Iterable[_Union[GraphContract, _Mapping]]] = ..., frontend: _Optional[_Union[FrontendContract, _Mapping]] = ..., state_views: _Optional[_Iterable[_Union[StateView, _Mapping]]] = ..., host_tables: _Optional[_Iterable[_Union[HostStagingTable, _Mapping]]] = ...) -> None: ...
+
+class HostStagingTable(_message.Message):
+    __slots__ = ("name", "table", "ngram_tokens", "heads", "multipliers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    NGRAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    table: str
+    ngram_tokens: int
+    heads: int
+    multipliers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., table: _Optional[str] = ..., ngram_tokens: _Optional[int] = ..., heads: _Optional[int] = ..., multipliers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenRange(_message.Message):
     __slots__ = ("begin", "end")
@@ -424,7 +442,7 @@ class CompletionCursor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., region: _Optional[str] = ..., lag_tokens: _Optional[int] = ...) -> None: ...
 
 class ValueBinding(_message.Message):
-    __slots__ = ("destination", "source", "indexing", "offset", "padding", "constant", "image_output")
+    __slots__ = ("destination", "source", "indexing", "offset", "padding", "constant", "image_output", "host_table")
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     INDEXING_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +450,7 @@ class ValueBinding(_message.Message):
     PADDING_FIELD_NUMBER: _ClassVar[int]
     CONSTANT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    HOST_TABLE_FIELD_NUMBER: _ClassVar[int]
     destination: str
     source: ValueSource
     indexing: Indexing
@@ -439,7 +458,8 @@ class ValueBinding(_message.Message):
     padding: int
     constant: int
     image_output: str
-    def __init__(self, destination: _Optional[str] = ..., source: _Optional[_Union[ValueSource, str]] = ..., indexing: _Optional[_Union[Indexing, str]] = ..., offset: _Optional[int] = ..., padding: _Optional[int] = ..., constant: _Optional[int] = ..., image_output: _Optional[str] = ...) -> None: ...
+    host_table: str
+    def __init__(self, destination: _Optional[str] = ..., source: _Optional[_Union[ValueSource, str]] = ..., indexing: _Optional[_Union[Indexing, str]] = ..., offset: _Optional[int] = ..., padding: _Optional[int] = ..., constant: _Optional[int] = ..., image_output: _Optional[str] = ..., host_table: _Optional[str] = ...) -> None: ...
 
 class StateView(_message.Message):
     __slots__ = ("name", "buffer", "byte_offset", "row_stride", "byte_extent")

@@ -1,7 +1,8 @@
 """The complete rule set, applied in dependency order to one contract and manifest pair.
 
 Order matters: schema-level checks (unknown fields, enum values) come first, then rules over
-one document, then name indexes, then rules that join names across documents. Each stage may
+one document, then name indexes, then rules that join names across documents, and last what
+this runtime serves (`helios.contract.servable`: a contract that validates loads). Each stage may
 rely on what earlier stages established, so no rule meets a malformed input it was not written
 for. The first violation raises `ContractError` with its field path.
 """
@@ -12,9 +13,11 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.index import ContractIndex, build_index
 from helios.contract.rules import CONTRACT, MANIFEST, MODEL, require
+from helios.contract.servable import check_servable
 from helios.contract.validate_cross import check_cross
 from helios.contract.validate_frontend import check_frontend
 from helios.contract.validate_graphs import check_graphs
+from helios.contract.validate_host_tables import check_host_tables
 from helios.contract.validate_manifest import check_manifest
 from helios.contract.validate_model import check_model
 from helios.contract.validate_serving import check_serving
@@ -35,4 +38,6 @@ def validate(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> 
     check_manifest(manifest, index)
     check_cross(contract, manifest, index)
     check_tuned_bindings(contract.model, manifest, index)
+    check_host_tables(contract.model, index)
+    check_servable(contract, manifest)
     return index

@@ -64,6 +64,12 @@ def _check_source(operation: int, binding: spb.ValueBinding, path: str, model: s
         )
     else:
         require(binding.image_output == "", f"{path}.image_output", "only IMAGE_TENSOR bindings name a layout output")
+    if source == spb.VALUE_SOURCE_HOST_TABLE_ROWS:
+        tables = {table.name for table in model.host_tables}
+        require(binding.host_table in tables, f"{path}.host_table",
+                f"{binding.host_table!r} is not a declared host staging table")
+    else:
+        require(binding.host_table == "", f"{path}.host_table", "only HOST_TABLE_ROWS bindings name a host table")
 
 
 def _check_length_source(graph: spb.GraphContract, path: str) -> None:

@@ -43,6 +43,7 @@ class BindingView:
     padding: int
     constant: int
     image_output: str
+    host_table: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def graph_view(graph: spb.GraphContract, destinations: Mapping[str, str], views:
     bindings = tuple(
         BindingView(
             b.destination, destinations[b.destination], b.source, b.indexing,
-            b.offset, b.padding, b.constant, b.image_output,
+            b.offset, b.padding, b.constant, b.image_output, b.host_table,
         )
         for b in graph.bindings
     )

@@ -14,6 +14,7 @@ from helios.runtime.engine import Engine
 from helios.runtime.execution.executor import executor_for
 from helios.runtime.execution.geometry import capacities_for
 from helios.runtime.loading.model import LoadedModel, LoadOptions, load_model
+from helios.runtime.execution.host_staging import host_staging
 from helios.runtime.execution.packer import Packer
 from helios.runtime.scheduling.policy import SchedulerPolicy
 from helios.runtime.parallel.rank_peers import RankOptions, RankPeers, launch_peers
@@ -55,7 +56,8 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
         if pending is not None:
             pending.abandon(f"{type(error).__name__}: {error}")
         raise
-    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
+    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request,
+                    host_staging=host_staging(model.prepared, model.weights, model.buffers))
     executor = executor_for(model, packer, options.host_pages)
     stats, peers = WorkerStats(), None
     if pending is not None:

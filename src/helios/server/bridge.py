@@ -10,10 +10,10 @@ shown or counted, and a finish the engine reported for them (EOS, output limit) 
 with the processor's count before the response sees it (`observe`, the request's metrics record,
 gets the settled event). The resulting `OutputStep`s (streamed responses only) and the one terminal
 item are handed to the event loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup
-per batch of deliveries, not one per request and token) into the response's unbounded
-`asyncio.Queue`: it grows as events arrive and is bounded in total by the request's validated output
-budget (one step per generated token plus one terminal item), so a paused or slow reader never
-blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
+per batch of deliveries, not one per request and token) into the response's unbounded list of
+arrived items (`next_items` takes all of them at once): it grows as events arrive and is bounded in
+total by the request's validated output budget (one step per generated token plus one terminal
+item), so a paused or slow reader never blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
 
 Event loop: `next_items` awaits what has arrived; `cancel` cancels the request in the engine (a
 dropped connection); `close` says the reader released the response. The admission permit is
@@ -116,7 +116,8 @@ class ResponseBridge:
         self._outbox = outbox
         self._stop = stop
         self._observe = observe
-        self._queue: asyncio.Queue[list[Item]] = asyncio.Queue()
+        self._arrived: list[Item] = []  # loop side: items not yet taken by `next_items`
+        self._waiter: asyncio.Future | None = None  # loop side: `next_items` waiting for items
         self._failure: HeliosError | None = None  # worker side: output processing failed
         self._is_stop_sent = False  # worker side
         self._is_terminal_posted = False  # worker side
@@ -216,17 +217,27 @@ class ResponseBridge:
         return self._has_terminal
 
     def _deliver(self, items: list[Item], is_terminal: bool) -> None:
-        self._queue.put_nowait(items)
+        self._put(items)
         if is_terminal:
             self._has_terminal = True
             self._release_when_done()
 
+    def _put(self, items: list[Item]) -> None:
+        self._arrived.extend(items)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def next_items(self) -> list[Item]:
         """Every item that has arrived, waiting for at least one. The last item of the response
         is its terminal item; nothing follows it."""
-        items = await self._queue.get()
-        while not self._queue.empty():
-            items = items + self._queue.get_nowait()
+        while not self._arrived:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._arrived = self._arrived, []
         return items
 
     async def terminal(self) -> Terminal:
@@ -242,7 +253,7 @@ class ResponseBridge:
         if self._has_terminal or self._is_closed or self._is_interrupted:
             return False
         self._is_interrupted = True
-        self._queue.put_nowait([Failure(error)])
+        self._put([Failure(error)])
         self.cancel()
         return True
 

@@ -45,19 +45,52 @@ class SendTimeout(Exception):
     """The client took none of a response write within the send timeout (internal to this module)."""
 
 
-def timed_send(send: Send, timeout_s: float | None) -> Send:
-    """`send` bounded by `timeout_s` per message (None: unbounded); raises `SendTimeout`."""
-    if timeout_s is None:
-        return send
+class SendDeadline:
+    """`send` bounded by `timeout_s` per message, without a timer per message: a send notes when it
+    started, and one loop timer per response (armed by the first send, re-armed only while a send
+    is in progress) cancels the sending task once a send is `timeout_s` old, which that send turns
+    into `SendTimeout`. A send that completes costs a clock read and no timer operation."""
 
-    async def send_within(message) -> None:
+    def __init__(self, send: Send, timeout_s: float):
+        self._send = send
+        self._timeout_s = timeout_s
+        self._loop = asyncio.get_running_loop()
+        self._started: float | None = None  # loop time the send in progress started
+        self._task: asyncio.Task | None = None  # the task of the send in progress
+        self._timer: asyncio.TimerHandle | None = None
+        self._has_expired = False
+
+    async def __call__(self, message) -> None:
+        self._task = asyncio.current_task()
+        self._started = started = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(started + self._timeout_s, self._check)
         try:
-            async with asyncio.timeout(timeout_s):
-                await send(message)
-        except TimeoutError:
-            raise SendTimeout from None
+            await self._send(message)
+        except asyncio.CancelledError:
+            if self._has_expired and self._task is not None:
+                self._task.uncancel()
+                raise SendTimeout from None
+            raise
+        finally:
+            self._started = None
 
-    return send_within
+    def _check(self) -> None:
+        self._timer = None
+        started = self._started
+        if started is None or self._task is None:  # idle: the next send arms the timer again
+            return
+        due = started + self._timeout_s
+        if self._loop.time() >= due:
+            self._has_expired = True
+            self._task.cancel()
+        else:
+            self._timer = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 @dataclass(frozen=True)
@@ -72,8 +105,9 @@ class Lease:
 
 async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
     """Runs the response's own ASGI `call` with a timed send and closes the bridge on every path."""
+    deadline = None if lease.send_timeout_s is None else SendDeadline(send, lease.send_timeout_s)
     try:
-        await call(scope, receive, timed_send(send, lease.send_timeout_s))
+        await call(scope, receive, send if deadline is None else deadline)
     except SendTimeout:
         logger.warning("response %s dropped: its client took nothing for %.0f s",
                        lease.bridge.request_id, lease.send_timeout_s)
@@ -82,6 +116,8 @@ async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: 
             raise
         # The server drops the connections left after the drain deadline: the connection closes.
     finally:
+        if deadline is not None:
+            deadline.close()
         lease.bridge.close()
 
 

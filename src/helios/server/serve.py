@@ -1,4 +1,4 @@
-"""Running the HTTP server: uvicorn (uvloop when installed) on a socket bound here.
+"""Running the HTTP server: uvicorn (uvloop and httptools when installed) on a socket bound here.
 
 `serve(runtime, options, owned_by)` blocks until SIGTERM or SIGINT. Shutdown order: uvicorn stops
 accepting and lets open connections finish for `drain_seconds` (the specification's five seconds);

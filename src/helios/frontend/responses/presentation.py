@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from dataclasses import dataclass, field
 
 from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown
@@ -44,6 +43,7 @@ from helios.frontend.decoding.events import ContentDelta, Event, ReasoningDelta,
 from helios.frontend.decoding.logprobs import LogprobEntry, PromptRequest, chat_logprobs, prompt_logprobs_body, text_logprobs
 from helios.frontend.decoding.observation import ObservationRecord
 from helios.frontend.responses.output import OutputFinal, OutputStep, Usage
+from helios.frontend.responses.sse_encoding import ChunkTemplate, encode_json, sse_data
 from helios.frontend.preparation.request_options import ResponseOptions
 from helios.runtime.records.events import FinishReason
 
@@ -214,14 +214,9 @@ def error_body(error: BaseException) -> dict:
     return {"error": {"message": message, "type": error_type(error), "param": None, "code": error_status(error)}}
 
 
-def sse_data(data: dict) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
 def sse_error(error: BaseException) -> bytes:
     """The one terminal error event of a stream whose headers are out (no [DONE] follows)."""
-    body = json.dumps(error_body(error), ensure_ascii=False, separators=(",", ":"))
-    return b"event: error\ndata: " + body.encode() + b"\n\n"
+    return b"event: error\ndata: " + encode_json(error_body(error)).encode() + b"\n\n"
 
 
 # -- streaming -----------------------------------------------------------------------------------
@@ -263,6 +258,8 @@ class StreamPresenter:
         self._has_sent_first = False
         self._text_offset = 0  # text streams: characters of the scored tokens sent so far
         self._has_echoed = False
+        self._template = ChunkTemplate(head.response_id, _OBJECTS[head.kind][1], head.created, head.model,
+                                       is_chat=self._is_chat, include_usage=head.options.include_usage)
 
     def start_chunks(self) -> list[dict]:
         """Chat: the role chunk (with prompt ids when observed). Text: nothing."""
@@ -326,7 +323,25 @@ class StreamPresenter:
         return b"".join(sse_data(chunk) for chunk in self.start_chunks())
 
     def sse_step(self, step: OutputStep) -> bytes:
-        return b"".join(sse_data(chunk) for chunk in self.step_chunks(step))
+        """The bytes of `step_chunks(step)`; plain steps (no log-probabilities, nothing left to echo,
+        after the first chunk) are rendered from the stream's `ChunkTemplate`."""
+        if not self._has_sent_first or step.logprobs or self._is_echo_pending():
+            return b"".join(sse_data(chunk) for chunk in self.step_chunks(step))
+        template = self._template
+        parts = []
+        if step.observation is not None:
+            parts.append(template.observation(step.observation.token_id, step.observation.timestamp_ns))
+        if self._is_chat:
+            parts.extend(template.delta(delta) for delta in chat_deltas(step.events))
+        else:
+            text = _text_of(step.events)
+            if text:
+                parts.append(template.text(text))
+        return b"".join(parts)
+
+    def _is_echo_pending(self) -> bool:
+        head = self._head
+        return not self._has_echoed and bool(head.echo_text is not None or head.prompt.scores)
 
     def sse_finish(self, final: OutputFinal) -> bytes:
         """The end of a successful (or cancelled) stream, ``[DONE]`` included."""

@@ -115,6 +115,8 @@ class Executor:
         cuda = model.device.type == "cuda"
         self._events = [torch.cuda.Event() for _ in range(2)] if cuda else []  # one per frame
         self.images = image_feeder(model, packer, self._encode)  # None for a text-only core
+        self._initializers = tuple((p, program_arguments(p, model.weights, model.buffers))
+                                   for p in model.initialization_programs)  # smallest batch first
 
     @property
     def overlaps(self) -> bool:
@@ -134,6 +136,8 @@ class Executor:
         if plan.variant is None:
             return Launched(plan, None, {}, None)
         program = self._program_for(plan)
+        if self._initializers:
+            self._initialize(plan)
         if self.images is not None and plan.operation in (Operation.PREFILL, Operation.MIXED):
             self.images.feed(plan.rows, self.packer.images_of(plan.rows))
         self.packer.pack(program.graph, plan)
@@ -162,6 +166,21 @@ class Executor:
         """The program's outputs for the packed `plan`: an eager call on its fixed arguments."""
         return program.module(*self._arguments[variant_name(program)])
 
+    def _initialize(self, plan: StepPlan) -> None:
+        """Runs the core's INITIALIZATION program over the rows `plan` admits (in chunks of the
+        largest variant), before the plan's own program reads their state. On CUDA the host then
+        waits for it: both packs write the same staging mirrors (admission is rare)."""
+        admitted = [row for row in plan.rows if row.admits]
+        largest = self._initializers[-1][0].batch_capacity
+        for start in range(0, len(admitted), largest):
+            rows = tuple(admitted[start:start + largest])
+            program, args = next((p, a) for p, a in self._initializers if p.batch_capacity >= len(rows))
+            self.packer.pack(program.graph, plan._replace(rows=rows))
+            with torch.inference_mode():
+                self._encode(program, args)
+        if admitted and self.model.device.type == "cuda":
+            torch.cuda.current_stream(self.model.device).synchronize()
+
     def _program_for(self, plan: StepPlan) -> LoadedProgram:
         """The planned program, or its token-logprobs twin when a row asks for log-probabilities."""
         twin = self._twins.get(plan.variant.name)
@@ -176,6 +195,7 @@ class Executor:
         if launched.done is not None:
             launched.done.synchronize()
         plan = launched.plan
+        self.packer.retire(plan.sequence)  # the device is done with it: host staging frames may be reused
         results = self._results(plan, launched.program, self._frame(plan)[: len(plan.rows)])
         if launched.scores is not None:
             results = self._with_logprobs(plan, results, launched.scores)
@@ -235,7 +255,7 @@ class Executor:
 
     @staticmethod
     def _encode(program: LoadedProgram, arguments: list):
-        """An image encoder's outputs (an eager call)."""
+        """An auxiliary program's outputs (an image encoder, an initialization program): an eager call."""
         return program.module(*arguments)
 
 
@@ -246,7 +266,8 @@ class GraphExecutor(Executor):
     def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram],
                  host_pages: int = 0):
         uncaptured = [name for name, p in programs.items() if not isinstance(p.module, CapturedProgram)]
-        uncaptured += [p.graph for p in model.vision_programs if not isinstance(p.module, CapturedProgram)]
+        uncaptured += [p.graph for p in (*model.vision_programs, *model.initialization_programs)
+                       if not isinstance(p.module, CapturedProgram)]
         if uncaptured:
             raise CaptureError(f"programs {', '.join(uncaptured)} were not captured into CUDA graphs")
         super().__init__(model, packer, programs, host_pages)

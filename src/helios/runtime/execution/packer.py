@@ -16,8 +16,11 @@ packer keeps each request's history - its prompt plus every emission the executo
 (`observe`) - and copies candidates from it (`helios.runtime.execution.history_drafting`) for lanes whose
 history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
-invalidates everything remembered for the slot), and page tables receive only the entries new
-since the last upload. Persistent-state rows a program writes are zeroed at admission.
+invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
+since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
+core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. Which
+sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
+checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
 Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
 tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
@@ -40,11 +43,15 @@ import torch
 
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
+from helios.contract.rules import source_label
+from helios.contract.servable import source_decision
 from helios.errors import LoadError
 from helios.runtime.execution.history_drafting import HistoryIndex
+from helios.runtime.execution.host_staging import HostStaging
 from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.execution.masks import allowed_row, write_masks
-from helios.runtime.execution.image_packing import supports as supports_image
+from helios.runtime.execution.pack_staging import Staging as _Staging
+from helios.runtime.execution.pack_values import eos_row, fill_copied, is_prompt_row, padded, write_vector
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.cache.window_pages import UNHELD_PAGE_ID, window_view_names
@@ -69,6 +76,7 @@ class Binding:
     constant: int
     image_output: str = ""
     window: bool = False  # a page table of the window region's own ids (`PlanRow.new_window_ids`)
+    host_table: str = ""
 
 
 _ROW_SOURCES: Mapping[int, Callable[[PlanRow, RequestSpec], object]] = {
@@ -92,6 +100,7 @@ _BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
 _COPIED_SOURCES = {
     S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
+    S.VALUE_SOURCE_COPIED_GENERATION, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS,
 }
 
 
@@ -109,13 +118,23 @@ class Packer:
     """Writes a plan's values into the model's destination buffers (see the module docstring)."""
 
     def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], state_rows: int = 1,
-                 history_drafting: bool = False, staged: bool | None = None):
+                 history_drafting: bool = False, staged: bool | None = None, host_staging: HostStaging | None = None):
+        """`host_staging`: the core's host tables (`helios.runtime.execution.host_staging`), None without any."""
         self._buffers = buffers
+        self.host_staging = host_staging
+        # Each request's tokens (prompt, then validated emissions): host tables hash n-grams of them.
+        self._contexts: dict[str, list[int]] | None = {} if host_staging is not None else None
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, RequestSpec] = {}
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
+                                        for items in self._bindings.values() for b in items):
+            raise UnsupportedBindingError("the core binds host-table rows but no host staging was given")
+        self._elsewhere = {name: _admission_elsewhere(self._bindings, name) for name in self._bindings}
         self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+        # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
+        self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
 
@@ -136,12 +155,16 @@ class Packer:
 
     def register(self, spec: RequestSpec) -> None:
         self._requests[spec.request_id] = spec
+        if self._contexts is not None:
+            self._contexts[spec.request_id] = list(spec.prompt_ids)
         if self._histories is not None:
             self._histories[spec.request_id] = HistoryIndex(spec.prompt_ids)
 
     def forget(self, request_id: str) -> None:
         """Drops a request's record (an id it never saw is ignored)."""
         self._requests.pop(request_id, None)
+        if self._contexts is not None:
+            self._contexts.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
 
@@ -155,6 +178,11 @@ class Packer:
 
     def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
         """Validated emissions of `plan`, in row order: they extend the requests' histories."""
+        if self._contexts is not None:
+            for row, result in zip(plan.rows, results):
+                context = self._contexts.get(row.request_id)
+                if context is not None and result.token_ids:
+                    context.extend(result.token_ids)
         if self._histories is None:
             return
         for row, result in zip(plan.rows, results):
@@ -166,23 +194,51 @@ class Packer:
         """Fills every binding of `graph` for `plan` (`apply` it first); `plan.masks` holds its
         constrained rows' grammar masks."""
         requests = [self._requests[row.request_id] for row in plan.rows]
-        self._staging.begin(plan.frame)
+        self._staging.begin(plan.frame, plan.sequence)
         for row in plan.rows:
-            if row.admits:
+            if row.admits and not self._initializes:
                 self._reset_state(graph, row.slot)
+        for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
+            for row, req in zip(plan.rows, requests):
+                if row.admits:
+                    _fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
         copied = self._copied_for(graph, plan.rows)
         constrained = any(row.constrained for row in plan.rows)
         for binding in self._bindings[graph]:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
             target = self._staging.target(binding.buffer_name)
-            if binding.source in IMAGE_SOURCES:
+            if binding.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
+                self._stage_rows(binding, plan)
+            elif binding.source in IMAGE_SOURCES:
                 fill_image(binding, target, plan.rows, self.images_of(plan.rows))
             elif binding.source in _COPIED_SOURCES:
-                _fill_copied(binding, target, plan.rows, copied)
+                fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, plan.masks)
         self._staging.upload()
+
+    def retire(self, sequence: int) -> None:
+        """Submission `sequence` has finished on this rank: its host staging frames may be reused
+        once every rank says so (`helios.runtime.execution.host_staging`)."""
+        if self.host_staging is not None:
+            self.host_staging.retire(sequence)
+
+    def _stage_rows(self, binding: Binding, plan: StepPlan) -> None:
+        """Host-table rows of every packed token, gathered into the plan's host frame and copied
+        into the destination (asynchronously on a device, ordered before the program)."""
+        lanes = []
+        reach = self.host_staging.tables[binding.host_table].ngram_tokens - 1  # predecessors an n-gram reads
+        for row in plan.rows:
+            if row.pending_on_device:
+                raise ValueError(f"{binding.destination}: a lane's pending token is on the device; "
+                                 "host-table rows need host-known tokens")
+            first = max(0, row.start_pos - reach)  # only the window the n-grams reach is copied
+            window = self._contexts[row.request_id][first:row.start_pos] + list(row.token_ids)
+            lanes.append((window, row.start_pos - first, len(row.token_ids)))
+        frame = self.host_staging.stage(binding.host_table, plan.frame, plan.sequence, lanes)
+        target = self._buffers[binding.buffer_name]
+        target.copy_(frame[: target.shape[0]], non_blocking=target.device.type == "cuda" and frame.is_pinned())
 
     def top_logprobs(self, request_id: str) -> int | None:
         """The alternatives per token a registered request asks for (None: no log-probabilities)."""
@@ -210,12 +266,15 @@ class Packer:
         return history.candidates(min(limit, row.token_ceiling - 1))
 
     def _copied_for(self, graph: str, rows: Sequence[PlanRow]) -> list[tuple[int, ...]]:
-        """Each row's candidates, at most the width of the graph's candidate-id buffer."""
+        """Each row's candidates, at most the width of the graph's candidate-id buffer. A graph that
+        binds per-position grammar masks gets no candidates for constrained lanes: the host grammar
+        is not advanced along copied tokens, so only the lane's own (first) mask is known."""
         ids = next((b for b in self._bindings[graph] if b.source == S.VALUE_SOURCE_COPIED_CANDIDATE_IDS), None)
         if ids is None:
             return []
+        masked = any(b.source == S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS for b in self._bindings[graph])
         width = self._buffers[ids.buffer_name].shape[1]
-        return [self.candidates(row, width) for row in rows]
+        return [() if masked and row.constrained else self.candidates(row, width) for row in rows]
 
 
     def _reset_state(self, graph: str, slot: int) -> None:
@@ -229,62 +288,43 @@ class Packer:
             for row, req in zip(rows, requests):
                 if row.admits or row.new_page_ids or row.new_window_ids:  # nothing to write for any other row
                     _fill_admission(binding, target, row, req, self._staging)
+        elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
+            target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
             values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
-            _write_vector(target, values, binding, pad=True)
+            write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
             write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
             if source == S.VALUE_SOURCE_CONSTANT:
                 values = [binding.constant] * len(rows)
+            elif source == S.VALUE_SOURCE_LIVE_STATE_ROWS:  # a slot's first state row
+                values = [row.slot * self._state_rows for row in rows]
+            elif source == S.VALUE_SOURCE_EOS_IDS:
+                values = [eos_row(req, target, binding) for req in requests]
             else:
                 value_of = _ROW_SOURCES[source]
                 values = [value_of(row, req) for row, req in zip(rows, requests)]
-            _write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
+            write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
         elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
             target.fill_(len(rows) + binding.offset)
+        elif source == S.VALUE_SOURCE_MIXED_PREFILL_ROW:
+            index = next((i for i, row in enumerate(rows) if is_prompt_row(row)), None)
+            target.fill_(binding.padding if index is None else index + binding.offset)
         else:  # CONSTANT (scalar)
             target.fill_(binding.constant)
-
-
-def _fill_copied(binding: Binding, target: torch.Tensor, rows: Sequence[PlanRow], copied) -> None:
-    if binding.source == S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT:
-        _write_vector(target, [row.start_pos for row in rows], binding, pad=True)
-    elif binding.source == S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT:
-        _write_vector(target, [len(c) for c in copied] or [0] * len(rows), binding, pad=True)
-    else:
-        width = target.shape[1]
-        _write_vector(target, [c + (binding.padding,) * (width - len(c)) for c in copied], binding, pad=True)
 
 
 def _packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
     if source == S.VALUE_SOURCE_PROMPT_TOKENS:
         return list(row.token_ids)
+    if source == S.VALUE_SOURCE_SAMPLING_DECISION:  # 1 on the token a sampling lane samples after
+        count = len(row.token_ids) if row.token_ids else row.query_len
+        return [int(row.samples and i == count - 1) for i in range(count)]
     if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
         return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
     prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
     return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
-
-
-def _write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> None:
-    """Rows (or packed tokens) 0..n-1 get values (+offset; None -> padding); the rest padding."""
-    n = len(values)
-    if n > target.shape[0]:
-        raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
-    if n:
-        if binding.offset == 0 and None not in values:  # the common case: the values as they are
-            filled = values
-        else:
-            filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
-        target[:n] = torch.tensor(filled, dtype=target.dtype)
-    if pad and n < target.shape[0]:
-        target[n:] = binding.padding
-
-
-def _offset(value, offset: int):
-    if isinstance(value, tuple):
-        return value
-    return value + offset
 
 
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: "_Staging") -> None:
@@ -312,128 +352,57 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpe
             target[slot] = 0
             if req.prompt_ids:
                 staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
+    elif source == S.VALUE_SOURCE_EOS_IDS:
+        if row.admits:
+            target[slot] = torch.tensor(eos_row(req, target, binding), dtype=target.dtype)
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
-        target[slot] = torch.tensor(value, dtype=target.dtype) if isinstance(value, tuple) else value + binding.offset
-
-
-class _Staging:
-    """Pinned host mirrors of the device buffers that are rewritten every step (module docstring)."""
-
-    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
-        """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
-        (host buffers too: the same logic, testable without a device); False stages none."""
-        views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
-        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW}
-        self._buffers = buffers
-        pinned = torch.cuda.is_available()
-        staged_names = [name for name in sorted(per_step)
-                        if (buffers[name].device.type != "cpu" if staged is None else staged)]
-        # One set of mirrors per execution frame: a frame's mirrors are rewritten only after its
-        # previous plan finished (the other frame's upload may still be queued behind a program).
-        self._mirror_sets = [
-            {name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned) for name in staged_names}
-            for _ in range(2)
-        ]
-        self._mirrors = self._mirror_sets[0]
-        # Page-table entries of one frame, staged for their asynchronous copies to a device table.
-        tables = [view.buffer for view in views if view.source == S.VALUE_SOURCE_PAGE_TABLE
-                  and buffers[view.buffer].device.type != "cpu"]
-        size = sum(buffers[name].numel() for name in set(tables))  # a step rewrites each table at most once
-        self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        self._entries = self._entry_sets[0]
-        self._entries_used = 0
-        self._dirty: set[str] = set()
-        self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for view in views:
-            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffers[view.buffer].device.type != "cpu":
-                self._new_scratch(view.buffer, buffers[view.buffer][0])
-        # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
-        self._masks_in_use = {
-            view.buffer for view in views if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
-        }
-
-    def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
-        """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
-        scratch pair per buffer (no allocation while serving); on the host in place."""
-        counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
-        if row.device.type == "cpu":
-            row.add_(counts)
-            return
-        host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
-        host.copy_(counts)
-        device.copy_(host)  # blocking: the next admission of this step reuses `host`
-        row.add_(device)
-
-    def _new_scratch(self, name: str, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
-        self._count_scratch[name] = pair
-        return pair
-
-    def begin(self, frame: int) -> None:
-        """Packing of a plan of execution frame `frame` starts (its previous plan has finished)."""
-        self._mirrors = self._mirror_sets[frame % 2]
-        self._entries = self._entry_sets[frame % 2]
-        self._entries_used = 0
-
-    def write_entries(self, target: torch.Tensor, values: Sequence[int]) -> None:
-        """target[:] = values. A device target gets an asynchronous copy from this frame's pinned
-        entries (no host synchronisation, so a frame can be packed while the other one runs)."""
-        if target.device.type == "cpu" or target.dtype != torch.int32:
-            target.copy_(torch.tensor(values, dtype=target.dtype))
-            return
-        start, end = self._entries_used, self._entries_used + len(values)
-        if end > self._entries.numel():  # not expected (sized for every table): copy synchronously
-            target.copy_(torch.tensor(values, dtype=target.dtype))
-            return
-        staged = self._entries[start:end]
-        staged.copy_(torch.tensor(values, dtype=torch.int32))
-        target.copy_(staged, non_blocking=True)
-        self._entries_used = end
-
-    def target(self, name: str) -> torch.Tensor:
-        mirror = self._mirrors.get(name)
-        if mirror is None:
-            return self._buffers[name]
-        self._dirty.add(name)
-        return mirror
-
-    def mask_needed(self, binding, constrained: bool) -> bool:
-        """Whether the mask must be written: a row is constrained now, or was on the last upload.
-        On the host (no mirror) masks are always written."""
-        name = binding.buffer_name
-        if name not in self._mirrors:
-            return True
-        needed = constrained or name in self._masks_in_use
-        if constrained:
-            self._masks_in_use.add(name)
+        if isinstance(value, tuple):
+            target[slot] = torch.tensor(padded(value, target, binding), dtype=target.dtype)
         else:
-            self._masks_in_use.discard(name)
-        return needed
-
-    def upload(self) -> None:
-        for name in sorted(self._dirty):
-            self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
-        self._dirty.clear()
+            target[slot] = value + binding.offset
 
 
 def _resolve(prepared: PreparedContract, graph: str) -> tuple:
-    """The graph's bindings with their destination buffers; unsupported sources fail startup."""
+    """The graph's bindings with their destination buffers; a binding `servable.SOURCES` does not
+    serve fails startup."""
     resolved = []
     operation = prepared.graphs[graph].operation
     window_views = window_view_names(prepared)
     for view in prepared.graphs[graph].bindings:
-        supported = supports_image(view, operation) or view.source in _ROW_SOURCES or view.source in _PACKED_SOURCES or view.source in (
-            S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_CONSTANT,
-        ) or view.source in _ADMISSION_SOURCES or view.source in _COPIED_SOURCES or view.source in _BIAS_SOURCES
-        if not supported:
-            raise UnsupportedBindingError(
-                f"graph {graph!r} binds {spb.ValueSource.Name(view.source)}, which this runtime does not supply"
-            )
+        reason = source_decision(view.source, view.indexing, operation)
+        if reason is not None:
+            raise UnsupportedBindingError(f"graph {graph!r} binds {source_label(view.source)}: {reason}")
         resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
                                 view.offset, view.padding, view.constant, view.image_output,
-                                view.destination in window_views))
+                                view.destination in window_views, view.host_table))
     return tuple(resolved)
+
+
+def _admission_elsewhere(bindings: Mapping[str, tuple], graph: str) -> tuple[Binding, ...]:
+    """PHYSICAL_REQUEST_ROW bindings (page tables aside) of the other graphs into buffers `graph`
+    does not bind: a slot admitted by `graph` must have them too (a DECODE-only EOS binding, say)."""
+    own = {b.buffer_name for b in bindings[graph]}
+    found: dict[str, Binding] = {}
+    for name, items in bindings.items():
+        for binding in items:
+            if (name != graph and binding.indexing == S.INDEXING_PHYSICAL_REQUEST_ROW
+                    and binding.source != S.VALUE_SOURCE_PAGE_TABLE and binding.buffer_name not in own):
+                found.setdefault(binding.buffer_name, binding)
+    return tuple(found.values())
+
+
+_UNPACKED_OPERATIONS = (S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION)  # never packed per step
+
+
+def write_constants(prepared: PreparedContract, buffers: Mapping[str, torch.Tensor]) -> None:
+    """Writes the CONSTANT bindings of the graphs no step packs (TUNING producers, VISION encoders)
+    once, at load, before any of them runs."""
+    for graph in prepared.graphs.values():
+        if graph.operation in _UNPACKED_OPERATIONS:
+            for view in graph.bindings:
+                if view.source == S.VALUE_SOURCE_CONSTANT and view.buffer in buffers:
+                    buffers[view.buffer].fill_(view.constant)
 
 
 def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:

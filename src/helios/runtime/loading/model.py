@@ -41,7 +41,7 @@ from torch.export.passes import move_to_device_pass
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
 from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
-from helios.contract.servable import check_servable
+from helios.runtime.execution.packer import write_constants
 from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -69,6 +69,8 @@ _DTYPES = {
     mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
     mpb.DTYPE_INT64: torch.int64, mpb.DTYPE_INT32: torch.int32, mpb.DTYPE_INT16: torch.int16,
     mpb.DTYPE_INT8: torch.int8, mpb.DTYPE_UINT8: torch.uint8, mpb.DTYPE_BOOL: torch.bool,
+    mpb.DTYPE_UINT16: torch.uint16, mpb.DTYPE_UINT32: torch.uint32,
+    mpb.DTYPE_FLOAT8_E4M3: torch.float8_e4m3fn, mpb.DTYPE_FLOAT8_E5M2: torch.float8_e5m2,
 }
 
 
@@ -137,6 +139,8 @@ class LoadedModel:
     vision_programs: tuple[LoadedProgram, ...] = ()  # VISION variants (image encoders), patch order
     image_cache: ImageFeatureCache | None = None  # with VISION programs on rank zero: allocated at load
     num_window_pages: int = 0  # pages of the window region with its own page ids (0: none)
+    # INITIALIZATION variants, smallest batch first: run over the rows a step admits, before it.
+    initialization_programs: tuple[LoadedProgram, ...] = ()
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -145,7 +149,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
     peer waits there for rank zero's, so every rank reads its weights at the same time)."""
     prepared = core.prepared
-    check_servable(prepared.contract, prepared.manifest)  # a valid contract this runtime cannot serve fails here
+    # `prepared` passed validation, whose last stage (helios.contract.servable) refused anything not served.
     settings = resolve_settings(prepared, options.startup)
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
@@ -156,13 +160,15 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     declared = DeclaredOps(declared, registered_schemas())  # the registered ops, listed once per load
     # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
     # programs deserialize here (Python that holds it): the two overlap instead of adding up.
+    initial = initialization_handles(prepared, options.rank)
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
         programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
         tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
         producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
+        initializers = tuple(_load_program(core, prepared, handle, declared, device) for handle in initial)
         weights = loading.result()
-    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles)))
+    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
     num_state_rows = settings.max_concurrency * rows_per_request
     context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
     row_tokens = max(h.capacity.packed_token_capacity for h in handles)
@@ -177,6 +183,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
         num_window_pages)
     buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
+    write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(_load_program(core, prepared, handle, declared, device)
                    for handle in vision_graphs)
@@ -186,6 +193,10 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         if vision:  # the image encoders replay as CUDA graphs too
             vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                       keep=tuned_outputs(prepared))
+        if initializers:
+            initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
+                                            device, keep=tuned_outputs(prepared))
+    write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
         num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
@@ -194,6 +205,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         vision,
         image_cache,
         num_window_pages=num_window_pages,
+        initialization_programs=initializers,
     )
 
 
@@ -242,6 +254,13 @@ def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
         if not handle.program_inputs or not handle.program_outputs:
             raise MissingVariantError(f"graph {handle.graph!r}: the manifest does not name the program's inputs/outputs")
     return selected
+
+
+def initialization_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
+    """The rank's INITIALIZATION handles, smallest batch capacity first."""
+    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_INITIALIZATION)}
+    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
+    return sorted(handles, key=lambda h: h.capacity.batch_capacity)
 
 
 def vision_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
@@ -363,7 +382,16 @@ def _load_weights(core, prepared: PreparedContract, device: torch.device, rank: 
             wanted.setdefault(resource_id, {})[buffer.name] = WantedTensor(_DTYPES[buffer.dtype], shape)
     check_fits("the weights", sum(core.resource(r).decoded_nbytes for r in wanted), device)
     resources = {r: (core.resource(r).decoded_nbytes, names) for r, names in wanted.items()}
-    return load_weight_resources(core.open_resource, resources, device)
+    host = {b.name for b in prepared.manifest.buffers
+            if b.role == mpb.BUFFER_ROLE_WEIGHT and b.placement == mpb.PLACEMENT_HOST}
+    on_host = {r: item for r, item in resources.items() if set(item[1]) <= host}  # host staging tables
+    weights = load_weight_resources(core.open_resource, {r: v for r, v in resources.items() if r not in on_host},
+                                    device)
+    if on_host:
+        weights.update(load_weight_resources(core.open_resource, on_host, torch.device("cpu")))
+    for name in host & weights.keys():  # a host table sharing a resource with device weights
+        weights[name] = weights[name].cpu()
+    return weights
 
 
 def rank_resource(core, resource_id: str, rank: int) -> str:

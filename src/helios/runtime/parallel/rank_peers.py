@@ -54,6 +54,7 @@ from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram, release_graphs
 from helios.runtime.execution.executor import Executor, GraphExecutor, program_table, variant_name
 from helios.runtime.loading.model import LoadOptions, load_model, serving_device
+from helios.runtime.execution.host_staging import host_staging
 from helios.runtime.execution.packer import Packer
 from helios.runtime.parallel.rank_devices import (
     RankBackend,
@@ -306,7 +307,8 @@ def _load_rank(core, launch: Launch, rank: int, device: str, rendezvous: Rendezv
     variants = tuple(variant_name(p) for p in model.programs)
     if variants != sizing[0].variants:
         raise RankJoinError(f"rank {rank} selected variants {variants}; rank zero {sizing[0].variants}")
-    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request)
+    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request,
+                    host_staging=host_staging(model.prepared, model.weights, model.buffers))
     return Executor(model, packer, program_table(model), launch.host_pages)
 
 

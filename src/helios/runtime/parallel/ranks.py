@@ -50,6 +50,7 @@ from typing import Callable
 import torch
 
 from helios.abi.collectives import CollectiveError, RankGroup
+from helios.runtime.execution.host_staging import GroupRetirement
 from helios.errors import ExecutionError
 from helios.runtime.loading.cuda_graphs import release_graphs
 from helios.runtime.execution.executor import Executor, Launched, StepOutput
@@ -114,6 +115,7 @@ class RankedExecutor:
         self.images = None  # vision-language cores are prepared for one rank
         self._executor = executor
         self._group = group
+        retire_over_group(executor, group)
         self.timers = PhaseTimers()
         self._channel = StepChannel(group, self.timers)
         self._stats = stats
@@ -277,10 +279,20 @@ class RankedExecutor:
             return None, error
 
 
+def retire_over_group(executor: Executor, group: RankGroup) -> None:
+    """A core with host staging tables reuses a frame only once every rank retired its consumer:
+    every rank checks that with one MIN all-reduce over the group's gloo group (in the same pack of
+    the same submission; `helios.runtime.execution.host_staging`)."""
+    staging = getattr(executor.packer, "host_staging", None)
+    if staging is not None:
+        staging.use_retirement(GroupRetirement(group.process_group))
+
+
 def serve_rank(executor: Executor, group: RankGroup) -> None:
     """A peer's loop: run rank zero's plans until STOP. Raises `CollectiveError` when the group
     breaks (rank zero died or a rank stopped answering)."""
     timers = PhaseTimers()
+    retire_over_group(executor, group)
     channel, deadline = StepChannel(group, timers), _deadline(group, f"helios-rank-{group.rank}-deadline")
     launched: deque = deque()  # (plan, Launched or None, error): LAUNCHed, not yet FINISHed
     try:

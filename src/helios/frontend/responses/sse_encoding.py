@@ -1,0 +1,59 @@
+"""SSE encoding of stream chunks: one JSON encoder for every chunk, and byte templates for the
+chunks a stream repeats once per token.
+
+`encode_json` is the encoder of every chunk and body (compact separators, UTF-8 text not escaped),
+built once instead of once per call. `ChunkTemplate` renders the per-token chunks of one stream
+(after its first chunk: no ``prompt_token_ids``) from pre-rendered bytes: the constant head
+(``id``, ``object``, ``created``, ``model``), the plain choice's constant fields and the tail (with
+``"usage":null`` when the stream includes usage); only the token id, its timestamp and the text or
+delta are encoded per chunk. The bytes are exactly what encoding the chunk dict gives (the
+presenter's `_chunk` and `_choice` key order): tests compare the two for every chunk shape.
+"""
+
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring
+
+encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def sse_data(data: dict) -> bytes:
+    return b"data: " + encode_json(data).encode() + b"\n\n"
+
+
+def _string(text: str) -> bytes:
+    return encode_basestring(text).encode()
+
+
+class ChunkTemplate:
+    """Per-token SSE chunks of one stream, with one choice at index 0 and no logprobs."""
+
+    def __init__(self, response_id: str, object_name: str, created: int, model: str, *, is_chat: bool,
+                 include_usage: bool):
+        head = (b'data: {"id":' + _string(response_id) + b',"object":' + _string(object_name)
+                + b',"created":' + encode_json(created).encode() + b',"model":' + _string(model))
+        self._open = head + (b',"choices":[{"index":0,"delta":' if is_chat else b',"choices":[{"index":0,"text":')
+        self._close = b',"logprobs":null,"finish_reason":null'
+        self._tail = b'}],"usage":null}\n\n' if include_usage else b'}]}\n\n'
+        self._empty = b"{}" if is_chat else b'""'
+
+    def observation(self, token_id: int, timestamp_ns: int | None) -> bytes:
+        """The metadata-only chunk of one generated id."""
+        ids = b'%s%s%s,"token_ids":[%d]' % (self._open, self._empty, self._close, token_id)
+        if timestamp_ns is not None:
+            ids += b',"token_timestamps_ns":[%d]' % timestamp_ns
+        return ids + self._tail
+
+    def text(self, text: str) -> bytes:
+        """A text completion chunk."""
+        return self._open + _string(text) + self._close + self._tail
+
+    def delta(self, delta: dict) -> bytes:
+        """A chat chunk with `delta`; a single text field is rendered without the dict encoder."""
+        if len(delta) == 1:
+            key, value = next(iter(delta.items()))
+            if key in ("content", "reasoning_content"):
+                body = (b'{"content":' if key == "content" else b'{"reasoning_content":') + _string(value) + b"}"
+                return self._open + body + self._close + self._tail
+        return self._open + encode_json(delta).encode() + self._close + self._tail

@@ -1,0 +1,127 @@
+"""Host staging of shared packing (`helios.runtime.execution.packer`): pinned per-frame mirrors of the buffers a
+step rewrites, staged page-table entries and histogram scratch, so a device model's per-step values
+travel in one asynchronous copy per buffer (see the packer's module docstring).
+
+Thread ownership: the packer's (one model worker); not thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from helios.contract import PreparedContract
+from helios.contract import serving_pb2 as spb
+
+S = spb
+
+
+class Staging:
+    """Pinned host mirrors of the device buffers that are rewritten every step (module docstring)."""
+
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
+        """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
+        (host buffers too: the same logic, testable without a device); False stages none."""
+        views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
+        # Host-table rows are copied from their own host frames (helios.runtime.execution.host_staging).
+        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW
+                    and view.source != S.VALUE_SOURCE_HOST_TABLE_ROWS}
+        self._buffers = buffers
+        pinned = torch.cuda.is_available()
+        staged_names = [name for name in sorted(per_step)
+                        if (buffers[name].device.type != "cpu" if staged is None else staged)]
+        # One set of mirrors per execution frame: a frame's mirrors are rewritten only after its
+        # previous plan finished (the other frame's upload may still be queued behind a program).
+        self._mirror_sets = [
+            {name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned) for name in staged_names}
+            for _ in range(2)
+        ]
+        self._mirrors = self._mirror_sets[0]
+        # Page-table entries of one frame, staged for their asynchronous copies to a device table.
+        tables = [view.buffer for view in views if view.source == S.VALUE_SOURCE_PAGE_TABLE
+                  and buffers[view.buffer].device.type != "cpu"]
+        size = sum(buffers[name].numel() for name in set(tables))  # a step rewrites each table at most once
+        self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._entries = self._entry_sets[0]
+        self._entries_used = 0
+        self._begun: tuple[int, int | None] | None = None
+        self._dirty: set[str] = set()
+        self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for view in views:
+            if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffers[view.buffer].device.type != "cpu":
+                self._new_scratch(view.buffer, buffers[view.buffer][0])
+        # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
+        self._masks_in_use = {
+            view.buffer for view in views if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
+        }
+
+    def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
+        """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
+        scratch pair per buffer (no allocation while serving); on the host in place."""
+        counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
+        if row.device.type == "cpu":
+            if row.dtype in (torch.uint16, torch.uint32):  # no CPU addition kernel: widen, add, narrow
+                row.copy_((row.to(torch.int64) + counts.to(torch.int64)).to(row.dtype))
+            else:
+                row.add_(counts)
+            return
+        host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
+        host.copy_(counts)
+        device.copy_(host)  # blocking: the next admission of this step reuses `host`
+        row.add_(device)
+
+    def _new_scratch(self, name: str, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
+        self._count_scratch[name] = pair
+        return pair
+
+    def begin(self, frame: int, sequence: int | None = None) -> None:
+        """Packing of a plan of execution frame `frame` starts (its previous plan has finished); a
+        second pack of the same submission (its INITIALIZATION program's, then its own) continues."""
+        if sequence is not None and self._begun == (frame, sequence):
+            return
+        self._begun = (frame, sequence)
+        self._mirrors = self._mirror_sets[frame % 2]
+        self._entries = self._entry_sets[frame % 2]
+        self._entries_used = 0
+
+    def write_entries(self, target: torch.Tensor, values: Sequence[int]) -> None:
+        """target[:] = values. A device target gets an asynchronous copy from this frame's pinned
+        entries (no host synchronisation, so a frame can be packed while the other one runs)."""
+        if target.device.type == "cpu" or target.dtype != torch.int32:
+            target.copy_(torch.tensor(values, dtype=target.dtype))
+            return
+        start, end = self._entries_used, self._entries_used + len(values)
+        if end > self._entries.numel():  # not expected (sized for every table): copy synchronously
+            target.copy_(torch.tensor(values, dtype=target.dtype))
+            return
+        staged = self._entries[start:end]
+        staged.copy_(torch.tensor(values, dtype=torch.int32))
+        target.copy_(staged, non_blocking=True)
+        self._entries_used = end
+
+    def target(self, name: str) -> torch.Tensor:
+        mirror = self._mirrors.get(name)
+        if mirror is None:
+            return self._buffers[name]
+        self._dirty.add(name)
+        return mirror
+
+    def mask_needed(self, binding, constrained: bool) -> bool:
+        """Whether the mask must be written: a row is constrained now, or was on the last upload.
+        On the host (no mirror) masks are always written."""
+        name = binding.buffer_name
+        if name not in self._mirrors:
+            return True
+        needed = constrained or name in self._masks_in_use
+        if constrained:
+            self._masks_in_use.add(name)
+        else:
+            self._masks_in_use.discard(name)
+        return needed
+
+    def upload(self) -> None:
+        for name in sorted(self._dirty):
+            self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
+        self._dirty.clear()

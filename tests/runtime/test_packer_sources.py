@@ -1,0 +1,132 @@
+"""Shared packing of the example contract (examples/contract.json): every graph of it is packed by
+the real packer, and the sources only speculative, mixed, scored or image-taking graphs receive
+hold the values the table in `helios.contract.servable` promises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from contract.documents import example_doc
+from helios.contract import PreparedContract
+from helios.contract import manifest_pb2 as mpb
+from helios.runtime.records.capacities import Operation
+from helios.runtime.loading.model import _DTYPES
+from helios.runtime.execution.host_staging import host_staging
+from helios.runtime.execution.packer import Packer
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.records.sampling_params import SamplingParams
+from helios.runtime.records.plan import PlanRow, StepPlan
+
+STATE_ROWS = 2
+
+
+@pytest.fixture(scope="module")
+def prepared() -> PreparedContract:
+    return PreparedContract.from_json(json.dumps(example_doc()))
+
+
+def _buffers(prepared: PreparedContract) -> dict[str, torch.Tensor]:
+    """The example's INPUT and persistent-state buffers on the host (the packer writes nothing
+    else), with state rows for 8 slots."""
+    out = {}
+    for buffer in prepared.manifest.buffers:
+        if buffer.role in (mpb.BUFFER_ROLE_INPUT, mpb.BUFFER_ROLE_PERSISTENT_STATE):
+            shape = [dim.size if dim.WhichOneof("extent") == "size" else 8 * STATE_ROWS for dim in buffer.shape]
+            out[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype])
+    return out
+
+
+def _row(request_id: str, slot: int, tokens, start: int, samples: bool, admits: bool, ceiling: int = 1,
+         sample_index: int = 0, constrained: bool = False) -> PlanRow:
+    return PlanRow(request_id, slot, 3, tuple(tokens), False, start, len(tokens), 0, (), samples, sample_index,
+                   ceiling if samples else 0, admits, constrained)
+
+
+def _packer(prepared):
+    buffers = _buffers(prepared)
+    table = torch.randn(65536, 64).to(torch.bfloat16)
+    staging = host_staging(prepared, {"w.engram": table}, buffers)
+    packer = Packer(prepared, buffers, state_rows=STATE_ROWS, history_drafting=True, host_staging=staging)
+    packer.register(RequestSpec("a", (5, 6, 7, 8), 16, frozenset({128001, 128009}), sampling=SamplingParams(seed=11)))
+    packer.register(RequestSpec("b", (9, 10, 11, 12, 13), 16, frozenset({128009}), sampling=SamplingParams(seed=12)))
+    return packer, buffers
+
+
+def _plan(operation: Operation, rows) -> StepPlan:
+    return StepPlan(1, 0, operation, None, tuple(rows), (), sum(r.query_len for r in rows))
+
+
+def test_prefill_admission_values_sampling_decisions_state_rows_and_padding(prepared):
+    packer, buffers = _packer(prepared)
+    rows = [_row("a", 2, (5, 6, 7, 8), 0, True, True), _row("b", 5, (9, 10, 11), 0, False, True)]
+    packer.pack("prefill", _plan(Operation.PREFILL, rows))
+    assert buffers["in.eos_ids"][2].tolist() == [128001, 128009, -1, -1]
+    assert buffers["in.eos_ids"][5].tolist() == [128009, -1, -1, -1]
+    assert buffers["in.state_rows"][:3].tolist() == [2 * STATE_ROWS, 5 * STATE_ROWS, -1]
+    assert buffers["in.sampling_decisions"][:8].tolist() == [False, False, False, True, False, False, False, False]
+    assert buffers["in.row_padding"].eq(-1).all()
+    # No images: feature slots and context indices are padding.
+    assert buffers["in.image_feature_slots"][:2].tolist() == [-1, -1]
+    assert buffers["in.image_context_indices"][:7].eq(-1).all()
+
+
+def test_mixed_binds_the_row_holding_the_prefill(prepared):
+    packer, buffers = _packer(prepared)
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("a", 2, (5, 6, 7, 8), 0, True, True)]))
+    rows = [_row("a", 2, (40,), 4, True, False, sample_index=1), _row("b", 5, (9, 10, 11), 0, False, True)]
+    packer.pack("mixed", _plan(Operation.MIXED, rows))
+    assert buffers["in.mixed_prefill_row"].tolist() == [1]
+    packer.pack("mixed", _plan(Operation.MIXED, rows[:1]))
+    assert buffers["in.mixed_prefill_row"].tolist() == [-1]  # padding: no prefill row
+
+
+def test_speculative_lanes_get_their_copied_generation_and_masks(prepared):
+    packer, buffers = _packer(prepared)
+    packer.register(RequestSpec("c", (1, 2, 3, 1, 2), 16, sampling=SamplingParams(seed=13)))
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("c", 1, (1, 2, 3, 1, 2), 0, True, True)]))
+    lanes = [_row("c", 1, (2,), 4, True, False, ceiling=4, sample_index=1),
+             _row("a", 2, (8,), 3, True, True, ceiling=4, sample_index=1, constrained=True)]
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("a", 2, (5, 6, 7, 8), 0, True, True)]))
+    mask = torch.zeros(buffers["in.grammar_mask"].shape[1], dtype=torch.int32)
+    mask[0] = 0b1010
+    packer.pack("speculate_w4", _plan(Operation.SPECULATIVE, lanes).with_masks({"a": mask}))
+    count = buffers["in.copied_counts"][:2].tolist()
+    assert count[0] > 0 and count[1] == 0  # "c" repeats itself; the constrained lane takes no candidates
+    assert buffers["in.copied_generations"][:2].tolist() == [3, 0]  # padding 0 without candidates
+    masks = buffers["in.copied_masks"]
+    assert masks[0].eq(-1).all() and masks[1, 1:].eq(-1).all()
+    assert masks[1, 0, 0].item() == 0b1010 and masks[1, 0, 1:].eq(0).all()
+
+
+def _rows_for(operation: int) -> list[PlanRow]:
+    from helios.contract import serving_pb2 as spb
+
+    prompt = [_row("a", 2, (5, 6, 7, 8), 0, True, True), _row("b", 5, (9, 10, 11), 0, False, True)]
+    if operation in (spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_SCORED_PREFILL,
+                     spb.GRAPH_OPERATION_INITIALIZATION):
+        return prompt
+    lanes = [_row("a", 2, (40,), 4, True, True, ceiling=4, sample_index=1)]
+    if operation == spb.GRAPH_OPERATION_MIXED:
+        return lanes + prompt[1:]
+    return lanes
+
+
+def test_every_binding_of_every_packed_graph_of_the_example_is_written(prepared):
+    """Shared packing supplies the whole example contract: each binding's destination is written
+    (the host-table rows included) for a plan of its graph's operation."""
+    from helios.contract import serving_pb2 as spb
+
+    unpacked = (spb.GRAPH_OPERATION_VISION, spb.GRAPH_OPERATION_TUNING)  # written at load / by the feeder
+    for name, graph in prepared.graphs.items():
+        if graph.operation in unpacked:
+            continue
+        packer, buffers = _packer(prepared)
+        for tensor in buffers.values():
+            tensor.fill_(True if tensor.dtype == torch.bool else 77)
+        packer.pack(name, _plan(Operation.PREFILL, _rows_for(graph.operation)))
+        untouched = [b.destination for b in graph.bindings if b.buffer in buffers
+                     and buffers[b.buffer].eq(True if buffers[b.buffer].dtype == torch.bool else 77).all()]
+        assert untouched == [], name
