@@ -213,7 +213,7 @@ class Packer:
             elif binding.source in IMAGE_SOURCES:
                 fill_image(binding, target, plan.rows, self.images_of(plan.rows))
             elif binding.source in _COPIED_SOURCES:
-                fill_copied(binding, target, plan.rows, copied, (masks or {}, self._allowed))
+                fill_copied(binding, target, plan.rows, copied, (plan.masks, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, plan.masks)
         self._staging.upload()
