@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
 
 from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
 from helios.frontend.decoding.logprobs import MAX_TOP_LOGPROBS
@@ -56,6 +56,18 @@ def _bounded_schema(value: dict[str, Any]) -> dict[str, Any]:
 
 
 JsonSchema = Annotated[dict[str, Any], AfterValidator(_bounded_schema)]
+
+
+def _integral_number(value: Any) -> Any:
+    """``4.0`` as ``4``: JSON Schema's ``integer`` (what the OpenAPI document says) is any number
+    with no fractional part; ``4.5``, strings and booleans stay rejected."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer as JSON Schema means it (see `_integral_number`); otherwise strict like `StrictInt`.
+StrictInt = Annotated[int, BeforeValidator(_integral_number)]
 
 
 class _Strict(BaseModel):
