@@ -25,11 +25,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from hypothesis import HealthCheck, Phase, given, settings
 import schemathesis
 from schemathesis import Case
 from schemathesis.config import SchemathesisConfig
-from schemathesis.core.failures import Failure
+from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.generation import GenerationMode
 
 from helios.contract.settings import SamplingOptions, StartupOptions
@@ -44,7 +47,7 @@ SCHEMA_VIOLATION = "invalid request body:"
 # schemathesis' configuration (its TOML keys): seeded and deterministic so a run is reproducible,
 # few examples per operation so the whole run stays well under a minute on two cores.
 CONFIG = {"seed": 20, "generation": {"deterministic": True, "database": "none"}}
-MAX_EXAMPLES = 12
+MAX_EXAMPLES = 60
 
 
 @schemathesis.check
@@ -121,3 +124,60 @@ def test_every_operation_matches_its_document(api, mode):
         # the GET operations take no body and at most a free-form path string: nothing to negate
         if mode is GenerationMode.POSITIVE or len(operation.body) > 0:
             run_operation(operation, mode)
+
+
+class _Documented(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: int
+
+
+def _toy_app(answer) -> FastAPI:
+    """An app whose document is `_Documented` but whose handler answers whatever `answer` says."""
+    toy = FastAPI()
+    document = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": _Documented.model_json_schema()}}}}
+
+    @toy.post("/echo", openapi_extra=document)
+    async def echo(request: Request) -> JSONResponse:
+        return answer(await request.body())
+
+    return toy
+
+
+def _toy_operation(answer):
+    schema = schemathesis.openapi.from_asgi("/openapi.json", _toy_app(answer),
+                                            config=SchemathesisConfig.from_dict(CONFIG))
+    return next(result.ok() for result in schema.get_all_operations())
+
+
+def test_the_run_catches_an_undocumented_acceptance():
+    operation = _toy_operation(lambda body: JSONResponse({"ok": True}))  # takes any body
+    with pytest.raises(FailureGroup, match="should have been rejected"):
+        run_operation(operation, GenerationMode.NEGATIVE)
+
+
+def test_the_run_catches_a_server_error():
+    operation = _toy_operation(lambda body: JSONResponse({"error": "boom"}, status_code=500))
+    with pytest.raises(FailureGroup, match="Server error"):
+        run_operation(operation, GenerationMode.POSITIVE)
+
+
+def test_the_run_catches_documented_data_refused_as_a_schema_violation():
+    refuse = {"error": {"message": SCHEMA_VIOLATION + " x: no", "type": "invalid_request_error", "code": 400}}
+    operation = _toy_operation(lambda body: JSONResponse(refuse, status_code=400))
+    with pytest.raises(FailureGroup, match="Documented data rejected"):
+        run_operation(operation, GenerationMode.POSITIVE, checks=[documented_data_accepted])
+
+
+def test_the_toy_app_that_keeps_its_document_passes():
+    def strict(body: bytes) -> JSONResponse:
+        try:
+            _Documented.model_validate_json(body, strict=True)
+        except ValueError:
+            return JSONResponse({"error": "invalid"}, status_code=400)
+        return JSONResponse({"ok": True})
+
+    operation = _toy_operation(strict)
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        run_operation(operation, mode, checks=[schemathesis.checks.not_a_server_error,
+                                               schemathesis.checks.negative_data_rejection])
