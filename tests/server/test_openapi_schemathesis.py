@@ -54,7 +54,7 @@ CHECKS = ("not_a_server_error", "negative_data_rejection", "positive_data_accept
           "status_code_conformance", "content_type_conformance", "response_schema_conformance")
 # 400: the cross-field and model-dependent rules of the module text; 429/503: admission limits
 POSITIVE_STATUSES = ["2xx", "400", "404", "429", "503"]
-MAX_EXAMPLES = 20
+MAX_EXAMPLES = 50
 
 
 def engine_config(checks=CHECKS, max_examples: int = MAX_EXAMPLES) -> SchemathesisConfig:
