@@ -101,7 +101,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
                                             "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM",
                                             "BambaForCausalLM", "GptOssForCausalLM",
-                                            "Qwen2_5_VLForConditionalGeneration"}
+                                            "Qwen2_5_VLForConditionalGeneration",
+                                            "Qwen3VLForConditionalGeneration"}
 
 
 @pytest.mark.parametrize("changes, message", [

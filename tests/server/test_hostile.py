@@ -132,7 +132,7 @@ def test_bodies_that_are_not_strict_utf8_json_are_400(app, served, case):
 
 
 LOOSE_TYPES = [
-    {"temperature": "0.5"}, {"temperature": True}, {"top_p": "1"}, {"max_tokens": "4"}, {"max_tokens": 4.0},
+    {"temperature": "0.5"}, {"temperature": True}, {"top_p": "1"}, {"max_tokens": "4"}, {"max_tokens": 4.5},
     {"seed": "1"}, {"stream": "true"}, {"stream": 1}, {"stop": 5}, {"n": "1"}, {"frequency_penalty": "0"},
 ]
 
@@ -145,6 +145,12 @@ def test_types_are_strict_as_the_openapi_document_says(app, fields):
 
 def test_an_integer_is_a_number(app):
     assert send(app, "/v1/chat/completions", chat(max_tokens=2, temperature=1, top_p=1)).status_code == 200
+
+
+def test_a_number_with_no_fraction_is_an_integer_as_the_openapi_document_says(app):
+    # JSON Schema's "integer" (the document's type for these fields) includes 2.0
+    response = send(app, "/v1/chat/completions", chat(max_tokens=2.0, n=1.0, seed=7.0))
+    assert response.status_code == 200, response.text
 
 
 def test_bodies_over_the_limit_are_413_before_they_are_read(app, served):

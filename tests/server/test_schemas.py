@@ -25,6 +25,14 @@ def chat(**fields):
     return ChatCompletionRequest.model_validate(body)
 
 
+def test_a_number_with_no_fraction_is_an_integer():
+    # JSON Schema's "integer", the OpenAPI document's type, includes 2.0; booleans and strings do not
+    assert chat(n=2.0, max_tokens=3.0, stop_token_ids=[5.0]).n == 2
+    for value in (True, "2"):
+        with pytest.raises(pydantic.ValidationError):
+            chat(n=value)
+
+
 def test_minimal_chat_request_is_valid():
     body = chat()
     validate_chat(body, VOCAB)
@@ -49,6 +57,21 @@ def test_minimal_chat_request_is_valid():
         {"response_format": {"type": "xml"}},
         {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
         {"stop_token_ids": ["a"]},
+        # bounds the OpenAPI document states (the same as the frontend's own checks)
+        {"stop": ["a", "b", "c", "d", "e"]},
+        {"stop": ["a", ""]},
+        {"stop": ""},
+        {"stop_token_ids": [-1]},
+        {"stop_token_ids": [1] * 17},
+        {"stop_token_sequences": [[1]] * 17},
+        {"stop_token_sequences": [[1] * 65]},
+        {"stop_token_sequences": [[]]},
+        {"messages": [{"role": "tool", "content": "x", "tool_call_id": ""}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"id": "", "function": {"name": "f", "arguments": "{}"}}]}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "", "arguments": "{}"}}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}]},
+        {"response_format": {"type": "choice", "choices": ["a", ""]}},
+        {"n": 1.5},
     ],
 )
 def test_malformed_bodies_fail_schema_validation(fields):
@@ -59,15 +82,10 @@ def test_malformed_bodies_fail_schema_validation(fields):
 @pytest.mark.parametrize(
     "fields, fragment",
     [
-        ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
-        ({"stop": ["a", ""]}, "non-empty"),
         ({"stop": "x" * 4097}, "4096"),
         ({"stop": "x", "stop_token_ids": [1]}, "cannot be combined"),
         ({"stop_token_ids": [VOCAB]}, r"token ids in \[0, 1000\)"),
-        ({"stop_token_sequences": [[1]] * 17}, "at most 16"),
         ({"stop_token_sequences": [[1]] * 16, "stop_token_ids": [2]}, "together accept at most 16"),
-        ({"stop_token_sequences": [[1] * 65]}, "1 to 64"),
-        ({"stop_token_sequences": [[]]}, "1 to 64"),
         ({"return_token_timestamps": True}, "requires return_token_ids"),
         ({"stream_options": {"include_usage": True}}, "only allowed when stream"),
         ({"stop": "x", "response_format": {"type": "json_object"}}, "structured output"),

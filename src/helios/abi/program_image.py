@@ -71,7 +71,7 @@ def encode_program(program: torch.export.ExportedProgram) -> bytes:
     graph = json.loads(serialize(program).exported_program)
     for _, node in _nodes(graph):
         node["metadata"] = {}  # stack traces and module paths of the preparing machine
-    graph["guards_code"] = []  # Python source; the runtime fixes shapes itself (see runtime.model)
+    graph["guards_code"] = []  # Python source; the runtime fixes shapes itself (see helios.runtime.loading.model)
     image = core_pb2.ProgramImage(
         version=PROGRAM_IMAGE_VERSION,
         exported_program=json.dumps(graph, separators=(",", ":")).encode("utf-8"),

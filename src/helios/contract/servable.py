@@ -108,7 +108,7 @@ SOURCES = MappingProxyType({
     S.VALUE_SOURCE_COPIED_GENERATION: Served(_ROW),
     S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT: Served(_ROW),
     S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: Served(_ROW),
-    # VISION and TUNING graphs get their constants once, at load (`helios.runtime.execution.packer.write_constants`).
+    # VISION and TUNING graphs get their constants once, at load (`helios.runtime.loading.constants.write_constants`).
     S.VALUE_SOURCE_CONSTANT: Served(_SCALAR | {S.INDEXING_SUBMISSION_ROW}, vision=_SCALAR),
     S.VALUE_SOURCE_INACTIVE_PADDING: Served(frozenset({S.INDEXING_SUBMISSION_ROW}) | _PACKED),
     S.VALUE_SOURCE_IMAGE_TENSOR: Served(_PACKED, vision=_SCALAR),

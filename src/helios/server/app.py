@@ -156,10 +156,30 @@ def _document_400_not_422(app: FastAPI) -> None:
             schemas = document.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(name, None)
+            _json_schema_bounds(schemas)
             app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+# pydantic names the bounds of a validated integer (`helios.server.schemas.StrictInt`, which takes
+# 4.0 as 4) by their Python names; the document uses JSON Schema's keywords.
+_BOUND_KEYWORDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _json_schema_bounds(node) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _json_schema_bounds(item)
+    elif isinstance(node, dict):
+        if node.get("type") in ("integer", "number"):
+            for name, keyword in _BOUND_KEYWORDS.items():
+                if name in node and keyword not in node:
+                    node[keyword] = node.pop(name)
+        for key, value in node.items():
+            if key != "properties" or isinstance(value, dict):
+                _json_schema_bounds(value)
 
 
 def _model_entry(served: ServedModel, name: str) -> dict:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
 
 from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
 from helios.frontend.decoding.logprobs import MAX_TOP_LOGPROBS
+from helios.frontend.decoding.stops import MAX_STOP_STRINGS, MAX_STOP_TOKEN_SEQUENCE_LEN, MAX_STOP_TOKEN_SEQUENCES
 from helios.frontend.preparation.request_options import ChatOptionError, check_chat_options, check_completion_options
 
 MAX_MESSAGES = 1024
@@ -34,7 +35,6 @@ MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_REGEX_CHARS = 4096
 MAX_CHOICE_CHARS = 4096
 MAX_TEMPLATE_KWARGS = 64
-MAX_STOP_IDS = 1024
 MAX_CHOICES = 16  # n, and n times the prompts of a batch (helios.server.fanout)
 MAX_METADATA_ENTRIES = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -58,6 +58,18 @@ def _bounded_schema(value: dict[str, Any]) -> dict[str, Any]:
 JsonSchema = Annotated[dict[str, Any], AfterValidator(_bounded_schema)]
 
 
+def _integral_number(value: Any) -> Any:
+    """``4.0`` as ``4``: JSON Schema's ``integer`` (what the OpenAPI document says) is any number
+    with no fractional part; ``4.5``, strings and booleans stay rejected."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer as JSON Schema means it (see `_integral_number`); otherwise strict like `StrictInt`.
+StrictInt = Annotated[int, BeforeValidator(_integral_number)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -68,7 +80,7 @@ class TextPart(_Strict):
 
 
 class ImageUrl(_Strict):
-    url: StrictStr
+    url: StrictStr = Field(min_length=1)
     detail: Literal["auto", "low", "high"] | None = None
 
 
@@ -83,12 +95,12 @@ UserPart = Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]
 
 
 class FunctionCall(_Strict):
-    name: StrictStr
+    name: StrictStr = Field(min_length=1)
     arguments: StrictStr
 
 
 class ToolCall(_Strict):
-    id: StrictStr
+    id: StrictStr = Field(min_length=1)
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -116,7 +128,7 @@ class AssistantMessage(_Strict):
 class ToolMessage(_Strict):
     role: Literal["tool"]
     content: Union[StrictStr, list[TextPart]]
-    tool_call_id: StrictStr
+    tool_call_id: StrictStr = Field(min_length=1)
 
 
 Message = Annotated[
@@ -183,7 +195,7 @@ class ChoiceFormat(_Strict):
     """Extension: the answer is exactly one of the given strings."""
 
     type: Literal["choice"]
-    choices: list[Annotated[StrictStr, Field(max_length=MAX_CHOICE_CHARS)]] = Field(min_length=1, max_length=256)
+    choices: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)]] = Field(min_length=1, max_length=256)
 
 
 ResponseFormat = Annotated[
@@ -198,7 +210,9 @@ class StreamOptions(_Strict):
     include_usage: StrictBool | None = None
 
 
-StopField = Union[StrictStr, list[StrictStr], None]
+_StopString = Annotated[StrictStr, Field(min_length=1)]
+StopField = Union[_StopString, Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)], None]
+_TokenId = Annotated[StrictInt, Field(ge=0)]
 _TOKEN_KEY = r"^[0-9]{1,9}$"
 # Token id (decimal string) -> bias; the JSON schema says exactly that (every key matches the pattern).
 LogitBias = Annotated[
@@ -226,9 +240,11 @@ class _SamplingFields(_Strict):
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     stop: StopField = None
-    stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=MAX_STOP_IDS)
-    stop_token_sequences: list[Annotated[list[StrictInt], Field(max_length=MAX_STOP_IDS)]] | None = Field(
-        default=None, max_length=MAX_STOP_IDS)
+    # together at most MAX_STOP_TOKEN_SEQUENCES stops (a rule of both fields, checked in preparation)
+    stop_token_ids: list[_TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_SEQUENCES)
+    stop_token_sequences: list[Annotated[list[_TokenId], Field(
+        min_length=1, max_length=MAX_STOP_TOKEN_SEQUENCE_LEN)]] | None = Field(
+        default=None, max_length=MAX_STOP_TOKEN_SEQUENCES)
     user: StrictStr | None = Field(default=None, max_length=256,
                                    description="An end-user id; appears in the access log, nowhere else")
     metadata: dict[Annotated[StrictStr, Field(max_length=MAX_METADATA_KEY_CHARS)],
@@ -269,8 +285,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[StrictStr, list[StrictInt], Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES)],
-                  Annotated[list[list[StrictInt]], Field(min_length=1, max_length=MAX_CHOICES)]] = Field(
+    prompt: Union[StrictStr, list[_TokenId], Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES)],
+                  Annotated[list[list[_TokenId]], Field(min_length=1, max_length=MAX_CHOICES)]] = Field(
         description="A text or token ids, or a batch of texts or of token-id lists (one choice set each)")
     best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
                                       description="Accepted where it means the same as n: equal to n (or 1 without n)")

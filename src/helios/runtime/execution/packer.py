@@ -392,19 +392,6 @@ def _admission_elsewhere(bindings: Mapping[str, tuple], graph: str) -> tuple[Bin
     return tuple(found.values())
 
 
-_UNPACKED_OPERATIONS = (S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION)  # never packed per step
-
-
-def write_constants(prepared: PreparedContract, buffers: Mapping[str, torch.Tensor]) -> None:
-    """Writes the CONSTANT bindings of the graphs no step packs (TUNING producers, VISION encoders)
-    once, at load, before any of them runs."""
-    for graph in prepared.graphs.values():
-        if graph.operation in _UNPACKED_OPERATIONS:
-            for view in graph.bindings:
-                if view.source == S.VALUE_SOURCE_CONSTANT and view.buffer in buffers:
-                    buffers[view.buffer].fill_(view.constant)
-
-
 def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
     """Persistent-state buffers the graph writes: zeroed for a slot when it is (re)admitted."""
     writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}

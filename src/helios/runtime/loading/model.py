@@ -41,7 +41,7 @@ from torch.export.passes import move_to_device_pass
 from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
 from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
-from helios.runtime.execution.packer import write_constants
+from helios.runtime.loading.constants import write_constants
 from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
