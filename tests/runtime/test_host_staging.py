@@ -145,7 +145,7 @@ def test_a_two_rank_engram_core_serves_the_reference_tokens_with_cross_rank_reti
     options = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=10.0, join_timeout_s=60.0)
     runtime = build_runtime(open_fixture(path), RuntimeOptions(ranks=options))
     try:
-        staging = runtime.engine.executor.packer._packer.host_staging
+        staging = runtime.engine.executor.packer.host_staging
         assert isinstance(staging.retirement, GroupRetirement)
         results = generate(runtime.engine, PROMPTS, 12)
         assert [list(r.token_ids) for r in results] == [reference_tokens(model, p, 12) for p in PROMPTS]

@@ -127,6 +127,11 @@ class RankedExecutor:
         self._deadline = _deadline(group, "helios-rank-0-deadline")
 
     @property
+    def packer(self):
+        """Rank zero's packer (it applies the same plans as every peer's)."""
+        return self._executor.packer
+
+    @property
     def failure(self) -> str | None:
         """Why the group can no longer run plans (failed or stopped), or None."""
         return self._failure
