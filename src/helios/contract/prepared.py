@@ -37,9 +37,10 @@ class PreparedContract:
 
     __slots__ = ("_contract", "_manifest", "_encoded", "_graphs", "_buffers", "_destinations")
 
-    def __init__(self, contract: spb.ServingContract, manifest: mpb.ExecutionManifest, encoded: tuple[bytes, bytes]):
+    def __init__(self, contract: spb.ServingContract, manifest: mpb.ExecutionManifest, encoded: tuple[bytes, bytes],
+                 servable: bool = True):
         """Internal: use decode(), from_json(), from_messages() or from_bundle()."""
-        index = validate(contract, manifest)
+        index = validate(contract, manifest, servable=servable)
         destinations = {d.name: d.buffer for d in manifest.destinations}
         views = {v.name: v for v in contract.model.state_views}
         graphs = {g.name: graph_view(g, destinations, views) for g in contract.model.graphs}
@@ -56,11 +57,12 @@ class PreparedContract:
     # -- construction ---------------------------------------------------------------------
 
     @classmethod
-    def decode(cls, contract_bytes: bytes, manifest_bytes: bytes) -> "PreparedContract":
-        """Decode and validate the wire encodings of a ServingContract and an ExecutionManifest."""
+    def decode(cls, contract_bytes: bytes, manifest_bytes: bytes, *, servable: bool = True) -> "PreparedContract":
+        """Decode and validate the wire encodings of a ServingContract and an ExecutionManifest
+        (`servable=False`: the specification's rules only, see `validate`)."""
         contract = _parse(spb.ServingContract, bytes(contract_bytes), "contract")
         manifest = _parse(mpb.ExecutionManifest, bytes(manifest_bytes), "manifest")
-        return cls(contract, manifest, (bytes(contract_bytes), bytes(manifest_bytes)))
+        return cls(contract, manifest, (bytes(contract_bytes), bytes(manifest_bytes)), servable)
 
     @classmethod
     def from_messages(cls, contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> "PreparedContract":

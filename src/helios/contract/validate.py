@@ -25,8 +25,12 @@ from helios.contract.validate_structure import check_structure
 from helios.contract.validate_tuning import check_tuned_bindings
 
 
-def validate(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> ContractIndex:
-    """Check every rule; return the name index of the (unchanged) documents."""
+def validate(contract: spb.ServingContract, manifest: mpb.ExecutionManifest, *, servable: bool = True) -> ContractIndex:
+    """Check every rule; return the name index of the (unchanged) documents.
+
+    `servable=False` checks the specification's rules only, without the last stage (what this
+    runtime serves): reading, verifying and inspecting a signed core must work for any valid core,
+    and the runtime checks servability itself when it loads one (`helios.runtime.loading.model`)."""
     check_structure(contract, CONTRACT)
     check_structure(manifest, MANIFEST)
     require(contract.HasField("model"), MODEL, "model contract is required")
@@ -39,5 +43,6 @@ def validate(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> 
     check_cross(contract, manifest, index)
     check_tuned_bindings(contract.model, manifest, index)
     check_host_tables(contract.model, index)
-    check_servable(contract, manifest)
+    if servable:
+        check_servable(contract, manifest)
     return index

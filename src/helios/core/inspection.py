@@ -123,7 +123,7 @@ def inspect_core(path: os.PathLike | str) -> CoreInspection:
         location_problem = str(error)
     prepared, contract_problem = None, None
     try:
-        prepared = PreparedContract.decode(content.contract_bytes, content.manifest_bytes)
+        prepared = PreparedContract.decode(content.contract_bytes, content.manifest_bytes, servable=False)
     except ContractError as error:
         contract_problem = str(error)
     return CoreInspection(

@@ -188,6 +188,8 @@ def open_core(
     publisher = publisher_of(message)
     admitted = authorize(publisher.namespace, signers, trusted, accept)
     loaded = _complete(path, raw, body, signers, message, publisher)
-    prepared = PreparedContract.decode(loaded.content.contract_bytes, loaded.content.manifest_bytes)
+    # The specification's rules: a valid core verifies even where this runtime cannot serve it
+    # (loading checks that, helios.runtime.loading.model).
+    prepared = PreparedContract.decode(loaded.content.contract_bytes, loaded.content.manifest_bytes, servable=False)
     check_manifest_references(loaded.content)
     return Core(loaded, admitted, prepared, aes_key)

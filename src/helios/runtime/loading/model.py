@@ -45,6 +45,7 @@ from helios.runtime.loading.constants import write_constants
 from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
+from helios.contract.servable import check_servable
 from helios.contract.settings import ResolvedSettings
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.core.records import ResourceKind
@@ -149,7 +150,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
     peer waits there for rank zero's, so every rank reads its weights at the same time)."""
     prepared = core.prepared
-    # `prepared` passed validation, whose last stage (helios.contract.servable) refused anything not served.
+    # Reading the core checked the specification's rules; what this runtime serves is checked here
+    # (the same table `helios contract check` and preparation apply: helios.contract.servable).
+    check_servable(prepared.contract, prepared.manifest)
     settings = resolve_settings(prepared, options.startup)
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
