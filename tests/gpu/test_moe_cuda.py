@@ -6,38 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.cuda_calls import capture, to_cuda, without_sync
 from support.moe_inputs import expert_inputs, route_logits
 
 pytestmark = pytest.mark.gpu
 OPS = torch.ops.helios
-
-
-def to_cuda(inputs: dict) -> dict:
-    return {name: v.cuda() if isinstance(v, torch.Tensor) else v for name, v in inputs.items()}
-
-
-def without_sync(call):
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        result = call()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    return result
-
-
-def capture(call):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = call()
-    return graph, outputs
 
 
 def check(op: str, make, compare) -> None:

@@ -18,7 +18,6 @@ those few ulps of a boundary (about 1e-8 per row at V = 150k), which these fixed
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import random
@@ -38,6 +37,7 @@ from support.abi_inputs import (
     sample_inputs,
     verify_inputs,
 )
+from support.cuda_calls import capture, to_cuda, without_sync
 
 pytestmark = pytest.mark.gpu
 OPS = torch.ops.helios
@@ -51,43 +51,6 @@ def cpu_threads():
     torch.set_num_threads(min(16, os.cpu_count() or 1))
     yield
     torch.set_num_threads(threads)
-
-
-def to_cuda(inputs: dict) -> dict:
-    return {name: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for name, v in inputs.items()}
-
-
-@contextlib.contextmanager
-def sync_errors():
-    """Any synchronising CUDA call inside the block raises (restored to "default" afterwards)."""
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
-
-def without_sync(call):
-    """`call()` once to warm up (compilation, autotuning, lazy init), then again under sync errors."""
-    call()
-    with sync_errors():
-        result = call()
-    torch.cuda.synchronize()
-    return result
-
-
-def capture(call):
-    """(graph, static outputs) of `call` captured after a warm-up on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = call()
-    return graph, outputs
 
 
 def load(static: dict, fresh: dict, names=None) -> None:
