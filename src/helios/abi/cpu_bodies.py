@@ -31,6 +31,7 @@ import torch
 from helios.abi.completion import record_columns
 from helios.abi.paged_reference import AttentionPlan, attend
 from helios.abi.sampling import NO_TOKEN, DrawParams, host_sample
+from helios.abi.sampling_cpu import greedy_tokens_cpu
 
 _FLOAT32 = torch.float32
 _silu = torch._C._nn.silu
@@ -152,6 +153,9 @@ def sample_rows(logits, seeds, counters, temperature, top_k, top_p, min_p, penal
     a repetition penalty of 0) no longer send the whole call down the float64 reference pipeline.
     A program whose every use of the op's tokens selects them with `rows` computes the same
     outputs with this body (`helios.runtime.loading.cpu_fast`)."""
+    greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows, rows)
+    if greedy is not None:  # no chosen row draws or is penalised: the float32 argmax (the same tokens)
+        return greedy.masked_fill_(~rows, NO_TOKEN)
     chosen = rows.tolist()
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
