@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, log, prefill_chunks  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
@@ -78,6 +78,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
+    ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
+    ("helios.runtime.loading.cuda_graphs", "_record", "[in capture] warm-up + record"),
 )
 
 
@@ -115,14 +117,14 @@ class PhaseTimer:
 
 def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool) -> CapacityPlan:
     """The capacities of `bench/anchor_compare.py`'s core (decode 1/64/256, prefill up to 2,048 with
-    chunks, mixed), with or without the token-logprobs variants."""
+    the 128/256/512 chunks, mixed), with or without the token-logprobs variants."""
     workloads = [Workload(1, 128, 128), Workload(64, 128, 128), Workload(256, 128, 128), Workload(64, 1024, 1024)]
     if smoke:
         workloads = [Workload(1, 16, 8), Workload(4, 16, 8)]
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
     pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
     prefill = min(2048, context)
-    chunks = tuple(c for c in (prefill // 16, prefill // 4) if 0 < c < prefill)
+    chunks = prefill_chunks(prefill)
     return CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=prefill,
                         decode_batches=tuple(sorted({w.requests for w in workloads} | {1})), prefill_batches=(1,),
                         mixed=True, page_capacity=max(pages, 2 * context // 16), prefill_chunks=chunks,

@@ -90,10 +90,12 @@ def release_graphs(programs: Iterable) -> None:
 
 
 def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
-                     device: torch.device, warmups: int = 2, keep: Iterable[str] = ()) -> tuple:
+                     device: torch.device, warmups: int = 1, keep: Iterable[str] = ()) -> tuple:
     """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
 
-    `arguments_of(program)` returns the program's fixed argument list. Buffers named in `keep`
+    `arguments_of(program)` returns the program's fixed argument list. One warm-up call per graph
+    (Triton compiles, cuBLAS initialises) before it is recorded: a second one found nothing left to
+    initialise and cost a full program run per graph at load. Buffers named in `keep`
     (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
     Raises `CaptureError` naming the program when warm-up or capture fails.
     """
