@@ -53,7 +53,7 @@ PREPARE_PHASES = (
     ("helios.ignition.export", "rank_weight_files", "weight images"),
     ("helios.ignition.export", "read_assets", "tokenizer + assets"),
     ("helios.ignition.export", "capture_all", "export programs (worker processes)"),
-    ("helios.core.writer", "store_resource", "compress + commit resources"),
+    ("helios.core.writer", "store_resource", "[overlaps capture] compress + store resources"),
     ("helios.ignition.export", "declare_paged_text", "declare contract + manifest"),
     ("helios.core.writer", "encode_payload", "encode + sign payload"),
     ("helios.core.writer", "seal", "encode + sign payload"),
