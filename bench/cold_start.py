@@ -10,6 +10,7 @@ two variants, and the functions with the most own time in each stage (cProfile, 
 
     python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
         [--skip-no-logprobs-load] [--keep-core DIR]   # DIR: the first variant's core, for ttft_breakdown --core
+        [--chunks 128,256,512]   # the prompt capacities beside 2,048 (each adds programs to load)
     python bench/cold_start.py --smoke    # tiny model on the CPU (checks the script runs)
 """
 
@@ -115,7 +116,7 @@ class PhaseTimer:
             setattr(module, attribute, inner)
 
 
-def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool) -> CapacityPlan:
+def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool, chunks: tuple[int, ...] | None = None) -> CapacityPlan:
     """The capacities of `bench/anchor_compare.py`'s core (decode 1/64/256, prefill up to 2,048 with
     the 128/256/512 chunks, mixed), with or without the token-logprobs variants."""
     workloads = [Workload(1, 128, 128), Workload(64, 128, 128), Workload(256, 128, 128), Workload(64, 1024, 1024)]
@@ -124,7 +125,7 @@ def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool) -> CapacityPlan:
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
     pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
     prefill = min(2048, context)
-    chunks = prefill_chunks(prefill)
+    chunks = prefill_chunks(prefill) if chunks is None else tuple(c for c in chunks if 0 < c < prefill)
     return CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=prefill,
                         decode_batches=tuple(sorted({w.requests for w in workloads} | {1})), prefill_batches=(1,),
                         mixed=True, page_capacity=max(pages, 2 * context // 16), prefill_chunks=chunks,
@@ -172,7 +173,8 @@ def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
 def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: torch.device) -> dict:
     key = SigningKey.generate()
     core = scratch / f"{variant}.core"
-    plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke)
+    chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else None
+    plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke, chunks)
     with PhaseTimer(PREPARE_PHASES) as timer, profiled(args.profile, f"prepare ({variant})", args.profile_rows):
         started = time.perf_counter()
         prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan))
@@ -220,6 +222,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default="logprobs,no-logprobs")
     parser.add_argument("--ttft-prompt", type=int, default=2048)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--chunks", default=None,
+                        help="prompt capacities beside the 2,048 prefill, e.g. 128,512 (default 128,256,512)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--medium", action="store_true", help="a 2048-wide model of --layers layers (CPU studies)")
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")

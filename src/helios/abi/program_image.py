@@ -186,7 +186,10 @@ def _optional(inner):
 def _union(cls):
     """What ``cls.create(tag=value)`` builds (every other field None, the tag recorded), without
     its per-object ``dataclasses.fields`` calls (a third of a program's schema conversion)."""
-    from torch._export.serde.union import _UnionTag
+    try:
+        from torch._export.serde.union import _UnionTag
+    except ImportError:  # a torch without the tag type: its own constructor
+        _UnionTag = None
 
     hints = _type_hints(cls)
     empty = dict.fromkeys(f.name for f in dataclasses.fields(cls))
@@ -201,6 +204,8 @@ def _union(cls):
             if tag not in empty:
                 raise TypeError(f"{tag!r} is not a field of {cls.__name__}")
             field = tags[tag] = _converter(hints[tag])
+        if _UnionTag is None:
+            return cls.create(**{tag: field(value)})
         union = object.__new__(cls)
         state = union.__dict__
         state.update(empty)

@@ -21,7 +21,9 @@ runtime uses:
    runtime reads only its shapes and dtypes (`_input_shapes`, `drop_no_op_nodes`, the CPU
    rewrites), which a move does not change.
 
-Each is scoped to one load and leaves torch as it was outside it.
+4. Torch's export IR verifier ran twice per program (`skip_export_verifier`).
+
+Each is scoped to the loading thread while a program is built; other threads see torch unchanged.
 """
 
 from __future__ import annotations
@@ -46,10 +48,37 @@ def _recompile(self, *args, **kwargs):
     return _REAL_RECOMPILE(self, *args, **kwargs)
 
 
+_REAL_VALIDATE = torch.export.ExportedProgram.validate
+
+
+def _validate(self, *args, **kwargs):
+    if getattr(_LOCAL, "trusting", False):
+        return None
+    return _REAL_VALIDATE(self, *args, **kwargs)
+
+
 def _install() -> None:
     with _INSTALLED:
         if torch.fx.GraphModule.recompile is not _recompile:
             torch.fx.GraphModule.recompile = _recompile
+        if torch.export.ExportedProgram.validate is not _validate:
+            torch.export.ExportedProgram.validate = _validate
+
+
+@contextlib.contextmanager
+def skip_export_verifier() -> Iterator[None]:
+    """Within the block, on this thread, building an ExportedProgram does not run torch's export IR
+    verifier (twice per program: in the constructor and after deserializing). The program passed it
+    when it was exported; what loading relies on is checked by our own passes before and after the
+    build (`helios.abi.program_graph`: the allowed targets; `validate_program_ops`: the ABI ops and
+    their schemas), and the verifier is not what makes a core safe to load."""
+    _install()
+    previous = getattr(_LOCAL, "trusting", False)
+    _LOCAL.trusting = True
+    try:
+        yield
+    finally:
+        _LOCAL.trusting = previous
 
 
 @contextlib.contextmanager
@@ -83,10 +112,16 @@ def pending_recompile(module: torch.fx.GraphModule) -> bool:
 def static_tensor_metas() -> Iterator[None]:
     """Within the block (torch's deserializer is serialized by the caller's lock), tensor metadata
     with integer sizes and strides is built as a FakeTensor straight from a meta tensor."""
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, GraphModuleDeserializer, deserialize_device
-    from torch._subclasses.fake_tensor import FakeTensor
+    try:
+        from torch._export.serde.serialize import (
+            _SERIALIZE_TO_TORCH_DTYPE, GraphModuleDeserializer, deserialize_device,
+        )
+        from torch._subclasses.fake_tensor import FakeTensor
 
-    original = GraphModuleDeserializer.deserialize_tensor_meta
+        original = GraphModuleDeserializer.deserialize_tensor_meta
+    except (ImportError, AttributeError):  # another torch layout: its own path, unchanged
+        yield
+        return
 
     def deserialize_tensor_meta(self, tensor_meta):
         sizes = _static(tensor_meta.sizes)

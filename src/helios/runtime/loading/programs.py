@@ -6,7 +6,8 @@ checks that its graph calls nothing but allowed ops and that every ABI op it nam
 the manifest and registered here with exactly the declared schema, builds it, checks again, and
 returns the unlifted module on the serving device. The build skips work whose result the runtime
 never reads (`helios.runtime.loading.program_build`: one code generation per program instead of
-about six, FakeTensor metadata built directly, a device move of what a call reads).
+about six, FakeTensor metadata built directly, torch's export verifier not run again, a device
+move of what a call reads).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.graph_passes import drop_no_op_nodes
 from helios.runtime.loading.program_build import (
-    deferred_recompile, finish_recompile, move_module, static_tensor_metas,
+    deferred_recompile, finish_recompile, move_module, skip_export_verifier, static_tensor_metas,
 )
 from helios.runtime.loading.speculation import SpeculativeShape, speculative_shape
 
@@ -74,7 +75,7 @@ def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, decl
     image = read_program_image(_program_bytes(core, handle.resource_id))
     validate_serialized_ops(image.graph, ops, declared.registered)
     with deferred_recompile():
-        with static_tensor_metas():
+        with static_tensor_metas(), skip_export_verifier():
             exported = deserialize_program(image)
         validate_program_ops(exported, ops, declared.registered)
         input_shapes = _input_shapes(exported, len(graph.resource_dependencies))
