@@ -80,7 +80,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
-    ("helios.runtime.loading.cuda_graphs", "_record", "[in capture] warm-up + record"),
+    ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs (Triton compiles)"),
+    ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
 )
 
 
@@ -177,7 +178,10 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
     plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke, chunks)
     with PhaseTimer(PREPARE_PHASES) as timer, profiled(args.profile, f"prepare ({variant})", args.profile_rows):
         started = time.perf_counter()
-        prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan))
+
+        def progress(line: str) -> None:  # when each program arrives, and its export time in the worker
+            log(f"    [{time.perf_counter() - started:5.1f} s] {line}")
+        prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan), progress)
         prepared = table("prepare", variant, time.perf_counter() - started, timer)
     prepared["core_gb"] = core.stat().st_size / 1e9
     result = {"prepare": prepared, "load": load(core, key, variant, StartupOptions(), args, device)}

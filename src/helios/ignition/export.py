@@ -179,7 +179,7 @@ def prepare_core(
         writer.add_resource(resource_id, ResourceKind.PROGRAM_IMAGE, captured.program, rank=0 if ranks == 1 else None)
         programs.extend(ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks))
         progress(f"captured {operation.value}{' (logprobs)' if logprobs else ''} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
-                 f"({len(captured.program) / 1e6:.1f} MB) [{index + 1}/{len(captures)}]")
+                 f"({len(captured.program) / 1e6:.1f} MB, {captured.seconds:.1f} s) [{index + 1}/{len(captures)}]")
 
     workers = options.capture_workers or default_workers(len(jobs), arch.num_layers)
     for weights in weight_files:
