@@ -110,34 +110,43 @@ def pending_recompile(module: torch.fx.GraphModule) -> bool:
 
 @contextlib.contextmanager
 def static_tensor_metas() -> Iterator[None]:
-    """Within the block (torch's deserializer is serialized by the caller's lock), tensor metadata
-    with integer sizes and strides is built as a FakeTensor straight from a meta tensor."""
+    """Within the block, on this thread, torch's deserializer builds tensor metadata with integer
+    sizes and strides as a FakeTensor straight from a meta tensor (other threads: torch's path)."""
+    _install_static_metas()
+    previous = getattr(_LOCAL, "static_metas", False)
+    _LOCAL.static_metas = True
+    try:
+        yield
+    finally:
+        _LOCAL.static_metas = previous
+
+
+def _install_static_metas() -> None:
+    """Wraps ``GraphModuleDeserializer.deserialize_tensor_meta`` once (a torch without it, or laid
+    out otherwise, keeps its own path)."""
     try:
         from torch._export.serde.serialize import (
             _SERIALIZE_TO_TORCH_DTYPE, GraphModuleDeserializer, deserialize_device,
         )
         from torch._subclasses.fake_tensor import FakeTensor
-
-        original = GraphModuleDeserializer.deserialize_tensor_meta
-    except (ImportError, AttributeError):  # another torch layout: its own path, unchanged
-        yield
+    except ImportError:
         return
+    with _INSTALLED:
+        original = getattr(GraphModuleDeserializer, "deserialize_tensor_meta", None)
+        if original is None or getattr(original, "_helios_static", False):
+            return
 
-    def deserialize_tensor_meta(self, tensor_meta):
-        sizes = _static(tensor_meta.sizes)
-        strides = _static(tensor_meta.strides)
-        if sizes is None or strides is None or tensor_meta.requires_grad:
+        def deserialize_tensor_meta(self, tensor_meta):
+            if getattr(_LOCAL, "static_metas", False) and not tensor_meta.requires_grad:
+                sizes, strides = _static(tensor_meta.sizes), _static(tensor_meta.strides)
+                if sizes is not None and strides is not None:
+                    meta = torch.empty_strided(sizes, strides, dtype=_SERIALIZE_TO_TORCH_DTYPE[tensor_meta.dtype],
+                                               device="meta")
+                    return FakeTensor(self.fake_tensor_mode, meta, deserialize_device(tensor_meta.device))
             return original(self, tensor_meta)
-        dtype = _SERIALIZE_TO_TORCH_DTYPE[tensor_meta.dtype]
-        device = deserialize_device(tensor_meta.device)
-        meta = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
-        return FakeTensor(self.fake_tensor_mode, meta, device)
 
-    GraphModuleDeserializer.deserialize_tensor_meta = deserialize_tensor_meta
-    try:
-        yield
-    finally:
-        GraphModuleDeserializer.deserialize_tensor_meta = original
+        deserialize_tensor_meta._helios_static = True
+        GraphModuleDeserializer.deserialize_tensor_meta = deserialize_tensor_meta
 
 
 def _static(values) -> tuple[int, ...] | None:
