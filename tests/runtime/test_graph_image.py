@@ -14,6 +14,7 @@ import torch
 from helios.abi.program_image import deserialize_program, read_program_image
 from helios.abi.registry import registered_schemas
 from helios.core.reader import open_core
+from helios.runtime.loading.cuda_graphs import greedy_module
 from helios.runtime.loading.graph_image import NotDirect, build_module
 from helios.runtime.loading.model import DeclaredOps, load_model, program_arguments
 from helios.runtime.loading.programs import load_program
@@ -62,6 +63,10 @@ def test_direct_modules_compute_torchs_outputs(core):
         got = direct(*buffers[1])
         assert all(torch.equal(a, b) for a, b in zip(expected, got))
         assert all(torch.equal(a, b) for a, b in zip(buffers[0][1:], buffers[1][1:]))
+        # the greedy copy CUDA capture makes of each module (a new GraphModule of a copied graph)
+        buffers = [copy.deepcopy(arguments) for _ in range(2)]
+        expected, got = greedy_module(reference)(*buffers[0]), greedy_module(direct)(*buffers[1])
+        assert all(torch.equal(a, b) for a, b in zip(expected, got))
 
 
 def _edited(core, name, edit):
