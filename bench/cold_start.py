@@ -68,7 +68,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.programs", "read_program_image", "program images (parse)"),
     ("helios.runtime.loading.programs", "validate_serialized_ops", "validate ops"),
     ("helios.runtime.loading.programs", "validate_program_ops", "validate ops"),
-    ("helios.runtime.loading.programs", "deserialize_program", "deserialize programs"),
+    ("helios.runtime.loading.programs", "build_module", "program modules (built from the JSON)"),
+    ("helios.runtime.loading.programs", "deserialize_program", "deserialize programs (torch's path)"),
     ("helios.runtime.loading.programs", "move_module", "programs to device"),
     ("torch.export.exported_program", "ExportedProgram.module", "program modules (unflatten)"),
     ("helios.runtime.loading.programs", "finish_recompile", "program code (generated once)"),
@@ -80,7 +81,7 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
-    ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs (Triton compiles)"),
+    ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs"),
     ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
 )
 
