@@ -1,9 +1,9 @@
 """Building a program's callable module at load with less Python work than torch's defaults.
 
-Loading a program (`helios.runtime.loading.programs`) runs torch's ExportedProgram deserializer,
-``ExportedProgram.module()`` (unlifting) and our graph passes. Measured on the CPU with
-`bench/cold_start.py --profile`, most of that time went to three things that change nothing the
-runtime uses:
+Where a program is built through torch's ExportedProgram deserializer and
+``ExportedProgram.module()`` (on the CPU, and for what `helios.runtime.loading.graph_image` leaves
+to torch), measured on the CPU with `bench/cold_start.py --profile`, most of the time went to
+things that change nothing the runtime uses:
 
 1. Every ``torch.fx.GraphModule`` built on the way (the deserialized graph module, the
    ExportedProgram's, unlifting's two, the no-op pass) generated and compiled its Python code,
@@ -20,7 +20,6 @@ runtime uses:
    device arguments burnt into its nodes. Node metadata keeps the device it was exported on; the
    runtime reads only its shapes and dtypes (`_input_shapes`, `drop_no_op_nodes`, the CPU
    rewrites), which a move does not change.
-
 4. Torch's export IR verifier ran twice per program (`skip_export_verifier`).
 
 Each is scoped to the loading thread while a program is built; other threads see torch unchanged.
