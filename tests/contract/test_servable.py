@@ -327,3 +327,33 @@ def test_every_served_operation_has_a_test_that_loads_a_core_with_it():
     assert set(LOADED_BY) == SERVED_OPERATIONS
     for operation, name in LOADED_BY.items():
         assert (tests / name).is_file(), name
+
+
+# Where a core binding each served source that the fixture-pairs core above cannot bind is loaded and
+# served (a newly served source needs an entry or a place in that core).
+SOURCE_LOADED_BY = {
+    spb.VALUE_SOURCE_PAGE_TABLE: "runtime/test_model_fixture.py",
+    spb.VALUE_SOURCE_HOST_TABLE_ROWS: "runtime/test_host_staging.py",
+    spb.VALUE_SOURCE_SCORED_TARGET_TOKENS: "server/test_prompt_scores.py",
+    spb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_CANDIDATE_IDS: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_CANDIDATE_COUNT: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_GENERATION: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_IMAGE_FEATURE_INDICES: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_IMAGE_CONTEXT_INDICES: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_IMAGE_FEATURE_SLOT: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_IMAGE_TENSOR: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_RESTORE_SOURCE: "runtime/test_state_graphs.py",
+    spb.VALUE_SOURCE_SNAPSHOT_DESTINATION: "runtime/test_state_graphs.py",
+}
+
+
+def test_every_served_source_has_a_test_that_loads_a_core_binding_it():
+    tests = Path(__file__).resolve().parents[1]
+    served = {source for source, decision in SOURCES.items() if isinstance(decision, Served)}
+    bound_here = {source for source, _, _ in _fixture_pairs()}
+    assert served == bound_here | set(SOURCE_LOADED_BY) and not bound_here & set(SOURCE_LOADED_BY)
+    for source, name in SOURCE_LOADED_BY.items():
+        assert (tests / name).is_file(), name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helios.contract import StartupOptions
+from helios.contract import serving_pb2 as spb
 from helios.core.reader import open_core
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
@@ -46,6 +47,8 @@ def launches(runtime) -> dict[str, int]:
 def check_snapshot_rows_are_the_cores_state_rows(runtime) -> None:
     model = runtime.model
     assert {p.graph for p in model.state_copy_programs} == {"snapshot", "restore"}
+    bound = {b.source for g in model.prepared.contract.model.graphs for b in g.bindings}
+    assert {spb.VALUE_SOURCE_RESTORE_SOURCE, spb.VALUE_SOURCE_SNAPSHOT_DESTINATION} <= bound
     slots, snapshots = model.settings.max_concurrency, model.settings.snapshot_capacity
     assert model.num_slot_state_rows == slots and model.num_state_rows == slots + snapshots
     storage = runtime.engine.executor.storage
