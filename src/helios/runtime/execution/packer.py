@@ -18,7 +18,9 @@ history ends exactly at their pending token; otherwise every lane gets zero cand
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
 since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
-core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. Which
+core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. SNAPSHOT
+and RESTORATION graphs hold no request lane: `pack_state_copies` fills them from state-copy rows
+(`helios.runtime.execution.state_programs`). Which
 sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
 checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
