@@ -81,13 +81,16 @@ def write_state_graphs_core(source, key_path: Path, namespace: str, target: Path
     for name, operation, restore in (("snapshot", spb.GRAPH_OPERATION_SNAPSHOT, False),
                                      ("restore", spb.GRAPH_OPERATION_RESTORATION, True)):
         graph = _declare_copy_graph(contract, manifest, name, operation)
+        ranks = manifest.ranks
         for batch in BATCHES:
-            resource = f"program.{name}.b{batch}"
+            resource = f"program.{name}.b{batch}"  # one program for every rank (each copies its own shard)
             writer.add_resource(resource, ResourceKind.PROGRAM_IMAGE,
-                                _export(CopyStateRows(restore, broken and restore), source, batch), rank=0)
-            handle = manifest.graph_handles.add(graph=name, resource_id=resource, rank=0)
-            handle.capacity.CopyFrom(graph.variants[BATCHES.index(batch)])
-            handle.program_inputs.extend(INPUTS)
+                                _export(CopyStateRows(restore, broken and restore), source, batch),
+                                rank=0 if ranks == 1 else None)
+            for rank in range(ranks):
+                handle = manifest.graph_handles.add(graph=name, resource_id=resource, rank=rank)
+                handle.capacity.CopyFrom(graph.variants[BATCHES.index(batch)])
+                handle.program_inputs.extend(INPUTS)
     writer.set_contract(PreparedContract.from_messages(contract, manifest))
     writer.set_publisher(namespace)
     writer.add_signing_key(load_signing_key(key_path))
