@@ -13,10 +13,11 @@ from helios.runtime.engine import EngineRequest
 from helios.runtime.records.events import TokenEvent
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import SamplingParams
+from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3, QWEN3_MOE
 from support.chat_checkpoint import VOCAB_SIZE
 
-from .conftest import PROMPTS, running
+from .conftest import FAST, PROMPTS
 
 REQUESTS = (  # (sampling, logit bias, top logprobs) per prompt of PROMPTS
     (SamplingParams(temperature=0.9, top_k=20, seed=11), ((7, 2.5), (VOCAB_SIZE - 9, 3.0)), 3),
@@ -26,16 +27,20 @@ REQUESTS = (  # (sampling, logit bias, top logprobs) per prompt of PROMPTS
 )
 
 
-def sampled_run(core) -> dict:
-    """request id -> (tokens, [(logprob, top alternatives)] or None), all requests in one batch."""
+def sampled_run(core, options: RuntimeOptions | None = None) -> tuple[dict, set]:
+    """(request id -> (tokens, [(logprob, top alternatives)] or None), all requests in one batch;
+    the names of the programs' outputs). `options`: the runtime's (default: the CPU, ranks as threads)."""
     events: dict[str, list[TokenEvent]] = {}
-    with running(core) as runtime:
+    runtime = build_runtime(core, options or RuntimeOptions(ranks=FAST))
+    try:
         outputs = {name for program in runtime.model.programs for name in program.outputs}
         for index, (prompt, (sampling, bias, top)) in enumerate(zip(PROMPTS, REQUESTS)):
             spec = RequestSpec(f"r{index}", tuple(prompt), 10, sampling=sampling, logit_bias=bias, top_logprobs=top)
             events[spec.request_id] = []
             runtime.engine.submit(EngineRequest(spec, lambda event, r=spec.request_id: events[r].append(event)))
         runtime.engine.run_until_idle()
+    finally:
+        runtime.close()
     results = {}
     for request_id, seen in events.items():
         tokens = [t for event in seen if isinstance(event, TokenEvent) for t in event.token_ids]

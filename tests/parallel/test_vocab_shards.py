@@ -15,39 +15,9 @@ from helios.abi.sampling import SampleVariant, sample_reference
 from helios.abi.token_logprobs import logprobs_reference
 from helios.abi.vocab_shards import ShardedSampling
 
+from support.shard_sampling import RANKS, ROWS, SHARD, VOCAB, residual_inputs, row_inputs, shard_of
+
 from .test_collectives import on_ranks
-
-VOCAB, ROWS, RANKS = 77, 6, 2  # 77 = 2 shards of 39, the last one with a padding column
-SHARD = -(-VOCAB // RANKS)
-
-
-def row_inputs(seed: int = 0) -> dict:
-    """Rows covering greedy, drawing (top-k, top-p, min-p), penalised, masked and all-masked rows."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(ROWS, VOCAB, generator=g) * 3
-    logits[0, [5, 60]] = 20.0  # a tie across the shards: the lower id wins
-    logits[1, 3] = float("nan")
-    logits[2, 70] = float("inf")
-    temperature = torch.tensor([0.0, 0.8, 0.0, 1.3, 0.7, 0.0])
-    penalties = torch.tensor([[1.0, 0.0, 0.0]] * ROWS)
-    penalties[2] = torch.tensor([1.3, 0.4, 0.2])
-    penalties[3] = torch.tensor([1.1, 0.0, 0.5])
-    grammar_mask = torch.full((ROWS, -(-VOCAB // 32)), -1, dtype=torch.int32)
-    grammar_mask[4] = torch.tensor([0x00F0F0F0, 0, 0x1], dtype=torch.int32)  # some ids of both shards
-    grammar_mask[5] = 0  # nothing allowed: NO_TOKEN
-    counts = torch.randint(0, 3, (2, ROWS, VOCAB), generator=g, dtype=torch.int32)
-    return dict(
-        logits=logits, seeds=torch.arange(ROWS, dtype=torch.int64) * 7919, counters=torch.arange(ROWS) + 3,
-        temperature=temperature, top_k=torch.tensor([0, 5, 0, 0, 0, 0], dtype=torch.int32),
-        top_p=torch.tensor([1.0, 1.0, 1.0, 0.9, 1.0, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.0]),
-        penalties=penalties, prompt_counts=counts[0], output_counts=counts[1], grammar_mask=grammar_mask,
-        mask_rows=torch.ones(ROWS, dtype=torch.bool))
-
-
-def shard_of(logits: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    padded = torch.nn.functional.pad(logits, (0, SHARD * RANKS - VOCAB), value=0.5)  # padding is ignored
-    return padded[:, rank * SHARD:(rank + 1) * SHARD].contiguous(), torch.tensor([rank * SHARD])
-
 
 def reference_tokens(args: dict, draws: bool = True) -> torch.Tensor:
     params = sampling.DrawParams(*(args[name] for name in sampling.DrawParams._fields))
@@ -144,10 +114,8 @@ def test_sharded_ops_refuse_bad_inputs_and_run_only_bound():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_fused_residual_all_reduce_is_the_unfused_sequence_bit_for_bit(dtype):
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(5, 64, generator=g).to(dtype)
-    partials = [torch.randn(5, 64, generator=g).to(dtype) for _ in range(RANKS)]
-    weight = torch.rand(64, generator=g).to(dtype)
+    inputs = [tuple(t.to(dtype) for t in residual_inputs(rank)) for rank in range(RANKS)]
+    x, weight, partials = inputs[0][0], inputs[0][2], [partial for _, partial, _ in inputs]
     expected = reference_add_rms_norm(x, partials[0] + partials[1], weight, 1e-6)
 
     def work(rank, group):

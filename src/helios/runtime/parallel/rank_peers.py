@@ -85,7 +85,9 @@ class RankOptions:
     rendezvous: str = "127.0.0.1:0"  # HOST:PORT rank zero serves; port 0 picks a free one
     join_timeout_s: float = 300.0  # for every rank to load and join
     collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
-    torch_threads: int | None = None  # intra-op threads of each local rank process (None: rank zero's)
+    # Intra-op threads of each local rank process. None: on the CPU every local rank, rank zero
+    # included, takes an equal share of rank zero's threads; on CUDA rank zero's count.
+    torch_threads: int | None = None
     aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
     # CUDA: small all-reduces through a one-shot symmetric-memory kernel when every rank can
     # (`helios.abi.symmetric_reduce`); off by default until measured on the device, and because a
@@ -163,8 +165,23 @@ def launch_peers(core, options: RankOptions, host_pages: int, load: LoadOptions 
                     nccl and options.symmetric_all_reduce)
     rendezvous.publish(launch)
     workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
+    options = _with_local_threads(options, local, nccl)
     peers = [_start_peer(core, rendezvous, r, options, workdir, placement.devices[r]) for r in range(1, local)]
     return PendingRanks(rendezvous, launch, peers, placement, options, workdir)
+
+
+def _with_local_threads(options: RankOptions, local: int, nccl: bool) -> RankOptions:
+    """`options` with each local rank process's intra-op threads decided. CPU ranks as processes
+    share this host's cores: without an explicit `torch_threads`, each of the `local` ranks
+    (rank zero included, which sets its own count here) takes an equal share of rank zero's
+    threads. Each rank giving every core to its own ops would oversubscribe the host; a rank then
+    waits in every collective for a peer that is not scheduled (measured: a two-rank CPU decode
+    step about 13 times slower). CUDA ranks and thread peers keep the count they have."""
+    if nccl or options.peers is PeerKind.THREADS or options.torch_threads or local < 2:
+        return options
+    threads = max(1, torch.get_num_threads() // local)
+    torch.set_num_threads(threads)
+    return dataclasses.replace(options, torch_threads=threads)
 
 
 @dataclass
