@@ -116,22 +116,25 @@ def test_vocabulary_shard_sampling_and_the_fused_residual_all_reduce_on_two_gpus
     from helios.abi.token_logprobs import logprobs_reference
 
     outputs = _spawn_ranks(shard_sampling.run_shard_rank)
-    args = {name: value.cuda() for name, value in shard_sampling.row_inputs().items()}
-    rest = [args[name] for name in shard_sampling.SAMPLE_ARGS]
-    full = SampleVariant.FULL(args["logits"], *rest).cpu()
-    greedy = SampleVariant.GREEDY(args["logits"], *rest).cpu()
-    cpu = {name: value.cpu() for name, value in args.items()}
-    tokens = torch.zeros(shard_sampling.ROWS, dtype=torch.int64) + 4
-    _, top_ids, top = logprobs_reference(cpu["logits"], tokens, *(cpu[n] for n in shard_sampling.SAMPLE_ARGS[6:]), 5)
     (x, p0, weight), (_, p1, _) = (shard_sampling.residual_inputs(rank) for rank in range(2))
     summed, normed = torch.ops.helios.add_rms_norm(x.cuda(), (p0 + p1).cuda(), weight.cuda(), 1e-6)
-    for rank in range(2):
-        for mode in ("eager", "graph"):
-            mine = {name[len(mode) + 1:]: value for name, value in outputs[rank].items() if name.startswith(mode)}
-            assert torch.equal(mine["full"], full) and torch.equal(mine["greedy"], greedy), (rank, mode)
-            assert torch.equal(mine["logprobs"][1], top_ids), (rank, mode)
-            assert torch.allclose(mine["logprobs"][2], top, atol=1e-6, rtol=0), (rank, mode)
-            assert torch.equal(mine["norm"][0], summed.cpu()) and torch.equal(mine["norm"][1], normed.cpu())
+    for vocab in (shard_sampling.VOCAB, shard_sampling.ALIGNED_VOCAB):  # torch ops; the fused greedy pass
+        args = {name: value.cuda() for name, value in shard_sampling.row_inputs(0, vocab).items()}
+        rest = [args[name] for name in shard_sampling.SAMPLE_ARGS]
+        full = SampleVariant.FULL(args["logits"], *rest).cpu()
+        greedy = SampleVariant.GREEDY(args["logits"], *rest).cpu()
+        cpu = {name: value.cpu() for name, value in args.items()}
+        tokens = torch.zeros(shard_sampling.ROWS, dtype=torch.int64) + 4
+        _, top_ids, top = logprobs_reference(cpu["logits"], tokens, *(cpu[n] for n in shard_sampling.SAMPLE_ARGS[6:]),
+                                             5)
+        for rank in range(2):
+            for mode in ("eager", "graph"):
+                prefix = f"{mode}.{vocab}."
+                mine = {name[len(prefix):]: value for name, value in outputs[rank].items() if name.startswith(prefix)}
+                assert torch.equal(mine["full"], full) and torch.equal(mine["greedy"], greedy), (rank, mode, vocab)
+                assert torch.equal(mine["logprobs"][1], top_ids), (rank, mode, vocab)
+                assert torch.allclose(mine["logprobs"][2], top, atol=1e-6, rtol=0), (rank, mode, vocab)
+                assert torch.equal(mine["norm"][0], summed.cpu()) and torch.equal(mine["norm"][1], normed.cpu())
 
 
 def test_two_gpu_ranks_sample_and_score_what_one_gpu_does(cores):

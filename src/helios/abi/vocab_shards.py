@@ -24,7 +24,11 @@ collectives of `helios.abi.collectives`):
   columns (elementwise: the same float64 values the whole row would have), takes its best value and
   lowest id holding it, and the ranks all-gather these [R, 2] pairs; the best value wins, the lower
   rank (hence the lower id) on ties: the reference's argmax, bit for bit. A step exchanges 16 bytes
-  per row instead of 4 V / N.
+  per row instead of 4 V / N. On CUDA the shard's best comes from the fused greedy pass of
+  ``helios::sample`` (one read of the logits; counts and mask words read only in rows that need
+  them) where the shard starts on a mask-word boundary and holds no padding (Llama 3 and Qwen
+  vocabularies over 2, 4 or 8 ranks do); rank r's shard starts at r * S, as the sharding writes
+  ``vocab.start``. Elsewhere, and on the CPU, torch ops over the shard.
 - A row that draws (temperature > 0) needs the whole distribution in the reference's summation
   order, so a call that may draw all-gathers the float32 shards and runs ``helios::sample`` on the
   whole row (the single-rank computation on the same values). On the CPU a call decides this from
@@ -165,6 +169,9 @@ class ShardedSampling:
         if self._gathers(temperature):
             whole = _gathered(group, logits, vocab_size)
             return self.variant(whole, *params, penalties, prompt_counts, output_counts, grammar_mask, mask_rows)
+        start = group.rank * logits.shape[1]  # the sharding's `vocab.start` of this rank
+        if logits.device.type == "cuda" and kernel_fits(start, logits.shape[1], vocab_size):
+            return _exchange(group, *shard_best_kernel(logits, start, penalties, counts, grammar_mask, mask_rows))
         ids = shard_ids(vocab_start, logits.shape[1])
         values = _plain_greedy(logits, ids, vocab_size, temperature, penalties, grammar_mask, mask_rows)
         if values is None:
@@ -204,10 +211,41 @@ def _gathered(group: RankGroup, logits: torch.Tensor, vocab_size: int) -> torch.
     return out.permute(1, 0, 2).reshape(logits.shape[0], -1)[:, :vocab_size]
 
 
+def kernel_fits(start: int, shard: int, vocab_size: int) -> bool:
+    """Whether `shard_best_kernel` takes a shard (static: shapes and rank only): its mask words
+    start on a word boundary and it holds no padding column."""
+    return start % MASK_WORD_BITS == 0 and shard % MASK_WORD_BITS == 0 and start + shard <= vocab_size
+
+
+def shard_best_kernel(logits, start: int, penalties, counts, grammar_mask, mask_rows):
+    """(best value float64 [R], its global id int64 [R]) of the shard's columns [start, start + S)
+    through the fused greedy pass of ``helios::sample`` (`helios.abi.triton_sampling`) on views of
+    the counts and mask words (no copy): the argmax of `shard_values`, lowest id on ties, and its
+    value recomputed elementwise exactly as `shard_values` forms it (-inf where none is above -inf).
+    The caller checks `kernel_fits`."""
+    from helios.abi.triton_sampling import greedy_tokens
+
+    shard = logits.shape[1]
+    columns = (counts[0][:, start:start + shard], counts[1][:, start:start + shard])
+    words = grammar_mask[:, start // MASK_WORD_BITS:(start + shard) // MASK_WORD_BITS]
+    index = greedy_tokens(logits, penalties, *columns, words, mask_rows)
+    found = index >= 0
+    at = torch.where(found, index, 0).unsqueeze(-1)
+    value = torch.nan_to_num(logits.gather(1, at).to(torch.float64), nan=_NEG_INF, posinf=_F32_MAX, neginf=_NEG_INF)
+    value = apply_penalties(value, penalties, columns[0].gather(1, at), columns[1].gather(1, at)).squeeze(-1)
+    value = torch.nan_to_num(value, nan=_NEG_INF, posinf=_F64_MAX, neginf=_NEG_INF)
+    return torch.where(found, value, _NEG_INF), at.squeeze(-1) + start
+
+
 def _winners(group: RankGroup, values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """int64 [R]: the whole row's argmax (lowest id on ties) from every rank's best (value, id)."""
     best, index = values.to(torch.float64).max(dim=-1)  # the first maximum: the shard's lowest id
-    out = _gather(group, torch.stack((best, ids[index].to(torch.float64)), dim=-1))
+    return _exchange(group, best, ids[index])
+
+
+def _exchange(group: RankGroup, best: torch.Tensor, best_ids: torch.Tensor) -> torch.Tensor:
+    """int64 [R]: the winner of every rank's (best value, its id), the lower rank on ties."""
+    out = _gather(group, torch.stack((best, best_ids.to(torch.float64)), dim=-1))
     best_rank = out[..., 0].argmax(dim=0, keepdim=True)  # the first maximum: the lowest rank, hence id
     token = out[..., 1].gather(0, best_rank).squeeze(0).to(torch.int64)
     has_candidate = out[..., 0].amax(dim=0) > _NEG_INF
