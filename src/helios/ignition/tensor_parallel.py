@@ -101,8 +101,7 @@ def sampled_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor)
     """float32 logits of `hidden` to sample from: [N, V] on one rank; under tensor parallelism this
     rank's vocabulary rows only, [N, vocab_rows] (ids from ``vocab.start``; the last rank's rows
     past V are padding), which `sample_tokens` and `token_scores` take as they are."""
-    logits = F.linear(hidden, head).to(torch.float32)
-    return logits
+    return F.linear(hidden, head).to(torch.float32)
 
 
 def with_logit_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, vocab_start=None) -> torch.Tensor:
