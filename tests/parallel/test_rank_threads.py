@@ -3,6 +3,8 @@ intra-op threads unless the options name a count; CUDA ranks and thread peers ke
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -17,13 +19,25 @@ def threads():
     torch.set_num_threads(before)
 
 def test_local_cpu_rank_processes_split_rank_zeros_threads(threads):
-    options = rank_peers._with_local_threads(RankOptions(), local=2, nccl=False)
+    options, before = rank_peers._with_local_threads(RankOptions(), local=2, nccl=False)
     assert options.torch_threads == 2 and torch.get_num_threads() == 2  # rank zero takes its share too
-    torch.set_num_threads(4)
-    assert rank_peers._with_local_threads(RankOptions(), local=8, nccl=False).torch_threads == 1
+    assert before == 4
+    rank_peers._restore_threads(before)
+    assert torch.get_num_threads() == 4
+    assert rank_peers._with_local_threads(RankOptions(), local=8, nccl=False)[0].torch_threads == 1
 
 def test_explicit_counts_cuda_ranks_and_thread_peers_keep_their_threads(threads):
     for options, local, nccl in ((RankOptions(torch_threads=3), 2, False), (RankOptions(), 2, True),
                                  (RankOptions(peers=PeerKind.THREADS), 2, False), (RankOptions(), 1, False)):
-        assert rank_peers._with_local_threads(options, local, nccl) == options
+        assert rank_peers._with_local_threads(options, local, nccl) == (options, None)
         assert torch.get_num_threads() == 4
+
+
+def test_rank_zero_gets_its_threads_back_when_its_cpu_peers_close(threads, cores):
+    from ignition.hf_checkpoints import QWEN3
+
+    from .conftest import FAST, running
+
+    with running(cores.open(cores.core(QWEN3, 2)), replace(FAST, peers=PeerKind.PROCESSES)):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 4
