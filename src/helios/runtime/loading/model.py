@@ -46,6 +46,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.servable import check_servable
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
+from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import capture_programs
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
@@ -61,7 +62,7 @@ from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatch
 
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
-    spb.GRAPH_OPERATION_SCORED_PREFILL,
+    spb.GRAPH_OPERATION_SCORED_PREFILL, spb.GRAPH_OPERATION_RESUME,
 )
 _DTYPES = {
     mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
@@ -117,6 +118,14 @@ class LoadedModel:
     num_window_pages: int = 0  # pages of the window region with its own page ids (0: none)
     # INITIALIZATION variants, smallest batch first: run over the rows a step admits, before it.
     initialization_programs: tuple[LoadedProgram, ...] = ()
+    # SNAPSHOT and RESTORATION variants, smallest batch first (`helios.runtime.execution.state_programs`).
+    # With them, the state planes hold the slots' rows and then the snapshot rows these programs copy.
+    state_copy_programs: tuple[LoadedProgram, ...] = ()
+
+    @property
+    def num_slot_state_rows(self) -> int:
+        """State rows of the request slots (the first rows of every state plane)."""
+        return self.settings.max_concurrency * self.state_rows_per_request
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -139,15 +148,20 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
     # programs deserialize here (Python that holds it): the two overlap instead of adding up.
     initial = initialization_handles(prepared, options.rank)
+    copies = state_copy_handles(prepared, options.rank)
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
         programs = tuple(load_program(core, prepared, handle, declared, device) for handle in handles)
         tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
         producers = tuple(load_program(core, prepared, handle, declared, device) for handle in tuning)
         initializers = tuple(load_program(core, prepared, handle, declared, device) for handle in initial)
+        state_copies = tuple(load_program(core, prepared, handle, declared, device) for handle in copies)
         weights = loading.result()
-    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
-    num_state_rows = settings.max_concurrency * rows_per_request
+    graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
+    rows_per_request = max(1, prepared.state_rows_per_request(graphs))
+    # Execution rows, then (for a core that copies state with its own programs) the snapshot rows.
+    snapshot_rows = settings.snapshot_capacity if state_copies else 0
+    num_state_rows = (settings.max_concurrency + snapshot_rows) * rows_per_request
     context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
     row_tokens = max(h.capacity.packed_token_capacity for h in handles)
     num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
@@ -174,6 +188,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         if initializers:
             initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
+        if state_copies:
+            state_copies = capture_programs(state_copies, lambda p: program_arguments(p, weights, buffers), buffers,
+                                            device, keep=tuned_outputs(prepared))
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
@@ -184,6 +201,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         image_cache,
         num_window_pages=num_window_pages,
         initialization_programs=initializers,
+        state_copy_programs=state_copies,
     )
 
 
@@ -232,20 +250,6 @@ def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
         if not handle.program_inputs or not handle.program_outputs:
             raise MissingVariantError(f"graph {handle.graph!r}: the manifest does not name the program's inputs/outputs")
     return selected
-
-
-def initialization_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
-    """The rank's INITIALIZATION handles, smallest batch capacity first."""
-    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_INITIALIZATION)}
-    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
-    return sorted(handles, key=lambda h: h.capacity.batch_capacity)
-
-
-def vision_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
-    """The rank's VISION handles (every patch capacity), smallest first."""
-    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_VISION)}
-    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
-    return sorted(handles, key=lambda h: h.capacity.patch_capacity)
 
 
 def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphHandle]:
