@@ -32,7 +32,7 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     With `rows` (bool [R]) only those rows decide (and only their tokens are meaningful)."""
     if logits.device.type != "cpu":
         return None
-    restricted = mask_rows & ~_allows_every_token(grammar_mask, logits.shape[1])
+    restricted = mask_rows & ~allows_every_token(grammar_mask, logits.shape[1])
     if rows is None:
         special = (temperature > 0).any() | (penalties != _NEUTRAL_PENALTIES).any()
     else:
@@ -48,7 +48,7 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     return torch.where(best > _NEG_INF, tokens, NO_TOKEN)
 
 
-def _allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bool [R]: the row's mask words allow every id < V (bits past V are not looked at)."""
     full, rest = divmod(vocab_size, MASK_WORD_BITS)
     allowed = (grammar_mask[:, :full] == -1).all(dim=-1)
