@@ -193,3 +193,56 @@ def _equal(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     return a == b
+
+
+def _example_calls() -> dict:
+    """Arguments an exported graph passes to each `FAST_CALLS` overload (tensors, scalars, lists,
+    keywords): one or two calls each."""
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 4, generator=generator), torch.randn(3, 4, generator=generator)
+    ints = torch.tensor([[3, -2, 7, 0], [1, 5, -4, 2], [0, 0, 9, -1]])
+    bools = torch.rand(3, 4, generator=generator) > 0.5
+    cpu = torch.device("cpu")
+    a = torch.ops.aten
+    return {
+        a.add.Tensor: [(x, y), (x, 2)], a.sub.Tensor: [(x, y), (ints, 1)], a.mul.Tensor: [(x, y), (ints, 16)],
+        a.div.Tensor: [(x, y), (x, 3)], a.div.Tensor_mode: [((ints, 4), {"rounding_mode": "floor"})],
+        a.remainder.Scalar: [(ints, 4)], a.remainder.Tensor: [(ints, ints.abs() + 1)], a.neg.default: [(x,)],
+        a.cos.default: [(x,)], a.sin.default: [(x,)], a.rsqrt.default: [(x.abs() + 1,)],
+        a.pow.Tensor_Scalar: [(x, 2)], a.mean.dim: [(x, [-1], True)], a.__and__.Tensor: [(bools, ~bools)],
+        a.bitwise_and.Tensor: [(ints, ints + 1)], a.eq.Scalar: [(ints, 0)], a.eq.Tensor: [(ints, ints.flip(0))],
+        a.ne.Scalar: [(x, 0.5)], a.ge.Scalar: [(ints, 0)], a.ge.Tensor: [(x, y)], a.gt.Scalar: [(ints, 0)],
+        a.gt.Tensor: [(x, y)], a.le.Scalar: [(x, 0.0)], a.lt.Scalar: [(ints, 2)], a.lt.Tensor: [(x, y)],
+        a.where.self: [(bools, x, y)], a.clamp.default: [(ints, 0), (ints, None, 5), (x, -0.5, 0.5)],
+        a.cat.default: [([x, y],), ([x, y], -1)], a.cumsum.default: [(ints, 0)],
+        a.embedding.default: [(x, torch.tensor([2, 0, 1]))],
+        a.full_like.default: [((ints, -1), {"pin_memory": False})],
+        a.zeros_like.default: [((x,), {"pin_memory": False})], a.ones_like.default: [((bools,), {"pin_memory": False})],
+        a.zeros.default: [(([2],), {"dtype": torch.int32, "device": cpu, "pin_memory": False})],
+        a.arange.default: [((5,), {"dtype": torch.int32, "device": cpu, "pin_memory": False})],
+        a.arange.start: [((2, 7), {"dtype": torch.int64, "device": cpu, "pin_memory": False})],
+        a.index_put_.default: [(ints.clone(), [torch.tensor([0, 2]), torch.tensor([1, 1])], torch.tensor([5, 6]), True)],
+        a.index_select.default: [(x, 0, torch.tensor([2, 0]))], a.linear.default: [(x, y), (x, y, torch.ones(3))],
+        a.reshape.default: [(x, [4, 3])], a.view.default: [(x, [2, 6])],
+        a.scatter_add.default: [(x, 1, torch.tensor([[0], [3], [1]]), torch.ones(3, 1))],
+        a.searchsorted.Tensor: [((torch.tensor([1, 3, 5]), torch.tensor([0, 3, 6])), {"right": True})],
+        a.select.int: [(x, 0, 1)], a.split_with_sizes.default: [(x, [1, 3], -1)],
+        a.to.dtype: [(ints, torch.int32), (x, torch.float16)], a.unsqueeze.default: [(x, 1)],
+        a.squeeze.dim: [(x.unsqueeze(1), 1)], a.transpose.int: [(x, 0, 1)], a.permute.default: [(x, [1, 0])],
+        a.expand.default: [(x[:, :1], [3, 4])], a.roll.default: [(x, [2], [-1])], a.sym_size.int: [(x, 1)],
+    }
+
+
+def test_every_fast_call_reaches_the_overload_it_replaces():
+    calls = _example_calls()
+    assert set(calls) == set(FAST_CALLS)
+    for overload, examples in calls.items():
+        for example in examples:
+            with_keywords = len(example) == 2 and isinstance(example[0], tuple) and isinstance(example[1], dict)
+            args, kwargs = example if with_keywords else (example, {})
+            with _Dispatched() as through_overload:
+                expected = overload(*[_copy(arg) for arg in args], **kwargs)
+            with _Dispatched() as through_binding:
+                got = FAST_CALLS[overload](*[_copy(arg) for arg in args], **kwargs)
+            assert through_overload.ops == through_binding.ops, overload
+            assert _equal(got, expected), overload
