@@ -36,11 +36,15 @@ class ReferenceModel:
             return torch.zeros(self.head.shape[0])
         return self.embed[token] @ self.head.T
 
-    def greedy(self, prompt: list[int], max_tokens: int, eos_ids: frozenset[int] = frozenset()) -> list[int]:
-        """The greedy continuation of `prompt` (stopping after an EOS id)."""
+    def greedy(self, prompt: list[int], max_tokens: int, eos_ids: frozenset[int] = frozenset(),
+               bias: dict[int, float] | None = None) -> list[int]:
+        """The greedy continuation of `prompt` (stopping after an EOS id), `bias` added to the logits."""
         out, token = [], prompt[-1]
+        shift = torch.zeros(self.head.shape[0])
+        for index, value in (bias or {}).items():
+            shift[index] = value
         for _ in range(max_tokens):
-            token = int(torch.argmax(self.logits(token)))
+            token = int(torch.argmax(self.logits(token) + shift))
             out.append(token)
             if token in eos_ids:
                 break

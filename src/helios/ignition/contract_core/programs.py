@@ -143,6 +143,11 @@ class ContractProgram(torch.nn.Module):
         if extra_counts is not None:
             output_counts = output_counts + extra_counts
         vocab = logits.shape[1]
+        bias_ids = self.value(x, S.VALUE_SOURCE_LOGIT_BIAS_IDS)
+        if bias_ids is not None:  # per slot, written at admission; ids -1 pad
+            ids = bias_ids[slots].to(torch.int64)
+            values = self.value(x, S.VALUE_SOURCE_LOGIT_BIAS_VALUES)[slots].to(torch.float32)
+            logits = logits.scatter_add(1, ids.clamp(min=0), torch.where(ids >= 0, values, torch.zeros_like(values)))
         if mask is None:
             words = -(-vocab // 32)
             mask = torch.full((logits.shape[0], words), -1, dtype=torch.int32, device=logits.device)
