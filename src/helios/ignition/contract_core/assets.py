@@ -90,11 +90,21 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def chat_template(contract: spb.ServingContract) -> str:
+    """Role headers between the assistant boundary's markers; an image content part renders the
+    layout's atomic spans around one feature placeholder (FEATURE_SPAN: one span per image)."""
     boundary = contract.model.frontend.assistant_boundary
+    specials = special_tokens(contract)
+    layout = contract.model.frontend.image_layout_data
+    image = ""
+    if layout.feature_ids:
+        spans = [specials[span.token_ids[0]] for span in layout.atomic_spans if span.token_ids]
+        image = "".join((spans[0] if spans else "", specials[layout.feature_ids[0]], spans[1] if len(spans) > 1 else ""))
     bos = next((t.text for t in contract.defaults.template_tokens if t.name == "bos_token"), "")
     header = boundary.assistant_header
     role_end = header[len("assistant"):] if header.startswith("assistant") else header
     start, end = boundary.message_start, boundary.message_end
-    return (f"{bos}{{% for message in messages %}}{start}{{{{ message['role'] }}}}{role_end}"
-            f"{{{{ message['content'] if message['content'] is string else '' }}}}{end}{{% endfor %}}"
-            f"{{% if add_generation_prompt %}}{start}{header}{{% endif %}}")
+    content = ("{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+               "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
+               f"{{% else %}}{image}{{% endif %}}{{% endfor %}}{{% endif %}}")
+    return (f"{bos}{{% for message in messages %}}{start}{{{{ message['role'] }}}}{role_end}{content}{end}"
+            f"{{% endfor %}}{{% if add_generation_prompt %}}{start}{header}{{% endif %}}")
