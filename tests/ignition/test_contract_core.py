@@ -128,6 +128,15 @@ def test_biased_requests_run_the_decode_programs_device_and_host_fed(runtime, re
     assert "speculate_w4" not in recorder.graphs and "speculate_confident" not in recorder.graphs
 
 
+def test_a_one_token_prompt_never_runs_a_decode_program_that_reads_only_device_state(runtime, reference):
+    """`decode` takes its pending token from device state only: an admitted lane's one prompt token
+    is not there, so the lane runs a prompt program (`ProgramVariant.admits_slots`)."""
+    recorder = Recorder(runtime)
+    result = generate(runtime.engine, [[77]], 4)
+    assert list(result[0].token_ids) == reference.greedy([77], 4)
+    assert recorder.graphs["prefill"] == 1 and "decode" not in recorder.graphs
+
+
 def test_scored_prefill_returns_the_reference_prompt_logprobs(runtime, reference):
     prompt = PROMPTS[1]
     events = _run(runtime, [RequestSpec("scored", tuple(prompt), 4, score_prompt=True)])["scored"]
