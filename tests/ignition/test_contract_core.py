@@ -249,3 +249,15 @@ def test_a_contract_without_the_state_the_programs_keep_is_refused_by_the_genera
         write_contract_core(prepared, tmp_path / "x.core", SigningKey.generate(), "test.helios/x")
     assert refused.value.path == "contract.model.state_views" and "rng_counter" in str(refused.value)
     assert not (tmp_path / "x.core").exists()
+
+
+def test_the_command_refuses_a_full_size_contract_before_drawing_weights(tmp_path, capsys):
+    from helios.cli.main import main
+    from helios.core.keys import SigningKey, write_key_pair
+
+    write_key_pair(tmp_path / "k.key", SigningKey.generate(), ["test.helios/x"])
+    full = TINY_CONTRACT.parent / "contract.json"
+    code = main(["contract", "example-core", str(full), "-o", str(tmp_path / "x.core"), "--key",
+                 str(tmp_path / "k.key"), "--namespace", "test.helios/x"])
+    assert code == 3 and not (tmp_path / "x.core").exists()
+    assert "manifest.buffers" in capsys.readouterr().err

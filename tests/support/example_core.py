@@ -15,8 +15,9 @@ NAMESPACE = "test.helios/example-core"
 
 
 def example_core(base: Path) -> TinyCore:
-    from helios.core.keys import SigningKey, load_signing_key, write_key_pair
-    from helios.ignition.contract_core import write_contract_core
+    """Prepared by `helios contract example-core` (the CLI's own entry point, in this process)."""
+    from helios.cli.main import main
+    from helios.core.keys import SigningKey, write_key_pair
 
     root = Path(base) / "helios-example-core"
     prepared = PreparedContract.from_json(TINY_CONTRACT.read_text())
@@ -25,13 +26,12 @@ def example_core(base: Path) -> TinyCore:
         return core
     root.mkdir(parents=True, exist_ok=True)
     key_path = root / "publisher.key"
-    if key_path.is_file():
-        key = load_signing_key(key_path)
-    else:
-        key = SigningKey.generate()
-        write_key_pair(key_path, key, [NAMESPACE])
+    if not key_path.is_file():
+        write_key_pair(key_path, SigningKey.generate(), [NAMESPACE])
     scratch = root / "example.core.partial"
-    write_contract_core(prepared, scratch, key, NAMESPACE, seed=7)
+    code = main(["contract", "example-core", str(TINY_CONTRACT), "-o", str(scratch), "--key", str(key_path),
+                 "--namespace", NAMESPACE, "--seed", "7"])
+    assert code == 0, code
     scratch.rename(core.path)
     return core
 

@@ -36,6 +36,18 @@ _DTYPES = {
     M.DTYPE_FLOAT8_E4M3: torch.float8_e4m3fn, M.DTYPE_FLOAT8_E5M2: torch.float8_e5m2,
 }
 EXAMPLE_ROWS = 16  # load-extent dims in the example inputs (symbolic in the programs)
+MAX_WEIGHT_BYTES = 256 << 20  # random weights are materialised: a full-size contract is refused
+
+
+def weight_bytes(manifest: mpb.ExecutionManifest) -> int:
+    total = 0
+    for buffer in manifest.buffers:
+        if buffer.role == M.BUFFER_ROLE_WEIGHT:
+            count = 1
+            for dim in buffer.shape:
+                count *= dim.size
+            total += count * _DTYPES[buffer.dtype].itemsize
+    return total
 
 
 def random_weights(manifest: mpb.ExecutionManifest, seed: int) -> dict[str, torch.Tensor]:
@@ -91,6 +103,11 @@ def write_contract_core(prepared: PreparedContract, target: Path, key: SigningKe
     contract_bytes, manifest_bytes = prepared.encode()
     contract = spb.ServingContract.FromString(contract_bytes)
     manifest = mpb.ExecutionManifest.FromString(manifest_bytes)
+    nbytes = weight_bytes(manifest)
+    if nbytes > MAX_WEIGHT_BYTES:
+        raise ContractCoreError("manifest.buffers", f"the declared weights take {nbytes / 2**30:.1f} GiB; generated "
+                                f"cores hold at most {MAX_WEIGHT_BYTES >> 20} MiB of random weights (use a contract "
+                                "of small sizes, such as examples/contract-tiny.json)")
     layouts = complete(contract, manifest)
     weights = random_weights(manifest, seed)
     if DRAFT_CODES in weights:
