@@ -3,7 +3,8 @@ examples/contract-tiny.json) served by `helios serve`: completions and chat gene
 reference's greedy tokens through the speculative programs, `prompt_logprobs` come from its scored
 prefill program and equal the reference, and an image request is laid out as the contract's
 FEATURE_SPAN (one span of feature placeholders between the atomic spans), encoded by the VISION
-program once and reused from the image cache the second time (/metrics)."""
+program once and reused from the image cache the second time (/metrics); a regex response format is
+enforced through the programs' grammar masks."""
 
 from __future__ import annotations
 
@@ -101,3 +102,10 @@ def test_an_image_is_laid_out_as_a_feature_span_and_encoded_once(served):
         assert body["choices"][0]["token_ids"] == reference.greedy(prompt, 6, eos)
     assert _metric(served, "helios_image_cache_misses_total") == misses + 1
     assert _metric(served, "helios_image_cache_hits_total") == hits + 1
+
+
+def test_structured_output_goes_through_the_programs_grammar_masks(served):
+    body = _post(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+                                                   "response_format": {"type": "regex", "regex": "[ab]{3}x"}})
+    choice = body["choices"][0]
+    assert re.fullmatch("[ab]{3}x", choice["message"]["content"]) and choice["finish_reason"] == "stop"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from helios.contract import serving_pb2 as spb
-from helios.ignition.contract_core.model import DRAFT_CODES
+from helios.ignition.contract_core.model import DRAFT_CODES, HEAD
 
 S = spb
 
@@ -66,7 +66,7 @@ def speculate(program, w, x):
     drafts, confidence = proposals(program, w, x, live, pending)
     offered = lengths(program, x, live)
     masks = program.value(x, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS)
-    vocab = w["w.lm_head"].shape[0]
+    vocab = w[HEAD].shape[0]
     extra = torch.zeros(pending.shape[0], vocab, dtype=torch.int32, device=pending.device)
     inputs = torch.cat((pending[:, None], drafts), 1)
     targets, accepted = [], torch.zeros_like(pending)
