@@ -18,7 +18,6 @@ import torch
 from helios.contract import PreparedContract, StartupOptions
 from helios.contract.servable import OPERATIONS, SOURCES, NotServableError, Refused
 from helios.contract import serving_pb2 as spb
-from helios.errors import ContractError
 from helios.ignition.contract_core import ContractCoreError, reference_model, write_contract_core
 from helios.runtime.engine import EngineRequest
 from helios.runtime.execution.images import RequestImages
@@ -217,24 +216,33 @@ def test_sampled_requests_follow_their_seeds(runtime):
     assert [r.token_ids for r in other] != [r.token_ids for r in first]
 
 
-@pytest.mark.parametrize("operation", sorted(op for op, d in OPERATIONS.items() if isinstance(d, Refused)))
-def test_a_graph_operation_the_runtime_does_not_serve_is_refused_with_its_path(operation):
+def _refusal(edit) -> NotServableError:
     doc = json.loads(TINY_CONTRACT.read_text())
-    doc["contract"]["model"]["graphs"][0]["operation"] = spb.GraphOperation.Name(operation)
-    doc["manifest"]["execution_catalog"][0]["operation"] = spb.GraphOperation.Name(operation)
+    edit(doc)
     with pytest.raises(NotServableError) as refused:
         PreparedContract.from_json(json.dumps(doc))
-    assert refused.value.path == "contract.model.graphs[0].operation"
+    return refused.value
 
 
-@pytest.mark.parametrize("source", sorted(s for s, d in SOURCES.items() if isinstance(d, Refused)))
-def test_a_value_source_the_runtime_does_not_serve_is_refused_with_its_path(source):
-    doc = json.loads(TINY_CONTRACT.read_text())
-    doc["contract"]["model"]["graphs"][1]["bindings"][3]["source"] = spb.ValueSource.Name(source)
-    with pytest.raises(ContractError) as refused:
-        PreparedContract.from_json(json.dumps(doc))
-    assert refused.value.path == "contract.model.graphs[1].bindings[3].source"
-    assert "not supplied" in str(refused.value)
+def test_what_the_runtime_does_not_serve_is_refused_with_its_path():
+    """Indexings shared packing does not supply (per-submission page tables and prompt histograms,
+    per-token grammar masks), and any graph operation or value source `servable` refuses."""
+    for index, indexing in ((15, "INDEXING_SUBMISSION_ROW"), (24, "INDEXING_SUBMISSION_ROW"),
+                            (10, "INDEXING_PACKED_TOKEN")):
+        def edit(doc, index=index, indexing=indexing):
+            doc["contract"]["model"]["graphs"][1]["bindings"][index]["indexing"] = indexing
+        refused = _refusal(edit)
+        assert refused.path == f"contract.model.graphs[1].bindings[{index}].indexing"
+        assert "not supplied" in str(refused)
+    for operation in (op for op, decision in OPERATIONS.items() if isinstance(decision, Refused)):
+        def edit(doc, name=spb.GraphOperation.Name(operation)):
+            doc["contract"]["model"]["graphs"][0]["operation"] = name
+            doc["manifest"]["execution_catalog"][0]["operation"] = name
+        assert _refusal(edit).path == "contract.model.graphs[0].operation"
+    for source in (s for s, decision in SOURCES.items() if isinstance(decision, Refused)):
+        def edit(doc, name=spb.ValueSource.Name(source)):
+            doc["contract"]["model"]["graphs"][1]["bindings"][3]["source"] = name
+        assert _refusal(edit).path == "contract.model.graphs[1].bindings[3].source"
 
 
 def test_a_contract_without_the_state_the_programs_keep_is_refused_by_the_generator(tmp_path):
