@@ -202,7 +202,9 @@ class GrammarCompiler:
         `json_defaults` are llguidance JSON options (for example ``whitespace_pattern``) that a
         schema's own ``x-guidance`` may override.
         """
-        text = sampled_tokenizer_json(tokenizer.to_str(), vocab_size)
+        text = tokenizer.to_str()
+        if tokenizer.get_vocab_size(with_added_tokens=True) > vocab_size:  # it holds input-only ids
+            text = sampled_tokenizer_json(text, vocab_size)
         ll_tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos_token_ids))
         return cls(ll_tokenizer, vocab_size, json_defaults)
 
