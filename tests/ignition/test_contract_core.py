@@ -269,3 +269,19 @@ def test_the_command_refuses_a_full_size_contract_before_drawing_weights(tmp_pat
                  str(tmp_path / "k.key"), "--namespace", "test.helios/x"])
     assert code == 3 and not (tmp_path / "x.core").exists()
     assert "manifest.buffers" in capsys.readouterr().err
+
+
+def test_a_dtype_this_torch_cannot_serialize_is_refused_with_its_buffer(tmp_path, monkeypatch):
+    """torch 2.11's program serializer has no unsigned 32-bit tensors: the generator names the buffer."""
+    import torch
+    from torch._export.serde import serialize
+
+    from helios.core.keys import SigningKey
+
+    without = {k: v for k, v in serialize._TORCH_TO_SERIALIZE_DTYPE.items() if k != torch.uint32}
+    monkeypatch.setattr(serialize, "_TORCH_TO_SERIALIZE_DTYPE", without)
+    prepared = PreparedContract.from_json(TINY_CONTRACT.read_text())
+    with pytest.raises(ContractCoreError) as refused:
+        write_contract_core(prepared, tmp_path / "x.core", SigningKey.generate(), "test.helios/x")
+    assert refused.value.path.startswith("manifest.buffers[") and refused.value.path.endswith("].dtype")
+    assert "uint32" in str(refused.value) and not (tmp_path / "x.core").exists()

@@ -25,15 +25,37 @@ def example_core(base: Path) -> TinyCore:
     if core.path.is_file():
         return core
     root.mkdir(parents=True, exist_ok=True)
+    contract = _exportable_contract(root)
     key_path = root / "publisher.key"
     if not key_path.is_file():
         write_key_pair(key_path, SigningKey.generate(), [NAMESPACE])
     scratch = root / "example.core.partial"
-    code = main(["contract", "example-core", str(TINY_CONTRACT), "-o", str(scratch), "--key", str(key_path),
+    code = main(["contract", "example-core", str(contract), "-o", str(scratch), "--key", str(key_path),
                  "--namespace", NAMESPACE, "--seed", "7"])
     assert code == 0, code
     scratch.rename(core.path)
     return core
+
+
+def _exportable_contract(root: Path) -> Path:
+    """The tiny contract, or, on a torch whose program serializer lacks unsigned 16- or 32-bit tensors
+    (2.11 has no uint32), a copy with those buffers declared as the signed type of the same width (the
+    same words; the generator refuses the original there with the buffer's path)."""
+    import torch
+
+    from helios.ignition.contract_core import exportable_dtypes
+
+    known = exportable_dtypes()
+    text = TINY_CONTRACT.read_text()
+    for dtype, unsigned, signed in ((torch.uint16, "DTYPE_UINT16", "DTYPE_INT16"),
+                                    (torch.uint32, "DTYPE_UINT32", "DTYPE_INT32")):
+        if dtype not in known:
+            text = text.replace(f'"{unsigned}"', f'"{signed}"')
+    if text == TINY_CONTRACT.read_text():
+        return TINY_CONTRACT
+    variant = root / "contract-tiny-signed.json"
+    variant.write_text(text)
+    return variant
 
 
 def open_example(core: TinyCore):

@@ -66,6 +66,24 @@ def random_weights(manifest: mpb.ExecutionManifest, seed: int) -> dict[str, torc
     return out
 
 
+def exportable_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes this torch's program serializer can write (torch 2.11's has no unsigned 32-bit)."""
+    from torch._export.serde.serialize import _TORCH_TO_SERIALIZE_DTYPE
+
+    return frozenset(_TORCH_TO_SERIALIZE_DTYPE)
+
+
+def check_exportable(manifest: mpb.ExecutionManifest) -> None:
+    """Refuses a buffer whose dtype this torch cannot serialize in a program, naming it."""
+    known = exportable_dtypes()
+    for index, buffer in enumerate(manifest.buffers):
+        dtype = _DTYPES[buffer.dtype]
+        if dtype not in known:
+            raise ContractCoreError(f"manifest.buffers[{index}].dtype", f"{buffer.name}: torch {torch.__version__} "
+                                    f"cannot serialize programs over {dtype} tensors (declare the signed type of the "
+                                    "same width, or prepare with a newer torch)")
+
+
 def reference_model(weights: dict[str, torch.Tensor]) -> ReferenceModel:
     return ReferenceModel(weights[EMBED].to(torch.float32), weights[HEAD].to(torch.float32))
 
@@ -108,6 +126,7 @@ def write_contract_core(prepared: PreparedContract, target: Path, key: SigningKe
         raise ContractCoreError("manifest.buffers", f"the declared weights take {nbytes / 2**30:.1f} GiB; generated "
                                 f"cores hold at most {MAX_WEIGHT_BYTES >> 20} MiB of random weights (use a contract "
                                 "of small sizes, such as examples/contract-tiny.json)")
+    check_exportable(manifest)
     layouts = complete(contract, manifest)
     weights = random_weights(manifest, seed)
     if DRAFT_CODES in weights:
