@@ -100,6 +100,7 @@ class Engine:
         self._running = False
         self._is_closed = False  # shut down or failed: `submit` answers at once
         self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # why the worker loop failed (None: it did not)
         self.feedback = LaneFeedback(executor.model.prepared.contract.model.vocabulary.mask_words)
         self.stats.request_slots = scheduler.caps.max_active
         self.stats.pages_total = scheduler.caps.cache.num_pages
@@ -166,6 +167,7 @@ class Engine:
         try:
             self._serve()
         except BaseException as error:  # noqa: BLE001 - no request may wait forever on a dead worker
+            self.failure = f"{type(error).__name__}: {error}"
             self.stats.healthy = False
             self._close(FinishReason.ERROR, f"model worker failed: {type(error).__name__}: {error}")
             raise
