@@ -284,7 +284,7 @@ class Engine:
         if self._launched:
             self._complete_oldest()
         self.outbox.flush()  # the frontend works on this round's output while the worker packs the next
-        self._refresh_gauges()  # admissions and cancellations change them without a plan too
+        self.refresh_gauges()  # admissions and cancellations change them without a plan too
 
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
@@ -367,7 +367,8 @@ class Engine:
         self.stats.requests_finished[event.reason.name.lower()] += 1
         self.outbox.end(request.on_event, event)
 
-    def _refresh_gauges(self) -> None:
+    def refresh_gauges(self) -> None:
+        """Reads the scheduler's gauges into `stats` (the model worker thread)."""
         c = self.scheduler.counters()
         stats = self.stats
         with stats._lock:

@@ -214,6 +214,7 @@ class _BatchSender:
     def __call__(self, batch: StepBatch) -> None:
         stats = None
         if any(type(e) is FinishEvent for e in batch.events):
+            self._engine.refresh_gauges()  # the gauges the finish changed, before the response ends
             stats = self.changed_stats()
         self.send(Batch(batch, stats))
 
