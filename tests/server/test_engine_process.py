@@ -182,3 +182,19 @@ async def _get(app, path: str) -> httpx.Response:
 def test_a_startup_error_in_the_engine_process_is_raised_with_its_type(core):
     with pytest.raises(DeviceUnavailableError, match="models run on the CPU or on CUDA"):
         _start(core, RuntimeOptions(LoadOptions(device="meta"), queue_capacity=4))
+
+
+def test_a_batch_crosses_the_pipe_unchanged():
+    import pickle
+
+    from helios.runtime.engine_link import batch_of, wire_events
+    from helios.runtime.outlet import StepBatch
+    from helios.runtime.records.events import PromptScoresEvent, TokenEvent, TokenLogprobs
+
+    events = (PromptScoresEvent("a", 1, (TokenLogprobs(-0.5, ((3, -0.5),)),)),
+              TokenEvent("a", (4, 5), 17, (TokenLogprobs(-0.1), TokenLogprobs(-0.2, ((6, -1.0),)))),
+              TokenEvent("b", (7,), None), FinishEvent("a", FinishReason.EOS, 3, 2, 0),
+              FinishEvent("b", FinishReason.ERROR, 3, 1, 0, "boom"))
+    crossed = batch_of(pickle.loads(pickle.dumps(wire_events(StepBatch(events)))))
+    assert crossed == StepBatch(events)
+    assert [type(e) for e in crossed.events] == [type(e) for e in events]

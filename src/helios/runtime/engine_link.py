@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.feedback import GrammarState
 from helios.runtime.outlet import Cancel, EventSink, StepBatch, StopMatched
-from helios.runtime.records.events import FinishEvent, FinishReason
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.stats import StatsSnapshot, WorkerStats
 
@@ -51,8 +51,19 @@ class Shutdown(NamedTuple):
 
 
 class Batch(NamedTuple):
-    batch: StepBatch | None  # None: only stats
+    events: tuple | None  # one round's events in `wire_events` form; None: only stats
     stats: tuple | None  # `StatsSnapshot` fields in order (mappings as dicts); None: unchanged
+
+
+def wire_events(batch: StepBatch) -> tuple:
+    """The batch's events, token events as plain tuples (pickling a named tuple costs about four
+    times as much, and a round holds one token event per running request)."""
+    return tuple([tuple(e) if type(e) is TokenEvent else e for e in batch.events])
+
+
+def batch_of(events: tuple) -> StepBatch:
+    new = tuple.__new__
+    return StepBatch(tuple([new(TokenEvent, e) if type(e) is tuple else e for e in events]))
 
 
 class Died(NamedTuple):
@@ -181,9 +192,9 @@ class EngineLink:
     def _deliver(self, message: Batch) -> None:
         if message.stats is not None:
             self.stats.latest = stats_of(message.stats)
-        batch = message.batch
-        if batch is None:
+        if message.events is None:
             return
+        batch = batch_of(message.events)
         finished = [e.request_id for e in batch.events if type(e) is FinishEvent]
         if finished:
             with self._state_lock:
@@ -216,7 +227,7 @@ class _BatchSender:
         if any(type(e) is FinishEvent for e in batch.events):
             self._engine.refresh_gauges()  # the gauges the finish changed, before the response ends
             stats = self.changed_stats()
-        self.send(Batch(batch, stats))
+        self.send(Batch(wire_events(batch), stats))
 
     def changed_stats(self) -> tuple | None:
         values = stats_fields(self._engine.stats.snapshot())
@@ -269,8 +280,8 @@ def _apply(engine: Engine, sender: _BatchSender, message, compile_grammar) -> No
             grammar = compile_grammar(message.grammar_source) if message.grammar_source is not None else None
         except Exception as error:  # noqa: BLE001 - this request fails alone
             text = f"request failed on the model worker: {type(error).__name__}: {error}"
-            sender.send(Batch(StepBatch((FinishEvent(spec.request_id, FinishReason.ERROR, len(spec.prompt_ids),
-                                                     0, 0, text),)), None))
+            sender.send(Batch((FinishEvent(spec.request_id, FinishReason.ERROR, len(spec.prompt_ids), 0, 0, text),),
+                              None))
             return
         engine.submit(EngineRequest(spec, grammar=grammar))
     elif isinstance(message, Cancel):
