@@ -5,11 +5,12 @@ key/value heads, head_dim 128, vocabulary 128256, rope theta 500000; --layers of
 `bench/random_llama.py`: tensor by tensor, drawn on the GPU when there is one, never whole and
 never in float32 on the CPU, plus the tests' small tokenizer (prompts are token ids). Prepares it
 for 1 and for 2 tensor-parallel ranks, loads each on --device (TP2: rank 0 on cuda:0, rank 1 on
-cuda:1 as a local `helios rank` process; both with CUDA graphs) and times greedy generation through
+cuda:1 as a local `helios rank` process; both with CUDA graphs) and times greedy (or, with
+--temperature, seeded sampled) generation through
 `helios.runtime.offline.generate` at each batch size: --prompt-tokens prompts of random token ids,
 --output-tokens outputs each. Prints output tokens per second (decode only, and end to end with
 the prompts' prefill) for TP1 and TP2 and their ratio, and whether TP1 and TP2 agree on the first
---compare-tokens greedy tokens of every prompt.
+--compare-tokens tokens of every prompt.
 
 Where the time goes: for the end-to-end run of every batch it prints each rank's phase timers
 (`helios.runtime.parallel.rank_timing`: rank zero's message encode/send, program runs per operation and
@@ -54,6 +55,7 @@ from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 from helios.runtime.parallel.rank_peers import RankOptions  # noqa: E402
 from helios.runtime.parallel.rank_timing import PhaseTimers, run_phase  # noqa: E402
+from helios.runtime.records.sampling_params import SamplingParams  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/tensor-parallel"
@@ -178,13 +180,14 @@ def measure(engine, batch: int, args) -> Measurement:
     """Warm-up, then the prompts' prefill alone (one output token), then the full timed run; every
     run on its own prompts so prefix caching never skips a prefill."""
     executor = timed(engine)
-    generate(engine, prompts_for(batch, args, 0), 4)
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    generate(engine, prompts_for(batch, args, 0), 4, sampling=sampling)
     start = time.perf_counter()
-    generate(engine, prompts_for(batch, args, 1), 1)
+    generate(engine, prompts_for(batch, args, 1), 1, sampling=sampling)
     prefill_s = time.perf_counter() - start
     executor.timings(reset=True)
     start = time.perf_counter()
-    results = generate(engine, prompts_for(batch, args, 2), args.output_tokens)
+    results = generate(engine, prompts_for(batch, args, 2), args.output_tokens, sampling=sampling)
     total_s = time.perf_counter() - start
     timers = tuple(executor.timings(reset=True))
     if any(r.finish_reason.name != "LENGTH" for r in results):
@@ -255,11 +258,12 @@ def report(results: dict[str, dict[int, Measurement]], args) -> None:
                 + "".join(f"{rate(results[name][batch]) / one:>14.2f}" for name in others))
     for name in others:
         say("")
-        say(f"greedy agreement TP1 vs {name}, first {args.compare_tokens} tokens:")
+        say(f"token agreement TP1 vs {name}, first {args.compare_tokens} tokens:")
         for batch in args.batches:
             say(f"  B={batch}: {agreement(results['TP1'][batch], results[name][batch], args.compare_tokens)}")
     say("  (random bf16 weights give nearly tied logits and TP2 sums its partial products in another order,")
-    say("  so greedy paths may part after a few tokens; tests/parallel/test_cuda.py checks exact float32 agreement)")
+    say("  so greedy paths may part after a few tokens, and sampled ones (a draw crosses a bf16 rounding of the")
+    say("  distribution) at once; tests/parallel/test_cuda.py checks exact float32 agreement)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -274,7 +278,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="packed prefill tokens per step (default and most: the context, prompt + output + 16)")
     parser.add_argument("--device", help="serving device of rank 0 (default cuda; --smoke: cpu)")
     parser.add_argument("--workdir", type=Path, help="keep checkpoint and cores here and reuse them (default: temp)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
+    parser.add_argument("--seed", type=int, default=0, help="weights, prompts and sampling seed")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (default 0: greedy; above 0 every step draws, "
+                             "so tensor-parallel ranks gather their logit rows instead of exchanging winners)")
     parser.add_argument("--collective-timeout", type=float, default=300.0, help="seconds (a lost rank fails after)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads of this process (CPU runs)")
     parser.add_argument("--all-reduce", choices=("nccl", "symmetric", "both"),
@@ -304,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     say(f"torch {torch.__version__}, device {args.device}, {args.shape}, batches {args.batches}, "
-        f"{args.prompt_tokens}-token prompts, {args.output_tokens} output tokens, greedy")
+        f"{args.prompt_tokens}-token prompts, {args.output_tokens} output tokens, "
+        + (f"temperature {args.temperature}, seed {args.seed}" if args.temperature > 0 else "greedy"))
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="helios-tp-bench-")))
         workdir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from helios.runtime.offline import generate
 from helios.runtime.parallel.rank_peers import PeerKind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import BAMBA, BAMBA_ONE_GROUP, LLAMA3, QWEN3
-from support import nccl_ranks
+from support import nccl_ranks, shard_sampling
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS
 from .test_failures import HANG_GUARD_S, lose_a_rank_mid_generation
@@ -86,6 +86,71 @@ def test_the_symmetric_all_reduce_is_selected_and_sums_bit_for_bit_eagerly_and_i
             mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
             assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
             assert torch.equal(mine, x0[name] + x1[name]), f"{mode} {name} is not the sum of the ranks' inputs"
+
+
+def _spawn_ranks(target) -> dict:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    address = f"127.0.0.1:{free_port()}"
+    ranks = [context.Process(target=target, args=(rank, address, results)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        outputs = dict(results.get(timeout=HANG_GUARD_S) for _ in ranks)
+        for process in ranks:
+            process.join(HANG_GUARD_S)
+    finally:
+        for process in ranks:
+            process.kill()
+    for rank, output in outputs.items():
+        assert isinstance(output, dict), f"rank {rank} failed:\n{output}"
+    return outputs
+
+
+def test_vocabulary_shard_sampling_and_the_fused_residual_all_reduce_on_two_gpus():
+    """Eagerly and replayed from a CUDA graph, both ranks return what one GPU computes from the
+    whole rows: the full binding's tokens (gathered rows, the fused sampling kernel), the greedy
+    binding's (winners only), the log-probabilities; and all_reduce + add_rms_norm bit for bit."""
+    from helios.abi.fused import add_rms_norm  # noqa: F401 - registers the op
+    from helios.abi.sampling import SampleVariant
+    from helios.abi.token_logprobs import logprobs_reference
+
+    outputs = _spawn_ranks(shard_sampling.run_shard_rank)
+    (x, p0, weight), (_, p1, _) = (shard_sampling.residual_inputs(rank) for rank in range(2))
+    summed, normed = torch.ops.helios.add_rms_norm(x.cuda(), (p0 + p1).cuda(), weight.cuda(), 1e-6)
+    for vocab in (shard_sampling.VOCAB, shard_sampling.ALIGNED_VOCAB):  # torch ops; the fused greedy pass
+        args = {name: value.cuda() for name, value in shard_sampling.row_inputs(0, vocab).items()}
+        rest = [args[name] for name in shard_sampling.SAMPLE_ARGS]
+        full = SampleVariant.FULL(args["logits"], *rest).cpu()
+        greedy = SampleVariant.GREEDY(args["logits"], *rest).cpu()
+        cpu = {name: value.cpu() for name, value in args.items()}
+        tokens = torch.zeros(shard_sampling.ROWS, dtype=torch.int64) + 4
+        _, top_ids, top = logprobs_reference(cpu["logits"], tokens, *(cpu[n] for n in shard_sampling.SAMPLE_ARGS[6:]),
+                                             5)
+        for rank in range(2):
+            for mode in ("eager", "graph"):
+                prefix = f"{mode}.{vocab}."
+                mine = {name[len(prefix):]: value for name, value in outputs[rank].items() if name.startswith(prefix)}
+                assert torch.equal(mine["full"], full) and torch.equal(mine["greedy"], greedy), (rank, mode, vocab)
+                assert torch.equal(mine["logprobs"][1], top_ids), (rank, mode, vocab)
+                assert torch.allclose(mine["logprobs"][2], top, atol=1e-6, rtol=0), (rank, mode, vocab)
+                assert torch.equal(mine["norm"][0], summed.cpu()) and torch.equal(mine["norm"][1], normed.cpu())
+
+
+def test_two_gpu_ranks_sample_and_score_what_one_gpu_does(cores):
+    """Seeded draws, penalties, logit bias and logprobs (test_sharded_sampling's requests) with CUDA
+    graphs: steps in which nothing draws replay the winners-only greedy graph."""
+    from .test_sharded_sampling import sampled_run
+
+    load = LoadOptions(device="cuda", cuda_graphs=True)
+    one, _ = sampled_run(cores.open(cores.core(QWEN3, 1)), RuntimeOptions(load=load))
+    two, outputs = sampled_run(cores.open(cores.core(QWEN3, 2)), RuntimeOptions(load=load, ranks=GPU_RANKS))
+    assert "shard_logits" in outputs
+    assert {r: tokens for r, (tokens, _) in two.items()} == {r: tokens for r, (tokens, _) in one.items()}
+    for request_id in ("r0", "r2"):
+        for mine, theirs in zip(two[request_id][1], one[request_id][1], strict=True):
+            assert abs(mine.logprob - theirs.logprob) < 1e-4
+            assert [i for i, _ in mine.top] == [i for i, _ in theirs.top]
 
 
 def test_two_gpu_ranks_with_the_symmetric_all_reduce_generate_what_one_gpu_generates(cores):

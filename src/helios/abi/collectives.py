@@ -185,13 +185,27 @@ class GroupCollectives:
         return _broadcast(self.group, x, ranks, src)
 
 
+# Every op whose body needs a rank group: custom op -> function(group) -> the op's body bound to that
+# group. The three collectives below register here, and so do the ABI ops that combine a collective
+# with local work (`helios.abi.vocab_shards`, `helios.abi.reduce_norm`) when their module is imported
+# (`helios.abi` imports every op module). Filled at import, never changed while serving.
+_GROUP_OPS: dict = {}
+
+
+def register_group_op(op, bind) -> None:
+    """Declares `op` (a ``torch.library.custom_op``) a group op: `bind_collectives` points its calls
+    at ``bind(group)``, a callable with the op's signature."""
+    _GROUP_OPS[op] = bind
+
+
 def bind_collectives(graph: torch.fx.Graph, group: RankGroup) -> int:
-    """Points every ``helios`` collective call in `graph` (the registered op, or its Python body
-    where a CPU program calls bodies directly) at `GroupCollectives(group)`; returns how many calls
-    were bound. The caller recompiles the graph's module."""
-    bound = GroupCollectives(group)
+    """Points every call of a group op in `graph` (the three collectives and every op registered
+    with `register_group_op`; the registered op, or its Python body where a CPU program calls bodies
+    directly) at its body bound to `group`; returns how many calls were bound. The caller
+    recompiles the graph's module."""
     targets = {}
-    for op, method in ((all_reduce, bound.all_reduce), (all_gather, bound.all_gather), (broadcast, bound.broadcast)):
+    for op, bind in _GROUP_OPS.items():
+        method = bind(group)
         targets[getattr(torch.ops.helios, op._name).default] = method
         targets[op._init_fn] = method
     count = 0
@@ -261,3 +275,8 @@ def broadcast(x: torch.Tensor, ranks: int, src: int) -> torch.Tensor:
 def _broadcast_fake(x: torch.Tensor, ranks: int, src: int) -> torch.Tensor:
     _check(_BROADCAST, x, ranks)
     return torch.empty_like(x)
+
+
+register_group_op(all_reduce, lambda group: GroupCollectives(group).all_reduce)
+register_group_op(all_gather, lambda group: GroupCollectives(group).all_gather)
+register_group_op(broadcast, lambda group: GroupCollectives(group).broadcast)

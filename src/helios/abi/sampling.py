@@ -346,12 +346,25 @@ _VARIANTS = {variant: _variant(variant) for variant in SampleVariant}
 
 def bind_sample_variant(graph: torch.fx.Graph, variant: SampleVariant) -> int:
     """Points every ``helios::sample`` call in `graph` (the registered op, or its Python body where
-    a CPU program calls bodies directly) at `variant`; returns how many calls were bound. The
-    caller recompiles the graph's module."""
+    a CPU program calls bodies directly) at `variant`, and rebinds every group-bound sampler
+    (``helios::sample_vocab_shard`` after `helios.abi.collectives.bind_collectives`) to `variant`;
+    returns how many calls were bound. The caller recompiles the graph's module."""
     targets = {torch.ops.helios.sample.default, sample._init_fn, *_VARIANTS.values()}
     count = 0
     for node in graph.nodes:
-        if node.op == "call_function" and node.target in targets:
+        if node.op != "call_function":
+            continue
+        if node.target in targets:
             node.target = _VARIANTS[variant]
             count += 1
+        elif _binds_variants(node.target):  # a group-bound sampler (`helios.abi.vocab_shards`)
+            node.target = getattr(node.target.__self__.with_sample_variant(variant), node.target.__name__)
+            count += 1
     return count
+
+
+def _binds_variants(target) -> bool:
+    """Whether `target` is a sampling method of an object that rebinds itself to a `SampleVariant`
+    (``with_sample_variant``), such as a vocabulary-sharded sampler bound to a rank group."""
+    return getattr(target, "__name__", None) == "sample" and hasattr(getattr(target, "__self__", None),
+                                                                     "with_sample_variant")

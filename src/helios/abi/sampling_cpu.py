@@ -31,7 +31,7 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     if logits.device.type != "cpu":
         return None
     special = (temperature > 0).any() | (penalties != _NEUTRAL_PENALTIES).any()
-    restricted = mask_rows & ~_allows_every_token(grammar_mask, logits.shape[1])
+    restricted = mask_rows & ~allows_every_token(grammar_mask, logits.shape[1])
     special, masked = torch.stack((special, restricted.any())).tolist()
     if special:
         return None
@@ -42,7 +42,7 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     return torch.where(best > _NEG_INF, tokens, NO_TOKEN)
 
 
-def _allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bool [R]: the row's mask words allow every id < V (bits past V are not looked at)."""
     full, rest = divmod(vocab_size, MASK_WORD_BITS)
     allowed = (grammar_mask[:, :full] == -1).all(dim=-1)

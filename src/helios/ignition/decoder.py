@@ -21,7 +21,9 @@ import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
-from helios.ignition.tensor_parallel import embed_tokens, partial_sum, row_parallel_linear, vocab_logits
+from helios.ignition.tensor_parallel import (
+    Partial, embed_tokens, residual_norm, row_parallel_linear, row_parallel_output, summed, vocab_logits,
+)
 from helios.ignition.window_split import layer_storage
 
 
@@ -84,14 +86,18 @@ class LayerInputs(NamedTuple):
     sin: torch.Tensor
 
 
-def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs):
-    """Self-attention of one layer; writes this step's keys/values into the layer's cache planes."""
+def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs,
+                    partial: bool = False):
+    """Self-attention of one layer; writes this step's keys/values into the layer's cache planes.
+    With `partial`, a tensor-parallel rank may return its unsummed `Partial` output (for
+    `residual_norm`)."""
+    out = row_parallel_output if partial else row_parallel_linear
     prefix, num_tokens = f"layers.{layer}.", hidden.shape[0]
     if arch.latent is not None:  # multi-head latent attention: its planes hold latents and rotary keys
         from helios.ignition.latent import latent_attention  # (it builds on this module's norms and rotary)
 
         attended = latent_attention(arch, w, layer, hidden, shared)
-        return row_parallel_linear(arch, attended, w[prefix + "o.weight"], None)
+        return out(arch, attended, w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
@@ -106,7 +112,7 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
     attended = attended.reshape(num_tokens, arch.q_size)
-    return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+    return out(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 
 
 def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, step: PackedStep):
@@ -122,19 +128,23 @@ def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, 
     return ops.paged_attention_sinks_tuned(*geometry, sinks, step.splits)
 
 
-def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
-    """The layer's MLP: the gated MLP, or the mixture of experts where the layer is sparse."""
+def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor,
+              partial: bool = False):
+    """The layer's MLP: the gated MLP, or the mixture of experts where the layer is sparse. With
+    `partial`, a tensor-parallel rank may return its unsummed `Partial` output."""
     if arch.is_sparse(int(prefix.split(".")[1])):
-        return moe_block(arch, w, prefix, hidden)
+        out = moe_block(arch, w, prefix, hidden)
+        return out if partial else summed(arch, out)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
-    return row_parallel_linear(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"],
-                               w.get(prefix + "down.bias"))
+    out = row_parallel_output if partial else row_parallel_linear
+    return out(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
 
 
 def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
     """Routed experts (plus the shared expert): float32 router logits, `helios::moe_route`, then
     `helios::moe_experts`; under tensor parallelism every rank routes alike (the router is whole)
-    and holds each expert's share of its width, so one all-reduce sums experts and shared expert."""
+    and holds each expert's share of its width, so one all-reduce sums experts and shared expert:
+    the rank's `Partial` output is returned (`summed` or `residual_norm` adds it up)."""
     moe = arch.moe
     logits = F.linear(hidden.to(torch.float32), w[prefix + "router.weight"], w.get(prefix + "router.bias"))
     weights, ids = torch.ops.helios.moe_route(
@@ -146,7 +156,7 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     if moe.shared_intermediate_size:
         shared = torch.ops.helios.silu_mul(F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
         out = out + F.linear(shared, w[prefix + "shared.down.weight"])
-    return partial_sum(arch, out)
+    return Partial(out) if arch.tensor_parallel > 1 else out
 
 
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
@@ -155,13 +165,14 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
-    update = torch.ops.helios.add_rms_norm  # the residual add and the next norm, one fused op
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
-        hidden, normed = update(hidden, attention_block(arch, w, layer, normed, shared), w[prefix + "post_norm"],
-                                arch.rms_norm_eps)
+        # The residual add and the next norm, one fused op (with the sum over ranks of a Partial).
+        attended = attention_block(arch, w, layer, normed, shared, partial=True)
+        hidden, normed = residual_norm(arch, hidden, attended, w[prefix + "post_norm"], arch.rms_norm_eps)
         next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
-        hidden, normed = update(hidden, mlp_block(arch, w, prefix, normed), next_norm, arch.rms_norm_eps)
+        mixed = mlp_block(arch, w, prefix, normed, partial=True)
+        hidden, normed = residual_norm(arch, hidden, mixed, next_norm, arch.rms_norm_eps)
     return normed
 
 

@@ -45,6 +45,7 @@ from helios.ignition.program_spec import (
     DRAFT_INPUTS, PENDING_TOKENS, ProgramOptions, logprob_width, model_weight_layout,
 )
 from helios.ignition.speculative import with_emitted
+from helios.ignition.tensor_parallel import sample_tokens, sampled_logits, token_scores, with_logit_bias
 from helios.ignition.window_split import WINDOW_INPUTS, WindowStorage, window_tokens
 
 
@@ -124,26 +125,27 @@ class GenerationProgram(torch.nn.Module):
 
     def sample(self, w, hidden, step: PackedStep, counts, lanes, controls):
         """Sample each row's next token from its last packed token; count it in output_counts.
-        Returns (sampled, logits, scores): `scores` is () or, in a token-logprobs program, the
-        ``helios::token_logprobs`` outputs of the distribution the token was drawn from (read
+        Returns (sampled, logits, scores): `logits` are the unbiased `sampled_logits` (this rank's
+        vocabulary rows under tensor parallelism), `scores` is () or, in a token-logprobs program,
+        the ``helios::token_logprobs`` outputs of the distribution the token was drawn from (read
         before this step's token is counted)."""
         output_counts, prompt_counts = counts
         request_slots, sample_rows = lanes[0], lanes[2]
         seeds, counters, params, grammar_mask, bias_ids, bias_values = controls
-        logits = lm_logits(self.arch, w, hidden[self.last_tokens(step)])
-        slots = request_slots.clamp(min=0)
-        biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots])
+        head = w["embed"] if self.arch.tie_word_embeddings else w["lm_head"]
+        logits = sampled_logits(self.arch, hidden[self.last_tokens(step)], head)
+        slots, start = request_slots.clamp(min=0), w.get("vocab.start")
+        biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots], start)
         temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)
         allow = torch.ones_like(sample_rows)  # unconstrained rows carry an all-ones mask
-        sampled = torch.ops.helios.sample(
-            biased, seeds, counters, temperature, top_k, top_p, min_p, penalties,
-            prompt_counts[slots], output_counts[slots], grammar_mask, allow,
-        )
+        row_counts = (prompt_counts[slots], output_counts[slots])
+        sampled = sample_tokens(self.arch, biased, start, (seeds, counters, temperature, top_k, top_p, min_p),
+                                penalties, row_counts, grammar_mask, allow)
         sampled = torch.where(sample_rows, sampled, torch.full_like(sampled, -1))
         scores = ()
         if self.token_logprobs:
-            scores = torch.ops.helios.token_logprobs(
-                biased, sampled, penalties, prompt_counts[slots], output_counts[slots], grammar_mask, allow, logprob_width(self.arch))
+            scores = token_scores(self.arch, biased, start, sampled, penalties, row_counts, grammar_mask, allow,
+                                  logprob_width(self.arch))
         counted = (sampled >= 0).to(output_counts.dtype)  # NO_TOKEN (-1) rows count nothing
         output_counts.index_put_((slots, sampled.clamp(min=0)), counted, accumulate=True)
         return sampled, logits, tuple(scores)
@@ -163,11 +165,6 @@ class GenerationProgram(torch.nn.Module):
             emitted, consumed, None,
         )
         return with_emitted(record, sampled.unsqueeze(-1), self.record_tokens)
-
-
-def with_logit_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """`logits` [R, V] plus each row's bias at its listed ids (-1 pads; ids of one row are distinct)."""
-    return logits.scatter_add(1, ids.clamp(min=0), torch.where(ids >= 0, values, torch.zeros_like(values)))
 
 
 def store_pending(pending: torch.Tensor, request_slots: torch.Tensor, sampled: torch.Tensor) -> None:

@@ -22,7 +22,8 @@ A program is called positionally as ``module(weights, *tensors)`` in the order o
   MIXED adds ``pending_ids`` [R]: where >= 0 it replaces the row's first packed token.
 * Outputs: ``completion`` [R, fields], the `helios.abi.completion` record of each row (the sampled
   token in its ``token`` column, -1 where ``sample_rows[r]`` is false), and ``logits`` [R, V], the
-  float32 logits of each row's last packed token. SCORED_PREFILL adds ``target_ids`` [T] (the token
+  float32 logits of each row's last packed token (a tensor-parallel program returns its rank's
+  vocabulary rows instead, ``shard_logits`` [R, vocab_rows], and samples from them). SCORED_PREFILL adds ``target_ids`` [T] (the token
   each packed token should predict) and ``target_logprobs`` [T], that target's log-probability
   after each packed token (0 for padding tokens), then ``target_top_ids`` / ``target_top_logprobs``
   [T, K] (K = `logprob_width`): the most probable next ids after each packed token, most probable
@@ -429,6 +430,14 @@ def _speculative_inputs(arch: Architecture, capacity: Capacity) -> tuple[TensorS
     )
 
 
+def _logits_output(arch: Architecture, rows: int) -> OutputSpec:
+    """``logits`` [R, V]; under tensor parallelism each rank's own vocabulary rows, ``shard_logits``
+    [R, vocab_rows] (the programs sample from their shard and never assemble the vocabulary)."""
+    if arch.tensor_parallel > 1:
+        return OutputSpec("shard_logits", "float32", (rows, arch.vocab_rows))
+    return OutputSpec("logits", "float32", (rows, arch.vocab_size))
+
+
 def _outputs(arch: Architecture, capacity: Capacity, operation: Operation,
              record_tokens: int) -> tuple[OutputSpec, ...]:
     rows = capacity.batch_capacity
@@ -436,7 +445,7 @@ def _outputs(arch: Architecture, capacity: Capacity, operation: Operation,
     if operation is Operation.SPECULATIVE:
         drafts = capacity.draft_tokens
         return (record,) + ((OutputSpec(CONFIDENCE_OUTPUT, "float32", (rows, drafts)),) if drafts else ())
-    outputs = (record, OutputSpec("logits", "float32", (rows, arch.vocab_size)))
+    outputs = (record, _logits_output(arch, rows))
     if operation is Operation.SCORED_PREFILL:  # the sampled token's scores, then the targets'
         tokens, width = capacity.packed_token_capacity, logprob_width(arch)
         outputs += _logprob_outputs(arch, capacity) + tuple(OutputSpec(name, dtype, shape) for name, dtype, shape in zip(

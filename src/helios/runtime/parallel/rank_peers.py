@@ -62,6 +62,7 @@ from helios.runtime.parallel.rank_devices import (
     check_nccl_environment,
     join_device,
     place_local_ranks,
+    share_local_threads,
 )
 from helios.runtime.parallel.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous, Sizing
 from helios.runtime.parallel.ranks import RankedExecutor, serve_rank
@@ -85,7 +86,9 @@ class RankOptions:
     rendezvous: str = "127.0.0.1:0"  # HOST:PORT rank zero serves; port 0 picks a free one
     join_timeout_s: float = 300.0  # for every rank to load and join
     collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
-    torch_threads: int | None = None  # intra-op threads of each local rank process (None: rank zero's)
+    # Intra-op threads of each local rank process. None: on the CPU every local rank, rank zero
+    # included, takes an equal share of rank zero's threads; on CUDA rank zero's count.
+    torch_threads: int | None = None
     aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
     # CUDA: small all-reduces through a one-shot symmetric-memory kernel when every rank can
     # (`helios.abi.symmetric_reduce`); off by default until measured on the device, and because a
@@ -96,10 +99,12 @@ class RankOptions:
 class RankPeers:
     """Rank zero's peers, their monitor and the `RankedExecutor`. Owned by the runtime."""
 
-    def __init__(self, executor: RankedExecutor, peers: list, keepalive_s: float, workdir: Path | None):
+    def __init__(self, executor: RankedExecutor, peers: list, keepalive_s: float, workdir: Path | None,
+                 threads_before: int | None = None):
         self.executor = executor
         self._peers = peers
         self._workdir = workdir
+        self._threads_before = threads_before  # rank zero's own thread count before its share (restored at close)
         self._closing = threading.Event()
         self._monitor = threading.Thread(target=self._watch, args=(keepalive_s,), name="helios-rank-monitor",
                                          daemon=True)
@@ -130,6 +135,7 @@ class RankPeers:
             peer.stop(timeout)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+        _restore_threads(self._threads_before)
 
 
 def start_ranks(core, executor: Executor, stats: WorkerStats, options: RankOptions, host_pages: int,
@@ -163,8 +169,25 @@ def launch_peers(core, options: RankOptions, host_pages: int, load: LoadOptions 
                     nccl and options.symmetric_all_reduce)
     rendezvous.publish(launch)
     workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
+    options, threads_before = _with_local_threads(options, local, nccl)
     peers = [_start_peer(core, rendezvous, r, options, workdir, placement.devices[r]) for r in range(1, local)]
-    return PendingRanks(rendezvous, launch, peers, placement, options, workdir)
+    return PendingRanks(rendezvous, launch, peers, placement, options, workdir, threads_before)
+
+
+def _with_local_threads(options: RankOptions, local: int, nccl: bool) -> tuple[RankOptions, int | None]:
+    """`options` with each local rank process's intra-op threads decided (`share_local_threads`:
+    CPU rank processes split rank zero's threads unless `torch_threads` is set), and rank zero's
+    thread count before the split where it changed it (restored by `_restore_threads`)."""
+    cpu_processes = not nccl and options.peers is PeerKind.PROCESSES
+    threads, before = share_local_threads(options.torch_threads, local, cpu_processes)
+    if threads is None:
+        return options, None
+    return dataclasses.replace(options, torch_threads=threads), before
+
+
+def _restore_threads(before: int | None) -> None:
+    if before is not None:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -177,6 +200,7 @@ class PendingRanks:
     placement: object  # RankPlacement
     options: RankOptions
     workdir: Path | None
+    threads_before: int | None = None  # rank zero's thread count before its share (`_with_local_threads`)
 
     def join(self, executor: Executor, stats: WorkerStats) -> RankPeers:
         """Publishes rank zero's sizing, waits for every rank, forms the group (captures on CUDA)."""
@@ -199,7 +223,7 @@ class PendingRanks:
             raise
         # A failed group takes its local peers down with it.
         ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
-        return RankPeers(ranked, peers, self.options.collective_timeout_s / 4, self.workdir)
+        return RankPeers(ranked, peers, self.options.collective_timeout_s / 4, self.workdir, self.threads_before)
 
     def abandon(self, reason: str) -> None:
         """Rank zero could not load: every peer gives up (remote ones learn why), local ones stop."""
@@ -211,6 +235,7 @@ class PendingRanks:
             peer.stop(0.0)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        _restore_threads(self.threads_before)
 
 
 def bind_rank(model, group: RankGroup) -> int:
