@@ -2,10 +2,10 @@
 
 The benchmarks measure the server; a client library that parses every line and header in Python
 on the same cores (httpx costs about as much CPU per token as the server's own event loop) would
-measure itself. This client writes one prebuilt request per connection and reads the response
-with the least work that still times each token: the chunked transfer encoding is undone, SSE
-events are split on blank lines, and the ids of an event's `"token_ids":[...]` are counted (not
-JSON-decoded). It runs in a process of its own (`ClientProcess`), so its CPU time is its own and
+measure itself. This client writes one prebuilt request per connection (an asyncio protocol on
+uvloop when it is installed) and reads the response with the least work that still times each
+token: SSE events are split on blank lines and the ids of an event's `"token_ids":[...]` are
+counted (not JSON-decoded). It runs in a process of its own (`ClientProcess`), so its CPU time is its own and
 its GIL is not the measured process's.
 
     client = ClientProcess()                     # starts the process (spawn)
@@ -44,56 +44,62 @@ def count_token_ids(event: bytes) -> int:
     return inner.count(b",") + 1 if inner.strip() else 0
 
 
-class _Events:
-    """Splits SSE bytes into events and times the tokens they carry."""
+class _Stream(asyncio.Protocol):
+    """One streamed request on its own connection. The server writes whole SSE events in each
+    chunk of its chunked body, so the chunk framing (size lines) only ever falls between events,
+    where it is ignored: events are split on blank lines and the ids of their `"token_ids":[...]`
+    counted as the bytes arrive (`data_received`, no stream reader in between)."""
 
-    def __init__(self):
-        self.pending = b""
+    def __init__(self, request: bytes, done: asyncio.Future):
+        self._request = request
+        self._done = done
+        self._pending = b""
+        self._has_head = False
+        self.submitted = 0.0
         self.token_times: list[float] = []
-        self.error: bytes | None = None
 
-    def feed(self, data: bytes) -> None:
-        self.pending += data
-        if b"\n\n" not in self.pending:
-            return
-        *events, self.pending = self.pending.split(b"\n\n")
+    def connection_made(self, transport) -> None:
+        self.submitted = time.perf_counter()
+        transport.write(self._request)
+
+    def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        data = self._pending + data
+        if not self._has_head:
+            if b"\r\n\r\n" not in data:
+                self._pending = data
+                return
+            head, data = data.split(b"\r\n\r\n", 1)
+            self._has_head = True
+            if head.split(b" ", 2)[1] != b"200":
+                self._fail(f"HTTP {head.split(b' ', 2)[1].decode()}: {data[:2048].decode(errors='replace')}")
+                return
+        *events, self._pending = data.split(b"\n\n")
         for event in events:
-            if event.startswith(b"event: error"):
-                self.error = event
+            if b"event: error" in event:
+                self._fail(event.decode(errors="replace"))
+                return
             count = count_token_ids(event)
             if count:
                 self.token_times.extend([now] * count)
 
+    def connection_lost(self, error) -> None:
+        if not self._done.done():
+            self._done.set_result((self.submitted, self.token_times))
 
-async def _read_chunked(reader: asyncio.StreamReader, events: _Events) -> None:
-    while True:
-        size = int((await reader.readline()).split(b";", 1)[0], 16)
-        if size == 0:
-            return
-        events.feed((await reader.readexactly(size + 2))[:-2])
+    def _fail(self, message: str) -> None:
+        if not self._done.done():
+            self._done.set_exception(RuntimeError(message))
 
 
 async def _stream(host: str, port: int, request: bytes) -> tuple[float, list[float]]:
-    reader, writer = await asyncio.open_connection(host, port)
-    submitted = time.perf_counter()
-    writer.write(request)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, _ = await loop.create_connection(lambda: _Stream(request, done), host, port)
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = head.split(b" ", 2)[1]
-        if status != b"200":
-            raise RuntimeError(f"HTTP {status.decode()}: {(await reader.read(2048)).decode(errors='replace')}")
-        events = _Events()
-        if b"transfer-encoding: chunked" in head.lower():
-            await _read_chunked(reader, events)
-        else:
-            while data := await reader.read(65536):
-                events.feed(data)
-        if events.error is not None:
-            raise RuntimeError(events.error.decode(errors="replace"))
-        return submitted, events.token_times
+        return await done
     finally:
-        writer.close()
+        transport.close()
 
 
 async def _round(url: str, path: str, body: bytes, level: int):
@@ -102,13 +108,21 @@ async def _round(url: str, path: str, body: bytes, level: int):
     return await asyncio.gather(*(_stream(parts.hostname, parts.port, request) for _ in range(level)))
 
 
+def _run(coroutine):
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def _serve(connection) -> None:
     """The client process: answers ("round", url, path, body, level) until None."""
     while (message := connection.recv()) is not None:
         _, url, path, body, level = message
         cpu = time.process_time()
         try:
-            streams = asyncio.run(_round(url, path, body, level))
+            streams = _run(_round(url, path, body, level))
             connection.send((streams, time.process_time() - cpu, None))
         except Exception as error:  # noqa: BLE001 - reported to the caller
             connection.send(([], time.process_time() - cpu, f"{type(error).__name__}: {error}"))
@@ -117,7 +131,7 @@ def _serve(connection) -> None:
 class ClientProcess:
     """The client in a process of its own (see the module docstring)."""
 
-    description = "raw-socket asyncio HTTP/1.1 + SSE reader in its own process"
+    description = "raw-socket asyncio (uvloop) HTTP/1.1 + SSE reader in its own process"
 
     def __init__(self):
         context = multiprocessing.get_context("spawn")
