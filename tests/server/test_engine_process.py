@@ -1,9 +1,11 @@
 """The model worker in an engine process of its own (`helios.server.engine_process`), through the app.
 
 One engine process serves the module's ordinary requests (greedy outputs equal the in-thread
-engine's, a grammar compiled again in the engine process, a client that disconnects, a grammar
-the engine process cannot compile, submissions after shutdown); the death test and the startup
-error start their own. Spawning an engine process costs a few seconds, so there are three.
+engine's, a grammar compiled again in the engine process, a cancelled request, a grammar the engine
+process cannot compile); the killed-process test and the startup error start their own (spawning
+one costs a few seconds, so there are three). A worker loop that fails runs the link against an
+engine on a thread of this process (its scheduler broken by a patch); a client that disconnects
+from a real `helios serve` (engine process by default) is tests/e2e/test_server.py's.
 """
 
 from __future__ import annotations
@@ -198,3 +200,55 @@ def test_a_batch_crosses_the_pipe_unchanged():
     crossed = batch_of(pickle.loads(pickle.dumps(wire_events(StepBatch(events)))))
     assert crossed == StepBatch(events)
     assert [type(e) for e in crossed.events] == [type(e) for e in events]
+
+
+class _ThreadProcess:
+    """An engine 'process' that is a thread of this one (the link only joins, kills and polls it)."""
+
+    def __init__(self, thread):
+        self._thread = thread
+
+    def join(self, timeout=None) -> None:
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def kill(self) -> None:
+        raise AssertionError("the engine side should have ended by itself")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failed_worker_loop_is_reported_as_died_and_its_requests_end_with_error(core, monkeypatch):
+    import multiprocessing
+    import threading
+
+    from helios.runtime.engine_link import EngineLink, serve_link
+    from helios.runtime.outlet import StepBatch
+
+    runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
+                            RuntimeOptions(queue_capacity=4))
+
+    def broken_schedule():
+        raise RuntimeError("scheduler invariant violated")
+
+    monkeypatch.setattr(runtime.engine.scheduler, "schedule", broken_schedule)
+    ours, theirs = multiprocessing.Pipe()
+    engine_side = threading.Thread(target=serve_link, args=(theirs, runtime.engine, lambda source: None))
+    engine_side.start()
+    link = EngineLink(ours, _ThreadProcess(engine_side))
+    batches: list[StepBatch] = []
+    link.connect(batches.append)
+    link.start()
+    link.submit(EngineRequest(RequestSpec("doomed", (5, 6, 7), 4)))
+    wait_for(lambda: not link.is_healthy)
+    wait_for(lambda: any(isinstance(e, FinishEvent) for b in batches for e in b.events))
+    (finish,) = [e for b in batches for e in b.events if isinstance(e, FinishEvent)]
+    assert finish.request_id == "doomed" and finish.reason is FinishReason.ERROR
+    assert "scheduler invariant violated" in finish.message
+    link.submit(EngineRequest(RequestSpec("late", (5, 6, 7), 4)))  # after the death: ERROR at once
+    late = batches[-1].events[0]
+    assert late.request_id == "late" and late.reason is FinishReason.ERROR and "model worker died" in late.message
+    link.shutdown()
+    assert not engine_side.is_alive()
+    runtime.close()
