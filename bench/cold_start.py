@@ -10,6 +10,7 @@ two variants, and the functions with the most own time in each stage (cProfile, 
 
     python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
         [--skip-no-logprobs-load] [--keep-core DIR]   # DIR: the first variant's core, for ttft_breakdown --core
+        [--chunks 128,256,512]   # the prompt capacities beside 2,048 (each adds programs to load)
     python bench/cold_start.py --smoke    # tiny model on the CPU (checks the script runs)
 """
 
@@ -32,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_serving import NAMESPACE, Workload, log  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, log, prefill_chunks  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
@@ -53,7 +54,7 @@ PREPARE_PHASES = (
     ("helios.ignition.export", "rank_weight_files", "weight images"),
     ("helios.ignition.export", "read_assets", "tokenizer + assets"),
     ("helios.ignition.export", "capture_all", "export programs (worker processes)"),
-    ("helios.core.writer", "store_resource", "compress + commit resources"),
+    ("helios.core.writer", "store_resource", "[overlaps capture] compress + store resources"),
     ("helios.ignition.export", "declare_paged_text", "declare contract + manifest"),
     ("helios.core.writer", "encode_payload", "encode + sign payload"),
     ("helios.core.writer", "seal", "encode + sign payload"),
@@ -63,20 +64,25 @@ IN_LOAD_MODEL = "[total] load_model"  # the phases below it, the weights thread,
 LOAD_PHASES = (
     ("helios.runtime.service", "load_model", IN_LOAD_MODEL),
     ("helios.runtime.loading.model", "check_servable", "check contract"),
-    ("helios.runtime.loading.model", "_program_bytes", "program bytes (decompress, verify)"),
-    ("helios.runtime.loading.model", "read_program_image", "program images (parse)"),
-    ("helios.runtime.loading.model", "validate_serialized_ops", "validate ops"),
-    ("helios.runtime.loading.model", "validate_program_ops", "validate ops"),
-    ("helios.runtime.loading.model", "deserialize_program", "deserialize programs"),
-    ("helios.runtime.loading.model", "move_to_device_pass", "programs to device"),
+    ("helios.runtime.loading.programs", "_program_bytes", "program bytes (decompress, verify)"),
+    ("helios.runtime.loading.programs", "read_program_image", "program images (parse)"),
+    ("helios.runtime.loading.programs", "validate_serialized_ops", "validate ops"),
+    ("helios.runtime.loading.programs", "validate_program_ops", "validate ops"),
+    ("helios.runtime.loading.programs", "build_module", "program modules (built from the JSON)"),
+    ("helios.runtime.loading.programs", "deserialize_program", "deserialize programs (torch's path)"),
+    ("helios.runtime.loading.programs", "move_module", "programs to device"),
     ("torch.export.exported_program", "ExportedProgram.module", "program modules (unflatten)"),
-    ("helios.runtime.loading.model", "drop_no_op_nodes", "drop no-op nodes"),
-    ("helios.runtime.loading.model", "cpu_program", "CPU program rewrite"),
+    ("helios.runtime.loading.programs", "finish_recompile", "program code (generated once)"),
+    ("helios.runtime.loading.programs", "drop_no_op_nodes", "drop no-op nodes"),
+    ("helios.runtime.loading.programs", "cpu_program", "CPU program rewrite"),
     ("helios.runtime.loading.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
     ("helios.runtime.loading.model", "default_pages", "size the page pool"),
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
+    ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
+    ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs"),
+    ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
 )
 
 
@@ -112,16 +118,16 @@ class PhaseTimer:
             setattr(module, attribute, inner)
 
 
-def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool) -> CapacityPlan:
+def plan_for(ttft_prompt: int, logprobs: bool, smoke: bool, chunks: tuple[int, ...] | None = None) -> CapacityPlan:
     """The capacities of `bench/anchor_compare.py`'s core (decode 1/64/256, prefill up to 2,048 with
-    chunks, mixed), with or without the token-logprobs variants."""
+    the 128/256/512 chunks, mixed), with or without the token-logprobs variants."""
     workloads = [Workload(1, 128, 128), Workload(64, 128, 128), Workload(256, 128, 128), Workload(64, 1024, 1024)]
     if smoke:
         workloads = [Workload(1, 16, 8), Workload(4, 16, 8)]
     context = max([w.prompt + w.output for w in workloads] + [ttft_prompt + 16])
     pages = max(w.requests * -(-(w.prompt + w.output) // 16) for w in workloads) + 4 * -(-context // 16)
     prefill = min(2048, context)
-    chunks = tuple(c for c in (prefill // 16, prefill // 4) if 0 < c < prefill)
+    chunks = prefill_chunks(prefill) if chunks is None else tuple(c for c in chunks if 0 < c < prefill)
     return CapacityPlan(page_tokens=16, context_tokens=context, prefill_tokens=prefill,
                         decode_batches=tuple(sorted({w.requests for w in workloads} | {1})), prefill_batches=(1,),
                         mixed=True, page_capacity=max(pages, 2 * context // 16), prefill_chunks=chunks,
@@ -169,10 +175,14 @@ def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
 def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: torch.device) -> dict:
     key = SigningKey.generate()
     core = scratch / f"{variant}.core"
-    plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke)
+    chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else None
+    plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke, chunks)
     with PhaseTimer(PREPARE_PHASES) as timer, profiled(args.profile, f"prepare ({variant})", args.profile_rows):
         started = time.perf_counter()
-        prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan))
+
+        def progress(line: str) -> None:  # when each program arrives, and its export time in the worker
+            log(f"    [{time.perf_counter() - started:5.1f} s] {line}")
+        prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype=args.dtype, capacities=plan), progress)
         prepared = table("prepare", variant, time.perf_counter() - started, timer)
     prepared["core_gb"] = core.stat().st_size / 1e9
     result = {"prepare": prepared, "load": load(core, key, variant, StartupOptions(), args, device)}
@@ -217,6 +227,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default="logprobs,no-logprobs")
     parser.add_argument("--ttft-prompt", type=int, default=2048)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--chunks", default=None,
+                        help="prompt capacities beside the 2,048 prefill, e.g. 128,512 (default 128,256,512)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--medium", action="store_true", help="a 2048-wide model of --layers layers (CPU studies)")
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")

@@ -12,6 +12,7 @@
 #      without the logprobs variants), program vs host time, per prefill capacity, kernels by kind.
 #      Without a kept core (step 3 killed) it prepares its own TTFT_LAYERS-layer core (default 32).
 # Run from the repository root with `.whl` carried:  bash bench/kernels_session.sh
+# COLD_ONLY=1 runs steps 3 and 4 only; COLD_LIMIT / TTFT_LIMIT (240 / 170 s) cap those steps.
 # Each step's time limit is cut to what is left of BUDGET seconds, so the call ends in time.
 set -uo pipefail
 out=${OUT:-device-out}
@@ -29,20 +30,24 @@ limit() {  # the smaller of $1 and the seconds left of the budget (at least 10)
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 echo "[setup done at ${SECONDS}s]"
 
+if [ "${COLD_ONLY:-0}" = 1 ]; then  # steps 3 and 4 only (cold start and TTFT)
+  echo "[steps 1-2 skipped: COLD_ONLY=1]"
+else
 timeout "$(limit 100)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=95 \
   tests/abi/test_triton_decode.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
 echo "[tests done at ${SECONDS}s]"
 timeout "$(limit 110)" python3 bench/decode_attention.py --no-flashinfer --tiles 64x4x2,128x8x2,128x4x2 \
   --splits 1,4,16 --json "$out/decode_attention.json" 2>&1 | tee "$out/decode_attention.log" | grep -v "^  tile" | tail -50
 echo "[decode attention done at ${SECONDS}s]"
+fi
 kept=/tmp/helios-kept-core
 rm -rf "$kept"
-timeout "$(limit 200)" python3 bench/cold_start.py --layers "${COLD_LAYERS:-32}" --variants logprobs \
+timeout "$(limit ${COLD_LIMIT:-240})" python3 bench/cold_start.py --layers "${COLD_LAYERS:-32}" --variants logprobs \
   --skip-no-logprobs-load --keep-core "$kept" --json "$out/cold_start.json" 2>&1 | tee "$out/cold_start.log" | tail -40
 echo "[cold start done at ${SECONDS}s]"
 core_args=(--layers "${TTFT_LAYERS:-32}")
 [ -f "$kept/model.core" ] && core_args=(--core "$kept")
-timeout "$(limit 150)" python3 bench/ttft_breakdown.py "${core_args[@]}" --repeats 3 --json "$out/ttft.json" 2>&1 \
+timeout "$(limit ${TTFT_LIMIT:-170})" python3 bench/ttft_breakdown.py "${core_args[@]}" --repeats 3 --json "$out/ttft.json" 2>&1 \
   | tee "$out/ttft.log" | grep -v "^ " | tail -16
 echo "[ttft done at ${SECONDS}s]"
 rm -rf "$kept"

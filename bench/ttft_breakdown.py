@@ -55,17 +55,22 @@ class ProgramClock:
             object.__setattr__(program, "module", self._timed(program.module))
 
     def _timed(self, module):
+        call = self._clocked(module)
+        if hasattr(module, "replay"):  # a captured program: the CUDA executor calls replay(greedy=...)
+            call.replay = self._clocked(module.replay)
+        if hasattr(module, "_module"):  # what lever_ab reaches through
+            call._module = module._module
+        return call
+
+    def _clocked(self, function):
         def call(*args, **kwargs):
             self._sync()
             start = time.perf_counter()
             try:
-                return module(*args, **kwargs)
+                return function(*args, **kwargs)
             finally:
                 self._sync()
                 self.seconds += time.perf_counter() - start
-        for name in ("replay", "_module"):  # what lever_ab reaches through
-            if hasattr(module, name):
-                setattr(call, name, getattr(module, name))
         return call
 
     def _sync(self) -> None:

@@ -29,17 +29,15 @@ def test_check_example(capsys):
 def test_check_refuses_what_the_runtime_does_not_serve_with_its_path(tmp_path, capsys):
     """Servability is part of validation: `check` answers what loading would."""
     doc = example_doc()
-    scored, path = graph(doc, "score_prefill")
-    scored["operation"] = "GRAPH_OPERATION_RESUME"  # a valid RESUME graph takes no scored targets
-    scored["bindings"] = [b for b in scored["bindings"] if b["source"] != "VALUE_SOURCE_SCORED_TARGET_TOKENS"]
-    for entry in doc["manifest"]["execution_catalog"]:
-        if entry["graph"] == scored["name"]:
-            entry["operation"] = "GRAPH_OPERATION_RESUME"
-    bad = tmp_path / "resume.json"
+    prefill, path = graph(doc, "prefill")
+    index = next(i for i, b in enumerate(prefill["bindings"]) if b["source"] == "VALUE_SOURCE_PROMPT_HISTOGRAM")
+    prefill["bindings"][index]["indexing"] = "INDEXING_SUBMISSION_ROW"  # valid, but histograms are per slot
+    bad = tmp_path / "histogram.json"
     bad.write_text(json.dumps(doc))
     code, out, err = run(["contract", "check", str(bad)], capsys)
     assert code == 8 and out == ""
-    assert err.startswith(f"helios contract: error: {path}.operation: RESUME graphs are not served")
+    assert err.startswith(f"helios contract: error: {path}.bindings[{index}].indexing: PROMPT_HISTOGRAM values are "
+                          "not supplied")
 
 
 def test_show_prints_canonical_json(capsys):

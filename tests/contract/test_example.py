@@ -22,12 +22,19 @@ def _refused(enum_type, table) -> set[str]:
     return {enum_type.Name(v)[len(prefix):] for v, decision in table.items() if isinstance(decision, Refused)}
 
 
+# Served state copies and resumes the example does not declare yet: a core declaring them (and binding
+# their row sources) is loaded and served in tests/runtime/test_state_graphs.py. The example is being
+# rebuilt into a servable core; when it declares SNAPSHOT, RESTORATION and RESUME graphs again, these go.
+NOT_YET_IN_EXAMPLE = {
+    "GraphOperation": {"SNAPSHOT", "RESTORATION", "RESUME"},
+    "ValueSource": {"RESTORE_SOURCE", "SNAPSHOT_DESTINATION"},
+}
 # Frontend selectors are mutually exclusive within one contract; graph operations and value sources
 # this runtime refuses (helios.contract.servable) cannot appear in a valid contract; every other
 # enum value appears.
 EXCLUSIVE_VALUES = {
-    "GraphOperation": _refused(spb.GraphOperation, OPERATIONS),
-    "ValueSource": _refused(spb.ValueSource, SOURCES),
+    "GraphOperation": _refused(spb.GraphOperation, OPERATIONS) | NOT_YET_IN_EXAMPLE["GraphOperation"],
+    "ValueSource": _refused(spb.ValueSource, SOURCES) | NOT_YET_IN_EXAMPLE["ValueSource"],
     "ToolParser": {"NONE", "GLM_ARGUMENT_TAGS", "DSML", "XTML", "ATEM_RECIPIENT", "JSON_CALLS", "HARMONY_CHANNELS"},
     "ReasoningParser": {"NONE", "XTML_THINK", "RECIPIENT_HEADER", "HARMONY_CHANNELS"},
     "ImagePreparation": {"NONE", "TILE_GRID"},

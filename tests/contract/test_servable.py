@@ -14,7 +14,8 @@ from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.binding_rules import ALLOWED_INDEXING, SOURCE_OPERATIONS
-from helios.contract.servable import (OPERATIONS, SERVED_OPERATIONS, SOURCES, NotServableError, Refused, Served,
+from helios.contract.servable import (OPERATIONS, SERVED_OPERATIONS, SOURCES, STATE_COPY_OPERATIONS,
+                                      STATE_COPY_ROW_SOURCE, STATE_COPY_SOURCES, NotServableError, Refused, Served,
                                       check_servable, source_decision)
 from helios.core.keys import load_signing_key
 from helios.core.writer import CoreWriter
@@ -45,9 +46,18 @@ def test_the_packer_reads_the_same_table():
 
 
 def _contract(operation: int, source: int = spb.VALUE_SOURCE_CONSTANT, indexing: int = spb.INDEXING_SCALAR):
+    """One graph "g" of `operation` binding `source` first; a state-copy graph also binds its row
+    source and comes with its counterpart (graphs[1]), which servable cores declare."""
     contract = spb.ServingContract()
     graph = contract.model.graphs.add(name="g", operation=operation)
     graph.bindings.add(destination="d", source=source, indexing=indexing)
+    if operation in STATE_COPY_OPERATIONS:
+        graph.bindings.add(destination="rows", source=STATE_COPY_ROW_SOURCE[operation],
+                           indexing=spb.INDEXING_SUBMISSION_ROW)
+        other = next(op for op in STATE_COPY_OPERATIONS if op != operation)
+        companion = contract.model.graphs.add(name="other", operation=other)
+        companion.bindings.add(destination="rows", source=STATE_COPY_ROW_SOURCE[other],
+                               indexing=spb.INDEXING_SUBMISSION_ROW)
     return contract
 
 
@@ -72,9 +82,7 @@ def _operation_for(source: int) -> int:
     for operation in (spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED):
         if allowed is None or operation in allowed:
             return operation
-    served = sorted(set(allowed) & SERVED_OPERATIONS)
-    # A source only unserved graphs take (RESTORE_SOURCE) is refused itself, on any graph.
-    return served[0] if served else spb.GRAPH_OPERATION_DECODE
+    return sorted(allowed)[0]  # RESTORE_SOURCE: RESTORATION, SNAPSHOT_DESTINATION: SNAPSHOT, ...
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{spb.ValueSource.Name(p[0])}-{spb.Indexing.Name(p[1])}")
@@ -136,17 +144,50 @@ def test_the_example_contract_validates_so_it_is_servable():
     check_servable(prepared.contract, prepared.manifest)
 
 
-def test_validation_refuses_an_unserved_graph_with_its_path():
+def _as_snapshot_graph(doc: dict, name: str) -> str:
+    """Turns graph `name` of the example into a SNAPSHOT graph the specification's rules accept
+    (only sources a state copy takes); returns its path."""
+    entry, path = graph(doc, name)
+    entry["operation"] = "GRAPH_OPERATION_SNAPSHOT"
+    keep = {spb.ValueSource.Name(s) for s in STATE_COPY_SOURCES}
+    entry["bindings"] = [b for b in entry["bindings"] if b["source"] in keep]
+    for item in doc["manifest"]["execution_catalog"]:
+        if item["graph"] == name:
+            item["operation"] = "GRAPH_OPERATION_SNAPSHOT"
+    return path
+
+
+def test_validation_refuses_a_snapshot_graph_without_a_restoration_graph_with_its_path():
     doc = example_doc()
-    scored, path = graph(doc, "score_prefill")
-    scored["operation"] = "GRAPH_OPERATION_RESUME"
-    scored["bindings"] = [b for b in scored["bindings"] if b["source"] != "VALUE_SOURCE_SCORED_TARGET_TOKENS"]
-    for entry in doc["manifest"]["execution_catalog"]:
-        if entry["graph"] == scored["name"]:
-            entry["operation"] = "GRAPH_OPERATION_RESUME"
+    path = _as_snapshot_graph(doc, "score_prefill")
     with pytest.raises(NotServableError) as caught:
         PreparedContract.from_json(json.dumps(doc))
     assert caught.value.path == f"{path}.operation"
+    assert "also declares a RESTORATION graph" in str(caught.value)
+
+
+@pytest.mark.parametrize("operation", sorted(STATE_COPY_OPERATIONS), ids=lambda v: spb.GraphOperation.Name(v))
+def test_a_state_copy_graph_without_its_row_source_is_refused_with_its_path(operation):
+    contract = _contract(operation)
+    del contract.model.graphs[0].bindings[1]  # the row source
+    with pytest.raises(NotServableError) as caught:
+        check_servable(contract, _manifest())
+    assert caught.value.path == "contract.model.graphs[0].bindings"
+
+
+@pytest.mark.parametrize("operation", sorted(STATE_COPY_OPERATIONS), ids=lambda v: spb.GraphOperation.Name(v))
+def test_state_copy_graphs_are_supplied_only_what_a_state_copy_has(operation):
+    """A SNAPSHOT or RESTORATION graph holds no request lane: only STATE_COPY_SOURCES reach it; any
+    other source is refused with the binding's source path (and by the packer)."""
+    for source, indexing in PAIRS:
+        contract = _contract(operation, source, indexing)
+        if source in STATE_COPY_SOURCES and source_decision(source, indexing, operation) is None:
+            check_servable(contract, _manifest())
+            continue
+        with pytest.raises(NotServableError) as caught:
+            check_servable(contract, _manifest())
+        field = "source" if source not in STATE_COPY_SOURCES else "indexing"
+        assert caught.value.path == f"contract.model.graphs[0].bindings[0].{field}", spb.ValueSource.Name(source)
 
 
 def test_validation_refuses_an_unserved_indexing_with_its_path():
@@ -275,6 +316,9 @@ LOADED_BY = {
     spb.GRAPH_OPERATION_SPECULATIVE: "speculative/test_prepared_core.py",
     spb.GRAPH_OPERATION_VISION: "vision/test_vl_equivalence.py",
     spb.GRAPH_OPERATION_INITIALIZATION: "runtime/test_initialization.py",
+    spb.GRAPH_OPERATION_SNAPSHOT: "runtime/test_state_graphs.py",
+    spb.GRAPH_OPERATION_RESTORATION: "runtime/test_state_graphs.py",
+    spb.GRAPH_OPERATION_RESUME: "runtime/test_state_graphs.py",
 }
 
 
@@ -282,4 +326,34 @@ def test_every_served_operation_has_a_test_that_loads_a_core_with_it():
     tests = Path(__file__).resolve().parents[1]
     assert set(LOADED_BY) == SERVED_OPERATIONS
     for operation, name in LOADED_BY.items():
+        assert (tests / name).is_file(), name
+
+
+# Where a core binding each served source that the fixture-pairs core above cannot bind is loaded and
+# served (a newly served source needs an entry or a place in that core).
+SOURCE_LOADED_BY = {
+    spb.VALUE_SOURCE_PAGE_TABLE: "runtime/test_model_fixture.py",
+    spb.VALUE_SOURCE_HOST_TABLE_ROWS: "runtime/test_host_staging.py",
+    spb.VALUE_SOURCE_SCORED_TARGET_TOKENS: "server/test_prompt_scores.py",
+    spb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_CANDIDATE_IDS: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_CANDIDATE_COUNT: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_GENERATION: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_COPIED_GRAMMAR_MASKS: "speculative/test_prepared_core.py",
+    spb.VALUE_SOURCE_IMAGE_FEATURE_INDICES: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_IMAGE_CONTEXT_INDICES: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_IMAGE_FEATURE_SLOT: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_IMAGE_TENSOR: "vision/test_vl_equivalence.py",
+    spb.VALUE_SOURCE_RESTORE_SOURCE: "runtime/test_state_graphs.py",
+    spb.VALUE_SOURCE_SNAPSHOT_DESTINATION: "runtime/test_state_graphs.py",
+}
+
+
+def test_every_served_source_has_a_test_that_loads_a_core_binding_it():
+    tests = Path(__file__).resolve().parents[1]
+    served = {source for source, decision in SOURCES.items() if isinstance(decision, Served)}
+    bound_here = {source for source, _, _ in _fixture_pairs()}
+    assert served == bound_here | set(SOURCE_LOADED_BY) and not bound_here & set(SOURCE_LOADED_BY)
+    for source, name in SOURCE_LOADED_BY.items():
         assert (tests / name).is_file(), name

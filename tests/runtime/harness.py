@@ -24,13 +24,15 @@ from .fake_model import VOCAB, FakeExecutor
 
 def variants(max_active: int = 8, prefill_tokens: int = 64, mixed: bool = True,
              speculative: tuple[int, int] | None = None, length_source=LengthSource.QUERY_LENGTH,
-             draft_lag: int | None = None) -> tuple[ProgramVariant, ...]:
-    """Decode at 1, 4 and max_active rows; prefill (and mixed) at two token extents."""
+             draft_lag: int | None = None, resume: bool = False) -> tuple[ProgramVariant, ...]:
+    """Decode at 1, 4 and max_active rows; prefill (and mixed, and resume) at two token extents."""
     out = [ProgramVariant(f"decode{b}", Operation.DECODE, b, b) for b in sorted({1, 4, max_active})]
     for tokens in sorted({16, prefill_tokens}):
         out.append(ProgramVariant(f"prefill{tokens}", Operation.PREFILL, max_active, max(tokens, max_active)))
         if mixed:
             out.append(ProgramVariant(f"mixed{tokens}", Operation.MIXED, max_active, max(tokens, max_active)))
+        if resume:
+            out.append(ProgramVariant(f"resume{tokens}", Operation.RESUME, max_active, max(tokens, max_active)))
     out.append(ProgramVariant("scored", Operation.SCORED_PREFILL, max_active, max(prefill_tokens, max_active)))
     if speculative is not None:
         draft, width = speculative

@@ -130,3 +130,14 @@ def test_every_binding_of_every_packed_graph_of_the_example_is_written(prepared)
         untouched = [b.destination for b in graph.bindings if b.buffer in buffers
                      and buffers[b.buffer].eq(True if buffers[b.buffer].dtype == torch.bool else 77).all()]
         assert untouched == [], name
+
+
+def test_the_prompt_histogram_counts_sampled_ids_only(prepared):
+    """An input-only id (the image placeholder, past the sampled vocabulary) has no histogram bin."""
+    packer, buffers = _packer(prepared)
+    sentinel = prepared.contract.model.input_vocabulary.image_sentinel_ids[0]
+    assert sentinel >= buffers["in.prompt_histogram"].shape[1]
+    packer.register(RequestSpec("img", (5, sentinel, sentinel, 5, 9), 16, frozenset({128009})))
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("img", 3, (5, sentinel, sentinel, 5, 9), 0, True, True)]))
+    row = buffers["in.prompt_histogram"][3].to(torch.int64)
+    assert row.sum() == 3 and row[5] == 2 and row[9] == 1

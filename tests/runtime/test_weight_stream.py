@@ -133,3 +133,14 @@ def test_a_tampered_weights_chunk_fails_load_model_typed(tmp_path):
         handle.write(bytes([byte[0] ^ 0x01]))
     with pytest.raises(ChunkDigestError):
         load_model(open_fixture(path), LoadOptions(cuda_graphs=False))
+
+
+def test_float8_weights_stream_bit_for_bit():
+    tensors = {"w.e4m3": (torch.arange(24) / 5 - 2).reshape(4, 6).to(torch.float8_e4m3fn),
+               "w.e5m2": (torch.arange(10) * 3.5).to(torch.float8_e5m2)}
+    data = save_safetensors(tensors)
+    wanted = {name: WantedTensor(t.dtype, tuple(t.shape)) for name, t in tensors.items()}
+    loaded = _load(data, wanted, HostFiller())
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype
+        assert torch.equal(loaded[name].view(torch.uint8), tensor.view(torch.uint8))

@@ -92,28 +92,39 @@ def check_program_graph(graph: object) -> None:
         raise ForbiddenProgramError("the program graph carries guard code (Python source)")
     for name in graph.get("range_constraints") or {}:
         _check_symbol(name)
-    for key, value in _entries(graph):
+    for key, value in _entries(graph, _CHECKED_KEYS):
         _check_entry(key, value)
 
 
 def graph_targets(graph: object) -> Iterator[str]:
     """Every operator name the graph calls or passes to a higher-order op."""
-    for key, value in _entries(graph):
-        if key in ("target", "as_operator") and isinstance(value, str):
+    for _, value in _entries(graph, _TARGET_KEYS):
+        if isinstance(value, str):
             yield value
 
 
-def _entries(value: object) -> Iterator[tuple[str, object]]:
-    """Every (key, value) of every JSON object inside `value`, iteratively (no recursion limit)."""
+_TARGET_KEYS = frozenset({"target", "as_operator"})
+_CHECKED_KEYS = _FORBIDDEN_KEYS | _TARGET_KEYS | {"expr_str", "metadata"}  # what `_check_entry` looks at
+
+
+def _entries(value: object, keys: frozenset[str]) -> Iterator[tuple[str, object]]:
+    """Every (key, value) with a key in `keys` of every JSON object inside `value`, iteratively (no
+    recursion limit). Only objects and lists are walked into: nothing else holds entries."""
     stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
+        item = pop()
+        if type(item) is dict:
             for key, child in item.items():
-                yield key, child
-                stack.append(child)
-        elif isinstance(item, list):
-            stack.extend(item)
+                if key in keys:
+                    yield key, child
+                kind = type(child)
+                if kind is dict:
+                    push(child)
+                elif kind is list:
+                    extend(child)
+        elif type(item) is list:
+            extend(item)
 
 
 def _check_entry(key: str, value: object) -> None:
@@ -131,10 +142,18 @@ def _check_entry(key: str, value: object) -> None:
             raise ForbiddenProgramError(f"graph metadata holds unexpected fields {extra[:5]}")
 
 
+_ALLOWED: set[str] = set()  # targets found allowed in this process (a program names each many times)
+
+
 def check_target(target: str) -> None:
     """Raise unless `target` names an allowed op overload, higher-order op or symbolic operator."""
-    if target in _HIGHER_ORDER or target in _SYMBOLIC:
+    if target in _HIGHER_ORDER or target in _SYMBOLIC or target in _ALLOWED:
         return
+    _check_op_target(target)
+    _ALLOWED.add(target)
+
+
+def _check_op_target(target: str) -> None:
     match = _OP_TARGET.match(target)
     if match is None:
         raise ForbiddenProgramError(f"the program calls {target!r:.120}, which is not an ABI or aten op")

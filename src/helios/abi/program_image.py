@@ -184,7 +184,15 @@ def _optional(inner):
 
 
 def _union(cls):
+    """What ``cls.create(tag=value)`` builds (every other field None, the tag recorded), without
+    its per-object ``dataclasses.fields`` calls (a third of a program's schema conversion)."""
+    try:
+        from torch._export.serde.union import _UnionTag
+    except ImportError:  # a torch without the tag type: its own constructor
+        _UnionTag = None
+
     hints = _type_hints(cls)
+    empty = dict.fromkeys(f.name for f in dataclasses.fields(cls))
     tags: dict = {}  # tag -> its value's converter, filled on first use
 
     def convert(data):
@@ -193,8 +201,17 @@ def _union(cls):
         ((tag, value),) = data.items()
         field = tags.get(tag)
         if field is None:
+            if tag not in empty:
+                raise TypeError(f"{tag!r} is not a field of {cls.__name__}")
             field = tags[tag] = _converter(hints[tag])
-        return cls.create(**{tag: field(value)})
+        if _UnionTag is None:
+            return cls.create(**{tag: field(value)})
+        union = object.__new__(cls)
+        state = union.__dict__
+        state.update(empty)
+        state[tag] = field(value)
+        state["_type"] = _UnionTag.create(tag, cls)
+        return union
     return convert
 
 

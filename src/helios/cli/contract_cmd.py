@@ -46,6 +46,20 @@ def register(subparsers) -> None:
     encode.add_argument("file", metavar="FILE", help=FILE_HELP)
     encode.add_argument("out", metavar="OUT", help="output path of the binary form")
     encode.set_defaults(func=_encode)
+    core = commands.add_parser("example-core", help="prepare FILE into a signed core of tiny random programs",
+                               description=(
+        "Prepare the contract in FILE into a signed core without a checkpoint: one generated program per "
+        "graph handle (a small next-token model with random weights, drafting, verification, image encoding "
+        "and host-table lookups where the graphs declare them), random weights of the declared shapes, a "
+        "byte-level tokenizer with the contract's special tokens at their ids and a chat template from its "
+        "assistant boundary. The core loads and serves like a prepared one: use it to try a contract end to "
+        "end. Every weight is materialised: use a contract of small sizes, e.g. examples/contract-tiny.json."))
+    core.add_argument("file", metavar="FILE", help=FILE_HELP)
+    core.add_argument("-o", "--output", required=True, help="path of the core to write")
+    core.add_argument("--key", required=True, help="Ed25519 private key (from `helios keygen`)")
+    core.add_argument("--namespace", required=True, help="publisher namespace signed into the core")
+    core.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    core.set_defaults(func=_example_core)
 
 
 def _load(name: str) -> PreparedContract:
@@ -76,6 +90,16 @@ def _show(args: argparse.Namespace) -> int:
         print(json.dumps(dataclasses.asdict(prepared.defaults), indent=2))
     else:
         sys.stdout.write(prepared.to_json())
+    return 0
+
+
+def _example_core(args: argparse.Namespace) -> int:
+    from helios.core.keys import load_signing_key
+    from helios.ignition.contract_core import write_contract_core
+
+    prepared = _load(args.file)
+    write_contract_core(prepared, Path(args.output), load_signing_key(Path(args.key)), args.namespace, args.seed)
+    print(f"wrote {args.output}: {len(prepared.manifest.graph_handles)} programs of {prepared.contract.served_id}")
     return 0
 
 

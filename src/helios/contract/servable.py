@@ -6,14 +6,18 @@ lists the indexings shared packing (`helios.runtime.execution.packer`) supplies;
 binding through `source_decision` at startup, and validation (`helios.contract.validate`, last
 stage) refuses the same bindings with their field path, so a contract that validates loads.
 
-* graph operations: PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE, TUNING, VISION (image
-  encoders, run before the prompt step that needs their features) and INITIALIZATION (run over the
-  rows a step admits, before the step's program; without one, admission zeroes a slot's written
-  state) are executed. RESUME, SNAPSHOT and RESTORATION graphs are refused (reasons in
-  `OPERATIONS`): resumed prompts run through PREFILL or MIXED, and snapshots and restores are
-  runtime copies of the declared storage (`helios.runtime.execution.history_storage`).
+* graph operations: every one is executed. PREFILL, SCORED_PREFILL, DECODE, MIXED, SPECULATIVE,
+  TUNING, VISION (image encoders, run before the prompt step that needs their features) and
+  INITIALIZATION (run over the rows a step admits, before the step's program; without one,
+  admission zeroes a slot's written state). SNAPSHOT and RESTORATION graphs copy a slot's state
+  rows into a snapshot row and back (`helios.runtime.execution.state_programs`: they replace the
+  runtime's own copy of the state part of a snapshot; partial pages and host offload stay runtime
+  copies of the declared storage); a core declares both or neither, each binding its row source
+  (SNAPSHOT_DESTINATION, RESTORE_SOURCE). RESUME graphs run a prompt step holding a lane that
+  continues from a restored or readmitted endpoint (`helios.runtime.scheduling.steps`).
 * value sources: see `SOURCES`; image tensors go whole (SCALAR) to VISION graphs and per packed
-  token to prompt graphs.
+  token to prompt graphs; SNAPSHOT and RESTORATION graphs, which copy state and hold no request
+  lane, get only `STATE_COPY_SOURCES`.
 * the completion record: the runtime reads the ABI columns (`helios.abi.completion`) and the
   SAMPLED_TOKENS field where the layout puts it; a layout declaring another column for an ABI
   field, or a non-int64 field, is refused.
@@ -65,10 +69,22 @@ OPERATIONS = MappingProxyType({
     S.GRAPH_OPERATION_TUNING: Served(frozenset()),
     S.GRAPH_OPERATION_VISION: Served(frozenset()),
     S.GRAPH_OPERATION_INITIALIZATION: Served(frozenset()),  # helios.runtime.execution.executor (Executor._initialize)
-    S.GRAPH_OPERATION_RESUME: Refused("resumed prompts run through PREFILL or MIXED graphs"),
-    S.GRAPH_OPERATION_SNAPSHOT: Refused("snapshots are runtime copies of the declared storage into continuation rows"),
-    S.GRAPH_OPERATION_RESTORATION: Refused("restores are runtime copies of continuation rows into a slot's pages and "
-                                           "rows"),
+    S.GRAPH_OPERATION_RESUME: Served(frozenset()),  # helios.runtime.scheduling.steps (StepBuilder._finalize)
+    S.GRAPH_OPERATION_SNAPSHOT: Served(frozenset()),  # helios.runtime.execution.state_programs
+    S.GRAPH_OPERATION_RESTORATION: Served(frozenset()),  # helios.runtime.execution.state_programs
+})
+STATE_COPY_OPERATIONS = frozenset({S.GRAPH_OPERATION_SNAPSHOT, S.GRAPH_OPERATION_RESTORATION})
+# The row source each state-copy graph must bind (the snapshot row it writes or reads).
+STATE_COPY_ROW_SOURCE = MappingProxyType({
+    S.GRAPH_OPERATION_SNAPSHOT: S.VALUE_SOURCE_SNAPSHOT_DESTINATION,
+    S.GRAPH_OPERATION_RESTORATION: S.VALUE_SOURCE_RESTORE_SOURCE,
+})
+# What a state copy has: the slot whose rows are copied, its generation, its first state row, the
+# snapshot row, how many copies the submission holds, constants.
+STATE_COPY_SOURCES = frozenset({
+    S.VALUE_SOURCE_SLOT, S.VALUE_SOURCE_GENERATION, S.VALUE_SOURCE_LIVE_ROW_COUNT, S.VALUE_SOURCE_LIVE_STATE_ROWS,
+    S.VALUE_SOURCE_SNAPSHOT_DESTINATION, S.VALUE_SOURCE_RESTORE_SOURCE, S.VALUE_SOURCE_CONSTANT,
+    S.VALUE_SOURCE_INACTIVE_PADDING,
 })
 
 _ROWS_AT_ADMISSION = Served(frozenset({S.INDEXING_SUBMISSION_ROW}) | _PHYSICAL)
@@ -92,8 +108,9 @@ SOURCES = MappingProxyType({
     # incremental upload); a per-submission copy of whole tables is not supplied.
     S.VALUE_SOURCE_PAGE_TABLE: Served(_PHYSICAL),
     S.VALUE_SOURCE_LIVE_STATE_ROWS: Served(_ROW),
-    S.VALUE_SOURCE_RESTORE_SOURCE: Refused("only RESTORATION graphs take it, and they are not served"),
-    S.VALUE_SOURCE_SNAPSHOT_DESTINATION: Refused("only SNAPSHOT graphs take it, and they are not served"),
+    # The snapshot row's first state row (execution rows come first, then snapshot rows).
+    S.VALUE_SOURCE_RESTORE_SOURCE: Served(_ROW),
+    S.VALUE_SOURCE_SNAPSHOT_DESTINATION: Served(_ROW),
     S.VALUE_SOURCE_CONSUMED_TOKEN_START: Served(_ROW),
     S.VALUE_SOURCE_CONSUMED_TOKEN_END: Served(_ROW),
     S.VALUE_SOURCE_SEED_BITS: _ROWS_AT_ADMISSION,
@@ -143,14 +160,25 @@ def source_decision(source: int, indexing: int, operation: int) -> str | None:
         return "this runtime has no decision for the source"
     if isinstance(decision, Refused):
         return decision.reason
+    if operation in STATE_COPY_OPERATIONS and source not in STATE_COPY_SOURCES:
+        return f"a {op_label(operation)} graph copies state rows and holds no request lane"
     if indexing not in decision.indexings_for(operation):
         labels = ", ".join(sorted(enum_label(S.Indexing, i) for i in decision.indexings_for(operation))) or "none"
         return f"supplied to {op_label(operation)} graphs with indexing {labels}"
     return None
 
 
+def refused_field(source: int, operation: int) -> str:
+    """The binding field a refusal of `source` for a graph of `operation` names: "source" when the
+    source itself is not supplied there, else "indexing"."""
+    if source not in SERVED_SOURCES or (operation in STATE_COPY_OPERATIONS and source not in STATE_COPY_SOURCES):
+        return "source"
+    return "indexing"
+
+
 def check_servable(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
     """Raise `NotServableError` at the first graph, binding or completion field this runtime cannot serve."""
+    _check_state_copies(contract)
     for i, graph in enumerate(contract.model.graphs):
         path = f"{GRAPHS}[{i}]"
         decision = OPERATIONS.get(graph.operation, Refused("this runtime executes no such graph"))
@@ -161,10 +189,27 @@ def check_servable(contract: spb.ServingContract, manifest: mpb.ExecutionManifes
             reason = source_decision(binding.source, binding.indexing, graph.operation)
             if reason is None:
                 continue
-            field = "source" if binding.source not in SERVED_SOURCES else "indexing"
+            field = refused_field(binding.source, graph.operation)
             raise NotServableError(f"{path}.bindings[{j}].{field}",
                                    f"{source_label(binding.source)} values are not supplied: {reason}")
     _check_completion(manifest.completion)
+
+
+def _check_state_copies(contract: spb.ServingContract) -> None:
+    """SNAPSHOT and RESTORATION graphs come together (a snapshot the runtime could not restore, or a
+    restore of rows nothing writes, is useless), each binding its snapshot-row source."""
+    graphs = contract.model.graphs
+    for operation, row_source in STATE_COPY_ROW_SOURCE.items():
+        other = next(op for op in STATE_COPY_OPERATIONS if op != operation)
+        for i, graph in enumerate(graphs):
+            if graph.operation != operation:
+                continue
+            if not any(g.operation == other for g in graphs):
+                raise NotServableError(f"{GRAPHS}[{i}].operation", f"a core with {op_label(operation)} graphs also "
+                                       f"declares a {op_label(other)} graph")
+            if not any(b.source == row_source for b in graph.bindings):
+                raise NotServableError(f"{GRAPHS}[{i}].bindings", f"a {op_label(operation)} graph binds "
+                                       f"{source_label(row_source)} (the snapshot row it copies)")
 
 
 def _check_completion(layout: mpb.CompletionLayout) -> None:

@@ -146,7 +146,8 @@ def _resolve_snapshots(contract: "PreparedContract", value: int | None) -> int:
     default = contract.contract.snapshot_capacity
     if value is None:
         return default
-    # Snapshots are runtime copies into continuation rows and host slots: any count can be backed.
+    # Continuation rows are allocated at load (a core with SNAPSHOT and RESTORATION programs sizes
+    # its state planes' snapshot rows by this count): any count can be backed.
     high = 2**63 - 1
     return _bounded("snapshot_capacity", value, default, 0, high)
 

@@ -89,6 +89,12 @@ class ContainerWriter:
         self.placements[resource_id] = placement
         return placement
 
+    def sync_data(self) -> None:
+        """Flushes what was written so far to disk (the final commit then has less to sync)."""
+        for pending in (self._main, *self._parts):
+            pending.handle.flush()
+            os.fdatasync(pending.handle.fileno())
+
     def body_offset(self) -> int:
         return self._main.handle.tell()
 

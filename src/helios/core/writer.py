@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
@@ -45,6 +45,18 @@ class WrittenCore:
 
     files: tuple[Path, ...]
     resources: tuple[ResourceInfo, ...]
+
+
+@dataclass(frozen=True)
+class _EarlyStore:
+    """A begun write: its output, and the background storing of the first `count` resources."""
+
+    path: Path
+    split_nbytes: int | None
+    container: ContainerWriter
+    pool: ThreadPoolExecutor
+    count: int
+    future: Future
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,7 @@ class CoreWriter:
         self._catalogs: list[WeightCatalog] = []
         self._keys: list[SigningKey] = []
         self._written = False
+        self._early: _EarlyStore | None = None
 
     def add_resource(
         self, resource_id: str, kind: ResourceKind, source: Source, *, rank: int | None = None
@@ -156,18 +169,60 @@ class CoreWriter:
             SignedContent(self._format, self._publisher, *self._contract, planned, None, (), 0)
         )
 
+    def begin(self, path: os.PathLike | str, *, split_nbytes: int | None = None) -> None:
+        """Opens the output now and stores the resources added so far on a background thread (and
+        syncs them to disk), while the caller produces the rest; `write` with the same `path`
+        finishes the core. Preparation adds the weights, begins, then captures the programs: their
+        compression overlaps the capture instead of following it. The core's bytes do not depend
+        on it (resources are stored in the order they were added)."""
+        if self._early is not None or self._written:
+            raise ValueError("begin comes once, before write")
+        container = ContainerWriter(path, split_nbytes=split_nbytes)
+        pending = list(self._resources)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="helios-store")
+        self._early = _EarlyStore(Path(path), split_nbytes, container, pool, len(pending),
+                                  pool.submit(self._store_early, container, pending))
+
+    def _store_early(self, container: ContainerWriter, pending: list[_PendingResource]) -> list[ResourceEntry]:
+        entries = [self._store(container, resource) for resource in pending]
+        container.sync_data()  # what the final commit would otherwise flush all at once
+        return entries
+
+    def abort(self) -> None:
+        """Drops a begun core (its temporary files); a no-op when `begin` was not called."""
+        early, self._early = self._early, None
+        if early is not None:
+            early.future.cancel()
+            early.pool.shutdown(wait=True)
+            early.container.abort()
+
     def write(self, path: os.PathLike | str, *, split_nbytes: int | None = None) -> WrittenCore:
         """Writes the core atomically: one file, or with `split_nbytes` a core file plus parts
         of about that size (a resource never spans parts)."""
-        self._check_ready()
+        early = self._early
+        if early is not None and (Path(path) != early.path or split_nbytes != early.split_nbytes):
+            self.abort()
+            raise ValueError("write goes to the path (and split) that begin opened")
+        try:
+            self._check_ready()
+        except BaseException:
+            self.abort()
+            raise
         self._written = True
-        with ContainerWriter(path, split_nbytes=split_nbytes) as container, \
-                ThreadPoolExecutor(_ahead_workers(), thread_name_prefix="helios-compress") as pool:
+        container = early.container if early is not None else ContainerWriter(path, split_nbytes=split_nbytes)
+        first = early.count if early is not None else 0
+        with container, ThreadPoolExecutor(_ahead_workers(), thread_name_prefix="helios-compress") as pool:
             ahead = {index: pool.submit(self._compress_ahead, pending) for index, pending in enumerate(self._resources)
-                     if _small_in_memory(pending.source) and not self._format.is_sealed}
+                     if index >= first and _small_in_memory(pending.source) and not self._format.is_sealed}
             try:
-                entries = [self._store(container, pending, ahead.get(index))
-                           for index, pending in enumerate(self._resources)]
+                entries = []
+                if early is not None:
+                    try:
+                        entries = early.future.result()
+                    finally:
+                        early.pool.shutdown(wait=True)
+                entries += [self._store(container, pending, ahead.get(index))
+                            for index, pending in enumerate(self._resources) if index >= first]
             finally:
                 for future in ahead.values():
                     future.cancel()

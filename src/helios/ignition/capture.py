@@ -13,6 +13,7 @@ runtime still reads programs only from verified, authorized cores.
 from __future__ import annotations
 
 import dataclasses
+import time
 import inspect
 import warnings
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class CapturedProgram:
 
     spec: ProgramSpec
     program: bytes
+    seconds: float = 0.0  # wall time of the export and encoding (progress reports; not stored in the core)
 
 
 def build_program(arch: Architecture, operation: Operation, page_tokens: int,
@@ -83,8 +85,9 @@ def capture_program(arch: Architecture, operation: Operation, capacity: Capacity
                     options: ProgramOptions = ProgramOptions()) -> CapturedProgram:
     """Export one program and store it as a program image; its spec lists the ABI ops the graph
     calls, with their schemas."""
+    started = time.perf_counter()
     spec, exported = export_program(arch, operation, capacity, page_tokens, options)
-    return CapturedProgram(spec, encode_program(exported))
+    return CapturedProgram(spec, encode_program(exported), time.perf_counter() - started)
 
 
 def export_program(arch: Architecture, operation: Operation, capacity: Capacity, page_tokens: int,

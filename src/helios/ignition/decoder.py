@@ -41,6 +41,8 @@ class PackedStep(NamedTuple):
     up_project: bool = False
     # The sliding layers' own region (`helios.ignition.window_split.WindowStorage`); None: one region.
     window: object = None
+    # [T, H] added to the token embeddings (an Engram core's projected n-gram rows); None: nothing.
+    embedding_add: torch.Tensor | None = None
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
@@ -162,6 +164,8 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
 def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
+    if step.embedding_add is not None:
+        hidden = hidden + step.embedding_add.to(hidden.dtype)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from safetensors.torch import save as save_safetensors
+
 from helios.contract import serving_pb2 as spb
 from helios.core.keys import SigningKey
 from helios.core.records import ResourceKind
@@ -29,13 +31,17 @@ from helios.ignition.architecture import CheckpointError
 from helios.ignition.capture_pool import CaptureJob, capture_all, default_workers
 from helios.ignition.checkpoint_assets import read_assets
 from helios.ignition.frontend.sampling import merged_sampling
+from helios.ignition.engram import HOST_TABLE, EngramTableError, read_engram
 from helios.ignition.preparation.contract import (
+    HostTableDeclaration,
     PagedTextDeclaration,
     ProgramResource,
     declare_paged_text,
 )
 from helios.ignition.program_spec import LOGPROB_OPERATIONS, AttentionTuning, Capacity, Operation, ProgramOptions
+from helios.ignition.program_spec import ENGRAM_PROJ as PROJ_WEIGHT
 from helios.ignition.recipes import Recipe, load_checkpoint
+from helios.ignition.recipes.base import NamedWeight
 from helios.ignition.safetensors_image import digest_in_background
 from helios.ignition.sharding import rank_architecture, rank_weight_files, weight_resources
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE, SpeculativePlan, draft_weights_file, load_draft
@@ -44,6 +50,7 @@ from helios.ignition.vision_plan import vision_preparation
 from helios.ignition.window_split import window_tokens
 
 TOKENIZER_RESOURCE = "tokenizer.json"
+ENGRAM_TABLE_RESOURCE = "weights.engram_table"
 TEMPLATE_RESOURCE = "chat_template.jinja"
 
 
@@ -140,6 +147,9 @@ def prepare_core(
     """Writes the signed core for `checkpoint` to `output`; returns what was written."""
     checkpoint = Path(checkpoint)
     recipe = load_checkpoint(checkpoint, options.dtype)
+    engram = read_engram(checkpoint, recipe.architecture.hidden_size, recipe.architecture.dtype)
+    if engram is not None:  # its projection is a weight of every program (every rank holds it whole)
+        recipe = dataclasses.replace(recipe, extra_weights=(*recipe.extra_weights, NamedWeight(PROJ_WEIGHT, engram.proj)))
     ranks = options.tensor_parallel
     arch = rank_architecture(recipe.architecture, ranks)
     progress(f"recipe: {recipe.source_architecture}, {arch.num_layers} layers, vocab {arch.vocab_size}, {arch.dtype}")
@@ -160,6 +170,13 @@ def prepare_core(
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
     program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning,
                                           device_pending=plan.device_pending)
+    if engram is not None:
+        if draft is not None:
+            raise EngramTableError("an Engram core cannot speculate: drafts are generated on the device, the "
+                                   "n-gram rows of every token are hashed on the host")
+        program_options = dataclasses.replace(program_options, engram=engram.options, device_pending=False)
+        progress(f"engram: {engram.table.shape[0]} rows x {engram.table.shape[1]}, {engram.heads} heads, "
+                 f"{engram.ngram_tokens}-grams (host table)")
     images = vision_preparation(checkpoint, recipe, variants, plan.patch_capacities)
     if images is not None:
         program_options = dataclasses.replace(program_options, multimodal=images.multimodal)
@@ -179,34 +196,54 @@ def prepare_core(
         writer.add_resource(resource_id, ResourceKind.PROGRAM_IMAGE, captured.program, rank=0 if ranks == 1 else None)
         programs.extend(ProgramResource(captured.spec, resource_id, rank) for rank in range(ranks))
         progress(f"captured {operation.value}{' (logprobs)' if logprobs else ''} R={capacity.batch_capacity} T={capacity.packed_token_capacity} "
-                 f"({len(captured.program) / 1e6:.1f} MB) [{index + 1}/{len(captures)}]")
+                 f"({len(captured.program) / 1e6:.1f} MB, {captured.seconds:.1f} s) [{index + 1}/{len(captures)}]")
 
     workers = options.capture_workers or default_workers(len(jobs), arch.num_layers)
-    capture_all(arch, jobs, plan.page_tokens, workers, store)
     for weights in weight_files:
         writer.add_resource(weights.resource_id, ResourceKind.WEIGHTS, weights.image.segments, rank=weights.rank)
         writer.add_weight_catalog(weights.catalog)
-    writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
-    writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
-    weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each weights file
-    if draft is not None:
-        draft_data, draft_digest = draft_weights_file(draft)
-        # Every rank runs the whole draft, so its weights are one resource shared by all ranks.
-        writer.add_resource(DRAFT_WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, draft_data, rank=0 if ranks == 1 else None)
-        weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
-        progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
-    declaration = _declaration(recipe, assets, options, weights_digest)
-    declaration = dataclasses.replace(declaration, split_window=window_tokens(arch, program_options))
-    if images is not None:
-        declaration = dataclasses.replace(declaration, images=images.declare)
-    firsts = {weights.rank: weights.resource_id for weights in reversed(weight_files)}  # each rank's first part
-    prepared = declare_paged_text(declaration, programs, [firsts[rank] for rank in sorted(firsts)],
-                                  DRAFT_WEIGHTS_RESOURCE if draft is not None else None, weight_resources(weight_files))
-    writer.set_contract(prepared)
-    writer.set_publisher(options.namespace, license=options.license)
-    writer.add_signing_key(key)
-    progress(f"writing {output}")
-    return writer.write(output)
+    # The weights are compressed and written to the output on a thread while the programs are
+    # captured (worker processes), instead of after them; `write` below finishes the same core.
+    writer.begin(output)
+    try:
+        capture_all(arch, jobs, plan.page_tokens, workers, store)
+        table = _add_engram_table(writer, engram, ranks) if engram is not None else None
+        writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
+        writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))
+        weights_digest = b"".join(digest.result() for digest in digests)  # SHA-256 of each weights file
+        if draft is not None:
+            draft_data, draft_digest = draft_weights_file(draft)
+            # Every rank runs the whole draft, so its weights are one resource shared by all ranks.
+            writer.add_resource(DRAFT_WEIGHTS_RESOURCE, ResourceKind.WEIGHTS, draft_data, rank=0 if ranks == 1 else None)
+            weights_digest += draft_digest  # the draft's keys/values live in the same cached pages
+            progress(f"draft: {draft.source_architecture}, {draft.architecture.num_layers} layers")
+        declaration = _declaration(recipe, assets, options, weights_digest)
+        declaration = dataclasses.replace(declaration, split_window=window_tokens(arch, program_options))
+        if images is not None:
+            declaration = dataclasses.replace(declaration, images=images.declare)
+        if table is not None:
+            declaration = dataclasses.replace(declaration, host_table=table)
+        firsts = {weights.rank: weights.resource_id for weights in reversed(weight_files)}  # each rank's first part
+        prepared = declare_paged_text(declaration, programs, [firsts[rank] for rank in sorted(firsts)],
+                                      DRAFT_WEIGHTS_RESOURCE if draft is not None else None, weight_resources(weight_files))
+        writer.set_contract(prepared)
+        writer.set_publisher(options.namespace, license=options.license)
+        writer.add_signing_key(key)
+        progress(f"writing {output}")
+        return writer.write(output)
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _add_engram_table(writer: CoreWriter, engram, ranks: int) -> HostTableDeclaration:
+    """The n-gram table as one weights resource every rank reads (it stays in each rank's host
+    memory) and its host-table declaration."""
+    table = HostTableDeclaration(HOST_TABLE, engram.ngram_tokens, engram.heads, engram.multipliers,
+                                 tuple(engram.table.shape), engram.options.dtype, ENGRAM_TABLE_RESOURCE)
+    writer.add_resource(ENGRAM_TABLE_RESOURCE, ResourceKind.WEIGHTS, save_safetensors({table.buffer: engram.table}),
+                        rank=0 if ranks == 1 else None)
+    return table
 
 
 def _variant_label(capacity: Capacity) -> str:

@@ -41,8 +41,10 @@ from helios.abi.sampling import split_sampling_parameters
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
 from helios.ignition.draft import DraftStorage, split_weights, write_history
+from helios.ignition.engram import engram_embedding
 from helios.ignition.program_spec import (
-    DRAFT_INPUTS, PENDING_TOKENS, ProgramOptions, logprob_width, model_weight_layout,
+    DRAFT_INPUTS, ENGRAM_PROJ, ENGRAM_ROWS, PENDING_TOKENS, ProgramOptions, engram_weight_slots, logprob_width,
+    model_weight_layout,
 )
 from helios.ignition.speculative import with_emitted
 from helios.ignition.tensor_parallel import sample_tokens, sampled_logits, token_scores, with_logit_bias
@@ -62,13 +64,17 @@ class GenerationProgram(torch.nn.Module):
         self.record_tokens = options.record_tokens
         self.token_logprobs = options.token_logprobs
         extra = options.multimodal.extra_weights if options.multimodal is not None else ()
+        extra += engram_weight_slots(arch, options)
         self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft, extra))
+        self.engram = options.engram is not None
         # Inputs the forward takes as ``*trailing``: the draft's (GenerationProgram) or more; last, the
         # sliding layers' own region where the layers mix windows (`helios.ignition.window_split`).
         self.trailing_input_names = DRAFT_INPUTS if options.draft is not None else ()
         self.window_split = window_tokens(arch, options) > 0
         if self.window_split:
             self.trailing_input_names = (*self.trailing_input_names, *WINDOW_INPUTS)
+        if self.engram:  # last of all: the staged n-gram rows (`helios.ignition.engram`)
+            self.trailing_input_names = (*self.trailing_input_names, ENGRAM_ROWS)
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
@@ -82,8 +88,10 @@ class GenerationProgram(torch.nn.Module):
 
     def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None,
             extra=None):
+        rows, draft = self.split_engram(draft)
         step, draft = self.with_window(step, lanes[0], draft)
         w = self.bind(weights, step, lanes[0], draft)
+        step = self.with_engram(step, w, rows)
         hidden = self.hidden(w, k_cache, v_cache, step, extra)
         sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
         if pending is not None:
@@ -93,6 +101,19 @@ class GenerationProgram(torch.nn.Module):
     def hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
         """Final-normed hidden states of the packed tokens; `extra`: a subclass's own inputs."""
         return decoder_hidden(self.arch, w, k_cache, v_cache, step)
+
+    def split_engram(self, trailing) -> tuple[torch.Tensor | None, tuple]:
+        """(the staged n-gram rows, the other trailing inputs); (None, trailing) without Engram."""
+        if not self.engram:
+            return None, tuple(trailing)
+        return trailing[-1], tuple(trailing[:-1])
+
+    @staticmethod
+    def with_engram(step: PackedStep, w, rows) -> PackedStep:
+        """`step` whose token embeddings gain the projected n-gram rows (unchanged without them)."""
+        if rows is None:
+            return step
+        return step._replace(embedding_add=engram_embedding(w[ENGRAM_PROJ], rows))
 
     def with_window(self, step: PackedStep, request_slots, trailing) -> tuple[PackedStep, tuple]:
         """`step` with the window region's storage (the last three trailing inputs) and the rest of
@@ -274,8 +295,10 @@ class ScoredPrefillProgram(GenerationProgram):
         seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, target_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        rows, draft = self.split_engram(draft)
         step, draft = self.with_window(step, request_slots, draft)
         w = self.bind(weights, step, request_slots, draft)
+        step = self.with_engram(step, w, rows)
         hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
         lanes = (request_slots, generations, sample_rows, query_lens, submission)
         sampled, logits, scores = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,

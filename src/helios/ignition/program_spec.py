@@ -181,6 +181,8 @@ class ProgramOptions:
     token_logprobs: bool = False
     # A vision-language core's images (`helios.ignition.multimodal_spec.MultimodalOptions`), or None.
     multimodal: object = None
+    # An Engram core's staged n-gram rows (`helios.ignition.engram.EngramOptions`), or None.
+    engram: object = None
 
 
 def logprob_width(arch: Architecture) -> int:
@@ -251,7 +253,8 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
     from helios.ignition import multimodal_spec  # a multimodal core's extra inputs and its VISION program
     from helios.ignition.window_split import window_input_specs  # the sliding layers' own region
 
-    weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options))
+    weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options)
+                                  + engram_weight_slots(arch, options))
     if operation is Operation.VISION:
         return multimodal_spec.vision_spec(capacity, page_tokens, weights, options)
     inputs = (
@@ -264,11 +267,32 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *_recurrent_inputs(arch),
         *window_input_specs(arch, page_tokens, options),
         *multimodal_spec.step_inputs(arch, capacity, operation, options),
+        *_engram_inputs(capacity, operation, options),
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     if options.token_logprobs:
         outputs += _logprob_outputs(arch, capacity)
     return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)
+
+
+ENGRAM_ROWS = "engram_rows"  # helios.ignition.engram.ROWS_INPUT
+ENGRAM_PROJ = "engram.proj"
+
+
+def engram_weight_slots(arch: Architecture, options: ProgramOptions) -> tuple[WeightSlot, ...]:
+    """An Engram core's projection of staged rows into the hidden width (after the decoder's weights)."""
+    engram = options.engram
+    if engram is None:
+        return ()
+    return (WeightSlot(ENGRAM_PROJ, (arch.hidden_size, engram.heads * engram.width), engram.dtype),)
+
+
+def _engram_inputs(capacity: Capacity, operation: Operation, options: ProgramOptions) -> tuple[TensorSpec, ...]:
+    engram = options.engram
+    if engram is None or operation not in (Operation.PREFILL, Operation.DECODE, Operation.MIXED,
+                                           Operation.SCORED_PREFILL):
+        return ()
+    return (TensorSpec(ENGRAM_ROWS, engram.dtype, (capacity.packed_token_capacity, engram.heads, engram.width)),)
 
 
 def _tuned_splits_spec(tuning: AttentionTuning) -> TensorSpec:
@@ -304,6 +328,10 @@ def _logprob_outputs(arch: Architecture, capacity: Capacity) -> tuple[OutputSpec
 
 
 def _check_capacity(operation: Operation, capacity: Capacity, options: ProgramOptions) -> None:
+    if options.engram is not None and (options.device_pending or options.draft is not None
+                                       or options.multimodal is not None or operation is Operation.SPECULATIVE):
+        raise CheckpointError("an Engram core hashes every token on the host: its programs take host-fed tokens "
+                              "(no device-owned pending tokens, drafts, speculation or images)")
     if options.token_logprobs and operation.value not in LOGPROB_OPERATIONS:
         raise CheckpointError(f"{operation.value} programs have no token-logprobs variant")
     if operation is Operation.DECODE and capacity.packed_token_capacity != capacity.batch_capacity:

@@ -92,12 +92,16 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     )
 
 
+ENGRAM_PREFIX = "engram."  # extra weights every rank holds whole (`helios.ignition.engram`)
+
+
 def rank_weights(recipe: Recipe, ranks: int, rank: int) -> tuple[NamedWeight, ...]:
     """Rank `rank`'s weights, following `weight_layout(rank_architecture(...))` exactly."""
     full, shard = recipe.architecture, rank_architecture(recipe.architecture, ranks)
     if ranks == 1:
         return recipe.weights + recipe.extra_weights
-    if recipe.extra_weights:
+    replicated = tuple(w for w in recipe.extra_weights if w.name.startswith(ENGRAM_PREFIX))
+    if len(replicated) != len(recipe.extra_weights):
         raise CheckpointError(f"{recipe.source_architecture} checkpoints are prepared for one rank")
     if not 0 <= rank < ranks:
         raise CheckpointError(f"rank {rank} is not below {ranks}")
@@ -106,7 +110,7 @@ def rank_weights(recipe: Recipe, ranks: int, rank: int) -> tuple[NamedWeight, ..
     start = torch.tensor([rank * shard.vocab_rows], dtype=torch.int64)
     weights += (NamedWeight("vocab.start", start),)
     check_weights(shard, weights)  # names, order, shapes and dtypes of weight_layout(shard)
-    return weights
+    return weights + replicated  # an Engram projection: every rank adds the whole term after the embedding
 
 
 @dataclasses.dataclass(frozen=True)

@@ -318,6 +318,8 @@ class Engine:
             return
         if plan.variant is not None:
             self.stats.graph_launches[plan.operation.name.lower()] += 1
+        for name, count in output.state_launches.items():  # the core's SNAPSHOT / RESTORATION programs
+            self.stats.graph_launches[name] += count
         scores = prompt_score_events(plan, output.outputs, self._prompt_lens(plan))  # read before the next launch
         self._dispatch(scores + self.scheduler.complete(plan, output.results))
 

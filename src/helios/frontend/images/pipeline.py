@@ -6,6 +6,7 @@ are a `LoadError` at startup. `prepare` turns a request's image URLs and its ren
 (one feature placeholder per image) into the expanded prompt, its rotary positions and feature
 mapping, and each image's vision tensors at the smallest captured patch capacity that holds it
 (images are encoded one at a time, so a repeated image's features can be reused by content hash).
+Layouts: SPATIAL_POSITIONS_3D (`layout`) and FEATURE_SPAN (`feature_span`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from helios.errors import LoadError
 from helios.frontend.images.decode import ImageLimits, decode_image_urls
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.layout import LAYOUT_OUTPUTS, ImagePrompt, LayoutParams, features_of, layout_prompt, vision_tensors
+from helios.frontend.images.feature_span import SPAN_OUTPUTS, TEMPORAL_PATCH_SIZE, span_prompt, span_tensors
+from helios.frontend.images.preparation import TEMPORAL_PATCH_SIZE as VIDEO_TEMPORAL_PATCH_SIZE
 from helios.frontend.images.preparation import PreparationParams, PreparedImage, prepare_image
 
 SUPPORTED_PREPARATION = (spb.IMAGE_PREPARATION_RESIZE_NORMALIZE_PATCHES,)
-SUPPORTED_LAYOUT = (spb.IMAGE_LAYOUT_SPATIAL_POSITIONS_3D,)
+SUPPORTED_LAYOUT = (spb.IMAGE_LAYOUT_SPATIAL_POSITIONS_3D, spb.IMAGE_LAYOUT_FEATURE_SPAN)
+_OUTPUTS = {spb.IMAGE_LAYOUT_SPATIAL_POSITIONS_3D: LAYOUT_OUTPUTS, spb.IMAGE_LAYOUT_FEATURE_SPAN: SPAN_OUTPUTS}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class ImagePipeline:
     layout: LayoutParams
     patch_capacities: tuple[int, ...]
     limits: ImageLimits
+    kind: int = spb.IMAGE_LAYOUT_SPATIAL_POSITIONS_3D  # the contract's ImageLayout
 
     @classmethod
     def from_contract(cls, model: spb.ModelContract, limits: ImageLimits) -> "ImagePipeline | None":
@@ -61,24 +66,28 @@ class ImagePipeline:
         if frontend.image_layout not in SUPPORTED_LAYOUT:
             raise LoadError(f"image layout {spb.ImageLayout.Name(frontend.image_layout)} is not implemented "
                             "by this frontend")
-        unknown = sorted(set(frontend.image_layout_data.outputs) - set(LAYOUT_OUTPUTS))
+        kind = frontend.image_layout
+        unknown = sorted(set(frontend.image_layout_data.outputs) - set(_OUTPUTS[kind]))
         if unknown:
-            raise LoadError(f"the contract binds image layout outputs {unknown} that SPATIAL_POSITIONS_3D does not "
-                            "produce")
+            raise LoadError(f"the contract binds image layout outputs {unknown} that "
+                            f"{spb.ImageLayout.Name(kind)[len('IMAGE_LAYOUT_'):]} does not produce")
         data, vision = frontend.image_preparation_data, model.vision
+        span = kind == spb.IMAGE_LAYOUT_FEATURE_SPAN
         preparation = PreparationParams(int(data.patch_size), int(data.merge_size), tuple(data.mean), tuple(data.std),
-                                        int(data.min_pixels), int(data.max_pixels))
+                                        int(data.min_pixels), int(data.max_pixels),
+                                        TEMPORAL_PATCH_SIZE if span else VIDEO_TEMPORAL_PATCH_SIZE)
         window_units = math.isqrt(vision.features_per_window)
-        if window_units * window_units != vision.features_per_window:
+        if not span and window_units * window_units != vision.features_per_window:
             raise LoadError(f"SPATIAL_POSITIONS_3D needs square windows; features_per_window is "
                             f"{vision.features_per_window}")
         layout = LayoutParams(int(frontend.image_layout_data.feature_ids[0]), preparation.merge_size,
                               window_units * preparation.merge_size * preparation.patch_size, preparation.patch_size)
-        return cls(preparation, layout, tuple(int(c) for c in vision.patch_capacities), limits)
+        return cls(preparation, layout, tuple(int(c) for c in vision.patch_capacities), limits, kind)
 
     def prepare(self, urls: list[str], token_ids) -> PreparedImages:
         images = [prepare_image(d.image, self.preparation, d.digest) for d in decode_image_urls(urls, self.limits)]
-        prompt = layout_prompt(token_ids, images, self.layout)
+        span = self.kind == spb.IMAGE_LAYOUT_FEATURE_SPAN
+        prompt = (span_prompt if span else layout_prompt)(token_ids, images, self.layout)
         capacities = []
         for number, image in enumerate(images, 1):
             capacity = next((c for c in self.patch_capacities if c >= image.num_patches), None)
@@ -86,6 +95,7 @@ class ImagePipeline:
                 raise ImageRejected(f"image {number} needs {image.num_patches} vision patches; at most "
                                     f"{self.patch_capacities[-1]} are prepared (send a smaller image)")
             capacities.append(capacity)
-        tensors = tuple(vision_tensors([image], self.layout, c) for image, c in zip(images, capacities))
+        tensors = tuple(span_tensors(image, c) if span else vision_tensors([image], self.layout, c)
+                        for image, c in zip(images, capacities))
         counts = tuple(features_of(image, self.layout.merge_size) for image in images)
         return PreparedImages(prompt, tuple(images), tuple(capacities), tensors, counts)

@@ -163,6 +163,21 @@ def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
     return f"start: opened | @{ANSWER_GRAMMAR}\nopened: {opener} reasoning {answer}\n{body}"
 
 
+def sampled_tokenizer_json(text: str, vocab_size: int) -> str:
+    """The tokenizer JSON without its input-only ids (>= `vocab_size`: image placeholders and other
+    ids a model reads but never samples), which a grammar over the sampled vocabulary never names."""
+    data = json.loads(text)
+    added = data.get("added_tokens") or []
+    vocab = (data.get("model") or {}).get("vocab")
+    if not any(t.get("id", 0) >= vocab_size for t in added) and not (
+            isinstance(vocab, dict) and any(i >= vocab_size for i in vocab.values())):
+        return text
+    data["added_tokens"] = [t for t in added if t.get("id", 0) < vocab_size]
+    if isinstance(vocab, dict):
+        data["model"]["vocab"] = {token: i for token, i in vocab.items() if i < vocab_size}
+    return json.dumps(data)
+
+
 class GrammarCompiler:
     """Compiles request grammars against one model's tokenizer and sampled vocabulary."""
 
@@ -187,7 +202,10 @@ class GrammarCompiler:
         `json_defaults` are llguidance JSON options (for example ``whitespace_pattern``) that a
         schema's own ``x-guidance`` may override.
         """
-        ll_tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        text = tokenizer.to_str()
+        if tokenizer.get_vocab_size(with_added_tokens=True) > vocab_size:  # it holds input-only ids
+            text = sampled_tokenizer_json(text, vocab_size)
+        ll_tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos_token_ids))
         return cls(ll_tokenizer, vocab_size, json_defaults)
 
     @property

@@ -44,6 +44,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.prepared import PreparedContract
 from helios.ignition.multimodal_spec import FEATURE_INDICES, ROTARY_DELTAS, ROTARY_OFFSETS, VISION_INPUTS
+from helios.ignition.engram import HOST_TABLE, ROWS_INPUT as ENGRAM_ROWS
 from helios.ignition.preparation import speculative as spec_decl
 from helios.ignition.program_spec import (
     CONFIDENCE_OUTPUT, LATENT_PLANES, LOGPROB_OUTPUTS, PENDING_TOKENS, InputRole, Operation, ProgramSpec, TensorSpec,
@@ -94,6 +95,7 @@ _BINDINGS = {
     "logit_bias_ids": (S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.INDEXING_PHYSICAL_REQUEST_ROW, -1),
     "logit_bias_values": (S.VALUE_SOURCE_LOGIT_BIAS_VALUES, S.INDEXING_PHYSICAL_REQUEST_ROW, 0),
     FEATURE_INDICES: (S.VALUE_SOURCE_IMAGE_FEATURE_INDICES, S.INDEXING_PACKED_TOKEN, -1),
+    ENGRAM_ROWS: (S.VALUE_SOURCE_HOST_TABLE_ROWS, S.INDEXING_PACKED_TOKEN, 0),
     ROTARY_OFFSETS: (S.VALUE_SOURCE_IMAGE_TENSOR, S.INDEXING_PACKED_TOKEN, 0),
     **{name: (S.VALUE_SOURCE_IMAGE_TENSOR, S.INDEXING_SCALAR, 0) for name in VISION_INPUTS},
     **spec_decl.SPECULATIVE_BINDINGS,
@@ -116,6 +118,23 @@ class FrontendDeclaration:
     prefix_boundaries: tuple[spb.PrefixBoundaryRule, ...] = ()
     family: str = "none"  # the declared family's name, for preparation logs (not contract data)
     channel_syntax: spb.ChannelSyntax | None = None  # the harmony channel parsers' markup
+
+
+@dataclass(frozen=True)
+class HostTableDeclaration:
+    """A host staging table: its name, hash, and the PLACEMENT_HOST WEIGHT buffer that holds it."""
+
+    name: str
+    ngram_tokens: int
+    heads: int
+    multipliers: tuple[int, ...]
+    shape: tuple[int, int]
+    dtype: str
+    resource_id: str
+
+    @property
+    def buffer(self) -> str:
+        return f"w.{self.name}.table"
 
 
 @dataclass(frozen=True)
@@ -146,6 +165,8 @@ class PagedTextDeclaration:
     # Declares a vision-language model's vision capacities, image sentinels and frontend image
     # selectors into the model contract (`preparation.vision_contract`); None: text only.
     images: Callable[[spb.ModelContract], None] | None = None
+    # An Engram core's n-gram table, kept in host memory (`helios.ignition.engram`); None: none.
+    host_table: HostTableDeclaration | None = None
 
     @property
     def max_pages_per_request(self) -> int:
@@ -304,8 +325,9 @@ def _graph(name: str, variants: Sequence[ProgramResource], spec: ProgramSpec,
         if tensor.name in table:
             source, indexing, padding = table[tensor.name]
             output = tensor.name if source == S.VALUE_SOURCE_IMAGE_TENSOR else ""
+            host_table = HOST_TABLE if source == S.VALUE_SOURCE_HOST_TABLE_ROWS else ""
             graph.bindings.add(destination=tensor.name, source=source, indexing=indexing, padding=padding,
-                               image_output=output)
+                               image_output=output, host_table=host_table)
         elif tensor.role is InputRole.PERSISTENT_STATE:
             mode = S.ACCESS_MODE_READ_WRITE if tensor.access.value == "read_write" else S.ACCESS_MODE_READ
             graph.state_accesses.add(view=tensor.name, mode=mode)
@@ -365,6 +387,11 @@ def _buffers(declaration, programs, weights_resource, draft_resource=None, parts
             name=output.name, dtype=_DTYPES[output.dtype], role=M.BUFFER_ROLE_OUTPUT,
             placement=M.PLACEMENT_DEVICE, shape=_dims(output.shape, declaration, fixed=True),
         )
+    table = declaration.host_table
+    if table is not None:
+        buffers[table.buffer] = M.Buffer(
+            name=table.buffer, dtype=_DTYPES[table.dtype], shape=[M.Dim(size=size) for size in table.shape],
+            placement=M.PLACEMENT_HOST, role=M.BUFFER_ROLE_WEIGHT, resource_id=table.resource_id)
     rows = max(p.spec.capacity.batch_capacity for p in programs)
     buffers[COMPLETION_BUFFER] = M.Buffer(
         name=COMPLETION_BUFFER, dtype=M.DTYPE_UINT8, role=M.BUFFER_ROLE_OUTPUT, placement=M.PLACEMENT_HOST,
@@ -474,6 +501,10 @@ def _serving(declaration: PagedTextDeclaration, graphs: list[spb.GraphContract],
         model.state_views.add(name=PENDING_TOKENS, buffer=PENDING_TOKENS, row_stride=8, byte_extent=8)
     if any(access.view == ROTARY_DELTAS for graph in graphs for access in graph.state_accesses):
         model.state_views.add(name=ROTARY_DELTAS, buffer=ROTARY_DELTAS, row_stride=8, byte_extent=8)
+    table = declaration.host_table
+    if table is not None:
+        model.host_tables.add(name=table.name, table=table.buffer, ngram_tokens=table.ngram_tokens, heads=table.heads,
+                              multipliers=list(table.multipliers))
     _frontend(model.frontend, declaration.frontend)
     if declaration.images is not None:
         declaration.images(model)

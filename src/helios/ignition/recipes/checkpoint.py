@@ -16,15 +16,19 @@ from safetensors import safe_open
 from helios.ignition.architecture import CheckpointError
 
 
+SIDE_TABLE = "engram.safetensors"  # helios.ignition.engram.ENGRAM_FILE
+
+
 class CheckpointTensors:
-    """Name -> tensor access over every *.safetensors file of a directory (read only)."""
+    """Name -> tensor access over every *.safetensors file of a directory (read only), except
+    ``engram.safetensors``: an n-gram table beside the model (`helios.ignition.engram`)."""
 
     def __init__(self, files_by_name: Mapping[str, Path]):
         self._files_by_name = dict(files_by_name)
 
     @classmethod
     def open(cls, directory: Path) -> "CheckpointTensors":
-        files = sorted(directory.glob("*.safetensors"))
+        files = sorted(path for path in directory.glob("*.safetensors") if path.name != SIDE_TABLE)
         if not files:
             raise CheckpointError(f"{directory} has no *.safetensors files (other weight formats are not read)")
         files_by_name: dict[str, Path] = {}

@@ -43,7 +43,8 @@ Thread ownership: the model worker only. Buffers stay alive through execution dr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping
 
 import torch
@@ -68,16 +69,19 @@ from helios.runtime.execution.history_storage import UnsupportedCopyError, model
 from helios.runtime.execution.images import ImageFeeder
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.execution.packer import Packer
+from helios.runtime.execution.state_programs import StatePrograms
 from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan
 from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Validated per-row results, plus the program's named outputs (read-only)."""
+    """Validated per-row results, plus the program's named outputs (read-only) and the launches of
+    state programs the plan's copies made (operation name -> count)."""
 
     results: tuple[RowResult, ...]
     outputs: Mapping[str, torch.Tensor]
+    state_launches: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Launched:
     outputs: Mapping[str, torch.Tensor]
     done: torch.cuda.Event | None  # recorded after the record's copy (CUDA only)
     scores: tuple[torch.Tensor, ...] | None = None  # host copies of a token-logprobs program's outputs
+    state_launches: Mapping[str, int] = field(default_factory=dict)  # SNAPSHOT / RESTORATION programs the copies ran
 
 
 class Executor:
@@ -117,6 +122,8 @@ class Executor:
         self.images = image_feeder(model, packer, self._encode)  # None for a text-only core
         self._initializers = tuple((p, program_arguments(p, model.weights, model.buffers))
                                    for p in model.initialization_programs)  # smallest batch first
+        # The core's SNAPSHOT and RESTORATION programs copy slot state rows (None: storage copies do).
+        self.state_programs = StatePrograms.of(model, packer, self._encode)
 
     @property
     def overlaps(self) -> bool:
@@ -131,10 +138,9 @@ class Executor:
         """Copies, packing and the program call of `plan`; its record is on its way to the host.
         (`alone` changes nothing here: one rank runs the same way either way.)"""
         self.packer.apply(plan)
-        for copy in plan.copies:
-            self._copy(copy)
+        launches = self._copies(plan)
         if plan.variant is None:
-            return Launched(plan, None, {}, None)
+            return Launched(plan, None, {}, None, state_launches=launches)
         program = self._program_for(plan)
         if self._initializers:
             self._initialize(plan)
@@ -160,7 +166,7 @@ class Executor:
         if record.device.type == "cuda":  # on the model's stream, whatever this thread's current device
             done = self._events[plan.frame]
             done.record(torch.cuda.current_stream(record.device))
-        return Launched(plan, program, outputs, done, scores)
+        return Launched(plan, program, outputs, done, scores, launches)
 
     def _call(self, program: LoadedProgram, plan: StepPlan):
         """The program's outputs for the packed `plan`: an eager call on its fixed arguments."""
@@ -191,7 +197,7 @@ class Executor:
     def finish(self, launched: Launched) -> StepOutput:
         """Waits for `launched` and validates its record (raises `CompletionError` when invalid)."""
         if launched.program is None:
-            return StepOutput((), {})
+            return StepOutput((), {}, launched.state_launches)
         if launched.done is not None:
             launched.done.synchronize()
         plan = launched.plan
@@ -200,7 +206,7 @@ class Executor:
         if launched.scores is not None:
             results = self._with_logprobs(plan, results, launched.scores)
         self.packer.observe(plan, results)
-        return StepOutput(results, launched.outputs)
+        return StepOutput(results, launched.outputs, launched.state_launches)
 
     def _with_logprobs(self, plan: StepPlan, results: tuple[RowResult, ...], scores) -> tuple[RowResult, ...]:
         """`results` with the `TokenLogprobs` of every emitting row whose request asks for them."""
@@ -249,6 +255,24 @@ class Executor:
                                     f"{lane.emitted} tokens ending in {lane.token}")
         return tokens
 
+    def _copies(self, plan: StepPlan) -> Mapping[str, int]:
+        """The plan's copies, in order: slot state rows through the core's state programs when it
+        has them (`helios.runtime.execution.state_programs`), everything else between storages.
+        Returns the state programs launched, by operation name."""
+        if self.state_programs is None:
+            for copy in plan.copies:
+                self._copy(copy)
+            return MappingProxyType({})
+        launches: dict[str, int] = {}
+        for run in self.state_programs.runs(plan.copies):
+            if run.operation is None:
+                for copy in run.copies:
+                    self._copy(copy)
+                continue
+            name = spb.GraphOperation.Name(run.operation)[len("GRAPH_OPERATION_"):].lower()
+            launches[name] = launches.get(name, 0) + self.state_programs.run(plan, run.operation, run.copies)
+        return MappingProxyType(launches)
+
     def _copy(self, copy: CopyOp) -> None:
         """One plan copy between pages, slot state rows, continuation rows and host slots."""
         self.storage.copy(copy)
@@ -266,8 +290,8 @@ class GraphExecutor(Executor):
     def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram],
                  host_pages: int = 0):
         uncaptured = [name for name, p in programs.items() if not isinstance(p.module, CapturedProgram)]
-        uncaptured += [p.graph for p in (*model.vision_programs, *model.initialization_programs)
-                       if not isinstance(p.module, CapturedProgram)]
+        uncaptured += [p.graph for p in (*model.vision_programs, *model.initialization_programs,
+                                         *model.state_copy_programs) if not isinstance(p.module, CapturedProgram)]
         if uncaptured:
             raise CaptureError(f"programs {', '.join(uncaptured)} were not captured into CUDA graphs")
         super().__init__(model, packer, programs, host_pages)
@@ -369,4 +393,5 @@ OPERATIONS = {  # contract GraphOperation -> scheduler Operation
     spb.GRAPH_OPERATION_MIXED: Operation.MIXED,
     spb.GRAPH_OPERATION_SCORED_PREFILL: Operation.SCORED_PREFILL,
     spb.GRAPH_OPERATION_SPECULATIVE: Operation.SPECULATIVE,
+    spb.GRAPH_OPERATION_RESUME: Operation.RESUME,
 }

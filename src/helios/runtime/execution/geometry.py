@@ -80,14 +80,21 @@ _PROMPT_OPERATIONS = (spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, sp
 _WRITES = (spb.ACCESS_MODE_WRITE, spb.ACCESS_MODE_READ_WRITE)
 
 
+_HOST_TOKEN_SOURCES = (spb.VALUE_SOURCE_PENDING_TOKEN, spb.VALUE_SOURCE_PROMPT_TOKENS)
+
+
 def admits_slots(prepared: PreparedContract, graph_name: str) -> bool:
     """Whether a row of `graph_name` may start a slot generation: it reads no state view that
-    prompt programs write and it only reads (state a prompt program initializes per slot)."""
+    prompt programs write and it only reads (state a prompt program initializes per slot), and it
+    can take a host-known token (a graph that reads its pending token only from device state,
+    binding neither PENDING_TOKEN nor PROMPT_TOKENS, never sees an admitted lane's last prompt token)."""
     graph = prepared.graphs[graph_name]
     read_only = {a.view for a in graph.accesses if a.mode == spb.ACCESS_MODE_READ}
     initialized = {a.view for operation in _PROMPT_OPERATIONS for g in prepared.graphs_for(operation)
                    for a in g.accesses if a.mode in _WRITES}
-    return not read_only & initialized
+    device_only = bool(graph.pending_token_view) and not any(
+        b.source in _HOST_TOKEN_SOURCES for b in graph.bindings)
+    return not read_only & initialized and not device_only
 
 
 def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0) -> Capacities:

@@ -20,6 +20,13 @@ A copy moves the first `num_tokens` tokens of the page part when both ends have 
 from a partial page and a slot's state (two copies into one continuation row) is offloaded to a
 host slot by one copy and restored by two. Continuation and host storage is allocated once, at
 startup; copies allocate nothing.
+
+A core with SNAPSHOT and RESTORATION programs copies state between slot rows and snapshot rows
+itself, so its snapshot rows are the core's own: every state plane holds the slots' rows, then
+the continuation rows' state (`resident_from`, the first snapshot row); the state part of
+CONTINUATION c is then rows [resident_from + c * R, ...) of the same planes, which those
+programs address (`helios.runtime.execution.state_programs`), and only the page part (partial
+pages) is allocated here.
 """
 
 from __future__ import annotations
@@ -53,18 +60,22 @@ class HistoryStorage:
     """Device planes of the contract plus the continuation and host rows allocated for them."""
 
     def __init__(self, page_planes: Sequence[Plane], state_planes: Sequence[Plane], rows_per_request: int,
-                 continuation_rows: int, host_slots: int):
+                 continuation_rows: int, host_slots: int, resident_from: int | None = None):
+        """`resident_from`: the first snapshot row of the state planes when the continuation rows'
+        state lives in them (see the module docstring); None: it is allocated here."""
         self.rows_per_request = max(1, rows_per_request)
         self.continuation_rows = continuation_rows
         self.host_slots = host_slots
+        self.resident_from = resident_from
         r = self.rows_per_request
+        slots, continuation = list(state_planes), [_rows_like(p, continuation_rows * r) for p in state_planes]
+        if resident_from is not None:
+            slots = [_narrowed(p, 0, resident_from) for p in state_planes]
+            continuation = [_narrowed(p, resident_from, continuation_rows * r) for p in state_planes]
         self._parts: dict[StorageKind, tuple[list[Plane], list[Plane]]] = {
             StorageKind.PAGE: (list(page_planes), []),
-            StorageKind.STATE: ([], list(state_planes)),
-            StorageKind.CONTINUATION: (
-                [_rows_like(p, continuation_rows) for p in page_planes],
-                [_rows_like(p, continuation_rows * r) for p in state_planes],
-            ),
+            StorageKind.STATE: ([], slots),
+            StorageKind.CONTINUATION: ([_rows_like(p, continuation_rows) for p in page_planes], continuation),
             StorageKind.HOST: (
                 [_rows_like(p, host_slots, host=True) for p in page_planes],
                 [_rows_like(p, host_slots * r, host=True) for p in state_planes],
@@ -137,7 +148,16 @@ def model_storage(model, host_slots: int, continuation_rows: int | None = None) 
             plane = Plane(model.buffers[name], _extent_dim(buffers[name], extent), max(1, region.tokens_per_record))
             (state if is_state else pages).append(plane)
     rows = model.settings.snapshot_capacity if continuation_rows is None else continuation_rows
-    return HistoryStorage(pages, state, model.state_rows_per_request, rows, host_slots)
+    resident = model.num_slot_state_rows if model.state_copy_programs else None
+    return HistoryStorage(pages, state, model.state_rows_per_request, rows, host_slots, resident)
+
+
+def _narrowed(plane: Plane, first: int, rows: int) -> Plane:
+    """Rows [first, first + rows) of a state plane, as a view (copies write the plane itself)."""
+    available = plane.tensor.shape[plane.dim]
+    if first + rows > available:
+        raise UnsupportedCopyError(f"a state plane of {available} rows cannot hold rows {first}..{first + rows - 1}")
+    return Plane(plane.tensor.narrow(plane.dim, first, rows), plane.dim, plane.tokens_per_record)
 
 
 def _extent_dim(buffer: mpb.Buffer, extent: int) -> int:

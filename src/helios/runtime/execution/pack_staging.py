@@ -58,8 +58,11 @@ class Staging:
 
     def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
         """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
-        scratch pair per buffer (no allocation while serving); on the host in place."""
-        counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=row.shape[0]).to(row.dtype)
+        scratch pair per buffer (no allocation while serving); on the host in place. Ids past the
+        histogram's bins (input-only ids: image placeholders, other non-sampled ids) are not counted."""
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        ids = ids[ids < row.shape[0]]
+        counts = torch.bincount(ids, minlength=row.shape[0]).to(row.dtype)
         if row.device.type == "cpu":
             if row.dtype in (torch.uint16, torch.uint32):  # no CPU addition kernel: widen, add, narrow
                 row.copy_((row.to(torch.int64) + counts.to(torch.int64)).to(row.dtype))

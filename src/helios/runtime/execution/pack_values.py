@@ -1,5 +1,5 @@
 """Value helpers of shared packing (`helios.runtime.execution.packer`): vectors written with offsets and
-padding, EOS rows, the mixed-prefill row test and the copied-proposal sources."""
+padding, EOS rows, the mixed-prefill row test, the copied-proposal sources and state-copy rows."""
 
 from __future__ import annotations
 
@@ -88,3 +88,29 @@ def _offset(value, offset: int):
     if isinstance(value, tuple):
         return value
     return value + offset
+
+
+# A state copy's per-row values (`helios.runtime.execution.state_programs.StateCopyRow`).
+_STATE_COPY_VALUES = {
+    S.VALUE_SOURCE_SLOT: lambda row, binding: row.slot,
+    S.VALUE_SOURCE_GENERATION: lambda row, binding: row.generation,
+    S.VALUE_SOURCE_LIVE_STATE_ROWS: lambda row, binding: row.state_row,
+    S.VALUE_SOURCE_SNAPSHOT_DESTINATION: lambda row, binding: row.snapshot_row,
+    S.VALUE_SOURCE_RESTORE_SOURCE: lambda row, binding: row.snapshot_row,
+    S.VALUE_SOURCE_CONSTANT: lambda row, binding: binding.constant,
+}
+
+
+def fill_state_copy(binding, target: torch.Tensor, rows: Sequence) -> None:
+    """One binding of a SNAPSHOT or RESTORATION graph for its state-copy rows (only the sources
+    `helios.contract.servable.STATE_COPY_SOURCES` names reach such a graph)."""
+    source = binding.source
+    if source == S.VALUE_SOURCE_INACTIVE_PADDING:
+        target.fill_(binding.padding)
+    elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
+        target.fill_(len(rows) + binding.offset)
+    elif binding.indexing == S.INDEXING_SCALAR:  # CONSTANT
+        target.fill_(binding.constant)
+    else:
+        values = [_STATE_COPY_VALUES[source](row, binding) for row in rows]
+        write_vector(target, values, binding, pad=binding.indexing == S.INDEXING_SUBMISSION_ROW)

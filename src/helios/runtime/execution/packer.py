@@ -18,7 +18,9 @@ history ends exactly at their pending token; otherwise every lane gets zero cand
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
 since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
-core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. Which
+core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. SNAPSHOT
+and RESTORATION graphs hold no request lane: `pack_state_copies` fills them from state-copy rows
+(`helios.runtime.execution.state_programs`). Which
 sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
 checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
@@ -51,7 +53,8 @@ from helios.runtime.execution.host_staging import HostStaging
 from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
-from helios.runtime.execution.pack_values import eos_row, fill_copied, is_prompt_row, padded, write_vector
+from helios.runtime.execution.pack_values import (eos_row, fill_copied, fill_state_copy, is_prompt_row, padded,
+                                                  write_vector)
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.cache.window_pages import UNHELD_PAGE_ID, window_view_names
@@ -216,6 +219,15 @@ class Packer:
                 fill_copied(binding, target, plan.rows, copied, (plan.masks, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, plan.masks)
+        self._staging.upload()
+
+    def pack_state_copies(self, graph: str, plan: StepPlan, rows: Sequence) -> None:
+        """Fills the bindings of a SNAPSHOT or RESTORATION `graph` for state-copy `rows` of `plan`
+        (`helios.runtime.execution.state_programs.StateCopyRow`s: slot, generation, state row,
+        snapshot row; only the sources `servable.STATE_COPY_SOURCES` names reach such a graph)."""
+        self._staging.begin(plan.frame, plan.sequence)
+        for binding in self._bindings[graph]:
+            fill_state_copy(binding, self._staging.target(binding.buffer_name), rows)
         self._staging.upload()
 
     def retire(self, sequence: int) -> None:

@@ -21,7 +21,10 @@ its graph whose ``helios::sample`` calls are bound to `helios.abi.sampling.Sampl
 which leaves the random draws out - the per-row sort and prefix sums over the whole vocabulary,
 most of a large batch's sampling time). The choice is made here, explicitly, per captured graph;
 no thread or global mode is involved. `GraphExecutor` replays the greedy graph only for steps in
-which no row samples with temperature > 0; there both graphs select the same tokens.
+which no row samples with temperature > 0; there both graphs select the same tokens. A
+token-logprobs variant (replayed only for steps holding a request that asks for log-probabilities)
+gets no greedy graph: its greedy steps replay the full graph, the same tokens, and load captures
+one graph fewer (a greedy copy, a warm-up run and a capture) per such variant.
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ class CapturedProgram:
         return self.replay(greedy=False)
 
     def replay(self, greedy: bool):
-        """Replays the greedy-only graph when `greedy` (no row of the step draws), else the full one."""
+        """Replays the greedy-only graph when `greedy` (no row of the step draws) and the program has
+        one, else the full one."""
         if self._full is None:
             raise CaptureError("the program's CUDA graphs were released (the model is shutting down)")
-        graph, outputs = self._greedy if greedy else self._full
+        graph, outputs = self._greedy if greedy and self._greedy is not None else self._full
         graph.replay()
         return outputs
 
@@ -71,6 +75,10 @@ class CapturedProgram:
             if pair is not None:
                 pair[0].reset()
         self._full = self._greedy = None
+
+    @property
+    def has_greedy_graph(self) -> bool:
+        return self._greedy is not None
 
     @property
     def eager_modules(self) -> tuple:
@@ -90,10 +98,12 @@ def release_graphs(programs: Iterable) -> None:
 
 
 def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
-                     device: torch.device, warmups: int = 2, keep: Iterable[str] = ()) -> tuple:
+                     device: torch.device, warmups: int = 1, keep: Iterable[str] = ()) -> tuple:
     """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
 
-    `arguments_of(program)` returns the program's fixed argument list. Buffers named in `keep`
+    `arguments_of(program)` returns the program's fixed argument list. One warm-up call per graph
+    (Triton compiles, cuBLAS initialises) before it is recorded: a second one found nothing left to
+    initialise and cost a full program run per graph at load. Buffers named in `keep`
     (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
     Raises `CaptureError` naming the program when warm-up or capture fails.
     """
@@ -122,8 +132,10 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     full = None
     try:
         full = _record(program.module, arguments, pool, warmups)
-        greedy_variant = greedy_module(program.module)
-        greedy = _record(greedy_variant, arguments, pool, 1)
+        greedy_variant = greedy = None
+        if wants_greedy_graph(program):
+            greedy_variant = greedy_module(program.module)
+            greedy = _record(greedy_variant, arguments, pool, 1)
     except BaseException as error:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
             full[0].reset()
@@ -131,6 +143,12 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
             raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
         raise
     return CapturedProgram(full, greedy, arguments, program.module, greedy_variant)
+
+
+def wants_greedy_graph(program) -> bool:
+    """Whether `program` (LoadedProgram) gets a greedy graph: every program but a token-logprobs
+    variant (see the module docstring)."""
+    return not program.token_logprobs
 
 
 def greedy_module(module):
@@ -157,12 +175,21 @@ def variant_module(module, variant: SampleVariant):
 
 def _record(module, arguments: list, pool, warmups: int) -> tuple:
     """Warm-up calls on a side stream, then one call captured: (graph, its static outputs)."""
+    _warm_up(module, arguments, warmups)
+    return _record_graph(module, arguments, pool)
+
+
+def _warm_up(module, arguments: list, warmups: int) -> None:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmups):
             module(*arguments)
     torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.current_stream().synchronize()  # so a load profile charges the runs here, not the capture
+
+
+def _record_graph(module, arguments: list, pool) -> tuple:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         outputs = module(*arguments)

@@ -33,13 +33,11 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, Mapping
 
 import torch
-from torch.export.passes import move_to_device_pass
 
-from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
-from helios.abi.registry import registered_schemas, validate_program_ops, validate_serialized_ops
+from helios.abi.registry import registered_schemas
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.runtime.loading.constants import write_constants
 from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
@@ -47,15 +45,15 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.servable import check_servable
 from helios.contract.settings import ResolvedSettings
-from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
-from helios.core.records import ResourceKind
 from helios.errors import LoadError
+from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import capture_programs
-from helios.runtime.loading.cpu_programs import cpu_program
-from helios.runtime.loading.graph_passes import drop_no_op_nodes
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
-from helios.runtime.loading.speculation import SpeculativeShape, speculative_handles, speculative_shape
+from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, PickledProgramError: this module's API)
+    DeclaredOps, LoadedProgram, MissingVariantError, PickledProgramError, load_program,
+)
+from helios.runtime.loading.speculation import speculative_handles
 from helios.runtime.loading.tuning import producer_handles, run_producers
 from helios.runtime.cache.window_pages import window_page_count
 from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
@@ -64,7 +62,7 @@ from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatch
 
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
-    spb.GRAPH_OPERATION_SCORED_PREFILL,
+    spb.GRAPH_OPERATION_SCORED_PREFILL, spb.GRAPH_OPERATION_RESUME,
 )
 _DTYPES = {
     mpb.DTYPE_FLOAT32: torch.float32, mpb.DTYPE_FLOAT16: torch.float16, mpb.DTYPE_BFLOAT16: torch.bfloat16,
@@ -73,10 +71,6 @@ _DTYPES = {
     mpb.DTYPE_UINT16: torch.uint16, mpb.DTYPE_UINT32: torch.uint32,
     mpb.DTYPE_FLOAT8_E4M3: torch.float8_e4m3fn, mpb.DTYPE_FLOAT8_E5M2: torch.float8_e5m2,
 }
-
-
-class MissingVariantError(LoadError):
-    """The contract needs a graph or capacity variant that has no loadable program."""
 
 
 class RankResourceError(LoadError):
@@ -103,24 +97,6 @@ class LoadOptions:
 
 
 @dataclass(frozen=True)
-class LoadedProgram:
-    """One selected program: graph name, operation, capacities, callable and its I/O buffers."""
-
-    graph: str
-    operation: int
-    batch_capacity: int
-    packed_token_capacity: int
-    module: torch.nn.Module
-    weights: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    input_shapes: tuple[tuple[int | None, ...], ...]  # static extents per input; None where symbolic
-    speculative: SpeculativeShape | None = None  # W, D, lane limit, length source (SPECULATIVE only)
-    token_logprobs: int = 0  # alternatives per row of a token-logprobs variant (0: a plain program)
-    returns_token_logprobs: bool = False  # its outputs include TOKEN_LOGPROB_OUTPUTS (variants, scored prefill)
-
-
-@dataclass(frozen=True)
 class LoadedModel:
     """Everything serving needs from a core, owned until drop. Buffers are mutated only by
     the model worker (packing and program execution)."""
@@ -142,6 +118,14 @@ class LoadedModel:
     num_window_pages: int = 0  # pages of the window region with its own page ids (0: none)
     # INITIALIZATION variants, smallest batch first: run over the rows a step admits, before it.
     initialization_programs: tuple[LoadedProgram, ...] = ()
+    # SNAPSHOT and RESTORATION variants, smallest batch first (`helios.runtime.execution.state_programs`).
+    # With them, the state planes hold the slots' rows and then the snapshot rows these programs copy.
+    state_copy_programs: tuple[LoadedProgram, ...] = ()
+
+    @property
+    def num_slot_state_rows(self) -> int:
+        """State rows of the request slots (the first rows of every state plane)."""
+        return self.settings.max_concurrency * self.state_rows_per_request
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -164,15 +148,20 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     # Weights decode, verify and copy (native code that releases the GIL) on a thread while the
     # programs deserialize here (Python that holds it): the two overlap instead of adding up.
     initial = initialization_handles(prepared, options.rank)
+    copies = state_copy_handles(prepared, options.rank)
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
-        programs = tuple(_load_program(core, prepared, handle, declared, device) for handle in handles)
+        programs = tuple(load_program(core, prepared, handle, declared, device) for handle in handles)
         tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
-        producers = tuple(_load_program(core, prepared, handle, declared, device) for handle in tuning)
-        initializers = tuple(_load_program(core, prepared, handle, declared, device) for handle in initial)
+        producers = tuple(load_program(core, prepared, handle, declared, device) for handle in tuning)
+        initializers = tuple(load_program(core, prepared, handle, declared, device) for handle in initial)
+        state_copies = tuple(load_program(core, prepared, handle, declared, device) for handle in copies)
         weights = loading.result()
-    rows_per_request = max(1, prepared.state_rows_per_request(dict.fromkeys(h.graph for h in handles + initial)))
-    num_state_rows = settings.max_concurrency * rows_per_request
+    graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
+    rows_per_request = max(1, prepared.state_rows_per_request(graphs))
+    # Execution rows, then (for a core that copies state with its own programs) the snapshot rows.
+    snapshot_rows = settings.snapshot_capacity if state_copies else 0
+    num_state_rows = (settings.max_concurrency + snapshot_rows) * rows_per_request
     context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
     row_tokens = max(h.capacity.packed_token_capacity for h in handles)
     num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
@@ -188,7 +177,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
-    vision = tuple(_load_program(core, prepared, handle, declared, device)
+    vision = tuple(load_program(core, prepared, handle, declared, device)
                    for handle in vision_graphs)
     if device.type == "cuda" and options.cuda_graphs:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
@@ -198,6 +187,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
                                       keep=tuned_outputs(prepared))
         if initializers:
             initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
+                                            device, keep=tuned_outputs(prepared))
+        if state_copies:
+            state_copies = capture_programs(state_copies, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
@@ -209,6 +201,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         image_cache,
         num_window_pages=num_window_pages,
         initialization_programs=initializers,
+        state_copy_programs=state_copies,
     )
 
 
@@ -259,20 +252,6 @@ def select_handles(prepared: PreparedContract, concurrency: int, rank: int = 0,
     return selected
 
 
-def initialization_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
-    """The rank's INITIALIZATION handles, smallest batch capacity first."""
-    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_INITIALIZATION)}
-    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
-    return sorted(handles, key=lambda h: h.capacity.batch_capacity)
-
-
-def vision_handles(prepared: PreparedContract, rank: int = 0) -> list[mpb.GraphHandle]:
-    """The rank's VISION handles (every patch capacity), smallest first."""
-    graphs = {g.name for g in prepared.graphs_for(spb.GRAPH_OPERATION_VISION)}
-    handles = [h for h in prepared.manifest.graph_handles if h.graph in graphs and h.rank == rank]
-    return sorted(handles, key=lambda h: h.capacity.patch_capacity)
-
-
 def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphHandle]:
     """Variants with B <= concurrency, plus every variant (each token capacity) of the smallest
     B above it when no variant has B == concurrency."""
@@ -304,66 +283,6 @@ def _narrow(buffer: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor
         if extent is not None and view.shape[dim] != extent:
             view = view.narrow(dim, 0, extent)
     return view
-
-
-class DeclaredOps(NamedTuple):
-    """The manifest's ABI ops (name -> schema) and this process's registered `helios` ops."""
-
-    schemas: dict[str, str]
-    registered: dict[str, str]
-
-
-def _load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared: DeclaredOps,
-                  device: torch.device) -> LoadedProgram:
-    names = set(handle.abi_operations)
-    ops = {name: schema for name, schema in declared.schemas.items() if name in names}
-    image = read_program_image(_program_bytes(core, handle.resource_id))
-    validate_serialized_ops(image.graph, ops, declared.registered)
-    exported = deserialize_program(image)
-    validate_program_ops(exported, ops, declared.registered)
-    if device.type != "cpu":  # programs are captured on the CPU; constants and device kwargs move
-        exported = move_to_device_pass(exported, {"cpu": str(device)})
-    graph = prepared.graphs[handle.graph]
-    if graph.token_logprobs and not set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs):
-        raise MissingVariantError(f"graph {handle.graph!r} is a token-logprobs variant whose program does not "
-                                  f"return {', '.join(TOKEN_LOGPROB_OUTPUTS)}")
-    module = exported.module()
-    drop_no_op_nodes(module)
-    # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
-    # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
-    module.validate_inputs = False
-    if device.type == "cpu":  # direct ABI kernels and flat calls: the same values, less overhead per op
-        module = cpu_program(module)
-    return LoadedProgram(
-        graph=handle.graph, operation=graph.operation, batch_capacity=handle.capacity.batch_capacity,
-        packed_token_capacity=handle.capacity.packed_token_capacity, module=module,
-        weights=tuple(graph.resource_dependencies), inputs=tuple(handle.program_inputs),
-        outputs=tuple(handle.program_outputs), input_shapes=_input_shapes(exported, len(graph.resource_dependencies)),
-        speculative=speculative_shape(prepared, handle), token_logprobs=graph.token_logprobs,
-        returns_token_logprobs=set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs),
-    )
-
-
-def _program_bytes(core, resource_id: str) -> bytes:
-    """A program resource's bytes; a program stored the pickled way is refused by its signed kind."""
-    kind = core.resource(resource_id).kind
-    if kind is not ResourceKind.PROGRAM_IMAGE:
-        raise PickledProgramError(
-            f"program {resource_id!r} is stored as a torch.export.save archive ({kind.name} resource), which "
-            "loading would unpickle, running code from the core; prepare the core again with this version of "
-            "helios (`helios prepare`), which stores programs as data")
-    return core.read_resource(resource_id)
-
-
-def _input_shapes(exported, num_weights: int) -> tuple[tuple[int | None, ...], ...]:
-    """Static extents of the user inputs after the weight list (symbolic dims are None)."""
-    shapes = []
-    specs = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    placeholders = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
-    for spec in specs[num_weights:]:
-        value = placeholders[spec.arg.name].meta.get("val")
-        shapes.append(tuple(int(d) if isinstance(d, int) else None for d in value.shape))
-    return tuple(shapes)
 
 
 def _load_weights_on_device(core, prepared: PreparedContract, device: torch.device,

@@ -263,9 +263,15 @@ def capture_rank(executor: Executor, host_pages: int) -> GraphExecutor:
     from helios.runtime.loading.model import program_arguments, tuned_outputs
 
     model = executor.model
-    programs = capture_programs(model.programs, lambda p: program_arguments(p, model.weights, model.buffers),
-                                model.buffers, model.device, keep=tuned_outputs(model.prepared))
-    captured = dataclasses.replace(model, programs=programs)
+
+    def capture(programs):
+        return capture_programs(programs, lambda p: program_arguments(p, model.weights, model.buffers),
+                                model.buffers, model.device, keep=tuned_outputs(model.prepared)) if programs else ()
+
+    # The programs a step runs beside its own (slot initializers, state copies) replay too.
+    captured = dataclasses.replace(model, programs=capture(model.programs),
+                                   initialization_programs=capture(model.initialization_programs),
+                                   state_copy_programs=capture(model.state_copy_programs))
     return GraphExecutor(captured, executor.packer, program_table(captured), host_pages)
 
 

@@ -29,6 +29,7 @@ class Operation(enum.IntEnum):
     MIXED = 3
     SCORED_PREFILL = 4
     SPECULATIVE = 5
+    RESUME = 6  # a prompt program for steps holding a lane that continues from a restored or readmitted endpoint
 
 
 class LengthSource(enum.IntEnum):

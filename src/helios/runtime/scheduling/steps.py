@@ -18,7 +18,12 @@
   requests never preempt running ones;
 - admission, in queue order: a request whose prompt a running request is still computing waits
   for it (then shares its pages and computes one prompt token; `prompt_sharing`), and so does
-  everything queued behind it.
+  everything queued behind it;
+- RESUME: a prompt-only step holding a lane that continues from a nonzero committed endpoint at
+  its slot generation's first row (readmitted after preemption, or restored from a snapshot or
+  cached pages) runs the core's RESUME program when it declares one that holds the step (and no
+  lane needs what RESUME programs do not take: images, log-probabilities); fresh lanes of the same
+  step continue from endpoint 0.
 
 The second frame (`build_second`) repeats a plain decode cohort with device-owned pending
 tokens, only when nothing would change phase and no active request needs host feedback.
@@ -311,9 +316,22 @@ class StepBuilder:
             if variant is not None and (variant.admits_slots or not any(row.admits for row in draft.rows)):
                 draft.operation, draft.variant = Operation.DECODE, variant
                 return
+        if draft.operation == Operation.PREFILL and self._resumes(draft):
+            variant = self.caps.select(Operation.RESUME, num_rows, draft.num_tokens)
+            if variant is not None:
+                draft.operation, draft.variant = Operation.RESUME, variant
+                return
         variant = self.caps.select(draft.operation, num_rows, draft.num_tokens)
         require(variant is not None, f"no {draft.operation.name} program holds {num_rows} rows")
         draft.variant = variant
+
+    @staticmethod
+    def _resumes(draft: Draft) -> bool:
+        """Whether a lane of the step resumes (its slot generation's first row starts past 0) and
+        every lane can run in a RESUME program (no images, no log-probabilities)."""
+        if not any(row.admits and row.start_pos > 0 for row in draft.rows):
+            return False
+        return all(req.spec.images is None and req.spec.top_logprobs is None for req in draft.requests)
 
     # -- second frame --------------------------------------------------------------------------
 

@@ -1,0 +1,43 @@
+"""A captured program without a greedy graph (a token-logprobs variant) replays its full graph for
+greedy steps; every other program keeps both. Stand-in graphs record what is replayed (the CUDA
+capture itself is covered by tests/gpu)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram, wants_greedy_graph
+from helios.runtime.loading.programs import LoadedProgram
+
+
+class _Graph:
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def replay(self):
+        self.log.append(self.name)
+
+    def reset(self):
+        self.log.append(f"reset {self.name}")
+
+
+def test_a_program_without_a_greedy_graph_replays_the_full_one_for_greedy_steps():
+    log = []
+    both = CapturedProgram((_Graph("full", log), "full outputs"), (_Graph("greedy", log), "greedy outputs"), [])
+    only_full = CapturedProgram((_Graph("full", log), "full outputs"), None, [])
+    assert both.has_greedy_graph and not only_full.has_greedy_graph
+    assert both.replay(greedy=True) == "greedy outputs" and both.replay(greedy=False) == "full outputs"
+    assert only_full.replay(greedy=True) == "full outputs" and only_full.replay(greedy=False) == "full outputs"
+    assert log == ["greedy", "full", "full", "full"]
+    only_full.release()
+    assert log[-1] == "reset full"
+    with pytest.raises(CaptureError, match="released"):
+        only_full.replay(greedy=True)
+
+
+def test_only_token_logprobs_variants_go_without_a_greedy_graph():
+    plain = LoadedProgram("decode", 1, 4, 4, None, (), (), (), ())
+    assert wants_greedy_graph(plain)
+    assert not wants_greedy_graph(dataclasses.replace(plain, graph="decode_logprobs", token_logprobs=20))

@@ -1,0 +1,101 @@
+"""Modules built straight from a program image's graph JSON (`helios.runtime.loading.graph_image`)
+are torch's: every node (op, target, name, arguments) and the in/out specs equal what
+``deserialize_program(...).module()`` builds, and they compute the same outputs; what the builder
+does not know is left to torch (`NotDirect`), and loading then takes torch's path."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from helios.abi.program_image import deserialize_program, read_program_image
+from helios.abi.registry import registered_schemas
+from helios.core.reader import open_core
+from helios.runtime.loading.cuda_graphs import greedy_module
+from helios.runtime.loading.graph_image import NotDirect, build_module
+from helios.runtime.loading.model import DeclaredOps, load_model, program_arguments
+from helios.runtime.loading.programs import load_program
+from helios.runtime.loading.tuning import producer_handles
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SERVING = ["program.decode.r1t1.rank0", "program.decode.r4t4.rank0", "program.prefill.r1t16.rank0",
+           "program.mixed.r4t20.rank0"]
+
+
+@pytest.fixture(scope="module")
+def core():
+    return open_core(FIXTURES / "models" / "tiny_qwen3.core", accept="test.helios/fixtures",
+                     trusted_keys=[FIXTURES / "cores" / "TEST-ONLY-signing.key.pub"])
+
+
+def _nodes(module):
+    def named(value):
+        return torch.fx.node.map_aggregate(value, lambda a: ("node", a.name) if isinstance(a, torch.fx.Node) else a)
+    return [(n.op, n.target, n.name, named(n.args), named(n.kwargs)) for n in module.graph.nodes]
+
+
+@pytest.mark.parametrize("name", SERVING)
+def test_direct_modules_have_torchs_nodes_and_specs(core, name):
+    image = read_program_image(core.read_resource(name))
+    reference = deserialize_program(image).module()
+    direct = build_module(image.graph, image.state_dict, image.constants)
+    assert _nodes(direct.module) == _nodes(reference) and len(_nodes(reference)) > 250
+    assert direct.module._in_spec == reference._in_spec and direct.module._out_spec == reference._out_spec
+    placeholders = [n for n in reference.graph.nodes if n.op == "placeholder"]
+    assert direct.input_shapes == tuple(tuple(d if isinstance(d, int) else None for d in n.meta["val"].shape)
+                                        for n in placeholders)
+
+
+def test_direct_modules_compute_torchs_outputs(core):
+    model = load_model(core)
+    for program, name in zip(model.programs, SERVING):
+        image = read_program_image(core.read_resource(name))
+        reference = deserialize_program(image).module()
+        direct = build_module(image.graph, image.state_dict, image.constants).module
+        arguments = program_arguments(program, model.weights, model.buffers)
+        for module in (reference, direct):
+            module.validate_inputs = False
+        buffers = [copy.deepcopy(arguments) for _ in range(2)]  # each call writes its own caches
+        expected = reference(*buffers[0])
+        got = direct(*buffers[1])
+        assert all(torch.equal(a, b) for a, b in zip(expected, got))
+        assert all(torch.equal(a, b) for a, b in zip(buffers[0][1:], buffers[1][1:]))
+        # the greedy copy CUDA capture makes of each module (a new GraphModule of a copied graph)
+        buffers = [copy.deepcopy(arguments) for _ in range(2)]
+        expected, got = greedy_module(reference)(*buffers[0]), greedy_module(direct)(*buffers[1])
+        assert all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+def _edited(core, name, edit):
+    image = read_program_image(core.read_resource(name))
+    edit(image.graph)
+    return image
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda g: g["graph_module"]["graph"]["nodes"][1].update(target="math.floor"), "target"),
+    (lambda g: g["graph_module"]["graph"]["nodes"][1]["inputs"][0].update(arg={"as_graph": {}}), "argument"),
+    (lambda g: g["graph_module"]["graph"]["nodes"][1]["inputs"][0].pop("kind"), "kind"),
+    (lambda g: g["graph_module"]["signature"]["input_specs"][0].update(
+        {"parameter": g["graph_module"]["signature"]["input_specs"][0].pop("user_input")}), "input spec"),
+])
+def test_what_the_builder_does_not_know_is_left_to_torch(core, edit, reason):
+    image = _edited(core, "program.decode.r1t1.rank0", edit)
+    with pytest.raises(NotDirect, match=reason):
+        build_module(image.graph, image.state_dict, image.constants)
+
+
+def test_a_program_left_to_torch_still_loads_off_the_cpu(core):
+    """The tuning producer writes its input in place (a user-input mutation): torch's path builds
+    it, for the meta device too."""
+    prepared = core.prepared
+    image = read_program_image(core.read_resource("program.tuning.r1t1.rank0"))
+    with pytest.raises(NotDirect, match="output spec"):
+        build_module(image.graph, image.state_dict, image.constants)
+    declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
+    (handle,) = producer_handles(prepared, dict.fromkeys(g.name for g in prepared.contract.model.graphs), 0)
+    loaded = load_program(core, prepared, handle, declared, torch.device("meta"))
+    assert loaded.graph == handle.graph and loaded.input_shapes
