@@ -10,8 +10,9 @@ So the model worker's host work never competes with the HTTP event loop and the 
 one interpreter lock.
 
 In the engine process `serve_link` runs the commands on its main thread against a started
-`Engine` whose sink sends each round's batch from the model worker thread (a send blocks only when
-the serving process stops reading: back pressure, bounded by the pipe's buffer).
+`Engine` whose sink queues each round's batch for a sender thread, which pickles and writes it (the
+model worker waits only when `MAX_QUEUED` messages are waiting: back pressure from a serving
+process that stopped reading).
 
 What stays true across the boundary: every admitted request ends with exactly one `FinishEvent`.
 The link counts the requests it admitted until their finish comes back; if the engine process
@@ -37,6 +38,7 @@ from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.stats import StatsSnapshot, WorkerStats
 
+MAX_QUEUED = 64  # messages the engine process holds for a serving process that reads slowly
 STATS_INTERVAL_S = 0.05  # an idle engine process sends changed gauges at most this late
 DIED = "the model worker died"
 
@@ -214,13 +216,21 @@ class EngineLink:
 
 class _BatchSender:
     """The engine's sink in the engine process: each round's batch, with the stats when a request
-    finished in it (so a response that ended never reads older counters)."""
+    finished in it (so a response that ended never reads older counters). Messages are pickled and
+    written by a sender thread, in order: a write to the pipe can take milliseconds (the serving
+    process reads when its interpreter lets it, and waking it may preempt the writer), and the
+    model worker must not wait for it before packing its next step."""
 
     def __init__(self, connection, engine: Engine):
         self._connection = connection
         self._engine = engine
-        self._lock = threading.Lock()
+        self._wake = threading.Condition()
+        self._queue: list = []
+        self._is_closing = False
+        self._is_broken = False  # the serving process is gone: nothing more is sent
         self.last_stats: tuple | None = None
+        self._thread = threading.Thread(target=self._run, name="helios-engine-sender", daemon=True)
+        self._thread.start()
 
     def __call__(self, batch: StepBatch) -> None:
         stats = None
@@ -237,8 +247,37 @@ class _BatchSender:
         return values
 
     def send(self, message) -> None:
-        with self._lock:
-            self._connection.send(message)
+        """Queues `message` for the sender thread (any thread); waits only while `MAX_QUEUED`
+        messages are waiting."""
+        with self._wake:
+            while len(self._queue) >= MAX_QUEUED and not self._is_broken and self._thread.is_alive():
+                self._wake.wait(0.1)
+            self._queue.append(message)
+            self._wake.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Sends what is queued, then stops the sender thread."""
+        with self._wake:
+            self._is_closing = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._is_closing:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                messages, self._queue = self._queue, []
+                self._wake.notify_all()  # a sink waiting for room
+            if self._is_broken:
+                continue
+            try:
+                for message in messages:
+                    self._connection.send(message)
+            except (OSError, ValueError):
+                self._is_broken = True
 
 
 def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], GrammarState]) -> None:
@@ -262,15 +301,14 @@ def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Gram
         else:
             engine.shutdown()
             sender.send(Died(engine.failure or "its loop ended"))
+            sender.close()
             return
     except (EOFError, OSError):
         pass  # the serving process is gone
     engine.shutdown()
-    try:
-        sender.send(Batch(None, stats_fields(engine.stats.snapshot())))
-        sender.send(Shutdown())
-    except (OSError, ValueError):
-        pass
+    sender.send(Batch(None, stats_fields(engine.stats.snapshot())))
+    sender.send(Shutdown())
+    sender.close()
 
 
 def _apply(engine: Engine, sender: _BatchSender, message, compile_grammar) -> None:
