@@ -252,3 +252,28 @@ def test_a_failed_worker_loop_is_reported_as_died_and_its_requests_end_with_erro
     link.shutdown()
     assert not engine_side.is_alive()
     runtime.close()
+
+
+def test_the_engine_side_sends_in_order_and_holds_the_worker_back_past_max_queued():
+    import threading
+
+    from helios.runtime.engine_link import MAX_QUEUED, _BatchSender
+
+    gate, sent = threading.Event(), []
+
+    class SlowPipe:  # a serving process that does not read until the gate opens
+        def send(self, message) -> None:
+            gate.wait()
+            sent.append(message)
+
+    sender = _BatchSender(SlowPipe(), engine=None)
+    sender.send(0)
+    wait_for(lambda: not sender._queue)  # the sender thread holds message 0 in its write
+    worker = threading.Thread(target=lambda: [sender.send(k) for k in range(1, MAX_QUEUED + 2)])
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive() and len(sender._queue) == MAX_QUEUED  # the last one waits for room
+    gate.set()
+    worker.join(10)
+    sender.close()
+    assert sent == list(range(MAX_QUEUED + 2))
