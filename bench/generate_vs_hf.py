@@ -8,7 +8,8 @@ greedy workload (8-token prompts, --tokens outputs each) runs through the Helios
 `generate`, interleaved, --repeats times each; the best run of each is reported as output tokens
 per second, with the ratio Helios / transformers (wall clock) and the same ratio of process CPU
 time per token (steadier on a shared machine). Both use the same torch thread count (--threads).
-"same" counts requests whose Helios tokens equal transformers' greedy tokens.
+"same" counts requests whose Helios tokens equal transformers' greedy tokens; "target" is issue
+#18's goal for the ratio (1.0x at batch 1, 1.5x at batch 16).
 
     .venv/bin/python bench/generate_vs_hf.py [--models embedded,llama4] [--checkpoint DIR]
         [--batches 1,16] [--tokens 64] [--threads 1] [--repeats 5] [--dtype float32]
@@ -41,6 +42,7 @@ from helios.runtime.service import build_runtime  # noqa: E402
 
 NAMESPACE = "bench/hf"
 PROMPT_TOKENS = 8
+TARGETS = {1: "1.0x", 16: "1.5x"}  # issue #18's CPU row: Helios / transformers
 
 
 @dataclass
@@ -94,8 +96,9 @@ def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]
             wall, cpu, (count, their_tokens) = timed(lambda: hf_run(model, prompts, args.tokens))
             theirs.update(wall, cpu, count)
         same = sum(a == b for a, b in zip(our_tokens, their_tokens))
+        target = TARGETS.get(batch, "-")
         print(f"{name:9s} {batch:5d}  {1 / ours.wall:12.1f}  {1 / theirs.wall:18.1f}  {theirs.wall / ours.wall:5.2f}"
-              f"  {theirs.cpu / ours.cpu:9.2f}  {same:3d}/{batch}", flush=True)
+              f"  {theirs.cpu / ours.cpu:9.2f}  {same:3d}/{batch}  {target:>6s}", flush=True)
 
 
 def checkpoints(args, scratch: Path) -> list[tuple[str, Path]]:
@@ -129,7 +132,7 @@ def main() -> None:
         chosen = checkpoints(args, Path(scratch))
         print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} thread(s), "
               f"{args.dtype}, {args.tokens} tokens per request, greedy, best of {args.repeats}")
-        print("model     batch  helios tok/s  transformers tok/s  ratio  cpu ratio  same")
+        print("model     batch  helios tok/s  transformers tok/s  ratio  cpu ratio  same  target")
         for name, checkpoint in chosen:
             compare(name, checkpoint, Path(scratch), args, batches)
 

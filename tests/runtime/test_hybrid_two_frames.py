@@ -12,7 +12,7 @@ import functools
 
 import pytest
 
-import helios.runtime.loading.model as model_module
+import helios.runtime.loading.programs as program_loading
 import helios.runtime.service as service
 from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module
 from helios.runtime.execution.executor import GraphExecutor
@@ -52,7 +52,7 @@ def test_two_frames_give_the_reference_tokens_batched(hybrid, expected, monkeypa
 
 
 def test_replayed_exported_programs_with_two_frames_give_the_reference_tokens(hybrid, expected, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(model_module, "cpu_program", lambda module: module)  # what a CUDA model runs
+    monkeypatch.setattr(program_loading, "cpu_program", lambda module: module)  # what a CUDA model runs
     runtime = _two_frames(runtime_of(hybrid))
     executor, model = runtime.engine.executor, runtime.engine.executor.model
     programs = {

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.paged_reference import attend, plan_attention
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 __all__ = [
@@ -161,35 +162,11 @@ def paged_attention(
 
 def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale: float,
                          window: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The CPU reference of the attention ops (reads query_start on the host); `sinks` (float32 [Hq],
-    optional) adds one learned logit per query head to every softmax denominator."""
-    bounds = query_start.tolist()
-    count = len(bounds) - 1
-    if count == q.shape[0] and bounds == list(range(count + 1)):  # a full decode step: row r owns token r
-        return _attend_single(q, k_cache, v_cache, page_table, positions, scale, window, sinks)
-    out = torch.zeros_like(q)
-    single_rows, single_tokens = [], []
-    for row in range(count):
-        start, end = bounds[row], bounds[row + 1]
-        if end - start == 1:
-            single_rows.append(row)
-            single_tokens.append(start)
-        elif end > start:
-            out[start:end] = _attend_row(
-                q[start:end], k_cache, v_cache, page_table[row], positions[start:end], scale, window, sinks
-            )
-    if not single_rows:
-        return out
-    count = len(single_rows)
-    if single_rows[-1] == count - 1 and single_tokens[-1] == count - 1:  # a decode step: rows 0..n-1 own tokens 0..n-1
-        out[:count] = _attend_single(q[:count], k_cache, v_cache, page_table[:count], positions[:count], scale, window,
-                                     sinks)
-        return out
-    tokens = torch.tensor(single_tokens, device=q.device)  # decoding lanes among prompt rows, attended together
-    rows = torch.tensor(single_rows, device=q.device)
-    out[tokens] = _attend_single(q[tokens], k_cache, v_cache, page_table[rows], positions[tokens], scale, window,
-                                 sinks)
-    return out
+    """The CPU reference of the attention ops (reads query_start and positions on the host):
+    `helios.abi.paged_reference`'s plan and attention of one call; `sinks` (float32 [Hq], optional)
+    adds one learned logit per query head to every softmax denominator."""
+    plan = plan_attention(page_table, query_start, positions, window, k_cache)
+    return attend(plan, q, k_cache, v_cache, scale, sinks)
 
 
 @paged_attention.register_fake
@@ -242,77 +219,3 @@ def _paged_attention_tuned_cuda(q, k_cache, v_cache, page_table, query_start, po
 
     return triton_paged_attention_tuned(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
                                         splits)
-
-
-def _attend_row(q, k_cache, v_cache, pages, positions, scale: float, window: int, sinks=None) -> torch.Tensor:
-    """Attention of one row's queries [n, Hq, D] over its cached positions 0..max(positions)."""
-    num_tokens, num_heads, head_dim = q.shape
-    page_tokens, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    context_len = int(positions.max()) + 1
-    num_pages = -(-context_len // page_tokens)
-    if num_pages > pages.shape[0]:
-        raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {pages.shape[0]}")
-    page_ids = pages[:num_pages]
-    keys = _float(_pages(k_cache, page_ids).reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1))
-    values = _float(_pages(v_cache, page_ids).reshape(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1))
-    allowed = _allowed(torch.arange(context_len, device=q.device), positions, window)
-    queries = q.float().transpose(0, 1)  # [Hq, n, D]
-    attended = _softmax_attention(queries, keys, values, allowed, scale, sinks)
-    return attended.transpose(0, 1).to(q.dtype)
-
-
-def _attend_single(q, k_cache, v_cache, page_table, positions, scale: float, window: int,
-                   sinks=None) -> torch.Tensor:
-    """Attention of n rows with one query each [n, Hq, D], batched over a shared padded context."""
-    num_rows, num_heads, head_dim = q.shape
-    page_tokens, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    context_len = int(positions.max()) + 1
-    num_pages = -(-context_len // page_tokens)
-    if num_pages > page_table.shape[1]:
-        raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
-    # A shorter row's entries past its last page may hold anything: clamped into the plane, the
-    # pages they name are read but masked below (a masked position's weight is exactly 0).
-    page_ids = page_table[:, :num_pages].clamp(0, k_cache.shape[0] - 1)  # int32 indices index as they are
-    keys = _float(_pages(k_cache, page_ids).reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
-    values = _float(_pages(v_cache, page_ids).reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2))
-    allowed = _allowed(torch.arange(keys.shape[2], device=q.device), positions, window)
-    queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
-    attended = _softmax_attention(queries, keys, values, allowed[:, None, None, :], scale, sinks).squeeze(2)
-    return attended if attended.dtype == q.dtype else attended.to(q.dtype)
-
-
-def _pages(plane: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
-    """plane[page_ids] ([n, pages, page_tokens, Hkv, D]) by one index_select of whole pages (a
-    copy of contiguous page blocks; advanced indexing copies element by element, 3x slower)."""
-    return plane.index_select(0, page_ids.reshape(-1)).view(*page_ids.shape, *plane.shape[1:])
-
-
-def _float(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dtype == torch.float32 else tensor.float()
-
-
-def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
-    """bool [n, L]: cached position c is visible to query position p (c <= p, inside the window)."""
-    allowed = cached[None, :] <= positions[:, None]
-    if window > 0:
-        allowed &= positions[:, None] - cached[None, :] < window
-    return allowed
-
-
-def _softmax_attention(queries, keys, values, allowed, scale: float, sinks=None) -> torch.Tensor:
-    """softmax(scale * q.k, masked) . v in float32, query heads grouped over the key/value heads
-    (head h reads key/value head h // (Hq // Hkv)); one fused op instead of a dozen small ones.
-    Every query sees at least its own position, so no row is fully masked. Query heads are dim -3.
-    With `sinks` [Hq], each head's sink logit joins the softmax's denominator (and adds no value)."""
-    if sinks is None:
-        return torch.nn.functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
-    group = queries.shape[-3] // keys.shape[-3]
-    keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
-    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    sink = sinks.to(torch.float32).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
-    combined = torch.cat((scores, sink), dim=-1)
-    combined = combined - combined.max(dim=-1, keepdim=True).values
-    probs = torch.softmax(combined, dim=-1)[..., :-1]
-    return torch.matmul(probs, values)

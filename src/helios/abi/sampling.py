@@ -248,6 +248,14 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
 
 def _host_sample(logits, params: DrawParams, penalties, counts, grammar_mask, mask_rows, draws: bool):
     check_sample_args(logits, params, penalties, counts, grammar_mask, mask_rows)
+    return host_sample(logits, params, penalties, counts, grammar_mask, mask_rows, draws)
+
+
+def host_sample(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,
+                counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor, mask_rows: torch.Tensor,
+                draws: bool = True) -> torch.Tensor:
+    """The op's tokens on checked host (CPU) arguments: the greedy fast path when it applies,
+    else the reference pipeline (`draws` False: every row greedy)."""
     # CPU only: a call with no drawing or penalised row takes the float32 argmax (the same tokens).
     temperature = params.temperature if draws else torch.zeros_like(params.temperature)
     greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows)

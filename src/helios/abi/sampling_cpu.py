@@ -24,14 +24,20 @@ NO_TOKEN = -1  # as `helios.abi.sampling.NO_TOKEN`
 
 
 def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties: torch.Tensor,
-                      grammar_mask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor | None:
+                      grammar_mask: torch.Tensor, mask_rows: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor | None:
     """int64 [R] greedy tokens of validated float32 logits [R, V] when no row draws and none is
     penalised (see the module docstring), else None. Masked rows whose mask allows every token
-    (the runtime's unconstrained rows) are left as they are; others get -inf where disallowed."""
+    (the runtime's unconstrained rows) are left as they are; others get -inf where disallowed.
+    With `rows` (bool [R]) only those rows decide (and only their tokens are meaningful)."""
     if logits.device.type != "cpu":
         return None
-    special = (temperature > 0).any() | (penalties != _NEUTRAL_PENALTIES).any()
     restricted = mask_rows & ~allows_every_token(grammar_mask, logits.shape[1])
+    if rows is None:
+        special = (temperature > 0).any() | (penalties != _NEUTRAL_PENALTIES).any()
+    else:
+        special = (((temperature > 0) | (penalties != _NEUTRAL_PENALTIES).any(-1)) & rows).any()
+        restricted = restricted & rows
     special, masked = torch.stack((special, restricted.any())).tolist()
     if special:
         return None

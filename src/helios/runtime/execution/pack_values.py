@@ -66,14 +66,32 @@ def write_vector(target: torch.Tensor, values: list, binding, pad: bool) -> None
         values = [padded(v, target, binding) for v in values]
     if n > target.shape[0]:
         raise ValueError(f"{binding.destination}: {n} values exceed the buffer's {target.shape[0]} rows")
+    if n and (binding.offset != 0 or None in values):
+        values = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
+    array = host_array(target)
+    if array is not None:  # a host buffer: written in place through numpy (the same values, no tensor made)
+        if n:
+            array[:n] = values
+        if pad and n < target.shape[0]:
+            array[n:] = binding.padding
+        return
     if n:
-        if binding.offset == 0 and None not in values:  # the common case: the values as they are
-            filled = values
-        else:
-            filled = [binding.padding if v is None else _offset(v, binding.offset) for v in values]
-        target[:n] = torch.tensor(filled, dtype=target.dtype)
+        target[:n] = torch.tensor(values, dtype=target.dtype)
     if pad and n < target.shape[0]:
         target[n:] = binding.padding
+
+
+_NUMPY_DTYPES = frozenset((torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+                           torch.float32, torch.float64, torch.float16))
+
+
+def host_array(target: torch.Tensor):
+    """A numpy view of a host tensor of a dtype numpy holds (writes through it are the tensor's),
+    else None. Python ints, floats and bools convert as ``torch.tensor(values, dtype=...)`` would:
+    exactly, or a float rounded to nearest; an int out of the dtype's range raises OverflowError."""
+    if target.device.type != "cpu" or target.dtype not in _NUMPY_DTYPES:
+        return None
+    return target.numpy()
 
 
 def padded(value: tuple, target: torch.Tensor, binding) -> tuple:

@@ -16,12 +16,19 @@ the same values with less of it, once, at load (nothing is compiled, traced or e
   spec and unflattens its outputs on every call; a `CpuProgram` regenerates the graph's code with
   plain positional inputs and calls it with the weight list unpacked.
 - `helios.runtime.loading.graph_rewrites`: exact rewrites of op chains into fewer ops (rotary halves).
+- Checked once. The first call runs that graph, whose ABI bodies check every argument (dtype,
+  shape, device). The runtime calls a program with the same tensors every call
+  (`helios.runtime.loading.model.program_arguments`), so a later call with those same tensors
+  runs the program's fast graph (`helios.runtime.loading.cpu_fast`): unchecked bodies, step plans
+  shared by every layer, sampling of the selected rows only, aten calls through torch's bindings.
+  A call with other tensors runs the checked graph again (and makes them the checked ones).
 
 Results are bit-for-bit those of the exported module: the same kernels run on the same values.
 """
 
 from __future__ import annotations
 
+from operator import is_
 from typing import Any, Callable, Sequence
 
 import torch
@@ -29,6 +36,7 @@ from torch._library import custom_ops
 
 from helios.abi.registry import NAMESPACE, cpu_body
 from helios.errors import ExecutionError
+from helios.runtime.loading.cpu_fast import OP_META, fast_graph
 from helios.runtime.loading.graph_rewrites import fuse_rotary_halves
 
 
@@ -39,12 +47,13 @@ class ProgramArgumentError(ExecutionError, ValueError):
 class CpuProgram:
     """A program's graph, code-generated once with flat inputs; called like the exported module
     (``program(weights, *inputs)``), it returns the tuple of its outputs. `graph` is the rewritten
-    graph (read-only by convention: editing it does not change the generated code)."""
+    graph with checked ABI bodies (read-only by convention: editing it changes the generated code
+    only after `recompile`); `fast` its fast module (None: every call is checked)."""
 
     def __init__(self, module: torch.fx.GraphModule, num_weights: int):
         self.module = module
         self.num_weights = num_weights
-        self._forward = module.forward
+        self._derive()
 
     @property
     def graph(self) -> torch.fx.Graph:
@@ -53,12 +62,25 @@ class CpuProgram:
     def recompile(self) -> None:
         """Regenerates the code after an edit of `graph` (a load-time binding, e.g. of collectives)."""
         self.module.recompile()
+        self._derive()
+
+    def _derive(self) -> None:
         self._forward = self.module.forward
+        graph = fast_graph(self.module.graph)
+        self.fast = None if graph is None else torch.fx.GraphModule(self.module, graph)
+        self._checked: tuple[Sequence[torch.Tensor], tuple, tuple] | None = None  # weights, their tensors, inputs
 
     def __call__(self, weights: Sequence[torch.Tensor], *inputs: torch.Tensor) -> Any:
         if len(weights) != self.num_weights:
             raise ProgramArgumentError(f"the program takes {self.num_weights} weights, got {len(weights)}")
-        return self._forward(*weights, *inputs)
+        checked = self._checked
+        if (checked is not None and checked[0] is weights and all(map(is_, weights, checked[1]))
+                and len(inputs) == len(checked[2]) and all(map(is_, inputs, checked[2]))):
+            return self.fast(*weights, *inputs)
+        outputs = self._forward(*weights, *inputs)
+        if self.fast is not None:
+            self._checked = (weights, tuple(weights), inputs)
+        return outputs
 
 
 def cpu_program(module: torch.fx.GraphModule) -> CpuProgram | torch.fx.GraphModule:
@@ -120,11 +142,12 @@ def bind_abi_kernels(graph: torch.fx.Graph) -> int:
             continue
         if node.target.namespace != NAMESPACE:
             continue
-        body = _cpu_body(node.target)
+        op, body = node.target._schema.name, _cpu_body(node.target)
         arguments = _positional(node.target._schema, node.args, node.kwargs)
         if body is None or arguments is None:
             continue
         node.target, node.args, node.kwargs = body, arguments, {}
+        node.meta[OP_META] = (op, body)  # what the fast graph rewrites (`helios.runtime.loading.cpu_fast`)
         bound += 1
     return bound
 

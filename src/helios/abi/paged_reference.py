@@ -1,0 +1,188 @@
+"""The CPU reference of paged attention (``helios::paged_attention``, its tuned and sink variants)
+in two stages, so that what every layer of a step shares is computed once per step.
+
+`plan_attention(page_table, query_start, positions, window, k_cache)` reads the step's row bounds
+and positions on the host and builds an `AttentionPlan`: which rows attend together with one query
+each (a decode step's rows), which rows attend with several (prompt chunks), the page ids each
+gathers and the positions each query may see (as the bool mask and as the additive float mask that
+``scaled_dot_product_attention`` makes of it). `attend(plan, q, k_cache, v_cache, scale, sinks)`
+is then one layer's attention: gather the pages, attend, place the rows. The ops' bodies run both
+stages per call; a CPU program builds one plan per step for all its layers
+(`helios.runtime.loading.cpu_programs`). Either way the same kernels run on the same values, so the
+results are bit for bit the same: the additive mask holds exactly what SDPA derives from the bool
+one (0 where visible, -inf elsewhere, in the queries' float32).
+
+A plan depends on the page table, the row bounds, the positions, the window and the plane
+geometry (pages, page tokens) only; it holds no cache values, so a step's cache writes between
+layers do not invalidate it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from helios.abi.registry import AbiArgumentError
+
+_ATTEND = "helios::paged_attention"
+
+
+class _Group(NamedTuple):
+    """Rows that attend with one query each, batched over a shared padded context."""
+
+    tokens: slice | torch.Tensor  # their queries in q (and their outputs)
+    page_ids: torch.Tensor  # int32 [rows * pages], flat: the pages each row gathers
+    num_rows: int
+    allowed: torch.Tensor  # bool [rows, 1, 1, L]: position c visible to the row's query
+    mask: torch.Tensor  # float32 [rows, 1, 1, L]: 0 where allowed, -inf elsewhere
+
+
+class _Row(NamedTuple):
+    """One row with several queries (a prompt chunk), over its own context."""
+
+    start: int
+    end: int
+    page_ids: torch.Tensor  # int32 [pages]
+    context_len: int
+    allowed: torch.Tensor  # bool [n, context_len]
+    mask: torch.Tensor  # float32 [n, context_len]
+
+
+class AttentionPlan(NamedTuple):
+    """What every layer of one step shares (see the module docstring). `full`: the group covers
+    every packed token in order (a full decode step), so its result is the whole output."""
+
+    num_tokens: int
+    plane_pages: int
+    page_tokens: int
+    full: bool
+    group: _Group | None
+    rows: tuple[_Row, ...]
+
+
+def plan_attention(page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor, window: int,
+                   k_cache: torch.Tensor) -> AttentionPlan:
+    """The step's plan over validated arguments (reads query_start and positions on the host)."""
+    plane_pages, page_tokens = k_cache.shape[0], k_cache.shape[1]
+    bounds = query_start.tolist()
+    count = len(bounds) - 1
+    num_tokens = positions.shape[0]
+    if count == num_tokens and bounds == list(range(count + 1)):  # a full decode step: row r owns token r
+        group = _group(slice(0, count), page_table, positions, window, plane_pages, page_tokens)
+        return AttentionPlan(num_tokens, plane_pages, page_tokens, True, group, ())
+    rows, single_rows, single_tokens = [], [], []
+    for row in range(count):
+        start, end = bounds[row], bounds[row + 1]
+        if end - start == 1:
+            single_rows.append(row)
+            single_tokens.append(start)
+        elif end > start:
+            rows.append(_row(start, end, page_table[row], positions[start:end], window, page_tokens))
+    group = None
+    if single_rows:
+        count = len(single_rows)
+        if single_rows[-1] == count - 1 and single_tokens[-1] == count - 1:  # rows 0..n-1 own tokens 0..n-1
+            group = _group(slice(0, count), page_table[:count], positions[:count], window, plane_pages, page_tokens)
+        else:  # decoding lanes among prompt rows, attended together
+            tokens = torch.tensor(single_tokens, device=positions.device)
+            chosen = torch.tensor(single_rows, device=positions.device)
+            group = _group(tokens, page_table[chosen], positions[tokens], window, plane_pages, page_tokens)
+    return AttentionPlan(num_tokens, plane_pages, page_tokens, False, group, tuple(rows))
+
+
+def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's attention [T, Hq, D] (q's dtype) over `plan`; padding tokens get zeros.
+    `sinks` (float32 [Hq], optional) adds one learned logit per query head to each denominator."""
+    if k_cache.shape[0] != plan.plane_pages or k_cache.shape[1] != plan.page_tokens:
+        raise AbiArgumentError(f"{_ATTEND}: planned for planes of {plan.plane_pages} pages of {plan.page_tokens} "
+                               f"tokens, got {list(k_cache.shape[:2])}")
+    group = plan.group
+    if plan.full:
+        return _attend_group(group, q, k_cache, v_cache, scale, sinks)
+    out = torch.zeros_like(q)
+    for row in plan.rows:
+        out[row.start:row.end] = _attend_row(row, q[row.start:row.end], k_cache, v_cache, scale, sinks)
+    if group is not None:
+        out[group.tokens] = _attend_group(group, q[group.tokens], k_cache, v_cache, scale, sinks)
+    return out
+
+
+def _group(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
+    context_len = int(positions.max()) + 1
+    num_pages = -(-context_len // page_tokens)
+    if num_pages > page_table.shape[1]:
+        raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
+    # A shorter row's entries past its last page may hold anything: clamped into the plane, the
+    # pages they name are read but masked (a masked position's weight is exactly 0).
+    page_ids = page_table[:, :num_pages].clamp(0, plane_pages - 1)  # int32 indices index as they are
+    cached = torch.arange(num_pages * page_tokens, device=positions.device)
+    allowed = _allowed(cached, positions, window)[:, None, None, :]
+    return _Group(tokens, page_ids.reshape(-1), page_ids.shape[0], allowed, _additive(allowed))
+
+
+def _row(start: int, end: int, pages, positions, window: int, page_tokens: int) -> _Row:
+    context_len = int(positions.max()) + 1
+    num_pages = -(-context_len // page_tokens)
+    if num_pages > pages.shape[0]:
+        raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {pages.shape[0]}")
+    allowed = _allowed(torch.arange(context_len, device=positions.device), positions, window)
+    return _Row(start, end, pages[:num_pages], context_len, allowed, _additive(allowed))
+
+
+def _attend_group(group: _Group, q, k_cache, v_cache, scale: float, sinks) -> torch.Tensor:
+    """Attention of the group's rows, one query each [n, Hq, D], over their padded contexts."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    shape = (group.num_rows, -1, num_kv_heads, head_dim)
+    keys = _float(k_cache.index_select(0, group.page_ids).view(shape).transpose(1, 2))
+    values = _float(v_cache.index_select(0, group.page_ids).view(shape).transpose(1, 2))
+    queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
+    attended = _softmax_attention(queries, keys, values, group, scale, sinks).squeeze(2)
+    return attended if attended.dtype == q.dtype else attended.to(q.dtype)
+
+
+def _attend_row(row: _Row, q, k_cache, v_cache, scale: float, sinks) -> torch.Tensor:
+    """Attention of one row's queries [n, Hq, D] over its cached positions 0..context_len - 1."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    keys = _float(k_cache.index_select(0, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
+    values = _float(v_cache.index_select(0, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
+    queries = q.float().transpose(0, 1)  # [Hq, n, D]
+    attended = _softmax_attention(queries, keys, values, row, scale, sinks)
+    return attended.transpose(0, 1).to(q.dtype)
+
+
+def _float(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
+
+
+def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """bool [n, L]: cached position c is visible to query position p (c <= p, inside the window)."""
+    allowed = cached[None, :] <= positions[:, None]
+    if window > 0:
+        allowed &= positions[:, None] - cached[None, :] < window
+    return allowed
+
+
+def _additive(allowed: torch.Tensor) -> torch.Tensor:
+    """The float32 mask SDPA derives from a bool one: 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def _softmax_attention(queries, keys, values, masks: _Group | _Row, scale: float, sinks=None) -> torch.Tensor:
+    """softmax(scale * q.k, masked) . v in float32, query heads grouped over the key/value heads
+    (head h reads key/value head h // (Hq // Hkv)); one fused op instead of a dozen small ones.
+    Every query sees at least its own position, so no row is fully masked. Query heads are dim -3.
+    With `sinks` [Hq], each head's sink logit joins the softmax's denominator (and adds no value)."""
+    if sinks is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=masks.mask, scale=scale, enable_gqa=True)
+    group = queries.shape[-3] // keys.shape[-3]
+    keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~masks.allowed, float("-inf"))
+    sink = sinks.to(torch.float32).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat((scores, sink), dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(combined, dim=-1)[..., :-1]
+    return torch.matmul(probs, values)
