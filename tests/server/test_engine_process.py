@@ -87,9 +87,11 @@ def test_greedy_outputs_equal_the_in_thread_engine_and_grammars_compile_in_the_e
     assert remote.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
     assert remote.json()["choices"][0]["text"] == local.json()["choices"][0]["text"]
 
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    response_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     constrained = post(app, chat(max_tokens=200, chat_template_kwargs={"enable_thinking": False},
-                                 response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}))
+                                 response_format=response_format))
     assert constrained.status_code == 200, constrained.text
     content = constrained.json()["choices"][0]["message"]["content"]
     if constrained.json()["choices"][0]["finish_reason"] == "stop":

@@ -111,7 +111,8 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         from helios.runtime.feedback import TensorGrammar
 
         model = runtime.model
-        connection.send(_Ready(model.tokenizer_json, model.chat_template, stats_fields(runtime.engine.stats.snapshot())))
+        stats = stats_fields(runtime.engine.stats.snapshot())
+        connection.send(_Ready(model.tokenizer_json, model.chat_template, stats))
         serve_link(connection, runtime.engine, lambda text: TensorGrammar(compiler.compile_source(text)))
     finally:
         runtime.close()
