@@ -6,7 +6,8 @@ count) and serves it twice at once, with the same cache pages:
 
 - in-process: a runtime in this process whose engine runs in its model worker thread, as under the
   server; requests go straight to `Engine.submit` and their token events are counted in the callback;
-- HTTP: `helios serve --device cuda` in a subprocess; streamed `/v1/completions` requests (token-id
+- HTTP: `helios serve --device cuda` in a subprocess (its model worker in an engine process, the
+  default, or with `--server-modes thread` a thread of the server process); streamed `/v1/completions` requests (token-id
   prompts, ``temperature: 0``, ``stream_options.include_usage``) from `--client-processes` client
   processes (asyncio + httpx), so that the clients' own parsing is spread over host cores.
 
@@ -19,7 +20,7 @@ rounds. Prints a table with the HTTP / in-process ratio per stream count; `--jso
 number. `--smoke` runs tiny shapes on the CPU (checks the script, not a measurement).
 
     python bench/http_serving.py [--layers 32] [--streams 1 64 256] [--prompt 128] [--output 128]
-        [--rounds 3] [--client-processes 8] [--json out.json] [--smoke]
+        [--rounds 3] [--client-processes 8] [--server-modes process thread] [--json out.json] [--smoke]
 """
 
 from __future__ import annotations
@@ -127,12 +128,13 @@ class Server:
     """`helios serve` in a subprocess on the same core and pages."""
 
     def __init__(self, core: Path, public_key: Path, num_pages: int, max_active: int, queue_capacity: int,
-                 start_timeout_s: float):
+                 start_timeout_s: float, mode: str = "process"):
         device = "cuda" if _has_cuda() else "cpu"
         command = [sys.executable, "-m", "helios.cli.main", "serve", str(core), "--accept", NAMESPACE,
                    "--trust", str(public_key), "--device", device, "--port", "0", "--pages", str(num_pages),
                    "--max-active", str(max_active), "--queue-capacity", str(queue_capacity),
-                   "--log-level", "warning", "--no-access-log"]
+                   "--log-level", "warning", "--no-access-log",
+                   "--engine-process" if mode == "process" else "--no-engine-process"]
         started = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
@@ -236,36 +238,45 @@ def run(args, core: Path, public_key: Path, vocab: int) -> dict:
     num_pages = max(levels) * -(-(args.prompt + args.output) // PAGE_TOKENS) + 32
     queue = max(levels) + 8
     local = InProcess(core, public_key, num_pages, queue)
-    server = Server(core, public_key, num_pages, max(levels), queue, args.start_timeout)
     pool = ProcessPoolExecutor(args.client_processes, mp_context=get_context("spawn"))
-    results: dict = {"levels": {}}
+    results: dict = {"modes": {}}
     try:
         list(pool.map(_warm_client, range(args.client_processes * 2)))
-        for level in levels:
-            ours, http = Side(), Side()
-            warm = prompts(level, args.prompt, vocab, salt=1000 + level)
-            local.round(warm, args.output)
-            http_round(pool, server, prompts(level, args.prompt, vocab, salt=2000 + level), args.output,
-                       args.client_processes)
-            for r in range(args.rounds):
-                batch = prompts(level, args.prompt, vocab, salt=10 * level + r)  # the same for both sides
-                tokens, seconds = local.round(batch, args.output)
-                ours.rates.append(tokens / seconds)
-                ours.tokens.append(tokens)
-                tokens, seconds = http_round(pool, server, prompts(level, args.prompt, vocab, salt=5000 + 10 * level + r),
-                                             args.output, args.client_processes)
-                http.rates.append(tokens / seconds)
-                http.tokens.append(tokens)
-            results["levels"][level] = {"in_process": ours.__dict__, "http": http.__dict__,
-                                        "in_process_tok_s": ours.median, "http_tok_s": http.median,
-                                        "ratio": http.median / ours.median}
-            log(f"{level} streams: in-process {ours.median:.1f} tok/s, HTTP {http.median:.1f} tok/s, "
-                f"HTTP/in-process {http.median / ours.median:.3f}")
+        for mode in args.server_modes:
+            server = Server(core, public_key, num_pages, max(levels), queue, args.start_timeout, mode)
+            try:
+                results["modes"][mode] = {"levels": run_levels(args, levels, local, server, pool, vocab, mode)}
+            finally:
+                server.close()
     finally:
         pool.shutdown(cancel_futures=True)
-        server.close()
         local.close()
     return results
+
+
+def run_levels(args, levels, local: InProcess, server: Server, pool, vocab: int, mode: str) -> dict:
+    """Every stream count against one server: alternating in-process and HTTP rounds."""
+    rows = {}
+    for level in levels:
+        ours, http = Side(), Side()
+        warm = prompts(level, args.prompt, vocab, salt=1000 + level)
+        local.round(warm, args.output)
+        http_round(pool, server, prompts(level, args.prompt, vocab, salt=2000 + level), args.output,
+                   args.client_processes)
+        for r in range(args.rounds):
+            batch = prompts(level, args.prompt, vocab, salt=10 * level + r)  # the same for both sides
+            tokens, seconds = local.round(batch, args.output)
+            ours.rates.append(tokens / seconds)
+            ours.tokens.append(tokens)
+            tokens, seconds = http_round(pool, server, prompts(level, args.prompt, vocab, salt=5000 + 10 * level + r),
+                                         args.output, args.client_processes)
+            http.rates.append(tokens / seconds)
+            http.tokens.append(tokens)
+        rows[level] = {"in_process": ours.__dict__, "http": http.__dict__, "in_process_tok_s": ours.median,
+                       "http_tok_s": http.median, "ratio": http.median / ours.median}
+        log(f"{level} streams, engine {mode}: in-process {ours.median:.1f} tok/s, HTTP {http.median:.1f} tok/s, "
+            f"HTTP/in-process {http.median / ours.median:.3f}")
+    return rows
 
 
 def main() -> None:
@@ -278,6 +289,9 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=8, help="HTTP client processes")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds the server may take to load")
+    parser.add_argument("--server-modes", nargs="+", choices=("process", "thread"), default=["process"],
+                        help="how `helios serve` runs its model worker: an engine process (its default) "
+                        "and/or a thread of the server process (--no-engine-process); one server per mode, in turn")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
     args = parser.parse_args()
@@ -309,11 +323,12 @@ def main() -> None:
     results.update({"layers": shape.num_hidden_layers, "dtype": args.dtype, "prompt": args.prompt,
                     "output": args.output, "torch": torch.__version__})
     log("")
-    log(f"| streams | in-process tok/s | HTTP tok/s | HTTP / in-process |  ({args.prompt} prompt / {args.output} "
-        f"output tokens, greedy, median of {args.rounds} rounds)")
-    log("|---|---|---|---|")
-    for level, row in results["levels"].items():
-        log(f"| {level} | {row['in_process_tok_s']:.1f} | {row['http_tok_s']:.1f} | {row['ratio']:.3f}x |")
+    log(f"| model worker | streams | in-process tok/s | HTTP tok/s | HTTP / in-process |  ({args.prompt} prompt / "
+        f"{args.output} output tokens, greedy, median of {args.rounds} rounds)")
+    log("|---|---|---|---|---|")
+    for mode, result in results["modes"].items():
+        for level, row in result["levels"].items():
+            log(f"| {mode} | {level} | {row['in_process_tok_s']:.1f} | {row['http_tok_s']:.1f} | {row['ratio']:.3f}x |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -3,6 +3,7 @@ admission, preparation, presentation) against the same generation in-process wit
 
     .venv/bin/python bench/server_overhead.py [--streams 1 16 64] [--tokens 64] [--rounds 5]
         [--torch-threads 1] [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
+        [--client raw|httpx] [--server-flag=--FLAG ...]
 
 Not a test. Without --core, a checkpoint is prepared into a temporary core first (decode batches
 1, 4, 16, 64): --checkpoint DIR, else the embedded default model when it is built, else the tiny
@@ -12,14 +13,18 @@ token-id prompt, so both sides generate the same tokens.
 - in-process: an engine whose worker thread runs in this process; requests go straight to
   `Engine.submit` and times are read in the token callback (no delivery cost at all);
 - offline:    `helios.runtime.offline.generate` (synchronous, one batch), aggregate tokens/s;
-- server:     a `helios serve` subprocess; asyncio httpx clients here stream with
-  return_token_ids (one metadata chunk per generated id marks each token's arrival).
+- server:     a `helios serve` subprocess, streamed with return_token_ids (each chunk's ids mark
+  their tokens' arrival) by a client in a process of its own (`bench/sse_client.py`: asyncio raw
+  sockets, minimal HTTP/1.1 and SSE reading), so that the client's work neither lands on the
+  measured process nor dominates the shared cores; `--client httpx` streams with asyncio httpx
+  clients in this process instead (the earlier client; it costs about as much CPU per token as
+  the server's event loop).
 
 Both sides use the same torch thread count and run interleaved (one in-process round, one server
 round, ...) so that load from other processes hits both alike. Per stream: TTFT = first token -
 submission; per-token = (last token - first token) / (n - 1); medians over all streams of all
 rounds. CPU ms/token is CPU time of the serving side (this process during in-process rounds; the
-server process, every thread, during server rounds) over tokens generated: the least noisy
+server process and its children, every thread, during server rounds) over tokens generated: the least noisy
 measure of the server's own work on a shared machine.
 """
 
@@ -39,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from sse_client import ClientProcess
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench.helios/server"
@@ -57,6 +63,7 @@ class Samples:
     ttft_s: list[float] = field(default_factory=list)
     per_token_s: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
     num_tokens: int = 0
 
     def add(self, submitted: float, token_times: list[float]) -> None:
@@ -90,8 +97,16 @@ def prepare(scratch: Path, checkpoint: Path | None) -> CoreRef:
 
 
 def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of `pid` and its live descendants (an engine process included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += process_cpu_s(int(child))
+    return total
 
 
 # -- in-process ----------------------------------------------------------------------------------
@@ -166,11 +181,12 @@ def offline_rates(core: CoreRef, levels: list[int], tokens: int) -> dict[int, fl
 class Server:
     """A `helios serve` subprocess; `round(level)` streams `level` requests at once."""
 
-    def __init__(self, core: CoreRef, max_active: int, tokens: int, torch_threads: int):
+    def __init__(self, core: CoreRef, max_active: int, tokens: int, torch_threads: int, client: str,
+                 extra: tuple[str, ...] = ()):
         command = [sys.executable, "-m", "helios.cli.main", "serve", str(core.path), "--accept", core.namespace,
                    "--trust", str(core.public_key), "--port", "0", "--max-active", str(max_active),
                    "--queue-capacity", str(max_active), "--torch-threads", str(torch_threads),
-                   "--log-level", "warning"]
+                   "--log-level", "warning", *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         self.url = self.process.stdout.readline().split(" on ", 1)[1].split()[0]
         self.tokens = tokens
@@ -180,6 +196,8 @@ class Server:
                 raise RuntimeError("the server did not start")
             time.sleep(0.1)
         self.served_id = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+        self.client = ClientProcess() if client == "raw" else None
+        self.client_cpu_s = 0.0
 
     def _is_healthy(self) -> bool:
         try:
@@ -189,9 +207,15 @@ class Server:
 
     def round(self, level: int, samples: Samples | None) -> None:
         cpu = process_cpu_s(self.process.pid)
-        streams = asyncio.run(self._streams(level))
+        if self.client is not None:
+            streams, client_cpu_s = self.client.round(self.url, json.dumps(self._body()).encode(), level)
+        else:
+            started = time.process_time()
+            streams = asyncio.run(self._streams(level))
+            client_cpu_s = time.process_time() - started
         if samples is not None:
             samples.cpu_s += process_cpu_s(self.process.pid) - cpu
+            samples.client_cpu_s += client_cpu_s
             for submitted, token_times in streams:
                 samples.add(submitted, token_times)
 
@@ -200,9 +224,12 @@ class Server:
         async with httpx.AsyncClient(base_url=self.url, timeout=600, limits=limits) as client:
             return await asyncio.gather(*(self._one(client) for _ in range(level)))
 
-    async def _one(self, client: httpx.AsyncClient) -> tuple[float, list[float]]:
-        body = {"model": self.served_id, "prompt": list(PROMPT), "max_tokens": self.tokens, "temperature": 0,
+    def _body(self) -> dict:
+        return {"model": self.served_id, "prompt": list(PROMPT), "max_tokens": self.tokens, "temperature": 0,
                 "stream": True, "return_token_ids": True}
+
+    async def _one(self, client: httpx.AsyncClient) -> tuple[float, list[float]]:
+        body = self._body()
         token_times = []
         submitted = time.perf_counter()
         async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -214,6 +241,8 @@ class Server:
         return submitted, token_times
 
     def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
         self.process.terminate()
         self.process.wait(60)
 
@@ -221,19 +250,24 @@ class Server:
 # -- report --------------------------------------------------------------------------------------
 
 
-def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples], rates: dict[int, float]) -> None:
-    print(f"\nprompt {len(PROMPT)} ids, up to {tokens} greedy tokens per stream; medians over streams (ms)\n")
+def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples], rates: dict[int, float],
+           client: str, server_flags: tuple[str, ...]) -> None:
+    described = ClientProcess.description if client == "raw" else "asyncio httpx clients in the benchmark process"
+    print(f"\nprompt {len(PROMPT)} ids, up to {tokens} greedy tokens per stream; medians over streams (ms)")
+    print(f"client: {described}; server flags: {' '.join(server_flags) or '(defaults)'}\n")
     print("| streams | TTFT in-process | TTFT server | TTFT overhead | ms/token in-process | ms/token server "
           "| overhead/token | server/in-process per token | CPU ms/token in-process | CPU ms/token server "
-          "| offline tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| CPU ms/token client | offline tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         a, b = local[level], served[level]
         ttft_a, ttft_b = statistics.median(a.ttft_s) * 1e3, statistics.median(b.ttft_s) * 1e3
         tok_a, tok_b = statistics.median(a.per_token_s) * 1e3, statistics.median(b.per_token_s) * 1e3
         cpu_a, cpu_b = a.cpu_s / a.num_tokens * 1e3, b.cpu_s / b.num_tokens * 1e3
+        cpu_client = b.client_cpu_s / b.num_tokens * 1e3
         print(f"| {level} | {ttft_a:.1f} | {ttft_b:.1f} | {ttft_b - ttft_a:+.1f} | {tok_a:.2f} | {tok_b:.2f} "
-              f"| {tok_b - tok_a:+.2f} | {tok_b / tok_a:.2f}x | {cpu_a:.3f} | {cpu_b:.3f} | {rates[level]:.0f} |")
+              f"| {tok_b - tok_a:+.2f} | {tok_b / tok_a:.2f}x | {cpu_a:.3f} | {cpu_b:.3f} | {cpu_client:.3f} "
+              f"| {rates[level]:.0f} |")
 
 
 def main() -> None:
@@ -246,6 +280,10 @@ def main() -> None:
     parser.add_argument("--accept", default=NAMESPACE)
     parser.add_argument("--trust")
     parser.add_argument("--checkpoint", type=Path)
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="raw: bench/sse_client.py in its own process (default); httpx: in this process")
+    parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
+                        help="extra `helios serve` argument (repeatable, e.g. --server-flag=--engine-thread)")
     args = parser.parse_args()
     import torch
 
@@ -253,7 +291,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         core = CoreRef(Path(args.core), args.accept, Path(args.trust)) if args.core else prepare(Path(scratch), args.checkpoint)
         rates = offline_rates(core, args.streams, args.tokens)
-        local_side, server_side = InProcess(core, args.tokens), Server(core, max(args.streams), args.tokens, args.torch_threads)
+        local_side, server_side = InProcess(core, args.tokens), Server(core, max(args.streams), args.tokens, args.torch_threads,
+                                                                args.client, tuple(args.server_flag))
         local = {level: Samples() for level in args.streams}
         served = {level: Samples() for level in args.streams}
         try:
@@ -266,7 +305,7 @@ def main() -> None:
         finally:
             local_side.close()
             server_side.close()
-    report(args.streams, args.tokens, local, served, rates)
+    report(args.streams, args.tokens, local, served, rates, args.client, tuple(args.server_flag))
 
 
 if __name__ == "__main__":

@@ -16,13 +16,14 @@ from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.contract import StartupOptions
-from helios.core.reader import open_core
+from helios.core.reader import Core, open_core
 from helios.errors import UsageError
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.access import API_KEY_ENV
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
+from helios.server.engine_process import CoreSource, start_engine_process
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
 from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
 
@@ -60,6 +61,9 @@ def register(subparsers) -> None:
                         help="decoded pixels per image (default 4096x4096)")
     images.add_argument("--allow-remote-images", action="store_true",
                         help="fetch http(s) image URLs (default: only data: URLs; remote URLs are a 400)")
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the model worker in a process of its own, beside the HTTP server's "
+                        "(default on; off: a thread of the server's process)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per HTTP request: status, tokens, latency (default on)")
@@ -80,16 +84,20 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _open(args: argparse.Namespace):
+def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
+    """The verified core, and how an engine process opens it again."""
     if args.core:
         if not args.accept:
             raise UsageError("--accept NAMESPACE is required to serve a core file")
-        return open_core_from_args(args, args.core)
+        core = open_core_from_args(args, args.core)
+        keys = args.trust or [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
+        return core, CoreSource(str(args.core), args.accept, tuple(keys), aes_key_from_args(args))
     from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()
-    return open_core(embedded.path, accept=args.accept or embedded.namespace,
-                     trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
+    accept = args.accept or embedded.namespace
+    core = open_core(embedded.path, accept=accept, trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
+    return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), aes_key_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,10 +117,14 @@ def run(args: argparse.Namespace) -> int:
     ranks = rank_options_from_args(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    core = _open(args)
+    core, source = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
     load, policy, host_pages = runtime_flags(args, startup, args.device)
-    runtime = build_runtime(core, RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks))
+    runtime_options = RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks)
+    if args.engine_process:
+        runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads)
+    else:
+        runtime = build_runtime(core, runtime_options)
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log,
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,

@@ -100,6 +100,7 @@ class Engine:
         self._running = False
         self._is_closed = False  # shut down or failed: `submit` answers at once
         self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # why the worker loop failed (None: it did not)
         self.feedback = LaneFeedback(executor.model.prepared.contract.model.vocabulary.mask_words)
         self.stats.request_slots = scheduler.caps.max_active
         self.stats.pages_total = scheduler.caps.cache.num_pages
@@ -166,6 +167,7 @@ class Engine:
         try:
             self._serve()
         except BaseException as error:  # noqa: BLE001 - no request may wait forever on a dead worker
+            self.failure = f"{type(error).__name__}: {error}"
             self.stats.healthy = False
             self._close(FinishReason.ERROR, f"model worker failed: {type(error).__name__}: {error}")
             raise
@@ -282,7 +284,7 @@ class Engine:
         if self._launched:
             self._complete_oldest()
         self.outbox.flush()  # the frontend works on this round's output while the worker packs the next
-        self._refresh_gauges()  # admissions and cancellations change them without a plan too
+        self.refresh_gauges()  # admissions and cancellations change them without a plan too
 
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
@@ -367,7 +369,8 @@ class Engine:
         self.stats.requests_finished[event.reason.name.lower()] += 1
         self.outbox.end(request.on_event, event)
 
-    def _refresh_gauges(self) -> None:
+    def refresh_gauges(self) -> None:
+        """Reads the scheduler's gauges into `stats` (the model worker thread)."""
         c = self.scheduler.counters()
         stats = self.stats
         with stats._lock:

@@ -51,6 +51,11 @@ class TensorGrammar:
     def consume_token(self, token_id: int) -> object:
         return self._matcher.consume_token(token_id)
 
+    @property
+    def source(self) -> str | None:
+        """The matcher's grammar text, when it has one (what an engine process compiles again)."""
+        return getattr(self._matcher, "source", None)
+
 
 class LaneFeedback:
     """The worker's per-request feedback hooks (grammar matchers, runtime host stops), by request id.

@@ -30,6 +30,7 @@ import uvicorn
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
+from helios.server.engine_process import EngineProcessRuntime
 from helios.server.access import access_logger
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
@@ -114,7 +115,7 @@ def bind(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
-def serve(runtime: Runtime, options: ServeOptions, owned_by: str = "") -> int:
+def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_by: str = "") -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,

@@ -51,6 +51,7 @@ from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.service import Runtime
+from helios.server.engine_process import EngineProcessRuntime
 from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
@@ -84,7 +85,7 @@ def compiles_grammar(body: ChatCompletionRequest) -> bool:
 class ServedModel:
     """See the module docstring."""
 
-    def __init__(self, runtime: Runtime, frontend: FrontendModel, admission: AdmissionController,
+    def __init__(self, runtime: Runtime | EngineProcessRuntime, frontend: FrontendModel, admission: AdmissionController,
                  clock: ObservationClock, card: ModelCard, preparation: PreparationGate,
                  send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S, output: OutputWorkers | None = None):
         """`output`: the output workers (two when None); the engine's events go to them from now on."""
@@ -106,7 +107,7 @@ class ServedModel:
         self._is_dropping = False
 
     @classmethod
-    def from_runtime(cls, runtime: Runtime, *, queue_capacity: int, frontend_workers: int,
+    def from_runtime(cls, runtime: Runtime | EngineProcessRuntime, *, queue_capacity: int, frontend_workers: int,
                      owned_by: str = "", clock: ObservationClock | None = None,
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,

@@ -234,23 +234,32 @@ class GrammarCompiler:
 
     def compile(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> GrammarMatcher:
         """A fresh matcher for one request; GrammarError if the grammar does not compile."""
-        matcher = self._matcher(envelope_lark(envelope), request)
+        matcher, source = self._matcher(envelope_lark(envelope), request)
         if matcher.is_error():
             raise GrammarError(f"invalid {request.kind.value} grammar: {user_message(matcher.get_error())}")
-        return GrammarMatcher(matcher, self.mask_words)
+        return GrammarMatcher(matcher, self.mask_words, source)
 
     def compile_lark(self, lark: str, answer: GrammarRequest | None) -> GrammarMatcher:
         """A fresh matcher for a top-level Lark grammar built from syntax data (tool calls, frames)
         and the request's answer grammar; GrammarError naming the part that does not compile."""
-        matcher = self._matcher(lark, answer)
+        matcher, source = self._matcher(lark, answer)
         if matcher.is_error():
             if answer is not None:
                 self.compile(answer)  # raises when the answer grammar itself is invalid
             raise GrammarError(f"the tool-call grammar does not compile: {user_message(matcher.get_error())}")
-        return GrammarMatcher(matcher, self.mask_words)
+        return GrammarMatcher(matcher, self.mask_words, source)
 
-    def _matcher(self, lark: str, answer: GrammarRequest | None) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self._tokenizer, self.document_text(lark, answer), log_level=0, limits=LIMITS)
+    def compile_source(self, source: str) -> GrammarMatcher:
+        """A fresh matcher from a matcher's `source` (another process's compile of the same grammar
+        against the same tokenizer); GrammarError if it does not compile."""
+        matcher = llguidance.LLMatcher(self._tokenizer, source, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise GrammarError(f"the grammar does not compile: {user_message(matcher.get_error())}")
+        return GrammarMatcher(matcher, self.mask_words, source)
+
+    def _matcher(self, lark: str, answer: GrammarRequest | None) -> tuple[llguidance.LLMatcher, str]:
+        source = self.document_text(lark, answer)
+        return llguidance.LLMatcher(self._tokenizer, source, log_level=0, limits=LIMITS), source
 
     def _answer_grammar(self, request: GrammarRequest) -> dict:
         if request.kind is GrammarKind.JSON_SCHEMA:
@@ -289,11 +298,14 @@ def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:
 
 
 class GrammarMatcher:
-    """One request's grammar state over generated tokens (EOS included once the answer is complete)."""
+    """One request's grammar state over generated tokens (EOS included once the answer is complete).
+    `source`: the top-level grammar text it was compiled from (None for a fork), from which
+    `GrammarCompiler.compile_source` builds the same fresh matcher elsewhere."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int):
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int, source: str | None = None):
         self._matcher = matcher
         self._mask_words = mask_words
+        self.source = source
 
     @property
     def is_error(self) -> bool:

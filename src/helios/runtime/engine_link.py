@@ -1,0 +1,343 @@
+"""The engine in a process of its own, across a message boundary.
+
+The serving process keeps an `EngineLink`: it has the engine's interface for served requests
+(`connect`, `start`, `submit`, `cancel`, `stop_matched`, `shutdown`, `is_healthy`, `stats`) and
+talks to the engine process over one duplex pipe (`multiprocessing.connection.Connection`) in
+plain records: `Admit` (the `RequestSpec` and the source of its grammar, which the engine process
+compiles again: a matcher does not cross processes), `Cancel`, `StopMatched` and `Shutdown` one
+way; `Batch` (one round's `StepBatch`, and a `StatsSnapshot` when it changed) and `Died` the other.
+So the model worker's host work never competes with the HTTP event loop and the output workers for
+one interpreter lock.
+
+In the engine process `serve_link` runs the commands on its main thread against a started
+`Engine` whose sink queues each round's batch for a sender thread, which pickles and writes it (the
+model worker waits only when `MAX_QUEUED` messages are waiting: back pressure from a serving
+process that stopped reading).
+
+What stays true across the boundary: every admitted request ends with exactly one `FinishEvent`.
+The link counts the requests it admitted until their finish comes back; if the engine process
+dies (or its worker loop fails), the link reports itself unhealthy and ends each of them with
+ERROR ("the model worker died"), and a later `submit` gets ERROR at once, as the engine does after
+its worker failed. `shutdown` asks the engine process to stop (requests still running end
+CANCELLED, from the engine), waits for the process, and kills it if it does not exit in time. An
+engine process whose serving process is gone (end of file on the pipe) shuts down the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import fields
+from types import MappingProxyType
+from typing import Callable, NamedTuple
+
+from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.feedback import GrammarState
+from helios.runtime.outlet import Cancel, EventSink, StepBatch, StopMatched
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.records.stats import StatsSnapshot, WorkerStats
+
+MAX_QUEUED = 64  # messages the engine process holds for a serving process that reads slowly
+STATS_INTERVAL_S = 0.05  # an idle engine process sends changed gauges at most this late
+DIED = "the model worker died"
+
+
+class Admit(NamedTuple):
+    spec: RequestSpec
+    grammar_source: str | None  # what the engine process compiles the request's matcher from
+
+
+class Shutdown(NamedTuple):
+    pass
+
+
+class Batch(NamedTuple):
+    events: tuple | None  # one round's events in `wire_events` form; None: only stats
+    stats: tuple | None  # `StatsSnapshot` fields in order (mappings as dicts); None: unchanged
+
+
+def wire_events(batch: StepBatch) -> tuple:
+    """The batch's events, token events as plain tuples (pickling a named tuple costs about four
+    times as much, and a round holds one token event per running request)."""
+    return tuple([tuple(e) if type(e) is TokenEvent else e for e in batch.events])
+
+
+def batch_of(events: tuple) -> StepBatch:
+    new = tuple.__new__
+    return StepBatch(tuple([new(TokenEvent, e) if type(e) is tuple else e for e in events]))
+
+
+class Died(NamedTuple):
+    failure: str  # why the worker loop failed
+
+
+def stats_fields(snapshot: StatsSnapshot) -> tuple:
+    return tuple(dict(v) if isinstance(v, MappingProxyType) else v
+                 for v in (getattr(snapshot, f.name) for f in fields(StatsSnapshot)))
+
+
+def stats_of(values: tuple) -> StatsSnapshot:
+    return StatsSnapshot(*(MappingProxyType(v) if isinstance(v, dict) else v for v in values))
+
+
+class _Stats:
+    """What `ServedModel` reads as `engine.stats`: the latest snapshot the engine process sent."""
+
+    def __init__(self):
+        self.latest: StatsSnapshot | None = None
+
+    def snapshot(self) -> StatsSnapshot:
+        return self.latest if self.latest is not None else WorkerStats().snapshot()
+
+
+class EngineLink:
+    """The serving process's side (see the module docstring). `submit`, `cancel` and
+    `stop_matched` are thread-safe; events reach the connected sink from the link's reader thread."""
+
+    def __init__(self, connection, process, stats: StatsSnapshot | None = None):
+        """`connection`: the duplex pipe end; `process`: the engine process (`join`, `kill`,
+        `is_alive`), already serving."""
+        self._connection = connection
+        self._process = process
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._outstanding: set[str] = set()  # admitted, finish not yet seen
+        self._is_closed = False  # shut down or died: submissions end at once
+        self._has_died = False
+        self._reader: threading.Thread | None = None
+        self.sink: EventSink | None = None
+        self.stats = _Stats()
+        self.stats.latest = stats
+
+    def connect(self, sink: EventSink) -> None:
+        self.sink = sink
+
+    def start(self) -> None:
+        self._reader = threading.Thread(target=self._read, name="helios-engine-link", daemon=True)
+        self._reader.start()
+
+    @property
+    def is_healthy(self) -> bool:
+        return not self._has_died
+
+    def submit(self, request: EngineRequest) -> None:
+        """Sends a served request (no `on_event`, no `host_stop`; its grammar, if any, must have a
+        `source`) to the engine process; after shutdown or death it ends at once."""
+        if request.on_event is not None or request.host_stop is not None:
+            raise ValueError(f"request {request.spec.request_id}: an engine process serves sink requests only")
+        source = None
+        if request.grammar is not None:
+            source = getattr(request.grammar, "source", None)
+            if source is None:
+                raise ValueError(f"request {request.spec.request_id}: its grammar has no source to send")
+        spec = request.spec
+        with self._state_lock:
+            is_closed = self._is_closed
+            if not is_closed:
+                self._outstanding.add(spec.request_id)
+        if not is_closed and self._send(Admit(spec, source)):
+            return
+        with self._state_lock:
+            self._outstanding.discard(spec.request_id)
+        reason = FinishReason.ERROR if self._has_died else FinishReason.CANCELLED
+        message = DIED if self._has_died else "the model worker is not running"
+        self.sink(StepBatch((FinishEvent(spec.request_id, reason, len(spec.prompt_ids), 0, 0, message),)))
+
+    def cancel(self, request_id: str) -> None:
+        self._send(Cancel(request_id))
+
+    def stop_matched(self, request_id: str, num_output_tokens: int) -> None:
+        self._send(StopMatched(request_id, num_output_tokens))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stops the engine process after its current round; requests still running end CANCELLED
+        (ERROR where it is gone). Blocking; idempotent."""
+        self._send(Shutdown())
+        if self._reader is not None:
+            self._reader.join(timeout)
+        self._process.join(timeout if self._reader is None or not self._reader.is_alive() else 1.0)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5.0)
+        self._end_outstanding(FinishReason.CANCELLED, "the model worker shut down")
+
+    def _send(self, message) -> bool:
+        """False when the engine process can no longer be reached."""
+        try:
+            with self._send_lock:
+                self._connection.send(message)
+            return True
+        except (OSError, ValueError, EOFError):
+            return False
+
+    def _read(self) -> None:
+        """The reader thread: batches to the sink until the engine process ends."""
+        died = None
+        try:
+            while True:
+                message = self._connection.recv()
+                if isinstance(message, Batch):
+                    self._deliver(message)
+                elif isinstance(message, Died):
+                    died = message.failure
+                    break
+                else:  # the engine process's end after Shutdown
+                    break
+        except (EOFError, OSError):
+            died = DIED
+        if died is not None and not self._is_closed:
+            self._has_died = True
+        self._end_outstanding(FinishReason.ERROR if self._has_died else FinishReason.CANCELLED,
+                              DIED if died in (None, DIED) else f"{DIED}: {died}")
+
+    def _deliver(self, message: Batch) -> None:
+        if message.stats is not None:
+            self.stats.latest = stats_of(message.stats)
+        if message.events is None:
+            return
+        batch = batch_of(message.events)
+        finished = [e.request_id for e in batch.events if type(e) is FinishEvent]
+        if finished:
+            with self._state_lock:
+                self._outstanding.difference_update(finished)
+        self.sink(batch)
+
+    def _end_outstanding(self, reason: FinishReason, message: str) -> None:
+        with self._state_lock:
+            self._is_closed = True
+            ended, self._outstanding = self._outstanding, set()
+        if ended and self.sink is not None:
+            self.sink(StepBatch(tuple(FinishEvent(request_id, reason, 0, 0, 0, message) for request_id in ended)))
+
+
+# -- the engine process's side -------------------------------------------------------------------
+
+
+class _BatchSender:
+    """The engine's sink in the engine process: each round's batch, with the stats when a request
+    finished in it (so a response that ended never reads older counters). Messages are pickled and
+    written by a sender thread, in order: a write to the pipe can take milliseconds (the serving
+    process reads when its interpreter lets it, and waking it may preempt the writer), and the
+    model worker must not wait for it before packing its next step."""
+
+    def __init__(self, connection, engine: Engine):
+        self._connection = connection
+        self._engine = engine
+        self._wake = threading.Condition()
+        self._queue: list = []
+        self._is_closing = False
+        self._is_broken = False  # the serving process is gone: nothing more is sent
+        self.last_stats: tuple | None = None
+        self._thread = threading.Thread(target=self._run, name="helios-engine-sender", daemon=True)
+        self._thread.start()
+
+    def __call__(self, batch: StepBatch) -> None:
+        stats = None
+        if any(type(e) is FinishEvent for e in batch.events):
+            self._engine.refresh_gauges()  # the gauges the finish changed, before the response ends
+            stats = self.changed_stats()
+        self.send(Batch(wire_events(batch), stats))
+
+    def changed_stats(self) -> tuple | None:
+        values = stats_fields(self._engine.stats.snapshot())
+        if values == self.last_stats:
+            return None
+        self.last_stats = values
+        return values
+
+    def send(self, message) -> None:
+        """Queues `message` for the sender thread (any thread); waits only while `MAX_QUEUED`
+        messages are waiting."""
+        with self._wake:
+            while len(self._queue) >= MAX_QUEUED and not self._is_broken and self._thread.is_alive():
+                self._wake.wait(0.1)
+            self._queue.append(message)
+            self._wake.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Sends what is queued, then stops the sender thread."""
+        with self._wake:
+            self._is_closing = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._is_closing:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                messages, self._queue = self._queue, []
+                self._wake.notify_all()  # a sink waiting for room
+            if self._is_broken:
+                continue
+            try:
+                for message in messages:
+                    self._connection.send(message)
+            except (OSError, ValueError):
+                self._is_broken = True
+
+
+def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], GrammarState]) -> None:
+    """The engine process's main loop: applies the serving process's commands to `engine` (built,
+    not started) until `Shutdown` or the end of the pipe, then shuts the engine down. A worker loop
+    that fails is reported as `Died`. `compile_grammar(source)` builds an admitted request's matcher."""
+    sender = _BatchSender(connection, engine)
+    engine.connect(sender)
+    engine.start()
+    try:
+        while engine.is_healthy:
+            if not connection.poll(STATS_INTERVAL_S):
+                stats = sender.changed_stats()
+                if stats is not None:
+                    sender.send(Batch(None, stats))
+                continue
+            message = connection.recv()
+            if isinstance(message, Shutdown):
+                break
+            _apply(engine, sender, message, compile_grammar)
+        else:
+            engine.shutdown()
+            sender.send(Died(engine.failure or "its loop ended"))
+            sender.close()
+            return
+    except (EOFError, OSError):
+        pass  # the serving process is gone
+    engine.shutdown()
+    sender.send(Batch(None, stats_fields(engine.stats.snapshot())))
+    sender.send(Shutdown())
+    sender.close()
+
+
+def _apply(engine: Engine, sender: _BatchSender, message, compile_grammar) -> None:
+    if isinstance(message, Admit):
+        spec = message.spec
+        try:
+            grammar = compile_grammar(message.grammar_source) if message.grammar_source is not None else None
+        except Exception as error:  # noqa: BLE001 - this request fails alone
+            text = f"request failed on the model worker: {type(error).__name__}: {error}"
+            sender.send(Batch((FinishEvent(spec.request_id, FinishReason.ERROR, len(spec.prompt_ids), 0, 0, text),),
+                              None))
+            return
+        engine.submit(EngineRequest(spec, grammar=grammar))
+    elif isinstance(message, Cancel):
+        engine.cancel(message.request_id)
+    elif isinstance(message, StopMatched):
+        engine.stop_matched(message.request_id, message.num_output_tokens)
+
+
+def wait_ready(connection, timeout: float, is_alive: Callable[[], bool]):
+    """The engine process's first message (its ready record or its startup error), or None when it
+    ended without one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if connection.poll(0.2):
+            try:
+                return connection.recv()
+            except (EOFError, OSError):
+                return None
+        if not is_alive():
+            return None
+    return None
