@@ -340,7 +340,10 @@ def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device,
         if buffer.role == mpb.BUFFER_ROLE_WEIGHT:
             continue
         shape = [extents[d.load_extent] if d.WhichOneof("extent") == "load_extent" else d.size for d in buffer.shape]
-        if buffer.placement == mpb.PLACEMENT_DEVICE:
+        if buffer.placement == mpb.PLACEMENT_DEVICE or buffer.role == mpb.BUFFER_ROLE_INPUT:
+            # A program reads its inputs on its own device: a MAPPED_HOST or HOST input is realised as
+            # device memory the packer writes through its pinned staging (uploaded asynchronously, as
+            # for DEVICE inputs), since a torch program cannot read pinned host memory in place.
             buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], device=device)
         else:  # host buffers of a CUDA model are pinned: the device copies into them asynchronously
             pinned = device.type == "cuda"
