@@ -246,3 +246,51 @@ def test_every_fast_call_reaches_the_overload_it_replaces():
                 got = FAST_CALLS[overload](*[_copy(arg) for arg in args], **kwargs)
             assert through_overload.ops == through_binding.ops, overload
             assert _equal(got, expected), overload
+
+
+class _GatheredCounts(torch.nn.Module):
+    """Sampling as the runtime's programs build it: both count tables gathered by request slot."""
+
+    def forward(self, weights, hidden, slots, sample_rows, temperature, penalties, prompt_counts, output_counts,
+                grammar_mask):
+        logits = torch.nn.functional.linear(hidden, weights[0])
+        zeros = torch.zeros_like(temperature)
+        rows = slots.clamp(min=0)
+        tokens = torch.ops.helios.sample(logits, slots, slots, temperature, zeros.to(torch.int32),
+                                         torch.ones_like(temperature), zeros, penalties, prompt_counts[rows],
+                                         output_counts[rows], grammar_mask, torch.ones_like(sample_rows))
+        tokens = torch.where(sample_rows, tokens, torch.full_like(tokens, -1))
+        output_counts.index_put_([rows, tokens.clamp(0)], (tokens >= 0).to(torch.int32), True)
+        return (tokens,)
+
+
+def _gathered_inputs(step: int):
+    generator = torch.Generator().manual_seed(step)
+    hidden = torch.randn(ROWS, VOCAB, generator=generator)
+    hidden[:, 7] = 9.0  # greedy picks 7 until a penalty on it turns the choice (the weights are the identity)
+    greedy = [[1.0, 0.0, 0.0]] * 2 + [[0.0, 0.0, 0.0]]
+    penalties = torch.tensor(greedy if step != 1 else [[1.0, 0.0, 20.0]] + greedy[1:])
+    temperature = torch.tensor([0.0, 0.7 if step == 2 else 0.0, 0.0])
+    prompt_counts = torch.zeros(4, VOCAB, dtype=torch.int32)
+    prompt_counts[2, 3] = 2
+    return [hidden, torch.tensor([2, 0, -1]), torch.tensor([True, True, False]), temperature, penalties,
+            prompt_counts, torch.zeros(4, VOCAB, dtype=torch.int32), torch.full((ROWS, mask_words(VOCAB)), -1, dtype=torch.int32)]
+
+
+def test_count_rows_are_gathered_only_when_a_row_is_penalised_or_draws():
+    weights = [torch.eye(VOCAB)]
+    example = (weights, *_gathered_inputs(0))
+    exported = torch.export.export(_GatheredCounts(), example, strict=False).module()
+    program = cpu_program(torch.export.export(_GatheredCounts(), example, strict=False).module())
+    nodes = [node for node in program.fast.graph.nodes if node.op == "call_function"]
+    assert [node.target for node in nodes].count(cpu_bodies.sample_rows_gathering) == 1
+    assert not [node for node in nodes if node.target is torch.ops.aten.index.Tensor]
+    expected_inputs, inputs, expected, got = _gathered_inputs(0), _gathered_inputs(0), [], []
+    for step in [_gathered_inputs(step) for step in (0, 1, 2, 0, 1)]:  # the same tensors each call
+        for call, tensors, results in ((exported, expected_inputs, expected), (program, inputs, got)):
+            for tensor, value in zip(tensors[:5] + tensors[7:], step[:5] + step[7:]):
+                tensor.copy_(value)
+            results.append(call(weights, *tensors)[0].clone())
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert torch.equal(inputs[6], expected_inputs[6])  # the output counts
+    assert got[0][0] == 7 and got[1][0] != 7  # the penalised step read the gathered counts

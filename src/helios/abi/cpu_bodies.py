@@ -170,6 +170,18 @@ def sample_rows(logits, seeds, counters, temperature, top_k, top_p, min_p, penal
     return tokens.index_put_((index,), picked)
 
 
+def sample_rows_gathering(logits, seeds, counters, temperature, top_k, top_p, min_p, penalties, prompt_table,
+                          output_table, slots, grammar_mask, mask_rows, rows: torch.Tensor) -> torch.Tensor:
+    """`sample_rows` whose count arguments are ``prompt_table[slots]`` and ``output_table[slots]``,
+    gathered here only when a chosen row draws or is penalised: the greedy fast path never reads
+    them, so a greedy step gathers no [R, V] count rows (the same tokens either way)."""
+    greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows, rows)
+    if greedy is not None:
+        return greedy.masked_fill_(~rows, NO_TOKEN)
+    return sample_rows(logits, seeds, counters, temperature, top_k, top_p, min_p, penalties, prompt_table[slots],
+                       output_table[slots], grammar_mask, mask_rows, rows)
+
+
 UNCHECKED: dict[str, Callable] = {
     "helios::rms_norm": rms_norm,
     "helios::add_rms_norm": add_rms_norm,

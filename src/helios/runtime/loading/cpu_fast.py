@@ -13,7 +13,10 @@ the same values, `helios.abi.cpu_bodies`):
   (cos, sin, slots). A plan node is inserted before the first call that uses it.
 - `sample_selected_rows`: a sample call whose tokens are only ever selected by one bool tensor
   (``where(rows, tokens, other)``; ``full_like(tokens, ...)`` reads only its shape) computes only
-  those rows (`helios.abi.cpu_bodies.sample_rows`).
+  those rows (`helios.abi.cpu_bodies.sample_rows`); where its two count tables are row gathers
+  (``table[slots]``) read by nothing else, it takes the tables and slots and gathers only when a
+  row is penalised or draws (`helios.abi.cpu_bodies.sample_rows_gathering`): a greedy step reads
+  no [R, V] count rows.
 - `unchecked_bodies`: the remaining bodies listed in `helios.abi.cpu_bodies.UNCHECKED`.
 - `helios.runtime.loading.fast_calls.bind_fast_calls`: aten overloads through torch's bindings.
 
@@ -117,14 +120,50 @@ def sample_selected_rows(graph: torch.fx.Graph) -> int:
     """Points sample calls whose tokens only one bool tensor selects at `sample_rows`; returns how many."""
     count = 0
     order = {node: index for index, node in enumerate(graph.nodes)}
-    for node in graph.nodes:
+    for node in list(graph.nodes):
         if _op(node) != "helios::sample":
             continue
         rows = _selecting_rows(node, order)
-        if rows is not None:
+        if rows is None:
+            continue
+        gathers = _count_gathers(node, order)
+        if gathers is None:
             node.target, node.args = cpu_bodies.sample_rows, (*node.args, rows)
-            count += 1
+        else:
+            (prompt, output), slots = gathers
+            unused = node.args[8:10]
+            node.target = cpu_bodies.sample_rows_gathering
+            node.args = (*node.args[:8], prompt, output, slots, *node.args[10:], rows)
+            for gather in unused:
+                graph.erase_node(gather)
+        count += 1
     return count
+
+
+def _count_gathers(node: torch.fx.Node, order: dict) -> tuple[tuple, torch.fx.Node] | None:
+    """((prompt table, output table), slots) when the sample call's count arguments are
+    ``aten.index.Tensor(table, [slots])`` of tables (placeholders) with the same slots, each gather
+    used by this call only, and nothing but such gathers (or export's input guards) uses a table
+    before the call (so gathering inside the call reads the same values); else None."""
+    gathers = node.args[8:10]
+    if len(node.args) != 12 or not all(isinstance(g, torch.fx.Node) for g in gathers):
+        return None
+    tables, slots = [], None
+    for gather in gathers:
+        if not (gather.op == "call_function" and gather.target is _aten.index.Tensor and not gather.kwargs
+                and len(gather.args) == 2 and isinstance(gather.args[1], (list, tuple)) and len(gather.args[1]) == 1
+                and list(gather.users) == [node]):
+            return None
+        table, (index,) = gather.args
+        if not isinstance(table, torch.fx.Node) or table.op != "placeholder" or (slots is not None and index is not slots):
+            return None
+        if any(order[user] < order[node] and not _reads_only(user) for user in table.users):
+            return None
+        tables.append(table)
+        slots = index
+    if tables[0] is tables[1] or not isinstance(slots, torch.fx.Node):
+        return None
+    return (tables[0], tables[1]), slots
 
 
 def _selecting_rows(node: torch.fx.Node, order: dict) -> torch.fx.Node | None:
@@ -146,6 +185,13 @@ def _selecting_rows(node: torch.fx.Node, order: dict) -> torch.fx.Node | None:
     if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.dim() != 1:
         return None
     return rows if order[rows] < order[node] else None
+
+
+def _reads_only(node: torch.fx.Node) -> bool:
+    """A row gather or the exported module's input guards: neither writes its inputs."""
+    if node.op == "call_module":
+        return node.target == "_guards_fn"
+    return node.op == "call_function" and node.target is _aten.index.Tensor
 
 
 def unchecked_bodies(graph: torch.fx.Graph) -> int:
