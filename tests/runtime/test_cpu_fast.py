@@ -274,7 +274,8 @@ def _gathered_inputs(step: int):
     prompt_counts = torch.zeros(4, VOCAB, dtype=torch.int32)
     prompt_counts[2, 3] = 2
     return [hidden, torch.tensor([2, 0, -1]), torch.tensor([True, True, False]), temperature, penalties,
-            prompt_counts, torch.zeros(4, VOCAB, dtype=torch.int32), torch.full((ROWS, mask_words(VOCAB)), -1, dtype=torch.int32)]
+            prompt_counts, torch.zeros(4, VOCAB, dtype=torch.int32),
+            torch.full((ROWS, mask_words(VOCAB)), -1, dtype=torch.int32)]
 
 
 def test_count_rows_are_gathered_only_when_a_row_is_penalised_or_draws():

@@ -155,7 +155,9 @@ def _count_gathers(node: torch.fx.Node, order: dict) -> tuple[tuple, torch.fx.No
                 and list(gather.users) == [node]):
             return None
         table, (index,) = gather.args
-        if not isinstance(table, torch.fx.Node) or table.op != "placeholder" or (slots is not None and index is not slots):
+        if not isinstance(table, torch.fx.Node) or table.op != "placeholder":
+            return None
+        if slots is not None and index is not slots:
             return None
         if any(order[user] < order[node] and not _reads_only(user) for user in table.users):
             return None
