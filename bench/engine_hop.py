@@ -5,9 +5,11 @@ the sink the server connects (no HTTP), interleaved round by round.
     .venv/bin/python bench/engine_hop.py [--tokens 64] [--rounds 10] [--streams 1]
         [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
 
-Not a test. Without --core a checkpoint is prepared as `bench/server_overhead.py` does. Per-token
-= (last token - first token) / (n - 1) at the sink; medians over all streams of all rounds;
-process/thread is the ratio of those medians (1.00x: the hop costs nothing per token).
+Not a test. Without --core a checkpoint is prepared as `bench/server_overhead.py` does. Per stream:
+submission to first token, per-token = (last token - first token) / (n - 1), last token to the
+finish's arrival, submission to finish, all at the sink; medians over all streams of all rounds. On
+a shared CPU the two sides' per-token times move with other load by more than the hop costs:
+`bench/engine_link_latency.py` measures the hop alone.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for k, label in enumerate(("first token", "per token", "last token to finish", "request")):
         ours, theirs = (statistics.median(s[k] for s in samples[n]) * 1e3 for n in ("thread", "process"))
-        print(f"| {label} | {ours:.3f} | {theirs:.3f} | {theirs - ours:+.3f} | {theirs / ours if ours else float('nan'):.2f}x |")
+        ratio = f"{theirs / ours:.2f}x" if ours else "-"
+        print(f"| {label} | {ours:.3f} | {theirs:.3f} | {theirs - ours:+.3f} | {ratio} |")
 
 
 if __name__ == "__main__":

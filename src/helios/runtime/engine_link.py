@@ -226,9 +226,9 @@ class _BatchSender:
     count is zero) and nothing is queued or being written, `send` writes on the calling thread: a
     small write then cannot block, and a round's tokens leave without waking another thread (at one
     stream that wakeup and its interpreter-lock handoff were on every token's path). Otherwise, and
-    for a batch of more than `DIRECT_EVENTS` events, the message is queued for a sender thread, which pickles and writes it: a write to a pipe the
-    serving process is behind on can take milliseconds, and the model worker must not wait for it
-    before packing its next step."""
+    for a batch of more than `DIRECT_EVENTS` events, the message is queued for a sender thread,
+    which pickles and writes it: a write to a pipe the serving process is behind on can take
+    milliseconds, and the model worker must not wait for it before packing its next step."""
 
     def __init__(self, connection, engine: Engine):
         self._connection = connection
