@@ -279,3 +279,25 @@ def test_the_engine_side_sends_in_order_and_holds_the_worker_back_past_max_queue
     worker.join(10)
     sender.close()
     assert sent == list(range(MAX_QUEUED + 2))
+
+
+def test_the_engine_side_writes_on_the_calling_thread_while_the_pipe_is_drained_and_queues_behind_unread_bytes():
+    import multiprocessing
+
+    from helios.runtime.engine_link import _BatchSender, unread_bytes
+
+    ours, theirs = multiprocessing.Pipe()
+    sender = _BatchSender(ours, engine=None)
+    assert unread_bytes(ours) == 0
+    sender.send("first")
+    assert unread_bytes(ours) > 0 and not sender._queue  # written before `send` returned
+    with sender._wake:  # hold the sender thread back: what cannot be written directly stays queued
+        sender.send("second")  # the pipe holds unread bytes: queued for the sender thread
+        assert sender._queue == ["second"]
+    assert [theirs.recv(), theirs.recv()] == ["first", "second"]
+    wait_for(lambda: unread_bytes(ours) == 0)
+    sender.send("third")
+    assert theirs.poll(0) and theirs.recv() == "third"
+    sender.close()
+    ours.close()
+    theirs.close()

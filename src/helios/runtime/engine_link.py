@@ -10,7 +10,8 @@ So the model worker's host work never competes with the HTTP event loop and the 
 one interpreter lock.
 
 In the engine process `serve_link` runs the commands on its main thread against a started
-`Engine` whose sink queues each round's batch for a sender thread, which pickles and writes it (the
+`Engine` whose sink writes each round's batch itself while the pipe is drained and idle (a small
+write that cannot block), else queues it for a sender thread, which pickles and writes it (the
 model worker waits only when `MAX_QUEUED` messages are waiting: back pressure from a serving
 process that stopped reading).
 
@@ -25,6 +26,9 @@ engine process whose serving process is gone (end of file on the pipe) shuts dow
 
 from __future__ import annotations
 
+import array
+import fcntl
+import termios
 import threading
 import time
 from dataclasses import fields
@@ -41,6 +45,7 @@ from helios.runtime.records.stats import StatsSnapshot, WorkerStats
 MAX_QUEUED = 64  # messages the engine process holds for a serving process that reads slowly
 STATS_INTERVAL_S = 0.05  # an idle engine process sends changed gauges at most this late
 DIED = "the model worker died"
+DIRECT_EVENTS = 64  # a batch of at most this many events may be written by the thread that sent it
 
 
 class Admit(NamedTuple):
@@ -216,16 +221,21 @@ class EngineLink:
 
 class _BatchSender:
     """The engine's sink in the engine process: each round's batch, with the stats when a request
-    finished in it (so a response that ended never reads older counters). Messages are pickled and
-    written by a sender thread, in order: a write to the pipe can take milliseconds (the serving
-    process reads when its interpreter lets it, and waking it may preempt the writer), and the
-    model worker must not wait for it before packing its next step."""
+    finished in it (so a response that ended never reads older counters). Messages go out in order.
+    While the pipe is drained (the serving process has read everything written: its unread byte
+    count is zero) and nothing is queued or being written, `send` writes on the calling thread: a
+    small write then cannot block, and a round's tokens leave without waking another thread (at one
+    stream that wakeup and its interpreter-lock handoff were on every token's path). Otherwise, and
+    for a batch of more than `DIRECT_EVENTS` events, the message is queued for a sender thread,
+    which pickles and writes it: a write to a pipe the serving process is behind on can take
+    milliseconds, and the model worker must not wait for it before packing its next step."""
 
     def __init__(self, connection, engine: Engine):
         self._connection = connection
         self._engine = engine
         self._wake = threading.Condition()
         self._queue: list = []
+        self._is_writing = False  # a thread is in a write: later messages queue behind it
         self._is_closing = False
         self._is_broken = False  # the serving process is gone: nothing more is sent
         self.last_stats: tuple | None = None
@@ -247,37 +257,76 @@ class _BatchSender:
         return values
 
     def send(self, message) -> None:
-        """Queues `message` for the sender thread (any thread); waits only while `MAX_QUEUED`
-        messages are waiting."""
+        """Writes `message` at once when the pipe is drained and idle (see the class docstring),
+        else queues it for the sender thread (any thread); waits only while `MAX_QUEUED` messages
+        are waiting."""
         with self._wake:
-            while len(self._queue) >= MAX_QUEUED and not self._is_broken and self._thread.is_alive():
-                self._wake.wait(0.1)
-            self._queue.append(message)
-            self._wake.notify_all()
+            is_direct = (not self._queue and not self._is_writing and not self._is_broken and not self._is_closing
+                         and _is_small(message) and unread_bytes(self._connection) == 0)
+            if is_direct:
+                self._is_writing = True
+            else:
+                while len(self._queue) >= MAX_QUEUED and not self._is_broken and self._thread.is_alive():
+                    self._wake.wait(0.1)
+                self._queue.append(message)
+                self._wake.notify_all()
+                return
+        try:
+            self._write([message])
+        finally:
+            with self._wake:
+                self._is_writing = False
+                if self._queue:
+                    self._wake.notify_all()  # what queued behind this write
 
     def close(self, timeout: float = 30.0) -> None:
         """Sends what is queued, then stops the sender thread."""
         with self._wake:
             self._is_closing = True
-            self._wake.notify()
+            self._wake.notify_all()
         self._thread.join(timeout)
+
+    def _write(self, messages: list) -> None:
+        if self._is_broken:
+            return
+        try:
+            for message in messages:
+                self._connection.send(message)
+        except (OSError, ValueError):
+            self._is_broken = True
 
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._queue and not self._is_closing:
+                while (not self._queue or self._is_writing) and not (self._is_closing and not self._queue):
                     self._wake.wait()
                 if not self._queue:
                     return
                 messages, self._queue = self._queue, []
+                self._is_writing = True
                 self._wake.notify_all()  # a sink waiting for room
-            if self._is_broken:
-                continue
             try:
-                for message in messages:
-                    self._connection.send(message)
-            except (OSError, ValueError):
-                self._is_broken = True
+                self._write(messages)
+            finally:
+                with self._wake:
+                    self._is_writing = False
+
+
+def _is_small(message) -> bool:
+    """Whether `message` pickles far below a pipe's buffer (so writing it to a drained pipe cannot
+    block)."""
+    return type(message) is not Batch or message.events is None or len(message.events) <= DIRECT_EVENTS
+
+
+def unread_bytes(connection) -> int | None:
+    """Bytes written to `connection`'s socket that its peer has not read yet (Linux: SIOCOUTQ);
+    None where that cannot be told (another platform or kind of connection)."""
+    try:
+        count = array.array("i", [0])
+        fcntl.ioctl(connection.fileno(), termios.TIOCOUTQ, count, True)
+        return count[0]
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], GrammarState]) -> None:
