@@ -33,62 +33,9 @@ pytestmark = [
 GPU_RANKS = replace(FAST, peers=PeerKind.PROCESSES, collective_timeout_s=10.0)
 
 
-def test_collectives_on_two_gpus_agree_bit_for_bit_eagerly_and_in_a_cuda_graph():
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    address = f"127.0.0.1:{free_port()}"
-    ranks = [context.Process(target=nccl_ranks.run_rank, args=(rank, address, results)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    try:
-        outputs = dict(results.get(timeout=HANG_GUARD_S) for _ in ranks)
-        for process in ranks:
-            process.join(HANG_GUARD_S)
-    finally:
-        for process in ranks:
-            process.kill()
-    for rank, output in outputs.items():
-        assert isinstance(output, dict), f"rank {rank} failed:\n{output}"
-    for mode, step in (("eager", 0), ("graph", 1)):
-        x0, x1 = (nccl_ranks.inputs(rank, step, "cpu") for rank in range(2))
-        expected = {"reduce": x0 + x1, "gather": torch.stack([x0, x1]), "broadcast": x1}
-        for name, value in expected.items():
-            mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
-            assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
-            assert torch.equal(mine, value), f"{mode} {name} is not the {name} of the ranks' inputs"
-    exits = [process.exitcode for process in ranks]
-    assert exits == [0, 0], f"ranks exited {exits} (None: still inside the group abort after reporting)"
-
-
-def test_the_symmetric_all_reduce_is_selected_and_sums_bit_for_bit_eagerly_and_in_a_cuda_graph():
-    """torch 2.11 on two H200s has symmetric memory: the group takes the one-shot path for small
-    float32 / bf16 tensors (NCCL for the rest), identical on both ranks and equal to the sum."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    address = f"127.0.0.1:{free_port()}"
-    ranks = [context.Process(target=nccl_ranks.run_symmetric_rank, args=(rank, address, results))
-             for rank in range(2)]
-    for process in ranks:
-        process.start()
-    try:
-        outputs = dict(results.get(timeout=HANG_GUARD_S) for _ in ranks)
-        for process in ranks:
-            process.join(HANG_GUARD_S)
-    finally:
-        for process in ranks:
-            process.kill()
-    for rank, output in outputs.items():
-        assert isinstance(output, dict), f"rank {rank} failed:\n{output}"
-    assert outputs[0]["path"] == outputs[1]["path"] == "symmetric", outputs[0]["refusal"] or outputs[1]["refusal"]
-    for mode, step in (("eager", 0), ("graph", 1)):
-        x0, x1 = (nccl_ranks.symmetric_inputs(rank, step, "cpu") for rank in range(2))
-        for name in x0:
-            mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
-            assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
-            assert torch.equal(mine, x0[name] + x1[name]), f"{mode} {name} is not the sum of the ranks' inputs"
-
-
-def _spawn_ranks(target) -> dict:
+def _spawn_ranks(target) -> tuple[dict, list]:
+    """Two spawned ranks running `target(rank, address, results)`: each rank's outputs (a failure's
+    traceback fails the test) and the processes' exit codes."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     address = f"127.0.0.1:{free_port()}"
@@ -104,7 +51,32 @@ def _spawn_ranks(target) -> dict:
             process.kill()
     for rank, output in outputs.items():
         assert isinstance(output, dict), f"rank {rank} failed:\n{output}"
-    return outputs
+    return outputs, [process.exitcode for process in ranks]
+
+
+def test_collectives_on_two_gpus_agree_bit_for_bit_eagerly_and_in_a_cuda_graph():
+    outputs, exits = _spawn_ranks(nccl_ranks.run_rank)
+    for mode, step in (("eager", 0), ("graph", 1)):
+        x0, x1 = (nccl_ranks.inputs(rank, step, "cpu") for rank in range(2))
+        expected = {"reduce": x0 + x1, "gather": torch.stack([x0, x1]), "broadcast": x1}
+        for name, value in expected.items():
+            mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
+            assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
+            assert torch.equal(mine, value), f"{mode} {name} is not the {name} of the ranks' inputs"
+    assert exits == [0, 0], f"ranks exited {exits} (None: still inside the group abort after reporting)"
+
+
+def test_the_symmetric_all_reduce_is_selected_and_sums_bit_for_bit_eagerly_and_in_a_cuda_graph():
+    """torch 2.11 on two H200s has symmetric memory: the group takes the one-shot path for small
+    float32 / bf16 tensors (NCCL for the rest), identical on both ranks and equal to the sum."""
+    outputs, _ = _spawn_ranks(nccl_ranks.run_symmetric_rank)
+    assert outputs[0]["path"] == outputs[1]["path"] == "symmetric", outputs[0]["refusal"] or outputs[1]["refusal"]
+    for mode, step in (("eager", 0), ("graph", 1)):
+        x0, x1 = (nccl_ranks.symmetric_inputs(rank, step, "cpu") for rank in range(2))
+        for name in x0:
+            mine, theirs = outputs[0][f"{mode}.{name}"], outputs[1][f"{mode}.{name}"]
+            assert torch.equal(mine, theirs), f"{mode} {name} differs between the ranks"
+            assert torch.equal(mine, x0[name] + x1[name]), f"{mode} {name} is not the sum of the ranks' inputs"
 
 
 def test_vocabulary_shard_sampling_and_the_fused_residual_all_reduce_on_two_gpus():
@@ -115,7 +87,7 @@ def test_vocabulary_shard_sampling_and_the_fused_residual_all_reduce_on_two_gpus
     from helios.abi.sampling import SampleVariant
     from helios.abi.token_logprobs import logprobs_reference
 
-    outputs = _spawn_ranks(shard_sampling.run_shard_rank)
+    outputs, _ = _spawn_ranks(shard_sampling.run_shard_rank)
     (x, p0, weight), (_, p1, _) = (shard_sampling.residual_inputs(rank) for rank in range(2))
     summed, normed = torch.ops.helios.add_rms_norm(x.cuda(), (p0 + p1).cuda(), weight.cuda(), 1e-6)
     for vocab in (shard_sampling.VOCAB, shard_sampling.ALIGNED_VOCAB):  # torch ops; the fused greedy pass

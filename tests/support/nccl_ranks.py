@@ -22,18 +22,23 @@ def inputs(rank: int, step: int, device) -> torch.Tensor:
     return torch.randn((3, 257), generator=generator).to(torch.bfloat16).to(device)
 
 
-def run_rank(rank: int, address: str, results) -> None:
-    """Forms the group on ``cuda:rank`` and puts (rank, outputs) or (rank, error text) on `results`,
-    then leaves the group by aborting it (what a rank does when it stops); a hang there shows as
-    the process not exiting, after the results have been reported."""
+def report_rank(rank: int, address: str, results, work) -> None:
+    """Runs ``work(rank, address)`` -> (group, outputs) in this spawned rank and puts (rank, outputs)
+    or (rank, error text) on `results`, then leaves the group by aborting it (what a rank does when
+    it stops); a hang there shows as the process not exiting, after the results have been reported."""
     group = None
     try:
-        group, outputs = _collectives(rank, address)
+        group, outputs = work(rank, address)
         results.put((rank, outputs))
     except BaseException:  # noqa: BLE001 - the test reports the child's traceback
         results.put((rank, traceback.format_exc()))
     if group is not None:
         group.abort()
+
+
+def run_rank(rank: int, address: str, results) -> None:
+    """Forms the group on ``cuda:rank`` and runs the collective ops (`report_rank`)."""
+    report_rank(rank, address, results, _collectives)
 
 
 def _collectives(rank: int, address: str):
@@ -79,16 +84,9 @@ def symmetric_inputs(rank: int, step: int, device) -> dict[str, torch.Tensor]:
 
 
 def run_symmetric_rank(rank: int, address: str, results) -> None:
-    """Like `run_rank`, with the group formed with the symmetric all-reduce: puts (rank, outputs)
-    where outputs also name the group's all-reduce path and why symmetric memory was refused."""
-    group = None
-    try:
-        group, outputs = _symmetric(rank, address)
-        results.put((rank, outputs))
-    except BaseException:  # noqa: BLE001 - the test reports the child's traceback
-        results.put((rank, traceback.format_exc()))
-    if group is not None:
-        group.abort()
+    """Like `run_rank`, with the group formed with the symmetric all-reduce: the outputs also name
+    the group's all-reduce path and why symmetric memory was refused."""
+    report_rank(rank, address, results, _symmetric)
 
 
 def _symmetric(rank: int, address: str):

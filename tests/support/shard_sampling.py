@@ -5,7 +5,6 @@ children can import it."""
 
 from __future__ import annotations
 
-import traceback
 from datetime import timedelta
 
 import torch
@@ -58,16 +57,10 @@ def residual_inputs(rank: int) -> tuple[torch.Tensor, ...]:
 
 
 def run_shard_rank(rank: int, address: str, results) -> None:
-    """Forms an NCCL group on ``cuda:rank``, puts (rank, outputs) or (rank, error text) on `results`
-    and leaves the group by aborting it."""
-    group = None
-    try:
-        group, outputs = _shard_ops(rank, address)
-        results.put((rank, outputs))
-    except BaseException:  # noqa: BLE001 - the test reports the child's traceback
-        results.put((rank, traceback.format_exc()))
-    if group is not None:
-        group.abort()
+    """Forms an NCCL group on ``cuda:rank`` and runs the shard ops (`nccl_ranks.report_rank`)."""
+    from support.nccl_ranks import report_rank
+
+    report_rank(rank, address, results, _shard_ops)
 
 
 def _calls(group, rank: int, device, vocab: int):
