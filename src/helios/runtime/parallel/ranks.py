@@ -159,23 +159,31 @@ class RankedExecutor:
         """Whether a second execution frame pays off (rank zero's own executor's answer)."""
         return self._executor.overlaps
 
+    @contextlib.contextmanager
+    def _exchange(self, message: StepMessage, step: str):
+        """Under the group lock: sends `message` to the peers, then runs the body under the step
+        deadline; a collective failure there fails the group (`RankFailure`)."""
+        with self._group_lock:
+            self._check()
+            try:
+                self._channel.send(message)
+                with _guarded(self._deadline, step):
+                    yield
+            except CollectiveError as failure:
+                self.mark_failed(str(failure))
+                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+            finally:
+                self._last_exchange = time.monotonic()
+
     def launch(self, plan: StepPlan, *, alone: bool = False) -> RankLaunched:
         """Every rank launches `plan` (a LAUNCH message, then rank zero's own launch). A local
         failure is kept for `finish`, which every rank must reach to stay in step. A plan launched
         `alone` is only recorded: its `finish` runs it on every rank in one STEP message."""
         if alone:
             return RankLaunched(plan, None, None, alone=True)
-        with self._group_lock:
-            self._check()
-            try:
-                self._channel.send(StepMessage(MessageKind.LAUNCH, plan))
-                with _guarded(self._deadline, f"launch of submission {plan.sequence}"), self.timers.phase("launch"):
-                    launched, error = self._local(lambda: self._executor.launch(plan))
-            except CollectiveError as failure:
-                self.mark_failed(str(failure))
-                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
-            finally:
-                self._last_exchange = time.monotonic()
+        with self._exchange(StepMessage(MessageKind.LAUNCH, plan), f"launch of submission {plan.sequence}"), \
+                self.timers.phase("launch"):
+            launched, error = self._local(lambda: self._executor.launch(plan))
         return RankLaunched(plan, launched, error)
 
     def finish(self, launched: RankLaunched) -> StepOutput:
@@ -183,42 +191,24 @@ class RankedExecutor:
         plan = launched.plan
         if launched.alone:
             return self.run(plan)
-        with self._group_lock:
-            self._check()
-            try:
-                self._channel.send(StepMessage(MessageKind.FINISH, sequence=plan.sequence))
-                with _guarded(self._deadline, f"submission {plan.sequence}"):
-                    output, error = None, launched.error
-                    if error is None:
-                        with self.timers.phase("finish"):
-                            output, error = self._local(lambda: self._executor.finish(launched.launched))
-                    with self.timers.phase("agree"):
-                        agree(self._group, self._executor, plan, error)
-            except CollectiveError as failure:
-                self.mark_failed(str(failure))
-                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
-            finally:
-                self._last_exchange = time.monotonic()
+        with self._exchange(StepMessage(MessageKind.FINISH, sequence=plan.sequence), f"submission {plan.sequence}"):
+            output, error = None, launched.error
+            if error is None:
+                with self.timers.phase("finish"):
+                    output, error = self._local(lambda: self._executor.finish(launched.launched))
+            with self.timers.phase("agree"):
+                agree(self._group, self._executor, plan, error)
         if error is not None:
             raise error
         return output
 
     def run(self, plan: StepPlan) -> StepOutput:
         """`launch` and `finish` in one STEP message (one execution frame)."""
-        with self._group_lock:
-            self._check()
-            try:
-                self._channel.send(StepMessage(MessageKind.STEP, plan))
-                with _guarded(self._deadline, f"submission {plan.sequence}"):
-                    with self.timers.phase(run_phase(plan.operation)):
-                        output, error = self._local(lambda: self._executor.run(plan))
-                    with self.timers.phase("agree"):
-                        agree(self._group, self._executor, plan, error)
-            except CollectiveError as failure:
-                self.mark_failed(str(failure))
-                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
-            finally:
-                self._last_exchange = time.monotonic()
+        with self._exchange(StepMessage(MessageKind.STEP, plan), f"submission {plan.sequence}"):
+            with self.timers.phase(run_phase(plan.operation)):
+                output, error = self._local(lambda: self._executor.run(plan))
+            with self.timers.phase("agree"):
+                agree(self._group, self._executor, plan, error)
         if error is not None:
             raise error
         return output
