@@ -36,6 +36,18 @@ def report_rank(rank: int, address: str, results, work) -> None:
         group.abort()
 
 
+def form_group(rank: int, address: str, ranks: int = RANKS, **options):
+    """This spawned rank's NCCL group of `ranks` on ``cuda:rank`` (rank 0 serves the rendezvous at
+    `address`): (group, device)."""
+    from helios.runtime.parallel.rank_rendezvous import Rendezvous
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    host, _, port = address.rpartition(":")
+    rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
+    return rendezvous.form_group(rank, ranks, TIMEOUT, device, **options), device
+
+
 def run_rank(rank: int, address: str, results) -> None:
     """Forms the group on ``cuda:rank`` and runs the collective ops (`report_rank`)."""
     report_rank(rank, address, results, _collectives)
@@ -44,13 +56,7 @@ def run_rank(rank: int, address: str, results) -> None:
 def _collectives(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
     from helios.abi.collectives import GroupCollectives
-    from helios.runtime.parallel.rank_rendezvous import Rendezvous
-
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    host, _, port = address.rpartition(":")
-    rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
-    group = rendezvous.form_group(rank, RANKS, TIMEOUT, device)
+    group, device = form_group(rank, address)
     ops = GroupCollectives(group)  # the ops as a bound program calls them
     static = inputs(rank, 0, device)
     eager = {"reduce": ops.all_reduce(static, RANKS), "gather": ops.all_gather(static, RANKS),
@@ -92,13 +98,7 @@ def run_symmetric_rank(rank: int, address: str, results) -> None:
 def _symmetric(rank: int, address: str):
     import helios.abi.collectives  # noqa: F401 - registers the ops
     from helios.abi.collectives import GroupCollectives
-    from helios.runtime.parallel.rank_rendezvous import Rendezvous
-
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    host, _, port = address.rpartition(":")
-    rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
-    group = rendezvous.form_group(rank, RANKS, TIMEOUT, device, symmetric=True)
+    group, device = form_group(rank, address, symmetric=True)
     static = symmetric_inputs(rank, 0, device)
     reduce = GroupCollectives(group).all_reduce  # as a bound program calls it
     eager = {name: reduce(x, RANKS) for name, x in static.items()}

@@ -5,7 +5,6 @@ children can import it."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 
 import torch
 
@@ -14,7 +13,6 @@ SHARD = -(-VOCAB // RANKS)
 ALIGNED_VOCAB = 128  # 2 shards of 64: on CUDA the fused greedy pass takes them
 SAMPLE_ARGS = ("seeds", "counters", "temperature", "top_k", "top_p", "min_p", "penalties", "prompt_counts",
                "output_counts", "grammar_mask", "mask_rows")
-TIMEOUT = timedelta(seconds=60)
 
 
 def row_inputs(seed: int = 0, vocab: int = VOCAB) -> dict:
@@ -84,13 +82,9 @@ def _calls(group, rank: int, device, vocab: int):
 
 
 def _shard_ops(rank: int, address: str):
-    from helios.runtime.parallel.rank_rendezvous import Rendezvous
+    from support.nccl_ranks import form_group
 
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    host, _, port = address.rpartition(":")
-    rendezvous = Rendezvous.serve(host, int(port), TIMEOUT) if rank == 0 else Rendezvous.join(address, TIMEOUT)
-    group = rendezvous.form_group(rank, RANKS, TIMEOUT, device)
+    group, device = form_group(rank, address, RANKS)
     calls = [_calls(group, rank, device, vocab) for vocab in (VOCAB, ALIGNED_VOCAB)]
     call = lambda: {f"{vocab}.{name}": value for vocab, one in zip((VOCAB, ALIGNED_VOCAB), calls)  # noqa: E731
                     for name, value in one().items()}
