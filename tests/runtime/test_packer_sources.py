@@ -50,7 +50,8 @@ def _packer(prepared):
     table = torch.randn(65536, 64).to(torch.bfloat16)
     staging = host_staging(prepared, {"w.engram": table}, buffers)
     packer = Packer(prepared, buffers, state_rows=STATE_ROWS, history_drafting=True, host_staging=staging)
-    packer.register(RequestSpec("a", (5, 6, 7, 8), 16, frozenset({128001, 128009}), sampling=SamplingParams(seed=11)))
+    penalised = SamplingParams(seed=11, repetition_penalty=1.1)  # "a" has a prompt histogram written
+    packer.register(RequestSpec("a", (5, 6, 7, 8), 16, frozenset({128001, 128009}), sampling=penalised))
     packer.register(RequestSpec("b", (9, 10, 11, 12, 13), 16, frozenset({128009}), sampling=SamplingParams(seed=12)))
     return packer, buffers
 
@@ -137,7 +138,8 @@ def test_the_prompt_histogram_counts_sampled_ids_only(prepared):
     packer, buffers = _packer(prepared)
     sentinel = prepared.contract.model.input_vocabulary.image_sentinel_ids[0]
     assert sentinel >= buffers["in.prompt_histogram"].shape[1]
-    packer.register(RequestSpec("img", (5, sentinel, sentinel, 5, 9), 16, frozenset({128009})))
+    packer.register(RequestSpec("img", (5, sentinel, sentinel, 5, 9), 16, frozenset({128009}),
+                                sampling=SamplingParams(presence_penalty=0.5)))  # only penalties read it
     packer.pack("prefill", _plan(Operation.PREFILL, [_row("img", 3, (5, sentinel, sentinel, 5, 9), 0, True, True)]))
     row = buffers["in.prompt_histogram"][3].to(torch.int64)
     assert row.sum() == 3 and row[5] == 2 and row[9] == 1

@@ -1,5 +1,5 @@
 """Host staging of shared packing (`helios.runtime.execution.packer`): pinned per-frame mirrors of the buffers a
-step rewrites, staged page-table entries and histogram scratch, so a device model's per-step values
+step rewrites, staged page-table entries and pinned prompt-histogram rows, so a device model's per-step values
 travel in one asynchronous copy per buffer (see the packer's module docstring).
 
 Thread ownership: the packer's (one model worker); not thread-safe.
@@ -13,6 +13,7 @@ import torch
 
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
+from helios.runtime.execution.prompt_histogram import HistogramRows, prompt_counts, write_host_row
 
 S = spb
 
@@ -47,37 +48,33 @@ class Staging:
         self._entries_used = 0
         self._begun: tuple[int, int | None] | None = None
         self._dirty: set[str] = set()
-        self._count_scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Pinned host rows that device prompt-histogram rows are copied from, per buffer.
+        self._histograms: dict[str, HistogramRows] = {}
         for view in views:
             if view.source == S.VALUE_SOURCE_PROMPT_HISTOGRAM and buffers[view.buffer].device.type != "cpu":
-                self._new_scratch(view.buffer, buffers[view.buffer][0])
+                self._histogram_rows(view.buffer, buffers[view.buffer][0])
         # Mask buffers whose device copy may not be all -1 (allocation leaves them zero: all of them).
         self._masks_in_use = {
             view.buffer for view in views if view.source == S.VALUE_SOURCE_GRAMMAR_MASK and view.buffer in self._mirrors
         }
 
-    def add_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
-        """row[token] += occurrences in `tokens`. On a device through a preallocated host/device
-        scratch pair per buffer (no allocation while serving); on the host in place. Ids past the
-        histogram's bins (input-only ids: image placeholders, other non-sampled ids) are not counted."""
-        ids = torch.tensor(tokens, dtype=torch.int64)
-        ids = ids[ids < row.shape[0]]
-        counts = torch.bincount(ids, minlength=row.shape[0]).to(row.dtype)
+    def write_counts(self, name: str, row: torch.Tensor, tokens: Sequence[int]) -> None:
+        """row[:] = the histogram of `tokens`, counted on the host (ids past the row's bins -
+        input-only ids: image placeholders, other non-sampled ids - are not counted). A host row is
+        written in place; a device row by one asynchronous copy from a pinned host row
+        (`helios.runtime.execution.prompt_histogram`): nothing synchronises."""
+        ids, counts = prompt_counts(tokens, row.shape[0])
         if row.device.type == "cpu":
-            if row.dtype in (torch.uint16, torch.uint32):  # no CPU addition kernel: widen, add, narrow
-                row.copy_((row.to(torch.int64) + counts.to(torch.int64)).to(row.dtype))
-            else:
-                row.add_(counts)
+            write_host_row(row, ids, counts)
             return
-        host, device = self._count_scratch.get(name) or self._new_scratch(name, row)
-        host.copy_(counts)
-        device.copy_(host)  # blocking: the next admission of this step reuses `host`
-        row.add_(device)
+        self._histogram_rows(name, row).write(row, ids, counts)
 
-    def _new_scratch(self, name: str, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pair = (torch.zeros(row.shape, dtype=row.dtype, pin_memory=torch.cuda.is_available()), torch.zeros_like(row))
-        self._count_scratch[name] = pair
-        return pair
+    def _histogram_rows(self, name: str, row: torch.Tensor) -> HistogramRows:
+        rows = self._histograms.get(name)
+        if rows is None:
+            rows = self._histograms[name] = HistogramRows(row, pinned=torch.cuda.is_available())
+            rows.begin(self._begun[0] if self._begun is not None else 0)
+        return rows
 
     def begin(self, frame: int, sequence: int | None = None) -> None:
         """Packing of a plan of execution frame `frame` starts (its previous plan has finished); a
@@ -85,6 +82,8 @@ class Staging:
         if sequence is not None and self._begun == (frame, sequence):
             return
         self._begun = (frame, sequence)
+        for rows in self._histograms.values():
+            rows.begin(frame)
         self._mirrors = self._mirror_sets[frame % 2]
         self._entries = self._entry_sets[frame % 2]
         self._entries_used = 0

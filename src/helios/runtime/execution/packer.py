@@ -360,10 +360,10 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpe
             if values:
                 target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
-        if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
-            target[slot] = 0
-            if req.prompt_ids:
-                staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
+        # The whole prompt, prefix-cache hits included (their rows start past it). Only penalties
+        # read it: a request without one leaves the row (`helios.runtime.execution.prompt_histogram`).
+        if row.admits and req.sampling.penalised:
+            staging.write_counts(binding.buffer_name, target[slot], req.prompt_ids)
     elif source == S.VALUE_SOURCE_EOS_IDS:
         if row.admits:
             target[slot] = torch.tensor(eos_row(req, target, binding), dtype=target.dtype)
