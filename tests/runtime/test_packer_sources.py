@@ -143,3 +143,21 @@ def test_the_prompt_histogram_counts_sampled_ids_only(prepared):
     packer.pack("prefill", _plan(Operation.PREFILL, [_row("img", 3, (5, sentinel, sentinel, 5, 9), 0, True, True)]))
     row = buffers["in.prompt_histogram"][3].to(torch.int64)
     assert row.sum() == 3 and row[5] == 2 and row[9] == 1
+
+
+def test_logit_bias_rows_are_reset_to_padding_once_after_a_biased_request(prepared):
+    """A slot's bias rows get the request's entries, padding after a biased request, and are left
+    alone when they already hold padding the packer wrote (no fill per admission)."""
+    packer, buffers = _packer(prepared)
+    ids, values = buffers["in.logit_bias_ids"], buffers["in.logit_bias_values"]
+    packer.register(RequestSpec("biased", (5, 6), 16, frozenset({128009}), logit_bias=((7, 2.5),)))
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("biased", 2, (5, 6), 0, True, True)]))
+    assert ids[2, :2].tolist() == [7, -1] and values[2, :2].tolist() == [2.5, 0.0]
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("b", 2, (9, 10), 0, True, True)]))
+    assert ids[2].eq(-1).all() and values[2].eq(0).all()
+    ids[2] = 123  # not the packer's write: a row it left padding is not written again
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("a", 2, (5, 6), 0, True, True)]))
+    assert ids[2].eq(123).all()
+    ids[2] = -1
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("biased", 2, (5, 6), 0, True, True)]))
+    assert ids[2, :2].tolist() == [7, -1]

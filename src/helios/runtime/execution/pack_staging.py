@@ -13,6 +13,7 @@ import torch
 
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
+from helios.runtime.execution.pack_values import host_array
 from helios.runtime.execution.prompt_histogram import HistogramRows, prompt_counts, write_host_row
 
 S = spb
@@ -48,6 +49,7 @@ class Staging:
         self._entries_used = 0
         self._begun: tuple[int, int | None] | None = None
         self._dirty: set[str] = set()
+        self._padded_rows: set[tuple[str, int]] = set()  # (buffer, slot) rows holding only padding
         # Pinned host rows that device prompt-histogram rows are copied from, per buffer.
         self._histograms: dict[str, HistogramRows] = {}
         for view in views:
@@ -76,6 +78,18 @@ class Staging:
             rows.begin(self._begun[0] if self._begun is not None else 0)
         return rows
 
+    def padded_row(self, name: str, slot: int, padded: bool) -> bool:
+        """Whether row `slot` of `name` holds nothing but padding now (written so by this staging);
+        records whether it will after the caller's write (`padded`). Rows are written only here,
+        so a request without logit bias in a slot whose last request had none skips the fill."""
+        key = (name, slot)
+        holds = key in self._padded_rows
+        if padded:
+            self._padded_rows.add(key)
+        else:
+            self._padded_rows.discard(key)
+        return holds
+
     def begin(self, frame: int, sequence: int | None = None) -> None:
         """Packing of a plan of execution frame `frame` starts (its previous plan has finished); a
         second pack of the same submission (its INITIALIZATION program's, then its own) continues."""
@@ -88,20 +102,23 @@ class Staging:
         self._entries = self._entry_sets[frame % 2]
         self._entries_used = 0
 
-    def write_entries(self, target: torch.Tensor, values: Sequence[int]) -> None:
-        """target[:] = values. A device target gets an asynchronous copy from this frame's pinned
-        entries (no host synchronisation, so a frame can be packed while the other one runs)."""
-        if target.device.type == "cpu" or target.dtype != torch.int32:
-            target.copy_(torch.tensor(values, dtype=target.dtype))
+    def write_entries(self, target: torch.Tensor, values: Sequence[int], start: int = 0,
+                      padding: int | None = None) -> None:
+        """target[start:start + len(values)] = values; with `padding`, every other entry of `target`
+        (a whole page-table row, at admission) = padding. A device target gets one asynchronous
+        copy from this frame's pinned entries (no device fill, no host synchronisation, so a frame
+        can be packed while the other one runs)."""
+        span = target if padding is not None else target[start:start + len(values)]
+        offset = start if padding is not None else 0
+        begin, end = self._entries_used, self._entries_used + span.numel()
+        if span.device.type != "cpu" and span.dtype == torch.int32 and end <= self._entries.numel():
+            staged = self._entries[begin:end]
+            _write_span(staged, offset, values, padding)
+            span.copy_(staged, non_blocking=True)
+            self._entries_used = end
             return
-        start, end = self._entries_used, self._entries_used + len(values)
-        if end > self._entries.numel():  # not expected (sized for every table): copy synchronously
-            target.copy_(torch.tensor(values, dtype=target.dtype))
-            return
-        staged = self._entries[start:end]
-        staged.copy_(torch.tensor(values, dtype=torch.int32))
-        target.copy_(staged, non_blocking=True)
-        self._entries_used = end
+        # A host target; or (not expected: the entries hold every table) a synchronous copy.
+        _write_span(span, offset, values, padding)
 
     def target(self, name: str) -> torch.Tensor:
         mirror = self._mirrors.get(name)
@@ -127,3 +144,16 @@ class Staging:
         for name in sorted(self._dirty):
             self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
         self._dirty.clear()
+
+
+def _write_span(span: torch.Tensor, offset: int, values: Sequence[int], padding: int | None) -> None:
+    """span[offset:offset + len(values)] = values, the rest = padding (unless None)."""
+    array = host_array(span)
+    if padding is not None:
+        span.fill_(padding)
+    if not values:
+        return
+    if array is not None:
+        array[offset:offset + len(values)] = values
+    else:
+        span[offset:offset + len(values)] = torch.tensor(values, dtype=span.dtype)

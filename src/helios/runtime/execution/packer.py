@@ -342,13 +342,12 @@ def _packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: "_Staging") -> None:
     source, slot = binding.source, row.slot
     if source == S.VALUE_SOURCE_PAGE_TABLE:
-        if row.admits:
-            target[slot] = binding.padding
         # A window table's released entries upload as a valid id its window masks (never read).
         ids = tuple(max(page, UNHELD_PAGE_ID) for page in row.new_window_ids) if binding.window else row.new_page_ids
-        if ids:
-            start = row.page_table_start
-            staging.write_entries(target[slot, start:start + len(ids)], ids)
+        if row.admits:  # the whole row in one write: padding around the new entries
+            staging.write_entries(target[slot], ids, row.page_table_start, binding.padding)
+        elif ids:
+            staging.write_entries(target[slot], ids, row.page_table_start)
     elif source in _BIAS_SOURCES:
         if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
             width = target.shape[-1]
@@ -356,7 +355,8 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpe
                 raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
             column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
             values = [entry[column] for entry in req.logit_bias]
-            target[slot] = binding.padding
+            if not staging.padded_row(binding.buffer_name, slot, padded=not values):
+                target[slot] = binding.padding  # (a row the last write left padding is left alone)
             if values:
                 target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
