@@ -161,3 +161,18 @@ def test_logit_bias_rows_are_reset_to_padding_once_after_a_biased_request(prepar
     ids[2] = -1
     packer.pack("prefill", _plan(Operation.PREFILL, [_row("biased", 2, (5, 6), 0, True, True)]))
     assert ids[2, :2].tolist() == [7, -1]
+
+
+def test_history_indexes_are_built_after_the_launch_or_when_first_read(prepared):
+    """Registering a request leaves its history index for `index_histories` (the executor calls it
+    once the program is launched); a read before that builds it, with the same candidates."""
+    from helios.runtime.execution.history_drafting import HistoryIndex
+
+    packer, _ = _packer(prepared)
+    assert packer._histories == {} and packer._unindexed == {"a", "b"}
+    packer.index_histories()
+    assert set(packer._histories) == {"a", "b"} and not packer._unindexed
+    packer.register(RequestSpec("c", (1, 2, 3, 1, 2), 16))
+    lane = _row("c", 1, (2,), 4, True, False, ceiling=4, sample_index=1)
+    assert packer.candidates(lane, 8) == HistoryIndex((1, 2, 3, 1, 2)).candidates(3) == (3, 1, 2)
+    assert "c" not in packer._unindexed

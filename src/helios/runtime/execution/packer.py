@@ -139,6 +139,7 @@ class Packer:
         # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        self._unindexed: set[str] = set()  # registered requests whose history index is not built yet
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
 
     def enable_history_drafting(self) -> None:
@@ -160,8 +161,25 @@ class Packer:
         self._requests[spec.request_id] = spec
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
-        if self._histories is not None:
-            self._histories[spec.request_id] = HistoryIndex(spec.prompt_ids)
+        if self._histories is not None:  # indexed after the launch (`index_histories`), or when first read
+            self._histories.pop(spec.request_id, None)
+            self._unindexed.add(spec.request_id)
+
+    def index_histories(self) -> None:
+        """Builds the history indexes of the requests registered since the last call (milliseconds
+        for a long prompt): the executor calls it once a plan's program is launched, so the
+        index is built while the device runs instead of before the program."""
+        for request_id in self._unindexed:
+            self._histories[request_id] = HistoryIndex(self._requests[request_id].prompt_ids)
+        self._unindexed.clear()
+
+    def _history(self, request_id: str) -> HistoryIndex | None:
+        if self._histories is None:
+            return None
+        if request_id in self._unindexed:
+            self._unindexed.discard(request_id)
+            self._histories[request_id] = HistoryIndex(self._requests[request_id].prompt_ids)
+        return self._histories.get(request_id)
 
     def forget(self, request_id: str) -> None:
         """Drops a request's record (an id it never saw is ignored)."""
@@ -170,6 +188,7 @@ class Packer:
             self._contexts.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
+            self._unindexed.discard(request_id)
 
     @property
     def num_requests(self) -> int:
@@ -189,8 +208,8 @@ class Packer:
         if self._histories is None:
             return
         for row, result in zip(plan.rows, results):
-            history = self._histories.get(row.request_id)
-            if history is not None and result.token_ids:
+            history = self._history(row.request_id) if result.token_ids else None
+            if history is not None:
                 history.extend(result.token_ids)
 
     def pack(self, graph: str, plan: StepPlan) -> None:
@@ -270,7 +289,7 @@ class Packer:
 
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
         """Copied history candidates for a lane: none unless its history ends at its pending token."""
-        history = self._histories.get(row.request_id) if self._histories is not None else None
+        history = self._history(row.request_id)
         if history is None or len(history) != row.start_pos + 1 or not row.token_ids:
             return ()
         if history.tokens[-1] != row.token_ids[0]:
