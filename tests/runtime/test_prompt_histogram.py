@@ -95,8 +95,8 @@ def test_a_device_row_is_one_copy_of_the_counts_for_penalised_requests_only(monk
     staging.begin(0)
     prompt = _prompt(7, 500)
     for slot, sampling in enumerate((SamplingParams(), SamplingParams(temperature=0.7), *PENALTIES[:2])):
-        _fill_admission(binding, buffers["hist"], _admitting(slot, prompt), RequestSpec("r", prompt, 4, sampling=sampling),
-                        staging)
+        spec = RequestSpec("r", prompt, 4, sampling=sampling)
+        _fill_admission(binding, buffers["hist"], _admitting(slot, prompt), spec, staging)
     assert len(written) == 2  # the two penalised requests
     for ids, counts in written:
         row = torch.zeros(BINS, dtype=torch.int64)

@@ -14,6 +14,7 @@ import torch
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
 from helios.runtime.execution.pack_values import host_array
+from helios.runtime.execution.pinned_rows import PinnedRows
 from helios.runtime.execution.prompt_histogram import HistogramRows, prompt_counts, write_host_row
 
 S = spb
@@ -50,6 +51,7 @@ class Staging:
         self._begun: tuple[int, int | None] | None = None
         self._dirty: set[str] = set()
         self._padded_rows: set[tuple[str, int]] = set()  # (buffer, slot) rows holding only padding
+        self._row_rings: dict[str, PinnedRows] = {}  # pinned rows of admission values, per device buffer
         # Pinned host rows that device prompt-histogram rows are copied from, per buffer.
         self._histograms: dict[str, HistogramRows] = {}
         for view in views:
@@ -78,6 +80,19 @@ class Staging:
             rows.begin(self._begun[0] if self._begun is not None else 0)
         return rows
 
+    def write_row(self, name: str, row: torch.Tensor, values: Sequence) -> None:
+        """row[:] = values (a physical request row at admission, `values` shaped like it). A device
+        row gets one asynchronous copy from a pinned row (`helios.runtime.execution.pinned_rows`),
+        where a copy from pageable memory would synchronise the stream."""
+        if row.device.type == "cpu" or row.dim() == 0:
+            row.copy_(torch.tensor(values, dtype=row.dtype).reshape(row.shape))
+            return
+        rings = self._row_rings.get(name)
+        if rings is None:
+            rings = self._row_rings[name] = PinnedRows(row, pinned=torch.cuda.is_available())
+            rings.begin(self._begun[0] if self._begun is not None else 0)
+        rings.write(row, values)
+
     def padded_row(self, name: str, slot: int, padded: bool) -> bool:
         """Whether row `slot` of `name` holds nothing but padding now (written so by this staging);
         records whether it will after the caller's write (`padded`). Rows are written only here,
@@ -96,7 +111,7 @@ class Staging:
         if sequence is not None and self._begun == (frame, sequence):
             return
         self._begun = (frame, sequence)
-        for rows in self._histograms.values():
+        for rows in (*self._histograms.values(), *self._row_rings.values()):
             rows.begin(frame)
         self._mirrors = self._mirror_sets[frame % 2]
         self._entries = self._entry_sets[frame % 2]

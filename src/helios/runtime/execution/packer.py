@@ -374,10 +374,10 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpe
                 raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
             column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
             values = [entry[column] for entry in req.logit_bias]
-            if not staging.padded_row(binding.buffer_name, slot, padded=not values):
-                target[slot] = binding.padding  # (a row the last write left padding is left alone)
-            if values:
-                target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
+            # A row the packer's last write left padding needs no write for a request without bias.
+            holds_padding = staging.padded_row(binding.buffer_name, slot, padded=not values)
+            if values or not holds_padding:
+                staging.write_row(binding.buffer_name, target[slot], values + [binding.padding] * (width - len(values)))
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
         # The whole prompt, prefix-cache hits included (their rows start past it). Only penalties
         # read it: a request without one leaves the row (`helios.runtime.execution.prompt_histogram`).
@@ -385,11 +385,11 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpe
             staging.write_counts(binding.buffer_name, target[slot], req.prompt_ids)
     elif source == S.VALUE_SOURCE_EOS_IDS:
         if row.admits:
-            target[slot] = torch.tensor(eos_row(req, target, binding), dtype=target.dtype)
+            staging.write_row(binding.buffer_name, target[slot], eos_row(req, target, binding))
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
         if isinstance(value, tuple):
-            target[slot] = torch.tensor(padded(value, target, binding), dtype=target.dtype)
+            staging.write_row(binding.buffer_name, target[slot], padded(value, target, binding))
         else:
             target[slot] = value + binding.offset
 

@@ -10,10 +10,8 @@ Counting: the prompt's ids below the row's bins, sorted and counted (`prompt_cou
 bins - input-only ids such as image placeholders - are not counted). A host row is zeroed and
 written in place. A device row is written by one asynchronous copy from a pinned host row in which
 only the previous prompt's bins are cleared before the new counts are written (`HistogramRows`):
-no device bincount, no device fill or add, no blocking copy. Each execution frame has its own
-`ROWS_PER_FRAME` pinned rows, rewritten only after the frame's previous plan finished (as the
-packer's mirrors); a step admitting more penalised requests than that waits for the stream once
-before it reuses its frame's rows.
+no device bincount, no device fill or add, no blocking copy (the rows per frame:
+`helios.runtime.execution.pinned_rows`).
 
 Thread ownership: the packer's (one model worker); not thread-safe.
 """
@@ -25,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-ROWS_PER_FRAME = 4
+from helios.runtime.execution.pinned_rows import ROWS_PER_FRAME, PinnedRows
 
 
 def prompt_counts(tokens: Sequence[int], bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,26 +57,19 @@ class HistogramRows:
     """Pinned host rows (per frame) that device histogram rows are copied from (module docstring)."""
 
     def __init__(self, row: torch.Tensor, pinned: bool):
-        self._rows = [[torch.zeros(row.shape, dtype=row.dtype, pin_memory=pinned) for _ in range(ROWS_PER_FRAME)]
-                      for _ in range(2)]
+        self._rows = PinnedRows(row, pinned)
         self._written = [[np.empty(0, dtype=np.int64)] * ROWS_PER_FRAME for _ in range(2)]  # nonzero bins
-        self._frame = 0
-        self._used = 0
 
     def begin(self, frame: int) -> None:
         """A plan of `frame` starts packing: its previous plan finished, so its rows are free."""
-        self._frame = frame % 2
-        self._used = 0
+        self._rows.begin(frame)
 
     def write(self, target: torch.Tensor, ids: np.ndarray, counts: np.ndarray) -> None:
         """target[:] = the histogram (`ids`, `counts`), by one asynchronous copy on the current stream."""
-        if self._used == ROWS_PER_FRAME:  # this step's copies so far must leave the rows first
-            if target.device.type == "cuda":
-                torch.cuda.current_stream(target.device).synchronize()
-            self._used = 0
-        index, self._used = self._used, self._used + 1
-        host = self._rows[self._frame][index]
-        written = self._written[self._frame]
+        index = self._rows.take(target)
+        frame = self._rows.frame
+        host = self._rows.rows[frame][index]
+        written = self._written[frame]
         scatter(host, written[index], np.zeros_like(written[index]))  # the previous prompt's bins
         scatter(host, ids, counts)
         written[index] = ids
