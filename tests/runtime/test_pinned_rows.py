@@ -40,6 +40,14 @@ def test_device_rows_are_copied_from_the_frames_pinned_rows_in_turn():
     assert rows[0][0].tolist() == [3.0, 2.0, 1.0]
 
 
+def test_a_scalar_row_of_a_device_buffer_goes_through_its_ring_too():
+    limits = torch.zeros(8, dtype=torch.int64, device="meta")
+    staging = _staging({"limits": limits})
+    staging.begin(0, 0)
+    staging.write_row("limits", limits[3], (17,))
+    assert staging._row_rings["limits"].rows[0][0].item() == 17
+
+
 def test_a_ring_hands_out_each_row_of_its_frame_once_per_step():
     ring = PinnedRows(torch.zeros(2), pinned=False)
     ring.begin(0)

@@ -84,7 +84,7 @@ class Staging:
         """row[:] = values (a physical request row at admission, `values` shaped like it). A device
         row gets one asynchronous copy from a pinned row (`helios.runtime.execution.pinned_rows`),
         where a copy from pageable memory would synchronise the stream."""
-        if row.device.type == "cpu" or row.dim() == 0:
+        if row.device.type == "cpu":
             row.copy_(torch.tensor(values, dtype=row.dtype).reshape(row.shape))
             return
         rings = self._row_rings.get(name)

@@ -28,8 +28,11 @@ Host staging: on a device other than the CPU, every buffer that is rewritten eac
 tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
 with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
 current stream; a grammar mask is uploaded only while some row is constrained (and once more to
-clear it). Per-slot admission values go straight to the device, when a slot is admitted or gains
-pages; new page-table entries go through pinned staging and an asynchronous copy too. There are two
+clear it). Per-slot admission values (a slot is admitted or gains pages) are asynchronous copies too:
+page-table entries (an admitted row whole) from pinned staging, EOS ids, per-slot sampling values
+and logit bias from pinned rows (`helios.runtime.execution.pinned_rows`; a bias row that already
+holds padding is left alone), the prompt histogram counted on the host, only for a request with a
+penalty (`helios.runtime.execution.prompt_histogram`): nothing before the program synchronises. There are two
 sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
 the previous plan of its frame finished, while the other frame's uploads may still be queued.
 
