@@ -1,0 +1,229 @@
+"""Prefill attention at Llama-3.1-8B shapes: the old prefill kernel, the new one (as served, and over a
+sweep of tiles and split counts), and torch's scaled_dot_product_attention as the ceiling.
+
+Shapes: 32 query heads, 8 key/value heads, head_dim 128, bfloat16, pages of 16 on a random page order,
+a page table of ``--capacity`` positions (a serving capacity). Cases, one row each: 2,048 new tokens
+cold, 208 new after 1,840 cached (90% cached), 512 cold and 128 cold. Rows per case:
+
+- ``old``: the prefill kernel before the FlashAttention-2 rewrite (`bench/decode_attention_baseline.py`);
+- ``new``: `paged_attention_prefill` as served (`prefill_tile`, the `prefill_splits` rule);
+- ``tile ...``: each ``--tiles`` entry at the rule's split count; ``splits ...``: each ``--splits``
+  count at the served tile;
+- ``sdpa``: ``scaled_dot_product_attention`` (flash backend, contiguous K/V expanded to 32 heads, causal
+  aligned to the last key) on the same values: the ceiling (on the CPU, ``--smoke``: the math backend).
+
+Each call is captured in a CUDA graph and its replays timed (median of ``triton.testing.do_bench``).
+Every line prints microseconds, TFLOP/s of the causal QK and PV products, and ratios to old and to
+sdpa; every variant is checked against the CPU reference first. Then the 32-layer totals and the
+suggested `helios.abi.triton_prefill.PREFILL_TILES` entry and split rule
+(``PREFILL_PROGRAMS_PER_MULTIPROCESSOR``).
+
+    python bench/prefill_attention.py [--json out.json] [--tiles ...] [--splits 1,2,4,8]
+    python bench/prefill_attention.py --smoke   # tiny shapes, Triton interpreter, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attention_kernels import FULL, SMOKE, Config, make_caches, make_step, median_seconds  # noqa: E402
+
+# block_pairs x block_n x num_warps x num_stages
+TILES = "128x64x8x2,128x64x8x3,128x128x8x2,128x32x4x3,64x64x4x3,256x64x8x2"
+CASES = ((2048, 0), (208, 1840), (512, 0), (128, 0))  # (new tokens, cached tokens) of one row
+SMOKE_CASES = ((24, 0), (6, 40), (12, 0), (4, 0))
+LAYERS = 32
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
+    parser.add_argument("--capacity", type=int, default=4096, help="capacity context (page-table width x 16)")
+    parser.add_argument("--tiles", default=TILES)
+    parser.add_argument("--splits", default="1,2,3,4,6,8")
+    parser.add_argument("--split-tile", default=None, help="the tile of the split sweep (default: the served one)")
+    parser.add_argument("--json", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+class Case:
+    """One row of `new` tokens after `cached`: the op's arguments, the causal FLOPs, the reference."""
+
+    def __init__(self, config: Config, caches, new: int, cached: int, capacity: int, device):
+        step = make_step(config, [new], [new + cached], caches[0].shape[0], device)
+        table = torch.zeros(1, -(-capacity // config.page_tokens), dtype=torch.int32, device=device)
+        table[:, : step.page_table.shape[1]] = step.page_table
+        self.step, self.caches, self.new, self.cached, self.config = step._replace(page_table=table), caches, new, \
+            cached, config
+        self.scale = config.head_dim ** -0.5
+        self.flops = 4 * config.num_heads * config.head_dim * sum(range(cached + 1, cached + new + 1))
+        cpu = [t.cpu() for t in (self.step.q, *caches, *self.step[1:])]
+        self.expected = torch.ops.helios.paged_attention(*cpu, self.scale, 0).float()
+
+    def args(self):
+        return (self.step.q, *self.caches, *self.step[1:], self.scale, 0)
+
+    def label(self) -> str:
+        return f"{self.new} tokens after {self.cached} cached" if self.cached else f"{self.new} tokens cold"
+
+
+def timed(fn, case: Case, device) -> float:
+    """Seconds per call of fn() (CUDA graph replays), after checking its output against the reference."""
+    got = fn()
+    torch.testing.assert_close(got.float().cpu(), case.expected, rtol=2e-2, atol=2e-2)
+    return median_seconds(fn, device, captured=device.type == "cuda")
+
+
+def sdpa_call(case: Case, device):
+    """The ceiling: SDPA over the row's keys and values gathered contiguous [1, Hq, L, D], causal
+    aligned to the last key. Returns (fn giving [T, Hq, D], backend label) per backend to try, best
+    first (flash, then memory-efficient, on CUDA; math on the CPU)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    config, step = case.config, case.step
+    context = case.new + case.cached
+    pages = step.page_table[0, : -(-context // config.page_tokens)].long()
+    group = config.num_heads // config.num_kv_heads
+    k, v = (plane[pages].reshape(-1, config.num_kv_heads, config.head_dim)[:context] for plane in case.caches)
+    k, v = (x.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0).contiguous() for x in (k, v))
+    q = step.q.transpose(0, 1).unsqueeze(0).contiguous()
+    if case.cached:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask, causal = causal_lower_right(case.new, context), False
+    else:
+        mask, causal = None, True
+
+    def call(backend):
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                                   scale=case.scale)
+        return out.squeeze(0).transpose(0, 1)
+
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if device.type == "cuda" else \
+        [SDPBackend.MATH]
+    return [(lambda b=b: call(b), b.name.lower()) for b in backends]
+
+
+def line(label: str, seconds: float, case: Case, old: float | None, ceiling: float | None) -> dict:
+    versus = (f" {old / seconds:5.2f}x old" if old else "") + (f" {ceiling / seconds:5.2f}x sdpa" if ceiling else "")
+    print(f"  {label:<34} {seconds * 1e6:9.1f} us {case.flops / seconds / 1e12:7.1f} TFLOP/s{versus}", flush=True)
+    return {"label": label, "us": seconds * 1e6, "tflops": case.flops / seconds / 1e12}
+
+
+def try_time(fn, case: Case, device) -> float | None:
+    try:
+        return timed(fn, case, device)
+    except Exception as error:  # noqa: BLE001  (a variant the device cannot run is reported, not fatal)
+        print(f"    failed: {type(error).__name__}: {str(error)[:160]}", flush=True)
+        return None
+
+
+def run_case(case: Case, old_module, prefill, args, device) -> dict:
+    print(f"prefill {case.label()} ({case.flops / 1e9:.2f} GFLOP per layer)", flush=True)
+    ceiling, rows = None, []
+    for sdpa, backend in sdpa_call(case, device):
+        ceiling = try_time(sdpa, case, device)
+        if ceiling:
+            rows.append(line(f"sdpa ({backend}, contiguous K/V)", ceiling, case, None, None))
+            break
+    old = timed(lambda: old_module.paged_attention_prefill(*case.args()), case, device)
+    rows.append(line("old", old, case, None, ceiling))
+    tile = prefill.prefill_tile(case.config.head_dim, case.step.q.dtype)
+    block_m = max(1, tile.block_pairs // _block_g(case.config))
+    max_context = case.step.page_table.shape[1] * case.config.page_tokens
+    rule = prefill.prefill_splits(case.new, 1, case.config.num_kv_heads, max_context, block_m, device)
+    new = timed(lambda: prefill.paged_attention_prefill(*case.args()), case, device)
+    rows.append(line(f"new ({_tile_name(tile)}, {rule} splits)", new, case, old, ceiling))
+    tiles, splits = {}, {}
+    for name in args.tiles.split(","):
+        swept = prefill.PrefillTile(*map(int, name.split("x")))
+        seconds = try_time(lambda: prefill.paged_attention_prefill(*case.args(), tile=swept), case, device)
+        if seconds:
+            tiles[name] = seconds
+            rows.append(line(f"tile {name}", seconds, case, old, ceiling))
+    split_tile = prefill.PrefillTile(*map(int, args.split_tile.split("x"))) if args.split_tile else tile
+    for count in (int(s) for s in args.splits.split(",")):
+        seconds = try_time(lambda: prefill.paged_attention_prefill(*case.args(), tile=split_tile, splits=count),
+                           case, device)
+        if seconds:
+            splits[count] = seconds
+            rows.append(line(f"splits {count}", seconds, case, old, ceiling))
+    return {"new_tokens": case.new, "cached": case.cached, "flops": case.flops, "rows": rows, "old": old,
+            "new": new, "sdpa": ceiling, "tiles": tiles, "splits": splits, "rule_splits": rule,
+            "programs": (case.new // block_m + 1) * case.config.num_kv_heads}
+
+
+def _block_g(config: Config) -> int:
+    return 1 << (config.num_heads // config.num_kv_heads - 1).bit_length()
+
+
+def _tile_name(tile) -> str:
+    return "x".join(map(str, tile.__dict__.values()))
+
+
+def summarise(results: list[dict], prefill, device) -> None:
+    """32-layer totals per case, the suggested tile (least summed time over the cases) and the split
+    rule's programs per multiprocessor (least summed time at the splits each value asks)."""
+    for result in results:
+        ceiling = f", sdpa {result['sdpa'] * LAYERS * 1e3:.2f} ms" if result["sdpa"] else ""
+        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']}: old {result['old'] * LAYERS * 1e3:.2f} ms,"
+              f" new {result['new'] * LAYERS * 1e3:.2f} ms{ceiling}", flush=True)
+    common = set.intersection(*(set(r["tiles"]) for r in results)) if results else set()
+    if common:
+        best = min(common, key=lambda name: sum(r["tiles"][name] for r in results))
+        print(f"suggested PREFILL_TILES[128] = PrefillTile({', '.join(best.split('x'))}) "
+              f"(summed {sum(r['tiles'][best] for r in results) * 1e6:.1f} us)", flush=True)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    totals = {}
+    for per_sm in (1, 2, 4, 8):
+        asked = [max(1, min(-(-per_sm * sms // r["programs"]), prefill.PREFILL_MAX_SPLITS)) for r in results]
+        picks = [min(r["splits"], key=lambda s, a=a: abs(s - a)) if r["splits"] else None for r, a in zip(results, asked)]
+        if all(p is not None for p in picks):
+            totals[per_sm] = sum(r["splits"][p] for r, p in zip(results, picks))
+    if totals:
+        best = min(totals, key=totals.get)
+        print(f"suggested PREFILL_PROGRAMS_PER_MULTIPROCESSOR = {best} (summed {totals[best] * 1e6:.1f} us; "
+              + ", ".join(f"{k}: {v * 1e6:.1f}" for k, v in sorted(totals.items())) + ")", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        from helios.abi.triton_interpret import enable_interpreter
+
+        enable_interpreter()
+        args.capacity, args.tiles, args.splits, args.split_tile = 64, "16x16x2x1,32x16x4x2", "1,3", "16x16x2x1x16"
+    elif not torch.cuda.is_available():
+        print("needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    import decode_attention_baseline as old_module
+
+    import helios.abi  # noqa: F401  (registers the ops)
+    from helios.abi import triton_prefill as prefill
+
+    started = time.perf_counter()
+    config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
+    cases = SMOKE_CASES if args.smoke else CASES
+    torch.manual_seed(0)
+    num_pages = sum(-(-(new + cached) // config.page_tokens) for new, cached in cases) + 2
+    caches = make_caches(config, num_pages, device)
+    results = [run_case(Case(config, caches, new, cached, args.capacity, device), old_module, prefill, args, device)
+               for new, cached in cases]
+    summarise(results, prefill, device)
+    print(f"done in {time.perf_counter() - started:.1f} s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
