@@ -3,7 +3,8 @@ sweep of tiles and split counts), and torch's scaled_dot_product_attention as th
 
 Shapes: 32 query heads, 8 key/value heads, head_dim 128, bfloat16, pages of 16 on a random page order,
 a page table of ``--capacity`` positions (a serving capacity). Cases, one row each: 2,048 new tokens
-cold, 208 new after 1,840 cached (90% cached), 512 cold and 128 cold. Rows per case:
+cold, 208 new after 1,840 cached (90% cached), 512 cold, 128 cold, and the 208 after 1,840 as served
+(padded to its 256-token chunk capacity, which sets the split count). Rows per case:
 
 - ``old``: the prefill kernel before the FlashAttention-2 rewrite (`bench/decode_attention_baseline.py`);
 - ``new``: `paged_attention_prefill` as served (`prefill_tile`, the `prefill_splits` rule);
@@ -37,9 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import FULL, SMOKE, Config, make_caches, make_step, median_seconds  # noqa: E402
 
 # block_pairs x block_n x num_warps x num_stages
-TILES = "128x64x8x2,128x64x8x3,128x128x8x2,128x32x4x3,64x64x4x3,256x64x8x2"
-CASES = ((2048, 0), (208, 1840), (512, 0), (128, 0))  # (new tokens, cached tokens) of one row
-SMOKE_CASES = ((24, 0), (6, 40), (12, 0), (4, 0))
+TILES = "128x64x8x2,128x64x8x3,128x128x8x2,128x32x4x3,64x64x4x3"
+# (new tokens, cached tokens, packed tokens) of one row: the last, as served, pads the 208-token rest of a
+# 90%-cached prompt to the 256-token chunk capacity that runs it (bench/ttft_breakdown.py's --chunks).
+CASES = ((2048, 0, 2048), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (208, 1840, 256))
+SMOKE_CASES = ((24, 0, 24), (6, 40, 6), (12, 0, 12), (4, 0, 4), (6, 40, 8))
 LAYERS = 32
 
 
@@ -48,7 +51,7 @@ def parse_args(argv):
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
     parser.add_argument("--capacity", type=int, default=4096, help="capacity context (page-table width x 16)")
     parser.add_argument("--tiles", default=TILES)
-    parser.add_argument("--splits", default="1,2,3,4,6,8")
+    parser.add_argument("--splits", default="1,2,3,4,6")
     parser.add_argument("--split-tile", default=None, help="the tile of the split sweep (default: the served one)")
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
@@ -57,12 +60,15 @@ def parse_args(argv):
 class Case:
     """One row of `new` tokens after `cached`: the op's arguments, the causal FLOPs, the reference."""
 
-    def __init__(self, config: Config, caches, new: int, cached: int, capacity: int, device):
+    def __init__(self, config: Config, caches, shape: tuple[int, int, int], capacity: int, device):
+        new, cached, packed = shape
         step = make_step(config, [new], [new + cached], caches[0].shape[0], device)
         table = torch.zeros(1, -(-capacity // config.page_tokens), dtype=torch.int32, device=device)
         table[:, : step.page_table.shape[1]] = step.page_table
-        self.step, self.caches, self.new, self.cached, self.config = step._replace(page_table=table), caches, new, \
-            cached, config
+        q = torch.cat([step.q, step.q.new_zeros(packed - new, *step.q.shape[1:])])  # padding tokens
+        positions = torch.cat([step.positions, step.positions.new_zeros(packed - new)])
+        self.step = step._replace(q=q, page_table=table, positions=positions)
+        self.caches, self.new, self.cached, self.packed, self.config = caches, new, cached, packed, config
         self.scale = config.head_dim ** -0.5
         self.flops = 4 * config.num_heads * config.head_dim * sum(range(cached + 1, cached + new + 1))
         cpu = [t.cpu() for t in (self.step.q, *caches, *self.step[1:])]
@@ -72,7 +78,8 @@ class Case:
         return (self.step.q, *self.caches, *self.step[1:], self.scale, 0)
 
     def label(self) -> str:
-        return f"{self.new} tokens after {self.cached} cached" if self.cached else f"{self.new} tokens cold"
+        label = f"{self.new} tokens after {self.cached} cached" if self.cached else f"{self.new} tokens cold"
+        return label + (f" in a {self.packed}-token capacity" if self.packed != self.new else "")
 
 
 def timed(fn, case: Case, device) -> float:
@@ -94,7 +101,7 @@ def sdpa_call(case: Case, device):
     group = config.num_heads // config.num_kv_heads
     k, v = (plane[pages].reshape(-1, config.num_kv_heads, config.head_dim)[:context] for plane in case.caches)
     k, v = (x.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0).contiguous() for x in (k, v))
-    q = step.q.transpose(0, 1).unsqueeze(0).contiguous()
+    q = step.q[: case.new].transpose(0, 1).unsqueeze(0).contiguous()
     if case.cached:
         from torch.nn.attention.bias import causal_lower_right
 
@@ -106,7 +113,8 @@ def sdpa_call(case: Case, device):
         with sdpa_kernel(backend):
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                                                    scale=case.scale)
-        return out.squeeze(0).transpose(0, 1)
+        out = out.squeeze(0).transpose(0, 1)
+        return torch.cat([out, out.new_zeros(case.packed - case.new, *out.shape[1:])]) if case.packed > case.new else out
 
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if device.type == "cuda" else \
         [SDPBackend.MATH]
@@ -140,7 +148,7 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
     tile = prefill.prefill_tile(case.config.head_dim, case.step.q.dtype)
     block_m = max(1, tile.block_pairs // _block_g(case.config))
     max_context = case.step.page_table.shape[1] * case.config.page_tokens
-    rule = prefill.prefill_splits(case.new, 1, case.config.num_kv_heads, max_context, block_m, device)
+    rule = prefill.prefill_splits(case.packed, 1, case.config.num_kv_heads, max_context, block_m, device)
     new = timed(lambda: prefill.paged_attention_prefill(*case.args()), case, device)
     rows.append(line(f"new ({_tile_name(tile)}, {rule} splits)", new, case, old, ceiling))
     tiles, splits = {}, {}
@@ -157,9 +165,9 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
         if seconds:
             splits[count] = seconds
             rows.append(line(f"splits {count}", seconds, case, old, ceiling))
-    return {"new_tokens": case.new, "cached": case.cached, "flops": case.flops, "rows": rows, "old": old,
-            "new": new, "sdpa": ceiling, "tiles": tiles, "splits": splits, "rule_splits": rule,
-            "programs": (case.new // block_m + 1) * case.config.num_kv_heads}
+    return {"new_tokens": case.new, "cached": case.cached, "packed": case.packed, "flops": case.flops, "rows": rows,
+            "old": old, "new": new, "sdpa": ceiling, "tiles": tiles, "splits": splits, "rule_splits": rule,
+            "block_m": block_m, "max_context": max_context, "num_kv_heads": case.config.num_kv_heads}
 
 
 def _block_g(config: Config) -> int:
@@ -175,17 +183,17 @@ def summarise(results: list[dict], prefill, device) -> None:
     rule's programs per multiprocessor (least summed time at the splits each value asks)."""
     for result in results:
         ceiling = f", sdpa {result['sdpa'] * LAYERS * 1e3:.2f} ms" if result["sdpa"] else ""
-        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']}: old {result['old'] * LAYERS * 1e3:.2f} ms,"
+        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']} ({result['packed']} packed): old {result['old'] * LAYERS * 1e3:.2f} ms,"
               f" new {result['new'] * LAYERS * 1e3:.2f} ms{ceiling}", flush=True)
     common = set.intersection(*(set(r["tiles"]) for r in results)) if results else set()
     if common:
         best = min(common, key=lambda name: sum(r["tiles"][name] for r in results))
         print(f"suggested PREFILL_TILES[128] = PrefillTile({', '.join(best.split('x'))}) "
               f"(summed {sum(r['tiles'][best] for r in results) * 1e6:.1f} us)", flush=True)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     totals = {}
-    for per_sm in (1, 2, 4, 8):
-        asked = [max(1, min(-(-per_sm * sms // r["programs"]), prefill.PREFILL_MAX_SPLITS)) for r in results]
+    for per_sm in (1, 2, 3, 4):
+        asked = [prefill.prefill_splits(r["packed"], 1, r["num_kv_heads"], r["max_context"], r["block_m"], device,
+                                        per_multiprocessor=per_sm) for r in results]
         picks = [min(r["splits"], key=lambda s, a=a: abs(s - a)) if r["splits"] else None for r, a in zip(results, asked)]
         if all(p is not None for p in picks):
             totals[per_sm] = sum(r["splits"][p] for r, p in zip(results, picks))
@@ -214,10 +222,10 @@ def main(argv=None) -> int:
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     cases = SMOKE_CASES if args.smoke else CASES
     torch.manual_seed(0)
-    num_pages = sum(-(-(new + cached) // config.page_tokens) for new, cached in cases) + 2
+    num_pages = sum(-(-(new + cached) // config.page_tokens) for new, cached, _ in cases) + 2
     caches = make_caches(config, num_pages, device)
-    results = [run_case(Case(config, caches, new, cached, args.capacity, device), old_module, prefill, args, device)
-               for new, cached in cases]
+    results = [run_case(Case(config, caches, shape, args.capacity, device), old_module, prefill, args, device)
+               for shape in cases]
     summarise(results, prefill, device)
     print(f"done in {time.perf_counter() - started:.1f} s", flush=True)
     if args.json:

@@ -84,8 +84,9 @@ def test_split_rule_depends_on_shapes_only(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(prefill, "multiprocessors", lambda device: 132)  # an H200
     assert prefill.prefill_splits(2048, 1, 8, 4096, 32, cpu) == 1  # 520 programs fill the device
-    assert prefill.prefill_splits(208, 1, 8, 4096, 32, cpu) == 5  # 56 programs: about 2 per multiprocessor
-    assert prefill.prefill_splits(208, 1, 8, 512, 32, cpu) == 2  # no run shorter than 256 capacity positions
+    assert prefill.prefill_splits(256, 1, 8, 4096, 32, cpu) == 2  # a bound of 72 programs: 1 per multiprocessor
+    assert prefill.prefill_splits(208, 1, 8, 4096, 32, cpu, per_multiprocessor=2) == 5  # 56 programs
+    assert prefill.prefill_splits(208, 1, 8, 512, 32, cpu, per_multiprocessor=2) == 2  # runs of >= 256 positions
     assert prefill.prefill_splits(16, 1, 1, 1 << 20, 32, cpu) == prefill.PREFILL_MAX_SPLITS
 
 

@@ -52,7 +52,9 @@ __all__ = [
 
 # Split-KV schedule of the prefill kernel: about PREFILL_PROGRAMS_PER_MULTIPROCESSOR programs per
 # multiprocessor, runs of at least PREFILL_MIN_SPLIT_TOKENS positions, at most PREFILL_MAX_SPLITS splits.
-PREFILL_PROGRAMS_PER_MULTIPROCESSOR = 2
+# One program per multiprocessor: a 128-pair, 8-warp program holds one multiprocessor's registers, and
+# a split past one wave adds a wave (bench/prefill_attention.py's "suggested" line measures the value).
+PREFILL_PROGRAMS_PER_MULTIPROCESSOR = 1
 PREFILL_MIN_SPLIT_TOKENS = 256
 PREFILL_MAX_SPLITS = 16
 
@@ -92,12 +94,14 @@ def prefill_tile(head_dim: int, dtype: torch.dtype) -> PrefillTile:
 
 
 def prefill_splits(num_tokens: int, num_rows: int, num_kv_heads: int, max_context: int, block_m: int,
-                   device: torch.device, min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS) -> int:
+                   device: torch.device, min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS,
+                   per_multiprocessor: int = PREFILL_PROGRAMS_PER_MULTIPROCESSOR) -> int:
     """Splits of a prefill launch, from static numbers only (fixed when a graph is captured): enough
-    for about PREFILL_PROGRAMS_PER_MULTIPROCESSOR programs per multiprocessor over the grid's bound of
-    query blocks, no more than one per `min_split_tokens` positions of the capacity context."""
+    for about `per_multiprocessor` programs per multiprocessor over the grid's bound of query blocks
+    (``T // block_m + R`` times Hkv), no more than one per `min_split_tokens` positions of the capacity
+    context, at most PREFILL_MAX_SPLITS."""
     programs = max(1, (num_tokens // block_m + num_rows) * num_kv_heads)
-    wanted = -(-PREFILL_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors(device) // programs)
+    wanted = -(-per_multiprocessor * multiprocessors(device) // programs)
     useful = -(-max_context // min_split_tokens)
     return max(1, min(wanted, useful, PREFILL_MAX_SPLITS))
 
