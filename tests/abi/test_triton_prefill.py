@@ -110,6 +110,13 @@ def test_llama_shapes_on_the_device(new, cached):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 4])
+def test_llama_shapes_with_a_window_read_nothing_below_it(splits):
+    batch = release_below_window(make_batch(41, [208, 64], [1840, 300], LLAMA, padding=16), 700)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 700, splits=splits), batch, 700)
+
+
+@pytest.mark.gpu
 def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths():
     """Capture the op once (its split count fixed from shapes); replay it with a step of the same token
     count but another cached prefix and row layout: the runs follow the new spans."""
