@@ -176,7 +176,7 @@ def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages,
     probs = tl.exp2(scores * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(probs, 1)
-    acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # accumulates in place
     return acc, m_new, l_i
 
 
