@@ -74,9 +74,11 @@ def test_head_dim_and_group_that_are_not_powers_of_two_split():
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=SMALL, splits=3), batch, 0)
 
 
-def test_default_tile_and_split_rule_on_a_cached_chunk():
-    """The served choices (`prefill_tile`, `prefill_splits`) with no overrides."""
-    batch = make_batch(37, [12, 1], [50, 3], Shape(dtype=torch.bfloat16, page_tokens=16))
+@pytest.mark.parametrize("lens, cached", [([40], [50]), ([12, 1], [50, 3])], ids=["long-rows", "short-rows"])
+def test_served_tile_and_split_rule(lens, cached):
+    """The served choices (`prefill_tile`, `prefill_splits`) with no overrides: the default tile for a
+    long row, SHORT_ROWS_TILE for rows shorter than its blocks."""
+    batch = make_batch(37, lens, cached, Shape(dtype=torch.bfloat16, page_tokens=16))
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0), batch, 0)
 
 
@@ -91,7 +93,9 @@ def test_split_rule_depends_on_shapes_only(monkeypatch):
 
 
 def test_tile_choice():
-    assert prefill.prefill_tile(128, torch.bfloat16) == prefill.PREFILL_TILES.get(128, prefill.DEFAULT_PREFILL_TILE)
+    served = prefill.PREFILL_TILES.get(128, prefill.DEFAULT_PREFILL_TILE)
+    assert prefill.prefill_tile(128, torch.bfloat16, 2048, 1) == prefill.prefill_tile(128, torch.bfloat16) == served
+    assert prefill.prefill_tile(128, torch.bfloat16, 320, 65) == prefill.SHORT_ROWS_TILE  # decode lanes beside a prompt
     assert prefill.prefill_tile(128, torch.float32).block_pairs <= 64  # float32 rows: a tile that fits
     assert SMALL.min_split_tiles == 1 and prefill.DEFAULT_PREFILL_TILE.min_split_tiles == 4
 

@@ -47,7 +47,7 @@ from helios.abi.triton_paged import (
 
 __all__ = [
     "DEFAULT_PREFILL_TILE", "PREFILL_MAX_SPLITS", "PREFILL_MIN_SPLIT_TOKENS", "PREFILL_PROGRAMS_PER_MULTIPROCESSOR",
-    "PREFILL_TILES", "PrefillTile", "paged_attention_prefill", "prefill_splits", "prefill_tile",
+    "PREFILL_TILES", "SHORT_ROWS_TILE", "PrefillTile", "paged_attention_prefill", "prefill_splits", "prefill_tile",
 ]
 
 # Split-KV schedule of the prefill kernel: about PREFILL_PROGRAMS_PER_MULTIPROCESSOR programs per
@@ -79,18 +79,27 @@ class PrefillTile:
 
 
 DEFAULT_PREFILL_TILE = PrefillTile()
+# Batches whose rows hold fewer tokens than one default block on average (decode lanes among prompt
+# rows): 16 tokens x 4 heads, 4 warps, the shape of the kernel before this one, so a one-token row's
+# block wastes no more than it did.
+SHORT_ROWS_TILE = PrefillTile(64, 64, 4, 2)
 _WIDE_TILE = PrefillTile(64, 32, 4, 2)  # head rows over 256 bytes (float32, head_dim > 128): less shared memory
-# Measured tiles by head_dim; absent keys use `prefill_tile`'s default. Fill from the "suggested
+# Measured tiles by head_dim; absent keys use DEFAULT_PREFILL_TILE. Fill from the "suggested
 # PREFILL_TILES" line of `bench/prefill_attention.py` on the serving device class.
 PREFILL_TILES: dict[int, PrefillTile] = {}
 
 
-def prefill_tile(head_dim: int, dtype: torch.dtype) -> PrefillTile:
-    """The tile for a prefill launch, from static numbers only: the table's entry for 16-bit inputs,
-    else the default (a narrower one where a head row exceeds 256 bytes)."""
+def prefill_tile(head_dim: int, dtype: torch.dtype, num_tokens: int = 0, num_rows: int = 0) -> PrefillTile:
+    """The tile for a prefill launch of `num_tokens` packed tokens in `num_rows` rows, from static
+    numbers only: SHORT_ROWS_TILE where the rows average fewer tokens than the table's tile has, the
+    table's entry for 16-bit inputs, else the default (a narrower one where a head row exceeds 256
+    bytes)."""
     if head_dim * dtype.itemsize > 256:
         return _WIDE_TILE
-    return PREFILL_TILES.get(head_dim, DEFAULT_PREFILL_TILE)
+    tile = PREFILL_TILES.get(head_dim, DEFAULT_PREFILL_TILE)
+    if num_tokens < num_rows * tile.block_pairs // 4:  # rows of fewer tokens than a block of GQA group 4
+        return SHORT_ROWS_TILE
+    return tile
 
 
 def prefill_splits(num_tokens: int, num_rows: int, num_kv_heads: int, max_context: int, block_m: int,
@@ -291,7 +300,7 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     group = num_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
-    tile = tile or prefill_tile(head_dim, q.dtype)
+    tile = tile or prefill_tile(head_dim, q.dtype, num_tokens, num_rows)
     block_m = max(1, tile.block_pairs // block_g)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if splits is None:
