@@ -189,6 +189,35 @@ def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages,
     return acc, m_new, l_i
 
 
+@triton.jit
+def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """The online softmax over the run [run_lo, run_hi) of a block's span, in three loops: tiles below
+    some token's window (masked), tiles wholly inside every token's view (at or above the highest
+    token's window start, at or below the lowest token's position, within the table's pages: no
+    mask), then the diagonal (masked). kv: (k_ptr, v_ptr, page_table_ptr, the row's page-table
+    offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides)."""
+    k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides = kv
+    whole_lo = (tl.maximum(tl.max(pos) - window + 1, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    whole_hi = tl.minimum(pos_min + 1, max_pages * PAGE_TOKENS) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum(whole_lo, run_lo), run_hi)
+    mid_hi = tl.maximum(tl.minimum(whole_hi, run_hi), mid_lo)
+    for start in range(run_lo, mid_lo, BLOCK_N):
+        acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
+                                   kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
+                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+    for start in range(mid_lo, mid_hi, BLOCK_N):
+        acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
+                                   kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
+                                   HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION)
+    for start in range(mid_hi, run_hi, BLOCK_N):
+        acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
+                                   kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
+                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+    return acc, m_i, l_i
+
+
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
 def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                     query_start_ptr, positions_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages, num_heads,
@@ -217,27 +246,10 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v
         m_i, l_i = softmax_start(sinks_ptr, head, m_ok & (split == 0), BLOCK_M * BLOCK_G, HAS_SINKS)
         run_lo = base + split * run_tiles * BLOCK_N
         run_hi = tl.minimum(hi, run_lo + run_tiles * BLOCK_N)
-        # Tiles wholly inside every token's view: at or above the highest token's window start, wholly
-        # at or below the lowest token's position, within the table's pages.
-        whole_lo = (tl.maximum(tl.max(pos) - window + 1, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        whole_hi = tl.minimum(pos_min + 1, max_pages * PAGE_TOKENS) // BLOCK_N * BLOCK_N
-        mid_lo = tl.minimum(tl.maximum(whole_lo, run_lo), run_hi)
-        mid_hi = tl.maximum(tl.minimum(whole_hi, run_hi), mid_lo)
-        row_pages = row.to(tl.int64) * stride_pr
-        kv_base = (kv_head * stride_kh, kv_head * stride_vh)
-        kv_strides = (stride_kp, stride_kt, stride_vp, stride_vt, stride_kd, stride_vd)
-        for start in range(run_lo, mid_lo, BLOCK_N):  # below some token's window
-            acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
-                                       kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
-                                       HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
-        for start in range(mid_lo, mid_hi, BLOCK_N):  # seen whole by every token
-            acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
-                                       kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
-                                       HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION)
-        for start in range(mid_hi, run_hi, BLOCK_N):  # the diagonal
-            acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
-                                       kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
-                                       HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+        kv = (k_ptr, v_ptr, page_table_ptr, row.to(tl.int64) * stride_pr, (kv_head * stride_kh, kv_head * stride_vh),
+              (stride_kp, stride_kt, stride_vp, stride_vt, stride_kd, stride_vd))
+        acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages,
+                                    scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_TOKENS, DOT_PRECISION)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
