@@ -115,7 +115,8 @@ def sdpa_call(case: Case, device):
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                                                    scale=case.scale)
         out = out.squeeze(0).transpose(0, 1)
-        return torch.cat([out, out.new_zeros(case.packed - case.new, *out.shape[1:])]) if case.packed > case.new else out
+        padding = out.new_zeros(case.packed - case.new, *out.shape[1:])
+        return torch.cat([out, padding]) if len(padding) else out
 
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if device.type == "cuda" else \
         [SDPBackend.MATH]
@@ -150,7 +151,7 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
     tile = prefill.prefill_tile(case.config.head_dim, case.step.q.dtype, case.packed, 1)
     block_m = max(1, tile.block_pairs // _block_g(case.config))
     max_context = case.step.page_table.shape[1] * case.config.page_tokens
-    rule = prefill.prefill_splits(case.packed, 1, case.config.num_kv_heads, max_context, block_m, device)
+    rule = prefill.prefill_splits(case.packed // block_m + 1, case.config.num_kv_heads, max_context, device)
     new = timed(lambda: prefill.paged_attention_prefill(*case.args()), case, device)
     rows.append(line(f"new ({_tile_name(tile)}, {rule} splits)", new, case, old, ceiling))
     tiles, splits = {}, {}
@@ -185,8 +186,9 @@ def summarise(results: list[dict], prefill, device) -> None:
     rule's programs per multiprocessor (least summed time at the splits each value asks)."""
     for result in results:
         ceiling = f", sdpa {result['sdpa'] * LAYERS * 1e3:.2f} ms" if result["sdpa"] else ""
-        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']} ({result['packed']} packed): old {result['old'] * LAYERS * 1e3:.2f} ms,"
-              f" new {result['new'] * LAYERS * 1e3:.2f} ms{ceiling}", flush=True)
+        old, new = result["old"] * LAYERS * 1e3, result["new"] * LAYERS * 1e3
+        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']} ({result['packed']} packed): "
+              f"old {old:.2f} ms, new {new:.2f} ms{ceiling}", flush=True)
     common = set.intersection(*(set(r["tiles"]) for r in results)) if results else set()
     if common:
         best = min(common, key=lambda name: sum(r["tiles"][name] for r in results))
@@ -194,9 +196,10 @@ def summarise(results: list[dict], prefill, device) -> None:
               f"(summed {sum(r['tiles'][best] for r in results) * 1e6:.1f} us)", flush=True)
     totals = {}
     for per_sm in (1, 2, 3, 4):
-        asked = [prefill.prefill_splits(r["packed"], 1, r["num_kv_heads"], r["max_context"], r["block_m"], device,
+        asked = [prefill.prefill_splits(r["packed"] // r["block_m"] + 1, r["num_kv_heads"], r["max_context"], device,
                                         per_multiprocessor=per_sm) for r in results]
-        picks = [min(r["splits"], key=lambda s, a=a: abs(s - a)) if r["splits"] else None for r, a in zip(results, asked)]
+        picks = [min(r["splits"], key=lambda s, a=a: abs(s - a)) if r["splits"] else None
+                 for r, a in zip(results, asked)]
         if all(p is not None for p in picks):
             totals[per_sm] = sum(r["splits"][p] for r, p in zip(results, picks))
     if totals:

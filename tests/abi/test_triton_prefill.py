@@ -85,11 +85,11 @@ def test_served_tile_and_split_rule(lens, cached):
 def test_split_rule_depends_on_shapes_only(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(prefill, "multiprocessors", lambda device: 132)  # an H200
-    assert prefill.prefill_splits(2048, 1, 8, 4096, 32, cpu) == 1  # 520 programs fill the device
-    assert prefill.prefill_splits(256, 1, 8, 4096, 32, cpu) == 2  # a bound of 72 programs: 1 per multiprocessor
-    assert prefill.prefill_splits(208, 1, 8, 4096, 32, cpu, per_multiprocessor=2) == 5  # 56 programs
-    assert prefill.prefill_splits(208, 1, 8, 512, 32, cpu, per_multiprocessor=2) == 2  # runs of >= 256 positions
-    assert prefill.prefill_splits(16, 1, 1, 1 << 20, 32, cpu) == prefill.PREFILL_MAX_SPLITS
+    assert prefill.prefill_splits(2048 // 32 + 1, 8, 4096, cpu) == 1  # 520 programs fill the device
+    assert prefill.prefill_splits(256 // 32 + 1, 8, 4096, cpu) == 2  # a bound of 72 programs: 1 per multiprocessor
+    assert prefill.prefill_splits(208 // 32 + 1, 8, 4096, cpu, per_multiprocessor=2) == 5  # 56 programs
+    assert prefill.prefill_splits(7, 8, 512, cpu, per_multiprocessor=2) == 2  # runs of >= 256 capacity positions
+    assert prefill.prefill_splits(1, 1, 1 << 20, cpu) == prefill.PREFILL_MAX_SPLITS
 
 
 def test_tile_choice():
@@ -137,7 +137,7 @@ def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths():
         return [t.cuda() for t in (batch.q, *grown, wide, batch.query_start, batch.positions)]
 
     inputs = widened(first)
-    assert prefill.prefill_splits(208, 2, 8, capacity * 16, 32, inputs[0].device) > 1  # the split path runs
+    assert prefill.prefill_splits(208 // 32 + 2, 8, capacity * 16, inputs[0].device) > 1  # the split path runs
 
     def step():
         return torch.ops.helios.paged_attention(*inputs, SCALE, 0)

@@ -102,14 +102,14 @@ def prefill_tile(head_dim: int, dtype: torch.dtype, num_tokens: int = 0, num_row
     return tile
 
 
-def prefill_splits(num_tokens: int, num_rows: int, num_kv_heads: int, max_context: int, block_m: int,
-                   device: torch.device, min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS,
+def prefill_splits(num_blocks: int, num_kv_heads: int, max_context: int, device: torch.device,
+                   min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS,
                    per_multiprocessor: int = PREFILL_PROGRAMS_PER_MULTIPROCESSOR) -> int:
-    """Splits of a prefill launch, from static numbers only (fixed when a graph is captured): enough
-    for about `per_multiprocessor` programs per multiprocessor over the grid's bound of query blocks
-    (``T // block_m + R`` times Hkv), no more than one per `min_split_tokens` positions of the capacity
+    """Splits of a prefill launch of `num_blocks` query blocks (the grid's bound, ``T // BLOCK_M + R``),
+    from static numbers only (fixed when a graph is captured): enough for about `per_multiprocessor`
+    programs per multiprocessor, no more than one per `min_split_tokens` positions of the capacity
     context, at most PREFILL_MAX_SPLITS."""
-    programs = max(1, (num_tokens // block_m + num_rows) * num_kv_heads)
+    programs = max(1, num_blocks * num_kv_heads)
     wanted = -(-per_multiprocessor * multiprocessors(device) // programs)
     useful = -(-max_context // min_split_tokens)
     return max(1, min(wanted, useful, PREFILL_MAX_SPLITS))
@@ -315,15 +315,14 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tile = tile or prefill_tile(head_dim, q.dtype, num_tokens, num_rows)
     block_m = max(1, tile.block_pairs // block_g)
     max_context = page_table.shape[1] * k_cache.shape[1]
+    blocks = num_tokens // block_m + num_rows
     if splits is None:
-        splits = prefill_splits(num_tokens, num_rows, num_kv_heads, max_context, block_m, q.device,
-                                tile.min_split_tokens)
+        splits = prefill_splits(blocks, num_kv_heads, max_context, q.device, tile.min_split_tokens)
     splits = max(1, min(splits, PREFILL_MAX_SPLITS, -(-max_context // tile.block_n)))
     min_tiles = tile.min_split_tiles
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     width = block_d(head_dim)
     parts = _partials(num_tokens, num_heads, splits, width, out)
-    blocks = num_tokens // block_m + num_rows
     with on_device(q):
         _prefill_kernel[(blocks, num_kv_heads, splits)](
             out, *parts, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q), scale * LOG2E,
