@@ -59,8 +59,8 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                                                              MIN_TILES=max(1, 256 // block_n)),
                        num_warps=warps, num_stages=stages)
     compile_kernel(prefill._prefill_combine_kernel, attend,
-                   dict(GROUP=group, BLOCK_G=block_g, BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim,
-                        BLOCK_D=block_d, NUM_SPLITS=4, MIN_TILES=4), num_warps=4)
+                   dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
+                        MIN_TILES=4), num_warps=4)
     for block_n, warps, stages in ((32, 4, 3), (128, 8, 2), (128, 4, 4)):  # the tiles the benchmark sweeps
         compile_kernel(decode._decode_kernel, attend,
                        dict(shape, BLOCK_H=16, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True, HAS_SINKS=False,

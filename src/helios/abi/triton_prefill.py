@@ -25,7 +25,8 @@ of NUM_SPLITS splits (`prefill_splits`, static: from shapes and the multiprocess
 fixed when a CUDA graph is captured). Each block's span is cut into at most NUM_SPLITS equal runs of
 whole tiles, none shorter than MIN_TILES tiles (data-dependent: a short span uses fewer runs); each run
 writes a partial max, sum and normalised accumulator (float32) and `_prefill_combine_kernel` merges a
-block's runs. A block of one run writes its output directly and its combine program does nothing.
+block's runs, one program per (query block, query head). A block of one run writes its output
+directly and its combine programs do nothing.
 
 Keys and values are read through the page table: a tile's positions map to (page, offset) and every
 load is contiguous along the head dimension; page-table entries are read only below each block's
@@ -265,28 +266,27 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
 def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, positions_ptr, window,
-                            num_rows, num_heads, stride_ot, stride_oh, stride_od, GROUP: tl.constexpr,
-                            BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                            MIN_TILES: tl.constexpr):
-    """Program (query block, key/value head): merge the block's runs' partial softmaxes into the output
-    (one run: the prefill kernel wrote the output itself and this program does nothing)."""
+                            num_rows, num_heads, stride_ot, stride_oh, stride_od, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Program (query block, query head): merge the block's runs' partial softmaxes into the output of
+    its tokens for that head (one run: the prefill kernel wrote the output itself and this program
+    does nothing). The block's span, hence its runs, is that of the prefill kernel's programs."""
     block = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    row, live, token, group_index, token_ok, m_ok, pos, lo, hi, pos_min = _query_block(
-        query_start_ptr, positions_ptr, num_rows, block, window, GROUP, BLOCK_G, BLOCK_M)
-    base, run_tiles, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
+    head = tl.program_id(1)
+    row, live, token, _, token_ok, _, pos, lo, hi, _ = _query_block(
+        query_start_ptr, positions_ptr, num_rows, block, window, 1, 1, BLOCK_M)
+    _, _, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
     if live & (runs > 1):
-        head = kv_head * GROUP + group_index
         offs_d = tl.arange(0, BLOCK_D)
-        m_all = tl.full([BLOCK_M * BLOCK_G], -1e30, tl.float32)
-        weight = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
+        m_all = tl.full([BLOCK_M], -1e30, tl.float32)
+        weight = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for split in range(0, runs):
             part = (token * num_heads + head) * NUM_SPLITS + split
-            m_s = tl.load(part_m_ptr + part, mask=m_ok, other=-1e30)
-            l_s = tl.load(part_l_ptr + part, mask=m_ok, other=0.0)
-            o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+            m_s = tl.load(part_m_ptr + part, mask=token_ok, other=-1e30)
+            l_s = tl.load(part_l_ptr + part, mask=token_ok, other=0.0)
+            o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=token_ok[:, None], other=0.0)
             m_new = tl.maximum(m_all, m_s)
             alpha = tl.exp2(m_all - m_new)
             w_s = l_s * tl.exp2(m_s - m_new)
@@ -294,8 +294,8 @@ def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_s
             weight = weight * alpha + w_s
             m_all = m_new
         result = acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                 result.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+        tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
+                 result.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -332,10 +332,10 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             PAGE_TOKENS=k_cache.shape[1], NUM_SPLITS=splits, MIN_TILES=min_tiles, DOT_PRECISION=dot_precision(q),
             HAS_SINKS=sinks is not None, num_warps=tile.num_warps, num_stages=tile.num_stages)
         if splits > 1:
-            _prefill_combine_kernel[(blocks, num_kv_heads)](
+            _prefill_combine_kernel[(blocks, num_heads)](
                 out, *parts, query_start, positions, window_bound(window), num_rows, num_heads, *out.stride(),
-                GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim,
-                BLOCK_D=width, NUM_SPLITS=splits, MIN_TILES=min_tiles, num_warps=4)
+                BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, NUM_SPLITS=splits,
+                MIN_TILES=min_tiles, num_warps=4)
     return out
 
 
