@@ -4,7 +4,8 @@ sweep of tiles and split counts), and torch's scaled_dot_product_attention as th
 Shapes: 32 query heads, 8 key/value heads, head_dim 128, bfloat16, pages of 16 on a random page order,
 a page table of ``--capacity`` positions (a serving capacity). Cases, one row each: 2,048 new tokens
 cold, 208 new after 1,840 cached (90% cached), 512 cold, 128 cold, and the 208 after 1,840 as served
-(padded to its 256-token chunk capacity, which sets the split count). Rows per case:
+(padded to its 256-token chunk capacity, which sets the split count); then a mixed step (64 decode
+lanes at 1,024 beside a 256-token chunk), old against new. Rows per case:
 
 - ``old``: the prefill kernel before the FlashAttention-2 rewrite (`bench/decode_attention_baseline.py`);
 - ``new``: `paged_attention_prefill` as served (`prefill_tile`, the `prefill_splits` rule);
@@ -43,6 +44,8 @@ TILES = "128x64x8x2,128x64x8x3,128x128x8x3,64x64x4x3,64x64x4x2"  # 128x64x4 and 
 # 90%-cached prompt to the 256-token chunk capacity that runs it (bench/ttft_breakdown.py's --chunks).
 CASES = ((2048, 0, 2048), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (208, 1840, 256))
 SMOKE_CASES = ((24, 0, 24), (6, 40, 6), (12, 0, 12), (4, 0, 4), (6, 40, 8))
+# (decode lanes, their context, chunk tokens, the chunk's row context) of a mixed step
+MIXED, SMOKE_MIXED = (64, 1024, 256, 2048), (5, 20, 8, 30)
 LAYERS = 32
 STARTED = time.perf_counter()
 
@@ -173,6 +176,30 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
             "block_m": block_m, "max_context": max_context, "num_kv_heads": case.config.num_kv_heads}
 
 
+def run_mixed(config: Config, caches, lanes: tuple[int, int, int, int], old_module, prefill, device) -> dict:
+    """Decode lanes beside a prompt chunk in one packed step (a mixed step: the prefill kernel serves
+    it, with `prefill_tile`'s short-rows tile): old against new only (no single-sequence ceiling)."""
+    num_lanes, lane_context, chunk, chunk_context = lanes
+    step = make_step(config, [1] * num_lanes + [chunk], [lane_context] * num_lanes + [chunk_context],
+                     caches[0].shape[0], device)
+    scale = config.head_dim ** -0.5
+    cpu = [t.cpu() for t in (step.q, *caches, *step[1:])]
+    expected = torch.ops.helios.paged_attention(*cpu, scale, 0).float()
+    tokens = num_lanes + chunk
+    flops = 4 * config.num_heads * config.head_dim * (num_lanes * lane_context
+                                                      + sum(range(chunk_context - chunk + 1, chunk_context + 1)))
+    case = argparse.Namespace(expected=expected, flops=flops)
+    args = (step.q, *caches, *step[1:], scale, 0)
+    tile = prefill.prefill_tile(config.head_dim, step.q.dtype, tokens, num_lanes + 1)
+    print(f"mixed step: {num_lanes} decode lanes at {lane_context} + a {chunk}-token chunk ending at {chunk_context} "
+          f"[{time.perf_counter() - STARTED:.0f} s]", flush=True)
+    old = timed(lambda: old_module.paged_attention_prefill(*args), case, device)
+    line("old", old, case, None, None)
+    new = timed(lambda: prefill.paged_attention_prefill(*args), case, device)
+    line(f"new ({_tile_name(tile)})", new, case, old, None)
+    return {"lanes": list(lanes), "old": old, "new": new}
+
+
 def _block_g(config: Config) -> int:
     return 1 << (config.num_heads // config.num_kv_heads - 1).bit_length()
 
@@ -227,14 +254,17 @@ def main(argv=None) -> int:
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     cases = SMOKE_CASES if args.smoke else CASES
     torch.manual_seed(0)
-    num_pages = sum(-(-(new + cached) // config.page_tokens) for new, cached, _ in cases) + 2
+    mixed = SMOKE_MIXED if args.smoke else MIXED
+    num_pages = max(sum(-(-(new + cached) // config.page_tokens) for new, cached, _ in cases),
+                    mixed[0] * -(-mixed[1] // config.page_tokens) + -(-mixed[3] // config.page_tokens)) + 2
     caches = make_caches(config, num_pages, device)
     results = [run_case(Case(config, caches, shape, args.capacity, device), old_module, prefill, args, device)
                for shape in cases]
+    mixed_result = run_mixed(config, caches, mixed, old_module, prefill, device)
     summarise(results, prefill, device)
     print(f"done in {time.perf_counter() - started:.1f} s", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"cases": results, "mixed": mixed_result}, indent=1))
     return 0
 
 
