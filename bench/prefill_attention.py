@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import FULL, SMOKE, Config, make_caches, make_step, median_seconds  # noqa: E402
 
 # block_pairs x block_n x num_warps x num_stages
-TILES = "128x64x8x2,128x64x8x3,128x128x8x3,64x64x4x3,64x64x4x2"  # 128x64x4 and 128x128x8x2 spill registers
+TILES = "128x64x8x2,128x64x8x3,128x64x8x4,128x128x8x3,64x64x4x3,64x64x4x2"  # 128x64x4 and 128x128x8x2 spill registers
 # (new tokens, cached tokens, packed tokens) of one row: the last, as served, pads the 208-token rest of a
 # 90%-cached prompt to the 256-token chunk capacity that runs it (bench/ttft_breakdown.py's --chunks).
 CASES = ((2048, 0, 2048), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (208, 1840, 256))
