@@ -45,8 +45,11 @@ from attention_kernels import FULL, SMOKE, Config, copy_bandwidth, kv_bytes, mak
 from attention_kernels import check_against_reference, median_seconds  # noqa: E402
 
 # block_n x num_warps x num_stages x min_split_tokens x prefetch [x c: the two-launch combine]
-TILES_ONE = "32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,128x8x2x128x2,32x4x2x32x1xc"  # batch 1
-TILES_MANY = "64x4x2x128x0,64x4x2x128x1,64x4x2x128x2,32x4x2x64x2,128x8x2x128x1,64x4x2x64x1xc"
+# Occupancy from ptxas at 8B shapes (registers, shared memory -> programs per multiprocessor): 64x4x2 96 regs,
+# 38 KB -> 5; 32x2x3 150, 38 KB -> 6; 16x2x3 96, 21 KB -> 10; 128x8x2 94, 74 KB -> 2; prefetch 2 (keys and
+# values in registers, no cp.async pipeline) 64x4x2 193 regs -> 2.
+TILES_ONE = "32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc"  # batch 1
+TILES_MANY = "64x4x2x128x0,64x4x2x128x1,64x4x2x128x2,32x2x3x64x1,16x2x3x64x1,128x8x2x128x1,64x4x2x64x1xc"
 SPLITS_ONE, SPLITS_MANY = "4,8,16", "1,2,4"  # split counts swept at batch 1 / at larger batches
 # block_pairs x block_n x num_warps x num_stages
 PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
@@ -65,6 +68,7 @@ def parse_args(argv):
     parser.add_argument("--rep", type=float, default=25.0, help="do_bench repetition time, milliseconds")
     parser.add_argument("--peak", type=float, default=4.8e12, help="datasheet bytes/s (H200: 4.8 TB/s)")
     parser.add_argument("--flashinfer", action="store_true", help="also time FlashInfer's decode, if it imports")
+    parser.add_argument("--no-flashinfer", action="store_true", help="(the default; kept for older command lines)")
     parser.add_argument("--prefill", action="store_true", help="also sweep the prefill kernel's tiles")
     parser.add_argument("--prefill-tiles", default=PREFILL_TILES)
     parser.add_argument("--json", type=Path, default=None)
