@@ -49,16 +49,18 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                                      (8, True, False), (8, True, True)):  # tuned: the count is read on the device
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
-                                MIN_TILES=2, FUSED=fused, PREFETCH=1),
+                                MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1),
                            num_warps=4, num_stages=2)
     for pairs, block_n, warps, stages in ((128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 3)):  # prefill tiles swept
         compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=pairs // block_g,
                                                              BLOCK_N=block_n, HAS_SINKS=False),
                        num_warps=warps, num_stages=stages)
-    for block_n, warps, stages, prefetch in ((32, 4, 3, 2), (128, 8, 2, 0), (128, 4, 4, 1), (64, 4, 2, 2)):  # swept
+    for block_n, warps, stages, prefetch, block_kv in ((32, 4, 3, 2, 1), (128, 8, 2, 0, 1), (128, 4, 4, 1, 1),
+                                                        (64, 4, 2, 2, 1), (8, 4, 3, 1, 8), (16, 8, 2, 2, 8)):  # swept
         compile_kernel(decode._decode_kernel, attend,
-                       dict(shape, BLOCK_H=16, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True, HAS_SINKS=False,
-                            MIN_TILES=max(1, 128 // block_n), FUSED=True, PREFETCH=prefetch),
+                       dict(shape, BLOCK_H=16 if block_kv == 1 else 32, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True,
+                            HAS_SINKS=False, MIN_TILES=max(1, 128 // block_n), FUSED=True, PREFETCH=prefetch,
+                            BLOCK_KV=block_kv),
                        num_warps=warps, num_stages=stages)
     for tuned in (False, True):
         compile_kernel(decode._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,

@@ -66,6 +66,22 @@ def test_one_launch_combine_counts_each_sink_once(count):
     torch.testing.assert_close(out, expected, **base.TOLERANCE[batch.q.dtype])
 
 
+@pytest.mark.parametrize("tile", [decode.DecodeTile(4, 4, 2, 16, wide=True),
+                                  decode.DecodeTile(16, 4, 2, 16, wide=True, prefetch=2),
+                                  decode.DecodeTile(8, 4, 2, 16, wide=True, fused_combine=False, prefetch=0)],
+                         ids=["n4", "n16-p2", "n8-combine-launch"])
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("group, num_kv_heads, window", [(2, 2, 0), (3, 3, 9), (1, 4, 0)])
+def test_wide_tiles_serve_every_head_of_a_token(tile, split, group, num_kv_heads, window):
+    """A wide program reads all key/value heads of its positions (3 heads pad to 4 columns, masked)
+    and each query head attends only its own: split and unsplit, windows, GQA and plain heads."""
+    batch = make_batch(46, [1] * 5, RAGGED, Shape(group=group, num_kv_heads=num_kv_heads, page_tokens=4))
+    batch = base.release_below_window(batch, window) if window else batch
+    assert_matches_reference(run(decode.paged_attention_decode, batch, window, split=split, tile=tile), batch,
+                             window)
+    assert counters_are_zero()
+
+
 def test_rows_without_tokens_fall_back_to_the_row_search():
     """Empty rows (and a padding token) shift tokens off their row's index: the lookup that guesses
     row = token must fall back to the search, and the split runs still merge."""
@@ -77,9 +93,10 @@ def test_rows_without_tokens_fall_back_to_the_row_search():
 def test_tiles_parse_from_the_benchmark_strings():
     assert decode.DecodeTile.parse("64x4x2") == decode.DecodeTile(64, 4, 2)
     assert decode.DecodeTile.parse("32x4x3x64x2xc") == decode.DecodeTile(32, 4, 3, 64, False, 2)
-    tile = decode.DecodeTile(128, 8, 2, 256, prefetch=0)
-    assert decode.DecodeTile.parse(tile.label) == tile
-    for bad in ("64x4", "64x4x2x128x3", "64xfourx2", "64x4x2x1x1x1"):
+    assert decode.DecodeTile.parse("8x4x3x64xw") == decode.DecodeTile(8, 4, 3, 64, wide=True)
+    for tile in (decode.DecodeTile(128, 8, 2, 256, prefetch=0), decode.DecodeTile(8, 4, 2, 32, False, 2, True)):
+        assert decode.DecodeTile.parse(tile.label) == tile
+    for bad in ("64x4", "64x4x2x128x3", "64xfourx2", "64x4x2x1x1x1", "64x4x2xwxw", "64x4x2xq"):
         with pytest.raises(ValueError, match="decode tile"):
             decode.DecodeTile.parse(bad)
 
@@ -125,7 +142,8 @@ def _graph_step(batches: list[base.Batch], tile: decode.DecodeTile, count: int):
 @pytest.mark.parametrize("batch_size, count, tile", [
     (1, 16, decode.DecodeTile(32, 4, 2, 32)), (1, 8, decode.DecodeTile(128, 8, 2, 128, prefetch=2)),
     (64, 2, decode.DecodeTile(64, 4, 2, 64)), (64, 4, decode.DecodeTile(64, 4, 2, 64, prefetch=0)),
-], ids=["b1-n32", "b1-n128-p2", "b64-2", "b64-4-p0"])
+    (64, 4, decode.DecodeTile(8, 4, 3, 64, wide=True)), (1, 16, decode.DecodeTile(16, 8, 2, 32, wide=True)),
+], ids=["b1-n32", "b1-n128-p2", "b64-2", "b64-4-p0", "b64-wide", "b1-wide"])
 def test_one_launch_combine_replays_new_spans_at_8b_shapes(batch_size, count, tile):
     """8B heads (32 query, 8 key/value, head_dim 128, bf16, pages of 16), contexts 1-1,500 in a 2,064-
     position capacity: one graph captured, replayed over new positions and pages of the same shapes

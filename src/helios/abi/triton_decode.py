@@ -64,8 +64,11 @@ class DecodeTile:
     """How one decode program walks its positions: `block_n` cached positions per iteration (a power
     of two, at least 16), the Triton launch options, and the shortest run a split gets
     (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
-    than shorter ones), and whether the runs of a split token are merged in the decode launch
-    (`fused_combine`) or by a combine launch after it. A schedule only: every tile is exact."""
+    than shorter ones), whether the runs of a split token are merged in the decode launch
+    (`fused_combine`) or by a combine launch after it, how far ahead a program loads (`prefetch`, see
+    `_walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
+    a tile of `block_n` positions holds every key/value head's keys, contiguous in a page, and the
+    query heads' rows mask the others' columns). A schedule only: every tile is exact."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -73,27 +76,31 @@ class DecodeTile:
     min_split_tokens: int = MIN_SPLIT_TOKENS
     fused_combine: bool = True
     prefetch: int = 1
+    wide: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "DecodeTile":
-        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c]`` (a trailing ``c``:
-        a combine launch, not fused), as the benchmark prints and takes tiles, e.g. ``64x4x2x128x1xc``."""
+        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w]`` (``c``: a
+        combine launch, not fused; ``w``: wide), as the benchmark prints and takes tiles, e.g.
+        ``64x4x2x128x1xc`` or ``16x8x2x64x1xw``."""
         fields = text.strip().lower().split("x")
-        fused = fields[-1] != "c"
+        flags = set()
+        while fields and fields[-1] in ("c", "w") and fields[-1] not in flags:
+            flags.add(fields.pop())
         try:
-            numbers = [int(field) for field in (fields if fused else fields[:-1])]
+            numbers = [int(field) for field in fields]
         except ValueError:
             numbers = []
         if not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2)):
             raise ValueError(f"decode tile {text!r}: want block_n x warps x stages [x min_split_tokens "
-                             "[x prefetch 0/1/2]] [x c]")
-        tile = cls(*numbers[:4])
-        return replace(tile, fused_combine=fused, prefetch=numbers[4] if len(numbers) == 5 else tile.prefetch)
+                             "[x prefetch 0/1/2]] [x c] [x w]")
+        tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags)
+        return replace(tile, prefetch=numbers[4]) if len(numbers) == 5 else tile
 
     @property
     def label(self) -> str:
         numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
-        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc")
+        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc") + ("xw" if self.wide else "")
 
     @property
     def min_split_tiles(self) -> int:
@@ -174,13 +181,38 @@ def _token_row(query_start_ptr, num_rows, token):
 
 
 @triton.jit
-def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, BLOCK_N: tl.constexpr,
-                PAGE_TOKENS: tl.constexpr):
-    """(page, offset, valid) of the tile of positions [start, start + BLOCK_N): valid below hi, at or
-    past `first` (nothing below the window is read: its pages may be released) and in the table."""
-    offs_n = start + tl.arange(0, BLOCK_N)
+def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, num_kv_heads, BLOCK_N: tl.constexpr,
+                PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
+    """(page, offset, valid) of the tile's BLOCK_N * BLOCK_KV columns: positions [start, start + BLOCK_N)
+    (each of BLOCK_KV key/value heads, position-major, when BLOCK_KV > 1: a wide tile), valid below hi,
+    at or past `first` (nothing below the window is read: its pages may be released), in the table,
+    and (wide) of a key/value head below num_kv_heads."""
+    cols = tl.arange(0, BLOCK_N * BLOCK_KV)
+    offs_n = start + cols // BLOCK_KV
     page, offset, valid = kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
-    return page, offset, valid & (offs_n >= first)
+    valid = valid & (offs_n >= first)
+    if BLOCK_KV > 1:
+        valid = valid & (cols % BLOCK_KV < num_kv_heads)
+    return page, offset, valid
+
+
+@triton.jit
+def _pages_at(geometry, start, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
+    """`_tile_pages` of the tile at `start`; geometry: (page table, row_pages, first, hi, max_pages,
+    num_kv_heads) of the program's run."""
+    return _tile_pages(geometry[0], geometry[1], start, geometry[2], geometry[3], geometry[4], geometry[5], BLOCK_N,
+                       PAGE_TOKENS, BLOCK_KV)
+
+
+@triton.jit
+def _allowed(valid, kv_cols, kv_rows, BLOCK_KV: tl.constexpr):
+    """The scores' mask: valid columns, and (wide tile) only the columns of each query head's own
+    key/value head."""
+    if BLOCK_KV > 1:
+        allowed = valid[None, :] & (kv_cols[None, :] == kv_rows[:, None])
+    else:
+        allowed = valid[None, :]
+    return allowed
 
 
 @triton.jit
@@ -196,10 +228,10 @@ def _load_kv(k_ptr, v_ptr, page, offset, valid, kv_head, offs_d, d_ok, kv_stride
 
 
 @triton.jit
-def _attend(q, acc, m_i, l_i, k_tile, v_tile, valid, scale_log2, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over a loaded tile (as `attend_tile`, the mask `valid` for every head)."""
+def _attend(q, acc, m_i, l_i, k_tile, v_tile, allowed, scale_log2, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step over a loaded tile (as `attend_tile`; `allowed` from `_allowed`)."""
     scores = tl.dot(q, k_tile, input_precision=DOT_PRECISION) * scale_log2
-    scores = tl.where(valid[None, :], scores, float("-inf"))
+    scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp2(m_i - m_new)
     probs = tl.exp2(scores - m_new[:, None])
@@ -209,34 +241,38 @@ def _attend(q, acc, m_i, l_i, k_tile, v_tile, valid, scale_log2, DOT_PRECISION: 
 
 
 @triton.jit
-def _walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages, kv_head, offs_d, d_ok,
-          kv_strides, scale_log2, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-          PREFETCH: tl.constexpr):
-    """The online softmax over the run [lo, hi) in tiles of BLOCK_N. PREFETCH 0: each tile's page
-    entries, then its keys and values; 1: the next tile's page entries are loaded before this tile's
-    keys and values; 2: the next tile's keys and values too (two tiles in flight, twice the registers)."""
+def _walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages, kv_head, kv_rows,
+          num_kv_heads, offs_d, d_ok, kv_strides, scale_log2, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+          DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr):
+    """The online softmax over the run [lo, hi) in tiles of BLOCK_N positions (of one key/value head
+    `kv_head`, or, BLOCK_KV > 1, of all of them: query head rows see their own, `kv_rows`). PREFETCH
+    0: each tile's page entries, then its keys and values; 1: the next tile's page entries are loaded
+    before this tile's keys and values; 2: the next tile's keys and values too (two tiles in flight,
+    twice the registers)."""
+    kv_cols = kv_head + tl.arange(0, BLOCK_N * BLOCK_KV) % BLOCK_KV
+    geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads)
     if PREFETCH == 0:
         for start in range(lo, hi, BLOCK_N):
-            page, offset, valid = _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, BLOCK_N,
-                                              PAGE_TOKENS)
-            k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_head, offs_d, d_ok, kv_strides)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, valid, scale_log2, DOT_PRECISION)
+            page, offset, valid = _pages_at(geometry, start, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+            k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, _allowed(valid, kv_cols, kv_rows, BLOCK_KV),
+                                    scale_log2, DOT_PRECISION)
     elif PREFETCH == 1:
-        page, offset, valid = _tile_pages(page_table_ptr, row_pages, lo, first, hi, max_pages, BLOCK_N, PAGE_TOKENS)
+        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
         for start in range(lo, hi, BLOCK_N):
-            n_page, n_offset, n_valid = _tile_pages(page_table_ptr, row_pages, start + BLOCK_N, first, hi, max_pages,
-                                                    BLOCK_N, PAGE_TOKENS)
-            k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_head, offs_d, d_ok, kv_strides)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, valid, scale_log2, DOT_PRECISION)
+            n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+            k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, _allowed(valid, kv_cols, kv_rows, BLOCK_KV),
+                                    scale_log2, DOT_PRECISION)
             page, offset, valid = n_page, n_offset, n_valid
     else:
-        page, offset, valid = _tile_pages(page_table_ptr, row_pages, lo, first, hi, max_pages, BLOCK_N, PAGE_TOKENS)
-        k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_head, offs_d, d_ok, kv_strides)
+        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+        k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
         for start in range(lo, hi, BLOCK_N):
-            n_page, n_offset, n_valid = _tile_pages(page_table_ptr, row_pages, start + BLOCK_N, first, hi, max_pages,
-                                                    BLOCK_N, PAGE_TOKENS)
-            n_k, n_v = _load_kv(k_ptr, v_ptr, n_page, n_offset, n_valid, kv_head, offs_d, d_ok, kv_strides)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, valid, scale_log2, DOT_PRECISION)
+            n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+            n_k, n_v = _load_kv(k_ptr, v_ptr, n_page, n_offset, n_valid, kv_cols, offs_d, d_ok, kv_strides)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, _allowed(valid, kv_cols, kv_rows, BLOCK_KV),
+                                    scale_log2, DOT_PRECISION)
             k_tile, v_tile, valid = n_k, n_v, n_valid
     return acc, m_i, l_i
 
@@ -279,9 +315,11 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
-                   MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr):
-    """Program (token, key/value head, split): the token's GROUP query heads over its split's run of
-    cached positions (`_token_splits`; splits past the token's runs exit). Writes the output (the
+                   MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
+                   BLOCK_KV: tl.constexpr):
+    """Program (token, key/value head, split): the token's GROUP query heads (BLOCK_KV > 1, a wide
+    tile: program (token, 0, split), all query heads, each tile every key/value head's keys of its
+    positions, contiguous in a page) over its split's run of cached positions (`_token_splits`; splits past the token's runs exit). Writes the output (the
     token has one run) or partials (and, FUSED, the last run to finish merges them: `_combine_if_last`).
     TUNED: the live split count is read from splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS:
     split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once."""
@@ -293,8 +331,12 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
     if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
         row = _token_row(query_start_ptr, num_rows, token)
         offs_h = tl.arange(0, BLOCK_H)
-        head = kv_head * GROUP + offs_h
-        h_ok = offs_h < GROUP
+        if BLOCK_KV > 1:  # a wide program: every query head of the token (kv_head is 0)
+            head = offs_h
+            h_ok = offs_h < num_heads
+        else:
+            head = kv_head * GROUP + offs_h
+            h_ok = offs_h < GROUP
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
         q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
@@ -304,8 +346,8 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
         acc, m_i, l_i = _walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
-                              kv_head, offs_d, d_ok, kv_strides, scale_log2, BLOCK_N, PAGE_TOKENS, DOT_PRECISION,
-                              PREFETCH)
+                              kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
+                              BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         out_mask = h_ok[:, None] & d_ok[None, :]
@@ -426,24 +468,27 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     tuned, width = splits is not None, block_d(head_dim)
     fused = tile.fused_combine and num_splits > 1
+    block_kv = triton.next_power_of_2(num_kv_heads) if tile.wide else 1  # wide: all key/value heads a program
+    heads = num_heads if block_kv > 1 else num_heads // num_kv_heads  # query heads a program serves
+    block_n = max(tile.block_n, 16 // block_kv)  # at least 16 columns for the dot
     parts = _partials(num_tokens, num_heads, num_splits, width, out)
     counts = _counters(out.device, num_tokens * num_kv_heads) if fused else query_start  # else: unread
     splits = splits if tuned else query_start  # an unread stand-in
     with on_device(q):
-        _decode_kernel[(num_tokens, num_kv_heads, num_splits)](
+        _decode_kernel[(num_tokens, 1 if block_kv > 1 else num_kv_heads, num_splits)](
             out, *parts, counts, q, k_cache, v_cache, page_table, query_start, positions, splits,
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
-            GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
-            BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
+            GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_KV=block_kv,
+            BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
-            MIN_TILES=tile.min_split_tiles, FUSED=fused, PREFETCH=tile.prefetch,
+            MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
             num_warps=tile.num_warps, num_stages=tile.num_stages)
         if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
                 *out.stride(), NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-                BLOCK_D=width, TUNED=tuned, BLOCK_N=tile.block_n, MIN_TILES=tile.min_split_tiles)
+                BLOCK_D=width, TUNED=tuned, BLOCK_N=block_n, MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)))
 
 
 _COUNTERS: dict[tuple[str, int | None, int], torch.Tensor] = {}
