@@ -17,14 +17,15 @@ the weights of the other layers flush it in a decode step). Rows:
 - ``flashinfer`` (with ``--flashinfer``): BatchDecodeWithPagedKVCacheWrapper, if the package imports.
 
 A sweep tile is ``block_n x warps x stages x min_split_tokens x prefetch`` with a trailing ``xc`` for
-the two-launch combine (see `DecodeTile.parse`); one split runs no combine, so one-split rows are timed
+the two-launch combine and ``xw`` for a wide program (all key/value heads of a token; see
+`DecodeTile.parse`); one split runs no combine, so one-split rows are timed
 once per (block_n, warps, stages, prefetch). Each row prints microseconds, GB/s of keys and values read,
 that rate over the device copy rate measured in the same run (read + write; about the achievable
 roofline) and over ``--peak`` (the datasheet bandwidth), and the ratio against ``old``. Every variant's
 output is checked against the new kernel's (and the new kernel's against the CPU reference on a small
 batch) before it is timed. The last lines suggest `helios.abi.triton_decode.DECODE_TILES` entries and
 the split count per batch (with the DECODE_PROGRAMS_PER_MULTIPROCESSOR that gives it). With the defaults
-about 35 kernel variants compile (most of the run time on a first run; Triton's cache serves a rerun).
+about 45 kernel variants compile (most of the run time on a first run; Triton's cache serves a rerun).
 
     python bench/decode_attention.py [--json out.json] [--batches 1,64,256] [--contexts 128,256,1024]
     python bench/decode_attention.py --smoke   # tiny shapes, Triton interpreter, CPU
@@ -47,9 +48,11 @@ from attention_kernels import check_against_reference, median_seconds  # noqa: E
 # block_n x num_warps x num_stages x min_split_tokens x prefetch [x c: the two-launch combine]
 # Occupancy from ptxas at 8B shapes (registers, shared memory -> programs per multiprocessor): 64x4x2 96 regs,
 # 38 KB -> 5; 32x2x3 150, 38 KB -> 6; 16x2x3 96, 21 KB -> 10; 128x8x2 94, 74 KB -> 2; prefetch 2 (keys and
-# values in registers, no cp.async pipeline) 64x4x2 193 regs -> 2.
-TILES_ONE = "32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc"  # batch 1
-TILES_MANY = "64x4x2x128x0,64x4x2x128x1,64x4x2x128x2,32x2x3x64x1,16x2x3x64x1,128x8x2x128x1,64x4x2x64x1xc"
+# values in registers, no cp.async pipeline) 64x4x2 193 regs -> 2; wide (xw, all 8 key/value heads a
+# program, 32 query rows) 8x4x3 157, 76 KB -> 3; 8x4x2 213, 44 KB -> 2; 16x8x2 167, 80 KB -> 1.
+TILES_ONE = "32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc,16x8x2x32x1xw"  # batch 1
+TILES_MANY = ("64x4x2x128x0,64x4x2x128x1,64x4x2x128x2,32x2x3x64x1,16x2x3x64x1,128x8x2x128x1,64x4x2x64x1xc,"
+              "8x4x3x64x1xw,8x4x2x64x1xw")
 SPLITS_ONE, SPLITS_MANY = "4,8,16", "1,2,4"  # split counts swept at batch 1 / at larger batches
 # block_pairs x block_n x num_warps x num_stages
 PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
@@ -77,13 +80,14 @@ def parse_args(argv):
 
 def sweep_plan(batch: int, args, decode) -> list[tuple]:
     """(tile, split count) pairs to time at `batch`: every tile at every count, one-split pairs once per
-    (block_n, warps, stages, prefetch) (one split has no combine and no minimum run)."""
+    (block_n, warps, stages, prefetch, wide) (one split has no combine and no minimum run)."""
     tiles = args.tiles or (TILES_ONE if batch == 1 else TILES_MANY)
     counts = [int(c) for c in (args.splits or (SPLITS_ONE if batch == 1 else SPLITS_MANY)).split(",")]
     plan, seen = [], set()
     for tile in (decode.DecodeTile.parse(text) for text in tiles.split(",")):
         for count in counts:
-            key = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch) if count == 1 else (tile, count)
+            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide)
+            key = one if count == 1 else (tile, count)
             if key not in seen:
                 seen.add(key)
                 plan.append((tile, count))
@@ -229,7 +233,8 @@ def main(argv=None) -> int:
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     if args.smoke:
         args.capacity = 64
-        args.tiles, args.splits = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc", args.splits or "1,3"
+        args.tiles = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc,8x4x2x16x1xw"
+        args.splits = args.splits or "1,3"
     batches = [int(b) for b in (args.batches or ",".join(map(str, config.batches))).split(",")]
     contexts = [int(c) for c in (args.contexts or ("16,48" if args.smoke else "128,256,1024")).split(",")]
     torch.manual_seed(0)

@@ -113,7 +113,8 @@ def _load(inputs: list[torch.Tensor], batch: base.Batch) -> None:
     v_cache.fill_(float("nan"))
     k_cache[: k_pages.shape[0]].copy_(k_pages)
     v_cache[: v_pages.shape[0]].copy_(v_pages)
-    for target, source in ((q, batch.q), (table, pages), (query_start, batch.query_start), (positions, batch.positions)):
+    pairs = ((q, batch.q), (table, pages), (query_start, batch.query_start), (positions, batch.positions))
+    for target, source in pairs:
         target.copy_(source)
 
 

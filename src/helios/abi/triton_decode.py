@@ -46,9 +46,9 @@ import triton
 import triton.language as tl
 
 from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
+from helios.abi.triton_decode_walk import combine_if_last, token_row, walk
 from helios.abi.triton_paged import (
-    LOG2E, attend_tile, block_d, dot_precision, find_row, kv_offsets, multiprocessors, on_device, row_major,
-    sinks_or, softmax_start, window_bound,
+    LOG2E, block_d, dot_precision, multiprocessors, on_device, row_major, sinks_or, softmax_start, window_bound,
 )
 
 __all__ = [
@@ -66,7 +66,7 @@ class DecodeTile:
     (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
     than shorter ones), whether the runs of a split token are merged in the decode launch
     (`fused_combine`) or by a combine launch after it, how far ahead a program loads (`prefetch`, see
-    `_walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
+    `walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
     a tile of `block_n` positions holds every key/value head's keys, contiguous in a page, and the
     query heads' rows mask the others' columns). A schedule only: every tile is exact."""
 
@@ -166,147 +166,6 @@ def _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS: tl.c
     return first, lo, hi, runs
 
 
-@triton.jit
-def _token_row(query_start_ptr, num_rows, token):
-    """The row of `token` (as `find_row`): the row of the same index when it holds the token (one token
-    per row: two independent loads, no search), else the binary search."""
-    guess = tl.minimum(token, num_rows - 1)
-    row_start = tl.load(query_start_ptr + guess)
-    row_end = tl.load(query_start_ptr + guess + 1)
-    if (row_start <= token) & (token < row_end):
-        row = guess.to(tl.int32)
-    else:
-        row = find_row(query_start_ptr, num_rows, token, 1, False).to(tl.int32)
-    return row
-
-
-@triton.jit
-def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, num_kv_heads, BLOCK_N: tl.constexpr,
-                PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
-    """(page, offset, valid) of the tile's BLOCK_N * BLOCK_KV columns: positions [start, start + BLOCK_N)
-    (each of BLOCK_KV key/value heads, position-major, when BLOCK_KV > 1: a wide tile), valid below hi,
-    at or past `first` (nothing below the window is read: its pages may be released), in the table,
-    and (wide) of a key/value head below num_kv_heads."""
-    cols = tl.arange(0, BLOCK_N * BLOCK_KV)
-    offs_n = start + cols // BLOCK_KV
-    page, offset, valid = kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
-    valid = valid & (offs_n >= first)
-    if BLOCK_KV > 1:
-        valid = valid & (cols % BLOCK_KV < num_kv_heads)
-    return page, offset, valid
-
-
-@triton.jit
-def _pages_at(geometry, start, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
-    """`_tile_pages` of the tile at `start`; geometry: (page table, row_pages, first, hi, max_pages,
-    num_kv_heads) of the program's run."""
-    return _tile_pages(geometry[0], geometry[1], start, geometry[2], geometry[3], geometry[4], geometry[5], BLOCK_N,
-                       PAGE_TOKENS, BLOCK_KV)
-
-
-@triton.jit
-def _allowed(valid, kv_cols, kv_rows, BLOCK_KV: tl.constexpr):
-    """The scores' mask: valid columns, and (wide tile) only the columns of each query head's own
-    key/value head."""
-    if BLOCK_KV > 1:
-        allowed = valid[None, :] & (kv_cols[None, :] == kv_rows[:, None])
-    else:
-        allowed = valid[None, :]
-    return allowed
-
-
-@triton.jit
-def _load_kv(k_ptr, v_ptr, page, offset, valid, kv_head, offs_d, d_ok, kv_strides):
-    """A tile's keys [BLOCK_D, BLOCK_N] and values [BLOCK_N, BLOCK_D], both loads issued together."""
-    k_base = page * kv_strides[0] + offset * kv_strides[1] + kv_head * kv_strides[2]
-    v_base = page * kv_strides[4] + offset * kv_strides[5] + kv_head * kv_strides[6]
-    k_tile = tl.load(k_ptr + k_base[None, :] + offs_d[:, None] * kv_strides[3],
-                     mask=valid[None, :] & d_ok[:, None], other=0.0)
-    v_tile = tl.load(v_ptr + v_base[:, None] + offs_d[None, :] * kv_strides[7],
-                     mask=valid[:, None] & d_ok[None, :], other=0.0)
-    return k_tile, v_tile
-
-
-@triton.jit
-def _attend(q, acc, m_i, l_i, k_tile, v_tile, allowed, scale_log2, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over a loaded tile (as `attend_tile`; `allowed` from `_allowed`)."""
-    scores = tl.dot(q, k_tile, input_precision=DOT_PRECISION) * scale_log2
-    scores = tl.where(allowed, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    probs = tl.exp2(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(probs, 1)
-    acc = acc * alpha[:, None] + tl.dot(probs.to(v_tile.dtype), v_tile, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages, kv_head, kv_rows,
-          num_kv_heads, offs_d, d_ok, kv_strides, scale_log2, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-          DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr):
-    """The online softmax over the run [lo, hi) in tiles of BLOCK_N positions (of one key/value head
-    `kv_head`, or, BLOCK_KV > 1, of all of them: query head rows see their own, `kv_rows`). PREFETCH
-    0: each tile's page entries, then its keys and values; 1: the next tile's page entries are loaded
-    before this tile's keys and values; 2: the next tile's keys and values too (two tiles in flight,
-    twice the registers)."""
-    kv_cols = kv_head + tl.arange(0, BLOCK_N * BLOCK_KV) % BLOCK_KV
-    geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads)
-    if PREFETCH == 0:
-        for start in range(lo, hi, BLOCK_N):
-            page, offset, valid = _pages_at(geometry, start, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
-            k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, _allowed(valid, kv_cols, kv_rows, BLOCK_KV),
-                                    scale_log2, DOT_PRECISION)
-    elif PREFETCH == 1:
-        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
-        for start in range(lo, hi, BLOCK_N):
-            n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
-            k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, _allowed(valid, kv_cols, kv_rows, BLOCK_KV),
-                                    scale_log2, DOT_PRECISION)
-            page, offset, valid = n_page, n_offset, n_valid
-    else:
-        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
-        k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
-        for start in range(lo, hi, BLOCK_N):
-            n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
-            n_k, n_v = _load_kv(k_ptr, v_ptr, n_page, n_offset, n_valid, kv_cols, offs_d, d_ok, kv_strides)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, _allowed(valid, kv_cols, kv_rows, BLOCK_KV),
-                                    scale_log2, DOT_PRECISION)
-            k_tile, v_tile, valid = n_k, n_v, n_valid
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _combine_if_last(out_at, out_mask, count_ptr, slot, part_m_ptr, part_l_ptr, part_o_ptr, part0, runs, h_ok,
-                     offs_d, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Fused combine: count this run done on the token's counter `slot`; the program that completes the
-    count merges the `runs` partials at part0 + split ([BLOCK_H] rows) into the output and resets the
-    counter to zero. The barrier orders every thread's partial stores before the (release) count; the
-    last program reads the partials past the L1 cache, after its (acquire) count."""
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel")
-    if done == runs - 1:
-        tl.debug_barrier()
-        m_run = tl.full([BLOCK_H], -1e30, tl.float32)
-        total = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        for run in range(0, runs):
-            m_s = tl.load(part_m_ptr + part0 + run, mask=h_ok, other=-1e30, cache_modifier=".cg")
-            l_s = tl.load(part_l_ptr + part0 + run, mask=h_ok, other=0.0, cache_modifier=".cg")
-            o_s = tl.load(part_o_ptr + (part0 + run)[:, None] * BLOCK_D + offs_d[None, :], mask=h_ok[:, None],
-                          other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m_run, m_s)
-            alpha = tl.exp2(m_run - m_new)
-            weight = l_s * tl.exp2(m_s - m_new)
-            acc = acc * alpha[:, None] + weight[:, None] * o_s
-            total = total * alpha + weight
-            m_run = m_new
-        result = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(out_at, result.to(out_at.dtype.element_ty), mask=out_mask)
-        tl.store(count_ptr + slot, 0)
-
-
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
 def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                    query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
@@ -319,17 +178,18 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    BLOCK_KV: tl.constexpr):
     """Program (token, key/value head, split): the token's GROUP query heads (BLOCK_KV > 1, a wide
     tile: program (token, 0, split), all query heads, each tile every key/value head's keys of its
-    positions, contiguous in a page) over its split's run of cached positions (`_token_splits`; splits past the token's runs exit). Writes the output (the
-    token has one run) or partials (and, FUSED, the last run to finish merges them: `_combine_if_last`).
-    TUNED: the live split count is read from splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS:
-    split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once."""
+    positions, contiguous in a page) over its split's run of cached positions (`_token_splits`; splits
+    past the token's runs exit). Writes the output (the token has one run) or partials (and, FUSED,
+    the last run to finish merges them: `combine_if_last`). TUNED: the live split count is read from
+    splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the
+    heads' sink logits, so the combine counts each sink once."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
                                      MIN_TILES)
     if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
-        row = _token_row(query_start_ptr, num_rows, token)
+        row = token_row(query_start_ptr, num_rows, token)
         offs_h = tl.arange(0, BLOCK_H)
         if BLOCK_KV > 1:  # a wide program: every query head of the token (kv_head is 0)
             head = offs_h
@@ -345,9 +205,9 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
         m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
-        acc, m_i, l_i = _walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
-                              kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
-                              BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
+        acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
+                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
+                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         out_mask = h_ok[:, None] & d_ok[None, :]
@@ -361,8 +221,8 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
             tl.store(part_l_ptr + part0 + split, l_i, mask=h_ok)
             tl.store(part_o_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
             if FUSED:
-                _combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
-                                 part_l_ptr, part_o_ptr, part0, runs, h_ok, offs_d, BLOCK_H, BLOCK_D)
+                combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
+                                part_l_ptr, part_o_ptr, part0, runs, h_ok, offs_d, BLOCK_H, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
