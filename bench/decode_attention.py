@@ -25,7 +25,8 @@ roofline) and over ``--peak`` (the datasheet bandwidth), and the ratio against `
 output is checked against the new kernel's (and the new kernel's against the CPU reference on a small
 batch) before it is timed. The last lines suggest `helios.abi.triton_decode.DECODE_TILES` entries and
 the split count per batch (with the DECODE_PROGRAMS_PER_MULTIPROCESSOR that gives it). With the defaults
-about 45 kernel variants compile (most of the run time on a first run; Triton's cache serves a rerun).
+about 45 kernel variants compile; ``--jobs`` processes (default: the CPUs less two, at most 12) compile
+them side by side into Triton's cache before the timing starts, which then takes about a minute.
 
     python bench/decode_attention.py [--json out.json] [--batches 1,64,256] [--contexts 128,256,1024]
     python bench/decode_attention.py --smoke   # tiny shapes, Triton interpreter, CPU
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -74,6 +76,8 @@ def parse_args(argv):
     parser.add_argument("--no-flashinfer", action="store_true", help="(the default; kept for older command lines)")
     parser.add_argument("--prefill", action="store_true", help="also sweep the prefill kernel's tiles")
     parser.add_argument("--prefill-tiles", default=PREFILL_TILES)
+    parser.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
+                        help="processes that compile the swept variants first (1: compile as they run)")
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -92,6 +96,47 @@ def sweep_plan(batch: int, args, decode) -> list[tuple]:
                 seen.add(key)
                 plan.append((tile, count))
     return plan
+
+
+def _compile_variants(job: tuple[int, list[str]]) -> int:
+    """(In a worker process.) Launch each (tile label, split count) once on a one-token batch at the
+    benchmark's shapes and capacity, so Triton's on-disk cache holds its kernel; returns how many ran."""
+    capacity, labels = job
+    import helios.abi  # noqa: F401  (registers the ops)
+    from helios.abi import triton_decode as decode
+
+    device = torch.device("cuda")
+    caches = make_caches(FULL, 8, device)
+    step = with_capacity(make_step(FULL, [1], [20], 8, device), -(-capacity // FULL.page_tokens))
+    done = 0
+    for label in labels:
+        text, count = label.rsplit(":", 1)
+        splits = torch.tensor([int(count)], dtype=torch.int32, device=device)
+        try:
+            decode.paged_attention_decode_tuned(step.q, *caches, *step[1:], FULL.head_dim ** -0.5, 0, splits,
+                                                tile=decode.DecodeTile.parse(text), bound=int(count))
+            done += 1
+        except Exception:  # noqa: BLE001  (the sweep reports a tile that fails)
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(plans: list[list[tuple]], capacity: int, jobs: int) -> None:
+    """Compile every swept kernel variant in `jobs` processes side by side (the sweep then loads them
+    from Triton's cache): a serial first run spends most of its time compiling."""
+    import multiprocessing
+    import time
+
+    labels = sorted({f"{tile.label}:{count}" for plan in plans for tile, count in plan})
+    if jobs <= 1 or not labels:
+        return
+    start = time.perf_counter()
+    chunks = [(capacity, labels[i::jobs]) for i in range(min(jobs, len(labels)))]
+    with multiprocessing.get_context("spawn").Pool(len(chunks)) as pool:
+        done = sum(pool.map(_compile_variants, chunks))
+    print(f"precompiled {done} of {len(labels)} variants in {len(chunks)} processes "
+          f"({time.perf_counter() - start:.1f} s)", flush=True)
 
 
 def with_capacity(step, capacity_pages: int):
@@ -244,6 +289,8 @@ def main(argv=None) -> int:
     longest_prefill = max(new + cached for new, cached in PREFILL_CASES)
     num_pages = max(max(batches) * max(contexts), longest_prefill) // config.page_tokens + 2 * max(batches) + 2
     caches = make_caches(config, num_pages, device)
+    if not args.smoke:
+        precompile([sweep_plan(b, args, decode) for b in batches], args.capacity, args.jobs)
     results = [run_case(Case(config, caches, b, c, args.capacity, device), config, (previous, decode), args,
                         copy_rate, device) for b in batches for c in contexts]
     summarize(results)
