@@ -35,7 +35,7 @@ echo "[setup done at ${SECONDS}s]"
 if [ "${COLD_ONLY:-0}" = 1 ]; then  # steps 3 and 4 only (cold start and TTFT)
   echo "[steps 1-2 skipped: COLD_ONLY=1]"
 else
-timeout "$(limit 120)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=115 \
+timeout "$(limit 180)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=175 \
   tests/abi/test_triton_decode.py tests/abi/test_triton_decode_combine.py tests/abi/test_attention_sinks.py \
   2>&1 | tee "$out/gpu_tests.log" | tail -6
 echo "[tests done at ${SECONDS}s]"
