@@ -291,10 +291,11 @@ def main(argv=None) -> int:
     caches = make_caches(config, num_pages, device)
     if not args.smoke:
         precompile([sweep_plan(b, args, decode) for b in batches], args.capacity, args.jobs)
-    results = [run_case(Case(config, caches, b, c, args.capacity, device), config, (previous, decode), args,
-                        copy_rate, device) for b in batches for c in contexts]
+    cases = [Case(config, caches, b, c, args.capacity, device) for b in batches for c in contexts]
+    results = [run_case(case, config, (previous, decode), args, copy_rate, device) for case in cases]
     summarize(results)
-    suggest(results, config, decode, device)
+    for batch, label in suggest(results, config, decode, device).items():
+        served_with(label, [c for c in cases if c.batch == batch], results, decode, args, device)
     prefill = prefill_sweep(config, caches, old_module, kernels, args, device) if args.prefill else []
     if args.json:
         args.json.write_text(json.dumps({"copy_gb_s": copy_rate / 1e9, "cases": results, "prefill": prefill}, indent=1))
@@ -344,9 +345,11 @@ def summarize(results: list[dict]) -> None:
               f"{r['old_us'] / r['new_us']:6.2f}x {r['old_us'] / best_us:6.2f}x   {where}", flush=True)
 
 
-def suggest(results: list[dict], config: Config, decode, device) -> None:
+def suggest(results: list[dict], config: Config, decode, device) -> dict[int, str]:
     """Per batch: the (tile, split count) whose summed time over the contexts is least, as a
-    DECODE_TILES entry, and the DECODE_PROGRAMS_PER_MULTIPROCESSOR whose split rule asks that count."""
+    DECODE_TILES entry, and the DECODE_PROGRAMS_PER_MULTIPROCESSOR whose split rule asks that count.
+    Returns the chosen tile label by batch."""
+    chosen: dict[int, str] = {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     for batch in sorted({r["batch"] for r in results}):
         totals: dict[tuple[str, int], float] = {}
@@ -365,6 +368,24 @@ def suggest(results: list[dict], config: Config, decode, device) -> None:
         print(f"suggested DECODE_TILES[({config.head_dim}, {batch})] = DecodeTile.parse({label!r}) with {count} splits "
               f"(summed over contexts {total * 1e6:.1f} us; DECODE_PROGRAMS_PER_MULTIPROCESSOR >= {rule} asks "
               f"{count} at {sms} multiprocessors)", flush=True)
+        chosen[batch] = label
+    return chosen
+
+
+def served_with(label: str, cases: list[Case], results: list[dict], decode, args, device) -> None:
+    """The suggested tile as the served path would run it (today's split rule and grid bound, the tile
+    in place of the table's), per context, against old and new: what adopting the entry alone gives."""
+    tile = decode.DecodeTile.parse(label)
+    for case in cases:
+        result = next(r for r in results if r["batch"] == case.batch and r["context"] == case.context)
+        max_context = case.step.page_table.shape[1] * case.caches[0].shape[1]
+        count = decode.decode_splits(case.batch, case.caches[0].shape[2], max_context, device)
+        splits = torch.tensor([count], dtype=torch.int32, device=device)
+        seconds = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits, tile=tile), None,
+                               device, (args.warmup, args.rep))
+        print(f"  served with {label}: b={case.batch} ctx={case.context} {seconds * 1e6:7.1f} us "
+              f"({result['old_us'] / (seconds * 1e6):.2f}x old, {result['new_us'] / (seconds * 1e6):.2f}x new; "
+              f"{count} splits asked)", flush=True)
 
 
 if __name__ == "__main__":
