@@ -3,7 +3,8 @@
 # logs under $OUT:
 #   1. GPU tests of the decode kernels (tests/abi/test_triton_decode.py, test_triton_decode_combine.py
 #      and test_attention_sinks.py on CUDA: splits over each token's span, one-split grids, tiles, GQA,
-#      windows, sinks, the single-launch combine replayed over new spans from a CUDA graph at 8B shapes);
+#      windows, sinks, the single-launch combine replayed over new spans from a CUDA graph at 8B shapes,
+#      and the ops replayed in a CUDA graph with new step data);
 #   2. bench/decode_attention.py: the previous decode kernel vs the current one at batches 1/64/256 x
 #      contexts 128/256/1k with its per-batch sweep of tiles, prefetch levels, combines and split
 #      counts, a summary and the suggested table entries (about 35 compiles; under 120 s);
@@ -37,7 +38,7 @@ if [ "${COLD_ONLY:-0}" = 1 ]; then  # steps 3 and 4 only (cold start and TTFT)
 else
 timeout "$(limit 180)" python3 -m pytest -q -p no:cacheprovider -ra -o faulthandler_timeout=175 \
   tests/abi/test_triton_decode.py tests/abi/test_triton_decode_combine.py tests/abi/test_attention_sinks.py \
-  2>&1 | tee "$out/gpu_tests.log" | tail -6
+  "tests/abi/test_triton_attention.py::test_cuda_ops_replay_in_a_cuda_graph_with_new_step_data" 2>&1 | tee "$out/gpu_tests.log" | tail -6
 echo "[tests done at ${SECONDS}s]"
 timeout "$(limit 170)" python3 bench/decode_attention.py --json "$out/decode_attention.json" 2>&1 \
   | tee "$out/decode_attention.log" | grep -v "^  tile" | tail -75
