@@ -7,7 +7,8 @@
 #      and the ops replayed in a CUDA graph with new step data);
 #   2. bench/decode_attention.py: the previous decode kernel vs the current one at batches 1/64/256 x
 #      contexts 128/256/1k with its per-batch sweep of tiles, prefetch levels, combines and split
-#      counts, a summary and the suggested table entries (about 35 compiles; under 120 s);
+#      counts (about 45 variants, compiled side by side first), a summary, the suggested table entries
+#      and each suggestion timed as served (under 120 s);
 #   3. bench/cold_start.py: prepare and load of a COLD_LAYERS-layer (default 32) 8B-shaped core with
 #      the logprobs variants, phase by phase; the core is kept for step 4;
 #   4. bench/ttft_breakdown.py --core: TTFT of 2,048 tokens cold and 90% cached on that core (loaded
