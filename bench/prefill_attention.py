@@ -15,6 +15,8 @@ lanes at 1,024 beside a 256-token chunk), old against new. Rows per case:
   aligned to the last key) on the same values: the ceiling (on the CPU, ``--smoke``: the math backend).
 
 Each call is captured in a CUDA graph and its replays timed (median of ``triton.testing.do_bench``).
+First, ``--jobs`` processes compile every variant side by side into Triton's cache (a serial first run
+spends most of its time compiling).
 Every line prints microseconds, TFLOP/s of the causal QK and PV products, and ratios to old and to
 sdpa; every variant is checked against the CPU reference first. Then the 32-layer totals and the
 suggested `helios.abi.triton_prefill.PREFILL_TILES` entry and split rule
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +61,8 @@ def parse_args(argv):
     parser.add_argument("--splits", default="1,2,3,4")
     parser.add_argument("--split-tile", default=None, help="the tile of the split sweep (default: the served one)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
+                        help="processes compiling the kernel variants side by side before the timing (1: none)")
     return parser.parse_args(argv)
 
 
@@ -235,6 +240,73 @@ def summarise(results: list[dict], prefill, device) -> None:
               + ", ".join(f"{k}: {v * 1e6:.1f}" for k, v in sorted(totals.items())) + ")", flush=True)
 
 
+def variant_labels(cases, args, prefill, config) -> list[str]:
+    """Every (tile, split count) the timing launches, as "tile:splits" (tile "old": the old kernel),
+    with the split count each launch resolves to (`prefill_splits` at the case's shapes)."""
+    group_pad = _block_g(config)
+    max_context = -(-args.capacity // config.page_tokens) * config.page_tokens
+    labels = {"old:1"}
+    for _, _, packed in cases:
+        served = prefill.prefill_tile(config.head_dim, torch.bfloat16, packed, 1)
+        swept = [prefill.PrefillTile(*map(int, name.split("x"))) for name in args.tiles.split(",")]
+        for tile in [served, *swept]:
+            blocks = packed // max(1, tile.block_pairs // group_pad) + 1
+            count = prefill.prefill_splits(blocks, config.num_kv_heads, max_context, torch.device("cuda"),
+                                           tile.min_split_tokens)
+            labels.add(f"{_tile_name(tile)}:{count}")
+        split_tile = prefill.PrefillTile(*map(int, args.split_tile.split("x"))) if args.split_tile else served
+        labels.update(f"{_tile_name(split_tile)}:{count}" for count in args.splits.split(","))
+    labels.add(f"{_tile_name(prefill.SHORT_ROWS_TILE)}:1")  # the mixed step
+    return sorted(labels)
+
+
+def _compile_variants(job: tuple[int, list[str]]) -> int:
+    """(In a worker process.) Launch each "tile:splits" once on a small row at the benchmark's shapes
+    and capacity, so Triton's on-disk cache holds its kernels (the same specialisation: the strides and
+    head counts match); returns how many ran."""
+    capacity, labels = job
+    import decode_attention_baseline as old_module
+
+    import helios.abi  # noqa: F401  (registers the ops)
+    from helios.abi import triton_prefill as prefill
+
+    device = torch.device("cuda")
+    caches = make_caches(FULL, 16, device)
+    step = make_step(FULL, [64], [200], 16, device)
+    table = torch.zeros(1, -(-capacity // FULL.page_tokens), dtype=torch.int32, device=device)
+    table[:, : step.page_table.shape[1]] = step.page_table
+    args = (step.q, *caches, table, step.query_start, step.positions, FULL.head_dim ** -0.5, 0)
+    done = 0
+    for label in labels:
+        name, count = label.split(":")
+        try:
+            if name == "old":
+                old_module.paged_attention_prefill(*args)
+            else:
+                tile = prefill.PrefillTile(*map(int, name.split("x")))
+                prefill.paged_attention_prefill(*args, tile=tile, splits=int(count))
+            done += 1
+        except Exception:  # noqa: BLE001  (the timing reports a variant that fails)
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(labels: list[str], capacity: int, jobs: int) -> None:
+    """Compile the variants in `jobs` processes side by side (the timing then loads them from
+    Triton's cache): a serial first run spends most of its time compiling."""
+    import multiprocessing
+
+    if jobs <= 1 or not labels:
+        return
+    start = time.perf_counter()
+    chunks = [(capacity, labels[i::jobs]) for i in range(min(jobs, len(labels)))]
+    with multiprocessing.get_context("spawn").Pool(len(chunks)) as pool:
+        done = sum(pool.map(_compile_variants, chunks))
+    print(f"precompiled {done} of {len(labels)} variants in {len(chunks)} processes "
+          f"({time.perf_counter() - start:.1f} s)", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.smoke:
@@ -253,6 +325,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     cases = SMOKE_CASES if args.smoke else CASES
+    if not args.smoke:
+        precompile(variant_labels(cases, args, prefill, config), args.capacity, args.jobs)
     torch.manual_seed(0)
     mixed = SMOKE_MIXED if args.smoke else MIXED
     num_pages = max(sum(-(-(new + cached) // config.page_tokens) for new, cached, _ in cases),
