@@ -94,7 +94,9 @@ def test_split_rule_depends_on_shapes_only(monkeypatch):
 
 def test_tile_choice():
     served = prefill.PREFILL_TILES.get(128, prefill.DEFAULT_PREFILL_TILE)
-    assert prefill.prefill_tile(128, torch.bfloat16, 2048, 1) == prefill.prefill_tile(128, torch.bfloat16) == served
+    assert prefill.prefill_tile(128, torch.bfloat16, 512, 1) == prefill.prefill_tile(128, torch.bfloat16) == served
+    assert prefill.prefill_tile(128, torch.bfloat16, 2048, 1) == prefill.LONG_PREFILL_TILES[128]  # long launches
+    assert prefill.prefill_tile(128, torch.bfloat16, 2048, 256) == prefill.SHORT_ROWS_TILE  # 256 rows of 8 tokens
     assert prefill.prefill_tile(128, torch.bfloat16, 320, 65) == prefill.SHORT_ROWS_TILE  # decode lanes beside a prompt
     assert prefill.prefill_tile(128, torch.float32).block_pairs <= 64  # float32 rows: a tile that fits
     assert SMALL.min_split_tiles == 1 and prefill.DEFAULT_PREFILL_TILE.min_split_tiles == 4

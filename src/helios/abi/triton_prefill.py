@@ -48,7 +48,7 @@ from helios.abi.triton_paged import (
 
 __all__ = [
     "DEFAULT_PREFILL_TILE", "PREFILL_MAX_SPLITS", "PREFILL_MIN_SPLIT_TOKENS", "PREFILL_PROGRAMS_PER_MULTIPROCESSOR",
-    "PREFILL_TILES", "SHORT_ROWS_TILE", "PrefillTile", "paged_attention_prefill", "prefill_splits", "prefill_tile",
+    "LONG_PREFILL_TILES", "LONG_PREFILL_TOKENS", "PREFILL_TILES", "SHORT_ROWS_TILE", "PrefillTile", "paged_attention_prefill", "prefill_splits", "prefill_tile",
 ]
 
 # Split-KV schedule of the prefill kernel: about PREFILL_PROGRAMS_PER_MULTIPROCESSOR programs per
@@ -88,16 +88,25 @@ _WIDE_TILE = PrefillTile(64, 32, 4, 2)  # head rows over 256 bytes (float32, hea
 # Measured tiles by head_dim; absent keys use DEFAULT_PREFILL_TILE. Fill from the "suggested
 # PREFILL_TILES" line of `bench/prefill_attention.py` on the serving device class.
 PREFILL_TILES: dict[int, PrefillTile] = {}
+# Launches of at least LONG_PREFILL_TOKENS packed tokens, by head_dim. H200 sweep (2026-12-01,
+# bench/results/h200_session18_call3): 128 x 128 positions per iteration runs a 2,048-token cold
+# prompt in 170 us per layer against the default's 179, and loses at 512 tokens (30.4 against 30.0
+# us) and on short chunks after a long prefix (54 against 52 us), so it serves long launches only.
+LONG_PREFILL_TOKENS = 1024
+LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: PrefillTile(128, 128, 8, 3)}
 
 
 def prefill_tile(head_dim: int, dtype: torch.dtype, num_tokens: int = 0, num_rows: int = 0) -> PrefillTile:
     """The tile for a prefill launch of `num_tokens` packed tokens in `num_rows` rows, from static
     numbers only: SHORT_ROWS_TILE where the rows average fewer tokens than the table's tile has, the
-    table's entry for 16-bit inputs, else the default (a narrower one where a head row exceeds 256
+    table's entry for 16-bit inputs (LONG_PREFILL_TILES' for launches of LONG_PREFILL_TOKENS or more),
+    else the default (a narrower one where a head row exceeds 256
     bytes)."""
     if head_dim * dtype.itemsize > 256:
         return _WIDE_TILE
     tile = PREFILL_TILES.get(head_dim, DEFAULT_PREFILL_TILE)
+    if num_tokens >= LONG_PREFILL_TOKENS and dtype.itemsize == 2:
+        tile = LONG_PREFILL_TILES.get(head_dim, tile)
     if num_tokens < num_rows * tile.block_pairs // 4:  # rows of fewer tokens than a block of GQA group 4
         return SHORT_ROWS_TILE
     return tile
