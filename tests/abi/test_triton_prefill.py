@@ -15,63 +15,85 @@ import torch
 import test_triton_attention as base  # enables the interpreter on machines without CUDA first
 from helios.abi import attention_sinks  # noqa: F401  (registers the ops)
 from helios.abi import triton_prefill as prefill
+from helios.abi import triton_prefill_tiles as tiles
 from test_triton_attention import (
     MIXED_CACHED, MIXED_LENS, SCALE, Shape, assert_matches_reference, make_batch, release_below_window, run,
 )
 
 SMALL = prefill.PrefillTile(16, 16, 2, 1, 16)  # 16 (token, head) pairs, 16 positions, runs of >= 1 tile
 WIDE = prefill.PrefillTile(32, 32, 4, 2, 32)
+PER_HEAD = prefill.PrefillTile(16, 16, 2, 1, 16, per_head=True)  # 16 tokens of one query head
+LAYOUTS = pytest.mark.parametrize("tile", [SMALL, PER_HEAD], ids=["packed", "per-head"])
 
 
+@LAYOUTS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_cold_prompt_on_partial_pages(dtype, splits):
+def test_cold_prompt_on_partial_pages(dtype, splits, tile):
     """One row of 45 tokens on pages of 8 (the last page partial): unmasked tiles below the diagonal,
     masked diagonal tiles; with 3 splits the long blocks' spans are cut and combined."""
     batch = make_batch(31, [45], [0], Shape(dtype=dtype))
-    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=SMALL, splits=splits), batch, 0)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
 
 
+@LAYOUTS
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
-def test_chunk_after_a_cached_prefix_split_and_unsplit(splits):
+def test_chunk_after_a_cached_prefix_split_and_unsplit(splits, tile):
     """A short chunk after a long cached prefix (the cached-prompt case), any split count: 16 splits
     over fewer tiles leaves empty runs, which the combine must ignore."""
     batch = make_batch(32, [7], [90], Shape(page_tokens=4))
-    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=SMALL, splits=splits), batch, 0)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_packed_rows_with_padding_and_one_token_rows(splits):
     batch = make_batch(33, MIXED_LENS, MIXED_CACHED, Shape(group=4, num_kv_heads=1, page_tokens=4), padding=3)
-    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=SMALL, splits=splits), batch, 0)
-    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=WIDE, splits=splits), batch, 0)
+    for tile in (SMALL, WIDE, PER_HEAD):
+        assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
 
 
+@pytest.mark.parametrize("tile", [SMALL, PER_HEAD, prefill.PrefillTile(16, 16, 2, 1, per_head=True)],
+                         ids=["packed", "per-head", "per-head-unsplit"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_padding_tokens_are_written_over_an_uninitialised_output(monkeypatch, tile, splits):
+    """The output is allocated uninitialised: the kernel itself zeroes padding tokens (here 21 of
+    them, more than a block, behind rows with an inactive one between), so NaN-filled memory
+    must not show through anywhere."""
+    monkeypatch.setattr(prefill, "_output_like", lambda q: torch.full_like(q, float("nan")))
+    batch = make_batch(42, [9, 0, 13], [4, 6, 30], Shape(page_tokens=4), padding=21)
+    out = run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits)
+    assert not out.isnan().any()
+    assert_matches_reference(out, batch, 0)
+
+
+@LAYOUTS
 @pytest.mark.parametrize("window", [3, 11, 40])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_windows_read_nothing_below_them(window, splits):
+def test_windows_read_nothing_below_them(window, splits, tile):
     """Windows of 3 (inside one tile), 11 and 40 (across tiles and splits): pages wholly below each row's
     window point at the NaN page, as after their release."""
     batch = release_below_window(make_batch(34, [30, 5, 1], [2, 60, 20], Shape(page_tokens=4), padding=1), window)
-    out = run(prefill.paged_attention_prefill, batch, window, tile=SMALL, splits=splits)
+    out = run(prefill.paged_attention_prefill, batch, window, tile=tile, splits=splits)
     assert_matches_reference(out, batch, window)
 
 
+@LAYOUTS
 @pytest.mark.parametrize("splits", [1, 3])
-def test_sinks_count_once_across_splits(splits):
+def test_sinks_count_once_across_splits(splits, tile):
     batch = make_batch(35, [9, 3], [40, 0], Shape(page_tokens=4), padding=1)
     generator = torch.Generator().manual_seed(6)
     sinks = 2.0 * torch.randn(batch.q.shape[1], generator=generator)
     k_cache, v_cache, table = batch.clean
     expected = torch.ops.helios.paged_attention_sinks(batch.q, k_cache, v_cache, table, batch.query_start,
                                                       batch.positions, SCALE, 5, sinks)
-    out = run(prefill.paged_attention_prefill, batch, 5, tile=SMALL, splits=splits, sinks=sinks.to(base.DEVICE))
+    out = run(prefill.paged_attention_prefill, batch, 5, tile=tile, splits=splits, sinks=sinks.to(base.DEVICE))
     torch.testing.assert_close(out, expected, **base.TOLERANCE[batch.q.dtype])
 
 
-def test_head_dim_and_group_that_are_not_powers_of_two_split():
-    batch = make_batch(36, [20, 2], [33, 4], Shape(head_dim=96, group=3, num_kv_heads=1, page_tokens=16), padding=1)
-    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=SMALL, splits=3), batch, 0)
+@LAYOUTS
+def test_head_dim_and_group_that_are_not_powers_of_two_split(tile):
+    batch = make_batch(36, [20, 2], [33, 4], Shape(head_dim=96, group=3, num_kv_heads=2, page_tokens=16), padding=1)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=3), batch, 0)
 
 
 @pytest.mark.parametrize("lens, cached", [([40], [50]), ([12, 1], [50, 3])], ids=["long-rows", "short-rows"])
@@ -84,22 +106,39 @@ def test_served_tile_and_split_rule(lens, cached):
 
 def test_split_rule_depends_on_shapes_only(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(prefill, "multiprocessors", lambda device: 132)  # an H200
+    monkeypatch.setattr(tiles, "multiprocessors", lambda device: 132)  # an H200
     assert prefill.prefill_splits(2048 // 32 + 1, 8, 4096, cpu) == 1  # 520 programs fill the device
     assert prefill.prefill_splits(256 // 32 + 1, 8, 4096, cpu) == 2  # a bound of 72 programs: 1 per multiprocessor
     assert prefill.prefill_splits(208 // 32 + 1, 8, 4096, cpu, per_multiprocessor=2) == 5  # 56 programs
     assert prefill.prefill_splits(7, 8, 512, cpu, per_multiprocessor=2) == 2  # runs of >= 256 capacity positions
     assert prefill.prefill_splits(1, 1, 1 << 20, cpu) == prefill.PREFILL_MAX_SPLITS
+    assert prefill.prefill_splits(1, 1, 1 << 20, cpu, max_splits=1) == 1  # a tile that never splits
+    assert prefill.prefill_splits(2048 // 128 + 1, 32, 4096, cpu) == 1  # per head: 544 programs
 
 
 def test_tile_choice():
     served = prefill.PREFILL_TILES.get(128, prefill.DEFAULT_PREFILL_TILE)
     assert prefill.prefill_tile(128, torch.bfloat16, 512, 1) == prefill.prefill_tile(128, torch.bfloat16) == served
     assert prefill.prefill_tile(128, torch.bfloat16, 2048, 1) == prefill.LONG_PREFILL_TILES[128]  # long launches
+    assert prefill.prefill_tile(128, torch.bfloat16, 128, 1) == prefill.SHORT_PREFILL_TILES[128]  # short launches
+    assert prefill.prefill_tile(64, torch.float32, 128, 1) == prefill.PREFILL_TILES.get(64, served)  # 16-bit only
     assert prefill.prefill_tile(128, torch.bfloat16, 2048, 256) == prefill.SHORT_ROWS_TILE  # 256 rows of 8 tokens
     assert prefill.prefill_tile(128, torch.bfloat16, 320, 65) == prefill.SHORT_ROWS_TILE  # decode lanes beside a prompt
     assert prefill.prefill_tile(128, torch.float32).block_pairs <= 64  # float32 rows: a tile that fits
     assert SMALL.min_split_tiles == 1 and prefill.DEFAULT_PREFILL_TILE.min_split_tiles == 4
+    assert PER_HEAD.block_tokens(4) == 16 and SMALL.block_tokens(4) == 4 and SMALL.block_tokens(3) == 4
+
+
+@pytest.mark.parametrize("name", ["128x64x8x3", "h128x128x8x3", "64x64x4x2x256x1", "h64x64x4x2x512"])
+def test_tile_names_read_back(name):
+    assert prefill.parse_tile(name).name == name
+    assert prefill.parse_tile(name).per_head == name.startswith("h")
+
+
+@pytest.mark.parametrize("name", ["128x64x8", "h1x2x3x4x5x6x7", "128x64xeightx3"])
+def test_malformed_tile_names_are_refused(name):
+    with pytest.raises(ValueError):
+        prefill.parse_tile(name)
 
 
 # Llama-3.1-8B head shapes on the device.
