@@ -147,11 +147,36 @@ LLAMA = Shape(num_kv_heads=8, group=4, head_dim=128, page_tokens=16, dtype=torch
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("new, cached", [(2048, 0), (208, 1840), (512, 0), (128, 0)])
+@pytest.mark.parametrize("new, cached", [(2048, 0), (208, 1840), (512, 0), (128, 0), (128, 1920)])
 def test_llama_shapes_on_the_device(new, cached):
     batch = make_batch(38, [new], [cached], LLAMA)
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0), batch, 0)
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, splits=4), batch, 0)
+
+
+# The per-head tiles bench/prefill_attention.py sweeps (any may become a served entry).
+PER_HEAD_TILES = ["h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PER_HEAD_TILES)
+@pytest.mark.parametrize("new, cached", [(2048, 0), (208, 1840)])
+def test_llama_shapes_per_head(name, new, cached):
+    batch = make_batch(43, [new], [cached], LLAMA)
+    tile = prefill.parse_tile(name)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile), batch, 0)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=3), batch, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["h128x128x8x3", "64x64x4x2x256x1", "128x128x8x3"])
+def test_llama_shapes_packed_rows_and_padding_over_garbage(monkeypatch, name):
+    monkeypatch.setattr(prefill, "_output_like", lambda q: torch.full_like(q, float("nan")))
+    batch = make_batch(44, [300, 1, 0, 64], [0, 900, 5, 1500], LLAMA, padding=150)
+    for splits in (1, 3):
+        out = run(prefill.paged_attention_prefill, batch, 0, tile=prefill.parse_tile(name), splits=splits)
+        assert not out.isnan().any()
+        assert_matches_reference(out, batch, 0)
 
 
 @pytest.mark.gpu
@@ -162,11 +187,13 @@ def test_llama_shapes_with_a_window_read_nothing_below_it(splits):
 
 
 @pytest.mark.gpu
-def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths():
-    """Capture the op once (its split count fixed from shapes); replay it with a step of the same token
-    count but another cached prefix and row layout: the runs follow the new spans."""
-    first = make_batch(39, [200, 8], [1840, 0], LLAMA)
-    second = make_batch(40, [8, 200], [600, 1200], LLAMA)
+@pytest.mark.parametrize("name", [None, "h128x64x8x3", "h128x128x8x3"])
+def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths(name):
+    """Capture the op (or a tile of the sweep) once (its split count fixed from shapes); replay it with
+    a step of the same token count but another cached prefix, row layout and padding: the runs follow
+    the new spans."""
+    first = make_batch(39, [200, 8], [1840, 0], LLAMA, padding=48)  # 256 tokens: a chunk capacity
+    second = make_batch(40, [8, 200], [600, 1200], LLAMA, padding=48)
     capacity = max(first.poisoned[2].shape[1], second.poisoned[2].shape[1])
     pages = max(first.poisoned[0].shape[0], second.poisoned[0].shape[0])
 
@@ -178,10 +205,15 @@ def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths():
         return [t.cuda() for t in (batch.q, *grown, wide, batch.query_start, batch.positions)]
 
     inputs = widened(first)
-    assert prefill.prefill_splits(208 // 32 + 2, 8, capacity * 16, inputs[0].device) > 1  # the split path runs
+    tile = prefill.parse_tile(name) if name else prefill.prefill_tile(128, torch.bfloat16, 256, 2)
+    blocks, programs = 256 // tile.block_tokens(4) + 2, 32 // tile.heads_per_program(4)
+    assert prefill.prefill_splits(blocks, programs, capacity * 16, inputs[0].device, tile.min_split_tokens,
+                                  max_splits=tile.max_splits) > 1  # the split path runs
 
     def step():
-        return torch.ops.helios.paged_attention(*inputs, SCALE, 0)
+        if name is None:
+            return torch.ops.helios.paged_attention(*inputs, SCALE, 0)
+        return prefill.paged_attention_prefill(*inputs, SCALE, 0, tile=prefill.parse_tile(name))
 
     step()  # compiles the kernels outside the capture
     graph = torch.cuda.CUDAGraph()
