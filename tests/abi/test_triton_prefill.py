@@ -23,7 +23,10 @@ from test_triton_attention import (
 SMALL = prefill.PrefillTile(16, 16, 2, 1, 16)  # 16 (token, head) pairs, 16 positions, runs of >= 1 tile
 WIDE = prefill.PrefillTile(32, 32, 4, 2, 32)
 PER_HEAD = prefill.PrefillTile(16, 16, 2, 1, 16, per_head=True)  # 16 tokens of one query head
-LAYOUTS = pytest.mark.parametrize("tile", [SMALL, PER_HEAD], ids=["packed", "per-head"])
+FUSED = prefill.PrefillTile(16, 16, 2, 1, 16, fused_combine=True)  # the last run merges: no combine launch
+FUSED_PER_HEAD = prefill.PrefillTile(16, 16, 2, 1, 16, per_head=True, fused_combine=True)
+LAYOUTS = pytest.mark.parametrize("tile", [SMALL, PER_HEAD, FUSED, FUSED_PER_HEAD],
+                                  ids=["packed", "per-head", "fused", "fused-per-head"])
 
 
 @LAYOUTS
@@ -43,17 +46,18 @@ def test_chunk_after_a_cached_prefix_split_and_unsplit(splits, tile):
     over fewer tiles leaves empty runs, which the combine must ignore."""
     batch = make_batch(32, [7], [90], Shape(page_tokens=4))
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
+    assert all(not buffer.any() for kept in prefill._COUNTERS.values() for buffer in kept)  # re-armed
 
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_packed_rows_with_padding_and_one_token_rows(splits):
     batch = make_batch(33, MIXED_LENS, MIXED_CACHED, Shape(group=4, num_kv_heads=1, page_tokens=4), padding=3)
-    for tile in (SMALL, WIDE, PER_HEAD):
+    for tile in (SMALL, WIDE, PER_HEAD, FUSED_PER_HEAD):
         assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
 
 
-@pytest.mark.parametrize("tile", [SMALL, PER_HEAD, prefill.PrefillTile(16, 16, 2, 1, per_head=True)],
-                         ids=["packed", "per-head", "per-head-unsplit"])
+@pytest.mark.parametrize("tile", [SMALL, PER_HEAD, FUSED, prefill.PrefillTile(16, 16, 2, 1, per_head=True)],
+                         ids=["packed", "per-head", "fused", "per-head-unsplit"])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_padding_tokens_are_written_over_an_uninitialised_output(monkeypatch, tile, splits):
     """The output is allocated uninitialised: the kernel itself zeroes padding tokens (here 21 of
@@ -129,13 +133,15 @@ def test_tile_choice():
     assert PER_HEAD.block_tokens(4) == 16 and SMALL.block_tokens(4) == 4 and SMALL.block_tokens(3) == 4
 
 
-@pytest.mark.parametrize("name", ["128x64x8x3", "h128x128x8x3", "64x64x4x2x256x1", "h64x64x4x2x512"])
+@pytest.mark.parametrize("name", ["128x64x8x3", "h128x128x8x3", "64x64x4x2x256x1", "h64x64x4x2x512", "hc128x64x8x3",
+                                  "c64x64x4x2"])
 def test_tile_names_read_back(name):
     assert prefill.parse_tile(name).name == name
     assert prefill.parse_tile(name).per_head == name.startswith("h")
+    assert prefill.parse_tile(name).fused_combine == ("c" in name)
 
 
-@pytest.mark.parametrize("name", ["128x64x8", "h1x2x3x4x5x6x7", "128x64xeightx3"])
+@pytest.mark.parametrize("name", ["128x64x8", "h1x2x3x4x5x6x7", "128x64xeightx3", "ch128x64x8x3"])
 def test_malformed_tile_names_are_refused(name):
     with pytest.raises(ValueError):
         prefill.parse_tile(name)

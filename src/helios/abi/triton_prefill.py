@@ -31,7 +31,9 @@ fixed when a CUDA graph is captured). Each block's span is cut into at most NUM_
 whole tiles, none shorter than MIN_TILES tiles (data-dependent: a short span uses fewer runs); each run
 writes a partial max, sum and normalised accumulator (float32) and `_prefill_combine_kernel` merges a
 block's runs, one program per (query block, query head). A block of one run writes its output
-directly and its combine programs do nothing.
+directly and its combine programs do nothing. With a fused-combine tile there is no combine launch:
+each run counts its arrival on an atomic counter of its (block, head program) and the last to arrive
+merges the block's runs itself and re-arms the counter.
 
 Keys and values are read through the page table: a tile's positions map to (page, offset) and every
 load is contiguous along the head dimension; page-table entries are read only below each block's
@@ -183,7 +185,7 @@ def _zero_padding(out_ptr, query_start_ptr, num_rows, num_tokens, grid_block, fi
 
 
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages", "num_tokens"])
-def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
+def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                     query_start_ptr, positions_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages, num_heads,
                     num_tokens,
                     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
@@ -192,13 +194,14 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr,
                     NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    HAS_SINKS: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, FUSED_COMBINE: tl.constexpr):
     """Program (query block, head program, split), or (head program, query block, split) when
     HEADS_FIRST (a GQA group's programs adjacent): up to BLOCK_M tokens of one row x HEADS query heads
     of one key/value head (its GROUP heads, or one) over the split's run of the block's span. Writes the
     output (the block has one run) or the run's partials; split 0 also writes zeros for the padding
     tokens of its block's index range. HAS_SINKS: split 0 starts from the heads' sink logits (the
-    combine counts each once)."""
+    combine counts each once). FUSED_COMBINE: the run that finishes last (a per-program counter in
+    `counters_ptr`, zero between launches) merges the block's partials itself: no combine launch."""
     if HEADS_FIRST:
         head_program = tl.program_id(0)
         grid_block = tl.program_id(1)
@@ -240,6 +243,14 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v
             tl.store(part_m_ptr + part, m_i, mask=m_ok)
             tl.store(part_l_ptr + part, l_i, mask=m_ok)
             tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=m_ok[:, None])
+            if FUSED_COMBINE:  # the block's last run to finish merges them (and re-arms the counter)
+                tl.debug_barrier()  # every thread's partials are stored before the release below
+                counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == runs - 1:
+                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                    merged = _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, part - split, m_ok, runs,
+                                         BLOCK_M * BLOCK_G, BLOCK_D)
+                    tl.store(out_at, merged.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
@@ -257,23 +268,34 @@ def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_s
     _, _, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
     if live & (runs > 1):
         offs_d = tl.arange(0, BLOCK_D)
-        m_all = tl.full([BLOCK_M], -1e30, tl.float32)
-        weight = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for split in range(0, runs):
-            part = (token * num_heads + head) * NUM_SPLITS + split
-            m_s = tl.load(part_m_ptr + part, mask=token_ok, other=-1e30)
-            l_s = tl.load(part_l_ptr + part, mask=token_ok, other=0.0)
-            o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=token_ok[:, None], other=0.0)
-            m_new = tl.maximum(m_all, m_s)
-            alpha = tl.exp2(m_all - m_new)
-            w_s = l_s * tl.exp2(m_s - m_new)
-            acc = acc * alpha[:, None] + o_s * w_s[:, None]
-            weight = weight * alpha + w_s
-            m_all = m_new
-        result = acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
+        result = _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, (token * num_heads + head) * NUM_SPLITS, token_ok,
+                             runs, BLOCK_M, BLOCK_D)
         tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
                  result.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, first_part, ok, runs, SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The normalised output [SIZE, BLOCK_D] (float32) of SIZE pairs from their `runs` partials
+    (entries first_part + split). Loads bypass L1 (".cg"): other programs wrote them in this launch
+    when the prefill kernel merges them itself."""
+    offs_d = tl.arange(0, BLOCK_D)
+    m_all = tl.full([SIZE], -1e30, tl.float32)
+    weight = tl.zeros([SIZE], tl.float32)
+    acc = tl.zeros([SIZE, BLOCK_D], tl.float32)
+    for split in range(0, runs):
+        part = first_part + split
+        m_s = tl.load(part_m_ptr + part, mask=ok, other=-1e30, cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
+        o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m_all, m_s)
+        alpha = tl.exp2(m_all - m_new)
+        w_s = l_s * tl.exp2(m_s - m_new)
+        acc = acc * alpha[:, None] + o_s * w_s[:, None]
+        weight = weight * alpha + w_s
+        m_all = m_new
+    return acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -303,21 +325,37 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = _output_like(q)  # the strides of the reference and fake implementations; the kernel writes every entry
     parts = _partials(num_tokens, num_heads, splits, width, out)
     grid = (num_heads // heads, blocks, splits) if tile.per_head else (blocks, num_kv_heads, splits)
+    fused = tile.fused_combine and splits > 1
+    counters = _counters(q.device, grid[0] * grid[1]) if fused else page_table
     with on_device(q):
         _prefill_kernel[grid](
-            out, *parts, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q), scale * LOG2E,
+            out, *parts, counters, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q), scale * LOG2E,
             window_bound(window), num_rows, page_table.shape[1], num_heads, num_tokens,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=group, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
             BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=splits, MIN_TILES=tile.min_split_tiles, DOT_PRECISION=dot_precision(q),
-            HAS_SINKS=sinks is not None, num_warps=tile.num_warps, num_stages=tile.num_stages)
-        if splits > 1:
+            HAS_SINKS=sinks is not None, FUSED_COMBINE=fused, num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if splits > 1 and not fused:
             _prefill_combine_kernel[(blocks, num_heads)](
                 out, *parts, query_start, positions, window_bound(window), num_rows, num_heads, *out.stride(),
                 BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, NUM_SPLITS=splits,
                 MIN_TILES=tile.min_split_tiles, num_warps=4)
     return out
+
+
+# Arrival counters of the fused combine, by (device, stream): zero between launches (the last run of a
+# block re-arms its counter), so no fill runs per launch. Every buffer is kept: a captured CUDA graph
+# holds its address. Launches on one stream never overlap; each stream has its own buffer.
+_COUNTERS: dict[tuple[str, int | None, int], list[torch.Tensor]] = {}
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    kept = _COUNTERS.setdefault((device.type, device.index, stream), [])
+    if not kept or kept[-1].numel() < size:
+        kept.append(torch.zeros(max(size, 4096), dtype=torch.int32, device=device))
+    return kept[-1]
 
 
 def _output_like(q: torch.Tensor) -> torch.Tensor:

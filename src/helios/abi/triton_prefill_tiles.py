@@ -42,7 +42,8 @@ class PrefillTile:
     (token, query head) pairs, or tokens of one head when `per_head`), `block_n` cached positions per
     iteration (a power of two, at least 16), the Triton launch options, the shortest run a split gets
     (`min_split_tokens`, rounded up to whole tiles: a span is cut into fewer splits rather than
-    shorter ones) and the most splits the rule may give (`max_splits`; 1: never split, no combine
+    shorter ones), the most splits the rule may give (`max_splits`; 1: never split, no combine
+    launch), and `fused_combine`: a split block's last run merges the partials itself (no combine
     launch). A schedule only: every tile gives the same result."""
 
     block_pairs: int = 128
@@ -52,6 +53,7 @@ class PrefillTile:
     min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS
     max_splits: int = PREFILL_MAX_SPLITS
     per_head: bool = False
+    fused_combine: bool = False
 
     @property
     def min_split_tiles(self) -> int:
@@ -67,22 +69,24 @@ class PrefillTile:
 
     @property
     def name(self) -> str:
-        """``[h]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]`` (h: per head), as `parse_tile` reads it."""
+        """``[h][c]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]`` (h: per head, c: fused combine), as
+        `parse_tile` reads it."""
         fields = [self.block_pairs, self.block_n, self.num_warps, self.num_stages]
         if self.max_splits != PREFILL_MAX_SPLITS:
             fields += [self.min_split_tokens, self.max_splits]
         elif self.min_split_tokens != PREFILL_MIN_SPLIT_TOKENS:
             fields.append(self.min_split_tokens)
-        return ("h" if self.per_head else "") + "x".join(map(str, fields))
+        return ("h" if self.per_head else "") + ("c" if self.fused_combine else "") + "x".join(map(str, fields))
 
 
 def parse_tile(name: str) -> PrefillTile:
     """The tile of a `PrefillTile.name` string (benchmarks take tiles on the command line)."""
     per_head = name.startswith("h")
-    fields = [int(part) for part in name.removeprefix("h").split("x")]
+    fused = name.removeprefix("h").startswith("c")
+    fields = [int(part) for part in name.removeprefix("h").removeprefix("c").split("x")]
     if not 4 <= len(fields) <= 6:
-        raise ValueError(f"prefill tile {name!r}: expected [h]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]")
-    return PrefillTile(*fields, per_head=per_head)
+        raise ValueError(f"prefill tile {name!r}: expected [h][c]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]")
+    return PrefillTile(*fields, per_head=per_head, fused_combine=fused)
 
 
 DEFAULT_PREFILL_TILE = PrefillTile()
