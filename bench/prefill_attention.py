@@ -11,9 +11,9 @@ lanes at 1,024 beside a 256-token chunk), old against new. Rows per case:
 
 - ``old``: the prefill kernel before the FlashAttention-2 rewrite (`bench/decode_attention_baseline.py`);
 - ``new``: `paged_attention_prefill` as served (`prefill_tile`, the `prefill_splits` rule);
-- ``tile ...``: each ``--tiles`` entry (`PrefillTile.name`: ``[h]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]``,
-  h: one query head per program, token-major) at the rule's split count for it; ``splits ...``: each
-  ``--splits`` count at the served tile;
+- ``tile ...``: each ``--tiles`` entry at the rule's split count for it (`PrefillTile.name`:
+  ``[h][c]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]``, h: one query head per program, token-major;
+  c: fused combine, no combine launch); ``splits ...``: each ``--splits`` count at the served tile;
 - ``sdpa``: ``scaled_dot_product_attention`` (flash backend, contiguous K/V expanded to 32 heads, causal
   aligned to the last key) on the same values: the ceiling (on the CPU, ``--smoke``: the math backend).
 
@@ -45,11 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_kernels import FULL, SMOKE, Config, make_caches, make_step, median_seconds  # noqa: E402
 
-# PrefillTile names: [h]block_pairs x block_n x num_warps x num_stages [x min_split_tokens [x max_splits]]
-# (h: per head). 128x64x4 and 128x128x8x2 (packed) spill registers.
+# PrefillTile names: [h][c]block_pairs x block_n x num_warps x num_stages [x min_split_tokens [x max_splits]]
+# (h: per head, c: fused combine). 128x64x4 and 128x128x8x2 (packed) spill registers.
 TILES = ",".join([
-    "128x64x8x3", "128x128x8x3", "128x128x8x4", "64x64x4x2", "64x64x4x3", "64x64x4x2x256x1", "128x64x8x3x256x1",
-    "h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2", "h64x64x4x2x256x1",
+    "128x64x8x3", "128x128x8x3", "64x64x4x2", "64x64x4x2x256x1", "128x64x8x3x256x1",  # packed
+    "h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2",  # per head
+    "h64x64x4x2x256x1", "c128x64x8x3", "c64x64x4x2", "hc128x64x8x3", "hc64x64x4x3",  # fused combine
 ])
 # (new tokens, cached tokens, packed tokens) of one row: the last, as served, pads the 208-token rest of a
 # 90%-cached prompt to the 256-token chunk capacity that runs it (bench/ttft_breakdown.py's --chunks).
@@ -66,7 +67,7 @@ def parse_args(argv):
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
     parser.add_argument("--capacity", type=int, default=4096, help="capacity context (page-table width x 16)")
     parser.add_argument("--tiles", default=TILES)
-    parser.add_argument("--splits", default="1,2,3,4")
+    parser.add_argument("--splits", default="1,2,4")
     parser.add_argument("--split-tile", default=None, help="the tile of the split sweep (default: the served one)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
@@ -242,7 +243,8 @@ def summarise(results: list[dict], prefill, device) -> None:
             continue
         best = min(common, key=lambda name: sum(r["tiles"][name] for r in chosen))
         served = sum(r["new"] for r in chosen)
-        print(f"suggested {table}[128] = parse_tile({best!r}) (summed {sum(r['tiles'][best] for r in chosen) * 1e6:.1f} "
+        summed = sum(r["tiles"][best] for r in chosen)
+        print(f"suggested {table}[128] = parse_tile({best!r}) (summed {summed * 1e6:.1f} "
               f"us over {len(chosen)} cases; served {', '.join(sorted({r['served'] for r in chosen}))} "
               f"{served * 1e6:.1f} us)", flush=True)
     config = FULL if device.type == "cuda" else SMOKE

@@ -161,7 +161,8 @@ def test_llama_shapes_on_the_device(new, cached):
 
 
 # The per-head tiles bench/prefill_attention.py sweeps (any may become a served entry).
-PER_HEAD_TILES = ["h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2"]
+PER_HEAD_TILES = ["h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2",
+                  "hc128x64x8x3", "hc64x64x4x3"]
 
 
 @pytest.mark.gpu
@@ -175,7 +176,7 @@ def test_llama_shapes_per_head(name, new, cached):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["h128x128x8x3", "64x64x4x2x256x1", "128x128x8x3"])
+@pytest.mark.parametrize("name", ["h128x128x8x3", "64x64x4x2x256x1", "128x128x8x3", "c64x64x4x2", "c128x64x8x3"])
 def test_llama_shapes_packed_rows_and_padding_over_garbage(monkeypatch, name):
     monkeypatch.setattr(prefill, "_output_like", lambda q: torch.full_like(q, float("nan")))
     batch = make_batch(44, [300, 1, 0, 64], [0, 900, 5, 1500], LLAMA, padding=150)
@@ -193,7 +194,7 @@ def test_llama_shapes_with_a_window_read_nothing_below_it(splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [None, "h128x64x8x3", "h128x128x8x3"])
+@pytest.mark.parametrize("name", [None, "h128x64x8x3", "h128x128x8x3", "c128x64x8x3", "hc128x64x8x3"])
 def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths(name):
     """Capture the op (or a tile of the sweep) once (its split count fixed from shapes); replay it with
     a step of the same token count but another cached prefix, row layout and padding: the runs follow
@@ -231,3 +232,7 @@ def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths(name):
         buffer.copy_(value)
     graph.replay()
     assert_matches_reference(out.cpu(), second, 0)
+    for buffer, value in zip(inputs, widened(first)):  # fused combine: the counters re-armed themselves
+        buffer.copy_(value)
+    graph.replay()
+    assert_matches_reference(out.cpu(), first, 0)

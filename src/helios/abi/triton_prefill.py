@@ -329,8 +329,8 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     counters = _counters(q.device, grid[0] * grid[1]) if fused else page_table
     with on_device(q):
         _prefill_kernel[grid](
-            out, *parts, counters, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q), scale * LOG2E,
-            window_bound(window), num_rows, page_table.shape[1], num_heads, num_tokens,
+            out, *parts, counters, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q),
+            scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads, num_tokens,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=group, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
             BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
