@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18, prefill attention, in one device call on one H200 (at most BUDGET seconds, default 300),
+# Issue 18, prefill attention, in one device call on one H200 (at most BUDGET seconds, default 400),
 # logs under $OUT:
 #   1. GPU tests of the prefill kernel (tests/abi/test_triton_prefill.py: Llama-8B head shapes, packed
 #      and per-head tiles, splits, windows, padding over an uninitialised output, CUDA graph capture and
@@ -20,7 +20,7 @@ if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export PYTHONPATH=$PWD/src:$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-budget=${BUDGET:-300}
+budget=${BUDGET:-400}
 limit() {  # the smaller of $1 and the seconds left of the budget (at least 10)
   local left=$((budget - SECONDS))
   echo $(( $1 < left ? $1 : (left > 10 ? left : 10) ))

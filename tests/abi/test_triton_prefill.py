@@ -160,9 +160,9 @@ def test_llama_shapes_on_the_device(new, cached):
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, splits=4), batch, 0)
 
 
-# The per-head tiles bench/prefill_attention.py sweeps (any may become a served entry).
-PER_HEAD_TILES = ["h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2",
-                  "hc128x64x8x3", "hc64x64x4x3"]
+# Per-head tiles of the sweep: both key/value tile widths, 8 and 4 warps, fused combine (their
+# compilation dominates the device time, so not every swept tile).
+PER_HEAD_TILES = ["h128x64x8x3", "h128x128x8x3", "h64x64x4x3", "hc128x64x8x3"]
 
 
 @pytest.mark.gpu
