@@ -346,7 +346,9 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 # Arrival counters of the fused combine, by (device, stream): zero between launches (the last run of a
 # block re-arms its counter), so no fill runs per launch. Every buffer is kept: a captured CUDA graph
-# holds its address. Launches on one stream never overlap; each stream has its own buffer.
+# holds its address. Launches on one stream never overlap; each stream has its own buffer. A graph
+# keeps the buffer of the stream it was captured on, so graphs captured on one stream must not be
+# replayed concurrently on different streams (why fused tiles are a swept option, not the default).
 _COUNTERS: dict[tuple[str, int | None, int], list[torch.Tensor]] = {}
 
 
