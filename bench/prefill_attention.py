@@ -51,11 +51,15 @@ TILES = ",".join([
     "128x64x8x3", "128x128x8x3", "64x64x4x2", "64x64x4x2x256x1", "128x64x8x3x256x1",  # packed
     "h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2",  # per head
     "h64x64x4x2x256x1", "c128x64x8x3", "c64x64x4x2", "hc128x64x8x3", "hc64x64x4x3",  # fused combine
+    "t128x128x8x3", "ht128x128x8x3", "ht128x64x8x3", "ht64x64x4x3",  # descriptor loads on consecutive pages
 ])
 # (new tokens, cached tokens, packed tokens) of one row: the last, as served, pads the 208-token rest of a
 # 90%-cached prompt to the 256-token chunk capacity that runs it (bench/ttft_breakdown.py's --chunks).
-CASES = ((2048, 0, 2048), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (128, 1920, 128), (208, 1840, 256))
-SMOKE_CASES = ((24, 0, 24), (6, 40, 6), (12, 0, 12), (4, 0, 4), (4, 40, 4), (6, 40, 8))
+# A fourth entry True: the row's pages are consecutive in the cache (a fresh prompt on in-order pages:
+# the "t" tiles read its keys and values through tensor descriptors), else random.
+CASES = ((2048, 0, 2048), (2048, 0, 2048, True), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (128, 1920, 128),
+         (208, 1840, 256))
+SMOKE_CASES = ((24, 0, 24), (24, 0, 24, True), (6, 40, 6), (12, 0, 12), (4, 0, 4), (4, 40, 4), (6, 40, 8))
 # (decode lanes, their context, chunk tokens, the chunk's row context) of a mixed step
 MIXED, SMOKE_MIXED = (64, 1024, 256, 2048), (5, 20, 8, 30)
 LAYERS = 32
@@ -78,9 +82,12 @@ def parse_args(argv):
 class Case:
     """One row of `new` tokens after `cached`: the op's arguments, the causal FLOPs, the reference."""
 
-    def __init__(self, config: Config, caches, shape: tuple[int, int, int], capacity: int, device):
-        new, cached, packed = shape
+    def __init__(self, config: Config, caches, shape: tuple, capacity: int, device):
+        new, cached, packed = shape[:3]
+        self.consecutive = len(shape) > 3 and shape[3]
         step = make_step(config, [new], [new + cached], caches[0].shape[0], device)
+        if self.consecutive:
+            step.page_table[0] = torch.arange(step.page_table.shape[1], dtype=torch.int32, device=device)
         table = torch.zeros(1, -(-capacity // config.page_tokens), dtype=torch.int32, device=device)
         table[:, : step.page_table.shape[1]] = step.page_table
         q = torch.cat([step.q, step.q.new_zeros(packed - new, *step.q.shape[1:])])  # padding tokens
@@ -97,6 +104,7 @@ class Case:
 
     def label(self) -> str:
         label = f"{self.new} tokens after {self.cached} cached" if self.cached else f"{self.new} tokens cold"
+        label += " on consecutive pages" if self.consecutive else ""
         return label + (f" in a {self.packed}-token capacity" if self.packed != self.new else "")
 
 
@@ -186,6 +194,7 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
             splits[count] = seconds
             rows.append(line(f"splits {count}", seconds, case, old, ceiling))
     return {"new_tokens": case.new, "cached": case.cached, "packed": case.packed, "flops": case.flops, "rows": rows,
+            "label": case.label(), "consecutive": case.consecutive,
             "old": old, "new": new, "served": tile.name, "sdpa": ceiling, "tiles": tiles, "splits": splits,
             "split_tile": split_tile.name, "rule_splits": rule, "max_context": max_context}
 
@@ -231,8 +240,12 @@ def summarise(results: list[dict], prefill, device) -> None:
     for result in results:
         ceiling = f", sdpa {result['sdpa'] * LAYERS * 1e3:.2f} ms" if result["sdpa"] else ""
         old, new = result["old"] * LAYERS * 1e3, result["new"] * LAYERS * 1e3
-        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']} ({result['packed']} packed): "
-              f"old {old:.2f} ms, new {new:.2f} ms{ceiling}", flush=True)
+        print(f"{LAYERS} layers, {result['label']}: old {old:.2f} ms, new {new:.2f} ms{ceiling}", flush=True)
+    for result in results:
+        if result["tiles"]:
+            best = min(result["tiles"], key=result["tiles"].get)
+            print(f"best tile for {result['label']}: {best} {result['tiles'][best] * 1e6:.1f} us "
+                  f"(served {result['served']} {result['new'] * 1e6:.1f} us)", flush=True)
     classes = {"LONG_PREFILL_TILES": lambda n: n >= prefill.LONG_PREFILL_TOKENS,
                "SHORT_PREFILL_TILES": lambda n: n < prefill.SHORT_PREFILL_TOKENS,
                "PREFILL_TILES": lambda n: prefill.SHORT_PREFILL_TOKENS <= n < prefill.LONG_PREFILL_TOKENS}
@@ -268,7 +281,7 @@ def variant_labels(cases, args, prefill, config) -> list[str]:
     max_context = -(-args.capacity // config.page_tokens) * config.page_tokens
     device = torch.device("cuda")
     labels = {"old:1"}
-    for _, _, packed in cases:
+    for packed in (case[2] for case in cases):
         served = prefill.prefill_tile(config.head_dim, torch.bfloat16, packed, 1)
         for tile in [served, *map(prefill.parse_tile, args.tiles.split(","))]:
             labels.add(f"{tile.name}:{rule_splits(tile, config, packed, max_context, prefill, device)}")
@@ -331,7 +344,7 @@ def main(argv=None) -> int:
 
         enable_interpreter()
         args.capacity, args.splits, args.split_tile = 64, "1,3", "16x16x2x1x16"
-        args.tiles = "16x16x2x1,32x16x4x2,h16x16x2x1x16,h16x16x2x1x256x1"
+        args.tiles = "16x16x2x1,32x16x4x2,h16x16x2x1x16,h16x16x2x1x256x1,hc16x16x2x1x16,ht16x16x2x1x16"
     elif not torch.cuda.is_available():
         print("needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
@@ -347,7 +360,7 @@ def main(argv=None) -> int:
         precompile(variant_labels(cases, args, prefill, config), args.capacity, args.jobs)
     torch.manual_seed(0)
     mixed = SMOKE_MIXED if args.smoke else MIXED
-    num_pages = max(sum(-(-(new + cached) // config.page_tokens) for new, cached, _ in cases),
+    num_pages = max(sum(-(-(new + cached) // config.page_tokens) for new, cached, *_ in cases),
                     mixed[0] * -(-mixed[1] // config.page_tokens) + -(-mixed[3] // config.page_tokens)) + 2
     caches = make_caches(config, num_pages, device)
     results = [run_case(Case(config, caches, shape, args.capacity, device), old_module, prefill, args, device)

@@ -3,12 +3,14 @@
 # logs under $OUT:
 #   1. GPU tests of the prefill kernel (tests/abi/test_triton_prefill.py: Llama-8B head shapes, packed
 #      and per-head tiles, splits, windows, padding over an uninitialised output, CUDA graph capture and
-#      replay) and of the attention ops (test_triton_attention.py, test_attention_sinks.py) on CUDA, in
-#      four pytest processes side by side (most of their time is Triton compiling; no pytest-xdist
-#      needed); logs prefill_gpu_tests_{1..4}.log, a summary line each;
+#      replay, consecutive pages through tensor descriptors) and of the attention ops
+#      (test_triton_attention.py, test_attention_sinks.py) on CUDA, in five pytest processes side by
+#      side (most of their time is Triton compiling; no pytest-xdist needed); logs
+#      prefill_gpu_tests_{1..5}.log, a summary line each;
 #   2. bench/prefill_attention.py: served vs packed and per-head tiles vs the old kernel vs SDPA's flash
 #      kernel at 2,048 cold, 208 after 1,840 cached (also padded to its 256-token capacity), 512 and 128
-#      cold, 128 after 1,920 cached, with the suggested LONG_/SHORT_/PREFILL_TILES entries and split rule.
+#      cold, 128 after 1,920 cached, 2,048 cold on consecutive pages, with the best tile per case and the
+#      suggested LONG_/SHORT_/PREFILL_TILES entries and split rule.
 # Run from the repository root (with `.whl` carried where the device lacks the wheels):
 #   bash bench/prefill_session.sh
 set -uo pipefail
@@ -27,8 +29,9 @@ limit() {  # the smaller of $1 and the seconds left of the budget (at least 10)
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 tests=(
-  "tests/abi/test_triton_prefill.py -m gpu -k per_head"
-  "tests/abi/test_triton_prefill.py -m gpu -k 'not per_head'"
+  "tests/abi/test_triton_prefill.py -m gpu -k 'per_head or consecutive'"
+  "tests/abi/test_triton_prefill.py -m gpu -k 'garbage or graph'"
+  "tests/abi/test_triton_prefill.py -m gpu -k 'not per_head and not consecutive and not garbage and not graph'"
   "tests/abi/test_triton_prefill.py tests/abi/test_attention_sinks.py -m 'not gpu'"
   "tests/abi/test_triton_attention.py"
 )

@@ -22,9 +22,11 @@ UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd"
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options):
-    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`."""
+    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`; absent
+    tensor-descriptor arguments (`*_desc`) are None."""
     names = kernel.arg_names
-    constants = {**constants, **{name: 1 for name in names if name in UNIT_STRIDES}}
+    constants = {**constants, **{name: 1 for name in names if name in UNIT_STRIDES},
+                 **{name: None for name in names if name.endswith("_desc") and name not in types}}
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
     aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
                if name not in constants and (name.endswith("_ptr") or name.startswith("stride"))}
@@ -48,7 +50,8 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
         for splits, fused in ((1, False), (4, False), (4, True)):  # split-KV: partials, combine kernel or fused
             compile_kernel(prefill._prefill_kernel, attend,
                            dict(shape, HEADS=group, HEADS_FIRST=False, BLOCK_G=block_g, BLOCK_M=128 // block_g,
-                                BLOCK_N=64, HAS_SINKS=sinks, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused),
+                                BLOCK_N=64, HAS_SINKS=sinks, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused,
+                                CONTIGUOUS=False),
                            num_warps=8, num_stages=3)
         for splits, tuned, fused in ((1, False, False), (8, False, False), (8, False, True), (1, True, False),
                                      (8, True, False), (8, True, True)):  # tuned: the count is read on the device
@@ -58,11 +61,14 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                            num_warps=4, num_stages=2)
     for tile in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps, split where they fuse
         heads = tile.heads_per_program(group)
-        compile_kernel(prefill._prefill_kernel, attend,
+        descriptor = f"tensordesc<{dtype}[{tile.block_n},{head_dim}]>"
+        contiguous = tile.contiguous and head_dim == block_d  # the launcher's rule
+        types = dict(attend, k_desc=descriptor, v_desc=descriptor) if contiguous else attend
+        compile_kernel(prefill._prefill_kernel, types,
                        dict(shape, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
                             BLOCK_M=tile.block_tokens(group), BLOCK_N=tile.block_n, HAS_SINKS=False,
                             NUM_SPLITS=4 if tile.fused_combine else 1, MIN_TILES=tile.min_split_tiles,
-                            FUSED_COMBINE=tile.fused_combine),
+                            FUSED_COMBINE=tile.fused_combine, CONTIGUOUS=contiguous),
                        num_warps=tile.num_warps, num_stages=tile.num_stages)
     compile_kernel(prefill._prefill_combine_kernel, attend,
                    dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,

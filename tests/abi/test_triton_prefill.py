@@ -17,7 +17,7 @@ from helios.abi import attention_sinks  # noqa: F401  (registers the ops)
 from helios.abi import triton_prefill as prefill
 from helios.abi import triton_prefill_tiles as tiles
 from test_triton_attention import (
-    MIXED_CACHED, MIXED_LENS, SCALE, Shape, assert_matches_reference, make_batch, release_below_window, run,
+    MIXED_CACHED, MIXED_LENS, SCALE, Batch, Shape, assert_matches_reference, make_batch, release_below_window, run,
 )
 
 SMALL = prefill.PrefillTile(16, 16, 2, 1, 16)  # 16 (token, head) pairs, 16 positions, runs of >= 1 tile
@@ -100,6 +100,49 @@ def test_head_dim_and_group_that_are_not_powers_of_two_split(tile):
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=3), batch, 0)
 
 
+def on_consecutive_pages(batch: Batch, scatter_row: int | None = None) -> Batch:
+    """The batch with its rows' pages renumbered consecutive in row order (caches permuted to match),
+    as a fresh prompt's in-order pages are; `scatter_row`'s first two pages swapped (not consecutive)."""
+    num_pages, table = batch.clean[0].shape[0], batch.poisoned[2]
+    order = [page for page in dict.fromkeys(table.flatten().tolist()) if page != num_pages - 1]
+    order += [page for page in range(num_pages - 1) if page not in set(order)]
+    new_id = torch.empty(num_pages, dtype=torch.long)
+    new_id[torch.tensor(order)] = torch.arange(len(order))
+    new_id[num_pages - 1] = num_pages - 1  # the poison page stays last
+    if scatter_row is not None:
+        pair = table[scatter_row, :2].long()
+        new_id[pair] = new_id[pair.flip(0)]
+
+    def moved(cache):
+        out = torch.empty_like(cache)
+        out[new_id] = cache
+        return out
+
+    clean, poisoned = ((moved(k), moved(v), new_id[t.long()].to(torch.int32))
+                       for k, v, t in (batch.clean, batch.poisoned))
+    return Batch(batch.q, clean, poisoned, batch.query_start, batch.positions, batch.num_real_tokens)
+
+
+CONTIGUOUS_TILES = [prefill.parse_tile(name) for name in ("t16x16x2x1x16", "ht16x32x2x1x16", "hct16x16x2x1x16")]
+
+
+@pytest.mark.parametrize("tile", CONTIGUOUS_TILES, ids=lambda tile: tile.name)
+@pytest.mark.parametrize("window, splits", [(0, 1), (0, 3), (40, 3)])
+def test_consecutive_pages_are_read_through_descriptors(monkeypatch, tile, window, splits):
+    """Rows on consecutive pages (one row's first pages swapped: it gathers) with padding, windows and
+    splits: the descriptor path gives the reference's result, and (under the interpreter, no window)
+    it ran."""
+    calls = []
+    if not base.ON_CUDA:  # a spy the interpreter calls as it is; the compiler would reject it
+        original = prefill.attend_contiguous
+        monkeypatch.setattr(prefill, "attend_contiguous", lambda *args: calls.append(1) or original.fn(*args))
+    batch = on_consecutive_pages(make_batch(45, [45, 30, 1], [3, 40, 9], Shape(page_tokens=4), padding=3), 1)
+    batch = release_below_window(batch, window) if window else batch
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, window, tile=tile, splits=splits), batch,
+                             window)
+    assert base.ON_CUDA or window or calls  # a window of 40 may leave a block no whole tile
+
+
 @pytest.mark.parametrize("lens, cached", [([40], [50]), ([12, 1], [50, 3])], ids=["long-rows", "short-rows"])
 def test_served_tile_and_split_rule(lens, cached):
     """The served choices (`prefill_tile`, `prefill_splits`) with no overrides: the default tile for a
@@ -134,14 +177,15 @@ def test_tile_choice():
 
 
 @pytest.mark.parametrize("name", ["128x64x8x3", "h128x128x8x3", "64x64x4x2x256x1", "h64x64x4x2x512", "hc128x64x8x3",
-                                  "c64x64x4x2"])
+                                  "c64x64x4x2", "hct128x64x8x3", "t64x64x4x2"])
 def test_tile_names_read_back(name):
     assert prefill.parse_tile(name).name == name
     assert prefill.parse_tile(name).per_head == name.startswith("h")
     assert prefill.parse_tile(name).fused_combine == ("c" in name)
+    assert prefill.parse_tile(name).contiguous == ("t" in name)
 
 
-@pytest.mark.parametrize("name", ["128x64x8", "h1x2x3x4x5x6x7", "128x64xeightx3", "ch128x64x8x3"])
+@pytest.mark.parametrize("name", ["128x64x8", "h1x2x3x4x5x6x7", "128x64xeightx3", "ch128x64x8x3", "th64x64x4x2"])
 def test_malformed_tile_names_are_refused(name):
     with pytest.raises(ValueError):
         prefill.parse_tile(name)
@@ -176,6 +220,16 @@ def test_llama_shapes_per_head(name, new, cached):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["t128x128x8x3", "ht128x64x8x3", "ht64x64x4x3"])
+@pytest.mark.parametrize("new, cached", [(2048, 0), (208, 1840)])
+def test_llama_shapes_on_consecutive_pages(name, new, cached):
+    batch = on_consecutive_pages(make_batch(46, [new], [cached], LLAMA))
+    tile = prefill.parse_tile(name)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile), batch, 0)
+    assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=3), batch, 0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["h128x128x8x3", "64x64x4x2x256x1", "128x128x8x3", "c64x64x4x2", "c128x64x8x3"])
 def test_llama_shapes_packed_rows_and_padding_over_garbage(monkeypatch, name):
     monkeypatch.setattr(prefill, "_output_like", lambda q: torch.full_like(q, float("nan")))
@@ -194,13 +248,13 @@ def test_llama_shapes_with_a_window_read_nothing_below_it(splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [None, "h128x64x8x3", "h128x128x8x3", "c128x64x8x3", "hc128x64x8x3"])
+@pytest.mark.parametrize("name", [None, "h128x64x8x3", "h128x128x8x3", "c128x64x8x3", "hc128x64x8x3", "hct128x64x8x3"])
 def test_llama_shapes_replay_in_a_cuda_graph_with_other_prefix_lengths(name):
     """Capture the op (or a tile of the sweep) once (its split count fixed from shapes); replay it with
-    a step of the same token count but another cached prefix, row layout and padding: the runs follow
-    the new spans."""
+    a step of the same token count but another cached prefix, row layout and padding, on consecutive
+    pages (descriptor tiles take their descriptor path there): the runs follow the new spans."""
     first = make_batch(39, [200, 8], [1840, 0], LLAMA, padding=48)  # 256 tokens: a chunk capacity
-    second = make_batch(40, [8, 200], [600, 1200], LLAMA, padding=48)
+    second = on_consecutive_pages(make_batch(40, [8, 200], [600, 1200], LLAMA, padding=48))
     capacity = max(first.poisoned[2].shape[1], second.poisoned[2].shape[1])
     pages = max(first.poisoned[0].shape[0], second.poisoned[0].shape[0])
 

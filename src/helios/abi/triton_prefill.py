@@ -45,10 +45,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from helios.abi.triton_paged import (
     LOG2E, block_d, dot_precision, find_row, on_device, row_major, sinks_or, softmax_start, window_bound,
 )
+from helios.abi.triton_prefill_steps import attend_contiguous, consecutive_pages, softmax_step
 from helios.abi.triton_prefill_tiles import (
     DEFAULT_PREFILL_TILE, LONG_PREFILL_TILES, LONG_PREFILL_TOKENS, PREFILL_MAX_SPLITS, PREFILL_MIN_SPLIT_TOKENS,
     PREFILL_PROGRAMS_PER_MULTIPROCESSOR, PREFILL_TILES, SHORT_PREFILL_TILES, SHORT_PREFILL_TOKENS, SHORT_ROWS_TILE,
@@ -126,27 +128,31 @@ def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages,
     else:
         k = tl.load(k_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
         v = tl.load(v_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         allowed = valid[None, :] & (offs_n[None, :] <= pos[:, None]) & (pos[:, None] - offs_n[None, :] < window)
         scores = tl.where(allowed, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
-    probs = tl.exp2(scores * scale_log2 - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(probs, 1)
-    acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # accumulates in place
+        m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
+        probs = tl.exp2(scores * scale_log2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(probs, 1)
+        acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # in place
+    else:
+        acc, m_new, l_i = softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
+def _attend_run(q, acc, m_i, l_i, kv, descs, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, CONTIGUOUS: tl.constexpr):
     """The online softmax over the run [run_lo, run_hi) of a block's span, in three loops: tiles below
     some token's window (masked), tiles wholly inside every token's view (at or above the highest
     token's window start, at or below the lowest token's position, within the table's pages: no
     mask), then the diagonal (masked). kv: (k_ptr, v_ptr, page_table_ptr, the row's page-table
-    offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides)."""
+    offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides). CONTIGUOUS:
+    the unmasked tiles are read through descs (k and v descriptors, the head's first column) when
+    their pages are consecutive."""
     k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides = kv
     whole_lo = (tl.maximum(tl.max(pos) - window + 1, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     whole_hi = tl.minimum(pos_min + 1, max_pages * PAGE_TOKENS) // BLOCK_N * BLOCK_N
@@ -156,7 +162,14 @@ def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, wind
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
                                    HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
-    for start in range(mid_lo, mid_hi, BLOCK_N):
+    gather_hi = mid_hi
+    if CONTIGUOUS:
+        consecutive, row0 = consecutive_pages(page_table_ptr, row_pages, mid_lo, mid_hi, BLOCK_N, PAGE_TOKENS)
+        if consecutive:
+            acc, m_i, l_i = attend_contiguous(q, acc, m_i, l_i, descs[0], descs[1], row0, descs[2], mid_lo, mid_hi,
+                                              scale_log2, BLOCK_N, DOT_PRECISION)
+            gather_hi = mid_lo
+    for start in range(mid_lo, gather_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
                                    HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION)
@@ -185,7 +198,8 @@ def _zero_padding(out_ptr, query_start_ptr, num_rows, num_tokens, grid_block, fi
 
 
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages", "num_tokens"])
-def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
+def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, k_desc, v_desc,
+                    page_table_ptr,
                     query_start_ptr, positions_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages, num_heads,
                     num_tokens,
                     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
@@ -194,7 +208,7 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr,
                     NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    HAS_SINKS: tl.constexpr, FUSED_COMBINE: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, FUSED_COMBINE: tl.constexpr, CONTIGUOUS: tl.constexpr):
     """Program (query block, head program, split), or (head program, query block, split) when
     HEADS_FIRST (a GQA group's programs adjacent): up to BLOCK_M tokens of one row x HEADS query heads
     of one key/value head (its GROUP heads, or one) over the split's run of the block's span. Writes the
@@ -230,8 +244,9 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q
         run_hi = tl.minimum(hi, run_lo + run_tiles * BLOCK_N)
         kv = (k_ptr, v_ptr, page_table_ptr, row.to(tl.int64) * stride_pr, (kv_head * stride_kh, kv_head * stride_vh),
               (stride_kp, stride_kt, stride_vp, stride_vt, stride_kd, stride_vd))
-        acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages,
-                                    scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_TOKENS, DOT_PRECISION)
+        acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, (k_desc, v_desc, kv_head * HEAD_DIM), pos, lo, hi, pos_min,
+                                    run_lo, run_hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                    PAGE_TOKENS, DOT_PRECISION, CONTIGUOUS)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
@@ -327,15 +342,17 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     grid = (num_heads // heads, blocks, splits) if tile.per_head else (blocks, num_kv_heads, splits)
     fused = tile.fused_combine and splits > 1
     counters = _counters(q.device, grid[0] * grid[1]) if fused else page_table
+    descs = _descriptors(k_cache, v_cache, tile.block_n) if tile.contiguous and head_dim == width else (None, None)
     with on_device(q):
         _prefill_kernel[grid](
-            out, *parts, counters, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q),
+            out, *parts, counters, q, k_cache, v_cache, *descs, page_table, query_start, positions, sinks_or(sinks, q),
             scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads, num_tokens,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
             GROUP=group, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
             BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=splits, MIN_TILES=tile.min_split_tiles, DOT_PRECISION=dot_precision(q),
-            HAS_SINKS=sinks is not None, FUSED_COMBINE=fused, num_warps=tile.num_warps, num_stages=tile.num_stages)
+            HAS_SINKS=sinks is not None, FUSED_COMBINE=fused, CONTIGUOUS=descs[0] is not None,
+            num_warps=tile.num_warps, num_stages=tile.num_stages)
         if splits > 1 and not fused:
             _prefill_combine_kernel[(blocks, num_heads)](
                 out, *parts, query_start, positions, window_bound(window), num_rows, num_heads, *out.stride(),
@@ -358,6 +375,16 @@ def _counters(device: torch.device, size: int) -> torch.Tensor:
     if not kept or kept[-1].numel() < size:
         kept.append(torch.zeros(max(size, 4096), dtype=torch.int32, device=device))
     return kept[-1]
+
+
+def _descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int) -> tuple:
+    """Tensor descriptors of [BLOCK_N, D] tiles over the caches viewed [pages x page tokens, Hkv x D],
+    or (None, None) where a cache is not laid out that way (the kernel then always gathers)."""
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None, None
+    head_dim = k_cache.shape[-1]
+    return tuple(TensorDescriptor.from_tensor(cache.view(-1, cache.shape[2] * head_dim), [block_n, head_dim])
+                 for cache in (k_cache, v_cache))
 
 
 def _output_like(q: torch.Tensor) -> torch.Tensor:

@@ -43,8 +43,9 @@ class PrefillTile:
     iteration (a power of two, at least 16), the Triton launch options, the shortest run a split gets
     (`min_split_tokens`, rounded up to whole tiles: a span is cut into fewer splits rather than
     shorter ones), the most splits the rule may give (`max_splits`; 1: never split, no combine
-    launch), and `fused_combine`: a split block's last run merges the partials itself (no combine
-    launch). A schedule only: every tile gives the same result."""
+    launch), `fused_combine`: a split block's last run merges the partials itself (no combine
+    launch), and `contiguous`: unmasked tiles on consecutive pages are read through tensor
+    descriptors (TMA). A schedule only: every tile gives the same result."""
 
     block_pairs: int = 128
     block_n: int = 64
@@ -54,6 +55,7 @@ class PrefillTile:
     max_splits: int = PREFILL_MAX_SPLITS
     per_head: bool = False
     fused_combine: bool = False
+    contiguous: bool = False
 
     @property
     def min_split_tiles(self) -> int:
@@ -69,24 +71,31 @@ class PrefillTile:
 
     @property
     def name(self) -> str:
-        """``[h][c]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]`` (h: per head, c: fused combine), as
-        `parse_tile` reads it."""
+        """``[h][c][t]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]`` (h: per head, c: fused combine, t:
+        descriptor loads on consecutive pages), as `parse_tile` reads it."""
         fields = [self.block_pairs, self.block_n, self.num_warps, self.num_stages]
         if self.max_splits != PREFILL_MAX_SPLITS:
             fields += [self.min_split_tokens, self.max_splits]
         elif self.min_split_tokens != PREFILL_MIN_SPLIT_TOKENS:
             fields.append(self.min_split_tokens)
-        return ("h" if self.per_head else "") + ("c" if self.fused_combine else "") + "x".join(map(str, fields))
+        flags = "h" * self.per_head + "c" * self.fused_combine + "t" * self.contiguous
+        return flags + "x".join(map(str, fields))
 
 
 def parse_tile(name: str) -> PrefillTile:
     """The tile of a `PrefillTile.name` string (benchmarks take tiles on the command line)."""
-    per_head = name.startswith("h")
-    fused = name.removeprefix("h").startswith("c")
-    fields = [int(part) for part in name.removeprefix("h").removeprefix("c").split("x")]
+    flags = {}
+    rest = name
+    for flag, field in (("h", "per_head"), ("c", "fused_combine"), ("t", "contiguous")):
+        flags[field] = rest.startswith(flag)
+        rest = rest.removeprefix(flag)
+    try:
+        fields = [int(part) for part in rest.split("x")]
+    except ValueError:
+        fields = []
     if not 4 <= len(fields) <= 6:
-        raise ValueError(f"prefill tile {name!r}: expected [h][c]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]")
-    return PrefillTile(*fields, per_head=per_head, fused_combine=fused)
+        raise ValueError(f"prefill tile {name!r}: expected [h][c][t]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]")
+    return PrefillTile(*fields, **flags)
 
 
 DEFAULT_PREFILL_TILE = PrefillTile()
