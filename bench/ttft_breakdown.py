@@ -15,12 +15,14 @@ capacities ``--chunks`` (the rest of a cached prompt runs in the smallest capaci
     python bench/ttft_breakdown.py [--layers 32] [--chunks 128,256,512,1024] [--json out.json]
     python bench/ttft_breakdown.py --core DIR  # the 2,048-capacity core bench/cold_start.py --keep-core DIR kept
     python bench/ttft_breakdown.py --smoke    # tiny model on the CPU (checks the script runs)
+    python bench/ttft_breakdown.py --smoke --vocab 128256 --prompt 2048 --repeats 5  # host time on the CPU
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import pstats
@@ -153,6 +155,26 @@ def host_profile(engine, vocab: int, length: int, rows: int) -> None:
     log("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
 
 
+def request_profile(engine, vocab: int, length: int, rows: int) -> dict:
+    """One 90%-cached request under the torch profiler (CPU ops and CUDA kernels): the host ops by
+    own CPU time, and the request's wall time against the kernels' summed device time, which shows
+    how long the device sat idle while the host worked."""
+    base = prompt(length, vocab, 7777)
+    time_to_first_token(engine, base)  # the shared prefix, cached
+    cached = base[: int(length * 0.9)] + prompt(length - int(length * 0.9), vocab, 8888)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        wall, _ = time_to_first_token(engine, cached)
+    on_cuda = torch.cuda.is_available()
+    device_ms = sum(lever_ab._self_us(e, on_cuda) for e in lever_ab._kernels(profile, on_cuda)) / 1e3
+    log(f"--- one cached request under the profiler: wall {wall * 1e3:.2f} ms, kernels {device_ms:.2f} ms")
+    table = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    log(table)
+    return {"wall_ms": wall * 1e3, "kernel_ms": device_ms}
+
+
 def prepared_core(scratch: Path, shape, length: int, chunks: tuple[int, ...], device: torch.device):
     """A fresh core of `shape` whose prefill capacities are `chunks` and `length`, opened."""
     key = SigningKey.generate()
@@ -176,15 +198,20 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 2048; smoke 64)")
     parser.add_argument("--chunks", default="128,256,512,1024")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None, help="requests per TTFT kind (default 5; smoke 1)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary size of the prepared model (e.g. --smoke --vocab 128256 --prompt 2048: "
+                             "the 8B model's histogram and prompt on the tiny model, for host time on the CPU)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--core", type=Path, default=None,
                         help="load the core bench/cold_start.py --keep-core left here instead of preparing one")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    if args.vocab:
+        shape = dataclasses.replace(shape, vocab_size=args.vocab)
     length = args.prompt or (64 if args.smoke else 2048)
     chunks = tuple(c for c in (int(x) for x in args.chunks.split(",")) if 0 < c < length)
     results = {"layers": shape.num_hidden_layers, "prompt": length, "chunks": list(chunks)}
@@ -203,11 +230,12 @@ def main(argv=None) -> int:
         try:
             clock = ProgramClock(runtime.model.programs, device)
             time_to_first_token(runtime.engine, prompt(length, shape.vocab_size, 1))  # warm-up
-            results["ttft"] = ttft(runtime.engine, clock, shape.vocab_size, length, 1 if args.smoke else args.repeats)
+            results["ttft"] = ttft(runtime.engine, clock, shape.vocab_size, length, args.repeats or (1 if args.smoke else 5))
             results["capacities"] = capacity_rows(runtime.engine, clock, shape.vocab_size, [*chunks, length])
             # the last request filled the full capacity: the program's buffers hold a real step
             results["prefill_profile"] = prefill_profile(runtime.model, length, args.top)
             host_profile(runtime.engine, shape.vocab_size, length, args.top + 8)
+            results["cached_request_profile"] = request_profile(runtime.engine, shape.vocab_size, length, args.top + 18)
         finally:
             runtime.close()
     if args.json:
