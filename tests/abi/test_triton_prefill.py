@@ -168,7 +168,7 @@ def test_tile_choice():
     assert prefill.prefill_tile(128, torch.bfloat16, 512, 1) == prefill.prefill_tile(128, torch.bfloat16) == served
     assert prefill.prefill_tile(128, torch.bfloat16, 2048, 1) == prefill.LONG_PREFILL_TILES[128]  # long launches
     assert prefill.prefill_tile(128, torch.bfloat16, 128, 1) == prefill.SHORT_PREFILL_TILES[128]  # short launches
-    assert prefill.prefill_tile(64, torch.float32, 128, 1) == prefill.PREFILL_TILES.get(64, served)  # 16-bit only
+    assert prefill.prefill_tile(64, torch.float32, 128, 1) == prefill.PREFILL_TILES.get(64, prefill.DEFAULT_PREFILL_TILE)  # 16-bit only
     assert prefill.prefill_tile(128, torch.bfloat16, 2048, 256) == prefill.SHORT_ROWS_TILE  # 256 rows of 8 tokens
     assert prefill.prefill_tile(128, torch.bfloat16, 320, 65) == prefill.SHORT_ROWS_TILE  # decode lanes beside a prompt
     assert prefill.prefill_tile(128, torch.float32).block_pairs <= 64  # float32 rows: a tile that fits

@@ -104,23 +104,23 @@ DEFAULT_PREFILL_TILE = PrefillTile()
 # block wastes no more than it did.
 SHORT_ROWS_TILE = PrefillTile(64, 64, 4, 2)
 _WIDE_TILE = PrefillTile(64, 32, 4, 2)  # head rows over 256 bytes (float32, head_dim > 128): less shared memory
-# Measured tiles by head_dim; absent keys use DEFAULT_PREFILL_TILE. Fill from the "suggested
-# PREFILL_TILES" line of `bench/prefill_attention.py` on the serving device class.
-PREFILL_TILES: dict[int, PrefillTile] = {}
-# Launches of at least LONG_PREFILL_TOKENS packed tokens, by head_dim. H200 sweep (2026-12-01,
-# bench/results/h200_session18_call3): 128 x 128 positions per iteration runs a 2,048-token cold
-# prompt in 170 us per layer against the default's 179, and loses at 512 tokens (30.4 against 30.0
-# us) and on short chunks after a long prefix (54 against 52 us), so it serves long launches only.
-# Fill from the "suggested LONG_PREFILL_TILES" line.
+# Measured tiles by head_dim, from the "suggested ..._TILES" lines of `bench/prefill_attention.py` on
+# the serving device class; absent keys use DEFAULT_PREFILL_TILE. The H200 entries come from its sweep
+# of 2026-12-01 (bench/results/h200_session18_call5/prefill_attention.log), per layer at 8B shapes:
+# - middle launches: the fused combine (no combine launch), 208 tokens after 1,840 cached in a
+#   256-token capacity 47.5 us against 51.6 with the default tile, 512 cold 27.9 against 27.8;
+PREFILL_TILES: dict[int, PrefillTile] = {128: parse_tile("c128x64x8x3")}
+# - launches of at least LONG_PREFILL_TOKENS: per-head blocks of 128 tokens x 128 positions, with
+#   descriptor loads where a program's pages are consecutive: 2,048 cold 145.7 us on shuffled pages
+#   and 112.8 on consecutive ones, against 164.7 / 163.6 with 128 x 128 packed tiles and 167 with
+#   SDPA's flash kernel on contiguous keys;
 LONG_PREFILL_TOKENS = 1024
-LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: PrefillTile(128, 128, 8, 3)}
-# Launches of fewer than SHORT_PREFILL_TOKENS packed tokens, by head_dim (fill from the "suggested
-# SHORT_PREFILL_TILES" line). The same sweep: a 128-token cold prompt took 19.2 us per layer with the
-# default tile's 4 splits (the combine launch and programs with no run), 17.0 with one split, 14.0
-# with the previous kernel (16 tokens x 4 heads, 4 warps, no split). Served: that shape, unsplit (a
-# short chunk after a long prefix then runs as the previous kernel did, never slower).
+LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: parse_tile("ht128x128x8x3")}
+# - launches of fewer than SHORT_PREFILL_TOKENS: 16 tokens x 4 heads, 4 warps, split with the fused
+#   combine: 128 cold 14.8 us (the previous kernel 14.3, the default tile's 4 split launches 17.8),
+#   128 after 1,920 cached 48.6 against 74.7 unsplit.
 SHORT_PREFILL_TOKENS = 256
-SHORT_PREFILL_TILES: dict[int, PrefillTile] = {128: PrefillTile(64, 64, 4, 2, max_splits=1)}
+SHORT_PREFILL_TILES: dict[int, PrefillTile] = {128: parse_tile("c64x64x4x2")}
 
 
 def prefill_tile(head_dim: int, dtype: torch.dtype, num_tokens: int | None = None, num_rows: int = 0) -> PrefillTile:
