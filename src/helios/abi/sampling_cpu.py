@@ -9,15 +9,21 @@ the float32 argmax selects the reference's token bit for bit, without the [R, V]
 penalty passes and row selection. The runtime's programs mask every row and hand unconstrained
 rows an all-allowing mask: such rows are recognised from their mask words (a few ops on [R, V/32])
 instead of unpacking V bits per row. Any other call returns None and takes the reference pipeline.
+
+Whether a call qualifies is decided on the host through numpy views of its small [R] and [R, W]
+arguments (the CPU path only): a dozen numpy operations on a few hundred bytes cost less than the
+same number of torch dispatches and a stacked host read, and decide the same (NaN compares false
+in both, so a NaN temperature is greedy and a NaN penalty is not neutral).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from helios.abi.grammar import MASK_WORD_BITS, disallowed
 
-_NEUTRAL_PENALTIES = torch.tensor([1.0, 0.0, 0.0])  # repetition, presence, frequency: off
+_NEUTRAL = np.array([1.0, 0.0, 0.0], dtype=np.float32)  # repetition, presence, frequency: off
 _F32_MAX = torch.finfo(torch.float32).max
 _NEG_INF = float("-inf")
 NO_TOKEN = -1  # as `helios.abi.sampling.NO_TOKEN`
@@ -32,13 +38,7 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     With `rows` (bool [R]) only those rows decide (and only their tokens are meaningful)."""
     if logits.device.type != "cpu":
         return None
-    restricted = mask_rows & ~allows_every_token(grammar_mask, logits.shape[1])
-    if rows is None:
-        special = (temperature > 0).any() | (penalties != _NEUTRAL_PENALTIES).any()
-    else:
-        special = (((temperature > 0) | (penalties != _NEUTRAL_PENALTIES).any(-1)) & rows).any()
-        restricted = restricted & rows
-    special, masked = torch.stack((special, restricted.any())).tolist()
+    special, masked = _decision(logits.shape[1], temperature, penalties, grammar_mask, mask_rows, rows)
     if special:
         return None
     values = torch.nan_to_num(logits, nan=_NEG_INF, posinf=_F32_MAX, neginf=_NEG_INF)
@@ -46,6 +46,32 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
         values = values.masked_fill(disallowed(grammar_mask, mask_rows, logits.shape[1]), _NEG_INF)
     best, tokens = values.max(dim=-1)  # the first maximal index: the lowest id on ties
     return torch.where(best > _NEG_INF, tokens, NO_TOKEN)
+
+
+def _decision(vocab_size: int, temperature: torch.Tensor, penalties: torch.Tensor, grammar_mask: torch.Tensor,
+              mask_rows: torch.Tensor, rows: torch.Tensor | None) -> tuple[bool, bool]:
+    """(some deciding row draws or is penalised, some deciding row's mask restricts), read on the
+    host through numpy views of the CPU arguments (see the module docstring)."""
+    special = (temperature.numpy() > 0) | (penalties.numpy() != _NEUTRAL).any(-1)
+    restricting = mask_rows.numpy()
+    if rows is not None:
+        chosen = rows.numpy()
+        special, restricting = special & chosen, restricting & chosen
+    if special.any():
+        return True, False
+    if not restricting.any():  # no deciding row is masked: its mask words need not be read
+        return False, False
+    return False, bool((restricting & ~_allows_every_token_np(grammar_mask.numpy(), vocab_size)).any())
+
+
+def _allows_every_token_np(words: np.ndarray, vocab_size: int) -> np.ndarray:
+    """`allows_every_token` on a numpy view of the mask words."""
+    full, rest = divmod(vocab_size, MASK_WORD_BITS)
+    allowed = (words[:, :full] == -1).all(axis=-1)
+    if rest:
+        valid = (1 << rest) - 1
+        allowed &= (words[:, full] & valid) == valid
+    return allowed
 
 
 def allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:

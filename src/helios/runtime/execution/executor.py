@@ -50,6 +50,7 @@ from typing import Mapping
 import torch
 
 from helios.abi.completion import (
+    LAYOUT,
     NUM_FIELDS,
     CompletionExpectation,
     LaneCompletion,
@@ -247,6 +248,8 @@ class Executor:
         if not lane.emitted or lane.outcome is not LaneOutcome.OK:
             return ()
         first, count = self._token_columns
+        if first == LAYOUT.token and count == 1 and lane.emitted == 1:  # the ABI column alone: validated
+            return (lane.token,)
         if lane.emitted > count:
             raise SampledTokenError(index, "tokens", f"{lane.emitted} emitted, the record holds {count} token ids")
         tokens = tuple(row[first:first + lane.emitted])
