@@ -33,6 +33,10 @@ pages; new page-table entries go through pinned staging and an asynchronous copy
 sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
 the previous plan of its frame finished, while the other frame's uploads may still be queued.
 
+Values a step need not rewrite (slots, generations, sampling parameters... of the same rows as the
+last write, an unconstrained grammar mask) are skipped on host buffers
+(`helios.runtime.execution.kept_values`).
+
 Thread ownership: one packer per model worker; not thread-safe.
 """
 
@@ -51,6 +55,7 @@ from helios.errors import LoadError
 from helios.runtime.execution.history_drafting import HistoryIndex
 from helios.runtime.execution.host_staging import HostStaging
 from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.execution.kept_values import KeptValues, rows_key_of
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
 from helios.runtime.execution.pack_values import (eos_row, fill_copied, fill_state_copy, is_prompt_row, padded,
@@ -140,6 +145,7 @@ class Packer:
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
+        self._kept = KeptValues(buffers, (name for names in self._written_state.values() for name in names))
 
     def enable_history_drafting(self) -> None:
         """Keep request histories from now on (call before the first request is registered)."""
@@ -158,6 +164,7 @@ class Packer:
 
     def register(self, spec: RequestSpec) -> None:
         self._requests[spec.request_id] = spec
+        self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
         if self._histories is not None:
@@ -204,13 +211,17 @@ class Packer:
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
             for row, req in zip(plan.rows, requests):
                 if row.admits:
+                    self._kept.forget(binding.buffer_name)
                     _fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
         copied = self._copied_for(graph, plan.rows)
         constrained = any(row.constrained for row in plan.rows)
+        rows_key = rows_key_of(plan.rows)
         for binding in self._bindings[graph]:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
             target = self._staging.target(binding.buffer_name)
+            if self._kept.holds(binding, target, rows_key, constrained):
+                continue
             if binding.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
                 self._stage_rows(binding, plan)
             elif binding.source in IMAGE_SOURCES:
@@ -227,6 +238,7 @@ class Packer:
         snapshot row; only the sources `servable.STATE_COPY_SOURCES` names reach such a graph)."""
         self._staging.begin(plan.frame, plan.sequence)
         for binding in self._bindings[graph]:
+            self._kept.forget(binding.buffer_name)
             fill_state_copy(binding, self._staging.target(binding.buffer_name), rows)
         self._staging.upload()
 
@@ -292,6 +304,7 @@ class Packer:
     def _reset_state(self, graph: str, slot: int) -> None:
         rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
         for name in self._written_state[graph]:
+            self._kept.forget(name)
             self._buffers[name][rows].zero_()
 
     def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks) -> None:
