@@ -108,6 +108,8 @@ class Executor:
         self._twins = logprob_twins(programs.values())  # plain variant name -> token-logprobs twin
         manifest = model.prepared.manifest
         self._completion = model.buffers[manifest.completion.buffer]
+        # Each frame of the completion buffer as int64 records [rows, columns] (the buffer never moves).
+        self._frames = tuple(frame.view(torch.int64).view(self._completion.shape[1], -1) for frame in self._completion)
         self._submission = model.buffers.get(manifest.completion.submission_input)
         self._arguments = {name: program_arguments(p, model.weights, model.buffers) for name, p in programs.items()}
         # Pages, slot state rows, continuation rows and host slots that plan copies move between.
@@ -224,7 +226,7 @@ class Executor:
 
     def _frame(self, plan: StepPlan) -> torch.Tensor:
         """The plan's frame of the completion buffer as int64 records [rows, columns]."""
-        return self._completion[plan.frame].view(torch.int64).view(self._completion.shape[1], -1)
+        return self._frames[plan.frame]
 
     def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
         speculative = plan.operation == Operation.SPECULATIVE
