@@ -153,6 +153,26 @@ def host_profile(engine, vocab: int, length: int, rows: int) -> None:
     log("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
 
 
+def request_profile(engine, vocab: int, length: int, rows: int) -> dict:
+    """One 90%-cached request under the torch profiler (CPU ops and CUDA kernels): the host ops by
+    own CPU time, and the request's wall time against the kernels' summed device time, which shows
+    how long the device sat idle while the host worked."""
+    base = prompt(length, vocab, 7777)
+    time_to_first_token(engine, base)  # the shared prefix, cached
+    cached = base[: int(length * 0.9)] + prompt(length - int(length * 0.9), vocab, 8888)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        wall, _ = time_to_first_token(engine, cached)
+    on_cuda = torch.cuda.is_available()
+    device_ms = sum(lever_ab._self_us(e, on_cuda) for e in lever_ab._kernels(profile, on_cuda)) / 1e3
+    log(f"--- one cached request under the profiler: wall {wall * 1e3:.2f} ms, kernels {device_ms:.2f} ms")
+    table = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    log(table)
+    return {"wall_ms": wall * 1e3, "kernel_ms": device_ms}
+
+
 def prepared_core(scratch: Path, shape, length: int, chunks: tuple[int, ...], device: torch.device):
     """A fresh core of `shape` whose prefill capacities are `chunks` and `length`, opened."""
     key = SigningKey.generate()
@@ -208,6 +228,7 @@ def main(argv=None) -> int:
             # the last request filled the full capacity: the program's buffers hold a real step
             results["prefill_profile"] = prefill_profile(runtime.model, length, args.top)
             host_profile(runtime.engine, shape.vocab_size, length, args.top + 8)
+            results["cached_request_profile"] = request_profile(runtime.engine, shape.vocab_size, length, args.top + 18)
         finally:
             runtime.close()
     if args.json:

@@ -285,3 +285,15 @@ def test_a_dtype_this_torch_cannot_serialize_is_refused_with_its_buffer(tmp_path
         write_contract_core(prepared, tmp_path / "x.core", SigningKey.generate(), "test.helios/x")
     assert refused.value.path.startswith("manifest.buffers[") and refused.value.path.endswith("].dtype")
     assert "uint32" in str(refused.value) and not (tmp_path / "x.core").exists()
+
+
+def test_unsigned_rows_reads_the_unsigned_values_through_the_signed_view():
+    import torch
+
+    from helios.ignition.contract_core.programs import unsigned_rows
+
+    for dtype, top in ((torch.uint16, 65535), (torch.uint32, 4294967295)):
+        table = torch.tensor([[1, top], [40000, 7]], dtype=torch.int64).to(dtype)
+        rows = unsigned_rows(table, torch.tensor([1, 0, 1]))
+        assert rows.dtype == torch.int64
+        assert rows.tolist() == [[40000, 7], [1, top], [40000, 7]]

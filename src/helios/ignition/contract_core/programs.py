@@ -60,6 +60,20 @@ class ProgramLayout:
     tuned: str | None = None
 
 
+
+_SIGNED_VIEWS = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
+
+
+def unsigned_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`tensor[index]` as int64 for any integer dtype: CUDA kernels cannot index 16- and 32-bit
+    unsigned tensors, so those are read through their signed view of the same width and masked
+    back to their unsigned values (the same words)."""
+    signed = _SIGNED_VIEWS.get(tensor.dtype)
+    if signed is None:
+        return tensor[index].to(torch.int64)
+    view, mask = signed
+    return tensor.view(view)[index].to(torch.int64) & mask
+
 class ContractProgram(torch.nn.Module):
     def __init__(self, layout: ProgramLayout):
         super().__init__()
@@ -138,7 +152,7 @@ class ContractProgram(torch.nn.Module):
         seeds = self.value(x, S.VALUE_SOURCE_SEED_BITS)
         seeds = (seeds[slots, 0] if seeds.dim() > 1 else seeds[slots]).to(torch.int64)
         counters = self.column(x, rows, self.layout.state.rng) + offset
-        prompt_counts = self.value(x, S.VALUE_SOURCE_PROMPT_HISTOGRAM)[slots].to(torch.int32)
+        prompt_counts = unsigned_rows(self.value(x, S.VALUE_SOURCE_PROMPT_HISTOGRAM), slots).to(torch.int32)
         output_counts = x[self.layout.state.histograms][rows].to(torch.int32)
         if extra_counts is not None:
             output_counts = output_counts + extra_counts
