@@ -237,20 +237,21 @@ class Executor:
             lanes=tuple(_lane(row, speculative) for row in plan.rows),
         )
         lanes = validate_completion(record[:, :NUM_FIELDS], expected)
-        rows = record.tolist()
+        rows = None if self._token_columns == (LAYOUT.token, 1) else record.tolist()  # None: the ABI column is all
         results = []
         for index, lane in enumerate(lanes):
-            tokens = self._emitted(index, rows[index], lane)
+            tokens = self._emitted(index, rows[index] if rows is not None else None, lane)
             results.append(RowResult(lane.slot, lane.generation, lane.consumed_end, tokens, lane.offered,
                                      lane.accepted, lane.draft_cursor))
         return tuple(results)
 
-    def _emitted(self, index: int, row: list[int], lane: LaneCompletion) -> tuple[int, ...]:
-        """The lane's emitted ids from the SAMPLED_TOKENS columns (empty for NO_ALLOWED_TOKEN)."""
+    def _emitted(self, index: int, row: list[int] | None, lane: LaneCompletion) -> tuple[int, ...]:
+        """The lane's emitted ids from the SAMPLED_TOKENS columns (empty for NO_ALLOWED_TOKEN);
+        `row` (the record row) is None when those columns are the ABI token column alone."""
         if not lane.emitted or lane.outcome is not LaneOutcome.OK:
             return ()
         first, count = self._token_columns
-        if first == LAYOUT.token and count == 1 and lane.emitted == 1:  # the ABI column alone: validated
+        if first == LAYOUT.token and count == 1 and lane.emitted == 1:  # the validated token itself
             return (lane.token,)
         if lane.emitted > count:
             raise SampledTokenError(index, "tokens", f"{lane.emitted} emitted, the record holds {count} token ids")
