@@ -135,6 +135,7 @@ class Packer:
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, RequestSpec] = {}
+        self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
                                         for items in self._bindings.values() for b in items):
@@ -163,7 +164,9 @@ class Packer:
             self.register(spec)
 
     def register(self, spec: RequestSpec) -> None:
+        self.forget(spec.request_id)  # an id registered again replaces its record
         self._requests[spec.request_id] = spec
+        self._num_logprob_requests += spec.top_logprobs is not None
         self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
@@ -172,7 +175,8 @@ class Packer:
 
     def forget(self, request_id: str) -> None:
         """Drops a request's record (an id it never saw is ignored)."""
-        self._requests.pop(request_id, None)
+        spec = self._requests.pop(request_id, None)
+        self._num_logprob_requests -= spec is not None and spec.top_logprobs is not None
         if self._contexts is not None:
             self._contexts.pop(request_id, None)
         if self._histories is not None:
@@ -271,6 +275,8 @@ class Packer:
 
     def wants_logprobs(self, plan: StepPlan) -> bool:
         """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
+        if not self._num_logprob_requests:  # the usual step: no row need be looked at
+            return False
         return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
     def images_of(self, rows: Sequence[PlanRow]) -> list:
         """Each row's request images (`RequestImages`), None for a request without images."""
