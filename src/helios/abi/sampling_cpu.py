@@ -51,17 +51,23 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
 def _decision(vocab_size: int, temperature: torch.Tensor, penalties: torch.Tensor, grammar_mask: torch.Tensor,
               mask_rows: torch.Tensor, rows: torch.Tensor | None) -> tuple[bool, bool]:
     """(some deciding row draws or is penalised, some deciding row's mask restricts), read on the
-    host through numpy views of the CPU arguments (see the module docstring)."""
-    special = (temperature.numpy() > 0) | (penalties.numpy() != _NEUTRAL).any(-1)
-    restricting = mask_rows.numpy()
-    if rows is not None:
-        chosen = rows.numpy()
-        special, restricting = special & chosen, restricting & chosen
-    if special.any():
-        return True, False
-    if not restricting.any():  # no deciding row is masked: its mask words need not be read
-        return False, False
-    return False, bool((restricting & ~_allows_every_token_np(grammar_mask.numpy(), vocab_size)).any())
+    host through numpy views of the CPU arguments (see the module docstring). The usual call (no
+    row draws or is penalised, every mask allows every token) is settled by whole-array tests
+    before any row is singled out."""
+    drawn, penalised = temperature.numpy() > 0, penalties.numpy() != _NEUTRAL
+    chosen = rows.numpy() if rows is not None else None
+    if drawn.any() or penalised.any():
+        special = drawn | penalised.any(-1)
+        if chosen is None or (special & chosen).any():
+            return True, False
+    words = grammar_mask.numpy()
+    full = vocab_size // MASK_WORD_BITS
+    if vocab_size % MASK_WORD_BITS == 0 and (words[:, :full] == -1).all():
+        return False, False  # every mask allows every token
+    restricting = mask_rows.numpy() & ~_allows_every_token_np(words, vocab_size)
+    if chosen is not None:
+        restricting = restricting & chosen
+    return False, bool(restricting.any())
 
 
 def _allows_every_token_np(words: np.ndarray, vocab_size: int) -> np.ndarray:
