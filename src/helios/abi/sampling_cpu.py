@@ -10,20 +10,20 @@ penalty passes and row selection. The runtime's programs mask every row and hand
 rows an all-allowing mask: such rows are recognised from their mask words (a few ops on [R, V/32])
 instead of unpacking V bits per row. Any other call returns None and takes the reference pipeline.
 
-Whether a call qualifies is decided on the host through numpy views of its small [R] and [R, W]
-arguments (the CPU path only): a dozen numpy operations on a few hundred bytes cost less than the
-same number of torch dispatches and a stacked host read, and decide the same (NaN compares false
-in both, so a NaN temperature is greedy and a NaN penalty is not neutral).
+Whether a call qualifies is decided on the host from its [R] and [R, 3] parameters read as lists
+(a NaN temperature compares false, so it is greedy; a NaN penalty differs from neutral, so it is
+penalised), and the masks tested whole before any row is singled out: a few calls instead of a
+dozen and a half torch operations and a stacked host read (which, inside a step whose weights
+have just streamed through the caches, cost microseconds each).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from helios.abi.grammar import MASK_WORD_BITS, disallowed
 
-_NEUTRAL = np.array([1.0, 0.0, 0.0], dtype=np.float32)  # repetition, presence, frequency: off
+_NEUTRAL_LIST = [1.0, 0.0, 0.0]  # repetition, presence, frequency: off
 _F32_MAX = torch.finfo(torch.float32).max
 _NEG_INF = float("-inf")
 NO_TOKEN = -1  # as `helios.abi.sampling.NO_TOKEN`
@@ -50,34 +50,21 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
 
 def _decision(vocab_size: int, temperature: torch.Tensor, penalties: torch.Tensor, grammar_mask: torch.Tensor,
               mask_rows: torch.Tensor, rows: torch.Tensor | None) -> tuple[bool, bool]:
-    """(some deciding row draws or is penalised, some deciding row's mask restricts), read on the
-    host through numpy views of the CPU arguments (see the module docstring). The usual call (no
-    row draws or is penalised, every mask allows every token) is settled by whole-array tests
-    before any row is singled out."""
-    drawn, penalised = temperature.numpy() > 0, penalties.numpy() != _NEUTRAL
-    chosen = rows.numpy() if rows is not None else None
-    if drawn.any() or penalised.any():
-        special = drawn | penalised.any(-1)
-        if chosen is None or (special & chosen).any():
+    """(some deciding row draws or is penalised, some deciding row's mask restricts): the [R]
+    and [R, 3] parameters read to the host as lists, the masks tested whole first (the usual call:
+    every mask allows every token)."""
+    chosen = rows.tolist() if rows is not None else None
+    neutral = _NEUTRAL_LIST
+    for index, (drawn, penalty) in enumerate(zip(temperature.tolist(), penalties.tolist())):
+        if (drawn > 0 or penalty != neutral) and (chosen is None or chosen[index]):
             return True, False
-    words = grammar_mask.numpy()
     full = vocab_size // MASK_WORD_BITS
-    if vocab_size % MASK_WORD_BITS == 0 and (words[:, :full] == -1).all():
+    if vocab_size % MASK_WORD_BITS == 0 and bool((grammar_mask[:, :full] == -1).all()):
         return False, False  # every mask allows every token
-    restricting = mask_rows.numpy() & ~_allows_every_token_np(words, vocab_size)
-    if chosen is not None:
-        restricting = restricting & chosen
+    restricting = mask_rows & ~allows_every_token(grammar_mask, vocab_size)
+    if rows is not None:
+        restricting = restricting & rows
     return False, bool(restricting.any())
-
-
-def _allows_every_token_np(words: np.ndarray, vocab_size: int) -> np.ndarray:
-    """`allows_every_token` on a numpy view of the mask words."""
-    full, rest = divmod(vocab_size, MASK_WORD_BITS)
-    allowed = (words[:, :full] == -1).all(axis=-1)
-    if rest:
-        valid = (1 << rest) - 1
-        allowed &= (words[:, full] & valid) == valid
-    return allowed
 
 
 def allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
