@@ -1,26 +1,34 @@
-"""Decode attention at Llama-3.1-8B shapes: the old kernel against the new one (and FlashInfer's decode
-where the ``flashinfer`` package imports), a sweep of tiles and split counts, and the fraction of the
-memory-bandwidth roofline each reaches.
+"""Decode attention at Llama-3.1-8B shapes: the previous kernel (two launches when split) against the
+current one (the combine fused into the decode launch), a sweep of tiles, prefetch levels, combines and
+split counts, and the fraction of the memory-bandwidth roofline each reaches.
 
 Shapes: 32 query heads, 8 key/value heads, head_dim 128, bfloat16, pages of 16, a capacity context of
 ``--capacity`` positions (as a serving capacity: every row's page table has that many columns), batches
-1/64/256 and contexts 256/1k/4k (every row of a case has that context). Each call is captured in a
-CUDA graph and its replays timed (median of ``triton.testing.do_bench``). Rows:
+1/64/256 and contexts 128/256/1024 (the compiled anchor's decode contexts are 128-256; every row of a
+case has that context). Each call is captured in a CUDA graph and its replays timed (median of
+``triton.testing.do_bench`` with ``--warmup``/``--rep`` milliseconds, L2 flushed before each call, as
+the weights of the other layers flush it in a decode step). Rows:
 
-- ``old``: `bench/decode_attention_baseline.py` (the kernel before splits cut each token's own span),
-  with the split count its tuning rule gave (2 programs per multiprocessor, capacity cut);
-- ``new``: ``helios::paged_attention_tuned``'s decode path as served (the tuning rule's split count,
-  the tile from `decode_tile`);
-- ``best``: the fastest tile and split count of the sweep (``--tiles``, ``--splits``);
-- ``flashinfer``: BatchDecodeWithPagedKVCacheWrapper (NHD pages, tensor cores on and off), if present.
+- ``old``: `bench/decode_attention_previous.py` (the kernel before the fused combine: a combine launch
+  when split, the row found by search, values loaded after the scores), its split rule and tile table;
+- ``new``: ``helios::paged_attention_tuned``'s decode path as served (the tuning rule's split count and
+  grid bound, the tile from `decode_tile`);
+- ``best``: the fastest tile and split count of the sweep (the grid holds exactly that many splits);
+- ``flashinfer`` (with ``--flashinfer``): BatchDecodeWithPagedKVCacheWrapper, if the package imports.
 
-Each row prints microseconds, the bytes of keys and values read, GB/s, that rate over the device copy
-rate measured in the same run (read + write; about the achievable roofline) and over ``--peak`` (the
-datasheet bandwidth), and the ratio against ``old``. Every variant's output is checked against the new
-kernel's (and the new kernel's against the CPU reference on a small batch) before it is timed. The
-last lines suggest `helios.abi.triton_decode.DECODE_TILES` entries.
+A sweep tile is ``block_n x warps x stages x min_split_tokens x prefetch`` with a trailing ``xc`` for
+the two-launch combine and ``xw`` for a wide program (all key/value heads of a token; see
+`DecodeTile.parse`); one split runs no combine, so one-split rows are timed
+once per (block_n, warps, stages, prefetch). Each row prints microseconds, GB/s of keys and values read,
+that rate over the device copy rate measured in the same run (read + write; about the achievable
+roofline) and over ``--peak`` (the datasheet bandwidth), and the ratio against ``old``. Every variant's
+output is checked against the new kernel's (and the new kernel's against the CPU reference on a small
+batch) before it is timed. The last lines suggest `helios.abi.triton_decode.DECODE_TILES` entries and
+the split count per batch (with the DECODE_PROGRAMS_PER_MULTIPROCESSOR that gives it). With the defaults
+about 45 kernel variants compile; ``--jobs`` processes (default: the CPUs less two, at most 12) compile
+them side by side into Triton's cache before the timing starts, which then takes about a minute.
 
-    python bench/decode_attention.py [--json out.json] [--batches 1,64,256] [--contexts 256,1024,4096]
+    python bench/decode_attention.py [--json out.json] [--batches 1,64,256] [--contexts 128,256,1024]
     python bench/decode_attention.py --smoke   # tiny shapes, Triton interpreter, CPU
 """
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +47,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import FULL, SMOKE, Config, copy_bandwidth, kv_bytes, make_caches, make_step  # noqa: E402
 from attention_kernels import check_against_reference, median_seconds  # noqa: E402
 
-TILES = "32x4x2,64x4x2,64x8x2,128x4x2,128x8x2,128x8x3"  # block_n x num_warps x num_stages
+# block_n x num_warps x num_stages x min_split_tokens x prefetch [x c: the two-launch combine]
+# Occupancy from ptxas at 8B shapes (registers, shared memory -> programs per multiprocessor): 64x4x2 96 regs,
+# 38 KB -> 5; 32x2x3 150, 38 KB -> 6; 16x2x3 96, 21 KB -> 10; 128x8x2 94, 74 KB -> 2; prefetch 2 (keys and
+# values in registers, no cp.async pipeline) 64x4x2 193 regs -> 2; wide (xw, all 8 key/value heads a
+# program, 32 query rows) 8x4x3 157, 76 KB -> 3; 8x4x2 213, 44 KB -> 2; 16x8x2 167, 80 KB -> 1.
+TILES_ONE = "32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc,16x8x2x32x1xw"  # batch 1
+TILES_MANY = ("64x4x2x128x0,64x4x2x128x1,64x4x2x128x2,32x2x3x64x1,16x2x3x64x1,128x8x2x128x1,64x4x2x64x1xc,"
+              "8x4x3x64x1xw,8x4x2x64x1xw")
+SPLITS_ONE, SPLITS_MANY = "4,8,16", "1,2,4"  # split counts swept at batch 1 / at larger batches
 # block_pairs x block_n x num_warps x num_stages
 PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
 PREFILL_CASES = ((2048, 0), (208, 1840), (512, 0))  # (new tokens, cached tokens) of one row
@@ -50,19 +67,76 @@ def parse_args(argv):
     parser.add_argument("--batches", default=None)
     parser.add_argument("--contexts", default=None)
     parser.add_argument("--capacity", type=int, default=4112, help="capacity context (page-table width x 16)")
-    parser.add_argument("--tiles", default=TILES)
-    parser.add_argument("--splits", default="1,2,4,8,16")
+    parser.add_argument("--tiles", default=None, help="sweep tiles for every batch (default: per batch)")
+    parser.add_argument("--splits", default=None, help="split counts for every batch (default: per batch)")
+    parser.add_argument("--warmup", type=float, default=5.0, help="do_bench warmup, milliseconds")
+    parser.add_argument("--rep", type=float, default=25.0, help="do_bench repetition time, milliseconds")
     parser.add_argument("--peak", type=float, default=4.8e12, help="datasheet bytes/s (H200: 4.8 TB/s)")
-    parser.add_argument("--no-flashinfer", action="store_true")
+    parser.add_argument("--flashinfer", action="store_true", help="also time FlashInfer's decode, if it imports")
+    parser.add_argument("--no-flashinfer", action="store_true", help="(the default; kept for older command lines)")
     parser.add_argument("--prefill", action="store_true", help="also sweep the prefill kernel's tiles")
     parser.add_argument("--prefill-tiles", default=PREFILL_TILES)
+    parser.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
+                        help="processes that compile the swept variants first (1: compile as they run)")
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
 
 
-def old_splits(batch: int, config: Config, capacity: int, sms: int) -> int:
-    """The old tuning rule: 2 programs per multiprocessor, one split per 256 capacity positions."""
-    return max(1, min(-(-2 * sms // (batch * config.num_kv_heads)), -(-capacity // 256), 64))
+def sweep_plan(batch: int, args, decode) -> list[tuple]:
+    """(tile, split count) pairs to time at `batch`: every tile at every count, one-split pairs once per
+    (block_n, warps, stages, prefetch, wide) (one split has no combine and no minimum run)."""
+    tiles = args.tiles or (TILES_ONE if batch == 1 else TILES_MANY)
+    counts = [int(c) for c in (args.splits or (SPLITS_ONE if batch == 1 else SPLITS_MANY)).split(",")]
+    plan, seen = [], set()
+    for tile in (decode.DecodeTile.parse(text) for text in tiles.split(",")):
+        for count in counts:
+            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide)
+            key = one if count == 1 else (tile, count)
+            if key not in seen:
+                seen.add(key)
+                plan.append((tile, count))
+    return plan
+
+
+def _compile_variants(job: tuple[int, list[str]]) -> int:
+    """(In a worker process.) Launch each (tile label, split count) once on a one-token batch at the
+    benchmark's shapes and capacity, so Triton's on-disk cache holds its kernel; returns how many ran."""
+    capacity, labels = job
+    import helios.abi  # noqa: F401  (registers the ops)
+    from helios.abi import triton_decode as decode
+
+    device = torch.device("cuda")
+    caches = make_caches(FULL, 8, device)
+    step = with_capacity(make_step(FULL, [1], [20], 8, device), -(-capacity // FULL.page_tokens))
+    done = 0
+    for label in labels:
+        text, count = label.rsplit(":", 1)
+        splits = torch.tensor([int(count)], dtype=torch.int32, device=device)
+        try:
+            decode.paged_attention_decode_tuned(step.q, *caches, *step[1:], FULL.head_dim ** -0.5, 0, splits,
+                                                tile=decode.DecodeTile.parse(text), bound=int(count))
+            done += 1
+        except Exception:  # noqa: BLE001  (the sweep reports a tile that fails)
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(plans: list[list[tuple]], capacity: int, jobs: int) -> None:
+    """Compile every swept kernel variant in `jobs` processes side by side (the sweep then loads them
+    from Triton's cache): a serial first run spends most of its time compiling."""
+    import multiprocessing
+    import time
+
+    labels = sorted({f"{tile.label}:{count}" for plan in plans for tile, count in plan})
+    if jobs <= 1 or not labels:
+        return
+    start = time.perf_counter()
+    chunks = [(capacity, labels[i::jobs]) for i in range(min(jobs, len(labels)))]
+    with multiprocessing.get_context("spawn").Pool(len(chunks)) as pool:
+        done = sum(pool.map(_compile_variants, chunks))
+    print(f"precompiled {done} of {len(labels)} variants in {len(chunks)} processes "
+          f"({time.perf_counter() - start:.1f} s)", flush=True)
 
 
 def with_capacity(step, capacity_pages: int):
@@ -86,28 +160,34 @@ class Case:
         return (self.step.q, *self.caches, *self.step[1:], self.scale, 0)
 
 
-def time_variant(fn, expected: torch.Tensor | None, device) -> float:
-    """Seconds per call of fn() (CUDA graph replays), after checking its output against `expected`."""
+def time_variant(fn, expected: torch.Tensor | None, device, budget: tuple[float, float] | None = None) -> float:
+    """Seconds per call of fn() (CUDA graph replays), after checking its output against `expected`.
+    budget: do_bench's (warmup, rep) milliseconds (None: its defaults)."""
     got = fn()
     if expected is not None:
         torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
-    return median_seconds(fn, device, captured=device.type == "cuda")
+    if budget is None or device.type != "cuda":
+        return median_seconds(fn, device, captured=device.type == "cuda")
+    import triton.testing
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=budget[0], rep=budget[1], return_mode="median") / 1e3
 
 
-def sweep(case: Case, decode, tiles, split_counts, expected, device) -> list[dict]:
+def sweep(case: Case, decode, plan, expected, device, budget) -> list[dict]:
+    """Each (tile, count) of the plan, the grid holding exactly `count` splits (one split: no partials)."""
     rows = []
-    max_context = case.step.page_table.shape[1] * case.caches[0].shape[1]
-    for tile in tiles:
-        counts = [s for s in split_counts if s <= decode.grid_splits(max_context, s, tile.block_n)]
-        for count in counts:  # the grid holds exactly `count` splits (one split: no partials, no combine)
-            splits = torch.tensor([count], dtype=torch.int32, device=device)
-            try:
-                seconds = time_variant(lambda: decode.paged_attention_decode_tuned(
-                    *case.args(), splits, tile=tile, bound=count), expected, device)
-            except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
-                print(f"  tile {tile} splits {count}: {type(error).__name__}: {str(error)[:120]}", flush=True)
-                continue
-            rows.append({"tile": list(tile.__dict__.values()), "splits": count, "seconds": seconds})
+    for tile, count in plan:
+        splits = torch.tensor([count], dtype=torch.int32, device=device)
+        try:
+            seconds = time_variant(lambda: decode.paged_attention_decode_tuned(
+                *case.args(), splits, tile=tile, bound=count), expected, device, budget)
+        except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
+            print(f"  tile {tile.label} splits {count}: {type(error).__name__}: {str(error)[:120]}", flush=True)
+            continue
+        rows.append({"tile": tile.label, "splits": count, "seconds": seconds})
     return rows
 
 
@@ -147,37 +227,36 @@ def report(label: str, seconds: float, case: Case, copy_rate: float, peak: float
 
 
 def run_case(case: Case, config: Config, modules, args, copy_rate: float, device) -> dict:
-    old_module, decode = modules
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    previous, decode = modules
+    budget = (args.warmup, args.rep)
     max_context = case.step.page_table.shape[1] * config.page_tokens
     new_splits = decode.decode_splits(case.batch, config.num_kv_heads, max_context, device)
-    expected = decode.paged_attention_decode_tuned(*case.args(), torch.tensor([new_splits], dtype=torch.int32,
-                                                                                device=device))
-    print(f"decode b={case.batch} ctx={case.context} ({case.bytes / 1e6:.1f} MB of keys and values)", flush=True)
-    asked_old = torch.tensor([old_splits(case.batch, config, max_context, sms)], dtype=torch.int32, device=device)
-    old = time_variant(lambda: old_module.paged_attention_decode_tuned(*case.args(), asked_old), expected, device)
-    rows = [report(f"old ({int(asked_old)} splits asked)", old, case, copy_rate, args.peak, None)]
     splits = torch.tensor([new_splits], dtype=torch.int32, device=device)
+    expected = decode.paged_attention_decode_tuned(*case.args(), splits)
+    print(f"decode b={case.batch} ctx={case.context} ({case.bytes / 1e6:.1f} MB of keys and values)", flush=True)
+    old_splits = previous.decode_splits(case.batch, config.num_kv_heads, max_context, device)
+    asked_old = torch.tensor([old_splits], dtype=torch.int32, device=device)
+    old = time_variant(lambda: previous.paged_attention_decode_tuned(*case.args(), asked_old), expected, device,
+                       budget)
+    old_tile = previous.decode_tile(case.batch, config.head_dim)
+    rows = [report(f"old ({old_splits} splits, tile {old_tile.block_n}x{old_tile.num_warps}x{old_tile.num_stages})",
+                   old, case, copy_rate, args.peak, None)]
     tile = decode.decode_tile(case.batch, config.head_dim)
-    new = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device)
-    rows.append(report(f"new ({new_splits} splits, tile {tile.block_n}x{tile.num_warps}x{tile.num_stages})",
-                       new, case, copy_rate, args.peak, old))
-    if tile != decode.DEFAULT_TILE:  # the table's entry against the default tile, same split count
-        plain = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits,
-                                                                         tile=decode.DEFAULT_TILE), expected, device)
-        rows.append(report(f"new, default tile {'x'.join(map(str, decode.DEFAULT_TILE.__dict__.values()))}",
-                           plain, case, copy_rate, args.peak, old))
-    tiles = [decode.DecodeTile(*map(int, t.split("x"))) for t in args.tiles.split(",")]
-    swept = sweep(case, decode, tiles, [int(s) for s in args.splits.split(",")], expected, device)
+    new = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device, budget)
+    bound = decode.tuned_split_bound(case.batch, config.num_kv_heads, max_context)
+    rows.append(report(f"new ({new_splits} splits of {bound}, tile {tile.label})", new, case, copy_rate, args.peak,
+                       old))
+    swept = sweep(case, decode, sweep_plan(case.batch, args, decode), expected, device, budget)
+    for row in sorted(swept, key=lambda r: r["seconds"])[:3]:
+        rows.append(report(f"sweep: tile {row['tile']}, {row['splits']} splits", row["seconds"], case, copy_rate,
+                           args.peak, old))
     best = min(swept, key=lambda r: r["seconds"]) if swept else None
-    if best:
-        rows.append(report(f"best (tile {'x'.join(map(str, best['tile']))}, {best['splits']} splits)",
-                           best["seconds"], case, copy_rate, args.peak, old))
-    if not args.no_flashinfer and device.type == "cuda":
+    if args.flashinfer and device.type == "cuda":
         for row in flashinfer_rows(case, config, expected, device):
             rows.append(report(f"flashinfer (tensor cores {row['tensor_cores']})", row["seconds"], case, copy_rate,
                                args.peak, old))
-    return {"batch": case.batch, "context": case.context, "rows": rows, "best": best, "sweep": swept}
+    return {"batch": case.batch, "context": case.context, "old_us": old * 1e6, "new_us": new * 1e6, "rows": rows,
+            "best": best, "sweep": swept}
 
 
 def main(argv=None) -> int:
@@ -190,6 +269,7 @@ def main(argv=None) -> int:
         print("needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
     import decode_attention_baseline as old_module
+    import decode_attention_previous as previous
 
     import helios.abi  # noqa: F401  (registers the ops)
     from helios.abi import triton_attention as kernels
@@ -197,9 +277,11 @@ def main(argv=None) -> int:
 
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     if args.smoke:
-        args.capacity, args.tiles, args.splits = 64, "16x4x2", "1,3"
+        args.capacity = 64
+        args.tiles = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc,8x4x2x16x1xw"
+        args.splits = args.splits or "1,3"
     batches = [int(b) for b in (args.batches or ",".join(map(str, config.batches))).split(",")]
-    contexts = [int(c) for c in (args.contexts or ("16,48" if args.smoke else "256,1024,4096")).split(",")]
+    contexts = [int(c) for c in (args.contexts or ("16,48" if args.smoke else "128,256,1024")).split(",")]
     torch.manual_seed(0)
     print(f"new kernels match the CPU reference (max |error| {check_against_reference(config, kernels, device):.2e})")
     copy_rate = copy_bandwidth(config, device)
@@ -207,9 +289,13 @@ def main(argv=None) -> int:
     longest_prefill = max(new + cached for new, cached in PREFILL_CASES)
     num_pages = max(max(batches) * max(contexts), longest_prefill) // config.page_tokens + 2 * max(batches) + 2
     caches = make_caches(config, num_pages, device)
-    results = [run_case(Case(config, caches, b, c, args.capacity, device), config, (old_module, decode), args,
-                        copy_rate, device) for b in batches for c in contexts]
-    suggest(results, config)
+    if not args.smoke:
+        precompile([sweep_plan(b, args, decode) for b in batches], args.capacity, args.jobs)
+    cases = [Case(config, caches, b, c, args.capacity, device) for b in batches for c in contexts]
+    results = [run_case(case, config, (previous, decode), args, copy_rate, device) for case in cases]
+    summarize(results)
+    for batch, label in suggest(results, config, decode, device).items():
+        served_with(label, [c for c in cases if c.batch == batch], results, decode, args, device)
     prefill = prefill_sweep(config, caches, old_module, kernels, args, device) if args.prefill else []
     if args.json:
         args.json.write_text(json.dumps({"copy_gb_s": copy_rate / 1e9, "cases": results, "prefill": prefill}, indent=1))
@@ -248,18 +334,58 @@ def prefill_sweep(config: Config, caches, old_module, kernels, args, device) -> 
     return results
 
 
-def suggest(results: list[dict], config: Config) -> None:
-    """Per batch: the tile whose summed time over the contexts is least (the table's key is the batch)."""
+def summarize(results: list[dict]) -> None:
+    """One line per case: old, new and the sweep's best (microseconds) and their ratios."""
+    print("summary (us): batch context   old    new  best  new/old best/old  best (tile, splits)", flush=True)
+    for r in results:
+        best = r["best"]
+        best_us = best["seconds"] * 1e6 if best else float("nan")
+        where = f"{best['tile']}, {best['splits']}" if best else "-"
+        print(f"  {r['batch']:>5} {r['context']:>7} {r['old_us']:6.1f} {r['new_us']:6.1f} {best_us:6.1f} "
+              f"{r['old_us'] / r['new_us']:6.2f}x {r['old_us'] / best_us:6.2f}x   {where}", flush=True)
+
+
+def suggest(results: list[dict], config: Config, decode, device) -> dict[int, str]:
+    """Per batch: the (tile, split count) whose summed time over the contexts is least, as a
+    DECODE_TILES entry, and the DECODE_PROGRAMS_PER_MULTIPROCESSOR whose split rule asks that count.
+    Returns the chosen tile label by batch."""
+    chosen: dict[int, str] = {}
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     for batch in sorted({r["batch"] for r in results}):
-        per_tile: dict[tuple, float] = {}
-        for result in (r for r in results if r["batch"] == batch):
-            for key in {tuple(row["tile"]) for row in result["sweep"]}:
-                best = min(x["seconds"] for x in result["sweep"] if tuple(x["tile"]) == key)
-                per_tile[key] = per_tile.get(key, 0.0) + best
-        if per_tile:
-            tile = min(per_tile, key=per_tile.get)
-            print(f"suggested DECODE_TILES[({config.head_dim}, {batch})] = DecodeTile{tile} "
-                  f"(summed best over contexts {per_tile[tile] * 1e6:.1f} us)", flush=True)
+        totals: dict[tuple[str, int], float] = {}
+        cases = [r for r in results if r["batch"] == batch]
+        for result in cases:
+            for row in result["sweep"]:
+                key = (row["tile"], row["splits"])
+                totals[key] = totals.get(key, 0.0) + row["seconds"]
+        complete = {key: t for key, t in totals.items()
+                    if sum(key in {(x["tile"], x["splits"]) for x in c["sweep"]} for c in cases) == len(cases)}
+        if not complete:
+            continue
+        (label, count), total = min(complete.items(), key=lambda item: item[1])
+        programs = batch * config.num_kv_heads
+        rule = next((p for p in range(1, 65) if -(-p * sms // programs) >= count), None)
+        print(f"suggested DECODE_TILES[({config.head_dim}, {batch})] = DecodeTile.parse({label!r}) with {count} splits "
+              f"(summed over contexts {total * 1e6:.1f} us; DECODE_PROGRAMS_PER_MULTIPROCESSOR >= {rule} asks "
+              f"{count} at {sms} multiprocessors)", flush=True)
+        chosen[batch] = label
+    return chosen
+
+
+def served_with(label: str, cases: list[Case], results: list[dict], decode, args, device) -> None:
+    """The suggested tile as the served path would run it (today's split rule and grid bound, the tile
+    in place of the table's), per context, against old and new: what adopting the entry alone gives."""
+    tile = decode.DecodeTile.parse(label)
+    for case in cases:
+        result = next(r for r in results if r["batch"] == case.batch and r["context"] == case.context)
+        max_context = case.step.page_table.shape[1] * case.caches[0].shape[1]
+        count = decode.decode_splits(case.batch, case.caches[0].shape[2], max_context, device)
+        splits = torch.tensor([count], dtype=torch.int32, device=device)
+        seconds = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits, tile=tile), None,
+                               device, (args.warmup, args.rep))
+        print(f"  served with {label}: b={case.batch} ctx={case.context} {seconds * 1e6:7.1f} us "
+              f"({result['old_us'] / (seconds * 1e6):.2f}x old, {result['new_us'] / (seconds * 1e6):.2f}x new; "
+              f"{count} splits asked)", flush=True)
 
 
 if __name__ == "__main__":

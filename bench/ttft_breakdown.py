@@ -15,12 +15,14 @@ capacities ``--chunks`` (the rest of a cached prompt runs in the smallest capaci
     python bench/ttft_breakdown.py [--layers 32] [--chunks 128,256,512,1024] [--json out.json]
     python bench/ttft_breakdown.py --core DIR  # the 2,048-capacity core bench/cold_start.py --keep-core DIR kept
     python bench/ttft_breakdown.py --smoke    # tiny model on the CPU (checks the script runs)
+    python bench/ttft_breakdown.py --smoke --vocab 128256 --prompt 2048 --repeats 5  # host time on the CPU
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import pstats
@@ -196,15 +198,20 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 2048; smoke 64)")
     parser.add_argument("--chunks", default="128,256,512,1024")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None, help="requests per TTFT kind (default 5; smoke 1)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary size of the prepared model (e.g. --smoke --vocab 128256 --prompt 2048: "
+                             "the 8B model's histogram and prompt on the tiny model, for host time on the CPU)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--core", type=Path, default=None,
                         help="load the core bench/cold_start.py --keep-core left here instead of preparing one")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    if args.vocab:
+        shape = dataclasses.replace(shape, vocab_size=args.vocab)
     length = args.prompt or (64 if args.smoke else 2048)
     chunks = tuple(c for c in (int(x) for x in args.chunks.split(",")) if 0 < c < length)
     results = {"layers": shape.num_hidden_layers, "prompt": length, "chunks": list(chunks)}
@@ -223,7 +230,7 @@ def main(argv=None) -> int:
         try:
             clock = ProgramClock(runtime.model.programs, device)
             time_to_first_token(runtime.engine, prompt(length, shape.vocab_size, 1))  # warm-up
-            results["ttft"] = ttft(runtime.engine, clock, shape.vocab_size, length, 1 if args.smoke else args.repeats)
+            results["ttft"] = ttft(runtime.engine, clock, shape.vocab_size, length, args.repeats or (1 if args.smoke else 5))
             results["capacities"] = capacity_rows(runtime.engine, clock, shape.vocab_size, [*chunks, length])
             # the last request filled the full capacity: the program's buffers hold a real step
             results["prefill_profile"] = prefill_profile(runtime.model, length, args.top)

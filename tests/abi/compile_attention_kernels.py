@@ -15,6 +15,7 @@ from triton.compiler import ASTSource
 
 from helios.abi import triton_attention as kernels
 from helios.abi import triton_decode as decode
+from helios.abi import triton_prefill as prefill
 
 TARGET = GPUTarget("cuda", 90, 32)
 UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd", "stride_vtd"}
@@ -39,25 +40,34 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
     attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
                   query_start_ptr="*i32", positions_ptr="*i64", splits_ptr="*i32", sinks_ptr="*fp32",
                   scale_log2="fp32",
-                  part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32")
+                  part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32", count_ptr="*i32")
     shape = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16, DOT_PRECISION="tf32")
     block_g = triton.next_power_of_2(group)
     for sinks in (False, True):  # sinks: helios::paged_attention_sinks(_tuned)
-        compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=64 // block_g,
-                                                             BLOCK_N=64, HAS_SINKS=sinks), num_warps=4, num_stages=2)
-        for splits, tuned in ((1, False), (8, False), (1, True), (8, True)):  # tuned: the count is read on the device
+        for splits in (1, 4):  # split-KV: partials and the combine kernel
+            compile_kernel(prefill._prefill_kernel, attend,
+                           dict(shape, BLOCK_G=block_g, BLOCK_M=128 // block_g, BLOCK_N=64, HAS_SINKS=sinks,
+                                NUM_SPLITS=splits, MIN_TILES=4), num_warps=8, num_stages=3)
+        for splits, tuned, fused in ((1, False, False), (8, False, False), (8, False, True), (1, True, False),
+                                     (8, True, False), (8, True, True)):  # tuned: the count is read on the device
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
-                                MIN_TILES=2),
+                                MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1),
                            num_warps=4, num_stages=2)
-    for pairs, block_n, warps, stages in ((128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 3)):  # prefill tiles swept
-        compile_kernel(kernels._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=pairs // block_g,
-                                                             BLOCK_N=block_n, HAS_SINKS=False),
+    for pairs, block_n, warps, stages in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps
+        compile_kernel(prefill._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=pairs // block_g,
+                                                             BLOCK_N=block_n, HAS_SINKS=False, NUM_SPLITS=1,
+                                                             MIN_TILES=max(1, 256 // block_n)),
                        num_warps=warps, num_stages=stages)
-    for block_n, warps, stages in ((32, 4, 3), (128, 8, 2), (128, 4, 4)):  # the tiles the benchmark sweeps
+    compile_kernel(prefill._prefill_combine_kernel, attend,
+                   dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
+                        MIN_TILES=4), num_warps=4)
+    for block_n, warps, stages, prefetch, block_kv in ((32, 4, 3, 2, 1), (128, 8, 2, 0, 1), (128, 4, 4, 1, 1),
+                                                        (64, 4, 2, 2, 1), (8, 4, 3, 1, 8), (16, 8, 2, 2, 8)):  # swept
         compile_kernel(decode._decode_kernel, attend,
-                       dict(shape, BLOCK_H=16, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True, HAS_SINKS=False,
-                            MIN_TILES=max(1, 128 // block_n)),
+                       dict(shape, BLOCK_H=16 if block_kv == 1 else 32, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True,
+                            HAS_SINKS=False, MIN_TILES=max(1, 128 // block_n), FUSED=True, PREFETCH=prefetch,
+                            BLOCK_KV=block_kv),
                        num_warps=warps, num_stages=stages)
     for tuned in (False, True):
         compile_kernel(decode._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,
@@ -65,6 +75,17 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
     compile_kernel(kernels._cache_write_kernel,
                    dict(k_cache_ptr=pointer, v_cache_ptr=pointer, k_ptr=pointer, v_ptr=pointer, slot_ptr="*i64"),
                    dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))
+
+
+def prefill_sweep_tiles() -> list[tuple[int, ...]]:
+    """The tiles `bench/prefill_attention.py` sweeps by default (each must fit an H200's shared memory)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from prefill_attention import TILES
+
+    return [tuple(map(int, tile.split("x"))) for tile in TILES.split(",")]
 
 
 if __name__ == "__main__":

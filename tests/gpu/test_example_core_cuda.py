@@ -29,7 +29,8 @@ def test_the_example_core_serves_the_reference_tokens_on_cuda(core, cuda_graphs)
         assert runtime.model.weights["w.engram"].device.type == "cpu"
         recorder = Recorder(runtime)
         results = generate(runtime.engine, PROMPTS, 16)
-        assert [list(r.token_ids) for r in results] == [reference.greedy(p, 16) for p in PROMPTS]
+        assert [list(r.token_ids) for r in results] == [reference.greedy(p, 16) for p in PROMPTS], \
+            [r.message for r in results]
         chain = reference.greedy([11], 12)
         again = generate(runtime.engine, [[11, *chain, 11]], 12)
         assert list(again[0].token_ids) == chain and recorder.accepted > 0

@@ -152,6 +152,27 @@ def test_released_graphs_refuse_to_replay():
         captured.replay(greedy=False)
 
 
+def test_penalised_requests_on_cuda_give_the_cpu_path_tokens(cores):
+    """Prompt histograms reach the device from pinned host rows, only for requests with a penalty
+    (`helios.runtime.execution.prompt_histogram`): penalised, then plain greedy (the slots' rows
+    are left stale, nothing reads them), then penalised again give the CPU path's tokens."""
+    from helios.runtime.offline import generate
+    from helios.runtime.records.sampling_params import SamplingParams
+
+    penalised = SamplingParams(repetition_penalty=1.3, presence_penalty=0.4)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        runtime = build_runtime(cores.open(QWEN3), RuntimeOptions(load=LoadOptions(device=device,
+                                                                                   cuda_graphs=device == "cuda")))
+        try:
+            runs[device] = [[list(r.token_ids) for r in generate(runtime.engine, PROMPTS, 16, sampling=sampling)]
+                            for sampling in (penalised, SamplingParams(), penalised)]
+        finally:
+            runtime.close()
+    assert runs["cuda"] == runs["cpu"]
+    assert runs["cpu"][0] == runs["cpu"][2] and runs["cpu"][0] != runs["cpu"][1]  # the penalties count
+
+
 @pytest.mark.parametrize("family", [QWEN3, MISTRAL], ids=lambda f: f.name)
 def test_two_frames_on_cuda_give_the_cpu_path_tokens(cores, family):
     """On CUDA the engine keeps two frames in flight: decode rounds fed by device-owned pending

@@ -177,10 +177,12 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
 
 def test_prompt_histogram_counts_a_prefix_served_from_the_cache():
     """The prompt histogram (repetition penalties read it) counts the whole prompt at admission,
-    also the part whose pages came from the prefix cache (that row starts past it)."""
+    also the part whose pages came from the prefix cache (that row starts past it); a request
+    without a penalty leaves it alone (nothing reads it then)."""
     import torch
 
     from helios.contract import serving_pb2
+    from helios.runtime.records.sampling_params import SamplingParams
 
     prompt = [(i * 37) % 300 + 3 for i in range(40)]
     runtime = build_runtime(open_fixture())
@@ -188,8 +190,12 @@ def test_prompt_histogram_counts_a_prefix_served_from_the_cache():
     name = next(b.buffer for b in bindings if b.source == serving_pb2.VALUE_SOURCE_PROMPT_HISTOGRAM)
     expected = torch.bincount(torch.tensor(prompt), minlength=runtime.model.buffers[name].shape[1])
     histogram = runtime.model.buffers[name]
+    penalised = SamplingParams(repetition_penalty=1.2)
     for _ in range(2):  # the second request finds 32 of its 40 tokens in the prefix cache
         histogram.zero_()
-        generate(runtime.engine, [prompt], 1)
+        generate(runtime.engine, [prompt], 1, sampling=penalised)
         (slot,) = histogram.sum(dim=1).nonzero().flatten().tolist()  # the row of the admitted slot
         assert torch.equal(histogram[slot].to(torch.int64), expected)
+    histogram.fill_(7)
+    generate(runtime.engine, [prompt], 1)  # greedy, no penalty: the row is not written
+    assert histogram.eq(7).all()

@@ -50,7 +50,8 @@ def _packer(prepared):
     table = torch.randn(65536, 64).to(torch.bfloat16)
     staging = host_staging(prepared, {"w.engram": table}, buffers)
     packer = Packer(prepared, buffers, state_rows=STATE_ROWS, history_drafting=True, host_staging=staging)
-    packer.register(RequestSpec("a", (5, 6, 7, 8), 16, frozenset({128001, 128009}), sampling=SamplingParams(seed=11)))
+    penalised = SamplingParams(seed=11, repetition_penalty=1.1)  # "a" has a prompt histogram written
+    packer.register(RequestSpec("a", (5, 6, 7, 8), 16, frozenset({128001, 128009}), sampling=penalised))
     packer.register(RequestSpec("b", (9, 10, 11, 12, 13), 16, frozenset({128009}), sampling=SamplingParams(seed=12)))
     return packer, buffers
 
@@ -137,7 +138,8 @@ def test_the_prompt_histogram_counts_sampled_ids_only(prepared):
     packer, buffers = _packer(prepared)
     sentinel = prepared.contract.model.input_vocabulary.image_sentinel_ids[0]
     assert sentinel >= buffers["in.prompt_histogram"].shape[1]
-    packer.register(RequestSpec("img", (5, sentinel, sentinel, 5, 9), 16, frozenset({128009})))
+    packer.register(RequestSpec("img", (5, sentinel, sentinel, 5, 9), 16, frozenset({128009}),
+                                sampling=SamplingParams(presence_penalty=0.5)))  # only penalties read it
     packer.pack("prefill", _plan(Operation.PREFILL, [_row("img", 3, (5, sentinel, sentinel, 5, 9), 0, True, True)]))
     row = buffers["in.prompt_histogram"][3].to(torch.int64)
     assert row.sum() == 3 and row[5] == 2 and row[9] == 1
@@ -159,3 +161,35 @@ def test_log_probability_requests_are_counted_through_registration(prepared):
     packer.forget("a")
     packer.forget("a")
     assert not packer.wants_logprobs(plan) and packer._num_logprob_requests == 0
+
+
+def test_logit_bias_rows_are_reset_to_padding_once_after_a_biased_request(prepared):
+    """A slot's bias rows get the request's entries, padding after a biased request, and are left
+    alone when they already hold padding the packer wrote (no fill per admission)."""
+    packer, buffers = _packer(prepared)
+    ids, values = buffers["in.logit_bias_ids"], buffers["in.logit_bias_values"]
+    packer.register(RequestSpec("biased", (5, 6), 16, frozenset({128009}), logit_bias=((7, 2.5),)))
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("biased", 2, (5, 6), 0, True, True)]))
+    assert ids[2, :2].tolist() == [7, -1] and values[2, :2].tolist() == [2.5, 0.0]
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("b", 2, (9, 10), 0, True, True)]))
+    assert ids[2].eq(-1).all() and values[2].eq(0).all()
+    ids[2] = 123  # not the packer's write: a row it left padding is not written again
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("a", 2, (5, 6), 0, True, True)]))
+    assert ids[2].eq(123).all()
+    packer.pack("prefill", _plan(Operation.PREFILL, [_row("biased", 2, (5, 6), 0, True, True)]))
+    assert ids[2].tolist() == [7] + [-1] * (ids.shape[1] - 1)  # a biased request writes the whole row
+
+
+def test_history_indexes_are_built_after_the_launch_or_when_first_read(prepared):
+    """Registering a request leaves its history index for `index_histories` (the executor calls it
+    once the program is launched); a read before that builds it, with the same candidates."""
+    from helios.runtime.execution.history_drafting import HistoryIndex
+
+    packer, _ = _packer(prepared)
+    assert packer._histories == {} and packer._unindexed == {"a", "b"}
+    packer.index_histories()
+    assert set(packer._histories) == {"a", "b"} and not packer._unindexed
+    packer.register(RequestSpec("c", (1, 2, 3, 1, 2), 16))
+    lane = _row("c", 1, (2,), 4, True, False, ceiling=4, sample_index=1)
+    assert packer.candidates(lane, 8) == HistoryIndex((1, 2, 3, 1, 2)).candidates(3) == (3, 1, 2)
+    assert "c" not in packer._unindexed

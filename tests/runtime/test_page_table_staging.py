@@ -38,7 +38,8 @@ def test_one_step_admitting_every_slot_with_long_cached_prompts_is_staged_whole_
             binding = Binding(view.destination, view.buffer, view.source, view.indexing, 0, 0, 0)
             for row in rows:
                 _fill_admission(binding, buffers[view.buffer], row, request, staging)
-        assert staging._entries_used == 2 * SLOTS * pages  # all staged: no synchronous fallback
+        # All staged (no synchronous fallback); an admitted row is staged whole, padding included.
+        assert staging._entries_used == 2 * SLOTS * MAX_PAGES
 
 
 def test_the_frames_stage_into_separate_pinned_entries():
@@ -49,3 +50,28 @@ def test_the_frames_stage_into_separate_pinned_entries():
     assert staging._entries.data_ptr() != first.data_ptr()
     staging.begin(2)
     assert staging._entries.data_ptr() == first.data_ptr()
+
+
+def _page_row(admits: bool, start: int, pages) -> PlanRow:
+    return PlanRow("r", 2, 1, (5,), False, 0, 1, start, tuple(pages), True, 0, 1, admits, False)
+
+
+def test_an_admitted_row_is_one_staged_copy_with_padding_around_its_entries_then_new_entries_only():
+    staging, buffers, views = _staging(("page_table",))
+    binding = Binding("page_table", "page_table", views[0].source, views[0].indexing, 0, -1, 0)
+    request = RequestSpec("r", (1,), 8)
+    staging.begin(0)
+    _fill_admission(binding, buffers["page_table"], _page_row(True, 0, (7, 8, 9)), request, staging)
+    assert staging._entries[:MAX_PAGES].tolist() == [7, 8, 9] + [-1] * (MAX_PAGES - 3)
+    _fill_admission(binding, buffers["page_table"], _page_row(False, 3, (10,)), request, staging)
+    assert staging._entries_used == MAX_PAGES + 1 and staging._entries[MAX_PAGES].item() == 10
+
+
+def test_a_host_page_table_row_gets_the_same_values():
+    table = torch.full((SLOTS, MAX_PAGES), 55, dtype=torch.int32)
+    staging = _Staging(SimpleNamespace(graphs={}), {"page_table": table}, None)
+    binding = Binding("page_table", "page_table", S.VALUE_SOURCE_PAGE_TABLE, S.INDEXING_PHYSICAL_REQUEST_ROW, 0, -1, 0)
+    request = RequestSpec("r", (1,), 8)
+    _fill_admission(binding, table, _page_row(True, 0, (7, 8, 9)), request, staging)
+    _fill_admission(binding, table, _page_row(False, 3, (10,)), request, staging)
+    assert table[2].tolist() == [7, 8, 9, 10] + [-1] * (MAX_PAGES - 4) and table[1].eq(55).all()

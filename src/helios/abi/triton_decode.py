@@ -10,8 +10,21 @@ static capacity context: a 1,000-token row in a 4,096-token capacity uses every 
 the capacity would leave most of them idle. A token gets at most the live split count of runs and
 none shorter than the tile's `min_split_tokens` (a short span is not cut finer than is worth a
 combine); splits past its runs exit. Each run writes a partial max, sum and normalised accumulator
-(float32), and a combine kernel merges the token's runs; a token of one run gets its output from the
-decode kernel directly, and the combine program of that token does nothing.
+(float32) and the token's runs are merged into the output in one of two ways (`DecodeTile.fused_combine`):
+
+- fused (the default): one launch. Each run's program, after writing its partials, adds one to the
+  token and key/value head's counter (an int32 workspace, `_counters`, zero between launches); the
+  program that brings it to the token's run count merges every run's partials into the output and
+  sets the counter back to zero, so the next launch (or the next replay of a captured CUDA graph)
+  starts from zero again. The workspace is one per device, shared by every fused launch on it:
+  launches on one device must not overlap (the runtime serves a device from one stream).
+- a combine kernel (grid (token, query head)) after the decode kernel.
+
+A token of one run gets its output from the decode kernel directly either way.
+
+The decode program finds its row without a search when the batch is one token per row at that index
+(query_start[token] <= token < query_start[token + 1]: two independent loads), else by binary search;
+it loads each tile's values with its keys (both in flight before the scores), not after the scores.
 
 The split count is static (`decode_splits`, from shapes) or, for ``helios::paged_attention_tuned``,
 read on the device from an int32 [1] tensor that a startup tuning producer wrote: the grid holds a
@@ -26,16 +39,16 @@ of device data, so the launches can be captured into a CUDA graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
 from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
+from helios.abi.triton_decode_walk import combine_if_last, token_row, walk
 from helios.abi.triton_paged import (
-    LOG2E, attend_tile, block_d, dot_precision, find_row, kv_offsets, multiprocessors, on_device, row_major,
-    sinks_or, softmax_start, window_bound,
+    LOG2E, block_d, dot_precision, multiprocessors, on_device, row_major, sinks_or, softmax_start, window_bound,
 )
 
 __all__ = [
@@ -51,12 +64,43 @@ class DecodeTile:
     """How one decode program walks its positions: `block_n` cached positions per iteration (a power
     of two, at least 16), the Triton launch options, and the shortest run a split gets
     (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
-    than shorter ones). A schedule only: every tile is exact."""
+    than shorter ones), whether the runs of a split token are merged in the decode launch
+    (`fused_combine`) or by a combine launch after it, how far ahead a program loads (`prefetch`, see
+    `walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
+    a tile of `block_n` positions holds every key/value head's keys, contiguous in a page, and the
+    query heads' rows mask the others' columns). A schedule only: every tile is exact."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     min_split_tokens: int = MIN_SPLIT_TOKENS
+    fused_combine: bool = True
+    prefetch: int = 1
+    wide: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "DecodeTile":
+        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w]`` (``c``: a
+        combine launch, not fused; ``w``: wide), as the benchmark prints and takes tiles, e.g.
+        ``64x4x2x128x1xc`` or ``16x8x2x64x1xw``."""
+        fields = text.strip().lower().split("x")
+        flags = set()
+        while fields and fields[-1] in ("c", "w") and fields[-1] not in flags:
+            flags.add(fields.pop())
+        try:
+            numbers = [int(field) for field in fields]
+        except ValueError:
+            numbers = []
+        if not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2)):
+            raise ValueError(f"decode tile {text!r}: want block_n x warps x stages [x min_split_tokens "
+                             "[x prefetch 0/1/2]] [x c] [x w]")
+        tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags)
+        return replace(tile, prefetch=numbers[4]) if len(numbers) == 5 else tile
+
+    @property
+    def label(self) -> str:
+        numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
+        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc") + ("xw" if self.wide else "")
 
     @property
     def min_split_tiles(self) -> int:
@@ -123,29 +167,36 @@ def _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS: tl.c
 
 
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
-def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
+def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                    query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
                    num_heads, stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
                    stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
                    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
-                   MIN_TILES: tl.constexpr):
-    """Program (token, key/value head, split): the token's GROUP query heads over its split's run of
-    cached positions (`_token_splits`; splits past the token's runs exit). Writes the output (the
-    token has one run) or partials. TUNED: the live split count is read from splits_ptr (NUM_SPLITS
-    is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the heads' sink logits,
-    so the combine counts each sink once."""
+                   MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
+                   BLOCK_KV: tl.constexpr):
+    """Program (token, key/value head, split): the token's GROUP query heads (BLOCK_KV > 1, a wide
+    tile: program (token, 0, split), all query heads, each tile every key/value head's keys of its
+    positions, contiguous in a page) over its split's run of cached positions (`_token_splits`; splits
+    past the token's runs exit). Writes the output (the token has one run) or partials (and, FUSED,
+    the last run to finish merges them: `combine_if_last`). TUNED: the live split count is read from
+    splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the
+    heads' sink logits, so the combine counts each sink once."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
                                      MIN_TILES)
     if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
-        row = find_row(query_start_ptr, num_rows, token, 1, False)
+        row = token_row(query_start_ptr, num_rows, token)
         offs_h = tl.arange(0, BLOCK_H)
-        head = kv_head * GROUP + offs_h
-        h_ok = offs_h < GROUP
+        if BLOCK_KV > 1:  # a wide program: every query head of the token (kv_head is 0)
+            head = offs_h
+            h_ok = offs_h < num_heads
+        else:
+            head = kv_head * GROUP + offs_h
+            h_ok = offs_h < GROUP
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
         q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
@@ -154,23 +205,24 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_
         m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
-        for start in range(lo, hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            page, offset, valid = kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
-            valid = valid & (offs_n >= first)  # nothing below the window is read: its pages may be released
-            acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, valid[None, :],
-                                        kv_head, offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
+        acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
+                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
+                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+        out_mask = h_ok[:, None] & d_ok[None, :]
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
-            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
         elif runs == 1:
-            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
-            part = (token * num_heads + head) * NUM_SPLITS + split
-            tl.store(part_m_ptr + part, m_i, mask=h_ok)
-            tl.store(part_l_ptr + part, l_i, mask=h_ok)
-            tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
+            part0 = (token * num_heads + head) * NUM_SPLITS
+            tl.store(part_m_ptr + part0 + split, m_i, mask=h_ok)
+            tl.store(part_l_ptr + part0 + split, l_i, mask=h_ok)
+            tl.store(part_o_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
+            if FUSED:
+                combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
+                                part_l_ptr, part_o_ptr, part0, runs, h_ok, offs_d, BLOCK_H, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
@@ -267,29 +319,53 @@ def grid_splits(max_context: int, split: int, block_n: int) -> int:
 
 def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: int, splits: torch.Tensor | None,
             sinks: torch.Tensor | None, tile: DecodeTile) -> None:
-    """Launch the decode kernel (and the combine kernel when more than one split can run).
-    splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink logits or None."""
+    """Launch the decode kernel (and the combine kernel when more than one split can run and the tile
+    does not fuse the combine). splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink
+    logits or None."""
     q, k_cache, v_cache, page_table, query_start, positions = tensors
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     tuned, width = splits is not None, block_d(head_dim)
+    fused = tile.fused_combine and num_splits > 1
+    block_kv = triton.next_power_of_2(num_kv_heads) if tile.wide else 1  # wide: all key/value heads a program
+    heads = num_heads if block_kv > 1 else num_heads // num_kv_heads  # query heads a program serves
+    block_n = max(tile.block_n, 16 // block_kv)  # at least 16 columns for the dot
     parts = _partials(num_tokens, num_heads, num_splits, width, out)
+    counts = _counters(out.device, num_tokens * num_kv_heads) if fused else query_start  # else: unread
     splits = splits if tuned else query_start  # an unread stand-in
     with on_device(q):
-        _decode_kernel[(num_tokens, num_kv_heads, num_splits)](
-            out, *parts, q, k_cache, v_cache, page_table, query_start, positions, splits,
+        _decode_kernel[(num_tokens, 1 if block_kv > 1 else num_kv_heads, num_splits)](
+            out, *parts, counts, q, k_cache, v_cache, page_table, query_start, positions, splits,
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
-            GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
-            BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
+            GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_KV=block_kv,
+            BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
-            MIN_TILES=tile.min_split_tiles, num_warps=tile.num_warps, num_stages=tile.num_stages)
-        if num_splits > 1:
+            MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
+            num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
                 *out.stride(), NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-                BLOCK_D=width, TUNED=tuned, BLOCK_N=tile.block_n, MIN_TILES=tile.min_split_tiles)
+                BLOCK_D=width, TUNED=tuned, BLOCK_N=block_n, MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)))
+
+
+_COUNTERS: dict[tuple[str, int | None, int], torch.Tensor] = {}
+_MIN_COUNTERS = 1 << 12  # 512 tokens of 8 key/value heads: one workspace serves every decode batch below it
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    """The device's fused-combine counters (int32, at least `needed`, a power of two of at least
+    _MIN_COUNTERS), zero between launches: allocated zeroed once per size and kept for the process (a
+    captured CUDA graph holds their address), every launch leaves them zero again. Allocated during a
+    capture, the zeroing is captured too and each replay repeats it, which is harmless."""
+    size = max(_MIN_COUNTERS, triton.next_power_of_2(max(needed, 1)))
+    key = (device.type, device.index, size)
+    counters = _COUNTERS.get(key)
+    if counters is None:
+        counters = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return counters
 
 
 def _partials(num_tokens: int, num_heads: int, num_splits: int, width: int,

@@ -154,6 +154,7 @@ class Executor:
             self._submission.fill_(plan.sequence)
         with torch.inference_mode():
             returned = self._call(program, plan)
+        self.packer.index_histories()  # host work the program does not need: while the device runs
         outputs = dict(zip(program.outputs, returned if isinstance(returned, (tuple, list)) else (returned,)))
         record = outputs[self.model.prepared.manifest.completion.buffer]
         asynchronous = record.device.type == "cuda" and self._completion.is_pinned()

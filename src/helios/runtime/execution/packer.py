@@ -28,8 +28,11 @@ Host staging: on a device other than the CPU, every buffer that is rewritten eac
 tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
 with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
 current stream; a grammar mask is uploaded only while some row is constrained (and once more to
-clear it). Per-slot admission values go straight to the device, when a slot is admitted or gains
-pages; new page-table entries go through pinned staging and an asynchronous copy too. There are two
+clear it). Per-slot admission values (a slot is admitted or gains pages) are asynchronous copies too:
+page-table entries (an admitted row whole) from pinned staging, EOS ids, per-slot sampling values
+and logit bias from pinned rows (`helios.runtime.execution.pinned_rows`; a bias row that already
+holds padding is left alone), the prompt histogram counted on the host, only for a request with a
+penalty (`helios.runtime.execution.prompt_histogram`): nothing before the program synchronises. There are two
 sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
 the previous plan of its frame finished, while the other frame's uploads may still be queued.
 
@@ -145,6 +148,7 @@ class Packer:
         # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        self._unindexed: set[str] = set()  # registered requests whose history index is not built yet
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
         self._kept = KeptValues(buffers, (name for names in self._written_state.values() for name in names))
 
@@ -170,8 +174,25 @@ class Packer:
         self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
-        if self._histories is not None:
-            self._histories[spec.request_id] = HistoryIndex(spec.prompt_ids)
+        if self._histories is not None:  # indexed after the launch (`index_histories`), or when first read
+            self._histories.pop(spec.request_id, None)
+            self._unindexed.add(spec.request_id)
+
+    def index_histories(self) -> None:
+        """Builds the history indexes of the requests registered since the last call (milliseconds
+        for a long prompt): the executor calls it once a plan's program is launched, so the
+        index is built while the device runs instead of before the program."""
+        for request_id in self._unindexed:
+            self._histories[request_id] = HistoryIndex(self._requests[request_id].prompt_ids)
+        self._unindexed.clear()
+
+    def _history(self, request_id: str) -> HistoryIndex | None:
+        if self._histories is None:
+            return None
+        if request_id in self._unindexed:
+            self._unindexed.discard(request_id)
+            self._histories[request_id] = HistoryIndex(self._requests[request_id].prompt_ids)
+        return self._histories.get(request_id)
 
     def forget(self, request_id: str) -> None:
         """Drops a request's record (an id it never saw is ignored)."""
@@ -181,6 +202,7 @@ class Packer:
             self._contexts.pop(request_id, None)
         if self._histories is not None:
             self._histories.pop(request_id, None)
+            self._unindexed.discard(request_id)
 
     @property
     def num_requests(self) -> int:
@@ -200,8 +222,8 @@ class Packer:
         if self._histories is None:
             return
         for row, result in zip(plan.rows, results):
-            history = self._histories.get(row.request_id)
-            if history is not None and result.token_ids:
+            history = self._history(row.request_id) if result.token_ids else None
+            if history is not None:
                 history.extend(result.token_ids)
 
     def pack(self, graph: str, plan: StepPlan) -> None:
@@ -288,7 +310,7 @@ class Packer:
 
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
         """Copied history candidates for a lane: none unless its history ends at its pending token."""
-        history = self._histories.get(row.request_id) if self._histories is not None else None
+        history = self._history(row.request_id)
         if history is None or len(history) != row.start_pos + 1 or not row.token_ids:
             return ()
         if history.tokens[-1] != row.token_ids[0]:
@@ -361,13 +383,12 @@ def _packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
 def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: "_Staging") -> None:
     source, slot = binding.source, row.slot
     if source == S.VALUE_SOURCE_PAGE_TABLE:
-        if row.admits:
-            target[slot] = binding.padding
         # A window table's released entries upload as a valid id its window masks (never read).
         ids = tuple(max(page, UNHELD_PAGE_ID) for page in row.new_window_ids) if binding.window else row.new_page_ids
-        if ids:
-            start = row.page_table_start
-            staging.write_entries(target[slot, start:start + len(ids)], ids)
+        if row.admits:  # the whole row in one write: padding around the new entries
+            staging.write_entries(target[slot], ids, row.page_table_start, binding.padding)
+        elif ids:
+            staging.write_entries(target[slot], ids, row.page_table_start)
     elif source in _BIAS_SOURCES:
         if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
             width = target.shape[-1]
@@ -375,21 +396,22 @@ def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpe
                 raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
             column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
             values = [entry[column] for entry in req.logit_bias]
-            target[slot] = binding.padding
-            if values:
-                target[slot, :len(values)] = torch.tensor(values, dtype=target.dtype)
+            # A row the packer's last write left padding needs no write for a request without bias.
+            holds_padding = staging.padded_row(binding.buffer_name, slot, padded=not values)
+            if values or not holds_padding:
+                staging.write_row(binding.buffer_name, target[slot], values + [binding.padding] * (width - len(values)))
     elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
-        if row.admits:  # the whole prompt, prefix-cache hits included (their rows start past it)
-            target[slot] = 0
-            if req.prompt_ids:
-                staging.add_counts(binding.buffer_name, target[slot], req.prompt_ids)
+        # The whole prompt, prefix-cache hits included (their rows start past it). Only penalties
+        # read it: a request without one leaves the row (`helios.runtime.execution.prompt_histogram`).
+        if row.admits and req.sampling.penalised:
+            staging.write_counts(binding.buffer_name, target[slot], req.prompt_ids)
     elif source == S.VALUE_SOURCE_EOS_IDS:
         if row.admits:
-            target[slot] = torch.tensor(eos_row(req, target, binding), dtype=target.dtype)
+            staging.write_row(binding.buffer_name, target[slot], eos_row(req, target, binding))
     elif row.admits:
         value = _ROW_SOURCES[source](row, req)
         if isinstance(value, tuple):
-            target[slot] = torch.tensor(padded(value, target, binding), dtype=target.dtype)
+            staging.write_row(binding.buffer_name, target[slot], padded(value, target, binding))
         else:
             target[slot] = value + binding.offset
 

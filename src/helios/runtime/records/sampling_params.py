@@ -62,6 +62,12 @@ class SamplingParams:
         """Whether every token is the argmax (temperature 0, negative or NaN): the seed is unused."""
         return not self.temperature > 0
 
+    @property
+    def penalised(self) -> bool:
+        """Whether a penalty is not neutral (repetition 1, presence and frequency 0): only then do
+        the sampled tokens depend on the prompt and output histograms (`helios.abi.sampling`)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def packed(self) -> tuple[float, ...]:
         """The FP32 parameter row of ``helios::sample``, in `SAMPLING_PARAMETER_COLUMNS` order."""
         return (float(self.temperature), float(self.top_k), float(self.top_p), float(self.min_p),

@@ -1,0 +1,293 @@
+"""The decode path of `helios.abi.triton_decode` as of commit 291fbb3 (splits cut each token's own span,
+a separate combine launch, the row found by binary search, each tile's values loaded after its scores),
+kept only so `bench/decode_attention.py` can time it against the current kernels in one process. Not used
+by Helios. The shared Triton helpers come from `decode_attention_baseline` (frozen copies of the same code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
+from decode_attention_baseline import _LOG2E as LOG2E  # noqa: E402
+from decode_attention_baseline import _attend_tile as attend_tile  # noqa: E402
+from decode_attention_baseline import _block_d as block_d  # noqa: E402
+from decode_attention_baseline import _dot_precision as dot_precision  # noqa: E402
+from decode_attention_baseline import _find_row as find_row  # noqa: E402
+from decode_attention_baseline import _kv_offsets as kv_offsets  # noqa: E402
+from decode_attention_baseline import _multiprocessors as multiprocessors  # noqa: E402
+from decode_attention_baseline import _on_device as on_device  # noqa: E402
+from decode_attention_baseline import _row_major as row_major  # noqa: E402
+from decode_attention_baseline import _sinks_or as sinks_or  # noqa: E402
+from decode_attention_baseline import _softmax_start as softmax_start  # noqa: E402
+from decode_attention_baseline import _window_bound as window_bound  # noqa: E402
+
+__all__ = [
+    "DecodeTile", "decode_splits", "decode_tile", "grid_splits", "paged_attention_decode",
+    "paged_attention_decode_tuned", "tuned_split_bound",
+]
+
+_MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned decode grid
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    """How one decode program walks its positions: `block_n` cached positions per iteration (a power
+    of two, at least 16), the Triton launch options, and the shortest run a split gets
+    (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
+    than shorter ones). A schedule only: every tile is exact."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    min_split_tokens: int = MIN_SPLIT_TOKENS
+
+    @property
+    def min_split_tiles(self) -> int:
+        return max(1, -(-self.min_split_tokens // self.block_n))
+
+
+DEFAULT_TILE = DecodeTile()
+# Measured tiles by (head_dim, largest decode batch of the bucket); absent keys use DEFAULT_TILE.
+# Fill from `bench/decode_attention.py` (its "suggested tiles" lines) on the serving device class.
+# H200, Llama-8B shapes (bench/results/h200_kernels_session16/decode_attention.log): batch 1 is fastest
+# with 128-position tiles of 8 warps; at batch 64 the sweep's best is the default; at batch 256 no swept
+# tile beat the default. PREFILL_TILES' suggestion there is its default too.
+DECODE_TILES: dict[tuple[int, int], DecodeTile] = {(128, 1): DecodeTile(128, 8, 2, 128)}
+_BATCH_BUCKETS = (1, 16, 64, 256)
+
+
+def decode_tile(num_tokens: int, head_dim: int) -> DecodeTile:
+    """The tile for a decode launch of `num_tokens` tokens at `head_dim`, from static numbers only."""
+    bucket = next((b for b in _BATCH_BUCKETS if num_tokens <= b), _BATCH_BUCKETS[-1])
+    return DECODE_TILES.get((head_dim, bucket), DEFAULT_TILE)
+
+
+@triton.jit
+def _live_splits(splits_ptr, NUM_SPLITS: tl.constexpr, TUNED: tl.constexpr):
+    """Splits that run: NUM_SPLITS, or (TUNED) the count in splits_ptr clamped to [1, NUM_SPLITS]."""
+    live = NUM_SPLITS
+    if TUNED:
+        live = tl.minimum(tl.maximum(tl.load(splits_ptr), 1), NUM_SPLITS)
+    return live
+
+
+@triton.jit
+def _token_splits(pos, window, live, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """(first visible position, first tile's position, tiles per run, runs) of a token: its span
+    [max(pos - window + 1, 0), pos] in tiles aligned to BLOCK_N, cut into at most `live` equal runs
+    of at least MIN_TILES tiles (a short span is not cut finer than is worth a combine)."""
+    first = tl.maximum(pos - window + 1, 0)
+    base = first // BLOCK_N * BLOCK_N
+    tiles = (pos + 1 - base + BLOCK_N - 1) // BLOCK_N
+    runs = tl.maximum(tl.minimum(live, (tiles + MIN_TILES - 1) // MIN_TILES), 1)
+    return first, base, (tiles + runs - 1) // runs, runs
+
+
+@triton.jit
+def _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS: tl.constexpr, TUNED: tl.constexpr,
+               BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """(first visible position, first tile's position, end, runs) of this program's run of the token's
+    span. A one-split grid (NUM_SPLITS == 1, static) walks the whole span with no split arithmetic and
+    reads no split count; otherwise `_token_splits` cuts it and splits past the token's runs get
+    runs <= split (they exit)."""
+    if NUM_SPLITS == 1:
+        pos = tl.load(positions_ptr + token).to(tl.int32)
+        first = tl.maximum(pos - window + 1, 0)
+        lo = first // BLOCK_N * BLOCK_N
+        hi = pos + 1
+        runs = split + 1
+    else:
+        live = _live_splits(splits_ptr, NUM_SPLITS, TUNED)
+        pos = tl.load(positions_ptr + token, mask=split < live, other=0).to(tl.int32)
+        first, base, run_tiles, runs = _token_splits(pos, window, live, BLOCK_N, MIN_TILES)
+        lo = base + split * run_tiles * BLOCK_N
+        hi = tl.minimum(pos + 1, lo + run_tiles * BLOCK_N)
+    return first, lo, hi, runs
+
+
+@triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
+def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
+                   query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
+                   num_heads, stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+                   stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
+                   GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
+                   MIN_TILES: tl.constexpr):
+    """Program (token, key/value head, split): the token's GROUP query heads over its split's run of
+    cached positions (`_token_splits`; splits past the token's runs exit). Writes the output (the
+    token has one run) or partials. TUNED: the live split count is read from splits_ptr (NUM_SPLITS
+    is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the heads' sink logits,
+    so the combine counts each sink once."""
+    token = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
+                                     MIN_TILES)
+    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
+        row = find_row(query_start_ptr, num_rows, token, 1, False)
+        offs_h = tl.arange(0, BLOCK_H)
+        head = kv_head * GROUP + offs_h
+        h_ok = offs_h < GROUP
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                    mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
+        row_pages = row.to(tl.int64) * stride_pr
+        kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            page, offset, valid = kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
+            valid = valid & (offs_n >= first)  # nothing below the window is read: its pages may be released
+            acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, valid[None, :],
+                                        kv_head, offs_d, d_ok, kv_strides, scale_log2, DOT_PRECISION)
+        result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+        if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+        elif runs == 1:
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+        else:
+            part = (token * num_heads + head) * NUM_SPLITS + split
+            tl.store(part_m_ptr + part, m_i, mask=h_ok)
+            tl.store(part_l_ptr + part, l_i, mask=h_ok)
+            tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["window", "num_rows"])
+def _combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, positions_ptr, splits_ptr,
+                    window, num_rows, num_heads, stride_ot, stride_oh, stride_od, NUM_SPLITS: tl.constexpr,
+                    BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TUNED: tl.constexpr,
+                    BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Program (token, query head): merge the token's runs' partial softmaxes into the output (one
+    run: the decode kernel wrote the output itself and this program does nothing)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    live = _live_splits(splits_ptr, NUM_SPLITS, TUNED)
+    pos = tl.load(positions_ptr + token).to(tl.int32)
+    _, _, _, runs = _token_splits(pos, window, live, BLOCK_N, MIN_TILES)
+    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (runs > 1):
+        offs_s = tl.arange(0, BLOCK_S)
+        s_ok = offs_s < runs
+        offs_d = tl.arange(0, BLOCK_D)
+        part = (token * num_heads + head) * NUM_SPLITS + offs_s
+        m_s = tl.load(part_m_ptr + part, mask=s_ok, other=-1e30)
+        l_s = tl.load(part_l_ptr + part, mask=s_ok, other=0.0)
+        o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+        weight = l_s * tl.exp2(m_s - tl.max(m_s, 0))
+        total = tl.sum(weight, 0)
+        result = tl.sum(weight[:, None] * o_s, 0) / tl.where(total == 0.0, 1.0, total)
+        tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d * stride_od,
+                 result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
+                           scale: float, window: int, *, split: int | None = None,
+                           sinks: torch.Tensor | None = None, tile: DecodeTile | None = None) -> torch.Tensor:
+    """Flash-decoding (arguments as ``helios::paged_attention``, already validated): grid (T, Hkv,
+    splits), then a combine kernel when splits > 1. `split` asks for a count (None: `decode_splits`;
+    1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks)."""
+    num_tokens, _, head_dim = q.shape
+    out = torch.zeros_like(q)  # the strides of the reference and fake implementations
+    if num_tokens == 0 or page_table.shape[0] == 0:
+        return out
+    tile = tile or decode_tile(num_tokens, head_dim)
+    max_context = page_table.shape[1] * k_cache.shape[1]
+    if split is None:
+        split = decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
+    _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+            grid_splits(max_context, split, tile.block_n), None, sinks, tile)
+    return out
+
+
+def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
+                                 scale: float, window: int, splits: torch.Tensor, *,
+                                 sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
+                                 bound: int | None = None) -> torch.Tensor:
+    """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
+    (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
+    (and reads the count) whenever the bound allows more than one split. `tile` and `bound` (the
+    grid's split bound) override the static choices (benchmarks sweep them)."""
+    num_tokens, _, head_dim = q.shape
+    out = torch.zeros_like(q)
+    if num_tokens == 0 or page_table.shape[0] == 0:
+        return out
+    tile = tile or decode_tile(num_tokens, head_dim)
+    max_context = page_table.shape[1] * k_cache.shape[1]
+    bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
+    _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+            grid_splits(max_context, bound, tile.block_n),
+            splits.contiguous(), sinks, tile)
+    return out
+
+
+def tuned_split_bound(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
+    """The most splits a tuned decode launch can use, from static numbers only: the most the tuning
+    producer asks on a device of _MAX_SMS multiprocessors (see `helios.ignition.tuning`)."""
+    programs = max(1, num_tokens * num_kv_heads)
+    useful = -(-max_context // MIN_SPLIT_TOKENS)
+    return max(1, min(DECODE_MAX_SPLITS, useful, -(-DECODE_PROGRAMS_PER_MULTIPROCESSOR * _MAX_SMS // programs)))
+
+
+def decode_splits(num_tokens: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Default number of decode splits, from static numbers only: the tuning producer's rule for this
+    device (about DECODE_PROGRAMS_PER_MULTIPROCESSOR programs per multiprocessor)."""
+    programs = max(1, num_tokens * num_kv_heads)
+    wanted = -(-DECODE_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors(device) // programs)
+    useful = -(-max_context // MIN_SPLIT_TOKENS)
+    return max(1, min(wanted, useful, DECODE_MAX_SPLITS))
+
+
+def grid_splits(max_context: int, split: int, block_n: int) -> int:
+    """Splits in the grid for `split` asked: at least 1, at most DECODE_MAX_SPLITS and no more than
+    one tile of the capacity context each (a token's span never exceeds the capacity)."""
+    return max(1, min(split, DECODE_MAX_SPLITS, -(-max_context // block_n)))
+
+
+def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: int, splits: torch.Tensor | None,
+            sinks: torch.Tensor | None, tile: DecodeTile) -> None:
+    """Launch the decode kernel (and the combine kernel when more than one split can run).
+    splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink logits or None."""
+    q, k_cache, v_cache, page_table, query_start, positions = tensors
+    num_tokens, num_heads, head_dim = q.shape
+    num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
+    page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
+    tuned, width = splits is not None, block_d(head_dim)
+    parts = _partials(num_tokens, num_heads, num_splits, width, out)
+    splits = splits if tuned else query_start  # an unread stand-in
+    with on_device(q):
+        _decode_kernel[(num_tokens, num_kv_heads, num_splits)](
+            out, *parts, q, k_cache, v_cache, page_table, query_start, positions, splits,
+            sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
+            *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
+            GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
+            BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
+            NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
+            MIN_TILES=tile.min_split_tiles, num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if num_splits > 1:
+            _combine_kernel[(num_tokens, num_heads)](
+                out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
+                *out.stride(), NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+                BLOCK_D=width, TUNED=tuned, BLOCK_N=tile.block_n, MIN_TILES=tile.min_split_tiles)
+
+
+def _partials(num_tokens: int, num_heads: int, num_splits: int, width: int,
+              out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 partial max, sum [T, Hq, S] and accumulator [T, Hq, S, width] buffers (uninitialised:
+    the decode kernel writes every entry of a live split that the combine kernel reads). Without
+    splits, `out` stands in."""
+    if num_splits == 1:
+        return out, out, out
+    shape = (num_tokens, num_heads, num_splits)
+    return (torch.empty(shape, dtype=torch.float32, device=out.device),
+            torch.empty(shape, dtype=torch.float32, device=out.device),
+            torch.empty((*shape, width), dtype=torch.float32, device=out.device))

@@ -1,0 +1,361 @@
+"""The Triton prefill kernel of ``helios::paged_attention`` (CUDA; CPU under TRITON_INTERPRET=1), in the
+style of FlashAttention-2, with a split of the key/value span for launches of few query blocks.
+
+`helios.abi.triton_attention` dispatches here when T > R (more tokens than rows). The kernel is exact
+for any layout (one-token rows, padding, inactive rows, windows, sinks).
+
+Query blocks: the packed tokens are cut into blocks of at most ``BLOCK_M`` consecutive tokens of one
+row. Rows are contiguous in packed order, so row r owns blocks ``query_start[r] // BLOCK_M + r + j``
+for j < ceil(len_r / BLOCK_M); the grid holds an upper bound, ``T // BLOCK_M + R`` blocks, and a
+program finds its row by binary search over ``query_start``; blocks past their row's tokens exit at
+once. The highest blocks start first (in a causal prefill they see the most positions).
+
+GQA: a program serves all GROUP query heads of one key/value head. Its ``BLOCK_M x BLOCK_G`` (token,
+head) pairs, token-major (a token's heads are adjacent in q), are the M dimension of one ``tl.dot``, so
+each key and value tile is loaded once for GROUP heads.
+
+Causal split of the work: a block's span of cached positions ``[max(min pos - window + 1, 0), max pos]``
+is walked in three runs of ``BLOCK_N`` tiles: tiles below some token's window (masked), tiles every
+token of the block sees whole (no mask at all: neither causal, window nor page checks), and the
+diagonal tiles (masked). Scores stay float32; the softmax runs in base 2 with ``scale * log2(e)``
+applied in the one fused multiply-add that also subtracts the running max.
+
+Split-KV: with few query blocks (a short chunk after a long cached prefix) the grid gets a third axis
+of NUM_SPLITS splits (`prefill_splits`, static: from shapes and the multiprocessor count, so it is
+fixed when a CUDA graph is captured). Each block's span is cut into at most NUM_SPLITS equal runs of
+whole tiles, none shorter than MIN_TILES tiles (data-dependent: a short span uses fewer runs); each run
+writes a partial max, sum and normalised accumulator (float32) and `_prefill_combine_kernel` merges a
+block's runs, one program per (query block, query head). A block of one run writes its output
+directly and its combine programs do nothing.
+
+Keys and values are read through the page table: a tile's positions map to (page, offset) and every
+load is contiguous along the head dimension; page-table entries are read only below each block's
+needed page. Nothing below a block's window is read (those pages may have been released).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from helios.abi.triton_paged import (
+    LOG2E, block_d, dot_precision, find_row, multiprocessors, on_device, row_major, sinks_or, softmax_start,
+    window_bound,
+)
+
+__all__ = [
+    "DEFAULT_PREFILL_TILE", "PREFILL_MAX_SPLITS", "PREFILL_MIN_SPLIT_TOKENS", "PREFILL_PROGRAMS_PER_MULTIPROCESSOR",
+    "LONG_PREFILL_TILES", "LONG_PREFILL_TOKENS", "PREFILL_TILES", "SHORT_ROWS_TILE", "PrefillTile", "paged_attention_prefill", "prefill_splits", "prefill_tile",
+]
+
+# Split-KV schedule of the prefill kernel: about PREFILL_PROGRAMS_PER_MULTIPROCESSOR programs per
+# multiprocessor, runs of at least PREFILL_MIN_SPLIT_TOKENS positions, at most PREFILL_MAX_SPLITS splits.
+# One program per multiprocessor: a 128-pair, 8-warp program holds one multiprocessor's registers, and
+# a split past one wave adds a wave (bench/prefill_attention.py's "suggested" line measures the value).
+PREFILL_PROGRAMS_PER_MULTIPROCESSOR = 1
+PREFILL_MIN_SPLIT_TOKENS = 256
+PREFILL_MAX_SPLITS = 16
+
+
+@dataclass(frozen=True)
+class PrefillTile:
+    """How one prefill program is shaped: `block_pairs` (token, query head) pairs (BLOCK_M * BLOCK_G,
+    a power of two, at least 16), `block_n` cached positions per iteration (a power of two, at least
+    16), the Triton launch options, and the shortest run a split gets (`min_split_tokens`, rounded up
+    to whole tiles: a span is cut into fewer splits rather than shorter ones). A schedule only: every
+    tile gives the same result."""
+
+    block_pairs: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS
+
+    @property
+    def min_split_tiles(self) -> int:
+        return max(1, -(-self.min_split_tokens // self.block_n))
+
+
+DEFAULT_PREFILL_TILE = PrefillTile()
+# Batches whose rows hold fewer tokens than one default block on average (decode lanes among prompt
+# rows): 16 tokens x 4 heads, 4 warps, the shape of the kernel before this one, so a one-token row's
+# block wastes no more than it did.
+SHORT_ROWS_TILE = PrefillTile(64, 64, 4, 2)
+_WIDE_TILE = PrefillTile(64, 32, 4, 2)  # head rows over 256 bytes (float32, head_dim > 128): less shared memory
+# Measured tiles by head_dim; absent keys use DEFAULT_PREFILL_TILE. Fill from the "suggested
+# PREFILL_TILES" line of `bench/prefill_attention.py` on the serving device class.
+PREFILL_TILES: dict[int, PrefillTile] = {}
+# Launches of at least LONG_PREFILL_TOKENS packed tokens, by head_dim. H200 sweep (2026-12-01,
+# bench/results/h200_session18_call3): 128 x 128 positions per iteration runs a 2,048-token cold
+# prompt in 170 us per layer against the default's 179, and loses at 512 tokens (30.4 against 30.0
+# us) and on short chunks after a long prefix (54 against 52 us), so it serves long launches only.
+LONG_PREFILL_TOKENS = 1024
+LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: PrefillTile(128, 128, 8, 3)}
+
+
+def prefill_tile(head_dim: int, dtype: torch.dtype, num_tokens: int = 0, num_rows: int = 0) -> PrefillTile:
+    """The tile for a prefill launch of `num_tokens` packed tokens in `num_rows` rows, from static
+    numbers only: SHORT_ROWS_TILE where the rows average fewer tokens than the table's tile has, the
+    table's entry for 16-bit inputs (LONG_PREFILL_TILES' for launches of LONG_PREFILL_TOKENS or more),
+    else the default (a narrower one where a head row exceeds 256
+    bytes)."""
+    if head_dim * dtype.itemsize > 256:
+        return _WIDE_TILE
+    tile = PREFILL_TILES.get(head_dim, DEFAULT_PREFILL_TILE)
+    if num_tokens >= LONG_PREFILL_TOKENS and dtype.itemsize == 2:
+        tile = LONG_PREFILL_TILES.get(head_dim, tile)
+    if num_tokens < num_rows * tile.block_pairs // 4:  # rows of fewer tokens than a block of GQA group 4
+        return SHORT_ROWS_TILE
+    return tile
+
+
+def prefill_splits(num_blocks: int, num_kv_heads: int, max_context: int, device: torch.device,
+                   min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS,
+                   per_multiprocessor: int = PREFILL_PROGRAMS_PER_MULTIPROCESSOR) -> int:
+    """Splits of a prefill launch of `num_blocks` query blocks (the grid's bound, ``T // BLOCK_M + R``),
+    from static numbers only (fixed when a graph is captured): enough for about `per_multiprocessor`
+    programs per multiprocessor, no more than one per `min_split_tokens` positions of the capacity
+    context, at most PREFILL_MAX_SPLITS."""
+    programs = max(1, num_blocks * num_kv_heads)
+    wanted = -(-per_multiprocessor * multiprocessors(device) // programs)
+    useful = -(-max_context // min_split_tokens)
+    return max(1, min(wanted, useful, PREFILL_MAX_SPLITS))
+
+
+@triton.jit
+def _query_block(query_start_ptr, positions_ptr, num_rows, block, window, GROUP: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query block `block`'s row, pair layout and span: (row, live, token, pair_head, token_ok, m_ok,
+    pos, lo, hi, pos_min). live: the block holds tokens; pairs are token-major; lo/hi bound the cached
+    positions any of its tokens sees; pos_min is its lowest token position."""
+    row = find_row(query_start_ptr, num_rows, block, BLOCK_M, True)
+    row_start = tl.load(query_start_ptr + row)
+    row_end = tl.load(query_start_ptr + row + 1)
+    first = row_start + (block - row_start // BLOCK_M - row) * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M * BLOCK_G)
+    token = (first + offs_m // BLOCK_G).to(tl.int64)
+    token_ok = token < row_end
+    m_ok = token_ok & (offs_m % BLOCK_G < GROUP)
+    pos = tl.load(positions_ptr + token, mask=token_ok, other=-1).to(tl.int32)
+    hi = tl.max(pos) + 1
+    pos_min = tl.min(tl.where(token_ok, pos, hi))
+    lo = tl.maximum(pos_min - window + 1, 0)
+    return row, first < row_end, token, offs_m % BLOCK_G, token_ok, m_ok, pos, lo, hi, pos_min
+
+
+@triton.jit
+def _block_runs(lo, hi, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """(first tile's position, tiles per run, runs) of a span [lo, hi): whole BLOCK_N tiles cut into at
+    most NUM_SPLITS equal runs of at least MIN_TILES tiles."""
+    base = lo // BLOCK_N * BLOCK_N
+    tiles = (hi - base + BLOCK_N - 1) // BLOCK_N
+    runs = tl.maximum(tl.minimum((tiles + MIN_TILES - 1) // MIN_TILES, NUM_SPLITS), 1)
+    return base, (tiles + runs - 1) // runs, runs
+
+
+@triton.jit
+def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides, pos, lo, hi,
+               window, max_pages, scale_log2, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr, MASKED: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    """One online-softmax step over cached positions [start, start + BLOCK_N). MASKED: positions
+    outside [lo, hi), past the table's pages, after a token's position or below its window are
+    excluded (and not read); unmasked tiles lie wholly inside every token's view."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    page_index = offs_n // PAGE_TOKENS
+    if MASKED:
+        valid = (offs_n >= lo) & (offs_n < hi) & (page_index < max_pages)
+        page = tl.load(page_table_ptr + row_pages + page_index, mask=valid, other=0).to(tl.int64)
+    else:
+        page = tl.load(page_table_ptr + row_pages + page_index).to(tl.int64)
+    offset = offs_n % PAGE_TOKENS
+    k_rows = k_ptr + kv_base[0] + page * kv_strides[0] + offset * kv_strides[1]
+    v_rows = v_ptr + kv_base[1] + page * kv_strides[2] + offset * kv_strides[3]
+    k_at = k_rows[:, None] + offs_d[None, :] * kv_strides[4]
+    v_at = v_rows[:, None] + offs_d[None, :] * kv_strides[5]
+    if MASKED:
+        load_ok = valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(k_at, mask=load_ok, other=0.0)
+        v = tl.load(v_at, mask=load_ok, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(k_at)
+        v = tl.load(v_at)
+    else:
+        k = tl.load(k_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+        v = tl.load(v_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if MASKED:
+        allowed = valid[None, :] & (offs_n[None, :] <= pos[:, None]) & (pos[:, None] - offs_n[None, :] < window)
+        scores = tl.where(allowed, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
+    probs = tl.exp2(scores * scale_log2 - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(probs, 1)
+    acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # accumulates in place
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """The online softmax over the run [run_lo, run_hi) of a block's span, in three loops: tiles below
+    some token's window (masked), tiles wholly inside every token's view (at or above the highest
+    token's window start, at or below the lowest token's position, within the table's pages: no
+    mask), then the diagonal (masked). kv: (k_ptr, v_ptr, page_table_ptr, the row's page-table
+    offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides)."""
+    k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides = kv
+    whole_lo = (tl.maximum(tl.max(pos) - window + 1, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    whole_hi = tl.minimum(pos_min + 1, max_pages * PAGE_TOKENS) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum(whole_lo, run_lo), run_hi)
+    mid_hi = tl.maximum(tl.minimum(whole_hi, run_hi), mid_lo)
+    for start in range(run_lo, mid_lo, BLOCK_N):
+        acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
+                                   kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
+                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+    for start in range(mid_lo, mid_hi, BLOCK_N):
+        acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
+                                   kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
+                                   HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION)
+    for start in range(mid_hi, run_hi, BLOCK_N):
+        acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
+                                   kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
+                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
+def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
+                    query_start_ptr, positions_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages, num_heads,
+                    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+                    stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
+                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+                    NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    HAS_SINKS: tl.constexpr):
+    """Program (query block, key/value head, split): up to BLOCK_M tokens of one row x its GROUP query
+    heads over the split's run of the block's span. Writes the output (the block has one run) or the
+    run's partials. HAS_SINKS: split 0 starts from the heads' sink logits (the combine counts each once)."""
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row, live, token, group_index, token_ok, m_ok, pos, lo, hi, pos_min = _query_block(
+        query_start_ptr, positions_ptr, num_rows, block, window, GROUP, BLOCK_G, BLOCK_M)
+    base, run_tiles, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
+    if live & (split < runs):
+        head = kv_head * GROUP + group_index
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
+        m_i, l_i = softmax_start(sinks_ptr, head, m_ok & (split == 0), BLOCK_M * BLOCK_G, HAS_SINKS)
+        run_lo = base + split * run_tiles * BLOCK_N
+        run_hi = tl.minimum(hi, run_lo + run_tiles * BLOCK_N)
+        kv = (k_ptr, v_ptr, page_table_ptr, row.to(tl.int64) * stride_pr, (kv_head * stride_kh, kv_head * stride_vh),
+              (stride_kp, stride_kt, stride_vp, stride_vt, stride_kd, stride_vd))
+        acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages,
+                                    scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_TOKENS, DOT_PRECISION)
+        result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out_at = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+        if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+        elif runs == 1:
+            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+        else:
+            part = (token * num_heads + head) * NUM_SPLITS + split
+            tl.store(part_m_ptr + part, m_i, mask=m_ok)
+            tl.store(part_l_ptr + part, l_i, mask=m_ok)
+            tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=m_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["window", "num_rows"])
+def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr, positions_ptr, window,
+                            num_rows, num_heads, stride_ot, stride_oh, stride_od, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Program (query block, query head): merge the block's runs' partial softmaxes into the output of
+    its tokens for that head (one run: the prefill kernel wrote the output itself and this program
+    does nothing). The block's span, hence its runs, is that of the prefill kernel's programs."""
+    block = tl.program_id(0)
+    head = tl.program_id(1)
+    row, live, token, _, token_ok, _, pos, lo, hi, _ = _query_block(
+        query_start_ptr, positions_ptr, num_rows, block, window, 1, 1, BLOCK_M)
+    _, _, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
+    if live & (runs > 1):
+        offs_d = tl.arange(0, BLOCK_D)
+        m_all = tl.full([BLOCK_M], -1e30, tl.float32)
+        weight = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for split in range(0, runs):
+            part = (token * num_heads + head) * NUM_SPLITS + split
+            m_s = tl.load(part_m_ptr + part, mask=token_ok, other=-1e30)
+            l_s = tl.load(part_l_ptr + part, mask=token_ok, other=0.0)
+            o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=token_ok[:, None], other=0.0)
+            m_new = tl.maximum(m_all, m_s)
+            alpha = tl.exp2(m_all - m_new)
+            w_s = l_s * tl.exp2(m_s - m_new)
+            acc = acc * alpha[:, None] + o_s * w_s[:, None]
+            weight = weight * alpha + w_s
+            m_all = m_new
+        result = acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
+                 result.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
+                            scale: float, window: int, *, sinks: torch.Tensor | None = None,
+                            tile: PrefillTile | None = None, splits: int | None = None) -> torch.Tensor:
+    """The prefill kernel (arguments as ``helios::paged_attention``, already validated): grid
+    (T // BLOCK_M + R, Hkv, splits), then the combine kernel when splits > 1 (see the module doc).
+    `tile` overrides `prefill_tile`, `splits` overrides `prefill_splits` (benchmarks sweep them)."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
+    out = torch.zeros_like(q)  # the strides of the reference and fake implementations
+    if num_tokens == 0 or num_rows == 0:
+        return out
+    group = num_heads // num_kv_heads
+    block_g = triton.next_power_of_2(group)
+    tile = tile or prefill_tile(head_dim, q.dtype, num_tokens, num_rows)
+    block_m = max(1, tile.block_pairs // block_g)
+    max_context = page_table.shape[1] * k_cache.shape[1]
+    blocks = num_tokens // block_m + num_rows
+    if splits is None:
+        splits = prefill_splits(blocks, num_kv_heads, max_context, q.device, tile.min_split_tokens)
+    splits = max(1, min(splits, PREFILL_MAX_SPLITS, -(-max_context // tile.block_n)))
+    min_tiles = tile.min_split_tiles
+    page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
+    width = block_d(head_dim)
+    parts = _partials(num_tokens, num_heads, splits, width, out)
+    with on_device(q):
+        _prefill_kernel[(blocks, num_kv_heads, splits)](
+            out, *parts, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q), scale * LOG2E,
+            window_bound(window), num_rows, page_table.shape[1], num_heads,
+            *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
+            GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width,
+            PAGE_TOKENS=k_cache.shape[1], NUM_SPLITS=splits, MIN_TILES=min_tiles, DOT_PRECISION=dot_precision(q),
+            HAS_SINKS=sinks is not None, num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if splits > 1:
+            _prefill_combine_kernel[(blocks, num_heads)](
+                out, *parts, query_start, positions, window_bound(window), num_rows, num_heads, *out.stride(),
+                BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, NUM_SPLITS=splits,
+                MIN_TILES=min_tiles, num_warps=4)
+    return out
+
+
+def _partials(num_tokens: int, num_heads: int, num_splits: int, width: int,
+              out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 partial max, sum [T, Hq, S] and accumulator [T, Hq, S, width] buffers (uninitialised:
+    every run of a block of several runs writes its entries before the combine reads them). Without
+    splits, `out` stands in."""
+    if num_splits == 1:
+        return out, out, out
+    shape = (num_tokens, num_heads, num_splits)
+    return (torch.empty(shape, dtype=torch.float32, device=out.device),
+            torch.empty(shape, dtype=torch.float32, device=out.device),
+            torch.empty((*shape, width), dtype=torch.float32, device=out.device))
