@@ -1,16 +1,19 @@
 """Prefill attention at Llama-3.1-8B shapes: the old prefill kernel, the new one (as served, and over a
-sweep of tiles and split counts), and torch's scaled_dot_product_attention as the ceiling.
+sweep of tiles, packed and per head, and split counts), and torch's scaled_dot_product_attention as the
+ceiling.
 
 Shapes: 32 query heads, 8 key/value heads, head_dim 128, bfloat16, pages of 16 on a random page order,
 a page table of ``--capacity`` positions (a serving capacity). Cases, one row each: 2,048 new tokens
-cold, 208 new after 1,840 cached (90% cached), 512 cold, 128 cold, and the 208 after 1,840 as served
+cold, 208 new after 1,840 cached (90% cached), 512 cold, 128 cold, 128 after 1,920 cached (a short
+launch after a long prefix: what an unsplit short tile costs), and the 208 after 1,840 as served
 (padded to its 256-token chunk capacity, which sets the split count); then a mixed step (64 decode
 lanes at 1,024 beside a 256-token chunk), old against new. Rows per case:
 
 - ``old``: the prefill kernel before the FlashAttention-2 rewrite (`bench/decode_attention_baseline.py`);
 - ``new``: `paged_attention_prefill` as served (`prefill_tile`, the `prefill_splits` rule);
-- ``tile ...``: each ``--tiles`` entry at the rule's split count; ``splits ...``: each ``--splits``
-  count at the served tile;
+- ``tile ...``: each ``--tiles`` entry at the rule's split count for it (`PrefillTile.name`:
+  ``[h][c]PAIRSxNxWARPSxSTAGES[xMIN_SPLIT[xMAX_SPLITS]]``, h: one query head per program, token-major;
+  c: fused combine, no combine launch); ``splits ...``: each ``--splits`` count at the served tile;
 - ``sdpa``: ``scaled_dot_product_attention`` (flash backend, contiguous K/V expanded to 32 heads, causal
   aligned to the last key) on the same values: the ceiling (on the CPU, ``--smoke``: the math backend).
 
@@ -18,9 +21,10 @@ Each call is captured in a CUDA graph and its replays timed (median of ``triton.
 First, ``--jobs`` processes compile every variant side by side into Triton's cache (a serial first run
 spends most of its time compiling).
 Every line prints microseconds, TFLOP/s of the causal QK and PV products, and ratios to old and to
-sdpa; every variant is checked against the CPU reference first. Then the 32-layer totals and the
-suggested `helios.abi.triton_prefill.PREFILL_TILES` entry and split rule
-(``PREFILL_PROGRAMS_PER_MULTIPROCESSOR``).
+sdpa; every variant is checked against the CPU reference first. Then the 32-layer totals and, per
+launch size class of `helios.abi.triton_prefill_tiles` (LONG_PREFILL_TILES from LONG_PREFILL_TOKENS,
+SHORT_PREFILL_TILES below SHORT_PREFILL_TOKENS, PREFILL_TILES between), the tile of least summed time
+over that class's cases against the served one, and the split rule (``PREFILL_PROGRAMS_PER_MULTIPROCESSOR``).
 
     python bench/prefill_attention.py [--json out.json] [--tiles ...] [--splits 1,2,4,8]
     python bench/prefill_attention.py --smoke   # tiny shapes, Triton interpreter, CPU
@@ -41,12 +45,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_kernels import FULL, SMOKE, Config, make_caches, make_step, median_seconds  # noqa: E402
 
-# block_pairs x block_n x num_warps x num_stages
-TILES = "128x64x8x2,128x64x8x3,128x64x8x4,128x128x8x3,64x64x4x3,64x64x4x2"  # 128x64x4 and 128x128x8x2 spill registers
+# PrefillTile names: [h][c]block_pairs x block_n x num_warps x num_stages [x min_split_tokens [x max_splits]]
+# (h: per head, c: fused combine). 128x64x4 and 128x128x8x2 (packed) spill registers.
+TILES = ",".join([
+    "128x64x8x3", "128x128x8x3", "64x64x4x2", "64x64x4x2x256x1", "128x64x8x3x256x1",  # packed
+    "h128x64x8x3", "h128x128x8x3", "h128x64x8x4", "h128x128x8x2", "h64x64x4x3", "h64x128x4x2",  # per head
+    "h64x64x4x2x256x1", "c128x64x8x3", "c64x64x4x2", "hc128x64x8x3", "hc64x64x4x3",  # fused combine
+    "t128x128x8x3", "ht128x128x8x3", "ht128x64x8x3", "ht64x64x4x3",  # descriptor loads on consecutive pages
+])
 # (new tokens, cached tokens, packed tokens) of one row: the last, as served, pads the 208-token rest of a
 # 90%-cached prompt to the 256-token chunk capacity that runs it (bench/ttft_breakdown.py's --chunks).
-CASES = ((2048, 0, 2048), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (208, 1840, 256))
-SMOKE_CASES = ((24, 0, 24), (6, 40, 6), (12, 0, 12), (4, 0, 4), (6, 40, 8))
+# A fourth entry True: the row's pages are consecutive in the cache (a fresh prompt on in-order pages:
+# the "t" tiles read its keys and values through tensor descriptors), else random.
+CASES = ((2048, 0, 2048), (2048, 0, 2048, True), (208, 1840, 208), (512, 0, 512), (128, 0, 128), (128, 1920, 128),
+         (208, 1840, 256))
+SMOKE_CASES = ((24, 0, 24), (24, 0, 24, True), (6, 40, 6), (12, 0, 12), (4, 0, 4), (4, 40, 4), (6, 40, 8))
 # (decode lanes, their context, chunk tokens, the chunk's row context) of a mixed step
 MIXED, SMOKE_MIXED = (64, 1024, 256, 2048), (5, 20, 8, 30)
 LAYERS = 32
@@ -58,7 +71,7 @@ def parse_args(argv):
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
     parser.add_argument("--capacity", type=int, default=4096, help="capacity context (page-table width x 16)")
     parser.add_argument("--tiles", default=TILES)
-    parser.add_argument("--splits", default="1,2,3,4")
+    parser.add_argument("--splits", default="1,2,4")
     parser.add_argument("--split-tile", default=None, help="the tile of the split sweep (default: the served one)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
@@ -69,9 +82,12 @@ def parse_args(argv):
 class Case:
     """One row of `new` tokens after `cached`: the op's arguments, the causal FLOPs, the reference."""
 
-    def __init__(self, config: Config, caches, shape: tuple[int, int, int], capacity: int, device):
-        new, cached, packed = shape
+    def __init__(self, config: Config, caches, shape: tuple, capacity: int, device):
+        new, cached, packed = shape[:3]
+        self.consecutive = len(shape) > 3 and shape[3]
         step = make_step(config, [new], [new + cached], caches[0].shape[0], device)
+        if self.consecutive:
+            step.page_table[0] = torch.arange(step.page_table.shape[1], dtype=torch.int32, device=device)
         table = torch.zeros(1, -(-capacity // config.page_tokens), dtype=torch.int32, device=device)
         table[:, : step.page_table.shape[1]] = step.page_table
         q = torch.cat([step.q, step.q.new_zeros(packed - new, *step.q.shape[1:])])  # padding tokens
@@ -88,6 +104,7 @@ class Case:
 
     def label(self) -> str:
         label = f"{self.new} tokens after {self.cached} cached" if self.cached else f"{self.new} tokens cold"
+        label += " on consecutive pages" if self.consecutive else ""
         return label + (f" in a {self.packed}-token capacity" if self.packed != self.new else "")
 
 
@@ -157,19 +174,19 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
     old = timed(lambda: old_module.paged_attention_prefill(*case.args()), case, device)
     rows.append(line("old", old, case, None, ceiling))
     tile = prefill.prefill_tile(case.config.head_dim, case.step.q.dtype, case.packed, 1)
-    block_m = max(1, tile.block_pairs // _block_g(case.config))
     max_context = case.step.page_table.shape[1] * case.config.page_tokens
-    rule = prefill.prefill_splits(case.packed // block_m + 1, case.config.num_kv_heads, max_context, device)
+    rule = rule_splits(tile, case.config, case.packed, max_context, prefill, device)
     new = timed(lambda: prefill.paged_attention_prefill(*case.args()), case, device)
-    rows.append(line(f"new ({_tile_name(tile)}, {rule} splits)", new, case, old, ceiling))
+    rows.append(line(f"new ({tile.name}, {rule} splits)", new, case, old, ceiling))
     tiles, splits = {}, {}
     for name in args.tiles.split(","):
-        swept = prefill.PrefillTile(*map(int, name.split("x")))
+        swept = prefill.parse_tile(name)
         seconds = try_time(lambda: prefill.paged_attention_prefill(*case.args(), tile=swept), case, device)
         if seconds:
             tiles[name] = seconds
-            rows.append(line(f"tile {name}", seconds, case, old, ceiling))
-    split_tile = prefill.PrefillTile(*map(int, args.split_tile.split("x"))) if args.split_tile else tile
+            count = rule_splits(swept, case.config, case.packed, max_context, prefill, device)
+            rows.append(line(f"tile {name} ({count} splits)", seconds, case, old, ceiling))
+    split_tile = prefill.parse_tile(args.split_tile) if args.split_tile else tile
     for count in (int(s) for s in args.splits.split(",")):
         seconds = try_time(lambda: prefill.paged_attention_prefill(*case.args(), tile=split_tile, splits=count),
                            case, device)
@@ -177,8 +194,19 @@ def run_case(case: Case, old_module, prefill, args, device) -> dict:
             splits[count] = seconds
             rows.append(line(f"splits {count}", seconds, case, old, ceiling))
     return {"new_tokens": case.new, "cached": case.cached, "packed": case.packed, "flops": case.flops, "rows": rows,
-            "old": old, "new": new, "sdpa": ceiling, "tiles": tiles, "splits": splits, "rule_splits": rule,
-            "block_m": block_m, "max_context": max_context, "num_kv_heads": case.config.num_kv_heads}
+            "label": case.label(), "consecutive": case.consecutive,
+            "old": old, "new": new, "served": tile.name, "sdpa": ceiling, "tiles": tiles, "splits": splits,
+            "split_tile": split_tile.name, "rule_splits": rule, "max_context": max_context}
+
+
+def rule_splits(tile, config: Config, packed: int, max_context: int, prefill, device,
+                per_multiprocessor: int | None = None) -> int:
+    """The split count `paged_attention_prefill` resolves for `tile` on one row of `packed` tokens."""
+    group = config.num_heads // config.num_kv_heads
+    blocks = packed // tile.block_tokens(group) + 1
+    options = {} if per_multiprocessor is None else {"per_multiprocessor": per_multiprocessor}
+    return prefill.prefill_splits(blocks, config.num_heads // tile.heads_per_program(group), max_context, device,
+                                  tile.min_split_tokens, max_splits=tile.max_splits, **options)
 
 
 def run_mixed(config: Config, caches, lanes: tuple[int, int, int, int], old_module, prefill, device) -> dict:
@@ -201,35 +229,42 @@ def run_mixed(config: Config, caches, lanes: tuple[int, int, int, int], old_modu
     old = timed(lambda: old_module.paged_attention_prefill(*args), case, device)
     line("old", old, case, None, None)
     new = timed(lambda: prefill.paged_attention_prefill(*args), case, device)
-    line(f"new ({_tile_name(tile)})", new, case, old, None)
+    line(f"new ({tile.name})", new, case, old, None)
     return {"lanes": list(lanes), "old": old, "new": new}
 
 
-def _block_g(config: Config) -> int:
-    return 1 << (config.num_heads // config.num_kv_heads - 1).bit_length()
-
-
-def _tile_name(tile) -> str:
-    return "x".join(map(str, tile.__dict__.values()))
-
-
 def summarise(results: list[dict], prefill, device) -> None:
-    """32-layer totals per case, the suggested tile (least summed time over the cases) and the split
-    rule's programs per multiprocessor (least summed time at the splits each value asks)."""
+    """32-layer totals per case; per launch size class the tile of least summed time over its cases
+    against the served tile's; the split rule's programs per multiprocessor (least summed time at the
+    split counts each value asks, over every case)."""
     for result in results:
         ceiling = f", sdpa {result['sdpa'] * LAYERS * 1e3:.2f} ms" if result["sdpa"] else ""
         old, new = result["old"] * LAYERS * 1e3, result["new"] * LAYERS * 1e3
-        print(f"{LAYERS} layers, {result['new_tokens']} after {result['cached']} ({result['packed']} packed): "
-              f"old {old:.2f} ms, new {new:.2f} ms{ceiling}", flush=True)
-    common = set.intersection(*(set(r["tiles"]) for r in results)) if results else set()
-    if common:
-        best = min(common, key=lambda name: sum(r["tiles"][name] for r in results))
-        print(f"suggested PREFILL_TILES[128] = PrefillTile({', '.join(best.split('x'))}) "
-              f"(summed {sum(r['tiles'][best] for r in results) * 1e6:.1f} us)", flush=True)
+        print(f"{LAYERS} layers, {result['label']}: old {old:.2f} ms, new {new:.2f} ms{ceiling}", flush=True)
+    for result in results:
+        if result["tiles"]:
+            best = min(result["tiles"], key=result["tiles"].get)
+            print(f"best tile for {result['label']}: {best} {result['tiles'][best] * 1e6:.1f} us "
+                  f"(served {result['served']} {result['new'] * 1e6:.1f} us)", flush=True)
+    classes = {"LONG_PREFILL_TILES": lambda n: n >= prefill.LONG_PREFILL_TOKENS,
+               "SHORT_PREFILL_TILES": lambda n: n < prefill.SHORT_PREFILL_TOKENS,
+               "PREFILL_TILES": lambda n: prefill.SHORT_PREFILL_TOKENS <= n < prefill.LONG_PREFILL_TOKENS}
+    for table, member in classes.items():
+        chosen = [r for r in results if member(r["packed"])]
+        common = set.intersection(*(set(r["tiles"]) for r in chosen)) if chosen else set()
+        if not common:
+            continue
+        best = min(common, key=lambda name: sum(r["tiles"][name] for r in chosen))
+        served = sum(r["new"] for r in chosen)
+        summed = sum(r["tiles"][best] for r in chosen)
+        print(f"suggested {table}[128] = parse_tile({best!r}) (summed {summed * 1e6:.1f} "
+              f"us over {len(chosen)} cases; served {', '.join(sorted({r['served'] for r in chosen}))} "
+              f"{served * 1e6:.1f} us)", flush=True)
+    config = FULL if device.type == "cuda" else SMOKE
     totals = {}
     for per_sm in (1, 2, 3, 4):
-        asked = [prefill.prefill_splits(r["packed"] // r["block_m"] + 1, r["num_kv_heads"], r["max_context"], device,
-                                        per_multiprocessor=per_sm) for r in results]
+        asked = [rule_splits(prefill.parse_tile(r["split_tile"]), config, r["packed"], r["max_context"], prefill,
+                             device, per_sm) for r in results]
         picks = [min(r["splits"], key=lambda s, a=a: abs(s - a)) if r["splits"] else None
                  for r, a in zip(results, asked)]
         if all(p is not None for p in picks):
@@ -243,20 +278,16 @@ def summarise(results: list[dict], prefill, device) -> None:
 def variant_labels(cases, args, prefill, config) -> list[str]:
     """Every (tile, split count) the timing launches, as "tile:splits" (tile "old": the old kernel),
     with the split count each launch resolves to (`prefill_splits` at the case's shapes)."""
-    group_pad = _block_g(config)
     max_context = -(-args.capacity // config.page_tokens) * config.page_tokens
+    device = torch.device("cuda")
     labels = {"old:1"}
-    for _, _, packed in cases:
+    for packed in (case[2] for case in cases):
         served = prefill.prefill_tile(config.head_dim, torch.bfloat16, packed, 1)
-        swept = [prefill.PrefillTile(*map(int, name.split("x"))) for name in args.tiles.split(",")]
-        for tile in [served, *swept]:
-            blocks = packed // max(1, tile.block_pairs // group_pad) + 1
-            count = prefill.prefill_splits(blocks, config.num_kv_heads, max_context, torch.device("cuda"),
-                                           tile.min_split_tokens)
-            labels.add(f"{_tile_name(tile)}:{count}")
-        split_tile = prefill.PrefillTile(*map(int, args.split_tile.split("x"))) if args.split_tile else served
-        labels.update(f"{_tile_name(split_tile)}:{count}" for count in args.splits.split(","))
-    labels.add(f"{_tile_name(prefill.SHORT_ROWS_TILE)}:1")  # the mixed step
+        for tile in [served, *map(prefill.parse_tile, args.tiles.split(","))]:
+            labels.add(f"{tile.name}:{rule_splits(tile, config, packed, max_context, prefill, device)}")
+        split_tile = prefill.parse_tile(args.split_tile) if args.split_tile else served
+        labels.update(f"{split_tile.name}:{count}" for count in args.splits.split(","))
+    labels.add(f"{prefill.SHORT_ROWS_TILE.name}:1")  # the mixed step
     return sorted(labels)
 
 
@@ -283,8 +314,7 @@ def _compile_variants(job: tuple[int, list[str]]) -> int:
             if name == "old":
                 old_module.paged_attention_prefill(*args)
             else:
-                tile = prefill.PrefillTile(*map(int, name.split("x")))
-                prefill.paged_attention_prefill(*args, tile=tile, splits=int(count))
+                prefill.paged_attention_prefill(*args, tile=prefill.parse_tile(name), splits=int(count))
             done += 1
         except Exception:  # noqa: BLE001  (the timing reports a variant that fails)
             pass
@@ -313,7 +343,8 @@ def main(argv=None) -> int:
         from helios.abi.triton_interpret import enable_interpreter
 
         enable_interpreter()
-        args.capacity, args.tiles, args.splits, args.split_tile = 64, "16x16x2x1,32x16x4x2", "1,3", "16x16x2x1x16"
+        args.capacity, args.splits, args.split_tile = 64, "1,3", "16x16x2x1x16"
+        args.tiles = "16x16x2x1,32x16x4x2,h16x16x2x1x16,h16x16x2x1x256x1,hc16x16x2x1x16,ht16x16x2x1x16"
     elif not torch.cuda.is_available():
         print("needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
@@ -329,7 +360,7 @@ def main(argv=None) -> int:
         precompile(variant_labels(cases, args, prefill, config), args.capacity, args.jobs)
     torch.manual_seed(0)
     mixed = SMOKE_MIXED if args.smoke else MIXED
-    num_pages = max(sum(-(-(new + cached) // config.page_tokens) for new, cached, _ in cases),
+    num_pages = max(sum(-(-(new + cached) // config.page_tokens) for new, cached, *_ in cases),
                     mixed[0] * -(-mixed[1] // config.page_tokens) + -(-mixed[3] // config.page_tokens)) + 2
     caches = make_caches(config, num_pages, device)
     results = [run_case(Case(config, caches, shape, args.capacity, device), old_module, prefill, args, device)

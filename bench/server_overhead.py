@@ -3,7 +3,7 @@ admission, preparation, presentation) against the same generation in-process wit
 
     .venv/bin/python bench/server_overhead.py [--streams 1 16 64] [--tokens 64] [--rounds 5]
         [--torch-threads 1] [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
-        [--client raw|httpx] [--server-flag=--FLAG ...]
+        [--client raw|httpx] [--server-flag=--FLAG ...] [--compare-src TREE]
 
 Not a test. Without --core, a checkpoint is prepared into a temporary core first (decode batches
 1, 4, 16, 64): --checkpoint DIR, else the embedded default model when it is built, else the tiny
@@ -20,6 +20,11 @@ token-id prompt, so both sides generate the same tokens.
   clients in this process instead (the earlier client; it costs about as much CPU per token as
   the server's event loop).
 
+`--compare-src TREE` also starts a server from another source tree (TREE/src, e.g. an export of
+the main branch, on its PYTHONPATH) and runs its rounds interleaved with this tree's (alternating
+which goes first), then prints both side by side: on a shared machine whose load moves by more
+than a change saves, that is the comparison that holds.
+
 Both sides use the same torch thread count and run interleaved (one in-process round, one server
 round, ...) so that load from other processes hits both alike. Per stream: TTFT = first token -
 submission; per-token = (last token - first token) / (n - 1); medians over all streams of all
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -182,12 +188,14 @@ class Server:
     """A `helios serve` subprocess; `round(level)` streams `level` requests at once."""
 
     def __init__(self, core: CoreRef, max_active: int, tokens: int, torch_threads: int, client: str,
-                 extra: tuple[str, ...] = ()):
+                 extra: tuple[str, ...] = (), source: Path | None = None):
+        """`source`: the `src` folder the server imports helios from (None: this process's)."""
         command = [sys.executable, "-m", "helios.cli.main", "serve", str(core.path), "--accept", core.namespace,
                    "--trust", str(core.public_key), "--port", "0", "--max-active", str(max_active),
                    "--queue-capacity", str(max_active), "--torch-threads", str(torch_threads),
                    "--log-level", "warning", *extra]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
         self.url = self.process.stdout.readline().split(" on ", 1)[1].split()[0]
         self.tokens = tokens
         deadline = time.monotonic() + 120
@@ -284,6 +292,8 @@ def main() -> None:
                         help="raw: bench/sse_client.py in its own process (default); httpx: in this process")
     parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
                         help="extra `helios serve` argument (repeatable, e.g. --server-flag=--engine-thread)")
+    parser.add_argument("--compare-src", type=Path, metavar="TREE",
+                        help="also serve from this source tree (TREE/src), interleaved, and report it beside this tree")
     args = parser.parse_args()
     import torch
 
@@ -291,21 +301,48 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         core = CoreRef(Path(args.core), args.accept, Path(args.trust)) if args.core else prepare(Path(scratch), args.checkpoint)
         rates = offline_rates(core, args.streams, args.tokens)
-        local_side, server_side = InProcess(core, args.tokens), Server(core, max(args.streams), args.tokens, args.torch_threads,
-                                                                args.client, tuple(args.server_flag))
-        local = {level: Samples() for level in args.streams}
-        served = {level: Samples() for level in args.streams}
+        sides = {"in-process": InProcess(core, args.tokens)}
+        server = functools.partial(Server, core, max(args.streams), args.tokens, args.torch_threads, args.client,
+                                   tuple(args.server_flag))
+        sides["server"] = server()
+        if args.compare_src is not None:
+            tree = args.compare_src / "src" if (args.compare_src / "src").is_dir() else args.compare_src
+            sides[f"server ({args.compare_src})"] = server(source=tree.resolve())
         try:
-            for level in args.streams:
-                local_side.round(level, None)  # warm-up
-                server_side.round(level, None)
-                for _ in range(args.rounds):
-                    local_side.round(level, local[level])
-                    server_side.round(level, served[level])
+            samples = run_rounds(sides, args.streams, args.rounds)
         finally:
-            local_side.close()
-            server_side.close()
-    report(args.streams, args.tokens, local, served, rates, args.client, tuple(args.server_flag))
+            for side in sides.values():
+                side.close()
+    report(args.streams, args.tokens, samples["in-process"], samples["server"], rates, args.client,
+           tuple(args.server_flag))
+    if args.compare_src is not None:
+        report_comparison(args.streams, samples)
+
+
+def run_rounds(sides: dict, levels: list[int], rounds: int) -> dict[str, dict[int, Samples]]:
+    """Per level: a warm-up round of each side, then `rounds` rounds of each, interleaved (the
+    in-process side first, the servers in alternating order)."""
+    samples = {name: {level: Samples() for level in levels} for name in sides}
+    servers = [name for name in sides if name != "in-process"]
+    for level in levels:
+        for side in sides.values():
+            side.round(level, None)  # warm-up
+        for k in range(rounds):
+            for name in ["in-process", *(servers if k % 2 == 0 else servers[::-1])]:
+                sides[name].round(level, samples[name][level])
+    return samples
+
+
+def report_comparison(levels, samples: dict[str, dict[int, Samples]]) -> None:
+    names = list(samples)
+    print("\nthe same rounds, every side (medians over streams; CPU of the serving side and of the client)\n")
+    print("| streams | side | ms/token | CPU ms/token | CPU ms/token client |")
+    print("|---|---|---|---|---|")
+    for level in levels:
+        for name in names:
+            s = samples[name][level]
+            print(f"| {level} | {name} | {statistics.median(s.per_token_s) * 1e3:.2f} | {s.cpu_s / s.num_tokens * 1e3:.3f} "
+                  f"| {s.client_cpu_s / s.num_tokens * 1e3:.3f} |")
 
 
 if __name__ == "__main__":

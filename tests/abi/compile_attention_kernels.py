@@ -22,16 +22,18 @@ UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd"
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options):
-    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`."""
+    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`; absent
+    tensor-descriptor arguments (`*_desc`) are None."""
     names = kernel.arg_names
-    constants = {**constants, **{name: 1 for name in names if name in UNIT_STRIDES}}
+    constants = {**constants, **{name: 1 for name in names if name in UNIT_STRIDES},
+                 **{name: None for name in names if name.endswith("_desc") and name not in types}}
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
     aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
                if name not in constants and (name.endswith("_ptr") or name.startswith("stride"))}
     source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
                        constexprs={(names.index(name),): value for name, value in constants.items()})
     compiled = triton.compile(source, target=TARGET, options=options)
-    print(f"{kernel.fn.__name__}: {compiled.metadata.shared} bytes of shared memory")
+    print(f"{kernel.fn.__name__} {options}: {compiled.metadata.shared} bytes of shared memory")
 
 
 def compile_all(dtype: str, group: int, head_dim: int) -> None:
@@ -40,25 +42,34 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
     attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
                   query_start_ptr="*i32", positions_ptr="*i64", splits_ptr="*i32", sinks_ptr="*fp32",
                   scale_log2="fp32",
-                  part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32", count_ptr="*i32")
+                  part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32", count_ptr="*i32",
+                  counters_ptr="*i32")
     shape = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16, DOT_PRECISION="tf32")
     block_g = triton.next_power_of_2(group)
     for sinks in (False, True):  # sinks: helios::paged_attention_sinks(_tuned)
-        for splits in (1, 4):  # split-KV: partials and the combine kernel
+        for splits, fused in ((1, False), (4, False), (4, True)):  # split-KV: partials, combine kernel or fused
             compile_kernel(prefill._prefill_kernel, attend,
-                           dict(shape, BLOCK_G=block_g, BLOCK_M=128 // block_g, BLOCK_N=64, HAS_SINKS=sinks,
-                                NUM_SPLITS=splits, MIN_TILES=4), num_warps=8, num_stages=3)
+                           dict(shape, HEADS=group, HEADS_FIRST=False, BLOCK_G=block_g, BLOCK_M=128 // block_g,
+                                BLOCK_N=64, HAS_SINKS=sinks, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused,
+                                CONTIGUOUS=False),
+                           num_warps=8, num_stages=3)
         for splits, tuned, fused in ((1, False, False), (8, False, False), (8, False, True), (1, True, False),
                                      (8, True, False), (8, True, True)):  # tuned: the count is read on the device
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
                                 MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1),
                            num_warps=4, num_stages=2)
-    for pairs, block_n, warps, stages in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps
-        compile_kernel(prefill._prefill_kernel, attend, dict(shape, BLOCK_G=block_g, BLOCK_M=pairs // block_g,
-                                                             BLOCK_N=block_n, HAS_SINKS=False, NUM_SPLITS=1,
-                                                             MIN_TILES=max(1, 256 // block_n)),
-                       num_warps=warps, num_stages=stages)
+    for tile in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps, split where they fuse
+        heads = tile.heads_per_program(group)
+        descriptor = f"tensordesc<{dtype}[{tile.block_n},{head_dim}]>"
+        contiguous = tile.contiguous and head_dim == block_d  # the launcher's rule
+        types = dict(attend, k_desc=descriptor, v_desc=descriptor) if contiguous else attend
+        compile_kernel(prefill._prefill_kernel, types,
+                       dict(shape, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
+                            BLOCK_M=tile.block_tokens(group), BLOCK_N=tile.block_n, HAS_SINKS=False,
+                            NUM_SPLITS=4 if tile.fused_combine else 1, MIN_TILES=tile.min_split_tiles,
+                            FUSED_COMBINE=tile.fused_combine, CONTIGUOUS=contiguous),
+                       num_warps=tile.num_warps, num_stages=tile.num_stages)
     compile_kernel(prefill._prefill_combine_kernel, attend,
                    dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
                         MIN_TILES=4), num_warps=4)
@@ -77,7 +88,7 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                    dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))
 
 
-def prefill_sweep_tiles() -> list[tuple[int, ...]]:
+def prefill_sweep_tiles() -> list[prefill.PrefillTile]:
     """The tiles `bench/prefill_attention.py` sweeps by default (each must fit an H200's shared memory)."""
     import sys
     from pathlib import Path
@@ -85,7 +96,7 @@ def prefill_sweep_tiles() -> list[tuple[int, ...]]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from prefill_attention import TILES
 
-    return [tuple(map(int, tile.split("x"))) for tile in TILES.split(",")]
+    return [prefill.parse_tile(name) for name in TILES.split(",")]
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from helios.frontend.preparation.request_options import ResponseOptions
 from helios.frontend.responses.output import OutputStep
 from helios.frontend.responses.presentation import ResponseHead, ResponseKind, StreamPresenter, sse_data
 from helios.frontend.responses.sse_encoding import ChunkTemplate, encode_json
+from helios.frontend.responses.step_run import StepRun
 
 TEXTS = ("Hello", " wörld ✓ 你好", 'quote " backslash \\ slash /', "tab\t newline\n nul\x00 \u2028", "😀", "")
 
@@ -62,3 +63,17 @@ def test_template_parts_decode_to_the_chunk_they_stand_for():
 def test_encoder_matches_json_dumps():
     value = {"a": ["ü", 1, 2.5, None, True], "b": {"c": "\x01"}}
     assert encode_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("kind", [ResponseKind.CHAT, ResponseKind.TEXT])
+@pytest.mark.parametrize("observed, timed", [(False, False), (True, False), (True, True)])
+def test_template_chunks_of_merged_runs_equal_the_encoded_chunk_dicts(kind, observed, timed):
+    options = ResponseOptions(True, False, ObservationOptions(observed, timed))
+    head = ResponseHead("cmpl-2", 1_700_000_000, "m", kind, options, prompt_token_ids=(1, 2, 3))
+    fast, reference = StreamPresenter(head), StreamPresenter(head)
+    assert fast.sse_start() == b"".join(sse_data(chunk) for chunk in reference.start_chunks())
+    steps = _steps(observed, timed)
+    fast.sse_step(steps[0]), reference.step_chunks(steps[0])  # the first chunk takes the dict path
+    for start, stop in ((1, 4), (4, 8), (8, len(steps) - 1), (len(steps) - 1, len(steps))):
+        run = StepRun.of(steps[start:stop])
+        assert fast.sse_run(run) == b"".join(sse_data(chunk) for chunk in reference.run_chunks(run))

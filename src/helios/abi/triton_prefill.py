@@ -10,9 +10,14 @@ for j < ceil(len_r / BLOCK_M); the grid holds an upper bound, ``T // BLOCK_M + R
 program finds its row by binary search over ``query_start``; blocks past their row's tokens exit at
 once. The highest blocks start first (in a causal prefill they see the most positions).
 
-GQA: a program serves all GROUP query heads of one key/value head. Its ``BLOCK_M x BLOCK_G`` (token,
-head) pairs, token-major (a token's heads are adjacent in q), are the M dimension of one ``tl.dot``, so
-each key and value tile is loaded once for GROUP heads.
+GQA, two layouts (`helios.abi.triton_prefill_tiles`): packed, a program serves all GROUP query heads
+of one key/value head: its ``BLOCK_M x BLOCK_G`` (token, head) pairs, token-major (a token's heads are
+adjacent in q), are the M dimension of one ``tl.dot``, so each key and value tile is loaded once for
+GROUP heads; per head, a program serves BLOCK_M tokens of one query head and the grid puts heads on
+its first axis, so a group's programs run side by side and share key/value tiles through L2.
+
+Output: allocated uninitialised; split 0 of each program also writes zeros for the padding tokens
+(outside every row) of its block index's token range, so no fill kernel runs per layer.
 
 Causal split of the work: a block's span of cached positions ``[max(min pos - window + 1, 0), max pos]``
 is walked in three runs of ``BLOCK_N`` tiles: tiles below some token's window (masked), tiles every
@@ -26,7 +31,9 @@ fixed when a CUDA graph is captured). Each block's span is cut into at most NUM_
 whole tiles, none shorter than MIN_TILES tiles (data-dependent: a short span uses fewer runs); each run
 writes a partial max, sum and normalised accumulator (float32) and `_prefill_combine_kernel` merges a
 block's runs, one program per (query block, query head). A block of one run writes its output
-directly and its combine programs do nothing.
+directly and its combine programs do nothing. With a fused-combine tile there is no combine launch:
+each run counts its arrival on an atomic counter of its (block, head program) and the last to arrive
+merges the block's runs itself and re-arms the counter.
 
 Keys and values are read through the page table: a tile's positions map to (page, offset) and every
 load is contiguous along the head dimension; page-table entries are read only below each block's
@@ -35,102 +42,36 @@ needed page. Nothing below a block's window is read (those pages may have been r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from helios.abi.triton_paged import (
-    LOG2E, block_d, dot_precision, find_row, multiprocessors, on_device, row_major, sinks_or, softmax_start,
-    window_bound,
+    LOG2E, block_d, dot_precision, find_row, on_device, row_major, sinks_or, softmax_start, window_bound,
+)
+from helios.abi.triton_prefill_steps import attend_contiguous, consecutive_pages, softmax_step
+from helios.abi.triton_prefill_tiles import (
+    DEFAULT_PREFILL_TILE, LONG_PREFILL_TILES, LONG_PREFILL_TOKENS, PREFILL_MAX_SPLITS, PREFILL_MIN_SPLIT_TOKENS,
+    PREFILL_PROGRAMS_PER_MULTIPROCESSOR, PREFILL_TILES, SHORT_PREFILL_TILES, SHORT_PREFILL_TOKENS, SHORT_ROWS_TILE,
+    PrefillTile, parse_tile, prefill_splits, prefill_tile,
 )
 
 __all__ = [
-    "DEFAULT_PREFILL_TILE", "PREFILL_MAX_SPLITS", "PREFILL_MIN_SPLIT_TOKENS", "PREFILL_PROGRAMS_PER_MULTIPROCESSOR",
-    "LONG_PREFILL_TILES", "LONG_PREFILL_TOKENS", "PREFILL_TILES", "SHORT_ROWS_TILE", "PrefillTile", "paged_attention_prefill", "prefill_splits", "prefill_tile",
+    "DEFAULT_PREFILL_TILE", "LONG_PREFILL_TILES", "LONG_PREFILL_TOKENS", "PREFILL_MAX_SPLITS",
+    "PREFILL_MIN_SPLIT_TOKENS", "PREFILL_PROGRAMS_PER_MULTIPROCESSOR", "PREFILL_TILES", "SHORT_PREFILL_TILES",
+    "SHORT_PREFILL_TOKENS", "SHORT_ROWS_TILE", "PrefillTile", "paged_attention_prefill", "parse_tile",
+    "prefill_splits", "prefill_tile",
 ]
-
-# Split-KV schedule of the prefill kernel: about PREFILL_PROGRAMS_PER_MULTIPROCESSOR programs per
-# multiprocessor, runs of at least PREFILL_MIN_SPLIT_TOKENS positions, at most PREFILL_MAX_SPLITS splits.
-# One program per multiprocessor: a 128-pair, 8-warp program holds one multiprocessor's registers, and
-# a split past one wave adds a wave (bench/prefill_attention.py's "suggested" line measures the value).
-PREFILL_PROGRAMS_PER_MULTIPROCESSOR = 1
-PREFILL_MIN_SPLIT_TOKENS = 256
-PREFILL_MAX_SPLITS = 16
-
-
-@dataclass(frozen=True)
-class PrefillTile:
-    """How one prefill program is shaped: `block_pairs` (token, query head) pairs (BLOCK_M * BLOCK_G,
-    a power of two, at least 16), `block_n` cached positions per iteration (a power of two, at least
-    16), the Triton launch options, and the shortest run a split gets (`min_split_tokens`, rounded up
-    to whole tiles: a span is cut into fewer splits rather than shorter ones). A schedule only: every
-    tile gives the same result."""
-
-    block_pairs: int = 128
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 3
-    min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS
-
-    @property
-    def min_split_tiles(self) -> int:
-        return max(1, -(-self.min_split_tokens // self.block_n))
-
-
-DEFAULT_PREFILL_TILE = PrefillTile()
-# Batches whose rows hold fewer tokens than one default block on average (decode lanes among prompt
-# rows): 16 tokens x 4 heads, 4 warps, the shape of the kernel before this one, so a one-token row's
-# block wastes no more than it did.
-SHORT_ROWS_TILE = PrefillTile(64, 64, 4, 2)
-_WIDE_TILE = PrefillTile(64, 32, 4, 2)  # head rows over 256 bytes (float32, head_dim > 128): less shared memory
-# Measured tiles by head_dim; absent keys use DEFAULT_PREFILL_TILE. Fill from the "suggested
-# PREFILL_TILES" line of `bench/prefill_attention.py` on the serving device class.
-PREFILL_TILES: dict[int, PrefillTile] = {}
-# Launches of at least LONG_PREFILL_TOKENS packed tokens, by head_dim. H200 sweep (2026-12-01,
-# bench/results/h200_session18_call3): 128 x 128 positions per iteration runs a 2,048-token cold
-# prompt in 170 us per layer against the default's 179, and loses at 512 tokens (30.4 against 30.0
-# us) and on short chunks after a long prefix (54 against 52 us), so it serves long launches only.
-LONG_PREFILL_TOKENS = 1024
-LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: PrefillTile(128, 128, 8, 3)}
-
-
-def prefill_tile(head_dim: int, dtype: torch.dtype, num_tokens: int = 0, num_rows: int = 0) -> PrefillTile:
-    """The tile for a prefill launch of `num_tokens` packed tokens in `num_rows` rows, from static
-    numbers only: SHORT_ROWS_TILE where the rows average fewer tokens than the table's tile has, the
-    table's entry for 16-bit inputs (LONG_PREFILL_TILES' for launches of LONG_PREFILL_TOKENS or more),
-    else the default (a narrower one where a head row exceeds 256
-    bytes)."""
-    if head_dim * dtype.itemsize > 256:
-        return _WIDE_TILE
-    tile = PREFILL_TILES.get(head_dim, DEFAULT_PREFILL_TILE)
-    if num_tokens >= LONG_PREFILL_TOKENS and dtype.itemsize == 2:
-        tile = LONG_PREFILL_TILES.get(head_dim, tile)
-    if num_tokens < num_rows * tile.block_pairs // 4:  # rows of fewer tokens than a block of GQA group 4
-        return SHORT_ROWS_TILE
-    return tile
-
-
-def prefill_splits(num_blocks: int, num_kv_heads: int, max_context: int, device: torch.device,
-                   min_split_tokens: int = PREFILL_MIN_SPLIT_TOKENS,
-                   per_multiprocessor: int = PREFILL_PROGRAMS_PER_MULTIPROCESSOR) -> int:
-    """Splits of a prefill launch of `num_blocks` query blocks (the grid's bound, ``T // BLOCK_M + R``),
-    from static numbers only (fixed when a graph is captured): enough for about `per_multiprocessor`
-    programs per multiprocessor, no more than one per `min_split_tokens` positions of the capacity
-    context, at most PREFILL_MAX_SPLITS."""
-    programs = max(1, num_blocks * num_kv_heads)
-    wanted = -(-per_multiprocessor * multiprocessors(device) // programs)
-    useful = -(-max_context // min_split_tokens)
-    return max(1, min(wanted, useful, PREFILL_MAX_SPLITS))
 
 
 @triton.jit
-def _query_block(query_start_ptr, positions_ptr, num_rows, block, window, GROUP: tl.constexpr,
+def _query_block(query_start_ptr, positions_ptr, num_rows, block, window, HEADS: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Query block `block`'s row, pair layout and span: (row, live, token, pair_head, token_ok, m_ok,
-    pos, lo, hi, pos_min). live: the block holds tokens; pairs are token-major; lo/hi bound the cached
-    positions any of its tokens sees; pos_min is its lowest token position."""
+    """Query block `block`'s row, pair layout and span (HEADS query heads per token, padded to
+    BLOCK_G): (row, live, token, pair_head, token_ok, m_ok, pos, lo, hi, pos_min). live: the block
+    holds tokens; pairs are token-major; lo/hi bound the cached positions any of its tokens sees;
+    pos_min is its lowest token position."""
     row = find_row(query_start_ptr, num_rows, block, BLOCK_M, True)
     row_start = tl.load(query_start_ptr + row)
     row_end = tl.load(query_start_ptr + row + 1)
@@ -138,7 +79,7 @@ def _query_block(query_start_ptr, positions_ptr, num_rows, block, window, GROUP:
     offs_m = tl.arange(0, BLOCK_M * BLOCK_G)
     token = (first + offs_m // BLOCK_G).to(tl.int64)
     token_ok = token < row_end
-    m_ok = token_ok & (offs_m % BLOCK_G < GROUP)
+    m_ok = token_ok & (offs_m % BLOCK_G < HEADS)
     pos = tl.load(positions_ptr + token, mask=token_ok, other=-1).to(tl.int32)
     hi = tl.max(pos) + 1
     pos_min = tl.min(tl.where(token_ok, pos, hi))
@@ -187,27 +128,31 @@ def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages,
     else:
         k = tl.load(k_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
         v = tl.load(v_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         allowed = valid[None, :] & (offs_n[None, :] <= pos[:, None]) & (pos[:, None] - offs_n[None, :] < window)
         scores = tl.where(allowed, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
-    probs = tl.exp2(scores * scale_log2 - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(probs, 1)
-    acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # accumulates in place
+        m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
+        probs = tl.exp2(scores * scale_log2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(probs, 1)
+        acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # in place
+    else:
+        acc, m_new, l_i = softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
+def _attend_run(q, acc, m_i, l_i, kv, descs, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, CONTIGUOUS: tl.constexpr):
     """The online softmax over the run [run_lo, run_hi) of a block's span, in three loops: tiles below
     some token's window (masked), tiles wholly inside every token's view (at or above the highest
     token's window start, at or below the lowest token's position, within the table's pages: no
     mask), then the diagonal (masked). kv: (k_ptr, v_ptr, page_table_ptr, the row's page-table
-    offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides)."""
+    offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides). CONTIGUOUS:
+    the unmasked tiles are read through descs (k and v descriptors, the head's first column) when
+    their pages are consecutive."""
     k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides = kv
     whole_lo = (tl.maximum(tl.max(pos) - window + 1, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     whole_hi = tl.minimum(pos_min + 1, max_pages * PAGE_TOKENS) // BLOCK_N * BLOCK_N
@@ -217,7 +162,14 @@ def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, wind
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
                                    HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
-    for start in range(mid_lo, mid_hi, BLOCK_N):
+    gather_hi = mid_hi
+    if CONTIGUOUS:
+        consecutive, row0 = consecutive_pages(page_table_ptr, row_pages, mid_lo, mid_hi, BLOCK_N, PAGE_TOKENS)
+        if consecutive:
+            acc, m_i, l_i = attend_contiguous(q, acc, m_i, l_i, descs[0], descs[1], row0, descs[2], mid_lo, mid_hi,
+                                              scale_log2, BLOCK_N, DOT_PRECISION)
+            gather_hi = mid_lo
+    for start in range(mid_lo, gather_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
                                    HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION)
@@ -228,28 +180,62 @@ def _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, wind
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
-def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
+@triton.jit
+def _zero_padding(out_ptr, query_start_ptr, num_rows, num_tokens, grid_block, first_head, stride_ot, stride_oh,
+                  stride_od, HEADS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Zeros for the padding tokens (outside every row: before query_start[0] or from
+    query_start[num_rows] on) among tokens [grid_block * BLOCK_M, + BLOCK_M) x HEADS heads from
+    `first_head`. The grid's ``T // BLOCK_M + R`` blocks (R >= 1) cover every token."""
+    offs = tl.arange(0, BLOCK_M * BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    token = (grid_block * BLOCK_M + offs // BLOCK_G).to(tl.int64)
+    outside = (token < tl.load(query_start_ptr)) | (token >= tl.load(query_start_ptr + num_rows))
+    ok = outside & (token < num_tokens) & (offs % BLOCK_G < HEADS)
+    at = out_ptr + token[:, None] * stride_ot + (first_head + offs % BLOCK_G)[:, None] * stride_oh
+    zeros = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], out_ptr.dtype.element_ty)
+    tl.store(at + offs_d[None, :] * stride_od, zeros, mask=ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+@triton.jit(do_not_specialize=["window", "num_rows", "max_pages", "num_tokens"])
+def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, k_desc, v_desc,
+                    page_table_ptr,
                     query_start_ptr, positions_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages, num_heads,
+                    num_tokens,
                     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
                     stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
-                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    GROUP: tl.constexpr, HEADS: tl.constexpr, HEADS_FIRST: tl.constexpr, BLOCK_G: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr,
                     NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    HAS_SINKS: tl.constexpr):
-    """Program (query block, key/value head, split): up to BLOCK_M tokens of one row x its GROUP query
-    heads over the split's run of the block's span. Writes the output (the block has one run) or the
-    run's partials. HAS_SINKS: split 0 starts from the heads' sink logits (the combine counts each once)."""
-    block = tl.num_programs(0) - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
+                    HAS_SINKS: tl.constexpr, FUSED_COMBINE: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """Program (query block, head program, split), or (head program, query block, split) when
+    HEADS_FIRST (a GQA group's programs adjacent): up to BLOCK_M tokens of one row x HEADS query heads
+    of one key/value head (its GROUP heads, or one) over the split's run of the block's span. Writes the
+    output (the block has one run) or the run's partials; split 0 also writes zeros for the padding
+    tokens of its block's index range. HAS_SINKS: split 0 starts from the heads' sink logits (the
+    combine counts each once). FUSED_COMBINE: the run that finishes last (a per-program counter in
+    `counters_ptr`, zero between launches) merges the block's partials itself: no combine launch."""
+    if HEADS_FIRST:
+        head_program = tl.program_id(0)
+        grid_block = tl.program_id(1)
+        block = tl.num_programs(1) - 1 - grid_block
+    else:
+        grid_block = tl.program_id(0)
+        block = tl.num_programs(0) - 1 - grid_block
+        head_program = tl.program_id(1)
     split = tl.program_id(2)
+    kv_head = head_program * HEADS // GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    if split == 0:
+        _zero_padding(out_ptr, query_start_ptr, num_rows, num_tokens, grid_block, head_program * HEADS, stride_ot,
+                      stride_oh, stride_od, HEADS, BLOCK_G, BLOCK_M, HEAD_DIM, BLOCK_D)
     row, live, token, group_index, token_ok, m_ok, pos, lo, hi, pos_min = _query_block(
-        query_start_ptr, positions_ptr, num_rows, block, window, GROUP, BLOCK_G, BLOCK_M)
+        query_start_ptr, positions_ptr, num_rows, block, window, HEADS, BLOCK_G, BLOCK_M)
     base, run_tiles, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
     if live & (split < runs):
-        head = kv_head * GROUP + group_index
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM
+        head = head_program * HEADS + group_index
         q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                     mask=m_ok[:, None] & d_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
@@ -258,8 +244,9 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v
         run_hi = tl.minimum(hi, run_lo + run_tiles * BLOCK_N)
         kv = (k_ptr, v_ptr, page_table_ptr, row.to(tl.int64) * stride_pr, (kv_head * stride_kh, kv_head * stride_vh),
               (stride_kp, stride_kt, stride_vp, stride_vt, stride_kd, stride_vd))
-        acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages,
-                                    scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_TOKENS, DOT_PRECISION)
+        acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, (k_desc, v_desc, kv_head * HEAD_DIM), pos, lo, hi, pos_min,
+                                    run_lo, run_hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                    PAGE_TOKENS, DOT_PRECISION, CONTIGUOUS)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
@@ -271,6 +258,14 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, q_ptr, k_ptr, v
             tl.store(part_m_ptr + part, m_i, mask=m_ok)
             tl.store(part_l_ptr + part, l_i, mask=m_ok)
             tl.store(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], result, mask=m_ok[:, None])
+            if FUSED_COMBINE:  # the block's last run to finish merges them (and re-arms the counter)
+                tl.debug_barrier()  # every thread's partials are stored before the release below
+                counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == runs - 1:
+                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                    merged = _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, part - split, m_ok, runs,
+                                         BLOCK_M * BLOCK_G, BLOCK_D)
+                    tl.store(out_at, merged.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
@@ -288,23 +283,34 @@ def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_s
     _, _, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
     if live & (runs > 1):
         offs_d = tl.arange(0, BLOCK_D)
-        m_all = tl.full([BLOCK_M], -1e30, tl.float32)
-        weight = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for split in range(0, runs):
-            part = (token * num_heads + head) * NUM_SPLITS + split
-            m_s = tl.load(part_m_ptr + part, mask=token_ok, other=-1e30)
-            l_s = tl.load(part_l_ptr + part, mask=token_ok, other=0.0)
-            o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=token_ok[:, None], other=0.0)
-            m_new = tl.maximum(m_all, m_s)
-            alpha = tl.exp2(m_all - m_new)
-            w_s = l_s * tl.exp2(m_s - m_new)
-            acc = acc * alpha[:, None] + o_s * w_s[:, None]
-            weight = weight * alpha + w_s
-            m_all = m_new
-        result = acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
+        result = _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, (token * num_heads + head) * NUM_SPLITS, token_ok,
+                             runs, BLOCK_M, BLOCK_D)
         tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
                  result.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, first_part, ok, runs, SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The normalised output [SIZE, BLOCK_D] (float32) of SIZE pairs from their `runs` partials
+    (entries first_part + split). Loads bypass L1 (".cg"): other programs wrote them in this launch
+    when the prefill kernel merges them itself."""
+    offs_d = tl.arange(0, BLOCK_D)
+    m_all = tl.full([SIZE], -1e30, tl.float32)
+    weight = tl.zeros([SIZE], tl.float32)
+    acc = tl.zeros([SIZE, BLOCK_D], tl.float32)
+    for split in range(0, runs):
+        part = first_part + split
+        m_s = tl.load(part_m_ptr + part, mask=ok, other=-1e30, cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
+        o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m_all, m_s)
+        alpha = tl.exp2(m_all - m_new)
+        w_s = l_s * tl.exp2(m_s - m_new)
+        acc = acc * alpha[:, None] + o_s * w_s[:, None]
+        weight = weight * alpha + w_s
+        m_all = m_new
+    return acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -312,40 +318,78 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             scale: float, window: int, *, sinks: torch.Tensor | None = None,
                             tile: PrefillTile | None = None, splits: int | None = None) -> torch.Tensor:
     """The prefill kernel (arguments as ``helios::paged_attention``, already validated): grid
-    (T // BLOCK_M + R, Hkv, splits), then the combine kernel when splits > 1 (see the module doc).
-    `tile` overrides `prefill_tile`, `splits` overrides `prefill_splits` (benchmarks sweep them)."""
+    (T // BLOCK_M + R, Hkv, splits) packed, (Hq, T // BLOCK_M + R, splits) per head, then the combine
+    kernel when splits > 1 (see the module doc). `tile` overrides `prefill_tile`, `splits` overrides
+    `prefill_splits` (benchmarks sweep them)."""
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
-    out = torch.zeros_like(q)  # the strides of the reference and fake implementations
     if num_tokens == 0 or num_rows == 0:
-        return out
+        return torch.zeros_like(q)
     group = num_heads // num_kv_heads
-    block_g = triton.next_power_of_2(group)
     tile = tile or prefill_tile(head_dim, q.dtype, num_tokens, num_rows)
-    block_m = max(1, tile.block_pairs // block_g)
+    heads = tile.heads_per_program(group)
+    block_m = tile.block_tokens(group)
     max_context = page_table.shape[1] * k_cache.shape[1]
     blocks = num_tokens // block_m + num_rows
     if splits is None:
-        splits = prefill_splits(blocks, num_kv_heads, max_context, q.device, tile.min_split_tokens)
+        splits = prefill_splits(blocks, num_heads // heads, max_context, q.device, tile.min_split_tokens,
+                                max_splits=tile.max_splits)
     splits = max(1, min(splits, PREFILL_MAX_SPLITS, -(-max_context // tile.block_n)))
-    min_tiles = tile.min_split_tiles
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     width = block_d(head_dim)
+    out = _output_like(q)  # the strides of the reference and fake implementations; the kernel writes every entry
     parts = _partials(num_tokens, num_heads, splits, width, out)
+    grid = (num_heads // heads, blocks, splits) if tile.per_head else (blocks, num_kv_heads, splits)
+    fused = tile.fused_combine and splits > 1
+    counters = _counters(q.device, grid[0] * grid[1]) if fused else page_table
+    descs = _descriptors(k_cache, v_cache, tile.block_n) if tile.contiguous and head_dim == width else (None, None)
     with on_device(q):
-        _prefill_kernel[(blocks, num_kv_heads, splits)](
-            out, *parts, q, k_cache, v_cache, page_table, query_start, positions, sinks_or(sinks, q), scale * LOG2E,
-            window_bound(window), num_rows, page_table.shape[1], num_heads,
+        _prefill_kernel[grid](
+            out, *parts, counters, q, k_cache, v_cache, *descs, page_table, query_start, positions, sinks_or(sinks, q),
+            scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads, num_tokens,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
-            GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width,
-            PAGE_TOKENS=k_cache.shape[1], NUM_SPLITS=splits, MIN_TILES=min_tiles, DOT_PRECISION=dot_precision(q),
-            HAS_SINKS=sinks is not None, num_warps=tile.num_warps, num_stages=tile.num_stages)
-        if splits > 1:
+            GROUP=group, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
+            BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
+            NUM_SPLITS=splits, MIN_TILES=tile.min_split_tiles, DOT_PRECISION=dot_precision(q),
+            HAS_SINKS=sinks is not None, FUSED_COMBINE=fused, CONTIGUOUS=descs[0] is not None,
+            num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if splits > 1 and not fused:
             _prefill_combine_kernel[(blocks, num_heads)](
                 out, *parts, query_start, positions, window_bound(window), num_rows, num_heads, *out.stride(),
                 BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, NUM_SPLITS=splits,
-                MIN_TILES=min_tiles, num_warps=4)
+                MIN_TILES=tile.min_split_tiles, num_warps=4)
     return out
+
+
+# Arrival counters of the fused combine, by (device, stream): zero between launches (the last run of a
+# block re-arms its counter), so no fill runs per launch. Every buffer is kept: a captured CUDA graph
+# holds its address. Launches on one stream never overlap; each stream has its own buffer. A graph
+# keeps the buffer of the stream it was captured on, so graphs captured on one stream must not be
+# replayed concurrently on different streams (why fused tiles are a swept option, not the default).
+_COUNTERS: dict[tuple[str, int | None, int], list[torch.Tensor]] = {}
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    kept = _COUNTERS.setdefault((device.type, device.index, stream), [])
+    if not kept or kept[-1].numel() < size:
+        kept.append(torch.zeros(max(size, 4096), dtype=torch.int32, device=device))
+    return kept[-1]
+
+
+def _descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int) -> tuple:
+    """Tensor descriptors of [BLOCK_N, D] tiles over the caches viewed [pages x page tokens, Hkv x D],
+    or (None, None) where a cache is not laid out that way (the kernel then always gathers)."""
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None, None
+    head_dim = k_cache.shape[-1]
+    return tuple(TensorDescriptor.from_tensor(cache.view(-1, cache.shape[2] * head_dim), [block_n, head_dim])
+                 for cache in (k_cache, v_cache))
+
+
+def _output_like(q: torch.Tensor) -> torch.Tensor:
+    """The op's output, uninitialised (the kernel writes padding tokens' zeros itself)."""
+    return torch.empty_like(q)
 
 
 def _partials(num_tokens: int, num_heads: int, num_splits: int, width: int,

@@ -27,6 +27,7 @@ from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
 from helios.errors import ExecutionError
 from helios.runtime.engine_link import EngineLink, serve_link, stats_of, wait_ready
 from helios.runtime.service import RuntimeOptions
+from helios.server.heap import freeze_startup_heap
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
 
@@ -113,6 +114,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         model = runtime.model
         stats = stats_fields(runtime.engine.stats.snapshot())
         connection.send(_Ready(model.tokenizer_json, model.chat_template, stats))
+        freeze_startup_heap()
         serve_link(connection, runtime.engine, lambda text: TensorGrammar(compiler.compile_source(text)))
     finally:
         runtime.close()

@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from helios.errors import RequestError
-from helios.frontend.responses.output import OutputFinal, OutputStep
+from helios.frontend.responses.output import OutputFinal
+from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
@@ -139,9 +140,9 @@ async def _fanout_chunks(choices: Sequence[Choice]):
             for future in done:
                 index = pending.pop(future)
                 parts, is_over = [], False
-                for item in future.result():
-                    if isinstance(item, OutputStep):
-                        parts.append(render(index, presenters[index].step_chunks(item)))
+                for item in runs_of(future.result()):
+                    if isinstance(item, StepRun):
+                        parts.append(render(index, presenters[index].run_chunks(item)))
                     elif isinstance(item, OutputFinal):
                         parts.append(render(index, presenters[index].finish_chunks(item)))
                         finals[index], is_over = item, True

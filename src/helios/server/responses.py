@@ -14,8 +14,10 @@ cancels the request in the engine; the permit is released once the engine confir
   less than that and resumes loses nothing (output waits in the bridge's queue meanwhile).
 - Shutdown: a response task cancelled by the server's final drop ends quietly (the connection is
   closed; no traceback), after the drain deadline already gave running streams their error event.
-- SSE: headers go out at once; each arrival of items becomes one write (steps that piled up while
-  the reader was slow are coalesced). The stream ends with the presenter's terminal chunks and
+- SSE: headers go out at once; each arrival of items becomes one write, and steps that piled up
+  while the reader was slow are presented as one run (one set of chunks with their ids, text and
+  log-probabilities concatenated in order, `helios.frontend.responses.step_run`) instead of one
+  per token. The stream ends with the presenter's terminal chunks and
   ``[DONE]``, or with exactly one ``event: error`` (its ``type`` tells admission rejection from
   execution failure) and no ``[DONE]``.
 """
@@ -31,8 +33,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from helios.errors import ExecutionError, HeliosError
-from helios.frontend.responses.output import OutputFinal, OutputStep
+from helios.frontend.responses.output import OutputFinal
 from helios.frontend.responses.presentation import StreamPresenter, error_body, error_status, sse_error
+from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, Item, ResponseBridge
 
@@ -190,13 +193,14 @@ async def _sse_chunks(bridge: ResponseBridge, presenter: StreamPresenter):
 
 
 def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
-    """SSE bytes of `items` and whether the stream is over. A presentation failure ends the stream
-    with an execution error event (the bridge's close then cancels the request)."""
+    """SSE bytes of `items` and whether the stream is over. Consecutive steps (a reader that fell
+    behind) are presented as one run (`helios.frontend.responses.step_run`). A presentation failure
+    ends the stream with an execution error event (the bridge's close then cancels the request)."""
     parts = []
     try:
-        for item in items:
-            if isinstance(item, OutputStep):
-                parts.append(presenter.sse_step(item))
+        for item in runs_of(items):
+            if isinstance(item, StepRun):
+                parts.append(presenter.sse_run(item))
             elif isinstance(item, OutputFinal):
                 parts.append(presenter.sse_finish(item))
                 return b"".join(parts), True

@@ -31,6 +31,7 @@ from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
 from helios.server.engine_process import EngineProcessRuntime
+from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
@@ -136,6 +137,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
           f"(max active {limits.max_active}, queue {limits.queue_capacity}, "
           f"frontend workers {limits.frontend_workers})", file=sys.stdout, flush=True)
     server = HeliosServer(config, served, options.drain_seconds)
+    freeze_startup_heap()
     server.run(sockets=[sock])
     if server.has_worker_died:
         raise WorkerDied("the model worker died; the server shut down (restart it)")

@@ -10,7 +10,9 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   fragment carries index, id, type and name, later ones index and argument text), and an observed
   stream sends one metadata-only chunk per generated id before that token's deltas: ``delta={}``
   (text: ``text=""``) with ``choices[0].token_ids=[id]`` and, when timed,
-  ``choices[0].token_timestamps_ns=[t]``. The stream ends with a terminal choice chunk
+  ``choices[0].token_timestamps_ns=[t]``. Steps that waited together for a slow reader are
+  presented as one (`helios.frontend.responses.step_run`): one metadata chunk with their ids (and
+  timestamps) in order, then their deltas merged. The stream ends with a terminal choice chunk
   (``delta={}`` and the finish reason), then, with ``stream_options.include_usage``, a usage-only
   chunk with ``choices=[]`` (every earlier chunk has ``usage: null``), then ``data: [DONE]``;
 - observation: ``prompt_token_ids`` at the top level of the JSON body or of the first chunk;
@@ -44,6 +46,7 @@ from helios.frontend.decoding.logprobs import LogprobEntry, PromptRequest, chat_
 from helios.frontend.decoding.observation import ObservationRecord
 from helios.frontend.responses.output import OutputFinal, OutputStep, Usage
 from helios.frontend.responses.sse_encoding import ChunkTemplate, encode_json, sse_data
+from helios.frontend.responses.step_run import StepRun
 from helios.frontend.preparation.request_options import ResponseOptions
 from helios.runtime.records.events import FinishReason
 
@@ -292,18 +295,24 @@ class StreamPresenter:
         return [chunk] if head.echo_text or "prompt_logprobs" in choice else []
 
     def step_chunks(self, step: OutputStep) -> list[dict]:
-        chunks = self._echo_chunks(step.prompt_logprobs)
-        if step.observation is not None:
-            choice = self._choice({}, token_ids=[step.observation.token_id])
-            if step.observation.timestamp_ns is not None:
-                choice["token_timestamps_ns"] = [step.observation.timestamp_ns]
+        return self.run_chunks(StepRun.of((step,)))
+
+    def run_chunks(self, run: StepRun) -> list[dict]:
+        """The chunks of consecutive steps presented as one (`helios.frontend.responses.step_run`):
+        one metadata chunk with every observed id, then the run's deltas, its log-probability
+        entries on the first of them."""
+        chunks = self._echo_chunks(run.prompt_logprobs)
+        if run.observations:
+            choice = self._choice({}, token_ids=[o.token_id for o in run.observations])
+            if run.observations[0].timestamp_ns is not None:
+                choice["token_timestamps_ns"] = [o.timestamp_ns for o in run.observations]
             chunks.append(self._chunk([choice]))
-        events = self._event_chunks(step.events)
-        if step.logprobs:
+        events = self._event_chunks(run.events)
+        if run.logprobs:
             if not events:
                 events = [self._chunk([self._choice({} if self._is_chat else "")])]
-            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, step.logprobs, self._text_offset)
-            self._text_offset += sum(len(entry.text) for entry in step.logprobs)
+            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, run.logprobs, self._text_offset)
+            self._text_offset += sum(len(entry.text) for entry in run.logprobs)
         return chunks + events
 
     def finish_chunks(self, final: OutputFinal) -> list[dict]:
@@ -323,18 +332,24 @@ class StreamPresenter:
         return b"".join(sse_data(chunk) for chunk in self.start_chunks())
 
     def sse_step(self, step: OutputStep) -> bytes:
-        """The bytes of `step_chunks(step)`; plain steps (no log-probabilities, nothing left to echo,
+        """The bytes of `step_chunks(step)`."""
+        return self.sse_run(StepRun.of((step,)))
+
+    def sse_run(self, run: StepRun) -> bytes:
+        """The bytes of `run_chunks(run)`; plain runs (no log-probabilities, nothing left to echo,
         after the first chunk) are rendered from the stream's `ChunkTemplate`."""
-        if not self._has_sent_first or step.logprobs or self._is_echo_pending():
-            return b"".join(sse_data(chunk) for chunk in self.step_chunks(step))
+        if not self._has_sent_first or run.logprobs or self._is_echo_pending():
+            return b"".join(sse_data(chunk) for chunk in self.run_chunks(run))
         template = self._template
         parts = []
-        if step.observation is not None:
-            parts.append(template.observation(step.observation.token_id, step.observation.timestamp_ns))
+        if run.observations:
+            timed = run.observations[0].timestamp_ns is not None
+            parts.append(template.observations([o.token_id for o in run.observations],
+                                               [o.timestamp_ns for o in run.observations] if timed else None))
         if self._is_chat:
-            parts.extend(template.delta(delta) for delta in chat_deltas(step.events))
+            parts.extend(template.delta(delta) for delta in chat_deltas(run.events))
         else:
-            text = _text_of(step.events)
+            text = _text_of(run.events)
             if text:
                 parts.append(template.text(text))
         return b"".join(parts)

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import json
 from json.encoder import encode_basestring
+from typing import Sequence
 
 encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def sse_data(data: dict) -> bytes:
     return b"data: " + encode_json(data).encode() + b"\n\n"
+
+
+def _integers(values: Sequence[int]) -> bytes:
+    return b",".join([b"%d" % v for v in values])
 
 
 def _string(text: str) -> bytes:
@@ -40,9 +45,13 @@ class ChunkTemplate:
 
     def observation(self, token_id: int, timestamp_ns: int | None) -> bytes:
         """The metadata-only chunk of one generated id."""
-        ids = b'%s%s%s,"token_ids":[%d]' % (self._open, self._empty, self._close, token_id)
-        if timestamp_ns is not None:
-            ids += b',"token_timestamps_ns":[%d]' % timestamp_ns
+        return self.observations((token_id,), None if timestamp_ns is None else (timestamp_ns,))
+
+    def observations(self, token_ids: Sequence[int], timestamps_ns: Sequence[int] | None) -> bytes:
+        """The metadata-only chunk of consecutive generated ids (a step run's)."""
+        ids = b'%s%s%s,"token_ids":[%s]' % (self._open, self._empty, self._close, _integers(token_ids))
+        if timestamps_ns is not None:
+            ids += b',"token_timestamps_ns":[%s]' % _integers(timestamps_ns)
         return ids + self._tail
 
     def text(self, text: str) -> bytes:
