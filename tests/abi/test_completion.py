@@ -190,3 +190,45 @@ def test_op_survives_export_save_and_load():
     record = loaded(*inputs)
     assert torch.equal(record, _RecordModule()(*inputs))
     assert record[:, LAYOUT.draft_cursor].tolist() == [11, 2]
+
+
+def _detailed(record: torch.Tensor, expected: CompletionExpectation):
+    """The per-lane checks alone: the results, or the error they raise."""
+    from helios.abi import completion
+
+    rows = record[:len(expected.lanes)].tolist()
+    try:
+        results = [completion._validate_lane(index, row, lane, expected)
+                   for index, (row, lane) in enumerate(zip(rows, expected.lanes))]
+    except CompletionError as error:
+        return type(error), error.row, error.field
+    return results
+
+
+@pytest.mark.parametrize("draft_lag", [2, None])
+def test_the_one_pass_check_accepts_exactly_what_the_per_lane_checks_accept(draft_lag):
+    """Random single and double corruptions of every field: the one-pass check passes a record
+    exactly when every per-lane check does, with the same results; otherwise validation raises
+    the per-lane checks' error (same type, row and field)."""
+    from helios.abi import completion
+
+    generator = torch.Generator().manual_seed(5)
+    fields = [name for name in dataclasses.asdict(LAYOUT) if name != "num_fields"]
+    expected = expectation(draft_lag)
+    for trial in range(600):
+        record = good_record(draft_lag).clone()
+        for _ in range(1 + trial % 2):
+            field = fields[int(torch.randint(len(fields), (1,), generator=generator))]
+            row = int(torch.randint(4, (1,), generator=generator))
+            delta = int(torch.randint(-3, 4, (1,), generator=generator))
+            record[row, getattr(LAYOUT, field)] += delta
+        detailed = _detailed(record, expected)
+        fast = completion._passing_lanes(record[:4].tolist(), expected)
+        if isinstance(detailed, list):
+            assert fast == detailed
+            assert validate_completion(record, expected) == detailed
+        else:
+            assert fast is None
+            with pytest.raises(CompletionError) as raised:
+                validate_completion(record, expected)
+            assert (type(raised.value), raised.value.row, raised.value.field) == detailed

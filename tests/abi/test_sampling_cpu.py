@@ -94,3 +94,31 @@ def test_greedy_rows_with_nan_or_negative_temperature_take_the_fast_path():
     args = _inputs(torch.randn(3, 40))
     args["temperature"] = torch.tensor([0.0, -1.0, NAN])
     assert torch.equal(_fast(args), _reference(args))
+
+
+def test_only_the_chosen_rows_decide_and_strided_arguments_are_read_as_they_are():
+    """With `rows`, an unchosen row that draws, is penalised (a NaN penalty is not neutral) or has
+    a restricting mask does not send the call down the reference; a chosen one does. Penalties
+    come as the program passes them: a strided column slice of the sampling parameters."""
+    logits = _awkward_logits(6, 70, seed=7)
+    params = torch.zeros(6, 7)
+    params[:, 4] = 1.0
+    args = _inputs(logits)
+    args["penalties"] = params[:, 4:7]
+    args["temperature"][0] = 0.8
+    params[1, 5] = NAN
+    args["grammar_mask"][2, :] = 0
+    rows = torch.tensor([False, False, False, True, True, True])
+    fast = greedy_tokens_cpu(logits, args["temperature"], args["penalties"], args["grammar_mask"],
+                             args["mask_rows"], rows)
+    assert fast is not None
+    assert torch.equal(fast[3:], _reference(args)[3:])
+    for chosen in range(3):  # each of the special rows, once chosen, decides for the reference
+        picked = rows.clone()
+        picked[chosen] = True
+        decided = greedy_tokens_cpu(logits, args["temperature"], args["penalties"], args["grammar_mask"],
+                                    args["mask_rows"], picked)
+        if chosen == 2:  # a restricting mask keeps the fast path, with the mask applied
+            assert decided is not None and decided[2] == sampling.NO_TOKEN
+        else:
+            assert decided is None

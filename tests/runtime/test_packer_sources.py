@@ -145,6 +145,24 @@ def test_the_prompt_histogram_counts_sampled_ids_only(prepared):
     assert row.sum() == 3 and row[5] == 2 and row[9] == 1
 
 
+def test_log_probability_requests_are_counted_through_registration(prepared):
+    """`wants_logprobs` answers from a count of the recorded requests that ask (no row is looked
+    at without one), kept right when an id is registered again or forgotten."""
+    packer, _ = _packer(prepared)
+    rows = (_row("a", 2, (40,), 4, True, False), _row("b", 5, (41,), 5, True, False))
+    plan = _plan(Operation.DECODE, rows)
+    assert not packer.wants_logprobs(plan)
+    packer.register(RequestSpec("b", (9, 10), 16, top_logprobs=2))
+    assert packer.wants_logprobs(plan)
+    assert not packer.wants_logprobs(_plan(Operation.DECODE, rows[:1]))
+    packer.register(RequestSpec("b", (9, 10), 16))  # the same id again, asking for none
+    assert not packer.wants_logprobs(plan)
+    packer.register(RequestSpec("a", (5, 6), 16, top_logprobs=0))
+    packer.forget("a")
+    packer.forget("a")
+    assert not packer.wants_logprobs(plan) and packer._num_logprob_requests == 0
+
+
 def test_logit_bias_rows_are_reset_to_padding_once_after_a_biased_request(prepared):
     """A slot's bias rows get the request's entries, padding after a biased request, and are left
     alone when they already hold padding the packer wrote (no fill per admission)."""

@@ -32,7 +32,7 @@ class _Group(NamedTuple):
     """Rows that attend with one query each, batched over a shared padded context."""
 
     tokens: slice | torch.Tensor  # their queries in q (and their outputs)
-    page_ids: torch.Tensor  # int32 [rows * pages], flat: the pages each row gathers
+    page_ids: torch.Tensor  # int64 [rows * pages], flat: the pages each row gathers
     num_rows: int
     allowed: torch.Tensor  # bool [rows, 1, 1, L]: position c visible to the row's query
     mask: torch.Tensor  # float32 [rows, 1, 1, L]: 0 where allowed, -inf elsewhere
@@ -43,7 +43,7 @@ class _Row(NamedTuple):
 
     start: int
     end: int
-    page_ids: torch.Tensor  # int32 [pages]
+    page_ids: torch.Tensor  # int64 [pages]
     context_len: int
     allowed: torch.Tensor  # bool [n, context_len]
     mask: torch.Tensor  # float32 [n, context_len]
@@ -116,7 +116,9 @@ def _group(tokens, page_table, positions, window: int, plane_pages: int, page_to
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {page_table.shape[1]}")
     # A shorter row's entries past its last page may hold anything: clamped into the plane, the
     # pages they name are read but masked (a masked position's weight is exactly 0).
-    page_ids = page_table[:, :num_pages].clamp(0, plane_pages - 1)  # int32 indices index as they are
+    # int64 indices: every layer's two gathers index with them, and int32 ones cost each gather a
+    # conversion (the same rows either way).
+    page_ids = page_table[:, :num_pages].clamp(0, plane_pages - 1).to(torch.int64)
     cached = torch.arange(num_pages * page_tokens, device=positions.device)
     allowed = _allowed(cached, positions, window)[:, None, None, :]
     return _Group(tokens, page_ids.reshape(-1), page_ids.shape[0], allowed, _additive(allowed))
@@ -128,7 +130,7 @@ def _row(start: int, end: int, pages, positions, window: int, page_tokens: int) 
     if num_pages > pages.shape[0]:
         raise AbiArgumentError(f"{_ATTEND}: position {context_len - 1} needs {num_pages} pages; the page table has {pages.shape[0]}")
     allowed = _allowed(torch.arange(context_len, device=positions.device), positions, window)
-    return _Row(start, end, pages[:num_pages], context_len, allowed, _additive(allowed))
+    return _Row(start, end, pages[:num_pages].to(torch.int64), context_len, allowed, _additive(allowed))
 
 
 def _attend_group(group: _Group, q, k_cache, v_cache, scale: float, sinks) -> torch.Tensor:

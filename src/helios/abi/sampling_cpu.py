@@ -9,6 +9,12 @@ the float32 argmax selects the reference's token bit for bit, without the [R, V]
 penalty passes and row selection. The runtime's programs mask every row and hand unconstrained
 rows an all-allowing mask: such rows are recognised from their mask words (a few ops on [R, V/32])
 instead of unpacking V bits per row. Any other call returns None and takes the reference pipeline.
+
+Whether a call qualifies is decided on the host from its [R] and [R, 3] parameters read as lists
+(a NaN temperature compares false, so it is greedy; a NaN penalty differs from neutral, so it is
+penalised), and the masks tested whole before any row is singled out: a few calls instead of a
+dozen and a half torch operations and a stacked host read (which, inside a step whose weights
+have just streamed through the caches, cost microseconds each).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 
 from helios.abi.grammar import MASK_WORD_BITS, disallowed
 
-_NEUTRAL_PENALTIES = torch.tensor([1.0, 0.0, 0.0])  # repetition, presence, frequency: off
+_NEUTRAL_LIST = [1.0, 0.0, 0.0]  # repetition, presence, frequency: off
 _F32_MAX = torch.finfo(torch.float32).max
 _NEG_INF = float("-inf")
 NO_TOKEN = -1  # as `helios.abi.sampling.NO_TOKEN`
@@ -32,13 +38,7 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     With `rows` (bool [R]) only those rows decide (and only their tokens are meaningful)."""
     if logits.device.type != "cpu":
         return None
-    restricted = mask_rows & ~allows_every_token(grammar_mask, logits.shape[1])
-    if rows is None:
-        special = (temperature > 0).any() | (penalties != _NEUTRAL_PENALTIES).any()
-    else:
-        special = (((temperature > 0) | (penalties != _NEUTRAL_PENALTIES).any(-1)) & rows).any()
-        restricted = restricted & rows
-    special, masked = torch.stack((special, restricted.any())).tolist()
+    special, masked = _decision(logits.shape[1], temperature, penalties, grammar_mask, mask_rows, rows)
     if special:
         return None
     values = torch.nan_to_num(logits, nan=_NEG_INF, posinf=_F32_MAX, neginf=_NEG_INF)
@@ -46,6 +46,25 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
         values = values.masked_fill(disallowed(grammar_mask, mask_rows, logits.shape[1]), _NEG_INF)
     best, tokens = values.max(dim=-1)  # the first maximal index: the lowest id on ties
     return torch.where(best > _NEG_INF, tokens, NO_TOKEN)
+
+
+def _decision(vocab_size: int, temperature: torch.Tensor, penalties: torch.Tensor, grammar_mask: torch.Tensor,
+              mask_rows: torch.Tensor, rows: torch.Tensor | None) -> tuple[bool, bool]:
+    """(some deciding row draws or is penalised, some deciding row's mask restricts): the [R]
+    and [R, 3] parameters read to the host as lists, the masks tested whole first (the usual call:
+    every mask allows every token)."""
+    chosen = rows.tolist() if rows is not None else None
+    neutral = _NEUTRAL_LIST
+    for index, (drawn, penalty) in enumerate(zip(temperature.tolist(), penalties.tolist())):
+        if (drawn > 0 or penalty != neutral) and (chosen is None or chosen[index]):
+            return True, False
+    full = vocab_size // MASK_WORD_BITS
+    if vocab_size % MASK_WORD_BITS == 0 and bool((grammar_mask[:, :full] == -1).all()):
+        return False, False  # every mask allows every token
+    restricting = mask_rows & ~allows_every_token(grammar_mask, vocab_size)
+    if rows is not None:
+        restricting = restricting & rows
+    return False, bool(restricting.any())
 
 
 def allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:

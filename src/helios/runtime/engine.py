@@ -55,6 +55,7 @@ from helios.runtime.execution.prompt_scores import prompt_score_events
 from helios.runtime.execution.protocol import PlanExecutor
 from helios.runtime.feedback import GrammarState, LaneFeedback
 from helios.runtime.outlet import Cancel, Command, EventSink, Outbox, StepBatch, StopMatched
+from helios.runtime.records.capacities import Operation
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.records.stats import WorkerStats
@@ -320,7 +321,9 @@ class Engine:
             self.stats.graph_launches[plan.operation.name.lower()] += 1
         for name, count in output.state_launches.items():  # the core's SNAPSHOT / RESTORATION programs
             self.stats.graph_launches[name] += count
-        scores = prompt_score_events(plan, output.outputs, self._prompt_lens(plan))  # read before the next launch
+        scores = []  # read before the next launch; only a scored prefill has them
+        if plan.operation == Operation.SCORED_PREFILL:
+            scores = prompt_score_events(plan, output.outputs, self._prompt_lens(plan))
         self._dispatch(scores + self.scheduler.complete(plan, output.results))
 
     def _prompt_lens(self, plan) -> dict[str, int]:

@@ -50,6 +50,7 @@ from typing import Mapping
 import torch
 
 from helios.abi.completion import (
+    LAYOUT,
     NUM_FIELDS,
     CompletionExpectation,
     LaneCompletion,
@@ -107,6 +108,8 @@ class Executor:
         self._twins = logprob_twins(programs.values())  # plain variant name -> token-logprobs twin
         manifest = model.prepared.manifest
         self._completion = model.buffers[manifest.completion.buffer]
+        # Each frame of the completion buffer as int64 records [rows, columns] (the buffer never moves).
+        self._frames = tuple(frame.view(torch.int64).view(self._completion.shape[1], -1) for frame in self._completion)
         self._submission = model.buffers.get(manifest.completion.submission_input)
         self._arguments = {name: program_arguments(p, model.weights, model.buffers) for name, p in programs.items()}
         # Pages, slot state rows, continuation rows and host slots that plan copies move between.
@@ -224,7 +227,7 @@ class Executor:
 
     def _frame(self, plan: StepPlan) -> torch.Tensor:
         """The plan's frame of the completion buffer as int64 records [rows, columns]."""
-        return self._completion[plan.frame].view(torch.int64).view(self._completion.shape[1], -1)
+        return self._frames[plan.frame]
 
     def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
         speculative = plan.operation == Operation.SPECULATIVE
@@ -235,19 +238,22 @@ class Executor:
             lanes=tuple(_lane(row, speculative) for row in plan.rows),
         )
         lanes = validate_completion(record[:, :NUM_FIELDS], expected)
-        rows = record.tolist()
+        rows = None if self._token_columns == (LAYOUT.token, 1) else record.tolist()  # None: the ABI column is all
         results = []
         for index, lane in enumerate(lanes):
-            tokens = self._emitted(index, rows[index], lane)
+            tokens = self._emitted(index, rows[index] if rows is not None else None, lane)
             results.append(RowResult(lane.slot, lane.generation, lane.consumed_end, tokens, lane.offered,
                                      lane.accepted, lane.draft_cursor))
         return tuple(results)
 
-    def _emitted(self, index: int, row: list[int], lane: LaneCompletion) -> tuple[int, ...]:
-        """The lane's emitted ids from the SAMPLED_TOKENS columns (empty for NO_ALLOWED_TOKEN)."""
+    def _emitted(self, index: int, row: list[int] | None, lane: LaneCompletion) -> tuple[int, ...]:
+        """The lane's emitted ids from the SAMPLED_TOKENS columns (empty for NO_ALLOWED_TOKEN);
+        `row` (the record row) is None when those columns are the ABI token column alone."""
         if not lane.emitted or lane.outcome is not LaneOutcome.OK:
             return ()
         first, count = self._token_columns
+        if first == LAYOUT.token and count == 1 and lane.emitted == 1:  # the validated token itself
+            return (lane.token,)
         if lane.emitted > count:
             raise SampledTokenError(index, "tokens", f"{lane.emitted} emitted, the record holds {count} token ids")
         tokens = tuple(row[first:first + lane.emitted])

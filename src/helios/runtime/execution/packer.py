@@ -36,6 +36,10 @@ penalty (`helios.runtime.execution.prompt_histogram`): nothing before the progra
 sets of mirrors, one per execution frame (`plan.frame`): a plan's mirrors are rewritten only after
 the previous plan of its frame finished, while the other frame's uploads may still be queued.
 
+Values a step need not rewrite (slots, generations, sampling parameters... of the same rows as the
+last write, an unconstrained grammar mask) are skipped on host buffers
+(`helios.runtime.execution.kept_values`).
+
 Thread ownership: one packer per model worker; not thread-safe.
 """
 
@@ -54,6 +58,7 @@ from helios.errors import LoadError
 from helios.runtime.execution.history_drafting import HistoryIndex
 from helios.runtime.execution.host_staging import HostStaging
 from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
+from helios.runtime.execution.kept_values import KeptValues, rows_key_of
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
 from helios.runtime.execution.pack_values import (eos_row, fill_copied, fill_state_copy, is_prompt_row, padded,
@@ -133,6 +138,7 @@ class Packer:
         self._state_rows = state_rows
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, RequestSpec] = {}
+        self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
         self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
         if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
                                         for items in self._bindings.values() for b in items):
@@ -144,6 +150,7 @@ class Packer:
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
         self._unindexed: set[str] = set()  # registered requests whose history index is not built yet
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
+        self._kept = KeptValues(buffers, (name for names in self._written_state.values() for name in names))
 
     def enable_history_drafting(self) -> None:
         """Keep request histories from now on (call before the first request is registered)."""
@@ -161,7 +168,10 @@ class Packer:
             self.register(spec)
 
     def register(self, spec: RequestSpec) -> None:
+        self.forget(spec.request_id)  # an id registered again replaces its record
         self._requests[spec.request_id] = spec
+        self._num_logprob_requests += spec.top_logprobs is not None
+        self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
         if self._histories is not None:  # indexed after the launch (`index_histories`), or when first read
@@ -186,7 +196,8 @@ class Packer:
 
     def forget(self, request_id: str) -> None:
         """Drops a request's record (an id it never saw is ignored)."""
-        self._requests.pop(request_id, None)
+        spec = self._requests.pop(request_id, None)
+        self._num_logprob_requests -= spec is not None and spec.top_logprobs is not None
         if self._contexts is not None:
             self._contexts.pop(request_id, None)
         if self._histories is not None:
@@ -226,13 +237,17 @@ class Packer:
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
             for row, req in zip(plan.rows, requests):
                 if row.admits:
+                    self._kept.forget(binding.buffer_name)
                     _fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
         copied = self._copied_for(graph, plan.rows)
         constrained = any(row.constrained for row in plan.rows)
+        rows_key = rows_key_of(plan.rows)
         for binding in self._bindings[graph]:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
             target = self._staging.target(binding.buffer_name)
+            if self._kept.holds(binding, target, rows_key, constrained):
+                continue
             if binding.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
                 self._stage_rows(binding, plan)
             elif binding.source in IMAGE_SOURCES:
@@ -249,6 +264,7 @@ class Packer:
         snapshot row; only the sources `servable.STATE_COPY_SOURCES` names reach such a graph)."""
         self._staging.begin(plan.frame, plan.sequence)
         for binding in self._bindings[graph]:
+            self._kept.forget(binding.buffer_name)
             fill_state_copy(binding, self._staging.target(binding.buffer_name), rows)
         self._staging.upload()
 
@@ -281,6 +297,8 @@ class Packer:
 
     def wants_logprobs(self, plan: StepPlan) -> bool:
         """Whether a sampling row of `plan` belongs to a request that asks for log-probabilities."""
+        if not self._num_logprob_requests:  # the usual step: no row need be looked at
+            return False
         return any(row.samples and self._requests[row.request_id].top_logprobs is not None for row in plan.rows)
     def images_of(self, rows: Sequence[PlanRow]) -> list:
         """Each row's request images (`RequestImages`), None for a request without images."""
@@ -314,6 +332,7 @@ class Packer:
     def _reset_state(self, graph: str, slot: int) -> None:
         rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
         for name in self._written_state[graph]:
+            self._kept.forget(name)
             self._buffers[name][rows].zero_()
 
     def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks) -> None:

@@ -19,6 +19,8 @@ the same values, `helios.abi.cpu_bodies`):
   no [R, V] count rows.
 - `unchecked_bodies`: the remaining bodies listed in `helios.abi.cpu_bodies.UNCHECKED`.
 - `helios.runtime.loading.fast_calls.bind_fast_calls`: aten overloads through torch's bindings.
+- `helios.runtime.loading.repeated_calls.merge_repeated_calls`: a pure call repeated on the same
+  unwritten arguments is made once.
 
 A program with data-dependent (unbacked) shapes has no fast graph: its shapes may change between
 calls, so every call is checked.
@@ -33,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 from helios.abi import cpu_bodies
 from helios.abi.paged_reference import plan_attention
 from helios.runtime.loading.fast_calls import bind_fast_calls
+from helios.runtime.loading.repeated_calls import merge_repeated_calls
 
 OP_META = "helios_op"  # node.meta key: (op name, the body the node was bound to)
 _ATTENTION_OPS = ("helios::paged_attention", "helios::paged_attention_tuned")
@@ -49,6 +52,7 @@ def fast_graph(graph: torch.fx.Graph) -> torch.fx.Graph | None:
     sample_selected_rows(fast)
     unchecked_bodies(fast)
     bind_fast_calls(fast)
+    merge_repeated_calls(fast)
     fast.lint()
     return fast
 

@@ -1,0 +1,75 @@
+"""Which host buffers already hold a binding's values, so a step need not write them again.
+
+A per-row binding whose values depend only on its rows' identity (request, slot, generation, query
+length, whether the row samples) and on their requests' specs - slots, generations, seeds,
+sampling parameters, output limits, EOS ids, state rows, constants - writes the same values for the
+same rows. So does a grammar mask when no row is constrained (every row allows the vocabulary). A
+decode cohort's steps repeat those rows, so the packer (`helios.runtime.execution.packer`) skips such
+a write when its buffer still holds what the same binding wrote for the same rows.
+
+`KeptValues` remembers, per buffer, the (binding, rows key) it holds. Every other write of a
+buffer must `forget` it first (the packer's other sources, admission values, state resets, state
+copies). A buffer some program writes, or one packed into a staging mirror (a device buffer, whose
+mirrors alternate between execution frames), is never remembered: it is written every step.
+
+Thread ownership: the packer's (the model worker's).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from helios.contract import serving_pb2 as spb
+from helios.runtime.records.plan import PlanRow
+
+S = spb
+
+_ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
+# Row-indexed sources whose values are functions of `rows_key_of` and the rows' request specs.
+KEYED_SOURCES = frozenset({
+    S.VALUE_SOURCE_SLOT, S.VALUE_SOURCE_GENERATION, S.VALUE_SOURCE_QUERY_LENGTH,
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT, S.VALUE_SOURCE_SAMPLING_DECISION, S.VALUE_SOURCE_SEED_BITS,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT, S.VALUE_SOURCE_EOS_IDS,
+    S.VALUE_SOURCE_LIVE_STATE_ROWS, S.VALUE_SOURCE_CONSTANT,
+})
+
+
+def rows_key_of(rows: Sequence[PlanRow]) -> tuple:
+    """What the keyed sources' values of `rows` depend on besides their requests' specs (a slot's
+    generation changes whenever a request, the same id again included, takes the slot)."""
+    return tuple([(row.request_id, row.slot, row.generation, row.query_len, row.samples) for row in rows])
+
+
+class KeptValues:
+    """Per host buffer, the (binding, rows key) whose values it holds (see the module docstring)."""
+
+    def __init__(self, buffers: Mapping[str, torch.Tensor], program_written: Iterable[str]):
+        self._buffers = buffers
+        self._program_written = frozenset(program_written)
+        self._kept: dict[str, tuple[object, tuple]] = {}
+
+    def holds(self, binding, target: torch.Tensor, rows_key: tuple, constrained: bool) -> bool:
+        """Whether `target` (the binding's write destination) already holds what `binding` writes
+        for rows of `rows_key` (`constrained`: some row is); when not, the caller writes it and
+        this remembers what the buffer then holds (or forgets it, for a binding not kept)."""
+        name = binding.buffer_name
+        keyed = binding.indexing in _ROW_INDEXING and (
+            binding.source in KEYED_SOURCES or (binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not constrained))
+        if not keyed or name in self._program_written or target is not self._buffers[name]:
+            self._kept.pop(name, None)
+            return False
+        kept = self._kept.get(name)
+        if kept is not None and kept[0] is binding and kept[1] == rows_key:
+            return True
+        self._kept[name] = (binding, rows_key)
+        return False
+
+    def forget(self, name: str) -> None:
+        """Buffer `name` is about to be written otherwise: it holds nothing remembered."""
+        self._kept.pop(name, None)
+
+    def clear(self) -> None:
+        """Nothing is remembered (a request was registered: an id's spec may have changed)."""
+        self._kept.clear()
