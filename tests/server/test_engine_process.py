@@ -295,7 +295,9 @@ def test_the_engine_side_writes_on_the_calling_thread_while_the_pipe_is_drained_
         sender.send("second")  # the pipe holds unread bytes: queued for the sender thread
         assert sender._queue == ["second"]
     assert [theirs.recv(), theirs.recv()] == ["first", "second"]
-    wait_for(lambda: unread_bytes(ours) == 0)
+    # drained and idle: the sender thread has also left its write of "second" (it may still be
+    # finishing it after the reader took the bytes)
+    wait_for(lambda: unread_bytes(ours) == 0 and not sender._is_writing and not sender._queue)
     sender.send("third")
     assert theirs.poll(0) and theirs.recv() == "third"
     sender.close()
