@@ -208,8 +208,9 @@ def test_token_ids_and_timestamps_in_json_and_sse(http):
     assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
     assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
     observed = [c["choices"][0] for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
-    assert [o["token_ids"] for o in observed] == [[i] for i in ids]
-    assert all(o["delta"] == {} and len(o["token_timestamps_ns"]) == 1 for o in observed)
+    # one metadata chunk per step, or per run of steps a lagging reader receives merged
+    assert [i for o in observed for i in o["token_ids"]] == ids
+    assert all(o["delta"] == {} and len(o["token_timestamps_ns"]) == len(o["token_ids"]) for o in observed)
     text_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
     assert all("token_ids" not in c["choices"][0] for c in text_chunks)
     terminal = chunks[-1]
@@ -325,5 +326,7 @@ def test_a_paused_reader_slows_neither_the_engine_nor_other_streams(server, http
     assert events[-1] == "[DONE]"
     chunks = [json.loads(data) for data in events[:-1]]
     observed = [c for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
-    assert len(observed) == 120  # nothing was lost while the reader was paused
+    # nothing was lost while the reader was paused (steps that waited for it arrive merged: one
+    # chunk may carry several token ids)
+    assert sum(len(c["choices"][0]["token_ids"]) for c in observed) == 120
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
