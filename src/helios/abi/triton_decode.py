@@ -222,7 +222,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
             tl.store(part_o_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
             if FUSED:
                 combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
-                                part_l_ptr, part_o_ptr, part0, runs, h_ok, offs_d, BLOCK_H, BLOCK_D)
+                                part_l_ptr, part_o_ptr, part0, runs, h_ok, BLOCK_H, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from helios.abi.triton_paged import find_row, kv_offsets
+from helios.abi.triton_paged import find_row, kv_offsets, merge_runs
 
 __all__ = ["combine_if_last", "token_row", "walk"]
 
@@ -127,7 +127,7 @@ def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, h
 
 @triton.jit
 def combine_if_last(out_at, out_mask, count_ptr, slot, part_m_ptr, part_l_ptr, part_o_ptr, part0, runs, h_ok,
-                    offs_d, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """Fused combine: count this run done on the token's counter `slot`; the program that completes the
     count merges the `runs` partials at part0 + split ([BLOCK_H] rows) into the output and resets the
     counter to zero. The barrier orders every thread's partial stores before the (release) count; the
@@ -136,20 +136,6 @@ def combine_if_last(out_at, out_mask, count_ptr, slot, part_m_ptr, part_l_ptr, p
     done = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel")
     if done == runs - 1:
         tl.debug_barrier()
-        m_run = tl.full([BLOCK_H], -1e30, tl.float32)
-        total = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        for run in range(0, runs):
-            m_s = tl.load(part_m_ptr + part0 + run, mask=h_ok, other=-1e30, cache_modifier=".cg")
-            l_s = tl.load(part_l_ptr + part0 + run, mask=h_ok, other=0.0, cache_modifier=".cg")
-            o_s = tl.load(part_o_ptr + (part0 + run)[:, None] * BLOCK_D + offs_d[None, :], mask=h_ok[:, None],
-                          other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m_run, m_s)
-            alpha = tl.exp2(m_run - m_new)
-            weight = l_s * tl.exp2(m_s - m_new)
-            acc = acc * alpha[:, None] + weight[:, None] * o_s
-            total = total * alpha + weight
-            m_run = m_new
-        result = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        result = merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, part0, h_ok, runs, BLOCK_H, BLOCK_D)
         tl.store(out_at, result.to(out_at.dtype.element_ty), mask=out_mask)
         tl.store(count_ptr + slot, 0)

@@ -1,6 +1,6 @@
 """Pieces the paged-attention Triton kernels share (`helios.abi.triton_attention`, the prefill and
 cache-write kernels; `helios.abi.triton_decode`, the decode kernels): the row search, the page-table
-lookup, one online-softmax tile step, the softmax start with sink logits, and the host helpers that
+lookup, one online-softmax tile step, the merge of split runs' partials, the softmax start with sink logits, and the host helpers that
 turn tensor shapes into launch arguments. Nothing here reads device data on the host.
 """
 
@@ -16,6 +16,30 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 NO_WINDOW = (1 << 31) - 1  # window bound used when window <= 0: no int32 position difference reaches it
 CPU_SMS = 8  # stand-in multiprocessor count for interpreted (CPU) launches
+
+
+@triton.jit
+def merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, first_part, ok, runs, SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The normalised output [SIZE, BLOCK_D] (float32) of SIZE pairs from their `runs` partials
+    (entries first_part + split). Loads bypass L1 (".cg"): in a fused combine (the decode and
+    prefill kernels' last run) other programs of the same launch wrote them."""
+    offs_d = tl.arange(0, BLOCK_D)
+    m_all = tl.full([SIZE], -1e30, tl.float32)
+    weight = tl.zeros([SIZE], tl.float32)
+    acc = tl.zeros([SIZE, BLOCK_D], tl.float32)
+    for split in range(0, runs):
+        part = first_part + split
+        m_s = tl.load(part_m_ptr + part, mask=ok, other=-1e30, cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
+        o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m_all, m_s)
+        alpha = tl.exp2(m_all - m_new)
+        w_s = l_s * tl.exp2(m_s - m_new)
+        acc = acc * alpha[:, None] + o_s * w_s[:, None]
+        weight = weight * alpha + w_s
+        m_all = m_new
+    return acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
 
 
 @triton.jit

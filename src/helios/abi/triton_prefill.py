@@ -48,7 +48,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from helios.abi.triton_paged import (
-    LOG2E, block_d, dot_precision, find_row, on_device, row_major, sinks_or, softmax_start, window_bound,
+    LOG2E, block_d, dot_precision, find_row, merge_runs, on_device, row_major, sinks_or, softmax_start,
+    window_bound,
 )
 from helios.abi.triton_prefill_steps import attend_contiguous, consecutive_pages, softmax_step
 from helios.abi.triton_prefill_tiles import (
@@ -263,7 +264,7 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q
                 counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
                 if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == runs - 1:
                     tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-                    merged = _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, part - split, m_ok, runs,
+                    merged = merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, part - split, m_ok, runs,
                                          BLOCK_M * BLOCK_G, BLOCK_D)
                     tl.store(out_at, merged.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
@@ -283,34 +284,10 @@ def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_s
     _, _, runs = _block_runs(lo, hi, NUM_SPLITS, BLOCK_N, MIN_TILES)
     if live & (runs > 1):
         offs_d = tl.arange(0, BLOCK_D)
-        result = _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, (token * num_heads + head) * NUM_SPLITS, token_ok,
+        result = merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, (token * num_heads + head) * NUM_SPLITS, token_ok,
                              runs, BLOCK_M, BLOCK_D)
         tl.store(out_ptr + token[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
                  result.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
-
-
-@triton.jit
-def _merge_runs(part_m_ptr, part_l_ptr, part_o_ptr, first_part, ok, runs, SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The normalised output [SIZE, BLOCK_D] (float32) of SIZE pairs from their `runs` partials
-    (entries first_part + split). Loads bypass L1 (".cg"): other programs wrote them in this launch
-    when the prefill kernel merges them itself."""
-    offs_d = tl.arange(0, BLOCK_D)
-    m_all = tl.full([SIZE], -1e30, tl.float32)
-    weight = tl.zeros([SIZE], tl.float32)
-    acc = tl.zeros([SIZE, BLOCK_D], tl.float32)
-    for split in range(0, runs):
-        part = first_part + split
-        m_s = tl.load(part_m_ptr + part, mask=ok, other=-1e30, cache_modifier=".cg")
-        l_s = tl.load(part_l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
-        o_s = tl.load(part_o_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-        m_new = tl.maximum(m_all, m_s)
-        alpha = tl.exp2(m_all - m_new)
-        w_s = l_s * tl.exp2(m_s - m_new)
-        acc = acc * alpha[:, None] + o_s * w_s[:, None]
-        weight = weight * alpha + w_s
-        m_all = m_new
-    return acc / tl.where(weight == 0.0, 1.0, weight)[:, None]
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
