@@ -14,13 +14,10 @@ import json
 import httpx
 import pytest
 
-from helios.core.reader import open_core
 from helios.frontend.responses.output import OutputProcessor
-from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
-from helios.server.service import ServedModel
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import NAMESPACE, SERVED_ID, served_tiny_core
 
 QUEUE_CAPACITY = 2
 
@@ -33,13 +30,9 @@ def runner():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    core = tiny_core(tmp_path_factory.getbasetemp())
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    runtime = build_runtime(opened, RuntimeOptions(queue_capacity=QUEUE_CAPACITY))
-    served = ServedModel.from_runtime(runtime, queue_capacity=QUEUE_CAPACITY, frontend_workers=2, owned_by=core.namespace)
-    served.start()
-    yield served
-    served.shutdown()
+    with served_tiny_core(tmp_path_factory.getbasetemp(), QUEUE_CAPACITY, frontend_workers=2,
+                          owned_by=NAMESPACE) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helios.contract.settings import SamplingOptions, StartupOptions
-from helios.core.reader import open_core
 from helios.runtime.loading.model import LoadOptions
-from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.runtime.service import RuntimeOptions
 from helios.server.app import create_app
-from helios.server.service import ServedModel
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import SERVED_ID, served_tiny_core
 
 PATHS = ("/v1/chat/completions", "/v1/completions")
 SCHEMA_VIOLATION = "invalid request body:"
@@ -126,15 +124,11 @@ def runner():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    core = tiny_core(tmp_path_factory.getbasetemp())
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
     # a short default output keeps generations cheap; explicit max_tokens still apply
     startup = StartupOptions(sampling=SamplingOptions(max_output_tokens=4))
-    runtime = build_runtime(opened, RuntimeOptions(LoadOptions(startup), queue_capacity=4))
-    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=2)
-    served.start()
-    yield served
-    served.shutdown()
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 4, RuntimeOptions(LoadOptions(startup), queue_capacity=4),
+                          frontend_workers=2) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,8 @@ import httpx
 import openai
 import pytest
 
-from helios.core.reader import open_core
-from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
-from helios.server.service import ServedModel
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import NAMESPACE, SERVED_ID, served_tiny_core
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +21,8 @@ def runner():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    core = tiny_core(tmp_path_factory.getbasetemp())
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=8)), queue_capacity=8,
-                                      frontend_workers=2, owned_by=core.namespace)
-    served.start()
-    yield served
-    served.shutdown()
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 8, frontend_workers=2, owned_by=NAMESPACE) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,10 @@ import threading
 import httpx
 import pytest
 
-from helios.core.reader import open_core
 from helios.frontend.session import PreparedRequest
-from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.bridge import ResponseBridge
-from helios.server.service import ServedModel
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import SERVED_ID, served_tiny_core
 
 WAIT_S = 60.0
 SLOW = (41, 42, 43, 44)  # prompts whose output processor the test controls
@@ -36,13 +33,8 @@ def runner():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    core = tiny_core(tmp_path_factory.getbasetemp())
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=4)), queue_capacity=4,
-                                      frontend_workers=2, output_workers=2)
-    served.start()
-    yield served
-    served.shutdown()
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2, output_workers=2) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

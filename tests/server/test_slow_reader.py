@@ -12,11 +12,8 @@ import json
 import httpx
 import pytest
 
-from helios.core.reader import open_core
-from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
-from helios.server.service import ServedModel
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import SERVED_ID, served_tiny_core
 
 WAIT_S = 60.0
 MAX_TOKENS = 10
@@ -30,13 +27,8 @@ def runner():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    core = tiny_core(tmp_path_factory.getbasetemp())
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=4)), queue_capacity=4,
-                                      frontend_workers=2)
-    served.start()
-    yield served
-    served.shutdown()
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

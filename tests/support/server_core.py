@@ -5,12 +5,16 @@ template (think tags and tool-call tags, so reasoning and tool parsing are activ
 `base/helios-server-core/` the first time it is called with that base, and reuses it afterwards;
 test modules pass pytest's session base directory so that all of them share one core.
 
+`served_tiny_core(base, ...)` serves that core in this process (a started `ServedModel`, shut down
+on exit), as the ASGI-level server tests use it.
+
 `ServerProcess` runs `helios serve` on a free loopback port in a subprocess, waits for /health and
 stops it with SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -23,6 +27,26 @@ import httpx
 NAMESPACE = "test.helios/server"
 SERVED_ID = "tiny-chat"
 CONTEXT_TOKENS = 256
+
+
+@contextlib.contextmanager
+def served_tiny_core(base: Path, queue_capacity: int = 4, runtime_options=None, **served_options):
+    """The tiny core (`tiny_core(base)`) served in this process: a started `ServedModel` with
+    `queue_capacity` and `served_options` (frontend_workers, owned_by, ...), over a runtime built
+    with `runtime_options` (default: RuntimeOptions(queue_capacity=queue_capacity)); shut down on exit."""
+    from helios.core.reader import open_core
+    from helios.runtime.service import RuntimeOptions, build_runtime
+    from helios.server.service import ServedModel
+
+    core = tiny_core(base)
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    runtime = build_runtime(opened, runtime_options or RuntimeOptions(queue_capacity=queue_capacity))
+    served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, **served_options)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.shutdown()
 
 
 @dataclass(frozen=True)
