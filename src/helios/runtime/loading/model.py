@@ -50,6 +50,7 @@ from helios.runtime.loading.auxiliary import initialization_handles, state_copy_
 from helios.runtime.loading.cuda_graphs import capture_programs
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
+from helios.runtime.loading.program_compile import compile_programs
 from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, PickledProgramError: this module's API)
     DeclaredOps, LoadedProgram, MissingVariantError, PickledProgramError, load_program,
 )
@@ -94,6 +95,10 @@ class LoadOptions:
     # Vision-language cores: images whose encoded features stay on the device for reuse (None: 16,
     # fewer when 16 of the largest image's would pass 1 GiB).
     image_cache_images: int | None = None
+    # On the CPU: compile every program's pure tensor runs with Inductor before the engine is ready
+    # (`helios.runtime.loading.program_compile`; needs a C++ compiler, else `ProgramCompileError`).
+    compile_programs: bool = False
+    progress: Callable[[str], None] | None = None  # load-time progress lines (compilation), e.g. to stderr
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         if state_copies:
             state_copies = capture_programs(state_copies, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
+    if device.type == "cpu" and options.compile_programs:  # before ready: serving compiles nothing
+        compile_programs(programs + initializers + state_copies + vision,
+                         lambda p: program_arguments(p, weights, buffers), options.progress)
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
