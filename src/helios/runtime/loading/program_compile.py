@@ -22,6 +22,7 @@ makes a second load of the same programs faster.
 
 from __future__ import annotations
 
+import operator
 import os
 import shutil
 import time
@@ -131,16 +132,12 @@ def _compile_run(module, graph: torch.fx.Graph, run: list, values: dict, real: d
         passed = [node if fixed[node] is not None else graph.call_function(torch.Tensor.contiguous, (node,))
                   for node in inputs]
         call = graph.call_function(segment, tuple(passed))
-        results = [graph.call_function(_item, (call, index)) for index in range(len(outputs))]
+        results = [graph.call_function(operator.getitem, (call, index)) for index in range(len(outputs))]
     for node, result in zip(outputs, results):
         values[result] = values.get(node)
         node.replace_all_uses_with(result, delete_user_cb=lambda user: user not in run)
     for node in reversed(run):
         graph.erase_node(node)
-
-
-def _item(values, index: int):
-    return values[index]
 
 
 def _fixed_value(node: torch.fx.Node, real: dict) -> torch.Tensor | None:
