@@ -69,7 +69,7 @@ class CpuProgram:
         graph = fast_graph(self.module.graph)
         self.fast = None if graph is None else torch.fx.GraphModule(self.module, graph)
         self._checked: tuple[Sequence[torch.Tensor], tuple, tuple] | None = None  # weights, their tensors, inputs
-        self._runner: Callable | None = None  # what calls with the checked tensors run
+        self._runner: torch.fx.GraphModule | None = None  # what calls with the checked tensors run
         self.compiled: torch.fx.GraphModule | None = None  # `use_compiled`
         self._compiled_for: tuple | None = None  # the shapes `compiled` takes
 
@@ -86,12 +86,12 @@ class CpuProgram:
         checked = self._checked
         if (checked is not None and checked[0] is weights and all(map(is_, weights, checked[1]))
                 and len(inputs) == len(checked[2]) and all(map(is_, inputs, checked[2]))):
-            return self._runner(*weights, *inputs)  # no module-call machinery: no hooks are set
+            return self._runner.forward(*weights, *inputs)  # no module-call machinery: no hooks are set
         outputs = self._forward(*weights, *inputs)
         if self.fast is not None:
             self._checked = (weights, tuple(weights), inputs)
             compiled = self.compiled is not None and _layout((*weights, *inputs)) == self._compiled_for
-            self._runner = self.compiled.forward if compiled else self.fast.forward
+            self._runner = self.compiled if compiled else self.fast
         return outputs
 
 
