@@ -124,18 +124,22 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
     segments = [n for n in module.graph.nodes if n.op == "call_function"
                 and getattr(n.target, "__name__", "").startswith("compiled_segment_")]
     assert segments and not [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch.add]
+    assert not [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch.select]  # bound views
 
 
 @pytest.mark.slow
-def test_tensors_of_other_layouts_run_the_fast_graph(compiled):
-    program, module, weights, _ = compiled
-    program.use_compiled(module, (*weights, *_inputs(0)))
+def test_tensors_of_other_memory_or_layouts_run_the_fast_graph(compiled):
+    program, module, weights, inputs = compiled
+    program.use_compiled(module, (*weights, *inputs))
     strided = list(weights)
     strided[3] = weights[3].t().contiguous().t()  # the same values and shape, other strides
-    program(strided, *_inputs(0))
-    program(strided, *_inputs(0))
+    program(strided, *inputs)
+    program(strided, *inputs)
     assert program._runner is program.fast
-    program(weights, *_inputs(0))
+    program(weights, *_inputs(0))  # other memory
+    assert program._runner is program.fast
+    views = [tensor[:] for tensor in inputs]  # the same memory and layout, as the runtime passes its buffers
+    program(weights, *views)
     assert program._runner is module
 
 

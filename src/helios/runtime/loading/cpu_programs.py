@@ -71,12 +71,13 @@ class CpuProgram:
         self._checked: tuple[Sequence[torch.Tensor], tuple, tuple] | None = None  # weights, their tensors, inputs
         self._runner: torch.fx.GraphModule | None = None  # what calls with the checked tensors run
         self.compiled: torch.fx.GraphModule | None = None  # `use_compiled`
-        self._compiled_for: tuple | None = None  # the shapes `compiled` takes
+        self._compiled_for: tuple | None = None  # the tensors' layouts `compiled` takes
 
     def use_compiled(self, module: torch.fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
         """Makes `module` (the fast graph compiled at load for `tensors`, the weights then the
         inputs: `helios.runtime.loading.program_compile`) what later calls with tensors of the same
-        shapes, strides and dtypes run; calls with other tensors run the fast graph."""
+        memory, shapes, strides and dtypes run (views of the same buffers, as the runtime passes);
+        calls with other tensors run the fast graph."""
         self.compiled, self._compiled_for = module, _layout(tensors)
         self._checked = self._runner = None
 
@@ -96,7 +97,7 @@ class CpuProgram:
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
-    return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
 
 
 def cpu_program(module: torch.fx.GraphModule) -> CpuProgram | torch.fx.GraphModule:

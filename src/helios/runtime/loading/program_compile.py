@@ -96,6 +96,7 @@ def compile_program(program: CpuProgram, arguments: Sequence) -> torch.fx.GraphM
     module = torch.fx.GraphModule(program.fast, graph)
     for number, run in enumerate(compiled_runs(graph)):
         _compile_run(module, graph, run, values, real, number)
+    _bind_fixed_views(module, graph, real)
     graph.lint()
     module.recompile()
     program.use_compiled(module, tensors)
@@ -138,6 +139,27 @@ def _compile_run(module, graph: torch.fx.Graph, run: list, values: dict, real: d
         node.replace_all_uses_with(result, delete_user_cb=lambda user: user not in run)
     for node in reversed(run):
         graph.erase_node(node)
+
+
+def _bind_fixed_views(module: torch.nn.Module, graph: torch.fx.Graph, real: dict) -> int:
+    """Replaces each view of an input (the same view every call: the compiled graph runs only
+    on tensors of the compile-time storage and layout) by that view, held by `module`; returns
+    how many. A write through it writes the input, as before."""
+    count = 0
+    for node in list(graph.nodes):
+        if not (is_free(node) and node.users):
+            continue
+        value = _fixed_value(node, real)
+        if value is None:
+            continue
+        name = f"fixed_view_{count}"
+        module.register_buffer(name, value, persistent=False)
+        with graph.inserting_before(node):
+            fixed = graph.get_attr(name)
+        node.replace_all_uses_with(fixed)
+        graph.erase_node(node)
+        count += 1
+    return count
 
 
 def _fixed_value(node: torch.fx.Node, real: dict) -> torch.Tensor | None:
