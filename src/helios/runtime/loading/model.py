@@ -17,7 +17,10 @@ nothing here runs on untrusted bytes. `load_model` then
    now and replace preparation's working-set counts;
 5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.loading.tuning`;
    loaded like serving programs in step 2), once, before any CUDA graph is captured and before the
-   model is returned; a missing or failing producer fails startup with `TuningProducerError`.
+   model is returned; a missing or failing producer fails startup with `TuningProducerError`;
+6. on the CPU with `LoadOptions.compile_programs`, compiles every CPU program's pure tensor runs
+   with Inductor for the buffers just allocated (`helios.runtime.loading.program_compile`), so
+   serving compiles nothing; a failure fails startup with `ProgramCompileError`.
 
 The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
 
