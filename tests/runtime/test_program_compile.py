@@ -177,3 +177,24 @@ def test_the_compile_programs_flag_reaches_the_load_options(flags, compiled_prog
     add_runtime_flags(parser)
     load, _, _ = runtime_flags(parser.parse_args(flags), StartupOptions(), "cpu")
     assert load.compile_programs is compiled_programs and (load.progress is not None) is compiled_programs
+
+
+def test_loading_with_compile_programs_compiles_every_program_before_returning(monkeypatch):
+    from helios.runtime.loading import model as model_module
+    from helios.runtime.loading.model import LoadOptions, load_model
+    from runtime.test_model_fixture import open_fixture
+
+    seen = []
+
+    def recording(programs, arguments, progress):
+        seen.extend((p.graph, p.batch_capacity, len(arguments(p))) for p in programs)
+        progress("compiled")
+
+    monkeypatch.setattr(model_module, "compile_programs", recording)
+    lines = []
+    model = load_model(open_fixture(), LoadOptions(compile_programs=True, progress=lines.append))
+    assert sorted(seen) == sorted((p.graph, p.batch_capacity, 1 + len(p.inputs)) for p in model.programs)
+    assert lines == ["compiled"]
+    seen.clear()
+    load_model(open_fixture(), LoadOptions())
+    assert seen == []
