@@ -10,8 +10,8 @@ writes, sampling, completion records) run as the fast graph runs them.
 
 Everything is compiled before the engine reports ready; serving compiles nothing. A program is
 still checked once: its first call runs the checked graph, and later calls with tensors of the
-compiled shapes run the compiled graph (`CpuProgram.use_compiled`); other tensors run the eager
-fast graph. Results equal the eager program's within float rounding (fused kernels add and
+compiled memory and layouts run the compiled graph (`CpuProgram.use_compiled`); other tensors run
+the eager fast graph. Results equal the eager program's within float rounding (fused kernels add and
 reduce in another order); greedy tokens are the same in the tests' workloads.
 
 Without a C++ compiler, or when Inductor fails on a program, loading fails with
@@ -84,7 +84,8 @@ def compile_programs(programs: Iterable, arguments: Callable[[object], list],
 
 def compile_program(program: CpuProgram, arguments: Sequence) -> torch.fx.GraphModule:
     """Compiles `program`'s fast graph for `arguments` (its weight list, then its inputs) and
-    makes it the graph later calls with tensors of these shapes run; returns the module."""
+    makes it the graph later calls with tensors of this memory and these layouts run (the
+    runtime's views of the same buffers); returns the module."""
     weights, *inputs = arguments
     tensors = (*weights, *inputs)
     placeholders = [node for node in program.fast.graph.nodes if node.op == "placeholder"]
