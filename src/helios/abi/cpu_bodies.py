@@ -155,7 +155,7 @@ def sample_rows(logits, seeds, counters, temperature, top_k, top_p, min_p, penal
     outputs with this body (`helios.runtime.loading.cpu_fast`)."""
     greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows, rows)
     if greedy is not None:  # no chosen row draws or is penalised: the float32 argmax (the same tokens)
-        return greedy.masked_fill_(~rows, NO_TOKEN)
+        return _unchosen_cleared(greedy, rows)
     chosen = rows.tolist()
     params = DrawParams(seeds, counters, temperature, top_k, top_p, min_p)
     counts = (prompt_counts, output_counts)
@@ -177,9 +177,15 @@ def sample_rows_gathering(logits, seeds, counters, temperature, top_k, top_p, mi
     them, so a greedy step gathers no [R, V] count rows (the same tokens either way)."""
     greedy = greedy_tokens_cpu(logits, temperature, penalties, grammar_mask, mask_rows, rows)
     if greedy is not None:
-        return greedy.masked_fill_(~rows, NO_TOKEN)
+        return _unchosen_cleared(greedy, rows)
     return sample_rows(logits, seeds, counters, temperature, top_k, top_p, min_p, penalties, prompt_table[slots],
                        output_table[slots], grammar_mask, mask_rows, rows)
+
+
+def _unchosen_cleared(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``tokens.masked_fill_(~rows, NO_TOKEN)`` for fresh contiguous CPU tokens, through numpy views."""
+    tokens.numpy()[~rows.numpy()] = NO_TOKEN
+    return tokens
 
 
 UNCHECKED: dict[str, Callable] = {

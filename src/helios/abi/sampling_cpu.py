@@ -10,20 +10,24 @@ penalty passes and row selection. The runtime's programs mask every row and hand
 rows an all-allowing mask: such rows are recognised from their mask words (a few ops on [R, V/32])
 instead of unpacking V bits per row. Any other call returns None and takes the reference pipeline.
 
-Whether a call qualifies is decided on the host from its [R] and [R, 3] parameters read as lists
-(a NaN temperature compares false, so it is greedy; a NaN penalty differs from neutral, so it is
-penalised), and the masks tested whole before any row is singled out: a few calls instead of a
-dozen and a half torch operations and a stacked host read (which, inside a step whose weights
-have just streamed through the caches, cost microseconds each).
+Whether a call qualifies is decided on the host from its [R] and [R, 3] parameters and mask words
+compared as numpy views of the CPU tensors (a NaN temperature compares false, so it is greedy; a
+NaN penalty differs from neutral, so it is penalised), the masks tested whole before any row is
+singled out: a few array operations of about a microsecond each instead of torch calls and host
+reads (which, inside a step whose weights have just streamed through the caches, cost several
+microseconds each). Where no row is restricted, the argmax is taken over the logits themselves
+and kept when every row's maximum is finite: torch's max propagates NaN and +inf, so a finite
+maximum means the row holds neither and the NaN/inf replacement would change nothing.
 """
 
 from __future__ import annotations
 
+import numpy
 import torch
 
 from helios.abi.grammar import MASK_WORD_BITS, disallowed
 
-_NEUTRAL_LIST = [1.0, 0.0, 0.0]  # repetition, presence, frequency: off
+_NEUTRAL = numpy.array([1.0, 0.0, 0.0], dtype=numpy.float32)  # repetition, presence, frequency: off
 _F32_MAX = torch.finfo(torch.float32).max
 _NEG_INF = float("-inf")
 NO_TOKEN = -1  # as `helios.abi.sampling.NO_TOKEN`
@@ -41,6 +45,10 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
     special, masked = _decision(logits.shape[1], temperature, penalties, grammar_mask, mask_rows, rows)
     if special:
         return None
+    if not masked:
+        best, tokens = logits.max(dim=-1)  # NaN and +inf propagate to `best`
+        if numpy.isfinite(best.numpy()).all():  # no row holds NaN or inf: nan_to_num would change nothing
+            return tokens
     values = torch.nan_to_num(logits, nan=_NEG_INF, posinf=_F32_MAX, neginf=_NEG_INF)
     if masked:
         values = values.masked_fill(disallowed(grammar_mask, mask_rows, logits.shape[1]), _NEG_INF)
@@ -51,20 +59,22 @@ def greedy_tokens_cpu(logits: torch.Tensor, temperature: torch.Tensor, penalties
 def _decision(vocab_size: int, temperature: torch.Tensor, penalties: torch.Tensor, grammar_mask: torch.Tensor,
               mask_rows: torch.Tensor, rows: torch.Tensor | None) -> tuple[bool, bool]:
     """(some deciding row draws or is penalised, some deciding row's mask restricts): the [R]
-    and [R, 3] parameters read to the host as lists, the masks tested whole first (the usual call:
-    every mask allows every token)."""
-    chosen = rows.tolist() if rows is not None else None
-    neutral = _NEUTRAL_LIST
-    for index, (drawn, penalty) in enumerate(zip(temperature.tolist(), penalties.tolist())):
-        if (drawn > 0 or penalty != neutral) and (chosen is None or chosen[index]):
-            return True, False
-    full = vocab_size // MASK_WORD_BITS
-    if vocab_size % MASK_WORD_BITS == 0 and bool((grammar_mask[:, :full] == -1).all()):
+    and [R, 3] parameters and the masks compared as numpy views of the CPU tensors (a microsecond
+    an operation), the masks tested whole first (the usual call: every mask allows every token)."""
+    chosen = None if rows is None else rows.numpy()
+    special = (temperature.numpy() > 0) | (penalties.numpy() != _NEUTRAL).any(axis=-1)
+    if (special if chosen is None else special & chosen).any():
+        return True, False
+    words = grammar_mask.numpy()
+    full, rest = divmod(vocab_size, MASK_WORD_BITS)
+    if rest == 0 and (words[:, :full] == -1).all():
         return False, False  # every mask allows every token
-    restricting = mask_rows & ~allows_every_token(grammar_mask, vocab_size)
-    if rows is not None:
-        restricting = restricting & rows
-    return False, bool(restricting.any())
+    allowed = (words[:, :full] == -1).all(axis=-1)
+    if rest:
+        valid = (1 << rest) - 1  # the low `rest` bits of the last word (rest < 32: a positive int32)
+        allowed &= (words[:, full] & valid) == valid
+    restricting = mask_rows.numpy() & ~allowed
+    return False, bool((restricting if chosen is None else restricting & chosen).any())
 
 
 def allows_every_token(grammar_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
