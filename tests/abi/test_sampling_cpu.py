@@ -122,3 +122,25 @@ def test_only_the_chosen_rows_decide_and_strided_arguments_are_read_as_they_are(
             assert decided is not None and decided[2] == sampling.NO_TOKEN
         else:
             assert decided is None
+
+
+def test_finite_maxima_keep_the_raw_argmax_and_nan_or_inf_take_the_replacement(monkeypatch):
+    """Rows whose maxima are all finite hold no NaN or inf: their argmax is taken over the logits
+    as they are (no [R, V] replacement pass); a NaN or +inf anywhere sends the call through the
+    replacement, with the reference's tokens either way (ties at the maximum: the lowest id)."""
+    replaced = []
+    original = torch.nan_to_num
+    monkeypatch.setattr(torch, "nan_to_num", lambda *a, **k: replaced.append(1) or original(*a, **k))
+    logits = torch.randint(-3, 4, (6, 70), generator=torch.Generator().manual_seed(5)).float()
+    logits[2, 10] = NEG_INF
+    args = _inputs(logits)
+    fast = _fast(args)
+    assert not replaced and torch.equal(fast, _reference(args))
+    for row, value in ((1, NAN), (4, POS_INF), (5, NEG_INF)):
+        bad = logits.clone()
+        bad[row] = value if value == NEG_INF else bad[row]
+        bad[row, 3] = value
+        args = _inputs(bad)
+        replaced.clear()
+        fast = _fast(args)
+        assert replaced and torch.equal(fast, _reference(args))

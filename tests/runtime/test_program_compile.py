@@ -60,6 +60,8 @@ def test_opaque_calls_separate_few_compiled_runs_and_keep_their_order():
     opaque = [n for n in graph.nodes if n.op == "call_function" and not is_compiled(n) and not is_free(n)]
     kept = [n.target for n in opaque if n.target is not cpu_bodies.cache_write_planned]
     assert kept == [t for t in original if t is not cpu_bodies.plan_rotary]
+    assert cpu_bodies.completion_record not in kept  # its columns are computed in the sampling tail's run
+    assert any(n.target is cpu_bodies.completion_record for run in compiled_runs(graph) for n in run)
     runs = compiled_runs(graph)
     # Per layer: the rotations and what follows the attention; plus the head, the sampling tail.
     assert len(runs) <= 2 * 2 + 3

@@ -113,6 +113,10 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache:
 def _group(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
     if positions.device.type == "cpu" and page_table.device.type == "cpu":
         return _group_host(tokens, page_table, positions, window, plane_pages, page_tokens)
+    return _group_torch(tokens, page_table, positions, window, plane_pages, page_tokens)
+
+
+def _group_torch(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
     context_len = int(positions.max()) + 1
     num_pages = _pages_needed(context_len, page_tokens, page_table.shape[1])
     # A shorter row's entries past its last page may hold anything: clamped into the plane, the

@@ -3,12 +3,12 @@
 A fast graph (`helios.runtime.loading.cpu_fast`) mixes three kinds of calls:
 
 - compiled: pure tensor ops (aten overloads without mutation, torch's bindings of them) and the
-  pure ABI bodies listed in `PURE_BODIES` (norms, SiLU-mul, the rotation of q and k), which
-  Inductor traces into aten and fuses;
+  pure ABI bodies listed in `PURE_BODIES` (norms, SiLU-mul, the rotation of q and k, the
+  completion record's columns), which Inductor traces into aten and fuses;
 - free: views of inputs and items of an opaque call's result (no work; they run eagerly where
   their inputs are ready);
 - opaque: everything else, run eagerly as the fast graph runs it: the ABI bodies that read plans
-  on the host or write buffers (attention, cache writes, sampling, completion records), in-place
+  on the host or write buffers (attention, cache writes, sampling), in-place
   ops, calls of modules.
 
 `segment_graph` rewrites a copy of the graph so that the compiled calls form as few runs as
@@ -50,7 +50,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return x * cos + x.roll(signed_sin.shape[-1] // 2, -1) * signed_sin
 
 
-PURE_BODIES = frozenset({cpu_bodies.rms_norm, cpu_bodies.add_rms_norm, cpu_bodies.silu_mul, signed_sine, rotate})
+PURE_BODIES = frozenset({cpu_bodies.rms_norm, cpu_bodies.add_rms_norm, cpu_bodies.silu_mul,
+                         cpu_bodies.completion_record, signed_sine, rotate})
 
 
 def segment_graph(graph: torch.fx.Graph, inputs: dict[str, torch.Tensor]) -> torch.fx.Graph:

@@ -1,0 +1,58 @@
+"""`helios.abi.paged_reference` on the CPU: the decode group's plan computed in numpy equals the
+torch computation the reference runs elsewhere (page ids, visibility, additive mask: dtype, shape
+and values), and pages gathered over a 2-D view of the plane are those ``index_select`` gathers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helios.abi import paged_reference
+from helios.abi.paged_reference import AbiArgumentError, _gather_pages, _group_host, _group_torch
+
+
+def _same(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("window", [0, 1, 5])
+@pytest.mark.parametrize("position_dtype", [torch.int32, torch.int64])
+def test_the_host_plan_of_a_decode_group_is_the_torch_plan(window, position_dtype):
+    generator = torch.Generator().manual_seed(window)
+    plane_pages, page_tokens = 12, 4
+    page_table = torch.randint(-3, plane_pages + 3, (5, 6), dtype=torch.int32, generator=generator)  # clamped
+    positions = torch.tensor([0, 7, 3, 19, 12], dtype=position_dtype)
+    for tokens in (slice(0, 5), torch.tensor([0, 2, 4, 6, 7])):
+        host = _group_host(tokens, page_table, positions, window, plane_pages, page_tokens)
+        reference = _group_torch(tokens, page_table, positions, window, plane_pages, page_tokens)
+        assert host.num_rows == reference.num_rows == 5 and host.tokens is tokens
+        for got, expected in zip(host[1:], reference[1:]):
+            if isinstance(got, torch.Tensor):
+                assert _same(got, expected)
+        assert bool(host.page_ids.min()) >= 0 and int(host.page_ids.max()) < plane_pages
+
+
+def test_the_host_plan_refuses_a_position_past_the_page_table():
+    page_table = torch.zeros((2, 2), dtype=torch.int32)
+    with pytest.raises(AbiArgumentError, match="needs 3 pages; the page table has 2"):
+        _group_host(slice(0, 2), page_table, torch.tensor([3, 8]), 0, 4, 4)
+
+
+def test_plans_of_cpu_tensors_take_the_host_computation(monkeypatch):
+    def fail(*args):
+        raise AssertionError("the torch plan ran for CPU tensors")
+    monkeypatch.setattr(paged_reference, "_group_torch", fail)
+    page_table = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    plan = paged_reference.plan_attention(page_table, torch.tensor([0, 1, 2], dtype=torch.int32),
+                                          torch.tensor([4, 1]), 0, torch.zeros(4, 4, 1, 2))
+    assert plan.full and plan.group.page_ids.tolist() == [1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pages_gathered_over_a_flat_view_are_index_selects_pages(dtype):
+    buffer = torch.randn(3, 2, 10, 4, 2, 8).to(dtype)  # [layers, k/v, pages, page tokens, heads, dim]
+    page_ids = torch.tensor([9, 0, 4, 4, 7])
+    for plane in (buffer[1, 0], buffer[2, 1], buffer[:, 1, :, :, :, :][0], buffer.transpose(3, 4)[0, 0]):
+        gathered = _gather_pages(plane, page_ids)
+        expected = plane.index_select(0, page_ids)
+        assert gathered.dtype == dtype and torch.equal(gathered.reshape(expected.shape), expected)
