@@ -70,10 +70,15 @@ class SlotPlan(NamedTuple):
 
 
 def plan_slots(slot_mapping: torch.Tensor) -> SlotPlan:
-    if slot_mapping.numel() and int(slot_mapping.min()) >= 0:
+    if slot_mapping.numel() and int(_host_min(slot_mapping)) >= 0:
         return SlotPlan(slot_mapping, None)
     keep = slot_mapping >= 0
     return SlotPlan(slot_mapping[keep], keep)
+
+
+def _host_min(values: torch.Tensor):
+    """The least value, through a numpy view of a CPU tensor (no torch call and host read)."""
+    return values.numpy().min() if values.device.type == "cpu" else values.min()
 
 
 def cache_write_planned(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
