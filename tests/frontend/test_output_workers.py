@@ -101,32 +101,9 @@ def test_close_drains_queued_events_first():
     assert len(consumer.events) == 51
 
 
-def test_a_negative_worker_count_is_refused():
+def test_at_least_one_worker():
     with pytest.raises(ValueError):
-        OutputWorkers(-1)
-
-
-def test_without_workers_events_are_consumed_in_order_on_the_posting_thread():
-    workers = OutputWorkers(0)
-    threads = []
-
-    class Recording(Consumer):
-        def on_event(self, event) -> None:
-            threads.append(threading.get_ident())
-            super().on_event(event)
-
-    broken, other = Recording(fail_on=5), Recording()
-    workers.register("broken", broken)
-    workers.register("other", other)
-    workers.post(StepBatch((tokens("other", 1), tokens("broken", 5), tokens("other", 2))))
-    assert other.events == [tokens("other", 1), tokens("other", 2)]  # consumed before post returned
-    workers.post(StepBatch((finish("broken"), finish("other"), tokens("other", 3))))
-    assert other.events[-1] == finish("other") and not workers.is_registered("other")
-    [(error, event)] = broken.failures
-    assert str(error) == "parser exploded" and event == tokens("broken", 5)
-    assert broken.events == [finish("broken")]
-    assert set(threads) == {threading.get_ident()} and workers.num_workers == 0
-    workers.close()
+        OutputWorkers(0)
 
 
 def test_events_posted_after_close_are_consumed_by_the_caller():

@@ -14,14 +14,8 @@ error and the event it failed on (the consumer ends the response with an error a
 request in the engine) and goes on with the other requests. A request's route is dropped after its
 `FinishEvent` was consumed; events of unregistered requests are dropped.
 
-With no worker threads (`OutputWorkers(0)`), `post` consumes each event on the thread that posts
-it, in order: for an engine in another process, whose events arrive on the engine link's reader
-thread (`helios.runtime.engine_link`), that thread is already off the model worker, and a hop to
-worker threads would only add wakeups and interpreter-lock handoffs per round (the model worker
-never waits on it; a slow request delays the output of the others, not the engine's steps).
-
 `register` happens before the request is submitted to the engine (from any thread); `post` is
-called by the engine's sink thread only. Routes live in a dict read by `post` and written by `register` and
+called by the model worker only. Routes live in a dict read by `post` and written by `register` and
 the workers: single dict operations, atomic in CPython.
 """
 
@@ -88,21 +82,16 @@ class _Worker:
                 self._consume(consumer, event)
 
     def _consume(self, consumer: OutputConsumer, event: RequestEvent) -> None:
-        consume(consumer, event, self._routes)
-        self.num_consumed += 1
-
-
-def consume(consumer: OutputConsumer, event: RequestEvent, routes: dict) -> None:
-    """Runs `consumer` on `event`; a failure ends that request only. Drops the route at its end."""
-    try:
-        consumer.on_event(event)
-    except Exception as error:  # noqa: BLE001 - one request's output failure ends that request only
         try:
-            consumer.on_failure(error, event)
-        except Exception:  # noqa: BLE001 - nothing more can be done for it
-            pass
-    if type(event) is FinishEvent:
-        routes.pop(event.request_id, None)
+            consumer.on_event(event)
+        except Exception as error:  # noqa: BLE001 - one request's output failure ends that request only
+            try:
+                consumer.on_failure(error, event)
+            except Exception:  # noqa: BLE001 - nothing more can be done for it
+                pass
+        if isinstance(event, FinishEvent):
+            self._routes.pop(event.request_id, None)
+        self.num_consumed += 1
 
 
 class OutputWorkers:
@@ -110,19 +99,18 @@ class OutputWorkers:
     posted later (the answer a closed engine gives a late submission) are consumed by the caller."""
 
     def __init__(self, num_workers: int = 2, name: str = "helios-output"):
-        """`num_workers` 0: events are consumed on the posting thread (see the module docstring)."""
-        if num_workers < 0:
+        if num_workers < 1:
             raise ValueError(f"{num_workers} output workers")
-        self._routes: dict[str, tuple[_Worker | None, OutputConsumer]] = {}
+        self._routes: dict[str, tuple[_Worker, OutputConsumer]] = {}
         self._workers = [_Worker(f"{name}-{k}", self._routes) for k in range(num_workers)]
-        self._next = itertools.cycle(self._workers) if self._workers else itertools.repeat(None)
+        self._next = itertools.cycle(self._workers)
 
     @property
     def num_workers(self) -> int:
         return len(self._workers)
 
     def register(self, request_id: str, consumer: OutputConsumer) -> None:
-        """Binds a request (before its submission) to the next worker, round robin (no worker: inline)."""
+        """Binds a request (before its submission) to the next worker, round robin."""
         self._routes[request_id] = (next(self._next), consumer)
 
     def is_registered(self, request_id: str) -> bool:
@@ -132,12 +120,6 @@ class OutputWorkers:
         """The engine's sink (the model worker; any thread after the engine closed): routes one
         round's events to the workers; never blocks on their work."""
         routes = self._routes
-        if not self._workers:
-            for event in batch.events:
-                route = routes.get(event.request_id)
-                if route is not None:
-                    consume(route[1], event, routes)
-            return
         shares: dict[_Worker, list] = {}
         for event in batch.events:
             route = routes.get(event.request_id)

@@ -112,13 +112,9 @@ class ServedModel:
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
                      served_names: tuple[str, ...] = (),
-                     image_limits: ImageLimits | None = None, output_workers: int | None = None) -> ServedModel:
+                     image_limits: ImageLimits | None = None, output_workers: int = 2) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`).
-        `served_names` (the served id, then aliases) replace the contract's names when given.
-        `output_workers` (None: two for an engine thread, none for an engine process, whose events
-        are consumed on its link's reader thread: `helios.frontend.output_workers`)."""
-        if output_workers is None:
-            output_workers = 0 if isinstance(runtime, EngineProcessRuntime) else 2
+        `served_names` (the served id, then aliases) replace the contract's names when given."""
         model = runtime.model
         tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
         serving = model.prepared.contract
