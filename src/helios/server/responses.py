@@ -67,7 +67,7 @@ class SendDeadline:
         self._timeout_s = timeout_s
         self._loop = asyncio.get_running_loop()
         self._started: float | None = None  # loop time the send in progress started
-        self._task: asyncio.Task | None = None  # the task of the send in progress
+        self._task: asyncio.Task | None = None  # the task its sends run in (one response's)
         self._timer: asyncio.TimerHandle | None = None
         self._has_expired = False
 
@@ -75,8 +75,10 @@ class SendDeadline:
         await self.send_via(self._send, message)
 
     async def send_via(self, send: Send, message) -> None:
-        """`send(message)` under this deadline (another send of the same connection)."""
-        self._task = asyncio.current_task()
+        """`send(message)` under this deadline (another send of the same connection). Every send
+        of one deadline runs in one task (the response's), looked up once."""
+        if self._task is None:
+            self._task = asyncio.current_task()
         self._started = started = self._loop.time()
         if self._timer is None:
             self._timer = self._loop.call_at(started + self._timeout_s, self._check)
@@ -202,7 +204,7 @@ class SSEResponse(Response):
     def __init__(self, lease: Lease, presenter: StreamPresenter):
         self.status_code = 200
         self.background = None
-        self.init_headers(SSE_HEADERS)
+        self.raw_headers = list(_SSE_RAW_HEADERS)
         self._lease = lease
         self._presenter = presenter
 
@@ -246,6 +248,9 @@ class SSEResponse(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": False})
                 return
             await write({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+_SSE_RAW_HEADERS = tuple(Response(media_type=SSEResponse.media_type, headers=SSE_HEADERS).raw_headers)
 
 
 def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
