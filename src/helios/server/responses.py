@@ -250,7 +250,8 @@ class SSEResponse(Response):
             await write({"type": "http.response.body", "body": chunk, "more_body": True})
 
 
-_SSE_RAW_HEADERS = tuple(Response(media_type=SSEResponse.media_type, headers=SSE_HEADERS).raw_headers)
+_SSE_RAW_HEADERS = (*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()),
+                    (b"content-type", b"text/event-stream; charset=utf-8"))  # no length: the body is chunked
 
 
 def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
