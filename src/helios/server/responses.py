@@ -226,6 +226,8 @@ class SSEResponse(Response):
             task.uncancel()  # the client is gone: the response ends quietly
         finally:
             is_streaming = False
+            if watcher.done() and not watcher.cancelled():
+                watcher.exception()  # a receive that failed ended the stream like a disconnect
             watcher.cancel()
 
     async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
