@@ -5,8 +5,6 @@ The levers swapped (each exact: the same tokens, and the same values for every o
 
 - the decode group's attention plan computed in numpy over views of the step's CPU tensors
   (`helios.abi.paged_reference._group_host`) instead of a dozen torch calls (`_group_torch`);
-- page gathers over a 2-D view of the cache plane (`paged_reference._gather_pages`) instead of
-  ``index_select`` over the 4-D plane;
 - the greedy decision over numpy views, and the argmax over the logits themselves when every
   row's maximum is finite (`helios.abi.sampling_cpu`), instead of host reads of lists, a
   ``nan_to_num`` pass and a ``where``; the unchosen rows cleared through a numpy view;
@@ -64,14 +62,12 @@ def _previous_greedy(logits, temperature, penalties, grammar_mask, mask_rows, ro
 
 CURRENT = {
     (paged_reference, "_group"): paged_reference._group,
-    (paged_reference, "_gather_pages"): paged_reference._gather_pages,
     (cpu_bodies, "greedy_tokens_cpu"): cpu_bodies.greedy_tokens_cpu,
     (cpu_bodies, "_unchosen_cleared"): cpu_bodies._unchosen_cleared,
     (cpu_bodies, "_host_min"): cpu_bodies._host_min,
 }
 PREVIOUS = {
     (paged_reference, "_group"): paged_reference._group_torch,
-    (paged_reference, "_gather_pages"): lambda cache, page_ids: cache.index_select(0, page_ids),
     (cpu_bodies, "greedy_tokens_cpu"): _previous_greedy,
     (cpu_bodies, "_unchosen_cleared"): lambda tokens, rows: tokens.masked_fill_(~rows, -1),
     (cpu_bodies, "_host_min"): lambda values: values.min(),

@@ -1,6 +1,6 @@
 """`helios.abi.paged_reference` on the CPU: the decode group's plan computed in numpy equals the
 torch computation the reference runs elsewhere (page ids, visibility, additive mask: dtype, shape
-and values), and pages gathered over a 2-D view of the plane are those ``index_select`` gathers."""
+and values)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helios.abi import paged_reference
-from helios.abi.paged_reference import AbiArgumentError, _gather_pages, _group_host, _group_torch
+from helios.abi.paged_reference import AbiArgumentError, _group_host, _group_torch
 
 
 def _same(a, b) -> bool:
@@ -46,13 +46,3 @@ def test_plans_of_cpu_tensors_take_the_host_computation(monkeypatch):
     plan = paged_reference.plan_attention(page_table, torch.tensor([0, 1, 2], dtype=torch.int32),
                                           torch.tensor([4, 1]), 0, torch.zeros(4, 4, 1, 2))
     assert plan.full and plan.group.page_ids.tolist() == [1, 2, 3, 0]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pages_gathered_over_a_flat_view_are_index_selects_pages(dtype):
-    buffer = torch.randn(3, 2, 10, 4, 2, 8).to(dtype)  # [layers, k/v, pages, page tokens, heads, dim]
-    page_ids = torch.tensor([9, 0, 4, 4, 7])
-    for plane in (buffer[1, 0], buffer[2, 1], buffer[:, 1, :, :, :, :][0], buffer.transpose(3, 4)[0, 0]):
-        gathered = _gather_pages(plane, page_ids)
-        expected = plane.index_select(0, page_ids)
-        assert gathered.dtype == dtype and torch.equal(gathered.reshape(expected.shape), expected)

@@ -164,8 +164,8 @@ def _attend_group(group: _Group, q, k_cache, v_cache, scale: float, sinks) -> to
     """Attention of the group's rows, one query each [n, Hq, D], over their padded contexts."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     shape = (group.num_rows, -1, num_kv_heads, head_dim)
-    keys = _float(_gather_pages(k_cache, group.page_ids).view(shape).transpose(1, 2))
-    values = _float(_gather_pages(v_cache, group.page_ids).view(shape).transpose(1, 2))
+    keys = _float(k_cache.index_select(0, group.page_ids).view(shape).transpose(1, 2))
+    values = _float(v_cache.index_select(0, group.page_ids).view(shape).transpose(1, 2))
     queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
     attended = _softmax_attention(queries, keys, values, group, scale, sinks).squeeze(2)
     return attended if attended.dtype == q.dtype else attended.to(q.dtype)
@@ -174,21 +174,11 @@ def _attend_group(group: _Group, q, k_cache, v_cache, scale: float, sinks) -> to
 def _attend_row(row: _Row, q, k_cache, v_cache, scale: float, sinks) -> torch.Tensor:
     """Attention of one row's queries [n, Hq, D] over its cached positions 0..context_len - 1."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    keys = _float(_gather_pages(k_cache, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
-    values = _float(_gather_pages(v_cache, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
+    keys = _float(k_cache.index_select(0, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
+    values = _float(v_cache.index_select(0, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
     queries = q.float().transpose(0, 1)  # [Hq, n, D]
     attended = _softmax_attention(queries, keys, values, row, scale, sinks)
     return attended.transpose(0, 1).to(q.dtype)
-
-
-def _gather_pages(cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
-    """The pages `page_ids` of a plane [pages, page_tokens, Hkv, D], as [n, page_tokens * Hkv * D]
-    (the same values as ``cache.index_select(0, page_ids)``). A contiguous plane is gathered as
-    rows of a 2-D view: index_select copies each row whole, where over the 4-D plane it walks
-    every element (about twice the time, per layer and plane)."""
-    if cache.is_contiguous():
-        return cache.view(cache.shape[0], -1).index_select(0, page_ids)
-    return cache.index_select(0, page_ids)
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
