@@ -74,9 +74,12 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                    dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
                         MIN_TILES=4), num_warps=4)
     for block_n, warps, stages, prefetch, block_kv in ((32, 4, 3, 2, 1), (128, 8, 2, 0, 1), (128, 4, 4, 1, 1),
-                                                        (64, 4, 2, 2, 1), (8, 4, 3, 1, 8), (16, 8, 2, 2, 8)):  # swept
+                                                        (64, 4, 2, 2, 1), (8, 4, 3, 1, 8), (16, 8, 2, 2, 8),
+                                                        (32, 4, 2, 1, 2), (64, 4, 2, 1, 2), (16, 2, 3, 1, 4),
+                                                        (32, 4, 2, 1, 4), (16, 4, 2, 0, 4)):  # swept
         compile_kernel(decode._decode_kernel, attend,
-                       dict(shape, BLOCK_H=16 if block_kv == 1 else 32, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True,
+                       dict(shape, BLOCK_H=max(16, triton.next_power_of_2(group * block_kv)), BLOCK_N=block_n,
+                            NUM_SPLITS=4, TUNED=True,
                             HAS_SINKS=False, MIN_TILES=max(1, 128 // block_n), FUSED=True, PREFETCH=prefetch,
                             BLOCK_KV=block_kv),
                        num_warps=warps, num_stages=stages)

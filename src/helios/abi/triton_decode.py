@@ -68,7 +68,10 @@ class DecodeTile:
     (`fused_combine`) or by a combine launch after it, how far ahead a program loads (`prefetch`, see
     `walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
     a tile of `block_n` positions holds every key/value head's keys, contiguous in a page, and the
-    query heads' rows mask the others' columns). A schedule only: every tile is exact."""
+    query heads' rows mask the others' columns), or of `kv_heads` of them (a power of two: a partly wide
+    program, fewer and larger programs for short contexts at large batches: `kv_heads` 4 with a group
+    of 4 fills the 16 rows of the dot that one key/value head pads). A schedule only: every tile is
+    exact."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -77,34 +80,55 @@ class DecodeTile:
     fused_combine: bool = True
     prefetch: int = 1
     wide: bool = False
+    kv_heads: int = 1
 
     @classmethod
     def parse(cls, text: str) -> "DecodeTile":
-        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w]`` (``c``: a
-        combine launch, not fused; ``w``: wide), as the benchmark prints and takes tiles, e.g.
-        ``64x4x2x128x1xc`` or ``16x8x2x64x1xw``."""
+        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w | x kN]``
+        (``c``: a combine launch, not fused; ``w``: wide; ``kN``: N key/value heads a program, a power
+        of two), as the benchmark prints and takes tiles, e.g. ``64x4x2x128x1xc``, ``16x8x2x64x1xw`` or
+        ``32x4x2x128x1xk4``."""
         fields = text.strip().lower().split("x")
-        flags = set()
-        while fields and fields[-1] in ("c", "w") and fields[-1] not in flags:
-            flags.add(fields.pop())
+        flags: dict[str, int] = {}
+        while fields and _flag(fields[-1]) and _flag(fields[-1])[0] not in flags:
+            name, value = _flag(fields.pop())
+            flags[name] = value
         try:
             numbers = [int(field) for field in fields]
         except ValueError:
             numbers = []
-        if not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2)):
+        heads = flags.get("k", 1)
+        if (not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2))
+                or heads & (heads - 1) or ("w" in flags and "k" in flags)):
             raise ValueError(f"decode tile {text!r}: want block_n x warps x stages [x min_split_tokens "
-                             "[x prefetch 0/1/2]] [x c] [x w]")
-        tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags)
+                             "[x prefetch 0/1/2]] [x c] [x w | x k<power of two>]")
+        tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags, kv_heads=heads)
         return replace(tile, prefetch=numbers[4]) if len(numbers) == 5 else tile
 
     @property
     def label(self) -> str:
         numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
-        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc") + ("xw" if self.wide else "")
+        heads = f"xk{self.kv_heads}" if self.kv_heads > 1 and not self.wide else ""
+        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc") + ("xw" if self.wide else "") + heads
 
     @property
     def min_split_tiles(self) -> int:
         return max(1, -(-self.min_split_tokens // self.block_n))
+
+    def heads_per_program(self, num_kv_heads: int) -> int:
+        """Key/value heads one program serves (a power of two, padded past `num_kv_heads`): all of them
+        for a wide tile, else `kv_heads` but no more than the padded head count."""
+        padded = triton.next_power_of_2(num_kv_heads)
+        return padded if self.wide else min(triton.next_power_of_2(max(self.kv_heads, 1)), padded)
+
+
+def _flag(field: str) -> tuple[str, int] | None:
+    """A tile string's trailing flag: ("c", 1), ("w", 1), ("k", N) for ``kN``; None for a number."""
+    if field in ("c", "w"):
+        return field, 1
+    if len(field) > 1 and field[0] == "k" and field[1:].isdigit() and int(field[1:]) > 0:
+        return "k", int(field[1:])
+    return None
 
 
 DEFAULT_TILE = DecodeTile()
@@ -176,29 +200,29 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
                    MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
                    BLOCK_KV: tl.constexpr):
-    """Program (token, key/value head, split): the token's GROUP query heads (BLOCK_KV > 1, a wide
-    tile: program (token, 0, split), all query heads, each tile every key/value head's keys of its
-    positions, contiguous in a page) over its split's run of cached positions (`_token_splits`; splits
-    past the token's runs exit). Writes the output (the token has one run) or partials (and, FUSED,
-    the last run to finish merges them: `combine_if_last`). TUNED: the live split count is read from
-    splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the
-    heads' sink logits, so the combine counts each sink once."""
+    """Program (token, key/value heads, split): the GROUP query heads of each of the BLOCK_KV key/value
+    heads from kv_head = program_id(1) * BLOCK_KV (BLOCK_KV > 1: a wide or partly wide tile, each tile
+    those key/value heads' keys of its positions, contiguous in a page) over its split's run of cached
+    positions (`_token_splits`; splits past the token's runs exit). Writes the output (the token has
+    one run) or partials (and, FUSED, the last run to finish merges them: `combine_if_last`); split 0
+    of a token outside the rows (padding) writes its heads' zeros, so the output needs no zero fill.
+    TUNED: the live split count is read from splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS:
+    split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once."""
     token = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) * BLOCK_KV
     split = tl.program_id(2)
     first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
                                      MIN_TILES)
-    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
+    offs_h = tl.arange(0, BLOCK_H)
+    head = kv_head * GROUP + offs_h
+    h_ok = (offs_h < GROUP * BLOCK_KV) & (head < num_heads)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+    out_mask = h_ok[:, None] & d_ok[None, :]
+    rows_start, rows_end = tl.load(query_start_ptr), tl.load(query_start_ptr + num_rows)
+    if (token >= rows_start) & (token < rows_end) & (split < runs):
         row = token_row(query_start_ptr, num_rows, token)
-        offs_h = tl.arange(0, BLOCK_H)
-        if BLOCK_KV > 1:  # a wide program: every query head of the token (kv_head is 0)
-            head = offs_h
-            h_ok = offs_h < num_heads
-        else:
-            head = kv_head * GROUP + offs_h
-            h_ok = offs_h < GROUP
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM
         q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -209,8 +233,6 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                              kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
                              BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
-        out_mask = h_ok[:, None] & d_ok[None, :]
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
             tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
         elif runs == 1:
@@ -223,6 +245,8 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
             if FUSED:
                 combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
                                 part_l_ptr, part_o_ptr, part0, runs, h_ok, BLOCK_H, BLOCK_D)
+    elif (split == 0) & ((token < rows_start) | (token >= rows_end)):  # a padding token: zeros (the output is not zero-filled)
+        tl.store(out_at, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
@@ -260,9 +284,10 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     splits), then a combine kernel when splits > 1. `split` asks for a count (None: `decode_splits`;
     1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks)."""
     num_tokens, _, head_dim = q.shape
-    out = torch.zeros_like(q)  # the strides of the reference and fake implementations
     if num_tokens == 0 or page_table.shape[0] == 0:
-        return out
+        return torch.zeros_like(q)
+    out = torch.empty_like(q)  # the strides of the reference and fake implementations; the kernel writes
+    # every entry (a padding token's zeros too), so no fill launch
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if split is None:
@@ -282,9 +307,9 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     (and reads the count) whenever the bound allows more than one split. `tile` and `bound` (the
     grid's split bound) override the static choices (benchmarks sweep them)."""
     num_tokens, _, head_dim = q.shape
-    out = torch.zeros_like(q)
     if num_tokens == 0 or page_table.shape[0] == 0:
-        return out
+        return torch.zeros_like(q)
+    out = torch.empty_like(q)  # every entry written by the kernel, as `paged_attention_decode`
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
     bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
@@ -328,14 +353,14 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     tuned, width = splits is not None, block_d(head_dim)
     fused = tile.fused_combine and num_splits > 1
-    block_kv = triton.next_power_of_2(num_kv_heads) if tile.wide else 1  # wide: all key/value heads a program
-    heads = num_heads if block_kv > 1 else num_heads // num_kv_heads  # query heads a program serves
+    block_kv = tile.heads_per_program(num_kv_heads)  # key/value heads a program serves
+    heads = block_kv * (num_heads // num_kv_heads)  # query heads a program serves
     block_n = max(tile.block_n, 16 // block_kv)  # at least 16 columns for the dot
     parts = _partials(num_tokens, num_heads, num_splits, width, out)
     counts = _counters(out.device, num_tokens * num_kv_heads) if fused else query_start  # else: unread
     splits = splits if tuned else query_start  # an unread stand-in
     with on_device(q):
-        _decode_kernel[(num_tokens, 1 if block_kv > 1 else num_kv_heads, num_splits)](
+        _decode_kernel[(num_tokens, triton.cdiv(num_kv_heads, block_kv), num_splits)](
             out, *parts, counts, q, k_cache, v_cache, page_table, query_start, positions, splits,
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),

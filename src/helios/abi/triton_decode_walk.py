@@ -29,25 +29,25 @@ def token_row(query_start_ptr, num_rows, token):
 
 
 @triton.jit
-def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, num_kv_heads, BLOCK_N: tl.constexpr,
+def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, heads_left, BLOCK_N: tl.constexpr,
                 PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
     """(page, offset, valid) of the tile's BLOCK_N * BLOCK_KV columns: positions [start, start + BLOCK_N)
     (each of BLOCK_KV key/value heads, position-major, when BLOCK_KV > 1: a wide tile), valid below hi,
     at or past `first` (nothing below the window is read: its pages may be released), in the table,
-    and (wide) of a key/value head below num_kv_heads."""
+    and (wide) of one of the `heads_left` key/value heads from the program's first."""
     cols = tl.arange(0, BLOCK_N * BLOCK_KV)
     offs_n = start + cols // BLOCK_KV
     page, offset, valid = kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
     valid = valid & (offs_n >= first)
     if BLOCK_KV > 1:
-        valid = valid & (cols % BLOCK_KV < num_kv_heads)
+        valid = valid & (cols % BLOCK_KV < heads_left)
     return page, offset, valid
 
 
 @triton.jit
 def _pages_at(geometry, start, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
     """`_tile_pages` of the tile at `start`; geometry: (page table, row_pages, first, hi, max_pages,
-    num_kv_heads) of the program's run."""
+    key/value heads from the program's first) of the program's run."""
     return _tile_pages(geometry[0], geometry[1], start, geometry[2], geometry[3], geometry[4], geometry[5], BLOCK_N,
                        PAGE_TOKENS, BLOCK_KV)
 
@@ -93,12 +93,12 @@ def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, h
          num_kv_heads, offs_d, d_ok, kv_strides, scale_log2, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr,
          DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr):
     """The online softmax over the run [lo, hi) in tiles of BLOCK_N positions (of one key/value head
-    `kv_head`, or, BLOCK_KV > 1, of all of them: query head rows see their own, `kv_rows`). PREFETCH
+    `kv_head`, or, BLOCK_KV > 1, of the BLOCK_KV from `kv_head`: query head rows see their own, `kv_rows`). PREFETCH
     0: each tile's page entries, then its keys and values; 1: the next tile's page entries are loaded
     before this tile's keys and values; 2: the next tile's keys and values too (two tiles in flight,
     twice the registers)."""
     kv_cols = kv_head + tl.arange(0, BLOCK_N * BLOCK_KV) % BLOCK_KV
-    geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads)
+    geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads - kv_head)
     if PREFETCH == 0:
         for start in range(lo, hi, BLOCK_N):
             page, offset, valid = _pages_at(geometry, start, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
