@@ -1,0 +1,98 @@
+"""A short per-step decode profile at the compiled anchor's shapes: an 8B-shaped core of ``--layers``
+layers (default 4: per-layer kernels as at 32 layers, in a fraction of the prepare time), each batch
+of ``--batches`` served with 128-token prompts and greedy output (CUDA graphs), then the torch
+profiler's kernels of one eager decode step at each batch (the program's buffers hold that batch's
+last step, contexts about prompt + output), by kind, per layer, and the top kernels.
+
+    python bench/decode_step_profile.py [--layers 4] [--batches 1,256] [--output 32] [--json out.json]
+    python bench/decode_step_profile.py --smoke   # tiny shapes on the CPU (checks the script runs)
+
+What to read: the per-layer attention ms (the decode kernel's share), whether a fill kernel
+(``FillFunctor``) is still launched per layer, and the graph replay ms against the kernel sum (the
+launch gaps a captured step still has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import lever_ab  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, log, prepare, run_helios  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
+
+from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.reader import open_core  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batches", default="1,256")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--output", type=int, default=32)
+    parser.add_argument("--top", type=int, default=14, help="kernels listed per profiled step")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if not args.smoke and not torch.cuda.is_available():
+        print("needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    batches = [1, 2] if args.smoke else [int(b) for b in args.batches.split(",")]
+    prompt, output = (16, 8) if args.smoke else (args.prompt, args.output)
+    workloads = [Workload(b, prompt, output) for b in batches]
+    key = SigningKey.generate()
+    results: dict = {"layers": shape.num_hidden_layers, "workloads": {}, "profiles": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        core = prepare(shape, workloads, Path(scratch), key, "bfloat16", prompt, device)
+        options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"),
+                                 queue_capacity=max(batches) + 8)
+        runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+        try:
+            run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
+            for workload in workloads:  # each batch's program keeps its last decode step in its buffers
+                ours = run_helios(runtime.engine, workload, shape.vocab_size)
+                results["workloads"][str(workload)] = ours
+                log(f"helios {workload} ({shape.num_hidden_layers} layers): decode "
+                    f"{ours['decode_tokens_per_s']:.1f} tok/s")
+            for rows in batches:
+                profile = lever_ab.decode_profile(runtime.model, rows, args.top, log)
+                results["profiles"].append(profile)
+                summarize(profile, shape.num_hidden_layers)
+        finally:
+            runtime.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def summarize(profile: dict, layers: int) -> None:
+    """One line per profiled step: ms by kind and per layer, fills, replay against the kernel sum."""
+    if not profile:
+        return
+    kinds = profile["by_kind_ms"]
+    fills = [entry for entry in profile["top"] if "fill" in entry["kernel"].lower()]
+    fill_ms = sum(entry["ms"] for entry in fills)
+    log(f"SUMMARY R={profile['rows']}: {profile['kernels']} kernels, {profile['kernel_ms']:.3f} ms kernel time, "
+        f"replay {profile['graph_replay_ms']:.3f} ms; attention {kinds.get('attention', 0.0) / layers * 1e3:.1f} us "
+        f"per layer, matmul {kinds.get('matmul', 0.0) / layers * 1e3:.1f} us per layer; fill kernels among the top: "
+        f"{len(fills)} ({fill_ms:.3f} ms)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
