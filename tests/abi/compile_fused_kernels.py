@@ -1,5 +1,5 @@
-"""Compile the fused decoder kernels and the greedy sampling kernels for a Hopper GPU (sm_90)
-without a GPU, through PTX and ptxas.
+"""Compile the fused decoder kernels, the greedy sampling kernels and the one-row matrix-vector
+kernel for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
 rejects). Shapes of Llama-3.1-8B in bfloat16 and a float32 case, with the specialisation a launch
@@ -13,7 +13,8 @@ from triton.compiler import ASTSource
 
 from compile_attention_kernels import TARGET  # sm_90
 
-from helios.abi import triton_fused, triton_sampling
+from helios.abi import triton_fused, triton_gemv, triton_sampling
+from helios.abi.gemv_tiles import GEMV_TILES
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options) -> None:
@@ -51,7 +52,18 @@ def compile_sampling() -> None:
                    dict(NUM_SPLITS=64))
 
 
+def compile_gemv() -> None:
+    """Every tile of the committed table (and the default), with and without a bias, one row."""
+    for tile in sorted(set(GEMV_TILES.values()) | {triton_gemv.GemvTile()}, key=lambda t: t.label):
+        for has_bias in (False, True):
+            compile_kernel(triton_gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16",
+                                                          out_ptr="*bf16"),
+                           dict(ROWS=1, HAS_BIAS=has_bias, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k),
+                           num_warps=tile.num_warps)
+
+
 if __name__ == "__main__":
+    compile_gemv()
     compile_fused("bf16")
     compile_fused("fp32")
     compile_sampling()
