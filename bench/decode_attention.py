@@ -88,13 +88,13 @@ def parse_args(argv):
 
 def sweep_plan(batch: int, args, decode) -> list[tuple]:
     """(tile, split count) pairs to time at `batch`: every tile at every count, one-split pairs once per
-    (block_n, warps, stages, prefetch, wide) (one split has no combine and no minimum run)."""
+    (block_n, warps, stages, prefetch, wide, kv_heads) (one split has no combine and no minimum run)."""
     tiles = args.tiles or (TILES_ONE if batch == 1 else TILES_MANY)
     counts = [int(c) for c in (args.splits or (SPLITS_ONE if batch == 1 else SPLITS_MANY)).split(",")]
     plan, seen = [], set()
     for tile in (decode.DecodeTile.parse(text) for text in tiles.split(",")):
         for count in counts:
-            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide)
+            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide, tile.kv_heads)
             key = one if count == 1 else (tile, count)
             if key not in seen:
                 seen.add(key)

@@ -8,13 +8,15 @@ last step, contexts about prompt + output), by kind, per layer, and the top kern
     python bench/decode_step_profile.py --smoke   # tiny shapes on the CPU (checks the script runs)
 
 What to read: the per-layer attention ms (the decode kernel's share), whether a fill kernel
-(``FillFunctor``) is still launched per layer, and the graph replay ms against the kernel sum (the
-launch gaps a captured step still has).
+(``FillFunctor``) is still launched per layer, the graph replay ms against the kernel sum (the
+launch gaps a captured step still has), and (CUDA) the greedy step captured as served against the
+same step with every projection on cuBLAS (the GEMV table's gain in place).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -28,9 +30,11 @@ import lever_ab  # noqa: E402
 from gpu_serving import NAMESPACE, Workload, log, prepare, run_helios  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
+from helios.abi.sampling import SampleVariant  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
-from helios.runtime.loading.model import LoadOptions  # noqa: E402
+from helios.runtime.loading.cuda_graphs import variant_module  # noqa: E402
+from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 
@@ -74,11 +78,38 @@ def main(argv=None) -> int:
                 profile = lever_ab.decode_profile(runtime.model, rows, args.top, log)
                 results["profiles"].append(profile)
                 summarize(profile, shape.num_hidden_layers)
+                if device.type == "cuda":
+                    results.setdefault("gemv_step_ab", []).append(gemv_step_ab(runtime.model, rows))
         finally:
             runtime.close()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
+
+
+def gemv_step_ab(model, rows: int) -> dict:
+    """The greedy decode step at `rows` as captured (its tabled one-row projections on the Triton
+    GEMV) against the same graph with every projection on cuBLAS: device ms per replay of each."""
+    from helios.abi.triton_gemv import gemv_linear
+
+    program = next((p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows), None)
+    if program is None:
+        return {}
+    arguments = program_arguments(program, model.weights, model.buffers)
+    bound = variant_module(lever_ab._eager(program), SampleVariant.GREEDY)
+    graph = copy.deepcopy(bound.graph)
+    calls = [node for node in graph.nodes if node.op == "call_function" and node.target is gemv_linear]
+    for node in calls:
+        node.target = torch.ops.aten.linear.default
+    if not calls:
+        log(f"SUMMARY GEMV R={rows}: no projection of this step has a GEMV tile (all cuBLAS)")
+        return {"rows": rows, "calls": 0}
+    cublas_module = torch.fx.GraphModule(bound, graph)
+    tiled = lever_ab.graph_ms(lambda: bound(*arguments), replays=60)
+    cublas = lever_ab.graph_ms(lambda: cublas_module(*arguments), replays=60)
+    log(f"SUMMARY GEMV R={rows}: decode step {tiled:.3f} ms with {len(calls)} projections on the Triton GEMV, "
+        f"{cublas:.3f} ms with all on cuBLAS ({cublas / tiled:.3f}x)")
+    return {"rows": rows, "calls": len(calls), "gemv_ms": tiled, "cublas_ms": cublas}
 
 
 def summarize(profile: dict, layers: int) -> None:
