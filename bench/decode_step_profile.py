@@ -105,11 +105,25 @@ def gemv_step_ab(model, rows: int) -> dict:
         log(f"SUMMARY GEMV R={rows}: no projection of this step has a GEMV tile (all cuBLAS)")
         return {"rows": rows, "calls": 0}
     cublas_module = torch.fx.GraphModule(bound, graph)
+    agreement = _agreement(bound(*arguments), cublas_module(*arguments))
     tiled = lever_ab.graph_ms(lambda: bound(*arguments), replays=60)
     cublas = lever_ab.graph_ms(lambda: cublas_module(*arguments), replays=60)
     log(f"SUMMARY GEMV R={rows}: decode step {tiled:.3f} ms with {len(calls)} projections on the Triton GEMV, "
-        f"{cublas:.3f} ms with all on cuBLAS ({cublas / tiled:.3f}x)")
-    return {"rows": rows, "calls": len(calls), "gemv_ms": tiled, "cublas_ms": cublas}
+        f"{cublas:.3f} ms with all on cuBLAS ({cublas / tiled:.3f}x); outputs: {agreement}")
+    return {"rows": rows, "calls": len(calls), "gemv_ms": tiled, "cublas_ms": cublas, "outputs": agreement}
+
+
+def _agreement(ours, theirs) -> str:
+    """How the step's outputs compare: integer outputs (tokens) equal or not, float outputs' largest
+    difference."""
+    from torch.utils import _pytree as pytree
+
+    pairs = [(a, b) for a, b in zip(pytree.tree_leaves(ours), pytree.tree_leaves(theirs))
+             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape]
+    exact = [torch.equal(a, b) for a, b in pairs if not a.is_floating_point()]
+    spread = max((float((a.float() - b.float()).abs().max()) for a, b in pairs if a.is_floating_point() and a.numel()),
+                 default=0.0)
+    return f"{sum(exact)}/{len(exact)} integer outputs equal, float outputs within {spread:.3g}"
 
 
 def summarize(profile: dict, layers: int) -> None:
