@@ -38,7 +38,7 @@ echo "decode attention: exit $? at ${SECONDS}s"
 timeout "$(limit 25)" python3 bench/gemv_ab.py --rows 1 > "$out/gemv_ab.log" 2>&1
 echo "gemv: exit $? at ${SECONDS}s"
 
-timeout "$(limit 70)" python3 bench/decode_step_profile.py --layers 2 --batches 1,256 --output 16 \
+timeout "$(limit 70)" python3 bench/decode_step_profile.py --layers 2 --batches 1,256 --output 32 \
   --json "$out/decode_step_profile.json" > "$out/decode_step_profile.log" 2>&1
 echo "step profile: exit $? at ${SECONDS}s"
 
