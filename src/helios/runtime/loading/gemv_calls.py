@@ -28,7 +28,7 @@ _LINEAR = torch.ops.aten.linear.default
 def bind_gemv(graph: torch.fx.Graph) -> int:
     """Points every ``aten.linear`` call whose static shapes have a tile at `gemv_linear`; returns
     how many. The caller recompiles the graph's module."""
-    tiled = [node for node in graph.nodes if node.op == "call_function" and node.target is _LINEAR and _has_tile(node)]
+    tiled = [node for node in graph.nodes if _tiled(node)]
     if tiled:
         from helios.abi.triton_gemv import gemv_linear  # imports triton: only where a call has a tile
 
@@ -41,15 +41,17 @@ def gemv_module(module):
     """A module computing `module`'s program with its tiled one-row projections on the Triton GEMV
     (a new graph sharing `module`'s attributes), or `module` itself when no call has a tile or it
     has no graph."""
-    if not isinstance(module, torch.fx.GraphModule):
-        return module
+    if not isinstance(module, torch.fx.GraphModule) or not any(_tiled(node) for node in module.graph.nodes):
+        return module  # no copy of a graph that keeps cuBLAS throughout (most programs)
     graph = copy.deepcopy(module.graph)
-    if not bind_gemv(graph):
-        return module
+    bind_gemv(graph)
     return torch.fx.GraphModule(module, graph)
 
 
-def _has_tile(node: torch.fx.Node) -> bool:
+def _tiled(node: torch.fx.Node) -> bool:
+    """Whether `node` is an ``aten.linear`` call whose static shapes have a tile."""
+    if node.op != "call_function" or node.target is not _LINEAR:
+        return False
     x, weight = (_static(arg) for arg in node.args[:2])
     if x is None or weight is None or weight.dim() != 2 or x.dim() == 0 or x.dtype != weight.dtype:
         return False
