@@ -53,12 +53,13 @@ from attention_kernels import check_against_reference, median_seconds  # noqa: E
 # values in registers, no cp.async pipeline) 64x4x2 193 regs -> 2; wide (xw, all 8 key/value heads a
 # program, 32 query rows) 8x4x3 157, 76 KB -> 3; 8x4x2 213, 44 KB -> 2; 16x8x2 167, 80 KB -> 1.
 # kN: N key/value heads a program (a tile's dot is block_n * N columns wide; k4 at group 4 fills the 16
-# rows one key/value head pads to): fewer, larger programs and 512 B-1 KB contiguous loads per position.
-TILES_ONE = ("32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc,16x8x2x32x1xw,32x4x2x32x1xk2,"
+# rows one key/value head pads): fewer, larger programs and 512 B-1 KB contiguous loads per position.
+# s: the guessed row's first page entries loaded before the row is known (one dependent load fewer).
+TILES_ONE = ("32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc,128x8x2x128x1xs,32x4x2x32x1xk2,"
              "16x4x2x32x1xk4")  # batch 1
-TILES_MANY = ("64x4x2x128x0,64x4x2x128x1,32x2x3x64x1,16x2x3x64x1,8x4x3x64x1xw,"
-              "32x4x2x128x1xk2,32x2x3x128x1xk2,64x8x2x128x1xk2,16x4x2x128x1xk4,16x2x3x128x1xk4,16x4x3x128x0xk4,"
-              "32x8x2x128x1xk4,32x4x2x128x1xk4,8x4x3x128x1xk4,16x4x2x128x1xk2")
+TILES_MANY = ("64x4x2x128x1,32x2x3x64x1,16x2x3x64x1,64x4x2x128x1xs,"
+              "32x4x2x128x1xk2,32x2x3x128x1xk2,64x8x2x128x1xk2,16x4x2x128x1xk2,32x4x2x128x1xk2xs,"
+              "16x4x2x128x1xk4,16x2x3x128x1xk4,32x8x2x128x1xk4,32x4x2x128x1xk4,8x4x3x128x1xk4,16x4x2x128x1xk4xs")
 SPLITS_ONE, SPLITS_MANY = "4,8,16", "1,2,4"  # split counts swept at batch 1 / at larger batches
 # block_pairs x block_n x num_warps x num_stages
 PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
@@ -88,13 +89,15 @@ def parse_args(argv):
 
 def sweep_plan(batch: int, args, decode) -> list[tuple]:
     """(tile, split count) pairs to time at `batch`: every tile at every count, one-split pairs once per
-    (block_n, warps, stages, prefetch, wide, kv_heads) (one split has no combine and no minimum run)."""
+    (block_n, warps, stages, prefetch, wide, kv_heads, speculate) (one split has no combine and no minimum
+    run)."""
     tiles = args.tiles or (TILES_ONE if batch == 1 else TILES_MANY)
     counts = [int(c) for c in (args.splits or (SPLITS_ONE if batch == 1 else SPLITS_MANY)).split(",")]
     plan, seen = [], set()
     for tile in (decode.DecodeTile.parse(text) for text in tiles.split(",")):
         for count in counts:
-            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide, tile.kv_heads)
+            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide, tile.kv_heads,
+                   tile.speculate)
             key = one if count == 1 else (tile, count)
             if key not in seen:
                 seen.add(key)
@@ -291,7 +294,7 @@ def main(argv=None) -> int:
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     if args.smoke:
         args.capacity = 64
-        args.tiles = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc,8x4x2x16x1xw,8x4x2x16x1xk2"
+        args.tiles = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc,8x4x2x16x1xw,8x4x2x16x1xk2xs"
         args.splits = args.splits or "1,3"
     batches = [int(b) for b in (args.batches or ",".join(map(str, config.batches))).split(",")]
     contexts = [int(c) for c in (args.contexts or ("16,48" if args.smoke else "128,256,1024")).split(",")]

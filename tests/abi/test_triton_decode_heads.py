@@ -1,6 +1,7 @@
 """The decode kernel's partly wide programs (``kN`` tiles: N key/value heads a program, each tile
-those heads' keys of its positions) and its output written without a zero fill (padding tokens get
-their zeros from the kernel), against the CPU reference. Batches are the poisoned ones of
+those heads' keys of its positions), its speculative first page entries (``s`` tiles) and its
+output written without a zero fill (padding tokens get their zeros from the kernel), against the
+CPU reference. Batches are the poisoned ones of
 test_triton_attention; without CUDA the kernels run under Triton's interpreter. The GPU test replays
 one captured graph over new spans at 8B shapes.
 """
@@ -70,6 +71,29 @@ def test_tuned_launch_writes_every_entry(nan_outputs):
     assert_matches_reference(out, batch, 0)
 
 
+SPECULATIVE = {"p1": decode.DecodeTile(8, 4, 2, 16, speculate=True),
+               "p2-k2": decode.DecodeTile(8, 4, 2, 16, prefetch=2, kv_heads=2, speculate=True),
+               "p1-wide-combine-launch": decode.DecodeTile(4, 4, 2, 16, False, wide=True, speculate=True)}
+
+
+@pytest.mark.parametrize("tile_id", list(SPECULATIVE))
+@pytest.mark.parametrize("layout, split, window", [("one-per-row", 1, 0), ("one-per-row", 4, 0),
+                                                   ("one-per-row", 1, 9), ("empty-rows", 3, 0)])
+def test_speculative_first_pages_hold_or_fall_back(nan_outputs, tile_id, layout, split, window):
+    """The guessed row's first page entries are used only when the guess holds and the run starts at
+    position 0: one token per row (the guess holds; later splits and windows start elsewhere) and empty
+    rows with a padding token (the guess misses; the kernel loads the entries itself)."""
+    if layout == "one-per-row":
+        batch = make_batch(70, [1] * 5, RAGGED, Shape(page_tokens=4))
+    else:
+        batch = make_batch(71, [0, 1, 0, 1, 1, 0], [9, 40, 3, 0, 63, 12], Shape(page_tokens=4), padding=1)
+    batch = base.release_below_window(batch, window) if window else batch
+    out = run(decode.paged_attention_decode, batch, window, split=split, tile=SPECULATIVE[tile_id])
+    assert not torch.isnan(out).any()
+    assert_matches_reference(out, batch, window)
+    assert counters_are_zero()
+
+
 def test_heads_per_program_is_a_padded_power_of_two():
     assert decode.DecodeTile(kv_heads=4).heads_per_program(8) == 4
     assert decode.DecodeTile(kv_heads=4).heads_per_program(2) == 2  # no more than the padded head count
@@ -82,9 +106,11 @@ def test_head_flags_parse_and_print():
     assert decode.DecodeTile.parse("32x4x2x128x1xk4") == decode.DecodeTile(32, 4, 2, 128, kv_heads=4)
     assert decode.DecodeTile.parse("16x2x3xk2") == decode.DecodeTile(16, 2, 3, kv_heads=2)
     assert decode.DecodeTile.parse("16x2x3x64x1xcxk2") == decode.DecodeTile(16, 2, 3, 64, False, kv_heads=2)
-    for tile in (decode.DecodeTile(32, 4, 2, 128, kv_heads=4), decode.DecodeTile(8, 4, 2, 32, False, 0, kv_heads=2)):
+    assert decode.DecodeTile.parse("64x4x2x128x1xs") == decode.DecodeTile(64, 4, 2, 128, speculate=True)
+    for tile in (decode.DecodeTile(32, 4, 2, 128, kv_heads=4), decode.DecodeTile(8, 4, 2, 32, False, 0, kv_heads=2),
+                 decode.DecodeTile(16, 4, 2, 64, kv_heads=4, speculate=True)):
         assert decode.DecodeTile.parse(tile.label) == tile
-    for bad in ("32x4x2xk3", "32x4x2xk0", "32x4x2xwxk2", "32x4x2xk2xk2", "32x4x2xkk"):
+    for bad in ("32x4x2xk3", "32x4x2xk0", "32x4x2xwxk2", "32x4x2xk2xk2", "32x4x2xkk", "32x4x2xsxs"):
         with pytest.raises(ValueError, match="decode tile"):
             decode.DecodeTile.parse(bad)
 
@@ -93,7 +119,9 @@ def test_head_flags_parse_and_print():
 @pytest.mark.parametrize("batch_size, count, tile", [
     (64, 1, decode.DecodeTile(32, 4, 2, 64, kv_heads=2)), (64, 2, decode.DecodeTile(16, 4, 2, 64, kv_heads=4)),
     (256, 1, decode.DecodeTile(16, 2, 3, 64, kv_heads=4)), (1, 8, decode.DecodeTile(32, 4, 2, 32, kv_heads=2)),
-], ids=["b64-k2", "b64-k4-split", "b256-k4", "b1-k2-split"])
+    (64, 1, decode.DecodeTile(64, 4, 2, 128, speculate=True)),
+    (256, 2, decode.DecodeTile(16, 4, 2, 128, kv_heads=4, speculate=True)),
+], ids=["b64-k2", "b64-k4-split", "b256-k4", "b1-k2-split", "b64-speculate", "b256-k4-speculate-split"])
 def test_partly_wide_programs_replay_new_spans_at_8b_shapes(batch_size, count, tile):
     """8B heads, contexts 1-1,500 in a 2,064-position capacity, two padding tokens: one graph
     captured and replayed over new positions and pages, each replay against the reference."""

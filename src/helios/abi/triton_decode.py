@@ -39,13 +39,12 @@ of device data, so the launches can be captured into a CUDA graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 import triton
 import triton.language as tl
 
 from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
+from helios.abi.decode_tiles import DECODE_TILES, DEFAULT_TILE, DecodeTile, decode_tile
 from helios.abi.triton_decode_walk import combine_if_last, token_row, walk
 from helios.abi.triton_paged import (
     LOG2E, block_d, dot_precision, multiprocessors, on_device, row_major, sinks_or, softmax_start, window_bound,
@@ -57,94 +56,6 @@ __all__ = [
 ]
 
 _MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned decode grid
-
-
-@dataclass(frozen=True)
-class DecodeTile:
-    """How one decode program walks its positions: `block_n` cached positions per iteration (a power
-    of two, at least 16), the Triton launch options, and the shortest run a split gets
-    (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
-    than shorter ones), whether the runs of a split token are merged in the decode launch
-    (`fused_combine`) or by a combine launch after it, how far ahead a program loads (`prefetch`, see
-    `walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
-    a tile of `block_n` positions holds every key/value head's keys, contiguous in a page, and the
-    query heads' rows mask the others' columns), or of `kv_heads` of them (a power of two: a partly wide
-    program, fewer and larger programs for short contexts at large batches: `kv_heads` 4 with a group
-    of 4 fills the 16 rows of the dot that one key/value head pads). A schedule only: every tile is
-    exact."""
-
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-    min_split_tokens: int = MIN_SPLIT_TOKENS
-    fused_combine: bool = True
-    prefetch: int = 1
-    wide: bool = False
-    kv_heads: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> "DecodeTile":
-        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w | x kN]``
-        (``c``: a combine launch, not fused; ``w``: wide; ``kN``: N key/value heads a program, a power
-        of two), as the benchmark prints and takes tiles, e.g. ``64x4x2x128x1xc``, ``16x8x2x64x1xw`` or
-        ``32x4x2x128x1xk4``."""
-        fields = text.strip().lower().split("x")
-        flags: dict[str, int] = {}
-        while fields and _flag(fields[-1]) and _flag(fields[-1])[0] not in flags:
-            name, value = _flag(fields.pop())
-            flags[name] = value
-        try:
-            numbers = [int(field) for field in fields]
-        except ValueError:
-            numbers = []
-        heads = flags.get("k", 1)
-        if (not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2))
-                or heads & (heads - 1) or ("w" in flags and "k" in flags)):
-            raise ValueError(f"decode tile {text!r}: want block_n x warps x stages [x min_split_tokens "
-                             "[x prefetch 0/1/2]] [x c] [x w | x k<power of two>]")
-        tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags, kv_heads=heads)
-        return replace(tile, prefetch=numbers[4]) if len(numbers) == 5 else tile
-
-    @property
-    def label(self) -> str:
-        numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
-        heads = f"xk{self.kv_heads}" if self.kv_heads > 1 and not self.wide else ""
-        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc") + ("xw" if self.wide else "") + heads
-
-    @property
-    def min_split_tiles(self) -> int:
-        return max(1, -(-self.min_split_tokens // self.block_n))
-
-    def heads_per_program(self, num_kv_heads: int) -> int:
-        """Key/value heads one program serves (a power of two, padded past `num_kv_heads`): all of them
-        for a wide tile, else `kv_heads` but no more than the padded head count."""
-        padded = triton.next_power_of_2(num_kv_heads)
-        return padded if self.wide else min(triton.next_power_of_2(max(self.kv_heads, 1)), padded)
-
-
-def _flag(field: str) -> tuple[str, int] | None:
-    """A tile string's trailing flag: ("c", 1), ("w", 1), ("k", N) for ``kN``; None for a number."""
-    if field in ("c", "w"):
-        return field, 1
-    if len(field) > 1 and field[0] == "k" and field[1:].isdigit() and int(field[1:]) > 0:
-        return "k", int(field[1:])
-    return None
-
-
-DEFAULT_TILE = DecodeTile()
-# Measured tiles by (head_dim, largest decode batch of the bucket); absent keys use DEFAULT_TILE.
-# Fill from `bench/decode_attention.py` (its "suggested tiles" lines) on the serving device class.
-# H200, Llama-8B shapes (bench/results/h200_kernels_session16/decode_attention.log): batch 1 is fastest
-# with 128-position tiles of 8 warps; at batch 64 the sweep's best is the default; at batch 256 no swept
-# tile beat the default. PREFILL_TILES' suggestion there is its default too.
-DECODE_TILES: dict[tuple[int, int], DecodeTile] = {(128, 1): DecodeTile(128, 8, 2, 128)}
-_BATCH_BUCKETS = (1, 16, 64, 256)
-
-
-def decode_tile(num_tokens: int, head_dim: int) -> DecodeTile:
-    """The tile for a decode launch of `num_tokens` tokens at `head_dim`, from static numbers only."""
-    bucket = next((b for b in _BATCH_BUCKETS if num_tokens <= b), _BATCH_BUCKETS[-1])
-    return DECODE_TILES.get((head_dim, bucket), DEFAULT_TILE)
 
 
 @triton.jit
@@ -190,6 +101,20 @@ def _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS: tl.c
     return first, lo, hi, runs
 
 
+@triton.jit
+def _guessed_pages(page_table_ptr, guess_pages, max_pages, COLS: tl.constexpr, BLOCK_KV: tl.constexpr,
+                   PAGE_TOKENS: tl.constexpr, SPECULATE: tl.constexpr):
+    """(SPECULATE) the page entries of positions [0, COLS // BLOCK_KV) of the guessed row (its table
+    at guess_pages), loaded first thing, beside the position and row loads they would otherwise
+    wait for; else zeros (unused)."""
+    if SPECULATE:
+        index = tl.arange(0, COLS) // BLOCK_KV // PAGE_TOKENS
+        pages = tl.load(page_table_ptr + guess_pages + index, mask=index < max_pages, other=0).to(tl.int64)
+    else:
+        pages = tl.zeros([COLS], tl.int64)
+    return pages
+
+
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
 def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                    query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
@@ -199,7 +124,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
                    MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
-                   BLOCK_KV: tl.constexpr):
+                   BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr):
     """Program (token, key/value heads, split): the GROUP query heads of each of the BLOCK_KV key/value
     heads from kv_head = program_id(1) * BLOCK_KV (BLOCK_KV > 1: a wide or partly wide tile, each tile
     those key/value heads' keys of its positions, contiguous in a page) over its split's run of cached
@@ -207,10 +132,15 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
     one run) or partials (and, FUSED, the last run to finish merges them: `combine_if_last`); split 0
     of a token outside the rows (padding) writes its heads' zeros, so the output needs no zero fill.
     TUNED: the live split count is read from splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS:
-    split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once."""
+    split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once.
+    SPECULATE: the guessed row's first page entries are loaded before the row is known and used when
+    the guess holds and the run starts at position 0 (`_guessed_pages`, `walk`)."""
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1) * BLOCK_KV
     split = tl.program_id(2)
+    guess = tl.minimum(token, num_rows - 1)  # the row when the batch is one token per row
+    spec_pages = _guessed_pages(page_table_ptr, guess * stride_pr, max_pages, BLOCK_N * BLOCK_KV, BLOCK_KV,
+                                PAGE_TOKENS, SPECULATE)
     first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
                                      MIN_TILES)
     offs_h = tl.arange(0, BLOCK_H)
@@ -229,9 +159,10 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
         m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
+        spec = (spec_pages, (lo == 0) & (row == guess))
         acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
-                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
-                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
+                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2, spec,
+                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV, SPECULATE)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
             tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -368,7 +299,7 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
             BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
             MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
-            num_warps=tile.num_warps, num_stages=tile.num_stages)
+            SPECULATE=tile.speculate and tile.prefetch > 0, num_warps=tile.num_warps, num_stages=tile.num_stages)
         if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
