@@ -29,6 +29,7 @@ from helios.abi.gemv_tiles import GEMV_TILES, GemvTile  # noqa: E402
 from helios.abi.triton_gemv import gemv  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
+DEVICE = "cuda"  # (a CPU check of the script sets "cpu" under the Triton interpreter)
 TILES = "8x512x4,4x512x4,16x512x4,8x1024x4,16x256x4,8x512x8,32x256x8,16x1024x8"
 
 
@@ -55,8 +56,8 @@ def gemv_ab(rows_list, layers: int, log, tiles: list[GemvTile] | None = None, co
 
 
 def _shape_row(rows: int, name: str, num_out: int, depth: int, tiles, copies: int, log) -> dict:
-    weights = [torch.randn(num_out, depth, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+    weights = [torch.randn(num_out, depth, device=DEVICE, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(rows, depth, device=DEVICE, dtype=torch.bfloat16)
     gbs = lambda ms: copies * weights[0].numel() * 2 / ms / 1e6  # noqa: E731
     theirs = graph_ms(lambda: [F.linear(x, w) for w in weights]) / copies
     row = {"rows": rows, "shape": name, "cublas_ms": theirs, "cublas_gbs": gbs(theirs * copies), "tiles": {}}
