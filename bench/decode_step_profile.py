@@ -136,9 +136,10 @@ def summarize(profile: dict, layers: int, wall_ms: float) -> None:
     kinds = profile["by_kind_ms"]
     fills = [entry for entry in profile["top"] if "fill" in entry["kernel"].lower()]
     fill_ms = sum(entry["ms"] for entry in fills)
+    attention, matmul = (kinds.get(kind, 0.0) / layers * 1e3 for kind in ("attention", "matmul"))
     log(f"SUMMARY R={profile['rows']}: {profile['kernels']} kernels, {profile['kernel_ms']:.3f} ms kernel time, "
-        f"replay {profile['graph_replay_ms']:.3f} ms, served {wall_ms:.3f} ms wall per step; attention {kinds.get('attention', 0.0) / layers * 1e3:.1f} us "
-        f"per layer, matmul {kinds.get('matmul', 0.0) / layers * 1e3:.1f} us per layer; fill kernels among the top: "
+        f"replay {profile['graph_replay_ms']:.3f} ms, served {wall_ms:.3f} ms wall per step; attention "
+        f"{attention:.1f} us per layer, matmul {matmul:.1f} us per layer; fill kernels among the top: "
         f"{len(fills)} ({fill_ms:.3f} ms)")
 
 

@@ -51,7 +51,8 @@ def gemv_ab(rows_list, layers: int, log, tiles: list[GemvTile] | None = None, co
             if row["best_ms"] < 0.98 * row["cublas_ms"]:
                 log(f"adopt GEMV_TILES[({num_out}, {depth})] = GemvTile.parse({row['best_tile']!r})  # {name}, "
                     f"{row['cublas_ms'] / row['best_ms']:.2f}x cuBLAS at {rows} row(s)")
-        log(f"GEMV R={rows}, {layers} layers: cuBLAS {step['cublas']:.3f} ms, best of each {step['best']:.3f} ms per step")
+        log(f"GEMV R={rows}, {layers} layers: cuBLAS {step['cublas']:.3f} ms, best of each {step['best']:.3f} ms "
+            "per step")
     return results
 
 

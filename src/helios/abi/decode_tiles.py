@@ -65,7 +65,8 @@ class DecodeTile:
     def label(self) -> str:
         numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
         heads = f"xk{self.kv_heads}" if self.kv_heads > 1 and not self.wide else ""
-        flags = ("" if self.fused_combine else "xc") + ("xw" if self.wide else "") + heads + ("xs" if self.speculate else "")
+        flags = ("" if self.fused_combine else "xc") + ("xw" if self.wide else "") + heads
+        flags += "xs" if self.speculate else ""
         return "x".join(map(str, numbers)) + flags
 
     @property

@@ -176,7 +176,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
             if FUSED:
                 combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
                                 part_l_ptr, part_o_ptr, part0, runs, h_ok, BLOCK_H, BLOCK_D)
-    elif (split == 0) & ((token < rows_start) | (token >= rows_end)):  # a padding token: zeros (the output is not zero-filled)
+    elif (split == 0) & ((token < rows_start) | (token >= rows_end)):  # padding: zeros (no zero-filled output)
         tl.store(out_at, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=out_mask)
 
 
