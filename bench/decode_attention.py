@@ -310,8 +310,12 @@ def main(argv=None) -> int:
     cases = [Case(config, caches, b, c, args.capacity, device) for b in batches for c in contexts]
     results = [run_case(case, config, (previous, decode), args, copy_rate, device) for case in cases]
     summarize(results)
-    for batch, label in suggest(results, config, decode, device).items():
-        served_with(label, [c for c in cases if c.batch == batch], results, decode, args, device)
+    for batch, (label, count) in suggest(results, config, decode, device).items():
+        batch_cases = [c for c in cases if c.batch == batch]
+        served_with(label, batch_cases, results, decode, args, device)
+        capacity = batch_cases[0].step.page_table.shape[1] * config.page_tokens
+        if count != decode.decode_splits(batch, config.num_kv_heads, capacity, device):  # the rule asks another
+            served_with(f"{label}xn{count}", batch_cases, results, decode, args, device)  # the count, fixed
     prefill = prefill_sweep(config, caches, old_module, kernels, args, device) if args.prefill else []
     if args.json:
         args.json.write_text(json.dumps({"copy_gb_s": copy_rate / 1e9, "cases": results, "prefill": prefill}, indent=1))
@@ -363,10 +367,11 @@ def summarize(results: list[dict]) -> None:
               f"{r['zero_filled_us'] / best_us:9.2f}x   {where}", flush=True)
 
 
-def suggest(results: list[dict], config: Config, decode, device) -> dict[int, str]:
+def suggest(results: list[dict], config: Config, decode, device) -> dict[int, tuple[str, int]]:
     """Per batch: the (tile, split count) whose summed time over the contexts is least, as a
     DECODE_TILES entry, and the DECODE_PROGRAMS_PER_MULTIPROCESSOR whose split rule asks that count.
-    Returns the chosen tile label by batch."""
+    Returns the chosen (tile label, split count) by batch (a count the rule does not ask is adopted as
+    the tile's fixed count: ``xnN``, `DecodeTile.splits`)."""
     chosen: dict[int, str] = {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     for batch in sorted({r["batch"] for r in results}):
@@ -386,7 +391,7 @@ def suggest(results: list[dict], config: Config, decode, device) -> dict[int, st
         print(f"suggested DECODE_TILES[({config.head_dim}, {batch})] = DecodeTile.parse({label!r}) with {count} splits "
               f"(summed over contexts {total * 1e6:.1f} us; DECODE_PROGRAMS_PER_MULTIPROCESSOR >= {rule} asks "
               f"{count} at {sms} multiprocessors)", flush=True)
-        chosen[batch] = label
+        chosen[batch] = (label, count)
     return chosen
 
 
@@ -403,7 +408,7 @@ def served_with(label: str, cases: list[Case], results: list[dict], decode, args
                                device, (args.warmup, args.rep))
         print(f"  served with {label}: b={case.batch} ctx={case.context} {seconds * 1e6:7.1f} us "
               f"({result['old_us'] / (seconds * 1e6):.2f}x old, {result['new_us'] / (seconds * 1e6):.2f}x new; "
-              f"{count} splits asked)", flush=True)
+              f"{f'{tile.splits} splits, fixed' if tile.splits else f'{count} splits asked'})", flush=True)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,27 @@ def test_speculative_first_pages_hold_or_fall_back(nan_outputs, tile_id, layout,
     assert counters_are_zero()
 
 
+@pytest.mark.parametrize("fixed", [1, 3])
+def test_a_fixed_split_count_replaces_the_tuned_one(monkeypatch, fixed):
+    """A tile with `splits` launches that many splits (static: the count tensor is not read) on the
+    tuned op, and the untuned op asks for it when no count is given; results stay exact."""
+    launched = []
+    launch = decode._launch
+
+    def spy(out, tensors, scale, window, num_splits, splits, sinks, tile):
+        launched.append((num_splits, splits))
+        return launch(out, tensors, scale, window, num_splits, splits, sinks, tile)
+
+    monkeypatch.setattr(decode, "_launch", spy)
+    batch = make_batch(72, [1] * 5, RAGGED, Shape(page_tokens=4))
+    tile = decode.DecodeTile(8, 4, 2, 16, kv_heads=2, splits=fixed)
+    count = torch.tensor([5], dtype=torch.int32, device=base.DEVICE)
+    assert_matches_reference(run(decode.paged_attention_decode_tuned, batch, 0, splits=count, tile=tile), batch, 0)
+    assert_matches_reference(run(decode.paged_attention_decode, batch, 0, tile=tile), batch, 0)
+    assert launched == [(fixed, None), (fixed, None)]
+    assert counters_are_zero()
+
+
 def test_heads_per_program_is_a_padded_power_of_two():
     assert decode.DecodeTile(kv_heads=4).heads_per_program(8) == 4
     assert decode.DecodeTile(kv_heads=4).heads_per_program(2) == 2  # no more than the padded head count
@@ -107,10 +128,12 @@ def test_head_flags_parse_and_print():
     assert decode.DecodeTile.parse("16x2x3xk2") == decode.DecodeTile(16, 2, 3, kv_heads=2)
     assert decode.DecodeTile.parse("16x2x3x64x1xcxk2") == decode.DecodeTile(16, 2, 3, 64, False, kv_heads=2)
     assert decode.DecodeTile.parse("64x4x2x128x1xs") == decode.DecodeTile(64, 4, 2, 128, speculate=True)
+    assert decode.DecodeTile.parse("16x4x2x128x1xk4xn2") == decode.DecodeTile(16, 4, 2, 128, kv_heads=4, splits=2)
     for tile in (decode.DecodeTile(32, 4, 2, 128, kv_heads=4), decode.DecodeTile(8, 4, 2, 32, False, 0, kv_heads=2),
-                 decode.DecodeTile(16, 4, 2, 64, kv_heads=4, speculate=True)):
+                 decode.DecodeTile(16, 4, 2, 64, kv_heads=4, speculate=True),
+                 decode.DecodeTile(16, 4, 2, 64, False, kv_heads=2, speculate=True, splits=3)):
         assert decode.DecodeTile.parse(tile.label) == tile
-    for bad in ("32x4x2xk3", "32x4x2xk0", "32x4x2xwxk2", "32x4x2xk2xk2", "32x4x2xkk", "32x4x2xsxs"):
+    for bad in ("32x4x2xk3", "32x4x2xk0", "32x4x2xwxk2", "32x4x2xk2xk2", "32x4x2xkk", "32x4x2xsxs", "32x4x2xn0"):
         with pytest.raises(ValueError, match="decode tile"):
             decode.DecodeTile.parse(bad)
 

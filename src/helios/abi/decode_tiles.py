@@ -25,7 +25,9 @@ class DecodeTile:
     program, fewer and larger programs for short contexts at large batches: `kv_heads` 4 with a group
     of 4 fills the 16 rows of the dot that one key/value head pads), and whether a program loads its
     guessed row's first page entries before it knows its row (`speculate`, with prefetch 1 or 2: one
-    dependent load fewer before the first keys). A schedule only: every tile is exact."""
+    dependent load fewer before the first keys), and a fixed split count (`splits`, 0: the tuned or
+    static count; a table entry whose measured best count differs from the tuning rule's, such as a
+    partly wide tile that needs splits to fill the device). A schedule only: every tile is exact."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -36,13 +38,14 @@ class DecodeTile:
     wide: bool = False
     kv_heads: int = 1
     speculate: bool = False
+    splits: int = 0
 
     @classmethod
     def parse(cls, text: str) -> "DecodeTile":
         """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w | x kN]``
-        [x s] (``c``: a combine launch, not fused; ``w``: wide; ``kN``: N key/value heads a program, a
-        power of two; ``s``: speculate), as the benchmark prints and takes tiles, e.g.
-        ``64x4x2x128x1xc``, ``16x8x2x64x1xw`` or ``32x4x2x128x1xk4xs``."""
+        [x s] [x nN] (``c``: a combine launch, not fused; ``w``: wide; ``kN``: N key/value heads a
+        program, a power of two; ``s``: speculate; ``nN``: N splits, fixed), as the benchmark prints and
+        takes tiles, e.g. ``64x4x2x128x1xc``, ``16x8x2x64x1xw`` or ``32x4x2x128x1xk4xsxn2``."""
         fields = text.strip().lower().split("x")
         flags: dict[str, int] = {}
         while fields and _flag(fields[-1]) and _flag(fields[-1])[0] not in flags:
@@ -56,9 +59,9 @@ class DecodeTile:
         if (not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2))
                 or heads & (heads - 1) or ("w" in flags and "k" in flags)):
             raise ValueError(f"decode tile {text!r}: want block_n x warps x stages [x min_split_tokens "
-                             "[x prefetch 0/1/2]] [x c] [x w | x k<power of two>] [x s]")
+                             "[x prefetch 0/1/2]] [x c] [x w | x k<power of two>] [x s] [x n<splits>]")
         tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags, kv_heads=heads,
-                   speculate="s" in flags)
+                   speculate="s" in flags, splits=flags.get("n", 0))
         return replace(tile, prefetch=numbers[4]) if len(numbers) == 5 else tile
 
     @property
@@ -66,7 +69,7 @@ class DecodeTile:
         numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
         heads = f"xk{self.kv_heads}" if self.kv_heads > 1 and not self.wide else ""
         flags = ("" if self.fused_combine else "xc") + ("xw" if self.wide else "") + heads
-        flags += "xs" if self.speculate else ""
+        flags += ("xs" if self.speculate else "") + (f"xn{self.splits}" if self.splits else "")
         return "x".join(map(str, numbers)) + flags
 
     @property
@@ -81,11 +84,12 @@ class DecodeTile:
 
 
 def _flag(field: str) -> tuple[str, int] | None:
-    """A tile string's trailing flag: ("c", 1), ("w", 1), ("k", N) for ``kN``; None for a number."""
+    """A tile string's trailing flag: ("c", 1), ("w", 1), ("s", 1), ("k", N) for ``kN``, ("n", N) for
+    ``nN``; None for a number."""
     if field in ("c", "w", "s"):
         return field, 1
-    if len(field) > 1 and field[0] == "k" and field[1:].isdigit() and int(field[1:]) > 0:
-        return "k", int(field[1:])
+    if len(field) > 1 and field[0] in "kn" and field[1:].isdigit() and int(field[1:]) > 0:
+        return field[0], int(field[1:])
     return None
 
 

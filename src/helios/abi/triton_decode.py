@@ -212,7 +212,8 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, window: int, *, split: int | None = None,
                            sinks: torch.Tensor | None = None, tile: DecodeTile | None = None) -> torch.Tensor:
     """Flash-decoding (arguments as ``helios::paged_attention``, already validated): grid (T, Hkv,
-    splits), then a combine kernel when splits > 1. `split` asks for a count (None: `decode_splits`;
+    splits), then a combine kernel when splits > 1. `split` asks for a count (None: the tile's fixed
+    count, else `decode_splits`;
     1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks)."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
@@ -222,7 +223,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if split is None:
-        split = decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
+        split = tile.splits or decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, split, tile.block_n), None, sinks, tile)
     return out
@@ -235,7 +236,8 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  bound: int | None = None) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
-    (and reads the count) whenever the bound allows more than one split. `tile` and `bound` (the
+    (and reads the count) whenever the bound allows more than one split. A tile with a fixed split
+    count (`DecodeTile.splits`) launches that many instead and reads no count. `tile` and `bound` (the
     grid's split bound) override the static choices (benchmarks sweep them)."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
@@ -243,6 +245,10 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     out = torch.empty_like(q)  # every entry written by the kernel, as `paged_attention_decode`
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
+    if tile.splits:  # a fixed count: the static launch, the tuned count is not read
+        _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile)
+        return out
     bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, bound, tile.block_n),
