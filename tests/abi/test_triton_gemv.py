@@ -65,7 +65,7 @@ def test_gemv_linear_uses_the_table_and_falls_back_to_linear(monkeypatch):
 
 
 def test_table_rules():
-    assert gemv_tiles.gemv_tile(1, 6144, 4096, torch.bfloat16) == GemvTile()
+    assert gemv_tiles.gemv_tile(1, 6144, 4096, torch.bfloat16) == GemvTile(4, 512, 4)
     assert gemv_tiles.gemv_tile(1, 4096, 4096, torch.float16) is not None
     assert gemv_tiles.gemv_tile(2, 6144, 4096, torch.bfloat16) is None  # past MAX_ROWS
     assert gemv_tiles.gemv_tile(1, 6144, 4096, torch.float32) is None

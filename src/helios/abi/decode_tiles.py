@@ -96,10 +96,16 @@ def _flag(field: str) -> tuple[str, int] | None:
 DEFAULT_TILE = DecodeTile()
 # Measured tiles by (head_dim, largest decode batch of the bucket); absent keys use DEFAULT_TILE.
 # Fill from `bench/decode_attention.py` (its "suggested tiles" lines) on the serving device class.
-# H200, Llama-8B shapes (bench/results/h200_kernels_session16/decode_attention.log): batch 1 is fastest
-# with 128-position tiles of 8 warps; at batch 64 the sweep's best is the default; at batch 256 no swept
-# tile beat the default. PREFILL_TILES' suggestion there is its default too.
-DECODE_TILES: dict[tuple[int, int], DecodeTile] = {(128, 1): DecodeTile(128, 8, 2, 128)}
+# H200, Llama-8B shapes (bench/results/h200_decode_gpu_call1/decode_attention.log, summed over contexts
+# 128-1,024, the served split rule): batch 1 with 128-position tiles of 8 warps and the speculative first
+# page entries (1.00-1.03x the same tile without); batch 64 the default tile, speculative (1.01-1.04x);
+# batch 256 programs of 4 key/value heads on 16-position tiles (1.03-1.05x the default, 1.10-1.12x the
+# kernel before this table). PREFILL_TILES' suggestion there is its default.
+DECODE_TILES: dict[tuple[int, int], DecodeTile] = {
+    (128, 1): DecodeTile(128, 8, 2, 128, speculate=True),
+    (128, 64): DecodeTile(64, 4, 2, 128, speculate=True),
+    (128, 256): DecodeTile(16, 4, 2, 128, kv_heads=4),
+}
 _BATCH_BUCKETS = (1, 16, 64, 256)
 
 

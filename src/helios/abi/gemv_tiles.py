@@ -37,11 +37,11 @@ class GemvTile:
         return f"{self.block_n}x{self.block_k}x{self.num_warps}"
 
 
-# (out features, in features) -> tile, for 16-bit weights, one row. H200, Llama-3.1-8B shapes
-# (bench/results/h200_session18_call6/anchor_compare.log, one row): the fused qkv 6144x4096 0.0160 ms
-# against cuBLAS 0.0186, the output projection 4096x4096 0.0089 against 0.0121; the fused gate/up
-# (0.0597 vs 0.0602) and down (0.0360 vs 0.0354) projections stay on cuBLAS.
-GEMV_TILES: dict[tuple[int, int], GemvTile] = {(6144, 4096): GemvTile(), (4096, 4096): GemvTile()}
+# (out features, in features) -> tile, for 16-bit weights, one row. H200, Llama-3.1-8B shapes, six
+# distinct weights per graph (bench/results/h200_decode_gpu_call1/gemv_ab.log): the fused qkv 6144x4096
+# 0.0157 ms on 4x512x4 against cuBLAS 0.0165, the output projection 4096x4096 0.0125 against 0.0142; the
+# fused gate/up (0.0573 vs 0.0578, within noise) and down (0.0341 vs 0.0328) projections stay on cuBLAS.
+GEMV_TILES: dict[tuple[int, int], GemvTile] = {(6144, 4096): GemvTile(4, 512, 4), (4096, 4096): GemvTile(4, 512, 4)}
 
 
 def gemv_tile(rows: int, out_features: int, in_features: int, dtype: torch.dtype) -> GemvTile | None:
