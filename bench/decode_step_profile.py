@@ -20,14 +20,16 @@ import copy
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from torch.utils import _pytree as pytree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lever_ab  # noqa: E402
-from gpu_serving import NAMESPACE, Workload, log, prepare, run_helios  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, log, prepare, run_helios, submit_greedy  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
 from helios.abi.sampling import SampleVariant  # noqa: E402
@@ -35,6 +37,7 @@ from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.runtime.loading.cuda_graphs import variant_module  # noqa: E402
 from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
+from helios.runtime.records.events import TokenEvent  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 
@@ -70,15 +73,15 @@ def main(argv=None) -> int:
         try:
             run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
             for workload in workloads:  # each batch's program keeps its last decode step in its buffers
-                ours = run_helios(runtime.engine, workload, shape.vocab_size)
+                ours = served_steps(runtime.engine, workload, shape.vocab_size)
                 results["workloads"][str(workload)] = ours
-                log(f"helios {workload} ({shape.num_hidden_layers} layers): decode "
-                    f"{ours['decode_tokens_per_s']:.1f} tok/s")
+                log(f"helios {workload} ({shape.num_hidden_layers} layers): {ours['ms_per_step']:.3f} ms per decode "
+                    f"step, {ours['rows_per_step']:.1f} rows a step, once every prompt is in")
             for rows in batches:
                 profile = lever_ab.decode_profile(runtime.model, rows, args.top, log)
                 results["profiles"].append(profile)
                 served = results["workloads"][str(Workload(rows, prompt, output))]
-                summarize(profile, shape.num_hidden_layers, 1e3 * rows / served["decode_tokens_per_s"])
+                summarize(profile, shape.num_hidden_layers, served["ms_per_step"])
                 if device.type == "cuda":
                     results.setdefault("gemv_step_ab", []).append(gemv_step_ab(runtime.model, rows))
         finally:
@@ -86,6 +89,26 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
+
+
+def served_steps(engine, workload: Workload, vocab: int) -> dict:
+    """Wall ms per engine step once the last request has its first token (every prompt prefilled),
+    and the mean rows decoded a step there (requests prefilled first may finish earlier)."""
+    stamps: dict[str, list[float]] = {}
+
+    def record(event) -> None:
+        if isinstance(event, TokenEvent):
+            stamps[event.request_id].extend([time.perf_counter()] * len(event.token_ids))
+
+    for index, prompt in enumerate(workload.prompts(vocab, 7)):
+        stamps[f"p{index}"] = []
+        submit_greedy(engine, f"p{index}", prompt, workload.output, record)
+    engine.run_until_idle()
+    first = max(s[0] for s in stamps.values())
+    last = max(s[-1] for s in stamps.values())
+    after = [sum(1 for t in s if t > first) for s in stamps.values()]
+    steps = max(max(after), 1)
+    return {"ms_per_step": 1e3 * (last - first) / steps, "rows_per_step": sum(after) / steps, "steps": steps}
 
 
 def gemv_step_ab(model, rows: int) -> dict:
@@ -106,7 +129,13 @@ def gemv_step_ab(model, rows: int) -> dict:
         log(f"SUMMARY GEMV R={rows}: no projection of this step has a GEMV tile (all cuBLAS)")
         return {"rows": rows, "calls": 0}
     cublas_module = torch.fx.GraphModule(bound, graph)
-    agreement = _agreement(bound(*arguments), cublas_module(*arguments))
+    state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
+    ours = bound(*arguments)  # the step writes the cache and the pending tokens: the second starts from the same
+    ours = [t.clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(ours)]
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
+    agreement = _agreement(ours, cublas_module(*arguments))
+    del state
     tiled = lever_ab.graph_ms(lambda: bound(*arguments), replays=60)
     cublas = lever_ab.graph_ms(lambda: cublas_module(*arguments), replays=60)
     log(f"SUMMARY GEMV R={rows}: decode step {tiled:.3f} ms with {len(calls)} projections on the Triton GEMV, "
@@ -117,8 +146,6 @@ def gemv_step_ab(model, rows: int) -> dict:
 def _agreement(ours, theirs) -> str:
     """How the step's outputs compare: integer outputs (tokens) equal or not, float outputs' largest
     difference."""
-    from torch.utils import _pytree as pytree
-
     pairs = [(a, b) for a, b in zip(pytree.tree_leaves(ours), pytree.tree_leaves(theirs))
              if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape]
     exact = [torch.equal(a, b) for a, b in pairs if not a.is_floating_point()]
