@@ -46,8 +46,9 @@ def compile_sampling() -> None:
     types = dict(logits="*fp32", penalties="*fp32", prompt_counts="*i32", output_counts="*i32",
                  grammar_mask="*i32", mask_rows="*i1", part_values="*fp64", part_ids="*i64", values_out="*fp64")
     for store in (False, True):
-        compile_kernel(triton_sampling._greedy_partial_kernel, types,
-                       dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store))
+        for plain in (False, True):
+            compile_kernel(triton_sampling._greedy_partial_kernel, types,
+                           dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store, PLAIN_F32=plain))
     compile_kernel(triton_sampling._greedy_combine_kernel, dict(part_values="*fp64", part_ids="*i64", tokens="*i64"),
                    dict(NUM_SPLITS=64))
 
