@@ -7,7 +7,7 @@
 #   2. bench/decode_step_profile.py: a 2-layer 8B-shaped core served at batch 1 and 256 (128-token
 #      prompts), ms per engine step once every prompt is in, the kernels of one decode step at each by
 #      kind, and the greedy step as captured (GEMV table applied) against the same step all on cuBLAS,
-#      from the same buffers (outputs compared);
+#      from the same buffers (outputs compared); a host profile (cProfile) of the batch-256 serving;
 #   3. bench/decode_attention.py: the served tiles (the adopted table, "new") against the previous
 #      defaults (64x4x2x128x1 and 128x8x2x128x1, swept) at batches 1/64/256 x contexts 128/256/1024;
 #   4. GPU tests (pytest -n 6) of the decode kernels, the GEMV and the greedy pass: splits, tiles, GQA,
@@ -48,6 +48,7 @@ echo "tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_tests.log")"
 echo "== summary"
 grep -E "^greedy R=" "$out/greedy_ab.log"
 grep -E "^SUMMARY|^helios" "$out/decode_step_profile.log"
+grep -A18 "^host profile" "$out/decode_step_profile.log" | grep -v "^$" | head -16
 grep -A12 "^summary (us)" "$out/decode_attention.log"
 grep -E "passed|failed|error" "$out/gpu_tests.log" | tail -3
 echo "[done at ${SECONDS}s]"

@@ -77,6 +77,7 @@ def main(argv=None) -> int:
                 results["workloads"][str(workload)] = ours
                 log(f"helios {workload} ({shape.num_hidden_layers} layers): {ours['ms_per_step']:.3f} ms per decode "
                     f"step, {ours['rows_per_step']:.1f} rows a step, once every prompt is in")
+            host_profile(runtime.engine, workloads[-1], shape.vocab_size, args.top)
             for rows in batches:
                 profile = lever_ab.decode_profile(runtime.model, rows, args.top, log)
                 results["profiles"].append(profile)
@@ -109,6 +110,23 @@ def served_steps(engine, workload: Workload, vocab: int) -> dict:
     after = [sum(1 for t in s if t > first) for s in stamps.values()]
     steps = max(max(after), 1)
     return {"ms_per_step": 1e3 * (last - first) / steps, "rows_per_step": sum(after) / steps, "steps": steps}
+
+
+def host_profile(engine, workload: Workload, vocab: int, top: int) -> None:
+    """The host's functions by own time (cProfile) while `workload` is served again: where an engine
+    step's host work goes at that batch (the device wait included where the host blocks)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    served = served_steps(engine, workload, vocab)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    log(f"host profile of {workload} ({served['ms_per_step']:.3f} ms per step once every prompt is in):")
+    log(text.getvalue())
 
 
 def gemv_step_ab(model, rows: int) -> dict:
