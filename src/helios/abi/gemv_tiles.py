@@ -37,11 +37,14 @@ class GemvTile:
         return f"{self.block_n}x{self.block_k}x{self.num_warps}"
 
 
-# (out features, in features) -> tile, for 16-bit weights, one row. H200, Llama-3.1-8B shapes, six
-# distinct weights per graph (bench/results/h200_decode_gpu_call1/gemv_ab.log): the fused qkv 6144x4096
-# 0.0157 ms on 4x512x4 against cuBLAS 0.0165, the output projection 4096x4096 0.0125 against 0.0142; the
-# fused gate/up (0.0573 vs 0.0578, within noise) and down (0.0341 vs 0.0328) projections stay on cuBLAS.
-GEMV_TILES: dict[tuple[int, int], GemvTile] = {(6144, 4096): GemvTile(4, 512, 4), (4096, 4096): GemvTile(4, 512, 4)}
+# (out features, in features) -> tile, for 16-bit weights, one row. Empty: on an H200 at Llama-3.1-8B
+# shapes the kernel beats cuBLAS alone (bench/results/h200_decode_gpu_call1/gemv_ab.log, six distinct
+# weights a graph: the fused qkv 6144x4096 0.0157 ms on 4x512x4 against 0.0165, the output projection
+# 4096x4096 0.0125 against 0.0142; gate/up and down no), and in a decode step its calls take about
+# 13 us each against cuBLAS's 15.3 (qkv) and 10.8 + 1.7 (o, split-K and its reduction), but the
+# captured step with both bound replayed at 1.003x and 0.94x the all-cuBLAS step in two calls
+# (bench/results/h200_decode_gpu_call{1,2}/decode_step_profile.log): no measured gain, so no entry.
+GEMV_TILES: dict[tuple[int, int], GemvTile] = {}
 
 
 def gemv_tile(rows: int, out_features: int, in_features: int, dtype: torch.dtype) -> GemvTile | None:
