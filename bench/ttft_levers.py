@@ -1,0 +1,225 @@
+"""Cold time to first token of a 2,048-token prompt on an 8B-shaped core: where the pages go and
+where the request's wall time goes, in one process.
+
+- pages: whether a cold prompt's page table is one run of consecutive ids (what the prefill
+  kernel's descriptor path needs), in the fresh engine and after the pool's free pages are shuffled;
+- allocator A/B: cold TTFT with the run allocator (`helios.runtime.cache.pages`) against the FIFO
+  free list it replaced, over the same free pages in the shuffled order a long-serving FIFO pool
+  ends up in (requests alternate, distinct prompts, medians);
+- timeline: one cold request under the torch profiler: host time before the first kernel, the
+  kernels' span, busy time and gaps (the largest with their neighbours), the time after the last
+  kernel, the graph launch's CPU time, and the kernels by kind on the served page table.
+
+    python bench/ttft_levers.py [--layers 32] [--repeats 5] [--json out.json]
+    python bench/ttft_levers.py --wait FILE  # load, then measure once FILE exists (GPU tests beside it)
+    python bench/ttft_levers.py --smoke   # tiny model on the CPU (checks the script runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import lever_ab  # noqa: E402
+from gpu_serving import log, time_to_first_token  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
+from ttft_breakdown import prepared_core, prompt  # noqa: E402
+
+from helios.runtime.cache.pages import PageAllocator  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
+from helios.contract import StartupOptions  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+
+
+class FifoAllocator(PageAllocator):
+    """The allocator before page runs: a FIFO free list (freed pages appended, reused last), built
+    from a live allocator's state with its free pages in `order`."""
+
+    def __init__(self, live: PageAllocator, order: list[int]):  # noqa: super().__init__ would reset the state
+        self.__dict__.update(live.__dict__)
+        self._refs, self._map = list(live._refs), bytearray(live._map)
+        self._order = deque(order)
+
+    def allocate(self, count: int, follow: int | None = None) -> list[int] | None:
+        if count > self._num_free:
+            return None
+        pages = [self._order.popleft() for _ in range(max(count, 0))]
+        for page in pages:
+            self._map[page] = 0
+            self._refs[page] = 1
+        self._num_free -= len(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        super().free(pages)
+        self._order.extend(pages)
+
+
+def runs_allocator(fifo: FifoAllocator) -> PageAllocator:
+    """The run allocator over a FIFO allocator's state."""
+    live = PageAllocator.__new__(PageAllocator)
+    live.__dict__.update({name: value for name, value in fifo.__dict__.items() if name != "_order"})
+    return live
+
+
+class PageLog:
+    """Records the pages of every allocation of several pages from `pool`."""
+
+    def __init__(self, pool):
+        self.runs: list[list[int]] = []
+        allocate = pool.allocate
+
+        def logged(count, follow=None):
+            pages = allocate(count, follow)
+            if pages and count > 1:
+                self.runs.append(pages)
+            return pages
+
+        pool.allocate = logged
+
+    def last_is_run(self) -> bool:
+        pages = self.runs[-1] if self.runs else []
+        return bool(pages) and pages == list(range(pages[0], pages[0] + len(pages)))
+
+
+def cold_ttft(engine, vocab: int, length: int, salt: int) -> float:
+    wall, reused = time_to_first_token(engine, prompt(length, vocab, salt))
+    assert reused == 0, f"a cold prompt reused {reused} tokens"
+    return wall
+
+
+def allocator_ab(engine, vocab: int, length: int, repeats: int, pages: PageLog) -> dict:
+    """Cold TTFT, run allocator against the FIFO free list in shuffled order, alternating."""
+    pool = engine.scheduler.cache.pool
+    rng = random.Random(0)
+    samples: dict[str, list[float]] = {"runs": [], "fifo": []}
+    consecutive: dict[str, list[bool]] = {"runs": [], "fifo": []}
+    for repeat in range(repeats):
+        for kind in (("runs", "fifo") if repeat % 2 == 0 else ("fifo", "runs")):
+            if kind == "fifo":
+                order = pool.allocator.free_pages()
+                rng.shuffle(order)
+                pool.allocator = FifoAllocator(pool.allocator, order)
+            try:
+                samples[kind].append(cold_ttft(engine, vocab, length, 3000 + 2 * repeat + (kind == "fifo")))
+            finally:
+                if kind == "fifo":
+                    pool.allocator = runs_allocator(pool.allocator)
+            consecutive[kind].append(pages.last_is_run())
+    result = {}
+    for kind, walls in samples.items():
+        result[kind] = {"median_ms": statistics.median(walls) * 1e3, "runs": consecutive[kind]}
+        log(f"cold TTFT {length} tokens, {'run allocator' if kind == 'runs' else 'FIFO free list, shuffled':<26}: "
+            f"{result[kind]['median_ms']:7.2f} ms median of {len(walls)} "
+            f"(pages one run: {sum(consecutive[kind])}/{len(walls)})")
+    saved = result["fifo"]["median_ms"] - result["runs"]["median_ms"]
+    log(f"run allocator saves {saved:.2f} ms of cold TTFT against the shuffled FIFO free list")
+    return result
+
+
+def timeline(engine, vocab: int, length: int, top: int) -> dict:
+    """One cold request under the profiler: host before the first kernel, kernel span, busy, gaps."""
+    on_cuda = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
+    with torch.profiler.profile(activities=activities) as profile:
+        with torch.profiler.record_function("ttft_request"):
+            wall = cold_ttft(engine, vocab, length, 4242)
+    events = profile.events()
+    request = next(e for e in events if e.name == "ttft_request")
+    origin = request.time_range.start
+    kernels = sorted(lever_ab._kernels(profile, on_cuda), key=lambda e: e.time_range.start)
+    if not on_cuda or not kernels:
+        log(f"timeline: wall {wall * 1e3:.2f} ms ({len(kernels)} top-level CPU ops; kernels on CUDA only)")
+        return {"wall_ms": wall * 1e3}
+    first, last = kernels[0].time_range.start - origin, max(e.time_range.end for e in kernels) - origin
+    busy, gaps, reach = 0.0, [], kernels[0].time_range.start
+    for previous, kernel in zip([None, *kernels[:-1]], kernels):
+        start, end = kernel.time_range.start, kernel.time_range.end
+        if start > reach and previous is not None:
+            gaps.append((start - reach, previous.name, kernel.name))
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    launches = [e for e in events if e.name in ("cudaGraphLaunch", "cudaGraphLaunch_v10000")]
+    summary = {"wall_ms": wall * 1e3, "first_kernel_ms": first / 1e3, "span_ms": (last - first) / 1e3,
+               "busy_ms": busy / 1e3, "gaps_ms": sum(g[0] for g in gaps) / 1e3, "gaps": len(gaps),
+               "after_last_kernel_ms": wall * 1e3 - last / 1e3, "kernels": len(kernels),
+               "graph_launch_cpu_ms": sum(e.cpu_time_total for e in launches) / 1e3,
+               "graph_launch_at_ms": [(e.time_range.start - origin) / 1e3 for e in launches],
+               "by_kind_ms": lever_ab._categories(kernels, on_cuda)}
+    log(f"timeline of one cold request ({len(kernels)} kernels): wall {summary['wall_ms']:.2f} ms = host before the "
+        f"first kernel {summary['first_kernel_ms']:.2f} + kernel span {summary['span_ms']:.2f} + after the last "
+        f"{summary['after_last_kernel_ms']:.2f}; span = busy {summary['busy_ms']:.2f} + gaps {summary['gaps_ms']:.2f} "
+        f"({len(gaps)} gaps); graph launches at {[round(t, 2) for t in summary['graph_launch_at_ms']]} ms, "
+        f"{summary['graph_launch_cpu_ms']:.2f} ms of CPU")
+    log("kernels by kind: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in summary["by_kind_ms"].items()))
+    for entry in lever_ab._top_kernels(kernels, top):
+        log(f"  {entry['ms']:8.3f} ms  x{entry['calls']:<4d} {entry['kernel']}")
+    for gap, before, after in sorted(gaps, reverse=True)[:top]:
+        log(f"  gap {gap:8.1f} us after {before[:50]} before {after[:50]}")
+    return summary
+
+
+def wait_for(path: Path | None, seconds: float) -> None:
+    """Until `path` exists (another user of the device is done), at most `seconds`."""
+    if path is None:
+        return
+    started = time.perf_counter()
+    while not path.exists() and time.perf_counter() - started < seconds:
+        time.sleep(0.5)
+    log(f"waited {time.perf_counter() - started:.1f} s for {path}" + ("" if path.exists() else " (not there: measuring)"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 2048; smoke 64)")
+    parser.add_argument("--repeats", type=int, default=None, help="requests per allocator (default 5; smoke 2)")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--wait", type=Path, default=None,
+                        help="after loading, measure only once this file exists (at most --wait-s seconds)")
+    parser.add_argument("--wait-s", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    length = args.prompt or (64 if args.smoke else 2048)
+    results: dict = {"layers": shape.num_hidden_layers, "prompt": length}
+    with tempfile.TemporaryDirectory() as scratch:
+        opened = prepared_core(Path(scratch), shape, length, (), device)
+        started = time.perf_counter()
+        runtime = build_runtime(opened, RuntimeOptions(load=LoadOptions(
+            StartupOptions(token_logprobs=False), device=str(device), cuda_graphs=device.type == "cuda")))
+        log(f"loaded in {time.perf_counter() - started:.1f} s")
+        wait_for(args.wait, args.wait_s)
+        try:
+            engine = runtime.engine
+            pages = PageLog(engine.scheduler.cache.pool)
+            first = cold_ttft(engine, shape.vocab_size, length, 1)  # warm-up: the fresh engine's first prompt
+            results["fresh_engine"] = {"wall_ms": first * 1e3, "one_run": pages.last_is_run(),
+                                       "first_page": pages.runs[-1][0] if pages.runs else None}
+            log(f"fresh engine: the first cold prompt's pages are {'one run' if pages.last_is_run() else 'not one run'}"
+                f" ({len(pages.runs[-1]) if pages.runs else 0} pages from {results['fresh_engine']['first_page']})")
+            results["allocator_ab"] = allocator_ab(engine, shape.vocab_size, length,
+                                                   args.repeats or (2 if args.smoke else 5), pages)
+            results["timeline"] = timeline(engine, shape.vocab_size, length, args.top)
+        finally:
+            runtime.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
