@@ -5,6 +5,7 @@ in one process: where the prefill's device time could still go down.
   (``F.linear`` on [out, in] weights through cuBLAS), against cuBLASLt (``preferred_blas_library``)
   and against [in, out] weights (``x @ w``, the other operand layout): us and TFLOP/s each, and the
   32-layer sum of the served choice against the best per shape;
+- the same GEMMs at decode batch sizes (``--decode-rows``): what a global BLAS choice does there;
 - the prefill attention kernel's long tiles (`helios.abi.triton_prefill_tiles.LONG_PREFILL_TILES`)
   on consecutive pages (a cold prompt on a run of pages, `helios.runtime.cache.pages`) and on
   shuffled pages: the served tile against the other descriptor tiles.
@@ -32,7 +33,8 @@ from attention_kernels import FULL, SMOKE, make_caches, median_seconds  # noqa: 
 # (name, in features, out features) of one Llama-3.1-8B layer's GEMMs as the prepared programs fuse them
 GEMMS = (("qkv", 4096, 6144), ("o_proj", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096))
 SMOKE_GEMMS = (("qkv", 64, 96), ("o_proj", 64, 64), ("gate_up", 64, 256), ("down", 128, 64))
-TILES = ("ht128x128x8x3", "ht128x64x8x3", "ht64x64x4x3", "ht64x64x4x4", "ht128x64x8x4")
+TILES = ("ht128x128x8x3", "ht128x64x8x3", "ht64x64x4x3", "ht64x64x4x4", "ht128x64x8x4", "ht64x128x4x3",
+         "ht64x64x8x3", "ht128x128x8x4", "ht64x32x4x3")
 SMOKE_TILES = ("ht16x16x2x1x16", "h16x16x2x1x16")
 
 
@@ -86,11 +88,16 @@ def gemm_summary(rows: list[dict], layers: int) -> dict:
 
 def attention_rows(config, tiles, tokens: int, layers: int, device: torch.device) -> list[dict]:
     """The long tiles on consecutive and shuffled pages: us per layer and the 32-layer ms."""
-    from prefill_attention import Case
+    from prefill_attention import Case, precompile, rule_splits
 
+    from helios.abi import triton_prefill as prefill
     from helios.abi.triton_prefill_tiles import LONG_PREFILL_TILES, parse_tile
 
     capacity = tokens + 64
+    if device.type == "cuda":  # Triton compiles in processes side by side, into its cache
+        max_context = -(-capacity // config.page_tokens) * config.page_tokens
+        precompile([f"{name}:{rule_splits(parse_tile(name), config, tokens, max_context, prefill, device)}"
+                    for name in tiles], capacity, min(len(tiles), 12))
     caches = make_caches(config, -(-capacity // config.page_tokens) + 64, device)
     served = LONG_PREFILL_TILES.get(config.head_dim)
     rows = []
@@ -124,6 +131,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 2048; smoke 24)")
+    parser.add_argument("--decode-rows", default="1,64,256", help="decode batch sizes of the GEMM rows")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -137,10 +145,17 @@ def main(argv=None) -> int:
     tokens = args.tokens or (24 if args.smoke else 2048)
     torch.manual_seed(0)
     results = {"tokens": tokens, "layers": args.layers}
+    shapes = SMOKE_GEMMS if args.smoke else GEMMS
     print(f"GEMMs at M={tokens}:", flush=True)
-    results["gemms"] = gemm_rows(SMOKE_GEMMS if args.smoke else GEMMS, tokens, device)
+    results["gemms"] = gemm_rows(shapes, tokens, device)
     results["gemm_summary"] = gemm_summary(results["gemms"], args.layers)
-    results["attention"] = attention_rows(SMOKE if args.smoke else FULL, SMOKE_TILES if args.smoke else TILES, tokens, args.layers, device)
+    results["attention"] = attention_rows(SMOKE if args.smoke else FULL, SMOKE_TILES if args.smoke else TILES, tokens,
+                                          args.layers, device)
+    results["decode_gemms"] = {}
+    for rows in (int(r) for r in args.decode_rows.split(",") if r):  # what a global BLAS choice does to decode
+        print(f"GEMMs at M={rows} (decode):", flush=True)
+        results["decode_gemms"][rows] = gemm_rows(shapes, rows, device)
+        gemm_summary(results["decode_gemms"][rows], args.layers)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
