@@ -2,9 +2,10 @@
 in one process: where the prefill's device time could still go down.
 
 - GEMMs at M = 2,048 (fused qkv, o_proj, fused gate/up, down_proj) as the programs run them
-  (``F.linear`` on [out, in] weights through cuBLAS), against cuBLASLt (``preferred_blas_library``)
-  and against [in, out] weights (``x @ w``, the other operand layout): us and TFLOP/s each, and the
-  32-layer sum of the served choice against the best per shape;
+  (``F.linear`` on [out, in] weights through cuBLAS), against cuBLASLt (``preferred_blas_library``),
+  against [in, out] weights (``x @ w``, the other operand layout) and against TunableOp's pick
+  after tuning the shape: us and TFLOP/s each, and the 32-layer sum of the served choice against
+  the best per shape;
 - the same GEMMs at decode batch sizes (``--decode-rows``): what a global BLAS choice does there;
 - the prefill attention kernel's long tiles (`helios.abi.triton_prefill_tiles.LONG_PREFILL_TILES`)
   on consecutive pages (a cold prompt on a run of pages, `helios.runtime.cache.pages`) and on
@@ -38,20 +39,27 @@ TILES = ("ht128x128x8x3", "ht128x64x8x3", "ht64x64x4x3", "ht64x64x4x4", "ht128x6
 SMOKE_TILES = ("ht16x16x2x1x16", "h16x16x2x1x16")
 
 
-def gemm_rows(shapes, tokens: int, device: torch.device) -> list[dict]:
-    """us and TFLOP/s of each GEMM shape per variant."""
+def gemm_rows(shapes, tokens: int, device: torch.device, tunable: bool = False) -> list[dict]:
+    """us and TFLOP/s of each GEMM shape per variant (`tunable`: also TunableOp's pick, timed
+    uncaptured, after it tuned the shape)."""
     rows = []
     for name, k, n in shapes:
         x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
         w_kn = w.t().contiguous()
-        variants = {"linear (cuBLAS)": lambda: F.linear(x, w), "x @ w[in, out]": lambda: x @ w_kn}
+        variants = [("linear (cuBLAS)", lambda: F.linear(x, w), None), ("x @ w[in, out]", lambda: x @ w_kn, None)]
         if device.type == "cuda":
-            variants["linear (cuBLASLt)"] = lambda: _with_lt(lambda: F.linear(x, w))
+            variants.append(("linear (cuBLASLt)", lambda: F.linear(x, w), "cublaslt"))
+            if tunable:
+                variants.append(("linear (TunableOp)", lambda: F.linear(x, w), "tunable"))
         flops = 2 * tokens * k * n
         row = {"gemm": name, "in": k, "out": n, "us": {}}
-        for label, fn in variants.items():
-            seconds = _timed(fn, device, captured=label != "linear (cuBLASLt)")
+        for label, fn, backend in variants:
+            try:
+                seconds = _timed(fn, device, backend)
+            except Exception as error:  # noqa: BLE001  (a variant the device cannot run is reported)
+                print(f"  {name:<8} {label:<18} failed: {type(error).__name__}: {str(error)[:120]}", flush=True)
+                continue
             row["us"][label] = seconds * 1e6
             print(f"  {name:<8} {tokens}x{k}x{n} {label:<18} {seconds * 1e6:8.1f} us "
                   f"{flops / seconds / 1e12:6.1f} TFLOP/s", flush=True)
@@ -60,22 +68,32 @@ def gemm_rows(shapes, tokens: int, device: torch.device) -> list[dict]:
     return rows
 
 
-def _with_lt(fn):
-    previous = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    try:
-        return fn()
-    finally:
-        torch.backends.cuda.preferred_blas_library(previous)
-
-
-def _timed(fn, device: torch.device, captured: bool) -> float:
-    if device.type == "cuda" and not captured:  # the BLAS preference is read at call time: no graph
+def _timed(fn, device: torch.device, backend: str | None) -> float:
+    """Median seconds of fn in a CUDA graph, captured under BLAS `backend` (None: the default);
+    "tunable": TunableOp tunes the shape first, then fn runs uncaptured."""
+    if backend == "tunable":
         import triton.testing
 
-        fn()
-        return triton.testing.do_bench(fn, return_mode="median") / 1e3
-    return median_seconds(fn, device, captured=device.type == "cuda")
+        tunable = torch.cuda.tunable
+        tunable.write_file_on_exit(False)  # no results file left in the working tree
+        tunable.enable(True)
+        tunable.tuning_enable(True)
+        try:
+            fn()
+            tunable.tuning_enable(False)
+            fn()
+            return triton.testing.do_bench(fn, return_mode="median") / 1e3
+        finally:
+            tunable.tuning_enable(False)
+            tunable.enable(False)
+    if backend is None:
+        return median_seconds(fn, device, captured=device.type == "cuda")
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(backend)
+    try:
+        return median_seconds(fn, device, captured=True)
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
 
 
 def gemm_summary(rows: list[dict], layers: int) -> dict:
@@ -132,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 2048; smoke 24)")
     parser.add_argument("--decode-rows", default="1,64,256", help="decode batch sizes of the GEMM rows")
+    parser.add_argument("--no-tunable", action="store_true", help="skip TunableOp's row at the prefill size")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -147,7 +166,7 @@ def main(argv=None) -> int:
     results = {"tokens": tokens, "layers": args.layers}
     shapes = SMOKE_GEMMS if args.smoke else GEMMS
     print(f"GEMMs at M={tokens}:", flush=True)
-    results["gemms"] = gemm_rows(shapes, tokens, device)
+    results["gemms"] = gemm_rows(shapes, tokens, device, tunable=not args.no_tunable)
     results["gemm_summary"] = gemm_summary(results["gemms"], args.layers)
     results["attention"] = attention_rows(SMOKE if args.smoke else FULL, SMOKE_TILES if args.smoke else TILES, tokens,
                                           args.layers, device)
