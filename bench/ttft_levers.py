@@ -163,6 +163,8 @@ def timeline(engine, vocab: int, length: int, top: int) -> dict:
         f"({len(gaps)} gaps); graph launches at {[round(t, 2) for t in summary['graph_launch_at_ms']]} ms, "
         f"{summary['graph_launch_cpu_ms']:.2f} ms of CPU")
     log("kernels by kind: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in summary["by_kind_ms"].items()))
+    if launches:
+        summary["host_ops_before_launch"] = host_ops_before(events, request, launches[0], top)
     for entry in lever_ab._top_kernels(kernels, top):
         log(f"  {entry['ms']:8.3f} ms  x{entry['calls']:<4d} {entry['kernel']}")
     for gap, before, after in sorted(gaps, reverse=True)[:top]:
@@ -180,6 +182,28 @@ def wait_for(path: Path | None, seconds: float) -> None:
     log(f"waited {time.perf_counter() - started:.1f} s for {path}" + ("" if path.exists() else " (not there: measuring)"))
 
 
+def host_ops_before(events, request, launch, top: int) -> list[dict]:
+    """Top-level CPU ops (and CUDA runtime calls) of the request that start before its first graph
+    launch, by summed time: the host work the device waits for."""
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CPU or event is request or event is launch:
+            continue
+        if event.cpu_parent is not None and event.cpu_parent is not request:
+            continue
+        if not request.time_range.start <= event.time_range.start < launch.time_range.start:
+            continue
+        entry = totals.setdefault(event.name, [0.0, 0])
+        entry[0] += event.time_range.elapsed_us()
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    log(f"host before the first graph launch ({(launch.time_range.start - request.time_range.start) / 1e3:.2f} ms "
+        f"after the request began): top-level ops by summed time")
+    for name, (us, calls) in ranked:
+        log(f"  {us / 1e3:8.3f} ms  x{calls:<4d} {name[:90]}")
+    return [{"op": name, "ms": us / 1e3, "calls": calls} for name, (us, calls) in ranked]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=32)
@@ -191,6 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--wait", type=Path, default=None,
                         help="after loading, measure only once this file exists (at most --wait-s seconds)")
     parser.add_argument("--wait-s", type=float, default=120.0)
+    parser.add_argument("--pages", type=int, default=4096, help="cache pages of the pool")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
@@ -199,8 +224,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         opened = prepared_core(Path(scratch), shape, length, (), device)
         started = time.perf_counter()
+        # a fixed pool (8 GB at 8B shapes): the load leaves the device's memory to the tests beside it
         runtime = build_runtime(opened, RuntimeOptions(load=LoadOptions(
-            StartupOptions(token_logprobs=False), device=str(device), cuda_graphs=device.type == "cuda")))
+            StartupOptions(token_logprobs=False), device=str(device), cuda_graphs=device.type == "cuda",
+            num_pages=args.pages)))
         log(f"loaded in {time.perf_counter() - started:.1f} s")
         wait_for(args.wait, args.wait_s)
         try:
