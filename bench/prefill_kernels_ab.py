@@ -3,7 +3,9 @@ in one process: where the prefill's device time could still go down.
 
 - GEMMs at M = 2,048 (fused qkv, o_proj, fused gate/up, down_proj) as the programs run them
   (``F.linear`` on [out, in] weights through cuBLAS), against cuBLASLt (``preferred_blas_library``),
-  against [in, out] weights (``x @ w``, the other operand layout) and against TunableOp's pick
+  against [in, out] weights (``x @ w``, the other operand layout), against the swapped product
+  ``w @ x^T`` (its output transposed: what a consumer reading [out, tokens] would allow; the tile
+  grid then runs along the weight's rows) and against TunableOp's pick
   after tuning the shape: us and TFLOP/s each, and the 32-layer sum of the served choice against
   the best per shape;
 - the same GEMMs at decode batch sizes (``--decode-rows``): what a global BLAS choice does there;
@@ -51,7 +53,8 @@ def gemm_rows(shapes, tokens: int, device: torch.device, tunable: bool = False) 
         variants = [("linear (cuBLAS)", lambda: F.linear(x, w), None), ("x @ w[in, out]", lambda: x @ w_kn, None)]
         if device.type == "cuda":
             variants.append(("linear (cuBLASLt)", lambda: F.linear(x, w), "cublaslt"))
-            if tunable:
+            if tunable:  # the prefill size only: also the swapped product, whose output is [out, tokens]
+                variants.append(("w @ x^T [out, M]", lambda: torch.mm(w, x.t()), None))
                 variants.append(("linear (TunableOp)", lambda: F.linear(x, w), "tunable"))
         flops = 2 * tokens * k * n
         row = {"gemm": name, "in": k, "out": n, "us": {}}
