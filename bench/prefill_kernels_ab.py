@@ -8,6 +8,8 @@ in one process: where the prefill's device time could still go down.
   grid then runs along the weight's rows) and against TunableOp's pick
   after tuning the shape: us and TFLOP/s each, and the 32-layer sum of the served choice against
   the best per shape;
+- the fused gate/up product and silu_mul as served against the swapped product ``w @ x^T`` that
+  the column-major silu_mul kernel reads in place (`helios.abi.triton_fused`), at M and M / 4;
 - the same GEMMs at decode batch sizes (``--decode-rows``): what a global BLAS choice does there;
 - the prefill attention kernel's long tiles (`helios.abi.triton_prefill_tiles.LONG_PREFILL_TILES`)
   on consecutive pages (a cold prompt on a run of pages, `helios.runtime.cache.pages`) and on
@@ -100,6 +102,26 @@ def _timed(fn, device: torch.device, backend: str | None) -> float:
         torch.backends.cuda.preferred_blas_library(previous)
 
 
+def swapped_mlp_rows(k: int, n: int, token_counts, layers: int, device: torch.device) -> list[dict]:
+    """gate/up product + silu_mul as served (F.linear, row-major silu_mul) against the swapped
+    product w @ x^T read in place by the column-major silu_mul kernel: us per layer, ms x layers."""
+    ops = torch.ops.helios
+    w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+    rows = []
+    for tokens in token_counts:
+        x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16)
+        served = lambda: ops.silu_mul(F.linear(x, w))  # noqa: E731
+        swapped = lambda: ops.silu_mul(torch.mm(w, x.t()).t())  # noqa: E731
+        torch.testing.assert_close(swapped(), served(), rtol=2e-2, atol=2e-2)
+        times = {label: median_seconds(fn, device, captured=device.type == "cuda")
+                 for label, fn in (("served", served), ("swapped", swapped))}
+        print(f"  gate_up + silu_mul at M={tokens}: served {times['served'] * 1e6:8.1f} us, swapped "
+              f"{times['swapped'] * 1e6:8.1f} us ({(times['served'] - times['swapped']) * layers * 1e3:+.2f} ms "
+              f"x {layers} layers saved)", flush=True)
+        rows.append({"tokens": tokens, "served_us": times["served"] * 1e6, "swapped_us": times["swapped"] * 1e6})
+    return rows
+
+
 def gemm_summary(rows: list[dict], layers: int) -> dict:
     served = sum(row["us"]["linear (cuBLAS)"] for row in rows) * layers / 1e3
     best = sum(min(row["us"].values()) for row in rows) * layers / 1e3
@@ -172,6 +194,9 @@ def main(argv=None) -> int:
     print(f"GEMMs at M={tokens}:", flush=True)
     results["gemms"] = gemm_rows(shapes, tokens, device, tunable=not args.no_tunable)
     results["gemm_summary"] = gemm_summary(results["gemms"], args.layers)
+    k, n = shapes[2][1:]
+    print("gate/up product and silu_mul, served against swapped:", flush=True)
+    results["swapped_mlp"] = swapped_mlp_rows(k, n, [tokens, tokens // 4], args.layers, device)
     results["attention"] = attention_rows(SMOKE if args.smoke else FULL, SMOKE_TILES if args.smoke else TILES, tokens,
                                           args.layers, device)
     results["decode_gemms"] = {}
