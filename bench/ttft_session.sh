@@ -3,8 +3,8 @@
 #   the runtime's CUDA tests (-n 6) beside the 8B-shaped core's checkpoint writing, preparation and
 #   load (bench/ttft_levers.py waits for them before it measures: the cold prompt's pages, cold TTFT
 #   with the run allocator against the shuffled FIFO free list, the timeline of one cold request),
-#   then the prefill's GEMMs and long attention tiles against their alternatives
-#   (bench/prefill_kernels_ab.py). Run from the repository root:  OUT=dir bash bench/ttft_session.sh
+#   then the swapped gate/up product + column-major silu_mul, the long attention tiles and the
+#   prefill's GEMMs against their alternatives (bench/prefill_kernels_ab.py). Run from the repository root:  OUT=dir bash bench/ttft_session.sh
 set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
@@ -28,4 +28,4 @@ fi
 echo "=== summary ($(( SECONDS - started )) s)"
 tail -3 "$out/gpu_tests.log"
 grep -E "fresh engine|cold TTFT|saves|timeline|kernels by kind|loaded|prepared" "$out/ttft_levers.log"
-grep -E "GEMMs x|served|ht64x64x4x3|ht128x64x8x3 " "$out/prefill_kernels_ab.log"
+grep -E "GEMMs x|gate_up \+ silu|served|ht64x64x4x3 |ht128x64x8x3 |prefill attention" "$out/prefill_kernels_ab.log"
