@@ -20,7 +20,8 @@ from helios.contract.servable import (OPERATIONS, SERVED_OPERATIONS, SOURCES, ST
 from helios.core.keys import load_signing_key
 from helios.core.writer import CoreWriter
 from helios.errors import ContractError, LoadError
-from helios.runtime.execution import packer
+from helios.runtime.execution import bindings
+from helios.runtime.execution.image_packing import IMAGE_SOURCES
 from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
 from runtime.test_model_fixture import EXPECTED, KEY, NAMESPACE, open_fixture, rewrite
@@ -42,7 +43,7 @@ def test_every_enum_value_of_the_schema_has_a_decision():
 
 
 def test_the_packer_reads_the_same_table():
-    assert packer.source_decision is source_decision
+    assert bindings.source_decision is source_decision
 
 
 def _contract(operation: int, source: int = spb.VALUE_SOURCE_CONSTANT, indexing: int = spb.INDEXING_SCALAR):
@@ -93,18 +94,18 @@ def test_every_value_source_and_indexing_is_served_or_refused_with_its_path(pair
     reason = source_decision(source, indexing, operation)
     if reason is None:
         check_servable(contract, _manifest())
-        packer._resolve(_Prepared(contract), "g")  # the packer resolves exactly these
+        bindings.resolve_bindings(_Prepared(contract), "g")  # the packer resolves exactly these
         return
     with pytest.raises(NotServableError) as caught:
         check_servable(contract, _manifest())
     field = "indexing" if isinstance(SOURCES[source], Served) else "source"
     assert caught.value.path == f"contract.model.graphs[0].bindings[0].{field}"
-    with pytest.raises(packer.UnsupportedBindingError):
-        packer._resolve(_Prepared(contract), "g")
+    with pytest.raises(bindings.UnsupportedBindingError):
+        bindings.resolve_bindings(_Prepared(contract), "g")
 
 
 class _Prepared:
-    """The slice of `PreparedContract` that `packer._resolve` reads, over a bare contract."""
+    """The slice of `PreparedContract` that `bindings.resolve_bindings` reads, over a bare contract."""
 
     def __init__(self, contract: spb.ServingContract):
         self.graphs = {"g": _Graph(contract.model.graphs[0])}
@@ -245,7 +246,7 @@ def _fixture_pairs() -> list[tuple[int, int, str]]:
             continue
         allowed = SOURCE_OPERATIONS.get(source, set(_GRAPHS))
         for operation, name in _GRAPHS.items():
-            if operation in allowed and not (source in packer.IMAGE_SOURCES):
+            if operation in allowed and not (source in IMAGE_SOURCES):
                 out.append((source, indexing, name))
                 break
     return out

@@ -13,7 +13,9 @@ from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.execution.protocol import PlanExecutor, run
-from helios.runtime.execution.executor import Executor, GraphExecutor, StepOutput, executor_for, program_table
+from helios.runtime.execution.executor import Executor, GraphExecutor, executor_for
+from helios.runtime.execution.program_variants import program_table
+from helios.runtime.execution.step_output import StepOutput
 from helios.runtime.execution.packer import Packer
 from helios.runtime.parallel.ranks import RankedExecutor
 from helios.runtime.scheduling.scheduler import Scheduler

@@ -133,7 +133,8 @@ def test_host_staged_packing_generates_the_same_tokens():
 def _engine(model, graphs: bool = False, **packer_options):
     """An engine on `model`; `graphs`: on a `GraphExecutor` (programs that replay captured graphs)."""
     from helios.runtime.engine import Engine
-    from helios.runtime.execution.executor import Executor, GraphExecutor, program_table
+    from helios.runtime.execution.executor import Executor, GraphExecutor
+    from helios.runtime.execution.program_variants import program_table
     from helios.runtime.execution.geometry import capacities_for
     from helios.runtime.execution.packer import Packer
     from helios.runtime.scheduling.scheduler import Scheduler

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helios.runtime.execution.packer import _Staging
+from helios.runtime.execution.pack_staging import Staging
 from helios.runtime.execution.pinned_rows import ROWS_PER_FRAME, PinnedRows
 
 
 def _staging(buffers):
-    return _Staging(SimpleNamespace(graphs={}), buffers, None)
+    return Staging(SimpleNamespace(graphs={}), buffers, None)
 
 
 def test_host_rows_are_written_in_place():

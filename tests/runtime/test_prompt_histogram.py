@@ -13,7 +13,9 @@ import torch
 
 from helios.contract import serving_pb2 as S
 from helios.runtime.execution import pack_staging
-from helios.runtime.execution.packer import Binding, _fill_admission, _Staging
+from helios.runtime.execution.bindings import Binding
+from helios.runtime.execution.pack_staging import Staging
+from helios.runtime.execution.row_sources import fill_admission
 from helios.runtime.execution.prompt_histogram import (ROWS_PER_FRAME, HistogramRows, prompt_counts,
                                                        write_host_row)
 from helios.runtime.records.plan import PlanRow
@@ -80,7 +82,7 @@ def _device_staging():
     buffers = {"hist": torch.zeros(SLOTS, BINS, dtype=torch.int32, device="meta")}
     view = SimpleNamespace(buffer="hist", destination="hist", source=S.VALUE_SOURCE_PROMPT_HISTOGRAM,
                            indexing=S.INDEXING_PHYSICAL_REQUEST_ROW, offset=0, padding=0, constant=0)
-    staging = _Staging(SimpleNamespace(graphs={"prefill": SimpleNamespace(bindings=[view])}), buffers, None)
+    staging = Staging(SimpleNamespace(graphs={"prefill": SimpleNamespace(bindings=[view])}), buffers, None)
     return staging, buffers, Binding("hist", "hist", view.source, view.indexing, 0, 0, 0)
 
 
@@ -96,7 +98,7 @@ def test_a_device_row_is_one_copy_of_the_counts_for_penalised_requests_only(monk
     prompt = _prompt(7, 500)
     for slot, sampling in enumerate((SamplingParams(), SamplingParams(temperature=0.7), *PENALTIES[:2])):
         spec = RequestSpec("r", prompt, 4, sampling=sampling)
-        _fill_admission(binding, buffers["hist"], _admitting(slot, prompt), spec, staging)
+        fill_admission(binding, buffers["hist"], _admitting(slot, prompt), spec, staging)
     assert len(written) == 2  # the two penalised requests
     for ids, counts in written:
         row = torch.zeros(BINS, dtype=torch.int64)
@@ -115,8 +117,8 @@ def test_requests_without_a_penalty_count_nothing(monkeypatch):
     prompt = _prompt(8, 64)
     for sampling in (SamplingParams(), SamplingParams(temperature=1.0, top_k=5, seed=4)):
         spec = RequestSpec("r", prompt, 4, sampling=sampling)
-        _fill_admission(binding, buffers["hist"], _admitting(1, prompt), spec, staging)
-        _fill_admission(binding, host, _admitting(1, prompt), spec, staging)
+        fill_admission(binding, buffers["hist"], _admitting(1, prompt), spec, staging)
+        fill_admission(binding, host, _admitting(1, prompt), spec, staging)
     assert host.eq(3).all()  # the host row was left as it was
 
 
@@ -135,7 +137,7 @@ def test_cuda_rows_equal_the_bincount_rows_without_a_blocking_copy():
     buffers = {"hist": torch.full((2 * ROWS_PER_FRAME + 2, BINS), -1, dtype=torch.int32, device=device)}
     view = SimpleNamespace(buffer="hist", destination="hist", source=S.VALUE_SOURCE_PROMPT_HISTOGRAM,
                            indexing=S.INDEXING_PHYSICAL_REQUEST_ROW, offset=0, padding=0, constant=0)
-    staging = _Staging(SimpleNamespace(graphs={"prefill": SimpleNamespace(bindings=[view])}), buffers, None)
+    staging = Staging(SimpleNamespace(graphs={"prefill": SimpleNamespace(bindings=[view])}), buffers, None)
     binding = Binding("hist", "hist", view.source, view.indexing, 0, 0, 0)
     expected = {}
     slot = 0
@@ -143,7 +145,7 @@ def test_cuda_rows_equal_the_bincount_rows_without_a_blocking_copy():
         staging.begin(frame, frame)
         for _ in range(count):
             prompt = _prompt(100 + slot, 2048)
-            _fill_admission(binding, buffers["hist"], _admitting(slot, prompt),
+            fill_admission(binding, buffers["hist"], _admitting(slot, prompt),
                             RequestSpec("r", prompt, 4, sampling=PENALTIES[0]), staging)
             expected[slot] = _bincount_row(prompt, BINS, torch.int32)
             slot += 1

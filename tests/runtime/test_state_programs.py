@@ -10,7 +10,7 @@ import torch
 from helios.contract import serving_pb2 as spb
 from helios.runtime.execution.history_storage import HistoryStorage, Plane, UnsupportedCopyError
 from helios.runtime.execution.pack_values import fill_state_copy
-from helios.runtime.execution.packer import Binding
+from helios.runtime.execution.bindings import Binding
 from helios.runtime.execution.state_programs import RESTORATION, SNAPSHOT, StateCopyRow, StatePrograms, operation_of
 from helios.runtime.records.plan import CopyOp, Location, StorageKind
 

@@ -14,7 +14,8 @@ import pytest
 
 from helios.core.reader import open_core
 from helios.runtime.engine import Engine
-from helios.runtime.execution.executor import Executor, program_table
+from helios.runtime.execution.executor import Executor
+from helios.runtime.execution.program_variants import program_table
 from helios.runtime.execution.geometry import capacities_for
 from helios.runtime.loading.model import load_model
 from helios.runtime.execution.packer import Packer

@@ -32,7 +32,8 @@ from helios.ignition.recipes import Recipe
 from helios.ignition.recipes.base import NamedWeight
 from helios.ignition.speculative_plan import DRAFT_WEIGHTS_RESOURCE
 from helios.runtime.engine import Engine
-from helios.runtime.execution.executor import Executor, program_table
+from helios.runtime.execution.executor import Executor
+from helios.runtime.execution.program_variants import program_table
 from helios.runtime.execution.geometry import capacities_for
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, _allocate, select_handles
 from helios.runtime.execution.packer import Packer

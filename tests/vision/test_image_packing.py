@@ -14,7 +14,7 @@ from helios.frontend.preparation.prompt import Prompt
 from helios.frontend.preparation.prompt_images import UnavailableImages, with_images
 from helios.runtime.execution.image_packing import fill_image
 from helios.runtime.execution.images import RequestImages, step_features
-from helios.runtime.execution.packer import Binding
+from helios.runtime.execution.bindings import Binding
 from helios.runtime.records.plan import PlanRow
 
 S = spb

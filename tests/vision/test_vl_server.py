@@ -168,7 +168,7 @@ def test_an_image_past_the_first_prefill_chunk_and_text_only_requests(served, cl
 def test_the_feature_cache_is_allocated_at_load_from_the_flag(served):
     from helios.core.reader import open_core
     from helios.runtime.records.capacities import Operation
-    from helios.runtime.execution.executor import image_feeder
+    from helios.runtime.execution.vision_programs import image_feeder
     from helios.runtime.execution.geometry import program_variant
     from helios.runtime.loading.model import LoadOptions, load_model
 

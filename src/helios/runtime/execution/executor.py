@@ -37,13 +37,16 @@ one pay nothing), and queues the copy of those outputs to the host with the reco
 attaches each asking row's `TokenLogprobs` (its request's number of alternatives) to its
 `RowResult`. SCORED_PREFILL programs return the same values for every row they sample.
 
+`Launched` and `StepOutput` live in `helios.runtime.execution.step_output`, variant names and
+logprob twins in `helios.runtime.execution.program_variants`, the image feeder in
+`helios.runtime.execution.vision_programs`.
+
 Thread ownership: the model worker only. Buffers stay alive through execution drain because the
 `LoadedModel` owns them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -63,38 +66,17 @@ from helios.abi.completion import (
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
-from helios.errors import ExecutionError, LoadError
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import TokenLogprobs
 from helios.runtime.execution.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
-from helios.runtime.execution.images import ImageFeeder
+from helios.runtime.execution.program_variants import logprob_twins, program_table, variant_name
+from helios.runtime.execution.step_output import Launched, StepOutput
+from helios.runtime.execution.vision_programs import image_feeder
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.execution.packer import Packer
 from helios.runtime.execution.state_programs import StatePrograms
 from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan
 from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """Validated per-row results, plus the program's named outputs (read-only) and the launches of
-    state programs the plan's copies made (operation name -> count)."""
-
-    results: tuple[RowResult, ...]
-    outputs: Mapping[str, torch.Tensor]
-    state_launches: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A plan whose program was submitted (`Executor.launch`); `Executor.finish` completes it."""
-
-    plan: StepPlan
-    program: LoadedProgram | None  # None: a plan of copies only
-    outputs: Mapping[str, torch.Tensor]
-    done: torch.cuda.Event | None  # recorded after the record's copy (CUDA only)
-    scores: tuple[torch.Tensor, ...] | None = None  # host copies of a token-logprobs program's outputs
-    state_launches: Mapping[str, int] = field(default_factory=dict)  # SNAPSHOT / RESTORATION programs the copies ran
 
 
 class Executor:
@@ -343,62 +325,3 @@ def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
     if tensor.device.type == "cpu":
         return tensor.clone()
     return tensor.to("cpu", non_blocking=asynchronous)
-
-
-def logprob_twins(programs) -> dict[str, LoadedProgram]:
-    """Plain variant name -> its token-logprobs twin (same operation and capacities), over the
-    loaded programs that have one."""
-    plain = {(p.operation, p.batch_capacity, p.packed_token_capacity): variant_name(p)
-             for p in programs if not p.token_logprobs and p.speculative is None}
-    twins = {}
-    for program in programs:
-        name = plain.get((program.operation, program.batch_capacity, program.packed_token_capacity))
-        if program.token_logprobs and name is not None:
-            twins[name] = program
-    return twins
-
-
-def image_feeder(model: LoadedModel, packer: Packer,
-                 encode=lambda program, arguments: program.module(*arguments)) -> ImageFeeder | None:
-    """The feeder of a core with VISION programs: they encode images into the feature cache the
-    model allocated at load (`LoadedModel.image_cache`). `encode(program, arguments)` calls one
-    (eagerly, or by replaying its captured graph)."""
-    if not model.vision_programs:
-        return None
-    programs = {p.packed_token_capacity: p for p in model.vision_programs}
-    arguments = {capacity: program_arguments(p, model.weights, model.buffers) for capacity, p in programs.items()}
-
-    def encoder(capacity: int):
-        program = programs.get(capacity)
-        if program is None:
-            return None
-        return lambda: _first(encode(program, arguments[capacity]))
-
-    if model.image_cache is None:
-        raise LoadError("a model with VISION programs was loaded without an image feature cache")
-    return ImageFeeder(model.prepared, model.buffers, encoder, model.image_cache)
-
-
-def _first(returned):
-    return returned[0] if isinstance(returned, (tuple, list)) else returned
-
-
-def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:
-    """Variant name (as the scheduler's `ProgramVariant.name`) -> program."""
-    return {variant_name(p): p for p in model.programs}
-
-
-def variant_name(program: LoadedProgram) -> str:
-    shape = program.speculative
-    width = f"w{shape.verify_tokens}" if shape is not None else ""
-    return f"{program.graph}.r{program.batch_capacity}{width}t{program.packed_token_capacity}"
-
-
-OPERATIONS = {  # contract GraphOperation -> scheduler Operation
-    spb.GRAPH_OPERATION_PREFILL: Operation.PREFILL,
-    spb.GRAPH_OPERATION_DECODE: Operation.DECODE,
-    spb.GRAPH_OPERATION_MIXED: Operation.MIXED,
-    spb.GRAPH_OPERATION_SCORED_PREFILL: Operation.SCORED_PREFILL,
-    spb.GRAPH_OPERATION_SPECULATIVE: Operation.SPECULATIVE,
-    spb.GRAPH_OPERATION_RESUME: Operation.RESUME,
-}

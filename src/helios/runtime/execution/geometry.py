@@ -19,7 +19,7 @@ from helios.runtime.records.capacities import (
     ProgramVariant,
     StorageLayout,
 )
-from helios.runtime.execution.executor import OPERATIONS, logprob_twins, variant_name
+from helios.runtime.execution.program_variants import OPERATIONS, logprob_twins, variant_name
 from helios.runtime.loading.model import LoadedModel, LoadedProgram
 from helios.runtime.cache.window_pages import window_region_name
 
@@ -120,7 +120,7 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
 
 def logprob_width(programs) -> int:
     """Alternatives per row every plain PREFILL/DECODE/MIXED program's token-logprobs twin returns
-    (`helios.runtime.execution.executor.logprob_twins`); 0 when some program has no twin (a core prepared
+    (`helios.runtime.execution.program_variants.logprob_twins`); 0 when some program has no twin (a core prepared
     without them), so the whole capability is either there or refused."""
     twins = logprob_twins(programs)
     plain = [p for p in programs if not p.token_logprobs and p.speculative is None

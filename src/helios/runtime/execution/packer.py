@@ -40,89 +40,45 @@ Values a step need not rewrite (slots, generations, sampling parameters... of th
 last write, an unconstrained grammar mask) are skipped on host buffers
 (`helios.runtime.execution.kept_values`).
 
+Bindings are resolved at startup by `helios.runtime.execution.bindings`; per-row, packed and
+admission values come from `helios.runtime.execution.row_sources`.
+
 Thread ownership: one packer per model worker; not thread-safe.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
-from helios.contract.rules import source_label
-from helios.contract.servable import source_decision
-from helios.errors import LoadError
+from helios.runtime.execution.bindings import (Binding, UnsupportedBindingError, admission_elsewhere,
+                                               resolve_bindings, written_state)
 from helios.runtime.execution.history_drafting import HistoryIndex
 from helios.runtime.execution.host_staging import HostStaging
 from helios.runtime.execution.image_packing import IMAGE_SOURCES, fill_image
 from helios.runtime.execution.kept_values import KeptValues, rows_key_of
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
-from helios.runtime.execution.pack_values import (eos_row, fill_copied, fill_state_copy, is_prompt_row, padded,
-                                                  write_vector)
+from helios.runtime.execution.pack_values import eos_row, fill_copied, fill_state_copy, is_prompt_row, write_vector
+from helios.runtime.execution.row_sources import ROW_SOURCES, fill_admission, packed_values
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
-from helios.runtime.cache.window_pages import UNHELD_PAGE_ID, window_view_names
 
 S = spb
 
 
-class UnsupportedBindingError(LoadError):
-    """A selected program binds a value source this runtime cannot supply."""
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A value binding resolved to the buffer behind its destination."""
-
-    destination: str
-    buffer_name: str
-    source: int
-    indexing: int
-    offset: int
-    padding: int
-    constant: int
-    image_output: str = ""
-    window: bool = False  # a page table of the window region's own ids (`PlanRow.new_window_ids`)
-    host_table: str = ""
-
-
-_ROW_SOURCES: Mapping[int, Callable[[PlanRow, RequestSpec], object]] = {
-    S.VALUE_SOURCE_SLOT: lambda row, req: row.slot,
-    S.VALUE_SOURCE_GENERATION: lambda row, req: row.generation,
-    S.VALUE_SOURCE_QUERY_LENGTH: lambda row, req: row.query_len,
-    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda row, req: row.query_len,
-    S.VALUE_SOURCE_SAMPLING_DECISION: lambda row, req: int(row.samples),
-    S.VALUE_SOURCE_CONSUMED_TOKEN_START: lambda row, req: row.start_pos,
-    S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda row, req: row.start_pos + row.query_len,
-    S.VALUE_SOURCE_SEED_BITS: lambda row, req: req.sampling.seed,
-    S.VALUE_SOURCE_SAMPLING_PARAMETERS: lambda row, req: req.sampling.packed(),
-    S.VALUE_SOURCE_OUTPUT_LIMIT: lambda row, req: req.max_output_tokens,
-    S.VALUE_SOURCE_PENDING_TOKEN: lambda row, req: _pending_token(row, req),
-}
 _PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
 _ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
     S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
 }
-_BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES}  # written at admission
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
 _COPIED_SOURCES = {
     S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
     S.VALUE_SOURCE_COPIED_GENERATION, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS,
 }
-
-
-def _pending_token(row: PlanRow, req: RequestSpec):
-    """The token a one-token lane feeds next: the completed pending token of a generating lane, or
-    the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
-    feeds its first packed token (the program's override then changes nothing). A lane of a second
-    frame feeds -1: its token exists only in the program's device state (``pending_token_view``)."""
-    if row.pending_on_device:
-        return -1
-    return row.token_ids[0] if row.token_ids else None
 
 
 class Packer:
@@ -139,12 +95,12 @@ class Packer:
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, RequestSpec] = {}
         self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
-        self._bindings = {name: _resolve(prepared, name) for name in prepared.graphs}
+        self._bindings = {name: resolve_bindings(prepared, name) for name in prepared.graphs}
         if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
                                         for items in self._bindings.values() for b in items):
             raise UnsupportedBindingError("the core binds host-table rows but no host staging was given")
-        self._elsewhere = {name: _admission_elsewhere(self._bindings, name) for name in self._bindings}
-        self._written_state = {name: _written_state(prepared, name) for name in prepared.graphs}
+        self._elsewhere = {name: admission_elsewhere(self._bindings, name) for name in self._bindings}
+        self._written_state = {name: written_state(prepared, name) for name in prepared.graphs}
         # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
@@ -238,7 +194,7 @@ class Packer:
             for row, req in zip(plan.rows, requests):
                 if row.admits:
                     self._kept.forget(binding.buffer_name)
-                    _fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
+                    fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
         copied = self._copied_for(graph, plan.rows)
         constrained = any(row.constrained for row in plan.rows)
         rows_key = rows_key_of(plan.rows)
@@ -340,11 +296,11 @@ class Packer:
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
             for row, req in zip(rows, requests):
                 if row.admits or row.new_page_ids or row.new_window_ids:  # nothing to write for any other row
-                    _fill_admission(binding, target, row, req, self._staging)
+                    fill_admission(binding, target, row, req, self._staging)
         elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
             target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
-            values = [v for row, req in zip(rows, requests) for v in _packed_values(source, row, req)]
+            values = [v for row, req in zip(rows, requests) for v in packed_values(source, row, req)]
             write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
             write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
@@ -356,7 +312,7 @@ class Packer:
             elif source == S.VALUE_SOURCE_EOS_IDS:
                 values = [eos_row(req, target, binding) for req in requests]
             else:
-                value_of = _ROW_SOURCES[source]
+                value_of = ROW_SOURCES[source]
                 values = [value_of(row, req) for row, req in zip(rows, requests)]
             write_vector(target, values, binding, pad=indexing == S.INDEXING_SUBMISSION_ROW)
         elif source == S.VALUE_SOURCE_LIVE_ROW_COUNT:
@@ -366,86 +322,3 @@ class Packer:
             target.fill_(binding.padding if index is None else index + binding.offset)
         else:  # CONSTANT (scalar)
             target.fill_(binding.constant)
-
-
-def _packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
-    if source == S.VALUE_SOURCE_PROMPT_TOKENS:
-        return list(row.token_ids)
-    if source == S.VALUE_SOURCE_SAMPLING_DECISION:  # 1 on the token a sampling lane samples after
-        count = len(row.token_ids) if row.token_ids else row.query_len
-        return [int(row.samples and i == count - 1) for i in range(count)]
-    if source == S.VALUE_SOURCE_PROMPT_POSITIONS:
-        return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
-    prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
-    return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
-
-
-def _fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: "_Staging") -> None:
-    source, slot = binding.source, row.slot
-    if source == S.VALUE_SOURCE_PAGE_TABLE:
-        # A window table's released entries upload as a valid id its window masks (never read).
-        ids = tuple(max(page, UNHELD_PAGE_ID) for page in row.new_window_ids) if binding.window else row.new_page_ids
-        if row.admits:  # the whole row in one write: padding around the new entries
-            staging.write_entries(target[slot], ids, row.page_table_start, binding.padding)
-        elif ids:
-            staging.write_entries(target[slot], ids, row.page_table_start)
-    elif source in _BIAS_SOURCES:
-        if row.admits:  # ids -1 padded, values 0 padded, to the buffer's width
-            width = target.shape[-1]
-            if len(req.logit_bias) > width:
-                raise ValueError(f"{len(req.logit_bias)} logit-bias entries exceed the prepared {width}")
-            column = 0 if source == S.VALUE_SOURCE_LOGIT_BIAS_IDS else 1
-            values = [entry[column] for entry in req.logit_bias]
-            # A row the packer's last write left padding needs no write for a request without bias.
-            holds_padding = staging.padded_row(binding.buffer_name, slot, padded=not values)
-            if values or not holds_padding:
-                staging.write_row(binding.buffer_name, target[slot], values + [binding.padding] * (width - len(values)))
-    elif source == S.VALUE_SOURCE_PROMPT_HISTOGRAM:
-        # The whole prompt, prefix-cache hits included (their rows start past it). Only penalties
-        # read it: a request without one leaves the row (`helios.runtime.execution.prompt_histogram`).
-        if row.admits and req.sampling.penalised:
-            staging.write_counts(binding.buffer_name, target[slot], req.prompt_ids)
-    elif source == S.VALUE_SOURCE_EOS_IDS:
-        if row.admits:
-            staging.write_row(binding.buffer_name, target[slot], eos_row(req, target, binding))
-    elif row.admits:
-        value = _ROW_SOURCES[source](row, req)
-        if isinstance(value, tuple):
-            staging.write_row(binding.buffer_name, target[slot], padded(value, target, binding))
-        else:
-            target[slot] = value + binding.offset
-
-
-def _resolve(prepared: PreparedContract, graph: str) -> tuple:
-    """The graph's bindings with their destination buffers; a binding `servable.SOURCES` does not
-    serve fails startup."""
-    resolved = []
-    operation = prepared.graphs[graph].operation
-    window_views = window_view_names(prepared)
-    for view in prepared.graphs[graph].bindings:
-        reason = source_decision(view.source, view.indexing, operation)
-        if reason is not None:
-            raise UnsupportedBindingError(f"graph {graph!r} binds {source_label(view.source)}: {reason}")
-        resolved.append(Binding(view.destination, view.buffer, view.source, view.indexing,
-                                view.offset, view.padding, view.constant, view.image_output,
-                                view.destination in window_views, view.host_table))
-    return tuple(resolved)
-
-
-def _admission_elsewhere(bindings: Mapping[str, tuple], graph: str) -> tuple[Binding, ...]:
-    """PHYSICAL_REQUEST_ROW bindings (page tables aside) of the other graphs into buffers `graph`
-    does not bind: a slot admitted by `graph` must have them too (a DECODE-only EOS binding, say)."""
-    own = {b.buffer_name for b in bindings[graph]}
-    found: dict[str, Binding] = {}
-    for name, items in bindings.items():
-        for binding in items:
-            if (name != graph and binding.indexing == S.INDEXING_PHYSICAL_REQUEST_ROW
-                    and binding.source != S.VALUE_SOURCE_PAGE_TABLE and binding.buffer_name not in own):
-                found.setdefault(binding.buffer_name, binding)
-    return tuple(found.values())
-
-
-def _written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
-    """Persistent-state buffers the graph writes: zeroed for a slot when it is (re)admitted."""
-    writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
-    return tuple(sorted({a.buffer for a in prepared.graphs[graph].accesses if a.mode in writes}))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from helios.runtime.execution.executor import StepOutput
+from helios.runtime.execution.step_output import StepOutput
 from helios.runtime.execution.images import ImageFeeder
 from helios.runtime.loading.model import LoadedModel
 from helios.runtime.records.plan import StepPlan

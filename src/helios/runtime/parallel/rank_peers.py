@@ -52,7 +52,8 @@ from helios.abi.collectives import RankGroup, bind_collectives
 from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram, release_graphs
-from helios.runtime.execution.executor import Executor, GraphExecutor, program_table, variant_name
+from helios.runtime.execution.executor import Executor, GraphExecutor
+from helios.runtime.execution.program_variants import program_table, variant_name
 from helios.runtime.loading.model import LoadOptions, load_model, serving_device
 from helios.runtime.execution.host_staging import host_staging
 from helios.runtime.execution.packer import Packer

@@ -53,7 +53,8 @@ from helios.abi.collectives import CollectiveError, RankGroup
 from helios.runtime.execution.host_staging import GroupRetirement
 from helios.errors import ExecutionError
 from helios.runtime.loading.cuda_graphs import release_graphs
-from helios.runtime.execution.executor import Executor, Launched, StepOutput
+from helios.runtime.execution.executor import Executor
+from helios.runtime.execution.step_output import Launched, StepOutput
 from helios.runtime.records.plan import StepPlan
 from helios.runtime.parallel.rank_deadline import StepDeadline
 from helios.runtime.parallel.rank_timing import PhaseTimers, run_phase

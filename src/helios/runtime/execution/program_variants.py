@@ -1,0 +1,44 @@
+"""Names and tables of a loaded model's step programs: each program's variant name (the scheduler's
+`ProgramVariant.name`), the table of programs by that name, their token-logprobs twins, and the
+scheduler `Operation` of each contract graph operation.
+"""
+
+from __future__ import annotations
+
+from helios.contract import serving_pb2 as spb
+from helios.runtime.loading.model import LoadedModel, LoadedProgram
+from helios.runtime.records.capacities import Operation
+
+
+def logprob_twins(programs) -> dict[str, LoadedProgram]:
+    """Plain variant name -> its token-logprobs twin (same operation and capacities), over the
+    loaded programs that have one."""
+    plain = {(p.operation, p.batch_capacity, p.packed_token_capacity): variant_name(p)
+             for p in programs if not p.token_logprobs and p.speculative is None}
+    twins = {}
+    for program in programs:
+        name = plain.get((program.operation, program.batch_capacity, program.packed_token_capacity))
+        if program.token_logprobs and name is not None:
+            twins[name] = program
+    return twins
+
+
+def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:
+    """Variant name (as the scheduler's `ProgramVariant.name`) -> program."""
+    return {variant_name(p): p for p in model.programs}
+
+
+def variant_name(program: LoadedProgram) -> str:
+    shape = program.speculative
+    width = f"w{shape.verify_tokens}" if shape is not None else ""
+    return f"{program.graph}.r{program.batch_capacity}{width}t{program.packed_token_capacity}"
+
+
+OPERATIONS = {  # contract GraphOperation -> scheduler Operation
+    spb.GRAPH_OPERATION_PREFILL: Operation.PREFILL,
+    spb.GRAPH_OPERATION_DECODE: Operation.DECODE,
+    spb.GRAPH_OPERATION_MIXED: Operation.MIXED,
+    spb.GRAPH_OPERATION_SCORED_PREFILL: Operation.SCORED_PREFILL,
+    spb.GRAPH_OPERATION_SPECULATIVE: Operation.SPECULATIVE,
+    spb.GRAPH_OPERATION_RESUME: Operation.RESUME,
+}
