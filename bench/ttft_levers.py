@@ -8,7 +8,9 @@ where the request's wall time goes, in one process.
   ends up in (requests alternate, distinct prompts, medians);
 - timeline: one cold request under the torch profiler: host time before the first kernel, the
   kernels' span, busy time and gaps (the largest with their neighbours), the time after the last
-  kernel, the graph launch's CPU time, and the kernels by kind on the served page table.
+  kernel, the graph launch's CPU time, and the kernels by kind on the served page table;
+- step A/B: the whole prefill step captured and replayed as served, with another long prefill tile,
+  and with cuBLASLt preferred (the last request's buffers: a cold prompt on a page run).
 
     python bench/ttft_levers.py [--layers 32] [--repeats 5] [--json out.json]
     python bench/ttft_levers.py --wait FILE  # load, then measure once FILE exists (GPU tests beside it)
@@ -172,6 +174,46 @@ def timeline(engine, vocab: int, length: int, top: int) -> dict:
     return summary
 
 
+STEP_TILES = ("ht64x64x4x3",)  # long tiles to try in the whole step beside the served one (one compile each)
+
+
+def step_ab(model, length: int) -> dict:
+    """The whole 2,048-token prefill step (the greedy program's eager module over the buffers of the
+    last cold request: its pages are a run), captured into a CUDA graph per variant and replayed:
+    as served, with each of STEP_TILES as the long prefill tile, and with cuBLASLt preferred. Device
+    ms per step (median of 20 replays)."""
+    from helios.abi import triton_prefill_tiles as tiles
+    from helios.runtime.loading.cuda_graphs import CapturedProgram
+    from helios.runtime.loading.model import program_arguments
+
+    program = next((p for p in model.programs if p.graph == "prefill" and p.packed_token_capacity == length), None)
+    if program is None:
+        return {}
+    modules = program.module.eager_modules if isinstance(program.module, CapturedProgram) else (program.module,)
+    module = modules[-1] if modules[-1] is not None else modules[0]  # the greedy one where there is one
+    arguments = program_arguments(program, model.weights, model.buffers)
+    results = {"served": lever_ab.graph_ms(lambda: module(*arguments))}
+    served_tile = tiles.LONG_PREFILL_TILES[128]
+    for name in STEP_TILES:
+        tiles.LONG_PREFILL_TILES[128] = tiles.parse_tile(name)
+        try:
+            results[f"tile {name}"] = lever_ab.graph_ms(lambda: module(*arguments))
+        finally:
+            tiles.LONG_PREFILL_TILES[128] = served_tile
+    if torch.cuda.is_available():  # (without CUDA, for --smoke: the code path of the rest)
+        previous = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        try:
+            results["cuBLASLt"] = lever_ab.graph_ms(lambda: module(*arguments))
+        finally:
+            torch.backends.cuda.preferred_blas_library(previous)
+    served = results["served"]
+    for label, ms in results.items():
+        log(f"prefill step T={length} ({served_tile.name} served), {label:<20}: {ms:7.3f} ms  "
+            f"({served - ms:+.3f} ms against served)")
+    return results
+
+
 def wait_for(path: Path | None, seconds: float) -> None:
     """Until `path` exists (another user of the device is done), at most `seconds`."""
     if path is None:
@@ -241,6 +283,7 @@ def main(argv=None) -> int:
             results["allocator_ab"] = allocator_ab(engine, shape.vocab_size, length,
                                                    args.repeats or (2 if args.smoke else 5), pages)
             results["timeline"] = timeline(engine, shape.vocab_size, length, args.top)
+            results["step_ab"] = step_ab(runtime.model, length)
         finally:
             runtime.close()
     if args.json:

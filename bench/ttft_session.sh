@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     tests/gpu/test_fused_cuda.py::test_silu_mul_of_a_column_major_product_in_a_graph > "$out/gpu_tests.log" 2>&1
   echo "exit $?" >> "$out/gpu_tests.log"; touch "$out/tests.done" ) &
 tests=$!
-timeout 135 python3 bench/ttft_levers.py --layers "${LAYERS:-32}" --wait "$out/tests.done" --wait-s 100 \
+timeout 150 python3 bench/ttft_levers.py --layers "${LAYERS:-32}" --wait "$out/tests.done" --wait-s 100 \
   --json "$out/ttft_levers.json" 2>&1 | grep -v "checkpoint: layer\|FutureWarning\|return cls" > "$out/ttft_levers.log"
 wait $tests
 left=$(( 193 - (SECONDS - started) ))
@@ -29,5 +29,5 @@ else
 fi
 echo "=== summary ($(( SECONDS - started )) s)"
 tail -3 "$out/gpu_tests.log"
-grep -E "fresh engine|cold TTFT|saves|timeline|kernels by kind|loaded|prepared" "$out/ttft_levers.log"
+grep -E "fresh engine|cold TTFT|saves|timeline|kernels by kind|loaded|prepared|prefill step" "$out/ttft_levers.log"
 grep -E "GEMMs x|gate_up \+ silu|served|ht64x64x4x3 |ht128x64x8x3 |prefill attention" "$out/prefill_kernels_ab.log"
