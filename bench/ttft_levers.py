@@ -20,7 +20,10 @@ where the request's wall time goes, in one process.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import random
 import statistics
 import sys
@@ -174,6 +177,19 @@ def timeline(engine, vocab: int, length: int, top: int) -> dict:
     return summary
 
 
+def host_functions(engine, vocab: int, length: int, top: int) -> None:
+    """cProfile of one cold request: the Python functions by own time (the graph replay and the
+    wait for its result are in it as single entries)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    cold_ttft(engine, vocab, length, 5151)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    log("--- one cold request's host functions by own time")
+    log("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+
+
 STEP_TILES = ("ht64x64x4x3",)  # long tiles to try in the whole step beside the served one (one compile each)
 
 
@@ -283,6 +299,7 @@ def main(argv=None) -> int:
             results["allocator_ab"] = allocator_ab(engine, shape.vocab_size, length,
                                                    args.repeats or (2 if args.smoke else 5), pages)
             results["timeline"] = timeline(engine, shape.vocab_size, length, args.top)
+            host_functions(engine, shape.vocab_size, length, args.top + 8)
             results["step_ab"] = step_ab(runtime.model, length)
         finally:
             runtime.close()
