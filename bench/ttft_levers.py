@@ -104,6 +104,17 @@ def cold_ttft(engine, vocab: int, length: int, salt: int) -> float:
     return wall
 
 
+def fifo_order(allocator: PageAllocator, rng: random.Random) -> list[int]:
+    """The free pages as a long-serving FIFO pool holds them: shuffled. Only the upper half's are
+    shuffled, first (a FIFO request takes from them); the lower half's follow in order. The FIFO
+    requests' pages stay cached (parked) afterwards, so they must not break up the lower half,
+    where the run allocator's requests keep finding runs."""
+    free = allocator.free_pages()
+    upper = [page for page in free if page >= allocator.num_pages // 2]
+    rng.shuffle(upper)
+    return upper + [page for page in free if page < allocator.num_pages // 2]
+
+
 def allocator_ab(engine, vocab: int, length: int, repeats: int, pages: PageLog) -> dict:
     """Cold TTFT, run allocator against the FIFO free list in shuffled order, alternating."""
     pool = engine.scheduler.cache.pool
@@ -113,9 +124,7 @@ def allocator_ab(engine, vocab: int, length: int, repeats: int, pages: PageLog) 
     for repeat in range(repeats):
         for kind in (("runs", "fifo") if repeat % 2 == 0 else ("fifo", "runs")):
             if kind == "fifo":
-                order = pool.allocator.free_pages()
-                rng.shuffle(order)
-                pool.allocator = FifoAllocator(pool.allocator, order)
+                pool.allocator = FifoAllocator(pool.allocator, fifo_order(pool.allocator, rng))
             try:
                 samples[kind].append(cold_ttft(engine, vocab, length, 3000 + 2 * repeat + (kind == "fifo")))
             finally:
