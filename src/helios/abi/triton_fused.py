@@ -101,8 +101,9 @@ def is_column_major(matrix: torch.Tensor) -> bool:
 
 def triton_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gate_up [N, 2F]: [N, F] in its dtype. A column-major gate_up (the
-    transpose of a [2F, N] product, `helios.ignition.decoder.mlp_block`'s swapped form) is read in
-    place by the columns kernel."""
+    transpose of a [2F, N] product) is read in place by the columns kernel, not copied. (Programs
+    keep the row-major product: the swapped one, w @ x^T, lost at 8B shapes on the H200, 744 against
+    661 us with silu_mul at 2,048 tokens, bench/prefill_kernels_ab.py.)"""
     if is_column_major(gate_up):
         num_rows, width = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty((num_rows, width), dtype=gate_up.dtype, device=gate_up.device)

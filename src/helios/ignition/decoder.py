@@ -137,23 +137,9 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     if arch.is_sparse(int(prefix.split(".")[1])):
         out = moe_block(arch, w, prefix, hidden)
         return out if partial else summed(arch, out)
-    gate_up = gate_up_product(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
+    gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     out = row_parallel_output if partial else row_parallel_linear
     return out(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
-
-
-# Programs of at least this many packed tokens compute the gated MLP's gate/up product swapped,
-# ``(w @ x^T)^T``: cuBLAS then tiles the weight's rows (28,672 at 8B shapes) rather than the tokens,
-# and silu_mul reads the column-major result in place (`helios.abi.triton_fused`). The token count
-# of a program is static, so the choice is made once, at export. None: never.
-SWAPPED_GATE_UP_TOKENS: int | None = None
-
-
-def gate_up_product(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """hidden [T, H] @ weight[2F, H]^T (+ bias): [T, 2F], swapped from SWAPPED_GATE_UP_TOKENS tokens."""
-    if bias is None and SWAPPED_GATE_UP_TOKENS is not None and hidden.shape[0] >= SWAPPED_GATE_UP_TOKENS:
-        return torch.mm(weight, hidden.t()).t()
-    return F.linear(hidden, weight, bias)
 
 
 def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
