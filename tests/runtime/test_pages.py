@@ -53,6 +53,21 @@ def test_digest_chain_covers_parent_tokens_and_salt():
     assert root_digest(b"ab", b"c") != root_digest(b"a", b"bc")
 
 
+def test_extending_a_chain_digests_each_page_after_its_parent():
+    root = root_digest(b"model", b"")
+    tokens = [(i * 7919) % 50000 for i in range(70)]
+    expected = [page_digest(root, tokens[:8])]
+    for index in range(1, 8):
+        expected.append(page_digest(expected[-1], tokens[index * 8:index * 8 + 8]))
+    whole: list[bytes] = []
+    extend_chain(whole, root, tokens, 8, 8)
+    resumed = expected[:3]
+    extend_chain(resumed, root, tuple(tokens), 8, 8)  # a resumed chain, tuple ids
+    assert whole == expected and resumed == expected
+    extend_chain(resumed, root, tokens, 8, 5)  # covered already: unchanged
+    assert resumed == expected
+
+
 def test_prefix_cache_lookup_insert_and_lru_eviction():
     cache = PrefixCache()
     assert cache.insert(b"a", 5) and cache.insert(b"b", 6)
