@@ -10,8 +10,12 @@ than wall time on a shared machine; best of --repeats runs):
 - the decode program's calls at that batch, grouped by callee (each call of its fast graph timed
   on its own, so the total exceeds the untimed call by the timers' cost), largest first.
 
+With --compile-programs the engine's programs are compiled by Inductor at load
+(`helios.runtime.loading.program_compile`) and the compiled graph's calls are listed (a compiled
+segment is one call).
+
     .venv/bin/python bench/cpu_step_profile.py [--model embedded|llama4] [--batch 16] [--tokens 64]
-        [--repeats 5] [--rows 25]
+        [--repeats 5] [--rows 25] [--compile-programs]
 """
 
 from __future__ import annotations
@@ -34,21 +38,23 @@ from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.embedded import default_model_dir  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
-from helios.runtime.service import build_runtime  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/cpu-step"
 PHASES = (("schedule", "scheduler", "schedule"), ("pack", "packer", "pack"), ("program", "executor", "_call"),
           ("finish", "executor", "finish"), ("complete", "scheduler", "complete"))
 
 
-def _engine(model: str, batch: int, tokens: int, scratch: Path):
+def _engine(model: str, batch: int, tokens: int, scratch: Path, compiled: bool = False):
     checkpoint = default_model_dir() if model == "embedded" else write_random_llama(
         scratch / "llama4", with_layers(SMOKE, 4), torch.float32)
     key = SigningKey.generate()
     plan = CapacityPlan(context_tokens=8 + tokens + 8, prefill_tokens=64, decode_batches=tuple(sorted({1, batch})))
     prepare_core(checkpoint, scratch / "bench.core", key, PrepareOptions(NAMESPACE, capacities=plan, dtype="float32"))
-    return build_runtime(open_core(scratch / "bench.core", accept=NAMESPACE, trusted_keys=[key.public])).engine
+    options = RuntimeOptions(load=LoadOptions(compile_programs=compiled))
+    return build_runtime(open_core(scratch / "bench.core", accept=NAMESPACE, trusted_keys=[key.public]), options).engine
 
 
 def _timed(owner, name: str, totals: dict, key: str) -> None:
@@ -88,7 +94,7 @@ def program_calls(engine, prompts, tokens: int, batch: int) -> tuple[int, dict, 
     totals: dict = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
     program = next(p for p in engine.executor.model.programs if p.graph == "decode" and p.batch_capacity == batch)
-    fast = program.module.fast
+    fast = program.module.compiled if program.module.compiled is not None else program.module.fast
     for node in fast.graph.nodes:
         if node.op == "call_function":
             node.target = _counted(node.target, getattr(node.target, "__name__", str(node.target)), totals, counts)
@@ -117,10 +123,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=25, help="program callees listed")
+    parser.add_argument("--compile-programs", action="store_true", help="compile the programs with Inductor at load")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
-        engine = _engine(args.model, args.batch, args.tokens, Path(scratch))
+        engine = _engine(args.model, args.batch, args.tokens, Path(scratch), args.compile_programs)
         prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(args.batch)]
         generate(engine, prompts, 4)  # warm-up: the programs' checked first calls
         total, split = phases(engine, prompts, args.tokens, args.repeats)

@@ -11,8 +11,14 @@ time per token (steadier on a shared machine). Both use the same torch thread co
 "same" counts requests whose Helios tokens equal transformers' greedy tokens; "target" is issue
 #18's goal for the ratio (1.0x at batch 1, 1.5x at batch 16).
 
+With --compile-programs a second engine loads the same core with its CPU programs compiled by
+Inductor at load (`helios.runtime.loading.program_compile`; without the token-logprobs variants,
+which this workload never runs), its load time is printed, and the three run interleaved: the
+table then gives both engines' rates and ratios ("compiled" columns; "same" counts requests whose
+tokens of both engines equal transformers').
+
     .venv/bin/python bench/generate_vs_hf.py [--models embedded,llama4] [--checkpoint DIR]
-        [--batches 1,16] [--tokens 64] [--threads 1] [--repeats 5] [--dtype float32]
+        [--batches 1,16] [--tokens 64] [--threads 1] [--repeats 5] [--dtype float32] [--compile-programs]
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.embedded import default_model_dir  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.contract import StartupOptions  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
-from helios.runtime.service import build_runtime  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 NAMESPACE = "bench/hf"
 PROMPT_TOKENS = 8
@@ -76,6 +84,14 @@ def hf_run(model, prompts, tokens: int) -> tuple[int, list[list[int]]]:
     return generated.numel(), generated.tolist()
 
 
+def compiled_engine(core: Path, key, args):
+    options = RuntimeOptions(load=LoadOptions(StartupOptions(token_logprobs=False), compile_programs=True))
+    started = time.perf_counter()
+    engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options).engine
+    print(f"  (compiled engine loaded in {time.perf_counter() - started:.1f} s)", flush=True)
+    return engine
+
+
 def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]) -> None:
     key = SigningKey.generate()
     core = scratch / f"{name}.core"
@@ -83,22 +99,33 @@ def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]
                         decode_batches=tuple(sorted(set(batches))))
     prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=args.dtype))
     engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public])).engine
+    compiled = compiled_engine(core, key, args) if args.compile_programs else None
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, args.dtype)).eval()
     vocab = model.config.vocab_size
     for batch in batches:
         prompts = [[(b * 13 + i) % (vocab - 3) + 3 for i in range(PROMPT_TOKENS)] for b in range(batch)]
+        runs = {"helios": lambda: helios_run(engine, prompts, args.tokens),
+                "transformers": lambda: hf_run(model, prompts, args.tokens)}
+        if compiled is not None:
+            runs["compiled"] = lambda: helios_run(compiled, prompts, args.tokens)
         helios_run(engine, prompts[:1], 4)  # warm-up
         hf_run(model, prompts[:1], 4)
-        ours, theirs = Best(), Best()
+        if compiled is not None:
+            helios_run(compiled, prompts[:1], 4)
+        best = {label: Best() for label in runs}
+        tokens = {}
         for _ in range(args.repeats):
-            wall, cpu, (count, our_tokens) = timed(lambda: helios_run(engine, prompts, args.tokens))
-            ours.update(wall, cpu, count)
-            wall, cpu, (count, their_tokens) = timed(lambda: hf_run(model, prompts, args.tokens))
-            theirs.update(wall, cpu, count)
-        same = sum(a == b for a, b in zip(our_tokens, their_tokens))
-        target = TARGETS.get(batch, "-")
-        print(f"{name:9s} {batch:5d}  {1 / ours.wall:12.1f}  {1 / theirs.wall:18.1f}  {theirs.wall / ours.wall:5.2f}"
-              f"  {theirs.cpu / ours.cpu:9.2f}  {same:3d}/{batch}  {target:>6s}", flush=True)
+            for label, run in runs.items():
+                wall, cpu, (count, tokens[label]) = timed(run)
+                best[label].update(wall, cpu, count)
+        theirs = best["transformers"]
+        same = sum(all(tokens[label][row] == tokens["transformers"][row] for label in runs) for row in range(batch))
+        line = (f"{name:9s} {batch:5d}  {1 / best['helios'].wall:12.1f}  {1 / theirs.wall:18.1f}"
+                f"  {theirs.wall / best['helios'].wall:5.2f}  {theirs.cpu / best['helios'].cpu:9.2f}")
+        if compiled is not None:
+            ours = best["compiled"]
+            line += f"  {1 / ours.wall:14.1f}  {theirs.wall / ours.wall:14.2f}  {theirs.cpu / ours.cpu:18.2f}"
+        print(f"{line}  {same:3d}/{batch}  {TARGETS.get(batch, '-'):>6s}", flush=True)
 
 
 def checkpoints(args, scratch: Path) -> list[tuple[str, Path]]:
@@ -124,6 +151,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each, interleaved; best reported")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="both run in it")
+    parser.add_argument("--compile-programs", action="store_true",
+                        help="also run an engine whose CPU programs Inductor compiled at load")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -132,7 +161,8 @@ def main() -> None:
         chosen = checkpoints(args, Path(scratch))
         print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} thread(s), "
               f"{args.dtype}, {args.tokens} tokens per request, greedy, best of {args.repeats}")
-        print("model     batch  helios tok/s  transformers tok/s  ratio  cpu ratio  same  target")
+        extra = "  compiled tok/s  compiled ratio  compiled cpu ratio" if args.compile_programs else ""
+        print(f"model     batch  helios tok/s  transformers tok/s  ratio  cpu ratio{extra}  same  target")
         for name, checkpoint in chosen:
             compare(name, checkpoint, Path(scratch), args, batches)
 

@@ -48,10 +48,12 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     """Loads `core` (already verified and authorized) and builds an engine that is not started."""
     ranked = core.prepared.manifest.ranks > 1
     # A tensor-parallel core's peers load their shards while rank zero loads its own; its programs
-    # are captured into CUDA graphs once the group is formed (their collectives need every rank).
+    # are captured into CUDA graphs once the group is formed (their collectives need every rank);
+    # on the CPU they run the eager fast graphs (their collectives are bound after load, so nothing compiled).
     pending = launch_peers(core, options.ranks, options.host_pages, options.load) if ranked else None
     try:
-        model = load_model(core, replace(options.load, cuda_graphs=False) if ranked else options.load)
+        ranked_load = replace(options.load, cuda_graphs=False, compile_programs=False)
+        model = load_model(core, ranked_load if ranked else options.load)
     except BaseException as error:
         if pending is not None:
             pending.abandon(f"{type(error).__name__}: {error}")

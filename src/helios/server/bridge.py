@@ -33,7 +33,7 @@ caught in `on_event`, anything else the output worker reports through `on_failur
 from __future__ import annotations
 
 import asyncio
-import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -60,33 +60,36 @@ Delivery = Callable[[list, bool], None]
 
 
 class LoopOutbox:
-    """Deliveries from the model worker to one event loop, batched: the worker appends under a lock
-    and wakes the loop only when no drain is pending, so a round of many requests costs one wakeup.
-    Deliveries run on the loop in the order they were posted."""
+    """Deliveries from the output side to one event loop, batched: a poster appends to a deque
+    (atomic, no lock: a lock the loop's drain also takes made posters wait for the loop) and wakes
+    the loop only when no drain is pending, so a round of many requests costs one wakeup.
+    Deliveries run on the loop in the order they were posted.
+
+    Why no delivery is stranded: a poster appends before it reads `_is_scheduled`, and a drain
+    clears `_is_scheduled` before it empties the deque; so an item appended after a drain's last
+    pop finds the flag clear and schedules the next drain (at worst a drain finds nothing)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self._lock = threading.Lock()
-        self._pending: list[tuple[Delivery, list, bool]] = []
+        self._pending: deque[tuple[Delivery, list, bool]] = deque()
         self._is_scheduled = False
 
     def post(self, deliver: Delivery, items: list, is_terminal: bool) -> None:
         """Any thread; never blocks on the loop."""
-        with self._lock:
-            self._pending.append((deliver, items, is_terminal))
-            if self._is_scheduled:
-                return
-            self._is_scheduled = True
+        self._pending.append((deliver, items, is_terminal))
+        if self._is_scheduled:
+            return
+        self._is_scheduled = True
         try:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the event loop is closed: nobody is left to read these responses
             pass
 
     def _drain(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-            self._is_scheduled = False
-        for deliver, items, is_terminal in pending:
+        self._is_scheduled = False
+        pending = self._pending
+        while pending:
+            deliver, items, is_terminal = pending.popleft()
             deliver(items, is_terminal)
 
 

@@ -19,18 +19,25 @@ cancels the request in the engine; the permit is released once the engine confir
   log-probabilities concatenated in order, `helios.frontend.responses.step_run`) instead of one
   per token. The stream ends with the presenter's terminal chunks and
   ``[DONE]``, or with exactly one ``event: error`` (its ``type`` tells admission rejection from
-  execution failure) and no ``[DONE]``.
+  execution failure) and no ``[DONE]``; the last chunk and the end of the body are one write.
+  `SSEResponse` is a plain ASGI response (no async generator, no task group): its task awaits the
+  bridge, presents and writes. The start and the last message pass through the application's
+  middlewares; the per-step writes in between go to the server's own send when the server put it
+  in the scope (`TRANSPORT_SEND`, see `with_transport_send`): the middlewares here only look at
+  the start (status, counters), and each layer they add costs a coroutine per write. A client
+  that disconnects ends the response at once (a watcher task on `receive`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.responses.output import OutputFinal
@@ -40,6 +47,7 @@ from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, Item, ResponseBridge
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+TRANSPORT_SEND = "helios.transport_send"  # scope key: the server's send, below the app's middlewares
 DEFAULT_SEND_TIMEOUT_S = 60.0
 logger = logging.getLogger("uvicorn.error")  # uvicorn configures and formats this one
 
@@ -59,17 +67,23 @@ class SendDeadline:
         self._timeout_s = timeout_s
         self._loop = asyncio.get_running_loop()
         self._started: float | None = None  # loop time the send in progress started
-        self._task: asyncio.Task | None = None  # the task of the send in progress
+        self._task: asyncio.Task | None = None  # the task its sends run in (one response's)
         self._timer: asyncio.TimerHandle | None = None
         self._has_expired = False
 
     async def __call__(self, message) -> None:
-        self._task = asyncio.current_task()
+        await self.send_via(self._send, message)
+
+    async def send_via(self, send: Send, message) -> None:
+        """`send(message)` under this deadline (another send of the same connection). Every send
+        of one deadline runs in one task (the response's), looked up once."""
+        if self._task is None:
+            self._task = asyncio.current_task()
         self._started = started = self._loop.time()
         if self._timer is None:
             self._timer = self._loop.call_at(started + self._timeout_s, self._check)
         try:
-            await self._send(message)
+            await send(message)
         except asyncio.CancelledError:
             if self._has_expired and self._task is not None:
                 self._task.uncancel()
@@ -140,17 +154,6 @@ class LeasedJSONResponse(JSONResponse):
         await send_leased(super().__call__, self._lease, scope, receive, send)
 
 
-class LeasedStreamingResponse(StreamingResponse):
-    """An SSE response that closes its bridge once it is over (completed or disconnected)."""
-
-    def __init__(self, content, lease: Lease):
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._lease = lease
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_leased(super().__call__, self._lease, scope, receive, send)
-
-
 async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -178,18 +181,79 @@ async def json_response(lease: Lease, prepared: PreparedRequest, receive: Receiv
 
 
 def stream_response(lease: Lease, presenter: StreamPresenter) -> Response:
-    return LeasedStreamingResponse(_sse_chunks(lease.bridge, presenter), lease)
+    return SSEResponse(lease, presenter)
 
 
-async def _sse_chunks(bridge: ResponseBridge, presenter: StreamPresenter):
-    start = presenter.sse_start()
-    if start:
-        yield start
-    is_done = False
-    while not is_done:
-        items = await bridge.next_items()
-        chunk, is_done = present(presenter, items)
-        yield chunk
+def with_transport_send(app: ASGIApp) -> ASGIApp:
+    """`app` with the server's own send in each HTTP scope (`TRANSPORT_SEND`), for `SSEResponse`'s
+    per-step writes. Only for an application whose middlewares leave body messages unchanged."""
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[TRANSPORT_SEND] = send
+        await app(scope, receive, send)
+
+    return asgi
+
+
+class SSEResponse(Response):
+    """A streamed response (see the module docstring); closes its bridge once it is over."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, lease: Lease, presenter: StreamPresenter):
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(_SSE_RAW_HEADERS)
+        self._lease = lease
+        self._presenter = presenter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        is_streaming = True
+
+        def on_disconnect(watcher: asyncio.Future) -> None:
+            if is_streaming and not watcher.cancelled():
+                task.cancel()
+
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher.add_done_callback(on_disconnect)
+        try:
+            await send_leased(self._stream, self._lease, scope, receive, send)
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise
+            task.uncancel()  # the client is gone: the response ends quietly
+        finally:
+            is_streaming = False
+            if watcher.done() and not watcher.cancelled():
+                watcher.exception()  # a receive that failed ended the stream like a disconnect
+            watcher.cancel()
+
+    async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
+        """`send`: the middleware chain's, timed (`SendDeadline`) unless the lease has no timeout."""
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        transport = scope.get(TRANSPORT_SEND)
+        if transport is None:
+            write = send
+        elif isinstance(send, SendDeadline):
+            write = functools.partial(send.send_via, transport)
+        else:
+            write = transport
+        presenter, bridge = self._presenter, self._lease.bridge
+        start = presenter.sse_start()
+        if start:
+            await write({"type": "http.response.body", "body": start, "more_body": True})
+        while True:
+            chunk, is_done = present(presenter, await bridge.next_items())
+            if is_done:
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                return
+            await write({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+_SSE_RAW_HEADERS = (*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()),
+                    (b"content-type", b"text/event-stream; charset=utf-8"))  # no length: the body is chunked
 
 
 def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:

@@ -35,7 +35,7 @@ from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
-from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
+from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, with_transport_send
 from helios.server.service import ServedModel
 
 DRAIN_SECONDS = 5
@@ -124,7 +124,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
         image_limits=options.image_limits,
     )
     config = uvicorn.Config(
-        create_app(served, options.max_body_nbytes, options.api_key), loop="auto", lifespan="on",
+        with_transport_send(create_app(served, options.max_body_nbytes, options.api_key)), loop="auto", lifespan="on",
         log_level=options.log_level, access_log=False,
         timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
     )

@@ -69,6 +69,17 @@ class CpuProgram:
         graph = fast_graph(self.module.graph)
         self.fast = None if graph is None else torch.fx.GraphModule(self.module, graph)
         self._checked: tuple[Sequence[torch.Tensor], tuple, tuple] | None = None  # weights, their tensors, inputs
+        self._runner: torch.fx.GraphModule | None = None  # what calls with the checked tensors run
+        self.compiled: torch.fx.GraphModule | None = None  # `use_compiled`
+        self._compiled_for: tuple | None = None  # the tensors' layouts `compiled` takes
+
+    def use_compiled(self, module: torch.fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
+        """Makes `module` (the fast graph compiled at load for `tensors`, the weights then the
+        inputs: `helios.runtime.loading.program_compile`) what later calls with tensors of the same
+        memory, shapes, strides and dtypes run (views of the same buffers, as the runtime passes);
+        calls with other tensors run the fast graph."""
+        self.compiled, self._compiled_for = module, _layout(tensors)
+        self._checked = self._runner = None
 
     def __call__(self, weights: Sequence[torch.Tensor], *inputs: torch.Tensor) -> Any:
         if len(weights) != self.num_weights:
@@ -76,11 +87,17 @@ class CpuProgram:
         checked = self._checked
         if (checked is not None and checked[0] is weights and all(map(is_, weights, checked[1]))
                 and len(inputs) == len(checked[2]) and all(map(is_, inputs, checked[2]))):
-            return self.fast.forward(*weights, *inputs)  # no module-call machinery: no hooks are set
+            return self._runner.forward(*weights, *inputs)  # no module-call machinery: no hooks are set
         outputs = self._forward(*weights, *inputs)
         if self.fast is not None:
             self._checked = (weights, tuple(weights), inputs)
+            compiled = self.compiled is not None and _layout((*weights, *inputs)) == self._compiled_for
+            self._runner = self.compiled if compiled else self.fast
         return outputs
+
+
+def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
 
 
 def cpu_program(module: torch.fx.GraphModule) -> CpuProgram | torch.fx.GraphModule:

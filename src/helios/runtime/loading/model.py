@@ -17,7 +17,10 @@ nothing here runs on untrusted bytes. `load_model` then
    now and replace preparation's working-set counts;
 5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.loading.tuning`;
    loaded like serving programs in step 2), once, before any CUDA graph is captured and before the
-   model is returned; a missing or failing producer fails startup with `TuningProducerError`.
+   model is returned; a missing or failing producer fails startup with `TuningProducerError`;
+6. on the CPU with `LoadOptions.compile_programs`, compiles every CPU program's pure tensor runs
+   with Inductor for the buffers just allocated (`helios.runtime.loading.program_compile`), so
+   serving compiles nothing; a failure fails startup with `ProgramCompileError`.
 
 The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
 
@@ -50,6 +53,7 @@ from helios.runtime.loading.auxiliary import initialization_handles, state_copy_
 from helios.runtime.loading.cuda_graphs import capture_programs
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
+from helios.runtime.loading.program_compile import compile_programs
 from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, PickledProgramError: this module's API)
     DeclaredOps, LoadedProgram, MissingVariantError, PickledProgramError, load_program,
 )
@@ -94,6 +98,10 @@ class LoadOptions:
     # Vision-language cores: images whose encoded features stay on the device for reuse (None: 16,
     # fewer when 16 of the largest image's would pass 1 GiB).
     image_cache_images: int | None = None
+    # On the CPU: compile every program's pure tensor runs with Inductor before the engine is ready
+    # (`helios.runtime.loading.program_compile`; needs a C++ compiler, else `ProgramCompileError`).
+    compile_programs: bool = False
+    progress: Callable[[str], None] | None = None  # load-time progress lines (compilation), e.g. to stderr
 
 
 @dataclass(frozen=True)
@@ -191,6 +199,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         if state_copies:
             state_copies = capture_programs(state_copies, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
+    if device.type == "cpu" and options.compile_programs:  # before ready: serving compiles nothing
+        compile_programs(programs + initializers + state_copies + vision,
+                         lambda p: program_arguments(p, weights, buffers), options.progress)
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,

@@ -1,0 +1,105 @@
+"""`SSEResponse`: the start and the last message go through the application's middlewares, the
+per-step writes in between to the server's own send (`TRANSPORT_SEND`) when the scope has it, and
+the client accumulates the same stream either way (equal to the JSON response of the same greedy
+request); the last chunk and the end of the body are one message; a client that disconnects ends
+the response quietly, cancels its request and releases its permit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from helios.server.app import create_app
+from helios.server.responses import TRANSPORT_SEND
+from support.server_core import SERVED_ID, served_tiny_core
+from test_slow_reader import accumulated, eventually, post  # tests/server is on sys.path (no package)
+
+WAIT_S = 60.0
+MAX_TOKENS = 8
+PAYLOAD = {"model": SERVED_ID, "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True,
+           "prompt": [5, 9, 14, 3, 22], "logprobs": 1}
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with asyncio.Runner() as runner:
+        yield runner
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return create_app(served)
+
+
+def scope_of(body: bytes) -> dict:
+    path = "/v1/completions"
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+            "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+
+
+async def stream(app, *, with_transport: bool, disconnect_after: int | None = None):
+    """Streams PAYLOAD through `app`: every message in order, each tagged with the send it went
+    to ("chain": the middlewares' send, "transport": the scope's `TRANSPORT_SEND`)."""
+    body = json.dumps({**PAYLOAD, "stream": True}).encode()
+    scope = scope_of(body)
+    messages: list[tuple[str, dict]] = []
+    requested, gone = asyncio.Event(), asyncio.Event()
+
+    async def receive():
+        if not requested.is_set():
+            requested.set()
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    def recording(tag: str):
+        async def send(message):
+            messages.append((tag, message))
+            bodies = [m for _, m in messages if m["type"] == "http.response.body"]
+            if disconnect_after is not None and len(bodies) == disconnect_after:
+                gone.set()
+        return send
+
+    if with_transport:
+        scope[TRANSPORT_SEND] = recording("transport")
+    await asyncio.wait_for(app(scope, receive, recording("chain")), WAIT_S)
+    return messages
+
+
+def chunks_of(messages) -> list[dict]:
+    text = b"".join(m.get("body", b"") for _, m in messages if m["type"] == "http.response.body").decode()
+    return [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("with_transport", [True, False])
+def test_steps_go_below_the_middlewares_and_the_stream_is_unchanged(runner, app, with_transport):
+    reference = runner.run(post(app, "/v1/completions", PAYLOAD))["choices"][0]
+    messages = runner.run(stream(app, with_transport=with_transport))
+    start, *steps, last = messages
+    assert start[0] == "chain" and start[1]["type"] == "http.response.start" and start[1]["status"] == 200
+    assert sorted(start[1]["headers"]) == [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8"),
+                                           (b"x-accel-buffering", b"no")]  # no length: the body is chunked
+    assert last[0] == "chain" and last[1]["more_body"] is False and last[1]["body"].endswith(b"data: [DONE]\n\n")
+    assert steps and all(tag == ("transport" if with_transport else "chain") and m["more_body"] for tag, m in steps)
+    state = accumulated(chunks_of(messages), is_chat=False)
+    assert state["text"] == reference["text"] and state["finish"] == ["length"]
+    assert state["token_ids"] == reference["token_ids"] and len(state["token_ids"]) == MAX_TOKENS
+    assert state["logprobs"] == {k: v for k, v in reference["logprobs"].items() if v is not None}
+
+
+def test_a_client_that_disconnects_ends_the_response_and_frees_its_request(runner, app, served):
+    messages = runner.run(stream(app, with_transport=True, disconnect_after=1))
+    assert not any(m.get("more_body") is False for _, m in messages)  # no end: the client is gone
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    assert served.engine.scheduler.counters().num_running == 0
