@@ -52,9 +52,14 @@ from attention_kernels import check_against_reference, median_seconds  # noqa: E
 # 38 KB -> 5; 32x2x3 150, 38 KB -> 6; 16x2x3 96, 21 KB -> 10; 128x8x2 94, 74 KB -> 2; prefetch 2 (keys and
 # values in registers, no cp.async pipeline) 64x4x2 193 regs -> 2; wide (xw, all 8 key/value heads a
 # program, 32 query rows) 8x4x3 157, 76 KB -> 3; 8x4x2 213, 44 KB -> 2; 16x8x2 167, 80 KB -> 1.
-TILES_ONE = "32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc,16x8x2x32x1xw"  # batch 1
-TILES_MANY = ("64x4x2x128x0,64x4x2x128x1,64x4x2x128x2,32x2x3x64x1,16x2x3x64x1,128x8x2x128x1,64x4x2x64x1xc,"
-              "8x4x3x64x1xw,8x4x2x64x1xw")
+# kN: N key/value heads a program (a tile's dot is block_n * N columns wide; k4 at group 4 fills the 16
+# rows one key/value head pads): fewer, larger programs and 512 B-1 KB contiguous loads per position.
+# s: the guessed row's first page entries loaded before the row is known (one dependent load fewer).
+TILES_ONE = ("32x4x2x32x1,64x4x2x64x1,128x8x2x128x1,16x2x3x32x1,32x4x2x32x1xc,128x8x2x128x1xs,32x4x2x32x1xk2,"
+             "16x4x2x32x1xk4")  # batch 1
+TILES_MANY = ("64x4x2x128x1,32x2x3x64x1,16x2x3x64x1,64x4x2x128x1xs,"
+              "32x4x2x128x1xk2,32x2x3x128x1xk2,64x8x2x128x1xk2,16x4x2x128x1xk2,32x4x2x128x1xk2xs,"
+              "16x4x2x128x1xk4,16x2x3x128x1xk4,32x8x2x128x1xk4,32x4x2x128x1xk4,8x4x3x128x1xk4,16x4x2x128x1xk4xs")
 SPLITS_ONE, SPLITS_MANY = "4,8,16", "1,2,4"  # split counts swept at batch 1 / at larger batches
 # block_pairs x block_n x num_warps x num_stages
 PREFILL_TILES = "64x64x4x2,128x64x4x2,128x64x8x2,128x64x8x3,128x128x8x2,256x64x8x3,64x128x4x3"
@@ -84,13 +89,15 @@ def parse_args(argv):
 
 def sweep_plan(batch: int, args, decode) -> list[tuple]:
     """(tile, split count) pairs to time at `batch`: every tile at every count, one-split pairs once per
-    (block_n, warps, stages, prefetch, wide) (one split has no combine and no minimum run)."""
+    (block_n, warps, stages, prefetch, wide, kv_heads, speculate) (one split has no combine and no minimum
+    run)."""
     tiles = args.tiles or (TILES_ONE if batch == 1 else TILES_MANY)
     counts = [int(c) for c in (args.splits or (SPLITS_ONE if batch == 1 else SPLITS_MANY)).split(",")]
     plan, seen = [], set()
     for tile in (decode.DecodeTile.parse(text) for text in tiles.split(",")):
         for count in counts:
-            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide)
+            one = (tile.block_n, tile.num_warps, tile.num_stages, tile.prefetch, tile.wide, tile.kv_heads,
+                   tile.speculate)
             key = one if count == 1 else (tile, count)
             if key not in seen:
                 seen.add(key)
@@ -242,8 +249,10 @@ def run_case(case: Case, config: Config, modules, args, copy_rate: float, device
     rows = [report(f"old ({old_splits} splits, tile {old_tile.block_n}x{old_tile.num_warps}x{old_tile.num_stages})",
                    old, case, copy_rate, args.peak, None)]
     tile = decode.decode_tile(case.batch, config.head_dim)
+    zero_filled = time_variant(lambda: _zero_filled(decode, case, splits), expected, device, budget)
     new = time_variant(lambda: decode.paged_attention_decode_tuned(*case.args(), splits), expected, device, budget)
     bound = decode.tuned_split_bound(case.batch, config.num_kv_heads, max_context)
+    rows.append(report(f"zero fill + new (as before, {tile.label})", zero_filled, case, copy_rate, args.peak, old))
     rows.append(report(f"new ({new_splits} splits of {bound}, tile {tile.label})", new, case, copy_rate, args.peak,
                        old))
     swept = sweep(case, decode, sweep_plan(case.batch, args, decode), expected, device, budget)
@@ -255,8 +264,15 @@ def run_case(case: Case, config: Config, modules, args, copy_rate: float, device
         for row in flashinfer_rows(case, config, expected, device):
             rows.append(report(f"flashinfer (tensor cores {row['tensor_cores']})", row["seconds"], case, copy_rate,
                                args.peak, old))
-    return {"batch": case.batch, "context": case.context, "old_us": old * 1e6, "new_us": new * 1e6, "rows": rows,
-            "best": best, "sweep": swept}
+    return {"batch": case.batch, "context": case.context, "old_us": old * 1e6, "new_us": new * 1e6,
+            "zero_filled_us": zero_filled * 1e6, "rows": rows, "best": best, "sweep": swept}
+
+
+def _zero_filled(decode, case: Case, splits: torch.Tensor) -> torch.Tensor:
+    """The served launch after a zero fill of an output-sized tensor: the decode output's cost before
+    the kernel wrote padding tokens' zeros itself (a fill launch per layer)."""
+    torch.zeros_like(case.step.q)
+    return decode.paged_attention_decode_tuned(*case.args(), splits)
 
 
 def main(argv=None) -> int:
@@ -278,7 +294,7 @@ def main(argv=None) -> int:
     config, device = (SMOKE, torch.device("cpu")) if args.smoke else (FULL, torch.device("cuda"))
     if args.smoke:
         args.capacity = 64
-        args.tiles = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc,8x4x2x16x1xw"
+        args.tiles = args.tiles or "16x4x2x16x1,16x4x2x16x2,16x4x2x16x0xc,8x4x2x16x1xw,8x4x2x16x1xk2xs"
         args.splits = args.splits or "1,3"
     batches = [int(b) for b in (args.batches or ",".join(map(str, config.batches))).split(",")]
     contexts = [int(c) for c in (args.contexts or ("16,48" if args.smoke else "128,256,1024")).split(",")]
@@ -294,8 +310,12 @@ def main(argv=None) -> int:
     cases = [Case(config, caches, b, c, args.capacity, device) for b in batches for c in contexts]
     results = [run_case(case, config, (previous, decode), args, copy_rate, device) for case in cases]
     summarize(results)
-    for batch, label in suggest(results, config, decode, device).items():
-        served_with(label, [c for c in cases if c.batch == batch], results, decode, args, device)
+    for batch, (label, count) in suggest(results, config, decode, device).items():
+        batch_cases = [c for c in cases if c.batch == batch]
+        served_with(label, batch_cases, results, decode, args, device)
+        capacity = batch_cases[0].step.page_table.shape[1] * config.page_tokens
+        if count != decode.decode_splits(batch, config.num_kv_heads, capacity, device):  # the rule asks another
+            served_with(f"{label}xn{count}", batch_cases, results, decode, args, device)  # the count, fixed
     prefill = prefill_sweep(config, caches, old_module, kernels, args, device) if args.prefill else []
     if args.json:
         args.json.write_text(json.dumps({"copy_gb_s": copy_rate / 1e9, "cases": results, "prefill": prefill}, indent=1))
@@ -336,19 +356,22 @@ def prefill_sweep(config: Config, caches, old_module, kernels, args, device) -> 
 
 def summarize(results: list[dict]) -> None:
     """One line per case: old, new and the sweep's best (microseconds) and their ratios."""
-    print("summary (us): batch context   old    new  best  new/old best/old  best (tile, splits)", flush=True)
+    print("summary (us): batch context   old  fill+new   new  best  new/old best/old best/fill+new  best (tile, splits)",
+          flush=True)
     for r in results:
         best = r["best"]
         best_us = best["seconds"] * 1e6 if best else float("nan")
         where = f"{best['tile']}, {best['splits']}" if best else "-"
-        print(f"  {r['batch']:>5} {r['context']:>7} {r['old_us']:6.1f} {r['new_us']:6.1f} {best_us:6.1f} "
-              f"{r['old_us'] / r['new_us']:6.2f}x {r['old_us'] / best_us:6.2f}x   {where}", flush=True)
+        print(f"  {r['batch']:>5} {r['context']:>7} {r['old_us']:6.1f} {r['zero_filled_us']:8.1f} {r['new_us']:6.1f} "
+              f"{best_us:6.1f} {r['old_us'] / r['new_us']:6.2f}x {r['old_us'] / best_us:6.2f}x "
+              f"{r['zero_filled_us'] / best_us:9.2f}x   {where}", flush=True)
 
 
-def suggest(results: list[dict], config: Config, decode, device) -> dict[int, str]:
+def suggest(results: list[dict], config: Config, decode, device) -> dict[int, tuple[str, int]]:
     """Per batch: the (tile, split count) whose summed time over the contexts is least, as a
     DECODE_TILES entry, and the DECODE_PROGRAMS_PER_MULTIPROCESSOR whose split rule asks that count.
-    Returns the chosen tile label by batch."""
+    Returns the chosen (tile label, split count) by batch (a count the rule does not ask is adopted as
+    the tile's fixed count: ``xnN``, `DecodeTile.splits`)."""
     chosen: dict[int, str] = {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     for batch in sorted({r["batch"] for r in results}):
@@ -368,7 +391,7 @@ def suggest(results: list[dict], config: Config, decode, device) -> dict[int, st
         print(f"suggested DECODE_TILES[({config.head_dim}, {batch})] = DecodeTile.parse({label!r}) with {count} splits "
               f"(summed over contexts {total * 1e6:.1f} us; DECODE_PROGRAMS_PER_MULTIPROCESSOR >= {rule} asks "
               f"{count} at {sms} multiprocessors)", flush=True)
-        chosen[batch] = label
+        chosen[batch] = (label, count)
     return chosen
 
 
@@ -385,7 +408,7 @@ def served_with(label: str, cases: list[Case], results: list[dict], decode, args
                                device, (args.warmup, args.rep))
         print(f"  served with {label}: b={case.batch} ctx={case.context} {seconds * 1e6:7.1f} us "
               f"({result['old_us'] / (seconds * 1e6):.2f}x old, {result['new_us'] / (seconds * 1e6):.2f}x new; "
-              f"{count} splits asked)", flush=True)
+              f"{f'{tile.splits} splits, fixed' if tile.splits else f'{count} splits asked'})", flush=True)
 
 
 if __name__ == "__main__":

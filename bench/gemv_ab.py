@@ -1,13 +1,15 @@
-"""Is a Triton GEMV worth an ABI op? cuBLAS (`F.linear`) against a split-row Triton GEMV at the 8B
-decoder's projection shapes, one to a few rows, in one CUDA graph per side (bench only: programs do
-not call this kernel).
+"""Triton GEMV (`helios.abi.triton_gemv`, what capture binds one-row projections to where
+`helios.abi.gemv_tiles.GEMV_TILES` names a tile) against cuBLAS (`F.linear`) at the 8B decoder's
+projection shapes, one row, each side in one CUDA graph per shape.
 
-At batch 1 a decode step is its matrix-vector products: the anchor and Helios both run cuBLAS, so
-beating the anchor by 15% there needs GEMVs closer to the copy bandwidth than cuBLAS gets. This
-prints, per shape, both sides' ms and GB/s (weight bytes over time) and their sum over one decode
-step (32 layers), so the next step can be decided on numbers.
+At batch 1 a decode step is its matrix-vector products. Each graph calls the shape `--copies`
+times on that many distinct weights (as a decode step reads each layer's weights once: no L2 reuse
+between calls). Prints, per shape, cuBLAS and every swept tile (ms, GB/s of weight bytes), the best
+tile, their sums over one decode step (32 layers), and the table entries to adopt (the shapes where
+the best tile beats cuBLAS by more than 2%).
 
-    python bench/gemv_ab.py [--rows 1]      (bench/anchor_compare.py runs it at one row)
+    python bench/gemv_ab.py [--rows 1] [--tiles 8x512x4,16x512x4] [--copies 6]
+    (bench/anchor_compare.py runs it with the table's tiles at one row)
 """
 
 from __future__ import annotations
@@ -18,63 +20,71 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lever_ab import graph_ms  # noqa: E402
 
+from helios.abi.gemv_tiles import GEMV_TILES, GemvTile  # noqa: E402
+from helios.abi.triton_gemv import gemv  # noqa: E402
+
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
+DEVICE = "cuda"  # (a CPU check of the script sets "cpu" under the Triton interpreter)
+TILES = "8x512x4,4x512x4,16x512x4,8x1024x4,16x256x4,8x512x8,32x256x8,16x1024x8"
 
 
-@triton.jit
-def _gemv_kernel(x, w, out, num_out, depth, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[r, n] = sum_k x[r, k] * w[n, k] for BLOCK_N outputs of every row r < ROWS (float32 sums)."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = cols < num_out
-    for row in tl.static_range(ROWS):
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for start in range(0, depth, BLOCK_K):
-            ks = start + tl.arange(0, BLOCK_K)
-            tile = tl.load(w + cols[:, None].to(tl.int64) * depth + ks[None, :], mask=inside[:, None], other=0.0)
-            vector = tl.load(x + row * depth + ks)
-            acc += tl.sum(tile.to(tl.float32) * vector.to(tl.float32)[None, :], axis=1)
-        tl.store(out + row * num_out + cols, acc.to(out.dtype.element_ty), mask=inside)
+def triton_gemv(x: torch.Tensor, w: torch.Tensor, tile: GemvTile | None = None) -> torch.Tensor:
+    return gemv(x, w, tile=tile)
 
 
-def triton_gemv(x: torch.Tensor, w: torch.Tensor, block_n: int = 8, block_k: int = 512) -> torch.Tensor:
-    """x [R, K] @ w[N, K].T for a few rows R (K a multiple of block_k)."""
-    rows, depth = x.shape
-    out = torch.empty((rows, w.shape[0]), dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(w.shape[0], block_n),)](x, w, out, w.shape[0], depth, ROWS=rows, BLOCK_N=block_n,
-                                                      BLOCK_K=block_k, num_warps=4)
-    return out
-
-
-def gemv_ab(rows_list, layers: int, log) -> list[dict]:
+def gemv_ab(rows_list, layers: int, log, tiles: list[GemvTile] | None = None, copies: int = 6) -> list[dict]:
+    """Per row count and shape: cuBLAS and each tile (default: the table's tiles and the default)."""
+    tiles = tiles or sorted(set(GEMV_TILES.values()) | {GemvTile()}, key=lambda t: t.label)
     results = []
     for rows in rows_list:
-        step = {"cublas": 0.0, "triton": 0.0}
+        step = {"cublas": 0.0, "best": 0.0}
         for name, (num_out, depth) in SHAPES.items():
-            w = torch.randn(num_out, depth, device="cuda", dtype=torch.bfloat16) * 0.02
-            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
-            torch.testing.assert_close(triton_gemv(x, w), F.linear(x, w), rtol=2e-2, atol=2e-2)
-            theirs, ours = graph_ms(lambda: F.linear(x, w), 8), graph_ms(lambda: triton_gemv(x, w), 8)
-            gbs = lambda ms: 8 * w.numel() * 2 / ms / 1e6  # noqa: E731  (8 calls per graph)
-            results.append({"rows": rows, "shape": name, "cublas_ms": theirs / 8, "triton_ms": ours / 8,
-                            "cublas_gbs": gbs(theirs), "triton_gbs": gbs(ours)})
-            step["cublas"] += layers * theirs / 8
-            step["triton"] += layers * ours / 8
-            log(f"GEMV R={rows} {name} {num_out}x{depth}: cuBLAS {theirs / 8:.4f} ms ({gbs(theirs):.0f} GB/s), "
-                f"Triton {ours / 8:.4f} ms ({gbs(ours):.0f} GB/s)")
-        log(f"GEMV R={rows}, {layers} layers: cuBLAS {step['cublas']:.3f} ms, Triton {step['triton']:.3f} ms per step")
+            row = _shape_row(rows, name, num_out, depth, tiles, copies, log)
+            results.append(row)
+            step["cublas"] += layers * row["cublas_ms"]
+            step["best"] += layers * min(row["cublas_ms"], row["best_ms"])
+            if row["best_ms"] < 0.98 * row["cublas_ms"]:
+                log(f"adopt GEMV_TILES[({num_out}, {depth})] = GemvTile.parse({row['best_tile']!r})  # {name}, "
+                    f"{row['cublas_ms'] / row['best_ms']:.2f}x cuBLAS at {rows} row(s)")
+        log(f"GEMV R={rows}, {layers} layers: cuBLAS {step['cublas']:.3f} ms, best of each {step['best']:.3f} ms "
+            "per step")
     return results
+
+
+def _shape_row(rows: int, name: str, num_out: int, depth: int, tiles, copies: int, log) -> dict:
+    weights = [torch.randn(num_out, depth, device=DEVICE, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(rows, depth, device=DEVICE, dtype=torch.bfloat16)
+    gbs = lambda ms: copies * weights[0].numel() * 2 / ms / 1e6  # noqa: E731
+    theirs = graph_ms(lambda: [F.linear(x, w) for w in weights]) / copies
+    row = {"rows": rows, "shape": name, "cublas_ms": theirs, "cublas_gbs": gbs(theirs * copies), "tiles": {}}
+    for tile in tiles:
+        try:
+            torch.testing.assert_close(gemv(x, weights[0], tile=tile), F.linear(x, weights[0]), rtol=2e-2, atol=2e-2)
+            ours = graph_ms(lambda tile=tile: [gemv(x, w, tile=tile) for w in weights]) / copies
+        except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
+            log(f"GEMV R={rows} {name} tile {tile.label}: {type(error).__name__}: {str(error)[:100]}")
+            continue
+        row["tiles"][tile.label] = ours
+    best = min(row["tiles"].items(), key=lambda item: item[1], default=("-", float("inf")))
+    row.update(best_tile=best[0], best_ms=best[1], triton_ms=best[1], triton_gbs=gbs(best[1] * copies))
+    swept = ", ".join(f"{label} {ms:.4f}" for label, ms in sorted(row["tiles"].items(), key=lambda item: item[1]))
+    log(f"GEMV R={rows} {name} {num_out}x{depth}: cuBLAS {theirs:.4f} ms ({gbs(theirs * copies):.0f} GB/s), "
+        f"best Triton {best[0]} {best[1]:.4f} ms ({row['triton_gbs']:.0f} GB/s); tiles: {swept}")
+    del weights
+    return row
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1", help="rows (the kernel re-reads the weights per row: keep it small)")
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--tiles", default=TILES, help="block_n x block_k x warps, comma-separated")
+    parser.add_argument("--copies", type=int, default=6, help="distinct weights per graph (no L2 reuse)")
     arguments = parser.parse_args()
-    gemv_ab([int(r) for r in arguments.rows.split(",")], arguments.layers, lambda line: print(line, flush=True))
+    gemv_ab([int(r) for r in arguments.rows.split(",")], arguments.layers, lambda line: print(line, flush=True),
+            [GemvTile.parse(t) for t in arguments.tiles.split(",")], arguments.copies)

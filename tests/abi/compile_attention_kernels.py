@@ -57,7 +57,7 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                                      (8, True, False), (8, True, True)):  # tuned: the count is read on the device
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
-                                MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1),
+                                MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned),
                            num_warps=4, num_stages=2)
     for tile in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps, split where they fuse
         heads = tile.heads_per_program(group)
@@ -73,12 +73,15 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
     compile_kernel(prefill._prefill_combine_kernel, attend,
                    dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
                         MIN_TILES=4), num_warps=4)
-    for block_n, warps, stages, prefetch, block_kv in ((32, 4, 3, 2, 1), (128, 8, 2, 0, 1), (128, 4, 4, 1, 1),
-                                                        (64, 4, 2, 2, 1), (8, 4, 3, 1, 8), (16, 8, 2, 2, 8)):  # swept
+    for block_n, warps, stages, prefetch, block_kv, speculate in (
+            (32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1, 1, False), (64, 4, 2, 2, 1, True),
+            (8, 4, 3, 1, 8, False), (16, 8, 2, 2, 8, False), (32, 4, 2, 1, 2, False), (64, 4, 2, 1, 2, True),
+            (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False)):  # swept
         compile_kernel(decode._decode_kernel, attend,
-                       dict(shape, BLOCK_H=16 if block_kv == 1 else 32, BLOCK_N=block_n, NUM_SPLITS=4, TUNED=True,
+                       dict(shape, BLOCK_H=max(16, triton.next_power_of_2(group * block_kv)), BLOCK_N=block_n,
+                            NUM_SPLITS=4, TUNED=True,
                             HAS_SINKS=False, MIN_TILES=max(1, 128 // block_n), FUSED=True, PREFETCH=prefetch,
-                            BLOCK_KV=block_kv),
+                            BLOCK_KV=block_kv, SPECULATE=speculate),
                        num_warps=warps, num_stages=stages)
     for tuned in (False, True):
         compile_kernel(decode._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,

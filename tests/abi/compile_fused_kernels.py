@@ -1,5 +1,5 @@
-"""Compile the fused decoder kernels and the greedy sampling kernels for a Hopper GPU (sm_90)
-without a GPU, through PTX and ptxas.
+"""Compile the fused decoder kernels, the greedy sampling kernels and the one-row matrix-vector
+kernel for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
 rejects). Shapes of Llama-3.1-8B in bfloat16 and a float32 case, with the specialisation a launch
@@ -13,7 +13,8 @@ from triton.compiler import ASTSource
 
 from compile_attention_kernels import TARGET  # sm_90
 
-from helios.abi import triton_fused, triton_sampling
+from helios.abi import triton_fused, triton_gemv, triton_sampling
+from helios.abi.gemv_tiles import GEMV_TILES
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options) -> None:
@@ -35,6 +36,8 @@ def compile_fused(dtype: str) -> None:
                        dict(x=pointer, delta=pointer, weight=pointer, summed=pointer, normed=pointer, eps="fp32"),
                        dict(HAS_DELTA=has_delta, BLOCK_D=4096), num_warps=16)
     compile_kernel(triton_fused._silu_mul_kernel, dict(gate_up=pointer, out=pointer), dict(BLOCK=1024), num_warps=4)
+    compile_kernel(triton_fused._silu_mul_columns_kernel, dict(gate_up=pointer, out=pointer),
+                   dict(BLOCK_R=triton_fused._COLUMNS_ROWS, BLOCK_C=triton_fused._COLUMNS_COLS), num_warps=8)
     compile_kernel(triton_fused._rotary_cache_write_kernel,
                    dict(q=pointer, k=pointer, v=pointer, cos=pointer, sin=pointer, k_cache=pointer, v_cache=pointer,
                         slot_mapping="*i64", q_out=pointer),
@@ -45,13 +48,25 @@ def compile_sampling() -> None:
     types = dict(logits="*fp32", penalties="*fp32", prompt_counts="*i32", output_counts="*i32",
                  grammar_mask="*i32", mask_rows="*i1", part_values="*fp64", part_ids="*i64", values_out="*fp64")
     for store in (False, True):
-        compile_kernel(triton_sampling._greedy_partial_kernel, types,
-                       dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store))
+        for plain in (False, True):
+            compile_kernel(triton_sampling._greedy_partial_kernel, types,
+                           dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store, PLAIN_F32=plain))
     compile_kernel(triton_sampling._greedy_combine_kernel, dict(part_values="*fp64", part_ids="*i64", tokens="*i64"),
                    dict(NUM_SPLITS=64))
 
 
+def compile_gemv() -> None:
+    """Every tile of the committed table (and the default), with and without a bias, one row."""
+    for tile in sorted(set(GEMV_TILES.values()) | {triton_gemv.GemvTile()}, key=lambda t: t.label):
+        for has_bias in (False, True):
+            compile_kernel(triton_gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16",
+                                                          out_ptr="*bf16"),
+                           dict(ROWS=1, HAS_BIAS=has_bias, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k),
+                           num_warps=tile.num_warps)
+
+
 if __name__ == "__main__":
+    compile_gemv()
     compile_fused("bf16")
     compile_fused("fp32")
     compile_sampling()

@@ -90,7 +90,7 @@ def test_tile_table_is_keyed_by_head_dim_and_batch_bucket(monkeypatch):
     assert decode.decode_tile(64, 128) == wide and decode.decode_tile(17, 128) == wide
     assert decode.decode_tile(16, 128) == decode.DEFAULT_TILE  # another bucket
     assert decode.decode_tile(64, 64) == decode.DEFAULT_TILE  # another head_dim
-    assert decode.decode_tile(1000, 128) == decode.DEFAULT_TILE  # past the last bucket: the 256 bucket
+    assert decode.decode_tile(1000, 128) == decode.decode_tile(256, 128)  # past the last bucket: the 256 bucket
 
 
 @pytest.mark.parametrize("min_split_tokens", [16, 32, 1000])

@@ -103,3 +103,31 @@ def test_the_kernel_pipeline_with_draws_gives_the_reference_tokens(rows, vocab, 
                  inputs["grammar_mask"], inputs["mask_rows"])
     assert torch.equal(sample_with_kernel(*arguments).cpu(), expected)
     assert torch.equal(sample_with_kernel(*arguments, draws=False).cpu(), reference_greedy(cpu))
+
+
+@pytest.mark.parametrize("splits", [None, 8])
+def test_neutral_rows_reduce_in_float32_with_the_float64_results(splits):
+    """Rows with neutral penalties take the float32 reduction: the same tokens and stored float64 values
+    as the float64 reduction (and the reference), with NaN, +inf, ties and masked rows among them;
+    penalised rows keep float64. Any split count gives them too."""
+    rows, vocab = 6, 5000
+    inputs = sample_inputs(rows, vocab, 8)
+    logits = inputs["logits"].clone()
+    logits[0, [10, 4000]] = float("inf")  # +inf is float32 max: a tie, the lowest id wins
+    logits[0, 20] = torch.finfo(torch.float32).max
+    logits[2, ::7] = float("nan")
+    logits[4, [1234, 4321]] = 9.0  # a tie across splits
+    penalties = inputs["penalties"].clone()
+    penalties[::2] = torch.tensor([1.0, 0.0, 0.0])  # rows 0, 2, 4 neutral; 1, 3, 5 as drawn
+    inputs.update(logits=logits, penalties=penalties)
+    names = ("logits", "penalties", "prompt_counts", "output_counts", "grammar_mask", "mask_rows")
+    arguments = [inputs[name].to(DEVICE) for name in names]
+    results = []
+    for plain in (True, False):
+        values = torch.empty(rows, vocab, dtype=torch.float64, device=DEVICE)
+        tokens = greedy_tokens(*arguments, values, plain_f32=plain, splits=splits)
+        results.append((tokens.cpu(), values.cpu()))
+    (plain_tokens, plain_values), (wide_tokens, wide_values) = results
+    assert torch.equal(plain_tokens, wide_tokens) and torch.equal(plain_tokens, reference_greedy(inputs))
+    assert torch.equal(plain_values, wide_values)
+    assert plain_tokens[0] == 10 and plain_tokens[4] == 1234

@@ -39,13 +39,12 @@ of device data, so the launches can be captured into a CUDA graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 import triton
 import triton.language as tl
 
 from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
+from helios.abi.decode_tiles import DECODE_TILES, DEFAULT_TILE, DecodeTile, decode_tile
 from helios.abi.triton_decode_walk import combine_if_last, token_row, walk
 from helios.abi.triton_paged import (
     LOG2E, block_d, dot_precision, multiprocessors, on_device, row_major, sinks_or, softmax_start, window_bound,
@@ -57,70 +56,6 @@ __all__ = [
 ]
 
 _MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned decode grid
-
-
-@dataclass(frozen=True)
-class DecodeTile:
-    """How one decode program walks its positions: `block_n` cached positions per iteration (a power
-    of two, at least 16), the Triton launch options, and the shortest run a split gets
-    (`min_split_tokens`, rounded up to whole tiles: a token's span is cut into fewer splits rather
-    than shorter ones), whether the runs of a split token are merged in the decode launch
-    (`fused_combine`) or by a combine launch after it, how far ahead a program loads (`prefetch`, see
-    `walk`), and whether one program serves one key/value head of a token or all of them (`wide`:
-    a tile of `block_n` positions holds every key/value head's keys, contiguous in a page, and the
-    query heads' rows mask the others' columns). A schedule only: every tile is exact."""
-
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-    min_split_tokens: int = MIN_SPLIT_TOKENS
-    fused_combine: bool = True
-    prefetch: int = 1
-    wide: bool = False
-
-    @classmethod
-    def parse(cls, text: str) -> "DecodeTile":
-        """``block_n x num_warps x num_stages [x min_split_tokens [x prefetch]] [x c] [x w]`` (``c``: a
-        combine launch, not fused; ``w``: wide), as the benchmark prints and takes tiles, e.g.
-        ``64x4x2x128x1xc`` or ``16x8x2x64x1xw``."""
-        fields = text.strip().lower().split("x")
-        flags = set()
-        while fields and fields[-1] in ("c", "w") and fields[-1] not in flags:
-            flags.add(fields.pop())
-        try:
-            numbers = [int(field) for field in fields]
-        except ValueError:
-            numbers = []
-        if not 3 <= len(numbers) <= 5 or (len(numbers) == 5 and numbers[4] not in (0, 1, 2)):
-            raise ValueError(f"decode tile {text!r}: want block_n x warps x stages [x min_split_tokens "
-                             "[x prefetch 0/1/2]] [x c] [x w]")
-        tile = cls(*numbers[:4], fused_combine="c" not in flags, wide="w" in flags)
-        return replace(tile, prefetch=numbers[4]) if len(numbers) == 5 else tile
-
-    @property
-    def label(self) -> str:
-        numbers = (self.block_n, self.num_warps, self.num_stages, self.min_split_tokens, self.prefetch)
-        return "x".join(map(str, numbers)) + ("" if self.fused_combine else "xc") + ("xw" if self.wide else "")
-
-    @property
-    def min_split_tiles(self) -> int:
-        return max(1, -(-self.min_split_tokens // self.block_n))
-
-
-DEFAULT_TILE = DecodeTile()
-# Measured tiles by (head_dim, largest decode batch of the bucket); absent keys use DEFAULT_TILE.
-# Fill from `bench/decode_attention.py` (its "suggested tiles" lines) on the serving device class.
-# H200, Llama-8B shapes (bench/results/h200_kernels_session16/decode_attention.log): batch 1 is fastest
-# with 128-position tiles of 8 warps; at batch 64 the sweep's best is the default; at batch 256 no swept
-# tile beat the default. PREFILL_TILES' suggestion there is its default too.
-DECODE_TILES: dict[tuple[int, int], DecodeTile] = {(128, 1): DecodeTile(128, 8, 2, 128)}
-_BATCH_BUCKETS = (1, 16, 64, 256)
-
-
-def decode_tile(num_tokens: int, head_dim: int) -> DecodeTile:
-    """The tile for a decode launch of `num_tokens` tokens at `head_dim`, from static numbers only."""
-    bucket = next((b for b in _BATCH_BUCKETS if num_tokens <= b), _BATCH_BUCKETS[-1])
-    return DECODE_TILES.get((head_dim, bucket), DEFAULT_TILE)
 
 
 @triton.jit
@@ -166,6 +101,20 @@ def _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS: tl.c
     return first, lo, hi, runs
 
 
+@triton.jit
+def _guessed_pages(page_table_ptr, guess_pages, max_pages, COLS: tl.constexpr, BLOCK_KV: tl.constexpr,
+                   PAGE_TOKENS: tl.constexpr, SPECULATE: tl.constexpr):
+    """(SPECULATE) the page entries of positions [0, COLS // BLOCK_KV) of the guessed row (its table
+    at guess_pages), loaded first thing, beside the position and row loads they would otherwise
+    wait for; else zeros (unused)."""
+    if SPECULATE:
+        index = tl.arange(0, COLS) // BLOCK_KV // PAGE_TOKENS
+        pages = tl.load(page_table_ptr + guess_pages + index, mask=index < max_pages, other=0).to(tl.int64)
+    else:
+        pages = tl.zeros([COLS], tl.int64)
+    return pages
+
+
 @triton.jit(do_not_specialize=["window", "num_rows", "max_pages"])
 def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr, k_ptr, v_ptr, page_table_ptr,
                    query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
@@ -175,42 +124,46 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
                    MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
-                   BLOCK_KV: tl.constexpr):
-    """Program (token, key/value head, split): the token's GROUP query heads (BLOCK_KV > 1, a wide
-    tile: program (token, 0, split), all query heads, each tile every key/value head's keys of its
-    positions, contiguous in a page) over its split's run of cached positions (`_token_splits`; splits
-    past the token's runs exit). Writes the output (the token has one run) or partials (and, FUSED,
-    the last run to finish merges them: `combine_if_last`). TUNED: the live split count is read from
-    splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS: split 0 starts its online softmax from the
-    heads' sink logits, so the combine counts each sink once."""
+                   BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr):
+    """Program (token, key/value heads, split): the GROUP query heads of each of the BLOCK_KV key/value
+    heads from kv_head = program_id(1) * BLOCK_KV (BLOCK_KV > 1: a wide or partly wide tile, each tile
+    those key/value heads' keys of its positions, contiguous in a page) over its split's run of cached
+    positions (`_token_splits`; splits past the token's runs exit). Writes the output (the token has
+    one run) or partials (and, FUSED, the last run to finish merges them: `combine_if_last`); split 0
+    of a token outside the rows (padding) writes its heads' zeros, so the output needs no zero fill.
+    TUNED: the live split count is read from splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS:
+    split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once.
+    SPECULATE: the guessed row's first page entries are loaded before the row is known and used when
+    the guess holds and the run starts at position 0 (`_guessed_pages`, `walk`)."""
     token = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) * BLOCK_KV
     split = tl.program_id(2)
+    guess = tl.minimum(token, num_rows - 1)  # the row when the batch is one token per row
+    spec_pages = _guessed_pages(page_table_ptr, guess * stride_pr, max_pages, BLOCK_N * BLOCK_KV, BLOCK_KV,
+                                PAGE_TOKENS, SPECULATE)
     first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
                                      MIN_TILES)
-    if (token >= tl.load(query_start_ptr)) & (token < tl.load(query_start_ptr + num_rows)) & (split < runs):
+    offs_h = tl.arange(0, BLOCK_H)
+    head = kv_head * GROUP + offs_h
+    h_ok = (offs_h < GROUP * BLOCK_KV) & (head < num_heads)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+    out_mask = h_ok[:, None] & d_ok[None, :]
+    rows_start, rows_end = tl.load(query_start_ptr), tl.load(query_start_ptr + num_rows)
+    if (token >= rows_start) & (token < rows_end) & (split < runs):
         row = token_row(query_start_ptr, num_rows, token)
-        offs_h = tl.arange(0, BLOCK_H)
-        if BLOCK_KV > 1:  # a wide program: every query head of the token (kv_head is 0)
-            head = offs_h
-            h_ok = offs_h < num_heads
-        else:
-            head = kv_head * GROUP + offs_h
-            h_ok = offs_h < GROUP
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM
         q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                     mask=h_ok[:, None] & d_ok[None, :], other=0.0)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
         m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
         row_pages = row.to(tl.int64) * stride_pr
         kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
+        spec = (spec_pages, (lo == 0) & (row == guess))
         acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
-                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2,
-                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV)
+                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2, spec,
+                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV, SPECULATE)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
-        out_mask = h_ok[:, None] & d_ok[None, :]
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
             tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
         elif runs == 1:
@@ -223,6 +176,8 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
             if FUSED:
                 combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
                                 part_l_ptr, part_o_ptr, part0, runs, h_ok, BLOCK_H, BLOCK_D)
+    elif (split == 0) & ((token < rows_start) | (token >= rows_end)):  # padding: zeros (no zero-filled output)
+        tl.store(out_at, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
@@ -257,16 +212,18 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, window: int, *, split: int | None = None,
                            sinks: torch.Tensor | None = None, tile: DecodeTile | None = None) -> torch.Tensor:
     """Flash-decoding (arguments as ``helios::paged_attention``, already validated): grid (T, Hkv,
-    splits), then a combine kernel when splits > 1. `split` asks for a count (None: `decode_splits`;
+    splits), then a combine kernel when splits > 1. `split` asks for a count (None: the tile's fixed
+    count, else `decode_splits`;
     1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks)."""
     num_tokens, _, head_dim = q.shape
-    out = torch.zeros_like(q)  # the strides of the reference and fake implementations
     if num_tokens == 0 or page_table.shape[0] == 0:
-        return out
+        return torch.zeros_like(q)
+    out = torch.empty_like(q)  # the strides of the reference and fake implementations; the kernel writes
+    # every entry (a padding token's zeros too), so no fill launch
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if split is None:
-        split = decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
+        split = tile.splits or decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, split, tile.block_n), None, sinks, tile)
     return out
@@ -279,14 +236,19 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  bound: int | None = None) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
-    (and reads the count) whenever the bound allows more than one split. `tile` and `bound` (the
+    (and reads the count) whenever the bound allows more than one split. A tile with a fixed split
+    count (`DecodeTile.splits`) launches that many instead and reads no count. `tile` and `bound` (the
     grid's split bound) override the static choices (benchmarks sweep them)."""
     num_tokens, _, head_dim = q.shape
-    out = torch.zeros_like(q)
     if num_tokens == 0 or page_table.shape[0] == 0:
-        return out
+        return torch.zeros_like(q)
+    out = torch.empty_like(q)  # every entry written by the kernel, as `paged_attention_decode`
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
+    if tile.splits:  # a fixed count: the static launch, the tuned count is not read
+        _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
+                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile)
+        return out
     bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, bound, tile.block_n),
@@ -328,14 +290,14 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
     tuned, width = splits is not None, block_d(head_dim)
     fused = tile.fused_combine and num_splits > 1
-    block_kv = triton.next_power_of_2(num_kv_heads) if tile.wide else 1  # wide: all key/value heads a program
-    heads = num_heads if block_kv > 1 else num_heads // num_kv_heads  # query heads a program serves
+    block_kv = tile.heads_per_program(num_kv_heads)  # key/value heads a program serves
+    heads = block_kv * (num_heads // num_kv_heads)  # query heads a program serves
     block_n = max(tile.block_n, 16 // block_kv)  # at least 16 columns for the dot
     parts = _partials(num_tokens, num_heads, num_splits, width, out)
     counts = _counters(out.device, num_tokens * num_kv_heads) if fused else query_start  # else: unread
     splits = splits if tuned else query_start  # an unread stand-in
     with on_device(q):
-        _decode_kernel[(num_tokens, 1 if block_kv > 1 else num_kv_heads, num_splits)](
+        _decode_kernel[(num_tokens, triton.cdiv(num_kv_heads, block_kv), num_splits)](
             out, *parts, counts, q, k_cache, v_cache, page_table, query_start, positions, splits,
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
             *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
@@ -343,7 +305,7 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
             BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
             MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
-            num_warps=tile.num_warps, num_stages=tile.num_stages)
+            SPECULATE=tile.speculate and tile.prefetch > 0, num_warps=tile.num_warps, num_stages=tile.num_stages)
         if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,

@@ -29,27 +29,49 @@ def token_row(query_start_ptr, num_rows, token):
 
 
 @triton.jit
-def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, num_kv_heads, BLOCK_N: tl.constexpr,
+def _tile_pages(page_table_ptr, row_pages, start, first, hi, max_pages, heads_left, BLOCK_N: tl.constexpr,
                 PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
     """(page, offset, valid) of the tile's BLOCK_N * BLOCK_KV columns: positions [start, start + BLOCK_N)
     (each of BLOCK_KV key/value heads, position-major, when BLOCK_KV > 1: a wide tile), valid below hi,
     at or past `first` (nothing below the window is read: its pages may be released), in the table,
-    and (wide) of a key/value head below num_kv_heads."""
+    and (wide) of one of the `heads_left` key/value heads from the program's first."""
     cols = tl.arange(0, BLOCK_N * BLOCK_KV)
     offs_n = start + cols // BLOCK_KV
     page, offset, valid = kv_offsets(page_table_ptr, row_pages, offs_n, hi, max_pages, PAGE_TOKENS)
     valid = valid & (offs_n >= first)
     if BLOCK_KV > 1:
-        valid = valid & (cols % BLOCK_KV < num_kv_heads)
+        valid = valid & (cols % BLOCK_KV < heads_left)
     return page, offset, valid
 
 
 @triton.jit
 def _pages_at(geometry, start, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr):
     """`_tile_pages` of the tile at `start`; geometry: (page table, row_pages, first, hi, max_pages,
-    num_kv_heads) of the program's run."""
+    key/value heads from the program's first) of the program's run."""
     return _tile_pages(geometry[0], geometry[1], start, geometry[2], geometry[3], geometry[4], geometry[5], BLOCK_N,
                        PAGE_TOKENS, BLOCK_KV)
+
+
+@triton.jit
+def _first_pages(geometry, lo, spec, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr, BLOCK_KV: tl.constexpr,
+                 SPECULATE: tl.constexpr):
+    """`_pages_at` of the run's first tile, or (SPECULATE, and spec = (pages, usable) says the
+    program's early page-table load of its guessed row's first tile fits: the run starts at position
+    0 of that row) the same (page, offset, valid) from those pages, with no page-table load between
+    the row lookup and the first keys and values."""
+    if SPECULATE:
+        if spec[1]:
+            cols = tl.arange(0, BLOCK_N * BLOCK_KV)
+            offs_n = lo + cols // BLOCK_KV
+            valid = (offs_n < geometry[3]) & (offs_n // PAGE_TOKENS < geometry[4]) & (offs_n >= geometry[2])
+            if BLOCK_KV > 1:
+                valid = valid & (cols % BLOCK_KV < geometry[5])
+            page, offset = spec[0], offs_n % PAGE_TOKENS
+        else:
+            page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+    else:
+        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+    return page, offset, valid
 
 
 @triton.jit
@@ -90,15 +112,16 @@ def _attend(q, acc, m_i, l_i, k_tile, v_tile, allowed, scale_log2, DOT_PRECISION
 
 @triton.jit
 def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages, kv_head, kv_rows,
-         num_kv_heads, offs_d, d_ok, kv_strides, scale_log2, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-         DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr):
+         num_kv_heads, offs_d, d_ok, kv_strides, scale_log2, spec, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+         DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr):
     """The online softmax over the run [lo, hi) in tiles of BLOCK_N positions (of one key/value head
-    `kv_head`, or, BLOCK_KV > 1, of all of them: query head rows see their own, `kv_rows`). PREFETCH
+    `kv_head`, or, BLOCK_KV > 1, of the BLOCK_KV from `kv_head`: query head rows see their own, `kv_rows`). PREFETCH
     0: each tile's page entries, then its keys and values; 1: the next tile's page entries are loaded
     before this tile's keys and values; 2: the next tile's keys and values too (two tiles in flight,
-    twice the registers)."""
+    twice the registers). SPECULATE (prefetch 1 or 2): the first tile's page entries may come from
+    `spec` (`_first_pages`)."""
     kv_cols = kv_head + tl.arange(0, BLOCK_N * BLOCK_KV) % BLOCK_KV
-    geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads)
+    geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads - kv_head)
     if PREFETCH == 0:
         for start in range(lo, hi, BLOCK_N):
             page, offset, valid = _pages_at(geometry, start, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
@@ -106,7 +129,7 @@ def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, h
             mask = _score_mask(valid, kv_cols, kv_rows, BLOCK_KV)
             acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION)
     elif PREFETCH == 1:
-        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+        page, offset, valid = _first_pages(geometry, lo, spec, BLOCK_N, PAGE_TOKENS, BLOCK_KV, SPECULATE)
         for start in range(lo, hi, BLOCK_N):
             n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
             k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
@@ -114,7 +137,7 @@ def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, h
             acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION)
             page, offset, valid = n_page, n_offset, n_valid
     else:
-        page, offset, valid = _pages_at(geometry, lo, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
+        page, offset, valid = _first_pages(geometry, lo, spec, BLOCK_N, PAGE_TOKENS, BLOCK_KV, SPECULATE)
         k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
         for start in range(lo, hi, BLOCK_N):
             n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)

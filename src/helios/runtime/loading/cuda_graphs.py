@@ -25,6 +25,10 @@ which no row samples with temperature > 0; there both graphs select the same tok
 token-logprobs variant (replayed only for steps holding a request that asks for log-probabilities)
 gets no greedy graph: its greedy steps replay the full graph, the same tokens, and load captures
 one graph fewer (a greedy copy, a warm-up run and a capture) per such variant.
+
+Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
+one-row projections whose shapes the committed GEMV table names run the Triton matrix-vector kernel
+instead of cuBLAS (the same product; chosen here, per captured program, from static shapes).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 from helios.abi.sampling import SampleVariant, bind_sample_variant
 from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
+from helios.runtime.loading.gemv_calls import gemv_module
 
 
 class CaptureError(LoadError):
@@ -130,11 +135,12 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
     full = None
+    module = gemv_module(program.module)  # one-row projections the GEMV table names: the Triton kernel
     try:
-        full = _record(program.module, arguments, pool, warmups)
+        full = _record(module, arguments, pool, warmups)
         greedy_variant = greedy = None
         if wants_greedy_graph(program):
-            greedy_variant = greedy_module(program.module)
+            greedy_variant = greedy_module(module)
             greedy = _record(greedy_variant, arguments, pool, 1)
     except BaseException as error:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
@@ -142,7 +148,7 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
         if isinstance(error, RuntimeError):
             raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
         raise
-    return CapturedProgram(full, greedy, arguments, program.module, greedy_variant)
+    return CapturedProgram(full, greedy, arguments, module, greedy_variant)
 
 
 def wants_greedy_graph(program) -> bool:

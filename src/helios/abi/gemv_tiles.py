@@ -1,0 +1,54 @@
+"""The committed table of one-row projections that run the Triton matrix-vector kernel
+(`helios.abi.triton_gemv`) instead of cuBLAS, and the tile of each. No triton import: the runtime
+reads the table at capture (`helios.runtime.loading.gemv_calls`) and imports the kernel only where a
+call has a tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["GEMV_TILES", "GemvTile", "MAX_ROWS", "gemv_tile"]
+
+MAX_ROWS = 1  # the table is measured at one row (the kernel re-reads the weights once per row)
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    """Output features a program computes (`block_n`), reduction slice (`block_k`) and warps."""
+
+    block_n: int = 8
+    block_k: int = 512
+    num_warps: int = 4
+
+    @classmethod
+    def parse(cls, text: str) -> "GemvTile":
+        """``block_n x block_k x num_warps``, e.g. ``8x512x4``."""
+        try:
+            block_n, block_k, warps = (int(field) for field in text.strip().lower().split("x"))
+        except ValueError:
+            raise ValueError(f"gemv tile {text!r}: want block_n x block_k x warps") from None
+        return cls(block_n, block_k, warps)
+
+    @property
+    def label(self) -> str:
+        return f"{self.block_n}x{self.block_k}x{self.num_warps}"
+
+
+# (out features, in features) -> tile, for 16-bit weights, one row. Empty: on an H200 at Llama-3.1-8B
+# shapes the kernel beats cuBLAS alone (bench/results/h200_decode_gpu_call1/gemv_ab.log, six distinct
+# weights a graph: the fused qkv 6144x4096 0.0157 ms on 4x512x4 against 0.0165, the output projection
+# 4096x4096 0.0125 against 0.0142; gate/up and down no), and in a decode step its calls take about
+# 13 us each against cuBLAS's 15.3 (qkv) and 10.8 + 1.7 (o, split-K and its reduction), but the
+# captured step with both bound replayed at 1.003x and 0.94x the all-cuBLAS step in two calls
+# (bench/results/h200_decode_gpu_call{1,2}/decode_step_profile.log): no measured gain, so no entry.
+GEMV_TILES: dict[tuple[int, int], GemvTile] = {}
+
+
+def gemv_tile(rows: int, out_features: int, in_features: int, dtype: torch.dtype) -> GemvTile | None:
+    """The tile for ``F.linear`` of `rows` rows on an [out, in] weight of `dtype`, or None (cuBLAS)."""
+    if rows < 1 or rows > MAX_ROWS or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return GEMV_TILES.get((out_features, in_features))
