@@ -15,7 +15,8 @@ arrived items (`next_items` takes all of them at once): it grows as events arriv
 total by the request's validated output budget (one step per generated token plus one terminal
 item), so a paused or slow reader never blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
 
-Event loop: `next_items` awaits what has arrived; `cancel` cancels the request in the engine (a
+Event loop: `next_items` awaits what has arrived (a streamed response may instead take steps in
+the delivery while it waits: `read_directly`); `cancel` cancels the request in the engine (a
 dropped connection); `close` says the reader released the response. The admission permit is
 released once the response is closed AND the terminal event has arrived: finished requests have
 already given back their slot and pages, but keep their permit until the body is sent or the client

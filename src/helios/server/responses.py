@@ -24,8 +24,10 @@ cancels the request in the engine; the permit is released once the engine confir
   bridge, presents and writes. The start and the last message pass through the application's
   middlewares; the per-step writes in between go to the server's own send when the server put it
   in the scope (`TRANSPORT_SEND`, see `with_transport_send`): the middlewares here only look at
-  the start (status, counters), and each layer they add costs a coroutine per write. A client
-  that disconnects ends the response at once (a watcher task on `receive`).
+  the start (status, counters), and each layer they add costs a coroutine per write. While the
+  task waits for items, steps that arrive are presented and written in the event loop's delivery
+  itself (`DirectWrites`, through `ResponseBridge.read_directly`): no task wakeup per stream per
+  step. A client that disconnects ends the response at once (a watcher task on `receive`).
 """
 
 from __future__ import annotations
