@@ -35,6 +35,8 @@ def compile_fused(dtype: str) -> None:
                        dict(x=pointer, delta=pointer, weight=pointer, summed=pointer, normed=pointer, eps="fp32"),
                        dict(HAS_DELTA=has_delta, BLOCK_D=4096), num_warps=16)
     compile_kernel(triton_fused._silu_mul_kernel, dict(gate_up=pointer, out=pointer), dict(BLOCK=1024), num_warps=4)
+    compile_kernel(triton_fused._silu_mul_columns_kernel, dict(gate_up=pointer, out=pointer),
+                   dict(BLOCK_R=triton_fused._COLUMNS_ROWS, BLOCK_C=triton_fused._COLUMNS_COLS), num_warps=8)
     compile_kernel(triton_fused._rotary_cache_write_kernel,
                    dict(q=pointer, k=pointer, v=pointer, cos=pointer, sin=pointer, k_cache=pointer, v_cache=pointer,
                         slot_mapping="*i64", q_out=pointer),

@@ -75,6 +75,23 @@ def test_silu_mul(dtype):
     torch.testing.assert_close(triton_silu_mul(gate_up.to(DEVICE)).cpu(), expected, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, width", [(70, 100), (5, 64), (2, 3)])
+def test_silu_mul_of_a_column_major_product(dtype, rows, width):
+    """The swapped gate/up product (w @ x^T, transposed back to [N, 2F]) is read in place: the same
+    values as the row-major kernel, row-major out, partial blocks masked."""
+    product = _random((2 * width, rows), dtype, 6)  # [2F, N] contiguous
+    gate_up = product.t()  # [N, 2F], column-major
+    assert gate_up.stride(0) == 1 and not gate_up.is_contiguous()
+    gate, up = gate_up.split([width, width], dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    assert torch.equal(OPS.silu_mul(gate_up), expected)
+    got = triton_silu_mul(gate_up.to(DEVICE))
+    assert got.is_contiguous() and got.shape == (rows, width)
+    torch.testing.assert_close(got.cpu(), expected, **TOLERANCE[dtype])
+    torch.testing.assert_close(got, triton_silu_mul(gate_up.contiguous().to(DEVICE)), rtol=0, atol=0)
+
+
 def _rotary_case(dtype, num_tokens=5, heads=(12, 3), head_dim=16, pages=4, page_tokens=4):
     """q, k, v as strided views of one fused projection; cos/sin as the decoder builds them; slots
     with one padding token (-1)."""

@@ -84,6 +84,16 @@ def test_silu_mul_in_a_graph(dtype, rows, width):
     check_in_graph("silu_mul", lambda seed: dict(gate_up=_random((rows, 2 * width), dtype, seed)), _close(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", [(512, 14336), (130, 1000)])
+def test_silu_mul_of_a_column_major_product_in_a_graph(dtype, rows, width):
+    """The swapped gate/up product's transpose (column-major) is read in place by its own kernel."""
+    def make(seed):
+        return dict(gate_up=_random((2 * width, rows), dtype, seed).t())
+    assert to_cuda(make(0))["gate_up"].stride() == (1, rows)  # the column-major kernel's input
+    check_in_graph("silu_mul", make, _close(dtype))
+
+
 def rotary_inputs(tokens: int, heads: tuple[int, int], head_dim: int, dtype, seed: int) -> dict:
     """q, k, v as views of one fused projection, decoder cos/sin, distinct slots (a few padding)."""
     num_heads, num_kv_heads = heads

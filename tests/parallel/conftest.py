@@ -1,5 +1,6 @@
 """Tensor-parallel test cores: tiny chat checkpoints of every family, prepared once per session for
-one rank and for two ranks with the same small capacities, and helpers to open and run them."""
+one rank and for two ranks with the same small capacities (token-logprobs programs only for the
+SCORED_FAMILIES), and helpers to open and run them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from helios.core.reader import open_core
 from helios.runtime.offline import generate
 from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
+from ignition.hf_checkpoints import LLAMA3, QWEN3, QWEN3_MOE
 from support.chat_checkpoint import write_chat_checkpoint
 
 NAMESPACE = "test.helios/parallel"
@@ -22,6 +24,9 @@ PROMPTS = [
     [5, 6, 7],
 ]
 MAX_TOKENS = 10
+# The families whose cores serve log-probabilities here (test_sharded_sampling, test_cuda); the other
+# families' cores are prepared with --no-logprobs: no test runs their token-logprobs programs.
+SCORED_FAMILIES = frozenset(family.name for family in (LLAMA3, QWEN3, QWEN3_MOE))
 # Small collective timeout: a silent rank fails a test model within seconds (the default is 60 s).
 FAST = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=5.0, join_timeout_s=60.0)
 
@@ -55,6 +60,7 @@ class Cores:
                 "prepare", str(self.checkpoint(family, seed)), "-o", str(path), "--key", str(self.key),
                 "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
                 "--decode-batches", "2", "--no-mixed", "--tensor-parallel", str(ranks),
+                *(() if family.name in SCORED_FAMILIES else ("--no-logprobs",)),
             ]) == 0
             self._cores[key] = path
         return self._cores[key]

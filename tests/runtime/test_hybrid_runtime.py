@@ -5,6 +5,9 @@ with state offload to host slots and restore gives the same tokens."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -30,7 +33,15 @@ PREFIX = [17, 40, 41, 99, 5, 6, 7, 8, 120, 121, 122, 200, 201, 3, 9, 11, 12, 13,
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hybrid")
+    """(core directory, transformers reference), prepared once per session for every module that
+    imports this fixture (test_state_graphs, test_hybrid_two_frames, test_runtime_flags)."""
+    return prepared_hybrid(tmp_path_factory.getbasetemp())
+
+
+@functools.cache
+def prepared_hybrid(base: Path):
+    root = base / "hybrid-runtime"
+    root.mkdir()
     checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
@@ -65,6 +76,12 @@ PROMPTS = [PREFIX[:13], PREFIX + [50, 51, 52], [7, 8, 9], PREFIX[:5]]
 
 @pytest.fixture(scope="module")
 def expected(hybrid):
+    return expected_tokens(hybrid)
+
+
+@functools.cache
+def expected_tokens(hybrid) -> list[list[int]]:
+    """transformers' greedy tokens of PROMPTS, computed once per session (read only)."""
     return [reference_tokens(hybrid, p) for p in PROMPTS]
 
 

@@ -19,8 +19,9 @@ def test_allocate_is_all_or_nothing_and_counts_references():
     allocator.retain([1])
     assert allocator.release([0, 1, 1]) == [0, 1]
     allocator.free([1, 0])
-    assert allocator.free_pages() == [3, 1, 0]  # freed pages are reused last
-    assert allocator.allocate(1) == [3]
+    assert allocator.free_pages() == [0, 1, 3]
+    assert allocator.allocate(1) == [3]  # next-fit: the search starts after the last allocation
+    assert allocator.allocate(1) == [0]  # and wraps around to the freed pages
 
 
 def test_allocator_rejects_bad_accounting():
@@ -52,6 +53,21 @@ def test_digest_chain_covers_parent_tokens_and_salt():
     assert root_digest(b"ab", b"c") != root_digest(b"a", b"bc")
 
 
+def test_extending_a_chain_digests_each_page_after_its_parent():
+    root = root_digest(b"model", b"")
+    tokens = [(i * 7919) % 50000 for i in range(70)]
+    expected = [page_digest(root, tokens[:8])]
+    for index in range(1, 8):
+        expected.append(page_digest(expected[-1], tokens[index * 8:index * 8 + 8]))
+    whole: list[bytes] = []
+    extend_chain(whole, root, tokens, 8, 8)
+    resumed = expected[:3]
+    extend_chain(resumed, root, tuple(tokens), 8, 8)  # a resumed chain, tuple ids
+    assert whole == expected and resumed == expected
+    extend_chain(resumed, root, tokens, 8, 5)  # covered already: unchanged
+    assert resumed == expected
+
+
 def test_prefix_cache_lookup_insert_and_lru_eviction():
     cache = PrefixCache()
     assert cache.insert(b"a", 5) and cache.insert(b"b", 6)
@@ -77,11 +93,75 @@ def test_pool_parks_cached_pages_tail_first_and_evicts_lru():
     pool.release(list(reversed(pages)))  # a finished request: tails first
     pool.release(scratch)  # uncached pages go straight to the free list
     assert pool.cache.parked_pages() == [2, 1, 0]
-    assert pool.allocator.free_pages() == [5, 3, 4]
+    assert pool.allocator.free_pages() == [3, 4, 5]
     assert pool.num_available == 6
-    assert pool.allocate(5) == [5, 3, 4, 2, 1]  # free pages first, then the LRU tail pages
+    assert pool.allocate(5) == [1, 2, 3, 4, 5]  # free pages and the LRU tail pages 2, 1: one run
     assert pool.num_evicted == 2
     assert pool.cache.lookup([bytes([0]), bytes([1])]) == [0]
     assert pool.share([bytes([0])]) == [0]
     assert pool.allocator.ref_count(0) == 1 and pool.cache.num_parked == 0
     assert pool.allocate(1) is None
+
+
+def test_several_pages_take_a_consecutive_run_from_the_last_allocation():
+    allocator = PageAllocator(16)
+    first = allocator.allocate(4)
+    single = allocator.allocate(1)
+    assert (first, single) == ([0, 1, 2, 3], [4])
+    allocator.release(first)
+    allocator.free(list(reversed(first)))  # freed tail first: the run is whole again
+    assert allocator.allocate(3) == [5, 6, 7]  # next-fit: after the last allocation, not the freed hole
+    assert allocator.allocate(8) == [8, 9, 10, 11, 12, 13, 14, 15]
+    assert allocator.allocate(4) == [0, 1, 2, 3]  # wrapped around to the freed run
+    assert allocator.num_free == 0 and allocator.allocate(1) is None
+
+
+def test_a_run_straddling_the_cursor_is_found_after_wrapping():
+    allocator = PageAllocator(8)
+    pages = allocator.allocate(8)
+    allocator.release(pages)
+    allocator.free([2, 3, 4, 5])
+    assert allocator.allocate(1) == [2]  # the cursor moves to 3
+    allocator.free(allocator.release([2]))
+    assert allocator.allocate(4) == [2, 3, 4, 5]
+
+
+def test_follow_extends_a_table_when_the_next_ids_are_free():
+    allocator = PageAllocator(12)
+    row = allocator.allocate(3)
+    other = allocator.allocate(2)  # another table's pages right after the row's
+    assert (row, other) == ([0, 1, 2], [3, 4])
+    assert allocator.allocate(2, follow=other[-1]) == [5, 6]
+    assert allocator.allocate(2, follow=row[-1]) == [7, 8]  # pages 3, 4 are taken: the next run instead
+    allocator.free(allocator.release([5, 6]))
+    assert allocator.allocate(1, follow=4) == [5]  # behind the cursor (at 9), but after the table
+    assert allocator.allocate(2, follow=10) == [9, 10]  # 11 and past the end: no follow, a run
+    assert allocator.allocate(2, follow=5) == [11, 6]  # 7 is taken, no run: from the cursor, wrapping
+
+
+def test_fragmented_pages_fall_back_to_the_first_free_ids_in_order():
+    allocator = PageAllocator(10)
+    pages = allocator.allocate(10)
+    allocator.release(pages)
+    allocator.free([8, 1, 5, 3])  # no two free ids are consecutive
+    assert allocator.allocate(3) == [1, 3, 5]  # the cursor wrapped to 0 after the whole pool
+    allocator = PageAllocator(10)
+    pages = allocator.allocate(9)  # the cursor sits at page 9
+    allocator.release(pages)
+    allocator.free([7, 1, 5, 3])
+    assert allocator.allocate(3) == [9, 1, 3]  # from the cursor, wrapping, ascending
+    assert allocator.allocate(2) == [5, 7]
+    assert allocator.num_free == 0 and allocator.free_pages() == []
+    assert allocator.allocate(0) == []
+
+
+def test_eviction_frees_parked_pages_before_the_run_is_searched():
+    pool = PagePool(PageAllocator(8), PrefixCache())
+    pages = pool.allocate(8)
+    for index, page in enumerate(pages[:4]):
+        pool.publish(bytes([index]), page)
+    pool.release(list(reversed(pages)))  # pages 4-7 free, 0-3 parked (3 first: evicted first)
+    held = pool.allocate(4)
+    assert held == [4, 5, 6, 7] and pool.num_evicted == 0
+    assert pool.allocate(2) == [2, 3]  # the two LRU parked pages, evicted, form a run
+    assert pool.num_evicted == 2 and pool.cache.lookup([bytes([0]), bytes([1])]) == [0, 1]

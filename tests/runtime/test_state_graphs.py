@@ -28,7 +28,10 @@ def _write(hybrid, name: str, broken: bool = False):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def state_core(hybrid):  # noqa: F811
-    return _write(hybrid, "state_graphs.core")
+    """Written once into the session's hybrid core directory (tests/gpu/test_state_graphs_cuda
+    imports this fixture: a second module must not rewrite a core the first may still read)."""
+    path = hybrid[0] / "state_graphs.core"
+    return path if path.is_file() else _write(hybrid, path.name)
 
 
 def state_runtime(hybrid, path, device: str = "cpu", cuda_graphs: bool = True, **options):  # noqa: F811

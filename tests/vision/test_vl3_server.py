@@ -23,7 +23,9 @@ PROCESSOR = ProcessorConfig(PATCH, MIN_PIXELS, MAX_PIXELS, MEAN, STD)
 
 
 def prepare_vl3_core(root):
-    return prepare_vl_core(root, tiny_model3(), PROCESSOR)
+    """No token-logprobs programs: no Qwen3-VL test asks for log-probabilities (test_vl_server does,
+    on Qwen2.5-VL)."""
+    return prepare_vl_core(root, tiny_model3(), PROCESSOR, logprobs=False)
 
 
 @pytest.fixture(scope="module")

