@@ -12,7 +12,7 @@ import json
 import pytest
 
 from helios.server.app import create_app
-from helios.server.responses import TRANSPORT_SEND
+from helios.server.responses import TRANSPORT_SEND, Handoff
 from support.server_core import SERVED_ID, served_tiny_core
 from test_slow_reader import accumulated, eventually, post  # tests/server is on sys.path (no package)
 
@@ -48,9 +48,11 @@ def scope_of(body: bytes) -> dict:
             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
 
 
-async def stream(app, *, with_transport: bool, disconnect_after: int | None = None):
+async def stream(app, *, with_transport: bool, disconnect_after: int | None = None, pause=None):
     """Streams PAYLOAD through `app`: every message in order, each tagged with the send it went
-    to ("chain": the middlewares' send, "transport": the scope's `TRANSPORT_SEND`)."""
+    to ("chain": the middlewares' send, "transport": the scope's `TRANSPORT_SEND`, "direct": that
+    send called outside any task, from the loop's delivery). `pause(n)`: awaited by the transport
+    send before its n-th message is recorded (a write that must wait)."""
     body = json.dumps({**PAYLOAD, "stream": True}).encode()
     scope = scope_of(body)
     messages: list[tuple[str, dict]] = []
@@ -65,7 +67,10 @@ async def stream(app, *, with_transport: bool, disconnect_after: int | None = No
 
     def recording(tag: str):
         async def send(message):
-            messages.append((tag, message))
+            is_direct = tag == "transport" and asyncio.current_task() is None
+            if tag == "transport" and pause is not None:
+                await pause(sum(t != "chain" for t, _ in messages))
+            messages.append(("direct" if is_direct else tag, message))
             bodies = [m for _, m in messages if m["type"] == "http.response.body"]
             if disconnect_after is not None and len(bodies) == disconnect_after:
                 gone.set()
@@ -91,7 +96,8 @@ def test_steps_go_below_the_middlewares_and_the_stream_is_unchanged(runner, app,
     assert sorted(start[1]["headers"]) == [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8"),
                                            (b"x-accel-buffering", b"no")]  # no length: the body is chunked
     assert last[0] == "chain" and last[1]["more_body"] is False and last[1]["body"].endswith(b"data: [DONE]\n\n")
-    assert steps and all(tag == ("transport" if with_transport else "chain") and m["more_body"] for tag, m in steps)
+    assert steps and all(tag in (("transport", "direct") if with_transport else ("chain",)) and m["more_body"]
+                         for tag, m in steps)
     state = accumulated(chunks_of(messages), is_chat=False)
     assert state["text"] == reference["text"] and state["finish"] == ["length"]
     assert state["token_ids"] == reference["token_ids"] and len(state["token_ids"]) == MAX_TOKENS
@@ -101,5 +107,60 @@ def test_steps_go_below_the_middlewares_and_the_stream_is_unchanged(runner, app,
 def test_a_client_that_disconnects_ends_the_response_and_frees_its_request(runner, app, served):
     messages = runner.run(stream(app, with_transport=True, disconnect_after=1))
     assert not any(m.get("more_body") is False for _, m in messages)  # no end: the client is gone
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    assert served.engine.scheduler.counters().num_running == 0
+
+
+async def _bare_yield(n: int) -> None:
+    if n % 2:
+        await asyncio.sleep(0)
+
+
+async def _flow_paused(n: int) -> None:
+    if n % 3 == 1:  # the connection is paused until a later loop turn resumes it
+        resumed = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.01, resumed.set)
+        await resumed.wait()
+
+
+@pytest.mark.parametrize("pause", [None, _bare_yield, _flow_paused])
+def test_steps_written_from_the_delivery_keep_the_stream_exact(runner, app, pause, monkeypatch):
+    """Steps that arrive while the response waits are written in the loop's delivery ("direct");
+    a write that must wait is finished by the response's task before anything later."""
+    finished = []
+    finish = Handoff.finish
+
+    async def counted(handoff):
+        finished.append(handoff.write is not None)
+        await finish(handoff)
+
+    monkeypatch.setattr(Handoff, "finish", counted)
+    reference = runner.run(post(app, "/v1/completions", PAYLOAD))["choices"][0]
+    direct = 0
+    for _ in range(3):  # the first step can arrive before the response waits
+        messages = runner.run(stream(app, with_transport=True, pause=pause))
+        direct += sum(tag == "direct" for tag, _ in messages)
+        state = accumulated(chunks_of(messages), is_chat=False)
+        assert state["text"] == reference["text"] and state["finish"] == ["length"]
+        assert state["token_ids"] == reference["token_ids"]
+        assert state["logprobs"] == {k: v for k, v in reference["logprobs"].items() if v is not None}
+        assert messages[-1][0] == "chain" and messages[-1][1]["more_body"] is False
+    assert direct > 0
+    assert (pause is None) == (not finished) and all(finished)  # waiting writes were handed to the task
+
+
+def test_a_direct_write_that_waits_ends_at_the_send_timeout(runner, served):
+    """A write from the delivery that never completes is finished by the response's task, so the
+    send deadline still drops the response and frees its request."""
+    async def stalled(n: int) -> None:
+        if n >= 2:  # the client stops reading: this write never completes
+            await asyncio.Event().wait()
+
+    timeout_s, served.send_timeout_s = served.send_timeout_s, 0.3
+    try:
+        messages = runner.run(stream(create_app(served), with_transport=True, pause=stalled))
+    finally:
+        served.send_timeout_s = timeout_s
+    assert not any(m.get("more_body") is False for _, m in messages)  # dropped, never ended
     runner.run(eventually(lambda: served.admission.in_use == 0))
     assert served.engine.scheduler.counters().num_running == 0

@@ -15,7 +15,8 @@ arrived items (`next_items` takes all of them at once): it grows as events arriv
 total by the request's validated output budget (one step per generated token plus one terminal
 item), so a paused or slow reader never blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
 
-Event loop: `next_items` awaits what has arrived; `cancel` cancels the request in the engine (a
+Event loop: `next_items` awaits what has arrived (a streamed response may instead take steps in
+the delivery while it waits: `read_directly`); `cancel` cancels the request in the engine (a
 dropped connection); `close` says the reader released the response. The admission permit is
 released once the response is closed AND the terminal event has arrived: finished requests have
 already given back their slot and pages, but keep their permit until the body is sent or the client
@@ -121,6 +122,8 @@ class ResponseBridge:
         self._observe = observe
         self._arrived: list[Item] = []  # loop side: items not yet taken by `next_items`
         self._waiter: asyncio.Future | None = None  # loop side: `next_items` waiting for items
+        self._direct: Callable[[list[Item]], bool] | None = None  # loop side: see `read_directly`
+        self._is_woken = False  # loop side: `wake` ended the wait
         self._failure: HeliosError | None = None  # worker side: output processing failed
         self._is_stop_sent = False  # worker side
         self._is_terminal_posted = False  # worker side
@@ -226,20 +229,41 @@ class ResponseBridge:
             self._release_when_done()
 
     def _put(self, items: list[Item]) -> None:
-        self._arrived.extend(items)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
+            direct = self._direct
+            if direct is not None and not isinstance(items[-1], (OutputFinal, Failure)) and direct(items):
+                return  # taken while the reader waits: no wakeup of its task
+            self._arrived.extend(items)
+            waiter.set_result(None)
+        else:
+            self._arrived.extend(items)
+
+    def read_directly(self, take: Callable[[list[Item]], bool] | None) -> None:
+        """While `next_items` waits, steps that arrive (never the terminal item) go to `take(items)`
+        on the event loop's delivery instead of waking the waiting task; `take` returns False to
+        leave them to `next_items`. None stops it."""
+        self._direct = take
+
+    def wake(self) -> None:
+        """Ends a pending `next_items` wait with whatever has arrived (possibly nothing)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._is_woken = True
             waiter.set_result(None)
 
     async def next_items(self) -> list[Item]:
-        """Every item that has arrived, waiting for at least one. The last item of the response
-        is its terminal item; nothing follows it."""
+        """Every item that has arrived, waiting for at least one (or for `wake`, which may leave
+        none). The last item of the response is its terminal item; nothing follows it."""
         while not self._arrived:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+            if self._is_woken:
+                self._is_woken = False
+                break
         items, self._arrived = self._arrived, []
         return items
 
@@ -247,7 +271,7 @@ class ResponseBridge:
         """Waits for the terminal item, dropping any steps (non-streamed responses)."""
         while True:
             items = await self.next_items()
-            if isinstance(items[-1], (OutputFinal, Failure)):
+            if items and isinstance(items[-1], (OutputFinal, Failure)):
                 return items[-1]
 
     def interrupt(self, error: HeliosError) -> bool:

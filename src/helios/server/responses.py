@@ -24,8 +24,10 @@ cancels the request in the engine; the permit is released once the engine confir
   bridge, presents and writes. The start and the last message pass through the application's
   middlewares; the per-step writes in between go to the server's own send when the server put it
   in the scope (`TRANSPORT_SEND`, see `with_transport_send`): the middlewares here only look at
-  the start (status, counters), and each layer they add costs a coroutine per write. A client
-  that disconnects ends the response at once (a watcher task on `receive`).
+  the start (status, counters), and each layer they add costs a coroutine per write. While the
+  task waits for items, steps that arrive are presented and written in the event loop's delivery
+  itself (`DirectWrites`, through `ResponseBridge.read_directly`): no task wakeup per stream per
+  step. A client that disconnects ends the response at once (a watcher task on `receive`).
 """
 
 from __future__ import annotations
@@ -244,12 +246,110 @@ class SSEResponse(Response):
         start = presenter.sse_start()
         if start:
             await write({"type": "http.response.body", "body": start, "more_body": True})
+        direct = None if transport is None else DirectWrites(presenter, write, bridge)
+        bridge.read_directly(direct)
+        try:
+            while True:
+                items = await bridge.next_items()
+                handoff = None if direct is None else direct.take_handoff()
+                if handoff is not None:
+                    if handoff.last is not None:
+                        await send({"type": "http.response.body", "body": handoff.last, "more_body": False})
+                        return
+                    await handoff.finish()
+                if not items:
+                    continue
+                chunk, is_done = present(presenter, items)
+                if is_done:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
+                await write({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            bridge.read_directly(None)
+            if direct is not None:
+                direct.close()
+
+
+@dataclass
+class Handoff:
+    """What a direct write left to the response's task: a write that must wait (`write`, suspended
+    on `waits_on`), a write that failed (`error`), or the stream's last message (`last`: a
+    presentation failure's error event)."""
+
+    write: object = None  # the send's coroutine, started outside any task
+    waits_on: object = None  # what it yielded: a future, or None for a bare yield
+    error: Exception | None = None
+    last: bytes | None = None
+
+    async def finish(self) -> None:
+        """Runs the write to its end in the calling task, as a task would have: awaiting what it
+        waits on and passing the outcome (a result, or an error such as the task's cancellation by
+        its send deadline or by a disconnect) back into it."""
+        if self.error is not None:
+            raise self.error
+        write, waits_on = self.write, self.waits_on
+        self.write = None
         while True:
-            chunk, is_done = present(presenter, await bridge.next_items())
-            if is_done:
-                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+            try:
+                if waits_on is None:
+                    await asyncio.sleep(0)
+                else:
+                    waits_on._asyncio_future_blocking = False  # as a task does with what it is given
+                    await waits_on
+            except BaseException as error:  # noqa: BLE001 - the write decides what it becomes
+                try:
+                    waits_on = write.throw(error)
+                except StopIteration:
+                    return
+                continue
+            try:
+                waits_on = write.send(None)
+            except StopIteration:
                 return
-            await write({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+class DirectWrites:
+    """A stream's per-step writes made in the event loop's delivery while its task waits for items
+    (`ResponseBridge.read_directly`), which saves the task's wakeup per stream per step. The write
+    (the server's own send, under the send deadline) runs synchronously as far as it goes: it
+    completes at once unless the connection is paused for flow control. One that must wait, one that
+    fails, and a presentation that ends the stream are handed to the task (`take_handoff`, after the
+    bridge wakes it), which finishes them in order before anything that arrived later."""
+
+    def __init__(self, presenter: StreamPresenter, write, bridge: ResponseBridge):
+        self._presenter = presenter
+        self._write = write
+        self._bridge = bridge
+        self._handoff: Handoff | None = None
+
+    def __call__(self, items: list[Item]) -> bool:
+        if self._handoff is not None:
+            return False
+        chunk, is_done = present(self._presenter, items)
+        if is_done:
+            self._handoff = Handoff(last=chunk)
+        else:
+            write = self._write({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                waits_on = write.send(None)
+            except StopIteration:
+                return True
+            except Exception as error:  # noqa: BLE001 - raised in the task, as its own write would
+                self._handoff = Handoff(error=error)
+            else:
+                self._handoff = Handoff(write=write, waits_on=waits_on)
+        self._bridge.wake()
+        return True
+
+    def take_handoff(self) -> Handoff | None:
+        handoff, self._handoff = self._handoff, None
+        return handoff
+
+    def close(self) -> None:
+        """Closes a write handed off but never finished (the task ended first)."""
+        if self._handoff is not None and self._handoff.write is not None:
+            self._handoff.write.close()
+        self._handoff = None
 
 
 _SSE_RAW_HEADERS = (*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()),
