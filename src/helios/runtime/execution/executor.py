@@ -68,6 +68,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import TokenLogprobs
+from helios.runtime.execution.decode_results import plain_decode_results
 from helios.runtime.execution.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
 from helios.runtime.execution.program_variants import logprob_twins, program_table, variant_name
 from helios.runtime.execution.step_output import Launched, StepOutput
@@ -98,6 +99,7 @@ class Executor:
         self.storage = model_storage(model, host_pages)
         self._vocab = model.prepared.sampled_range[1]
         self._token_columns = _token_columns(manifest.completion)
+        self.array_results = True  # plain decode records validated as arrays (`decode_results`); False: lane by lane
         if model.settings.history_drafting:  # a startup option of the loaded model
             packer.enable_history_drafting()
         confidence = manifest.completion.confidence_buffer
@@ -213,11 +215,16 @@ class Executor:
 
     def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
         speculative = plan.operation == Operation.SPECULATIVE
+        lag = program.speculative.draft_lag if program.speculative is not None else None
+        if self.array_results and not speculative and self._token_columns == (LAYOUT.token, 1):  # one array check
+            results = plain_decode_results(plan.rows, record, plan.sequence if self._submission is not None else 0,
+                                           self._vocab, lag, plan.variant.packed_token_capacity)
+            if results is not None:
+                return results
         expected = CompletionExpectation(
             submission=plan.sequence if self._submission is not None else 0, vocab_size=self._vocab,
             packed_capacity=plan.variant.packed_token_capacity,
-            draft_lag=program.speculative.draft_lag if program.speculative is not None else None,
-            lanes=tuple(_lane(row, speculative) for row in plan.rows),
+            draft_lag=lag, lanes=tuple(_lane(row, speculative) for row in plan.rows),
         )
         lanes = validate_completion(record[:, :NUM_FIELDS], expected)
         rows = None if self._token_columns == (LAYOUT.token, 1) else record.tolist()  # None: the ABI column is all

@@ -19,6 +19,8 @@ def find_violation(plan: StepPlan, results: Sequence[RowResult], vocab_size: int
         return f"plan {plan.sequence}: {len(results)} completion records for {len(plan.rows)} rows"
     speculative = plan.operation == Operation.SPECULATIVE
     lag = plan.variant.draft_lag_tokens if plan.variant is not None else None
+    if not speculative and _plain_rows_pass(plan.rows, results, vocab_size, lag):
+        return None
     total_offered = 0
     for index, (row, result) in enumerate(zip(plan.rows, results)):
         problem = _row_violation(row, result, vocab_size, speculative, lag)
@@ -28,6 +30,19 @@ def find_violation(plan: StepPlan, results: Sequence[RowResult], vocab_size: int
     if speculative and total_offered > plan.variant.packed_token_capacity:
         return f"plan {plan.sequence}: {total_offered} offered tokens exceed P={plan.variant.packed_token_capacity}"
     return None
+
+
+def _plain_rows_pass(rows: Sequence[PlanRow], results: Sequence[RowResult], vocab_size: int,
+                     lag: int | None) -> bool:
+    """Whether every row is a plain decode row (samples one token after one position) whose result
+    breaks no rule of `_row_violation`: one pass, the usual decode step's whole check."""
+    for row, result in zip(rows, results):
+        tokens, end = result.token_ids, row.start_pos + 1
+        if (len(tokens) != 1 or row.query_len != 1 or not row.samples or result.slot != row.slot
+                or result.generation != row.generation or not 0 <= tokens[0] < vocab_size
+                or result.consumed_endpoint != end or result.draft_cursor != (-1 if lag is None else max(end - lag, 0))):
+            return False
+    return True
 
 
 def _row_violation(row: PlanRow, result: RowResult, vocab_size: int, speculative: bool,

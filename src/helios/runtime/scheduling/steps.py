@@ -41,6 +41,7 @@ from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.scheduling.queues import RequestQueues
 from helios.runtime.records.request import RequestState, RequestStatus
 from helios.runtime.scheduling.slots import SlotTable
+from helios.runtime.scheduling.steady import steady_decode
 from helios.runtime.cache.snapshots import FenceKind, Residence
 
 DECODING_OPS = (Operation.DECODE, Operation.MIXED, Operation.SPECULATIVE)
@@ -91,10 +92,15 @@ class StepBuilder:
         self.queues = queues
         self.last_operation = Operation.UNSPECIFIED
         self.num_preemptions = 0
+        self.steady = True  # compose steady decode steps directly (`steady`); False: always the general path
 
     # -- fresh steps (no plan in flight) -------------------------------------------------------
 
     def build(self, pending: CopyWork) -> Draft | None:
+        if self.steady and not (pending.copies or pending.fences):
+            draft = Draft(Operation.DECODE)
+            if steady_decode(self, draft):  # the last step's decode cohort again, one position on
+                return draft
         draft = Draft(Operation.UNSPECIFIED)
         draft.add_work(pending)
         self._offload_published(draft)

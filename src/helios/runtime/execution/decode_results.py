@@ -1,0 +1,44 @@
+"""The completion of a plain decode plan, validated in one pass.
+
+In a plain decode plan every row is a generating lane of one position (it samples, feeds one
+token, admits no slot and is not speculative). Its completion record is fully determined except
+for the sampled token: slot, generation, submission, offered 1, accepted 0, emitted 1, consumed
+end start + 1, the draft cursor the lag gives, and the reserved field. `plain_decode_results`
+reads the record once (`tolist`), compares each row with those values and checks the token's
+range, building the `RowResult`s as it goes. It returns None as soon as anything differs (or a
+row is not plain): the executor then validates lane by lane
+(`helios.abi.completion.validate_completion`), which accepts exactly the same records and names
+the first broken rule of any other. So the results, and the errors, are the lane-by-lane path's.
+
+One pass over Python lists, not numpy: at decode batches of 1 to 64 the dozen numpy calls an
+array comparison takes cost more than the loop (measured: 56 us against 19 us at 16 rows).
+
+Thread ownership: the executor's (the model worker's).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from helios.abi.completion import NO_DRAFT_CURSOR, NUM_FIELDS, RESERVED_VALUE
+from helios.runtime.records.plan import PlanRow, RowResult
+
+
+def plain_decode_results(rows: Sequence[PlanRow], record: torch.Tensor, submission: int, vocab_size: int,
+                         draft_lag: int | None, packed_capacity: int) -> tuple[RowResult, ...] | None:
+    """The rows' `RowResult`s when `record` (int64 [>= rows, >= NUM_FIELDS], on the host) is a
+    valid completion of a plain decode plan whose tokens are the ABI token column; else None."""
+    if not rows or len(rows) > packed_capacity or record.device.type != "cpu" or record.shape[0] < len(rows):
+        return None
+    results = []
+    for row, fields in zip(rows, record[:len(rows), :NUM_FIELDS].tolist()):  # LAYOUT order
+        slot, generation, reported, token, offered, accepted, emitted, end, cursor, reserved = fields
+        if (slot != row.slot or generation != row.generation or reported != submission or row.query_len != 1
+                or not row.samples or row.admits or end != row.start_pos + 1 or offered != 1 or accepted != 0
+                or emitted != 1 or reserved != RESERVED_VALUE or not 0 <= token < vocab_size
+                or cursor != (NO_DRAFT_CURSOR if draft_lag is None else max(end - draft_lag, 0))):
+            return None
+        results.append(RowResult(slot, generation, end, (token,), 1, 0, cursor))
+    return tuple(results)
