@@ -157,12 +157,12 @@ def test_without_a_compiler_loading_fails_with_a_typed_error(monkeypatch):
 
 
 def test_an_inductor_failure_is_a_typed_error_naming_the_program(monkeypatch):
-    import torch._inductor
+    import torch._inductor.compile_fx
 
     def fails(*args, **kwargs):
         raise RuntimeError("no kernel for you")
 
-    monkeypatch.setattr(torch._inductor, "compile", fails)
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fails)  # the entry point segments compile through
     lines = []
     with pytest.raises(ProgramCompileError, match="decode .*no kernel for you"):
         compile_programs([_loaded(cpu_program(_program()))], lambda p: [_weights(), *_inputs(0)], lines.append)

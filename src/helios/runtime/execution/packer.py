@@ -187,11 +187,14 @@ class Packer:
         constrained rows' grammar masks."""
         requests = [self._requests[row.request_id] for row in plan.rows]
         self._staging.begin(plan.frame, plan.sequence)
-        for row in plan.rows:
+        # Rows with per-slot values to write (admitted, or gaining pages): none in most decode steps.
+        touched = [(row, req) for row, req in zip(plan.rows, requests)
+                   if row.admits or row.new_page_ids or row.new_window_ids]
+        for row, _ in touched:
             if row.admits and not self._initializes:
                 self._reset_state(graph, row.slot)
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
-            for row, req in zip(plan.rows, requests):
+            for row, req in touched:
                 if row.admits:
                     self._kept.forget(binding.buffer_name)
                     fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
@@ -211,7 +214,7 @@ class Packer:
             elif binding.source in _COPIED_SOURCES:
                 fill_copied(binding, target, plan.rows, copied, (plan.masks, self._allowed))
             else:
-                self._fill(binding, target, plan.rows, requests, plan.masks)
+                self._fill(binding, target, plan.rows, requests, plan.masks, touched)
         self._staging.upload()
 
     def pack_state_copies(self, graph: str, plan: StepPlan, rows: Sequence) -> None:
@@ -291,12 +294,13 @@ class Packer:
             self._kept.forget(name)
             self._buffers[name][rows].zero_()
 
-    def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks) -> None:
+    def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks, touched) -> None:
+        """`touched`: the (row, request) pairs that admit a slot or gain pages (nothing to write
+        for any other row of a PHYSICAL_REQUEST_ROW binding)."""
         source, indexing = binding.source, binding.indexing
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
-            for row, req in zip(rows, requests):
-                if row.admits or row.new_page_ids or row.new_window_ids:  # nothing to write for any other row
-                    fill_admission(binding, target, row, req, self._staging)
+            for row, req in touched:
+                fill_admission(binding, target, row, req, self._staging)
         elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
             target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:

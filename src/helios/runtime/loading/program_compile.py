@@ -38,6 +38,7 @@ from helios.runtime.loading.compile_segments import (
     compiled_runs, is_compiled, is_free, run_boundary, segment_graph,
 )
 from helios.runtime.loading.cpu_programs import CpuProgram
+from helios.runtime.loading.segment_calls import compile_segment
 
 
 class ProgramCompileError(LoadError):
@@ -121,14 +122,7 @@ def _compile_run(module, graph: torch.fx.Graph, run: list, values: dict, real: d
         if not isinstance(value, torch.Tensor):
             raise ProgramCompileError(f"segment {number} reads {node.name}, which is not a tensor of known shape")
         examples.append(value if fixed[node] is not None else torch.zeros(value.shape, dtype=value.dtype))
-    from torch._inductor import compile as inductor_compile
-
-    compiled = inductor_compile(torch.fx.GraphModule(module, sub), examples)
-
-    def segment(*arguments):
-        return compiled(*arguments)
-
-    segment.__name__ = segment.__qualname__ = f"compiled_segment_{number}"
+    segment, _ = compile_segment(torch.fx.GraphModule(module, sub), examples, f"compiled_segment_{number}")
     with graph.inserting_before(run[0]):
         # A tensor made by an opaque call or another segment is passed contiguous, as compiled.
         passed = [node if fixed[node] is not None else graph.call_function(torch.Tensor.contiguous, (node,))
