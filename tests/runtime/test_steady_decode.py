@@ -17,6 +17,7 @@ from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
 from .fake_model import VOCAB, reference
 from .harness import Driver, assert_all_released, make, spec
+from .test_window_region import make as make_window
 
 
 class Counted:
@@ -48,9 +49,9 @@ def script(seed: int, num_requests: int) -> dict[int, list[tuple]]:
     return actions
 
 
-def lockstep(seed: int, policy: SchedulerPolicy, num_requests: int = 10, **options) -> tuple[Driver, Driver]:
+def lockstep(seed: int, policy: SchedulerPolicy, num_requests: int = 10, maker=make, **options) -> tuple[Driver, Driver]:
     """Runs the script on a steady and a general scheduler, comparing every plan and event."""
-    pairs = [make(policy, **options) for _ in range(2)]
+    pairs = [maker(policy, **options) for _ in range(2)]
     pairs[1][0].builder.steady = False
     drivers = [driver for _, driver in pairs]
     actions = script(seed, num_requests)
@@ -84,6 +85,8 @@ POLICIES = {
     "stateful": (SchedulerPolicy(two_frames=False), {"stateful": True}),
     # Published state snapshots move to the host below the watermark (a recurrent layout has them).
     "watermark": (SchedulerPolicy(two_frames=False, offload_watermark_pages=10), {"stateful": True}),
+    # A window region with its own page ids beside the full one (gpt-oss's layers): window tables.
+    "window-region": (SchedulerPolicy(prefix_caching=False, two_frames=False), {"maker": make_window, "num_window_pages": 10}),
 }
 
 
@@ -94,7 +97,8 @@ def test_steady_steps_equal_the_general_path(name, monkeypatch):
     policy, options = POLICIES[name]
     for seed in range(6):
         # Few pages (preemption), fewer slots than requests (a queue behind a full cohort).
-        lockstep(seed, policy, max_active=4, num_pages=14, page_tokens=4, **options)
+        sizes = {"max_active": 4, "num_pages": 14} | ({} if "maker" in options else {"page_tokens": 4})
+        lockstep(seed, policy, **sizes, **options)
     # With two frames a decode cohort mostly runs as second frames; fresh steps between are few.
     assert counted.composed > (1 if policy.two_frames else 20) and counted.fallbacks > 5, (counted.composed, counted.fallbacks)
 

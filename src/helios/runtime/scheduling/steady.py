@@ -11,10 +11,13 @@ It falls back (returns None, having changed nothing the general path would not c
 way) whenever a lane is anything else: a request with more than its pending token ahead (a
 prompt, recomputation after preemption), one scoring its prompt, one without output budget, one
 whose slot generation has no row yet, one whose next row publishes a prompt checkpoint, a cohort
-no DECODE program holds, a core that would speculate instead, or a lane whose pages cannot grow
-(the general path then reserves pages, maybe preempting). Pages are grown for every lane before
-any row is added: a grow touches only its own request and the pool, and rows of a steady step
-add no copies, so the pool ends as the general path leaves it, lane after lane.
+no DECODE program holds, a core that would speculate instead, or lanes whose growth takes more
+pages than the pool (and the window region's pool) holds free or parked: the general path then
+reserves pages, maybe preempting, and a failed grow there returns window pages in another order,
+so the steady path never tries one. With enough pages every grow succeeds at once, lane after
+lane in scheduling order, as the general path's do; they run before any row is added, which
+changes nothing since a grow touches only its own request and the pools and rows of a steady
+step add no copies.
 
 Rows finishing, cancelled or preempted requests and new admissions change the running set or the
 lanes' counters, so the next step after them takes the general path.
@@ -25,6 +28,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from helios.runtime.records.capacities import Operation
+from helios.runtime.records.faults import require
+from helios.runtime.records.plan import PlanRow
+from helios.runtime.records.request import RequestState
 
 if TYPE_CHECKING:
     from helios.runtime.scheduling.steps import Draft, StepBuilder
@@ -46,24 +52,57 @@ def steady_decode(builder: StepBuilder, draft: Draft) -> bool:
     if count > min(max_rows, max_tokens) or builder._decode_operation() is not Operation.DECODE:
         return False
     variant = builder.caps.select(Operation.DECODE, count, count)
-    if variant is None or not all(_steady_lane(req) for req in running):
+    if variant is None:
         return False
+    missing = 0  # pages the lanes' growth takes
+    pages_for = cache.layout.pages_for
     for req in running:
-        if cache.grow(req, req.num_computed_tokens + req.num_inflight_tokens + 1) is None:
+        if not _steady_lane(req):
             return False
+        missing += max(0, pages_for(req.num_computed_tokens + req.num_inflight_tokens + 1) - len(req.page_ids))
+    if missing and (missing > cache.pool.num_available
+                    or (cache.window is not None and missing > cache.window.pool.num_available)):
+        return False  # a lane may have to wait or preempt: the general path reserves
+    for req in running:  # each succeeds from free and parked pages, as the general path's grows
+        require(cache.grow(req, req.num_computed_tokens + req.num_inflight_tokens + 1) is not None,
+                "a steady lane's pages did not grow")
     draft.variant = variant
+    rows, requests, scheduled = draft.rows, draft.requests, draft.scheduled
     for req in running:
-        builder._add_row(draft, req, 1)
+        rows.append(_decode_row(req))
+        requests.append(req)
+        scheduled.add(req.request_id)
+    draft.num_tokens = count
     return True
 
 
-def _steady_lane(req) -> bool:
-    """Whether a running request's next row is one plain decode position with nothing else to do."""
+def _steady_lane(req: RequestState) -> bool:
+    """Whether a running request's next row is one plain decode position with nothing else to do:
+    only its pending token ahead, output budget left, its slot generation's pages uploaded
+    before, and no prompt checkpoint due (`StepBuilder._add_row`)."""
     start = req.num_computed_tokens + req.num_inflight_tokens
-    if len(req.token_ids) + req.num_pending_samples - start != 1 or req.spec.score_prompt:
+    known, pending, spec = len(req.token_ids), req.num_pending_samples, req.spec
+    if known + pending - start != 1 or spec.score_prompt or not req.num_uploaded_pages:
         return False
-    if req.num_output_budget < 1 or req.num_uploaded_pages == 0:
+    if spec.max_output_tokens - (known - req.num_prompt_tokens) - pending < 1:  # num_output_budget
         return False
+    if start > req.num_prompt_tokens:  # past the prompt: no checkpoint is due
+        return True
     if start == req.num_prompt_tokens and not req.prompt_checkpointed:
         return False
     return not (start and start == req.stable_boundary)
+
+
+def _decode_row(req: RequestState) -> PlanRow:
+    """`StepBuilder._add_row(draft, req, 1)`'s row and request updates for a steady lane (one
+    token, sampling, no checkpoint, no admission), without the general case's branches."""
+    start = req.num_computed_tokens + req.num_inflight_tokens
+    token_ids, page_ids, window_ids = req.token_ids, req.page_ids, req.window_ids
+    first, pending = req.num_uploaded_pages, req.num_pending_samples
+    req.num_uploaded_pages = len(page_ids)
+    req.num_inflight_tokens += 1
+    req.num_pending_samples = pending + 1
+    return PlanRow(req.request_id, req.slot, req.generation, tuple(token_ids[start:start + 1]), False, start, 1, first,
+                   tuple(page_ids[first:]) if first < len(page_ids) else (), True,
+                   len(token_ids) - req.num_prompt_tokens + pending, 1, False, req.spec.constrained,
+                   tuple(window_ids[first:]) if first < len(window_ids) else ())
