@@ -26,7 +26,9 @@
   step continue from endpoint 0.
 
 The second frame (`build_second`) repeats a plain decode cohort with device-owned pending
-tokens, only when nothing would change phase and no active request needs host feedback.
+tokens, only when nothing would change phase and no active request needs host feedback. A fresh
+step of a steady decode cohort (the last step decoded and nothing else can happen) is composed
+directly by `helios.runtime.scheduling.steady`, the same plan as the general path's.
 """
 
 from __future__ import annotations
