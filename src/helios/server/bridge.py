@@ -16,7 +16,8 @@ total by the request's validated output budget (one step per generated token plu
 item), so a paused or slow reader never blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
 
 Event loop: `next_items` awaits what has arrived (a streamed response may instead take steps in
-the delivery while it waits: `read_directly`); `cancel` cancels the request in the engine (a
+the delivery while it waits: `read_directly`; a reader of several bridges takes every delivery in
+the delivery itself: `forward_to`); `cancel` cancels the request in the engine (a
 dropped connection); `close` says the reader released the response. The admission permit is
 released once the response is closed AND the terminal event has arrived: finished requests have
 already given back their slot and pages, but keep their permit until the body is sent or the client
@@ -123,6 +124,7 @@ class ResponseBridge:
         self._arrived: list[Item] = []  # loop side: items not yet taken by `next_items`
         self._waiter: asyncio.Future | None = None  # loop side: `next_items` waiting for items
         self._direct: Callable[[list[Item]], bool] | None = None  # loop side: see `read_directly`
+        self._forward: Callable[[list[Item]], None] | None = None  # loop side: see `forward_to`
         self._is_woken = False  # loop side: `wake` ended the wait
         self._failure: HeliosError | None = None  # worker side: output processing failed
         self._is_stop_sent = False  # worker side
@@ -229,6 +231,9 @@ class ResponseBridge:
             self._release_when_done()
 
     def _put(self, items: list[Item]) -> None:
+        if self._forward is not None:
+            self._forward(items)
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             direct = self._direct
@@ -244,6 +249,15 @@ class ResponseBridge:
         on the event loop's delivery instead of waking the waiting task; `take` returns False to
         leave them to `next_items`. None stops it."""
         self._direct = take
+
+    def forward_to(self, take: Callable[[list[Item]], None] | None) -> None:
+        """Every delivery from now on (the terminal item included) goes to `take(items)` on the
+        event loop instead of to `next_items`; items that arrived before go to it at once. For a
+        reader of several bridges (`helios.server.fanout`). None stops it."""
+        self._forward = take
+        if take is not None and self._arrived:
+            items, self._arrived = self._arrived, []
+            take(items)
 
     def wake(self) -> None:
         """Ends a pending `next_items` wait with whatever has arrived (possibly nothing)."""

@@ -120,6 +120,12 @@ class Lease:
     bridge: ResponseBridge
     send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S
     is_dropping: Callable[[], bool] = lambda: False
+    others: tuple[ResponseBridge, ...] = ()  # the other choices' bridges of one response (fan-out)
+
+    def close(self) -> None:
+        self.bridge.close()
+        for bridge in self.others:
+            bridge.close()
 
 
 async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,7 +143,7 @@ async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: 
     finally:
         if deadline is not None:
             deadline.close()
-        lease.bridge.close()
+        lease.close()
 
 
 def error_response(error: BaseException) -> JSONResponse:
@@ -198,6 +204,42 @@ def with_transport_send(app: ASGIApp) -> ASGIApp:
     return asgi
 
 
+async def stream_leased(stream, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
+    """`send_leased(stream, ...)` for a streamed response: a client that disconnects (a watcher
+    task on `receive`) cancels the stream's task, and the response then ends quietly."""
+    task = asyncio.current_task()
+    is_streaming = True
+
+    def on_disconnect(watcher: asyncio.Future) -> None:
+        if is_streaming and not watcher.cancelled():
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        await send_leased(stream, lease, scope, receive, send)
+    except asyncio.CancelledError:
+        if not (watcher.done() and not watcher.cancelled()):
+            raise
+        task.uncancel()  # the client is gone: the response ends quietly
+    finally:
+        is_streaming = False
+        if watcher.done() and not watcher.cancelled():
+            watcher.exception()  # a receive that failed ended the stream like a disconnect
+        watcher.cancel()
+
+
+def step_writer(scope: Scope, send: Send) -> Send:
+    """The send of a stream's writes between its start and its last message: the server's own
+    (`TRANSPORT_SEND`) when it is in the scope, under `send`'s deadline when `send` has one."""
+    transport = scope.get(TRANSPORT_SEND)
+    if transport is None:
+        return send
+    if isinstance(send, SendDeadline):
+        return functools.partial(send.send_via, transport)
+    return transport
+
+
 class SSEResponse(Response):
     """A streamed response (see the module docstring); closes its bridge once it is over."""
 
@@ -211,37 +253,13 @@ class SSEResponse(Response):
         self._presenter = presenter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        is_streaming = True
-
-        def on_disconnect(watcher: asyncio.Future) -> None:
-            if is_streaming and not watcher.cancelled():
-                task.cancel()
-
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-        watcher.add_done_callback(on_disconnect)
-        try:
-            await send_leased(self._stream, self._lease, scope, receive, send)
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise
-            task.uncancel()  # the client is gone: the response ends quietly
-        finally:
-            is_streaming = False
-            if watcher.done() and not watcher.cancelled():
-                watcher.exception()  # a receive that failed ended the stream like a disconnect
-            watcher.cancel()
+        await stream_leased(self._stream, self._lease, scope, receive, send)
 
     async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
         """`send`: the middleware chain's, timed (`SendDeadline`) unless the lease has no timeout."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        write = step_writer(scope, send)
         transport = scope.get(TRANSPORT_SEND)
-        if transport is None:
-            write = send
-        elif isinstance(send, SendDeadline):
-            write = functools.partial(send.send_via, transport)
-        else:
-            write = transport
         presenter, bridge = self._presenter, self._lease.bridge
         start = presenter.sse_start()
         if start:

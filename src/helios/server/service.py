@@ -207,7 +207,7 @@ class ServedModel:
         choices = [Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index)
                    for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies))]
         if prepared[0].head.options.is_stream:
-            return fanout_stream(choices)
+            return fanout_stream(choices, self.send_timeout_s, lambda: self._is_dropping)
         return await fanout_json(choices, receive)
 
     def _loop_outbox(self) -> LoopOutbox:
