@@ -14,6 +14,9 @@ per batch of deliveries, not one per request and token) into the response's unbo
 arrived items (`next_items` takes all of them at once): it grows as events arrive and is bounded in
 total by the request's validated output budget (one step per generated token plus one terminal
 item), so a paused or slow reader never blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
+With a stream interval N > 1 (``helios serve --stream-interval``), a stream's first step is posted
+at once and later ones N at a time (the terminal item takes what is held): N times fewer
+deliveries, presentations and socket writes per stream, for up to N - 1 steps of added latency.
 
 Event loop: `next_items` awaits what has arrived (a streamed response may instead take steps in
 the delivery while it waits: `read_directly`; a reader of several bridges takes every delivery in
@@ -111,6 +114,7 @@ class ResponseBridge:
         outbox: LoopOutbox,
         stop: Callable[[str, int], None] | None = None,
         observe: Callable[[RequestEvent], None] | None = None,
+        stream_interval: int = 1,
     ):
         self.request_id = request_id
         self._output = output
@@ -121,6 +125,9 @@ class ResponseBridge:
         self._outbox = outbox
         self._stop = stop
         self._observe = observe
+        self._stream_interval = stream_interval
+        self._held: list[OutputStep] = []  # worker side: steps waiting for the stream interval
+        self._has_posted_step = False  # worker side
         self._arrived: list[Item] = []  # loop side: items not yet taken by `next_items`
         self._waiter: asyncio.Future | None = None  # loop side: `next_items` waiting for items
         self._direct: Callable[[list[Item]], bool] | None = None  # loop side: see `read_directly`
@@ -147,7 +154,7 @@ class ResponseBridge:
         if isinstance(event, TokenEvent):
             steps = self._feed(event)
             if steps:
-                self._post(steps, is_terminal=False)
+                self._post_steps(steps)
             if self._output.is_stopped and not self._is_stop_sent and self._stop is not None:
                 self._is_stop_sent = True
                 self._stop(self.request_id, self._output.num_output_tokens)
@@ -171,10 +178,22 @@ class ResponseBridge:
             return event._replace(reason=FinishReason.STOP, num_output_tokens=self._output.num_output_tokens)
         return event
 
+    def _post_steps(self, steps: list[OutputStep]) -> None:
+        """Posts `steps`: at once for the first and with a stream interval of 1, else once
+        `stream_interval` steps are held (the terminal item takes whatever is held with it)."""
+        if self._stream_interval > 1 and self._has_posted_step:
+            self._held.extend(steps)
+            if len(self._held) < self._stream_interval:
+                return
+            steps, self._held = self._held, []
+        self._has_posted_step = True
+        self._post(steps, is_terminal=False)
+
     def _post_terminal(self, item: Terminal) -> None:
         if not self._is_terminal_posted:
             self._is_terminal_posted = True
-            self._post([item], is_terminal=True)
+            held, self._held = self._held, []
+            self._post([*held, item], is_terminal=True)
 
     def _feed(self, event: TokenEvent) -> list[OutputStep]:
         if self._failure is not None:
