@@ -3,7 +3,7 @@ admission, preparation, presentation) against the same generation in-process wit
 
     .venv/bin/python bench/server_overhead.py [--streams 1 16 64] [--tokens 64] [--rounds 5]
         [--torch-threads 1] [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
-        [--client raw|httpx] [--server-flag=--FLAG ...] [--compare-src TREE] [--variant "FLAGS" ...]
+        [--client raw|httpx] [--server-flag=--FLAG ...] [--compare-src TREE] [--variant="FLAGS" ...]
 
 Not a test. Without --core, a checkpoint is prepared into a temporary core first (decode batches
 1, 4, 16, 64): --checkpoint DIR, else the embedded default model when it is built, else the tiny
@@ -25,10 +25,11 @@ the main branch, on its PYTHONPATH) and runs its rounds interleaved with this tr
 which goes first), then prints both side by side: on a shared machine whose load moves by more
 than a change saves, that is the comparison that holds.
 
-`--variant "FLAGS"` (repeatable) also starts a server from this tree with FLAGS added (e.g.
-`--variant "--no-access-log"` or `--variant "--stream-interval 2"`), interleaved and reported the
-same way. The servers run with `helios serve`'s access log on (its default: one line per request
-on stderr) unless the flags say `--no-access-log`; the report says which.
+`--variant="FLAGS"` (repeatable; with the `=`, as FLAGS start with a dash) also starts a server
+from this tree with FLAGS added (e.g. `--variant=--no-access-log` or
+`--variant="--stream-interval 2"`), interleaved and reported the same way. The servers run with
+`helios serve`'s access log on (its default: one line per request on stderr) unless the flags say
+`--no-access-log`; the report says which.
 
 Both sides use the same torch thread count and run interleaved (one in-process round, one server
 round, ...) so that load from other processes hits both alike. Per stream: TTFT = first token -
