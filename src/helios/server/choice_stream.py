@@ -3,7 +3,8 @@
 
 `ChoicesSSEResponse` is a plain ASGI response like `helios.server.responses.SSEResponse`, with the
 same guarantees: the start and the last message pass through the middlewares and the writes in
-between go to the server's own send (`step_writer`), every write is under the send deadline, a
+between go to the server's own send (`step_writer`; straight to uvicorn's transport when it can
+take them at once: `helios.server.chunk_writer`), every write is under the send deadline, a
 client that disconnects ends the response at once, a response dropped at shutdown ends quietly,
 and every choice's bridge is closed on every path (so a choice still running is cancelled and its
 permit released once the engine confirmed the end). Every bridge forwards its deliveries
@@ -25,7 +26,8 @@ from helios.frontend.responses.output import OutputFinal
 from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, StreamPresenter, sse_data, sse_error
 from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.server.bridge import Item
-from helios.server.responses import _SSE_RAW_HEADERS, Lease, step_writer, stream_leased
+from helios.server.chunk_writer import chunk_writer
+from helios.server.responses import _SSE_RAW_HEADERS, TRANSPORT_SEND, Lease, step_writer, stream_leased
 
 
 def merged_usage(choices: Sequence, finals: Sequence[OutputFinal]) -> dict:
@@ -140,11 +142,13 @@ class ChoicesSSEResponse(Response):
     async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         write = step_writer(scope, send)
+        transport = scope.get(TRANSPORT_SEND)
+        raw = None if transport is None else chunk_writer(transport)
         presenter = ChoicesPresenter(self._choices, [choice.prepared.new_stream() for choice in self._choices])
         mailbox = ChoiceMailbox()
         bridges = [choice.bridge for choice in self._choices]
         start = presenter.start()
-        if start:
+        if start and not (raw is not None and raw(start)):
             await write({"type": "http.response.body", "body": start, "more_body": True})
         for index, bridge in enumerate(bridges):
             bridge.forward_to(functools.partial(mailbox.put, index))
@@ -154,7 +158,7 @@ class ChoicesSSEResponse(Response):
                 if is_done:
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
                     return
-                if chunk:
+                if chunk and not (raw is not None and raw(chunk)):
                     await write({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:
             for bridge in bridges:
