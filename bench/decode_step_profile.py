@@ -83,11 +83,13 @@ def main(argv=None) -> int:
                 results["profiles"].append(profile)
                 served = results["workloads"][str(Workload(rows, prompt, output))]
                 summarize(profile, shape.num_hidden_layers, served["ms_per_step"])
-                if device.type == "cuda":
+                for name, ab in (("rotary_step_ab", rotary_step_ab), ("gemv_step_ab", gemv_step_ab)):
+                    if device.type != "cuda" and name == "gemv_step_ab":
+                        continue
                     try:
-                        results.setdefault("gemv_step_ab", []).append(gemv_step_ab(runtime.model, rows))
+                        results.setdefault(name, []).append(ab(runtime.model, rows))
                     except Exception as error:  # noqa: BLE001  (reported; the profile lines stand)
-                        log(f"SUMMARY GEMV R={rows}: failed: {type(error).__name__}: {str(error)[:200]}")
+                        log(f"SUMMARY {name} R={rows}: failed: {type(error).__name__}: {str(error)[:200]}")
         finally:
             runtime.close()
     if args.json:
@@ -162,6 +164,44 @@ def gemv_step_ab(model, rows: int) -> dict:
     log(f"SUMMARY GEMV R={rows}: decode step {tiled:.3f} ms with {len(calls)} projections on the Triton GEMV, "
         f"{cublas:.3f} ms with all on cuBLAS ({cublas / tiled:.3f}x); outputs: {agreement}")
     return {"rows": rows, "calls": len(calls), "gemv_ms": tiled, "cublas_ms": cublas, "outputs": agreement}
+
+
+def rotary_step_ab(model, rows: int) -> dict:
+    """The greedy decode step at `rows` as captured (each layer's rotary cache write and attention one
+    ``helios::rotary_paged_attention`` call, `helios.runtime.loading.rotary_calls`) against the same
+    graph with the pairs split back into two calls: device ms per replay of each, from the same
+    buffers, and whether the sampled tokens agree."""
+    from helios.runtime.loading.rotary_calls import split_rotary_attention
+
+    program = next((p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows), None)
+    if program is None:
+        return {}
+    arguments = program_arguments(program, model.weights, model.buffers)
+    fused = variant_module(lever_ab._eager(program), SampleVariant.GREEDY)
+    graph = copy.deepcopy(fused.graph)
+    count = split_rotary_attention(graph)
+    if not count:
+        log(f"SUMMARY ROTARY R={rows}: the captured step has no fused rotary attention call")
+        return {"rows": rows, "calls": 0}
+    split_module = torch.fx.GraphModule(fused, graph)
+    state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
+    ours = [t.clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(fused(*arguments))]
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
+    agreement = _agreement(ours, split_module(*arguments))
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
+    del state
+    one, two = [], []
+    for _ in range(3):  # alternated, medians of each
+        one.append(lever_ab.graph_ms(lambda: fused(*arguments), replays=40))
+        two.append(lever_ab.graph_ms(lambda: split_module(*arguments), replays=40))
+    one_ms, two_ms = sorted(one)[1], sorted(two)[1]
+    layers = count
+    log(f"SUMMARY ROTARY R={rows}: decode step {one_ms:.3f} ms with {count} fused rotary+attention calls, "
+        f"{two_ms:.3f} ms with the pairs split ({two_ms / one_ms:.3f}x; {1e3 * (two_ms - one_ms) / layers:.2f} us "
+        f"per layer); outputs: {agreement}")
+    return {"rows": rows, "calls": count, "fused_ms": one_ms, "split_ms": two_ms, "outputs": agreement}
 
 
 def _agreement(ours, theirs) -> str:
