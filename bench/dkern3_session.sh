@@ -35,7 +35,7 @@ timeout "$(limit 40)" python3 bench/rotary_attention_ab.py --batches 1,64,256 --
   --json "$out/rotary_attention_ab.json" > "$out/rotary_attention_ab.log" 2>&1
 echo "rotary ab: exit $? at ${SECONDS}s"
 
-timeout "$(limit 75)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 \
+timeout "$(limit 75)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 --top 60 \
   --json "$out/decode_step_profile.json" > "$out/decode_step_profile.log" 2>&1
 echo "step profile: exit $? at ${SECONDS}s"
 
