@@ -4,7 +4,8 @@
 #   1. GPU tests (pytest -n 6): helios::rotary_paged_attention (the decode kernel with its rotary prologue)
 #      bit for bit against the two-kernel sequence at 8B shapes replayed from CUDA graphs (batch 1/7/64/256,
 #      tuned split counts 1/3/16), the interpreter-level cases compiled, the decode kernel's head and
-#      speculative tiles, and the CPU-vs-CUDA greedy tokens of a served core (the fusion is applied at capture);
+#      speculative tiles; then the float32 CPU-vs-CUDA greedy tokens of every family's core with CUDA graphs
+#      (the fusion is applied at capture: sinks, sliding windows, MoE, tied embeddings);
 #   2. bench/rotary_attention_ab.py: per layer at 8B attention shapes, rotary cache write + tuned decode
 #      attention (two launches) against the fused launch, batches 1/64/256 x contexts 128/256;
 #   3. bench/decode_step_profile.py: a 4-layer 8B-shaped core served at batch 1 and 64 (ms per engine step),
@@ -25,23 +26,25 @@ limit() {  # the smaller of $1 and the seconds left of the budget (at least 5)
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
-timeout "$(limit 75)" python3 -m pytest -q -p no:cacheprovider -n 6 -ra -p no:logging \
-  tests/abi/test_rotary_attention.py tests/abi/test_triton_decode_heads.py \
-  tests/gpu/test_runtime_cuda.py -k "rotary or heads or greedy_tokens_on_cuda or bfloat16_core or soak" \
-  > "$out/gpu_tests.log" 2>&1
-echo "tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_tests.log")"
+timeout "$(limit 42)" python3 -m pytest -q -p no:cacheprovider -n 6 -ra -p no:logging \
+  tests/abi/test_rotary_attention.py tests/abi/test_triton_decode_heads.py > "$out/gpu_tests.log" 2>&1
+echo "kernel tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_tests.log")"
 
-timeout "$(limit 40)" python3 bench/rotary_attention_ab.py --batches 1,64,256 --contexts 128,256 \
+timeout "$(limit 40)" python3 -m pytest -q -p no:cacheprovider -n 6 -ra -p no:logging \
+  tests/gpu/test_runtime_cuda.py -k "greedy_tokens_on_cuda and graphs" > "$out/gpu_greedy_tests.log" 2>&1
+echo "greedy tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_greedy_tests.log")"
+
+timeout "$(limit 32)" python3 bench/rotary_attention_ab.py --batches 1,64,256 --contexts 128,256 \
   --json "$out/rotary_attention_ab.json" > "$out/rotary_attention_ab.log" 2>&1
 echo "rotary ab: exit $? at ${SECONDS}s"
 
-timeout "$(limit 75)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 --top 60 \
+timeout "$(limit 70)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 --top 60 \
   --json "$out/decode_step_profile.json" > "$out/decode_step_profile.log" 2>&1
 echo "step profile: exit $? at ${SECONDS}s"
 
 left=$((budget - SECONDS - 3))
 if [ -f "$anchor" ] && [ "$left" -gt 25 ]; then
-  timeout "$left" python3 "$anchor" --layers 4 --batches 1,64 --steps 64 --budget $((left - 20)) \
+  timeout "$left" python3 "$anchor" --layers 4 --batches 1,64 --steps 48 --budget $((left - 20)) \
     > "$out/anchor_4layers.log" 2>&1
   echo "anchor: exit $? at ${SECONDS}s"
 else
@@ -49,7 +52,7 @@ else
 fi
 
 echo "== summary"
-grep -E "passed|failed|error" "$out/gpu_tests.log" | tail -3
+grep -hE "passed|failed|error" "$out/gpu_tests.log" "$out/gpu_greedy_tests.log" | tail -6
 grep -E "^rotary" "$out/rotary_attention_ab.log"
 grep -E "^SUMMARY|^helios" "$out/decode_step_profile.log"
 grep -E "_decode_kernel|_rotary_cache_write_kernel" "$out/decode_step_profile.log" | head -6
