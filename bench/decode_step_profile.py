@@ -49,6 +49,9 @@ def parse_args(argv=None):
     parser.add_argument("--output", type=int, default=32)
     parser.add_argument("--top", type=int, default=14, help="kernels listed per profiled step")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--gemv-tiles", default="",
+                        help="OUTxIN=TILE,... one-row projections bound to the Triton GEMV for this run (added to "
+                             "GEMV_TILES before capture; the step A/B then times them against cuBLAS)")
     parser.add_argument("--smoke", action="store_true")
     return parser.parse_args(argv)
 
@@ -63,6 +66,7 @@ def main(argv=None) -> int:
     batches = [1, 2] if args.smoke else [int(b) for b in args.batches.split(",")]
     prompt, output = (16, 8) if args.smoke else (args.prompt, args.output)
     workloads = [Workload(b, prompt, output) for b in batches]
+    add_gemv_tiles(args.gemv_tiles)
     key = SigningKey.generate()
     results: dict = {"layers": shape.num_hidden_layers, "workloads": {}, "profiles": []}
     with tempfile.TemporaryDirectory() as scratch:
@@ -95,6 +99,17 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
+
+
+def add_gemv_tiles(spec: str) -> None:
+    """``OUTxIN=BNxBKxW,...``: GEMV_TILES entries for this process (read when programs are captured)."""
+    from helios.abi.gemv_tiles import GEMV_TILES, GemvTile
+
+    for entry in filter(None, (part.strip() for part in spec.split(","))):
+        shape, tile = entry.split("=")
+        out_features, in_features = (int(v) for v in shape.lower().split("x"))
+        GEMV_TILES[(out_features, in_features)] = GemvTile.parse(tile)
+        log(f"GEMV tile for this run: {out_features}x{in_features} -> {tile}")
 
 
 def served_steps(engine, workload: Workload, vocab: int) -> dict:

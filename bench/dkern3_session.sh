@@ -10,7 +10,8 @@
 #      attention (two launches) against the fused launch, batches 1/64/256 x contexts 128/256;
 #   3. bench/decode_step_profile.py: a 4-layer 8B-shaped core served at batch 1 and 64 (ms per engine step),
 #      the kernels of one decode step (per layer), the captured greedy step with the fused calls against the
-#      same graph with the pairs split (same buffers, tokens compared), and the GEMV A/B;
+#      same graph with the pairs split (same buffers, tokens compared), and, with the fused qkv and output
+#      projections bound to the Triton GEMV (8x512x4) for this run, that step against the same graph on cuBLAS;
 #   4. the compiled anchor ($ANCHOR, else .anchor/compiled_anchor.py) at the same 4 layers, batch 1 and 64,
 #      if the budget leaves time: its ms per step beside Helios' served ms per step from 3.
 # Run from the repository root:  OUT=dir ANCHOR=path bash bench/dkern3_session.sh
@@ -39,6 +40,7 @@ timeout "$(limit 32)" python3 bench/rotary_attention_ab.py --batches 1,64,256 --
 echo "rotary ab: exit $? at ${SECONDS}s"
 
 timeout "$(limit 70)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 --top 60 \
+  --gemv-tiles 6144x4096=8x512x4,4096x4096=8x512x4 \
   --json "$out/decode_step_profile.json" > "$out/decode_step_profile.log" 2>&1
 echo "step profile: exit $? at ${SECONDS}s"
 
