@@ -186,7 +186,7 @@ def rotary_step_ab(model, rows: int) -> dict:
     ``helios::rotary_paged_attention`` call, `helios.runtime.loading.rotary_calls`) against the same
     graph with the pairs split back into two calls: device ms per replay of each, from the same
     buffers, and whether the sampled tokens agree."""
-    from helios.runtime.loading.rotary_calls import split_rotary_attention
+    from helios.runtime.loading.rotary_calls import prefetch_output_weights, split_rotary_attention
 
     program = next((p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows), None)
     if program is None:
@@ -199,6 +199,9 @@ def rotary_step_ab(model, rows: int) -> dict:
         log(f"SUMMARY ROTARY R={rows}: the captured step has no fused rotary attention call")
         return {"rows": rows, "calls": 0}
     split_module = torch.fx.GraphModule(fused, graph)
+    hinted_graph = copy.deepcopy(fused.graph)
+    hints = prefetch_output_weights(hinted_graph)
+    hinted = torch.fx.GraphModule(fused, hinted_graph)
     state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
     ours = [t.clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(fused(*arguments))]
     for name, tensor in state.items():
@@ -206,17 +209,24 @@ def rotary_step_ab(model, rows: int) -> dict:
     agreement = _agreement(ours, split_module(*arguments))
     for name, tensor in state.items():
         model.buffers[name].copy_(tensor)
+    hinted_agreement = _agreement(ours, hinted(*arguments))
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
     del state
-    one, two = [], []
+    one, two, three = [], [], []
     for _ in range(3):  # alternated, medians of each
         one.append(lever_ab.graph_ms(lambda: fused(*arguments), replays=40))
         two.append(lever_ab.graph_ms(lambda: split_module(*arguments), replays=40))
-    one_ms, two_ms = sorted(one)[1], sorted(two)[1]
+        three.append(lever_ab.graph_ms(lambda: hinted(*arguments), replays=40))
+    one_ms, two_ms, three_ms = sorted(one)[1], sorted(two)[1], sorted(three)[1]
+    log(f"SUMMARY PREFETCH R={rows}: decode step {three_ms:.3f} ms with {hints} fused calls prefetching the output "
+        f"projection's weight into L2, {one_ms:.3f} ms without ({one_ms / three_ms:.3f}x); outputs: {hinted_agreement}")
     layers = count
     log(f"SUMMARY ROTARY R={rows}: decode step {one_ms:.3f} ms with {count} fused rotary+attention calls, "
         f"{two_ms:.3f} ms with the pairs split ({two_ms / one_ms:.3f}x; {1e3 * (two_ms - one_ms) / layers:.2f} us "
         f"per layer); outputs: {agreement}")
-    return {"rows": rows, "calls": count, "fused_ms": one_ms, "split_ms": two_ms, "outputs": agreement}
+    return {"rows": rows, "calls": count, "fused_ms": one_ms, "split_ms": two_ms, "prefetch_ms": three_ms,
+            "outputs": agreement, "prefetch_outputs": hinted_agreement}
 
 
 def _agreement(ours, theirs) -> str:

@@ -7,10 +7,13 @@
 #      speculative tiles; then the float32 CPU-vs-CUDA greedy tokens of every family's core with CUDA graphs
 #      (the fusion is applied at capture: sinks, sliding windows, MoE, tied embeddings);
 #   2. bench/rotary_attention_ab.py: per layer at 8B attention shapes, rotary cache write + tuned decode
-#      attention (two launches) against the fused launch, batches 1/64/256 x contexts 128/256;
+#      attention (two launches) against the fused launch, batches 1/64/256 x contexts 128/256; then each
+#      followed by the layer's output projection (distinct weights), the fused launch with and without the
+#      L2 prefetch of that weight by extra programs of its grid;
 #   3. bench/decode_step_profile.py: a 4-layer 8B-shaped core served at batch 1 and 64 (ms per engine step),
 #      the kernels of one decode step (per layer), the captured greedy step with the fused calls against the
-#      same graph with the pairs split (same buffers, tokens compared), and, with the fused qkv and output
+#      same graph with the pairs split and with the o weight's L2 prefetch (same buffers, tokens compared),
+#      and, with the fused qkv and output
 #      projections bound to the Triton GEMV (8x512x4) for this run, that step against the same graph on cuBLAS;
 #   4. the compiled anchor ($ANCHOR, else .anchor/compiled_anchor.py) at the same 4 layers, batch 1 and 64,
 #      if the budget leaves time: its ms per step beside Helios' served ms per step from 3.

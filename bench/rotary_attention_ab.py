@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -79,13 +80,18 @@ def measure(config: Config, batch: int, context: int, device: torch.device, repl
                           dtype=torch.int32, device=device)
     scale = config.head_dim ** -0.5
 
-    def two(k_cache, v_cache):
+    def two(k_cache, v_cache, weight=None):
         rotated = triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slots)
-        return decode.paged_attention_decode_tuned(rotated, k_cache, v_cache, *geometry, scale, 0, splits)
+        out = decode.paged_attention_decode_tuned(rotated, k_cache, v_cache, *geometry, scale, 0, splits)
+        return out if weight is None else F.linear(out.view(batch, -1), weight)
 
-    def one(k_cache, v_cache):
-        return triton_rotary_paged_attention(q, k, v, cos, sin, k_cache, v_cache, slots, *geometry, scale, 0, None,
-                                             splits)
+    def one(k_cache, v_cache, weight=None, prefetch=False):
+        out = triton_rotary_paged_attention(q, k, v, cos, sin, k_cache, v_cache, slots, *geometry, scale, 0, None,
+                                            splits, prefetch=weight if prefetch else None)
+        return out if weight is None else F.linear(out.view(batch, -1), weight)
+
+    def hinted(k_cache, v_cache, weight=None):  # (the interpreter runs no inline assembly: not prefetched there)
+        return one(k_cache, v_cache, weight, prefetch=device.type == "cuda")
 
     first = planes[0]
     copies = [(first[0].clone(), first[1].clone()) for _ in range(2)]
@@ -95,13 +101,24 @@ def measure(config: Config, batch: int, context: int, device: torch.device, repl
     timed = {}
     for name, form in (("two", two), ("one", one)):
         timed[name] = 1e3 * lever_ab.graph_ms(lambda: [form(*pair) for pair in planes], replays=replays) / layers
+    # with each layer's output projection (distinct 4096 x 4096 weights: cold in L2), the fused launch with
+    # and without the L2 prefetch of that weight
+    weights = [torch.randn(config.num_heads * config.head_dim, config.num_heads * config.head_dim, device=device,
+                           dtype=torch.bfloat16) * 0.02 for _ in range(32 if device.type == "cuda" else 1)]
+    projected = [(pair, weights[index % len(weights)]) for index, pair in enumerate(planes)]
+    for name, form in (("two+o", two), ("one+o", one), ("one+o prefetch", hinted)):
+        timed[name] = 1e3 * lever_ab.graph_ms(lambda: [form(*pair, weight) for pair, weight in projected],
+                                              replays=replays) / layers
     row = {"batch": batch, "context": context, "layers": layers, "splits": int(splits.item()),
            "two_launches_us": timed["two"], "one_launch_us": timed["one"], "equal": equal,
-           "speedup": timed["two"] / timed["one"]}
+           "speedup": timed["two"] / timed["one"], "with_o_us": {k: v for k, v in timed.items() if "+o" in k}}
     print(f"rotary+attention B={batch:<4} ctx={context:<5} two launches {timed['two']:7.2f} us/layer, one launch "
           f"{timed['one']:7.2f} us/layer ({row['speedup']:.3f}x, saves {timed['two'] - timed['one']:.2f} us/layer, "
           f"{32 * (timed['two'] - timed['one']) / 1e3:.3f} ms per 32-layer step); {layers} layers' planes; "
           f"outputs and planes bit for bit equal: {equal}", flush=True)
+    print(f"rotary+attention+o B={batch:<4} ctx={context:<5} two launches + o {timed['two+o']:7.2f} us/layer, one "
+          f"launch + o {timed['one+o']:7.2f}, one launch prefetching o's weight + o {timed['one+o prefetch']:7.2f} "
+          f"({timed['one+o'] / timed['one+o prefetch']:.3f}x from the prefetch)", flush=True)
     return row
 
 

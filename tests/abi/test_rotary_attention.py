@@ -199,7 +199,8 @@ def test_bad_arguments_raise_typed_errors():
 def test_llama_8b_shapes_in_a_cuda_graph_are_the_two_kernels_bit_for_bit(rows):
     """8B shapes (32 query heads, 8 key/value heads, head_dim 128, bf16, pages of 16), the served tile
     table and tuned split counts, replayed from a CUDA graph: outputs and planes equal those of the
-    two-kernel sequence replayed from its own graph, for contexts from 1 to 1,500 positions."""
+    two-kernel sequence replayed from its own graph, for contexts from 1 to 1,500 positions; the same with
+    the L2 prefetch of a 4096 x 4096 weight (extra programs in the grid that only prefetch)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     shape = Shape(num_kv_heads=8, group=4, head_dim=128, page_tokens=16, dtype=torch.bfloat16)
@@ -207,15 +208,16 @@ def test_llama_8b_shapes_in_a_cuda_graph_are_the_two_kernels_bit_for_bit(rows):
     batch = make_batch(60 + rows, [1] * rows, cached, shape)
     step = make_step(61, batch, shape)
     splits = torch.ones(1, dtype=torch.int32, device="cuda")
+    weight = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")  # the prefetch hint (never read for results)
     results = {}
-    for fused in (True, False):
+    for fused in ("prefetch", True, False):
         (q, k, v, cos, sin), (k_cache, v_cache), geometry, slots = _on_device(step, batch)
         clean_k, clean_v = k_cache.clone(), v_cache.clone()
 
         def layer():
             if fused:
                 return triton_rotary_paged_attention(q, k, v, cos, sin, k_cache, v_cache, slots, *geometry, SCALE, 0,
-                                                     None, splits)
+                                                     None, splits, prefetch=weight if fused == "prefetch" else None)
             rotated = triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slots)
             return decode.paged_attention_decode_tuned(rotated, k_cache, v_cache, *geometry, SCALE, 0, splits)
 
@@ -231,4 +233,5 @@ def test_llama_8b_shapes_in_a_cuda_graph_are_the_two_kernels_bit_for_bit(rows):
             results[fused, count] = tuple(t.cpu() for t in (out, k_cache, v_cache))
     for count in (1, 3, 16):
         assert_same(results[True, count], results[False, count])
+        assert_same(results["prefetch", count], results[False, count])
     torch.testing.assert_close(results[True, 1][0], reference(batch, step, 0)[0], **base.TOLERANCE[torch.bfloat16])

@@ -11,7 +11,9 @@ import helios.abi.attention  # noqa: F401 (registers the ops)
 import helios.abi.attention_sinks  # noqa: F401
 import helios.abi.fused  # noqa: F401
 import helios.abi.rotary_attention  # noqa: F401
-from helios.runtime.loading.rotary_calls import fuse_rotary_attention, rotary_module, split_rotary_attention
+from helios.runtime.loading.rotary_calls import (
+    fuse_rotary_attention, prefetch_output_weights, rotary_module, split_rotary_attention,
+)
 
 OPS = torch.ops.helios
 HEADS, KV_HEADS, DIM, PAGE_TOKENS, ROWS = 4, 2, 8, 4, 3
@@ -106,3 +108,31 @@ def test_the_inverse_rewrite_restores_each_pair():
 def test_modules_without_a_pair_are_returned_as_they_are():
     module = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),), strict=False).module()
     assert rotary_module(module) is module
+
+
+class _Projected(torch.nn.Module):
+    """A layer whose attention output feeds the output projection through one reshape."""
+
+    def forward(self, qkv, cos, sin, k_cache, v_cache, slots, page_table, starts, positions, weight):
+        q, k, v = qkv.split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], -1)
+        plane_k, plane_v = k_cache[0], v_cache[0]
+        q = OPS.rotary_cache_write(q.reshape(ROWS, HEADS, DIM), k.reshape(ROWS, KV_HEADS, DIM),
+                                   v.reshape(ROWS, KV_HEADS, DIM), cos, sin, plane_k, plane_v, slots)
+        attended = OPS.paged_attention(q, plane_k, plane_v, page_table, starts, positions, 0.35, 0)
+        return torch.nn.functional.linear(attended.reshape(ROWS, HEADS * DIM), weight)
+
+
+def test_the_output_projection_weight_is_the_prefetch_hint():
+    inputs = _inputs()
+    args = (inputs[0][0], *inputs[1:9], torch.randn(16, HEADS * DIM))
+    exported = torch.export.export(_Projected(), args, strict=False).module()
+    fused = rotary_module(exported)
+    graph = fused.graph
+    assert prefetch_output_weights(graph) == 1
+    call = next(n for n in graph.nodes if n.target is OPS.rotary_paged_attention.default)
+    linear = next(n for n in graph.nodes if n.target is torch.ops.aten.linear.default)
+    assert call.args[15] is linear.args[1]
+    hinted = torch.fx.GraphModule(fused, graph)
+    expected = exported(*args)
+    assert torch.equal(hinted(*(t.clone() for t in args)), expected)  # a hint: the CPU result is the same
+    assert prefetch_output_weights(graph, enable=False) == 1 and call.args[15] is None

@@ -14,6 +14,11 @@ run that holds t's position), then a block barrier orders those stores before th
 thus always written by the program that reads it; two programs that write one entry write the same
 bytes. Tokens outside the rows (padding) are written by their split-0 program when their slot is
 not negative, as ``helios::cache_write`` does.
+
+`l2_prefetch` is the kernel's other optional prologue: extra programs that only ask the L2 cache to
+fetch slices of a tensor the step reads next (Hopper's bulk L2 prefetch), so that the latency-bound
+attention of a small batch overlaps the next projection's weight reads. It reads nothing into
+registers and writes nothing: results do not depend on it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import triton.language as tl
 
 from helios.abi.triton_fused import _rotate
 
-__all__ = ["rope_table", "rotated_heads", "write_token", "write_row_tokens"]
+__all__ = ["l2_prefetch", "rope_table", "rotated_heads", "write_token", "write_row_tokens"]
 
 
 @triton.jit
@@ -87,3 +92,27 @@ def write_row_tokens(rotary, query_start_ptr, positions_ptr, row, lo, hi, k_ptr,
                         rotary[8], rotary[9], rotary[10], k_ptr, v_ptr, kv_strides, t, kv_head,
                         num_kv_heads, offs_d, HEAD_DIM, PAGE_TOKENS, BLOCK_KV, KV_PAD)
     tl.debug_barrier()
+
+
+# One bulk L2 prefetch by the program's first thread (a scalar's asm runs in every thread otherwise).
+_PREFETCH_ASM = tl.constexpr("""{
+    .reg .pred first;
+    .reg .u32 thread;
+    mov.u32 thread, %tid.x;
+    setp.eq.u32 first, thread, 0;
+    @first cp.async.bulk.prefetch.L2.global [$1], $2;
+    mov.u32 $0, 0;
+}""")
+
+
+@triton.jit
+def l2_prefetch(prefetch_ptr, total_bytes, chunk_bytes, row):
+    """Prefetch program `row` (of the rows past the tokens) x (its program ids 1 and 2): one bulk L2
+    prefetch of its chunk_bytes slice of [prefetch_ptr, prefetch_ptr + total_bytes) (both multiples of
+    16, as the instruction needs), nothing past the end."""
+    index = (row * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+    start = index * chunk_bytes
+    if start < total_bytes:
+        size = tl.minimum(chunk_bytes, total_bytes - start).to(tl.int32)
+        base = prefetch_ptr.to(tl.pointer_type(tl.int8)) + start
+        tl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [base, size], dtype=tl.int32, is_pure=False, pack=1)

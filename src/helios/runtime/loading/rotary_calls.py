@@ -21,7 +21,7 @@ import helios.abi.attention_sinks  # noqa: F401
 import helios.abi.fused  # noqa: F401
 import helios.abi.rotary_attention  # noqa: F401
 
-__all__ = ["fuse_rotary_attention", "rotary_module", "split_rotary_attention"]
+__all__ = ["fuse_rotary_attention", "prefetch_output_weights", "rotary_module", "split_rotary_attention"]
 
 _OPS = torch.ops.helios
 # attention overload -> (index of sinks in its arguments or None, index of splits or None)
@@ -84,7 +84,7 @@ def split_rotary_attention(graph: torch.fx.Graph) -> int:
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not _OPS.rotary_paged_attention.default:
             continue
-        rotary_args, geometry, (sinks, splits) = node.args[:8], node.args[8:13], node.args[13:15]
+        rotary_args, geometry, (sinks, splits) = node.args[:8], node.args[8:13], node.args[13:15]  # no prefetch
         with graph.inserting_before(node):
             rotated = graph.call_function(_OPS.rotary_cache_write.default, tuple(rotary_args))
         rotated.meta = dict(node.meta)
@@ -94,6 +94,37 @@ def split_rotary_attention(graph: torch.fx.Graph) -> int:
                      *(arg for arg in (sinks, splits) if arg is not None))
         count += 1
     return count
+
+
+def prefetch_output_weights(graph: torch.fx.Graph, enable: bool = True) -> int:
+    """Sets (or, `enable` False, clears) the prefetch argument of every fused call whose output only
+    feeds, through one reshape, a projection (``aten.linear`` or the one-row GEMV binding): the
+    projection's weight, which the decode launch then asks the L2 cache to fetch while the
+    attention runs. Returns how many calls changed."""
+    count = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not _OPS.rotary_paged_attention.default:
+            continue
+        weight = _projection_weight(node) if enable else None
+        args = (*node.args[:15], weight)
+        if args != tuple(node.args) + (None,) * (16 - len(node.args)):
+            node.args = args
+            count += 1
+    return count
+
+
+def _projection_weight(node: torch.fx.Node):
+    """The weight of the projection that alone consumes `node`'s output through one reshape, or None."""
+    users = list(node.users)
+    if len(users) != 1 or users[0].target not in (torch.ops.aten.reshape.default, torch.ops.aten.view.default):
+        return None
+    projections = list(users[0].users)
+    if len(projections) != 1 or projections[0].op != "call_function":
+        return None
+    target = projections[0].target
+    if target is not torch.ops.aten.linear.default and getattr(target, "__name__", "") != "gemv_linear":
+        return None
+    return projections[0].args[1]
 
 
 def rotary_module(module):
