@@ -38,11 +38,11 @@ timeout "$(limit 40)" python3 -m pytest -q -p no:cacheprovider -n 6 -ra -p no:lo
   tests/gpu/test_runtime_cuda.py -k "greedy_tokens_on_cuda and graphs" > "$out/gpu_greedy_tests.log" 2>&1
 echo "greedy tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_greedy_tests.log")"
 
-timeout "$(limit 32)" python3 bench/rotary_attention_ab.py --batches 1,64,256 --contexts 128,256 \
+timeout "$(limit 40)" python3 bench/rotary_attention_ab.py --batches 1,64,256 --contexts 128,256 \
   --json "$out/rotary_attention_ab.json" > "$out/rotary_attention_ab.log" 2>&1
 echo "rotary ab: exit $? at ${SECONDS}s"
 
-timeout "$(limit 70)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 --top 60 \
+timeout "$(limit 66)" python3 bench/decode_step_profile.py --layers 4 --batches 1,64 --output 48 --top 60 \
   --gemv-tiles 6144x4096=8x512x4,4096x4096=8x512x4 \
   --json "$out/decode_step_profile.json" > "$out/decode_step_profile.log" 2>&1
 echo "step profile: exit $? at ${SECONDS}s"
