@@ -136,3 +136,11 @@ def test_the_output_projection_weight_is_the_prefetch_hint():
     expected = exported(*args)
     assert torch.equal(hinted(*(t.clone() for t in args)), expected)  # a hint: the CPU result is the same
     assert prefetch_output_weights(graph, enable=False) == 1 and call.args[15] is None
+
+
+def test_the_hint_is_limited_by_the_static_token_count():
+    inputs = _inputs()
+    args = (inputs[0][0], *inputs[1:9], torch.randn(16, HEADS * DIM))
+    graph = rotary_module(torch.export.export(_Projected(), args, strict=False).module()).graph
+    assert prefetch_output_weights(graph, max_tokens=ROWS - 1) == 0  # the call has ROWS tokens
+    assert prefetch_output_weights(graph, max_tokens=ROWS) == 1

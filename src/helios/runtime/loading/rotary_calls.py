@@ -32,6 +32,10 @@ _ATTENTION = {
     _OPS.paged_attention_sinks_tuned.default: (8, 9),
 }
 _BY_OPTIONALS = {value: key for key, value in _ATTENTION.items()}
+# Fused calls of at most this many tokens (static) get their output projection's weight as the L2
+# prefetch hint at capture; 0: none (the hint is measured by bench/rotary_attention_ab.py and the step
+# A/B of bench/decode_step_profile.py before it is adopted).
+PREFETCH_MAX_TOKENS = 0
 _VIEWS = (torch.ops.aten.select.int, torch.ops.aten.slice.Tensor, torch.ops.aten.view.default)
 
 
@@ -96,21 +100,30 @@ def split_rotary_attention(graph: torch.fx.Graph) -> int:
     return count
 
 
-def prefetch_output_weights(graph: torch.fx.Graph, enable: bool = True) -> int:
+def prefetch_output_weights(graph: torch.fx.Graph, enable: bool = True, max_tokens: int | None = None) -> int:
     """Sets (or, `enable` False, clears) the prefetch argument of every fused call whose output only
     feeds, through one reshape, a projection (``aten.linear`` or the one-row GEMV binding): the
     projection's weight, which the decode launch then asks the L2 cache to fetch while the
-    attention runs. Returns how many calls changed."""
+    attention runs; with `max_tokens`, only calls of at most that many tokens (static shapes).
+    Returns how many calls changed."""
     count = 0
     for node in graph.nodes:
         if node.op != "call_function" or node.target is not _OPS.rotary_paged_attention.default:
             continue
-        weight = _projection_weight(node) if enable else None
+        weight = _projection_weight(node) if enable and _tokens_at_most(node, max_tokens) else None
         args = (*node.args[:15], weight)
         if args != tuple(node.args) + (None,) * (16 - len(node.args)):
             node.args = args
             count += 1
     return count
+
+
+def _tokens_at_most(node: torch.fx.Node, max_tokens: int | None) -> bool:
+    if max_tokens is None:
+        return True
+    value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    size = value.shape[0] if isinstance(value, torch.Tensor) else None
+    return isinstance(size, int) and size <= max_tokens
 
 
 def _projection_weight(node: torch.fx.Node):
@@ -134,4 +147,6 @@ def rotary_module(module):
         return module
     graph = copy.deepcopy(module.graph)
     fuse_rotary_attention(graph)
+    if PREFETCH_MAX_TOKENS:
+        prefetch_output_weights(graph, max_tokens=PREFETCH_MAX_TOKENS)
     return torch.fx.GraphModule(module, graph)
