@@ -186,13 +186,14 @@ def rotary_step_ab(model, rows: int) -> dict:
     ``helios::rotary_paged_attention`` call, `helios.runtime.loading.rotary_calls`) against the same
     graph with the pairs split back into two calls: device ms per replay of each, from the same
     buffers, and whether the sampled tokens agree."""
-    from helios.runtime.loading.rotary_calls import prefetch_output_weights, split_rotary_attention
+    from helios.runtime.loading.rotary_calls import prefetch_output_weights, rotary_module, split_rotary_attention
 
     program = next((p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows), None)
     if program is None:
         return {}
     arguments = program_arguments(program, model.weights, model.buffers)
-    fused = variant_module(lever_ab._eager(program), SampleVariant.GREEDY)
+    # the served graph, fused here when capture left the pairs as they are (FUSE_AT_CAPTURE off)
+    fused = rotary_module(variant_module(lever_ab._eager(program), SampleVariant.GREEDY), enabled=True)
     graph = copy.deepcopy(fused.graph)
     count = split_rotary_attention(graph)
     if not count:

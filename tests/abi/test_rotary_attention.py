@@ -1,6 +1,7 @@
 """``helios::rotary_paged_attention``: the decode kernel with its rotary prologue against the two-kernel
 sequence it replaces (``helios::rotary_cache_write``'s kernel, then the decode kernel on the rotated
-q) bit for bit, outputs and cache planes, and against the CPU reference op. Without CUDA the kernels
+q), outputs and cache planes (bit for bit under the interpreter, within the GPU tolerance on CUDA),
+and against the CPU reference op. Without CUDA the kernels
 run under Triton's interpreter (test_triton_attention enables it first); batches are the poisoned
 ones of test_triton_attention (a kernel that reads outside a row's context returns NaN).
 """
@@ -108,8 +109,20 @@ def reference(batch: base.Batch, step: Step, window: int, sinks=None):
 
 
 def assert_same(fused, sequence) -> None:
-    for got, expected in zip(fused, sequence):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    """Output, k plane, v plane of the fused launch against the two-kernel sequence: bit for bit under
+    the interpreter; on CUDA within the GPU tests' tolerance of the dtype (the compiler may contract a
+    float32 rotary's products into fused multiply-adds differently in the two kernels)."""
+    for name, got, expected in zip(("output", "k plane", "v plane"), fused, sequence):
+        tolerance = base.TOLERANCE[got.dtype] if base.ON_CUDA else dict(rtol=0, atol=0)
+        torch.testing.assert_close(got, expected, equal_nan=True, **tolerance, msg=lambda text: f"{name}: {text}")
+
+
+def assert_written(got: torch.Tensor, expected: torch.Tensor, slots: torch.Tensor) -> None:
+    """The entries at `slots` of a kernel's plane against the CPU reference's: bit for bit under the
+    interpreter, within tolerance on CUDA (as tests/abi/test_triton_fused.py compares rotated keys)."""
+    got, expected = (t.view(-1, *t.shape[2:])[slots] for t in (got, expected))
+    tolerance = base.TOLERANCE[got.dtype] if base.ON_CUDA else dict(rtol=0, atol=0)
+    torch.testing.assert_close(got, expected, **tolerance)
 
 
 TILES = {"n16": decode.DecodeTile(16, 4, 2, 16), "k2-p2": decode.DecodeTile(8, 4, 2, 16, prefetch=2, kv_heads=2),
@@ -118,7 +131,7 @@ TILES = {"n16": decode.DecodeTile(16, 4, 2, 16), "k2-p2": decode.DecodeTile(8, 4
 
 @pytest.mark.parametrize("tile_id", sorted(TILES))
 @pytest.mark.parametrize("split", [1, 3])
-def test_fused_launch_is_the_two_kernels_bit_for_bit(tile_id, split):
+def test_fused_launch_matches_the_two_kernels(tile_id, split):
     shape = Shape(page_tokens=8, dtype=torch.bfloat16)
     batch = make_batch(40, [1] * 5, RAGGED, shape)
     step = make_step(41, batch, shape)
@@ -127,9 +140,8 @@ def test_fused_launch_is_the_two_kernels_bit_for_bit(tile_id, split):
     assert_same(fused, sequence)
     out, k_cache, v_cache = reference(batch, step, 0)
     torch.testing.assert_close(fused[0], out, **base.TOLERANCE[torch.bfloat16])
-    written = step.slots
     for got, expected in ((fused[1], k_cache), (fused[2], v_cache)):  # this step's entries: the reference's
-        assert torch.equal(got.view(-1, *got.shape[2:])[written], expected.view(-1, *expected.shape[2:])[written])
+        assert_written(got, expected, step.slots)
 
 
 def test_multi_token_row_padding_with_a_slot_and_sinks():
@@ -145,8 +157,7 @@ def test_multi_token_row_padding_with_a_slot_and_sinks():
     out, k_cache, _ = reference(batch, step, 0, sinks)
     torch.testing.assert_close(fused[0], out, **base.TOLERANCE[torch.float32])
     assert torch.all(fused[0][batch.num_real_tokens:] == 0)
-    padded = fused[1].view(-1, *fused[1].shape[2:])[step.slots[-1]]
-    assert torch.equal(padded, k_cache.view(-1, *k_cache.shape[2:])[step.slots[-1]])
+    assert_written(fused[1], k_cache, step.slots[-1:])
 
 
 def test_window_and_untuned_splits():
@@ -196,11 +207,11 @@ def test_bad_arguments_raise_typed_errors():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 7, 64, 256])
-def test_llama_8b_shapes_in_a_cuda_graph_are_the_two_kernels_bit_for_bit(rows):
+def test_llama_8b_shapes_in_a_cuda_graph_match_the_two_kernels(rows):
     """8B shapes (32 query heads, 8 key/value heads, head_dim 128, bf16, pages of 16), the served tile
-    table and tuned split counts, replayed from a CUDA graph: outputs and planes equal those of the
-    two-kernel sequence replayed from its own graph, for contexts from 1 to 1,500 positions; the same with
-    the L2 prefetch of a 4096 x 4096 weight (extra programs in the grid that only prefetch)."""
+    table and tuned split counts, replayed from a CUDA graph: outputs and planes match those of the
+    two-kernel sequence replayed from its own graph (`assert_same`), for contexts from 1 to 1,500
+    positions; with the L2 prefetch of a 4096 x 4096 weight (extra programs that only prefetch)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     shape = Shape(num_kv_heads=8, group=4, head_dim=128, page_tokens=16, dtype=torch.bfloat16)
@@ -233,5 +244,5 @@ def test_llama_8b_shapes_in_a_cuda_graph_are_the_two_kernels_bit_for_bit(rows):
             results[fused, count] = tuple(t.cpu() for t in (out, k_cache, v_cache))
     for count in (1, 3, 16):
         assert_same(results[True, count], results[False, count])
-        assert_same(results["prefetch", count], results[False, count])
+        assert_same(results["prefetch", count], results[True, count])
     torch.testing.assert_close(results[True, 1][0], reference(batch, step, 0)[0], **base.TOLERANCE[torch.bfloat16])

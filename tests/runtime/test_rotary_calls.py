@@ -11,6 +11,7 @@ import helios.abi.attention  # noqa: F401 (registers the ops)
 import helios.abi.attention_sinks  # noqa: F401
 import helios.abi.fused  # noqa: F401
 import helios.abi.rotary_attention  # noqa: F401
+from helios.runtime.loading import rotary_calls
 from helios.runtime.loading.rotary_calls import (
     fuse_rotary_attention, prefetch_output_weights, rotary_module, split_rotary_attention,
 )
@@ -73,7 +74,7 @@ def _run(module):
 
 def test_every_variant_fuses_and_computes_the_same():
     exported = _exported()
-    fused = rotary_module(exported)
+    fused = rotary_module(exported, enabled=True)
     targets = _targets(fused)
     assert targets.count(OPS.rotary_paged_attention.default) == len(ATTENTION)
     assert OPS.rotary_cache_write.default not in targets and not set(ATTENTION) & set(targets)
@@ -84,7 +85,7 @@ def test_every_variant_fuses_and_computes_the_same():
 
 def test_a_rotated_q_with_another_user_keeps_its_pair():
     exported = _exported(extra_user=True)
-    fused = rotary_module(exported)
+    fused = rotary_module(exported, enabled=True)
     targets = _targets(fused)
     assert targets.count(OPS.rotary_paged_attention.default) == len(ATTENTION) - 1
     assert targets.count(OPS.rotary_cache_write.default) == 1
@@ -93,7 +94,7 @@ def test_a_rotated_q_with_another_user_keeps_its_pair():
 
 
 def test_the_inverse_rewrite_restores_each_pair():
-    fused = rotary_module(_exported())
+    fused = rotary_module(_exported(), enabled=True)
     graph = fused.graph
     assert split_rotary_attention(graph) == len(ATTENTION)
     restored = torch.fx.GraphModule(fused, graph)
@@ -107,7 +108,13 @@ def test_the_inverse_rewrite_restores_each_pair():
 
 def test_modules_without_a_pair_are_returned_as_they_are():
     module = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),), strict=False).module()
-    assert rotary_module(module) is module
+    assert rotary_module(module, enabled=True) is module
+
+
+def test_fusion_at_capture_follows_the_switch():
+    exported = _exported()
+    assert rotary_module(exported, enabled=False) is exported
+    assert (rotary_module(exported) is exported) == (not rotary_calls.FUSE_AT_CAPTURE)
 
 
 class _Projected(torch.nn.Module):
@@ -126,7 +133,7 @@ def test_the_output_projection_weight_is_the_prefetch_hint():
     inputs = _inputs()
     args = (inputs[0][0], *inputs[1:9], torch.randn(16, HEADS * DIM))
     exported = torch.export.export(_Projected(), args, strict=False).module()
-    fused = rotary_module(exported)
+    fused = rotary_module(exported, enabled=True)
     graph = fused.graph
     assert prefetch_output_weights(graph) == 1
     call = next(n for n in graph.nodes if n.target is OPS.rotary_paged_attention.default)
@@ -141,6 +148,6 @@ def test_the_output_projection_weight_is_the_prefetch_hint():
 def test_the_hint_is_limited_by_the_static_token_count():
     inputs = _inputs()
     args = (inputs[0][0], *inputs[1:9], torch.randn(16, HEADS * DIM))
-    graph = rotary_module(torch.export.export(_Projected(), args, strict=False).module()).graph
+    graph = rotary_module(torch.export.export(_Projected(), args, strict=False).module(), enabled=True).graph
     assert prefetch_output_weights(graph, max_tokens=ROWS - 1) == 0  # the call has ROWS tokens
     assert prefetch_output_weights(graph, max_tokens=ROWS) == 1
