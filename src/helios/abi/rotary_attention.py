@@ -21,9 +21,10 @@ stored, and the programs that read this step's positions write them first. The r
 those of the two-kernel sequence, so the result and the planes are bit for bit the same. Prefill-
 shaped steps run the two kernels. The CPU body is the reference: the two ops' CPU bodies in order.
 
-Programs are not prepared with this op: the CUDA loader rewrites each rotary_cache_write whose
-rotated q only feeds the attention over the same planes into one call
-(`helios.runtime.loading.rotary_calls`), so cores stay as they are and the CPU path is untouched.
+Programs are not prepared with this op: the CUDA loader can rewrite each rotary_cache_write whose
+rotated q only feeds the attention over the same planes into one call when it captures a program
+(`helios.runtime.loading.rotary_calls`, switched by its FUSE_AT_CAPTURE), so cores stay as they are
+and the CPU path is untouched.
 """
 
 from __future__ import annotations

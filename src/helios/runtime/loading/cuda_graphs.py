@@ -28,9 +28,10 @@ one graph fewer (a greedy copy, a warm-up run and a capture) per such variant.
 
 Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
 one-row projections whose shapes the committed GEMV table names run the Triton matrix-vector kernel
-instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and
-each layer's rotary cache write and attention run as one ``helios::rotary_paged_attention`` call
-(`helios.runtime.loading.rotary_calls`: one kernel launch per layer on a decode step instead of two).
+instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and,
+where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (off for now), each layer's
+rotary cache write and attention run as one ``helios::rotary_paged_attention`` call (one kernel
+launch per layer on a decode step instead of two).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
     full = None
-    # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op
+    # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
     module = gemv_module(rotary_module(program.module))
     try:
         full = _record(module, arguments, pool, warmups)
