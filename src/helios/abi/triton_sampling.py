@@ -48,8 +48,9 @@ def greedy_splits(num_rows: int, vocab_size: int) -> int:
 @triton.jit
 def _greedy_partial_kernel(
     logits, logit_stride, penalties, prompt_counts, prompt_stride, output_counts, output_stride,
-    grammar_mask, mask_stride, mask_rows, part_values, part_ids, values_out, vocab_size, chunk,
+    grammar_mask, mask_stride, mask_rows, part_values, part_ids, values_out, vocab_size, chunk, row_slots,
     NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, STORE_VALUES: tl.constexpr, PLAIN_F32: tl.constexpr,
+    ROW_SLOTS: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -63,7 +64,13 @@ def _greedy_partial_kernel(
     logits_row = logits + row.to(tl.int64) * logit_stride
     mask_row = grammar_mask + row.to(tl.int64) * mask_stride
     values_row = values_out + row.to(tl.int64) * vocab_size
-    counts = (prompt_counts + row.to(tl.int64) * prompt_stride, output_counts + row.to(tl.int64) * output_stride)
+    if ROW_SLOTS:  # counts are tables read at the row's slot; a negative slot (padding) reads nothing
+        slot = tl.load(row_slots + row).to(tl.int64)
+        table_row = tl.maximum(slot, 0)
+        end = tl.where(slot >= 0, end, start)  # an empty range: (-inf, start), NO_TOKEN after the combine
+    else:
+        table_row = row.to(tl.int64)
+    counts = (prompt_counts + table_row * prompt_stride, output_counts + table_row * output_stride)
     factors = (repetition, presence, frequency)
     if PLAIN_F32:
         if penalised:
@@ -162,7 +169,8 @@ def _greedy_combine_kernel(part_values, part_ids, tokens, NUM_SPLITS: tl.constex
 def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
                   output_counts: torch.Tensor, grammar_mask: torch.Tensor,
                   mask_rows: torch.Tensor, values_out: torch.Tensor | None = None, *,
-                  plain_f32: bool = True, splits: int | None = None) -> torch.Tensor:
+                  plain_f32: bool = True, splits: int | None = None,
+                  row_slots: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [R]: each row's greedy token as `sample_reference` selects it for a non-drawing row.
 
     Inputs are validated ``helios::sample`` arguments (logits float32 [R, V]). With `values_out`
@@ -170,7 +178,14 @@ def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: 
     the reference's, for the random draw. Allocates its output and two small partial buffers;
     never reads device data on the host. `plain_f32` False and `splits` (a power of two) are for A/B
     benchmarks: the float64 reduction in every row, another split count.
+
+    With `row_slots` (integer [R]) the counts are tables [S, V] and row r reads row
+    ``row_slots[r]`` of them (the values ``table[row_slots]`` would hold, without gathering [R, V]
+    of them, and only in penalised rows); a row whose slot is negative reads nothing and gets
+    NO_TOKEN (-1). Not with `values_out`.
     """
+    if row_slots is not None and values_out is not None:
+        raise ValueError("greedy_tokens: row_slots and values_out exclude each other")
     num_rows, vocab_size = logits.shape
     splits = splits or greedy_splits(num_rows, vocab_size)
     chunk = -(-vocab_size // splits)
@@ -186,7 +201,9 @@ def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: 
         logits, logits.stride(0), penalties, prompt_counts, prompt_counts.stride(0), output_counts,
         output_counts.stride(0), grammar_mask, grammar_mask.stride(0), mask_rows.contiguous(),
         part_values, part_ids, part_values if values_out is None else values_out, vocab_size, chunk,
+        part_ids if row_slots is None else row_slots.contiguous(),
         NUM_SPLITS=splits, BLOCK_V=BLOCK, STORE_VALUES=values_out is not None, PLAIN_F32=plain_f32,
+        ROW_SLOTS=row_slots is not None,
     )
     _greedy_combine_kernel[(num_rows,)](part_values, part_ids, tokens, NUM_SPLITS=splits)
     return tokens

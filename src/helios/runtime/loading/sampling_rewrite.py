@@ -1,0 +1,83 @@
+"""Load-time rewrite of a greedy graph's sampling call: counts read through the slots, padding skipped.
+
+A program gathers each row's prompt and output counts from the per-slot tables before it samples
+(``helios::sample(..., prompt_counts[slots], output_counts[slots], ...)`` with ``slots =
+request_slots.clamp(min=0)``, `helios.ignition.program`): two [R, V] int32 copies per step (about
+0.5 GB at 256 rows of a 128k vocabulary), although the greedy pass reads counts only in penalised
+rows. In a program's greedy graph (`helios.runtime.loading.cuda_graphs.greedy_module`, where the call
+is bound to `SampleVariant.GREEDY`) `bind_greedy_rows` replaces that call by
+`helios.abi.sampling_rows.greedy_rows` on the tables and the unclamped ``request_slots``, and drops
+the gathers: the same token in every row with a slot; rows past the live ones (slot -1, which
+sample nothing: ``sample_rows`` is false there, so the program replaces their token by -1 anyway)
+read nothing, where they used to take the float64 penalty path with slot 0's counts (their zero
+padding parameters are not neutral penalties).
+
+Only the exact pattern is rewritten: both count arguments gathered by ``aten.index`` through one
+``aten.clamp(slots, 0)`` node; anything else (a tensor-parallel sampler, another program shape) is
+left as it is and `bind_greedy_rows` counts nothing for it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from helios.abi.sampling import SampleVariant, sampling_call_targets
+from helios.abi.sampling_rows import greedy_rows
+
+_INDEX = torch.ops.aten.index.Tensor
+_CLAMP = torch.ops.aten.clamp.default
+# helios::sample's argument positions (`helios.abi.sampling.SAMPLE_SCHEMA`).
+_LOGITS, _PENALTIES, _PROMPT_COUNTS, _OUTPUT_COUNTS, _GRAMMAR_MASK, _MASK_ROWS = 0, 7, 8, 9, 10, 11
+
+
+def bind_greedy_rows(graph: torch.fx.Graph) -> int:
+    """Rewrites every greedy sampling call of `graph` whose counts are gathered through clamped
+    slots into a `greedy_rows` call (module docstring); returns how many. The caller recompiles."""
+    greedy = sampling_call_targets(SampleVariant.GREEDY)
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in greedy or node.kwargs or len(node.args) != 12:
+            continue
+        gathered = _gathered_tables(node.args[_PROMPT_COUNTS], node.args[_OUTPUT_COUNTS])
+        if gathered is None:
+            continue
+        prompt_table, output_table, slots = gathered
+        args = node.args
+        with graph.inserting_before(node):
+            rows = graph.call_function(greedy_rows, (args[_LOGITS], args[_PENALTIES], prompt_table, output_table,
+                                                     slots, args[_GRAMMAR_MASK], args[_MASK_ROWS]))
+        rows.meta = dict(node.meta)
+        node.replace_all_uses_with(rows)
+        dropped = [args[_PROMPT_COUNTS], args[_OUTPUT_COUNTS]]
+        graph.erase_node(node)
+        _erase_unused(graph, dropped)
+        count += 1
+    return count
+
+
+def _gathered_tables(prompt: object, output: object):
+    """(prompt table, output table, unclamped slots) when both count arguments are
+    ``table[clamp(slots, 0)]`` through the same clamp node, else None."""
+    if not all(isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target is _INDEX
+               and len(n.args) == 2 and isinstance(n.args[1], (list, tuple)) and len(n.args[1]) == 1
+               for n in (prompt, output)):
+        return None
+    index = prompt.args[1][0]
+    if output.args[1][0] is not index or not isinstance(index, torch.fx.Node) or index.target is not _CLAMP:
+        return None
+    if index.kwargs or len(index.args) != 2 or index.args[1] != 0 or not isinstance(index.args[0], torch.fx.Node):
+        return None  # clamp(slots, min=0) only: no max bound
+    return prompt.args[0], output.args[0], index.args[0]
+
+
+def _erase_unused(graph: torch.fx.Graph, nodes: list) -> None:
+    """Erases `nodes` that nothing uses any more, then their inputs that nothing else uses (pure
+    ops only: a node with side effects or a placeholder stays)."""
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, torch.fx.Node) or node.users or node.op != "call_function" or node.is_impure():
+            continue
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        pending.extend(inputs)
