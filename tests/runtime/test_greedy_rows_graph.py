@@ -17,10 +17,11 @@ import pytest
 import torch
 
 import helios.runtime.loading.programs as program_loading
-from helios.abi.sampling import SampleVariant
+from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS, SampleVariant, split_sampling_parameters
 from helios.abi.sampling_rows import greedy_rows
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
+from helios.ignition.tensor_parallel import with_logit_bias
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.engine import EngineRequest
 from helios.runtime.execution.executor import GraphExecutor
@@ -158,3 +159,51 @@ def test_graphs_without_the_pattern_are_left_alone():
     bound = variant_module(module, SampleVariant.GREEDY)
     assert bind_greedy_rows(bound.graph) == 0
     assert torch.equal(greedy_module(module)(*inputs), module(*inputs))
+
+
+class _Sampler(torch.nn.Module):
+    """The sampling tail of a program (`helios.ignition.program.GenerationProgram.sample`): logits
+    of the rows, the logit bias of their slots added out of place, counts gathered at the slots."""
+
+    def forward(self, hidden, head, request_slots, bias_ids, bias_values, params, prompt_counts, output_counts,
+                grammar_mask, seeds):
+        logits = torch.nn.functional.linear(hidden, head).to(torch.float32)
+        slots = request_slots.clamp(min=0)
+        biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots])
+        temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)
+        allow = torch.ones_like(request_slots, dtype=torch.bool)
+        sampled = torch.ops.helios.sample(biased, seeds, seeds, temperature, top_k, top_p, min_p, penalties,
+                                          prompt_counts[slots], output_counts[slots], grammar_mask, allow)
+        return sampled, logits
+
+
+def _sampler_inputs(rows: int = 6, vocab: int = 300, slots: int = 4, width: int = 5):
+    generator = torch.Generator().manual_seed(2)
+    hidden, head = torch.randn(rows, 16, generator=generator), torch.randn(vocab, 16, generator=generator)
+    request_slots = torch.tensor([2, 0, 3, 1, -1, -1][:rows])
+    bias_ids = torch.full((slots, width), -1, dtype=torch.int64)
+    bias_ids[0, :3] = torch.tensor([0, 17, 250])  # id 0 biased too: padding entries clamp to 0 as well
+    bias_ids[3, :2] = torch.tensor([5, 6])
+    bias_values = torch.where(bias_ids >= 0, torch.randn(slots, width, generator=generator) * 40, 0.0)
+    params = torch.tensor([NEUTRAL_SAMPLING_PARAMETERS] * rows)
+    params[1, 4:] = torch.tensor([1.5, 0.5, 0.25])  # row 1 (slot 0) penalised
+    counts = [(torch.rand(slots, vocab, generator=generator) < 0.1).to(torch.int32) * 2 for _ in range(2)]
+    mask = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32)
+    return (hidden, head, request_slots, bias_ids, bias_values, params, *counts, mask,
+            torch.zeros(rows, dtype=torch.int64))
+
+
+def test_the_bias_is_added_in_place_and_the_logits_stay_unbiased():
+    inputs = _sampler_inputs()
+    module = torch.export.export(_Sampler(), inputs, strict=False).module()
+    plain = variant_module(module, SampleVariant.GREEDY)
+    rewritten = greedy_module(module)
+    targets = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.scatter_add.default not in targets and torch.ops.aten.scatter_add_.default in targets
+    assert greedy_rows in targets and not _gathers(rewritten) and len(_gathers(plain)) == 2
+    (expected, logits), (got, got_logits) = plain(*inputs), rewritten(*inputs)
+    live = inputs[2] >= 0
+    assert torch.equal(got[live], expected[live]) and (got[~live] == -1).all()
+    assert torch.equal(got_logits, logits)  # unbiased, bit for bit
+    unbiased = inputs[0] @ inputs[1].T
+    assert expected.tolist()[0] != int(unbiased[0].argmax()) or expected.tolist()[2] != int(unbiased[2].argmax())

@@ -12,6 +12,13 @@ sample nothing: ``sample_rows`` is false there, so the program replaces their to
 read nothing, where they used to take the float64 penalty path with slot 0's counts (their zero
 padding parameters are not neutral penalties).
 
+The logit bias: the program adds it to a copy of the logits (``scatter_add``, out of place: the
+``logits`` output stays unbiased), another [R, V] float32 copy per step. In the greedy graph the
+bias is added to the logits in place just before the sampling call and the overwritten entries
+(at most R x `MAX_LOGIT_BIAS`, gathered first) are written back just after it: the call samples the
+same values and every other reader, the ``logits`` output included, sees the unbiased ones bit
+for bit.
+
 Only the exact pattern is rewritten: both count arguments gathered by ``aten.index`` through one
 ``aten.clamp(slots, 0)`` node; anything else (a tensor-parallel sampler, another program shape) is
 left as it is and `bind_greedy_rows` counts nothing for it.
@@ -26,6 +33,8 @@ from helios.abi.sampling_rows import greedy_rows
 
 _INDEX = torch.ops.aten.index.Tensor
 _CLAMP = torch.ops.aten.clamp.default
+_SCATTER_ADD, _SCATTER_ADD_ = torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default
+_GATHER, _SCATTER_ = torch.ops.aten.gather.default, torch.ops.aten.scatter_.src
 # helios::sample's argument positions (`helios.abi.sampling.SAMPLE_SCHEMA`).
 _LOGITS, _PENALTIES, _PROMPT_COUNTS, _OUTPUT_COUNTS, _GRAMMAR_MASK, _MASK_ROWS = 0, 7, 8, 9, 10, 11
 
@@ -48,11 +57,31 @@ def bind_greedy_rows(graph: torch.fx.Graph) -> int:
                                                      slots, args[_GRAMMAR_MASK], args[_MASK_ROWS]))
         rows.meta = dict(node.meta)
         node.replace_all_uses_with(rows)
-        dropped = [args[_PROMPT_COUNTS], args[_OUTPUT_COUNTS]]
+        dropped = [args[_PROMPT_COUNTS], args[_OUTPUT_COUNTS], args[_LOGITS]]
         graph.erase_node(node)
+        _bias_in_place(graph, rows)
         _erase_unused(graph, dropped)
         count += 1
     return count
+
+
+def _bias_in_place(graph: torch.fx.Graph, rows: torch.fx.Node) -> None:
+    """Where `rows` samples ``scatter_add(logits, 1, ids, values)`` (the logit bias added to a copy
+    of the unbiased logits, which the program also returns), adds the bias to the logits in place
+    just before the call and puts the saved entries back just after it: the same biased values for
+    the call and the same unbiased logits for every other reader, without the [R, V] copy."""
+    biased = rows.args[0]
+    if not (isinstance(biased, torch.fx.Node) and biased.op == "call_function" and biased.target is _SCATTER_ADD
+            and not biased.kwargs and len(biased.args) == 4 and biased.args[1] == 1
+            and all(isinstance(a, torch.fx.Node) for a in (biased.args[0], biased.args[2], biased.args[3]))):
+        return
+    logits, _, ids, values = biased.args
+    with graph.inserting_before(rows):
+        saved = graph.call_function(_GATHER, (logits, 1, ids))
+        added = graph.call_function(_SCATTER_ADD_, (logits, 1, ids, values))
+    rows.args = (added, *rows.args[1:])
+    with graph.inserting_after(rows):
+        graph.call_function(_SCATTER_, (logits, 1, ids, saved))
 
 
 def _gathered_tables(prompt: object, output: object):
