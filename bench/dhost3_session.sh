@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 18, the host side of GPU decode, in one device call on one H200 (at most BUDGET seconds,
+# default 195), logs under $OUT:
+#   1. bench/decode_host_ab.py at 8 layers of the 8B shape: the compiled anchor ($ANCHOR, batches
+#      256, 64, 1; it runs while Helios prepares, Helios measures after it exits), then Helios at the
+#      same shapes (128-token prompts, 128 greedy tokens) with the rewritten greedy graphs ("new":
+#      counts read through the slots, padding rows skipped, the bias added in place) and with the
+#      greedy graphs as before ("old"), alternating, two rounds; each step's device ms and the
+#      device's idle ms before it (CUDA events), the host's ms per engine step by phase; one-frame
+#      runs (no overlap) beside them;
+#   2. GPU tests (pytest -n 4) of the slot-indexed greedy kernel, the rewritten graphs served from
+#      CUDA graphs against the CPU path, and the sampling kernel tests, with the time left.
+# Run from the repository root:  OUT=dir ANCHOR=path/compiled_anchor.py bash bench/dhost3_session.sh
+set -uo pipefail
+out=${OUT:-device-out}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/src:$PWD/tests:/tmp/site PYTHONUNBUFFERED=1
+budget=${BUDGET:-195}
+limit() {  # the smaller of $1 and the seconds left of the budget (at least 5)
+  local left=$((budget - SECONDS))
+  echo $(( $1 < left ? $1 : (left > 5 ? left : 5) ))
+}
+anchor=${ANCHOR:-../shared/bench/compiled_anchor.py}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+
+timeout "$(limit 165)" python3 bench/decode_host_ab.py --layers "${LAYERS:-8}" --anchor "$anchor" \
+  --anchor-seconds 110 --rounds 2 --json "$out/decode_host_ab.json" > "$out/decode_host_ab.log" 2>&1
+echo "decode_host_ab: exit $? at ${SECONDS}s"
+
+timeout "$(limit 60)" python3 -m pytest -q -p no:cacheprovider -n 4 -ra tests/abi/test_sampling_rows.py \
+  tests/gpu/test_greedy_rows_cuda.py tests/abi/test_triton_sampling.py > "$out/gpu_tests.log" 2>&1
+echo "tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_tests.log")"
+
+echo "== summary"
+grep -E "^anchor|^loaded|^prepared" "$out/decode_host_ab.log"
+grep -E "^SUMMARY|^STEPS|^one frame" "$out/decode_host_ab.log"
+grep -E "passed|failed|error" "$out/gpu_tests.log" | tail -3
+echo "[done at ${SECONDS}s]"
