@@ -95,6 +95,7 @@ class Packer:
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, RequestSpec] = {}
         self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
+        self._num_drawing_requests = 0  # recorded requests that are not greedy (temperature > 0)
         self._bindings = {name: resolve_bindings(prepared, name) for name in prepared.graphs}
         if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
                                         for items in self._bindings.values() for b in items):
@@ -127,6 +128,7 @@ class Packer:
         self.forget(spec.request_id)  # an id registered again replaces its record
         self._requests[spec.request_id] = spec
         self._num_logprob_requests += spec.top_logprobs is not None
+        self._num_drawing_requests += not spec.sampling.is_greedy
         self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
@@ -154,6 +156,7 @@ class Packer:
         """Drops a request's record (an id it never saw is ignored)."""
         spec = self._requests.pop(request_id, None)
         self._num_logprob_requests -= spec is not None and spec.top_logprobs is not None
+        self._num_drawing_requests -= spec is not None and not spec.sampling.is_greedy
         if self._contexts is not None:
             self._contexts.pop(request_id, None)
         if self._histories is not None:
@@ -262,6 +265,8 @@ class Packer:
 
     def all_greedy(self, plan: StepPlan) -> bool:
         """Whether every row of `plan` belongs to a greedy request (`SamplingParams.is_greedy`)."""
+        if not self._num_drawing_requests:  # the usual step: no row need be looked at
+            return True
         return all(self._requests[row.request_id].sampling.is_greedy for row in plan.rows)
 
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:
