@@ -56,8 +56,10 @@ TARGET = 1.15
 class DeviceJobs:
     """The tests, then the anchor, as subprocesses on the device while this process prepares."""
 
-    def __init__(self, tests: list[str], anchor: list[str] | None, tests_timeout: float, scratch: Path):
+    def __init__(self, tests: list[str], anchor: list[str] | None, tests_timeout: float, scratch: Path,
+                 tests_log: Path | None = None):
         self.tests, self.anchor, self.tests_timeout = tests, anchor, tests_timeout
+        self.tests_log = tests_log or scratch / "tests.log"
         self.anchor_log = scratch / "anchor.log"
         self.checkpoint_written = threading.Event()
         self.process: subprocess.Popen | None = None
@@ -69,11 +71,13 @@ class DeviceJobs:
         if self.tests:
             command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.tests]
             log(f"tests: {' '.join(command[3:])}")
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=self.tests_timeout)
-                log("tests: " + " | ".join(line for line in done.stdout.splitlines()[-4:] if line.strip()))
-            except subprocess.TimeoutExpired:
-                log(f"tests: stopped after {self.tests_timeout:.0f} s")
+            with open(self.tests_log, "wb") as sink:
+                try:
+                    subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=self.tests_timeout)
+                except subprocess.TimeoutExpired:
+                    sink.write(f"\ntests stopped after {self.tests_timeout:.0f} s\n".encode())
+            lines = self.tests_log.read_text(errors="replace").splitlines()
+            log("tests: " + " | ".join(line for line in lines[-3:] if line.strip()))
         self.checkpoint_written.wait()
         if self.anchor:
             log(f"anchor: {' '.join(self.anchor)}")
@@ -111,6 +115,7 @@ def main() -> None:
     parser.add_argument("--anchor-seconds", type=float, default=110.0, help="the anchor's deadline from start")
     parser.add_argument("--tests", default="", help="pytest arguments run on the device first")
     parser.add_argument("--tests-timeout", type=float, default=45.0)
+    parser.add_argument("--tests-log", type=Path, help="where the tests' output goes (default: a scratch file)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
@@ -126,7 +131,7 @@ def main() -> None:
         if args.anchor is not None:
             anchor = [str(args.anchor), "--layers", str(shape.num_hidden_layers), "--batches", ",".join(map(str, batches)),
                       "--prompt", str(prompt), "--steps", str(output)] + (["--smoke"] if args.smoke else [])
-        jobs = DeviceJobs(args.tests.split(), anchor, args.tests_timeout, Path(scratch))
+        jobs = DeviceJobs(args.tests.split(), anchor, args.tests_timeout, Path(scratch), args.tests_log)
         key = SigningKey.generate()
         core = prepare(shape, workloads, Path(scratch), key, "bfloat16", 64 if args.smoke else 2048, device,
                        on_checkpoint=jobs.checkpoint_written.set)

@@ -8,8 +8,11 @@
 #      greedy graphs as before ("old"), alternating, two rounds; each step's device ms and the
 #      device's idle ms before it (CUDA events), the host's ms per engine step by phase; one-frame
 #      runs (no overlap) beside them;
-#   2. GPU tests (pytest -n 4) of the slot-indexed greedy kernel, the rewritten graphs served from
-#      CUDA graphs against the CPU path, and the sampling kernel tests, with the time left.
+#   GPU tests (pytest -n 4, first, while the checkpoint is written and the core prepares; the anchor
+#      waits for them): the slot-indexed greedy kernel, the rewritten graphs served from CUDA graphs
+#      against the CPU path, the sampling kernel tests (the float32 lanes' ties among them);
+#   2. bench/greedy_ab.py: the greedy pass at 1/64/256 rows of the 8B vocabulary (float64 rows, the
+#      float32 lanes, split counts, rows masked as served, half of them padding).
 # Run from the repository root:  OUT=dir ANCHOR=path/compiled_anchor.py bash bench/dhost3_session.sh
 set -uo pipefail
 out=${OUT:-device-out}
@@ -23,16 +26,19 @@ limit() {  # the smaller of $1 and the seconds left of the budget (at least 5)
 anchor=${ANCHOR:-../shared/bench/compiled_anchor.py}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
-timeout "$(limit 165)" python3 bench/decode_host_ab.py --layers "${LAYERS:-8}" --anchor "$anchor" \
-  --anchor-seconds 110 --rounds 2 --json "$out/decode_host_ab.json" > "$out/decode_host_ab.log" 2>&1
+# The GPU tests run first, beside the checkpoint writing and Helios preparation; the anchor after them.
+timeout "$(limit 175)" python3 bench/decode_host_ab.py --layers "${LAYERS:-8}" --anchor "$anchor" \
+  --anchor-seconds 130 --rounds 2 --tests-timeout 50 --tests-log "$out/gpu_tests.log" --json "$out/decode_host_ab.json" \
+  --tests "-n 4 -ra tests/abi/test_sampling_rows.py tests/gpu/test_greedy_rows_cuda.py tests/abi/test_triton_sampling.py" \
+  > "$out/decode_host_ab.log" 2>&1
 echo "decode_host_ab: exit $? at ${SECONDS}s"
 
-timeout "$(limit 60)" python3 -m pytest -q -p no:cacheprovider -n 4 -ra tests/abi/test_sampling_rows.py \
-  tests/gpu/test_greedy_rows_cuda.py tests/abi/test_triton_sampling.py > "$out/gpu_tests.log" 2>&1
-echo "tests: exit $? at ${SECONDS}s: $(tail -1 "$out/gpu_tests.log")"
+timeout "$(limit 25)" python3 bench/greedy_ab.py --rows 1,64,256 > "$out/greedy_ab.log" 2>&1
+echo "greedy_ab: exit $? at ${SECONDS}s"
 
 echo "== summary"
-grep -E "^anchor|^loaded|^prepared" "$out/decode_host_ab.log"
+grep -E "^tests|^anchor|^loaded|^prepared" "$out/decode_host_ab.log"
 grep -E "^SUMMARY|^STEPS|^one frame" "$out/decode_host_ab.log"
+grep -E "^greedy R=" "$out/greedy_ab.log"
 grep -E "passed|failed|error" "$out/gpu_tests.log" | tail -3
 echo "[done at ${SECONDS}s]"

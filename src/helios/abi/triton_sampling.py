@@ -131,9 +131,14 @@ def _plain_best(logits_row, mask_row, values_row, start, end, masked, BLOCK_V: t
     """`_float64_best` of a row with neutral penalties, in float32: without the penalty arithmetic,
     steps 1-4 only sanitise and mask float32 values (exact in float32; step 4 then changes nothing),
     and float32 -> float64 is exact and keeps the order, so the argmax, its ties and the stored values
-    are the float64 path's, at float32 reduction cost."""
-    best = tl.full((), float("-inf"), tl.float32)
-    best_id = start.to(tl.int64)
+    are the float64 path's, at float32 reduction cost.
+
+    Each lane keeps its own best value and the first id holding it (ids grow along a lane; a later
+    equal value does not replace it), and the lanes are reduced once, at the end: the largest value,
+    then the lowest id among the lanes holding it - the block-by-block argmax's result without its
+    two block reductions per iteration."""
+    lane_best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    lane_id = tl.zeros((BLOCK_V,), tl.int32)
     for offset in range(start, end, BLOCK_V):
         ids = offset + tl.arange(0, BLOCK_V)
         inside = ids < end
@@ -147,12 +152,13 @@ def _plain_best(logits_row, mask_row, values_row, start, end, masked, BLOCK_V: t
         if STORE_VALUES:
             tl.store(values_row + ids, x.to(tl.float64), mask=inside)
         x = tl.where(inside, x, float("-inf"))
-        block_best = tl.max(x, axis=0)
-        block_id = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64) + offset
-        better = block_best > best
-        best_id = tl.where(better, block_id, best_id)
-        best = tl.where(better, block_best, best)
-    return best.to(tl.float64), best_id
+        better = x > lane_best
+        lane_id = tl.where(better, ids, lane_id)
+        lane_best = tl.where(better, x, lane_best)
+    best = tl.max(lane_best, axis=0)
+    best_id = tl.min(tl.where(lane_best == best, lane_id, 2147483647), axis=0)
+    best_id = tl.where(best > float("-inf"), best_id, start)  # nothing above -inf: as `_float64_best`
+    return best.to(tl.float64), best_id.to(tl.int64)
 
 
 @triton.jit
