@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each graph set per batch")
     parser.add_argument("--anchor", type=Path, default=None)
     parser.add_argument("--anchor-seconds", type=float, default=110.0, help="the anchor's deadline from start")
+    parser.add_argument("--anchor-reference", default="",
+                        help="BATCH:TOK_S,... the anchor's decode tok/s from another call (without --anchor)")
     parser.add_argument("--tests", default="", help="pytest arguments run on the device first")
     parser.add_argument("--tests-timeout", type=float, default=45.0)
     parser.add_argument("--tests-log", type=Path, help="where the tests' output goes (default: a scratch file)")
@@ -137,6 +139,9 @@ def main() -> None:
                        on_checkpoint=jobs.checkpoint_written.set)
         jobs.checkpoint_written.set()
         results["anchor"] = jobs.wait(began + args.anchor_seconds)
+        for item in filter(None, args.anchor_reference.split(",")):  # measured in another call
+            batch, rate = item.split(":")
+            results["anchor"].setdefault(int(batch), {"decode_tok_s": float(rate), "another_call": True})
         serve(core, key, shape.vocab_size, workloads, device, args.rounds, results)
     summary(results, batches)
     if args.json:
