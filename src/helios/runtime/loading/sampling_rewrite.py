@@ -20,8 +20,10 @@ same values and every other reader, the ``logits`` output included, sees the unb
 for bit.
 
 Only the exact pattern is rewritten: both count arguments gathered by ``aten.index`` through one
-``aten.clamp(slots, 0)`` node; anything else (a tensor-parallel sampler, another program shape) is
-left as it is and `bind_greedy_rows` counts nothing for it.
+``aten.clamp(slots, 0)`` node, and the tokens read only through ``where(sample_rows, tokens, -1)``
+(so a row that does not sample returns -1 whatever the call gives it); anything else (a
+tensor-parallel sampler, a speculative program's draws) is left as it is and `bind_greedy_rows`
+counts nothing for it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ _INDEX = torch.ops.aten.index.Tensor
 _CLAMP = torch.ops.aten.clamp.default
 _SCATTER_ADD, _SCATTER_ADD_ = torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default
 _GATHER, _SCATTER_ = torch.ops.aten.gather.default, torch.ops.aten.scatter_.src
+_FULL_LIKE, _WHERE = torch.ops.aten.full_like.default, torch.ops.aten.where.self
 # helios::sample's argument positions (`helios.abi.sampling.SAMPLE_SCHEMA`).
 _LOGITS, _PENALTIES, _PROMPT_COUNTS, _OUTPUT_COUNTS, _GRAMMAR_MASK, _MASK_ROWS = 0, 7, 8, 9, 10, 11
 
@@ -48,7 +51,7 @@ def bind_greedy_rows(graph: torch.fx.Graph) -> int:
         if node.op != "call_function" or node.target not in greedy or node.kwargs or len(node.args) != 12:
             continue
         gathered = _gathered_tables(node.args[_PROMPT_COUNTS], node.args[_OUTPUT_COUNTS])
-        if gathered is None:
+        if gathered is None or not _kept_only_where_sampling(node):
             continue
         prompt_table, output_table, slots = gathered
         args = node.args
@@ -82,6 +85,21 @@ def _bias_in_place(graph: torch.fx.Graph, rows: torch.fx.Node) -> None:
     rows.args = (added, *rows.args[1:])
     with graph.inserting_after(rows):
         graph.call_function(_SCATTER_, (logits, 1, ids, saved))
+
+
+def _kept_only_where_sampling(node: torch.fx.Node) -> bool:
+    """Whether the call's tokens are read only through ``where(sample_rows, tokens,
+    full_like(tokens, -1))`` (`GenerationProgram.sample`): what it returns in rows that do not
+    sample - the padding rows past the live ones among them - is discarded."""
+    users = list(node.users)
+    fills = [u for u in users if u.op == "call_function" and u.target is _FULL_LIKE and u.args[:2] == (node, -1)]
+    if len(users) != 2 or len(fills) != 1:
+        return False
+    (chosen,) = [u for u in users if u is not fills[0]]
+    condition = chosen.args[0] if chosen.args else None
+    return (chosen.op == "call_function" and chosen.target is _WHERE and not chosen.kwargs
+            and chosen.args[1:] == (node, fills[0]) and isinstance(condition, torch.fx.Node)
+            and condition.op == "placeholder" and condition.target == "sample_rows")
 
 
 def _gathered_tables(prompt: object, output: object):
