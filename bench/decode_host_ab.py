@@ -196,7 +196,8 @@ def summary(results: dict, batches: list[int]) -> None:
         new = statistics.median(row["new"])
         old = statistics.median(row["old"]) if row["old"] else float("nan")
         theirs = anchor.get(batch, {}).get("decode_tok_s", float("nan"))
-        log(f"SUMMARY | {batch} | {theirs:,.1f} | {new:,.1f} | {old:,.1f} | {new / old:.3f}x | {new / theirs:.3f}x "
+        where = " (another call)" if anchor.get(batch, {}).get("another_call") else ""
+        log(f"SUMMARY | {batch} | {theirs:,.1f}{where} | {new:,.1f} | {old:,.1f} | {new / old:.3f}x | {new / theirs:.3f}x "
             f"(target {TARGET}) | {old / theirs:.3f}x | {row.get('one_frame', float('nan')):,.1f} |")
         for name, steps in row["steps"].items():
             log(f"STEPS {name} batch {batch}: " + " ; ".join(StepTiming.describe(s) for s in steps))
