@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,9 +74,11 @@ class DeviceJobs:
             command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.tests]
             log(f"tests: {' '.join(command[3:])}")
             with open(self.tests_log, "wb") as sink:
+                tests = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
-                    subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=self.tests_timeout)
-                except subprocess.TimeoutExpired:
+                    tests.wait(timeout=self.tests_timeout)
+                except subprocess.TimeoutExpired:  # its whole group: pytest-xdist workers must not run on
+                    _stop(tests)
                     sink.write(f"\ntests stopped after {self.tests_timeout:.0f} s\n".encode())
             lines = self.tests_log.read_text(errors="replace").splitlines()
             log("tests: " + " | ".join(line for line in lines[-3:] if line.strip()))
@@ -83,7 +87,8 @@ class DeviceJobs:
             log(f"anchor: {' '.join(self.anchor)}")
             self.started = time.perf_counter()
             with open(self.anchor_log, "wb") as sink:
-                self.process = subprocess.Popen([sys.executable, *self.anchor], stdout=sink, stderr=subprocess.STDOUT)
+                self.process = subprocess.Popen([sys.executable, *self.anchor], stdout=sink, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
 
     def wait(self, deadline: float) -> dict:
         """The anchor's rows by batch, stopping it at `deadline` (perf_counter seconds)."""
@@ -94,8 +99,7 @@ class DeviceJobs:
             self.process.wait(timeout=max(1.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:
             log("anchor: stopped at its deadline (finished batches are kept)")
-            self.process.kill()
-            self.process.wait()
+            _stop(self.process)  # with its compile workers
         log(f"anchor: exit {self.process.returncode} after {time.perf_counter() - self.started:.0f} s")
         rows = {}
         for line in self.anchor_log.read_text(errors="replace").splitlines():
@@ -103,6 +107,15 @@ class DeviceJobs:
                 row = json.loads(line)
                 rows[row["batch"]] = row
         return rows
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Kills `process` and every process of its session (it was started with a session of its own)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def main() -> None:
