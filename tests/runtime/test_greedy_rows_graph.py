@@ -11,12 +11,14 @@ execution frames - with exactly the CPU path's tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import pytest
 import torch
 
 import helios.runtime.loading.programs as program_loading
+import helios.runtime.service as service
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS, SampleVariant, split_sampling_parameters
 from helios.abi.sampling_rows import greedy_rows
 from helios.core.keys import SigningKey
@@ -25,6 +27,7 @@ from helios.ignition.tensor_parallel import with_logit_bias
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.engine import EngineRequest
 from helios.runtime.execution.executor import GraphExecutor
+from helios.runtime.execution.packer import Packer
 from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module, variant_module
 from helios.runtime.loading.model import program_arguments
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
@@ -91,8 +94,10 @@ def _serve(runtime, frames: int) -> list[list[int]]:
 
 
 def _exported_runtime(core_path, monkeypatch):
-    """The runtime with the programs a CUDA model builds (no CPU rewrites), replayed eagerly."""
+    """The runtime with the programs a CUDA model builds (no CPU rewrites), replayed eagerly, and
+    its per-step values packed into per-frame mirrors as a device model's are."""
     monkeypatch.setattr(program_loading, "cpu_program", lambda module: module)
+    monkeypatch.setattr(service, "Packer", functools.partial(Packer, staged=True))
     runtime = _runtime(core_path)
     executor, model = runtime.engine.executor, runtime.engine.executor.model
     programs = {
