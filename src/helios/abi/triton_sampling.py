@@ -18,7 +18,11 @@ steps 6-8), so the drawing path skips the reference's dozen [R, V] float64 passe
 
 A row with neutral penalties is reduced in float32 (`_plain_best`: the same values, order, ties and
 stored values as float64, which only the penalty arithmetic needs; the float64 max and argmax made
-the pass compute-bound, 0.5 ms for 256 rows of 128,256 ids on an H200).
+the pass compute-bound, 0.5 ms for 256 rows of 128,256 ids on an H200), keeping a best value and id
+per lane and reducing the lanes once at the end (0.081 -> 0.059 ms at 256 rows).
+
+With `row_slots` the counts are per-slot tables read at each row's slot, and a row without a slot
+(padding) reads nothing (`helios.abi.sampling_rows.greedy_rows`, bound into greedy graphs).
 
 Two kernels: each (row, split) program reduces a contiguous id range of one row to its best
 (value, id); a combine program per row picks the first split holding the row maximum (splits are in
