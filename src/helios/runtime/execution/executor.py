@@ -99,7 +99,7 @@ class Executor:
         self.storage = model_storage(model, host_pages)
         self._vocab = model.prepared.sampled_range[1]
         self._token_columns = _token_columns(manifest.completion)
-        self.array_results = True  # plain decode records validated as arrays (`decode_results`); False: lane by lane
+        self.array_results = True  # plain decode records checked in one pass (`decode_results`); False: lane by lane
         if model.settings.history_drafting:  # a startup option of the loaded model
             packer.enable_history_drafting()
         confidence = manifest.completion.confidence_buffer
@@ -216,7 +216,7 @@ class Executor:
     def _results(self, plan: StepPlan, program: LoadedProgram, record: torch.Tensor) -> tuple[RowResult, ...]:
         speculative = plan.operation == Operation.SPECULATIVE
         lag = program.speculative.draft_lag if program.speculative is not None else None
-        if self.array_results and not speculative and self._token_columns == (LAYOUT.token, 1):  # one array check
+        if self.array_results and not speculative and self._token_columns == (LAYOUT.token, 1):  # one pass
             results = plain_decode_results(plan.rows, record, plan.sequence if self._submission is not None else 0,
                                            self._vocab, lag, plan.variant.packed_token_capacity)
             if results is not None:
