@@ -92,7 +92,8 @@ class Packer:
         # Each request's tokens (prompt, then validated emissions): host tables hash n-grams of them.
         self._contexts: dict[str, list[int]] | None = {} if host_staging is not None else None
         self._state_rows = state_rows
-        self._staging = _Staging(prepared, buffers, staged)
+        self._submission = prepared.manifest.completion.submission_input  # "" for a core without one
+        self._staging = _Staging(prepared, buffers, staged, self._submission)
         self._requests: dict[str, RequestSpec] = {}
         self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
         self._bindings = {name: resolve_bindings(prepared, name) for name in prepared.graphs}
@@ -182,9 +183,10 @@ class Packer:
             if history is not None:
                 history.extend(result.token_ids)
 
-    def pack(self, graph: str, plan: StepPlan) -> None:
+    def pack(self, graph: str, plan: StepPlan, submission: int | None = None) -> None:
         """Fills every binding of `graph` for `plan` (`apply` it first); `plan.masks` holds its
-        constrained rows' grammar masks."""
+        constrained rows' grammar masks. `submission`: the id the core's submission input gets
+        (staged with the step's values on a device; None leaves it)."""
         requests = [self._requests[row.request_id] for row in plan.rows]
         self._staging.begin(plan.frame, plan.sequence)
         for row in plan.rows:
@@ -212,6 +214,8 @@ class Packer:
                 fill_copied(binding, target, plan.rows, copied, (plan.masks, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, plan.masks)
+        if submission is not None and self._submission:
+            self._staging.write_value(self._submission, submission)
         self._staging.upload()
 
     def pack_state_copies(self, graph: str, plan: StepPlan, rows: Sequence) -> None:
