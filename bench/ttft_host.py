@@ -41,12 +41,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_serving import log, time_to_first_token  # noqa: E402
-from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
-from ttft_breakdown import prepared_core, prompt  # noqa: E402
+from gpu_serving import NAMESPACE, log, submit_greedy  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # noqa: E402
+from ttft_breakdown import prepared_core, prompt, reused_core  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
+from helios.core.keys import SigningKey, write_key_pair  # noqa: E402
+from helios.core.reader import open_core  # noqa: E402
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.contract import manifest_pb2 as mpb  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
+from helios.runtime.records.events import TokenEvent  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 PHASES = ("admit", "schedule", "prepack", "pack", "call", "launch", "host", "device", "ttft", "gc_before")
@@ -100,7 +105,7 @@ class Marks:
         self.at.clear()
         self.gc.runs.clear()
         start = time.perf_counter()
-        wall, reused = time_to_first_token(engine, tokens)
+        wall, reused, token = first_token(engine, tokens)
         at = self.at
         ms = {
             "admit": at["admit>"] - start, "schedule": at["schedule>"] - at["schedule<"],
@@ -112,11 +117,41 @@ class Marks:
         if self.events is not None:
             self.events[1].synchronize()
             ms["device"] = self.events[0].elapsed_time(self.events[1])
-        ms["reused"] = reused
+        ms["reused"], ms["token"] = reused, token
         before = [run for run in self.gc.runs if run[1] < at["call<"]]
         ms["gc_before"] = sum(run[2] for run in before)
         ms["gc_runs"] = [run[0] for run in self.gc.runs]
         return ms
+
+
+def first_token(engine, prompt: list[int]) -> tuple[float, int, int]:
+    """Seconds to the first token of one greedy request, the prompt tokens it reused, the token."""
+    seen: dict[str, float] = {}
+    reused, tokens = [], []
+
+    def record(event) -> None:
+        if isinstance(event, TokenEvent):
+            seen.setdefault("first", time.perf_counter())
+            tokens.extend(event.token_ids)
+        else:
+            reused.append(event.num_reused_tokens)
+
+    start = time.perf_counter()
+    submit_greedy(engine, f"ttft-{time.perf_counter_ns()}", prompt, 1, record)
+    engine.run_until_idle()
+    return seen["first"] - start, reused[0], tokens[0]
+
+
+def cache_checksum(model) -> list[int]:
+    """Sums of the cache storage's 16-bit words, per cache buffer (in chunks: nothing large is
+    allocated): equal after the same requests when every prefill wrote the same values."""
+    sums = []
+    for buffer in model.prepared.manifest.buffers:
+        if buffer.role != mpb.BUFFER_ROLE_CACHE_STORAGE or buffer.name not in model.buffers:
+            continue
+        flat = model.buffers[buffer.name].reshape(-1).view(torch.int16)
+        sums.append(sum(int(chunk.sum(dtype=torch.int64)) for chunk in flat.split(1 << 26)))
+    return sums
 
 
 class GcWatch:
@@ -206,6 +241,10 @@ def main(argv=None) -> int:
     parser.add_argument("--wait-s", type=float, default=120.0)
     parser.add_argument("--freeze", action="store_true",
                         help="collect and freeze the heap after loading, as the serving processes do (helios.server.heap)")
+    parser.add_argument("--share-core", type=Path, default=None,
+                        help="prepare the core into this folder (model.core, publisher.key.pub, then 'ready'), for --use-core")
+    parser.add_argument("--use-core", type=Path, default=None,
+                        help="load the core another process prepares into this folder (waits for its 'ready')")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -214,7 +253,12 @@ def main(argv=None) -> int:
         shape = dataclasses.replace(shape, vocab_size=args.vocab)
     length = args.prompt or (64 if args.smoke else 2048)
     with tempfile.TemporaryDirectory() as scratch:
-        opened = prepared_core(Path(scratch), shape, length, (), device)
+        if args.use_core is not None:
+            opened = shared_core(args.use_core, args.wait_s + 120)
+        elif args.share_core is not None:
+            opened = kept_core(args.share_core, shape, length, device)
+        else:
+            opened = prepared_core(Path(scratch), shape, length, (), device)
         runtime = build_runtime(opened, RuntimeOptions(load=LoadOptions(
             StartupOptions(token_logprobs=False), device=str(device), cuda_graphs=device.type == "cuda",
             num_pages=args.pages)))
@@ -246,11 +290,44 @@ def main(argv=None) -> int:
                 rows.append(marks.request(engine, prompt(length, shape.vocab_size, 100 + repeat)))
                 baton.pass_on()
             result = summarize(args.label, rows)
+            result["tokens"] = [row["token"] for row in rows]
+            result["cache_checksum"] = cache_checksum(runtime.model)
+            log(f"{args.label}: first tokens {result['tokens']}; cache checksum {result['cache_checksum']}")
         finally:
             runtime.close()
     if args.json:
         args.json.write_text(json.dumps({"label": args.label, "layers": shape.num_hidden_layers, **result}, indent=1))
     return 0
+
+
+def kept_core(folder: Path, shape, length: int, device: torch.device):
+    """Prepares the core (prefill capacity `length`) into `folder` for another process too: the
+    checkpoint is removed once prepared (two 8B-shaped copies would not fit the device's disk)."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = SigningKey.generate()
+    checkpoint = write_random_llama(folder / "checkpoint", shape, torch.bfloat16, device=device.type)
+    plan = CapacityPlan(page_tokens=16, context_tokens=length + 64, prefill_tokens=length, decode_batches=(1,),
+                        prefill_batches=(1,), mixed=False, page_capacity=8 * -(-(length + 64) // 16),
+                        prefill_chunks=(), token_logprobs=False)
+    started = time.perf_counter()
+    prepare_core(checkpoint, folder / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
+    log(f"prepared in {time.perf_counter() - started:.0f} s")
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    write_key_pair(folder / "publisher.key", key, [NAMESPACE])
+    (folder / "ready").write_text("")
+    return open_core(folder / "model.core", accept=NAMESPACE, trusted_keys=[key.public])
+
+
+def shared_core(folder: Path, limit_s: float):
+    """The core another process prepares into `folder` (`kept_core`), once it is ready."""
+    started = time.perf_counter()
+    while not (folder / "ready").exists():
+        if time.perf_counter() - started > limit_s:
+            raise TimeoutError(f"no core in {folder} after {limit_s:.0f} s")
+        time.sleep(0.2)
+    return reused_core(folder)
 
 
 def stage_everything(packer, model) -> None:
