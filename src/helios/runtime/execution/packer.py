@@ -63,6 +63,7 @@ from helios.runtime.execution.kept_values import KeptValues, rows_key_of
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
 from helios.runtime.execution.pack_values import eos_row, fill_copied, fill_state_copy, is_prompt_row, write_vector
+from helios.runtime.execution.packed_tokens import write_packed
 from helios.runtime.execution.row_sources import ROW_SOURCES, fill_admission, packed_values
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
@@ -304,8 +305,9 @@ class Packer:
         elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
             target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
-            values = [v for row, req in zip(rows, requests) for v in packed_values(source, row, req)]
-            write_vector(target, values, binding, pad=True)
+            if not write_packed(target, source, rows, binding):  # tokens, positions, flags: row by row
+                values = [v for row, req in zip(rows, requests) for v in packed_values(source, row, req)]
+                write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
             write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:
