@@ -81,7 +81,7 @@ class CacheManager:
         num_tokens = len(req.token_ids)
         self.extend_chain(req, num_tokens // page_tokens)
         reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
-        key = prompt_key(req, keyed_tokens(req))
+        key = self._prompt_key(req)
         source = self.groups.source(key) if self._may_share(req, reuse) else None
         admitted = self._admit_onto(req, source, key) if source is not None else None
         if admitted is not None:
@@ -97,8 +97,15 @@ class CacheManager:
         reuse = self.prefix_caching and not req.spec.score_prompt
         if not self._may_share(req, reuse):
             return False
-        key = prompt_key(req, keyed_tokens(req))
+        key = self._prompt_key(req)
         return self.groups.source(key) is None and self.groups.is_computing(key)
+
+    @staticmethod
+    def _prompt_key(req: RequestState) -> bytes:
+        """The request's prompt group digest, computed once (its root and prompt never change)."""
+        if not req.prompt_key:
+            req.prompt_key = prompt_key(req, keyed_tokens(req))
+        return req.prompt_key
 
     def _may_share(self, req: RequestState, reuse: bool) -> bool:
         return reuse and self.page_reuse and req.num_output_tokens == 0 and req.num_prompt_tokens > 1
