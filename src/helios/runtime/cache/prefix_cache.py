@@ -31,9 +31,15 @@ def root_digest(identity: bytes, salt: bytes = b"") -> bytes:
     return hasher.digest()
 
 
+# A page digest's hasher before any data: copied per page (cheaper than building one with its
+# parameters; the same digests).
+_PAGE_HASHER = hashlib.blake2b(digest_size=DIGEST_BYTES, person=b"helios-page")
+
+
 def page_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
     """Digest of one complete page chained to its parent's digest."""
-    hasher = hashlib.blake2b(parent, digest_size=DIGEST_BYTES, person=b"helios-page")
+    hasher = _PAGE_HASHER.copy()
+    hasher.update(parent)
     hasher.update(array("q", token_ids).tobytes())
     return hasher.digest()
 
@@ -49,8 +55,10 @@ def extend_chain(chain: list[bytes], root: bytes, token_ids: Sequence[int], page
     ids = array("q", token_ids[first * page_tokens:num_pages * page_tokens])
     packed, step = memoryview(ids).cast("B"), page_tokens * ids.itemsize
     parent = chain[-1] if chain else root
+    copy = _PAGE_HASHER.copy
     for offset in range(0, (num_pages - first) * step, step):
-        hasher = hashlib.blake2b(parent, digest_size=DIGEST_BYTES, person=b"helios-page")
+        hasher = copy()
+        hasher.update(parent)
         hasher.update(packed[offset:offset + step])
         parent = hasher.digest()
         chain.append(parent)

@@ -223,6 +223,8 @@ class SnapshotStore:
     def find(self, token_ids: Sequence[int], chain: Sequence[bytes], root: bytes) -> Snapshot | None:
         """The ready published snapshot with the longest endpoint < len(token_ids) that is a
         prefix of `token_ids`. `chain` holds the digests of the complete pages of `token_ids`."""
+        if not self._index:  # nothing published: no page of the chain need be looked up
+            return None
         page_tokens = self._layout.page_tokens
         limit = len(token_ids) - 1
         for num_complete in range(min(len(chain), limit // page_tokens), -1, -1):
