@@ -6,7 +6,7 @@
 # only this tree is measured (no A/B).
 #
 # - GPU tests (-n 6, at most 110 s): the runtime on CUDA (greedy tokens against the CPU path, the soak
-#   that allocates nothing once warm, two frames, penalties), prompt sharing, host staging, logprobs,
+#   that allocates nothing once warm, two frames, penalties), prompt sharing, host staging,
 #   initialization and state graphs: the packer's staging and the step arena on the device;
 # - bench/ttft_host.py in two processes on the same device: this tree ("ttft3") prepares the 32-layer
 #   8B-shaped core and shares it, main's tree ("main", PYTHONPATH=$MAIN_TREE/src) loads it; once the
@@ -27,7 +27,7 @@ log="$out/ttft3_session.log"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$log"
 ( timeout 110 python3 -m pytest -q -p no:cacheprovider -n 6 -ra -o faulthandler_timeout=100 \
     tests/gpu/test_runtime_cuda.py tests/gpu/test_prompt_sharing_cuda.py tests/gpu/test_host_staging_cuda.py \
-    tests/gpu/test_logprobs_cuda.py tests/gpu/test_initialization_cuda.py tests/gpu/test_state_graphs_cuda.py \
+    tests/gpu/test_initialization_cuda.py tests/gpu/test_state_graphs_cuda.py \
     > "$scratch/tests.log" 2>&1
   echo "exit $?" >> "$scratch/tests.log"; touch "$scratch/tests.done" ) &
 tests=$!

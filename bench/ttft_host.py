@@ -178,7 +178,7 @@ class Baton:
     def __init__(self, path: Path | None, role: str):
         self.path, self.role = path, role
 
-    def wait(self, limit_s: float = 120.0) -> bool:
+    def wait(self, limit_s: float = 20.0) -> bool:
         if self.path is None:
             return True
         started = time.perf_counter()
@@ -191,7 +191,7 @@ class Baton:
             time.sleep(0.002)
         return False
 
-    def ready(self, limit_s: float = 150.0) -> bool:
+    def ready(self, limit_s: float = 45.0) -> bool:
         """Says this process is warm and waits until the other one says so too."""
         if self.path is None:
             return True
