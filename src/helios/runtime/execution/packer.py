@@ -25,9 +25,10 @@ sources and indexings are supplied is `helios.contract.servable.SOURCES`, the ta
 checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
 Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
-tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
-with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
-current stream; a grammar mask is uploaded only while some row is constrained (and once more to
+tokens, per-row values, counts, grammar masks, the submission id) is packed into a pinned host
+mirror and uploaded asynchronously at the end of `pack`, ordered before the program on the current
+stream: in a device model's step arena (`helios.runtime.loading.step_arena`) one copy per run of
+neighbouring buffers the step wrote (usually one a step), else one per buffer; a grammar mask is uploaded only while some row is constrained (and once more to
 clear it). Per-slot admission values (a slot is admitted or gains pages) are asynchronous copies too:
 page-table entries (an admitted row whole) from pinned staging, EOS ids, per-slot sampling values
 and logit bias from pinned rows (`helios.runtime.execution.pinned_rows`; a bias row that already
