@@ -30,3 +30,33 @@ def test_page_digests_and_chains_are_the_reference_blake2b():
     extend_chain(chain, root, tokens, 16, 9)  # continued from the fourth page
     extend_chain(chain, root, tokens, 16, 9)  # nothing left to add
     assert chain == expected
+
+
+def test_a_cold_admission_digests_what_its_lookup_reads_and_the_rest_while_its_plan_runs():
+    from runtime.harness import make, spec
+
+    scheduler, driver = make(page_tokens=4)
+    driver.submit(spec("cold", range(1, 41), 2))
+    driver.step()  # the cold prompt's plan is launched: its lookup read one page digest
+    req = scheduler.queues.requests["cold"]
+    assert len(req.chain) == 1
+    driver.step()  # a second frame is asked for while the plan runs: the other digests now
+    full: list[bytes] = []
+    extend_chain(full, req.root, list(range(1, 41)), 4, 10)
+    assert req.chain == full
+    outcomes = driver.run()
+    assert len(outcomes["cold"].tokens) == 2
+
+
+def test_a_prefix_hit_is_found_through_the_digests_read_until_the_first_missing_page():
+    from runtime.harness import make, spec
+
+    scheduler, driver = make(page_tokens=4)
+    driver.submit(spec("first", range(1, 41), 1))
+    driver.run()
+    driver.submit(spec("second", list(range(1, 25)) + list(range(60, 76)), 1))
+    driver.step()
+    req = scheduler.queues.requests["second"]
+    assert req.num_reused_tokens == 24 and len(req.chain) == 7  # six cached pages and the first missing one
+    outcomes = driver.run()
+    assert outcomes["second"].finish.num_reused_tokens == 24

@@ -45,10 +45,11 @@ def page_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
 
 
 def extend_chain(chain: list[bytes], root: bytes, token_ids: Sequence[int], page_tokens: int,
-                 num_pages: int) -> None:
+                 num_pages: int, until_missing: PrefixCache | None = None) -> None:
     """Append digests to `chain` until it covers `num_pages` complete pages of `token_ids`: each
-    `page_digest` of its page, the pages' ids packed once (a 2,048-token prompt's 128 digests are on
-    the path to its first token)."""
+    `page_digest` of its page, the pages' ids packed once. With `until_missing`, stop after the
+    first new digest that cache does not hold: a lookup of the chain reads no further (a cold
+    prompt's admission then digests one page, not its 128)."""
     first = len(chain)
     if first >= num_pages:
         return
@@ -62,6 +63,8 @@ def extend_chain(chain: list[bytes], root: bytes, token_ids: Sequence[int], page
         hasher.update(packed[offset:offset + step])
         parent = hasher.digest()
         chain.append(parent)
+        if until_missing is not None and parent not in until_missing._pages:
+            return
 
 
 class PrefixCache:

@@ -220,6 +220,11 @@ class SnapshotStore:
 
     # -- lookup and restore --------------------------------------------------------------------
 
+    @property
+    def has_published(self) -> bool:
+        """Whether some published snapshot can be found (`find` reads the whole chain then)."""
+        return bool(self._index)
+
     def find(self, token_ids: Sequence[int], chain: Sequence[bytes], root: bytes) -> Snapshot | None:
         """The ready published snapshot with the longest endpoint < len(token_ids) that is a
         prefix of `token_ids`. `chain` holds the digests of the complete pages of `token_ids`."""
