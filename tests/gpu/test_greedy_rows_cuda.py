@@ -45,11 +45,11 @@ def test_captured_greedy_graphs_give_the_tokens_of_the_graphs_before(core_path, 
 
 
 def test_the_sampling_tail_in_a_cuda_graph_samples_the_greedy_variants_tokens():
-    inputs = _sampler_inputs(rows=6, vocab=5000)
-    module = torch.export.export(_Sampler(), inputs, strict=False).module()
-    cuda = [t.cuda() for t in inputs]
-    plain = cuda_graphs.variant_module(module, SampleVariant.GREEDY).cuda()
-    rewritten = cuda_graphs.greedy_module(module).cuda()
+    cuda = [t.cuda() for t in _sampler_inputs(rows=6, vocab=5000)]
+    # exported on the device: the exported graph asserts its inputs' device
+    module = torch.export.export(_Sampler().cuda(), tuple(cuda), strict=False).module()
+    plain = cuda_graphs.variant_module(module, SampleVariant.GREEDY)
+    rewritten = cuda_graphs.greedy_module(module)
     expected, logits = plain(*cuda)
     rewritten(*cuda)  # warm-up: Triton compiles outside the capture
     torch.cuda.synchronize()

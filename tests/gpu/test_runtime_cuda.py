@@ -192,3 +192,29 @@ def test_two_frames_on_cuda_give_the_cpu_path_tokens(cores, family):
     for index, (result, expected) in enumerate(zip(results, reference.tokens)):
         assert list(result.token_ids) == expected, f"prompt {index} differs from token " \
                                                    f"{first_difference(list(result.token_ids), expected)}"
+
+
+def test_a_cuda_step_uploads_its_values_in_one_copy_from_the_step_arena(cores):
+    """The loaded model's per-step buffers share one device allocation (the step arena) and the
+    packer's pinned mirrors of it go up in one copy per step (the first step also clears the masks)."""
+    from helios.runtime.offline import generate
+
+    runtime = build_runtime(cores.open(LLAMA3), RuntimeOptions(load=cuda_options()))
+    try:
+        packer = runtime.engine.executor.packer
+        staging = packer._staging
+        assert staging._step_mirrors.arena
+        packs = []
+        pack = packer.pack
+
+        def counted(graph, plan, submission=None):
+            before = staging.uploads
+            pack(graph, plan, submission)
+            packs.append(staging.uploads - before)
+
+        packer.pack = counted
+        results = generate(runtime.engine, PROMPTS[:4], 8)
+    finally:
+        runtime.close()
+    assert all(len(r.token_ids) == 8 for r in results)
+    assert packs and packs[0] <= 2 and set(packs[1:]) == {1}, packs

@@ -19,7 +19,8 @@ from .harness import make, spec
 def record_packer() -> Packer:
     """A packer of a model without programs: what `apply` keeps is all there is to it."""
     prepared = SimpleNamespace(graphs={}, graphs_for=lambda operation: (), contract=SimpleNamespace(
-        model=SimpleNamespace(vocabulary=spb.VocabularyContract())))
+        model=SimpleNamespace(vocabulary=spb.VocabularyContract())),
+        manifest=SimpleNamespace(completion=SimpleNamespace(submission_input="")))
     return Packer(prepared, {})
 
 

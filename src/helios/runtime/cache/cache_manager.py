@@ -69,6 +69,7 @@ class CacheManager:
         self.num_lookup_tokens = 0
         self.num_reused_tokens = 0
         self.groups = PromptGroups(layout.page_tokens)
+        self._short_chains: list[RequestState] = []  # admitted with a chain short of their pages
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -77,12 +78,13 @@ class CacheManager:
         first row of at most `budget` (>= 1) tokens: from a running request with the same prompt
         when one holds it (`prompt_sharing`), else from the prefix cache or a snapshot. Returns
         (row length, the copies its plan must run first) or None."""
-        page_tokens = self.layout.page_tokens
-        num_tokens = len(req.token_ids)
-        self.extend_chain(req, num_tokens // page_tokens)
         reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
-        key = prompt_key(req, keyed_tokens(req))
+        key = self._prompt_key(req)
         source = self.groups.source(key) if self._may_share(req, reuse) else None
+        if source is not None or self.window is not None or self.snapshots.has_published:
+            # Their lookups read the whole chain; a plain admission digests only as far as its
+            # prefix lookup reads (`_admit_own`), the rest while the device runs (`complete_chains`).
+            self.extend_chain(req, len(req.token_ids) // self.layout.page_tokens)
         admitted = self._admit_onto(req, source, key) if source is not None else None
         if admitted is not None:
             return admitted
@@ -97,8 +99,15 @@ class CacheManager:
         reuse = self.prefix_caching and not req.spec.score_prompt
         if not self._may_share(req, reuse):
             return False
-        key = prompt_key(req, keyed_tokens(req))
+        key = self._prompt_key(req)
         return self.groups.source(key) is None and self.groups.is_computing(key)
+
+    @staticmethod
+    def _prompt_key(req: RequestState) -> bytes:
+        """The request's prompt group digest, computed once (its root and prompt never change)."""
+        if not req.prompt_key:
+            req.prompt_key = prompt_key(req, keyed_tokens(req))
+        return req.prompt_key
 
     def _may_share(self, req: RequestState, reuse: bool) -> bool:
         return reuse and self.page_reuse and req.num_output_tokens == 0 and req.num_prompt_tokens > 1
@@ -140,7 +149,13 @@ class CacheManager:
         """Admission from the prefix cache or a snapshot (or nothing reused)."""
         page_tokens = self.layout.page_tokens
         num_tokens = len(req.token_ids)
-        hits = self.pool.cache.lookup(req.chain[:(num_tokens - 1) // page_tokens]) if reuse and self.page_reuse else []
+        hits = []
+        if reuse and self.page_reuse:
+            limit = (num_tokens - 1) // page_tokens
+            extend_chain(req.chain, req.root, keyed_tokens(req), page_tokens, limit, self.pool.cache)
+            hits = self.pool.cache.lookup(req.chain[:limit])
+            if len(req.chain) < num_tokens // page_tokens:
+                self._short_chains.append(req)
         window_first, window_shared = 0, []
         if self.window is not None:  # only as much of the hit as the window region still holds
             num_hits, window_first, window_shared = self.window.reusable(req.chain, len(hits))
@@ -236,6 +251,14 @@ class CacheManager:
 
     def extend_chain(self, req: RequestState, num_pages: int) -> None:
         extend_chain(req.chain, req.root, keyed_tokens(req), self.layout.page_tokens, num_pages)
+
+    def complete_chains(self) -> None:
+        """Digests the complete pages admissions left undigested (an admission digests only as far
+        as its lookup reads): the scheduler calls it while their plan runs on the device, so that
+        work is not on the path to the first token (`publish` would do it after the plan otherwise)."""
+        short, self._short_chains = self._short_chains, []
+        for req in short:
+            self.extend_chain(req, len(req.token_ids) // self.layout.page_tokens)
 
     def publish(self, req: RequestState) -> None:
         """Make the request's newly committed complete pages findable (after validation only)."""

@@ -31,29 +31,40 @@ def root_digest(identity: bytes, salt: bytes = b"") -> bytes:
     return hasher.digest()
 
 
+# A page digest's hasher before any data: copied per page (cheaper than building one with its
+# parameters; the same digests).
+_PAGE_HASHER = hashlib.blake2b(digest_size=DIGEST_BYTES, person=b"helios-page")
+
+
 def page_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
     """Digest of one complete page chained to its parent's digest."""
-    hasher = hashlib.blake2b(parent, digest_size=DIGEST_BYTES, person=b"helios-page")
+    hasher = _PAGE_HASHER.copy()
+    hasher.update(parent)
     hasher.update(array("q", token_ids).tobytes())
     return hasher.digest()
 
 
 def extend_chain(chain: list[bytes], root: bytes, token_ids: Sequence[int], page_tokens: int,
-                 num_pages: int) -> None:
+                 num_pages: int, until_missing: PrefixCache | None = None) -> None:
     """Append digests to `chain` until it covers `num_pages` complete pages of `token_ids`: each
-    `page_digest` of its page, the pages' ids packed once (a 2,048-token prompt's 128 digests are on
-    the path to its first token)."""
+    `page_digest` of its page, the pages' ids packed once. With `until_missing`, stop after the
+    first new digest that cache does not hold: a lookup of the chain reads no further (a cold
+    prompt's admission then digests one page, not its 128)."""
     first = len(chain)
     if first >= num_pages:
         return
     ids = array("q", token_ids[first * page_tokens:num_pages * page_tokens])
     packed, step = memoryview(ids).cast("B"), page_tokens * ids.itemsize
     parent = chain[-1] if chain else root
+    copy = _PAGE_HASHER.copy
     for offset in range(0, (num_pages - first) * step, step):
-        hasher = hashlib.blake2b(parent, digest_size=DIGEST_BYTES, person=b"helios-page")
+        hasher = copy()
+        hasher.update(parent)
         hasher.update(packed[offset:offset + step])
         parent = hasher.digest()
         chain.append(parent)
+        if until_missing is not None and parent not in until_missing._pages:
+            return
 
 
 class PrefixCache:

@@ -220,9 +220,16 @@ class SnapshotStore:
 
     # -- lookup and restore --------------------------------------------------------------------
 
+    @property
+    def has_published(self) -> bool:
+        """Whether some published snapshot can be found (`find` reads the whole chain then)."""
+        return bool(self._index)
+
     def find(self, token_ids: Sequence[int], chain: Sequence[bytes], root: bytes) -> Snapshot | None:
         """The ready published snapshot with the longest endpoint < len(token_ids) that is a
         prefix of `token_ids`. `chain` holds the digests of the complete pages of `token_ids`."""
+        if not self._index:  # nothing published: no page of the chain need be looked up
+            return None
         page_tokens = self._layout.page_tokens
         limit = len(token_ids) - 1
         for num_complete in range(min(len(chain), limit // page_tokens), -1, -1):

@@ -133,9 +133,8 @@ class Executor:
             self._initialize(plan)
         if self.images is not None and plan.operation in (Operation.PREFILL, Operation.MIXED):
             self.images.feed(plan.rows, self.packer.images_of(plan.rows))
-        self.packer.pack(program.graph, plan)
-        if self._submission is not None:
-            self._submission.fill_(plan.sequence)
+        # The submission id travels with the step's values (one upload on a device).
+        self.packer.pack(program.graph, plan, plan.sequence if self._submission is not None else None)
         with torch.inference_mode():
             returned = self._call(program, plan)
         self.packer.index_histories()  # host work the program does not need: while the device runs

@@ -1,6 +1,6 @@
 """Host staging of shared packing (`helios.runtime.execution.packer`): pinned per-frame mirrors of the buffers a
-step rewrites, staged page-table entries and pinned prompt-histogram rows, so a device model's per-step values
-travel in one asynchronous copy per buffer (see the packer's module docstring).
+step rewrites (`helios.runtime.execution.step_mirrors`: in a device model's step arena, one asynchronous copy
+uploads them all), staged page-table entries and pinned prompt-histogram rows (see the packer's module docstring).
 
 Thread ownership: the packer's (one model worker); not thread-safe.
 """
@@ -16,6 +16,8 @@ from helios.contract import serving_pb2 as spb
 from helios.runtime.execution.pack_values import host_array
 from helios.runtime.execution.pinned_rows import PinnedRows
 from helios.runtime.execution.prompt_histogram import HistogramRows, prompt_counts, write_host_row
+from helios.runtime.execution.step_mirrors import StepMirrors
+from helios.runtime.loading.step_arena import step_buffers
 
 S = spb
 
@@ -23,24 +25,25 @@ S = spb
 class Staging:
     """Pinned host mirrors of the device buffers that are rewritten every step (module docstring)."""
 
-    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None):
+    def __init__(self, prepared: PreparedContract, buffers: Mapping[str, torch.Tensor], staged: bool | None,
+                 submission: str = ""):
         """`staged`: None stages the buffers that live off the CPU; True stages every per-step buffer
-        (host buffers too: the same logic, testable without a device); False stages none."""
+        (host buffers too: the same logic, testable without a device); False stages none.
+        `submission`: the completion's submission input ("" for none), staged like a per-step buffer."""
         views = [view for graph in prepared.graphs.values() for view in graph.bindings if view.buffer in buffers]
-        # Host-table rows are copied from their own host frames (helios.runtime.execution.host_staging).
-        per_step = {view.buffer for view in views if view.indexing != S.INDEXING_PHYSICAL_REQUEST_ROW
-                    and view.source != S.VALUE_SOURCE_HOST_TABLE_ROWS}
+        # The buffers every step rewrites (helios.runtime.loading.step_arena's rule; host-table rows
+        # are copied from their own host frames, helios.runtime.execution.host_staging).
+        per_step = [name for name in step_buffers(prepared.graphs, submission) if name in buffers]
         self._buffers = buffers
         pinned = torch.cuda.is_available()
-        staged_names = [name for name in sorted(per_step)
-                        if (buffers[name].device.type != "cpu" if staged is None else staged)]
+        staged_names = [name for name in per_step if (buffers[name].device.type != "cpu" if staged is None else staged)]
         # One set of mirrors per execution frame: a frame's mirrors are rewritten only after its
         # previous plan finished (the other frame's upload may still be queued behind a program).
-        self._mirror_sets = [
-            {name: torch.zeros(buffers[name].shape, dtype=buffers[name].dtype, pin_memory=pinned) for name in staged_names}
-            for _ in range(2)
-        ]
+        # In a step arena, a set is one pinned allocation and a step uploads with one copy.
+        self._step_mirrors = StepMirrors(buffers, staged_names, pinned)
+        self._mirror_sets = self._step_mirrors.sets
         self._mirrors = self._mirror_sets[0]
+        self.uploads = 0  # host->device copies of mirrors issued (a step in an arena: usually one)
         # Page-table entries of one frame, staged for their asynchronous copies to a device table.
         tables = [view.buffer for view in views if view.source == S.VALUE_SOURCE_PAGE_TABLE
                   and buffers[view.buffer].device.type != "cpu"]
@@ -48,6 +51,7 @@ class Staging:
         self._entry_sets = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
         self._entries = self._entry_sets[0]
         self._entries_used = 0
+        self._frame = 0
         self._begun: tuple[int, int | None] | None = None
         self._dirty: set[str] = set()
         self._padded_rows: set[tuple[str, int]] = set()  # (buffer, slot) rows holding only padding
@@ -116,6 +120,7 @@ class Staging:
         self._mirrors = self._mirror_sets[frame % 2]
         self._entries = self._entry_sets[frame % 2]
         self._entries_used = 0
+        self._frame = frame
 
     def write_entries(self, target: torch.Tensor, values: Sequence[int], start: int = 0,
                       padding: int | None = None) -> None:
@@ -159,9 +164,24 @@ class Staging:
             self._masks_in_use.discard(name)
         return needed
 
+    def write_value(self, name: str, value: int) -> None:
+        """Every element of buffer `name` = value (the submission id): into its mirror when it is
+        staged (uploaded with the step), else in place."""
+        mirror = self._mirrors.get(name)
+        if mirror is None:
+            self._buffers[name].fill_(value)
+            return
+        array = host_array(mirror)
+        if array is not None:
+            array[...] = value
+        else:
+            mirror.fill_(value)
+        self._dirty.add(name)
+
     def upload(self) -> None:
-        for name in sorted(self._dirty):
-            self._buffers[name].copy_(self._mirrors[name], non_blocking=True)
+        """Copies the mirrors written since the last upload to their buffers (asynchronously)."""
+        if self._dirty:
+            self.uploads += self._step_mirrors.upload(self._frame, self._dirty)
         self._dirty.clear()
 
 

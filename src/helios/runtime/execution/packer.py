@@ -25,9 +25,10 @@ sources and indexings are supplied is `helios.contract.servable.SOURCES`, the ta
 checks too: a binding it refuses fails startup here (`UnsupportedBindingError`).
 
 Host staging: on a device other than the CPU, every buffer that is rewritten each step (packed
-tokens, per-row values, counts, grammar masks) is packed into a pinned host mirror and uploaded
-with one asynchronous copy per buffer at the end of `pack`, ordered before the program on the
-current stream; a grammar mask is uploaded only while some row is constrained (and once more to
+tokens, per-row values, counts, grammar masks, the submission id) is packed into a pinned host
+mirror and uploaded asynchronously at the end of `pack`, ordered before the program on the current
+stream: in a device model's step arena (`helios.runtime.loading.step_arena`) one copy per run of
+neighbouring buffers the step wrote (usually one a step), else one per buffer; a grammar mask is uploaded only while some row is constrained (and once more to
 clear it). Per-slot admission values (a slot is admitted or gains pages) are asynchronous copies too:
 page-table entries (an admitted row whole) from pinned staging, EOS ids, per-slot sampling values
 and logit bias from pinned rows (`helios.runtime.execution.pinned_rows`; a bias row that already
@@ -63,6 +64,7 @@ from helios.runtime.execution.kept_values import KeptValues, rows_key_of
 from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
 from helios.runtime.execution.pack_values import eos_row, fill_copied, fill_state_copy, is_prompt_row, write_vector
+from helios.runtime.execution.packed_tokens import write_packed
 from helios.runtime.execution.row_sources import ROW_SOURCES, fill_admission, packed_values
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
@@ -92,7 +94,8 @@ class Packer:
         # Each request's tokens (prompt, then validated emissions): host tables hash n-grams of them.
         self._contexts: dict[str, list[int]] | None = {} if host_staging is not None else None
         self._state_rows = state_rows
-        self._staging = _Staging(prepared, buffers, staged)
+        self._submission = prepared.manifest.completion.submission_input  # "" for a core without one
+        self._staging = _Staging(prepared, buffers, staged, self._submission)
         self._requests: dict[str, RequestSpec] = {}
         self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
         self._num_drawing_requests = 0  # recorded requests that are not greedy (temperature > 0)
@@ -185,9 +188,10 @@ class Packer:
             if history is not None:
                 history.extend(result.token_ids)
 
-    def pack(self, graph: str, plan: StepPlan) -> None:
+    def pack(self, graph: str, plan: StepPlan, submission: int | None = None) -> None:
         """Fills every binding of `graph` for `plan` (`apply` it first); `plan.masks` holds its
-        constrained rows' grammar masks."""
+        constrained rows' grammar masks. `submission`: the id the core's submission input gets
+        (staged with the step's values on a device; None leaves it)."""
         requests = [self._requests[row.request_id] for row in plan.rows]
         self._staging.begin(plan.frame, plan.sequence)
         # Rows with per-slot values to write (admitted, or gaining pages): none in most decode steps.
@@ -206,6 +210,8 @@ class Packer:
         except BaseException:  # a binding recorded as kept may not have been written (or uploaded)
             self._kept.clear()
             raise
+        if submission is not None and self._submission:
+            self._staging.write_value(self._submission, submission)
         self._staging.upload()
 
     def _fill_bindings(self, graph: str, plan: StepPlan, requests: list, touched: list) -> None:
@@ -323,8 +329,9 @@ class Packer:
         elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
             target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
-            values = [v for row, req in zip(rows, requests) for v in packed_values(source, row, req)]
-            write_vector(target, values, binding, pad=True)
+            if not write_packed(target, source, rows, binding):  # tokens, positions, flags: row by row
+                values = [v for row, req in zip(rows, requests) for v in packed_values(source, row, req)]
+                write_vector(target, values, binding, pad=True)
         elif source == S.VALUE_SOURCE_GRAMMAR_MASK:
             write_masks(target, rows, masks, pad=indexing == S.INDEXING_SUBMISSION_ROW, allowed=self._allowed)
         elif indexing in _ROW_INDEXING:

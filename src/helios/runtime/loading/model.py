@@ -14,7 +14,8 @@ nothing here runs on untrusted bytes. `load_model` then
 3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape
    (on a thread, while step 2 deserializes the programs; a failure of either fails the load);
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
-   now and replace preparation's working-set counts;
+   now and replace preparation's working-set counts; on a device, the buffers every step rewrites
+   share one allocation (`helios.runtime.loading.step_arena`: one upload per step);
 5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.loading.tuning`;
    loaded like serving programs in step 2), once, before any CUDA graph is captured and before the
    model is returned; a missing or failing producer fails startup with `TuningProducerError`;
@@ -58,6 +59,7 @@ from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, Pick
     DeclaredOps, LoadedProgram, MissingVariantError, PickledProgramError, load_program,
 )
 from helios.runtime.loading.speculation import speculative_handles
+from helios.runtime.loading.step_arena import into_arena, step_buffers
 from helios.runtime.loading.tuning import producer_handles, run_producers
 from helios.runtime.cache.window_pages import window_page_count
 from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatchError: part of this module's API)
@@ -359,6 +361,10 @@ def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device,
         else:  # host buffers of a CUDA model are pinned: the device copies into them asynchronously
             pinned = device.type == "cuda"
             buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype], pin_memory=pinned)
+    if device.type != "cpu":  # the buffers a step rewrites, side by side: one upload (`step_arena`)
+        names = step_buffers(prepared.graphs, prepared.manifest.completion.submission_input)
+        buffers = into_arena(buffers, [name for name in names
+                                       if name in buffers and buffers[name].device.type != "cpu"])
     return buffers
 
 

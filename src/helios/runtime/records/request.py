@@ -118,6 +118,7 @@ class RequestState:
     num_window_released: int = 0
     num_window_published: int = 0
     chain: list[bytes] = field(default_factory=list)  # digests of complete pages of token_ids
+    prompt_key: bytes = b""  # its prompt group's digest, once computed (`helios.runtime.cache.prompt_sharing`)
     snapshot_id: int = 0  # private snapshot while preempted (0: none)
     announced: bool = False  # a plan carried its spec to the packers (`StepPlan.admitted`)
     prompt_checkpointed: bool = False  # a snapshot of its prompt boundary was requested

@@ -146,6 +146,8 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """The next plan to submit, or None when nothing can run until a completion arrives."""
+        if self._inflight:  # admission work the launched plan does not need, done while it runs
+            self.cache.complete_chains()
         if len(self._inflight) >= 2:
             return None
         if self._inflight:
