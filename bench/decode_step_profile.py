@@ -49,6 +49,9 @@ def parse_args(argv=None):
     parser.add_argument("--output", type=int, default=32)
     parser.add_argument("--top", type=int, default=14, help="kernels listed per profiled step")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--gemv-tiles", default="",
+                        help="OUTxIN=TILE,... one-row projections bound to the Triton GEMV for this run (added to "
+                             "GEMV_TILES before capture; the step A/B then times them against cuBLAS)")
     parser.add_argument("--smoke", action="store_true")
     return parser.parse_args(argv)
 
@@ -63,6 +66,7 @@ def main(argv=None) -> int:
     batches = [1, 2] if args.smoke else [int(b) for b in args.batches.split(",")]
     prompt, output = (16, 8) if args.smoke else (args.prompt, args.output)
     workloads = [Workload(b, prompt, output) for b in batches]
+    add_gemv_tiles(args.gemv_tiles)
     key = SigningKey.generate()
     results: dict = {"layers": shape.num_hidden_layers, "workloads": {}, "profiles": []}
     with tempfile.TemporaryDirectory() as scratch:
@@ -83,16 +87,29 @@ def main(argv=None) -> int:
                 results["profiles"].append(profile)
                 served = results["workloads"][str(Workload(rows, prompt, output))]
                 summarize(profile, shape.num_hidden_layers, served["ms_per_step"])
-                if device.type == "cuda":
+                for name, ab in (("rotary_step_ab", rotary_step_ab), ("gemv_step_ab", gemv_step_ab)):
+                    if device.type != "cuda" and name == "gemv_step_ab":
+                        continue
                     try:
-                        results.setdefault("gemv_step_ab", []).append(gemv_step_ab(runtime.model, rows))
+                        results.setdefault(name, []).append(ab(runtime.model, rows))
                     except Exception as error:  # noqa: BLE001  (reported; the profile lines stand)
-                        log(f"SUMMARY GEMV R={rows}: failed: {type(error).__name__}: {str(error)[:200]}")
+                        log(f"SUMMARY {name} R={rows}: failed: {type(error).__name__}: {str(error)[:200]}")
         finally:
             runtime.close()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
+
+
+def add_gemv_tiles(spec: str) -> None:
+    """``OUTxIN=BNxBKxW,...``: GEMV_TILES entries for this process (read when programs are captured)."""
+    from helios.abi.gemv_tiles import GEMV_TILES, GemvTile
+
+    for entry in filter(None, (part.strip() for part in spec.split(","))):
+        shape, tile = entry.split("=")
+        out_features, in_features = (int(v) for v in shape.lower().split("x"))
+        GEMV_TILES[(out_features, in_features)] = GemvTile.parse(tile)
+        log(f"GEMV tile for this run: {out_features}x{in_features} -> {tile}")
 
 
 def served_steps(engine, workload: Workload, vocab: int) -> dict:
@@ -162,6 +179,55 @@ def gemv_step_ab(model, rows: int) -> dict:
     log(f"SUMMARY GEMV R={rows}: decode step {tiled:.3f} ms with {len(calls)} projections on the Triton GEMV, "
         f"{cublas:.3f} ms with all on cuBLAS ({cublas / tiled:.3f}x); outputs: {agreement}")
     return {"rows": rows, "calls": len(calls), "gemv_ms": tiled, "cublas_ms": cublas, "outputs": agreement}
+
+
+def rotary_step_ab(model, rows: int) -> dict:
+    """The greedy decode step at `rows` as captured (each layer's rotary cache write and attention one
+    ``helios::rotary_paged_attention`` call, `helios.runtime.loading.rotary_calls`) against the same
+    graph with the pairs split back into two calls: device ms per replay of each, from the same
+    buffers, and whether the sampled tokens agree."""
+    from helios.runtime.loading.rotary_calls import prefetch_output_weights, rotary_module, split_rotary_attention
+
+    program = next((p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows), None)
+    if program is None:
+        return {}
+    arguments = program_arguments(program, model.weights, model.buffers)
+    # the served graph, fused here when capture left the pairs as they are (FUSE_AT_CAPTURE off)
+    fused = rotary_module(variant_module(lever_ab._eager(program), SampleVariant.GREEDY), enabled=True)
+    graph = copy.deepcopy(fused.graph)
+    count = split_rotary_attention(graph)
+    if not count:
+        log(f"SUMMARY ROTARY R={rows}: the captured step has no fused rotary attention call")
+        return {"rows": rows, "calls": 0}
+    split_module = torch.fx.GraphModule(fused, graph)
+    hinted_graph = copy.deepcopy(fused.graph)
+    hints = prefetch_output_weights(hinted_graph)
+    hinted = torch.fx.GraphModule(fused, hinted_graph)
+    state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
+    ours = [t.clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(fused(*arguments))]
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
+    agreement = _agreement(ours, split_module(*arguments))
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
+    hinted_agreement = _agreement(ours, hinted(*arguments))
+    for name, tensor in state.items():
+        model.buffers[name].copy_(tensor)
+    del state
+    one, two, three = [], [], []
+    for _ in range(3):  # alternated, medians of each
+        one.append(lever_ab.graph_ms(lambda: fused(*arguments), replays=40))
+        two.append(lever_ab.graph_ms(lambda: split_module(*arguments), replays=40))
+        three.append(lever_ab.graph_ms(lambda: hinted(*arguments), replays=40))
+    one_ms, two_ms, three_ms = sorted(one)[1], sorted(two)[1], sorted(three)[1]
+    log(f"SUMMARY PREFETCH R={rows}: decode step {three_ms:.3f} ms with {hints} fused calls prefetching the output "
+        f"projection's weight into L2, {one_ms:.3f} ms without ({one_ms / three_ms:.3f}x); outputs: {hinted_agreement}")
+    layers = count
+    log(f"SUMMARY ROTARY R={rows}: decode step {one_ms:.3f} ms with {count} fused rotary+attention calls, "
+        f"{two_ms:.3f} ms with the pairs split ({two_ms / one_ms:.3f}x; {1e3 * (two_ms - one_ms) / layers:.2f} us "
+        f"per layer); outputs: {agreement}")
+    return {"rows": rows, "calls": count, "fused_ms": one_ms, "split_ms": two_ms, "prefetch_ms": three_ms,
+            "outputs": agreement, "prefetch_outputs": hinted_agreement}
 
 
 def _agreement(ours, theirs) -> str:

@@ -20,7 +20,8 @@ rounds. Prints a table with the HTTP / in-process ratio per stream count; `--jso
 number. `--smoke` runs tiny shapes on the CPU (checks the script, not a measurement).
 
     python bench/http_serving.py [--layers 32] [--streams 1 64 256] [--prompt 128] [--output 128]
-        [--rounds 3] [--client-processes 8] [--server-modes process thread] [--json out.json] [--smoke]
+        [--rounds 3] [--client-processes 8] [--server-modes process thread] [--server-flag=--FLAG ...]
+        [--json out.json] [--smoke]
 """
 
 from __future__ import annotations
@@ -128,13 +129,13 @@ class Server:
     """`helios serve` in a subprocess on the same core and pages."""
 
     def __init__(self, core: Path, public_key: Path, num_pages: int, max_active: int, queue_capacity: int,
-                 start_timeout_s: float, mode: str = "process"):
+                 start_timeout_s: float, mode: str = "process", extra: tuple[str, ...] = ()):
         device = "cuda" if _has_cuda() else "cpu"
         command = [sys.executable, "-m", "helios.cli.main", "serve", str(core), "--accept", NAMESPACE,
                    "--trust", str(public_key), "--device", device, "--port", "0", "--pages", str(num_pages),
                    "--max-active", str(max_active), "--queue-capacity", str(queue_capacity),
                    "--log-level", "warning", "--no-access-log",
-                   "--engine-process" if mode == "process" else "--no-engine-process"]
+                   "--engine-process" if mode == "process" else "--no-engine-process", *extra]
         started = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
@@ -243,7 +244,8 @@ def run(args, core: Path, public_key: Path, vocab: int) -> dict:
     try:
         list(pool.map(_warm_client, range(args.client_processes * 2)))
         for mode in args.server_modes:
-            server = Server(core, public_key, num_pages, max(levels), queue, args.start_timeout, mode)
+            server = Server(core, public_key, num_pages, max(levels), queue, args.start_timeout, mode,
+                            tuple(args.server_flag))
             try:
                 results["modes"][mode] = {"levels": run_levels(args, levels, local, server, pool, vocab, mode)}
             finally:
@@ -292,6 +294,8 @@ def main() -> None:
     parser.add_argument("--server-modes", nargs="+", choices=("process", "thread"), default=["process"],
                         help="how `helios serve` runs its model worker: an engine process (its default) "
                         "and/or a thread of the server process (--no-engine-process); one server per mode, in turn")
+    parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
+                        help="extra `helios serve` argument (repeatable, e.g. --server-flag=--stream-interval=2)")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
     args = parser.parse_args()
@@ -313,7 +317,8 @@ def main() -> None:
     device = torch.device("cpu" if args.smoke else "cuda")
     log(f"torch {torch.__version__}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
         f"{shape.num_hidden_layers} layers ({shape.parameters() / 1e9:.2f}B parameters), {args.dtype}; "
-        f"streams {args.streams}, {args.prompt} prompt / {args.output} output tokens, greedy")
+        f"streams {args.streams}, {args.prompt} prompt / {args.output} output tokens, greedy; "
+        f"server flags: {' '.join(args.server_flag) or '(none)'}")
     key = SigningKey.generate()
     with tempfile.TemporaryDirectory() as scratch:
         public_key = write_key_pair(Path(scratch) / "bench.key", key, [NAMESPACE])
@@ -321,6 +326,7 @@ def main() -> None:
         core = prepare(shape, workloads, Path(scratch), key, args.dtype, ttft_prompt=args.prompt, device=device)
         results = run(args, core, public_key, shape.vocab_size)
     results.update({"layers": shape.num_hidden_layers, "dtype": args.dtype, "prompt": args.prompt,
+                    "server_flags": list(args.server_flag),
                     "output": args.output, "torch": torch.__version__})
     log("")
     log(f"| model worker | streams | in-process tok/s | HTTP tok/s | HTTP / in-process |  ({args.prompt} prompt / "

@@ -3,7 +3,7 @@ admission, preparation, presentation) against the same generation in-process wit
 
     .venv/bin/python bench/server_overhead.py [--streams 1 16 64] [--tokens 64] [--rounds 5]
         [--torch-threads 1] [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
-        [--client raw|httpx] [--server-flag=--FLAG ...] [--compare-src TREE]
+        [--client raw|httpx] [--server-flag=--FLAG ...] [--compare-src TREE] [--variant="FLAGS" ...]
 
 Not a test. Without --core, a checkpoint is prepared into a temporary core first (decode batches
 1, 4, 16, 64): --checkpoint DIR, else the embedded default model when it is built, else the tiny
@@ -25,6 +25,12 @@ the main branch, on its PYTHONPATH) and runs its rounds interleaved with this tr
 which goes first), then prints both side by side: on a shared machine whose load moves by more
 than a change saves, that is the comparison that holds.
 
+`--variant="FLAGS"` (repeatable; with the `=`, as FLAGS start with a dash) also starts a server
+from this tree with FLAGS added (e.g. `--variant=--no-access-log` or
+`--variant="--stream-interval 2"`), interleaved and reported the same way. The servers run with
+`helios serve`'s access log on (its default: one line per request on stderr) unless the flags say
+`--no-access-log`; the report says which.
+
 Both sides use the same torch thread count and run interleaved (one in-process round, one server
 round, ...) so that load from other processes hits both alike. Per stream: TTFT = first token -
 submission; per-token = (last token - first token) / (n - 1); medians over all streams of all
@@ -40,6 +46,7 @@ import asyncio
 import functools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -266,7 +273,8 @@ def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples]
            client: str, server_flags: tuple[str, ...]) -> None:
     described = ClientProcess.description if client == "raw" else "asyncio httpx clients in the benchmark process"
     print(f"\nprompt {len(PROMPT)} ids, up to {tokens} greedy tokens per stream; medians over streams (ms)")
-    print(f"client: {described}; server flags: {' '.join(server_flags) or '(defaults)'}\n")
+    print(f"client: {described}; server flags: {' '.join(server_flags) or '(defaults)'}; "
+          f"access log {access_log_state(server_flags)}\n")
     print("| streams | TTFT in-process | TTFT server | TTFT overhead | ms/token in-process | ms/token server "
           "| overhead/token | server/in-process per token | CPU ms/token in-process | CPU ms/token server "
           "| CPU ms/token client | offline tok/s |")
@@ -280,6 +288,17 @@ def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples]
         print(f"| {level} | {ttft_a:.1f} | {ttft_b:.1f} | {ttft_b - ttft_a:+.1f} | {tok_a:.2f} | {tok_b:.2f} "
               f"| {tok_b - tok_a:+.2f} | {tok_b / tok_a:.2f}x | {cpu_a:.3f} | {cpu_b:.3f} | {cpu_client:.3f} "
               f"| {rates[level]:.0f} |")
+
+
+def access_log_state(flags) -> str:
+    """Whether `helios serve` with `flags` writes its access log (on by default)."""
+    state = "on (helios serve's default)"
+    for flag in flags:
+        if flag == "--no-access-log":
+            state = "off (--no-access-log)"
+        elif flag == "--access-log":
+            state = "on"
+    return state
 
 
 def main() -> None:
@@ -298,6 +317,8 @@ def main() -> None:
                         help="extra `helios serve` argument (repeatable, e.g. --server-flag=--engine-thread)")
     parser.add_argument("--compare-src", type=Path, metavar="TREE",
                         help="also serve from this source tree (TREE/src), interleaved, and report it beside this tree")
+    parser.add_argument("--variant", action="append", default=[], metavar="FLAGS",
+                        help="also serve from this tree with FLAGS added (one string; repeatable), interleaved")
     args = parser.parse_args()
     import torch
 
@@ -312,6 +333,10 @@ def main() -> None:
         if args.compare_src is not None:
             tree = args.compare_src / "src" if (args.compare_src / "src").is_dir() else args.compare_src
             sides[f"server ({args.compare_src})"] = server(source=tree.resolve())
+        for flags in args.variant:
+            sides[f"server {flags}"] = functools.partial(
+                Server, core, max(args.streams), args.tokens, args.torch_threads, args.client,
+                (*args.server_flag, *shlex.split(flags)))()
         try:
             samples = run_rounds(sides, args.streams, args.rounds)
         finally:
@@ -319,7 +344,7 @@ def main() -> None:
                 side.close()
     report(args.streams, args.tokens, samples["in-process"], samples["server"], rates, args.client,
            tuple(args.server_flag))
-    if args.compare_src is not None:
+    if args.compare_src is not None or args.variant:
         report_comparison(args.streams, samples)
 
 
@@ -340,12 +365,14 @@ def run_rounds(sides: dict, levels: list[int], rounds: int) -> dict[str, dict[in
 def report_comparison(levels, samples: dict[str, dict[int, Samples]]) -> None:
     names = list(samples)
     print("\nthe same rounds, every side (medians over streams; CPU of the serving side and of the client)\n")
-    print("| streams | side | ms/token | CPU ms/token | of which serving process | CPU ms/token client |")
-    print("|---|---|---|---|---|---|")
+    print("| streams | side | ms/token | / in-process | CPU ms/token | of which serving process | CPU ms/token client |")
+    print("|---|---|---|---|---|---|---|")
     for level in levels:
+        local = statistics.median(samples["in-process"][level].per_token_s)
         for name in names:
             s = samples[name][level]
-            print(f"| {level} | {name} | {statistics.median(s.per_token_s) * 1e3:.2f} | {s.cpu_s / s.num_tokens * 1e3:.3f} "
+            per_token = statistics.median(s.per_token_s)
+            print(f"| {level} | {name} | {per_token * 1e3:.2f} | {per_token / local:.2f}x | {s.cpu_s / s.num_tokens * 1e3:.3f} "
                   f"| {s.serving_cpu_s / s.num_tokens * 1e3:.3f} | {s.client_cpu_s / s.num_tokens * 1e3:.3f} |")
 
 

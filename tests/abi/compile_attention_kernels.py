@@ -43,7 +43,8 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                   query_start_ptr="*i32", positions_ptr="*i64", splits_ptr="*i32", sinks_ptr="*fp32",
                   scale_log2="fp32",
                   part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32", count_ptr="*i32",
-                  counters_ptr="*i32")
+                  counters_ptr="*i32", k_new_ptr=pointer, v_new_ptr=pointer, cos_ptr=pointer, sin_ptr=pointer,
+                  slot_ptr="*i64", prefetch_ptr=pointer)
     shape = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16, DOT_PRECISION="tf32")
     block_g = triton.next_power_of_2(group)
     for sinks in (False, True):  # sinks: helios::paged_attention_sinks(_tuned)
@@ -57,7 +58,8 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                                      (8, True, False), (8, True, True)):  # tuned: the count is read on the device
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
-                                MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned),
+                                MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned,
+                                ROTARY=tuned, KV_PAD=1, L2_PREFETCH=tuned and fused),  # helios::rotary_paged_attention
                            num_warps=4, num_stages=2)
     for tile in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps, split where they fuse
         heads = tile.heads_per_program(group)
@@ -81,7 +83,8 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                        dict(shape, BLOCK_H=max(16, triton.next_power_of_2(group * block_kv)), BLOCK_N=block_n,
                             NUM_SPLITS=4, TUNED=True,
                             HAS_SINKS=False, MIN_TILES=max(1, 128 // block_n), FUSED=True, PREFETCH=prefetch,
-                            BLOCK_KV=block_kv, SPECULATE=speculate),
+                            BLOCK_KV=block_kv, SPECULATE=speculate, ROTARY=speculate,
+                            KV_PAD=triton.next_power_of_2(block_kv), L2_PREFETCH=speculate),
                        num_warps=warps, num_stages=stages)
     for tuned in (False, True):
         compile_kernel(decode._combine_kernel, attend, dict(NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,

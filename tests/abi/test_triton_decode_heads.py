@@ -101,9 +101,9 @@ def test_a_fixed_split_count_replaces_the_tuned_one(monkeypatch, fixed):
     launched = []
     launch = decode._launch
 
-    def spy(out, tensors, scale, window, num_splits, splits, sinks, tile):
+    def spy(out, tensors, scale, window, num_splits, splits, sinks, tile, *options):  # options: rotary, prefetch
         launched.append((num_splits, splits))
-        return launch(out, tensors, scale, window, num_splits, splits, sinks, tile)
+        return launch(out, tensors, scale, window, num_splits, splits, sinks, tile, *options)
 
     monkeypatch.setattr(decode, "_launch", spy)
     batch = make_batch(72, [1] * 5, RAGGED, Shape(page_tokens=4))

@@ -367,6 +367,21 @@ def test_json_disconnect_cancels_the_request(runner, app, served):
 # -- other endpoints ------------------------------------------------------------------------------
 
 
+def test_requests_never_consult_opentelemetry(runner, app, monkeypatch):
+    """FastAPI's native telemetry is off: no request looks up the global OpenTelemetry providers
+    (which reads the environment on every request)."""
+    from opentelemetry import _logs, metrics, trace
+
+    def consulted():
+        raise AssertionError("a request consulted an OpenTelemetry provider")
+
+    for module, name in ((trace, "get_tracer_provider"), (metrics, "get_meter_provider"),
+                         (_logs, "get_logger_provider")):
+        monkeypatch.setattr(module, name, consulted)
+    assert runner.run(get(app, "/health")).json() == {"status": "ok"}
+    assert runner.run(get(app, "/v1/models")).status_code == 200
+
+
 def test_models_health_and_metrics(runner, app, served):
     models = runner.run(get(app, "/v1/models")).json()
     assert [m["id"] for m in models["data"]] == [SERVED_ID]

@@ -65,6 +65,7 @@ def test_generate_names_a_missing_core_file(tmp_path, capsys):
     (["--served-model-name", "a", "a"], "distinct"),
     (["--served-model-name", " "], "nonempty"),
     (["--api-key", ""], "must not be empty"),
+    (["--stream-interval", "0"], "--stream-interval must be positive"),
 ])
 def test_serve_checks_its_operator_options(argv, message, capsys):
     assert main(["serve", "--port", "0", *argv]) == 2

@@ -119,6 +119,8 @@ MALFORMED = {
     "infinity": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "top_p": -Infinity}'),
     "deep nesting": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": '
                         + "[" * 5000 + "]" * 5000 + "}"),
+    "nesting past the bound around numbers": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], '
+                                                 '"chat_template_kwargs": {"x": ' + "[" * 80 + "1, 2" + "]" * 80 + "}}"),
     "huge integer": raw(BASE + '"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 5000 + "}"),
 }
 

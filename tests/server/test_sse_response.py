@@ -164,3 +164,21 @@ def test_a_direct_write_that_waits_ends_at_the_send_timeout(runner, served):
     assert not any(m.get("more_body") is False for _, m in messages)  # dropped, never ended
     runner.run(eventually(lambda: served.admission.in_use == 0))
     assert served.engine.scheduler.counters().num_running == 0
+
+
+def test_a_stream_interval_writes_steps_n_at_a_time_with_the_same_content(runner, app, served):
+    """With a stream interval of 3 the first step is written at once, later steps three at a time
+    (as one run), and the last ones with the end: fewer writes, the same stream."""
+    reference = runner.run(post(app, "/v1/completions", PAYLOAD))["choices"][0]
+    interval, served.stream_interval = served.stream_interval, 3
+    try:
+        messages = runner.run(stream(app, with_transport=True))
+    finally:
+        served.stream_interval = interval
+    state = accumulated(chunks_of(messages), is_chat=False)
+    assert state["text"] == reference["text"] and state["token_ids"] == reference["token_ids"]
+    assert state["logprobs"] == {k: v for k, v in reference["logprobs"].items() if v is not None}
+    bodies = [m for _, m in messages if m["type"] == "http.response.body"]
+    ids_per_write = [sum(len(c["choices"][0].get("token_ids", [])) for c in chunks_of([("", m)])) for m in bodies]
+    assert ids_per_write == [1, 3, 3, 1]  # MAX_TOKENS 8: the first, two runs of three, the last with the end
+    assert bodies[-1]["more_body"] is False

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
 from helios.abi.decode_tiles import DECODE_TILES, DEFAULT_TILE, DecodeTile, decode_tile
+from helios.abi.triton_decode_rotary import l2_prefetch, rope_table, rotated_heads, write_row_tokens, write_token
 from helios.abi.triton_decode_walk import combine_if_last, token_row, walk
 from helios.abi.triton_paged import (
     LOG2E, block_d, dot_precision, multiprocessors, on_device, row_major, sinks_or, softmax_start, window_bound,
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 _MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned decode grid
+L2_CHUNK = 1 << 16  # bytes of one prefetch program's bulk L2 prefetch
 
 
 @triton.jit
@@ -120,11 +122,14 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    query_start_ptr, positions_ptr, splits_ptr, sinks_ptr, scale_log2, window, num_rows, max_pages,
                    num_heads, stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
                    stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_pr,
-                   GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, cos_ptr, sin_ptr, stride_ct,
+                   stride_st, slot_ptr, prefetch_ptr, prefetch_bytes, prefetch_chunk, num_tokens, GROUP: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
                    MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
-                   BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr):
+                   BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr, ROTARY: tl.constexpr, KV_PAD: tl.constexpr,
+                   L2_PREFETCH: tl.constexpr):
     """Program (token, key/value heads, split): the GROUP query heads of each of the BLOCK_KV key/value
     heads from kv_head = program_id(1) * BLOCK_KV (BLOCK_KV > 1: a wide or partly wide tile, each tile
     those key/value heads' keys of its positions, contiguous in a page) over its split's run of cached
@@ -134,50 +139,76 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
     TUNED: the live split count is read from splits_ptr (NUM_SPLITS is the grid's bound). HAS_SINKS:
     split 0 starts its online softmax from the heads' sink logits, so the combine counts each sink once.
     SPECULATE: the guessed row's first page entries are loaded before the row is known and used when
-    the guess holds and the run starts at position 0 (`_guessed_pages`, `walk`)."""
+    the guess holds and the run starts at position 0 (`_guessed_pages`, `walk`). ROTARY: q_ptr holds
+    the unrotated queries (unit stride along D), rotated as loaded; this step's keys (k_new_ptr,
+    rotated) and values are written to the cache by the programs that read them, before their walk
+    (`helios.abi.triton_decode_rotary`); KV_PAD: BLOCK_KV rounded up to a power of two. L2_PREFETCH:
+    programs past the num_tokens tokens (grid rows the launch added) ask the L2 cache to fetch
+    prefetch_chunk-byte slices of the prefetch_bytes at prefetch_ptr (the next projection's weight,
+    read while the attention's latency-bound programs leave the memory idle) and do nothing else."""
     token = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1) * BLOCK_KV
-    split = tl.program_id(2)
-    guess = tl.minimum(token, num_rows - 1)  # the row when the batch is one token per row
-    spec_pages = _guessed_pages(page_table_ptr, guess * stride_pr, max_pages, BLOCK_N * BLOCK_KV, BLOCK_KV,
-                                PAGE_TOKENS, SPECULATE)
-    first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
-                                     MIN_TILES)
-    offs_h = tl.arange(0, BLOCK_H)
-    head = kv_head * GROUP + offs_h
-    h_ok = (offs_h < GROUP * BLOCK_KV) & (head < num_heads)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
-    out_mask = h_ok[:, None] & d_ok[None, :]
-    rows_start, rows_end = tl.load(query_start_ptr), tl.load(query_start_ptr + num_rows)
-    if (token >= rows_start) & (token < rows_end) & (split < runs):
-        row = token_row(query_start_ptr, num_rows, token)
-        q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                    mask=h_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
-        row_pages = row.to(tl.int64) * stride_pr
-        kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
-        spec = (spec_pages, (lo == 0) & (row == guess))
-        acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
-                             kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2, spec,
-                             BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV, SPECULATE)
-        result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
-            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
-        elif runs == 1:
-            tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
-        else:
-            part0 = (token * num_heads + head) * NUM_SPLITS
-            tl.store(part_m_ptr + part0 + split, m_i, mask=h_ok)
-            tl.store(part_l_ptr + part0 + split, l_i, mask=h_ok)
-            tl.store(part_o_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
-            if FUSED:
-                combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
-                                part_l_ptr, part_o_ptr, part0, runs, h_ok, BLOCK_H, BLOCK_D)
-    elif (split == 0) & ((token < rows_start) | (token >= rows_end)):  # padding: zeros (no zero-filled output)
-        tl.store(out_at, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=out_mask)
+    is_prefetch = token < 0  # never, unless L2_PREFETCH: a program past the tokens
+    if L2_PREFETCH:
+        is_prefetch = token >= num_tokens
+    if is_prefetch:  # a prefetch program: no attention
+        l2_prefetch(prefetch_ptr, prefetch_bytes, prefetch_chunk, token - num_tokens)
+    else:
+        kv_head = tl.program_id(1) * BLOCK_KV
+        split = tl.program_id(2)
+        guess = tl.minimum(token, num_rows - 1)  # the row when the batch is one token per row
+        spec_pages = _guessed_pages(page_table_ptr, guess * stride_pr, max_pages, BLOCK_N * BLOCK_KV, BLOCK_KV,
+                                    PAGE_TOKENS, SPECULATE)
+        first, lo, hi, runs = _token_run(positions_ptr, splits_ptr, token, split, window, NUM_SPLITS, TUNED, BLOCK_N,
+                                         MIN_TILES)
+        offs_h = tl.arange(0, BLOCK_H)
+        head = kv_head * GROUP + offs_h
+        h_ok = (offs_h < GROUP * BLOCK_KV) & (head < num_heads)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        out_at = out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+        out_mask = h_ok[:, None] & d_ok[None, :]
+        rows_start, rows_end = tl.load(query_start_ptr), tl.load(query_start_ptr + num_rows)
+        if (token >= rows_start) & (token < rows_end) & (split < runs):
+            row = token_row(query_start_ptr, num_rows, token)
+            kv_strides = (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd)
+            if ROTARY:
+                rotary = (k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, cos_ptr, sin_ptr,
+                          stride_ct, stride_st, slot_ptr)
+                write_row_tokens(rotary, query_start_ptr, positions_ptr, row, lo, hi, k_ptr, v_ptr, kv_strides, kv_head,
+                                 num_heads // GROUP, offs_d, HEAD_DIM, PAGE_TOKENS, BLOCK_KV, KV_PAD)
+                table = rope_table(cos_ptr, sin_ptr, stride_ct, stride_st, token, offs_d, HEAD_DIM)
+                q = rotated_heads(q_ptr + token * stride_qt + kv_head * GROUP * stride_qh, stride_qh, offs_h,
+                                  h_ok[:, None] & d_ok[None, :], table, offs_d)
+            else:
+                q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                            mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+            m_i, l_i = softmax_start(sinks_ptr, head, h_ok & (split == 0), BLOCK_H, HAS_SINKS)
+            row_pages = row.to(tl.int64) * stride_pr
+            spec = (spec_pages, (lo == 0) & (row == guess))
+            acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
+                                 kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2, spec,
+                                 BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV, SPECULATE)
+            result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
+                tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+            elif runs == 1:
+                tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+            else:
+                part0 = (token * num_heads + head) * NUM_SPLITS
+                tl.store(part_m_ptr + part0 + split, m_i, mask=h_ok)
+                tl.store(part_l_ptr + part0 + split, l_i, mask=h_ok)
+                tl.store(part_o_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], result, mask=h_ok[:, None])
+                if FUSED:
+                    combine_if_last(out_at, out_mask, count_ptr, token * (num_heads // GROUP) + kv_head, part_m_ptr,
+                                    part_l_ptr, part_o_ptr, part0, runs, h_ok, BLOCK_H, BLOCK_D)
+        elif (split == 0) & ((token < rows_start) | (token >= rows_end)):  # padding: zeros (no zero-filled output)
+            tl.store(out_at, tl.zeros([BLOCK_H, BLOCK_D], out_ptr.dtype.element_ty), mask=out_mask)
+            if ROTARY:  # a padding token with a slot is written all the same (as helios::cache_write does)
+                write_token(k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, cos_ptr, sin_ptr,
+                            stride_ct, stride_st, slot_ptr, k_ptr, v_ptr,
+                            (stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd),
+                            token, kv_head, num_heads // GROUP, offs_d, HEAD_DIM, PAGE_TOKENS, BLOCK_KV, KV_PAD)
 
 
 @triton.jit(do_not_specialize=["window", "num_rows"])
@@ -210,22 +241,25 @@ def _combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_start_ptr
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                            scale: float, window: int, *, split: int | None = None,
-                           sinks: torch.Tensor | None = None, tile: DecodeTile | None = None) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
+                           rotary: tuple | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
     """Flash-decoding (arguments as ``helios::paged_attention``, already validated): grid (T, Hkv,
     splits), then a combine kernel when splits > 1. `split` asks for a count (None: the tile's fixed
     count, else `decode_splits`;
-    1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks)."""
+    1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks).
+    `rotary` = (k, v, cos, sin, slot_mapping): q is unrotated and the kernel rotates it and writes this
+    step's keys and values first (``helios::rotary_paged_attention``, `helios.abi.triton_decode_rotary`);
+    `prefetch`: a tensor whose bytes extra programs ask the L2 cache to fetch (`l2_prefetch`)."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
-    out = torch.empty_like(q)  # the strides of the reference and fake implementations; the kernel writes
-    # every entry (a padding token's zeros too), so no fill launch
+    out = _output(q)  # the kernel writes every entry (a padding token's zeros too), so no fill launch
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if split is None:
         split = tile.splits or decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-            grid_splits(max_context, split, tile.block_n), None, sinks, tile)
+            grid_splits(max_context, split, tile.block_n), None, sinks, tile, rotary, prefetch)
     return out
 
 
@@ -233,27 +267,35 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                                  scale: float, window: int, splits: torch.Tensor, *,
                                  sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
-                                 bound: int | None = None) -> torch.Tensor:
+                                 bound: int | None = None, rotary: tuple | None = None,
+                                 prefetch: torch.Tensor | None = None) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
     (and reads the count) whenever the bound allows more than one split. A tile with a fixed split
     count (`DecodeTile.splits`) launches that many instead and reads no count. `tile` and `bound` (the
-    grid's split bound) override the static choices (benchmarks sweep them)."""
+    grid's split bound) override the static choices (benchmarks sweep them); `rotary` and `prefetch`
+    as `paged_attention_decode`."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
-    out = torch.empty_like(q)  # every entry written by the kernel, as `paged_attention_decode`
+    out = _output(q)  # every entry written by the kernel, as `paged_attention_decode`
     tile = tile or decode_tile(num_tokens, head_dim)
     max_context = page_table.shape[1] * k_cache.shape[1]
     if tile.splits:  # a fixed count: the static launch, the tuned count is not read
         _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile)
+                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile, rotary, prefetch)
         return out
     bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, bound, tile.block_n),
-            splits.contiguous(), sinks, tile)
+            splits.contiguous(), sinks, tile, rotary, prefetch)
     return out
+
+
+def _output(q: torch.Tensor) -> torch.Tensor:
+    """The uninitialised output: q's strides (those of the reference and fake implementations) when
+    q is dense, else contiguous (a rotary launch's q is a view of the fused qkv product)."""
+    return torch.empty_like(q) if q.is_contiguous() else torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 def tuned_split_bound(num_tokens: int, num_kv_heads: int, max_context: int) -> int:
@@ -280,10 +322,12 @@ def grid_splits(max_context: int, split: int, block_n: int) -> int:
 
 
 def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: int, splits: torch.Tensor | None,
-            sinks: torch.Tensor | None, tile: DecodeTile) -> None:
+            sinks: torch.Tensor | None, tile: DecodeTile, rotary: tuple | None = None,
+            prefetch: torch.Tensor | None = None) -> None:
     """Launch the decode kernel (and the combine kernel when more than one split can run and the tile
     does not fuse the combine). splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink
-    logits or None."""
+    logits or None; rotary: (k, v, cos, sin, slot_mapping) with unit strides along D, or None;
+    prefetch: a contiguous tensor the added prefetch programs fetch into L2, or None."""
     q, k_cache, v_cache, page_table, query_start, positions = tensors
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
@@ -296,16 +340,31 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
     parts = _partials(num_tokens, num_heads, num_splits, width, out)
     counts = _counters(out.device, num_tokens * num_kv_heads) if fused else query_start  # else: unread
     splits = splits if tuned else query_start  # an unread stand-in
+    if rotary is None:  # unread stand-ins
+        rotary_args = (q, q, 0, 0, 0, 0, q, q, 0, 0, query_start)
+    else:
+        k, v, cos, sin, slots = rotary
+        rotary_args = (k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos, sin, cos.stride(0),
+                       sin.stride(0), slots.contiguous())
+    programs = triton.cdiv(num_kv_heads, block_kv) * num_splits  # a grid row's programs
+    prefetch_args, prefetch_rows = (q, 0, L2_CHUNK, num_tokens), 0
+    if prefetch is not None:
+        total = prefetch.numel() * prefetch.element_size() // 16 * 16
+        prefetch_rows = triton.cdiv(triton.cdiv(total, L2_CHUNK), programs)
+        prefetch_args = (prefetch, total, L2_CHUNK, num_tokens)
     with on_device(q):
-        _decode_kernel[(num_tokens, triton.cdiv(num_kv_heads, block_kv), num_splits)](
+        _decode_kernel[(num_tokens + prefetch_rows, triton.cdiv(num_kv_heads, block_kv), num_splits)](
             out, *parts, counts, q, k_cache, v_cache, page_table, query_start, positions, splits,
             sinks_or(sinks, q), scale * LOG2E, window_bound(window), num_rows, page_table.shape[1], num_heads,
-            *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
+            *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), page_table.stride(0), *rotary_args,
+            *prefetch_args,
             GROUP=num_heads // num_kv_heads, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_KV=block_kv,
             BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
             MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
-            SPECULATE=tile.speculate and tile.prefetch > 0, num_warps=tile.num_warps, num_stages=tile.num_stages)
+            SPECULATE=tile.speculate and tile.prefetch > 0, ROTARY=rotary is not None,
+            KV_PAD=triton.next_power_of_2(block_kv), L2_PREFETCH=prefetch is not None, num_warps=tile.num_warps,
+            num_stages=tile.num_stages)
         if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,

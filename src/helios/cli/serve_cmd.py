@@ -53,6 +53,10 @@ def register(subparsers) -> None:
     parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S,
                         help="seconds a response write may wait for a client that stopped reading before the "
                         f"response is dropped and its admission permit released (default {DEFAULT_SEND_TIMEOUT_S:.0f})")
+    parser.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                        help="streamed responses: after the first token, write N tokens' output at a time "
+                        "(default 1: every token as it comes; larger N: fewer, larger writes for up to "
+                        "N - 1 tokens of added latency)")
     images = parser.add_argument_group("images (vision-language cores)")
     images.add_argument("--max-images", type=int, default=4, help="images per request (default 4)")
     images.add_argument("--max-image-bytes", type=int, default=2 * 1024 * 1024,
@@ -103,7 +107,8 @@ def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
 def run(args: argparse.Namespace) -> int:
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
-                 "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels"):
+                 "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels",
+                 "stream_interval"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log,
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
-                           api_key=args.api_key, served_names=names,
+                           api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,
                            image_limits=ImageLimits(args.max_images, args.max_image_bytes, args.max_image_pixels,
                                                     args.allow_remote_images))
     try:

@@ -36,6 +36,9 @@ from helios.server.service import ServedModel
 
 UNSUPPORTED_FIELD = "not a field this server accepts (unsupported options are rejected, not ignored)"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# FastAPI's native OpenTelemetry off: the server has its own metrics and access log, and otherwise
+# every request reads the environment for configured providers (`NativeTelemetry.enabled`).
+NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
@@ -99,7 +102,7 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
             await asyncio.to_thread(served.shutdown)
 
     app = FastAPI(title="Helios", summary="OpenAI-compatible serving of a prepared model core",
-                  version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+                  version="1", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY)
     _install_error_handlers(app)
     _install_routes(app, served)
     _document_400_not_422(app)

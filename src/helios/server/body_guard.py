@@ -63,6 +63,9 @@ def check_json_text(body: bytes) -> Any:
     return value
 
 
+_CHECKED = (str, list, dict)
+
+
 def _check_values(value: Any) -> None:
     """Depth bound and no lone surrogates, iteratively (no recursion on hostile nesting)."""
     stack = [(value, 1)]
@@ -77,8 +80,8 @@ def _check_values(value: Any) -> None:
                 for key, child in item.items():
                     _check_text(key)
                     stack.append((child, depth + 1))
-            else:
-                stack.extend((child, depth + 1) for child in item)
+            else:  # numbers (a token-id prompt) need no check: only texts and containers are pushed
+                stack.extend([(child, depth + 1) for child in item if isinstance(child, _CHECKED)])
 
 
 def _check_text(text: str) -> None:

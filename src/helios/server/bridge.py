@@ -14,9 +14,13 @@ per batch of deliveries, not one per request and token) into the response's unbo
 arrived items (`next_items` takes all of them at once): it grows as events arrive and is bounded in
 total by the request's validated output budget (one step per generated token plus one terminal
 item), so a paused or slow reader never blocks anyone and loses nothing. Presentation (JSON encoding) happens on the event loop.
+With a stream interval N > 1 (``helios serve --stream-interval``), a stream's first step is posted
+at once and later ones N at a time (the terminal item takes what is held): N times fewer
+deliveries, presentations and socket writes per stream, for up to N - 1 steps of added latency.
 
 Event loop: `next_items` awaits what has arrived (a streamed response may instead take steps in
-the delivery while it waits: `read_directly`); `cancel` cancels the request in the engine (a
+the delivery while it waits: `read_directly`; a reader of several bridges takes every delivery in
+the delivery itself: `forward_to`); `cancel` cancels the request in the engine (a
 dropped connection); `close` says the reader released the response. The admission permit is
 released once the response is closed AND the terminal event has arrived: finished requests have
 already given back their slot and pages, but keep their permit until the body is sent or the client
@@ -110,6 +114,7 @@ class ResponseBridge:
         outbox: LoopOutbox,
         stop: Callable[[str, int], None] | None = None,
         observe: Callable[[RequestEvent], None] | None = None,
+        stream_interval: int = 1,
     ):
         self.request_id = request_id
         self._output = output
@@ -120,9 +125,13 @@ class ResponseBridge:
         self._outbox = outbox
         self._stop = stop
         self._observe = observe
+        self._stream_interval = stream_interval
+        self._held: list[OutputStep] = []  # worker side: steps waiting for the stream interval
+        self._has_posted_step = False  # worker side
         self._arrived: list[Item] = []  # loop side: items not yet taken by `next_items`
         self._waiter: asyncio.Future | None = None  # loop side: `next_items` waiting for items
         self._direct: Callable[[list[Item]], bool] | None = None  # loop side: see `read_directly`
+        self._forward: Callable[[list[Item]], None] | None = None  # loop side: see `forward_to`
         self._is_woken = False  # loop side: `wake` ended the wait
         self._failure: HeliosError | None = None  # worker side: output processing failed
         self._is_stop_sent = False  # worker side
@@ -145,7 +154,7 @@ class ResponseBridge:
         if isinstance(event, TokenEvent):
             steps = self._feed(event)
             if steps:
-                self._post(steps, is_terminal=False)
+                self._post_steps(steps)
             if self._output.is_stopped and not self._is_stop_sent and self._stop is not None:
                 self._is_stop_sent = True
                 self._stop(self.request_id, self._output.num_output_tokens)
@@ -169,10 +178,22 @@ class ResponseBridge:
             return event._replace(reason=FinishReason.STOP, num_output_tokens=self._output.num_output_tokens)
         return event
 
+    def _post_steps(self, steps: list[OutputStep]) -> None:
+        """Posts `steps`: at once for the first and with a stream interval of 1, else once
+        `stream_interval` steps are held (the terminal item takes whatever is held with it)."""
+        if self._stream_interval > 1 and self._has_posted_step:
+            self._held.extend(steps)
+            if len(self._held) < self._stream_interval:
+                return
+            steps, self._held = self._held, []
+        self._has_posted_step = True
+        self._post(steps, is_terminal=False)
+
     def _post_terminal(self, item: Terminal) -> None:
         if not self._is_terminal_posted:
             self._is_terminal_posted = True
-            self._post([item], is_terminal=True)
+            held, self._held = self._held, []
+            self._post([*held, item], is_terminal=True)
 
     def _feed(self, event: TokenEvent) -> list[OutputStep]:
         if self._failure is not None:
@@ -229,6 +250,9 @@ class ResponseBridge:
             self._release_when_done()
 
     def _put(self, items: list[Item]) -> None:
+        if self._forward is not None:
+            self._forward(items)
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             direct = self._direct
@@ -244,6 +268,15 @@ class ResponseBridge:
         on the event loop's delivery instead of waking the waiting task; `take` returns False to
         leave them to `next_items`. None stops it."""
         self._direct = take
+
+    def forward_to(self, take: Callable[[list[Item]], None] | None) -> None:
+        """Every delivery from now on (the terminal item included) goes to `take(items)` on the
+        event loop instead of to `next_items`; items that arrived before go to it at once. For a
+        reader of several bridges (`helios.server.fanout`). None stops it."""
+        self._forward = take
+        if take is not None and self._arrived:
+            items, self._arrived = self._arrived, []
+            take(items)
 
     def wake(self) -> None:
         """Ends a pending `next_items` wait with whatever has arrived (possibly nothing)."""

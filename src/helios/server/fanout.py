@@ -17,7 +17,8 @@ Usage counts each prompt once and every choice's output. JSON: one body with eve
 failure instead, as its status, with the other choices cancelled). SSE: the choices' chunks
 interleaved as they come, each with its ``index`` and the response's ``id``, then one usage chunk
 (with ``stream_options.include_usage``) and one ``[DONE]``; a failure ends the stream with one
-``event: error`` and cancels the other choices.
+``event: error`` and cancels the other choices (`helios.server.choice_stream`, which keeps the
+single stream's send deadline, disconnect and shutdown behaviour).
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ import asyncio
 import dataclasses
 from typing import Callable, Sequence
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from helios.errors import RequestError
-from helios.frontend.responses.output import OutputFinal
-from helios.frontend.responses.step_run import StepRun, runs_of
-from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, error_body, sse_data, sse_error
+from helios.frontend.responses.presentation import error_body
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
-from helios.server.responses import SSE_HEADERS
+from helios.server.choice_stream import ChoicesSSEResponse, merged_usage
+from helios.server.responses import Lease
 from helios.server.schemas import MAX_CHOICES
 
 class TooManyChoices(RequestError):
@@ -91,79 +91,11 @@ async def fanout_json(choices: Sequence[Choice], receive) -> Response:
     return JSONResponse(merged)
 
 
-def merged_usage(choices: Sequence[Choice], finals: Sequence[OutputFinal]) -> dict:
-    prompts = {choice.prompt_index: final.usage.prompt_tokens for choice, final in zip(choices, finals)}
-    prompt_tokens = sum(prompts.values())
-    completion_tokens = sum(final.usage.completion_tokens for final in finals)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def fanout_stream(choices: Sequence[Choice]) -> Response:
-    return _ClosingStream(_fanout_chunks(choices), lambda: _close_all(choices))
-
-
-class _ClosingStream(StreamingResponse):
-    def __init__(self, content, close: Callable[[], None]):
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._close = close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._close()
-
-
-async def _fanout_chunks(choices: Sequence[Choice]):
-    presenters = [choice.prepared.new_stream() for choice in choices]
-    response_id = choices[0].prepared.head.response_id
-    include_usage = choices[0].prepared.head.options.include_usage
-
-    def render(index: int, chunks: list[dict]) -> bytes:
-        out = []
-        for chunk in chunks:
-            if not chunk["choices"] and "usage" in chunk and chunk["usage"] is not None:
-                continue  # the usage-only chunk: one merged chunk at the end instead
-            chunk["id"] = response_id
-            for entry in chunk["choices"]:
-                entry["index"] = index
-            out.append(sse_data(chunk))
-        return b"".join(out)
-
-    yield b"".join(render(i, p.start_chunks()) for i, p in enumerate(presenters))
-    finals: list[OutputFinal | None] = [None] * len(choices)
-    pending = {asyncio.ensure_future(choice.bridge.next_items()): i for i, choice in enumerate(choices)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                index = pending.pop(future)
-                parts, is_over = [], False
-                for item in runs_of(future.result()):
-                    if isinstance(item, StepRun):
-                        parts.append(render(index, presenters[index].run_chunks(item)))
-                    elif isinstance(item, OutputFinal):
-                        parts.append(render(index, presenters[index].finish_chunks(item)))
-                        finals[index], is_over = item, True
-                    else:
-                        yield b"".join(parts) + sse_error(item.error)
-                        return
-                if parts:
-                    yield b"".join(parts)
-                if not is_over:
-                    pending[asyncio.ensure_future(choices[index].bridge.next_items())] = index
-    finally:
-        for future in pending:
-            future.cancel()
-    if include_usage:
-        head = choices[0].prepared.head
-        usage = {"id": response_id, "object": _OBJECTS[head.kind][1],
-                 "created": choices[0].prepared.head.created, "model": choices[0].prepared.head.model,
-                 "choices": [], "usage": merged_usage(choices, finals)}
-        yield sse_data(usage)
-    yield SSE_DONE
-
+def fanout_stream(choices: Sequence[Choice], send_timeout_s: float | None,
+                  is_dropping: Callable[[], bool]) -> Response:
+    """The SSE stream of every choice (`helios.server.choice_stream`); it closes every bridge."""
+    lease = Lease(choices[0].bridge, send_timeout_s, is_dropping, tuple(choice.bridge for choice in choices[1:]))
+    return ChoicesSSEResponse(choices, lease)
 
 
 def choice_bodies(body, is_chat: bool) -> list[tuple[int, int, object]] | None:

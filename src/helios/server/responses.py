@@ -27,7 +27,9 @@ cancels the request in the engine; the permit is released once the engine confir
   the start (status, counters), and each layer they add costs a coroutine per write. While the
   task waits for items, steps that arrive are presented and written in the event loop's delivery
   itself (`DirectWrites`, through `ResponseBridge.read_directly`): no task wakeup per stream per
-  step. A client that disconnects ends the response at once (a watcher task on `receive`).
+  step; under uvicorn's httptools protocol a per-step chunk goes straight to the transport when
+  the connection is not paused (`helios.server.chunk_writer`: no coroutine per write). A client
+  that disconnects ends the response at once (a watcher task on `receive`).
 """
 
 from __future__ import annotations
@@ -41,12 +43,11 @@ from typing import Callable
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from helios.errors import ExecutionError, HeliosError
-from helios.frontend.responses.output import OutputFinal
-from helios.frontend.responses.presentation import StreamPresenter, error_body, error_status, sse_error
-from helios.frontend.responses.step_run import StepRun, runs_of
+from helios.frontend.responses.presentation import StreamPresenter, error_body, error_status
 from helios.frontend.session import PreparedRequest
-from helios.server.bridge import Failure, Item, ResponseBridge
+from helios.server.bridge import Failure, ResponseBridge
+from helios.server.chunk_writer import chunk_writer
+from helios.server.step_writes import DirectWrites, Handoff, present  # noqa: F401 (Handoff: re-exported)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 TRANSPORT_SEND = "helios.transport_send"  # scope key: the server's send, below the app's middlewares
@@ -120,6 +121,12 @@ class Lease:
     bridge: ResponseBridge
     send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S
     is_dropping: Callable[[], bool] = lambda: False
+    others: tuple[ResponseBridge, ...] = ()  # the other choices' bridges of one response (fan-out)
+
+    def close(self) -> None:
+        self.bridge.close()
+        for bridge in self.others:
+            bridge.close()
 
 
 async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,7 +144,7 @@ async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: 
     finally:
         if deadline is not None:
             deadline.close()
-        lease.bridge.close()
+        lease.close()
 
 
 def error_response(error: BaseException) -> JSONResponse:
@@ -198,6 +205,42 @@ def with_transport_send(app: ASGIApp) -> ASGIApp:
     return asgi
 
 
+async def stream_leased(stream, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
+    """`send_leased(stream, ...)` for a streamed response: a client that disconnects (a watcher
+    task on `receive`) cancels the stream's task, and the response then ends quietly."""
+    task = asyncio.current_task()
+    is_streaming = True
+
+    def on_disconnect(watcher: asyncio.Future) -> None:
+        if is_streaming and not watcher.cancelled():
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        await send_leased(stream, lease, scope, receive, send)
+    except asyncio.CancelledError:
+        if not (watcher.done() and not watcher.cancelled()):
+            raise
+        task.uncancel()  # the client is gone: the response ends quietly
+    finally:
+        is_streaming = False
+        if watcher.done() and not watcher.cancelled():
+            watcher.exception()  # a receive that failed ended the stream like a disconnect
+        watcher.cancel()
+
+
+def step_writer(scope: Scope, send: Send) -> Send:
+    """The send of a stream's writes between its start and its last message: the server's own
+    (`TRANSPORT_SEND`) when it is in the scope, under `send`'s deadline when `send` has one."""
+    transport = scope.get(TRANSPORT_SEND)
+    if transport is None:
+        return send
+    if isinstance(send, SendDeadline):
+        return functools.partial(send.send_via, transport)
+    return transport
+
+
 class SSEResponse(Response):
     """A streamed response (see the module docstring); closes its bridge once it is over."""
 
@@ -211,42 +254,19 @@ class SSEResponse(Response):
         self._presenter = presenter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        is_streaming = True
-
-        def on_disconnect(watcher: asyncio.Future) -> None:
-            if is_streaming and not watcher.cancelled():
-                task.cancel()
-
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-        watcher.add_done_callback(on_disconnect)
-        try:
-            await send_leased(self._stream, self._lease, scope, receive, send)
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise
-            task.uncancel()  # the client is gone: the response ends quietly
-        finally:
-            is_streaming = False
-            if watcher.done() and not watcher.cancelled():
-                watcher.exception()  # a receive that failed ended the stream like a disconnect
-            watcher.cancel()
+        await stream_leased(self._stream, self._lease, scope, receive, send)
 
     async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
         """`send`: the middleware chain's, timed (`SendDeadline`) unless the lease has no timeout."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        write = step_writer(scope, send)
         transport = scope.get(TRANSPORT_SEND)
-        if transport is None:
-            write = send
-        elif isinstance(send, SendDeadline):
-            write = functools.partial(send.send_via, transport)
-        else:
-            write = transport
+        raw = None if transport is None else chunk_writer(transport)
         presenter, bridge = self._presenter, self._lease.bridge
         start = presenter.sse_start()
-        if start:
+        if start and not (raw is not None and raw(start)):
             await write({"type": "http.response.body", "body": start, "more_body": True})
-        direct = None if transport is None else DirectWrites(presenter, write, bridge)
+        direct = None if transport is None else DirectWrites(presenter, write, bridge, raw)
         bridge.read_directly(direct)
         try:
             while True:
@@ -263,116 +283,13 @@ class SSEResponse(Response):
                 if is_done:
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
                     return
-                await write({"type": "http.response.body", "body": chunk, "more_body": True})
+                if raw is None or not raw(chunk):
+                    await write({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:
             bridge.read_directly(None)
             if direct is not None:
                 direct.close()
 
 
-@dataclass
-class Handoff:
-    """What a direct write left to the response's task: a write that must wait (`write`, suspended
-    on `waits_on`), a write that failed (`error`), or the stream's last message (`last`: a
-    presentation failure's error event)."""
-
-    write: object = None  # the send's coroutine, started outside any task
-    waits_on: object = None  # what it yielded: a future, or None for a bare yield
-    error: Exception | None = None
-    last: bytes | None = None
-
-    async def finish(self) -> None:
-        """Runs the write to its end in the calling task, as a task would have: awaiting what it
-        waits on and passing the outcome (a result, or an error such as the task's cancellation by
-        its send deadline or by a disconnect) back into it."""
-        if self.error is not None:
-            raise self.error
-        write, waits_on = self.write, self.waits_on
-        self.write = None
-        while True:
-            try:
-                if waits_on is None:
-                    await asyncio.sleep(0)
-                else:
-                    waits_on._asyncio_future_blocking = False  # as a task does with what it is given
-                    await waits_on
-            except BaseException as error:  # noqa: BLE001 - the write decides what it becomes
-                try:
-                    waits_on = write.throw(error)
-                except StopIteration:
-                    return
-                continue
-            try:
-                waits_on = write.send(None)
-            except StopIteration:
-                return
-
-
-class DirectWrites:
-    """A stream's per-step writes made in the event loop's delivery while its task waits for items
-    (`ResponseBridge.read_directly`), which saves the task's wakeup per stream per step. The write
-    (the server's own send, under the send deadline) runs synchronously as far as it goes: it
-    completes at once unless the connection is paused for flow control. One that must wait, one that
-    fails, and a presentation that ends the stream are handed to the task (`take_handoff`, after the
-    bridge wakes it), which finishes them in order before anything that arrived later."""
-
-    def __init__(self, presenter: StreamPresenter, write, bridge: ResponseBridge):
-        self._presenter = presenter
-        self._write = write
-        self._bridge = bridge
-        self._handoff: Handoff | None = None
-
-    def __call__(self, items: list[Item]) -> bool:
-        if self._handoff is not None:
-            return False
-        chunk, is_done = present(self._presenter, items)
-        if is_done:
-            self._handoff = Handoff(last=chunk)
-        else:
-            write = self._write({"type": "http.response.body", "body": chunk, "more_body": True})
-            try:
-                waits_on = write.send(None)
-            except StopIteration:
-                return True
-            except Exception as error:  # noqa: BLE001 - raised in the task, as its own write would
-                self._handoff = Handoff(error=error)
-            else:
-                self._handoff = Handoff(write=write, waits_on=waits_on)
-        self._bridge.wake()
-        return True
-
-    def take_handoff(self) -> Handoff | None:
-        handoff, self._handoff = self._handoff, None
-        return handoff
-
-    def close(self) -> None:
-        """Closes a write handed off but never finished (the task ended first)."""
-        if self._handoff is not None and self._handoff.write is not None:
-            self._handoff.write.close()
-        self._handoff = None
-
-
 _SSE_RAW_HEADERS = (*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()),
                     (b"content-type", b"text/event-stream; charset=utf-8"))  # no length: the body is chunked
-
-
-def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
-    """SSE bytes of `items` and whether the stream is over. Consecutive steps (a reader that fell
-    behind) are presented as one run (`helios.frontend.responses.step_run`). A presentation failure
-    ends the stream with an execution error event (the bridge's close then cancels the request)."""
-    parts = []
-    try:
-        for item in runs_of(items):
-            if isinstance(item, StepRun):
-                parts.append(presenter.sse_run(item))
-            elif isinstance(item, OutputFinal):
-                parts.append(presenter.sse_finish(item))
-                return b"".join(parts), True
-            else:
-                parts.append(sse_error(item.error))
-                return b"".join(parts), True
-    except Exception as error:  # noqa: BLE001 - the stream still ends with one terminal event
-        failure = error if isinstance(error, HeliosError) else ExecutionError(f"presentation failed: {error}")
-        parts.append(sse_error(failure))
-        return b"".join(parts), True
-    return b"".join(parts), False

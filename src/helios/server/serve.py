@@ -54,6 +54,7 @@ class ServeOptions:
     access_log: bool = False
     max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    stream_interval: int = 1  # steps per SSE write after a stream's first (`helios.server.bridge`)
     api_key: str | None = None  # /v1/ requests without it get 401
     served_names: tuple[str, ...] = ()  # operator names (served id first); empty: the core's
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # per-request image bounds
@@ -121,7 +122,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
         send_timeout_s=options.send_timeout_s, served_names=options.served_names,
-        image_limits=options.image_limits,
+        image_limits=options.image_limits, stream_interval=options.stream_interval,
     )
     config = uvicorn.Config(
         with_transport_send(create_app(served, options.max_body_nbytes, options.api_key)), loop="auto", lifespan="on",

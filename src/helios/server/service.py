@@ -87,8 +87,10 @@ class ServedModel:
 
     def __init__(self, runtime: Runtime | EngineProcessRuntime, frontend: FrontendModel, admission: AdmissionController,
                  clock: ObservationClock, card: ModelCard, preparation: PreparationGate,
-                 send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S, output: OutputWorkers | None = None):
-        """`output`: the output workers (two when None); the engine's events go to them from now on."""
+                 send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S, output: OutputWorkers | None = None,
+                 stream_interval: int = 1):
+        """`output`: the output workers (two when None); the engine's events go to them from now on.
+        `stream_interval`: steps per SSE write after a stream's first (`helios.server.bridge`)."""
         self.runtime = runtime
         self.engine = runtime.engine
         self.output = output or OutputWorkers()
@@ -102,6 +104,7 @@ class ServedModel:
         self.latency = LatencyHistograms(self.metrics.registry)
         self.preparation = preparation
         self.send_timeout_s = send_timeout_s
+        self.stream_interval = stream_interval
         self._outbox: LoopOutbox | None = None
         self._bridges: weakref.WeakSet[ResponseBridge] = weakref.WeakSet()  # responses not yet collected
         self._is_dropping = False
@@ -112,7 +115,8 @@ class ServedModel:
                      send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S,
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
                      served_names: tuple[str, ...] = (),
-                     image_limits: ImageLimits | None = None, output_workers: int = 2) -> ServedModel:
+                     image_limits: ImageLimits | None = None, output_workers: int = 2,
+                     stream_interval: int = 1) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`).
         `served_names` (the served id, then aliases) replace the contract's names when given."""
         model = runtime.model
@@ -126,7 +130,7 @@ class ServedModel:
                          model.settings.context_tokens, model.prepared.sampled_range[1])
         gate = PreparationGate(PreparationPool(frontend_workers), frontend_workers, preparation_timeout_s)
         return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, gate,
-                   send_timeout_s, OutputWorkers(output_workers))
+                   send_timeout_s, OutputWorkers(output_workers), stream_interval)
 
     def start(self) -> None:
         self.engine.start()
@@ -207,7 +211,7 @@ class ServedModel:
         choices = [Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index)
                    for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies))]
         if prepared[0].head.options.is_stream:
-            return fanout_stream(choices)
+            return fanout_stream(choices, self.send_timeout_s, lambda: self._is_dropping)
         return await fanout_json(choices, receive)
 
     def _loop_outbox(self) -> LoopOutbox:
@@ -223,6 +227,7 @@ class ServedModel:
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
             cancel=self.engine.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
             stop=self.engine.stop_matched, observe=event_stamps(record, self.latency),
+            stream_interval=self.stream_interval,
         )
         grammar = TensorGrammar(prepared.grammar) if prepared.grammar is not None else None
         request = EngineRequest(prepared.request_spec(images=prepared.images), grammar=grammar)

@@ -28,7 +28,10 @@ one graph fewer (a greedy copy, a warm-up run and a capture) per such variant.
 
 Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
 one-row projections whose shapes the committed GEMV table names run the Triton matrix-vector kernel
-instead of cuBLAS (the same product; chosen here, per captured program, from static shapes).
+instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and,
+where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (off for now), each layer's
+rotary cache write and attention run as one ``helios::rotary_paged_attention`` call (one kernel
+launch per layer on a decode step instead of two).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from helios.abi.sampling import SampleVariant, bind_sample_variant
 from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.gemv_calls import gemv_module
+from helios.runtime.loading.rotary_calls import rotary_module
 
 
 class CaptureError(LoadError):
@@ -135,7 +139,8 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
     full = None
-    module = gemv_module(program.module)  # one-row projections the GEMV table names: the Triton kernel
+    # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
+    module = gemv_module(rotary_module(program.module))
     try:
         full = _record(module, arguments, pool, warmups)
         greedy_variant = greedy = None

@@ -1,0 +1,165 @@
+"""The SSE stream of a response with several choices (``n`` > 1, batched prompts; see
+`helios.server.fanout` for what the stream contains).
+
+`ChoicesSSEResponse` is a plain ASGI response like `helios.server.responses.SSEResponse`, with the
+same guarantees: the start and the last message pass through the middlewares and the writes in
+between go to the server's own send (`step_writer`; straight to uvicorn's transport when it can
+take them at once: `helios.server.chunk_writer`), every write is under the send deadline, a
+client that disconnects ends the response at once, a response dropped at shutdown ends quietly,
+and every choice's bridge is closed on every path (so a choice still running is cancelled and its
+permit released once the engine confirmed the end). Every bridge forwards its deliveries
+(`ResponseBridge.forward_to`) into one `ChoiceMailbox` on the event loop: one task wakeup per
+arrival of items, whichever choices they belong to, and no task per choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Sequence
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from helios.errors import ExecutionError, HeliosError
+from helios.frontend.responses.output import OutputFinal
+from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, StreamPresenter, sse_data, sse_error
+from helios.frontend.responses.step_run import StepRun, runs_of
+from helios.server.bridge import Item
+from helios.server.chunk_writer import chunk_writer
+from helios.server.responses import _SSE_RAW_HEADERS, TRANSPORT_SEND, Lease, step_writer, stream_leased
+
+
+def merged_usage(choices: Sequence, finals: Sequence[OutputFinal]) -> dict:
+    """The usage of several choices: each prompt counted once, every choice's output."""
+    prompts = {choice.prompt_index: final.usage.prompt_tokens for choice, final in zip(choices, finals)}
+    prompt_tokens = sum(prompts.values())
+    completion_tokens = sum(final.usage.completion_tokens for final in finals)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class ChoiceMailbox:
+    """Items of several bridges, in arrival order per choice, for one reading task."""
+
+    def __init__(self):
+        self._arrived: dict[int, list[Item]] = {}
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, index: int, items: list[Item]) -> None:
+        self._arrived.setdefault(index, []).extend(items)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> dict[int, list[Item]]:
+        """Every choice's items that arrived (choice index -> items), waiting for at least one."""
+        while not self._arrived:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        arrived, self._arrived = self._arrived, {}
+        return arrived
+
+
+class ChoicesPresenter:
+    """SSE bytes of several choices' items: each chunk with its choice's ``index`` and the
+    response's ``id``; the per-choice usage chunks dropped for one merged usage chunk at the end."""
+
+    def __init__(self, choices: Sequence, presenters: Sequence[StreamPresenter]):
+        self._choices = choices
+        self._presenters = presenters
+        head = choices[0].prepared.head
+        self._head = head
+        self.finals: list[OutputFinal | None] = [None] * len(choices)
+
+    def _render(self, index: int, chunks: list[dict]) -> bytes:
+        out = []
+        for chunk in chunks:
+            if not chunk["choices"] and chunk.get("usage") is not None:
+                continue  # a choice's usage-only chunk: one merged chunk at the end instead
+            chunk["id"] = self._head.response_id
+            for entry in chunk["choices"]:
+                entry["index"] = index
+            out.append(sse_data(chunk))
+        return b"".join(out)
+
+    def start(self) -> bytes:
+        return b"".join(self._render(i, p.start_chunks()) for i, p in enumerate(self._presenters))
+
+    def present(self, arrived: dict[int, list[Item]]) -> tuple[bytes, bool]:
+        """The bytes of what arrived and whether the stream is over (every choice finished, or one
+        failed: its error event ends the stream). A presentation failure ends it with an
+        execution error event."""
+        parts = []
+        try:
+            for index, items in arrived.items():
+                presenter = self._presenters[index]
+                for item in runs_of(items):
+                    if isinstance(item, StepRun):
+                        parts.append(self._render(index, presenter.run_chunks(item)))
+                    elif isinstance(item, OutputFinal):
+                        parts.append(self._render(index, presenter.finish_chunks(item)))
+                        self.finals[index] = item
+                    else:
+                        parts.append(sse_error(item.error))
+                        return b"".join(parts), True
+            if any(final is None for final in self.finals):
+                return b"".join(parts), False
+            parts.append(self._end())
+        except Exception as error:  # noqa: BLE001 - the stream still ends with one terminal event
+            failure = error if isinstance(error, HeliosError) else ExecutionError(f"presentation failed: {error}")
+            parts.append(sse_error(failure))
+        return b"".join(parts), True
+
+    def _end(self) -> bytes:
+        head = self._head
+        if not head.options.include_usage:
+            return SSE_DONE
+        usage = {"id": head.response_id, "object": _OBJECTS[head.kind][1], "created": head.created,
+                 "model": head.model, "choices": [], "usage": merged_usage(self._choices, self.finals)}
+        return sse_data(usage) + SSE_DONE
+
+
+class ChoicesSSEResponse(Response):
+    """The stream of several choices (see the module docstring)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, choices: Sequence, lease: Lease):
+        """`lease`: the first choice's bridge, the others' in `others`."""
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(_SSE_RAW_HEADERS)
+        self._choices = choices
+        self._lease = lease
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await stream_leased(self._stream, self._lease, scope, receive, send)
+
+    async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        write = step_writer(scope, send)
+        transport = scope.get(TRANSPORT_SEND)
+        raw = None if transport is None else chunk_writer(transport)
+        presenter = ChoicesPresenter(self._choices, [choice.prepared.new_stream() for choice in self._choices])
+        mailbox = ChoiceMailbox()
+        bridges = [choice.bridge for choice in self._choices]
+        start = presenter.start()
+        if start and not (raw is not None and raw(start)):
+            await write({"type": "http.response.body", "body": start, "more_body": True})
+        for index, bridge in enumerate(bridges):
+            bridge.forward_to(functools.partial(mailbox.put, index))
+        try:
+            while True:
+                chunk, is_done = presenter.present(await mailbox.take())
+                if is_done:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
+                if chunk and not (raw is not None and raw(chunk)):
+                    await write({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            for bridge in bridges:
+                bridge.forward_to(None)
