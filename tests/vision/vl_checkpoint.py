@@ -73,5 +73,6 @@ def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = Process
     core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
     assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
                  NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
-                 "--decode-batches", decode_batches, "--dtype", "float32", *(() if logprobs else ("--no-logprobs",))]) == 0
+                 "--decode-batches", decode_batches, "--dtype", "float32",
+                 *(() if logprobs else ("--no-logprobs",))]) == 0
     return model, core
