@@ -1,7 +1,9 @@
 """The greedy sampling pass (`helios.abi.triton_sampling.greedy_tokens`) at the 8B vocabulary: the
 float32 reduction of neutral rows against the float64 one (the kernel before it), and split counts,
 in one process, each side in a CUDA graph (device ms per call). Neutral penalties and no grammar
-masks (the anchor's greedy rows); every variant's tokens are checked against the default's.
+masks (the anchor's greedy rows); then the same rows as a served step has them (every row masked
+by an all-allowing mask; and with the counts read through slots, half the rows padding). Every
+variant's tokens are checked against the default's.
 
     python bench/greedy_ab.py [--rows 1,64,256] [--vocab 128256]
 """
@@ -46,6 +48,18 @@ def greedy_ab(rows_list, vocab: int, log) -> list[dict]:
                 log(f"greedy R={rows} {label}: tokens differ from the default's")
                 continue
             row["variants"][label] = graph_ms(lambda p=plain, s=splits: greedy_tokens(*arguments, plain_f32=p, splits=s))
+        # As served: every row masked by an all-allowing mask (the programs mask every row), counts
+        # read through the slots (`helios.abi.sampling_rows`), padding rows (slot -1) past half the rows.
+        served = [*arguments[:4], torch.full_like(arguments[4], -1), torch.ones_like(arguments[5])]
+        slots = torch.arange(rows, device=DEVICE)
+        slots[max(1, rows // 2):] = -1
+        for label, row_slots in (("float32, served masks", None), ("float32, served masks, half padding", slots)):
+            got = greedy_tokens(*served, row_slots=row_slots)
+            live = slots >= 0 if row_slots is not None else slice(None)
+            if not torch.equal(got[live], expected[live]):
+                log(f"greedy R={rows} {label}: tokens differ from the default's")
+                continue
+            row["variants"][label] = graph_ms(lambda r=row_slots: greedy_tokens(*served, row_slots=r))
         before = row["variants"].get("float64 (before)", float("nan"))
         log(f"greedy R={rows} ({default} splits by default): " + ", ".join(
             f"{label} {ms:.4f} ms ({before / ms:.2f}x)" for label, ms in row["variants"].items()))

@@ -131,3 +131,22 @@ def test_neutral_rows_reduce_in_float32_with_the_float64_results(splits):
     assert torch.equal(plain_tokens, wide_tokens) and torch.equal(plain_tokens, reference_greedy(inputs))
     assert torch.equal(plain_values, wide_values)
     assert plain_tokens[0] == 10 and plain_tokens[4] == 1234
+
+
+@pytest.mark.parametrize("tied", [(2049, 1), (4097, 2050, 9), (7, 2055, 4103), (4999,), (2048, 0)])
+def test_float32_lanes_keep_the_lowest_id_of_a_tie(tied):
+    """The float32 reduction keeps one best value and id per lane across blocks (BLOCK ids apart in
+    one lane) and reduces the lanes once: ties within a lane, across lanes and across blocks go to
+    the lowest id, with one split and with the default."""
+    rows, vocab = 2, 5000
+    inputs = sample_inputs(rows, vocab, 10)
+    logits = torch.randn(rows, vocab) - 5.0
+    logits[0, list(tied)] = 4.0
+    logits[1, list(tied)] = float("inf")  # +inf is float32 max: still a tie
+    inputs.update(logits=logits, mask_rows=torch.zeros(rows, dtype=torch.bool),
+                  penalties=torch.tensor([[1.0, 0.0, 0.0]] * rows))
+    expected = reference_greedy(inputs)
+    assert expected.tolist() == [min(tied)] * rows
+    names = ("logits", "penalties", "prompt_counts", "output_counts", "grammar_mask", "mask_rows")
+    for splits in (1, None):
+        assert torch.equal(greedy_tokens(*(inputs[n].to(DEVICE) for n in names), splits=splits).cpu(), expected)

@@ -48,7 +48,7 @@ def prepared() -> PreparedContract:
     return PreparedContract.from_json(json.dumps(example_doc()))
 
 
-def _packer(prepared: PreparedContract, reference: bool) -> tuple[Packer, dict[str, torch.Tensor]]:
+def _packer(prepared: PreparedContract, reference: bool, staged: bool | None = None) -> tuple[Packer, dict[str, torch.Tensor]]:
     buffers = {}
     for buffer in prepared.manifest.buffers:
         if buffer.role in (mpb.BUFFER_ROLE_INPUT, mpb.BUFFER_ROLE_PERSISTENT_STATE):
@@ -56,7 +56,7 @@ def _packer(prepared: PreparedContract, reference: bool) -> tuple[Packer, dict[s
             buffers[buffer.name] = torch.zeros(shape, dtype=_DTYPES[buffer.dtype])
     table = torch.randn(65536, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     staging = host_staging(prepared, {"w.engram": table}, buffers)
-    packer = Packer(prepared, buffers, state_rows=STATE_ROWS, host_staging=staging)
+    packer = Packer(prepared, buffers, state_rows=STATE_ROWS, host_staging=staging, staged=staged)
     written = packer._kept._program_written
     packer._kept = (_WritesEverything if reference else _Counting)(buffers, written)
     return packer, buffers
@@ -96,13 +96,17 @@ def _steps(words: int):
     yield "decode", [_row("a", 2, 1, (51,), 15), _row("c", 5, 2, (63,), 8)], (), (), None
 
 
-def test_skipping_kept_values_leaves_every_buffer_as_writing_them_all(prepared):
-    kept, kept_buffers = _packer(prepared, reference=False)
-    every, every_buffers = _packer(prepared, reference=True)
+@pytest.mark.parametrize("staged", [None, True], ids=["in-place", "staged"])
+def test_skipping_kept_values_leaves_every_buffer_as_writing_them_all(prepared, staged):
+    """Staged: every per-step buffer is packed into one of two frames' mirrors (alternating, as two
+    execution frames do) and uploaded; a kept binding skips both, the buffer keeping what the other
+    frame's upload left there."""
+    kept, kept_buffers = _packer(prepared, reference=False, staged=staged)
+    every, every_buffers = _packer(prepared, reference=True, staged=staged)
     operations = {"prefill": Operation.PREFILL, "decode": Operation.DECODE, "decode_host_fed": Operation.DECODE,
                   "mixed": Operation.MIXED}
     for sequence, (graph, rows, finished, admitted, masks) in enumerate(_steps(kept_buffers["in.grammar_mask"].shape[1])):
-        plan = StepPlan(sequence, 0, operations[graph], None, tuple(rows), (), sum(r.query_len for r in rows),
+        plan = StepPlan(sequence, sequence % 2, operations[graph], None, tuple(rows), (), sum(r.query_len for r in rows),
                         tuple(SPECS[name] for name in admitted), finished).with_masks(masks or {})
         for packer in (kept, every):
             packer.apply(plan)
@@ -110,7 +114,11 @@ def test_skipping_kept_values_leaves_every_buffer_as_writing_them_all(prepared):
             packer.retire(sequence)
         for name, tensor in every_buffers.items():
             assert torch.equal(kept_buffers[name], tensor), (sequence, graph, name)
-    assert kept._kept.skipped >= 10  # the repeated cohorts' slots, generations, parameters and masks
+    # The repeated cohorts' slots, generations, parameters and masks; staged, only the padded ones.
+    assert kept._kept.skipped >= (4 if staged else 10)
+    if staged:
+        mirrors = kept._staging._mirror_sets
+        assert mirrors[0] and all(name in mirrors[0] for name in ("in.slots", "in.generations"))
 
 
 def test_a_repeated_decode_step_writes_only_what_changes(prepared, monkeypatch):

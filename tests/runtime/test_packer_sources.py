@@ -193,3 +193,21 @@ def test_history_indexes_are_built_after_the_launch_or_when_first_read(prepared)
     lane = _row("c", 1, (2,), 4, True, False, ceiling=4, sample_index=1)
     assert packer.candidates(lane, 8) == HistoryIndex((1, 2, 3, 1, 2)).candidates(3) == (3, 1, 2)
     assert "c" not in packer._unindexed
+
+
+def test_all_greedy_follows_the_recorded_requests(prepared):
+    """Whether a plan's rows are all greedy, decided without looking at rows while no recorded
+    request draws, and row by row once one does (registered again, forgotten, finished)."""
+    packer, _ = _packer(prepared)
+    plan = _plan(Operation.DECODE, [_row("a", 2, (5,), 4, True, False), _row("b", 5, (9,), 5, True, False)])
+    assert packer.all_greedy(plan)
+    packer.register(RequestSpec("c", (1, 2), 4, sampling=SamplingParams(temperature=0.7, seed=3)))
+    assert packer.all_greedy(plan)  # "c" is recorded, but no row of the plan is its
+    with_c = _plan(Operation.DECODE, [*plan.rows, _row("c", 1, (2,), 2, True, False)])
+    assert not packer.all_greedy(with_c)
+    packer.register(RequestSpec("c", (1, 2), 4))  # registered again, greedy now
+    assert packer.all_greedy(with_c)
+    packer.register(RequestSpec("b", (9,), 4, sampling=SamplingParams(temperature=1.0)))
+    assert not packer.all_greedy(plan)
+    packer.apply(StepPlan(2, 0, Operation.DECODE, None, (), (), 0, (), ("b",)))  # "b" finished
+    assert packer._num_drawing_requests == 0 and packer.all_greedy(_plan(Operation.DECODE, plan.rows[:1]))

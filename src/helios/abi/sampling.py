@@ -352,6 +352,11 @@ def _variant(variant: SampleVariant) -> Callable[..., torch.Tensor]:
 _VARIANTS = {variant: _variant(variant) for variant in SampleVariant}
 
 
+def sampling_call_targets(variant: SampleVariant) -> frozenset:
+    """The call targets `bind_sample_variant` gives ``helios::sample`` calls bound to `variant`."""
+    return frozenset({_VARIANTS[variant]})
+
+
 def bind_sample_variant(graph: torch.fx.Graph, variant: SampleVariant) -> int:
     """Points every ``helios::sample`` call in `graph` (the registered op, or its Python body where
     a CPU program calls bodies directly) at `variant`, and rebinds every group-bound sampler

@@ -9,8 +9,14 @@ a write when its buffer still holds what the same binding wrote for the same row
 
 `KeptValues` remembers, per buffer, the (binding, rows key) it holds. Every other write of a
 buffer must `forget` it first (the packer's other sources, admission values, state resets, state
-copies). A buffer some program writes, or one packed into a staging mirror (a device buffer, whose
-mirrors alternate between execution frames), is never remembered: it is written every step.
+copies). A buffer some program writes is never remembered: it is written every step. A buffer
+packed into staging mirrors (a device buffer; one pinned mirror per execution frame, uploaded with
+the plan) is remembered by what its last upload left on the device: a step whose binding and rows
+key match writes neither its frame's mirror nor uploads it (the device buffer already holds those
+values, whichever frame uploaded them; uploads run in submission order on the stream, so the step's
+program reads them). A write to a mirror is always followed by its upload, in the same pack. Only
+bindings that write the whole buffer (submission rows, padded) are kept there: the rows past the
+live ones of another binding hold what each frame's mirror last held, which differs by frame.
 
 Thread ownership: the packer's (the model worker's).
 """
@@ -51,9 +57,10 @@ class KeptValues:
         self._kept: dict[str, tuple[object, tuple]] = {}
 
     def holds(self, binding, target: torch.Tensor, rows_key: tuple, constrained: bool) -> bool:
-        """Whether `target` (the binding's write destination) already holds what `binding` writes
-        for rows of `rows_key` (`constrained`: some row is); when not, the caller writes it and
-        this remembers what the buffer then holds (or forgets it, for a binding not kept)."""
+        """Whether `target` (the binding's buffer itself: for a staged one, the device buffer its
+        mirrors upload to) already holds what `binding` writes for rows of `rows_key`
+        (`constrained`: some row is); when not, the caller writes it (and uploads it) and this
+        remembers what the buffer then holds (or forgets it, for a binding not kept)."""
         name = binding.buffer_name
         keyed = binding.indexing in _ROW_INDEXING and (
             binding.source in KEYED_SOURCES or (binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not constrained))

@@ -135,6 +135,10 @@ class Staging:
         # A host target; or (not expected: the entries hold every table) a synchronous copy.
         _write_span(span, offset, values, padding)
 
+    def stages(self, name: str) -> bool:
+        """Whether buffer `name` is packed into per-frame mirrors and uploaded."""
+        return name in self._mirrors
+
     def target(self, name: str) -> torch.Tensor:
         mirror = self._mirrors.get(name)
         if mirror is None:

@@ -95,6 +95,7 @@ class Packer:
         self._staging = _Staging(prepared, buffers, staged)
         self._requests: dict[str, RequestSpec] = {}
         self._num_logprob_requests = 0  # recorded requests that ask for log-probabilities
+        self._num_drawing_requests = 0  # recorded requests that are not greedy (temperature > 0)
         self._bindings = {name: resolve_bindings(prepared, name) for name in prepared.graphs}
         if host_staging is None and any(b.source == S.VALUE_SOURCE_HOST_TABLE_ROWS
                                         for items in self._bindings.values() for b in items):
@@ -127,6 +128,7 @@ class Packer:
         self.forget(spec.request_id)  # an id registered again replaces its record
         self._requests[spec.request_id] = spec
         self._num_logprob_requests += spec.top_logprobs is not None
+        self._num_drawing_requests += not spec.sampling.is_greedy
         self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
@@ -154,6 +156,7 @@ class Packer:
         """Drops a request's record (an id it never saw is ignored)."""
         spec = self._requests.pop(request_id, None)
         self._num_logprob_requests -= spec is not None and spec.top_logprobs is not None
+        self._num_drawing_requests -= spec is not None and not spec.sampling.is_greedy
         if self._contexts is not None:
             self._contexts.pop(request_id, None)
         if self._histories is not None:
@@ -195,15 +198,29 @@ class Packer:
                 if row.admits:
                     self._kept.forget(binding.buffer_name)
                     fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
+        try:
+            self._fill_bindings(graph, plan, requests)
+        except BaseException:  # a binding recorded as kept may not have been written (or uploaded)
+            self._kept.clear()
+            raise
+        self._staging.upload()
+
+    def _fill_bindings(self, graph: str, plan: StepPlan, requests: list) -> None:
+        """Writes `graph`'s bindings for `plan`, except those whose buffer already holds their values
+        (`helios.runtime.execution.kept_values`: for a staged buffer, what its last upload left on
+        the device, which a skipped binding then neither writes into this frame's mirror nor uploads)."""
         copied = self._copied_for(graph, plan.rows)
         constrained = any(row.constrained for row in plan.rows)
         rows_key = rows_key_of(plan.rows)
         for binding in self._bindings[graph]:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue
-            target = self._staging.target(binding.buffer_name)
-            if self._kept.holds(binding, target, rows_key, constrained):
+            name = binding.buffer_name
+            if self._staging.stages(name) and binding.indexing != S.INDEXING_SUBMISSION_ROW:
+                self._kept.forget(name)  # a mirror's rows past the live ones differ by frame: kept only if padded
+            elif self._kept.holds(binding, self._buffers[name], rows_key, constrained):
                 continue
+            target = self._staging.target(binding.buffer_name)
             if binding.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
                 self._stage_rows(binding, plan)
             elif binding.source in IMAGE_SOURCES:
@@ -212,7 +229,6 @@ class Packer:
                 fill_copied(binding, target, plan.rows, copied, (plan.masks, self._allowed))
             else:
                 self._fill(binding, target, plan.rows, requests, plan.masks)
-        self._staging.upload()
 
     def pack_state_copies(self, graph: str, plan: StepPlan, rows: Sequence) -> None:
         """Fills the bindings of a SNAPSHOT or RESTORATION `graph` for state-copy `rows` of `plan`
@@ -262,6 +278,8 @@ class Packer:
 
     def all_greedy(self, plan: StepPlan) -> bool:
         """Whether every row of `plan` belongs to a greedy request (`SamplingParams.is_greedy`)."""
+        if not self._num_drawing_requests:  # the usual step: no row need be looked at
+            return True
         return all(self._requests[row.request_id].sampling.is_greedy for row in plan.rows)
 
     def candidates(self, row: PlanRow, limit: int) -> tuple[int, ...]:

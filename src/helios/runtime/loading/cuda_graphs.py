@@ -47,6 +47,7 @@ from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.rotary_calls import rotary_module
+from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
 
 
 class CaptureError(LoadError):
@@ -163,8 +164,12 @@ def wants_greedy_graph(program) -> bool:
 
 
 def greedy_module(module):
-    """`variant_module(module, SampleVariant.GREEDY)`: the module of a program's greedy graph."""
-    return variant_module(module, SampleVariant.GREEDY)
+    """`variant_module(module, SampleVariant.GREEDY)` with its sampling calls reading counts through
+    the slots (`helios.runtime.loading.sampling_rewrite`): the module of a program's greedy graph."""
+    bound = variant_module(module, SampleVariant.GREEDY)
+    if bound is not module and isinstance(bound, torch.fx.GraphModule) and bind_greedy_rows(bound.graph):
+        bound.recompile()
+    return bound
 
 
 def variant_module(module, variant: SampleVariant):
