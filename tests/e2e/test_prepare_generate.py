@@ -35,9 +35,12 @@ def prepared(tmp_path_factory) -> tuple[Path, Path, Path]:
     key = root / "publisher.key"
     assert main(["keygen", "-o", str(key)]) == 0
     core = root / "model.core"
+    # --no-logprobs: no request here asks for log-probabilities (the CLI's default, token-logprobs
+    # variants prepared, is served in tests/parallel and tests/vision).
     assert main([
         "prepare", str(checkpoint), "-o", str(core), "--key", str(key), "--namespace", NAMESPACE,
         "--context-tokens", "128", "--prefill-tokens", "32", "--prefill-chunks", "8", "--decode-batches", "1,4",
+        "--no-logprobs",
     ]) == 0
     return checkpoint, core, Path(str(key) + ".pub")
 

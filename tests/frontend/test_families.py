@@ -69,7 +69,8 @@ def family(request, tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
     root = tmp_path_factory.mktemp(case.name)
     checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
     public = write_key_pair(root / "publisher.key", key := SigningKey.generate(), [NAMESPACE])
-    plan = CapacityPlan(context_tokens=1024, prefill_tokens=256, decode_batches=(1,), mixed=False)
+    # No token-logprobs programs: no request here asks for log-probabilities.
+    plan = CapacityPlan(context_tokens=1024, prefill_tokens=256, decode_batches=(1,), mixed=False, token_logprobs=False)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=case.name, capacities=plan))
     opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public])
     runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))

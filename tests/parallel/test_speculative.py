@@ -23,7 +23,7 @@ def draft_core(cores):
         "prepare", str(checkpoint), "-o", str(core), "--key", str(cores.key), "--namespace", NAMESPACE,
         "--context-tokens", "64", "--prefill-tokens", "16", "--decode-batches", "2", "--no-mixed",
         "--draft", str(draft), "--speculative-widths", "1,4", "--allocate-prefixes", "--packed-per-lane", "2",
-        "--tensor-parallel", "2",
+        "--tensor-parallel", "2", "--no-logprobs",  # no request here asks for log-probabilities
     ]) == 0
     return core
 

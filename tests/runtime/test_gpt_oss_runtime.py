@@ -34,7 +34,9 @@ def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt-oss")
     key = SigningKey.generate()
     checkpoint = write_chat_checkpoint(GPT_OSS, root / "checkpoint", seed=13)
-    plan = CapacityPlan(page_tokens=4, context_tokens=64, prefill_tokens=16, decode_batches=(1, 4))
+    # No token-logprobs programs: no request here asks for log-probabilities.
+    plan = CapacityPlan(page_tokens=4, context_tokens=64, prefill_tokens=16, decode_batches=(1, 4),
+                        token_logprobs=False)
     path = root / "model.core"
     prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan))
     return checkpoint, open_core(path, accept=NAMESPACE, trusted_keys=[key.public])

@@ -45,8 +45,10 @@ def prepared_hybrid(base: Path):
     checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
+    # No token-logprobs programs: no request on this core asks for log-probabilities (the hybrid chat
+    # core of tests/server/test_hybrid_chat_turns.py carries them); each runtime loads half the programs.
     plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
-                        prefill_chunks=(8,))
+                        prefill_chunks=(8,), token_logprobs=False)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
     grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it (the GPU machine's)

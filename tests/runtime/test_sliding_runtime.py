@@ -32,7 +32,7 @@ def prepared(tmp_path_factory):
     key = SigningKey.generate()
     checkpoint = write_chat_checkpoint(MISTRAL, root / "checkpoint", seed=11)
     plan = CapacityPlan(page_tokens=PAGE_TOKENS, context_tokens=72, prefill_tokens=16, decode_batches=(1, 4),
-                        page_capacity=NUM_PAGES)
+                        page_capacity=NUM_PAGES, token_logprobs=False)  # no request asks for logprobs
     path = root / "model.core"
     prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan))
     return checkpoint, open_core(path, accept=NAMESPACE, trusted_keys=[key.public])

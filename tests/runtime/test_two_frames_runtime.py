@@ -38,7 +38,8 @@ def core_path(tmp_path_factory):
     root = tmp_path_factory.mktemp("frames")
     key = SigningKey.generate()
     checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=7)
-    plan = CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 4, 8))
+    # No token-logprobs programs: no request here asks for log-probabilities.
+    plan = CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 4, 8), token_logprobs=False)
     path = root / "model.core"
     prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan))
     return path, key

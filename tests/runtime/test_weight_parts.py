@@ -29,8 +29,10 @@ def cores(tmp_path_factory):
     root = tmp_path_factory.mktemp("parts")
     checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=7)
     key = SigningKey.generate()
+    # The programs only have to serve: one decode batch, no mixed step, no token-logprobs variants.
     options = PrepareOptions(NAMESPACE, capacities=CapacityPlan(context_tokens=64, prefill_tokens=16,
-                                                                decode_batches=(1, 2)))
+                                                                decode_batches=(2,), mixed=False,
+                                                                token_logprobs=False))
     prepare_core(checkpoint, root / "whole.core", key, options)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sharding, "WEIGHT_PART_NBYTES", 64 * 1024)

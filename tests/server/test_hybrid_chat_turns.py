@@ -26,9 +26,9 @@ QUESTION = {"role": "user", "content": "what is 12 plus 30?"}
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    """A small hybrid chat core: one decode batch, no token-logprobs programs (quick to prepare),
-    prepared once per session under pytest's base directory (test_state_graph_chat_turns imports
-    this fixture)."""
+    """A small hybrid chat core: one decode batch, with token-logprobs programs (the one hybrid core
+    that carries them: tests/runtime/test_hybrid_runtime.py's has none), prepared once per session
+    under pytest's base directory (test_state_graph_chat_turns imports this fixture)."""
     root = tmp_path_factory.getbasetemp() / "hybrid-chat"
     if (root / "model.core").is_file():
         return root
@@ -36,8 +36,7 @@ def hybrid(tmp_path_factory):
     checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(2,),
-                        token_logprobs=False)
+    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(2,))
     prepare_core(checkpoint, root / "model.core.partial", key, PrepareOptions(NAMESPACE, capacities=plan))
     (root / "model.core.partial").rename(root / "model.core")
     return root

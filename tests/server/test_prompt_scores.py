@@ -42,7 +42,9 @@ def _scored_core(root: Path) -> TinyCore:
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
     checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-    plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4), scored_prefill=True)
+    # One decode batch, no mixed step: the requests here come one at a time.
+    plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1,), mixed=False,
+                        scored_prefill=True)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
     return TinyCore(root / "model.core", root / "publisher.key.pub")
 

@@ -45,6 +45,7 @@ def prepared(tmp_path_factory):
         "prepare", str(checkpoint), "-o", str(core), "--key", str(key), "--namespace", NAMESPACE,
         "--page-tokens", "4", "--context-tokens", "64", "--prefill-tokens", "16", "--decode-batches", "2",
         "--no-mixed", "--draft", str(checkpoint), "--speculative-widths", "3",
+        "--no-logprobs",  # no request here asks for log-probabilities
     ]) == 0
     return checkpoint, core, Path(str(key) + ".pub")
 

@@ -45,6 +45,7 @@ def prepared(tmp_path_factory):
         "prepare", str(checkpoint), "-o", str(core), "--key", str(key), "--namespace", NAMESPACE,
         "--context-tokens", "128", "--prefill-tokens", "32", "--decode-batches", "4", "--no-mixed",
         "--draft", str(draft), "--speculative-widths", "1,4", "--allocate-prefixes", "--packed-per-lane", "2",
+        "--no-logprobs",  # no request here asks for log-probabilities
     ]) == 0
     return checkpoint, core, Path(str(key) + ".pub")
 

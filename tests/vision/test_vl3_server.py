@@ -24,8 +24,8 @@ PROCESSOR = ProcessorConfig(PATCH, MIN_PIXELS, MAX_PIXELS, MEAN, STD)
 
 def prepare_vl3_core(root):
     """No token-logprobs programs: no Qwen3-VL test asks for log-probabilities (test_vl_server does,
-    on Qwen2.5-VL)."""
-    return prepare_vl_core(root, tiny_model3(), PROCESSOR, logprobs=False)
+    on Qwen2.5-VL); one decode batch (4): the requests here come one at a time."""
+    return prepare_vl_core(root, tiny_model3(), PROCESSOR, logprobs=False, decode_batches="4")
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,10 @@ def write_vl_checkpoint(directory: Path, model=None, processor: ProcessorConfig 
 NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
 
 
-def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = ProcessorConfig(), logprobs: bool = True):
+def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = ProcessorConfig(), logprobs: bool = True,
+                    decode_batches: str = "1,4"):
     """The checkpoint (default: the tiny Qwen2.5-VL) under `root`, prepared by `helios prepare`
-    (float32, prefill 128, decode 1 and 4; without token-logprobs programs unless `logprobs`);
+    (float32, prefill 128, `decode_batches`; without token-logprobs programs unless `logprobs`);
     returns (transformers model, `support.server_core.TinyCore`)."""
     from helios.cli.main import main
     from helios.core.keys import SigningKey, write_key_pair
@@ -72,5 +73,6 @@ def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = Process
     core = TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
     assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
                  NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
-                 "--decode-batches", "1,4", "--dtype", "float32", *(() if logprobs else ("--no-logprobs",))]) == 0
+                 "--decode-batches", decode_batches, "--dtype", "float32",
+                 *(() if logprobs else ("--no-logprobs",))]) == 0
     return model, core
