@@ -22,7 +22,8 @@ def _graph(body) -> torch.fx.GraphModule:
 def _fused(graph, x, y):
     product = graph.call_function(torch.ops.aten.mul.Tensor, (x, y))
     total = graph.call_function(torch.ops.aten.sum.dim_IntList, (product, [-1], True))
-    return (graph.call_function(torch.ops.aten.add.Tensor, (total, x)), graph.call_function(torch.ops.aten.exp.default, (y,)))
+    return (graph.call_function(torch.ops.aten.add.Tensor, (total, x)),
+            graph.call_function(torch.ops.aten.exp.default, (y,)))
 
 
 def _aliasing(graph, x, y):
@@ -55,8 +56,8 @@ def test_an_output_viewing_an_input_views_it_in_the_direct_call_too():
 
 def _inner(outputs, **fields):
     """A stand-in for `compile_fx_inner`'s output whose generated call returns `outputs`."""
-    return SimpleNamespace(**{"current_callable": lambda arguments: outputs, "mutated_inputs": (), "inputs_to_check": [],
-                              **fields})
+    return SimpleNamespace(**{"current_callable": lambda arguments: outputs, "mutated_inputs": (),
+                              "inputs_to_check": [], **fields})
 
 
 def test_what_cannot_be_proven_the_same_call_keeps_the_wrapped_one():

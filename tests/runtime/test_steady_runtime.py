@@ -55,7 +55,10 @@ def test_steady_runtime_equals_the_general_path(tmp_path_factory, monkeypatch):
     runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
     composed = []
     inner = steps.steady_decode
-    monkeypatch.setattr(steps, "steady_decode", lambda builder, draft: composed.append(inner(builder, draft)) or composed[-1])
+    def counted(builder, draft):
+        composed.append(inner(builder, draft))
+        return composed[-1]
+    monkeypatch.setattr(steps, "steady_decode", counted)
     try:
         engine = runtime.engine
         runs = {}

@@ -40,7 +40,8 @@ def _plain_rows_pass(rows: Sequence[PlanRow], results: Sequence[RowResult], voca
         tokens, end = result.token_ids, row.start_pos + 1
         if (len(tokens) != 1 or row.query_len != 1 or not row.samples or result.slot != row.slot
                 or result.generation != row.generation or not 0 <= tokens[0] < vocab_size
-                or result.consumed_endpoint != end or result.draft_cursor != (-1 if lag is None else max(end - lag, 0))):
+                or result.consumed_endpoint != end
+                or result.draft_cursor != (-1 if lag is None else max(end - lag, 0))):
             return False
     return True
 
