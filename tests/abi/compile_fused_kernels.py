@@ -50,7 +50,13 @@ def compile_sampling() -> None:
     for store in (False, True):
         for plain in (False, True):
             compile_kernel(triton_sampling._greedy_partial_kernel, types,
-                           dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store, PLAIN_F32=plain))
+                           dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=store, PLAIN_F32=plain,
+                                ROW_SLOTS=False))
+    for slots in ("*i32", "*i64"):  # counts read at each row's slot of the per-slot tables (greedy_rows)
+        for plain in (False, True):
+            compile_kernel(triton_sampling._greedy_partial_kernel, dict(types, row_slots=slots),
+                           dict(NUM_SPLITS=64, BLOCK_V=triton_sampling.BLOCK, STORE_VALUES=False, PLAIN_F32=plain,
+                                ROW_SLOTS=True))
     compile_kernel(triton_sampling._greedy_combine_kernel, dict(part_values="*fp64", part_ids="*i64", tokens="*i64"),
                    dict(NUM_SPLITS=64))
 
