@@ -18,7 +18,6 @@ import asyncio
 import functools
 from typing import Sequence
 
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from helios.errors import ExecutionError, HeliosError
@@ -26,8 +25,7 @@ from helios.frontend.responses.output import OutputFinal
 from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, StreamPresenter, sse_data, sse_error
 from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.server.bridge import Item
-from helios.server.chunk_writer import chunk_writer
-from helios.server.responses import _SSE_RAW_HEADERS, TRANSPORT_SEND, Lease, step_writer, stream_leased
+from helios.server.responses import Lease, LeasedSSE
 
 
 def merged_usage(choices: Sequence, finals: Sequence[OutputFinal]) -> dict:
@@ -123,27 +121,16 @@ class ChoicesPresenter:
         return sse_data(usage) + SSE_DONE
 
 
-class ChoicesSSEResponse(Response):
+class ChoicesSSEResponse(LeasedSSE):
     """The stream of several choices (see the module docstring)."""
-
-    media_type = "text/event-stream"
 
     def __init__(self, choices: Sequence, lease: Lease):
         """`lease`: the first choice's bridge, the others' in `others`."""
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = list(_SSE_RAW_HEADERS)
+        super().__init__(lease)
         self._choices = choices
-        self._lease = lease
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await stream_leased(self._stream, self._lease, scope, receive, send)
 
     async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        write = step_writer(scope, send)
-        transport = scope.get(TRANSPORT_SEND)
-        raw = None if transport is None else chunk_writer(transport)
+        write, _transport, raw = await self._open(scope, send)
         presenter = ChoicesPresenter(self._choices, [choice.prepared.new_stream() for choice in self._choices])
         mailbox = ChoiceMailbox()
         bridges = [choice.bridge for choice in self._choices]

@@ -241,27 +241,39 @@ def step_writer(scope: Scope, send: Send) -> Send:
     return transport
 
 
-class SSEResponse(Response):
-    """A streamed response (see the module docstring); closes its bridge once it is over."""
+class LeasedSSE(Response):
+    """An event stream served under a `Lease` (`stream_leased`): the base of the single- and
+    multi-choice streams, which define `_stream`."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, lease: Lease, presenter: StreamPresenter):
+    def __init__(self, lease: Lease):
         self.status_code = 200
         self.background = None
         self.raw_headers = list(_SSE_RAW_HEADERS)
         self._lease = lease
-        self._presenter = presenter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await stream_leased(self._stream, self._lease, scope, receive, send)
 
+    async def _open(self, scope: Scope, send: Send):
+        """Sends the response start; returns (the per-step writer, uvicorn's transport send or None,
+        the direct chunk writer or None)."""
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        transport = scope.get(TRANSPORT_SEND)
+        return step_writer(scope, send), transport, None if transport is None else chunk_writer(transport)
+
+
+class SSEResponse(LeasedSSE):
+    """A streamed response (see the module docstring); closes its bridge once it is over."""
+
+    def __init__(self, lease: Lease, presenter: StreamPresenter):
+        super().__init__(lease)
+        self._presenter = presenter
+
     async def _stream(self, scope: Scope, _receive: Receive, send: Send) -> None:
         """`send`: the middleware chain's, timed (`SendDeadline`) unless the lease has no timeout."""
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        write = step_writer(scope, send)
-        transport = scope.get(TRANSPORT_SEND)
-        raw = None if transport is None else chunk_writer(transport)
+        write, transport, raw = await self._open(scope, send)
         presenter, bridge = self._presenter, self._lease.bridge
         start = presenter.sse_start()
         if start and not (raw is not None and raw(start)):
