@@ -114,8 +114,13 @@ def run_helios(engine, workload: Workload, vocab: int, salt: int = 0) -> dict:
     first = max(s[0] for s in stamps.values())  # every request is decoding from here on
     last = max(s[-1] for s in stamps.values())
     decoded = sum(sum(1 for t in s if t > first) for s in stamps.values())
+    # Steps where every request decodes (after the last one's first token, up to the first one's
+    # last): the batch is exactly `workload.requests` rows, as in a fixed-batch decode loop.
+    full_end = min(s[-1] for s in stamps.values())
+    full = sum(sum(1 for t in s if first < t <= full_end) for s in stamps.values())
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
             "decode_tokens_per_s": decoded / (last - first) if last > first else float("nan"),
+            "full_batch_decode_tokens_per_s": full / (full_end - first) if full_end > first else float("nan"),
             "ttft_s": min(s[0] for s in stamps.values()) - start}
 
 
