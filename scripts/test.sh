@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-.venv/bin/python -m pytest -q "$@"
+# Two pytest-xdist workers (the CI machine has 2 cores); work stealing keeps the long files from
+# leaving one worker with a tail. Arguments after these win (`-n 0` runs in one process).
+.venv/bin/python -m pytest -q -n 2 --dist worksteal "$@"

@@ -1,6 +1,7 @@
 """The tiny example contract (examples/contract-tiny.json) prepared into a signed core by the
 contract-driven generator (`helios.ignition.contract_core`), once per test session and base
-directory (the engine and server tests share it), plus helpers that read what it computes."""
+directory (the engine and server tests share it; under pytest-xdist, once for all the workers),
+plus helpers that read what it computes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from helios.contract import PreparedContract
 from support.server_core import TinyCore
+from support.shared_prepare import prepared_once, shared_root
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONTRACT = REPO / "examples" / "contract-tiny.json"
@@ -19,21 +21,23 @@ def example_core(base: Path) -> TinyCore:
     from helios.cli.main import main
     from helios.core.keys import SigningKey, write_key_pair
 
-    root = Path(base) / "helios-example-core"
+    root = shared_root(base) / "helios-example-core"
     prepared = PreparedContract.from_json(TINY_CONTRACT.read_text())
     core = TinyCore(root / "example.core", root / "publisher.key.pub", NAMESPACE, prepared.contract.served_id)
-    if core.path.is_file():
-        return core
-    root.mkdir(parents=True, exist_ok=True)
-    contract = _exportable_contract(root)
-    key_path = root / "publisher.key"
-    if not key_path.is_file():
-        write_key_pair(key_path, SigningKey.generate(), [NAMESPACE])
-    scratch = root / "example.core.partial"
-    code = main(["contract", "example-core", str(contract), "-o", str(scratch), "--key", str(key_path),
-                 "--namespace", NAMESPACE, "--seed", "7"])
-    assert code == 0, code
-    scratch.rename(core.path)
+
+    def prepare() -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        contract = _exportable_contract(root)
+        key_path = root / "publisher.key"
+        if not key_path.is_file():
+            write_key_pair(key_path, SigningKey.generate(), [NAMESPACE])
+        scratch = root / "example.core.partial"
+        code = main(["contract", "example-core", str(contract), "-o", str(scratch), "--key", str(key_path),
+                     "--namespace", NAMESPACE, "--seed", "7"])
+        assert code == 0, code
+        scratch.rename(core.path)
+
+    prepared_once(root, core.path, prepare)
     return core
 
 

@@ -3,7 +3,8 @@
 `tiny_core(base)` prepares a random Qwen3-shaped checkpoint with the test tokenizer and chat
 template (think tags and tool-call tags, so reasoning and tool parsing are active) into
 `base/helios-server-core/` the first time it is called with that base, and reuses it afterwards;
-test modules pass pytest's session base directory so that all of them share one core.
+test modules pass pytest's session base directory so that all of them share one core (under
+pytest-xdist, the run's directory above the workers' bases: one core for all the workers).
 
 `served_tiny_core(base, ...)` serves that core in this process (a started `ServedModel`, shut down
 on exit), as the ASGI-level server tests use it.
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from support.shared_prepare import prepared_once, shared_root
 
 NAMESPACE = "test.helios/server"
 SERVED_ID = "tiny-chat"
@@ -63,22 +66,24 @@ def tiny_core(base: Path) -> TinyCore:
     from ignition.hf_checkpoints import QWEN3
     from support.chat_checkpoint import write_chat_checkpoint
 
-    root = Path(base) / "helios-server-core"
+    root = shared_root(base) / "helios-server-core"
     core = TinyCore(root / "model.core", root / "publisher.key.pub")
-    if core.path.is_file():
-        return core
-    root.mkdir(parents=True, exist_ok=True)
-    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-    key_path = root / "publisher.key"
-    if key_path.is_file():
-        key = load_signing_key(key_path)
-    else:
-        key = SigningKey.generate()
-        write_key_pair(key_path, key, [NAMESPACE])
-    plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8))
-    scratch = root / "model.core.partial"
-    prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
-    scratch.rename(core.path)
+
+    def prepare() -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
+        key_path = root / "publisher.key"
+        if key_path.is_file():
+            key = load_signing_key(key_path)
+        else:
+            key = SigningKey.generate()
+            write_key_pair(key_path, key, [NAMESPACE])
+        plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8))
+        scratch = root / "model.core.partial"
+        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+        scratch.rename(core.path)
+
+    prepared_once(root, core.path, prepare)
     return core
 
 
