@@ -1,6 +1,6 @@
-"""Tensor-parallel test cores: tiny chat checkpoints of every family, prepared once per session for
-one rank and for two ranks with the same small capacities (token-logprobs programs only for the
-SCORED_FAMILIES), and helpers to open and run them."""
+"""Tensor-parallel test cores: tiny chat checkpoints of every family, prepared once per run (one copy
+for all the xdist workers) for one rank and for two ranks with the same small capacities
+(token-logprobs programs only for the SCORED_FAMILIES), and helpers to open and run them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3, QWEN3_MOE
 from support.chat_checkpoint import write_chat_checkpoint
+from support.shared_prepare import prepared_once, shared_root
 
 NAMESPACE = "test.helios/parallel"
 PROMPTS = [
@@ -34,10 +35,13 @@ FAST = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=5.0, join_timeou
 class Cores:
     """Checkpoints and prepared cores, built on first use and kept for the session."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, shared: Path):
+        """`root`: this process's own directory (for what a test writes beside the cores); `shared`:
+        the run's directory for the key, checkpoints and cores (one copy for all xdist workers)."""
         self.root = root
-        self.key = root / "publisher.key"
-        assert main(["keygen", "-o", str(self.key)]) == 0
+        self.shared = shared
+        self.key = shared / "publisher.key"
+        prepared_once(shared / "key", shared / ".key-written", lambda: _keygen(self.key, shared / ".key-written"))
         self._checkpoints: dict[tuple[str, int], Path] = {}
         self._cores: dict[tuple[str, int, int], Path] = {}
         self._one_rank: dict[str, list[list[int]]] = {}
@@ -49,19 +53,29 @@ class Cores:
     def checkpoint(self, family, seed: int = 3) -> Path:
         key = (family.name, seed)
         if key not in self._checkpoints:
-            self._checkpoints[key] = write_chat_checkpoint(family, self.root / f"{family.name}-{seed}", seed=seed)
+            directory = self.shared / f"{family.name}-{seed}"
+            written = directory / ".written"
+            prepared_once(directory, written, lambda: _write_checkpoint(family, directory, seed, written))
+            self._checkpoints[key] = directory
         return self._checkpoints[key]
 
     def core(self, family, ranks: int, seed: int = 3) -> Path:
         key = (family.name, ranks, seed)
         if key not in self._cores:
-            path = self.root / f"{family.name}-{seed}-tp{ranks}.core"
-            assert main([
-                "prepare", str(self.checkpoint(family, seed)), "-o", str(path), "--key", str(self.key),
-                "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
-                "--decode-batches", "2", "--no-mixed", "--tensor-parallel", str(ranks),
-                *(() if family.name in SCORED_FAMILIES else ("--no-logprobs",)),
-            ]) == 0
+            path = self.shared / f"{family.name}-{seed}-tp{ranks}.core"
+            checkpoint = self.checkpoint(family, seed)
+
+            def prepare() -> None:
+                scratch = path.with_suffix(".partial")
+                assert main([
+                    "prepare", str(checkpoint), "-o", str(scratch), "--key", str(self.key),
+                    "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
+                    "--decode-batches", "2", "--no-mixed", "--tensor-parallel", str(ranks),
+                    *(() if family.name in SCORED_FAMILIES else ("--no-logprobs",)),
+                ]) == 0
+                scratch.rename(path)
+
+            prepared_once(path, path, prepare)
             self._cores[key] = path
         return self._cores[key]
 
@@ -78,9 +92,21 @@ class Cores:
         return ["--accept", NAMESPACE, "--trust", str(self.trust)]
 
 
+def _keygen(key: Path, written: Path) -> None:
+    key.parent.mkdir(parents=True, exist_ok=True)
+    assert main(["keygen", "-o", str(key)]) == 0
+    written.touch()
+
+
+def _write_checkpoint(family, directory: Path, seed: int, written: Path) -> None:
+    write_chat_checkpoint(family, directory, seed=seed)
+    written.touch()
+
+
 @pytest.fixture(scope="session")
 def cores(tmp_path_factory) -> Cores:
-    return Cores(tmp_path_factory.mktemp("parallel"))
+    shared = shared_root(tmp_path_factory.getbasetemp()) / "parallel-cores"
+    return Cores(tmp_path_factory.mktemp("parallel"), shared)
 
 
 @contextlib.contextmanager
