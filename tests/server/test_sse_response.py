@@ -218,3 +218,35 @@ def test_a_disconnect_between_plain_steps_frees_the_request(runner, app, served)
     assert not any(m.get("more_body") is False for _, m in messages)
     runner.run(eventually(lambda: served.admission.in_use == 0))
     assert served.engine.scheduler.counters().num_running == 0
+
+
+def test_a_stalled_reader_does_not_stall_other_streams(runner, served):
+    """One client stops reading (its write never completes) while another streams: the other
+    stream ends complete while the stalled one waits, and the stalled one is dropped at the send
+    timeout with its request freed."""
+    async def stalled(n: int) -> None:
+        if n >= 2:
+            await asyncio.Event().wait()
+
+    async def both():
+        app = create_app(served)
+        ended = {}
+
+        async def timed(name, **options):
+            messages = await stream(app, with_transport=True, payload=PLAIN, **options)
+            ended[name] = asyncio.get_running_loop().time()
+            return messages
+
+        stuck, moving = await asyncio.gather(timed("stuck", pause=stalled), timed("moving"))
+        return stuck, moving, ended
+
+    timeout_s, served.send_timeout_s = served.send_timeout_s, 2.0
+    try:
+        stuck, moving, ended = runner.run(both())
+    finally:
+        served.send_timeout_s = timeout_s
+    assert moving[-1][1]["more_body"] is False and len(accumulated(chunks_of(moving), is_chat=False)["token_ids"]) == MAX_TOKENS
+    assert not any(m.get("more_body") is False for _, m in stuck)  # dropped, never ended
+    assert ended["moving"] < ended["stuck"]
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    assert served.engine.scheduler.counters().num_running == 0
