@@ -245,7 +245,8 @@ def test_a_stalled_reader_does_not_stall_other_streams(runner, served):
         stuck, moving, ended = runner.run(both())
     finally:
         served.send_timeout_s = timeout_s
-    assert moving[-1][1]["more_body"] is False and len(accumulated(chunks_of(moving), is_chat=False)["token_ids"]) == MAX_TOKENS
+    assert moving[-1][1]["more_body"] is False
+    assert len(accumulated(chunks_of(moving), is_chat=False)["token_ids"]) == MAX_TOKENS
     assert not any(m.get("more_body") is False for _, m in stuck)  # dropped, never ended
     assert ended["moving"] < ended["stuck"]
     runner.run(eventually(lambda: served.admission.in_use == 0))

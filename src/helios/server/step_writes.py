@@ -16,9 +16,12 @@ from helios.server.chunk_writer import ChunkWriter
 
 
 def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
-    """SSE bytes of `items` and whether the stream is over. Consecutive steps (a reader that fell
-    behind) are presented as one run (`helios.frontend.responses.step_run`). A presentation failure
-    ends the stream with an execution error event (the bridge's close then cancels the request)."""
+    """SSE bytes of `items` and whether the stream is over. One plain step (the common delivery:
+    one id, text or chat content, no log-probabilities) is one formatting operation from the
+    stream's byte template (`StreamPresenter.sse_plain_step`); consecutive steps (a reader that
+    fell behind) are presented as one run (`helios.frontend.responses.step_run`). A presentation
+    failure ends the stream with an execution error event (the bridge's close then cancels the
+    request)."""
     if len(items) == 1 and type(items[0]) is OutputStep:  # one step: the common case, one format
         try:
             chunk = presenter.sse_plain_step(items[0])

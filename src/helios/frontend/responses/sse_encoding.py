@@ -6,8 +6,10 @@ built once instead of once per call. `ChunkTemplate` renders the per-token chunk
 (after its first chunk: no ``prompt_token_ids``) from pre-rendered bytes: the constant head
 (``id``, ``object``, ``created``, ``model``), the plain choice's constant fields and the tail (with
 ``"usage":null`` when the stream includes usage); only the token id, its timestamp and the text or
-delta are encoded per chunk. The bytes are exactly what encoding the chunk dict gives (the
-presenter's `_chunk` and `_choice` key order): tests compare the two for every chunk shape.
+delta are encoded per chunk; `ChunkTemplate.step` renders one plain step's chunks (its id chunk and
+its text or content chunk) in one formatting operation. The bytes are exactly what encoding the
+chunk dict gives (the presenter's `_chunk` and `_choice` key order): tests compare the two for
+every chunk shape.
 """
 
 from __future__ import annotations
