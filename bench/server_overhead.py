@@ -44,7 +44,9 @@ from this tree with FLAGS added (e.g. `--variant=--no-access-log` or
 `--no-access-log`; the report says which.
 
 Both sides use the same torch thread count and run interleaved (one in-process round, one server
-round, ...) so that load from other processes hits both alike. Per stream: TTFT = first token -
+round, ...) so that load from other processes hits both alike; "paired rounds" is the median over
+rounds of each server round's median per-token time over that of the in-process round just before
+it (less moved by load that changes during the run than the ratio of the medians over all rounds). Per stream: TTFT = first token -
 submission; per-token = (last token - first token) / (n - 1); medians over all streams of all
 rounds. CPU ms/token is CPU time of the serving side (this process during in-process rounds; the
 server process and its children, every thread, during server rounds) over tokens generated: the least noisy
@@ -87,6 +89,7 @@ class CoreRef:
 class Samples:
     ttft_s: list[float] = field(default_factory=list)
     per_token_s: list[float] = field(default_factory=list)
+    round_per_token_s: list[float] = field(default_factory=list)  # each round's median over its streams
     cpu_s: float = 0.0
     client_switches: int = 0  # the client's voluntary context switches (wakeups)
     serving_cpu_s: float = 0.0  # of `cpu_s`, the serving process's own (without the engine process)
@@ -292,8 +295,8 @@ def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples]
           f"access log {access_log_state(server_flags)}\n")
     print("| streams | TTFT in-process | TTFT server | TTFT overhead | ms/token in-process | ms/token server "
           "| overhead/token | server/in-process per token | CPU ms/token in-process | CPU ms/token server "
-          "| CPU ms/token client | client switches/step | offline tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| CPU ms/token client | client switches/step | offline tok/s | paired rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         a, b = local[level], served[level]
         ttft_a, ttft_b = statistics.median(a.ttft_s) * 1e3, statistics.median(b.ttft_s) * 1e3
@@ -302,7 +305,7 @@ def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples]
         cpu_client = b.client_cpu_s / b.num_tokens * 1e3
         print(f"| {level} | {ttft_a:.1f} | {ttft_b:.1f} | {ttft_b - ttft_a:+.1f} | {tok_a:.2f} | {tok_b:.2f} "
               f"| {tok_b - tok_a:+.2f} | {tok_b / tok_a:.2f}x | {cpu_a:.3f} | {cpu_b:.3f} | {cpu_client:.3f} "
-              f"| {b.client_switches / (b.num_tokens / level):.1f} | {rates[level]:.0f} |")
+              f"| {b.client_switches / (b.num_tokens / level):.1f} | {rates[level]:.0f} | {paired_ratio(b, a):.2f}x |")
 
 
 def access_log_state(flags) -> str:
@@ -382,22 +385,32 @@ def run_rounds(sides: dict, levels: list[int], rounds: int) -> dict[str, dict[in
             side.round(level, None)  # warm-up
         for k in range(rounds):
             for name in ["in-process", *(servers if k % 2 == 0 else servers[::-1])]:
-                sides[name].round(level, samples[name][level])
+                s = samples[name][level]
+                first = len(s.per_token_s)
+                sides[name].round(level, s)
+                s.round_per_token_s.append(statistics.median(s.per_token_s[first:]))
     return samples
+
+
+def paired_ratio(side: Samples, local: Samples) -> float:
+    """The median over rounds of a side's per-token time over the in-process round just before it
+    (rounds close in time see about the same load from other work)."""
+    return statistics.median(b / a for a, b in zip(local.round_per_token_s, side.round_per_token_s))
 
 
 def report_comparison(levels, samples: dict[str, dict[int, Samples]]) -> None:
     names = list(samples)
     print("\nthe same rounds, every side (medians over streams; CPU of the serving side and of the client)\n")
-    print("| streams | side | ms/token | / in-process | CPU ms/token | of which serving process | CPU ms/token client "
-          "| client switches/step |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| streams | side | ms/token | / in-process | paired rounds | CPU ms/token | of which serving process "
+          "| CPU ms/token client | client switches/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         local = statistics.median(samples["in-process"][level].per_token_s)
         for name in names:
             s = samples[name][level]
             per_token = statistics.median(s.per_token_s)
-            print(f"| {level} | {name} | {per_token * 1e3:.2f} | {per_token / local:.2f}x | {s.cpu_s / s.num_tokens * 1e3:.3f} "
+            print(f"| {level} | {name} | {per_token * 1e3:.2f} | {per_token / local:.2f}x "
+                  f"| {paired_ratio(s, samples['in-process'][level]):.2f}x | {s.cpu_s / s.num_tokens * 1e3:.3f} "
                   f"| {s.serving_cpu_s / s.num_tokens * 1e3:.3f} | {s.client_cpu_s / s.num_tokens * 1e3:.3f} "
                   f"| {s.client_switches / max(1, s.num_tokens / level):.1f} |")
 
