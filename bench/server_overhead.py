@@ -292,7 +292,8 @@ def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples]
     described = client.description if client is not None else "asyncio httpx clients in the benchmark process"
     print(f"\nprompt {len(PROMPT)} ids, up to {tokens} greedy tokens per stream; medians over streams (ms)")
     print(f"client: {described}; server flags: {' '.join(server_flags) or '(defaults)'}; "
-          f"access log {access_log_state(server_flags)}\n")
+          f"access log {access_log_state(server_flags)}; load average at the end {os.getloadavg()[0]:.2f} "
+          f"(1 min; above the core count the in-process side is itself short of CPU)\n")
     print("| streams | TTFT in-process | TTFT server | TTFT overhead | ms/token in-process | ms/token server "
           "| overhead/token | server/in-process per token | CPU ms/token in-process | CPU ms/token server "
           "| CPU ms/token client | client switches/step | offline tok/s | paired rounds |")
