@@ -16,22 +16,25 @@ from support.server_core import ServerProcess
 
 from .test_vl_server import IMAGES, _metric, _user
 from .tiny_vl3 import MAX_PIXELS, MEAN, MIN_PIXELS, PATCH, STD, hf_image_processor3, tiny_model3
-from .vl_checkpoint import SERVED_ID, ProcessorConfig, prepare_vl_core
+from .vl_checkpoint import SERVED_ID, ProcessorConfig, prepare_vl_core, shared_vl_core
 
 PIL = pytest.importorskip("PIL.Image")
 PROCESSOR = ProcessorConfig(PATCH, MIN_PIXELS, MAX_PIXELS, MEAN, STD)
 
 
+# No token-logprobs programs: no Qwen3-VL test asks for log-probabilities (test_vl_server does, on
+# Qwen2.5-VL); one decode batch (4): the requests here come one at a time.
+VL3_OPTIONS = dict(processor=PROCESSOR, logprobs=False, decode_batches="4")
+
+
 def prepare_vl3_core(root):
-    """No token-logprobs programs: no Qwen3-VL test asks for log-probabilities (test_vl_server does,
-    on Qwen2.5-VL); one decode batch (4): the requests here come one at a time."""
-    return prepare_vl_core(root, tiny_model3(), PROCESSOR, logprobs=False, decode_batches="4")
+    return prepare_vl_core(root, tiny_model3(), **VL3_OPTIONS)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl3")
-    model, core = prepare_vl3_core(root)
+    model, core = shared_vl_core(tmp_path_factory.getbasetemp(), "vl3-core", tiny_model3, **VL3_OPTIONS)
     process = ServerProcess(core, "--max-active", "4", log=root / "server.log")
     yield model, process, core
     code, log = process.terminate()

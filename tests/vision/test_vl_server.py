@@ -18,7 +18,7 @@ import torch
 from support.server_core import ServerProcess
 
 from .tiny_vl import IMAGE_TOKEN, hf_image_processor, image_bytes
-from .vl_checkpoint import SERVED_ID, prepare_vl_core
+from .vl_checkpoint import SERVED_ID, shared_vl_core
 
 PIL = pytest.importorskip("PIL.Image")
 IMAGES = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG"), image_bytes(64, 64, 5, "WEBP")]
@@ -39,7 +39,7 @@ def data_url(index: int) -> str:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl")
-    model, core = prepare_vl_core(root)
+    model, core = shared_vl_core(tmp_path_factory.getbasetemp(), "vl-core")
     process = ServerProcess(core, "--max-active", "4", "--max-image-bytes", str(MAX_IMAGE_BYTES),
                             "--image-cache-images", "3", log=root / "server.log")
     yield model, process, core

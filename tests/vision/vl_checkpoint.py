@@ -76,3 +76,23 @@ def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = Process
                  "--decode-batches", decode_batches, "--dtype", "float32",
                  *(() if logprobs else ("--no-logprobs",))]) == 0
     return model, core
+
+
+def shared_vl_core(base: Path, name: str, model_factory=None, **options):
+    """`prepare_vl_core` into `<run>/name` once per test run, shared by the xdist workers
+    (`support.shared_prepare`): the model is built here in every process (`model_factory`, default
+    the tiny Qwen2.5-VL; seeded, so every worker has the weights that were prepared) and the core is
+    prepared by the first worker that asks. Returns (transformers model, TinyCore)."""
+    from support.server_core import TinyCore
+    from support.shared_prepare import prepared_once, shared_root
+
+    root = shared_root(base) / name
+    model = (model_factory or tiny_model)()
+    done = root / ".prepared"
+
+    def prepare() -> None:
+        prepare_vl_core(root, model, **options)
+        done.touch()
+
+    prepared_once(root, done, prepare)
+    return model, TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
