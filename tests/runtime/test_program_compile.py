@@ -6,6 +6,7 @@ rounding; compilation failures are `ProgramCompileError`s."""
 from __future__ import annotations
 
 import argparse
+import operator
 from types import SimpleNamespace
 
 import pytest
@@ -127,6 +128,15 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
                 and getattr(n.target, "__name__", "").startswith("compiled_segment_")]
     assert segments and not [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch.add]
     assert not [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch.select]  # bound views
+    # A segment's contiguous output reaches the next segment as it is (no `contiguous` call between).
+    direct = [a for n in segments for a in n.args if isinstance(a, torch.fx.Node) and a.target is operator.getitem
+              and getattr(a.args[0].target, "__name__", "").startswith("compiled_segment_")]
+    assert direct
+
+
+def test_only_what_a_compiled_segment_returns_contiguous_skips_the_copy():
+    assert program_compile._contiguous(torch.zeros(2, 3)) and not program_compile._contiguous(torch.zeros(3, 2).t())
+    assert not program_compile._contiguous(None)
 
 
 @pytest.mark.slow
