@@ -31,16 +31,18 @@ def test_a_packed_projection_equals_linear_within_rounding(rows, features, out, 
 def test_the_choice_is_measured_once_per_shape(monkeypatch):
     measured = []
     monkeypatch.setattr(packed_linears, "_choices", {})
-    monkeypatch.setattr(packed_linears, "_measure", lambda rows, w, b: measured.append(rows) or (0.5 if rows > 4 else 0.9))
+    times = {16: (100e-6, 50e-6), 1: (100e-6, 90e-6), 2: (20e-6, 10e-6)}  # (plain, packed) seconds a call
+    monkeypatch.setattr(packed_linears, "_measure", lambda rows, w, b: measured.append(rows) or times[rows])
     weight = torch.zeros(8, 4)
     assert packed_linears.packing_pays(16, weight, None) and packed_linears.packing_pays(16, torch.ones(8, 4), None)
-    assert not packed_linears.packing_pays(1, weight, None)
-    assert measured == [16, 1]
+    assert not packed_linears.packing_pays(1, weight, None)  # not fast enough
+    assert not packed_linears.packing_pays(2, weight, None)  # twice as fast, but saves less than a split costs
+    assert measured == [16, 1, 2]
 
 
-def test_the_measurement_compares_both_calls():
-    ratio = packed_linears._measure(4, torch.randn(16, 8), None)
-    assert 0 < ratio < 100
+def test_the_measurement_times_both_calls():
+    plain, packed = packed_linears._measure(4, torch.randn(16, 8), None)
+    assert 0 < plain < 0.01 and 0 < packed < 0.01
 
 
 def _linear_graph():
