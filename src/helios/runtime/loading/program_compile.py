@@ -107,6 +107,7 @@ def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | Non
     for number, run in enumerate(compiled_runs(graph)):
         _compile_run(module, graph, run, values, real, number, contiguous)
     _bind_fixed_views(module, graph, real)
+    _drop_unused_views(graph)
     graph.lint()
     module.recompile()
     program.use_compiled(module, tensors)
@@ -174,6 +175,17 @@ def _bind_fixed_views(module: torch.nn.Module, graph: torch.fx.Graph, real: dict
         node.replace_all_uses_with(fixed)
         graph.erase_node(node)
         count += 1
+    return count
+
+
+def _drop_unused_views(graph: torch.fx.Graph) -> int:
+    """Erases the free calls (views, no work) whose result nothing reads (a view the exported
+    graph took of an input the CPU ignores, such as the attention splits); returns how many."""
+    count = 0
+    for node in reversed(list(graph.nodes)):
+        if is_free(node) and not node.users:
+            graph.erase_node(node)
+            count += 1
     return count
 
 
