@@ -17,9 +17,8 @@ whose weight is a float32 program input of the compiled tensors and whose input 
 compiled tensors' shapes (thread CPU time, alternated, medians of `ROUNDS` rounds) and packed when
 oneDNN takes at most `RATIO` of the plain call's time and saves at least `MIN_SAVING` a call (what
 a segment split by the opaque call costs, about 10-15 us on the 2-core machine: on the embedded
-default model at 16 rows only the head passes, on the 4-layer Llama every projection but the
-attention output's).
-The choice is cached per shape for the process. Packed weights are kept by the compiled module
+default model at 16 rows the head passes, on the 4-layer Llama most projections; a loaded machine
+inflates both times, so more pass there). The choice is cached per shape for the process. Packed weights are kept by the compiled module
 (one copy per weight and row count, shared between programs of one load); the compiled graph runs
 only on the tensors it was compiled for, so the packed copy is of the weights it reads.
 

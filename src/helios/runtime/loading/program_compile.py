@@ -6,7 +6,10 @@ fast graph (`helios.runtime.loading.cpu_fast`), the runs of pure tensor calls be
 calls (`helios.runtime.loading.compile_segments`) with Inductor into fused C++ kernels, for the
 exact tensors the runtime calls it with (`program_arguments`: the same shapes every call, so
 nothing is traced or compiled again). The opaque calls (attention over the step's plan, cache
-writes, sampling, completion records) run as the fast graph runs them.
+writes, sampling, completion records) run as the fast graph runs them; so do the projections
+`helios.runtime.loading.packed_linears` measures faster through oneDNN's packed weights (the
+segments form around them). A segment's contiguous output is passed to the next without a copy,
+and views nothing reads are dropped.
 
 Everything is compiled before the engine reports ready; serving compiles nothing. A program is
 still checked once: its first call runs the checked graph, and later calls with tensors of the
