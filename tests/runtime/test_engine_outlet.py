@@ -116,7 +116,8 @@ def test_tokens_reach_hooks_only_while_a_request_has_one(engine, monkeypatch):
     stop ends its request as before."""
     fed = []
     advance = engine.feedback.advance
-    monkeypatch.setattr(engine.feedback, "advance", lambda request_id, ids: fed.append(request_id) or advance(request_id, ids))
+    monkeypatch.setattr(engine.feedback, "advance",
+                        lambda request_id, ids: fed.append(request_id) or advance(request_id, ids))
     masks = []
     fill_masks = engine.feedback.fill_masks
     monkeypatch.setattr(engine.feedback, "fill_masks", lambda rows: masks.append(fill_masks(rows)) or masks[-1])

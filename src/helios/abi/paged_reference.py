@@ -140,7 +140,7 @@ def _group_host(tokens, page_table, positions, window: int, plane_pages: int, pa
     num_pages = _pages_needed(context_len, page_tokens, table_pages)
     span = num_pages * page_tokens
     ids = page_table.numpy()[:, :num_pages]
-    page_ids = numpy.minimum(numpy.maximum(ids, 0), plane_pages - 1).astype(numpy.int64)  # numpy.clip, without its wrapper
+    page_ids = numpy.minimum(numpy.maximum(ids, 0), plane_pages - 1).astype(numpy.int64)  # clip, without a wrapper
     if window <= 0 and where.min() >= 0:
         visible, additive = _causal(table_pages * page_tokens)
         allowed, mask = visible[where, :span], additive[where, :span]

@@ -18,9 +18,10 @@ compiled tensors' shapes (thread CPU time, alternated, medians of `ROUNDS` round
 oneDNN takes at most `RATIO` of the plain call's time and saves at least `MIN_SAVING` a call (what
 a segment split by the opaque call costs, about 10-15 us on the 2-core machine: on the embedded
 default model at 16 rows the head passes, on the 4-layer Llama most projections; a loaded machine
-inflates both times, so more pass there). The choice is cached per shape for the process. Packed weights are kept by the compiled module
-(one copy per weight and row count, shared between programs of one load); the compiled graph runs
-only on the tensors it was compiled for, so the packed copy is of the weights it reads.
+inflates both times, so more pass there). The choice is cached per shape for the process. Packed
+weights are kept by the compiled module (one copy per weight and row count, shared between programs
+of one load); the compiled graph runs only on the tensors it was compiled for, so the packed copy
+is of the weights it reads.
 
 Results equal the plain projection within float rounding (another blocking of the same sums), as
 everything compiled does; the eager fast graph keeps ``aten.linear``.
@@ -53,9 +54,11 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+Decision = Callable[[int, torch.Tensor, "torch.Tensor | None"], bool]
+
+
 def pack_linears(module: torch.nn.Module, graph: torch.fx.Graph, real: dict[str, torch.Tensor], values: dict,
-                 packed: dict | None = None, pays: Callable[[int, torch.Tensor, torch.Tensor | None], bool] | None = None
-                 ) -> int:
+                 packed: dict | None = None, pays: Decision | None = None) -> int:
     """Points each eligible linear of `graph` (see the module docstring) at `packed_linear` over a
     packed copy of its weight, held by `module` as a buffer; returns how many. `real` maps
     placeholder names to the compiled tensors, `values` nodes to static fake values; `packed`
