@@ -31,7 +31,10 @@ one-row projections whose shapes the committed GEMV table names run the Triton m
 instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and,
 where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (off for now), each layer's
 rotary cache write and attention run as one ``helios::rotary_paged_attention`` call (one kernel
-launch per layer on a decode step instead of two).
+launch per layer on a decode step instead of two). Last, each graph's per-step bookkeeping (step
+geometry, sampling epilogue) is collapsed into fewer launches by
+`helios.runtime.loading.step_calls.step_module` (repeated calls merged, shape-only tensors made once,
+integer accumulations in one launch; the same values).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.rotary_calls import rotary_module
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
+from helios.runtime.loading.step_calls import step_module
 
 
 class CaptureError(LoadError):
@@ -142,11 +146,14 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     full = None
     # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
     module = gemv_module(rotary_module(program.module))
+    device = _device_of(arguments)
     try:
-        full = _record(module, arguments, pool, warmups)
+        # last, on each graph: the per-step bookkeeping in fewer launches (`step_calls`)
+        full_variant = step_module(module, device)
+        full = _record(full_variant, arguments, pool, warmups)
         greedy_variant = greedy = None
         if wants_greedy_graph(program):
-            greedy_variant = greedy_module(module)
+            greedy_variant = step_module(greedy_module(module), device)
             greedy = _record(greedy_variant, arguments, pool, 1)
     except BaseException as error:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
@@ -154,7 +161,7 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
         if isinstance(error, RuntimeError):
             raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
         raise
-    return CapturedProgram(full, greedy, arguments, module, greedy_variant)
+    return CapturedProgram(full, greedy, arguments, full_variant, greedy_variant)
 
 
 def wants_greedy_graph(program) -> bool:
@@ -210,6 +217,15 @@ def _record_graph(module, arguments: list, pool) -> tuple:
     with torch.cuda.graph(graph, pool=pool):
         outputs = module(*arguments)
     return graph, outputs
+
+
+def _device_of(arguments: Sequence[object]) -> torch.device | None:
+    """The device of the first tensor among `arguments` (where the program's constants go)."""
+    for argument in arguments:
+        for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+            if isinstance(tensor, torch.Tensor):
+                return tensor.device
+    return None
 
 
 def _pointers(arguments: Sequence[object]) -> tuple:

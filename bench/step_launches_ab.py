@@ -1,0 +1,200 @@
+"""The batch-1 greedy decode step as main captures it against this tree's capture-time rewrites, in
+one process on one core: an 8B-shaped core of ``--layers`` layers (default 32) is prepared with one
+DECODE batch of 1, loaded without CUDA graphs (so every variant below starts from the same exported
+module), served for one greedy request (``--prompt`` + ``--output`` tokens: the program's buffers
+then hold its last decode step), and the greedy DECODE graph is captured four ways:
+
+- ``main``: as main captures it (rotary pairs unfused, bookkeeping as exported);
+- ``steps``: with `helios.runtime.loading.step_calls.step_module` (bookkeeping collapsed);
+- ``rotary``: with each layer's rotary cache write and attention fused (`rotary_calls`);
+- ``both``: both rewrites.
+
+For each: device ms per replay (CUDA events, alternated rounds, median), whether its sampled token
+and completion record equal main's and how far its logits are (same buffers restored before each
+run), and the torch profiler's kernels of one eager run of the same graph (count, ms by kind).
+
+    python bench/step_launches_ab.py [--layers 32] [--json out.json]
+    python bench/step_launches_ab.py --smoke     # tiny shapes on the CPU (checks the script runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils import _pytree as pytree
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import lever_ab  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, log, submit_greedy  # noqa: E402
+from random_llama import LLAMA_31_8B, SMOKE, with_layers, write_random_llama  # noqa: E402
+
+from helios.core.keys import SigningKey  # noqa: E402
+from helios.core.reader import open_core  # noqa: E402
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+import helios.runtime.loading.programs as program_loading  # noqa: E402
+from helios.runtime.loading.cuda_graphs import greedy_module  # noqa: E402
+from helios.runtime.loading.gemv_calls import gemv_module  # noqa: E402
+from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
+from helios.runtime.loading.rotary_calls import rotary_module  # noqa: E402
+from helios.runtime.loading.step_calls import step_module  # noqa: E402
+from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+
+VARIANTS = ("main", "steps", "rotary", "both")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--output", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5, help="alternated timing rounds per variant")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if not args.smoke and not torch.cuda.is_available():
+        print("needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
+    prompt, output = (16, 4) if args.smoke else (args.prompt, args.output)
+    if args.smoke:  # the exported graphs a CUDA model captures, not the CPU path's rewrites
+        program_loading.cpu_program = lambda module: module
+    key = SigningKey.generate()
+    with tempfile.TemporaryDirectory() as scratch:
+        core = prepare(shape, Path(scratch), key, (prompt, output), device)
+        options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=False), queue_capacity=4)
+        started = time.perf_counter()
+        runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+        log(f"loaded (no graphs) in {time.perf_counter() - started:.1f} s")
+        try:
+            serve_one(runtime.engine, prompt, output, shape.vocab_size)
+            results = compare(runtime.model, device, args.rounds)
+        finally:
+            runtime.close()
+    results["layers"] = shape.num_hidden_layers
+    summarize(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def prepare(shape, scratch: Path, key, lengths: tuple[int, int], device: torch.device) -> Path:
+    started = time.perf_counter()
+    checkpoint = write_random_llama(scratch / "checkpoint", shape, torch.bfloat16, device=device.type)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    plan = CapacityPlan(page_tokens=16, context_tokens=sum(lengths) + 16, prefill_tokens=lengths[0], decode_batches=(1,),
+                        mixed=False, token_logprobs=False)
+    core = scratch / "model.core"
+    prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype="bfloat16", capacities=plan))
+    log(f"checkpoint and core ({shape.num_hidden_layers} layers) in {time.perf_counter() - started:.1f} s")
+    return core
+
+
+def serve_one(engine, prompt: int, output: int, vocab: int) -> None:
+    """One greedy request, eagerly: the DECODE program's buffers then hold its last step."""
+    started = time.perf_counter()
+    (tokens,) = Workload(1, prompt, output).prompts(vocab, 5)
+    submit_greedy(engine, "ab", tokens, output, lambda event: None)
+    engine.run_until_idle()
+    log(f"served 1 x {prompt}/{output} eagerly in {time.perf_counter() - started:.1f} s")
+
+
+def variants(module, device: torch.device) -> dict:
+    """The four greedy graphs of the module docstring."""
+    unfused = gemv_module(rotary_module(module, enabled=False))
+    fused = gemv_module(rotary_module(module, enabled=True))
+    return {"main": greedy_module(unfused), "steps": step_module(greedy_module(unfused), device, enabled=True),
+            "rotary": greedy_module(fused), "both": step_module(greedy_module(fused), device, enabled=True)}
+
+
+def compare(model, device: torch.device, rounds: int) -> dict:
+    program = next(p for p in lever_ab.decode_programs(model) if p.batch_capacity == 1)
+    arguments = program_arguments(program, model.weights, model.buffers)
+    modules = variants(program.module, device)
+    state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
+
+    def restore() -> None:
+        for name, tensor in state.items():
+            model.buffers[name].copy_(tensor)
+
+    outputs = {}
+    for name, module in modules.items():
+        restore()
+        outputs[name] = [t.clone() for t in pytree.tree_leaves(module(*arguments)) if isinstance(t, torch.Tensor)]
+    restore()
+    results: dict = {"variants": {}}
+    for name in VARIANTS:
+        entry = {"calls": sum(1 for n in modules[name].graph.nodes if n.op == "call_function"),
+                 "outputs": agreement(outputs["main"], outputs[name])}
+        entry.update(profile(modules[name], arguments, device))
+        restore()
+        results["variants"][name] = entry
+    times = {name: [] for name in VARIANTS}
+    for _ in range(rounds):  # alternated: drift hits every variant alike
+        for name in VARIANTS:
+            times[name].append(lever_ab.graph_ms(lambda module=modules[name]: module(*arguments), replays=30))
+            restore()
+    for name in VARIANTS:
+        ordered = sorted(times[name])
+        results["variants"][name]["ms"] = ordered[len(ordered) // 2]
+        results["variants"][name]["ms_all"] = ordered
+    return results
+
+
+def agreement(ours: list, theirs: list) -> str:
+    exact = [torch.equal(a, b) for a, b in zip(ours, theirs) if not a.is_floating_point()]
+    spread = max((float((a.float() - b.float()).abs().max()) for a, b in zip(ours, theirs)
+                  if a.is_floating_point() and a.numel()), default=0.0)
+    return f"{sum(exact)}/{len(exact)} integer outputs equal, logits within {spread:.3g}"
+
+
+def profile(module, arguments, device: torch.device) -> dict:
+    """Kernels of one eager run of `module` (CPU: its top-level ops)."""
+    on_cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
+    module(*arguments)
+    if on_cuda:
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as traced:
+        module(*arguments)
+        if on_cuda:
+            torch.cuda.synchronize()
+    kernels = lever_ab._kernels(traced, on_cuda)
+    return {"kernels": len(kernels), "kernel_ms": sum(lever_ab._self_us(e, on_cuda) for e in kernels) / 1e3,
+            "by_kind_ms": lever_ab._categories(kernels, on_cuda), "top": lever_ab._top_kernels(kernels, 12)}
+
+
+def summarize(results: dict) -> None:
+    base = results["variants"]["main"]["ms"]
+    log(f"| {results['layers']}-layer greedy DECODE step, batch 1 | replay ms | vs main | kernels | kernel ms "
+        f"| other ms | outputs against main |")
+    log("|---|---|---|---|---|---|---|")
+    for name in VARIANTS:
+        entry = results["variants"][name]
+        log(f"| {name} | {entry['ms']:.3f} | {base / entry['ms']:.3f}x | {entry['kernels']} | {entry['kernel_ms']:.3f} "
+            f"| {entry['by_kind_ms'].get('other', 0.0):.3f} | {entry['outputs']} |")
+    for name in VARIANTS:
+        entry = results["variants"][name]
+        log(f"SUMMARY {name}: {entry['ms']:.3f} ms per replay ({base / entry['ms']:.3f}x main), {entry['kernels']} "
+            f"kernels, by kind " + ", ".join(f"{k} {v:.3f}" for k, v in entry["by_kind_ms"].items()))
+        if name in ("main", "both"):
+            for top in entry["top"]:
+                log(f"    {top['ms']:7.3f} ms  x{top['calls']:<4d} {top['kernel'][:80]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
