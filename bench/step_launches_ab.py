@@ -7,7 +7,12 @@ then hold its last decode step), and the greedy DECODE graph is captured four wa
 - ``main``: as main captures it (rotary pairs unfused, bookkeeping as exported);
 - ``steps``: with `helios.runtime.loading.step_calls.step_module` (bookkeeping collapsed);
 - ``rotary``: with each layer's rotary cache write and attention fused (`rotary_calls`);
-- ``both``: both rewrites.
+- ``both``: both rewrites;
+- ``both+cublaslt``, ``both+fp32-reduce``: both rewrites, the graph captured (and profiled) with torch's
+  matmuls on cuBLASLt (``preferred_blas_library``), or with bf16 reduced-precision split-K reductions
+  disallowed: whether cuBLAS then picks one-row kernels without the split-K reduction launches (the
+  o and down projections' ``splitKreduce_kernel``, 64 a step at 32 layers); their logits may differ
+  from main's by the matmuls' rounding.
 
 For each: device ms per replay (CUDA events, alternated rounds, median), whether its sampled token
 and completion record equal main's and how far its logits are (same buffers restored before each
@@ -20,7 +25,7 @@ run), and the torch profiler's kernels of one eager run of the same graph (count
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
 import json
 import sys
 import tempfile
@@ -47,7 +52,7 @@ from helios.runtime.loading.rotary_calls import rotary_module  # noqa: E402
 from helios.runtime.loading.step_calls import step_module  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
-VARIANTS = ("main", "steps", "rotary", "both")
+VARIANTS = ("main", "steps", "rotary", "both", "both+cublaslt", "both+fp32-reduce")
 
 
 def parse_args(argv=None):
@@ -117,8 +122,28 @@ def variants(module, device: torch.device) -> dict:
     """The four greedy graphs of the module docstring."""
     unfused = gemv_module(rotary_module(module, enabled=False))
     fused = gemv_module(rotary_module(module, enabled=True))
+    both = step_module(greedy_module(fused), device, enabled=True)
     return {"main": greedy_module(unfused), "steps": step_module(greedy_module(unfused), device, enabled=True),
-            "rotary": greedy_module(fused), "both": step_module(greedy_module(fused), device, enabled=True)}
+            "rotary": greedy_module(fused), "both": both, "both+cublaslt": both, "both+fp32-reduce": both}
+
+
+@contextlib.contextmanager
+def matmul_setting(variant: str):
+    """torch's matmul settings for `variant` while the block runs (restored after)."""
+    if not torch.cuda.is_available() or "+" not in variant:
+        yield
+        return
+    library = torch.backends.cuda.preferred_blas_library()
+    reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    try:
+        if variant.endswith("cublaslt"):
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+        else:
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(library)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
 
 
 def compare(model, device: torch.device, rounds: int) -> dict:
@@ -134,19 +159,23 @@ def compare(model, device: torch.device, rounds: int) -> dict:
     outputs = {}
     for name, module in modules.items():
         restore()
-        outputs[name] = [t.clone() for t in pytree.tree_leaves(module(*arguments)) if isinstance(t, torch.Tensor)]
+        with matmul_setting(name):
+            leaves = pytree.tree_leaves(module(*arguments))
+        outputs[name] = [t.clone() for t in leaves if isinstance(t, torch.Tensor)]
     restore()
     results: dict = {"variants": {}}
     for name in VARIANTS:
         entry = {"calls": sum(1 for n in modules[name].graph.nodes if n.op == "call_function"),
                  "outputs": agreement(outputs["main"], outputs[name])}
-        entry.update(profile(modules[name], arguments, device))
+        with matmul_setting(name):
+            entry.update(profile(modules[name], arguments, device))
         restore()
         results["variants"][name] = entry
     times = {name: [] for name in VARIANTS}
     for _ in range(rounds):  # alternated: drift hits every variant alike
         for name in VARIANTS:
-            times[name].append(lever_ab.graph_ms(lambda module=modules[name]: module(*arguments), replays=30))
+            with matmul_setting(name):  # the capture records the kernels the setting picks
+                times[name].append(lever_ab.graph_ms(lambda module=modules[name]: module(*arguments), replays=30))
             restore()
     for name in VARIANTS:
         ordered = sorted(times[name])
@@ -191,7 +220,7 @@ def summarize(results: dict) -> None:
         entry = results["variants"][name]
         log(f"SUMMARY {name}: {entry['ms']:.3f} ms per replay ({base / entry['ms']:.3f}x main), {entry['kernels']} "
             f"kernels, by kind " + ", ".join(f"{k} {v:.3f}" for k, v in entry["by_kind_ms"].items()))
-        if name in ("main", "both"):
+        if name in ("main", "both", "both+cublaslt"):
             for top in entry["top"]:
                 log(f"    {top['ms']:7.3f} ms  x{top['calls']:<4d} {top['kernel'][:80]}")
 
