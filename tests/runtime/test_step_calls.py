@@ -2,7 +2,7 @@
 
 A tiny random Llama core's exported programs (as a CUDA model builds them), full and greedy graphs
 rewritten, serve plain, penalised and biased greedy requests with exactly the CPU path's tokens (two
-execution frames); the rewrite merges the repeated slot clamps and last-token indices, makes the fill
+execution frames); the rewrite binds the cache-slot mapping to one call, merges the repeated slot clamps and last-token indices, makes the fill
 tensors constants and binds both integer accumulations. Small graphs pin what it must leave alone:
 a call whose input is written between two equal calls, a factory whose result is written, a graph
 calling an unknown Python function.
@@ -20,6 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import helios.runtime.loading.programs as program_loading
 import helios.runtime.service as service
 from helios.abi.triton_accumulate import accumulate_into
+from helios.abi.triton_slots import packed_slots
 from helios.runtime.execution.executor import GraphExecutor
 from helios.runtime.execution.packer import Packer
 from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module
@@ -83,7 +84,10 @@ def test_the_decode_graph_loses_its_repeats_and_fills(core_path, monkeypatch):  
         counts = collapse_step_calls(rewritten, CPU)
     finally:
         runtime.close()
-    assert counts.merged >= 6 and counts.constants >= 6 and counts.accumulations == 2 and counts.dropped >= 1
+    assert counts.slots == 1 and counts.merged >= 6 and counts.constants >= 6 and counts.accumulations == 2
+    assert counts.dropped >= 10  # the slot mapping's calls and the sampling's unread cast
+    assert len([n for n in rewritten.graph.nodes if n.target is packed_slots]) == 1
+    assert not [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.searchsorted.Tensor]
     clamps = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.clamp.default
               and n.args[0].op == "placeholder" and n.args[0].target == "request_slots"]
     assert len(clamps) == 1

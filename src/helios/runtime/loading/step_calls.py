@@ -10,6 +10,8 @@ twentieth of a decode step. `step_module` rewrites a copy of the graph, exactly:
   merging) is replaced by it, where no call between them writes what they read and nothing ever
   writes the result (``request_slots.clamp(min=0)`` is computed four times, each row's last token
   twice, ``sampled >= 0`` three times);
+- **cache slots in one launch**: the traced slot mapping (eleven calls) becomes one
+  `helios.abi.triton_slots.packed_slots` call (`helios.runtime.loading.slot_calls`);
 - **shape-only tensors made once**: ``zeros``, ``ones``, ``full``, ``arange`` and their ``*_like``
   forms of static shapes become constants of the module, computed here, where no call writes them;
 - **integer accumulation in one launch**: ``index_put_(..., accumulate=True)`` on an int32/int64
@@ -33,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from helios.abi.sampling_rows import greedy_rows
+from helios.runtime.loading.slot_calls import bind_packed_slots
 
 __all__ = ["STEP_CALLS", "StepCallCounts", "collapse_step_calls", "step_module"]
 
@@ -55,16 +58,18 @@ def _known_pure() -> set:
     """Python functions a program graph may call that write none of their arguments and return
     fresh tensors (the loading passes' bindings)."""
     known = {greedy_rows, operator.getitem, *_SYMBOLIC}
-    try:
-        from helios.abi.triton_gemv import gemv_linear  # imports triton (absent on some CPU hosts)
+    try:  # these import triton (absent on some CPU hosts)
+        from helios.abi.triton_gemv import gemv_linear
+        from helios.abi.triton_slots import packed_slots
     except ImportError:
         return known
-    return known | {gemv_linear}
+    return known | {gemv_linear, packed_slots}
 
 
 class StepCallCounts(NamedTuple):
     """How many calls each rewrite changed."""
 
+    slots: int
     merged: int
     constants: int
     accumulations: int
@@ -93,15 +98,17 @@ def collapse_step_calls(module: torch.fx.GraphModule, device: torch.device) -> S
     """Applies the rewrites of the module docstring to `module`'s graph in place (constants become
     its buffers, on `device`) and recompiles it; returns the counts."""
     graph = module.graph
+    slots = bind_packed_slots(graph)
+    dropped = _drop_dead(graph) if slots else 0  # the traced mapping's calls, before constants are made of them
     known = _known_pure()
     if any(n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target not in known
            for n in graph.nodes):
-        counts = StepCallCounts(0, 0, _bind_accumulations(graph), _drop_dead(graph))
+        counts = StepCallCounts(slots, 0, 0, _bind_accumulations(graph), dropped + _drop_dead(graph))
     else:
         storage = _Storage(graph)
         merged = _merge_repeats(graph, storage)
         constants = _make_constants(module, graph, storage, device)
-        counts = StepCallCounts(merged, constants, _bind_accumulations(graph), _drop_dead(graph))
+        counts = StepCallCounts(slots, merged, constants, _bind_accumulations(graph), dropped + _drop_dead(graph))
     if counts.total:
         graph.lint()
         module.recompile()
