@@ -2,10 +2,10 @@
 
 A tiny random Llama core's exported programs (as a CUDA model builds them), full and greedy graphs
 rewritten, serve plain, penalised and biased greedy requests with exactly the CPU path's tokens (two
-execution frames); the rewrite binds the cache-slot mapping to one call, merges the repeated slot clamps and last-token indices, makes the fill
-tensors constants and binds both integer accumulations. Small graphs pin what it must leave alone:
-a call whose input is written between two equal calls, a factory whose result is written, a graph
-calling an unknown Python function.
+execution frames); the rewrite binds the cache-slot mapping to one call, merges the repeated slot
+clamps and last-token indices, makes the fill tensors constants and binds both integer
+accumulations. Small graphs pin what it must leave alone: a call whose input is written between two
+equal calls, a factory whose result is written, a graph calling an unknown Python function.
 """
 
 from __future__ import annotations

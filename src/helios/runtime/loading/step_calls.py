@@ -128,16 +128,19 @@ class _Storage:
         """The value whose storage `node` views (itself when it is a fresh tensor)."""
         if node.op != "call_function":
             return node
-        if node.target is operator.getitem:
+        if node.target is operator.getitem:  # an output of a multi-output call lives where the call's do
             source = node.args[0]
-            return self.root.get(source, node) if _returns_view(source) else node
+            return self.root.get(source, source) if isinstance(source, torch.fx.Node) else node
         schema = _schema(node)
-        if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+        aliases = [r.alias_info for r in schema.returns if r.alias_info is not None] if schema is not None else []
+        if not aliases:
             return node
-        alias = schema.returns[0].alias_info
+        alias = aliases[0]
         for argument, value in zip(schema.arguments, node.args):
-            if argument.alias_info is not None and argument.alias_info.before_set & alias.before_set \
-                    and isinstance(value, torch.fx.Node):
+            # a list of views (``split``) carries its alias set on the elements: any aliased argument
+            shared = argument.alias_info is not None and (not alias.before_set
+                                                          or argument.alias_info.before_set & alias.before_set)
+            if shared and isinstance(value, torch.fx.Node):
                 return self.root.get(value, value)
         return node
 
@@ -151,7 +154,8 @@ class _Storage:
             return set()  # a known pure Python function (others stop `collapse_step_calls` early)
         written = set()
         for argument, value in zip(schema.arguments, node.args):
-            if argument.alias_info is not None and argument.alias_info.is_write:
+            # an op that returns nothing is called for what it writes: all its tensors, declared or not
+            if not schema.returns or (argument.alias_info is not None and argument.alias_info.is_write):
                 written |= {self.root.get(n, n) for n in _nodes_in(value)}
         return written
 
@@ -257,13 +261,6 @@ def _is_pure_aten(node: torch.fx.Node) -> bool:
     name = node.target.name()
     return not schema.is_mutable and bool(schema.returns) and "empty" not in name \
         and not name.startswith(("aten::_assert", "aten::sym_constrain"))
-
-
-def _returns_view(node) -> bool:
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
-        return False
-    schema = _schema(node)
-    return schema is not None and bool(schema.returns) and schema.returns[0].alias_info is not None
 
 
 def _schema(node: torch.fx.Node):
