@@ -33,7 +33,7 @@ else
 fi
 
 # shellcheck disable=SC2086
-timeout "$(limit 115)" $python bench/step_launches_ab.py $bench_args --json "$out/step_launches_ab.json" \
+timeout "$(limit 125)" $python bench/step_launches_ab.py $bench_args --json "$out/step_launches_ab.json" \
   > "$out/step_launches_ab.log" 2>&1
 echo "step A/B: exit $? at ${SECONDS}s"
 
@@ -41,7 +41,7 @@ echo "step A/B: exit $? at ${SECONDS}s"
 for part in kernel runtime; do
   files=${part}_tests
   # shellcheck disable=SC2086
-  timeout "$(limit $([ $part = kernel ] && echo 40 || echo 75))" $python -m pytest -v -p no:cacheprovider $workers -ra \
+  timeout "$(limit $([ $part = kernel ] && echo 35 || echo 75))" $python -m pytest -v -p no:cacheprovider $workers -ra \
     --tb=short -p no:logging ${!files} > "$out/${part}_tests.log" 2>&1
   echo "$part tests: exit $? at ${SECONDS}s: $(tail -1 "$out/${part}_tests.log")"
 done
@@ -51,4 +51,4 @@ for part in kernel runtime; do
   echo "-- $part tests"
   grep -hE " passed| failed|error|FAILED|^E " "$out/${part}_tests.log" | tail -14
 done
-grep -E "^\||^SUMMARY|loaded|served|core \(" "$out/step_launches_ab.log"
+grep -E "^\||^SUMMARY|^round|graph calls|loaded|served|core \(|Error|error" "$out/step_launches_ab.log" | tail -40

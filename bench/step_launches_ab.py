@@ -171,12 +171,15 @@ def compare(model, device: torch.device, rounds: int) -> dict:
             entry.update(profile(modules[name], arguments, device))
         restore()
         results["variants"][name] = entry
+        log(f"{name}: {entry['calls']} graph calls, {entry['kernels']} kernels ({entry['kernel_ms']:.3f} ms) in an eager "
+            f"run; {entry['outputs']}")
     times = {name: [] for name in VARIANTS}
-    for _ in range(rounds):  # alternated: drift hits every variant alike
+    for round_index in range(rounds):  # alternated: drift hits every variant alike
         for name in VARIANTS:
             with matmul_setting(name):  # the capture records the kernels the setting picks
                 times[name].append(lever_ab.graph_ms(lambda module=modules[name]: module(*arguments), replays=30))
             restore()
+        log(f"round {round_index + 1}: " + ", ".join(f"{name} {times[name][-1]:.3f}" for name in VARIANTS) + " ms")
     for name in VARIANTS:
         ordered = sorted(times[name])
         results["variants"][name]["ms"] = ordered[len(ordered) // 2]
