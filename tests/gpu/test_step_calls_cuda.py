@@ -1,7 +1,8 @@
 """The capture-time bookkeeping rewrite on CUDA (`helios.runtime.loading.step_calls`): served through
 captured graphs, plain, penalised and biased greedy requests (fewer than the program's rows: padding
 rows) get exactly the tokens of the graphs captured without it, with one and two frames, and the
-captured greedy DECODE graph accumulates its counts and pending tokens through the one-launch kernel."""
+captured DECODE graphs map cache slots and accumulate counts and pending tokens through the one-launch
+kernels."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 import helios.runtime.loading.step_calls as step_calls
 from helios.abi.triton_accumulate import accumulate_into
+from helios.abi.triton_slots import packed_slots
 from helios.core.reader import open_core
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
@@ -37,6 +39,7 @@ def _bound(model) -> None:
     full, greedy = decode.module.eager_modules
     for module in (full, greedy):
         assert len([n for n in module.graph.nodes if n.target is accumulate_into]) == 2
+        assert len([n for n in module.graph.nodes if n.target is packed_slots]) == 1
 
 
 @pytest.mark.parametrize("frames", [1, 2])
