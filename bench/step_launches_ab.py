@@ -156,35 +156,51 @@ def compare(model, device: torch.device, rounds: int) -> dict:
         for name, tensor in state.items():
             model.buffers[name].copy_(tensor)
 
-    outputs = {}
-    for name, module in modules.items():
-        restore()
-        with matmul_setting(name):
-            leaves = pytree.tree_leaves(module(*arguments))
-        outputs[name] = [t.clone() for t in leaves if isinstance(t, torch.Tensor)]
-    restore()
-    results: dict = {"variants": {}}
-    for name in VARIANTS:
-        entry = {"calls": sum(1 for n in modules[name].graph.nodes if n.op == "call_function"),
-                 "outputs": agreement(outputs["main"], outputs[name])}
-        with matmul_setting(name):
-            entry.update(profile(modules[name], arguments, device))
-        restore()
-        results["variants"][name] = entry
-        log(f"{name}: {entry['calls']} graph calls, {entry['kernels']} kernels ({entry['kernel_ms']:.3f} ms) in an eager "
-            f"run; {entry['outputs']}")
-    times = {name: [] for name in VARIANTS}
-    for round_index in range(rounds):  # alternated: drift hits every variant alike
-        for name in VARIANTS:
-            with matmul_setting(name):  # the capture records the kernels the setting picks
-                times[name].append(lever_ab.graph_ms(lambda module=modules[name]: module(*arguments), replays=30))
+    outputs, entries = {}, {}
+    for name in VARIANTS:  # a variant that fails is reported and left out; the others stand
+        try:
             restore()
-        log(f"round {round_index + 1}: " + ", ".join(f"{name} {times[name][-1]:.3f}" for name in VARIANTS) + " ms")
-    for name in VARIANTS:
-        ordered = sorted(times[name])
-        results["variants"][name]["ms"] = ordered[len(ordered) // 2]
-        results["variants"][name]["ms_all"] = ordered
-    return results
+            with matmul_setting(name):
+                leaves = pytree.tree_leaves(modules[name](*arguments))
+            outputs[name] = [t.clone() for t in leaves if isinstance(t, torch.Tensor)]
+            restore()
+            entries[name] = describe(name, modules[name], arguments, device, outputs)
+        except Exception as error:  # noqa: BLE001
+            log(f"{name}: failed: {type(error).__name__}: {str(error)[:300]}")
+        restore()
+    times = time_variants(modules, arguments, [name for name in VARIANTS if name in entries], rounds, restore)
+    for name, measured in times.items():
+        ordered = sorted(measured)
+        entries[name]["ms"] = ordered[len(ordered) // 2]
+        entries[name]["ms_all"] = ordered
+    return {"variants": {name: entries[name] for name in VARIANTS if name in entries and "ms" in entries[name]}}
+
+
+def describe(name: str, module, arguments, device: torch.device, outputs: dict) -> dict:
+    """Graph calls, outputs against main's, and the eager profile of one variant."""
+    entry = {"calls": sum(1 for n in module.graph.nodes if n.op == "call_function"),
+             "outputs": agreement(outputs["main"], outputs[name]) if "main" in outputs else "main failed"}
+    with matmul_setting(name):
+        entry.update(profile(module, arguments, device))
+    log(f"{name}: {entry['calls']} graph calls, {entry['kernels']} kernels ({entry['kernel_ms']:.3f} ms) in an eager "
+        f"run; {entry['outputs']}")
+    return entry
+
+
+def time_variants(modules: dict, arguments, names: list, rounds: int, restore) -> dict:
+    """Device ms per replay of each variant's captured graph, `rounds` alternated rounds."""
+    times = {name: [] for name in names}
+    for round_index in range(rounds):  # alternated: drift hits every variant alike
+        for name in list(times):
+            try:
+                with matmul_setting(name):  # the capture records the kernels the setting picks
+                    times[name].append(lever_ab.graph_ms(lambda module=modules[name]: module(*arguments), replays=30))
+            except Exception as error:  # noqa: BLE001
+                log(f"{name}: capture failed: {type(error).__name__}: {str(error)[:300]}")
+                del times[name]
+            restore()
+        log(f"round {round_index + 1}: " + ", ".join(f"{name} {ms[-1]:.3f}" for name, ms in times.items()) + " ms")
+    return times
 
 
 def agreement(ours: list, theirs: list) -> str:
@@ -211,16 +227,17 @@ def profile(module, arguments, device: torch.device) -> dict:
 
 
 def summarize(results: dict) -> None:
+    if "main" not in results["variants"]:
+        log("SUMMARY: main's graph was not measured; no ratios")
+        return
     base = results["variants"]["main"]["ms"]
     log(f"| {results['layers']}-layer greedy DECODE step, batch 1 | replay ms | vs main | kernels | kernel ms "
         f"| other ms | outputs against main |")
     log("|---|---|---|---|---|---|---|")
-    for name in VARIANTS:
-        entry = results["variants"][name]
+    for name, entry in results["variants"].items():
         log(f"| {name} | {entry['ms']:.3f} | {base / entry['ms']:.3f}x | {entry['kernels']} | {entry['kernel_ms']:.3f} "
             f"| {entry['by_kind_ms'].get('other', 0.0):.3f} | {entry['outputs']} |")
-    for name in VARIANTS:
-        entry = results["variants"][name]
+    for name, entry in results["variants"].items():
         log(f"SUMMARY {name}: {entry['ms']:.3f} ms per replay ({base / entry['ms']:.3f}x main), {entry['kernels']} "
             f"kernels, by kind " + ", ".join(f"{k} {v:.3f}" for k, v in entry["by_kind_ms"].items()))
         if name in ("main", "both", "both+cublaslt"):
