@@ -4,7 +4,8 @@
 #   1. bench/step_launches_ab.py: one 32-layer 8B-shaped core, its batch-1 greedy DECODE graph captured as
 #      main captures it, with the bookkeeping collapsed (step_calls), with the rotary pairs fused, and with
 #      both, in one process from the same buffers: device ms per replay, kernels per step by kind, tokens
-#      and logits against main's graph.
+#      and logits against main's graph; and that step captured with cuBLASLt, with fp32 split-K reductions, and
+#      with the one-row projections on transposed weight copies (what cuBLAS picks without the split-K launches).
 #   2. GPU tests (pytest -n 6): the integer accumulation and cache-slot kernels (tests/abi/test_triton_accumulate.py,
 #      tests/abi/test_triton_slots.py),
 #      helios::rotary_paged_attention against the two-kernel sequence (tests/abi/test_rotary_attention.py:

@@ -12,7 +12,10 @@ then hold its last decode step), and the greedy DECODE graph is captured four wa
   matmuls on cuBLASLt (``preferred_blas_library``), or with bf16 reduced-precision split-K reductions
   disallowed: whether cuBLAS then picks one-row kernels without the split-K reduction launches (the
   o and down projections' ``splitKreduce_kernel``, 64 a step at 32 layers); their logits may differ
-  from main's by the matmuls' rounding.
+  from main's by the matmuls' rounding;
+- ``both+nn``: both rewrites, each layer's one-row projection ``linear(x, W)`` computed as ``mm(x, W.T)``
+  on a transposed copy of W made here (cuBLAS then sees a row-major [in, out] operand and picks its
+  kernels for that layout): whether a prepare-time weight layout would read the weights faster.
 
 For each: device ms per replay (CUDA events, alternated rounds, median), whether its sampled token
 and completion record equal main's and how far its logits are (same buffers restored before each
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import re
 import json
 import sys
 import tempfile
@@ -52,7 +57,7 @@ from helios.runtime.loading.rotary_calls import rotary_module  # noqa: E402
 from helios.runtime.loading.step_calls import step_module  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
-VARIANTS = ("main", "steps", "rotary", "both", "both+cublaslt", "both+fp32-reduce")
+VARIANTS = ("main", "steps", "rotary", "both", "both+cublaslt", "both+fp32-reduce", "both+nn")
 
 
 def parse_args(argv=None):
@@ -118,13 +123,43 @@ def serve_one(engine, prompt: int, output: int, vocab: int) -> None:
     log(f"served 1 x {prompt}/{output} eagerly in {time.perf_counter() - started:.1f} s")
 
 
-def variants(module, device: torch.device) -> dict:
+def variants(module, device: torch.device, weights: list) -> dict:
     """The four greedy graphs of the module docstring."""
     unfused = gemv_module(rotary_module(module, enabled=False))
     fused = gemv_module(rotary_module(module, enabled=True))
     both = step_module(greedy_module(fused), device, enabled=True)
     return {"main": greedy_module(unfused), "steps": step_module(greedy_module(unfused), device, enabled=True),
-            "rotary": greedy_module(fused), "both": both, "both+cublaslt": both, "both+fp32-reduce": both}
+            "rotary": greedy_module(fused), "both": both, "both+cublaslt": both, "both+fp32-reduce": both,
+            "both+nn": transposed_projections(both, weights)}
+
+
+def transposed_projections(module, weights: list):
+    """`module` with every one-row ``linear(x, weights[i])`` of a layer (out features below the
+    vocabulary's) as ``mm(x, transposed copy)`` (a new graph; the copies are its buffers)."""
+    graph = copy.deepcopy(module.graph)
+    rewritten = torch.fx.GraphModule(module, graph)
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default or len(node.args) != 2:
+            continue
+        x, weight = node.args
+        index = re.fullmatch(r"weights_(\d+)", getattr(weight, "name", ""))
+        value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if index is None or not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[0] != 1:
+            continue
+        tensor = weights[int(index.group(1))]
+        if tensor.shape[0] > 65536:  # the head: its copy would cost 1 GB for one call a step
+            continue
+        rewritten.register_buffer(f"_transposed_{count}", tensor.t().contiguous(), persistent=False)
+        with graph.inserting_before(node):
+            product = graph.call_function(torch.ops.aten.mm.default, (x, graph.get_attr(f"_transposed_{count}")))
+        product.meta = dict(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        count += 1
+    rewritten.recompile()
+    log(f"both+nn: {count} one-row projections on transposed copies")
+    return rewritten
 
 
 @contextlib.contextmanager
@@ -149,7 +184,7 @@ def matmul_setting(variant: str):
 def compare(model, device: torch.device, rounds: int) -> dict:
     program = next(p for p in lever_ab.decode_programs(model) if p.batch_capacity == 1)
     arguments = program_arguments(program, model.weights, model.buffers)
-    modules = variants(program.module, device)
+    modules = variants(program.module, device, arguments[0])
     state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
 
     def restore() -> None:
@@ -240,7 +275,7 @@ def summarize(results: dict) -> None:
     for name, entry in results["variants"].items():
         log(f"SUMMARY {name}: {entry['ms']:.3f} ms per replay ({base / entry['ms']:.3f}x main), {entry['kernels']} "
             f"kernels, by kind " + ", ".join(f"{k} {v:.3f}" for k, v in entry["by_kind_ms"].items()))
-        if name in ("main", "both", "both+cublaslt"):
+        if name in ("main", "both", "both+cublaslt", "both+nn"):
             for top in entry["top"]:
                 log(f"    {top['ms']:7.3f} ms  x{top['calls']:<4d} {top['kernel'][:80]}")
 
