@@ -5,7 +5,8 @@
 #      main captures it, with the bookkeeping collapsed (step_calls), with the rotary pairs fused, and with
 #      both, in one process from the same buffers: device ms per replay, kernels per step by kind, tokens
 #      and logits against main's graph; and that step captured with cuBLASLt, with fp32 split-K reductions, and
-#      with the one-row projections on transposed weight copies (what cuBLAS picks without the split-K launches).
+#      with the one-row projections on transposed weight copies (what cuBLAS picks without the split-K launches);
+#      the 64-row step (main, steps, rotary, both) from the same served state (a regression check).
 #   2. GPU tests (pytest -n 6): the integer accumulation and cache-slot kernels (tests/abi/test_triton_accumulate.py,
 #      tests/abi/test_triton_slots.py),
 #      helios::rotary_paged_attention against the two-kernel sequence (tests/abi/test_rotary_attention.py:
@@ -27,10 +28,10 @@ limit() {  # the smaller of $1 and the seconds left of the budget (at least 5)
 kernel_tests="tests/abi/test_triton_accumulate.py tests/abi/test_triton_slots.py tests/abi/test_rotary_attention.py"
 runtime_tests="tests/gpu/test_step_calls_cuda.py tests/gpu/test_greedy_rows_cuda.py tests/runtime/test_step_calls.py"
 if [ "${SMOKE:-0}" = 1 ]; then
-  workers="" bench_args="--smoke"
+  workers="" bench_args="--smoke --batches 1,2"
 else
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-  workers="-n 6" bench_args="--layers 32 --rounds 3"
+  workers="-n 6" bench_args="--layers 32 --rounds 3 --batches 1,64"
 fi
 
 # shellcheck disable=SC2086

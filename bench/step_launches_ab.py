@@ -1,8 +1,9 @@
 """The batch-1 greedy decode step as main captures it against this tree's capture-time rewrites, in
-one process on one core: an 8B-shaped core of ``--layers`` layers (default 32) is prepared with one
-DECODE batch of 1, loaded without CUDA graphs (so every variant below starts from the same exported
-module), served for one greedy request (``--prompt`` + ``--output`` tokens: the program's buffers
-then hold its last decode step), and the greedy DECODE graph is captured four ways:
+one process on one core: an 8B-shaped core of ``--layers`` layers (default 32) is prepared with the
+DECODE batches of ``--batches`` (default 1), loaded without CUDA graphs (so every variant below starts
+from the same exported module), served for as many greedy requests as the largest batch (``--prompt`` +
+``--output`` tokens: the programs' buffers then hold the last decode step), and the greedy DECODE graph
+of the first batch is captured these ways (of the other batches, the first four):
 
 - ``main``: as main captures it (rotary pairs unfused, bookkeeping as exported);
 - ``steps``: with `helios.runtime.loading.step_calls.step_module` (bookkeeping collapsed);
@@ -21,7 +22,7 @@ For each: device ms per replay (CUDA events, alternated rounds, median), whether
 and completion record equal main's and how far its logits are (same buffers restored before each
 run), and the torch profiler's kernels of one eager run of the same graph (count, ms by kind).
 
-    python bench/step_launches_ab.py [--layers 32] [--json out.json]
+    python bench/step_launches_ab.py [--layers 32] [--batches 1,64] [--json out.json]
     python bench/step_launches_ab.py --smoke     # tiny shapes on the CPU (checks the script runs)
 """
 
@@ -63,6 +64,7 @@ VARIANTS = ("main", "steps", "rotary", "both", "both+cublaslt", "both+fp32-reduc
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--batches", default="1", help="DECODE batches measured (the first with every variant)")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--output", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="alternated timing rounds per variant")
@@ -79,34 +81,38 @@ def main(argv=None) -> int:
         return 2
     shape = SMOKE if args.smoke else with_layers(LLAMA_31_8B, args.layers)
     prompt, output = (16, 4) if args.smoke else (args.prompt, args.output)
+    batches = [int(b) for b in args.batches.split(",")]
     if args.smoke:  # the exported graphs a CUDA model captures, not the CPU path's rewrites
         program_loading.cpu_program = lambda module: module
     key = SigningKey.generate()
     with tempfile.TemporaryDirectory() as scratch:
-        core = prepare(shape, Path(scratch), key, (prompt, output), device)
+        core = prepare(shape, Path(scratch), key, (prompt, output), device, tuple(batches))
         options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=False), queue_capacity=4)
         started = time.perf_counter()
         runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
         log(f"loaded (no graphs) in {time.perf_counter() - started:.1f} s")
         try:
-            serve_one(runtime.engine, prompt, output, shape.vocab_size)
-            results = compare(runtime.model, device, args.rounds)
+            serve(runtime.engine, max(batches), prompt, output, shape.vocab_size)
+            results = {"layers": shape.num_hidden_layers, "batches": {}}
+            for rows in batches:  # the first batch's variants all; the others', the four rewrites' only
+                names = VARIANTS if rows == batches[0] else VARIANTS[:4]
+                results["batches"][rows] = compare(runtime.model, device, args.rounds, rows, names)
+                summarize(results["batches"][rows], shape.num_hidden_layers, rows)
         finally:
             runtime.close()
-    results["layers"] = shape.num_hidden_layers
-    summarize(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 
-def prepare(shape, scratch: Path, key, lengths: tuple[int, int], device: torch.device) -> Path:
+def prepare(shape, scratch: Path, key, lengths: tuple[int, int], device: torch.device, batches: tuple) -> Path:
     started = time.perf_counter()
     checkpoint = write_random_llama(scratch / "checkpoint", shape, torch.bfloat16, device=device.type)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    plan = CapacityPlan(page_tokens=16, context_tokens=sum(lengths) + 16, prefill_tokens=lengths[0], decode_batches=(1,),
+    plan = CapacityPlan(page_tokens=16, context_tokens=sum(lengths) + 16, prefill_tokens=lengths[0],
+                        decode_batches=tuple(sorted(set(batches))),
                         mixed=False, token_logprobs=False)
     core = scratch / "model.core"
     prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype="bfloat16", capacities=plan))
@@ -114,23 +120,24 @@ def prepare(shape, scratch: Path, key, lengths: tuple[int, int], device: torch.d
     return core
 
 
-def serve_one(engine, prompt: int, output: int, vocab: int) -> None:
-    """One greedy request, eagerly: the DECODE program's buffers then hold its last step."""
+def serve(engine, requests: int, prompt: int, output: int, vocab: int) -> None:
+    """Greedy requests, eagerly: the DECODE programs' buffers then hold the last step (the rows of a
+    smaller program are the first rows of it: live requests with their contexts)."""
     started = time.perf_counter()
-    (tokens,) = Workload(1, prompt, output).prompts(vocab, 5)
-    submit_greedy(engine, "ab", tokens, output, lambda event: None)
+    for index, tokens in enumerate(Workload(requests, prompt, output).prompts(vocab, 5)):
+        submit_greedy(engine, f"ab{index}", tokens, output, lambda event: None)
     engine.run_until_idle()
-    log(f"served 1 x {prompt}/{output} eagerly in {time.perf_counter() - started:.1f} s")
+    log(f"served {requests} x {prompt}/{output} eagerly in {time.perf_counter() - started:.1f} s")
 
 
-def variants(module, device: torch.device, weights: list) -> dict:
+def variants(module, device: torch.device, weights: list, names: tuple = VARIANTS) -> dict:
     """The four greedy graphs of the module docstring."""
     unfused = gemv_module(rotary_module(module, enabled=False))
     fused = gemv_module(rotary_module(module, enabled=True))
     both = step_module(greedy_module(fused), device, enabled=True)
     return {"main": greedy_module(unfused), "steps": step_module(greedy_module(unfused), device, enabled=True),
             "rotary": greedy_module(fused), "both": both, "both+cublaslt": both, "both+fp32-reduce": both,
-            "both+nn": transposed_projections(both, weights)}
+            "both+nn": transposed_projections(both, weights) if "both+nn" in names else both}
 
 
 def transposed_projections(module, weights: list):
@@ -181,10 +188,10 @@ def matmul_setting(variant: str):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
 
 
-def compare(model, device: torch.device, rounds: int) -> dict:
-    program = next(p for p in lever_ab.decode_programs(model) if p.batch_capacity == 1)
+def compare(model, device: torch.device, rounds: int, rows: int, names: tuple) -> dict:
+    program = next(p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows)
     arguments = program_arguments(program, model.weights, model.buffers)
-    modules = variants(program.module, device, arguments[0])
+    modules = {name: module for name, module in variants(program.module, device, arguments[0], names).items()}
     state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
 
     def restore() -> None:
@@ -192,7 +199,7 @@ def compare(model, device: torch.device, rounds: int) -> dict:
             model.buffers[name].copy_(tensor)
 
     outputs, entries = {}, {}
-    for name in VARIANTS:  # a variant that fails is reported and left out; the others stand
+    for name in names:  # a variant that fails is reported and left out; the others stand
         try:
             restore()
             with matmul_setting(name):
@@ -203,12 +210,12 @@ def compare(model, device: torch.device, rounds: int) -> dict:
         except Exception as error:  # noqa: BLE001
             log(f"{name}: failed: {type(error).__name__}: {str(error)[:300]}")
         restore()
-    times = time_variants(modules, arguments, [name for name in VARIANTS if name in entries], rounds, restore)
+    times = time_variants(modules, arguments, [name for name in names if name in entries], rounds, restore)
     for name, measured in times.items():
         ordered = sorted(measured)
         entries[name]["ms"] = ordered[len(ordered) // 2]
         entries[name]["ms_all"] = ordered
-    return {"variants": {name: entries[name] for name in VARIANTS if name in entries and "ms" in entries[name]}}
+    return {"variants": {name: entries[name] for name in names if name in entries and "ms" in entries[name]}}
 
 
 def describe(name: str, module, arguments, device: torch.device, outputs: dict) -> dict:
@@ -261,21 +268,21 @@ def profile(module, arguments, device: torch.device) -> dict:
             "by_kind_ms": lever_ab._categories(kernels, on_cuda), "top": lever_ab._top_kernels(kernels, 12)}
 
 
-def summarize(results: dict) -> None:
+def summarize(results: dict, layers: int, rows: int) -> None:
     if "main" not in results["variants"]:
-        log("SUMMARY: main's graph was not measured; no ratios")
+        log(f"SUMMARY R={rows}: main's graph was not measured; no ratios")
         return
     base = results["variants"]["main"]["ms"]
-    log(f"| {results['layers']}-layer greedy DECODE step, batch 1 | replay ms | vs main | kernels | kernel ms "
+    log(f"| {layers}-layer greedy DECODE step, batch {rows} | replay ms | vs main | kernels | kernel ms "
         f"| other ms | outputs against main |")
     log("|---|---|---|---|---|---|---|")
     for name, entry in results["variants"].items():
         log(f"| {name} | {entry['ms']:.3f} | {base / entry['ms']:.3f}x | {entry['kernels']} | {entry['kernel_ms']:.3f} "
             f"| {entry['by_kind_ms'].get('other', 0.0):.3f} | {entry['outputs']} |")
     for name, entry in results["variants"].items():
-        log(f"SUMMARY {name}: {entry['ms']:.3f} ms per replay ({base / entry['ms']:.3f}x main), {entry['kernels']} "
+        log(f"SUMMARY R={rows} {name}: {entry['ms']:.3f} ms per replay ({base / entry['ms']:.3f}x main), {entry['kernels']} "
             f"kernels, by kind " + ", ".join(f"{k} {v:.3f}" for k, v in entry["by_kind_ms"].items()))
-        if name in ("main", "both", "both+cublaslt", "both+nn"):
+        if name in ("main", "both", "both+cublaslt", "both+nn") and rows == 1:
             for top in entry["top"]:
                 log(f"    {top['ms']:7.3f} ms  x{top['calls']:<4d} {top['kernel'][:80]}")
 
