@@ -2,7 +2,7 @@
 captured graphs, plain, penalised and biased greedy requests (fewer than the program's rows: padding
 rows) get exactly the tokens of the graphs captured without it, with one and two frames, and the
 captured DECODE graphs map cache slots and accumulate counts and pending tokens through the one-launch
-kernels."""
+kernels; with the rotary fusion at capture on, the tokens are those of the unfused graphs."""
 
 from __future__ import annotations
 
@@ -50,3 +50,23 @@ def test_captured_graphs_give_the_tokens_of_the_graphs_without_the_rewrite(core_
         before = _cuda_tokens(core_path, frames)
     assert all(len(tokens) == MAX_TOKENS for tokens in before)
     assert rewritten == before
+
+
+def test_captured_graphs_with_the_rotary_fusion_give_the_same_tokens(core_path, monkeypatch):  # noqa: F811
+    """`rotary_calls.FUSE_AT_CAPTURE` on and off: the served tokens of the captured graphs agree (the
+    fused launch rounds as the two kernels do; bench/step_launches_ab.py compares logits at 8B shapes)."""
+    import helios.runtime.loading.rotary_calls as rotary_calls
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rotary_calls, "FUSE_AT_CAPTURE", True)
+        fused = _cuda_tokens(core_path, 2, _fused)
+    with monkeypatch.context() as patch:
+        patch.setattr(rotary_calls, "FUSE_AT_CAPTURE", False)
+        split = _cuda_tokens(core_path, 2)
+    assert fused == split
+
+
+def _fused(model) -> None:
+    decode = next(p for p in model.programs if p.graph == "decode" and not p.token_logprobs)
+    for module in decode.module.eager_modules:
+        assert any(n.target is torch.ops.helios.rotary_paged_attention.default for n in module.graph.nodes)
