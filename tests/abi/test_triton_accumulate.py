@@ -1,4 +1,4 @@
-"""`helios.abi.triton_accumulate`: the integer accumulating ``index_put_`` kernel against ``index_put_``
+"""`helios.abi.accumulate` (`helios.abi.triton_accumulate`): the integer accumulating ``index_put_`` kernel against ``index_put_``
 itself, bit for bit (duplicates, negative and out-of-range indices, one value broadcast, strided
 inputs), and the calls it hands back to ``index_put_``. Without CUDA the kernel runs under Triton's
 interpreter (test_triton_attention enables it first); with CUDA it runs compiled, also inside a
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import test_triton_attention  # noqa: F401  (enables the interpreter on machines without CUDA first)
-from helios.abi.triton_accumulate import accumulate_into, covered, launch
+from helios.abi.accumulate import accumulate_into, covered
+from helios.abi.triton_accumulate import launch
 from test_triton_attention import DEVICE, ON_CUDA
 
 

@@ -1,4 +1,4 @@
-"""`helios.abi.triton_slots.packed_slots`: one launch against the traced slot mapping
+"""`helios.abi.slots.packed_slots` (`helios.abi.triton_slots`): one launch against the traced slot mapping
 (`helios.ignition.decoder.slot_mapping`), bit for bit: ragged rows, rows without tokens, padding
 tokens, positions past a row's pages (clamped), strided page tables. Without CUDA the kernel runs
 under Triton's interpreter (test_triton_attention enables it first)."""
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import test_triton_attention  # noqa: F401  (enables the interpreter on machines without CUDA first)
-from helios.abi.triton_slots import launch, packed_slots, reference_slots
+from helios.abi.slots import packed_slots, reference_slots
+from helios.abi.triton_slots import launch
 from helios.ignition.decoder import slot_mapping
 from test_triton_attention import DEVICE, ON_CUDA
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import helios.runtime.loading.step_calls as step_calls
-from helios.abi.triton_accumulate import accumulate_into
-from helios.abi.triton_slots import packed_slots
+from helios.abi.accumulate import accumulate_into
+from helios.abi.slots import packed_slots
 from helios.core.reader import open_core
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime

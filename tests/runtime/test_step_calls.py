@@ -19,8 +19,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import helios.runtime.loading.programs as program_loading
 import helios.runtime.service as service
-from helios.abi.triton_accumulate import accumulate_into
-from helios.abi.triton_slots import packed_slots
+from helios.abi.accumulate import accumulate_into
+from helios.abi.slots import packed_slots
 from helios.runtime.execution.executor import GraphExecutor
 from helios.runtime.execution.packer import Packer
 from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module

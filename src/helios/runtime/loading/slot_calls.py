@@ -4,13 +4,15 @@
 query_start[R], page * P + positions % P, full_like(..., -1))``. `bind_packed_slots` finds that exact
 shape in a graph (every call, constant and shared input checked; the clamp bounds and the query-start
 entry passed through as the graph computes them) and replaces its ``where`` by one
-`helios.abi.triton_slots.packed_slots` call on the same inputs; the calls it leaves unread are then
+`helios.abi.slots.packed_slots` call on the same inputs; the calls it leaves unread are then
 dropped (`helios.runtime.loading.step_calls`). Anything else is left as it is.
 """
 
 from __future__ import annotations
 
 import torch
+
+from helios.abi.slots import packed_slots
 
 __all__ = ["bind_packed_slots"]
 
@@ -24,8 +26,6 @@ def bind_packed_slots(graph: torch.fx.Graph) -> int:
     matches = [(node, found) for node in graph.nodes if (found := _match(node)) is not None]
     if not matches:
         return 0
-    from helios.abi.triton_slots import packed_slots  # imports triton: only where a graph has the pattern
-
     for node, arguments in matches:
         with graph.inserting_before(node):
             bound = graph.call_function(packed_slots, arguments)

@@ -11,11 +11,11 @@ twentieth of a decode step. `step_module` rewrites a copy of the graph, exactly:
   writes the result (``request_slots.clamp(min=0)`` is computed four times, each row's last token
   twice, ``sampled >= 0`` three times);
 - **cache slots in one launch**: the traced slot mapping (eleven calls) becomes one
-  `helios.abi.triton_slots.packed_slots` call (`helios.runtime.loading.slot_calls`);
+  `helios.abi.slots.packed_slots` call (`helios.runtime.loading.slot_calls`);
 - **shape-only tensors made once**: ``zeros``, ``ones``, ``full``, ``arange`` and their ``*_like``
   forms of static shapes become constants of the module, computed here, where no call writes them;
 - **integer accumulation in one launch**: ``index_put_(..., accumulate=True)`` on an int32/int64
-  tensor calls `helios.abi.triton_accumulate.accumulate_into` (atomic adds; torch's path sorts first);
+  tensor calls `helios.abi.accumulate.accumulate_into` (atomic adds; torch's path sorts first);
 - **dead calls dropped**: pure aten calls whose result nothing reads (a cast the trace left behind).
 
 Which calls write what is read from the ops' schemas (an argument marked ``(a!)``); a value's
@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import copy
 import operator
+import sys
 from typing import NamedTuple
 
 import torch
 
+from helios.abi.accumulate import accumulate_into
 from helios.abi.sampling_rows import greedy_rows
+from helios.abi.slots import packed_slots
 from helios.runtime.loading.slot_calls import bind_packed_slots
 
 __all__ = ["STEP_CALLS", "StepCallCounts", "collapse_step_calls", "step_module"]
@@ -58,12 +61,8 @@ def _known_pure() -> set:
     """Python functions a program graph may call that write none of their arguments and return
     fresh tensors (the loading passes' bindings)."""
     known = {greedy_rows, operator.getitem, *_SYMBOLIC}
-    try:  # these import triton (absent on some CPU hosts)
-        from helios.abi.triton_gemv import gemv_linear
-        from helios.abi.triton_slots import packed_slots
-    except ImportError:
-        return known
-    return known | {gemv_linear, packed_slots}
+    gemv = sys.modules.get("helios.abi.triton_gemv")  # imported by whatever bound a call to it, else none is bound
+    return known | {packed_slots} | ({gemv.gemv_linear} if gemv is not None else set())
 
 
 class StepCallCounts(NamedTuple):
@@ -233,8 +232,6 @@ def _bind_accumulations(graph: torch.fx.Graph) -> int:
              and len(node.args) == 4 and node.args[3] is True and not node.kwargs and _integer(node.args[0])]
     if not calls:
         return 0
-    from helios.abi.triton_accumulate import accumulate_into  # imports triton: only where a call is bound
-
     for node in calls:
         node.target = accumulate_into
         node.args = node.args[:3]
