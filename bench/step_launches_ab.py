@@ -9,6 +9,8 @@ of the first batch is captured these ways (of the other batches, the first four)
 - ``steps``: with `helios.runtime.loading.step_calls.step_module` (bookkeeping collapsed);
 - ``rotary``: with each layer's rotary cache write and attention fused (`rotary_calls`);
 - ``both``: both rewrites;
+- ``both+runs``: both rewrites and each run of consecutive small integer elementwise calls as one
+  generated kernel (`helios.runtime.loading.elementwise_runs`, off when serving until measured);
 - ``both+cublaslt``, ``both+fp32-reduce``: both rewrites, the graph captured (and profiled) with torch's
   matmuls on cuBLASLt (``preferred_blas_library``), or with bf16 reduced-precision split-K reductions
   disallowed: whether cuBLAS then picks one-row kernels without the split-K reduction launches (the
@@ -52,13 +54,14 @@ from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 import helios.runtime.loading.programs as program_loading  # noqa: E402
 from helios.runtime.loading.cuda_graphs import greedy_module  # noqa: E402
+from helios.runtime.loading.elementwise_runs import runs_module  # noqa: E402
 from helios.runtime.loading.gemv_calls import gemv_module  # noqa: E402
 from helios.runtime.loading.model import LoadOptions, program_arguments  # noqa: E402
 from helios.runtime.loading.rotary_calls import rotary_module  # noqa: E402
 from helios.runtime.loading.step_calls import step_module  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
-VARIANTS = ("main", "steps", "rotary", "both", "both+cublaslt", "both+fp32-reduce", "both+nn")
+VARIANTS = ("main", "steps", "rotary", "both", "both+runs", "both+cublaslt", "both+fp32-reduce", "both+nn")
 
 
 def parse_args(argv=None):
@@ -95,7 +98,7 @@ def main(argv=None) -> int:
             serve(runtime.engine, max(batches), prompt, output, shape.vocab_size)
             results = {"layers": shape.num_hidden_layers, "batches": {}}
             for rows in batches:  # the first batch's variants all; the others', the four rewrites' only
-                names = VARIANTS if rows == batches[0] else VARIANTS[:4]
+                names = VARIANTS if rows == batches[0] else VARIANTS[:5]
                 results["batches"][rows] = compare(runtime.model, device, args.rounds, rows, names)
                 summarize(results["batches"][rows], shape.num_hidden_layers, rows)
         finally:
@@ -136,7 +139,8 @@ def variants(module, device: torch.device, weights: list, names: tuple = VARIANT
     fused = gemv_module(rotary_module(module, enabled=True))
     both = step_module(greedy_module(fused), device, enabled=True)
     return {"main": greedy_module(unfused), "steps": step_module(greedy_module(unfused), device, enabled=True),
-            "rotary": greedy_module(fused), "both": both, "both+cublaslt": both, "both+fp32-reduce": both,
+            "rotary": greedy_module(fused), "both": both, "both+runs": runs_module(both, enabled=True),
+            "both+cublaslt": both, "both+fp32-reduce": both,
             "both+nn": transposed_projections(both, weights) if "both+nn" in names else both}
 
 

@@ -34,7 +34,9 @@ rotary cache write and attention run as one ``helios::rotary_paged_attention`` c
 launch per layer on a decode step instead of two). Last, each graph's per-step bookkeeping (step
 geometry, sampling epilogue) is collapsed into fewer launches by
 `helios.runtime.loading.step_calls.step_module` (repeated calls merged, shape-only tensors made once,
-integer accumulations in one launch; the same values).
+integer accumulations in one launch; the same values), and, where
+`helios.runtime.loading.elementwise_runs.FUSE_RUNS` enables it (off until measured), runs of small
+integer elementwise calls become one generated kernel each.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import torch
 from helios.abi.sampling import SampleVariant, bind_sample_variant
 from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
+from helios.runtime.loading.elementwise_runs import runs_module
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.rotary_calls import rotary_module
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
@@ -149,11 +152,11 @@ def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     device = _device_of(arguments)
     try:
         # last, on each graph: the per-step bookkeeping in fewer launches (`step_calls`)
-        full_variant = step_module(module, device)
+        full_variant = runs_module(step_module(module, device))
         full = _record(full_variant, arguments, pool, warmups)
         greedy_variant = greedy = None
         if wants_greedy_graph(program):
-            greedy_variant = step_module(greedy_module(module), device)
+            greedy_variant = runs_module(step_module(greedy_module(module), device))
             greedy = _record(greedy_variant, arguments, pool, 1)
     except BaseException as error:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
