@@ -2,13 +2,15 @@
 # Issue 18, the launches of the batch-1 greedy decode step, in one device call on one H200 (at most
 # BUDGET seconds, default 185), logs under $OUT:
 #   1. bench/step_launches_ab.py: one 32-layer 8B-shaped core, its batch-1 greedy DECODE graph captured as
-#      main captures it, with the bookkeeping collapsed (step_calls), with the rotary pairs fused, and with
-#      both (and both with the elementwise runs fused), in one process from the same buffers: device ms per replay, kernels per step by kind, tokens
-#      and logits against main's graph; and that step captured with cuBLASLt, with fp32 split-K reductions, and
-#      with the one-row projections on transposed weight copies (what cuBLAS picks without the split-K launches);
-#      the 64-row step (main, steps, rotary, both) from the same served state (a regression check).
-#   2. GPU tests (pytest -n 6): the integer accumulation and cache-slot kernels (tests/abi/test_triton_accumulate.py,
-#      tests/abi/test_triton_slots.py), the generated elementwise-run kernels (tests/abi/test_elementwise_runs.py),
+#      main captures it, with the bookkeeping collapsed (step_calls), with the rotary pairs fused, with both,
+#      and with both plus the elementwise runs fused, in one process from the same buffers: device ms per
+#      replay, kernels per step by kind, tokens and logits against main's graph; and the both-rewrites step
+#      captured with cuBLASLt, with fp32 split-K reductions, and with the one-row projections on transposed
+#      weight copies (what cuBLAS picks without the split-K launches); the 64-row step (main, steps, rotary,
+#      both, both+runs) from the same served state (a regression check).
+#   2. GPU tests (pytest -n 6): the integer accumulation and cache-slot kernels
+#      (tests/abi/test_triton_accumulate.py, tests/abi/test_triton_slots.py), the generated elementwise-run
+#      kernels (tests/abi/test_elementwise_runs.py),
 #      helios::rotary_paged_attention against the two-kernel sequence (tests/abi/test_rotary_attention.py:
 #      small shapes compiled, and 8B shapes replayed from CUDA graphs), the capture-time bookkeeping rewrite
 #      on exported programs (tests/runtime/test_step_calls.py) and served through captured graphs against
