@@ -6,8 +6,8 @@
 #      and with both plus the elementwise runs fused, in one process from the same buffers: device ms per
 #      replay, kernels per step by kind, tokens and logits against main's graph; and the both-rewrites step
 #      captured with cuBLASLt, with fp32 split-K reductions, and with the one-row projections on transposed
-#      weight copies (what cuBLAS picks without the split-K launches); the 64-row step (main, steps, rotary,
-#      both, both+runs) from the same served state (a regression check).
+#      weight copies (what cuBLAS picks without the split-K launches); the 64-row step (main, steps, both,
+#      both+runs; timed, not profiled) from the same served state (a regression check).
 #   2. GPU tests (pytest -n 6): the integer accumulation and cache-slot kernels
 #      (tests/abi/test_triton_accumulate.py, tests/abi/test_triton_slots.py), the generated elementwise-run
 #      kernels (tests/abi/test_elementwise_runs.py),
@@ -38,7 +38,7 @@ else
 fi
 
 # shellcheck disable=SC2086
-timeout "$(limit 125)" $python bench/step_launches_ab.py $bench_args --json "$out/step_launches_ab.json" \
+timeout "$(limit 120)" $python bench/step_launches_ab.py $bench_args --json "$out/step_launches_ab.json" \
   > "$out/step_launches_ab.log" 2>&1
 echo "step A/B: exit $? at ${SECONDS}s"
 

@@ -97,9 +97,10 @@ def main(argv=None) -> int:
         try:
             serve(runtime.engine, max(batches), prompt, output, shape.vocab_size)
             results = {"layers": shape.num_hidden_layers, "batches": {}}
-            for rows in batches:  # the first batch's variants all; the others', the four rewrites' only
-                names = VARIANTS if rows == batches[0] else VARIANTS[:5]
-                results["batches"][rows] = compare(runtime.model, device, args.rounds, rows, names)
+            for rows in batches:  # the first batch: every variant, profiled; the others: the rewrites, timed
+                first = rows == batches[0]
+                names = VARIANTS if first else ("main", "steps", "both", "both+runs")
+                results["batches"][rows] = compare(runtime.model, device, args.rounds, rows, names, first)
                 summarize(results["batches"][rows], shape.num_hidden_layers, rows)
         finally:
             runtime.close()
@@ -192,7 +193,7 @@ def matmul_setting(variant: str):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
 
 
-def compare(model, device: torch.device, rounds: int, rows: int, names: tuple) -> dict:
+def compare(model, device: torch.device, rounds: int, rows: int, names: tuple, profiled: bool = True) -> dict:
     program = next(p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows)
     arguments = program_arguments(program, model.weights, model.buffers)
     modules = {name: module for name, module in variants(program.module, device, arguments[0], names).items()}
@@ -210,7 +211,7 @@ def compare(model, device: torch.device, rounds: int, rows: int, names: tuple) -
                 leaves = pytree.tree_leaves(modules[name](*arguments))
             outputs[name] = [t.clone() for t in leaves if isinstance(t, torch.Tensor)]
             restore()
-            entries[name] = describe(name, modules[name], arguments, device, outputs)
+            entries[name] = describe(name, modules[name], arguments, device, outputs, profiled)
         except Exception as error:  # noqa: BLE001
             log(f"{name}: failed: {type(error).__name__}: {str(error)[:300]}")
         restore()
@@ -222,12 +223,14 @@ def compare(model, device: torch.device, rounds: int, rows: int, names: tuple) -
     return {"variants": {name: entries[name] for name in names if name in entries and "ms" in entries[name]}}
 
 
-def describe(name: str, module, arguments, device: torch.device, outputs: dict) -> dict:
-    """Graph calls, outputs against main's, and the eager profile of one variant."""
+def describe(name: str, module, arguments, device: torch.device, outputs: dict, profiled: bool) -> dict:
+    """Graph calls, outputs against main's, and (`profiled`) the eager profile of one variant."""
     entry = {"calls": sum(1 for n in module.graph.nodes if n.op == "call_function"),
-             "outputs": agreement(outputs["main"], outputs[name]) if "main" in outputs else "main failed"}
-    with matmul_setting(name):
-        entry.update(profile(module, arguments, device))
+             "outputs": agreement(outputs["main"], outputs[name]) if "main" in outputs else "main failed",
+             "kernels": 0, "kernel_ms": 0.0, "by_kind_ms": {}, "top": []}
+    if profiled:
+        with matmul_setting(name):
+            entry.update(profile(module, arguments, device))
     log(f"{name}: {entry['calls']} graph calls, {entry['kernels']} kernels ({entry['kernel_ms']:.3f} ms) in an eager "
         f"run; {entry['outputs']}")
     return entry
