@@ -197,7 +197,10 @@ def compare(model, device: torch.device, rounds: int, rows: int, names: tuple, p
     program = next(p for p in lever_ab.decode_programs(model) if p.batch_capacity == rows)
     arguments = program_arguments(program, model.weights, model.buffers)
     modules = {name: module for name, module in variants(program.module, device, arguments[0], names).items()}
-    state = {name: t.clone() for name, t in model.buffers.items() if isinstance(t, torch.Tensor)}
+    # what a step writes and later steps read (counts, pending tokens); not the cache planes, which the
+    # load sized to the free memory: a step writes its own slots before it reads them
+    state = {name: t.clone() for name, t in model.buffers.items()
+             if isinstance(t, torch.Tensor) and t.numel() * t.element_size() < 2 ** 30}
 
     def restore() -> None:
         for name, tensor in state.items():

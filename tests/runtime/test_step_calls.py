@@ -97,6 +97,22 @@ def test_the_decode_graph_loses_its_repeats_and_fills(core_path, monkeypatch):  
     assert len(_calls(rewritten)) == len(before) - counts.merged - counts.constants - counts.dropped
 
 
+def test_graphs_built_from_the_image_are_rewritten_alike(core_path, monkeypatch):  # noqa: F811
+    """A CUDA model builds its programs straight from the image JSON (`graph_image`: no meta value where
+    a shape is symbolic, such as the count tables'): the same bindings as torch's build."""
+    direct, torch_build = program_loading._direct, program_loading._with_torch
+    monkeypatch.setattr(program_loading, "_with_torch", lambda *args: direct(*args) or torch_build(*args))
+    monkeypatch.setattr(program_loading, "cpu_program", lambda module: module)
+    runtime = _runtime(core_path)
+    try:
+        decode = next(p for p in runtime.model.programs if p.graph == "decode" and not p.token_logprobs)
+        greedy = greedy_module(decode.module)
+        counts = collapse_step_calls(torch.fx.GraphModule(greedy, greedy.graph), CPU)
+    finally:
+        runtime.close()
+    assert counts.slots == 1 and counts.accumulations == 2 and counts.merged >= 6 and counts.constants >= 4
+
+
 def _calls(module) -> list:
     return [n for n in module.graph.nodes if n.op == "call_function"]
 

@@ -14,8 +14,9 @@ twentieth of a decode step. `step_module` rewrites a copy of the graph, exactly:
   `helios.abi.slots.packed_slots` call (`helios.runtime.loading.slot_calls`);
 - **shape-only tensors made once**: ``zeros``, ``ones``, ``full``, ``arange`` and their ``*_like``
   forms of static shapes become constants of the module, computed here, where no call writes them;
-- **integer accumulation in one launch**: ``index_put_(..., accumulate=True)`` on an int32/int64
-  tensor calls `helios.abi.accumulate.accumulate_into` (atomic adds; torch's path sorts first);
+- **integer accumulation in one launch**: ``index_put_(..., accumulate=True)`` calls
+  `helios.abi.accumulate.accumulate_into` (atomic adds on an int32/int64 tensor; torch's path sorts
+  first; anything else goes to ``index_put_`` itself);
 - **dead calls dropped**: pure aten calls whose result nothing reads (a cast the trace left behind).
 
 Which calls write what is read from the ops' schemas (an argument marked ``(a!)``); a value's
@@ -50,7 +51,6 @@ _FACTORIES = {_aten.zeros.default, _aten.ones.default, _aten.full.default, _aten
               _aten.arange.start, _aten.arange.start_step, _aten.zeros_like.default, _aten.ones_like.default,
               _aten.full_like.default}
 _INDEX_PUT = _aten.index_put_.default
-_INTEGERS = (torch.int32, torch.int64)
 # Python arithmetic on sizes that export records (``page_table.shape[1] - 1``): no tensor involved.
 _SYMBOLIC = (operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
              operator.truediv, operator.pow, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
@@ -227,9 +227,12 @@ def _factory_value(node: torch.fx.Node, device: torch.device) -> torch.Tensor | 
 
 
 def _bind_accumulations(graph: torch.fx.Graph) -> int:
-    """Points every accumulating ``index_put_`` on an integer tensor at `accumulate_into`."""
+    """Points every accumulating ``index_put_`` at `accumulate_into` (which runs ``index_put_`` itself
+    for what its kernel does not cover: a float tensor, say). The target's dtype is not read here: a
+    graph built straight from its image has no meta value where a shape is symbolic (the count
+    tables' slot dimension)."""
     calls = [node for node in graph.nodes if node.op == "call_function" and node.target is _INDEX_PUT
-             and len(node.args) == 4 and node.args[3] is True and not node.kwargs and _integer(node.args[0])]
+             and len(node.args) == 4 and node.args[3] is True and not node.kwargs]
     if not calls:
         return 0
     for node in calls:
@@ -281,11 +284,6 @@ def _frozen(value):
     if isinstance(value, float):
         return ("float", value, str(value))  # 0.0 and -0.0 stay apart; NaN equals itself as text
     return (type(value).__name__, value)
-
-
-def _integer(node) -> bool:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return isinstance(value, torch.Tensor) and value.dtype in _INTEGERS
 
 
 def _static(value: torch.Tensor) -> bool:
