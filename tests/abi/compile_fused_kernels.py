@@ -43,6 +43,8 @@ def compile_fused(dtype: str) -> None:
                        dict(q=pointer, k=pointer, v=pointer, cos=pointer, sin=pointer, k_cache=pointer,
                             v_cache=pointer, slot_mapping="*i64", q_out=pointer, k_out=pointer),
                        dict(HEAD_BLOCK=8, BLOCK_D=128, STORE_K=store_k), num_warps=4)
+    compile_kernel(triton_fused._zero_outside_rows_kernel, dict(out=pointer, query_start="*i32"),
+                   dict(BLOCK_T=triton_fused._ZERO_TOKENS, BLOCK_W=triton_fused._ZERO_WIDTH), num_warps=4)
 
 
 def compile_sampling() -> None:
