@@ -143,6 +143,7 @@ def attention_alone(case: tuple, scale: float, device: torch.device, calls: int)
     q, k, v, cos, sin, k_cache, v_cache, slots, page_table, query_start, positions = case
     rotated_q = OPS.rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slots)
     rotated_k = k_cache.reshape(-1, *k_cache.shape[2:])[slots].contiguous()
+    v = v.contiguous()  # dense, as the fresh op's rotary kernel stores it
     timed = {"paged kernel": per_call_us(
         lambda: OPS.paged_attention(rotated_q, k_cache, v_cache, page_table, query_start, positions, scale, 0),
         calls, device)}

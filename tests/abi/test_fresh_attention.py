@@ -88,14 +88,15 @@ def test_windows_sinks_and_bad_tensors_are_typed_errors():
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
-def test_the_rotary_kernel_stores_the_rotated_keys(dtype):
+def test_the_rotary_kernel_stores_dense_keys_and_values(dtype):
     q, k, v, cos, sin, k_cache, v_cache, slots, *_ = _on(DEVICE, fresh_case(10, 7, dtype))
     planes = (k_cache.clone(), v_cache.clone())
     rotated_q = triton_rotary_cache_write(q, k, v, cos, sin, *planes, slots)
-    pair_q, rotated_k = triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slots, keys=True)
+    pair_q, rotated_k, dense_v = triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slots, dense=True)
     assert torch.equal(pair_q, rotated_q)  # the same kernel, the same values
     assert torch.equal(k_cache, planes[0]) and torch.equal(v_cache, planes[1])
-    assert rotated_k.shape == k.shape and rotated_k.is_contiguous()
+    assert rotated_k.shape == k.shape and rotated_k.is_contiguous() and dense_v.is_contiguous()
+    assert torch.equal(dense_v, v)
     written = slots >= 0
     assert torch.equal(k_cache.reshape(-1, KV_HEADS, DIM)[slots[written]], rotated_k[written])
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)

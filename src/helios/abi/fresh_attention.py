@@ -138,7 +138,7 @@ def _cuda(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, page_table, query_s
 
 def cuda_rotary_fresh_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, page_table, query_start, positions,
                                 scale: float, splits=None, *, backends=None) -> torch.Tensor:
-    """The CUDA body on validated arguments: the rotary kernel storing the rotated keys too, the fused
+    """The CUDA body on validated arguments: the rotary kernel storing dense keys and values too, the fused
     causal attention over the fresh tensors, zeros for the padding tokens. Inputs no fused kernel
     takes (`takes_fused_kernel`) run the paged pair. `backends`: see `fresh_causal_attention`."""
     from helios.abi.rotary_attention import triton_rotary_paged_attention
@@ -148,8 +148,9 @@ def cuda_rotary_fresh_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mappin
                                              query_start, positions, scale, 0, None, splits)
     from helios.abi.triton_fused import triton_rotary_cache_write, triton_zero_outside_rows
 
-    rotated_q, rotated_k = triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, keys=True)
-    v = v if v.stride(-1) == 1 else v.contiguous()
-    out = fresh_causal_attention(rotated_q, rotated_k, v, scale, backends)
+    # dense [T, H, D] rotated q, k and v (the values the planes get): the fused kernels' favoured layout
+    rotated_q, rotated_k, dense_v = triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+                                                              dense=True)
+    out = fresh_causal_attention(rotated_q, rotated_k, dense_v, scale, backends)
     triton_zero_outside_rows(out, query_start)
     return out

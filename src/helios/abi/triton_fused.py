@@ -12,7 +12,7 @@ data on the host, so the kernels can be captured in a CUDA graph.
   transpose of a [2F, N] product) one program per [rows x columns] block, read along the rows;
 - `triton_rotary_cache_write`: one program per packed token: q's and k's heads rotated, q stored,
   k and v stored at the token's cache slot (padding tokens, slot < 0, write no cache entry), and,
-  for attention over the step's own keys, the rotated k as well;
+  for attention over the step's own keys, the rotated k and v as dense [T, Hkv, D] tensors too;
 - `triton_zero_outside_rows`: zeros for the padding tokens of an attention output, one program per
   block of tokens, which returns at once when its tokens all lie inside the rows.
 """
@@ -141,8 +141,8 @@ def _rotate(base, head_stride, block, inside, cos, sin, dims, partner, sign):
 @triton.jit
 def _rotary_cache_write_kernel(
     q, q_token_stride, q_head_stride, k, k_token_stride, k_head_stride, v, v_token_stride,
-    v_head_stride, cos, cos_stride, sin, sin_stride, k_cache, v_cache, slot_mapping, q_out, k_out,
-    num_heads, num_kv_heads, head_dim, HEAD_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
+    v_head_stride, cos, cos_stride, sin, sin_stride, k_cache, v_cache, slot_mapping, q_out, k_out, v_out,
+    num_heads, num_kv_heads, head_dim, HEAD_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_KV: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, BLOCK_D)
@@ -171,26 +171,29 @@ def _rotary_cache_write_kernel(
         target = (slot * num_kv_heads + heads[:, None]) * head_dim + dims[None, :]
         tl.store(k_cache + target, rotated, mask=written)
         tl.store(v_cache + target, values, mask=written)
-        if STORE_K:  # the rotated keys, every token (padding too), contiguous [T, Hkv, D]
-            tl.store(k_out + (token * num_kv_heads + heads[:, None]) * head_dim + dims[None, :], rotated, mask=inside)
+        if STORE_KV:  # the rotated keys and the values, every token (padding too), contiguous [T, Hkv, D]
+            dense = (token * num_kv_heads + heads[:, None]) * head_dim + dims[None, :]
+            tl.store(k_out + dense, rotated, mask=inside)
+            tl.store(v_out + dense, values, mask=inside)
 
 
-def triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, *, keys: bool = False):
+def triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, *, dense: bool = False):
     """Rotated q [T, Hq, D] (contiguous); rotated k and v written at their slots of the contiguous
-    planes k_cache, v_cache [P, page_tokens, Hkv, D]. With `keys`: (rotated q, rotated k [T, Hkv, D]
-    contiguous, the same values the planes get), for attention over the step's own keys."""
+    planes k_cache, v_cache [P, page_tokens, Hkv, D]. With `dense`: (rotated q, rotated k, v), k and v
+    [T, Hkv, D] contiguous with the values the planes get, for attention over the step's own keys."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
     num_tokens, num_heads, head_dim = q.shape
     q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((num_tokens, k.shape[1], head_dim), dtype=k.dtype, device=k.device) if keys else q_out
+    k_out, v_out = (torch.empty((num_tokens, k.shape[1], head_dim), dtype=k.dtype, device=k.device)
+                    for _ in range(2)) if dense else (q_out, q_out)
     _rotary_cache_write_kernel[(num_tokens,)](
         q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), v, v.stride(0), v.stride(1),
-        cos, cos.stride(0), sin, sin.stride(0), k_cache, v_cache, slot_mapping.contiguous(), q_out, k_out,
+        cos, cos.stride(0), sin, sin.stride(0), k_cache, v_cache, slot_mapping.contiguous(), q_out, k_out, v_out,
         num_heads, k.shape[1], head_dim, HEAD_BLOCK=_HEAD_BLOCK, BLOCK_D=triton.next_power_of_2(head_dim),
-        STORE_K=keys, num_warps=4,
+        STORE_KV=dense, num_warps=4,
     )
-    return (q_out, k_out) if keys else q_out
+    return (q_out, k_out, v_out) if dense else q_out
 
 
 @triton.jit
