@@ -13,7 +13,8 @@
 #   8B-shaped core and shares it, main's tree ("main", PYTHONPATH=$MAIN_TREE/src) loads it; once the tests
 #   are done they take turns request by request (9 cold 2,048-token prompts each, alternating): cold
 #   TTFT, host phases, the program's device time (CUDA events), first tokens, KV cache checksums (equal:
-#   the fresh path writes the planes the paged path writes);
+#   the fresh path writes the planes the paged path writes); then, in this tree's process alone, 7 + 7
+#   cold requests alternating its fresh-chunk graphs on and off (same core, pool and process);
 # - bench/fresh_attention_ab.py (at most 45 s): per layer, rotary + cache write + attention of a cold
 #   chunk of 2,048 / 1,024 tokens, paged (as main serves it) against the fresh op per SDPA backend, on
 #   consecutive and shuffled pages, and the attention kernels alone.
@@ -48,7 +49,7 @@ runtime=tests/gpu/test_runtime_cuda.py
 testing=$!
 common=(--layers "${LAYERS:-32}" --repeats 9 --baton "$scratch/baton" --wait "$scratch/tests.done" --wait-s 105
         "${extra[@]}")
-timeout 150 $python bench/ttft_host.py "${common[@]}" --role a --label prefill4 --share-core "$scratch/core" \
+timeout 150 $python bench/ttft_host.py "${common[@]}" --role a --label prefill4 --share-core "$scratch/core" --fresh-ab 7 \
   --json "$out/ttft_host_prefill4.json" > "$scratch/prefill4.log" 2>&1 &
 mine=$!
 theirs=""
@@ -69,7 +70,7 @@ echo "exit $?" >> "$out/fresh_attention_ab.log"
   for name in prefill4 main; do
     [ -f "$scratch/$name.log" ] || continue
     echo "=== bench/ttft_host.py ($name)"
-    grep -v "checkpoint: layer\|FutureWarning\|return cls\|UserWarning\|_warn_once" "$scratch/$name.log" | tail -12
+    grep -v "checkpoint: layer\|FutureWarning\|return cls\|UserWarning\|_warn_once" "$scratch/$name.log" | tail -16
   done
   echo "=== bench/fresh_attention_ab.py"; cat "$out/fresh_attention_ab.log"; } >> "$log"
 $python - "$out" >> "$log" 2>&1 <<'PYEOF'
@@ -91,5 +92,5 @@ PYEOF
 rm -rf "$scratch"
 echo "=== summary ($(( SECONDS - started )) s)"
 grep -E "[0-9]+ (passed|failed|error)|^exit" "$log" | tail -4
-sed -n '/=== bench\/ttft_host.py/,$p' "$log" | grep -E "cold TTFT|host before|saved|equal|collector|measuring alone|never got"
+sed -n '/=== bench\/ttft_host.py/,$p' "$log" | grep -E "cold TTFT|host before|saved|equal|fresh A/B|measuring alone|never got"
 grep -E "^---|paged  |fresh |attention alone" "$out/fresh_attention_ab.log" | head -24
