@@ -71,8 +71,7 @@ echo "exit $?" >> "$out/fresh_attention_ab.log"
     [ -f "$scratch/$name.log" ] || continue
     echo "=== bench/ttft_host.py ($name)"
     grep -v "checkpoint: layer\|FutureWarning\|return cls\|UserWarning\|_warn_once" "$scratch/$name.log" | tail -16
-  done
-  echo "=== bench/fresh_attention_ab.py"; cat "$out/fresh_attention_ab.log"; } >> "$log"
+  done; } >> "$log"
 $python - "$out" >> "$log" 2>&1 <<'PYEOF'
 import json, sys
 from pathlib import Path
@@ -89,8 +88,9 @@ if len(runs) == 2:
     cache = runs["prefill4"]["cache_checksum"] == runs["main"]["cache_checksum"]
     print(f"  first tokens equal: {same}; KV cache checksums equal: {cache}")
 PYEOF
+{ echo "=== bench/fresh_attention_ab.py"; cat "$out/fresh_attention_ab.log"; } >> "$log"
 rm -rf "$scratch"
 echo "=== summary ($(( SECONDS - started )) s)"
 grep -E "[0-9]+ (passed|failed|error)|^exit" "$log" | tail -4
-sed -n '/=== bench\/ttft_host.py/,$p' "$log" | grep -E "cold TTFT|host before|saved|equal|fresh A/B|measuring alone|never got"
+sed -n '/=== bench\/ttft_host.py/,/=== bench\/fresh_attention_ab.py/p' "$log" | grep -E "cold TTFT|host before|saved|equal|fresh A/B|measuring alone|never got"
 grep -E "^---|paged  |fresh |attention alone" "$out/fresh_attention_ab.log" | head -24
