@@ -175,7 +175,7 @@ def report(rows: list[dict], layers: int) -> None:
                 f"   rel. error {row['relative_error'][key]:.2e}   planes equal {row['planes_equal'][key]}")
             print(f"  {name:<16} {us:9.2f}{extra}")
         alone = "   ".join(f"{name} {us:.2f}" if us is not None else f"{name} -" for name, us in row["attention_us"].items())
-        print(f"  attention alone (us): {alone}")
+        print(f"  attention alone (us): {alone}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -192,10 +192,13 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
               f"served SDPA priority {[b.name for b in FRESH_BACKENDS]}")
-    rows = [measure(shape, tokens, shuffled, device, calls) for tokens in sizes for shuffled in (False, True)]
-    report(rows, 32)
-    if args.json:
-        args.json.write_text(json.dumps({"device": str(device), "shape": shape, "rows": rows}, indent=1))
+    rows = []
+    for tokens in sizes:
+        for shuffled in (False, True):  # each row printed (and saved) as it is measured: a time limit keeps the rest
+            rows.append(measure(shape, tokens, shuffled, device, calls))
+            report(rows[-1:], 32)
+            if args.json:
+                args.json.write_text(json.dumps({"device": str(device), "shape": shape, "rows": rows}, indent=1))
     return 0
 
 
