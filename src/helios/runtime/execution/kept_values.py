@@ -28,18 +28,12 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from helios.contract import serving_pb2 as spb
+from helios.runtime.loading.step_arena import KEYED_SOURCES
 from helios.runtime.records.plan import PlanRow
 
 S = spb
 
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
-# Row-indexed sources whose values are functions of `rows_key_of` and the rows' request specs.
-KEYED_SOURCES = frozenset({
-    S.VALUE_SOURCE_SLOT, S.VALUE_SOURCE_GENERATION, S.VALUE_SOURCE_QUERY_LENGTH,
-    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT, S.VALUE_SOURCE_SAMPLING_DECISION, S.VALUE_SOURCE_SEED_BITS,
-    S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT, S.VALUE_SOURCE_EOS_IDS,
-    S.VALUE_SOURCE_LIVE_STATE_ROWS, S.VALUE_SOURCE_CONSTANT,
-})
 
 
 def rows_key_of(rows: Sequence[PlanRow]) -> tuple:

@@ -10,7 +10,11 @@ them with one copy (a run of neighbours) instead of one per buffer.
 
 Layout: `step_buffers` names the buffers (the rule the packer stages by, plus the completion's
 submission input), ordered so that buffers rewritten together are neighbours: grammar masks last
-(uploaded only while a row is constrained), then by the graphs that bind them, then by name. Each
+(uploaded only while a row is constrained), before them the buffers bound only by keyed sources
+(`KEYED_SOURCES`: values a decode cohort repeats, which the packer does not write again while its
+rows stay the same; `helios.runtime.execution.kept_values`), first those a step always rewrites
+(tokens, positions, the submission id), each group by the graphs that bind them, then by name. A
+steady decode step so writes one run of neighbours: one copy. Each
 starts at a multiple of `ALIGN` bytes, as a separate allocation would (so kernels see the same
 pointer alignment and the values, hence the outputs, are the same).
 
@@ -30,6 +34,14 @@ S = spb
 
 ALIGN = 256  # bytes: each buffer starts where a device allocation of its own would (cudaMalloc: 256)
 _MASK_SOURCES = frozenset({S.VALUE_SOURCE_GRAMMAR_MASK, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS})
+# Row-indexed sources whose values are functions of a step's rows' identity and their requests'
+# specs (`helios.runtime.execution.kept_values.rows_key_of`): the same rows, the same values.
+KEYED_SOURCES = frozenset({
+    S.VALUE_SOURCE_SLOT, S.VALUE_SOURCE_GENERATION, S.VALUE_SOURCE_QUERY_LENGTH,
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT, S.VALUE_SOURCE_SAMPLING_DECISION, S.VALUE_SOURCE_SEED_BITS,
+    S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT, S.VALUE_SOURCE_EOS_IDS,
+    S.VALUE_SOURCE_LIVE_STATE_ROWS, S.VALUE_SOURCE_CONSTANT,
+})
 
 
 def step_buffers(graphs_of: Mapping[str, object], submission: str = "") -> tuple[str, ...]:
@@ -39,6 +51,7 @@ def step_buffers(graphs_of: Mapping[str, object], submission: str = "") -> tuple
     `submission` input when the core has one."""
     graphs: dict[str, set[str]] = {}
     masks: set[str] = set()
+    rewritten: set[str] = set()  # bound by some source that is not keyed: written every step
     for name, graph in graphs_of.items():
         for view in graph.bindings:
             if view.indexing == S.INDEXING_PHYSICAL_REQUEST_ROW or view.source == S.VALUE_SOURCE_HOST_TABLE_ROWS:
@@ -46,9 +59,13 @@ def step_buffers(graphs_of: Mapping[str, object], submission: str = "") -> tuple
             graphs.setdefault(view.buffer, set()).add(name)
             if view.source in _MASK_SOURCES:
                 masks.add(view.buffer)
+            elif view.source not in KEYED_SOURCES:
+                rewritten.add(view.buffer)
     if submission and submission not in graphs:  # every serving graph reads it: beside their common buffers
         graphs[submission] = set().union(*graphs.values())
-    return tuple(sorted(graphs, key=lambda name: (name in masks, sorted(graphs[name]), name)))
+        rewritten.add(submission)
+    return tuple(sorted(graphs, key=lambda name: (name in masks, name not in rewritten, sorted(graphs[name]),
+                                                  name)))
 
 
 def arena_offsets(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
