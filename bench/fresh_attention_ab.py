@@ -174,7 +174,8 @@ def report(rows: list[dict], layers: int) -> None:
                 f"   {paged / us:5.2f}x   saves {(paged - us) * layers / 1e3:+.3f} ms over {layers} layers"
                 f"   rel. error {row['relative_error'][key]:.2e}   planes equal {row['planes_equal'][key]}")
             print(f"  {name:<16} {us:9.2f}{extra}")
-        alone = "   ".join(f"{name} {us:.2f}" if us is not None else f"{name} -" for name, us in row["attention_us"].items())
+        alone = "   ".join(f"{name} {us:.2f}" if us is not None else f"{name} -"
+                           for name, us in row["attention_us"].items())
         print(f"  attention alone (us): {alone}", flush=True)
 
 

@@ -323,11 +323,12 @@ def fresh_ab(engine, marks: Marks, pairs: int, length: int, vocab: int, label: s
             rows[form].append(marks.request(engine, prompt(length, vocab, 1000 + index)))
     finally:
         executor_module.is_fresh_chunk = decide
-    medians = {form: {key: statistics.median(r[key] for r in runs) for key in ("ttft", "device", "host") if key in runs[0]}
-               for form, runs in rows.items()}
+    keys = [key for key in ("ttft", "device", "host") if key in rows["fresh"][0]]
+    medians = {form: {key: statistics.median(r[key] for r in runs) for key in keys} for form, runs in rows.items()}
     for key in medians["fresh"]:
-        log(f"{label}: fresh A/B {key}: fresh graphs {medians['fresh'][key]:.3f} ms, paged {medians['paged'][key]:.3f} "
-            f"ms, saved {medians['paged'][key] - medians['fresh'][key]:+.3f} ms (medians of {pairs} each, alternating)")
+        fresh, paged = medians["fresh"][key], medians["paged"][key]
+        log(f"{label}: fresh A/B {key}: fresh graphs {fresh:.3f} ms, paged {paged:.3f} ms, saved {paged - fresh:+.3f} "
+            f"ms (medians of {pairs} each, alternating)")
     log(f"{label}: fresh A/B first tokens fresh {[r['token'] for r in rows['fresh']]} paged "
         f"{[r['token'] for r in rows['paged']]}")
     return {"medians_ms": medians, "tokens": {form: [r["token"] for r in runs] for form, runs in rows.items()}}

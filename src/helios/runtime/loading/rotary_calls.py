@@ -21,8 +21,8 @@ import helios.abi.attention_sinks  # noqa: F401
 import helios.abi.fused  # noqa: F401
 import helios.abi.rotary_attention  # noqa: F401
 
-__all__ = ["ATTENTION_OPTIONALS", "fusable_attention", "fuse_rotary_attention", "prefetch_output_weights", "rotary_module",
-           "split_rotary_attention"]
+__all__ = ["ATTENTION_OPTIONALS", "fusable_attention", "fuse_rotary_attention", "prefetch_output_weights",
+           "rotary_module", "split_rotary_attention"]
 
 _OPS = torch.ops.helios
 # attention overload -> (index of sinks in its arguments or None, index of splits or None)
