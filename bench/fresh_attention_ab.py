@@ -10,7 +10,8 @@ consecutive (a run, as the page allocator hands a cold prompt) and shuffled:
   (cuDNN, flash) and with the served priority (`FRESH_BACKENDS`): the rotary kernel storing the
   rotated keys, the fused causal attention over the fresh tensors, the padding zeros;
 - the attention alone: the paged prefill kernel on the written planes against SDPA over the fresh
-  tensors (each backend), so the kernels' own times are visible beside the layer's.
+  tensors (each backend; and cuDNN with the key/value heads expanded to the query heads instead of
+  ``enable_gqa``, the copies included), so the kernels' own times are visible beside the layer's.
 
 Each timing is the median replay of a CUDA graph of `--calls` calls (one per layer, 32 by default)
 divided by the calls: microseconds per layer, and the 32-layer saving against ``paged``. Each fresh
@@ -157,6 +158,17 @@ def attention_alone(case: tuple, scale: float, device: torch.device, calls: int)
             continue
         timed[f"sdpa {name}"] = per_call_us(lambda: fresh_causal_attention(rotated_q, rotated_k, v, scale, backends),
                                             calls, device)
+    if device.type == "cuda":  # GQA by expanding the key/value heads (a copy each call) instead of enable_gqa
+        group = q.shape[1] // k.shape[1]
+
+        def expanded():
+            wide_k, wide_v = (t.repeat_interleave(group, dim=1) for t in (rotated_k, v))
+            return fresh_causal_attention(rotated_q, wide_k, wide_v, scale, BACKENDS["cudnn"])
+        try:
+            expanded()
+            timed["sdpa cudnn expanded"] = per_call_us(expanded, calls, device)
+        except RuntimeError:
+            timed["sdpa cudnn expanded"] = None
     return timed
 
 
