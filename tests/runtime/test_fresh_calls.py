@@ -49,6 +49,7 @@ _SHARED = [_CHOOSER.randrange(3, 300) for _ in range(40)]
 # cold: one chunk, exactly the capacity, two chunks; then prompts reusing a cached prefix
 PROMPTS = [[_CHOOSER.randrange(3, 300) for _ in range(n)] for n in (7, 32, 45)] + [_SHARED, _SHARED + [9, 8, 7]]
 MAX_TOKENS = 6
+LLAMA3_LAYERS = 2  # the tiny checkpoint's layers (tests/ignition/hf_checkpoints.py)
 
 
 class _Replayed(CapturedProgram):
@@ -142,6 +143,10 @@ def test_fresh_steps_match_the_exported_program_and_the_cpu_tokens(core_path, mo
         with_fresh = [p.module for p in programs.values() if p.module.fresh is not None]
         assert with_fresh and all(p.operation != spb.GRAPH_OPERATION_DECODE for p in programs.values()
                                   if p.module.fresh is not None)
+        for module in with_fresh:  # every layer's pair rewritten, no paged attention left
+            targets = [n.target for n in module.fresh.graph.nodes if n.op == "call_function"]
+            assert targets.count(OPS.rotary_fresh_attention.default) == LLAMA3_LAYERS
+            assert not any("paged_attention" in str(target) for target in targets)
         # the three cold prompts' first chunks and the first shared prompt (nothing cached yet)
         assert sum(m.checked for m in with_fresh) == 4
         assert sum(m.replays[False] for m in with_fresh) >= 2  # later chunks, chunks after a cached prefix
