@@ -4,7 +4,7 @@ functions each thread spends its samples in.
 
     .venv/bin/python bench/profile_server.py --core MODEL.core --trust KEY.pub [--accept NS]
         [--streams 64] [--rounds 6] [--tokens 64] [--spy gil|wall|off] [--rate 300] [--top 25]
-        [--server-flag=--FLAG ...]
+        [--client-gather-ms 0.5] [--server-flag=--FLAG ...]
 
 Not a test. The server runs the core with `--torch-threads 1`; the client is the benchmarks' raw
 SSE client in a process of its own (`bench/sse_client.py`). After one warm-up round, `--rounds`
@@ -127,9 +127,11 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=300)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG")
+    parser.add_argument("--client-gather-ms", type=float, default=0.5,
+                        help="the client's read gathering (bench/sse_client.py; 0: reads at every poll)")
     args = parser.parse_args()
     process, url = start_server(args)
-    client = ClientProcess()
+    client = ClientProcess(args.client_gather_ms / 1e3)
     spy = None
     try:
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
@@ -144,14 +146,17 @@ def main() -> None:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # py-spy attaches
         before, started, num_tokens, client_cpu = thread_times(process.pid), time.perf_counter(), 0, 0.0
+        client_switches = 0
         for _ in range(args.rounds):
             streams, cpu_s = client.round(url, body, args.streams)
             num_tokens += sum(len(times) for _, times in streams)
             client_cpu += cpu_s
+            client_switches += client.last_switches[0]
         elapsed, after = time.perf_counter() - started, thread_times(process.pid)
         steps = max(1, num_tokens // args.streams)
         print(f"{args.rounds} rounds of {args.streams} streams: {num_tokens} tokens in {elapsed:.2f} s; "
-              f"client {client_cpu / num_tokens * 1e6:.1f} us CPU per token\n")
+              f"client {client_cpu / num_tokens * 1e6:.1f} us CPU per token, "
+              f"{client_switches / max(1, num_tokens // args.streams):.1f} wakeups per step ({client.description})\n")
         print_threads(before, after, num_tokens, steps)
         if spy is not None:
             spy.send_signal(2)

@@ -3,7 +3,8 @@ admission, preparation, presentation) against the same generation in-process wit
 
     .venv/bin/python bench/server_overhead.py [--streams 1 16 64] [--tokens 64] [--rounds 5]
         [--torch-threads 1] [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
-        [--client raw|httpx] [--server-flag=--FLAG ...] [--compare-src TREE] [--variant="FLAGS" ...]
+        [--client raw|httpx] [--client-gather-ms 0.5] [--server-flag=--FLAG ...] [--compare-src TREE]
+        [--variant="FLAGS" ...] [--compare-gather-ms MS]
 
 Not a test. Without --core, a checkpoint is prepared into a temporary core first (decode batches
 1, 4, 16, 64): --checkpoint DIR, else the embedded default model when it is built, else the tiny
@@ -20,6 +21,17 @@ token-id prompt, so both sides generate the same tokens.
   clients in this process instead (the earlier client; it costs about as much CPU per token as
   the server's event loop).
 
+How the benchmark keeps measuring the server although its client shares the two cores: the client
+is a process of its own (its CPU and context switches are reported apart: "CPU ms/token client",
+"client switches/step"), and it gathers its reads (`--client-gather-ms`, default 0.5): once data
+arrived it sleeps that long before polling again, so the one write per stream per step that the
+server makes is read in a few wakeups a step rather than up to one per write (a remote client's
+wakeups would not land on the server's cores at all, and each wakeup here can preempt the model
+worker). Tokens are timed when read, at most the gather time after arrival, so the time per token
+moves by at most gather / (tokens - 1) (under 0.01 ms at 64 tokens). `--client-gather-ms 0` reads
+at every poll; `--compare-gather-ms MS` adds a server whose client gathers MS instead, in the same
+interleaved rounds.
+
 `--compare-src TREE` also starts a server from another source tree (TREE/src, e.g. an export of
 the main branch, on its PYTHONPATH) and runs its rounds interleaved with this tree's (alternating
 which goes first), then prints both side by side: on a shared machine whose load moves by more
@@ -32,7 +44,9 @@ from this tree with FLAGS added (e.g. `--variant=--no-access-log` or
 `--no-access-log`; the report says which.
 
 Both sides use the same torch thread count and run interleaved (one in-process round, one server
-round, ...) so that load from other processes hits both alike. Per stream: TTFT = first token -
+round, ...) so that load from other processes hits both alike; "paired rounds" is the median over
+rounds of each server round's median per-token time over that of the in-process round just before
+it (less moved by load that changes during the run than the ratio of the medians over all rounds). Per stream: TTFT = first token -
 submission; per-token = (last token - first token) / (n - 1); medians over all streams of all
 rounds. CPU ms/token is CPU time of the serving side (this process during in-process rounds; the
 server process and its children, every thread, during server rounds) over tokens generated: the least noisy
@@ -75,7 +89,9 @@ class CoreRef:
 class Samples:
     ttft_s: list[float] = field(default_factory=list)
     per_token_s: list[float] = field(default_factory=list)
+    round_per_token_s: list[float] = field(default_factory=list)  # each round's median over its streams
     cpu_s: float = 0.0
+    client_switches: int = 0  # the client's voluntary context switches (wakeups)
     serving_cpu_s: float = 0.0  # of `cpu_s`, the serving process's own (without the engine process)
     client_cpu_s: float = 0.0
     num_tokens: int = 0
@@ -198,7 +214,7 @@ class Server:
     """A `helios serve` subprocess; `round(level)` streams `level` requests at once."""
 
     def __init__(self, core: CoreRef, max_active: int, tokens: int, torch_threads: int, client: str,
-                 extra: tuple[str, ...] = (), source: Path | None = None):
+                 extra: tuple[str, ...] = (), source: Path | None = None, gather_s: float = 0.0):
         """`source`: the `src` folder the server imports helios from (None: this process's)."""
         command = [sys.executable, "-m", "helios.cli.main", "serve", str(core.path), "--accept", core.namespace,
                    "--trust", str(core.public_key), "--port", "0", "--max-active", str(max_active),
@@ -214,7 +230,7 @@ class Server:
                 raise RuntimeError("the server did not start")
             time.sleep(0.1)
         self.served_id = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
-        self.client = ClientProcess() if client == "raw" else None
+        self.client = ClientProcess(gather_s) if client == "raw" else None
         self.client_cpu_s = 0.0
 
     def _is_healthy(self) -> bool:
@@ -227,14 +243,16 @@ class Server:
         cpu, own = process_cpu_s(self.process.pid), process_cpu_s(self.process.pid, with_children=False)
         if self.client is not None:
             streams, client_cpu_s = self.client.round(self.url, json.dumps(self._body()).encode(), level)
+            client_switches = self.client.last_switches[0]
         else:
             started = time.process_time()
             streams = asyncio.run(self._streams(level))
-            client_cpu_s = time.process_time() - started
+            client_cpu_s, client_switches = time.process_time() - started, 0
         if samples is not None:
             samples.cpu_s += process_cpu_s(self.process.pid) - cpu
             samples.serving_cpu_s += process_cpu_s(self.process.pid, with_children=False) - own
             samples.client_cpu_s += client_cpu_s
+            samples.client_switches += client_switches
             for submitted, token_times in streams:
                 samples.add(submitted, token_times)
 
@@ -270,15 +288,16 @@ class Server:
 
 
 def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples], rates: dict[int, float],
-           client: str, server_flags: tuple[str, ...]) -> None:
-    described = ClientProcess.description if client == "raw" else "asyncio httpx clients in the benchmark process"
+           client: ClientProcess | None, server_flags: tuple[str, ...]) -> None:
+    described = client.description if client is not None else "asyncio httpx clients in the benchmark process"
     print(f"\nprompt {len(PROMPT)} ids, up to {tokens} greedy tokens per stream; medians over streams (ms)")
     print(f"client: {described}; server flags: {' '.join(server_flags) or '(defaults)'}; "
-          f"access log {access_log_state(server_flags)}\n")
+          f"access log {access_log_state(server_flags)}; load average at the end {os.getloadavg()[0]:.2f} "
+          f"(1 min; above the core count the in-process side is itself short of CPU)\n")
     print("| streams | TTFT in-process | TTFT server | TTFT overhead | ms/token in-process | ms/token server "
           "| overhead/token | server/in-process per token | CPU ms/token in-process | CPU ms/token server "
-          "| CPU ms/token client | offline tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| CPU ms/token client | client switches/step | offline tok/s | paired rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         a, b = local[level], served[level]
         ttft_a, ttft_b = statistics.median(a.ttft_s) * 1e3, statistics.median(b.ttft_s) * 1e3
@@ -287,7 +306,7 @@ def report(levels, tokens, local: dict[int, Samples], served: dict[int, Samples]
         cpu_client = b.client_cpu_s / b.num_tokens * 1e3
         print(f"| {level} | {ttft_a:.1f} | {ttft_b:.1f} | {ttft_b - ttft_a:+.1f} | {tok_a:.2f} | {tok_b:.2f} "
               f"| {tok_b - tok_a:+.2f} | {tok_b / tok_a:.2f}x | {cpu_a:.3f} | {cpu_b:.3f} | {cpu_client:.3f} "
-              f"| {rates[level]:.0f} |")
+              f"| {b.client_switches / (b.num_tokens / level):.1f} | {rates[level]:.0f} | {paired_ratio(b, a):.2f}x |")
 
 
 def access_log_state(flags) -> str:
@@ -313,6 +332,10 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path)
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
                         help="raw: bench/sse_client.py in its own process (default); httpx: in this process")
+    parser.add_argument("--client-gather-ms", type=float, default=0.5,
+                        help="the raw client sleeps this long after data arrived before polling again (0: never)")
+    parser.add_argument("--compare-gather-ms", type=float, metavar="MS",
+                        help="also serve this tree to a client gathering MS, interleaved, and report it beside")
     parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
                         help="extra `helios serve` argument (repeatable, e.g. --server-flag=--engine-thread)")
     parser.add_argument("--compare-src", type=Path, metavar="TREE",
@@ -327,8 +350,9 @@ def main() -> None:
         core = CoreRef(Path(args.core), args.accept, Path(args.trust)) if args.core else prepare(Path(scratch), args.checkpoint)
         rates = offline_rates(core, args.streams, args.tokens)
         sides = {"in-process": InProcess(core, args.tokens)}
+        gather_s = args.client_gather_ms / 1e3
         server = functools.partial(Server, core, max(args.streams), args.tokens, args.torch_threads, args.client,
-                                   tuple(args.server_flag))
+                                   tuple(args.server_flag), gather_s=gather_s)
         sides["server"] = server()
         if args.compare_src is not None:
             tree = args.compare_src / "src" if (args.compare_src / "src").is_dir() else args.compare_src
@@ -336,15 +360,19 @@ def main() -> None:
         for flags in args.variant:
             sides[f"server {flags}"] = functools.partial(
                 Server, core, max(args.streams), args.tokens, args.torch_threads, args.client,
-                (*args.server_flag, *shlex.split(flags)))()
+                (*args.server_flag, *shlex.split(flags)), gather_s=gather_s)()
+        if args.compare_gather_ms is not None:
+            sides[f"server, client gather {args.compare_gather_ms:g} ms"] = functools.partial(
+                Server, core, max(args.streams), args.tokens, args.torch_threads, args.client,
+                tuple(args.server_flag), gather_s=args.compare_gather_ms / 1e3)()
         try:
             samples = run_rounds(sides, args.streams, args.rounds)
         finally:
             for side in sides.values():
                 side.close()
-    report(args.streams, args.tokens, samples["in-process"], samples["server"], rates, args.client,
+    report(args.streams, args.tokens, samples["in-process"], samples["server"], rates, sides["server"].client,
            tuple(args.server_flag))
-    if args.compare_src is not None or args.variant:
+    if len(sides) > 2:
         report_comparison(args.streams, samples)
 
 
@@ -358,22 +386,34 @@ def run_rounds(sides: dict, levels: list[int], rounds: int) -> dict[str, dict[in
             side.round(level, None)  # warm-up
         for k in range(rounds):
             for name in ["in-process", *(servers if k % 2 == 0 else servers[::-1])]:
-                sides[name].round(level, samples[name][level])
+                s = samples[name][level]
+                first = len(s.per_token_s)
+                sides[name].round(level, s)
+                s.round_per_token_s.append(statistics.median(s.per_token_s[first:]))
     return samples
+
+
+def paired_ratio(side: Samples, local: Samples) -> float:
+    """The median over rounds of a side's per-token time over the in-process round just before it
+    (rounds close in time see about the same load from other work)."""
+    return statistics.median(b / a for a, b in zip(local.round_per_token_s, side.round_per_token_s))
 
 
 def report_comparison(levels, samples: dict[str, dict[int, Samples]]) -> None:
     names = list(samples)
     print("\nthe same rounds, every side (medians over streams; CPU of the serving side and of the client)\n")
-    print("| streams | side | ms/token | / in-process | CPU ms/token | of which serving process | CPU ms/token client |")
-    print("|---|---|---|---|---|---|---|")
+    print("| streams | side | ms/token | / in-process | paired rounds | CPU ms/token | of which serving process "
+          "| CPU ms/token client | client switches/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for level in levels:
         local = statistics.median(samples["in-process"][level].per_token_s)
         for name in names:
             s = samples[name][level]
             per_token = statistics.median(s.per_token_s)
-            print(f"| {level} | {name} | {per_token * 1e3:.2f} | {per_token / local:.2f}x | {s.cpu_s / s.num_tokens * 1e3:.3f} "
-                  f"| {s.serving_cpu_s / s.num_tokens * 1e3:.3f} | {s.client_cpu_s / s.num_tokens * 1e3:.3f} |")
+            print(f"| {level} | {name} | {per_token * 1e3:.2f} | {per_token / local:.2f}x "
+                  f"| {paired_ratio(s, samples['in-process'][level]):.2f}x | {s.cpu_s / s.num_tokens * 1e3:.3f} "
+                  f"| {s.serving_cpu_s / s.num_tokens * 1e3:.3f} | {s.client_cpu_s / s.num_tokens * 1e3:.3f} "
+                  f"| {s.client_switches / max(1, s.num_tokens / level):.1f} |")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,19 @@ token: SSE events are split on blank lines and the ids of an event's `"token_ids
 counted (not JSON-decoded). It runs in a process of its own (`ClientProcess`), so its CPU time is its own and
 its GIL is not the measured process's.
 
+Gathered reads (`gather_s` > 0, the benchmarks' default 0.5 ms): once some data arrived, the client
+sleeps `gather_s` before it polls its sockets again, so that the writes the server makes for one
+step (one per stream, spread over a millisecond or two) are read in one or a few wakeups instead of
+one per write or two. A client on another machine costs the server's machine nothing; this one
+shares two cores with it, and every wakeup of it can preempt the model worker, while a sleeping
+reader also makes the server's loopback send cheaper (no reader to wake in the send's system
+call). Every token is still timed when its bytes are read, at most `gather_s` after they arrived:
+the time per token, a difference over the stream's first and last token, moves by at most
+`gather_s / (n - 1)`. `gather_s` 0 reads as soon as the loop polls (the earlier client).
+
     client = ClientProcess()                     # starts the process (spawn)
     streams, cpu_s = client.round(url, body, 64) # 64 concurrent streams of `body` (JSON bytes)
+    client.last_switches                         # the round's (voluntary, involuntary) context switches
     client.close()
 
 Each stream comes back as (submitted, [arrival of each token]) in `time.perf_counter` seconds (a
@@ -21,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import resource
 import time
 from urllib.parse import urlsplit
 
@@ -44,15 +56,34 @@ def count_token_ids(event: bytes) -> int:
     return inner.count(b",") + 1 if inner.strip() else 0
 
 
+class _Gather:
+    """Delays the loop's next poll by `seconds` once data arrived (see the module docstring): a
+    callback that sleeps, scheduled by the first read after a poll and run after that poll's reads."""
+
+    def __init__(self, seconds: float):
+        self._seconds = seconds
+        self._is_scheduled = False
+
+    def note_read(self) -> None:
+        if self._seconds > 0 and not self._is_scheduled:
+            self._is_scheduled = True
+            asyncio.get_running_loop().call_soon(self._sleep)
+
+    def _sleep(self) -> None:
+        time.sleep(self._seconds)
+        self._is_scheduled = False
+
+
 class _Stream(asyncio.Protocol):
     """One streamed request on its own connection. The server writes whole SSE events in each
     chunk of its chunked body, so the chunk framing (size lines) only ever falls between events,
     where it is ignored: events are split on blank lines and the ids of their `"token_ids":[...]`
     counted as the bytes arrive (`data_received`, no stream reader in between)."""
 
-    def __init__(self, request: bytes, done: asyncio.Future):
+    def __init__(self, request: bytes, done: asyncio.Future, gather: _Gather):
         self._request = request
         self._done = done
+        self._gather = gather
         self._pending = b""
         self._has_head = False
         self.submitted = 0.0
@@ -64,6 +95,7 @@ class _Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        self._gather.note_read()
         data = self._pending + data
         if not self._has_head:
             if b"\r\n\r\n" not in data:
@@ -92,20 +124,21 @@ class _Stream(asyncio.Protocol):
             self._done.set_exception(RuntimeError(message))
 
 
-async def _stream(host: str, port: int, request: bytes) -> tuple[float, list[float]]:
+async def _stream(host: str, port: int, request: bytes, gather: _Gather) -> tuple[float, list[float]]:
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    transport, _ = await loop.create_connection(lambda: _Stream(request, done), host, port)
+    transport, _ = await loop.create_connection(lambda: _Stream(request, done, gather), host, port)
     try:
         return await done
     finally:
         transport.close()
 
 
-async def _round(url: str, path: str, body: bytes, level: int):
+async def _round(url: str, path: str, body: bytes, level: int, gather_s: float):
     parts = urlsplit(url)
     request = request_bytes(parts.hostname, parts.port, path, body)
-    return await asyncio.gather(*(_stream(parts.hostname, parts.port, request) for _ in range(level)))
+    gather = _Gather(gather_s)
+    return await asyncio.gather(*(_stream(parts.hostname, parts.port, request, gather) for _ in range(level)))
 
 
 def _run(coroutine):
@@ -117,32 +150,45 @@ def _run(coroutine):
 
 
 def _serve(connection) -> None:
-    """The client process: answers ("round", url, path, body, level) until None."""
+    """The client process: answers ("round", url, path, body, level, gather_s) until None."""
     while (message := connection.recv()) is not None:
-        _, url, path, body, level = message
-        cpu = time.process_time()
+        _, url, path, body, level, gather_s = message
+        cpu, switches = time.process_time(), _switches()
         try:
-            streams = _run(_round(url, path, body, level))
-            connection.send((streams, time.process_time() - cpu, None))
-        except Exception as error:  # noqa: BLE001 - reported to the caller
-            connection.send(([], time.process_time() - cpu, f"{type(error).__name__}: {error}"))
+            streams = _run(_round(url, path, body, level, gather_s))
+            error = None
+        except Exception as failure:  # noqa: BLE001 - reported to the caller
+            streams, error = [], f"{type(failure).__name__}: {failure}"
+        after = _switches()
+        connection.send((streams, time.process_time() - cpu, (after[0] - switches[0], after[1] - switches[1]), error))
+
+
+def _switches() -> tuple[int, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw, usage.ru_nivcsw
 
 
 class ClientProcess:
     """The client in a process of its own (see the module docstring)."""
 
-    description = "raw-socket asyncio (uvloop) HTTP/1.1 + SSE reader in its own process"
-
-    def __init__(self):
+    def __init__(self, gather_s: float = 0.0):
+        self.gather_s = gather_s
+        self.last_switches = (0, 0)
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
         self._process = context.Process(target=_serve, args=(child,), name="bench-client", daemon=True)
         self._process.start()
         child.close()
 
+    @property
+    def description(self) -> str:
+        reads = (f"reads gathered {self.gather_s * 1e3:g} ms after data arrived" if self.gather_s > 0
+                 else "reads at every poll")
+        return f"raw-socket asyncio (uvloop) HTTP/1.1 + SSE reader in its own process, {reads}"
+
     def round(self, url: str, body: bytes, level: int, path: str = "/v1/completions"):
-        self._connection.send(("round", url, path, body, level))
-        streams, cpu_s, error = self._connection.recv()
+        self._connection.send(("round", url, path, body, level, self.gather_s))
+        streams, cpu_s, self.last_switches, error = self._connection.recv()
         if error is not None:
             raise RuntimeError(f"client: {error}")
         return streams, cpu_s

@@ -77,3 +77,47 @@ def test_template_chunks_of_merged_runs_equal_the_encoded_chunk_dicts(kind, obse
     for start, stop in ((1, 4), (4, 8), (8, len(steps) - 1), (len(steps) - 1, len(steps))):
         run = StepRun.of(steps[start:stop])
         assert fast.sse_run(run) == b"".join(sse_data(chunk) for chunk in reference.run_chunks(run))
+
+
+@pytest.mark.parametrize("kind", [ResponseKind.CHAT, ResponseKind.TEXT])
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("observed, timed", [(False, False), (True, False), (True, True)])
+def test_plain_step_bytes_equal_the_encoded_chunk_dicts(kind, include_usage, observed, timed):
+    """`sse_plain_step` (one format per step) gives the dict path's bytes for every plain step, and
+    None (the caller's general path) for the first chunk, reasoning, tool calls and log-probabilities."""
+    options = ResponseOptions(True, include_usage, ObservationOptions(observed, timed))
+    head = ResponseHead("cmpl-é\"3", 1_700_000_000, 'model "ü"', kind, options, prompt_token_ids=(1, 2, 3))
+    fast, reference = StreamPresenter(head), StreamPresenter(head)
+    fast.sse_start(), reference.start_chunks()
+    steps = _steps(observed, timed)
+    if kind is ResponseKind.TEXT:
+        assert fast.sse_plain_step(steps[0]) is None  # the first chunk (prompt ids when observed)
+        assert fast.sse_step(steps[0]) == _reference(reference, steps[0])
+        steps = steps[1:]
+    multi = OutputStep(TokenObservation(9, 1 if timed else None) if observed else None,
+                       (ContentDelta("a\""), ContentDelta("\x1fb")), False)
+    plain = 0
+    for step in [*steps, multi]:
+        expected = _reference(reference, step)
+        chunk = fast.sse_plain_step(step)
+        is_plain = not step.logprobs and all(type(event) is ContentDelta for event in step.events)
+        assert (chunk is not None) == is_plain
+        if chunk is None:
+            assert fast.sse_step(step) == expected
+        else:
+            assert chunk == expected
+            plain += 1
+    assert plain >= len(TEXTS)
+
+
+def test_plain_step_waits_for_the_echo():
+    """A stream with an echo still to send takes the general path until the echo is out (a chat
+    stream: its role chunk is out first, so only the echo holds the plain path back)."""
+    options = ResponseOptions(True, False, ObservationOptions(False, False))
+    head = ResponseHead("cmpl-4", 1, "m", ResponseKind.CHAT, options, echo_text="prompt text")
+    fast, reference = StreamPresenter(head), StreamPresenter(head)
+    fast.sse_start(), reference.start_chunks()
+    step = OutputStep(None, (ContentDelta("x"),), False)
+    assert fast.sse_plain_step(step) is None
+    assert fast.sse_step(step) == _reference(reference, step)
+    assert fast.sse_plain_step(step) == _reference(reference, step)

@@ -108,3 +108,30 @@ def test_cancel_and_rejection_reach_the_sink(engine):
     engine.run_until_idle()
     reasons = {e.request_id: e.reason for b in batches for e in b.events if isinstance(e, FinishEvent)}
     assert reasons == {"too-long": FinishReason.REJECTED, "gone": FinishReason.CANCELLED}
+
+
+def test_tokens_reach_hooks_only_while_a_request_has_one(engine, monkeypatch):
+    """Without a grammar or host stop anywhere, tokens are not fed to the feedback hooks (nothing
+    could match); once a request has a host stop, every request's tokens are fed again and the
+    stop ends its request as before."""
+    fed = []
+    advance = engine.feedback.advance
+    monkeypatch.setattr(engine.feedback, "advance",
+                        lambda request_id, ids: fed.append(request_id) or advance(request_id, ids))
+    masks = []
+    fill_masks = engine.feedback.fill_masks
+    monkeypatch.setattr(engine.feedback, "fill_masks", lambda rows: masks.append(fill_masks(rows)) or masks[-1])
+    plain = []
+    engine.submit(request("plain", 4, plain.append))
+    engine.run_until_idle()
+    assert fed == [] and not engine.feedback.watching and masks and all(m == {} for m in masks)
+    assert len(tokens_of(plain, "plain")) == 4
+    seen = []
+    stopped = []
+    engine.submit(EngineRequest(RequestSpec("stopped", PROMPT, 6), stopped.append,
+                                host_stop=lambda token: seen.append(token) or len(seen) == 2))
+    engine.submit(request("beside", 3, plain.append))
+    engine.run_until_idle()
+    assert "stopped" in fed and "beside" in fed and not engine.feedback.watching  # forgotten at its end
+    finish = [e for e in stopped if isinstance(e, FinishEvent)]
+    assert len(finish) == 1 and finish[0].reason is FinishReason.STOP and seen == tokens_of(stopped, "stopped")[:2]

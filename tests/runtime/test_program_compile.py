@@ -6,6 +6,7 @@ rounding; compilation failures are `ProgramCompileError`s."""
 from __future__ import annotations
 
 import argparse
+import operator
 from types import SimpleNamespace
 
 import pytest
@@ -127,6 +128,27 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
                 and getattr(n.target, "__name__", "").startswith("compiled_segment_")]
     assert segments and not [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch.add]
     assert not [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch.select]  # bound views
+    # A segment's contiguous output reaches the next segment as it is (no `contiguous` call between).
+    direct = [a for n in segments for a in n.args if isinstance(a, torch.fx.Node) and a.target is operator.getitem
+              and getattr(a.args[0].target, "__name__", "").startswith("compiled_segment_")]
+    assert direct
+    assert not [n for n in module.graph.nodes if is_free(n) and not n.users]  # no view left unread
+
+
+def test_unread_views_are_dropped_and_nothing_else():
+    graph = torch.fx.Graph()
+    x, index, value = (graph.placeholder(name) for name in ("x", "index", "value"))
+    graph.call_function(torch.ops.aten.slice.Tensor, (x, 0, 1, 2))  # read by nothing: dropped
+    kept = graph.call_function(torch.select, (x, 0, 0))
+    graph.call_function(torch.index_put_, (x, [index], value))  # read by nothing, but a write: kept
+    graph.output((kept,))
+    assert program_compile._drop_unused_views(graph) == 1
+    assert [n.target for n in graph.nodes if n.op == "call_function"] == [torch.select, torch.index_put_]
+
+
+def test_only_what_a_compiled_segment_returns_contiguous_skips_the_copy():
+    assert program_compile._contiguous(torch.zeros(2, 3)) and not program_compile._contiguous(torch.zeros(3, 2).t())
+    assert not program_compile._contiguous(None)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from helios.frontend.responses.presentation import StreamPresenter
 from helios.server.app import create_app
 from helios.server.responses import TRANSPORT_SEND, Handoff
 from support.server_core import SERVED_ID, served_tiny_core
@@ -48,12 +49,12 @@ def scope_of(body: bytes) -> dict:
             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
 
 
-async def stream(app, *, with_transport: bool, disconnect_after: int | None = None, pause=None):
+async def stream(app, *, with_transport: bool, disconnect_after: int | None = None, pause=None, payload=PAYLOAD):
     """Streams PAYLOAD through `app`: every message in order, each tagged with the send it went
     to ("chain": the middlewares' send, "transport": the scope's `TRANSPORT_SEND`, "direct": that
     send called outside any task, from the loop's delivery). `pause(n)`: awaited by the transport
     send before its n-th message is recorded (a write that must wait)."""
-    body = json.dumps({**PAYLOAD, "stream": True}).encode()
+    body = json.dumps({**payload, "stream": True}).encode()
     scope = scope_of(body)
     messages: list[tuple[str, dict]] = []
     requested, gone = asyncio.Event(), asyncio.Event()
@@ -182,3 +183,71 @@ def test_a_stream_interval_writes_steps_n_at_a_time_with_the_same_content(runner
     ids_per_write = [sum(len(c["choices"][0].get("token_ids", [])) for c in chunks_of([("", m)])) for m in bodies]
     assert ids_per_write == [1, 3, 3, 1]  # MAX_TOKENS 8: the first, two runs of three, the last with the end
     assert bodies[-1]["more_body"] is False
+
+
+PLAIN = {k: v for k, v in PAYLOAD.items() if k != "logprobs"}  # steps rendered by `sse_plain_step`
+
+
+@pytest.mark.parametrize("pause", [None, _flow_paused])
+def test_plain_steps_keep_the_stream_exact_one_write_per_step(runner, app, pause, monkeypatch):
+    """Steps without log-probabilities (one format per step from the stream's template) give the
+    stream of the JSON response, at most one step or run a write, direct or after a paused write."""
+    rendered = []
+    plain_step = StreamPresenter.sse_plain_step
+
+    def counted(presenter, step):
+        chunk = plain_step(presenter, step)
+        rendered.append(chunk is not None)
+        return chunk
+
+    monkeypatch.setattr(StreamPresenter, "sse_plain_step", counted)
+    reference = runner.run(post(app, "/v1/completions", PLAIN))["choices"][0]
+    messages = runner.run(stream(app, with_transport=True, pause=pause, payload=PLAIN))
+    state = accumulated(chunks_of(messages), is_chat=False)
+    assert state["text"] == reference["text"] and state["finish"] == ["length"]
+    assert state["token_ids"] == reference["token_ids"] and len(state["token_ids"]) == MAX_TOKENS
+    steps = [m for tag, m in messages if tag != "chain"]
+    assert all(len(chunks_of([("", m)])) <= 2 for m in steps)  # one step (its ids chunk and text chunk) a write
+    assert messages[-1][0] == "chain" and messages[-1][1]["body"].endswith(b"data: [DONE]\n\n")
+    if pause is None:  # steps that piled up behind a paused write are merged into runs instead
+        assert sum(rendered) >= MAX_TOKENS - 2  # every step after the first took the plain path
+
+
+def test_a_disconnect_between_plain_steps_frees_the_request(runner, app, served):
+    messages = runner.run(stream(app, with_transport=True, disconnect_after=3, payload=PLAIN))
+    assert not any(m.get("more_body") is False for _, m in messages)
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    assert served.engine.scheduler.counters().num_running == 0
+
+
+def test_a_stalled_reader_does_not_stall_other_streams(runner, served):
+    """One client stops reading (its write never completes) while another streams: the other
+    stream ends complete while the stalled one waits, and the stalled one is dropped at the send
+    timeout with its request freed."""
+    async def stalled(n: int) -> None:
+        if n >= 2:
+            await asyncio.Event().wait()
+
+    async def both():
+        app = create_app(served)
+        ended = {}
+
+        async def timed(name, **options):
+            messages = await stream(app, with_transport=True, payload=PLAIN, **options)
+            ended[name] = asyncio.get_running_loop().time()
+            return messages
+
+        stuck, moving = await asyncio.gather(timed("stuck", pause=stalled), timed("moving"))
+        return stuck, moving, ended
+
+    timeout_s, served.send_timeout_s = served.send_timeout_s, 2.0
+    try:
+        stuck, moving, ended = runner.run(both())
+    finally:
+        served.send_timeout_s = timeout_s
+    assert moving[-1][1]["more_body"] is False
+    assert len(accumulated(chunks_of(moving), is_chat=False)["token_ids"]) == MAX_TOKENS
+    assert not any(m.get("more_body") is False for _, m in stuck)  # dropped, never ended
+    assert ended["moving"] < ended["stuck"]
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    assert served.engine.scheduler.counters().num_running == 0

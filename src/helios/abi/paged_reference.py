@@ -132,18 +132,42 @@ def _group_torch(tokens, page_table, positions, window: int, plane_pages: int, p
 def _group_host(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
     """`_group` for CPU tensors, computed in numpy over views of them: the same page ids and
     masks (integer comparisons, 0 and -inf) in a few array operations of about a microsecond each
-    instead of a dozen torch calls."""
+    instead of a dozen torch calls. Without a window, a row's masks are the rows of `_causal`'s
+    tables at its position (one gather each instead of a comparison and a select)."""
     where = positions.numpy()
     context_len = int(where.max()) + 1
-    num_pages = _pages_needed(context_len, page_tokens, page_table.shape[1])
-    page_ids = numpy.clip(page_table.numpy()[:, :num_pages], 0, plane_pages - 1).astype(numpy.int64)
-    cached = numpy.arange(num_pages * page_tokens)
-    allowed = cached[None, :] <= where[:, None]
-    if window > 0:
-        allowed &= where[:, None] - cached[None, :] < window
-    mask = numpy.where(allowed, numpy.float32(0.0), numpy.float32(-numpy.inf))
+    table_pages = page_table.shape[1]
+    num_pages = _pages_needed(context_len, page_tokens, table_pages)
+    span = num_pages * page_tokens
+    ids = page_table.numpy()[:, :num_pages]
+    page_ids = numpy.minimum(numpy.maximum(ids, 0), plane_pages - 1).astype(numpy.int64)  # clip, without a wrapper
+    if window <= 0 and where.min() >= 0:
+        visible, additive = _causal(table_pages * page_tokens)
+        allowed, mask = visible[where, :span], additive[where, :span]
+    else:
+        cached = numpy.arange(span)
+        allowed = cached[None, :] <= where[:, None]
+        if window > 0:
+            allowed &= where[:, None] - cached[None, :] < window
+        mask = numpy.where(allowed, numpy.float32(0.0), numpy.float32(-numpy.inf))
     return _Group(tokens, torch.from_numpy(page_ids.reshape(-1)), page_ids.shape[0],
                   torch.from_numpy(allowed[:, None, None, :]), torch.from_numpy(mask[:, None, None, :]))
+
+
+_CAUSAL: dict[int, tuple[numpy.ndarray, numpy.ndarray]] = {}
+
+
+def _causal(extent: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """(bool [L, L], float32 [L, L]) for L = `extent`: row p is position c <= p visible, and the
+    additive mask of that (0 where visible, -inf elsewhere); built once per extent, read-only."""
+    tables = _CAUSAL.get(extent)
+    if tables is None:
+        cached = numpy.arange(extent)
+        visible = cached[None, :] <= cached[:, None]
+        additive = numpy.where(visible, numpy.float32(0.0), numpy.float32(-numpy.inf))
+        visible.flags.writeable = additive.flags.writeable = False
+        tables = _CAUSAL[extent] = (visible, additive)
+    return tables
 
 
 def _pages_needed(context_len: int, page_tokens: int, table_pages: int) -> int:

@@ -209,10 +209,14 @@ class Engine:
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Synchronous driving (tests, offline generation): admit, step until nothing is left."""
         for _ in range(max_steps):
-            ingress, self._ingress = list(self._ingress), deque()
-            self._admit(ingress)
-            commands, self._commands = list(self._commands), deque()
-            self._apply(commands)
+            if self._ingress:
+                ingress, self._ingress = list(self._ingress), deque()
+                self._admit(ingress)
+            if self._commands:
+                commands, self._commands = list(self._commands), deque()
+                self._apply(commands)
+            else:
+                self.outbox.flush()  # what `_apply` ends with
             if not self.scheduler.has_work:
                 self.outbox.flush()
                 return
@@ -332,8 +336,12 @@ class Engine:
         return {r.spec.request_id: len(r.spec.prompt_ids) for r in active if r is not None and r.spec.score_prompt}
 
     def _dispatch(self, events: list[RequestEvent]) -> None:
+        # Hooks register at admission only (never while events are dispatched): without any, no
+        # token is fed to a grammar or a host stop.
+        watching = self.feedback.watching
+        active, outbox = self._active, self.outbox
         for event in events:
-            request = self._active.get(event.request_id)
+            request = active.get(event.request_id)
             if request is None:
                 continue
             if isinstance(event, FinishEvent):
@@ -345,10 +353,10 @@ class Engine:
                 except Exception as error:  # noqa: BLE001
                     self._fail_request(request, error)
                 continue
-            self.outbox.count(event)
+            outbox.count(event)
             try:
-                self.outbox.deliver(request.on_event, event)
-                if self.feedback.advance(event.request_id, event.token_ids):
+                outbox.deliver(request.on_event, event)
+                if watching and self.feedback.advance(event.request_id, event.token_ids):
                     self._dispatch(self.scheduler.stop(event.request_id))
             except Exception as error:  # noqa: BLE001 - this request's hooks failed: it ends, the worker serves on
                 self._fail_request(request, error)

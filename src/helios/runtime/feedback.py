@@ -77,8 +77,15 @@ class LaneFeedback:
         self._grammars.pop(request_id, None)
         self._host_stops.pop(request_id, None)
 
+    @property
+    def watching(self) -> bool:
+        """Whether any request has a grammar or a host stop (else `advance` never matches or feeds)."""
+        return bool(self._grammars or self._host_stops)
+
     def fill_masks(self, rows: Iterable) -> dict[str, torch.Tensor]:
         """Mask rows of the plan rows that sample under a grammar (a grammar that raises fails the plan)."""
+        if not self._grammars:  # no row has a grammar to fill from
+            return {}
         masks = {}
         for row in rows:
             grammar = self._grammars.get(row.request_id) if row.constrained and row.samples else None

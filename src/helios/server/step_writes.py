@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass
 
 from helios.errors import ExecutionError, HeliosError
-from helios.frontend.responses.output import OutputFinal
+from helios.frontend.responses.output import OutputFinal, OutputStep
 from helios.frontend.responses.presentation import StreamPresenter, sse_error
 from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.server.bridge import Item, ResponseBridge
@@ -16,9 +16,19 @@ from helios.server.chunk_writer import ChunkWriter
 
 
 def present(presenter: StreamPresenter, items: list[Item]) -> tuple[bytes, bool]:
-    """SSE bytes of `items` and whether the stream is over. Consecutive steps (a reader that fell
-    behind) are presented as one run (`helios.frontend.responses.step_run`). A presentation failure
-    ends the stream with an execution error event (the bridge's close then cancels the request)."""
+    """SSE bytes of `items` and whether the stream is over. One plain step (the common delivery:
+    one id, text or chat content, no log-probabilities) is one formatting operation from the
+    stream's byte template (`StreamPresenter.sse_plain_step`); consecutive steps (a reader that
+    fell behind) are presented as one run (`helios.frontend.responses.step_run`). A presentation
+    failure ends the stream with an execution error event (the bridge's close then cancels the
+    request)."""
+    if len(items) == 1 and type(items[0]) is OutputStep:  # one step: the common case, one format
+        try:
+            chunk = presenter.sse_plain_step(items[0])
+        except Exception:  # noqa: BLE001 - the general path below decides what the failure becomes
+            chunk = None
+        if chunk is not None:
+            return chunk, False
     parts = []
     try:
         for item in runs_of(items):

@@ -261,6 +261,7 @@ class StreamPresenter:
         self._has_sent_first = False
         self._text_offset = 0  # text streams: characters of the scored tokens sent so far
         self._has_echoed = False
+        self._is_steady = False  # the first chunk is out and nothing is left to echo
         self._template = ChunkTemplate(head.response_id, _OBJECTS[head.kind][1], head.created, head.model,
                                        is_chat=self._is_chat, include_usage=head.options.include_usage)
 
@@ -353,6 +354,27 @@ class StreamPresenter:
             if text:
                 parts.append(template.text(text))
         return b"".join(parts)
+
+    def sse_plain_step(self, step: OutputStep) -> bytes | None:
+        """The bytes of `step_chunks(step)` for the common step (after the first chunk, nothing left
+        to echo, no log-probabilities, at most one observed id, text or chat content only), from
+        the stream's `ChunkTemplate` in one formatting operation; None for any other step (the
+        caller takes `sse_step`)."""
+        if not self._is_steady:
+            if not self._has_sent_first or self._is_echo_pending():
+                return None
+            self._is_steady = True  # both conditions hold from now on
+        if step.logprobs or step.prompt_logprobs is not None:
+            return None
+        text = ""
+        for event in step.events:
+            if type(event) is not ContentDelta:
+                return None
+            text += event.text
+        observation = step.observation
+        if observation is None:
+            return self._template.step(None, None, text)
+        return self._template.step(observation.token_id, observation.timestamp_ns, text)
 
     def _is_echo_pending(self) -> bool:
         head = self._head

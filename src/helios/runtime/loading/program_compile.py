@@ -6,7 +6,10 @@ fast graph (`helios.runtime.loading.cpu_fast`), the runs of pure tensor calls be
 calls (`helios.runtime.loading.compile_segments`) with Inductor into fused C++ kernels, for the
 exact tensors the runtime calls it with (`program_arguments`: the same shapes every call, so
 nothing is traced or compiled again). The opaque calls (attention over the step's plan, cache
-writes, sampling, completion records) run as the fast graph runs them.
+writes, sampling, completion records) run as the fast graph runs them; so do the projections
+`helios.runtime.loading.packed_linears` measures faster through oneDNN's packed weights (the
+segments form around them). A segment's contiguous output is passed to the next without a copy,
+and views nothing reads are dropped.
 
 Everything is compiled before the engine reports ready; serving compiles nothing. A program is
 still checked once: its first call runs the checked graph, and later calls with tensors of the
@@ -35,9 +38,10 @@ from torch.utils._pytree import tree_map
 
 from helios.errors import LoadError
 from helios.runtime.loading.compile_segments import (
-    compiled_runs, is_compiled, is_free, run_boundary, segment_graph,
+    compiled_runs, is_compiled, is_free, reorder, run_boundary, segment_graph,
 )
 from helios.runtime.loading.cpu_programs import CpuProgram
+from helios.runtime.loading.packed_linears import pack_linears
 from helios.runtime.loading.segment_calls import compile_segment
 
 
@@ -68,12 +72,13 @@ def compile_programs(programs: Iterable, arguments: Callable[[object], list],
                                   "or CXX); install one or serve without compiling programs")
     say = progress or (lambda line: None)
     started = time.perf_counter()
+    packed: dict = {}  # packed projection weights, shared between the programs
     for index, program in enumerate(chosen, 1):
         label = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
         begun = time.perf_counter()
         say(f"compiling program {index}/{len(chosen)}: {label}")
         try:
-            compile_program(program.module, arguments(program))
+            compile_program(program.module, arguments(program), packed)
         except ProgramCompileError:
             raise
         except Exception as error:  # Inductor's failures have no common type
@@ -83,10 +88,12 @@ def compile_programs(programs: Iterable, arguments: Callable[[object], list],
     return len(chosen)
 
 
-def compile_program(program: CpuProgram, arguments: Sequence) -> torch.fx.GraphModule:
+def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | None = None) -> torch.fx.GraphModule:
     """Compiles `program`'s fast graph for `arguments` (its weight list, then its inputs) and
     makes it the graph later calls with tensors of this memory and these layouts run (the
-    runtime's views of the same buffers); returns the module."""
+    runtime's views of the same buffers); returns the module. Projections where oneDNN's packed
+    weights pay run through them (`helios.runtime.loading.packed_linears`; `packed` shares the
+    packed weights between programs)."""
     weights, *inputs = arguments
     tensors = (*weights, *inputs)
     placeholders = [node for node in program.fast.graph.nodes if node.op == "placeholder"]
@@ -96,17 +103,24 @@ def compile_program(program: CpuProgram, arguments: Sequence) -> torch.fx.GraphM
     graph = segment_graph(program.fast.graph, real)
     values = _fake_values(graph, real, placeholders)
     module = torch.fx.GraphModule(program.fast, graph)
+    if pack_linears(module, graph, real, values, packed):  # opaque calls now: the segments form around them
+        reorder(graph)
+        values = _fake_values(graph, real, placeholders)
+    contiguous: set = set()
     for number, run in enumerate(compiled_runs(graph)):
-        _compile_run(module, graph, run, values, real, number)
+        _compile_run(module, graph, run, values, real, number, contiguous)
     _bind_fixed_views(module, graph, real)
+    _drop_unused_views(graph)
     graph.lint()
     module.recompile()
     program.use_compiled(module, tensors)
     return module
 
 
-def _compile_run(module, graph: torch.fx.Graph, run: list, values: dict, real: dict, number: int) -> None:
-    """Replaces the run's nodes by one call of its Inductor-compiled graph."""
+def _compile_run(module, graph: torch.fx.Graph, run: list, values: dict, real: dict, number: int,
+                 contiguous: set) -> None:
+    """Replaces the run's nodes by one call of its Inductor-compiled graph. `contiguous`: the
+    outputs of compiled runs that are contiguous tensors (this run's are added)."""
     inputs, outputs = run_boundary(run)
     if not outputs:
         return
@@ -123,17 +137,27 @@ def _compile_run(module, graph: torch.fx.Graph, run: list, values: dict, real: d
             raise ProgramCompileError(f"segment {number} reads {node.name}, which is not a tensor of known shape")
         examples.append(value if fixed[node] is not None else torch.zeros(value.shape, dtype=value.dtype))
     segment, _ = compile_segment(torch.fx.GraphModule(module, sub), examples, f"compiled_segment_{number}")
+    with torch.inference_mode():  # the layouts the compiled call returns (the same every call)
+        produced = segment(*examples)
     with graph.inserting_before(run[0]):
-        # A tensor made by an opaque call or another segment is passed contiguous, as compiled.
-        passed = [node if fixed[node] is not None else graph.call_function(torch.Tensor.contiguous, (node,))
-                  for node in inputs]
+        # A tensor made by an opaque call is passed contiguous, as compiled; so is another segment's
+        # output unless the compiled call returns it contiguous (`contiguous`).
+        passed = [node if fixed[node] is not None or node in contiguous
+                  else graph.call_function(torch.Tensor.contiguous, (node,)) for node in inputs]
         call = graph.call_function(segment, tuple(passed))
         results = [graph.call_function(operator.getitem, (call, index)) for index in range(len(outputs))]
-    for node, result in zip(outputs, results):
+    for node, result, made in zip(outputs, results, produced):
         values[result] = values.get(node)
+        if _contiguous(values[result]) and _contiguous(made) and made.shape == values[result].shape:
+            contiguous.add(result)
         node.replace_all_uses_with(result, delete_user_cb=lambda user: user not in run)
     for node in reversed(run):
         graph.erase_node(node)
+
+
+def _contiguous(value) -> bool:
+    """Whether a static fake value is a tensor laid out as ``contiguous()`` would return it."""
+    return isinstance(value, torch.Tensor) and value.is_contiguous()
 
 
 def _bind_fixed_views(module: torch.nn.Module, graph: torch.fx.Graph, real: dict) -> int:
@@ -154,6 +178,17 @@ def _bind_fixed_views(module: torch.nn.Module, graph: torch.fx.Graph, real: dict
         node.replace_all_uses_with(fixed)
         graph.erase_node(node)
         count += 1
+    return count
+
+
+def _drop_unused_views(graph: torch.fx.Graph) -> int:
+    """Erases the free calls (views, no work) whose result nothing reads (a view the exported
+    graph took of an input the CPU ignores, such as the attention splits); returns how many."""
+    count = 0
+    for node in reversed(list(graph.nodes)):
+        if is_free(node) and not node.users:
+            graph.erase_node(node)
+            count += 1
     return count
 
 
