@@ -40,7 +40,7 @@ class _Replayed(CapturedProgram):
         self.greedy = step_module(greedy_module(module), CPU, enabled=True)
         self.arguments, self.replays = arguments, {True: 0, False: 0}
 
-    def replay(self, greedy: bool):
+    def replay(self, greedy: bool, fresh: bool = False):
         self.replays[greedy] += 1
         return (self.greedy if greedy else self.module)(*self.arguments)
 
