@@ -191,9 +191,11 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
             "by_kind_ms": shares, "top": _top_kernels(kernels, top)}
 
 
-_KINDS = (  # kernel-name fragments -> kind, first match wins
+_KINDS = (  # kernel-name fragments -> kind, first match wins (attention first: cuDNN's fused SDPA kernels
+    # may carry "xmma" in their names)
+    ("attention", ("_decode_kernel", "_combine_kernel", "_prefill_kernel", "paged_attention", "sdpa", "fmha",
+                   "flash_fwd", "fresh_attention", "_zero_outside_rows")),
     ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear")),
-    ("attention", ("_decode_kernel", "_combine_kernel", "_prefill_kernel", "paged_attention")),
     ("fused norm/rotary/SiLU", ("_rms_norm_kernel", "_rotary_cache_write_kernel", "_silu_mul_kernel",
                                 "rms_norm", "rotary_cache_write", "silu_mul")),
     ("sampling", ("_greedy_", "sort", "scan", "cumsum", "helios::sample")),

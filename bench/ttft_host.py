@@ -21,6 +21,7 @@ measured alternately on the same device, warm, while the other one waits.
 
     python bench/ttft_host.py [--layers 32] [--repeats 9] [--json out.json]
     python bench/ttft_host.py --smoke --vocab 128256 --prompt 2048 --staged   # host phases on the CPU
+    python bench/ttft_host.py --fresh-ab 7   # then 7 + 7 requests, fresh-chunk graphs on / off, alternating
     python bench/ttft_host.py --baton DIR/baton --role a --label ttft3 &  \
       PYTHONPATH=$MAIN_TREE/src:... python bench/ttft_host.py --baton DIR/baton --role b --label main
 """
@@ -245,6 +246,9 @@ def main(argv=None) -> int:
                         help="prepare the core into this folder (model.core, publisher.key.pub, then 'ready'), for --use-core")
     parser.add_argument("--use-core", type=Path, default=None,
                         help="load the core another process prepares into this folder (waits for its 'ready')")
+    parser.add_argument("--fresh-ab", type=int, default=0,
+                        help="after the turns, this many request pairs alternating the fresh-chunk graphs on and off "
+                             "(helios.runtime.loading.fresh_calls; trees that have them)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -293,11 +297,41 @@ def main(argv=None) -> int:
             result["tokens"] = [row["token"] for row in rows]
             result["cache_checksum"] = cache_checksum(runtime.model)
             log(f"{args.label}: first tokens {result['tokens']}; cache checksum {result['cache_checksum']}")
+            if args.fresh_ab:
+                result["fresh_ab"] = fresh_ab(engine, marks, args.fresh_ab, length, shape.vocab_size, args.label)
         finally:
             runtime.close()
     if args.json:
         args.json.write_text(json.dumps({"label": args.label, "layers": shape.num_hidden_layers, **result}, indent=1))
     return 0
+
+
+def fresh_ab(engine, marks: Marks, pairs: int, length: int, vocab: int, label: str) -> dict:
+    """Cold requests alternating the program's fresh-chunk graphs on and off (the executor's
+    `is_fresh_chunk` answered False), same process, core and pool: medians of each."""
+    from helios.runtime.execution import executor as executor_module
+
+    decide = getattr(executor_module, "is_fresh_chunk", None)
+    if decide is None:
+        log(f"{label}: this tree has no fresh-chunk graphs; no fresh A/B")
+        return {}
+    rows = {"fresh": [], "paged": []}
+    try:
+        for index in range(2 * pairs):
+            form = ("fresh", "paged")[index % 2]
+            executor_module.is_fresh_chunk = decide if form == "fresh" else (lambda plan: False)
+            rows[form].append(marks.request(engine, prompt(length, vocab, 1000 + index)))
+    finally:
+        executor_module.is_fresh_chunk = decide
+    keys = [key for key in ("ttft", "device", "host") if key in rows["fresh"][0]]
+    medians = {form: {key: statistics.median(r[key] for r in runs) for key in keys} for form, runs in rows.items()}
+    for key in medians["fresh"]:
+        fresh, paged = medians["fresh"][key], medians["paged"][key]
+        log(f"{label}: fresh A/B {key}: fresh graphs {fresh:.3f} ms, paged {paged:.3f} ms, saved {paged - fresh:+.3f} "
+            f"ms (medians of {pairs} each, alternating)")
+    log(f"{label}: fresh A/B first tokens fresh {[r['token'] for r in rows['fresh']]} paged "
+        f"{[r['token'] for r in rows['paged']]}")
+    return {"medians_ms": medians, "tokens": {form: [r["token"] for r in runs] for form, runs in rows.items()}}
 
 
 def kept_core(folder: Path, shape, length: int, device: torch.device):

@@ -38,10 +38,14 @@ def compile_fused(dtype: str) -> None:
     compile_kernel(triton_fused._silu_mul_kernel, dict(gate_up=pointer, out=pointer), dict(BLOCK=1024), num_warps=4)
     compile_kernel(triton_fused._silu_mul_columns_kernel, dict(gate_up=pointer, out=pointer),
                    dict(BLOCK_R=triton_fused._COLUMNS_ROWS, BLOCK_C=triton_fused._COLUMNS_COLS), num_warps=8)
-    compile_kernel(triton_fused._rotary_cache_write_kernel,
-                   dict(q=pointer, k=pointer, v=pointer, cos=pointer, sin=pointer, k_cache=pointer, v_cache=pointer,
-                        slot_mapping="*i64", q_out=pointer),
-                   dict(HEAD_BLOCK=8, BLOCK_D=128), num_warps=4)
+    for store_kv in (False, True):  # dense keys and values too, for attention over the step's own keys
+        compile_kernel(triton_fused._rotary_cache_write_kernel,
+                       dict(q=pointer, k=pointer, v=pointer, cos=pointer, sin=pointer, k_cache=pointer,
+                            v_cache=pointer, slot_mapping="*i64", q_out=pointer, k_out=pointer,
+                            v_out=pointer),
+                       dict(HEAD_BLOCK=8, BLOCK_D=128, STORE_KV=store_kv), num_warps=4)
+    compile_kernel(triton_fused._zero_outside_rows_kernel, dict(out=pointer, query_start="*i32"),
+                   dict(BLOCK_T=triton_fused._ZERO_TOKENS, BLOCK_W=triton_fused._ZERO_WIDTH), num_warps=4)
 
 
 def compile_sampling() -> None:

@@ -1,6 +1,7 @@
 """A captured program without a greedy graph (a token-logprobs variant) replays its full graph for
-greedy steps; every other program keeps both. Stand-in graphs record what is replayed (the CUDA
-capture itself is covered by tests/gpu)."""
+greedy steps; every other program keeps both; a program with a fresh-chunk variant replays that
+variant's graphs for fresh steps. Stand-in graphs record what is replayed (the CUDA capture itself
+is covered by tests/gpu)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,22 @@ def test_only_token_logprobs_variants_go_without_a_greedy_graph():
     plain = LoadedProgram("decode", 1, 4, 4, None, (), (), (), ())
     assert wants_greedy_graph(plain)
     assert not wants_greedy_graph(dataclasses.replace(plain, graph="decode_logprobs", token_logprobs=20))
+
+
+def test_fresh_steps_replay_the_fresh_variant_where_the_program_has_one():
+    log = []
+    fresh = CapturedProgram((_Graph("fresh full", log), "fresh full outputs"),
+                            (_Graph("fresh greedy", log), "fresh greedy outputs"), [])
+    program = CapturedProgram((_Graph("full", log), "full outputs"), (_Graph("greedy", log), "greedy outputs"), [],
+                              fresh=fresh)
+    plain = CapturedProgram((_Graph("full", log), "full outputs"), None, [])
+    assert program.has_fresh_graph and not plain.has_fresh_graph
+    assert program.replay(greedy=True, fresh=True) == "fresh greedy outputs"
+    assert program.replay(greedy=False, fresh=True) == "fresh full outputs"
+    assert program.replay(greedy=True) == "greedy outputs"
+    assert plain.replay(greedy=False, fresh=True) == "full outputs"  # no variant: the program's own graph
+    assert log == ["fresh greedy", "fresh full", "greedy", "full"]
+    program.release()
+    assert sorted(log[4:]) == ["reset fresh full", "reset fresh greedy", "reset full", "reset greedy"]
+    with pytest.raises(CaptureError, match="released"):
+        program.replay(greedy=True, fresh=True)

@@ -33,7 +33,7 @@ class Replayed(CapturedProgram):
     def __init__(self, module, arguments):
         self.module, self.arguments = module, arguments
 
-    def replay(self, greedy: bool):
+    def replay(self, greedy: bool, fresh: bool = False):
         return self.module(*self.arguments)
 
 

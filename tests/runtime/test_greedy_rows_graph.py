@@ -56,7 +56,7 @@ class _Replayed(CapturedProgram):
         self.module, self.greedy, self.arguments = module, greedy_module(module), arguments
         self.replays = {True: 0, False: 0}
 
-    def replay(self, greedy: bool):
+    def replay(self, greedy: bool, fresh: bool = False):
         self.replays[greedy] += 1
         return (self.greedy if greedy else self.module)(*self.arguments)
 

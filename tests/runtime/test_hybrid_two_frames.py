@@ -30,7 +30,7 @@ class _Replayed(CapturedProgram):
     def __init__(self, module, arguments):
         self.module, self.greedy, self.arguments = module, greedy_module(module), arguments
 
-    def replay(self, greedy: bool):
+    def replay(self, greedy: bool, fresh: bool = False):
         return (self.greedy if greedy else self.module)(*self.arguments)
 
 

@@ -162,7 +162,7 @@ def test_executor_replays_the_greedy_graph_only_when_no_row_samples():
         def __init__(self, program):
             self.module, self.arguments = program.module, program_arguments(program, model.weights, model.buffers)
 
-        def replay(self, greedy: bool):
+        def replay(self, greedy: bool, fresh: bool = False):
             seen.append(greedy)
             return self.module(*self.arguments)
 

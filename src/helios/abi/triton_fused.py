@@ -11,7 +11,10 @@ data on the host, so the kernels can be captured in a CUDA graph.
 - `triton_silu_mul`: one program per (row, block of F columns); a column-major gate_up (the
   transpose of a [2F, N] product) one program per [rows x columns] block, read along the rows;
 - `triton_rotary_cache_write`: one program per packed token: q's and k's heads rotated, q stored,
-  k and v stored at the token's cache slot (padding tokens, slot < 0, write no cache entry).
+  k and v stored at the token's cache slot (padding tokens, slot < 0, write no cache entry), and,
+  for attention over the step's own keys, the rotated k and v as dense [T, Hkv, D] tensors too;
+- `triton_zero_outside_rows`: zeros for the padding tokens of an attention output, one program per
+  block of tokens, which returns at once when its tokens all lie inside the rows.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["triton_rms_norm", "triton_rotary_cache_write", "triton_silu_mul"]
+__all__ = ["triton_rms_norm", "triton_rotary_cache_write", "triton_silu_mul", "triton_zero_outside_rows"]
 
 _SILU_BLOCK = 1024
 _COLUMNS_ROWS, _COLUMNS_COLS = 64, 64  # the column-major silu_mul's [rows, columns] block
 _HEAD_BLOCK = 8  # heads rotated per loop iteration of a rotary program
+_ZERO_TOKENS, _ZERO_WIDTH = 16, 512  # a padding-zeroing program's [tokens, columns] block
 
 
 @triton.jit
@@ -137,8 +141,8 @@ def _rotate(base, head_stride, block, inside, cos, sin, dims, partner, sign):
 @triton.jit
 def _rotary_cache_write_kernel(
     q, q_token_stride, q_head_stride, k, k_token_stride, k_head_stride, v, v_token_stride,
-    v_head_stride, cos, cos_stride, sin, sin_stride, k_cache, v_cache, slot_mapping, q_out,
-    num_heads, num_kv_heads, head_dim, HEAD_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+    v_head_stride, cos, cos_stride, sin, sin_stride, k_cache, v_cache, slot_mapping, q_out, k_out, v_out,
+    num_heads, num_kv_heads, head_dim, HEAD_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_KV: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, BLOCK_D)
@@ -167,19 +171,55 @@ def _rotary_cache_write_kernel(
         target = (slot * num_kv_heads + heads[:, None]) * head_dim + dims[None, :]
         tl.store(k_cache + target, rotated, mask=written)
         tl.store(v_cache + target, values, mask=written)
+        if STORE_KV:  # the rotated keys and the values, every token (padding too), contiguous [T, Hkv, D]
+            dense = (token * num_kv_heads + heads[:, None]) * head_dim + dims[None, :]
+            tl.store(k_out + dense, rotated, mask=inside)
+            tl.store(v_out + dense, values, mask=inside)
 
 
-def triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> torch.Tensor:
+def triton_rotary_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, *, dense: bool = False):
     """Rotated q [T, Hq, D] (contiguous); rotated k and v written at their slots of the contiguous
-    planes k_cache, v_cache [P, page_tokens, Hkv, D]."""
+    planes k_cache, v_cache [P, page_tokens, Hkv, D]. With `dense`: (rotated q, rotated k, v), k and v
+    [T, Hkv, D] contiguous with the values the planes get, for attention over the step's own keys."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
     num_tokens, num_heads, head_dim = q.shape
     q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    k_out, v_out = (torch.empty((num_tokens, k.shape[1], head_dim), dtype=k.dtype, device=k.device)
+                    for _ in range(2)) if dense else (q_out, q_out)
     _rotary_cache_write_kernel[(num_tokens,)](
         q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), v, v.stride(0), v.stride(1),
-        cos, cos.stride(0), sin, sin.stride(0), k_cache, v_cache, slot_mapping.contiguous(), q_out,
+        cos, cos.stride(0), sin, sin.stride(0), k_cache, v_cache, slot_mapping.contiguous(), q_out, k_out, v_out,
         num_heads, k.shape[1], head_dim, HEAD_BLOCK=_HEAD_BLOCK, BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=4,
+        STORE_KV=dense, num_warps=4,
     )
-    return q_out
+    return (q_out, k_out, v_out) if dense else q_out
+
+
+@triton.jit
+def _zero_outside_rows_kernel(out, query_start, num_rows, num_tokens, width, BLOCK_T: tl.constexpr,
+                              BLOCK_W: tl.constexpr):
+    """Program (block of BLOCK_T tokens): zeros for its tokens outside [query_start[0], query_start[R])."""
+    first = tl.program_id(0) * BLOCK_T
+    start = tl.load(query_start)
+    end = tl.load(query_start + num_rows)
+    if (first < start) | (first + BLOCK_T > end):
+        tokens = first + tl.arange(0, BLOCK_T)
+        outside = ((tokens < start) | (tokens >= end)) & (tokens < num_tokens)
+        rows = out + tokens[:, None].to(tl.int64) * width
+        zeros = tl.zeros([BLOCK_T, BLOCK_W], out.dtype.element_ty)
+        for column in range(0, width, BLOCK_W):
+            columns = column + tl.arange(0, BLOCK_W)
+            tl.store(rows + columns[None, :], zeros, mask=outside[:, None] & (columns < width)[None, :])
+
+
+def triton_zero_outside_rows(out: torch.Tensor, query_start: torch.Tensor) -> None:
+    """Writes zeros, in place, to the tokens of a contiguous [T, ...] output outside
+    [query_start[0], query_start[R]) (query_start: int32 [R + 1] on its device; read on the device)."""
+    num_tokens = out.shape[0]
+    if num_tokens == 0:
+        return
+    width = out[0].numel()
+    _zero_outside_rows_kernel[(triton.cdiv(num_tokens, _ZERO_TOKENS),)](
+        out, query_start, query_start.shape[0] - 1, num_tokens, width, BLOCK_T=_ZERO_TOKENS, BLOCK_W=_ZERO_WIDTH,
+        num_warps=4)

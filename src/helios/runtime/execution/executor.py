@@ -70,7 +70,7 @@ from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import TokenLogprobs
 from helios.runtime.execution.decode_results import plain_decode_results
 from helios.runtime.execution.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
-from helios.runtime.execution.program_variants import logprob_twins, program_table, variant_name
+from helios.runtime.execution.program_variants import is_fresh_chunk, logprob_twins, program_table, variant_name
 from helios.runtime.execution.step_output import Launched, StepOutput
 from helios.runtime.execution.vision_programs import image_feeder
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
@@ -280,7 +280,9 @@ class Executor:
 
 class GraphExecutor(Executor):
     """`Executor` over programs captured into CUDA graphs (`helios.runtime.loading.cuda_graphs`): each
-    launch replays the program's graph, the greedy-only one when no row of the plan draws."""
+    launch replays the program's graph, the greedy-only one when no row of the plan draws, of the
+    program's fresh-chunk variant when the plan is one prompt chunk from position 0 and the program
+    has one (`helios.runtime.loading.fresh_calls`)."""
 
     def __init__(self, model: LoadedModel, packer: Packer, programs: Mapping[str, LoadedProgram],
                  host_pages: int = 0):
@@ -292,7 +294,7 @@ class GraphExecutor(Executor):
         super().__init__(model, packer, programs, host_pages)
 
     def _call(self, program: LoadedProgram, plan: StepPlan):
-        return program.module.replay(greedy=self.packer.all_greedy(plan))
+        return program.module.replay(greedy=self.packer.all_greedy(plan), fresh=is_fresh_chunk(plan))
 
     @staticmethod
     def _encode(program: LoadedProgram, arguments: list):

@@ -1,6 +1,7 @@
 """Names and tables of a loaded model's step programs: each program's variant name (the scheduler's
-`ProgramVariant.name`), the table of programs by that name, their token-logprobs twins, and the
-scheduler `Operation` of each contract graph operation.
+`ProgramVariant.name`), the table of programs by that name, their token-logprobs twins, the
+scheduler `Operation` of each contract graph operation, and which steps a program's fresh-chunk
+graphs may serve (`is_fresh_chunk`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ def logprob_twins(programs) -> dict[str, LoadedProgram]:
 def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:
     """Variant name (as the scheduler's `ProgramVariant.name`) -> program."""
     return {variant_name(p): p for p in model.programs}
+
+
+def is_fresh_chunk(plan) -> bool:
+    """Whether the step `plan` (StepPlan) packs one prompt chunk that starts at position 0 and
+    nothing else: one row, its tokens host-fed from position 0 (no cached prefix). Its packed tokens
+    are then tokens [0, n) at positions 0..n-1, the precondition of ``helios::rotary_fresh_attention``
+    (`helios.abi.fresh_attention`), so a program's fresh-chunk graphs compute its result. A fact of
+    the plan alone: every tensor-parallel rank decides the same."""
+    if len(plan.rows) != 1:
+        return False
+    row = plan.rows[0]
+    return row.start_pos == 0 and not row.pending_on_device and 0 < row.query_len == len(row.token_ids)
 
 
 def variant_name(program: LoadedProgram) -> str:

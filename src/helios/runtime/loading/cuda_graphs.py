@@ -26,18 +26,32 @@ token-logprobs variant (replayed only for steps holding a request that asks for 
 gets no greedy graph: its greedy steps replay the full graph, the same tokens, and load captures
 one graph fewer (a greedy copy, a warm-up run and a capture) per such variant.
 
+A long prompt program (`helios.runtime.loading.fresh_calls.wants_fresh_graph`) is also captured as
+its fresh-chunk variant (`fresh_module`: each layer's rotary cache write and attention as one
+``helios::rotary_fresh_attention`` call, the causal attention over the layer's fresh keys and values
+by a fused kernel), full and greedy: `GraphExecutor` replays those only for steps that hold one
+prompt chunk starting at position 0 (`helios.runtime.execution.program_variants.is_fresh_chunk`),
+where they compute the program's result. A fresh variant that cannot be captured is left out with a
+warning (the program's own graphs serve every step).
+
 Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
 one-row projections whose shapes the committed GEMV table names run the Triton matrix-vector kernel
 instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and,
 where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (off for now), each layer's
 rotary cache write and attention run as one ``helios::rotary_paged_attention`` call (one kernel
-launch per layer on a decode step instead of two).
+launch per layer on a decode step instead of two). Last, each graph's per-step bookkeeping (step
+geometry, sampling epilogue) is collapsed into fewer launches by
+`helios.runtime.loading.step_calls.step_module` (repeated calls merged, shape-only tensors made once,
+integer accumulations in one launch; the same values), and, where
+`helios.runtime.loading.elementwise_runs.FUSE_RUNS` enables it (off until measured), runs of small
+integer elementwise calls become one generated kernel each.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from typing import Iterable, Mapping, Sequence
 
 import torch
@@ -45,9 +59,15 @@ import torch
 from helios.abi.sampling import SampleVariant, bind_sample_variant
 from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
+from helios.runtime.loading.elementwise_runs import runs_module
+from helios.runtime.loading.fresh_calls import fresh_module, wants_fresh_graph
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.rotary_calls import rotary_module
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
+from helios.runtime.loading.step_calls import step_module
+
+
+_LOG = logging.getLogger(__name__)
 
 
 class CaptureError(LoadError):
@@ -55,28 +75,35 @@ class CaptureError(LoadError):
 
 
 class CapturedProgram:
-    """A program's CUDA graphs (full and greedy-only) and their static outputs."""
+    """A program's CUDA graphs (full and greedy-only) and their static outputs; `fresh`, when the
+    program has them, its fresh-chunk variant's graphs (a `CapturedProgram` of the same arguments)."""
 
-    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object], module=None, greedy_module=None):
+    def __init__(self, full: tuple, greedy: tuple, arguments: Sequence[object], module=None, greedy_module=None,
+                 fresh: CapturedProgram | None = None):
         self._modules = (module, greedy_module)  # own any constants the graphs read: they must outlive them
         self._full = full  # (graph, outputs)
         self._greedy = greedy
+        self._fresh = fresh
         self._pointers = _pointers(arguments)
 
     def __call__(self, *arguments):
         return self.replay(greedy=False)
 
-    def replay(self, greedy: bool):
+    def replay(self, greedy: bool, fresh: bool = False):
         """Replays the greedy-only graph when `greedy` (no row of the step draws) and the program has
-        one, else the full one."""
+        one, else the full one; of the fresh-chunk variant when `fresh` (the step holds one prompt
+        chunk starting at position 0) and the program has one. The outputs are the same tensors for
+        every graph only where the caller reads them before the next replay of another graph."""
         if self._full is None:
             raise CaptureError("the program's CUDA graphs were released (the model is shutting down)")
+        if fresh and self._fresh is not None:
+            return self._fresh.replay(greedy)
         graph, outputs = self._greedy if greedy and self._greedy is not None else self._full
         graph.replay()
         return outputs
 
     def release(self) -> None:
-        """Destroys both graphs (a graph still running is freed when it finishes). Idempotent.
+        """Destroys every graph (a graph still running is freed when it finishes). Idempotent.
 
         A graph holding NCCL collectives keeps their communicator's resources: tearing the
         communicator down waits until every such graph is gone, so a tensor-parallel rank
@@ -84,11 +111,17 @@ class CapturedProgram:
         for pair in (self._full, self._greedy):
             if pair is not None:
                 pair[0].reset()
-        self._full = self._greedy = None
+        if self._fresh is not None:
+            self._fresh.release()
+        self._full = self._greedy = self._fresh = None
 
     @property
     def has_greedy_graph(self) -> bool:
         return self._greedy is not None
+
+    @property
+    def has_fresh_graph(self) -> bool:
+        return self._fresh is not None
 
     @property
     def eager_modules(self) -> tuple:
@@ -139,22 +172,39 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 
 def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
-    full = None
     # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
     module = gemv_module(rotary_module(program.module))
     try:
-        full = _record(module, arguments, pool, warmups)
+        captured = _capture_module(module, program, arguments, pool, warmups)
+    except RuntimeError as error:
+        raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+    fresh_variant = fresh_module(module) if wants_fresh_graph(program) else None
+    if fresh_variant is not None:
+        try:
+            captured._fresh = _capture_module(fresh_variant, program, arguments, pool, 1)
+        except RuntimeError as error:  # the program's own graphs serve every step
+            _LOG.warning("program %s: its fresh-chunk variant cannot be captured (%s); cold prompts run the paged "
+                         "attention", name, error)
+    return captured
+
+
+def _capture_module(module, program, arguments: list, pool, warmups: int) -> CapturedProgram:
+    """`module`'s full graph and, where the program wants one, its greedy graph; each with its per-step
+    bookkeeping in fewer launches (`step_calls`, last)."""
+    full = None
+    device = _device_of(arguments)
+    try:
+        full_variant = runs_module(step_module(module, device))
+        full = _record(full_variant, arguments, pool, warmups)
         greedy_variant = greedy = None
         if wants_greedy_graph(program):
-            greedy_variant = greedy_module(module)
+            greedy_variant = runs_module(step_module(greedy_module(module), device))
             greedy = _record(greedy_variant, arguments, pool, 1)
-    except BaseException as error:
+    except BaseException:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive
             full[0].reset()
-        if isinstance(error, RuntimeError):
-            raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
         raise
-    return CapturedProgram(full, greedy, arguments, module, greedy_variant)
+    return CapturedProgram(full, greedy, arguments, full_variant, greedy_variant)
 
 
 def wants_greedy_graph(program) -> bool:
@@ -210,6 +260,15 @@ def _record_graph(module, arguments: list, pool) -> tuple:
     with torch.cuda.graph(graph, pool=pool):
         outputs = module(*arguments)
     return graph, outputs
+
+
+def _device_of(arguments: Sequence[object]) -> torch.device | None:
+    """The device of the first tensor among `arguments` (where the program's constants go)."""
+    for argument in arguments:
+        for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+            if isinstance(tensor, torch.Tensor):
+                return tensor.device
+    return None
 
 
 def _pointers(arguments: Sequence[object]) -> tuple:
