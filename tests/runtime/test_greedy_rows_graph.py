@@ -93,15 +93,16 @@ def _serve(runtime, frames: int) -> list[list[int]]:
     return [tokens[f"r{index}"] for index in range(len(PROMPTS))]
 
 
-def _exported_runtime(core_path, monkeypatch):
-    """The runtime with the programs a CUDA model builds (no CPU rewrites), replayed eagerly, and
-    its per-step values packed into per-frame mirrors as a device model's are."""
+def _exported_runtime(core_path, monkeypatch, replayed=_Replayed):
+    """The runtime with the programs a CUDA model builds (no CPU rewrites), replayed eagerly by
+    `replayed` (a captured program's stand-in), and its per-step values packed into per-frame
+    mirrors as a device model's are."""
     monkeypatch.setattr(program_loading, "cpu_program", lambda module: module)
     monkeypatch.setattr(service, "Packer", functools.partial(Packer, staged=True))
     runtime = _runtime(core_path)
     executor, model = runtime.engine.executor, runtime.engine.executor.model
     programs = {
-        name: dataclasses.replace(p, module=_Replayed(p.module, program_arguments(p, model.weights, model.buffers)))
+        name: dataclasses.replace(p, module=replayed(p.module, program_arguments(p, model.weights, model.buffers)))
         for name, p in executor._programs.items()
     }
     runtime.engine.executor = GraphExecutor(model, executor.packer, programs)

@@ -10,23 +10,16 @@ equal calls, a factory whose result is written, a graph calling an unknown Pytho
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import helios.runtime.loading.programs as program_loading
-import helios.runtime.service as service
 from helios.abi.accumulate import accumulate_into
 from helios.abi.slots import packed_slots
-from helios.runtime.execution.executor import GraphExecutor
-from helios.runtime.execution.packer import Packer
 from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module
-from helios.runtime.loading.model import program_arguments
 from helios.runtime.loading.step_calls import collapse_step_calls, step_module
-from runtime.test_greedy_rows_graph import MAX_TOKENS, _runtime, _serve, core_path  # noqa: F401 (a fixture)
+from runtime.test_greedy_rows_graph import MAX_TOKENS, _exported_runtime, _runtime, _serve, core_path  # noqa: F401 (a fixture)
 
 CPU = torch.device("cpu")
 
@@ -46,16 +39,7 @@ class _Replayed(CapturedProgram):
 
 
 def _rewritten_runtime(core_path, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(program_loading, "cpu_program", lambda module: module)
-    monkeypatch.setattr(service, "Packer", functools.partial(Packer, staged=True))
-    runtime = _runtime(core_path)
-    executor, model = runtime.engine.executor, runtime.engine.executor.model
-    programs = {
-        name: dataclasses.replace(p, module=_Replayed(p.module, program_arguments(p, model.weights, model.buffers)))
-        for name, p in executor._programs.items()
-    }
-    runtime.engine.executor = GraphExecutor(model, executor.packer, programs)
-    return runtime, programs
+    return _exported_runtime(core_path, monkeypatch, _Replayed)
 
 
 def test_rewritten_graphs_give_the_cpu_path_tokens(core_path, monkeypatch):  # noqa: F811
