@@ -10,7 +10,6 @@ equal calls, a factory whose result is written, a graph calling an unknown Pytho
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
