@@ -23,12 +23,6 @@ QUEUE_CAPACITY = 2
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     with served_tiny_core(tmp_path_factory.getbasetemp(), QUEUE_CAPACITY, frontend_workers=2,
                           owned_by=NAMESPACE) as served:

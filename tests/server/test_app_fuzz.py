@@ -12,7 +12,6 @@ accepts, no more and no less).
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -114,12 +113,6 @@ def _bound(schema: dict, inclusive: str, exclusive: str, step: int, default: int
     if exclusive in schema:
         return int(schema[exclusive]) + step
     return default
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ batched prompts, streamed and not; choice j samples with seed + j."""
 
 from __future__ import annotations
 
-import asyncio
 
 import httpx
 import openai
@@ -11,12 +10,6 @@ import pytest
 
 from helios.server.app import create_app
 from support.server_core import NAMESPACE, SERVED_ID, served_tiny_core
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ a request that can never fit the context extent is a 400 naming the limit."""
 
 from __future__ import annotations
 
-import asyncio
 
 import httpx
 import openai
@@ -24,12 +23,6 @@ REFUSED = [
     ("metadata", {f"k{i}": "v" for i in range(17)}), ("metadata", {"k": "v" * 513}), ("metadata", {"k": 1}),
     ("not_a_field", 1),
 ]
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 @pytest.fixture(scope="module")

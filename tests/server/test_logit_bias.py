@@ -6,7 +6,6 @@ a 400 naming the missing capability."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
@@ -21,12 +20,6 @@ from support.server_core import SERVED_ID, tiny_core
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FORCED = 77
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 def _serve(opened) -> ServedModel:

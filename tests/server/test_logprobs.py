@@ -5,7 +5,6 @@ a core prepared without token-logprobs programs answers 400 naming the missing c
 
 from __future__ import annotations
 
-import asyncio
 
 import httpx
 import openai
@@ -21,12 +20,6 @@ from support.server_core import SERVED_ID, tiny_core
 
 TOLERANCE = 1e-4
 TOP = 5
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 def _serve(core):

@@ -3,7 +3,6 @@ names and aliases, and one access-log line per request (in-process app over a re
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import httpx
@@ -18,12 +17,6 @@ NAMES = ("house-model", "house-alias")
 HISTOGRAMS = ("helios_time_to_first_token_seconds", "helios_time_per_output_token_seconds",
               "helios_e2e_request_latency_seconds", "helios_request_queue_time_seconds",
               "helios_request_prompt_tokens", "helios_request_generation_tokens")
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,6 @@ QUICK = (51, 52, 53, 54)
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2, output_workers=2) as served:
         yield served

@@ -6,7 +6,6 @@ answers 400 naming it."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
@@ -25,12 +24,6 @@ TOLERANCE = 1e-4
 TOP = 3
 PREFILL_TOKENS = 16
 LONG_PROMPT = [(7 * i) % 300 + 10 for i in range(40)]  # three scored-prefill steps
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
 
 
 def _scored_core(root: Path) -> TinyCore:

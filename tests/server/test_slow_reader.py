@@ -20,12 +20,6 @@ MAX_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
         yield served

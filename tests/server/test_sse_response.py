@@ -24,12 +24,6 @@ PAYLOAD = {"model": SERVED_ID, "max_tokens": MAX_TOKENS, "temperature": 0, "retu
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
         yield served
