@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,6 +34,7 @@ from torch.nn.attention import SDPBackend
 
 import helios.abi  # noqa: F401  (registers the ops)
 from helios.abi.fresh_attention import FRESH_BACKENDS, cuda_rotary_fresh_attention, fresh_causal_attention
+from lever_ab import graph_ms  # bench/
 
 OPS = torch.ops.helios
 FULL = dict(heads=32, kv_heads=8, dim=128, page_tokens=16)
@@ -65,34 +64,9 @@ def chunk(shape: dict, tokens: int, shuffled: bool, device: torch.device, seed: 
 
 
 def per_call_us(call, calls: int, device: torch.device, replays: int = 15) -> float:
-    """Median microseconds per call: a CUDA graph of `calls` calls replayed (wall clock on the CPU)."""
-    if device.type != "cuda":
-        runs = []
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-            runs.append((time.perf_counter() - start) / calls * 1e6)
-        return statistics.median(runs)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # compiles, plans (cuDNN) outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            call()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    graph.reset()
-    return statistics.median(times)
+    """Median microseconds per call: a CUDA graph of `calls` calls replayed (wall clock on the CPU;
+    `lever_ab.graph_ms`, which warms the call up, compiling and planning, outside the capture)."""
+    return graph_ms(call, calls, replays) * 1e3 / calls
 
 
 def fresh_form(case: tuple, scale: float, backends):
