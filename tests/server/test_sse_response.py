@@ -47,7 +47,9 @@ async def stream(app, *, with_transport: bool, disconnect_after: int | None = No
     """Streams PAYLOAD through `app`: every message in order, each tagged with the send it went
     to ("chain": the middlewares' send, "transport": the scope's `TRANSPORT_SEND`, "direct": that
     send called outside any task, from the loop's delivery). `pause(n)`: awaited by the transport
-    send before its n-th message is recorded (a write that must wait)."""
+    send before its n-th message is recorded (a write that must wait). After `disconnect_after`
+    body messages the client is gone: `receive` says so and every later write waits forever, so
+    the response can end only by noticing the disconnect, however fast the steps arrive."""
     body = json.dumps({**payload, "stream": True}).encode()
     scope = scope_of(body)
     messages: list[tuple[str, dict]] = []
@@ -62,6 +64,8 @@ async def stream(app, *, with_transport: bool, disconnect_after: int | None = No
 
     def recording(tag: str):
         async def send(message):
+            if gone.is_set():  # a dead connection: the write never completes, the disconnect ends it
+                await asyncio.Event().wait()
             is_direct = tag == "transport" and asyncio.current_task() is None
             if tag == "transport" and pause is not None:
                 await pause(sum(t != "chain" for t, _ in messages))
@@ -100,7 +104,8 @@ def test_steps_go_below_the_middlewares_and_the_stream_is_unchanged(runner, app,
 
 
 def test_a_client_that_disconnects_ends_the_response_and_frees_its_request(runner, app, served):
-    messages = runner.run(stream(app, with_transport=True, disconnect_after=1))
+    long = {**PAYLOAD, "max_tokens": 200}  # far more steps than can come before the first write
+    messages = runner.run(stream(app, with_transport=True, disconnect_after=1, payload=long))
     assert not any(m.get("more_body") is False for _, m in messages)  # no end: the client is gone
     runner.run(eventually(lambda: served.admission.in_use == 0))
     assert served.engine.scheduler.counters().num_running == 0
