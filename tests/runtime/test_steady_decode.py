@@ -14,6 +14,7 @@ import pytest
 from helios.runtime.records.events import FinishReason
 from helios.runtime.scheduling import steps
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.scheduling.scheduler import Scheduler
 
 from .fake_model import VOCAB, reference
 from .harness import Driver, assert_all_released, make, spec
@@ -43,7 +44,8 @@ def script(seed: int, num_requests: int) -> dict[int, list[tuple]]:
         at = 0 if index < num_requests // 2 else rng.randrange(1, 40)
         prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 14))]
         eos = frozenset(rng.sample(range(VOCAB), 3)) if rng.random() < 0.4 else frozenset()
-        actions.setdefault(at, []).append(("submit", spec(f"r{index}", prompt, rng.randrange(1, 16), eos_ids=eos)))
+        request = spec(f"r{index}", prompt, rng.randrange(1, 16), eos_ids=eos, observe=index % 3 == 1)
+        actions.setdefault(at, []).append(("submit", request))
     for index in rng.sample(range(num_requests), 3):
         actions.setdefault(rng.randrange(2, 60), []).append((rng.choice(("cancel", "stop")), f"r{index}"))
     return actions
@@ -54,6 +56,7 @@ def lockstep(seed: int, policy: SchedulerPolicy, num_requests: int = 10, maker=m
     """Runs the script on a steady and a general scheduler, comparing every plan and event."""
     pairs = [maker(policy, **options) for _ in range(2)]
     pairs[1][0].builder.steady = False
+    pairs[1][0].plain_completion = False  # the general side applies completions row by row
     drivers = [driver for _, driver in pairs]
     actions = script(seed, num_requests)
     for index in range(100_000):
@@ -96,6 +99,10 @@ POLICIES = {
 def test_steady_steps_equal_the_general_path(name, monkeypatch):
     counted = Counted(steps.steady_decode)
     monkeypatch.setattr(steps, "steady_decode", counted)
+    plain = []  # rows of the completions applied in the lean pass (the steady side only)
+    inner = Scheduler._complete_plain
+    monkeypatch.setattr(Scheduler, "_complete_plain", lambda self, rows, *rest: (
+        plain.append(len(rows)), inner(self, rows, *rest))[1])
     policy, options = POLICIES[name]
     for seed in range(6):
         # Few pages (preemption), fewer slots than requests (a queue behind a full cohort).
@@ -104,6 +111,7 @@ def test_steady_steps_equal_the_general_path(name, monkeypatch):
     # With two frames a decode cohort mostly runs as second frames; fresh steps between are few.
     assert counted.composed > (1 if policy.two_frames else 20), (counted.composed, counted.fallbacks)
     assert counted.fallbacks > 5, (counted.composed, counted.fallbacks)
+    assert len(plain) > 20 and max(plain) > 1, plain
 
 
 def test_steady_rows_finish_mid_cohort_with_the_reference_tokens(monkeypatch):

@@ -275,6 +275,14 @@ class CacheManager:
         if self.window is not None:
             self.window.publish(req, num_complete)
 
+    def commit_work(self) -> tuple[int, bool]:
+        """(page size when `publish` may publish anything, else 0; whether `release_outside_window`
+        may release anything): `publish` changes nothing for a request unless its committed
+        history, min(computed, known tokens), fills more pages than it published, and without a
+        window region or a release window `release_outside_window` never releases."""
+        publishes = self.layout.page_tokens if self.page_reuse else 0
+        return publishes, self.window is not None or self.layout.release_window > 0
+
     def release(self, req: RequestState) -> None:
         """Drop the request's page references, tails first (so they are evicted first)."""
         self.groups.leave(req)

@@ -15,12 +15,23 @@ from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 
 
 def find_violation(plan: StepPlan, results: Sequence[RowResult], vocab_size: int) -> str | None:
+    return check_completion(plan, results, vocab_size)[0]
+
+
+def check_completion(plan: StepPlan, results: Sequence[RowResult], vocab_size: int) -> tuple[str | None, bool]:
+    """(`find_violation`'s answer, whether every row is a plain decode row - one sampled token after
+    one position - with a valid result: the scheduler then applies the rows in one lean pass)."""
     if len(results) != len(plan.rows):
-        return f"plan {plan.sequence}: {len(results)} completion records for {len(plan.rows)} rows"
+        return f"plan {plan.sequence}: {len(results)} completion records for {len(plan.rows)} rows", False
     speculative = plan.operation == Operation.SPECULATIVE
     lag = plan.variant.draft_lag_tokens if plan.variant is not None else None
     if not speculative and _plain_rows_pass(plan.rows, results, vocab_size, lag):
-        return None
+        return None, True
+    return _lane_violation(plan, results, vocab_size, speculative, lag), False
+
+
+def _lane_violation(plan: StepPlan, results: Sequence[RowResult], vocab_size: int, speculative: bool,
+                    lag: int | None) -> str | None:
     total_offered = 0
     for index, (row, result) in enumerate(zip(plan.rows, results)):
         problem = _row_violation(row, result, vocab_size, speculative, lag)

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from operator import attrgetter
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 from helios.runtime.scheduling.admission import DuplicateRequest, QueueFull, check_admission
 from helios.runtime.cache.cache_manager import CacheManager, CopyWork, Fence
 from helios.runtime.records.capacities import Capacities, Operation
-from helios.runtime.scheduling.completion import find_violation
+from helios.runtime.scheduling.completion import check_completion
 from helios.runtime.records.events import FinishEvent, FinishReason, RequestEvent, TokenEvent
 from helios.runtime.records.faults import UnknownPlan
 from helios.runtime.scheduling.invariants import check_state
@@ -42,6 +43,8 @@ from helios.runtime.records.request import RequestSpec, RequestState, RequestSta
 from helios.runtime.scheduling.slots import SlotTable
 from helios.runtime.cache.snapshots import Residence, SnapshotStore
 from helios.runtime.scheduling.steps import Draft, StepBuilder
+
+_CONSTRAINED = attrgetter("constrained")
 
 
 @dataclass
@@ -95,6 +98,8 @@ class Scheduler:
         self._released_ids: list[str] = []  # announced requests released since the last plan
         self._mixed_grammar_decode_plans = 0
         self._constrained_max_inflight = 0
+        # Plain decode completions applied in one lean pass (`_complete_plain`); False: row by row.
+        self.plain_completion = True
 
     @classmethod
     def create(cls, caps: Capacities, policy: SchedulerPolicy = SchedulerPolicy(),
@@ -173,7 +178,7 @@ class Scheduler:
         for req in draft.requests:
             req.num_inflight_plans += 1
         self._inflight.append(Flight(plan, draft.requests, draft.fences))
-        constrained = sum(row.constrained for row in plan.rows)
+        constrained = sum(map(_CONSTRAINED, plan.rows))
         if constrained:
             self._constrained_max_inflight = max(self._constrained_max_inflight, len(self._inflight))
         return plan
@@ -183,15 +188,27 @@ class Scheduler:
         flight, in_order = self._take_flight(plan)
         if not in_order:
             return self._abort(flight, f"plan {plan.sequence} completed out of submission order")
-        constrained = sum(row.constrained for row in plan.rows)
+        constrained = sum(map(_CONSTRAINED, plan.rows))
         if plan.operation == Operation.DECODE and 0 < constrained < len(plan.rows):
             self._mixed_grammar_decode_plans += 1  # counted once the plan ran (a failed launch never does)
-        violation = find_violation(plan, results, self.caps.vocab_size)
+        violation, plain = check_completion(plan, results, self.caps.vocab_size)
         if violation is not None:
             return self._abort(flight, violation)
         events: list[RequestEvent] = []
+        if plain and self.plain_completion:
+            self._complete_plain(plan.rows, results, flight.requests, events)
+        else:
+            self._complete_rows(plan.rows, results, flight.requests, events)
+        for snapshot_id, kind in flight.fences:
+            self.cache.snapshots.settle(snapshot_id, kind, True)
+        self._release_done(flight.requests)
+        return events
+
+    def _complete_rows(self, rows: Sequence[PlanRow], results: Sequence[RowResult], requests: list[RequestState],
+                       events: list[RequestEvent]) -> None:
+        """Applies validated results row by row (any plan)."""
         now = None
-        for row, result, req in zip(plan.rows, results, flight.requests):
+        for row, result, req in zip(rows, results, requests):
             self._retire_row(row, req)
             if req.status != RequestStatus.RUNNING:
                 continue
@@ -205,10 +222,41 @@ class Scheduler:
             self.cache.release_outside_window(req)
             if reason is not None:
                 self._finish(req, reason, events)
-        for snapshot_id, kind in flight.fences:
-            self.cache.snapshots.settle(snapshot_id, kind, True)
-        self._release_done(flight.requests)
-        return events
+
+    def _complete_plain(self, rows: Sequence[PlanRow], results: Sequence[RowResult], requests: list[RequestState],
+                        events: list[RequestEvent]) -> None:
+        """`_complete_rows` for validated plain decode rows (one position, one sampled token each,
+        `check_completion`): the same updates, events and releases in the same order, with
+        `_retire_row` and `_accept` inlined and the cache's commit work called only for lanes where
+        it can change anything (`CacheManager.commit_work`)."""
+        publish_every, trims = self.cache.commit_work()
+        cache, running, eos, length = self.cache, RequestStatus.RUNNING, FinishReason.EOS, FinishReason.LENGTH
+        now = None
+        for result, req in zip(results, requests):
+            req.num_inflight_plans -= 1
+            req.num_inflight_tokens -= 1
+            req.num_pending_samples -= 1
+            if req.status is not running:
+                continue
+            req.num_computed_tokens = computed = result.consumed_endpoint
+            spec, token_ids = req.spec, result.token_ids
+            observed = None
+            if spec.observe:
+                if now is None:
+                    now = self._clock()
+                observed = now
+            history = req.token_ids
+            token = token_ids[0]
+            history.append(token)
+            events.append(TokenEvent(req.request_id, token_ids, observed, result.logprobs))
+            reason = eos if token in spec.eos_ids else (
+                length if len(history) - req.num_prompt_tokens >= spec.max_output_tokens else None)
+            if publish_every and min(computed, len(history)) // publish_every > req.num_published_pages:
+                cache.publish(req)
+            if trims:
+                cache.release_outside_window(req)
+            if reason is not None:
+                self._finish(req, reason, events)
 
     def fail(self, plan: StepPlan, message: str) -> list[RequestEvent]:
         """The execution of `plan` failed: its lanes end with ERROR, its copies publish nothing.
