@@ -54,33 +54,42 @@ def steady_decode(builder: StepBuilder, draft: Draft) -> bool:
     variant = builder.caps.select(Operation.DECODE, count, count)
     if variant is None:
         return False
-    missing = 0  # pages the lanes' growth takes
-    pages_for = cache.layout.pages_for
-    for req in running:
-        if not _steady_lane(req):
-            return False
-        missing += max(0, pages_for(req.num_computed_tokens + req.num_inflight_tokens + 1) - len(req.page_ids))
+    growing = _growing_lanes(running, cache.layout.pages_for)
+    if growing is None:
+        return False
+    missing = sum(short for _, short in growing)  # pages the lanes' growth takes
     if missing and (missing > cache.pool.num_available
                     or (cache.window is not None and missing > cache.window.pool.num_available)):
         return False  # a lane may have to wait or preempt: the general path reserves
-    for req in running:  # each succeeds from free and parked pages, as the general path's grows
+    for req, _ in growing:  # each succeeds from free and parked pages, as the general path's grows
         require(cache.grow(req, req.num_computed_tokens + req.num_inflight_tokens + 1) is not None,
                 "a steady lane's pages did not grow")
     draft.variant = variant
-    rows, requests, scheduled = draft.rows, draft.requests, draft.scheduled
-    for req in running:
-        rows.append(_decode_row(req))
-        requests.append(req)
-        scheduled.add(req.request_id)
+    draft.rows.extend(_decode_rows(running))
+    draft.requests.extend(running)
+    draft.scheduled.update(req.request_id for req in running)
     draft.num_tokens = count
     return True
 
 
-def _steady_lane(req: RequestState) -> bool:
-    """Whether a running request's next row is one plain decode position with nothing else to do:
-    only its pending token ahead, output budget left, its slot generation's pages uploaded
-    before, and no prompt checkpoint due (`StepBuilder._add_row`)."""
-    start = req.num_computed_tokens + req.num_inflight_tokens
+def _growing_lanes(running, pages_for) -> list[tuple[RequestState, int]] | None:
+    """The lanes whose next position needs pages, with how many (a grow of any other lane changes
+    nothing), in scheduling order; None when a lane is not a steady one (`_steady_lane`)."""
+    growing = []
+    for req in running:
+        start = req.num_computed_tokens + req.num_inflight_tokens
+        if not _steady_lane(req, start):
+            return None
+        short = pages_for(start + 1) - len(req.page_ids)
+        if short > 0:
+            growing.append((req, short))
+    return growing
+
+
+def _steady_lane(req: RequestState, start: int) -> bool:
+    """Whether a running request's next row (at `start`) is one plain decode position with nothing
+    else to do: only its pending token ahead, output budget left, its slot generation's pages
+    uploaded before, and no prompt checkpoint due (`StepBuilder._add_row`)."""
     known, pending, spec = len(req.token_ids), req.num_pending_samples, req.spec
     if known + pending - start != 1 or spec.score_prompt or not req.num_uploaded_pages:
         return False
@@ -93,16 +102,23 @@ def _steady_lane(req: RequestState) -> bool:
     return not (start and start == req.stable_boundary)
 
 
-def _decode_row(req: RequestState) -> PlanRow:
-    """`StepBuilder._add_row(draft, req, 1)`'s row and request updates for a steady lane (one
-    token, sampling, no checkpoint, no admission), without the general case's branches."""
-    start = req.num_computed_tokens + req.num_inflight_tokens
-    token_ids, page_ids, window_ids = req.token_ids, req.page_ids, req.window_ids
-    first, pending = req.num_uploaded_pages, req.num_pending_samples
-    req.num_uploaded_pages = len(page_ids)
-    req.num_inflight_tokens += 1
-    req.num_pending_samples = pending + 1
-    return PlanRow(req.request_id, req.slot, req.generation, tuple(token_ids[start:start + 1]), False, start, 1, first,
-                   tuple(page_ids[first:]) if first < len(page_ids) else (), True,
-                   len(token_ids) - req.num_prompt_tokens + pending, 1, False, req.spec.constrained,
-                   tuple(window_ids[first:]) if first < len(window_ids) else ())
+def _decode_rows(running) -> list[PlanRow]:
+    """`StepBuilder._add_row(draft, req, 1)`'s rows and request updates for steady lanes (one token
+    each, sampling, no checkpoint, no admission), without the general case's branches; each row
+    is built from its field values in `PlanRow`'s order (`tuple.__new__`: the same row, without
+    the named constructor's call)."""
+    rows = []
+    append, new = rows.append, tuple.__new__
+    for req in running:
+        start = req.num_computed_tokens + req.num_inflight_tokens
+        token_ids, page_ids, window_ids = req.token_ids, req.page_ids, req.window_ids
+        first, pending = req.num_uploaded_pages, req.num_pending_samples
+        req.num_uploaded_pages = len(page_ids)
+        req.num_inflight_tokens += 1
+        req.num_pending_samples = pending + 1
+        append(new(PlanRow, (req.request_id, req.slot, req.generation,
+                             (token_ids[start],) if start < len(token_ids) else (), False, start, 1, first,
+                             tuple(page_ids[first:]) if first < len(page_ids) else (), True,
+                             len(token_ids) - req.num_prompt_tokens + pending, 1, False, req.spec.constrained,
+                             tuple(window_ids[first:]) if first < len(window_ids) else ())))
+    return rows
