@@ -23,6 +23,7 @@ Thread ownership: the packer's (the model worker's).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Iterable, Mapping, Sequence
 
 import torch
@@ -36,10 +37,15 @@ S = spb
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
 
 
+_ROW_KEY = itemgetter(*(PlanRow._fields.index(name) for name in
+                         ("request_id", "slot", "generation", "query_len", "samples")))
+
+
 def rows_key_of(rows: Sequence[PlanRow]) -> tuple:
     """What the keyed sources' values of `rows` depend on besides their requests' specs (a slot's
-    generation changes whenever a request, the same id again included, takes the slot)."""
-    return tuple([(row.request_id, row.slot, row.generation, row.query_len, row.samples) for row in rows])
+    generation changes whenever a request, the same id again included, takes the slot): each row's
+    (request_id, slot, generation, query_len, samples)."""
+    return tuple(map(_ROW_KEY, rows))
 
 
 class KeptValues:

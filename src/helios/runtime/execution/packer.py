@@ -49,6 +49,7 @@ Thread ownership: one packer per model worker; not thread-safe.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Mapping, Sequence
 
 import torch
@@ -65,12 +66,13 @@ from helios.runtime.execution.masks import allowed_row, write_masks
 from helios.runtime.execution.pack_staging import Staging as _Staging
 from helios.runtime.execution.pack_values import eos_row, fill_copied, fill_state_copy, is_prompt_row, write_vector
 from helios.runtime.execution.packed_tokens import write_packed
-from helios.runtime.execution.row_sources import ROW_SOURCES, fill_admission, packed_values
+from helios.runtime.execution.row_sources import (ROW_COLUMNS, ROW_SOURCES, fill_admission, fill_page_tables,
+                                                  packed_values)
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
 
 S = spb
-
+_REQUEST_ID = attrgetter("request_id")
 
 _PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
 _ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
@@ -192,19 +194,19 @@ class Packer:
         """Fills every binding of `graph` for `plan` (`apply` it first); `plan.masks` holds its
         constrained rows' grammar masks. `submission`: the id the core's submission input gets
         (staged with the step's values on a device; None leaves it)."""
-        requests = [self._requests[row.request_id] for row in plan.rows]
+        requests = list(map(self._requests.__getitem__, map(_REQUEST_ID, plan.rows)))
         self._staging.begin(plan.frame, plan.sequence)
         # Rows with per-slot values to write (admitted, or gaining pages): none in most decode steps.
         touched = [(row, req) for row, req in zip(plan.rows, requests)
                    if row.admits or row.new_page_ids or row.new_window_ids]
-        for row, _ in touched:
-            if row.admits and not self._initializes:
+        admitting = [(row, req) for row, req in touched if row.admits]
+        for row, _ in admitting:
+            if not self._initializes:
                 self._reset_state(graph, row.slot)
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
-            for row, req in touched:
-                if row.admits:
-                    self._kept.forget(binding.buffer_name)
-                    fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
+            for row, req in admitting:
+                self._kept.forget(binding.buffer_name)
+                fill_admission(binding, self._buffers[binding.buffer_name], row, req, self._staging)
         try:
             self._fill_bindings(graph, plan, requests, touched)
         except BaseException:  # a binding recorded as kept may not have been written (or uploaded)
@@ -324,8 +326,12 @@ class Packer:
         for any other row of a PHYSICAL_REQUEST_ROW binding)."""
         source, indexing = binding.source, binding.indexing
         if indexing == S.INDEXING_PHYSICAL_REQUEST_ROW:
-            for row, req in touched:
-                fill_admission(binding, target, row, req, self._staging)
+            if source == S.VALUE_SOURCE_PAGE_TABLE:
+                fill_page_tables(binding, target, touched, self._staging)
+            else:  # every other per-slot value is written only when a row admits its slot
+                for row, req in touched:
+                    if row.admits:
+                        fill_admission(binding, target, row, req, self._staging)
         elif source == S.VALUE_SOURCE_INACTIVE_PADDING:
             target.fill_(binding.padding)
         elif indexing == S.INDEXING_PACKED_TOKEN:
@@ -341,6 +347,8 @@ class Packer:
                 values = [row.slot * self._state_rows for row in rows]
             elif source == S.VALUE_SOURCE_EOS_IDS:
                 values = [eos_row(req, target, binding) for req in requests]
+            elif source in ROW_COLUMNS:
+                values = ROW_COLUMNS[source](rows)
             else:
                 value_of = ROW_SOURCES[source]
                 values = [value_of(row, req) for row, req in zip(rows, requests)]

@@ -5,14 +5,15 @@ a slot or gains pages (PHYSICAL_REQUEST_ROW bindings, through the packer's host 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from operator import itemgetter
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from helios.contract import serving_pb2 as spb
 from helios.runtime.cache.window_pages import UNHELD_PAGE_ID
 from helios.runtime.execution.pack_staging import Staging
-from helios.runtime.execution.pack_values import eos_row, padded
+from helios.runtime.execution.pack_values import eos_row, host_array, padded
 from helios.runtime.records.plan import PlanRow
 from helios.runtime.records.request import RequestSpec
 
@@ -35,6 +36,26 @@ ROW_SOURCES: Mapping[int, Callable[[PlanRow, RequestSpec], object]] = {
 _BIAS_SOURCES = {S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES}  # written at admission
 
 
+def _field(name: str) -> Callable[[Sequence[PlanRow]], list]:
+    getter = itemgetter(PlanRow._fields.index(name))
+    return lambda rows: list(map(getter, rows))
+
+
+# The row sources that read the rows alone, as whole columns: each the list of `ROW_SOURCES`'s values
+# of the rows (one pass per column instead of a call per row; the packer's usual decode step).
+ROW_COLUMNS: Mapping[int, Callable[[Sequence[PlanRow]], list]] = {
+    S.VALUE_SOURCE_SLOT: _field("slot"),
+    S.VALUE_SOURCE_GENERATION: _field("generation"),
+    S.VALUE_SOURCE_QUERY_LENGTH: _field("query_len"),
+    S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: _field("query_len"),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_START: _field("start_pos"),
+    S.VALUE_SOURCE_CONSUMED_TOKEN_END: lambda rows: [row.start_pos + row.query_len for row in rows],
+    S.VALUE_SOURCE_SAMPLING_DECISION: lambda rows: [int(row.samples) for row in rows],
+    S.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [-1 if row.pending_on_device else (row.token_ids[0] if row.token_ids
+                                                                                  else None) for row in rows],
+}
+
+
 def _pending_token(row: PlanRow, req: RequestSpec):
     """The token a one-token lane feeds next: the completed pending token of a generating lane, or
     the last prompt token of a lane whose prompt has one token left. A multi-token prompt lane
@@ -55,6 +76,25 @@ def packed_values(source: int, row: PlanRow, req: RequestSpec) -> list:
         return list(range(row.start_pos, row.start_pos + len(row.token_ids)))
     prompt = req.prompt_ids  # SCORED_TARGET_TOKENS: the token each position predicts
     return [prompt[p + 1] if p + 1 < len(prompt) else None for p in range(row.start_pos, row.start_pos + len(row.token_ids))]
+
+
+def fill_page_tables(binding, target: torch.Tensor, touched: Sequence[tuple[PlanRow, RequestSpec]],
+                     staging: Staging) -> None:
+    """`fill_admission` of a PAGE_TABLE binding for every touched (row, request): a host table's new
+    entries of rows that do not admit are written through one numpy view of the table (the same
+    entries `Staging.write_entries` writes through a view of each row)."""
+    array = host_array(target) if not binding.window else None
+    if array is None:
+        for row, req in touched:
+            fill_admission(binding, target, row, req, staging)
+        return
+    for row, req in touched:
+        ids = row.new_page_ids
+        if row.admits:
+            fill_admission(binding, target, row, req, staging)
+        elif ids:
+            start = row.page_table_start
+            array[row.slot, start:start + len(ids)] = ids
 
 
 def fill_admission(binding, target: torch.Tensor, row: PlanRow, req: RequestSpec, staging: Staging) -> None:
