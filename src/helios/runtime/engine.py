@@ -59,7 +59,8 @@ from helios.runtime.records.capacities import Operation
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.records.stats import WorkerStats
-from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, rejected
+from helios.runtime.records.events import (FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent,
+                                          rejected)
 
 
 __all__ = ["Engine", "EngineRequest", "GrammarState"]
@@ -343,6 +344,12 @@ class Engine:
         for event in events:
             request = active.get(event.request_id)
             if request is None:
+                continue
+            if event.__class__ is TokenEvent and not watching:  # the usual event: counted and delivered
+                try:
+                    outbox.deliver_tokens(request.on_event, event)
+                except Exception as error:  # noqa: BLE001 - as below
+                    self._fail_request(request, error)
                 continue
             if isinstance(event, FinishEvent):
                 self._finish(request, event)

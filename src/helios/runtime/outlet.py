@@ -75,6 +75,17 @@ class Outbox:
         else:
             self._stats.generated_tokens += len(event.token_ids)
 
+    def deliver_tokens(self, on_event: OnEvent | None, event) -> None:
+        """`count(event)`, then `deliver(on_event, event)`: a token event's whole path, in one call."""
+        if self._uncounted and event.request_id in self._uncounted:
+            self._uncounted[event.request_id] += len(event.token_ids)
+        else:
+            self._stats.generated_tokens += len(event.token_ids)
+        if on_event is None:
+            self._outgoing.append(event)
+        else:
+            on_event(event)
+
     def end(self, on_event: OnEvent | None, event: FinishEvent) -> None:
         """A terminal event; counts what the request's tokens left to count (a STOP's count is the
         frontend's, without the tokens generated past the stop). An `on_event` that raises on it

@@ -33,12 +33,13 @@ def plain_decode_results(rows: Sequence[PlanRow], record: torch.Tensor, submissi
     if not rows or len(rows) > packed_capacity or record.device.type != "cpu" or record.shape[0] < len(rows):
         return None
     results = []
+    append, new = results.append, tuple.__new__
     for row, fields in zip(rows, record[:len(rows), :NUM_FIELDS].tolist()):  # LAYOUT order
-        slot, generation, reported, token, offered, accepted, emitted, end, cursor, reserved = fields
-        if (slot != row.slot or generation != row.generation or reported != submission or row.query_len != 1
-                or not row.samples or row.admits or end != row.start_pos + 1 or offered != 1 or accepted != 0
-                or emitted != 1 or reserved != RESERVED_VALUE or not 0 <= token < vocab_size
-                or cursor != (NO_DRAFT_CURSOR if draft_lag is None else max(end - draft_lag, 0))):
+        token, end = fields[3], row.start_pos + 1
+        cursor = NO_DRAFT_CURSOR if draft_lag is None else max(end - draft_lag, 0)
+        # The whole record row against what the plan gives (the token against itself: range-checked).
+        if (fields != [row.slot, row.generation, submission, token, 1, 0, 1, end, cursor, RESERVED_VALUE]
+                or row.query_len != 1 or not row.samples or row.admits or not 0 <= token < vocab_size):
             return None
-        results.append(RowResult(slot, generation, end, (token,), 1, 0, cursor))
+        append(new(RowResult, (fields[0], fields[1], end, (token,), 1, 0, cursor, None)))  # RowResult(...)'s tuple
     return tuple(results)

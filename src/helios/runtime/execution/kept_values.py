@@ -55,6 +55,15 @@ class KeptValues:
         self._buffers = buffers
         self._program_written = frozenset(program_written)
         self._kept: dict[str, tuple[object, tuple]] = {}
+        self._last_key: tuple = ()
+
+    def interned(self, rows_key: tuple) -> tuple:
+        """`rows_key`, or the equal key of the previous step (compared once here, then by identity
+        in every `holds` of the step: a cohort's steps repeat their rows)."""
+        if rows_key == self._last_key:
+            return self._last_key
+        self._last_key = rows_key
+        return rows_key
 
     def holds(self, binding, target: torch.Tensor, rows_key: tuple, constrained: bool) -> bool:
         """Whether `target` (the binding's buffer itself: for a staged one, the device buffer its
@@ -68,7 +77,7 @@ class KeptValues:
             self._kept.pop(name, None)
             return False
         kept = self._kept.get(name)
-        if kept is not None and kept[0] is binding and kept[1] == rows_key:
+        if kept is not None and kept[0] is binding and (kept[1] is rows_key or kept[1] == rows_key):
             return True
         self._kept[name] = (binding, rows_key)
         return False

@@ -72,7 +72,7 @@ from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 from helios.runtime.records.request import RequestSpec
 
 S = spb
-_REQUEST_ID = attrgetter("request_id")
+_REQUEST_ID, _CONSTRAINED = attrgetter("request_id"), attrgetter("constrained")
 
 _PACKED_SOURCES = {S.VALUE_SOURCE_PROMPT_TOKENS, S.VALUE_SOURCE_PROMPT_POSITIONS, S.VALUE_SOURCE_SCORED_TARGET_TOKENS}
 _ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM} | {
@@ -222,8 +222,8 @@ class Packer:
         the device, which a skipped binding then neither writes into this frame's mirror nor uploads).
         `touched`: the (row, request) pairs that admit a slot or gain pages."""
         copied = self._copied_for(graph, plan.rows)
-        constrained = any(row.constrained for row in plan.rows)
-        rows_key = rows_key_of(plan.rows)
+        constrained = any(map(_CONSTRAINED, plan.rows))
+        rows_key = self._kept.interned(rows_key_of(plan.rows))
         for binding in self._bindings[graph]:
             if binding.source == S.VALUE_SOURCE_GRAMMAR_MASK and not self._staging.mask_needed(binding, constrained):
                 continue

@@ -168,15 +168,14 @@ class Scheduler:
         sequence = self._next_sequence
         self._next_sequence += 1
         admitted = []
-        for req in draft.requests:
+        for req in draft.requests:  # (announcing and counting touch separate fields: one pass)
+            req.num_inflight_plans += 1
             if not req.announced:
                 req.announced = True
                 admitted.append(req.spec)
         finished, self._released_ids = tuple(self._released_ids), []
         plan = StepPlan(sequence, sequence % 2, draft.operation, draft.variant, tuple(draft.rows),
                         tuple(draft.copies), draft.num_tokens, tuple(admitted), finished)
-        for req in draft.requests:
-            req.num_inflight_plans += 1
         self._inflight.append(Flight(plan, draft.requests, draft.fences))
         constrained = sum(map(_CONSTRAINED, plan.rows))
         if constrained:
@@ -196,17 +195,18 @@ class Scheduler:
             return self._abort(flight, violation)
         events: list[RequestEvent] = []
         if plain and self.plain_completion:
-            self._complete_plain(plan.rows, results, flight.requests, events)
+            settled = self._complete_plain(plan.rows, results, flight.requests, events)
         else:
-            self._complete_rows(plan.rows, results, flight.requests, events)
+            settled = self._complete_rows(plan.rows, results, flight.requests, events)
         for snapshot_id, kind in flight.fences:
             self.cache.snapshots.settle(snapshot_id, kind, True)
-        self._release_done(flight.requests)
+        if not settled:
+            self._release_done(flight.requests)
         return events
 
     def _complete_rows(self, rows: Sequence[PlanRow], results: Sequence[RowResult], requests: list[RequestState],
-                       events: list[RequestEvent]) -> None:
-        """Applies validated results row by row (any plan)."""
+                       events: list[RequestEvent]) -> bool:
+        """Applies validated results row by row (any plan); False: `_release_done` must follow."""
         now = None
         for row, result, req in zip(rows, results, requests):
             self._retire_row(row, req)
@@ -222,21 +222,25 @@ class Scheduler:
             self.cache.release_outside_window(req)
             if reason is not None:
                 self._finish(req, reason, events)
+        return False
 
     def _complete_plain(self, rows: Sequence[PlanRow], results: Sequence[RowResult], requests: list[RequestState],
-                        events: list[RequestEvent]) -> None:
+                        events: list[RequestEvent]) -> bool:
         """`_complete_rows` for validated plain decode rows (one position, one sampled token each,
         `check_completion`): the same updates, events and releases in the same order, with
         `_retire_row` and `_accept` inlined and the cache's commit work called only for lanes where
-        it can change anything (`CacheManager.commit_work`)."""
+        it can change anything (`CacheManager.commit_work`). True when every request was running:
+        `_release_done` then has nothing to release (a request that finished here was released by
+        `_finish` if it can be, and no plan names a request twice)."""
         publish_every, trims = self.cache.commit_work()
         cache, running, eos, length = self.cache, RequestStatus.RUNNING, FinishReason.EOS, FinishReason.LENGTH
-        now = None
+        now, settled, new = None, True, tuple.__new__
         for result, req in zip(results, requests):
             req.num_inflight_plans -= 1
             req.num_inflight_tokens -= 1
             req.num_pending_samples -= 1
             if req.status is not running:
+                settled = False
                 continue
             req.num_computed_tokens = computed = result.consumed_endpoint
             spec, token_ids = req.spec, result.token_ids
@@ -248,7 +252,7 @@ class Scheduler:
             history = req.token_ids
             token = token_ids[0]
             history.append(token)
-            events.append(TokenEvent(req.request_id, token_ids, observed, result.logprobs))
+            events.append(new(TokenEvent, (req.request_id, token_ids, observed, result.logprobs)))  # TokenEvent(...)
             reason = eos if token in spec.eos_ids else (
                 length if len(history) - req.num_prompt_tokens >= spec.max_output_tokens else None)
             if publish_every and min(computed, len(history)) // publish_every > req.num_published_pages:
@@ -257,6 +261,7 @@ class Scheduler:
                 cache.release_outside_window(req)
             if reason is not None:
                 self._finish(req, reason, events)
+        return settled
 
     def fail(self, plan: StepPlan, message: str) -> list[RequestEvent]:
         """The execution of `plan` failed: its lanes end with ERROR, its copies publish nothing.
