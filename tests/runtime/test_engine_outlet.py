@@ -135,3 +135,26 @@ def test_tokens_reach_hooks_only_while_a_request_has_one(engine, monkeypatch):
     assert "stopped" in fed and "beside" in fed and not engine.feedback.watching  # forgotten at its end
     finish = [e for e in stopped if isinstance(e, FinishEvent)]
     assert len(finish) == 1 and finish[0].reason is FinishReason.STOP and seen == tokens_of(stopped, "stopped")[:2]
+
+
+def test_a_token_hook_that_raises_ends_its_request_alone(engine):
+    """A request's `on_event` that raises on its third token event: that request ends ERROR (its
+    two tokens counted), the request beside it runs to its length with the same tokens as alone."""
+    alone = []
+    engine.submit(request("alone", 6, alone.append))
+    engine.run_until_idle()
+    generated = engine.stats.generated_tokens
+    seen, beside = [], []
+
+    def failing(event) -> None:
+        seen.append(event)
+        if isinstance(event, TokenEvent) and len(seen) == 3:
+            raise RuntimeError("hook failed")
+    engine.submit(request("failing", 6, failing))
+    engine.submit(request("beside", 6, beside.append))
+    engine.run_until_idle()
+    finish = [e for e in seen if isinstance(e, FinishEvent)]
+    assert len(finish) == 1 and finish[0].reason is FinishReason.ERROR and "hook failed" in finish[0].message
+    assert len(tokens_of(seen, "failing")) == 3 and tokens_of(beside, "beside") == tokens_of(alone, "alone")
+    assert beside[-1].reason is FinishReason.LENGTH
+    assert engine.stats.generated_tokens == generated + 3 + 6 and engine.stats.requests_finished["error"] == 1

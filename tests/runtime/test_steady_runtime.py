@@ -63,7 +63,7 @@ def test_steady_runtime_equals_the_general_path(tmp_path_factory, monkeypatch):
         engine = runtime.engine
         runs = {}
         for fast in (True, False, True):
-            engine.scheduler.builder.steady = engine.executor.array_results = fast
+            engine.scheduler.builder.steady = engine.executor.array_results = engine.scheduler.plain_completion = fast
             composed.clear()
             runs.setdefault(fast, []).append(scenario(engine))
             if fast:
