@@ -66,8 +66,7 @@ def steady_decode(builder: StepBuilder, draft: Draft) -> bool:
                 "a steady lane's pages did not grow")
     draft.variant = variant
     draft.rows.extend(_decode_rows(running))
-    draft.requests.extend(running)
-    draft.scheduled.update(req.request_id for req in running)
+    draft.requests.extend(running)  # (`draft.scheduled` picks preemption victims while filling: none here)
     draft.num_tokens = count
     return True
 
