@@ -9,12 +9,19 @@ steps where rows leave): for each, the thread CPU time of the engine step, the p
 host phases around it - scheduling (`Scheduler.schedule`), the launch without the program call
 (packing), the completion's validation (`Executor.finish`), the scheduler's completion
 (`Scheduler.complete`) and the rest (events, their delivery, gauges) - and the garbage collector's
-time inside the step (`gc`: a share of the phases it interrupts, timed by `gc.callbacks`).
+time inside the step (`gc`: a share of the phases it interrupts, timed by `gc.callbacks`); "results"
+is the validation of the completion record (`Executor._results`, inside "finish").
 
 Prints, per batch and side: medians (and bests) over the rounds of the per-step medians, in us,
 host = step - program; the ratios current / previous; whether both sides' tokens are equal.
 
     .venv/bin/python bench/cohort_host_ab.py [--batches 16,256] [--tokens 56] [--repeats 7] [--layers 4]
+        [--device cpu|cuda]
+
+With --device cuda the core loads onto the GPU with its programs captured into CUDA graphs and the
+engine keeps two plans in flight (a decode cohort then mostly runs as second frames, which the
+general composition builds): "program" is the graph launch, "finish" includes the wait for the
+device, and "results" is the completion's validation alone (inside "finish").
 """
 
 from __future__ import annotations
@@ -38,23 +45,25 @@ from random_llama import SMOKE, with_layers, write_random_llama  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.records.capacities import Operation  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 import cohort_previous  # noqa: E402
 
 NAMESPACE = "bench/cohort-host"
-PHASES = ("schedule", "pack", "program", "finish", "complete")
+PHASES = ("schedule", "pack", "program", "finish", "results", "complete")
 
 
-def _engine(batches: list[int], tokens: int, layers: int, scratch: Path):
+def _engine(batches: list[int], tokens: int, layers: int, scratch: Path, device: str = "cpu"):
     checkpoint = write_random_llama(scratch / "llama", with_layers(SMOKE, layers), torch.float32)
     key = SigningKey.generate()
     plan = CapacityPlan(context_tokens=8 + tokens + 8, prefill_tokens=64,
                         decode_batches=tuple(sorted({1, *batches})))
     prepare_core(checkpoint, scratch / "bench.core", key, PrepareOptions(NAMESPACE, capacities=plan, dtype="float32"))
     opened = open_core(scratch / "bench.core", accept=NAMESPACE, trusted_keys=[key.public])
-    return build_runtime(opened, RuntimeOptions()).engine
+    load = LoadOptions(device=device, cuda_graphs=device == "cuda")
+    return build_runtime(opened, RuntimeOptions(load=load, queue_capacity=max(batches) + 8)).engine
 
 
 class StepTimer:
@@ -70,6 +79,7 @@ class StepTimer:
         self._wrap(executor, "launch", "pack")
         self._wrap(executor, "_call", "program")
         self._wrap(executor, "finish", "finish")
+        self._wrap(executor, "_results", "results")
         self._wrap(scheduler, "complete", "complete")
         self._wrap(engine, "step", "step")
         self._collecting = 0.0
@@ -121,11 +131,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=56)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: the programs captured into CUDA graphs, two execution frames")
     args = parser.parse_args()
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
-        engine = _engine(batches, args.tokens, args.layers, Path(scratch))
+        engine = _engine(batches, args.tokens, args.layers, Path(scratch), args.device)
         timer = StepTimer(engine)
         sides = {"previous": cohort_previous.PREVIOUS, "current": cohort_previous.CURRENT}
         for batch in batches:
@@ -140,7 +152,7 @@ def main() -> None:
                     cohort_previous.use(engine, sides[name])
                     samples[name].append(timer.run(prompts, args.tokens)[0])
             cohort_previous.use(engine, cohort_previous.CURRENT)
-            print(f"batch {batch}, {args.layers}-layer Llama, {args.tokens} tokens, {len(timer.steps)} full decode steps "
+            print(f"batch {batch}, {args.layers}-layer Llama on {args.device}, {args.tokens} tokens, {len(timer.steps)} full decode steps "
                   f"a run, {args.repeats} alternated runs each; same tokens: {tokens['current'] == tokens['previous']}")
             _report(samples)
 
