@@ -92,6 +92,9 @@ POLICIES = {
     # A window region with its own page ids beside the full one (gpt-oss's layers): window tables.
     "window-region": (SchedulerPolicy(prefix_caching=False, two_frames=False),
                       {"maker": make_window, "num_window_pages": 10}),
+    # Second frames over a window region (their rows carry window table entries too).
+    "window-region-two-frames": (SchedulerPolicy(prefix_caching=False),
+                                 {"maker": make_window, "num_window_pages": 10}),
 }
 
 
@@ -99,6 +102,9 @@ POLICIES = {
 def test_steady_steps_equal_the_general_path(name, monkeypatch):
     counted = Counted(steps.steady_decode)
     monkeypatch.setattr(steps, "steady_decode", counted)
+    seconds = []  # second frames built the lean way (the steady side only)
+    second = steps.steady_second
+    monkeypatch.setattr(steps, "steady_second", lambda *args: seconds.append(second(*args)) or seconds[-1])
     plain = []  # rows of the completions applied in the lean pass (the steady side only)
     inner = Scheduler._complete_plain
     monkeypatch.setattr(Scheduler, "_complete_plain", lambda self, rows, *rest: (
@@ -112,6 +118,8 @@ def test_steady_steps_equal_the_general_path(name, monkeypatch):
     assert counted.composed > (1 if policy.two_frames else 20), (counted.composed, counted.fallbacks)
     assert counted.fallbacks > 5, (counted.composed, counted.fallbacks)
     assert len(plain) > 20 and max(plain) > 1, plain
+    if policy.two_frames:
+        assert sum(seconds) > 20, seconds
 
 
 def test_steady_rows_finish_mid_cohort_with_the_reference_tokens(monkeypatch):

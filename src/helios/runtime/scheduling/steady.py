@@ -21,6 +21,9 @@ step add no copies.
 
 Rows finishing, cancelled or preempted requests and new admissions change the running set or the
 lanes' counters, so the next step after them takes the general path.
+
+`steady_second` builds the grows and rows of a second execution frame's decode round the same
+lean way, for the cohort `StepBuilder.build_second` chose.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from helios.runtime.records.plan import PlanRow
 from helios.runtime.records.request import RequestState
 
 if TYPE_CHECKING:
+    from helios.runtime.cache.cache_manager import CacheManager
+    from helios.runtime.records.capacities import ProgramVariant
     from helios.runtime.scheduling.steps import Draft, StepBuilder
 
 
@@ -121,3 +126,30 @@ def _decode_rows(running) -> list[PlanRow]:
                              len(token_ids) - req.num_prompt_tokens + pending, 1, False, req.spec.constrained,
                              tuple(window_ids[first:]) if first < len(window_ids) else ())))
     return rows
+
+
+def steady_second(cache: CacheManager, cohort: list[RequestState], variant: ProgramVariant, draft: Draft) -> bool:
+    """`StepBuilder.build_second`'s grows and rows for its chosen `cohort` (a decode round behind
+    the in-flight one, each lane's pending token on the device): grows lane by lane until one fails
+    (False: the lanes grown before it keep their pages, as there), calling `grow` only for lanes
+    whose next position needs pages (`grow` changes nothing for the others); then each lane's row
+    from its field values, into the empty `draft`."""
+    pages_for, grow = cache.layout.pages_for, cache.grow
+    for req in cohort:
+        end = req.num_computed_tokens + req.num_inflight_tokens + 1
+        if pages_for(end) > len(req.page_ids) and grow(req, end) is None:
+            return False
+    rows, new = draft.rows, tuple.__new__
+    for req in cohort:
+        page_ids, first, pending = req.page_ids, req.num_uploaded_pages, req.num_pending_samples
+        start = req.num_computed_tokens + req.num_inflight_tokens
+        req.num_uploaded_pages = len(page_ids)
+        rows.append(new(PlanRow, (req.request_id, req.slot, req.generation, (), True, start, 1, first,
+                                  tuple(page_ids[first:]), True, len(req.token_ids) - req.num_prompt_tokens + pending,
+                                  1, False, False, tuple(req.window_ids[first:]))))
+        req.num_inflight_tokens += 1
+        req.num_pending_samples = pending + 1
+    draft.requests.extend(cohort)
+    draft.num_tokens = len(cohort)
+    draft.variant = variant
+    return True

@@ -43,7 +43,7 @@ from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.scheduling.queues import RequestQueues
 from helios.runtime.records.request import RequestState, RequestStatus
 from helios.runtime.scheduling.slots import SlotTable
-from helios.runtime.scheduling.steady import steady_decode
+from helios.runtime.scheduling.steady import steady_decode, steady_second
 from helios.runtime.cache.snapshots import FenceKind, Residence
 
 DECODING_OPS = (Operation.DECODE, Operation.MIXED, Operation.SPECULATIVE)
@@ -369,9 +369,11 @@ class StepBuilder:
         second = self.caps.select(Operation.DECODE, len(cohort), len(cohort))
         if second is None or not second.device_pending:
             return None
+        draft = Draft(Operation.DECODE)
+        if self.steady:  # the same grows and rows, lane by lane in one lean pass each
+            return draft if steady_second(self.cache, cohort, second, draft) else None
         if any(self.cache.grow(req, req.frontier + 1) is None for req in cohort):
             return None
-        draft = Draft(Operation.DECODE)
         for req in cohort:
             first = req.num_uploaded_pages
             new_pages = tuple(req.page_ids[first:])
