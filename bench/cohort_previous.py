@@ -6,7 +6,8 @@ engine that returns the object to set it on.
 The levers, each exact (the same plans, packed values, results, events and errors):
 
 - `steady`: the steady step's lanes checked in one pass, grown only where they need pages, its rows
-  built from their field values (`helios.runtime.scheduling.steady`);
+  built from their field values, and a second frame's decode round the same way
+  (`helios.runtime.scheduling.steady`);
 - `plain completion`: `Scheduler.complete` applies a plain decode completion in one lean pass, and
   skips the final release pass when every request was running; one pass over a launched plan's
   requests (`Scheduler._launch`);
@@ -32,13 +33,14 @@ from helios.runtime.execution.pack_values import eos_row, fill_copied, is_prompt
 from helios.runtime.execution.packed_tokens import write_packed
 from helios.runtime.execution.packer import _COPIED_SOURCES, _ROW_INDEXING, S, Packer
 from helios.runtime.execution.row_sources import ROW_SOURCES, fill_admission, packed_values
-from helios.runtime.records.capacities import Operation
+from helios.runtime.records.capacities import Operation, ProgramVariant
 from helios.runtime.records.events import FinishEvent, PromptScoresEvent
 from helios.runtime.records.faults import require
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
-from helios.runtime.records.request import RequestState
+from helios.runtime.records.request import RequestState, RequestStatus
 from helios.runtime.scheduling import steady, steps
 from helios.runtime.scheduling.scheduler import Flight, Scheduler
+from helios.runtime.scheduling.steps import Draft, StepBuilder
 
 # -- steady: helios.runtime.scheduling.steady before the levers ----------------------------------
 
@@ -113,6 +115,54 @@ def _decode_row(req: RequestState) -> PlanRow:
                    tuple(page_ids[first:]) if first < len(page_ids) else (), True,
                    len(token_ids) - req.num_prompt_tokens + pending, 1, False, req.spec.constrained,
                    tuple(window_ids[first:]) if first < len(window_ids) else ())
+
+
+
+# -- steady: StepBuilder.build_second before the levers (a second frame's decode round) ------------
+
+
+def previous_build_second(self, operation: Operation, variant: ProgramVariant | None,
+                 requests: list[RequestState], has_copies: bool) -> Draft | None:
+    """A decode round behind the in-flight one, fed by its device-owned pending tokens. Only
+    where a fresh step would also decode plainly (a speculative core speculates instead) and
+    the program chosen for the cohort reads device-owned pending tokens too."""
+    if (not self.policy.two_frames or operation != Operation.DECODE or has_copies
+            or variant is None or not variant.device_pending
+            or self._decode_operation() is not Operation.DECODE):
+        return None
+    if self.queues.waiting and self.slots.num_free:
+        return None  # an admission would change phase: wait for feedback
+    cohort = []
+    num_running = 0
+    for req in requests:
+        if req.status != RequestStatus.RUNNING:
+            continue
+        num_running += 1
+        if req.spec.needs_feedback:
+            return None
+        if req.num_output_budget >= 1:
+            cohort.append(req)
+    if num_running != len(self.queues.running) or not cohort:
+        return None
+    second = self.caps.select(Operation.DECODE, len(cohort), len(cohort))
+    if second is None or not second.device_pending:
+        return None
+    if any(self.cache.grow(req, req.frontier + 1) is None for req in cohort):
+        return None
+    draft = Draft(Operation.DECODE)
+    for req in cohort:
+        first = req.num_uploaded_pages
+        new_pages = tuple(req.page_ids[first:])
+        req.num_uploaded_pages = len(req.page_ids)
+        draft.rows.append(PlanRow(
+            req.request_id, req.slot, req.generation, (), True, req.frontier, 1, first, new_pages,
+            True, req.num_output_tokens + req.num_pending_samples, 1, False, False, tuple(req.window_ids[first:])))
+        req.num_inflight_tokens += 1
+        req.num_pending_samples += 1
+        draft.requests.append(req)
+    draft.num_tokens = len(cohort)
+    draft.variant = second
+    return draft
 
 
 # -- plain completion: Scheduler._launch before the levers ----------------------------------------
@@ -292,6 +342,7 @@ def _scheduler(engine):
 
 PREVIOUS: dict = {
     (steps, "steady_decode"): previous_steady_decode,
+    (StepBuilder, "build_second"): previous_build_second,
     (_scheduler, "plain_completion"): False,
     (Scheduler, "_launch"): previous_launch,
     (Packer, "pack"): previous_pack,
@@ -302,6 +353,7 @@ PREVIOUS: dict = {
 }
 CURRENT: dict = {
     (steps, "steady_decode"): steady.steady_decode,
+    (StepBuilder, "build_second"): StepBuilder.build_second,
     (_scheduler, "plain_completion"): True,
     (Scheduler, "_launch"): Scheduler._launch,
     (Packer, "pack"): Packer.pack,
