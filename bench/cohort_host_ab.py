@@ -16,12 +16,13 @@ Prints, per batch and side: medians (and bests) over the rounds of the per-step 
 host = step - program; the ratios current / previous; whether both sides' tokens are equal.
 
     .venv/bin/python bench/cohort_host_ab.py [--batches 16,256] [--tokens 56] [--repeats 7] [--layers 4]
-        [--device cpu|cuda]
+        [--device cpu|cuda] [--frames 1|2]
 
 With --device cuda the core loads onto the GPU with its programs captured into CUDA graphs and the
 engine keeps two plans in flight (a decode cohort then mostly runs as second frames, which the
 general composition builds): "program" is the graph launch, "finish" includes the wait for the
-device, and "results" is the completion's validation alone (inside "finish").
+device, and "results" is the completion's validation alone (inside "finish"). --frames 2 on the CPU
+runs those second frames too (each launch completes at once there).
 """
 
 from __future__ import annotations
@@ -133,11 +134,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cuda: the programs captured into CUDA graphs, two execution frames")
+    parser.add_argument("--frames", type=int, choices=(1, 2),
+                        help="execution frames (default: the engine's choice, 1 on the CPU, 2 on CUDA)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
         engine = _engine(batches, args.tokens, args.layers, Path(scratch), args.device)
+        engine.frames = args.frames or engine.frames
         timer = StepTimer(engine)
         sides = {"previous": cohort_previous.PREVIOUS, "current": cohort_previous.CURRENT}
         for batch in batches:
@@ -152,7 +156,7 @@ def main() -> None:
                     cohort_previous.use(engine, sides[name])
                     samples[name].append(timer.run(prompts, args.tokens)[0])
             cohort_previous.use(engine, cohort_previous.CURRENT)
-            print(f"batch {batch}, {args.layers}-layer Llama on {args.device}, {args.tokens} tokens, {len(timer.steps)} full decode steps "
+            print(f"batch {batch}, {args.layers}-layer Llama on {args.device}, {engine.frames} frame(s), {args.tokens} tokens, {len(timer.steps)} full decode steps "
                   f"a run, {args.repeats} alternated runs each; same tokens: {tokens['current'] == tokens['previous']}")
             _report(samples)
 
