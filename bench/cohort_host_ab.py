@@ -156,7 +156,8 @@ def main() -> None:
                     cohort_previous.use(engine, sides[name])
                     samples[name].append(timer.run(prompts, args.tokens)[0])
             cohort_previous.use(engine, cohort_previous.CURRENT)
-            print(f"batch {batch}, {args.layers}-layer Llama on {args.device}, {engine.frames} frame(s), {args.tokens} tokens, {len(timer.steps)} full decode steps "
+            print(f"batch {batch}, {args.layers}-layer Llama on {args.device}, {engine.frames} frame(s), "
+                  f"{args.tokens} tokens, {len(timer.steps)} full decode steps "
                   f"a run, {args.repeats} alternated runs each; same tokens: {tokens['current'] == tokens['previous']}")
             _report(samples)
 
