@@ -37,7 +37,9 @@ def app(served):
 async def stream(app, payload: dict, *, disconnect_after: int | None = None, pause=None) -> list[tuple[str, dict]]:
     """Streams `payload` through `app`: every message in order, tagged "chain" (the middlewares'
     send) or "transport" (the scope's `TRANSPORT_SEND`). `pause(n)` is awaited by the transport
-    send before its n-th message is recorded."""
+    send before its n-th message is recorded. After `disconnect_after` body messages the client is
+    gone: `receive` says so and every later write waits forever, so the response can end only by
+    noticing the disconnect."""
     body = json.dumps({**payload, "stream": True}).encode()
     path = "/v1/completions"
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -57,6 +59,8 @@ async def stream(app, payload: dict, *, disconnect_after: int | None = None, pau
 
     def recording(tag: str):
         async def send(message):
+            if gone.is_set():  # a dead connection: the write never completes, the disconnect ends it
+                await asyncio.Event().wait()
             if tag == "transport" and pause is not None:
                 await pause(sum(t == "transport" for t, _ in messages))
             messages.append((tag, message))
@@ -112,7 +116,7 @@ def test_choices_stream_below_the_middlewares_equals_the_json_response(runner, a
 
 
 def test_a_client_that_disconnects_mid_choices_stream_frees_every_choice(runner, app, served):
-    messages = runner.run(stream(app, {**PAYLOAD, "max_tokens": 48}, disconnect_after=1))
+    messages = runner.run(stream(app, {**PAYLOAD, "max_tokens": 200}, disconnect_after=1))
     assert not any(m.get("more_body") is False for _, m in messages)  # no end: the client is gone
     runner.run(freed(served))
 
