@@ -70,3 +70,11 @@ def test_freed_memory_is_reused_without_page_faults():
     # pages a round); held, the rounds after the first reuse it.
     assert faults_of_churn("plain") > 4 * 4096
     assert faults_of_churn("held") < 1024
+
+
+def test_holding_freed_memory_changes_nothing_outside_glibc(monkeypatch):
+    from helios.server import heap
+
+    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("musl", "1.2"))
+    monkeypatch.setattr(heap.ctypes, "CDLL", lambda *_: pytest.fail("the C library was called"))
+    assert heap.hold_freed_memory() is False
