@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The serving processes holding freed memory (helios.server.heap.hold_freed_memory, issue 19) on one
+# The serving processes holding freed memory (helios.runtime.host_heap.hold_freed_memory, issue 19) on one
 # H200, in one device call, at most about 480 s.
 #
 # - CPU-only checks first (at most 90 s): tests/server/test_heap.py (the allocator keeps freed memory

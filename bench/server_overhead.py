@@ -13,8 +13,8 @@ token-id prompt, so both sides generate the same tokens.
 
 - in-process: an engine whose worker thread runs in this process; requests go straight to
   `Engine.submit` and times are read in the token callback (no delivery cost at all). This process
-  fixes glibc malloc's thresholds as `helios serve`'s processes do (`helios.server.heap.
-  hold_freed_memory`), so both sides allocate alike; `--glibc-thresholds` leaves glibc's moving
+  fixes glibc malloc's thresholds as every engine does by default (`RuntimeOptions.hold_freed_memory`,
+  `helios.runtime.host_heap`), so both sides allocate alike; `--glibc-thresholds` leaves glibc's moving
   thresholds here (the model worker then faults a few megabytes in again on some steps, or on
   every step, depending on the order of earlier frees);
 - offline:    `helios.runtime.offline.generate` (synchronous, one batch), aggregate tokens/s;
@@ -80,6 +80,7 @@ from sse_client import ClientProcess
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench.helios/server"
 PROMPT = tuple(range(3, 35))
+IN_PROCESS_HOLDS_FREED_MEMORY = True  # --glibc-thresholds: False
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,10 @@ class InProcess:
 
     def __init__(self, core: CoreRef, tokens: int):
         from helios.core.reader import open_core
-        from helios.runtime.service import build_runtime
+        from helios.runtime.service import RuntimeOptions, build_runtime
 
-        self.runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
+        self.runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
+                                     RuntimeOptions(hold_freed_memory=IN_PROCESS_HOLDS_FREED_MEMORY))
         self.eos = self.runtime.model.settings.eos_token_ids
         self.tokens = tokens
         self.runtime.engine.start()
@@ -198,9 +200,10 @@ class InProcess:
 def offline_rates(core: CoreRef, levels: list[int], tokens: int) -> dict[int, float]:
     from helios.core.reader import open_core
     from helios.runtime.offline import generate
-    from helios.runtime.service import build_runtime
+    from helios.runtime.service import RuntimeOptions, build_runtime
 
-    runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
+    runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
+                            RuntimeOptions(hold_freed_memory=IN_PROCESS_HOLDS_FREED_MEMORY))
     eos = runtime.model.settings.eos_token_ids
     rates = {}
     for level in levels:
@@ -349,10 +352,8 @@ def main() -> None:
     parser.add_argument("--glibc-thresholds", action="store_true",
                         help="leave glibc malloc's moving thresholds in this process (the in-process side)")
     args = parser.parse_args()
-    if not args.glibc_thresholds:
-        from helios.server.heap import hold_freed_memory
-
-        hold_freed_memory()
+    global IN_PROCESS_HOLDS_FREED_MEMORY
+    IN_PROCESS_HOLDS_FREED_MEMORY = not args.glibc_thresholds
     import torch
 
     torch.set_num_threads(args.torch_threads)

@@ -1,6 +1,6 @@
 """The in-process model worker's CPU and page faults per step with glibc malloc's own (moving)
-thresholds and with them held (`helios.server.heap.hold_freed_memory`, as `helios serve`'s processes
-do), each in a fresh process, alternating.
+thresholds and with them held (`RuntimeOptions.hold_freed_memory`, `helios.runtime.host_heap`, every
+engine's default), each in a fresh process, alternating.
 
     .venv/bin/python bench/worker_page_faults.py --core MODEL.core --trust KEY.pub [--accept NS]
         [--pairs 3] [--streams 64] [--tokens 64] [--rounds 6]
@@ -35,13 +35,12 @@ def thread_counters() -> dict[str, tuple[str, int, int, int]]:
 
 
 def child(args) -> None:
-    if args.mode == "held":
-        from helios.server.heap import hold_freed_memory
-
-        assert hold_freed_memory()
     import torch
 
+    import server_overhead
     from server_overhead import NAMESPACE, CoreRef, InProcess
+
+    server_overhead.IN_PROCESS_HOLDS_FREED_MEMORY = args.mode == "held"
 
     torch.set_num_threads(1)
     side = InProcess(CoreRef(Path(args.core), args.accept or NAMESPACE, Path(args.trust)), args.tokens)

@@ -27,7 +27,8 @@ from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
 from helios.errors import ExecutionError
 from helios.runtime.engine_link import EngineLink, serve_link, stats_of, wait_ready
 from helios.runtime.service import RuntimeOptions
-from helios.server.heap import freeze_startup_heap, hold_freed_memory
+from helios.runtime.host_heap import hold_freed_memory
+from helios.server.heap import freeze_startup_heap
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
 

@@ -31,7 +31,8 @@ from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
 from helios.server.engine_process import EngineProcessRuntime
-from helios.server.heap import freeze_startup_heap, hold_freed_memory
+from helios.runtime.host_heap import hold_freed_memory
+from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
