@@ -12,7 +12,8 @@ rounds of `--streams` concurrent greedy completions of `--tokens` tokens run whi
 both processes (`--spy gil`: only threads holding the interpreter lock, so a thread's samples are
 its Python work plus the C calls it makes without releasing the lock, such as uvloop's socket
 writes; `wall`: every thread that is not idle). Printed: CPU per token of every thread (from
-/proc, with voluntary and involuntary context switches per step), then each busy thread's frames
+/proc, with its kernel part, voluntary and involuntary context switches and minor page faults
+per step), then each busy thread's frames
 by own samples and by inclusive samples. `bench/server_overhead.py` prepares a core
 (`prepare`) when none is at hand.
 """
@@ -36,9 +37,9 @@ from sse_client import ClientProcess
 PROMPT = list(range(3, 35))
 
 
-def thread_times(pid: int) -> dict[str, tuple[float, int, int]]:
-    """CPU seconds and voluntary / involuntary switches of every thread of `pid` and its children,
-    keyed 'PID/TID name'."""
+def thread_times(pid: int) -> dict[str, tuple[float, int, int, float, int]]:
+    """CPU seconds, voluntary / involuntary switches, kernel CPU seconds and minor page faults of
+    every thread of `pid` and its children, keyed 'PID/TID name'."""
     out = {}
     tick = os.sysconf("SC_CLK_TCK")
     pids = [pid] + [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
@@ -49,7 +50,7 @@ def thread_times(pid: int) -> dict[str, tuple[float, int, int]]:
                 status = dict(line.split(":\t") for line in (task / "status").read_text().splitlines() if ":\t" in line)
                 key = f"{p}/{task.name} {status['Name'].strip()}"
                 out[key] = ((int(fields[11]) + int(fields[12])) / tick, int(status["voluntary_ctxt_switches"]),
-                            int(status["nonvoluntary_ctxt_switches"]))
+                            int(status["nonvoluntary_ctxt_switches"]), int(fields[12]) / tick, int(fields[7]))
             except (FileNotFoundError, ProcessLookupError, KeyError):
                 continue
     return out
@@ -57,15 +58,19 @@ def thread_times(pid: int) -> dict[str, tuple[float, int, int]]:
 
 def print_threads(before: dict, after: dict, num_tokens: int, steps: int) -> None:
     rows = []
-    for key, (cpu, vol, nonvol) in after.items():
-        cpu0, vol0, nonvol0 = before.get(key, (0.0, 0, 0))
+    for key, (cpu, vol, nonvol, kernel, faults) in after.items():
+        cpu0, vol0, nonvol0, kernel0, faults0 = before.get(key, (0.0, 0, 0, 0.0, 0))
         if cpu - cpu0 > 0:
-            rows.append((cpu - cpu0, key, (vol - vol0) / steps, (nonvol - nonvol0) / steps))
-    print("| thread (pid/tid name) | CPU us/token | voluntary switches/step | involuntary/step |")
-    print("|---|---|---|---|")
-    for cpu, key, vol, nonvol in sorted(rows, reverse=True):
-        print(f"| {key} | {cpu / num_tokens * 1e6:.1f} | {vol:.2f} | {nonvol:.2f} |")
-    print(f"| all | {sum(r[0] for r in rows) / num_tokens * 1e6:.1f} | | |")
+            rows.append((cpu - cpu0, key, (vol - vol0) / steps, (nonvol - nonvol0) / steps, kernel - kernel0,
+                         (faults - faults0) / steps))
+    print("| thread (pid/tid name) | CPU us/token | of which kernel | voluntary switches/step | involuntary/step "
+          "| minor page faults/step |")
+    print("|---|---|---|---|---|---|")
+    for cpu, key, vol, nonvol, kernel, faults in sorted(rows, reverse=True):
+        print(f"| {key} | {cpu / num_tokens * 1e6:.1f} | {kernel / num_tokens * 1e6:.1f} | {vol:.2f} | {nonvol:.2f} "
+              f"| {faults:.1f} |")
+    print(f"| all | {sum(r[0] for r in rows) / num_tokens * 1e6:.1f} | {sum(r[4] for r in rows) / num_tokens * 1e6:.1f} "
+          f"| | | {sum(r[5] for r in rows):.1f} |")
 
 
 def print_samples(raw: Path, top: int) -> None:

@@ -4,7 +4,7 @@ admission, preparation, presentation) against the same generation in-process wit
     .venv/bin/python bench/server_overhead.py [--streams 1 16 64] [--tokens 64] [--rounds 5]
         [--torch-threads 1] [--core MODEL.core --accept NS --trust KEY.pub | --checkpoint DIR]
         [--client raw|httpx] [--client-gather-ms 0.5] [--server-flag=--FLAG ...] [--compare-src TREE]
-        [--variant="FLAGS" ...] [--compare-gather-ms MS]
+        [--variant="FLAGS" ...] [--compare-gather-ms MS] [--glibc-thresholds]
 
 Not a test. Without --core, a checkpoint is prepared into a temporary core first (decode batches
 1, 4, 16, 64): --checkpoint DIR, else the embedded default model when it is built, else the tiny
@@ -12,7 +12,11 @@ random chat checkpoint the tests use. Every request is a greedy text completion 
 token-id prompt, so both sides generate the same tokens.
 
 - in-process: an engine whose worker thread runs in this process; requests go straight to
-  `Engine.submit` and times are read in the token callback (no delivery cost at all);
+  `Engine.submit` and times are read in the token callback (no delivery cost at all). This process
+  fixes glibc malloc's thresholds as every engine does by default (`RuntimeOptions.hold_freed_memory`,
+  `helios.runtime.host_heap`), so both sides allocate alike; `--glibc-thresholds` leaves glibc's moving
+  thresholds here (the model worker then faults a few megabytes in again on some steps, or on
+  every step, depending on the order of earlier frees);
 - offline:    `helios.runtime.offline.generate` (synchronous, one batch), aggregate tokens/s;
 - server:     a `helios serve` subprocess, streamed with return_token_ids (each chunk's ids mark
   their tokens' arrival) by a client in a process of its own (`bench/sse_client.py`: asyncio raw
@@ -76,6 +80,7 @@ from sse_client import ClientProcess
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench.helios/server"
 PROMPT = tuple(range(3, 35))
+IN_PROCESS_HOLDS_FREED_MEMORY = True  # --glibc-thresholds: False
 
 
 @dataclass(frozen=True)
@@ -149,9 +154,10 @@ class InProcess:
 
     def __init__(self, core: CoreRef, tokens: int):
         from helios.core.reader import open_core
-        from helios.runtime.service import build_runtime
+        from helios.runtime.service import RuntimeOptions, build_runtime
 
-        self.runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
+        self.runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
+                                     RuntimeOptions(hold_freed_memory=IN_PROCESS_HOLDS_FREED_MEMORY))
         self.eos = self.runtime.model.settings.eos_token_ids
         self.tokens = tokens
         self.runtime.engine.start()
@@ -194,9 +200,10 @@ class InProcess:
 def offline_rates(core: CoreRef, levels: list[int], tokens: int) -> dict[int, float]:
     from helios.core.reader import open_core
     from helios.runtime.offline import generate
-    from helios.runtime.service import build_runtime
+    from helios.runtime.service import RuntimeOptions, build_runtime
 
-    runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
+    runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
+                            RuntimeOptions(hold_freed_memory=IN_PROCESS_HOLDS_FREED_MEMORY))
     eos = runtime.model.settings.eos_token_ids
     rates = {}
     for level in levels:
@@ -342,7 +349,11 @@ def main() -> None:
                         help="also serve from this source tree (TREE/src), interleaved, and report it beside this tree")
     parser.add_argument("--variant", action="append", default=[], metavar="FLAGS",
                         help="also serve from this tree with FLAGS added (one string; repeatable), interleaved")
+    parser.add_argument("--glibc-thresholds", action="store_true",
+                        help="leave glibc malloc's moving thresholds in this process (the in-process side)")
     args = parser.parse_args()
+    global IN_PROCESS_HOLDS_FREED_MEMORY
+    IN_PROCESS_HOLDS_FREED_MEMORY = not args.glibc_thresholds
     import torch
 
     torch.set_num_threads(args.torch_threads)
@@ -372,6 +383,7 @@ def main() -> None:
                 side.close()
     report(args.streams, args.tokens, samples["in-process"], samples["server"], rates, sides["server"].client,
            tuple(args.server_flag))
+    print(f"\nin-process malloc thresholds: {'glibc (moving)' if args.glibc_thresholds else 'held (as helios serve)'}")
     if len(sides) > 2:
         report_comparison(args.streams, samples)
 

@@ -1,6 +1,6 @@
 """`freeze_startup_heap` (run by each serving process when it is ready): what exists then is frozen
-out of the cyclic collector's traversals, and the collector still finds cycles made later. Run in
-a child interpreter, since freezing is process-wide."""
+out of the cyclic collector's traversals, and the collector still finds cycles made later. Run in a
+child interpreter, since it is process-wide."""
 
 from __future__ import annotations
 
@@ -33,3 +33,4 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected():
     result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok ")
+

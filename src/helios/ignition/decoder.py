@@ -89,17 +89,19 @@ class LayerInputs(NamedTuple):
 
 
 def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs,
-                    partial: bool = False):
+                    partial: bool = False, rows: torch.Tensor | None = None):
     """Self-attention of one layer; writes this step's keys/values into the layer's cache planes.
     With `partial`, a tensor-parallel rank may return its unsummed `Partial` output (for
-    `residual_norm`)."""
+    `residual_norm`). With `rows` (packed token indices), the output projection runs on those
+    tokens' attention outputs only, and the result has one row each (every token's keys and values
+    are still written)."""
     out = row_parallel_output if partial else row_parallel_linear
     prefix, num_tokens = f"layers.{layer}.", hidden.shape[0]
     if arch.latent is not None:  # multi-head latent attention: its planes hold latents and rotary keys
         from helios.ignition.latent import latent_attention  # (it builds on this module's norms and rotary)
 
         attended = latent_attention(arch, w, layer, hidden, shared)
-        return out(arch, attended, w[prefix + "o.weight"], None)
+        return out(arch, attended if rows is None else attended[rows], w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
@@ -114,6 +116,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
     attended = attended.reshape(num_tokens, arch.q_size)
+    if rows is not None:
+        attended = attended[rows]
     return out(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 
 
@@ -161,8 +165,13 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     return Partial(out) if arch.tensor_parallel > 1 else out
 
 
-def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
-    """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place."""
+def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Final-normed hidden states [T, H] of the packed tokens. Mutates k_cache/v_cache in place.
+
+    With `rows` (packed token indices, [N]): the states [N, H] of those tokens alone. The last layer
+    then runs its output projection and MLP on them only, after its attention over every token (which
+    writes every token's keys and values): a prompt chunk samples from its last token, so the rest
+    of the chunk needs nothing past the last layer's cache write."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     if step.embedding_add is not None:
         hidden = hidden + step.embedding_add.to(hidden.dtype)
@@ -171,8 +180,11 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep) -> torch.Tensor:
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
+        kept = rows if layer == arch.num_layers - 1 else None
         # The residual add and the next norm, one fused op (with the sum over ranks of a Partial).
-        attended = attention_block(arch, w, layer, normed, shared, partial=True)
+        attended = attention_block(arch, w, layer, normed, shared, partial=True, rows=kept)
+        if kept is not None:
+            hidden = hidden[kept]
         hidden, normed = residual_norm(arch, hidden, attended, w[prefix + "post_norm"], arch.rms_norm_eps)
         next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
         mixed = mlp_block(arch, w, prefix, normed, partial=True)

@@ -41,7 +41,7 @@ class _Recurrent:
         max_query_len = 1 if self.one_token_rows else step.token_ids.shape[0]
         state = row_state(step, lanes[0], max_query_len)
         hidden = hybrid_hidden(self.arch, w, HybridStorage(k_cache, v_cache, conv_state, ssm_state), step, state)
-        sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
+        sampled, logits, scores = self.sample(w, hidden[self.last_tokens(step)], step, counts, lanes, controls)
         if pending is not None:
             store_pending(pending, lanes[0], sampled)
         return self.completion(step, lanes, sampled), logits, *scores

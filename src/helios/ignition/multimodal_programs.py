@@ -47,10 +47,11 @@ def store_deltas(deltas: torch.Tensor, request_slots, query_lens, last_offsets: 
 class _PromptImages:
     """PREFILL/MIXED hidden states: features at their tokens, mrope positions from the offsets."""
 
-    def hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
+    def last_hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
         offsets, indices, features = extra
         rotary = step.positions[:, None] + offsets
-        return multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, rotary, features, indices)
+        hidden = multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, rotary, features, indices)
+        return hidden[self.last_tokens(step)]
 
     def finish(self, step: PackedStep, lanes, offsets, deltas, result):
         request_slots, query_lens = lanes[0], lanes[3]
@@ -108,8 +109,8 @@ class _DecodeDeltas:
         rotary = (step.positions + deltas[lanes[0].clamp(min=0)])[:, None].expand(-1, 3)
         return super().decode(weights, k_cache, v_cache, counts, step, lanes, controls, trailing, rotary)
 
-    def hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
-        return multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, extra)
+    def last_hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
+        return multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, extra)[self.last_tokens(step)]
 
 
 class MultimodalDecode(_DecodeDeltas, DecodeProgram):

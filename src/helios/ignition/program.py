@@ -55,6 +55,9 @@ class GenerationProgram(torch.nn.Module):
     """PREFILL and DECODE: run the packed tokens, sample one token per sampling row."""
 
     up_projects = True  # prompt rows: latent attention up-projects the context (see `PackedStep`)
+    # Prompt rows sample from their last token only: the last layer's output projection and MLP
+    # skip the others (`decoder_hidden`'s rows). A DECODE row is one token, so it has nothing to skip.
+    last_rows_only = True
 
     def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
         super().__init__()
@@ -92,15 +95,20 @@ class GenerationProgram(torch.nn.Module):
         step, draft = self.with_window(step, lanes[0], draft)
         w = self.bind(weights, step, lanes[0], draft)
         step = self.with_engram(step, w, rows)
-        hidden = self.hidden(w, k_cache, v_cache, step, extra)
+        hidden = self.last_hidden(w, k_cache, v_cache, step, extra)
         sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
         if pending is not None:
             store_pending(pending, lanes[0], sampled)
         return self.completion(step, lanes, sampled), logits, *scores
 
-    def hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
-        """Final-normed hidden states of the packed tokens; `extra`: a subclass's own inputs."""
-        return decoder_hidden(self.arch, w, k_cache, v_cache, step)
+    def last_hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
+        """Final-normed hidden states [R, H] of each row's last packed token (`last_tokens`), the
+        one it samples from; `extra`: a subclass's own inputs. A prompt program (`last_rows_only`)
+        leaves the other tokens out of the last layer past its attention."""
+        last = self.last_tokens(step)
+        if self.last_rows_only:
+            return decoder_hidden(self.arch, w, k_cache, v_cache, step, last)
+        return decoder_hidden(self.arch, w, k_cache, v_cache, step)[last]
 
     def split_engram(self, trailing) -> tuple[torch.Tensor | None, tuple]:
         """(the staged n-gram rows, the other trailing inputs); (None, trailing) without Engram."""
@@ -145,7 +153,8 @@ class GenerationProgram(torch.nn.Module):
         return PackedStep(token_ids, positions, query_start, rows_page_table, slots, up_project=self.up_projects)
 
     def sample(self, w, hidden, step: PackedStep, counts, lanes, controls):
-        """Sample each row's next token from its last packed token; count it in output_counts.
+        """Sample each row's next token from `hidden`, the final-normed states [R, H] of the rows'
+        last packed tokens; count it in output_counts.
         Returns (sampled, logits, scores): `logits` are the unbiased `sampled_logits` (this rank's
         vocabulary rows under tensor parallelism), `scores` is () or, in a token-logprobs program,
         the ``helios::token_logprobs`` outputs of the distribution the token was drawn from (read
@@ -154,7 +163,7 @@ class GenerationProgram(torch.nn.Module):
         request_slots, sample_rows = lanes[0], lanes[2]
         seeds, counters, params, grammar_mask, bias_ids, bias_values = controls
         head = w["embed"] if self.arch.tie_word_embeddings else w["lm_head"]
-        logits = sampled_logits(self.arch, hidden[self.last_tokens(step)], head)
+        logits = sampled_logits(self.arch, hidden, head)
         slots, start = request_slots.clamp(min=0), w.get("vocab.start")
         biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots], start)
         temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)
@@ -208,6 +217,7 @@ class DecodeProgram(GenerationProgram):
     every sampled token there (see `helios.ignition.program_spec`)."""
 
     up_projects = False
+    last_rows_only = False
 
     def __init__(self, arch: Architecture, page_tokens: int, options: ProgramOptions = ProgramOptions()):
         super().__init__(arch, page_tokens, options)
@@ -299,9 +309,9 @@ class ScoredPrefillProgram(GenerationProgram):
         step, draft = self.with_window(step, request_slots, draft)
         w = self.bind(weights, step, request_slots, draft)
         step = self.with_engram(step, w, rows)
-        hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)
+        hidden = decoder_hidden(self.arch, w, k_cache, v_cache, step)  # every token: each is scored
         lanes = (request_slots, generations, sample_rows, query_lens, submission)
-        sampled, logits, scores = self.sample(w, hidden, step, (output_counts, prompt_counts), lanes,
+        sampled, logits, scores = self.sample(w, hidden[self.last_tokens(step)], step, (output_counts, prompt_counts), lanes,
                                               (seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values))
         targets = self.target_logprobs(w, hidden, step, target_ids)
         return self.completion(step, lanes, sampled), logits, *scores, *targets

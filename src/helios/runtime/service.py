@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from helios.runtime.host_heap import hold_freed_memory
 from helios.runtime.engine import Engine
 from helios.runtime.execution.executor import executor_for
 from helios.runtime.execution.geometry import capacities_for
@@ -29,6 +30,9 @@ class RuntimeOptions:
     policy: SchedulerPolicy = SchedulerPolicy()
     host_pages: int = 0  # host-memory page slots for offloaded snapshots and preempted requests
     ranks: RankOptions = RankOptions()  # how ranks 1..N-1 of a tensor-parallel core run
+    # Fix glibc malloc's thresholds for this process before loading (`helios.runtime.host_heap`):
+    # a CPU step's freed tensors stay with the process instead of being faulted in again each step.
+    hold_freed_memory: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class Runtime:
 
 def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     """Loads `core` (already verified and authorized) and builds an engine that is not started."""
+    if options.hold_freed_memory:
+        hold_freed_memory()
     ranked = core.prepared.manifest.ranks > 1
     # A tensor-parallel core's peers load their shards while rank zero loads its own; its programs
     # are captured into CUDA graphs once the group is formed (their collectives need every rank);

@@ -27,6 +27,7 @@ from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
 from helios.errors import ExecutionError
 from helios.runtime.engine_link import EngineLink, serve_link, stats_of, wait_ready
 from helios.runtime.service import RuntimeOptions
+from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
@@ -102,6 +103,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
     """The engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    hold_freed_memory()
     try:
         runtime, compiler = _load(source, options, torch_threads)
     except BaseException as error:  # noqa: BLE001 - reported to the serving process

@@ -11,6 +11,8 @@ objects go to the permanent generation, never traversed again), so later collect
 what was allocated while serving. The collector stays enabled: cycles made while serving are still
 found. Called once by each serving process (`helios serve`'s, and its engine process) when it is
 ready, before it takes requests.
+
+The C allocator's side (freed memory kept by the process) is `helios.runtime.host_heap`.
 """
 
 from __future__ import annotations
@@ -23,3 +25,4 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+

@@ -31,6 +31,7 @@ from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import Runtime
 from helios.server.engine_process import EngineProcessRuntime
+from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
 from helios.server.app import create_app
@@ -138,6 +139,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
           f"(max active {limits.max_active}, queue {limits.queue_capacity}, "
           f"frontend workers {limits.frontend_workers})", file=sys.stdout, flush=True)
     server = HeliosServer(config, served, options.drain_seconds)
+    hold_freed_memory()
     freeze_startup_heap()
     server.run(sockets=[sock])
     if server.has_worker_died:
