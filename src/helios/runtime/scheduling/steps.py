@@ -360,9 +360,11 @@ class StepBuilder:
             if req.status != RequestStatus.RUNNING:
                 continue
             num_running += 1
-            if req.spec.needs_feedback:
+            spec = req.spec
+            if spec.needs_feedback:
                 return None
-            if req.num_output_budget >= 1:
+            # num_output_budget >= 1, its properties inlined (a lane a step, 256 of them at a time)
+            if spec.max_output_tokens - (len(req.token_ids) - req.num_prompt_tokens) - req.num_pending_samples >= 1:
                 cohort.append(req)
         if num_running != len(self.queues.running) or not cohort:
             return None
