@@ -7,7 +7,10 @@ greedy workload (8-token prompts, --tokens outputs each) runs through the Helios
 (`helios.runtime.offline.generate`, the engine driven in this thread) and through transformers'
 `generate`, interleaved, --repeats times each; the best run of each is reported as output tokens
 per second, with the ratio Helios / transformers (wall clock) and the same ratio of process CPU
-time per token (steadier on a shared machine). Both use the same torch thread count (--threads).
+time per token (steadier on a shared machine). Both use the same torch thread count (--threads)
+and the same malloc thresholds: building an engine fixes them for the whole process
+(`RuntimeOptions.hold_freed_memory`) before transformers runs; --glibc-thresholds leaves glibc's
+moving ones.
 "same" counts requests whose Helios tokens equal transformers' greedy tokens; "target" is issue
 #18's goal for the ratio (1.0x at batch 1, 1.5x at batch 16).
 
@@ -85,7 +88,8 @@ def hf_run(model, prompts, tokens: int) -> tuple[int, list[list[int]]]:
 
 
 def compiled_engine(core: Path, key, args):
-    options = RuntimeOptions(load=LoadOptions(StartupOptions(token_logprobs=False), compile_programs=True))
+    options = RuntimeOptions(load=LoadOptions(StartupOptions(token_logprobs=False), compile_programs=True),
+                             hold_freed_memory=not args.glibc_thresholds)
     started = time.perf_counter()
     engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options).engine
     print(f"  (compiled engine loaded in {time.perf_counter() - started:.1f} s)", flush=True)
@@ -98,7 +102,8 @@ def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]
     plan = CapacityPlan(context_tokens=PROMPT_TOKENS + args.tokens + 8, prefill_tokens=64,
                         decode_batches=tuple(sorted(set(batches))))
     prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=args.dtype))
-    engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public])).engine
+    engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]),
+                           RuntimeOptions(hold_freed_memory=not args.glibc_thresholds)).engine
     compiled = compiled_engine(core, key, args) if args.compile_programs else None
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, args.dtype)).eval()
     vocab = model.config.vocab_size
@@ -151,6 +156,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each, interleaved; best reported")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="both run in it")
+    parser.add_argument("--glibc-thresholds", action="store_true",
+                        help="build the engines without RuntimeOptions.hold_freed_memory (glibc malloc's moving "
+                             "thresholds stay for the whole process, transformers' side included)")
     parser.add_argument("--compile-programs", action="store_true",
                         help="also run an engine whose CPU programs Inductor compiled at load")
     args = parser.parse_args()
