@@ -11,7 +11,7 @@ wall and process CPU time per request, the median of the per-pair ratios (last r
 whether both sides gave the same first tokens.
 
     .venv/bin/python bench/last_rows_ab.py [--models embedded,llama4] [--prompt-tokens 480]
-        [--repeats 9] [--threads 1] [--compile-programs]
+        [--repeats 9] [--threads 1] [--compile-programs] [--glibc-thresholds]
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ def prepared(checkpoint: Path, core: Path, key, plan: CapacityPlan, last_rows_on
     return core
 
 
-def engine_of(core: Path, key, compile_programs: bool):
-    load = LoadOptions(StartupOptions(token_logprobs=False), compile_programs=compile_programs)
-    return build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), RuntimeOptions(load=load)).engine
+def engine_of(core: Path, key, args):
+    load = LoadOptions(StartupOptions(token_logprobs=False), compile_programs=args.compile_programs)
+    options = RuntimeOptions(load=load, hold_freed_memory=not args.glibc_thresholds)
+    return build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options).engine
 
 
 def compare(name: str, checkpoint: Path, scratch: Path, args) -> None:
     key = SigningKey.generate()
     plan = CapacityPlan(context_tokens=args.prompt_tokens + 16, prefill_tokens=args.prompt_tokens, decode_batches=(1,))
-    engines = {side: engine_of(prepared(checkpoint, scratch / f"{name}-{i}.core", key, plan, side == SIDES[0]), key,
-                               args.compile_programs)
+    engines = {side: engine_of(prepared(checkpoint, scratch / f"{name}-{i}.core", key, plan, side == SIDES[0]), key, args)
                for i, side in enumerate(SIDES)}
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
     times = {side: ([], []) for side in SIDES}
@@ -91,6 +91,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9, help="timed requests per side (after one warm-up each)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--compile-programs", action="store_true", help="compile the CPU programs at load")
+    parser.add_argument("--glibc-thresholds", action="store_true",
+                        help="build the engines without RuntimeOptions.hold_freed_memory (glibc malloc's moving thresholds)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print("model     prompt  last rows ms  whole ms  wall ratio  cpu ratio  same first token")
