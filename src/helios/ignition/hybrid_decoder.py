@@ -50,8 +50,11 @@ def row_state(step: PackedStep, request_slots: torch.Tensor, max_query_len: int)
 
 
 def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: HybridStorage, step: PackedStep,
-                  state: RowState) -> torch.Tensor:
-    """Final-normed hidden states [T, H]. Mutates the k/v planes and the mixers' state rows in place."""
+                  state: RowState, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Final-normed hidden states [T, H]. Mutates the k/v planes and the mixers' state rows in place.
+    With `rows` (packed token indices, [N]): the states [N, H] of those tokens alone, the last
+    layer's MLP run on them only (after its mixer or attention over every token, which writes every
+    state row and cache entry; see `helios.ignition.decoder.decoder_hidden`)."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     mixers = {layer: index for index, layer in enumerate(arch.recurrent.layers)}
@@ -65,6 +68,8 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
         else:
             planes = (storage.k_cache[attention[layer]], storage.v_cache[attention[layer]])
             hidden = hidden + attention_block(arch, w, prefix, normed, planes, step, (cos, sin))
+        if rows is not None and layer == arch.num_layers - 1:
+            hidden = hidden[rows]
         normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
         hidden = hidden + mlp_block(arch, w, prefix, normed)
     return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)

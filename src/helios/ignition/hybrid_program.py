@@ -40,8 +40,12 @@ class _Recurrent:
         w = self.bind(weights, step, lanes[0], ())
         max_query_len = 1 if self.one_token_rows else step.token_ids.shape[0]
         state = row_state(step, lanes[0], max_query_len)
-        hidden = hybrid_hidden(self.arch, w, HybridStorage(k_cache, v_cache, conv_state, ssm_state), step, state)
-        sampled, logits, scores = self.sample(w, hidden[self.last_tokens(step)], step, counts, lanes, controls)
+        storage, last = HybridStorage(k_cache, v_cache, conv_state, ssm_state), self.last_tokens(step)
+        if self.last_rows_only:
+            hidden = hybrid_hidden(self.arch, w, storage, step, state, last)
+        else:
+            hidden = hybrid_hidden(self.arch, w, storage, step, state)[last]
+        sampled, logits, scores = self.sample(w, hidden, step, counts, lanes, controls)
         if pending is not None:
             store_pending(pending, lanes[0], sampled)
         return self.completion(step, lanes, sampled), logits, *scores

@@ -57,10 +57,13 @@ def add_deepstack(arch, hidden: torch.Tensor, features: torch.Tensor, feature_sl
 
 def multimodal_decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rotary_positions: torch.Tensor,
                               features: torch.Tensor | None = None,
-                              feature_slots: torch.Tensor | None = None) -> torch.Tensor:
+                              feature_slots: torch.Tensor | None = None,
+                              rows: torch.Tensor | None = None) -> torch.Tensor:
     """Final-normed hidden states [T, H]; mutates the cache planes in place. Without `features`
     (one-token decode) every token takes its own embedding; features wider than H carry DeepStack
-    blocks added after the first layers (`add_deepstack`)."""
+    blocks added after the first layers (`add_deepstack`). With `rows` (packed token indices, [N]):
+    the states [N, H] of those tokens alone, the last layer's output projection and MLP run on them
+    only (`helios.ignition.decoder.decoder_hidden`), unless DeepStack adds to the last layer."""
     num_stacked = 0
     if features is None:
         hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
@@ -71,13 +74,18 @@ def multimodal_decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rotar
     shared = LayerInputs(step, k_cache, v_cache, cos, sin)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
     update = torch.ops.helios.add_rms_norm
+    last = arch.num_layers - 1
+    kept = rows if last >= num_stacked else None  # (DeepStack rows are per packed token)
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
-        hidden, normed = update(hidden, attention_block(arch, w, layer, normed, shared), w[prefix + "post_norm"],
-                                arch.rms_norm_eps)
+        selected = kept if layer == last else None
+        attended = attention_block(arch, w, layer, normed, shared, rows=selected)
+        if selected is not None:
+            hidden = hidden[selected]
+        hidden, normed = update(hidden, attended, w[prefix + "post_norm"], arch.rms_norm_eps)
         next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
         hidden, normed = update(hidden, mlp_block(arch, w, prefix, normed), next_norm, arch.rms_norm_eps)
         if layer < num_stacked:
             hidden = add_deepstack(arch, hidden, features, feature_slots, layer)
             normed = rms_norm(hidden, next_norm, arch.rms_norm_eps)
-    return normed
+    return normed if rows is None or kept is not None else normed[rows]

@@ -50,8 +50,10 @@ class _PromptImages:
     def last_hidden(self, w, k_cache, v_cache, step: PackedStep, extra) -> torch.Tensor:
         offsets, indices, features = extra
         rotary = step.positions[:, None] + offsets
-        hidden = multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, rotary, features, indices)
-        return hidden[self.last_tokens(step)]
+        last = self.last_tokens(step)
+        if self.last_rows_only:
+            return multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, rotary, features, indices, last)
+        return multimodal_decoder_hidden(self.arch, w, k_cache, v_cache, step, rotary, features, indices)[last]
 
     def finish(self, step: PackedStep, lanes, offsets, deltas, result):
         request_slots, query_lens = lanes[0], lanes[3]
