@@ -14,7 +14,7 @@ import torch
 
 from support.server_core import ServerProcess
 
-from .test_vl_server import IMAGES, _metric, _user
+from .test_vl_server import IMAGES, UNSEEN, _metric, _user
 from .tiny_vl3 import MAX_PIXELS, MEAN, MIN_PIXELS, PATCH, STD, hf_image_processor3, tiny_model3
 from .vl_checkpoint import SERVED_ID, ProcessorConfig, prepare_vl_core, shared_vl_core
 
@@ -72,5 +72,6 @@ def test_a_repeated_image_is_encoded_once(served, client):
     url = served[1].url
     misses = _metric(url, "helios_image_cache_misses")
     for _ in range(2):
-        client.chat.completions.create(model=SERVED_ID, messages=_user(2, text="Again?"), max_tokens=2, temperature=0)
+        client.chat.completions.create(model=SERVED_ID, messages=_user(UNSEEN, text="Again?"), max_tokens=2,
+                                       temperature=0)
     assert _metric(url, "helios_image_cache_misses") == misses + 1

@@ -21,8 +21,12 @@ from .tiny_vl import IMAGE_TOKEN, hf_image_processor, image_bytes
 from .vl_checkpoint import SERVED_ID, shared_vl_core
 
 PIL = pytest.importorskip("PIL.Image")
-IMAGES = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG"), image_bytes(64, 64, 5, "WEBP")]
-MEDIA = ["image/png", "image/jpeg", "image/webp"]
+# The last one only the feature-cache test sends, so its first request misses the cache whatever
+# ran before it (a module's tests can run in any order under xdist's work stealing).
+IMAGES = [image_bytes(90, 60, 1), image_bytes(40, 100, 2, "JPEG"), image_bytes(64, 64, 5, "WEBP"),
+          image_bytes(64, 64, 8, "WEBP")]
+MEDIA = ["image/png", "image/jpeg", "image/webp", "image/webp"]
+UNSEEN = 3
 MAX_IMAGE_BYTES = 200_000
 
 
@@ -104,9 +108,9 @@ def _metric(url: str, name: str) -> float:
 def test_a_repeated_image_hits_the_feature_cache_and_another_image_misses_the_prefix_cache(served, client):
     url = served[1].url
     hits, misses = _metric(url, "helios_image_cache_hits"), _metric(url, "helios_image_cache_misses")
-    first = client.chat.completions.create(model=SERVED_ID, messages=_user(2, text="Again?"), max_tokens=4,
+    first = client.chat.completions.create(model=SERVED_ID, messages=_user(UNSEEN, text="Again?"), max_tokens=4,
                                            temperature=0, extra_body={"return_token_ids": True})
-    again = client.chat.completions.create(model=SERVED_ID, messages=_user(2, text="Again?"), max_tokens=4,
+    again = client.chat.completions.create(model=SERVED_ID, messages=_user(UNSEEN, text="Again?"), max_tokens=4,
                                            temperature=0, extra_body={"return_token_ids": True})
     assert again.choices[0].token_ids == first.choices[0].token_ids
     assert _metric(url, "helios_image_cache_misses") == misses + 1  # encoded once
