@@ -96,12 +96,18 @@ def compiled_engine(core: Path, key, args):
     return engine
 
 
-def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]) -> None:
+def prepared(name: str, checkpoint: Path, scratch: Path, tokens: int, batches: list[int], dtype: str):
+    """(the core of `checkpoint` for this workload, prepared in `dtype` under `scratch`, its signing key)."""
     key = SigningKey.generate()
     core = scratch / f"{name}.core"
-    plan = CapacityPlan(context_tokens=PROMPT_TOKENS + args.tokens + 8, prefill_tokens=64,
+    plan = CapacityPlan(context_tokens=PROMPT_TOKENS + tokens + 8, prefill_tokens=64,
                         decode_batches=tuple(sorted(set(batches))))
-    prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=args.dtype))
+    prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=dtype))
+    return core, key
+
+
+def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]) -> None:
+    core, key = prepared(name, checkpoint, scratch, args.tokens, batches, args.dtype)
     engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]),
                            RuntimeOptions(hold_freed_memory=not args.glibc_thresholds)).engine
     compiled = compiled_engine(core, key, args) if args.compile_programs else None

@@ -28,12 +28,10 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from generate_vs_hf import NAMESPACE, PROMPT_TOKENS, checkpoints, helios_run, hf_run, timed  # noqa: E402
+from generate_vs_hf import NAMESPACE, PROMPT_TOKENS, checkpoints, helios_run, hf_run, prepared, timed  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
-from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
 from helios.runtime.loading import packed_linears  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
@@ -58,11 +56,7 @@ def _compiled(core: Path, key, packing: bool):
 
 
 def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]) -> None:
-    key = SigningKey.generate()
-    core = scratch / f"{name}.core"
-    plan = CapacityPlan(context_tokens=PROMPT_TOKENS + args.tokens + 8, prefill_tokens=64,
-                        decode_batches=tuple(sorted(set(batches))))
-    prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, capacities=plan, dtype="float32"))
+    core, key = prepared(name, checkpoint, scratch, args.tokens, batches, "float32")
     engines = {"plain": _compiled(core, key, False), "packed": _compiled(core, key, True)}
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     vocab = model.config.vocab_size
