@@ -6,7 +6,9 @@ fast graph (`helios.runtime.loading.cpu_fast`), the runs of pure tensor calls be
 calls (`helios.runtime.loading.compile_segments`) with Inductor into fused C++ kernels, for the
 exact tensors the runtime calls it with (`program_arguments`: the same shapes every call, so
 nothing is traced or compiled again). The opaque calls (attention over the step's plan, cache
-writes, sampling, completion records) run as the fast graph runs them; so do the projections
+writes, sampling, completion records) run as the fast graph runs them, but for a full decode
+step's attention, which runs a C++ kernel built at load
+(`helios.runtime.loading.decode_attention_kernel`); so do the projections
 `helios.runtime.loading.packed_linears` measures faster through oneDNN's packed weights (the
 segments form around them). A segment's contiguous output is passed to the next without a copy,
 and views nothing reads are dropped.
@@ -41,6 +43,7 @@ from helios.runtime.loading.compile_segments import (
     compiled_runs, is_compiled, is_free, reorder, run_boundary, segment_graph,
 )
 from helios.runtime.loading.cpu_programs import CpuProgram
+from helios.runtime.loading.decode_attention_kernel import bind_decode_attention, build_kernel
 from helios.runtime.loading.packed_linears import pack_linears
 from helios.runtime.loading.segment_calls import compile_segment
 
@@ -111,6 +114,7 @@ def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | Non
         _compile_run(module, graph, run, values, real, number, contiguous)
     _bind_fixed_views(module, graph, real)
     _drop_unused_views(graph)
+    bind_decode_attention(graph, build_kernel())
     graph.lint()
     module.recompile()
     program.use_compiled(module, tensors)

@@ -1,0 +1,217 @@
+"""A compiled CPU kernel for a decode step's paged attention (``--compile-programs``).
+
+In a compiled CPU program (`helios.runtime.loading.program_compile`) each attention call of a
+full decode step (one query per row, `helios.abi.paged_reference.AttentionPlan.full`) gathered
+the rows' pages into padded key and value copies and ran ``scaled_dot_product_attention`` over
+them with an additive mask: at 16 rows, 4 query and 2 key/value heads of 32 and a 48-token
+context, about 50 us a call alone, of which SDPA's flash kernel 30 us (its per-head small-GEMM
+calls and buffers) and the copies and views the rest.
+
+`KERNEL_SOURCE` does that attention in one C++ call compiled at load through Inductor's C++
+toolchain (the compiler ``--compile-programs`` already needs): for each row and key/value head
+it walks the row's pages in place (no gather), over the row's true context only (positions
+``first..p``, where ``first`` is 0, or ``p - window + 1`` with a window; no padding, no mask),
+computes each query head's scores (query head ``h`` reads key/value head ``h // (Hq // Hkv)``),
+a max-subtracted softmax and the weighted sum of the values, vectorised over the head dimension
+with ATen's ``Vectorized``. A row whose position is negative (a padding row: nothing visible)
+gets zeros, as SDPA gives a fully masked row. The same mathematics as the reference; float32
+sums in another order, so results equal it within float rounding (like every compiled segment).
+
+`decode_attention(kernel)` is the body a compiled program calls instead of
+`helios.abi.cpu_bodies.attention_planned`: it runs the kernel for a full decode step in float32
+with one torch thread (the kernel is single-threaded) and row-major key/value heads, and the
+reference `attend` for everything else (prompt rows, other dtypes, several threads).
+`bind_decode_attention(graph, kernel)` points a program graph's planned attention calls at it.
+
+Thread ownership: the kernel is built at load; calls run on the model worker.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from helios.abi import cpu_bodies
+from helios.abi.paged_reference import AttentionPlan, attend
+
+KERNEL_SOURCE = r"""
+#include <torch/csrc/inductor/cpp_prefix.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kMaxGroup = 32;  // query heads per key/value head (checked by the caller)
+
+static inline float sum_lanes(Vec v) {
+    return at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, v);
+}
+static inline float max_lanes(Vec v) {
+    return at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, v);
+}
+
+// scores[g * span + i] = scale * q_g . key(first + i) for the row's key/value head.
+static void row_scores(float* scores, const float* qh, const float* plane, const int64_t* ids, int64_t first,
+                       int64_t last, int64_t span, int64_t group, int64_t head_dim, int64_t page_tokens,
+                       int64_t page_stride, int64_t token_stride, float scale) {
+    constexpr int64_t W = Vec::size();
+    for (int64_t c = first; c <= last;) {
+        const int64_t page = c / page_tokens, end = std::min(last + 1, (page + 1) * page_tokens);
+        const float* key = plane + ids[page] * page_stride + (c - page * page_tokens) * token_stride;
+        for (; c < end; ++c, key += token_stride) {
+            for (int64_t g = 0; g < group; ++g) {
+                const float* qg = qh + g * head_dim;
+                Vec acc(0.f);
+                int64_t d = 0;
+                for (; d + W <= head_dim; d += W) acc = at::vec::fmadd(Vec::loadu(qg + d), Vec::loadu(key + d), acc);
+                if (d < head_dim)
+                    acc = at::vec::fmadd(Vec::loadu(qg + d, head_dim - d), Vec::loadu(key + d, head_dim - d), acc);
+                scores[g * span + (c - first)] = sum_lanes(acc) * scale;
+            }
+        }
+    }
+}
+
+// Replaces scores by exp(score - max) and returns 1 / their sum.
+static float softmax_terms(float* s, int64_t span) {
+    constexpr int64_t W = Vec::size();
+    Vec top(-std::numeric_limits<float>::infinity());
+    int64_t i = 0;
+    for (; i + W <= span; i += W) top = at::vec::maximum(top, Vec::loadu(s + i));
+    float most = max_lanes(top);
+    for (; i < span; ++i) most = std::max(most, s[i]);
+    const Vec shift(most);
+    Vec total(0.f);
+    for (i = 0; i + W <= span; i += W) {
+        const Vec e = (Vec::loadu(s + i) - shift).exp();
+        e.store(s + i);
+        total = total + e;
+    }
+    if (i < span) {
+        const Vec e = (Vec::loadu(s + i, span - i) - shift).exp();
+        e.store(s + i, span - i);
+        total = total + Vec::set(Vec(0.f), e, span - i);
+    }
+    return 1.f / sum_lanes(total);
+}
+
+// out_g = inverse_g * sum_i scores[g * span + i] * value(first + i), W lanes of the head at a time.
+static void row_values(float* oh, const float* scores, const float* inverse, const float* plane, const int64_t* ids,
+                       int64_t first, int64_t last, int64_t span, int64_t group, int64_t head_dim,
+                       int64_t page_tokens, int64_t page_stride, int64_t token_stride) {
+    constexpr int64_t W = Vec::size();
+    for (int64_t d = 0; d < head_dim; d += W) {
+        const int64_t width = std::min(W, head_dim - d);
+        Vec acc[kMaxGroup];
+        for (int64_t g = 0; g < group; ++g) acc[g] = Vec(0.f);
+        for (int64_t c = first; c <= last;) {
+            const int64_t page = c / page_tokens, end = std::min(last + 1, (page + 1) * page_tokens);
+            const float* value = plane + ids[page] * page_stride + (c - page * page_tokens) * token_stride + d;
+            for (; c < end; ++c, value += token_stride) {
+                const Vec v = width == W ? Vec::loadu(value) : Vec::loadu(value, width);
+                for (int64_t g = 0; g < group; ++g)
+                    acc[g] = at::vec::fmadd(Vec(scores[g * span + (c - first)]), v, acc[g]);
+            }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+            const Vec o = acc[g] * Vec(inverse[g]);
+            if (width == W) o.store(oh + g * head_dim + d); else o.store(oh + g * head_dim + d, width);
+        }
+    }
+}
+
+extern "C" void kernel(float* out, const float* q, const float* k_plane, const float* v_plane,
+                       const int64_t* pages, const int64_t* positions, int64_t rows, int64_t row_pages,
+                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t page_tokens,
+                       int64_t page_stride, int64_t token_stride, int64_t window, float scale) {
+    const int64_t group = q_heads / kv_heads;
+    std::vector<float> scores;
+    float inverse[kMaxGroup];
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t last = positions[r];
+        const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+        const int64_t span = last - first + 1;
+        float* row_out = out + r * q_heads * head_dim;
+        if (span <= 0) {  // nothing visible: zeros, as SDPA gives a fully masked row
+            std::fill(row_out, row_out + q_heads * head_dim, 0.f);
+            continue;
+        }
+        if ((int64_t)scores.size() < group * span) scores.resize(group * span);
+        const int64_t* ids = pages + r * row_pages;
+        for (int64_t h = 0; h < kv_heads; ++h) {
+            const float* qh = q + (r * q_heads + h * group) * head_dim;
+            row_scores(scores.data(), qh, k_plane + h * head_dim, ids, first, last, span, group, head_dim,
+                       page_tokens, page_stride, token_stride, scale);
+            for (int64_t g = 0; g < group; ++g) inverse[g] = softmax_terms(scores.data() + g * span, span);
+            row_values(row_out + h * group * head_dim, scores.data(), inverse, v_plane + h * head_dim, ids, first,
+                       last, span, group, head_dim, page_tokens, page_stride, token_stride);
+        }
+    }
+}
+"""
+
+_ARGUMENT_TYPES = ("float*", "const float*", "const float*", "const float*", "const int64_t*", "const int64_t*",
+                   *("int64_t",) * 9, "float")
+MAX_GROUP = 32  # kMaxGroup above
+_built: list[Callable] = []
+
+
+def build_kernel() -> Callable:
+    """The compiled kernel (built once per process through Inductor's C++ toolchain and cache).
+    Raises what the toolchain raises when it cannot build it."""
+    if not _built:
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        _built.append(CppPythonBindingsCodeCache.load_pybinding(list(_ARGUMENT_TYPES), KERNEL_SOURCE))
+    return _built[0]
+
+
+def decode_attention(kernel: Callable) -> Callable:
+    """`attention_planned` (q, k_cache, v_cache, plan, scale) through `kernel` where it applies
+    (see the module docstring), the reference `attend` elsewhere."""
+
+    def decode_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
+                                scale: float) -> torch.Tensor:
+        if not (plan.full and kernel_applies(q, k_cache, v_cache, plan)):
+            return attend(plan, q, k_cache, v_cache, scale)
+        group = plan.group
+        out = torch.empty(q.shape, dtype=torch.float32)
+        kernel(out, q, k_cache, v_cache, group.page_ids, group.positions, group.num_rows,
+               group.page_ids.shape[0] // group.num_rows, q.shape[1], k_cache.shape[2], q.shape[2],
+               k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), group.window, float(scale))
+        return out
+    return decode_attention_kernel
+
+
+def kernel_applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan) -> bool:
+    """Whether the kernel computes this call: float32 CPU tensors, q contiguous [rows, Hq, D], the
+    planes [pages, page tokens, Hkv, D] with row-major heads and equal strides, a grouping the
+    kernel holds, the plan's geometry, and one torch thread."""
+    if q.dtype != torch.float32 or k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32:
+        return False
+    if q.device.type != "cpu" or k_cache.device.type != "cpu" or v_cache.device.type != "cpu":
+        return False
+    if q.dim() != 3 or k_cache.dim() != 4 or not q.is_contiguous() or k_cache.stride() != v_cache.stride():
+        return False
+    head_dim, kv_heads = k_cache.shape[3], k_cache.shape[2]
+    if k_cache.stride(3) != 1 or k_cache.stride(2) != head_dim or q.shape[2] != head_dim:
+        return False
+    if kv_heads == 0 or q.shape[1] % kv_heads or q.shape[1] // kv_heads > MAX_GROUP:
+        return False
+    if k_cache.shape != v_cache.shape or k_cache.shape[:2] != (plan.plane_pages, plan.page_tokens):
+        return False
+    group = plan.group
+    return q.shape[0] == group.num_rows and torch.get_num_threads() == 1
+
+
+def bind_decode_attention(graph: torch.fx.Graph, kernel: Callable) -> int:
+    """Points every `attention_planned` call of `graph` at `decode_attention(kernel)`; returns how many."""
+    body = decode_attention(kernel)
+    count = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is cpu_bodies.attention_planned:
+            node.target = body
+            count += 1
+    return count
