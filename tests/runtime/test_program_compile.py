@@ -133,6 +133,10 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
               and getattr(a.args[0].target, "__name__", "").startswith("compiled_segment_")]
     assert direct
     assert not [n for n in module.graph.nodes if is_free(n) and not n.users]  # no view left unread
+    # The decode step's attention runs the kernel built at load (its logits compared above).
+    attention = [n.target.__name__ for n in module.graph.nodes if n.op == "call_function"
+                 and getattr(n.target, "__name__", "") in ("decode_attention_kernel", "attention_planned")]
+    assert attention == ["decode_attention_kernel"] * 2
 
 
 def test_unread_views_are_dropped_and_nothing_else():

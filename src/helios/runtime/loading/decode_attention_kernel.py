@@ -19,8 +19,10 @@ sums in another order, so results equal it within float rounding (like every com
 
 `decode_attention(kernel)` is the body a compiled program calls instead of
 `helios.abi.cpu_bodies.attention_planned`: it runs the kernel for a full decode step in float32
-with one torch thread (the kernel is single-threaded) and row-major key/value heads, and the
-reference `attend` for everything else (prompt rows, other dtypes, several threads).
+with row-major key/value heads, and the reference `attend` for everything else (prompt rows,
+other dtypes). With several torch threads the kernel splits its (row, key/value head) pairs
+between them (OpenMP, as Inductor's kernels; one thread when there are fewer than two pairs per
+thread).
 `bind_decode_attention(graph, kernel)` points a program graph's planned attention calls at it.
 
 Thread ownership: the kernel is built at load; calls run on the model worker.
@@ -122,38 +124,48 @@ static void row_values(float* oh, const float* scores, const float* inverse, con
     }
 }
 
+// One row's attention for one key/value head (its query heads h * group .. h * group + group - 1).
+static void row_head(float* out, const float* q, const float* k_plane, const float* v_plane, const int64_t* ids,
+                     int64_t last, int64_t h, std::vector<float>& scores, int64_t q_heads, int64_t group,
+                     int64_t head_dim, int64_t page_tokens, int64_t page_stride, int64_t token_stride, int64_t window,
+                     float scale) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+    const int64_t span = last - first + 1;
+    float* oh = out + h * group * head_dim;
+    if (span <= 0) {  // nothing visible: zeros, as SDPA gives a fully masked row
+        std::fill(oh, oh + group * head_dim, 0.f);
+        return;
+    }
+    if ((int64_t)scores.size() < group * span) scores.resize(group * span);
+    float inverse[kMaxGroup];
+    row_scores(scores.data(), q + h * group * head_dim, k_plane + h * head_dim, ids, first, last, span, group,
+               head_dim, page_tokens, page_stride, token_stride, scale);
+    for (int64_t g = 0; g < group; ++g) inverse[g] = softmax_terms(scores.data() + g * span, span);
+    row_values(oh, scores.data(), inverse, v_plane + h * head_dim, ids, first, last, span, group, head_dim,
+               page_tokens, page_stride, token_stride);
+}
+
 extern "C" void kernel(float* out, const float* q, const float* k_plane, const float* v_plane,
                        const int64_t* pages, const int64_t* positions, int64_t rows, int64_t row_pages,
                        int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t page_tokens,
-                       int64_t page_stride, int64_t token_stride, int64_t window, float scale) {
-    const int64_t group = q_heads / kv_heads;
-    std::vector<float> scores;
-    float inverse[kMaxGroup];
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t last = positions[r];
-        const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
-        const int64_t span = last - first + 1;
-        float* row_out = out + r * q_heads * head_dim;
-        if (span <= 0) {  // nothing visible: zeros, as SDPA gives a fully masked row
-            std::fill(row_out, row_out + q_heads * head_dim, 0.f);
-            continue;
-        }
-        if ((int64_t)scores.size() < group * span) scores.resize(group * span);
-        const int64_t* ids = pages + r * row_pages;
-        for (int64_t h = 0; h < kv_heads; ++h) {
-            const float* qh = q + (r * q_heads + h * group) * head_dim;
-            row_scores(scores.data(), qh, k_plane + h * head_dim, ids, first, last, span, group, head_dim,
-                       page_tokens, page_stride, token_stride, scale);
-            for (int64_t g = 0; g < group; ++g) inverse[g] = softmax_terms(scores.data() + g * span, span);
-            row_values(row_out + h * group * head_dim, scores.data(), inverse, v_plane + h * head_dim, ids, first,
-                       last, span, group, head_dim, page_tokens, page_stride, token_stride);
+                       int64_t page_stride, int64_t token_stride, int64_t window, float scale, int64_t threads) {
+    const int64_t group = q_heads / kv_heads, work = rows * kv_heads;
+    #pragma omp parallel num_threads(threads) if(threads > 1 && work >= 2 * threads)
+    {
+        std::vector<float> scores;
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < work; ++i) {
+            const int64_t r = i / kv_heads, h = i - r * kv_heads;
+            row_head(out + r * q_heads * head_dim, q + r * q_heads * head_dim, k_plane, v_plane,
+                     pages + r * row_pages, positions[r], h, scores, q_heads, group, head_dim, page_tokens,
+                     page_stride, token_stride, window, scale);
         }
     }
 }
 """
 
 _ARGUMENT_TYPES = ("float*", "const float*", "const float*", "const float*", "const int64_t*", "const int64_t*",
-                   *("int64_t",) * 9, "float")
+                   *("int64_t",) * 9, "float", "int64_t")
 MAX_GROUP = 32  # kMaxGroup above
 _built: list[Callable] = []
 
@@ -180,7 +192,8 @@ def decode_attention(kernel: Callable) -> Callable:
         out = torch.empty(q.shape, dtype=torch.float32)
         kernel(out, q, k_cache, v_cache, group.page_ids, group.positions, group.num_rows,
                group.page_ids.shape[0] // group.num_rows, q.shape[1], k_cache.shape[2], q.shape[2],
-               k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), group.window, float(scale))
+               k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), group.window, float(scale),
+               torch.get_num_threads())
         return out
     return decode_attention_kernel
 
@@ -188,7 +201,7 @@ def decode_attention(kernel: Callable) -> Callable:
 def kernel_applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan) -> bool:
     """Whether the kernel computes this call: float32 CPU tensors, q contiguous [rows, Hq, D], the
     planes [pages, page tokens, Hkv, D] with row-major heads and equal strides, a grouping the
-    kernel holds, the plan's geometry, and one torch thread."""
+    kernel holds, and the plan's geometry."""
     if q.dtype != torch.float32 or k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32:
         return False
     if q.device.type != "cpu" or k_cache.device.type != "cpu" or v_cache.device.type != "cpu":
@@ -203,7 +216,7 @@ def kernel_applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if k_cache.shape != v_cache.shape or k_cache.shape[:2] != (plan.plane_pages, plan.page_tokens):
         return False
     group = plan.group
-    return q.shape[0] == group.num_rows and torch.get_num_threads() == 1
+    return q.shape[0] == group.num_rows
 
 
 def bind_decode_attention(graph: torch.fx.Graph, kernel: Callable) -> int:

@@ -97,6 +97,7 @@ def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | Non
     runtime's views of the same buffers); returns the module. Projections where oneDNN's packed
     weights pay run through them (`helios.runtime.loading.packed_linears`; `packed` shares the
     packed weights between programs)."""
+    kernel = build_kernel()  # the decode attention kernel (built once per process)
     weights, *inputs = arguments
     tensors = (*weights, *inputs)
     placeholders = [node for node in program.fast.graph.nodes if node.op == "placeholder"]
@@ -114,7 +115,7 @@ def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | Non
         _compile_run(module, graph, run, values, real, number, contiguous)
     _bind_fixed_views(module, graph, real)
     _drop_unused_views(graph)
-    bind_decode_attention(graph, build_kernel())
+    bind_decode_attention(graph, kernel)
     graph.lint()
     module.recompile()
     program.use_compiled(module, tensors)
