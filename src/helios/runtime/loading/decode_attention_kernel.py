@@ -20,9 +20,8 @@ sums in another order, so results equal it within float rounding (like every com
 `decode_attention(kernel)` is the body a compiled program calls instead of
 `helios.abi.cpu_bodies.attention_planned`: it runs the kernel for a full decode step in float32
 with row-major key/value heads, and the reference `attend` for everything else (prompt rows,
-other dtypes). With several torch threads the kernel splits its (row, key/value head) pairs
-between them (OpenMP, as Inductor's kernels; one thread when there are fewer than two pairs per
-thread).
+other dtypes). With several torch threads the kernel splits its rows between them (OpenMP, as
+Inductor's kernels; one thread when there are fewer than two rows per thread).
 `bind_decode_attention(graph, kernel)` points a program graph's planned attention calls at it.
 
 Thread ownership: the kernel is built at load; calls run on the model worker.
@@ -145,20 +144,48 @@ static void row_head(float* out, const float* q, const float* k_plane, const flo
                page_tokens, page_stride, token_stride);
 }
 
+// Asks for the lines of a row's visible keys and values (every head) ahead of their use: after a
+// step's matrix products the cache planes are rarely in the CPU caches, and a row's pages are
+// scattered, so the hardware prefetchers do not see them coming.
+static void prefetch_row(const float* k_plane, const float* v_plane, const int64_t* ids, int64_t last,
+                         int64_t page_tokens, int64_t page_stride, int64_t token_stride, int64_t window) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+    constexpr int64_t kLine = 64 / sizeof(float);
+    for (int64_t c = first; c <= last;) {
+        const int64_t page = c / page_tokens, end = std::min(last + 1, (page + 1) * page_tokens);
+        const int64_t offset = ids[page] * page_stride + (c - page * page_tokens) * token_stride;
+        const int64_t extent = (end - c) * token_stride;
+        for (int64_t i = 0; i < extent; i += kLine) {
+            __builtin_prefetch(k_plane + offset + i, 0, 3);
+            __builtin_prefetch(v_plane + offset + i, 0, 3);
+        }
+        c = end;
+    }
+}
+
 extern "C" void kernel(float* out, const float* q, const float* k_plane, const float* v_plane,
                        const int64_t* pages, const int64_t* positions, int64_t rows, int64_t row_pages,
                        int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t page_tokens,
                        int64_t page_stride, int64_t token_stride, int64_t window, float scale, int64_t threads) {
-    const int64_t group = q_heads / kv_heads, work = rows * kv_heads;
-    #pragma omp parallel num_threads(threads) if(threads > 1 && work >= 2 * threads)
+    const int64_t group = q_heads / kv_heads;
+    #pragma omp parallel num_threads(threads) if(threads > 1 && rows >= 2 * threads)
     {
         std::vector<float> scores;
+        bool fetched = false;  // whether this thread asked for its first row
         #pragma omp for schedule(static)
-        for (int64_t i = 0; i < work; ++i) {
-            const int64_t r = i / kv_heads, h = i - r * kv_heads;
-            row_head(out + r * q_heads * head_dim, q + r * q_heads * head_dim, k_plane, v_plane,
-                     pages + r * row_pages, positions[r], h, scores, q_heads, group, head_dim, page_tokens,
-                     page_stride, token_stride, window, scale);
+        for (int64_t r = 0; r < rows; ++r) {
+            if (!fetched) {
+                prefetch_row(k_plane, v_plane, pages + r * row_pages, positions[r], page_tokens, page_stride,
+                             token_stride, window);
+                fetched = true;
+            }
+            if (r + 1 < rows)
+                prefetch_row(k_plane, v_plane, pages + (r + 1) * row_pages, positions[r + 1], page_tokens,
+                             page_stride, token_stride, window);
+            for (int64_t h = 0; h < kv_heads; ++h)
+                row_head(out + r * q_heads * head_dim, q + r * q_heads * head_dim, k_plane, v_plane,
+                         pages + r * row_pages, positions[r], h, scores, q_heads, group, head_dim, page_tokens,
+                         page_stride, token_stride, window, scale);
         }
     }
 }
