@@ -1,15 +1,17 @@
-"""Same-process A/B of the compiled CPU decode attention kernel (not a test): one engine loaded
-with its programs compiled (`--compile-programs`), generating the same greedy workload alternately
-with each program's attention calls on the kernel (`helios.runtime.loading.decode_attention_kernel`)
-and on the reference body it replaces (`helios.abi.cpu_bodies.attention_planned`: page gathers
-and SDPA over the padded context).
+"""Same-process A/B of the compiled CPU programs' C++ kernels (not a test): one engine loaded with
+its programs compiled (`--compile-programs`), generating the same greedy workload alternately with
+each program's attention calls and cache writes on the kernels built at load
+(`helios.runtime.loading.decode_attention_kernel`, `cache_write_kernel`) and on the reference
+bodies they replace (`helios.abi.cpu_bodies.attention_planned`: page gathers and SDPA over the
+padded context; `cache_write_planned`: two ``index_copy_`` calls). --only attention|writes swaps
+one of the two (the other stays on its kernel).
 
 Prints thread CPU time per step (prefill included, as `bench/cpu_step_profile.py` counts it) of
 each side, best and median of --repeats alternated runs (the order swapped every round), their
 ratio, whether both sides gave the same tokens, and the load average.
 
-    .venv/bin/python bench/decode_attention_kernel_ab.py [--model embedded|llama4] [--batch 16]
-        [--tokens 64] [--repeats 7]
+    .venv/bin/python bench/cpu_kernels_ab.py [--model embedded|llama4] [--batch 16]
+        [--tokens 64] [--repeats 7] [--only attention|writes]
 """
 
 from __future__ import annotations
@@ -34,15 +36,20 @@ from helios.runtime.loading.cpu_programs import CpuProgram  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 
 
-def _attention_nodes(engine) -> list:
-    """(module, node) for every kernel-bound attention call of the engine's compiled programs."""
+REFERENCES = {"decode_attention_kernel": cpu_bodies.attention_planned,
+              "cache_write_kernel": cpu_bodies.cache_write_planned}
+ONLY = {"attention": "decode_attention_kernel", "writes": "cache_write_kernel"}
+
+
+def _kernel_nodes(engine, names) -> list:
+    """(module, node) for every kernel-bound call (by the bodies' names) of the compiled programs."""
     found = []
     for program in engine.executor.model.programs:
         module = getattr(program.module, "compiled", None) if isinstance(program.module, CpuProgram) else None
         if module is None:
             continue
         found += [(module, node) for node in module.graph.nodes
-                  if node.op == "call_function" and getattr(node.target, "__name__", "") == "decode_attention_kernel"]
+                  if node.op == "call_function" and getattr(node.target, "__name__", "") in names]
     return found
 
 
@@ -61,13 +68,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=tuple(ONLY), help="swap one kernel only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         engine = _engine(args.model, args.batch, args.tokens, Path(scratch), compiled=True)
         prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(args.batch)]
-        nodes = _attention_nodes(engine)
-        sides = {"kernel": [node.target for _, node in nodes], "reference": [cpu_bodies.attention_planned] * len(nodes)}
+        nodes = _kernel_nodes(engine, [ONLY[args.only]] if args.only else list(REFERENCES))
+        sides = {"kernel": [node.target for _, node in nodes],
+                 "reference": [REFERENCES[node.target.__name__] for _, node in nodes]}
         times: dict[str, list[float]] = {side: [] for side in sides}
         tokens = {}
         for side, targets in sides.items():  # warm-up, and the tokens
@@ -82,8 +91,8 @@ def main() -> None:
                 times[side].append((time.thread_time() - started) / (args.tokens + 1))
             order.reverse()
         _use(nodes, sides["kernel"])
-        print(f"{args.model}, batch {args.batch}, {args.tokens} tokens, compiled programs ({len(nodes)} attention calls "
-              f"bound): thread CPU per step, {args.repeats} alternated runs each; same tokens: "
+        print(f"{args.model}, batch {args.batch}, {args.tokens} tokens, compiled programs ({len(nodes)} calls swapped: "
+              f"{args.only or 'attention and writes'}): thread CPU per step, {args.repeats} alternated runs each; same tokens: "
               f"{tokens['kernel'] == tokens['reference']}; load average {os.getloadavg()[0]:.1f}")
         for side, values in times.items():
             print(f"  {side:9s} best {1e6 * min(values):7.0f} us  median {1e6 * statistics.median(values):7.0f} us")
