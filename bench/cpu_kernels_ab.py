@@ -3,7 +3,7 @@ its programs compiled (`--compile-programs`), generating the same greedy workloa
 each program's attention calls and cache writes on the kernels built at load
 (`helios.runtime.loading.decode_attention_kernel`, `cache_write_kernel`) and on the reference
 bodies they replace (`helios.abi.cpu_bodies.attention_planned`: page gathers and SDPA over the
-padded context; `cache_write_planned`: two ``index_copy_`` calls). --only attention|writes swaps
+padded context, over `plan_attention`'s plan; `cache_write_planned`: two ``index_copy_`` calls). --only attention|writes swaps
 one of the two (the other stays on its kernel).
 
 Prints thread CPU time per step (prefill included, as `bench/cpu_step_profile.py` counts it) of
@@ -32,13 +32,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cpu_step_profile import _engine  # noqa: E402
 
 from helios.abi import cpu_bodies  # noqa: E402
+from helios.abi.paged_reference import plan_attention  # noqa: E402
 from helios.runtime.loading.cpu_programs import CpuProgram  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 
 
-REFERENCES = {"decode_attention_kernel": cpu_bodies.attention_planned,
+REFERENCES = {"decode_attention_kernel": cpu_bodies.attention_planned, "plan_decode": plan_attention,
               "cache_write_kernel": cpu_bodies.cache_write_planned}
-ONLY = {"attention": "decode_attention_kernel", "writes": "cache_write_kernel"}
+ONLY = {"attention": ("decode_attention_kernel", "plan_decode"), "writes": ("cache_write_kernel",)}
 
 
 def _kernel_nodes(engine, names) -> list:
@@ -74,7 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         engine = _engine(args.model, args.batch, args.tokens, Path(scratch), compiled=True)
         prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(args.batch)]
-        nodes = _kernel_nodes(engine, [ONLY[args.only]] if args.only else list(REFERENCES))
+        nodes = _kernel_nodes(engine, ONLY[args.only] if args.only else tuple(REFERENCES))
         sides = {"kernel": [node.target for _, node in nodes],
                  "reference": [REFERENCES[node.target.__name__] for _, node in nodes]}
         times: dict[str, list[float]] = {side: [] for side in sides}

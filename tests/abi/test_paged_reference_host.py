@@ -27,8 +27,6 @@ def test_the_host_plan_of_a_decode_group_is_the_torch_plan(window, position_dtyp
         host = _group_host(tokens, page_table, positions, window, plane_pages, page_tokens)
         reference = _group_torch(tokens, page_table, positions, window, plane_pages, page_tokens)
         assert host.num_rows == reference.num_rows == 5 and host.tokens is tokens
-        assert host.window == reference.window == window and host.positions.dtype == torch.int64
-        assert host.positions.tolist() == positions.tolist() and host.positions.is_contiguous()
         for got, expected in zip(host[1:], reference[1:]):
             if isinstance(got, torch.Tensor):
                 assert _same(got, expected)

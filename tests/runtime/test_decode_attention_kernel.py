@@ -1,9 +1,10 @@
 """The compiled CPU decode attention kernel (`helios.runtime.loading.decode_attention_kernel`):
 a full decode step's attention equals the reference `attend` within float rounding (grouped
-heads, head sizes that are not a multiple of the vector width, windows, pages in any order,
-padding rows, planes that are views of a layered buffer, one and two threads); every other call
-runs the reference itself; compiled programs point their planned attention calls at it; a
-failure to build it is a `ProgramCompileError`."""
+heads, head sizes that are not a multiple of the vector width, windows, pages in any order, page
+ids out of the plane, padding rows, planes that are views of a layered buffer, one and two
+threads); every other call runs the reference itself over the step's plan; `plan_decode` keeps
+the step's tensors only for a full decode step within the page table; compiled programs point
+their planned attention calls and plans at it; a failure to build it is a `ProgramCompileError`."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 import torch
 
 from helios.abi import cpu_bodies
-from helios.abi.paged_reference import attend, plan_attention
+from helios.abi.paged_reference import AbiArgumentError, AttentionPlan, attend, plan_attention
 from helios.runtime.loading import program_compile
 from helios.runtime.loading.cpu_programs import cpu_program
-from helios.runtime.loading.decode_attention_kernel import bind_decode_attention, build_kernel, decode_attention
+from helios.runtime.loading.decode_attention_kernel import (
+    DecodeStep, bind_decode_attention, build_kernel, decode_attention, plan_decode,
+)
 from helios.runtime.loading.program_compile import ProgramCompileError, compile_programs
 from runtime.test_cpu_fast import _inputs, _program, _weights
 
@@ -43,12 +46,16 @@ def _planes(kv_heads: int, head_dim: int, dtype=torch.float32, seed: int = 0):
 
 
 def _step(positions: list[int], window: int, k_cache, q_heads: int, dtype=torch.float32, seed: int = 0):
-    """(plan, q) of a full decode step: each row's pages a random choice of the plane's pages."""
+    """(`DecodeStep`, the reference plan, q) of a full decode step: each row's pages a random choice
+    of the plane's pages, and one entry of each row past the plane (clamped; read only when named)."""
     generator = torch.Generator().manual_seed(seed + 1)
     rows, head_dim = len(positions), k_cache.shape[3]
     table = torch.stack([torch.randperm(PLANE_PAGES, generator=generator)[:6] for _ in range(rows)]).to(torch.int32)
-    plan = plan_attention(table, torch.arange(rows + 1, dtype=torch.int32), torch.tensor(positions), window, k_cache)
-    return plan, torch.randn(rows, q_heads, head_dim, generator=generator).to(dtype)
+    table[:, 5] = PLANE_PAGES + 3
+    table[0, 0] = -2  # clamped to page 0
+    arguments = (table, torch.arange(rows + 1, dtype=torch.int32), torch.tensor(positions), window, k_cache)
+    return plan_decode(*arguments), plan_attention(*arguments), torch.randn(rows, q_heads, head_dim,
+                                                                            generator=generator).to(dtype)
 
 
 @pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(4, 2, 32), (6, 2, 40), (3, 3, 8), (8, 1, 64)])
@@ -58,9 +65,9 @@ def test_the_kernel_equals_the_reference_attention(body, threads, q_heads, kv_he
     threads(count)
     k_cache, v_cache = _planes(kv_heads, head_dim, seed=head_dim)
     positions = [0, 3, 4, 17, 23, -1, 9, 12]  # across pages; -1: a padding row (nothing visible)
-    plan, q = _step(positions, window, k_cache, q_heads, seed=window)
-    assert plan.full
-    got = body(q, k_cache, v_cache, plan, head_dim ** -0.5)
+    step, plan, q = _step(positions, window, k_cache, q_heads, seed=window)
+    assert isinstance(step, DecodeStep) and plan.full
+    got = body(q, k_cache, v_cache, step, head_dim ** -0.5)
     expected = attend(plan, q, k_cache, v_cache, head_dim ** -0.5)
     assert got.dtype == torch.float32 and got.shape == expected.shape and got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
@@ -69,8 +76,8 @@ def test_the_kernel_equals_the_reference_attention(body, threads, q_heads, kv_he
 
 def test_the_kernel_reads_nothing_past_a_rows_context(body):
     k_cache, v_cache = _planes(2, 16)
-    plan, q = _step([2, 6], 0, k_cache, 4)
-    expected = body(q, k_cache, v_cache, plan, 0.25)
+    step, plan, q = _step([2, 6], 0, k_cache, 4)
+    expected = body(q, k_cache, v_cache, step, 0.25)
     ids = plan.group.page_ids.view(2, -1)
     poisoned_k, poisoned_v = k_cache.clone(), v_cache.clone()
     for row, position in enumerate([2, 6]):  # positions past each row's own, and pages it never names
@@ -79,33 +86,46 @@ def test_the_kernel_reads_nothing_past_a_rows_context(body):
             plane[ids[row, page], slot + 1:] = float("nan")
     unused = sorted(set(range(PLANE_PAGES)) - set(ids[0, :1].tolist()) - set(ids[1, :2].tolist()))
     poisoned_k[unused] = poisoned_v[unused] = float("nan")
-    assert torch.equal(body(q, poisoned_k, poisoned_v, plan, 0.25), expected)
+    assert torch.equal(body(q, poisoned_k, poisoned_v, step, 0.25), expected)
 
 
-def test_other_calls_run_the_reference_bit_for_bit(body):
+def test_other_calls_run_the_reference_over_the_steps_plan_bit_for_bit(body):
     k_cache, v_cache = _planes(2, 8, torch.bfloat16)
-    plan, q = _step([3, 7], 0, k_cache, 4, torch.bfloat16)  # another dtype
-    assert torch.equal(body(q, k_cache, v_cache, plan, 0.3), attend(plan, q, k_cache, v_cache, 0.3))
+    step, plan, q = _step([3, 7], 0, k_cache, 4, torch.bfloat16)  # another dtype
+    assert torch.equal(body(q, k_cache, v_cache, step, 0.3), attend(plan, q, k_cache, v_cache, 0.3))
+    assert step.plan() is step.plan()  # built once per step, for every layer
     k_cache, v_cache = _planes(2, 8)
-    plan, q = _step([3, 7], 0, k_cache, 4)
+    step, plan, q = _step([3, 7], 0, k_cache, 4)
     strided = q.transpose(0, 1).contiguous().transpose(0, 1)  # not contiguous
-    assert torch.equal(body(strided, k_cache, v_cache, plan, 0.3), attend(plan, strided, k_cache, v_cache, 0.3))
+    assert torch.equal(body(strided, k_cache, v_cache, step, 0.3), attend(plan, strided, k_cache, v_cache, 0.3))
     table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
-    chunk = plan_attention(table, torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([5, 0, 1, 2]), 0, k_cache)
+    chunk = plan_decode(table, torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([5, 0, 1, 2]), 0, k_cache)
     q = torch.randn(4, 4, 8)
-    assert not chunk.full  # a decoding row beside a prompt chunk
+    assert isinstance(chunk, AttentionPlan) and not chunk.full  # a decoding row beside a prompt chunk
     assert torch.equal(body(q, k_cache, v_cache, chunk, 0.3), attend(chunk, q, k_cache, v_cache, 0.3))
 
 
-def test_compiled_programs_point_planned_attention_at_the_kernel():
+def test_only_a_full_decode_step_within_its_page_table_keeps_the_steps_tensors():
+    k_cache = torch.zeros(8, 4, 1, 8)
+    table, bounds, positions = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.arange(3, dtype=torch.int32), torch.tensor([7, 2])
+    assert isinstance(plan_decode(table, bounds, positions, 0, k_cache), DecodeStep)
+    assert isinstance(plan_decode(table.to(torch.int64), bounds, positions, 0, k_cache), AttentionPlan)
+    assert isinstance(plan_decode(table, bounds, positions.to(torch.int32), 0, k_cache), AttentionPlan)
+    with pytest.raises(AbiArgumentError, match="needs 3 pages; the page table has 2"):
+        plan_decode(table, bounds, torch.tensor([8, 2]), 0, k_cache)  # as `plan_attention` refuses it
+
+
+def test_compiled_programs_point_planned_attention_and_its_plan_at_the_kernel():
     graph = torch.fx.Graph()
-    q, k, v, plan = (graph.placeholder(name) for name in ("q", "k", "v", "plan"))
+    q, k, v, table, bounds, positions = (graph.placeholder(name) for name in ("q", "k", "v", "t", "b", "p"))
+    plan = graph.call_function(plan_attention, (table, bounds, positions, 0, k))
     first = graph.call_function(cpu_bodies.attention_planned, (q, k, v, plan, 0.5))
     second = graph.call_function(cpu_bodies.attention_planned, (first, k, v, plan, 0.5))
     graph.output((second,))
     assert bind_decode_attention(graph, build_kernel()) == 2
     targets = [node.target for node in graph.nodes if node.op == "call_function"]
-    assert [target.__name__ for target in targets] == ["decode_attention_kernel"] * 2
+    assert targets[0] is plan_decode and [t.__name__ for t in targets[1:]] == ["decode_attention_kernel"] * 2
+    assert targets[1] is not targets[2]  # one body per call: each holds its planes' checks
 
 
 def test_a_kernel_that_cannot_be_built_is_a_typed_load_error(monkeypatch):

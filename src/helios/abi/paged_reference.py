@@ -37,8 +37,6 @@ class _Group(NamedTuple):
     num_rows: int
     allowed: torch.Tensor  # bool [rows, 1, 1, L]: position c visible to the row's query
     mask: torch.Tensor  # float32 [rows, 1, 1, L]: 0 where allowed, -inf elsewhere
-    positions: torch.Tensor  # int64 [rows], contiguous: each row's query position
-    window: int  # the sliding window (0: none)
 
 
 class _Row(NamedTuple):
@@ -128,8 +126,7 @@ def _group_torch(tokens, page_table, positions, window: int, plane_pages: int, p
     page_ids = page_table[:, :num_pages].clamp(0, plane_pages - 1).to(torch.int64)
     cached = torch.arange(num_pages * page_tokens, device=positions.device)
     allowed = _allowed(cached, positions, window)[:, None, None, :]
-    return _Group(tokens, page_ids.reshape(-1), page_ids.shape[0], allowed, _additive(allowed),
-                  positions.to(torch.int64).contiguous(), window)
+    return _Group(tokens, page_ids.reshape(-1), page_ids.shape[0], allowed, _additive(allowed))
 
 
 def _group_host(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
@@ -154,8 +151,7 @@ def _group_host(tokens, page_table, positions, window: int, plane_pages: int, pa
             allowed &= where[:, None] - cached[None, :] < window
         mask = numpy.where(allowed, numpy.float32(0.0), numpy.float32(-numpy.inf))
     return _Group(tokens, torch.from_numpy(page_ids.reshape(-1)), page_ids.shape[0],
-                  torch.from_numpy(allowed[:, None, None, :]), torch.from_numpy(mask[:, None, None, :]),
-                  torch.from_numpy(numpy.ascontiguousarray(where, dtype=numpy.int64)), window)
+                  torch.from_numpy(allowed[:, None, None, :]), torch.from_numpy(mask[:, None, None, :]))
 
 
 _CAUSAL: dict[int, tuple[numpy.ndarray, numpy.ndarray]] = {}
