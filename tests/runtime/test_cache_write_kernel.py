@@ -85,3 +85,18 @@ def test_compiled_programs_point_planned_cache_writes_at_the_kernel():
     graph.output(None)
     assert bind_cache_writes(graph, build_kernel()) == 1
     assert [n.target.__name__ for n in graph.nodes if n.op == "call_function"] == ["cache_write_kernel"]
+
+
+def test_a_call_site_checks_again_when_its_layouts_change():
+    calls = []
+    kernel = build_kernel()
+    body = cache_write(lambda *args: calls.append(1) or kernel(*args))
+    k, v = _rows(4)
+    padded, full = cpu_bodies.plan_slots(torch.tensor([3, -1, 9, 2])), cpu_bodies.plan_slots(torch.tensor([3, 1, 9, 2]))
+    contiguous = (k.contiguous(), v.contiguous())
+    for rows, plan, ran in ((contiguous, padded, 0), (contiguous, full, 1), ((k, v), full, 2), (contiguous, padded, 2)):
+        got, expected = _both(body, *rows, plan)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)) and len(calls) == ran
+    half = [tensor.to(torch.bfloat16) for tensor in _planes()]
+    got, expected = _both(body, *(row.to(torch.bfloat16) for row in contiguous), full, half)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)) and len(calls) == 2

@@ -137,3 +137,19 @@ def test_a_kernel_that_cannot_be_built_is_a_typed_load_error(monkeypatch):
                                  "packed_token_capacity": 3})()
     with pytest.raises(ProgramCompileError, match="decode .*no compiler today"):
         compile_programs([loaded], lambda p: [_weights(), *_inputs(0)])
+
+
+def test_a_call_site_checks_again_when_its_layouts_change():
+    calls = []
+    kernel = build_kernel()
+    body = decode_attention(lambda *args: calls.append(1) or kernel(*args))
+    k_cache, v_cache = _planes(2, 8)
+    step, plan, q = _step([3, 7], 0, k_cache, 4)
+    strided = q.transpose(0, 1).contiguous().transpose(0, 1)
+    for query, ran in ((strided, 0), (q, 1), (q, 2), (strided, 2), (q.clone(), 3)):
+        got = body(query, k_cache, v_cache, step, 0.3)
+        torch.testing.assert_close(got, attend(plan, query, k_cache, v_cache, 0.3), rtol=1e-5, atol=1e-6)
+        assert len(calls) == ran
+    other_k, other_v = _planes(2, 8, torch.bfloat16)  # other planes at the same call site
+    assert torch.equal(body(q.to(torch.bfloat16), other_k, other_v, step, 0.3),
+                       attend(plan, q.to(torch.bfloat16), other_k, other_v, 0.3)) and len(calls) == 3

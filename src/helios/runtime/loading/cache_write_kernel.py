@@ -67,14 +67,22 @@ def build_kernel() -> Callable:
 def cache_write(kernel: Callable) -> Callable:
     """`cache_write_planned` (k_cache, v_cache, k, v, plan) through `kernel` where it applies (see
     the module docstring), `cache_write_planned` elsewhere (and where a slot is outside the planes,
-    so that the reference raises its error)."""
+    so that the reference raises its error). The checks are made again only when a call's planes
+    (by identity) or its rows' and slots' dtypes, shapes or strides differ from the last checked
+    call's (a program's call site passes the same planes and layouts every step)."""
     status = torch.zeros(1, dtype=torch.int64)
+    last: list = [None, None, None, False]  # k plane, v plane, layout signature, whether the kernel applies
 
     def cache_write_kernel(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            plan: SlotPlan) -> None:
-        if not kernel_applies(k_cache, v_cache, k, v, plan):
+        slots = plan.slots
+        signature = (k.dtype, v.dtype, slots.dtype, k.shape, k.stride(), v.shape, v.stride(), slots.shape,
+                     slots.stride())
+        if k_cache is not last[0] or v_cache is not last[1] or signature != last[2]:
+            last[:] = k_cache, v_cache, signature, kernel_applies(k_cache, v_cache, k, v, slots)
+        if not last[3] or plan.keep is not None:
             return cpu_bodies.cache_write_planned(k_cache, v_cache, k, v, plan)
-        kernel(k_cache, v_cache, k, v, plan.slots, k.shape[0], k.shape[1] * k.shape[2], k.stride(0), v.stride(0),
+        kernel(k_cache, v_cache, k, v, slots, k.shape[0], k.shape[1] * k.shape[2], k.stride(0), v.stride(0),
                k_cache.stride(1), k_cache.shape[0] * k_cache.shape[1], status)
         if status.numpy()[0]:
             return cpu_bodies.cache_write_planned(k_cache, v_cache, k, v, plan)
@@ -83,13 +91,12 @@ def cache_write(kernel: Callable) -> Callable:
 
 
 def kernel_applies(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   plan: SlotPlan) -> bool:
-    """Whether the kernel writes this call: every token written, int64 slots (contiguous, one per
-    token), float32 CPU tensors, rows [T, Hkv, D] with contiguous heads, and planes [pages, page
-    tokens, Hkv, D] whose slots are evenly spaced (a slot's row at slot * token stride) with the
-    rows' shape."""
-    slots = plan.slots
-    if plan.keep is not None or slots.dtype != torch.int64 or not slots.is_contiguous():
+                   slots: torch.Tensor) -> bool:
+    """Whether the kernel takes these tensors (whether every token is written is the plan's, per
+    call): int64 slots (contiguous, one per token), float32 CPU tensors, rows [T, Hkv, D] with
+    contiguous heads, and planes [pages, page tokens, Hkv, D] whose slots are evenly spaced (a
+    slot's row at slot * token stride) with the rows' shape."""
+    if slots.dtype != torch.int64 or not slots.is_contiguous():
         return False
     tensors = (k_cache, v_cache, k, v)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors) or slots.device.type != "cpu":
@@ -105,11 +112,11 @@ def kernel_applies(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
 
 
 def bind_cache_writes(graph: torch.fx.Graph, kernel: Callable) -> int:
-    """Points every `cache_write_planned` call of `graph` at `cache_write(kernel)`; returns how many."""
-    body = cache_write(kernel)
+    """Points every `cache_write_planned` call of `graph` at `cache_write(kernel)` (one body per call,
+    holding its checks); returns how many."""
     count = 0
     for node in graph.nodes:
         if node.op == "call_function" and node.target is cpu_bodies.cache_write_planned:
-            node.target = body
+            node.target = cache_write(kernel)
             count += 1
     return count

@@ -264,23 +264,24 @@ def plan_decode(page_table: torch.Tensor, query_start: torch.Tensor, positions: 
 def decode_attention(kernel: Callable) -> Callable:
     """`attention_planned` (q, k_cache, v_cache, plan, scale) for a `DecodeStep` or an
     `AttentionPlan`: through `kernel` where it applies (see the module docstring), the reference
-    `attend` elsewhere. The planes' checks are made once per pair of planes (a program's call
-    passes the same views every step)."""
-    checked: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, bool]] = {}
+    `attend` elsewhere. The checks are made again only when a call's planes (by identity) or q's
+    dtype, shape or strides differ from the last checked call's (a program's call site passes the
+    same planes and layouts every step)."""
+    last: list = [None, None, None, False]  # k plane, v plane, q's signature, whether the kernel applies
 
     def decode_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 plan: DecodeStep | AttentionPlan, scale: float) -> torch.Tensor:
-        key = (id(k_cache), id(v_cache))
-        seen = checked.get(key)
-        if seen is None or seen[0] is not k_cache or seen[1] is not v_cache:
-            seen = checked[key] = (k_cache, v_cache, planes_fit(k_cache, v_cache))
-        step = plan if type(plan) is DecodeStep else None
-        if step is None or not (seen[2] and query_fits(q, k_cache, step.positions.shape[0])):
-            return attend(step.plan() if step is not None else plan, q, k_cache, v_cache, scale)
+        if type(plan) is not DecodeStep:
+            return attend(plan, q, k_cache, v_cache, scale)
+        signature = (q.dtype, q.shape, q.stride())
+        if k_cache is not last[0] or v_cache is not last[1] or signature != last[2]:
+            last[:] = k_cache, v_cache, signature, planes_fit(k_cache, v_cache) and query_fits(q, k_cache)
+        if not last[3] or q.shape[0] != plan.positions.shape[0]:
+            return attend(plan.plan(), q, k_cache, v_cache, scale)
         out = torch.empty(q.shape, dtype=torch.float32)
-        kernel(out, q, k_cache, v_cache, step.page_table, step.positions, q.shape[0], step.page_table.shape[1],
+        kernel(out, q, k_cache, v_cache, plan.page_table, plan.positions, q.shape[0], plan.page_table.shape[1],
                q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], k_cache.stride(0), k_cache.stride(1),
-               step.window, float(scale), k_cache.shape[0], torch.get_num_threads())
+               plan.window, float(scale), k_cache.shape[0], torch.get_num_threads())
         return out
     return decode_attention_kernel
 
@@ -295,14 +296,14 @@ def planes_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     return k_cache.stride() == v_cache.stride() and k_cache.stride()[2:] == (k_cache.shape[3], 1)
 
 
-def query_fits(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
+def query_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel takes this q: float32 CPU, contiguous [rows, Hq, D] with Hq a multiple of
     the planes' Hkv (at most `MAX_GROUP` query heads per key/value head)."""
     if q.dtype != torch.float32 or q.device.type != "cpu" or q.dim() != 3 or not q.is_contiguous():
         return False
     kv_heads = k_cache.shape[2]
-    return (q.shape[0] == rows and q.shape[2] == k_cache.shape[3] and kv_heads > 0 and q.shape[1] % kv_heads == 0
-            and q.shape[1] // kv_heads <= MAX_GROUP)
+    return q.shape[2] == k_cache.shape[3] and kv_heads > 0 and q.shape[1] % kv_heads == 0 \
+        and q.shape[1] // kv_heads <= MAX_GROUP
 
 
 def bind_decode_attention(graph: torch.fx.Graph, kernel: Callable) -> int:
