@@ -1,17 +1,18 @@
 """Same-process A/B of the compiled CPU programs' C++ kernels (not a test): one engine loaded with
 its programs compiled (`--compile-programs`), generating the same greedy workload alternately with
-each program's attention calls and cache writes on the kernels built at load
-(`helios.runtime.loading.decode_attention_kernel`, `cache_write_kernel`) and on the reference
-bodies they replace (`helios.abi.cpu_bodies.attention_planned`: page gathers and SDPA over the
-padded context, over `plan_attention`'s plan; `cache_write_planned`: two ``index_copy_`` calls). --only attention|writes swaps
-one of the two (the other stays on its kernel).
+each program's attention calls, cache writes and sampling calls on the kernels built at load
+(`helios.runtime.loading.decode_attention_kernel`, `cache_write_kernel`, `greedy_kernel`) and on
+the bodies they replace (`helios.abi.cpu_bodies.attention_planned`: page gathers and SDPA over the
+padded context, over `plan_attention`'s plan; `cache_write_planned`: two ``index_copy_`` calls;
+`sample_rows_gathering`: the numpy greedy decision and torch's argmax). --only
+attention|writes|sampling swaps one of them (the others stay on their kernels).
 
 Prints thread CPU time per step (prefill included, as `bench/cpu_step_profile.py` counts it) of
 each side, best and median of --repeats alternated runs (the order swapped every round), their
 ratio, whether both sides gave the same tokens, and the load average.
 
     .venv/bin/python bench/cpu_kernels_ab.py [--model embedded|llama4] [--batch 16]
-        [--tokens 64] [--repeats 7] [--only attention|writes]
+        [--tokens 64] [--repeats 7] [--only attention|writes|sampling]
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ from helios.runtime.loading.cpu_programs import CpuProgram  # noqa: E402
 from helios.runtime.offline import generate  # noqa: E402
 
 
-REFERENCES = {"decode_attention_kernel": cpu_bodies.attention_planned, "plan_decode": plan_attention,
-              "cache_write_kernel": cpu_bodies.cache_write_planned}
-ONLY = {"attention": ("decode_attention_kernel", "plan_decode"), "writes": ("cache_write_kernel",)}
+REFERENCES = {"decode_attention_kernel": lambda target: cpu_bodies.attention_planned,
+              "plan_decode": lambda target: plan_attention,
+              "cache_write_kernel": lambda target: cpu_bodies.cache_write_planned,
+              "greedy_sample_kernel": lambda target: target.body}
+ONLY = {"attention": ("decode_attention_kernel", "plan_decode"), "writes": ("cache_write_kernel",),
+        "sampling": ("greedy_sample_kernel",)}
 
 
 def _kernel_nodes(engine, names) -> list:
@@ -77,7 +81,7 @@ def main() -> None:
         prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(args.batch)]
         nodes = _kernel_nodes(engine, ONLY[args.only] if args.only else tuple(REFERENCES))
         sides = {"kernel": [node.target for _, node in nodes],
-                 "reference": [REFERENCES[node.target.__name__] for _, node in nodes]}
+                 "reference": [REFERENCES[node.target.__name__](node.target) for _, node in nodes]}
         times: dict[str, list[float]] = {side: [] for side in sides}
         tokens = {}
         for side, targets in sides.items():  # warm-up, and the tokens
@@ -93,7 +97,7 @@ def main() -> None:
             order.reverse()
         _use(nodes, sides["kernel"])
         print(f"{args.model}, batch {args.batch}, {args.tokens} tokens, compiled programs ({len(nodes)} calls swapped: "
-              f"{args.only or 'attention and writes'}): thread CPU per step, {args.repeats} alternated runs each; same tokens: "
+              f"{args.only or 'attention, writes and sampling'}): thread CPU per step, {args.repeats} alternated runs each; same tokens: "
               f"{tokens['kernel'] == tokens['reference']}; load average {os.getloadavg()[0]:.1f}")
         for side, values in times.items():
             print(f"  {side:9s} best {1e6 * min(values):7.0f} us  median {1e6 * statistics.median(values):7.0f} us")

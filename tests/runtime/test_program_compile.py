@@ -139,6 +139,7 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
     assert attention == ["decode_attention_kernel"] * 2
     writes = [n for n in module.graph.nodes if n.op == "call_function" and n.target is cpu_bodies.cache_write_planned]
     assert not writes and [n for n in module.graph.nodes if getattr(n.target, "__name__", "") == "cache_write_kernel"]
+    assert [n for n in module.graph.nodes if getattr(n.target, "__name__", "") == "greedy_sample_kernel"]
 
 
 def test_unread_views_are_dropped_and_nothing_else():

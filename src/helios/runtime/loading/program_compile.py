@@ -8,8 +8,9 @@ exact tensors the runtime calls it with (`program_arguments`: the same shapes ev
 nothing is traced or compiled again). The opaque calls (attention over the step's plan, cache
 writes, sampling, completion records) run as the fast graph runs them, but for a full decode
 step's attention, which runs a C++ kernel built at load
-(`helios.runtime.loading.decode_attention_kernel`), and the cache writes, which copy through
-another (`helios.runtime.loading.cache_write_kernel`); so do the projections
+(`helios.runtime.loading.decode_attention_kernel`), the cache writes, which copy through
+another (`helios.runtime.loading.cache_write_kernel`), and sampling, whose greedy steps a third
+decides (`helios.runtime.loading.greedy_kernel`); so do the projections
 `helios.runtime.loading.packed_linears` measures faster through oneDNN's packed weights (the
 segments form around them). A segment's contiguous output is passed to the next without a copy,
 and views nothing reads are dropped.
@@ -43,7 +44,7 @@ from helios.errors import LoadError
 from helios.runtime.loading.compile_segments import (
     compiled_runs, is_compiled, is_free, reorder, run_boundary, segment_graph,
 )
-from helios.runtime.loading import cache_write_kernel
+from helios.runtime.loading import cache_write_kernel, greedy_kernel
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.decode_attention_kernel import bind_decode_attention, build_kernel
 from helios.runtime.loading.packed_linears import pack_linears
@@ -100,7 +101,8 @@ def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | Non
     weights pay run through them (`helios.runtime.loading.packed_linears`; `packed` shares the
     packed weights between programs)."""
     kernel = build_kernel()  # the decode attention kernel (built once per process)
-    writes = cache_write_kernel.build_kernel()  # and the cache write kernel
+    writes = cache_write_kernel.build_kernel()  # the cache write kernel
+    greedy = greedy_kernel.build_kernel()  # the greedy sampling kernel
     weights, *inputs = arguments
     tensors = (*weights, *inputs)
     placeholders = [node for node in program.fast.graph.nodes if node.op == "placeholder"]
@@ -120,6 +122,7 @@ def compile_program(program: CpuProgram, arguments: Sequence, packed: dict | Non
     _drop_unused_views(graph)
     bind_decode_attention(graph, kernel)
     cache_write_kernel.bind_cache_writes(graph, writes)
+    greedy_kernel.bind_greedy_sampling(graph, greedy)
     graph.lint()
     module.recompile()
     program.use_compiled(module, tensors)
