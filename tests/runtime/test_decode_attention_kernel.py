@@ -1,6 +1,6 @@
 """The compiled CPU decode attention kernel (`helios.runtime.loading.decode_attention_kernel`):
 a full decode step's attention equals the reference `attend` within float rounding (grouped
-heads, head sizes that are not a multiple of the vector width, windows, pages in any order, page
+heads of compiled-in group sizes and another, head sizes that are not a multiple of the vector width, windows, pages in any order, page
 ids out of the plane, padding rows, planes that are views of a layered buffer, one and two
 threads); every other call runs the reference itself over the step's plan; `plan_decode` keeps
 the step's tensors only for a full decode step within the page table; compiled programs point
@@ -58,7 +58,7 @@ def _step(positions: list[int], window: int, k_cache, q_heads: int, dtype=torch.
                                                                             generator=generator).to(dtype)
 
 
-@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(4, 2, 32), (6, 2, 40), (3, 3, 8), (8, 1, 64)])
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(4, 2, 32), (6, 2, 40), (3, 3, 8), (8, 1, 64), (20, 2, 16)])
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize("count", [1, 2])
 def test_the_kernel_equals_the_reference_attention(body, threads, q_heads, kv_heads, head_dim, window, count):
