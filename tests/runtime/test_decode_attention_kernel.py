@@ -1,8 +1,8 @@
 """The compiled CPU decode attention kernel (`helios.runtime.loading.decode_attention_kernel`):
-a full decode step's attention equals the reference `attend` within float rounding (grouped
-heads of compiled-in group sizes and another, head sizes that are not a multiple of the vector width, windows, pages in any order, page
-ids out of the plane, padding rows, planes that are views of a layered buffer, one and two
-threads); every other call runs the reference itself over the step's plan; `plan_decode` keeps
+a full decode step's attention equals the reference `attend` within float rounding (group sizes
+compiled in and another, head sizes that are not a multiple of the vector width, windows, pages in
+any order, page ids out of the plane, padding rows, planes that are views of a layered buffer, one
+and two threads); every other call runs the reference itself over the step's plan; `plan_decode` keeps
 the step's tensors only for a full decode step within the page table; compiled programs point
 their planned attention calls and plans at it; a failure to build it is a `ProgramCompileError`."""
 
