@@ -42,8 +42,8 @@ ATTENTION_OPTIONALS = _ATTENTION  # (read only) for other capture-time rewrites 
 # tolerance) passed compiled and served tokens with the fusion matched those without, but the 8B CUDA-graph
 # test failed at 7 rows (cut off before its traceback; 1 row passed). In bench/results/h200_session22_call3 that
 # test's fused-against-two-kernel checks passed at 1, 7, 64 and 256 rows and failed only its last check, the
-# fused output against the CPU op, whose bfloat16 rotation rounds differently (the two-kernel path is as far
-# from it); the check now takes the CPU attention over the device's rotation. Served once that passes on the
+# fused output against the CPU op, whose bfloat16 rotation rounds differently (the fused output matched the
+# two-kernel path's); the check now takes the CPU attention over the device's rotation. Served once that passes on the
 # device and the anchor comparison has measured the fusion.
 FUSE_AT_CAPTURE = False
 # Fused calls of at most this many tokens (static) get their output projection's weight as the L2
