@@ -43,6 +43,16 @@ def test_a_pure_segment_calls_the_generated_code_with_the_wrapped_outputs():
     for got, want in zip(outputs, eager):
         torch.testing.assert_close(got, want)
     assert operator.getitem(outputs, 1).stride() == eager[1].stride()
+    assert "def call" in segment.source_code and "assert_size_stride(" not in segment.source_code
+
+
+def test_the_size_checks_are_left_out_of_segments_only():
+    """Inductor's own setting is as it was after a segment compiles (other compiles keep their checks)."""
+    from torch._inductor import config
+
+    before = config.size_asserts
+    compile_segment(_graph(_fused), [torch.zeros(4, 8), torch.zeros(4, 8)], "compiled_segment_2")
+    assert config.size_asserts == before
 
 
 def test_an_output_viewing_an_input_views_it_in_the_direct_call_too():
