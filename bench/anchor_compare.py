@@ -130,7 +130,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="kernels listed per profiled step")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
+    parser.add_argument("--fuse-rotary", action="store_true",
+                        help="capture with each layer's rotary cache write fused into its attention "
+                             "(`rotary_calls.FUSE_AT_CAPTURE`, off when serving until measured)")
     args = parser.parse_args()
+    if args.fuse_rotary:
+        from helios.runtime.loading import rotary_calls
+
+        rotary_calls.FUSE_AT_CAPTURE = True
     smoke = args.smoke
     shape = SMOKE if smoke else with_layers(LLAMA_31_8B, args.layers)
     device = torch.device("cpu" if smoke else "cuda")
@@ -138,7 +145,8 @@ def main() -> None:
     prompt, output = (16, 16) if smoke else (128, 128)
     workloads = [Workload(b, prompt, output) for b in batches] + [Workload.parse("2x32x32" if smoke else args.long)]
     ttft_prompt = 64 if smoke else args.ttft_prompt
-    results: dict = {"layers": shape.num_hidden_layers, "torch": torch.__version__, "workloads": {}}
+    results: dict = {"layers": shape.num_hidden_layers, "torch": torch.__version__, "workloads": {},
+                     "fuse_rotary": args.fuse_rotary}
     log(f"torch {torch.__version__}, {torch.cuda.get_device_name() if not smoke else 'cpu'}, "
         f"{shape.parameters() / 1e9:.2f}B parameters")
     bandwidth = copy_bandwidth(device)
