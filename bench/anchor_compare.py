@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--tests", default="", help="pytest arguments (one string) run on the device first, "
                         "while the checkpoint is written and the core prepares (the anchor waits for them)")
     parser.add_argument("--profile-rows", default="1,64")
+    parser.add_argument("--short-profile-rows", default="1,64,256",
+                        help="decode profiles right after these batch workloads (the anchor's contexts); '' for none")
     parser.add_argument("--top", type=int, default=12, help="kernels listed per profiled step")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
@@ -183,6 +185,7 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
     runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
+    short_profile_rows = {int(r) for r in args.short_profile_rows.split(",") if r}
     try:
         run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
         for index, workload in enumerate(workloads):
@@ -193,6 +196,8 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
             results["workloads"][str(workload)] = ours
             log(f"helios {workload}: decode {ours['full_batch_decode_tokens_per_s']:.1f} tok/s with all rows live, "
                 f"{ours['decode_tokens_per_s']:.1f} to the last token ({ours['tokens_per_s']:.1f} overall)")
+            if index < len(workloads) - 1 and workload.requests in short_profile_rows:
+                short_profile(runtime.model, workload.requests, results, args.top)
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
         save(results, args.json)  # the call runs out of time while they run
         # The DECODE programs' input buffers now hold a real decode step (one token per row, live
@@ -202,6 +207,17 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
         runtime.close()
         del runtime
         gc.collect()
+
+
+def short_profile(model, rows: int, results: dict, top: int) -> None:
+    """The decode profile right after the workload of `rows` requests: its DECODE program's buffers
+    hold one of that workload's last steps (the anchor's 128-256 positions a row), where the levers'
+    profile at the end replays the long workload's (2,048). Reported, never fatal."""
+    log(f"-- at the anchor's contexts (after the {rows}-request workload):")
+    try:
+        results.setdefault("short_profile", {})[rows] = lever_ab.decode_profile(model, rows, top, log)
+    except Exception as error:  # noqa: BLE001 - the main table must still print
+        log(f"short profile R={rows} failed: {type(error).__name__}: {error}")
 
 
 def levers(model, shape, results: dict, device, args) -> None:
