@@ -137,6 +137,9 @@ def main() -> None:
                         help="capture with each layer's rotary cache write fused into its attention "
                              "(`rotary_calls.FUSE_AT_CAPTURE`, off when serving until measured); both: the run "
                              "as served, then the batch workloads again on a second load with the fusion")
+    parser.add_argument("--fused-prefetch-tokens", type=int, default=0,
+                        help="with the fusion: fused calls of at most this many tokens prefetch their output "
+                             "projection's weight into L2 (`rotary_calls.PREFETCH_MAX_TOKENS`; 0: none)")
     args = parser.parse_args()
     rotary_calls.FUSE_AT_CAPTURE = args.rotary_fusion == "on"
     smoke = args.smoke
@@ -169,16 +172,17 @@ def main() -> None:
             results["anchor"] = queue.wait(args.anchor_timeout)
         helios_part(core, key, shape, workloads, results, device, bandwidth, ttft_prompt, args)
         if args.rotary_fusion == "both":
-            fused_part(core, key, workloads[:-1], results, device, shape.vocab_size)
+            fused_part(core, key, workloads[:-1], results, device, shape.vocab_size, args.fused_prefetch_tokens)
     print_levers(results)
     save(results, args.json)
 
 
-def fused_part(core, key, workloads, results: dict, device, vocab_size: int) -> None:
+def fused_part(core, key, workloads, results: dict, device, vocab_size: int, prefetch_tokens: int) -> None:
     """The batch workloads again on a second load whose captured programs fuse each layer's rotary
-    cache write into its attention; prints both loads' rates against the anchor. Never fatal."""
+    cache write into its attention (and, `prefetch_tokens`, prefetch the output projection's weight
+    in calls of at most that many tokens); prints both loads' rates against the anchor. Never fatal."""
     anchor, base = results.get("anchor", {}), results["workloads"]
-    rotary_calls.FUSE_AT_CAPTURE = True
+    rotary_calls.FUSE_AT_CAPTURE, rotary_calls.PREFETCH_MAX_TOKENS = True, prefetch_tokens
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the first load's pools (it is closed)
     try:
@@ -194,10 +198,11 @@ def fused_part(core, key, workloads, results: dict, device, vocab_size: int) -> 
         log(f"rotary fusion load failed: {type(error).__name__}: {error}")
         return
     finally:
-        rotary_calls.FUSE_AT_CAPTURE = False
-    results["rotary_fused_workloads"] = fused
+        rotary_calls.FUSE_AT_CAPTURE, rotary_calls.PREFETCH_MAX_TOKENS = False, 0
+    results["rotary_fused_workloads"] = {"prefetch_tokens": prefetch_tokens, **fused}
     log("")
-    log("| decode tok/s, all rows live | compiled anchor | Helios as served | Helios, rotary fused at capture | "
+    log(f"| decode tok/s, all rows live | compiled anchor | Helios as served | Helios, rotary fused at capture "
+        f"(L2 prefetch up to {prefetch_tokens} tokens) | "
         "fused / served | fused / anchor |")
     log("|---|---|---|---|---|---|")
     for workload in workloads:
