@@ -51,6 +51,7 @@ from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
+from helios.runtime.loading import rotary_calls  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
@@ -127,10 +128,20 @@ def main() -> None:
     parser.add_argument("--tests", default="", help="pytest arguments (one string) run on the device first, "
                         "while the checkpoint is written and the core prepares (the anchor waits for them)")
     parser.add_argument("--profile-rows", default="1,64")
+    parser.add_argument("--short-profile-rows", default="1,64,256",
+                        help="decode profiles right after these batch workloads (the anchor's contexts); '' for none")
     parser.add_argument("--top", type=int, default=12, help="kernels listed per profiled step")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
+    parser.add_argument("--rotary-fusion", choices=("off", "on", "both"), default="off",
+                        help="capture with each layer's rotary cache write fused into its attention "
+                             "(`rotary_calls.FUSE_AT_CAPTURE`, off when serving until measured); both: the run "
+                             "as served, then the batch workloads again on a second load with the fusion")
+    parser.add_argument("--fused-prefetch-tokens", type=int, default=0,
+                        help="with the fusion: fused calls of at most this many tokens prefetch their output "
+                             "projection's weight into L2 (`rotary_calls.PREFETCH_MAX_TOKENS`; 0: none)")
     args = parser.parse_args()
+    rotary_calls.FUSE_AT_CAPTURE = args.rotary_fusion == "on"
     smoke = args.smoke
     shape = SMOKE if smoke else with_layers(LLAMA_31_8B, args.layers)
     device = torch.device("cpu" if smoke else "cuda")
@@ -138,7 +149,8 @@ def main() -> None:
     prompt, output = (16, 16) if smoke else (128, 128)
     workloads = [Workload(b, prompt, output) for b in batches] + [Workload.parse("2x32x32" if smoke else args.long)]
     ttft_prompt = 64 if smoke else args.ttft_prompt
-    results: dict = {"layers": shape.num_hidden_layers, "torch": torch.__version__, "workloads": {}}
+    results: dict = {"layers": shape.num_hidden_layers, "torch": torch.__version__, "workloads": {},
+                     "rotary_fusion": args.rotary_fusion}
     log(f"torch {torch.__version__}, {torch.cuda.get_device_name() if not smoke else 'cpu'}, "
         f"{shape.parameters() / 1e9:.2f}B parameters")
     bandwidth = copy_bandwidth(device)
@@ -159,8 +171,46 @@ def main() -> None:
         if not args.serial:
             results["anchor"] = queue.wait(args.anchor_timeout)
         helios_part(core, key, shape, workloads, results, device, bandwidth, ttft_prompt, args)
+        if args.rotary_fusion == "both":
+            fused_part(core, key, workloads[:-1], results, device, shape.vocab_size, args.fused_prefetch_tokens)
     print_levers(results)
     save(results, args.json)
+
+
+def fused_part(core, key, workloads, results: dict, device, vocab_size: int, prefetch_tokens: int) -> None:
+    """The batch workloads again on a second load whose captured programs fuse each layer's rotary
+    cache write into its attention (and, `prefetch_tokens`, prefetch the output projection's weight
+    in calls of at most that many tokens); prints both loads' rates against the anchor. Never fatal."""
+    anchor, base = results.get("anchor", {}), results["workloads"]
+    rotary_calls.FUSE_AT_CAPTURE, rotary_calls.PREFETCH_MAX_TOKENS = True, prefetch_tokens
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the first load's pools (it is closed)
+    try:
+        options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"),
+                                 queue_capacity=max(w.requests for w in workloads) + 8)
+        runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+        try:
+            run_helios(runtime.engine, Workload(2, 16, 4), vocab_size, salt=99)  # warm-up
+            fused = {str(w): run_helios(runtime.engine, w, vocab_size) for w in workloads}
+        finally:
+            runtime.close()
+    except Exception as error:  # noqa: BLE001 - the main table is already printed
+        log(f"rotary fusion load failed: {type(error).__name__}: {error}")
+        return
+    finally:
+        rotary_calls.FUSE_AT_CAPTURE, rotary_calls.PREFETCH_MAX_TOKENS = False, 0
+    results["rotary_fused_workloads"] = {"prefetch_tokens": prefetch_tokens, **fused}
+    log("")
+    log(f"| decode tok/s, all rows live | compiled anchor | Helios as served | Helios, rotary fused at capture "
+        f"(L2 prefetch up to {prefetch_tokens} tokens) | "
+        "fused / served | fused / anchor |")
+    log("|---|---|---|---|---|---|")
+    for workload in workloads:
+        theirs = anchor.get(workload.requests, {}).get("decode_tok_s", float("nan"))
+        served = base.get(str(workload), {}).get("full_batch_decode_tokens_per_s", float("nan"))
+        ours = fused[str(workload)]["full_batch_decode_tokens_per_s"]
+        log(f"| batch {workload.requests} | {theirs:,.1f} | {served:,.1f} | {ours:,.1f} | {ours / served:.3f}x | "
+            f"{ours / theirs:.2f}x |")
 
 
 def save(results: dict, path: Path | None) -> None:
@@ -175,6 +225,7 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
     runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
+    short_profile_rows = {int(r) for r in args.short_profile_rows.split(",") if r}
     try:
         run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
         for index, workload in enumerate(workloads):
@@ -185,6 +236,8 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
             results["workloads"][str(workload)] = ours
             log(f"helios {workload}: decode {ours['full_batch_decode_tokens_per_s']:.1f} tok/s with all rows live, "
                 f"{ours['decode_tokens_per_s']:.1f} to the last token ({ours['tokens_per_s']:.1f} overall)")
+            if index < len(workloads) - 1 and workload.requests in short_profile_rows:
+                short_profile(runtime.model, workload.requests, results, args.top)
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
         save(results, args.json)  # the call runs out of time while they run
         # The DECODE programs' input buffers now hold a real decode step (one token per row, live
@@ -194,6 +247,17 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
         runtime.close()
         del runtime
         gc.collect()
+
+
+def short_profile(model, rows: int, results: dict, top: int) -> None:
+    """The decode profile right after the workload of `rows` requests: its DECODE program's buffers
+    hold one of that workload's last steps (the anchor's 128-256 positions a row), where the levers'
+    profile at the end replays the long workload's (2,048). Reported, never fatal."""
+    log(f"-- at the anchor's contexts (after the {rows}-request workload):")
+    try:
+        results.setdefault("short_profile", {})[rows] = lever_ab.decode_profile(model, rows, top, log)
+    except Exception as error:  # noqa: BLE001 - the main table must still print
+        log(f"short profile R={rows} failed: {type(error).__name__}: {error}")
 
 
 def levers(model, shape, results: dict, device, args) -> None:

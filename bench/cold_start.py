@@ -83,6 +83,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
     ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs"),
     ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
+    # Triton compiling a kernel variant (a cold kernel cache: the machine's first load), wherever it happens
+    ("triton.runtime.jit", "JITFunction._do_compile", "[in load] Triton kernel compiles"),
 )
 
 

@@ -8,7 +8,7 @@ import torch
 
 from helios.abi import sampling
 from helios.abi.grammar import mask_words
-from helios.abi.sampling_cpu import greedy_tokens_cpu
+from helios.abi.sampling_cpu import greedy_tokens_cpu, row_argmax
 
 NEG_INF, POS_INF, NAN = float("-inf"), float("inf"), float("nan")
 
@@ -144,3 +144,19 @@ def test_finite_maxima_keep_the_raw_argmax_and_nan_or_inf_take_the_replacement(m
         replaced.clear()
         fast = _fast(args)
         assert replaced and torch.equal(fast, _reference(args))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "transposed"])
+def test_row_argmax_is_torch_max_on_any_layout(layout):
+    """`row_argmax` (numpy's argmax) gives torch's ``max(dim=-1)``: the first maximal index on ties,
+    the first NaN in a row that holds one (its maximum NaN), on contiguous and strided logits."""
+    generator = torch.Generator().manual_seed(7)
+    base = torch.randint(-2, 3, (6, 40), generator=generator).float()
+    base[1, 5], base[1, 30] = NAN, NAN
+    base[2, 7] = POS_INF
+    base[3] = NEG_INF
+    logits = {"contiguous": base, "strided": base[:, ::2], "transposed": base.t().contiguous().t()}[layout]
+    best, tokens = row_argmax(logits)
+    expected_best, expected = logits.max(dim=-1)
+    assert tokens.dtype == torch.int64 and torch.equal(tokens, expected)
+    torch.testing.assert_close(torch.from_numpy(best), expected_best, equal_nan=True)

@@ -43,6 +43,16 @@ def test_a_pure_segment_calls_the_generated_code_with_the_wrapped_outputs():
     for got, want in zip(outputs, eager):
         torch.testing.assert_close(got, want)
     assert operator.getitem(outputs, 1).stride() == eager[1].stride()
+    assert "def call" in segment.source_code and "assert_size_stride(" not in segment.source_code
+
+
+def test_the_size_checks_are_left_out_of_segments_only():
+    """Inductor's own setting is as it was after a segment compiles (other compiles keep their checks)."""
+    from torch._inductor import config
+
+    before = config.size_asserts
+    compile_segment(_graph(_fused), [torch.zeros(4, 8), torch.zeros(4, 8)], "compiled_segment_2")
+    assert config.size_asserts == before
 
 
 def test_an_output_viewing_an_input_views_it_in_the_direct_call_too():
@@ -73,22 +83,3 @@ def test_what_cannot_be_proven_the_same_call_keeps_the_wrapped_one():
     assert _direct_call([_inner(((x + 1).t().contiguous().t(),))], wrapped, [x]) is None  # other strides
     assert _direct_call([_inner((x,))], lambda *a: (x.clone(),), [x]) is None  # aliasing where the wrapped copies
 
-
-def test_segments_are_compiled_without_per_call_size_asserts(monkeypatch):
-    import torch._inductor.compile_fx as compile_fx_module
-    from torch._inductor import config
-
-    seen = []
-    inner = compile_fx_module.compile_fx_inner
-
-    def recording(*args, **kwargs):
-        seen.append(config.size_asserts)
-        return inner(*args, **kwargs)
-
-    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", recording)
-    before = config.size_asserts
-    segment, _ = compile_segment(_graph(_fused), [torch.zeros(4, 8), torch.zeros(4, 8)], "compiled_segment_0")
-    assert seen == [False] and config.size_asserts == before  # only while compiling
-    x, y = torch.randn(4, 8), torch.randn(4, 8)
-    with torch.inference_mode():
-        torch.testing.assert_close(segment(x, y)[0], _graph(_fused)(x, y)[0])
