@@ -82,4 +82,3 @@ def test_what_cannot_be_proven_the_same_call_keeps_the_wrapped_one():
     assert _direct_call([_inner((x + 2,))], wrapped, [x]) is None  # other values
     assert _direct_call([_inner(((x + 1).t().contiguous().t(),))], wrapped, [x]) is None  # other strides
     assert _direct_call([_inner((x,))], lambda *a: (x.clone(),), [x]) is None  # aliasing where the wrapped copies
-
