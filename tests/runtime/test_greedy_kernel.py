@@ -52,6 +52,15 @@ def test_where_the_kernel_decides_its_tokens_are_the_bodys(vocab):
         assert int(got[2]) == int(torch.argmax(logits[2]))  # torch's argmax: the lowest id of the maximum
 
 
+def test_a_late_maximum_of_a_large_vocabulary_is_found_with_its_lowest_id():
+    logits = torch.randn(8, 32003, generator=torch.Generator().manual_seed(5))
+    logits[0, 31999] = logits[0, 32002] = 50.0  # ties in the last vector and the tail
+    logits[2, 32001] = 60.0  # in the tail
+    logits[3, 17] = logits[3, 16001] = 70.0
+    got, decided = _decided(_inputs(logits, seed=5))
+    assert decided and got[0] == 31999 and got[2] == 32001 and got[3] == 17
+
+
 @pytest.mark.parametrize("case", ["drawing", "penalised", "nan penalty", "restricted", "nan logit", "inf logit",
                                   "all -inf", "unchosen nan"])
 def test_what_the_kernel_does_not_decide_the_body_decides(case):

@@ -57,7 +57,16 @@ static bool row_argmax(const float* row, int64_t vocab, int64_t* token) {
     float most = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, top);
     for (; i < vocab; ++i) most = std::isnan(row[i]) ? row[i] : (row[i] > most ? row[i] : most);
     if (!std::isfinite(most)) return false;
-    for (i = 0; i < vocab; ++i)
+    const Vec target(most);
+    for (i = 0; i + W <= vocab; i += W) {  // the first lane equal to the maximum
+        const int other = Vec::loadu(row + i).eq(target).zero_mask();  // bit j: lane j differs
+        const unsigned equal = ~static_cast<unsigned>(other) & ((W >= 32 ? 0u : (1u << W)) - 1u);
+        if (equal) {
+            *token = i + __builtin_ctz(equal);
+            return true;
+        }
+    }
+    for (; i < vocab; ++i)
         if (row[i] == most) break;
     *token = i;
     return true;
