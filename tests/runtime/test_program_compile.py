@@ -16,7 +16,7 @@ from helios.abi import cpu_bodies
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.errors import LoadError
-from helios.runtime.loading import program_compile
+from helios.runtime.loading import cache_write_kernel, decode_attention_kernel, program_compile
 from helios.runtime.loading.compile_segments import (
     compiled_runs, is_compiled, is_free, rotate, segment_graph,
 )
@@ -115,6 +115,13 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
 
     monkeypatch.setattr(torch._inductor.cpp_builder.CppBuilder, "build", compiles)  # nothing is built from now on
     monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", compiles)
+
+    def reference(*args, **kwargs):
+        raise AssertionError("a full decode step's attention or cache write left the kernels")
+
+    # Every compiled call takes the kernels for every layer (the first call runs the checked graph).
+    monkeypatch.setattr(decode_attention_kernel, "attend", reference)
+    monkeypatch.setattr(cache_write_kernel.cpu_bodies, "cache_write_planned", reference)
     got = _steps(program, weights, inputs, STEPS)
     assert len(used) == len(STEPS) - 1  # the first call checked, the others compiled
     for got_step, expected_step in zip(got, expected):
