@@ -83,8 +83,6 @@ LOAD_PHASES = (
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
     ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs"),
     ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
-    # Triton compiling a kernel variant (a cold kernel cache: the machine's first load), wherever it happens
-    ("triton.runtime.jit", "JITFunction._do_compile", "[in load] Triton kernel compiles"),
 )
 
 
@@ -201,9 +199,45 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
     return result
 
 
+@contextlib.contextmanager
+def triton_compiles(found: dict):
+    """Each Triton kernel variant compiled inside: found[kernel name] = [variants, seconds]."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # no Triton: nothing compiles
+        yield
+        return
+    inner = JITFunction._do_compile
+
+    def timed(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            entry = found.setdefault(getattr(self, "_fn_name", repr(self)), [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+    JITFunction._do_compile = timed
+    try:
+        yield
+    finally:
+        JITFunction._do_compile = inner
+
+
+def log_compiles(found: dict) -> None:
+    if not found:
+        return
+    total = sum(seconds for _, seconds in found.values())
+    log(f"  Triton compiles: {sum(n for n, _ in found.values())} variants of {len(found)} kernels, {total:.1f} s: "
+        + ", ".join(f"{name} x{n} {seconds:.1f} s" for name, (n, seconds)
+                    in sorted(found.items(), key=lambda item: -item[1][1])))
+
+
 def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, args, device: torch.device) -> dict:
     """Open, verify and load `core` as `build_runtime` does; the phase table; the runtime is closed."""
-    with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows):
+    compiles: dict = {}
+    with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows), \
+            triton_compiles(compiles):
         started = time.perf_counter()
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
         verified = time.perf_counter() - started
@@ -214,7 +248,9 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
         timer.seconds["open + verify core"] = verified
         timer.phases = (("", "", "open + verify core"), *timer.phases)
         loaded = table("load", variant, time.perf_counter() - started, timer)
+    log_compiles(compiles)
     loaded["programs"] = len(runtime.model.programs)
+    loaded["triton_compiles"] = compiles
     runtime.close()
     del runtime, opened
     gc.collect()
