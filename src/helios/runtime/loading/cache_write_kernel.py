@@ -24,6 +24,7 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.abi.cpu_bodies import SlotPlan
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel
 
 KERNEL_SOURCE = r"""
 #include <cstdint>
@@ -51,17 +52,9 @@ extern "C" void kernel(float* k_plane, float* v_plane, const float* k, const flo
 
 _ARGUMENT_TYPES = ("float*", "float*", "const float*", "const float*", "const int64_t*", *("int64_t",) * 6,
                    "int64_t*")
-_built: list[Callable] = []
-
-
 def build_kernel() -> Callable:
-    """The compiled kernel (built once per process through Inductor's C++ toolchain and cache).
-    Raises what the toolchain raises when it cannot build it."""
-    if not _built:
-        from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-        _built.append(CppPythonBindingsCodeCache.load_pybinding(list(_ARGUMENT_TYPES), KERNEL_SOURCE))
-    return _built[0]
+    """The compiled kernel (`build_cpp_kernel`: once per process)."""
+    return build_cpp_kernel(_ARGUMENT_TYPES, KERNEL_SOURCE)
 
 
 def cache_write(kernel: Callable) -> Callable:

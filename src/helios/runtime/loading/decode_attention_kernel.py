@@ -45,6 +45,7 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.abi.paged_reference import AttentionPlan, attend, plan_attention
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel
 
 KERNEL_SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -265,17 +266,9 @@ extern "C" void kernel(float* out, const float* q, const float* k_plane, const f
 _ARGUMENT_TYPES = ("float*", "const float*", "const float*", "const float*", "const int32_t*", "const int64_t*",
                    *("int64_t",) * 9, "float", "int64_t", "int64_t")
 MAX_GROUP = 32  # kMaxGroup above
-_built: list[Callable] = []
-
-
 def build_kernel() -> Callable:
-    """The compiled kernel (built once per process through Inductor's C++ toolchain and cache).
-    Raises what the toolchain raises when it cannot build it."""
-    if not _built:
-        from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-        _built.append(CppPythonBindingsCodeCache.load_pybinding(list(_ARGUMENT_TYPES), KERNEL_SOURCE))
-    return _built[0]
+    """The compiled kernel (`build_cpp_kernel`: once per process)."""
+    return build_cpp_kernel(_ARGUMENT_TYPES, KERNEL_SOURCE)
 
 
 class DecodeStep:

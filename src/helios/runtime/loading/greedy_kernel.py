@@ -30,6 +30,7 @@ import torch
 from helios.abi import cpu_bodies
 from helios.abi.grammar import MASK_WORD_BITS
 from helios.abi.sampling_cpu import NO_TOKEN
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel
 
 KERNEL_SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -96,18 +97,12 @@ extern "C" void kernel(int64_t* tokens, int64_t* status, const float* logits, co
 
 _ARGUMENT_TYPES = ("int64_t*", "int64_t*", "const float*", "const float*", "const float*", "const int32_t*",
                    "const bool*", "const bool*", *("int64_t",) * 7)
-_built: list[Callable] = []
 _BODIES = {cpu_bodies.sample_rows_gathering: 14, cpu_bodies.sample_rows: 13}  # body: its argument count
 
 
 def build_kernel() -> Callable:
-    """The compiled kernel (built once per process through Inductor's C++ toolchain and cache).
-    Raises what the toolchain raises when it cannot build it."""
-    if not _built:
-        from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-        _built.append(CppPythonBindingsCodeCache.load_pybinding(list(_ARGUMENT_TYPES), KERNEL_SOURCE))
-    return _built[0]
+    """The compiled kernel (`build_cpp_kernel`: once per process)."""
+    return build_cpp_kernel(_ARGUMENT_TYPES, KERNEL_SOURCE)
 
 
 def greedy_sample(kernel: Callable, body: Callable) -> Callable:
