@@ -186,9 +186,7 @@ def fused_part(core, key, workloads, results: dict, device, vocab_size: int, pre
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the first load's pools (it is closed)
     try:
-        options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"),
-                                 queue_capacity=max(w.requests for w in workloads) + 8)
-        runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+        runtime = load_runtime(core, key, workloads, device)
         try:
             run_helios(runtime.engine, Workload(2, 16, 4), vocab_size, salt=99)  # warm-up
             fused = {str(w): run_helios(runtime.engine, w, vocab_size) for w in workloads}
@@ -218,11 +216,16 @@ def save(results: dict, path: Path | None) -> None:
         path.write_text(json.dumps(results, indent=1, default=str))
 
 
-def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: float, ttft_prompt: int, args) -> None:
-    started = time.perf_counter()
+def load_runtime(core, key, workloads, device):
+    """The core loaded as served (CUDA graphs on a GPU), its queue holding the largest workload."""
     options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"),
                              queue_capacity=max(w.requests for w in workloads) + 8)
-    runtime = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+    return build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
+
+
+def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: float, ttft_prompt: int, args) -> None:
+    started = time.perf_counter()
+    runtime = load_runtime(core, key, workloads, device)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
     short_profile_rows = {int(r) for r in args.short_profile_rows.split(",") if r}
