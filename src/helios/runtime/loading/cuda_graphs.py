@@ -37,7 +37,7 @@ warning (the program's own graphs serve every step).
 Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
 one-row projections whose shapes the committed GEMV table names run the Triton matrix-vector kernel
 instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and,
-where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (off for now), each layer's
+where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (on by default), each layer's
 rotary cache write and attention run as one ``helios::rotary_paged_attention`` call (one kernel
 launch per layer on a decode step instead of two). Last, each graph's per-step bookkeeping (step
 geometry, sampling epilogue) is collapsed into fewer launches by

@@ -34,18 +34,14 @@ _ATTENTION = {
 }
 _BY_OPTIONALS = {value: key for key, value in _ATTENTION.items()}
 ATTENTION_OPTIONALS = _ATTENTION  # (read only) for other capture-time rewrites of the same pairs
-# Whether `helios.runtime.loading.cuda_graphs` fuses the pairs when it captures a program. Off: on the H200
+# Whether `helios.runtime.loading.cuda_graphs` fuses the pairs when it captures a program. On: on the H200
 # the fused launch matched the two launches bit for bit at 8B shapes (bench/rotary_attention_ab.py, six
-# cases; the 4-layer decode step's logits, bench/decode_step_profile.py) and saved 2-4 us per layer, but
-# the small-shape GPU tests of tests/abi/test_rotary_attention.py failed in that call before printing why
-# (bench/results/dkern3_call1). In bench/results/decb1_call1 the small-shape tests (now within the GPU
-# tolerance) passed compiled and served tokens with the fusion matched those without, but the 8B CUDA-graph
-# test failed at 7 rows (cut off before its traceback; 1 row passed). In bench/results/h200_session22_call3 that
-# test's fused-against-two-kernel checks passed at 1, 7, 64 and 256 rows and failed only its last check, the
-# fused output against the CPU op, whose bfloat16 rotation rounds differently (the fused output matched the
-# two-kernel path's); the check now takes the CPU attention over the device's rotation. Served once that passes on the
-# device and the anchor comparison has measured the fusion.
-FUSE_AT_CAPTURE = False
+# cases) and saves one launch per layer. In bench/results/h200_session24_call1 the small-shape tests and the
+# 8B CUDA-graph test (fused against the two kernels at 1, 7, 64 and 256 rows, then against the CPU attention
+# over the device's rotation) passed on the device, and the anchor comparison measured decode with the
+# fusion at 1.013x, 1.016x and 1.003x of the unfused capture at batch 1, 64 and 256 (1.20x, 1.15x, 1.08x
+# of the anchor). False restores the two launches (`--rotary-fusion off` in bench/anchor_compare.py).
+FUSE_AT_CAPTURE = True
 # Fused calls of at most this many tokens (static) get their output projection's weight as the L2
 # prefetch hint at capture; 0: none (the hint is measured by bench/rotary_attention_ab.py and the step
 # A/B of bench/decode_step_profile.py before it is adopted).
