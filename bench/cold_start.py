@@ -81,6 +81,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
+    ("helios.runtime.loading.cuda_graphs", "_precompile", "[in capture] Triton precompile (dry run + workers)"),
+    ("helios.runtime.loading.kernel_precompile", "KernelCompiler.wait", "[in precompile] waiting for workers"),
     ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs"),
     ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
 )
@@ -241,7 +243,8 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
         started = time.perf_counter()
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
         verified = time.perf_counter() - started
-        options = RuntimeOptions(load=LoadOptions(startup, device=str(device), cuda_graphs=device.type == "cuda"))
+        options = RuntimeOptions(load=LoadOptions(startup, device=str(device), cuda_graphs=device.type == "cuda",
+                                                  compile_workers=args.compile_workers))
         runtime = build_runtime(opened, options)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -274,6 +277,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--skip-no-logprobs-load", action="store_true",
                         help="do not also load the logprobs core with --no-logprobs")
+    parser.add_argument("--compile-workers", type=int, default=None,
+                        help="worker processes compiling the Triton kernels before capture (LoadOptions."
+                             "compile_workers; default: the load's own choice, 0: the warm-up compiles them)")
     parser.add_argument("--keep-core", type=Path, default=None,
                         help="keep the first variant's core (model.core, publisher.key.pub) in this folder")
     args = parser.parse_args(argv)

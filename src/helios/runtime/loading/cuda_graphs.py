@@ -52,6 +52,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import time
 from typing import Iterable, Mapping, Sequence
 
 import torch
@@ -62,6 +63,7 @@ from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.elementwise_runs import runs_module
 from helios.runtime.loading.fresh_calls import fresh_module, wants_fresh_graph
 from helios.runtime.loading.gemv_calls import gemv_module
+from helios.runtime.loading.kernel_precompile import KernelCompiler
 from helios.runtime.loading.rotary_calls import rotary_module
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
 from helios.runtime.loading.step_calls import step_module
@@ -141,13 +143,17 @@ def release_graphs(programs: Iterable) -> None:
 
 
 def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
-                     device: torch.device, warmups: int = 1, keep: Iterable[str] = ()) -> tuple:
+                     device: torch.device, warmups: int = 1, keep: Iterable[str] = (),
+                     compiler: KernelCompiler | None = None) -> tuple:
     """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
 
     `arguments_of(program)` returns the program's fixed argument list. One warm-up call per graph
     (Triton compiles, cuBLAS initialises) before it is recorded: a second one found nothing left to
     initialise and cost a full program run per graph at load. Buffers named in `keep`
     (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
+    With `compiler` (active), every graph is first dry-run so that the Triton kernels the warm-up
+    runs would compile one after another compile side by side in its workers
+    (`helios.runtime.loading.kernel_precompile`).
     Raises `CaptureError` naming the program when warm-up or capture fails.
     """
     pool = torch.cuda.graph_pool_handle()
@@ -155,8 +161,11 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     captured = {}
     with torch.inference_mode(), torch.cuda.device(device):
         try:
-            for program in ordered:
-                captured[id(program)] = _capture(program, arguments_of(program), pool, warmups)
+            plans = [_plan(program, arguments_of(program)) for program in ordered]
+            if compiler is not None and compiler.active:
+                _precompile(plans, compiler, buffers)
+            for plan in plans:
+                captured[id(plan.program)] = _capture(plan, pool, warmups)
         except BaseException:
             for done in captured.values():  # before a caller tears down NCCL (see `release`)
                 done.release()
@@ -170,35 +179,99 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     return tuple(dataclasses.replace(p, module=captured[id(p)]) for p in programs)
 
 
-def _capture(program, arguments: list, pool, warmups: int) -> CapturedProgram:
+@dataclasses.dataclass
+class _Plan:
+    """A program's graphs to capture: its (full, greedy or None) modules and, where it has one and it
+    could be built, its fresh-chunk variant's."""
+
+    program: object
+    name: str
+    arguments: list
+    main: tuple
+    fresh: tuple | None
+
+
+def _plan(program, arguments: list) -> _Plan:
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
     # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
     module = gemv_module(rotary_module(program.module))
+    device = _device_of(arguments)
     try:
-        captured = _capture_module(module, program, arguments, pool, warmups)
+        main = _graph_variants(module, program, device)
     except RuntimeError as error:
         raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+    fresh = None
     fresh_variant = fresh_module(module) if wants_fresh_graph(program) else None
     if fresh_variant is not None:
         try:
-            captured._fresh = _capture_module(fresh_variant, program, arguments, pool, 1)
+            fresh = _graph_variants(fresh_variant, program, device)
+        except RuntimeError as error:
+            _fresh_left_out(name, error)
+    return _Plan(program, name, arguments, main, fresh)
+
+
+def _graph_variants(module, program, device) -> tuple:
+    """`module`'s full graph module and, where the program wants one, its greedy graph module; each with
+    its per-step bookkeeping in fewer launches (`step_calls`, last)."""
+    full = runs_module(step_module(module, device))
+    greedy = runs_module(step_module(greedy_module(module), device)) if wants_greedy_graph(program) else None
+    return full, greedy
+
+
+def _fresh_left_out(name: str, error: BaseException) -> None:
+    _LOG.warning("program %s: its fresh-chunk variant cannot be captured (%s); cold prompts run the paged "
+                 "attention", name, error)
+
+
+def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mapping[str, torch.Tensor]) -> None:
+    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`), then the workers'
+    compiles awaited. A graph that fails here is left to its warm-up run, which reports the error."""
+    arguments = [*buffers.values()]
+    for plan in plans:
+        for argument in plan.arguments:
+            arguments.extend(argument if isinstance(argument, (list, tuple)) else (argument,))
+    started = time.perf_counter()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with compiler.dry_run(arguments), torch.cuda.stream(stream):
+        for plan in plans:
+            for module in (*plan.main, *(plan.fresh or ())):
+                if module is None:
+                    continue
+                try:
+                    module(*plan.arguments)
+                except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
+                    _LOG.debug("dry run of %s failed: %s", plan.name, error)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.current_stream().synchronize()
+    dry = time.perf_counter() - started
+    report = compiler.wait()
+    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during a %.1f s dry run "
+              "and %.1f s after it", report["variants"], compiler.workers, report["seconds"], dry,
+              time.perf_counter() - started - dry)
+
+
+def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:
+    try:
+        captured = _capture_module(plan.main, plan.arguments, pool, warmups)
+    except RuntimeError as error:
+        raise CaptureError(f"program {plan.name} cannot be captured into a CUDA graph: {error}") from error
+    if plan.fresh is not None:
+        try:
+            captured._fresh = _capture_module(plan.fresh, plan.arguments, pool, 1)
         except RuntimeError as error:  # the program's own graphs serve every step
-            _LOG.warning("program %s: its fresh-chunk variant cannot be captured (%s); cold prompts run the paged "
-                         "attention", name, error)
+            _fresh_left_out(plan.name, error)
     return captured
 
 
-def _capture_module(module, program, arguments: list, pool, warmups: int) -> CapturedProgram:
-    """`module`'s full graph and, where the program wants one, its greedy graph; each with its per-step
-    bookkeeping in fewer launches (`step_calls`, last)."""
-    full = None
-    device = _device_of(arguments)
+def _capture_module(variants: tuple, arguments: list, pool, warmups: int) -> CapturedProgram:
+    """The (full, greedy or None) graph modules recorded: the full one after `warmups` warm-up runs,
+    the greedy one after one."""
+    full_variant, greedy_variant = variants
+    full = greedy = None
     try:
-        full_variant = runs_module(step_module(module, device))
         full = _record(full_variant, arguments, pool, warmups)
-        greedy_variant = greedy = None
-        if wants_greedy_graph(program):
-            greedy_variant = runs_module(step_module(greedy_module(module), device))
+        if greedy_variant is not None:
             greedy = _record(greedy_variant, arguments, pool, 1)
     except BaseException:
         if full is not None:  # the traceback would keep it (and any NCCL work it holds) alive

@@ -34,6 +34,7 @@ rank is shared). `helios.runtime.parallel.ranks` loads the other ranks and ties 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -52,6 +53,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import capture_programs
+from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
 from helios.runtime.loading.program_compile import compile_programs
@@ -103,6 +105,10 @@ class LoadOptions:
     # On the CPU: compile every program's pure tensor runs with Inductor before the engine is ready
     # (`helios.runtime.loading.program_compile`; needs a C++ compiler, else `ProgramCompileError`).
     compile_programs: bool = False
+    # On CUDA with `cuda_graphs`: worker processes that compile the Triton kernels the capture's warm-up
+    # runs need, side by side, before it (`helios.runtime.loading.kernel_precompile`); None:
+    # `default_compile_workers()`, 0: the warm-up runs compile them one after another.
+    compile_workers: int | None = None
     progress: Callable[[str], None] | None = None  # load-time progress lines (compilation), e.g. to stderr
 
 
@@ -143,6 +149,18 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
 
     `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
     peer waits there for rank zero's, so every rank reads its weights at the same time)."""
+    workers = 0
+    if serving_device(options.device).type == "cuda" and options.cuda_graphs and _has_triton():
+        workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
+    with KernelCompiler(workers) as compiler:  # spawned now: the workers start while the programs load
+        return _load_model(core, options, pages, compiler)
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> LoadedModel:
     prepared = core.prepared
     # Reading the core checked the specification's rules; what this runtime serves is checked here
     # (the same table `helios contract check` and preparation apply: helios.contract.servable).
@@ -191,7 +209,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
                    for handle in vision_graphs)
     if device.type == "cuda" and options.cuda_graphs:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
-                                    keep=tuned_outputs(prepared))
+                                    keep=tuned_outputs(prepared), compiler=compiler)
         if vision:  # the image encoders replay as CUDA graphs too
             vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                       keep=tuned_outputs(prepared))

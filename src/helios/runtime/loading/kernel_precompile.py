@@ -1,0 +1,221 @@
+"""Triton kernels compiled side by side in worker processes before the CUDA graphs are captured.
+
+A program's first warm-up run compiles each Triton kernel variant it launches (`cuda_graphs`), one
+after another in this process: on a machine whose Triton cache is empty, about thirty variants and
+most of a first load's time for an 8B core (bench/results/h200_session24_call2: 27 s of a 61 s load).
+Which variants a load needs is known only by running its programs, so a load runs them twice:
+
+1. a dry run of every graph about to be captured (`KernelCompiler.dry_run`): each Triton launch whose
+   variant is not compiled yet is not made; its variant is sent to a worker process instead (the
+   same source, signature, constants and options Triton would compile here, for this device's
+   target), which compiles it, and builds its launcher, into Triton's on-disk cache. A skipped
+   launch leaves its outputs unwritten, so the tensors it was given that are not the program's
+   arguments (the op's own intermediates) are zeroed: later ops read zeros, never stale memory
+   (an index read from one stays in range). Arguments (weights, caches, inputs) are never touched.
+2. `wait`, then the warm-up runs as before: each variant now loads from the cache in milliseconds.
+
+The dry run changes only which launches are made, only on the thread that runs it (the weight
+loader's thread, or any other, launches as usual), and only until it ends. A variant that cannot be
+sent (a kernel not importable by its module and name) is compiled and launched here, as Triton
+would; one that fails in a worker is compiled by the warm-up run itself, which raises its error.
+Workers are spawned, never forked (the load runs a weight thread), and start while the programs
+load, so their import costs overlap that work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+
+__all__ = ["KernelCompiler", "CompileJob", "compile_job", "default_compile_workers"]
+
+_LOG = logging.getLogger(__name__)
+_PATCH_LOCK = threading.Lock()  # one dry run at a time per process (each replaces two JITFunction methods)
+MAX_WORKERS = 8  # about the variants a load compiles at once; more only adds spawn and import cost
+
+
+def default_compile_workers() -> int:
+    """Worker processes for a load's kernel compiles: the CPUs this process may use, less one for
+    the load itself, at most MAX_WORKERS; 0 (compile in the warm-up) with fewer than 3 CPUs."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if cpus < 3 else min(MAX_WORKERS, cpus - 1)
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One Triton kernel variant, as `JITFunction._do_compile` would compile it, in picklable form."""
+
+    module: str  # the kernel's module and attribute name (a module-level `@triton.jit` function)
+    name: str
+    signature: dict
+    constexprs: dict
+    attrs: dict
+    options: dict
+    target: object  # triton.backends.compiler.GPUTarget
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+def compile_job(job: CompileJob) -> float:
+    """Compiles `job` into Triton's on-disk cache (and, where this machine can build it, its launcher);
+    the seconds it took. Runs in a worker process; needs no device."""
+    import triton
+    from triton.compiler import ASTSource
+
+    started = time.perf_counter()
+    fn = getattr(importlib.import_module(job.module), job.name)
+    source = ASTSource(fn, job.signature, job.constexprs, job.attrs)
+    kernel = triton.compile(source, target=job.target, options=job.options)
+    _build_launcher(source, kernel.metadata)
+    return time.perf_counter() - started
+
+
+def _build_launcher(source, metadata) -> None:
+    """The kernel's launcher module (C, built once per signature and cached on disk), best effort:
+    a machine without the CUDA driver library builds it at the first launch instead."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(source, metadata)
+    except Exception as error:  # noqa: BLE001 - the first launch builds it, with its own error
+        _LOG.debug("launcher not built ahead: %s", error)
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)
+    import triton  # noqa: F401 - imported while the programs load, not on the first job
+
+
+class KernelCompiler:
+    """A pool of compile workers for one load (a context manager: the workers end with it).
+
+    `dry_run(arguments)` runs the calling thread's Triton launches as described in the module
+    docstring; `wait()` returns once every variant sent has been compiled (or failed). `executor`
+    replaces the worker processes (tests)."""
+
+    def __init__(self, workers: int, executor: Executor | None = None):
+        self.workers = workers
+        self._pool: Executor | None = executor
+        self._jobs: dict[tuple, Future] = {}
+        self._names: dict[tuple, str] = {}
+        self._local = threading.local()
+        self.skipped_launches = 0
+        if executor is None and workers > 0:
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+            for _ in range(workers):  # start them now: spawning and importing overlap the program loads
+                self._pool.submit(_ready)
+
+    def __enter__(self) -> "KernelCompiler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    @property
+    def active(self) -> bool:
+        return self._pool is not None
+
+    def submit(self, job: CompileJob, key: tuple) -> bool:
+        """Sends `job` (once per `key`) to a worker; False when there is no pool."""
+        if self._pool is None:
+            return False
+        if key not in self._jobs:
+            self._jobs[key] = self._pool.submit(compile_job, job)
+            self._names[key] = job.kernel
+        return True
+
+    @contextlib.contextmanager
+    def dry_run(self, arguments: Iterable[torch.Tensor]) -> Iterator[None]:
+        """Within: this thread's Triton launches of variants not yet compiled are sent to the workers
+        and not made; the tensors such a launch was given outside `arguments`' storages are zeroed."""
+        if self._pool is None:
+            yield
+            return
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            yield
+            return
+        protected = {t.untyped_storage().data_ptr() for t in arguments if isinstance(t, torch.Tensor)}
+        with _patched(JITFunction, self, threading.get_ident(), protected):
+            yield
+
+    def wait(self) -> dict:
+        """Blocks until every variant sent is compiled; {"variants", "failed", "seconds"} (the seconds
+        the workers spent, summed)."""
+        done, _ = wait(list(self._jobs.values()))
+        failed, seconds = [], 0.0
+        for key, future in self._jobs.items():
+            error = future.exception()
+            if error is None:
+                seconds += future.result()
+            else:  # the warm-up run compiles it here and raises what it raises
+                failed.append(self._names[key])
+                _LOG.warning("Triton kernel %s did not compile in a worker (%s: %s); the warm-up compiles it",
+                             self._names[key], type(error).__name__, error)
+        return {"variants": len(self._jobs), "failed": failed, "seconds": seconds,
+                "skipped_launches": self.skipped_launches}
+
+
+def _ready() -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[int]) -> Iterator[None]:
+    """`jit_class.run` and `_do_compile` replaced for `thread` (see `KernelCompiler.dry_run`)."""
+
+    def dry_do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        if threading.get_ident() != thread:
+            return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
+        job = _job_of(self, signature, device, constexprs, options, attrs)
+        if job is None or not compiler.submit(job, (id(self), key)):
+            return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
+        return None  # `run` returns without launching
+
+    def dry_run_method(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if kernel is None and threading.get_ident() == thread and not warmup:
+            compiler.skipped_launches += 1
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in protected:
+                    value.zero_()
+        return kernel
+
+    with _PATCH_LOCK:
+        run, do_compile = jit_class.run, jit_class._do_compile
+        jit_class.run, jit_class._do_compile = dry_run_method, dry_do_compile
+        try:
+            yield
+        finally:
+            jit_class.run, jit_class._do_compile = run, do_compile
+
+
+def _job_of(fn, signature, device, constexprs, options, attrs) -> CompileJob | None:
+    """The job compiling this variant in a worker, or None when a worker could not find the kernel
+    (not a module-level attribute of its module)."""
+    name = getattr(getattr(fn, "fn", None), "__name__", None)
+    module = sys.modules.get(getattr(fn, "module", "") or "")
+    if name is None or module is None or getattr(module, name, None) is not fn:
+        return None
+    target = fn.device_caches[device][2]
+    return CompileJob(fn.module, name, dict(signature), dict(constexprs), dict(attrs), dict(options.__dict__), target)

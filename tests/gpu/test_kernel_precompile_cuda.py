@@ -1,0 +1,50 @@
+"""The load's Triton precompile on CUDA (`helios.runtime.loading.kernel_precompile`): a bfloat16 core
+loaded in fresh processes, each with an empty Triton cache, with compile workers and without. The
+greedy tokens are the same; with workers, the variants were compiled by them, and the warm-up runs
+compiled none that had not been sent to one (the dry run found every variant the capture needs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helios.core.keys import SigningKey
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from ignition.hf_checkpoints import LLAMA3
+from support.chat_checkpoint import write_chat_checkpoint
+
+pytestmark = pytest.mark.gpu
+NAMESPACE = "test.helios/precompile"
+PROMPTS = [[5, 9, 11], list(range(3, 70)), [7] * 20]
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _load(core: Path, key: SigningKey, workers: int, cache: Path) -> dict:
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "support.precompile_load", str(core), key.public.raw.hex(),
+                           NAMESPACE, str(workers), json.dumps(PROMPTS), "12"],
+                          capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_workers_compile_what_the_capture_needs_and_the_tokens_do_not_change(tmp_path: Path):
+    key = SigningKey.generate()
+    checkpoint, core = tmp_path / "llama", tmp_path / "llama.core"
+    write_chat_checkpoint(LLAMA3, checkpoint, seed=5)
+    plan = CapacityPlan(context_tokens=256, prefill_tokens=64, decode_batches=(1, 4))
+    prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype="bfloat16", capacities=plan))
+    parallel = _load(core, key, 2, tmp_path / "cache-workers")
+    serial = _load(core, key, 0, tmp_path / "cache-serial")
+    assert parallel["captured"] and serial["captured"]
+    assert parallel["tokens"] == serial["tokens"]
+    report = parallel["report"]
+    assert report["variants"] > 0 and report["failed"] == [] and report["skipped_launches"] > 0
+    assert parallel["unsent_after_wait"] == []
+    assert serial["report"] is None  # no workers: no dry run

@@ -1,0 +1,175 @@
+"""The load's Triton precompile (`helios.runtime.loading.kernel_precompile`): the dry run's launch
+interception on a stand-in kernel class, and a real Helios kernel compiled for an H200 (sm_90) in a
+spawned worker, which needs no device."""
+
+from __future__ import annotations
+
+import threading
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from helios.runtime.loading import kernel_precompile
+from helios.runtime.loading.kernel_precompile import CompileJob, KernelCompiler, default_compile_workers
+
+TARGET = object()  # what a device's Triton backend calls its target; the stand-in passes it through
+
+
+class _Options:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+class StandInJit:
+    """Triton's JITFunction where the dry run touches it: `run` compiles a variant not in its cache
+    through `_do_compile` and returns None (no launch) when that does; otherwise it launches."""
+
+    def __init__(self, name: str):
+        self.fn = types.SimpleNamespace(__name__=name)
+        self.module = __name__
+        self.device_caches = {0: ({}, {}, TARGET, None, None)}
+        self.launches: list[tuple] = []
+        self.compiled: list[str] = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        key = kwargs.get("BLOCK", 0)
+        kernel = self.device_caches[0][0].get(key)
+        if kernel is None:
+            kernel = self._do_compile(key, {"x": "*fp32", "BLOCK": "constexpr"}, 0, {(1,): key}, _Options(num_warps=4),
+                                      {(0,): [["tt.divisibility", 16]]}, warmup)
+            if kernel is None:
+                return None
+        if not warmup:
+            self.launches.append((threading.get_ident(), key))
+        return kernel
+
+    def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        self.compiled.append(key)
+        self.device_caches[0][0][key] = f"kernel {key}"
+        return self.device_caches[0][0][key]
+
+
+stand_in_kernel = StandInJit("stand_in_kernel")
+
+
+@pytest.fixture
+def kernel():
+    stand_in_kernel.__init__("stand_in_kernel")
+    return stand_in_kernel
+
+
+def _launch(kernel, *tensors, block=16):
+    return StandInJit.run(kernel, *tensors, grid=(1,), warmup=False, BLOCK=block)
+
+
+def test_dry_run_sends_each_variant_once_skips_its_launch_and_zeroes_only_intermediates(kernel):
+    executor = ThreadPoolExecutor(1)
+    sent: list[CompileJob] = []
+    compiler = KernelCompiler(1, executor=executor)
+    compiler.submit = lambda job, key, submit=compiler.submit: sent.append(job) or submit(job, key)
+    weight, intermediate = torch.ones(4), torch.ones(4)
+    view = intermediate[1:]  # a view of an intermediate: its storage is not an argument's
+    with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(),
+                                    {weight.untyped_storage().data_ptr()}):
+        assert _launch(kernel, weight, view) is None
+        assert _launch(kernel, weight, view) is None  # still not compiled here: skipped, not sent again
+    assert kernel.launches == [] and kernel.compiled == []
+    assert compiler.skipped_launches == 2
+    assert [job.kernel for job in sent] == [f"{__name__}.stand_in_kernel"] * 2
+    assert len(compiler._jobs) == 1  # one job per variant
+    job = sent[0]
+    assert job.constexprs == {(1,): 16} and job.options == {"num_warps": 4} and job.target is TARGET
+    assert torch.equal(weight, torch.ones(4))
+    assert torch.equal(intermediate, torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    # restored: outside the dry run the variant compiles and launches here
+    assert _launch(kernel, weight) == "kernel 16" and kernel.launches == [(threading.get_ident(), 16)]
+    executor.shutdown()
+
+
+def test_dry_run_leaves_other_threads_and_compiled_variants_launching(kernel):
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1))
+    kernel.device_caches[0][0][32] = "kernel 32"  # compiled before the dry run
+    with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(), set()):
+        assert _launch(kernel, block=32) == "kernel 32"
+        other = threading.Thread(target=_launch, args=(kernel,), kwargs={"block": 64})
+        other.start()
+        other.join()
+    assert [key for _, key in kernel.launches] == [32, 64] and kernel.compiled == [64]
+    assert compiler._jobs == {}
+
+
+def test_a_kernel_its_module_does_not_name_compiles_and_launches_here():
+    nested = StandInJit("not_a_module_attribute")
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1))
+    with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(), set()):
+        assert _launch(nested) == "kernel 16"
+    assert nested.compiled == [16] and len(nested.launches) == 1 and compiler._jobs == {}
+
+
+def test_without_workers_the_dry_run_changes_nothing(kernel):
+    compiler = KernelCompiler(0)
+    assert not compiler.active
+    with compiler.dry_run([]):
+        assert _launch(kernel) == "kernel 16"
+    assert compiler.wait() == {"variants": 0, "failed": [], "seconds": 0.0, "skipped_launches": 0}
+
+
+def test_a_job_that_fails_in_a_worker_is_reported_for_the_warm_up():
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1))
+    bad = CompileJob("helios.no_such_module", "kernel", {}, {}, {}, {}, None)
+    assert compiler.submit(bad, ("bad",))
+    report = compiler.wait()
+    assert report["variants"] == 1 and report["failed"] == ["helios.no_such_module.kernel"]
+
+
+def test_default_workers_leave_a_cpu_for_the_load(monkeypatch):
+    monkeypatch.setattr(kernel_precompile.os, "sched_getaffinity", lambda _: set(range(2)), raising=False)
+    assert default_compile_workers() == 0
+    monkeypatch.setattr(kernel_precompile.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    assert default_compile_workers() == kernel_precompile.MAX_WORKERS
+
+
+class _Pointer:
+    """What Triton's binder reads of a tensor argument: its address and element type."""
+
+    def __init__(self, address: int, dtype: torch.dtype):
+        self.address, self.dtype = address, dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def _silu_mul_job() -> CompileJob:
+    """The job `_do_compile` would send for `triton_fused._silu_mul_kernel` at 8B shapes on an H200:
+    bound and packed as `JITFunction.run` does, for the sm_90 target, without a device."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from helios.abi.triton_fused import _silu_mul_kernel as fn
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    args = (_Pointer(1 << 20, torch.bfloat16), 28672, _Pointer(2 << 20, torch.bfloat16), 14336)
+    kwargs = {"BLOCK": 1024, "num_warps": 4, "debug": False, "instrumentation_mode": ""}
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    assert triton is not None
+    return CompileJob(fn.module, fn.fn.__name__, signature, constexprs, attrs, dict(options.__dict__), target)
+
+
+def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, monkeypatch):
+    job = _silu_mul_job()
+    assert job.signature["gate_up"] == "*bf16" and job.constexprs
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # the spawned worker inherits it
+    with KernelCompiler(1) as compiler:
+        assert compiler.submit(job, ("silu",))
+        report = compiler.wait()
+    assert report["variants"] == 1 and report["failed"] == [] and report["seconds"] > 0
+    cubins = list(tmp_path.rglob("_silu_mul_kernel.cubin"))
+    assert len(cubins) == 1 and cubins[0].stat().st_size > 0
