@@ -168,6 +168,8 @@ def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, m
     assert job.signature["gate_up"] == "*bf16" and job.constexprs
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # the spawned worker inherits it
     with KernelCompiler(1) as compiler:
+        assert not compiler.active and not compiler.submit(job, ("silu",))  # not started: no workers yet
+        compiler.start()
         assert compiler.submit(job, ("silu",))
         report = compiler.wait()
     assert report["variants"] == 1 and report["failed"] == [] and report["seconds"] > 0

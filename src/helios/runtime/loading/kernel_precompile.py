@@ -18,8 +18,9 @@ The dry run changes only which launches are made, only on the thread that runs i
 loader's thread, or any other, launches as usual), and only until it ends. A variant that cannot be
 sent (a kernel not importable by its module and name) is compiled and launched here, as Triton
 would; one that fails in a worker is compiled by the warm-up run itself, which raises its error.
-Workers are spawned, never forked (the load runs a weight thread), and start while the programs
-load, so their import costs overlap that work.
+Workers are spawned, never forked (the load runs a weight thread), once the programs are built
+(`KernelCompiler.start`), so their import costs overlap the rest of the weight loading and the
+capture's preparations.
 """
 
 from __future__ import annotations
@@ -113,11 +114,20 @@ class KernelCompiler:
         self._names: dict[tuple, str] = {}
         self._local = threading.local()
         self.skipped_launches = 0
-        if executor is None and workers > 0:
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
-            for _ in range(workers):  # start them now: spawning and importing overlap the program loads
-                self._pool.submit(_ready)
+        self._start = executor is None and workers > 0
+
+    def start(self) -> None:
+        """Spawns the workers (once; nothing without workers). Their start-up (importing torch and
+        Triton) overlaps whatever the load does until the dry run: started after the programs are
+        built, it does not slow that Python work down (on the H200 host, 16 CPUs, starting them with
+        the load made building the programs 1.6x slower, bench/results/h200_session24_call3)."""
+        if not self._start:
+            return
+        self._start = False
+        context = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker)
+        for _ in range(self.workers):
+            self._pool.submit(_ready)
 
     def __enter__(self) -> "KernelCompiler":
         return self
@@ -132,6 +142,7 @@ class KernelCompiler:
 
     @property
     def active(self) -> bool:
+        """Whether there are workers (`start` called, or an executor given)."""
         return self._pool is not None
 
     def submit(self, job: CompileJob, key: tuple) -> bool:

@@ -152,7 +152,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     workers = 0
     if serving_device(options.device).type == "cuda" and options.cuda_graphs and _has_triton():
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
-    with KernelCompiler(workers) as compiler:  # spawned now: the workers start while the programs load
+    with KernelCompiler(workers) as compiler:  # its workers start once the programs are built
         return _load_model(core, options, pages, compiler)
 
 
@@ -184,6 +184,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         producers = tuple(load_program(core, prepared, handle, declared, device) for handle in tuning)
         initializers = tuple(load_program(core, prepared, handle, declared, device) for handle in initial)
         state_copies = tuple(load_program(core, prepared, handle, declared, device) for handle in copies)
+        compiler.start()  # spawning them while the programs build slowed that down
         weights = loading.result()
     graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
     rows_per_request = max(1, prepared.state_rows_per_request(graphs))
