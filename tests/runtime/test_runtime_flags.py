@@ -41,7 +41,17 @@ def test_no_logprobs_reaches_the_startup_options(flags, loaded):
     assert load.startup.token_logprobs is loaded
 
 
+@pytest.mark.parametrize("flags, workers", [([], None), (["--compile-workers", "0"], 0),
+                                            (["--compile-workers", "3"], 3)])
+def test_compile_workers_reach_the_load_options(flags, workers):
+    parser = argparse.ArgumentParser()
+    add_runtime_flags(parser)
+    load, _, _ = runtime_flags(parser.parse_args(flags), StartupOptions(), "cuda")
+    assert load.compile_workers == workers
+
+
 @pytest.mark.parametrize("flags, message", [
+    (["--compile-workers", "-1"], "--compile-workers must not be negative"),
     (["--preemption", "offload"], "--host-pages"),
     (["--pages", "0"], "--pages"),
     (["--memory-fraction", "1.5"], "--memory-fraction"),

@@ -11,6 +11,8 @@ speculation off), `--history-drafting` / `--no-history-drafting` override the co
 instead of recomputing them. `--image-cache-images N` sizes the device cache of encoded image
 features of a vision-language core (allocated at load). `--compile-programs` compiles the CPU programs
 with Inductor at load (`helios.runtime.loading.program_compile`), each compilation shown on stderr.
+`--compile-workers N` sets the worker processes that compile a CUDA load's Triton kernels before its
+graphs are captured (`helios.runtime.loading.kernel_precompile`; 0: the warm-up runs compile them).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        help="on the CPU: compile each program's runs of small tensor ops with torch Inductor at load "
                        "(fused C++ kernels; needs a C++ compiler; load takes about 5-25 s more per program, "
                        "serving compiles nothing); decode steps run faster, results equal within float rounding")
+    group.add_argument("--compile-workers", type=int, metavar="N",
+                       help="on CUDA: worker processes compiling the Triton kernels the captured graphs need, side "
+                       "by side, before capture (default: the CPUs less one, at most 8; 0: the warm-up runs "
+                       "compile them one after another)")
     group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
                        help="do not load the core's token-logprobs programs (a faster start; requests for "
                        "log-probabilities are refused)")
@@ -78,11 +84,13 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
         raise UsageError("--image-cache-images must be positive")
     if args.host_pages < 0:
         raise UsageError("--host-pages must not be negative")
+    if args.compile_workers is not None and args.compile_workers < 0:
+        raise UsageError("--compile-workers must not be negative")
     if args.preemption == "offload" and args.host_pages == 0:
         raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
     startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,
                       history_drafting=args.history_drafting, token_logprobs=args.token_logprobs)
     load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction,
                        image_cache_images=args.image_cache_images, compile_programs=args.compile_programs,
-                       progress=_stderr if args.compile_programs else None)
+                       compile_workers=args.compile_workers, progress=_stderr if args.compile_programs else None)
     return load, SchedulerPolicy(preemption=_PREEMPTION[args.preemption]), args.host_pages
