@@ -150,8 +150,13 @@ def _silu_mul_job() -> CompileJob:
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from helios.abi.triton_fused import _silu_mul_kernel as fn
+    from triton.runtime.jit import JITFunction
 
+    from helios.abi.triton_fused import _silu_mul_kernel as kernel
+
+    # where an earlier test in this process turned Triton's interpreter on, the module holds an
+    # interpreted kernel: the compiler's view of the same function binds the arguments
+    fn = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
@@ -160,13 +165,15 @@ def _silu_mul_job() -> CompileJob:
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     assert triton is not None
-    return CompileJob(fn.module, fn.fn.__name__, signature, constexprs, attrs, dict(options.__dict__), target)
+    return CompileJob("helios.abi.triton_fused", "_silu_mul_kernel", signature, constexprs, attrs,
+                      dict(options.__dict__), target)
 
 
 def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, monkeypatch):
     job = _silu_mul_job()
     assert job.signature["gate_up"] == "*bf16" and job.constexprs
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # the spawned worker inherits it
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # its kernels: compiled, not interpreted
     with KernelCompiler(1) as compiler:
         assert not compiler.active and not compiler.submit(job, ("silu",))  # not started: no workers yet
         compiler.start()
