@@ -6,7 +6,9 @@ never move, so a program can be captured once at load and replayed while serving
 launches the recorded kernels on the recorded addresses and allocates nothing.
 
 Capture order and memory: programs are warmed up (Triton compiles its kernels here, not while
-serving), then captured largest first into one shared memory pool. Graphs that share a pool may
+serving; with a `KernelCompiler`, a dry run of every graph first has its worker processes compile
+them side by side, `helios.runtime.loading.kernel_precompile`), then captured largest first into one
+shared memory pool. Graphs that share a pool may
 reuse each other's intermediate memory, which is safe because one model worker replays one graph
 at a time on one stream and reads a graph's outputs (the completion record, logits) before the
 next replay. Warm-up and capture run the programs on all-zero inputs, which can write cache pages
