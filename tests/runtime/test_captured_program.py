@@ -61,3 +61,31 @@ def test_fresh_steps_replay_the_fresh_variant_where_the_program_has_one():
     assert sorted(log[4:]) == ["reset fresh full", "reset fresh greedy", "reset full", "reset greedy"]
     with pytest.raises(CaptureError, match="released"):
         program.replay(greedy=True, fresh=True)
+
+
+def test_the_capture_plan_generates_each_graph_module_once_with_the_code_of_every_rewrite():
+    """`cuda_graphs._plan` defers the code generation of the rewrites' intermediate modules: the
+    modules it returns have the code the rewrites give one by one (built on the meta device, as the
+    CUDA path builds them) and none is left pending."""
+    import torch
+
+    from helios.abi.registry import registered_schemas
+    from helios.runtime.loading import cuda_graphs
+    from helios.runtime.loading.model import select_handles
+    from helios.runtime.loading.program_build import pending_recompile
+    from helios.runtime.loading.programs import DeclaredOps, load_program
+    from runtime.test_model_fixture import open_fixture
+
+    core = open_fixture()
+    prepared, device = core.prepared, torch.device("meta")
+    declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
+    programs = [load_program(core, prepared, handle, declared, device) for handle in select_handles(prepared, 8)]
+    assert programs
+    for program in programs:
+        module = cuda_graphs.gemv_module(cuda_graphs.rotary_module(program.module))
+        expected = cuda_graphs._graph_variants(module, program, device)
+        plan = cuda_graphs._plan(program, [torch.empty(1, device=device)])
+        assert [m is None for m in plan.main] == [m is None for m in expected]
+        for built, reference in zip(plan.main, expected):
+            if built is not None:
+                assert not pending_recompile(built) and built.code == reference.code

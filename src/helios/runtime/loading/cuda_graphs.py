@@ -66,6 +66,7 @@ from helios.runtime.loading.elementwise_runs import runs_module
 from helios.runtime.loading.fresh_calls import fresh_module, wants_fresh_graph
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.kernel_precompile import KernelCompiler
+from helios.runtime.loading.program_build import deferred_recompile, finish_recompile
 from helios.runtime.loading.rotary_calls import rotary_module
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
 from helios.runtime.loading.step_calls import step_module
@@ -194,21 +195,29 @@ class _Plan:
 
 
 def _plan(program, arguments: list) -> _Plan:
+    """The program's graph modules to capture. The rewrites between the program's module and each
+    captured one build several GraphModules (the rotary fusion, each variant's copy, the step
+    bookkeeping); only the captured ones are ever called, so their code is generated once each at
+    the end (`deferred_recompile`), not by every rewrite (about two thirds of this work)."""
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
-    # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
-    module = gemv_module(rotary_module(program.module))
     device = _device_of(arguments)
-    try:
-        main = _graph_variants(module, program, device)
-    except RuntimeError as error:
-        raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
-    fresh = None
-    fresh_variant = fresh_module(module) if wants_fresh_graph(program) else None
-    if fresh_variant is not None:
+    with deferred_recompile():
+        # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
+        module = gemv_module(rotary_module(program.module))
         try:
-            fresh = _graph_variants(fresh_variant, program, device)
+            main = _graph_variants(module, program, device)
         except RuntimeError as error:
-            _fresh_left_out(name, error)
+            raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
+        fresh = None
+        fresh_variant = fresh_module(module) if wants_fresh_graph(program) else None
+        if fresh_variant is not None:
+            try:
+                fresh = _graph_variants(fresh_variant, program, device)
+            except RuntimeError as error:
+                _fresh_left_out(name, error)
+    for built in (*main, *(fresh or ())):
+        if built is not None:
+            finish_recompile(built)
     return _Plan(program, name, arguments, main, fresh)
 
 
