@@ -64,9 +64,10 @@ def test_fresh_steps_replay_the_fresh_variant_where_the_program_has_one():
 
 
 def test_the_capture_plan_generates_each_graph_module_once_with_the_code_of_every_rewrite():
-    """`cuda_graphs._plan` defers the code generation of the rewrites' intermediate modules: the
-    modules it returns have the code the rewrites give one by one (built on the meta device, as the
-    CUDA path builds them) and none is left pending."""
+    """`cuda_graphs._plan` defers the code generation of the rewrites' intermediate modules and
+    rewrites its own copies in place: the modules it returns have the code the rewrites give one by
+    one, copying (built on the meta device, as the CUDA path builds them), none is left pending, and
+    the loaded program's module is unchanged."""
     import torch
 
     from helios.abi.registry import registered_schemas
@@ -82,9 +83,11 @@ def test_the_capture_plan_generates_each_graph_module_once_with_the_code_of_ever
     programs = [load_program(core, prepared, handle, declared, device) for handle in select_handles(prepared, 8)]
     assert programs
     for program in programs:
+        loaded = (program.module.code, str(program.module.graph))
         module = cuda_graphs.gemv_module(cuda_graphs.rotary_module(program.module))
-        expected = cuda_graphs._graph_variants(module, program, device)
+        expected = cuda_graphs._graph_variants(module, program, device, owned=False)
         plan = cuda_graphs._plan(program, [torch.empty(1, device=device)])
+        assert (program.module.code, str(program.module.graph)) == loaded
         assert [m is None for m in plan.main] == [m is None for m in expected]
         for built, reference in zip(plan.main, expected):
             if built is not None:

@@ -204,28 +204,33 @@ def _plan(program, arguments: list) -> _Plan:
     with deferred_recompile():
         # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
         module = gemv_module(rotary_module(program.module))
-        try:
-            main = _graph_variants(module, program, device)
-        except RuntimeError as error:
-            raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
-        fresh = None
+        fresh = None  # derived before `module`'s own graph is rewritten in place (where it is a copy)
         fresh_variant = fresh_module(module) if wants_fresh_graph(program) else None
         if fresh_variant is not None:
             try:
-                fresh = _graph_variants(fresh_variant, program, device)
+                fresh = _graph_variants(fresh_variant, program, device, owned=True)
             except RuntimeError as error:
                 _fresh_left_out(name, error)
+        try:
+            main = _graph_variants(module, program, device, owned=module is not program.module)
+        except RuntimeError as error:
+            raise CaptureError(f"program {name} cannot be captured into a CUDA graph: {error}") from error
     for built in (*main, *(fresh or ())):
         if built is not None:
             finish_recompile(built)
     return _Plan(program, name, arguments, main, fresh)
 
 
-def _graph_variants(module, program, device) -> tuple:
+def _graph_variants(module, program, device, owned: bool) -> tuple:
     """`module`'s full graph module and, where the program wants one, its greedy graph module; each with
-    its per-step bookkeeping in fewer launches (`step_calls`, last)."""
-    full = runs_module(step_module(module, device))
-    greedy = runs_module(step_module(greedy_module(module), device)) if wants_greedy_graph(program) else None
+    its per-step bookkeeping in fewer launches (`step_calls`, last). `owned`: `module` is a copy made
+    for this capture, so the full graph's rewrite changes it in place (after the greedy copy is made
+    of it) instead of copying its graph once more; the greedy copy is always rewritten in place."""
+    greedy = None
+    if wants_greedy_graph(program):
+        bound = greedy_module(module)
+        greedy = runs_module(step_module(bound, device, in_place=bound is not module))
+    full = runs_module(step_module(module, device, in_place=owned))
     return full, greedy
 
 

@@ -79,16 +79,17 @@ class StepCallCounts(NamedTuple):
         return sum(self)
 
 
-def step_module(module, device: torch.device | None = None, enabled: bool | None = None):
+def step_module(module, device: torch.device | None = None, enabled: bool | None = None, in_place: bool = False):
     """A module computing `module`'s program with its bookkeeping collapsed (a new graph sharing
     `module`'s attributes, plus its constants), or `module` itself when nothing changes, it has no
     graph, or the rewrite is not `enabled` (default: `STEP_CALLS`). `device`: where the constants
-    live (the program's; default: the first tensor attribute's device, else the CPU)."""
+    live (the program's; default: the first tensor attribute's device, else the CPU). `in_place`:
+    the caller owns `module` (a copy nothing else uses), which is rewritten and returned itself,
+    without copying its graph."""
     enabled = STEP_CALLS if enabled is None else enabled
     if not enabled or not isinstance(module, torch.fx.GraphModule):
         return module
-    graph = copy.deepcopy(module.graph)
-    rewritten = torch.fx.GraphModule(module, graph)
+    rewritten = module if in_place else torch.fx.GraphModule(module, copy.deepcopy(module.graph))
     counts = collapse_step_calls(rewritten, device or _module_device(module))
     return rewritten if counts.total else module
 
