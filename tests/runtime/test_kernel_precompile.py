@@ -182,3 +182,19 @@ def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, m
     assert report["variants"] == 1 and report["failed"] == [] and report["seconds"] > 0
     cubins = list(tmp_path.rglob("_silu_mul_kernel.cubin"))
     assert len(cubins) == 1 and cubins[0].stat().st_size > 0
+
+
+class _BrokenPool(ThreadPoolExecutor):
+    def submit(self, *args, **kwargs):
+        from concurrent.futures.process import BrokenProcessPool
+
+        raise BrokenProcessPool("a worker was killed")
+
+
+def test_a_broken_pool_leaves_the_kernels_to_compile_and_launch_here(kernel):
+    compiler = KernelCompiler(1, executor=_BrokenPool(1))
+    with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(), set()):
+        assert _launch(kernel) == "kernel 16"
+        assert _launch(kernel, block=32) == "kernel 32"
+    assert kernel.compiled == [16, 32] and len(kernel.launches) == 2
+    assert not compiler.active and compiler.wait()["variants"] == 0

@@ -146,11 +146,18 @@ class KernelCompiler:
         return self._pool is not None
 
     def submit(self, job: CompileJob, key: tuple) -> bool:
-        """Sends `job` (once per `key`) to a worker; False when there is no pool."""
+        """Sends `job` (once per `key`) to a worker; False when there is no pool, or it broke (it is
+        closed then: the variants not sent compile where they are launched)."""
         if self._pool is None:
             return False
         if key not in self._jobs:
-            self._jobs[key] = self._pool.submit(compile_job, job)
+            try:
+                self._jobs[key] = self._pool.submit(compile_job, job)
+            except RuntimeError as error:  # a broken pool (a worker killed) or one shut down
+                _LOG.warning("Triton compile workers unavailable (%s: %s); the warm-up compiles the rest",
+                             type(error).__name__, error)
+                self.close()
+                return False
             self._names[key] = job.kernel
         return True
 
