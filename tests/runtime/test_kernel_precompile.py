@@ -4,6 +4,7 @@ spawned worker, which needs no device."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -198,3 +199,23 @@ def test_a_broken_pool_leaves_the_kernels_to_compile_and_launch_here(kernel):
         assert _launch(kernel, block=32) == "kernel 32"
     assert kernel.compiled == [16, 32] and len(kernel.launches) == 2
     assert not compiler.active and compiler.wait()["variants"] == 0
+
+
+def test_a_variant_in_tritons_disk_cache_is_known_to_be_there(tmp_path: Path, monkeypatch):
+    """`cached_on_disk` finds a variant where `triton.compile` would (so the dry run loads and
+    launches it instead of sending it to a worker), and only that variant."""
+    job = _silu_mul_job()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert not kernel_precompile.cached_on_disk(job)
+    kernel_precompile.compile_job(job)
+    assert kernel_precompile.cached_on_disk(job)
+    other = dataclasses.replace(job, constexprs={**job.constexprs, next(iter(job.constexprs)): 512})
+    assert not kernel_precompile.cached_on_disk(other)
+
+
+def test_a_variant_already_on_disk_is_loaded_and_launched_here(kernel, monkeypatch):
+    monkeypatch.setattr(kernel_precompile, "cached_on_disk", lambda job: True)
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1))
+    with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(), set()):
+        assert _launch(kernel) == "kernel 16"
+    assert kernel.compiled == [16] and len(kernel.launches) == 1 and compiler._jobs == {}

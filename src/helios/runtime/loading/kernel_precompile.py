@@ -15,12 +15,13 @@ Which variants a load needs is known only by running its programs, so a load run
 2. `wait`, then the warm-up runs as before: each variant now loads from the cache in milliseconds.
 
 The dry run changes only which launches are made, only on the thread that runs it (the weight
-loader's thread, or any other, launches as usual), and only until it ends. A variant that cannot be
-sent (a kernel not importable by its module and name) is compiled and launched here, as Triton
-would; one that fails in a worker is compiled by the warm-up run itself, which raises its error.
+loader's thread, or any other, launches as usual), and only until it ends. A variant already in
+Triton's on-disk cache (`cached_on_disk`: a machine that loaded this core before) is loaded and
+launched here, as is one that cannot be sent (a kernel not importable by its module and name); one
+that fails in a worker is compiled by the warm-up run itself, which raises its error.
 Workers are spawned, never forked (the load runs a weight thread), once the programs are built
 (`KernelCompiler.start`), so their import costs overlap the rest of the weight loading and the
-capture's preparations.
+capture's preparations; after a process's first load they start only when a variant is sent.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 __all__ = ["KernelCompiler", "CompileJob", "compile_job", "default_compile_workers"]
 
 _LOG = logging.getLogger(__name__)
+_COMPILED_HERE = False  # a dry run has finished in this process (its kernels are compiled here now)
 _PATCH_LOCK = threading.Lock()  # one dry run at a time per process (each replaces two JITFunction methods)
 MAX_WORKERS = 8  # about the variants a load compiles at once; more only adds spawn and import cost
 
@@ -77,11 +79,19 @@ def compile_job(job: CompileJob) -> float:
     from triton.compiler import ASTSource
 
     started = time.perf_counter()
-    fn = getattr(importlib.import_module(job.module), job.name)
-    source = ASTSource(fn, job.signature, job.constexprs, job.attrs)
+    source = ASTSource(_kernel(job), job.signature, job.constexprs, job.attrs)
     kernel = triton.compile(source, target=job.target, options=job.options)
     _build_launcher(source, kernel.metadata)
     return time.perf_counter() - started
+
+
+def _kernel(job: CompileJob):
+    """`job`'s kernel as Triton's compiler sees it: its module's attribute, or, in a process where
+    Triton's interpreter is on (an interpreted kernel), a JITFunction of the same function."""
+    from triton.runtime.jit import JITFunction
+
+    kernel = getattr(importlib.import_module(job.module), job.name)
+    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
 
 
 def _build_launcher(source, metadata) -> None:
@@ -117,17 +127,20 @@ class KernelCompiler:
         self._start = executor is None and workers > 0
 
     def start(self) -> None:
-        """Spawns the workers (once; nothing without workers). Their start-up (importing torch and
-        Triton) overlaps whatever the load does until the dry run: started after the programs are
-        built, it does not slow that Python work down (on the H200 host, 16 CPUs, starting them with
-        the load made building the programs 1.6x slower, bench/results/h200_session24_call3)."""
+        """Makes the worker pool (once; nothing without workers). In a process's first load its
+        workers start now, and their start-up (importing torch and Triton) overlaps whatever the
+        load does until the dry run: started after the programs are built, it does not slow that
+        Python work down (on the H200 host, 16 CPUs, starting them with the load made building the
+        programs 1.6x slower, bench/results/h200_session24_call3). In later loads (their kernels
+        mostly compiled in this process already) a worker starts only for a variant sent to it."""
         if not self._start:
             return
         self._start = False
         context = multiprocessing.get_context("spawn")
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker)
-        for _ in range(self.workers):
-            self._pool.submit(_ready)
+        if not _COMPILED_HERE:  # a process's first load: start them all now (later loads rarely compile)
+            for _ in range(self.workers):
+                self._pool.submit(_ready)
 
     def __enter__(self) -> "KernelCompiler":
         return self
@@ -180,6 +193,8 @@ class KernelCompiler:
     def wait(self) -> dict:
         """Blocks until every variant sent is compiled; {"variants", "failed", "seconds"} (the seconds
         the workers spent, summed)."""
+        global _COMPILED_HERE
+        _COMPILED_HERE = True
         done, _ = wait(list(self._jobs.values()))
         failed, seconds = [], 0.0
         for key, future in self._jobs.items():
@@ -206,7 +221,7 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
         if threading.get_ident() != thread:
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         job = _job_of(self, signature, device, constexprs, options, attrs)
-        if job is None or not compiler.submit(job, (id(self), key)):
+        if job is None or cached_on_disk(job) or not compiler.submit(job, (id(self), key)):
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         return None  # `run` returns without launching
 
@@ -226,6 +241,28 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
             yield
         finally:
             jit_class.run, jit_class._do_compile = run, do_compile
+
+
+def cached_on_disk(job: CompileJob) -> bool:
+    """Whether Triton's on-disk cache already holds `job`'s variant (its compile would be a cache hit,
+    as `triton.compile` looks it up); False where that cannot be told (another Triton's layout)."""
+    try:
+        import hashlib
+
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.cache import get_cache_key, get_cache_manager
+
+        source = ASTSource(_kernel(job), job.signature, job.constexprs, job.attrs)
+        backend = make_backend(job.target)
+        options = backend.parse_options(dict(job.options, **source.parse_options()))
+        key = get_cache_key(source, backend, options, env_vars=get_cache_invalidating_env_vars())
+        name = f"{source.name[:150]}.json"
+        group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
+        return bool(group) and name in group
+    except Exception as error:  # noqa: BLE001 - not knowing means compiling it in a worker
+        _LOG.debug("Triton cache lookup failed: %s", error)
+        return False
 
 
 def _job_of(fn, signature, device, constexprs, options, attrs) -> CompileJob | None:
