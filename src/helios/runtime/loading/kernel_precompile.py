@@ -122,7 +122,6 @@ class KernelCompiler:
         self._pool: Executor | None = executor
         self._jobs: dict[tuple, Future] = {}
         self._names: dict[tuple, str] = {}
-        self._local = threading.local()
         self.skipped_launches = 0
         self._start = executor is None and workers > 0
 
@@ -157,6 +156,10 @@ class KernelCompiler:
     def active(self) -> bool:
         """Whether there are workers (`start` called, or an executor given)."""
         return self._pool is not None
+
+    def sent(self, key: tuple) -> bool:
+        """Whether the variant of `key` was sent to a worker already."""
+        return key in self._jobs
 
     def submit(self, job: CompileJob, key: tuple) -> bool:
         """Sends `job` (once per `key`) to a worker; False when there is no pool, or it broke (it is
@@ -195,7 +198,7 @@ class KernelCompiler:
         the workers spent, summed)."""
         global _COMPILED_HERE
         _COMPILED_HERE = True
-        done, _ = wait(list(self._jobs.values()))
+        wait(list(self._jobs.values()))
         failed, seconds = [], 0.0
         for key, future in self._jobs.items():
             error = future.exception()
@@ -220,8 +223,11 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
     def dry_do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
         if threading.get_ident() != thread:
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
+        variant = (id(self), key)
+        if compiler.sent(variant):  # launched again (every layer): skipped, nothing looked up again
+            return None
         job = _job_of(self, signature, device, constexprs, options, attrs)
-        if job is None or cached_on_disk(job) or not compiler.submit(job, (id(self), key)):
+        if job is None or cached_on_disk(job) or not compiler.submit(job, variant):
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         return None  # `run` returns without launching
 
