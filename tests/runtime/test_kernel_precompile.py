@@ -222,3 +222,8 @@ def test_a_variant_already_on_disk_is_loaded_and_launched_here(kernel, monkeypat
     with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(), set()):
         assert _launch(kernel) == "kernel 16"
     assert kernel.compiled == [16] and len(kernel.launches) == 1 and compiler._jobs == {}
+
+
+def test_workers_asked_for_are_at_most_the_cpus(monkeypatch):
+    monkeypatch.setattr(kernel_precompile.os, "sched_getaffinity", lambda _: set(range(4)), raising=False)
+    assert KernelCompiler(100_000).workers == 4 and KernelCompiler(2).workers == 2

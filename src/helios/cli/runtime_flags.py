@@ -61,7 +61,7 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--compile-workers", type=int, metavar="N",
                        help="on CUDA: worker processes compiling the Triton kernels the captured graphs need, side "
                        "by side, before capture (default: the CPUs less one, at most 8; 0: the warm-up runs "
-                       "compile them one after another)")
+                       "compile them one after another; at most the CPUs)")
     group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
                        help="do not load the core's token-logprobs programs (a faster start; requests for "
                        "log-probabilities are refused)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -51,8 +52,12 @@ MAX_WORKERS = 8  # about the variants a load compiles at once; more only adds sp
 def default_compile_workers() -> int:
     """Worker processes for a load's kernel compiles: the CPUs this process may use, less one for
     the load itself, at most MAX_WORKERS; 0 (compile in the warm-up) with fewer than 3 CPUs."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = _cpus()
     return 0 if cpus < 3 else min(MAX_WORKERS, cpus - 1)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ class KernelCompiler:
     replaces the worker processes (tests)."""
 
     def __init__(self, workers: int, executor: Executor | None = None):
-        self.workers = workers
+        self.workers = min(workers, _cpus())  # more processes than CPUs would only contend
         self._pool: Executor | None = executor
         self._jobs: dict[tuple, Future] = {}
         self._names: dict[tuple, str] = {}
@@ -126,13 +131,13 @@ class KernelCompiler:
         self._start = executor is None and workers > 0
 
     def start(self) -> None:
-        """Makes the worker pool (once; nothing without workers). In a process's first load its
+        """Makes the worker pool (once; nothing without workers or without Triton). In a process's first load its
         workers start now, and their start-up (importing torch and Triton) overlaps whatever the
         load does until the dry run: started after the programs are built, it does not slow that
         Python work down (on the H200 host, 16 CPUs, starting them with the load made building the
         programs 1.6x slower, bench/results/h200_session24_call3). In later loads (their kernels
         mostly compiled in this process already) a worker starts only for a variant sent to it."""
-        if not self._start:
+        if not self._start or importlib.util.find_spec("triton") is None:  # no Triton: nothing compiles
             return
         self._start = False
         context = multiprocessing.get_context("spawn")

@@ -34,7 +34,6 @@ rank is shared). `helios.runtime.parallel.ranks` loads the other ranks and ties 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -150,14 +149,10 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
     peer waits there for rank zero's, so every rank reads its weights at the same time)."""
     workers = 0
-    if serving_device(options.device).type == "cuda" and options.cuda_graphs and _has_triton():
+    if serving_device(options.device).type == "cuda" and options.cuda_graphs:
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
     with KernelCompiler(workers) as compiler:  # its workers start once the programs are built
         return _load_model(core, options, pages, compiler)
-
-
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> LoadedModel:
