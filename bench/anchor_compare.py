@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import lever_ab  # noqa: E402
+import served_timeline  # noqa: E402
 from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofline, run_helios, ttft_rows  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
@@ -132,6 +133,13 @@ def main() -> None:
                         help="decode profiles right after these batch workloads (the anchor's contexts); '' for none")
     parser.add_argument("--top", type=int, default=12, help="kernels listed per profiled step")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--step-timing", default="256",
+                        help="batches served again with each replay's device ms, the device's idle ms before it "
+                             "and the host's ms by phase (`served_timeline.step_split`); '' for none")
+    parser.add_argument("--trace-dir", type=Path, default=None,
+                        help="with --step-timing: also serve each batch (32 output tokens) under the profiler and "
+                             "write its trace here (`served_timeline.timeline`: what the device and host do between "
+                             "full-batch replays)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
     parser.add_argument("--rotary-fusion", choices=("off", "on", "both"), default="on",
                         help="capture with each layer's rotary cache write fused into its attention "
@@ -244,6 +252,8 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
                 short_profile(runtime.model, workload.requests, results, args.top)
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
         save(results, args.json)  # the call runs out of time while they run
+        step_splits(runtime.engine, shape.vocab_size, workloads[:-1], results, args)
+        save(results, args.json)
         # The DECODE programs' input buffers now hold a real decode step (one token per row, live
         # page tables): the A/B captures and the profile replay it.
         levers(runtime.model, shape, results, device, args)
@@ -251,6 +261,28 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
         runtime.close()
         del runtime
         gc.collect()
+
+
+def step_splits(engine, vocab: int, workloads: list, results: dict, args) -> None:
+    """The --step-timing batches served again: device ms per replay, idle before it, host ms by phase;
+    with --trace-dir a profiled run of each and a summary of its gaps. Reported, never fatal."""
+    wanted = {int(b) for b in args.step_timing.split(",") if b}
+    for workload in (w for w in workloads if w.requests in wanted):
+        try:
+            split = served_timeline.step_split(engine, workload, vocab)
+            results.setdefault("step_timing", {})[workload.requests] = split
+            log(f"step timing {workload}: {split['full_batch_decode_tokens_per_s']:,.1f} tok/s; {split['line']}")
+            if args.trace_dir is None or engine.executor.model.device.type != "cuda":
+                continue
+            args.trace_dir.mkdir(parents=True, exist_ok=True)
+            short = Workload(workload.requests, workload.prompt, 32)
+            path = args.trace_dir / f"served_{workload.requests}.json.gz"
+            summary = served_timeline.timeline(engine, short, vocab, path)
+            results.setdefault("timeline", {})[workload.requests] = summary
+            for line in served_timeline.describe(summary):
+                log(f"timeline {short}: {line}")
+        except Exception as error:  # noqa: BLE001 - the main table is already printed
+            log(f"step timing {workload} failed: {type(error).__name__}: {error}")
 
 
 def short_profile(model, rows: int, results: dict, top: int) -> None:

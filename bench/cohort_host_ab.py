@@ -59,7 +59,7 @@ PHASES = ("schedule", "pack", "program", "finish", "results", "complete")
 def _engine(batches: list[int], tokens: int, layers: int, scratch: Path, device: str = "cpu"):
     checkpoint = write_random_llama(scratch / "llama", with_layers(SMOKE, layers), torch.float32)
     key = SigningKey.generate()
-    plan = CapacityPlan(context_tokens=8 + tokens + 8, prefill_tokens=64,
+    plan = CapacityPlan(context_tokens=max(8 + tokens + 8, 64), prefill_tokens=64,
                         decode_batches=tuple(sorted({1, *batches})))
     prepare_core(checkpoint, scratch / "bench.core", key, PrepareOptions(NAMESPACE, capacities=plan, dtype="float32"))
     opened = open_core(scratch / "bench.core", accept=NAMESPACE, trusted_keys=[key.public])

@@ -34,6 +34,7 @@ class StepTiming:
         self.engine = engine
         self.cuda = engine.executor.model.device.type == "cuda"
         self.reset()
+        self._wrapped: list = []  # (owner, name, its own attribute before or None): `close` restores them
         executor, scheduler = engine.executor, engine.scheduler
         self._wrap(scheduler, "schedule", "schedule")
         self._wrap(executor, "launch", "launch")
@@ -71,7 +72,22 @@ class StepTiming:
                 self.steps += 1
                 self.wall += time.perf_counter() - began
 
-        executor._call, executor.finish, engine.step = timed_call, timed_finish, timed_step
+        for owner, name, timed in ((executor, "_call", timed_call), (executor, "finish", timed_finish),
+                                   (engine, "step", timed_step)):
+            self._set(owner, name, timed)
+
+    def close(self) -> None:
+        """Removes every wrapper (the engine's own methods again)."""
+        for owner, name, before in reversed(self._wrapped):
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+        self._wrapped = []
+
+    def _set(self, owner, name: str, wrapper) -> None:
+        self._wrapped.append((owner, name, vars(owner).get(name)))
+        setattr(owner, name, wrapper)
 
     def _wrap(self, owner, name: str, phase: str) -> None:
         inner = getattr(owner, name)
@@ -83,7 +99,7 @@ class StepTiming:
             finally:
                 self.phases[phase] += time.perf_counter() - began
 
-        setattr(owner, name, timed)
+        self._set(owner, name, timed)
 
     def reset(self) -> None:
         self.launches: list = []
