@@ -23,6 +23,7 @@ import gc
 import importlib
 import io
 import json
+import logging
 import pstats
 import sys
 import tempfile
@@ -80,6 +81,7 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
+    ("helios.runtime.loading.cuda_graphs", "plan_captures", "capture plans (graph modules, beside the weights)"),
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in capture] greedy graph copies"),
     ("helios.runtime.loading.cuda_graphs", "_precompile", "[in capture] Triton precompile (dry run + workers)"),
     ("helios.runtime.loading.kernel_precompile", "KernelCompiler.wait", "[in precompile] waiting for workers"),
@@ -288,6 +290,8 @@ def main(argv=None) -> int:
     if args.smoke:
         args.ttft_prompt = 64
     results = {"layers": shape.num_hidden_layers, "device": str(device), "variants": {}}
+    logging.basicConfig(format="%(name)s: %(message)s")  # the capture's precompile report (workers, waiting)
+    logging.getLogger("helios.runtime.loading.cuda_graphs").setLevel(logging.INFO)
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
         checkpoint = write_random_llama(Path(scratch) / "checkpoint", shape, getattr(torch, args.dtype),

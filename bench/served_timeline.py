@@ -6,7 +6,7 @@ by phase.
 
 `timeline(engine, workload, vocab, path)` serves it again under the torch profiler (host and device
 activity, each engine phase marked), writes the trace (gzipped Chrome JSON) to `path` and returns
-`summarize(trace)`: for each graph replay of the largest kernel count (the full-batch decode step),
+`summarize(trace)`: for each graph replay of the most frequent kernel count (the decode step),
 its device span, its kernels' busy ms (the span less the gaps between its own kernels), and the gap
 after it to the next such replay: what the device ran in that gap (copies, kernels outside graphs)
 and which host phases and CUDA runtime calls were under way while it idled.
@@ -89,7 +89,7 @@ def _events(path: Path) -> list[dict]:
 
 
 def summarize(events: list[dict]) -> dict:
-    """Full-batch replays (the graph launches with the most kernels) and the gaps between them."""
+    """Decode replays (the graph launches of the most frequent kernel count) and the gaps between them."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     device = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     runtime = [e for e in spans if e.get("cat") == "cuda_runtime"]
@@ -102,7 +102,8 @@ def summarize(events: list[dict]) -> dict:
             by_launch[correlation].append(event)
     if not by_launch:
         return {"replays": 0}
-    most = max(len(k) for k in by_launch.values())
+    # The most frequent kernel count: the decode step's graph (prefill chunks are fewer launches).
+    most = collections.Counter(len(k) for k in by_launch.values()).most_common(1)[0][0]
     full = sorted((sorted(k, key=lambda e: e["ts"]) for k in by_launch.values() if len(k) == most),
                   key=lambda k: k[0]["ts"])
     replays, gaps = [], []

@@ -64,7 +64,7 @@ def test_fresh_steps_replay_the_fresh_variant_where_the_program_has_one():
 
 
 def test_the_capture_plan_generates_each_graph_module_once_with_the_code_of_every_rewrite():
-    """`cuda_graphs._plan` defers the code generation of the rewrites' intermediate modules and
+    """`cuda_graphs.plan_captures` (and `_plan` for a program planned at capture) defers the code generation of the rewrites' intermediate modules and
     rewrites its own copies in place: the modules it returns have the code the rewrites give one by
     one, copying (built on the meta device, as the CUDA path builds them), none is left pending, and
     the loaded program's module is unchanged."""
@@ -82,12 +82,17 @@ def test_the_capture_plan_generates_each_graph_module_once_with_the_code_of_ever
     declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
     programs = [load_program(core, prepared, handle, declared, device) for handle in select_handles(prepared, 8)]
     assert programs
+    loaded = {id(p): (p.module.code, str(p.module.graph)) for p in programs}
+    ahead = cuda_graphs.plan_captures(programs[1:], device)  # as load_model builds them, the weights not read
     for program in programs:
-        loaded = (program.module.code, str(program.module.graph))
         module = cuda_graphs.gemv_module(cuda_graphs.rotary_module(program.module))
         expected = cuda_graphs._graph_variants(module, program, device, owned=False)
-        plan = cuda_graphs._plan(program, [torch.empty(1, device=device)])
-        assert (program.module.code, str(program.module.graph)) == loaded
+        arguments = [torch.empty(1, device=device)]
+        plan = ahead.take(program, device, arguments)  # the first program is planned on demand
+        assert plan.program is program and plan.arguments is arguments
+        assert id(program) not in ahead.plans  # taken once
+        loaded_now = (program.module.code, str(program.module.graph))
+        assert loaded_now == loaded[id(program)]
         assert [m is None for m in plan.main] == [m is None for m in expected]
         for built, reference in zip(plan.main, expected):
             if built is not None:

@@ -147,7 +147,7 @@ def release_graphs(programs: Iterable) -> None:
 
 def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, torch.Tensor],
                      device: torch.device, warmups: int = 1, keep: Iterable[str] = (),
-                     compiler: KernelCompiler | None = None) -> tuple:
+                     compiler: KernelCompiler | None = None, plans: "CapturePlans | None" = None) -> tuple:
     """`programs` (LoadedProgram) with each `module` replaced by its `CapturedProgram`.
 
     `arguments_of(program)` returns the program's fixed argument list. One warm-up call per graph
@@ -156,15 +156,17 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
     With `compiler` (active), every graph is first dry-run so that the Triton kernels the warm-up
     runs would compile one after another compile side by side in its workers
-    (`helios.runtime.loading.kernel_precompile`).
+    (`helios.runtime.loading.kernel_precompile`). `plans`: the programs' graph modules built
+    beforehand (`plan_captures`, while the weights load); a program it lacks is planned here.
     Raises `CaptureError` naming the program when warm-up or capture fails.
     """
     pool = torch.cuda.graph_pool_handle()
     ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
     captured = {}
+    built = plans if plans is not None else CapturePlans({})
     with torch.inference_mode(), torch.cuda.device(device):
         try:
-            plans = [_plan(program, arguments_of(program)) for program in ordered]
+            plans = [built.take(program, device, arguments_of(program)) for program in ordered]
             if compiler is not None and compiler.active:
                 _precompile(plans, compiler, buffers)
             for plan in plans:
@@ -185,22 +187,48 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
 @dataclasses.dataclass
 class _Plan:
     """A program's graphs to capture: its (full, greedy or None) modules and, where it has one and it
-    could be built, its fresh-chunk variant's."""
+    could be built, its fresh-chunk variant's; `arguments` set once the weights and buffers exist."""
 
     program: object
     name: str
-    arguments: list
     main: tuple
     fresh: tuple | None
+    arguments: list | None = None
 
 
-def _plan(program, arguments: list) -> _Plan:
+@dataclasses.dataclass
+class CapturePlans:
+    """Graph modules built for `capture_programs` ahead of it (`plan_captures`), by program identity."""
+
+    plans: dict
+
+    def take(self, program, device: torch.device, arguments: list) -> _Plan:
+        """The program's plan (built now if it was not built ahead) with its arguments."""
+        plan = self.plans.pop(id(program), None) or _plan(program, device)
+        plan.arguments = arguments
+        return plan
+
+
+def plan_captures(programs: Sequence, device: torch.device) -> CapturePlans:
+    """Every program's graph modules as `capture_programs` captures them, built before its weights and
+    buffers exist (only the programs' graphs are read): `load_model` builds them while the weights
+    load. A program whose modules cannot be built is left out here; `capture_programs` plans it
+    again and reports the error."""
+    plans = {}
+    for program in programs:
+        try:
+            plans[id(program)] = _plan(program, device)
+        except CaptureError:
+            continue
+    return CapturePlans(plans)
+
+
+def _plan(program, device: torch.device | None) -> _Plan:
     """The program's graph modules to capture. The rewrites between the program's module and each
     captured one build several GraphModules (the rotary fusion, each variant's copy, the step
     bookkeeping); only the captured ones are ever called, so their code is generated once each at
     the end (`deferred_recompile`), not by every rewrite (about two thirds of this work)."""
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
-    device = _device_of(arguments)
     with deferred_recompile():
         # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
         module = gemv_module(rotary_module(program.module))
@@ -218,7 +246,7 @@ def _plan(program, arguments: list) -> _Plan:
     for built in (*main, *(fresh or ())):
         if built is not None:
             finish_recompile(built)
-    return _Plan(program, name, arguments, main, fresh)
+    return _Plan(program, name, main, fresh)
 
 
 def _graph_variants(module, program, device, owned: bool) -> tuple:
@@ -349,15 +377,6 @@ def _record_graph(module, arguments: list, pool) -> tuple:
     with torch.cuda.graph(graph, pool=pool):
         outputs = module(*arguments)
     return graph, outputs
-
-
-def _device_of(arguments: Sequence[object]) -> torch.device | None:
-    """The device of the first tensor among `arguments` (where the program's constants go)."""
-    for argument in arguments:
-        for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
-            if isinstance(tensor, torch.Tensor):
-                return tensor.device
-    return None
 
 
 def _pointers(arguments: Sequence[object]) -> tuple:

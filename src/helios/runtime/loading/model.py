@@ -12,7 +12,9 @@ nothing here runs on untrusted bytes. `load_model` then
    that every ABI op it names is declared in the manifest and registered here with exactly the
    declared schema, then builds it and checks again;
 3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape
-   (on a thread, while step 2 deserializes the programs; a failure of either fails the load);
+   (on a thread, while step 2 deserializes the programs and, for CUDA graphs, builds the graph
+   modules the capture will record, `helios.runtime.loading.cuda_graphs.plan_captures`; a failure
+   of either fails the load);
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
    now and replace preparation's working-set counts; on a device, the buffers every step rewrites
    share one allocation (`helios.runtime.loading.step_arena`: one upload per step);
@@ -51,7 +53,7 @@ from helios.contract.servable import check_servable
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
-from helios.runtime.loading.cuda_graphs import capture_programs
+from helios.runtime.loading.cuda_graphs import capture_programs, plan_captures
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
@@ -180,6 +182,9 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         initializers = tuple(load_program(core, prepared, handle, declared, device) for handle in initial)
         state_copies = tuple(load_program(core, prepared, handle, declared, device) for handle in copies)
         compiler.start()  # spawning them while the programs build slowed that down
+        plans = None  # the graph modules to capture, built while the weights still load
+        if device.type == "cuda" and options.cuda_graphs:
+            plans = plan_captures(programs, device)
         weights = loading.result()
     graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
     rows_per_request = max(1, prepared.state_rows_per_request(graphs))
@@ -205,7 +210,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
                    for handle in vision_graphs)
     if device.type == "cuda" and options.cuda_graphs:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
-                                    keep=tuned_outputs(prepared), compiler=compiler)
+                                    keep=tuned_outputs(prepared), compiler=compiler, plans=plans)
         if vision:  # the image encoders replay as CUDA graphs too
             vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                       keep=tuned_outputs(prepared))
