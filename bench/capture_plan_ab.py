@@ -34,7 +34,7 @@ def one_by_one(program, device) -> list:
 
 
 def planned(program, device) -> list:
-    plan = cuda_graphs._plan(program, [torch.empty(1, device=device)])
+    plan = cuda_graphs._plan(program, device)
     return [m.code for m in (*plan.main, *(plan.fresh or ())) if m is not None]
 
 

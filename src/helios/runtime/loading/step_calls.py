@@ -166,17 +166,22 @@ class _Storage:
 def _merge_repeats(graph: torch.fx.Graph, storage: _Storage) -> int:
     """Replaces every pure aten call equal to an earlier one whose inputs nothing wrote in between."""
     seen: dict[tuple, torch.fx.Node] = {}
+    # storage -> keys of `seen` whose call reads it (a key's reads follow from its arguments, so an
+    # index entry left by a forgotten key names what the same key would read again)
+    readers: dict[torch.fx.Node, set] = {}
     merged = 0
     for node in list(graph.nodes):
-        written = storage.writes(node)
-        if written:  # forget what read a storage this call writes
-            seen = {key: kept for key, kept in seen.items() if not storage.reads(kept) & written}
+        for root in storage.writes(node):  # forget what read a storage this call writes
+            for key in readers.pop(root, ()):
+                seen.pop(key, None)
         if not _is_pure_aten(node) or storage.root[node] in storage.written:
             continue
         key = (node.target, _frozen(node.args), _frozen(node.kwargs))
         kept = seen.get(key)
         if kept is None:
             seen[key] = node
+            for root in storage.reads(node):
+                readers.setdefault(root, set()).add(key)
             continue
         node.replace_all_uses_with(kept)
         graph.erase_node(node)
