@@ -16,7 +16,7 @@ from helios.abi.registry import registered_schemas
 from helios.core.reader import open_core
 from helios.runtime.loading.model import DeclaredOps, load_model, program_arguments, select_handles
 from helios.runtime.loading.program_build import (
-    deferred_recompile, finish_recompile, move_module, pending_recompile, static_tensor_metas,
+    code_on_first_use, deferred_recompile, finish_recompile, move_module, pending_recompile, static_tensor_metas,
 )
 from helios.runtime.loading.programs import load_program
 
@@ -90,6 +90,51 @@ def test_deferred_recompile_leaves_other_threads_alone():
     assert not pending_recompile(built["module"]) and built["module"](torch.ones(1)).item() == 2.0
     assert pending_recompile(mine)
     assert finish_recompile(mine)(torch.ones(1)).item() == 2.0
+
+
+def _lazy(graph):
+    with deferred_recompile():
+        module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    return code_on_first_use(module)
+
+
+def test_code_on_first_use_generates_the_code_at_the_first_call_only():
+    graph = torch.fx.symbolic_trace(lambda x: x * 3 + 1).graph
+    reference = torch.fx.GraphModule(torch.nn.Module(), graph)
+    called = _lazy(graph)
+    assert pending_recompile(called)  # nothing generated yet
+    assert called(torch.ones(2)).tolist() == [4.0, 4.0]
+    assert not pending_recompile(called) and called.code == reference.code
+    assert "eval_with_key" in type(called).forward.__code__.co_filename  # fx's generated forward from now on
+    assert called(torch.full((1,), 2.0)).tolist() == [7.0]
+    read = _lazy(graph)
+    assert read.code == reference.code and not pending_recompile(read)  # reading the code generates it
+    with deferred_recompile():  # a first call inside a deferring block still runs generated code
+        assert _lazy(graph)(torch.zeros(1)).tolist() == [1.0]
+    other = _lazy(graph)  # each module keeps its own class: generating one leaves the others pending
+    assert pending_recompile(other)
+    done = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert code_on_first_use(done) is done and type(done).__dict__.get("forward") is not None
+
+
+def test_lazily_coded_programs_give_the_same_code_and_outputs(core):
+    """`load_program(lazy_code=True)` (programs a CUDA load captures) leaves the module's code to its
+    first use; the code and the outputs are those of the program built at once."""
+    model = load_model(core)
+    prepared = core.prepared
+    declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
+    handles = select_handles(prepared, model.settings.max_concurrency)
+    for program, handle in zip(model.programs, handles):
+        arguments = program_arguments(program, model.weights, model.buffers)
+        meta = [[w.to("meta") for w in arguments[0]], *[a.to("meta") for a in arguments[1:]]]
+        eager = load_program(core, prepared, handle, declared, torch.device("meta"))
+        lazy = load_program(core, prepared, handle, declared, torch.device("meta"), lazy_code=True)
+        assert not pending_recompile(eager.module) and pending_recompile(lazy.module)
+        outputs = lazy.module(*meta)
+        assert not pending_recompile(lazy.module) and lazy.module.code == eager.module.code
+        assert [(o.shape, o.dtype) for o in outputs] == [(o.shape, o.dtype) for o in eager.module(*meta)]
+    cpu = load_program(core, prepared, handles[0], declared, torch.device("cpu"), lazy_code=True)
+    assert not pending_recompile(cpu.module)  # the CPU path calls (and rewrites) its programs at once
 
 
 def test_programs_moved_to_the_meta_device_run_there(core):

@@ -174,17 +174,21 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     # programs deserialize here (Python that holds it): the two overlap instead of adding up.
     initial = initialization_handles(prepared, options.rank)
     copies = state_copy_handles(prepared, options.rank)
+    # Programs that CUDA graphs capture are recorded from rewritten copies, whose code the capture
+    # generates: their own code is generated only if something calls them (`lazy_code`).
+    captured = device.type == "cuda" and options.cuda_graphs
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
-        programs = tuple(load_program(core, prepared, handle, declared, device) for handle in handles)
+        programs = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
+                         for handle in handles)
         tuning = producer_handles(prepared, dict.fromkeys(h.graph for h in handles), options.rank)
         producers = tuple(load_program(core, prepared, handle, declared, device) for handle in tuning)
-        initializers = tuple(load_program(core, prepared, handle, declared, device) for handle in initial)
-        state_copies = tuple(load_program(core, prepared, handle, declared, device) for handle in copies)
+        initializers = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
+                             for handle in initial)
+        state_copies = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
+                             for handle in copies)
         compiler.start()  # spawning them while the programs build slowed that down
-        plans = None  # the graph modules to capture, built while the weights still load
-        if device.type == "cuda" and options.cuda_graphs:
-            plans = plan_captures(programs, device)
+        plans = plan_captures(programs, device) if captured else None  # built while the weights load
         weights = loading.result()
     graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
     rows_per_request = max(1, prepared.state_rows_per_request(graphs))
@@ -206,9 +210,9 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
-    vision = tuple(load_program(core, prepared, handle, declared, device)
+    vision = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
                    for handle in vision_graphs)
-    if device.type == "cuda" and options.cuda_graphs:
+    if captured:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                     keep=tuned_outputs(prepared), compiler=compiler, plans=plans)
         if vision:  # the image encoders replay as CUDA graphs too

@@ -102,6 +102,38 @@ def finish_recompile(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def code_on_first_use(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`module` (built under `deferred_recompile`) with its pending code generated when it is first
+    called or its code read, not now: a program that CUDA graphs capture is only copied and
+    rewritten (`helios.runtime.loading.cuda_graphs` generates the code of the modules it records),
+    so its own code is usually never needed. Returns `module`; one already generated is unchanged."""
+    if not any(isinstance(m, torch.fx.GraphModule) and pending_recompile(m) for m in module.modules()):
+        return module
+    cls = type(module)  # torch gives every GraphModule its own class (where recompile puts its forward)
+    before = {name: cls.__dict__.get(name) for name in ("forward", "code")}
+
+    def generate(self) -> None:
+        for name, value in before.items():  # this class's own again, then the generated ones over them
+            if value is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, value)
+        for inner in self.modules():  # generated now even inside a `deferred_recompile` block
+            if isinstance(inner, torch.fx.GraphModule) and inner.__dict__.pop(_PENDING, None):
+                _REAL_RECOMPILE(inner)
+
+    def forward(self, *args, **kwargs):
+        generate(self)
+        return self(*args, **kwargs)
+
+    def code(self) -> str:
+        generate(self)
+        return self.code
+
+    cls.forward, cls.code = forward, property(code)
+    return module
+
+
 def pending_recompile(module: torch.fx.GraphModule) -> bool:
     """Whether `module`'s code is out of date (a deferred recompile not finished)."""
     return bool(module.__dict__.get(_PENDING))

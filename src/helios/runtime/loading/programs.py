@@ -30,7 +30,7 @@ from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.graph_image import NotDirect, build_module
 from helios.runtime.loading.graph_passes import drop_no_op_nodes
 from helios.runtime.loading.program_build import (
-    deferred_recompile, finish_recompile, move_module, skip_export_verifier, static_tensor_metas,
+    code_on_first_use, deferred_recompile, finish_recompile, move_module, skip_export_verifier, static_tensor_metas,
 )
 from helios.runtime.loading.speculation import SpeculativeShape, speculative_shape
 
@@ -67,8 +67,10 @@ class DeclaredOps(NamedTuple):
 
 
 def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, declared: DeclaredOps,
-                 device: torch.device) -> LoadedProgram:
-    """The handle's program, checked and built on `device` (see the module docstring)."""
+                 device: torch.device, lazy_code: bool = False) -> LoadedProgram:
+    """The handle's program, checked and built on `device` (see the module docstring). `lazy_code`
+    (off the CPU): the module's Python code is generated when it is first called or read
+    (`program_build.code_on_first_use`), for a program that CUDA graphs capture from copies."""
     graph = prepared.graphs[handle.graph]
     if graph.token_logprobs and not set(TOKEN_LOGPROB_OUTPUTS) <= set(handle.program_outputs):
         raise MissingVariantError(f"graph {handle.graph!r} is a token-logprobs variant whose program does not "
@@ -86,7 +88,8 @@ def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, decl
         drop_no_op_nodes(module)
         # Programs are captured on the CPU: parameters, constants and burnt-in devices move.
         module = move_module(module, device)
-    module = finish_recompile(module)
+    lazy = lazy_code and device.type != "cpu" and isinstance(module, torch.fx.GraphModule)
+    module = code_on_first_use(module) if lazy else finish_recompile(module)
     # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
     # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
     module.validate_inputs = False
