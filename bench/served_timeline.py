@@ -11,16 +11,18 @@ its device span, its kernels' busy ms (the span less the gaps between its own ke
 after it to the next such replay: what the device ran in that gap (copies, kernels outside graphs)
 and which host phases and CUDA runtime calls were under way while it idled.
 
-    python bench/served_timeline.py TRACE.json.gz      # summarize a trace written by `timeline`
+    python bench/served_timeline.py TRACE.json.gz [--kernels N]   # summarize a trace written by `timeline`
+
+`--kernels N`: also the N kernels that take most of the median decode replay (ms a step, calls).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import gzip
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -106,6 +108,11 @@ def summarize(events: list[dict]) -> dict:
     most = collections.Counter(len(k) for k in by_launch.values()).most_common(1)[0][0]
     full = sorted((sorted(k, key=lambda e: e["ts"]) for k in by_launch.values() if len(k) == most),
                   key=lambda k: k[0]["ts"])
+    middle = full[len(full) // 2]
+    per_kernel: dict = {}
+    for event in middle:
+        ms, calls = per_kernel.get(event["name"], (0.0, 0))
+        per_kernel[event["name"]] = (ms + event["dur"] / 1e3, calls + 1)
     replays, gaps = [], []
     in_gaps = collections.Counter()
     host_in_gaps = collections.Counter()
@@ -135,13 +142,15 @@ def summarize(events: list[dict]) -> dict:
         "gap_after_mean_ms": sum(gaps) / count,
         "device_in_gaps_ms": {k: v / count for k, v in in_gaps.most_common(12)},
         "host_in_gaps_ms": {k: v / count for k, v in host_in_gaps.most_common(16)},
+        "median_replay_kernels": sorted(([name, ms, calls] for name, (ms, calls) in per_kernel.items()),
+                                        key=lambda row: -row[1]),
     }
 
 
 def describe(summary: dict) -> list[str]:
     if not summary.get("replays"):
         return ["no graph replays found in the trace"]
-    lines = [f"{summary['replays']} full-batch replays of {summary['kernels']} kernels: span {summary['span_ms']:.3f} ms "
+    lines = [f"{summary['replays']} decode replays of {summary['kernels']} kernels: span {summary['span_ms']:.3f} ms "
              f"(kernels busy {summary['busy_ms']:.3f}, gaps between them {summary['inner_gaps_ms']:.3f}); device idle "
              f"after each until the next {summary['gap_after_ms']:.3f} ms median ({summary['gap_after_mean_ms']:.3f} mean)"]
     lines += [f"  per gap: {name} {ms:.3f} ms" for name, ms in summary["device_in_gaps_ms"].items()]
@@ -149,9 +158,18 @@ def describe(summary: dict) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__)
-        sys.exit(0 if len(sys.argv) == 2 else 2)
-    for line in describe(summarize(_events(Path(sys.argv[1])))):
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace", type=Path, help="a gzipped Chrome trace written by `timeline`")
+    parser.add_argument("--kernels", type=int, default=0, help="list the median replay's top kernels")
+    args = parser.parse_args(argv)
+    summary = summarize(_events(args.trace))
+    for line in describe(summary):
         print(line)
+    for name, ms, calls in summary.get("median_replay_kernels", [])[:args.kernels]:
+        print(f"  median replay: {ms:7.3f} ms {calls:4d}x  {name[:90]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
