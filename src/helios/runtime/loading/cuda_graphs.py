@@ -51,6 +51,7 @@ integer elementwise calls become one generated kernel each.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -213,13 +214,16 @@ def plan_captures(programs: Sequence, device: torch.device) -> CapturePlans:
     """Every program's graph modules as `capture_programs` captures them, built before its weights and
     buffers exist (only the programs' graphs are read): `load_model` builds them while the weights
     load. A program whose modules cannot be built is left out here; `capture_programs` plans it
-    again and reports the error."""
+    again and reports the error. Built as `capture_programs` builds them: in inference mode, with
+    `device` current (a rank's constants land on its own device)."""
     plans = {}
-    for program in programs:
-        try:
-            plans[id(program)] = _plan(program, device)
-        except CaptureError:
-            continue
+    current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with torch.inference_mode(), current:
+        for program in programs:
+            try:
+                plans[id(program)] = _plan(program, device)
+            except CaptureError:
+                continue
     return CapturePlans(plans)
 
 
