@@ -113,7 +113,9 @@ def code_on_first_use(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     before = {name: cls.__dict__.get(name) for name in ("forward", "code")}
 
     def generate(self) -> None:
-        for name, value in before.items():  # this class's own again, then the generated ones over them
+        for name, value in before.items():  # this class's own again where still ours (a recompile made
+            if cls.__dict__.get(name) is not ours[name]:  # elsewhere has put the generated forward)
+                continue
             if value is None:
                 delattr(cls, name)
             else:
@@ -130,7 +132,8 @@ def code_on_first_use(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
         generate(self)
         return self.code
 
-    cls.forward, cls.code = forward, property(code)
+    ours = {"forward": forward, "code": property(code)}
+    cls.forward, cls.code = ours["forward"], ours["code"]
     return module
 
 
