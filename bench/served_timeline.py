@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from gpu_serving import run_helios
-from step_timing import StepTiming
+from step_timing import StepTiming, Wrappers
 
 PHASES = (("scheduler", "schedule"), ("scheduler", "complete"), ("executor", "launch"), ("executor", "finish"),
           ("engine", "_dispatch"), ("outbox", "flush"))
@@ -50,11 +50,10 @@ def step_split(engine, workload, vocab: int) -> dict:
 def timeline(engine, workload, vocab: int, path: Path) -> dict:
     """`workload` served under the profiler with each engine phase marked; the trace written to `path`."""
     owners = {"scheduler": engine.scheduler, "executor": engine.executor, "engine": engine, "outbox": engine.outbox}
-    restore = []
+    wrappers = Wrappers()
     for owner_name, name in PHASES:
         owner = owners[owner_name]
-        restore.append((owner, name, vars(owner).get(name)))
-        setattr(owner, name, _marked(getattr(owner, name), f"phase:{name.lstrip('_')}"))
+        wrappers.set(owner, name, _marked(getattr(owner, name), f"phase:{name.lstrip('_')}"))
     activities = [torch.profiler.ProfilerActivity.CPU]
     activities += [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else []
     try:
@@ -63,11 +62,7 @@ def timeline(engine, workload, vocab: int, path: Path) -> dict:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
     finally:
-        for owner, name, before in reversed(restore):
-            if before is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, before)
+        wrappers.restore()
     raw = path.with_suffix("")  # the exporter writes plain JSON
     profile.export_chrome_trace(str(raw))
     with open(raw, "rb") as source, gzip.open(path, "wb") as target:

@@ -29,12 +29,32 @@ from helios.runtime.loading.model import program_arguments, tuned_outputs
 PHASES = ("schedule", "launch", "finish", "complete", "dispatch", "flush")
 
 
+class Wrappers:
+    """Methods replaced on instances, each put back by `restore` (the instance's own attribute again,
+    or none: its class's method)."""
+
+    def __init__(self):
+        self._saved: list = []
+
+    def set(self, owner, name: str, wrapper) -> None:
+        self._saved.append((owner, name, vars(owner).get(name)))
+        setattr(owner, name, wrapper)
+
+    def restore(self) -> None:
+        for owner, name, before in reversed(self._saved):
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+        self._saved = []
+
+
 class StepTiming:
     def __init__(self, engine):
         self.engine = engine
         self.cuda = engine.executor.model.device.type == "cuda"
         self.reset()
-        self._wrapped: list = []  # (owner, name, its own attribute before or None): `close` restores them
+        self._wrappers = Wrappers()  # `close` restores them
         executor, scheduler = engine.executor, engine.scheduler
         self._wrap(scheduler, "schedule", "schedule")
         self._wrap(executor, "launch", "launch")
@@ -74,20 +94,11 @@ class StepTiming:
 
         for owner, name, timed in ((executor, "_call", timed_call), (executor, "finish", timed_finish),
                                    (engine, "step", timed_step)):
-            self._set(owner, name, timed)
+            self._wrappers.set(owner, name, timed)
 
     def close(self) -> None:
         """Removes every wrapper (the engine's own methods again)."""
-        for owner, name, before in reversed(self._wrapped):
-            if before is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, before)
-        self._wrapped = []
-
-    def _set(self, owner, name: str, wrapper) -> None:
-        self._wrapped.append((owner, name, vars(owner).get(name)))
-        setattr(owner, name, wrapper)
+        self._wrappers.restore()
 
     def _wrap(self, owner, name: str, phase: str) -> None:
         inner = getattr(owner, name)
@@ -99,7 +110,7 @@ class StepTiming:
             finally:
                 self.phases[phase] += time.perf_counter() - began
 
-        self._set(owner, name, timed)
+        self._wrappers.set(owner, name, timed)
 
     def reset(self) -> None:
         self.launches: list = []

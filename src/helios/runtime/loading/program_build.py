@@ -95,10 +95,10 @@ def deferred_recompile() -> Iterator[None]:
 
 def finish_recompile(module: torch.nn.Module) -> torch.nn.Module:
     """Generates the code of `module` and of every GraphModule inside it whose recompile was
-    deferred; returns `module`."""
+    deferred (now, even inside a `deferred_recompile` block); returns `module`."""
     for inner in module.modules():
-        if isinstance(inner, torch.fx.GraphModule) and inner.__dict__.get(_PENDING):
-            inner.recompile()
+        if isinstance(inner, torch.fx.GraphModule) and inner.__dict__.pop(_PENDING, None):
+            _REAL_RECOMPILE(inner)
     return module
 
 
@@ -120,9 +120,7 @@ def code_on_first_use(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 delattr(cls, name)
             else:
                 setattr(cls, name, value)
-        for inner in self.modules():  # generated now even inside a `deferred_recompile` block
-            if isinstance(inner, torch.fx.GraphModule) and inner.__dict__.pop(_PENDING, None):
-                _REAL_RECOMPILE(inner)
+        finish_recompile(self)
 
     def forward(self, *args, **kwargs):
         generate(self)
