@@ -6,7 +6,9 @@ One random Llama-3.1-8B-shaped checkpoint (``--layers``) is written once; for ea
 prepared and then loaded (``build_runtime``: verify, programs, weights, tuning producers, CUDA graph
 capture on a GPU). Phases are timed by wrapping the functions that do them (the wrappers add nothing
 measurable); "other" is the rest of the stage. Prints one table per stage and variant, the ratio of the
-two variants, and the functions with the most own time in each stage (cProfile, ``--profile``).
+two variants, and the functions with the most own time in each stage (cProfile, ``--profile``; on Python
+3.12 it mixes every thread's calls) or where the stage's own thread spends its wall time (``--sample``: its
+stack sampled every 2 ms, `bench/stack_sampler.py`).
 
     python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
         [--skip-no-logprobs-load] [--keep-core DIR]   # DIR: the first variant's core, for ttft_breakdown --core
@@ -27,6 +29,7 @@ import logging
 import pstats
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_serving import NAMESPACE, Workload, log, prefill_chunks  # noqa: E402
+from stack_sampler import StackSampler  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
 
 from helios.contract import StartupOptions  # noqa: E402
@@ -154,6 +158,16 @@ def profiled(enabled: bool, title: str, rows: int):
             log("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
 
 
+@contextlib.contextmanager
+def sampled(enabled: bool, title: str, rows: int):
+    if not enabled:
+        yield
+        return
+    with StackSampler(threading.current_thread()) as sampler:
+        yield
+    log(sampler.report(rows, f"{title}: the stage's thread, sampled"))
+
+
 def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
     log(f"{stage} ({variant}): {total:.1f} s")
     rows = {}
@@ -181,7 +195,8 @@ def run_variant(checkpoint: Path, scratch: Path, variant: str, args, device: tor
     core = scratch / f"{variant}.core"
     chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else None
     plan = plan_for(args.ttft_prompt, variant == "logprobs", args.smoke, chunks)
-    with PhaseTimer(PREPARE_PHASES) as timer, profiled(args.profile, f"prepare ({variant})", args.profile_rows):
+    with PhaseTimer(PREPARE_PHASES) as timer, profiled(args.profile, f"prepare ({variant})", args.profile_rows), \
+            sampled(args.sample, f"prepare ({variant})", args.profile_rows):
         started = time.perf_counter()
 
         def progress(line: str) -> None:  # when each program arrives, and its export time in the worker
@@ -241,6 +256,7 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
     """Open, verify and load `core` as `build_runtime` does; the phase table; the runtime is closed."""
     compiles: dict = {}
     with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows), \
+            sampled(args.sample, f"load ({variant})", args.profile_rows), \
             triton_compiles(compiles):
         started = time.perf_counter()
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
@@ -275,7 +291,9 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--medium", action="store_true", help="a 2048-wide model of --layers layers (CPU studies)")
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
-    parser.add_argument("--profile-rows", type=int, default=18)
+    parser.add_argument("--sample", action="store_true",
+                        help="sample the stage's own thread's stack every 2 ms (wall time, threads apart)")
+    parser.add_argument("--profile-rows", type=int, default=18, help="functions listed per stage")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--skip-no-logprobs-load", action="store_true",
                         help="do not also load the logprobs core with --no-logprobs")

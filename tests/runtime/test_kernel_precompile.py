@@ -34,8 +34,10 @@ class StandInJit:
         self.device_caches = {0: ({}, {}, TARGET, None, None)}
         self.launches: list[tuple] = []
         self.compiled: list[str] = []
+        self.looked_up = 0  # launches that reached `run`
 
     def run(self, *args, grid, warmup, **kwargs):
+        self.looked_up += 1
         key = kwargs.get("BLOCK", 0)
         kernel = self.device_caches[0][0].get(key)
         if kernel is None:
@@ -57,8 +59,10 @@ stand_in_kernel = StandInJit("stand_in_kernel")
 
 
 @pytest.fixture
-def kernel():
+def kernel(monkeypatch):
     stand_in_kernel.__init__("stand_in_kernel")
+    # the stand-in's cache key, as `_launch_key` computes Triton's (tested on a real kernel below)
+    monkeypatch.setattr(kernel_precompile, "_launch_key", lambda fn, args, kwargs: kwargs.get("BLOCK", 0))
     return stand_in_kernel
 
 
@@ -76,8 +80,10 @@ def test_dry_run_sends_each_variant_once_skips_its_launch_and_zeroes_only_interm
     with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(),
                                     {weight.untyped_storage().data_ptr()}):
         assert _launch(kernel, weight, view) is None
+        intermediate.fill_(1.0)
         assert _launch(kernel, weight, view) is None  # still not compiled here: skipped, not sent again
     assert kernel.launches == [] and kernel.compiled == []
+    assert kernel.looked_up == 1  # the second launch was known sent from its key: `run` never entered
     assert compiler.skipped_launches == 2
     assert [job.kernel for job in sent] == [f"{__name__}.stand_in_kernel"]  # the second launch sends nothing
     assert len(compiler._jobs) == 1  # one job per variant
@@ -168,6 +174,35 @@ def _silu_mul_job() -> CompileJob:
     assert triton is not None
     return CompileJob("helios.abi.triton_fused", "_silu_mul_kernel", signature, constexprs, attrs,
                       dict(options.__dict__), target)
+
+
+def test_the_launch_key_is_the_one_tritons_run_looks_up(monkeypatch):
+    """`_launch_key` (how the dry run knows a launch's variant was sent without `run`'s packing) follows
+    `JITFunction.run` to the key it looks the variant up by and compiles it under: a real Helios
+    kernel bound for sm_90 without a device, launches that differ in a constexpr and in how an
+    integer specializes (divisible by 16, 1, neither)."""
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from helios.abi.triton_fused import _silu_mul_kernel as kernel
+
+    fn = JITFunction(kernel.fn)  # a kernel object of its own: its caches are this test's
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    fn.device_caches[0] = ({}, {}, target, backend, create_function_from_signature(fn.signature, fn.params, backend))
+    monkeypatch.setattr(driver, "_active", types.SimpleNamespace(get_current_device=lambda: 0,
+                                                                  get_current_stream=lambda device: 0))
+    looked_up: list = []
+    fn._do_compile = lambda key, *rest: looked_up.append(key)  # None: `run` launches nothing
+    computed = []
+    for block, rows in ((1024, 28672), (1024, 1), (1024, 28673), (512, 28672)):
+        args = (_Pointer(1 << 20, torch.bfloat16), rows, _Pointer(2 << 20, torch.bfloat16), 14336)
+        assert fn.run(*args, grid=(1,), warmup=False, BLOCK=block, num_warps=4) is None
+        computed.append(kernel_precompile._launch_key(fn, args, {"BLOCK": block, "num_warps": 4}))
+    assert computed == looked_up and len(set(computed)) == 4
 
 
 def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, monkeypatch):

@@ -12,6 +12,8 @@ Which variants a load needs is known only by running its programs, so a load run
    launch leaves its outputs unwritten, so the tensors it was given that are not the program's
    arguments (the op's own intermediates) are zeroed: later ops read zeros, never stale memory
    (an index read from one stays in range). Arguments (weights, caches, inputs) are never touched.
+   Every layer launches the same variants again: such a launch is known sent by its cache key
+   (`_launch_key`, what Triton's `run` looks it up by) before Triton packs its arguments again.
 2. `wait`, then the warm-up runs as before: each variant now loads from the cache in milliseconds.
 
 The dry run changes only which launches are made, only on the thread that runs it (the weight
@@ -236,13 +238,19 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         return None  # `run` returns without launching
 
+    def skip(args, kwargs) -> None:
+        compiler.skipped_launches += 1
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in protected:
+                value.zero_()
+
     def dry_run_method(self, *args, grid, warmup, **kwargs):
+        if threading.get_ident() == thread and not warmup and compiler.sent((id(self), _launch_key(self, args, kwargs))):
+            skip(args, kwargs)  # a variant sent already (every layer launches it): not packed or looked up again
+            return None
         kernel = run(self, *args, grid=grid, warmup=warmup, **kwargs)
         if kernel is None and threading.get_ident() == thread and not warmup:
-            compiler.skipped_launches += 1
-            for value in (*args, *kwargs.values()):
-                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in protected:
-                    value.zero_()
+            skip(args, kwargs)
         return kernel
 
     with _PATCH_LOCK:
@@ -252,6 +260,25 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
             yield
         finally:
             jit_class.run, jit_class._do_compile = run, do_compile
+
+
+def _launch_key(fn, args: tuple, kwargs: dict):
+    """The cache key `fn.run` computes for this launch (the variant's identity in its kernel cache), or
+    None where this Triton's `run` cannot be followed (the launch then takes `run`'s own path). Its
+    binder is run twice for a launch that goes on to `run`: a few microseconds, on the dry run only."""
+    try:
+        from triton import knobs
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import compute_cache_key
+
+        kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug,
+                      instrumentation_mode=knobs.compilation.instrumentation_mode)
+        _, key_cache, _, _, binder = fn.device_caches[driver.active.get_current_device()]
+        _, specialization, options = binder(*args, **kwargs)
+        return compute_cache_key(key_cache, specialization, options)
+    except Exception as error:  # noqa: BLE001 - another Triton's internals: its own path decides
+        _LOG.debug("Triton launch key not computed: %s", error)
+        return None
 
 
 def cached_on_disk(job: CompileJob) -> bool:
