@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import types
+from unittest import mock
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -121,7 +123,7 @@ def test_without_workers_the_dry_run_changes_nothing(kernel):
     assert not compiler.active
     with compiler.dry_run([]):
         assert _launch(kernel) == "kernel 16"
-    assert compiler.wait() == {"variants": 0, "failed": [], "seconds": 0.0, "skipped_launches": 0}
+    assert compiler.wait() == {"variants": 0, "failed": [], "seconds": 0.0, "skipped_launches": 0, "compiles": []}
 
 
 def test_a_job_that_fails_in_a_worker_is_reported_for_the_warm_up():
@@ -130,6 +132,40 @@ def test_a_job_that_fails_in_a_worker_is_reported_for_the_warm_up():
     assert compiler.submit(bad, ("bad",))
     report = compiler.wait()
     assert report["variants"] == 1 and report["failed"] == ["helios.no_such_module.kernel"]
+
+
+def test_the_report_says_when_each_variant_was_sent_by_what_and_when_it_was_done():
+    release = threading.Event()
+    compiler = KernelCompiler(2, executor=ThreadPoolExecutor(2))
+    compiler.label = "decode (batch 1)"
+    slow = CompileJob("m", "slow", {}, {}, {}, {}, None)
+    with mock.patch.object(kernel_precompile, "compile_job", lambda job: release.wait(5) and 0.25):
+        assert compiler.submit(slow, ("slow",))
+        compiler.label = "prefill (batch 1)"
+        time.sleep(0.05)
+        assert compiler.submit(dataclasses.replace(slow, name="late"), ("late",))
+        release.set()
+        report = compiler.wait()
+    (slow_entry, late_entry) = sorted(report["compiles"], key=lambda c: c[2])
+    assert slow_entry[:2] == ("m.slow", "decode (batch 1)") and slow_entry[2] == 0.0
+    assert late_entry[:2] == ("m.late", "prefill (batch 1)") and late_entry[2] >= 0.04
+    assert all(entry[3] == 0.25 and entry[4] >= entry[2] for entry in report["compiles"])
+    assert report["seconds"] == 0.5
+
+
+def test_the_dry_run_takes_each_graphs_largest_and_smallest_plan_first():
+    from helios.runtime.loading.cuda_graphs import _Plan, dry_run_order
+
+    def plan(graph, size):
+        return _Plan(types.SimpleNamespace(graph=graph), f"{graph} {size}", (None, None), None)
+
+    # capture order: largest first
+    plans = [plan("mixed", 2304), plan("prefill", 2048), plan("mixed", 768), plan("mixed", 384),
+             plan("decode", 256), plan("prefill", 128), plan("decode", 64), plan("decode", 1)]
+    assert [p.name for p in dry_run_order(plans)] == [
+        "mixed 2304", "mixed 384", "prefill 2048", "prefill 128", "decode 256", "decode 1",
+        "mixed 768", "decode 64"]
+    assert dry_run_order(plans[:1]) == plans[:1] and dry_run_order([]) == []
 
 
 def test_default_workers_leave_a_cpu_for_the_load(monkeypatch):

@@ -272,8 +272,9 @@ def _fresh_left_out(name: str, error: BaseException) -> None:
 
 
 def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mapping[str, torch.Tensor]) -> None:
-    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`), then the workers'
-    compiles awaited. A graph that fails here is left to its warm-up run, which reports the error."""
+    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`, in `dry_run_order`), then
+    the workers' compiles awaited. A graph that fails here is left to its warm-up run, which reports
+    the error."""
     arguments = [*buffers.values()]
     for plan in plans:
         for argument in plan.arguments:
@@ -282,7 +283,8 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with compiler.dry_run(arguments), torch.cuda.stream(stream):
-        for plan in plans:
+        for plan in dry_run_order(plans):
+            compiler.label = plan.name
             for module in (*plan.main, *(plan.fresh or ())):
                 if module is None:
                     continue
@@ -297,6 +299,24 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
     _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during a %.1f s dry run "
               "and %.1f s after it", report["variants"], compiler.workers, report["seconds"], dry,
               time.perf_counter() - started - dry)
+    for kernel, label, sent, took, finished in sorted(report["compiles"], key=lambda c: -c[4])[:DRY_RUN_REPORT]:
+        _LOG.info("  %s: sent %.1f s after the first (%s), compiled in %.1f s, done at %.1f s", kernel, sent,
+                  label, took, finished)
+
+
+DRY_RUN_REPORT = 6  # the variants whose compiles finished last, logged (INFO) after each precompile
+
+
+def dry_run_order(plans: Sequence[_Plan]) -> list:
+    """The order the dry run runs `plans` in (capture order: largest first): the largest and the
+    smallest plan of each program graph first, then the rest. A shape regime's own kernel variants
+    (one row's decode split and sampling tiles, a long prefill's attention tiles) are found near the
+    start, so the workers compile them while the dry run goes on, instead of after its last plan."""
+    by_graph: dict = {}
+    for plan in plans:
+        by_graph.setdefault(plan.program.graph, []).append(plan)
+    first = {id(p): p for group in by_graph.values() for p in (group[0], group[-1])}
+    return [*first.values(), *(p for p in plans if id(p) not in first)]
 
 
 def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:

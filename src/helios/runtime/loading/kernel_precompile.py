@@ -129,7 +129,9 @@ class KernelCompiler:
         self._pool: Executor | None = executor
         self._jobs: dict[tuple, Future] = {}
         self._names: dict[tuple, str] = {}
+        self._times: dict[tuple, list] = {}  # [sent, finished or None] (perf_counter), for the report
         self.skipped_launches = 0
+        self.label = ""  # what the dry run is running (each variant's report names what sent it)
         self._start = executor is None and workers > 0
 
     def start(self) -> None:
@@ -182,6 +184,8 @@ class KernelCompiler:
                 self.close()
                 return False
             self._names[key] = job.kernel
+            times = self._times[key] = [time.perf_counter(), None, self.label]
+            self._jobs[key].add_done_callback(lambda _, times=times: times.__setitem__(1, time.perf_counter()))
         return True
 
     @contextlib.contextmanager
@@ -201,22 +205,29 @@ class KernelCompiler:
             yield
 
     def wait(self) -> dict:
-        """Blocks until every variant sent is compiled; {"variants", "failed", "seconds"} (the seconds
-        the workers spent, summed)."""
+        """Blocks until every variant sent is compiled; {"variants", "failed", "seconds" (the seconds
+        the workers spent, summed), "skipped_launches", "compiles"}: "compiles" lists each variant as
+        (kernel, label when sent, sent, compile seconds, finished), the times in seconds after the
+        first was sent."""
         global _COMPILED_HERE
         _COMPILED_HERE = True
         wait(list(self._jobs.values()))
-        failed, seconds = [], 0.0
+        failed, seconds, compiles = [], 0.0, []
+        first = min((times[0] for times in self._times.values()), default=0.0)
         for key, future in self._jobs.items():
             error = future.exception()
+            took = 0.0
             if error is None:
-                seconds += future.result()
+                took = future.result()
+                seconds += took
             else:  # the warm-up run compiles it here and raises what it raises
                 failed.append(self._names[key])
                 _LOG.warning("Triton kernel %s did not compile in a worker (%s: %s); the warm-up compiles it",
                              self._names[key], type(error).__name__, error)
+            sent, finished, label = self._times[key]
+            compiles.append((self._names[key], label, sent - first, took, (finished or time.perf_counter()) - first))
         return {"variants": len(self._jobs), "failed": failed, "seconds": seconds,
-                "skipped_launches": self.skipped_launches}
+                "skipped_launches": self.skipped_launches, "compiles": compiles}
 
 
 def _ready() -> None:
