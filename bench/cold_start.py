@@ -316,8 +316,9 @@ def main(argv=None) -> int:
     results = {"layers": shape.num_hidden_layers, "device": str(device), "variants": {}}
     logging.basicConfig(format="%(name)s: %(message)s")  # the capture's precompile report (workers, waiting)
     logging.getLogger("helios.runtime.loading.cuda_graphs").setLevel(logging.INFO)
-    if args.dry_run_order == "capture":
-        cuda_graphs.dry_run_order = list
+    if args.dry_run_order == "capture":  # each plan's graphs in turn, as before
+        cuda_graphs.dry_run_order = lambda plans: [(plan, module) for plan in plans
+                                                   for module in (*plan.main, *(plan.fresh or ())) if module is not None]
     if args.core:
         key = load_signing_key(args.core / "publisher.key")
         variant = args.variants.split(",")[0]

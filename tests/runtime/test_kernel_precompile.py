@@ -153,19 +153,24 @@ def test_the_report_says_when_each_variant_was_sent_by_what_and_when_it_was_done
     assert report["seconds"] == 0.5
 
 
-def test_the_dry_run_takes_each_graphs_largest_and_smallest_plan_first():
+def test_the_dry_run_runs_every_full_graph_before_the_greedy_and_fresh_ones():
     from helios.runtime.loading.cuda_graphs import _Plan, dry_run_order
 
-    def plan(graph, size):
-        return _Plan(types.SimpleNamespace(graph=graph), f"{graph} {size}", (None, None), None)
+    def plan(name, greedy=True, fresh=False):
+        main = (f"{name} full", f"{name} greedy" if greedy else None)
+        return _Plan(None, name, main, (f"{name} fresh full", f"{name} fresh greedy") if fresh else None)
 
-    # capture order: largest first
-    plans = [plan("mixed", 2304), plan("prefill", 2048), plan("mixed", 768), plan("mixed", 384),
-             plan("decode", 256), plan("prefill", 128), plan("decode", 64), plan("decode", 1)]
-    assert [p.name for p in dry_run_order(plans)] == [
-        "mixed 2304", "mixed 384", "prefill 2048", "prefill 128", "decode 256", "decode 1",
-        "mixed 768", "decode 64"]
-    assert dry_run_order(plans[:1]) == plans[:1] and dry_run_order([]) == []
+    # capture order (largest first); a logprobs variant has no greedy graph, a decode program no fresh one
+    plans = [plan("mixed 2304", fresh=True), plan("mixed 2304 logprobs", greedy=False, fresh=True),
+             plan("decode 256"), plan("decode 1")]
+    assert [(p.name, module) for p, module in dry_run_order(plans)] == [
+        ("mixed 2304", "mixed 2304 full"), ("mixed 2304 logprobs", "mixed 2304 logprobs full"),
+        ("decode 256", "decode 256 full"), ("decode 1", "decode 1 full"),
+        ("mixed 2304", "mixed 2304 greedy"), ("decode 256", "decode 256 greedy"), ("decode 1", "decode 1 greedy"),
+        ("mixed 2304", "mixed 2304 fresh full"), ("mixed 2304", "mixed 2304 fresh greedy"),
+        ("mixed 2304 logprobs", "mixed 2304 logprobs fresh full"),
+        ("mixed 2304 logprobs", "mixed 2304 logprobs fresh greedy")]
+    assert dry_run_order([]) == []
 
 
 def test_default_workers_leave_a_cpu_for_the_load(monkeypatch):

@@ -283,15 +283,12 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with compiler.dry_run(arguments), torch.cuda.stream(stream):
-        for plan in dry_run_order(plans):
+        for plan, module in dry_run_order(plans):
             compiler.label = plan.name
-            for module in (*plan.main, *(plan.fresh or ())):
-                if module is None:
-                    continue
-                try:
-                    module(*plan.arguments)
-                except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
-                    _LOG.debug("dry run of %s failed: %s", plan.name, error)
+            try:
+                module(*plan.arguments)
+            except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
+                _LOG.debug("dry run of %s failed: %s", plan.name, error)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.current_stream().synchronize()
     dry = time.perf_counter() - started
@@ -308,15 +305,16 @@ DRY_RUN_REPORT = 6  # the variants whose compiles finished last, logged (INFO) a
 
 
 def dry_run_order(plans: Sequence[_Plan]) -> list:
-    """The order the dry run runs `plans` in (capture order: largest first): the largest and the
-    smallest plan of each program graph first, then the rest. A shape regime's own kernel variants
-    (one row's decode split and sampling tiles, a long prefill's attention tiles) are found near the
-    start, so the workers compile them while the dry run goes on, instead of after its last plan."""
-    by_graph: dict = {}
-    for plan in plans:
-        by_graph.setdefault(plan.program.graph, []).append(plan)
-    first = {id(p): p for group in by_graph.values() for p in (group[0], group[-1])}
-    return [*first.values(), *(p for p in plans if id(p) not in first)]
+    """(plan, graph module) in the order the dry run runs them: every plan's full graph first (capture
+    order: largest first), then their greedy graphs, then the fresh-chunk variants. The full graphs
+    hold almost every Triton variant (each prompt capacity's attention tiles, each batch's decode
+    split), so the workers get them in the first part of the dry run and compile them while it goes
+    on; the greedy graphs add their sampling tiles, the fresh variants cuDNN's plans (built here, on
+    the load's own thread) and little for the workers."""
+    full = [(plan, plan.main[0]) for plan in plans]
+    greedy = [(plan, plan.main[1]) for plan in plans if plan.main[1] is not None]
+    fresh = [(plan, module) for plan in plans for module in (plan.fresh or ()) if module is not None]
+    return [*full, *greedy, *fresh]
 
 
 def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:
