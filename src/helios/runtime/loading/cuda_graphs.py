@@ -210,20 +210,23 @@ class CapturePlans:
         return plan
 
 
-def plan_captures(programs: Sequence, device: torch.device) -> CapturePlans:
+def plan_captures(programs: Sequence, device: torch.device, ahead=None) -> CapturePlans:
     """Every program's graph modules as `capture_programs` captures them, built before its weights and
     buffers exist (only the programs' graphs are read): `load_model` builds them while the weights
     load. A program whose modules cannot be built is left out here; `capture_programs` plans it
     again and reports the error. Built as `capture_programs` builds them: in inference mode, with
-    `device` current (a rank's constants land on its own device)."""
+    `device` current (a rank's constants land on its own device). `ahead`: called with each plan once
+    it is built (`helios.runtime.loading.dry_run_ahead.DryRunAhead`: the precompile's dry run)."""
     plans = {}
     current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with torch.inference_mode(), current:
         for program in programs:
             try:
-                plans[id(program)] = _plan(program, device)
+                plan = plans[id(program)] = _plan(program, device)
             except CaptureError:
                 continue
+            if ahead is not None:
+                ahead(plan)
     return CapturePlans(plans)
 
 
@@ -272,30 +275,33 @@ def _fresh_left_out(name: str, error: BaseException) -> None:
 
 
 def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mapping[str, torch.Tensor]) -> None:
-    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`, in `dry_run_order`), then
-    the workers' compiles awaited. A graph that fails here is left to its warm-up run, which reports
-    the error."""
-    arguments = [*buffers.values()]
-    for plan in plans:
-        for argument in plan.arguments:
-            arguments.extend(argument if isinstance(argument, (list, tuple)) else (argument,))
+    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`, in `dry_run_order`) unless
+    that was done ahead on stand-ins (`KernelCompiler.ran_ahead`), then the workers' compiles awaited.
+    A graph that fails here is left to its warm-up run, which reports the error."""
     started = time.perf_counter()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with compiler.dry_run(arguments), torch.cuda.stream(stream):
-        for plan, module in dry_run_order(plans):
-            compiler.label = plan.name
-            try:
-                module(*plan.arguments)
-            except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
-                _LOG.debug("dry run of %s failed: %s", plan.name, error)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.current_stream().synchronize()
+    if not compiler.ran_ahead:
+        arguments = [*buffers.values()]
+        for plan in plans:
+            for argument in plan.arguments:
+                arguments.extend(argument if isinstance(argument, (list, tuple)) else (argument,))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with compiler.dry_run(arguments), torch.cuda.stream(stream):
+            for plan, module in dry_run_order(plans):
+                compiler.label = plan.name
+                try:
+                    module(*plan.arguments)
+                except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
+                    _LOG.debug("dry run of %s failed: %s", plan.name, error)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream().synchronize()
     dry = time.perf_counter() - started
     report = compiler.wait()
-    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during a %.1f s dry run "
-              "and %.1f s after it", report["variants"], compiler.workers, report["seconds"], dry,
-              time.perf_counter() - started - dry)
+    where = (f"a {compiler.ahead_seconds:.1f} s dry run on stand-ins while the weights loaded, then "
+             f"{time.perf_counter() - started:.1f} s at capture") if compiler.ran_ahead else \
+        f"a {dry:.1f} s dry run and {time.perf_counter() - started - dry:.1f} s after it"
+    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during %s",
+              report["variants"], compiler.workers, report["seconds"], where)
     for kernel, label, sent, took, finished in sorted(report["compiles"], key=lambda c: -c[4])[:DRY_RUN_REPORT]:
         _LOG.info("  %s: sent %.1f s after the first (%s), compiled in %.1f s, done at %.1f s", kernel, sent,
                   label, took, finished)

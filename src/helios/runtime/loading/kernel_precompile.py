@@ -132,6 +132,8 @@ class KernelCompiler:
         self._times: dict[tuple, list] = {}  # [sent, finished or None] (perf_counter), for the report
         self.skipped_launches = 0
         self.label = ""  # what the dry run is running (each variant's report names what sent it)
+        self.ran_ahead = False  # dry-run already, on stand-ins (`helios.runtime.loading.dry_run_ahead`)
+        self.ahead_seconds = 0.0
         self._start = executor is None and workers > 0
 
     def start(self) -> None:

@@ -36,6 +36,7 @@ rank is shared). `helios.runtime.parallel.ranks` loads the other ranks and ties 
 from __future__ import annotations
 
 import contextlib
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -54,6 +55,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import capture_programs, plan_captures
+from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
@@ -69,6 +71,7 @@ from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatch
     WantedTensor, WeightMismatchError, load_weight_resources,
 )
 
+_LOG = logging.getLogger(__name__)
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
     spb.GRAPH_OPERATION_SCORED_PREFILL, spb.GRAPH_OPERATION_RESUME,
@@ -187,18 +190,24 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
                              for handle in initial)
         state_copies = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
                              for handle in copies)
+        graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
+        rows_per_request = max(1, prepared.state_rows_per_request(graphs))
+        # Execution rows, then (for a core that copies state with its own programs) the snapshot rows.
+        snapshot_rows = settings.snapshot_capacity if state_copies else 0
+        num_state_rows = (settings.max_concurrency + snapshot_rows) * rows_per_request
+        context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
+        row_tokens = max(h.capacity.packed_token_capacity for h in handles)
+        num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
+                                             options.window_pages)
         compiler.start()  # spawning them while the programs build slowed that down
-        plans = plan_captures(programs, device) if captured else None  # built while the weights load
+        ahead = None
+        if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
+            ahead = _dry_run_ahead(prepared, producers, compiler, device, context_pages + 1, num_state_rows,
+                                   num_window_pages)
+        plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load
+        if ahead is not None:
+            ahead.close()
         weights = loading.result()
-    graphs = dict.fromkeys(h.graph for h in handles + initial + copies)
-    rows_per_request = max(1, prepared.state_rows_per_request(graphs))
-    # Execution rows, then (for a core that copies state with its own programs) the snapshot rows.
-    snapshot_rows = settings.snapshot_capacity if state_copies else 0
-    num_state_rows = (settings.max_concurrency + snapshot_rows) * rows_per_request
-    context_pages = -(-settings.context_tokens // prepared.contract.model.cache.page_tokens)
-    row_tokens = max(h.capacity.packed_token_capacity for h in handles)
-    num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
-                                         options.window_pages)
     vision_graphs = vision_handles(prepared, options.rank)
     # Allocated before pages are sized from the free memory, so the pages leave room for it.
     image_cache = None
@@ -243,6 +252,29 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
 
 class DeviceUnavailableError(LoadError):
     """The startup device is not a torch device string, or this process cannot use it."""
+
+
+def _dry_run_ahead(prepared: PreparedContract, producers, compiler: KernelCompiler, device: torch.device,
+                   num_pages: int, num_state_rows: int, num_window_pages: int) -> DryRunAhead | None:
+    """The precompile's dry run on stand-ins (`helios.runtime.loading.dry_run_ahead`): stand-in weights
+    and buffers of `num_pages` pages, constants written and producers run; None where it is not made
+    (no workers, several ranks, or the stand-ins do not fit twice beside the weights)."""
+    if not compiler.active or prepared.manifest.ranks != 1:
+        return None
+    try:
+        buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
+        if not fits_twice(prepared.manifest, _DTYPES, buffer_bytes(buffers), device):
+            _LOG.info("the Triton precompile's dry run waits for the capture (its stand-ins do not fit twice)")
+            return None
+        weights = stand_in_weights(prepared.manifest, _DTYPES, device)
+        write_constants(prepared, buffers)
+        run_producers(producers, lambda p: program_arguments(p, weights, buffers))
+    except Exception as error:  # noqa: BLE001 - the capture's own dry run then finds the variants
+        _LOG.info("the Triton precompile's dry run waits for the capture (stand-ins: %s: %s)",
+                  type(error).__name__, error)
+        return None
+    arguments = [*buffers.values(), *weights.values()]
+    return DryRunAhead(compiler, arguments, lambda p: program_arguments(p, weights, buffers), device)
 
 
 def serving_device(name: str) -> torch.device:

@@ -1,0 +1,108 @@
+"""The precompile's dry run on stand-ins while the weights load (`helios.runtime.loading.dry_run_ahead`):
+the stand-in weights, the memory rule, each plan handed to it as it is built, and when a load makes
+it. The dry run itself on CUDA (every variant the capture needs found on the stand-ins, tokens
+unchanged) is tests/gpu/test_kernel_precompile_cuda.py."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+from helios.contract import manifest_pb2 as mpb
+from helios.runtime.loading import dry_run_ahead, model
+from helios.runtime.loading.dry_run_ahead import fits_twice, stand_in_weights, weight_bytes
+from runtime.test_model_fixture import open_fixture
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return open_fixture().prepared.manifest
+
+
+def _weights(manifest):
+    return [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_WEIGHT]
+
+
+def test_every_weight_gets_zeros_of_its_dtype_and_shape_one_tensor_per_shape(manifest):
+    stand_ins = stand_in_weights(manifest, model._DTYPES, torch.device("cpu"))
+    declared = _weights(manifest)
+    assert set(stand_ins) == {b.name for b in declared}
+    for buffer in declared:
+        tensor = stand_ins[buffer.name]
+        assert tuple(tensor.shape) == tuple(d.size for d in buffer.shape)
+        assert tensor.dtype == model._DTYPES[buffer.dtype] and not tensor.any()
+    shapes = {(tuple(t.shape), t.dtype) for t in stand_ins.values()}
+    storages = {t.untyped_storage().data_ptr() for t in stand_ins.values()}
+    assert len(storages) == len(shapes) < len(declared)  # the layers share their stand-ins
+    held = sum(math.prod(shape) * dtype.itemsize for shape, dtype in shapes)
+    assert weight_bytes(manifest, model._DTYPES, distinct=True) == held
+    every = sum(math.prod(d.size for d in b.shape) * model._DTYPES[b.dtype].itemsize for b in declared)
+    assert weight_bytes(manifest, model._DTYPES, distinct=False) == every > held
+
+
+def test_the_stand_ins_are_made_only_if_they_fit_twice_beside_every_weight(manifest, monkeypatch):
+    stand_ins = weight_bytes(manifest, model._DTYPES, distinct=True) + 1000
+    needed = weight_bytes(manifest, model._DTYPES, distinct=False) + 2 * stand_ins + dry_run_ahead.MARGIN_BYTES
+    for free, fits in ((needed - 1000, True), (needed - 1001, False), (80 * GIB, True)):
+        # 1000 bytes of buffers allocated already (no longer free)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 141 * GIB))
+        assert fits_twice(manifest, model._DTYPES, 1000, torch.device("cuda")) is fits
+
+
+def test_plan_captures_hands_each_plan_to_the_dry_run_as_soon_as_it_is_built(monkeypatch):
+    from helios.abi.registry import registered_schemas
+    from helios.runtime.loading import cuda_graphs
+    from helios.runtime.loading.programs import DeclaredOps, load_program
+
+    core = open_fixture()
+    prepared, device = core.prepared, torch.device("meta")
+    declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
+    programs = [load_program(core, prepared, h, declared, device) for h in model.select_handles(prepared, 8)]
+    seen, planned = [], []
+    build = cuda_graphs._plan
+
+    def plan(program, device):
+        assert len(seen) == len(planned)  # the plan before this one was dry-run before this one is built
+        planned.append(program)
+        return build(program, device)
+    monkeypatch.setattr(cuda_graphs, "_plan", plan)
+    plans = cuda_graphs.plan_captures(programs, device, ahead=seen.append)
+    assert [p.program for p in seen] == programs == planned
+    assert all(plans.plans[id(p.program)] is p for p in seen)
+
+
+def _compiler(active: bool):
+    return types.SimpleNamespace(active=active)
+
+
+def test_a_load_makes_it_with_workers_on_one_rank_only(monkeypatch):
+    prepared = types.SimpleNamespace(manifest=types.SimpleNamespace(ranks=1))
+    allocated = []
+    monkeypatch.setattr(model, "_allocate", lambda *args: allocated.append(args) or {})
+    assert model._dry_run_ahead(prepared, (), _compiler(False), torch.device("cuda"), 9, 4, 0) is None
+    prepared.manifest.ranks = 2
+    assert model._dry_run_ahead(prepared, (), _compiler(True), torch.device("cuda"), 9, 4, 0) is None
+    assert allocated == []  # nothing allocated either way
+
+
+def test_a_load_whose_stand_ins_fail_leaves_the_dry_run_to_the_capture(monkeypatch, caplog):
+    prepared = types.SimpleNamespace(manifest=types.SimpleNamespace(ranks=1))
+
+    def out_of_memory(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(model, "_allocate", out_of_memory)
+    with caplog.at_level("INFO", logger=model.__name__):
+        assert model._dry_run_ahead(prepared, (), _compiler(True), torch.device("cuda"), 9, 4, 0) is None
+    assert "waits for the capture" in caplog.text and "OutOfMemoryError" in caplog.text
+    monkeypatch.setattr(model, "_allocate", lambda *args: {})
+    monkeypatch.setattr(model, "buffer_bytes", lambda buffers: 0)
+    monkeypatch.setattr(model, "fits_twice", lambda *args: False)
+    caplog.clear()
+    with caplog.at_level("INFO", logger=model.__name__):
+        assert model._dry_run_ahead(prepared, (), _compiler(True), torch.device("cuda"), 9, 4, 0) is None
+    assert "do not fit twice" in caplog.text
