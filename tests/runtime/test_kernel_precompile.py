@@ -5,6 +5,7 @@ spawned worker, which needs no device."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import types
@@ -171,6 +172,25 @@ def test_the_dry_run_runs_every_full_graph_before_the_greedy_and_fresh_ones():
         ("mixed 2304 logprobs", "mixed 2304 logprobs fresh full"),
         ("mixed 2304 logprobs", "mixed 2304 logprobs fresh greedy")]
     assert dry_run_order([]) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no thread priorities here")
+def test_workers_are_spawned_from_a_thread_of_lowered_priority():
+    """The workers inherit the spawning thread's niceness (Linux: each thread has its own): raised by
+    WORKER_NICENESS there, the load's own thread's left as it was."""
+    seen = []
+
+    class Pool:
+        def submit(self, fn):
+            seen.append((fn, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    spawner = threading.Thread(target=kernel_precompile._spawn_niced, args=(Pool(), 3))
+    spawner.start()
+    spawner.join()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + kernel_precompile.WORKER_NICENESS)
+    assert seen == [(kernel_precompile._ready, expected)] * 3
 
 
 def test_default_workers_leave_a_cpu_for_the_load(monkeypatch):

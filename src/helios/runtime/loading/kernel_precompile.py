@@ -137,20 +137,24 @@ class KernelCompiler:
         self._start = executor is None and workers > 0
 
     def start(self) -> None:
-        """Makes the worker pool (once; nothing without workers or without Triton). In a process's first load its
-        workers start now, and their start-up (importing torch and Triton) overlaps whatever the
-        load does until the dry run: started after the programs are built, it does not slow that
-        Python work down (on the H200 host, 16 CPUs, starting them with the load made building the
-        programs 1.6x slower, bench/results/h200_session24_call3). In later loads (their kernels
-        mostly compiled in this process already) a worker starts only for a variant sent to it."""
+        """Makes the worker pool (once; nothing without workers or without Triton). In a process's first
+        load its workers start now, at the start of the load, spawned from a thread of lowered
+        priority (`WORKER_NICENESS`, inherited by the processes): their start-up (importing torch and
+        Triton, seconds) is done by the time the dry run on stand-ins sends the first variants, and
+        takes only CPU time the load's own threads leave (spawned at normal priority with the load,
+        they made building the programs 1.6x slower, bench/results/h200_session24_call3; spawned after
+        the programs, they were still importing while the first variants waited,
+        bench/results/h200_session26_call5). In later loads (their kernels mostly compiled in this
+        process already) a worker starts only for a variant sent to it."""
         if not self._start or importlib.util.find_spec("triton") is None:  # no Triton: nothing compiles
             return
         self._start = False
         context = multiprocessing.get_context("spawn")
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker)
         if not _COMPILED_HERE:  # a process's first load: start them all now (later loads rarely compile)
-            for _ in range(self.workers):
-                self._pool.submit(_ready)
+            pool, workers = self._pool, self.workers
+            threading.Thread(target=_spawn_niced, args=(pool, workers), name="helios-compile-spawn",
+                             daemon=True).start()
 
     def __enter__(self) -> "KernelCompiler":
         return self
@@ -234,6 +238,23 @@ class KernelCompiler:
 
 def _ready() -> None:
     return None
+
+
+WORKER_NICENESS = 10  # added to the compile workers' scheduling niceness (Linux: the spawning thread's)
+
+
+def _spawn_niced(pool: ProcessPoolExecutor, workers: int) -> None:
+    """Spawns `pool`'s workers from this thread after lowering its own priority, which the processes
+    inherit (on Linux a thread's niceness is its own); elsewhere they spawn at the usual priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS)
+    except (AttributeError, OSError) as error:  # not Linux, or not permitted: the usual priority
+        _LOG.debug("compile workers spawn at the usual priority: %s", error)
+    try:
+        for _ in range(workers):
+            pool.submit(_ready)
+    except RuntimeError as error:  # the pool was shut down meanwhile (the load ended or failed)
+        _LOG.debug("compile workers not started: %s", error)
 
 
 @contextlib.contextmanager

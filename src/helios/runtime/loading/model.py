@@ -156,7 +156,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     workers = 0
     if serving_device(options.device).type == "cuda" and options.cuda_graphs:
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
-    with KernelCompiler(workers) as compiler:  # its workers start once the programs are built
+    with KernelCompiler(workers) as compiler:  # its workers start with the load, niced
         return _load_model(core, options, pages, compiler)
 
 
@@ -180,6 +180,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     # Programs that CUDA graphs capture are recorded from rewritten copies, whose code the capture
     # generates: their own code is generated only if something calls them (`lazy_code`).
     captured = device.type == "cuda" and options.cuda_graphs
+    compiler.start()  # its workers start now, at a lower priority (`KernelCompiler.start`)
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
         programs = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
@@ -199,7 +200,6 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         row_tokens = max(h.capacity.packed_token_capacity for h in handles)
         num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                              options.window_pages)
-        compiler.start()  # spawning them while the programs build slowed that down
         ahead = None
         if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
             ahead = _dry_run_ahead(prepared, producers, compiler, device, context_pages + 1, num_state_rows,
