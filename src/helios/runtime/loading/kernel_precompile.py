@@ -5,7 +5,9 @@ after another in this process: on a machine whose Triton cache is empty, about t
 most of a first load's time for an 8B core (bench/results/h200_session24_call2: 27 s of a 61 s load).
 Which variants a load needs is known only by running its programs, so a load runs them twice:
 
-1. a dry run of every graph about to be captured (`KernelCompiler.dry_run`): each Triton launch whose
+1. a dry run of every graph about to be captured (`KernelCompiler.dry_run`; on one rank, made on
+   stand-in arguments while the weights load, `helios.runtime.loading.dry_run_ahead`, else by the
+   capture on the real ones): each Triton launch whose
    variant is not compiled yet is not made; its variant is sent to a worker process instead (the
    same source, signature, constants and options Triton would compile here, for this device's
    target), which compiles it, and builds its launcher, into Triton's on-disk cache. A skipped
@@ -21,9 +23,9 @@ loader's thread, or any other, launches as usual), and only until it ends. A var
 Triton's on-disk cache (`cached_on_disk`: a machine that loaded this core before) is loaded and
 launched here, as is one that cannot be sent (a kernel not importable by its module and name); one
 that fails in a worker is compiled by the warm-up run itself, which raises its error.
-Workers are spawned, never forked (the load runs a weight thread), once the programs are built
-(`KernelCompiler.start`), so their import costs overlap the rest of the weight loading and the
-capture's preparations; after a process's first load they start only when a variant is sent.
+Workers are spawned, never forked (the load runs a weight thread), when the load starts, at a lower
+priority (`KernelCompiler.start`), so their import costs overlap the programs' building and the
+weight loading; after a process's first load they start only when a variant is sent.
 """
 
 from __future__ import annotations

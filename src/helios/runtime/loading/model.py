@@ -13,8 +13,9 @@ nothing here runs on untrusted bytes. `load_model` then
    declared schema, then builds it and checks again;
 3. loads the rank's weights (safetensors only) into the WEIGHT buffers, checking dtype and shape
    (on a thread, while step 2 deserializes the programs and, for CUDA graphs, builds the graph
-   modules the capture will record, `helios.runtime.loading.cuda_graphs.plan_captures`; a failure
-   of either fails the load);
+   modules the capture will record, `helios.runtime.loading.cuda_graphs.plan_captures`, and on
+   one rank dry-runs each on stand-ins so that the Triton variants compile meanwhile,
+   `helios.runtime.loading.dry_run_ahead`; a failure of the programs or the weights fails the load);
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
    now and replace preparation's working-set counts; on a device, the buffers every step rewrites
    share one allocation (`helios.runtime.loading.step_arena`: one upload per step);
@@ -265,6 +266,8 @@ def _dry_run_ahead(prepared: PreparedContract, producers, compiler: KernelCompil
         buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
         if not fits_twice(prepared.manifest, _DTYPES, buffer_bytes(buffers), device):
             _LOG.info("the Triton precompile's dry run waits for the capture (its stand-ins do not fit twice)")
+            del buffers
+            torch.cuda.empty_cache()  # the pages are sized from the free memory
             return None
         weights = stand_in_weights(prepared.manifest, _DTYPES, device)
         write_constants(prepared, buffers)
@@ -272,6 +275,8 @@ def _dry_run_ahead(prepared: PreparedContract, producers, compiler: KernelCompil
     except Exception as error:  # noqa: BLE001 - the capture's own dry run then finds the variants
         _LOG.info("the Triton precompile's dry run waits for the capture (stand-ins: %s: %s)",
                   type(error).__name__, error)
+        buffers = weights = None
+        torch.cuda.empty_cache()
         return None
     arguments = [*buffers.values(), *weights.values()]
     return DryRunAhead(compiler, arguments, lambda p: program_arguments(p, weights, buffers), device)
