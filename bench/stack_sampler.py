@@ -3,10 +3,12 @@
 cProfile cannot tell this on Python 3.12: it records every thread's calls in one profile (its events
 come from `sys.monitoring`, which is per interpreter), so a function's "own time" on the loading
 thread mixes in what the weight threads did meanwhile. `StackSampler` instead reads the sampled
-thread's stack every ``interval`` seconds (`sys._current_frames`) from a thread of its own and counts,
-per function, the samples it was on the stack (inclusive) and on top (leaf). A sample is taken when
-the sampler gets the GIL, so time the thread spends holding it is seen at its switch points; the
-sampler shortens the switch interval while it runs so that those come often.
+thread's stack every ``interval`` seconds (`sys._current_frames`) from a thread of its own and adds,
+per function, the wall time it was on the stack (inclusive) and on top (leaf). A sample is taken when
+the sampler gets the GIL, so while the load's threads hold it samples come late: each sample is
+weighted by the wall time since the previous one (not counted once), so a phase that holds the GIL is
+not under-counted against one that waits without it. The sampler shortens the switch interval
+while it runs so that switch points come often.
 
     with StackSampler(threading.main_thread()) as sampler:
         work()
@@ -49,8 +51,11 @@ class StackSampler:
         sys.setswitchinterval(self._saved_switch)
 
     def _run(self) -> None:
+        last = time.perf_counter()
         while not self._stop.wait(self.interval):
             frame = sys._current_frames().get(self.thread_id)
+            now = time.perf_counter()
+            weight, last = now - last, now  # the wall time this sample stands for
             if frame is None:
                 continue
             seen = set()
@@ -59,25 +64,25 @@ class StackSampler:
                 code = frame.f_code
                 name = f"{_short(code.co_filename)}:{code.co_firstlineno}({code.co_name})"
                 if top:
-                    self.leaf[name] += 1
+                    self.leaf[name] += weight
                     top = False
                 if name not in seen:  # recursion counts once
                     seen.add(name)
-                    self.inclusive[name] += 1
+                    self.inclusive[name] += weight
                 frame = frame.f_back
             self.samples += 1
 
     def report(self, rows: int = 25, title: str = "") -> str:
-        """The `rows` functions with the most samples on the stack and on top, as shares of the
-        samples and as seconds of the sampled span."""
+        """The `rows` functions with the most wall time on the stack and on top, in seconds and as
+        shares of the sampled span."""
         if not self.samples:
             return f"--- {title}: no samples"
-        per_sample = self.seconds / self.samples
-        lines = [f"--- {title}: {self.samples} samples over {self.seconds:.1f} s (one per {1e3 * per_sample:.1f} ms)"]
-        for label, counts in (("on the stack", self.inclusive), ("on top", self.leaf)):
+        lines = [f"--- {title}: {self.samples} samples over {self.seconds:.1f} s "
+                 f"(one per {1e3 * self.seconds / self.samples:.1f} ms on average, each weighted by its wait)"]
+        for label, seconds in (("on the stack", self.inclusive), ("on top", self.leaf)):
             lines.append(f"  {label}:")
-            for name, count in counts.most_common(rows):
-                lines.append(f"    {100 * count / self.samples:5.1f}%  {count * per_sample:6.2f} s  {name}")
+            for name, spent in seconds.most_common(rows):
+                lines.append(f"    {100 * spent / self.seconds:5.1f}%  {spent:6.2f} s  {name}")
         return "\n".join(lines)
 
 
