@@ -13,7 +13,7 @@ stack sampled every 2 ms, `bench/stack_sampler.py`).
     python bench/cold_start.py [--layers 32] [--variants logprobs,no-logprobs] [--json out.json]
         [--skip-no-logprobs-load] [--keep-core DIR]   # DIR: the first variant's core, for ttft_breakdown --core
         [--chunks 128,256,512]   # the prompt capacities beside 2,048 (each adds programs to load)
-    python bench/cold_start.py --core DIR [--dry-run-order capture]   # load a kept core again (no prepare)
+    python bench/cold_start.py --core DIR   # load a kept core again (no prepare), in a fresh process
     python bench/cold_start.py --smoke    # tiny model on the CPU (checks the script runs)
 """
 
@@ -46,7 +46,6 @@ from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
-from helios.runtime.loading import cuda_graphs  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
@@ -307,8 +306,6 @@ def main(argv=None) -> int:
                              "compile_workers; default: the load's own choice, 0: the warm-up compiles them)")
     parser.add_argument("--core", type=Path, default=None,
                         help="load the core --keep-core kept in this folder (no checkpoint, no prepare)")
-    parser.add_argument("--dry-run-order", choices=("default", "capture"), default="default",
-                        help="the Triton precompile's dry run in the load's order, or in capture order (A/B)")
     parser.add_argument("--keep-core", type=Path, default=None,
                         help="keep the first variant's core (model.core, publisher.key.pub) in this folder")
     args = parser.parse_args(argv)
@@ -319,9 +316,6 @@ def main(argv=None) -> int:
     results = {"layers": shape.num_hidden_layers, "device": str(device), "variants": {}}
     logging.basicConfig(format="%(name)s: %(message)s")  # the capture's precompile report (workers, waiting)
     logging.getLogger("helios.runtime.loading.cuda_graphs").setLevel(logging.INFO)
-    if args.dry_run_order == "capture":  # each plan's graphs in turn, as before
-        cuda_graphs.dry_run_order = lambda plans: [(plan, module) for plan in plans
-                                                   for module in (*plan.main, *(plan.fresh or ())) if module is not None]
     if args.core:
         key = load_signing_key(args.core / "publisher.key")
         variant = args.variants.split(",")[0]

@@ -154,26 +154,6 @@ def test_the_report_says_when_each_variant_was_sent_by_what_and_when_it_was_done
     assert report["seconds"] == 0.5
 
 
-def test_the_dry_run_runs_every_full_graph_before_the_greedy_and_fresh_ones():
-    from helios.runtime.loading.cuda_graphs import _Plan, dry_run_order
-
-    def plan(name, greedy=True, fresh=False):
-        main = (f"{name} full", f"{name} greedy" if greedy else None)
-        return _Plan(None, name, main, (f"{name} fresh full", f"{name} fresh greedy") if fresh else None)
-
-    # capture order (largest first); a logprobs variant has no greedy graph, a decode program no fresh one
-    plans = [plan("mixed 2304", fresh=True), plan("mixed 2304 logprobs", greedy=False, fresh=True),
-             plan("decode 256"), plan("decode 1")]
-    assert [(p.name, module) for p, module in dry_run_order(plans)] == [
-        ("mixed 2304", "mixed 2304 full"), ("mixed 2304 logprobs", "mixed 2304 logprobs full"),
-        ("decode 256", "decode 256 full"), ("decode 1", "decode 1 full"),
-        ("mixed 2304", "mixed 2304 greedy"), ("decode 256", "decode 256 greedy"), ("decode 1", "decode 1 greedy"),
-        ("mixed 2304", "mixed 2304 fresh full"), ("mixed 2304", "mixed 2304 fresh greedy"),
-        ("mixed 2304 logprobs", "mixed 2304 logprobs fresh full"),
-        ("mixed 2304 logprobs", "mixed 2304 logprobs fresh greedy")]
-    assert dry_run_order([]) == []
-
-
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no thread priorities here")
 def test_workers_are_spawned_from_a_thread_of_lowered_priority():
     """The workers inherit the spawning thread's niceness (Linux: each thread has its own): raised by

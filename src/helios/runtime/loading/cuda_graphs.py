@@ -275,7 +275,7 @@ def _fresh_left_out(name: str, error: BaseException) -> None:
 
 
 def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mapping[str, torch.Tensor]) -> None:
-    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`, in `dry_run_order`) unless
+    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`) unless
     that was done ahead on stand-ins (`KernelCompiler.ran_ahead`), then the workers' compiles awaited.
     A graph that fails here is left to its warm-up run, which reports the error."""
     started = time.perf_counter()
@@ -287,12 +287,15 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with compiler.dry_run(arguments), torch.cuda.stream(stream):
-            for plan, module in dry_run_order(plans):
+            for plan in plans:
                 compiler.label = plan.name
-                try:
-                    module(*plan.arguments)
-                except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
-                    _LOG.debug("dry run of %s failed: %s", plan.name, error)
+                for module in (*plan.main, *(plan.fresh or ())):
+                    if module is None:
+                        continue
+                    try:
+                        module(*plan.arguments)
+                    except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
+                        _LOG.debug("dry run of %s failed: %s", plan.name, error)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.current_stream().synchronize()
     dry = time.perf_counter() - started
@@ -308,19 +311,6 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
 
 
 DRY_RUN_REPORT = 6  # the variants whose compiles finished last, logged (INFO) after each precompile
-
-
-def dry_run_order(plans: Sequence[_Plan]) -> list:
-    """(plan, graph module) in the order the dry run runs them: every plan's full graph first (capture
-    order: largest first), then their greedy graphs, then the fresh-chunk variants. The full graphs
-    hold almost every Triton variant (each prompt capacity's attention tiles, each batch's decode
-    split), so the workers get them in the first part of the dry run and compile them while it goes
-    on; the greedy graphs add their sampling tiles, the fresh variants cuDNN's plans (built here, on
-    the load's own thread) and little for the workers."""
-    full = [(plan, plan.main[0]) for plan in plans]
-    greedy = [(plan, plan.main[1]) for plan in plans if plan.main[1] is not None]
-    fresh = [(plan, module) for plan in plans for module in (plan.fresh or ()) if module is not None]
-    return [*full, *greedy, *fresh]
 
 
 def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:

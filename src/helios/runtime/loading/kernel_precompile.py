@@ -131,7 +131,7 @@ class KernelCompiler:
         self._pool: Executor | None = executor
         self._jobs: dict[tuple, Future] = {}
         self._names: dict[tuple, str] = {}
-        self._times: dict[tuple, list] = {}  # [sent, finished or None] (perf_counter), for the report
+        self._times: dict[tuple, list] = {}  # [sent, finished or None, label] (perf_counter), for the report
         self.skipped_launches = 0
         self.label = ""  # what the dry run is running (each variant's report names what sent it)
         self.ran_ahead = False  # dry-run already, on stand-ins (`helios.runtime.loading.dry_run_ahead`)
@@ -249,7 +249,8 @@ def _spawn_niced(pool: ProcessPoolExecutor, workers: int) -> None:
     """Spawns `pool`'s workers from this thread after lowering its own priority, which the processes
     inherit (on Linux a thread's niceness is its own); elsewhere they spawn at the usual priority."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS)
+        niceness = os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
     except (AttributeError, OSError) as error:  # not Linux, or not permitted: the usual priority
         _LOG.debug("compile workers spawn at the usual priority: %s", error)
     try:
@@ -281,11 +282,12 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
                 value.zero_()
 
     def dry_run_method(self, *args, grid, warmup, **kwargs):
-        if threading.get_ident() == thread and not warmup and compiler.sent((id(self), _launch_key(self, args, kwargs))):
+        here = threading.get_ident() == thread and not warmup
+        if here and compiler.sent((id(self), _launch_key(self, args, kwargs))):
             skip(args, kwargs)  # a variant sent already (every layer launches it): not packed or looked up again
             return None
         kernel = run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if kernel is None and threading.get_ident() == thread and not warmup:
+        if kernel is None and here:
             skip(args, kwargs)
         return kernel
 
