@@ -173,6 +173,22 @@ def test_workers_are_spawned_from_a_thread_of_lowered_priority():
     assert seen == [(kernel_precompile._ready, expected)] * 3
 
 
+def test_tritons_key_of_itself_is_computed_ahead_in_the_load_and_in_each_worker(monkeypatch):
+    cache = pytest.importorskip("triton.runtime.cache")
+    calls = []
+    monkeypatch.setattr(cache, "triton_key", lambda: calls.append("key") or "key")
+    monkeypatch.setattr(kernel_precompile.torch, "set_num_threads", lambda n: calls.append(n))
+    kernel_precompile._init_worker()
+    assert calls == [1, "key"]
+    kernel_precompile._triton_key()
+    assert calls == [1, "key", "key"]
+
+    def broken():
+        raise RuntimeError("no libtriton here")
+    monkeypatch.setattr(cache, "triton_key", broken)
+    kernel_precompile._triton_key()  # best effort: the first compile computes it, or raises, itself
+
+
 def test_default_workers_leave_a_cpu_for_the_load(monkeypatch):
     monkeypatch.setattr(kernel_precompile.os, "sched_getaffinity", lambda _: set(range(2)), raising=False)
     assert default_compile_workers() == 0

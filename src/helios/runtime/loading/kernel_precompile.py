@@ -116,7 +116,20 @@ def _build_launcher(source, metadata) -> None:
 
 def _init_worker() -> None:
     torch.set_num_threads(1)
-    import triton  # noqa: F401 - imported while the programs load, not on the first job
+    _triton_key()  # imports Triton and hashes it while the programs load, not on the first job
+
+
+def _triton_key() -> None:
+    """Computes Triton's cache key of itself (`triton.runtime.cache.triton_key`: a hash of its sources
+    and of libtriton, about 400 MB, once per process, 0.3-0.9 s) ahead of the first compile or cache
+    lookup that needs it; the hashing releases the GIL, so a thread of the load does it beside the
+    programs' building. Best effort: a Triton without it is left alone."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+    except Exception as error:  # noqa: BLE001 - the first compile computes it, or raises, itself
+        _LOG.debug("Triton's cache key not computed ahead: %s", error)
 
 
 class KernelCompiler:
@@ -146,8 +159,10 @@ class KernelCompiler:
         takes only CPU time the load's own threads leave (spawned at normal priority with the load,
         they made building the programs 1.6x slower, bench/results/h200_session24_call3; spawned after
         the programs, they were still importing while the first variants waited,
-        bench/results/h200_session26_call5). In later loads (their kernels mostly compiled in this
-        process already) a worker starts only for a variant sent to it."""
+        bench/results/h200_session26_call5). Triton's key of itself, which the dry run's first cache
+        lookup needs, is computed meanwhile on a thread of its own (`_triton_key`). In later loads
+        (their kernels mostly compiled in this process already) a worker starts only for a variant
+        sent to it."""
         if not self._start or importlib.util.find_spec("triton") is None:  # no Triton: nothing compiles
             return
         self._start = False
@@ -157,6 +172,7 @@ class KernelCompiler:
             pool, workers = self._pool, self.workers
             threading.Thread(target=_spawn_niced, args=(pool, workers), name="helios-compile-spawn",
                              daemon=True).start()
+            threading.Thread(target=_triton_key, name="helios-triton-key", daemon=True).start()
 
     def __enter__(self) -> "KernelCompiler":
         return self
