@@ -293,9 +293,10 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
 
     def skip(args, kwargs) -> None:
         compiler.skipped_launches += 1
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in protected:
-                value.zero_()
+        unwritten = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)
+                     and value.untyped_storage().data_ptr() not in protected]
+        if unwritten:
+            torch._foreach_zero_(unwritten)  # one launch per device and dtype, not one per tensor
 
     def dry_run_method(self, *args, grid, warmup, **kwargs):
         here = threading.get_ident() == thread and not warmup
