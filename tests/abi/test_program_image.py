@@ -61,6 +61,20 @@ def test_round_trip_keeps_tensors_and_custom_ops_and_unpickles_nothing(exported,
     assert serialized_program_ops(image) == {"helios::philox_uniform"}
 
 
+def test_the_check_finds_the_operator_names_the_registry_reads(image):
+    """`read_program_image`'s check walks the graph once and keeps the operator names it found; the
+    registry reads a program's ABI ops from them instead of walking the graph again."""
+    from helios.abi.program_graph import graph_targets
+    from helios.abi.program_image import read_program_image
+
+    read = read_program_image(image)
+    assert read.targets == frozenset(graph_targets(read.graph))
+    assert "torch.ops.helios.philox_uniform.default" in read.targets
+    assert any(target.startswith("torch.ops.aten.") for target in read.targets)
+    assert serialized_program_ops(read) == serialized_program_ops(read.graph) == serialized_program_ops(image) \
+        == {"helios::philox_uniform"}
+
+
 def test_image_holds_no_pickle_and_no_metadata(image):
     message = core_pb2.ProgramImage.FromString(image)
     assert message.version == 1

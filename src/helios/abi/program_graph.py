@@ -80,9 +80,11 @@ class ForbiddenProgramError(LoadError):
     not an ABI or aten op, a custom object, or an expression outside the symbolic-shape grammar."""
 
 
-def check_program_graph(graph: object) -> None:
+def check_program_graph(graph: object) -> frozenset[str]:
     """Raise `ForbiddenProgramError` unless the parsed JSON of an ExportedProgram holds only what a
-    program image may (see the module docstring). `graph` is what ``json.loads`` returned."""
+    program image may (see the module docstring). `graph` is what ``json.loads`` returned. Returns
+    every operator name the graph calls or passes to a higher-order op (`graph_targets`' names),
+    found by the same walk."""
     if not isinstance(graph, dict):
         raise ForbiddenProgramError("the program graph is not a JSON object")
     unknown = sorted(set(graph) - _TOP_LEVEL)
@@ -92,8 +94,12 @@ def check_program_graph(graph: object) -> None:
         raise ForbiddenProgramError("the program graph carries guard code (Python source)")
     for name in graph.get("range_constraints") or {}:
         _check_symbol(name)
+    targets = set()
     for key, value in _entries(graph, _CHECKED_KEYS):
         _check_entry(key, value)
+        if key in _TARGET_KEYS:
+            targets.add(value)  # a string: `_check_entry` refused anything else
+    return frozenset(targets)
 
 
 def graph_targets(graph: object) -> Iterator[str]:

@@ -60,6 +60,7 @@ class ProgramImage:
     graph: dict  # the checked JSON of the ExportedProgram
     state_dict: Mapping[str, torch.Tensor]
     constants: Mapping[str, torch.Tensor]
+    targets: frozenset[str] = frozenset()  # the operator names the graph calls (found by the check)
 
 
 def encode_program(program: torch.export.ExportedProgram) -> bytes:
@@ -98,8 +99,9 @@ def read_program_image(data: bytes) -> ProgramImage:
         graph = json.loads(message.exported_program)
     except (ValueError, RecursionError) as error:
         raise UnreadableProgramError(f"the program graph is not JSON: {error}") from None
-    check_program_graph(graph)
-    return ProgramImage(graph, _tensors(message.state_dict, "state dict"), _tensors(message.constants, "constants"))
+    targets = check_program_graph(graph)
+    return ProgramImage(graph, _tensors(message.state_dict, "state dict"), _tensors(message.constants, "constants"),
+                        targets)
 
 
 _DESERIALIZING = threading.Lock()

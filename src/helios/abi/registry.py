@@ -169,16 +169,17 @@ def _check_op(op: str, declared: Mapping[str, str], registered: Mapping[str, str
             op, f"registered schema {registered[op]!r} differs from declared {declared[op]!r}")
 
 
-def serialized_program_ops(program: bytes | Mapping) -> frozenset[str]:
-    """The `helios` ops named in a stored program (program image bytes, or the parsed graph JSON of
-    one), read from its JSON graph only: nothing is unpickled or built.
+def serialized_program_ops(program) -> frozenset[str]:
+    """The `helios` ops named in a stored program (program image bytes, a read `ProgramImage`, or the
+    parsed graph JSON of one), read from its JSON graph only: nothing is unpickled or built.
 
     Raises `UnreadableProgramError` (or a subclass) for bytes that are not a program image."""
-    if isinstance(program, (bytes, bytearray, memoryview)):
-        from helios.abi.program_image import read_program_image  # program images use this module
+    from helios.abi.program_image import ProgramImage, read_program_image  # program images use this module
 
-        program = read_program_image(bytes(program)).graph
-    return frozenset(_helios_ops(graph_targets(program)))
+    if isinstance(program, (bytes, bytearray, memoryview)):
+        program = read_program_image(bytes(program))
+    targets = program.targets if isinstance(program, ProgramImage) else graph_targets(program)
+    return frozenset(_helios_ops(targets))
 
 
 def _helios_ops(targets: Iterable[str]) -> Iterable[str]:
@@ -190,7 +191,7 @@ def _helios_ops(targets: Iterable[str]) -> Iterable[str]:
             yield f"{NAMESPACE}::{name}{suffix}"
 
 
-def validate_serialized_ops(program: bytes | Mapping, declared: Mapping[str, str],
+def validate_serialized_ops(program, declared: Mapping[str, str],
                             registered: Mapping[str, str] | None = None) -> None:
     """Pre-load check of a stored program (as `serialized_program_ops` takes it): each `helios` op
     it names is declared and registered with the declared schema (`registered` as for

@@ -78,7 +78,7 @@ def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, decl
     names = set(handle.abi_operations)
     ops = {name: schema for name, schema in declared.schemas.items() if name in names}
     image = read_program_image(_program_bytes(core, handle.resource_id))
-    validate_serialized_ops(image.graph, ops, declared.registered)
+    validate_serialized_ops(image, ops, declared.registered)  # the names the image's check found
     num_weights = len(graph.resource_dependencies)
     with deferred_recompile():
         built = _direct(image, ops, declared, num_weights) if device.type != "cpu" else None
