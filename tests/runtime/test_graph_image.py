@@ -49,6 +49,24 @@ def test_direct_modules_have_torchs_nodes_and_specs(core, name):
                                         for n in placeholders)
 
 
+@pytest.mark.parametrize("name", SERVING)
+def test_each_node_value_is_torchs_metadata_one_tensor_per_shape(core, name):
+    """Every node's value has the shape, strides and dtype torch's module records for it; nodes alike
+    (every layer's) share one meta tensor instead of making one each."""
+    image = read_program_image(core.read_resource(name))
+    reference = {n.name: n.meta.get("val") for n in deserialize_program(image).module().graph.nodes}
+    direct = build_module(image.graph, image.state_dict, image.constants).module
+    values = [n.meta["val"] for n in direct.graph.nodes if "val" in n.meta]
+    assert len(values) > 200
+    for node in direct.graph.nodes:
+        if "val" in node.meta:
+            value, expected = node.meta["val"], reference[node.name]
+            assert value.device.type == "meta"
+            assert (tuple(value.shape), value.stride(), value.dtype) == \
+                (tuple(expected.shape), expected.stride(), expected.dtype)
+    assert len({id(v) for v in values}) == len({(tuple(v.shape), v.stride(), v.dtype) for v in values}) < len(values)
+
+
 def test_direct_modules_compute_torchs_outputs(core):
     model = load_model(core)
     for program, name in zip(model.programs, SERVING):

@@ -89,6 +89,7 @@ class _Builder:
         self.graph = torch.fx.Graph()
         self.env: dict[str, torch.fx.Node] = {}
         self.dtypes, self.layouts, self.formats = _serde_tables()
+        self.metas: dict[tuple, torch.Tensor] = {}  # node values (meta tensors, read only), shared
 
     def build(self) -> DirectModule:
         signature = self.module_json["signature"]
@@ -131,7 +132,12 @@ class _Builder:
         sizes = [d.get("as_int") if set(d) == {"as_int"} else None for d in value["sizes"]]
         strides = [d.get("as_int") if set(d) == {"as_int"} else None for d in value["strides"]]
         if None not in sizes and None not in strides:
-            node.meta["val"] = torch.empty_strided(sizes, strides, dtype=self.dtypes[value["dtype"]], device="meta")
+            key = (tuple(sizes), tuple(strides), value["dtype"])
+            meta = self.metas.get(key)
+            if meta is None:  # one meta tensor per shape, stride and dtype: every layer repeats them
+                meta = self.metas[key] = torch.empty_strided(sizes, strides, dtype=self.dtypes[value["dtype"]],
+                                                             device="meta")
+            node.meta["val"] = meta
         return tuple(sizes)
 
     def _node(self, serialized: dict) -> None:
