@@ -106,3 +106,24 @@ def test_a_load_whose_stand_ins_fail_leaves_the_dry_run_to_the_capture(monkeypat
     with caplog.at_level("INFO", logger=model.__name__):
         assert model._dry_run_ahead(prepared, (), _compiler(True), torch.device("cuda"), 9, 4, 0) is None
     assert "do not fit twice" in caplog.text
+
+
+def test_a_plans_dry_run_calls_each_graph_on_the_arguments_and_leaves_failures_to_the_warm_up(caplog):
+    from helios.runtime.loading.cuda_graphs import _Plan, dry_run_plan
+
+    called = []
+
+    def graph(name, fails=False):
+        def module(*arguments):
+            called.append((name, arguments))
+            if fails:
+                raise RuntimeError(f"{name} failed")
+        return module
+
+    fresh = (graph("fresh full", fails=True), graph("fresh greedy"))
+    plan = _Plan(None, "prefill (batch 1)", (graph("full"), None), fresh)
+    compiler = types.SimpleNamespace(label="")
+    with caplog.at_level("DEBUG", logger="helios.runtime.loading.cuda_graphs"):
+        dry_run_plan(plan, [1, 2], compiler)
+    assert called == [("full", (1, 2)), ("fresh full", (1, 2)), ("fresh greedy", (1, 2))]
+    assert compiler.label == "prefill (batch 1)" and "fresh full failed" in caplog.text

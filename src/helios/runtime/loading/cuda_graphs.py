@@ -288,14 +288,7 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
         stream.wait_stream(torch.cuda.current_stream())
         with compiler.dry_run(arguments), torch.cuda.stream(stream):
             for plan in plans:
-                compiler.label = plan.name
-                for module in (*plan.main, *(plan.fresh or ())):
-                    if module is None:
-                        continue
-                    try:
-                        module(*plan.arguments)
-                    except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
-                        _LOG.debug("dry run of %s failed: %s", plan.name, error)
+                dry_run_plan(plan, plan.arguments, compiler)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.current_stream().synchronize()
     dry = time.perf_counter() - started
@@ -311,6 +304,19 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
 
 
 DRY_RUN_REPORT = 6  # the variants whose compiles finished last, logged (INFO) after each precompile
+
+
+def dry_run_plan(plan: _Plan, arguments: list, compiler: KernelCompiler) -> None:
+    """Calls each of `plan`'s graph modules on `arguments` (inside `compiler.dry_run`, which the caller
+    enters); a module that fails is left to its warm-up run, which raises its error, typed."""
+    compiler.label = plan.name
+    for module in (*plan.main, *(plan.fresh or ())):
+        if module is None:
+            continue
+        try:
+            module(*arguments)
+        except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
+            _LOG.debug("dry run of %s failed: %s", plan.name, error)
 
 
 def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:

@@ -26,7 +26,6 @@ pages are sized.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from typing import Callable, Mapping
@@ -34,8 +33,8 @@ from typing import Callable, Mapping
 import torch
 
 from helios.contract import manifest_pb2 as mpb
+from helios.runtime.loading.cuda_graphs import dry_run_plan
 
-_LOG = logging.getLogger(__name__)
 MARGIN_BYTES = 2 << 30  # beyond twice the stand-ins (activations of the largest plan's dry run)
 
 
@@ -44,7 +43,7 @@ class DryRunAhead:
     run on `arguments_of(program)` (the stand-ins); `close` waits for the device and frees them."""
 
     def __init__(self, compiler, arguments: list, arguments_of: Callable, device: torch.device):
-        self.compiler, self.arguments_of, self.device = compiler, arguments_of, device
+        self.compiler, self.arguments_of = compiler, arguments_of
         self._arguments = arguments  # every stand-in: their storages are never zeroed
         self._stream = torch.cuda.Stream(device)
         self._stream.wait_stream(torch.cuda.current_stream(device))
@@ -53,16 +52,8 @@ class DryRunAhead:
 
     def __call__(self, plan) -> None:
         started = time.perf_counter()
-        arguments = self.arguments_of(plan.program)
         with self.compiler.dry_run(self._arguments), torch.cuda.stream(self._stream):
-            self.compiler.label = plan.name
-            for module in (*plan.main, *(plan.fresh or ())):
-                if module is None:
-                    continue
-                try:
-                    module(*arguments)
-                except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
-                    _LOG.debug("dry run of %s on stand-ins failed: %s", plan.name, error)
+            dry_run_plan(plan, self.arguments_of(plan.program), self.compiler)
         self.plans += 1
         self.seconds += time.perf_counter() - started
 
