@@ -308,7 +308,11 @@ def main(argv=None) -> int:
                         help="load the core --keep-core kept in this folder (no checkpoint, no prepare)")
     parser.add_argument("--keep-core", type=Path, default=None,
                         help="keep the first variant's core (model.core, publisher.key.pub) in this folder")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the interpreter's thread switch interval in ms (sys.setswitchinterval; default 5)")
     args = parser.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval / 1000)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)
     if args.smoke:

@@ -117,3 +117,16 @@ def test_a_program_left_to_torch_still_loads_off_the_cpu(core):
     (handle,) = producer_handles(prepared, dict.fromkeys(g.name for g in prepared.contract.model.graphs), 0)
     loaded = load_program(core, prepared, handle, declared, torch.device("meta"))
     assert loaded.graph == handle.graph and loaded.input_shapes
+
+
+def test_the_schema_tables_equal_torchs_serializer():
+    """The builder's own dtype, layout and memory format tables (its import of torch's serializer would
+    pull in torch._dynamo) hold every entry torch's serializer reads, with the same objects."""
+    from torch._export.serde import serialize
+
+    from helios.runtime.loading.graph_image import _serde_tables
+
+    theirs = (serialize._SERIALIZE_TO_TORCH_DTYPE, serialize._SERIALIZE_TO_TORCH_LAYOUT,
+              serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT)
+    for ours, table in zip(_serde_tables(), theirs, strict=True):
+        assert ours == {int(number): value for number, value in table.items()}

@@ -5,6 +5,7 @@ spawned worker, which needs no device."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import threading
 import time
@@ -171,6 +172,57 @@ def test_workers_are_spawned_from_a_thread_of_lowered_priority():
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
     expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + kernel_precompile.WORKER_NICENESS)
     assert seen == [(kernel_precompile._ready, expected)] * 3
+
+
+def test_a_first_load_starts_its_workers_and_tritons_key_on_threads_of_their_own(monkeypatch):
+    """`start` in a process's first load: the workers (niced) and Triton's key, each on its own
+    thread; the workers' pool takes the load's Triton environment."""
+    pytest.importorskip("triton")
+    calls, done = [], threading.Semaphore(0)
+
+    def record(name):
+        return lambda *args: (calls.append((name, threading.current_thread().name, args)), done.release())
+
+    monkeypatch.setattr(kernel_precompile, "_COMPILED_HERE", False)
+    monkeypatch.setattr(kernel_precompile, "_spawn_niced", record("workers"))
+    monkeypatch.setattr(kernel_precompile, "_triton_key", record("key"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
+    with KernelCompiler(2) as compiler:
+        compiler.start()
+        for _ in range(2):
+            assert done.acquire(timeout=10)
+        assert compiler._pool._initargs == ({**{k: v for k, v in os.environ.items() if k.startswith("TRITON_")}},)
+        assert compiler._pool._initargs[0]["TRITON_CACHE_DIR"] == "/somewhere/else"
+    assert sorted((name, thread) for name, thread, _ in calls) == [
+        ("key", "helios-triton-key"), ("workers", "helios-compile-spawn")]
+    assert [args for name, _, args in calls if name == "workers"][0][1] == 2
+
+
+def test_a_worker_takes_the_loads_triton_environment_not_the_fork_servers(monkeypatch):
+    monkeypatch.setattr(kernel_precompile, "_triton_key", lambda: None)
+    monkeypatch.setattr(kernel_precompile.torch, "set_num_threads", lambda n: None)
+    for name, value in list(os.environ.items()):  # restored after the test, whatever it removes
+        if name.startswith("TRITON_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/the/servers")
+    monkeypatch.setenv("TRITON_STALE_KNOB", "1")
+    monkeypatch.setenv("TRITON_DEBUG", "1")
+    monkeypatch.delenv("TRITON_DEBUG")
+    monkeypatch.setenv("HELIOS_UNRELATED", "kept")
+    kernel_precompile._init_worker({"TRITON_CACHE_DIR": "/the/loads", "TRITON_DEBUG": "0"})
+    assert os.environ["TRITON_CACHE_DIR"] == "/the/loads" and os.environ["TRITON_DEBUG"] == "0"
+    assert "TRITON_STALE_KNOB" not in os.environ and os.environ["HELIOS_UNRELATED"] == "kept"
+
+
+def test_workers_come_from_the_fork_server_where_there_is_one():
+    context = kernel_precompile._worker_context()
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        assert context.get_start_method() == "forkserver"
+        from multiprocessing import forkserver
+
+        assert forkserver._forkserver._preload_modules == list(kernel_precompile.WORKER_PRELOAD)
+    else:
+        assert context.get_start_method() == "spawn"
 
 
 def test_tritons_key_of_itself_is_computed_ahead_in_the_load_and_in_each_worker(monkeypatch):

@@ -71,11 +71,36 @@ def _target(name: str):
     return found
 
 
-def _serde_tables():
-    from torch._export.serde import serialize
+# The serialization schema's enum members (torch._export.serde.schema, numbered by the schema's
+# version) and the torch attributes they name: torch's own tables live in its serializer, whose import
+# pulls in torch._dynamo (4 s on the device, 10 s beside the compile workers' start-up); the load
+# imports that on a thread of its own (`import_ahead`) while the programs build here. A test
+# proves these equal the serializer's tables.
+_DTYPES = {"BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64", "HALF": "float16",
+           "FLOAT": "float32", "DOUBLE": "float64", "COMPLEXHALF": "complex32", "COMPLEXFLOAT": "complex64",
+           "COMPLEXDOUBLE": "complex128", "BOOL": "bool", "BFLOAT16": "bfloat16", "UINT16": "uint16",
+           "UINT32": "uint32", "UINT64": "uint64", "FLOAT8E4M3FN": "float8_e4m3fn", "FLOAT8E5M2": "float8_e5m2",
+           "FLOAT8E4M3FNUZ": "float8_e4m3fnuz", "FLOAT8E5M2FNUZ": "float8_e5m2fnuz",
+           "FLOAT8E8M0FNU": "float8_e8m0fnu"}
+_LAYOUTS = {"SparseCoo": "sparse_coo", "SparseCsr": "sparse_csr", "SparseCsc": "sparse_csc", "SparseBsr": "sparse_bsr",
+            "SparseBsc": "sparse_bsc", "_mkldnn": "_mkldnn", "Strided": "strided"}
+_FORMATS = {"ContiguousFormat": "contiguous_format", "ChannelsLast": "channels_last",
+            "ChannelsLast3d": "channels_last_3d", "PreserveFormat": "preserve_format"}
+_TABLES: list[tuple[dict, dict, dict]] = []
 
-    return (serialize._SERIALIZE_TO_TORCH_DTYPE, serialize._SERIALIZE_TO_TORCH_LAYOUT,
-            serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT)
+
+def _serde_tables() -> tuple[dict, dict, dict]:
+    """The schema's dtype, layout and memory format numbers -> torch's objects (members this torch has)."""
+    if not _TABLES:
+        from torch._export.serde import schema
+
+        def table(enum, names):
+            return {int(enum[member]): getattr(torch, attribute) for member, attribute in names.items()
+                    if member in enum.__members__ and hasattr(torch, attribute)}
+
+        _TABLES.append((table(schema.ScalarType, _DTYPES), table(schema.Layout, _LAYOUTS),
+                        table(schema.MemoryFormat, _FORMATS)))
+    return _TABLES[0]
 
 
 class _Builder:

@@ -23,9 +23,14 @@ loader's thread, or any other, launches as usual), and only until it ends. A var
 Triton's on-disk cache (`cached_on_disk`: a machine that loaded this core before) is loaded and
 launched here, as is one that cannot be sent (a kernel not importable by its module and name); one
 that fails in a worker is compiled by the warm-up run itself, which raises its error.
-Workers are spawned, never forked (the load runs a weight thread), when the load starts, at a lower
-priority (`KernelCompiler.start`), so their import costs overlap the programs' building and the
-weight loading; after a process's first load they start only when a variant is sent.
+Workers are never forked from the loading process (it runs a weight thread): where the platform has
+it they are forked from multiprocessing's fork server, a clean process that imports torch, Triton
+and the main module once (`WORKER_PRELOAD`), so eight workers cost one import instead of eight
+(spawned, each imported them again beside the others); elsewhere they are spawned. They start with
+the load, at a lower priority (`KernelCompiler.start`), so their start-up overlaps the programs'
+building and the weight loading; after a process's first load they start only when a variant is
+sent. Each load's workers take the load's Triton environment (`TRITON_*`: the cache directory),
+not the one the fork server started with.
 """
 
 from __future__ import annotations
@@ -114,8 +119,15 @@ def _build_launcher(source, metadata) -> None:
         _LOG.debug("launcher not built ahead: %s", error)
 
 
-def _init_worker() -> None:
+def _init_worker(triton_environment: dict[str, str] | None = None) -> None:
+    """A worker's start: one thread, the loading process's `TRITON_*` variables (a worker forked from
+    the fork server has the server's environment, from when it started), Triton's key of itself."""
     torch.set_num_threads(1)
+    if triton_environment is not None:
+        for name in [name for name in os.environ if name.startswith("TRITON_")]:
+            if name not in triton_environment:
+                del os.environ[name]
+        os.environ.update(triton_environment)
     _triton_key()  # imports Triton and hashes it while the programs load, not on the first job
 
 
@@ -166,8 +178,10 @@ class KernelCompiler:
         if not self._start or importlib.util.find_spec("triton") is None:  # no Triton: nothing compiles
             return
         self._start = False
-        context = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker)
+        context = _worker_context()
+        environment = {name: value for name, value in os.environ.items() if name.startswith("TRITON_")}
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker,
+                                         initargs=(environment,))
         if not _COMPILED_HERE:  # a process's first load: start them all now (later loads rarely compile)
             pool, workers = self._pool, self.workers
             threading.Thread(target=_spawn_niced, args=(pool, workers), name="helios-compile-spawn",
@@ -261,9 +275,25 @@ def _ready() -> None:
 WORKER_NICENESS = 10  # added to the compile workers' scheduling niceness (Linux: the spawning thread's)
 
 
+# What the fork server imports once for every worker it forks: the main module (a spawned or forked
+# worker runs it otherwise: multiprocessing's rule), torch with this module, and Triton's compiler.
+WORKER_PRELOAD = ("__main__", __name__, "triton.compiler", "triton.runtime.cache")
+
+
+def _worker_context():
+    """Multiprocessing's fork server where the platform has one (its preload set to `WORKER_PRELOAD`,
+    which takes effect when it starts), else spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
 def _spawn_niced(pool: ProcessPoolExecutor, workers: int) -> None:
-    """Spawns `pool`'s workers from this thread after lowering its own priority, which the processes
-    inherit (on Linux a thread's niceness is its own); elsewhere they spawn at the usual priority."""
+    """Starts `pool`'s workers from this thread after lowering its own priority, which the processes
+    (and a fork server started here, whose children they are) inherit (on Linux a thread's niceness is
+    its own); elsewhere they start at the usual priority."""
     try:
         niceness = os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

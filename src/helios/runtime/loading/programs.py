@@ -26,6 +26,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.core.records import ResourceKind
 from helios.errors import LoadError
+from helios.runtime.loading import import_ahead
 from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.graph_image import NotDirect, build_module
 from helios.runtime.loading.graph_passes import drop_no_op_nodes
@@ -119,6 +120,7 @@ def _direct(image, ops: dict, declared: DeclaredOps, num_weights: int):
 
 def _with_torch(image, ops: dict, declared: DeclaredOps, num_weights: int):
     """(module, input extents) through torch's deserializer and ``ExportedProgram.module()``."""
+    import_ahead.wait()  # the deserializer imports torch._dynamo: not beside the thread importing it
     with static_tensor_metas(), skip_export_verifier():
         exported = deserialize_program(image)
     validate_program_ops(exported, ops, declared.registered)
