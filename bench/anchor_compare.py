@@ -173,10 +173,15 @@ def main() -> None:
             queue.checkpoint_written.set()
             results["anchor"] = queue.wait(args.anchor_timeout)
         key = SigningKey.generate()
-        started = time.perf_counter()
+        written = []  # when the random checkpoint was written: preparation starts there
+
+        def checkpoint_written():
+            written.append(time.perf_counter())
+            queue.checkpoint_written.set()
+
         core = prepare(shape, workloads, Path(scratch), key, "bfloat16", ttft_prompt, device,
-                       on_checkpoint=queue.checkpoint_written.set)
-        results["prepare_seconds"] = time.perf_counter() - started
+                       on_checkpoint=checkpoint_written)
+        results["prepare_seconds"] = time.perf_counter() - written[0]  # not the checkpoint's writing
         if not args.serial:
             results["anchor"] = queue.wait(args.anchor_timeout)
         helios_part(core, key, shape, workloads, results, device, bandwidth, ttft_prompt, args)
