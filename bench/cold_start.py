@@ -82,6 +82,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.programs", "drop_no_op_nodes", "drop no-op nodes"),
     ("helios.runtime.loading.programs", "cpu_program", "CPU program rewrite"),
     ("helios.runtime.loading.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
+    ("helios.runtime.loading.import_ahead", "_import", THREADED + "imports ahead (torch._dynamo)"),
+    ("helios.runtime.loading.import_ahead", "wait", "waiting for the imports ahead"),
     ("helios.runtime.loading.model", "default_pages", "size the page pool"),
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
