@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -212,6 +214,45 @@ def test_a_worker_takes_the_loads_triton_environment_not_the_fork_servers(monkey
     kernel_precompile._init_worker({"TRITON_CACHE_DIR": "/the/loads", "TRITON_DEBUG": "0"})
     assert os.environ["TRITON_CACHE_DIR"] == "/the/loads" and os.environ["TRITON_DEBUG"] == "0"
     assert "TRITON_STALE_KNOB" not in os.environ and os.environ["HELIOS_UNRELATED"] == "kept"
+
+
+def test_a_pool_that_cannot_start_a_worker_leaves_the_kernels_to_the_warm_up():
+    """Starting a worker can fail with a connection error (the fork server ended: its preload
+    raised): `submit` then says the variant was not sent, closes the pool and warns."""
+
+    class NoServer(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            raise EOFError("the fork server ended")
+
+    compiler = KernelCompiler(1, executor=NoServer(1))
+    assert not compiler.submit(_silu_mul_job(), ("silu",)) and not compiler.active
+    kernel_precompile._spawn_niced(NoServer(1), 2)  # the spawning thread: logged, not raised
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+def test_a_fork_server_whose_preload_raises_fails_no_load(tmp_path: Path):
+    """A real fork server that ends in its preload (in a fresh process, as a main module that raises
+    when run again would): the load's spawning thread and its `submit` both carry on without workers."""
+    pytest.importorskip("triton")
+    (tmp_path / "raises_on_import.py").write_text('raise ValueError("not importable twice")\n')
+    code = """
+import logging, sys, time
+from helios.runtime.loading import kernel_precompile
+kernel_precompile.WORKER_PRELOAD += ("raises_on_import",)
+kernel_precompile._COMPILED_HERE = False
+with kernel_precompile.KernelCompiler(2) as compiler:
+    compiler.start()
+    time.sleep(3)  # the spawning thread meets the ended server first
+    sent = compiler.submit(kernel_precompile.CompileJob("m", "k", {}, {}, {}, {}, None), ("k",))
+print("sent", sent, "active", compiler.active)
+"""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "sent False active False" in run.stdout
+    assert "not importable twice" in run.stderr  # the server's own traceback
+    assert "Triton compile workers unavailable" in run.stderr
 
 
 def test_workers_come_from_the_fork_server_where_there_is_one():

@@ -216,7 +216,7 @@ class KernelCompiler:
         if key not in self._jobs:
             try:
                 self._jobs[key] = self._pool.submit(compile_job, job)
-            except RuntimeError as error:  # a broken pool (a worker killed) or one shut down
+            except _POOL_ERRORS as error:  # a broken pool (a worker killed), one shut down, no fork server
                 _LOG.warning("Triton compile workers unavailable (%s: %s); the warm-up compiles the rest",
                              type(error).__name__, error)
                 self.close()
@@ -280,6 +280,11 @@ WORKER_NICENESS = 10  # added to the compile workers' scheduling niceness (Linux
 WORKER_PRELOAD = ("__main__", __name__, "triton.compiler", "triton.runtime.cache")
 
 
+# What starting a worker raises when the pool cannot have one: a broken or shut-down pool
+# (RuntimeError), or a fork server that ended (its preload raised: the connection to it fails).
+_POOL_ERRORS = (RuntimeError, OSError, EOFError)
+
+
 def _worker_context():
     """Multiprocessing's fork server where the platform has one (its preload set to `WORKER_PRELOAD`,
     which takes effect when it starts), else spawn."""
@@ -302,7 +307,7 @@ def _spawn_niced(pool: ProcessPoolExecutor, workers: int) -> None:
     try:
         for _ in range(workers):
             pool.submit(_ready)
-    except RuntimeError as error:  # the pool was shut down meanwhile (the load ended or failed)
+    except _POOL_ERRORS as error:  # shut down meanwhile (the load ended or failed), or no fork server
         _LOG.debug("compile workers not started: %s", error)
 
 
