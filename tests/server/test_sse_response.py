@@ -19,6 +19,7 @@ from test_slow_reader import accumulated, eventually, post  # tests/server is on
 
 WAIT_S = 60.0
 MAX_TOKENS = 8
+STEP_TOKENS = 64
 PAYLOAD = {"model": SERVED_ID, "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True,
            "prompt": [5, 9, 14, 3, 22], "logprobs": 1}
 
@@ -88,8 +89,11 @@ def chunks_of(messages) -> list[dict]:
 
 @pytest.mark.parametrize("with_transport", [True, False])
 def test_steps_go_below_the_middlewares_and_the_stream_is_unchanged(runner, app, with_transport):
-    reference = runner.run(post(app, "/v1/completions", PAYLOAD))["choices"][0]
-    messages = runner.run(stream(app, with_transport=with_transport))
+    # Enough steps that some are written before the last: a tiny core's 8 tokens could all be done
+    # before the first write, leaving nothing between the start and the last message on a busy machine.
+    payload = {**PAYLOAD, "max_tokens": STEP_TOKENS}
+    reference = runner.run(post(app, "/v1/completions", payload))["choices"][0]
+    messages = runner.run(stream(app, with_transport=with_transport, payload=payload))
     start, *steps, last = messages
     assert start[0] == "chain" and start[1]["type"] == "http.response.start" and start[1]["status"] == 200
     assert sorted(start[1]["headers"]) == [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -99,7 +103,7 @@ def test_steps_go_below_the_middlewares_and_the_stream_is_unchanged(runner, app,
                          for tag, m in steps)
     state = accumulated(chunks_of(messages), is_chat=False)
     assert state["text"] == reference["text"] and state["finish"] == ["length"]
-    assert state["token_ids"] == reference["token_ids"] and len(state["token_ids"]) == MAX_TOKENS
+    assert state["token_ids"] == reference["token_ids"] and len(state["token_ids"]) == STEP_TOKENS
     assert state["logprobs"] == {k: v for k, v in reference["logprobs"].items() if v is not None}
 
 
