@@ -206,8 +206,8 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                              options.window_pages)
         ahead = None
-        import_ahead.wait()  # before the plans' dry run imports it here
         if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
+            import_ahead.wait()  # before the dry run's first custom op imports it here
             ahead = _dry_run_ahead(prepared, producers, compiler, device, context_pages + 1, num_state_rows,
                                    num_window_pages)
         plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load
