@@ -50,6 +50,8 @@ import served_timeline  # noqa: E402
 from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofline, run_helios, ttft_rows  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
+from helios.abi import gemv_tiles  # noqa: E402
+from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.runtime.loading import rotary_calls  # noqa: E402
@@ -148,7 +150,16 @@ def main() -> None:
     parser.add_argument("--fused-prefetch-tokens", type=int, default=0,
                         help="with the fusion: fused calls of at most this many tokens prefetch their output "
                              "projection's weight into L2 (`rotary_calls.PREFETCH_MAX_TOKENS`; 0: none)")
+    parser.add_argument("--skinny-table", type=Path, default=None,
+                        help="serve with these entries added to `gemv_tiles.SKINNY_TILES` (the JSON that "
+                             "`bench/skinny_ab.py --json` writes), and A/B the whole decode step with them")
+    parser.add_argument("--levers", default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab",
+                        help="the lever parts run after the table, comma-separated")
     args = parser.parse_args()
+    if args.skinny_table is not None:
+        for entry in json.loads(args.skinny_table.read_text()):
+            gemv_tiles.SKINNY_TILES[(entry["rows"], entry["out"], entry["in"])] = SkinnyTile.parse(entry["tile"])
+        log(f"skinny tiles: {gemv_tiles.SKINNY_TILES}")
     rotary_calls.FUSE_AT_CAPTURE = args.rotary_fusion != "off"
     rotary_calls.PREFETCH_MAX_TOKENS = args.fused_prefetch_tokens
     smoke = args.smoke
@@ -307,8 +318,12 @@ def levers(model, shape, results: dict, device, args) -> None:
     parts = (("sampling_program_ab", lambda: lever_ab.sampling_program_ab(model, log)),
              ("op_ab", lambda: lever_ab.op_ab(shape, sorted({1, 64, 256} if not args.smoke else {1, 2}), device, log)),
              ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]),
-             ("gemv_ab", lambda: _gemv_ab(shape, device)))
+             ("gemv_ab", lambda: _gemv_ab(shape, device)),
+             ("skinny_program_ab", lambda: lever_ab.skinny_program_ab(model, {64, 256} if not args.smoke else {2}, log)))
+    wanted = set(args.levers.split(","))
     for name, part in parts:
+        if name not in wanted or (name == "skinny_program_ab" and not gemv_tiles.SKINNY_TILES):
+            continue
         try:
             results[name] = part()
         except Exception as error:  # noqa: BLE001 - the main table must still print

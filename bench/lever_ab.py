@@ -15,6 +15,7 @@ Used by `bench/anchor_compare.py` on a loaded runtime (importable on its own):
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable
 
@@ -248,3 +249,41 @@ def _top_kernels(kernels, top: int) -> list[dict]:
         entry[1] += 1
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
     return [{"kernel": name[:90], "ms": ms, "calls": calls} for name, (ms, calls) in ranked]
+
+
+def skinny_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
+    """Whole greedy DECODE step device ms at each of `rows_list`, the projections named by
+    `gemv_tiles.SKINNY_TILES` on the Triton skinny kernel against all on cuBLAS (same module
+    otherwise), alternated `rounds` times; the median of each side."""
+    from helios.abi import triton_skinny
+    from helios.runtime.loading.gemv_calls import bind_gemv
+
+    results = []
+    for program in (p for p in decode_programs(model) if p.batch_capacity in rows_list):
+        arguments = program_arguments(program, model.weights, model.buffers)
+        cublas = variant_module(_eager(program), SampleVariant.GREEDY)
+        cublas = _with_linear_targets(cublas, lambda node: node.target is triton_skinny.skinny_linear,
+                                      torch.ops.aten.linear.default)
+        graph = copy.deepcopy(cublas.graph)
+        bound = bind_gemv(graph)
+        triton = torch.fx.GraphModule(cublas, graph)
+        sides = {"cublas": [], "skinny": []}
+        for _ in range(rounds):
+            sides["cublas"].append(graph_ms(lambda: cublas(*arguments)))
+            sides["skinny"].append(graph_ms(lambda: triton(*arguments)))
+        row = {"rows": program.batch_capacity, "bound_calls": bound,
+               **{f"{side}_ms": sorted(times)[len(times) // 2] for side, times in sides.items()}}
+        log(f"skinny decode step R={row['rows']}: {bound} projections on the Triton kernel {row['skinny_ms']:.3f} ms, "
+            f"all on cuBLAS {row['cublas_ms']:.3f} ms ({row['cublas_ms'] / row['skinny_ms']:.3f}x; "
+            f"rounds {sides['cublas']} / {sides['skinny']})")
+        results.append(row)
+    return results
+
+
+def _with_linear_targets(module, chosen, target):
+    """A copy of `module` (fx) whose call nodes `chosen` picks call `target` instead."""
+    graph = copy.deepcopy(module.graph)
+    for node in graph.nodes:
+        if node.op == "call_function" and chosen(node):
+            node.target = target
+    return torch.fx.GraphModule(module, graph)

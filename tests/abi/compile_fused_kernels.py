@@ -1,5 +1,5 @@
-"""Compile the fused decoder kernels, the greedy sampling kernels and the one-row matrix-vector
-kernel for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
+"""Compile the fused decoder kernels, the greedy sampling kernels, the one-row matrix-vector
+kernel and the skinny matrix product for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
 rejects). Shapes of Llama-3.1-8B in bfloat16 and a float32 case, with the specialisation a launch
@@ -13,16 +13,18 @@ from triton.compiler import ASTSource
 
 from compile_attention_kernels import TARGET  # sm_90
 
-from helios.abi import triton_fused, triton_gemv, triton_sampling
-from helios.abi.gemv_tiles import GEMV_TILES
+from helios.abi import triton_fused, triton_gemv, triton_sampling, triton_skinny
+from helios.abi.gemv_tiles import GEMV_TILES, SKINNY_TILES, SkinnyTile
 
 
-def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options) -> None:
-    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`."""
+def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], divisible: tuple = (),
+                   **options) -> None:
+    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`; the
+    integers named in `divisible` are multiples of 16, as a launch specialises them."""
     names = kernel.arg_names
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
     aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
-               if name not in constants and signature[name].startswith("*")}
+               if name not in constants and (signature[name].startswith("*") or name in divisible)}
     source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
                        constexprs={(names.index(name),): value for name, value in constants.items()})
     compiled = triton.compile(source, target=TARGET, options=options)
@@ -75,7 +77,22 @@ def compile_gemv() -> None:
                            num_warps=tile.num_warps)
 
 
+def compile_skinny() -> None:
+    """Every tile of the committed table and a whole and a split reduction, with and without a bias."""
+    tiles = set(SKINNY_TILES.values()) | {SkinnyTile(), SkinnyTile.parse("64x32x256/4w4s4"),
+                                           SkinnyTile.parse("128x128x64/1w8s4")}
+    for tile in sorted(tiles, key=lambda t: t.label):
+        for has_bias in (False, True):
+            compile_kernel(triton_skinny._skinny_kernel,
+                           dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16", partial_ptr="*fp32",
+                                counter_ptr="*i32"),
+                           dict(HAS_BIAS=has_bias, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                                SPLIT_K=tile.split_k), divisible=("span", "stride_xm", "stride_wn", "stride_om"),
+                           num_warps=tile.num_warps, num_stages=tile.num_stages)
+
+
 if __name__ == "__main__":
+    compile_skinny()
     compile_gemv()
     compile_fused("bf16")
     compile_fused("fp32")

@@ -1,7 +1,8 @@
-"""The committed table of one-row projections that run the Triton matrix-vector kernel
-(`helios.abi.triton_gemv`) instead of cuBLAS, and the tile of each. No triton import: the runtime
-reads the table at capture (`helios.runtime.loading.gemv_calls`) and imports the kernel only where a
-call has a tile.
+"""The committed tables of projections that run a Triton kernel instead of cuBLAS, and the tile of
+each: one-row projections on the matrix-vector kernel (`helios.abi.triton_gemv`), projections of a
+few dozen rows on the skinny matrix product (`helios.abi.triton_skinny`). No triton import: the
+runtime reads the tables at capture (`helios.runtime.loading.gemv_calls`) and imports a kernel only
+where a call has a tile.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GEMV_TILES", "GemvTile", "MAX_ROWS", "gemv_tile"]
+__all__ = ["GEMV_TILES", "GemvTile", "MAX_ROWS", "SKINNY_TILES", "SkinnyTile", "gemv_tile", "skinny_tile"]
 
 MAX_ROWS = 1  # the table is measured at one row (the kernel re-reads the weights once per row)
 
@@ -52,3 +53,50 @@ def gemv_tile(rows: int, out_features: int, in_features: int, dtype: torch.dtype
     if rows < 1 or rows > MAX_ROWS or dtype not in (torch.bfloat16, torch.float16):
         return None
     return GEMV_TILES.get((out_features, in_features))
+
+
+@dataclass(frozen=True)
+class SkinnyTile:
+    """An output tile of `block_m` rows by `block_n` features, its reduction in `block_k` steps split
+    `split_k` ways, and the launch's warps and pipeline stages."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    @classmethod
+    def parse(cls, text: str) -> "SkinnyTile":
+        """``block_m x block_n x block_k / split_k w warps s stages``, e.g. ``64x64x128/2w4s4``."""
+        try:
+            blocks, rest = text.strip().lower().split("/")
+            split, rest = rest.split("w")
+            warps, stages = rest.split("s")
+            block_m, block_n, block_k = (int(field) for field in blocks.split("x"))
+            tile = cls(block_m, block_n, block_k, int(split), int(warps), int(stages))
+        except ValueError:
+            raise ValueError(f"skinny tile {text!r}: want block_m x block_n x block_k / split w warps s stages") from None
+        if min(block_m, block_n, block_k) < 16 or min(tile.split_k, tile.num_warps, tile.num_stages) < 1:
+            raise ValueError(f"skinny tile {text!r}: blocks of at least 16, split, warps and stages of at least 1")
+        return tile
+
+    @property
+    def label(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}/{self.split_k}"
+                f"w{self.num_warps}s{self.num_stages}")
+
+
+# (most rows, out features, in features) -> tile, for 16-bit weights: an entry serves the calls of
+# more rows than the shape's next smaller entry and at most its own. Measured by bench/skinny_ab.py.
+SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {}
+
+
+def skinny_tile(rows: int, out_features: int, in_features: int, dtype: torch.dtype) -> SkinnyTile | None:
+    """The tile for ``F.linear`` of `rows` rows (more than `MAX_ROWS`) on an [out, in] weight of
+    `dtype`, or None (cuBLAS)."""
+    if rows <= MAX_ROWS or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    bounds = sorted(most for most, n, k in SKINNY_TILES if (n, k) == (out_features, in_features) and most >= rows)
+    return SKINNY_TILES[(bounds[0], out_features, in_features)] if bounds else None

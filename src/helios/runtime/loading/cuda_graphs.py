@@ -37,8 +37,9 @@ where they compute the program's result. A fresh variant that cannot be captured
 warning (the program's own graphs serve every step).
 
 Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
-one-row projections whose shapes the committed GEMV table names run the Triton matrix-vector kernel
-instead of cuBLAS (the same product; chosen here, per captured program, from static shapes), and,
+projections whose shapes the committed tables (`helios.abi.gemv_tiles`) name run a Triton kernel
+instead of cuBLAS (one row: the matrix-vector kernel; more: the skinny matrix product; the same
+product, chosen here, per captured program, from static shapes), and,
 where `helios.runtime.loading.rotary_calls.FUSE_AT_CAPTURE` enables it (on by default), each layer's
 rotary cache write and attention run as one ``helios::rotary_paged_attention`` call (one kernel
 launch per layer on a decode step instead of two). Last, each graph's per-step bookkeeping (step

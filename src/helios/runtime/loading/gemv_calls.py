@@ -1,11 +1,11 @@
-"""Capture-time choice of the matrix-vector kernel for a program's one-row projections (CUDA).
+"""Capture-time choice of the Triton kernels for a program's projections (CUDA).
 
-A program's ``aten.linear`` calls run cuBLAS. Where `helios.abi.triton_gemv.gemv_tile` names a
-Triton tile for a call's static shapes (rows, out and in features, weight dtype: a committed table
-measured on the device, see that module), `bind_gemv` points the call at
-`helios.abi.triton_gemv.gemv_linear`, which computes the same product (float32 sums) and falls back
-to ``F.linear`` for any other input. The kernel's module (and triton) is imported only when a call
-has a tile: the table is read without it. Shapes come from the nodes' static meta tensors (what a loaded
+A program's ``aten.linear`` calls run cuBLAS. Where `helios.abi.gemv_tiles` names a Triton tile for
+a call's static shapes (rows, out and in features, weight dtype: committed tables measured on the
+device), `bind_gemv` points the call at `helios.abi.triton_gemv.gemv_linear` (one row: `gemv_tile`)
+or `helios.abi.triton_skinny.skinny_linear` (more rows: `skinny_tile`), which compute the same
+product (float32 sums) and fall back to ``F.linear`` for any other input. A kernel's module (and
+triton) is imported only when a call has a tile: the tables are read without it. Shapes come from the nodes' static meta tensors (what a loaded
 program's graph records); a call whose shapes are not all static keeps cuBLAS. The choice is made
 once, when `helios.runtime.loading.cuda_graphs` captures the program; nothing is decided while
 serving.
@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from helios.abi.gemv_tiles import gemv_tile
+from helios.abi.gemv_tiles import gemv_tile, skinny_tile
 
 __all__ = ["bind_gemv", "gemv_module"]
 
@@ -26,14 +26,15 @@ _LINEAR = torch.ops.aten.linear.default
 
 
 def bind_gemv(graph: torch.fx.Graph) -> int:
-    """Points every ``aten.linear`` call whose static shapes have a tile at `gemv_linear`; returns
-    how many. The caller recompiles the graph's module."""
-    tiled = [node for node in graph.nodes if _tiled(node)]
-    if tiled:
-        from helios.abi.triton_gemv import gemv_linear  # imports triton: only where a call has a tile
-
-        for node in tiled:
-            node.target = gemv_linear
+    """Points every ``aten.linear`` call whose static shapes have a tile at `gemv_linear` or
+    `skinny_linear`; returns how many. The caller recompiles the graph's module."""
+    tiled = [(node, kind) for node in graph.nodes if (kind := _tiled(node))]
+    for node, kind in tiled:  # the kernels' modules import triton: only where a call has a tile
+        if kind == "gemv":
+            from helios.abi.triton_gemv import gemv_linear as target
+        else:
+            from helios.abi.triton_skinny import skinny_linear as target
+        node.target = target
     return len(tiled)
 
 
@@ -48,15 +49,19 @@ def gemv_module(module):
     return torch.fx.GraphModule(module, graph)
 
 
-def _tiled(node: torch.fx.Node) -> bool:
-    """Whether `node` is an ``aten.linear`` call whose static shapes have a tile."""
+def _tiled(node: torch.fx.Node) -> str | None:
+    """"gemv" or "skinny" where `node` is an ``aten.linear`` call whose static shapes have a tile
+    in that kernel's table, else None."""
     if node.op != "call_function" or node.target is not _LINEAR:
-        return False
+        return None
     x, weight = (_static(arg) for arg in node.args[:2])
     if x is None or weight is None or weight.dim() != 2 or x.dim() == 0 or x.dtype != weight.dtype:
-        return False
+        return None
     rows = math.prod(x.shape[:-1])
-    return gemv_tile(rows, weight.shape[0], weight.shape[1], weight.dtype) is not None
+    shapes = (rows, weight.shape[0], weight.shape[1], weight.dtype)
+    if gemv_tile(*shapes) is not None:
+        return "gemv"
+    return "skinny" if skinny_tile(*shapes) is not None else None
 
 
 def _static(arg) -> torch.Tensor | None:

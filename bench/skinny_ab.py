@@ -1,0 +1,121 @@
+"""The Triton skinny matrix product (`helios.abi.triton_skinny`, what capture binds a projection of a
+few dozen rows to where `helios.abi.gemv_tiles.SKINNY_TILES` names a tile) against cuBLAS
+(`F.linear`) at the 8B decoder's projection shapes, each side in one CUDA graph per shape.
+
+Each graph calls the shape `--copies` times on that many distinct weights (as a decode step reads
+each layer's weights once: no L2 reuse between calls). Prints, per row count and shape, cuBLAS and
+every swept tile (ms, GB/s of weight bytes), the best tile, the sums over one decode step (32
+layers), and the table entries to adopt (the shapes where the best tile beats cuBLAS by more than
+3%); `--json` writes those entries for `bench/anchor_compare.py --skinny-table`, which serves with
+them and measures the whole decode step both ways.
+
+    python bench/skinny_ab.py [--rows 64,256] [--copies 6] [--json table.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lever_ab import graph_ms  # noqa: E402
+
+from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
+from helios.abi.triton_skinny import skinny, skinny_fits  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
+SMEM_BYTES = 200 * 1024  # shared memory a tile's pipeline may take (the H200 has 227 KB a block)
+ADOPT_BELOW = 0.97  # adopt a tile that takes at most this share of cuBLAS's time
+
+
+def candidates(rows: int, num_out: int, depth: int) -> list[SkinnyTile]:
+    """Tiles worth timing at these shapes: memory-bound rows (at most 64) stream W with deep
+    pipelines and enough programs to fill the device; more rows take the compute tiles."""
+    tiles = []
+    if rows <= 64:
+        block_m = max(16, 1 << (rows - 1).bit_length())
+        for block_n in (32, 64, 128):
+            for block_k in (128, 256):
+                for split in (1, 2, 4, 8):
+                    programs = num_out // block_n * split
+                    if not 128 <= programs <= 1024:
+                        continue
+                    stage_bytes = 2 * block_k * (block_m + block_n)
+                    stages = min(6, SMEM_BYTES // stage_bytes)  # the deepest pipeline that fits
+                    tiles.append(SkinnyTile(block_m, block_n, block_k, split, 8 if block_n == 128 else 4, stages))
+    else:
+        for block_m, block_n, block_k, warps, stages in ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3),
+                                                         (64, 128, 64, 4, 4), (64, 256, 64, 8, 4),
+                                                         (128, 128, 128, 8, 3)):
+            for split in (1, 2):
+                tiles.append(SkinnyTile(block_m, block_n, block_k, split, warps, stages))
+    return [tile for tile in tiles if skinny_fits(rows, num_out, depth, tile)]
+
+
+def skinny_ab(rows_list, layers: int, log, copies: int = 6) -> tuple[list[dict], list[dict]]:
+    """Per row count and shape: cuBLAS and each candidate tile. Returns (rows, adopted entries)."""
+    results, adopted = [], []
+    for rows in rows_list:
+        step = {"cublas": 0.0, "best": 0.0}
+        for name, (num_out, depth) in SHAPES.items():
+            row = _shape_row(rows, name, num_out, depth, copies, log)
+            results.append(row)
+            step["cublas"] += layers * row["cublas_ms"]
+            step["best"] += layers * min(row["cublas_ms"], row["best_ms"])
+            if row["best_ms"] < ADOPT_BELOW * row["cublas_ms"]:
+                adopted.append({"rows": rows, "out": num_out, "in": depth, "tile": row["best_tile"],
+                                "speedup": row["cublas_ms"] / row["best_ms"], "shape": name})
+                log(f"adopt SKINNY_TILES[({rows}, {num_out}, {depth})] = SkinnyTile.parse({row['best_tile']!r})  "
+                    f"# {name}, {row['cublas_ms'] / row['best_ms']:.2f}x cuBLAS at {rows} rows")
+        log(f"SKINNY R={rows}, {layers} layers: cuBLAS {step['cublas']:.3f} ms, best of each {step['best']:.3f} ms "
+            "per step")
+    return results, adopted
+
+
+def _shape_row(rows: int, name: str, num_out: int, depth: int, copies: int, log) -> dict:
+    weights = [torch.randn(num_out, depth, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+    gbs = lambda ms: weights[0].numel() * 2 / ms / 1e6  # noqa: E731  (per call)
+    theirs = graph_ms(lambda: [F.linear(x, w) for w in weights]) / copies
+    row = {"rows": rows, "shape": name, "cublas_ms": theirs, "tiles": {}}
+    expected = F.linear(x.float(), weights[0].float())
+    started = time.perf_counter()
+    for tile in candidates(rows, num_out, depth):
+        try:
+            first = skinny(x, weights[0], None, tile)
+            torch.testing.assert_close(first.float(), expected, rtol=2e-2, atol=2e-2)
+            if not torch.equal(first, skinny(x, weights[0], None, tile)):
+                raise AssertionError("two calls differ")
+            ours = graph_ms(lambda tile=tile: [skinny(x, w, None, tile) for w in weights]) / copies
+        except Exception as error:  # noqa: BLE001  (a tile the device cannot run is reported, not fatal)
+            log(f"SKINNY R={rows} {name} tile {tile.label}: {type(error).__name__}: {str(error)[:160]}")
+            continue
+        row["tiles"][tile.label] = ours
+    best = min(row["tiles"].items(), key=lambda item: item[1], default=("-", float("inf")))
+    row.update(best_tile=best[0], best_ms=best[1])
+    swept = ", ".join(f"{label} {ms:.4f}" for label, ms in sorted(row["tiles"].items(), key=lambda item: item[1])[:6])
+    log(f"SKINNY R={rows} {name} {num_out}x{depth}: cuBLAS {theirs:.4f} ms ({gbs(theirs):.0f} GB/s), best Triton "
+        f"{best[0]} {best[1]:.4f} ms ({gbs(best[1]):.0f} GB/s); {len(row['tiles'])} tiles in "
+        f"{time.perf_counter() - started:.0f} s, fastest: {swept}")
+    del weights
+    return row
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="64,256", help="row counts, comma-separated")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--copies", type=int, default=6, help="distinct weights per graph (no L2 reuse)")
+    parser.add_argument("--json", type=Path, help="write the entries to adopt here")
+    arguments = parser.parse_args()
+    _, entries = skinny_ab([int(r) for r in arguments.rows.split(",")], arguments.layers,
+                           lambda line: print(line, flush=True), arguments.copies)
+    if arguments.json:
+        arguments.json.write_text(json.dumps(entries, indent=1))

@@ -1,0 +1,141 @@
+"""A Triton matrix product for the projections of a decode step of a few dozen rows (CUDA; CPU
+under TRITON_INTERPRET=1), used where a committed table says it beats cuBLAS.
+
+At 64 rows a decode step's projections still read far more weight bytes than they compute with:
+``y = x @ W.T``, x [M, K] with M <= 64 or so, is memory-bound, and what it costs is how fast the
+kernel streams W. cuBLAS's kernels at those shapes read the 8B decoder's weights at 2.8-3.8 TB/s of
+the H200's 4.2 (bench/results/h200_session25_call1/served_timeline.txt: the output projection 12 us
+for 33.5 MB, the fused qkv 16.5 us for 50 MB). This kernel gives each program a [BLOCK_M, BLOCK_N]
+output tile and streams its [BLOCK_N, K] slice of W through ``tl.dot`` in BLOCK_K steps (software
+pipelined, `num_stages` loads in flight), float32 sums, one rounding to the output dtype.
+
+Where N / BLOCK_N programs are too few to keep every SM reading, the reduction splits SPLIT_K ways:
+each (tile, split) program stores its float32 partial sums, counts itself in on the tile's counter
+(an acquire-release atomic), and the program that arrives last adds the partials in split order and
+writes the output, then resets the counter for the next call. The sum order is fixed, so the result
+does not depend on which program arrives last: the same inputs give the same bits on every call.
+The counters are one int32 per output tile, zero between calls, kept per device (`_counters`,
+allocated outside any graph capture: the graphs' warm-up runs come first).
+
+`skinny_linear` computes ``F.linear`` for any input: rows past the tile, another device, dtype,
+layout or shape go to ``F.linear`` itself, so a graph bound to it stays exact for every call.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from helios.abi.gemv_tiles import SkinnyTile, skinny_tile
+from helios.abi.triton_paged import on_device
+
+__all__ = ["skinny", "skinny_linear", "skinny_fits"]
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, rows, span,
+                   stride_xm, stride_wn, stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over this program's output tile; with
+    SPLIT_K > 1 this program sums one K / SPLIT_K slice and the last of the tile's programs adds them."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = ms < rows
+    ks = split * span + tl.arange(0, BLOCK_K)  # span: depth / SPLIT_K, a multiple of BLOCK_K
+    x_at = x_ptr + ms[:, None].to(tl.int64) * stride_xm + ks[None, :]
+    w_at = w_ptr + ns[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BLOCK_K, BLOCK_N] of W^T
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(0, span, BLOCK_K):
+        a = tl.load(x_at, mask=m_ok[:, None], other=0.0)
+        b = tl.load(w_at)  # the host checks that BLOCK_N divides num_out
+        acc = tl.dot(a, b, acc)
+        x_at += BLOCK_K
+        w_at += BLOCK_K
+    out_at = out_ptr + ms[:, None].to(tl.int64) * stride_om + ns[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + ns).to(tl.float32)[None, :]
+        tl.store(out_at, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        tile_size = BLOCK_M * BLOCK_N
+        offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        partials = partial_ptr + tile.to(tl.int64) * SPLIT_K * tile_size
+        tl.store(partials + split * tile_size + offsets, acc)
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:  # the last: every other split's partials are visible now
+            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for part in tl.static_range(SPLIT_K):
+                total += tl.load(partials + part * tile_size + offsets, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + ns).to(tl.float32)[None, :]
+            tl.store(out_at, total.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+            tl.atomic_xchg(counter_ptr + tile, 0)
+
+
+def skinny_fits(rows: int, num_out: int, depth: int, tile: SkinnyTile) -> bool:
+    """Whether the kernel takes these shapes with `tile`: whole BLOCK_N column blocks and whole
+    BLOCK_K steps in every split."""
+    return rows >= 1 and num_out % tile.block_n == 0 and depth % (tile.block_k * tile.split_k) == 0
+
+
+def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: SkinnyTile) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the Triton kernel, for x [..., K] and a contiguous-row weight
+    [N, K] whose shapes `skinny_fits` the tile (ValueError otherwise)."""
+    depth, num_out = x.shape[-1], weight.shape[0]
+    flat = x.reshape(-1, depth)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows = flat.shape[0]
+    if not skinny_fits(rows, num_out, depth, tile):
+        raise ValueError(f"skinny: {rows} x {depth} @ {num_out} x {depth} does not fit tile {tile.label}")
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    out = torch.empty((rows, num_out), dtype=x.dtype, device=x.device)
+    grid = (num_out // tile.block_n, triton.cdiv(rows, tile.block_m), tile.split_k)
+    tiles = grid[0] * grid[1]
+    if tile.split_k > 1:
+        partials = torch.empty((tiles, tile.split_k, tile.block_m * tile.block_n), dtype=torch.float32,
+                               device=x.device)
+        counters = _counters(x.device, tiles)
+    else:
+        partials = counters = out
+    with on_device(x):
+        _skinny_kernel[grid](
+            flat, weight, weight if bias is None else bias, out, partials, counters, rows, depth // tile.split_k,
+            flat.stride(0), weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
+            num_stages=tile.num_stages)
+    return out.reshape(*x.shape[:-1], num_out)
+
+
+def _counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` int32 tile counters on `device`, all zero between calls (each call's last
+    programs reset theirs). Made, or grown, only outside a CUDA graph capture."""
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("skinny: tile counters are made by an uncaptured call first (a graph's warm-up)")
+        counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` with the table's choice: the Triton kernel where `skinny_tile` names a tile for
+    these shapes on a CUDA device (or under the interpreter), else ``F.linear`` itself."""
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
+    tile = skinny_tile(rows, weight.shape[0], weight.shape[-1], weight.dtype) if weight.dim() == 2 else None
+    runnable = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if (tile is None or not runnable or x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype)
+            or not skinny_fits(rows, weight.shape[0], weight.shape[-1], tile)):
+        return F.linear(x, weight, bias)
+    return skinny(x, weight, bias, tile)

@@ -1,0 +1,148 @@
+"""The Triton skinny matrix product (`helios.abi.triton_skinny`) against ``F.linear``, its table
+(`helios.abi.gemv_tiles.SKINNY_TILES`), and the capture-time binding of a program's projections of
+several rows to it (`helios.runtime.loading.gemv_calls`). Without CUDA the kernel runs under Triton's
+interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import test_triton_attention as base  # enables the interpreter on machines without CUDA first
+from helios.abi import gemv_tiles
+from helios.abi import triton_skinny
+from helios.abi.gemv_tiles import GemvTile, SkinnyTile
+from helios.runtime.loading.gemv_calls import bind_gemv, gemv_module
+
+DEVICE = base.DEVICE
+
+
+def _inputs(rows: int, num_out: int, depth: int, dtype=torch.bfloat16, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, depth, generator=generator).to(dtype)
+    w = (0.05 * torch.randn(num_out, depth, generator=generator)).to(dtype)
+    bias = torch.randn(num_out, generator=generator).to(dtype)
+    return x.to(DEVICE), w.to(DEVICE), bias.to(DEVICE)
+
+
+def _expected(x, w, bias=None):
+    return F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("rows, num_out, depth, tile", [
+    (5, 64, 128, "16x32x32/1w4s2"), (16, 96, 256, "16x32x64/1w4s3"), (20, 96, 256, "16x32x32/4w4s2"),
+    (40, 64, 128, "16x16x32/2w4s2"), (3, 32, 64, "32x32x16/4w2s2")],
+    ids=["one-block", "full-block", "split-four-row-blocks", "split-three-row-blocks", "split-to-single-steps"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_matches_linear(rows, num_out, depth, tile, with_bias):
+    """Rows fewer than, equal to and more than a block; the reduction whole or split; bias."""
+    x, w, bias = _inputs(rows, num_out, depth)
+    bias = bias if with_bias else None
+    got = triton_skinny.skinny(x, w, bias, SkinnyTile.parse(tile))
+    assert got.shape == (rows, num_out) and got.dtype == x.dtype
+    torch.testing.assert_close(got.float().cpu(), _expected(x, w, bias).float().cpu(), rtol=1e-2, atol=1e-2)
+
+
+def test_split_calls_give_the_same_bits_and_leave_the_counters_zero():
+    """The last program of each tile adds the partials in split order and resets its counter: the
+    next call (another input) starts from zero and the same input gives the same output."""
+    tile = SkinnyTile.parse("16x32x32/4w4s2")
+    x, w, _ = _inputs(20, 96, 256)
+    first = triton_skinny.skinny(x, w, None, tile)
+    other = triton_skinny.skinny(x.flip(0), w, None, tile)
+    assert torch.equal(triton_skinny.skinny(x, w, None, tile), first)
+    torch.testing.assert_close(other.float().cpu(), _expected(x.flip(0), w).float().cpu(), rtol=1e-2, atol=1e-2)
+    assert not triton_skinny._COUNTERS[x.device].any()
+
+
+def test_skinny_takes_leading_dimensions_and_strided_rows():
+    x, w, _ = _inputs(8, 32, 64, torch.float16)
+    strided = x[::2]  # rows two apart
+    got = triton_skinny.skinny(strided.unsqueeze(0), w, None, SkinnyTile.parse("16x16x32/2w4s2"))
+    assert got.shape == (1, 4, 32)
+    torch.testing.assert_close(got[0].float().cpu(), _expected(strided, w).float().cpu(), rtol=1e-2, atol=1e-2)
+
+
+def test_shapes_the_tile_does_not_fit_are_refused():
+    x, w, _ = _inputs(4, 40, 64)
+    with pytest.raises(ValueError, match="does not fit tile"):
+        triton_skinny.skinny(x, w, None, SkinnyTile.parse("16x32x32/1w4s2"))  # 40 features: not whole blocks
+    with pytest.raises(ValueError, match="does not fit tile"):
+        triton_skinny.skinny(x[:, :48], w[:32, :48], None, SkinnyTile.parse("16x32x32/1w4s2"))  # 48 = 1.5 steps
+    assert not triton_skinny.skinny_fits(4, 64, 64, SkinnyTile.parse("16x32x32/4w4s2"))  # 4 splits of 16
+
+
+def test_counters_are_not_made_inside_a_capture(monkeypatch):
+    monkeypatch.setattr(triton_skinny, "_COUNTERS", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="uncaptured call first"):
+        triton_skinny._counters(torch.device("cuda"), 4)
+    assert triton_skinny._counters(torch.device("cpu"), 4).numel() >= 4  # the host needs no capture rule
+
+
+def test_skinny_linear_uses_the_table_and_falls_back_to_linear(monkeypatch):
+    x, w, bias = _inputs(8, 32, 64)
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 32, 64): SkinnyTile.parse("16x16x32/2w4s2")})
+    launched = []
+    monkeypatch.setattr(triton_skinny, "skinny", lambda *a: launched.append(a) or F.linear(*a[:3]))
+    triton_skinny.skinny_linear(x, w, bias)
+    assert len(launched) == 1 and launched[0][3] == SkinnyTile.parse("16x16x32/2w4s2")
+    too_many = torch.cat([x, x, x])  # 24 rows: past the entry's 16
+    for args in ((too_many, w, bias), (x.float(), w.float()), (x[:, :32], w[:, :32]), (x[:1], w)):
+        assert torch.equal(triton_skinny.skinny_linear(*args), F.linear(*args))
+    assert len(launched) == 1
+
+
+def test_table_rules(monkeypatch):
+    small, large = SkinnyTile.parse("16x32x128/2w4s4"), SkinnyTile.parse("64x64x128/1w4s6")
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 4096, 4096): small, (64, 4096, 4096): large})
+    assert gemv_tiles.skinny_tile(2, 4096, 4096, torch.bfloat16) == small
+    assert gemv_tiles.skinny_tile(16, 4096, 4096, torch.float16) == small
+    assert gemv_tiles.skinny_tile(17, 4096, 4096, torch.bfloat16) == large
+    assert gemv_tiles.skinny_tile(64, 4096, 4096, torch.bfloat16) == large
+    assert gemv_tiles.skinny_tile(65, 4096, 4096, torch.bfloat16) is None  # past the largest entry
+    assert gemv_tiles.skinny_tile(1, 4096, 4096, torch.bfloat16) is None  # one row: the GEMV's table
+    assert gemv_tiles.skinny_tile(8, 4096, 4096, torch.float32) is None
+    assert gemv_tiles.skinny_tile(8, 6144, 4096, torch.bfloat16) is None  # not in the table
+    assert SkinnyTile.parse(large.label) == large
+    for text in ("64x64x128", "64x64/1w4s4", "8x64x128/1w4s4", "64x64x128/0w4s4"):
+        with pytest.raises(ValueError, match="skinny tile"):
+            SkinnyTile.parse(text)
+
+
+class _Projections(torch.nn.Module):
+    def forward(self, x, qkv, out, mlp):
+        return F.linear(F.linear(x, qkv)[..., :64], out), F.linear(x, mlp)
+
+
+def _exported(rows: int):
+    x, qkv, _ = _inputs(rows, 96, 64)
+    weights = (qkv, _inputs(1, 48, 64)[1], _inputs(1, 80, 64)[1])
+    module = torch.export.export(_Projections(), (x.unsqueeze(0), *weights), strict=False).module()
+    return module, (x.unsqueeze(0), *weights)
+
+
+def _targets(module) -> list:
+    return [node.target for node in module.graph.nodes if node.op == "call_function"]
+
+
+def test_capture_binds_the_tabled_projections_of_several_rows(monkeypatch):
+    from helios.abi import triton_gemv
+
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 96, 64): SkinnyTile.parse("16x32x32/2w4s2"),
+                                                    (16, 48, 64): SkinnyTile.parse("16x16x64/1w4s2")})
+    monkeypatch.setattr(gemv_tiles, "GEMV_TILES", {(96, 64): GemvTile(8, 32, 2)})  # one row only
+    module, args = _exported(8)
+    bound = gemv_module(module)
+    assert _targets(bound).count(triton_skinny.skinny_linear) == 2  # qkv and out; the 80x64 keeps cuBLAS
+    assert triton_gemv.gemv_linear not in _targets(bound)
+    assert triton_skinny.skinny_linear not in _targets(module)  # the loaded module is left as it is
+    for got, want in zip(bound(*args), module(*args)):
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=2e-2, atol=2e-2)
+    one_row, _ = _exported(1)
+    assert _targets(gemv_module(one_row)).count(triton_gemv.gemv_linear) == 1  # the GEMV's table at one row
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {})
+    module, _ = _exported(8)
+    assert bind_gemv(module.graph) == 0 and gemv_module(module) is module
