@@ -196,7 +196,7 @@ _KINDS = (  # kernel-name fragments -> kind, first match wins (attention first: 
     # may carry "xmma" in their names)
     ("attention", ("_decode_kernel", "_combine_kernel", "_prefill_kernel", "paged_attention", "sdpa", "fmha",
                    "flash_fwd", "fresh_attention", "_zero_outside_rows")),
-    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear")),
+    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear", "_skinny_kernel")),
     ("fused norm/rotary/SiLU", ("_rms_norm_kernel", "_rotary_cache_write_kernel", "_silu_mul_kernel",
                                 "rms_norm", "rotary_cache_write", "silu_mul")),
     ("sampling", ("_greedy_", "sort", "scan", "cumsum", "helios::sample")),
@@ -258,26 +258,64 @@ def skinny_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     from helios.abi import triton_skinny
     from helios.runtime.loading.gemv_calls import bind_gemv
 
-    results = []
-    for program in (p for p in decode_programs(model) if p.batch_capacity in rows_list):
-        arguments = program_arguments(program, model.weights, model.buffers)
+    def sides(program):
         cublas = variant_module(_eager(program), SampleVariant.GREEDY)
         cublas = _with_linear_targets(cublas, lambda node: node.target is triton_skinny.skinny_linear,
                                       torch.ops.aten.linear.default)
         graph = copy.deepcopy(cublas.graph)
         bound = bind_gemv(graph)
-        triton = torch.fx.GraphModule(cublas, graph)
-        sides = {"cublas": [], "skinny": []}
+        return {"cublas": cublas, "skinny": torch.fx.GraphModule(cublas, graph)}, f"{bound} projections bound"
+
+    return _step_ab(model, rows_list, sides, "skinny", log, rounds)
+
+
+def runs_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
+    """Whole greedy DECODE step device ms at each of `rows_list`: the greedy graph's module as
+    captured against the same with its runs of small integer elementwise calls fused
+    (`elementwise_runs.runs_module`, the capture option `FUSE_RUNS`), alternated `rounds` times."""
+    from helios.runtime.loading.elementwise_runs import runs_module
+
+    def sides(program):
+        served = program.module.eager_modules[1]  # the greedy graph's module
+        fused = runs_module(served, enabled=True)
+        calls = lambda module: sum(node.op == "call_function" for node in module.graph.nodes)  # noqa: E731
+        return {"unfused": served, "fused": fused}, f"{calls(served)} -> {calls(fused)} calls"
+
+    return _step_ab(model, rows_list, sides, "runs", log, rounds)
+
+
+def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list[dict]:
+    """Per DECODE program of `rows_list` rows: `make_sides(program)` -> ({side: module}, note); each
+    side's median whole-step device ms over `rounds` alternated graph timings, and their ratio."""
+    results = []
+    for program in (p for p in decode_programs(model) if p.batch_capacity in rows_list):
+        arguments = program_arguments(program, model.weights, model.buffers)
+        modules, note = make_sides(program)
+        times = {side: [] for side in modules}
         for _ in range(rounds):
-            sides["cublas"].append(graph_ms(lambda: cublas(*arguments)))
-            sides["skinny"].append(graph_ms(lambda: triton(*arguments)))
-        row = {"rows": program.batch_capacity, "bound_calls": bound,
-               **{f"{side}_ms": sorted(times)[len(times) // 2] for side, times in sides.items()}}
-        log(f"skinny decode step R={row['rows']}: {bound} projections on the Triton kernel {row['skinny_ms']:.3f} ms, "
-            f"all on cuBLAS {row['cublas_ms']:.3f} ms ({row['cublas_ms'] / row['skinny_ms']:.3f}x; "
-            f"rounds {sides['cublas']} / {sides['skinny']})")
+            for side, module in modules.items():
+                times[side].append(graph_ms(lambda module=module: module(*arguments)))
+        medians = {side: sorted(values)[len(values) // 2] for side, values in times.items()}
+        (base, base_ms), (other, other_ms) = medians.items()
+        logits = [_first_float(module(*arguments)) for module in modules.values()]
+        if all(value is not None for value in logits):  # the same step's logits both ways
+            difference = (logits[0].float() - logits[1].float()).abs().max().item()
+            agree = (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean().item()
+            note += f"; logits within {difference:.3g}, argmax agrees in {agree:.1%} of rows"
+        row = {"rows": program.batch_capacity, "note": note, **{f"{side}_ms": ms for side, ms in medians.items()}}
+        log(f"{label} decode step R={row['rows']} ({note}): {other} {other_ms:.3f} ms, {base} {base_ms:.3f} ms "
+            f"({base_ms / other_ms:.3f}x; rounds " + " / ".join(f"{side} {[round(t, 3) for t in values]}"
+                                                               for side, values in times.items()) + ")")
         results.append(row)
     return results
+
+
+def _first_float(outputs):
+    """The first floating-point tensor among a step's outputs (its logits), or None."""
+    for value in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.clone()
+    return None
 
 
 def _with_linear_targets(module, chosen, target):

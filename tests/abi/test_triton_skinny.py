@@ -84,25 +84,33 @@ def test_counters_are_not_made_inside_a_capture(monkeypatch):
 
 def test_skinny_linear_uses_the_table_and_falls_back_to_linear(monkeypatch):
     x, w, bias = _inputs(8, 32, 64)
-    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 32, 64): SkinnyTile.parse("16x16x32/2w4s2")})
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 32, 64): SkinnyTile.parse("16x16x32/2w4s2")})
     launched = []
     monkeypatch.setattr(triton_skinny, "skinny", lambda *a: launched.append(a) or F.linear(*a[:3]))
     triton_skinny.skinny_linear(x, w, bias)
     assert len(launched) == 1 and launched[0][3] == SkinnyTile.parse("16x16x32/2w4s2")
-    too_many = torch.cat([x, x, x])  # 24 rows: past the entry's 16
+    too_many = torch.cat([x, x])  # 16 rows: the bucket of 9-16, no entry
     for args in ((too_many, w, bias), (x.float(), w.float()), (x[:, :32], w[:, :32]), (x[:1], w)):
         assert torch.equal(triton_skinny.skinny_linear(*args), F.linear(*args))
     assert len(launched) == 1
 
 
+def test_committed_table_fits_its_shapes():
+    """Each committed tile takes its own shapes (whole column blocks and reduction steps)."""
+    for (rows, num_out, depth), tile in gemv_tiles.SKINNY_TILES.items():
+        assert rows & (rows - 1) == 0 and triton_skinny.skinny_fits(rows, num_out, depth, tile)
+
+
 def test_table_rules(monkeypatch):
     small, large = SkinnyTile.parse("16x32x128/2w4s4"), SkinnyTile.parse("64x64x128/1w4s6")
     monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 4096, 4096): small, (64, 4096, 4096): large})
-    assert gemv_tiles.skinny_tile(2, 4096, 4096, torch.bfloat16) == small
+    assert gemv_tiles.skinny_tile(9, 4096, 4096, torch.bfloat16) == small  # the bucket of 9-16 rows
     assert gemv_tiles.skinny_tile(16, 4096, 4096, torch.float16) == small
-    assert gemv_tiles.skinny_tile(17, 4096, 4096, torch.bfloat16) == large
+    assert gemv_tiles.skinny_tile(8, 4096, 4096, torch.bfloat16) is None  # 5-8: no entry
+    assert gemv_tiles.skinny_tile(17, 4096, 4096, torch.bfloat16) is None  # 17-32: no entry
+    assert gemv_tiles.skinny_tile(33, 4096, 4096, torch.bfloat16) == large
     assert gemv_tiles.skinny_tile(64, 4096, 4096, torch.bfloat16) == large
-    assert gemv_tiles.skinny_tile(65, 4096, 4096, torch.bfloat16) is None  # past the largest entry
+    assert gemv_tiles.skinny_tile(65, 4096, 4096, torch.bfloat16) is None
     assert gemv_tiles.skinny_tile(1, 4096, 4096, torch.bfloat16) is None  # one row: the GEMV's table
     assert gemv_tiles.skinny_tile(8, 4096, 4096, torch.float32) is None
     assert gemv_tiles.skinny_tile(8, 6144, 4096, torch.bfloat16) is None  # not in the table
@@ -131,8 +139,8 @@ def _targets(module) -> list:
 def test_capture_binds_the_tabled_projections_of_several_rows(monkeypatch):
     from helios.abi import triton_gemv
 
-    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 96, 64): SkinnyTile.parse("16x32x32/2w4s2"),
-                                                    (16, 48, 64): SkinnyTile.parse("16x16x64/1w4s2")})
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 96, 64): SkinnyTile.parse("16x32x32/2w4s2"),
+                                                    (8, 48, 64): SkinnyTile.parse("16x16x64/1w4s2")})
     monkeypatch.setattr(gemv_tiles, "GEMV_TILES", {(96, 64): GemvTile(8, 32, 2)})  # one row only
     module, args = _exported(8)
     bound = gemv_module(module)

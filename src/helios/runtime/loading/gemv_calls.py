@@ -5,8 +5,9 @@ a call's static shapes (rows, out and in features, weight dtype: committed table
 device), `bind_gemv` points the call at `helios.abi.triton_gemv.gemv_linear` (one row: `gemv_tile`)
 or `helios.abi.triton_skinny.skinny_linear` (more rows: `skinny_tile`), which compute the same
 product (float32 sums) and fall back to ``F.linear`` for any other input. A kernel's module (and
-triton) is imported only when a call has a tile: the tables are read without it. Shapes come from the nodes' static meta tensors (what a loaded
-program's graph records); a call whose shapes are not all static keeps cuBLAS. The choice is made
+triton) is imported only when a call has a tile: the tables are read without it. Shapes come from
+the nodes' static meta tensors (what a loaded program's graph records); a call whose shapes are not
+all static keeps cuBLAS. The choice is made
 once, when `helios.runtime.loading.cuda_graphs` captures the program; nothing is decided while
 serving.
 """

@@ -1,0 +1,66 @@
+"""The skinny matrix product (`helios.abi.triton_skinny.skinny_linear`) on CUDA where the table names a
+tile: ``F.linear``'s result on the CPU (within bfloat16 rounding), no synchronisation, and inside a
+replayed CUDA graph, where the split reduction's tile counters must be back at zero after every
+replay (a counter left behind would make the next replay's tiles finish early, with partial sums).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helios.abi import gemv_tiles, triton_skinny
+from helios.abi.gemv_tiles import SkinnyTile
+
+from gpu.test_ops_cuda import load
+from support.cuda_calls import capture, to_cuda, without_sync
+
+pytestmark = pytest.mark.gpu
+
+CASES = {  # (rows, out, in, tile or None for the committed table's)
+    "split-four": (64, 512, 1024, SkinnyTile.parse("64x32x128/4w4s4")),
+    "split-two-partial-rows": (40, 256, 2048, SkinnyTile.parse("64x64x128/2w4s4")),
+    "committed-gate-up": (64, 28672, 4096, None),
+    "committed-down": (64, 4096, 14336, None),
+}
+
+
+def _inputs(rows: int, num_out: int, depth: int, seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, depth, generator=generator).to(torch.bfloat16)
+    weight = (torch.randn(num_out, depth, generator=generator) / depth ** 0.5).to(torch.bfloat16)
+    return {"x": x, "weight": weight}
+
+
+def _compare(actual, expected) -> None:
+    assert actual.device.type == "cuda" and actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_skinny_linear_in_a_graph(case, monkeypatch):
+    rows, num_out, depth, tile = CASES[case]
+    if tile is not None:
+        bucket = 1 << (rows - 1).bit_length()
+        monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(bucket, num_out, depth): tile})
+    assert gemv_tiles.skinny_tile(rows, num_out, depth, torch.bfloat16) is not None
+    launched = []
+    real = triton_skinny.skinny
+    monkeypatch.setattr(triton_skinny, "skinny", lambda *a: launched.append(a[3]) or real(*a))
+    make = lambda seed: _inputs(rows, num_out, depth, seed)  # noqa: E731
+    _compare(triton_skinny.skinny_linear(**to_cuda(make(0))), F.linear(**make(0)))
+    assert launched, "the table's tile was not used"
+    static = to_cuda(make(1))
+    _compare(without_sync(lambda: triton_skinny.skinny_linear(**static)), F.linear(**make(1)))
+    graph, output = capture(lambda: triton_skinny.skinny_linear(**static))
+    replayed = []
+    for seed in (2, 3, 3):
+        fresh = make(seed)
+        load(static, fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        _compare(output, F.linear(**fresh))
+        replayed.append(output.clone())
+    assert torch.equal(replayed[1], replayed[2]), "the same inputs gave other bits"
+    assert not triton_skinny._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
