@@ -253,18 +253,23 @@ def _top_kernels(kernels, top: int) -> list[dict]:
 
 def skinny_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     """Whole greedy DECODE step device ms at each of `rows_list`, the projections named by
-    `gemv_tiles.SKINNY_TILES` on the Triton skinny kernel against all on cuBLAS (same module
-    otherwise), alternated `rounds` times; the median of each side."""
+    `gemv_tiles.SKINNY_TILES` on the Triton skinny kernel (the SiLU-mul apart, and fused into the
+    gate/up projection) against all on cuBLAS (same module otherwise), alternated `rounds` times;
+    the median of each side. The captured module's fused calls are split again first."""
     from helios.abi import triton_skinny
     from helios.runtime.loading.gemv_calls import bind_gemv
 
     def sides(program):
-        cublas = variant_module(_eager(program), SampleVariant.GREEDY)
+        cublas = _unfused_silu(variant_module(_eager(program), SampleVariant.GREEDY), triton_skinny.skinny_silu_linear)
         cublas = _with_linear_targets(cublas, lambda node: node.target is triton_skinny.skinny_linear,
                                       torch.ops.aten.linear.default)
-        graph = copy.deepcopy(cublas.graph)
-        bound = bind_gemv(graph)
-        return {"cublas": cublas, "skinny": torch.fx.GraphModule(cublas, graph)}, f"{bound} projections bound"
+        modules = {"cublas": cublas}
+        for side, fuse in (("skinny", False), ("skinny+silu", True)):
+            graph = copy.deepcopy(cublas.graph)
+            bound = bind_gemv(graph, fuse_silu=fuse)
+            modules[side] = torch.fx.GraphModule(cublas, graph)
+        fused = sum(node.target is triton_skinny.skinny_silu_linear for node in modules["skinny+silu"].graph.nodes)
+        return modules, f"{bound} projections bound, {fused} SiLU-muls fused"
 
     return _step_ab(model, rows_list, sides, "skinny", log, rounds)
 
@@ -286,7 +291,8 @@ def runs_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
 
 def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list[dict]:
     """Per DECODE program of `rows_list` rows: `make_sides(program)` -> ({side: module}, note); each
-    side's median whole-step device ms over `rounds` alternated graph timings, and their ratio."""
+    side's median whole-step device ms over `rounds` alternated graph timings, the first side's
+    against each other's, and each side's logits of one step from the same state against the first's."""
     results = []
     for program in (p for p in decode_programs(model) if p.batch_capacity in rows_list):
         arguments = program_arguments(program, model.weights, model.buffers)
@@ -296,18 +302,43 @@ def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list
             for side, module in modules.items():
                 times[side].append(graph_ms(lambda module=module: module(*arguments)))
         medians = {side: sorted(values)[len(values) // 2] for side, values in times.items()}
-        (base, base_ms), (other, other_ms) = medians.items()
-        logits = [_first_float(module(*arguments)) for module in modules.values()]
-        if all(value is not None for value in logits):  # the same step's logits both ways
-            difference = (logits[0].float() - logits[1].float()).abs().max().item()
-            agree = (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean().item()
-            note += f"; logits within {difference:.3g}, argmax agrees in {agree:.1%} of rows"
+        base, base_ms = next(iter(medians.items()))
+        saved = _step_state(arguments)
+        logits = []
+        for module in modules.values():  # each side from the same state (a step advances its inputs)
+            for tensor, copy_of in saved:
+                tensor.copy_(copy_of)
+            logits.append(_first_float(module(*arguments)))
+        for side, value in list(zip(modules, logits))[1:]:  # the same step's logits against the first side's
+            if value is not None and logits[0] is not None:
+                difference = (logits[0].float() - value.float()).abs().max().item()
+                agree = (logits[0].argmax(-1) == value.argmax(-1)).float().mean().item()
+                note += f"; {side}: logits within {difference:.3g}, argmax agrees in {agree:.1%} of rows"
         row = {"rows": program.batch_capacity, "note": note, **{f"{side}_ms": ms for side, ms in medians.items()}}
-        log(f"{label} decode step R={row['rows']} ({note}): {other} {other_ms:.3f} ms, {base} {base_ms:.3f} ms "
-            f"({base_ms / other_ms:.3f}x; rounds " + " / ".join(f"{side} {[round(t, 3) for t in values]}"
-                                                               for side, values in times.items()) + ")")
+        log(f"{label} decode step R={row['rows']} ({note}): {base} {base_ms:.3f} ms, "
+            + ", ".join(f"{side} {ms:.3f} ms ({base_ms / ms:.3f}x)" for side, ms in list(medians.items())[1:])
+            + "; rounds " + " / ".join(f"{side} {[round(t, 3) for t in values]}" for side, values in times.items()))
         results.append(row)
     return results
+
+
+def _unfused_silu(module, fused_target):
+    """A copy of `module` (fx) whose `fused_target` calls are ``silu_mul(aten.linear(x, w))`` again."""
+    graph = copy.deepcopy(module.graph)
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is fused_target:
+            with graph.inserting_before(node):
+                product = graph.call_function(torch.ops.aten.linear.default, node.args)
+            node.target, node.args = torch.ops.helios.silu_mul.default, (product,)
+    return torch.fx.GraphModule(module, graph)
+
+
+def _step_state(arguments, most_bytes: int = 1 << 29) -> list:
+    """(tensor, copy) of a step's input buffers under `most_bytes`: what a decode step advances (the
+    pending tokens, counts, positions), not the weights (a list) or the cache planes, whose only
+    write, the step's own position, each side makes again before reading it."""
+    return [(tensor, tensor.clone()) for tensor in arguments
+            if isinstance(tensor, torch.Tensor) and tensor.numel() * tensor.element_size() < most_bytes]
 
 
 def _first_float(outputs):

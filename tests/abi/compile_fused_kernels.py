@@ -78,7 +78,8 @@ def compile_gemv() -> None:
 
 
 def compile_skinny() -> None:
-    """Every tile of the committed table and a whole and a split reduction, with and without a bias."""
+    """Every tile of the committed table and a whole and a split reduction, with and without a bias,
+    and the SiLU-mul epilogue's kernel for each tile it takes."""
     tiles = set(SKINNY_TILES.values()) | {SkinnyTile(), SkinnyTile.parse("64x32x256/4w4s4"),
                                            SkinnyTile.parse("128x128x64/1w8s4")}
     for tile in sorted(tiles, key=lambda t: t.label):
@@ -88,6 +89,11 @@ def compile_skinny() -> None:
                                 counter_ptr="*i32"),
                            dict(HAS_BIAS=has_bias, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                                 SPLIT_K=tile.split_k), divisible=("span", "stride_xm", "stride_wn", "stride_om"),
+                           num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if triton_skinny.silu_fits(tile.block_m, 2 * 14336, 4096, tile):  # the SiLU-mul in the epilogue
+            compile_kernel(triton_skinny._skinny_silu_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16"),
+                           dict(BLOCK_M=tile.block_m, BLOCK_F=tile.block_n // 2, BLOCK_K=tile.block_k),
+                           divisible=("width", "depth", "stride_xm", "stride_wn", "stride_om"),
                            num_warps=tile.num_warps, num_stages=tile.num_stages)
 
 

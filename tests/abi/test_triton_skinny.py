@@ -154,3 +154,50 @@ def test_capture_binds_the_tabled_projections_of_several_rows(monkeypatch):
     monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {})
     module, _ = _exported(8)
     assert bind_gemv(module.graph) == 0 and gemv_module(module) is module
+
+
+@pytest.mark.parametrize("rows, tile", [(5, "16x32x32/1w4s2"), (20, "16x64x64/1w4s3")], ids=["one-block", "two-blocks"])
+def test_skinny_silu_matches_the_projection_then_silu_mul(rows, tile):
+    """The SiLU-mul in the product's epilogue: the two ops' result (each product rounded to bfloat16
+    first, as the projection's output is)."""
+    x, w, _ = _inputs(rows, 2 * 96, 128)
+    got = triton_skinny.skinny_silu(x, w, SkinnyTile.parse(tile))
+    expected = torch.ops.helios.silu_mul(_expected(x, w).cpu())
+    assert got.shape == (rows, 96) and got.dtype == x.dtype
+    torch.testing.assert_close(got.float().cpu(), expected.float(), rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="does not fit tile"):
+        triton_skinny.skinny_silu(x, w, SkinnyTile.parse("16x32x32/2w4s2"))  # a split reduction
+    assert not triton_skinny.silu_fits(rows, 2 * 96, 128, SkinnyTile.parse("16x128x32/1w4s2"))  # 96 = 1.5 x 64
+    assert not triton_skinny.silu_fits(rows, 2 * 96, 128, SkinnyTile.parse("16x16x32/1w4s2"))  # halves of 8
+
+
+class _Mlp(torch.nn.Module):
+    def forward(self, x, gate_up, down):
+        return F.linear(torch.ops.helios.silu_mul(F.linear(x, gate_up)), down)
+
+
+def test_capture_fuses_the_silu_mul_into_a_tabled_gate_up_projection(monkeypatch):
+    from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
+
+    x, gate_up, _ = _inputs(8, 2 * 64, 64)
+    down = _inputs(1, 64, 64, seed=1)[1]
+    module = torch.export.export(_Mlp(), (x, gate_up, down), strict=False).module()
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 128, 64): SkinnyTile.parse("16x32x32/1w4s2")})
+    bound = gemv_module(module)
+    targets = _targets(bound)
+    assert targets.count(triton_skinny.skinny_silu_linear) == 1
+    assert torch.ops.helios.silu_mul.default not in targets and triton_skinny.skinny_linear not in targets
+    assert targets.count(torch.ops.aten.linear.default) == 1  # the down projection: no tile
+    torch.testing.assert_close(bound(x, gate_up, down).float().cpu(), module(x, gate_up, down).float().cpu(),
+                               rtol=2e-2, atol=2e-2)
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 128, 64): SkinnyTile.parse("16x32x32/2w4s2")})
+    split = _targets(gemv_module(module))  # a split tile: the projection alone, the SiLU-mul kept
+    assert triton_skinny.skinny_linear in split and torch.ops.helios.silu_mul.default in split
+
+
+def test_skinny_silu_linear_falls_back_to_the_two_ops(monkeypatch):
+    from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
+
+    x, w, _ = _inputs(8, 2 * 64, 64)
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {})
+    assert torch.equal(triton_skinny.skinny_silu_linear(x, w), torch.ops.helios.silu_mul(F.linear(x, w)))

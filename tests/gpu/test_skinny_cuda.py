@@ -1,7 +1,8 @@
-"""The skinny matrix product (`helios.abi.triton_skinny.skinny_linear`) on CUDA where the table names a
-tile: ``F.linear``'s result on the CPU (within bfloat16 rounding), no synchronisation, and inside a
-replayed CUDA graph, where the split reduction's tile counters must be back at zero after every
-replay (a counter left behind would make the next replay's tiles finish early, with partial sums).
+"""The skinny matrix product (`helios.abi.triton_skinny.skinny_linear`, and `skinny_silu_linear`
+with the SiLU-mul in its epilogue) on CUDA where the table names a tile: ``F.linear``'s result on
+the CPU (within bfloat16 rounding), no synchronisation, and inside a replayed CUDA graph, where the
+split reduction's tile counters must be back at zero after every replay (a counter left behind
+would make the next replay's tiles finish early, with partial sums).
 """
 
 from __future__ import annotations
@@ -64,3 +65,21 @@ def test_skinny_linear_in_a_graph(case, monkeypatch):
         replayed.append(output.clone())
     assert torch.equal(replayed[1], replayed[2]), "the same inputs gave other bits"
     assert not triton_skinny._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
+
+
+def test_skinny_silu_linear_in_a_graph():
+    """The committed gate/up tile with the SiLU-mul fused: the two ops' result on the CPU."""
+    from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
+
+    rows, num_out, depth = 64, 28672, 4096
+    assert gemv_tiles.skinny_tile(rows, num_out, depth, torch.bfloat16) is not None
+    two_ops = lambda inputs: torch.ops.helios.silu_mul(F.linear(**inputs))  # noqa: E731
+    make = lambda seed: _inputs(rows, num_out, depth, seed)  # noqa: E731
+    _compare(triton_skinny.skinny_silu_linear(**to_cuda(make(0))), two_ops(make(0)))
+    static = to_cuda(make(1))
+    graph, output = capture(lambda: triton_skinny.skinny_silu_linear(**static))
+    fresh = make(2)
+    load(static, fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    _compare(output, two_ops(fresh))

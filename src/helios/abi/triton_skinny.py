@@ -19,6 +19,14 @@ allocated outside any graph capture: the graphs' warm-up runs come first).
 
 `skinny_linear` computes ``F.linear`` for any input: rows past the tile, another device, dtype,
 layout or shape go to ``F.linear`` itself, so a graph bound to it stays exact for every call.
+
+`skinny_silu_linear` is ``helios::silu_mul(F.linear(x, W))`` for the MLP's fused gate/up weight
+(W [2F, K]: the gate's F rows, then the up's) in one launch: each program computes the same W rows
+the gate/up tile's program would (block_n of them: block_n / 2 gate rows and the up rows F further
+on), rounds both products to the output dtype as the projection's output is rounded, and applies
+the SiLU-mul in its epilogue with ``silu_mul``'s own arithmetic (`helios.abi.triton_fused`), so the
+[M, 2F] product is never written or read back and the SiLU-mul's launch goes. Capture binds it where
+a tabled gate/up projection's only reader is the SiLU-mul (`helios.runtime.loading.gemv_calls`).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import triton.language as tl
 from helios.abi.gemv_tiles import SkinnyTile, skinny_tile
 from helios.abi.triton_paged import on_device
 
-__all__ = ["skinny", "skinny_linear", "skinny_fits"]
+__all__ = ["skinny", "skinny_fits", "skinny_linear", "skinny_silu", "skinny_silu_linear"]
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
@@ -82,6 +90,37 @@ def _skinny_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, ro
             tl.atomic_xchg(counter_ptr + tile, 0)
 
 
+@triton.jit
+def _skinny_silu_kernel(x_ptr, w_ptr, out_ptr, rows, width, depth, stride_xm, stride_wn, stride_om,
+                        BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[m, f] = silu_mul of (x @ W^T)[m, f] and [m, width + f] over this program's BLOCK_F
+    features f (W rows f and width + f), each product rounded to the output dtype first."""
+    pid_f = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    fs = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    m_ok = ms < rows
+    ks = tl.arange(0, BLOCK_K)
+    x_at = x_ptr + ms[:, None].to(tl.int64) * stride_xm + ks[None, :]
+    gate_at = w_ptr + fs[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    up_at = gate_at + width.to(tl.int64) * stride_wn
+    gate = tl.zeros((BLOCK_M, BLOCK_F), tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_F), tl.float32)
+    for _ in range(0, depth, BLOCK_K):  # the host checks that BLOCK_K divides depth
+        a = tl.load(x_at, mask=m_ok[:, None], other=0.0)
+        gate = tl.dot(a, tl.load(gate_at), gate)
+        up = tl.dot(a, tl.load(up_at), up)
+        x_at += BLOCK_K
+        gate_at += BLOCK_K
+        up_at += BLOCK_K
+    kind = out_ptr.dtype.element_ty
+    gate = gate.to(kind).to(tl.float32)  # the projection's output, as `silu_mul` reads it
+    up = up.to(kind).to(tl.float32)
+    activated = (gate / (1.0 + tl.exp(-gate))).to(kind)  # silu, rounded like torch's
+    tl.store(out_ptr + ms[:, None].to(tl.int64) * stride_om + fs[None, :],
+             (activated.to(tl.float32) * up).to(kind), mask=m_ok[:, None])
+
+
 def skinny_fits(rows: int, num_out: int, depth: int, tile: SkinnyTile) -> bool:
     """Whether the kernel takes these shapes with `tile`: whole BLOCK_N column blocks and whole
     BLOCK_K steps in every split."""
@@ -115,6 +154,50 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, til
             BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
             num_stages=tile.num_stages)
     return out.reshape(*x.shape[:-1], num_out)
+
+
+def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile) -> torch.Tensor:
+    """``silu_mul(F.linear(x, weight))`` in one launch, for x [..., K] and a contiguous-row gate/up
+    weight [2F, K] whose shapes fit `tile` (the gate/up projection's tile, unsplit; ValueError
+    otherwise): each program reads the tile's block_n rows of W, block_n / 2 of the gate's and as
+    many of the up's."""
+    depth, width = x.shape[-1], weight.shape[0] // 2
+    flat = x.reshape(-1, depth)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows = flat.shape[0]
+    if not silu_fits(rows, weight.shape[0], depth, tile):
+        raise ValueError(f"skinny_silu: {rows} x {depth} @ {weight.shape[0]} x {depth} does not fit tile {tile.label}")
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    out = torch.empty((rows, width), dtype=x.dtype, device=x.device)
+    block_f = tile.block_n // 2
+    with on_device(x):
+        _skinny_silu_kernel[(width // block_f, triton.cdiv(rows, tile.block_m))](
+            flat, weight, out, rows, width, depth, flat.stride(0), weight.stride(0), out.stride(0),
+            BLOCK_M=tile.block_m, BLOCK_F=block_f, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+            num_stages=tile.num_stages)
+    return out.reshape(*x.shape[:-1], width)
+
+
+def silu_fits(rows: int, num_out: int, depth: int, tile: SkinnyTile) -> bool:
+    """Whether `skinny_silu` takes a gate/up weight of `num_out` rows with `tile`: an even row count,
+    halves of whole block_n / 2 (at least 16) feature blocks, an unsplit reduction of whole steps."""
+    block_f = tile.block_n // 2
+    return (rows >= 1 and tile.split_k == 1 and num_out % 2 == 0 and block_f >= 16
+            and (num_out // 2) % block_f == 0 and depth % tile.block_k == 0)
+
+
+def skinny_silu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``helios::silu_mul(F.linear(x, weight))``: by `skinny_silu` where `skinny_tile` names a tile
+    for the projection's shapes that `silu_fits` (on a CUDA device, or under the interpreter), else
+    by the two ops themselves."""
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
+    tile = skinny_tile(rows, weight.shape[0], weight.shape[-1], weight.dtype) if weight.dim() == 2 else None
+    runnable = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if (tile is None or not runnable or x.dtype != weight.dtype or x.dim() != 2
+            or not silu_fits(rows, weight.shape[0], weight.shape[-1], tile)):
+        return torch.ops.helios.silu_mul(F.linear(x, weight))
+    return skinny_silu(x, weight, tile)
 
 
 def _counters(device: torch.device, count: int) -> torch.Tensor:

@@ -5,7 +5,10 @@ a call's static shapes (rows, out and in features, weight dtype: committed table
 device), `bind_gemv` points the call at `helios.abi.triton_gemv.gemv_linear` (one row: `gemv_tile`)
 or `helios.abi.triton_skinny.skinny_linear` (more rows: `skinny_tile`), which compute the same
 product (float32 sums) and fall back to ``F.linear`` for any other input. A kernel's module (and
-triton) is imported only when a call has a tile: the tables are read without it. Shapes come from
+triton) is imported only when a call has a tile: the tables are read without it. A skinny call whose
+only reader is ``helios::silu_mul`` (the MLP's gate/up projection) becomes one
+`helios.abi.triton_skinny.skinny_silu_linear` call (the SiLU-mul in the product's epilogue) where
+its tile allows it (`silu_fits`). Shapes come from
 the nodes' static meta tensors (what a loaded program's graph records); a call whose shapes are not
 all static keeps cuBLAS. The choice is made
 once, when `helios.runtime.loading.cuda_graphs` captures the program; nothing is decided while
@@ -26,9 +29,10 @@ __all__ = ["bind_gemv", "gemv_module"]
 _LINEAR = torch.ops.aten.linear.default
 
 
-def bind_gemv(graph: torch.fx.Graph) -> int:
+def bind_gemv(graph: torch.fx.Graph, fuse_silu: bool = True) -> int:
     """Points every ``aten.linear`` call whose static shapes have a tile at `gemv_linear` or
-    `skinny_linear`; returns how many. The caller recompiles the graph's module."""
+    `skinny_linear` (and, with `fuse_silu`, a skinny gate/up call and its SiLU-mul at
+    `skinny_silu_linear`); returns how many projections. The caller recompiles the graph's module."""
     tiled = [(node, kind) for node in graph.nodes if (kind := _tiled(node))]
     for node, kind in tiled:  # the kernels' modules import triton: only where a call has a tile
         if kind == "gemv":
@@ -36,7 +40,32 @@ def bind_gemv(graph: torch.fx.Graph) -> int:
         else:
             from helios.abi.triton_skinny import skinny_linear as target
         node.target = target
+        if kind == "skinny" and fuse_silu:
+            _fuse_silu_mul(graph, node)
     return len(tiled)
+
+
+def _fuse_silu_mul(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Replaces ``silu_mul(node)`` by one `skinny_silu_linear` call where the skinny projection
+    `node` (no bias) is read by that call alone and its tile fits the fused kernel."""
+    from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
+    from helios.abi.triton_skinny import silu_fits, skinny_silu_linear
+
+    users = list(node.users)
+    if len(node.args) != 2 or node.kwargs or len(users) != 1:
+        return
+    silu = users[0]
+    silu_mul = torch.ops.helios.silu_mul.default
+    if silu.op != "call_function" or silu.target is not silu_mul or silu.kwargs or silu.args != (node,):
+        return
+    x, weight = (_static(arg) for arg in node.args)
+    rows = math.prod(x.shape[:-1])
+    tile = skinny_tile(rows, weight.shape[0], weight.shape[1], weight.dtype)
+    if x.dim() != 2 or tile is None or not silu_fits(rows, weight.shape[0], weight.shape[1], tile):
+        return
+    silu.target = skinny_silu_linear
+    silu.args = node.args
+    graph.erase_node(node)
 
 
 def gemv_module(module):
