@@ -10,25 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import test_triton_attention as base  # enables the interpreter on machines without CUDA first
+import test_triton_attention  # noqa: F401  (enables the interpreter on machines without CUDA first)
+from test_triton_gemv import _expected, _exported, _inputs, _targets  # the GEMV tests' inputs and graphs
 from helios.abi import gemv_tiles
 from helios.abi import triton_skinny
 from helios.abi.gemv_tiles import GemvTile, SkinnyTile
 from helios.runtime.loading.gemv_calls import bind_gemv, gemv_module
-
-DEVICE = base.DEVICE
-
-
-def _inputs(rows: int, num_out: int, depth: int, dtype=torch.bfloat16, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, depth, generator=generator).to(dtype)
-    w = (0.05 * torch.randn(num_out, depth, generator=generator)).to(dtype)
-    bias = torch.randn(num_out, generator=generator).to(dtype)
-    return x.to(DEVICE), w.to(DEVICE), bias.to(DEVICE)
-
-
-def _expected(x, w, bias=None):
-    return F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 @pytest.mark.parametrize("rows, num_out, depth, tile", [
@@ -118,22 +105,6 @@ def test_table_rules(monkeypatch):
     for text in ("64x64x128", "64x64/1w4s4", "8x64x128/1w4s4", "64x64x128/0w4s4"):
         with pytest.raises(ValueError, match="skinny tile"):
             SkinnyTile.parse(text)
-
-
-class _Projections(torch.nn.Module):
-    def forward(self, x, qkv, out, mlp):
-        return F.linear(F.linear(x, qkv)[..., :64], out), F.linear(x, mlp)
-
-
-def _exported(rows: int):
-    x, qkv, _ = _inputs(rows, 96, 64)
-    weights = (qkv, _inputs(1, 48, 64)[1], _inputs(1, 80, 64)[1])
-    module = torch.export.export(_Projections(), (x.unsqueeze(0), *weights), strict=False).module()
-    return module, (x.unsqueeze(0), *weights)
-
-
-def _targets(module) -> list:
-    return [node.target for node in module.graph.nodes if node.op == "call_function"]
 
 
 def test_capture_binds_the_tabled_projections_of_several_rows(monkeypatch):
