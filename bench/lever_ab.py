@@ -196,7 +196,7 @@ _KINDS = (  # kernel-name fragments -> kind, first match wins (attention first: 
     # may carry "xmma" in their names)
     ("attention", ("_decode_kernel", "_combine_kernel", "_prefill_kernel", "paged_attention", "sdpa", "fmha",
                    "flash_fwd", "fresh_attention", "_zero_outside_rows")),
-    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear", "_skinny_kernel")),
+    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "aten::mm", "aten::linear", "_skinny")),
     ("fused norm/rotary/SiLU", ("_rms_norm_kernel", "_rotary_cache_write_kernel", "_silu_mul_kernel",
                                 "rms_norm", "rotary_cache_write", "silu_mul")),
     ("sampling", ("_greedy_", "sort", "scan", "cumsum", "helios::sample")),
