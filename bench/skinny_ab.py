@@ -70,9 +70,10 @@ def skinny_ab(rows_list, layers: int, log, copies: int = 6) -> tuple[list[dict],
             step["cublas"] += layers * row["cublas_ms"]
             step["best"] += layers * min(row["cublas_ms"], row["best_ms"])
             if row["best_ms"] < ADOPT_BELOW * row["cublas_ms"]:
-                adopted.append({"rows": rows, "out": num_out, "in": depth, "tile": row["best_tile"],
+                bucket = 1 << (rows - 1).bit_length()  # the table's key: the rows' power-of-two bucket
+                adopted.append({"rows": bucket, "out": num_out, "in": depth, "tile": row["best_tile"],
                                 "speedup": row["cublas_ms"] / row["best_ms"], "shape": name})
-                log(f"adopt SKINNY_TILES[({rows}, {num_out}, {depth})] = SkinnyTile.parse({row['best_tile']!r})  "
+                log(f"adopt SKINNY_TILES[({bucket}, {num_out}, {depth})] = SkinnyTile.parse({row['best_tile']!r})  "
                     f"# {name}, {row['cublas_ms'] / row['best_ms']:.2f}x cuBLAS at {rows} rows")
         log(f"SKINNY R={rows}, {layers} layers: cuBLAS {step['cublas']:.3f} ms, best of each {step['best']:.3f} ms "
             "per step")

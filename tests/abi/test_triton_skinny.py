@@ -129,8 +129,9 @@ def test_capture_binds_the_tabled_projections_of_several_rows(monkeypatch):
 
 @pytest.mark.parametrize("rows, tile", [(5, "16x32x32/1w4s2"), (20, "16x64x64/1w4s3")], ids=["one-block", "two-blocks"])
 def test_skinny_silu_matches_the_projection_then_silu_mul(rows, tile):
-    """The SiLU-mul in the product's epilogue: the two ops' result (each product rounded to bfloat16
-    first, as the projection's output is)."""
+    """The SiLU-mul in the product's epilogue: the two ops' result, within bfloat16 rounding (each
+    product is rounded first, as the projection's output is; a tolerance cannot tell that rounding
+    apart: the compiled kernels' GPU test compares against the two ops at 8B shapes too)."""
     x, w, _ = _inputs(rows, 2 * 96, 128)
     got = triton_skinny.skinny_silu(x, w, SkinnyTile.parse(tile))
     expected = torch.ops.helios.silu_mul(_expected(x, w).cpu())
@@ -167,8 +168,63 @@ def test_capture_fuses_the_silu_mul_into_a_tabled_gate_up_projection(monkeypatch
 
 
 def test_skinny_silu_linear_falls_back_to_the_two_ops(monkeypatch):
+    """No tile, a tile the fused kernel does not take (a split reduction): the two ops themselves, bit
+    for bit; three-dimensional x: the two ops too, whose SiLU-mul refuses it."""
     from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
+    from helios.abi.registry import AbiArgumentError
 
     x, w, _ = _inputs(8, 2 * 64, 64)
-    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {})
-    assert torch.equal(triton_skinny.skinny_silu_linear(x, w), torch.ops.helios.silu_mul(F.linear(x, w)))
+    launched = []
+    monkeypatch.setattr(triton_skinny, "skinny_silu", lambda *a: launched.append(a) or None)
+    two_ops = torch.ops.helios.silu_mul(F.linear(x, w))
+    for table in ({}, {(8, 128, 64): SkinnyTile.parse("16x32x32/2w4s2")}):
+        monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", table)
+        assert torch.equal(triton_skinny.skinny_silu_linear(x, w), two_ops)
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 128, 64): SkinnyTile.parse("16x32x32/1w4s2")})
+    with pytest.raises(AbiArgumentError, match="gate_up must be"):
+        triton_skinny.skinny_silu_linear(x.unsqueeze(0), w)
+    assert not launched
+    triton_skinny.skinny_silu_linear(x, w)
+    assert len(launched) == 1
+
+
+def test_operands_that_do_not_agree_are_refused_or_left_to_linear(monkeypatch):
+    """A tabled shape with an x of another width, a bias of another length or dtype: the kernels
+    refuse them (ValueError), `skinny_linear` leaves them to ``F.linear`` (which raises its own)."""
+    x, w, bias = _inputs(8, 32, 64)
+    tile = SkinnyTile.parse("16x16x32/1w4s2")
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 32, 64): tile, (8, 32, 32): tile})
+    for args in ((x[:, :32], w, None), (x, w, bias[:16]), (x, w, bias.float())):
+        with pytest.raises(ValueError, match="do not agree"):
+            triton_skinny.skinny(*args, tile)
+        with pytest.raises(RuntimeError):
+            triton_skinny.skinny_linear(*args)
+    with pytest.raises(ValueError, match="do not agree"):
+        triton_skinny.skinny_silu(x[:, :32], w, SkinnyTile.parse("16x32x32/1w4s2"))
+
+
+def test_counters_grown_keep_the_old_set_alive(monkeypatch):
+    """A graph captured with the smaller set keeps its address: the set is never freed."""
+    monkeypatch.setattr(triton_skinny, "_COUNTERS", {})
+    monkeypatch.setattr(triton_skinny, "_OUTGROWN", [])
+    first = triton_skinny._counters(torch.device("cpu"), 8)
+    grown = triton_skinny._counters(torch.device("cpu"), 4096)
+    assert grown.numel() >= 4096 and not grown.any() and triton_skinny._OUTGROWN == [first]
+    assert triton_skinny._counters(torch.device("cpu"), 16) is grown
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x, gate_up, bias):
+        product = F.linear(x, gate_up)
+        return torch.ops.helios.silu_mul(product), product, torch.ops.helios.silu_mul(F.linear(x, gate_up, bias))
+
+
+def test_capture_fuses_no_product_that_has_another_reader_or_a_bias(monkeypatch):
+    from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
+
+    x, gate_up, bias = _inputs(8, 2 * 64, 64)
+    module = torch.export.export(_Twice(), (x, gate_up, bias), strict=False).module()
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 128, 64): SkinnyTile.parse("16x32x32/1w4s2")})
+    targets = _targets(gemv_module(module))
+    assert triton_skinny.skinny_silu_linear not in targets
+    assert targets.count(triton_skinny.skinny_linear) == 2 and targets.count(torch.ops.helios.silu_mul.default) == 2

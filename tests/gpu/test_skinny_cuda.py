@@ -64,7 +64,8 @@ def test_skinny_linear_in_a_graph(case, monkeypatch):
         _compare(output, F.linear(**fresh))
         replayed.append(output.clone())
     assert torch.equal(replayed[1], replayed[2]), "the same inputs gave other bits"
-    assert not triton_skinny._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
+    if (tile or gemv_tiles.skinny_tile(rows, num_out, depth, torch.bfloat16)).split_k > 1:
+        assert not triton_skinny._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
 
 
 def test_skinny_silu_linear_in_a_graph():

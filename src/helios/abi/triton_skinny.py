@@ -44,6 +44,7 @@ from helios.abi.triton_paged import on_device
 __all__ = ["skinny", "skinny_fits", "skinny_linear", "skinny_silu", "skinny_silu_linear"]
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # counters replaced by larger ones: graphs captured before may read them
 
 
 @triton.jit
@@ -79,6 +80,7 @@ def _skinny_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, ro
         offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         partials = partial_ptr + tile.to(tl.int64) * SPLIT_K * tile_size
         tl.store(partials + split * tile_size + offsets, acc)
+        tl.debug_barrier()  # every thread's partials stored before the (one-thread) release below
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:  # the last: every other split's partials are visible now
             total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -135,6 +137,7 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, til
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     rows = flat.shape[0]
+    _check_operands("skinny", x, weight, bias)
     if not skinny_fits(rows, num_out, depth, tile):
         raise ValueError(f"skinny: {rows} x {depth} @ {num_out} x {depth} does not fit tile {tile.label}")
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
@@ -156,6 +159,22 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, til
     return out.reshape(*x.shape[:-1], num_out)
 
 
+def _check_operands(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """ValueError unless x [..., K], weight [N, K] and bias [N] (or None) agree in shape, device and dtype."""
+    if not _operands_agree(x, weight, bias):
+        raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype} on {x.device}, weight {tuple(weight.shape)} "
+                         f"{weight.dtype} on {weight.device} and bias "
+                         f"{None if bias is None else (tuple(bias.shape), bias.dtype)} do not agree")
+
+
+def _operands_agree(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    matrix = (x.dim() >= 1 and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and x.dtype == weight.dtype
+              and x.device == weight.device)
+    if bias is None or not matrix:
+        return matrix
+    return bias.shape == (weight.shape[0],) and bias.dtype == x.dtype and bias.device == x.device and bias.stride(0) == 1
+
+
 def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile) -> torch.Tensor:
     """``silu_mul(F.linear(x, weight))`` in one launch, for x [..., K] and a contiguous-row gate/up
     weight [2F, K] whose shapes fit `tile` (the gate/up projection's tile, unsplit; ValueError
@@ -166,6 +185,7 @@ def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile) -> torc
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     rows = flat.shape[0]
+    _check_operands("skinny_silu", x, weight, None)
     if not silu_fits(rows, weight.shape[0], depth, tile):
         raise ValueError(f"skinny_silu: {rows} x {depth} @ {weight.shape[0]} x {depth} does not fit tile {tile.label}")
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
@@ -194,7 +214,7 @@ def skinny_silu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
     tile = skinny_tile(rows, weight.shape[0], weight.shape[-1], weight.dtype) if weight.dim() == 2 else None
     runnable = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    if (tile is None or not runnable or x.dtype != weight.dtype or x.dim() != 2
+    if (tile is None or not runnable or x.dim() != 2 or not _operands_agree(x, weight, None)
             or not silu_fits(rows, weight.shape[0], weight.shape[-1], tile)):
         return torch.ops.helios.silu_mul(F.linear(x, weight))
     return skinny_silu(x, weight, tile)
@@ -202,11 +222,14 @@ def skinny_silu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _counters(device: torch.device, count: int) -> torch.Tensor:
     """At least `count` int32 tile counters on `device`, all zero between calls (each call's last
-    programs reset theirs). Made, or grown, only outside a CUDA graph capture."""
+    programs reset theirs). Made, or grown, only outside a CUDA graph capture; a grown set replaces
+    the device's set for later calls, and the old one is kept alive for the graphs that hold it."""
     counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < count:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("skinny: tile counters are made by an uncaptured call first (a graph's warm-up)")
+        if counters is not None:  # never freed: a graph captured with it keeps its address
+            _OUTGROWN.append(counters)
         counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
         _COUNTERS[device] = counters
     return counters
@@ -218,7 +241,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
     tile = skinny_tile(rows, weight.shape[0], weight.shape[-1], weight.dtype) if weight.dim() == 2 else None
     runnable = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    if (tile is None or not runnable or x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype)
+    if (tile is None or not runnable or not _operands_agree(x, weight, bias)
             or not skinny_fits(rows, weight.shape[0], weight.shape[-1], tile)):
-        return F.linear(x, weight, bias)
+        return F.linear(x, weight, bias)  # its own errors for operands that do not agree
     return skinny(x, weight, bias, tile)
