@@ -172,7 +172,8 @@ def _operands_agree(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
               and x.device == weight.device)
     if bias is None or not matrix:
         return matrix
-    return bias.shape == (weight.shape[0],) and bias.dtype == x.dtype and bias.device == x.device and bias.stride(0) == 1
+    return (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype and bias.device == x.device
+            and bias.stride(0) == 1)
 
 
 def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile) -> torch.Tensor:
