@@ -70,13 +70,19 @@ def _shape_row(rows: int, name: str, num_out: int, depth: int, tiles, copies: in
             log(f"GEMV R={rows} {name} tile {tile.label}: {type(error).__name__}: {str(error)[:100]}")
             continue
         row["tiles"][tile.label] = ours
-    best = min(row["tiles"].items(), key=lambda item: item[1], default=("-", float("inf")))
+    best, swept = fastest(row["tiles"])
     row.update(best_tile=best[0], best_ms=best[1], triton_ms=best[1], triton_gbs=gbs(best[1] * copies))
-    swept = ", ".join(f"{label} {ms:.4f}" for label, ms in sorted(row["tiles"].items(), key=lambda item: item[1]))
     log(f"GEMV R={rows} {name} {num_out}x{depth}: cuBLAS {theirs:.4f} ms ({gbs(theirs * copies):.0f} GB/s), "
         f"best Triton {best[0]} {best[1]:.4f} ms ({row['triton_gbs']:.0f} GB/s); tiles: {swept}")
     del weights
     return row
+
+
+def fastest(tiles: dict[str, float], listed: int | None = None) -> tuple[tuple[str, float], str]:
+    """((label, ms) of the fastest tile, or ("-", inf)), and the first `listed` tiles, fastest first."""
+    ranked = sorted(tiles.items(), key=lambda item: item[1])
+    swept = ", ".join(f"{label} {ms:.4f}" for label, ms in ranked[:listed])
+    return (ranked[0] if ranked else ("-", float("inf"))), swept
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gemv_ab import fastest  # noqa: E402
 from lever_ab import graph_ms  # noqa: E402
 
 from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
@@ -99,9 +100,8 @@ def _shape_row(rows: int, name: str, num_out: int, depth: int, copies: int, log)
             log(f"SKINNY R={rows} {name} tile {tile.label}: {type(error).__name__}: {str(error)[:160]}")
             continue
         row["tiles"][tile.label] = ours
-    best = min(row["tiles"].items(), key=lambda item: item[1], default=("-", float("inf")))
+    best, swept = fastest(row["tiles"], listed=6)
     row.update(best_tile=best[0], best_ms=best[1])
-    swept = ", ".join(f"{label} {ms:.4f}" for label, ms in sorted(row["tiles"].items(), key=lambda item: item[1])[:6])
     log(f"SKINNY R={rows} {name} {num_out}x{depth}: cuBLAS {theirs:.4f} ms ({gbs(theirs):.0f} GB/s), best Triton "
         f"{best[0]} {best[1]:.4f} ms ({gbs(best[1]):.0f} GB/s); {len(row['tiles'])} tiles in "
         f"{time.perf_counter() - started:.0f} s, fastest: {swept}")
