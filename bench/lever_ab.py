@@ -295,6 +295,9 @@ def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list
     against each other's, and each side's logits of one step from the same state against the first's."""
     results = []
     for program in (p for p in decode_programs(model) if p.batch_capacity in rows_list):
+        if not isinstance(program.module, CapturedProgram):
+            log(f"{label} decode step R={program.batch_capacity}: not a captured CUDA program (a CUDA load A/Bs it)")
+            continue
         arguments = program_arguments(program, model.weights, model.buffers)
         modules, note = make_sides(program)
         times = {side: [] for side in modules}
