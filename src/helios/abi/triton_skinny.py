@@ -133,14 +133,10 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, til
     """``F.linear(x, weight, bias)`` by the Triton kernel, for x [..., K] and a contiguous-row weight
     [N, K] whose shapes `skinny_fits` the tile (ValueError otherwise)."""
     depth, num_out = x.shape[-1], weight.shape[0]
-    flat = x.reshape(-1, depth)
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
+    flat, weight = _operands("skinny", x, weight, bias)
     rows = flat.shape[0]
-    _check_operands("skinny", x, weight, bias)
     if not skinny_fits(rows, num_out, depth, tile):
         raise ValueError(f"skinny: {rows} x {depth} @ {num_out} x {depth} does not fit tile {tile.label}")
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     out = torch.empty((rows, num_out), dtype=x.dtype, device=x.device)
     grid = (num_out // tile.block_n, triton.cdiv(rows, tile.block_m), tile.split_k)
     tiles = grid[0] * grid[1]
@@ -159,12 +155,16 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, til
     return out.reshape(*x.shape[:-1], num_out)
 
 
-def _check_operands(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """ValueError unless x [..., K], weight [N, K] and bias [N] (or None) agree in shape, device and dtype."""
+def _operands(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """(x as [rows, K] with unit stride along K, weight with contiguous rows); ValueError unless x
+    [..., K], weight [N, K] and bias [N] (or None) agree in shape, device and dtype."""
     if not _operands_agree(x, weight, bias):
         raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype} on {x.device}, weight {tuple(weight.shape)} "
                          f"{weight.dtype} on {weight.device} and bias "
                          f"{None if bias is None else (tuple(bias.shape), bias.dtype)} do not agree")
+    flat = x.reshape(-1, x.shape[-1])
+    return (flat if flat.stride(-1) == 1 else flat.contiguous(),
+            weight if weight.stride(-1) == 1 else weight.contiguous())
 
 
 def _operands_agree(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -182,14 +182,10 @@ def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile) -> torc
     otherwise): each program reads the tile's block_n rows of W, block_n / 2 of the gate's and as
     many of the up's."""
     depth, width = x.shape[-1], weight.shape[0] // 2
-    flat = x.reshape(-1, depth)
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
+    flat, weight = _operands("skinny_silu", x, weight, None)
     rows = flat.shape[0]
-    _check_operands("skinny_silu", x, weight, None)
     if not silu_fits(rows, weight.shape[0], depth, tile):
         raise ValueError(f"skinny_silu: {rows} x {depth} @ {weight.shape[0]} x {depth} does not fit tile {tile.label}")
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     out = torch.empty((rows, width), dtype=x.dtype, device=x.device)
     block_f = tile.block_n // 2
     with on_device(x):
@@ -212,11 +208,8 @@ def skinny_silu_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``helios::silu_mul(F.linear(x, weight))``: by `skinny_silu` where `skinny_tile` names a tile
     for the projection's shapes that `silu_fits` (on a CUDA device, or under the interpreter), else
     by the two ops themselves."""
-    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-    tile = skinny_tile(rows, weight.shape[0], weight.shape[-1], weight.dtype) if weight.dim() == 2 else None
-    runnable = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    if (tile is None or not runnable or x.dim() != 2 or not _operands_agree(x, weight, None)
-            or not silu_fits(rows, weight.shape[0], weight.shape[-1], tile)):
+    tile = _table_tile(x, weight, None, silu_fits) if x.dim() == 2 else None
+    if tile is None:
         return torch.ops.helios.silu_mul(F.linear(x, weight))
     return skinny_silu(x, weight, tile)
 
@@ -239,10 +232,17 @@ def _counters(device: torch.device, count: int) -> torch.Tensor:
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` with the table's choice: the Triton kernel where `skinny_tile` names a tile for
     these shapes on a CUDA device (or under the interpreter), else ``F.linear`` itself."""
-    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-    tile = skinny_tile(rows, weight.shape[0], weight.shape[-1], weight.dtype) if weight.dim() == 2 else None
-    runnable = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    if (tile is None or not runnable or not _operands_agree(x, weight, bias)
-            or not skinny_fits(rows, weight.shape[0], weight.shape[-1], tile)):
+    tile = _table_tile(x, weight, bias, skinny_fits)
+    if tile is None:
         return F.linear(x, weight, bias)  # its own errors for operands that do not agree
     return skinny(x, weight, bias, tile)
+
+
+def _table_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fits) -> SkinnyTile | None:
+    """The table's tile for these operands where the kernel can run it (a CUDA device, or the
+    interpreter), the operands agree and `fits(rows, out, in, tile)`; else None."""
+    if not _operands_agree(x, weight, bias) or not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    rows = x.numel() // max(x.shape[-1], 1)
+    tile = skinny_tile(rows, weight.shape[0], weight.shape[1], weight.dtype)
+    return tile if tile is not None and fits(rows, weight.shape[0], weight.shape[1], tile) else None

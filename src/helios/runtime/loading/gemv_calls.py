@@ -4,13 +4,12 @@ A program's ``aten.linear`` calls run cuBLAS. Where `helios.abi.gemv_tiles` name
 a call's static shapes (rows, out and in features, weight dtype: committed tables measured on the
 device), `bind_gemv` points the call at `helios.abi.triton_gemv.gemv_linear` (one row: `gemv_tile`)
 or `helios.abi.triton_skinny.skinny_linear` (more rows: `skinny_tile`), which compute the same
-product (float32 sums) and fall back to ``F.linear`` for any other input. A kernel's module (and
-triton) is imported only when a call has a tile: the tables are read without it. A skinny call whose
-only reader is ``helios::silu_mul`` (the MLP's gate/up projection) becomes one
+product (float32 sums) and fall back to ``F.linear`` for any other input. A skinny call whose only
+reader is ``helios::silu_mul`` (the MLP's gate/up projection) becomes one
 `helios.abi.triton_skinny.skinny_silu_linear` call (the SiLU-mul in the product's epilogue) where
-its tile allows it (`silu_fits`). Shapes come from
-the nodes' static meta tensors (what a loaded program's graph records); a call whose shapes are not
-all static keeps cuBLAS. The choice is made
+its tile allows it (`silu_fits`). A kernel's module (and triton) is imported only when a call has a
+tile: the tables are read without it. Shapes come from the nodes' static meta tensors (what a loaded
+program's graph records); a call whose shapes are not all static keeps cuBLAS. The choice is made
 once, when `helios.runtime.loading.cuda_graphs` captures the program; nothing is decided while
 serving.
 """
