@@ -154,7 +154,7 @@ def main() -> None:
                         help="serve with these entries added to `gemv_tiles.SKINNY_TILES` (the JSON that "
                              "`bench/skinny_ab.py --json` writes), and A/B the whole decode step with them")
     parser.add_argument("--levers",
-                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab",
+                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab",
                         help="the lever parts run after the table, comma-separated")
     args = parser.parse_args()
     if args.skinny_table is not None:
@@ -322,7 +322,8 @@ def levers(model, shape, results: dict, device, args) -> None:
              ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]),
              ("gemv_ab", lambda: _gemv_ab(shape, device)),
              ("skinny_program_ab", lambda: lever_ab.skinny_program_ab(model, {64, 256} if not smoke else {2}, log)),
-             ("runs_program_ab", lambda: lever_ab.runs_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)))
+             ("runs_program_ab", lambda: lever_ab.runs_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
+             ("pdl_program_ab", lambda: lever_ab.pdl_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)))
     wanted = set(args.levers.split(","))
     for name, part in parts:
         if name not in wanted or (name == "skinny_program_ab" and not gemv_tiles.SKINNY_TILES):

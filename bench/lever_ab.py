@@ -289,6 +289,37 @@ def runs_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     return _step_ab(model, rows_list, sides, "runs", log, rounds)
 
 
+class _Launching(torch.nn.Module):
+    """`module` called with `helios.abi.dependent_launch.ENABLED` set to `enabled` (the kernels it
+    launches, or a graph captures from it, take programmatic dependent launch or not)."""
+
+    def __init__(self, module, enabled: bool):
+        super().__init__()
+        self.module, self.enabled = module, enabled
+
+    def forward(self, *arguments):
+        from helios.abi import dependent_launch
+
+        before, dependent_launch.ENABLED = dependent_launch.ENABLED, self.enabled
+        try:
+            return self.module(*arguments)
+        finally:
+            dependent_launch.ENABLED = before
+
+
+def pdl_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
+    """Whole greedy DECODE step device ms at each of `rows_list`: the greedy graph's module as
+    served with its Triton norm and skinny kernels launched without programmatic dependent launch
+    against with it (`helios.abi.dependent_launch`), alternated `rounds` times; the logits of both
+    from the same state (the same bits expected)."""
+
+    def sides(program):
+        served = program.module.eager_modules[1]  # the greedy graph's module
+        return {"off": _Launching(served, False), "pdl": _Launching(served, True)}, "dependent launch"
+
+    return _step_ab(model, rows_list, sides, "pdl", log, rounds)
+
+
 def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list[dict]:
     """Per DECODE program of `rows_list` rows: `make_sides(program)` -> ({side: module}, note); each
     side's median whole-step device ms over `rounds` alternated graph timings, the first side's

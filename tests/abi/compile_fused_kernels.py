@@ -1,5 +1,6 @@
 """Compile the fused decoder kernels, the greedy sampling kernels, the one-row matrix-vector
-kernel and the skinny matrix product for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas.
+kernel and the skinny matrix product for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas;
+the norm and skinny kernels also as programmatic dependent launch compiles them.
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
 rejects). Shapes of Llama-3.1-8B in bfloat16 and a float32 case, with the specialisation a launch
@@ -14,6 +15,7 @@ from triton.compiler import ASTSource
 from compile_attention_kernels import TARGET  # sm_90
 
 from helios.abi import triton_fused, triton_gemv, triton_sampling, triton_skinny
+from helios.abi.dependent_launch import PREFETCH_COLUMNS
 from helios.abi.gemv_tiles import GEMV_TILES, SKINNY_TILES, SkinnyTile
 
 
@@ -22,6 +24,8 @@ def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], 
     """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`; the
     integers named in `divisible` are multiples of 16, as a launch specialises them."""
     names = kernel.arg_names
+    defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    constants = {**defaults, **constants}  # constexpr parameters left at their defaults, as a launch does
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
     aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)
                if name not in constants and (signature[name].startswith("*") or name in divisible)}
@@ -34,9 +38,10 @@ def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], 
 def compile_fused(dtype: str) -> None:
     pointer = f"*{dtype}"
     for has_delta in (False, True):
-        compile_kernel(triton_fused._rms_norm_kernel,
-                       dict(x=pointer, delta=pointer, weight=pointer, summed=pointer, normed=pointer, eps="fp32"),
-                       dict(HAS_DELTA=has_delta, BLOCK_D=4096), num_warps=16)
+        for pdl in (False, True):  # with programmatic dependent launch too
+            compile_kernel(triton_fused._rms_norm_kernel,
+                           dict(x=pointer, delta=pointer, weight=pointer, summed=pointer, normed=pointer, eps="fp32"),
+                           dict(HAS_DELTA=has_delta, BLOCK_D=4096, PDL=pdl), num_warps=16, launch_pdl=pdl)
     compile_kernel(triton_fused._silu_mul_kernel, dict(gate_up=pointer, out=pointer), dict(BLOCK=1024), num_warps=4)
     compile_kernel(triton_fused._silu_mul_columns_kernel, dict(gate_up=pointer, out=pointer),
                    dict(BLOCK_R=triton_fused._COLUMNS_ROWS, BLOCK_C=triton_fused._COLUMNS_COLS), num_warps=8)
@@ -82,19 +87,23 @@ def compile_skinny() -> None:
     and the SiLU-mul epilogue's kernel for each tile it takes."""
     tiles = set(SKINNY_TILES.values()) | {SkinnyTile(), SkinnyTile.parse("64x32x256/4w4s4"),
                                            SkinnyTile.parse("128x128x64/1w8s4")}
+    launches = ((False, 0), (True, PREFETCH_COLUMNS))  # (programmatic dependent launch, prefetched columns)
     for tile in sorted(tiles, key=lambda t: t.label):
-        for has_bias in (False, True):
+        for (has_bias, (pdl, prefetch)) in ((False, launches[0]), (True, launches[0]), (False, launches[1])):
             compile_kernel(triton_skinny._skinny_kernel,
                            dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16", partial_ptr="*fp32",
                                 counter_ptr="*i32"),
                            dict(HAS_BIAS=has_bias, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                                SPLIT_K=tile.split_k), divisible=("span", "stride_xm", "stride_wn", "stride_om"),
-                           num_warps=tile.num_warps, num_stages=tile.num_stages)
+                                SPLIT_K=tile.split_k, PDL=pdl, PREFETCH=prefetch),
+                           divisible=("span", "stride_xm", "stride_wn", "stride_om"),
+                           num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
         if triton_skinny.silu_fits(tile.block_m, 2 * 14336, 4096, tile):  # the SiLU-mul in the epilogue
-            compile_kernel(triton_skinny._skinny_silu_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16"),
-                           dict(BLOCK_M=tile.block_m, BLOCK_F=tile.block_n // 2, BLOCK_K=tile.block_k),
-                           divisible=("width", "depth", "stride_xm", "stride_wn", "stride_om"),
-                           num_warps=tile.num_warps, num_stages=tile.num_stages)
+            for pdl, prefetch in launches:
+                compile_kernel(triton_skinny._skinny_silu_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16"),
+                               dict(BLOCK_M=tile.block_m, BLOCK_F=tile.block_n // 2, BLOCK_K=tile.block_k, PDL=pdl,
+                                    PREFETCH=prefetch),
+                               divisible=("width", "depth", "stride_xm", "stride_wn", "stride_om"),
+                               num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,49 @@ def test_skinny_silu_linear_in_a_graph():
     graph.replay()
     torch.cuda.synchronize()
     _compare(output, two_ops(fresh))
+
+
+def _layer_chain(hidden, weights):
+    """add + RMSNorm, the gate/up product with the SiLU-mul, the down product, per layer: each
+    kernel reads what the one before it wrote (a race under dependent launch would show here)."""
+    from helios.abi.triton_fused import triton_rms_norm
+
+    gate_up, down = (SkinnyTile.parse(label) for label in ("64x128x128/1w8s4", "64x32x128/1w4s6"))
+    delta = torch.zeros_like(hidden)
+    for norm, up_weight, down_weight in weights:
+        hidden, normed = triton_rms_norm(hidden, delta, norm, 1e-5)
+        delta = triton_skinny.skinny(triton_skinny.skinny_silu(normed, up_weight, gate_up), down_weight, None, down)
+    return hidden + delta
+
+
+def test_dependent_launch_keeps_the_bits(monkeypatch):
+    """The norm and skinny kernels launched with programmatic dependent launch (on this Hopper
+    device by default) give the bits they give without it, eagerly and in replayed graphs."""
+    from helios.abi import dependent_launch
+
+    assert dependent_launch.dependent_launch(torch.zeros(1, device="cuda"))
+    generator = torch.Generator().manual_seed(5)
+    width, hidden_width = 2048, 1024
+    weights = [(torch.ones(hidden_width, dtype=torch.bfloat16),
+                (torch.randn(2 * width, hidden_width, generator=generator) / hidden_width ** 0.5).to(torch.bfloat16),
+                (torch.randn(hidden_width, width, generator=generator) / width ** 0.5).to(torch.bfloat16))
+               for _ in range(6)]
+    weights = [tuple(t.cuda() for t in layer) for layer in weights]
+    initial = torch.randn(64, hidden_width, generator=generator).to(torch.bfloat16)
+    static = initial.cuda()
+    results = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(dependent_launch, "ENABLED", enabled)
+        eager = _layer_chain(static, weights)
+        graph, output = capture(lambda: _layer_chain(static, weights))
+        replays = []
+        for seed in (6, 7):
+            static.copy_(torch.randn(64, hidden_width, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16))
+            graph.replay()
+            replays.append(output.clone())
+        torch.cuda.synchronize()
+        results[enabled] = (eager, *replays)
+        static.copy_(initial)  # the next side's eager call and capture start from the same input
+    for without, with_pdl in zip(results[False], results[True]):
+        assert torch.equal(without, with_pdl)
+    assert not torch.equal(results[True][1], results[True][2])

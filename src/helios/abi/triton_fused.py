@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from helios.abi.dependent_launch import dependent_launch
+
 __all__ = ["triton_rms_norm", "triton_rotary_cache_write", "triton_silu_mul", "triton_zero_outside_rows"]
 
 _SILU_BLOCK = 1024
@@ -33,8 +35,11 @@ _ZERO_TOKENS, _ZERO_WIDTH = 16, 512  # a padding-zeroing program's [tokens, colu
 
 @triton.jit
 def _rms_norm_kernel(x, x_stride, delta, delta_stride, weight, summed, normed, width, eps,
-                     HAS_DELTA: tl.constexpr, BLOCK_D: tl.constexpr):
+                     HAS_DELTA: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
+    if PDL:  # under programmatic dependent launch: the next kernel may start; wait for the previous
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     cols = tl.arange(0, BLOCK_D)
     inside = cols < width
     values = tl.load(x + row * x_stride + cols, mask=inside, other=0.0)
@@ -50,8 +55,10 @@ def _rms_norm_kernel(x, x_stride, delta, delta_stride, weight, summed, normed, w
 
 
 def triton_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                    eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(x + delta or None, rms_norm of it) over the last dimension; x and weight of one dtype."""
+                    eps: float, *, pdl: bool | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(x + delta or None, rms_norm of it) over the last dimension; x and weight of one dtype.
+    `pdl` (default: where `helios.abi.dependent_launch` says) launches it with programmatic
+    dependent launch."""
     width = x.shape[-1]
     rows = x.reshape(-1, width)
     rows = rows if rows.stride(-1) == 1 else rows.contiguous()
@@ -63,10 +70,11 @@ def triton_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.T
         added = added if added.stride(-1) == 1 else added.contiguous()
     block = triton.next_power_of_2(width)
     warps = max(1, min(16, block // 256))
+    pdl = dependent_launch(x) if pdl is None else pdl
     _rms_norm_kernel[(rows.shape[0],)](
         rows, rows.stride(0), added, added.stride(0), weight.contiguous(),
         summed if summed is not None else normed, normed, width, eps,
-        HAS_DELTA=delta is not None, BLOCK_D=block, num_warps=warps,
+        HAS_DELTA=delta is not None, BLOCK_D=block, PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )
     return summed, normed
 

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from helios.abi import dependent_launch as pdl_launch
 from helios.abi.gemv_tiles import SkinnyTile, skinny_tile
 from helios.abi.triton_paged import on_device
 
@@ -48,9 +49,30 @@ _OUTGROWN: list[torch.Tensor] = []  # counters replaced by larger ones: graphs c
 
 
 @triton.jit
+def _prefetch_rows(w_ptr, rows, stride_wn, PREFETCH: tl.constexpr):
+    """Asks L2 for the first PREFETCH columns of W's `rows`, one request per 128-byte line, before
+    the previous kernel has finished (the weights are never written by it)."""
+    if PREFETCH > 0:
+        LINE: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
+        lines = tl.arange(0, PREFETCH // LINE) * LINE
+        at = w_ptr + rows[:, None].to(tl.int64) * stride_wn + lines[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def _await_previous():
+    """Under programmatic dependent launch: let the next kernel start, then wait until the previous
+    kernel's writes are visible (before this program reads x or writes anything)."""
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, rows, span,
                    stride_xm, stride_wn, stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                   PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) over this program's output tile; with
     SPLIT_K > 1 this program sums one K / SPLIT_K slice and the last of the tile's programs adds them."""
     pid_n = tl.program_id(0)
@@ -62,6 +84,9 @@ def _skinny_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, ro
     ks = split * span + tl.arange(0, BLOCK_K)  # span: depth / SPLIT_K, a multiple of BLOCK_K
     x_at = x_ptr + ms[:, None].to(tl.int64) * stride_xm + ks[None, :]
     w_at = w_ptr + ns[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BLOCK_K, BLOCK_N] of W^T
+    if PDL:
+        _prefetch_rows(w_ptr + split * span, ns, stride_wn, PREFETCH)
+        _await_previous()
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for _ in range(0, span, BLOCK_K):
         a = tl.load(x_at, mask=m_ok[:, None], other=0.0)
@@ -94,7 +119,8 @@ def _skinny_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, ro
 
 @triton.jit
 def _skinny_silu_kernel(x_ptr, w_ptr, out_ptr, rows, width, depth, stride_xm, stride_wn, stride_om,
-                        BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     """out[m, f] = silu_mul of (x @ W^T)[m, f] and [m, width + f] over this program's BLOCK_F
     features f (W rows f and width + f), each product rounded to the output dtype first."""
     pid_f = tl.program_id(0)
@@ -106,6 +132,10 @@ def _skinny_silu_kernel(x_ptr, w_ptr, out_ptr, rows, width, depth, stride_xm, st
     x_at = x_ptr + ms[:, None].to(tl.int64) * stride_xm + ks[None, :]
     gate_at = w_ptr + fs[None, :].to(tl.int64) * stride_wn + ks[:, None]
     up_at = gate_at + width.to(tl.int64) * stride_wn
+    if PDL:
+        _prefetch_rows(w_ptr, fs, stride_wn, PREFETCH)
+        _prefetch_rows(w_ptr + width.to(tl.int64) * stride_wn, fs, stride_wn, PREFETCH)
+        _await_previous()
     gate = tl.zeros((BLOCK_M, BLOCK_F), tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_F), tl.float32)
     for _ in range(0, depth, BLOCK_K):  # the host checks that BLOCK_K divides depth
@@ -129,15 +159,19 @@ def skinny_fits(rows: int, num_out: int, depth: int, tile: SkinnyTile) -> bool:
     return rows >= 1 and num_out % tile.block_n == 0 and depth % (tile.block_k * tile.split_k) == 0
 
 
-def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: SkinnyTile) -> torch.Tensor:
+def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: SkinnyTile, *,
+           pdl: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` by the Triton kernel, for x [..., K] and a contiguous-row weight
-    [N, K] whose shapes `skinny_fits` the tile (ValueError otherwise)."""
+    [N, K] whose shapes `skinny_fits` the tile (ValueError otherwise). `pdl` (default: where
+    `dependent_launch` says) launches it with programmatic dependent launch, its programs first
+    asking L2 for `prefetch` columns of their weight rows (default `PREFETCH_COLUMNS`)."""
     depth, num_out = x.shape[-1], weight.shape[0]
     flat, weight = _operands("skinny", x, weight, bias)
     rows = flat.shape[0]
     if not skinny_fits(rows, num_out, depth, tile):
         raise ValueError(f"skinny: {rows} x {depth} @ {num_out} x {depth} does not fit tile {tile.label}")
     out = torch.empty((rows, num_out), dtype=x.dtype, device=x.device)
+    pdl, prefetch = _dependent(flat, pdl, prefetch)
     grid = (num_out // tile.block_n, triton.cdiv(rows, tile.block_m), tile.split_k)
     tiles = grid[0] * grid[1]
     if tile.split_k > 1:
@@ -150,9 +184,16 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, til
         _skinny_kernel[grid](
             flat, weight, weight if bias is None else bias, out, partials, counters, rows, depth // tile.split_k,
             flat.stride(0), weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=tile.block_m,
-            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, num_warps=tile.num_warps,
-            num_stages=tile.num_stages)
+            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k, PDL=pdl, PREFETCH=prefetch,
+            num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
     return out.reshape(*x.shape[:-1], num_out)
+
+
+def _dependent(x: torch.Tensor, pdl: bool | None, prefetch: int | None) -> tuple[bool, int]:
+    """(whether to launch with PDL, the columns to prefetch: none without it)."""
+    pdl = pdl_launch.dependent_launch(x) if pdl is None else pdl
+    prefetch = pdl_launch.PREFETCH_COLUMNS if prefetch is None else prefetch
+    return pdl, prefetch if pdl else 0
 
 
 def _operands(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
@@ -176,23 +217,25 @@ def _operands_agree(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             and bias.stride(0) == 1)
 
 
-def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile) -> torch.Tensor:
+def skinny_silu(x: torch.Tensor, weight: torch.Tensor, tile: SkinnyTile, *, pdl: bool | None = None,
+                prefetch: int | None = None) -> torch.Tensor:
     """``silu_mul(F.linear(x, weight))`` in one launch, for x [..., K] and a contiguous-row gate/up
     weight [2F, K] whose shapes fit `tile` (the gate/up projection's tile, unsplit; ValueError
     otherwise): each program reads the tile's block_n rows of W, block_n / 2 of the gate's and as
-    many of the up's."""
+    many of the up's. `pdl` and `prefetch` as for `skinny`."""
     depth, width = x.shape[-1], weight.shape[0] // 2
     flat, weight = _operands("skinny_silu", x, weight, None)
     rows = flat.shape[0]
     if not silu_fits(rows, weight.shape[0], depth, tile):
         raise ValueError(f"skinny_silu: {rows} x {depth} @ {weight.shape[0]} x {depth} does not fit tile {tile.label}")
     out = torch.empty((rows, width), dtype=x.dtype, device=x.device)
+    pdl, prefetch = _dependent(flat, pdl, prefetch)
     block_f = tile.block_n // 2
     with on_device(x):
         _skinny_silu_kernel[(width // block_f, triton.cdiv(rows, tile.block_m))](
             flat, weight, out, rows, width, depth, flat.stride(0), weight.stride(0), out.stride(0),
-            BLOCK_M=tile.block_m, BLOCK_F=block_f, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
-            num_stages=tile.num_stages)
+            BLOCK_M=tile.block_m, BLOCK_F=block_f, BLOCK_K=tile.block_k, PDL=pdl, PREFETCH=prefetch,
+            num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
     return out.reshape(*x.shape[:-1], width)
 
 
