@@ -300,9 +300,9 @@ def test_finished_response_keeps_its_permit_until_the_reader_releases_it(runner,
         call = AsgiCall(app, "/v1/chat/completions", chat_body(max_tokens=8, stream=True, temperature=0),
                         pause_after=1)
         await call.paused.wait()
-        await eventually(lambda: finished(served, "length") == before + 1)
-        # the engine is done with the request and gave back its slot, but the reader holds the permit
-        assert served.stats().active_requests == 0
+        # the engine is done with the request and gave back its slot (the finish is counted and the
+        # slot released as two updates, so both are awaited), but the reader holds the permit
+        await eventually(lambda: finished(served, "length") == before + 1 and served.stats().active_requests == 0)
         assert served.admission.in_use == 1
         call.resume()
         await call.task
