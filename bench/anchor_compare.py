@@ -54,7 +54,7 @@ from helios.abi import gemv_tiles  # noqa: E402
 from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
-from helios.runtime.loading import rotary_calls  # noqa: E402
+from helios.runtime.loading import gemm_algos, rotary_calls  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
@@ -153,8 +153,12 @@ def main() -> None:
     parser.add_argument("--skinny-table", type=Path, default=None,
                         help="serve with these entries added to `gemv_tiles.SKINNY_TILES` (the JSON that "
                              "`bench/skinny_ab.py --json` writes), and A/B the whole decode step with them")
+    parser.add_argument("--gemm-algos", choices=("on", "off"), default="on",
+                        help="serve with the projections' cuBLASLt algorithms chosen at load "
+                             "(`helios.runtime.loading.gemm_algos`) or all on F.linear")
     parser.add_argument("--levers",
-                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab",
+                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab,"
+                                "lt_program_ab",
                         help="the lever parts run after the table, comma-separated")
     args = parser.parse_args()
     if args.skinny_table is not None:
@@ -163,6 +167,7 @@ def main() -> None:
         log(f"skinny tiles: {gemv_tiles.SKINNY_TILES}")
     rotary_calls.FUSE_AT_CAPTURE = args.rotary_fusion != "off"
     rotary_calls.PREFETCH_MAX_TOKENS = args.fused_prefetch_tokens
+    gemm_algos.ENABLED = args.gemm_algos == "on"
     smoke = args.smoke
     shape = SMOKE if smoke else with_layers(LLAMA_31_8B, args.layers)
     device = torch.device("cpu" if smoke else "cuda")
@@ -254,6 +259,12 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
     runtime = load_runtime(core, key, workloads, device)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
+    choices = [c for c in gemm_algos.chosen_so_far() if c.label]
+    results["gemm_algos"] = [{"shape": list(c.shape[:3]), "f_linear_us": c.f_linear_us, "chosen_us": c.chosen_us,
+                              "label": c.label} for c in choices]
+    for choice in choices:
+        log(f"cuBLASLt choice rows {choice.shape[0]} {choice.shape[1]}x{choice.shape[2]}: F.linear "
+            f"{choice.f_linear_us:.2f} us, {choice.label} {choice.chosen_us:.2f} us ({choice.gain:.3f}x)")
     short_profile_rows = {int(r) for r in args.short_profile_rows.split(",") if r}
     try:
         run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up
@@ -323,7 +334,8 @@ def levers(model, shape, results: dict, device, args) -> None:
              ("gemv_ab", lambda: _gemv_ab(shape, device)),
              ("skinny_program_ab", lambda: lever_ab.skinny_program_ab(model, {64, 256} if not smoke else {2}, log)),
              ("runs_program_ab", lambda: lever_ab.runs_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
-             ("pdl_program_ab", lambda: lever_ab.pdl_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)))
+             ("pdl_program_ab", lambda: lever_ab.pdl_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
+             ("lt_program_ab", lambda: lever_ab.lt_program_ab(model, {64, 128, 256} if not smoke else {2}, log)))
     wanted = set(args.levers.split(","))
     for name, part in parts:
         if name not in wanted or (name == "skinny_program_ab" and not gemv_tiles.SKINNY_TILES):

@@ -289,22 +289,21 @@ def runs_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     return _step_ab(model, rows_list, sides, "runs", log, rounds)
 
 
-class _Launching(torch.nn.Module):
-    """`module` called with `helios.abi.dependent_launch.ENABLED` set to `enabled` (the kernels it
-    launches, or a graph captures from it, take programmatic dependent launch or not)."""
+class _Flagged(torch.nn.Module):
+    """`module` called with `owner.<flag>` set to `value` (what it launches, or a graph captures
+    from it, follows that setting), restored afterwards."""
 
-    def __init__(self, module, enabled: bool):
+    def __init__(self, module, owner, flag: str, value: bool):
         super().__init__()
-        self.module, self.enabled = module, enabled
+        self.module, self.owner, self.flag, self.value = module, owner, flag, value
 
     def forward(self, *arguments):
-        from helios.abi import dependent_launch
-
-        before, dependent_launch.ENABLED = dependent_launch.ENABLED, self.enabled
+        before = getattr(self.owner, self.flag)
+        setattr(self.owner, self.flag, self.value)
         try:
             return self.module(*arguments)
         finally:
-            dependent_launch.ENABLED = before
+            setattr(self.owner, self.flag, before)
 
 
 def pdl_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
@@ -312,12 +311,31 @@ def pdl_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     served with its Triton norm and skinny kernels launched without programmatic dependent launch
     against with it (`helios.abi.dependent_launch`), alternated `rounds` times; the logits of both
     from the same state (the same bits expected)."""
+    from helios.abi import dependent_launch
 
     def sides(program):
         served = program.module.eager_modules[1]  # the greedy graph's module
-        return {"off": _Launching(served, False), "pdl": _Launching(served, True)}, "dependent launch"
+        return {"off": _Flagged(served, dependent_launch, "ENABLED", False),
+                "pdl": _Flagged(served, dependent_launch, "ENABLED", True)}, "dependent launch"
 
     return _step_ab(model, rows_list, sides, "pdl", log, rounds)
+
+
+def lt_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
+    """Whole greedy DECODE step device ms at each of `rows_list`: the greedy graph's module as served
+    with its projections on ``F.linear`` (cuBLAS's pick) against on the cuBLASLt algorithms chosen at
+    load (`helios.abi.cublaslt`, `helios.runtime.loading.gemm_algos`), alternated `rounds` times;
+    the logits of both from the same state."""
+    from helios.abi import cublaslt
+
+    def sides(program):
+        served = program.module.eager_modules[1]
+        bound = sum(1 for node in served.graph.nodes if node.target is cublaslt.lt_linear)
+        return ({"cublas": _Flagged(served, cublaslt, "ENABLED", False),
+                 "cublaslt": _Flagged(served, cublaslt, "ENABLED", True)},
+                f"cuBLASLt's chosen algorithms, {bound} projections bound")
+
+    return _step_ab(model, rows_list, sides, "lt", log, rounds)
 
 
 def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list[dict]:

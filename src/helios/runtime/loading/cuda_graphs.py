@@ -66,6 +66,7 @@ from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.elementwise_runs import runs_module
 from helios.runtime.loading.fresh_calls import fresh_module, wants_fresh_graph
+from helios.runtime.loading.gemm_algos import choose_algorithms, lt_shapes
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.kernel_precompile import KernelCompiler
 from helios.runtime.loading.program_build import deferred_recompile, finish_recompile
@@ -169,6 +170,7 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     with torch.inference_mode(), torch.cuda.device(device):
         try:
             plans = [built.take(program, device, arguments_of(program)) for program in ordered]
+            choose_algorithms(lt_shapes(module for plan in plans for module in plan.modules()), device)
             if compiler is not None and compiler.active:
                 _precompile(plans, compiler, buffers)
             for plan in plans:
@@ -197,6 +199,10 @@ class _Plan:
     fresh: tuple | None
     arguments: list | None = None
 
+    def modules(self) -> list:
+        """The graph modules to capture (full, greedy, fresh variants; None left out)."""
+        return [m for m in (*self.main, *(self.fresh or ())) if m is not None]
+
 
 @dataclasses.dataclass
 class CapturePlans:
@@ -209,6 +215,22 @@ class CapturePlans:
         plan = self.plans.pop(id(program), None) or _plan(program, device)
         plan.arguments = arguments
         return plan
+
+    def modules(self) -> list:
+        """Every planned graph module (what `choose_gemm_algorithms` reads the projections of)."""
+        return [module for plan in self.plans.values() for module in plan.modules()]
+
+
+def choose_gemm_algorithms(plans: CapturePlans, device: torch.device) -> None:
+    """Times and registers cuBLASLt's algorithm for every projection shape the planned graphs bound
+    to it (`helios.runtime.loading.gemm_algos`), then returns the timing's memory to the device:
+    called before the cache pages are sized from the free memory."""
+    if device.type != "cuda":
+        return
+    shapes = lt_shapes(plans.modules())
+    if shapes:
+        choose_algorithms(shapes, device)
+        torch.cuda.empty_cache()
 
 
 def plan_captures(programs: Sequence, device: torch.device, ahead=None) -> CapturePlans:

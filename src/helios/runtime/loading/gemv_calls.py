@@ -4,7 +4,9 @@ A program's ``aten.linear`` calls run cuBLAS. Where `helios.abi.gemv_tiles` name
 a call's static shapes (rows, out and in features, weight dtype: committed tables measured on the
 device), `bind_gemv` points the call at `helios.abi.triton_gemv.gemv_linear` (one row: `gemv_tile`)
 or `helios.abi.triton_skinny.skinny_linear` (more rows: `skinny_tile`), which compute the same
-product (float32 sums) and fall back to ``F.linear`` for any other input. A skinny call whose only
+product (float32 sums) and fall back to ``F.linear`` for any other input; a call without a tile whose
+shapes are eligible is pointed at `helios.abi.cublaslt.lt_linear` (cuBLASLt's algorithm measured
+fastest at load, `helios.runtime.loading.gemm_algos`). A skinny call whose only
 reader is ``helios::silu_mul`` (the MLP's gate/up projection) becomes one
 `helios.abi.triton_skinny.skinny_silu_linear` call (the SiLU-mul in the product's epilogue) where
 its tile allows it (`silu_fits`). A kernel's module (and triton) is imported only when a call has a
@@ -22,6 +24,7 @@ import math
 import torch
 
 from helios.abi.gemv_tiles import gemv_tile, skinny_tile
+from helios.runtime.loading.gemm_algos import lt_eligible
 
 __all__ = ["bind_gemv", "gemv_module"]
 
@@ -36,6 +39,8 @@ def bind_gemv(graph: torch.fx.Graph, fuse_silu: bool = True) -> int:
     for node, kind in tiled:  # the kernels' modules import triton: only where a call has a tile
         if kind == "gemv":
             from helios.abi.triton_gemv import gemv_linear as target
+        elif kind == "lt":
+            from helios.abi.cublaslt import lt_linear as target
         else:
             from helios.abi.triton_skinny import skinny_linear as target
         node.target = target
@@ -80,7 +85,8 @@ def gemv_module(module):
 
 def _tiled(node: torch.fx.Node) -> str | None:
     """"gemv" or "skinny" where `node` is an ``aten.linear`` call whose static shapes have a tile
-    in that kernel's table, else None."""
+    in that kernel's table, "lt" where it has none and cuBLASLt's algorithm can be chosen for it
+    (`helios.runtime.loading.gemm_algos.lt_eligible`), else None."""
     if node.op != "call_function" or node.target is not _LINEAR:
         return None
     x, weight = (_static(arg) for arg in node.args[:2])
@@ -90,7 +96,9 @@ def _tiled(node: torch.fx.Node) -> str | None:
     shapes = (rows, weight.shape[0], weight.shape[1], weight.dtype)
     if gemv_tile(*shapes) is not None:
         return "gemv"
-    return "skinny" if skinny_tile(*shapes) is not None else None
+    if skinny_tile(*shapes) is not None:
+        return "skinny"
+    return "lt" if lt_eligible(node) else None
 
 
 def _static(arg) -> torch.Tensor | None:

@@ -56,7 +56,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.loading import gc_pause, import_ahead
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
-from helios.runtime.loading.cuda_graphs import capture_programs, plan_captures
+from helios.runtime.loading.cuda_graphs import capture_programs, choose_gemm_algorithms, plan_captures
 from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
@@ -214,6 +214,8 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         if ahead is not None:
             ahead.close()
         weights = loading.result()
+    if plans is not None:  # the projections' cuBLASLt algorithms, timed while the device memory is free
+        choose_gemm_algorithms(plans, device)
     vision_graphs = vision_handles(prepared, options.rank)
     # Allocated before pages are sized from the free memory, so the pages leave room for it.
     image_cache = None
