@@ -3,7 +3,8 @@
 For each row count and each Llama-3.1-8B projection (fused qkv, output, fused gate/up, down, LM head),
 the product of `--copies` distinct weights (no L2 reuse between calls) is captured in one CUDA graph
 per algorithm: ``F.linear`` as programs run it now, and each of cuBLASLt's first `--candidates`
-heuristic algorithms (`helios.abi.cublaslt`). Rounds alternate the graphs; reported per call: the
+heuristic algorithms under each workspace limit (`helios.abi.cublaslt`), and where the committed
+skinny table names a tile for the shape, that Triton kernel. Rounds alternate the graphs; reported per call: the
 median us, weight bytes per us (TB/s) and TFLOP/s, the best candidate's ratio against ``F.linear`` and
 whether its output equals ``F.linear``'s bit for bit (and its largest difference otherwise), then per
 row count the 32-layer step's projections summed both ways.
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from helios.abi.cublaslt import LtProduct, available  # noqa: E402
+from helios.abi.gemv_tiles import skinny_tile  # noqa: E402
+from helios.abi.triton_skinny import skinny_linear  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -74,6 +77,13 @@ def measure(rows: int, name: str, args) -> dict:
     finally:
         torch.backends.cuda.preferred_blas_library(previous)
     notes = {"F.linear on cuBLASLt": "same bits" if torch.equal(lt_default, reference) else "differs"}
+    tile = skinny_tile(rows, out_features, in_features, torch.bfloat16)
+    if tile is not None:  # the Triton kernel capture binds for this shape now
+        label = f"skinny {tile.label}"
+        skinny_out = skinny_linear(x, copies[0])
+        notes[label] = "same bits" if torch.equal(skinny_out, reference) else \
+            f"max diff {(skinny_out.float() - reference.float()).abs().max().item():.3g}"
+        graphs[label] = graph_of(lambda w: skinny_linear(x, w), copies)
     for algo in product.candidates(args.candidates):
         try:
             first = product.run(x, copies[0], algo)
@@ -112,7 +122,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,64,256")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--candidates", type=int, default=24)
+    parser.add_argument("--candidates", type=int, default=8, help="per workspace limit of the heuristic")
     parser.add_argument("--copies", type=int, default=12, help="most distinct weights a graph (at least 3 GB)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=10)
