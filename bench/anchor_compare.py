@@ -259,12 +259,13 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
     runtime = load_runtime(core, key, workloads, device)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
-    choices = [c for c in gemm_algos.chosen_so_far() if c.label]
+    choices = gemm_algos.chosen_so_far()
     results["gemm_algos"] = [{"shape": list(c.shape[:3]), "f_linear_us": c.f_linear_us, "chosen_us": c.chosen_us,
-                              "label": c.label} for c in choices]
+                              "label": c.label, "best_us": c.best_us, "best_label": c.best_label} for c in choices]
     for choice in choices:
-        log(f"cuBLASLt choice rows {choice.shape[0]} {choice.shape[1]}x{choice.shape[2]}: F.linear "
-            f"{choice.f_linear_us:.2f} us, {choice.label} {choice.chosen_us:.2f} us ({choice.gain:.3f}x)")
+        log(f"cuBLASLt rows {choice.shape[0]} {choice.shape[1]}x{choice.shape[2]}: F.linear "
+            f"{choice.f_linear_us:.2f} us, fastest candidate {choice.best_label} {choice.best_us or 0:.2f} us"
+            + (f": chosen ({choice.gain:.3f}x)" if choice.label else ": not chosen"))
     short_profile_rows = {int(r) for r in args.short_profile_rows.split(",") if r}
     try:
         run_helios(runtime.engine, Workload(2, 16, 4), shape.vocab_size, salt=99)  # warm-up

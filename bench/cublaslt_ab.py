@@ -126,12 +126,18 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=12, help="most distinct weights a graph (at least 3 GB)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--reductions", type=lambda v: int(v, 0), default=None,
+                        help="the heuristic's reduction scheme mask (`helios.abi.cublaslt._REDUCTIONS`; 0x7 all)")
     parser.add_argument("--show", type=int, default=6, help="fastest candidates printed per shape")
     args = parser.parse_args()
     if not torch.cuda.is_available() or not available():
         print("cublaslt_ab: needs a CUDA device and cuBLASLt")
         return 1
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.reductions is not None:
+        import helios.abi.cublaslt as cublaslt
+
+        cublaslt._REDUCTIONS = args.reductions
+    print(f"reduction mask {args.reductions}; device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for rows in (int(r) for r in args.rows.split(",")):
         results = [measure(rows, name, args) for name in args.shapes.split(",")]
         base = sum(r["f_linear_us"] * PER_STEP[r["shape"]] for r in results) / 1e3
