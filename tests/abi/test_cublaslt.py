@@ -24,8 +24,9 @@ LINEAR = torch.ops.aten.linear.default
 
 @pytest.fixture
 def opened(monkeypatch):
-    """cuBLASLt reported as opened, so the binding can be tested without a device."""
+    """cuBLASLt reported as opened and the choice on, so the binding can be tested without a device."""
     monkeypatch.setattr(cublaslt, "available", lambda: True)
+    monkeypatch.setattr(gemm_algos, "ENABLED", True)
 
 
 def test_eligible_projections_are_bound_and_compute_linear_without_a_choice(opened):
@@ -66,7 +67,8 @@ def test_biased_and_float32_projections_keep_linear(opened):
     assert gemv_module(module) is module
 
 
-def test_unavailable_library_binds_nothing_and_refuses_a_product():
+def test_unavailable_library_binds_nothing_and_refuses_a_product(monkeypatch):
+    monkeypatch.setattr(gemm_algos, "ENABLED", True)
     if cublaslt.available():
         pytest.skip("a CUDA device with cuBLASLt: tests/gpu/test_cublaslt_cuda.py covers it")
     module, _ = _exported(8)
@@ -113,3 +115,9 @@ def test_choice_gain():
 def test_no_timing_for_a_cpu_load(monkeypatch):
     monkeypatch.setattr(gemm_algos, "_time_shape", lambda *a: pytest.fail("timed on the CPU"))
     cuda_graphs.choose_gemm_algorithms(cuda_graphs.CapturePlans({}), torch.device("cpu"))
+
+
+def test_off_by_default_binds_nothing(monkeypatch):
+    monkeypatch.setattr(cublaslt, "available", lambda: True)
+    module, _ = _exported(8)
+    assert not gemm_algos.ENABLED and gemv_module(module) is module

@@ -34,7 +34,7 @@ __all__ = ["ENABLED", "Choice", "choose_algorithms", "chosen_so_far", "lt_eligib
 
 log = logging.getLogger(__name__)
 
-ENABLED = True
+ENABLED = False  # opt-in (`bench/anchor_compare.py --gemm-algos on`): see the README's measurements
 MIN_ROWS, MAX_ROWS = 2, 256  # one row: cuBLAS's GEMV pick was the fastest at every 8B shape
 CANDIDATES = 8  # per workspace limit
 MIN_GAIN = 1.03  # below this a candidate's edge is within a load's timing noise

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+set -uo pipefail
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+timeout 120 python3 .anchor/probe.py 2>&1 | grep -v Warning
