@@ -41,8 +41,8 @@ MIN_GAIN = 1.03  # below this a candidate's edge is within a load's timing noise
 ROUNDS = 3
 GRAPH_US = 600.0  # device time of one timed graph replay (calls repeated to reach it)
 TIMING_BYTES, MAX_COPIES = 2 << 30, 16  # distinct weights a timed graph cycles through: what a step's reads look
-# like; one weight called again and again timed F.linear's 256-row kernels 10-20% faster than a decode step runs
-# them (TLB-warm), and hid every better candidate (bench/results/h200_session30_call3)
+# like (one weight called again and again timed F.linear's 256-row kernels 10-20% faster than bench/cublaslt_ab.py
+# does; over distinct weights they were still as fast as the best candidate: bench/results/h200_session30_call4)
 _LINEAR = torch.ops.aten.linear.default
 _DTYPES = (torch.bfloat16, torch.float16)
 
