@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import lever_ab  # noqa: E402
 import served_timeline  # noqa: E402
+from gpu_clocks import ClockLog  # noqa: E402
 from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofline, run_helios, ttft_rows  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
@@ -59,6 +60,7 @@ from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 TESTS_TIMEOUT_S = 150  # the GPU tests delay the anchor; the whole call must fit about 8 minutes
+CLOCKS = ClockLog(interval_ms=200)  # SM clock and power per phase of the call (printed at the end)
 TARGET_RATIO, TARGET_ROOFLINE, TARGET_COLD_MS, TARGET_CACHED_MS = 1.15, 0.75, 45.0, 12.0
 
 
@@ -156,6 +158,13 @@ def main() -> None:
     parser.add_argument("--gemm-algos", choices=("on", "off"), default="on",
                         help="serve with the projections' cuBLASLt algorithms chosen at load "
                              "(`helios.runtime.loading.gemm_algos`) or all on F.linear")
+    parser.add_argument("--gemm-rows", default=None,
+                        help="LO,HI: only projections of LO..HI rows take part in the choice (default 2,256)")
+    parser.add_argument("--sustain-ms", type=float, default=0.0,
+                        help="time the whole-step A/Bs over back-to-back replays of about this long (the clock a "
+                             "long run holds) instead of single replays")
+    parser.add_argument("--gemm-sustain-ms", type=float, default=0.0,
+                        help="the same for the load-time choice of cuBLASLt algorithms (`gemm_algos.SUSTAIN_MS`)")
     parser.add_argument("--levers",
                         default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab,"
                                 "lt_program_ab",
@@ -168,6 +177,16 @@ def main() -> None:
     rotary_calls.FUSE_AT_CAPTURE = args.rotary_fusion != "off"
     rotary_calls.PREFETCH_MAX_TOKENS = args.fused_prefetch_tokens
     gemm_algos.ENABLED = args.gemm_algos == "on"
+    gemm_algos.SUSTAIN_MS, lever_ab.STEP_SUSTAIN_MS = args.gemm_sustain_ms, args.sustain_ms
+    if args.gemm_rows:
+        gemm_algos.MIN_ROWS, gemm_algos.MAX_ROWS = (int(v) for v in args.gemm_rows.split(","))
+    with CLOCKS:
+        compare(args)
+    for line in CLOCKS.describe():
+        log(line)
+
+
+def compare(args) -> None:
     smoke = args.smoke
     shape = SMOKE if smoke else with_layers(LLAMA_31_8B, args.layers)
     device = torch.device("cpu" if smoke else "cuda")
@@ -185,6 +204,7 @@ def main() -> None:
         anchor_args = [str(args.anchor), "--layers", str(shape.num_hidden_layers), "--batches",
                        ",".join(map(str, batches)), "--prompt", str(prompt), "--steps", str(output)]
         queue = DeviceQueue(anchor_args + (["--smoke"] if smoke else []), shlex.split(args.tests), Path(scratch))
+        CLOCKS.phase("anchor and preparation")
         queue.start()
         if args.serial:
             queue.checkpoint_written.set()
@@ -205,6 +225,7 @@ def main() -> None:
         if args.rotary_fusion == "both":
             unfused_part(core, key, workloads[:-1], results, device, shape.vocab_size)
     print_levers(results)
+    results["clocks"] = CLOCKS.summary()
     save(results, args.json)
 
 
@@ -255,6 +276,7 @@ def load_runtime(core, key, workloads, device):
 
 
 def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: float, ttft_prompt: int, args) -> None:
+    CLOCKS.phase("helios load")
     started = time.perf_counter()
     runtime = load_runtime(core, key, workloads, device)
     results["load_seconds"] = time.perf_counter() - started
@@ -272,7 +294,9 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
         for index, workload in enumerate(workloads):
             if index == len(workloads) - 1:  # before the long workload, whose last step is a decode step
                 results["ttft"] = ttft_rows(runtime.engine, shape.vocab_size, ttft_prompt)
+            CLOCKS.phase(f"helios {workload}")
             ours = run_helios(runtime.engine, workload, shape.vocab_size)
+            CLOCKS.phase("helios between")
             ours["roofline_tokens_per_s"] = roofline(shape, workload, bandwidth, 2)
             results["workloads"][str(workload)] = ours
             log(f"helios {workload}: decode {ours['full_batch_decode_tokens_per_s']:.1f} tok/s with all rows live, "
@@ -281,8 +305,10 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
                 short_profile(runtime.model, workload.requests, results, args.top)
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
         save(results, args.json)  # the call runs out of time while they run
+        CLOCKS.phase("helios step timing")
         step_splits(runtime.engine, shape.vocab_size, workloads[:-1], results, args)
         save(results, args.json)
+        CLOCKS.phase("helios levers")
         # The DECODE programs' input buffers now hold a real decode step (one token per row, live
         # page tables): the A/B captures and the profile replay it.
         levers(runtime.model, shape, results, device, args)

@@ -9,7 +9,11 @@ median us, weight bytes per us (TB/s) and TFLOP/s, the best candidate's ratio ag
 whether its output equals ``F.linear``'s bit for bit (and its largest difference otherwise), then per
 row count the 32-layer step's projections summed both ways.
 
-    python bench/cublaslt_ab.py [--rows 1,64,256] [--candidates 24] [--rounds 5] [--replays 10]
+With `--sustain-ms N` each graph is instead replayed back to back for about N ms a round and timed
+over the second half (the clock a long decode run holds the device at, rather than a short
+timing's), and the SM clock and power of each side's runs are printed beside it (`gpu_clocks`).
+
+    python bench/cublaslt_ab.py [--rows 1,64,256] [--candidates 24] [--rounds 5] [--replays 10] [--sustain-ms 800]
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_clocks import ClockLog  # noqa: E402
 
 from helios.abi.cublaslt import LtProduct, available  # noqa: E402
 from helios.abi.gemv_tiles import skinny_tile  # noqa: E402
@@ -58,7 +65,22 @@ def timed_us(graph, replays: int, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / (replays * calls)
 
 
-def measure(rows: int, name: str, args) -> dict:
+def sustained_us(graph, sustain_ms: float, calls: int) -> float:
+    """us a call over the second half of back-to-back replays lasting about `sustain_ms`."""
+    each_ms = timed_us(graph, 2, calls) * calls / 1e3
+    replays = max(4, round(sustain_ms / max(each_ms, 1e-3)))
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    for index in range(replays):
+        if index == replays // 2:
+            middle.record()
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return middle.elapsed_time(end) * 1e3 / ((replays - replays // 2) * calls)
+
+
+def measure(rows: int, name: str, args, clocks: ClockLog) -> dict:
     out_features, in_features = SHAPES[name]
     weight_bytes = out_features * in_features * 2
     copies_count = max(2, min(args.copies, -(-(3 << 30) // weight_bytes)))
@@ -101,16 +123,26 @@ def measure(rows: int, name: str, args) -> dict:
     times: dict[str, list[float]] = {label: [] for label in graphs}
     for _ in range(args.rounds):
         for label, graph in graphs.items():
-            times[label].append(timed_us(graph, args.replays, copies_count))
+            clocks.phase(f"{rows} {name} {label}")
+            times[label].append(sustained_us(graph, args.sustain_ms, copies_count) if args.sustain_ms
+                                else timed_us(graph, args.replays, copies_count))
+            clocks.phase("between")
+    seen = clocks.summary()
     medians = {label: statistics.median(values) for label, values in times.items()}
     best = min((label for label in medians if label != "F.linear"), key=medians.get, default=None)
     flops = 2 * rows * out_features * in_features
     base = medians["F.linear"]
+
+    def clock(label: str) -> str:
+        phase = seen.get(f"{rows} {name} {label}")
+        return f"  [{phase['sm_mhz_median']:.0f} MHz, {phase['watts_median']:.0f} W]" if phase else ""
+
     print(f"rows {rows:>3} {name:<8} F.linear {base:8.2f} us ({weight_bytes / base / 1e6:5.2f} TB/s, "
-          f"{flops / base / 1e6:6.1f} TFLOP/s)", flush=True)
+          f"{flops / base / 1e6:6.1f} TFLOP/s){clock('F.linear')}", flush=True)
     for label in sorted(medians, key=medians.get)[: args.show]:
         if label != "F.linear":
-            print(f"    {label:<40} {medians[label]:8.2f} us  {base / medians[label]:.3f}x  {notes[label]}", flush=True)
+            print(f"    {label:<40} {medians[label]:8.2f} us  {base / medians[label]:.3f}x  {notes[label]}"
+                  f"{clock(label)}", flush=True)
     del graphs
     torch.cuda.empty_cache()
     return {"rows": rows, "shape": name, "f_linear_us": base, "best": best,
@@ -128,6 +160,8 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reductions", type=lambda v: int(v, 0), default=None,
                         help="the heuristic's reduction scheme mask (`helios.abi.cublaslt._REDUCTIONS`; 0x7 all)")
+    parser.add_argument("--sustain-ms", type=float, default=0.0,
+                        help="replay each graph back to back for about this long a round, timed over the second half")
     parser.add_argument("--show", type=int, default=6, help="fastest candidates printed per shape")
     args = parser.parse_args()
     if not torch.cuda.is_available() or not available():
@@ -138,13 +172,17 @@ def main() -> int:
 
         cublaslt._REDUCTIONS = args.reductions
     print(f"reduction mask {args.reductions}; device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    for rows in (int(r) for r in args.rows.split(",")):
-        results = [measure(rows, name, args) for name in args.shapes.split(",")]
-        base = sum(r["f_linear_us"] * PER_STEP[r["shape"]] for r in results) / 1e3
-        best = sum(min(r["f_linear_us"], r["best_us"] or r["f_linear_us"]) * PER_STEP[r["shape"]] for r in results) / 1e3
-        print(f"rows {rows}: the step's projections {base:.3f} ms on F.linear, {best:.3f} ms on the best "
-              f"candidates ({base / best:.3f}x, {base - best:.3f} ms a step)", flush=True)
+    with ClockLog() as clocks:
+        for rows in (int(r) for r in args.rows.split(",")):
+            report(rows, [measure(rows, name, args, clocks) for name in args.shapes.split(",")])
     return 0
+
+
+def report(rows: int, results: list[dict]) -> None:
+    base = sum(r["f_linear_us"] * PER_STEP[r["shape"]] for r in results) / 1e3
+    best = sum(min(r["f_linear_us"], r["best_us"] or r["f_linear_us"]) * PER_STEP[r["shape"]] for r in results) / 1e3
+    print(f"rows {rows}: the step's projections {base:.3f} ms on F.linear, {best:.3f} ms on the best "
+          f"candidates ({base / best:.3f}x, {base - best:.3f} ms a step)", flush=True)
 
 
 if __name__ == "__main__":

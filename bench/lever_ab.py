@@ -27,11 +27,13 @@ from helios.runtime.loading.cuda_graphs import CapturedProgram, variant_module
 from helios.runtime.loading.model import program_arguments
 
 OPS = torch.ops.helios
+STEP_SUSTAIN_MS = 0.0  # > 0: whole-step A/Bs time back-to-back replays of about this long (anchor_compare --sustain-ms)
 
 
-def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20) -> float:
+def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20, sustain_ms: float = 0.0) -> float:
     """Median device ms of one replay of a CUDA graph holding `repeat` calls of `call` (without
-    CUDA, for `--smoke`: wall ms of `repeat` calls)."""
+    CUDA, for `--smoke`: wall ms of `repeat` calls); with `sustain_ms`, the mean replay over the
+    second half of back-to-back replays lasting about that long (the clock a long run holds)."""
     if not torch.cuda.is_available():
         return _wall_ms(call, repeat, replays=3)
     stream = torch.cuda.Stream()
@@ -51,8 +53,23 @@ def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20) -> 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    median = sorted(times)[len(times) // 2]
+    if sustain_ms > 0:
+        median = _sustained_ms(graph, max(4, round(sustain_ms / max(median, 1e-3))))
     graph.reset()
-    return sorted(times)[len(times) // 2]
+    return median
+
+
+def _sustained_ms(graph, replays: int) -> float:
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    for index in range(replays):
+        if index == replays // 2:
+            middle.record()
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return middle.elapsed_time(end) / (replays - replays // 2)
 
 
 def _wall_ms(call, repeat: int, replays: int) -> float:
@@ -352,7 +369,7 @@ def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list
         times = {side: [] for side in modules}
         for _ in range(rounds):
             for side, module in modules.items():
-                times[side].append(graph_ms(lambda module=module: module(*arguments)))
+                times[side].append(graph_ms(lambda module=module: module(*arguments), sustain_ms=STEP_SUSTAIN_MS))
         medians = {side: sorted(values)[len(values) // 2] for side, values in times.items()}
         base, base_ms = next(iter(medians.items()))
         saved = _step_state(arguments)

@@ -60,10 +60,12 @@ def test_a_registered_choice_replays_in_a_graph_with_its_eager_bits(monkeypatch)
     assert cublaslt.chosen(x.device.index, rows, num_out, depth, torch.bfloat16) is None
 
 
-def test_load_time_choice_registers_what_it_reports(monkeypatch):
+@pytest.mark.parametrize("sustain_ms", [0.0, 5.0])
+def test_load_time_choice_registers_what_it_reports(monkeypatch, sustain_ms):
     monkeypatch.setattr(cublaslt, "_CHOSEN", {})
     monkeypatch.setattr(gemm_algos, "_DONE", {})
     monkeypatch.setattr(gemm_algos, "MIN_GAIN", 0.0)  # every shape keeps its fastest candidate
+    monkeypatch.setattr(gemm_algos, "SUSTAIN_MS", sustain_ms)  # single replays, or back-to-back ones
     device = torch.device("cuda", torch.cuda.current_device())
     shapes = {(32, 1024, 2048, torch.bfloat16), (64, 4096, 1024, torch.float16)}
     choices = gemm_algos.choose_algorithms(shapes, device)

@@ -43,6 +43,8 @@ GRAPH_US = 600.0  # device time of one timed graph replay (calls repeated to rea
 TIMING_BYTES, MAX_COPIES = 2 << 30, 16  # distinct weights a timed graph cycles through: what a step's reads look
 # like (one weight called again and again timed F.linear's 256-row kernels 10-20% faster than bench/cublaslt_ab.py
 # does; over distinct weights they were still as fast as the best candidate: bench/results/h200_session30_call4)
+SUSTAIN_MS = 0.0  # > 0: each side timed over back-to-back replays of about this long a round (the clock a long
+# decode run holds the device at; a short timing runs at the boost clock): `bench/anchor_compare.py --gemm-sustain-ms`
 _LINEAR = torch.ops.aten.linear.default
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -158,7 +160,7 @@ def _timed_choice(shape: tuple, device: torch.device) -> Choice:
     times = {side: [] for side in graphs}
     for _ in range(ROUNDS):
         for side, graph in graphs.items():
-            times[side].append(_replay_us(graph) / calls)
+            times[side].append((_sustained_us(graph, SUSTAIN_MS) if SUSTAIN_MS > 0 else _replay_us(graph)) / calls)
     medians = {side: statistics.median(values) for side, values in times.items()}
     base = medians.pop("F.linear")
     best = min(medians, key=medians.get, default=None)
@@ -217,6 +219,20 @@ def _replay_us(graph) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3
+
+
+def _sustained_us(graph, sustain_ms: float) -> float:
+    """us a replay over the second half of back-to-back replays lasting about `sustain_ms`."""
+    replays = max(4, round(sustain_ms * 1e3 / _replay_us(graph)))
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    for index in range(replays):
+        if index == replays // 2:
+            middle.record()
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return middle.elapsed_time(end) * 1e3 / (replays - replays // 2)
 
 
 def _static(arg) -> torch.Tensor | None:
