@@ -62,7 +62,17 @@ def run(args: argparse.Namespace) -> int:
     join_rank(core, rendezvous, args.rank, args.device, timeout, on_joined=lambda rank, ranks: say(
         f"serving rank {rank} of {ranks} for {args.join}"))
     say("rank zero stopped the group")
-    return 0
+    _exit_stopped()
+
+
+def _exit_stopped() -> None:
+    """A rank that rank zero stopped exits at once, without the interpreter's teardown: its process
+    group's gloo and store destructors talk to rank zero, which may be gone by then, and one of them
+    aborted the process (SIGABRT) after a clean stop. Nothing is left to release: rank zero owns the
+    group's end, and this process's device memory goes with it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _exit_with_parent(parent: int) -> None:
