@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -165,6 +166,10 @@ def main() -> None:
                              "long run holds) instead of single replays")
     parser.add_argument("--gemm-sustain-ms", type=float, default=0.0,
                         help="the same for the load-time choice of cuBLASLt algorithms (`gemm_algos.SUSTAIN_MS`)")
+    parser.add_argument("--rested-decode", type=float, default=0.0, metavar="SECONDS",
+                        help="serve each batch workload again, pausing this long once every request has its first "
+                             "token (as the anchor compiles between its prefill and its timed loop, so the device "
+                             "starts the loop out of its power cap), and print that decode rate beside the served one")
     parser.add_argument("--levers",
                         default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab,"
                                 "lt_program_ab",
@@ -301,6 +306,8 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
             results["workloads"][str(workload)] = ours
             log(f"helios {workload}: decode {ours['full_batch_decode_tokens_per_s']:.1f} tok/s with all rows live, "
                 f"{ours['decode_tokens_per_s']:.1f} to the last token ({ours['tokens_per_s']:.1f} overall)")
+            if index < len(workloads) - 1 and args.rested_decode > 0:
+                rested_run(runtime.engine, workload, shape.vocab_size, results, args.rested_decode)
             if index < len(workloads) - 1 and workload.requests in short_profile_rows:
                 short_profile(runtime.model, workload.requests, results, args.top)
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
@@ -316,6 +323,23 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
         runtime.close()
         del runtime
         gc.collect()
+
+
+def rested_run(engine, workload, vocab: int, results: dict, rest_s: float) -> None:
+    """`workload` served again twice: without a pause (a second run's rate, the control) and with a
+    `rest_s` pause after the last first token; their decode rates."""
+    CLOCKS.phase(f"helios {workload} again")
+    again = run_helios(engine, workload, vocab, salt=8)
+    results["workloads"][str(workload)]["again"] = again
+    CLOCKS.phase(f"helios {workload} before the pause")
+    rested = run_helios(engine, workload, vocab, salt=7, rest_s=rest_s,
+                        on_rested=lambda: CLOCKS.phase(f"helios {workload} rested decode"))
+    CLOCKS.phase("helios between")
+    results["workloads"][str(workload)]["rested"] = rested
+    log(f"helios {workload} after a {rest_s:.0f} s pause: decode {rested.get('rested_decode_tokens_per_s', math.nan):.1f} "
+        f"tok/s with all rows live ({rested.get('rested_tokens', 0)} tokens), "
+        f"{rested['full_batch_decode_tokens_per_s']:.1f} counted from the last first token; served again without "
+        f"a pause: {again['full_batch_decode_tokens_per_s']:.1f}")
 
 
 def step_splits(engine, vocab: int, workloads: list, results: dict, args) -> None:
@@ -395,6 +419,19 @@ def print_summary(results: dict, batches: list[int], workloads: list) -> None:
         theirs = anchor.get(batch, {}).get("decode_tok_s", float("nan"))
         log(f"| batch {batch} | {theirs:,.1f} | {ours:,.1f} | {ours / theirs:.2f}x | {TARGET_RATIO:.2f}x | "
             f"{whole:,.1f} | {whole / theirs:.2f}x |")
+    rested = [(b, w) for b, w in zip(batches, workloads) if "rested" in rows.get(str(w), {})]
+    if rested:
+        log("")
+        log("| decode tok/s, all rows live | compiled anchor (timed after its compile pause) | Helios, decode right "
+            "after the prefill (first run, again) | Helios, after a pause | paused / anchor |")
+        log("|---|---|---|---|---|")
+        for batch, workload in rested:
+            row = rows[str(workload)]
+            theirs = anchor.get(batch, {}).get("decode_tok_s", float("nan"))
+            paused = row["rested"].get("rested_decode_tokens_per_s", float("nan"))
+            log(f"| batch {batch} | {theirs:,.1f} | {row['full_batch_decode_tokens_per_s']:,.1f}, "
+                f"{row['again']['full_batch_decode_tokens_per_s']:,.1f} | {paused:,.1f} | "
+                f"{paused / theirs:.2f}x |")
     long = rows.get(str(workloads[-1]), {})
     if long:
         share = long["decode_tokens_per_s"] / long["roofline_tokens_per_s"]

@@ -70,24 +70,32 @@ class ClockLog:
 
     def summary(self) -> dict[str, dict]:
         phases: dict[str, list] = {}
-        for _, label, sm, watts, celsius, reasons in self.samples:
-            phases.setdefault(label, []).append((sm, watts, celsius, reasons))
-        result = {}
-        for label, rows in phases.items():
-            mask = 0
-            for row in rows:
-                mask |= row[3]
-            result[label] = {"samples": len(rows), "sm_mhz_median": statistics.median(r[0] for r in rows),
-                             "sm_mhz_min": min(r[0] for r in rows),
-                             "watts_median": statistics.median(r[1] for r in rows),
-                             "watts_max": max(r[1] for r in rows), "celsius_max": max(r[2] for r in rows),
-                             "reasons": [name for bit, name in _REASONS.items() if mask & bit]}
-        return result
+        for _, label, *values in self.samples:
+            phases.setdefault(label, []).append(values)
+        return {label: _summary(rows) for label, rows in phases.items()}
+
+    def window(self, start: float, end: float) -> dict | None:
+        """The summary of the samples taken between `start` and `end` (``time.perf_counter()``)."""
+        rows = [values for stamp, _, *values in self.samples if start <= stamp <= end]
+        return _summary(rows) if rows else None
 
     def describe(self) -> list[str]:
         if not self.samples:
             return ["clocks: no samples (nvidia-smi not found or no output)"]
-        return [f"clocks {label}: {s['samples']} samples, SM {s['sm_mhz_median']:.0f} MHz median "
-                f"({s['sm_mhz_min']:.0f} lowest), {s['watts_median']:.0f} W median ({s['watts_max']:.0f} highest), "
-                f"{s['celsius_max']:.0f} C, throttle reasons: {', '.join(s['reasons']) or 'none'}"
-                for label, s in self.summary().items()]
+        return [f"clocks {label}: {describe(s)}" for label, s in self.summary().items()]
+
+
+def describe(s: dict) -> str:
+    return (f"{s['samples']} samples, SM {s['sm_mhz_median']:.0f} MHz median ({s['sm_mhz_min']:.0f} lowest), "
+            f"{s['watts_median']:.0f} W median ({s['watts_max']:.0f} highest), {s['celsius_max']:.0f} C, "
+            f"throttle reasons: {', '.join(s['reasons']) or 'none'}")
+
+
+def _summary(rows: list) -> dict:
+    mask = 0
+    for row in rows:
+        mask |= row[3]
+    return {"samples": len(rows), "sm_mhz_median": statistics.median(r[0] for r in rows),
+            "sm_mhz_min": min(r[0] for r in rows), "watts_median": statistics.median(r[1] for r in rows),
+            "watts_max": max(r[1] for r in rows), "celsius_max": max(r[2] for r in rows),
+            "reasons": [name for bit, name in _REASONS.items() if mask & bit]}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 import tempfile
 import time
@@ -95,13 +96,28 @@ def submit_greedy(engine, request_id: str, prompt: list[int], output: int, recor
     engine.submit(EngineRequest(spec, record))
 
 
-def run_helios(engine, workload: Workload, vocab: int, salt: int = 0) -> dict:
-    """Submits every request of `workload`, runs to idle; output tokens/s and steady decode rate."""
+def run_helios(engine, workload: Workload, vocab: int, salt: int = 0, rest_s: float = 0.0,
+               on_rested=lambda: None) -> dict:
+    """Submits every request of `workload`, runs to idle; output tokens/s and steady decode rate.
+
+    With `rest_s`, the engine pauses that long once every request has its first token (the device
+    idles and leaves its power cap, as a script that compiles between prefill and a timed decode
+    loop lets it), then `on_rested()` runs, and ``rested_decode_tokens_per_s`` is the all-rows-live
+    rate of the steps launched after the pause (from every row's third token after it: the frames
+    in flight during the pause are not counted)."""
     stamps: dict[str, list[float]] = {}
+    started_rows, rested = [0], []
 
     def record(event) -> None:
         if isinstance(event, TokenEvent):
-            stamps[event.request_id].extend([time.perf_counter()] * len(event.token_ids))
+            own = stamps[event.request_id]
+            if not own:
+                started_rows[0] += 1
+            own.extend([time.perf_counter()] * len(event.token_ids))
+            if rest_s and not rested and started_rows[0] == len(stamps):
+                time.sleep(rest_s)
+                rested.append(time.perf_counter())
+                on_rested()
 
     start = time.perf_counter()
     for index, prompt in enumerate(workload.prompts(vocab, salt)):
@@ -118,10 +134,17 @@ def run_helios(engine, workload: Workload, vocab: int, salt: int = 0) -> dict:
     # last): the batch is exactly `workload.requests` rows, as in a fixed-batch decode loop.
     full_end = min(s[-1] for s in stamps.values())
     full = sum(sum(1 for t in s if first < t <= full_end) for s in stamps.values())
-    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-            "decode_tokens_per_s": decoded / (last - first) if last > first else float("nan"),
-            "full_batch_decode_tokens_per_s": full / (full_end - first) if full_end > first else float("nan"),
-            "ttft_s": min(s[0] for s in stamps.values()) - start}
+    result = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+              "decode_tokens_per_s": decoded / (last - first) if last > first else float("nan"),
+              "full_batch_decode_tokens_per_s": full / (full_end - first) if full_end > first else float("nan"),
+              "ttft_s": min(s[0] for s in stamps.values()) - start}
+    if rested:
+        after = [[t for t in s if t > rested[0]] for s in stamps.values()]
+        begin = max(s[2] if len(s) > 2 else math.inf for s in after)  # every row's third token after it
+        counted = sum(sum(1 for t in s if begin < t <= full_end) for s in after)
+        result["rested_decode_tokens_per_s"] = counted / (full_end - begin) if full_end > begin else float("nan")
+        result["rested_tokens"] = counted
+    return result
 
 
 def time_to_first_token(engine, prompt: list[int]) -> tuple[float, int]:
