@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import lever_ab  # noqa: E402
 import served_timeline  # noqa: E402
+from gc_log import GcLog, describe as describe_gc  # noqa: E402
 from gpu_clocks import ClockLog  # noqa: E402
 from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofline, run_helios, ttft_rows  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
@@ -59,6 +60,7 @@ from helios.core.reader import open_core  # noqa: E402
 from helios.runtime.loading import gemm_algos, rotary_calls  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
+from helios.server.heap import freeze_startup_heap  # noqa: E402
 
 TESTS_TIMEOUT_S = 150  # the GPU tests delay the anchor; the whole call must fit about 8 minutes
 CLOCKS = ClockLog(interval_ms=200)  # SM clock and power per phase of the call (printed at the end)
@@ -170,6 +172,12 @@ def main() -> None:
                         help="serve each batch workload again, pausing this long once every request has its first "
                              "token (as the anchor compiles between its prefill and its timed loop, so the device "
                              "starts the loop out of its power cap), and print that decode rate beside the served one")
+    parser.add_argument("--freeze-heap", choices=("on", "off"), default="on",
+                        help="freeze the process's heap once loaded, as `helios serve` does when ready "
+                             "(`helios.server.heap`); off: the first workloads' full collections walk the load's objects")
+    parser.add_argument("--first-step-timing", action="store_true",
+                        help="serve the first batch workload under the step timing (device ms a replay, idle "
+                             "before it, host ms by phase): where a first run after load loses time")
     parser.add_argument("--levers",
                         default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab,"
                                 "lt_program_ab",
@@ -286,6 +294,9 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
     runtime = load_runtime(core, key, workloads, device)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
+    if args.freeze_heap == "on":
+        log(f"heap frozen as `helios serve` does when ready: {freeze_startup_heap():,} objects")
+    collections = GcLog()
     choices = gemm_algos.chosen_so_far()
     results["gemm_algos"] = [{"shape": list(c.shape[:3]), "f_linear_us": c.f_linear_us, "chosen_us": c.chosen_us,
                               "label": c.label, "best_us": c.best_us, "best_label": c.best_label} for c in choices]
@@ -300,7 +311,15 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
             if index == len(workloads) - 1:  # before the long workload, whose last step is a decode step
                 results["ttft"] = ttft_rows(runtime.engine, shape.vocab_size, ttft_prompt)
             CLOCKS.phase(f"helios {workload}")
-            ours = run_helios(runtime.engine, workload, shape.vocab_size)
+            collections.take()
+            if index == 0 and args.first_step_timing and len(workloads) > 1:
+                split = served_timeline.step_split(runtime.engine, workload, shape.vocab_size, salt=0)
+                log(f"first run, step timing {workload}: {split['line']}")
+                ours = split.pop("served")
+                results["first_step_timing"] = split
+            else:
+                ours = run_helios(runtime.engine, workload, shape.vocab_size)
+            log(f"helios {workload}: collections while served: {describe_gc(collections.take())}")
             CLOCKS.phase("helios between")
             ours["roofline_tokens_per_s"] = roofline(shape, workload, bandwidth, 2)
             results["workloads"][str(workload)] = ours
@@ -320,6 +339,7 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
         # page tables): the A/B captures and the profile replay it.
         levers(runtime.model, shape, results, device, args)
     finally:
+        collections.close()
         runtime.close()
         del runtime
         gc.collect()

@@ -34,15 +34,17 @@ PHASES = (("scheduler", "schedule"), ("scheduler", "complete"), ("executor", "la
           ("engine", "_dispatch"), ("outbox", "flush"))
 
 
-def step_split(engine, workload, vocab: int) -> dict:
-    """`workload` served once under `StepTiming` (wrappers removed afterwards)."""
+def step_split(engine, workload, vocab: int, salt: int = 7) -> dict:
+    """`workload` served once under `StepTiming` (wrappers removed afterwards); ``served`` holds
+    `run_helios`'s result."""
     timing = StepTiming(engine)
     try:
-        served = run_helios(engine, workload, vocab, salt=7)
+        served = run_helios(engine, workload, vocab, salt=salt)
         summary = timing.summary(workload.requests)
     finally:
         timing.close()
     summary["full_batch_decode_tokens_per_s"] = served["full_batch_decode_tokens_per_s"]
+    summary["served"] = served
     summary["line"] = StepTiming.describe(summary)
     return summary
 
