@@ -34,6 +34,7 @@ from gpu_clocks import ClockLog  # noqa: E402
 from helios.abi.cublaslt import LtProduct, available  # noqa: E402
 from helios.abi.gemv_tiles import skinny_tile  # noqa: E402
 from helios.abi.triton_skinny import skinny_linear  # noqa: E402
+from helios.runtime.loading.gemm_algos import sustained_replay_us  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -68,16 +69,7 @@ def timed_us(graph, replays: int, calls: int) -> float:
 def sustained_us(graph, sustain_ms: float, calls: int) -> float:
     """us a call over the second half of back-to-back replays lasting about `sustain_ms`."""
     each_ms = timed_us(graph, 2, calls) * calls / 1e3
-    replays = max(4, round(sustain_ms / max(each_ms, 1e-3)))
-    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    start.record()
-    for index in range(replays):
-        if index == replays // 2:
-            middle.record()
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return middle.elapsed_time(end) * 1e3 / ((replays - replays // 2) * calls)
+    return sustained_replay_us(graph, max(4, round(sustain_ms / max(each_ms, 1e-3)))) / calls
 
 
 def measure(rows: int, name: str, args, clocks: ClockLog) -> dict:

@@ -24,6 +24,7 @@ import torch
 from helios.abi import fused
 from helios.abi.sampling import SampleVariant
 from helios.runtime.loading.cuda_graphs import CapturedProgram, variant_module
+from helios.runtime.loading.gemm_algos import sustained_replay_us
 from helios.runtime.loading.model import program_arguments
 
 OPS = torch.ops.helios
@@ -55,21 +56,9 @@ def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20, sus
         times.append(start.elapsed_time(end))
     median = sorted(times)[len(times) // 2]
     if sustain_ms > 0:
-        median = _sustained_ms(graph, max(4, round(sustain_ms / max(median, 1e-3))))
+        median = sustained_replay_us(graph, max(4, round(sustain_ms / max(median, 1e-3)))) / 1e3
     graph.reset()
     return median
-
-
-def _sustained_ms(graph, replays: int) -> float:
-    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    start.record()
-    for index in range(replays):
-        if index == replays // 2:
-            middle.record()
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return middle.elapsed_time(end) / (replays - replays // 2)
 
 
 def _wall_ms(call, repeat: int, replays: int) -> float:

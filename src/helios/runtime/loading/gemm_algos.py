@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ENABLED", "Choice", "choose_algorithms", "chosen_so_far", "lt_eligible", "lt_shapes"]
+__all__ = ["ENABLED", "Choice", "choose_algorithms", "chosen_so_far", "lt_eligible", "lt_shapes",
+           "sustained_replay_us"]
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +223,12 @@ def _replay_us(graph) -> float:
 
 
 def _sustained_us(graph, sustain_ms: float) -> float:
-    """us a replay over the second half of back-to-back replays lasting about `sustain_ms`."""
-    replays = max(4, round(sustain_ms * 1e3 / _replay_us(graph)))
+    return sustained_replay_us(graph, max(4, round(sustain_ms * 1e3 / _replay_us(graph))))
+
+
+def sustained_replay_us(graph, replays: int) -> float:
+    """us a replay of `graph` (a CUDA graph) over the second half of `replays` back-to-back replays:
+    the clock a long run holds the device at, where one replay after an idle moment runs at boost."""
     start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     start.record()
     for index in range(replays):
