@@ -1,12 +1,14 @@
 """Load-time choice of cuBLASLt algorithms for a program's projections (CUDA).
 
 ``F.linear`` runs cuBLAS's first heuristic pick for each shape, which at decode batches is not
-always the fastest of the algorithms cuBLASLt offers: on an H200 at Llama-3.1-8B shapes another of
-its candidates runs the 256-row gate/up product 1.085x, the down product 1.07x and the LM head 1.09x
-as fast, the 64-row LM head 1.09x (`bench/cublaslt_ab.py`, `bench/results/h200_session30_call1`).
-Which one wins depends on the device, the library version and the shape, so it is measured here,
-on the device, when the programs are captured - the way `tune_attention` picks decode splits - and
-nothing is decided while serving.
+always the fastest of the algorithms cuBLASLt offers: timed a few replays at a time on an H200 at
+Llama-3.1-8B shapes, others ran the 256-row projections 1.09-1.12x and the 64-row LM head 1.09x as
+fast (`bench/cublaslt_ab.py`, `bench/results/h200_session30_call1`); timed back to back, under the
+device's power cap where a 256-row decode step runs, none was more than 1.04x
+(`bench/results/h200_session31_call1`), and no whole decode step gained more than 1%, so the choice
+is off by default. Which one wins depends on the device, the library version, the shape and the
+clock, so it is measured here, on the device, when the programs are captured - the way
+`tune_attention` picks decode splits - and nothing is decided while serving.
 
 Capture points every ``aten.linear`` call that `lt_eligible` accepts (no bias, 16-bit,
 `MIN_ROWS`..`MAX_ROWS` rows, a 2-D weight, and no Triton tile: `helios.runtime.loading.gemv_calls`)
