@@ -4,13 +4,14 @@ subcommand, `helios generate PROMPT` on the embedded model, and serve's option c
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 
 import pytest
 
 import helios
 import helios.embedded
-from helios.cli import serve_cmd
+from helios.cli import generate_cmd, serve_cmd
 from helios.cli.main import build_parser, main
 from helios.embedded import prepared as embedded
 from ignition.hf_checkpoints import QWEN3
@@ -44,7 +45,12 @@ def test_generate_on_the_embedded_model_needs_only_the_prompt(tmp_path, monkeypa
     monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
     monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(embedded, "DECODE_BATCHES", (1,))
+    frozen_while_generating = []
+    generate_body = generate_cmd._generate
+    monkeypatch.setattr(generate_cmd, "_generate", lambda args, runtime: frozen_while_generating.append(
+        gc.get_freeze_count()) or generate_body(args, runtime))
     assert main(["generate", "hello there", "--max-tokens", "3", "--json", "--ignore-eos"]) == 0
+    assert frozen_while_generating[0] > 0 and gc.get_freeze_count() == 0  # the load's objects, for the run only
     (line,) = capsys.readouterr().out.strip().splitlines()
     result = json.loads(line)
     assert len(result["token_ids"]) == 3 and result["finish_reason"] == "length"

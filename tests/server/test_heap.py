@@ -34,3 +34,37 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected():
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok ")
 
+
+
+FROZEN_BLOCK = """
+import gc, weakref
+from helios.server.heap import frozen_heap
+
+class Node:
+    pass
+
+before = Node()
+before.self = before  # a cycle from before the block: frozen in it, collectable after it
+alive = weakref.ref(before)
+del before
+with frozen_heap() as frozen:
+    assert frozen > 1000 and gc.get_freeze_count() > 1000, frozen
+    gc.collect()
+    assert alive() is not None, "a frozen cycle was collected inside the block"
+    inside = Node()
+    inside.self = inside
+    made = weakref.ref(inside)
+    del inside
+    gc.collect()
+    assert made() is None, "a cycle made inside the block was not collected"
+assert gc.get_freeze_count() == 0
+gc.collect()
+assert alive() is None, "a cycle frozen by the block was not collected after it"
+print("ok", frozen)
+"""
+
+
+def test_a_frozen_block_unfreezes_what_it_froze():
+    result = subprocess.run([sys.executable, "-c", FROZEN_BLOCK], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok ")

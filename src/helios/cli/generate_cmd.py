@@ -26,6 +26,7 @@ from helios.frontend.decoding.text_bounds import is_unicode_text
 from helios.runtime.offline import generate
 from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.heap import frozen_heap
 
 
 def register(subparsers) -> None:
@@ -102,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
     runtime = build_runtime(_open(args), options)
     try:
-        return _generate(args, runtime)
+        with frozen_heap():  # the load's objects out of the collector's full walks while generating
+            return _generate(args, runtime)
     finally:
         runtime.close()
 

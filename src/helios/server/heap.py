@@ -12,12 +12,19 @@ what was allocated while serving. The collector stays enabled: cycles made while
 found. Called once by each serving process (`helios serve`'s, and its engine process) when it is
 ready, before it takes requests.
 
+`frozen_heap` is the same for a block (`helios generate`, which may run in a caller's process):
+what exists when it begins is frozen, without a collection first, and unfrozen when it ends. A
+first large batch after a load otherwise pays one full collection over the load's objects: 256 ms
+in the middle of an 8B core's first 256-row decode (`bench/results/h200_session31_call3`).
+
 The C allocator's side (freed memory kept by the process) is `helios.runtime.host_heap`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from typing import Iterator
 
 
 def freeze_startup_heap() -> int:
@@ -26,3 +33,15 @@ def freeze_startup_heap() -> int:
     gc.freeze()
     return gc.get_freeze_count()
 
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[int]:
+    """Freezes every object that exists now for the block (yields how many are frozen) and unfreezes
+    them after it: they go back to the oldest generation, where a later collection finds any garbage
+    among them. Not nested in a process whose heap is frozen for good (`freeze_startup_heap`)."""
+    gc.freeze()
+    try:
+        yield gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
