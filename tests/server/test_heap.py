@@ -29,10 +29,14 @@ print("ok", frozen)
 """
 
 
-def test_startup_objects_are_frozen_and_later_cycles_still_collected():
-    result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+def _passes_in_a_child(code: str) -> None:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok ")
+
+
+def test_startup_objects_are_frozen_and_later_cycles_still_collected():
+    _passes_in_a_child(CHECK)
 
 
 
@@ -65,6 +69,4 @@ print("ok", frozen)
 
 
 def test_a_frozen_block_unfreezes_what_it_froze():
-    result = subprocess.run([sys.executable, "-c", FROZEN_BLOCK], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ok ")
+    _passes_in_a_child(FROZEN_BLOCK)
