@@ -14,6 +14,7 @@ import torch
 from helios.contract import manifest_pb2 as mpb
 from helios.runtime.loading import dry_run_ahead, model
 from helios.runtime.loading.dry_run_ahead import fits_twice, stand_in_weights, weight_bytes
+from runtime.test_host_staging import engram  # noqa: F401 (the module-scoped Engram core fixture)
 from runtime.test_model_fixture import open_fixture
 
 GIB = 1 << 30
@@ -127,3 +128,46 @@ def test_a_plans_dry_run_calls_each_graph_on_the_arguments_and_leaves_failures_t
         dry_run_plan(plan, [1, 2], compiler)
     assert called == [("full", (1, 2)), ("fresh full", (1, 2)), ("fresh greedy", (1, 2))]
     assert compiler.label == "prefill (batch 1)" and "fresh full failed" in caplog.text
+
+
+def _loaded_programs(core):
+    from helios.abi.registry import registered_schemas
+    from helios.runtime.loading.programs import DeclaredOps, load_program
+
+    prepared = core.prepared
+    declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
+    return [load_program(core, prepared, h, declared, torch.device("cpu")) for h in model.select_handles(prepared, 8)]
+
+
+def test_static_page_extents_size_the_stand_ins_and_bound_the_pages_a_load_takes(engram):
+    """A core whose programs take a static number of cache pages (the Engram test core: 32, where its
+    context needs 8 + 1): the dry run's stand-ins get that many (they were sized for one context and
+    the narrowing of the planes failed the CUDA load), and a load asked for fewer stops with a typed
+    error instead of torch's narrowing error."""
+    from helios.contract import StartupOptions
+    from helios.runtime.loading.model import LoadOptions, TooFewPagesError
+    from helios.runtime.service import RuntimeOptions, build_runtime
+
+    assert model.static_pages(open_fixture().prepared, _loaded_programs(open_fixture())) == 0  # symbolic pages
+    core = open_fixture(engram[1])
+    assert model.static_pages(core.prepared, _loaded_programs(core)) == 32
+    with pytest.raises(TooFewPagesError, match="8 physical cache pages asked for.*take 32"):
+        build_runtime(open_fixture(engram[1]), RuntimeOptions(load=LoadOptions(startup=StartupOptions(), num_pages=8)))
+    runtime = build_runtime(open_fixture(engram[1]), RuntimeOptions(load=LoadOptions(startup=StartupOptions(),
+                                                                                     num_pages=32)))
+    runtime.close()
+
+
+def test_a_plan_whose_stand_in_arguments_fail_is_left_to_the_capture(caplog):
+    from helios.runtime.loading.dry_run_ahead import DryRunAhead
+
+    ahead = DryRunAhead.__new__(DryRunAhead)  # no CUDA stream: the call returns before using it
+
+    def arguments_of(program):
+        raise RuntimeError("start (0) + length (32) exceeds dimension size (9).")
+    ahead.compiler, ahead.arguments_of, ahead.plans, ahead.seconds = None, arguments_of, 0, 0.0
+    plan = types.SimpleNamespace(program=object(), name="decode (batch 4, 4 tokens)")
+    with caplog.at_level("INFO", logger=dry_run_ahead.__name__):
+        ahead(plan)
+    assert ahead.plans == 0 and "leaves decode (batch 4, 4 tokens) to the capture" in caplog.text
+    assert "exceeds dimension size" in caplog.text

@@ -12,12 +12,14 @@ weight thread still reads, on stand-ins:
 - each weight: zeros of its manifest dtype and shape, on its placement's device, one tensor shared
   by every weight of the same shape (32 layers need one of each), a few GB for an 8B core;
 - every other buffer: allocated as the load allocates them (`_allocate`), with a cache of just
-  enough pages for one context, the load's state rows and window pages, its constants written and
-  the tuning producers run on them.
+  enough pages for one context (or, where a program takes a static page extent, that many:
+  `helios.runtime.loading.model.static_pages`), the load's state rows and window pages, its
+  constants written and the tuning producers run on them.
 
 The workers then compile while the plans are built and the weights load, and the capture only
 waits for what is left (`KernelCompiler.ran_ahead`). What it changes is when the compiles happen,
-never a result: a variant the stand-ins did not reveal is compiled by its warm-up run as before.
+never a result: a variant the stand-ins did not reveal is compiled by its warm-up run as before,
+and a plan whose arguments the stand-ins cannot give is left to the capture's dry run (logged).
 It is made only where it is safe to: one rank (a tensor-parallel rank's plans run collectives,
 which every rank must make in the same order), and only if the stand-ins and the whole weights fit
 the free device memory twice over; they are freed, and the device's cache emptied, before the
@@ -26,6 +28,7 @@ pages are sized.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Callable, Mapping
@@ -35,6 +38,7 @@ import torch
 from helios.contract import manifest_pb2 as mpb
 from helios.runtime.loading.cuda_graphs import dry_run_plan
 
+_LOG = logging.getLogger(__name__)
 MARGIN_BYTES = 2 << 30  # beyond twice the stand-ins (activations of the largest plan's dry run)
 
 
@@ -51,9 +55,17 @@ class DryRunAhead:
         self.plans = 0
 
     def __call__(self, plan) -> None:
+        """Dry-runs `plan` on the stand-ins; a plan whose arguments the stand-ins cannot give is left
+        to the capture's own dry run (logged), never failing the load."""
         started = time.perf_counter()
+        try:
+            arguments = self.arguments_of(plan.program)
+        except Exception as error:  # noqa: BLE001 - the capture's dry run finds its variants instead
+            _LOG.info("the Triton precompile's dry run leaves %s to the capture (stand-ins: %s: %s)", plan.name,
+                      type(error).__name__, error)
+            return
         with self.compiler.dry_run(self._arguments), torch.cuda.stream(self._stream):
-            dry_run_plan(plan, self.arguments_of(plan.program), self.compiler)
+            dry_run_plan(plan, arguments, self.compiler)
         self.plans += 1
         self.seconds += time.perf_counter() - started
 

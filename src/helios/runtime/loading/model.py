@@ -91,6 +91,11 @@ class RankResourceError(LoadError):
     """The rank is outside the manifest's ranks, or the core lacks that rank's weights."""
 
 
+class TooFewPagesError(LoadError):
+    """The physical cache pages asked for are fewer than a program's static page extent (its inputs
+    are narrowed to that many pages)."""
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """Startup options: contract settings overrides, device, physical cache pages and the rank."""
@@ -205,11 +210,12 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         row_tokens = max(h.capacity.packed_token_capacity for h in handles)
         num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                              options.window_pages)
+        least_pages = static_pages(prepared, programs + producers + initializers + state_copies)
         ahead = None
         if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
             import_ahead.wait()  # before the dry run's first custom op imports it here
-            ahead = _dry_run_ahead(prepared, producers, compiler, device, context_pages + 1, num_state_rows,
-                                   num_window_pages)
+            ahead = _dry_run_ahead(prepared, producers, compiler, device, max(context_pages + 1, least_pages),
+                                   num_state_rows, num_window_pages)
         plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load
         if ahead is not None:
             ahead.close()
@@ -224,6 +230,9 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
         num_window_pages)
+    if num_pages < least_pages:
+        raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but the core's programs take "
+                               f"{least_pages} (a static page extent); ask for at least {least_pages}")
     buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
@@ -347,6 +356,22 @@ def _reduce(handles: list[mpb.GraphHandle], concurrency: int) -> list[mpb.GraphH
 def tuned_outputs(prepared: PreparedContract) -> set[str]:
     """Buffers the startup tuning producers write (serving programs only read them)."""
     return {output for entry in prepared.manifest.tuning_catalog for output in entry.outputs}
+
+
+def static_pages(prepared: PreparedContract, programs) -> int:
+    """The most physical pages any of `programs` takes as a static extent of a page-sized buffer (0
+    when every page dimension is symbolic, as preparation exports them): `program_arguments` narrows
+    such an input to that many pages, so fewer pages than this cannot be served, nor dry-run."""
+    page_dims = {buffer.name: [dim for dim, d in enumerate(buffer.shape) if d.WhichOneof("extent") == "load_extent"
+                               and d.load_extent == mpb.LOAD_EXTENT_PHYSICAL_PAGES]
+                 for buffer in prepared.manifest.buffers}
+    least = 0
+    for program in programs:
+        for name, shape in zip(program.inputs, program.input_shapes):
+            for dim in page_dims.get(name, ()):
+                if dim < len(shape) and shape[dim] is not None:
+                    least = max(least, shape[dim])
+    return least
 
 
 def program_arguments(program: LoadedProgram, weights: Mapping[str, torch.Tensor],
