@@ -19,6 +19,13 @@ epilogue, tail) and a marginal cost per position (reported as the bandwidth of t
 reads). ``empty`` is a Triton kernel with the served launch's grid that returns at once: the launch
 and scheduling part of the fixed cost.
 
+``--pdl-contexts``: at those contexts, the served launch behind the qkv product with and without
+programmatic dependent launch (`helios.abi.triton_decode`'s PDL: its programs may be placed while
+the product finishes and wait for it first thing), with the served tile and with its speculating
+form (``s``); each output is compared with the same tile's without it. (Session 32 call 2 also
+timed a form that loaded the position, the rows' bounds and the first page entries before the
+wait: no faster than waiting first, 0.7-1.4 us against 0.4-1.4 us saved a call.)
+
     python bench/decode_fixed_cost.py [--batches 1,64,256] [--contexts 1,16,64,128,192,256,512,1024] [--json out.json]
     python bench/decode_fixed_cost.py --smoke   # tiny shapes, Triton interpreter, CPU (checks the script runs)
 """
@@ -46,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=8, help="calls a graph holds, each on its own caches")
     parser.add_argument("--fit-from", type=int, default=64, help="smallest context in the least-squares line")
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--pdl-contexts", default="128,256", help="contexts of the dependent-launch A/B; '' for none")
     parser.add_argument("--json", default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
     return parser.parse_args(argv)
@@ -150,6 +158,52 @@ def case_rows(config, batch: int, context: int, layers: int, replays: int, devic
     return row
 
 
+def pdl_rows(config, batch: int, context: int, layers: int, replays: int, device) -> list[dict]:
+    """After-qkv microseconds of the served launch per (tile, dependent launch or not), and whether its
+    outputs equal the launch without it (the same tile's, bit for bit)."""
+    from dataclasses import replace
+
+    from helios.abi.decode_tiles import decode_tile
+    from helios.abi.rotary_attention import triton_rotary_paged_attention
+
+    scale = config.head_dim ** -0.5
+    pages_per_layer = batch * -(-(context + 1) // config.page_tokens) + 1
+    caches = [make_caches(config, pages_per_layer, device) for _ in range(layers)]
+    steps = [make_step(config, [1] * batch, [context + 1] * batch, pages_per_layer, device) for _ in range(layers)]
+    hidden, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    x = torch.randn(batch, hidden, device=device, dtype=DTYPE)
+    weights = [torch.randn(hidden + 2 * kv, hidden, device=device, dtype=DTYPE) * 0.02 for _ in range(layers)]
+    k_new = torch.randn(batch, config.num_kv_heads, config.head_dim, device=device, dtype=DTYPE)
+    v_new, cos = torch.randn_like(k_new), torch.randn(batch, config.head_dim, device=device, dtype=DTYPE)
+    sin = torch.randn_like(cos)
+    slot = [(s.page_table[torch.arange(batch, device=device), s.positions.long() // config.page_tokens].long()
+             * config.page_tokens + s.positions.long() % config.page_tokens) for s in steps]
+    served = decode_tile(batch, config.head_dim)
+    tiles = {"served": served, "speculating": replace(served, speculate=True)}
+
+    def call(i, tile, pdl):
+        return lambda: triton_rotary_paged_attention(
+            steps[i].q, k_new, v_new, cos, sin, *caches[i], slot[i], steps[i].page_table, steps[i].query_start,
+            steps[i].positions, scale, 0, tile=tile, pdl=pdl)
+
+    def qkv(i):
+        return lambda: F.linear(x, weights[i])
+
+    products = graph_us([qkv(i) for i in range(layers)], replays) / layers
+    rows = []
+    for label, tile in tiles.items():
+        expected = call(0, tile, False)()
+        for pdl in (False, True):
+            same = bool(torch.equal(call(0, tile, pdl)(), expected))
+            both = [c for i in range(layers) for c in (qkv(i), call(i, tile, pdl))]
+            rows.append({"batch": batch, "context": context, "tile": label, "pdl": pdl, "same_bits": same,
+                         "after_qkv_us": graph_us(both, replays) / layers - products})
+    del caches, steps, weights
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
+
+
 def empty_us(config, batch: int, layers: int, replays: int, device) -> float:
     """One launch of a do-nothing Triton kernel with the served decode grid at `batch` (k4 tiles: two
     programs a token at 8 key/value heads; one split)."""
@@ -169,6 +223,7 @@ def main(argv=None) -> int:
 
         enable_interpreter()  # before anything imports triton
         args.batches, args.contexts, args.layers, args.fit_from = "1,3", "4,8,16", 2, 4
+        args.pdl_contexts = ""  # programmatic dependent launch needs the device
     elif not torch.cuda.is_available():
         print("decode_fixed_cost: needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
@@ -199,6 +254,15 @@ def main(argv=None) -> int:
             rate = entry[kind]["marginal_tb_s"]
             print(f"batch {batch} {kind}: fixed {fixed:.1f} us a call + {slope:.4f} us a position"
                   + (f" ({rate:.2f} TB/s of keys and values at the margin)" if rate else ""), flush=True)
+        pdl = []
+        for context in [int(c) for c in args.pdl_contexts.split(",") if c]:
+            pdl.extend(pdl_rows(config, batch, context, args.layers, args.replays, device))
+        base = {(r["tile"], r["context"]): r["after_qkv_us"] for r in pdl if not r["pdl"]}
+        for r in pdl:
+            print(f"batch {batch} context {r['context']} {r['tile']} tile, PDL {'on' if r['pdl'] else 'off'}: after "
+                  f"qkv {r['after_qkv_us']:.1f} us ({base[(r['tile'], r['context'])] - r['after_qkv_us']:+.1f} us "
+                  f"saved; outputs {'the same bits' if r['same_bits'] else 'DIFFER'})", flush=True)
+        entry["pdl"] = pdl
         summary.append(entry)
         rows.extend(per_batch)
     if args.json:

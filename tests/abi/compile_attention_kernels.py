@@ -59,8 +59,9 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
                                 MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned,
-                                ROTARY=tuned, KV_PAD=1, L2_PREFETCH=tuned and fused),  # helios::rotary_paged_attention
-                           num_warps=4, num_stages=2)
+                                ROTARY=tuned, KV_PAD=1, L2_PREFETCH=tuned and fused,  # helios::rotary_paged_attention
+                                PDL=tuned),  # programmatic dependent launch: a wait first thing
+                           num_warps=4, num_stages=2, launch_pdl=tuned)
     for tile in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps, split where they fuse
         heads = tile.heads_per_program(group)
         descriptor = f"tensordesc<{dtype}[{tile.block_n},{head_dim}]>"

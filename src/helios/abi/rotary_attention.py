@@ -94,10 +94,11 @@ def _cuda(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, page_table, query_s
 
 def triton_rotary_paged_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, page_table, query_start,
                                   positions, scale: float, window: int, sinks=None, splits=None, *,
-                                  tile=None, prefetch=None) -> torch.Tensor:
+                                  tile=None, prefetch=None, pdl: bool | None = None) -> torch.Tensor:
     """The CUDA body on validated arguments (CPU under TRITON_INTERPRET=1): one decode launch with the
     rotary prologue when T <= R, else the rotary kernel and the attention path of the op's variant.
-    `tile` overrides the decode tile (benchmarks, tests)."""
+    `tile` overrides the decode tile (benchmarks, tests) and `pdl` the choice of programmatic
+    dependent launch (`helios.abi.triton_decode`; default: where `helios.abi.dependent_launch` says)."""
     from helios.abi import triton_decode
     from helios.abi.triton_attention import triton_paged_attention, triton_paged_attention_tuned
 
@@ -114,7 +115,8 @@ def triton_rotary_paged_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapp
     prefetch = prefetch if prefetch is None or prefetch.is_contiguous() else None  # a hint: a view is not fetched
     if splits is None:
         return triton_decode.paged_attention_decode(q, k_cache, v_cache, page_table, query_start, positions, scale,
-                                                    window, sinks=sinks, tile=tile, rotary=rotary, prefetch=prefetch)
+                                                    window, sinks=sinks, tile=tile, rotary=rotary, prefetch=prefetch,
+                                                    pdl=pdl)
     return triton_decode.paged_attention_decode_tuned(q, k_cache, v_cache, page_table, query_start, positions, scale,
                                                       window, splits, sinks=sinks, tile=tile, rotary=rotary,
-                                                      prefetch=prefetch)
+                                                      prefetch=prefetch, pdl=pdl)

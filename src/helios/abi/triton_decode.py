@@ -45,6 +45,7 @@ import triton.language as tl
 
 from helios.abi.attention import DECODE_MAX_SPLITS, DECODE_PROGRAMS_PER_MULTIPROCESSOR, MIN_SPLIT_TOKENS
 from helios.abi.decode_tiles import DECODE_TILES, DEFAULT_TILE, DecodeTile, decode_tile
+from helios.abi.dependent_launch import dependent_launch
 from helios.abi.triton_decode_rotary import l2_prefetch, rope_table, rotated_heads, write_row_tokens, write_token
 from helios.abi.triton_decode_walk import combine_if_last, token_row, walk
 from helios.abi.triton_paged import (
@@ -129,7 +130,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
                    MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
                    BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr, ROTARY: tl.constexpr, KV_PAD: tl.constexpr,
-                   L2_PREFETCH: tl.constexpr):
+                   L2_PREFETCH: tl.constexpr, PDL: tl.constexpr = False):
     """Program (token, key/value heads, split): the GROUP query heads of each of the BLOCK_KV key/value
     heads from kv_head = program_id(1) * BLOCK_KV (BLOCK_KV > 1: a wide or partly wide tile, each tile
     those key/value heads' keys of its positions, contiguous in a page) over its split's run of cached
@@ -145,7 +146,14 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
     (`helios.abi.triton_decode_rotary`); KV_PAD: BLOCK_KV rounded up to a power of two. L2_PREFETCH:
     programs past the num_tokens tokens (grid rows the launch added) ask the L2 cache to fetch
     prefetch_chunk-byte slices of the prefetch_bytes at prefetch_ptr (the next projection's weight,
-    read while the attention's latency-bound programs leave the memory idle) and do nothing else."""
+    read while the attention's latency-bound programs leave the memory idle) and do nothing else.
+    PDL (launched with programmatic dependent launch): every program waits for the previous kernel
+    first thing, before any load or store, so only the launch and the programs' placement overlap
+    the previous kernel's tail. (Loading the position, the rows' bounds and the first page entries
+    before the wait saved no more, bench/decode_fixed_cost.py, and is unsafe where the previous
+    kernel may still be writing them.)"""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     is_prefetch = token < 0  # never, unless L2_PREFETCH: a program past the tokens
     if L2_PREFETCH:
@@ -242,14 +250,16 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                            scale: float, window: int, *, split: int | None = None,
                            sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
-                           rotary: tuple | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                           rotary: tuple | None = None, prefetch: torch.Tensor | None = None,
+                           pdl: bool | None = None) -> torch.Tensor:
     """Flash-decoding (arguments as ``helios::paged_attention``, already validated): grid (T, Hkv,
     splits), then a combine kernel when splits > 1. `split` asks for a count (None: the tile's fixed
     count, else `decode_splits`;
     1: no split and no combine), see `grid_splits`; `tile` overrides `decode_tile` (benchmarks).
     `rotary` = (k, v, cos, sin, slot_mapping): q is unrotated and the kernel rotates it and writes this
     step's keys and values first (``helios::rotary_paged_attention``, `helios.abi.triton_decode_rotary`);
-    `prefetch`: a tensor whose bytes extra programs ask the L2 cache to fetch (`l2_prefetch`)."""
+    `prefetch`: a tensor whose bytes extra programs ask the L2 cache to fetch (`l2_prefetch`); `pdl`
+    (default: where `helios.abi.dependent_launch` says) launches with programmatic dependent launch."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
@@ -259,7 +269,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if split is None:
         split = tile.splits or decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-            grid_splits(max_context, split, tile.block_n), None, sinks, tile, rotary, prefetch)
+            grid_splits(max_context, split, tile.block_n), None, sinks, tile, rotary, prefetch, pdl)
     return out
 
 
@@ -268,13 +278,13 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  scale: float, window: int, splits: torch.Tensor, *,
                                  sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
                                  bound: int | None = None, rotary: tuple | None = None,
-                                 prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                                 prefetch: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
     (and reads the count) whenever the bound allows more than one split. A tile with a fixed split
     count (`DecodeTile.splits`) launches that many instead and reads no count. `tile` and `bound` (the
-    grid's split bound) override the static choices (benchmarks sweep them); `rotary` and `prefetch`
-    as `paged_attention_decode`."""
+    grid's split bound) override the static choices (benchmarks sweep them); `rotary`, `prefetch` and
+    `pdl` as `paged_attention_decode`."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
@@ -283,12 +293,12 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     max_context = page_table.shape[1] * k_cache.shape[1]
     if tile.splits:  # a fixed count: the static launch, the tuned count is not read
         _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile, rotary, prefetch)
+                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile, rotary, prefetch, pdl)
         return out
     bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, bound, tile.block_n),
-            splits.contiguous(), sinks, tile, rotary, prefetch)
+            splits.contiguous(), sinks, tile, rotary, prefetch, pdl)
     return out
 
 
@@ -323,12 +333,14 @@ def grid_splits(max_context: int, split: int, block_n: int) -> int:
 
 def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: int, splits: torch.Tensor | None,
             sinks: torch.Tensor | None, tile: DecodeTile, rotary: tuple | None = None,
-            prefetch: torch.Tensor | None = None) -> None:
+            prefetch: torch.Tensor | None = None, pdl: bool | None = None) -> None:
     """Launch the decode kernel (and the combine kernel when more than one split can run and the tile
     does not fuse the combine). splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink
     logits or None; rotary: (k, v, cos, sin, slot_mapping) with unit strides along D, or None;
-    prefetch: a contiguous tensor the added prefetch programs fetch into L2, or None."""
+    prefetch: a contiguous tensor the added prefetch programs fetch into L2, or None; pdl: launch with
+    programmatic dependent launch (None: where `helios.abi.dependent_launch` says)."""
     q, k_cache, v_cache, page_table, query_start, positions = tensors
+    pdl = dependent_launch(q) if pdl is None else pdl
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
@@ -363,8 +375,8 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
             NUM_SPLITS=num_splits, TUNED=tuned, DOT_PRECISION=dot_precision(q), HAS_SINKS=sinks is not None,
             MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
             SPECULATE=tile.speculate and tile.prefetch > 0, ROTARY=rotary is not None,
-            KV_PAD=triton.next_power_of_2(block_kv), L2_PREFETCH=prefetch is not None, num_warps=tile.num_warps,
-            num_stages=tile.num_stages)
+            KV_PAD=triton.next_power_of_2(block_kv), L2_PREFETCH=prefetch is not None, PDL=pdl,
+            num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
         if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
