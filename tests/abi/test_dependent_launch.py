@@ -25,3 +25,14 @@ def test_no_prefetch_without_it():
     assert triton_skinny._dependent(x, True, None) == (True, dependent_launch.PREFETCH_COLUMNS)
     assert triton_skinny._dependent(x, False, 512) == (False, 0)
     assert triton_skinny._dependent(x, True, 512) == (True, 512)
+
+
+def test_decode_launches_take_it_up_to_64_tokens_where_the_device_allows(monkeypatch):
+    from helios.abi import triton_decode
+
+    monkeypatch.setattr(triton_decode, "dependent_launch", lambda tensor: True)  # a Hopper device
+    assert triton_decode.takes_dependent_launch(torch.zeros(1, 32, 128))
+    assert triton_decode.takes_dependent_launch(torch.zeros(triton_decode.PDL_MAX_TOKENS, 32, 128))
+    assert not triton_decode.takes_dependent_launch(torch.zeros(triton_decode.PDL_MAX_TOKENS + 1, 32, 128))
+    monkeypatch.setattr(triton_decode, "dependent_launch", dependent_launch.dependent_launch)
+    assert not triton_decode.takes_dependent_launch(torch.zeros(1, 32, 128))  # CPU tensors never take it

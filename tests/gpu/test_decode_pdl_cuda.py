@@ -32,11 +32,12 @@ def _layers(x, layers, caches, step):
     return x
 
 
-@pytest.mark.parametrize("rows", [1, 64, 256])
+@pytest.mark.parametrize("rows", [1, 64])
 def test_decode_attention_under_dependent_launch_keeps_the_bits(monkeypatch, rows):
     from helios.abi import dependent_launch
+    from helios.abi.triton_decode import takes_dependent_launch
 
-    assert dependent_launch.dependent_launch(torch.zeros(1, device="cuda"))
+    assert takes_dependent_launch(torch.zeros(rows, 32, 128, device="cuda"))
     generator = torch.Generator().manual_seed(rows)
     hidden = HEADS * HEAD_DIM
     pages_per_row = -(-(CONTEXT + 1) // PAGE)

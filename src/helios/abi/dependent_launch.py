@@ -13,7 +13,8 @@ two) let the next kernel start first and wait before their first load of an acti
 skinny kernels first ask L2 for the start of their weight rows, which no kernel writes. The
 decode attention kernel (`helios.abi.triton_decode._decode_kernel`) waits first thing: its
 launch and the placement of its programs overlap the qkv product's tail (0.4-1.3 us a call on an
-H200, bench/decode_fixed_cost.py). The
+H200, bench/decode_fixed_cost.py); it takes it for launches of at most 64 tokens
+(`helios.abi.triton_decode.takes_dependent_launch`: at 256 rows the whole step lost 1% with it). The
 results are the same bits (the same arithmetic in the same order; `bench/pdl_ab.py` and the GPU
 tests compare them); a kernel after one of these that was not launched with PDL waits as before.
 

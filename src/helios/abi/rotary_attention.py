@@ -98,7 +98,7 @@ def triton_rotary_paged_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapp
     """The CUDA body on validated arguments (CPU under TRITON_INTERPRET=1): one decode launch with the
     rotary prologue when T <= R, else the rotary kernel and the attention path of the op's variant.
     `tile` overrides the decode tile (benchmarks, tests) and `pdl` the choice of programmatic
-    dependent launch (`helios.abi.triton_decode`; default: where `helios.abi.dependent_launch` says)."""
+    dependent launch (default: `helios.abi.triton_decode.takes_dependent_launch`)."""
     from helios.abi import triton_decode
     from helios.abi.triton_attention import triton_paged_attention, triton_paged_attention_tuned
 

@@ -54,10 +54,15 @@ from helios.abi.triton_paged import (
 
 __all__ = [
     "DecodeTile", "decode_splits", "decode_tile", "grid_splits", "paged_attention_decode",
-    "paged_attention_decode_tuned", "tuned_split_bound",
+    "paged_attention_decode_tuned", "takes_dependent_launch", "tuned_split_bound",
 ]
 
 _MAX_SMS = 256  # more multiprocessors than any device has: bounds the tuned decode grid
+# The most tokens a decode launch has for it to take programmatic dependent launch where the device
+# allows it: the whole greedy step at 64 rows ran 1.010x with it, at 1 row 1.001x, at 256 rows 0.990x
+# (bench/results/h200_session32_call3, `--levers pdl_program_ab`), although the launch alone saved
+# 0.7-1.3 us at every batch (bench/decode_fixed_cost.py, call 2).
+PDL_MAX_TOKENS = 64
 L2_CHUNK = 1 << 16  # bytes of one prefetch program's bulk L2 prefetch
 
 
@@ -259,7 +264,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `rotary` = (k, v, cos, sin, slot_mapping): q is unrotated and the kernel rotates it and writes this
     step's keys and values first (``helios::rotary_paged_attention``, `helios.abi.triton_decode_rotary`);
     `prefetch`: a tensor whose bytes extra programs ask the L2 cache to fetch (`l2_prefetch`); `pdl`
-    (default: where `helios.abi.dependent_launch` says) launches with programmatic dependent launch."""
+    (default: `takes_dependent_launch`) launches with programmatic dependent launch."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
@@ -338,9 +343,9 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
     does not fuse the combine). splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink
     logits or None; rotary: (k, v, cos, sin, slot_mapping) with unit strides along D, or None;
     prefetch: a contiguous tensor the added prefetch programs fetch into L2, or None; pdl: launch with
-    programmatic dependent launch (None: where `helios.abi.dependent_launch` says)."""
+    programmatic dependent launch (None: `takes_dependent_launch`)."""
     q, k_cache, v_cache, page_table, query_start, positions = tensors
-    pdl = dependent_launch(q) if pdl is None else pdl
+    pdl = takes_dependent_launch(q) if pdl is None else pdl
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
     page_table, query_start, positions = row_major(page_table), query_start.contiguous(), positions.contiguous()
@@ -382,6 +387,12 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,
                 *out.stride(), NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
                 BLOCK_D=width, TUNED=tuned, BLOCK_N=block_n, MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)))
+
+
+def takes_dependent_launch(q: torch.Tensor) -> bool:
+    """Whether a decode launch for queries `q` [T, Hq, D] takes programmatic dependent launch by
+    default: where `helios.abi.dependent_launch` allows it, for at most PDL_MAX_TOKENS tokens."""
+    return q.shape[0] <= PDL_MAX_TOKENS and dependent_launch(q)
 
 
 _COUNTERS: dict[tuple[str, int | None, int], torch.Tensor] = {}
