@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_kernels import DTYPE, FULL, SMOKE, kv_bytes, make_caches, make_step  # noqa: E402
+from lever_ab import graph_ms  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,30 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def graph_us(calls, replays: int) -> float:
-    """Median microseconds of one replay of a CUDA graph of `calls` (run once first, outside it); on
-    the CPU (`--smoke`), the wall time of one pass."""
-    for call in calls:
-        call()
-    if not torch.cuda.is_available():
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        return (time.perf_counter() - start) * 1e6
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    graph.reset()
-    return sorted(times)[len(times) // 2]
+    """Median microseconds of one replay of a CUDA graph of `calls` (`lever_ab.graph_ms`: run once
+    first, outside it); on the CPU (`--smoke`), wall time."""
+    return graph_ms(lambda: [call() for call in calls], replays=replays) * 1e3
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
