@@ -87,53 +87,74 @@ def _empty_kernel():
     return empty
 
 
+class Layers:
+    """`layers` decode calls' inputs at (batch, context): distinct caches and steps per layer (every row
+    one new token at position `context`, on its own pages), the qkv product's input and weights, and
+    the rotary launch's new keys, values, rotation and slots."""
+
+    def __init__(self, config, batch: int, context: int, layers: int, device):
+        self.config, self.batch, self.count = config, batch, layers
+        self.scale = config.head_dim ** -0.5
+        pages = batch * -(-(context + 1) // config.page_tokens) + 1
+        self.caches = [make_caches(config, pages, device) for _ in range(layers)]
+        self.steps = [make_step(config, [1] * batch, [context + 1] * batch, pages, device) for _ in range(layers)]
+        hidden, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.x = torch.randn(batch, hidden, device=device, dtype=DTYPE)
+        self.weights = [torch.randn(hidden + 2 * kv, hidden, device=device, dtype=DTYPE) * 0.02 for _ in range(layers)]
+        self.k_new = torch.randn(batch, config.num_kv_heads, config.head_dim, device=device, dtype=DTYPE)
+        self.v_new = torch.randn_like(self.k_new)
+        self.cos = torch.randn(batch, config.head_dim, device=device, dtype=DTYPE)
+        self.sin = torch.randn_like(self.cos)
+        rows = torch.arange(batch, device=device)
+        self.slots = []  # each row's new token at its last position
+        for step in self.steps:
+            position = step.positions.to(torch.int64)
+            page = step.page_table[rows, position // config.page_tokens].to(torch.int64)
+            self.slots.append(page * config.page_tokens + position % config.page_tokens)
+
+    def plain(self, i):
+        from helios.abi.triton_decode import paged_attention_decode
+
+        step = self.steps[i]
+        return lambda: paged_attention_decode(step.q, *self.caches[i], step.page_table, step.query_start,
+                                              step.positions, self.scale, 0)
+
+    def served(self, i, **options):
+        """The rotary-fused launch of layer i (`options`: tile, pdl)."""
+        from helios.abi.rotary_attention import triton_rotary_paged_attention
+
+        step = self.steps[i]
+        return lambda: triton_rotary_paged_attention(
+            step.q, self.k_new, self.v_new, self.cos, self.sin, *self.caches[i], self.slots[i], step.page_table,
+            step.query_start, step.positions, self.scale, 0, **options)
+
+    def qkv(self, i):
+        return lambda: F.linear(self.x, self.weights[i])
+
+    def us(self, calls, replays: int) -> float:
+        """Microseconds a layer of `calls` (a list over the layers) in one graph."""
+        return graph_us(calls, replays) / self.count
+
+    def after_qkv_us(self, replays: int, products_us: float, **options) -> float:
+        """The served launch's microseconds a layer behind the layer's qkv product, less the product."""
+        both = [call for i in range(self.count) for call in (self.qkv(i), self.served(i, **options))]
+        return self.us(both, replays) - products_us
+
+    def close(self) -> None:
+        self.caches = self.steps = self.weights = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def case_rows(config, batch: int, context: int, layers: int, replays: int, device) -> dict:
     """The plain, served and after-qkv microseconds of one call at (batch, context)."""
-    from helios.abi.rotary_attention import triton_rotary_paged_attention
-    from helios.abi.triton_decode import paged_attention_decode
-
-    scale = config.head_dim ** -0.5
-    pages_per_layer = batch * -(-(context + 1) // config.page_tokens) + 1
-    caches = [make_caches(config, pages_per_layer, device) for _ in range(layers)]
-    steps = [make_step(config, [1] * batch, [context + 1] * batch, pages_per_layer, device) for _ in range(layers)]
-    hidden = config.num_heads * config.head_dim
-    kv = config.num_kv_heads * config.head_dim
-    x = torch.randn(batch, hidden, device=device, dtype=DTYPE)
-    weights = [torch.randn(hidden + 2 * kv, hidden, device=device, dtype=DTYPE) * 0.02 for _ in range(layers)]
-    k_new = torch.randn(batch, config.num_kv_heads, config.head_dim, device=device, dtype=DTYPE)
-    v_new = torch.randn_like(k_new)
-    cos = torch.randn(batch, config.head_dim, device=device, dtype=DTYPE)
-    sin = torch.randn_like(cos)
-
-    def slots(step) -> torch.Tensor:  # each row's new token at its last position, on its own page
-        position = step.positions.to(torch.int64)
-        page = step.page_table[torch.arange(batch, device=device), position // config.page_tokens].to(torch.int64)
-        return page * config.page_tokens + position % config.page_tokens
-
-    slot_maps = [slots(step) for step in steps]
-
-    def plain(i):
-        return lambda: paged_attention_decode(steps[i].q, *caches[i], steps[i].page_table, steps[i].query_start,
-                                              steps[i].positions, scale, 0)
-
-    def served(i):
-        return lambda: triton_rotary_paged_attention(
-            steps[i].q, k_new, v_new, cos, sin, *caches[i], slot_maps[i], steps[i].page_table, steps[i].query_start,
-            steps[i].positions, scale, 0)
-
-    def qkv(i):
-        return lambda: F.linear(x, weights[i])
-
+    case = Layers(config, batch, context, layers, device)
     row = {"batch": batch, "context": context, "kv_mb": kv_bytes(config, [context] * batch) / 1e6}
-    row["plain_us"] = graph_us([plain(i) for i in range(layers)], replays) / layers
-    row["served_us"] = graph_us([served(i) for i in range(layers)], replays) / layers
-    products = graph_us([qkv(i) for i in range(layers)], replays) / layers
-    both = [call for i in range(layers) for call in (qkv(i), served(i))]
-    row["after_qkv_us"] = graph_us(both, replays) / layers - products
-    row["qkv_us"] = products
-    del caches, steps, weights
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    row["plain_us"] = case.us([case.plain(i) for i in range(layers)], replays)
+    row["served_us"] = case.us([case.served(i) for i in range(layers)], replays)
+    row["qkv_us"] = case.us([case.qkv(i) for i in range(layers)], replays)
+    row["after_qkv_us"] = case.after_qkv_us(replays, row["qkv_us"])
+    case.close()
     return row
 
 
@@ -143,43 +164,19 @@ def pdl_rows(config, batch: int, context: int, layers: int, replays: int, device
     from dataclasses import replace
 
     from helios.abi.decode_tiles import decode_tile
-    from helios.abi.rotary_attention import triton_rotary_paged_attention
 
-    scale = config.head_dim ** -0.5
-    pages_per_layer = batch * -(-(context + 1) // config.page_tokens) + 1
-    caches = [make_caches(config, pages_per_layer, device) for _ in range(layers)]
-    steps = [make_step(config, [1] * batch, [context + 1] * batch, pages_per_layer, device) for _ in range(layers)]
-    hidden, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    x = torch.randn(batch, hidden, device=device, dtype=DTYPE)
-    weights = [torch.randn(hidden + 2 * kv, hidden, device=device, dtype=DTYPE) * 0.02 for _ in range(layers)]
-    k_new = torch.randn(batch, config.num_kv_heads, config.head_dim, device=device, dtype=DTYPE)
-    v_new, cos = torch.randn_like(k_new), torch.randn(batch, config.head_dim, device=device, dtype=DTYPE)
-    sin = torch.randn_like(cos)
-    slot = [(s.page_table[torch.arange(batch, device=device), s.positions.long() // config.page_tokens].long()
-             * config.page_tokens + s.positions.long() % config.page_tokens) for s in steps]
+    case = Layers(config, batch, context, layers, device)
     served = decode_tile(batch, config.head_dim)
     tiles = {"served": served, "speculating": replace(served, speculate=True)}
-
-    def call(i, tile, pdl):
-        return lambda: triton_rotary_paged_attention(
-            steps[i].q, k_new, v_new, cos, sin, *caches[i], slot[i], steps[i].page_table, steps[i].query_start,
-            steps[i].positions, scale, 0, tile=tile, pdl=pdl)
-
-    def qkv(i):
-        return lambda: F.linear(x, weights[i])
-
-    products = graph_us([qkv(i) for i in range(layers)], replays) / layers
+    products = case.us([case.qkv(i) for i in range(layers)], replays)
     rows = []
     for label, tile in tiles.items():
-        expected = call(0, tile, False)()
+        expected = case.served(0, tile=tile, pdl=False)()
         for pdl in (False, True):
-            same = bool(torch.equal(call(0, tile, pdl)(), expected))
-            both = [c for i in range(layers) for c in (qkv(i), call(i, tile, pdl))]
+            same = bool(torch.equal(case.served(0, tile=tile, pdl=pdl)(), expected))
             rows.append({"batch": batch, "context": context, "tile": label, "pdl": pdl, "same_bits": same,
-                         "after_qkv_us": graph_us(both, replays) / layers - products})
-    del caches, steps, weights
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+                         "after_qkv_us": case.after_qkv_us(replays, products, tile=tile, pdl=pdl)})
+    case.close()
     return rows
 
 

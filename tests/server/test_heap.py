@@ -7,22 +7,25 @@ from __future__ import annotations
 import subprocess
 import sys
 
-CHECK = """
+PREAMBLE = """
 import gc, weakref
-from helios.server.heap import freeze_startup_heap
+from helios.server.heap import freeze_startup_heap, frozen_heap
 
 class Node:
     pass
 
-startup = Node()
-startup.self = startup  # a startup cycle: frozen, never collected
+def cycle():
+    node = Node()
+    node.self = node
+    return node
+"""
+
+CHECK = PREAMBLE + """
+startup = cycle()  # a startup cycle: frozen, never collected
 frozen = freeze_startup_heap()
 assert frozen == gc.get_freeze_count() > 1000, frozen
 assert gc.isenabled()
-later = Node()
-later.self = later
-alive = weakref.ref(later)
-del later
+alive = weakref.ref(cycle())
 gc.collect()
 assert alive() is None, "a cycle made after the freeze was not collected"
 print("ok", frozen)
@@ -39,26 +42,13 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected():
     _passes_in_a_child(CHECK)
 
 
-
-FROZEN_BLOCK = """
-import gc, weakref
-from helios.server.heap import frozen_heap
-
-class Node:
-    pass
-
-before = Node()
-before.self = before  # a cycle from before the block: frozen in it, collectable after it
-alive = weakref.ref(before)
-del before
+FROZEN_BLOCK = PREAMBLE + """
+alive = weakref.ref(cycle())  # a cycle from before the block: frozen in it, collectable after it
 with frozen_heap() as frozen:
     assert frozen > 1000 and gc.get_freeze_count() > 1000, frozen
     gc.collect()
     assert alive() is not None, "a frozen cycle was collected inside the block"
-    inside = Node()
-    inside.self = inside
-    made = weakref.ref(inside)
-    del inside
+    made = weakref.ref(cycle())
     gc.collect()
     assert made() is None, "a cycle made inside the block was not collected"
 assert gc.get_freeze_count() == 0
