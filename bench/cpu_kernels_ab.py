@@ -39,10 +39,10 @@ from helios.runtime.offline import generate  # noqa: E402
 
 
 REFERENCES = {"decode_attention_kernel": lambda target: cpu_bodies.attention_planned,
-              "plan_decode": lambda target: plan_attention,
+              "plan_tokens": lambda target: plan_attention,
               "cache_write_kernel": lambda target: cpu_bodies.cache_write_planned,
               "greedy_sample_kernel": lambda target: target.body}
-ONLY = {"attention": ("decode_attention_kernel", "plan_decode"), "writes": ("cache_write_kernel",),
+ONLY = {"attention": ("decode_attention_kernel", "plan_tokens"), "writes": ("cache_write_kernel",),
         "sampling": ("greedy_sample_kernel",)}
 
 

@@ -10,12 +10,14 @@ than wall time on a shared machine; best of --repeats runs):
 - the decode program's calls at that batch, grouped by callee (each call of its fast graph timed
   on its own, so the total exceeds the untimed call by the timers' cost), largest first.
 
-With --compile-programs the engine's programs are compiled by Inductor at load
+By default the programs' ABI bodies run through C++ kernels where a compiler builds them
+(`helios.runtime.loading.cpu_kernels`); --bodies profiles the Python bodies instead. With
+--compile-programs the engine's programs are compiled by Inductor at load
 (`helios.runtime.loading.program_compile`) and the compiled graph's calls are listed (a compiled
 segment is one call).
 
     .venv/bin/python bench/cpu_step_profile.py [--model embedded|llama4] [--batch 16] [--tokens 64]
-        [--repeats 5] [--rows 25] [--compile-programs]
+        [--repeats 5] [--rows 25] [--compile-programs] [--bodies]
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ PHASES = (("schedule", "scheduler", "schedule"), ("pack", "packer", "pack"), ("p
           ("finish", "executor", "finish"), ("complete", "scheduler", "complete"))
 
 
-def _engine(model: str, batch: int, tokens: int, scratch: Path, compiled: bool = False):
+def _engine(model: str, batch: int, tokens: int, scratch: Path, compiled: bool = False, bodies: bool = False):
     checkpoint = default_model_dir() if model == "embedded" else write_random_llama(
         scratch / "llama4", with_layers(SMOKE, 4), torch.float32)
     key = SigningKey.generate()
     plan = CapacityPlan(context_tokens=8 + tokens + 8, prefill_tokens=64, decode_batches=tuple(sorted({1, batch})))
     prepare_core(checkpoint, scratch / "bench.core", key, PrepareOptions(NAMESPACE, capacities=plan, dtype="float32"))
-    options = RuntimeOptions(load=LoadOptions(compile_programs=compiled))
+    options = RuntimeOptions(load=LoadOptions(compile_programs=compiled, cpu_kernels=False if bodies else None))
     return build_runtime(open_core(scratch / "bench.core", accept=NAMESPACE, trusted_keys=[key.public]), options).engine
 
 
@@ -124,10 +126,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=25, help="program callees listed")
     parser.add_argument("--compile-programs", action="store_true", help="compile the programs with Inductor at load")
+    parser.add_argument("--bodies", action="store_true",
+                        help="the ABI ops' Python bodies, without the C++ kernels bound by default")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
-        engine = _engine(args.model, args.batch, args.tokens, Path(scratch), args.compile_programs)
+        engine = _engine(args.model, args.batch, args.tokens, Path(scratch), args.compile_programs, args.bodies)
         prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(args.batch)]
         generate(engine, prompts, 4)  # warm-up: the programs' checked first calls
         total, split = phases(engine, prompts, args.tokens, args.repeats)

@@ -14,6 +14,10 @@ moving ones.
 "same" counts requests whose Helios tokens equal transformers' greedy tokens; "target" is issue
 #18's goal for the ratio (1.0x at batch 1, 1.5x at batch 16).
 
+The engine binds the C++ kernels for its ABI bodies where a C++ compiler builds them (the default,
+`helios.runtime.loading.cpu_kernels`); --bodies adds an engine without them (`cpu_kernels=False`,
+the Python bodies), run interleaved too ("bodies" columns).
+
 With --compile-programs a second engine loads the same core with its CPU programs compiled by
 Inductor at load (`helios.runtime.loading.program_compile`; without the token-logprobs variants,
 which this workload never runs), its load time is printed, and the three run interleaved: the
@@ -22,6 +26,7 @@ tokens of both engines equal transformers').
 
     .venv/bin/python bench/generate_vs_hf.py [--models embedded,llama4] [--checkpoint DIR]
         [--batches 1,16] [--tokens 64] [--threads 1] [--repeats 5] [--dtype float32] [--compile-programs]
+        [--bodies]
 """
 
 from __future__ import annotations
@@ -111,6 +116,9 @@ def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]
     engine = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]),
                            RuntimeOptions(hold_freed_memory=not args.glibc_thresholds)).engine
     compiled = compiled_engine(core, key, args) if args.compile_programs else None
+    bodies = build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]),
+                           RuntimeOptions(load=LoadOptions(cpu_kernels=False),
+                                          hold_freed_memory=not args.glibc_thresholds)).engine if args.bodies else None
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, args.dtype)).eval()
     vocab = model.config.vocab_size
     for batch in batches:
@@ -119,6 +127,9 @@ def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]
                 "transformers": lambda: hf_run(model, prompts, args.tokens)}
         if compiled is not None:
             runs["compiled"] = lambda: helios_run(compiled, prompts, args.tokens)
+        if bodies is not None:
+            runs["bodies"] = lambda: helios_run(bodies, prompts, args.tokens)
+            helios_run(bodies, prompts[:1], 4)
         helios_run(engine, prompts[:1], 4)  # warm-up
         hf_run(model, prompts[:1], 4)
         if compiled is not None:
@@ -136,6 +147,9 @@ def compare(name: str, checkpoint: Path, scratch: Path, args, batches: list[int]
         if compiled is not None:
             ours = best["compiled"]
             line += f"  {1 / ours.wall:14.1f}  {theirs.wall / ours.wall:14.2f}  {theirs.cpu / ours.cpu:18.2f}"
+        if bodies is not None:
+            plain = best["bodies"]
+            line += f"  {1 / plain.wall:12.1f}  {theirs.wall / plain.wall:12.2f}"
         print(f"{line}  {same:3d}/{batch}  {TARGETS.get(batch, '-'):>6s}", flush=True)
 
 
@@ -167,6 +181,8 @@ def main() -> None:
                              "thresholds stay for the whole process, transformers' side included)")
     parser.add_argument("--compile-programs", action="store_true",
                         help="also run an engine whose CPU programs Inductor compiled at load")
+    parser.add_argument("--bodies", action="store_true",
+                        help="also run an engine without the C++ kernels (the ABI ops' Python bodies)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -176,6 +192,7 @@ def main() -> None:
         print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} thread(s), "
               f"{args.dtype}, {args.tokens} tokens per request, greedy, best of {args.repeats}")
         extra = "  compiled tok/s  compiled ratio  compiled cpu ratio" if args.compile_programs else ""
+        extra += "  bodies tok/s  bodies ratio" if args.bodies else ""
         print(f"model     batch  helios tok/s  transformers tok/s  ratio  cpu ratio{extra}  same  target")
         for name, checkpoint in chosen:
             compare(name, checkpoint, Path(scratch), args, batches)

@@ -1,10 +1,12 @@
-"""The compiled CPU decode attention kernel (`helios.runtime.loading.decode_attention_kernel`):
-a full decode step's attention equals the reference `attend` within float rounding (group sizes
-compiled in and another, head sizes that are not a multiple of the vector width, windows, pages in
-any order, page ids out of the plane, padding rows, planes that are views of a layered buffer, one
-and two threads); every other call runs the reference itself over the step's plan; `plan_decode` keeps
-the step's tensors only for a full decode step within the page table; compiled programs point
-their planned attention calls and plans at it; a failure to build it is a `ProgramCompileError`."""
+"""The CPU paged attention kernel (`helios.runtime.loading.decode_attention_kernel`): a step's
+attention equals the reference `attend` within float rounding (decode steps, prompt chunks beside
+decoding rows, padding tokens; group sizes compiled in and another, head sizes that are not a
+multiple of the vector width, windows, pages in any order, page ids out of the plane, planes that
+are views of a layered buffer, one and two threads); a token's result is the same bits in any step
+(alone, in a decode batch, inside a prompt chunk); other dtypes and layouts run the reference
+itself over the step's plan; `plan_tokens` keeps the step's tensors only for well-formed inputs
+within the page table; programs point their planned attention calls and plans at it; a failure to
+build it in a compiled load is a `ProgramCompileError`."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from helios.abi.paged_reference import AbiArgumentError, AttentionPlan, attend, 
 from helios.runtime.loading import program_compile
 from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.decode_attention_kernel import (
-    DecodeStep, bind_decode_attention, build_kernel, decode_attention, plan_decode,
+    TokenStep, bind_decode_attention, build_kernel, decode_attention, plan_tokens,
 )
 from helios.runtime.loading.program_compile import ProgramCompileError, compile_programs
 from runtime.test_cpu_fast import _inputs, _program, _weights
@@ -46,7 +48,7 @@ def _planes(kv_heads: int, head_dim: int, dtype=torch.float32, seed: int = 0):
 
 
 def _step(positions: list[int], window: int, k_cache, q_heads: int, dtype=torch.float32, seed: int = 0):
-    """(`DecodeStep`, the reference plan, q) of a full decode step: each row's pages a random choice
+    """(`TokenStep`, the reference plan, q) of a full decode step: each row's pages a random choice
     of the plane's pages, and one entry of each row past the plane (clamped; read only when named)."""
     generator = torch.Generator().manual_seed(seed + 1)
     rows, head_dim = len(positions), k_cache.shape[3]
@@ -54,7 +56,7 @@ def _step(positions: list[int], window: int, k_cache, q_heads: int, dtype=torch.
     table[:, 5] = PLANE_PAGES + 3
     table[0, 0] = -2  # clamped to page 0
     arguments = (table, torch.arange(rows + 1, dtype=torch.int32), torch.tensor(positions), window, k_cache)
-    return plan_decode(*arguments), plan_attention(*arguments), torch.randn(rows, q_heads, head_dim,
+    return plan_tokens(*arguments), plan_attention(*arguments), torch.randn(rows, q_heads, head_dim,
                                                                             generator=generator).to(dtype)
 
 
@@ -66,7 +68,7 @@ def test_the_kernel_equals_the_reference_attention(body, threads, q_heads, kv_he
     k_cache, v_cache = _planes(kv_heads, head_dim, seed=head_dim)
     positions = [0, 3, 4, 17, 23, -1, 9, 12]  # across pages; -1: a padding row (nothing visible)
     step, plan, q = _step(positions, window, k_cache, q_heads, seed=window)
-    assert isinstance(step, DecodeStep) and plan.full
+    assert isinstance(step, TokenStep) and plan.full
     got = body(q, k_cache, v_cache, step, head_dim ** -0.5)
     expected = attend(plan, q, k_cache, v_cache, head_dim ** -0.5)
     assert got.dtype == torch.float32 and got.shape == expected.shape and got.is_contiguous()
@@ -98,21 +100,54 @@ def test_other_calls_run_the_reference_over_the_steps_plan_bit_for_bit(body):
     step, plan, q = _step([3, 7], 0, k_cache, 4)
     strided = q.transpose(0, 1).contiguous().transpose(0, 1)  # not contiguous
     assert torch.equal(body(strided, k_cache, v_cache, step, 0.3), attend(plan, strided, k_cache, v_cache, 0.3))
-    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
-    chunk = plan_decode(table, torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([5, 0, 1, 2]), 0, k_cache)
-    q = torch.randn(4, 4, 8)
-    assert isinstance(chunk, AttentionPlan) and not chunk.full  # a decoding row beside a prompt chunk
-    assert torch.equal(body(q, k_cache, v_cache, chunk, 0.3), attend(chunk, q, k_cache, v_cache, 0.3))
 
 
-def test_only_a_full_decode_step_within_its_page_table_keeps_the_steps_tensors():
+def _mixed(k_cache, q_heads: int, seed: int = 0):
+    """(`TokenStep`, the reference plan, q, positions) of a step with a decoding row, a prompt chunk of
+    five tokens, another decoding row and two padding tokens past the rows."""
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.stack([torch.randperm(PLANE_PAGES, generator=generator)[:6] for _ in range(3)]).to(torch.int32)
+    positions = torch.tensor([13, 3, 4, 5, 6, 7, 21, 0, 0])
+    bounds = torch.tensor([0, 1, 6, 7], dtype=torch.int32)
+    arguments = (table, bounds, positions, 0, k_cache)
+    q = torch.randn(len(positions), q_heads, k_cache.shape[3], generator=generator)
+    return plan_tokens(*arguments), plan_attention(*arguments), q, table
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_prompt_chunks_beside_decoding_rows_and_padding_tokens_equal_the_reference(body, threads, count):
+    threads(count)
+    k_cache, v_cache = _planes(2, 32, seed=3)
+    step, plan, q, _ = _mixed(k_cache, 4)
+    assert isinstance(step, TokenStep) and not plan.full and step.token_rows.tolist() == [0, 1, 1, 1, 1, 1, 2, -1, -1]
+    got, expected = body(q, k_cache, v_cache, step, 0.2), attend(plan, q, k_cache, v_cache, 0.2)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[7:], torch.zeros_like(got[7:]))
+
+
+def test_a_tokens_result_is_the_same_bits_in_any_step(body):
+    k_cache, v_cache = _planes(2, 32, seed=4)
+    step, _, q, table = _mixed(k_cache, 4, seed=5)
+    together = body(q, k_cache, v_cache, step, 0.2)
+    for token, row in enumerate(step.token_rows.tolist()[:7]):  # each token alone: a one-row decode step
+        alone = plan_tokens(table[row:row + 1].contiguous(), torch.tensor([0, 1], dtype=torch.int32),
+                            step.positions[token:token + 1], 0, k_cache)
+        assert torch.equal(body(q[token:token + 1], k_cache, v_cache, alone, 0.2)[0], together[token])
+
+
+def test_plan_tokens_keeps_the_steps_tensors_only_for_well_formed_inputs_within_the_page_table():
     k_cache = torch.zeros(8, 4, 1, 8)
     table, bounds, positions = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.arange(3, dtype=torch.int32), torch.tensor([7, 2])
-    assert isinstance(plan_decode(table, bounds, positions, 0, k_cache), DecodeStep)
-    assert isinstance(plan_decode(table.to(torch.int64), bounds, positions, 0, k_cache), AttentionPlan)
-    assert isinstance(plan_decode(table, bounds, positions.to(torch.int32), 0, k_cache), AttentionPlan)
+    assert isinstance(plan_tokens(table, bounds, positions, 0, k_cache), TokenStep)
+    assert isinstance(plan_tokens(table, bounds.to(torch.int64), positions, 0, k_cache), TokenStep)
+    assert isinstance(plan_tokens(table.to(torch.int64), bounds, positions, 0, k_cache), AttentionPlan)
+    assert isinstance(plan_tokens(table, bounds, positions.to(torch.int32), 0, k_cache), AttentionPlan)
+    assert isinstance(plan_tokens(table, torch.tensor([0, 2, 1], dtype=torch.int32), torch.tensor([1, 2, 3]), 0,
+                                  k_cache), AttentionPlan)  # decreasing bounds: the reference's reading of them
+    padded = plan_tokens(table, bounds, torch.tensor([7, 2, 99]), 0, k_cache)  # a padding token's position is unread
+    assert isinstance(padded, TokenStep) and padded.token_rows.tolist() == [0, 1, -1]
     with pytest.raises(AbiArgumentError, match="needs 3 pages; the page table has 2"):
-        plan_decode(table, bounds, torch.tensor([8, 2]), 0, k_cache)  # as `plan_attention` refuses it
+        plan_tokens(table, bounds, torch.tensor([8, 2]), 0, k_cache)  # as `plan_attention` refuses it
 
 
 def test_compiled_programs_point_planned_attention_and_its_plan_at_the_kernel():
@@ -124,7 +159,7 @@ def test_compiled_programs_point_planned_attention_and_its_plan_at_the_kernel():
     graph.output((second,))
     assert bind_decode_attention(graph, build_kernel()) == 2
     targets = [node.target for node in graph.nodes if node.op == "call_function"]
-    assert targets[0] is plan_decode and [t.__name__ for t in targets[1:]] == ["decode_attention_kernel"] * 2
+    assert targets[0] is plan_tokens and [t.__name__ for t in targets[1:]] == ["decode_attention_kernel"] * 2
     assert targets[1] is not targets[2]  # one body per call: each holds its planes' checks
 
 

@@ -214,7 +214,7 @@ def test_the_compile_programs_flag_reaches_the_load_options(flags, compiled_prog
     parser = argparse.ArgumentParser()
     add_runtime_flags(parser)
     load, _, _ = runtime_flags(parser.parse_args(flags), StartupOptions(), "cpu")
-    assert load.compile_programs is compiled_programs and (load.progress is not None) is compiled_programs
+    assert load.compile_programs is compiled_programs and load.progress is not None  # compilation or kernel builds
 
 
 def test_loading_with_compile_programs_compiles_every_program_before_returning(monkeypatch):

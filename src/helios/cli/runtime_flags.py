@@ -10,7 +10,9 @@ speculation off), `--history-drafting` / `--no-history-drafting` override the co
 `--preemption offload --host-pages N` moves a preempted request's pages and state to N host slots
 instead of recomputing them. `--image-cache-images N` sizes the device cache of encoded image
 features of a vision-language core (allocated at load). `--compile-programs` compiles the CPU programs
-with Inductor at load (`helios.runtime.loading.program_compile`), each compilation shown on stderr.
+with Inductor at load (`helios.runtime.loading.program_compile`), each compilation shown on stderr;
+otherwise `--cpu-kernels auto|on|off` says whether the CPU programs' ABI bodies run through C++ kernels
+built at load (`helios.runtime.loading.cpu_kernels`; auto: where a C++ compiler builds them).
 `--compile-workers N` sets the worker processes that compile a CUDA load's Triton kernels before its
 graphs are captured (`helios.runtime.loading.kernel_precompile`; 0: the warm-up runs compile them).
 """
@@ -29,6 +31,7 @@ from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
 _PREEMPTION = {"recompute": PreemptionMode.RECOMPUTE, "offload": PreemptionMode.OFFLOAD}
+_CPU_KERNELS = {"auto": None, "on": True, "off": False}
 
 
 def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +61,11 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        help="on the CPU: compile each program's runs of small tensor ops with torch Inductor at load "
                        "(fused C++ kernels; needs a C++ compiler; load takes about 5-25 s more per program, "
                        "serving compiles nothing); decode steps run faster, results equal within float rounding")
+    group.add_argument("--cpu-kernels", choices=("auto", "on", "off"), default="auto",
+                       help="on the CPU without --compile-programs: run the programs' attention, cache writes, "
+                       "sampling, norms, SiLU-mul and rotary through C++ kernels built at load (about 2 s each the "
+                       "first time on a machine, then cached); auto (default): where a C++ compiler builds them, "
+                       "on: fail the load otherwise, off: the Python bodies")
     group.add_argument("--compile-workers", type=int, metavar="N",
                        help="on CUDA: worker processes compiling the Triton kernels the captured graphs need, side "
                        "by side, before capture (default: the CPUs less one, at most 8; 0: the warm-up runs "
@@ -92,5 +100,6 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
                       history_drafting=args.history_drafting, token_logprobs=args.token_logprobs)
     load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction,
                        image_cache_images=args.image_cache_images, compile_programs=args.compile_programs,
-                       compile_workers=args.compile_workers, progress=_stderr if args.compile_programs else None)
+                       compile_workers=args.compile_workers, cpu_kernels=_CPU_KERNELS[args.cpu_kernels],
+                       progress=_stderr if args.compile_programs or args.cpu_kernels != "off" else None)
     return load, SchedulerPolicy(preemption=_PREEMPTION[args.preemption]), args.host_pages

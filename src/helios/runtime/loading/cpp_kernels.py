@@ -1,11 +1,14 @@
-"""C++ kernels of compiled CPU programs, built at load through Inductor's C++ toolchain (the compiler
-``--compile-programs`` already needs) and its on-disk cache: each source once per process.
+"""C++ kernels of CPU programs, built at load through Inductor's C++ toolchain (a C++ compiler on
+PATH, or ``CXX``) and its on-disk cache (``TORCHINDUCTOR_CACHE_DIR``): each source once per process,
+compiled once per machine.
 
 Thread ownership: built at load; the returned calls run on the model worker.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Callable, Sequence
 
 _BUILT: dict[str, Callable] = {}
@@ -20,3 +23,14 @@ def build_cpp_kernel(argument_types: Sequence[str], source: str) -> Callable:
 
         kernel = _BUILT[source] = CppPythonBindingsCodeCache.load_pybinding(list(argument_types), source)
     return kernel
+
+
+def compiler_available() -> str | None:
+    """The C++ compiler Inductor would run (its ``cpp.cxx`` setting or ``CXX``), if installed."""
+    from torch._inductor import config
+
+    configured = os.environ.get("CXX") or (config.cpp.cxx[1] if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx)
+    for name in (configured, "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None

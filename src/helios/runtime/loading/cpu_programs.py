@@ -21,7 +21,9 @@ the same values with less of it, once, at load (nothing is compiled, traced or e
   (`helios.runtime.loading.model.program_arguments`), so a later call with those same tensors
   runs the program's fast graph (`helios.runtime.loading.cpu_fast`): unchecked bodies, step plans
   shared by every layer, sampling of the selected rows only, aten calls through torch's bindings.
-  A call with other tensors runs the checked graph again (and makes them the checked ones).
+  So does a call with other tensor objects of the same memory, shapes, strides, dtypes and devices
+  (other views of the same buffers: what the checks read is the same). A call with other tensors
+  runs the checked graph again (and makes them the checked ones).
 
 Results are bit-for-bit those of the exported module: the same kernels run on the same values.
 """
@@ -53,6 +55,7 @@ class CpuProgram:
     def __init__(self, module: torch.fx.GraphModule, num_weights: int):
         self.module = module
         self.num_weights = num_weights
+        self._binders: list[Callable[[torch.fx.Graph], int]] = []  # `bind_fast`, applied again by `recompile`
         self._derive()
 
     @property
@@ -67,11 +70,28 @@ class CpuProgram:
     def _derive(self) -> None:
         self._forward = self.module.forward
         graph = fast_graph(self.module.graph)
+        for binder in self._binders:
+            if graph is not None:
+                binder(graph)
         self.fast = None if graph is None else torch.fx.GraphModule(self.module, graph)
-        self._checked: tuple[Sequence[torch.Tensor], tuple, tuple] | None = None  # weights, their tensors, inputs
+        # weights, their tensors, inputs, and the layouts of all of them (`_layout`)
+        self._checked: tuple[Sequence[torch.Tensor], tuple, tuple, tuple] | None = None
         self._runner: torch.fx.GraphModule | None = None  # what calls with the checked tensors run
         self.compiled: torch.fx.GraphModule | None = None  # `use_compiled`
         self._compiled_for: tuple | None = None  # the tensors' layouts `compiled` takes
+
+    def bind_fast(self, binder: Callable[[torch.fx.Graph], int]) -> int:
+        """Applies `binder` (a load-time rewrite of call targets, e.g. to C++ kernels:
+        `helios.runtime.loading.cpu_kernels`) to the fast graph, now and after every `recompile`;
+        returns what it returns (how many calls it bound). Later calls run the rewritten graph."""
+        self._binders.append(binder)
+        if self.fast is None:
+            return 0
+        count = binder(self.fast.graph)
+        self.fast.graph.lint()
+        self.fast.recompile()
+        self._checked = self._runner = None
+        return count
 
     def use_compiled(self, module: torch.fx.GraphModule, tensors: Sequence[torch.Tensor]) -> None:
         """Makes `module` (the fast graph compiled at load for `tensors`, the weights then the
@@ -88,10 +108,14 @@ class CpuProgram:
         if (checked is not None and checked[0] is weights and all(map(is_, weights, checked[1]))
                 and len(inputs) == len(checked[2]) and all(map(is_, inputs, checked[2]))):
             return self._runner.forward(*weights, *inputs)  # no module-call machinery: no hooks are set
+        if checked is not None and _layout((*weights, *inputs)) == checked[3]:  # other views of the checked memory
+            self._checked = (weights, tuple(weights), inputs, checked[3])
+            return self._runner.forward(*weights, *inputs)
         outputs = self._forward(*weights, *inputs)
         if self.fast is not None:
-            self._checked = (weights, tuple(weights), inputs)
-            compiled = self.compiled is not None and _layout((*weights, *inputs)) == self._compiled_for
+            layout = _layout((*weights, *inputs))
+            self._checked = (weights, tuple(weights), inputs, layout)
+            compiled = self.compiled is not None and layout == self._compiled_for
             self._runner = self.compiled if compiled else self.fast
         return outputs
 

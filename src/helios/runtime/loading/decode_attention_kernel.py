@@ -1,38 +1,41 @@
-"""A compiled CPU kernel for a decode step's paged attention (``--compile-programs``).
+"""A C++ kernel for a CPU program's paged attention (`helios.runtime.loading.cpu_kernels`, and
+``--compile-programs``).
 
-In a compiled CPU program (`helios.runtime.loading.program_compile`) each attention call of a
-full decode step (one query per row, `helios.abi.paged_reference.AttentionPlan.full`) gathered
-the rows' pages into padded key and value copies and ran ``scaled_dot_product_attention`` over
-them with an additive mask: at 16 rows, 4 query and 2 key/value heads of 32 and a 48-token
-context, about 50 us a call alone, of which SDPA's flash kernel 30 us (its per-head small-GEMM
-calls and buffers) and the copies and views the rest.
+The reference (`helios.abi.paged_reference`) gathers a decode step's pages into padded key and
+value copies and runs ``scaled_dot_product_attention`` over them with an additive mask: at 16 rows,
+4 query and 2 key/value heads of 32 and a 48-token context, about 50 us a call alone, of which
+SDPA's flash kernel 30 us (its per-head small-GEMM calls and buffers) and the copies and views the
+rest; a prompt chunk gathers its row's pages the same way.
 
-`KERNEL_SOURCE` does that attention in one C++ call compiled at load through Inductor's C++
-toolchain (the compiler ``--compile-programs`` already needs): for each row and key/value head
-it walks the row's pages in place (no gather; page ids clamped into the plane, as the plan clamps
-them), over the row's true context only (positions ``first..p``, where ``first`` is 0, or
-``p - window + 1`` with a window; no padding, no mask), computes each query head's scores (query
-head ``h`` reads key/value head ``h // (Hq // Hkv)``), a max-subtracted softmax and the weighted
-sum of the values, vectorised over the head dimension with ATen's ``Vectorized`` (group sizes 1-8
-and 16 compiled in: each key and value loaded once for the group's accumulators, held in
-registers; 22 to 12 us alone at the embedded model's shapes). While it attends
-a row it prefetches the next row's key and value lines: after a step's matrix products the planes
+`KERNEL_SOURCE` does the attention of every token of a step in one C++ call compiled at load
+through Inductor's C++ toolchain: for each token and key/value head it walks its row's pages in
+place (no gather; page ids clamped into the plane, as the plan clamps them), over the token's true
+context only (positions ``first..p``, where ``first`` is 0, or ``p - window + 1`` with a window;
+no padding, no mask), computes each query head's scores (query head ``h`` reads key/value head
+``h // (Hq // Hkv)``), a max-subtracted softmax and the weighted sum of the values, vectorised
+over the head dimension with ATen's ``Vectorized`` (group sizes 1-8 and 16 compiled in: each key
+and value loaded once for the group's accumulators, held in registers; 22 to 12 us alone at the
+embedded model's decode shapes). Each token is computed on its own by the same code, so a token's
+result is the same bits whichever step it runs in (a decode row, a prompt chunk of any length, a
+speculative verification row, a recomputed history), as the reference's were: a program binds
+the kernel at every attention call site or at none. While it attends a token it prefetches the
+key and value lines of the next token of another row: after a step's matrix products the planes
 are rarely in the CPU caches (measured in a 4-layer Llama step: 104 us for a layer's call, 44 us
-repeated at once; 44 us with the prefetch). A row whose position is negative (a padding row:
-nothing visible) gets zeros, as SDPA gives a fully masked row. The same mathematics as the
-reference; float32 sums in another order, so results equal it within float rounding (like every
-compiled segment).
+repeated at once; 44 us with the prefetch). A token whose position is negative (nothing visible)
+gets zeros, as SDPA gives a fully masked row; a padding token (outside the rows) gets zeros, as
+the reference gives it. The same mathematics as the reference; float32 sums in another order, so
+results equal it within float rounding.
 
-`bind_decode_attention(graph, kernel)` points a compiled program's planned attention calls at
-`decode_attention(kernel)` and their shared `plan_attention` call at `plan_decode`, which for a
-full decode step (row r owns token r; an int32 page table and int64 positions, every position
-inside the table) returns a `DecodeStep` holding the step's tensors as they are: the kernel needs
-no page-id copy and no masks (the plan's 10-13 us a step, alone). Each attention call runs the
-kernel for a `DecodeStep` whose q and planes it takes (float32, contiguous q, row-major key/value
-heads) and the reference `attend` otherwise (prompt rows, other dtypes and layouts), over the
-`AttentionPlan` that `DecodeStep.plan` builds once per step. With several torch threads the kernel
-splits its rows between them (OpenMP, as Inductor's kernels; one thread when there are fewer than
-two rows per thread).
+`bind_decode_attention(graph, kernel)` points a program's planned attention calls at
+`decode_attention(kernel)` and their shared `plan_attention` call at `plan_tokens`, which for
+well-formed step inputs (an int32 page table, int64 positions, row bounds that never decrease,
+every row's position inside the table) returns a `TokenStep` holding the step's tensors as they
+are and each token's row: the kernel needs no page-id copy and no masks. Each attention call runs
+the kernel for a `TokenStep` whose q and planes it takes (float32, contiguous q, row-major
+key/value heads: a property of the call site, the same every step) and the reference `attend`
+otherwise, over the `AttentionPlan` that `TokenStep.plan` builds once per step. With several
+torch threads the kernel splits the tokens between them (OpenMP, as Inductor's kernels; one thread
+when there are fewer than two tokens per thread).
 
 Thread ownership: the kernel is built at load; calls run on the model worker.
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy
 import torch
 
 from helios.abi import cpu_bodies
@@ -202,11 +206,21 @@ static void row_head(float* out, const float* q, const float* k_plane, const flo
     }
 }
 
-// Asks for the lines of a row's visible keys and values (every head) ahead of their use: after a
+// The row's page ids clamped into the plane (an entry past the row's last page may hold anything).
+static void clamp_pages(std::vector<int64_t>& ids, const int32_t* table, int64_t last, int64_t page_tokens,
+                        int64_t plane_pages) {
+    const int64_t count = last < 0 ? 0 : last / page_tokens + 1;
+    ids.resize(count);
+    for (int64_t j = 0; j < count; ++j) ids[j] = std::min<int64_t>(std::max<int64_t>(table[j], 0), plane_pages - 1);
+}
+
+// Asks for the lines of a token's visible keys and values (every head) ahead of their use: after a
 // step's matrix products the cache planes are rarely in the CPU caches, and a row's pages are
-// scattered, so the hardware prefetchers do not see them coming.
-static void prefetch_row(const float* k_plane, const float* v_plane, const int64_t* ids, int64_t last,
-                         int64_t page_tokens, int64_t page_stride, int64_t token_stride, int64_t window) {
+// scattered, so the hardware prefetchers do not see them coming. `ids`: scratch for the page ids.
+static void prefetch_row(const float* k_plane, const float* v_plane, const int32_t* table, int64_t last,
+                         int64_t page_tokens, int64_t page_stride, int64_t token_stride, int64_t window,
+                         int64_t plane_pages, std::vector<int64_t>& ids) {
+    clamp_pages(ids, table, last, page_tokens, plane_pages);
     const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
     constexpr int64_t kLine = 64 / sizeof(float);
     for (int64_t c = first; c <= last;) {
@@ -221,66 +235,64 @@ static void prefetch_row(const float* k_plane, const float* v_plane, const int64
     }
 }
 
-// The row's page ids clamped into the plane (an entry past the row's last page may hold anything).
-static void clamp_pages(std::vector<int64_t>& ids, const int32_t* table, int64_t last, int64_t page_tokens,
-                        int64_t plane_pages) {
-    const int64_t count = last < 0 ? 0 : last / page_tokens + 1;
-    ids.resize(count);
-    for (int64_t j = 0; j < count; ++j) ids[j] = std::min<int64_t>(std::max<int64_t>(table[j], 0), plane_pages - 1);
-}
-
+// Token t attends as the token at position positions[t] of row token_rows[t] (-1: a padding token,
+// zeros), over that row's page-table row: each token on its own, so a token's result never depends on
+// the other tokens of the step. A token whose next token is of another row asks for that row's lines.
 extern "C" void kernel(float* out, const float* q, const float* k_plane, const float* v_plane,
-                       const int32_t* table, const int64_t* positions, int64_t rows, int64_t table_pages,
-                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t page_tokens,
+                       const int32_t* table, const int64_t* positions, const int64_t* token_rows, int64_t tokens,
+                       int64_t table_pages, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t page_tokens,
                        int64_t page_stride, int64_t token_stride, int64_t window, float scale, int64_t plane_pages,
                        int64_t threads) {
     const int64_t group = q_heads / kv_heads;
-    #pragma omp parallel num_threads(threads) if(threads > 1 && rows >= 2 * threads)
+    #pragma omp parallel num_threads(threads) if(threads > 1 && tokens >= 2 * threads)
     {
         std::vector<float> scores;
         std::vector<int64_t> ids, next;
-        bool fetched = false;  // whether this thread asked for its first row
+        bool fetched = false;  // whether this thread asked for its first token's lines
         #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t t = 0; t < tokens; ++t) {
+            const int64_t row = token_rows[t];
+            float* ot = out + t * q_heads * head_dim;
+            if (row < 0) {  // a padding token: zeros
+                std::fill(ot, ot + q_heads * head_dim, 0.f);
+                continue;
+            }
             if (!fetched) {
-                clamp_pages(next, table + r * table_pages, positions[r], page_tokens, plane_pages);
-                prefetch_row(k_plane, v_plane, next.data(), positions[r], page_tokens, page_stride, token_stride,
-                             window);
+                prefetch_row(k_plane, v_plane, table + row * table_pages, positions[t], page_tokens, page_stride,
+                             token_stride, window, plane_pages, next);
                 fetched = true;
             }
-            ids.swap(next);  // this row's pages, clamped when it was asked for
-            if (r + 1 < rows) {
-                clamp_pages(next, table + (r + 1) * table_pages, positions[r + 1], page_tokens, plane_pages);
-                prefetch_row(k_plane, v_plane, next.data(), positions[r + 1], page_tokens, page_stride,
-                             token_stride, window);
-            }
+            clamp_pages(ids, table + row * table_pages, positions[t], page_tokens, plane_pages);
+            if (t + 1 < tokens && token_rows[t + 1] >= 0 && token_rows[t + 1] != row)
+                prefetch_row(k_plane, v_plane, table + token_rows[t + 1] * table_pages, positions[t + 1], page_tokens,
+                             page_stride, token_stride, window, plane_pages, next);
             for (int64_t h = 0; h < kv_heads; ++h)
-                row_head(out + r * q_heads * head_dim, q + r * q_heads * head_dim, k_plane, v_plane, ids.data(),
-                         positions[r], h, scores, q_heads, group, head_dim, page_tokens, page_stride, token_stride,
-                         window, scale);
+                row_head(ot, q + t * q_heads * head_dim, k_plane, v_plane, ids.data(), positions[t], h, scores,
+                         q_heads, group, head_dim, page_tokens, page_stride, token_stride, window, scale);
         }
     }
 }
 """
 
 _ARGUMENT_TYPES = ("float*", "const float*", "const float*", "const float*", "const int32_t*", "const int64_t*",
-                   *("int64_t",) * 9, "float", "int64_t", "int64_t")
+                   "const int64_t*", *("int64_t",) * 9, "float", "int64_t", "int64_t")
 MAX_GROUP = 32  # kMaxGroup above
 def build_kernel() -> Callable:
     """The compiled kernel (`build_cpp_kernel`: once per process)."""
     return build_cpp_kernel(_ARGUMENT_TYPES, KERNEL_SOURCE)
 
 
-class DecodeStep:
-    """What a full decode step's attention calls share in place of an `AttentionPlan` (the plan the
-    reference needs is built from it on first use, for a call the kernel does not compute): the
-    step's int32 page table and int64 positions as given, the window and the plane geometry."""
+class TokenStep:
+    """What a step's attention calls share in place of an `AttentionPlan` (the plan the reference
+    needs is built from it on first use, for a call the kernel does not compute): the step's int32
+    page table and int64 positions as given, each token's row (int64 [T], -1 for a padding token),
+    the window and the plane geometry."""
 
-    __slots__ = ("page_table", "query_start", "positions", "window", "k_cache", "_plan")
+    __slots__ = ("page_table", "query_start", "positions", "token_rows", "window", "k_cache", "_plan")
 
-    def __init__(self, page_table, query_start, positions, window: int, k_cache) -> None:
+    def __init__(self, page_table, query_start, positions, token_rows, window: int, k_cache) -> None:
         self.page_table, self.query_start, self.positions = page_table, query_start, positions
-        self.window, self.k_cache, self._plan = window, k_cache, None
+        self.token_rows, self.window, self.k_cache, self._plan = token_rows, window, k_cache, None
 
     def plan(self) -> AttentionPlan:
         if self._plan is None:
@@ -288,23 +300,31 @@ class DecodeStep:
         return self._plan
 
 
-def plan_decode(page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor, window: int,
-                k_cache: torch.Tensor) -> DecodeStep | AttentionPlan:
-    """`plan_attention`'s replacement in a compiled program: a `DecodeStep` for a full decode step
-    (row r owns token r) on the CPU with a contiguous int32 page table and int64 positions, every
-    position inside the table; `plan_attention` otherwise (which raises for a position past it)."""
-    rows = positions.shape[0]
+def plan_tokens(page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor, window: int,
+                k_cache: torch.Tensor) -> TokenStep | AttentionPlan:
+    """`plan_attention`'s replacement in a program with the kernel: a `TokenStep` on the CPU with a
+    contiguous int32 page table of one row per row bound, int64 positions and int32 or int64 row
+    bounds that never decrease, every row's token inside the table; `plan_attention` otherwise
+    (which raises for a position past the table)."""
+    rows = page_table.shape[0]
     if (page_table.dtype != torch.int32 or positions.dtype != torch.int64 or page_table.device.type != "cpu"
-            or positions.device.type != "cpu" or not page_table.is_contiguous() or not positions.is_contiguous()
-            or page_table.shape[0] != rows or query_start.tolist() != list(range(rows + 1))):
+            or positions.device.type != "cpu" or query_start.device.type != "cpu" or not page_table.is_contiguous()
+            or not positions.is_contiguous() or query_start.dtype not in (torch.int32, torch.int64)
+            or query_start.shape != (rows + 1,)):
         return plan_attention(page_table, query_start, positions, window, k_cache)
-    if rows and int(positions.numpy().max()) >= page_table.shape[1] * k_cache.shape[1]:
+    bounds = query_start.numpy()
+    tokens = positions.shape[0]
+    if rows == 0 or bounds[0] < 0 or bounds[-1] > tokens or (numpy.diff(bounds) < 0).any():
         return plan_attention(page_table, query_start, positions, window, k_cache)
-    return DecodeStep(page_table, query_start, positions, window, k_cache)
+    token_rows = numpy.full(tokens, -1, dtype=numpy.int64)
+    token_rows[bounds[0]:bounds[-1]] = numpy.repeat(numpy.arange(rows, dtype=numpy.int64), numpy.diff(bounds))
+    if bounds[-1] > bounds[0] and int(positions.numpy()[bounds[0]:bounds[-1]].max()) >= page_table.shape[1] * k_cache.shape[1]:
+        return plan_attention(page_table, query_start, positions, window, k_cache)
+    return TokenStep(page_table, query_start, positions, torch.from_numpy(token_rows), window, k_cache)
 
 
 def decode_attention(kernel: Callable) -> Callable:
-    """`attention_planned` (q, k_cache, v_cache, plan, scale) for a `DecodeStep` or an
+    """`attention_planned` (q, k_cache, v_cache, plan, scale) for a `TokenStep` or an
     `AttentionPlan`: through `kernel` where it applies (see the module docstring), the reference
     `attend` elsewhere. The checks are made again only when a call's planes (by identity) or q's
     dtype, shape or strides differ from the last checked call's (a program's call site passes the
@@ -312,8 +332,8 @@ def decode_attention(kernel: Callable) -> Callable:
     last: list = [None, None, None, False]  # k plane, v plane, q's signature, whether the kernel applies
 
     def decode_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                plan: DecodeStep | AttentionPlan, scale: float) -> torch.Tensor:
-        if type(plan) is not DecodeStep:
+                                plan: TokenStep | AttentionPlan, scale: float) -> torch.Tensor:
+        if type(plan) is not TokenStep:
             return attend(plan, q, k_cache, v_cache, scale)
         signature = (q.dtype, q.shape, q.stride())
         if k_cache is not last[0] or v_cache is not last[1] or signature != last[2]:
@@ -321,9 +341,9 @@ def decode_attention(kernel: Callable) -> Callable:
         if not last[3] or q.shape[0] != plan.positions.shape[0]:
             return attend(plan.plan(), q, k_cache, v_cache, scale)
         out = torch.empty(q.shape, dtype=torch.float32)
-        kernel(out, q, k_cache, v_cache, plan.page_table, plan.positions, q.shape[0], plan.page_table.shape[1],
-               q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], k_cache.stride(0), k_cache.stride(1),
-               plan.window, float(scale), k_cache.shape[0], torch.get_num_threads())
+        kernel(out, q, k_cache, v_cache, plan.page_table, plan.positions, plan.token_rows, q.shape[0],
+               plan.page_table.shape[1], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], k_cache.stride(0),
+               k_cache.stride(1), plan.window, float(scale), k_cache.shape[0], torch.get_num_threads())
         return out
     return decode_attention_kernel
 
@@ -351,7 +371,7 @@ def query_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 def bind_decode_attention(graph: torch.fx.Graph, kernel: Callable) -> int:
     """Points every `attention_planned` call of `graph` at `decode_attention(kernel)` (one body per
     call, holding its planes' checks), and every `plan_attention` call that only such calls read at
-    `plan_decode`; returns how many attention calls."""
+    `plan_tokens`; returns how many attention calls."""
     count = 0
     for node in graph.nodes:
         if node.op == "call_function" and node.target is cpu_bodies.attention_planned:
@@ -360,5 +380,5 @@ def bind_decode_attention(graph: torch.fx.Graph, kernel: Callable) -> int:
     for node in graph.nodes:
         if node.op == "call_function" and node.target is plan_attention and node.users and all(
                 getattr(user.target, "__name__", "") == "decode_attention_kernel" for user in node.users):
-            node.target = plan_decode
+            node.target = plan_tokens
     return count

@@ -24,7 +24,9 @@ nothing here runs on untrusted bytes. `load_model` then
    model is returned; a missing or failing producer fails startup with `TuningProducerError`;
 6. on the CPU with `LoadOptions.compile_programs`, compiles every CPU program's pure tensor runs
    with Inductor for the buffers just allocated (`helios.runtime.loading.program_compile`), so
-   serving compiles nothing; a failure fails startup with `ProgramCompileError`.
+   serving compiles nothing; a failure fails startup with `ProgramCompileError`; otherwise, on the
+   CPU, binds C++ kernels for the programs' ABI bodies where a C++ compiler builds them
+   (`LoadOptions.cpu_kernels`, `helios.runtime.loading.cpu_kernels`).
 
 The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
 
@@ -61,6 +63,7 @@ from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import check_fits
+from helios.runtime.loading.cpu_kernels import check_ahead, use_cpu_kernels
 from helios.runtime.loading.program_compile import compile_programs
 from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, PickledProgramError: this module's API)
     DeclaredOps, LoadedProgram, MissingVariantError, PickledProgramError, load_program,
@@ -116,6 +119,10 @@ class LoadOptions:
     # On the CPU: compile every program's pure tensor runs with Inductor before the engine is ready
     # (`helios.runtime.loading.program_compile`; needs a C++ compiler, else `ProgramCompileError`).
     compile_programs: bool = False
+    # On the CPU without `compile_programs`: bind C++ kernels for the ABI bodies (attention, cache writes,
+    # sampling, norms, SiLU-mul, rotary; `helios.runtime.loading.cpu_kernels`). None: where a C++ compiler
+    # builds them; True: required (`CpuKernelError` otherwise); False: the Python bodies.
+    cpu_kernels: bool | None = None
     # On CUDA with `cuda_graphs`: worker processes that compile the Triton kernels the capture's warm-up
     # runs need, side by side, before it (`helios.runtime.loading.kernel_precompile`); None:
     # `default_compile_workers()`, 0: the warm-up runs compile them one after another.
@@ -253,6 +260,10 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     if device.type == "cpu" and options.compile_programs:  # before ready: serving compiles nothing
         compile_programs(programs + initializers + state_copies + vision,
                          lambda p: program_arguments(p, weights, buffers), options.progress)
+    elif device.type == "cpu" and use_cpu_kernels(programs + initializers + state_copies + vision,
+                                                  options.cpu_kernels, options.progress):
+        check_ahead(programs + initializers + state_copies + vision, lambda p: program_arguments(p, weights, buffers),
+                    buffers, keep=tuned_outputs(prepared))
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,

@@ -30,8 +30,6 @@ makes a second load of the same programs faster.
 from __future__ import annotations
 
 import operator
-import os
-import shutil
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -45,6 +43,7 @@ from helios.runtime.loading.compile_segments import (
     compiled_runs, is_compiled, is_free, reorder, run_boundary, segment_graph,
 )
 from helios.runtime.loading import cache_write_kernel, greedy_kernel
+from helios.runtime.loading.cpp_kernels import compiler_available
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.decode_attention_kernel import bind_decode_attention, build_kernel
 from helios.runtime.loading.packed_linears import pack_linears
@@ -53,17 +52,6 @@ from helios.runtime.loading.segment_calls import compile_segment
 
 class ProgramCompileError(LoadError):
     """Programs could not be compiled at load (no C++ compiler, or Inductor failed on a program)."""
-
-
-def compiler_available() -> str | None:
-    """The C++ compiler Inductor would run (its ``cpp.cxx`` setting or ``CXX``), if installed."""
-    from torch._inductor import config
-
-    configured = os.environ.get("CXX") or (config.cpp.cxx[1] if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx)
-    for name in (configured, "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def compile_programs(programs: Iterable, arguments: Callable[[object], list],
