@@ -222,7 +222,11 @@ def _example_calls() -> dict:
         a.arange.default: [((5,), {"dtype": torch.int32, "device": cpu, "pin_memory": False})],
         a.arange.start: [((2, 7), {"dtype": torch.int64, "device": cpu, "pin_memory": False})],
         a.index_put_.default: [(ints.clone(), [torch.tensor([0, 2]), torch.tensor([1, 1])], torch.tensor([5, 6]), True)],
-        a.index_select.default: [(x, 0, torch.tensor([2, 0]))], a.linear.default: [(x, y), (x, y, torch.ones(3))],
+        a.index_select.default: [(x, 0, torch.tensor([2, 0]))],
+        a.index.Tensor: [(x, [torch.tensor([2, 0, 2])]), (x, [torch.tensor([1, 2]), torch.tensor([3, -1])]),
+                         (x, [bools[:, 0]]), (x, [torch.tensor([0, 1], dtype=torch.int32)]),
+                         (x, [None, torch.tensor([1, 3])]), (x, [torch.tensor(1)])],  # the last two: boxed
+        a.linear.default: [(x, y), (x, y, torch.ones(3))],
         a.reshape.default: [(x, [4, 3])], a.view.default: [(x, [2, 6])],
         a.scatter_add.default: [(x, 1, torch.tensor([[0], [3], [1]]), torch.ones(3, 1))],
         a.searchsorted.Tensor: [((torch.tensor([1, 3, 5]), torch.tensor([0, 3, 6])), {"right": True})],

@@ -17,6 +17,18 @@ import torch
 
 _aten = torch.ops.aten
 
+
+def _index(x: torch.Tensor, indices: list) -> torch.Tensor:
+    """``aten.index.Tensor`` through torch's indexing binding (2 us against 6.5 us boxed): ``x[i]`` and
+    ``x[i, j]`` with tensor indices of at least one dimension dispatch exactly that overload. A None
+    (a whole dimension there, where indexing would add one) or a 0-dim index (indexing would
+    select a view) takes the boxed call."""
+    for index in indices:
+        if index is None or index.dim() == 0:
+            return _aten.index.Tensor(x, indices)
+    return x[indices[0]] if len(indices) == 1 else x[tuple(indices)]
+
+
 FAST_CALLS: dict[torch._ops.OpOverload, object] = {
     _aten.add.Tensor: torch.add,
     _aten.sub.Tensor: torch.sub,
@@ -56,6 +68,7 @@ FAST_CALLS: dict[torch._ops.OpOverload, object] = {
     _aten.arange.start: torch.arange,
     _aten.index_put_.default: torch.index_put_,
     _aten.index_select.default: torch.index_select,
+    _aten.index.Tensor: _index,
     _aten.linear.default: torch._C._nn.linear,
     _aten.reshape.default: torch.reshape,
     _aten.view.default: torch.Tensor.view,

@@ -257,13 +257,15 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         if state_copies:
             state_copies = capture_programs(state_copies, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
+    every = programs + initializers + state_copies + vision
     if device.type == "cpu" and options.compile_programs:  # before ready: serving compiles nothing
-        compile_programs(programs + initializers + state_copies + vision,
-                         lambda p: program_arguments(p, weights, buffers), options.progress)
-    elif device.type == "cpu" and use_cpu_kernels(programs + initializers + state_copies + vision,
-                                                  options.cpu_kernels, options.progress):
-        check_ahead(programs + initializers + state_copies + vision, lambda p: program_arguments(p, weights, buffers),
-                    buffers, keep=tuned_outputs(prepared))
+        compile_programs(every, lambda p: program_arguments(p, weights, buffers), options.progress)
+    kernels = device.type == "cpu" and (options.compile_programs
+                                        or use_cpu_kernels(every, options.cpu_kernels, options.progress))
+    if kernels and prepared.manifest.ranks == 1:
+        # Kernels round otherwise than the checked bodies: no serving step runs the bodies. (A
+        # tensor-parallel rank's programs need the group's collectives, bound after load.)
+        check_ahead(every, lambda p: program_arguments(p, weights, buffers), buffers, keep=tuned_outputs(prepared))
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
