@@ -24,7 +24,7 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.abi.cpu_bodies import SlotPlan
-from helios.runtime.loading.cpp_kernels import build_cpp_kernel
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 
 KERNEL_SOURCE = r"""
 #include <cstdint>
@@ -60,20 +60,19 @@ def build_kernel() -> Callable:
 def cache_write(kernel: Callable) -> Callable:
     """`cache_write_planned` (k_cache, v_cache, k, v, plan) through `kernel` where it applies (see
     the module docstring), `cache_write_planned` elsewhere (and where a slot is outside the planes,
-    so that the reference raises its error). The checks are made again only when a call's planes
-    (by identity) or its rows' and slots' dtypes, shapes or strides differ from the last checked
-    call's (a program's call site passes the same planes and layouts every step)."""
+    so that the reference raises its error). The checks are made again only when a call's tensors
+    differ in dtype, device, shape or strides from the last checked call's (`layouts`: a program's
+    call site passes the same layouts every step)."""
     status = torch.zeros(1, dtype=torch.int64)
-    last: list = [None, None, None, False]  # k plane, v plane, layout signature, whether the kernel applies
+    last: list = [None, False]  # the layouts' signature, whether the kernel applies
 
     def cache_write_kernel(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            plan: SlotPlan) -> None:
         slots = plan.slots
-        signature = (k.dtype, v.dtype, slots.dtype, k.shape, k.stride(), v.shape, v.stride(), slots.shape,
-                     slots.stride())
-        if k_cache is not last[0] or v_cache is not last[1] or signature != last[2]:
-            last[:] = k_cache, v_cache, signature, kernel_applies(k_cache, v_cache, k, v, slots)
-        if not last[3] or plan.keep is not None:
+        signature = layouts(k_cache, v_cache, k, v, slots)
+        if signature != last[0]:
+            last[:] = signature, kernel_applies(k_cache, v_cache, k, v, slots)
+        if not last[1] or plan.keep is not None:
             return cpu_bodies.cache_write_planned(k_cache, v_cache, k, v, plan)
         kernel(k_cache, v_cache, k, v, slots, k.shape[0], k.shape[1] * k.shape[2], k.stride(0), v.stride(0),
                k_cache.stride(1), k_cache.shape[0] * k_cache.shape[1], status)

@@ -49,7 +49,7 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.abi.paged_reference import AttentionPlan, attend, plan_attention
-from helios.runtime.loading.cpp_kernels import build_cpp_kernel
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 
 KERNEL_SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -305,40 +305,67 @@ def plan_tokens(page_table: torch.Tensor, query_start: torch.Tensor, positions: 
     """`plan_attention`'s replacement in a program with the kernel: a `TokenStep` on the CPU with a
     contiguous int32 page table of one row per row bound, int64 positions and int32 or int64 row
     bounds that never decrease, every row's token inside the table; `plan_attention` otherwise
-    (which raises for a position past the table)."""
+    (which raises for a position past the table). About 6 us a step (the layouts' checks made
+    once per layout, a full decode step's rows shared)."""
+    signature = layouts(page_table, query_start, positions)
+    fits = _STEP_LAYOUTS.get(signature)
+    if fits is None:
+        fits = _STEP_LAYOUTS[signature] = _step_fits(page_table, query_start, positions)
+    if not fits:
+        return plan_attention(page_table, query_start, positions, window, k_cache)
+    bounds, tokens = query_start.numpy(), positions.shape[0]
+    counts = bounds[1:] - bounds[:-1]
+    first, last = int(bounds[0]), int(bounds[-1])
+    if first < 0 or last > tokens or counts.min() < 0:
+        return plan_attention(page_table, query_start, positions, window, k_cache)
     rows = page_table.shape[0]
-    if (page_table.dtype != torch.int32 or positions.dtype != torch.int64 or page_table.device.type != "cpu"
-            or positions.device.type != "cpu" or query_start.device.type != "cpu" or not page_table.is_contiguous()
-            or not positions.is_contiguous() or query_start.dtype not in (torch.int32, torch.int64)
-            or query_start.shape != (rows + 1,)):
+    if first == 0 and last == tokens == rows:  # a full decode step: row r owns token r
+        token_rows = _decode_rows(rows)
+    else:
+        chosen = numpy.full(tokens, -1, dtype=numpy.int64)
+        chosen[first:last] = numpy.arange(rows, dtype=numpy.int64).repeat(counts)
+        token_rows = torch.from_numpy(chosen)
+    if last > first and int(positions.numpy()[first:last].max()) >= page_table.shape[1] * k_cache.shape[1]:
         return plan_attention(page_table, query_start, positions, window, k_cache)
-    bounds = query_start.numpy()
-    tokens = positions.shape[0]
-    if rows == 0 or bounds[0] < 0 or bounds[-1] > tokens or (numpy.diff(bounds) < 0).any():
-        return plan_attention(page_table, query_start, positions, window, k_cache)
-    token_rows = numpy.full(tokens, -1, dtype=numpy.int64)
-    token_rows[bounds[0]:bounds[-1]] = numpy.repeat(numpy.arange(rows, dtype=numpy.int64), numpy.diff(bounds))
-    if bounds[-1] > bounds[0] and int(positions.numpy()[bounds[0]:bounds[-1]].max()) >= page_table.shape[1] * k_cache.shape[1]:
-        return plan_attention(page_table, query_start, positions, window, k_cache)
-    return TokenStep(page_table, query_start, positions, torch.from_numpy(token_rows), window, k_cache)
+    return TokenStep(page_table, query_start, positions, token_rows, window, k_cache)
+
+
+_STEP_LAYOUTS: dict[tuple, bool] = {}
+_DECODE_ROWS: dict[int, torch.Tensor] = {}
+
+
+def _step_fits(page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor) -> bool:
+    rows = page_table.shape[0]
+    return (page_table.dtype == torch.int32 and positions.dtype == torch.int64 and page_table.is_cpu
+            and positions.is_cpu and query_start.is_cpu and page_table.is_contiguous() and positions.is_contiguous()
+            and query_start.dtype in (torch.int32, torch.int64) and query_start.shape == (rows + 1,)
+            and query_start.is_contiguous() and rows > 0)
+
+
+def _decode_rows(rows: int) -> torch.Tensor:
+    """0..rows - 1 (int64), made once per row count (the kernel only reads it)."""
+    made = _DECODE_ROWS.get(rows)
+    if made is None:
+        made = _DECODE_ROWS[rows] = torch.arange(rows, dtype=torch.int64)
+    return made
 
 
 def decode_attention(kernel: Callable) -> Callable:
     """`attention_planned` (q, k_cache, v_cache, plan, scale) for a `TokenStep` or an
     `AttentionPlan`: through `kernel` where it applies (see the module docstring), the reference
-    `attend` elsewhere. The checks are made again only when a call's planes (by identity) or q's
-    dtype, shape or strides differ from the last checked call's (a program's call site passes the
-    same planes and layouts every step)."""
-    last: list = [None, None, None, False]  # k plane, v plane, q's signature, whether the kernel applies
+    `attend` elsewhere. The checks are made again only when a call's tensors differ in dtype,
+    device, shape or strides from the last checked call's (`layouts`: a program's call site passes
+    the same layouts every step)."""
+    last: list = [None, False]  # the layouts' signature, whether the kernel applies
 
     def decode_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 plan: TokenStep | AttentionPlan, scale: float) -> torch.Tensor:
         if type(plan) is not TokenStep:
             return attend(plan, q, k_cache, v_cache, scale)
-        signature = (q.dtype, q.shape, q.stride())
-        if k_cache is not last[0] or v_cache is not last[1] or signature != last[2]:
-            last[:] = k_cache, v_cache, signature, planes_fit(k_cache, v_cache) and query_fits(q, k_cache)
-        if not last[3] or q.shape[0] != plan.positions.shape[0]:
+        signature = layouts(q, k_cache, v_cache)
+        if signature != last[0]:  # (an eager program's planes are new views of the layer's buffer every step)
+            last[:] = signature, planes_fit(k_cache, v_cache) and query_fits(q, k_cache)
+        if not last[1] or q.shape[0] != plan.positions.shape[0]:
             return attend(plan.plan(), q, k_cache, v_cache, scale)
         out = torch.empty(q.shape, dtype=torch.float32)
         kernel(out, q, k_cache, v_cache, plan.page_table, plan.positions, plan.token_rows, q.shape[0],

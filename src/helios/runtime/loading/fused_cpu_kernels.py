@@ -38,7 +38,7 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.abi.cpu_bodies import RotaryPlan
-from helios.runtime.loading.cpp_kernels import build_cpp_kernel
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 
 _F32 = torch.float32
 
@@ -193,21 +193,13 @@ def _weight_fits(weight: torch.Tensor, width: int) -> bool:
     return weight.dtype == _F32 and weight.device.type == "cpu" and weight.shape == (width,) and weight.stride(0) == 1
 
 
-def _signature(*tensors: torch.Tensor) -> tuple:
-    """What the kernels' checks depend on, per tensor (flat: built on every call)."""
-    signature = ()
-    for t in tensors:
-        signature += (t.dtype, t.is_cpu, t.shape, t.stride())
-    return signature
-
-
 def rms_norm_body(kernel: Callable) -> Callable:
     """`cpu_bodies.rms_norm` (x, weight, eps) through the norm kernel for float32 rows (`_rows_of`)
     and a float32 weight of their width."""
     last: list = [None, None]  # signature, x's row stride or None
 
     def rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        signature = _signature(x, weight)
+        signature = layouts(x, weight)
         if signature != last[0]:
             row = _rows_of(x)
             last[:] = signature, row if row is not None and _weight_fits(weight, x.shape[-1]) else None
@@ -227,7 +219,7 @@ def add_rms_norm_body(kernel: Callable) -> Callable:
 
     def add_rms_norm_kernel(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        signature = _signature(x, delta, weight)
+        signature = layouts(x, delta, weight)
         if signature != last[0]:
             rows = (_rows_of(x), _rows_of(delta))
             fits = None not in rows and x.shape == delta.shape and _weight_fits(weight, x.shape[-1])
@@ -247,7 +239,7 @@ def silu_mul_body(kernel: Callable) -> Callable:
     last: list = [None, None]  # signature, the row stride or None
 
     def silu_mul_kernel(gate_up: torch.Tensor) -> torch.Tensor:
-        signature = _signature(gate_up)
+        signature = layouts(gate_up)
         if signature != last[0]:
             row = _rows_of(gate_up) if gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 else None
             last[:] = signature, row
@@ -265,15 +257,15 @@ def rotary_body(kernel: Callable) -> Callable:
     kernel when every token is written (the slot plan keeps them all, int64 slots) and the tensors
     fit `_rotary_fits`; the body otherwise (and where a slot is outside the planes)."""
     status = torch.zeros(1, dtype=torch.int64)
-    last: list = [None, None, None, False]  # k plane, v plane, layout signature, whether the kernel applies
+    last: list = [None, False]  # layout signature, whether the kernel applies
 
     def rotary_cache_write_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                                   v_cache: torch.Tensor, plan: RotaryPlan) -> torch.Tensor:
         slots = plan.slots.slots
-        signature = _signature(q, k, v, plan.cos, plan.signed_sin, slots)
-        if k_cache is not last[0] or v_cache is not last[1] or signature != last[2]:
-            last[:] = k_cache, v_cache, signature, _rotary_fits(q, k, v, k_cache, v_cache, plan)
-        if not last[3] or plan.slots.keep is not None:
+        signature = layouts(q, k, v, plan.cos, plan.signed_sin, slots, k_cache, v_cache)
+        if signature != last[0]:  # (the planes are new views of the layer's buffer every step)
+            last[:] = signature, _rotary_fits(q, k, v, k_cache, v_cache, plan)
+        if not last[1] or plan.slots.keep is not None:
             return cpu_bodies.rotary_cache_write_planned(q, k, v, k_cache, v_cache, plan)
         tokens, q_heads, dim = q.shape
         out = torch.empty(q.shape, dtype=_F32)
