@@ -11,7 +11,8 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.runtime.loading.fused_cpu_kernels import (
-    add_rms_norm_body, bind_fused_kernels, build_kernels, rms_norm_body, rotary_body, silu_mul_body,
+    KernelRotaryPlan, add_rms_norm_body, bind_fused_kernels, build_kernels, plan_rotary_kernel, rms_norm_body,
+    rotary_body, silu_mul_body,
 )
 
 
@@ -81,8 +82,8 @@ def _rotary_case(dim: int, tokens: int, slots, q_heads: int = 4, kv_heads: int =
     q, k, v = (t.reshape(tokens, -1, dim) for t in fused.split([q_heads * dim, kv_heads * dim, kv_heads * dim], -1))
     angles = torch.arange(tokens, dtype=torch.float32)[:, None] * _random(dim // 2, seed=seed + 1)[None]
     angles = torch.cat([angles, angles], -1)
-    plan = cpu_bodies.plan_rotary(angles.cos().unsqueeze(1), angles.sin().unsqueeze(1),
-                                  cpu_bodies.plan_slots(torch.tensor(slots)))
+    plan = plan_rotary_kernel(angles.cos().unsqueeze(1), angles.sin().unsqueeze(1),
+                              cpu_bodies.plan_slots(torch.tensor(slots)))
     planes = _random(2, 3, PAGES, PAGE_TOKENS, kv_heads, dim, seed=seed + 2)
     return q, k, v, planes, plan
 
@@ -101,6 +102,10 @@ def test_rotary_rotates_and_writes_what_the_body_does_bit_for_bit(kernels, dim):
     assert got.is_contiguous() and torch.equal(got, expected)
     assert torch.equal(planes, expected_planes)
     assert torch.equal(planes[1, 1].reshape(-1, 2, dim)[17], v[1])
+    reference = cpu_bodies.plan_rotary(plan.cos, plan.sin, plan.slots)  # the body's own plan: the body's bits
+    assert isinstance(plan, KernelRotaryPlan) and torch.equal(plan.signed_sin, reference.signed_sin)
+    again = planes.clone()
+    assert torch.equal(rotary_body(kernels.rotary)(q, k, v, again[0, 1], again[1, 1], reference), got)
 
 
 def test_rotary_with_padding_slots_other_dtypes_or_slots_outside_the_planes_runs_the_body(kernels):
@@ -117,7 +122,7 @@ def test_rotary_with_padding_slots_other_dtypes_or_slots_outside_the_planes_runs
         cpu_bodies.rotary_cache_write_planned(q, k, v, before[0, 1], before[1, 1], plan)
     q, k, v, planes, plan = _rotary_case(32, 3, [1, 2, 3])
     q, k, v, half = (t.to(torch.bfloat16) for t in (q, k, v, planes))  # another dtype throughout
-    plan = plan._replace(cos=plan.cos.to(torch.bfloat16), signed_sin=plan.signed_sin.to(torch.bfloat16))
+    plan = plan_rotary_kernel(plan.cos.to(torch.bfloat16), plan.sin.to(torch.bfloat16), plan.slots)
     got, expected, half, expected_half = _rotate_both(body, q, k, v, half, plan)
     assert torch.equal(got, expected) and torch.equal(half, expected_half)
 
@@ -136,7 +141,11 @@ def test_binding_points_the_bodies_calls_at_the_kernels(kernels):
     normed = graph.call_function(cpu_bodies.rms_norm, (x, w, 1e-6))
     both = graph.call_function(cpu_bodies.add_rms_norm, (x, normed, w, 1e-6))
     other = graph.call_function(torch.add, (x, 1))
-    graph.output((graph.call_function(cpu_bodies.silu_mul, (gate_up,)), both, other))
-    assert bind_fused_kernels(graph, kernels) == 3
+    cos, sin, slots, q = (graph.placeholder(name) for name in ("cos", "sin", "slots", "q"))
+    plan = graph.call_function(cpu_bodies.plan_rotary, (cos, sin, slots))
+    rotated = graph.call_function(cpu_bodies.rotary_cache_write_planned, (q, q, q, x, x, plan))
+    graph.output((graph.call_function(cpu_bodies.silu_mul, (gate_up,)), both, other, rotated))
+    assert bind_fused_kernels(graph, kernels) == 4
     names = [getattr(n.target, "__name__", "") for n in graph.nodes if n.op == "call_function"]
-    assert names == ["rms_norm_kernel", "add_rms_norm_kernel", "add", "silu_mul_kernel"]
+    assert names == ["rms_norm_kernel", "add_rms_norm_kernel", "add", "plan_rotary_kernel",
+                     "rotary_cache_write_kernel", "silu_mul_kernel"]

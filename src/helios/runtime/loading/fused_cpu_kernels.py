@@ -16,9 +16,11 @@ kernel here does its op in one C++ call built through Inductor's C++ toolchain
 - `SILU_MUL_SOURCE`: ``gate / (1 + exp(-gate)) * up`` (ATen's SiLU formula, its vectorised
   ``exp``), within float rounding of the body (the same on this machine's tests bit for bit);
 - `ROTARY_SOURCE`: ``x * cos + roll(x, D / 2) * signed_sin`` for q's and k's heads (two products
-  and a sum, no fused multiply-add: Inductor's toolchain compiles with ``-ffp-contract=off``), the
-  rotated q returned contiguous, the rotated k and the v rows copied to their slots: bit for bit
-  what `cpu_bodies.rotary_cache_write_planned` gives and writes. A slot outside the planes
+  and a sum, the first half's negated sine applied as a subtraction, no fused multiply-add:
+  Inductor's toolchain compiles with ``-ffp-contract=off``), the rotated q returned contiguous,
+  the rotated k and the v rows copied to their slots: bit for bit what
+  `cpu_bodies.rotary_cache_write_planned` gives and writes. Its step plan keeps the sine as given
+  (`KernelRotaryPlan`: the signed sine made only if a body needs it). A slot outside the planes
   writes nothing and the body runs (and raises its error).
 
 Each `*_body(kernel)` returns the replacement of a `cpu_bodies` function: the kernel where it
@@ -110,19 +112,26 @@ ROTARY_SOURCE = r"""
 
 using Vec = at::vec::Vectorized<float>;
 
-// out = x * cos + roll(x, half) * sin over one head of dim floats (roll: out[d] reads x[d - half mod dim]).
+// out = x * cos + roll(x, half) * signed_sin over one head of dim floats (roll: out[d] reads
+// x[d - half mod dim]; signed_sin: sin with its first half negated, applied as a subtraction there,
+// which IEEE arithmetic makes the same bits).
 static inline void rotate(float* out, const float* x, const float* cos, const float* sin, int64_t dim, int64_t half) {
     constexpr int64_t W = Vec::size();
     if (half % W == 0) {
-        for (int64_t d = 0; d < dim; d += W) {
-            const float* rolled = x + (d < half ? d + half : d - half);
-            (Vec::loadu(x + d) * Vec::loadu(cos + d) + Vec::loadu(rolled) * Vec::loadu(sin + d)).store(out + d);
-        }
+        for (int64_t d = 0; d < half; d += W)
+            (Vec::loadu(x + d) * Vec::loadu(cos + d) - Vec::loadu(x + d + half) * Vec::loadu(sin + d)).store(out + d);
+        for (int64_t d = half; d < dim; d += W)
+            (Vec::loadu(x + d) * Vec::loadu(cos + d) + Vec::loadu(x + d - half) * Vec::loadu(sin + d)).store(out + d);
         return;
     }
-    for (int64_t d = 0; d < dim; ++d) {
+    for (int64_t d = 0; d < half; ++d) {
         const float product = x[d] * cos[d];
-        const float other = x[d < half ? d + half : d - half] * sin[d];
+        const float other = x[d + half] * sin[d];
+        out[d] = product - other;
+    }
+    for (int64_t d = half; d < dim; ++d) {
+        const float product = x[d] * cos[d];
+        const float other = x[d - half] * sin[d];
         out[d] = product + other;
     }
 }
@@ -252,26 +261,51 @@ def silu_mul_body(kernel: Callable) -> Callable:
     return silu_mul_kernel
 
 
+class KernelRotaryPlan:
+    """`cpu_bodies.plan_rotary`'s step plan where the rotary kernel serves (`plan_rotary_kernel`): cos
+    and sin as given, the write slots, and the signed sine (sin with its first half negated) that the
+    body rotates with, made on first use only (the kernel applies the sign itself)."""
+
+    __slots__ = ("cos", "sin", "half", "slots", "_signed")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, slots: cpu_bodies.SlotPlan) -> None:
+        self.cos, self.sin, self.half, self.slots, self._signed = cos, sin, sin.shape[-1] // 2, slots, None
+
+    @property
+    def signed_sin(self) -> torch.Tensor:
+        if self._signed is None:  # as `cpu_bodies.plan_rotary` makes it
+            self._signed = torch.cat((-self.sin[..., :self.half], self.sin[..., self.half:]), dim=-1)
+        return self._signed
+
+
+def plan_rotary_kernel(cos: torch.Tensor, sin: torch.Tensor, slots: cpu_bodies.SlotPlan) -> KernelRotaryPlan:
+    """`cpu_bodies.plan_rotary`'s replacement where every reader is a rotary kernel body."""
+    return KernelRotaryPlan(cos, sin, slots)
+
+
 def rotary_body(kernel: Callable) -> Callable:
     """`cpu_bodies.rotary_cache_write_planned` (q, k, v, k_cache, v_cache, plan) through the rotary
-    kernel when every token is written (the slot plan keeps them all, int64 slots) and the tensors
-    fit `_rotary_fits`; the body otherwise (and where a slot is outside the planes)."""
+    kernel for a `KernelRotaryPlan` when every token is written (the slot plan keeps them all, int64
+    slots) and the tensors fit `_rotary_fits`; the body otherwise (and where a slot is outside the
+    planes)."""
     status = torch.zeros(1, dtype=torch.int64)
     last: list = [None, False]  # layout signature, whether the kernel applies
 
     def rotary_cache_write_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                                  v_cache: torch.Tensor, plan: RotaryPlan) -> torch.Tensor:
+                                  v_cache: torch.Tensor, plan: RotaryPlan | KernelRotaryPlan) -> torch.Tensor:
+        if type(plan) is not KernelRotaryPlan:
+            return cpu_bodies.rotary_cache_write_planned(q, k, v, k_cache, v_cache, plan)
         slots = plan.slots.slots
-        signature = layouts(q, k, v, plan.cos, plan.signed_sin, slots, k_cache, v_cache)
+        signature = layouts(q, k, v, plan.cos, plan.sin, slots, k_cache, v_cache)
         if signature != last[0]:  # (the planes are new views of the layer's buffer every step)
             last[:] = signature, _rotary_fits(q, k, v, k_cache, v_cache, plan)
         if not last[1] or plan.slots.keep is not None:
             return cpu_bodies.rotary_cache_write_planned(q, k, v, k_cache, v_cache, plan)
         tokens, q_heads, dim = q.shape
         out = torch.empty(q.shape, dtype=_F32)
-        kernel(out, k_cache, v_cache, q, k, v, plan.cos, plan.signed_sin, slots, tokens, q_heads, k.shape[1], dim,
+        kernel(out, k_cache, v_cache, q, k, v, plan.cos, plan.sin, slots, tokens, q_heads, k.shape[1], dim,
                plan.half, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               plan.cos.stride(0), plan.signed_sin.stride(0), k_cache.stride(1), k_cache.shape[0] * k_cache.shape[1],
+               plan.cos.stride(0), plan.sin.stride(0), k_cache.stride(1), k_cache.shape[0] * k_cache.shape[1],
                status)
         if status.numpy()[0]:
             return cpu_bodies.rotary_cache_write_planned(q, k, v, k_cache, v_cache, plan)
@@ -280,12 +314,12 @@ def rotary_body(kernel: Callable) -> Callable:
 
 
 def _rotary_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 plan: RotaryPlan) -> bool:
+                 plan: KernelRotaryPlan) -> bool:
     """float32 CPU tensors: q [T, Hq, D], k and v [T, Hkv, D] with unit last strides; cos and the
-    signed sine one row of D per token ([T, D] or [T, 1, D], unit last stride); int64 contiguous
+    sine one row of D per token ([T, D] or [T, 1, D], unit last stride); int64 contiguous
     slots [T]; planes [pages, page tokens, Hkv, D] of one layout whose slots are evenly spaced, with
     contiguous heads; D even and half of it `plan.half`."""
-    tensors = (q, k, v, k_cache, v_cache, plan.cos, plan.signed_sin)
+    tensors = (q, k, v, k_cache, v_cache, plan.cos, plan.sin)
     if any(t.dtype != _F32 or t.device.type != "cpu" for t in tensors):
         return False
     slots = plan.slots.slots
@@ -296,7 +330,7 @@ def _rotary_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
     tokens, dim = q.shape[0], q.shape[2]
     if dim % 2 or plan.half != dim // 2 or slots.shape != (tokens,) or any(t.stride(2) != 1 for t in (q, k, v)):
         return False
-    for factor in (plan.cos, plan.signed_sin):
+    for factor in (plan.cos, plan.sin):
         if factor.shape not in ((tokens, dim), (tokens, 1, dim)) or factor.stride(-1) != 1:
             return False
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
@@ -315,11 +349,16 @@ _BODIES = {
 
 def bind_fused_kernels(graph: torch.fx.Graph, kernels: FusedKernels) -> int:
     """Points every call of `graph` to a body in `_BODIES` at its kernel's replacement (one per call,
-    holding its checks); returns how many."""
+    holding its checks), and every `plan_rotary` call that only rotary kernels read at
+    `plan_rotary_kernel`; returns how many body calls."""
     count = 0
     for node in graph.nodes:
         replacement = _BODIES.get(node.target) if node.op == "call_function" else None
         if replacement is not None:
             node.target = replacement(kernels)
             count += 1
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is cpu_bodies.plan_rotary and node.users and all(
+                getattr(user.target, "__name__", "") == "rotary_cache_write_kernel" for user in node.users):
+            node.target = plan_rotary_kernel
     return count
