@@ -26,9 +26,20 @@ from helios.abi import cpu_bodies
 from helios.abi.cpu_bodies import SlotPlan
 from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 
+# Shared with the rotary kernel (`helios.runtime.loading.fused_cpu_kernels`), which writes slots too.
+SLOTS_INSIDE = r"""
+// Whether each of the `tokens` slots lies in 0..plane_slots - 1.
+static bool slots_inside(const int64_t* slots, int64_t tokens, int64_t plane_slots) {
+    for (int64_t t = 0; t < tokens; ++t)
+        if (slots[t] < 0 || slots[t] >= plane_slots) return false;
+    return true;
+}
+"""
+
 KERNEL_SOURCE = r"""
 #include <cstdint>
 #include <cstring>
+""" + SLOTS_INSIDE + r"""
 
 // Token t's key row (k + t * k_row, width floats) to slot slots[t] of the k plane (slot * slot_stride
 // floats in), its value row likewise. With a slot outside 0..plane_slots - 1 it writes nothing and
@@ -36,13 +47,8 @@ KERNEL_SOURCE = r"""
 extern "C" void kernel(float* k_plane, float* v_plane, const float* k, const float* v, const int64_t* slots,
                        int64_t tokens, int64_t width, int64_t k_row, int64_t v_row, int64_t slot_stride,
                        int64_t plane_slots, int64_t* status) {
-    status[0] = 0;
-    for (int64_t t = 0; t < tokens; ++t) {
-        if (slots[t] < 0 || slots[t] >= plane_slots) {
-            status[0] = 1;
-            return;
-        }
-    }
+    status[0] = slots_inside(slots, tokens, plane_slots) ? 0 : 1;
+    if (status[0]) return;
     for (int64_t t = 0; t < tokens; ++t) {
         std::memcpy(k_plane + slots[t] * slot_stride, k + t * k_row, width * sizeof(float));
         std::memcpy(v_plane + slots[t] * slot_stride, v + t * v_row, width * sizeof(float));

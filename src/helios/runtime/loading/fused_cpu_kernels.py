@@ -40,6 +40,7 @@ import torch
 
 from helios.abi import cpu_bodies
 from helios.abi.cpu_bodies import RotaryPlan
+from helios.runtime.loading.cache_write_kernel import SLOTS_INSIDE
 from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 
 _F32 = torch.float32
@@ -109,6 +110,7 @@ extern "C" void kernel(float* out, const float* gate_up, int64_t rows, int64_t w
 ROTARY_SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
 #include <cstring>
+""" + SLOTS_INSIDE + r"""
 
 using Vec = at::vec::Vectorized<float>;
 
@@ -143,13 +145,8 @@ extern "C" void kernel(float* q_out, float* k_plane, float* v_plane, const float
                        int64_t kv_heads, int64_t dim, int64_t half, int64_t q_row, int64_t q_head, int64_t k_row,
                        int64_t k_head, int64_t v_row, int64_t v_head, int64_t cos_row, int64_t sin_row,
                        int64_t slot_stride, int64_t plane_slots, int64_t* status) {
-    status[0] = 0;
-    for (int64_t t = 0; t < tokens; ++t) {
-        if (slots[t] < 0 || slots[t] >= plane_slots) {
-            status[0] = 1;
-            return;
-        }
-    }
+    status[0] = slots_inside(slots, tokens, plane_slots) ? 0 : 1;
+    if (status[0]) return;
     for (int64_t t = 0; t < tokens; ++t) {
         const float* c = cos + t * cos_row;
         const float* s = sin + t * sin_row;
