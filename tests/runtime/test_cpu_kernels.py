@@ -129,7 +129,7 @@ def test_a_cold_build_is_shown_as_progress(monkeypatch):
     assert lines == []  # loaded from the process's builds: no line
     monkeypatch.setattr(cpu_kernels, "COLD_BUILD_SECONDS", 0.0)
     use_cpu_kernels([_Loaded(cpu_program(_program()))], True, lines.append)
-    assert len(lines) == 1 and lines[0].startswith("built the CPU kernels in ")
+    assert len(lines) == 1 and lines[0].startswith("CPU kernels ready in ")
 
 
 def test_the_load_binds_them_by_default_and_never_with_compiled_programs_or_off(monkeypatch):

@@ -42,7 +42,7 @@ from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.fused_cpu_kernels import FusedKernels, bind_fused_kernels, build_kernels
 
 _LOG = logging.getLogger(__name__)
-COLD_BUILD_SECONDS = 1.0  # a build at least this long was a compile (worth a progress line), not a cache load
+COLD_BUILD_SECONDS = 1.0  # kernels this slow to get ready were most likely compiled: worth a progress line
 
 
 class CpuKernelError(LoadError):
@@ -129,5 +129,5 @@ def _built(required: bool | None, say: Callable[[str], None]) -> CpuKernels | No
         return None
     elapsed = time.perf_counter() - started
     if elapsed >= COLD_BUILD_SECONDS:
-        say(f"built the CPU kernels in {elapsed:.1f} s")
+        say(f"CPU kernels ready in {elapsed:.1f} s (built, or loaded from Inductor's cache)")
     return kernels
