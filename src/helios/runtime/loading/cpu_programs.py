@@ -25,7 +25,9 @@ the same values with less of it, once, at load (nothing is compiled, traced or e
   (other views of the same buffers: what the checks read is the same). A call with other tensors
   runs the checked graph again (and makes them the checked ones).
 
-Results are bit-for-bit those of the exported module: the same kernels run on the same values.
+Results are bit-for-bit those of the exported module: the same kernels run on the same values. A
+load may then point the fast graph at C++ kernels for the ABI bodies (`bind_fast`,
+`helios.runtime.loading.cpu_kernels`), whose results equal the bodies' within float rounding.
 """
 
 from __future__ import annotations
