@@ -356,7 +356,7 @@ def decode_attention(kernel: Callable) -> Callable:
     `attend` elsewhere. The checks are made again only when a call's tensors differ in dtype,
     device, shape or strides from the last checked call's (`layouts`: a program's call site passes
     the same layouts every step)."""
-    last: list = [None, False]  # the layouts' signature, whether the kernel applies
+    last: list = [None, None]  # the layouts' signature, the kernel's geometry arguments (None: it does not apply)
 
     def decode_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 plan: TokenStep | AttentionPlan, scale: float) -> torch.Tensor:
@@ -364,13 +364,15 @@ def decode_attention(kernel: Callable) -> Callable:
             return attend(plan, q, k_cache, v_cache, scale)
         signature = layouts(q, k_cache, v_cache)
         if signature != last[0]:  # (an eager program's planes are new views of the layer's buffer every step)
-            last[:] = signature, planes_fit(k_cache, v_cache) and query_fits(q, k_cache)
-        if not last[1] or q.shape[0] != plan.positions.shape[0]:
+            fits = planes_fit(k_cache, v_cache) and query_fits(q, k_cache)
+            last[:] = signature, ((q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], k_cache.stride(0),
+                                   k_cache.stride(1)) if fits else None)
+        tokens = q.shape[0]
+        if last[1] is None or tokens != plan.positions.shape[0]:
             return attend(plan.plan(), q, k_cache, v_cache, scale)
         out = torch.empty(q.shape, dtype=torch.float32)
-        kernel(out, q, k_cache, v_cache, plan.page_table, plan.positions, plan.token_rows, q.shape[0],
-               plan.page_table.shape[1], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], k_cache.stride(0),
-               k_cache.stride(1), plan.window, float(scale), k_cache.shape[0], torch.get_num_threads())
+        kernel(out, q, k_cache, v_cache, plan.page_table, plan.positions, plan.token_rows, tokens,
+               plan.page_table.shape[1], *last[1], plan.window, float(scale), k_cache.shape[0], torch.get_num_threads())
         return out
     return decode_attention_kernel
 

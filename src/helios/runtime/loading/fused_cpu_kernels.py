@@ -286,7 +286,8 @@ def rotary_body(kernel: Callable) -> Callable:
     slots) and the tensors fit `_rotary_fits`; the body otherwise (and where a slot is outside the
     planes)."""
     status = torch.zeros(1, dtype=torch.int64)
-    last: list = [None, False]  # layout signature, whether the kernel applies
+    state = status.numpy()
+    last: list = [None, None]  # layout signature, the kernel's integer arguments (None: it does not apply)
 
     def rotary_cache_write_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                                   v_cache: torch.Tensor, plan: RotaryPlan | KernelRotaryPlan) -> torch.Tensor:
@@ -295,19 +296,27 @@ def rotary_body(kernel: Callable) -> Callable:
         slots = plan.slots.slots
         signature = layouts(q, k, v, plan.cos, plan.sin, slots, k_cache, v_cache)
         if signature != last[0]:  # (the planes are new views of the layer's buffer every step)
-            last[:] = signature, _rotary_fits(q, k, v, k_cache, v_cache, plan)
-        if not last[1] or plan.slots.keep is not None:
+            last[:] = signature, _rotary_arguments(q, k, v, k_cache, v_cache, plan)
+        if last[1] is None or plan.slots.keep is not None:
             return cpu_bodies.rotary_cache_write_planned(q, k, v, k_cache, v_cache, plan)
-        tokens, q_heads, dim = q.shape
         out = torch.empty(q.shape, dtype=_F32)
-        kernel(out, k_cache, v_cache, q, k, v, plan.cos, plan.sin, slots, tokens, q_heads, k.shape[1], dim,
-               plan.half, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               plan.cos.stride(0), plan.sin.stride(0), k_cache.stride(1), k_cache.shape[0] * k_cache.shape[1],
-               status)
-        if status.numpy()[0]:
+        kernel(out, k_cache, v_cache, q, k, v, plan.cos, plan.sin, slots, *last[1], status)
+        if state[0]:
             return cpu_bodies.rotary_cache_write_planned(q, k, v, k_cache, v_cache, plan)
         return out
     return rotary_cache_write_kernel
+
+
+def _rotary_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, plan: KernelRotaryPlan) -> tuple | None:
+    """The rotary kernel's integer arguments for tensors of these layouts (sizes, strides, slots in
+    the planes), or None where it does not take them (`_rotary_fits`)."""
+    if not _rotary_fits(q, k, v, k_cache, v_cache, plan):
+        return None
+    tokens, q_heads, dim = q.shape
+    return (tokens, q_heads, k.shape[1], dim, plan.half, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), plan.cos.stride(0), plan.sin.stride(0), k_cache.stride(1),
+            k_cache.shape[0] * k_cache.shape[1])
 
 
 def _rotary_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
