@@ -70,6 +70,7 @@ def cache_write(kernel: Callable) -> Callable:
     differ in dtype, device, shape or strides from the last checked call's (`layouts`: a program's
     call site passes the same layouts every step)."""
     status = torch.zeros(1, dtype=torch.int64)
+    state = status.numpy()  # a view: what the kernel last wrote
     last: list = [None, False]  # the layouts' signature, whether the kernel applies
 
     def cache_write_kernel(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -82,7 +83,7 @@ def cache_write(kernel: Callable) -> Callable:
             return cpu_bodies.cache_write_planned(k_cache, v_cache, k, v, plan)
         kernel(k_cache, v_cache, k, v, slots, k.shape[0], k.shape[1] * k.shape[2], k.stride(0), v.stride(0),
                k_cache.stride(1), k_cache.shape[0] * k_cache.shape[1], status)
-        if status.numpy()[0]:
+        if state[0]:
             return cpu_bodies.cache_write_planned(k_cache, v_cache, k, v, plan)
         return None
     return cache_write_kernel

@@ -72,8 +72,8 @@ class CpuProgram:
     def _derive(self) -> None:
         self._forward = self.module.forward
         graph = fast_graph(self.module.graph)
-        for binder in self._binders:
-            if graph is not None:
+        if graph is not None:
+            for binder in self._binders:
                 binder(graph)
         self.fast = None if graph is None else torch.fx.GraphModule(self.module, graph)
         # weights, their tensors, inputs, and the layouts of all of them (`_layout`)

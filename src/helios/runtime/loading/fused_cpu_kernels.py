@@ -286,7 +286,7 @@ def rotary_body(kernel: Callable) -> Callable:
     slots) and the tensors fit `_rotary_fits`; the body otherwise (and where a slot is outside the
     planes)."""
     status = torch.zeros(1, dtype=torch.int64)
-    state = status.numpy()
+    state = status.numpy()  # a view: what the kernel last wrote
     last: list = [None, None]  # layout signature, the kernel's integer arguments (None: it does not apply)
 
     def rotary_cache_write_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

@@ -30,7 +30,7 @@ import torch
 from helios.abi import cpu_bodies
 from helios.abi.grammar import MASK_WORD_BITS
 from helios.abi.sampling_cpu import NO_TOKEN
-from helios.runtime.loading.cpp_kernels import build_cpp_kernel
+from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 
 KERNEL_SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -111,13 +111,14 @@ def greedy_sample(kernel: Callable, body: Callable) -> Callable:
     only when a call's tensors differ in dtype, shape or strides from the last checked call's (a
     program's call site passes the same layouts every step)."""
     status = torch.zeros(1, dtype=torch.int64)
+    state = status.numpy()  # a view: what the kernel last wrote
     last: list = [None, False]  # the tensors' signature, whether the kernel takes them
 
     def greedy_sample_kernel(*args) -> torch.Tensor:
         logits, temperature, penalties = args[0], args[3], args[7]
         grammar_mask, mask_rows, rows = args[-3], args[-2], args[-1]
         tensors = (logits, temperature, penalties, grammar_mask, mask_rows, rows)
-        signature = tuple((t.dtype, t.shape, t.stride()) for t in tensors)
+        signature = layouts(*tensors)
         if signature != last[0]:
             last[:] = signature, kernel_applies(*tensors)
         if last[1]:
@@ -125,7 +126,7 @@ def greedy_sample(kernel: Callable, body: Callable) -> Callable:
             kernel(tokens, status, logits, temperature, penalties, grammar_mask, mask_rows, rows, logits.shape[0],
                    logits.shape[1], logits.stride(0), temperature.stride(0), penalties.stride(0),
                    grammar_mask.stride(0), NO_TOKEN)
-            if not status.numpy()[0]:
+            if not state[0]:
                 return tokens
         return body(*args)
     greedy_sample_kernel.body = body  # what it replaced (benchmarks swap it back)

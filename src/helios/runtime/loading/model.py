@@ -26,7 +26,8 @@ nothing here runs on untrusted bytes. `load_model` then
    with Inductor for the buffers just allocated (`helios.runtime.loading.program_compile`), so
    serving compiles nothing; a failure fails startup with `ProgramCompileError`; otherwise, on the
    CPU, binds C++ kernels for the programs' ABI bodies where a C++ compiler builds them
-   (`LoadOptions.cpu_kernels`, `helios.runtime.loading.cpu_kernels`).
+   (`LoadOptions.cpu_kernels`, `helios.runtime.loading.cpu_kernels`); either way, on one rank, runs
+   each program's checked first call now (`check_ahead`), so that no serving step runs the bodies.
 
 The `LoadedModel` owns programs, weights and buffers until it is dropped; serving allocates none.
 
