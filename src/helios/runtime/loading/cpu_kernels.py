@@ -1,11 +1,13 @@
 """C++ kernels for the CPU programs' ABI bodies, bound at load (`LoadOptions.cpu_kernels`).
 
 A CPU program's fast graph (`helios.runtime.loading.cpu_fast`) calls each ABI op's Python body, a
-few torch calls of a few microseconds each around tiny tensors. Where a C++ compiler is installed,
-the load builds six kernels through Inductor's C++ toolchain (`helios.runtime.loading.cpp_kernels`;
-about 2 s each the first time on a machine, then loaded from its on-disk cache) and points every
-program's fast graph at them:
+few torch calls of a few microseconds each around tiny tensors, and MKL's sgemm for each projection.
+Where a C++ compiler is installed, the load builds seven kernels through Inductor's C++ toolchain
+(`helios.runtime.loading.cpp_kernels`; about 2 s each the first time on a machine, then loaded
+from its on-disk cache) and points every program's fast graph at them:
 
+- projections over weights packed at load (`helios.runtime.loading.linear_kernel`: one packed copy
+  of each weight, within a share of the memory available; within float rounding of MKL's);
 - a full decode step's paged attention (`helios.runtime.loading.decode_attention_kernel`: each row's
   pages walked in place, no gather copies or masks; within float rounding of the reference);
 - cache writes (`cache_write_kernel`, bit for bit) and greedy sampling (`greedy_kernel`, bit for bit);
@@ -31,15 +33,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 
 from helios.errors import LoadError
-from helios.runtime.loading import cache_write_kernel, decode_attention_kernel, greedy_kernel
+from helios.runtime.loading import cache_write_kernel, decode_attention_kernel, greedy_kernel, linear_kernel
 from helios.runtime.loading.cpp_kernels import compiler_available
 from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.fused_cpu_kernels import FusedKernels, bind_fused_kernels, build_kernels
+from helios.runtime.loading.linear_kernel import PackedWeights, bind_linears
 
 _LOG = logging.getLogger(__name__)
 COLD_BUILD_SECONDS = 1.0  # kernels this slow to get ready were most likely compiled: worth a progress line
@@ -56,30 +59,37 @@ class CpuKernels(NamedTuple):
     writes: Callable
     greedy: Callable
     fused: FusedKernels
+    linear: Callable
 
 
 def build_cpu_kernels() -> CpuKernels:
     """Every kernel, built (or loaded from Inductor's cache) once per process. Raises what the
     toolchain raises."""
     return CpuKernels(decode_attention_kernel.build_kernel(), cache_write_kernel.build_kernel(),
-                      greedy_kernel.build_kernel(), build_kernels())
+                      greedy_kernel.build_kernel(), build_kernels(), linear_kernel.build_kernel())
 
 
-def bind_cpu_kernels(graph: torch.fx.Graph, kernels: CpuKernels) -> int:
+def bind_cpu_kernels(graph: torch.fx.Graph, kernels: CpuKernels, weights: Sequence[torch.Tensor] = (),
+                     packs: PackedWeights | None = None) -> int:
     """Points `graph`'s attention, cache write, sampling, norm, SiLU-mul and rotary calls at the
-    kernels' bodies; returns how many calls."""
+    kernels' bodies, and with `packs` its projections over the program's `weights`; returns how many
+    calls."""
     return (decode_attention_kernel.bind_decode_attention(graph, kernels.attention)
             + cache_write_kernel.bind_cache_writes(graph, kernels.writes)
             + greedy_kernel.bind_greedy_sampling(graph, kernels.greedy)
-            + bind_fused_kernels(graph, kernels.fused))
+            + bind_fused_kernels(graph, kernels.fused)
+            + (bind_linears(graph, kernels.linear, weights, packs) if packs is not None else 0))
 
 
-def use_cpu_kernels(programs: Iterable, required: bool | None,
-                    progress: Callable[[str], None] | None = None) -> int:
+def use_cpu_kernels(programs: Iterable, required: bool | None, progress: Callable[[str], None] | None = None,
+                    weights_of: Callable[[object], Sequence[torch.Tensor]] | None = None) -> int:
     """Binds the kernels into every program's fast graph (`LoadedProgram`s) as `required` says (module
-    docstring); returns how many calls were bound. Only where every program is a `CpuProgram` with a
-    fast graph: a program that runs its checked bodies every call would compute a token's values in
-    other float rounding than the others, so then none is bound (logged)."""
+    docstring), the projection kernel where `weights_of(program)` gives its weight list (packed once
+    each for all programs: `PackedWeights.for_this_machine`); returns how many calls were bound.
+    Only where every program is a `CpuProgram` with a fast graph: a program that runs its checked
+    bodies every call would compute a token's values in other float rounding than the others, so
+    then none is bound (logged)."""
+    programs = list(programs)
     modules = [p.module for p in programs]
     if required is False or not modules:
         return 0
@@ -92,7 +102,13 @@ def use_cpu_kernels(programs: Iterable, required: bool | None,
     kernels = _built(required, progress or (lambda line: None))
     if kernels is None:
         return 0
-    return sum(program.bind_fast(lambda graph: bind_cpu_kernels(graph, kernels)) for program in modules)
+    packs = PackedWeights.for_this_machine() if weights_of is not None else None
+    count = 0
+    for program in programs:
+        weights = weights_of(program) if weights_of is not None else ()
+        count += program.module.bind_fast(
+            lambda graph, weights=weights: bind_cpu_kernels(graph, kernels, weights, packs))
+    return count
 
 
 def check_ahead(programs: Iterable, arguments_of: Callable[[object], list], buffers: Mapping[str, torch.Tensor],

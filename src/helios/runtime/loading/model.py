@@ -121,7 +121,7 @@ class LoadOptions:
     # (`helios.runtime.loading.program_compile`; needs a C++ compiler, else `ProgramCompileError`).
     compile_programs: bool = False
     # On the CPU without `compile_programs`: bind C++ kernels for the ABI bodies (attention, cache writes,
-    # sampling, norms, SiLU-mul, rotary; `helios.runtime.loading.cpu_kernels`). None: where a C++ compiler
+    # sampling, norms, SiLU-mul, rotary) and the projections (`helios.runtime.loading.cpu_kernels`). None: where a C++ compiler
     # builds them; True: required (`CpuKernelError` otherwise); False: the Python bodies.
     cpu_kernels: bool | None = None
     # On CUDA with `cuda_graphs`: worker processes that compile the Triton kernels the capture's warm-up
@@ -262,7 +262,8 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     if device.type == "cpu" and options.compile_programs:  # before ready: serving compiles nothing
         compile_programs(every, lambda p: program_arguments(p, weights, buffers), options.progress)
     kernels = device.type == "cpu" and (options.compile_programs
-                                        or use_cpu_kernels(every, options.cpu_kernels, options.progress))
+                                        or use_cpu_kernels(every, options.cpu_kernels, options.progress,
+                                                           lambda p: [weights[name] for name in p.weights]))
     if kernels and prepared.manifest.ranks == 1:
         # Kernels round otherwise than the checked bodies: no serving step runs the bodies. (A
         # tensor-parallel rank's programs need the group's collectives, bound after load.)

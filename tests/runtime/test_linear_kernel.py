@@ -1,0 +1,182 @@
+"""The C++ projection kernel over packed weights (`helios.runtime.loading.linear_kernel`): within
+float rounding of torch's linear at row counts on every tile path, partial output blocks and odd
+widths, with and without a bias, on views of a fused projection; each row's outputs the same bits
+whatever the call's row count, the row's place and the thread count; other dtypes, layouts and
+weights run torch's linear; one packed copy per weight, within the budget; the binding into a
+program's fast graph and into a load."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from helios.runtime.loading import linear_kernel
+from helios.runtime.loading.cpu_kernels import use_cpu_kernels
+from helios.runtime.loading.cpu_programs import cpu_program
+from helios.runtime.loading.linear_kernel import PackedWeights, bind_linears, build_kernel, linear_body, pack
+from runtime.test_cpu_fast import _inputs, _program, _steps, _weights
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return build_kernel()
+
+
+def _random(*shape, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _body(kernel, weight):
+    return linear_body(kernel, weight, pack(weight))
+
+
+def _exact(x, weight, bias=None):
+    return torch.nn.functional.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 16, 64, 70])
+@pytest.mark.parametrize("out_features, in_features", [(64, 32), (40, 7), (100, 77), (33, 1)])
+def test_the_kernel_equals_torch_within_rounding(kernel, rows, out_features, in_features):
+    weight, bias = _random(out_features, in_features), _random(out_features, seed=1)
+    x = _random(rows, in_features, seed=2)
+    body = _body(kernel, weight)
+    for b in (None, bias):
+        got = body(x, weight, b)
+        assert got.shape == (rows, out_features) and got.is_contiguous()
+        tolerance = 1e-6 * in_features + 1e-6
+        torch.testing.assert_close(got, _exact(x, weight, b), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), rtol=tolerance, atol=tolerance)
+
+
+def test_views_of_a_fused_projection_and_more_dimensions(kernel):
+    weight = _random(48, 24)
+    body = _body(kernel, weight)
+    fused = _random(9, 3 * 24, seed=1)
+    view = fused[:, 24:48]  # rows 72 floats apart
+    torch.testing.assert_close(body(view, weight), _exact(view, weight), rtol=1e-5, atol=1e-5)
+    batched = _random(2, 5, 24, seed=2)
+    got = body(batched, weight)
+    assert got.shape == (2, 5, 48)
+    torch.testing.assert_close(got, _exact(batched, weight), rtol=1e-5, atol=1e-5)
+    one = fused[3:4, :24].expand(4, 24)  # rows 0 floats apart: read, never written
+    torch.testing.assert_close(body(one, weight), _exact(one, weight), rtol=1e-5, atol=1e-5)
+    assert body(_random(0, 24), weight).shape == (0, 48)
+
+
+def test_a_rows_outputs_are_the_same_bits_alone_in_any_batch_and_on_any_thread_count(kernel, monkeypatch):
+    weight, bias = _random(200, 96), _random(200, seed=1)
+    body = _body(kernel, weight)
+    x = _random(70, 96, seed=2)
+    whole = body(x, weight, bias)
+    for start, stop in ((0, 1), (5, 6), (69, 70), (3, 20), (60, 70), (1, 66)):
+        assert torch.equal(body(x[start:stop].clone(), weight, bias), whole[start:stop])
+    monkeypatch.setattr(linear_kernel, "PARALLEL_MACS", 1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(body(x, weight, bias), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_other_dtypes_layouts_and_weights_run_torchs_linear(kernel, monkeypatch):
+    weight = _random(32, 16)
+    body = _body(kernel, weight)
+    cases = [
+        (_random(4, 16).to(torch.bfloat16), weight.to(torch.bfloat16), None),  # another weight: another dtype
+        (_random(4, 16), weight.clone(), None),  # another tensor of the same values
+        (_random(4, 32)[:, ::2], weight, None),  # features not at unit stride
+        (_random(3, 4, 16).transpose(0, 1), weight, None),  # rows not at one stride
+        (_random(4, 16), weight, _random(64)[::2]),  # a strided bias
+        (_random(4, 16).double(), weight, None),
+        (_random(16), weight, None),  # one dimension
+    ]
+    seen = []
+    real = torch._C._nn.linear
+    monkeypatch.setattr(torch._C._nn, "linear", lambda *args: seen.append(1) or real(*args))
+    body = _body(kernel, weight)  # reads torch's linear when made
+    for x, w, b in cases:
+        x_for_w = x.to(w.dtype) if x.dtype != w.dtype and w.dtype != torch.float32 else x
+        try:
+            expected = real(x_for_w, w, b)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                body(x_for_w, w, b)
+            continue
+        assert torch.equal(body(x_for_w, w, b), expected)
+    assert len(seen) == len(cases)
+
+
+def test_pack_lays_out_column_blocks_padded_with_zeros():
+    weight = _random(40, 3)
+    packed = pack(weight)
+    assert packed.shape == (2, 3, 32) and packed.is_contiguous()
+    assert torch.equal(packed[0], weight[:32].T) and torch.equal(packed[1, :, :8], weight[32:].T)
+    assert not packed[1, :, 8:].any()
+
+
+def test_each_weight_is_packed_once_and_within_the_budget(caplog):
+    weight, other = _random(64, 16), _random(32, 16)
+    packs = PackedWeights(budget=64 * 16 * 4)
+    first = packs.get(weight)
+    assert packs.get(weight) is first and packs.get(weight[:, :]) is first and packs.bytes == 64 * 16 * 4
+    with caplog.at_level(logging.INFO, logger=linear_kernel.__name__):
+        assert packs.get(other) is None and packs.get(other) is None
+    assert sum("packed projection weights" in r.getMessage() for r in caplog.records) == 1
+    assert PackedWeights.for_this_machine().budget > 0
+
+
+def _linear_graph(weight_dtype=torch.float32):
+    class Projections(torch.nn.Module):
+        def forward(self, weights, x):
+            hidden = torch.nn.functional.linear(x, weights[0])
+            return torch.nn.functional.linear(hidden.to(weights[1].dtype), weights[1]).float() + \
+                torch.nn.functional.linear(x, x)  # the last: a weight that is an input
+
+    weights = [_random(8, 8), _random(8, 8, seed=1).to(weight_dtype)]
+    module = torch.export.export(Projections(), (weights, _random(8, 8, seed=2)), strict=False).module()
+    return module, weights
+
+
+def test_binding_takes_projections_over_the_programs_float32_weights(kernel):
+    module, weights = _linear_graph(torch.bfloat16)
+    graph = module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    packs = PackedWeights(budget=1 << 30)
+    assert bind_linears(graph, kernel, weights, packs) == 1
+    bound = [n for n in graph.nodes if getattr(n.target, "__name__", "") == "packed_linear"]
+    assert len(bound) == 1 and bound[0].args[1] is placeholders[0]
+    assert packs.bytes == 32 * 8 * 4  # one block of 32 outputs
+
+
+class _Loaded:
+    def __init__(self, module):
+        self.module = module
+
+
+def test_a_program_with_packed_projections_gives_the_bodies_tokens_and_logits_within_rounding():
+    weights = _weights()
+    steps = [_inputs(step) for step in range(4)]
+    expected = _steps(cpu_program(_program()), weights, _inputs(0), steps)
+    program = cpu_program(_program())
+    use_cpu_kernels([_Loaded(program)], True, weights_of=lambda p: weights)
+    names = [getattr(n.target, "__name__", "") for n in program.fast.graph.nodes if n.op == "call_function"]
+    assert names.count("packed_linear") == 2 * 3 + 1  # per layer qkv, gate/up, down; the head
+    got = _steps(program, weights, _inputs(0), steps)
+    for got_step, expected_step in zip(got, expected):
+        assert torch.equal(got_step[0], expected_step[0]) and torch.equal(got_step[4], expected_step[4])
+        torch.testing.assert_close(got_step[1], expected_step[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_load_binds_the_projections_of_every_program():
+    from helios.runtime.loading.model import LoadOptions, load_model
+    from runtime.test_model_fixture import open_fixture
+
+    model = load_model(open_fixture(), LoadOptions())
+    decode = [p for p in model.programs if p.graph.startswith("decode")]
+    assert decode
+    for program in decode:
+        names = [getattr(n.target, "__name__", "") for n in program.module.fast.graph.nodes]
+        assert "packed_linear" in names and "linear" not in names
