@@ -115,6 +115,20 @@ def test_pack_lays_out_column_blocks_padded_with_zeros():
     assert packed.shape == (2, 3, 32) and packed.is_contiguous()
     assert torch.equal(packed[0], weight[:32].T) and torch.equal(packed[1, :, :8], weight[32:].T)
     assert not packed[1, :, 8:].any()
+    assert torch.equal(pack(_random(64, 5)), _random(64, 5).view(2, 32, 5).transpose(1, 2))
+    assert torch.equal(pack(_random(5, 7).T)[0, :, :7], _random(5, 7))  # a transposed weight
+    assert torch.equal(pack(_random(7, 3))[0, :, :7], _random(7, 3).T)
+
+
+def test_a_slow_packing_is_shown_as_progress(monkeypatch):
+    from helios.runtime.loading import cpu_kernels
+
+    weights, lines = _weights(), []
+    monkeypatch.setattr(cpu_kernels, "SLOW_PACK_SECONDS", 0.0)
+    use_cpu_kernels([_Loaded(cpu_program(_program()))], True, lines.append, weights_of=lambda p: weights)
+    packed = [line for line in lines if line.startswith("packed ")]
+    assert len(packed) == 1 and packed[0].startswith("packed 5 projection weights (")  # qkv x 2, gate/up, down, head
+    assert packed[0].endswith(" s") and "for the CPU kernels" in packed[0]
 
 
 def test_each_weight_is_packed_once_and_within_the_budget(caplog):

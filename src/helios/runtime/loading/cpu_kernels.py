@@ -19,8 +19,9 @@ layout: a property of the call site, the same in every program and step; padding
 the bodies write bit for bit as the kernels do), so every program still computes what its bodies
 compute, within float rounding where stated, and a token's values do not depend on the step it
 runs in. For that, the load binds them only where every program has a fast graph, and runs each
-program's first (checked) call at load (`check_ahead`), so that no serving step runs the bodies. `--compile-programs` (`helios.runtime.loading.program_compile`) binds its own
-(Inductor compiles the rest), so a load does one or the other.
+program's first (checked) call at load (`check_ahead`), so that no serving step runs the bodies.
+`--compile-programs` (`helios.runtime.loading.program_compile`) binds its own (Inductor compiles
+the rest), so a load does one or the other.
 
 `cpu_kernels=None` (the default) binds them where a C++ compiler is found and the build succeeds,
 else serves with the bodies and logs why; True requires them (`CpuKernelError` otherwise); False
@@ -46,6 +47,7 @@ from helios.runtime.loading.linear_kernel import PackedWeights, bind_linears
 
 _LOG = logging.getLogger(__name__)
 COLD_BUILD_SECONDS = 1.0  # kernels this slow to get ready were most likely compiled: worth a progress line
+SLOW_PACK_SECONDS = 1.0  # packing the projection weights this long is worth a progress line
 
 
 class CpuKernelError(LoadError):
@@ -103,11 +105,16 @@ def use_cpu_kernels(programs: Iterable, required: bool | None, progress: Callabl
     if kernels is None:
         return 0
     packs = PackedWeights.for_this_machine() if weights_of is not None else None
+    started = time.perf_counter()
     count = 0
     for program in programs:
         weights = weights_of(program) if weights_of is not None else ()
         count += program.module.bind_fast(
             lambda graph, weights=weights: bind_cpu_kernels(graph, kernels, weights, packs))
+    elapsed = time.perf_counter() - started
+    if packs is not None and elapsed >= SLOW_PACK_SECONDS and progress is not None:
+        progress(f"packed {packs.count} projection weights ({packs.bytes / 2**30:.2f} GiB) for the CPU kernels "
+                 f"in {elapsed:.1f} s")
     return count
 
 

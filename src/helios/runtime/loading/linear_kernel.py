@@ -135,10 +135,14 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """`weight` [out, in] as the kernel reads it: [ceil(out / BLOCK), in, BLOCK], the outputs past
     `out` zero."""
     out, inner = weight.shape
-    padded = -(-out // BLOCK) * BLOCK
-    blocks = torch.zeros(padded, inner, dtype=_F32)
-    blocks[:out] = weight
-    return blocks.view(padded // BLOCK, BLOCK, inner).transpose(1, 2).contiguous()
+    full, rest = divmod(out, BLOCK)
+    packed = torch.empty(full + (rest > 0), inner, BLOCK, dtype=_F32)
+    if full:
+        packed[:full].copy_(weight[:full * BLOCK].reshape(full, BLOCK, inner).transpose(1, 2))
+    if rest:
+        packed[full].zero_()
+        packed[full, :, :rest].copy_(weight[full * BLOCK:].T)
+    return packed
 
 
 class PackedWeights:
@@ -176,6 +180,11 @@ class PackedWeights:
         self.bytes += size
         packed = self._packed[key] = pack(weight)
         return packed
+
+    @property
+    def count(self) -> int:
+        """How many weights are packed."""
+        return len(self._packed)
 
 
 def linear_body(kernel: Callable, weight: torch.Tensor, packed: torch.Tensor) -> Callable:
