@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from helios.runtime.loading import linear_kernel
 from helios.runtime.loading.linear_kernel import build_kernel, linear_body, pack
 
 # hidden, intermediate, q + 2 kv widths, layers: the 4-layer random Llama, the embedded model, an 8B layer
@@ -31,7 +32,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--rounds", type=int, default=15, help="alternated rounds; medians reported")
     parser.add_argument("--layers", type=int, help="layers of distinct weights (default: the shape's)")
+    parser.add_argument("--parallel-macs", type=int, default=linear_kernel.PARALLEL_MACS,
+                        help="multiply-adds from which a call splits over threads (linear_kernel.PARALLEL_MACS)")
     args = parser.parse_args()
+    linear_kernel.PARALLEL_MACS = args.parallel_macs
     torch.set_num_threads(args.threads)
     hidden, intermediate, qkv, layers = SHAPES[args.shape]
     layers = args.layers or layers
@@ -42,7 +46,7 @@ def main() -> None:
                for _ in range(layers) for out, inner in shapes]
     bodies = [linear_body(kernel, w, pack(w)) for w in weights]
     flops_per_row = 2 * sum(w.numel() for w in weights)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.shape}: {len(weights)} projections, "
+    print(f"torch {torch.__version__}, {args.threads} thread(s) from {args.parallel_macs:,} multiply-adds, {args.shape}: {len(weights)} projections, "
           f"{sum(w.numel() for w in weights) * 4 / 1e6:.1f} MB of weights, median of {args.rounds} rounds")
     print(f"{'rows':>5} {'torch ms':>9} {'kernel ms':>10} {'torch GF/s':>11} {'kernel GF/s':>12} {'ratio':>6}")
     for rows in (int(r) for r in args.rows.split(",")):

@@ -39,7 +39,7 @@ from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
 _LOG = logging.getLogger(__name__)
 _F32 = torch.float32
 BLOCK = 32  # outputs per packed column block (two 16-float vectors)
-PARALLEL_MACS = 1 << 21  # a call this large (rows x out x in) splits over threads
+PARALLEL_MACS = 1 << 16  # a call this large (rows x out x in) splits over threads
 MEMORY_SHARE = 0.5  # packed copies may take at most this share of the memory available at load
 
 SOURCE = r"""
