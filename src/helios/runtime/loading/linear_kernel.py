@@ -145,6 +145,22 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """Bytes of memory available to a new allocation without swapping: Linux's MemAvailable (free
+    memory and reclaimable caches), else the free pages; None where neither is known."""
+    try:
+        with open(meminfo) as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 class PackedWeights:
     """The packed copies of one load's projection weights, made once each (keyed by the weight's
     memory and layout), until they would take more than `budget` bytes; past it, `get` returns None
@@ -159,11 +175,8 @@ class PackedWeights:
     @classmethod
     def for_this_machine(cls) -> PackedWeights:
         """A budget of `MEMORY_SHARE` of the memory available now (everything, where unknown)."""
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return cls(budget=1 << 62)
-        return cls(budget=int(available * MEMORY_SHARE))
+        available = available_memory()
+        return cls(budget=1 << 62 if available is None else int(available * MEMORY_SHARE))
 
     def get(self, weight: torch.Tensor) -> torch.Tensor | None:
         key = (weight.data_ptr(), weight.shape, weight.stride())
