@@ -6,9 +6,9 @@ arithmetic (measured on this project's 2-core machine, float32, one thread: 16 x
 56-73 GFLOP/s with the weight in cache, and a 4-layer model's 16 projections in 1.9-2.6 ms a step
 as they stream from L3). `SOURCE` computes ``x @ W.T + bias`` over a copy of the weight packed
 once, at load, into column blocks (`pack`: [ceil(out / 32), in, 32], zero-padded), the layout its
-inner loop streams: 8 rows of x times 32 outputs held in 16 vector registers, one broadcast
-multiply-add per row and vector for each input feature (100-110 GFLOP/s there, the 16 projections
-in 0.9 ms). Rows split into chunks of 64, and over threads by (chunk, block) when a call has
+inner loop streams: 8 rows of x times 32 outputs held in 16 of AVX-512's vector registers (6
+rows times 16 outputs in 12 of AVX2's), one broadcast multiply-add per row and vector for each input
+feature (100-110 GFLOP/s there, the 16 projections in 0.9 ms). Rows split into chunks of 64, and over threads by (chunk, block) when a call has
 `PARALLEL_MACS` multiply-adds or more and torch's intra-op threads are more than one.
 
 Each output is one fused multiply-add chain over the input features in order, plus the bias:
@@ -51,57 +51,65 @@ constexpr int64_t W = Vec::size();
 constexpr int64_t NB = 32;     // outputs per packed block
 constexpr int64_t CHUNK = 64;  // rows per work item
 static_assert(NB % W == 0, "a block is whole vectors");
-constexpr int V = NB / W;
+constexpr int V = NB / W;               // vectors a block holds per row
+constexpr int VT = V < 2 ? V : 2;       // vectors a tile holds per row (a block is V / VT tiles wide)
+constexpr int MR = W >= 16 ? 8 : 6;     // rows of a full tile: MR x VT accumulators, VT weights and a
+                                        // broadcast in 16 vector registers (AVX2) or 32 (AVX-512)
+static_assert(V % VT == 0, "a block is whole tiles");
 
-// MR rows (from m0) times one block of outputs (from n0): acc[i][v] += x[m0 + i, k] * p[k, v],
-// k in order. The loops over i and v unroll so that the accumulators stay in registers.
-template <int MR>
-static inline void tile(float* out, const float* x, const float* p, const float* bias, int64_t m0, int64_t n0,
+// R rows (from m0) times VT vectors of outputs (from c0, columns of the packed panel p):
+// acc[i][v] += x[m0 + i, k] * p[k, v], k in order. The loops over i and v unroll so that the
+// accumulators stay in registers.
+template <int R>
+static inline void tile(float* out, const float* x, const float* p, const float* bias, int64_t m0, int64_t c0,
                         int64_t K, int64_t N, int64_t x_row) {
-    Vec acc[MR][V];
-    const float* xr[MR];
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+    Vec acc[R][VT];
+    const float* xr[R];
+    _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) {
         xr[i] = x + (m0 + i) * x_row;
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) acc[i][v] = Vec(0.f);
+        _Pragma("GCC unroll 4") for (int v = 0; v < VT; ++v) acc[i][v] = Vec(0.f);
     }
     for (int64_t k = 0; k < K; ++k) {
-        Vec w[V];
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) w[v] = Vec::loadu(p + k * NB + v * W);
-        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+        Vec w[VT];
+        _Pragma("GCC unroll 4") for (int v = 0; v < VT; ++v) w[v] = Vec::loadu(p + k * NB + v * W);
+        _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) {
             const Vec xv(xr[i][k]);
-            _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) acc[i][v] = at::vec::fmadd(xv, w[v], acc[i][v]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < VT; ++v) acc[i][v] = at::vec::fmadd(xv, w[v], acc[i][v]);
         }
     }
-    const int64_t left = std::min<int64_t>(NB, N - n0);
-    if (left == NB) {
-        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-            float* o = out + (m0 + i) * N + n0;
-            _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) {
-                if (bias) (acc[i][v] + Vec::loadu(bias + n0 + v * W)).store(o + v * W);
+    const int64_t left = std::min<int64_t>(VT * W, N - c0);
+    if (left == VT * W) {
+        _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) {
+            float* o = out + (m0 + i) * N + c0;
+            _Pragma("GCC unroll 4") for (int v = 0; v < VT; ++v) {
+                if (bias) (acc[i][v] + Vec::loadu(bias + c0 + v * W)).store(o + v * W);
                 else acc[i][v].store(o + v * W);
             }
         }
         return;
     }
-    float tmp[MR][NB];  // the last, partial block: through memory
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; ++v) acc[i][v].store(tmp[i] + v * W);
+    float tmp[R][VT * W];  // the last, partial tile: through memory
+    _Pragma("GCC unroll 16") for (int i = 0; i < R; ++i) {
+        _Pragma("GCC unroll 4") for (int v = 0; v < VT; ++v) acc[i][v].store(tmp[i] + v * W);
     }
-    for (int i = 0; i < MR; ++i) {
-        float* o = out + (m0 + i) * N + n0;
-        for (int64_t j = 0; j < left; ++j) o[j] = bias ? tmp[i][j] + bias[n0 + j] : tmp[i][j];
+    for (int i = 0; i < R; ++i) {
+        float* o = out + (m0 + i) * N + c0;
+        for (int64_t j = 0; j < left; ++j) o[j] = bias ? tmp[i][j] + bias[c0 + j] : tmp[i][j];
     }
 }
 
 static void rows_by_block(float* out, const float* x, const float* packed, const float* bias, int64_t m_begin,
                           int64_t m_end, int64_t b, int64_t K, int64_t N, int64_t x_row) {
-    const float* p = packed + b * K * NB;
-    const int64_t n0 = b * NB;
-    int64_t m = m_begin;
-    for (; m + 8 <= m_end; m += 8) tile<8>(out, x, p, bias, m, n0, K, N, x_row);
-    if (m + 4 <= m_end) { tile<4>(out, x, p, bias, m, n0, K, N, x_row); m += 4; }
-    if (m + 2 <= m_end) { tile<2>(out, x, p, bias, m, n0, K, N, x_row); m += 2; }
-    if (m < m_end) tile<1>(out, x, p, bias, m, n0, K, N, x_row);
+    for (int s = 0; s < V / VT; ++s) {
+        const float* p = packed + b * K * NB + s * VT * W;
+        const int64_t c0 = b * NB + s * VT * W;
+        if (c0 >= N) return;
+        int64_t m = m_begin;
+        for (; m + MR <= m_end; m += MR) tile<MR>(out, x, p, bias, m, c0, K, N, x_row);
+        if (m + 4 <= m_end) { tile<4>(out, x, p, bias, m, c0, K, N, x_row); m += 4; }
+        if (m + 2 <= m_end) { tile<2>(out, x, p, bias, m, c0, K, N, x_row); m += 2; }
+        if (m < m_end) tile<1>(out, x, p, bias, m, c0, K, N, x_row);
+    }
 }
 
 // out [rows, N] = x [rows, K] (rows x_row floats apart) @ W.T (+ bias), W packed as [ceil(N / NB), K, NB].
