@@ -1,9 +1,9 @@
 """The C++ projection kernel over packed weights (`helios.runtime.loading.linear_kernel`): within
 float rounding of torch's linear at row counts on every tile path, partial output blocks and odd
 widths, with and without a bias, on views of a fused projection; each row's outputs the same bits
-whatever the call's row count, the row's place and the thread count; other dtypes, layouts and
-weights run torch's linear; one packed copy per weight, within the budget; the binding into a
-program's fast graph and into a load."""
+whatever the call's row count, the row's place and the thread count, also as built for 256-bit
+vectors (AVX2's tiles); other dtypes, layouts and weights run torch's linear; one packed copy per
+weight, within the budget; the binding into a program's fast graph and into a load."""
 
 from __future__ import annotations
 
@@ -207,3 +207,38 @@ def test_the_load_binds_the_projections_of_every_program():
     for program in decode:
         names = [getattr(n.target, "__name__", "") for n in program.module.fast.graph.nodes]
         assert "packed_linear" in names and "linear" not in names
+
+
+_OTHER_WIDTH = r"""
+import sys, torch
+from torch._inductor import config
+config.cpp.simdlen = 256  # the kernel built for 256-bit vectors (AVX2): tiles of 6 rows x 2 vectors
+from torch._inductor import cpu_vec_isa
+if "avx2" not in str(cpu_vec_isa.pick_vec_isa()):
+    print("no avx2"); sys.exit(0)
+from helios.runtime.loading.linear_kernel import build_kernel, linear_body, pack
+kernel = build_kernel()
+generator = torch.Generator().manual_seed(0)
+for rows, out_features, in_features in [(16, 100, 77), (70, 40, 33), (1, 8, 3), (13, 64, 256)]:
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    body = linear_body(kernel, weight, pack(weight))
+    got = body(x, weight, bias)
+    exact = torch.nn.functional.linear(x.double(), weight.double(), bias.double()).float()
+    torch.testing.assert_close(got, exact, rtol=1e-6 * in_features + 1e-6, atol=1e-6 * in_features + 1e-6)
+    for row in (0, rows // 2, rows - 1):
+        assert torch.equal(body(x[row:row + 1].clone(), weight, bias), got[row:row + 1])
+print("ok")
+"""
+
+
+def test_the_kernel_built_for_256_bit_vectors_equals_torch_and_keeps_each_rows_bits():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _OTHER_WIDTH], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    if result.stdout.strip().splitlines()[-1] == "no avx2":
+        pytest.skip("this CPU has no AVX2")
+    assert result.stdout.strip().splitlines()[-1] == "ok"

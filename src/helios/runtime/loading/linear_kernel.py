@@ -7,9 +7,10 @@ arithmetic (measured on this project's 2-core machine, float32, one thread: 16 x
 as they stream from L3). `SOURCE` computes ``x @ W.T + bias`` over a copy of the weight packed
 once, at load, into column blocks (`pack`: [ceil(out / 32), in, 32], zero-padded), the layout its
 inner loop streams: 8 rows of x times 32 outputs held in 16 of AVX-512's vector registers (6
-rows times 16 outputs in 12 of AVX2's), one broadcast multiply-add per row and vector for each input
-feature (100-110 GFLOP/s there, the 16 projections in 0.9 ms). Rows split into chunks of 64, and over threads by (chunk, block) when a call has
-`PARALLEL_MACS` multiply-adds or more and torch's intra-op threads are more than one.
+rows times 16 outputs in 12 of AVX2's), one broadcast multiply-add per row and vector for each
+input feature (100-110 GFLOP/s there, the 16 projections in 0.9 ms). Rows split into chunks of 64,
+and over threads by (chunk, block) when a call has `PARALLEL_MACS` multiply-adds or more and
+torch's intra-op threads are more than one.
 
 Each output is one fused multiply-add chain over the input features in order, plus the bias:
 the same bits whatever the call's row count, the row's place in it or the thread count (the
