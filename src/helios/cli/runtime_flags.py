@@ -11,8 +11,9 @@ speculation off), `--history-drafting` / `--no-history-drafting` override the co
 instead of recomputing them. `--image-cache-images N` sizes the device cache of encoded image
 features of a vision-language core (allocated at load). `--compile-programs` compiles the CPU programs
 with Inductor at load (`helios.runtime.loading.program_compile`), each compilation shown on stderr;
-otherwise `--cpu-kernels auto|on|off` says whether the CPU programs' ABI bodies run through C++ kernels
-built at load (`helios.runtime.loading.cpu_kernels`; auto: where a C++ compiler builds them).
+otherwise `--cpu-kernels auto|on|off` says whether the CPU programs' projections and ABI bodies run
+through C++ kernels built at load (`helios.runtime.loading.cpu_kernels`; auto: where a C++ compiler
+builds them).
 `--compile-workers N` sets the worker processes that compile a CUDA load's Triton kernels before its
 graphs are captured (`helios.runtime.loading.kernel_precompile`; 0: the warm-up runs compile them).
 """
@@ -62,10 +63,11 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        "(fused C++ kernels; needs a C++ compiler; load takes about 5-25 s more per program, "
                        "serving compiles nothing); decode steps run faster, results equal within float rounding")
     group.add_argument("--cpu-kernels", choices=("auto", "on", "off"), default="auto",
-                       help="on the CPU without --compile-programs: run the programs' attention, cache writes, "
-                       "sampling, norms, SiLU-mul and rotary through C++ kernels built at load (about 2 s each the "
-                       "first time on a machine, then cached); auto (default): where a C++ compiler builds them, "
-                       "on: fail the load otherwise, off: the Python bodies")
+                       help="on the CPU without --compile-programs: run the programs' projections (over a copy "
+                       "of their weights packed at load), attention, cache writes, sampling, norms, SiLU-mul and "
+                       "rotary through C++ kernels built at load (about 2 s each the first time on a machine, then "
+                       "cached); auto (default): where a C++ compiler builds them, on: fail the load otherwise, "
+                       "off: torch's linear and the Python bodies")
     group.add_argument("--compile-workers", type=int, metavar="N",
                        help="on CUDA: worker processes compiling the Triton kernels the captured graphs need, side "
                        "by side, before capture (default: the CPUs less one, at most 8; 0: the warm-up runs "
