@@ -49,12 +49,13 @@ PHASES = (("schedule", "scheduler", "schedule"), ("pack", "packer", "pack"), ("p
           ("finish", "executor", "finish"), ("complete", "scheduler", "complete"))
 
 
-def _engine(model: str, batch: int, tokens: int, scratch: Path, compiled: bool = False, bodies: bool = False):
+def _engine(model: str, batch: int, tokens: int, scratch: Path, compiled: bool = False, bodies: bool = False,
+            dtype: str = "float32"):
     checkpoint = default_model_dir() if model == "embedded" else write_random_llama(
         scratch / "llama4", with_layers(SMOKE, 4), torch.float32)
     key = SigningKey.generate()
     plan = CapacityPlan(context_tokens=8 + tokens + 8, prefill_tokens=64, decode_batches=tuple(sorted({1, batch})))
-    prepare_core(checkpoint, scratch / "bench.core", key, PrepareOptions(NAMESPACE, capacities=plan, dtype="float32"))
+    prepare_core(checkpoint, scratch / "bench.core", key, PrepareOptions(NAMESPACE, capacities=plan, dtype=dtype))
     options = RuntimeOptions(load=LoadOptions(compile_programs=compiled, cpu_kernels=False if bodies else None))
     return build_runtime(open_core(scratch / "bench.core", accept=NAMESPACE, trusted_keys=[key.public]), options).engine
 
@@ -128,10 +129,12 @@ def main() -> None:
     parser.add_argument("--compile-programs", action="store_true", help="compile the programs with Inductor at load")
     parser.add_argument("--bodies", action="store_true",
                         help="the ABI ops' Python bodies, without the C++ kernels bound by default")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the core's dtype")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
-        engine = _engine(args.model, args.batch, args.tokens, Path(scratch), args.compile_programs, args.bodies)
+        engine = _engine(args.model, args.batch, args.tokens, Path(scratch), args.compile_programs, args.bodies,
+                         args.dtype)
         prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(args.batch)]
         generate(engine, prompts, 4)  # warm-up: the programs' checked first calls
         total, split = phases(engine, prompts, args.tokens, args.repeats)

@@ -33,8 +33,13 @@ DECODE_BATCHES = (1, 4, 16, 64)
 # Bumped when prepared cores change in a way older cached cores cannot be loaded or serve the
 # checkpoint worse: "images" since programs are stored as program images (cores cached before hold
 # pickled programs, now refused); "-templates" since the frontend and sampling defaults come from the
-# chat template and generation_config.json (an older core served do_sample: false at temperature 1).
-CORE_GENERATION = "images-templates"
+# chat template and generation_config.json (an older core served do_sample: false at temperature 1);
+# "-float32" since the core computes in float32 (`DTYPE`; older cores computed in the checkpoint's bfloat16).
+CORE_GENERATION = "images-templates-float32"
+# The core's compute dtype: float32, as the model was trained and evaluated (training/README.md: float32
+# compute on the stored bfloat16 weights, widened exactly), and the dtype the CPU programs' C++ kernels take
+# (`helios.runtime.loading.cpu_kernels`: at 16 rows a decode step in about half the time of bfloat16's).
+DTYPE = "float32"
 
 
 class EmbeddedModelMissing(LoadError):
@@ -100,7 +105,7 @@ def _prepare(checkpoint: Path, target: Path, key: Path, progress: Callable[[str]
 
     progress(f"preparing the embedded default model into {target} (first use)")
     plan = CapacityPlan(context_tokens=_context_tokens(checkpoint), decode_batches=DECODE_BATCHES)
-    options = PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan)
+    options = PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan, dtype=DTYPE)
     scratch = Path(tempfile.mkdtemp(prefix=".preparing-", dir=target.parent))
     try:
         prepare_core(checkpoint, scratch / "model.core", load_signing_key(key), options, progress=progress)
