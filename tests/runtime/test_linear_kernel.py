@@ -8,7 +8,6 @@ weight, within the budget; the binding into a program's fast graph and into a lo
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from helios.runtime.loading import linear_kernel
 from helios.runtime.loading.cpu_kernels import use_cpu_kernels
 from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.linear_kernel import (
-    PackedWeights, available_memory, bind_linears, build_kernel, linear_body, pack,
+    PackedWeights, bind_linears, build_kernel, linear_body, pack,
 )
 from runtime.test_cpu_fast import _inputs, _program, _steps, _weights
 
@@ -145,14 +144,11 @@ def test_each_weight_is_packed_once_and_within_the_budget(caplog):
     assert PackedWeights.for_this_machine().budget > 0
 
 
-def test_available_memory_reads_memavailable_and_falls_back_to_free_pages(tmp_path):
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       16000000 kB\nMemFree:          100000 kB\nMemAvailable:    8000000 kB\n")
-    assert available_memory(str(meminfo)) == 8000000 * 1024
-    meminfo.write_text("MemTotal:       16000000 kB\n")
-    free_pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for without in (meminfo, tmp_path / "missing"):  # no MemAvailable line; no file: the free pages
-        assert abs(available_memory(str(without)) - free_pages) < 2**30
+def test_the_budget_is_a_share_of_memavailable_and_unbounded_where_unknown(monkeypatch):
+    monkeypatch.setattr(linear_kernel, "available_nbytes", lambda device: 8000000 * 1024)
+    assert PackedWeights.for_this_machine().budget == int(8000000 * 1024 * linear_kernel.MEMORY_SHARE)
+    monkeypatch.setattr(linear_kernel, "available_nbytes", lambda device: None)
+    assert PackedWeights.for_this_machine().budget >= 1 << 62
 
 
 def _linear_graph(weight_dtype=torch.float32):

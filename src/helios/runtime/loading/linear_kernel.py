@@ -30,12 +30,13 @@ Thread ownership: built and packed at load; calls run on the model worker.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, Sequence
 
 import torch
 
 from helios.runtime.loading.cpp_kernels import build_cpp_kernel, layouts
+from helios.runtime.loading.memory_budget import available_nbytes
+from helios.runtime.loading.packed_linears import LINEARS
 
 _LOG = logging.getLogger(__name__)
 _F32 = torch.float32
@@ -140,34 +141,22 @@ def packable(weight: torch.Tensor) -> bool:
             and weight.shape[1] > 0)
 
 
+def _blocks(out_features: int) -> int:
+    return -(-out_features // BLOCK)
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """`weight` [out, in] as the kernel reads it: [ceil(out / BLOCK), in, BLOCK], the outputs past
     `out` zero."""
     out, inner = weight.shape
     full, rest = divmod(out, BLOCK)
-    packed = torch.empty(full + (rest > 0), inner, BLOCK, dtype=_F32)
+    packed = torch.empty(_blocks(out), inner, BLOCK, dtype=_F32)
     if full:
         packed[:full].copy_(weight[:full * BLOCK].reshape(full, BLOCK, inner).transpose(1, 2))
     if rest:
         packed[full].zero_()
         packed[full, :, :rest].copy_(weight[full * BLOCK:].T)
     return packed
-
-
-def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
-    """Bytes of memory available to a new allocation without swapping: Linux's MemAvailable (free
-    memory and reclaimable caches), else the free pages; None where neither is known."""
-    try:
-        with open(meminfo) as lines:
-            for line in lines:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 class PackedWeights:
@@ -183,8 +172,9 @@ class PackedWeights:
 
     @classmethod
     def for_this_machine(cls) -> PackedWeights:
-        """A budget of `MEMORY_SHARE` of the memory available now (everything, where unknown)."""
-        available = available_memory()
+        """A budget of `MEMORY_SHARE` of the memory available now (MemAvailable; everything, where
+        unknown)."""
+        available = available_nbytes(torch.device("cpu"))
         return cls(budget=1 << 62 if available is None else int(available * MEMORY_SHARE))
 
     def get(self, weight: torch.Tensor) -> torch.Tensor | None:
@@ -192,7 +182,7 @@ class PackedWeights:
         packed = self._packed.get(key)
         if packed is not None:
             return packed
-        size = -(-weight.shape[0] // BLOCK) * BLOCK * weight.shape[1] * weight.element_size()
+        size = _blocks(weight.shape[0]) * BLOCK * weight.shape[1] * _F32.itemsize
         if self.bytes + size > self.budget:
             if not self._over:
                 _LOG.info("packed projection weights would pass %d bytes (a share of the memory available): "
@@ -218,8 +208,8 @@ def linear_body(kernel: Callable, weight: torch.Tensor, packed: torch.Tensor) ->
     linear = torch._C._nn.linear
 
     def packed_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if w.data_ptr() != address or w.shape != weight.shape or w.stride() != weight.stride():
-            return linear(x, w, bias)
+        if w is not weight and (w.data_ptr() != address or w.shape != weight.shape or w.stride() != weight.stride()):
+            return linear(x, w, bias)  # (a program is called with the same weight tensors every step)
         signature = layouts(x) if bias is None else layouts(x, bias)
         if signature != last[0]:
             last[:] = signature, _linear_arguments(x, bias, out_features, in_features)
@@ -252,9 +242,6 @@ def _linear_arguments(x: torch.Tensor, bias: torch.Tensor | None, out_features: 
     return rows, stride
 
 
-_LINEARS = frozenset({torch._C._nn.linear, torch.nn.functional.linear, torch.ops.aten.linear.default})
-
-
 def bind_linears(graph: torch.fx.Graph, kernel: Callable, weights: Sequence[torch.Tensor],
                  packs: PackedWeights) -> int:
     """Points every ``linear(x, W, b)`` of `graph` whose W is one of the program's weights (its
@@ -263,7 +250,7 @@ def bind_linears(graph: torch.fx.Graph, kernel: Callable, weights: Sequence[torc
     weight_of = dict(zip(placeholders, weights))
     count = 0
     for node in graph.nodes:
-        if node.op != "call_function" or node.target not in _LINEARS or len(node.args) < 2 or node.kwargs:
+        if node.op != "call_function" or node.target not in LINEARS or len(node.args) < 2 or node.kwargs:
             continue
         weight = weight_of.get(node.args[1])
         if weight is None or not packable(weight):

@@ -40,7 +40,8 @@ CALLS = 20  # calls per round
 RATIO = 0.7  # packed when it takes at most this share of the plain call's time
 MIN_SAVING = 15e-6  # and saves at least this many seconds a call (about what a split segment costs)
 
-_LINEARS = frozenset({torch._C._nn.linear, torch.nn.functional.linear, torch.ops.aten.linear.default})
+# A projection's call in a program graph: as exported, or bound to torch's binding (`fast_calls`).
+LINEARS = frozenset({torch._C._nn.linear, torch.nn.functional.linear, torch.ops.aten.linear.default})
 _choices: dict[tuple, bool] = {}
 
 
@@ -92,7 +93,7 @@ def pack_linears(module: torch.nn.Module, graph: torch.fx.Graph, real: dict[str,
 
 def _eligible(node: torch.fx.Node, real: dict, values: dict) -> tuple[int, torch.Tensor, torch.Tensor | None] | None:
     """(rows, weight, bias) of a linear over a float32 weight input and a static 2-D float32 input."""
-    if node.op != "call_function" or node.target not in _LINEARS or len(node.args) < 2:
+    if node.op != "call_function" or node.target not in LINEARS or len(node.args) < 2:
         return None
     x, weight_node = node.args[0], node.args[1]
     bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
