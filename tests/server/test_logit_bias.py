@@ -103,5 +103,5 @@ def test_a_core_prepared_before_these_capabilities_answers_400_naming_them(runne
     fields = {"max_tokens": 2, **fields}
     with pytest.raises(openai.BadRequestError, match=message):
         runner.run(client.completions.create(model=name, prompt=[5, 6, 7], **fields))
-    plain = runner.run(client.completions.create(model=name, prompt=[5, 6, 7], max_tokens=2))
-    assert plain.usage.completion_tokens == 2
+    plain = runner.run(client.completions.create(model=name, prompt=[5, 6, 7], max_tokens=2, temperature=0))
+    assert plain.usage.completion_tokens == 2  # greedy: sampling at the card's temperature could draw the end token
