@@ -88,6 +88,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
     ("helios.runtime.loading.model", "capture_programs", "CUDA graph capture"),
+    ("helios.runtime.loading.model", "use_cpu_kernels", "CPU kernels (build, bind, pack)"),
+    ("helios.runtime.loading.model", "check_ahead", "CPU programs' first, checked calls"),
     ("helios.runtime.loading.model", "plan_captures", "capture plans (graph modules, beside the weights)"),
     ("helios.runtime.loading.cuda_graphs", "greedy_module", "[in the plans] greedy graph copies"),
     ("helios.runtime.loading.model", "_dry_run_ahead", "stand-ins for the dry run (allocate, producers)"),

@@ -3,7 +3,9 @@ attention equals the reference `attend` within float rounding (decode steps, pro
 decoding rows, padding tokens; group sizes compiled in and another, head sizes that are not a
 multiple of the vector width, windows, pages in any order, page ids out of the plane, planes that
 are views of a layered buffer, one and two threads); a token's result is the same bits in any step
-(alone, in a decode batch, inside a prompt chunk); other dtypes and layouts run the reference
+(alone, in a decode batch, inside a prompt chunk); the blocked scores and paired value passes of
+groups of one or two over long contexts in large pages, and the kernel built for 256-bit vectors (in
+a subprocess), equal the reference and keep each token's bits; other dtypes and layouts run the reference
 itself over the step's plan; `plan_tokens` keeps the step's tensors only for well-formed inputs
 within the page table; programs point their planned attention calls and plans at it; a failure to
 build it in a compiled load is a `ProgramCompileError`."""
@@ -188,3 +190,77 @@ def test_a_call_site_checks_again_when_its_layouts_change():
     other_k, other_v = _planes(2, 8, torch.bfloat16)  # other planes at the same call site
     assert torch.equal(body(q.to(torch.bfloat16), other_k, other_v, step, 0.3),
                        attend(plan, q.to(torch.bfloat16), other_k, other_v, 0.3)) and len(calls) == 3
+
+
+def _long_rows(q_heads: int, kv_heads: int, head_dim: int, page_tokens: int, positions: list[int], seed: int = 0):
+    """(planes, `TokenStep`, reference plan, q, table) of a decode step over pages of `page_tokens`
+    tokens, each row's pages a random choice of the plane's."""
+    generator = torch.Generator().manual_seed(seed)
+    pages = -(-(max(positions) + 1) // page_tokens)
+    plane_pages = len(positions) * pages + 2
+    shape = (plane_pages, page_tokens, kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    table = torch.randperm(plane_pages, generator=generator)[:len(positions) * pages].view(len(positions), pages)
+    table = table.to(torch.int32).contiguous()
+    arguments = (table, torch.arange(len(positions) + 1, dtype=torch.int32), torch.tensor(positions), 0, k_cache)
+    q = torch.randn(len(positions), q_heads, head_dim, generator=generator)
+    return k_cache, v_cache, plan_tokens(*arguments), plan_attention(*arguments), q, table
+
+
+# Groups of one or two query heads take the blocked scores (kBlock keys of a page summed at once) and
+# values in passes of two or four vectors: blocks whole and partial, pages of 24 and 7 tokens, heads
+# of one vector, of passes only and with a partial vector after them.
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(4, 2, 32), (2, 2, 72), (4, 2, 128), (2, 1, 40),
+                                                         (1, 1, 8), (3, 1, 64)])
+@pytest.mark.parametrize("page_tokens", [24, 7])
+def test_long_contexts_in_large_pages_equal_the_reference_and_keep_each_tokens_bits(body, q_heads, kv_heads,
+                                                                                   head_dim, page_tokens):
+    positions = [70, 15, 16, 47, 0, 33]
+    k_cache, v_cache, step, plan, q, table = _long_rows(q_heads, kv_heads, head_dim, page_tokens, positions,
+                                                        seed=head_dim + page_tokens)
+    scale = head_dim ** -0.5
+    got = body(q, k_cache, v_cache, step, scale)
+    torch.testing.assert_close(got, attend(plan, q, k_cache, v_cache, scale), rtol=1e-5, atol=1e-6)
+    for row in range(len(positions)):  # each row alone: the same bits
+        alone = plan_tokens(table[row:row + 1].contiguous(), torch.tensor([0, 1], dtype=torch.int32),
+                            step.positions[row:row + 1], 0, k_cache)
+        assert torch.equal(body(q[row:row + 1], k_cache, v_cache, alone, scale)[0], got[row])
+
+
+_OTHER_WIDTH = r"""
+import sys, torch
+from torch._inductor import config
+config.cpp.simdlen = 256  # the kernel built for 256-bit vectors (AVX2): blocks of 8 keys
+from torch._inductor import cpu_vec_isa
+if "avx2" not in str(cpu_vec_isa.pick_vec_isa()):
+    print("no avx2"); sys.exit(0)
+from helios.abi.paged_reference import attend, plan_attention
+from helios.runtime.loading.decode_attention_kernel import build_kernel, decode_attention, plan_tokens
+body = decode_attention(build_kernel())
+generator = torch.Generator().manual_seed(0)
+positions = [40, 7, 8, 23, 0]
+for q_heads, kv_heads, head_dim in [(4, 2, 32), (2, 2, 44), (1, 1, 8), (8, 2, 32), (6, 2, 20)]:
+    shape = (16, 16, kv_heads, head_dim)
+    k, v = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    table = torch.randperm(16, generator=generator)[:15].view(5, 3).to(torch.int32).contiguous()
+    arguments = (table, torch.arange(6, dtype=torch.int32), torch.tensor(positions), 0, k)
+    q = torch.randn(5, q_heads, head_dim, generator=generator)
+    got = body(q, k, v, plan_tokens(*arguments), 0.3)
+    torch.testing.assert_close(got, attend(plan_attention(*arguments), q, k, v, 0.3), rtol=1e-5, atol=1e-6)
+    for row in range(5):
+        alone = plan_tokens(table[row:row + 1].contiguous(), torch.tensor([0, 1], dtype=torch.int32),
+                            torch.tensor(positions[row:row + 1]), 0, k)
+        assert torch.equal(body(q[row:row + 1], k, v, alone, 0.3)[0], got[row])
+print("ok")
+"""
+
+
+def test_the_kernel_built_for_256_bit_vectors_equals_the_reference_and_keeps_each_tokens_bits():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _OTHER_WIDTH], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    if result.stdout.strip().splitlines()[-1] == "no avx2":
+        pytest.skip("this CPU has no AVX2")
+    assert result.stdout.strip().splitlines()[-1] == "ok"
