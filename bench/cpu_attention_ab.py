@@ -5,13 +5,23 @@ as the microsecond figures of a step profile are not). Each side's output is che
 reference `attend` first. Prints microseconds per call (best of --rounds alternated rounds of
 --calls calls), nanoseconds per (key, key/value head), and the ratio current / previous.
 
+With --engine, the same in a serving engine instead: the model's core prepared and loaded with the
+CPU kernels (`bench/cpu_step_profile.py`'s engine), the same greedy batch generated alternately with
+every decode and prompt program's attention calls on each kernel (swapped in the fast graphs), thread
+CPU time per step (prefill included), best and median of --repeats runs each, and whether both
+sides gave the same tokens.
+
     python bench/cpu_attention_ab.py [--rounds 15] [--calls 100] [--threads 1] [--shapes llama4,embedded,...]
+    python bench/cpu_attention_ab.py --engine llama4|embedded [--batch 16] [--tokens 64] [--repeats 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_attention_previous import KERNEL_SOURCE as PREVIOUS_SOURCE  # noqa: E402
+from cpu_step_profile import _engine  # noqa: E402
 
 from helios.abi.paged_reference import attend, plan_attention  # noqa: E402
 from helios.runtime.loading import decode_attention_kernel as current  # noqa: E402
@@ -69,14 +80,67 @@ def alternated(first, second, calls: int, rounds: int) -> tuple[float, float]:
     return min(times[0]), min(times[1])
 
 
+def engine_ab(model: str, batch: int, tokens: int, repeats: int) -> None:
+    """The engine A/B (see the module docstring)."""
+    from helios.runtime.loading.cpu_programs import CpuProgram
+    from helios.runtime.offline import generate
+
+    previous_kernel = build_cpp_kernel(current._ARGUMENT_TYPES, PREVIOUS_SOURCE)
+    with tempfile.TemporaryDirectory() as scratch:
+        engine = _engine(model, batch, tokens, Path(scratch))
+        sites = [(program.module.fast, node) for program in engine.executor.model.programs
+                 if isinstance(program.module, CpuProgram) and program.module.fast is not None
+                 for node in program.module.fast.graph.nodes
+                 if getattr(node.target, "__name__", "") == "decode_attention_kernel"]
+        if not sites:
+            raise SystemExit("no attention call is bound to the kernel (no C++ compiler?)")
+        sides = {"current": [node.target for _, node in sites],
+                 "previous": [current.decode_attention(previous_kernel) for _ in sites]}  # a body per call site
+
+        def use(side: str) -> None:
+            for (_, node), target in zip(sites, sides[side]):
+                node.target = target
+            for module in {id(m): m for m, _ in sites}.values():
+                module.recompile()
+
+        prompts = [[(b * 13 + i) % 500 + 3 for i in range(8)] for b in range(batch)]
+        produced, times = {}, {side: [] for side in sides}
+        for side in sides:  # warm-up, and the tokens
+            use(side)
+            produced[side] = [list(getattr(r, "token_ids", r)) for r in generate(engine, prompts, tokens)]
+        order = list(sides)
+        for _ in range(repeats):
+            for side in order:
+                use(side)
+                started = time.thread_time()
+                generate(engine, prompts, tokens)
+                times[side].append((time.thread_time() - started) / (tokens + 1))
+            order.reverse()
+        use("current")
+    print(f"{model}, batch {batch}, {tokens} tokens, {len(sites)} attention calls swapped: thread CPU per step, "
+          f"{repeats} alternated runs each; same tokens: {produced['current'] == produced['previous']}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    for side, values in times.items():
+        print(f"  {side:9s} best {1e6 * min(values):7.0f} us  median {1e6 * statistics.median(values):7.0f} us")
+    print(f"  current / previous: best {min(times['current']) / min(times['previous']):.3f}, "
+          f"median {statistics.median(times['current']) / statistics.median(times['previous']):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names: " + ", ".join(SHAPES))
+    parser.add_argument("--engine", choices=("embedded", "llama4"), help="A/B in a serving engine of this model")
+    parser.add_argument("--batch", type=int, default=16, help="--engine: requests generated together")
+    parser.add_argument("--tokens", type=int, default=64, help="--engine: tokens per request")
+    parser.add_argument("--repeats", type=int, default=7, help="--engine: alternated runs per side")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.engine:
+        engine_ab(args.engine, args.batch, args.tokens, args.repeats)
+        return
     previous = current.decode_attention(build_cpp_kernel(current._ARGUMENT_TYPES, PREVIOUS_SOURCE))
     now = current.decode_attention(current.build_kernel())
     print(f"{'shape':18s} {'rows x Hq/Hkv x D, context':28s} {'previous us':>11s} {'current us':>10s} "

@@ -24,10 +24,10 @@ STEPS = [_inputs(step) for step in range(4)]
 
 
 class _Loaded:
-    """What `use_cpu_kernels` reads of a `LoadedProgram`."""
+    """What `use_cpu_kernels` and `check_ahead` read of a `LoadedProgram`."""
 
-    def __init__(self, module):
-        self.module = module
+    def __init__(self, module, graph: str = "decode", rows: int = 3, tokens: int = 3):
+        self.module, self.graph, self.batch_capacity, self.packed_token_capacity = module, graph, rows, tokens
 
 
 def _names(program) -> list[str]:
@@ -122,6 +122,23 @@ def test_checking_ahead_runs_each_first_call_at_load_and_zeroes_the_buffers_but_
         tensor.copy_(value)
     program(list(weights), *views[1:])
     assert calls == [1]  # the serving calls run the fast graph (the kernels), never the checked bodies
+
+def test_slow_first_checked_calls_are_shown_one_line_a_program(monkeypatch):
+    program = cpu_program(_program())
+    use_cpu_kernels([_Loaded(program)], True)
+    weights, inputs = _weights(), _inputs(0)
+    buffers = {"k_cache": inputs[0], "v_cache": inputs[1]}
+    loaded = [_Loaded(program, "prefill", 1, 8), _Loaded(program, "decode", 3, 3)]
+    lines = []
+    check_ahead(loaded, lambda p: [weights, *inputs], buffers, progress=lines.append)
+    assert lines == []  # fast: nothing shown
+    monkeypatch.setattr(cpu_kernels, "SLOW_CHECK_SECONDS", 0.0)
+    program._checked = None  # checked again
+    check_ahead(loaded, lambda p: [weights, *inputs], buffers, progress=lines.append)
+    assert [line.split(" in ")[0] for line in lines] == ["ran the first (checked) call of prefill R=1 T=8",
+                                                        "ran the first (checked) call of decode R=3 T=3"]
+    assert lines[0].endswith(" s [1/2]") and lines[1].endswith(" s [2/2]")
+
 
 def test_a_cold_build_is_shown_as_progress(monkeypatch):
     lines = []

@@ -48,6 +48,7 @@ from helios.runtime.loading.linear_kernel import PackedWeights, bind_linears
 _LOG = logging.getLogger(__name__)
 COLD_BUILD_SECONDS = 1.0  # kernels this slow to get ready were most likely compiled: worth a progress line
 SLOW_PACK_SECONDS = 1.0  # packing the projection weights this long is worth a progress line
+SLOW_CHECK_SECONDS = 1.0  # first checked calls running this long so far: a progress line per program
 
 
 class CpuKernelError(LoadError):
@@ -119,15 +120,24 @@ def use_cpu_kernels(programs: Iterable, required: bool | None, progress: Callabl
 
 
 def check_ahead(programs: Iterable, arguments_of: Callable[[object], list], buffers: Mapping[str, torch.Tensor],
-                keep: Iterable[str] = ()) -> None:
+                keep: Iterable[str] = (), progress: Callable[[str], None] | None = None) -> None:
     """Runs each program's first, checked call now, at load, on its arguments (`arguments_of(program)`,
     the buffers as they are at load), then zeroes every buffer but those in `keep` (the caller writes
     the constants again), as a CUDA load's warm-up does: every call while serving then runs the
     fast graph, so each token's values come from the same kernels in every step (the checked
-    graph's bodies round otherwise). Raises what a program raises."""
+    graph's bodies round otherwise). Raises what a program raises. A full forward of every program
+    on the bodies: for a large model's prompt programs, seconds to minutes on the CPU, so once the
+    calls have taken `SLOW_CHECK_SECONDS` each program done is shown on `progress`."""
+    programs = list(programs)
+    started = time.perf_counter()
     with torch.inference_mode():
-        for program in programs:
+        for index, program in enumerate(programs, 1):
+            began = time.perf_counter()
             program.module(*arguments_of(program))
+            done = time.perf_counter()
+            if progress is not None and done - started >= SLOW_CHECK_SECONDS:
+                progress(f"ran the first (checked) call of {program.graph} R={program.batch_capacity} "
+                         f"T={program.packed_token_capacity} in {done - began:.1f} s [{index}/{len(programs)}]")
     kept = set(keep)
     for name, tensor in buffers.items():
         if name not in kept:

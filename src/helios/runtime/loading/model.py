@@ -267,7 +267,8 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     if kernels and prepared.manifest.ranks == 1:
         # Kernels round otherwise than the checked bodies: no serving step runs the bodies. (A
         # tensor-parallel rank's programs need the group's collectives, bound after load.)
-        check_ahead(every, lambda p: program_arguments(p, weights, buffers), buffers, keep=tuned_outputs(prepared))
+        check_ahead(every, lambda p: program_arguments(p, weights, buffers), buffers, keep=tuned_outputs(prepared),
+                    progress=options.progress)
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
