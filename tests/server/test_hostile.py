@@ -333,13 +333,14 @@ def test_at_the_drain_deadline_running_responses_end_with_one_shutting_down_erro
     async def scenario():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=30) as client:
+            admitted = served.stats().requests_admitted  # the module's earlier tests' requests count too
             streams = [asyncio.ensure_future(client.post("/v1/chat/completions", json=chat(
                 max_tokens=200, temperature=0, stream=True))) for _ in range(2)]
             # Greedy, as the streams: a sampled reply may end at its end-of-sequence token before the
             # deadline (some of the tiny model's sampled replies end within a few tokens).
             plain = asyncio.ensure_future(client.post("/v1/chat/completions", json=chat(max_tokens=200,
                                                                                           temperature=0)))
-            while served.stats().requests_admitted < 3:
+            while served.stats().requests_admitted < admitted + 3:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.1)
             count = served.interrupt_responses()
