@@ -1,8 +1,10 @@
 """The CPU attention kernel (`helios.runtime.loading.decode_attention_kernel`) against its previous
-source (`bench/cpu_attention_previous.py`), same process, alternated: a decode step's attention call
+form, same process, alternated: a decode step's attention call
 at several shapes, one thread, the planes written once (warm in the caches after the first rounds,
 as the microsecond figures of a step profile are not). Each side's output is checked against the
-reference `attend` first. Prints microseconds per call (best of --rounds alternated rounds of
+reference `attend` first. The previous form is the same source with groups of one or two query
+heads sent down the path every group took before (one reduction per key's score, the values a
+vector of the head at a time), which the source keeps for larger groups. Prints microseconds per call (best of --rounds alternated rounds of
 --calls calls), nanoseconds per (key, key/value head), and the ratio current / previous.
 
 With --engine, the same in a serving engine instead: the model's core prepared and loaded with the
@@ -29,12 +31,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_attention_previous import KERNEL_SOURCE as PREVIOUS_SOURCE  # noqa: E402
 from cpu_step_profile import _engine  # noqa: E402
 
 from helios.abi.paged_reference import attend, plan_attention  # noqa: E402
 from helios.runtime.loading import decode_attention_kernel as current  # noqa: E402
 from helios.runtime.loading.cpp_kernels import build_cpp_kernel  # noqa: E402
+
+BLOCKED = "if constexpr (G == 1 || G == 2)"  # the source's choice of the blocked path
+assert current.KERNEL_SOURCE.count(BLOCKED) == 1, "the attention source no longer chooses its path this way"
+PREVIOUS_SOURCE = current.KERNEL_SOURCE.replace(BLOCKED, "if constexpr (false)")
 
 # name: (rows, query heads, key/value heads, head size, context); pages of 16 tokens
 SHAPES = {

@@ -24,6 +24,7 @@ from helios.runtime.loading.decode_attention_kernel import (
 )
 from helios.runtime.loading.program_compile import ProgramCompileError, compile_programs
 from runtime.test_cpu_fast import _inputs, _program, _weights
+from support.other_width import run_at_256_bits
 
 PAGE_TOKENS, PLANE_PAGES = 4, 24
 
@@ -227,13 +228,7 @@ def test_long_contexts_in_large_pages_equal_the_reference_and_keep_each_tokens_b
         assert torch.equal(body(q[row:row + 1], k_cache, v_cache, alone, scale)[0], got[row])
 
 
-_OTHER_WIDTH = r"""
-import sys, torch
-from torch._inductor import config
-config.cpp.simdlen = 256  # the kernel built for 256-bit vectors (AVX2): blocks of 8 keys
-from torch._inductor import cpu_vec_isa
-if "avx2" not in str(cpu_vec_isa.pick_vec_isa()):
-    print("no avx2"); sys.exit(0)
+_OTHER_WIDTH = r"""  # after `run_at_256_bits`' prelude (torch imported)
 from helios.abi.paged_reference import attend, plan_attention
 from helios.runtime.loading.decode_attention_kernel import build_kernel, decode_attention, plan_tokens
 body = decode_attention(build_kernel())
@@ -256,11 +251,4 @@ print("ok")
 
 
 def test_the_kernel_built_for_256_bit_vectors_equals_the_reference_and_keeps_each_tokens_bits():
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", _OTHER_WIDTH], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    if result.stdout.strip().splitlines()[-1] == "no avx2":
-        pytest.skip("this CPU has no AVX2")
-    assert result.stdout.strip().splitlines()[-1] == "ok"
+    run_at_256_bits(_OTHER_WIDTH)  # blocks of 8 keys

@@ -19,6 +19,7 @@ from helios.runtime.loading.linear_kernel import (
     PackedWeights, bind_linears, build_kernel, linear_body, pack,
 )
 from runtime.test_cpu_fast import _inputs, _program, _steps, _weights
+from support.other_width import run_at_256_bits
 
 
 @pytest.fixture(scope="module")
@@ -205,13 +206,7 @@ def test_the_load_binds_the_projections_of_every_program():
         assert "packed_linear" in names and "linear" not in names
 
 
-_OTHER_WIDTH = r"""
-import sys, torch
-from torch._inductor import config
-config.cpp.simdlen = 256  # the kernel built for 256-bit vectors (AVX2): tiles of 6 rows x 2 vectors
-from torch._inductor import cpu_vec_isa
-if "avx2" not in str(cpu_vec_isa.pick_vec_isa()):
-    print("no avx2"); sys.exit(0)
+_OTHER_WIDTH = r"""  # after `run_at_256_bits`' prelude (torch imported)
 from helios.runtime.loading.linear_kernel import build_kernel, linear_body, pack
 kernel = build_kernel()
 generator = torch.Generator().manual_seed(0)
@@ -230,11 +225,4 @@ print("ok")
 
 
 def test_the_kernel_built_for_256_bit_vectors_equals_torch_and_keeps_each_rows_bits():
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", _OTHER_WIDTH], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    if result.stdout.strip().splitlines()[-1] == "no avx2":
-        pytest.skip("this CPU has no AVX2")
-    assert result.stdout.strip().splitlines()[-1] == "ok"
+    run_at_256_bits(_OTHER_WIDTH)  # tiles of 6 rows x 2 vectors
