@@ -1,17 +1,26 @@
 """`serve`/`generate` startup flags (pages, snapshots, speculation width, history drafting, offload
-preemption) reach the runtime, bad values are usage errors, and CUDA page sizing from free memory."""
+preemption) reach the runtime, bad values are usage errors, CUDA page sizing from free memory, the
+CPU default bounded by the available memory, and a CPU page count that memory cannot hold refused
+before anything is allocated."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 import pytest
+import torch
 
 from helios.cli.main import main
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
-from helios.runtime.loading.page_sizing import CacheMemoryError, other_bytes, page_bytes, pages_for_memory
+from helios.runtime.loading import memory_budget, model, page_sizing
+from helios.runtime.loading.memory_budget import InsufficientMemoryError
+from helios.runtime.loading.model import LoadOptions, load_model
+from helios.runtime.loading.page_sizing import (
+    CacheMemoryError, default_pages, other_bytes, page_bytes, pages_for_memory,
+)
 from runtime.test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, expected, hybrid  # noqa: F401 (fixtures)
 from runtime.test_model_fixture import open_fixture
 
@@ -74,3 +83,30 @@ def test_pages_are_sized_from_free_memory_beside_the_other_buffers():
     assert pages_for_memory(prepared, 2 * free, 0.5, 4, min_pages=8) == (free - others) // per_page
     with pytest.raises(CacheMemoryError, match="one request needs 200"):
         pages_for_memory(prepared, free, 1.0, 4, min_pages=200)
+
+
+def test_the_cpu_default_is_the_cores_pages_or_as_many_as_the_available_memory_holds(monkeypatch, caplog):
+    prepared = open_fixture().prepared
+    per_page, others = page_bytes(prepared), other_bytes(prepared, num_state_rows=4)
+    cpu = torch.device("cpu")
+
+    def pages(available):
+        monkeypatch.setattr(page_sizing, "available_memory_nbytes", lambda: available)
+        return default_pages(prepared, cpu, 1.0, 4, min_pages=8, contract_pages=500)
+
+    assert pages(None) == 500  # unknown: the core's
+    assert pages(others + 500 * per_page) == 500  # they fit exactly
+    with caplog.at_level(logging.WARNING, logger=page_sizing.__name__):
+        assert pages(others + 100 * per_page + 7) == 100
+    assert "the core's 500 cache pages" in caplog.text and "serving with 100 (--pages N to choose)" in caplog.text
+    with pytest.raises(CacheMemoryError, match="one request needs 8"):
+        pages(others + 7 * per_page)
+
+
+def test_a_cpu_load_asking_for_more_pages_than_memory_holds_is_refused_before_allocating(monkeypatch):
+    opened = open_fixture()
+    per_page = page_bytes(opened.prepared)
+    monkeypatch.setattr(memory_budget, "available_memory_nbytes", lambda: 1000 * per_page)
+    monkeypatch.setattr(model, "_allocate", lambda *args, **kwargs: pytest.fail("allocated"))
+    with pytest.raises(InsufficientMemoryError, match=r"2000 cache pages and the other buffers need .* \(fewer pages: --pages N\)"):
+        load_model(opened, LoadOptions(num_pages=2000, cpu_kernels=False))

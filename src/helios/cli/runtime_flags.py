@@ -3,7 +3,8 @@
     add_runtime_flags(parser)                       # in register()
     load, policy, host_pages = runtime_flags(args, startup_fields)
 
-`--pages N` fixes the physical cache pages (default: the core's page capacity on the CPU; on CUDA,
+`--pages N` fixes the physical cache pages (default: the core's page capacity on the CPU, or what
+fits in `--memory-fraction` of the memory available where that is fewer; on CUDA,
 `--memory-fraction` of the device memory free after loading). `--snapshot-capacity` sizes the
 continuation rows snapshots use, `--speculative-width` selects a prepared width (1 turns
 speculation off), `--history-drafting` / `--no-history-drafting` override the core's default, and
@@ -38,10 +39,11 @@ _CPU_KERNELS = {"auto": None, "on": True, "off": False}
 def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cache and scheduling")
     group.add_argument("--pages", type=int, metavar="N",
-                       help="physical cache pages (default: the core's on the CPU; sized from free memory on CUDA)")
+                       help="physical cache pages (default: the core's on the CPU, fewer where they do not fit the "
+                       "available memory; sized from free memory on CUDA)")
     group.add_argument("--memory-fraction", type=float, default=DEFAULT_MEMORY_FRACTION, metavar="F",
-                       help="on CUDA without --pages: share of the memory free after loading that pages take "
-                       f"(default {DEFAULT_MEMORY_FRACTION})")
+                       help="without --pages: share of the memory free after loading that pages may take (CUDA: "
+                       f"sized to it; CPU: the core's pages, fewer where they exceed it) (default {DEFAULT_MEMORY_FRACTION})")
     group.add_argument("--snapshot-capacity", type=int, metavar="N",
                        help="continuation rows for snapshots at exact endpoints (default: the core's)")
     group.add_argument("--speculative-width", type=int, metavar="W",

@@ -26,8 +26,10 @@ def available_nbytes(device: torch.device) -> int | None:
     return available_memory_nbytes()
 
 
-def check_fits(what: str, nbytes: int, device: torch.device) -> None:
+def check_fits(what: str, nbytes: int, device: torch.device, remedy: str = "") -> None:
+    """`InsufficientMemoryError` when `nbytes` exceed what `device` has available now (`remedy`, if
+    any, ends the message)."""
     available = available_nbytes(device)
     if available is not None and nbytes > available:
         raise InsufficientMemoryError(
-            f"{what} need {nbytes} bytes on {device}; {available} bytes are available")
+            f"{what} need {nbytes} bytes on {device}; {available} bytes are available{remedy}")

@@ -51,7 +51,7 @@ import torch
 from helios.abi.registry import registered_schemas
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.runtime.loading.constants import write_constants
-from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages
+from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages, other_bytes, page_bytes
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.servable import check_servable
@@ -241,6 +241,10 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     if num_pages < least_pages:
         raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but the core's programs take "
                                f"{least_pages} (a static page extent); ask for at least {least_pages}")
+    if device.type == "cpu":  # (on CUDA the default is sized from the free memory)
+        check_fits(f"{num_pages} cache pages and the other buffers",
+                   num_pages * page_bytes(prepared) + other_bytes(prepared, num_state_rows, num_window_pages), device,
+                   remedy=" (fewer pages: --pages N)")
     buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
     write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))

@@ -1,6 +1,8 @@
 """How many physical cache pages a model gets when the startup options name no count.
 
-On the CPU: the contract's page capacity. On CUDA: as many pages as fit in a fraction of the
+On the CPU: the contract's page capacity, or as many pages as fit in the memory fraction of the
+memory available (Linux's MemAvailable) beside the other buffers where that is fewer (logged: a
+core prepared for a larger machine still serves, with fewer contexts at once). On CUDA: as many pages as fit in a fraction of the
 device memory that is free after weights and programs are loaded, less every other buffer the
 model allocates (state rows, inputs, outputs), never fewer than one request's context needs and at
 most `MAX_DEFAULT_PAGES`.
@@ -10,6 +12,7 @@ region with its own page ids (WINDOW_PAGES, a count fixed before) come out of th
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -17,7 +20,10 @@ import torch
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract.dtypes import element_bytes
+from helios.core.streams import available_memory_nbytes
 from helios.errors import LoadError
+
+_LOG = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_FRACTION = 0.85
 # Host bookkeeping (free lists, page tables) grows with the page count: a small model on a large
@@ -69,8 +75,20 @@ def pages_for_memory(prepared: PreparedContract, free_bytes: int, fraction: floa
 
 def default_pages(prepared: PreparedContract, device: torch.device, fraction: float, num_state_rows: int,
                   min_pages: int, contract_pages: int, num_window_pages: int = 0) -> int:
-    """The page count without an explicit option: sized from free memory on CUDA, else the contract's."""
+    """The page count without an explicit option: sized from free memory on CUDA; elsewhere the
+    contract's, or what fits the available memory where that is fewer (see the module docstring)."""
     if device.type != "cuda":
-        return contract_pages
+        available = available_memory_nbytes()
+        if available is None:
+            return contract_pages
+        budget = int(available * fraction) - other_bytes(prepared, num_state_rows, num_window_pages)
+        if contract_pages * page_bytes(prepared) <= budget:
+            return contract_pages
+        fitting = pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages)
+        _LOG.warning("the core's %d cache pages need %.2f GiB; %.0f%% of the %.2f GiB of memory available holds %d: "
+                     "serving with %d (--pages N to choose)", contract_pages,
+                     (contract_pages * page_bytes(prepared)) / 2**30, fraction * 100, available / 2**30, fitting,
+                     fitting)
+        return fitting
     free_bytes, _ = torch.cuda.mem_get_info(device)
     return pages_for_memory(prepared, free_bytes, fraction, num_state_rows, min_pages, num_window_pages)
