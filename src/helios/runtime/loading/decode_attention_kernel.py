@@ -170,10 +170,10 @@ static void row_scores(float* __restrict__ scores, const float* __restrict__ qh,
 // `block_sums`): the key loads it repeats per query head cost less than the reductions it saves.
 template <int64_t G>
 static void block_scores(float* __restrict__ scores, const float* __restrict__ qh, const float* __restrict__ plane,
-                       const int64_t* __restrict__ ids, int64_t first, int64_t last, int64_t span, int64_t group,
-                       int64_t head_dim, int64_t page_tokens, int64_t page_stride, int64_t token_stride, float scale) {
+                         const int64_t* __restrict__ ids, int64_t first, int64_t last, int64_t span,
+                         int64_t head_dim, int64_t page_tokens, int64_t page_stride, int64_t token_stride,
+                         float scale) {
     constexpr int64_t W = Vec::size();
-    if (G > 0) group = G;
     const Vec scaled(scale);
     for (int64_t c = first; c <= last;) {
         const int64_t page = c / page_tokens;
@@ -182,7 +182,7 @@ static void block_scores(float* __restrict__ scores, const float* __restrict__ q
         int64_t offset[kBlock];  // past the block's last key: that key again (its sums are not stored)
         #pragma GCC unroll 16
         for (int64_t j = 0; j < kBlock; ++j) offset[j] = std::min(j, n - 1) * token_stride;
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t g = 0; g < G; ++g) {
             const float* qg = qh + g * head_dim;
             Vec acc[kBlock];
             #pragma GCC unroll 16
@@ -339,8 +339,8 @@ static void attend_head(float* oh, float* scores, float* inverse, const float* q
                         int64_t group, int64_t head_dim, int64_t page_tokens, int64_t page_stride,
                         int64_t token_stride, float scale) {
     if constexpr (G == 1 || G == 2) {
-        block_scores<G>(scores, qh, k_plane, ids, first, last, span, group, head_dim, page_tokens, page_stride,
-                        token_stride, scale);
+        block_scores<G>(scores, qh, k_plane, ids, first, last, span, head_dim, page_tokens, page_stride, token_stride,
+                        scale);
         for (int64_t g = 0; g < G; ++g) inverse[g] = softmax_terms(scores + g * span, span);
         paired_values<G>(oh, scores, inverse, v_plane, ids, first, last, span, head_dim, page_tokens, page_stride,
                          token_stride);
