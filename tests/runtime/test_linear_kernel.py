@@ -134,6 +134,17 @@ def test_a_slow_packing_is_shown_as_progress(monkeypatch):
     assert packed[0].endswith(" s") and "for the CPU kernels" in packed[0]
 
 
+def test_a_core_without_float32_weights_is_told_the_kernels_pass_its_calls_by():
+    lines = []
+    use_cpu_kernels([_Loaded(cpu_program(_program()))], True, lines.append, weights_of=lambda p: _weights())
+    assert not [line for line in lines if "compute in float32" in line]  # float32: the kernels take them
+    bf16 = [w.to(torch.bfloat16) for w in _weights()]
+    use_cpu_kernels([_Loaded(cpu_program(_program()))], True, lines.append, weights_of=lambda p: bf16)
+    notes = [line for line in lines if "compute in float32" in line]
+    assert len(notes) == 1 and "this core's bfloat16 weights keep torch's linear" in notes[0]
+    assert "--dtype float32" in notes[0]
+
+
 def test_each_weight_is_packed_once_and_within_the_budget(caplog):
     weight, other = _random(64, 16), _random(32, 16)
     packs = PackedWeights(budget=64 * 16 * 4)

@@ -116,6 +116,12 @@ def use_cpu_kernels(programs: Iterable, required: bool | None, progress: Callabl
     if packs is not None and elapsed >= SLOW_PACK_SECONDS and progress is not None:
         progress(f"packed {packs.count} projection weights ({packs.bytes / 2**30:.2f} GiB) for the CPU kernels "
                  f"in {elapsed:.1f} s")
+    if weights_of is not None and progress is not None:
+        dtypes = {str(w.dtype).removeprefix("torch.") for program in programs for w in weights_of(program)}
+        if dtypes and "float32" not in dtypes:
+            progress(f"the CPU kernels compute in float32: this core's {', '.join(sorted(dtypes))} weights keep "
+                     "torch's linear and the Python bodies (about half a float32 step's rate; a core prepared "
+                     "with --dtype float32 takes the kernels)")
     return count
 
 
