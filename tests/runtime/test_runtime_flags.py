@@ -110,3 +110,13 @@ def test_a_cpu_load_asking_for_more_pages_than_memory_holds_is_refused_before_al
     monkeypatch.setattr(model, "_allocate", lambda *args, **kwargs: pytest.fail("allocated"))
     with pytest.raises(InsufficientMemoryError, match=r"2000 cache pages and the other buffers need .* \(fewer pages: --pages N\)"):
         load_model(opened, LoadOptions(num_pages=2000, cpu_kernels=False))
+
+
+def test_a_page_pool_the_allocator_cannot_hold_is_a_typed_error(monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(model, "_allocate", out_of_memory)  # what CUDA's allocator raises for an explicit count
+    with pytest.raises(InsufficientMemoryError, match=r"30 cache pages .* more than its allocator found free "
+                                                      r"\(fewer pages: --pages N\)"):
+        load_model(open_fixture(), LoadOptions(num_pages=30, cpu_kernels=False))

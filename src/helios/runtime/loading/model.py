@@ -63,7 +63,7 @@ from helios.runtime.loading.cuda_graphs import capture_programs, choose_gemm_alg
 from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
-from helios.runtime.loading.memory_budget import check_fits
+from helios.runtime.loading.memory_budget import InsufficientMemoryError, check_fits
 from helios.runtime.loading.cpu_kernels import check_ahead, use_cpu_kernels
 from helios.runtime.loading.program_compile import compile_programs
 from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, PickledProgramError: this module's API)
@@ -241,11 +241,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     if num_pages < least_pages:
         raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but the core's programs take "
                                f"{least_pages} (a static page extent); ask for at least {least_pages}")
-    if device.type == "cpu":  # (on CUDA the default is sized from the free memory)
-        check_fits(f"{num_pages} cache pages and the other buffers",
-                   num_pages * page_bytes(prepared) + other_bytes(prepared, num_state_rows, num_window_pages), device,
-                   remedy=" (fewer pages: --pages N)")
-    buffers = _allocate(prepared, num_pages, num_state_rows, device, num_window_pages)
+    buffers = _allocate_pages(prepared, num_pages, num_state_rows, device, num_window_pages)
     write_constants(prepared, buffers)
     run_producers(producers, lambda p: program_arguments(p, weights, buffers))
     vision = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
@@ -478,6 +474,22 @@ def _allocate(prepared: PreparedContract, num_pages: int, num_rows: int, device,
         buffers = into_arena(buffers, [name for name in names
                                        if name in buffers and buffers[name].device.type != "cpu"])
     return buffers
+
+
+def _allocate_pages(prepared: PreparedContract, num_pages: int, num_rows: int, device,
+                    num_window_pages: int) -> dict[str, torch.Tensor]:
+    """The serving buffers (`_allocate`), refused with `InsufficientMemoryError` where they cannot fit:
+    on the CPU checked first against the memory available (nothing is allocated then); on CUDA (whose
+    default is sized from the free memory, an explicit count is not) when the allocator runs out."""
+    nbytes = num_pages * page_bytes(prepared) + other_bytes(prepared, num_rows, num_window_pages)
+    what, remedy = f"{num_pages} cache pages and the other buffers", " (fewer pages: --pages N)"
+    if device.type == "cpu":
+        check_fits(what, nbytes, device, remedy=remedy)
+    try:
+        return _allocate(prepared, num_pages, num_rows, device, num_window_pages)
+    except torch.OutOfMemoryError as error:
+        raise InsufficientMemoryError(f"{what} need {nbytes} bytes on {device}, more than its allocator found free"
+                                      f"{remedy}") from error
 
 
 def _image_cache(prepared: PreparedContract, num_images: int | None, device) -> ImageFeatureCache:
