@@ -91,7 +91,7 @@ def test_the_cpu_default_is_the_cores_pages_or_as_many_as_the_available_memory_h
     cpu = torch.device("cpu")
 
     def pages(available):
-        monkeypatch.setattr(page_sizing, "available_memory_nbytes", lambda: available)
+        monkeypatch.setattr(memory_budget, "available_memory_nbytes", lambda: available)
         return default_pages(prepared, cpu, 1.0, 4, min_pages=8, contract_pages=500)
 
     assert pages(None) == 500  # unknown: the core's

@@ -20,8 +20,8 @@ import torch
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract.dtypes import element_bytes
-from helios.core.streams import available_memory_nbytes
 from helios.errors import LoadError
+from helios.runtime.loading.memory_budget import available_nbytes
 
 _LOG = logging.getLogger(__name__)
 
@@ -60,8 +60,9 @@ def other_bytes(prepared: PreparedContract, num_state_rows: int, num_window_page
 
 
 def pages_for_memory(prepared: PreparedContract, free_bytes: int, fraction: float, num_state_rows: int,
-                     min_pages: int, num_window_pages: int = 0) -> int:
-    """Pages that fit in `fraction` of `free_bytes` beside the other buffers (at least `min_pages`)."""
+                     min_pages: int, num_window_pages: int = 0, most: int = MAX_DEFAULT_PAGES) -> int:
+    """Pages that fit in `fraction` of `free_bytes` beside the other buffers (at least `min_pages`,
+    at most `most`)."""
     if not 0 < fraction <= 1:
         raise LoadError(f"the cache memory fraction must be in (0, 1], got {fraction}")
     per_page = page_bytes(prepared)
@@ -70,25 +71,23 @@ def pages_for_memory(prepared: PreparedContract, free_bytes: int, fraction: floa
     if pages < min_pages:
         raise CacheMemoryError(f"{fraction:.0%} of the {free_bytes / 2**30:.2f} GiB free holds {max(pages, 0)} cache "
                                f"pages of {per_page} bytes; one request needs {min_pages}")
-    return min(pages, MAX_DEFAULT_PAGES)
+    return min(pages, most)
 
 
 def default_pages(prepared: PreparedContract, device: torch.device, fraction: float, num_state_rows: int,
                   min_pages: int, contract_pages: int, num_window_pages: int = 0) -> int:
     """The page count without an explicit option: sized from free memory on CUDA; elsewhere the
     contract's, or what fits the available memory where that is fewer (see the module docstring)."""
-    if device.type != "cuda":
-        available = available_memory_nbytes()
-        if available is None:
-            return contract_pages
-        budget = int(available * fraction) - other_bytes(prepared, num_state_rows, num_window_pages)
-        if contract_pages * page_bytes(prepared) <= budget:
-            return contract_pages
-        fitting = pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages)
+    available = available_nbytes(device)  # CUDA: the free device memory; the CPU: MemAvailable
+    if device.type == "cuda":
+        return pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages)
+    if available is None:
+        return contract_pages
+    fitting = pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages,
+                               most=contract_pages)
+    if fitting < contract_pages:
         _LOG.warning("the core's %d cache pages need %.2f GiB; %.0f%% of the %.2f GiB of memory available holds %d: "
                      "serving with %d (--pages N to choose)", contract_pages,
                      (contract_pages * page_bytes(prepared)) / 2**30, fraction * 100, available / 2**30, fitting,
                      fitting)
-        return fitting
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return pages_for_memory(prepared, free_bytes, fraction, num_state_rows, min_pages, num_window_pages)
+    return fitting
