@@ -158,9 +158,10 @@ def main() -> None:
     parser.add_argument("--skinny-table", type=Path, default=None,
                         help="serve with these entries added to `gemv_tiles.SKINNY_TILES` (the JSON that "
                              "`bench/skinny_ab.py --json` writes), and A/B the whole decode step with them")
-    parser.add_argument("--gemm-algos", choices=("on", "off"), default="on",
+    parser.add_argument("--gemm-algos", choices=("on", "off"), default="off",
                         help="serve with the projections' cuBLASLt algorithms chosen at load "
-                             "(`helios.runtime.loading.gemm_algos`) or all on F.linear")
+                             "(`helios.runtime.loading.gemm_algos`, off when serving) or all on F.linear "
+                             "(default: as `helios serve` does)")
     parser.add_argument("--gemm-rows", default=None,
                         help="LO,HI: only projections of LO..HI rows take part in the choice (default 2,256)")
     parser.add_argument("--sustain-ms", type=float, default=0.0,
@@ -179,8 +180,7 @@ def main() -> None:
                         help="serve the first batch workload under the step timing (device ms a replay, idle "
                              "before it, host ms by phase): where a first run after load loses time")
     parser.add_argument("--levers",
-                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab,"
-                                "lt_program_ab",
+                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab",
                         help="the lever parts run after the table, comma-separated")
     args = parser.parse_args()
     if args.skinny_table is not None:

@@ -82,8 +82,6 @@ LOAD_PHASES = (
     ("helios.runtime.loading.programs", "drop_no_op_nodes", "drop no-op nodes"),
     ("helios.runtime.loading.programs", "cpu_program", "CPU program rewrite"),
     ("helios.runtime.loading.model", "_load_weights", THREADED + "weights (decode, verify, copy)"),
-    ("helios.runtime.loading.import_ahead", "_import", THREADED + "imports ahead (torch._dynamo)"),
-    ("helios.runtime.loading.import_ahead", "wait", "waiting for the imports ahead"),
     ("helios.runtime.loading.model", "default_pages", "size the page pool"),
     ("helios.runtime.loading.model", "_allocate", "allocate caches"),
     ("helios.runtime.loading.model", "run_producers", "tuning producers"),
@@ -263,6 +261,7 @@ def log_compiles(found: dict) -> None:
 def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, args, device: torch.device) -> dict:
     """Open, verify and load `core` as `build_runtime` does; the phase table; the runtime is closed."""
     compiles: dict = {}
+    dynamo_before = "torch._dynamo" in sys.modules  # a CUDA load imports none (helios.abi.op_library)
     with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows), \
             sampled(args.sample, f"load ({variant})", args.profile_rows), \
             triton_compiles(compiles):
@@ -278,6 +277,9 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
         timer.phases = (("", "", "open + verify core"), *timer.phases)
         loaded = table("load", variant, time.perf_counter() - started, timer)
     log_compiles(compiles)
+    loaded["torch._dynamo"] = "imported before" if dynamo_before else \
+        "imported by the load" if "torch._dynamo" in sys.modules else "not imported"
+    log(f"load ({variant}): torch._dynamo {loaded['torch._dynamo']}")
     loaded["programs"] = len(runtime.model.programs)
     loaded["triton_compiles"] = compiles
     runtime.close()

@@ -194,8 +194,34 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     log(table)
     shares = _categories(kernels, on_cuda)
     log(f"decode step R={rows} by kind: " + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in shares.items()))
+    served = _replay_profile(program, rows, top, log)
     return {"rows": rows, "kernels": len(kernels), "kernel_ms": busy_ms, "graph_replay_ms": replay,
-            "by_kind_ms": shares, "top": _top_kernels(kernels, top)}
+            "by_kind_ms": shares, "top": _top_kernels(kernels, top), "served_graph": served}
+
+
+def _replay_profile(program, rows: int, top: int, log) -> dict | None:
+    """The kernels of one replay of the captured greedy graph as served (the eager step above binds
+    the reference sampling and keeps the count gathers that the served graph drops)."""
+    replay = getattr(program.module, "replay", None)
+    if replay is None or not torch.cuda.is_available():
+        return None
+    replay(greedy=True)
+    _synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        replay(greedy=True)
+        _synchronize()
+    kernels = _kernels(profile, True)
+    if not kernels:
+        log(f"served greedy graph R={rows}: the profiler saw no kernels of the replay")
+        return None
+    busy_ms = sum(_self_us(e, True) for e in kernels) / 1e3
+    shares = _categories(kernels, True)
+    ranked = _top_kernels(kernels, top)
+    log(f"served greedy graph R={rows}: {len(kernels)} kernels, {busy_ms:.3f} ms of kernel time; by kind: "
+        + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in shares.items()))
+    for entry in ranked:
+        log(f"  {entry['ms']:8.3f} ms  x{entry['calls']:<4d} {entry['kernel']}")
+    return {"kernels": len(kernels), "kernel_ms": busy_ms, "by_kind_ms": shares, "top": ranked}
 
 
 _KINDS = (  # kernel-name fragments -> kind, first match wins (attention first: cuDNN's fused SDPA kernels

@@ -70,7 +70,7 @@ def test_binding_points_a_program_graph_at_its_group():
 
     def bodies() -> torch.fx.GraphModule:  # a CPU program calls op bodies directly (`bind_abi_kernels`)
         graph = torch.fx.Graph()
-        graph.output(graph.call_function(collectives.all_gather._init_fn, (graph.placeholder("x"), 2)))
+        graph.output(graph.call_function(collectives.all_gather.body, (graph.placeholder("x"), 2)))
         return torch.fx.GraphModule(torch.nn.Module(), graph)
 
     # Built before the ranks start: a rank still tracing would keep the other waiting in a collective.

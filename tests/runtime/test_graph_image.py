@@ -107,16 +107,37 @@ def test_what_the_builder_does_not_know_is_left_to_torch(core, edit, reason):
 
 
 def test_a_program_left_to_torch_still_loads_off_the_cpu(core):
-    """The tuning producer writes its input in place (a user-input mutation): torch's path builds
-    it, for the meta device too."""
+    """An image the builder does not know (here a buffer mutation) loads through torch's path, for
+    the meta device too."""
     prepared = core.prepared
     image = read_program_image(core.read_resource("program.tuning.r1t1.rank0"))
+    specs = image.graph["graph_module"]["signature"]["output_specs"]
+    specs[0] = {"buffer_mutation": specs[0].pop("user_input_mutation")}
     with pytest.raises(NotDirect, match="output spec"):
         build_module(image.graph, image.state_dict, image.constants)
     declared = DeclaredOps({op.name: op.schema for op in prepared.manifest.abi_operations}, registered_schemas())
     (handle,) = producer_handles(prepared, dict.fromkeys(g.name for g in prepared.contract.model.graphs), 0)
     loaded = load_program(core, prepared, handle, declared, torch.device("meta"))
     assert loaded.graph == handle.graph and loaded.input_shapes
+
+
+def test_a_program_writing_its_input_is_built_as_torch_unlifts_it(core):
+    """The tuning producer writes its input in place (a user-input mutation output): the built module
+    has torch's nodes (the new value copied into the input before the output) and specs, and writes
+    the same values into the same input."""
+    image = read_program_image(core.read_resource("program.tuning.r1t1.rank0"))
+    assert "user_input_mutation" in image.graph["graph_module"]["signature"]["output_specs"][0]
+    reference = deserialize_program(image).module()
+    direct = build_module(image.graph, image.state_dict, image.constants)
+    assert _nodes(direct.module) == _nodes(reference)
+    assert [n.target for n in direct.module.graph.nodes if n.op == "call_function"][-1] is torch.ops.aten.copy_.default
+    assert direct.module._in_spec == reference._in_spec and direct.module._out_spec == reference._out_spec
+    (shape,) = direct.input_shapes
+    inputs = [torch.full(shape, -7, dtype=torch.int32) for _ in range(2)]
+    for module in (reference, direct.module):
+        module.validate_inputs = False
+    assert reference([], inputs[0]) == direct.module([], inputs[1])
+    assert torch.equal(inputs[0], inputs[1]) and not torch.equal(inputs[0], torch.full(shape, -7, dtype=torch.int32))
 
 
 def test_the_schema_tables_equal_torchs_serializer():

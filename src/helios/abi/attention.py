@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.paged_reference import attend, plan_attention
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
@@ -108,7 +109,7 @@ def check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, pos
     check_same_device(_ATTEND, tensors)
 
 
-@torch.library.custom_op(_WRITE, mutates_args=("k_cache", "v_cache"), schema=CACHE_WRITE_SCHEMA)
+@abi_op(_WRITE, mutates_args=("k_cache", "v_cache"), schema=CACHE_WRITE_SCHEMA)
 def cache_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -145,7 +146,7 @@ def _cache_write_cuda(k_cache, v_cache, k, v, slot_mapping) -> None:
     triton_cache_write(k_cache, v_cache, k, v, slot_mapping)
 
 
-@torch.library.custom_op(_ATTEND, mutates_args=(), schema=PAGED_ATTENTION_SCHEMA)
+@abi_op(_ATTEND, mutates_args=(), schema=PAGED_ATTENTION_SCHEMA)
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -190,7 +191,7 @@ def check_paged_attention_tuned_args(q, k_cache, v_cache, page_table, query_star
     check_same_device(_TUNED, dict(q=q, splits=splits))
 
 
-@torch.library.custom_op(_TUNED, mutates_args=(), schema=PAGED_ATTENTION_TUNED_SCHEMA)
+@abi_op(_TUNED, mutates_args=(), schema=PAGED_ATTENTION_TUNED_SCHEMA)
 def paged_attention_tuned(
     q: torch.Tensor,
     k_cache: torch.Tensor,

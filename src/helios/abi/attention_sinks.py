@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from helios.abi.attention import _reference_attention, check_paged_attention_args
+from helios.abi.op_library import abi_op
 from helios.abi.registry import check_same_device, check_tensor
 
 __all__ = ["PAGED_ATTENTION_SINKS_SCHEMA", "PAGED_ATTENTION_SINKS_TUNED_SCHEMA", "paged_attention_sinks",
@@ -53,7 +54,7 @@ def check_sinks_tuned_args(q, k_cache, v_cache, page_table, query_start, positio
     check_same_device(_SINKS_TUNED, dict(q=q, splits=splits))
 
 
-@torch.library.custom_op(_SINKS, mutates_args=(), schema=PAGED_ATTENTION_SINKS_SCHEMA)
+@abi_op(_SINKS, mutates_args=(), schema=PAGED_ATTENTION_SINKS_SCHEMA)
 def paged_attention_sinks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                           query_start: torch.Tensor, positions: torch.Tensor, scale: float, window: int,
                           sinks: torch.Tensor) -> torch.Tensor:
@@ -76,7 +77,7 @@ def _sinks_cuda(q, k_cache, v_cache, page_table, query_start, positions, scale, 
                                   sinks=sinks)
 
 
-@torch.library.custom_op(_SINKS_TUNED, mutates_args=(), schema=PAGED_ATTENTION_SINKS_TUNED_SCHEMA)
+@abi_op(_SINKS_TUNED, mutates_args=(), schema=PAGED_ATTENTION_SINKS_TUNED_SCHEMA)
 def paged_attention_sinks_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                                 scale: float, window: int, sinks: torch.Tensor,

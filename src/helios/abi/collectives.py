@@ -47,6 +47,7 @@ from datetime import timedelta
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError
 from helios.errors import ExecutionError
 
@@ -193,7 +194,7 @@ _GROUP_OPS: dict = {}
 
 
 def register_group_op(op, bind) -> None:
-    """Declares `op` (a ``torch.library.custom_op``) a group op: `bind_collectives` points its calls
+    """Declares `op` (an `helios.abi.op_library.AbiOp`) a group op: `bind_collectives` points its calls
     at ``bind(group)``, a callable with the op's signature."""
     _GROUP_OPS[op] = bind
 
@@ -206,8 +207,8 @@ def bind_collectives(graph: torch.fx.Graph, group: RankGroup) -> int:
     targets = {}
     for op, bind in _GROUP_OPS.items():
         method = bind(group)
-        targets[getattr(torch.ops.helios, op._name).default] = method
-        targets[op._init_fn] = method
+        targets[op.overload] = method
+        targets[op.body] = method
     count = 0
     for node in graph.nodes:
         if node.op == "call_function" and node.target in targets:
@@ -244,7 +245,7 @@ def _broadcast(group: RankGroup | None, x: torch.Tensor, ranks: int, src: int) -
     return out
 
 
-@torch.library.custom_op(_REDUCE, mutates_args=(), schema=ALL_REDUCE_SCHEMA)
+@abi_op(_REDUCE, mutates_args=(), schema=ALL_REDUCE_SCHEMA)
 def all_reduce(x: torch.Tensor, ranks: int) -> torch.Tensor:
     return _all_reduce(None, x, ranks)
 
@@ -255,7 +256,7 @@ def _all_reduce_fake(x: torch.Tensor, ranks: int) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-@torch.library.custom_op(_GATHER, mutates_args=(), schema=ALL_GATHER_SCHEMA)
+@abi_op(_GATHER, mutates_args=(), schema=ALL_GATHER_SCHEMA)
 def all_gather(x: torch.Tensor, ranks: int) -> torch.Tensor:
     return _all_gather(None, x, ranks)
 
@@ -266,7 +267,7 @@ def _all_gather_fake(x: torch.Tensor, ranks: int) -> torch.Tensor:
     return x.new_empty((ranks, *x.shape))
 
 
-@torch.library.custom_op(_BROADCAST, mutates_args=(), schema=BROADCAST_SCHEMA)
+@abi_op(_BROADCAST, mutates_args=(), schema=BROADCAST_SCHEMA)
 def broadcast(x: torch.Tensor, ranks: int, src: int) -> torch.Tensor:
     return _broadcast(None, x, ranks, src)
 

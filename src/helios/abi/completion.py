@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.errors import ExecutionError
 
@@ -174,7 +175,7 @@ def _check_record_args(slots: torch.Tensor, others: dict[str, torch.Tensor],
     return num_rows
 
 
-@torch.library.custom_op(_OP, mutates_args=(), schema=COMPLETION_RECORD_SCHEMA)
+@abi_op(_OP, mutates_args=(), schema=COMPLETION_RECORD_SCHEMA)
 def completion_record(slots: torch.Tensor, generations: torch.Tensor, submission: torch.Tensor,
                       tokens: torch.Tensor, offered: torch.Tensor, accepted: torch.Tensor,
                       emitted: torch.Tensor, consumed_end: torch.Tensor,

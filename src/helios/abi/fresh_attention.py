@@ -39,6 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helios.abi.fused import apply_rotary
 from helios.abi.attention import reference_cache_write
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError
 from helios.abi.rotary_attention import check_rotary_paged_attention_args
 
@@ -106,7 +107,7 @@ def _zero_outside_rows(out: torch.Tensor, query_start: torch.Tensor) -> torch.Te
     return out
 
 
-@torch.library.custom_op(_OP, mutates_args=("k_cache", "v_cache"), schema=ROTARY_FRESH_ATTENTION_SCHEMA)
+@abi_op(_OP, mutates_args=("k_cache", "v_cache"), schema=ROTARY_FRESH_ATTENTION_SCHEMA)
 def rotary_fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor, scale: float,

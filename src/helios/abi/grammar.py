@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 MASK_WORD_BITS = 32
@@ -76,7 +77,7 @@ def _check_apply_args(logits: torch.Tensor, grammar_mask: torch.Tensor,
                                f"got {logits.dtype}")
 
 
-@torch.library.custom_op("helios::apply_grammar_mask", mutates_args=(),
+@abi_op("helios::apply_grammar_mask", mutates_args=(),
                          schema=APPLY_GRAMMAR_MASK_SCHEMA)
 def apply_grammar_mask(logits: torch.Tensor, grammar_mask: torch.Tensor,
                        mask_rows: torch.Tensor) -> torch.Tensor:

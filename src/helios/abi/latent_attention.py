@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 __all__ = ["LATENT_CACHE_WRITE_SCHEMA", "PAGED_LATENT_ATTENTION_SCHEMA", "latent_cache_write",
@@ -81,7 +82,7 @@ def check_latent_attention_args(q_latent, q_rope, latent_cache, rope_cache, page
                                     positions=positions))
 
 
-@torch.library.custom_op(_WRITE, mutates_args=("latent_cache", "rope_cache"), schema=LATENT_CACHE_WRITE_SCHEMA)
+@abi_op(_WRITE, mutates_args=("latent_cache", "rope_cache"), schema=LATENT_CACHE_WRITE_SCHEMA)
 def latent_cache_write(latent_cache: torch.Tensor, rope_cache: torch.Tensor, latent: torch.Tensor,
                        rope: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     check_latent_write_args(latent_cache, rope_cache, latent, rope, slot_mapping)
@@ -104,7 +105,7 @@ def _latent_cache_write_cuda(latent_cache, rope_cache, latent, rope, slot_mappin
     triton_latent_cache_write(latent_cache, rope_cache, latent, rope, slot_mapping)
 
 
-@torch.library.custom_op(_ATTEND, mutates_args=(), schema=PAGED_LATENT_ATTENTION_SCHEMA)
+@abi_op(_ATTEND, mutates_args=(), schema=PAGED_LATENT_ATTENTION_SCHEMA)
 def paged_latent_attention(q_latent: torch.Tensor, q_rope: torch.Tensor, latent_cache: torch.Tensor,
                            rope_cache: torch.Tensor, page_table: torch.Tensor, query_start: torch.Tensor,
                            positions: torch.Tensor, scale: float) -> torch.Tensor:

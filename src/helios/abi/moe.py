@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 __all__ = [
@@ -117,7 +118,7 @@ def reference_route(logits, correction_bias, scoring: str, top_k: int, num_group
     return weights * scale, ids
 
 
-@torch.library.custom_op(_ROUTE, mutates_args=(), schema=MOE_ROUTE_SCHEMA)
+@abi_op(_ROUTE, mutates_args=(), schema=MOE_ROUTE_SCHEMA)
 def moe_route(logits, correction_bias, scoring, top_k, num_groups, topk_groups, normalize, scale):
     check_route_args(logits, correction_bias, scoring, top_k, num_groups, topk_groups)
     return reference_route(logits, correction_bias, scoring, top_k, num_groups, topk_groups, normalize, scale)
@@ -190,7 +191,7 @@ def reference_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_bi
     return out.to(hidden.dtype)
 
 
-@torch.library.custom_op(_EXPERTS, mutates_args=(), schema=MOE_EXPERTS_SCHEMA)
+@abi_op(_EXPERTS, mutates_args=(), schema=MOE_EXPERTS_SCHEMA)
 def moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_bias, activation, alpha, limit):
     check_experts_args(hidden, weights, ids, gate_up, gate_up_bias, down, down_bias, activation)
     return reference_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_bias, activation, alpha, limit)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 __all__ = ["CAUSAL_CONV_UPDATE_SCHEMA", "SSM_SCAN_SCHEMA", "causal_conv_update", "ssm_scan"]
@@ -131,7 +132,7 @@ def _scatter(out: torch.Tensor, token: torch.Tensor, valid: torch.Tensor, value:
     out.index_copy_(0, target, value.to(out.dtype))
 
 
-@torch.library.custom_op(_CONV, mutates_args=("conv_state",), schema=CAUSAL_CONV_UPDATE_SCHEMA)
+@abi_op(_CONV, mutates_args=("conv_state",), schema=CAUSAL_CONV_UPDATE_SCHEMA)
 def causal_conv_update(conv_state, x, weight, bias, query_start, state_rows, fresh, max_query_len) -> torch.Tensor:
     check_conv_args(conv_state, x, weight, bias, query_start, state_rows, fresh, max_query_len)
     lanes = _Lanes(query_start, state_rows, fresh, x.shape[0])
@@ -153,7 +154,7 @@ def _conv_fake(conv_state, x, weight, bias, query_start, state_rows, fresh, max_
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op(_SCAN, mutates_args=("ssm_state",), schema=SSM_SCAN_SCHEMA)
+@abi_op(_SCAN, mutates_args=("ssm_state",), schema=SSM_SCAN_SCHEMA)
 def ssm_scan(ssm_state, x, dt, A, B, C, query_start, state_rows, fresh, max_query_len) -> torch.Tensor:
     check_scan_args(ssm_state, x, dt, A, B, C, query_start, state_rows, fresh, max_query_len)
     lanes = _Lanes(query_start, state_rows, fresh, x.shape[0])

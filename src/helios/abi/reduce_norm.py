@@ -28,6 +28,7 @@ import torch
 
 from helios.abi.collectives import CollectiveError, RankGroup, register_group_op
 from helios.abi.fused import check_add_rms_norm_args, reference_add_rms_norm
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError
 
 SCHEMA = "(Tensor x, Tensor partial, Tensor weight, float eps, int ranks) -> (Tensor, Tensor)"
@@ -58,7 +59,7 @@ class GroupResidualNorm:
         return torch.ops.helios.add_rms_norm(x, summed, weight, eps)
 
 
-@torch.library.custom_op(_OP, mutates_args=(), schema=SCHEMA)
+@abi_op(_OP, mutates_args=(), schema=SCHEMA)
 def all_reduce_add_rms_norm(x: torch.Tensor, partial: torch.Tensor, weight: torch.Tensor, eps: float,
                             ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x, partial, weight, ranks)

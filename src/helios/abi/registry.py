@@ -92,10 +92,15 @@ _CPU_BODIES: dict[str, Callable] = {}
 
 
 def register_cpu_body(op: str, body: Callable) -> None:
-    """Records the Python function that a ``torch.library.Library`` registration runs for `op`
-    (``helios::NAME``) on the CPU, so a loader may call it without the dispatcher
-    (`helios.runtime.loading.cpu_programs`). Ops defined with ``torch.library.custom_op`` need no entry."""
+    """Records the Python function that `op` (``helios::NAME``) runs on the CPU, so a loader may call
+    it without the dispatcher (`helios.runtime.loading.cpu_programs`); `helios.abi.op_library`
+    records every op's body."""
     _CPU_BODIES[op] = body
+
+
+def forget_cpu_body(op: str) -> None:
+    """Drops `op`'s recorded CPU body (it has a CPU kernel of its own, which the dispatcher runs)."""
+    _CPU_BODIES.pop(op, None)
 
 
 def cpu_body(op: str) -> Callable | None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 MASK32 = 0xFFFFFFFF
@@ -108,7 +109,7 @@ def check_rng_args(op: str, seeds: torch.Tensor, counters: torch.Tensor, offset:
     return num_rows
 
 
-@torch.library.custom_op("helios::philox4x32", mutates_args=(), schema=PHILOX4X32_SCHEMA)
+@abi_op("helios::philox4x32", mutates_args=(), schema=PHILOX4X32_SCHEMA)
 def philox4x32(seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
     """Philox4x32-10 words for each row: int64 [R, 4] with values in [0, 2**32)."""
     check_rng_args("helios::philox4x32", seeds, counters, offset)
@@ -121,7 +122,7 @@ def _philox4x32_fake(seeds: torch.Tensor, counters: torch.Tensor, offset: int) -
     return seeds.new_empty((num_rows, 4))
 
 
-@torch.library.custom_op("helios::philox_uniform", mutates_args=(), schema=PHILOX_UNIFORM_SCHEMA)
+@abi_op("helios::philox_uniform", mutates_args=(), schema=PHILOX_UNIFORM_SCHEMA)
 def philox_uniform(seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
     """One float32 uniform in [0, 1) per row: (x0 >> 8) * 2**-24 of Philox4x32-10."""
     check_rng_args("helios::philox_uniform", seeds, counters, offset)

@@ -33,6 +33,7 @@ import torch
 
 from helios.abi.attention import _reference_attention, check_paged_attention_args
 from helios.abi.fused import check_rotary_cache_write_args, rotary_cache_write
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 __all__ = ["ROTARY_PAGED_ATTENTION_SCHEMA", "check_rotary_paged_attention_args", "rotary_paged_attention"]
@@ -62,7 +63,7 @@ def check_rotary_paged_attention_args(q, k, v, cos, sin, k_cache, v_cache, slot_
         check_same_device(_OP, dict(q=q, prefetch=prefetch))
 
 
-@torch.library.custom_op(_OP, mutates_args=("k_cache", "v_cache"), schema=ROTARY_PAGED_ATTENTION_SCHEMA)
+@abi_op(_OP, mutates_args=("k_cache", "v_cache"), schema=ROTARY_PAGED_ATTENTION_SCHEMA)
 def rotary_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor, scale: float,

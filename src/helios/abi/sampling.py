@@ -84,6 +84,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from helios.abi.grammar import check_mask_args, disallowed
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
 from helios.abi.sampling_cpu import greedy_tokens_cpu
@@ -235,7 +236,7 @@ def sample_reference(logits: torch.Tensor, params: DrawParams, penalties: torch.
     return torch.where(has_candidate, tokens, NO_TOKEN)
 
 
-@torch.library.custom_op(_OP, mutates_args=(), schema=SAMPLE_SCHEMA)
+@abi_op(_OP, mutates_args=(), schema=SAMPLE_SCHEMA)
 def sample(logits: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor,
            temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
@@ -362,7 +363,7 @@ def bind_sample_variant(graph: torch.fx.Graph, variant: SampleVariant) -> int:
     a CPU program calls bodies directly) at `variant`, and rebinds every group-bound sampler
     (``helios::sample_vocab_shard`` after `helios.abi.collectives.bind_collectives`) to `variant`;
     returns how many calls were bound. The caller recompiles the graph's module."""
-    targets = {torch.ops.helios.sample.default, sample._init_fn, *_VARIANTS.values()}
+    targets = {torch.ops.helios.sample.default, sample.body, *_VARIANTS.values()}
     count = 0
     for node in graph.nodes:
         if node.op != "call_function":

@@ -58,6 +58,7 @@ import torch
 
 from helios.abi import sampling
 from helios.abi.grammar import check_mask_args, disallowed
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.abi.rng import SAMPLE_OFFSET, philox_words, uniform53
 from helios.abi.sampling import NO_TOKEN, NUM_PENALTIES, apply_penalties, keep_prefix
@@ -121,7 +122,7 @@ def sampling_weights_reference(logits, controls, penalties, counts, grammar_mask
     return torch.where(has_candidate.unsqueeze(-1), weights, 0.0)
 
 
-@torch.library.custom_op(_WEIGHTS, mutates_args=(), schema=SAMPLING_WEIGHTS_SCHEMA)
+@abi_op(_WEIGHTS, mutates_args=(), schema=SAMPLING_WEIGHTS_SCHEMA)
 def sampling_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                      top_p: torch.Tensor, min_p: torch.Tensor, penalties: torch.Tensor,
                      prompt_counts: torch.Tensor, output_counts: torch.Tensor,
@@ -182,7 +183,7 @@ def draw_reference(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.T
     return torch.where(cumulative[:, -1] > 0, token, NO_TOKEN)
 
 
-@torch.library.custom_op(_DRAW, mutates_args=(), schema=DRAW_WEIGHTED_SCHEMA)
+@abi_op(_DRAW, mutates_args=(), schema=DRAW_WEIGHTED_SCHEMA)
 def draw_weighted(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
     """int64 [R] tokens drawn from weights [R, V]; see the module docstring."""
     _check_draw_args(_DRAW, weights, seeds, counters)
@@ -256,7 +257,7 @@ def verify_reference(target_weights, proposals, proposal_weights, lengths, seeds
     return torch.where(active.unsqueeze(-1), emitted, NO_TOKEN), torch.where(active, accepted, 0)
 
 
-@torch.library.custom_op(_VERIFY, mutates_args=(), schema=VERIFY_PROPOSALS_SCHEMA)
+@abi_op(_VERIFY, mutates_args=(), schema=VERIFY_PROPOSALS_SCHEMA)
 def verify_proposals(target_weights: torch.Tensor, proposals: torch.Tensor, proposal_weights: torch.Tensor,
                      lengths: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +303,7 @@ def allocate_reference(confidence: torch.Tensor, ceilings: torch.Tensor, capacit
     return torch.where(valid, lengths, 0).to(torch.int32)
 
 
-@torch.library.custom_op(_ALLOCATE, mutates_args=(), schema=ALLOCATE_PREFIXES_SCHEMA)
+@abi_op(_ALLOCATE, mutates_args=(), schema=ALLOCATE_PREFIXES_SCHEMA)
 def allocate_prefixes(confidence: torch.Tensor, ceilings: torch.Tensor, capacity: int) -> torch.Tensor:
     """int32 [B] lane lengths within `capacity`; see the module docstring."""
     _check_allocate_args(confidence, ceilings, capacity)

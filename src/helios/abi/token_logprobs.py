@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from helios.abi.grammar import check_mask_args, disallowed
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 from helios.abi.sampling import NUM_PENALTIES, apply_penalties
 
@@ -78,7 +79,7 @@ def logprobs_reference(logits, tokens, penalties, prompt_counts, output_counts, 
     return chosen.to(torch.float32), order, top.to(torch.float32)
 
 
-@torch.library.custom_op(_OP, mutates_args=(), schema=_SCHEMA)
+@abi_op(_OP, mutates_args=(), schema=_SCHEMA)
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, penalties: torch.Tensor,
                    prompt_counts: torch.Tensor, output_counts: torch.Tensor, grammar_mask: torch.Tensor,
                    mask_rows: torch.Tensor, num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

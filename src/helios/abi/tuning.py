@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError
 
 __all__ = ["DEVICE_MULTIPROCESSORS_SCHEMA", "device_multiprocessors"]
@@ -26,7 +27,7 @@ def _check(like) -> None:
         raise AbiArgumentError(f"{_OP}: like must be a Tensor, got {type(like).__name__}")
 
 
-@torch.library.custom_op(_OP, mutates_args=(), schema=DEVICE_MULTIPROCESSORS_SCHEMA)
+@abi_op(_OP, mutates_args=(), schema=DEVICE_MULTIPROCESSORS_SCHEMA)
 def device_multiprocessors(like: torch.Tensor) -> torch.Tensor:
     _check(like)
     return torch.tensor([torch.get_num_threads()], dtype=torch.int32, device=like.device)

@@ -54,6 +54,7 @@ import torch
 
 from helios.abi.collectives import CollectiveError, RankGroup, register_group_op
 from helios.abi.grammar import MASK_WORD_BITS, check_mask_args
+from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_tensor
 from helios.abi.sampling import (
     NO_TOKEN, NUM_PENALTIES, DrawParams, SampleVariant, apply_penalties, check_sample_args, selective,
@@ -282,7 +283,7 @@ def _merged_logprobs(group: RankGroup, values, ids, tokens, num_top: int):
     return chosen.to(torch.float32), candidate_ids.gather(1, order), candidates.gather(1, order).to(torch.float32)
 
 
-@torch.library.custom_op(_SAMPLE, mutates_args=(), schema=SAMPLE_SHARD_SCHEMA)
+@abi_op(_SAMPLE, mutates_args=(), schema=SAMPLE_SHARD_SCHEMA)
 def sample_vocab_shard(logits: torch.Tensor, vocab_start: torch.Tensor, vocab_size: int, seeds: torch.Tensor,
                        counters: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                        min_p: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
@@ -303,7 +304,7 @@ def _sample_fake(logits, vocab_start, vocab_size, seeds, counters, temperature, 
     return logits.new_empty((rows,), dtype=torch.int64)
 
 
-@torch.library.custom_op(_LOGPROBS, mutates_args=(), schema=LOGPROBS_SHARD_SCHEMA)
+@abi_op(_LOGPROBS, mutates_args=(), schema=LOGPROBS_SHARD_SCHEMA)
 def token_logprobs_vocab_shard(logits: torch.Tensor, vocab_start: torch.Tensor, vocab_size: int,
                                tokens: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
                                output_counts: torch.Tensor, grammar_mask: torch.Tensor, mask_rows: torch.Tensor,

@@ -5,13 +5,11 @@ Python and dispatcher work around them, not arithmetic. `cpu_program(module)` tu
 program's graph module (``ExportedProgram.module()``) into a `CpuProgram` that computes exactly
 the same values with less of it, once, at load (nothing is compiled, traced or exported):
 
-- Direct ABI kernels. A call of a ``helios`` custom op goes through the dispatcher, the autograd
-  and in-place/view keys and ``torch.library``'s wrappers (a dynamo-disable frame among them)
-  before it reaches the op's Python body: tens of microseconds per call. On the CPU that body is
-  the op's registered implementation (`torch.library.custom_op`'s function, unless the op has a
-  CPU-specific kernel, which is then kept behind the dispatcher; for an op registered through
-  ``torch.library.Library``, the CPU function recorded with `helios.abi.registry.register_cpu_body`),
-  so the node calls it directly, with the same arguments (schema defaults filled in at load).
+- Direct ABI kernels. A call of a ``helios`` op goes through the dispatcher and its fallthrough
+  keys before it reaches the op's Python body. On the CPU that body is the function
+  `helios.abi.op_library` recorded for the op (`helios.abi.registry.register_cpu_body`; an op with a
+  CPU kernel of its own records none and is kept behind the dispatcher), so the node calls it
+  directly, with the same arguments (schema defaults filled in at load).
 - Flat calls. The exported module flattens its (weight list, inputs...) arguments through a pytree
   spec and unflattens its outputs on every call; a `CpuProgram` regenerates the graph's code with
   plain positional inputs and calls it with the weight list unpacked.
@@ -36,7 +34,6 @@ from operator import is_
 from typing import Any, Callable, Sequence
 
 import torch
-from torch._library import custom_ops
 
 from helios.abi.registry import NAMESPACE, cpu_body
 from helios.errors import ExecutionError
@@ -198,16 +195,7 @@ def bind_abi_kernels(graph: torch.fx.Graph) -> int:
 def _cpu_body(op: torch._ops.OpOverload) -> Callable | None:
     if op._overloadname != "default":
         return None
-    recorded = cpu_body(op._schema.name)  # an op registered through torch.library.Library
-    if recorded is not None:
-        return recorded
-    definition = getattr(custom_ops, "OPDEFS", {}).get(op._schema.name)
-    if definition is None:
-        return None
-    backends = getattr(definition, "_backend_fns", {})
-    if "cpu" in backends:  # a CPU-specific kernel: keep the dispatcher's choice
-        return None
-    return getattr(definition, "_init_fn", None)
+    return cpu_body(op._schema.name)
 
 
 def _positional(schema, args: tuple, kwargs: dict) -> tuple | None:

@@ -7,7 +7,9 @@ copies the graph again to unlift it. For what preparation writes for serving - e
 input, every output a user output, no state dict, constants, custom objects or nested graphs - the
 unlifted module is the graph itself with pytree calling conventions, so `build_module` creates
 exactly those nodes from the JSON: the same targets, arguments (positional or keyword as the
-image records them), names and multiple-output ``getitem`` nodes, and the same in/out specs. Node
+image records them), names and multiple-output ``getitem`` nodes, and the same in/out specs. A
+user input the program writes (a user-input mutation output, as a tuning producer's) gets torch's
+unlifted form: its new value copied into the input before the output. Node
 metadata holds a meta tensor where the shape is static (what `drop_no_op_nodes` reads); input
 extents are read from the JSON. Tests compare every node with torch's build, and outputs.
 
@@ -73,9 +75,9 @@ def _target(name: str):
 
 # The serialization schema's enum members (torch._export.serde.schema, numbered by the schema's
 # version) and the torch attributes they name: torch's own tables live in its serializer, whose import
-# pulls in torch._dynamo (4 s on the device, 10 s beside the compile workers' start-up); the load
-# imports that on a thread of its own (`import_ahead`) while the programs build here. A test
-# proves these equal the serializer's tables.
+# pulls in torch._dynamo (4 s on the device, 10 s beside the compile workers' start-up), which a CUDA
+# load otherwise never imports (`helios.abi.op_library`). A test proves these equal the serializer's
+# tables.
 _DTYPES = {"BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64", "HALF": "float16",
            "FLOAT": "float32", "DOUBLE": "float64", "COMPLEXHALF": "complex32", "COMPLEXFLOAT": "complex64",
            "COMPLEXDOUBLE": "complex128", "BOOL": "bool", "BFLOAT16": "bfloat16", "UINT16": "uint16",
@@ -123,11 +125,7 @@ class _Builder:
             if set(spec) != {"user_input"} or set(spec["user_input"]["arg"]) != {"as_tensor"}:
                 raise NotDirect(f"input spec {sorted(spec)}")
             names.append(spec["user_input"]["arg"]["as_tensor"]["name"])
-        outputs = []
-        for spec in signature["output_specs"]:
-            if set(spec) != {"user_output"} or set(spec["user_output"]["arg"]) != {"as_tensor"}:
-                raise NotDirect(f"output spec {sorted(spec)}")
-            outputs.append(spec["user_output"]["arg"]["as_tensor"]["name"])
+        outputs = [self._output_spec(spec, names) for spec in signature["output_specs"]]
         shapes = []
         for name in names:
             node = self.graph.placeholder(name)
@@ -137,14 +135,36 @@ class _Builder:
         for serialized in self.graph_json["nodes"]:
             self._node(serialized)
         graph_outputs = [self._output_name(o) for o in self.graph_json["outputs"]]
-        if graph_outputs != outputs:
+        if graph_outputs != [name for name, _ in outputs]:
             raise NotDirect("graph outputs differ from the signature's")
-        self.graph.output(tuple(self.env[name] for name in outputs))
+        self._return(outputs)
         in_spec, out_spec = self._specs()
         self.graph._codegen = _codegen(in_spec, out_spec)
         module = torch.fx.GraphModule(torch.nn.Module(), self.graph)
         module._in_spec, module._out_spec = in_spec, out_spec
         return DirectModule(module, tuple(shapes))
+
+    @staticmethod
+    def _output_spec(spec: dict, inputs: list[str]) -> tuple[str, str | None]:
+        """(the graph output's name, the user input it is copied into, or None for a user output)."""
+        if set(spec) == {"user_output"} and set(spec["user_output"]["arg"]) == {"as_tensor"}:
+            return spec["user_output"]["arg"]["as_tensor"]["name"], None
+        if set(spec) == {"user_input_mutation"} and set(spec["user_input_mutation"]["arg"]) == {"name"} \
+                and spec["user_input_mutation"]["user_input_name"] in inputs:
+            mutation = spec["user_input_mutation"]
+            return mutation["arg"]["name"], mutation["user_input_name"]
+        raise NotDirect(f"output spec {sorted(spec)}")
+
+    def _return(self, outputs: list[tuple[str, str | None]]) -> None:
+        """The output node: each mutated input's new value copied into it (``aten.copy_``, before the
+        output, in output order, as ``ExportedProgram.module()`` unlifts it), then the user outputs
+        (a user output that is also a mutation's value returns the copy)."""
+        copies = {}
+        for name, mutated in outputs:
+            if mutated is not None:
+                copies[name] = self.graph.call_function(torch.ops.aten.copy_.default,
+                                                        (self.env[mutated], self.env[name]))
+        self.graph.output(tuple(copies.get(name, self.env[name]) for name, mutated in outputs if mutated is None))
 
     def _specs(self):
         (entry,) = [e for e in self.module_json["module_call_graph"] if e["fqn"] == ""]

@@ -57,7 +57,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.servable import check_servable
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
-from helios.runtime.loading import gc_pause, import_ahead
+from helios.runtime.loading import gc_pause
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import capture_programs, choose_gemm_algorithms, plan_captures
 from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
@@ -196,8 +196,6 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     # Programs that CUDA graphs capture are recorded from rewritten copies, whose code the capture
     # generates: their own code is generated only if something calls them (`lazy_code`).
     captured = device.type == "cuda" and options.cuda_graphs
-    if captured:  # what the dry run's first custom op imports, imported while the programs build
-        import_ahead.start()
     compiler.start()  # its workers start now, at a lower priority (`KernelCompiler.start`)
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
@@ -221,7 +219,6 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         least_pages = static_pages(prepared, programs + producers + initializers + state_copies)
         ahead = None
         if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
-            import_ahead.wait()  # before the dry run's first custom op imports it here
             ahead = _dry_run_ahead(prepared, producers, compiler, device, max(context_pages + 1, least_pages),
                                    num_state_rows, num_window_pages)
         plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load

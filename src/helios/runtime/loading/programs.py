@@ -6,7 +6,8 @@ checks that its graph calls nothing but allowed ops and that every ABI op it nam
 the manifest and registered here with exactly the declared schema, builds it, checks again, and
 returns the unlifted module on the serving device. Off the CPU a serving program's module is built
 straight from its checked graph JSON (`helios.runtime.loading.graph_image`: the same nodes as
-torch's path, about a tenth of its time); otherwise, and for what that builder leaves to torch, the
+torch's path, about a tenth of its time, and no import of torch._dynamo, which torch's deserializer
+pulls in: 4-6.6 s on the device's host); otherwise, and for what that builder leaves to torch, the
 build skips work whose result the runtime never reads (`helios.runtime.loading.program_build`: one code generation per program instead of
 about six, FakeTensor metadata built directly, torch's export verifier not run again, a device
 move of what a call reads).
@@ -26,7 +27,6 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.core.records import ResourceKind
 from helios.errors import LoadError
-from helios.runtime.loading import import_ahead
 from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.graph_image import NotDirect, build_module
 from helios.runtime.loading.graph_passes import drop_no_op_nodes
@@ -120,7 +120,6 @@ def _direct(image, ops: dict, declared: DeclaredOps, num_weights: int):
 
 def _with_torch(image, ops: dict, declared: DeclaredOps, num_weights: int):
     """(module, input extents) through torch's deserializer and ``ExportedProgram.module()``."""
-    import_ahead.wait()  # the deserializer imports torch._dynamo: not beside the thread importing it
     with static_tensor_metas(), skip_export_verifier():
         exported = deserialize_program(image)
     validate_program_ops(exported, ops, declared.registered)
