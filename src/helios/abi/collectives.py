@@ -186,7 +186,7 @@ class GroupCollectives:
         return _broadcast(self.group, x, ranks, src)
 
 
-# Every op whose body needs a rank group: custom op -> function(group) -> the op's body bound to that
+# Every op whose body needs a rank group: AbiOp -> function(group) -> the op's body bound to that
 # group. The three collectives below register here, and so do the ABI ops that combine a collective
 # with local work (`helios.abi.vocab_shards`, `helios.abi.reduce_norm`) when their module is imported
 # (`helios.abi` imports every op module). Filled at import, never changed while serving.

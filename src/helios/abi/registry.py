@@ -1,10 +1,10 @@
 """The `helios` op namespace: argument checks shared by the ABI ops, and load-time op validation.
 
-Every execution-ABI op is a `torch.library` custom op in the `helios` namespace, registered with an
-explicit schema string (the ABI: a schema never changes once a core that uses it exists). Programs
-are `torch.export` ExportedPrograms; before a runtime serves one it checks that every `helios` op the
-program calls is declared by the core's manifest and registered in this process with exactly the
-declared schema.
+Every execution-ABI op is a `torch.library` op in the `helios` namespace (`helios.abi.op_library`),
+registered with an explicit schema string (the ABI: a schema never changes once a core that uses it
+exists). Programs are `torch.export` ExportedPrograms; before a runtime serves one it checks that
+every `helios` op the program calls is declared by the core's manifest and registered in this
+process with exactly the declared schema.
 
 Op names are qualified as ``helios::NAME`` (``helios::NAME.OVERLOAD`` for a non-default overload),
 and schema strings are ``str(FunctionSchema)``, for example
