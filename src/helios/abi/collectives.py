@@ -194,7 +194,7 @@ _GROUP_OPS: dict = {}
 
 
 def register_group_op(op, bind) -> None:
-    """Declares `op` (an `helios.abi.op_library.AbiOp`) a group op: `bind_collectives` points its calls
+    """Declares `op` (a `helios.abi.op_library.AbiOp`) a group op: `bind_collectives` points its calls
     at ``bind(group)``, a callable with the op's signature."""
     _GROUP_OPS[op] = bind
 
