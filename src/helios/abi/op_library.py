@@ -12,9 +12,9 @@ counter. Preparation's ``torch.export`` sees the same thing either way: the op, 
 
 An op is registered as ``custom_op`` registers it: its Python body at ``CompositeExplicitAutograd``
 (every device without a kernel of its own), each ``register_kernel(device)`` kernel at that device's
-key, the fake at ``Meta`` and for fake tensors. The body is also recorded as the op's CPU body
-(`helios.abi.registry.register_cpu_body`), which a CPU program calls without the dispatcher, unless
-the op has a CPU kernel of its own. A schema's mutated arguments must be exactly `mutates_args`.
+key (CUDA: the CPU runs the body), the fake at ``Meta`` and for fake tensors. The body is also
+recorded as the op's CPU body (`helios.abi.registry.register_cpu_body`), which a CPU program calls
+without the dispatcher. A schema's mutated arguments must be exactly `mutates_args`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Callable, Iterable
 
 import torch
 
-from helios.abi.registry import NAMESPACE, forget_cpu_body, register_cpu_body
+from helios.abi.registry import NAMESPACE, register_cpu_body
 
 __all__ = ["AbiOp", "abi_op"]
 
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
-_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+_DISPATCH_KEYS = {"cuda": "CUDA"}  # device kernels; the body serves the CPU
 
 
 class AbiOp:
@@ -53,15 +53,13 @@ class AbiOp:
         return self.overload(*args, **kwargs)
 
     def register_kernel(self, device_type: str) -> Callable[[Callable], Callable]:
-        """Decorator: `fn` is the op's kernel on `device_type` ("cuda" or "cpu")."""
+        """Decorator: `fn` is the op's kernel on `device_type` ("cuda")."""
         if device_type not in _DISPATCH_KEYS:
             raise ValueError(f"{self.qualname}: kernels are for {sorted(_DISPATCH_KEYS)}, got {device_type!r}")
 
         def register(fn: Callable) -> Callable:
             _LIB.impl(self.name, fn, _DISPATCH_KEYS[device_type])
             self.kernels[device_type] = fn
-            if device_type == "cpu":  # the dispatcher's choice is kept on the CPU
-                forget_cpu_body(self.qualname)
             return fn
 
         return register

@@ -98,11 +98,6 @@ def register_cpu_body(op: str, body: Callable) -> None:
     _CPU_BODIES[op] = body
 
 
-def forget_cpu_body(op: str) -> None:
-    """Drops `op`'s recorded CPU body (it has a CPU kernel of its own, which the dispatcher runs)."""
-    _CPU_BODIES.pop(op, None)
-
-
 def cpu_body(op: str) -> Callable | None:
     """The CPU body recorded for `op` by `register_cpu_body`, if any."""
     return _CPU_BODIES.get(op)

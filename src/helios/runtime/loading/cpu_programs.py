@@ -7,9 +7,8 @@ the same values with less of it, once, at load (nothing is compiled, traced or e
 
 - Direct ABI kernels. A call of a ``helios`` op goes through the dispatcher and its fallthrough
   keys before it reaches the op's Python body. On the CPU that body is the function
-  `helios.abi.op_library` recorded for the op (`helios.abi.registry.register_cpu_body`; an op with a
-  CPU kernel of its own records none and is kept behind the dispatcher), so the node calls it
-  directly, with the same arguments (schema defaults filled in at load).
+  `helios.abi.op_library` recorded for the op (`helios.abi.registry.register_cpu_body`), so the
+  node calls it directly, with the same arguments (schema defaults filled in at load).
 - Flat calls. The exported module flattens its (weight list, inputs...) arguments through a pytree
   spec and unflattens its outputs on every call; a `CpuProgram` regenerates the graph's code with
   plain positional inputs and calls it with the weight list unpacked.
