@@ -18,7 +18,7 @@ if not ON_CUDA:
 
 from helios.abi.registry import AbiArgumentError  # noqa: E402
 from helios.abi.sampling import NO_TOKEN, DrawParams, sample_reference  # noqa: E402
-from helios.abi.sampling_rows import greedy_rows  # noqa: E402
+from helios.abi.sampling_rows import greedy_rows, greedy_rows_biased  # noqa: E402
 from helios.abi.triton_sampling import greedy_tokens  # noqa: E402
 from support.abi_inputs import sample_inputs  # noqa: E402
 
@@ -103,8 +103,106 @@ def test_the_kernel_refuses_row_slots_with_stored_values():
     inputs = _slotted(2, 300, 5, [0, 1])
     logits, penalties, prompt, output, row_slots, mask, mask_rows = _arguments(inputs)
     values = torch.empty(2, 300, dtype=torch.float64, device=DEVICE)
-    with pytest.raises(ValueError, match="exclude"):
+    with pytest.raises(ValueError, match="exclude values_out"):
         greedy_tokens(logits, penalties, prompt, output, mask, mask_rows, values, row_slots=row_slots)
+
+
+def _biased(inputs: dict, dtype: torch.dtype, width: int = 7) -> dict:
+    """`inputs` with the logits as a `dtype` product and a logit bias per row: ids -1 padded, id 0
+    among them (padding clamps to it too), biases that win, lose and ban (-inf), one row unbiased."""
+    rows, vocab = inputs["logits"].shape
+    generator = torch.Generator().manual_seed(rows * vocab)
+    product = inputs["logits"].to(dtype)
+    ids = torch.full((rows, width), -1, dtype=torch.int64)
+    values = torch.zeros(rows, width)
+    for row in range(rows - 1):  # the last row has no bias
+        chosen = torch.randperm(vocab, generator=generator)[: 1 + row % (width - 1)]
+        if row % 3 == 0:
+            chosen[0] = 0
+        ids[row, : len(chosen)] = chosen
+        values[row, : len(chosen)] = torch.randn(len(chosen), generator=generator) * 30
+        top = int(product[row].float().nan_to_num(nan=float("-inf")).argmax())
+        if row % 2 and top not in chosen.tolist() and len(chosen) < width:  # ban the unbiased winner
+            ids[row, len(chosen)], values[row, len(chosen)] = top, float("-inf")
+    values[ids < 0] = torch.randn(int((ids < 0).sum()), generator=generator)  # padding values are ignored
+    return dict(inputs, product=product, bias_ids=ids, bias_values=values)
+
+
+def _widened_biased(inputs: dict) -> dict:
+    """The float32 logits a program samples: the product widened, the bias scatter-added."""
+    ids, values = inputs["bias_ids"], inputs["bias_values"]
+    logits = inputs["product"].float().scatter_add(1, ids.clamp(min=0), torch.where(ids >= 0, values, 0.0))
+    return dict(inputs, logits=logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows, vocab, seed, slots", [
+    (7, 4099, 0, [3, 0, 5, 1, -1, 2, -1]),
+    (4, 300, 1, [2, 2, -1, 0]),
+    (1, 6000, 2, [4]),
+])
+def test_biased_rows_give_the_tokens_of_the_widened_biased_logits(dtype, rows, vocab, seed, slots):
+    """The kernel reading the 16-bit product and adding the bias in its combine gives every row the
+    reference's token for the float32 widened, biased logits; the product ends as it began."""
+    inputs = _biased(_slotted(rows, vocab, seed, slots), dtype)
+    expected = _expected(_widened_biased(inputs))
+    product = inputs["product"].to(DEVICE)
+    assert torch.equal(_kernel_biased(inputs, product), expected)
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    assert torch.equal(product.cpu().view(bits), inputs["product"].view(bits))  # put back bit for bit
+    assert torch.equal(greedy_rows_biased(*(inputs[name] for name in _BIASED)), expected)  # the host path
+
+
+_BIASED = ("product", "bias_ids", "bias_values", "penalties", "prompt_table", "output_table", "slots",
+           "grammar_mask", "mask_rows")
+
+
+def _kernel_biased(inputs: dict, product: torch.Tensor) -> torch.Tensor:
+    """The kernel's tokens (`greedy_rows_biased` on CUDA; here under the interpreter on the CPU too)."""
+    penalties, prompt, output, slots, mask, mask_rows, ids, values = (
+        inputs[name].to(DEVICE) for name in ("penalties", "prompt_table", "output_table", "slots", "grammar_mask",
+                                             "mask_rows", "bias_ids", "bias_values"))
+    return greedy_tokens(product, penalties, prompt, output, mask, mask_rows, row_slots=slots,
+                         bias=(ids, values)).cpu()
+
+
+def test_a_bias_decides_ties_and_bans_by_the_float32_sum():
+    """Ties between a biased id and an unbiased one go to the lower id; a biased id whose float32 sum
+    is below the unbiased maximum loses; a ban (-inf) removes the winner; a row whose every id is
+    banned or -inf gets no token."""
+    vocab = 2100
+    inputs = _slotted(4, vocab, 11, [0, 1, 2, 3], tables=4)
+    product = torch.full((4, vocab), -2.0, dtype=torch.bfloat16)
+    product[:, 2050] = 1.0  # the unbiased maximum, in the second block
+    product[0, 7] = 0.5  # + 0.5: ties with id 2050, and is lower
+    product[1, 2099] = 0.5  # + 0.5: ties with id 2050, and is higher
+    product[2, 30] = 3.0  # the row's winner, banned
+    product[3] = float("-inf")
+    ids = torch.tensor([[7, -1], [2099, -1], [30, 2050], [5, -1]])
+    values = torch.tensor([[0.5, 0.0], [0.5, 0.0], [float("-inf"), -0.5], [float("-inf"), 0.0]])
+    neutral = NEUTRAL.repeat(4, 1)
+    inputs.update(logits=product, product=product, bias_ids=ids, bias_values=values, penalties=neutral,
+                  mask_rows=torch.zeros(4, dtype=torch.bool))
+    expected = _expected(_widened_biased(inputs))
+    assert expected.tolist() == [7, 2050, 2050, NO_TOKEN]  # row 2: its winner banned, 2050 still leads at 0.5
+    assert _kernel_biased(inputs, product.to(DEVICE)).tolist() == expected.tolist()
+    assert greedy_rows_biased(*(inputs[name] for name in _BIASED)).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.__setitem__(0, a[0].double()), "logits must be bfloat16 or float16 or float32"),
+    (lambda a: a.__setitem__(1, a[1].float()), "bias_ids must be"),
+    (lambda a: a.__setitem__(1, a[1][:1]), "bias_ids must be"),
+    (lambda a: a.__setitem__(2, a[2].double()), "bias_values"),
+    (lambda a: a.__setitem__(2, a[2][:, :1]), "bias_values"),
+    (lambda a: a.__setitem__(6, a[6].float()), "slots must be"),
+])
+def test_bad_biased_arguments_raise_a_typed_error(change, message):
+    inputs = _biased(_slotted(3, 100, 6, [0, 1, -1]), torch.bfloat16)
+    arguments = [inputs[name] for name in _BIASED]
+    change(arguments)
+    with pytest.raises(AbiArgumentError, match=message):
+        greedy_rows_biased(*arguments)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -3,7 +3,7 @@ slot-indexed counts): served through captured graphs, plain, penalised and biase
 (fewer than the program's rows: padding rows) get exactly the tokens of the greedy graphs as they
 were captured before the rewrite (the bound GREEDY variant alone), with one and two frames; the
 sampling tail replayed from a CUDA graph samples what the bound GREEDY variant samples and leaves
-the logits output unbiased bit for bit."""
+the logits output unbiased bit for bit (a bfloat16 product sampled without its float32 copies)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,11 @@ def test_captured_greedy_graphs_give_the_tokens_of_the_graphs_before(core_path, 
     assert rewritten == before
 
 
-def test_the_sampling_tail_in_a_cuda_graph_samples_the_greedy_variants_tokens():
-    cuda = [t.cuda() for t in _sampler_inputs(rows=6, vocab=5000)]
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_sampling_tail_in_a_cuda_graph_samples_the_greedy_variants_tokens(dtype):
+    """A bfloat16 product is sampled by `greedy_rows_biased` (the logits output: the product, put back
+    bit for bit); float32 logits by `greedy_rows` with the bias added in place."""
+    cuda = [t.cuda() for t in _sampler_inputs(rows=6, vocab=5000, dtype=dtype)]
     # exported on the device: the exported graph asserts its inputs' device
     module = torch.export.export(_Sampler().cuda(), tuple(cuda), strict=False).module()
     plain = cuda_graphs.variant_module(module, SampleVariant.GREEDY)
@@ -60,4 +63,5 @@ def test_the_sampling_tail_in_a_cuda_graph_samples_the_greedy_variants_tokens():
     torch.cuda.synchronize()
     got, got_logits = outputs
     assert torch.equal(got, expected) and bool((got[cuda[1] < 0] == -1).all())
-    assert torch.equal(got_logits, logits)
+    assert got_logits.dtype == dtype and torch.equal(got_logits.float(), logits)
+    assert torch.equal(cuda[0].float(), logits)  # the product itself as it was

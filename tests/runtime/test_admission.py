@@ -61,6 +61,9 @@ def test_layout_pages_include_shifted_views():
     (spec("a", [1], 4, stop_token_sequences=((1,),) * 17), admission.StopLimitExceeded),
     (spec("a", [1], 4, stop_token_sequences=(tuple(range(65)),)), admission.StopLimitExceeded),
     (spec("a", [1], 4, stop_token_sequences=((500,),)), admission.TokenOutOfRange),
+    (spec("a", [1], 4, logit_bias=((3, 1.0), (3, 2.0))), admission.InvalidLogitBias),
+    (spec("a", [1], 4, logit_bias=((97, 1.0),)), admission.InvalidLogitBias),
+    (spec("a", [1], 4, logit_bias=((-1, 1.0),)), admission.InvalidLogitBias),
 ])
 def test_requests_outside_capacities_are_rejected(item, error):
     scheduler, _ = make(context=256)
@@ -68,6 +71,12 @@ def test_requests_outside_capacities_are_rejected(item, error):
         scheduler.submit(item)
     assert isinstance(raised.value, AdmissionRejected) and raised.value.http_status == 503
     assert scheduler.view("a") is None
+
+
+def test_distinct_logit_bias_ids_are_admitted():
+    scheduler, _ = make(context=256)
+    scheduler.submit(spec("a", [1], 4, logit_bias=((0, -5.0), (3, 1.0), (96, 2.0))))
+    assert scheduler.view("a") is not None
 
 
 def test_cache_and_program_limits_are_admission_errors():

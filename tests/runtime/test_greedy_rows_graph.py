@@ -20,7 +20,7 @@ import torch
 import helios.runtime.loading.programs as program_loading
 import helios.runtime.service as service
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS, SampleVariant, split_sampling_parameters
-from helios.abi.sampling_rows import greedy_rows
+from helios.abi.sampling_rows import greedy_rows, greedy_rows_biased
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
 from helios.ignition.tensor_parallel import with_logit_bias
@@ -36,7 +36,7 @@ from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import GREEDY, SamplingParams
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import LLAMA3
-from support.chat_checkpoint import write_chat_checkpoint
+from support.chat_checkpoint import VOCAB_SIZE, write_chat_checkpoint
 
 NAMESPACE = "test.helios/greedy-rows"
 _CHOOSER = random.Random(3)
@@ -61,14 +61,16 @@ class _Replayed(CapturedProgram):
         return (self.greedy if greedy else self.module)(*self.arguments)
 
 
-@pytest.fixture(scope="module")
-def core_path(tmp_path_factory):
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def core_path(tmp_path_factory, request):
+    """A float32 core (the greedy graph adds the bias to the float32 logits in place) and a bfloat16
+    one (it samples the head's product: `greedy_rows_biased`)."""
     root = tmp_path_factory.mktemp("greedy-rows")
     key = SigningKey.generate()
     checkpoint = write_chat_checkpoint(LLAMA3, root / "checkpoint", seed=9)
     plan = CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 8))
     path = root / "model.core"
-    prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan))
+    prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=request.param))
     return path, key
 
 
@@ -109,22 +111,39 @@ def _exported_runtime(core_path, monkeypatch, replayed=_Replayed):
     return runtime, programs
 
 
+def _widens_a_product(module) -> bool:
+    """Whether `module` widens a bfloat16 [R, V] product to the float32 logits it samples."""
+    return any(n.target is torch.ops.aten.to.dtype and n.args[1] == torch.float32
+               and n.args[0].meta["val"].dtype == torch.bfloat16 and n.meta["val"].shape[-1] == VOCAB_SIZE
+               for n in module.graph.nodes if n.op == "call_function")
+
+
 def _gathers(module) -> list:
     return [n for n in module.graph.nodes if n.op == "call_function" and n.target is _INDEX
             and n.args[0].op == "placeholder" and n.args[0].target in ("prompt_counts", "output_counts")]
 
 
-def test_greedy_graphs_read_counts_through_the_slots(core_path, monkeypatch):
+def test_greedy_graphs_read_counts_through_the_slots(core_path, monkeypatch, request):
     runtime, programs = _exported_runtime(core_path, monkeypatch)
+    bfloat16 = request.node.callspec.params["core_path"] == "bfloat16"
     try:
         for program in programs.values():
             full, greedy = program.module.module, program.module.greedy
-            rows = [n for n in greedy.graph.nodes if n.op == "call_function" and n.target is greedy_rows]
+            calls = [n for n in greedy.graph.nodes if n.op == "call_function"]
+            rows = [n for n in calls if n.target in (greedy_rows, greedy_rows_biased)]
             assert len(rows) == 1, program.graph
             # A token-logprobs variant (no greedy graph is captured for it) scores with the gathers.
             assert len(_gathers(full)) == 2 and len(_gathers(greedy)) == (2 if program.token_logprobs else 0)
-            slots = rows[0].args[4]
+            slots = rows[0].args[4 if rows[0].target is greedy_rows else 6]
             assert slots.op == "placeholder" and slots.target == "request_slots"
+            if program.token_logprobs:
+                continue
+            # a bfloat16 core's greedy graph samples the head's product: no float32 logits, no biased copy
+            widened = _widens_a_product(full)
+            assert widened == bfloat16 and (rows[0].target is greedy_rows_biased) == widened, program.graph
+            assert not _widens_a_product(greedy)
+            if widened:
+                assert torch.ops.aten.scatter_add.default not in {n.target for n in calls}
             assert bind_greedy_rows(greedy.graph) == 0  # nothing left to rewrite
     finally:
         runtime.close()
@@ -188,7 +207,7 @@ class _Sampler(torch.nn.Module):
 
     def forward(self, scores, request_slots, bias_ids, bias_values, params, prompt_counts, output_counts,
                 grammar_mask, seeds, sample_rows):
-        logits = scores.to(torch.float32)  # the head's bfloat16 output widened, as a program does
+        logits = scores.to(torch.float32)  # the head's output widened, as a program does
         slots = request_slots.clamp(min=0)
         biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots])
         temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)
@@ -198,9 +217,9 @@ class _Sampler(torch.nn.Module):
         return torch.where(sample_rows, sampled, torch.full_like(sampled, -1)), logits
 
 
-def _sampler_inputs(rows: int = 6, vocab: int = 300, slots: int = 4, width: int = 5):
+def _sampler_inputs(rows: int = 6, vocab: int = 300, slots: int = 4, width: int = 5, dtype=torch.bfloat16):
     generator = torch.Generator().manual_seed(2)
-    scores = (torch.randn(rows, vocab, generator=generator) * 4).to(torch.bfloat16)
+    scores = (torch.randn(rows, vocab, generator=generator) * 4).to(dtype)
     request_slots = torch.tensor([2, 0, 3, 1, -1, -1][:rows])
     bias_ids = torch.full((slots, width), -1, dtype=torch.int64)
     bias_ids[0, :3] = torch.tensor([0, 17, 250])  # id 0 biased too: padding entries clamp to 0 as well
@@ -215,7 +234,8 @@ def _sampler_inputs(rows: int = 6, vocab: int = 300, slots: int = 4, width: int 
 
 
 def test_the_bias_is_added_in_place_and_the_logits_stay_unbiased():
-    inputs = _sampler_inputs()
+    """Float32 logits: the greedy graph adds the bias to them in place and puts it back."""
+    inputs = _sampler_inputs(dtype=torch.float32)
     module = torch.export.export(_Sampler(), inputs, strict=False).module()
     plain = variant_module(module, SampleVariant.GREEDY)
     rewritten = greedy_module(module)
@@ -227,3 +247,40 @@ def test_the_bias_is_added_in_place_and_the_logits_stay_unbiased():
     assert torch.equal(got_logits, logits)  # unbiased, bit for bit
     unbiased = inputs[0].float().argmax(dim=-1).tolist()
     assert expected.tolist()[1] != unbiased[1] or expected.tolist()[2] != unbiased[2]  # the bias counts
+
+
+def test_a_bfloat16_product_is_sampled_without_its_float32_copies():
+    """The head's bfloat16 product: the greedy graph samples it with the bias added in the kernel's
+    combine (`greedy_rows_biased`), makes neither float32 copy, and returns the product as its
+    logits: the float32 logits' values before widening."""
+    inputs = _sampler_inputs()
+    module = torch.export.export(_Sampler(), inputs, strict=False).module()
+    plain = variant_module(module, SampleVariant.GREEDY)
+    rewritten = greedy_module(module)
+    targets = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
+    assert greedy_rows_biased in targets and greedy_rows not in targets and not _gathers(rewritten)
+    assert not {torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default} & set(targets)
+    assert not [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.to.dtype and n.args[0].name == "scores"]
+    (expected, logits), (got, got_logits) = plain(*inputs), rewritten(*inputs)
+    assert torch.equal(got, expected) and (got[inputs[1] < 0] == -1).all()
+    assert got_logits.dtype == torch.bfloat16 and torch.equal(got_logits.float(), logits)
+    unbiased = inputs[0].float().argmax(dim=-1).tolist()
+    assert expected.tolist()[1] != unbiased[1] or expected.tolist()[2] != unbiased[2]  # the bias counts
+
+
+def test_a_product_read_elsewhere_keeps_its_float32_logits():
+    """A widened product the graph reads elsewhere too (not only the sampling and the output) keeps
+    the float32 logits and the in-place bias."""
+    inputs = _sampler_inputs()
+
+    class Scored(_Sampler):
+        def forward(self, scores, request_slots, bias_ids, bias_values, params, prompt_counts, output_counts,
+                    grammar_mask, seeds, sample_rows):
+            tokens, logits = super().forward(scores, request_slots, bias_ids, bias_values, params, prompt_counts,
+                                             output_counts, grammar_mask, seeds, sample_rows)
+            return tokens, logits, logits.sum(dim=-1)
+
+    module = torch.export.export(Scored(), inputs, strict=False).module()
+    targets = [n.target for n in greedy_module(module).graph.nodes if n.op == "call_function"]
+    assert greedy_rows in targets and greedy_rows_biased not in targets
+    assert torch.ops.aten.scatter_add_.default in targets

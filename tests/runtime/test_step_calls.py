@@ -67,7 +67,8 @@ def test_the_decode_graph_loses_its_repeats_and_fills(core_path, monkeypatch):  
         counts = collapse_step_calls(rewritten, CPU)
     finally:
         runtime.close()
-    assert counts.slots == 1 and counts.merged >= 6 and counts.constants >= 6 and counts.accumulations == 2
+    # (a bfloat16 core's greedy graph samples the head's product: the bias's zeros_like went with its copy)
+    assert counts.slots == 1 and counts.merged >= 6 and counts.constants >= 5 and counts.accumulations == 2
     assert counts.dropped >= 10  # the slot mapping's calls and the sampling's unread cast
     assert len([n for n in rewritten.graph.nodes if n.target is packed_slots]) == 1
     assert not [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.searchsorted.Tensor]

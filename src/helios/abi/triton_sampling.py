@@ -94,30 +94,13 @@ def _greedy_partial_kernel(
 def _float64_best(logits_row, counts, mask_row, values_row, start, end, penalised, masked, factors,
                   BLOCK_V: tl.constexpr, STORE_VALUES: tl.constexpr):
     """(best float64 value, its lowest id) of ids [start, end) of one row, steps 1-4 in float64."""
-    repetition, presence, frequency = factors
     best = tl.full((), float("-inf"), tl.float64)
     best_id = start.to(tl.int64)
     for offset in range(start, end, BLOCK_V):
         ids = offset + tl.arange(0, BLOCK_V)
         inside = ids < end
-        x = tl.load(logits_row + ids, mask=inside, other=float("-inf"))
-        x = x.to(tl.float64)
-        x = tl.where(x != x, float("-inf"), x)  # step 1: NaN -> -inf, +inf -> float32 max
-        x = tl.where(x == float("inf"), 3.4028234663852886e38, x)
-        if penalised:  # step 2, in the reference's float64 order
-            prompt = tl.load(counts[0] + ids, mask=inside, other=0)
-            output = tl.load(counts[1] + ids, mask=inside, other=0)
-            generated = output > 0
-            seen = generated | (prompt > 0)
-            repeated = tl.where(x > 0, x / repetition, x * repetition)
-            x = tl.where(seen, repeated, x)
-            x = tl.where(generated, x - frequency * output.to(tl.float64) - presence, x)
-        if masked:  # step 3
-            word = tl.load(mask_row + ids // 32, mask=inside, other=0)
-            allowed = ((word >> (ids % 32)) & 1) != 0
-            x = tl.where(allowed, x, float("-inf"))
-        x = tl.where(x != x, float("-inf"), x)  # step 4
-        x = tl.where(x == float("inf"), 1.7976931348623157e308, x)
+        x = tl.load(logits_row + ids, mask=inside, other=float("-inf")).to(tl.float32).to(tl.float64)
+        x = _float64_values(x, ids, inside, counts, mask_row, penalised, masked, factors)
         if STORE_VALUES:  # the float64 values the random draw starts from
             tl.store(values_row + ids, x, mask=inside)
         x = tl.where(inside, x, float("-inf"))
@@ -127,6 +110,43 @@ def _float64_best(logits_row, counts, mask_row, values_row, start, end, penalise
         best_id = tl.where(better, block_id, best_id)
         best = tl.where(better, block_best, best)
     return best, best_id
+
+
+@triton.jit
+def _float64_values(x, ids, inside, counts, mask_row, penalised, masked, factors):
+    """Steps 1-4 of the reference on float64 values `x` of ids `ids` (`inside`: the ids to read)."""
+    repetition, presence, frequency = factors
+    x = tl.where(x != x, float("-inf"), x)  # step 1: NaN -> -inf, +inf -> float32 max
+    x = tl.where(x == float("inf"), 3.4028234663852886e38, x)
+    if penalised:  # step 2, in the reference's float64 order
+        prompt = tl.load(counts[0] + ids, mask=inside, other=0)
+        output = tl.load(counts[1] + ids, mask=inside, other=0)
+        generated = output > 0
+        seen = generated | (prompt > 0)
+        repeated = tl.where(x > 0, x / repetition, x * repetition)
+        x = tl.where(seen, repeated, x)
+        x = tl.where(generated, x - frequency * output.to(tl.float64) - presence, x)
+    if masked:  # step 3
+        x = _masked(x, ids, inside, mask_row)
+    x = tl.where(x != x, float("-inf"), x)  # step 4
+    return tl.where(x == float("inf"), 1.7976931348623157e308, x)
+
+
+@triton.jit
+def _masked(x, ids, inside, mask_row):
+    """`x` with -inf where the row's grammar mask words disallow the id (step 3)."""
+    word = tl.load(mask_row + ids // 32, mask=inside, other=0)
+    return tl.where(((word >> (ids % 32)) & 1) != 0, x, float("-inf"))
+
+
+@triton.jit
+def _float32_values(x, ids, inside, mask_row, masked):
+    """Steps 1-4 of a row with neutral penalties on float32 values (see `_plain_best`)."""
+    x = tl.where(x != x, float("-inf"), x)  # step 1
+    x = tl.where(x == float("inf"), 3.4028234663852886e38, x)
+    if masked:  # step 3
+        x = _masked(x, ids, inside, mask_row)
+    return x
 
 
 @triton.jit
@@ -147,12 +167,7 @@ def _plain_best(logits_row, mask_row, values_row, start, end, masked, BLOCK_V: t
         ids = offset + tl.arange(0, BLOCK_V)
         inside = ids < end
         x = tl.load(logits_row + ids, mask=inside, other=float("-inf")).to(tl.float32)
-        x = tl.where(x != x, float("-inf"), x)  # step 1
-        x = tl.where(x == float("inf"), 3.4028234663852886e38, x)
-        if masked:  # step 3
-            word = tl.load(mask_row + ids // 32, mask=inside, other=0)
-            allowed = ((word >> (ids % 32)) & 1) != 0
-            x = tl.where(allowed, x, float("-inf"))
+        x = _float32_values(x, ids, inside, mask_row, masked)
         if STORE_VALUES:
             tl.store(values_row + ids, x.to(tl.float64), mask=inside)
         x = tl.where(inside, x, float("-inf"))
@@ -176,11 +191,74 @@ def _greedy_combine_kernel(part_values, part_ids, tokens, NUM_SPLITS: tl.constex
     tl.store(tokens + row, tl.where(best > float("-inf"), token, -1))
 
 
+@triton.jit
+def _bias_set_aside_kernel(logits, logit_stride, bias_ids, ids_stride, saved, vocab_size, num_bias,
+                           BLOCK_B: tl.constexpr):
+    """Row r's biased ids: their logits copied to ``saved[r]``, then -inf in the logits (the
+    partial pass then reduces only the unbiased ids; `_biased_combine_kernel` puts them back)."""
+    row = tl.program_id(0)
+    entries = tl.arange(0, BLOCK_B)
+    ids = tl.load(bias_ids + row * ids_stride + entries, mask=entries < num_bias, other=-1).to(tl.int64)
+    real = (ids >= 0) & (ids < vocab_size)
+    logits_row = logits + row.to(tl.int64) * logit_stride
+    raw = tl.load(logits_row + ids, mask=real, other=0.0)
+    tl.store(saved + row * BLOCK_B + entries, raw, mask=real)
+    tl.store(logits_row + ids, tl.full((BLOCK_B,), float("-inf"), tl.float32), mask=real)  # cast on store
+
+
+@triton.jit
+def _biased_combine_kernel(part_values, part_ids, tokens, logits, logit_stride, bias_ids, ids_stride, bias_values,
+                           values_stride, saved, vocab_size, num_bias, penalties, prompt_counts, prompt_stride,
+                           output_counts, output_stride, grammar_mask, mask_stride, mask_rows, row_slots,
+                           NUM_SPLITS: tl.constexpr, BLOCK_B: tl.constexpr, ROW_SLOTS: tl.constexpr):
+    """`_greedy_combine_kernel` over the splits and the row's biased ids: each of those takes its
+    float32 logit plus its bias (the program's ``scatter_add``), steps 1-4 as in the partial pass,
+    and competes with the splits' best (the lowest id on a tie); the set-aside logits go back."""
+    row = tl.program_id(0)
+    splits = tl.arange(0, NUM_SPLITS)
+    values = tl.load(part_values + row * NUM_SPLITS + splits)
+    best = tl.max(values, axis=0)
+    token = tl.load(part_ids + row * NUM_SPLITS + tl.argmax(values, axis=0, tie_break_left=True))
+    entries = tl.arange(0, BLOCK_B)
+    ids = tl.load(bias_ids + row * ids_stride + entries, mask=entries < num_bias, other=-1).to(tl.int64)
+    real = (ids >= 0) & (ids < vocab_size)
+    raw = tl.load(saved + row * BLOCK_B + entries, mask=real, other=0.0)
+    tl.store(logits + row.to(tl.int64) * logit_stride + ids, raw, mask=real)
+    live = real
+    if ROW_SLOTS:  # a padding row (negative slot) samples nothing: its splits are empty, its bias ignored
+        slot = tl.load(row_slots + row).to(tl.int64)
+        table_row = tl.maximum(slot, 0)
+        live = real & (slot >= 0)
+    else:
+        table_row = row.to(tl.int64)
+    x = raw.to(tl.float32) + tl.load(bias_values + row * values_stride + entries, mask=real, other=0.0)
+    repetition = tl.load(penalties + row * 3).to(tl.float64)
+    presence = tl.load(penalties + row * 3 + 1).to(tl.float64)
+    frequency = tl.load(penalties + row * 3 + 2).to(tl.float64)
+    penalised = (repetition != 1.0) | (presence != 0.0) | (frequency != 0.0)
+    masked = tl.load(mask_rows + row).to(tl.int32) != 0
+    mask_row = grammar_mask + row.to(tl.int64) * mask_stride
+    if penalised:
+        counts = (prompt_counts + table_row * prompt_stride, output_counts + table_row * output_stride)
+        wide = _float64_values(x.to(tl.float64), ids, live, counts, mask_row, penalised, masked,
+                               (repetition, presence, frequency))
+    else:
+        wide = _float32_values(x, ids, live, mask_row, masked).to(tl.float64)
+    wide = tl.where(live, wide, float("-inf"))
+    biased_best = tl.max(wide, axis=0)
+    biased_token = tl.min(tl.where(live & (wide == biased_best), ids, vocab_size), axis=0)
+    token = tl.where(biased_best > best, biased_token,
+                     tl.where(biased_best == best, tl.minimum(token, biased_token), token))
+    best = tl.maximum(best, biased_best)
+    tl.store(tokens + row, tl.where(best > float("-inf"), token, -1))
+
+
 def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: torch.Tensor,
                   output_counts: torch.Tensor, grammar_mask: torch.Tensor,
                   mask_rows: torch.Tensor, values_out: torch.Tensor | None = None, *,
                   plain_f32: bool = True, splits: int | None = None,
-                  row_slots: torch.Tensor | None = None) -> torch.Tensor:
+                  row_slots: torch.Tensor | None = None,
+                  bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """int64 [R]: each row's greedy token as `sample_reference` selects it for a non-drawing row.
 
     Inputs are validated ``helios::sample`` arguments (logits float32 [R, V]). With `values_out`
@@ -192,10 +270,17 @@ def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: 
     With `row_slots` (integer [R]) the counts are tables [S, V] and row r reads row
     ``row_slots[r]`` of them (the values ``table[row_slots]`` would hold, without gathering [R, V]
     of them, and only in penalised rows); a row whose slot is negative reads nothing and gets
-    NO_TOKEN (-1). Not with `values_out`.
+    NO_TOKEN (-1).
+
+    With `bias` (ids integer [R, B], -1 padding, distinct in a row; values float32 [R, B]) the tokens
+    are those of the float32 logits with each row's bias added (``logits.float().scatter_add(1, ids,
+    values)`` over its ids >= 0), and `logits` may hold bfloat16 or float16 values (their float32
+    widening is exact): the biased ids' logits are set aside and -inf while the splits are reduced,
+    then each competes with its bias in the combine and is put back, so `logits` ends as it began.
+    Neither `row_slots` nor `bias` with `values_out`.
     """
-    if row_slots is not None and values_out is not None:
-        raise ValueError("greedy_tokens: row_slots and values_out exclude each other")
+    if values_out is not None and (row_slots is not None or bias is not None):
+        raise ValueError("greedy_tokens: row_slots and bias exclude values_out")
     num_rows, vocab_size = logits.shape
     splits = splits or greedy_splits(num_rows, vocab_size)
     chunk = -(-vocab_size // splits)
@@ -206,16 +291,31 @@ def greedy_tokens(logits: torch.Tensor, penalties: torch.Tensor, prompt_counts: 
     part_ids = torch.empty((num_rows, splits), dtype=torch.int64, device=logits.device)
     operands = [_last_contiguous(t) for t in (logits, penalties, prompt_counts, output_counts, grammar_mask)]
     logits, penalties, prompt_counts, output_counts, grammar_mask = operands
-    penalties = penalties.contiguous()
+    penalties, mask_rows = penalties.contiguous(), mask_rows.contiguous()
+    slots = part_ids if row_slots is None else row_slots.contiguous()
+    if bias is not None:
+        bias_ids, bias_values = (_last_contiguous(t) for t in bias)
+        num_bias = bias_ids.shape[1]
+        block_b = triton.next_power_of_2(max(num_bias, 1))
+        saved = torch.empty((num_rows, block_b), dtype=logits.dtype, device=logits.device)
+        _bias_set_aside_kernel[(num_rows,)](logits, logits.stride(0), bias_ids, bias_ids.stride(0), saved, vocab_size,
+                                            num_bias, BLOCK_B=block_b)
     _greedy_partial_kernel[(num_rows, splits)](
         logits, logits.stride(0), penalties, prompt_counts, prompt_counts.stride(0), output_counts,
-        output_counts.stride(0), grammar_mask, grammar_mask.stride(0), mask_rows.contiguous(),
-        part_values, part_ids, part_values if values_out is None else values_out, vocab_size, chunk,
-        part_ids if row_slots is None else row_slots.contiguous(),
+        output_counts.stride(0), grammar_mask, grammar_mask.stride(0), mask_rows,
+        part_values, part_ids, part_values if values_out is None else values_out, vocab_size, chunk, slots,
         NUM_SPLITS=splits, BLOCK_V=BLOCK, STORE_VALUES=values_out is not None, PLAIN_F32=plain_f32,
         ROW_SLOTS=row_slots is not None,
     )
-    _greedy_combine_kernel[(num_rows,)](part_values, part_ids, tokens, NUM_SPLITS=splits)
+    if bias is None:
+        _greedy_combine_kernel[(num_rows,)](part_values, part_ids, tokens, NUM_SPLITS=splits)
+        return tokens
+    _biased_combine_kernel[(num_rows,)](
+        part_values, part_ids, tokens, logits, logits.stride(0), bias_ids, bias_ids.stride(0), bias_values,
+        bias_values.stride(0), saved, vocab_size, num_bias, penalties, prompt_counts, prompt_counts.stride(0),
+        output_counts, output_counts.stride(0), grammar_mask, grammar_mask.stride(0), mask_rows, slots,
+        NUM_SPLITS=splits, BLOCK_B=block_b, ROW_SLOTS=row_slots is not None,
+    )
     return tokens
 
 

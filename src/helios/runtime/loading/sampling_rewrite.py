@@ -19,6 +19,16 @@ bias is added to the logits in place just before the sampling call and the overw
 same values and every other reader, the ``logits`` output included, sees the unbiased ones bit
 for bit.
 
+Where the biased logits are the LM head's 16-bit product widened (``to(product, float32)``, its
+only other reader the ``logits`` output) and the bias is ``scatter_add(logits, 1, clamp(ids, 0),
+where(ids >= 0, values, 0))``, the call becomes `helios.abi.sampling_rows.greedy_rows_biased` on
+the product itself, and neither [R, V] float32 tensor is made: the kernel widens the values as it
+reads them and adds each row's bias in its combine (the same float32 sums, so the same tokens). The
+greedy graph's ``logits`` output is then the product (the float32 output's values before widening):
+no runtime reads a program's ``logits``, and a token-logprobs program, which reads its scores from
+its own outputs, has no greedy graph. At 256 rows of a 128k vocabulary the widening was two
+[R, V] copies, 0.1 ms of a 7.6 ms decode step on an H200.
+
 Only the exact pattern is rewritten: both count arguments gathered by ``aten.index`` through one
 ``aten.clamp(slots, 0)`` node, and the tokens read only through ``where(sample_rows, tokens, -1)``
 (so a row that does not sample returns -1 whatever the call gives it); anything else (a
@@ -31,13 +41,15 @@ from __future__ import annotations
 import torch
 
 from helios.abi.sampling import SampleVariant, sampling_call_targets
-from helios.abi.sampling_rows import greedy_rows
+from helios.abi.sampling_rows import greedy_rows, greedy_rows_biased
 
 _INDEX = torch.ops.aten.index.Tensor
 _CLAMP = torch.ops.aten.clamp.default
 _SCATTER_ADD, _SCATTER_ADD_ = torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default
 _GATHER, _SCATTER_ = torch.ops.aten.gather.default, torch.ops.aten.scatter_.src
 _FULL_LIKE, _WHERE = torch.ops.aten.full_like.default, torch.ops.aten.where.self
+_TO, _GE, _ZEROS_LIKE = torch.ops.aten.to.dtype, torch.ops.aten.ge.Scalar, torch.ops.aten.zeros_like.default
+_PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
 # helios::sample's argument positions (`helios.abi.sampling.SAMPLE_SCHEMA`).
 _LOGITS, _PENALTIES, _PROMPT_COUNTS, _OUTPUT_COUNTS, _GRAMMAR_MASK, _MASK_ROWS = 0, 7, 8, 9, 10, 11
 
@@ -62,10 +74,46 @@ def bind_greedy_rows(graph: torch.fx.Graph) -> int:
         node.replace_all_uses_with(rows)
         dropped = [args[_PROMPT_COUNTS], args[_OUTPUT_COUNTS], args[_LOGITS]]
         graph.erase_node(node)
-        _bias_in_place(graph, rows)
+        if not _sample_the_product(graph, rows):
+            _bias_in_place(graph, rows)
         _erase_unused(graph, dropped)
         count += 1
     return count
+
+
+def _sample_the_product(graph: torch.fx.Graph, rows: torch.fx.Node) -> bool:
+    """Where `rows` samples ``scatter_add(to(product, float32), 1, clamp(ids, 0), where(ids >= 0,
+    values, 0))`` of a 16-bit product read by nothing else but the output, replaces it by
+    `greedy_rows_biased` on the product, the ids and the values (module docstring); whether it did."""
+    biased = rows.args[0]
+    if not (_is_call(biased, _SCATTER_ADD, 4) and biased.args[1] == 1 and len(biased.users) == 1):
+        return False
+    widened, clamped, added = biased.args[0], biased.args[2], biased.args[3]
+    if not (_is_call(widened, _TO, 2) and widened.args[1] == torch.float32 and _is_call(clamped, _CLAMP, 2)
+            and clamped.args[1] == 0 and _is_call(added, _WHERE, 3)):
+        return False
+    product, ids = widened.args[0], clamped.args[0]
+    condition, values, zeros = added.args
+    if not (_is_call(condition, _GE, 2) and condition.args == (ids, 0) and isinstance(zeros, torch.fx.Node)
+            and zeros.target is _ZEROS_LIKE and zeros.args == (values,)
+            and all(v in (None, False) for v in zeros.kwargs.values()) and isinstance(product, torch.fx.Node)):
+        return False
+    value = product.meta.get("val")
+    if getattr(value, "dtype", None) not in _PRODUCT_DTYPES or any(
+            user is not biased and user.op != "output" for user in widened.users):
+        return False
+    with graph.inserting_before(rows):
+        tokens = graph.call_function(greedy_rows_biased, (product, ids, values, *rows.args[1:]))
+    tokens.meta = dict(rows.meta)
+    rows.replace_all_uses_with(tokens)
+    graph.erase_node(rows)  # the caller erases the biased copy, the widening and the bias arithmetic
+    widened.replace_all_uses_with(product, delete_user_cb=lambda user: user.op == "output")
+    return True
+
+
+def _is_call(node: object, target, arity: int) -> bool:
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+            and len(node.args) == arity and not node.kwargs)
 
 
 def _bias_in_place(graph: torch.fx.Graph, rows: torch.fx.Node) -> None:

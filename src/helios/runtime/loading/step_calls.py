@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from helios.abi.accumulate import accumulate_into
-from helios.abi.sampling_rows import greedy_rows
+from helios.abi.sampling_rows import greedy_rows, greedy_rows_biased
 from helios.abi.slots import packed_slots
 from helios.runtime.loading.slot_calls import bind_packed_slots
 
@@ -59,8 +59,9 @@ _SYMBOLIC = (operator.add, operator.sub, operator.mul, operator.floordiv, operat
 
 def _known_pure() -> set:
     """Python functions a program graph may call that write none of their arguments and return
-    fresh tensors (the loading passes' bindings)."""
-    known = {greedy_rows, operator.getitem, *_SYMBOLIC}
+    fresh tensors (the loading passes' bindings; `greedy_rows_biased` puts back the entries it sets
+    aside before it returns, so no later call sees a write)."""
+    known = {greedy_rows, greedy_rows_biased, operator.getitem, *_SYMBOLIC}
     gemv = sys.modules.get("helios.abi.triton_gemv")  # imported by whatever bound a call to it, else none is bound
     return known | {packed_slots} | ({gemv.gemv_linear} if gemv is not None else set())
 

@@ -27,6 +27,10 @@ class TokenOutOfRange(AdmissionRejected):
     """A prompt or stop token id outside the prepared input vocabulary."""
 
 
+class InvalidLogitBias(AdmissionRejected):
+    """A logit-bias token id repeated or outside the vocabulary (a row's ids must be distinct ids)."""
+
+
 class ContextExceeded(AdmissionRejected):
     """Prompt plus output limit exceed the prepared context extent."""
 
@@ -51,6 +55,7 @@ def check_admission(spec: RequestSpec, caps: Capacities) -> None:
     limit = caps.input_limit
     if min(spec.prompt_ids) < 0 or max(spec.prompt_ids) >= limit:  # (builtins: a 2,048-token prompt in 0.1 ms)
         raise TokenOutOfRange(f"request {spec.request_id}: prompt token outside [0, {limit})")
+    _check_logit_bias(spec, caps)
     total = num_prompt + spec.max_output_tokens
     if total > caps.context_tokens:
         raise ContextExceeded(
@@ -70,6 +75,14 @@ def check_admission(spec: RequestSpec, caps: Capacities) -> None:
         raise UnsupportedRequest(
             f"request {spec.request_id}: {spec.top_logprobs} alternatives per token; the programs return "
             f"{caps.token_logprobs}")
+
+
+def _check_logit_bias(spec: RequestSpec, caps: Capacities) -> None:
+    """The sampling kernels add one bias per id (`helios.abi.sampling_rows.greedy_rows_biased`)."""
+    ids = [token for token, _ in spec.logit_bias]
+    if len(set(ids)) != len(ids) or any(not 0 <= token < caps.vocab_size for token in ids):
+        raise InvalidLogitBias(f"request {spec.request_id}: logit-bias ids must be distinct ids in [0, "
+                               f"{caps.vocab_size})")
 
 
 def _check_stops(spec: RequestSpec, caps: Capacities) -> None:
