@@ -180,7 +180,8 @@ def main() -> None:
                         help="serve the first batch workload under the step timing (device ms a replay, idle "
                              "before it, host ms by phase): where a first run after load loses time")
     parser.add_argument("--levers",
-                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab",
+                        default="sampling_program_ab,op_ab,profile,gemv_ab,skinny_program_ab,runs_program_ab,pdl_program_ab,"
+                                "product_program_ab",
                         help="the lever parts run after the table, comma-separated")
     args = parser.parse_args()
     if args.skinny_table is not None:
@@ -406,7 +407,9 @@ def levers(model, shape, results: dict, device, args) -> None:
              ("skinny_program_ab", lambda: lever_ab.skinny_program_ab(model, {64, 256} if not smoke else {2}, log)),
              ("runs_program_ab", lambda: lever_ab.runs_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
              ("pdl_program_ab", lambda: lever_ab.pdl_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
-             ("lt_program_ab", lambda: lever_ab.lt_program_ab(model, {64, 128, 256} if not smoke else {2}, log)))
+             ("lt_program_ab", lambda: lever_ab.lt_program_ab(model, {64, 128, 256} if not smoke else {2}, log)),
+             ("product_program_ab", lambda: lever_ab.product_program_ab(model, {1, 64, 256} if not smoke else {1, 2},
+                                                                        log)))
     wanted = set(args.levers.split(","))
     for name, part in parts:
         if name not in wanted or (name == "skinny_program_ab" and not gemv_tiles.SKINNY_TILES):

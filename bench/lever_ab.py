@@ -374,6 +374,49 @@ def lt_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     return _step_ab(model, rows_list, sides, "lt", log, rounds)
 
 
+def product_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
+    """Whole greedy DECODE step device ms at each of `rows_list`: the greedy graph as served before
+    (the head's product widened to float32 logits, the bias added to them in place and put back,
+    `greedy_rows` on them) against as served now (`greedy_rows_biased` on the product:
+    `helios.runtime.loading.sampling_rewrite`), alternated `rounds` times."""
+    from helios.abi.sampling_rows import greedy_rows_biased
+
+    def sides(program):
+        served = program.module.eager_modules[1]
+        calls = sum(node.target is greedy_rows_biased for node in served.graph.nodes)
+        return {"widened": _widened(served), "product": served}, f"{calls} sampling calls on the product"
+
+    return _step_ab(model, rows_list, sides, "product", log, rounds)
+
+
+def _widened(module):
+    """A copy of `module` (fx) whose `greedy_rows_biased` calls sample float32 logits again, as the
+    greedy graph did before: ``to(product, float32)``, the bias added in place around a `greedy_rows`
+    call and the saved entries put back, the float32 logits returned."""
+    from helios.abi.sampling_rows import greedy_rows, greedy_rows_biased
+
+    aten = torch.ops.aten
+    graph = copy.deepcopy(module.graph)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not greedy_rows_biased:
+            continue
+        product, ids, values, *rest = node.args
+        with graph.inserting_before(node):
+            logits = graph.call_function(aten.to.dtype, (product, torch.float32))
+            clamped = graph.call_function(aten.clamp.default, (ids, 0))
+            real = graph.call_function(aten.ge.Scalar, (ids, 0))
+            zeros = graph.call_function(aten.zeros_like.default, (values,))
+            bias = graph.call_function(aten.where.self, (real, values, zeros))
+            saved = graph.call_function(aten.gather.default, (logits, 1, clamped))
+            added = graph.call_function(aten.scatter_add_.default, (logits, 1, clamped, bias))
+            rows = graph.call_function(greedy_rows, (added, *rest))
+            graph.call_function(aten.scatter_.src, (logits, 1, clamped, saved))
+        node.replace_all_uses_with(rows)
+        graph.erase_node(node)
+        product.replace_all_uses_with(logits, delete_user_cb=lambda user: user.op == "output")
+    return torch.fx.GraphModule(module, graph)
+
+
 def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list[dict]:
     """Per DECODE program of `rows_list` rows: `make_sides(program)` -> ({side: module}, note); each
     side's median whole-step device ms over `rounds` alternated graph timings, the first side's
