@@ -257,11 +257,15 @@ def _plan(program, device: torch.device | None) -> _Plan:
     """The program's graph modules to capture. The rewrites between the program's module and each
     captured one build several GraphModules (the rotary fusion, each variant's copy, the step
     bookkeeping); only the captured ones are ever called, so their code is generated once each at
-    the end (`deferred_recompile`), not by every rewrite (about two thirds of this work)."""
+    the end (`deferred_recompile`), not by every rewrite (about two thirds of this work). The
+    program's graph is copied once per captured graph (by its first rewrite that changes it, or its
+    variant's binding); every later rewrite is given that copy and changes it in place. The program's
+    own module is never changed (both variants and later loads read it)."""
     name = f"{program.graph} (batch {program.batch_capacity}, {program.packed_token_capacity} tokens)"
     with deferred_recompile():
-        # one-row projections the GEMV table names: the Triton kernel; rotary + attention pairs: one op (if on)
-        module = gemv_module(rotary_module(program.module))
+        # rotary + attention pairs: one op (if on); projections the tables name: the Triton kernels
+        fused = rotary_module(program.module)
+        module = gemv_module(fused, in_place=fused is not program.module)
         fresh = None  # derived before `module`'s own graph is rewritten in place (where it is a copy)
         fresh_variant = fresh_module(module) if wants_fresh_graph(program) else None
         if fresh_variant is not None:
@@ -281,15 +285,23 @@ def _plan(program, device: torch.device | None) -> _Plan:
 
 def _graph_variants(module, program, device, owned: bool) -> tuple:
     """`module`'s full graph module and, where the program wants one, its greedy graph module; each with
-    its per-step bookkeeping in fewer launches (`step_calls`, last). `owned`: `module` is a copy made
-    for this capture, so the full graph's rewrite changes it in place (after the greedy copy is made
-    of it) instead of copying its graph once more; the greedy copy is always rewritten in place."""
+    its per-step bookkeeping in fewer launches (`step_calls`, then `elementwise_runs`, last). `owned`:
+    `module` is a copy made for this capture, so the full graph's rewrites change it in place (after
+    the greedy copy is made of it) instead of copying its graph once more; the greedy copy is always
+    rewritten in place."""
     greedy = None
     if wants_greedy_graph(program):
         bound = greedy_module(module)
-        greedy = runs_module(step_module(bound, device, in_place=bound is not module))
-    full = runs_module(step_module(module, device, in_place=owned))
+        greedy = _bookkeeping(bound, device, owned=bound is not module)
+    full = _bookkeeping(module, device, owned)
     return full, greedy
+
+
+def _bookkeeping(module, device, owned: bool):
+    """`step_module`, then `runs_module`, of `module`: in place where `owned` (a copy made for this
+    capture), and the runs in place on the copy the step rewrite made, if it made one."""
+    stepped = step_module(module, device, in_place=owned)
+    return runs_module(stepped, in_place=owned or stepped is not module)
 
 
 def _fresh_left_out(name: str, error: BaseException) -> None:

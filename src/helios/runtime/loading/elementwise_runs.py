@@ -35,21 +35,34 @@ _BLOCK = 256
 _generated = [0]
 
 
-def runs_module(module, enabled: bool | None = None):
+def runs_module(module, enabled: bool | None = None, in_place: bool = False):
     """A module computing `module`'s program with its runs fused (a new graph sharing its attributes),
-    or `module` itself when it has none, no graph, or fusion is not `enabled` (default: `FUSE_RUNS`)."""
+    or `module` itself when it has none (found before any copy is made), no graph, or fusion is not
+    `enabled` (default: `FUSE_RUNS`). `in_place`: the caller owns `module` (a copy nothing else uses),
+    which is rewritten, recompiled and returned itself, without copying its graph."""
     enabled = FUSE_RUNS if enabled is None else enabled
-    if not enabled or not isinstance(module, torch.fx.GraphModule):
+    if not enabled or not isinstance(module, torch.fx.GraphModule) or not _runs(module.graph):
+        return module
+    if in_place:
+        fuse_runs(module.graph)
+        module.recompile()
         return module
     graph = copy.deepcopy(module.graph)
-    if not fuse_runs(graph):
-        return module
+    fuse_runs(graph)
     return torch.fx.GraphModule(module, graph)
 
 
 def fuse_runs(graph: torch.fx.Graph) -> int:
     """Replaces each run of two or more consecutive fusable calls by one generated kernel's call;
     returns how many runs. The caller recompiles."""
+    runs = _runs(graph)
+    for run in runs:
+        _replace(graph, run)
+    return len(runs)
+
+
+def _runs(graph: torch.fx.Graph) -> list:
+    """The runs of two or more consecutive fusable calls of one shape, in graph order (reads only)."""
     runs, current = [], []
     for node in graph.nodes:
         if node.op in ("get_attr", "placeholder"):
@@ -60,11 +73,7 @@ def fuse_runs(graph: torch.fx.Graph) -> int:
         runs.append(current)
         current = [node] if _fusable(node) else []
     runs.append(current)
-    count = 0
-    for run in (r for r in runs if len(r) >= 2):
-        _replace(graph, run)
-        count += 1
-    return count
+    return [run for run in runs if len(run) >= 2]
 
 
 def _fusable(node: torch.fx.Node) -> bool:

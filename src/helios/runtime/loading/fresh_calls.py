@@ -54,34 +54,43 @@ def rewrite_fresh_attention(graph: torch.fx.Graph) -> int:
     call at the attention's place; returns how many. The caller recompiles the graph's module."""
     count = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.kwargs:
-            continue
-        if node.target is _FUSED:
-            args = (*node.args, *(None,) * (16 - len(node.args)))  # the prefetch hint is dropped
-            if args[12] == 0 and args[13] is None:
-                node.target, node.args = _FRESH, args[:15]
-                count += 1
-            continue
-        attention = fusable_attention(node)
+        attention = _fresh_attention(node)
         if attention is None:
             continue
-        sinks_at, splits_at = ATTENTION_OPTIONALS[attention.target]
-        args = attention.args
-        if sinks_at is not None or args[7] != 0:
-            continue
-        attention.target = _FRESH
-        attention.args = (*node.args, *args[3:8], None, None if splits_at is None else args[splits_at])
-        graph.erase_node(node)
+        if attention is node:  # a fused call: the prefetch hint is dropped
+            node.target, node.args = _FRESH, (*node.args, *(None,) * (16 - len(node.args)))[:15]
+        else:
+            splits_at = ATTENTION_OPTIONALS[attention.target][1]
+            args = attention.args
+            attention.target = _FRESH
+            attention.args = (*node.args, *args[3:8], None, None if splits_at is None else args[splits_at])
+            graph.erase_node(node)
         count += 1
     return count
 
 
+def _fresh_attention(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The call that `rewrite_fresh_attention` turns into the fresh op for `node`: `node` itself (a
+    windowless, sinkless fused call), the attention it pairs with (a rotary cache write whose
+    attention has neither), or None. Reads the graph only."""
+    if node.op != "call_function" or node.kwargs:
+        return None
+    if node.target is _FUSED:
+        args = (*node.args, *(None,) * (16 - len(node.args)))
+        return node if args[12] == 0 and args[13] is None else None
+    attention = fusable_attention(node)
+    if attention is None or ATTENTION_OPTIONALS[attention.target][0] is not None or attention.args[7] != 0:
+        return None
+    return attention
+
+
 def fresh_module(module):
     """A module computing `module`'s program for fresh-chunk steps (a new graph sharing `module`'s
-    attributes; `module` is not changed), or None when it has no graph or no pair to rewrite."""
-    if not isinstance(module, torch.fx.GraphModule):
+    attributes; `module` is not changed), or None when it has no graph or no pair to rewrite (found
+    before any copy is made)."""
+    if not isinstance(module, torch.fx.GraphModule) \
+            or not any(_fresh_attention(node) is not None for node in module.graph.nodes):
         return None
     graph = copy.deepcopy(module.graph)
-    if not rewrite_fresh_attention(graph):
-        return None
+    rewrite_fresh_attention(graph)
     return torch.fx.GraphModule(module, graph)

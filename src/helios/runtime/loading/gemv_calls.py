@@ -72,12 +72,17 @@ def _fuse_silu_mul(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     graph.erase_node(node)
 
 
-def gemv_module(module):
-    """A module computing `module`'s program with its tiled one-row projections on the Triton GEMV
-    (a new graph sharing `module`'s attributes), or `module` itself when no call has a tile or it
-    has no graph."""
+def gemv_module(module, in_place: bool = False):
+    """A module computing `module`'s program with its tiled projections on the Triton kernels (a new
+    graph sharing `module`'s attributes), or `module` itself when no call has a tile or it has no
+    graph. `in_place`: the caller owns `module` (a copy nothing else uses), which is rewritten,
+    recompiled and returned itself, without copying its graph."""
     if not isinstance(module, torch.fx.GraphModule) or not any(_tiled(node) for node in module.graph.nodes):
         return module  # no copy of a graph that keeps cuBLAS throughout (most programs)
+    if in_place:
+        bind_gemv(module.graph)
+        module.recompile()
+        return module
     graph = copy.deepcopy(module.graph)
     bind_gemv(graph)
     return torch.fx.GraphModule(module, graph)
