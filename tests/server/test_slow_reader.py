@@ -113,7 +113,9 @@ def test_a_slow_reader_gets_merged_chunks_with_the_same_content(runner, app, ser
     assert state["logprobs"] == {k: v for k, v in choice["logprobs"].items() if v is not None}
     assert state["finish"] == [choice["finish_reason"]] == ["length"]
     assert state["usage"] == reference["usage"]
-    # The first write went out at once; everything after it waited for the client and came merged.
+    # The first write went out at once; everything after it waited for the client and came merged: one
+    # metadata chunk for all the steps left (how many the first write carried depends on how far the
+    # engine ran before the server wrote: a loaded machine's first write has carried nine of ten).
     metadata = [c for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
     assert len(writes) == 2 and len(metadata) == (1 if is_chat else 2)
-    assert len(metadata[-1]["choices"][0]["token_ids"]) > 1
+    assert sum(len(m["choices"][0]["token_ids"]) for m in metadata) == MAX_TOKENS
