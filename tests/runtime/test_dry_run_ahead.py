@@ -73,18 +73,8 @@ def test_plan_captures_hands_each_plan_to_the_dry_run_as_soon_as_it_is_built(mon
         return build(program, device)
     monkeypatch.setattr(cuda_graphs, "_plan", plan)
     plans = cuda_graphs.plan_captures(programs, device, ahead=seen.append)
-    assert [p.program for p in seen] == planned == cuda_graphs.ahead_order(programs)
-    assert sorted(map(id, planned)) == sorted(map(id, programs))
+    assert [p.program for p in seen] == programs == planned
     assert all(plans.plans[id(p.program)] is p for p in seen)
-    tokens = [p.packed_token_capacity for p in planned]
-    assert tokens == sorted(tokens, reverse=True) and tokens[0] > tokens[-1]  # the prompt programs first
-
-
-def test_the_ahead_order_is_most_packed_tokens_first_and_stable():
-    from helios.runtime.loading import cuda_graphs
-
-    programs = [types.SimpleNamespace(packed_token_capacity=n) for n in (1, 64, 2048, 64, 128)]
-    assert cuda_graphs.ahead_order(programs) == [programs[i] for i in (2, 4, 1, 3, 0)]  # stable among equals
 
 
 def _compiler(active: bool):

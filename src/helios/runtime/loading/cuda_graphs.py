@@ -239,12 +239,11 @@ def plan_captures(programs: Sequence, device: torch.device, ahead=None) -> Captu
     load. A program whose modules cannot be built is left out here; `capture_programs` plans it
     again and reports the error. Built as `capture_programs` builds them: in inference mode, with
     `device` current (a rank's constants land on its own device). `ahead`: called with each plan once
-    it is built (`helios.runtime.loading.dry_run_ahead.DryRunAhead`: the precompile's dry run); the
-    programs are then planned most packed tokens first (`ahead_order`)."""
+    it is built (`helios.runtime.loading.dry_run_ahead.DryRunAhead`: the precompile's dry run)."""
     plans = {}
     current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with torch.inference_mode(), current:
-        for program in programs if ahead is None else ahead_order(programs):
+        for program in programs:
             try:
                 plan = plans[id(program)] = _plan(program, device)
             except CaptureError:
@@ -252,16 +251,6 @@ def plan_captures(programs: Sequence, device: torch.device, ahead=None) -> Captu
             if ahead is not None:
                 ahead(plan)
     return CapturePlans(plans)
-
-
-def ahead_order(programs: Sequence) -> list:
-    """`programs` most packed tokens first (a stable sort): the order their plans are dry-run in. The
-    prompt programs launch the prefill attention kernel, whose variants take the workers 2.6-3.3 s
-    each against 0.5 s or less for the others; planned after the decode programs, they reached the
-    workers 2.8-5.2 s into the dry run and the capture waited 2.3 s for the last of them (an 8B
-    core's first load, `bench/results/h200_session36_call1`). Sent first, the longest compiles start
-    first."""
-    return sorted(programs, key=lambda program: -getattr(program, "packed_token_capacity", 0))
 
 
 def _plan(program, device: torch.device | None) -> _Plan:
