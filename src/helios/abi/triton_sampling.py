@@ -58,10 +58,8 @@ def _greedy_partial_kernel(
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
-    repetition = tl.load(penalties + row * 3).to(tl.float64)
-    presence = tl.load(penalties + row * 3 + 1).to(tl.float64)
-    frequency = tl.load(penalties + row * 3 + 2).to(tl.float64)
-    penalised = (repetition != 1.0) | (presence != 0.0) | (frequency != 0.0)
+    repetition, presence, frequency, penalised = _row_penalties(penalties, row)
+    factors = (repetition, presence, frequency)
     masked = tl.load(mask_rows + row).to(tl.int32) != 0
     start = split * chunk
     end = tl.minimum(start + chunk, vocab_size)
@@ -75,7 +73,6 @@ def _greedy_partial_kernel(
     else:
         table_row = row.to(tl.int64)
     counts = (prompt_counts + table_row * prompt_stride, output_counts + table_row * output_stride)
-    factors = (repetition, presence, frequency)
     if PLAIN_F32:
         if penalised:
             best, best_id = _float64_best(logits_row, counts, mask_row, values_row, start, end, penalised, masked,
@@ -88,6 +85,15 @@ def _greedy_partial_kernel(
                                       factors, BLOCK_V, STORE_VALUES)
     tl.store(part_values + row * NUM_SPLITS + split, best)
     tl.store(part_ids + row * NUM_SPLITS + split, best_id)
+
+
+@triton.jit
+def _row_penalties(penalties, row):
+    """`row`'s repetition, presence and frequency penalties in float64, and whether they are not neutral."""
+    repetition = tl.load(penalties + row * 3).to(tl.float64)
+    presence = tl.load(penalties + row * 3 + 1).to(tl.float64)
+    frequency = tl.load(penalties + row * 3 + 2).to(tl.float64)
+    return repetition, presence, frequency, (repetition != 1.0) | (presence != 0.0) | (frequency != 0.0)
 
 
 @triton.jit
@@ -232,16 +238,13 @@ def _biased_combine_kernel(part_values, part_ids, tokens, logits, logit_stride, 
     else:
         table_row = row.to(tl.int64)
     x = raw.to(tl.float32) + tl.load(bias_values + row * values_stride + entries, mask=real, other=0.0)
-    repetition = tl.load(penalties + row * 3).to(tl.float64)
-    presence = tl.load(penalties + row * 3 + 1).to(tl.float64)
-    frequency = tl.load(penalties + row * 3 + 2).to(tl.float64)
-    penalised = (repetition != 1.0) | (presence != 0.0) | (frequency != 0.0)
+    repetition, presence, frequency, penalised = _row_penalties(penalties, row)
+    factors = (repetition, presence, frequency)
     masked = tl.load(mask_rows + row).to(tl.int32) != 0
     mask_row = grammar_mask + row.to(tl.int64) * mask_stride
     if penalised:
         counts = (prompt_counts + table_row * prompt_stride, output_counts + table_row * output_stride)
-        wide = _float64_values(x.to(tl.float64), ids, live, counts, mask_row, penalised, masked,
-                               (repetition, presence, frequency))
+        wide = _float64_values(x.to(tl.float64), ids, live, counts, mask_row, penalised, masked, factors)
     else:
         wide = _float32_values(x, ids, live, mask_row, masked).to(tl.float64)
     wide = tl.where(live, wide, float("-inf"))

@@ -49,7 +49,7 @@ _SCATTER_ADD, _SCATTER_ADD_ = torch.ops.aten.scatter_add.default, torch.ops.aten
 _GATHER, _SCATTER_ = torch.ops.aten.gather.default, torch.ops.aten.scatter_.src
 _FULL_LIKE, _WHERE = torch.ops.aten.full_like.default, torch.ops.aten.where.self
 _TO, _GE, _ZEROS_LIKE = torch.ops.aten.to.dtype, torch.ops.aten.ge.Scalar, torch.ops.aten.zeros_like.default
-_PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
+_NARROW_DTYPES = (torch.bfloat16, torch.float16)  # products whose widening is a copy
 # helios::sample's argument positions (`helios.abi.sampling.SAMPLE_SCHEMA`).
 _LOGITS, _PENALTIES, _PROMPT_COUNTS, _OUTPUT_COUNTS, _GRAMMAR_MASK, _MASK_ROWS = 0, 7, 8, 9, 10, 11
 
@@ -99,7 +99,7 @@ def _sample_the_product(graph: torch.fx.Graph, rows: torch.fx.Node) -> bool:
             and all(v in (None, False) for v in zeros.kwargs.values()) and isinstance(product, torch.fx.Node)):
         return False
     value = product.meta.get("val")
-    if getattr(value, "dtype", None) not in _PRODUCT_DTYPES or any(
+    if getattr(value, "dtype", None) not in _NARROW_DTYPES or any(
             user is not biased and user.op != "output" for user in widened.users):
         return False
     with graph.inserting_before(rows):
@@ -122,8 +122,7 @@ def _bias_in_place(graph: torch.fx.Graph, rows: torch.fx.Node) -> None:
     just before the call and puts the saved entries back just after it: the same biased values for
     the call and the same unbiased logits for every other reader, without the [R, V] copy."""
     biased = rows.args[0]
-    if not (isinstance(biased, torch.fx.Node) and biased.op == "call_function" and biased.target is _SCATTER_ADD
-            and not biased.kwargs and len(biased.args) == 4 and biased.args[1] == 1
+    if not (_is_call(biased, _SCATTER_ADD, 4) and biased.args[1] == 1
             and all(isinstance(a, torch.fx.Node) for a in (biased.args[0], biased.args[2], biased.args[3]))):
         return
     logits, _, ids, values = biased.args
