@@ -64,6 +64,7 @@ def test_layout_pages_include_shifted_views():
     (spec("a", [1], 4, logit_bias=((3, 1.0), (3, 2.0))), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=((97, 1.0),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=((-1, 1.0),)), admission.InvalidLogitBias),
+    (spec("a", [1], 4, logit_bias=tuple((token, 1.0) for token in range(5))), admission.InvalidLogitBias),  # width 4
 ])
 def test_requests_outside_capacities_are_rejected(item, error):
     scheduler, _ = make(context=256)
@@ -77,6 +78,16 @@ def test_distinct_logit_bias_ids_are_admitted():
     scheduler, _ = make(context=256)
     scheduler.submit(spec("a", [1], 4, logit_bias=((0, -5.0), (3, 1.0), (96, 2.0))))
     assert scheduler.view("a") is not None
+
+
+def test_logit_bias_fits_the_programs_inputs():
+    full = tuple((token, 1.0) for token in range(4))
+    admission.check_admission(spec("a", [1], 4, logit_bias=full), capacities(logit_bias_width=4))
+    admission.check_admission(spec("a", [1], 4), capacities(logit_bias_width=0))  # no bias: any core
+    with pytest.raises(admission.InvalidLogitBias, match="at most 3"):
+        admission.check_admission(spec("a", [1], 4, logit_bias=full), capacities(logit_bias_width=3))
+    with pytest.raises(admission.UnsupportedRequest, match="no logit bias"):
+        admission.check_admission(spec("a", [1], 4, logit_bias=full[:1]), capacities(logit_bias_width=0))
 
 
 def test_cache_and_program_limits_are_admission_errors():

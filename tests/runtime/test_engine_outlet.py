@@ -158,3 +158,18 @@ def test_a_token_hook_that_raises_ends_its_request_alone(engine):
     assert len(tokens_of(seen, "failing")) == 3 and tokens_of(beside, "beside") == tokens_of(alone, "alone")
     assert beside[-1].reason is FinishReason.LENGTH
     assert engine.stats.generated_tokens == generated + 3 + 6 and engine.stats.requests_finished["error"] == 1
+
+
+
+def test_a_logit_bias_on_a_core_whose_programs_take_none_is_rejected(engine):
+    """The committed fixture core was prepared without logit-bias inputs: a biased request from the
+    engine API (no frontend checked it) is rejected alone instead of served unbiased."""
+    assert engine.scheduler.caps.logit_bias_width == open_fixture().prepared.logit_bias_width == 0
+    batches: list[StepBatch] = []
+    engine.connect(batches.append)
+    engine.submit(request("biased", 4, logit_bias=((3, 5.0),)))
+    engine.submit(request("plain", 4))
+    engine.run_until_idle()
+    finishes = {e.request_id: e for b in batches for e in b.events if isinstance(e, FinishEvent)}
+    assert finishes["biased"].reason is FinishReason.REJECTED and "no logit bias" in finishes["biased"].message
+    assert finishes["plain"].reason is FinishReason.LENGTH

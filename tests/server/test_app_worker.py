@@ -1,4 +1,5 @@
-"""The model worker's edges seen through the app: shutdown and a worker that dies.
+"""The model worker's edges seen through the app: shutdown, a worker that dies, and a request from
+the engine API that no frontend validated.
 
 Each test serves a fresh engine built on one loaded model (the engines never run at once), so a
 test can stop or kill its worker without affecting the others.
@@ -13,12 +14,14 @@ import httpx
 import pytest
 
 from helios.core.reader import open_core
-from helios.runtime.engine import Engine
+from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.execution.executor import Executor
 from helios.runtime.execution.program_variants import program_table
 from helios.runtime.execution.geometry import capacities_for
 from helios.runtime.loading.model import load_model
 from helios.runtime.execution.packer import Packer
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
 from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.service import Runtime
 from helios.server.app import create_app
@@ -104,3 +107,22 @@ def test_a_dead_worker_fails_every_request_and_reports_unhealthy(served, monkeyp
     assert health.status_code == 503 and health.json() == {"status": "unhealthy"}
     assert "helios_healthy 0.0" in get(app, "/metrics").text
     assert served.admission.in_use == 0
+
+
+def test_a_logit_bias_wider_than_the_programs_inputs_is_rejected_at_admission(model):
+    """One entry more than the programs' logit-bias inputs hold is that request's rejection, not a
+    packing failure inside the worker; a bias filling the inputs is served beside it."""
+    packer = Packer(model.prepared, model.buffers, max(1, model.prepared.state_rows_per_request()))
+    engine = Engine(Scheduler.create(capacities_for(model, 4)), Executor(model, packer, program_table(model)))
+    width = engine.scheduler.caps.logit_bias_width
+    assert width == model.prepared.logit_bias_width == model.buffers["logit_bias_ids"].shape[-1] > 1
+    events = []
+    for name, bias in (("wide", tuple((token, 1.0) for token in range(width + 1))),
+                       ("full", tuple((token, -1.0) for token in range(width))), ("plain", ())):
+        engine.submit(EngineRequest(RequestSpec(name, (5, 9, 14), 4, logit_bias=bias), events.append))
+    engine.run_until_idle()
+    finishes = {e.request_id: e for e in events if isinstance(e, FinishEvent)}
+    assert finishes["wide"].reason is FinishReason.REJECTED and f"at most {width}" in finishes["wide"].message
+    assert finishes["full"].reason is finishes["plain"].reason is FinishReason.LENGTH
+    for name in ("full", "plain"):
+        assert sum(len(e.token_ids) for e in events if isinstance(e, TokenEvent) and e.request_id == name) == 4

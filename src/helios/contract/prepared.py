@@ -138,6 +138,15 @@ class PreparedContract:
         sampled = self._contract.model.vocabulary.sampled
         return sampled.begin, sampled.end
 
+    @property
+    def logit_bias_width(self) -> int:
+        """Logit-bias entries one request may hold: the narrowest ``logit_bias_ids`` /
+        ``logit_bias_values`` input any graph binds (0: no graph takes a logit bias)."""
+        sources = (spb.VALUE_SOURCE_LOGIT_BIAS_IDS, spb.VALUE_SOURCE_LOGIT_BIAS_VALUES)
+        widths = [self._buffers[b.buffer].shape[-1] for g in self._graphs.values() for b in g.bindings
+                  if b.source in sources and b.buffer in self._buffers]
+        return min((w for w in widths if isinstance(w, int)), default=0)
+
     def graphs_for(self, operation: int) -> tuple[GraphView, ...]:
         """Graphs performing `operation` (a GraphOperation number), in declaration order."""
         return tuple(g for g in self._graphs.values() if g.operation == operation)

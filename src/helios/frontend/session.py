@@ -36,7 +36,7 @@ from helios.frontend.structured.grammar_request import OutputConstraints
 from helios.frontend.preparation.image_parts import without_image_urls
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.images.pipeline import ImagePipeline
-from helios.frontend.preparation.logit_bias import logit_bias_capacity, parse_logit_bias
+from helios.frontend.preparation.logit_bias import parse_logit_bias
 from helios.frontend.decoding.logprobs import (
     LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, requested_logprobs, requested_prompt,
 )
@@ -224,7 +224,7 @@ class FrontendModel:
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
         scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))
-        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, logit_bias_capacity(prepared))
+        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, prepared.logit_bias_width)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         try:
             images = ImagePipeline.from_contract(serving.model, image_limits)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from helios.contract import PreparedContract
-from helios.contract import serving_pb2 as spb
 from helios.errors import RequestError
 
 MAX_LOGIT_BIAS = 300
@@ -25,15 +23,6 @@ class LogitBiasError(RequestError):
 
 class LogitBiasUnavailable(RequestError):
     """The core's programs take no logit bias (prepared before it existed)."""
-
-
-def logit_bias_capacity(prepared: PreparedContract) -> int:
-    """Entries one request's logit bias may hold on this core (0: its programs take none)."""
-    destinations = {d.name: d.buffer for d in prepared.manifest.destinations}
-    buffers = {b.name: b for b in prepared.manifest.buffers}
-    widths = [buffers[destinations[b.destination]].shape[-1].size for g in prepared.graphs.values()
-              for b in g.bindings if b.source == spb.VALUE_SOURCE_LOGIT_BIAS_IDS and b.destination in destinations]
-    return min(widths, default=0)
 
 
 def parse_logit_bias(value: Mapping[str, float] | None, vocab_size: int, capacity: int) -> tuple[tuple[int, float], ...]:

@@ -223,6 +223,7 @@ class Capacities:
     queue_capacity: int = 256
     stops: StopLimits = field(default_factory=StopLimits)
     token_logprobs: int = 0  # alternatives the loaded token-logprobs programs return per row (0: none loaded)
+    logit_bias_width: int = 0  # logit-bias entries one request may hold (the programs' input width; 0: none)
 
     def __post_init__(self) -> None:
         _validate(self)

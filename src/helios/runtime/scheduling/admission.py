@@ -28,7 +28,8 @@ class TokenOutOfRange(AdmissionRejected):
 
 
 class InvalidLogitBias(AdmissionRejected):
-    """A logit-bias token id repeated or outside the vocabulary (a row's ids must be distinct ids)."""
+    """A logit-bias token id repeated or outside the vocabulary (a row's ids must be distinct ids), or
+    more entries than the programs' logit-bias inputs hold."""
 
 
 class ContextExceeded(AdmissionRejected):
@@ -78,8 +79,16 @@ def check_admission(spec: RequestSpec, caps: Capacities) -> None:
 
 
 def _check_logit_bias(spec: RequestSpec, caps: Capacities) -> None:
-    """The sampling kernels add one bias per id (`helios.abi.sampling_rows.greedy_rows_biased`)."""
+    """The sampling kernels add one bias per id (`helios.abi.sampling_rows.greedy_rows_biased`), and a
+    row of the programs' logit-bias inputs holds `Capacities.logit_bias_width` of them."""
     ids = [token for token, _ in spec.logit_bias]
+    if not ids:
+        return
+    if not caps.logit_bias_width:
+        raise UnsupportedRequest(f"request {spec.request_id}: the loaded programs take no logit bias")
+    if len(ids) > caps.logit_bias_width:
+        raise InvalidLogitBias(f"request {spec.request_id}: {len(ids)} logit-bias entries; the programs take at "
+                               f"most {caps.logit_bias_width}")
     if len(set(ids)) != len(ids) or any(not 0 <= token < caps.vocab_size for token in ids):
         raise InvalidLogitBias(f"request {spec.request_id}: logit-bias ids must be distinct ids in [0, "
                                f"{caps.vocab_size})")
