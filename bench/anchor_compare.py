@@ -185,6 +185,7 @@ def main() -> None:
                         help="the lever parts run after the table, comma-separated")
     args = parser.parse_args()
     if args.skinny_table is not None:
+        lever_ab.COMMITTED_SKINNY = dict(gemv_tiles.SKINNY_TILES)
         for entry in json.loads(args.skinny_table.read_text()):
             gemv_tiles.SKINNY_TILES[(entry["rows"], entry["out"], entry["in"])] = SkinnyTile.parse(entry["tile"])
         log(f"skinny tiles: {gemv_tiles.SKINNY_TILES}")

@@ -287,19 +287,38 @@ def _top_kernels(kernels, top: int) -> list[dict]:
     return [{"kernel": name[:90], "ms": ms, "calls": calls} for name, (ms, calls) in ranked]
 
 
+COMMITTED_SKINNY: dict | None = None  # the committed SKINNY_TILES where a bench run added entries to them
+
+
 def skinny_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     """Whole greedy DECODE step device ms at each of `rows_list`, the projections named by
     `gemv_tiles.SKINNY_TILES` on the Triton skinny kernel (the SiLU-mul apart, and fused into the
     gate/up projection) against all on cuBLAS (same module otherwise), alternated `rounds` times;
-    the median of each side. The captured module's fused calls are split again first."""
-    from helios.abi import triton_skinny
+    the median of each side. The captured module's fused calls are split again first. Where
+    `COMMITTED_SKINNY` differs from the table (`anchor_compare.py --skinny-table` added entries), the
+    first side is the committed table's binding, fused as served, so each ratio is against it."""
+    from helios.abi import gemv_tiles, triton_skinny
     from helios.runtime.loading.gemv_calls import bind_gemv
+
+    def bound_with(table: dict, module, fuse: bool) -> torch.fx.GraphModule:
+        served = dict(gemv_tiles.SKINNY_TILES)
+        gemv_tiles.SKINNY_TILES.clear()
+        gemv_tiles.SKINNY_TILES.update(table)
+        try:
+            graph = copy.deepcopy(module.graph)
+            bind_gemv(graph, fuse_silu=fuse)
+            return torch.fx.GraphModule(module, graph)
+        finally:
+            gemv_tiles.SKINNY_TILES.clear()
+            gemv_tiles.SKINNY_TILES.update(served)
 
     def sides(program):
         cublas = _unfused_silu(variant_module(_eager(program), SampleVariant.GREEDY), triton_skinny.skinny_silu_linear)
         cublas = _with_linear_targets(cublas, lambda node: node.target is triton_skinny.skinny_linear,
                                       torch.ops.aten.linear.default)
         modules = {"cublas": cublas}
+        if COMMITTED_SKINNY is not None and COMMITTED_SKINNY != gemv_tiles.SKINNY_TILES:
+            modules = {"committed": bound_with(COMMITTED_SKINNY, cublas, True), **modules}
         for side, fuse in (("skinny", False), ("skinny+silu", True)):
             graph = copy.deepcopy(cublas.graph)
             bound = bind_gemv(graph, fuse_silu=fuse)

@@ -36,21 +36,24 @@ SMEM_BYTES = 200 * 1024  # shared memory a tile's pipeline may take (the H200 ha
 ADOPT_BELOW = 0.97  # adopt a tile that takes at most this share of cuBLAS's time
 
 
-def candidates(rows: int, num_out: int, depth: int) -> list[SkinnyTile]:
+def candidates(rows: int, num_out: int, depth: int, wide: bool = False) -> list[SkinnyTile]:
     """Tiles worth timing at these shapes: memory-bound rows (at most 64) stream W with deep
-    pipelines and enough programs to fill the device; more rows take the compute tiles."""
+    pipelines and enough programs to fill the device; more rows take the compute tiles. `wide` adds
+    narrower column blocks (16), shorter steps (64), two warps and up to 2,048 programs (waves that
+    quantize better on 132 SMs, e.g. the fused qkv's 6,144 columns)."""
     tiles = []
     if rows <= 64:
         block_m = max(16, 1 << (rows - 1).bit_length())
-        for block_n in (32, 64, 128):
-            for block_k in (128, 256):
+        for block_n in (16, 32, 64, 128) if wide else (32, 64, 128):
+            for block_k in (64, 128, 256) if wide else (128, 256):
                 for split in (1, 2, 4, 8):
                     programs = num_out // block_n * split
-                    if not 128 <= programs <= 1024:
+                    if not 128 <= programs <= (2048 if wide else 1024):
                         continue
                     stage_bytes = 2 * block_k * (block_m + block_n)
-                    stages = min(6, SMEM_BYTES // stage_bytes)  # the deepest pipeline that fits
-                    tiles.append(SkinnyTile(block_m, block_n, block_k, split, 8 if block_n == 128 else 4, stages))
+                    stages = min(8 if block_k == 64 else 6, SMEM_BYTES // stage_bytes)  # the deepest that fits
+                    warps = (2, 4) if wide and block_n <= 32 else (8 if block_n == 128 else 4,)
+                    tiles += [SkinnyTile(block_m, block_n, block_k, split, w, stages) for w in warps]
     else:
         for block_m, block_n, block_k, warps, stages in ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3),
                                                          (64, 128, 64, 4, 4), (64, 256, 64, 8, 4),
@@ -60,17 +63,20 @@ def candidates(rows: int, num_out: int, depth: int) -> list[SkinnyTile]:
     return [tile for tile in tiles if skinny_fits(rows, num_out, depth, tile)]
 
 
-def skinny_ab(rows_list, layers: int, log, copies: int = 6) -> tuple[list[dict], list[dict]]:
-    """Per row count and shape: cuBLAS and each candidate tile. Returns (rows, adopted entries)."""
+def skinny_ab(rows_list, layers: int, log, copies: int = 6, shapes=tuple(SHAPES), wide: bool = False,
+              adopt_below: float = ADOPT_BELOW) -> tuple[list[dict], list[dict]]:
+    """Per row count and shape: cuBLAS and each candidate tile. Returns (rows, adopted entries): the
+    shapes whose best tile takes at most `adopt_below` of cuBLAS's time."""
     results, adopted = [], []
     for rows in rows_list:
         step = {"cublas": 0.0, "best": 0.0}
-        for name, (num_out, depth) in SHAPES.items():
-            row = _shape_row(rows, name, num_out, depth, copies, log)
+        for name in shapes:
+            num_out, depth = SHAPES[name]
+            row = _shape_row(rows, name, num_out, depth, copies, log, wide)
             results.append(row)
             step["cublas"] += layers * row["cublas_ms"]
             step["best"] += layers * min(row["cublas_ms"], row["best_ms"])
-            if row["best_ms"] < ADOPT_BELOW * row["cublas_ms"]:
+            if row["best_ms"] < adopt_below * row["cublas_ms"]:
                 bucket = 1 << (rows - 1).bit_length()  # the table's key: the rows' power-of-two bucket
                 adopted.append({"rows": bucket, "out": num_out, "in": depth, "tile": row["best_tile"],
                                 "speedup": row["cublas_ms"] / row["best_ms"], "shape": name})
@@ -81,7 +87,7 @@ def skinny_ab(rows_list, layers: int, log, copies: int = 6) -> tuple[list[dict],
     return results, adopted
 
 
-def _shape_row(rows: int, name: str, num_out: int, depth: int, copies: int, log) -> dict:
+def _shape_row(rows: int, name: str, num_out: int, depth: int, copies: int, log, wide: bool = False) -> dict:
     weights = [torch.randn(num_out, depth, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
     gbs = lambda ms: weights[0].numel() * 2 / ms / 1e6  # noqa: E731  (per call)
@@ -89,7 +95,7 @@ def _shape_row(rows: int, name: str, num_out: int, depth: int, copies: int, log)
     row = {"rows": rows, "shape": name, "cublas_ms": theirs, "tiles": {}}
     expected = F.linear(x.float(), weights[0].float())
     started = time.perf_counter()
-    for tile in candidates(rows, num_out, depth):
+    for tile in candidates(rows, num_out, depth, wide):
         try:
             first = skinny(x, weights[0], None, tile)
             torch.testing.assert_close(first.float(), expected, rtol=2e-2, atol=2e-2)
@@ -114,9 +120,18 @@ if __name__ == "__main__":
     parser.add_argument("--rows", default="64,256", help="row counts, comma-separated")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--copies", type=int, default=6, help="distinct weights per graph (no L2 reuse)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"projections, comma-separated, of {list(SHAPES)}")
+    parser.add_argument("--wide", action="store_true", help="sweep the wider tile set (`candidates`)")
+    parser.add_argument("--adopt-below", type=float, default=ADOPT_BELOW,
+                        help="adopt a shape's best tile where it takes at most this share of cuBLAS's time alone "
+                             "(above 1: hand tiles near cuBLAS to the whole-step A/B, which decides)")
     parser.add_argument("--json", type=Path, help="write the entries to adopt here")
     arguments = parser.parse_args()
+    unknown = set(arguments.shapes.split(",")) - set(SHAPES)
+    if unknown:
+        parser.error(f"unknown shapes {sorted(unknown)}; pick from {list(SHAPES)}")
     _, entries = skinny_ab([int(r) for r in arguments.rows.split(",")], arguments.layers,
-                           lambda line: print(line, flush=True), arguments.copies)
+                           lambda line: print(line, flush=True), arguments.copies, tuple(arguments.shapes.split(",")),
+                           arguments.wide, arguments.adopt_below)
     if arguments.json:
         arguments.json.write_text(json.dumps(entries, indent=1))
