@@ -24,6 +24,7 @@ CASES = {  # (rows, out, in, tile or None for the committed table's)
     "split-two-partial-rows": (40, 256, 2048, SkinnyTile.parse("64x64x128/2w4s4")),
     "committed-gate-up": (64, 28672, 4096, None),
     "committed-down": (64, 4096, 14336, None),
+    "committed-output": (64, 4096, 4096, None),
 }
 
 

@@ -93,10 +93,13 @@ class SkinnyTile:
 # serves the calls of more than half of it and at most it (64: 33-64 rows). Measured on an H200 at
 # Llama-3.1-8B shapes by bench/skinny_ab.py (bench/results/h200_session28_call1: at 64 rows the MLP's
 # projections 1.04x and 1.08x cuBLAS alone, the whole greedy decode step 5.613 -> 5.478 ms; the fused
-# qkv and the output projection stay faster on cuBLAS, as does every projection at 256 rows).
+# qkv and the output projection stay faster on cuBLAS, as does every projection at 256 rows). The output
+# projection since session 38 (bench/results/h200_session38_call1, `skinny_ab.py --wide`: 1.07x cuBLAS
+# alone, the whole greedy step 5.269 -> 5.236 ms in every round; the qkv's best, 64x32x64/1w4s8, 0.92x).
 SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {
     (64, 28672, 4096): SkinnyTile(64, 128, 128, 1, 8, 4),  # gate/up
     (64, 4096, 14336): SkinnyTile(64, 32, 128, 1, 4, 6),  # down
+    (64, 4096, 4096): SkinnyTile(64, 32, 128, 1, 4, 6),  # output projection
 }
 
 
