@@ -65,6 +65,9 @@ def test_layout_pages_include_shifted_views():
     (spec("a", [1], 4, logit_bias=((97, 1.0),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=((-1, 1.0),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=tuple((token, 1.0) for token in range(5))), admission.InvalidLogitBias),  # width 4
+    (spec("a", [1], 4, logit_bias=((3, float("nan")),)), admission.InvalidLogitBias),
+    (spec("a", [1], 4, logit_bias=((3, float("inf")),)), admission.InvalidLogitBias),
+    (spec("a", [1], 4, logit_bias=((3, 1.0), (4, -float("inf")))), admission.InvalidLogitBias),
 ])
 def test_requests_outside_capacities_are_rejected(item, error):
     scheduler, _ = make(context=256)

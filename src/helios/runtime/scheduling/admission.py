@@ -6,6 +6,8 @@ the capacity, never the message text. Rejecting one request never touches any ot
 
 from __future__ import annotations
 
+import math
+
 from helios.errors import AdmissionRejected
 from helios.runtime.records.capacities import Capacities, Operation
 from helios.runtime.records.request import RequestSpec
@@ -28,8 +30,8 @@ class TokenOutOfRange(AdmissionRejected):
 
 
 class InvalidLogitBias(AdmissionRejected):
-    """A logit-bias token id repeated or outside the vocabulary (a row's ids must be distinct ids), or
-    more entries than the programs' logit-bias inputs hold."""
+    """A logit-bias token id repeated or outside the vocabulary (a row's ids must be distinct ids), a
+    bias that is not a finite number, or more entries than the programs' logit-bias inputs hold."""
 
 
 class ContextExceeded(AdmissionRejected):
@@ -92,6 +94,8 @@ def _check_logit_bias(spec: RequestSpec, caps: Capacities) -> None:
     if len(set(ids)) != len(ids) or any(not 0 <= token < caps.vocab_size for token in ids):
         raise InvalidLogitBias(f"request {spec.request_id}: logit-bias ids must be distinct ids in [0, "
                                f"{caps.vocab_size})")
+    if not all(math.isfinite(bias) for _, bias in spec.logit_bias):  # inf - inf in a softmax is NaN
+        raise InvalidLogitBias(f"request {spec.request_id}: a logit bias must be a finite number")
 
 
 def _check_stops(spec: RequestSpec, caps: Capacities) -> None:
