@@ -405,7 +405,8 @@ def levers(model, shape, results: dict, device, args) -> None:
              ("op_ab", lambda: lever_ab.op_ab(shape, sorted({1, 64, 256} if not args.smoke else {1, 2}), device, log)),
              ("profile", lambda: [lever_ab.decode_profile(model, r, args.top, log) for r in rows]),
              ("gemv_ab", lambda: _gemv_ab(shape, device)),
-             ("skinny_program_ab", lambda: lever_ab.skinny_program_ab(model, {64, 256} if not smoke else {2}, log)),
+             ("skinny_program_ab", lambda: lever_ab.skinny_program_ab(  # the buckets the table names
+                 model, {bucket for bucket, _, _ in gemv_tiles.SKINNY_TILES} if not smoke else {2}, log)),
              ("runs_program_ab", lambda: lever_ab.runs_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
              ("pdl_program_ab", lambda: lever_ab.pdl_program_ab(model, {1, 64, 256} if not smoke else {1, 2}, log)),
              ("lt_program_ab", lambda: lever_ab.lt_program_ab(model, {64, 128, 256} if not smoke else {2}, log)),

@@ -98,7 +98,10 @@ def test_table_rules(monkeypatch):
     assert gemv_tiles.skinny_tile(33, 4096, 4096, torch.bfloat16) == large
     assert gemv_tiles.skinny_tile(64, 4096, 4096, torch.bfloat16) == large
     assert gemv_tiles.skinny_tile(65, 4096, 4096, torch.bfloat16) is None
-    assert gemv_tiles.skinny_tile(1, 4096, 4096, torch.bfloat16) is None  # one row: the GEMV's table
+    assert gemv_tiles.skinny_tile(1, 4096, 4096, torch.bfloat16) is None  # one row: a bucket of its own
+    monkeypatch.setitem(gemv_tiles.SKINNY_TILES, (1, 4096, 4096), small)
+    assert gemv_tiles.skinny_tile(1, 4096, 4096, torch.bfloat16) == small
+    assert gemv_tiles.skinny_tile(2, 4096, 4096, torch.bfloat16) is None
     assert gemv_tiles.skinny_tile(8, 4096, 4096, torch.float32) is None
     assert gemv_tiles.skinny_tile(8, 6144, 4096, torch.bfloat16) is None  # not in the table
     assert SkinnyTile.parse(large.label) == large

@@ -104,8 +104,9 @@ SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {
 
 
 def skinny_tile(rows: int, out_features: int, in_features: int, dtype: torch.dtype) -> SkinnyTile | None:
-    """The tile for ``F.linear`` of `rows` rows (more than `MAX_ROWS`) on an [out, in] weight of
-    `dtype`: the entry of the rows' bucket (the next power of two), or None (cuBLAS)."""
-    if rows <= MAX_ROWS or dtype not in (torch.bfloat16, torch.float16):
+    """The tile for ``F.linear`` of `rows` rows on an [out, in] weight of `dtype`: the entry of the
+    rows' bucket (the next power of two; one row is a bucket of its own, where a `GEMV_TILES` entry,
+    bound first, wins), or None (cuBLAS)."""
+    if rows < 1 or dtype not in (torch.bfloat16, torch.float16):
         return None
     return SKINNY_TILES.get((1 << (rows - 1).bit_length(), out_features, in_features))
