@@ -25,6 +25,10 @@ CASES = {  # (rows, out, in, tile or None for the committed table's)
     "committed-gate-up": (64, 28672, 4096, None),
     "committed-down": (64, 4096, 14336, None),
     "committed-output": (64, 4096, 4096, None),
+    "committed-one-row-qkv": (1, 6144, 4096, None),
+    "committed-one-row-output": (1, 4096, 4096, None),
+    "committed-one-row-gate-up": (1, 28672, 4096, None),
+    "committed-one-row-down-split": (1, 4096, 14336, None),
 }
 
 
@@ -69,12 +73,14 @@ def test_skinny_linear_in_a_graph(case, monkeypatch):
         assert not triton_skinny._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
 
 
-def test_skinny_silu_linear_in_a_graph():
-    """The committed gate/up tile with the SiLU-mul fused: the two ops' result on the CPU."""
+@pytest.mark.parametrize("rows", [64, 1])
+def test_skinny_silu_linear_in_a_graph(rows):
+    """The committed gate/up tiles with the SiLU-mul fused: the two ops' result on the CPU."""
     from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)
 
-    rows, num_out, depth = 64, 28672, 4096
-    assert gemv_tiles.skinny_tile(rows, num_out, depth, torch.bfloat16) is not None
+    num_out, depth = 28672, 4096
+    tile = gemv_tiles.skinny_tile(rows, num_out, depth, torch.bfloat16)
+    assert tile is not None and triton_skinny.silu_fits(rows, num_out, depth, tile)
     two_ops = lambda inputs: torch.ops.helios.silu_mul(F.linear(**inputs))  # noqa: E731
     make = lambda seed: _inputs(rows, num_out, depth, seed)  # noqa: E731
     _compare(triton_skinny.skinny_silu_linear(**to_cuda(make(0))), two_ops(make(0)))

@@ -90,7 +90,7 @@ class SkinnyTile:
 
 
 # (rows bucket, out features, in features) -> tile, for 16-bit weights: the bucket is a power of two and
-# serves the calls of more than half of it and at most it (64: 33-64 rows). Measured on an H200 at
+# serves the calls of more than half of it and at most it (64: 33-64 rows; 1: one row). Measured on an H200 at
 # Llama-3.1-8B shapes by bench/skinny_ab.py (bench/results/h200_session28_call1: at 64 rows the MLP's
 # projections 1.04x and 1.08x cuBLAS alone, the whole greedy decode step 5.613 -> 5.478 ms; the fused
 # qkv and the output projection stay faster on cuBLAS, as does every projection at 256 rows). The output
@@ -100,6 +100,15 @@ SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {
     (64, 28672, 4096): SkinnyTile(64, 128, 128, 1, 8, 4),  # gate/up
     (64, 4096, 14336): SkinnyTile(64, 32, 128, 1, 4, 6),  # down
     (64, 4096, 4096): SkinnyTile(64, 32, 128, 1, 4, 6),  # output projection
+    # One row (session 38, bench/results/h200_session38_call3, `skinny_ab.py --rows 1 --wide`): alone the
+    # kernel is 1.00x / 1.15x / 0.99x / 1.04x cuBLAS at qkv / output / gate-up / down, but in a step it
+    # starts under dependent launch with its weight rows asked into L2 before the previous kernel ends, and
+    # the SiLU-mul rides in the gate/up epilogue: the whole greedy one-row step 4.659 -> 4.494 ms (1.037x,
+    # every round), the decode 226.2 tok/s against 213-217 with cuBLAS.
+    (1, 6144, 4096): SkinnyTile(16, 32, 128, 1, 2, 6),  # qkv
+    (1, 4096, 4096): SkinnyTile(16, 16, 256, 1, 2, 6),  # output projection
+    (1, 28672, 4096): SkinnyTile(16, 128, 128, 1, 8, 5),  # gate/up
+    (1, 4096, 14336): SkinnyTile(16, 64, 256, 2, 4, 5),  # down
 }
 
 
