@@ -1,6 +1,6 @@
 """The committed tables of projections that run a Triton kernel instead of cuBLAS, and the tile of
-each: one-row projections on the matrix-vector kernel (`helios.abi.triton_gemv`), projections of a
-few dozen rows on the skinny matrix product (`helios.abi.triton_skinny`). No triton import: the
+each: one-row projections on the matrix-vector kernel (`helios.abi.triton_gemv`), projections of one
+row or a few dozen on the skinny matrix product (`helios.abi.triton_skinny`). No triton import: the
 runtime reads the tables at capture (`helios.runtime.loading.gemv_calls`) and imports a kernel only
 where a call has a tile.
 """
