@@ -123,14 +123,21 @@ def test_capture_binds_the_tabled_projections_of_several_rows(monkeypatch):
     assert triton_skinny.skinny_linear not in _targets(module)  # the loaded module is left as it is
     for got, want in zip(bound(*args), module(*args)):
         torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=2e-2, atol=2e-2)
-    one_row, _ = _exported(1)
+    one_row, one_row_args = _exported(1)
     assert _targets(gemv_module(one_row)).count(triton_gemv.gemv_linear) == 1  # the GEMV's table at one row
+    monkeypatch.setitem(gemv_tiles.SKINNY_TILES, (1, 96, 64), SkinnyTile.parse("16x32x32/2w4s2"))
+    monkeypatch.setitem(gemv_tiles.SKINNY_TILES, (1, 48, 64), SkinnyTile.parse("16x16x64/1w4s2"))
+    bound = gemv_module(one_row)  # one row is a skinny bucket of its own; a GEMV entry is bound first
+    assert _targets(bound).count(triton_gemv.gemv_linear) == _targets(bound).count(triton_skinny.skinny_linear) == 1
+    for got, want in zip(bound(*one_row_args), one_row(*one_row_args)):
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=2e-2, atol=2e-2)
     monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {})
     module, _ = _exported(8)
     assert bind_gemv(module.graph) == 0 and gemv_module(module) is module
 
 
-@pytest.mark.parametrize("rows, tile", [(5, "16x32x32/1w4s2"), (20, "16x64x64/1w4s3")], ids=["one-block", "two-blocks"])
+@pytest.mark.parametrize("rows, tile", [(1, "16x32x32/1w4s2"), (5, "16x32x32/1w4s2"), (20, "16x64x64/1w4s3")],
+                         ids=["one-row", "one-block", "two-blocks"])
 def test_skinny_silu_matches_the_projection_then_silu_mul(rows, tile):
     """The SiLU-mul in the product's epilogue: the two ops' result, within bfloat16 rounding (each
     product is rounded first, as the projection's output is; a tolerance cannot tell that rounding
