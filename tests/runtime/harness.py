@@ -43,7 +43,8 @@ def variants(max_active: int = 8, prefill_tokens: int = 64, mixed: bool = True,
 
 def capacities(max_active: int = 8, num_pages: int = 64, page_tokens: int = 4, context: int = 256,
                prefill_tokens: int = 64, rows: int = 8, host_slots: int = 64, queue: int = 1024,
-               stateful: bool = False, window: int = 0, logit_bias_width: int = 4, **variant_options) -> Capacities:
+               stateful: bool = False, window: int = 0, logit_bias_width: int = 4, eos_width: int = 0,
+               **variant_options) -> Capacities:
     """`window` > 0: the paged region is a sliding window of that many tokens."""
     regions = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
     if window:
@@ -55,7 +56,7 @@ def capacities(max_active: int = 8, num_pages: int = 64, page_tokens: int = 4, c
     geometry = CacheGeometry(layout, num_pages, max_pages, rows, host_slots, b"test-model")
     return Capacities(max_active, context, prefill_tokens, VOCAB,
                       variants(max_active, prefill_tokens, **variant_options), geometry,
-                      queue_capacity=queue, logit_bias_width=logit_bias_width)
+                      queue_capacity=queue, logit_bias_width=logit_bias_width, eos_width=eos_width)
 
 
 def spec(request_id: str, prompt, max_output: int = 8, **options) -> RequestSpec:

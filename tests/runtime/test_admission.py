@@ -65,6 +65,8 @@ def test_layout_pages_include_shifted_views():
     (spec("a", [1], 4, logit_bias=((97, 1.0),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=((-1, 1.0),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=tuple((token, 1.0) for token in range(5))), admission.InvalidLogitBias),  # width 4
+    (spec("a", [1], 4, eos_ids=frozenset({100})), admission.TokenOutOfRange),
+    (spec("a", [1], 4, eos_ids=frozenset({-1, 2})), admission.TokenOutOfRange),
     (spec("a", [1], 4, logit_bias=((3, float("nan")),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=((3, float("inf")),)), admission.InvalidLogitBias),
     (spec("a", [1], 4, logit_bias=((3, 1.0), (4, -float("inf")))), admission.InvalidLogitBias),
@@ -91,6 +93,16 @@ def test_logit_bias_fits_the_programs_inputs():
         admission.check_admission(spec("a", [1], 4, logit_bias=full), capacities(logit_bias_width=3))
     with pytest.raises(admission.UnsupportedRequest, match="no logit bias"):
         admission.check_admission(spec("a", [1], 4, logit_bias=full[:1]), capacities(logit_bias_width=0))
+
+
+def test_eos_ids_fit_the_programs_that_match_them():
+    """Where programs match EOS on the device their input's width bounds a request's EOS ids; where the
+    host matches them (width 0) any number is admitted."""
+    many = spec("a", [1], 4, eos_ids=frozenset(range(10)))
+    admission.check_admission(many, capacities(eos_width=0))
+    admission.check_admission(many, capacities(eos_width=10))
+    with pytest.raises(admission.StopLimitExceeded, match="at most 9"):
+        admission.check_admission(many, capacities(eos_width=9))
 
 
 def test_cache_and_program_limits_are_admission_errors():

@@ -169,6 +169,7 @@ def test_logit_bias_rows_are_reset_to_padding_once_after_a_biased_request(prepar
     packer, buffers = _packer(prepared)
     ids, values = buffers["in.logit_bias_ids"], buffers["in.logit_bias_values"]
     assert prepared.logit_bias_width == ids.shape[1] == values.shape[1]  # what admission holds a bias to
+    assert prepared.eos_width == buffers["in.eos_ids"].shape[-1] > 1  # and a request's EOS ids
     packer.register(RequestSpec("biased", (5, 6), 16, frozenset({128009}), logit_bias=((7, 2.5),)))
     packer.pack("prefill", _plan(Operation.PREFILL, [_row("biased", 2, (5, 6), 0, True, True)]))
     assert ids[2, :2].tolist() == [7, -1] and values[2, :2].tolist() == [2.5, 0.0]

@@ -142,9 +142,19 @@ class PreparedContract:
     def logit_bias_width(self) -> int:
         """Logit-bias entries one request may hold: the narrowest ``logit_bias_ids`` /
         ``logit_bias_values`` input any graph binds (0: no graph takes a logit bias)."""
-        sources = (spb.VALUE_SOURCE_LOGIT_BIAS_IDS, spb.VALUE_SOURCE_LOGIT_BIAS_VALUES)
-        widths = [self._buffers[b.buffer].shape[-1] for g in self._graphs.values() for b in g.bindings
-                  if b.source in sources and b.buffer in self._buffers]
+        return self._narrowest_row(spb.VALUE_SOURCE_LOGIT_BIAS_IDS, spb.VALUE_SOURCE_LOGIT_BIAS_VALUES)
+
+    @property
+    def eos_width(self) -> int:
+        """EOS ids one request may hold where a graph matches them on the device: the narrowest EOS-ids
+        input any graph binds (0: none does, the host matches EOS and takes any number)."""
+        return self._narrowest_row(spb.VALUE_SOURCE_EOS_IDS)
+
+    def _narrowest_row(self, *sources: int) -> int:
+        """The fewest per-request entries among the inputs bound to `sources` (a buffer of one
+        dimension holds one a request); 0 where none is bound."""
+        widths = [shape[-1] if len(shape) > 1 else 1 for g in self._graphs.values() for b in g.bindings
+                  if b.source in sources and b.buffer in self._buffers for shape in [self._buffers[b.buffer].shape]]
         return min((w for w in widths if isinstance(w, int)), default=0)
 
     def graphs_for(self, operation: int) -> tuple[GraphView, ...]:

@@ -115,6 +115,7 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         prefill_tokens=settings.prefill_tokens, vocab_size=vocab_end, variants=variants, cache=geometry,
         input_vocab_size=model.prepared.input_range[1], queue_capacity=queue_capacity,
         token_logprobs=logprob_width(model.programs), logit_bias_width=model.prepared.logit_bias_width,
+        eos_width=model.prepared.eos_width,
     )
 
 

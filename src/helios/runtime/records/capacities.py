@@ -224,6 +224,7 @@ class Capacities:
     stops: StopLimits = field(default_factory=StopLimits)
     token_logprobs: int = 0  # alternatives the loaded token-logprobs programs return per row (0: none loaded)
     logit_bias_width: int = 0  # logit-bias entries one request may hold (the programs' input width; 0: none)
+    eos_width: int = 0  # EOS ids one request may hold where programs match them on the device (0: any number)
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -26,7 +26,8 @@ class InvalidShape(AdmissionRejected):
 
 
 class TokenOutOfRange(AdmissionRejected):
-    """A prompt or stop token id outside the prepared input vocabulary."""
+    """A prompt token id outside the prepared input vocabulary, or a stop or EOS token id outside the
+    sampled one."""
 
 
 class InvalidLogitBias(AdmissionRejected):
@@ -43,7 +44,8 @@ class CacheExceeded(AdmissionRejected):
 
 
 class StopLimitExceeded(AdmissionRejected):
-    """More, or longer, stop strings or stop token sequences than prepared."""
+    """More, or longer, stop strings or stop token sequences than prepared, or more EOS ids than the
+    programs that match them on the device hold."""
 
 
 class UnsupportedRequest(AdmissionRejected):
@@ -116,3 +118,8 @@ def _check_stops(spec: RequestSpec, caps: Capacities) -> None:
             f"1..{stops.max_stop_sequence_tokens} tokens")
     if any(not 0 <= token < caps.vocab_size for seq in sequences for token in seq):
         raise TokenOutOfRange(f"request {spec.request_id}: stop token outside the vocabulary")
+    if any(not 0 <= token < caps.vocab_size for token in spec.eos_ids):
+        raise TokenOutOfRange(f"request {spec.request_id}: EOS token outside the vocabulary")
+    if caps.eos_width and len(spec.eos_ids) > caps.eos_width:
+        raise StopLimitExceeded(f"request {spec.request_id}: {len(spec.eos_ids)} EOS ids; the programs take at "
+                                f"most {caps.eos_width}")
