@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import time
 from typing import Callable
+from unittest import mock
 
 import torch
 
@@ -300,17 +301,12 @@ def skinny_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
     from helios.abi import gemv_tiles, triton_skinny
     from helios.runtime.loading.gemv_calls import bind_gemv
 
-    def bound_with(table: dict, module, fuse: bool) -> torch.fx.GraphModule:
-        served = dict(gemv_tiles.SKINNY_TILES)
-        gemv_tiles.SKINNY_TILES.clear()
-        gemv_tiles.SKINNY_TILES.update(table)
-        try:
+    def bound_with(table: dict, module, fuse: bool) -> tuple[torch.fx.GraphModule, int]:
+        """`module` with its projections bound as `table` says (the served table put back after)."""
+        with mock.patch.dict(gemv_tiles.SKINNY_TILES, table, clear=True):
             graph = copy.deepcopy(module.graph)
-            bind_gemv(graph, fuse_silu=fuse)
-            return torch.fx.GraphModule(module, graph)
-        finally:
-            gemv_tiles.SKINNY_TILES.clear()
-            gemv_tiles.SKINNY_TILES.update(served)
+            bound = bind_gemv(graph, fuse_silu=fuse)
+        return torch.fx.GraphModule(module, graph), bound
 
     def sides(program):
         cublas = _unfused_silu(variant_module(_eager(program), SampleVariant.GREEDY), triton_skinny.skinny_silu_linear)
@@ -318,11 +314,9 @@ def skinny_program_ab(model, rows_list, log, rounds: int = 3) -> list[dict]:
                                       torch.ops.aten.linear.default)
         modules = {"cublas": cublas}
         if COMMITTED_SKINNY is not None and COMMITTED_SKINNY != gemv_tiles.SKINNY_TILES:
-            modules = {"committed": bound_with(COMMITTED_SKINNY, cublas, True), **modules}
+            modules = {"committed": bound_with(COMMITTED_SKINNY, cublas, True)[0], **modules}
         for side, fuse in (("skinny", False), ("skinny+silu", True)):
-            graph = copy.deepcopy(cublas.graph)
-            bound = bind_gemv(graph, fuse_silu=fuse)
-            modules[side] = torch.fx.GraphModule(cublas, graph)
+            modules[side], bound = bound_with(dict(gemv_tiles.SKINNY_TILES), cublas, fuse)
         fused = sum(node.target is triton_skinny.skinny_silu_linear for node in modules["skinny+silu"].graph.nodes)
         return modules, f"{bound} projections bound, {fused} SiLU-muls fused"
 

@@ -153,8 +153,12 @@ class PreparedContract:
     def _narrowest_row(self, *sources: int) -> int:
         """The fewest per-request entries among the inputs bound to `sources` (a buffer of one
         dimension holds one a request); 0 where none is bound."""
-        widths = [shape[-1] if len(shape) > 1 else 1 for g in self._graphs.values() for b in g.bindings
-                  if b.source in sources and b.buffer in self._buffers for shape in [self._buffers[b.buffer].shape]]
+        widths = []
+        for graph in self._graphs.values():
+            for binding in graph.bindings:
+                buffer = self._buffers.get(binding.buffer)
+                if binding.source in sources and buffer is not None:
+                    widths.append(buffer.shape[-1] if len(buffer.shape) > 1 else 1)
         return min((w for w in widths if isinstance(w, int)), default=0)
 
     def graphs_for(self, operation: int) -> tuple[GraphView, ...]:
