@@ -29,6 +29,14 @@ CASES = {  # (rows, out, in, tile or None for the committed table's)
     "committed-one-row-output": (1, 4096, 4096, None),
     "committed-one-row-gate-up": (1, 28672, 4096, None),
     "committed-one-row-down-split": (1, 4096, 14336, None),
+    "committed-four-rows-qkv-partial": (3, 6144, 4096, None),
+    "committed-four-rows-output": (4, 4096, 4096, None),
+    "committed-four-rows-gate-up": (4, 28672, 4096, None),
+    "committed-four-rows-down-split": (4, 4096, 14336, None),
+    "committed-sixteen-rows-qkv": (16, 6144, 4096, None),
+    "committed-sixteen-rows-output-partial": (12, 4096, 4096, None),
+    "committed-sixteen-rows-gate-up": (16, 28672, 4096, None),
+    "committed-sixteen-rows-down": (16, 4096, 14336, None),
 }
 
 
@@ -73,7 +81,7 @@ def test_skinny_linear_in_a_graph(case, monkeypatch):
         assert not triton_skinny._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
 
 
-@pytest.mark.parametrize("rows", [64, 1])
+@pytest.mark.parametrize("rows", [64, 16, 3, 1])
 def test_skinny_silu_linear_in_a_graph(rows):
     """The committed gate/up tiles with the SiLU-mul fused: the two ops' result on the CPU."""
     from helios.abi import fused  # noqa: F401  (registers helios::silu_mul)

@@ -109,6 +109,19 @@ SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {
     (1, 4096, 4096): SkinnyTile(16, 16, 256, 1, 2, 6),  # output projection
     (1, 28672, 4096): SkinnyTile(16, 128, 128, 1, 8, 5),  # gate/up
     (1, 4096, 14336): SkinnyTile(16, 64, 256, 2, 4, 5),  # down
+    # Four and sixteen rows, the decode buckets `helios prepare` captures by default (session 39,
+    # bench/results/h200_session39_call1, `skinny_ab.py --rows 4,16 --wide`: alone 1.02x / 1.13x / 0.99x /
+    # 1.02x cuBLAS at 4 rows and 1.03x / 1.16x / 0.98x / 1.05x at 16 for qkv / output / gate-up / down; the
+    # whole greedy step with them and the SiLU-mul fused 4.848 -> 4.747 ms at 4 rows (1.021x) and 5.078 ->
+    # 4.781 ms at 16 (1.062x), every round).
+    (4, 6144, 4096): SkinnyTile(16, 32, 128, 1, 2, 6),  # qkv
+    (4, 4096, 4096): SkinnyTile(16, 32, 256, 1, 4, 6),  # output projection
+    (4, 28672, 4096): SkinnyTile(16, 16, 128, 1, 2, 6),  # gate/up
+    (4, 4096, 14336): SkinnyTile(16, 64, 256, 2, 4, 5),  # down
+    (16, 6144, 4096): SkinnyTile(16, 32, 128, 1, 2, 6),  # qkv
+    (16, 4096, 4096): SkinnyTile(16, 32, 256, 1, 2, 6),  # output projection
+    (16, 28672, 4096): SkinnyTile(16, 128, 128, 1, 8, 5),  # gate/up
+    (16, 4096, 14336): SkinnyTile(16, 32, 256, 1, 2, 6),  # down
 }
 
 
