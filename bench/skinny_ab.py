@@ -29,7 +29,7 @@ from gemv_ab import fastest  # noqa: E402
 from lever_ab import graph_ms  # noqa: E402
 
 from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
-from helios.abi.triton_skinny import skinny, skinny_fits  # noqa: E402
+from helios.abi.triton_skinny import silu_fits, skinny, skinny_fits  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
 SMEM_BYTES = 200 * 1024  # shared memory a tile's pipeline may take (the H200 has 227 KB a block)
@@ -106,13 +106,24 @@ def _shape_row(rows: int, name: str, num_out: int, depth: int, copies: int, log,
             log(f"SKINNY R={rows} {name} tile {tile.label}: {type(error).__name__}: {str(error)[:160]}")
             continue
         row["tiles"][tile.label] = ours
-    best, swept = fastest(row["tiles"], listed=6)
+    best = fastest(_fusable(rows, name, num_out, depth, row["tiles"]))[0]
+    swept = fastest(row["tiles"], listed=6)[1]
     row.update(best_tile=best[0], best_ms=best[1])
     log(f"SKINNY R={rows} {name} {num_out}x{depth}: cuBLAS {theirs:.4f} ms ({gbs(theirs):.0f} GB/s), best Triton "
         f"{best[0]} {best[1]:.4f} ms ({gbs(best[1]):.0f} GB/s); {len(row['tiles'])} tiles in "
         f"{time.perf_counter() - started:.0f} s, fastest: {swept}")
     del weights
     return row
+
+
+def _fusable(rows: int, name: str, num_out: int, depth: int, tiles: dict[str, float]) -> dict[str, float]:
+    """The tiles the best is picked from: for the gate/up projection those that also carry the SiLU-mul
+    in their epilogue (`silu_fits`; capture fuses it only there, and a step without it loses more than a
+    tile's edge alone gains), where any does; every tile elsewhere."""
+    if name != "gate_up":
+        return tiles
+    fused = {label: ms for label, ms in tiles.items() if silu_fits(rows, num_out, depth, SkinnyTile.parse(label))}
+    return fused or tiles
 
 
 if __name__ == "__main__":

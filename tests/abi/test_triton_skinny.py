@@ -88,6 +88,18 @@ def test_committed_table_fits_its_shapes():
         assert rows & (rows - 1) == 0 and triton_skinny.skinny_fits(rows, num_out, depth, tile)
 
 
+def test_committed_gate_up_tiles_fuse_the_silu_mul():
+    """Each committed tile of the 8B gate/up projection also carries the SiLU-mul in its epilogue
+    (capture fuses it only where `silu_fits`; the step gains come with it), at every row count of
+    its bucket."""
+    entries = [(rows, tile) for (rows, num_out, depth), tile in gemv_tiles.SKINNY_TILES.items()
+               if (num_out, depth) == (28672, 4096)]
+    assert {rows for rows, _ in entries} >= {1, 4, 16, 64}
+    for bucket, tile in entries:
+        for rows in range(bucket // 2 + 1, bucket + 1):
+            assert triton_skinny.silu_fits(rows, 28672, 4096, tile), (bucket, tile.label)
+
+
 def test_table_rules(monkeypatch):
     small, large = SkinnyTile.parse("16x32x128/2w4s4"), SkinnyTile.parse("64x64x128/1w4s6")
     monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(16, 4096, 4096): small, (64, 4096, 4096): large})

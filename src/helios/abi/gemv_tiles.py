@@ -116,7 +116,7 @@ SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {
     # 4.781 ms at 16 (1.062x), every round).
     (4, 6144, 4096): SkinnyTile(16, 32, 128, 1, 2, 6),  # qkv
     (4, 4096, 4096): SkinnyTile(16, 32, 256, 1, 4, 6),  # output projection
-    (4, 28672, 4096): SkinnyTile(16, 16, 128, 1, 2, 6),  # gate/up
+    (4, 28672, 4096): SkinnyTile(16, 128, 128, 1, 8, 5),  # gate/up (tied 16x16x128 alone; this one fuses the SiLU-mul)
     (4, 4096, 14336): SkinnyTile(16, 64, 256, 2, 4, 5),  # down
     (16, 6144, 4096): SkinnyTile(16, 32, 128, 1, 2, 6),  # qkv
     (16, 4096, 4096): SkinnyTile(16, 32, 256, 1, 2, 6),  # output projection
