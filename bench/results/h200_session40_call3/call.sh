@@ -8,4 +8,3 @@ BUDGET=330 OUT=$out bash bench/gpu_suite.sh 6
 echo "== suite done at ${SECONDS}s"
 OLD_SRC=.anchor/old_src OUT=$out timeout $((592 - SECONDS)) bash bench/load_ab.sh 1
 echo "== load ab done at ${SECONDS}s"
-tar -czf "$out/load_ab_logs.tgz" -C "$out" logs && rm -rf "$out/logs"
