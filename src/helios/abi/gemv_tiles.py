@@ -112,8 +112,9 @@ SKINNY_TILES: dict[tuple[int, int, int], SkinnyTile] = {
     # Four and sixteen rows, the decode buckets `helios prepare` captures by default (session 39,
     # bench/results/h200_session39_call1, `skinny_ab.py --rows 4,16 --wide`: alone 1.02x / 1.13x / 0.99x /
     # 1.02x cuBLAS at 4 rows and 1.03x / 1.16x / 0.98x / 1.05x at 16 for qkv / output / gate-up / down; the
-    # whole greedy step with them and the SiLU-mul fused 4.848 -> 4.747 ms at 4 rows (1.021x) and 5.078 ->
-    # 4.781 ms at 16 (1.062x), every round).
+    # whole greedy step with them and the SiLU-mul fused 5.078 -> 4.781 ms at 16 rows (1.062x), every round).
+    # At 4 rows the gate/up tile that fuses the SiLU-mul (session 40, bench/results/h200_session40_call1):
+    # the step 4.826 -> 4.685 ms (1.030x; 1.021x with session 39's 16x16x128, which could not fuse it).
     (4, 6144, 4096): SkinnyTile(16, 32, 128, 1, 2, 6),  # qkv
     (4, 4096, 4096): SkinnyTile(16, 32, 256, 1, 4, 6),  # output projection
     (4, 28672, 4096): SkinnyTile(16, 128, 128, 1, 8, 5),  # gate/up (tied 16x16x128 alone; this one fuses the SiLU-mul)
