@@ -129,15 +129,24 @@ class StepTiming:
                "phases_ms": {name: 1e3 * seconds / steps for name, seconds in self.phases.items()}}
         if self.launches:
             torch.cuda.synchronize()
-            busy, idle = [], []
-            for previous, current in zip(self.launches, self.launches[1:]):
+            busy, idle, full = [], [], []
+            for index, (previous, current) in enumerate(zip(self.launches, self.launches[1:]), 1):
                 start, end, rows, capacity, operation = current
                 if operation == "DECODE" and rows == capacity == batch:
                     busy.append(start.elapsed_time(end))
                     idle.append(previous[1].elapsed_time(start))
+                    full.append(index)
             if busy:
+                ordered = sorted(busy)
+                # From the first full step's start to the last one's end, a step: what a timed loop of
+                # them measures (idle gaps, slower steps and any other launch between them included).
+                first, last = self.launches[full[0]], self.launches[full[-1]]
                 out.update(full_steps=len(busy), device_ms=statistics.median(busy), idle_ms=statistics.mean(idle),
-                           idle_median_ms=statistics.median(idle), idle_share=sum(idle) / (sum(idle) + sum(busy)))
+                           idle_median_ms=statistics.median(idle), idle_share=sum(idle) / (sum(idle) + sum(busy)),
+                           device_mean_ms=statistics.mean(busy), device_p10_ms=ordered[len(busy) // 10],
+                           device_p90_ms=ordered[len(busy) * 9 // 10],
+                           span_step_ms=first[0].elapsed_time(last[1]) / len(busy),
+                           between=full[-1] - full[0] + 1 - len(busy))
         return out
 
     def line(self, batch: int) -> str:
@@ -150,6 +159,10 @@ class StepTiming:
         if "device_ms" in s:
             device = (f"{s['full_steps']} full steps: device {s['device_ms']:.3f} ms, idle before each "
                       f"{s['idle_ms']:.3f} ms (median {s['idle_median_ms']:.3f}, {s['idle_share']:.1%}); ")
+            if "span_step_ms" in s:
+                device += (f"device mean {s['device_mean_ms']:.3f} ms (p10 {s['device_p10_ms']:.3f}, p90 "
+                           f"{s['device_p90_ms']:.3f}), first start to last end {s['span_step_ms']:.3f} ms a full "
+                           f"step ({s['between']} other launches between); ")
         return (f"{device}{s['steps']} engine steps ({s['second_frames']} behind another): wall {s['wall_ms']:.3f} "
                 f"ms, waiting {s['wait_ms']:.3f}, host {s['host_ms']:.3f} ({phases})")
 

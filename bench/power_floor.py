@@ -1,0 +1,141 @@
+"""The floor a power-capped decode step cannot go under: its matrix products alone, sustained (CUDA).
+
+At 256 rows both the served step and the compiled anchor's run at the H200's software power cap
+(about 690 W, the SM clock 1,500-1,650 MHz instead of 1,980), so a step's time is about its energy
+over the cap. Both sides call the same cuBLAS products (the fused qkv, output, gate/up and down
+projections of 32 layers and the LM head); what else a step does (attention, norms, SiLU-mul,
+sampling) is where the two differ. This bench captures those products alone, on distinct
+Llama-3.1-8B-shaped bfloat16 weights per layer (each read from HBM once a step, as in decode), in
+one CUDA graph, and replays it back to back for `--sustain-s` seconds: the device ms of a step
+that did nothing but its products, at the clock the cap holds.
+
+With the JSON of a `bench/anchor_compare.py` run from the same device call (`--anchor-json`) it
+prints the anchor's step over this floor (the most any implementation of the same products could
+gain on the anchor here) beside Helios's served step over it (`step_timing`'s device ms), and
+what share of the served step the rest takes.
+
+    python bench/power_floor.py [--rows 256] [--layers 32] [--sustain-s 4] [--anchor-json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_clocks import ClockLog  # noqa: E402
+
+HIDDEN, QKV, FFN, VOCAB = 4096, 6144, 14336, 128256
+
+
+def products_graph(rows: int, layers: int):
+    """(the CUDA graph of one step's products, the weights it holds): per layer the fused qkv,
+    the output projection, the fused gate/up and the down projection, then the LM head."""
+    make = lambda out, depth: torch.randn(out, depth, device="cuda", dtype=torch.bfloat16) * 0.02  # noqa: E731
+    weights = [(make(QKV, HIDDEN), make(HIDDEN, HIDDEN), make(2 * FFN, HIDDEN), make(HIDDEN, FFN))
+               for _ in range(layers)]
+    head = make(VOCAB, HIDDEN)
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    wide = torch.randn(rows, FFN, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        for qkv, out, gate_up, down in weights:
+            F.linear(x, qkv)
+            F.linear(x, out)
+            F.linear(x, gate_up)
+            F.linear(wide, down)
+        F.linear(x, head)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph, (weights, head, x, wide)
+
+
+def replay_ms(graph, seconds: float) -> tuple[float, float]:
+    """(median ms of one replay after a rest, mean ms a replay over the second half of back-to-back
+    replays lasting about `seconds`)."""
+    rested = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of idle device: the clock recovers
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        rested.append(start.elapsed_time(end))
+    first = rested[-1]
+    count = max(8, round(seconds * 1e3 / max(first, 1e-3)))
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    for index in range(count):
+        if index == count // 2:
+            middle.record()
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return statistics.median(rested), middle.elapsed_time(end) / (count - count // 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=256, help="decode rows")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--sustain-s", type=float, default=4.0, help="seconds of back-to-back replays")
+    parser.add_argument("--rounds", type=int, default=3, help="sustained runs (each after a rest)")
+    parser.add_argument("--anchor-json", type=Path, help="bench/anchor_compare.py's --json from the same call")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device")
+    if args.rows < 1 or args.layers < 1 or args.sustain_s <= 0 or args.rounds < 1:
+        parser.error("--rows, --layers, --rounds at least 1 and --sustain-s above 0")
+    torch.manual_seed(0)
+    graph, _held = products_graph(args.rows, args.layers)
+    floors = []
+    with ClockLog() as clocks:
+        for round_ in range(args.rounds):
+            clocks.phase(f"round {round_}")
+            rested, sustained = replay_ms(graph, args.sustain_s)
+            floors.append(sustained)
+            print(f"products alone, {args.rows} rows, {args.layers} layers + LM head: rested {rested:.3f} ms, "
+                  f"sustained {sustained:.3f} ms a step", flush=True)
+    for line in clocks.describe():
+        print(line, flush=True)
+    floor = statistics.median(floors)
+    print(f"floor (median sustained): {floor:.3f} ms a step", flush=True)
+    if args.anchor_json is not None:
+        report = json.loads(args.anchor_json.read_text())
+        anchor = report.get("anchor", {}).get(str(args.rows), {}).get("step_ms")
+        timing = report.get("step_timing", {}).get(str(args.rows), {})
+        served = timing.get("device_ms")
+        if anchor:
+            print(f"anchor step {anchor:.3f} ms: {anchor / floor:.3f}x the floor (the most the same products "
+                  "could gain on it)", flush=True)
+        if served:
+            print(f"Helios served step {served:.3f} ms (median device): {served / floor:.3f}x the floor; the rest of "
+                  f"the step {1 - floor / served:.1%} of it", flush=True)
+        if anchor and served:
+            print(f"anchor step / Helios's median device step {anchor / served:.3f}x; at the floor "
+                  f"{anchor / floor:.3f}x", flush=True)
+        if anchor and timing.get("span_step_ms"):
+            span = timing["span_step_ms"]
+            print(f"Helios's full steps end to end {span:.3f} ms a step (idle and slower steps in): "
+                  f"{span / floor:.3f}x the floor; anchor step / it {anchor / span:.3f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
