@@ -38,15 +38,7 @@ def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20, sus
     second half of back-to-back replays lasting about that long (the clock a long run holds)."""
     if not torch.cuda.is_available():
         return _wall_ms(call, repeat, replays=3)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeat):
-            call()
+    graph = captured_graph(call, repeat)
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,6 +52,20 @@ def graph_ms(call: Callable[[], object], repeat: int = 1, replays: int = 20, sus
         median = sustained_replay_us(graph, max(4, round(sustain_ms / max(median, 1e-3)))) / 1e3
     graph.reset()
     return median
+
+
+def captured_graph(call: Callable[[], object], repeat: int = 1):
+    """A CUDA graph of `repeat` calls of `call`, captured after one warm-up call on a side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            call()
+    return graph
 
 
 def _wall_ms(call, repeat: int, replays: int) -> float:

@@ -31,6 +31,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_clocks import ClockLog  # noqa: E402
+from lever_ab import captured_graph  # noqa: E402
+
+from helios.runtime.loading.gemm_algos import sustained_replay_us  # noqa: E402
 
 HIDDEN, QKV, FFN, VOCAB = 4096, 6144, 14336, 128256
 
@@ -53,15 +56,7 @@ def products_graph(rows: int, layers: int):
             F.linear(wide, down)
         F.linear(x, head)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph, (weights, head, x, wide)
+    return captured_graph(step), (weights, head, x, wide)
 
 
 def replay_ms(graph, seconds: float) -> tuple[float, float]:
@@ -77,17 +72,8 @@ def replay_ms(graph, seconds: float) -> tuple[float, float]:
         end.record()
         end.synchronize()
         rested.append(start.elapsed_time(end))
-    first = rested[-1]
-    count = max(8, round(seconds * 1e3 / max(first, 1e-3)))
-    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    start.record()
-    for index in range(count):
-        if index == count // 2:
-            middle.record()
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return statistics.median(rested), middle.elapsed_time(end) / (count - count // 2)
+    count = max(8, round(seconds * 1e3 / max(rested[-1], 1e-3)))
+    return statistics.median(rested), sustained_replay_us(graph, count) / 1e3
 
 
 def main() -> int:
