@@ -38,15 +38,16 @@ from helios.runtime.loading.gemm_algos import sustained_replay_us  # noqa: E402
 HIDDEN, QKV, FFN, VOCAB = 4096, 6144, 14336, 128256
 
 
-def products_graph(rows: int, layers: int):
-    """(the CUDA graph of one step's products, the weights it holds): per layer the fused qkv,
-    the output projection, the fused gate/up and the down projection, then the LM head."""
+def products_graph(rows: int, layers: int, alike: bool = False):
+    """(the CUDA graph of one step's products, the tensors it holds): per layer the fused qkv, the
+    output projection, the fused gate/up and the down projection, then the LM head; on random rows,
+    or (`alike`) on one random row repeated, as a graph replayed on padding rows reads."""
     make = lambda out, depth: torch.randn(out, depth, device="cuda", dtype=torch.bfloat16) * 0.02  # noqa: E731
     weights = [(make(QKV, HIDDEN), make(HIDDEN, HIDDEN), make(2 * FFN, HIDDEN), make(HIDDEN, FFN))
                for _ in range(layers)]
     head = make(VOCAB, HIDDEN)
-    x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    wide = torch.randn(rows, FFN, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1 if alike else rows, HIDDEN, device="cuda", dtype=torch.bfloat16).expand(rows, -1).contiguous()
+    wide = torch.randn(1 if alike else rows, FFN, device="cuda", dtype=torch.bfloat16).expand(rows, -1).contiguous()
 
     def step():
         for qkv, out, gate_up, down in weights:
@@ -83,6 +84,9 @@ def main() -> int:
     parser.add_argument("--sustain-s", type=float, default=4.0, help="seconds of back-to-back replays")
     parser.add_argument("--rounds", type=int, default=3, help="sustained runs (each after a rest)")
     parser.add_argument("--anchor-json", type=Path, help="bench/anchor_compare.py's --json from the same call")
+    parser.add_argument("--alike-rows", action="store_true",
+                        help="also time the products on one row repeated (what a replay on padding rows computes): "
+                             "the power a step draws depends on its data")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -102,6 +106,21 @@ def main() -> int:
         print(line, flush=True)
     floor = statistics.median(floors)
     print(f"floor (median sustained): {floor:.3f} ms a step", flush=True)
+    if args.alike_rows:
+        del graph, _held
+        graph, _held = products_graph(args.rows, args.layers, alike=True)
+        alike = []
+        with ClockLog() as clocks:
+            for round_ in range(args.rounds):
+                clocks.phase(f"alike rows, round {round_}")
+                rested, sustained = replay_ms(graph, args.sustain_s)
+                alike.append(sustained)
+                print(f"products alone on one row repeated: rested {rested:.3f} ms, sustained {sustained:.3f} ms a "
+                      "step", flush=True)
+        for line in clocks.describe():
+            print(line, flush=True)
+        print(f"one row repeated, sustained: {statistics.median(alike):.3f} ms a step, {floor / statistics.median(alike):.3f}x "
+              "faster than on random rows", flush=True)
     if args.anchor_json is not None:
         report = json.loads(args.anchor_json.read_text())
         anchor = report.get("anchor", {}).get(str(args.rows), {}).get("step_ms")
