@@ -153,6 +153,24 @@ def decode_programs(model) -> list:
     return sorted((p for p in model.programs if p.graph == "decode"), key=lambda p: p.batch_capacity)
 
 
+def diverse_rows(model, program, log=None) -> None:
+    """Fills the decode step's token ids with random ids, one per row. After a served run the step
+    buffers hold what the last steps left (rows that ended, padding), and the power a 256-row step
+    draws depends on its data (`bench/power_floor.py --alike-rows`: one row repeated runs 1.15x
+    faster at the cap than random rows): a replay on such rows is not the served step. Positions and
+    page tables stay as they are (a step advances them; attention reads what they say)."""
+    ids = model.buffers.get("token_ids")
+    if ids is None:
+        return
+    rows = program.batch_capacity
+    vocab = model.buffers["prompt_counts"].shape[-1] if "prompt_counts" in model.buffers else 1000
+    if log is not None:
+        log(f"decode step R={rows}: {ids[:rows].unique().numel()} distinct token ids in the step buffer's "
+            f"{rows} rows before the fill")
+    generator = torch.Generator(device=ids.device).manual_seed(rows)
+    ids[:rows].copy_(torch.randint(0, vocab, (rows,), device=ids.device, generator=generator))
+
+
 def _eager(program):
     """The exported module behind a captured program (or the program's own eager module)."""
     return program.module.eager_modules[0] if isinstance(program.module, CapturedProgram) else program.module
@@ -201,6 +219,7 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     log(table)
     shares = _categories(kernels, on_cuda)
     log(f"decode step R={rows} by kind: " + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in shares.items()))
+    diverse_rows(model, program, log)
     served = _replay_profile(program, rows, top, log)
     if served and STEP_SUSTAIN_MS > 0:
         served["capped"] = _capped_profile(program.module.replay, rows, served, log)
@@ -482,6 +501,7 @@ def _step_ab(model, rows_list, make_sides, label: str, log, rounds: int) -> list
             log(f"{label} decode step R={program.batch_capacity}: not a captured CUDA program (a CUDA load A/Bs it)")
             continue
         arguments = program_arguments(program, model.weights, model.buffers)
+        diverse_rows(model, program)
         modules, note = make_sides(program)
         times = {side: [] for side in modules}
         for _ in range(rounds):
