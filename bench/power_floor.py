@@ -77,6 +77,27 @@ def replay_ms(graph, seconds: float) -> tuple[float, float]:
     return statistics.median(rested), sustained_replay_us(graph, count) / 1e3
 
 
+def sustained_floor(args, alike: bool) -> float:
+    """The median over `args.rounds` of the products' sustained ms a step (`replay_ms`), on random
+    rows or (`alike`) on one row repeated, each round's times and the clocks printed."""
+    graph, _held = products_graph(args.rows, args.layers, alike)
+    what = ("products alone on one row repeated" if alike
+            else f"products alone, {args.rows} rows, {args.layers} layers + LM head")
+    floors = []
+    with ClockLog() as clocks:
+        for round_ in range(args.rounds):
+            clocks.phase(f"{'alike rows, ' if alike else ''}round {round_}")
+            rested, sustained = replay_ms(graph, args.sustain_s)
+            floors.append(sustained)
+            print(f"{what}: rested {rested:.3f} ms, sustained {sustained:.3f} ms a step", flush=True)
+    for line in clocks.describe():
+        print(line, flush=True)
+    floor = statistics.median(floors)
+    if not alike:
+        print(f"floor (median sustained): {floor:.3f} ms a step", flush=True)
+    return floor
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=256, help="decode rows")
@@ -93,34 +114,11 @@ def main() -> int:
     if args.rows < 1 or args.layers < 1 or args.sustain_s <= 0 or args.rounds < 1:
         parser.error("--rows, --layers, --rounds at least 1 and --sustain-s above 0")
     torch.manual_seed(0)
-    graph, _held = products_graph(args.rows, args.layers)
-    floors = []
-    with ClockLog() as clocks:
-        for round_ in range(args.rounds):
-            clocks.phase(f"round {round_}")
-            rested, sustained = replay_ms(graph, args.sustain_s)
-            floors.append(sustained)
-            print(f"products alone, {args.rows} rows, {args.layers} layers + LM head: rested {rested:.3f} ms, "
-                  f"sustained {sustained:.3f} ms a step", flush=True)
-    for line in clocks.describe():
-        print(line, flush=True)
-    floor = statistics.median(floors)
-    print(f"floor (median sustained): {floor:.3f} ms a step", flush=True)
+    floor = sustained_floor(args, alike=False)
     if args.alike_rows:
-        del graph, _held
-        graph, _held = products_graph(args.rows, args.layers, alike=True)
-        alike = []
-        with ClockLog() as clocks:
-            for round_ in range(args.rounds):
-                clocks.phase(f"alike rows, round {round_}")
-                rested, sustained = replay_ms(graph, args.sustain_s)
-                alike.append(sustained)
-                print(f"products alone on one row repeated: rested {rested:.3f} ms, sustained {sustained:.3f} ms a "
-                      "step", flush=True)
-        for line in clocks.describe():
-            print(line, flush=True)
-        print(f"one row repeated, sustained: {statistics.median(alike):.3f} ms a step, {floor / statistics.median(alike):.3f}x "
-              "faster than on random rows", flush=True)
+        alike = sustained_floor(args, alike=True)
+        print(f"one row repeated, sustained: {alike:.3f} ms a step, {floor / alike:.3f}x faster than on random rows",
+              flush=True)
     if args.anchor_json is not None:
         report = json.loads(args.anchor_json.read_text())
         anchor = report.get("anchor", {}).get(str(args.rows), {}).get("step_ms")
