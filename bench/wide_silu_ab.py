@@ -192,18 +192,19 @@ INTERLEAVED_TILES = [(256, 64, 64, 8, 3), (256, 64, 64, 8, 4), (128, 64, 64, 8, 
 PLAIN_TILES = [(256, 128, 64, 8, 3), (256, 128, 64, 8, 4)]
 
 
-def alternate(finalists: dict, calls: dict, time_both, baseline, rounds: int) -> None:
-    """Sustained times of cuBLAS + silu_mul and each finalist, alternated `rounds` times (the device's
+def alternate(finalists: dict, calls: dict, time_both, baseline, rounds: int,
+              base_label: str = "cuBLAS + silu_mul") -> None:
+    """Sustained times of the baseline and each finalist, alternated `rounds` times (the device's
     clock drifts between measurements taken one after another), and each finalist's median ratio."""
-    held = {"cuBLAS + silu_mul": []} | {label: [] for label in finalists}
+    held = {base_label: []} | {label: [] for label in finalists}
     for round_ in range(rounds):
         for label in held:
-            held[label].append(time_both(f"round {round_} {label}", baseline if label == "cuBLAS + silu_mul"
+            held[label].append(time_both(f"round {round_} {label}", baseline if label == base_label
                                          else calls[label])[1])
-    base = held.pop("cuBLAS + silu_mul")
+    base = held.pop(base_label)
     for label, times in held.items():
         ratios = sorted(b / t for b, t in zip(base, times))  # each round's ratio
-        print(f"alternated {label}: {ratios[len(ratios) // 2]:.3f}x cuBLAS + silu_mul sustained "
+        print(f"alternated {label}: {ratios[len(ratios) // 2]:.3f}x {base_label} sustained "
               f"(rounds {', '.join(f'{r:.3f}' for r in ratios)})", flush=True)
 
 
