@@ -201,6 +201,7 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     if program is None:
         return {}
     arguments = program_arguments(program, model.weights, model.buffers)
+    diverse_rows(model, program, log)
     module = variant_module(_eager(program), SampleVariant.GREEDY)
     on_cuda = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
@@ -219,7 +220,6 @@ def decode_profile(model, rows: int, top: int, log) -> dict:
     log(table)
     shares = _categories(kernels, on_cuda)
     log(f"decode step R={rows} by kind: " + ", ".join(f"{kind} {ms:.3f} ms" for kind, ms in shares.items()))
-    diverse_rows(model, program, log)
     served = _replay_profile(program, rows, top, log)
     if served and STEP_SUSTAIN_MS > 0:
         served["capped"] = _capped_profile(program.module.replay, rows, served, log)
