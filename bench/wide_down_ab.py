@@ -17,7 +17,6 @@ random rows (the power a step draws depends on its data: `bench/power_floor.py -
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,8 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lever_ab import graph_ms  # noqa: E402
-from wide_silu_ab import _descriptors, _tiles, alternate  # noqa: E402
+from wide_silu_ab import _descriptors, _tiles, alternate, parse_arguments, timer  # noqa: E402
 
 HIDDEN, FFN = 4096, 14336  # the down projection's weight: [HIDDEN, FFN]
 
@@ -95,27 +93,12 @@ TILES = [  # block_m, block_n, block_k, split, warps, stages (depth / split a mu
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--copies", type=int, default=6, help="distinct weights per graph (no L2 reuse)")
-    parser.add_argument("--sustain-ms", type=float, default=400.0, help="back-to-back replays for the sustained time")
-    parser.add_argument("--finalists", type=int, default=3, help="tiles timed again, alternated with cuBLAS")
-    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of the finalists")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA device (Hopper or later: TMA)")
+    args = parse_arguments(__doc__.splitlines()[0])
     torch.manual_seed(0)
     weights = [torch.randn(HIDDEN, FFN, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(args.copies)]
     x = torch.randn(args.rows, FFN, device="cuda", dtype=torch.bfloat16)
     expected = F.linear(x, weights[0])
-    flops = 2.0 * args.rows * HIDDEN * FFN
-
-    def time_both(label, call):
-        rested = graph_ms(lambda: [call(w) for w in weights]) / args.copies
-        held = graph_ms(lambda: [call(w) for w in weights], sustain_ms=args.sustain_ms) / args.copies
-        print(f"{label:<44} rested {rested * 1e3:7.1f} us ({flops / rested / 1e9:5.0f} TFLOP/s)  sustained "
-              f"{held * 1e3:7.1f} us", flush=True)
-        return rested, held
+    time_both = timer(weights, 2.0 * args.rows * HIDDEN * FFN, args.sustain_ms)
 
     cublas = lambda w: F.linear(x, w)  # noqa: E731
     time_both("cuBLAS", cublas)

@@ -208,29 +208,42 @@ def alternate(finalists: dict, calls: dict, time_both, baseline, rounds: int,
               f"(rounds {', '.join(f'{r:.3f}' for r in ratios)})", flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_arguments(description: str):
+    """The arguments both TMA benches take; a parser error without CUDA."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--copies", type=int, default=6, help="distinct weights per graph (no L2 reuse)")
     parser.add_argument("--sustain-ms", type=float, default=400.0, help="back-to-back replays for the sustained time")
-    parser.add_argument("--finalists", type=int, default=3, help="fused tiles timed again, alternated")
+    parser.add_argument("--finalists", type=int, default=3, help="kernels timed again, alternated with the baseline")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of the finalists")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (Hopper or later: TMA)")
+    if min(args.rows, args.copies, args.rounds) < 1 or args.sustain_ms <= 0:
+        parser.error("--rows, --copies and --rounds at least 1, --sustain-ms above 0")
+    return args
+
+
+def timer(weights: list, flops: float, sustain_ms: float):
+    """`time_both(label, call)`: (rested, sustained) ms of `call(w)` over `weights` in one CUDA graph,
+    a call each, printed with the rested TFLOP/s of `flops` a call."""
+    def time_both(label, call):
+        rested = graph_ms(lambda: [call(w) for w in weights]) / len(weights)
+        held = graph_ms(lambda: [call(w) for w in weights], sustain_ms=sustain_ms) / len(weights)
+        print(f"{label:<44} rested {rested * 1e3:7.1f} us ({flops / rested / 1e9:5.0f} TFLOP/s)  sustained "
+              f"{held * 1e3:7.1f} us", flush=True)
+        return rested, held
+    return time_both
+
+
+def main() -> int:
+    args = parse_arguments(__doc__.splitlines()[0])
     torch.manual_seed(0)
     weights = [torch.randn(2 * WIDTH, DEPTH, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(args.copies)]
     x = torch.randn(args.rows, DEPTH, device="cuda", dtype=torch.bfloat16)
     expected = torch.ops.helios.silu_mul(F.linear(x, weights[0]))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    flops = 2.0 * args.rows * 2 * WIDTH * DEPTH
-
-    def time_both(label, call):
-        rested = graph_ms(lambda: [call(w) for w in weights]) / args.copies
-        held = graph_ms(lambda: [call(w) for w in weights], sustain_ms=args.sustain_ms) / args.copies
-        print(f"{label:<44} rested {rested * 1e3:7.1f} us ({flops / rested / 1e9:5.0f} TFLOP/s)  sustained "
-              f"{held * 1e3:7.1f} us", flush=True)
-        return rested, held
+    time_both = timer(weights, 2.0 * args.rows * 2 * WIDTH * DEPTH, args.sustain_ms)
 
     base = time_both("cuBLAS + silu_mul", lambda w: torch.ops.helios.silu_mul(F.linear(x, w)))
     time_both("cuBLAS alone", lambda w: F.linear(x, w))
