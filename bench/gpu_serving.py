@@ -90,15 +90,38 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * (1 << 30) / sorted(times[5:])[len(times[5:]) // 2]
 
 
-def submit_greedy(engine, request_id: str, prompt: list[int], output: int, record) -> None:
-    """One greedy request of exactly `output` tokens (EOS ignored), events to `record`."""
-    spec = RequestSpec(request_id, tuple(prompt), output, frozenset())
+def submit_greedy(engine, request_id: str, prompt: list[int], output: int, record, observe: bool = False) -> None:
+    """One greedy request of exactly `output` tokens (EOS ignored), events to `record`; with `observe`,
+    its token events carry the engine's step-completion clock (`TokenEvent.observed_ns`)."""
+    spec = RequestSpec(request_id, tuple(prompt), output, frozenset(), observe=observe)
     engine.submit(EngineRequest(spec, record))
+
+
+def window_rates(stamps: dict[str, list[float]]) -> dict:
+    """Decode rates from each request's token times: from the last request's first token to the
+    last token (``decode``), and over the steps where every request decodes, from the last first
+    token to the first request's last (``full``): the batch is then exactly its request count, as
+    in a fixed-batch decode loop."""
+    first = max(s[0] for s in stamps.values())  # every request is decoding from here on
+    last = max(s[-1] for s in stamps.values())
+    full_end = min(s[-1] for s in stamps.values())
+    decoded = sum(sum(1 for t in s if t > first) for s in stamps.values())
+    full = sum(sum(1 for t in s if first < t <= full_end) for s in stamps.values())
+    return {"decode": decoded / (last - first) if last > first else float("nan"),
+            "full": full / (full_end - first) if full_end > first else float("nan"),
+            "first": first, "full_end": full_end}
 
 
 def run_helios(engine, workload: Workload, vocab: int, salt: int = 0, rest_s: float = 0.0,
                on_rested=lambda: None) -> dict:
     """Submits every request of `workload`, runs to idle; output tokens/s and steady decode rate.
+
+    Each token is timed by the engine's clock read when its step's completion is validated (one
+    read a step, shared by every row: `RequestSpec.observe`), so a window from one step's tokens
+    to a later step's holds whole steps, as a timed loop of decode steps does. The previous measure
+    timed each token when its event reached this callback: the 256 events of a step arrive spread
+    over the step's dispatch, the window then opened after the last row's first token and closed at
+    the first row's last token, one step's tokens short (``*_callback_*`` keeps it).
 
     With `rest_s`, the engine pauses that long once every request has its first token (the device
     idles and leaves its power cap, as a script that compiles between prefill and a timed decode
@@ -106,6 +129,7 @@ def run_helios(engine, workload: Workload, vocab: int, salt: int = 0, rest_s: fl
     rate of the steps launched after the pause (from every row's third token after it: the frames
     in flight during the pause are not counted)."""
     stamps: dict[str, list[float]] = {}
+    arrivals: dict[str, list[float]] = {}
     started_rows, rested = [0], []
 
     def record(event) -> None:
@@ -113,32 +137,30 @@ def run_helios(engine, workload: Workload, vocab: int, salt: int = 0, rest_s: fl
             own = stamps[event.request_id]
             if not own:
                 started_rows[0] += 1
-            own.extend([time.perf_counter()] * len(event.token_ids))
+            arrived = time.monotonic()
+            own.extend([event.observed_ns / 1e9] * len(event.token_ids))
+            arrivals[event.request_id].extend([arrived] * len(event.token_ids))
             if rest_s and not rested and started_rows[0] == len(stamps):
                 time.sleep(rest_s)
-                rested.append(time.perf_counter())
+                rested.append(time.monotonic())
                 on_rested()
 
-    start = time.perf_counter()
+    start = time.monotonic()
     for index, prompt in enumerate(workload.prompts(vocab, salt)):
         request_id = f"w{salt}-{index}"
-        stamps[request_id] = []
-        submit_greedy(engine, request_id, prompt, workload.output, record)
+        stamps[request_id], arrivals[request_id] = [], []
+        submit_greedy(engine, request_id, prompt, workload.output, record, observe=True)
     engine.run_until_idle()
-    elapsed = time.perf_counter() - start
+    elapsed = time.monotonic() - start
     tokens = sum(len(s) for s in stamps.values())
-    first = max(s[0] for s in stamps.values())  # every request is decoding from here on
-    last = max(s[-1] for s in stamps.values())
-    decoded = sum(sum(1 for t in s if t > first) for s in stamps.values())
-    # Steps where every request decodes (after the last one's first token, up to the first one's
-    # last): the batch is exactly `workload.requests` rows, as in a fixed-batch decode loop.
-    full_end = min(s[-1] for s in stamps.values())
-    full = sum(sum(1 for t in s if first < t <= full_end) for s in stamps.values())
+    rates, callback = window_rates(stamps), window_rates(arrivals)
     result = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-              "decode_tokens_per_s": decoded / (last - first) if last > first else float("nan"),
-              "full_batch_decode_tokens_per_s": full / (full_end - first) if full_end > first else float("nan"),
+              "decode_tokens_per_s": rates["decode"], "full_batch_decode_tokens_per_s": rates["full"],
+              "decode_callback_tokens_per_s": callback["decode"],
+              "full_batch_decode_callback_tokens_per_s": callback["full"],
               "ttft_s": min(s[0] for s in stamps.values()) - start}
     if rested:
+        full_end = rates["full_end"]
         after = [[t for t in s if t > rested[0]] for s in stamps.values()]
         begin = max(s[2] if len(s) > 2 else math.inf for s in after)  # every row's third token after it
         counted = sum(sum(1 for t in s if begin < t <= full_end) for s in after)
