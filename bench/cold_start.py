@@ -269,7 +269,8 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
         verified = time.perf_counter() - started
         options = RuntimeOptions(load=LoadOptions(startup, device=str(device), cuda_graphs=device.type == "cuda",
-                                                  compile_workers=args.compile_workers))
+                                                  compile_workers=args.compile_workers,
+                                                  compile_longest_first=args.compile_longest_first))
         runtime = build_runtime(opened, options)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -310,6 +311,9 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-workers", type=int, default=None,
                         help="worker processes compiling the Triton kernels before capture (LoadOptions."
                              "compile_workers; default: the load's own choice, 0: the warm-up compiles them)")
+    parser.add_argument("--compile-longest-first", action="store_true",
+                        help="a freed compile worker takes the waiting variant expected to compile longest "
+                             "(LoadOptions.compile_longest_first; default: the order the dry run sent them)")
     parser.add_argument("--core", type=Path, default=None,
                         help="load the core --keep-core kept in this folder (no checkpoint, no prepare)")
     parser.add_argument("--keep-core", type=Path, default=None,

@@ -5,7 +5,8 @@
 # restart); each load's phase table, whether it imported torch._dynamo, and the totals at the end.
 #   OLD_SRC=.anchor/old_src OUT=dir bash bench/load_ab.sh [ROUNDS]
 # (OLD_SRC: a copy of an earlier tree's src/, e.g. `git archive REV src | tar -x -C .anchor/old`, carried
-# with the call; .whl carried as for bench/anchor_session.sh)
+# with the call; .whl carried as for bench/anchor_session.sh). A_ARGS / B_ARGS: more bench/cold_start.py
+# arguments for one side's loads, e.g. OLD_SRC=src B_ARGS=--compile-longest-first for an A/B of a load option.
 set -uo pipefail
 out=${OUT:-device-out}; mkdir -p "$out/logs"
 rounds=${1:-2}
@@ -22,8 +23,9 @@ PYTHONPATH=$PWD/src:$site TRITON_CACHE_DIR=$core/triton-prepare timeout 200 pyth
 echo "== prepared at ${SECONDS}s"
 load() {  # side (a|b), cache directory, log name
   local path=$PWD/src; [ "$1" = a ] && path=$old
+  local extra=${A_ARGS:-}; [ "$1" = b ] && extra=${B_ARGS:-}
   PYTHONPATH=$path:$site TRITON_CACHE_DIR=$2 timeout 90 python3 bench/cold_start.py --core "$core/kept" \
-    --variants logprobs ${SMOKE:+--smoke} > "$out/logs/$3.log" 2>&1
+    --variants logprobs ${SMOKE:+--smoke} $extra > "$out/logs/$3.log" 2>&1
   echo "$3: $(grep -m1 -E '^load \(' "$out/logs/$3.log") ($(grep -m1 -o 'torch._dynamo [a-z ]*' "$out/logs/$3.log"))"
 }
 for round in $(seq 1 "$rounds"); do

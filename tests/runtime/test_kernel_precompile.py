@@ -412,3 +412,115 @@ def test_a_variant_already_on_disk_is_loaded_and_launched_here(kernel, monkeypat
 def test_workers_asked_for_are_at_most_the_cpus(monkeypatch):
     monkeypatch.setattr(kernel_precompile.os, "sched_getaffinity", lambda _: set(range(4)), raising=False)
     assert KernelCompiler(100_000).workers == 4 and KernelCompiler(2).workers == 2
+
+
+def _jobs_in_start_order(longest_first: bool, kernels: list[str]) -> list[str]:
+    """The kernels of `kernels`, sent in that order to one worker kept busy by the first until all
+    are sent, in the order the worker started compiling them."""
+    started, release = [], threading.Event()
+
+    def compiling(job):
+        started.append(job.kernel)
+        release.wait(5)
+        return 0.01
+
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1), longest_first=longest_first)
+    with mock.patch.object(kernel_precompile, "compile_job", compiling):
+        for index, kernel in enumerate(kernels):
+            module, name = kernel.rsplit(".", 1)
+            assert compiler.submit(CompileJob(module, name, {}, {}, {}, {}, None), (kernel, index))
+        release.set()
+        report = compiler.wait()
+    assert report["variants"] == len(kernels) and report["failed"] == []
+    return started
+
+
+def test_longest_first_gives_a_free_worker_the_waiting_variant_expected_to_compile_longest():
+    prefill, decode = "helios.abi.triton_prefill._prefill_kernel", "helios.abi.triton_decode._decode_kernel"
+    assert kernel_precompile.expected_seconds(CompileJob(*prefill.rsplit(".", 1), {}, {}, {}, {}, None)) > \
+        kernel_precompile.expected_seconds(CompileJob(*decode.rsplit(".", 1), {}, {}, {}, {}, None)) > \
+        kernel_precompile.expected_seconds(CompileJob("m", "short", {}, {}, {}, {}, None))
+    sent = ["m.first", "m.short", decode, "m.other", prefill, "m.last"]
+    # The first goes to the free worker at once; the rest wait, the longest first, equals in sent order.
+    assert _jobs_in_start_order(True, sent) == ["m.first", prefill, decode, "m.short", "m.other", "m.last"]
+    assert _jobs_in_start_order(False, sent) == sent  # the default: the order they were sent
+
+
+def test_longest_first_keeps_one_variant_a_worker_and_every_worker_busy(monkeypatch):
+    monkeypatch.setattr(kernel_precompile, "_cpus", lambda: 8)  # three workers on any machine
+    running, most, lock = [0], [0], threading.Lock()
+    together = threading.Barrier(3)  # the first three compile at once (a worker left idle would time it out)
+
+    def compiling(job):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            if job.name in ("k0", "k1", "k2"):
+                together.wait(timeout=5)
+            time.sleep(0.01)
+        finally:
+            with lock:
+                running[0] -= 1
+        return 0.02
+
+    compiler = KernelCompiler(3, executor=ThreadPoolExecutor(8), longest_first=True)
+    with mock.patch.object(kernel_precompile, "compile_job", compiling):
+        for index in range(12):
+            assert compiler.submit(CompileJob("m", f"k{index}", {}, {}, {}, {}, None), (index,))
+        report = compiler.wait()
+    assert most[0] == 3  # never more than one a worker, though the executor has threads for eight
+    assert report["variants"] == 12 and report["failed"] == [] and report["seconds"] == pytest.approx(0.24)
+
+
+def test_a_pool_that_breaks_while_variants_wait_leaves_them_to_the_warm_up():
+    """Sending a waiting variant to a pool that broke meanwhile fails it and every other waiting one
+    (`wait` reports them; the warm-up runs compile them) and closes the pool."""
+    release = threading.Event()
+
+    class BreaksAfterOne(ThreadPoolExecutor):
+        calls = 0
+
+        def submit(self, fn, *args, **kwargs):
+            BreaksAfterOne.calls += 1
+            if BreaksAfterOne.calls > 1:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            return super().submit(fn, *args, **kwargs)
+
+    compiler = KernelCompiler(1, executor=BreaksAfterOne(1), longest_first=True)
+    with mock.patch.object(kernel_precompile, "compile_job", lambda job: release.wait(5) and 0.01):
+        for name in ("first", "second", "third"):
+            assert compiler.submit(CompileJob("m", name, {}, {}, {}, {}, None), (name,))
+        release.set()
+        report = compiler.wait()
+    assert sorted(report["failed"]) == ["m.second", "m.third"] and not compiler.active
+    assert not compiler.submit(CompileJob("m", "fourth", {}, {}, {}, {}, None), ("fourth",))  # closed: compiled here
+
+
+def test_closing_the_compiler_ends_the_variants_still_waiting():
+    release = threading.Event()
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1), longest_first=True)
+    with mock.patch.object(kernel_precompile, "compile_job", lambda job: release.wait(5) and 0.01):
+        for name in ("first", "second"):
+            assert compiler.submit(CompileJob("m", name, {}, {}, {}, {}, None), (name,))
+        compiler.close()
+        release.set()
+        waiting = compiler._jobs[("second",)]
+        assert isinstance(waiting.exception(timeout=5), kernel_precompile.CancelledError)
+
+
+@pytest.mark.parametrize("longest_first", [False, True])
+def test_the_load_option_reaches_the_compiler(monkeypatch, longest_first):
+    from helios.runtime.loading import model
+    from runtime.test_model_fixture import open_fixture
+
+    made = []
+
+    class Recorded(KernelCompiler):
+        def __init__(self, workers, executor=None, longest_first=False):
+            made.append(longest_first)
+            super().__init__(workers, executor, longest_first)
+
+    monkeypatch.setattr(model, "KernelCompiler", Recorded)
+    assert model.load_model(open_fixture(), model.LoadOptions(compile_longest_first=longest_first)).programs
+    assert made == [longest_first]

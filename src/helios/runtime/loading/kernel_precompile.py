@@ -36,6 +36,7 @@ not the one the fork server started with.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import importlib
 import importlib.util
 import logging
@@ -43,19 +44,30 @@ import multiprocessing
 import os
 import sys
 import threading
+import itertools
 import time
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
 
-__all__ = ["KernelCompiler", "CompileJob", "compile_job", "default_compile_workers"]
+__all__ = ["KernelCompiler", "CompileJob", "compile_job", "default_compile_workers", "expected_seconds"]
 
 _LOG = logging.getLogger(__name__)
 _COMPILED_HERE = False  # a dry run has finished in this process (its kernels are compiled here now)
 _PATCH_LOCK = threading.Lock()  # one dry run at a time per process (each replaces two JITFunction methods)
 MAX_WORKERS = 8  # about the variants a load compiles at once; more only adds spawn and import cost
+# Seconds a variant of these kernels takes to compile where it is well above the half second to one second
+# of most (an 8B core's first load on the H200 machine's host, bench/results/h200_session42_call6: the
+# prefill kernel 2.2-3.5 s a variant, the decode kernel 1.5-1.7 s). With `longest_first`, a variant sent
+# while every worker is busy waits in the compiler, and a freed worker takes the longest one waiting.
+COMPILE_SECONDS = {"helios.abi.triton_prefill._prefill_kernel": 3.0, "helios.abi.triton_decode._decode_kernel": 1.6}
+
+
+def expected_seconds(job: "CompileJob") -> float:
+    """The seconds `job` is expected to take to compile (`COMPILE_SECONDS`, else 1)."""
+    return COMPILE_SECONDS.get(job.kernel, 1.0)
 
 
 def default_compile_workers() -> int:
@@ -149,11 +161,20 @@ class KernelCompiler:
 
     `dry_run(arguments)` runs the calling thread's Triton launches as described in the module
     docstring; `wait()` returns once every variant sent has been compiled (or failed). `executor`
-    replaces the worker processes (tests)."""
+    replaces the worker processes (tests). Variants go to the workers in the order they are sent;
+    with `longest_first`, at most one per worker at a time, and a variant sent while every worker is
+    busy waits here until one is free, which then takes the waiting variant expected to compile
+    longest (`expected_seconds`; the earliest sent among equals): the dry run sends the long prefill
+    variants after most of the short decode ones, which otherwise queue ahead of them."""
 
-    def __init__(self, workers: int, executor: Executor | None = None):
+    def __init__(self, workers: int, executor: Executor | None = None, longest_first: bool = False):
         self.workers = min(workers, _cpus())  # more processes than CPUs would only contend
+        self.longest_first = longest_first
         self._pool: Executor | None = executor
+        self._lock = threading.Lock()  # the waiting variants and the count at the workers (longest_first)
+        self._waiting: list[tuple[float, int, CompileJob, Future]] = []  # a heap: (-expected s, order, job, its future)
+        self._order = itertools.count()
+        self._at_workers = 0
         self._jobs: dict[tuple, Future] = {}
         self._names: dict[tuple, str] = {}
         self._times: dict[tuple, list] = {}  # [sent, finished or None, label] (perf_counter), for the report
@@ -198,6 +219,10 @@ class KernelCompiler:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for *_, future in waiting:  # never sent: the warm-up runs compile them
+            future.set_exception(CancelledError("the compile workers were closed"))
 
     @property
     def active(self) -> bool:
@@ -209,22 +234,60 @@ class KernelCompiler:
         return key in self._jobs
 
     def submit(self, job: CompileJob, key: tuple) -> bool:
-        """Sends `job` (once per `key`) to a worker; False when there is no pool, or it broke (it is
-        closed then: the variants not sent compile where they are launched)."""
+        """Sends `job` (once per `key`) to a worker (with `longest_first`, to the waiting variants when
+        every worker is busy); False when there is no pool, or it broke (it is closed then: the
+        variants not sent compile where they are launched)."""
         if self._pool is None:
             return False
         if key not in self._jobs:
-            try:
-                self._jobs[key] = self._pool.submit(compile_job, job)
-            except _POOL_ERRORS as error:  # a broken pool (a worker killed), one shut down, no fork server
-                _LOG.warning("Triton compile workers unavailable (%s: %s); the warm-up compiles the rest",
-                             type(error).__name__, error)
-                self.close()
-                return False
+            with self._lock:
+                held = self.longest_first and self._at_workers >= self.workers
+                if held:
+                    future: Future = Future()
+                    heapq.heappush(self._waiting, (-expected_seconds(job), next(self._order), job, future))
+                else:
+                    self._at_workers += 1
+            if not held:
+                try:
+                    future = self._pool.submit(compile_job, job)
+                except _POOL_ERRORS as error:  # a broken pool (a worker killed), one shut down, no fork server
+                    with self._lock:
+                        self._at_workers -= 1
+                    self._unavailable(error)
+                    return False
+            self._jobs[key] = future
             self._names[key] = job.kernel
             times = self._times[key] = [time.perf_counter(), None, self.label]
-            self._jobs[key].add_done_callback(lambda _, times=times: times.__setitem__(1, time.perf_counter()))
+            future.add_done_callback(lambda _, times=times: times.__setitem__(1, time.perf_counter()))
+            if not held:
+                future.add_done_callback(self._returned)
         return True
+
+    def _returned(self, _: Future) -> None:
+        """A worker is free: with `longest_first`, it takes the waiting variant expected to compile
+        longest (on the pool's thread that reports the result)."""
+        with self._lock:
+            self._at_workers -= 1
+            if not self._waiting or self._pool is None:
+                return
+            *_, job, held = heapq.heappop(self._waiting)
+            self._at_workers += 1
+            pool = self._pool
+        try:
+            future = pool.submit(compile_job, job)
+        except _POOL_ERRORS as error:  # it broke meanwhile: this and every waiting variant compile at warm-up
+            with self._lock:
+                self._at_workers -= 1
+            held.set_exception(error)
+            self._unavailable(error)
+            return
+        future.add_done_callback(lambda done: _settle(held, done))
+        future.add_done_callback(self._returned)
+
+    def _unavailable(self, error: BaseException) -> None:
+        _LOG.warning("Triton compile workers unavailable (%s: %s); the warm-up compiles the rest",
+                     type(error).__name__, error)
+        self.close()
 
     @contextlib.contextmanager
     def dry_run(self, arguments: Iterable[torch.Tensor]) -> Iterator[None]:
@@ -270,6 +333,16 @@ class KernelCompiler:
 
 def _ready() -> None:
     return None
+
+
+def _settle(held: Future, done: Future) -> None:
+    """`held` (a variant that waited in the compiler) takes the outcome of its worker's future `done`."""
+    if done.cancelled():
+        held.set_exception(CancelledError("the compile workers were closed"))
+    elif done.exception() is not None:
+        held.set_exception(done.exception())
+    else:
+        held.set_result(done.result())
 
 
 WORKER_NICENESS = 10  # added to the compile workers' scheduling niceness (Linux: the spawning thread's)

@@ -128,6 +128,10 @@ class LoadOptions:
     # runs need, side by side, before it (`helios.runtime.loading.kernel_precompile`); None:
     # `default_compile_workers()`, 0: the warm-up runs compile them one after another.
     compile_workers: int | None = None
+    # With `compile_workers`: a variant sent while every worker is busy waits, and a freed worker takes the
+    # one expected to compile longest (`KernelCompiler`'s `longest_first`); off: the order they were sent.
+    # Not yet measured on a device: `bench/cold_start.py --compile-longest-first` A/Bs it.
+    compile_longest_first: bool = False
     progress: Callable[[str], None] | None = None  # load-time progress lines (compilation), e.g. to stderr
 
 
@@ -172,7 +176,7 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     if serving_device(options.device).type == "cuda" and options.cuda_graphs:
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
     # The collector paused: a third of the load's Python time went to its walks (`gc_pause`).
-    with gc_pause.paused(), KernelCompiler(workers) as compiler:  # its workers start with the load, niced
+    with gc_pause.paused(), KernelCompiler(workers, longest_first=options.compile_longest_first) as compiler:
         return _load_model(core, options, pages, compiler)
 
 
