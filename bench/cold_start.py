@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from compile_dispatch import describe as describe_dispatch  # noqa: E402
 from gpu_serving import NAMESPACE, Workload, log, prefill_chunks  # noqa: E402
 from stack_sampler import StackSampler  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, LlamaShape, with_layers, write_random_llama  # noqa: E402
@@ -46,6 +47,7 @@ from helios.contract import StartupOptions  # noqa: E402
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core  # noqa: E402
+from helios.runtime.loading import kernel_precompile  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
@@ -249,6 +251,22 @@ def triton_compiles(found: dict):
         JITFunction._do_compile = inner
 
 
+@contextlib.contextmanager
+def precompile_reports(reports: list):
+    """Each `KernelCompiler.wait` report inside, with its worker count, appended to `reports`."""
+    wait = kernel_precompile.KernelCompiler.wait
+
+    def recorded(compiler):
+        report = wait(compiler)
+        reports.append({"workers": compiler.workers, "longest_first": compiler.longest_first, **report})
+        return report
+    kernel_precompile.KernelCompiler.wait = recorded
+    try:
+        yield
+    finally:
+        kernel_precompile.KernelCompiler.wait = wait
+
+
 def log_compiles(found: dict) -> None:
     if not found:
         return
@@ -261,10 +279,11 @@ def log_compiles(found: dict) -> None:
 def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, args, device: torch.device) -> dict:
     """Open, verify and load `core` as `build_runtime` does; the phase table; the runtime is closed."""
     compiles: dict = {}
+    reports: list = []
     dynamo_before = "torch._dynamo" in sys.modules  # a CUDA load imports none (helios.abi.op_library)
     with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows), \
             sampled(args.sample, f"load ({variant})", args.profile_rows), \
-            triton_compiles(compiles):
+            triton_compiles(compiles), precompile_reports(reports):
         started = time.perf_counter()
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
         verified = time.perf_counter() - started
@@ -278,6 +297,12 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
         timer.phases = (("", "", "open + verify core"), *timer.phases)
         loaded = table("load", variant, time.perf_counter() - started, timer)
     log_compiles(compiles)
+    for report in reports:
+        if report["compiles"]:
+            log(f"  precompile ({'longest first' if report['longest_first'] else 'in the order sent'}): "
+                f"{describe_dispatch(report['compiles'], report['workers'])}")
+    if reports:
+        loaded["precompile"] = reports[-1]
     loaded["torch._dynamo"] = "imported before" if dynamo_before else \
         "imported by the load" if "torch._dynamo" in sys.modules else "not imported"
     log(f"load ({variant}): torch._dynamo {loaded['torch._dynamo']}")
