@@ -39,12 +39,12 @@ import contextlib
 import heapq
 import importlib
 import importlib.util
+import itertools
 import logging
 import multiprocessing
 import os
 import sys
 import threading
-import itertools
 import time
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -241,6 +241,8 @@ class KernelCompiler:
             return False
         if key not in self._jobs:
             with self._lock:
+                if self._pool is None:  # closed since (a worker's failure, on the pool's thread)
+                    return False
                 held = self.longest_first and self._at_workers >= self.workers
                 if held:
                     future: Future = Future()
