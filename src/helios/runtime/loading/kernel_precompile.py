@@ -247,26 +247,27 @@ class KernelCompiler:
                 if held:
                     future: Future = Future()
                     heapq.heappush(self._waiting, (-expected_seconds(job), next(self._order), job, future))
-                else:
+                elif self.longest_first:
                     self._at_workers += 1
             if not held:
                 try:
                     future = self._pool.submit(compile_job, job)
                 except _POOL_ERRORS as error:  # a broken pool (a worker killed), one shut down, no fork server
-                    with self._lock:
-                        self._at_workers -= 1
+                    if self.longest_first:
+                        with self._lock:
+                            self._at_workers -= 1
                     self._unavailable(error)
                     return False
             self._jobs[key] = future
             self._names[key] = job.kernel
             times = self._times[key] = [time.perf_counter(), None, self.label]
             future.add_done_callback(lambda _, times=times: times.__setitem__(1, time.perf_counter()))
-            if not held:
+            if self.longest_first and not held:  # counted at the workers until it returns
                 future.add_done_callback(self._returned)
         return True
 
     def _returned(self, _: Future) -> None:
-        """A worker is free: with `longest_first`, it takes the waiting variant expected to compile
+        """A worker is free (`longest_first`): it takes the waiting variant expected to compile
         longest (on the pool's thread that reports the result)."""
         with self._lock:
             self._at_workers -= 1
