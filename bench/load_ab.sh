@@ -6,7 +6,7 @@
 #   OLD_SRC=.anchor/old_src OUT=dir bash bench/load_ab.sh [ROUNDS]
 # (OLD_SRC: a copy of an earlier tree's src/, e.g. `git archive REV src | tar -x -C .anchor/old`, carried
 # with the call; .whl carried as for bench/anchor_session.sh). A_ARGS / B_ARGS: more bench/cold_start.py
-# arguments for one side's loads, e.g. OLD_SRC=src B_ARGS=--compile-longest-first for an A/B of a load option.
+# arguments for one side's loads, e.g. OLD_SRC=src A_ARGS='--compile-order sent' for an A/B of a load option.
 set -uo pipefail
 out=${OUT:-device-out}; mkdir -p "$out/logs"
 rounds=${1:-2}

@@ -443,7 +443,10 @@ def test_longest_first_gives_a_free_worker_the_waiting_variant_expected_to_compi
     sent = ["m.first", "m.short", decode, "m.other", prefill, "m.last"]
     # The first goes to the free worker at once; the rest wait, the longest first, equals in sent order.
     assert _jobs_in_start_order(True, sent) == ["m.first", prefill, decode, "m.short", "m.other", "m.last"]
-    assert _jobs_in_start_order(False, sent) == sent  # the default: the order they were sent
+    assert _jobs_in_start_order(False, sent) == sent  # without it: the order they were sent
+    from helios.runtime.loading.model import LoadOptions
+
+    assert KernelCompiler(1).longest_first and LoadOptions().compile_longest_first  # the default
 
 
 def test_longest_first_keeps_one_variant_a_worker_and_every_worker_busy(monkeypatch):
@@ -517,7 +520,7 @@ def test_the_load_option_reaches_the_compiler(monkeypatch, longest_first):
     made = []
 
     class Recorded(KernelCompiler):
-        def __init__(self, workers, executor=None, longest_first=False):
+        def __init__(self, workers, executor=None, longest_first=True):
             made.append(longest_first)
             super().__init__(workers, executor, longest_first)
 

@@ -60,8 +60,12 @@ _PATCH_LOCK = threading.Lock()  # one dry run at a time per process (each replac
 MAX_WORKERS = 8  # about the variants a load compiles at once; more only adds spawn and import cost
 # Seconds a variant of these kernels takes to compile where it is well above the half second to one second
 # of most (an 8B core's first load on the H200 machine's host, bench/results/h200_session42_call6: the
-# prefill kernel 2.2-3.5 s a variant, the decode kernel 1.5-1.7 s). With `longest_first`, a variant sent
-# while every worker is busy waits in the compiler, and a freed worker takes the longest one waiting.
+# prefill kernel 2.2-3.5 s a variant, the decode kernel 1.5-1.7 s). With `longest_first` (the default), a
+# variant sent while every worker is busy waits in the compiler, and a freed worker takes the longest one
+# waiting: the dry run sends the long prefill variants after most of the short decode ones, which queued
+# ahead of them otherwise (an 8B core's first load: 20.6 s against 22.0 s in the order sent, four
+# alternated pairs, each won by longest first; the capture's wait 3.3 s against 4.6 s;
+# bench/results/h200_session43_call1).
 COMPILE_SECONDS = {"helios.abi.triton_prefill._prefill_kernel": 3.0, "helios.abi.triton_decode._decode_kernel": 1.6}
 
 
@@ -161,13 +165,12 @@ class KernelCompiler:
 
     `dry_run(arguments)` runs the calling thread's Triton launches as described in the module
     docstring; `wait()` returns once every variant sent has been compiled (or failed). `executor`
-    replaces the worker processes (tests). Variants go to the workers in the order they are sent;
-    with `longest_first`, at most one per worker at a time, and a variant sent while every worker is
-    busy waits here until one is free, which then takes the waiting variant expected to compile
-    longest (`expected_seconds`; the earliest sent among equals): the dry run sends the long prefill
-    variants after most of the short decode ones, which otherwise queue ahead of them."""
+    replaces the worker processes (tests). With `longest_first` (the default), at most one variant per
+    worker at a time, and a variant sent while every worker is busy waits here until one is free,
+    which then takes the waiting variant expected to compile longest (`expected_seconds`; the
+    earliest sent among equals); without it, variants go to the workers in the order they are sent."""
 
-    def __init__(self, workers: int, executor: Executor | None = None, longest_first: bool = False):
+    def __init__(self, workers: int, executor: Executor | None = None, longest_first: bool = True):
         self.workers = min(workers, _cpus())  # more processes than CPUs would only contend
         self.longest_first = longest_first
         self._pool: Executor | None = executor
