@@ -95,11 +95,8 @@ LOAD_PHASES = (
     ("helios.runtime.loading.model", "_dry_run_ahead", "stand-ins for the dry run (allocate, producers)"),
     ("helios.runtime.loading.dry_run_ahead", "DryRunAhead.__call__", "[in the plans] dry run on stand-ins"),
     ("helios.runtime.loading.dry_run_ahead", "DryRunAhead.close", "[in the plans] dry run: device, free"),
-    ("helios.runtime.loading.cuda_graphs", "_dry_run", "[in capture] dry run (none if run ahead)"),
-    ("helios.runtime.loading.kernel_precompile", "KernelCompiler.wait_for", "[in capture] waiting for a graph's variants"),
-    ("helios.runtime.loading.kernel_precompile", "KernelCompiler.wait", "[in capture] waiting for every variant"),
-    # an earlier tree's (bench/load_ab.sh's A side): the dry run and one wait for every variant, before capturing
     ("helios.runtime.loading.cuda_graphs", "_precompile", "[in capture] Triton precompile (dry run + workers)"),
+    ("helios.runtime.loading.kernel_precompile", "KernelCompiler.wait", "[in precompile] waiting for workers"),
     ("helios.runtime.loading.cuda_graphs", "_warm_up", "[in capture] warm-up runs"),
     ("helios.runtime.loading.cuda_graphs", "_record_graph", "[in capture] record + instantiate"),
 )

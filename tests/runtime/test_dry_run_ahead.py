@@ -55,7 +55,7 @@ def test_the_stand_ins_are_made_only_if_they_fit_twice_beside_every_weight(manif
         assert fits_twice(manifest, model._DTYPES, 1000, torch.device("cuda")) is fits
 
 
-def test_plan_captures_hands_each_plan_to_the_dry_run_as_soon_as_it_is_built_in_capture_order(monkeypatch):
+def test_plan_captures_hands_each_plan_to_the_dry_run_as_soon_as_it_is_built(monkeypatch):
     from helios.abi.registry import registered_schemas
     from helios.runtime.loading import cuda_graphs
     from helios.runtime.loading.programs import DeclaredOps, load_program
@@ -73,8 +73,7 @@ def test_plan_captures_hands_each_plan_to_the_dry_run_as_soon_as_it_is_built_in_
         return build(program, device)
     monkeypatch.setattr(cuda_graphs, "_plan", plan)
     plans = cuda_graphs.plan_captures(programs, device, ahead=seen.append)
-    # in the capture's order (largest first): the first graphs captured have their variants sent first
-    assert [p.program for p in seen] == planned == cuda_graphs.capture_order(programs) != programs
+    assert [p.program for p in seen] == programs == planned
     assert all(plans.plans[id(p.program)] is p for p in seen)
 
 

@@ -527,35 +527,3 @@ def test_the_load_option_reaches_the_compiler(monkeypatch, longest_first):
     monkeypatch.setattr(model, "KernelCompiler", Recorded)
     assert model.load_model(open_fixture(), model.LoadOptions(compile_longest_first=longest_first)).programs
     assert made == [longest_first]
-
-
-def test_a_graph_waits_only_for_the_variants_its_dry_run_launched(kernel):
-    """Each label's launches, sent by it or before it, are what `wait_for(label)` waits for: the first
-    graph's warm-up need not wait for a variant only a later graph launches."""
-    release = threading.Event()
-
-    def compiling(job):  # stand-in variants by BLOCK: 32 compiles until released
-        if job.constexprs[(1,)] == 32:
-            release.wait(5)
-        return 0.01
-
-    compiler = KernelCompiler(2, executor=ThreadPoolExecutor(2))
-    with mock.patch.object(kernel_precompile, "compile_job", compiling):
-        with kernel_precompile._patched(StandInJit, compiler, threading.get_ident(), set()):
-            compiler.label = "prefill"
-            assert _launch(kernel, block=16) is None
-            compiler.label = "decode"
-            assert _launch(kernel, block=16) is None  # sent by prefill's dry run: needed by decode too
-            assert _launch(kernel, block=32) is None
-        assert compiler._needed == {"prefill": {(id(kernel), 16)}, "decode": {(id(kernel), 16), (id(kernel), 32)}}
-        compiler.wait_for("prefill")  # returns while 32 still compiles
-        assert compiler._jobs[(id(kernel), 16)].done() and not compiler._jobs[(id(kernel), 32)].done()
-        waiting = threading.Thread(target=compiler.wait_for, args=("decode",))
-        waiting.start()
-        waiting.join(0.1)
-        assert waiting.is_alive()  # decode waits for 32
-        release.set()
-        waiting.join(5)
-        assert not waiting.is_alive() and compiler._jobs[(id(kernel), 32)].done()
-        compiler.wait_for("a graph whose dry run launched nothing new")
-        assert compiler.wait()["variants"] == 2

@@ -159,28 +159,22 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     (startup tuning outputs, which serving programs only read) are not zeroed after warm-up.
     With `compiler` (active), every graph is first dry-run so that the Triton kernels the warm-up
     runs would compile one after another compile side by side in its workers
-    (`helios.runtime.loading.kernel_precompile`); each graph's warm-up waits only for its own. `plans`: the programs' graph modules built
+    (`helios.runtime.loading.kernel_precompile`). `plans`: the programs' graph modules built
     beforehand (`plan_captures`, while the weights load); a program it lacks is planned here.
     Raises `CaptureError` naming the program when warm-up or capture fails.
     """
     pool = torch.cuda.graph_pool_handle()
-    ordered = capture_order(programs)
+    ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
     captured = {}
     built = plans if plans is not None else CapturePlans({})
     with torch.inference_mode(), torch.cuda.device(device):
         try:
             plans = [built.take(program, device, arguments_of(program)) for program in ordered]
             choose_algorithms(lt_shapes(module for plan in plans for module in plan.modules()), device)
-            precompiling = compiler is not None and compiler.active
-            started = time.perf_counter()
-            if precompiling:
-                _dry_run(plans, compiler, buffers)
+            if compiler is not None and compiler.active:
+                _precompile(plans, compiler, buffers)
             for plan in plans:
-                if precompiling:  # its own variants; the workers go on with the later graphs'
-                    compiler.wait_for(plan.name)
                 captured[id(plan.program)] = _capture(plan, pool, warmups)
-            if precompiling:
-                _report_precompile(compiler, started)
         except BaseException:
             for done in captured.values():  # before a caller tears down NCCL (see `release`)
                 done.release()
@@ -192,13 +186,6 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
                 tensor.zero_()
         torch.cuda.synchronize(device)
     return tuple(dataclasses.replace(p, module=captured[id(p)]) for p in programs)
-
-
-def capture_order(programs: Sequence) -> list:
-    """The order graphs are captured in: the most packed tokens (then rows) first, so that a smaller
-    graph reuses the pool memory a larger one's intermediates left; planned (and dry-run ahead) in it
-    too, so the variants the first graphs captured need are sent to the compile workers first."""
-    return sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
 
 
 @dataclasses.dataclass
@@ -256,7 +243,7 @@ def plan_captures(programs: Sequence, device: torch.device, ahead=None) -> Captu
     plans = {}
     current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with torch.inference_mode(), current:
-        for program in capture_order(programs):
+        for program in programs:
             try:
                 plan = plans[id(program)] = _plan(program, device)
             except CaptureError:
@@ -322,33 +309,30 @@ def _fresh_left_out(name: str, error: BaseException) -> None:
                  "attention", name, error)
 
 
-def _dry_run(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mapping[str, torch.Tensor]) -> None:
-    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`) unless that was done
-    ahead on stand-ins (`KernelCompiler.ran_ahead`). A graph that fails here is left to its warm-up
-    run, which reports the error."""
-    if compiler.ran_ahead:
-        return
-    arguments = [*buffers.values()]
-    for plan in plans:
-        for argument in plan.arguments:
-            arguments.extend(argument if isinstance(argument, (list, tuple)) else (argument,))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with compiler.dry_run(arguments), torch.cuda.stream(stream):
+def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mapping[str, torch.Tensor]) -> None:
+    """Every plan's graphs dry-run on a side stream (`KernelCompiler.dry_run`) unless
+    that was done ahead on stand-ins (`KernelCompiler.ran_ahead`), then the workers' compiles awaited.
+    A graph that fails here is left to its warm-up run, which reports the error."""
+    started = time.perf_counter()
+    if not compiler.ran_ahead:
+        arguments = [*buffers.values()]
         for plan in plans:
-            dry_run_plan(plan, plan.arguments, compiler)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.current_stream().synchronize()
-
-
-def _report_precompile(compiler: KernelCompiler, started: float) -> None:
-    """Logs the precompile once every graph is captured (`KernelCompiler.wait`: every variant is done)."""
+            for argument in plan.arguments:
+                arguments.extend(argument if isinstance(argument, (list, tuple)) else (argument,))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with compiler.dry_run(arguments), torch.cuda.stream(stream):
+            for plan in plans:
+                dry_run_plan(plan, plan.arguments, compiler)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream().synchronize()
+    dry = time.perf_counter() - started
     report = compiler.wait()
-    where = f"a {compiler.ahead_seconds:.1f} s dry run on stand-ins while the weights loaded" if compiler.ran_ahead \
-        else "a dry run at capture"
-    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during %s; the capture "
-              "(%.1f s) waited %.1f s for them", report["variants"], compiler.workers, report["seconds"], where,
-              time.perf_counter() - started, compiler.waited_seconds)
+    where = (f"a {compiler.ahead_seconds:.1f} s dry run on stand-ins while the weights loaded, then "
+             f"{time.perf_counter() - started:.1f} s at capture") if compiler.ran_ahead else \
+        f"a {dry:.1f} s dry run and {time.perf_counter() - started - dry:.1f} s after it"
+    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during %s",
+              report["variants"], compiler.workers, report["seconds"], where)
     for kernel, label, sent, took, finished in sorted(report["compiles"], key=lambda c: -c[4])[:DRY_RUN_REPORT]:
         _LOG.info("  %s: sent %.1f s after the first (%s), compiled in %.1f s, done at %.1f s", kernel, sent,
                   label, took, finished)

@@ -16,10 +16,7 @@ Which variants a load needs is known only by running its programs, so a load run
    (an index read from one stays in range). Arguments (weights, caches, inputs) are never touched.
    Every layer launches the same variants again: such a launch is known sent by its cache key
    (`_launch_key`, what Triton's `run` looks it up by) before Triton packs its arguments again.
-2. the capture, graph by graph: each graph waits only for the variants its own dry run launched
-   (`wait_for`), then its warm-up run loads each of them from the cache in milliseconds, while the
-   workers go on compiling what later graphs need (waiting for every variant first left the workers'
-   last seconds and the warm-up runs and recording one after another); `wait` reports them all.
+2. `wait`, then the warm-up runs as before: each variant now loads from the cache in milliseconds.
 
 The dry run changes only which launches are made, only on the thread that runs it (the weight
 loader's thread, or any other, launches as usual), and only until it ends. A variant already in
@@ -167,13 +164,11 @@ class KernelCompiler:
     """A pool of compile workers for one load (a context manager: the workers end with it).
 
     `dry_run(arguments)` runs the calling thread's Triton launches as described in the module
-    docstring, each variant it sends or finds sent noted as needed by what `label` names;
-    `wait_for(label)` returns once the variants `label` needs are compiled (or failed), `wait()` once
-    every variant sent is. `executor` replaces the worker processes (tests). With `longest_first`
-    (the default), at most one variant per worker at a time, and a variant sent while every worker is
-    busy waits here until one is free, which then takes the waiting variant expected to compile
-    longest (`expected_seconds`; the earliest sent among equals); without it, variants go to the
-    workers in the order they are sent."""
+    docstring; `wait()` returns once every variant sent has been compiled (or failed). `executor`
+    replaces the worker processes (tests). With `longest_first` (the default), at most one variant per
+    worker at a time, and a variant sent while every worker is busy waits here until one is free,
+    which then takes the waiting variant expected to compile longest (`expected_seconds`; the
+    earliest sent among equals); without it, variants go to the workers in the order they are sent."""
 
     def __init__(self, workers: int, executor: Executor | None = None, longest_first: bool = True):
         self.workers = min(workers, _cpus())  # more processes than CPUs would only contend
@@ -186,8 +181,6 @@ class KernelCompiler:
         self._jobs: dict[tuple, Future] = {}
         self._names: dict[tuple, str] = {}
         self._times: dict[tuple, list] = {}  # [sent, finished or None, label] (perf_counter), for the report
-        self._needed: dict[str, set] = {}  # label -> the keys of the variants its dry run launched
-        self.waited_seconds = 0.0  # in `wait_for`, summed
         self.skipped_launches = 0
         self.label = ""  # what the dry run is running (each variant's report names what sent it)
         self.ran_ahead = False  # dry-run already, on stand-ins (`helios.runtime.loading.dry_run_ahead`)
@@ -243,10 +236,6 @@ class KernelCompiler:
         """Whether the variant of `key` was sent to a worker already."""
         return key in self._jobs
 
-    def need(self, key: tuple) -> None:
-        """Notes that what `label` names launches the variant of `key` (sent, by it or before)."""
-        self._needed.setdefault(self.label, set()).add(key)
-
     def submit(self, job: CompileJob, key: tuple) -> bool:
         """Sends `job` (once per `key`) to a worker (with `longest_first`, to the waiting variants when
         every worker is busy); False when there is no pool, or it broke (it is closed then: the
@@ -278,7 +267,6 @@ class KernelCompiler:
             future.add_done_callback(lambda _, times=times: times.__setitem__(1, time.perf_counter()))
             if self.longest_first and not held:  # counted at the workers until it returns
                 future.add_done_callback(self._returned)
-        self.need(key)
         return True
 
     def _returned(self, _: Future) -> None:
@@ -322,15 +310,6 @@ class KernelCompiler:
         protected = {t.untyped_storage().data_ptr() for t in arguments if isinstance(t, torch.Tensor)}
         with _patched(JITFunction, self, threading.get_ident(), protected):
             yield
-
-    def wait_for(self, label: str) -> None:
-        """Blocks until every variant that `label`'s dry run launched is compiled (or failed: its warm-up
-        run compiles it)."""
-        global _COMPILED_HERE
-        _COMPILED_HERE = True
-        started = time.perf_counter()
-        wait([self._jobs[key] for key in self._needed.get(label, ())])
-        self.waited_seconds += time.perf_counter() - started
 
     def wait(self) -> dict:
         """Blocks until every variant sent is compiled; {"variants", "failed", "seconds" (the seconds
@@ -420,7 +399,6 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         variant = (id(self), key)
         if compiler.sent(variant):  # launched again (every layer): skipped, nothing looked up again
-            compiler.need(variant)
             return None
         job = _job_of(self, signature, device, constexprs, options, attrs)
         if job is None or cached_on_disk(job) or not compiler.submit(job, variant):
@@ -436,9 +414,7 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
 
     def dry_run_method(self, *args, grid, warmup, **kwargs):
         here = threading.get_ident() == thread and not warmup
-        variant = (id(self), _launch_key(self, args, kwargs)) if here else None
-        if here and compiler.sent(variant):
-            compiler.need(variant)
+        if here and compiler.sent((id(self), _launch_key(self, args, kwargs))):
             skip(args, kwargs)  # a variant sent already (every layer launches it): not packed or looked up again
             return None
         kernel = run(self, *args, grid=grid, warmup=warmup, **kwargs)
