@@ -2,9 +2,10 @@
 
 A load's `KernelCompiler.wait` reports every variant it compiled: the kernel, when the dry run sent it
 (seconds after the first), how long its worker took, and when it was done. `simulate` replays those
-sends and compile times on `workers` workers: in the order sent (what a load does by default; set
-against the recorded finish, this checks the model), or with a freed worker taking the waiting variant
-expected to compile longest (`LoadOptions.compile_longest_first`, `kernel_precompile.expected_seconds`).
+sends and compile times on `workers` workers: in the order sent (`bench/cold_start.py --compile-order
+sent`), or with a freed worker taking the waiting variant expected to compile longest (a load's default,
+`LoadOptions.compile_longest_first`, `kernel_precompile.expected_seconds`); set against the recorded finish
+of a load made that way, a replay checks the model.
 The compile times are the ones measured under the recorded order's contention, so the replay is a model
 of the other order, not a measurement of it.
 

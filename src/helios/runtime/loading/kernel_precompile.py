@@ -165,17 +165,17 @@ class KernelCompiler:
 
     `dry_run(arguments)` runs the calling thread's Triton launches as described in the module
     docstring; `wait()` returns once every variant sent has been compiled (or failed). `executor`
-    replaces the worker processes (tests). With `longest_first` (the default), at most one variant per
-    worker at a time, and a variant sent while every worker is busy waits here until one is free,
-    which then takes the waiting variant expected to compile longest (`expected_seconds`; the
-    earliest sent among equals); without it, variants go to the workers in the order they are sent."""
+    replaces the worker processes (tests). At most one variant is at each worker at a time; a variant
+    sent while every worker is busy waits here until one is free, which then takes the waiting variant
+    expected to compile longest with `longest_first` (the default; `expected_seconds`, the earliest
+    sent among equals), else the earliest sent."""
 
     def __init__(self, workers: int, executor: Executor | None = None, longest_first: bool = True):
         self.workers = min(workers, _cpus())  # more processes than CPUs would only contend
         self.longest_first = longest_first
         self._pool: Executor | None = executor
-        self._lock = threading.Lock()  # the waiting variants and the count at the workers (longest_first)
-        self._waiting: list[tuple[float, int, CompileJob, Future]] = []  # a heap: (-expected s, order, job, its future)
+        self._lock = threading.Lock()  # the waiting variants and the count at the workers
+        self._waiting: list[tuple[float, int, CompileJob, Future]] = []  # a heap: (priority, order, job, its future)
         self._order = itertools.count()
         self._at_workers = 0
         self._jobs: dict[tuple, Future] = {}
@@ -237,41 +237,50 @@ class KernelCompiler:
         return key in self._jobs
 
     def submit(self, job: CompileJob, key: tuple) -> bool:
-        """Sends `job` (once per `key`) to a worker (with `longest_first`, to the waiting variants when
-        every worker is busy); False when there is no pool, or it broke (it is closed then: the
-        variants not sent compile where they are launched)."""
+        """Sends `job` (once per `key`) to a free worker, or to the waiting variants when every worker is
+        busy; False when there is no pool, or it broke (it is closed then: the variants not sent compile
+        where they are launched)."""
         if self._pool is None:
             return False
         if key not in self._jobs:
             with self._lock:
-                if self._pool is None:  # closed since (a worker's failure, on the pool's thread)
+                pool = self._pool
+                if pool is None:  # closed since (a worker's failure, on the pool's thread)
                     return False
-                held = self.longest_first and self._at_workers >= self.workers
+                held = self._at_workers >= self.workers
                 if held:
                     future: Future = Future()
-                    heapq.heappush(self._waiting, (-expected_seconds(job), next(self._order), job, future))
-                elif self.longest_first:
+                    priority = -expected_seconds(job) if self.longest_first else 0.0  # else: the order sent
+                    heapq.heappush(self._waiting, (priority, next(self._order), job, future))
+                else:
                     self._at_workers += 1
             if not held:
                 try:
-                    future = self._pool.submit(compile_job, job)
-                except _POOL_ERRORS as error:  # a broken pool (a worker killed), one shut down, no fork server
-                    if self.longest_first:
-                        with self._lock:
-                            self._at_workers -= 1
-                    self._unavailable(error)
+                    future = self._send(job, pool)
+                except _POOL_ERRORS:  # a broken pool (a worker killed), one shut down, no fork server
                     return False
             self._jobs[key] = future
             self._names[key] = job.kernel
             times = self._times[key] = [time.perf_counter(), None, self.label]
             future.add_done_callback(lambda _, times=times: times.__setitem__(1, time.perf_counter()))
-            if self.longest_first and not held:  # counted at the workers until it returns
-                future.add_done_callback(self._returned)
         return True
 
+    def _send(self, job: CompileJob, pool: Executor) -> Future:
+        """`job` sent to `pool` (counted at the workers already, until it returns); a pool that cannot
+        take it closes the compiler, and its error is raised."""
+        try:
+            future = pool.submit(compile_job, job)
+        except _POOL_ERRORS as error:
+            with self._lock:
+                self._at_workers -= 1
+            self._unavailable(error)
+            raise
+        future.add_done_callback(self._returned)
+        return future
+
     def _returned(self, _: Future) -> None:
-        """A worker is free (`longest_first`): it takes the waiting variant expected to compile
-        longest (on the pool's thread that reports the result)."""
+        """A worker is free: it takes the first waiting variant (the one expected to compile longest with
+        `longest_first`), on the pool's thread that reports the result."""
         with self._lock:
             self._at_workers -= 1
             if not self._waiting or self._pool is None:
@@ -280,15 +289,11 @@ class KernelCompiler:
             self._at_workers += 1
             pool = self._pool
         try:
-            future = pool.submit(compile_job, job)
+            future = self._send(job, pool)
         except _POOL_ERRORS as error:  # it broke meanwhile: this and every waiting variant compile at warm-up
-            with self._lock:
-                self._at_workers -= 1
             held.set_exception(error)
-            self._unavailable(error)
             return
         future.add_done_callback(lambda done: _settle(held, done))
-        future.add_done_callback(self._returned)
 
     def _unavailable(self, error: BaseException) -> None:
         _LOG.warning("Triton compile workers unavailable (%s: %s); the warm-up compiles the rest",
