@@ -17,6 +17,8 @@ while it runs so that switch points come often.
 
 from __future__ import annotations
 
+import linecache
+import re
 import sys
 import threading
 import time
@@ -31,6 +33,7 @@ class StackSampler:
         self.interval, self.switch_interval = interval, switch_interval
         self.inclusive: Counter = Counter()
         self.leaf: Counter = Counter()
+        self.calls: Counter = Counter()  # the top frame's line: the call it makes (a graph's op, a C function)
         self.samples = 0
         self.seconds = 0.0
         self._stop = threading.Event()
@@ -65,6 +68,7 @@ class StackSampler:
                 name = f"{_short(code.co_filename)}:{code.co_firstlineno}({code.co_name})"
                 if top:
                     self.leaf[name] += weight
+                    self.calls[_call(frame)] += weight
                     top = False
                 if name not in seen:  # recursion counts once
                     seen.add(name)
@@ -79,11 +83,29 @@ class StackSampler:
             return f"--- {title}: no samples"
         lines = [f"--- {title}: {self.samples} samples over {self.seconds:.1f} s "
                  f"(one per {1e3 * self.seconds / self.samples:.1f} ms on average, each weighted by its wait)"]
-        for label, seconds in (("on the stack", self.inclusive), ("on top", self.leaf)):
+        for label, seconds in (("on the stack", self.inclusive), ("on top", self.leaf),
+                               ("on top, by the call its line makes", self.calls)):
             lines.append(f"  {label}:")
             for name, spent in seconds.most_common(rows):
                 lines.append(f"    {100 * spent / self.seconds:5.1f}%  {spent:6.2f} s  {name}")
         return "\n".join(lines)
+
+
+_CALLEE = re.compile(r"([A-Za-z_][\w.]*)\(")
+
+
+def _call(frame) -> str:
+    """What the frame's current line calls (its first callee: a generated graph's line names its op),
+    else the line itself, shortened; the frame's file and line where the source is unknown."""
+    code = frame.f_code
+    text = linecache.getline(code.co_filename, frame.f_lineno, frame.f_globals).strip()
+    if not text:
+        return f"{_short(code.co_filename)}:{frame.f_lineno}"
+    callee = _CALLEE.search(text.split("=", 1)[1] if " = " in text else text)
+    if not callee:
+        return text[:80]
+    name = callee.group(1)
+    return name if name.startswith("torch.") or "." not in name else "." + name.rsplit(".", 1)[1]  # a method
 
 
 def _short(path: str) -> str:
