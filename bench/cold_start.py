@@ -181,6 +181,35 @@ def sampled(enabled: bool, title: str, rows: int):
     log(sampler.report(rows, f"{title}: the stage's thread, sampled"))
 
 
+@contextlib.contextmanager
+def torch_profiled(enabled: bool, title: str, rows: int):
+    """torch's profiler (ops and, on CUDA, the runtime API calls: launches, allocations, syncs) over the
+    stage; the ops with the most own CPU time on the stage's thread, then on every other thread."""
+    if not enabled:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as profiler:
+        with record_function("stage thread"):  # names this thread's id in the profiler's numbering
+            pass
+        yield
+    events = profiler.events()
+    here = next((event.thread for event in events if event.name == "stage thread"), None)
+    own: dict = {}
+    for event in events:
+        side = "this thread" if event.thread == here else "other threads"
+        seconds, calls = own.get((side, event.name), (0.0, 0))
+        own[(side, event.name)] = (seconds + event.self_cpu_time_total / 1e6, calls + 1)
+    for side in ("this thread", "other threads"):
+        ranked = sorted(((s, n, name) for (where, name), (s, n) in own.items() if where == side), reverse=True)
+        log(f"--- {title}: torch ops and CUDA runtime calls by own CPU time, {side} "
+            f"({sum(s for s, _, _ in ranked):.2f} s in all)")
+        for seconds, calls, name in ranked[:rows]:
+            log(f"    {seconds:7.3f} s  {calls:7d} calls  {name[:100]}")
+
+
 def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
     log(f"{stage} ({variant}): {total:.1f} s")
     rows = {}
@@ -288,6 +317,7 @@ def load(core: Path, key: SigningKey, variant: str, startup: StartupOptions, arg
     dynamo_before = "torch._dynamo" in sys.modules  # a CUDA load imports none (helios.abi.op_library)
     with PhaseTimer(LOAD_PHASES) as timer, profiled(args.profile, f"load ({variant})", args.profile_rows), \
             sampled(args.sample, f"load ({variant})", args.profile_rows), \
+            torch_profiled(args.torch_profile, f"load ({variant})", args.profile_rows), \
             triton_compiles(compiles), precompile_reports(reports):
         started = time.perf_counter()
         opened = open_core(core, accept=NAMESPACE, trusted_keys=[key.public])
@@ -334,6 +364,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
     parser.add_argument("--sample", action="store_true",
                         help="sample the stage's own thread's stack every 2 ms (wall time, threads apart)")
+    parser.add_argument("--torch-profile", action="store_true",
+                        help="torch's profiler over each load: ops and CUDA runtime calls by own CPU time, the "
+                             "loading thread apart from the others (adds overhead)")
     parser.add_argument("--profile-rows", type=int, default=18, help="functions listed per stage")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--skip-no-logprobs-load", action="store_true",
