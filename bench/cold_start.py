@@ -364,6 +364,10 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile each stage (adds overhead)")
     parser.add_argument("--sample", action="store_true",
                         help="sample the stage's own thread's stack every 2 ms (wall time, threads apart)")
+    parser.add_argument("--staging-mb", type=int, default=None,
+                        help="each weight thread's pinned staging buffers, MB (weight_stream.STAGING_SLOT_NBYTES)")
+    parser.add_argument("--staging-slots", type=int, default=None,
+                        help="pinned staging buffers per weight thread (weight_stream.STAGING_SLOTS)")
     parser.add_argument("--torch-profile", action="store_true",
                         help="torch's profiler over each load: ops and CUDA runtime calls by own CPU time, the "
                              "loading thread apart from the others (adds overhead)")
@@ -386,6 +390,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1000)
+    from helios.runtime.loading import weight_stream
+
+    if args.staging_mb:
+        weight_stream.STAGING_SLOT_NBYTES = args.staging_mb << 20
+    if args.staging_slots:
+        weight_stream.STAGING_SLOTS = args.staging_slots
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)
     if args.smoke:

@@ -39,6 +39,8 @@ from helios.errors import LoadError
 
 MAX_HEADER_NBYTES = 100 * 1024 * 1024  # safetensors' own limit
 _SCRATCH_NBYTES = 4 * 1024 * 1024
+STAGING_SLOT_NBYTES = 32 * 1024 * 1024  # each pinned buffer of a `StagedCopier`'s ring
+STAGING_SLOTS = 3  # buffers in the ring
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -157,9 +159,10 @@ class StagedCopier:
     waits for every copy, after which the returned tensors are complete.
     """
 
-    def __init__(self, device: torch.device, slot_nbytes: int = 32 * 1024 * 1024, num_slots: int = 3):
+    def __init__(self, device: torch.device, slot_nbytes: int | None = None, num_slots: int | None = None):
         self._device = device
         self._is_cuda = device.type == "cuda"
+        slot_nbytes, num_slots = slot_nbytes or STAGING_SLOT_NBYTES, num_slots or STAGING_SLOTS
         self._slots = [torch.empty(slot_nbytes, dtype=torch.uint8, pin_memory=self._is_cuda) for _ in range(num_slots)]
         self._events: list = [None] * num_slots
         self._next = 0
