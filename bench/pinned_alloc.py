@@ -7,7 +7,12 @@ size at once (the wall time), while this thread allocates device memory and laun
 timing the slowest and the mean of those calls against the same calls alone. Fresh sizes each time, so
 torch's host cache never serves one.
 
-    python bench/pinned_alloc.py [--threads 14] [--slots 3] [--register]
+    python bench/pinned_alloc.py [--threads 14] [--slots 3] [--mode alloc|torch-register|register]
+
+Modes: ``alloc``, torch's pinned allocation (`cudaHostAlloc`); ``torch-register``, torch's
+``pinned_use_cuda_host_register`` (malloc, the pages touched on 8 threads, then `cudaHostRegister`);
+``register``, the load's staging buffers (`helios.runtime.loading.weight_stream.RegisteredHost`: ordinary
+host memory, then `cudaHostRegister`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ import torch
 MB = 1 << 20
 
 
-def pinned(nbytes: int) -> torch.Tensor:
+def pinned(nbytes: int, mode: str):
+    if mode == "register":
+        from helios.runtime.loading.weight_stream import RegisteredHost
+
+        return RegisteredHost(nbytes)
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
@@ -49,19 +58,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=14)
     parser.add_argument("--slots", type=int, default=3)
     parser.add_argument("--sizes-mb", default="4,8,32")
-    parser.add_argument("--register", action="store_true",
-                        help="torch's pinned_use_cuda_host_register (malloc, then cudaHostRegister on 8 threads)")
+    parser.add_argument("--mode", choices=("alloc", "torch-register", "register"), default="alloc")
     args = parser.parse_args()
-    if args.register:
+    if args.mode == "torch-register":
         torch.cuda.memory._set_allocator_settings("pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     kept = []
     sizes = [int(s) for s in args.sizes_mb.split(",")]
-    print(f"pinned host allocations{' (cudaHostRegister)' if args.register else ''}:")
+    print(f"pinned host allocations ({args.mode}):")
     for index, mb in enumerate(sizes):
         started = time.perf_counter()
-        kept.append(pinned(mb * MB + (index + 1) * 4096))
+        kept.append(pinned(mb * MB + (index + 1) * 4096, args.mode))
         seconds = time.perf_counter() - started
         print(f"  one of {mb:4d} MB: {1e3 * seconds:8.1f} ms ({1e3 * seconds / mb:.2f} ms/MB)")
     alone: list = []
@@ -73,7 +81,7 @@ def main() -> None:
     for round_, mb in enumerate(sizes):
         def ring(worker: int) -> None:
             for slot in range(args.slots):
-                kept.append(pinned(mb * MB + (round_ * 1000 + worker * 10 + slot + 50) * 4096))
+                kept.append(pinned(mb * MB + (round_ * 1000 + worker * 10 + slot + 50) * 4096, args.mode))
         latencies: list = []
         stop = threading.Event()
         prober = threading.Thread(target=probe, args=(stop, latencies))
