@@ -390,6 +390,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1000)
+    if args.keep_core and any((args.keep_core / name).exists() for name in ("model.core", "publisher.key")):
+        parser.error(f"--keep-core {args.keep_core} already holds a core or key (neither is overwritten)")
     from helios.runtime.loading import weight_stream
 
     if args.staging_mb:

@@ -11,8 +11,8 @@ torch's host cache never serves one.
 
 Modes: ``alloc``, torch's pinned allocation (`cudaHostAlloc`); ``torch-register``, torch's
 ``pinned_use_cuda_host_register`` (malloc, the pages touched on 8 threads, then `cudaHostRegister`);
-``register``, the load's staging buffers (`helios.runtime.loading.weight_stream.RegisteredHost`: ordinary
-host memory, then `cudaHostRegister`).
+``register``, ordinary host memory (torch's CPU allocation, page-aligned) registered with one
+`cudaHostRegister` per buffer.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ import torch
 MB = 1 << 20
 
 
-def pinned(nbytes: int, mode: str):
-    if mode == "register":
-        from helios.runtime.loading.weight_stream import RegisteredHost
-
-        return RegisteredHost(nbytes)
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+def pinned(nbytes: int, mode: str) -> torch.Tensor:
+    if mode != "register":
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    offset = -raw.data_ptr() % 4096
+    buffer = raw[offset:offset + nbytes]
+    cudart = torch.cuda.cudart()
+    if cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0) != cudart.cudaError.success:
+        raise SystemExit(f"cudaHostRegister refused {nbytes} bytes")
+    return buffer  # kept registered until the process ends
 
 
 def probe(stop: threading.Event, latencies: list) -> None:

@@ -8,13 +8,8 @@ tensor byte is read; then each tensor's bytes in file order, decoded directly in
 its destination:
 
 - on the CPU, a fresh tensor per weight, filled in place (no bytes object, no second copy);
-- on a CUDA device, through `StagedCopier`: a small ring of page-locked host buffers, each copied to
-  the device asynchronously while the next is decoded, so the H2D copy overlaps zstd decoding. The
-  ring is ordinary host memory registered with the driver (`cudaHostRegister`, `RegisteredHost`),
-  not allocated pinned (`cudaHostAlloc`): on the H200 host 14 threads' 3 x 32 MB rings took 1.60 s
-  to allocate pinned (1.2 ms/MB, one thread at a time), and another thread's CUDA calls meanwhile
-  waited 266 ms on average, up to 572 ms (the loading thread's dry run runs then); registered, 0.20 s,
-  and those calls 11 ms, up to 35 (bench/pinned_alloc.py, bench/results/h200_session44_call3).
+- on a CUDA device, through `StagedCopier`: a small ring of pinned host buffers, each copied to the
+  device asynchronously while the next is decoded, so the H2D copy overlaps zstd decoding.
 
 `load_weight_resources` decodes several weights resources (a model's weights are cut into parts of
 about `helios.ignition.sharding.WEIGHT_PART_NBYTES`) side by side on a few threads, one frame per
@@ -31,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import queue
@@ -43,9 +37,12 @@ import torch
 from helios.core.streams import expect_end, read_exact_into
 from helios.errors import LoadError
 
-_LOG = logging.getLogger(__name__)
 MAX_HEADER_NBYTES = 100 * 1024 * 1024  # safetensors' own limit
 _SCRATCH_NBYTES = 4 * 1024 * 1024
+# Each weight thread's pinned ring: 14 threads' 3 x 32 MB take 1.5 s of cudaHostAlloc on the H200 host and
+# stall another thread's CUDA calls meanwhile (bench/pinned_alloc.py). Neither smaller rings (2 x 8 MB, 3 x 4 MB)
+# nor registering ordinary memory (cudaHostRegister: 0.56 s, short stalls) made the load faster: the rings are
+# made while the loading thread builds programs, before its dry run (bench/results/h200_session44_call3, _call4).
 STAGING_SLOT_NBYTES = 32 * 1024 * 1024  # each pinned buffer of a `StagedCopier`'s ring
 STAGING_SLOTS = 3  # buffers in the ring
 _DTYPES = {
@@ -156,58 +153,21 @@ class HostFiller:
     def finish(self) -> None:
         pass
 
-    def close(self) -> None:
-        pass
-
-
-class RegisteredHost:
-    """`nbytes` of ordinary host memory, page-aligned and page-locked with `cudaHostRegister` (so the
-    device copies from it asynchronously, as from pinned memory) until `close`; where registering
-    fails (no CUDA runtime, a refused lock) it is allocated pinned by torch instead."""
-
-    PAGE = 4096
-
-    def __init__(self, nbytes: int):
-        self._registered = None
-        raw = torch.empty(nbytes + self.PAGE, dtype=torch.uint8)
-        offset = -raw.data_ptr() % self.PAGE
-        self.tensor = raw[offset:offset + nbytes]
-        try:
-            cudart = torch.cuda.cudart()
-            error = cudart.cudaHostRegister(self.tensor.data_ptr(), nbytes, 0)
-            registered = error == cudart.cudaError.success
-        except (AssertionError, AttributeError, RuntimeError) as failure:  # no CUDA runtime bindings
-            error, registered = failure, False
-        if registered:
-            self._registered = raw
-        else:
-            _LOG.debug("cudaHostRegister refused %d bytes (%s); allocating them pinned", nbytes, error)
-            self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def close(self) -> None:
-        """Unlocks the pages (the caller has waited for every copy from them); idempotent."""
-        if self._registered is not None:
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
-            self._registered = None
-
 
 class StagedCopier:
     """Decodes into a ring of host buffers and copies each to `device` while the next decodes.
 
-    For CUDA the buffers are page-locked (`RegisteredHost`) and copies are `non_blocking` on the
-    device's current stream; a buffer is reused only after the event recorded behind its copy
-    completed. On the CPU (tests) the same code runs with ordinary buffers and synchronous copies.
-    Owns its buffers; `finish` waits for every copy, after which the returned tensors are complete;
-    `close` (after the last `finish`) releases the page locks.
+    For CUDA the buffers are pinned and copies are `non_blocking` on the device's current stream;
+    a buffer is reused only after the event recorded behind its copy completed. On the CPU (tests)
+    the same code runs with ordinary buffers and synchronous copies. Owns its buffers; `finish`
+    waits for every copy, after which the returned tensors are complete.
     """
 
     def __init__(self, device: torch.device, slot_nbytes: int | None = None, num_slots: int | None = None):
         self._device = device
         self._is_cuda = device.type == "cuda"
         slot_nbytes, num_slots = slot_nbytes or STAGING_SLOT_NBYTES, num_slots or STAGING_SLOTS
-        self._hosts = [RegisteredHost(slot_nbytes) for _ in range(num_slots)] if self._is_cuda else []
-        self._slots = ([host.tensor for host in self._hosts] if self._is_cuda
-                       else [torch.empty(slot_nbytes, dtype=torch.uint8) for _ in range(num_slots)])
+        self._slots = [torch.empty(slot_nbytes, dtype=torch.uint8, pin_memory=self._is_cuda) for _ in range(num_slots)]
         self._events: list = [None] * num_slots
         self._next = 0
 
@@ -238,12 +198,6 @@ class StagedCopier:
             if event is not None:
                 event.synchronize()
                 self._events[index] = None
-
-    def close(self) -> None:
-        """Waits for every copy, then releases the buffers' page locks (the ring is not used again)."""
-        self.finish()
-        for host in self._hosts:
-            host.close()
 
 
 def _skip(stream: BinaryIO, nbytes: int) -> None:
@@ -294,7 +248,6 @@ class _Fillers:
 
     def __init__(self, device: torch.device):
         self._device, self._free = device, queue.SimpleQueue()
-        self._made: list = []
 
     @contextlib.contextmanager
     def borrow(self):
@@ -302,16 +255,10 @@ class _Fillers:
             filler = self._free.get_nowait()
         except queue.Empty:
             filler = StagedCopier(self._device) if self._device.type != "cpu" else HostFiller()
-            self._made.append(filler)
         try:
             yield filler
         finally:
             self._free.put(filler)
-
-    def close(self) -> None:
-        """Closes every filler made (each task has ended)."""
-        for filler in self._made:
-            filler.close()
 
 
 def load_weight_resources(
@@ -334,16 +281,10 @@ def load_weight_resources(
 
     count = workers or load_workers(len(resources))
     if count <= 1 or len(resources) <= 1:
-        try:
-            return {name: tensor for resource_id in resources for name, tensor in one(resource_id).items()}
-        finally:
-            fillers.close()
-    try:
-        with ThreadPoolExecutor(count, thread_name_prefix="helios-weights-part") as pool:
-            futures = [pool.submit(one, resource_id) for resource_id in resources]
-            errors = [future.exception() for future in futures]
-    finally:
-        fillers.close()
+        return {name: tensor for resource_id in resources for name, tensor in one(resource_id).items()}
+    with ThreadPoolExecutor(count, thread_name_prefix="helios-weights-part") as pool:
+        futures = [pool.submit(one, resource_id) for resource_id in resources]
+        errors = [future.exception() for future in futures]
     first = next((error for error in errors if error is not None), None)
     if first is not None:
         raise first
