@@ -368,6 +368,9 @@ def main(argv=None) -> int:
                         help="each weight thread's pinned staging buffers, MB (weight_stream.STAGING_SLOT_NBYTES)")
     parser.add_argument("--staging-slots", type=int, default=None,
                         help="pinned staging buffers per weight thread (weight_stream.STAGING_SLOTS)")
+    parser.add_argument("--weight-threads", type=int, default=None,
+                        help="at most this many threads decode the weights' parts (weight_stream.load_workers; "
+                             "default: all CPUs but two, at most 16)")
     parser.add_argument("--torch-profile", action="store_true",
                         help="torch's profiler over each load: ops and CUDA runtime calls by own CPU time, the "
                              "loading thread apart from the others (adds overhead)")
@@ -398,6 +401,9 @@ def main(argv=None) -> int:
         weight_stream.STAGING_SLOT_NBYTES = args.staging_mb << 20
     if args.staging_slots:
         weight_stream.STAGING_SLOTS = args.staging_slots
+    if args.weight_threads:
+        chosen = weight_stream.load_workers
+        weight_stream.load_workers = lambda resources: min(chosen(resources), args.weight_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = SMOKE if args.smoke else with_layers(MEDIUM if args.medium else LLAMA_31_8B, args.layers)
     if args.smoke:
