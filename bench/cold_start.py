@@ -184,30 +184,25 @@ def sampled(enabled: bool, title: str, rows: int):
 @contextlib.contextmanager
 def torch_profiled(enabled: bool, title: str, rows: int):
     """torch's profiler (ops and, on CUDA, the runtime API calls: launches, allocations, syncs) over the
-    stage; the ops with the most own CPU time on the stage's thread, then on every other thread."""
+    stage; the names with the most own CPU time. It records the ops of the stage's own thread only, but
+    the CUDA runtime calls of every thread (the weight threads' copies and pinned allocations too)."""
     if not enabled:
         yield
         return
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as profiler:
-        with record_function("stage thread"):  # names this thread's id in the profiler's numbering
-            pass
         yield
-    events = profiler.events()
-    here = next((event.thread for event in events if event.name == "stage thread"), None)
     own: dict = {}
-    for event in events:
-        side = "this thread" if event.thread == here else "other threads"
-        seconds, calls = own.get((side, event.name), (0.0, 0))
-        own[(side, event.name)] = (seconds + event.self_cpu_time_total / 1e6, calls + 1)
-    for side in ("this thread", "other threads"):
-        ranked = sorted(((s, n, name) for (where, name), (s, n) in own.items() if where == side), reverse=True)
-        log(f"--- {title}: torch ops and CUDA runtime calls by own CPU time, {side} "
-            f"({sum(s for s, _, _ in ranked):.2f} s in all)")
-        for seconds, calls, name in ranked[:rows]:
-            log(f"    {seconds:7.3f} s  {calls:7d} calls  {name[:100]}")
+    for event in profiler.events():
+        seconds, calls = own.get(event.name, (0.0, 0))
+        own[event.name] = (seconds + event.self_cpu_time_total / 1e6, calls + 1)
+    ranked = sorted(((s, n, name) for name, (s, n) in own.items()), reverse=True)
+    log(f"--- {title}: the stage thread's torch ops and every thread's CUDA runtime calls, by own CPU time "
+        f"({sum(s for s, _, _ in ranked):.2f} s in all)")
+    for seconds, calls, name in ranked[:rows]:
+        log(f"    {seconds:7.3f} s  {calls:7d} calls  {name[:100]}")
 
 
 def table(stage: str, variant: str, total: float, timer: PhaseTimer) -> dict:
@@ -372,8 +367,8 @@ def main(argv=None) -> int:
                         help="at most this many threads decode the weights' parts (weight_stream.load_workers; "
                              "default: all CPUs but two, at most 16)")
     parser.add_argument("--torch-profile", action="store_true",
-                        help="torch's profiler over each load: ops and CUDA runtime calls by own CPU time, the "
-                             "loading thread apart from the others (adds overhead)")
+                        help="torch's profiler over each load: the loading thread's ops and every thread's CUDA "
+                             "runtime calls by own CPU time (adds overhead)")
     parser.add_argument("--profile-rows", type=int, default=18, help="functions listed per stage")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--skip-no-logprobs-load", action="store_true",
