@@ -366,9 +366,6 @@ def main(argv=None) -> int:
     parser.add_argument("--weight-threads", type=int, default=None,
                         help="at most this many threads decode the weights' parts (weight_stream.load_workers; "
                              "default: all CPUs but two, at most 16)")
-    parser.add_argument("--dry-run-every-call", action="store_true",
-                        help="the precompile's dry run makes every call of a graph, a layer's repeated ones too "
-                             "(dry_run_repeats.SKIP_REPEATS off; an A/B of making each repeated call once)")
     parser.add_argument("--torch-profile", action="store_true",
                         help="torch's profiler over each load: the loading thread's ops and every thread's CUDA "
                              "runtime calls by own CPU time (adds overhead)")
@@ -399,10 +396,6 @@ def main(argv=None) -> int:
         weight_stream.STAGING_SLOT_NBYTES = args.staging_mb << 20
     if args.staging_slots:
         weight_stream.STAGING_SLOTS = args.staging_slots
-    if args.dry_run_every_call:
-        from helios.runtime.loading import dry_run_repeats
-
-        dry_run_repeats.SKIP_REPEATS = False
     if args.weight_threads:
         chosen = weight_stream.load_workers
         weight_stream.load_workers = lambda resources: min(chosen(resources), args.weight_threads)

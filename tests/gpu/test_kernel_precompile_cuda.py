@@ -46,6 +46,5 @@ def test_workers_compile_what_the_capture_needs_and_the_tokens_do_not_change(tmp
     assert parallel["tokens"] == serial["tokens"]
     report = parallel["report"]
     assert report["variants"] > 0 and report["failed"] == [] and report["skipped_launches"] > 0
-    assert report["skipped_calls"] > 0  # each layer's calls made once, and still every variant found
     assert parallel["unsent_after_wait"] == []
     assert serial["report"] is None  # no workers: no dry run

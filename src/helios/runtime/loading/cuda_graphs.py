@@ -64,7 +64,6 @@ import torch
 from helios.abi.sampling import SampleVariant, bind_sample_variant
 from helios.errors import LoadError
 from helios.runtime.loading.cpu_programs import CpuProgram
-from helios.runtime.loading.dry_run_repeats import run_skipping_repeats
 from helios.runtime.loading.elementwise_runs import runs_module
 from helios.runtime.loading.fresh_calls import fresh_module, wants_fresh_graph
 from helios.runtime.loading.gemm_algos import choose_algorithms, lt_shapes
@@ -332,9 +331,8 @@ def _precompile(plans: Sequence[_Plan], compiler: KernelCompiler, buffers: Mappi
     where = (f"a {compiler.ahead_seconds:.1f} s dry run on stand-ins while the weights loaded, then "
              f"{time.perf_counter() - started:.1f} s at capture") if compiler.ran_ahead else \
         f"a {dry:.1f} s dry run and {time.perf_counter() - started - dry:.1f} s after it"
-    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during %s "
-              "(%d repeated calls not made)", report["variants"], compiler.workers, report["seconds"], where,
-              report["skipped_calls"])
+    _LOG.info("Triton kernels: %d variants compiled by %d workers (%.1f s of compiling) during %s",
+              report["variants"], compiler.workers, report["seconds"], where)
     for kernel, label, sent, took, finished in sorted(report["compiles"], key=lambda c: -c[4])[:DRY_RUN_REPORT]:
         _LOG.info("  %s: sent %.1f s after the first (%s), compiled in %.1f s, done at %.1f s", kernel, sent,
                   label, took, finished)
@@ -344,16 +342,14 @@ DRY_RUN_REPORT = 6  # the variants whose compiles finished last, logged (INFO) a
 
 
 def dry_run_plan(plan: _Plan, arguments: list, compiler: KernelCompiler) -> None:
-    """Runs each of `plan`'s graph modules on `arguments` (inside `compiler.dry_run`, which the caller
-    enters), a call repeated within the plan made once (`dry_run_repeats`: every layer's calls are
-    alike); a module that fails is left to its warm-up run, which raises its error, typed."""
+    """Calls each of `plan`'s graph modules on `arguments` (inside `compiler.dry_run`, which the caller
+    enters); a module that fails is left to its warm-up run, which raises its error, typed."""
     compiler.label = plan.name
-    seen: dict = {}  # the plan's calls made, shared by its graphs (they repeat one another's layers)
     for module in (*plan.main, *(plan.fresh or ())):
         if module is None:
             continue
         try:
-            compiler.skipped_calls += run_skipping_repeats(module, arguments, seen)
+            module(*arguments)
         except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
             _LOG.debug("dry run of %s failed: %s", plan.name, error)
 

@@ -182,7 +182,6 @@ class KernelCompiler:
         self._names: dict[tuple, str] = {}
         self._times: dict[tuple, list] = {}  # [sent, finished or None, label] (perf_counter), for the report
         self.skipped_launches = 0
-        self.skipped_calls = 0  # a graph's calls not made, alike to one made before (`dry_run_repeats`)
         self.label = ""  # what the dry run is running (each variant's report names what sent it)
         self.ran_ahead = False  # dry-run already, on stand-ins (`helios.runtime.loading.dry_run_ahead`)
         self.ahead_seconds = 0.0
@@ -319,9 +318,9 @@ class KernelCompiler:
 
     def wait(self) -> dict:
         """Blocks until every variant sent is compiled; {"variants", "failed", "seconds" (the seconds
-        the workers spent, summed), "skipped_launches", "skipped_calls", "compiles"}: "compiles" lists each
-        variant as (kernel, label when sent, sent, compile seconds, finished), the times in seconds after
-        the first was sent."""
+        the workers spent, summed), "skipped_launches", "compiles"}: "compiles" lists each variant as
+        (kernel, label when sent, sent, compile seconds, finished), the times in seconds after the
+        first was sent."""
         global _COMPILED_HERE
         _COMPILED_HERE = True
         wait(list(self._jobs.values()))
@@ -340,7 +339,7 @@ class KernelCompiler:
             sent, finished, label = self._times[key]
             compiles.append((self._names[key], label, sent - first, took, (finished or time.perf_counter()) - first))
         return {"variants": len(self._jobs), "failed": failed, "seconds": seconds,
-                "skipped_launches": self.skipped_launches, "skipped_calls": self.skipped_calls, "compiles": compiles}
+                "skipped_launches": self.skipped_launches, "compiles": compiles}
 
 
 def _ready() -> None:
