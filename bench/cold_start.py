@@ -384,10 +384,18 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-core", type=Path, default=None,
                         help="keep the first variant's core (model.core, publisher.key.pub) in this folder")
     parser.add_argument("--switch-interval", type=float, default=None,
-                        help="the interpreter's thread switch interval in ms (sys.setswitchinterval; default 5)")
+                        help="the interpreter's thread switch interval in ms (sys.setswitchinterval; default 5); a "
+                             "load shortens it to --load-switch-interval while it runs")
+    parser.add_argument("--load-switch-interval", type=float, default=None,
+                        help="the switch interval a load runs at, in ms (thread_switch.LOAD_SWITCH_INTERVAL; "
+                             "default 0.5; 5: the interval Python has, for an A/B)")
     args = parser.parse_args(argv)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1000)
+    if args.load_switch_interval is not None:
+        from helios.runtime.loading import thread_switch
+
+        thread_switch.LOAD_SWITCH_INTERVAL = args.load_switch_interval / 1000
     if args.keep_core and any((args.keep_core / name).exists() for name in ("model.core", "publisher.key")):
         parser.error(f"--keep-core {args.keep_core} already holds a core or key (neither is overwritten)")
     from helios.runtime.loading import weight_stream

@@ -57,7 +57,7 @@ from helios.contract import serving_pb2 as spb
 from helios.contract.servable import check_servable
 from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
-from helios.runtime.loading import gc_pause
+from helios.runtime.loading import gc_pause, thread_switch
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import capture_programs, choose_gemm_algorithms, plan_captures
 from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
@@ -175,8 +175,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     workers = 0
     if serving_device(options.device).type == "cuda" and options.cuda_graphs:
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
-    # The collector paused: a third of the load's Python time went to its walks (`gc_pause`).
-    with gc_pause.paused(), KernelCompiler(workers, longest_first=options.compile_longest_first) as compiler:
+    # The collector paused: a third of the load's Python time went to its walks (`gc_pause`); the
+    # loading thread gets the GIL back from the weight threads sooner (`thread_switch`).
+    with gc_pause.paused(), thread_switch.shortened(), KernelCompiler(workers, longest_first=options.compile_longest_first) as compiler:
         return _load_model(core, options, pages, compiler)
 
 
