@@ -177,7 +177,8 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
     # The collector paused: a third of the load's Python time went to its walks (`gc_pause`); the
     # loading thread gets the GIL back from the weight threads sooner (`thread_switch`).
-    with gc_pause.paused(), thread_switch.shortened(), KernelCompiler(workers, longest_first=options.compile_longest_first) as compiler:
+    compiler = KernelCompiler(workers, longest_first=options.compile_longest_first)
+    with gc_pause.paused(), thread_switch.shortened(), compiler:
         return _load_model(core, options, pages, compiler)
 
 
