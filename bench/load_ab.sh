@@ -7,6 +7,7 @@
 # (OLD_SRC: a copy of an earlier tree's src/, e.g. `git archive REV src | tar -x -C .anchor/old`, carried
 # with the call; .whl carried as for bench/anchor_session.sh). A_ARGS / B_ARGS: more bench/cold_start.py
 # arguments for one side's loads, e.g. OLD_SRC=src A_ARGS='--compile-order sent' for an A/B of a load option.
+# WARM_ROUNDS: rounds on the warm caches (default ROUNDS; 0 for empty-cache loads only).
 set -uo pipefail
 out=${OUT:-device-out}; mkdir -p "$out/logs"
 rounds=${1:-2}
@@ -31,7 +32,7 @@ load() {  # side (a|b), cache directory, log name
 for round in $(seq 1 "$rounds"); do
   for side in a b; do load $side "$core/triton-$side-$round" "empty_${side}$round"; done
 done
-for round in $(seq 1 "$rounds"); do  # the caches the first round filled
+for round in $(seq 1 "${WARM_ROUNDS:-$rounds}"); do  # the caches the first round filled
   for side in a b; do load $side "$core/triton-$side-1" "warm_${side}$round"; done
 done
 rm -rf "$core"
