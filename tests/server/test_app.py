@@ -158,7 +158,7 @@ def test_openapi_documents_the_strict_request_models(runner, app):
         (b"[1, 2]", {"content-type": "application/json"}, None),
         (chat_body(logit_bias={"x": 2}), {}, "logit_bias"),
         (chat_body(temperature="hot"), {}, "temperature"),
-        (chat_body(messages=[{"role": "wizard", "content": "x"}]), {}, "messages.0"),
+        (chat_body(messages=[{"role": "wizard", "content": "x"}]), {}, "messages[0]"),
         (chat_body(return_token_timestamps=True), {}, None),
         (chat_body(stop="x", stop_token_ids=[1]), {}, None),
         (chat_body(tool_choice="required"), {}, None),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -362,3 +363,99 @@ def test_at_the_drain_deadline_running_responses_end_with_one_shutting_down_erro
     assert plain.status_code == 503 and plain.json()["error"]["type"] == "server_shutting_down"
     monkeypatch.undo()
     assert_serving(app, served)
+
+
+# -- clients that leave, over real sockets ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(served):
+    """The app served by uvicorn as `helios serve` runs it (uvloop, httptools, the transport send in
+    the scope) on a free port of this host, in a thread; its port."""
+    import socket
+
+    import uvicorn
+
+    from helios.server.responses import with_transport_send
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(with_transport_send(create_app(served, max_body_nbytes=BODY_LIMIT)), loop="uvloop",
+                            http="httptools", lifespan="off", log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(10)
+
+
+def http_post(body: bytes, declared_len: int | None = None) -> bytes:
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) if declared_len is None else declared_len}\r\n\r\n")
+    return head.encode() + body
+
+
+def exchange(port: int, data: bytes, half_close: bool = True) -> bytes:
+    """Sends `data` on a fresh connection, closes the sending side (or the socket), reads to the end."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        if not half_close:
+            return b""
+        sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def access_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "helios.access"]
+
+
+def wait_for(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_pipelined_requests_then_a_half_close_end_quietly_as_a_disconnect(live, app, served, caplog, stream):
+    """uvicorn closes the transport when the client half-closes a pipelined connection without
+    marking the running request disconnected: its response's write finds the transport closed. That
+    is a client that left (one DEBUG line, the access log's 499), not an application error with an
+    80-line traceback; the request's permit comes back."""
+    caplog.set_level(logging.DEBUG)
+    first = json.dumps(chat(max_tokens=4, stream=stream)).encode()
+    exchange(live, http_post(first) + http_post(json.dumps(chat(max_tokens=4)).encode()))
+    wait_for(lambda: access_lines(caplog) and served.admission.in_use == 0)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    assert any("its client is gone" in r.getMessage() for r in caplog.records)
+    # A JSON response starts once the request ended: its client was gone by then. A stream starts
+    # at once, which may be before uvicorn read the half-close; it then logs its 200.
+    status = access_lines(caplog)[0].split('" ')[1].split()[0]
+    assert status in (("499", "200") if stream else ("499",))
+    assert_serving(app, served)
+
+
+def server_errors(served) -> float:
+    return served.metrics.registry.get_sample_value("helios_http_responses_total",
+                                                    {"endpoint": "chat", "status": "500"}) or 0.0
+
+
+def test_a_client_that_leaves_before_its_body_is_complete_is_499_not_500(live, served, caplog):
+    caplog.set_level(logging.INFO, logger="helios.access")
+    failures = server_errors(served)
+    body = json.dumps(chat(max_tokens=4)).encode()
+    exchange(live, http_post(body, declared_len=len(body) + 50), half_close=False)  # closes, 50 bytes short
+    wait_for(lambda: access_lines(caplog))
+    (line,) = access_lines(caplog)
+    assert '"POST /v1/chat/completions" 499' in line
+    assert server_errors(served) == failures  # and no response is counted as a server error

@@ -6,6 +6,7 @@ a 400 naming the missing capability."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from helios.core.reader import open_core
+from helios.frontend.preparation.logit_bias import LogitBiasError, parse_logit_bias
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel
@@ -82,6 +84,27 @@ def test_chat_bias_and_logprobs_of_the_biased_distribution(runner, client):
 def test_bad_logit_bias_is_400(runner, client, bias, message):
     with pytest.raises(openai.BadRequestError, match=message):
         runner.run(client.completions.create(model=SERVED_ID, prompt="hi", max_tokens=2, logit_bias=bias))
+
+
+DUPLICATE = "logit_bias names token 5 twice ('0005' and '5')"
+
+
+@pytest.mark.parametrize("fields", [{}, {"n": 2}, {"stream": True}, {"stream": True, "n": 2}])
+def test_two_keys_naming_one_token_are_400_naming_both(runner, client, fields):
+    """"0005" and "5" are distinct keys of one token: a client mistake found while preparing, not an
+    admission rejection (503, or a stream ending in an error event) from the engine."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        runner.run(client.completions.create(model=SERVED_ID, prompt="hi", max_tokens=2,
+                                             logit_bias={"0005": 5, "5": -5}, **fields))
+    error = caught.value.body
+    assert caught.value.status_code == 400 and error["type"] == "invalid_request_error"
+    assert error["message"] == DUPLICATE
+
+
+def test_parse_logit_bias_refuses_a_token_named_twice():
+    assert parse_logit_bias({"05": 1, "7": -2}, vocab_size=16, capacity=4) == ((5, 1.0), (7, -2.0))
+    with pytest.raises(LogitBiasError, match=re.escape(DUPLICATE)):
+        parse_logit_bias({"0005": 5, "5": -5}, vocab_size=16, capacity=4)
 
 
 @pytest.fixture(scope="module")

@@ -109,3 +109,45 @@ def test_access_line_of_a_refused_request(runner, app, caplog):
     caplog.set_level(logging.INFO, logger="helios.access")
     assert runner.run(get(app, "/v1/models")).status_code == 401
     assert any('"GET /v1/models" 401' in r.getMessage() for r in caplog.records if r.name == "helios.access")
+
+
+def _access_status(app_behaviour, caplog, disconnect: bool = False) -> str:
+    """The status the access log writes for an application that `app_behaviour`s without answering."""
+    import asyncio
+
+    from helios.server.access import AccessLog
+
+    async def inner(scope, receive, send):
+        await receive()
+        await app_behaviour()
+
+    async def receive():
+        return {"type": "http.disconnect"} if disconnect else {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": ("127.0.0.1", 9)}
+    caplog.set_level(logging.INFO, logger="helios.access")
+    try:
+        asyncio.run(AccessLog(inner)(scope, receive, send))
+    except RuntimeError:
+        pass
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "helios.access"]
+    return line.split('" ')[1].split()[0]
+
+
+async def _returns():
+    return None
+
+
+async def _raises():
+    raise RuntimeError("a bug")
+
+
+def test_no_response_is_499_when_the_client_left_and_500_when_the_server_failed(caplog):
+    assert _access_status(_returns, caplog, disconnect=True) == "499"  # it left while sending its body
+    caplog.clear()
+    assert _access_status(_raises, caplog, disconnect=True) == "500"  # the server failed, whoever left
+    caplog.clear()
+    assert _access_status(_returns, caplog) == "500"  # returned without answering: a server bug

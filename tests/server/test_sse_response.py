@@ -254,3 +254,61 @@ def test_a_stalled_reader_does_not_stall_other_streams(runner, served):
     assert ended["moving"] < ended["stuck"]
     runner.run(eventually(lambda: served.admission.in_use == 0))
     assert served.engine.scheduler.counters().num_running == 0
+
+
+CLOSED = "unable to perform operation on <TCPTransport closed=True reading=False 0x1>; the handler is closed"
+
+
+class ClosingCycle:
+    """A server's response cycle whose transport closes after `writes_left` writes without the
+    cycle being told (uvicorn's pipelined-request race): later writes raise `error`."""
+
+    def __init__(self, writes_left: int, error: BaseException):
+        self.transport = self
+        self.disconnected = False
+        self._writes_left, self._error = writes_left, error
+
+    def is_closing(self) -> bool:
+        return self._writes_left <= 0
+
+    async def send(self, _message) -> None:
+        if self._writes_left <= 0:
+            raise self._error
+        self._writes_left -= 1
+
+
+async def closing_stream(app, cycle: ClosingCycle, payload=PAYLOAD):
+    body = json.dumps({**payload, "stream": True}).encode()
+    scope = scope_of(body)
+    scope[TRANSPORT_SEND] = cycle.send
+    is_sent = False
+
+    async def receive():
+        nonlocal is_sent
+        if not is_sent:
+            is_sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the server never notices the client left (the race)
+
+    await asyncio.wait_for(app(scope, receive, cycle.send), WAIT_S)
+
+
+@pytest.mark.parametrize("writes_left", [0, 2])  # the start, or a step after it, finds the transport closed
+@pytest.mark.parametrize("error", [RuntimeError(CLOSED), BrokenPipeError(32, "Broken pipe")])
+def test_a_write_to_a_closed_transport_ends_the_stream_as_a_disconnect(runner, app, served, caplog, writes_left, error):
+    caplog.set_level("DEBUG", logger="uvicorn.error")
+    cycle = ClosingCycle(writes_left, error)
+    runner.run(closing_stream(app, cycle, payload={**PAYLOAD, "max_tokens": 200}))  # no error raised
+    assert cycle.disconnected  # marked as uvicorn marks a lost connection's request: it ends quietly
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    assert not [r for r in caplog.records if r.levelno >= 30]
+    assert any("its client is gone" in r.getMessage() for r in caplog.records if r.levelname == "DEBUG")
+
+
+def test_other_runtime_errors_of_a_write_are_not_a_disconnect(runner, app, served):
+    cycle = ClosingCycle(0, RuntimeError("a bug in a write"))
+    cycle.is_closing = lambda: False  # the transport is open: the error is the server's own
+    with pytest.raises(RuntimeError, match="a bug in a write"):
+        runner.run(closing_stream(app, cycle))
+    assert not cycle.disconnected
+    runner.run(eventually(lambda: served.admission.in_use == 0))

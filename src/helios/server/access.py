@@ -8,8 +8,13 @@ OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
 ended (a stream: after its last chunk): client, method, path, status, prompt and completion tokens,
 finish reason, latency and time to first token (milliseconds), and the request's ``user``. The
-`RequestRecord` it puts in the scope's state (``helios_record``) is filled by the completion path
-(`helios.server.request_metrics`); other routes log no tokens.
+path is bounded (`helios.server.echo`) and escaped like ``user``. A request whose client went away
+before its response started (it disconnected while sending its body or while its answer was
+computed, or the response's first write found the connection closed) is logged as 499, nginx's
+"client closed request"; 500 stays for a server error with no response (the application raised,
+or returned without answering). The `RequestRecord` it puts in the scope's state
+(``helios_record``) is filled by the completion path (`helios.server.request_metrics`); other
+routes log no tokens.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from helios.server.echo import clipped
 from helios.server.request_metrics import RequestRecord
 
 API_KEY_ENV = "HELIOS_API_KEY"
 RECORD_KEY = "helios_record"
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away before any response
 access_logger = logging.getLogger("helios.access")
 
 
@@ -67,25 +74,46 @@ class AccessLog:
             return
         record = RequestRecord.now()
         scope.setdefault("state", {})[RECORD_KEY] = record
-        status = [500]
+        status: int | None = None
+        is_client_gone = has_raised = False
+
+        async def recording_receive() -> Message:
+            nonlocal is_client_gone
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                is_client_gone = True
+            return message
 
         async def recording_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
+            nonlocal status, is_client_gone
+            if message["type"] != "http.response.start":
+                await send(message)
+                return
+            try:
+                await send(message)
+            except BaseException:
+                is_client_gone = True  # unless the application raises it on: then has_raised decides
+                raise
+            status = CLIENT_CLOSED_REQUEST if is_client_gone else message["status"]  # else it went nowhere
 
         try:
-            await self.app(scope, receive, recording_send)
+            await self.app(scope, recording_receive, recording_send)
+        except BaseException:
+            has_raised = True
+            raise
         finally:
             if access_logger.isEnabledFor(logging.INFO):
-                access_logger.info("%s", access_line(scope, status[0], record))
+                if status is None:
+                    status = CLIENT_CLOSED_REQUEST if is_client_gone and not has_raised else 500
+                access_logger.info("%s", access_line(scope, status, record))
 
 
 def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     client = scope.get("client")
     where = f"{client[0]}:{client[1]}" if client else "-"
     latency_ms = (time.monotonic() - record.arrival_s) * 1000.0
-    fields = [where, f'"{scope.get("method", "")} {scope.get("path", "")}"', str(status)]
+    path = json.dumps(clipped(scope.get("path", "")), ensure_ascii=False)[1:-1]  # quotes and controls escaped
+    fields = [where, f'"{scope.get("method", "")} {path}"', str(status)]
     totals = record.totals()
     if totals is not None:
         fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={record.finish_reason}")

@@ -8,7 +8,8 @@ server accepts: unknown or unsupported fields are rejected, not ignored.
 
 Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}}``) whose status
 comes from the error's class: a missing API key 401 (when the server has one), schema violations
-and malformed JSON 400 (never 422), `HeliosError`
+and malformed JSON 400 (never 422; each violation named by its place in the body, ``prompt[0]``,
+without pydantic's union-member tags), `HeliosError`
 subclasses their ``http_status`` (400 invalid request, 429 ingress full, 503 admission rejection,
 500 execution failure), anything unexpected 500. The lifespan starts the model worker and, at
 shutdown (after uvicorn drained or dropped the connections), stops it once its round is done.
@@ -17,6 +18,8 @@ shutdown (after uvicorn drained or dropped the connections), stops it once its r
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -28,9 +31,10 @@ from starlette.responses import JSONResponse, Response
 from helios.errors import ExecutionError, HeliosError, RequestError
 from helios.server.access import RECORD_KEY, AccessLog, ApiKeyGuard
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES, BodyGuard
+from helios.server.echo import MAX_ECHO_CHARS, clipped, clipped_runs
 from helios.server.metrics import ResponseCounter
 from helios.frontend.responses.presentation import error_body
-from helios.server.responses import error_response
+from helios.server.responses import ClientGoneGuard, error_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 from helios.server.service import ServedModel
 
@@ -110,6 +114,7 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
     if api_key:
         app.add_middleware(ApiKeyGuard, api_key=api_key)
     app.add_middleware(ResponseCounter, counter=served.metrics.http_responses, endpoints=ENDPOINTS)
+    app.add_middleware(ClientGoneGuard)  # inside the access log: a client gone mid-write is its 499
     app.add_middleware(AccessLog)
     return app
 
@@ -132,7 +137,7 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
     @app.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
     async def get_model(model_id: str) -> dict:
         if model_id not in served.card.served_names:
-            raise StarletteHTTPException(404, f"model {model_id!r} is not served here")
+            raise StarletteHTTPException(404, f"model {clipped(model_id)!r} is not served here")
         return _model_entry(served, model_id)
 
     @app.get("/health", responses={503: {"description": "The model worker is not running"}})
@@ -194,7 +199,7 @@ def _model_entry(served: ServedModel, name: str) -> dict:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:
-        violation = schema_violation(error.errors())
+        violation = schema_violation(error.errors(), error.body)
         body = error_body(violation)
         body["error"]["param"] = violation.param
         return JSONResponse(body, status_code=violation.http_status)
@@ -214,23 +219,79 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(ExecutionError(f"internal error: {type(error).__name__}"))
 
 
-def schema_violation(errors) -> SchemaViolation:
-    """The 400 error of pydantic/JSON validation errors: the first few, with their locations."""
+def schema_violation(errors, body=None) -> SchemaViolation:
+    """The 400 error of pydantic/JSON validation errors: the first few, with their locations in
+    `body` (the parsed request body; see `_location`)."""
     errors = list(errors)
     if errors and errors[0].get("type") == "json_invalid":
         detail = errors[0].get("ctx", {}).get("error", "")
         return SchemaViolation(f"the request body is not valid JSON: {detail}".rstrip(": "), None)
-    described = [_describe(entry) for entry in errors[:4]]
-    more = f" (and {len(errors) - 4} more)" if len(errors) > 4 else ""
-    param = _location(errors[0]) if errors else ""
-    return SchemaViolation("invalid request body: " + "; ".join(described) + more, param or None)
+    described = list(dict.fromkeys(_describe(entry, body) for entry in errors))  # union members repeat
+    more = f" (and {len(described) - 4} more)" if len(described) > 4 else ""
+    param = _location(errors[0], body) if errors else ""
+    return SchemaViolation("invalid request body: " + "; ".join(described[:4]) + more, param or None)
 
 
-def _location(entry: dict) -> str:
-    return ".".join(str(part) for part in entry.get("loc", ()) if part != "body")
+# The fields whose value picks the member of a discriminated union (`schemas.Message`, `UserPart`,
+# `ResponseFormat`): pydantic puts that value in an error's location after the union's own.
+_DISCRIMINATORS = ("role", "type")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _describe(entry: dict) -> str:
+def _location(entry: dict, body) -> str:
+    """An error's place in the body as a client writes it (``messages[0].content``, ``prompt[0]``).
+    pydantic's ``loc`` also names the member of a union it tried (``str``, ``list[...]`` with
+    validator reprs, a discriminator value such as ``user``), which is no part of the body: only
+    the parts that are a key or an index of `body` are kept (and a missing field's name). Without a
+    body, parts that cannot be a field name are left out."""
+    parts = tuple(entry.get("loc", ()))
+    if parts[:1] == ("body",):
+        parts = parts[1:]
+    if not isinstance(body, (dict, list)):
+        return _render(part for part in parts if isinstance(part, int) or _NAME.fullmatch(part))
+    kept, node, has_tag = [], body, False
+    for index, part in enumerate(parts):
+        after = parts[index + 1] if index + 1 < len(parts) else None
+        if isinstance(node, list) and _has(node, part):
+            kept.append(part)
+            node, has_tag = node[part], False
+        elif isinstance(node, dict) and _has(node, part) and (has_tag or not _is_discriminator(node, part)
+                                                              or not _has(node, after) or _has(node[part], after)):
+            # A key equal to the node's discriminator value (``{"type": "json_schema", "json_schema": ...}``)
+            # is pydantic's member tag when the part after it belongs to the node itself.
+            kept.append(part)
+            node, has_tag = node[part], False
+        elif isinstance(node, dict) and not has_tag and _is_discriminator(node, part):
+            has_tag = True  # the union member this node was validated as
+        elif after is None and entry.get("type") == "missing" and isinstance(part, str):
+            kept.append(part)
+    return _render(kept)
+
+
+def _has(node, part) -> bool:
+    if isinstance(node, list):
+        return type(part) is int and 0 <= part < len(node)
+    return isinstance(node, dict) and isinstance(part, str) and part in node
+
+
+def _is_discriminator(node: dict, part) -> bool:
+    return any(node.get(name) == part for name in _DISCRIMINATORS)
+
+
+def _render(parts) -> str:
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _NAME.fullmatch(part) and len(part) <= MAX_ECHO_CHARS:
+            text += f".{part}" if text else part
+        else:
+            text += f"[{json.dumps(clipped(part))}]"  # a client's key: quoted, bounded
+    return text
+
+
+def _describe(entry: dict, body) -> str:
     message = UNSUPPORTED_FIELD if entry.get("type") == "extra_forbidden" else str(entry.get("msg", "invalid"))
-    where = _location(entry)
+    message = clipped(clipped_runs(message), 2 * MAX_ECHO_CHARS)  # pydantic may quote the value (a tag)
+    where = _location(entry, body)
     return f"{where}: {message}" if where else message

@@ -7,7 +7,9 @@ gives, for uvicorn's httptools protocol (the one `helios serve` runs), a plain f
 one chunk of the chunked body exactly as uvicorn's `send` does and writes it to the transport at
 once, returning True; it returns False, and writes nothing, whenever uvicorn's `send` would do
 anything else: the connection paused for flow control (the caller then sends the message the
-usual way, which waits under the send deadline), the client gone, the response not started,
+usual way, which waits under the send deadline), the client gone (or its transport closed, which
+uvicorn does not always mark: the usual send then raises, and the response ends as a disconnect),
+the response not started,
 complete or not chunked. For any other server or protocol it is None (the caller always uses
 `send`).
 """
@@ -32,7 +34,7 @@ def chunk_writer(send: Send) -> ChunkWriter | None:
 
     def write(body: bytes) -> bool:
         if (flow.write_paused or cycle.disconnected or not cycle.response_started or cycle.response_complete
-                or not cycle.chunked_encoding or not body):
+                or not cycle.chunked_encoding or not body or transport.is_closing()):
             return False
         transport.write(b"%x\r\n%s\r\n" % (len(body), body))
         return True

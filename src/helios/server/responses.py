@@ -47,6 +47,7 @@ from helios.frontend.responses.presentation import StreamPresenter, error_body, 
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
 from helios.server.chunk_writer import chunk_writer
+from helios.server.echo import clipped_runs
 from helios.server.step_writes import DirectWrites, Handoff, present  # noqa: F401 (Handoff: re-exported)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -129,11 +130,40 @@ class Lease:
             bridge.close()
 
 
+_CLOSED_UVLOOP_TRANSPORT = "unable to perform operation on"  # uvloop's RuntimeError on a closed handle
+
+
+def is_client_gone(error: BaseException, scope: Scope) -> bool:
+    """Whether `error`, raised while writing this request's response, says that its client is gone:
+    a connection error (reset, broken pipe), or a write to a transport that is closed (uvloop raises
+    RuntimeError there). uvicorn marks a request disconnected when its connection is lost, but not
+    one that was running while a pipelined request behind it was read (its writes then reach the
+    closed transport); where uvicorn's send is in the scope (`TRANSPORT_SEND`), its transport is
+    checked and the request marked disconnected, as uvicorn would have, so that uvicorn ends it
+    quietly. Any other RuntimeError or OSError is not a disconnect."""
+    if not isinstance(error, (RuntimeError, OSError)):
+        return False
+    cycle = getattr(scope.get(TRANSPORT_SEND), "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None:  # another server, or no transport send in the scope: the error alone decides
+        return isinstance(error, ConnectionError) or _CLOSED_UVLOOP_TRANSPORT in str(error)
+    if not transport.is_closing() or not (isinstance(error, OSError) or _CLOSED_UVLOOP_TRANSPORT in str(error)):
+        return False
+    if hasattr(cycle, "disconnected"):
+        cycle.disconnected = True
+    return True
+
+
 async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
-    """Runs the response's own ASGI `call` with a timed send and closes the bridge on every path."""
+    """Runs the response's own ASGI `call` with a timed send and closes the bridge on every path. A
+    write that finds the client gone (`is_client_gone`) ends the response quietly, as a disconnect."""
     deadline = None if lease.send_timeout_s is None else SendDeadline(send, lease.send_timeout_s)
     try:
         await call(scope, receive, send if deadline is None else deadline)
+    except (RuntimeError, OSError) as error:
+        if not is_client_gone(error, scope):
+            raise
+        logger.debug("response %s ended: its client is gone (%s)", lease.bridge.request_id, error)
     except SendTimeout:
         logger.warning("response %s dropped: its client took nothing for %.0f s",
                        lease.bridge.request_id, lease.send_timeout_s)
@@ -147,9 +177,29 @@ async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: 
         lease.close()
 
 
+class ClientGoneGuard:
+    """ASGI middleware: a response whose write finds its client gone (`is_client_gone`), leased or
+    not, ends quietly as a disconnect (one DEBUG line) instead of as an application error with a
+    traceback. Installed inside the access log, which then logs the request as 499."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except (RuntimeError, OSError) as error:
+            if scope["type"] != "http" or not is_client_gone(error, scope):
+                raise
+            logger.debug("%s %s ended: its client is gone (%s)", scope.get("method"), scope.get("path"), error)
+
+
 def error_response(error: BaseException) -> JSONResponse:
-    """The OpenAI-style error body with the status the error's class decides."""
-    return JSONResponse(error_body(error), status_code=error_status(error))
+    """The OpenAI-style error body with the status the error's class decides; values the message
+    echoes from the request are bounded (`helios.server.echo`)."""
+    body = error_body(error)
+    body["error"]["message"] = clipped_runs(body["error"]["message"])
+    return JSONResponse(body, status_code=error_status(error))
 
 
 class LeasedJSONResponse(JSONResponse):

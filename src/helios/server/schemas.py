@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
+                      StrictStr, Tag, WithJsonSchema)
 
 from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
 from helios.frontend.decoding.logprobs import MAX_TOP_LOGPROBS
@@ -284,9 +285,26 @@ class ChatCompletionRequest(_SamplingFields):
         "enable_thinking) where it has one: none turns thinking off, any other value on")
 
 
+def _prompt_shape(value: Any) -> str:
+    """The `Prompt` member a value is meant as, from its shape: an invalid prompt is then reported
+    against that member alone (``prompt[0]: ... greater than or equal to 0``), not every member."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+        return "texts" if isinstance(value[0], str) else "token_lists"
+    return "tokens"
+
+
+Prompt = Annotated[Union[
+    Annotated[StrictStr, Tag("text")],
+    Annotated[list[_TokenId], Tag("tokens")],
+    Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES), Tag("texts")],
+    Annotated[list[list[_TokenId]], Field(min_length=1, max_length=MAX_CHOICES), Tag("token_lists")],
+], Discriminator(_prompt_shape)]
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: Union[StrictStr, list[_TokenId], Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES)],
-                  Annotated[list[list[_TokenId]], Field(min_length=1, max_length=MAX_CHOICES)]] = Field(
+    prompt: Prompt = Field(
         description="A text or token ids, or a batch of texts or of token-id lists (one choice set each)")
     best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES,
                                       description="Accepted where it means the same as n: equal to n (or 1 without n)")

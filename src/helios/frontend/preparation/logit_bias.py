@@ -5,7 +5,8 @@ entries (the width of the prepared programs' ``logit_bias_*`` inputs; a core pre
 helios has none and answers 400). Each bias is added to that token's logit before sampling, so
 small values nudge the token, -100 all but bans it and 100 all but forces it; the values
 ``logprobs`` reports are those of the biased distribution. Ids outside the sampled vocabulary
-are a 400 naming the id. A request with a bias never runs speculative programs.
+are a 400 naming the id, and so are two keys naming one token (``"05"`` and ``"5"``: the keys are
+distinct strings, the ids are not). A request with a bias never runs speculative programs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ MAX_LOGIT_BIAS = 300
 
 
 class LogitBiasError(RequestError):
-    """A logit-bias id outside the vocabulary, or more entries than the core takes."""
+    """A logit-bias id outside the vocabulary or named twice, or more entries than the core takes."""
 
 
 class LogitBiasUnavailable(RequestError):
@@ -34,10 +35,14 @@ def parse_logit_bias(value: Mapping[str, float] | None, vocab_size: int, capacit
                                    "prepare it again to serve logit_bias")
     if len(value) > capacity:
         raise LogitBiasError(f"logit_bias holds {len(value)} entries; this core takes at most {capacity}")
+    keys: dict[int, str] = {}  # token id -> the key that named it
     entries = []
     for key, bias in value.items():
         token = int(key)
         if not 0 <= token < vocab_size:
             raise LogitBiasError(f"logit_bias token id {key} is outside the vocabulary [0, {vocab_size})")
+        first = keys.setdefault(token, key)
+        if first != key:
+            raise LogitBiasError(f"logit_bias names token {token} twice ({first!r} and {key!r})")
         entries.append((token, float(bias)))
     return tuple(sorted(entries))

@@ -281,14 +281,20 @@ _INTERNAL_MARKS = ("panicked", "RUST_BACKTRACE", "called `Option::unwrap()`", "c
 
 
 def user_message(message: str) -> str:
-    """llguidance's error worded for a client: its first line, at most `MAX_ERROR_CHARS`, and never
+    """llguidance's error worded for a client: its first line (with the lines after it when the
+    first only introduces them, as ``regex parse error:`` does), at most `MAX_ERROR_CHARS`, and never
     the text of an internal failure (a Rust panic, source locations), which says nothing to a user."""
     text = message.strip()
     if not text:
         return "the grammar could not be compiled"
     if any(mark in text for mark in _INTERNAL_MARKS):
         return "the grammar could not be compiled (it is too large or too complex); simplify it"
-    line = text.splitlines()[0]
+    first, *rest = text.splitlines()
+    line = first.strip()
+    if line.endswith(":"):  # the detail is on the next lines; carets and gutters only point into them
+        details = [part.strip() for part in rest if part.strip(" ^|~0123456789")]
+        details = [part if len(part) <= 80 else part[:80] + "..." for part in details]  # an echoed pattern
+        line = " ".join([line, "; ".join(details)])
     return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
 
 

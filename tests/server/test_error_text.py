@@ -1,0 +1,120 @@
+"""What error messages say: a schema violation names its place in the body as a client writes it
+(``prompt[0]``, ``messages[0].content[0].text``), never pydantic's union-member tags or validator
+reprs with heap addresses; client text echoed back (a path, a number, a key) is bounded; a regex
+error keeps its detail line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+import pytest
+
+from helios.server.app import create_app, schema_violation
+from helios.server.echo import MAX_ECHO_CHARS, clipped, clipped_runs
+from support.server_core import SERVED_ID, served_tiny_core
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
+        yield create_app(served)
+
+
+def call(app, method: str, path: str, body=None) -> httpx.Response:
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            content = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+            return await client.request(method, path, content=content, headers={"content-type": "application/json"})
+
+    return asyncio.run(scenario())
+
+
+def chat(**fields) -> dict:
+    return {"model": SERVED_ID, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def error_of(response: httpx.Response) -> dict:
+    assert response.status_code == 400, response.text
+    return response.json()["error"]
+
+
+@pytest.mark.parametrize(("prompt", "message", "param"), [
+    ([-1], "prompt[0]: Input should be greater than or equal to 0", "prompt[0]"),
+    ([True], "prompt[0]: Input should be a valid integer", "prompt[0]"),
+    (["a", [1, 2]], "prompt[1]: Input should be a valid string", "prompt[1]"),
+    ([[1, -2]], "prompt[0][1]: Input should be greater than or equal to 0", "prompt[0][1]"),
+])
+def test_a_bad_prompt_is_named_by_its_place_only(app, prompt, message, param):
+    error = error_of(call(app, "POST", "/v1/completions", {"model": SERVED_ID, "prompt": prompt}))
+    assert error["message"] == f"invalid request body: {message}"
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize(("body", "places"), [
+    (chat(messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}]),
+     ["messages[0].content: Input should be a valid string", "messages[0].content[0].text:"]),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "r"}}),
+     ["response_format.json_schema.schema: Field required"]),
+    (chat(tools=[{"type": "function", "function": {"parameters": {}}}]), ["tools[0].function.name: Field required"]),
+    (chat(stop=[1]), ["stop: Input should be a valid string", "stop[0]: Input should be a valid string"]),
+    (chat(chat_template_kwargs={"a.b": [1]}), ['chat_template_kwargs["a.b"]: Input should be a valid boolean']),
+    (chat(logit_bias={"x": 1}), ["logit_bias.x: String should match pattern"]),
+])
+def test_locations_are_paths_of_the_body_without_union_tags(app, body, places):
+    message = error_of(call(app, "POST", "/v1/chat/completions", body))["message"]
+    for place in places:
+        assert place in message, message
+    for internal in ("function-", "list[", "constrained-str", "tagged-union", ".user.", "[key]", " at 0x"):
+        assert internal not in message, message
+
+
+def test_without_the_body_only_field_names_and_indices_are_kept():
+    entry = {"loc": ("body", "prompt", "list[function-after[functools.partial(<function v at 0x7f>)]]", 0),
+             "msg": "Input should be greater than or equal to 0", "type": "greater_than_equal"}
+    violation = schema_violation([entry])
+    assert str(violation) == "invalid request body: prompt[0]: Input should be greater than or equal to 0"
+
+
+def test_echoed_client_text_is_bounded(app, caplog):
+    caplog.set_level(logging.INFO, logger="helios.access")
+    model_id = "m" * 60_000
+    response = call(app, "GET", f"/v1/models/{model_id}")
+    assert response.status_code == 404
+    message = response.json()["error"]["message"]
+    assert len(message) < 3 * MAX_ECHO_CHARS and "(60,000 characters)" in message
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "helios.access"]
+    assert len(line) < 3 * MAX_ECHO_CHARS and "(60,011 characters)" in line  # /v1/models/ and the id
+
+    digits = "9" * 4000
+    body = json.dumps(chat()).encode()[:-1] + b', "max_tokens": ' + digits.encode() + b"}"
+    message = error_of(call(app, "POST", "/v1/chat/completions", body))["message"]
+    assert "max_tokens" in message and digits not in message and "characters)" in message
+    assert len(message) < 3 * MAX_ECHO_CHARS
+
+    field = "f" * 10_000
+    error = error_of(call(app, "POST", "/v1/chat/completions", {**chat(), field: 1}))
+    assert len(error["message"]) < 3 * MAX_ECHO_CHARS and len(error["param"]) < 2 * MAX_ECHO_CHARS
+
+
+def test_the_access_log_escapes_the_path(app, caplog):
+    caplog.set_level(logging.INFO, logger="helios.access")
+    call(app, "GET", '/v1/models/a%0A"b')
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "helios.access"]
+    assert "\n" not in line and '"GET /v1/models/a\\n\\"b" 404' in line
+
+
+def test_clipping_keeps_short_text_and_the_words_around_a_long_value():
+    assert clipped("short") == "short"
+    assert clipped("x" * 300) == "x" * MAX_ECHO_CHARS + "... (300 characters)"
+    assert clipped_runs(f"max_tokens ({'9' * 500}) exceed") == f"max_tokens ({'9' * 199}... (502 characters) exceed"
+
+
+def test_an_invalid_schema_pattern_names_what_is_wrong(app):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}, "required": ["a"]}
+    body = chat(response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    message = error_of(call(app, "POST", "/v1/chat/completions", body))["message"]
+    assert "regex parse error" in message and "unclosed group" in message, message
