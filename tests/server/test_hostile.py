@@ -134,6 +134,39 @@ def test_bodies_that_are_not_strict_utf8_json_are_400(app, served, case):
     assert_serving(app, served)
 
 
+HI = '"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+OVERFLOWING_NUMBERS = {
+    "sampling field": raw(BASE + HI + '"temperature": 1e999}'),
+    "template kwarg": raw(BASE + HI + '"chat_template_kwargs": {"x": 1e999}}'),
+    "negative, in a list": raw(BASE + HI + '"chat_template_kwargs": {"x": [1, -1E+400]}}'),
+    "tool schema": raw(BASE + HI + '"tools": [{"type": "function", "function": {"name": "f", "parameters": '
+                       '{"type": "object", "properties": {"a": {"type": "number", "maximum": 1e999}}}}}]}'),
+    "response schema": raw(BASE + HI + '"response_format": {"type": "json_schema", "json_schema": {"name": "n", '
+                           '"schema": {"type": "number", "minimum": -1e999}}}}'),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERFLOWING_NUMBERS))
+def test_a_number_beyond_the_float_range_is_a_400_not_infinity(app, served, case):
+    response = send(app, "/v1/chat/completions", OVERFLOWING_NUMBERS[case])
+    assert response.status_code == 400, response.text
+    assert "number out of range" in response.json()["error"]["message"]
+    assert_serving(app, served)
+
+
+@pytest.mark.parametrize("arguments", ['{"x": NaN}', '{"x": -Infinity}', '{"x": 1e999}'])
+def test_tool_call_arguments_are_strict_json_as_the_body_is(app, served, arguments):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    response = send(app, "/v1/chat/completions", chat(messages=messages, max_tokens=2))
+    assert response.status_code == 400, response.text
+    assert "messages[1].tool_calls[0].function.arguments is not strict JSON" in response.json()["error"]["message"]
+    call["function"]["arguments"] = '{"x": 1e300}'
+    assert send(app, "/v1/chat/completions", chat(messages=messages, max_tokens=2)).status_code == 200
+    assert_serving(app, served)
+
+
 LOOSE_TYPES = [
     {"temperature": "0.5"}, {"temperature": True}, {"top_p": "1"}, {"max_tokens": "4"}, {"max_tokens": 4.5},
     {"seed": "1"}, {"stream": "true"}, {"stream": 1}, {"stop": 5}, {"n": "1"}, {"frequency_penalty": "0"},

@@ -22,7 +22,10 @@ from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.access import API_KEY_ENV
-from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
+from helios.server.body_guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_NBYTES
+from helios.server.connection_limits import (
+    DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAD_NBYTES, ConnectionLimits,
+)
 from helios.server.engine_process import CoreSource, start_engine_process
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
 from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
@@ -57,6 +60,21 @@ def register(subparsers) -> None:
                         help="streamed responses: after the first token, write N tokens' output at a time "
                         "(default 1: every token as it comes; larger N: fewer, larger writes for up to "
                         "N - 1 tokens of added latency)")
+    connections = parser.add_argument_group("connections (what a client may hold before its request is admitted)")
+    connections.add_argument("--max-header-bytes", type=int, default=DEFAULT_MAX_HEAD_NBYTES,
+                             help="largest request line plus header block; a larger one gets 431 and the "
+                             f"connection is closed, before more is buffered (default {DEFAULT_MAX_HEAD_NBYTES})")
+    connections.add_argument("--header-timeout", type=float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="SECONDS",
+                             help="seconds from a connection's accept (or, kept alive, its next request's first "
+                             "byte) to the end of the request's headers; later: 408 and closed, or closed if "
+                             f"nothing was sent (default {DEFAULT_HEAD_TIMEOUT_S:.0f})")
+    connections.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
+                             help="seconds from the end of a request's headers to the end of its body; "
+                             f"later: 408 and the connection closed (default {DEFAULT_BODY_TIMEOUT_S:.0f})")
+    connections.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                             help="open connections at once; one more gets 503 and is closed, the refusals "
+                             "logged at most every 10 s; the open-file limit is raised to fit, or the cap "
+                             f"lowered, logged (default {DEFAULT_MAX_CONNECTIONS})")
     images = parser.add_argument_group("images (vision-language cores)")
     images.add_argument("--max-images", type=int, default=4, help="images per request (default 4)")
     images.add_argument("--max-image-bytes", type=int, default=2 * 1024 * 1024,
@@ -108,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
                  "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels",
-                 "stream_interval"):
+                 "stream_interval", "max_header_bytes", "header_timeout", "body_timeout", "max_connections"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
@@ -135,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
                            api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,
                            image_limits=ImageLimits(args.max_images, args.max_image_bytes, args.max_image_pixels,
-                                                    args.allow_remote_images))
+                                                    args.allow_remote_images),
+                           connection_limits=ConnectionLimits(args.max_header_bytes, args.header_timeout,
+                                                              args.body_timeout, args.max_connections))
     try:
         return serve(runtime, options, owned_by=core.publisher.namespace)
     finally:

@@ -7,9 +7,13 @@ itself, with an OpenAI-style error body, when the body
   body, never holding more than the limit): 413 `BodyTooLarge`;
 - is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
   400 `MalformedBody`;
-- is not strict JSON: ``NaN``/``Infinity`` literals, integers beyond 4,300 digits, nesting deeper
-  than `MAX_JSON_DEPTH`, or any string (key or value) holding a lone surrogate escape such as
-  ``"\\ud800"``, which is valid JSON but no Unicode text: 400 `MalformedBody`.
+- is not strict JSON: ``NaN``/``Infinity`` literals, numbers beyond the float range (``1e999``,
+  which Python reads as infinity), integers beyond 4,300 digits, nesting deeper than
+  `MAX_JSON_DEPTH`, or any string (key or value) holding a lone surrogate escape such as
+  ``"\\ud800"``, which is valid JSON but no Unicode text: 400 `MalformedBody`;
+- has not arrived whole within the body timeout (the server's, from the scope's `BODY_TIMEOUT_KEY`,
+  which `helios.server.connection_limits` sets; else `body_timeout_s`), counted from the first
+  read: 408 `RequestTimeout`, and the connection is closed.
 
 So no string that cannot be encoded as UTF-8 ever reaches validation, preparation or the model
 worker. A body that passes is replayed unchanged to the application; later `receive` calls go to
@@ -18,7 +22,9 @@ the connection (disconnect detection keeps working).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +33,8 @@ from helios.errors import RequestError
 from helios.server.responses import error_response
 
 DEFAULT_MAX_BODY_NBYTES = 4 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 60.0
+BODY_TIMEOUT_KEY = "helios.body_timeout_s"  # scope key: the server's body timeout for this request
 MAX_JSON_DEPTH = 64
 BOM = b"\xef\xbb\xbf"
 
@@ -41,8 +49,22 @@ class MalformedBody(RequestError):
     """The request body is not strict UTF-8 JSON text."""
 
 
+class RequestTimeout(RequestError):
+    """The request (its head, or its body) did not arrive within the server's deadline."""
+
+    http_status = 408
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # json reads 1e999 as inf without asking parse_constant
+        raise MalformedBody(f"the request body holds a number out of range ({text[:40]}); numbers must be "
+                            "finite (at most about 1.8e308 in magnitude)")
+    return value
 
 
 def check_json_text(body: bytes) -> Any:
@@ -54,7 +76,7 @@ def check_json_text(body: bytes) -> Any:
     except UnicodeDecodeError as error:
         raise MalformedBody(f"the request body is not valid UTF-8 (byte {error.start})") from None
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise MalformedBody(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as error:  # JSONDecodeError, NaN/Infinity, oversized integers
@@ -96,24 +118,37 @@ def _check_text(text: str) -> None:
 class BodyGuard:
     """See the module docstring. Requests other than POST pass through untouched."""
 
-    def __init__(self, app: ASGIApp, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES):
+    def __init__(self, app: ASGIApp, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
         self.app = app
         self.max_body_nbytes = max_body_nbytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         try:
-            body = await self._read(scope, receive)
+            body = await self._read_in_time(scope, receive)
             if body is None:
                 return  # the client went away while sending
             if body:
                 check_json_text(body)
         except RequestError as error:
-            await error_response(error)(scope, receive, send)
+            response = error_response(error)
+            if isinstance(error, RequestTimeout):
+                response.headers["connection"] = "close"  # the rest of the body may still be on its way
+            await response(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
+
+    async def _read_in_time(self, scope: Scope, receive: Receive) -> bytes | None:
+        timeout_s = scope.get(BODY_TIMEOUT_KEY, self.body_timeout_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._read(scope, receive)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
         limit = self.max_body_nbytes

@@ -15,6 +15,8 @@ If the model worker dies (a fault of the worker itself, never of one request: th
 `WorkerDied`, so the process exits non-zero (status 9) and a supervisor restarts it.
 
 The socket is bound before uvicorn starts so that port 0 works and the printed address is exact.
+Each connection is uvicorn's httptools protocol with the header-size cap, the head and body
+deadlines and the connection cap of `helios.server.connection_limits` (`options.connection_limits`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
 from helios.server.app import create_app
 from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
+from helios.server.connection_limits import ConnectionLimits, fit_to_fd_limit, protocol_factory
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, with_transport_send
 from helios.server.service import ServedModel
 
@@ -59,6 +62,7 @@ class ServeOptions:
     api_key: str | None = None  # /v1/ requests without it get 401
     served_names: tuple[str, ...] = ()  # operator names (served id first); empty: the core's
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # per-request image bounds
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # head size, deadlines, cap
 
 
 class ListenError(HeliosError):
@@ -118,6 +122,15 @@ def bind(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
+def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvicorn.Config:
+    """uvicorn's settings for `app`: uvloop, httptools with `limits` (the caller fits them to the
+    process's descriptors), the drain of the module docstring."""
+    return uvicorn.Config(
+        app, loop="auto", http=protocol_factory(limits), lifespan="on", log_level=options.log_level,
+        access_log=False, timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
+    )
+
+
 def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_by: str = "") -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
     served = ServedModel.from_runtime(
@@ -125,11 +138,8 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
         send_timeout_s=options.send_timeout_s, served_names=options.served_names,
         image_limits=options.image_limits, stream_interval=options.stream_interval,
     )
-    config = uvicorn.Config(
-        with_transport_send(create_app(served, options.max_body_nbytes, options.api_key)), loop="auto", lifespan="on",
-        log_level=options.log_level, access_log=False,
-        timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
-    )
+    app = with_transport_send(create_app(served, options.max_body_nbytes, options.api_key))
+    config = uvicorn_config(app, options, fit_to_fd_limit(options.connection_limits))
     _configure_access_log(options.access_log)
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]

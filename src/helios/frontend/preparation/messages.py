@@ -6,7 +6,8 @@ return immutable records, raising `MessageError` (HTTP 400) for anything malform
 - content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with newlines; a
   user message may also carry ``image_url`` parts (`helios.frontend.preparation.image_parts`);
 - an assistant message has content, tool calls, or both; its `reasoning_content` is optional;
-- tool-call arguments are JSON text of an object (what the model generated, kept verbatim);
+- tool-call arguments are strict JSON text of an object (what the model generated, kept verbatim;
+  no ``NaN``/``Infinity``, no number beyond the float range such as ``1e999``, as in the body);
 - a tool message answers a call id of the closest preceding assistant message with tool calls.
 
 `template_messages` / `template_tools` build the plain structures a chat template receives. Tool-call
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,10 +158,28 @@ def _parse_tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+class _NotStrictJSON(ValueError):
+    """A NaN/Infinity literal, or a number beyond the float range (json reads 1e999 as inf)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotStrictJSON(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotStrictJSON(f"the number {text[:40]} is out of range (numbers must be finite)")
+    return value
+
+
 def _loads(text: str, where: str) -> Any:
+    """Strict JSON, as the request body itself must be: no NaN/Infinity, no overflowing numbers."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except _NotStrictJSON as error:
+        raise MessageError(f"{where}.function.arguments is not strict JSON: {error}") from None
+    except (ValueError, RecursionError):
         raise MessageError(f"{where}: invalid JSON") from None
 
 

@@ -1,0 +1,257 @@
+"""What a connection may hold before its request is admitted (`helios.server.connection_limits`),
+over real sockets against uvicorn run with `helios serve`'s own settings (`serve.uvicorn_config`)
+in a thread, in front of `BodyGuard` and a tiny application (the limits sit below any route):
+
+- a request line plus header block over the cap gets 431 and the parser is never fed more than
+  the cap, however much the client sends; a head within the cap whose body comes in the same read
+  is served;
+- a partial request line or header block gets 408 at the (shortened) head deadline, also on a
+  kept-alive connection's second request; a connection that sends nothing is closed at it;
+- a partial body gets BodyGuard's 408 JSON error at the body deadline; a body no route reads,
+  trickling in, closes the connection at it;
+- connections beyond the cap get 503 and are closed, one log line tells, and the server answers
+  once a connection is free.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from helios.server import connection_limits
+from helios.server.body_guard import BodyGuard
+from helios.server.connection_limits import ConnectionLimits, GuardedHttpToolsProtocol, RefusalLog, fit_to_fd_limit
+from helios.server.serve import ServeOptions, bind, uvicorn_config
+
+HEAD_CAP = 8 * 1024
+SHORT = ConnectionLimits(max_head_nbytes=HEAD_CAP, head_timeout_s=0.5, body_timeout_s=0.5, max_connections=64)
+WAIT_S = 10.0  # generous: far beyond every shortened deadline
+
+
+class CountingProtocol(HttpToolsProtocol):
+    """Counts the bytes the guard feeds to uvicorn's parser (what uvicorn and httptools may buffer)."""
+
+    fed_nbytes: list[int] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.fed_nbytes.append(len(data))
+        super().data_received(data)
+
+
+class Recording(GuardedHttpToolsProtocol, CountingProtocol):
+    pass
+
+
+async def tiny_app(scope, receive, send) -> None:
+    """GET: 200 "ok"; POST (behind BodyGuard, so its body is whole): 200 with the body's length."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    body = b"ok"
+    if scope["method"] == "POST":
+        body = str(len((await receive())["body"])).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Server:
+    """uvicorn with `serve`'s settings and `limits`, on a free port, in a thread of this process."""
+
+    def __init__(self, limits: ConnectionLimits):
+        with mock.patch.object(uvicorn.Config, "configure_logging"):  # leave this process's logging alone
+            config = uvicorn_config(BodyGuard(tiny_app), ServeOptions(log_level="warning"), limits)
+        config.http = functools.partial(Recording, limits=limits, refusals=RefusalLog(limits.max_connections))
+        self.server = uvicorn.Server(config)
+        self.sock = bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT_S
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT_S)
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=WAIT_S)
+        return sock
+
+    def get_health(self) -> bytes:
+        with self.connect() as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return read_all(sock)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server(SHORT) as running:
+        yield running
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes (a reset after a response counts as the close)."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def send_until_refused(sock: socket.socket, first: bytes, chunk: bytes, total_nbytes: int) -> None:
+    sock.sendall(first)
+    sent = 0
+    try:
+        while sent < total_nbytes:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server closed: what it answered is in the receive buffer
+
+
+def error_of(response: bytes) -> tuple[int, dict]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+HEADER_LINES = b"".join(b"X-P%d: %s\r\n" % (i, b"a" * 1000) for i in range(64))
+OVERSIZED_HEADS = {
+    "many header lines": (b"GET /health HTTP/1.1\r\nHost: x\r\n", HEADER_LINES),
+    "one huge header value": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * 65536),
+    "a huge request target": (b"GET /v1/models/", b"a" * 65536),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERSIZED_HEADS))
+def test_an_oversized_head_gets_431_and_is_never_fed_past_the_cap(server, case):
+    CountingProtocol.fed_nbytes = []
+    first, chunk = OVERSIZED_HEADS[case]
+    with server.connect() as sock:
+        send_until_refused(sock, first, chunk, 8 << 20)
+        status, error = error_of(read_all(sock))
+    assert status == 431 and f"{HEAD_CAP} bytes" in error["message"]
+    assert error["type"] == "invalid_request_error" and error["code"] == 431
+    assert sum(CountingProtocol.fed_nbytes) <= HEAD_CAP  # 8 MiB sent: uvicorn never saw more than the cap
+    assert b"200 OK" in server.get_health()
+
+
+def test_a_head_within_the_cap_whose_body_is_in_the_same_read_is_served(server):
+    body = json.dumps({"x": "y" * 200_000}).encode()
+    pad = b"X-Pad: " + b"a" * (HEAD_CAP - 200) + b"\r\n"
+    request = (b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+               + pad + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    with server.connect() as sock:
+        sock.sendall(request)
+        response = read_all(sock)
+    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"%d" % len(body))
+
+
+PARTIAL_HEADS = {
+    "a partial request line": b"POST /v1/chat/comp",
+    "partial headers": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+    "a kept-alive connection's partial second request": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /hea",
+}
+
+
+@pytest.mark.parametrize("case", list(PARTIAL_HEADS))
+def test_a_partial_head_gets_408_at_the_head_deadline(server, case):
+    with server.connect() as sock:
+        sock.sendall(PARTIAL_HEADS[case])
+        response = read_all(sock)
+    status, error = error_of(response[response.rfind(b"HTTP/1.1 "):])
+    assert status == 408 and "did not arrive within 0.5 s" in error["message"]
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_head_deadline(server):
+    with server.connect() as sock:
+        assert read_all(sock) == b""
+
+
+def test_a_partial_body_gets_408_at_the_body_deadline(server):
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    with server.connect() as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+        response = read_all(sock)
+    status, error = error_of(response)
+    assert status == 408 and error["message"] == "the request body did not arrive within 0.5 s"
+    assert b"connection: close" in response.lower()
+
+
+def test_a_body_no_route_reads_trickling_past_its_deadline_closes_the_connection(server, monkeypatch):
+    monkeypatch.setattr(connection_limits, "BODY_GRACE_S", 0.1)
+    with server.connect() as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+        sock.settimeout(0.1)
+        response, is_closed = b"", False
+        for _ in range(40):  # a byte every 0.1 s (each would push uvicorn's keep-alive timer away)
+            try:
+                sock.sendall(b"x")
+                while chunk := sock.recv(65536):
+                    response += chunk
+                is_closed = True
+                break
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                is_closed = True
+                break
+    assert response.startswith(b"HTTP/1.1 200") and is_closed
+
+
+def test_connections_beyond_the_cap_get_503_one_log_line_tells_and_the_server_serves_after():
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        with Server(replace(SHORT, head_timeout_s=WAIT_S, max_connections=4)) as server:
+            held = [server.connect() for _ in range(4)]
+            time.sleep(0.2)  # let the server accept them
+            refused = []
+            for _ in range(3):
+                with server.connect() as sock:
+                    refused.append(error_of(read_all(sock)))
+            assert [status for status, _ in refused] == [503] * 3
+            assert refused[0][1]["type"] == "overloaded" and "4 open connections" in refused[0][1]["message"]
+            held.pop().close()
+            time.sleep(0.2)  # let the server see the close
+            assert b"200 OK" in server.get_health()
+            for sock in held:
+                sock.close()
+    finally:
+        logger.removeHandler(handler)
+    refusals = [line for line in lines if "refused" in line]
+    assert refusals == ["refused 1 connection(s): 4 are open, the limit (--max-connections)"]  # the rest after 10 s
+
+
+def test_the_cap_is_fitted_to_the_open_file_limit(monkeypatch):
+    limits = ConnectionLimits(max_connections=4096)
+    monkeypatch.setattr(connection_limits.resource, "getrlimit", lambda which: (1024, 2048))
+    monkeypatch.setattr(connection_limits.resource, "setrlimit", lambda which, pair: calls.append(pair))
+    calls: list = []
+    assert fit_to_fd_limit(limits).max_connections == 2048 - connection_limits.FD_RESERVE
+    assert calls == [(2048, 2048)]  # raised as far as the hard limit allows
+    monkeypatch.setattr(connection_limits.resource, "getrlimit", lambda which: (1024, 1 << 20))
+    calls.clear()
+    assert fit_to_fd_limit(limits) == limits and calls == [(4096 + connection_limits.FD_RESERVE, 1 << 20)]
