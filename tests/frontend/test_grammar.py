@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
@@ -108,6 +109,51 @@ def test_invalid_grammars_are_request_errors_at_compile(compiler, request_):
     with pytest.raises(GrammarError) as info:
         compiler.compile(request_)
     assert info.value.http_status == 400
+
+
+def many_terminals_lark(count: int = 1500) -> str:
+    """A Lark grammar of `count` regex terminals in any order: it constructs, but its lexer needs
+    more than llguidance's limits allow at its first mask."""
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 12))) for _ in range(count)]
+    terminals = "\n".join(f"T{i}: /[a-z]{{1,{i % 20 + 1}}}[0-9]+{word}/" for i, word in enumerate(words))
+    return "start: t*\nt: " + " | ".join(f"T{i}" for i in range(count)) + "\n" + terminals
+
+
+LIMIT_GRAMMARS = {
+    "regex": regex("a{100000}"),
+    "json_schema pattern": GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(
+        {"type": "string", "pattern": "^a{1000000}$"})),
+    "lark terminals": GrammarRequest(GrammarKind.LARK, many_terminals_lark()),
+    "optional property pattern": GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(
+        {"type": "object", "properties": {"name": {"type": "string"},
+                                          "code": {"type": "string", "pattern": "^a{100000}$"}}})),
+}
+
+
+@pytest.mark.parametrize("name", list(LIMIT_GRAMMARS))
+def test_grammars_past_llguidance_lexer_limits_are_request_errors_at_compile(compiler, think, name):
+    """These construct fine; their lexer limits show only at the answer's first masks or tokens (after
+    a reasoning section above all), which the compiler checks, with or without an envelope."""
+    request_ = LIMIT_GRAMMARS[name]
+    for where in (None, envelope(ReasoningState.OPEN, think), envelope(ReasoningState.UNOPENED, think)):
+        with pytest.raises(GrammarError, match="exceeds llguidance's limits: lexer error") as info:
+            compiler.compile(request_, where)
+        assert info.value.http_status == 400 and "<state>" not in str(info.value)
+    with pytest.raises(GrammarError, match="exceeds llguidance's limits"):  # a grammar with calls references it
+        compiler.compile_lark("start: @answer\n", request_)
+
+
+def test_the_limit_check_passes_ordinary_grammars_and_keeps_its_verdicts(compiler, deepseek_tokenizer):
+    ordinary = GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(
+        {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                                          "n": {"type": "integer"}}, "required": ["id"]}))
+    matcher = compiler.compile(ordinary)
+    assert not matcher.is_error and is_allowed(matcher.bitmask(), deepseek_tokenizer.token_to_id("{"))
+    compiler.compile(regex("a{1000}"))
+    hits = compiler._verdict.cache_info().hits
+    compiler.compile(ordinary)
+    assert compiler._verdict.cache_info().hits == hits + 2  # the schema and its pattern on its own
 
 
 # --- masks ------------------------------------------------------------------------------------

@@ -473,9 +473,57 @@ def test_invalid_answer_and_tool_grammars_are_400s_naming_the_part(served):
             case.model.prepare_chat(chat(case, tools=TOOLS, response_format=bad, **fields))
     lookaround = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "array", "items": {"type": "string", "pattern": "(?=x)"}}}}}}
-    with pytest.raises(GrammarError, match="tool-call grammar") as caught:
+    with pytest.raises(GrammarError, match="tool 'f' parameters: .*look-around") as caught:
         case.model.prepare_chat(chat(case, tools=[lookaround], tool_choice="required"))
     assert caught.value.http_status == 400
+
+
+def tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+def with_property(schema: dict) -> dict:
+    return {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+
+
+BAD_PARAMETERS = {
+    "top-level string": ({"type": "string"}, 'type \\"object\\", not "string"'),
+    "unknown top-level type": ({"type": "bogus"}, 'type \\"object\\", not "bogus"'),
+    "unknown property type": (with_property({"type": "bogus"}), "Invalid type: bogus"),
+    "invalid pattern": (with_property({"type": "string", "pattern": "(("}), "regex parse error"),
+    "pattern past the lexer limits": (with_property({"type": "string", "pattern": "^a{100000}$"}),
+                                      "exceeds llguidance's limits"),
+    "optional pattern past the lexer limits": (
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{100000}$"}}},
+        "exceeds llguidance's limits"),
+}
+FORCING = {"required": {"tool_choice": "required"},
+           "named": {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+           "auto with a response format": {"response_format": {"type": "json_object"}}}
+
+
+@pytest.mark.parametrize("syntax", ["qwen", "dsml"])
+@pytest.mark.parametrize("bad", list(BAD_PARAMETERS))
+def test_a_tool_schema_that_cannot_constrain_its_arguments_is_a_400_naming_the_tool(served, syntax, bad):
+    case = served[syntax]
+    parameters, reason = BAD_PARAMETERS[bad]
+    for fields in FORCING.values():
+        with pytest.raises(GrammarError, match=f"tool 'f' parameters: .*{reason}") as caught:
+            case.model.prepare_chat(chat(case, tools=[tool(parameters), *TOOLS], **fields))
+        assert caught.value.http_status == 400
+    unconstrained = case.model.prepare_chat(chat(case, tools=[tool(parameters)]))  # auto, no grammar: not checked
+    assert unconstrained.grammar is None
+
+
+def test_unsupported_schema_keywords_stay_lenient_in_tool_schemas(served):
+    case = served["qwen"]
+    parameters = {"type": "object", "if": {"required": ["a"]}, "then": {}, "properties": {
+        "a": {"type": "string", "format": "no-such-format"},
+        "b": {"type": "array", "contains": {"type": "integer"}, "minContains": 2}}}
+    for fields in FORCING.values():
+        assert case.model.prepare_chat(chat(case, tools=[tool(parameters)], **fields)).grammar is not None
+    untyped = case.model.prepare_chat(chat(case, tools=[tool({"properties": {"a": {}}})], tool_choice="required"))
+    assert untyped.grammar is not None  # no top-level type: an object schema, as before
 
 
 # -- building blocks ----------------------------------------------------------------------------------

@@ -407,6 +407,8 @@ class Engine:
 
 
 def _request_failure(error: Exception) -> str:
+    if isinstance(error, ExecutionError):  # typed failures are worded for the client already
+        return str(error)
     return f"request failed on the model worker: {type(error).__name__}: {error}"
 
 

@@ -6,6 +6,13 @@ before each sampled token (`fill_masks`) and advances the matcher with every tok
 (`advance`), before the scheduler plans the lane again. Nothing in the server or the frontend is
 called for it on the worker thread.
 
+A matcher never raises on its own: on a grammar or token error (a lexer limit reached deep in the
+output, a token it forbids) it enters a sticky error state whose mask allows only EOS. `TensorGrammar`
+reads that state after every token it consumes and raises `GrammarFailure`, so the engine ends the
+request with an ERROR finish (HTTP 500, or one `event: error` in a stream) instead of a normal stop.
+A mask filled in the error state allows only EOS: the EOS the lane then samples is consumed next
+and reported there, so no other request in the plan is touched.
+
 A runtime-side host stop (`EngineRequest.host_stop`, a callable on token ids for in-process
 callers that resolve stops within the frame) runs in `advance` too. Stop strings of served
 requests are matched by the frontend's output workers instead, off the worker thread, and come back
@@ -19,6 +26,16 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 import torch
 
+from helios.errors import ExecutionError
+
+MAX_GRAMMAR_ERROR_CHARS = 240
+
+
+class GrammarFailure(ExecutionError):
+    """A request's grammar matcher entered its error state while decoding (for example llguidance's
+    lexer limits reached deep in the output): the output no longer follows the grammar, so the
+    request ends in error. The message is worded for the client."""
+
 
 class GrammarState(Protocol):
     """The per-request grammar matcher the worker owns once submitted."""
@@ -29,16 +46,24 @@ class GrammarState(Protocol):
 
 
 class ArrayMaskGrammar(Protocol):
-    """A matcher that writes mask rows into int32 numpy arrays (llguidance-style)."""
+    """A matcher that writes mask rows into int32 numpy arrays (llguidance-style), with a sticky
+    error state instead of exceptions."""
 
     def fill_bitmask(self, out: np.ndarray) -> None: ...
 
     def consume_token(self, token_id: int) -> object: ...
 
+    @property
+    def is_error(self) -> bool: ...
+
+    @property
+    def error(self) -> str: ...
+
 
 class TensorGrammar:
     """Adapts a matcher writing numpy mask rows to the engine's `GrammarState` (torch rows); the
-    row is a CPU tensor the engine allocates, so `numpy()` shares its memory."""
+    row is a CPU tensor the engine allocates, so `numpy()` shares its memory. Raises
+    `GrammarFailure` from `consume_token` once the matcher is in its error state."""
 
     __slots__ = ("_matcher",)
 
@@ -49,7 +74,10 @@ class TensorGrammar:
         self._matcher.fill_bitmask(row.numpy())
 
     def consume_token(self, token_id: int) -> object:
-        return self._matcher.consume_token(token_id)
+        accepted = self._matcher.consume_token(token_id)
+        if self._matcher.is_error:
+            raise GrammarFailure(grammar_failure_message(self._matcher.error))
+        return accepted
 
     @property
     def source(self) -> str | None:
@@ -108,3 +136,13 @@ class LaneFeedback:
             if host_stop is not None and host_stop(token_id):
                 return True
         return False
+
+
+def grammar_failure_message(error: str) -> str:
+    """What a client reads when its output grammar failed mid-output: llguidance's first line, bounded."""
+    lines = error.strip().splitlines()
+    reason = lines[0] if lines else "unknown error"
+    if len(reason) > MAX_GRAMMAR_ERROR_CHARS:
+        reason = reason[:MAX_GRAMMAR_ERROR_CHARS] + "..."
+    return ("the output grammar failed during decoding (it exceeded llguidance's limits or met a token "
+            f"it forbids): {reason}")

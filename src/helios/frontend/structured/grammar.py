@@ -7,6 +7,16 @@ preparation `GrammarCompiler.compile(request, envelope)` builds the request's `G
 raises `GrammarError` (HTTP 400, before admission). Per decode step the worker fills the lane's mask
 row with `fill_bitmask` and, after the completion, advances with `consume_token`.
 
+Limits: llguidance builds lexer states lazily, so a grammar can construct fine and exceed `LIMITS`
+only when a mask or a token needs those states. Compiling therefore also checks (`check`) the answer
+grammar where it hurts most, right after a reasoning section (`PROBE_LARK`): its first masks and a
+few tokens along the lowest allowed ids must stay out of the error state; and the request's own
+matcher must compute its first mask. Verdicts are cached per grammar (`VERDICT_CACHE` entries), so
+a repeated grammar costs nothing more. For a JSON schema, each string ``pattern`` is checked the same
+way on its own, so a pattern no walk reaches is checked too. A limit met deeper in the output still
+puts the matcher into its error state; the runtime ends that request as an error
+(`helios.runtime.feedback.GrammarFailure`).
+
 Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
 w allows token 32 * w + j, where V is the sampled vocabulary size.
 
@@ -14,9 +24,11 @@ Envelope: the grammar constrains only the answer. When the model has tag reasoni
 grammar first admits the reasoning section still ahead of the output (free text up to the close
 delimiter, generated as its token when the tokenizer has one), then an optional declared separator,
 then the request's grammar as an opaque subgrammar, so delimiters spelled inside the answer are answer
-text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state,
-after which the mask allows only EOS. A request's reasoning section ahead of a structured answer is
-bounded (`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the
+text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state
+(`GrammarMatcher.is_error`, `.error`), after which the mask allows only EOS; whoever drives a matcher
+reads that state (the compiler at preparation, the model worker's `TensorGrammar` while decoding,
+which raises it as a request failure). A request's reasoning section ahead of a structured answer
+is bounded (`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the
 rest of the output. JSON schemas compile to compact JSON by default (``whitespace_flexible`` off: no
 free whitespace between tokens), so a sampled model cannot spend its budget on whitespace; a
 schema's own ``x-guidance`` options, or the server's `json_defaults`, may turn it back on.
@@ -25,16 +37,17 @@ Requests with tools or recipient frames get a grammar built from the contract's 
 (`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
 top-level Lark grammar together with the answer grammar it references as ``@answer``.
 
-`GrammarCompiler` is immutable and shared by preparation workers. A `GrammarMatcher` belongs to one
-request and is used by one thread at a time.
+`GrammarCompiler` is immutable (but for its thread-safe verdict cache) and shared by preparation
+workers. A `GrammarMatcher` belongs to one request and is used by one thread at a time.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import llguidance
 import numpy as np
@@ -52,6 +65,13 @@ ANSWER_GRAMMAR = "answer"
 # number of grammar symbols (request grammars are at most 64 KiB of text; the tool-call envelope and
 # JSON schemas expand, hence the margin) and lexer states (1-2 kB each).
 LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, max_lexer_states=50_000)
+
+# The answer grammar after a free-text section closed by one token, as a reasoning envelope places
+# it (`envelope_lark`): lexer limits show there at the answer's first masks and tokens, even for
+# grammars whose masks stay within the limits at the start of an output.
+PROBE_LARK = "start: probe_text <[{token_id}]> @" + ANSWER_GRAMMAR + "\nprobe_text: /(?s:.*)/\n"
+PROBE_TOKENS = 3  # answer tokens the check consumes (the lowest allowed ids)
+VERDICT_CACHE = 256  # grammars whose check verdict the compiler keeps
 
 
 class GrammarError(RequestError):
@@ -187,6 +207,9 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._json_defaults = {**COMPACT_JSON, **(json_defaults or {})}
+        self._eos_ids = frozenset(tokenizer.eos_tokens)
+        self._probe_token_id = min(set(range(len(self._eos_ids) + 1)) - self._eos_ids)
+        self._verdict = functools.lru_cache(maxsize=VERDICT_CACHE)(self._probe)
 
     @classmethod
     def from_tokenizer(
@@ -233,21 +256,19 @@ class GrammarCompiler:
         return json.dumps({"grammars": grammars}, ensure_ascii=False)
 
     def compile(self, request: GrammarRequest, envelope: ReasoningEnvelope | None = None) -> GrammarMatcher:
-        """A fresh matcher for one request; GrammarError if the grammar does not compile."""
+        """A fresh matcher for one request; GrammarError if the grammar does not compile or exceeds
+        llguidance's limits (see `check`)."""
+        self.check(request)
         matcher, source = self._matcher(envelope_lark(envelope), request)
-        if matcher.is_error():
-            raise GrammarError(f"invalid {request.kind.value} grammar: {user_message(matcher.get_error())}")
-        return GrammarMatcher(matcher, self.mask_words, source)
+        return self._started(matcher, source, f"the {request.kind.value} grammar")
 
     def compile_lark(self, lark: str, answer: GrammarRequest | None) -> GrammarMatcher:
         """A fresh matcher for a top-level Lark grammar built from syntax data (tool calls, frames)
         and the request's answer grammar; GrammarError naming the part that does not compile."""
+        if answer is not None:
+            self.check(answer)  # raises when the answer grammar itself is invalid
         matcher, source = self._matcher(lark, answer)
-        if matcher.is_error():
-            if answer is not None:
-                self.compile(answer)  # raises when the answer grammar itself is invalid
-            raise GrammarError(f"the tool-call grammar does not compile: {user_message(matcher.get_error())}")
-        return GrammarMatcher(matcher, self.mask_words, source)
+        return self._started(matcher, source, "the tool-call grammar")
 
     def compile_source(self, source: str) -> GrammarMatcher:
         """A fresh matcher from a matcher's `source` (another process's compile of the same grammar
@@ -256,6 +277,48 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(f"the grammar does not compile: {user_message(matcher.get_error())}")
         return GrammarMatcher(matcher, self.mask_words, source)
+
+    def check(self, request: GrammarRequest) -> None:
+        """GrammarError unless `request` compiles and stays within llguidance's limits where an
+        answer starts (`PROBE_LARK`), its JSON schema's string patterns each on their own too.
+        Verdicts are cached; safe to call from any thread."""
+        error = self._verdict(request)
+        for pattern in sorted(schema_patterns(request)):
+            alone = string_pattern_request(pattern)
+            if not error and alone != request:
+                error = self._verdict(alone)
+        if error:
+            raise GrammarError(error)
+
+    def _probe(self, request: GrammarRequest) -> str:
+        """The check's verdict on one grammar: "" when it passes, else the error text for a client."""
+        try:
+            source = self.document_text(PROBE_LARK.format(token_id=self._probe_token_id), request)
+        except GrammarError as error:
+            return str(error)
+        matcher = GrammarMatcher(llguidance.LLMatcher(self._tokenizer, source, log_level=0, limits=LIMITS),
+                                 self.mask_words)
+        if matcher.is_error:
+            return f"invalid {request.kind.value} grammar: {user_message(matcher.error)}"
+        matcher.bitmask()
+        matcher.consume_token(self._probe_token_id)
+        for _ in range(PROBE_TOKENS):
+            token_id = lowest_allowed(matcher.bitmask(), self._eos_ids)
+            if matcher.is_error or token_id is None or not matcher.consume_token(token_id):
+                break
+        if matcher.is_error:
+            return f"the {request.kind.value} grammar exceeds llguidance's limits: {user_message(matcher.error)}"
+        return ""
+
+    def _started(self, matcher: llguidance.LLMatcher, source: str, what: str) -> GrammarMatcher:
+        """The request's matcher once it constructed and computed its first mask (GrammarError otherwise)."""
+        if matcher.is_error():
+            raise GrammarError(f"{what} does not compile: {user_message(matcher.get_error())}")
+        started = GrammarMatcher(matcher, self.mask_words, source)
+        started.bitmask()
+        if started.is_error:
+            raise GrammarError(f"{what} exceeds llguidance's limits: {user_message(started.error)}")
+        return started
 
     def _matcher(self, lark: str, answer: GrammarRequest | None) -> tuple[llguidance.LLMatcher, str]:
         source = self.document_text(lark, answer)
@@ -296,6 +359,59 @@ def user_message(message: str) -> str:
         details = [part if len(part) <= 80 else part[:80] + "..." for part in details]  # an echoed pattern
         line = " ".join([line, "; ".join(details)])
     return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
+
+
+def lowest_allowed(mask: np.ndarray, skip: frozenset[int]) -> int | None:
+    """The lowest token id a mask row allows that is not in `skip` (None when there is none)."""
+    for word_index in np.flatnonzero(mask):
+        word = int(mask[word_index]) & 0xFFFFFFFF
+        while word:
+            low = word & -word
+            token_id = MASK_WORD_BITS * int(word_index) + low.bit_length() - 1
+            if token_id not in skip:
+                return token_id
+            word ^= low
+    return None
+
+
+# Keywords whose values are data, not subschemas: a "pattern" key inside them is no regex.
+_SCHEMA_DATA = frozenset({"enum", "const", "default", "examples", "x-guidance"})
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
+
+
+def string_pattern_request(pattern: str) -> GrammarRequest:
+    """The JSON schema of a string matching `pattern` (how `check` tries a schema's patterns alone)."""
+    return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({"type": "string", "pattern": pattern}))
+
+
+def schema_patterns(request: GrammarRequest) -> set[str]:
+    """The regexes of a JSON-schema request: ``pattern`` values and ``patternProperties`` keys."""
+    if request.kind is not GrammarKind.JSON_SCHEMA:
+        return set()
+    try:
+        schema = json.loads(request.source)
+    except ValueError:
+        return set()
+    return set(_patterns(schema))
+
+
+def _patterns(schema: Any) -> Iterator[str]:
+    if isinstance(schema, list):
+        for item in schema:
+            yield from _patterns(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        if key == "pattern" and isinstance(value, str):
+            yield value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            if key == "patternProperties":
+                yield from value
+            for subschema in value.values():
+                yield from _patterns(subschema)
+        elif key not in _SCHEMA_DATA:
+            yield from _patterns(value)
 
 
 def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:

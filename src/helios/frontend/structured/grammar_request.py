@@ -13,6 +13,10 @@ the request's `GrammarMatcher`, or None for unconstrained output:
   named one: exactly one call of it), ``parallel_tool_calls=false`` at most one call, and the answer
   is the structured one or, without ``response_format``, free text.
 
+Whenever a grammar with calls is built, each callable tool's parameters schema is checked first
+(`ToolSchema.parameters_request`): one that cannot constrain its arguments is a `GrammarError`
+(HTTP 400) naming the tool. Tools that no grammar constrains (``auto`` without one) are not checked.
+
 Requests that cannot be honoured raise `ChatOptionError` (HTTP 400): forcing calls on a model whose
 output syntax has no tool calls, or when no forced tool has a name the syntax can spell.
 """
@@ -24,7 +28,8 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from helios.frontend.structured.contract_syntax import FrontendSyntax
-from helios.frontend.structured.grammar import GrammarCompiler, GrammarKind, GrammarMatcher, GrammarRequest
+from helios.frontend.structured.grammar import (GrammarCompiler, GrammarError, GrammarKind, GrammarMatcher,
+                                               GrammarRequest)
 from helios.frontend.structured.grammar_channels import channels_lark
 from helios.frontend.structured.grammar_frames import frames_lark
 from helios.frontend.structured.grammar_json_calls import json_calls_lark
@@ -60,6 +65,7 @@ class OutputConstraints:
         calls = self._call_policy(answer, policy, tools) if policy.is_active and (answer is not None or policy.needs_grammar) else None
         if calls is None:
             return self._answer_only(answer, prompt, reasoning_budget) if answer is not None else None
+        self._check_tools(calls.tools)
         if answer is not None and calls.answer is not AnswerKind.STRUCTURED:
             self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
         syntax, options = self._syntax, self._compiler.json_options
@@ -76,6 +82,14 @@ class OutputConstraints:
         else:
             lark = tag_tool_lark(syntax.output, self._speller, TagEnvelope(prompt.reasoning_state, calls), options)
         return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
+
+    def _check_tools(self, tools: Sequence[ToolSchema]) -> None:
+        """GrammarError naming the first tool whose parameters schema cannot constrain its arguments."""
+        for tool in tools:
+            try:
+                self._compiler.check(tool.parameters_request())
+            except GrammarError as error:
+                raise GrammarError(f"tool {tool.name!r} parameters: {error}") from None
 
     def _answer_only(self, answer: GrammarRequest, prompt: Prompt, budget: int | None) -> GrammarMatcher:
         syntax = self._syntax

@@ -18,6 +18,12 @@ named function, ``parallel_tool_calls=false``), the whole output is constrained 
   subgrammar (``@answer``), so tags spelled inside it stay answer text; FREE, text that never spells
   the tool opener, optionally followed by calls; NONE, absent (a call is required).
 
+A tool whose parameters schema would constrain the output must compile on its own
+(`ToolSchema.parameters_request`, checked by `GrammarCompiler.check` before the grammar is built): an
+object schema (OpenAI's rule for ``parameters``), known types, patterns that compile and stay within
+llguidance's limits; unsupported keywords are still ignored (llguidance ``lenient``). Failures are
+`GrammarError`s (HTTP 400) naming the tool.
+
 `CallPolicy` is the request's side: the callable tools (the registered ones, or only the named
 function), the answer kind and whether at most one call is allowed. `CallGrammar` builds invocation
 rules for one tool syntax and is shared with the recipient-frame grammar (`grammar_frames`).
@@ -27,9 +33,11 @@ Builders mutate only the `LarkRules` they are given.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from helios.frontend.structured.grammar import GrammarError, GrammarKind, GrammarRequest
 from helios.frontend.structured.grammar_lark import (
     LarkRules, Speller, Spelling, free_text, join, lark_of, text_spelling, text_then,
 )
@@ -83,6 +91,16 @@ class ToolSchema:
                 parameters = function.get("parameters")
                 out.append(cls(function["name"], parameters if isinstance(parameters, Mapping) else {}))
         return tuple(out)
+
+    def parameters_request(self) -> GrammarRequest:
+        """The parameters schema as a lenient JSON-schema grammar (what `GrammarCompiler.check`
+        tries); GrammarError when its top level is no object schema."""
+        declared = self.parameters.get("type", "object")
+        if declared != "object" and not (isinstance(declared, list) and "object" in declared):
+            raise GrammarError(f"must be a JSON schema of type \"object\", not {json.dumps(declared)[:80]}")
+        options = self.parameters.get("x-guidance")
+        options = {**(options if isinstance(options, Mapping) else {}), "lenient": True}
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**self.parameters, "x-guidance": options}))
 
     def properties(self) -> list[tuple[str, Any, bool]]:
         """(name, schema, required) for each declared property the parsers can read, in order."""

@@ -1,0 +1,119 @@
+"""Structured-output grammars past llguidance's limits, through the app over the tiny core: a grammar
+whose lexer limits show at the answer's first masks (or a tool schema that cannot constrain its
+arguments) is a 400 before admission; one that reaches a limit only deep in the output ends as an
+error (500 `execution_error`, or one `event: error` in a stream), never as a successful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx
+import pytest
+
+from helios.server.app import create_app
+from support.server_core import SERVED_ID, served_tiny_core
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with served_tiny_core(tmp_path_factory.getbasetemp(), frontend_workers=2) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return create_app(served)
+
+
+def chat(**fields) -> dict:
+    return {"model": SERVED_ID, "messages": [{"role": "user", "content": "Give an answer"}], **fields}
+
+
+def post(app, body: dict) -> httpx.Response:
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
+            return await client.post("/v1/chat/completions", json=body)
+
+    return asyncio.run(scenario())
+
+
+def assert_serving(app, served) -> None:
+    ok = post(app, chat(max_tokens=2))
+    assert ok.status_code == 200, ok.text
+    assert served.admission.in_use == 0
+
+
+def many_terminals_lark(count: int = 1500) -> str:
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 12))) for _ in range(count)]
+    terminals = "\n".join(f"T{i}: /[a-z]{{1,{i % 20 + 1}}}[0-9]+{word}/" for i, word in enumerate(words))
+    return "start: t*\nt: " + " | ".join(f"T{i}" for i in range(count)) + "\n" + terminals
+
+
+PAST_THE_LIMITS = {
+    "regex": {"type": "regex", "regex": "a{100000}"},
+    "json_schema pattern": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "string", "pattern": "^a{1000000}$"}}},
+    "lark terminals": {"type": "grammar", "grammar": many_terminals_lark()},
+}
+
+
+@pytest.mark.parametrize("name", list(PAST_THE_LIMITS))
+def test_a_response_format_past_the_lexer_limits_is_a_400(app, served, name):
+    response = post(app, chat(max_tokens=24, temperature=0, response_format=PAST_THE_LIMITS[name]))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and "exceeds llguidance's limits" in error["message"]
+    assert_serving(app, served)
+
+
+BAD_TOOL_PARAMETERS = {
+    "top-level string": ({"type": "string"}, 'must be a JSON schema of type "object"'),
+    "unknown type": ({"type": "bogus"}, 'must be a JSON schema of type "object"'),
+    "invalid pattern": ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}},
+                        "regex parse error"),
+    "pattern past the lexer limits": ({"type": "object", "required": ["a"],
+                                       "properties": {"a": {"type": "string", "pattern": "^a{100000}$"}}},
+                                      "exceeds llguidance's limits"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_TOOL_PARAMETERS))
+def test_a_tool_schema_that_cannot_constrain_its_arguments_is_a_400_naming_the_tool(app, served, name):
+    parameters, reason = BAD_TOOL_PARAMETERS[name]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": parameters}}]
+    for choice in ("required", {"type": "function", "function": {"name": "lookup"}}):
+        response = post(app, chat(max_tokens=8, tools=tools, tool_choice=choice))
+        assert response.status_code == 400, response.text
+        message = response.json()["error"]["message"]
+        assert message.startswith("tool 'lookup' parameters: ") and reason in message
+    assert_serving(app, served)
+
+
+# Constructs and passes the compile check (its first masks and tokens are fine); the lexer reaches
+# its state limit only when the answer nears the second terminal, a dozen tokens in.
+LATE_LIMIT = {"type": "grammar", "grammar": "start: /[b-z]{40}/ /a{100000}/"}
+
+
+def test_a_grammar_that_reaches_the_limits_mid_output_ends_as_an_error_not_a_stop(app, served):
+    response = post(app, chat(max_tokens=120, temperature=0, response_format=LATE_LIMIT))
+    assert response.status_code == 500, response.text
+    error = response.json()["error"]
+    assert error["type"] == "execution_error"
+    assert error["message"].startswith("the output grammar failed during decoding")
+    assert "lexer error" in error["message"]
+    assert_serving(app, served)
+
+
+def test_a_streamed_grammar_that_reaches_the_limits_mid_output_ends_with_one_error_event(app, served):
+    response = post(app, chat(max_tokens=120, temperature=0, stream=True, response_format=LATE_LIMIT))
+    assert response.status_code == 200
+    text = response.text
+    assert text.count("event: error") == 1 and "[DONE]" not in text and '"finish_reason":"stop"' not in text
+    data = json.loads(text.split("event: error", 1)[1].split("data: ", 1)[1].split("\n", 1)[0])
+    assert data["error"]["type"] == "execution_error"
+    assert data["error"]["message"].startswith("the output grammar failed during decoding")
+    assert_serving(app, served)
