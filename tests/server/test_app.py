@@ -154,7 +154,6 @@ def test_openapi_documents_the_strict_request_models(runner, app):
     "body, headers, param",
     [
         (b"{not json", {"content-type": "application/json"}, None),
-        (b'{"model": "x"}', {"content-type": "text/plain"}, None),
         (b"[1, 2]", {"content-type": "application/json"}, None),
         (chat_body(logit_bias={"x": 2}), {}, "logit_bias"),
         (chat_body(temperature="hot"), {}, "temperature"),

@@ -23,12 +23,13 @@ def app(tmp_path_factory):
         yield create_app(served)
 
 
-def call(app, method: str, path: str, body=None) -> httpx.Response:
+def call(app, method: str, path: str, body=None, content_type: str | None = "application/json") -> httpx.Response:
     async def scenario():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             content = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-            return await client.request(method, path, content=content, headers={"content-type": "application/json"})
+            headers = {} if content_type is None else {"content-type": content_type}
+            return await client.request(method, path, content=content, headers=headers)
 
     return asyncio.run(scenario())
 
@@ -118,3 +119,23 @@ def test_an_invalid_schema_pattern_names_what_is_wrong(app):
     body = chat(response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
     message = error_of(call(app, "POST", "/v1/chat/completions", body))["message"]
     assert "regex parse error" in message and "unclosed group" in message, message
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          "application/jsonx", "text/json", None])
+def test_a_body_sent_as_another_media_type_or_none_is_415_naming_it(app, content_type):
+    response = call(app, "POST", "/v1/chat/completions", chat(max_tokens=1), content_type=content_type)
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == 415
+    sent = f"this request's: {content_type!r}" if content_type else "this request has none"
+    assert error["message"] == f"the request body must be JSON sent with Content-Type: application/json ({sent})"
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON",
+                                          "application/vnd.api+json"])
+def test_json_media_types_are_read_as_json(app, content_type):
+    response = call(app, "POST", "/v1/chat/completions", chat(max_tokens=1), content_type=content_type)
+    assert response.status_code == 200, response.text
+    response = call(app, "POST", "/v1/chat/completions", chat(max_tokens=0), content_type=content_type)
+    assert response.status_code == 400, response.text  # a schema violation is still a 400

@@ -73,10 +73,29 @@ class SchemaViolation(RequestError):
         self.param = param
 
 
+class NotJsonMediaType(SchemaViolation):
+    """A body sent without a JSON Content-Type (``application/json`` or ``application/*+json``): the
+    endpoints read no other (FastAPI's strict content type: not even a body with none). HTTP 415."""
+
+    http_status = 415
+
+    def __init__(self, content_type: str | None):
+        sent = f"this request's: {clipped(content_type)!r}" if content_type else "this request has none"
+        super().__init__(f"the request body must be JSON sent with Content-Type: application/json ({sent})", None)
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    """Whether a Content-Type makes a request's body JSON for the endpoints: ``application/json`` or
+    ``application/<anything>+json``, with any parameters."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "Invalid request (schema, strict UTF-8 JSON, limits)"},
     401: {"model": ErrorResponse, "description": "The server has an API key and the request lacks it"},
     413: {"model": ErrorResponse, "description": "Request body larger than the server's limit"},
+    415: {"model": ErrorResponse, "description": "Request body sent with a Content-Type other than JSON"},
     429: {"model": ErrorResponse, "description": "Admission limit reached; retry later"},
     500: {"model": ErrorResponse, "description": "Model execution failure"},
     503: {"model": ErrorResponse, "description": "Scheduler admission rejected the request (non-streamed)"},
@@ -198,8 +217,10 @@ def _model_entry(served: ServedModel, name: str) -> dict:
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:
-        violation = schema_violation(error.errors(), error.body)
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        content_type = request.headers.get("content-type")
+        violation = (schema_violation(error.errors(), error.body) if is_json_media_type(content_type)
+                     else NotJsonMediaType(content_type))
         body = error_body(violation)
         body["error"]["param"] = violation.param
         return JSONResponse(body, status_code=violation.http_status)
