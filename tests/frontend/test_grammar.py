@@ -10,6 +10,7 @@ import pytest
 
 from helios.errors import RequestError
 from helios.frontend.structured.grammar import (
+    PATTERN_PROBES,
     GrammarCompiler,
     GrammarError,
     GrammarKind,
@@ -18,6 +19,7 @@ from helios.frontend.structured.grammar import (
     allocate_bitmasks,
     envelope_lark,
     parse_response_format,
+    schema_patterns,
 )
 from helios.frontend.preparation.prompt import ReasoningState
 
@@ -153,7 +155,60 @@ def test_the_limit_check_passes_ordinary_grammars_and_keeps_its_verdicts(compile
     compiler.compile(regex("a{1000}"))
     hits = compiler._verdict.cache_info().hits
     compiler.compile(ordinary)
-    assert compiler._verdict.cache_info().hits == hits + 2  # the schema and its pattern on its own
+    assert compiler._verdict.cache_info().hits == hits + 1  # one verdict: the schema with its pattern
+
+
+def counting_probes(compiler, monkeypatch) -> list:
+    """The grammars `compiler` probes from now on (llguidance matchers the check builds)."""
+    probed, probe = [], compiler._probe
+    monkeypatch.setattr(compiler, "_probe", lambda request: probed.append(request) or probe(request))
+    return probed
+
+
+def test_a_repeated_large_pattern_request_is_one_cache_hit_and_probes_a_bounded_number_of_patterns(
+        compiler, monkeypatch):
+    probed = counting_probes(compiler, monkeypatch)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": f"^cache{i}[a-z]+$"}
+                                               for i in range(300)},
+              "$defs": {f"d{i}": {"pattern": f"^def{i}$"} for i in range(300)}}
+    request_ = GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+    assert len(schema_patterns(request_)) == 600
+    compiler.compile(request_)
+    assert len(probed) == 1 + PATTERN_PROBES and probed[0] == request_  # the grammar, then the bound
+    alone = [json.loads(r.source)["pattern"] for r in probed[1:]]
+    assert len(set(alone)) == PATTERN_PROBES and all(p.startswith("^cache") for p in alone)  # longest first
+    info = compiler._verdict.cache_info()
+    compiler.compile(request_)
+    compiler.check(request_)
+    assert len(probed) == 1 + PATTERN_PROBES  # nothing probed again
+    after = compiler._verdict.cache_info()
+    assert (after.hits, after.misses) == (info.hits + 2, info.misses)
+    many = tuple(GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({"type": "string", "pattern": f"^many{i}-[a-z]+$"}))
+                 for i in range(64))
+    del probed[:]
+    assert compiler.first_failure(many) is None and compiler.first_failure(many) is None
+    assert len(probed) == 64  # each grammar once (a lone pattern's schema is its own probe); one cached verdict
+
+
+def test_the_pattern_walk_probes_only_patterns_llguidance_compiles(compiler, monkeypatch):
+    schema = {
+        "type": "object", "pattern": "^root$", "x-ui": {"pattern": "(("}, "x-guidance": {"lenient": True},
+        "not": {"pattern": "(?!x)"}, "if": {"pattern": "(?=a)"}, "propertyNames": {"pattern": "(?=b)"},
+        "enum": [{"pattern": "data"}], "default": {"pattern": "data"}, "examples": [{"pattern": "data"}],
+        "properties": {"a": {"type": "string", "pattern": "^a$", "x-vendor": {"pattern": "(?<=c)"}},
+                       "pattern": {"type": "array", "items": {"pattern": "^item$"}, "prefixItems": [{"pattern": "^first$"}]},
+                       "o": {"type": "object", "additionalProperties": {"pattern": "^extra$"},
+                             "patternProperties": {"^key$": {"anyOf": [{"pattern": "^any$"}], "allOf": [{"pattern": "^all$"}],
+                                                             "oneOf": [{"pattern": "^one$"}]}}}},
+        "$defs": {"d": {"pattern": "^def$"}}, "definitions": {"e": {"pattern": "^definition$"}},
+    }
+    request_ = GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+    assert schema_patterns(request_) == {"^root$", "^a$", "^item$", "^first$", "^extra$", "^key$", "^any$", "^all$",
+                                         "^one$", "^def$", "^definition$"}
+    probed = counting_probes(compiler, monkeypatch)
+    vendor = {"type": "object", "properties": {"a": {"type": "string"}}, "x-ui": {"pattern": "(("}}
+    compiler.check(GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(vendor)))  # llguidance ignores it: no 400
+    assert len(probed) == 1
 
 
 # --- masks ------------------------------------------------------------------------------------

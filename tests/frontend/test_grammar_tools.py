@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, parse_response_format
+from helios.frontend.structured.grammar import PATTERN_PROBES, GrammarCompiler, GrammarError, parse_response_format
 from helios.frontend.structured.grammar_frames import frames_lark
 from helios.frontend.structured.grammar_lark import LarkRules, Piece, Speller, not_containing, text_then
 from helios.frontend.structured.grammar_tools import AnswerKind, CallPolicy, ToolSchema
@@ -476,6 +476,27 @@ def test_invalid_answer_and_tool_grammars_are_400s_naming_the_part(served):
     with pytest.raises(GrammarError, match="tool 'f' parameters: .*look-around") as caught:
         case.model.prepare_chat(chat(case, tools=[lookaround], tool_choice="required"))
     assert caught.value.http_status == 400
+
+
+
+def test_many_tools_share_one_cached_verdict_and_one_pattern_bound(served, monkeypatch):
+    case = served["qwen"]
+    compiler = case.model._constraints._compiler
+    probed, probe = [], compiler._probe
+    monkeypatch.setattr(compiler, "_probe", lambda request: probed.append(request) or probe(request))
+    tools = [{"type": "function", "function": {"name": f"bound{i}", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": f"^a{i}[a-z]+$"}, "b": {"type": "string", "pattern": f"^b{i}[0-9]+$"}}}}}
+             for i in range(128)]
+    case.model.prepare_chat(chat(case, tools=tools, tool_choice="required"))
+    assert len(probed) == 128 + PATTERN_PROBES  # each tool's grammar, then the patterns of all of them up to the bound
+    case.model.prepare_chat(chat(case, tools=tools, tool_choice="required"))
+    assert len(probed) == 128 + PATTERN_PROBES  # the same tools again: one cache hit
+    bad = [*tools[:5], tool({"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}), *tools[6:]]
+    with pytest.raises(GrammarError, match="tool 'f' parameters: .*regex parse error"):
+        case.model.prepare_chat(chat(case, tools=bad, tool_choice="required"))
+    vendor = {"type": "object", "properties": {"a": {"type": "string", "not": {"pattern": "(?!x)"}}},
+              "x-ui": {"pattern": "(("}}
+    assert case.model.prepare_chat(chat(case, tools=[tool(vendor)], tool_choice="required")).grammar is not None
 
 
 def tool(parameters) -> dict:

@@ -11,11 +11,13 @@ Limits: llguidance builds lexer states lazily, so a grammar can construct fine a
 only when a mask or a token needs those states. Compiling therefore also checks (`check`) the answer
 grammar where it hurts most, right after a reasoning section (`PROBE_LARK`): its first masks and a
 few tokens along the lowest allowed ids must stay out of the error state; and the request's own
-matcher must compute its first mask. Verdicts are cached per grammar (`VERDICT_CACHE` entries), so
-a repeated grammar costs nothing more. For a JSON schema, each string ``pattern`` is checked the same
-way on its own, so a pattern no walk reaches is checked too. A limit met deeper in the output still
-puts the matcher into its error state; the runtime ends that request as an error
-(`helios.runtime.feedback.GrammarFailure`).
+matcher must compute its first mask. For a JSON schema, the regexes llguidance compiles
+(`schema_patterns`) are checked the same way each on its own, so a pattern no walk reaches is checked
+too, but at most `PATTERN_PROBES` distinct ones per check (a request's answer grammar, or all of its
+tools' parameter schemas together); the rest, like a limit met deeper in the output, are left to the
+runtime backstop: the matcher enters its error state and the runtime ends that request as an error
+(`helios.runtime.feedback.GrammarFailure`), never as a "stop". One verdict per check (the grammars and
+their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is one cache hit.
 
 Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
 w allows token 32 * w + j, where V is the sampled vocabulary size.
@@ -71,7 +73,10 @@ LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, max_lexer_states=50
 # grammars whose masks stay within the limits at the start of an output.
 PROBE_LARK = "start: probe_text <[{token_id}]> @" + ANSWER_GRAMMAR + "\nprobe_text: /(?s:.*)/\n"
 PROBE_TOKENS = 3  # answer tokens the check consumes (the lowest allowed ids)
-VERDICT_CACHE = 256  # grammars whose check verdict the compiler keeps
+VERDICT_CACHE = 256  # checks (a grammar, or a request's tool schemas together) whose verdict the compiler keeps
+# Distinct schema patterns one check probes on their own (about 1.5 ms each with a 128k vocabulary):
+# a schema with thousands of patterns must not cost seconds of preparation CPU.
+PATTERN_PROBES = 32
 
 
 class GrammarError(RequestError):
@@ -209,7 +214,7 @@ class GrammarCompiler:
         self._json_defaults = {**COMPACT_JSON, **(json_defaults or {})}
         self._eos_ids = frozenset(tokenizer.eos_tokens)
         self._probe_token_id = min(set(range(len(self._eos_ids) + 1)) - self._eos_ids)
-        self._verdict = functools.lru_cache(maxsize=VERDICT_CACHE)(self._probe)
+        self._verdict = functools.lru_cache(maxsize=VERDICT_CACHE)(self._first_failure)
 
     @classmethod
     def from_tokenizer(
@@ -280,15 +285,41 @@ class GrammarCompiler:
 
     def check(self, request: GrammarRequest) -> None:
         """GrammarError unless `request` compiles and stays within llguidance's limits where an
-        answer starts (`PROBE_LARK`), its JSON schema's string patterns each on their own too.
-        Verdicts are cached; safe to call from any thread."""
-        error = self._verdict(request)
-        for pattern in sorted(schema_patterns(request)):
-            alone = string_pattern_request(pattern)
-            if not error and alone != request:
-                error = self._verdict(alone)
-        if error:
-            raise GrammarError(error)
+        answer starts (`PROBE_LARK`), its JSON schema's patterns each on their own too (see
+        `first_failure`). Safe to call from any thread."""
+        failure = self.first_failure((request,))
+        if failure is not None:
+            raise GrammarError(failure[1])
+
+    def first_failure(self, requests: Sequence[GrammarRequest]) -> tuple[int, str] | None:
+        """(index, error for a client) of the first of `requests` that fails `check`, None when all
+        pass. Each grammar is probed whole, then the distinct patterns of their JSON schemas
+        (`schema_patterns`; longest first, request by request) on their own, at most
+        `PATTERN_PROBES` of them for all `requests` together; patterns past that bound are left to
+        the runtime backstop (`helios.runtime.feedback.GrammarFailure`: a matcher that errors
+        mid-output ends its request as an error). The verdict is cached once for the whole tuple, so
+        the same requests again are one cache hit. Safe to call from any thread."""
+        return self._verdict(tuple(requests))
+
+    def _first_failure(self, requests: tuple[GrammarRequest, ...]) -> tuple[int, str] | None:
+        for index, request in enumerate(requests):
+            error = self._probe(request)
+            if error:
+                return index, error
+        probed, budget = set(requests), PATTERN_PROBES
+        for index, request in enumerate(requests):
+            for pattern in sorted(schema_patterns(request), key=lambda text: (-len(text), text)):
+                alone = string_pattern_request(pattern)
+                if alone in probed:
+                    continue
+                if budget == 0:
+                    return None
+                probed.add(alone)
+                budget -= 1
+                error = self._probe(alone)
+                if error:
+                    return index, error
+        return None
 
     def _probe(self, request: GrammarRequest) -> str:
         """The check's verdict on one grammar: "" when it passes, else the error text for a client."""
@@ -374,9 +405,13 @@ def lowest_allowed(mask: np.ndarray, skip: frozenset[int]) -> int | None:
     return None
 
 
-# Keywords whose values are data, not subschemas: a "pattern" key inside them is no regex.
-_SCHEMA_DATA = frozenset({"enum", "const", "default", "examples", "x-guidance"})
-_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
+# The keywords whose subschemas llguidance compiles, in strict and lenient mode alike (keywords it
+# does not implement, such as ``not``, ``if`` or ``propertyNames``, are errors in strict mode and
+# ignored in lenient mode; vendor ``x-*`` keys are never schemas): a subschema, or a list of them...
+_SUBSCHEMA_KEYS = frozenset({"items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "allOf"})
+# ...or a map of them (``$defs``, ``definitions``: also those no ``$ref`` reaches, whose patterns
+# llguidance never compiles; a bad regex there is an error in the client's schema all the same).
+_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 
 
 def string_pattern_request(pattern: str) -> GrammarRequest:
@@ -385,7 +420,10 @@ def string_pattern_request(pattern: str) -> GrammarRequest:
 
 
 def schema_patterns(request: GrammarRequest) -> set[str]:
-    """The regexes of a JSON-schema request: ``pattern`` values and ``patternProperties`` keys."""
+    """The regexes of a JSON-schema request where llguidance compiles them: the ``pattern`` of a
+    (sub)schema and the keys of its ``patternProperties``, walking only the keywords that hold
+    subschemas llguidance honours (`_SUBSCHEMA_KEYS`, `_SUBSCHEMA_MAPS`); never data (``enum``,
+    ``const``, ``default``, ...), vendor ``x-*`` keys or keywords llguidance ignores."""
     if request.kind is not GrammarKind.JSON_SCHEMA:
         return set()
     try:
@@ -396,22 +434,20 @@ def schema_patterns(request: GrammarRequest) -> set[str]:
 
 
 def _patterns(schema: Any) -> Iterator[str]:
-    if isinstance(schema, list):
-        for item in schema:
-            yield from _patterns(item)
-        return
-    if not isinstance(schema, dict):
-        return
-    for key, value in schema.items():
-        if key == "pattern" and isinstance(value, str):
-            yield value
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            if key == "patternProperties":
-                yield from value
-            for subschema in value.values():
-                yield from _patterns(subschema)
-        elif key not in _SCHEMA_DATA:
-            yield from _patterns(value)
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("pattern"), str):
+            yield node["pattern"]
+        for key, value in node.items():
+            if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                if key == "patternProperties":
+                    yield from value
+                stack.extend(value.values())
+            elif key in _SUBSCHEMA_KEYS:
+                stack.extend(value if isinstance(value, list) else [value])
 
 
 def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:

@@ -14,8 +14,9 @@ the request's `GrammarMatcher`, or None for unconstrained output:
   is the structured one or, without ``response_format``, free text.
 
 Whenever a grammar with calls is built, each callable tool's parameters schema is checked first
-(`ToolSchema.parameters_request`): one that cannot constrain its arguments is a `GrammarError`
-(HTTP 400) naming the tool. Tools that no grammar constrains (``auto`` without one) are not checked.
+(`ToolSchema.parameters_request`), all of them in one `GrammarCompiler.first_failure` (one cached
+verdict, one bound on the patterns probed): one that cannot constrain its arguments is a
+`GrammarError` (HTTP 400) naming the tool. Tools that no grammar constrains (``auto`` without one) are not checked.
 
 Requests that cannot be honoured raise `ChatOptionError` (HTTP 400): forcing calls on a model whose
 output syntax has no tool calls, or when no forced tool has a name the syntax can spell.
@@ -84,12 +85,19 @@ class OutputConstraints:
         return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
 
     def _check_tools(self, tools: Sequence[ToolSchema]) -> None:
-        """GrammarError naming the first tool whose parameters schema cannot constrain its arguments."""
+        """GrammarError naming the first tool whose parameters schema cannot constrain its arguments.
+        The schemas are checked together (`GrammarCompiler.first_failure`): one cached verdict per
+        tool set, and one bound on the patterns probed for all of them."""
+        requests = []
         for tool in tools:
             try:
-                self._compiler.check(tool.parameters_request())
+                requests.append(tool.parameters_request())
             except GrammarError as error:
                 raise GrammarError(f"tool {tool.name!r} parameters: {error}") from None
+        failure = self._compiler.first_failure(requests)
+        if failure is not None:
+            index, error = failure
+            raise GrammarError(f"tool {tools[index].name!r} parameters: {error}")
 
     def _answer_only(self, answer: GrammarRequest, prompt: Prompt, budget: int | None) -> GrammarMatcher:
         syntax = self._syntax

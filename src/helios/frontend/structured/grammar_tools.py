@@ -19,7 +19,7 @@ named function, ``parallel_tool_calls=false``), the whole output is constrained 
   the tool opener, optionally followed by calls; NONE, absent (a call is required).
 
 A tool whose parameters schema would constrain the output must compile on its own
-(`ToolSchema.parameters_request`, checked by `GrammarCompiler.check` before the grammar is built): an
+(`ToolSchema.parameters_request`, checked by `GrammarCompiler.first_failure` before the grammar is built): an
 object schema (OpenAI's rule for ``parameters``), known types, patterns that compile and stay within
 llguidance's limits; unsupported keywords are still ignored (llguidance ``lenient``). Failures are
 `GrammarError`s (HTTP 400) naming the tool.
