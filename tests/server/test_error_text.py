@@ -12,6 +12,7 @@ import logging
 import httpx
 import pytest
 
+from helios.server import app as app_module
 from helios.server.app import create_app, schema_violation
 from helios.server.echo import MAX_ECHO_CHARS, clipped, clipped_runs
 from support.server_core import SERVED_ID, served_tiny_core
@@ -139,3 +140,31 @@ def test_json_media_types_are_read_as_json(app, content_type):
     assert response.status_code == 200, response.text
     response = call(app, "POST", "/v1/chat/completions", chat(max_tokens=0), content_type=content_type)
     assert response.status_code == 400, response.text  # a schema violation is still a 400
+
+
+def test_a_body_of_many_errors_describes_four_and_counts_the_rest(app):
+    error = error_of(call(app, "POST", "/v1/completions", {"model": SERVED_ID, "prompt": [-1] * 20_000}))
+    message = error["message"]
+    assert message.count("Input should be greater than or equal to 0") == 4, message
+    assert message.endswith("(and 19996 more)"), message
+    assert "prompt[3]" in message and "prompt[4]" not in message
+
+
+def test_union_repeats_are_described_once_and_the_scan_is_bounded(monkeypatch):
+    entry = {"loc": ("body", "prompt", 0), "msg": "Input should be greater than or equal to 0", "type": "x"}
+    violation = schema_violation([entry, dict(entry), dict(entry)])
+    assert str(violation) == "invalid request body: prompt[0]: Input should be greater than or equal to 0"
+
+    described = []
+    monkeypatch.setattr(app_module, "_describe", lambda entry, body: described.append(entry) or "same")
+    violation = schema_violation([dict(entry) for _ in range(100_000)])  # one description, repeated
+    assert len(described) == app_module.DESCRIBED_ERRORS_SCANNED
+    assert str(violation) == f"invalid request body: same (and {100_000 - app_module.DESCRIBED_ERRORS_SCANNED} more)"
+
+
+@pytest.mark.parametrize(("body", "content_type"), [(b"model=x&prompt=hi", "application/x-www-form-urlencoded"),
+                                                    (b"hello", "text/plain"), (b"\xff\xfe", None)])
+def test_a_body_that_is_not_json_either_is_415_not_a_json_error(app, body, content_type):
+    response = call(app, "POST", "/v1/completions", body, content_type=content_type)
+    assert response.status_code == 415, response.text
+    assert "Content-Type: application/json" in response.json()["error"]["message"]

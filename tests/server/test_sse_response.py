@@ -13,7 +13,7 @@ import pytest
 
 from helios.frontend.responses.presentation import StreamPresenter
 from helios.server.app import create_app
-from helios.server.responses import TRANSPORT_SEND, Handoff
+from helios.server.responses import TRANSPORT_SEND, ClientGoneGuard, Handoff
 from support.server_core import SERVED_ID, served_tiny_core
 from test_slow_reader import accumulated, eventually, post  # tests/server is on sys.path (no package)
 
@@ -312,3 +312,28 @@ def test_other_runtime_errors_of_a_write_are_not_a_disconnect(runner, app, serve
         runner.run(closing_stream(app, cycle))
     assert not cycle.disconnected
     runner.run(eventually(lambda: served.admission.in_use == 0))
+
+
+def guarded_run(fails_at_write: bool, error: BaseException) -> ClosingCycle:
+    """`ClientGoneGuard` around an application that fails with `error` at its first write
+    (`fails_at_write`) or by itself, on a connection whose transport has closed."""
+    cycle = ClosingCycle(0, error)
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", TRANSPORT_SEND: cycle.send}
+
+    async def application(_scope, _receive, send):
+        if not fails_at_write:
+            raise error  # e.g. the pipe to the engine process broke: a fault of the server's own
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    asyncio.run(ClientGoneGuard(application)(scope, receive, cycle.send))
+    return cycle
+
+
+@pytest.mark.parametrize("error", [RuntimeError(CLOSED), BrokenPipeError(32, "Broken pipe")])
+def test_only_a_failed_write_is_a_client_gone_not_the_same_error_raised_elsewhere(error):
+    assert guarded_run(True, error).disconnected  # quiet: the write found the client gone
+    with pytest.raises(type(error)):
+        guarded_run(False, error)  # the transport is closing too, but no write failed: the error is the server's

@@ -30,7 +30,9 @@ from starlette.responses import JSONResponse, Response
 
 from helios.errors import ExecutionError, HeliosError, RequestError
 from helios.server.access import RECORD_KEY, AccessLog, ApiKeyGuard
-from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES, BodyGuard
+from helios.server.body_guard import (
+    DEFAULT_MAX_BODY_NBYTES, BodyGuard, UnsupportedMediaType, is_json_media_type,
+)
 from helios.server.echo import MAX_ECHO_CHARS, clipped, clipped_runs
 from helios.server.metrics import ResponseCounter
 from helios.frontend.responses.presentation import error_body
@@ -71,24 +73,6 @@ class SchemaViolation(RequestError):
     def __init__(self, message: str, param: str | None):
         super().__init__(message)
         self.param = param
-
-
-class NotJsonMediaType(SchemaViolation):
-    """A body sent without a JSON Content-Type (``application/json`` or ``application/*+json``): the
-    endpoints read no other (FastAPI's strict content type: not even a body with none). HTTP 415."""
-
-    http_status = 415
-
-    def __init__(self, content_type: str | None):
-        sent = f"this request's: {clipped(content_type)!r}" if content_type else "this request has none"
-        super().__init__(f"the request body must be JSON sent with Content-Type: application/json ({sent})", None)
-
-
-def is_json_media_type(content_type: str | None) -> bool:
-    """Whether a Content-Type makes a request's body JSON for the endpoints: ``application/json`` or
-    ``application/<anything>+json``, with any parameters."""
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 _ERRORS = {
@@ -219,8 +203,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
         content_type = request.headers.get("content-type")
-        violation = (schema_violation(error.errors(), error.body) if is_json_media_type(content_type)
-                     else NotJsonMediaType(content_type))
+        if not is_json_media_type(content_type):  # an empty body (BodyGuard answers a non-empty one)
+            return error_response(UnsupportedMediaType(content_type))
+        violation = schema_violation(error.errors(), error.body)
         body = error_body(violation)
         body["error"]["param"] = violation.param
         return JSONResponse(body, status_code=violation.http_status)
@@ -247,10 +232,23 @@ def schema_violation(errors, body=None) -> SchemaViolation:
     if errors and errors[0].get("type") == "json_invalid":
         detail = errors[0].get("ctx", {}).get("error", "")
         return SchemaViolation(f"the request body is not valid JSON: {detail}".rstrip(": "), None)
-    described = list(dict.fromkeys(_describe(entry, body) for entry in errors))  # union members repeat
-    more = f" (and {len(described) - 4} more)" if len(described) > 4 else ""
+    described: dict[str, None] = {}  # distinct descriptions in order (union members repeat)
+    for consumed, entry in enumerate(errors[:DESCRIBED_ERRORS_SCANNED], 1):
+        described[_describe(entry, body)] = None
+        if len(described) == DESCRIBED_ERRORS:
+            break
+    else:
+        consumed = min(len(errors), DESCRIBED_ERRORS_SCANNED)
+    more = f" (and {len(errors) - consumed} more)" if len(errors) > consumed else ""
     param = _location(errors[0], body) if errors else ""
-    return SchemaViolation("invalid request body: " + "; ".join(described[:4]) + more, param or None)
+    return SchemaViolation("invalid request body: " + "; ".join(described) + more, param or None)
+
+
+# A schema violation's message describes its first DESCRIBED_ERRORS distinct errors, looking at no
+# more than DESCRIBED_ERRORS_SCANNED of pydantic's (a 4 MiB body can hold a million invalid values;
+# describing each would hold the event loop for seconds).
+DESCRIBED_ERRORS = 4
+DESCRIBED_ERRORS_SCANNED = 64
 
 
 # The fields whose value picks the member of a discriminated union (`schemas.Message`, `UserPart`,

@@ -5,6 +5,9 @@ itself, with an OpenAI-style error body, when the body
 
 - is larger than `max_body_nbytes` (from ``Content-Length`` at once, or while reading a chunked
   body, never holding more than the limit): 413 `BodyTooLarge`;
+- is not empty and was sent with a Content-Type other than JSON (``application/json``,
+  ``application/*+json``), or none: 415 `UnsupportedMediaType` (after reading it: a body left unread
+  would reset the connection before the answer is read);
 - is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
   400 `MalformedBody`;
 - is not strict JSON: ``NaN``/``Infinity`` literals, numbers beyond the float range (``1e999``,
@@ -30,6 +33,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.errors import RequestError
+from helios.server.echo import clipped
 from helios.server.responses import error_response
 
 DEFAULT_MAX_BODY_NBYTES = 4 * 1024 * 1024
@@ -115,6 +119,31 @@ def _check_text(text: str) -> None:
             "Unicode text") from None
 
 
+class UnsupportedMediaType(RequestError):
+    """A body sent without a JSON Content-Type (``application/json`` or ``application/*+json``): the
+    endpoints read no other (FastAPI's strict content type: not even a body with none). HTTP 415."""
+
+    http_status = 415
+
+    def __init__(self, content_type: str | None):
+        sent = f"this request's: {clipped(content_type)!r}" if content_type else "this request has none"
+        super().__init__(f"the request body must be JSON sent with Content-Type: application/json ({sent})")
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    """Whether a Content-Type makes a request's body JSON for the endpoints: ``application/json`` or
+    ``application/<anything>+json``, with any parameters."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def content_type_of(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.decode("latin-1")
+    return None
+
+
 class BodyGuard:
     """See the module docstring. Requests other than POST pass through untouched."""
 
@@ -133,6 +162,9 @@ class BodyGuard:
             if body is None:
                 return  # the client went away while sending
             if body:
+                content_type = content_type_of(scope)
+                if not is_json_media_type(content_type):
+                    raise UnsupportedMediaType(content_type)  # read first: a body left unread resets the connection
                 check_json_text(body)
         except RequestError as error:
             response = error_response(error)

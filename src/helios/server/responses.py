@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.frontend.responses.presentation import StreamPresenter, error_body, error_status
 from helios.frontend.session import PreparedRequest
@@ -154,15 +154,34 @@ def is_client_gone(error: BaseException, scope: Scope) -> bool:
     return True
 
 
+class ClientGone(Exception):
+    """A write that found its response's client gone (`is_client_gone`), raised by the write itself
+    (`checked_send`) in place of the transport's error, so that only a failed write, never another
+    fault of the response that happens while the transport closes, counts as a disconnect."""
+
+
+def checked_send(send: Send, scope: Scope) -> Send:
+    """`send` whose writes raise `ClientGone` where the transport's error says the client is gone."""
+
+    async def checked(message: Message) -> None:
+        try:
+            await send(message)
+        except (RuntimeError, OSError) as error:
+            if is_client_gone(error, scope):
+                raise ClientGone(str(error)) from error
+            raise
+
+    return checked
+
+
 async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: Send) -> None:
     """Runs the response's own ASGI `call` with a timed send and closes the bridge on every path. A
-    write that finds the client gone (`is_client_gone`) ends the response quietly, as a disconnect."""
+    write that finds the client gone (`ClientGone`) ends the response quietly, as a disconnect."""
+    send = checked_send(send, scope)
     deadline = None if lease.send_timeout_s is None else SendDeadline(send, lease.send_timeout_s)
     try:
         await call(scope, receive, send if deadline is None else deadline)
-    except (RuntimeError, OSError) as error:
-        if not is_client_gone(error, scope):
-            raise
+    except ClientGone as error:
         logger.debug("response %s ended: its client is gone (%s)", lease.bridge.request_id, error)
     except SendTimeout:
         logger.warning("response %s dropped: its client took nothing for %.0f s",
@@ -178,19 +197,20 @@ async def send_leased(call, lease: Lease, scope: Scope, receive: Receive, send: 
 
 
 class ClientGoneGuard:
-    """ASGI middleware: a response whose write finds its client gone (`is_client_gone`), leased or
-    not, ends quietly as a disconnect (one DEBUG line) instead of as an application error with a
+    """ASGI middleware: a response whose write finds its client gone (`checked_send`), leased or not,
+    ends quietly as a disconnect (one DEBUG line) instead of as an application error with a
     traceback. Installed inside the access log, which then logs the request as 499."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
-        except (RuntimeError, OSError) as error:
-            if scope["type"] != "http" or not is_client_gone(error, scope):
-                raise
+            return
+        try:
+            await self.app(scope, receive, checked_send(send, scope))
+        except ClientGone as error:
             logger.debug("%s %s ended: its client is gone (%s)", scope.get("method"), scope.get("path"), error)
 
 
@@ -286,6 +306,7 @@ def step_writer(scope: Scope, send: Send) -> Send:
     transport = scope.get(TRANSPORT_SEND)
     if transport is None:
         return send
+    transport = checked_send(transport, scope)  # a write finding the client gone raises ClientGone
     if isinstance(send, SendDeadline):
         return functools.partial(send.send_via, transport)
     return transport
