@@ -10,11 +10,19 @@ in a thread, in front of `BodyGuard` and a tiny application (the limits sit belo
 - a partial body gets BodyGuard's 408 JSON error at the body deadline; a body no route reads,
   trickling in, closes the connection at it;
 - connections beyond the cap get 503 and are closed, one log line tells, and the server answers
-  once a connection is free.
+  once a connection is free; a refused client that sent its request first still reads the 503 (not a
+  reset), and refused connections linger at most `REFUSAL_LINGER_S`;
+- on a kept-alive connection, a bare CRLF (which cancels uvicorn's keep-alive timer and begins no
+  message) still meets the head deadline;
+- pipelined requests in one read larger than the cap are each judged on their own head;
+- a deadline that passes while an earlier response is still streaming writes nothing into it: the
+  stream ends whole and the connection closes;
+- a pipelined request's body deadline counts from when its task starts, not from its headers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -36,6 +44,7 @@ from helios.server.serve import ServeOptions, bind, uvicorn_config
 HEAD_CAP = 8 * 1024
 SHORT = ConnectionLimits(max_head_nbytes=HEAD_CAP, head_timeout_s=0.5, body_timeout_s=0.5, max_connections=64)
 WAIT_S = 10.0  # generous: far beyond every shortened deadline
+STREAM_STEP_S = 0.25
 
 
 class CountingProtocol(HttpToolsProtocol):
@@ -53,11 +62,19 @@ class Recording(GuardedHttpToolsProtocol, CountingProtocol):
 
 
 async def tiny_app(scope, receive, send) -> None:
-    """GET: 200 "ok"; POST (behind BodyGuard, so its body is whole): 200 with the body's length."""
+    """GET: 200 "ok"; POST (behind BodyGuard, so its body is whole): 200 with the body's length;
+    /stream?N: a chunked response of N chunks, STREAM_STEP_S apart."""
     if scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
+        return
+    if scope["path"] == "/stream":  # chunked: `?N` chunks, one every STREAM_STEP_S
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(int(scope["query_string"])):
+            await asyncio.sleep(STREAM_STEP_S)
+            await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
         return
     body = b"ok"
     if scope["method"] == "POST":
@@ -255,3 +272,94 @@ def test_the_cap_is_fitted_to_the_open_file_limit(monkeypatch):
     monkeypatch.setattr(connection_limits.resource, "getrlimit", lambda which: (1024, 1 << 20))
     calls.clear()
     assert fit_to_fd_limit(limits) == limits and calls == [(4096 + connection_limits.FD_RESERVE, 1 << 20)]
+
+
+def read_response(sock: socket.socket, end: bytes) -> bytes:
+    """Reads until what was read ends with `end` (the connection stays open)."""
+    response = b""
+    while not response.endswith(end):
+        chunk = sock.recv(65536)
+        assert chunk, response
+        response += chunk
+    return response
+
+
+def test_a_bare_crlf_after_a_kept_alive_response_meets_the_head_deadline(server):
+    with server.connect() as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, b"\r\n\r\nok").startswith(b"HTTP/1.1 200")
+        sock.sendall(b"\r\n")  # cancels uvicorn's keep-alive timer; the parser skips it, no message begins
+        sock.settimeout(3.0)  # uvicorn's own keep-alive timeout is 5 s: the close must come from the head deadline
+        started = time.monotonic()
+        assert read_all(sock) == b""  # closed quietly, no request having begun
+        assert time.monotonic() - started < 2.0
+
+
+def test_pipelined_requests_in_one_read_larger_than_the_cap_are_each_judged_on_their_own_head(server):
+    def post(body: bytes, extra: bytes = b"") -> bytes:
+        return (b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra
+                + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    body = json.dumps({"x": "y" * (HEAD_CAP - 300)}).encode()
+    pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+    request = post(body) + post(body, b"Connection: close\r\n" + pad)  # > the cap; the second head ends past it
+    assert len(post(body)) < HEAD_CAP < len(request)
+    with server.connect() as sock:
+        sock.sendall(request)
+        response = read_all(sock)
+    assert response.count(b"HTTP/1.1 200") == 2 and response.endswith(b"%d" % len(body)), response[:300]
+
+
+def test_a_head_deadline_during_an_earlier_streaming_response_writes_nothing_into_it(server):
+    with server.connect() as sock:
+        sock.sendall(b"GET /stream?6 HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.1)
+        sock.sendall(b"GET /hea")  # a pipelined partial head: its 0.5 s deadline passes mid-stream
+        response = read_all(sock)
+    assert b"408" not in response and response.startswith(b"HTTP/1.1 200")
+    assert response.endswith(b"data: 5\n\n\r\n0\r\n\r\n")  # the stream ended whole, then the connection closed
+
+
+def test_a_pipelined_body_deadline_counts_from_when_its_request_starts(monkeypatch):
+    monkeypatch.setattr(connection_limits, "BODY_GRACE_S", 0.1)
+    # Backstop 1.1 s. The stream ends at about 2.0 s: counted from the pipelined request's headers
+    # (t=0), the backstop would pass at 2.2 s, before the rest of the body (2.7 s) and before
+    # BodyGuard's own deadline (1.0 s after the request's task starts, at about 3.0 s).
+    body = json.dumps({"x": "y" * 100}).encode()
+    with Server(replace(SHORT, head_timeout_s=WAIT_S, body_timeout_s=1.0)) as running, running.connect() as sock:
+        sock.sendall(b"GET /stream?8 HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+        first = read_response(sock, b"0\r\n\r\n")
+        time.sleep(0.7)
+        sock.sendall(body[10:])
+        response = read_all(sock)
+    assert first.startswith(b"HTTP/1.1 200")
+    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"%d" % len(body)), response
+
+
+def test_a_refused_client_that_sent_its_request_reads_the_503_and_refusals_do_not_linger(monkeypatch):
+    monkeypatch.setattr(connection_limits, "REFUSAL_LINGER_S", 0.3)
+    request = b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    with Server(replace(SHORT, head_timeout_s=WAIT_S, max_connections=2)) as running:
+        refusals = running.server.config.http.keywords["refusals"]
+        held = [running.connect() for _ in range(2)]
+        time.sleep(0.2)  # let the server accept them
+        refused, statuses = [], []
+        for _ in range(10):
+            sock = running.connect()
+            refused.append(sock)
+            sock.sendall(request)
+            time.sleep(0.05)  # the request sits unread in the server's buffer when it answers
+            response = b""
+            try:  # unlike read_all, a reset is a failure: a client may drop what it read before it
+                while chunk := sock.recv(65536):
+                    response += chunk
+                statuses.append(error_of(response)[0])  # the 503, then the server's half-close
+            except (OSError, ValueError, IndexError) as e:
+                statuses.append(f"{e!r} after {response[:12]!r}")
+        assert statuses == [503] * 10
+        time.sleep(0.8)  # the clients keep their ends open: the server closes its own at the linger
+        assert refusals.num_lingering == 0
+        for sock in refused + held:
+            sock.close()

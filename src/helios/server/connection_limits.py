@@ -5,22 +5,30 @@ the rest of a request line, a header block or a body, and accepts connections un
 out of file descriptors. `protocol_factory(limits)` gives uvicorn (its ``http=`` setting) a
 subclass of that protocol, one instance per connection, which adds:
 
-- a cap on the request line plus header block (`max_head_nbytes`): bytes beyond it are never fed to
-  the parser; the client gets 431 and the connection is closed;
+- a cap on the request line plus header block (`max_head_nbytes`), each pipelined request's head
+  counted on its own: bytes beyond it are never fed to the parser; the client gets 431 and the
+  connection is closed;
 - a deadline for the header block (`head_timeout_s`), from the accept (so a connection that sends
-  nothing is covered) or, on a kept-alive connection, from the next request's first byte: a client
-  that sent part of a request gets 408, one that sent nothing is closed quietly (as idle
-  keep-alive connections are);
+  nothing is covered) or, on a kept-alive connection, from the first byte after a response (a bare
+  CRLF, which cancels uvicorn's keep-alive timer but begins no message, included): a client that
+  sent part of a request gets 408, one that sent nothing else is closed quietly (as idle keep-alive
+  connections are);
 - a body deadline: the protocol puts `body_timeout_s` in the request's scope (`BODY_TIMEOUT_KEY`),
-  and `helios.server.body_guard.BodyGuard` answers 408 when the body has not arrived in time; a
-  body still unfinished `BODY_GRACE_S` later (one no route reads, such as a GET's) closes the
-  connection;
-- a cap on open connections (`max_connections`): one more is answered 503 at once and closed,
-  before its request is read; the refusals are logged at most once per `REFUSAL_LOG_INTERVAL_S`.
+  and `helios.server.body_guard.BodyGuard` answers 408 when the body has not arrived in time,
+  counted from the start of the request's task; a body still unfinished `BODY_GRACE_S` after that
+  deadline (one no route reads, such as a GET's) closes the connection. This backstop starts again
+  with the task of a pipelined request, which starts only when the response before it is complete;
+- a cap on open connections (`max_connections`): one more is answered 503 at once, before its
+  request is read, and is no longer treated as HTTP: what it sends is discarded, its write side is
+  shut, and it is closed when the client closes or `REFUSAL_LINGER_S` later (so that a client that
+  already sent its request reads the 503 rather than a reset; at most `MAX_LINGERING` linger at
+  once, more are closed at once); the refusals are logged at most once per `REFUSAL_LOG_INTERVAL_S`.
 
 A deadline that passes while the server itself has paused reading (a pipelined request waiting for
 the response before it, or a body the application has not taken yet) is not the client's delay: it
-starts again. The error answers have the server's usual JSON error body.
+starts again. Nothing is written into a response still being sent on the connection: a limit passed
+meanwhile (a pipelined head too large or too slow) stops the parser, and the connection is closed
+when that response ends. The error answers have the server's usual JSON error body.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ DEFAULT_HEAD_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 4096
 BODY_GRACE_S = 2.0  # after the body deadline: time for BodyGuard's 408 to go out first
 REFUSAL_LOG_INTERVAL_S = 10.0
+REFUSAL_LINGER_S = 1.0  # a refused connection stays open this long at most, for its client to read the 503
+MAX_LINGERING = 64  # refused connections left to linger at once; beyond it, closed at once
 FD_RESERVE = 256  # descriptors kept beside the connections: listeners, pipes, logs, the core's files
 logger = logging.getLogger("uvicorn.error")
 
@@ -85,6 +95,7 @@ class RefusalLog:
         self.max_connections = max_connections
         self.interval_s = interval_s
         self.num_unlogged = 0
+        self.num_lingering = 0  # refused connections not yet closed
         self._timer: asyncio.TimerHandle | None = None
 
     def note(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -112,6 +123,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.limits = limits
         self.refusals = refusals
         self.is_refused = False
+        self.is_discarding = False  # the parser is fed no more: the connection closes after the running response
         self.is_awaiting_head = True  # the next byte belongs to a request line or header block
         self.is_head_begun = False  # a byte of the awaited head has arrived
         self.head_nbytes = 0  # bytes received while awaiting this head (at most one read undercounted)
@@ -120,40 +132,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         num_open = len(self.server_state.connections)
         if num_open >= self.limits.max_connections:
-            self.is_refused = True
-            transport.write(error_bytes(ConnectionCapReached(
-                f"the server has {num_open} open connections, its limit; retry later")))
-            transport.close()
-            self.refusals.note(self.loop)
+            self._refuse(transport, num_open)
             return
         super().connection_made(transport)
         self._arm(self.limits.head_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.is_refused:
+            self._disarm()
+            self.refusals.num_lingering -= 1
             return
         self._disarm()
         super().connection_lost(exc)
 
+    def eof_received(self) -> bool | None:
+        if self.is_refused:
+            self.transport.close()
+            return True
+        return super().eof_received()
+
     def data_received(self, data: bytes) -> None:
-        if not self.is_awaiting_head:
-            super().data_received(data)
+        if self.is_refused or self.is_discarding:
             return
-        room = self.limits.max_head_nbytes - self.head_nbytes
-        if len(data) <= room:
-            self.head_nbytes += len(data)
-            super().data_received(data)
-            return
-        if room > 0:  # feed what fits: a head that ends inside it continues with the rest
-            self.head_nbytes += room
-            super().data_received(data[:room])
-        if self.transport.is_closing():
-            return
-        if self.is_awaiting_head:
-            self._answer(HeadTooLarge("the request line and headers are larger than this server's limit of "
-                                      f"{self.limits.max_head_nbytes} bytes"))
-            return
-        super().data_received(data[room:])
+        if self.is_awaiting_head and self.deadline is None:
+            # Any byte cancels uvicorn's keep-alive timer, and bare CR/LF between requests begins no
+            # message: without this, "\r\n" after a response would leave the connection with no deadline.
+            self._arm(self.limits.head_timeout_s)
+        while data:
+            if not self.is_awaiting_head:
+                super().data_received(data)
+                return
+            room = self.limits.max_head_nbytes - self.head_nbytes
+            if room <= 0:
+                self._answer(HeadTooLarge("the request line and headers are larger than this server's limit of "
+                                          f"{self.limits.max_head_nbytes} bytes"))
+                return
+            # Feed what fits. A head that ends inside it continues with the rest; a message that ends
+            # inside it resets the count, so the next pipelined head is judged on its own bytes.
+            fed, data = data[:room], data[room:]
+            self.head_nbytes += len(fed)
+            super().data_received(fed)
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return  # closed (a 400 from the parser) or taken over by the WebSocket protocol
 
     # Parser callbacks (httptools calls them while `data_received` feeds it)
 
@@ -170,14 +190,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.parser.should_upgrade() and self._should_upgrade():
             return  # the WebSocket protocol takes the connection over
         self.scope[BODY_TIMEOUT_KEY] = self.limits.body_timeout_s  # type: ignore[literal-required]
-        self._arm(self.limits.body_timeout_s + BODY_GRACE_S)
+        self._arm(self._body_backstop_s())
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()
         self.is_awaiting_head, self.is_head_begun, self.head_nbytes = True, False, 0
 
+    def _start_asgi_task(self, cycle, app) -> None:
+        super()._start_asgi_task(cycle, app)
+        if cycle is self.cycle and not self.is_awaiting_head and not self.transport.is_closing():
+            # BodyGuard's deadline starts with the request's task, which a pipelined request only
+            # gets once the response before it is complete: the backstop starts again with it.
+            self._arm(self._body_backstop_s())
+
     # Deadlines: one timer per connection, for the head or the body awaited now
+
+    def _body_backstop_s(self) -> float:
+        return self.limits.body_timeout_s + BODY_GRACE_S
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -194,14 +224,47 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.flow.read_paused:  # the server is not reading: not the client's delay
             self._arm(seconds)
-        elif self.is_awaiting_head and self.is_head_begun:
-            self._answer(RequestTimeout(f"the request line and headers did not arrive within {seconds:g} s"))
-        else:  # nothing sent yet, or a body no route took within its deadline
+        elif self.is_awaiting_head:
+            if self.is_head_begun:
+                self._answer(RequestTimeout(f"the request line and headers did not arrive within {seconds:g} s"))
+            elif not self._is_responding():  # nothing sent yet, or only CR/LF: closed quietly, as when idle
+                self.transport.close()
+            # else: a response is running; uvicorn's keep-alive timer starts when it completes
+        elif any(cycle is self.cycle for cycle, _ in self.pipeline):
+            self._arm(seconds)  # the request's task (and BodyGuard's deadline) has not started yet
+        else:  # a body no route took within its deadline
             self.transport.close()
 
+    def _is_responding(self) -> bool:
+        """Whether an earlier request's response is still running (or waiting to run) on this connection."""
+        return self.cycle is not None and not self.cycle.response_complete
+
     def _answer(self, error: HeliosError) -> None:
+        self._disarm()
+        if self._is_responding():
+            # Bytes written now would land inside that response: let it finish, then close, and
+            # feed the parser nothing more meanwhile.
+            self.cycle.keep_alive = False
+            self.is_discarding = True
+            return
         self.transport.write(error_bytes(error))
         self.transport.close()
+
+    def _refuse(self, transport, num_open: int) -> None:
+        """503, then no more HTTP: what the client sends is discarded, the write side is shut, and the
+        connection is closed when the client closes or `REFUSAL_LINGER_S` later, so that the client
+        reads the 503 rather than a reset caused by its unread request."""
+        self.is_refused = True
+        self.transport = transport
+        transport.write(error_bytes(ConnectionCapReached(
+            f"the server has {num_open} open connections, its limit; retry later")))
+        self.refusals.note(self.loop)
+        self.refusals.num_lingering += 1
+        if self.refusals.num_lingering > MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.deadline = self.loop.call_later(REFUSAL_LINGER_S, transport.close)
 
 
 def protocol_factory(limits: ConnectionLimits):
