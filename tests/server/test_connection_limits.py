@@ -322,11 +322,11 @@ def test_a_head_deadline_during_an_earlier_streaming_response_writes_nothing_int
 
 def test_a_pipelined_body_deadline_counts_from_when_its_request_starts(monkeypatch):
     monkeypatch.setattr(connection_limits, "BODY_GRACE_S", 0.1)
-    # Backstop 1.1 s. The stream ends at about 2.0 s: counted from the pipelined request's headers
-    # (t=0), the backstop would pass at 2.2 s, before the rest of the body (2.7 s) and before
-    # BodyGuard's own deadline (1.0 s after the request's task starts, at about 3.0 s).
+    # Backstop 2.1 s. The stream ends at about 2.0 s: counted from the pipelined request's headers
+    # (t=0), the backstop would pass at 2.1 s, before the rest of the body (2.7 s) and long before
+    # BodyGuard's own deadline (2.0 s after the request's task starts, at about 4.0 s).
     body = json.dumps({"x": "y" * 100}).encode()
-    with Server(replace(SHORT, head_timeout_s=WAIT_S, body_timeout_s=1.0)) as running, running.connect() as sock:
+    with Server(replace(SHORT, head_timeout_s=WAIT_S, body_timeout_s=2.0)) as running, running.connect() as sock:
         sock.sendall(b"GET /stream?8 HTTP/1.1\r\nHost: x\r\n\r\n"
                      b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
