@@ -69,8 +69,9 @@ def register(subparsers) -> None:
                              "byte) to the end of the request's headers; later: 408 and closed, or closed if "
                              f"nothing was sent (default {DEFAULT_HEAD_TIMEOUT_S:.0f})")
     connections.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
-                             help="seconds from the end of a request's headers to the end of its body; "
-                             f"later: 408 and the connection closed (default {DEFAULT_BODY_TIMEOUT_S:.0f})")
+                             help="seconds from the start of a request's handling (the end of its headers, or "
+                             "for a pipelined request the end of the response before it) to the end of its "
+                             f"body; later: 408 and the connection closed (default {DEFAULT_BODY_TIMEOUT_S:.0f})")
     connections.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                              help="open connections at once; one more gets 503 and is closed, the refusals "
                              "logged at most every 10 s; the open-file limit is raised to fit, or the cap "
