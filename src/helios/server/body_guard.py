@@ -26,13 +26,12 @@ the connection (disconnect detection keeps working).
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.errors import RequestError
+from helios.frontend.preparation.strict_json import NotStrictJSON, strict_loads
 from helios.server.echo import clipped
 from helios.server.responses import error_response
 
@@ -59,18 +58,6 @@ class RequestTimeout(RequestError):
     http_status = 408
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # json reads 1e999 as inf without asking parse_constant
-        raise MalformedBody(f"the request body holds a number out of range ({text[:40]}); numbers must be "
-                            "finite (at most about 1.8e308 in magnitude)")
-    return value
-
-
 def check_json_text(body: bytes) -> Any:
     """The parsed body, or `MalformedBody` saying why it is not strict UTF-8 JSON."""
     if body.startswith(BOM):
@@ -80,10 +67,12 @@ def check_json_text(body: bytes) -> Any:
     except UnicodeDecodeError as error:
         raise MalformedBody(f"the request body is not valid UTF-8 (byte {error.start})") from None
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+        value = strict_loads(text)
     except RecursionError:
         raise MalformedBody(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as error:  # JSONDecodeError, NaN/Infinity, oversized integers
+    except NotStrictJSON as error:
+        raise MalformedBody(f"the request body is not strict JSON: {error}") from None
+    except ValueError as error:  # JSONDecodeError, oversized integers
         raise MalformedBody(f"the request body is not valid JSON: {error}") from None
     _check_values(value)
     return value

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from helios.errors import RequestError
 from helios.frontend.preparation.image_parts import template_parts, user_content
+from helios.frontend.preparation.strict_json import NotStrictJSON, strict_loads
 
 MAX_TOOL_NAME_LEN = 64
 
@@ -158,26 +158,11 @@ def _parse_tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-class _NotStrictJSON(ValueError):
-    """A NaN/Infinity literal, or a number beyond the float range (json reads 1e999 as inf)."""
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotStrictJSON(f"{name} is not a JSON value")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotStrictJSON(f"the number {text[:40]} is out of range (numbers must be finite)")
-    return value
-
-
 def _loads(text: str, where: str) -> Any:
     """Strict JSON, as the request body itself must be: no NaN/Infinity, no overflowing numbers."""
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
-    except _NotStrictJSON as error:
+        return strict_loads(text)
+    except NotStrictJSON as error:
         raise MessageError(f"{where}.function.arguments is not strict JSON: {error}") from None
     except (ValueError, RecursionError):
         raise MessageError(f"{where}: invalid JSON") from None
