@@ -137,7 +137,7 @@ def test_models_and_client_errors(client):
     assert [model.id for model in client.models.list().data] == [SERVED_ID]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=SERVED_ID, messages=messages(), top_logprobs=2)  # needs logprobs
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other-model", messages=messages())
     with pytest.raises(openai.BadRequestError, match="context extent"):  # can never fit: 400, not retried
         client.chat.completions.create(model=SERVED_ID, messages=messages(), max_tokens=100_000)

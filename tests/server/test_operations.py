@@ -68,7 +68,7 @@ def test_served_names_and_aliases_replace_the_contracts(runner, app):
     for name in NAMES:
         response = runner.run(api.completions.create(model=name, prompt="hello", max_tokens=2))
         assert response.model == NAMES[0]
-    with pytest.raises(openai.BadRequestError, match="not served here"):
+    with pytest.raises(openai.NotFoundError, match="not served here"):
         runner.run(api.completions.create(model=SERVED_ID, prompt="hello", max_tokens=2))
 
 

@@ -10,8 +10,9 @@ Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}
 comes from the error's class: a missing API key 401 (when the server has one), schema violations
 and malformed JSON 400 (never 422; each violation named by its place in the body, ``prompt[0]``,
 without pydantic's union-member tags), `HeliosError`
-subclasses their ``http_status`` (400 invalid request, 429 ingress full, 503 admission rejection,
-500 execution failure), anything unexpected 500. The lifespan starts the model worker and, at
+subclasses their ``http_status`` (400 invalid request, 404 a model not served here, 429 ingress
+full, 503 admission rejection, 500 execution failure), anything unexpected 500; ``param`` names the
+request field at fault where the error knows it. The lifespan starts the model worker and, at
 shutdown (after uvicorn drained or dropped the connections), stops it once its round is done.
 """
 
@@ -37,7 +38,7 @@ from helios.server.echo import MAX_ECHO_CHARS, clipped, clipped_runs
 from helios.server.metrics import ResponseCounter
 from helios.frontend.responses.presentation import error_body
 from helios.server.responses import ClientGoneGuard, error_response
-from helios.server.schemas import ChatCompletionRequest, CompletionRequest
+from helios.server.schemas import ChatCompletionRequest, CompletionRequest, check_model
 from helios.server.service import ServedModel
 
 UNSUPPORTED_FIELD = "not a field this server accepts (unsupported options are rejected, not ignored)"
@@ -78,6 +79,7 @@ class SchemaViolation(RequestError):
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "Invalid request (schema, strict UTF-8 JSON, limits)"},
     401: {"model": ErrorResponse, "description": "The server has an API key and the request lacks it"},
+    404: {"model": ErrorResponse, "description": "The request names a model this server does not serve"},
     413: {"model": ErrorResponse, "description": "Request body larger than the server's limit"},
     415: {"model": ErrorResponse, "description": "Request body sent with a Content-Type other than JSON"},
     429: {"model": ErrorResponse, "description": "Admission limit reached; retry later"},
@@ -126,11 +128,13 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
     @app.post("/v1/chat/completions", responses=_COMPLETION_RESPONSES, response_class=Response)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """Chat completion (OpenAI), with tools, reasoning, structured output, stops and observation."""
+        check_model(body.model, served.card.served_names)
         return await served.respond(body, request.receive, getattr(request.state, RECORD_KEY, None))
 
     @app.post("/v1/completions", responses=_COMPLETION_RESPONSES, response_class=Response)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """Text completion (OpenAI) of a text or token-id prompt."""
+        check_model(body.model, served.card.served_names)
         return await served.respond(body, request.receive, getattr(request.state, RECORD_KEY, None))
 
     @app.get("/v1/models")
@@ -139,8 +143,7 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
 
     @app.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
     async def get_model(model_id: str) -> dict:
-        if model_id not in served.card.served_names:
-            raise StarletteHTTPException(404, f"model {clipped(model_id)!r} is not served here")
+        check_model(model_id, served.card.served_names)
         return _model_entry(served, model_id)
 
     @app.get("/health", responses={503: {"description": "The model worker is not running"}})
@@ -206,9 +209,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if not is_json_media_type(content_type):  # an empty body (BodyGuard answers a non-empty one)
             return error_response(UnsupportedMediaType(content_type))
         violation = schema_violation(error.errors(), error.body)
-        body = error_body(violation)
-        body["error"]["param"] = violation.param
-        return JSONResponse(body, status_code=violation.http_status)
+        return JSONResponse(error_body(violation), status_code=violation.http_status)
 
     @app.exception_handler(HeliosError)
     async def typed_error(_request: Request, error: HeliosError) -> JSONResponse:

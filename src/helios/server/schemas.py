@@ -23,10 +23,12 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
                       StrictStr, Tag, WithJsonSchema)
 
+from helios.errors import RequestError
 from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
 from helios.frontend.decoding.logprobs import MAX_TOP_LOGPROBS
 from helios.frontend.decoding.stops import MAX_STOP_STRINGS, MAX_STOP_TOKEN_SEQUENCE_LEN, MAX_STOP_TOKEN_SEQUENCES
 from helios.frontend.preparation.request_options import ChatOptionError, check_chat_options, check_completion_options
+from helios.server.echo import clipped
 
 MAX_MESSAGES = 1024
 MAX_TOOLS = 128
@@ -318,6 +320,19 @@ class CompletionRequest(_SamplingFields):
         description="Return each output token's log-probability and this many most probable alternatives (0-20)")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
+
+
+class ModelNotFound(RequestError):
+    """The request names a model this server does not serve (404, as OpenAI answers)."""
+
+    http_status = 404
+    param = "model"
+
+
+def check_model(name: str, served_names: tuple[str, ...]) -> None:
+    """`ModelNotFound` unless `name` is one of `served_names` (the served id first, then aliases)."""
+    if name not in served_names:
+        raise ModelNotFound(f"model {clipped(name)!r} is not served here; use {served_names[0]!r}")
 
 
 def validate_common(body: _SamplingFields, vocab_size: int) -> None:

@@ -213,8 +213,12 @@ def error_status(error: BaseException) -> int:
 
 
 def error_body(error: BaseException) -> dict:
+    """OpenAI's error object; ``param`` is the request field at fault, where the error names one
+    (its ``param`` attribute: `helios.frontend.preparation.request_options.ChatOptionError` and others)."""
     message = str(error) or type(error).__name__
-    return {"error": {"message": message, "type": error_type(error), "param": None, "code": error_status(error)}}
+    param = getattr(error, "param", None)
+    return {"error": {"message": message, "type": error_type(error), "param": param if isinstance(param, str) else None,
+                      "code": error_status(error)}}
 
 
 def sse_error(error: BaseException) -> bytes:

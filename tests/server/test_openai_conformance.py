@@ -1,0 +1,138 @@
+"""OpenAI API conformance through the official `openai` client over the in-process app (ASGI):
+every response and streamed chunk validates against the client's typed models, and errors carry
+the status, ``type`` and ``param`` OpenAI's API reference gives them."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import BaseModel
+
+from helios.server.app import create_app
+from support.server_core import NAMESPACE, SERVED_ID, served_tiny_core
+
+HELLO = [{"role": "user", "content": "hello"}]
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# Fields Helios adds beside OpenAI's (documented extensions); any other unknown field is a defect.
+EXTENSION_FIELDS = {"reasoning_content", "max_model_len"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 8, frontend_workers=2, owned_by=NAMESPACE) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test")
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+
+
+def unknown_fields(obj, path: str = "$") -> list[str]:
+    """Fields of a parsed client model (recursively) that the model does not declare."""
+    found = []
+    if isinstance(obj, BaseModel):
+        found += [f"{path}.{name}" for name in (obj.model_extra or {}) if name not in EXTENSION_FIELDS]
+        for name in type(obj).model_fields:
+            found += unknown_fields(getattr(obj, name), f"{path}.{name}")
+    elif isinstance(obj, list):
+        for index, item in enumerate(obj):
+            found += unknown_fields(item, f"{path}[{index}]")
+    return found
+
+
+def validated(model: type[BaseModel], data: dict) -> BaseModel:
+    parsed = model.model_validate(data)
+    assert unknown_fields(parsed) == [], data
+    return parsed
+
+
+async def post(http, path: str, body: dict) -> httpx.Response:
+    return await http.post(path, json=body)
+
+
+def sse_data(raw: str) -> list[dict]:
+    """The JSON payloads of an SSE body, which must end in exactly one ``data: [DONE]``."""
+    blocks = [block for block in raw.split("\n\n") if block.strip()]
+    assert blocks[-1] == "data: [DONE]" and all(block.startswith("data: {") for block in blocks[:-1]), raw
+    return [json.loads(block[len("data: "):]) for block in blocks[:-1]]
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    (error,) = response.json().values()
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+    return error
+
+
+# -- responses and chunks parse into the client's models -------------------------------------------
+
+
+def test_chat_response_and_chunks_validate(runner, http):
+    body = {"model": SERVED_ID, "messages": HELLO, "max_tokens": 4, "temperature": 0, "n": 2,
+            "logprobs": True, "top_logprobs": 2}
+    response = runner.run(post(http, "/v1/chat/completions", body))
+    parsed = validated(ChatCompletion, response.json())
+    assert parsed.object == "chat.completion" and parsed.id.startswith("chatcmpl-")
+    assert [choice.index for choice in parsed.choices] == [0, 1]
+    assert all(choice.finish_reason == "length" for choice in parsed.choices)
+    assert all(len(entry.top_logprobs) == 2 and entry.bytes is not None
+               for choice in parsed.choices for entry in choice.logprobs.content)
+    usage = parsed.usage
+    assert usage.completion_tokens == 8 and usage.total_tokens == usage.prompt_tokens + 8
+    streamed = runner.run(post(http, "/v1/chat/completions",
+                               {**body, "stream": True, "stream_options": {"include_usage": True}}))
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    chunks = [validated(ChatCompletionChunk, data) for data in sse_data(streamed.text)]
+    assert len({chunk.id for chunk in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    *body_chunks, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == 8
+    assert all(chunk.usage is None and chunk.choices for chunk in body_chunks)
+    reasons = {choice.index: choice.finish_reason for chunk in body_chunks for choice in chunk.choices
+               if choice.finish_reason}
+    assert reasons == {0: "length", 1: "length"}
+
+
+def test_completion_response_and_chunks_validate(runner, http):
+    body = {"model": SERVED_ID, "prompt": "hello", "max_tokens": 3, "temperature": 0, "logprobs": 1, "echo": False}
+    response = runner.run(post(http, "/v1/completions", body))
+    parsed = validated(Completion, response.json())
+    assert parsed.object == "text_completion" and parsed.id.startswith("cmpl-")
+    logprobs = parsed.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 3
+    assert logprobs.text_offset[0] == 0
+    streamed = runner.run(post(http, "/v1/completions", {**body, "stream": True}))
+    for data in sse_data(streamed.text):
+        choice = data["choices"][0]
+        # The client's one Completion model types finish_reason as required; OpenAI streams null
+        # before the last chunk, as Helios does.
+        assert choice["finish_reason"] in (None, "length")
+        validated(Completion, {**data, "choices": [{**choice, "finish_reason": "length"}]})
+
+
+# -- an unknown model is 404 -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_model_is_404_naming_the_model(runner, client, http, stream):
+    with pytest.raises(openai.NotFoundError) as caught:
+        runner.run(client.chat.completions.create(model="no-such-model", messages=HELLO, max_tokens=2, stream=stream))
+    assert caught.value.body["param"] == "model" and "no-such-model" in caught.value.message
+    with pytest.raises(openai.NotFoundError):
+        runner.run(client.completions.create(model="no-such-model", prompt="hi", max_tokens=2, n=2, stream=stream))
+    error = error_of(runner.run(http.get("/v1/models/no-such-model")), 404)
+    assert error["type"] == "invalid_request_error" and error["param"] == "model"
