@@ -136,3 +136,26 @@ def test_unknown_model_is_404_naming_the_model(runner, client, http, stream):
         runner.run(client.completions.create(model="no-such-model", prompt="hi", max_tokens=2, n=2, stream=stream))
     error = error_of(runner.run(http.get("/v1/models/no-such-model")), 404)
     assert error["type"] == "invalid_request_error" and error["param"] == "model"
+
+
+# -- a rejected combination names its parameter ------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/chat/completions", {"max_completion_tokens": 3}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice"),
+    ("/v1/chat/completions", {"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools"),
+    ("/v1/chat/completions", {"tools": [WEATHER_TOOL], "tool_choice": "required", "stop": "x"}, "stop"),
+    ("/v1/chat/completions", {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+     "reasoning_effort"),
+    ("/v1/completions", {"n": 2, "best_of": 3}, "best_of"),
+    ("/v1/completions", {"stream_options": {"include_usage": False}}, "stream_options"),
+])
+def test_rejected_combinations_name_their_param(runner, http, path, fields, param):
+    body = {"model": SERVED_ID, "max_tokens": 2, **fields}
+    body.update({"messages": HELLO} if path == "/v1/chat/completions" else {"prompt": "hi"})
+    error = error_of(runner.run(post(http, path, body)), 400)
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error

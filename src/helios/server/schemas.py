@@ -340,7 +340,7 @@ def validate_common(body: _SamplingFields, vocab_size: int) -> None:
     check_completion_options(body, vocab_size)
     best_of = getattr(body, "best_of", None)
     if best_of is not None and best_of != (body.n or 1):
-        raise ChatOptionError("best_of is accepted only equal to n (Helios returns every choice it samples)")
+        raise ChatOptionError("best_of is accepted only equal to n (Helios returns every choice it samples)", "best_of")
 
 
 def validate_chat(body: ChatCompletionRequest, vocab_size: int) -> None:

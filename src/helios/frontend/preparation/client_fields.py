@@ -26,6 +26,8 @@ THINKING_KWARG = "enable_thinking"
 class ReasoningEffortConflict(RequestError):
     """``reasoning_effort`` contradicts an explicit ``chat_template_kwargs.enable_thinking``."""
 
+    param = "reasoning_effort"
+
 
 def thinking_switch_of(chat_template_source: str) -> str | None:
     """The template argument that switches thinking, when the chat template reads one."""

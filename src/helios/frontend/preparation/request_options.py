@@ -22,7 +22,12 @@ from helios.frontend.decoding.stops import StopOptions, parse_stop_options
 
 
 class ChatOptionError(RequestError):
-    """Chat options that contradict each other or that this server does not implement."""
+    """Chat options that contradict each other or that this server does not implement; `param`
+    names the field at fault (the error body's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class SamplingBody(Protocol):
@@ -60,7 +65,7 @@ def parse_response_options(body: SamplingBody) -> ResponseOptions:
     is_stream = parse_optional_bool("stream", body.stream)
     stream_options = body.stream_options
     if stream_options is not None and not is_stream:
-        raise ChatOptionError("stream_options is only allowed when stream is true")
+        raise ChatOptionError("stream_options is only allowed when stream is true", "stream_options")
     include = getattr(stream_options, "include_usage", None) if stream_options is not None else None
     return ResponseOptions(is_stream, parse_optional_bool("stream_options.include_usage", include), observation)
 
@@ -84,14 +89,14 @@ def requested_output_limit(body: SamplingBody) -> int | None:
     """The explicit output limit: ``max_completion_tokens`` or its older alias ``max_tokens``."""
     newer = getattr(body, "max_completion_tokens", None)
     if newer is not None and body.max_tokens is not None:
-        raise ChatOptionError("give max_tokens or max_completion_tokens, not both")
+        raise ChatOptionError("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     return newer if newer is not None else body.max_tokens
 
 
 def tool_names(body: ChatOptionsBody) -> tuple[str, ...]:
     names = tuple(tool.function.name for tool in body.tools or ())
     if len(set(names)) != len(names):
-        raise ChatOptionError("tools: function names must be unique")
+        raise ChatOptionError("tools: function names must be unique", "tools")
     return names
 
 
@@ -135,11 +140,11 @@ def parse_tool_policy(body: ChatOptionsBody) -> ToolPolicy:
     choice = body.tool_choice
     if choice is not None and not isinstance(choice, str):
         if choice.function.name not in names:
-            raise ChatOptionError(f"tool_choice names an undeclared function {choice.function.name!r}")
+            raise ChatOptionError(f"tool_choice names an undeclared function {choice.function.name!r}", "tool_choice")
         return ToolPolicy(ToolChoiceMode.NAMED, choice.function.name, parallel)
     if choice == "required":
         if not names:
-            raise ChatOptionError("tool_choice 'required' needs at least one tool")
+            raise ChatOptionError("tool_choice 'required' needs at least one tool", "tool_choice")
         return ToolPolicy(ToolChoiceMode.REQUIRED, parallel=parallel)
     if choice == "none" or not names:
         return ToolPolicy(ToolChoiceMode.NONE, parallel=parallel)
@@ -156,7 +161,8 @@ def parse_chat_stops(body: ChatOptionsBody, vocab_size: int) -> StopOptions:
     structured answer nor forced tool calls."""
     stops = parse_body_stops(body, vocab_size, has_structured_output=has_structured_output(body))
     if stops.strings and parse_tool_policy(body).needs_grammar:
-        raise ChatOptionError("stop strings cannot be combined with tool_choice forcing a call or parallel_tool_calls=false")
+        raise ChatOptionError("stop strings cannot be combined with tool_choice forcing a call or parallel_tool_calls=false",
+                              "stop")
     return stops
 
 
