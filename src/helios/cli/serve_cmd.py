@@ -8,7 +8,10 @@ and signed with a local key; see `helios.embedded.prepared`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import sys
 
 import torch
 
@@ -123,6 +126,31 @@ def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
     return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), aes_key_from_args(args))
 
 
+class _StopSignal(BaseException):
+    """SIGTERM or SIGHUP while the server starts (see `_stop_signals_unwind`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_signals_unwind():
+    """SIGTERM and SIGHUP raise `_StopSignal` inside (as SIGINT raises `KeyboardInterrupt`), so a start
+    they interrupt unwinds: an engine process still loading (it ignores them) is stopped, not left
+    behind. Once serving, uvicorn's handlers take over (`helios.server.serve`)."""
+
+    def stop(signum, frame):
+        raise _StopSignal(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
@@ -141,14 +169,21 @@ def run(args: argparse.Namespace) -> int:
     ranks = rank_options_from_args(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    core, source = _open(args)
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
     load, policy, host_pages = runtime_flags(args, startup, args.device)
     runtime_options = RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks)
-    if args.engine_process:
-        runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads)
-    else:
-        runtime = build_runtime(core, runtime_options)
+    try:
+        with _stop_signals_unwind():
+            core, source = _open(args)
+            if args.engine_process:
+                runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads)
+            else:
+                runtime = build_runtime(core, runtime_options)
+    except _StopSignal as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"helios serve: stopped by {name} while starting", file=sys.stderr, flush=True)
+        signal.raise_signal(stop.signum)  # its own handler again: the exit a running server's signal gives
+        raise
     options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                            log_level=args.log_level, access_log=args.access_log,
                            max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,

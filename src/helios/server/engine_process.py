@@ -10,16 +10,20 @@ its first stats) or its startup error, re-raised here with its type and exit cod
 process never loads weights or touches the device.
 
 The engine process ignores SIGINT and SIGTERM: the serving process decides when it stops
-(`Shutdown` over the pipe, after the HTTP drain) and it stops by itself when the serving process
-is gone. `EngineProcessRuntime` stands where `helios.runtime.service.Runtime` does for
-`ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`.
+(`Shutdown` over the pipe, after the HTTP drain; a kill when interrupted while it loads) and it
+stops by itself when the serving process is gone, also while it loads (no pipe is read then: a
+thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
+does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import signal
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,7 @@ from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
+ORPHAN_POLL_S = 0.2  # how often a loading engine process checks that its serving process lives
 
 
 @dataclass(frozen=True)
@@ -81,16 +86,17 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     """Starts the engine process and waits until it serves; raises its startup error."""
     context = multiprocessing.get_context("spawn")
     connection, child = context.Pipe()
-    process = context.Process(target=_engine_main, args=(child, source, options, torch_threads),
+    process = context.Process(target=_engine_main, args=(child, source, options, torch_threads, os.getpid()),
                               name="helios-engine", daemon=False)
     process.start()
     child.close()
-    message = wait_ready(connection, timeout_s, process.is_alive)
+    try:
+        message = wait_ready(connection, timeout_s, process.is_alive)
+    except BaseException:  # interrupted while it loads: nothing to drain, so it is killed
+        _stop_unready(process, connection)
+        raise
     if not isinstance(message, _Ready):
-        if process.is_alive():
-            process.kill()
-        process.join(10)
-        connection.close()
+        _stop_unready(process, connection)
         if isinstance(message, _Failed):
             raise message.error
         raise ExecutionError(f"the engine process ended while starting (exit code {process.exitcode})")
@@ -99,15 +105,24 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats)))
 
 
-def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_threads: int | None) -> None:
-    """The engine process."""
+def _stop_unready(process, connection) -> None:
+    if process.is_alive():
+        process.kill()
+    process.join(10)
+    connection.close()
+
+
+def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_threads: int | None,
+                 parent_pid: int) -> None:
+    """The engine process; `parent_pid`: the serving process's (it may be gone before this runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     hold_freed_memory()
+    loaded = _exit_when_orphaned(parent_pid)
     try:
         runtime, compiler = _load(source, options, torch_threads)
     except BaseException as error:  # noqa: BLE001 - reported to the serving process
-        connection.send(_Failed(_portable(error)))
+        _send_quietly(connection, _Failed(_portable(error)))
         return
     try:
         from helios.runtime.engine_link import stats_fields
@@ -115,11 +130,39 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
 
         model = runtime.model
         stats = stats_fields(runtime.engine.stats.snapshot())
-        connection.send(_Ready(model.tokenizer_json, model.chat_template, stats))
+        if not _send_quietly(connection, _Ready(model.tokenizer_json, model.chat_template, stats)):
+            return  # the serving process is gone
+        loaded.set()
         freeze_startup_heap()
         serve_link(connection, runtime.engine, lambda text: TensorGrammar(compiler.compile_source(text)))
     finally:
         runtime.close()
+
+
+def _exit_when_orphaned(parent_pid: int) -> threading.Event:
+    """Until the returned event is set (the ready record sent), ends this process when the serving
+    process is gone: a load reads no pipe, and may take minutes the orphan would spend for nobody.
+    Once serving, the end of the pipe stops it (`serve_link`)."""
+    loaded = threading.Event()
+
+    def watch() -> None:
+        while not loaded.wait(ORPHAN_POLL_S):
+            if os.getppid() != parent_pid:
+                print("helios serve: the serving process is gone; the engine process stops loading",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="helios-engine-orphan-watch", daemon=True).start()
+    return loaded
+
+
+def _send_quietly(connection, message) -> bool:
+    """False where the serving process is gone (it was stopped while this one loaded)."""
+    try:
+        connection.send(message)
+        return True
+    except OSError:
+        return False
 
 
 def _load(source: CoreSource, options: RuntimeOptions, torch_threads: int | None):

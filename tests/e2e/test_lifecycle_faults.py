@@ -1,0 +1,132 @@
+"""`helios serve`'s process lifecycle under faults an operator meets: signals while the model loads,
+a serving process killed outright, mistakes on the command line.
+
+A load is made slow (and observable) by a driver script that runs `helios` with the runtime's
+`build_runtime` wrapped: the engine process imports the driver as its main module (multiprocessing's
+spawn), so the wrapper runs there, writes the engine process's id to a file and waits before loading.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.server_core import tiny_core
+
+SLOW_LOAD_DRIVER = """
+import os, sys, time
+from pathlib import Path
+
+import helios.runtime.service as service
+
+_build_runtime = service.build_runtime
+
+
+def slow_build_runtime(*args, **kwargs):
+    Path(os.environ["LOADING_MARK"]).write_text(str(os.getpid()))
+    time.sleep(float(os.environ.get("LOAD_DELAY_S", "60")))
+    return _build_runtime(*args, **kwargs)
+
+
+service.build_runtime = slow_build_runtime
+
+if __name__ == "__main__":
+    from helios.cli.main import main
+
+    sys.exit(main())
+"""
+
+
+def is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while is_running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class LoadingServer:
+    """`helios serve CORE --port 0` through the slow-load driver, signalled once its engine process
+    is loading; the engine process is killed at the end whatever the test saw."""
+
+    def __init__(self, core, tmp_path: Path, *options: str):
+        driver = tmp_path / "slow_load_driver.py"
+        driver.write_text(SLOW_LOAD_DRIVER)
+        self.mark = tmp_path / "loading.pid"
+        self.log = tmp_path / "server.log"
+        env = dict(os.environ, LOADING_MARK=str(self.mark), PYTHONUNBUFFERED="1")
+        command = [sys.executable, str(driver), "serve", str(core.path), "--accept", core.namespace,
+                   "--trust", str(core.public_key), "--port", "0", *options]
+        with open(self.log, "w") as stderr:
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        self.engine_pid = None
+
+    def wait_loading(self, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while not (self.mark.is_file() and self.mark.read_text()):
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "the engine process never started loading"
+            time.sleep(0.05)
+        self.engine_pid = int(self.mark.read_text())
+        return self.engine_pid
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.engine_pid is not None and is_running(self.engine_pid):
+            os.kill(self.engine_pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    return tiny_core(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture
+def loading(core, tmp_path):
+    server = LoadingServer(core, tmp_path)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("signum, code, line", [
+    (signal.SIGTERM, -signal.SIGTERM, "helios serve: stopped by SIGTERM while starting"),
+    (signal.SIGHUP, -signal.SIGHUP, "helios serve: stopped by SIGHUP while starting"),
+    (signal.SIGINT, 130, "helios serve: interrupted"),
+])
+def test_a_stop_signal_while_the_model_loads_stops_the_engine_process_at_once(loading, signum, code, line):
+    """Before: SIGTERM and SIGHUP ended the serving process and left the engine process loading, an
+    orphan that then printed a BrokenPipeError traceback; SIGINT waited for the whole load."""
+    engine_pid = loading.wait_loading()
+    loading.process.send_signal(signum)
+    assert loading.process.wait(timeout=10) == code
+    assert wait_gone(engine_pid, 5), "the engine process outlived the serving process"
+    log = loading.log.read_text()
+    assert line in log and "Traceback" not in log, log
+
+
+def test_a_killed_serving_process_stops_its_loading_engine_process(loading):
+    """Before: after kill -9 of the serving process its engine process loaded on for nobody, then
+    printed a BrokenPipeError traceback."""
+    engine_pid = loading.wait_loading()
+    loading.process.kill()
+    loading.process.wait()
+    assert wait_gone(engine_pid, 5), "the engine process loaded on as an orphan"
+    log = loading.log.read_text()
+    assert "the serving process is gone" in log and "Traceback" not in log, log
