@@ -159,3 +159,27 @@ def test_rejected_combinations_name_their_param(runner, http, path, fields, para
     body.update({"messages": HELLO} if path == "/v1/chat/completions" else {"prompt": "hi"})
     error = error_of(runner.run(post(http, path, body)), 400)
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+# -- a response message goes back as history ---------------------------------------------------------
+
+
+def test_a_response_message_dumped_by_the_client_is_accepted_as_history(runner, client, http):
+    """``messages.append(response.choices[0].message.model_dump())``: the dump holds the response
+    fields Helios never sets (``refusal``, ``annotations``, ``audio``, ``function_call``) as null."""
+    first = runner.run(client.chat.completions.create(model=SERVED_ID, messages=HELLO, max_tokens=3, temperature=0))
+    history = [*HELLO, first.choices[0].message.model_dump(), {"role": "user", "content": "again"}]
+    assert {"refusal", "annotations", "audio", "function_call"} <= set(history[1])
+    follow = runner.run(client.chat.completions.create(model=SERVED_ID, messages=history, max_tokens=2))
+    assert follow.choices[0].finish_reason == "length"
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
+    with_calls = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
+                  "function_call": None, "tool_calls": calls}
+    history = [*HELLO, with_calls, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    follow = runner.run(client.chat.completions.create(model=SERVED_ID, messages=history, tools=[WEATHER_TOOL],
+                                                       max_tokens=2))
+    assert follow.choices[0].finish_reason == "length"
+    refused = {"model": SERVED_ID, "max_tokens": 2,
+               "messages": [*HELLO, {"role": "assistant", "content": None, "refusal": "I can't"}]}
+    error = error_of(runner.run(post(http, "/v1/chat/completions", refused)), 400)
+    assert error["param"] == "messages[1].refusal"

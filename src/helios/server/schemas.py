@@ -126,6 +126,13 @@ class AssistantMessage(_Strict):
     reasoning_content: StrictStr | None = None
     tool_calls: list[ToolCall] | None = None
     name: StrictStr | None = None
+    # Fields of a response message (the openai client's `ChatCompletionMessage.model_dump()`, sent
+    # back as history) that say nothing when null, so null is accepted; any other value (a refusal,
+    # audio, a legacy function call, annotations) is a 400 naming the field.
+    refusal: None = None
+    audio: None = None
+    function_call: None = None
+    annotations: None = None
 
 
 class ToolMessage(_Strict):
