@@ -183,3 +183,32 @@ def test_a_response_message_dumped_by_the_client_is_accepted_as_history(runner, 
                "messages": [*HELLO, {"role": "assistant", "content": None, "refusal": "I can't"}]}
     error = error_of(runner.run(post(http, "/v1/chat/completions", refused)), 400)
     assert error["param"] == "messages[1].refusal"
+
+
+# -- stops ---------------------------------------------------------------------------------------------
+
+
+def test_a_stop_across_tokens_ends_the_text_before_it_streamed_or_not(runner, client):
+    async def text(stream: bool, **fields) -> tuple[list[str], list[str]]:
+        response = await client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=12, temperature=0,
+                                                   stream=stream, **fields)
+        if not stream:
+            return [c.text for c in response.choices], [c.finish_reason for c in response.choices]
+        texts, reasons = {}, {}
+        async for chunk in response:
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + choice.text
+                reasons[choice.index] = choice.finish_reason or reasons.get(choice.index)
+        return [texts[i] for i in sorted(texts)], [reasons[i] for i in sorted(reasons)]
+
+    (full,), _ = runner.run(text(False))
+    tokens = runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=12, temperature=0,
+                                                  logprobs=0)).choices[0].logprobs.tokens
+    boundary = len(tokens[0]) + len(tokens[1])  # a stop that starts in one token and ends in the next
+    stop = full[boundary - 2:boundary + 1]
+    expected = full[:full.find(stop)]
+    assert len(stop) == 3 and full.startswith("".join(tokens)) and len(expected) < boundary, (tokens, stop)
+    for fields in ({"stop": stop}, {"stop": ["no such text", stop]}):
+        for stream in (False, True):
+            assert runner.run(text(stream, n=2, **fields)) == ([expected] * 2, ["stop"] * 2), (fields, stream)
+
