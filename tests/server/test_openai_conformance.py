@@ -171,14 +171,14 @@ def test_a_response_message_dumped_by_the_client_is_accepted_as_history(runner, 
     history = [*HELLO, first.choices[0].message.model_dump(), {"role": "user", "content": "again"}]
     assert {"refusal", "annotations", "audio", "function_call"} <= set(history[1])
     follow = runner.run(client.chat.completions.create(model=SERVED_ID, messages=history, max_tokens=2))
-    assert follow.choices[0].finish_reason == "length"
+    assert follow.choices[0].finish_reason in ("length", "stop")
     calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
     with_calls = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
                   "function_call": None, "tool_calls": calls}
     history = [*HELLO, with_calls, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     follow = runner.run(client.chat.completions.create(model=SERVED_ID, messages=history, tools=[WEATHER_TOOL],
                                                        max_tokens=2))
-    assert follow.choices[0].finish_reason == "length"
+    assert follow.choices[0].finish_reason in ("length", "stop")
     refused = {"model": SERVED_ID, "max_tokens": 2,
                "messages": [*HELLO, {"role": "assistant", "content": None, "refusal": "I can't"}]}
     error = error_of(runner.run(post(http, "/v1/chat/completions", refused)), 400)
@@ -212,3 +212,35 @@ def test_a_stop_across_tokens_ends_the_text_before_it_streamed_or_not(runner, cl
         for stream in (False, True):
             assert runner.run(text(stream, n=2, **fields)) == ([expected] * 2, ["stop"] * 2), (fields, stream)
 
+
+
+def test_log_probabilities_list_the_tokens_of_the_text_a_stop_returns(runner, client):
+    """A token whose whole text a stop hides is not listed (one the stop cuts is), streamed or not,
+    so a text completion's ``text_offset`` values all lie inside its ``text``."""
+    def create(**fields):
+        return client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=12, temperature=0, logprobs=1,
+                                         **fields)
+
+    unstopped = runner.run(create()).choices[0].logprobs
+    boundary = sum(len(token) for token in unstopped.tokens[:2])
+    full = "".join(unstopped.tokens)
+    stop = full[boundary - 2:boundary + 1]  # starts in the second token, ends in the third
+    cut = full.find(stop)
+    visible = [i for i, offset in enumerate(unstopped.text_offset) if offset < cut]
+    choice = runner.run(create(stop=stop)).choices[0]
+    assert choice.text == full[:cut] and choice.finish_reason == "stop"
+    assert choice.logprobs.tokens == [unstopped.tokens[i] for i in visible]
+    assert choice.logprobs.token_logprobs == [unstopped.token_logprobs[i] for i in visible]
+    assert all(offset < len(choice.text) for offset in choice.logprobs.text_offset)
+
+    async def streamed() -> tuple[str, list[str], list[int]]:
+        text, tokens, offsets = "", [], []
+        async for chunk in await create(stop=stop, stream=True):
+            for part in chunk.choices:
+                text += part.text
+                if part.logprobs is not None:
+                    tokens += part.logprobs.tokens
+                    offsets += part.logprobs.text_offset
+        return text, tokens, offsets
+
+    assert runner.run(streamed()) == (choice.text, choice.logprobs.tokens, choice.logprobs.text_offset)

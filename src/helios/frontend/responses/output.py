@@ -17,7 +17,10 @@ order, and returns an `OutputStep`:
 
 A request that asks for log-probabilities (built with `TokenTexts`) passes each token's
 `TokenLogprobs` with it; every token fed after step 2 (not EOS, not after a stop) becomes a
-`LogprobEntry` in its step and in the final record (`helios.frontend.decoding.logprobs`).
+`LogprobEntry` (`helios.frontend.decoding.logprobs`), which travels with the token's text: it is in
+the step that hands that text on (a later one when a stop matcher held the text back), or in the
+final record's entries alone when the text is flushed at the end; a token whose whole text a stop
+hides gets no entry (one the stop cuts keeps its entry), so the entries are those of the text returned.
 
 A request run through scored prefill (`PromptScoring`) gets its prompt tokens' scores through
 `score_prompt` before its first token; the first step fed after them (or the final record) carries
@@ -94,40 +97,49 @@ class OutputFinal:
 
 
 class PendingText:
-    """Per-token texts given to a stop matcher and not yet handed on, in order.
+    """Per-token texts given to a stop matcher and not yet handed on, in order, each with its
+    token's log-probability entries (none, or the token's one).
 
     A matcher releases a prefix of the concatenated text; only segments it released completely
-    leave (`release`), so a token's text is handed on whole. Owned by one `OutputProcessor`.
+    leave (`release`), so a token's text is handed on whole, with its entries. Owned by one
+    `OutputProcessor`.
     """
 
     def __init__(self) -> None:
         self._segments: deque[Segment] = deque()
+        self._entries: deque[tuple[LogprobEntry, ...]] = deque()  # one item per segment
         self._num_released = 0  # released characters at the front of the first segment
 
     def __bool__(self) -> bool:
         return bool(self._segments)
 
-    def push(self, token_id: int, text: str) -> None:
+    def push(self, token_id: int, text: str, entries: tuple[LogprobEntry, ...] = ()) -> None:
         self._segments.append((token_id, text))
+        self._entries.append(entries)
 
-    def release(self, num_chars: int) -> list[Segment]:
-        """Adds `num_chars` released characters; returns the segments now released completely."""
+    def release(self, num_chars: int) -> tuple[list[Segment], list[LogprobEntry]]:
+        """Adds `num_chars` released characters; returns the segments now released completely and
+        their entries."""
         self._num_released += num_chars
-        out = []
+        out, entries = [], []
         while self._segments and len(self._segments[0][1]) <= self._num_released:
             segment = self._segments.popleft()
+            entries.extend(self._entries.popleft())
             self._num_released -= len(segment[1])
             out.append(segment)
-        return out
+        return out, entries
 
-    def cut(self) -> list[Segment]:
-        """A stop matched: the released part of the first segment, as plain text; drops the rest."""
-        out = []
+    def cut(self) -> tuple[list[Segment], list[LogprobEntry]]:
+        """A stop matched: the released part of the first segment, as plain text, with that token's
+        entries; drops the rest (text the stop hides, and its tokens' entries)."""
+        out, entries = [], []
         if self._segments and self._num_released:
             out.append((NOT_A_TOKEN, self._segments[0][1][: self._num_released]))
+            entries.extend(self._entries[0])
         self._segments.clear()
+        self._entries.clear()
         self._num_released = 0
-        return out
+        return out, entries
 
 
 class OutputProcessor:
@@ -219,21 +231,23 @@ class OutputProcessor:
         entry = self._logprob_entry(token_id, logprobs)
         text = self._detokenizer.feed(token_id)
         if self._stops is None:
+            self._logprobs.extend(entry)
             return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
         result = self._stops.feed(token_id, text)
-        self._pending.push(token_id, text)
-        segments = self._pending.release(len(result.emit_text))
+        self._pending.push(token_id, text, entry)
+        segments, entries = self._pending.release(len(result.emit_text))
         if result.matched:
-            segments += self._pending.cut()
+            cut, cut_entries = self._pending.cut()
+            segments += cut
+            entries += cut_entries
             self._is_ended = self._is_stopped = True
-        return OutputStep(observation, tuple(self._parse(segments)), result.matched, entry)
+        self._logprobs.extend(entries)
+        return OutputStep(observation, tuple(self._parse(segments)), result.matched, tuple(entries))
 
     def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None) -> tuple[LogprobEntry, ...]:
         if self._token_texts is None or logprobs is None:
             return ()
-        entry = self._token_texts.entry(token_id, logprobs)
-        self._logprobs.append(entry)
-        return (entry,)
+        return (self._token_texts.entry(token_id, logprobs),)
 
     def finish(self, reason: FinishReason, reused_prompt_tokens: int = 0) -> OutputFinal:
         """Ends the output with the engine's reason (a matched stop makes it STOP) and flushes."""
@@ -256,10 +270,13 @@ class OutputProcessor:
         if self._stops is None:
             return [(NOT_A_TOKEN, tail)]
         self._pending.push(NOT_A_TOKEN, tail)
-        segments = self._pending.release(len(self._stops.finish(tail)))
+        segments, entries = self._pending.release(len(self._stops.finish(tail)))
         if self._pending:
-            segments += self._pending.cut()
+            cut, cut_entries = self._pending.cut()
+            segments += cut
+            entries += cut_entries
             self._is_stopped = True
+        self._logprobs.extend(entries)
         return segments
 
     def _parse(self, segments: list[Segment]) -> list[Event]:

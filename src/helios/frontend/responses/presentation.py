@@ -264,6 +264,7 @@ class StreamPresenter:
         self._is_chat = head.kind is ResponseKind.CHAT
         self._has_sent_first = False
         self._text_offset = 0  # text streams: characters of the scored tokens sent so far
+        self._num_entries_sent = 0  # output log-probability entries sent so far
         self._has_echoed = False
         self._is_steady = False  # the first chunk is out and nothing is left to echo
         self._template = ChunkTemplate(head.response_id, _OBJECTS[head.kind][1], head.created, head.model,
@@ -312,17 +313,23 @@ class StreamPresenter:
             if run.observations[0].timestamp_ns is not None:
                 choice["token_timestamps_ns"] = [o.timestamp_ns for o in run.observations]
             chunks.append(self._chunk([choice]))
-        events = self._event_chunks(run.events)
-        if run.logprobs:
+        return chunks + self._with_entries(self._event_chunks(run.events), run.logprobs)
+
+    def _with_entries(self, events: list[dict], entries: tuple[LogprobEntry, ...]) -> list[dict]:
+        """`events` with `entries` on the first of them (a chunk of their own when there is none)."""
+        if entries:
             if not events:
                 events = [self._chunk([self._choice({} if self._is_chat else "")])]
-            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, run.logprobs, self._text_offset)
-            self._text_offset += sum(len(entry.text) for entry in run.logprobs)
-        return chunks + events
+            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, entries, self._text_offset)
+            self._text_offset += sum(len(entry.text) for entry in entries)
+            self._num_entries_sent += len(entries)
+        return events
 
     def finish_chunks(self, final: OutputFinal) -> list[dict]:
-        """Flushed deltas, the terminal choice chunk and, with include_usage, the usage chunk."""
-        chunks = self._echo_chunks(final.prompt_logprobs) + self._event_chunks(final.events)
+        """Flushed deltas (with the entries of the tokens whose text the end released), the terminal
+        choice chunk and, with include_usage, the usage chunk."""
+        chunks = self._echo_chunks(final.prompt_logprobs)
+        chunks += self._with_entries(self._event_chunks(final.events), (final.logprobs or ())[self._num_entries_sent:])
         terminal = self._chunk([self._choice({}, finish_reason=finish_reason(final))])
         chunks.append(terminal)
         if self._head.options.include_usage:
