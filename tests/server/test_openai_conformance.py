@@ -244,3 +244,12 @@ def test_log_probabilities_list_the_tokens_of_the_text_a_stop_returns(runner, cl
         return text, tokens, offsets
 
     assert runner.run(streamed()) == (choice.text, choice.logprobs.tokens, choice.logprobs.text_offset)
+
+
+def test_unknown_routes_are_404_and_wrong_methods_405_with_error_bodies(runner, http):
+    for method, path in (("GET", "/v1/nothing"), ("POST", "/v1/embeddings"), ("GET", "/")):
+        assert error_of(runner.run(http.request(method, path)), 404)["code"] == 404
+    for method, path, allowed in (("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/completions", "POST"),
+                                  ("POST", "/v1/models", "GET")):
+        response = runner.run(http.request(method, path))
+        assert error_of(response, 405)["code"] == 405 and response.headers["allow"] == allowed
