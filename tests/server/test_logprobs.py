@@ -94,7 +94,9 @@ def test_chat_logprobs_equal_transformers(runner, client, served, reference, str
                    for item in chunk.choices[0].logprobs.content]
     else:
         content = response.choices[0].logprobs.content
-    assert all(len(item.top_logprobs) == TOP and item.bytes == list(item.token.encode()) for item in content)
+    assert all(len(item.top_logprobs) == TOP for item in content)
+    # a token holding part of a character reads U+FFFD; its bytes are its own (test_openai_conformance)
+    assert all(item.bytes == list(item.token.encode()) for item in content if "\ufffd" not in item.token)
     tops = []
     for item in content:
         tops.append({})

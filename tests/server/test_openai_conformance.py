@@ -253,3 +253,38 @@ def test_unknown_routes_are_404_and_wrong_methods_405_with_error_bodies(runner, 
                                   ("POST", "/v1/models", "GET")):
         response = runner.run(http.request(method, path))
         assert error_of(response, 405)["code"] == 405 and response.headers["allow"] == allowed
+
+
+# -- log-probability bytes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprob_bytes_are_each_tokens_own_bytes_and_join_into_the_text(runner, client, stream):
+    """The tiny vocabulary spells non-ASCII text one byte a token (byte-level BPE without merges
+    for it): each such token reads U+FFFD alone, but its ``bytes`` (and an alternative's) are its one
+    raw byte, so the content tokens' bytes, joined, decode to the text (they read EF BF BD each)."""
+    answer = "é€😀"
+    response = runner.run(client.chat.completions.create(
+        model=SERVED_ID, messages=HELLO, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3,
+        response_format={"type": "choice", "choices": [answer]}, stream=stream))
+    if stream:
+        chunks = runner.run(_collect(response))
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+        content = [item for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                   for item in chunk.choices[0].logprobs.content]
+    else:
+        text, content = response.choices[0].message.content, response.choices[0].logprobs.content
+    assert text == answer and len(content) == len(answer.encode())
+    assert bytes(b for item in content for b in item.bytes).decode("utf-8") == answer
+    for item in content:
+        assert item.token == "\ufffd" and len(item.bytes) == 1 and item.bytes[0] >= 0x80, item
+        assert item.top_logprobs[0].bytes == item.bytes  # the grammar allows only the chosen token
+        assert all(alt.bytes != list("\ufffd".encode()) for alt in item.top_logprobs)
+    byte_token = 189  # 0xFB alone: text completions list it as U+FFFD (their tokens are texts, not bytes)
+    completion = runner.run(client.completions.create(model=SERVED_ID, prompt="hello", max_tokens=2, temperature=0,
+                                                      logprobs=0, logit_bias={str(byte_token): 100}))
+    assert completion.choices[0].logprobs.tokens == ["\ufffd", "\ufffd"]
+
+
+async def _collect(stream) -> list:
+    return [chunk async for chunk in stream]

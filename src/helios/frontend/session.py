@@ -190,7 +190,7 @@ class FrontendModel:
         self._draw_seed = draw_seed
         self._text_bounds = TextBounds.from_tokenizer(tokenizer, settings.context_tokens)
         self._images = images
-        self._token_texts = TokenTexts(tokenizer)
+        self._token_texts = TokenTexts(tokenizer, grammar.token_bytes)
 
     @classmethod
     def from_contract(

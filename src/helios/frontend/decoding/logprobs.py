@@ -9,7 +9,12 @@ and the top-k/top-p/min-p filters, so greedy rows get exactly ``log_softmax`` of
 
 Which tokens: every generated token the output shows or cuts, in order; EOS tokens (never shown)
 and tokens after a matched stop are left out. A token's text is its id decoded alone (special
-tokens kept); ``bytes`` are that text's UTF-8 bytes.
+tokens kept), so a token holding part of a UTF-8 character (a byte-fallback or byte-level token)
+reads U+FFFD there, in chat ``token`` and in text completions' ``tokens`` alike. Chat ``bytes``
+(of the token and of each alternative) are the token's own raw bytes, as the tokenizer's
+vocabulary spells them (`TokenTexts` takes them from the grammar's tokenizer), so the ``bytes`` of
+a choice's content tokens, joined, decode to its text even where a character spans tokens; a
+token the vocabulary cannot spell (outside the sampled range) falls back to its text's UTF-8.
 
 Shapes: chat ``choices[].logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs":
 [{"token", "logprob", "bytes"}]}], "refusal": null}``; text completions ``choices[].logprobs =
@@ -22,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from helios.errors import RequestError
 from helios.runtime.records.events import TokenLogprobs
@@ -129,35 +134,59 @@ class PromptScoring:
     scores: bool = True  # False: an echo of max_tokens 0 without scores (the output is only hidden)
 
 
+class Alternative(NamedTuple):
+    """One of a token's most probable alternatives: id, text, log-probability and raw bytes."""
+
+    token_id: int
+    text: str
+    logprob: float
+    raw: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class LogprobEntry:
-    """One token's id, text and log-probability, with its alternatives (id, text, logprob), most
-    probable first. The first prompt token has no log-probability (None) and no alternatives."""
+    """One token's id, text and log-probability, with its alternatives, most probable first. The
+    first prompt token has no log-probability (None) and no alternatives. `raw` is the token's own
+    bytes (None: its text's UTF-8)."""
 
     token_id: int
     text: str
     logprob: float | None
-    top: tuple[tuple[int, str, float], ...] | None
+    top: tuple[Alternative, ...] | None
+    raw: bytes | None = None
+
+    @property
+    def token_bytes(self) -> bytes:
+        return self.text.encode("utf-8") if self.raw is None else self.raw
 
 
 class TokenTexts:
-    """Each token id's text decoded alone (cached); shared by the requests of one model."""
+    """Each token id's text decoded alone and its raw bytes (both cached); shared by the requests
+    of one model. `token_bytes` gives a token's bytes as the vocabulary spells them, or None for an
+    id it cannot spell (the text's UTF-8 is used then); it must be safe to call from any thread."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, token_bytes: Callable[[int], bytes | None] = lambda token_id: None):
         self._tokenizer = tokenizer
+        self._token_bytes = token_bytes
         self.text = lru_cache(maxsize=65536)(self._decode)
+        self.raw = lru_cache(maxsize=65536)(self._raw)
 
     def _decode(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _raw(self, token_id: int) -> bytes:
+        raw = self._token_bytes(token_id)
+        return self.text(token_id).encode("utf-8") if raw is None else raw
 
     def entry(self, token_id: int, values: TokenLogprobs | None, num_top: int | None = None) -> LogprobEntry:
         """`values` of `token_id` with at most `num_top` alternatives (None: all); a token without
         values (the first prompt token) gets None for both."""
         if values is None:
-            return LogprobEntry(token_id, self.text(token_id), None, None)
+            return LogprobEntry(token_id, self.text(token_id), None, None, self.raw(token_id))
         top = values.top if num_top is None else values.top[:num_top]
         return LogprobEntry(token_id, self.text(token_id), values.logprob,
-                            tuple((alt, self.text(alt), value) for alt, value in top))
+                            tuple(Alternative(alt, self.text(alt), value, self.raw(alt)) for alt, value in top),
+                            self.raw(token_id))
 
 
 def _number(value: float | None) -> float | None:
@@ -167,16 +196,16 @@ def _number(value: float | None) -> float | None:
     return value if math.isfinite(value) else -3.4028234663852886e38
 
 
-def _chat_item(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": _number(logprob), "bytes": list(text.encode("utf-8"))}
+def _chat_item(text: str, logprob: float, raw: bytes) -> dict:
+    return {"token": text, "logprob": _number(logprob), "bytes": list(raw)}
 
 
 def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict:
     """A chat choice's (or chunk's) ``logprobs`` object."""
     content = []
     for entry in entries:
-        item = _chat_item(entry.text, entry.logprob)
-        item["top_logprobs"] = [_chat_item(text, value) for _, text, value in entry.top or ()]
+        item = _chat_item(entry.text, entry.logprob, entry.token_bytes)
+        item["top_logprobs"] = [_chat_item(alt.text, alt.logprob, alt.raw) for alt in entry.top or ()]
         content.append(item)
     return {"content": content, "refusal": None}
 
@@ -193,8 +222,8 @@ def text_logprobs(entries: Sequence[LogprobEntry], text_offset: int = 0) -> dict
             top.append(None)
             continue
         alternatives: dict[str, float] = {}
-        for _, text, value in entry.top:
-            alternatives.setdefault(text, _number(value))  # two ids may decode alike: the likelier wins
+        for alt in entry.top:
+            alternatives.setdefault(alt.text, _number(alt.logprob))  # two ids may decode alike: the likelier wins
         top.append(alternatives)
     return {"tokens": [e.text for e in entries], "token_logprobs": [_number(e.logprob) for e in entries],
             "top_logprobs": top, "text_offset": offsets}
@@ -209,10 +238,11 @@ def prompt_logprobs_body(entries: Sequence[LogprobEntry | None]) -> list:
         if entry is None or entry.logprob is None:
             body.append(None)
             continue
-        ranked = {alt: rank for rank, (alt, _, _) in enumerate(entry.top or (), 1)}
+        ranked = {alt.token_id: rank for rank, alt in enumerate(entry.top or (), 1)}
         item = {str(entry.token_id): {"logprob": _number(entry.logprob), "rank": ranked.get(entry.token_id),
                                       "decoded_token": entry.text}}
-        for alt, text, value in entry.top or ():
-            item.setdefault(str(alt), {"logprob": _number(value), "rank": ranked[alt], "decoded_token": text})
+        for alt in entry.top or ():
+            item.setdefault(str(alt.token_id), {"logprob": _number(alt.logprob), "rank": ranked[alt.token_id],
+                                                "decoded_token": alt.text})
         body.append(item)
     return body

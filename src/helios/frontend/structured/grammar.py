@@ -245,6 +245,13 @@ class GrammarCompiler:
         """The llguidance JSON options every JSON schema here is compiled with (a copy)."""
         return dict(self._json_defaults)
 
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The token's raw bytes as the grammar spells it (a byte token's one byte, not U+FFFD; a
+        special token's text), or None for an id outside the sampled vocabulary. Read-only."""
+        if not 0 <= token_id < self._vocab_size:
+            return None
+        return self._tokenizer.decode_bytes([token_id])
+
     def is_special_token(self, token_id: int) -> bool:
         """Whether llguidance treats the token as special: text rules never produce it."""
         return self._tokenizer.is_special_token(token_id)
