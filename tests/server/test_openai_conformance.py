@@ -161,6 +161,44 @@ def test_rejected_combinations_name_their_param(runner, http, path, fields, para
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
 
 
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+NO_CALL_ANSWERED = [*HELLO, {"role": "tool", "tool_call_id": "call_9", "content": "sunny"}]
+NOT_AN_OBJECT_CALL = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "[1]"}}]}]
+STRING_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    (CHAT, {"top_logprobs": 2}, "top_logprobs"),
+    (CHAT, {"stop": "x", "stop_token_ids": [5]}, "stop"),
+    (CHAT, {"stop": "x", "response_format": {"type": "json_object"}}, "stop"),
+    (CHAT, {"stop_token_ids": [5] * 10, "stop_token_sequences": [[5]] * 10}, "stop_token_sequences"),
+    (CHAT, {"stop_token_ids": [10**6]}, "stop_token_ids"),
+    (CHAT, {"return_token_timestamps": True}, "return_token_timestamps"),
+    (CHAT, {"messages": NO_CALL_ANSWERED}, "messages"),
+    (CHAT, {"messages": NOT_AN_OBJECT_CALL}, "messages"),
+    (CHAT, {"prompt_logprobs": 1}, "prompt_logprobs"),  # the tiny core has no scored prefill
+    (CHAT, {"response_format": {"type": "regex", "regex": "("}}, "response_format"),
+    (CHAT, {"tools": [STRING_TOOL], "tool_choice": "required"}, "tools"),
+    (CHAT, {"max_tokens": 1000}, "max_tokens"),
+    (CHAT, {"max_tokens": None, "max_completion_tokens": 1000}, "max_completion_tokens"),
+    (CHAT, {"messages": [{"role": "user", "content": "hello " * 300}]}, "messages"),
+    (TEXT, {"echo": True, "logprobs": 1}, "echo"),
+    (TEXT, {"max_tokens": 0}, "max_tokens"),
+    (TEXT, {"max_tokens": 1000}, "max_tokens"),
+    (TEXT, {"prompt": [10] * 300}, "prompt"),
+    (TEXT, {"prompt": [10**6]}, "prompt"),
+])
+def test_a_400_about_one_field_names_it_in_param(runner, http, path, fields, param):
+    body = {"model": SERVED_ID, "max_tokens": 2, **({"messages": HELLO} if path == CHAT else {"prompt": "hi"}), **fields}
+    error = error_of(runner.run(post(http, path, body)), 400)
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    if param.startswith("max_"):  # the context-extent error names the limit the client sent, only that one
+        other = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}[param]
+        assert param in error["message"] and other not in error["message"], error
+
+
 # -- a response message goes back as history ---------------------------------------------------------
 
 

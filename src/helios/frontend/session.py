@@ -21,7 +21,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from helios.contract import PreparedContract
 from helios.contract import serving_pb2 as spb
@@ -30,7 +30,9 @@ from helios.errors import ContractError, LoadError, RequestError
 from helios.frontend.preparation.client_fields import effective_template_kwargs, thinking_switch_of
 from helios.frontend.structured.contract_syntax import FrontendSyntax
 from helios.frontend.decoding.detokenize import IncrementalDetokenizer
-from helios.frontend.preparation.generation import GenerationParams, resolve_output_limit, resolve_sampling
+from helios.frontend.preparation.generation import (
+    ContextLimitExceeded, GenerationParams, resolve_output_limit, resolve_sampling,
+)
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.structured.grammar_request import OutputConstraints
 from helios.frontend.preparation.image_parts import without_image_urls
@@ -71,9 +73,32 @@ def random_seed() -> int:
 class PromptError(RequestError):
     """A text-completion prompt that is empty or holds ids outside the input vocabulary."""
 
+    param = "prompt"
+
 
 class UnknownModel(RequestError):
     """The body names a model this server does not serve."""
+
+    param = "model"
+
+
+class OutputLimitExceeded(ContextLimitExceeded):
+    """`ContextLimitExceeded` naming the fields the client sent: the output limit it gave
+    (``max_tokens`` or ``max_completion_tokens``), or the prompt (``messages`` or ``prompt``)
+    when that alone leaves no room; `param` is that field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+class RequestedOutput(NamedTuple):
+    """A body's explicit output limit (None: up to the rest of the context) and the fields an error
+    about the context extent names."""
+
+    tokens: int | None
+    field: str  # max_tokens or max_completion_tokens: the one the body gave
+    prompt_field: str  # messages or prompt
 
 
 @dataclass(frozen=True)
@@ -253,7 +278,10 @@ class FrontendModel:
         _check_ingress(response, ingress_ns)
         policy = parse_tool_policy(body)
         stops = parse_chat_stops(body, self._facts.vocab_size)
-        requested = requested_output_limit(body)
+        requested = RequestedOutput(
+            requested_output_limit(body),
+            "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens",
+            "messages")
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         template_kwargs = effective_template_kwargs(
@@ -264,8 +292,7 @@ class FrontendModel:
         answer = None
         if has_structured_output(body):
             answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))
-        limit = resolve_output_limit(requested, self._settings.sampling.max_output_tokens,
-                                     self._settings.context_tokens, len(prompt.token_ids))
+        limit = self._output_limit(requested, len(prompt.token_ids))
         grammar = self._constraints.compile(answer, policy, tools, prompt, reasoning_budget=limit // 2)
         request_id = request_id or uuid.uuid4().hex
         output_request = OutputRequest(
@@ -294,7 +321,8 @@ class FrontendModel:
         stops = parse_body_stops(body, self._facts.vocab_size)
         logprobs = self._logprobs(body, is_chat=False)
         prompt_ids = self._completion_prompt(body.prompt)
-        params = self._params(body, stops, body.max_tokens, len(prompt_ids), False, response, logprobs)
+        requested = RequestedOutput(body.max_tokens, "max_tokens", "prompt")
+        params = self._params(body, stops, requested, len(prompt_ids), False, response, logprobs)
         request_id = request_id or uuid.uuid4().hex
         echo = self._echo_text(body.prompt, prompt_ids) if logprobs.prompt.echo else None
         head = self._head(f"cmpl-{request_id}", created, ResponseKind.TEXT, response, prompt_ids, logprobs, echo)
@@ -322,22 +350,37 @@ class FrontendModel:
         """The log-probabilities the body asks for; a 400 when the core cannot compute them."""
         prompt = requested_prompt(body, is_chat, self._facts.scores_prompts)
         requested = None if prompt.hides_output else requested_logprobs(body, is_chat)  # no output: nothing to score
-        check_logprobs_capability(requested, self._facts.token_logprobs)
+        check_logprobs_capability(requested, self._facts.token_logprobs, is_chat)
         return LogprobRequest(requested, prompt)
 
     def _echo_text(self, prompt: str | Sequence, prompt_ids: tuple[int, ...]) -> str:
         """The prompt as ``echo`` returns it: the text given, or the ids decoded."""
         return prompt if isinstance(prompt, str) else self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
 
-    def _params(self, body, stops: StopOptions, requested: int | None, prompt_len: int, is_constrained: bool,
+    def _output_limit(self, requested: RequestedOutput, prompt_len: int) -> int:
+        """`resolve_output_limit` for `requested`; its 400 names the field the body sent."""
+        context_tokens = self._settings.context_tokens
+        try:
+            return resolve_output_limit(requested.tokens, self._settings.sampling.max_output_tokens, context_tokens,
+                                        prompt_len)
+        except ContextLimitExceeded as error:
+            room = context_tokens - prompt_len
+            if room < 1:  # the prompt alone fills the context
+                raise OutputLimitExceeded(str(error), requested.prompt_field) from None
+            field = requested.field
+            raise OutputLimitExceeded(
+                f"the prompt ({prompt_len} tokens) plus {field} ({requested.tokens}) exceed the context extent "
+                f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit {field} for up to the "
+                "rest of the context", field) from None
+
+    def _params(self, body, stops: StopOptions, requested: RequestedOutput, prompt_len: int, is_constrained: bool,
                 response: ResponseOptions, logprobs: LogprobRequest = LogprobRequest()) -> GenerationParams:
         if logprobs.prompt.hides_output:  # the prefill samples one token anyway; the output hides it
-            requested = 1
+            requested = requested._replace(tokens=1)
         defaults = self._settings.sampling
-        limit = resolve_output_limit(requested, defaults.max_output_tokens, self._settings.context_tokens, prompt_len)
         return GenerationParams(
             sampling=resolve_sampling(body, defaults, self._draw_seed),
-            max_output_tokens=limit,
+            max_output_tokens=self._output_limit(requested, prompt_len),
             eos_token_ids=self._settings.eos_token_ids,
             stop_strings=stops.strings,
             stop_token_sequences=tuple((t,) for t in stops.token_ids) + stops.token_sequences,

@@ -36,11 +36,18 @@ MAX_TOP_LOGPROBS = 20
 
 
 class LogprobsOptionError(RequestError):
-    """``top_logprobs`` without ``logprobs: true``."""
+    """``top_logprobs`` without ``logprobs: true`` (``param``: top_logprobs)."""
+
+    param = "top_logprobs"
 
 
 class LogprobsUnavailable(RequestError):
-    """The core was prepared without token-logprobs programs, so it cannot return log-probabilities."""
+    """The core was prepared without token-logprobs programs, or with fewer alternatives than asked,
+    so it cannot return the log-probabilities; `param` names the field that asked for them."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 def requested_logprobs(body: Any, is_chat: bool) -> int | None:
@@ -55,24 +62,32 @@ def requested_logprobs(body: Any, is_chat: bool) -> int | None:
     return top or 0
 
 
-def check_logprobs_capability(requested: int | None, available: int) -> None:
+def check_logprobs_capability(requested: int | None, available: int, is_chat: bool) -> None:
     """`LogprobsUnavailable` when a request asks for log-probabilities the core cannot compute."""
     if requested is None:
         return
     if not available:
         raise LogprobsUnavailable(
             "this core has no token-logprobs programs (it was prepared without them, by an older helios or "
-            "with --no-logprobs), so it cannot return logprobs; prepare it again to serve them")
+            "with --no-logprobs), so it cannot return logprobs; prepare it again to serve them", "logprobs")
     if requested > available:
-        raise LogprobsUnavailable(f"this core returns at most {available} top_logprobs per token")
+        field = "top_logprobs" if is_chat else "logprobs"  # the field that counts alternatives
+        raise LogprobsUnavailable(f"this core returns at most {available} {field} per token", field)
 
 
 class PromptScoresUnavailable(RequestError):
-    """The core has no scored-prefill program, so it cannot score prompt tokens."""
+    """The core has no scored-prefill program, so it cannot score prompt tokens; `param` names the
+    field that asked (``prompt_logprobs``, else ``echo``)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class EchoOptionError(RequestError):
     """``max_tokens: 0`` without ``echo`` or ``prompt_logprobs`` (nothing would be returned)."""
+
+    param = "max_tokens"
 
 
 @dataclass(frozen=True)
@@ -119,7 +134,8 @@ def requested_prompt(body: Any, is_chat: bool, scores_prompts: bool) -> PromptRe
     if request.scores and not scores_prompts:
         raise PromptScoresUnavailable(
             "this core has no scored-prefill program, so it cannot return prompt log-probabilities (echo with "
-            "logprobs, prompt_logprobs); prepare it with --scored-prefill to serve them")
+            "logprobs, prompt_logprobs); prepare it with --scored-prefill to serve them",
+            "prompt_logprobs" if prompt_logprobs is not None else "echo")
     return request
 
 

@@ -27,7 +27,12 @@ from helios.errors import RequestError
 
 
 class ObservationOptionError(RequestError):
-    """An observation flag that is not a boolean or null, or timestamps without token ids."""
+    """An observation flag that is not a boolean or null, or timestamps without token ids; `param`
+    names the field (the error body's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class ObservationClock:
@@ -46,7 +51,7 @@ def parse_optional_bool(name: str, value: object) -> bool:
     if value is None:
         return False
     if type(value) is not bool:
-        raise ObservationOptionError(f"{name} must be a boolean or null")
+        raise ObservationOptionError(f"{name} must be a boolean or null", name)
     return value
 
 
@@ -59,7 +64,8 @@ class ObservationOptions:
 
     def __post_init__(self):
         if self.return_token_timestamps and not self.return_token_ids:
-            raise ObservationOptionError("return_token_timestamps requires return_token_ids=true")
+            raise ObservationOptionError("return_token_timestamps requires return_token_ids=true",
+                                         "return_token_timestamps")
 
     @classmethod
     def parse(cls, return_token_ids: object, return_token_timestamps: object) -> ObservationOptions:

@@ -32,7 +32,12 @@ MAX_STOP_TOKEN_SEQUENCE_LEN = 64
 
 
 class StopOptionError(RequestError):
-    """`stop`, `stop_token_ids` or `stop_token_sequences` is malformed or not combinable."""
+    """`stop`, `stop_token_ids` or `stop_token_sequences` is malformed or not combinable; `param`
+    names the field at fault (the error body's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class StopResult(NamedTuple):
@@ -89,12 +94,13 @@ def parse_stop_options(
     token_ids = _parse_token_ids("stop_token_ids", stop_token_ids, vocab_size)
     sequences = _parse_token_sequences(stop_token_sequences, vocab_size)
     if strings and (token_ids or sequences):
-        raise StopOptionError("stop strings cannot be combined with stop_token_ids or stop_token_sequences")
+        raise StopOptionError("stop strings cannot be combined with stop_token_ids or stop_token_sequences", "stop")
     if len(token_ids) + len(sequences) > MAX_STOP_TOKEN_SEQUENCES:  # each id is matched as a sequence
+        field = "stop_token_sequences" if sequences else "stop_token_ids"  # the one that goes past the bound
         raise StopOptionError(f"stop_token_ids and stop_token_sequences together accept at most "
-                              f"{MAX_STOP_TOKEN_SEQUENCES} stops")
+                              f"{MAX_STOP_TOKEN_SEQUENCES} stops", field)
     if strings and has_structured_output:
-        raise StopOptionError("stop strings cannot be combined with structured output")
+        raise StopOptionError("stop strings cannot be combined with structured output", "stop")
     return StopOptions(strings, token_ids, sequences)
 
 
@@ -103,15 +109,15 @@ def _parse_stop_strings(stop: object) -> tuple[str, ...]:
         return ()
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list):
-        raise StopOptionError("stop must be null, a string or an array of strings")
+        raise StopOptionError("stop must be null, a string or an array of strings", "stop")
     if len(items) > MAX_STOP_STRINGS:
-        raise StopOptionError(f"stop accepts at most {MAX_STOP_STRINGS} strings")
+        raise StopOptionError(f"stop accepts at most {MAX_STOP_STRINGS} strings", "stop")
     if not all(isinstance(item, str) and item for item in items):
-        raise StopOptionError("every stop must be a non-empty string")
+        raise StopOptionError("every stop must be a non-empty string", "stop")
     if not all(is_unicode_text(item) for item in items):
-        raise StopOptionError("every stop must be valid Unicode text (no lone surrogates)")
+        raise StopOptionError("every stop must be valid Unicode text (no lone surrogates)", "stop")
     if sum(len(item.encode("utf-8")) for item in items) > MAX_STOP_STRING_BYTES:
-        raise StopOptionError(f"stop strings total more than {MAX_STOP_STRING_BYTES} UTF-8 bytes")
+        raise StopOptionError(f"stop strings total more than {MAX_STOP_STRING_BYTES} UTF-8 bytes", "stop")
     return tuple(items)
 
 
@@ -119,10 +125,10 @@ def _parse_token_ids(field: str, value: object, vocab_size: int) -> tuple[int, .
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise StopOptionError(f"{field} must be null or an array of token ids")
+        raise StopOptionError(f"{field} must be null or an array of token ids", field)
     for token_id in value:
         if type(token_id) is not int or not 0 <= token_id < vocab_size:
-            raise StopOptionError(f"{field} entries must be token ids in [0, {vocab_size})")
+            raise StopOptionError(f"{field} entries must be token ids in [0, {vocab_size})", field)
     return tuple(value)
 
 
@@ -130,14 +136,16 @@ def _parse_token_sequences(value: object, vocab_size: int) -> tuple[tuple[int, .
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise StopOptionError("stop_token_sequences must be null or an array of id arrays")
+        raise StopOptionError("stop_token_sequences must be null or an array of id arrays", "stop_token_sequences")
     if len(value) > MAX_STOP_TOKEN_SEQUENCES:
-        raise StopOptionError(f"stop_token_sequences accepts at most {MAX_STOP_TOKEN_SEQUENCES} sequences")
+        raise StopOptionError(f"stop_token_sequences accepts at most {MAX_STOP_TOKEN_SEQUENCES} sequences",
+                              "stop_token_sequences")
     sequences = []
     for sequence in value:
         ids = _parse_token_ids("stop_token_sequences", sequence, vocab_size)
         if not 1 <= len(ids) <= MAX_STOP_TOKEN_SEQUENCE_LEN:
-            raise StopOptionError(f"each stop token sequence holds 1 to {MAX_STOP_TOKEN_SEQUENCE_LEN} ids")
+            raise StopOptionError(f"each stop token sequence holds 1 to {MAX_STOP_TOKEN_SEQUENCE_LEN} ids",
+                                  "stop_token_sequences")
         sequences.append(ids)
     return tuple(sequences)
 

@@ -32,7 +32,12 @@ MAX_TOOL_NAME_LEN = 64
 
 
 class MessageError(RequestError):
-    """A chat message or tool definition that cannot be rendered."""
+    """A chat message or tool definition that cannot be rendered; `param` is the request field that
+    holds it (``messages`` or ``tools``; the message gives the place inside)."""
+
+    def __init__(self, message: str, param: str = "messages"):
+        super().__init__(message)
+        self.param = param
 
 
 class Role(enum.Enum):
@@ -184,23 +189,23 @@ def parse_tools(raw: object) -> tuple[ToolSpec, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise MessageError("tools must be an array")
+        raise MessageError("tools must be an array", "tools")
     tools = []
     for i, tool in enumerate(raw):
         where = f"tools[{i}]"
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or tool.get("type") != "function":
-            raise MessageError(f"{where} must be {{type: function, function: {{name, ...}}}}")
+            raise MessageError(f"{where} must be {{type: function, function: {{name, ...}}}}", "tools")
         name, description, parameters = function.get("name"), function.get("description"), function.get("parameters")
         if not isinstance(name, str) or not 0 < len(name) <= MAX_TOOL_NAME_LEN:
-            raise MessageError(f"{where}.function.name must be 1 to {MAX_TOOL_NAME_LEN} characters")
+            raise MessageError(f"{where}.function.name must be 1 to {MAX_TOOL_NAME_LEN} characters", "tools")
         if description is not None and not isinstance(description, str):
-            raise MessageError(f"{where}.function.description must be a string")
+            raise MessageError(f"{where}.function.description must be a string", "tools")
         if parameters is not None and not isinstance(parameters, dict):
-            raise MessageError(f"{where}.function.parameters must be a JSON schema object")
+            raise MessageError(f"{where}.function.parameters must be a JSON schema object", "tools")
         tools.append(ToolSpec(name, description, None if parameters is None else json.dumps(parameters)))
     if len({tool.name for tool in tools}) != len(tools):
-        raise MessageError("tools: function names must be unique")
+        raise MessageError("tools: function names must be unique", "tools")
     return tuple(tools)
 
 

@@ -80,7 +80,12 @@ PATTERN_PROBES = 32
 
 
 class GrammarError(RequestError):
-    """A structured-output request whose grammar is malformed or cannot be compiled."""
+    """A structured-output request whose grammar is malformed or cannot be compiled; `param` names
+    the request field whose grammar it is (``response_format``, ``tools``) where one is at fault."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class GrammarKind(enum.Enum):
@@ -111,7 +116,7 @@ def parse_response_format(value: object) -> GrammarRequest | None:
         spec = value.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise GrammarError("response_format.json_schema.schema must be a JSON schema object")
+            raise GrammarError("response_format.json_schema.schema must be a JSON schema object", "response_format")
         SchemaDocument(schema, "response_format.json_schema.schema")  # SchemaRefError: a non-local or dangling $ref
         return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
     if kind == "regex" and isinstance(value.get("regex"), str) and value["regex"]:
@@ -122,8 +127,9 @@ def parse_response_format(value: object) -> GrammarRequest | None:
         choices = value.get("choices")
         if isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices):
             return GrammarRequest(GrammarKind.CHOICE, json.dumps(choices))
-        raise GrammarError("response_format.choices must be a non-empty array of non-empty strings")
-    raise GrammarError("response_format must be text, json_object, json_schema, regex, grammar or choice")
+        raise GrammarError("response_format.choices must be a non-empty array of non-empty strings", "response_format")
+    raise GrammarError("response_format must be text, json_object, json_schema, regex, grammar or choice",
+                       "response_format")
 
 
 @dataclass(frozen=True)

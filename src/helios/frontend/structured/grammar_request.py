@@ -24,9 +24,9 @@ output syntax has no tool calls, or when no forced tool has a name the syntax ca
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
-
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from helios.frontend.structured.contract_syntax import FrontendSyntax
 from helios.frontend.structured.grammar import (GrammarCompiler, GrammarError, GrammarKind, GrammarMatcher,
@@ -65,10 +65,17 @@ class OutputConstraints:
         `reasoning_budget` bounds a reasoning section ahead of an answer-only structured output."""
         calls = self._call_policy(answer, policy, tools) if policy.is_active and (answer is not None or policy.needs_grammar) else None
         if calls is None:
-            return self._answer_only(answer, prompt, reasoning_budget) if answer is not None else None
+            if answer is None:
+                return None
+            with _fault_of("response_format"):
+                return self._answer_only(answer, prompt, reasoning_budget)
         self._check_tools(calls.tools)
-        if answer is not None and calls.answer is not AnswerKind.STRUCTURED:
-            self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
+        if answer is not None:
+            with _fault_of("response_format"):
+                if calls.answer is AnswerKind.STRUCTURED:
+                    self._compiler.check(answer)  # compile_lark checks it again: a cached verdict
+                else:
+                    self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
         syntax, options = self._syntax, self._compiler.json_options
         if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # forced calls only (see _call_policy)
             lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
@@ -93,11 +100,11 @@ class OutputConstraints:
             try:
                 requests.append(tool.parameters_request())
             except GrammarError as error:
-                raise GrammarError(f"tool {tool.name!r} parameters: {error}") from None
+                raise GrammarError(f"tool {tool.name!r} parameters: {error}", "tools") from None
         failure = self._compiler.first_failure(requests)
         if failure is not None:
             index, error = failure
-            raise GrammarError(f"tool {tools[index].name!r} parameters: {error}")
+            raise GrammarError(f"tool {tools[index].name!r} parameters: {error}", "tools")
 
     def _answer_only(self, answer: GrammarRequest, prompt: Prompt, budget: int | None) -> GrammarMatcher:
         syntax = self._syntax
@@ -126,7 +133,8 @@ class OutputConstraints:
         json_calls = self._syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS
         if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled or (json_calls and not policy.forces_call):
             if policy.needs_grammar:
-                raise ChatOptionError(self._unforceable(policy, callable_tools))
+                raise ChatOptionError(self._unforceable(policy, callable_tools),
+                                      "tool_choice" if policy.forces_call else "parallel_tool_calls")
             return None
         if policy.forces_call:
             kind = AnswerKind.NONE
@@ -143,3 +151,14 @@ class OutputConstraints:
             return f"{option} cannot be honoured without forcing a call in this model's JSON tool syntax"
         names = ", ".join(repr(tool.name) for tool in tools)
         return f"{option} cannot be honoured: the tool syntax cannot spell the function names {names}"
+
+
+@contextmanager
+def _fault_of(param: str) -> Iterator[None]:
+    """A `GrammarError` raised inside that names no field names `param`."""
+    try:
+        yield
+    except GrammarError as error:
+        if error.param is not None:
+            raise
+        raise GrammarError(str(error), param) from None
