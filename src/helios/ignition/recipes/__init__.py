@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
@@ -44,5 +45,22 @@ def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
             f"unsupported architecture {declared or config.get('model_type')!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    # Block-fp8 weights (quantization_config) are dequantized as the recipe reads them.
-    return builder(source, config, tensors_for_config(config, CheckpointTensors.open(directory)), dtype)
+    tensors = CheckpointTensors.open(directory)
+    _check_layer_count(config, len(tensors.names))
+    try:  # Block-fp8 weights (quantization_config) are dequantized as the recipe reads them.
+        return builder(source, config, tensors_for_config(config, tensors), dtype)
+    except KeyError as error:  # a config key every checkpoint of the family has (the types were checked)
+        raise CheckpointError(f"{directory / 'config.json'} has no {error.args[0]!r}, which the {source} "
+                              f"recipe reads") from None
+    except (TypeError, ValueError, IndexError, RuntimeError) as error:  # a value or tensor the checks let by
+        raise CheckpointError(f"the {source} checkpoint at {directory} does not fit its recipe: {error}") from None
+
+
+def _check_layer_count(config, num_tensors: int) -> None:
+    """Every layer holds tensors: a larger count is a wrong config.json, refused before a recipe
+    sizes per-layer tables by it."""
+    for where in (config, config.get("text_config")):
+        layers = where.get("num_hidden_layers") if isinstance(where, dict) else None
+        if isinstance(layers, int) and layers > num_tensors:
+            raise CheckpointError(f"config.json declares {layers} layers, but the checkpoint holds only "
+                                  f"{num_tensors} tensors")

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import RecurrentGeometry
 
@@ -110,11 +110,11 @@ def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
         out += _attention_weights(arch, src + "self_attn.", dst, take)
     mlp = src + "feed_forward."
     out += [NamedWeight(dst + "post_norm", take(src + "pre_ff_layernorm.weight")),
-            NamedWeight(dst + "gate_up.weight", torch.cat([take(mlp + "gate_proj.weight"),
-                                                           take(mlp + "up_proj.weight")]))]
+            NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "gate_proj.weight",
+                                                                mlp + "up_proj.weight"]))]
     if arch.mlp_bias:
-        out.append(NamedWeight(dst + "gate_up.bias", torch.cat([take(mlp + "gate_proj.bias"),
-                                                                take(mlp + "up_proj.bias")])))
+        out.append(NamedWeight(dst + "gate_up.bias", fused(take, [mlp + "gate_proj.bias",
+                                                                     mlp + "up_proj.bias"])))
     out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))
@@ -123,9 +123,9 @@ def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
 
 def _attention_weights(arch: Architecture, src: str, dst: str, take) -> list[NamedWeight]:
     names = [src + "q_proj.", src + "k_proj.", src + "v_proj."]
-    out = [NamedWeight(dst + "qkv.weight", torch.cat([take(n + "weight") for n in names]))]
+    out = [NamedWeight(dst + "qkv.weight", fused(take, [n + "weight" for n in names]))]
     if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", torch.cat([take(n + "bias") for n in names])))
+        out.append(NamedWeight(dst + "qkv.bias", fused(take, [n + "bias" for n in names])))
     out.append(NamedWeight(dst + "o.weight", take(src + "o_proj.weight")))
     if arch.o_bias:
         out.append(NamedWeight(dst + "o.bias", take(src + "o_proj.bias")))

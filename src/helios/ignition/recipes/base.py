@@ -42,6 +42,18 @@ class Recipe:
         return [weight.tensor for weight in self.weights]
 
 
+def fused(take, names: list[str], *, stack: bool = False) -> torch.Tensor:
+    """`torch.cat` (rows) or, with `stack`, `torch.stack` of the checkpoint tensors `names` read
+    through `take`; tensors whose shapes do not fit together raise CheckpointError naming them."""
+    tensors = [take(name) for name in names]
+    shapes = [tuple(tensor.shape) for tensor in tensors]
+    fits = len(set(shapes)) == 1 if stack else all(shapes) and len({shape[1:] for shape in shapes}) == 1
+    if not fits:
+        listed = ", ".join(f"{name} {list(shape)}" for name, shape in zip(names, shapes))
+        raise CheckpointError(f"tensors {listed} do not {'stack' if stack else 'join row-wise'}")
+    return torch.stack(tensors) if stack else torch.cat(tensors)
+
+
 class UnsupportedCheckpoint(CheckpointError):
     """A checkpoint whose architecture, activation, rope type or tensors no recipe supports."""
 

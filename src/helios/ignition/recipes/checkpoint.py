@@ -2,21 +2,33 @@
 
 Tensors are read lazily, one at a time, through safetensors (never pickle), so preparing a large model
 does not hold the raw checkpoint and the prepared weights in memory at once.
+
+Everything here is untrusted input: a malformed safetensors file (header, offsets, dtype), a shard
+that is not a regular file, a `model.safetensors.index.json` that names an absent shard or a path
+outside the directory, a weight of an integer dtype or holding NaN/Inf, and a config.json that is
+not strict JSON each raise `CheckpointError` naming the file and the tensor. Non-finite weights
+are refused rather than served: no checkpoint trained to completion holds them, and one that does
+would answer every request with NaN logits.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from helios.ignition.architecture import CheckpointError
 
 
 SIDE_TABLE = "engram.safetensors"  # helios.ignition.engram.ENGRAM_FILE
+INDEX_FILE = "model.safetensors.index.json"
+# Weights are floating point; float8 ones are dequantized by `fp8_blocks`.
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+_FINITE_CHUNK = 1 << 22  # elements summed at once by the finiteness check
 
 
 class CheckpointTensors:
@@ -33,11 +45,14 @@ class CheckpointTensors:
             raise CheckpointError(f"{directory} has no *.safetensors files (other weight formats are not read)")
         files_by_name: dict[str, Path] = {}
         for path in files:
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():
-                    if name in files_by_name:
-                        raise CheckpointError(f"tensor {name} appears in {files_by_name[name].name} and {path.name}")
-                    files_by_name[name] = path
+            if not path.is_file():  # a FIFO would block the read forever
+                raise CheckpointError(f"{path} is not a regular file")
+            for name in _read(path, None, lambda handle: handle.keys()):
+                if name in files_by_name:
+                    raise CheckpointError(f"tensor {name} appears in {files_by_name[name].name} and {path.name}")
+                files_by_name[name] = path
+        if (directory / INDEX_FILE).exists():
+            _check_index(directory, files_by_name)
         return cls(files_by_name)
 
     @property
@@ -52,26 +67,138 @@ class CheckpointTensors:
         path = self._files_by_name.get(name)
         if path is None:
             raise CheckpointError(f"the checkpoint has no tensor {name}")
-        with safe_open(str(path), framework="pt") as handle:
-            view = handle.get_slice(name)
-            return view.get_dtype(), tuple(view.get_shape())
+        view = _read(path, name, lambda handle: handle.get_slice(name))
+        return view.get_dtype(), tuple(view.get_shape())
 
     def get(self, name: str) -> torch.Tensor:
+        """The tensor, read from its file; a weight that is not floating point or not finite raises."""
         path = self._files_by_name.get(name)
         if path is None:
             raise CheckpointError(f"the checkpoint has no tensor {name}")
+        dtype, tensor = _read(path, name, lambda handle: (handle.get_slice(name).get_dtype(), handle.get_tensor(name)))
+        if dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {name} in {path.name} is {dtype}; weights are floating point "
+                                  f"({', '.join(FLOAT_DTYPES)})")
+        if not _is_finite(tensor):
+            raise CheckpointError(f"tensor {name} in {path.name} holds NaN or infinite values")
+        return tensor
+
+
+def _read(path: Path, name: str | None, action):
+    """`action(handle)` on the open file; safetensors' and the OS's errors become CheckpointError."""
+    try:
         with safe_open(str(path), framework="pt") as handle:
-            return handle.get_tensor(name)
+            return action(handle)
+    except (SafetensorError, OSError) as error:
+        what = f"tensor {name} of {path}" if name else str(path)
+        raise CheckpointError(f"cannot read {what}: {error}") from None
+
+
+def _is_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity: each chunk's float32 sum is finite, or (a sum can overflow) every value is."""
+    for chunk in tensor.reshape(-1).split(_FINITE_CHUNK):
+        if not math.isfinite(chunk.sum(dtype=torch.float32)) and not torch.isfinite(chunk.float()).all():
+            return False
+    return True
+
+
+def _check_index(directory: Path, files_by_name: Mapping[str, Path]) -> None:
+    """The shard index agrees with the shards: each names a file of the directory that holds the tensor."""
+    index = _read_json(directory / INDEX_FILE)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{directory / INDEX_FILE} has no weight_map object")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise CheckpointError(f"{INDEX_FILE} places tensor {name} in {shard!r}, which is not a file name "
+                                  f"inside {directory}")
+        if not (directory / shard).is_file():
+            raise CheckpointError(f"{INDEX_FILE} places tensor {name} in shard {shard}, which is absent")
+        found = files_by_name.get(name)
+        if found is None or found.name != shard:
+            where = f"is in {found.name}" if found is not None else "is in no shard"
+            raise CheckpointError(f"{INDEX_FILE} places tensor {name} in shard {shard}, but it {where}")
+
+
+# config.json keys every recipe reads the same way, checked before any recipe converts them (a
+# string "64" or 64.5 would be taken as 64, "false" as True). Null stays allowed: recipes default it.
+_POSITIVE_INTS = frozenset(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
+                            "num_experts_per_tok", "num_local_experts", "num_experts", "n_routed_experts",
+                            "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "depth", "num_heads", "patch_size"))
+_COUNT_INTS = frozenset(("sliding_window", "max_window_layers", "first_k_dense_replace", "q_lora_rank",
+                         "qk_nope_head_dim", "n_group", "topk_group", "n_shared_experts", "decoder_sparse_step",
+                         "max_position_embeddings", "original_max_position_embeddings", "num_nextn_predict_layers",
+                         "mamba_d_conv", "mamba_d_state", "mamba_expand", "mamba_n_groups", "mamba_n_heads"))
+_MAX_INT = 2**31 - 1
+_REQUIRED = frozenset(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))  # never null
+_NON_NEGATIVE_FLOATS = frozenset(("rms_norm_eps", "layer_norm_eps", "swiglu_limit"))
+_POSITIVE_FLOATS = frozenset(("rope_theta", "factor", "routed_scaling_factor", "swiglu_alpha",
+                              "partial_rotary_factor"))
+_BOOLS = frozenset(("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob", "rope_interleave",
+                    "mamba_proj_bias", "use_sliding_window", "use_qk_norm"))
+_STRINGS = frozenset(("hidden_act", "model_type", "dtype", "torch_dtype", "rope_type", "type"))
+_NESTED = ("text_config", "vision_config", "rope_parameters", "rope_scaling")
 
 
 def read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory} has no config.json")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"cannot read {path}: {error}") from error
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object")
+    config = _read_json(path)
+    _check_config(config, "")
+    architectures = config.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list)
+                                      or not all(isinstance(name, str) for name in architectures)):
+        raise CheckpointError(f"config.json: architectures must be a list of class names, got {architectures!r}")
     return config
+
+
+def _check_config(config: Mapping[str, Any], where: str) -> None:
+    """The types and ranges of the keys above, in `config` and its nested objects (`where`: their path)."""
+    for key, value in config.items():
+        name = f"{where}{key}"
+        if key in _NESTED and value is not None:
+            if not isinstance(value, dict):
+                raise CheckpointError(f"config.json: {name} must be an object, got {value!r}")
+            _check_config(value, f"{name}.")
+        elif value is None and key not in _REQUIRED:
+            continue
+        elif key in _POSITIVE_INTS or key in _COUNT_INTS:
+            least = 1 if key in _POSITIVE_INTS else 0
+            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= _MAX_INT:
+                raise CheckpointError(f"config.json: {name} must be an integer from {least} to {_MAX_INT}, "
+                                      f"got {value!r}")
+        elif key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (
+                    value == 0 and key in _POSITIVE_FLOATS):
+                kind = "positive" if key in _POSITIVE_FLOATS else "non-negative"
+                raise CheckpointError(f"config.json: {name} must be a {kind} number, got {value!r}")
+        elif key in _BOOLS and not isinstance(value, bool):
+            raise CheckpointError(f"config.json: {name} must be true or false, got {value!r}")
+        elif key in _STRINGS and not isinstance(value, str):
+            raise CheckpointError(f"config.json: {name} must be a string, got {value!r}")
+        elif key == "layer_types" and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise CheckpointError(f"config.json: {name} must be a list of strings, got {value!r}")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, strictly: no NaN/Infinity literals, no number beyond the float range."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
+    except (OSError, ValueError, RecursionError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of the float range")
+    return value

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.llama import _checkpoint_dtype
 from helios.ignition.recipes.moe import ExpertNames, mixture_from_config, sparse_weights
@@ -187,7 +187,7 @@ def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool,
 
 
 def _gate_up(take, prefix: str) -> torch.Tensor:
-    return torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")])
+    return fused(take, [prefix + "gate_proj.weight", prefix + "up_proj.weight"])
 
 
 class _HeadRows:

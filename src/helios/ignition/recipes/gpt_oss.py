@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows
 from helios.ignition.recipes.yarn import yarn_inv_freq
@@ -109,9 +109,9 @@ def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     attn, mlp = src + "self_attn.", src + "mlp."
     qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
     out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
-           NamedWeight(dst + "qkv.weight", torch.cat([take(p + "weight") for p in qkv]))]
+           NamedWeight(dst + "qkv.weight", fused(take, [p + "weight" for p in qkv]))]
     if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", torch.cat([take(p + "bias") for p in qkv])))
+        out.append(NamedWeight(dst + "qkv.bias", fused(take, [p + "bias" for p in qkv])))
     out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
     if arch.o_bias:
         out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))

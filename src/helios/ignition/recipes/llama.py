@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -164,9 +164,9 @@ def attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]
     attn = src + "self_attn."
     qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
     out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
-           NamedWeight(dst + "qkv.weight", torch.cat([take(p + "weight") for p in qkv]))]
+           NamedWeight(dst + "qkv.weight", fused(take, [p + "weight" for p in qkv]))]
     if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", torch.cat([take(p + "bias") for p in qkv])))
+        out.append(NamedWeight(dst + "qkv.bias", fused(take, [p + "bias" for p in qkv])))
     if arch.qk_norm:
         out += [NamedWeight(dst + "q_norm", take(attn + "q_norm.weight")),
                 NamedWeight(dst + "k_norm", take(attn + "k_norm.weight"))]
@@ -181,9 +181,9 @@ def dense_mlp_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]
     """A layer's gated MLP slots (``gate_up`` fused: gate rows, then up rows)."""
     dst, mlp = f"layers.{layer}.", f"model.layers.{layer}.mlp."
     gate_up = [mlp + "gate_proj.", mlp + "up_proj."]
-    out = [NamedWeight(dst + "gate_up.weight", torch.cat([take(p + "weight") for p in gate_up]))]
+    out = [NamedWeight(dst + "gate_up.weight", fused(take, [p + "weight" for p in gate_up]))]
     if arch.mlp_bias:
-        out.append(NamedWeight(dst + "gate_up.bias", torch.cat([take(p + "bias") for p in gate_up])))
+        out.append(NamedWeight(dst + "gate_up.bias", fused(take, [p + "bias" for p in gate_up])))
     out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))

@@ -24,7 +24,7 @@ import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("Glm4MoeForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
@@ -139,14 +139,14 @@ def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
         gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
     else:
         experts = [f"{block}experts.{e}." for e in range(moe.num_experts)]
-        gate_up = torch.stack([torch.cat([take(p + names.gate + ".weight"), take(p + names.up + ".weight")])
-                               for p in experts])
-        down = torch.stack([take(p + names.down + ".weight") for p in experts])
+        gate_up = fused(lambda p: fused(take, [p + names.gate + ".weight", p + names.up + ".weight"]), experts,
+                        stack=True)
+        down = fused(take, [p + names.down + ".weight" for p in experts], stack=True)
     out += [NamedWeight(dst + "experts.gate_up", gate_up.contiguous()), NamedWeight(dst + "experts.down", down.contiguous())]
     if moe.shared_intermediate_size:
         shared = block + "shared_experts."
         out += [NamedWeight(dst + "shared.gate_up.weight",
-                            torch.cat([take(shared + "gate_proj.weight"), take(shared + "up_proj.weight")])),
+                            fused(take, [shared + "gate_proj.weight", shared + "up_proj.weight"])),
                 NamedWeight(dst + "shared.down.weight", take(shared + "down_proj.weight"))]
     return out
 

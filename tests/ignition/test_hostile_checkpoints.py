@@ -1,0 +1,232 @@
+"""A checkpoint directory is untrusted input: every truncated, corrupt, malicious or wrong file that
+`helios prepare` reads raises a typed error (`CheckpointError`, a `UsageError`: exit 2) naming the
+file, the tensor or the config key, and never a traceback, a hang or unbounded memory.
+
+Each test starts from a copy of one tiny Qwen3 chat checkpoint and breaks one thing."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from helios.cli.main import main
+from helios.ignition.architecture import CheckpointError
+from helios.ignition.checkpoint_assets import read_assets
+from helios.ignition.export import CapacityPlan
+from helios.ignition.recipes import load_checkpoint
+from helios.ignition.speculative_plan import SpeculativePlan
+from ignition.hf_checkpoints import QWEN3
+from support.chat_checkpoint import VOCAB_SIZE, write_chat_checkpoint
+
+WEIGHTS = "model.safetensors"
+NORM = "model.norm.weight"
+FAST = ["--context-tokens", "64", "--prefill-tokens", "16", "--decode-batches", "1", "--no-mixed", "--no-logprobs"]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    return write_chat_checkpoint(QWEN3, tmp_path_factory.mktemp("hostile") / "checkpoint", seed=3)
+
+
+@pytest.fixture
+def checkpoint(pristine, tmp_path) -> Path:
+    return Path(shutil.copytree(pristine, tmp_path / "checkpoint"))
+
+
+def _header(path: Path) -> tuple[dict, bytes]:
+    data = path.read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + length]), data[8 + length:]
+
+
+def _write(path: Path, header: dict | bytes, body: bytes) -> None:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + body)
+
+
+def _retyped(path: Path, name: str, **entry) -> None:
+    header, body = _header(path)
+    header[name].update(entry)
+    _write(path, header, body)
+
+
+def _edit_tensors(path: Path, edit) -> None:
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
+def _edit_config(directory: Path, **changes) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is _DELETE:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+_DELETE = object()
+
+
+def _refused(directory: Path, *phrases: str) -> str:
+    with pytest.raises(CheckpointError) as raised:
+        load_checkpoint(directory)
+    for phrase in phrases:
+        assert phrase in str(raised.value)
+    return str(raised.value)
+
+
+# --- safetensors files -------------------------------------------------------------------------
+
+_FILE_DAMAGE = {
+    "truncated": lambda data: data[: len(data) // 2],
+    "zero bytes": lambda data: b"",
+    "header length past the file": lambda data: struct.pack("<Q", len(data) + 100) + data[8:],
+    "header length 2**63": lambda data: struct.pack("<Q", 2**63) + data[8:],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(_FILE_DAMAGE))
+def test_a_damaged_safetensors_file_is_refused_naming_it(checkpoint, damage):
+    path = checkpoint / WEIGHTS
+    path.write_bytes(_FILE_DAMAGE[damage](path.read_bytes()))
+    _refused(checkpoint, f"cannot read {path}")
+
+
+@pytest.mark.parametrize("header", [b"{not json", b"[1, 2, 3]"])
+def test_a_safetensors_header_that_is_not_a_json_object_is_refused(checkpoint, header):
+    _write(checkpoint / WEIGHTS, header, _header(checkpoint / WEIGHTS)[1])
+    _refused(checkpoint, f"cannot read {checkpoint / WEIGHTS}")
+
+
+@pytest.mark.parametrize("entry", [
+    {"data_offsets": [0, 256]},  # overlaps lm_head.weight
+    {"data_offsets": [509440, 10**12]},  # past the file
+    {"shape": [32]},  # half the bytes its offsets span
+    {"shape": [-64]},
+    {"shape": [2**40, 2**40]},
+    {"dtype": "Q4"},
+], ids=["overlapping", "out of range", "offsets vs shape", "negative shape", "overflowing shape", "unknown dtype"])
+def test_inconsistent_tensor_entries_are_refused(checkpoint, entry):
+    _retyped(checkpoint / WEIGHTS, NORM, **entry)
+    _refused(checkpoint, f"cannot read {checkpoint / WEIGHTS}")
+
+
+def test_a_shard_that_is_not_a_regular_file_is_refused(checkpoint):
+    # (A FIFO named *.safetensors blocked the reader forever; a directory raised an OSError without a name.)
+    (checkpoint / "extra.safetensors").mkdir()
+    _refused(checkpoint, "extra.safetensors is not a regular file")
+
+
+def test_an_integer_weight_is_refused_not_converted(checkpoint):
+    _retyped(checkpoint / WEIGHTS, NORM, dtype="I32")
+    _refused(checkpoint, f"tensor {NORM} in {WEIGHTS} is I32")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_weights_are_refused(checkpoint, value):
+    name = "model.layers.0.mlp.down_proj.weight"
+
+    def poison(tensors):
+        tensors[name][3, 4] = value
+
+    _edit_tensors(checkpoint / WEIGHTS, poison)
+    _refused(checkpoint, f"tensor {name} in {WEIGHTS} holds NaN or infinite values")
+
+
+def test_tensors_that_cannot_be_fused_are_refused_naming_them(checkpoint):
+    name = "model.layers.0.self_attn.q_proj.weight"
+
+    def transpose(tensors):
+        tensors[name] = tensors[name].t()
+
+    _edit_tensors(checkpoint / WEIGHTS, transpose)
+    _refused(checkpoint, f"{name} [64, 128]", "do not join")
+
+
+@pytest.mark.parametrize("shard, phrase", [
+    ("model-00002-of-00002.safetensors", "in shard model-00002-of-00002.safetensors, which is absent"),
+    ("../x.safetensors", "in '../x.safetensors', which is not a file name inside"),
+    ("/etc/passwd", "in '/etc/passwd', which is not a file name inside"),
+])
+def test_an_index_naming_a_shard_that_is_not_there_is_refused(checkpoint, shard, phrase):
+    names = load_file(str(checkpoint / WEIGHTS))
+    weight_map = {name: shard for name in names}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _refused(checkpoint, "model.safetensors.index.json places tensor", phrase)
+
+
+def test_an_index_that_disagrees_with_the_shards_is_refused(checkpoint):
+    names = load_file(str(checkpoint / WEIGHTS))
+    (checkpoint / "other.safetensors").write_bytes((checkpoint / WEIGHTS).read_bytes())
+    (checkpoint / WEIGHTS).unlink()
+    weight_map = {name: WEIGHTS for name in names}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _refused(checkpoint, "which is absent")
+
+
+# --- config.json -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, phrase", [
+    ({"hidden_size": _DELETE}, "has no 'hidden_size', which the Qwen3ForCausalLM recipe reads"),
+    ({"hidden_size": "64"}, "hidden_size must be an integer"),
+    ({"hidden_size": 64.5}, "hidden_size must be an integer"),
+    ({"hidden_size": None}, "hidden_size must be an integer"),
+    ({"num_hidden_layers": True}, "num_hidden_layers must be an integer"),
+    ({"num_attention_heads": [4]}, "num_attention_heads must be an integer"),
+    ({"intermediate_size": "abc"}, "intermediate_size must be an integer"),
+    ({"vocab_size": 0}, "vocab_size must be an integer from 1"),
+    ({"vocab_size": 10**12}, "vocab_size must be an integer from 1 to 2147483647"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads must be an integer from 1"),
+    ({"head_dim": -32}, "head_dim must be an integer from 1"),
+    ({"num_hidden_layers": 10**9, "layer_types": _DELETE}, "declares 1000000000 layers"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps must be a non-negative number"),
+    ({"rms_norm_eps": "small"}, "rms_norm_eps must be a non-negative number"),
+    ({"rope_parameters": {"rope_theta": 0, "rope_type": "default"}}, "rope_parameters.rope_theta must be a positive"),
+    ({"rope_parameters": {"rope_theta": "x", "rope_type": "default"}}, "rope_parameters.rope_theta must be a positive"),
+    ({"rope_parameters": [1, 2]}, "rope_parameters must be an object"),
+    ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "linear"}}, "has no 'factor'"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ({"sliding_window": "x", "use_sliding_window": True}, "sliding_window must be an integer"),
+    ({"layer_types": "full_attention"}, "layer_types must be a list of strings"),
+    ({"dtype": ["float32"]}, "dtype must be a string"),
+    ({"architectures": {"a": 1}}, "architectures must be a list of class names"),
+    ({"architectures": [["Qwen3ForCausalLM"]]}, "architectures must be a list of class names"),
+    ({"architectures": "Qwen3ForCausalLM"}, "architectures must be a list of class names"),
+], ids=lambda value: repr(value)[:60] if isinstance(value, dict) else None)
+def test_a_config_with_a_missing_or_mistyped_key_is_refused_naming_it(checkpoint, changes, phrase):
+    _edit_config(checkpoint, **changes)
+    _refused(checkpoint, phrase)
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ('{"rms_norm_eps": NaN}', "NaN is not a JSON value"),
+    ('{"rope_theta": Infinity}', "Infinity is not a JSON value"),
+    ('{"rope_theta": 1e999}', "out of the float range"),
+    ("[" * 100_000 + "]" * 100_000, "cannot read"),
+])
+def test_a_config_that_is_not_strict_json_is_refused(checkpoint, text, phrase):
+    config = (checkpoint / "config.json").read_text()
+    if text.startswith("{"):  # one key replaced by a value JSON does not have
+        key = text[2:text.index('"', 2)]
+        config = json.dumps({**json.loads(config), key: 0}).replace(f'"{key}": 0', text[1:-1])
+    else:
+        config = text
+    (checkpoint / "config.json").write_text(config)
+    _refused(checkpoint, phrase)
+
+
+def test_a_finite_checkpoint_still_loads(checkpoint):
+    recipe = load_checkpoint(checkpoint)
+    assert recipe.architecture.vocab_size == VOCAB_SIZE
+    assert all(torch.isfinite(weight.tensor).all() for weight in recipe.weights)
