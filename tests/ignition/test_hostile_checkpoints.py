@@ -226,6 +226,66 @@ def test_a_config_that_is_not_strict_json_is_refused(checkpoint, text, phrase):
     _refused(checkpoint, phrase)
 
 
+# --- tokenizer and chat template ---------------------------------------------------------------
+
+def _assets(directory: Path, vocab_size: int = VOCAB_SIZE):
+    return read_assets(directory, vocab_size)
+
+
+def _assets_refused(directory: Path, phrase: str, vocab_size: int = VOCAB_SIZE) -> None:
+    with pytest.raises(CheckpointError, match=phrase):
+        _assets(directory, vocab_size)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: b"{nope", lambda data: b'{"version": "1.0", "model": 5}', lambda data: b"\xff\xfe\x00",
+    lambda data: data[: len(data) // 3],
+], ids=["not json", "not a tokenizer", "not utf-8", "truncated"])
+def test_a_corrupt_tokenizer_is_refused_naming_it(checkpoint, damage):
+    path = checkpoint / "tokenizer.json"
+    path.write_bytes(damage(path.read_bytes()))
+    _assets_refused(checkpoint, "cannot read .*tokenizer.json")
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(checkpoint):
+    _assets_refused(checkpoint, f"holds {VOCAB_SIZE} tokens, more than the model's vocab_size 200", vocab_size=200)
+
+
+def test_a_chat_template_file_that_is_not_utf8_is_refused(checkpoint):
+    (checkpoint / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    _assets_refused(checkpoint, "cannot read .*chat_template.jinja")
+
+
+def _set_tokenizer_config(directory: Path, **settings) -> None:
+    path = directory / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **settings}))
+
+
+def test_named_templates_with_a_malformed_name_are_skipped(checkpoint):
+    _set_tokenizer_config(checkpoint, chat_template=[{"name": ["default"], "template": "x"}])
+    _assets_refused(checkpoint, "declares no chat template")
+
+
+def test_a_boolean_eos_id_is_not_token_one(checkpoint):
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": True}))
+    _set_tokenizer_config(checkpoint, eos_token="<absent>")
+    _assets_refused(checkpoint, "declares no EOS token inside the vocabulary")
+
+
+@pytest.mark.parametrize("template, phrase", [
+    ("{{ 1 // 0 }}", "ZeroDivisionError"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    ("{{ 'x' * 10**8 }}", "repetition of 100000000 items is too large"),
+    ("{{ [0] * 10**8 }}", "repetition of 100000000 items is too large"),
+    ("{{ (7 ** 100000) % 10 }}", "the power 7 \\*\\* 100000 is too large"),
+    ("{% for i in range(99999) %}{{ 'x' * 100 }}{% endfor %}", "rendered text exceeds"),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError: access to attribute '__class__'"),
+], ids=["zero division", "recursion", "huge string", "huge list", "huge power", "huge output", "escape"])
+def test_a_template_that_fails_or_grows_without_bound_is_refused(checkpoint, template, phrase):
+    _set_tokenizer_config(checkpoint, chat_template=template)
+    _assets_refused(checkpoint, f"the chat template cannot render a single user message: .*{phrase}")
+
+
 def test_a_finite_checkpoint_still_loads(checkpoint):
     recipe = load_checkpoint(checkpoint)
     assert recipe.architecture.vocab_size == VOCAB_SIZE

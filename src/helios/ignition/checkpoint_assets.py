@@ -53,7 +53,15 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     if not path.is_file():
         raise CheckpointError(f"{directory} has no tokenizer.json")
     tokenizer_json = path.read_bytes()
-    tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    try:
+        tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    except Exception as error:  # tokenizers raises a bare Exception for a malformed file
+        raise CheckpointError(f"cannot read {path}: {error}") from None
+    # Plain text can encode to any token of the tokenizer's model; one past the embedding would fail on
+    # the device. (Added tokens past it may be input-only ids a layout replaces; they are kept.)
+    if tokenizer.get_vocab_size(with_added_tokens=False) > vocab_size:
+        raise CheckpointError(f"{path} holds {tokenizer.get_vocab_size(with_added_tokens=False)} tokens, more than "
+                              f"the model's vocab_size {vocab_size}: the excess ids have no embedding")
     config = _read_json(directory / "tokenizer_config.json")
     template = _chat_template(directory, config)
     tokens = _template_tokens(tokenizer, config, vocab_size)
@@ -68,18 +76,22 @@ def _read_json(path: Path) -> dict:
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"cannot read {path}: {error}") from error
+    except (OSError, ValueError, RecursionError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from None
     return value if isinstance(value, dict) else {}
 
 
 def _chat_template(directory: Path, config: dict) -> str:
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except ValueError as error:
+            raise CheckpointError(f"cannot read {jinja}: {error}") from None
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
-        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        named = {entry.get("name"): entry.get("template") for entry in template
+                 if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
         template = named.get("default")
     if not isinstance(template, str) or not template:
         raise CheckpointError(f"{directory} declares no chat template (tokenizer_config.json or chat_template.jinja)")
@@ -106,7 +118,7 @@ def _eos_ids(directory: Path, tokenizer: Tokenizer, config: dict, vocab_size: in
     ids: list[int] = []
     generation = _read_json(directory / "generation_config.json").get("eos_token_id")
     for value in generation if isinstance(generation, list) else [generation]:
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             ids.append(value)
     text = _token_text(config.get("eos_token"))
     if text and tokenizer.token_to_id(text) is not None:
