@@ -286,6 +286,68 @@ def test_a_template_that_fails_or_grows_without_bound_is_refused(checkpoint, tem
     _assets_refused(checkpoint, f"the chat template cannot render a single user message: .*{phrase}")
 
 
+# --- command line ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, phrase", [
+    ({"context_tokens": 10**12}, "context_tokens 1000000000000 exceeds"),
+    ({"page_tokens": 10**9}, "page_tokens 1000000000 exceeds"),
+    ({"prefill_tokens": 4096, "context_tokens": 2048}, "prefill_tokens 4096 exceeds context_tokens"),
+    ({"decode_batches": (1, 10**9)}, "batch capacities are at most"),
+    ({"context_tokens": 1 << 24, "page_tokens": 1, "decode_batches": (4096,)}, "exceed 2147483647 pages"),
+])
+def test_capacities_past_what_can_be_captured_or_declared_are_refused(options, phrase):
+    with pytest.raises(CheckpointError, match=phrase):
+        CapacityPlan(**options)
+
+
+@pytest.mark.parametrize("options, phrase", [
+    ({"widths": (1, 10**9)}, "speculative widths must lie between 1 and 64"),
+    ({"batches": (10**9,)}, "speculative batch capacities must lie between 1 and 4096"),
+    ({"draft_tokens": 10**6}, "draft_tokens must lie between 1 and 64"),
+])
+def test_speculative_capacities_past_what_can_be_captured_are_refused(options, phrase):
+    with pytest.raises(CheckpointError, match=phrase):
+        SpeculativePlan(Path("draft"), **options)
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("key") / "publisher.key"
+    assert main(["keygen", "-o", str(path)]) == 0
+    return path
+
+
+def _prepare(checkpoint: Path, output: Path, key: Path, *extra: str) -> int:
+    return main(["prepare", str(checkpoint), "-o", str(output), "--key", str(key), "--namespace", "test/hostile",
+                 *FAST, *extra])
+
+
+def test_an_output_that_is_a_directory_or_in_a_missing_one_is_refused_before_capture(pristine, key, tmp_path,
+                                                                                      capsys, monkeypatch):
+    import helios.ignition.export as export
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured before the output path was checked")
+
+    monkeypatch.setattr(export, "capture_all", no_capture)
+    assert _prepare(pristine, tmp_path, key) == 2
+    assert f"-o {tmp_path} is a directory" in capsys.readouterr().err
+    assert _prepare(pristine, tmp_path / "absent" / "model.core", key) == 2
+    assert f"the directory {tmp_path / 'absent'} does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_prepare_keeps_an_existing_output_and_leaves_no_temporary_file(checkpoint, key, tmp_path, capsys):
+    output = tmp_path / "out" / "model.core"
+    output.parent.mkdir()
+    output.write_bytes(b"an earlier core")
+    (checkpoint / "tokenizer.json").write_text("{nope")
+    assert _prepare(checkpoint, output, key) == 2
+    assert "tokenizer.json" in capsys.readouterr().err
+    assert output.read_bytes() == b"an earlier core"
+    assert [p.name for p in output.parent.iterdir()] == ["model.core"]
+
+
 def test_a_finite_checkpoint_still_loads(checkpoint):
     recipe = load_checkpoint(checkpoint)
     assert recipe.architecture.vocab_size == VOCAB_SIZE

@@ -94,9 +94,14 @@ def _speculative_plan(args: argparse.Namespace) -> SpeculativePlan | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    checkpoint = Path(args.checkpoint)
+    checkpoint, output = Path(args.checkpoint), Path(args.output)
     if not checkpoint.is_dir():
         raise UsageError(f"{checkpoint} is not a checkpoint directory")
+    # Refused before minutes of capture: the core is written as a temporary file beside `output`.
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a directory; name the core file to write")
+    if not output.parent.is_dir():
+        raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
@@ -109,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
                              capacities=plan, tensor_parallel=args.tensor_parallel, frontend=tuple(args.frontend))
     started = time.monotonic()
-    written = prepare_core(checkpoint, Path(args.output), load_signing_key(Path(args.key)), options,
+    written = prepare_core(checkpoint, output, load_signing_key(Path(args.key)), options,
                            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     total = sum(info.stored_nbytes for info in written.resources)
     print(f"wrote {', '.join(str(f) for f in written.files)}: {len(written.resources)} resources, "

@@ -38,7 +38,14 @@ from helios.ignition.preparation.contract import (
     ProgramResource,
     declare_paged_text,
 )
-from helios.ignition.program_spec import LOGPROB_OPERATIONS, AttentionTuning, Capacity, Operation, ProgramOptions
+from helios.ignition.program_spec import (
+    LOGPROB_OPERATIONS,
+    MAX_BATCH_CAPACITY,
+    AttentionTuning,
+    Capacity,
+    Operation,
+    ProgramOptions,
+)
 from helios.ignition.program_spec import ENGRAM_PROJ as PROJ_WEIGHT
 from helios.ignition.recipes import Recipe, load_checkpoint
 from helios.ignition.recipes.base import NamedWeight
@@ -52,6 +59,11 @@ from helios.ignition.window_split import window_tokens
 TOKENIZER_RESOURCE = "tokenizer.json"
 ENGRAM_TABLE_RESOURCE = "weights.engram_table"
 TEMPLATE_RESOURCE = "chat_template.jinja"
+
+
+MAX_CONTEXT_TOKENS = 1 << 24
+MAX_PAGE_TOKENS = 4096
+MAX_PAGES = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,21 @@ class CapacityPlan:
             raise CheckpointError("page_tokens, context_tokens and prefill_tokens must be positive")
         if not self.decode_batches or min(self.decode_batches) <= 0:
             raise CheckpointError("at least one positive decode batch capacity is required")
+        # Checked before capture, which allocates example inputs of these extents (an unbounded one
+        # would exhaust memory) and before the contract, whose extents are 32-bit.
+        if self.context_tokens > MAX_CONTEXT_TOKENS:
+            raise CheckpointError(f"context_tokens {self.context_tokens} exceeds {MAX_CONTEXT_TOKENS}")
+        if not self.page_tokens <= min(self.context_tokens, MAX_PAGE_TOKENS):
+            raise CheckpointError(f"page_tokens {self.page_tokens} exceeds context_tokens ({self.context_tokens}) "
+                                  f"or {MAX_PAGE_TOKENS}")
+        if self.prefill_tokens > self.context_tokens:
+            raise CheckpointError(f"prefill_tokens {self.prefill_tokens} exceeds context_tokens ({self.context_tokens})")
+        if max(self.decode_batches + self.prefill_batches) > MAX_BATCH_CAPACITY:
+            raise CheckpointError(f"batch capacities are at most {MAX_BATCH_CAPACITY}, "
+                                  f"got {max(self.decode_batches + self.prefill_batches)}")
+        if self.page_capacity is None and -(-self.context_tokens // self.page_tokens) * self.max_concurrency > MAX_PAGES:
+            raise CheckpointError(f"{self.context_tokens} context tokens in pages of {self.page_tokens} for "
+                                  f"{self.max_concurrency} requests exceed {MAX_PAGES} pages")
         if any(not 0 < chunk < self.prefill_tokens for chunk in self.prefill_chunks):
             raise CheckpointError(f"prefill chunks must lie between 0 and prefill_tokens ({self.prefill_tokens}), "
                                   f"got {list(self.prefill_chunks)}")

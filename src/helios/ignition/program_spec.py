@@ -110,6 +110,11 @@ class Access(enum.Enum):
     READ_WRITE = "read_write"
 
 
+# Limits of what preparation captures (capture allocates example inputs of these extents).
+MAX_BATCH_CAPACITY = 4096
+MAX_VERIFY_TOKENS = 64  # speculative verify width and draft tokens per round
+
+
 @dataclass(frozen=True)
 class Capacity:
     """A captured variant: R request rows over T packed tokens.

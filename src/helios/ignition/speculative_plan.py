@@ -16,7 +16,14 @@ from pathlib import Path
 from safetensors.torch import save as save_safetensors
 
 from helios.ignition.architecture import Architecture, CheckpointError
-from helios.ignition.program_spec import DRAFT_PREFIX, Capacity, Operation, ProgramOptions
+from helios.ignition.program_spec import (
+    DRAFT_PREFIX,
+    MAX_BATCH_CAPACITY,
+    MAX_VERIFY_TOKENS,
+    Capacity,
+    Operation,
+    ProgramOptions,
+)
 from helios.ignition.recipes import Recipe, load_checkpoint
 
 DRAFT_WEIGHTS_RESOURCE = "weights.draft.rank0"
@@ -32,12 +39,13 @@ class SpeculativePlan:
     packed_per_lane: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.widths or min(self.widths) < 1:
-            raise CheckpointError("speculative widths must be positive")
-        if self.batches is not None and (not self.batches or min(self.batches) < 1):
-            raise CheckpointError("speculative batch capacities must be positive")
-        if self.draft_tokens is not None and self.draft_tokens < 1:
-            raise CheckpointError("draft_tokens must be positive")
+        if not self.widths or not 1 <= min(self.widths) <= max(self.widths) <= MAX_VERIFY_TOKENS:
+            raise CheckpointError(f"speculative widths must lie between 1 and {MAX_VERIFY_TOKENS}")
+        if self.batches is not None and (not self.batches or not 1 <= min(self.batches) <= max(self.batches)
+                                         <= MAX_BATCH_CAPACITY):
+            raise CheckpointError(f"speculative batch capacities must lie between 1 and {MAX_BATCH_CAPACITY}")
+        if self.draft_tokens is not None and not 1 <= self.draft_tokens <= MAX_VERIFY_TOKENS:
+            raise CheckpointError(f"draft_tokens must lie between 1 and {MAX_VERIFY_TOKENS}")
         if self.packed_per_lane is not None and self.packed_per_lane < 1:
             raise CheckpointError("packed_per_lane must be positive")
 
