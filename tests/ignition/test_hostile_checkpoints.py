@@ -7,6 +7,7 @@ Each test starts from a copy of one tiny Qwen3 chat checkpoint and breaks one th
 from __future__ import annotations
 
 import json
+import re
 import math
 import shutil
 import struct
@@ -352,3 +353,24 @@ def test_a_finite_checkpoint_still_loads(checkpoint):
     recipe = load_checkpoint(checkpoint)
     assert recipe.architecture.vocab_size == VOCAB_SIZE
     assert all(torch.isfinite(weight.tensor).all() for weight in recipe.weights)
+
+
+@pytest.mark.parametrize("options, phrase", [
+    (["--namespace", "evil ns"], "--namespace: publisher namespace 'evil ns' contains whitespace"),
+    (["--namespace", "x" * 300], "--namespace: a publisher namespace is 1 to 256 bytes"),
+    (["--served-id", "id\x1b[2J"], "--served-id 'id\\\\x1b\\[2J' is empty or holds control characters"),
+    (["--served-id", "two\nlines"], "holds control characters"),
+    (["--license", "\x1b]0;title\x07"], "--license holds control characters"),
+], ids=["namespace with a space", "long namespace", "escape in served id", "newline in served id", "escape in license"])
+def test_signed_text_options_are_checked_before_capture(pristine, key, tmp_path, capsys, monkeypatch, options, phrase):
+    import helios.ignition.export as export
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured before the signed text was checked")
+
+    monkeypatch.setattr(export, "capture_all", no_capture)
+    argv = ["prepare", str(pristine), "-o", str(tmp_path / "model.core"), "--key", str(key),
+            "--namespace", "test/hostile", *FAST, *options]
+    assert main(argv) == 2
+    assert re.search(phrase, capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
-from helios.core.keys import load_signing_key
+from helios.core.keys import check_namespace, load_signing_key
 from helios.errors import UsageError
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.speculative_plan import SpeculativePlan
@@ -93,8 +94,27 @@ def _speculative_plan(args: argparse.Namespace) -> SpeculativePlan | None:
                            packed_per_lane=args.packed_per_lane)
 
 
+def _check_signed_text(args: argparse.Namespace) -> None:
+    """The namespace, served id and license are signed into the core and shown by `helios inspect`
+    and the API: checked before capture, and never with control characters (a terminal would act on
+    an escape sequence); the license may span lines."""
+    try:
+        check_namespace(args.namespace)
+    except ValueError as error:
+        raise UsageError(f"--namespace: {error}") from None
+    if args.served_id is not None and (not args.served_id or _has_control(args.served_id)):
+        raise UsageError(f"--served-id {args.served_id!r} is empty or holds control characters")
+    if _has_control(args.license.replace("\n", "").replace("\t", "")):
+        raise UsageError("--license holds control characters other than newlines and tabs")
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
 def run(args: argparse.Namespace) -> int:
     checkpoint, output = Path(args.checkpoint), Path(args.output)
+    _check_signed_text(args)
     if not checkpoint.is_dir():
         raise UsageError(f"{checkpoint} is not a checkpoint directory")
     # Refused before minutes of capture: the core is written as a temporary file beside `output`.
