@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import math
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -374,3 +375,8 @@ def test_signed_text_options_are_checked_before_capture(pristine, key, tmp_path,
     assert main(argv) == 2
     assert re.search(phrase, capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shard_index_that_is_not_a_regular_file_is_refused(checkpoint):
+    os.mkfifo(checkpoint / "model.safetensors.index.json")  # reading it would block forever
+    _refused(checkpoint, "model.safetensors.index.json is not a regular file")

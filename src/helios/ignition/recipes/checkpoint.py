@@ -51,7 +51,7 @@ class CheckpointTensors:
                 if name in files_by_name:
                     raise CheckpointError(f"tensor {name} appears in {files_by_name[name].name} and {path.name}")
                 files_by_name[name] = path
-        if (directory / INDEX_FILE).exists():
+        if (directory / INDEX_FILE).exists() or (directory / INDEX_FILE).is_symlink():
             _check_index(directory, files_by_name)
         return cls(files_by_name)
 
@@ -184,6 +184,8 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`, strictly: no NaN/Infinity literals, no number beyond the float range."""
+    if not path.is_file():  # a FIFO would block the read forever
+        raise CheckpointError(f"{path} is not a regular file")
     try:
         value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
     except (OSError, ValueError, RecursionError) as error:
