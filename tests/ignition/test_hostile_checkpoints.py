@@ -380,3 +380,13 @@ def test_signed_text_options_are_checked_before_capture(pristine, key, tmp_path,
 def test_a_shard_index_that_is_not_a_regular_file_is_refused(checkpoint):
     os.mkfifo(checkpoint / "model.safetensors.index.json")  # reading it would block forever
     _refused(checkpoint, "model.safetensors.index.json is not a regular file")
+
+
+def test_a_weight_that_overflows_float16_is_refused_when_preparing_in_float16(checkpoint):
+    def enlarge(tensors):
+        tensors["model.layers.0.mlp.down_proj.weight"][0, 0] = 1e6
+
+    _edit_tensors(checkpoint / WEIGHTS, enlarge)
+    with pytest.raises(CheckpointError, match="weight layers.0.down.weight overflows float16"):
+        load_checkpoint(checkpoint, "float16")
+    assert load_checkpoint(checkpoint, "bfloat16").architecture.dtype == "bfloat16"

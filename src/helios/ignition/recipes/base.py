@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
+from helios.ignition.recipes.checkpoint import is_finite
 
 
 class NamedWeight(NamedTuple):
@@ -69,3 +70,7 @@ def check_weights(arch: Architecture, weights: tuple[NamedWeight, ...]) -> None:
                 f"weight {slot.name} is {tuple(weight.tensor.shape)} {weight.tensor.dtype}, "
                 f"the layout needs {slot.shape} {slot.dtype}"
             )
+        # The checkpoint's values are finite (CheckpointTensors.get); float16 holds only up to 65504.
+        if weight.tensor.dtype == torch.float16 and not is_finite(weight.tensor):
+            raise CheckpointError(f"weight {slot.name} overflows float16 (a value beyond 65504); "
+                                  f"prepare it in bfloat16 or float32")

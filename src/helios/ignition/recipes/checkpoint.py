@@ -79,7 +79,7 @@ class CheckpointTensors:
         if dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"tensor {name} in {path.name} is {dtype}; weights are floating point "
                                   f"({', '.join(FLOAT_DTYPES)})")
-        if not _is_finite(tensor):
+        if not is_finite(tensor):
             raise CheckpointError(f"tensor {name} in {path.name} holds NaN or infinite values")
         return tensor
 
@@ -94,7 +94,7 @@ def _read(path: Path, name: str | None, action):
         raise CheckpointError(f"cannot read {what}: {error}") from None
 
 
-def _is_finite(tensor: torch.Tensor) -> bool:
+def is_finite(tensor: torch.Tensor) -> bool:
     """No NaN or infinity: each chunk's float32 sum is finite, or (a sum can overflow) every value is."""
     for chunk in tensor.reshape(-1).split(_FINITE_CHUNK):
         if not math.isfinite(chunk.sum(dtype=torch.float32)) and not torch.isfinite(chunk.float()).all():
