@@ -390,3 +390,18 @@ def test_a_weight_that_overflows_float16_is_refused_when_preparing_in_float16(ch
     with pytest.raises(CheckpointError, match="weight layers.0.down.weight overflows float16"):
         load_checkpoint(checkpoint, "float16")
     assert load_checkpoint(checkpoint, "bfloat16").architecture.dtype == "bfloat16"
+
+
+def test_rope_settings_that_yield_infinite_frequencies_are_refused(checkpoint):
+    _edit_config(checkpoint, rope_parameters={"rope_type": "linear", "factor": 1e-300, "rope_theta": 1e4})
+    _refused(checkpoint, "rope settings yield non-finite rotary frequencies")
+
+
+def test_scaling_that_yields_an_infinite_attention_scale_is_refused(tmp_path):
+    from ignition.hf_checkpoints import DEEPSEEK_DENSE, random_model, write_checkpoint
+
+    directory = write_checkpoint(random_model(DEEPSEEK_DENSE), tmp_path / "deepseek")
+    config = json.loads((directory / "config.json").read_text())
+    config["rope_parameters"]["mscale_all_dim"] = 1e300
+    (directory / "config.json").write_text(json.dumps(config))
+    _refused(directory, "config.json yields non-finite {'latent scale': inf}")

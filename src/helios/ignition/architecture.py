@@ -46,6 +46,7 @@ the rank's rows (so one captured program serves every rank).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +182,15 @@ class Architecture:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+        # Derived from config.json arithmetic (rope and YaRN scaling), so checked: a NaN here is NaN logits.
+        scales = {"rms_norm_eps": self.rms_norm_eps, "rotary_factor": self.rotary_factor}
+        if self.latent is not None:
+            scales |= {"latent scale": self.latent.scale, "latent rope_attention_factor": self.latent.rope_attention_factor}
+        if self.moe is not None:
+            scales |= {"router scale": self.moe.scale}
+        bad = {name: value for name, value in scales.items() if not math.isfinite(value)}
+        if bad:
+            raise CheckpointError(f"config.json yields non-finite {bad}")
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
