@@ -405,3 +405,49 @@ def test_scaling_that_yields_an_infinite_attention_scale_is_refused(tmp_path):
     config["rope_parameters"]["mscale_all_dim"] = 1e300
     (directory / "config.json").write_text(json.dumps(config))
     _refused(directory, "config.json yields non-finite {'latent scale': inf}")
+
+
+# --- vision-language checkpoints ---------------------------------------------------------------
+
+_PROCESSOR = {"min_pixels": 3136, "max_pixels": 15680, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.25, 0.25, 0.25]}
+
+
+@pytest.mark.parametrize("changes, phrase", [
+    ({"image_std": [0.25, 0.0, 0.25]}, "the std positive"),
+    ({"image_mean": ["nan", 0.5, 0.5]}, "3 finite values each"),
+    ({"image_mean": [0.5, 0.5]}, "3 finite values each"),
+    ({"min_pixels": 20000}, "1 <= min_pixels <= max_pixels"),
+    ({"max_pixels": 2**40}, "max_pixels <= 2147483647"),
+    ({"image_mean": 5}, "lacks image_mean, image_std or pixel bounds"),
+], ids=["zero std", "nan mean", "two means", "min above max", "huge max", "mean not a list"])
+def test_image_processor_settings_that_would_break_every_image_are_refused(tmp_path, changes, phrase):
+    from helios.ignition.preparation.vision_contract import read_image_processor
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**_PROCESSOR, **changes}))
+    with pytest.raises(CheckpointError, match=phrase):
+        read_image_processor(tmp_path)
+
+
+@pytest.mark.parametrize("text", ['{"image_std": NaN}', "[1]"])
+def test_an_image_processor_file_that_is_not_a_strict_json_object_is_refused(tmp_path, text):
+    from helios.ignition.preparation.vision_contract import read_image_processor
+
+    (tmp_path / "preprocessor_config.json").write_text(text)
+    with pytest.raises(CheckpointError, match="needs a readable preprocessor_config.json"):
+        read_image_processor(tmp_path)
+
+
+def test_patch_capacities_past_what_can_be_captured_are_refused(tmp_path):
+    from helios.ignition.program_spec import Capacity, Operation
+    from helios.ignition.vision_plan import vision_preparation
+    from vision.tiny_vl import tiny_model
+
+    tiny_model().save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**_PROCESSOR, "max_pixels": 2**31 - 1}))
+    recipe = load_checkpoint(tmp_path)
+    text = [(Operation.DECODE, Capacity(1, 1)), (Operation.PREFILL, Capacity(1, 16))]
+    with pytest.raises(CheckpointError, match="patch capacities are at most 262144, got 10956548"):
+        vision_preparation(tmp_path, recipe, text)
+    with pytest.raises(CheckpointError, match="patch capacities are at most 262144, got 1000000000"):
+        vision_preparation(tmp_path, recipe, text, (10**9,))
+    assert vision_preparation(tmp_path, recipe, text, (64,)).patch_capacities == (64,)

@@ -16,6 +16,9 @@ from helios.ignition.program_spec import Capacity, Operation
 from helios.ignition.recipes import Recipe
 
 
+MAX_PATCHES = 1 << 18  # four times the patches of Qwen2.5-VL's default largest image
+
+
 @dataclass(frozen=True)
 class VisionPreparation:
     multimodal: MultimodalOptions
@@ -39,6 +42,9 @@ def vision_preparation(checkpoint: Path, recipe: Recipe, text_variants: Sequence
     capacities = tuple(sorted(set(patch_capacities))) or (max_image_patches(vl, processor),)
     if any(c <= 0 or c % unit for c in capacities):
         raise CheckpointError(f"patch capacities must be positive multiples of {unit}, got {list(capacities)}")
+    if max(capacities) > MAX_PATCHES:  # capture allocates example inputs of this extent
+        raise CheckpointError(f"patch capacities are at most {MAX_PATCHES}, got {max(capacities)} (lower "
+                              f"--patch-capacities or the processor's max_pixels)")
     feature_rows = max(c.packed_token_capacity for op, c in text_variants if op in (Operation.PREFILL, Operation.MIXED))
     feature_rows = max(feature_rows, max(capacities) // unit)
     extra = tuple(WeightSlot(w.name, tuple(w.tensor.shape), str(w.tensor.dtype).removeprefix("torch."))

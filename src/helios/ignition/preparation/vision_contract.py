@@ -8,17 +8,19 @@ stays input-only, because the runtime clears excluded ids in every row's samplin
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.multimodal_spec import ROTARY_OFFSETS, VISION_INPUTS
+from helios.ignition.recipes.checkpoint import read_json
 from helios.ignition.recipes.qwen_vl import VisionLanguageRecipe
 
 LAYOUT_OUTPUTS = (*VISION_INPUTS, ROTARY_OFFSETS)
 PROCESSOR_CONFIG = "preprocessor_config.json"
+MAX_PIXELS = 2**31 - 1  # the contract's extents are 32-bit
 
 
 @dataclass(frozen=True)
@@ -36,17 +38,26 @@ def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
     `size: {shortest_edge, longest_edge}` spellings); a missing or incomplete file is an error."""
     path = Path(checkpoint) / PROCESSOR_CONFIG
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        config = read_json(path)
+    except CheckpointError as exc:
         raise CheckpointError(f"a vision-language checkpoint needs a readable {PROCESSOR_CONFIG}: {exc}") from None
     size = config.get("size") or {}
     try:
-        return ImageProcessorSettings(
+        settings = ImageProcessorSettings(
             tuple(float(v) for v in config["image_mean"]), tuple(float(v) for v in config["image_std"]),
             int(config.get("min_pixels") or size["shortest_edge"]),
             int(config.get("max_pixels") or size["longest_edge"]))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{PROCESSOR_CONFIG} lacks image_mean, image_std or pixel bounds ({exc})") from None
+    # Every image is normalized by them at serving: a zero or non-finite std would make it NaN.
+    if (len(settings.mean) != 3 or len(settings.std) != 3 or not all(map(math.isfinite, settings.mean + settings.std))
+            or min(settings.std) <= 0):
+        raise CheckpointError(f"{PROCESSOR_CONFIG}: image_mean and image_std must be 3 finite values each, the std "
+                              f"positive; got {list(settings.mean)} and {list(settings.std)}")
+    if not 1 <= settings.min_pixels <= settings.max_pixels <= MAX_PIXELS:
+        raise CheckpointError(f"{PROCESSOR_CONFIG}: pixel bounds must satisfy 1 <= min_pixels <= max_pixels <= "
+                              f"{MAX_PIXELS}, got {settings.min_pixels} and {settings.max_pixels}")
+    return settings
 
 
 def max_image_patches(recipe: VisionLanguageRecipe, processor: ImageProcessorSettings) -> int:

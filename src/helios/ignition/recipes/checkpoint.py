@@ -104,7 +104,7 @@ def is_finite(tensor: torch.Tensor) -> bool:
 
 def _check_index(directory: Path, files_by_name: Mapping[str, Path]) -> None:
     """The shard index agrees with the shards: each names a file of the directory that holds the tensor."""
-    index = _read_json(directory / INDEX_FILE)
+    index = read_json(directory / INDEX_FILE)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{directory / INDEX_FILE} has no weight_map object")
@@ -146,7 +146,7 @@ def read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory} has no config.json")
-    config = _read_json(path)
+    config = read_json(path)
     _check_config(config, "")
     architectures = config.get("architectures")
     if architectures is not None and (not isinstance(architectures, list)
@@ -183,7 +183,7 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
             raise CheckpointError(f"config.json: {name} must be a list of strings, got {value!r}")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`, strictly: no NaN/Infinity literals, no number beyond the float range."""
     if not path.is_file():  # a FIFO would block the read forever
         raise CheckpointError(f"{path} is not a regular file")
