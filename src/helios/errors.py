@@ -35,6 +35,11 @@ class ContractError(HeliosError):
         self.reason = message
         super().__init__(f"{path}: {message}" if path else message)
 
+    def __reduce__(self):
+        """Pickles by its two fields (the default would call the constructor with the joined text),
+        so it crosses from an engine process with its class and exit code."""
+        return type(self), (self.path, self.reason)
+
 
 class CoreError(HeliosError):
     """A core file that cannot be read, verified or trusted. Subclasses say which check failed."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,3 +131,79 @@ def test_a_killed_serving_process_stops_its_loading_engine_process(loading):
     assert wait_gone(engine_pid, 5), "the engine process loaded on as an orphan"
     log = loading.log.read_text()
     assert "the serving process is gone" in log and "Traceback" not in log, log
+
+
+def core_argv(core, *options: str) -> list[str]:
+    return ["serve", str(core.path), "--accept", core.namespace, "--trust", str(core.public_key), *options]
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fails the test if `helios serve` gets as far as loading the model."""
+    from helios.cli import serve_cmd
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the mistake was reported")
+
+    monkeypatch.setattr(serve_cmd, "start_engine_process", load)
+    monkeypatch.setattr(serve_cmd, "build_runtime", load)
+
+
+def test_a_taken_port_or_an_unknown_host_fails_before_the_model_loads(core, no_load, capsys):
+    """Before: the model loaded first (minutes for a large core), then the bind failed."""
+    from helios.cli.main import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(core_argv(core, "--port", str(port))) == 1
+    assert f"helios serve: error: cannot listen on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+    assert main(core_argv(core, "--host", "no-such-host.invalid", "--port", "0")) == 1
+    err = capsys.readouterr().err
+    assert "cannot listen on no-such-host.invalid:0" in err and "while attempting" not in err, err
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--header-timeout", "nan", "--header-timeout must be positive and finite"),
+    ("--body-timeout", "inf", "--body-timeout must be positive and finite"),
+    ("--send-timeout", "nan", "--send-timeout must be positive and finite"),
+    ("--frontend-workers", "100000", "--frontend-workers must be at most"),
+    ("--torch-threads", "100000", "--torch-threads must be at most"),
+])
+def test_infinite_timeouts_and_thread_counts_past_any_use_are_refused(option, value, message, no_load, capsys):
+    """Before: a nan head timeout served, but every connection hung with a ValueError traceback in
+    the log; 100000 frontend workers or torch threads ended in a traceback ("can't start new
+    thread") or a segmentation fault."""
+    from helios.cli.main import main
+
+    assert main(["serve", "--port", "0", option, value]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_startup_options_the_core_refuses_fail_with_their_type_before_the_load(core, monkeypatch, capsys):
+    """Before: the engine process loaded the model, then refused the option; its error did not
+    pickle, so it arrived as an ExecutionError (exit 9, "StartupOptionError: ..." in the text)."""
+    from helios.cli.main import main
+    from helios.server import engine_process
+
+    def spawn(*args):
+        raise AssertionError("an engine process was started before the option was refused")
+
+    monkeypatch.setattr(engine_process.multiprocessing, "get_context", spawn)
+    assert main(core_argv(core, "--port", "0", "--max-active", "100000")) == 2
+    err = capsys.readouterr().err
+    assert "helios serve: error: startup.max_concurrency: 100000 is outside the prepared range" in err, err
+
+
+def test_an_engine_process_startup_error_keeps_its_family_and_exit_code():
+    """A typed error whose class does not pickle crosses as the nearest family class that does."""
+    from helios.abi.registry import ProgramOpError
+    from helios.contract.settings import StartupOptionError
+    from helios.errors import ExecutionError, LoadError
+    from helios.server.engine_process import _portable
+
+    refused = _portable(StartupOptionError("startup.max_concurrency", "too many"))
+    assert type(refused) is StartupOptionError and refused.path == "startup.max_concurrency" and refused.exit_code == 2
+    missing = _portable(ProgramOpError("helios::attend", "not registered"))
+    assert type(missing) is LoadError and str(missing) == "helios::attend: not registered"
+    fault = _portable(RuntimeError("can't start new thread"))
+    assert type(fault) is ExecutionError and "RuntimeError: can't start new thread" in str(fault)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -31,9 +32,10 @@ from helios.server.connection_limits import (
 )
 from helios.server.engine_process import CoreSource, start_engine_process
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
-from helios.server.serve import DRAIN_SECONDS, ServeOptions, serve
+from helios.server.serve import DRAIN_SECONDS, ServeOptions, bind, serve
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+MAX_THREADS = 1024  # --frontend-workers, --torch-threads: far past any use, short of what a process can start
 
 
 def register(subparsers) -> None:
@@ -136,14 +138,16 @@ class _StopSignal(BaseException):
 
 @contextlib.contextmanager
 def _stop_signals_unwind():
-    """SIGTERM and SIGHUP raise `_StopSignal` inside (as SIGINT raises `KeyboardInterrupt`), so a start
-    they interrupt unwinds: an engine process still loading (it ignores them) is stopped, not left
-    behind. Once serving, uvicorn's handlers take over (`helios.server.serve`)."""
+    """SIGTERM and SIGHUP (unless ignored) raise `_StopSignal` inside (as SIGINT raises
+    `KeyboardInterrupt`), so a start they interrupt unwinds: an engine process still loading (it
+    ignores them) is stopped, not left behind. Once serving, uvicorn's handlers take over
+    (`helios.server.serve`)."""
 
     def stop(signum, frame):
         raise _StopSignal(signum)
 
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(signum) is not signal.SIG_IGN}  # as under nohup: stays ignored
     try:
         yield
     finally:
@@ -157,8 +161,12 @@ def run(args: argparse.Namespace) -> int:
                  "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels",
                  "stream_interval", "max_header_bytes", "header_timeout", "body_timeout", "max_connections"):
         value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+        if value is not None and not 0 < value < math.inf:  # nan and inf too: timers cannot take them
+            raise UsageError(f"--{name.replace('_', '-')} must be positive and finite")
+    for name in ("frontend_workers", "torch_threads"):
+        value = getattr(args, name)
+        if value is not None and value > MAX_THREADS:
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {MAX_THREADS}")
     names = tuple(args.served_model_name or ())
     if any(not name.strip() for name in names) or len(set(names)) != len(names):
         raise UsageError("--served-model-name takes distinct, nonempty names")
@@ -172,6 +180,26 @@ def run(args: argparse.Namespace) -> int:
     startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
     load, policy, host_pages = runtime_flags(args, startup, args.device)
     runtime_options = RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks)
+    with contextlib.closing(bind(args.host, args.port)) as sock:  # a taken port fails before the load
+        runtime, owned_by = _start(args, runtime_options)
+        options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
+                               log_level=args.log_level, access_log=args.access_log,
+                               max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
+                               api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,
+                               image_limits=ImageLimits(args.max_images, args.max_image_bytes,
+                                                        args.max_image_pixels, args.allow_remote_images),
+                               connection_limits=ConnectionLimits(args.max_header_bytes, args.header_timeout,
+                                                                  args.body_timeout, args.max_connections))
+        try:
+            return serve(runtime, options, owned_by=owned_by, sock=sock)
+        finally:
+            runtime.close()  # idempotent; stops the ranks also when the server never started
+
+
+def _start(args: argparse.Namespace, runtime_options: RuntimeOptions):
+    """The loaded runtime (in an engine process by default) and the core's publisher namespace. A
+    SIGTERM or SIGHUP meanwhile stops the start (see `_stop_signals_unwind`) and then the process,
+    by that signal."""
     try:
         with _stop_signals_unwind():
             core, source = _open(args)
@@ -179,20 +207,9 @@ def run(args: argparse.Namespace) -> int:
                 runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads)
             else:
                 runtime = build_runtime(core, runtime_options)
+            return runtime, core.publisher.namespace
     except _StopSignal as stop:
         name = signal.Signals(stop.signum).name
         print(f"helios serve: stopped by {name} while starting", file=sys.stderr, flush=True)
         signal.raise_signal(stop.signum)  # its own handler again: the exit a running server's signal gives
         raise
-    options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
-                           log_level=args.log_level, access_log=args.access_log,
-                           max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
-                           api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,
-                           image_limits=ImageLimits(args.max_images, args.max_image_bytes, args.max_image_pixels,
-                                                    args.allow_remote_images),
-                           connection_limits=ConnectionLimits(args.max_header_bytes, args.header_timeout,
-                                                              args.body_timeout, args.max_connections))
-    try:
-        return serve(runtime, options, owned_by=core.publisher.namespace)
-    finally:
-        runtime.close()  # idempotent; stops the ranks also when the server never started

@@ -24,11 +24,12 @@ import pickle
 import signal
 import sys
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
-from helios.errors import ExecutionError
+from helios.errors import ExecutionError, HeliosError
 from helios.runtime.engine_link import EngineLink, serve_link, stats_of, wait_ready
 from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
@@ -84,6 +85,7 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
                          torch_threads: int | None = None,
                          timeout_s: float = STARTUP_TIMEOUT_S) -> EngineProcessRuntime:
     """Starts the engine process and waits until it serves; raises its startup error."""
+    settings = resolve_settings(prepared, options.load.startup)  # options the core refuses fail before a load
     context = multiprocessing.get_context("spawn")
     connection, child = context.Pipe()
     process = context.Process(target=_engine_main, args=(child, source, options, torch_threads, os.getpid()),
@@ -100,8 +102,7 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
         if isinstance(message, _Failed):
             raise message.error
         raise ExecutionError(f"the engine process ended while starting (exit code {process.exitcode})")
-    view = FrontendView(prepared, resolve_settings(prepared, options.load.startup),
-                        message.tokenizer_json, message.chat_template)
+    view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
     return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats)))
 
 
@@ -190,9 +191,29 @@ def _load(source: CoreSource, options: RuntimeOptions, torch_threads: int | None
 
 
 def _portable(error: BaseException) -> BaseException:
-    """`error` if it survives pickling, else an `ExecutionError` with its text."""
+    """A typed error (`HeliosError`, `OSError`) if it survives pickling, else the nearest class of
+    its family that does, with its text (so a `HeliosError` keeps its exit code); any other error
+    (a fault, not a refusal: its traceback is printed here) an `ExecutionError` with its type and
+    text, which the command reports in one line."""
+    if isinstance(error, (HeliosError, OSError)) and _pickles(error):
+        return error
+    if isinstance(error, HeliosError):
+        for family in type(error).__mro__[1:]:
+            if issubclass(family, HeliosError):
+                try:
+                    rebuilt = family(str(error))
+                except TypeError:  # a family whose constructor takes more than the text
+                    continue
+                if _pickles(rebuilt):
+                    return rebuilt
+    if not isinstance(error, (HeliosError, OSError)):
+        traceback.print_exception(error, file=sys.stderr)
+    return ExecutionError(f"the model failed to load: {type(error).__name__}: {error}")
+
+
+def _pickles(error: BaseException) -> bool:
     try:
         pickle.loads(pickle.dumps(error))
-        return error
+        return True
     except Exception:  # noqa: BLE001 - any error that does not pickle
-        return ExecutionError(f"{type(error).__name__}: {error}")
+        return False

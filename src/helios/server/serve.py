@@ -43,6 +43,7 @@ from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, with_transport_send
 from helios.server.service import ServedModel
 
 DRAIN_SECONDS = 5
+BACKLOG = 2048  # connections the kernel holds for the accept loop
 DROP_GRACE_SECONDS = 1  # after the drain deadline: time for the error events to reach their clients
 logger = logging.getLogger("uvicorn.error")  # uvicorn configures and formats this one
 
@@ -114,12 +115,21 @@ def _configure_access_log(is_on: bool) -> None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (IPv6 when `host` is an IPv6 literal)."""
+    """A TCP socket bound to `host`:`port` (IPv6 when `host` is an IPv6 literal), not yet listening:
+    bound before the model loads, a taken port or an unknown host fails at once, and until `serve`
+    listens a connection is refused rather than left waiting in the backlog."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as error:
-        raise ListenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+    except (OSError, OverflowError) as error:
+        sock.close()
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
 
 
 def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvicorn.Config:
@@ -131,8 +141,10 @@ def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvic
     )
 
 
-def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_by: str = "") -> int:
-    """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above)."""
+def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_by: str = "",
+          sock: socket.socket | None = None) -> int:
+    """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above), on `sock`
+    (from `bind`; None: bound here to the options' address)."""
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
         send_timeout_s=options.send_timeout_s, served_names=options.served_names,
@@ -141,7 +153,8 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
     app = with_transport_send(create_app(served, options.max_body_nbytes, options.api_key))
     config = uvicorn_config(app, options, fit_to_fd_limit(options.connection_limits))
     _configure_access_log(options.access_log)
-    sock = bind(options.host, options.port)
+    sock = sock or bind(options.host, options.port)
+    sock.listen(BACKLOG)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     limits = served.admission.limits
