@@ -451,3 +451,13 @@ def test_patch_capacities_past_what_can_be_captured_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="patch capacities are at most 262144, got 1000000000"):
         vision_preparation(tmp_path, recipe, text, (10**9,))
     assert vision_preparation(tmp_path, recipe, text, (64,)).patch_capacities == (64,)
+
+
+def test_a_non_finite_engram_table_is_refused(checkpoint):
+    from helios.ignition.engram import EngramTableError, read_engram, write_engram
+
+    table = torch.randn(7, 8)
+    table[2, 3] = math.nan
+    write_engram(checkpoint, table, torch.randn(64, 16), 2, (11, 13, 15, 17))
+    with pytest.raises(EngramTableError, match="engram.table holds NaN or infinite values"):
+        read_engram(checkpoint, 64, "float32")

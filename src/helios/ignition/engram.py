@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 
 from helios.ignition.architecture import CheckpointError
+from helios.ignition.recipes.checkpoint import is_finite
 
 ENGRAM_FILE = "engram.safetensors"
 TABLE, PROJ = "engram.table", "engram.proj"
@@ -99,6 +100,8 @@ def read_engram(checkpoint: Path, hidden_size: int, dtype: str) -> EngramTable |
         if tensor.dtype not in _FLOATS or tensor.dim() != 2:
             raise EngramTableError(f"{ENGRAM_FILE}: {name} must be a 2-D float32/float16/bfloat16 tensor, "
                                    f"got {tuple(tensor.shape)} {tensor.dtype}")
+        if not is_finite(tensor):
+            raise EngramTableError(f"{ENGRAM_FILE}: {name} holds NaN or infinite values")
     rows, width = table.shape
     if rows < 1 or width < 1:
         raise EngramTableError(f"{ENGRAM_FILE}: {TABLE} is empty ({rows} x {width})")
