@@ -461,3 +461,20 @@ def test_a_non_finite_engram_table_is_refused(checkpoint):
     write_engram(checkpoint, table, torch.randn(64, 16), 2, (11, 13, 15, 17))
     with pytest.raises(EngramTableError, match="engram.table holds NaN or infinite values"):
         read_engram(checkpoint, 64, "float32")
+
+
+def test_sigterm_during_capture_leaves_no_partial_core(pristine, key, tmp_path, capsys, monkeypatch):
+    import signal
+
+    import helios.ignition.export as export
+
+    def terminated_while_capturing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, in the main thread
+        raise AssertionError("SIGTERM did not stop preparation")
+
+    monkeypatch.setattr(export, "capture_all", terminated_while_capturing)
+    before = signal.getsignal(signal.SIGTERM)
+    assert _prepare(pristine, tmp_path / "model.core", key) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.splitlines()[-1] == "helios prepare: terminated"
+    assert list(tmp_path.iterdir()) == []  # the weights already streamed to a temporary file are gone
+    assert signal.getsignal(signal.SIGTERM) is before

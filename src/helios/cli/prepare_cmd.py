@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
 import unicodedata
 from pathlib import Path
@@ -108,6 +111,29 @@ def _check_signed_text(args: argparse.Namespace) -> None:
         raise UsageError("--license holds control characters other than newlines and tabs")
 
 
+class _Terminated(BaseException):
+    """SIGTERM during preparation; a BaseException, like KeyboardInterrupt, so that no `except
+    Exception` on the way swallows it and the core writer's abort removes its temporary files."""
+
+
+@contextlib.contextmanager
+def _terminate_as_exception():
+    """SIGTERM raises `_Terminated` (its default action would kill the process and leave the
+    temporary core behind). Only the main thread can install a handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _has_control(text: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in text)
 
@@ -134,8 +160,13 @@ def run(args: argparse.Namespace) -> int:
     options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
                              capacities=plan, tensor_parallel=args.tensor_parallel, frontend=tuple(args.frontend))
     started = time.monotonic()
-    written = prepare_core(checkpoint, output, load_signing_key(Path(args.key)), options,
-                           progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    try:
+        with _terminate_as_exception():
+            written = prepare_core(checkpoint, output, load_signing_key(Path(args.key)), options,
+                                   progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    except _Terminated:
+        print("helios prepare: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     total = sum(info.stored_nbytes for info in written.resources)
     print(f"wrote {', '.join(str(f) for f in written.files)}: {len(written.resources)} resources, "
           f"{total / 1e6:.1f} MB stored, in {time.monotonic() - started:.1f} s")
