@@ -478,3 +478,11 @@ def test_sigterm_during_capture_leaves_no_partial_core(pristine, key, tmp_path, 
     assert capsys.readouterr().err.splitlines()[-1] == "helios prepare: terminated"
     assert list(tmp_path.iterdir()) == []  # the weights already streamed to a temporary file are gone
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_an_output_that_would_replace_a_checkpoint_file_is_refused(checkpoint, key, capsys, name):
+    before = (checkpoint / name).read_bytes()
+    assert _prepare(checkpoint, checkpoint / name, key) == 2
+    assert f"-o {checkpoint / name} would replace a file of the checkpoint" in capsys.readouterr().err
+    assert (checkpoint / name).read_bytes() == before

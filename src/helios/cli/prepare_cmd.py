@@ -134,6 +134,13 @@ def _terminate_as_exception():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _is_input_file(output: Path, checkpoint: Path) -> bool:
+    """Whether `output` names a file preparation reads from `checkpoint` (weights, configs, tokenizer,
+    template): the finished core would replace it."""
+    return (output.suffix in (".safetensors", ".json", ".jinja") and output.is_file()
+            and output.resolve().parent == checkpoint.resolve())
+
+
 def _has_control(text: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in text)
 
@@ -148,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {output} is a directory; name the core file to write")
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
+    for source in (checkpoint, Path(args.draft) if args.draft else None):
+        if source is not None and _is_input_file(output, source):
+            raise UsageError(f"-o {output} would replace a file of the checkpoint {source}")
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
