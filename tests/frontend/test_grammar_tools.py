@@ -14,6 +14,7 @@ with ATEM calls (trained BPE, open header).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -24,11 +25,13 @@ import pytest
 
 from helios.frontend.structured.grammar import PATTERN_PROBES, GrammarCompiler, GrammarError, parse_response_format
 from helios.frontend.structured.grammar_frames import frames_lark
-from helios.frontend.structured.grammar_lark import LarkRules, Piece, Speller, not_containing, text_then
+from helios.frontend.structured.grammar_json_calls import json_calls_lark
+from helios.frontend.structured.grammar_lark import LarkRules, Piece, Speller, not_containing, search_regex, text_then
 from helios.frontend.structured.grammar_tools import AnswerKind, CallPolicy, ToolSchema
 from helios.frontend.structured.grammar_values import ValueStyle, safe_schema, string_pattern, without_strings
 from helios.frontend.parsers import FramePosition, FrameStart, TokenDelimiters
 from helios.frontend.parsers.calls import ValueFormat
+from helios.frontend.decoding.syntax import JsonCallSyntax
 from helios.frontend.preparation.request_options import ChatOptionError
 from helios.frontend.session import FrontendModel
 from helios.server.schemas import ChatCompletionRequest
@@ -545,6 +548,103 @@ def test_unsupported_schema_keywords_stay_lenient_in_tool_schemas(served):
         assert case.model.prepare_chat(chat(case, tools=[tool(parameters)], **fields)).grammar is not None
     untyped = case.model.prepare_chat(chat(case, tools=[tool({"properties": {"a": {}}})], tool_choice="required"))
     assert untyped.grammar is not None  # no top-level type: an object schema, as before
+
+
+# -- raw string bounds ---------------------------------------------------------------------------------
+
+BOUNDED = {"type": "function", "function": {"name": "label", "parameters": {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "maxLength": 5},
+        "word": {"type": "string", "minLength": 2, "maxLength": 4, "pattern": "^[a-z]+$"},
+        "tag": {"type": "string", "pattern": "^x"},
+    },
+    "required": ["code", "word", "tag"],
+}}}
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+def test_raw_string_values_keep_their_length_and_pattern(served, syntax):
+    """Plain string parameters are raw text in these syntaxes: their minLength, maxLength and pattern
+    (unanchored where it spells no ^/$) hold for the value the parser reads (they were dropped)."""
+    case = served[syntax]
+    if syntax == "qwen":  # a bounded value ends with its wrap: a guide that closes it
+        case = dataclasses.replace(case, closers=(*case.closers, tuple(ids_of(case.tokenizer, "\n</parameter>"))))
+    prepared = case.model.prepare_chat(chat(case, tools=[BOUNDED], tool_choice="required", parallel_tool_calls=False))
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        result = run_output(prepared, sample(prepared.grammar.fork(), case, rng))[1].result
+        assert result.errors == () and result.tool_calls, result
+        for call in result.tool_calls:
+            arguments = json.loads(call.arguments)
+            assert len(arguments["code"]) <= 5, arguments
+            assert re.fullmatch("[a-z]{2,4}", arguments["word"]), arguments
+            assert arguments["tag"].startswith("x"), arguments
+
+
+def test_a_bounded_qwen_value_is_read_exactly_and_cannot_hold_its_closer(served):
+    case = served["qwen"]
+    tokenizer = case.tokenizer
+    parameters = BOUNDED["function"]["parameters"]
+    bounded = {**parameters, "properties": {**parameters["properties"], "tag": {"type": "string", "pattern": "^x|yz$"}}}
+    prepared = case.model.prepare_chat(chat(case, tools=[{"type": "function", "function": {
+        "name": "label", "parameters": bounded}}], tool_choice="required"))
+    head = ids_of(tokenizer, "</think>", "<tool_call>", "\n<function=label>\n<parameter=code>\n")
+
+    def value(text: str) -> list[int]:
+        return head + plain_ids(tokenizer, text) + ids_of(tokenizer, "\n</parameter>\n")
+
+    assert accepts(prepared.grammar, value("a\nb c"))
+    assert not accepts(prepared.grammar, value("abcdef"))
+    assert not accepts(prepared.grammar, head + plain_ids(tokenizer, "a</parameter>b\n</parameter>"))
+    word = value("ab") + ids_of(tokenizer, "<parameter=word>\n")
+    assert accepts(prepared.grammar, word + plain_ids(tokenizer, "abcd\n</parameter>"))
+    assert not accepts(prepared.grammar, word + plain_ids(tokenizer, "a\n</parameter>"))
+    assert not accepts(prepared.grammar, word + plain_ids(tokenizer, "aBc\n</parameter>"))
+    assert not accepts(prepared.grammar, word + plain_ids(tokenizer, "ab</parameter>cd\n</parameter>"))
+    tag = word + plain_ids(tokenizer, "abc\n</parameter>\n") + ids_of(tokenizer, "<parameter=tag>\n")
+    assert not accepts(prepared.grammar, tag + plain_ids(tokenizer, "ayz \n</parameter>"))
+    ids = tag + plain_ids(tokenizer, "\nzyz\n</parameter>\n</function>\n") + ids_of(tokenizer, "</tool_call>")
+    result = drive(prepared, ids + [case.eos])
+    assert [json.loads(c.arguments) for c in result.tool_calls] == [{"code": "ab", "word": "abc", "tag": "\nzyz"}]
+
+
+@pytest.mark.parametrize("schema, reason", [
+    ({"type": "string", "pattern": "(^a)"}, "takes \\^ and \\$ only at the ends"),
+    ({"type": "string", "minLength": 1, "maxLength": 5000}, "above 1000"),
+])
+def test_raw_string_bounds_the_grammar_cannot_enforce_are_400s_naming_the_parameter(served, schema, reason):
+    case = served["qwen"]
+    with pytest.raises(GrammarError, match=f"tool 'f' parameter 'a': .*{reason}") as caught:
+        case.model.prepare_chat(chat(case, tools=[tool(with_property(schema))], tool_choice="required"))
+    assert caught.value.param == "tools"
+    long = case.model.prepare_chat(chat(case, tools=[tool(with_property({"type": "string", "maxLength": 100000}))],
+                                        tool_choice="required"))
+    assert long.grammar is not None  # a maxLength alone has no limit
+
+
+def test_json_call_arguments_ignore_keywords_llguidance_lacks_and_keep_the_rest(served):
+    """Like the tag syntaxes (and the check of the tool's schema), JSON calls compile tool schemas
+    leniently: an unknown format is ignored (it failed to compile, a 400), maxLength still holds."""
+    case = served["qwen"]
+    compiler, speller = case.model._constraints._compiler, case.model._constraints._speller
+    syntax = JsonCallSyntax(block_open="<tool_call>", block_close="</tool_call>", name_key="name",
+                            arguments_key="arguments")
+    schema = with_property({"type": "string", "format": "no-such-format", "maxLength": 3})
+    matcher = compiler.compile_lark(json_calls_lark(syntax, speller, [ToolSchema("f", schema)], True, {}), None)
+    call = ids_of(case.tokenizer, "<tool_call>", '\n{"name": "f", "arguments": {"a": "')
+    assert accepts(matcher, call + plain_ids(case.tokenizer, 'abc"'))
+    assert not accepts(matcher, call + plain_ids(case.tokenizer, "abcd"))
+
+
+@pytest.mark.parametrize("pattern", ["ab", "^ab", "ab$", "^ab$", "^a|b$", "a$|^b", "[$^]x", "\\$", "^(a|b)$", "^$", "a|"])
+def test_search_regex_matches_where_the_pattern_finds_a_match(pattern):
+    full = re.compile(search_regex(pattern))
+    rng = random.Random(pattern)
+    for _ in range(500):
+        text = "".join(rng.choice("ab$^x") for _ in range(rng.randrange(6)))  # no newline: $ is the end alone
+        assert (full.fullmatch(text) is not None) == (re.search(pattern, text) is not None), (pattern, text)
+    assert search_regex("(^a)") is None and search_regex("a(b$)") is None
 
 
 # -- building blocks ----------------------------------------------------------------------------------

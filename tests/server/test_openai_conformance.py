@@ -5,6 +5,7 @@ the status, ``type`` and ``param`` OpenAI's API reference gives them."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -326,3 +327,25 @@ def test_logprob_bytes_are_each_tokens_own_bytes_and_join_into_the_text(runner, 
 
 async def _collect(stream) -> list:
     return [chunk async for chunk in stream]
+
+
+# -- forced tool calls keep their parameters' string bounds ---------------------------------------------
+
+
+@pytest.mark.parametrize("city, valid", [
+    ({"maxLength": 8}, lambda city: len(city) <= 8),
+    ({"minLength": 3, "pattern": "^[a-z]{2,5}$"}, lambda city: re.fullmatch("[a-z]{3,5}", city)),
+])
+def test_a_forced_call_keeps_its_string_parameter_bounds(runner, client, city, valid):
+    """The tiny core writes Qwen Coder tags, where a plain string parameter is raw text: its bounds
+    were dropped (a 27-character city under maxLength 8). Sampled, strict or not."""
+    for strict in (False, True):
+        tool = {"type": "function", "function": {"name": "get_weather", "strict": strict, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", **city}}, "required": ["city"]}}}
+        response = runner.run(client.chat.completions.create(
+            model=SERVED_ID, messages=HELLO, max_tokens=120, temperature=1.0, seed=0, n=3, tools=[tool],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+        for choice in response.choices:
+            (call,) = choice.message.tool_calls
+            assert valid(json.loads(call.function.arguments)["city"]), call
+            assert choice.finish_reason == "tool_calls", choice

@@ -25,11 +25,14 @@ from helios.frontend.decoding.syntax import JsonCallSyntax
 
 
 def arguments_schema(tool: ToolSchema, json_options: Mapping) -> str:
-    """The arguments schema; like the tag grammars, a call writes only the declared properties."""
+    """The arguments schema; like the tag grammars, a call writes only the declared properties and
+    ignores the keywords llguidance does not implement (``lenient``, as the check of the tool's
+    schema and the tag grammars do; they were an error here, a 400 the check had passed)."""
     schema = dict(tool.parameters) or {"type": "object"}
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
-    schema["x-guidance"] = {**json_options, **schema.get("x-guidance", {})}
+    options = schema.get("x-guidance")
+    schema["x-guidance"] = {**json_options, **(options if isinstance(options, Mapping) else {}), "lenient": True}
     return json.dumps(schema, ensure_ascii=False)
 
 

@@ -153,6 +153,65 @@ def not_containing(literal: str) -> str:
     return f"{item}*(?:{head}{partial})*"
 
 
+def search_regex(pattern: str) -> str | None:
+    """A regex (Rust syntax, not yet escaped for Lark) that fully matches exactly the strings in
+    which ``pattern`` finds a match: JSON schema's ``pattern`` is unanchored unless it spells ``^``
+    or ``$``, as llguidance reads it in JSON. None when an anchor stands anywhere but at the ends of
+    the pattern's top-level alternatives (llguidance regexes take no anchors inside)."""
+    flags = ""
+    if pattern.startswith("(?") and (close := pattern.find(")")) > 0 and ":" not in pattern[:close]:
+        flags, pattern = pattern[: close + 1], pattern[close + 1 :]  # (?i) applies to every alternative
+    spans, anchors = _top_level_spans(pattern)
+    starts, ends = {start for start, _ in spans}, {end - 1 for _, end in spans}
+    if any(depth or (pattern[at] == "^" and at not in starts) or (pattern[at] == "$" and at not in ends)
+           for at, depth in anchors):
+        return None
+    anchored = {at for at, _ in anchors}
+    branches = []
+    for start, end in spans:
+        head = start in anchored and pattern[start] == "^"
+        tail = end - 1 in anchored and pattern[end - 1] == "$"
+        inner = pattern[start + head : end - tail]
+        branches.append(f"{'' if head else ANY_TEXT}(?:{flags}{inner}){'' if tail else ANY_TEXT}")
+    return f"(?:{'|'.join(branches)})"
+
+
+def _top_level_spans(pattern: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The [start, end) spans of the top-level alternatives, and (offset, group depth) of each
+    ``^`` and ``$`` outside character classes and escapes."""
+    spans, anchors = [], []
+    start = depth = classes = 0
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if classes:
+            classes += {"[": 1, "]": -1}.get(char, 0)  # classes nest in Rust regex syntax
+        elif char == "[":
+            classes, i = 1, i + 1
+            i += pattern.startswith("^", i)
+            i += pattern.startswith("]", i)  # a "]" first in a class is literal
+            continue
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "|" and not depth:
+            spans.append((start, i))
+            start = i + 1
+        elif char in "^$":
+            anchors.append((i, depth))
+        i += 1
+    spans.append((start, len(pattern)))
+    return spans, anchors
+
+
+def avoiding(body: str, avoid: Sequence[Spelling]) -> str:
+    """A terminal body (Lark) matching ``body`` minus text containing any of ``avoid`` (their leading
+    text, and the text of tokens that text rules could produce)."""
+    return _excluding(body, _avoided_texts(avoid))
+
+
 class LarkRules:
     """Rules and terminals of one Lark grammar under generated unique names. Owned by one build."""
 

@@ -22,7 +22,10 @@ A tool whose parameters schema would constrain the output must compile on its ow
 (`ToolSchema.parameters_request`, checked by `GrammarCompiler.first_failure` before the grammar is built): an
 object schema (OpenAI's rule for ``parameters``), known types, patterns that compile and stay within
 llguidance's limits; unsupported keywords are still ignored (llguidance ``lenient``). Failures are
-`GrammarError`s (HTTP 400) naming the tool.
+`GrammarError`s (HTTP 400) naming the tool. Every keyword llguidance implements is enforced, whether
+or not the tool says ``strict``: in JSON values by llguidance, in raw string values ``minLength``,
+``maxLength`` and ``pattern`` by `grammar_values` (its docstring gives the few limits, each a 400
+naming the parameter, and ``format``, which raw text does not get).
 
 `CallPolicy` is the request's side: the callable tools (the registered ones, or only the named
 function), the answer kind and whether at most one call is allowed. `CallGrammar` builds invocation
@@ -163,7 +166,10 @@ class CallGrammar:
     def _parameters(self, tool: ToolSchema) -> list[str]:
         out = []
         for key, schema, required in tool.properties():
-            rule = self._parameter(key, schema, tool.document)
+            try:
+                rule = self._parameter(key, schema, tool.document)
+            except GrammarError as error:
+                raise GrammarError(f"tool {tool.name!r} parameter {key!r}: {error}", "tools") from None
             out.append(rule if required else f"({rule})?")
         return out
 

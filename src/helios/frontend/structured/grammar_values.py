@@ -5,7 +5,14 @@ A parameter's JSON schema decides its value grammar through the parsers' own typ
 the schema accepts:
 
 - a parameter the parsers read as a plain string (only ``string`` allowed, or no usable type) is raw
-  text up to the value closer, or one of its string ``enum``/``const`` values;
+  text up to the value closer, or one of its string ``enum``/``const`` values; its ``minLength``,
+  ``maxLength`` and ``pattern`` (unanchored unless it spells ``^``/``$``, as in JSON) hold for the
+  text the parser reads (`StringBounds`), with the syntax's value wrap written around it. Such a value
+  never holds the closer's text (XML-escaped: holds no entity, so its text is the value). Limits,
+  each a 400 naming the tool and parameter rather than a bound silently dropped: ``^``/``$`` only at
+  the ends of the pattern or of its top-level alternatives, and minLength/maxLength at most
+  ``MAX_COUNTED_LEN`` when the value also has a pattern or a minLength (a maxLength alone has no
+  limit). ``format`` is not enforced on raw text (llguidance implements formats only inside JSON);
 - any other parameter is a JSON document under its schema (llguidance ``%json``), with string
   branches removed when the parsers would read the text as a raw string instead; scalars are then
   spelled as the parsers expect them (``3``, ``true``, ``null``);
@@ -24,8 +31,9 @@ Local ``$ref``s (``#/$defs/NAME``, ``#/definitions/NAME``, JSON pointers into th
 read through the tool's `SchemaDocument`: the kinds, string removal and string literals look through
 them like the parsers do, and each JSON value is a standalone bundle of the parameter's schema whose
 refs point into its own ``$defs`` (recursion stays a ref, which llguidance resolves lazily).
-Unsupported JSON-schema keywords are ignored (llguidance ``lenient``), so such constraints are not
-enforced.
+JSON values keep every keyword llguidance implements (``minLength``, ``maxLength``, ``pattern``,
+``format``, ``minimum``, ``maximum``, ``enum``, ...), strict tool or not; keywords it does not implement
+(``not``, ``if``, ...) are ignored (llguidance ``lenient``), in every tool syntax alike.
 """
 
 from __future__ import annotations
@@ -34,13 +42,19 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import llguidance
+
+from helios.frontend.structured.grammar import GrammarError
 from helios.frontend.structured.grammar_lark import (
     LarkRules,
     Spelling,
+    avoiding,
     free_text,
     json_literal,
     lark_of,
     not_containing,
+    regex_escape,
+    search_regex,
     text_spelling,
     text_then,
 )
@@ -50,6 +64,9 @@ from helios.frontend.parsers.values import STRING_ONLY, ValueKind, schema_kinds
 
 SAFE_JSON = "helios_safe_json"
 NUMBER_LIMIT = 1e15  # unbounded JSON numbers: |x| <= 1e15, written without an exponent (always finite)
+# The largest minLength/maxLength a raw string value takes together with a pattern or a minLength:
+# llguidance checks such a value's lexeme (an intersection) within a fixed fuel that larger counts exhaust.
+MAX_COUNTED_LEN = 1000
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _ENTITY_PATTERN = "^(?:[^<>&]|&(?:amp|lt|gt|apos);)*$"
 _XML_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
@@ -63,6 +80,34 @@ class ValueStyle:
     format: ValueFormat = ValueFormat.RAW
     wrap: str = ""
     flag: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class StringBounds:
+    """The keywords a raw string value is held to: ``minLength``, ``maxLength``, ``pattern``."""
+
+    min_len: int = 0
+    max_len: int | None = None
+    pattern: str | None = None
+
+    @classmethod
+    def of(cls, schema: Any) -> StringBounds | None:
+        """The schema's bounds, or None when it sets none of them."""
+        if not isinstance(schema, Mapping):
+            return None
+        low, high, pattern = schema.get("minLength"), schema.get("maxLength"), schema.get("pattern")
+        bounds = cls(low if _is_count(low) else 0, high if _is_count(high) else None,
+                     pattern if isinstance(pattern, str) else None)
+        return None if bounds == cls() else bounds
+
+    @property
+    def is_prefix_closed(self) -> bool:
+        """Whether every prefix of an allowed value is allowed (a maxLength alone)."""
+        return self.min_len == 0 and self.pattern is None
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 @dataclass(frozen=True)
@@ -221,10 +266,48 @@ class ValueGrammar:
             if allowed:
                 choices = " | ".join(json_literal(text) for text in allowed)
                 return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
+        bounds = StringBounds.of(schema)
+        if bounds is not None:
+            return self._bounded(bounds)
         if escaped:
             text = free_text(self._rules, escaped=True)
             return self._rules.rule("string", f"{text}? {closer}")
         return text_then(self._rules, [self._closer])[0]
+
+    def _bounded(self, bounds: StringBounds) -> str:
+        """A raw string value held to `bounds`, then the closer. The value never holds the closer's
+        text (nor, escaped, an entity: its text is then the value itself). Before a text closer, a
+        maxLength alone is one lazy lexeme of the value and the closer's text (every prefix of a value
+        is one, so it ends at the first closer); other bounds intersect in one lexeme that writes the
+        wrap on both sides, so the parser, which strips it, reads exactly the value matched."""
+        escaped = self._style.format is ValueFormat.XML_ESCAPED
+        char = "[^<>&]" if escaped else "(?s:.)"
+        wrap = regex_escape(self._style.wrap)
+        head = self._closer[0] if self._closer and not self._closer[0].is_token else None
+        stop, rest = (regex_escape(head.text), self._closer[1:]) if head else ("", self._closer)
+        if bounds.is_prefix_closed and stop:
+            optional = f"(?:{wrap})?" if wrap else ""
+            value = self._rules.rule("bounded", f"/{optional}{char}{{0,{bounds.max_len}}}{optional}{stop}/", "lazy")
+            return self._rules.rule("string", " ".join(filter(None, (value, lark_of(rest)))))
+        low = bounds.min_len if stop or wrap else max(bounds.min_len, 1)  # before a token: absent, not empty
+        texts = [f"{char}{{{low},{'' if bounds.max_len is None else bounds.max_len}}}"]
+        if bounds.pattern is not None:
+            search = search_regex(bounds.pattern)
+            if search is None:
+                raise GrammarError(f"pattern {bounds.pattern[:80]!r}: a raw string value takes ^ and $ only at "
+                                   "the ends of the pattern or of its top-level alternatives")
+            texts.append(llguidance.regex_to_lark(search))
+        conjuncts = [f"/{wrap}(?:{text}){wrap}{stop}/" for text in texts]
+        if stop and not escaped:
+            conjuncts.append(f"/{not_containing(head.text)}{stop}/")
+        joined = " & ".join(conjuncts)
+        lexeme = avoiding(joined, [rest])
+        if (lexeme != joined or len(conjuncts) > 1) and max(bounds.min_len, bounds.max_len or 0) > MAX_COUNTED_LEN:
+            raise GrammarError(f"minLength or maxLength above {MAX_COUNTED_LEN} cannot be enforced on a raw string "
+                               "value together with minLength or a pattern (llguidance's lexer limits)")
+        may_be_empty = not (stop or wrap) and bounds.min_len == 0 and bounds.pattern is None
+        value = self._rules.terminal("bounded", lexeme)
+        return self._rules.rule("string", f"{value}{'?' if may_be_empty else ''} {lark_of(rest)}")
 
     def _json(self, schema: Any, source: SchemaDocument) -> str:
         bundle = source.bundled(schema, reserved=(SAFE_JSON,))
