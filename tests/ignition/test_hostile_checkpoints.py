@@ -486,3 +486,13 @@ def test_an_output_that_would_replace_a_checkpoint_file_is_refused(checkpoint, k
     assert _prepare(checkpoint, checkpoint / name, key) == 2
     assert f"-o {checkpoint / name} would replace a file of the checkpoint" in capsys.readouterr().err
     assert (checkpoint / name).read_bytes() == before
+
+
+def test_a_mistyped_key_no_generic_check_knows_still_raises_a_checkpoint_error(tmp_path):
+    from vision.tiny_vl import tiny_model
+
+    tiny_model().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["vision_config"]["window_size"] = "wide"  # read by the Qwen2.5-VL recipe alone
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _refused(tmp_path, "cannot prepare the Qwen2_5_VLForConditionalGeneration checkpoint", "'wide'")
