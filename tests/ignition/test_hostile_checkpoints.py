@@ -496,3 +496,8 @@ def test_a_mistyped_key_no_generic_check_knows_still_raises_a_checkpoint_error(t
     config["vision_config"]["window_size"] = "wide"  # read by the Qwen2.5-VL recipe alone
     (tmp_path / "config.json").write_text(json.dumps(config))
     _refused(tmp_path, "cannot prepare the Qwen2_5_VLForConditionalGeneration checkpoint", "'wide'")
+
+
+def test_a_placeholder_context_length_is_not_refused(checkpoint):
+    _edit_config(checkpoint, max_position_embeddings=10**12)  # some configs state a huge one; nothing is sized by it
+    assert load_checkpoint(checkpoint).architecture.vocab_size == VOCAB_SIZE

@@ -132,6 +132,7 @@ _COUNT_INTS = frozenset(("sliding_window", "max_window_layers", "first_k_dense_r
                          "max_position_embeddings", "original_max_position_embeddings", "num_nextn_predict_layers",
                          "mamba_d_conv", "mamba_d_state", "mamba_expand", "mamba_n_groups", "mamba_n_heads"))
 _MAX_INT = 2**31 - 1
+_POSITIONS = frozenset(("max_position_embeddings", "original_max_position_embeddings"))  # sizes nothing: 2**63 - 1
 _REQUIRED = frozenset(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))  # never null
 _NON_NEGATIVE_FLOATS = frozenset(("rms_norm_eps", "layer_norm_eps", "swiglu_limit"))
 _POSITIVE_FLOATS = frozenset(("rope_theta", "factor", "routed_scaling_factor", "swiglu_alpha",
@@ -166,10 +167,9 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
         elif value is None and key not in _REQUIRED:
             continue
         elif key in _POSITIVE_INTS or key in _COUNT_INTS:
-            least = 1 if key in _POSITIVE_INTS else 0
-            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= _MAX_INT:
-                raise CheckpointError(f"config.json: {name} must be an integer from {least} to {_MAX_INT}, "
-                                      f"got {value!r}")
+            least, most = 1 if key in _POSITIVE_INTS else 0, 2**63 - 1 if key in _POSITIONS else _MAX_INT
+            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+                raise CheckpointError(f"config.json: {name} must be an integer from {least} to {most}, got {value!r}")
         elif key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (
                     value == 0 and key in _POSITIVE_FLOATS):
