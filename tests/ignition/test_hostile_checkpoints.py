@@ -212,12 +212,13 @@ def test_a_config_with_a_missing_or_mistyped_key_is_refused_naming_it(checkpoint
 
 
 @pytest.mark.parametrize("text, phrase", [
-    ('{"rms_norm_eps": NaN}', "NaN is not a JSON value"),
-    ('{"rope_theta": Infinity}', "Infinity is not a JSON value"),
-    ('{"rope_theta": 1e999}', "out of the float range"),
+    ('{"rms_norm_eps": NaN}', "rms_norm_eps must be a non-negative number, got nan"),
+    ('{"rope_theta": Infinity}', "rope_theta must be a positive number, got inf"),
+    ('{"rope_theta": 1e999}', "rope_theta must be a positive number, got inf"),
+    ('{"unused_setting": Infinity}', None),  # transformers writes float("inf") so; only the keys read matter
     ("[" * 100_000 + "]" * 100_000, "cannot read"),
 ])
-def test_a_config_that_is_not_strict_json_is_refused(checkpoint, text, phrase):
+def test_non_finite_numbers_in_the_config_are_refused_where_read(checkpoint, text, phrase):
     config = (checkpoint / "config.json").read_text()
     if text.startswith("{"):  # one key replaced by a value JSON does not have
         key = text[2:text.index('"', 2)]
@@ -225,7 +226,10 @@ def test_a_config_that_is_not_strict_json_is_refused(checkpoint, text, phrase):
     else:
         config = text
     (checkpoint / "config.json").write_text(config)
-    _refused(checkpoint, phrase)
+    if phrase is None:
+        assert load_checkpoint(checkpoint).architecture.vocab_size == VOCAB_SIZE
+    else:
+        _refused(checkpoint, phrase)
 
 
 # --- tokenizer and chat template ---------------------------------------------------------------

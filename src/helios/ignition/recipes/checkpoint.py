@@ -137,6 +137,8 @@ _REQUIRED = frozenset(("vocab_size", "hidden_size", "num_hidden_layers", "num_at
 _NON_NEGATIVE_FLOATS = frozenset(("rms_norm_eps", "layer_norm_eps", "swiglu_limit"))
 _POSITIVE_FLOATS = frozenset(("rope_theta", "factor", "routed_scaling_factor", "swiglu_alpha",
                               "partial_rotary_factor"))
+_FINITE_FLOATS = frozenset(("low_freq_factor", "high_freq_factor", "mscale", "mscale_all_dim", "beta_fast",
+                            "beta_slow", "attention_factor"))
 _BOOLS = frozenset(("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob", "rope_interleave",
                     "mamba_proj_bias", "use_sliding_window", "use_qk_norm"))
 _STRINGS = frozenset(("hidden_act", "model_type", "dtype", "torch_dtype", "rope_type", "type"))
@@ -147,7 +149,8 @@ def read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory} has no config.json")
-    config = read_json(path)
+    # NaN/Infinity literals are read (transformers writes a float("inf") so), and refused in the keys below.
+    config = read_json(path, strict=False)
     _check_config(config, "")
     architectures = config.get("architectures")
     if architectures is not None and (not isinstance(architectures, list)
@@ -170,10 +173,11 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
             least, most = 1 if key in _POSITIVE_INTS else 0, 2**63 - 1 if key in _POSITIONS else _MAX_INT
             if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
                 raise CheckpointError(f"config.json: {name} must be an integer from {least} to {most}, got {value!r}")
-        elif key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (
-                    value == 0 and key in _POSITIVE_FLOATS):
-                kind = "positive" if key in _POSITIVE_FLOATS else "non-negative"
+        elif key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS or key in _FINITE_FLOATS:
+            least = 0 if key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS else -math.inf
+            if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+                    or value < least or (value == 0 and key in _POSITIVE_FLOATS)):
+                kind = "positive" if key in _POSITIVE_FLOATS else "non-negative" if least == 0 else "finite"
                 raise CheckpointError(f"config.json: {name} must be a {kind} number, got {value!r}")
         elif key in _BOOLS and not isinstance(value, bool):
             raise CheckpointError(f"config.json: {name} must be true or false, got {value!r}")
@@ -183,12 +187,13 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
             raise CheckpointError(f"config.json: {name} must be a list of strings, got {value!r}")
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`, strictly: no NaN/Infinity literals, no number beyond the float range."""
+def read_json(path: Path, strict: bool = True) -> dict[str, Any]:
+    """A JSON object from `path`; `strict`: no NaN/Infinity literals, no number beyond the float range."""
     if not path.is_file():  # a FIFO would block the read forever
         raise CheckpointError(f"{path} is not a regular file")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float) if strict else json.loads(text)
     except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"cannot read {path}: {error}") from None
     if not isinstance(value, dict):
