@@ -185,7 +185,8 @@ class Architecture:
         # Derived from config.json arithmetic (rope and YaRN scaling), so checked: a NaN here is NaN logits.
         scales = {"rms_norm_eps": self.rms_norm_eps, "rotary_factor": self.rotary_factor}
         if self.latent is not None:
-            scales |= {"latent scale": self.latent.scale, "latent rope_attention_factor": self.latent.rope_attention_factor}
+            scales |= {"latent scale": self.latent.scale,
+                       "latent rope_attention_factor": self.latent.rope_attention_factor}
         if self.moe is not None:
             scales |= {"router scale": self.moe.scale}
         bad = {name: value for name, value in scales.items() if not math.isfinite(value)}

@@ -110,11 +110,9 @@ def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
         out += _attention_weights(arch, src + "self_attn.", dst, take)
     mlp = src + "feed_forward."
     out += [NamedWeight(dst + "post_norm", take(src + "pre_ff_layernorm.weight")),
-            NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "gate_proj.weight",
-                                                                mlp + "up_proj.weight"]))]
+            NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]))]
     if arch.mlp_bias:
-        out.append(NamedWeight(dst + "gate_up.bias", fused(take, [mlp + "gate_proj.bias",
-                                                                     mlp + "up_proj.bias"])))
+        out.append(NamedWeight(dst + "gate_up.bias", fused(take, [mlp + "gate_proj.bias", mlp + "up_proj.bias"])))
     out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))
