@@ -2,7 +2,10 @@
 
 `PromptBuilder.build` validates OpenAI-style messages and tools, renders the core's chat template in
 its sandbox, tokenizes the text (the template renders BOS and other template tokens itself), and
-derives two facts from frozen `PromptRules` (the contract's frontend syntax data):
+derives two facts from frozen `PromptRules` (the contract's frontend syntax data). Control markers
+(special and markup added tokens) in client strings are tokenized as text, only the template's own
+markers as control tokens (`helios.frontend.preparation.control_markers`); the facts below are read
+from the rendering with client markers escaped, so client text cannot open or close anything:
 
 - `reasoning_state`: read only from the open assistant envelope, i.e. the text after the last
   assistant header (``message_start + assistant_header``) when no later message starts. Inside it,
@@ -11,7 +14,11 @@ derives two facts from frozen `PromptRules` (the contract's frontend syntax data
   The last open delimiter after the last close delimiter or terminal marker means OPEN.
 - `stable_prefix_len`: prompt tokens that later turns of the same conversation will render and
   tokenize identically, from the per-role prefix-boundary constraints; the prefix cache may publish
-  reusable checkpoints up to it.
+  reusable checkpoints up to it. The prefix is rendered from the same escaped inputs and tokenized
+  by the same rule.
+
+`/v1/completions` prompts are not built here: a raw prompt is the client's whole text, and the
+markers in it are control tokens on purpose.
 
 The builder holds immutable collaborators only and is safe to use from several preparation workers.
 """
@@ -20,9 +27,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, Sequence
+
+from tokenizers import Tokenizer
 
 from helios.contract import serving_pb2 as spb
+from helios.frontend.preparation.control_markers import ControlMarkers, TemplateInputs
 from helios.frontend.preparation.image_parts import image_urls
 from helios.frontend.preparation.messages import (
     ChatMessage,
@@ -121,12 +131,6 @@ class PromptRules:
         return cls(boundary.message_start, boundary.assistant_header, ends, reasoning, rules)
 
 
-class Encoder(Protocol):
-    """The part of `tokenizers.Tokenizer` the prompt path needs."""
-
-    def encode(self, text: str, add_special_tokens: bool = True): ...
-
-
 @dataclass(frozen=True)
 class Prompt:
     """A prepared prompt; `assistant_prefill` is the envelope text that decided `reasoning_state`."""
@@ -142,9 +146,11 @@ class Prompt:
 class PromptBuilder:
     """Prepares chat prompts for one model; holds only immutable collaborators (thread-safe)."""
 
-    def __init__(self, template: ChatTemplate, tokenizer: Encoder, rules: PromptRules):
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, rules: PromptRules,
+                 markers: ControlMarkers | None = None):
+        """`markers` (which tokenize the prompts) default to the tokenizer's (`ControlMarkers.from_tokenizer`)."""
         self._template = template
-        self._tokenizer = tokenizer
+        self._markers = markers or ControlMarkers.from_tokenizer(tokenizer)
         self._rules = rules
 
     def build(
@@ -158,11 +164,15 @@ class PromptBuilder:
         """Validates, renders and tokenizes one chat request (RequestError subclasses on bad input)."""
         parsed = parse_messages(messages)
         self._check_roles(parsed)
-        tool_inputs = template_tools(parse_tools(tools))
-        text = self._render(parsed, tool_inputs, add_generation_prompt, template_kwargs)
-        token_ids = self._encode(text)
-        state, prefill = initial_reasoning_state(text, self._rules)
-        stable = self._stable_prefix_len(parsed, tool_inputs, template_kwargs, token_ids)
+        developer_as_system = Role.DEVELOPER not in self._rules.declared_roles
+        inputs = self._markers.escape_inputs(
+            template_messages(parsed, developer_as_system), template_tools(parse_tools(tools)), template_kwargs)
+        rendered = self._render(inputs, inputs.messages, add_generation_prompt)
+        text, token_ids = self._encode(rendered, inputs)
+        state, prefill = initial_reasoning_state(rendered, self._rules)
+        if inputs.is_escaped:
+            prefill = self._markers.restore(prefill)
+        stable = self._stable_prefix_len(parsed, inputs, token_ids)
         return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)))
 
     def _check_roles(self, messages: tuple[ChatMessage, ...]) -> None:
@@ -176,24 +186,21 @@ class PromptBuilder:
             if role not in declared:
                 raise MessageError(f"messages[{i}]: this model's template renders no {message.role.value} messages")
 
-    def _render(self, messages, tools, add_generation_prompt, template_kwargs) -> str:
-        developer_as_system = Role.DEVELOPER not in self._rules.declared_roles
+    def _render(self, inputs: TemplateInputs, messages: list[dict], add_generation_prompt: bool) -> str:
         return self._template.render(
-            template_messages(messages, developer_as_system),
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            template_kwargs=template_kwargs,
-        )
+            messages, tools=inputs.tools, add_generation_prompt=add_generation_prompt, template_kwargs=inputs.kwargs)
 
-    def _encode(self, text: str) -> tuple[int, ...]:
-        check_unicode(text)  # a template may place request text (kwargs, tool JSON) anywhere
-        return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
+    def _encode(self, rendered: str, inputs: TemplateInputs) -> tuple[str, tuple[int, ...]]:
+        check_unicode(rendered)  # a template may place request text (kwargs, tool JSON) anywhere
+        return self._markers.encode(rendered, inputs.is_escaped)
 
-    def _stable_prefix_len(self, messages, tools, template_kwargs, token_ids: Sequence[int]) -> int:
+    def _stable_prefix_len(self, messages, inputs: TemplateInputs, token_ids: Sequence[int]) -> int:
         count = stable_message_count(messages, self._rules)
         if count == 0:
             return 0
-        prefix_ids = self._encode(self._render(messages[:count], tools, False, template_kwargs))
+        # template_messages renders each message on its own, so the escaped list's prefix is the
+        # escaped prefix: a later turn escapes these messages the same way
+        _, prefix_ids = self._encode(self._render(inputs, inputs.messages[:count], False), inputs)
         return _common_prefix_len(prefix_ids, token_ids)
 
 
