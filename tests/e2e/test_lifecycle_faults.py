@@ -13,12 +13,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
-from support.server_core import tiny_core
+from support.server_core import SERVED_ID, ServerProcess, tiny_core
 
 SLOW_LOAD_DRIVER = """
 import os, sys, time
@@ -207,3 +210,61 @@ def test_an_engine_process_startup_error_keeps_its_family_and_exit_code():
     assert type(missing) is LoadError and str(missing) == "helios::attend: not registered"
     fault = _portable(RuntimeError("can't start new thread"))
     assert type(fault) is ExecutionError and "RuntimeError: can't start new thread" in str(fault)
+
+
+def read_stream(url: str, started: threading.Event, max_tokens: int = 220) -> str:
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    lines = []
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                started.set()
+                lines.extend(response.iter_lines())
+    except httpx.HTTPError as error:
+        lines.append(f"transport error: {type(error).__name__}")
+    return "\n".join(lines)
+
+
+def child_pids(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(child) for child in children.read().split()]
+
+
+def test_a_second_sigint_ends_running_streams_with_an_error_event_and_still_stops_the_model(core, tmp_path):
+    """Before: uvicorn's forced exit skipped the app's shutdown: open streams were cut without an
+    error event and the log showed KeyboardInterrupt and CancelledError tracebacks."""
+    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "16", log=tmp_path / "server.log")
+    children = child_pids(server.process.pid)
+    events = [threading.Event() for _ in range(12)]
+    with ThreadPoolExecutor(len(events)) as pool:
+        futures = [pool.submit(read_stream, server.url, started) for started in events]
+        for started in events:
+            assert started.wait(30)
+        server.process.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGINT)
+        texts = [future.result(timeout=30) for future in futures]
+    server.process.wait(30)
+    code, log = server.terminate()
+    assert code == 130 and "Traceback" not in log and "second interrupt" in log, log[-3000:]
+    for text in texts:
+        assert text.rstrip().endswith("data: [DONE]") or (text.count("event: error") == 1
+                                                        and "server shutting down" in text), text[-300:]
+    assert any("event: error" in text for text in texts)
+    assert "Application shutdown complete" in log and all(wait_gone(pid, 10) for pid in children)
+
+
+def test_sighup_drains_like_sigterm(core, tmp_path):
+    """Before: SIGHUP (a closed terminal) ended the server at once, cutting every response."""
+    server = ServerProcess(core, log=tmp_path / "server.log")
+    started = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(read_stream, server.url, started, 150)
+        assert started.wait(30)
+        server.process.send_signal(signal.SIGHUP)
+        text = future.result(timeout=30)
+    server.process.wait(30)
+    code, log = server.terminate()
+    assert text.rstrip().endswith("data: [DONE]"), text[-300:]
+    assert code == -signal.SIGHUP and "Application shutdown complete" in log and "Traceback" not in log, log

@@ -8,7 +8,9 @@ cancelled; connections still open `DROP_GRACE_SECONDS` later (clients that read 
 dropped quietly. Only then does the app's lifespan stop the model worker, which returns after its
 current round drained, so device resources outlive every execution that uses them. After that
 uvicorn re-raises the signal, so the process ends the way the signal says (status -15 / 143 for
-SIGTERM; SIGINT exits through `KeyboardInterrupt`).
+SIGTERM; SIGINT exits through `KeyboardInterrupt`). SIGHUP (a closed terminal) is handled as SIGTERM
+is, unless ignored (nohup). A second SIGINT skips the rest of the drain: running responses end with
+the error event at once, and the model worker is still stopped before the exit.
 
 If the model worker dies (a fault of the worker itself, never of one request: those fail alone),
 `/health` answers 503 at once and the server shuts down the same way and `serve` raises
@@ -22,9 +24,12 @@ deadlines and the connection cap of `helios.server.connection_limits` (`options.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -97,12 +102,30 @@ class HeliosServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             deadline.cancel()
+        if self.force_exit:  # a second SIGINT: uvicorn drops the drain and the app's shutdown
+            self._interrupt("second interrupt")
+            await self.lifespan.shutdown()  # the model worker stops all the same
         logger.info("helios serve: shut down")
 
-    def _interrupt(self) -> None:
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's SIGINT and SIGTERM handling, and SIGHUP (a closed terminal) handled as SIGTERM
+        is, unless ignored (as under nohup)."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread() or \
+                    signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+                yield
+                return
+            previous = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGHUP, previous)  # before uvicorn raises the captured signals again
+
+    def _interrupt(self, cause: str = "drain deadline") -> None:
         count = self.served.interrupt_responses()
         if count:
-            logger.warning("drain deadline: %d running response(s) ended with 'server shutting down'", count)
+            logger.warning("%s: %d running response(s) ended with 'server shutting down'", cause, count)
 
 
 def _configure_access_log(is_on: bool) -> None:
