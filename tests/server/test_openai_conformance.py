@@ -190,6 +190,10 @@ STRING_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"typ
     (TEXT, {"max_tokens": 1000}, "max_tokens"),
     (TEXT, {"prompt": [10] * 300}, "prompt"),
     (TEXT, {"prompt": [10**6]}, "prompt"),
+    (TEXT, {"logit_bias": {"1000000": 1}}, "logit_bias"),
+    (CHAT, {"logit_bias": {"5": 1, "0005": 2}}, "logit_bias"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     "messages"),
 ])
 def test_a_400_about_one_field_names_it_in_param(runner, http, path, fields, param):
     body = {"model": SERVED_ID, "max_tokens": 2, **({"messages": HELLO} if path == CHAT else {"prompt": "hi"}), **fields}

@@ -8,3 +8,5 @@ from helios.errors import RequestError
 class ImageRejected(RequestError):
     """An image input that cannot be used: malformed, oversized, truncated, not an image, or outside
     the request's image bounds. The message names the problem."""
+
+    param = "messages"

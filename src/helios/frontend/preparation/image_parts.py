@@ -19,6 +19,8 @@ DETAILS = ("auto", "low", "high")
 class ImagePartError(RequestError):
     """A malformed image content part."""
 
+    param = "messages"
+
 
 def user_content(value: object, where: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     """(joined text, parts) of a content array holding an image part; None when it holds none."""

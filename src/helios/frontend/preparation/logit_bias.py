@@ -21,9 +21,13 @@ MAX_LOGIT_BIAS = 300
 class LogitBiasError(RequestError):
     """A logit-bias id outside the vocabulary or named twice, or more entries than the core takes."""
 
+    param = "logit_bias"
+
 
 class LogitBiasUnavailable(RequestError):
     """The core's programs take no logit bias (prepared before it existed)."""
+
+    param = "logit_bias"
 
 
 def parse_logit_bias(value: Mapping[str, float] | None, vocab_size: int, capacity: int) -> tuple[tuple[int, float], ...]:
