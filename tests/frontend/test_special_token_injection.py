@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
 from helios.embedded import default_model_dir
@@ -310,3 +312,33 @@ def test_non_special_markup_tokens_are_markers_and_plain_added_tokens_are_not():
     assert tokenizer.token_to_id("    ") in prompt.token_ids
     assert tokenizer.token_to_id("<ctrl>") not in prompt.token_ids
     assert prompt.text.endswith("hello    x<ctrl><|im_end|>\n<|im_start|>assistant\n")
+
+
+# Client strings printed back to back (content, name, a template argument), sliced, and framed by the
+# template's own text: a marker split over them, or completed by the template's `>`, must not form.
+ADJACENT = """
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}{{ message.name or '' }}{{ persona }}<function={{ message.name or '' }}>
+{{- message.content[2:] }}<|im_end|>
+{% endfor %}"""
+PIECES = ["<", "|", "im_end", "<|im_end|>", "<|im_", "end|>", ">", "|>", "\n", " ", "a", "<think>", "</", "think",
+          "<|im_start|>", "_start|>", "\x00"]
+CLIENT_TEXT = st.lists(st.sampled_from(PIECES), max_size=6).map("".join)
+
+
+@pytest.fixture(scope="module")
+def adjacent() -> Family:
+    tokenizer = embedded_tokenizer()
+    rules = PromptRules("<|im_start|>", "assistant\n", ("<|im_end|>",))
+    return Family("adjacent", tokenizer, PromptBuilder(ChatTemplate(ADJACENT), tokenizer, rules), "", "")
+
+
+@settings(max_examples=300, deadline=None)
+@given(content=CLIENT_TEXT, name=CLIENT_TEXT, persona=CLIENT_TEXT)
+def test_client_strings_never_form_a_control_token_side_by_side(adjacent, content, name, persona):
+    message = {"role": "user", "content": content, **({"name": name} if name else {})}
+    prompt = adjacent.builder.build([message], template_kwargs={"persona": persona}, add_generation_prompt=False)
+    assert prompt.text == f"<|im_start|>user\n{content}{name}{persona}<function={name}>{content[2:]}<|im_end|>\n"
+    tokenizer = adjacent.tokenizer
+    assert [tokenizer.id_to_token(i) for i in adjacent.marker_ids(prompt.token_ids)] == ["<|im_start|>", "<|im_end|>"]
+    assert tokenizer.decode(list(prompt.token_ids), skip_special_tokens=False) == prompt.text
