@@ -268,3 +268,51 @@ def test_sighup_drains_like_sigterm(core, tmp_path):
     code, log = server.terminate()
     assert text.rstrip().endswith("data: [DONE]"), text[-300:]
     assert code == -signal.SIGHUP and "Application shutdown complete" in log and "Traceback" not in log, log
+
+
+class Loaded(Exception):
+    """Raised where `helios generate` would load the model (the test saw what it needed)."""
+
+
+@pytest.fixture
+def generate_without_load(monkeypatch):
+    from helios.cli import generate_cmd
+
+    def load(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(generate_cmd, "build_runtime", load)
+
+
+def test_generate_takes_a_prompt_too_long_for_a_file_name_as_a_prompt(generate_without_load, capsys):
+    """Before: the first positional was checked as a core path first, and a long prompt failed
+    with "error: File name too long" (exit 1)."""
+    from helios.cli.main import main
+
+    with pytest.raises(Loaded):
+        main(["generate", "word " * 3000, "--max-tokens", "2"])
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--temperature", "nan", "--temperature must be in [0, 2]"),
+    ("--temperature", "-1", "--temperature must be in [0, 2]"),
+    ("--top-p", "0", "--top-p must be in (0, 1]"),
+    ("--top-p", "2", "--top-p must be in (0, 1]"),
+    ("--top-k", "-1", "--top-k must not be negative"),
+])
+def test_generate_refuses_sampling_values_the_server_refuses(option, value, message, generate_without_load, capsys):
+    """Before: accepted silently (a negative or nan temperature sampled greedily, top-p 2 had no effect)."""
+    from helios.cli.main import main
+
+    assert main(["generate", option, value, "hi"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_generate_into_a_closed_pipe_exits_quietly(core):
+    """Before: `helios generate ... | head -c1` printed "helios generate: error: Broken pipe" (exit 1)."""
+    command = [sys.executable, "-m", "helios.cli.main", "generate", str(core.path), "hello", "--accept", core.namespace,
+               "--trust", str(core.public_key), "--max-tokens", "2", "--cpu-kernels", "off"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # the reader is gone before the first line
+    err = process.stderr.read()
+    assert process.wait(60) == 141 and "Traceback" not in err and "error" not in err, err

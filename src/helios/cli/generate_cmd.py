@@ -3,13 +3,15 @@
 Without a core file the embedded default model is used (prepared into the cache on first use, as
 `helios serve` does), and text prompts are rendered as chat user messages, since it is a chat model:
 ``helios generate "What is 2 + 3?"`` needs nothing else. The first positional is the core when it
-is an existing file or ends in ``.core``; otherwise every positional is a prompt.
+is an existing file or ends in ``.core``; otherwise every positional is a prompt. Output into a
+pipe whose reader stopped (``| head``) ends quietly with status 141, as SIGPIPE would end it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from helios.runtime.offline import generate
 from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.heap import frozen_heap
+
+EXIT_BROKEN_PIPE = 141  # as a shell reports a command SIGPIPE ended (128 + 13)
 
 
 def register(subparsers) -> None:
@@ -76,7 +80,10 @@ def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> l
 
 
 def _is_core_path(text: str) -> bool:
-    return text.endswith(".core") or Path(text).is_file()
+    try:
+        return text.endswith(".core") or Path(text).is_file()
+    except OSError:  # a prompt no path can be (too long a name, say)
+        return False
 
 
 def _open(args: argparse.Namespace):
@@ -99,6 +106,12 @@ def _open(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise UsageError("--max-tokens must be positive")
+    if not 0 <= args.temperature <= 2:  # the server's bounds (`helios.server.schemas`); nan fails too
+        raise UsageError("--temperature must be in [0, 2]")
+    if not 0 < args.top_p <= 1:
+        raise UsageError("--top-p must be in (0, 1]")
+    if args.top_k < 0:
+        raise UsageError("--top-k must not be negative")
     load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
     runtime = build_runtime(_open(args), options)
@@ -118,13 +131,18 @@ def _generate(args: argparse.Namespace, runtime) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=signed_seed(args.seed))
     results = generate(runtime.engine, prompts, args.max_tokens, eos, sampling)
-    for prompt, result in zip(prompts, results):
-        text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
-        if args.json:
-            print(json.dumps({"prompt_ids": prompt, "token_ids": list(result.token_ids), "text": text,
-                              "finish_reason": result.finish_reason.name.lower(), "message": result.message}))
-        else:
-            print(text)
+    try:
+        for prompt, result in zip(prompts, results):
+            text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+            if args.json:
+                print(json.dumps({"prompt_ids": prompt, "token_ids": list(result.token_ids), "text": text,
+                                  "finish_reason": result.finish_reason.name.lower(), "message": result.message}))
+            else:
+                print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): nothing more to say, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        return EXIT_BROKEN_PIPE
     failed = [r for r in results if r.finish_reason.name in ("ERROR", "REJECTED")]
     for result in failed:
         print(f"helios generate: {result.finish_reason.name.lower()}: {result.message}", file=sys.stderr)
