@@ -316,3 +316,34 @@ def test_generate_into_a_closed_pipe_exits_quietly(core):
     process.stdout.close()  # the reader is gone before the first line
     err = process.stderr.read()
     assert process.wait(60) == 141 and "Traceback" not in err and "error" not in err, err
+
+
+def engine_pid_of(server: ServerProcess) -> int:
+    for pid in child_pids(server.process.pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"spawn_main" in cmdline.read():
+                return pid
+    raise AssertionError("no engine process")
+
+
+def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_cause(core, tmp_path):
+    """Streams end with one error event and the server exits 9; before, neither the log nor the
+    exit line said how the worker died (here: killed by SIGKILL)."""
+    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "8", log=tmp_path / "server.log")
+    children = child_pids(server.process.pid)
+    events = [threading.Event() for _ in range(6)]
+    with ThreadPoolExecutor(len(events)) as pool:
+        futures = [pool.submit(read_stream, server.url, started) for started in events]
+        for started in events:
+            assert started.wait(30)
+        os.kill(engine_pid_of(server), signal.SIGKILL)
+        texts = [future.result(timeout=15) for future in futures]
+    assert server.process.wait(15) == 9
+    code, log = server.terminate()
+    for text in texts:
+        assert text.rstrip().endswith("data: [DONE]") or (text.count("event: error") == 1
+                                                        and "the model worker died" in text), text[-300:]
+    assert any("event: error" in text for text in texts)
+    assert "the model worker died (the engine process was killed by SIGKILL)" in log and "Traceback" not in log, log
+    assert "helios serve: error: the model worker died (the engine process was killed by SIGKILL)" in log
+    assert all(wait_gone(pid, 10) for pid in children)

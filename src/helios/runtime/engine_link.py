@@ -19,7 +19,7 @@ What stays true across the boundary: every admitted request ends with exactly on
 The link counts the requests it admitted until their finish comes back; if the engine process
 dies (or its worker loop fails), the link reports itself unhealthy and ends each of them with
 ERROR ("the model worker died"), and a later `submit` gets ERROR at once, as the engine does after
-its worker failed. `shutdown` asks the engine process to stop (requests still running end
+its worker failed; `failure` then says why (the worker loop's error, or how the process ended). `shutdown` asks the engine process to stop (requests still running end
 CANCELLED, from the engine), waits for the process, and kills it if it does not exit in time. An
 engine process whose serving process is gone (end of file on the pipe) shuts down the same way.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import signal
 import termios
 import threading
 import time
@@ -110,6 +111,7 @@ class EngineLink:
         self._outstanding: set[str] = set()  # admitted, finish not yet seen
         self._is_closed = False  # shut down or died: submissions end at once
         self._has_died = False
+        self.failure: str | None = None  # why the engine process stopped serving (None: it did not)
         self._reader: threading.Thread | None = None
         self.sink: EventSink | None = None
         self.stats = _Stats()
@@ -192,6 +194,7 @@ class EngineLink:
         except (EOFError, OSError):
             died = DIED
         if died is not None and not self._is_closed:
+            self.failure = died if died != DIED else _ended_how(self._process)
             self._has_died = True
         self._end_outstanding(FinishReason.ERROR if self._has_died else FinishReason.CANCELLED,
                               DIED if died in (None, DIED) else f"{DIED}: {died}")
@@ -214,6 +217,20 @@ class EngineLink:
             ended, self._outstanding = self._outstanding, set()
         if ended and self.sink is not None:
             self.sink(StepBatch(tuple(FinishEvent(request_id, reason, 0, 0, 0, message) for request_id in ended)))
+
+
+def _ended_how(process) -> str:
+    """How the engine process ended, once its pipe closed (it may take a moment to be reaped)."""
+    process.join(0.5)
+    code = process.exitcode
+    if code is None:
+        return "its pipe closed"
+    if code < 0:
+        try:
+            return f"the engine process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the engine process was killed by signal {-code}"
+    return f"the engine process exited with status {code}"
 
 
 # -- the engine process's side -------------------------------------------------------------------

@@ -88,11 +88,14 @@ class HeliosServer(uvicorn.Server):
         self.served = served
         self.drain_seconds = drain_seconds
         self.has_worker_died = False
+        self.worker_failure = ""  # why, once it died
 
     async def on_tick(self, counter: int) -> bool:
         if not self.has_worker_died and not self.served.is_healthy:
             self.has_worker_died = True
-            logger.error("the model worker died; shutting down so that a supervisor restarts the server")
+            self.worker_failure = getattr(self.served.engine, "failure", None) or "no cause reported"
+            logger.error("the model worker died (%s); shutting down so that a supervisor restarts the server",
+                         self.worker_failure)
             return True
         return await super().on_tick(counter)
 
@@ -189,5 +192,5 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
     freeze_startup_heap()
     server.run(sockets=[sock])
     if server.has_worker_died:
-        raise WorkerDied("the model worker died; the server shut down (restart it)")
+        raise WorkerDied(f"the model worker died ({server.worker_failure}); the server shut down (restart it)")
     return 0
