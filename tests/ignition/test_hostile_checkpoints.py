@@ -505,3 +505,9 @@ def test_a_mistyped_key_no_generic_check_knows_still_raises_a_checkpoint_error(t
 def test_a_placeholder_context_length_is_not_refused(checkpoint):
     _edit_config(checkpoint, max_position_embeddings=10**12)  # some configs state a huge one; nothing is sized by it
     assert load_checkpoint(checkpoint).architecture.vocab_size == VOCAB_SIZE
+
+
+def test_patch_capacities_for_a_text_only_checkpoint_are_refused_not_ignored(pristine, key, tmp_path, capsys):
+    assert _prepare(pristine, tmp_path / "model.core", key, "--patch-capacities", "64") == 2
+    assert "patch capacities apply to vision-language checkpoints; Qwen3ForCausalLM is text-only" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

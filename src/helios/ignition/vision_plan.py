@@ -33,6 +33,9 @@ def vision_preparation(checkpoint: Path, recipe: Recipe, text_variants: Sequence
     processor's max_pixels); each must be a positive multiple of merge^2."""
     vl = recipe.vision
     if vl is None:
+        if patch_capacities:
+            raise CheckpointError(f"patch capacities apply to vision-language checkpoints; "
+                                  f"{recipe.source_architecture} is text-only")
         return None
     unsupported = sorted({op.value for op, _ in text_variants} - {"prefill", "decode", "mixed", "tuning"})
     if unsupported:
