@@ -80,6 +80,10 @@ def _edit_config(directory: Path, **changes) -> None:
 _DELETE = object()
 
 
+def _config_id(changes: dict) -> str:
+    return ",".join(f"{key}={'deleted' if value is _DELETE else repr(value)[:30]}" for key, value in changes.items())
+
+
 def _refused(directory: Path, *phrases: str) -> str:
     with pytest.raises(CheckpointError) as raised:
         load_checkpoint(directory)
@@ -205,7 +209,7 @@ def test_an_index_that_disagrees_with_the_shards_is_refused(checkpoint):
     ({"architectures": {"a": 1}}, "architectures must be a list of class names"),
     ({"architectures": [["Qwen3ForCausalLM"]]}, "architectures must be a list of class names"),
     ({"architectures": "Qwen3ForCausalLM"}, "architectures must be a list of class names"),
-], ids=lambda value: repr(value)[:60] if isinstance(value, dict) else None)
+], ids=lambda value: _config_id(value) if isinstance(value, dict) else None)
 def test_a_config_with_a_missing_or_mistyped_key_is_refused_naming_it(checkpoint, changes, phrase):
     _edit_config(checkpoint, **changes)
     _refused(checkpoint, phrase)
