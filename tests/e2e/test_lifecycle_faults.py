@@ -347,3 +347,16 @@ def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_c
     assert "the model worker died (the engine process was killed by SIGKILL)" in log and "Traceback" not in log, log
     assert "helios serve: error: the model worker died (the engine process was killed by SIGKILL)" in log
     assert all(wait_gone(pid, 10) for pid in children)
+
+
+def test_sigusr1_to_the_engine_process_dumps_its_stacks_and_it_keeps_serving(core, tmp_path):
+    """Before: SIGUSR1 (the stack-dump signal of `helios serve`) ended the engine process, and the
+    server with it (exit 9), when it reached the model worker, as `kill -USR1 -PGID` does."""
+    server = ServerProcess(core, log=tmp_path / "server.log")
+    os.kill(engine_pid_of(server), signal.SIGUSR1)
+    time.sleep(1)
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    code, log = server.terminate()
+    assert response.status_code == 200 and code == -signal.SIGTERM, log
+    assert "in _engine_main" in log and "model worker died" not in log, log

@@ -9,15 +9,17 @@ same tokenizer); its first message is its readiness (the tokenizer and chat temp
 its first stats) or its startup error, re-raised here with its type and exit code. The serving
 process never loads weights or touches the device.
 
-The engine process ignores SIGINT and SIGTERM: the serving process decides when it stops
-(`Shutdown` over the pipe, after the HTTP drain; a kill when interrupted while it loads) and it
-stops by itself when the serving process is gone, also while it loads (no pipe is read then: a
-thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
+The engine process ignores SIGINT and SIGTERM, and SIGUSR1 prints its threads' stacks (as in the
+serving process, `helios.cli.stack_dumps`) rather than ending it: the serving process decides when
+it stops (`Shutdown` over the pipe, after the HTTP drain; a kill when interrupted while it loads)
+and it stops by itself when the serving process is gone, also while it loads (no pipe is read
+then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
 does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import pickle
@@ -118,6 +120,8 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
     """The engine process; `parent_pid`: the serving process's (it may be gone before this runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGUSR1"):  # dumps this process's stacks too, as `helios serve`'s own do
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=False)
     hold_freed_memory()
     loaded = _exit_when_orphaned(parent_pid)
     try:
