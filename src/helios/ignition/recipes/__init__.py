@@ -53,7 +53,8 @@ def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
         raise CheckpointError(f"{directory / 'config.json'} has no {error.args[0]!r}, which the {source} "
                               f"recipe reads") from None
     except (TypeError, ValueError, IndexError, RuntimeError) as error:  # a value or tensor the checks let by
-        raise CheckpointError(f"cannot prepare the {source} checkpoint at {directory}: {error}") from None
+        # Chained, not hidden: a recipe's own bug keeps its traceback for whoever catches this.
+        raise CheckpointError(f"cannot prepare the {source} checkpoint at {directory}: {error}") from error
 
 
 def _check_layer_count(config, num_tensors: int) -> None:
