@@ -91,6 +91,23 @@ def test_inspect_is_marked_unverified(published, capsys):
     assert {r["id"] for r in report["resources"]} >= {"blob"}
 
 
+def test_inspect_escapes_what_a_terminal_would_act_on(tmp_path, capsys):
+    """A core's strings are unverified under inspect: escape sequences and bidirectional overrides
+    in them are printed as escapes, newlines kept."""
+    from helios.core.keys import SigningKey
+
+    from .builders import new_writer
+
+    writer = new_writer([SigningKey.generate()])
+    writer.set_publisher(NAMESPACE, license="line one\nline two\x1b]0;owned\x07", acceptance_terms="ok\u202eevil")
+    writer.write(tmp_path / "m.core")
+    code, out, _ = run(capsys, "inspect", tmp_path / "m.core")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "license: line one\nline two\\x1b]0;owned\\x07" in out and "acceptance terms: ok\\u202eevil" in out
+    report = json.loads(run(capsys, "inspect", tmp_path / "m.core", "--json")[1])
+    assert report["publisher"]["license"] == "line one\nline two\x1b]0;owned\x07"
+
+
 def test_relocate_and_sign(published, tmp_path, capsys):
     core, pub = published
     assert run(capsys, "relocate", core, "-o", tmp_path / "s.core", "--split-bytes", 1)[0] == 0

@@ -43,7 +43,7 @@ def _verify(args: argparse.Namespace) -> int:
     decoded = core.verify_resources()
     stored = sum(info.stored_nbytes for info in core.resources)
     signers = ", ".join(key.key_id.hex() for key in core.admitted_signers)
-    print(f"verified {args.core}: {core.core_format.name}, publisher {core.publisher.namespace}")
+    print(terminal_text(f"verified {args.core}: {core.core_format.name}, publisher {core.publisher.namespace}"))
     print(f"  signed by trusted key {signers}")
     print(f"  {len(core.resources)} resources: {stored} stored bytes, {decoded} decoded bytes")
     pickled = [info.id for info in core.resources if info.kind.is_program and info.kind is not ResourceKind.PROGRAM_IMAGE]
@@ -51,6 +51,13 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"  {len(pickled)} programs are torch.export.save archives, which loading would unpickle: serving "
               "refuses this core; prepare it again with `helios prepare`")
     return 0
+
+
+def terminal_text(text: str) -> str:
+    """`text` with every character a terminal would act on (escape sequences, other controls,
+    bidirectional overrides) written as its Python escape, newlines kept: a core's strings are the
+    publisher's, unverified under `inspect`, and must not drive the reader's terminal."""
+    return "".join(ch if ch.isprintable() or ch == "\n" else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _inspection_lines(report: CoreInspection) -> list[str]:
@@ -110,7 +117,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_inspection_json(report), indent=2, sort_keys=True))
     else:
-        print("\n".join(_inspection_lines(report)))
+        print(terminal_text("\n".join(_inspection_lines(report))))
     return 0
 
 
