@@ -360,3 +360,28 @@ def test_sigusr1_to_the_engine_process_dumps_its_stacks_and_it_keeps_serving(cor
     code, log = server.terminate()
     assert response.status_code == 200 and code == -signal.SIGTERM, log
     assert "in _engine_main" in log and "model worker died" not in log, log
+
+
+def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_behind(tmp_path):
+    """Before: SIGTERM ended the process at once, leaving a hidden `.preparing-*` scratch directory
+    (a partial core) in the cache on every interrupted first start."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, HELIOS_CACHE=str(cache))
+    log = tmp_path / "server.log"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "helios.cli.main", "serve", "--port", "0"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(cache.glob("embedded/.preparing-*")):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        time.sleep(1)  # into the preparation
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not list(cache.glob("embedded/.preparing-*")), sorted(cache.rglob("*"))
+    assert "helios serve: stopped by SIGTERM while starting" in log.read_text()
