@@ -16,8 +16,9 @@ If the model worker dies (a fault of the worker itself, never of one request: th
 `/health` answers 503 at once and the server shuts down the same way and `serve` raises
 `WorkerDied`, so the process exits non-zero (status 9) and a supervisor restarts it.
 
-The socket is bound before uvicorn starts so that port 0 works and the printed address is exact.
-Each connection is uvicorn's httptools protocol with the header-size cap, the head and body
+The socket is bound before uvicorn starts so that port 0 works and the printed address is exact
+(`helios serve` binds it before the model loads, so that a taken port fails at once; it listens
+only once serving). Each connection is uvicorn's httptools protocol with the header-size cap, the head and body
 deadlines and the connection cap of `helios.server.connection_limits` (`options.connection_limits`).
 """
 
