@@ -136,6 +136,16 @@ def test_a_killed_serving_process_stops_its_loading_engine_process(loading):
     assert "the serving process is gone" in log and "Traceback" not in log, log
 
 
+def test_an_engine_process_killed_while_loading_is_named_in_the_error(loading):
+    """Before: "the engine process ended while starting (exit code -9)"; an OOM kill reads so now."""
+    engine_pid = loading.wait_loading()
+    os.kill(engine_pid, signal.SIGKILL)
+    assert loading.process.wait(timeout=15) == 9
+    log = loading.log.read_text()
+    assert "helios serve: error: the engine process was killed by SIGKILL while starting" in log, log
+    assert "Traceback" not in log, log
+
+
 def core_argv(core, *options: str) -> list[str]:
     return ["serve", str(core.path), "--accept", core.namespace, "--trust", str(core.public_key), *options]
 

@@ -194,7 +194,7 @@ class EngineLink:
         except (EOFError, OSError):
             died = DIED
         if died is not None and not self._is_closed:
-            self.failure = died if died != DIED else _ended_how(self._process)
+            self.failure = died if died != DIED else ended_how(self._process)
             self._has_died = True
         self._end_outstanding(FinishReason.ERROR if self._has_died else FinishReason.CANCELLED,
                               DIED if died in (None, DIED) else f"{DIED}: {died}")
@@ -219,7 +219,7 @@ class EngineLink:
             self.sink(StepBatch(tuple(FinishEvent(request_id, reason, 0, 0, 0, message) for request_id in ended)))
 
 
-def _ended_how(process) -> str:
+def ended_how(process) -> str:
     """How the engine process ended, once its pipe closed (it may take a moment to be reaped)."""
     process.join(0.5)
     code = process.exitcode

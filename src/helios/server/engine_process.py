@@ -32,7 +32,7 @@ from pathlib import Path
 
 from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
 from helios.errors import ExecutionError, HeliosError
-from helios.runtime.engine_link import EngineLink, serve_link, stats_of, wait_ready
+from helios.runtime.engine_link import EngineLink, ended_how, serve_link, stats_of, wait_ready
 from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
@@ -103,7 +103,7 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
         _stop_unready(process, connection)
         if isinstance(message, _Failed):
             raise message.error
-        raise ExecutionError(f"the engine process ended while starting (exit code {process.exitcode})")
+        raise ExecutionError(f"{ended_how(process)} while starting")
     view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
     return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats)))
 
