@@ -8,6 +8,7 @@ spawn), so the wrapper runs there, writes the engine process's id to a file and 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -395,3 +396,46 @@ def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_be
             process.wait()
     assert not list(cache.glob("embedded/.preparing-*")), sorted(cache.rglob("*"))
     assert "helios serve: stopped by SIGTERM while starting" in log.read_text()
+
+
+def paused_reader(url: str, body: dict) -> socket.socket:
+    """A connection that sends `body` as a streamed chat request, then reads nothing: a small
+    receive buffer, so that the server's writes soon wait for it."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return sock
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_sigterm_drops_readers_paused_after_their_generation_finished_quietly(core, tmp_path):
+    """Before: uvicorn cancelled those responses at its own deadline and logged "Cancel 2 running
+    task(s)" and "ASGI callable returned without completing response" twice, all at ERROR level."""
+    server = ServerProcess(core, log=tmp_path / "server.log")
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 220, "n": 16,
+            "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": 20}
+    readers = [paused_reader(server.url, body) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        for reader in readers:  # each response started
+            while not reader.recv(1, socket.MSG_PEEK):
+                assert time.monotonic() < deadline
+        while metric(server.url, "helios_generated_tokens_total") < 2 * 16 * 220:
+            assert time.monotonic() < deadline, "generation never finished"
+            time.sleep(0.1)
+        code, log = server.terminate()
+    finally:
+        for reader in readers:
+            reader.close()
+    errors = [line for line in log.splitlines() if line.startswith(("ERROR", "CRITICAL"))]
+    assert code == -signal.SIGTERM and not errors and "Traceback" not in log, log[-3000:]
+    assert "dropped 2 connection(s) still open after the drain" in log, log[-3000:]
+    assert "helios serve: shut down" in log and "Application shutdown complete" in log, log[-3000:]

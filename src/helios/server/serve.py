@@ -4,8 +4,11 @@
 accepting and lets open connections finish for `drain_seconds` (the specification's five seconds);
 at that deadline every response still running ends with one ``event: error`` ("server shutting
 down"; a JSON response waiting for its end gets 503 with the same error) and its request is
-cancelled; connections still open `DROP_GRACE_SECONDS` later (clients that read nothing) are
-dropped quietly. Only then does the app's lifespan stop the model worker, which returns after its
+cancelled; connections still open `DROP_GRACE_SECONDS` later (clients that read nothing, their
+responses' last writes waiting, whether or not their generation had finished) are dropped quietly:
+their transports are aborted, so uvicorn sees each client gone and its response ends as a
+disconnect, and one INFO line counts them. uvicorn's own deadline, which cancels tasks with
+ERROR lines, stays a backstop `BACKSTOP_SECONDS` after that. Only then does the app's lifespan stop the model worker, which returns after its
 current round drained, so device resources outlive every execution that uses them. After that
 uvicorn re-raises the signal, so the process ends the way the signal says (status -15 / 143 for
 SIGTERM; SIGINT exits through `KeyboardInterrupt`). SIGHUP (a closed terminal) is handled as SIGTERM
@@ -51,6 +54,7 @@ from helios.server.service import ServedModel
 DRAIN_SECONDS = 5
 BACKLOG = 2048  # connections the kernel holds for the accept loop
 DROP_GRACE_SECONDS = 1  # after the drain deadline: time for the error events to reach their clients
+BACKSTOP_SECONDS = 2  # after the drop: uvicorn cancels the tasks still running (none should be)
 logger = logging.getLogger("uvicorn.error")  # uvicorn configures and formats this one
 
 
@@ -101,11 +105,14 @@ class HeliosServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets=None) -> None:
-        deadline = asyncio.get_running_loop().call_later(self.drain_seconds, self._interrupt)
+        loop = asyncio.get_running_loop()
+        deadline = loop.call_later(self.drain_seconds, self._interrupt)
+        drop = loop.call_later(self.drain_seconds + DROP_GRACE_SECONDS, self._drop_connections)
         try:
             await super().shutdown(sockets)
         finally:
             deadline.cancel()
+            drop.cancel()
         if self.force_exit:  # a second SIGINT: uvicorn drops the drain and the app's shutdown
             self._interrupt("second interrupt")
             await self.lifespan.shutdown()  # the model worker stops all the same
@@ -125,6 +132,20 @@ class HeliosServer(uvicorn.Server):
                 yield
             finally:
                 signal.signal(signal.SIGHUP, previous)  # before uvicorn raises the captured signals again
+
+    def _drop_connections(self) -> None:
+        """Aborts every connection still open, its unsent bytes discarded (one closing, its last
+        bytes waiting for a client that reads nothing, too): uvicorn then marks its response
+        disconnected and wakes a write waiting for the client, so the response's task ends as on a
+        client that went away, without uvicorn's task cancellation and its ERROR lines."""
+        num_dropped = 0
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
+                num_dropped += 1
+        if num_dropped:
+            logger.info("dropped %d connection(s) still open after the drain", num_dropped)
 
     def _interrupt(self, cause: str = "drain deadline") -> None:
         count = self.served.interrupt_responses()
@@ -164,7 +185,7 @@ def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvic
     process's descriptors), the drain of the module docstring."""
     return uvicorn.Config(
         app, loop="auto", http=protocol_factory(limits), lifespan="on", log_level=options.log_level,
-        access_log=False, timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS,
+        access_log=False, timeout_graceful_shutdown=options.drain_seconds + DROP_GRACE_SECONDS + BACKSTOP_SECONDS,
     )
 
 
