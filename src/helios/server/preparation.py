@@ -11,8 +11,10 @@ deepest grammar needs well under this stack.
 tools) first waits for one of `frontend_workers - 1` compile slots (at least one), so compiles can
 never hold every preparation slot and plain requests keep being prepared. A preparation that runs
 longer than `timeout_s` fails its request with `PreparationTimeout` (HTTP 400); the thread cannot
-be stopped, so its slots stay held until it ends (a flood of slow grammars waits for slots rather
-than piling up threads).
+be stopped from outside, so its slots stay held until it ends (a flood of slow grammars waits for
+slots rather than piling up threads). The chat-template render stops itself: its CPU-time bound
+(`helios.frontend.preparation.template.SERVING_BOUNDS`) ends a runaway render after a few seconds
+of CPU time, whether or not its request timed out first.
 """
 
 from __future__ import annotations
@@ -119,12 +121,20 @@ class PreparationGate:
             _release(acquired)
             raise
         if not done:
-            future.add_done_callback(lambda _: _release(acquired))
+            future.add_done_callback(lambda late: _release_late(acquired, late))
             raise PreparationTimeout(
                 f"preparing the request took more than {self._timeout_s:g} s (is its grammar or schema "
                 "too complex?); simplify it")
         _release(acquired)
         return future.result()
+
+
+def _release_late(semaphores: list, future: asyncio.Future) -> None:
+    """Frees the slots of a preparation that ended after its request timed out; its outcome has
+    no reader left (retrieving it keeps asyncio from logging "exception was never retrieved")."""
+    _release(semaphores)
+    if not future.cancelled():
+        future.exception()
 
 
 def _release(semaphores: list) -> None:

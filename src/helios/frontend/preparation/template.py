@@ -1,29 +1,41 @@
-"""Chat templates: untrusted core data compiled and rendered in an immutable jinja2 sandbox.
+"""Chat templates: untrusted core data compiled and rendered in the bounded jinja2 sandbox.
 
-The environment matches the Hugging Face chat-template dialect (trim_blocks, lstrip_blocks, loop
-controls, `tojson` with ``ensure_ascii=False``, `raise_exception`, `strftime_now`) inside
-`ImmutableSandboxedEnvironment`: templates cannot reach Python internals or mutate their inputs.
-A template that fails to compile is a `TemplateLoadError` at startup; a render that fails on a
-request's data (including the template's own `raise_exception`) is a `TemplateRenderError` (HTTP 400).
+The environment (`helios.core.template_sandbox`, shared with prepare's probe renders) matches the
+Hugging Face chat-template dialect (trim_blocks, lstrip_blocks, loop controls, `tojson` with
+``ensure_ascii=False``, `raise_exception`, `strftime_now`) inside `ImmutableSandboxedEnvironment`:
+templates cannot reach Python internals or mutate their inputs, and one render may build no string,
+list or text past `SERVING_BOUNDS.max_chars` and use no more than `SERVING_BOUNDS.cpu_seconds` of its
+thread's CPU time. A template that fails to compile is a `TemplateLoadError` at startup; a render
+that fails on a request's data (including the template's own `raise_exception`) is a
+`TemplateRenderError` (HTTP 400); a render that reaches a bound is a `TemplateLimitError` (HTTP 500:
+within the request size the server admits a correct template never gets near the bounds, so the
+core's template is at fault, and the render has stopped, its thread free, when the error is raised).
 
 A compiled `ChatTemplate` is immutable and safe to render from several threads.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Mapping
 
 import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from helios.core.template_sandbox import (
+    BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, render_bounded)
 from helios.errors import LoadError, RequestError
 
 # Template variables the prompt path supplies itself; request kwargs may not override them.
 RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now"})
 TEMPLATE_KWARG_TYPES = (bool, int, float, str, type(None))
+# What one render may build and spend. A request is at most MAX_MESSAGES (1024) messages in a body of
+# a few MiB (4 MiB by default), and a correct template renders each message a small number of
+# times: the packaged family templates render a 4 MiB, 1024-message conversation into about 4 Mi
+# characters in at most a few tens of ms of CPU (tests/frontend/test_template_bounds.py checks
+# a tenth of each bound). The text cap is also more than the text of any context extent in use
+# (a 1 M-token prompt is about 4 Mi characters); the CPU bound stops a runaway render within a few
+# seconds, so it frees its preparation slot soon after its request's 10 s preparation timeout.
+SERVING_BOUNDS = RenderBounds(max_chars=1 << 26, cpu_seconds=2.0)
 
 
 class TemplateLoadError(LoadError):
@@ -34,16 +46,8 @@ class TemplateRenderError(RequestError):
     """Rendering the chat template failed for this request's messages, tools or arguments."""
 
 
-class _TemplateRaised(Exception):
-    """`raise_exception(...)` called by a template."""
-
-
-def _raise_exception(message: str) -> None:
-    raise _TemplateRaised(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+class TemplateLimitError(LoadError):
+    """The core's chat template reached a render bound (size or CPU time) on this request. HTTP 500."""
 
 
 def _strftime_now(format: str) -> str:
@@ -53,7 +57,7 @@ def _strftime_now(format: str) -> str:
 # Failures a template can cause while rendering request data; anything else is a bug and propagates.
 _RENDER_FAILURES = (
     jinja2.TemplateError,
-    _TemplateRaised,
+    TemplateRaised,
     TypeError,
     ValueError,
     KeyError,
@@ -68,20 +72,20 @@ _RENDER_FAILURES = (
 class ChatTemplate:
     """One compiled chat template plus the template tokens (bos_token, ...) the contract declares."""
 
-    def __init__(self, source: str, template_tokens: Mapping[str, str] | None = None):
+    def __init__(self, source: str, template_tokens: Mapping[str, str] | None = None,
+                 bounds: RenderBounds = SERVING_BOUNDS):
         tokens = dict(template_tokens or {})
         clash = RESERVED_NAMES & tokens.keys()
         if clash:
             raise TemplateLoadError(f"template token names clash with reserved variables: {sorted(clash)}")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
+        env = BoundedSandbox()
         env.globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as error:
             raise TemplateLoadError(f"chat template does not compile: {error}") from None
         self._tokens = tokens
+        self._bounds = bounds
 
     @property
     def template_token_names(self) -> frozenset[str]:
@@ -105,7 +109,9 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
         }
         try:
-            return self._template.render(**variables)
+            return render_bounded(self._template, variables, self._bounds)
+        except RenderLimitExceeded as error:
+            raise TemplateLimitError(f"the core's chat template exceeded a render bound: {error}") from None
         except _RENDER_FAILURES as error:
             raise TemplateRenderError(f"chat template failed: {type(error).__name__}: {error}") from None
 

@@ -1,0 +1,345 @@
+"""The bounded jinja2 sandbox for the chat template a core carries (untrusted checkpoint data).
+
+Both renderers use it: ignition's probe renders at prepare (`helios.ignition.frontend.render`) and the
+frontend's per-request `ChatTemplate` (`helios.frontend.preparation.template`); this module sits in
+`core` because both may import it and the template is core data. It is the Hugging Face dialect
+(trim_blocks, lstrip_blocks, loop controls) in `ImmutableSandboxedEnvironment`, plus bounds that
+stop a render, with `RenderLimitExceeded` (a jinja `SecurityError`), before it exhausts memory or CPU:
+
+- size: `range` is refused past jinja's `MAX_RANGE` items; `+`, `~`, `*` and string formatting
+  are checked before they build a string or list past `RenderBounds.max_chars`, integer `*` and
+  `**` before they build an integer past `MAX_INT_BITS`, width arguments of the padding methods and
+  filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace` and `join`
+  before they build a string past the cap; the rendered text may not exceed it either;
+- time: every call (macros, methods, `caller`, recursive `loop`) and every loop counts a step,
+  and every `CHECK_EVERY` steps the render's thread CPU time is compared with
+  `RenderBounds.cpu_seconds`. Thread CPU time, not wall time: a render waiting for the GIL behind
+  other preparation threads is not charged for it, so load cannot fail a correct template, and a
+  runaway render stops on its own (nothing else can stop a Python thread).
+
+Loops and `+`/`~` are made to count by rewriting the parsed template into calls of filters (cheaper
+than the sandbox's call and operator hooks): every ``for`` iterates through `bounded_iter` (a loop
+over more than `SMALL_LOOP` items, or of unknown length, counts a step per item; a smaller one
+counts one, and the loops and calls nested in it count their own), every ``+`` is `bounded_add` and
+every ``~`` `bounded_concat`.
+
+What stays unbounded: one operation on values within the caps (sorting a list of `max_chars`
+items) runs to its end before the next step is checked, and the text form of a container whose
+items are shared references (``[s, s]`` nested in a loop, then printed or `tojson`'d) is not
+measured before it is built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping
+
+from jinja2 import nodes
+from jinja2.ext import loopcontrols
+from jinja2.runtime import LoopContext
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, SecurityError
+from jinja2.visitor import NodeTransformer
+
+MAX_INT_BITS = 1 << 16  # 19,728 decimal digits; Python's own int-to-text limit is 4,300
+CHECK_EVERY = 32  # steps between two reads of the thread's CPU clock (about 0.2 us each)
+SMALL_VALUE = 1 << 16  # a sum of strings this short is not checked against the cap
+SMALL_LOOP = 256  # a loop over at most this many items counts one step, not one per item
+ITER_FILTER, ADD_FILTER, CONCAT_FILTER = "helios_bounded_iter", "helios_bounded_add", "helios_bounded_concat"  # the rewrite's hooks
+_SIZED = frozenset((list, tuple, dict, str, range))
+
+
+class RenderLimitExceeded(SecurityError):
+    """A render reached one of its `RenderBounds`: a value or the text too large, or its CPU time."""
+
+
+@dataclass(frozen=True)
+class RenderBounds:
+    """The most one render may build and spend."""
+
+    max_chars: int  # the longest string or list a render may build, and the longest rendered text
+    cpu_seconds: float  # thread CPU time one render may use
+
+
+class TemplateRaised(Exception):
+    """`raise_exception(...)` called by a template: it rejects its input."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRaised(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    _check_width(len(indent) if isinstance(indent, str) else indent)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Budget:
+    __slots__ = ("max_chars", "cpu_seconds", "deadline", "steps")
+
+    def __init__(self, bounds: RenderBounds):
+        self.max_chars = bounds.max_chars
+        self.cpu_seconds = bounds.cpu_seconds
+        self.deadline = time.thread_time() + bounds.cpu_seconds
+        self.steps = CHECK_EVERY
+
+
+_current = threading.local()  # the budget of the render running on this thread
+
+
+def _step() -> None:
+    budget = _current.budget
+    budget.steps -= 1
+    if budget.steps <= 0:
+        _check_clock(budget)
+
+
+def _check_clock(budget: _Budget) -> None:
+    budget.steps = CHECK_EVERY
+    if time.thread_time() > budget.deadline:
+        raise RenderLimitExceeded(f"the render used more than {budget.cpu_seconds:g} s of CPU time")
+
+
+def _max_chars() -> int:
+    return _current.budget.max_chars
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sized(value: Any) -> int:
+    return len(value) if isinstance(value, (str, list, tuple)) else 0
+
+
+def _check_size(size: int, what: str) -> None:
+    if size > _max_chars():
+        raise RenderLimitExceeded(f"{what} of {size} items is too large")
+
+
+# Width and precision of printf-style (%10.3f, %*d) and str.format-style ({:>10}, {:{w}}) specs.
+_PERCENT_SPEC = re.compile(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?")
+_BRACE_SPEC = re.compile(r"\{[^{}]*:([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+
+
+def _check_format(spec: Any) -> None:
+    """Refuses a format string whose widths could build a string past the cap."""
+    if not isinstance(spec, str) or ("%" not in spec and "{" not in spec):
+        return
+    limit = _max_chars()
+    for match in _PERCENT_SPEC.finditer(spec):
+        for number in match.groups():
+            if number == "*" or (number and int(number) > limit):
+                raise RenderLimitExceeded(f"the format {match.group(0)!r} is too wide")
+    for match in _BRACE_SPEC.finditer(spec):
+        field = match.group(1)
+        if "{" in field or any(int(n) > limit for n in re.findall(r"\d+", field)):
+            raise RenderLimitExceeded(f"the format field {match.group(0)!r} is too wide")
+
+
+def _check_width(width: Any) -> None:
+    if _is_int(width) and width > _max_chars():
+        raise RenderLimitExceeded(f"a width of {width} is too large")
+
+
+def _check_replace(text: Any, old: Any, new: Any, count: Any = -1) -> None:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) and len(new) > len(old):
+        found = text.count(old) if old else len(text) + 1
+        if _is_int(count) and count >= 0:
+            found = min(found, count)
+        _check_size(len(text) + found * (len(new) - len(old)), "a replacement")
+
+
+_WIDTH_METHODS = frozenset(("center", "ljust", "rjust", "zfill", "expandtabs"))
+
+
+def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """The widths and sizes of the module docstring, for a call of a string's method."""
+    bound = getattr(method, "__wrapped__", method)  # the sandbox wraps str.format and format_map
+    owner = getattr(bound, "__self__", None)
+    if owner.__class__ is not str:
+        return
+    name = bound.__name__
+    if name in ("format", "format_map"):
+        _check_format(owner)
+        return
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}  # jinja's own
+    if name in _WIDTH_METHODS:
+        for value in (*args, *kwargs.values()):
+            _check_width(value)
+        if name == "expandtabs":
+            size = owner.count("\t") * max([8, *[v for v in (*args, *kwargs.values()) if _is_int(v)]])
+            _check_size(len(owner) + size, "an expansion")
+    elif name == "replace":
+        _check_replace(owner, *args, **kwargs)
+    elif name == "join":
+        items = args[0] if args else ()
+        if isinstance(items, (list, tuple)):
+            _check_size(sum(_sized(item) for item in items) + len(owner) * len(items), "a join")
+
+
+def _check_indent(text: Any, width: Any = 4, *_: Any) -> None:
+    step = width if _is_int(width) else len(width) if isinstance(width, str) else 0
+    if isinstance(text, str):
+        _check_size(len(text) + (text.count("\n") + 1) * step, "an indentation")
+
+
+def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """The widths and sizes of the module docstring, for the filters that can build large values."""
+    if name in ("center", "batch", "slice"):
+        for value in (*args[1:], *kwargs.values()):
+            _check_width(value)
+    elif name == "indent" and args:
+        _check_indent(*args[:2], **{k: v for k, v in kwargs.items() if k == "width"})
+    elif name == "format" and args:
+        _check_format(args[0])
+    elif name == "replace" and len(args) >= 3:
+        _check_replace(*args[:3])
+    elif name == "join" and args and isinstance(args[0], (list, tuple)):
+        separator = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+        _check_size(sum(_sized(item) for item in args[0]) + len(separator) * len(args[0]), "a join")
+
+
+_GROWING_FILTERS = frozenset(("center", "batch", "slice", "indent", "format", "replace", "join"))
+
+
+def _bounded_filter(name: str, function: Any) -> Any:
+    """`function` with `_check_filter` applied to its own arguments first."""
+    skip = 1 if hasattr(function, "jinja_pass_arg") else 0  # the context or environment jinja passes
+
+    def bounded(*args, **kwargs):
+        _check_filter(name, args[skip:], kwargs)
+        return function(*args, **kwargs)
+
+    for attribute in ("jinja_pass_arg", "__name__", "__doc__"):
+        if hasattr(function, attribute):
+            setattr(bounded, attribute, getattr(function, attribute))
+    return bounded
+
+
+class _CountLoops(NodeTransformer):
+    """Routes every `for` through `bounded_iter`, every `+` through `bounded_add` and every `~`
+    through `bounded_concat`, as filters (a filter is called directly, a call would pass through
+    `BoundedSandbox.call`, an intercepted operator through `BoundedSandbox.call_binop`)."""
+
+    def visit_For(self, node: nodes.For) -> nodes.For:
+        node = self.generic_visit(node)
+        node.iter = nodes.Filter(node.iter, ITER_FILTER, [], [], None, None, lineno=node.lineno)
+        return node
+
+    def visit_Add(self, node: nodes.Add) -> nodes.Filter:
+        node = self.generic_visit(node)
+        return nodes.Filter(node.left, ADD_FILTER, [node.right], [], None, None, lineno=node.lineno)
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
+        node = self.generic_visit(node)
+        parts = nodes.Tuple(node.nodes, "load", lineno=node.lineno)
+        return nodes.Filter(parts, CONCAT_FILTER, [], [], None, None, lineno=node.lineno)
+
+
+def bounded_iter(iterable: Iterable) -> Iterable:
+    """One step for the loop; an iterable of more than `SMALL_LOOP` items (or of unknown length)
+    counts one more step per item."""
+    _step()
+    if iterable.__class__ in _SIZED and len(iterable) <= SMALL_LOOP:
+        return iterable
+    return _counted(iterable)
+
+
+def _counted(iterable: Iterable) -> Iterator:
+    for item in iterable:
+        _step()
+        yield item
+
+
+def bounded_range(*args: int) -> range:
+    """`range`, refused past jinja's sandbox limit (`MAX_RANGE` items) with the typed error."""
+    numbers = range(*args)
+    if len(numbers) > MAX_RANGE:
+        raise RenderLimitExceeded(f"a range of {len(numbers)} items is too large (at most {MAX_RANGE})")
+    return numbers
+
+
+def bounded_add(left: Any, right: Any) -> Any:
+    if left.__class__ is str and right.__class__ is str and len(left) + len(right) <= SMALL_VALUE:
+        return left + right  # the common case, with no look-up of the render's budget
+    _check_size(_sized(left) + _sized(right), "a concatenation")
+    return left + right
+
+
+def bounded_concat(values: tuple) -> str:
+    texts = [value if value.__class__ is str else str(value) for value in values]
+    _check_size(sum(map(len, texts)), "a concatenation")
+    return "".join(texts)
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The chat-template environment with the bounds of the module docstring, `tojson`
+    (``ensure_ascii=False``, as `transformers` has it) and `raise_exception` (`TemplateRaised`);
+    the renderer adds `strftime_now`. Templates from it render only through `render_bounded`,
+    which installs the render's budget."""
+
+    intercepted_binops = frozenset(("*", "**", "%"))  # `+` is rewritten into `bounded_add`
+
+    def __init__(self):
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        self.filters = {**self.filters, **{name: _bounded_filter(name, self.filters[name])
+                                           for name in _GROWING_FILTERS if name in self.filters}}
+        self.filters["tojson"] = _tojson
+        self.filters[ITER_FILTER] = bounded_iter
+        self.filters[ADD_FILTER] = bounded_add
+        self.filters[CONCAT_FILTER] = bounded_concat
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["range"] = bounded_range
+
+    def _parse(self, source, name, filename):
+        return _CountLoops().visit(super()._parse(source, name, filename))
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's own signature
+        budget = _current.budget
+        budget.steps -= 1
+        if budget.steps <= 0:
+            _check_clock(budget)
+        if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
+            args = (bounded_iter(args[0]), *args[1:])
+        else:
+            _check_str_method(__obj, args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            if _is_int(left) and _is_int(right):
+                if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    raise RenderLimitExceeded("an integer product is too large")
+            else:
+                _check_size(max(_sized(left) * right if _is_int(right) else 0,
+                                _sized(right) * left if _is_int(left) else 0), "a repetition")
+        elif operator == "**":
+            if _is_int(left) and _is_int(right) and abs(left) > 1 and right * abs(left).bit_length() > MAX_INT_BITS:
+                raise RenderLimitExceeded(f"the power {left} ** {right} is too large")
+        elif operator == "%" and isinstance(left, str):
+            _check_format(left)
+        return self.binop_table[operator](left, right)
+
+
+def render_bounded(template, variables: Mapping[str, Any], bounds: RenderBounds) -> str:
+    """`template` (from a `BoundedSandbox`) rendered with `variables` within `bounds`.
+
+    Raises `RenderLimitExceeded` at a bound, or what the template itself raises.
+    """
+    previous = getattr(_current, "budget", None)
+    _current.budget = _Budget(bounds)
+    try:
+        chunks, size = [], 0
+        for chunk in template.generate(**variables):
+            size += len(chunk)
+            if size > bounds.max_chars:
+                raise RenderLimitExceeded(f"the rendered text exceeds {bounds.max_chars} characters")
+            chunks.append(chunk)
+        return "".join(chunks)
+    finally:
+        _current.budget = previous

@@ -1,0 +1,140 @@
+"""The bounded chat-template sandbox: every way a template can build a huge value or run without
+end stops with `RenderLimitExceeded`, promptly and before memory is spent; ordinary template
+features render as in the plain sandbox; each render's budget is its own thread's."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from helios.core.template_sandbox import BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, render_bounded
+
+BOUNDS = RenderBounds(max_chars=1 << 20, cpu_seconds=0.3)
+MESSAGES = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+
+
+def render(source: str, bounds: RenderBounds = BOUNDS, **variables) -> str:
+    return render_bounded(BoundedSandbox().from_string(source), {"messages": MESSAGES, **variables}, bounds)
+
+
+DOUBLING = "{% set ns = namespace(v=SEED) %}{% for i in range(60) %}{% set ns.v = STEP %}{% endfor %}{{ ns.v|length }}"
+
+
+@pytest.mark.parametrize("source, phrase", [
+    ("{{ 'x' * 10**10 }}", "repetition of 10000000000 items"),
+    ("{{ [0] * 10**8 }}", "repetition of 100000000 items"),
+    ("{{ (7 ** 100000) % 10 }}", "power 7 \\*\\* 100000"),
+    (DOUBLING.replace("SEED", "'xx'").replace("STEP", "ns.v + ns.v"), "concatenation"),
+    (DOUBLING.replace("SEED", "'xx'").replace("STEP", "ns.v ~ ns.v"), "concatenation"),
+    (DOUBLING.replace("SEED", "[1]").replace("STEP", "ns.v + ns.v"), "concatenation"),
+    (DOUBLING.replace("SEED", "3").replace("STEP", "ns.v * ns.v"), "integer product"),
+    (DOUBLING.replace("SEED", "'x'").replace("STEP", "ns.v|replace('x', 'xx')"), "replacement"),
+    (DOUBLING.replace("SEED", "'x'").replace("STEP", "ns.v.replace('x', 'xx')"), "replacement"),
+    ("{{ 'x'|center(10**9) }}", "width of 1000000000"),
+    ("{{ 'x'.ljust(10**9) }}", "width of 1000000000"),
+    ("{{ 'x'.zfill(10**9) }}", "width of 1000000000"),
+    ("{{ [1]|batch(10**9, 0)|list }}", "width of 1000000000"),
+    ("{{ ('a\n' * 1000)|indent(10**5) }}", "indentation"),
+    ("{{ messages|tojson(indent=10**9) }}", "width of 1000000000"),
+    ("{{ (['x' * 100000] * 1000)|join }}", "join"),
+    ("{{ ''.join(['x' * 100000] * 1000) }}", "join"),
+    ("{{ '{:>1000000000}'.format(1) }}", "too wide"),
+    ("{{ '{:{}}'.format(1, 10**9) }}", "too wide"),
+    ("{{ '%01000000000d' % 1 }}", "too wide"),
+    ("{{ '%*d' % (10**9, 1) }}", "too wide"),
+    ("{{ '%01000000000d'|format(1) }}", "too wide"),
+    ("{% for i in range(99999) %}{{ 'x' * 100 }}{% endfor %}", "rendered text exceeds"),
+], ids=["string repetition", "list repetition", "power", "doubling +", "doubling ~", "doubling list",
+        "integer squaring", "replace filter", "replace method", "center", "ljust", "zfill", "batch", "indent",
+        "tojson indent", "join filter", "join method", "format width", "format nested width", "percent width",
+        "percent star", "format filter", "huge output"])
+def test_a_value_past_the_cap_is_refused_before_it_is_built(source, phrase):
+    start = time.thread_time()
+    with pytest.raises(RenderLimitExceeded, match=phrase):
+        render(source)
+    assert time.thread_time() - start < 0.25  # refused, not built and then measured
+
+
+@pytest.mark.parametrize("source", [
+    "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+    "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+    "{% for a in range(99999)|list %}{% for b in range(99999)|map('string') %}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+    "{% for x in [1, 2] recursive %}{{ loop(range(99999)) if loop.depth < 3 else '' }}{% endfor %}",
+    "{% for m in messages %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+    "{% endfor %}",
+], ids=["nested ranges", "nested string loops", "nested filtered loops", "macro fan-out", "recursive loop",
+        "nested in a message loop"])
+def test_a_render_that_runs_on_stops_at_its_cpu_time(source):
+    start = time.monotonic()
+    with pytest.raises(RenderLimitExceeded, match="more than 0.3 s of CPU time"):
+        render(source)
+    assert time.monotonic() - start < 3.0
+
+
+def test_ordinary_features_render_as_in_the_plain_sandbox():
+    source = (
+        "{% set ns = namespace(text='') %}"
+        "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ '!' if loop.last }}"
+        "{{ m.role + ': ' + m.content ~ ';' }}{% set ns.text = ns.text + m.content %}{% endfor %}"
+        "{{ ns.text }}{{ '%3d|%s' % (7, 'x') }}{{ '{:>4}'.format('y') }}{{ 'z'|center(5) }}"
+        "{{ [1, 2] + [3] }}{{ 'ab' * 2 }}{{ 2 ** 10 }}{{ 7 % 3 }}{{ messages|tojson }}"
+        "{% for x in [[1, [2]], [3]] recursive %}<{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}{% endif %}>"
+        "{% endfor %}{% macro twice(t) %}{{ t }}{{ t }}{% endmacro %}{{ twice('w') }}"
+        "{% for i in range(1000) %}{% if i == 999 %}{{ i }}{% endif %}{% endfor %}"
+    )
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = BoundedSandbox().filters["tojson"]
+    assert render(source) == env.from_string(source).render(messages=MESSAGES)
+
+
+def test_the_sandbox_still_refuses_python_internals_and_raises_template_errors():
+    with pytest.raises(SecurityError):
+        render("{{ ''.__class__.__mro__ }}")
+    with pytest.raises(TemplateRaised, match="no tools"):
+        render("{{ raise_exception('no tools') }}")
+
+
+def test_each_thread_renders_under_its_own_budget():
+    """A runaway render on one thread stops at its own bound; a quick render beside it is unaffected."""
+    outcome = {}
+
+    def runaway():
+        try:
+            render("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}")
+        except RenderLimitExceeded as error:
+            outcome["runaway"] = error
+
+    thread = threading.Thread(target=runaway)
+    thread.start()
+    quick = [render("{% for m in messages %}{{ m.content }}{% endfor %}") for _ in range(200)]
+    thread.join(timeout=10)
+    assert not thread.is_alive() and "runaway" in outcome
+    assert set(quick) == {"ab"}
+
+
+def test_time_spent_waiting_for_the_gil_is_not_charged():
+    """Thread CPU time, not wall time: a render slowed down by busy threads beside it (preparation
+    workers under load) is not cut short."""
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    spinners = [threading.Thread(target=spin) for _ in range(5)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        source = "{% for i in range(99999) %}{{ i % 10 }}{% endfor %}"  # about 0.05 s of CPU alone
+        start = time.monotonic()
+        assert len(render(source, RenderBounds(max_chars=1 << 20, cpu_seconds=0.2))) == 99999
+        waited = time.monotonic() - start
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+    assert waited > 0.2  # a wall-clock bound would have stopped it

@@ -1,0 +1,63 @@
+"""Prepare-time bounds of the chat template: a template that runs on (loops that render nothing)
+or blows up on any probe conversation, including the optional probes a template may reject (tools,
+multi-turn prefixes), stops prepare with a CheckpointError naming the chat template, in bounded
+time, instead of hanging or being taken for a template that merely rejects the probe."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from helios.ignition.architecture import CheckpointError
+from helios.ignition.checkpoint_assets import read_assets
+from helios.ignition.frontend.render import PROBE_BOUNDS
+from ignition.hf_checkpoints import QWEN3
+from support.chat_checkpoint import CHAT_TEMPLATE, VOCAB_SIZE, write_chat_checkpoint
+
+SPIN = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    return write_chat_checkpoint(QWEN3, tmp_path_factory.mktemp("template-bounds") / "checkpoint", seed=3)
+
+
+@pytest.fixture
+def checkpoint(pristine, tmp_path) -> Path:
+    return Path(shutil.copytree(pristine, tmp_path / "checkpoint"))
+
+
+def _with_template(directory: Path, template: str) -> Path:
+    path = directory / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "chat_template": template}))
+    return directory
+
+
+def _refused_in_time(directory: Path, phrase: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match=phrase):
+        read_assets(directory, VOCAB_SIZE)
+    assert time.monotonic() - start < PROBE_BOUNDS.cpu_seconds + 5.0
+
+
+def test_the_unbounded_probes_still_pass(checkpoint):
+    assert read_assets(checkpoint, VOCAB_SIZE) is not None
+
+
+def test_nested_loops_that_render_nothing_stop_prepare(checkpoint):
+    _refused_in_time(_with_template(checkpoint, SPIN + CHAT_TEMPLATE),
+                     "the chat template cannot render a single user message: .*CPU time")
+
+
+@pytest.mark.parametrize("trap, phrase", [
+    ("{% if tools %}" + SPIN + "{% endif %}", "CPU time"),
+    ("{% if messages|length > 2 %}" + SPIN + "{% endif %}", "CPU time"),
+    ("{% if messages|length > 2 %}{{ 'x' * 10**10 }}{% endif %}", "repetition of 10000000000 items"),
+    ("{% if tools %}{% for i in range(10**9) %}{% endfor %}{% endif %}", "range of 1000000000 items"),
+], ids=["spins on tools", "spins on three messages", "blows up on three messages", "huge range on tools"])
+def test_a_template_that_runs_away_on_an_optional_probe_stops_prepare(checkpoint, trap, phrase):
+    _refused_in_time(_with_template(checkpoint, trap + CHAT_TEMPLATE), f"the chat template .*{phrase}")
