@@ -337,20 +337,35 @@ def engine_pid_of(server: ServerProcess) -> int:
     raise AssertionError("no engine process")
 
 
+def post_chat(url: str) -> httpx.Response:
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 220}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+
+
 def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_cause(core, tmp_path):
-    """Streams end with one error event and the server exits 9; before, neither the log nor the
-    exit line said how the worker died (here: killed by SIGKILL)."""
+    """Streams end with one error event, a JSON request it held gets 500, the server exits 9; before,
+    neither the log nor the exit line said how the worker died (here: killed by SIGKILL), and the
+    access log counted the requests it ended as prompt_tokens=0 completion_tokens=0 even when tokens
+    had been streamed."""
     server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "8", log=tmp_path / "server.log")
     children = child_pids(server.process.pid)
     events = [threading.Event() for _ in range(6)]
-    with ThreadPoolExecutor(len(events)) as pool:
+    with ThreadPoolExecutor(len(events) + 1) as pool:
         futures = [pool.submit(read_stream, server.url, started) for started in events]
         for started in events:
             assert started.wait(30)
+        held = pool.submit(post_chat, server.url)
+        time.sleep(0.2)  # the JSON request is held too
         os.kill(engine_pid_of(server), signal.SIGKILL)
         texts = [future.result(timeout=15) for future in futures]
+        answer = held.result(timeout=15)
     assert server.process.wait(15) == 9
     code, log = server.terminate()
+    assert answer.status_code == 500 and "the model worker died" in answer.json()["error"]["message"], answer.text
+    ended = [line for line in log.splitlines() if "access:" in line and "finish=error" in line]
+    assert len(ended) == 1 + sum("event: error" in text for text in texts), ended
+    assert all("prompt_tokens=0 " not in line for line in ended), ended
+    assert any("completion_tokens=0 " not in line for line in ended), ended  # the one generating
     for text in texts:
         assert text.rstrip().endswith("data: [DONE]") or (text.count("event: error") == 1
                                                         and "the model worker died" in text), text[-300:]

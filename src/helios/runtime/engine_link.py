@@ -18,7 +18,8 @@ process that stopped reading).
 What stays true across the boundary: every admitted request ends with exactly one `FinishEvent`.
 The link counts the requests it admitted until their finish comes back; if the engine process
 dies (or its worker loop fails), the link reports itself unhealthy and ends each of them with
-ERROR ("the model worker died"), and a later `submit` gets ERROR at once, as the engine does after
+ERROR ("the model worker died", with their prompt lengths: the tokens generated are counted by
+the responses, `helios.server.bridge`), and a later `submit` gets ERROR at once, as the engine does after
 its worker failed; `failure` then says why (the worker loop's error, or how the process ended). `shutdown` asks the engine process to stop (requests still running end
 CANCELLED, from the engine), waits for the process, and kills it if it does not exit in time. An
 engine process whose serving process is gone (end of file on the pipe) shuts down the same way.
@@ -108,7 +109,7 @@ class EngineLink:
         self._process = process
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._outstanding: set[str] = set()  # admitted, finish not yet seen
+        self._outstanding: dict[str, int] = {}  # admitted, finish not yet seen -> prompt tokens
         self._is_closed = False  # shut down or died: submissions end at once
         self._has_died = False
         self.failure: str | None = None  # why the engine process stopped serving (None: it did not)
@@ -142,11 +143,11 @@ class EngineLink:
         with self._state_lock:
             is_closed = self._is_closed
             if not is_closed:
-                self._outstanding.add(spec.request_id)
+                self._outstanding[spec.request_id] = len(spec.prompt_ids)
         if not is_closed and self._send(Admit(spec, source)):
             return
         with self._state_lock:
-            self._outstanding.discard(spec.request_id)
+            self._outstanding.pop(spec.request_id, None)
         reason = FinishReason.ERROR if self._has_died else FinishReason.CANCELLED
         message = DIED if self._has_died else "the model worker is not running"
         self.sink(StepBatch((FinishEvent(spec.request_id, reason, len(spec.prompt_ids), 0, 0, message),)))
@@ -208,15 +209,17 @@ class EngineLink:
         finished = [e.request_id for e in batch.events if type(e) is FinishEvent]
         if finished:
             with self._state_lock:
-                self._outstanding.difference_update(finished)
+                for request_id in finished:
+                    self._outstanding.pop(request_id, None)
         self.sink(batch)
 
     def _end_outstanding(self, reason: FinishReason, message: str) -> None:
         with self._state_lock:
             self._is_closed = True
-            ended, self._outstanding = self._outstanding, set()
-        if ended and self.sink is not None:
-            self.sink(StepBatch(tuple(FinishEvent(request_id, reason, 0, 0, 0, message) for request_id in ended)))
+            ended, self._outstanding = self._outstanding, {}
+        if ended and self.sink is not None:  # the output count is unknown here: 0 (see the module docstring)
+            self.sink(StepBatch(tuple(FinishEvent(request_id, reason, num_prompt_tokens, 0, 0, message)
+                                      for request_id, num_prompt_tokens in ended.items())))
 
 
 def ended_how(process) -> str:

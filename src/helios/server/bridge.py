@@ -8,7 +8,9 @@ detokenizing, stops, parsing and logprob entries. When a stop string matches, `s
 have generated a few more by then: the processor ignores every token after a stop, so they are never
 shown or counted, and a finish the engine reported for them (EOS, output limit) is settled as STOP
 with the processor's count before the response sees it (`observe`, the request's metrics record,
-gets the settled event). The resulting `OutputStep`s (streamed responses only) and the one terminal
+gets the settled event). A finish that counts fewer output tokens than the processor was given (a
+model worker that died or shut down ends its requests without their counts) is settled with the
+processor's count, so the access log counts the tokens the response had. The resulting `OutputStep`s (streamed responses only) and the one terminal
 item are handed to the event loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup
 per batch of deliveries, not one per request and token) into the response's unbounded list of
 arrived items (`next_items` takes all of them at once): it grows as events arrive and is bounded in
@@ -173,9 +175,13 @@ class ResponseBridge:
             self._post_terminal(Failure(self._failure))
 
     def _settled(self, event: FinishEvent) -> FinishEvent:
-        """The engine's end, settled against a stop the processor matched before it."""
+        """The engine's end, settled against a stop the processor matched before it, and against
+        the tokens the processor was given (an end reported without its count)."""
+        num_output_tokens = self._output.num_output_tokens
         if self._output.is_stopped and event.reason in _OUTRUN:
-            return event._replace(reason=FinishReason.STOP, num_output_tokens=self._output.num_output_tokens)
+            return event._replace(reason=FinishReason.STOP, num_output_tokens=num_output_tokens)
+        if event.num_output_tokens < num_output_tokens:
+            return event._replace(num_output_tokens=num_output_tokens)
         return event
 
     def _post_steps(self, steps: list[OutputStep]) -> None:
