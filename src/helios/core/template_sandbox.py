@@ -17,11 +17,11 @@ stop a render, with `RenderLimitExceeded` (a jinja `SecurityError`), before it e
   other preparation threads is not charged for it, so load cannot fail a correct template, and a
   runaway render stops on its own (nothing else can stop a Python thread).
 
-Loops and `+`/`~` are made to count by rewriting the parsed template into calls of filters (cheaper
+Loops and `~` are made to count by rewriting the parsed template into calls of filters (cheaper
 than the sandbox's call and operator hooks): every ``for`` iterates through `bounded_iter` (a loop
 over more than `SMALL_LOOP` items, or of unknown length, counts a step per item; a smaller one
-counts one, and the loops and calls nested in it count their own), every ``+`` is `bounded_add` and
-every ``~`` `bounded_concat`.
+counts one, and the loops and calls nested in it count their own) and every ``~`` is
+`bounded_concat`; every ``+`` is compiled with an inline check of its sum (`_CheckedSums`).
 
 What stays unbounded: one operation on values within the caps (sorting a list of `max_chars`
 items) runs to its end before the next step is checked, and the text form of a container whose
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping
 
 from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, optimizeconst
 from jinja2.ext import loopcontrols
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, SecurityError
@@ -48,7 +49,7 @@ MAX_INT_BITS = 1 << 16  # 19,728 decimal digits; Python's own int-to-text limit 
 CHECK_EVERY = 32  # steps between two reads of the thread's CPU clock (about 0.2 us each)
 SMALL_VALUE = 1 << 16  # a sum of strings this short is not checked against the cap
 SMALL_LOOP = 256  # a loop over at most this many items counts one step, not one per item
-ITER_FILTER, ADD_FILTER, CONCAT_FILTER = "helios_bounded_iter", "helios_bounded_add", "helios_bounded_concat"  # the rewrite's hooks
+ITER_FILTER, CONCAT_FILTER = "helios_bounded_iter", "helios_bounded_concat"  # the rewrite's hooks
 _SIZED = frozenset((list, tuple, dict, str, range))
 
 
@@ -222,18 +223,13 @@ def _bounded_filter(name: str, function: Any) -> Any:
 
 
 class _CountLoops(NodeTransformer):
-    """Routes every `for` through `bounded_iter`, every `+` through `bounded_add` and every `~`
-    through `bounded_concat`, as filters (a filter is called directly, a call would pass through
-    `BoundedSandbox.call`, an intercepted operator through `BoundedSandbox.call_binop`)."""
+    """Routes every `for` through `bounded_iter` and every `~` through `bounded_concat`, as filters
+    (a filter is called directly; a call would pass through `BoundedSandbox.call`)."""
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         node = self.generic_visit(node)
         node.iter = nodes.Filter(node.iter, ITER_FILTER, [], [], None, None, lineno=node.lineno)
         return node
-
-    def visit_Add(self, node: nodes.Add) -> nodes.Filter:
-        node = self.generic_visit(node)
-        return nodes.Filter(node.left, ADD_FILTER, [node.right], [], None, None, lineno=node.lineno)
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
         node = self.generic_visit(node)
@@ -264,11 +260,23 @@ def bounded_range(*args: int) -> range:
     return numbers
 
 
-def bounded_add(left: Any, right: Any) -> Any:
-    if left.__class__ is str and right.__class__ is str and len(left) + len(right) <= SMALL_VALUE:
-        return left + right  # the common case, with no look-up of the render's budget
-    _check_size(_sized(left) + _sized(right), "a concatenation")
-    return left + right
+class _CheckedSums(CodeGenerator):
+    """Compiles `a + b` to an inline check of the sum, cheaper than a call: a sum that is not a
+    string of at most `SMALL_VALUE` characters (the common case) goes to `checked_sum`. (Built
+    first, so a sum of two values within the cap may reach twice the cap before it is refused.)"""
+
+    @optimizeconst
+    def visit_Add(self, node: nodes.Add, frame) -> None:
+        self.write("(_sum if (_sum := (")
+        self.visit(node.left, frame)
+        self.write(" + ")
+        self.visit(node.right, frame)
+        self.write(f")).__class__ is str and len(_sum) <= {SMALL_VALUE} else environment.checked_sum(_sum))")
+
+
+def checked_sum(value: Any) -> Any:
+    _check_size(_sized(value), "a concatenation")
+    return value
 
 
 def bounded_concat(values: tuple) -> str:
@@ -283,7 +291,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     the renderer adds `strftime_now`. Templates from it render only through `render_bounded`,
     which installs the render's budget."""
 
-    intercepted_binops = frozenset(("*", "**", "%"))  # `+` is rewritten into `bounded_add`
+    intercepted_binops = frozenset(("*", "**", "%"))  # `+` is compiled with its check inline
+    code_generator_class = _CheckedSums
+    checked_sum = staticmethod(checked_sum)
 
     def __init__(self):
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
@@ -291,7 +301,6 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                                            for name in _GROWING_FILTERS if name in self.filters}}
         self.filters["tojson"] = _tojson
         self.filters[ITER_FILTER] = bounded_iter
-        self.filters[ADD_FILTER] = bounded_add
         self.filters[CONCAT_FILTER] = bounded_concat
         self.globals["raise_exception"] = _raise_exception
         self.globals["range"] = bounded_range
