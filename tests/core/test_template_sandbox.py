@@ -4,6 +4,7 @@ features render as in the plain sandbox; each render's budget is its own thread'
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -58,6 +59,21 @@ def test_a_value_past_the_cap_is_refused_before_it_is_built(source, phrase):
     assert time.thread_time() - start < 0.25  # refused, not built and then measured
 
 
+SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
+
+
+@pytest.mark.parametrize("use", ["{{ ns.l }}", "{{ ns.l|tojson }}", "{{ ns.l|string }}", "{{ 'a' ~ ns.l }}",
+                                 "{{ [ns.l]|join }}", "{{ [ns.l] * 1000 }}"],
+                         ids=["printed", "tojson", "string", "concatenated", "joined", "repeated"])
+def test_the_text_of_a_container_of_shared_references_is_measured_before_it_is_built(use):
+    """[x, x] nested 40 deep is 40 small lists in memory but 2**40 copies of x as text."""
+    start = time.thread_time()
+    with pytest.raises(RenderLimitExceeded, match="items is too large"):
+        render(SHARED + use)
+    assert time.thread_time() - start < 0.25
+    assert render(SHARED + "{{ ns.l|length }}") == "2"
+
+
 @pytest.mark.parametrize("source", [
     "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
     "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
@@ -87,7 +103,7 @@ def test_ordinary_features_render_as_in_the_plain_sandbox():
         "{% for i in range(1000) %}{% if i == 999 %}{{ i }}{% endif %}{% endfor %}"
     )
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = BoundedSandbox().filters["tojson"]
+    env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
     assert render(source) == env.from_string(source).render(messages=MESSAGES)
 
 

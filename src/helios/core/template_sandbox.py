@@ -23,10 +23,11 @@ over more than `SMALL_LOOP` items, or of unknown length, counts a step per item;
 counts one, and the loops and calls nested in it count their own) and every ``~`` is
 `bounded_concat`; every ``+`` is compiled with an inline check of its sum (`_CheckedSums`).
 
-What stays unbounded: one operation on values within the caps (sorting a list of `max_chars`
-items) runs to its end before the next step is checked, and the text form of a container whose
-items are shared references (``[s, s]`` nested in a loop, then printed or `tojson`'d) is not
-measured before it is built.
+The text of a container (printed, ``~``, `tojson`, `join`, `string`) is measured before it is
+built, counting shared references once per occurrence (``[s, s]`` nested in a loop holds 2**n
+copies of s). What stays unbounded: one operation on values within the caps (sorting a list of
+`max_chars` items) runs to its end before the next step is checked, and a container's text built
+by a path not listed here (``'%s' % [...]``, ``'{}'.format([...])``) is not measured first.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None, separators=None,
             sort_keys: bool = False) -> str:
     _check_width(len(indent) if isinstance(indent, str) else indent)
+    _check_size(_text_len(value) * (1 + (len(indent) if isinstance(indent, str) else indent or 0)), "a JSON text")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -202,10 +204,13 @@ def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
         _check_replace(*args[:3])
     elif name == "join" and args and isinstance(args[0], (list, tuple)):
         separator = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
-        _check_size(sum(_sized(item) for item in args[0]) + len(separator) * len(args[0]), "a join")
+        _check_size(_text_len(args[0]) + len(separator) * len(args[0]), "a join")
+    elif name in ("string", "pprint") and args:
+        text_of(args[0])
 
 
-_GROWING_FILTERS = frozenset(("center", "batch", "slice", "indent", "format", "replace", "join"))
+_GROWING_FILTERS = frozenset(("center", "batch", "slice", "indent", "format", "replace", "join", "string",
+                              "pprint"))
 
 
 def _bounded_filter(name: str, function: Any) -> Any:
@@ -260,10 +265,47 @@ def bounded_range(*args: int) -> range:
     return numbers
 
 
+def _text_len(value: Any) -> int:
+    """About how many characters `str(value)` (or its JSON) has, without building it: a container
+    whose items are shared references (``[x, x]`` nested n deep holds 2**n copies of x) is walked
+    once and counted as often as it occurs."""
+    return _weigh(value, {})
+
+
+def _weigh(item: Any, known: dict) -> int:
+    cls = item.__class__
+    if cls is str:
+        return len(item) + 2
+    if cls is dict or cls is list or cls is tuple:
+        found = known.get(id(item))
+        if found is None:
+            known[id(item)] = 0  # a cycle (the sandbox cannot build one) would count nothing
+            total = 2
+            if cls is dict:
+                for key, entry in item.items():
+                    total += _weigh(key, known) + _weigh(entry, known) + 2
+            else:
+                for entry in item:
+                    total += _weigh(entry, known) + 2
+            found = known[id(item)] = total
+        return found
+    if cls is int or cls is float or cls is bool or item is None:
+        return 8
+    return _weigh(list(item.items()), known) if isinstance(item, dict) else len(str(item))
+
+
+def text_of(value: Any) -> str:
+    """`str(value)`, refused when a container's text would pass the cap."""
+    if isinstance(value, (list, tuple, dict)):
+        _check_size(_text_len(value), "the text of a container")
+    return str(value)
+
+
 class _CheckedSums(CodeGenerator):
     """Compiles `a + b` to an inline check of the sum, cheaper than a call: a sum that is not a
     string of at most `SMALL_VALUE` characters (the common case) goes to `checked_sum`. (Built
-    first, so a sum of two values within the cap may reach twice the cap before it is refused.)"""
+    first, so a sum of two values within the cap may reach twice the cap before it is refused.)
+    Output (``{{ value }}``) that is not a string goes through `text_of` instead of `str`."""
 
     @optimizeconst
     def visit_Add(self, node: nodes.Add, frame) -> None:
@@ -274,13 +316,24 @@ class _CheckedSums(CodeGenerator):
         self.write(f")).__class__ is str and len(_sum) <= {SMALL_VALUE} else environment.checked_sum(_sum))")
 
 
+    def _output_child_pre(self, node: nodes.Expr, frame, finalize) -> None:
+        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
+            return super()._output_child_pre(node, frame, finalize)  # not the sandbox's settings
+        self.write("(_out if (_out := (")
+
+    def _output_child_post(self, node: nodes.Expr, frame, finalize) -> None:
+        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
+            return super()._output_child_post(node, frame, finalize)
+        self.write(")).__class__ is str else environment.text_of(_out))")
+
+
 def checked_sum(value: Any) -> Any:
     _check_size(_sized(value), "a concatenation")
     return value
 
 
 def bounded_concat(values: tuple) -> str:
-    texts = [value if value.__class__ is str else str(value) for value in values]
+    texts = [value if value.__class__ is str else text_of(value) for value in values]
     _check_size(sum(map(len, texts)), "a concatenation")
     return "".join(texts)
 
@@ -293,6 +346,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset(("*", "**", "%"))  # `+` is compiled with its check inline
     code_generator_class = _CheckedSums
+    text_of = staticmethod(text_of)
     checked_sum = staticmethod(checked_sum)
 
     def __init__(self):
