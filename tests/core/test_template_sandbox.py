@@ -63,8 +63,10 @@ SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set n
 
 
 @pytest.mark.parametrize("use", ["{{ ns.l }}", "{{ ns.l|tojson }}", "{{ ns.l|string }}", "{{ 'a' ~ ns.l }}",
-                                 "{{ [ns.l]|join }}", "{{ [ns.l] * 1000 }}"],
-                         ids=["printed", "tojson", "string", "concatenated", "joined", "repeated"])
+                                 "{{ [ns.l]|join }}", "{{ [ns.l] * 1000 }}", "{{ '%s' % (ns.l,) }}",
+                                 "{{ '{}'.format(ns.l) }}", "{{ '%s'|format(ns.l) }}"],
+                         ids=["printed", "tojson", "string", "concatenated", "joined", "repeated", "percent",
+                              "format method", "format filter"])
 def test_the_text_of_a_container_of_shared_references_is_measured_before_it_is_built(use):
     """[x, x] nested 40 deep is 40 small lists in memory but 2**40 copies of x as text."""
     start = time.thread_time()

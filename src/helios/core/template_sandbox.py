@@ -23,11 +23,10 @@ over more than `SMALL_LOOP` items, or of unknown length, counts a step per item;
 counts one, and the loops and calls nested in it count their own) and every ``~`` is
 `bounded_concat`; every ``+`` is compiled with an inline check of its sum (`_CheckedSums`).
 
-The text of a container (printed, ``~``, `tojson`, `join`, `string`) is measured before it is
-built, counting shared references once per occurrence (``[s, s]`` nested in a loop holds 2**n
-copies of s). What stays unbounded: one operation on values within the caps (sorting a list of
-`max_chars` items) runs to its end before the next step is checked, and a container's text built
-by a path not listed here (``'%s' % [...]``, ``'{}'.format([...])``) is not measured first.
+The text of a container (printed, ``~``, `tojson`, `join`, `string`, formatting arguments) is
+measured before it is built, counting shared references once per occurrence (``[s, s]`` nested
+in a loop holds 2**n copies of s). What stays unbounded: one operation on values within the caps
+(sorting a list of `max_chars` items) runs to its end before the next step is checked.
 """
 
 from __future__ import annotations
@@ -144,6 +143,13 @@ def _check_format(spec: Any) -> None:
             raise RenderLimitExceeded(f"the format field {match.group(0)!r} is too wide")
 
 
+def _check_arguments(values: Iterable) -> None:
+    """Refuses formatting arguments whose text would pass the cap (see `_text_len`)."""
+    for value in values:
+        if isinstance(value, (list, tuple, dict)):
+            _check_size(_text_len(value), "a formatted text")
+
+
 def _check_width(width: Any) -> None:
     if _is_int(width) and width > _max_chars():
         raise RenderLimitExceeded(f"a width of {width} is too large")
@@ -169,6 +175,7 @@ def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> No
     name = bound.__name__
     if name in ("format", "format_map"):
         _check_format(owner)
+        _check_arguments((*args, *kwargs.values()))
         return
     kwargs = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}  # jinja's own
     if name in _WIDTH_METHODS:
@@ -200,6 +207,7 @@ def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
         _check_indent(*args[:2], **{k: v for k, v in kwargs.items() if k == "width"})
     elif name == "format" and args:
         _check_format(args[0])
+        _check_arguments((*args[1:], *kwargs.values()))
     elif name == "replace" and len(args) >= 3:
         _check_replace(*args[:3])
     elif name == "join" and args and isinstance(args[0], (list, tuple)):
@@ -315,7 +323,6 @@ class _CheckedSums(CodeGenerator):
         self.visit(node.right, frame)
         self.write(f")).__class__ is str and len(_sum) <= {SMALL_VALUE} else environment.checked_sum(_sum))")
 
-
     def _output_child_pre(self, node: nodes.Expr, frame, finalize) -> None:
         if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
             return super()._output_child_pre(node, frame, finalize)  # not the sandbox's settings
@@ -386,6 +393,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 raise RenderLimitExceeded(f"the power {left} ** {right} is too large")
         elif operator == "%" and isinstance(left, str):
             _check_format(left)
+            _check_arguments(right if isinstance(right, tuple) else (right,))
         return self.binop_table[operator](left, right)
 
 
