@@ -59,7 +59,7 @@ def test_a_value_past_the_cap_is_refused_before_it_is_built(source, phrase):
     assert time.thread_time() - start < 0.25  # refused, not built and then measured
 
 
-SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
+SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set ns.l = [ns.l] * 2 %}{% endfor %}"
 
 
 @pytest.mark.parametrize("use", ["{{ ns.l }}", "{{ ns.l|tojson }}", "{{ ns.l|string }}", "{{ 'a' ~ ns.l }}",
@@ -68,12 +68,26 @@ SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set n
                          ids=["printed", "tojson", "string", "concatenated", "joined", "repeated", "percent",
                               "format method", "format filter"])
 def test_the_text_of_a_container_of_shared_references_is_measured_before_it_is_built(use):
-    """[x, x] nested 40 deep is 40 small lists in memory but 2**40 copies of x as text."""
+    """[x] * 2 nested 40 deep is 40 small lists in memory but 2**40 copies of x as text: refused
+    as the literal [x] is weighed, and (where a nesting got past that) where its text is built."""
     start = time.thread_time()
     with pytest.raises(RenderLimitExceeded, match="items is too large"):
         render(SHARED + use)
     assert time.thread_time() - start < 0.25
-    assert render(SHARED + "{{ ns.l|length }}") == "2"
+
+
+CHAIN = "{% set ns = namespace(s='x' * 500000, c=none) %}{% for i in range(99999) %}{% set ns.c = LINK %}{% endfor %}"
+
+
+@pytest.mark.parametrize("link", ["[ns.c, ns.s ~ i]", "{'prev': ns.c, 'value': ns.s ~ i}", "(ns.c, ns.s ~ i)",
+                                  "(ns.c or []) + [ns.s ~ i]"],
+                         ids=["list literal", "dict literal", "tuple literal", "list sum"])
+def test_containers_that_hold_ever_more_distinct_values_stop_at_the_cap(link):
+    """Each value within the cap, but a chain of them would hold memory without end."""
+    start = time.thread_time()
+    with pytest.raises(RenderLimitExceeded, match="items is too large"):
+        render(CHAIN.replace("LINK", link))
+    assert time.thread_time() - start < 0.25
 
 
 @pytest.mark.parametrize("source", [
@@ -99,7 +113,7 @@ def test_ordinary_features_render_as_in_the_plain_sandbox():
         "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ '!' if loop.last }}"
         "{{ m.role + ': ' + m.content ~ ';' }}{% set ns.text = ns.text + m.content %}{% endfor %}"
         "{{ ns.text }}{{ '%3d|%s' % (7, 'x') }}{{ '{:>4}'.format('y') }}{{ 'z'|center(5) }}"
-        "{{ [1, 2] + [3] }}{{ 'ab' * 2 }}{{ 2 ** 10 }}{{ 7 % 3 }}{{ messages|tojson }}"
+        "{{ [1, 2] + [3] }}{{ 'ab' * 2 }}{{ [messages[0].role, {'c': messages[0].content}] }}{% for k, v in {'a': 1}.items() %}{{ k }}{% endfor %}{{ 2 ** 10 }}{{ 7 % 3 }}{{ messages|tojson }}"
         "{% for x in [[1, [2]], [3]] recursive %}<{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}{% endif %}>"
         "{% endfor %}{% macro twice(t) %}{{ t }}{{ t }}{% endmacro %}{{ twice('w') }}"
         "{% for i in range(1000) %}{% if i == 999 %}{{ i }}{% endif %}{% endfor %}"
@@ -156,3 +170,14 @@ def test_time_spent_waiting_for_the_gil_is_not_charged():
         for spinner in spinners:
             spinner.join()
     assert waited > 0.2  # a wall-clock bound would have stopped it
+
+
+@pytest.mark.parametrize("use", ["{{ dag }}", "{{ dag|tojson }}", "{{ 'a' ~ dag }}", "{{ dag|join }}",
+                                 "{{ '%s'|format(dag) }}", "{{ dag|string }}"])
+def test_the_text_of_a_shared_structure_from_anywhere_is_measured(use):
+    """Whatever built it: 40 nested [x, x] lists print as 2**40 copies of x."""
+    dag = "xxxxxxxx"
+    for _ in range(40):
+        dag = [dag, dag]
+    with pytest.raises(RenderLimitExceeded, match="items is too large"):
+        render(use, dag=dag)

@@ -23,8 +23,10 @@ over more than `SMALL_LOOP` items, or of unknown length, counts a step per item;
 counts one, and the loops and calls nested in it count their own) and every ``~`` is
 `bounded_concat`; every ``+`` is compiled with an inline check of its sum (`_CheckedSums`).
 
-The text of a container (printed, ``~``, `tojson`, `join`, `string`, formatting arguments) is
-measured before it is built, counting shared references once per occurrence (``[s, s]`` nested
+Memory held in containers is bounded too: a container literal with variable items, and a list
+or tuple built by `+`, is weighed (`_text_len`) as it is built, so a chain of distinct
+large values (``ns.chain = [ns.chain, ns.s ~ i]``) stops at the cap. The text of a container
+(printed, ``~``, `tojson`, `join`, `string`, formatting arguments) is measured before it is built, counting shared references once per occurrence (``[s, s]`` nested
 in a loop holds 2**n copies of s). What stays unbounded: one operation on values within the caps
 (sorting a list of `max_chars` items) runs to its end before the next step is checked.
 """
@@ -49,7 +51,7 @@ MAX_INT_BITS = 1 << 16  # 19,728 decimal digits; Python's own int-to-text limit 
 CHECK_EVERY = 32  # steps between two reads of the thread's CPU clock (about 0.2 us each)
 SMALL_VALUE = 1 << 16  # a sum of strings this short is not checked against the cap
 SMALL_LOOP = 256  # a loop over at most this many items counts one step, not one per item
-ITER_FILTER, CONCAT_FILTER = "helios_bounded_iter", "helios_bounded_concat"  # the rewrite's hooks
+ITER_FILTER, CONCAT_FILTER, BUILT_FILTER = "helios_bounded_iter", "helios_bounded_concat", "helios_weighed"
 _SIZED = frozenset((list, tuple, dict, str, range))
 
 
@@ -244,6 +246,25 @@ class _CountLoops(NodeTransformer):
         node.iter = nodes.Filter(node.iter, ITER_FILTER, [], [], None, None, lineno=node.lineno)
         return node
 
+    def visit_List(self, node: nodes.List) -> nodes.Expr:
+        return self._weighed(self.generic_visit(node))
+
+    def visit_Tuple(self, node: nodes.Tuple) -> nodes.Expr:
+        return self._weighed(self.generic_visit(node)) if node.ctx == "load" else node
+
+    def visit_Dict(self, node: nodes.Dict) -> nodes.Expr:
+        return self._weighed(self.generic_visit(node))
+
+    @staticmethod
+    def _weighed(node: nodes.Expr) -> nodes.Expr:
+        """A container literal of variable items (``[ns.s, ns.chain]`` in a loop holds ever more
+        distinct large values) is weighed as it is built; a constant one needs no check."""
+        try:
+            node.as_const()
+            return node
+        except nodes.Impossible:
+            return nodes.Filter(node, BUILT_FILTER, [], [], None, None, lineno=node.lineno)
+
     def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
         node = self.generic_visit(node)
         parts = nodes.Tuple(node.nodes, "load", lineno=node.lineno)
@@ -335,8 +356,13 @@ class _CheckedSums(CodeGenerator):
 
 
 def checked_sum(value: Any) -> Any:
-    _check_size(_sized(value), "a concatenation")
+    _check_size(_text_len(value) if isinstance(value, (list, tuple)) else _sized(value), "a concatenation")
     return value
+
+
+def weighed(container: Any) -> Any:
+    _check_size(_text_len(container), "a container")
+    return container
 
 
 def bounded_concat(values: tuple) -> str:
@@ -363,6 +389,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters["tojson"] = _tojson
         self.filters[ITER_FILTER] = bounded_iter
         self.filters[CONCAT_FILTER] = bounded_concat
+        self.filters[BUILT_FILTER] = weighed
         self.globals["raise_exception"] = _raise_exception
         self.globals["range"] = bounded_range
 
@@ -386,6 +413,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 if left.bit_length() + right.bit_length() > MAX_INT_BITS:
                     raise RenderLimitExceeded("an integer product is too large")
             else:
+                # a repeated list holds n references, not n values: its text is weighed where it is built
                 _check_size(max(_sized(left) * right if _is_int(right) else 0,
                                 _sized(right) * left if _is_int(left) else 0), "a repetition")
         elif operator == "**":
