@@ -126,6 +126,32 @@ def test_a_stop_signal_while_the_model_loads_stops_the_engine_process_at_once(lo
     assert line in log and "Traceback" not in log, log
 
 
+def test_sigint_during_an_in_process_load_exits_130_with_one_line(core, monkeypatch, capsys):
+    """Before: `--no-engine-process` interrupted while loading now and then exited by the signal (-2)
+    after printing "interrupted": the KeyboardInterrupt went through torch's native code, which left
+    CPython's unhandled-KeyboardInterrupt mark set though the command caught it. Now the load sees
+    an exception of the start's own, and the KeyboardInterrupt is raised once it unwound."""
+    from helios.cli import serve_cmd
+    from helios.cli.main import main
+
+    seen = []
+
+    def interrupted_load(*args, **kwargs):
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(10)
+        except BaseException as error:
+            seen.append(type(error))
+            raise
+        raise AssertionError("SIGINT did not stop the load")
+
+    monkeypatch.setattr(serve_cmd, "build_runtime", interrupted_load)
+    assert main(core_argv(core, "--port", "0", "--no-engine-process")) == 130
+    assert seen and not issubclass(seen[0], KeyboardInterrupt), seen
+    assert capsys.readouterr().err.strip() == "helios serve: interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_killed_serving_process_stops_its_loading_engine_process(loading):
     """Before: after kill -9 of the serving process its engine process loaded on for nobody, then
     printed a BrokenPipeError traceback."""

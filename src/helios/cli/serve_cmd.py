@@ -129,7 +129,7 @@ def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
 
 
 class _StopSignal(BaseException):
-    """SIGTERM or SIGHUP while the server starts (see `_stop_signals_unwind`)."""
+    """SIGTERM, SIGHUP or SIGINT while the server starts (see `_stop_signals_unwind`)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -138,16 +138,24 @@ class _StopSignal(BaseException):
 
 @contextlib.contextmanager
 def _stop_signals_unwind():
-    """SIGTERM and SIGHUP (unless ignored) raise `_StopSignal` inside (as SIGINT raises
-    `KeyboardInterrupt`), so a start they interrupt unwinds: an engine process still loading (it
-    ignores them) is stopped, not left behind. Once serving, uvicorn's handlers take over
-    (`helios.server.serve`)."""
+    """SIGTERM, SIGHUP and SIGINT (unless ignored) raise `_StopSignal` inside, so a start they
+    interrupt unwinds: an engine process still loading (it ignores them) is stopped, not left
+    behind. Once serving, uvicorn's handlers take over (`helios.server.serve`).
+
+    SIGINT too, rather than Python's `KeyboardInterrupt`: a KeyboardInterrupt raised at some points
+    of an in-process load (native code running Python below it) left CPython's "unhandled
+    KeyboardInterrupt" mark set even once `main` caught it, and the interpreter then ended itself by
+    SIGINT at exit (status -2, not 130; seen with strace as its own kill). The start raises
+    KeyboardInterrupt itself once unwound."""
 
     def stop(signum, frame):
         raise _StopSignal(signum)
 
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(signum) is not signal.SIG_IGN}  # as under nohup: stays ignored
+    caught = [signum for signum in (signal.SIGTERM, signal.SIGHUP)
+              if signal.getsignal(signum) is not signal.SIG_IGN]  # as under nohup: stays ignored
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # ignored (a background job): stays so
+        caught.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, stop) for signum in caught}
     try:
         yield
     finally:
@@ -199,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace, runtime_options: RuntimeOptions):
     """The loaded runtime (in an engine process by default) and the core's publisher namespace. A
     SIGTERM or SIGHUP meanwhile stops the start (see `_stop_signals_unwind`) and then the process,
-    by that signal."""
+    by that signal; a SIGINT stops it with `KeyboardInterrupt` (exit 130, in either mode)."""
     try:
         with _stop_signals_unwind():
             core, source = _open(args)
@@ -209,6 +217,8 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions):
                 runtime = build_runtime(core, runtime_options)
             return runtime, core.publisher.namespace
     except _StopSignal as stop:
+        if stop.signum == signal.SIGINT:
+            raise KeyboardInterrupt from None  # here, no native code below: `main` exits 130 with one line
         name = signal.Signals(stop.signum).name
         print(f"helios serve: stopped by {name} while starting", file=sys.stderr, flush=True)
         signal.raise_signal(stop.signum)  # its own handler again: the exit a running server's signal gives
