@@ -12,8 +12,10 @@ cancels the request in the engine; the permit is released once the engine confir
   and the connection's buffers are full) drops the response: the connection is closed, the request
   cancelled and the permit released once the engine confirmed the end. A reader that pauses for
   less than that and resumes loses nothing (output waits in the bridge's queue meanwhile).
-- Shutdown: a response task cancelled by the server's final drop ends quietly (the connection is
-  closed; no traceback), after the drain deadline already gave running streams their error event.
+- Shutdown: a response whose connection the server drops after the drain deadline (which already
+  gave running streams their error event) ends as a disconnect, quietly (`helios.server.serve`
+  aborts the connection); one that uvicorn's backstop cancels after that ends quietly too (no
+  traceback).
 - SSE: headers go out at once; each arrival of items becomes one write, and steps that piled up
   while the reader was slow are presented as one run (one set of chunks with their ids, text and
   log-probabilities concatenated in order, `helios.frontend.responses.step_run`) instead of one
