@@ -140,3 +140,16 @@ def test_real_process_on_the_fixtures():
     )
     assert done.returncode == 4 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_ctrl_c_while_the_commands_are_imported_is_one_line(monkeypatch, capsys):
+    """Importing the command modules (torch among them) takes seconds; a Ctrl-C then was a
+    KeyboardInterrupt traceback and an exit by the signal."""
+    import helios.cli.main as cli_main
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "build_parser", interrupted)
+    assert cli_main.main(["serve"]) == 130
+    assert capsys.readouterr().err == "helios: interrupted\n"

@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # importing the command modules (torch among them) takes seconds: Ctrl-C here is one line too
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("helios: interrupted", file=sys.stderr)
+        return 130
     args, extra = parser.parse_known_args(argv)
     if extra:
         # Positional lists (generate's prompts) may follow options; anything else is an error.
