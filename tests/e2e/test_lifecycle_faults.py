@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.server_core import SERVED_ID, ServerProcess, tiny_core
+from support.server_core import SERVED_ID, ServerProcess, read_stream, tiny_core
 
 SLOW_LOAD_DRIVER = """
 import os, sys, time
@@ -248,19 +248,6 @@ def test_an_engine_process_startup_error_keeps_its_family_and_exit_code():
     fault = _portable(RuntimeError("can't start new thread"))
     assert type(fault) is ExecutionError and "RuntimeError: can't start new thread" in str(fault)
 
-
-def read_stream(url: str, started: threading.Event, max_tokens: int = 220) -> str:
-    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
-    lines = []
-    try:
-        with httpx.Client(base_url=url, timeout=60) as client:
-            with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                started.set()
-                lines.extend(response.iter_lines())
-    except httpx.HTTPError as error:
-        lines.append(f"transport error: {type(error).__name__}")
-    return "\n".join(lines)
 
 
 def child_pids(pid: int) -> list[int]:

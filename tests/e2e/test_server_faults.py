@@ -22,24 +22,10 @@ from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server import serve as serve_module
 from helios.server.serve import ServeOptions, WorkerDied, serve
-from support.server_core import SERVED_ID, ServerProcess, tiny_core
+from support.server_core import SERVED_ID, ServerProcess, read_stream, tiny_core
 
 STREAMS = 48  # with one active at a time, about 11,000 tokens: longer than the 5 s drain at 1 ms a token
 
-
-def read_stream(url: str, started: threading.Event) -> str:
-    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 220,
-            "temperature": 0, "stream": True}
-    lines = []
-    try:
-        with httpx.Client(base_url=url, timeout=60) as client:
-            with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                started.set()
-                for line in response.iter_lines():
-                    lines.append(line)
-    except httpx.HTTPError as error:
-        lines.append(f"transport error: {type(error).__name__}")
-    return "\n".join(lines)
 
 
 def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp_path_factory, tmp_path):

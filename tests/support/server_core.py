@@ -19,6 +19,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,3 +131,19 @@ class ServerProcess:
             raise
         self.process.stdout.close()
         return self.process.returncode, self.log.read_text()
+
+
+def read_stream(url: str, started: threading.Event, max_tokens: int = 220) -> str:
+    """A greedy streamed chat request to a served tiny core: its SSE lines (or the transport error
+    that ended it), `started` set once the response began."""
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    lines = []
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                started.set()
+                lines.extend(response.iter_lines())
+    except httpx.HTTPError as error:
+        lines.append(f"transport error: {type(error).__name__}")
+    return "\n".join(lines)
