@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,9 @@ from helios.ignition.capture import CapturedProgram, capture_program, load_progr
 from helios.ignition.program_spec import Capacity, Operation
 from helios.ignition.recipes import Recipe, load_checkpoint
 
-from .hf_checkpoints import Family, random_model, write_checkpoint
+from support.chat_checkpoint import write_chat_checkpoint
+
+from .hf_checkpoints import QWEN3, Family, random_model, write_checkpoint
 
 PAGE_TOKENS = 4
 VARIANTS = (
@@ -72,3 +76,15 @@ def _prepare(family: Family, directory) -> Prepared:
     captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS}
     programs = {op: (program.spec, load_program(program.program)) for op, program in captured.items()}
     return Prepared(family, reference, recipe, captured, programs)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A tiny Qwen3 chat checkpoint (weights, tokenizer, template) that tests copy, never change."""
+    return write_chat_checkpoint(QWEN3, tmp_path_factory.mktemp("chat") / "checkpoint", seed=3)
+
+
+@pytest.fixture
+def checkpoint(pristine, tmp_path) -> Path:
+    """A copy of `pristine` this test may damage."""
+    return Path(shutil.copytree(pristine, tmp_path / "checkpoint"))

@@ -10,7 +10,6 @@ import json
 import re
 import math
 import os
-import shutil
 import struct
 from pathlib import Path
 
@@ -24,22 +23,11 @@ from helios.ignition.checkpoint_assets import read_assets
 from helios.ignition.export import CapacityPlan
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.speculative_plan import SpeculativePlan
-from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import VOCAB_SIZE, write_chat_checkpoint
+from support.chat_checkpoint import VOCAB_SIZE
 
 WEIGHTS = "model.safetensors"
 NORM = "model.norm.weight"
 FAST = ["--context-tokens", "64", "--prefill-tokens", "16", "--decode-batches", "1", "--no-mixed", "--no-logprobs"]
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    return write_chat_checkpoint(QWEN3, tmp_path_factory.mktemp("hostile") / "checkpoint", seed=3)
-
-
-@pytest.fixture
-def checkpoint(pristine, tmp_path) -> Path:
-    return Path(shutil.copytree(pristine, tmp_path / "checkpoint"))
 
 
 def _header(path: Path) -> tuple[dict, bytes]:

@@ -6,7 +6,6 @@ time, instead of hanging or being taken for a template that merely rejects the p
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -15,20 +14,9 @@ import pytest
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.checkpoint_assets import read_assets
 from helios.ignition.frontend.render import PROBE_BOUNDS
-from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import CHAT_TEMPLATE, VOCAB_SIZE, write_chat_checkpoint
+from support.chat_checkpoint import CHAT_TEMPLATE, VOCAB_SIZE
 
 SPIN = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    return write_chat_checkpoint(QWEN3, tmp_path_factory.mktemp("template-bounds") / "checkpoint", seed=3)
-
-
-@pytest.fixture
-def checkpoint(pristine, tmp_path) -> Path:
-    return Path(shutil.copytree(pristine, tmp_path / "checkpoint"))
 
 
 def _with_template(directory: Path, template: str) -> Path:
