@@ -31,7 +31,7 @@ from helios.frontend.preparation.client_fields import effective_template_kwargs,
 from helios.frontend.structured.contract_syntax import FrontendSyntax
 from helios.frontend.decoding.detokenize import IncrementalDetokenizer
 from helios.frontend.preparation.generation import (
-    ContextLimitExceeded, GenerationParams, resolve_output_limit, resolve_sampling,
+    GenerationParams, resolve_output_limit, resolve_sampling,
 )
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.structured.grammar_request import OutputConstraints
@@ -80,16 +80,6 @@ class UnknownModel(RequestError):
     """The body names a model this server does not serve."""
 
     param = "model"
-
-
-class OutputLimitExceeded(ContextLimitExceeded):
-    """`ContextLimitExceeded` naming the fields the client sent: the output limit it gave
-    (``max_tokens`` or ``max_completion_tokens``), or the prompt (``messages`` or ``prompt``)
-    when that alone leaves no room; `param` is that field."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
 
 
 class RequestedOutput(NamedTuple):
@@ -359,19 +349,8 @@ class FrontendModel:
 
     def _output_limit(self, requested: RequestedOutput, prompt_len: int) -> int:
         """`resolve_output_limit` for `requested`; its 400 names the field the body sent."""
-        context_tokens = self._settings.context_tokens
-        try:
-            return resolve_output_limit(requested.tokens, self._settings.sampling.max_output_tokens, context_tokens,
-                                        prompt_len)
-        except ContextLimitExceeded as error:
-            room = context_tokens - prompt_len
-            if room < 1:  # the prompt alone fills the context
-                raise OutputLimitExceeded(str(error), requested.prompt_field) from None
-            field = requested.field
-            raise OutputLimitExceeded(
-                f"the prompt ({prompt_len} tokens) plus {field} ({requested.tokens}) exceed the context extent "
-                f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit {field} for up to the "
-                "rest of the context", field) from None
+        return resolve_output_limit(requested.tokens, self._settings.sampling.max_output_tokens,
+                                    self._settings.context_tokens, prompt_len, requested.field, requested.prompt_field)
 
     def _params(self, body, stops: StopOptions, requested: RequestedOutput, prompt_len: int, is_constrained: bool,
                 response: ResponseOptions, logprobs: LogprobRequest = LogprobRequest()) -> GenerationParams:

@@ -57,25 +57,33 @@ def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: 
 
 class ContextLimitExceeded(RequestError):
     """A request that can never fit the context extent: its prompt leaves no room for one output
-    token, or its prompt plus explicit output limit exceed the extent (HTTP 400, naming the limit)."""
+    token, or its prompt plus explicit output limit exceed the extent (HTTP 400, naming the limit).
+    `param` is the field at fault: the output limit the body sent, or the prompt's field when the
+    prompt alone fills the context."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
 
 
-def resolve_output_limit(requested: int | None, default_limit: int, context_tokens: int, prompt_len: int) -> int:
+def resolve_output_limit(requested: int | None, default_limit: int, context_tokens: int, prompt_len: int,
+                         field: str = "max_tokens", prompt_field: str = "prompt") -> int:
     """The request's output limit: an explicit value as given, else the default limit reduced to
     the context left after the prompt ("up to the rest of the context"). `ContextLimitExceeded`
-    when the request can never fit `context_tokens`, whatever the load."""
+    when the request can never fit `context_tokens`, whatever the load, naming `field` (the output
+    limit the body sent) or `prompt_field`."""
     room = context_tokens - prompt_len
     if room < 1:
         raise ContextLimitExceeded(
             f"the prompt is {prompt_len} tokens; the context extent is {context_tokens} tokens, which "
-            "leaves no room for output: shorten the prompt")
+            "leaves no room for output: shorten the prompt", prompt_field)
     if requested is None:
         return min(default_limit, room)
     if requested > room:
         raise ContextLimitExceeded(
-            f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceed the context extent "
-            f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit max_tokens for "
-            "up to the rest of the context")
+            f"the prompt ({prompt_len} tokens) plus {field} ({requested}) exceed the context extent "
+            f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit {field} for "
+            "up to the rest of the context", field)
     return requested
 
 
