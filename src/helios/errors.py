@@ -72,10 +72,17 @@ class LoadError(HeliosError):
 
 
 class RequestError(HeliosError):
-    """A client request that is invalid. HTTP 400."""
+    """A client request that is invalid. HTTP 400. `param` names the request field at fault (the
+    error body's ``param``): given to the constructor, or a subclass's own default."""
 
     exit_code = 2
     http_status = 400
+    param: str | None = None
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        if param is not None:
+            self.param = param
 
 
 class OverloadedError(HeliosError):

@@ -71,10 +71,6 @@ class ErrorResponse(BaseModel):
 class SchemaViolation(RequestError):
     """A request body that does not match the endpoint's schema (or is not JSON)."""
 
-    def __init__(self, message: str, param: str | None):
-        super().__init__(message)
-        self.param = param
-
 
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "Invalid request (schema, strict UTF-8 JSON, limits)"},

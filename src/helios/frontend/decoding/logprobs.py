@@ -45,10 +45,6 @@ class LogprobsUnavailable(RequestError):
     """The core was prepared without token-logprobs programs, or with fewer alternatives than asked,
     so it cannot return the log-probabilities; `param` names the field that asked for them."""
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 def requested_logprobs(body: Any, is_chat: bool) -> int | None:
     """Alternatives per token the body asks for, or None when it asks for no log-probabilities."""
@@ -78,10 +74,6 @@ def check_logprobs_capability(requested: int | None, available: int, is_chat: bo
 class PromptScoresUnavailable(RequestError):
     """The core has no scored-prefill program, so it cannot score prompt tokens; `param` names the
     field that asked (``prompt_logprobs``, else ``echo``)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
 
 
 class EchoOptionError(RequestError):

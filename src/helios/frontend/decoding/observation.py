@@ -30,10 +30,6 @@ class ObservationOptionError(RequestError):
     """An observation flag that is not a boolean or null, or timestamps without token ids; `param`
     names the field (the error body's ``param``)."""
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 class ObservationClock:
     """Process-local monotonic nanoseconds since runtime startup. Immutable after construction."""

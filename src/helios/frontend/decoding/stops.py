@@ -35,10 +35,6 @@ class StopOptionError(RequestError):
     """`stop`, `stop_token_ids` or `stop_token_sequences` is malformed or not combinable; `param`
     names the field at fault (the error body's ``param``)."""
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 class StopResult(NamedTuple):
     """What one fed token releases: text safe to present, and whether a stop completed."""

@@ -67,10 +67,6 @@ from helios.frontend.preparation.messages import ToolArguments
 class MarkerTextError(RequestError):
     """Client text holds one of the characters reserved for keeping marker text literal."""
 
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
-
 
 @dataclass(frozen=True)
 class TemplateInputs:

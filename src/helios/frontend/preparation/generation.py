@@ -61,10 +61,6 @@ class ContextLimitExceeded(RequestError):
     `param` is the field at fault: the output limit the body sent, or the prompt's field when the
     prompt alone fills the context."""
 
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
-
 
 def resolve_output_limit(requested: int | None, default_limit: int, context_tokens: int, prompt_len: int,
                          field: str = "max_tokens", prompt_field: str = "prompt") -> int:

@@ -35,9 +35,7 @@ class MessageError(RequestError):
     """A chat message or tool definition that cannot be rendered; `param` is the request field that
     holds it (``messages`` or ``tools``; the message gives the place inside)."""
 
-    def __init__(self, message: str, param: str = "messages"):
-        super().__init__(message)
-        self.param = param
+    param = "messages"
 
 
 class Role(enum.Enum):

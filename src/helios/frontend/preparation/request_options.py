@@ -25,10 +25,6 @@ class ChatOptionError(RequestError):
     """Chat options that contradict each other or that this server does not implement; `param`
     names the field at fault (the error body's ``param``)."""
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 class SamplingBody(Protocol):
     """Fields shared by chat and text completion bodies (pydantic models or equivalents)."""

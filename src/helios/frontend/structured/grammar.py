@@ -83,10 +83,6 @@ class GrammarError(RequestError):
     """A structured-output request whose grammar is malformed or cannot be compiled; `param` names
     the request field whose grammar it is (``response_format``, ``tools``) where one is at fault."""
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 class GrammarKind(enum.Enum):
     JSON_SCHEMA = "json_schema"
