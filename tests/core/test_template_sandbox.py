@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import tracemalloc
 
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
@@ -19,6 +20,20 @@ MESSAGES = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "
 
 def render(source: str, bounds: RenderBounds = BOUNDS, **variables) -> str:
     return render_bounded(BoundedSandbox().from_string(source), {"messages": MESSAGES, **variables}, bounds)
+
+
+def refused_within_memory(source: str, phrase: str) -> None:
+    """The render stops with the size error (the phrase names which check) and its allocations
+    peak at a few times the cap: the value was weighed before it was built, not built and then
+    measured (memory, unlike time, does not vary with the machine's load)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(RenderLimitExceeded, match=phrase):
+            render(source)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * BOUNDS.max_chars, peak
 
 
 DOUBLING = "{% set ns = namespace(v=SEED) %}{% for i in range(60) %}{% set ns.v = STEP %}{% endfor %}{{ ns.v|length }}"
@@ -53,10 +68,7 @@ DOUBLING = "{% set ns = namespace(v=SEED) %}{% for i in range(60) %}{% set ns.v 
         "tojson indent", "join filter", "join method", "format width", "format nested width", "percent width",
         "percent star", "format filter", "huge output"])
 def test_a_value_past_the_cap_is_refused_before_it_is_built(source, phrase):
-    start = time.thread_time()
-    with pytest.raises(RenderLimitExceeded, match=phrase):
-        render(source)
-    assert time.thread_time() - start < 0.25  # refused, not built and then measured
+    refused_within_memory(source, phrase)
 
 
 SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set ns.l = [ns.l] * 2 %}{% endfor %}"
@@ -70,10 +82,7 @@ SHARED = "{% set ns = namespace(l='xxxxxxxx') %}{% for i in range(40) %}{% set n
 def test_the_text_of_a_container_of_shared_references_is_measured_before_it_is_built(use):
     """[x] * 2 nested 40 deep is 40 small lists in memory but 2**40 copies of x as text: refused
     as the literal [x] is weighed, and (where a nesting got past that) where its text is built."""
-    start = time.thread_time()
-    with pytest.raises(RenderLimitExceeded, match="items is too large"):
-        render(SHARED + use)
-    assert time.thread_time() - start < 0.25
+    refused_within_memory(SHARED + use, "items is too large")
 
 
 CHAIN = "{% set ns = namespace(s='x' * 500000, c=none) %}{% for i in range(99999) %}{% set ns.c = LINK %}{% endfor %}"
@@ -84,10 +93,7 @@ CHAIN = "{% set ns = namespace(s='x' * 500000, c=none) %}{% for i in range(99999
                          ids=["list literal", "dict literal", "tuple literal", "list sum"])
 def test_containers_that_hold_ever_more_distinct_values_stop_at_the_cap(link):
     """Each value within the cap, but a chain of them would hold memory without end."""
-    start = time.thread_time()
-    with pytest.raises(RenderLimitExceeded, match="items is too large"):
-        render(CHAIN.replace("LINK", link))
-    assert time.thread_time() - start < 0.25
+    refused_within_memory(CHAIN.replace("LINK", link), "items is too large")
 
 
 @pytest.mark.parametrize("source", [
@@ -101,10 +107,8 @@ def test_containers_that_hold_ever_more_distinct_values_stop_at_the_cap(link):
 ], ids=["nested ranges", "nested string loops", "nested filtered loops", "macro fan-out", "recursive loop",
         "nested in a message loop"])
 def test_a_render_that_runs_on_stops_at_its_cpu_time(source):
-    start = time.monotonic()
     with pytest.raises(RenderLimitExceeded, match="more than 0.3 s of CPU time"):
-        render(source)
-    assert time.monotonic() - start < 3.0
+        render(source)  # without the bound these run for hours: pytest's timeout would fail the test
 
 
 def test_ordinary_features_render_as_in_the_plain_sandbox():
@@ -148,28 +152,19 @@ def test_each_thread_renders_under_its_own_budget():
     assert set(quick) == {"ab"}
 
 
-def test_time_spent_waiting_for_the_gil_is_not_charged():
-    """Thread CPU time, not wall time: a render slowed down by busy threads beside it (preparation
-    workers under load) is not cut short."""
-    stop = threading.Event()
+def test_time_spent_waiting_is_not_charged():
+    """Thread CPU time, not wall time: a render that waits (for the GIL behind busy preparation
+    workers; here, asleep in a callable for 0.5 s against a 0.2 s bound) is not cut short."""
+    slept = []
 
-    def spin():
-        while not stop.is_set():
-            sum(range(1000))
+    def nap():
+        time.sleep(0.1)
+        slept.append(0.1)
+        return "z"
 
-    spinners = [threading.Thread(target=spin) for _ in range(5)]
-    for spinner in spinners:
-        spinner.start()
-    try:
-        source = "{% for i in range(99999) %}{{ i % 10 }}{% endfor %}"  # about 0.05 s of CPU alone
-        start = time.monotonic()
-        assert len(render(source, RenderBounds(max_chars=1 << 20, cpu_seconds=0.2))) == 99999
-        waited = time.monotonic() - start
-    finally:
-        stop.set()
-        for spinner in spinners:
-            spinner.join()
-    assert waited > 0.2  # a wall-clock bound would have stopped it
+    text = render("{% for i in range(5) %}{{ nap() }}{% endfor %}", RenderBounds(max_chars=1 << 20, cpu_seconds=0.2),
+                  nap=nap)
+    assert text == "zzzzz" and sum(slept) > 0.2
 
 
 @pytest.mark.parametrize("use", ["{{ dag }}", "{{ dag|tojson }}", "{{ 'a' ~ dag }}", "{{ dag|join }}",
