@@ -72,7 +72,7 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        "off: torch's linear and the Python bodies")
     group.add_argument("--compile-workers", type=int, metavar="N",
                        help="on CUDA: worker processes compiling the Triton kernels the captured graphs need, side "
-                       "by side, before capture (default: the CPUs less one, at most 8; 0: the warm-up runs "
+                       "by side, before capture (default: the CPUs less one, at most 14; 0: the warm-up runs "
                        "compile them one after another; at most the CPUs)")
     group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
                        help="do not load the core's token-logprobs programs (a faster start; requests for "

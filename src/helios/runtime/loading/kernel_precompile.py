@@ -57,7 +57,11 @@ __all__ = ["KernelCompiler", "CompileJob", "compile_job", "default_compile_worke
 _LOG = logging.getLogger(__name__)
 _COMPILED_HERE = False  # a dry run has finished in this process (its kernels are compiled here now)
 _PATCH_LOCK = threading.Lock()  # one dry run at a time per process (each replaces two JITFunction methods)
-MAX_WORKERS = 8  # about the variants a load compiles at once; more only adds spawn and import cost
+# An 8B core's first load compiles 41 variants: 14 workers against 8 on the H200 machine's 16 CPUs, three
+# alternated pairs of empty-cache loads, each won by 14 (21.8, 21.9, 22.2 s against 23.0, 23.2, 22.4 s; the
+# capture's wait for the workers 1.2-2.2 s against 2.2-3.0 s; bench/results/h200_session48_call1): 14 is
+# that machine's CPUs less two, for the load's own threads.
+MAX_WORKERS = 14
 # Seconds a variant of these kernels takes to compile where it is well above the half second to one second
 # of most (an 8B core's first load on the H200 machine's host, bench/results/h200_session42_call6: the
 # prefill kernel 2.2-3.5 s a variant, the decode kernel 1.5-1.7 s). With `longest_first` (the default), a
