@@ -1,6 +1,6 @@
 """The HTTP app over a two-rank core (rank 1 a local process): /v1/completions returns what the
 app returns over the one-rank core, and once rank 1 dies /health reports 503 and completions
-fail with 500 instead of hanging."""
+are refused with 503 instead of hanging."""
 
 from __future__ import annotations
 
@@ -60,4 +60,4 @@ def test_a_two_rank_core_serves_one_rank_tokens_and_reports_a_lost_rank(cores):
             assert time.monotonic() < deadline, "/health still reports healthy"
             time.sleep(0.05)
         body = {"model": NAMESPACE, "prompt": PROMPTS[2], "max_tokens": MAX_TOKENS}
-        assert asyncio.run(call(app, "POST", "/v1/completions", body)).status_code == 500
+        assert asyncio.run(call(app, "POST", "/v1/completions", body)).status_code == 503

@@ -101,8 +101,8 @@ def test_a_dead_worker_fails_every_request_and_reports_unhealthy(served, monkeyp
     assert get(app, "/health").status_code == 200
     first, later, streamed = run_requests(app, chat(max_tokens=4), chat(max_tokens=4), chat(max_tokens=4, stream=True))
     assert first.status_code == 500 and "model worker failed" in first.json()["error"]["message"]
-    assert later.status_code == 500 and later.json()["error"]["type"] == "execution_error"
-    assert streamed.status_code == 200 and "event: error" in streamed.text and "[DONE]" not in streamed.text
+    assert later.status_code == 503 and later.json()["error"]["type"] == "server_shutting_down"
+    assert streamed.status_code == 503 and "model worker died" in streamed.json()["error"]["message"]
     health = get(app, "/health")
     assert health.status_code == 503 and health.json() == {"status": "unhealthy"}
     assert "helios_healthy 0.0" in get(app, "/metrics").text

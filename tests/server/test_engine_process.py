@@ -169,8 +169,13 @@ def test_a_killed_engine_process_ends_its_requests_and_reports_unhealthy(core):
         assert finish.reason is FinishReason.ERROR and "model worker died" in finish.message
         assert not served.is_healthy
         assert asyncio.run(_get(app, "/health")).status_code == 503
-        refused = post(app, chat())
-        assert refused.status_code == 500 and "model worker died" in refused.json()["error"]["message"]
+        refused = post(app, chat())  # the server cannot serve it: 503, not the 500 of a failed request
+        assert refused.status_code == 503 and "model worker died" in refused.json()["error"]["message"]
+        assert refused.json()["error"]["type"] == "server_shutting_down" and refused.json()["error"]["code"] == 503
+        refused = post(app, {"model": SERVED_ID, "prompt": "hi", "max_tokens": 2, "n": 2}, "/v1/completions")
+        assert refused.status_code == 503 and "model worker died" in refused.json()["error"]["message"]
+        streamed = post(app, chat(stream=True))  # refused before its stream starts
+        assert streamed.status_code == 503 and "model worker died" in streamed.json()["error"]["message"]
         assert served.admission.in_use == 0
     finally:
         started = time.monotonic()

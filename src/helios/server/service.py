@@ -19,6 +19,11 @@ A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once 
 (`helios.server.fanout`). Each engine request's bridge stamps the request's `RequestRecord` from
 its events (latency histograms, access log; `helios.server.request_metrics`).
 
+A model worker that died (`is_healthy` false) serves nothing more: a request that arrives or
+finishes preparing after that gets `WorkerUnavailable` (HTTP 503, as `/health` answers; the
+request is not at fault) instead of being submitted to end at once in an execution error; requests
+the worker held when it died end with its error (500; a stream: one error event).
+
 `interrupt_responses` (the server's drain deadline at shutdown) ends every response still running
 with one `ShuttingDown` error; after it, responses whose connections the server then drops end
 quietly, and requests still preparing are refused with the same error.
@@ -61,6 +66,14 @@ from helios.server.request_metrics import LatencyHistograms, RequestRecord, even
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
+
+
+class WorkerUnavailable(ShuttingDown):
+    """The model worker died: this server serves no more requests (HTTP 503, type
+    ``server_shutting_down``: `helios serve` shuts down so that a supervisor restarts it)."""
+
+
+WORKER_UNAVAILABLE = "the model worker died; this server is not serving requests (retry later or on another instance)"
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,7 @@ class ServedModel:
         ingress_ns = self.clock.now_ns() if body.return_token_timestamps is True else None
         is_chat = isinstance(body, ChatCompletionRequest)
         (validate_chat if is_chat else validate_common)(body, self.card.vocab_size)
+        self._check_serving()
         several = choice_bodies(body, is_chat)
         if several is not None:
             return await self._respond_choices(several, is_chat, ingress_ns, receive, record)
@@ -176,8 +190,7 @@ class ServedModel:
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
             prepared = await self.preparation.run(prepare, body, ingress_ns, compiles=is_chat and compiles_grammar(body))
-            if self._is_dropping:
-                raise ShuttingDown("server shutting down")
+            self._check_serving()
             bridge = self._submit(prepared, permit, record)
         except BaseException:
             permit.release()
@@ -202,8 +215,7 @@ class ServedModel:
                                                  ingress_ns, compiles=is_chat and compiles_grammar(body))
                 seed = first_seeds.setdefault(prompt_index, one.params.sampling.seed)
                 prepared.append(with_choice_seed(one, seed, choice))
-            if self._is_dropping:
-                raise ShuttingDown("server shutting down")
+            self._check_serving()
         except BaseException:
             for permit in permits:
                 permit.release()
@@ -213,6 +225,14 @@ class ServedModel:
         if prepared[0].head.options.is_stream:
             return fanout_stream(choices, self.send_timeout_s, lambda: self._is_dropping)
         return await fanout_json(choices, receive)
+
+    def _check_serving(self) -> None:
+        """Refuses a request the server will not run: past the drain deadline, or with the model
+        worker dead (see the module docstring)."""
+        if self._is_dropping:
+            raise ShuttingDown("server shutting down")
+        if not self.engine.is_healthy:
+            raise WorkerUnavailable(WORKER_UNAVAILABLE)
 
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""
