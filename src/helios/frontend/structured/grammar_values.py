@@ -22,7 +22,9 @@ the schema accepts:
 
 JSON strings must not end the value early: their decoded text never contains the value closer (raw
 syntaxes) and holds ``&``, ``<`` and ``>`` only as the entities the parser decodes (escaped
-syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote). Numbers without
+syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote); a string's own
+``pattern``, ``format``, ``enum`` or ``const`` is intersected with that rule (``allOf``), not replaced
+by it. Numbers without
 declared bounds stay within ``NUMBER_LIMIT`` (llguidance then writes them without an exponent), so
 none overflows to an infinity the parsers reject. Free-form objects, arrays and untyped values use
 a recursive "safe JSON" definition with the same string and number rules for keys and values.
@@ -164,7 +166,12 @@ def safe_schema(schema: Any, pattern: str) -> Any:
             out[key] = {name: safe_schema(value, pattern) for name, value in out[key].items()}
     types = out.get("type")
     types = set(types) if isinstance(types, list) else {types}
-    if "string" in types and not any(key in out for key in ("enum", "const", "pattern", "format")):
+    literals = [*(out["enum"] if isinstance(out.get("enum"), list) else []), *([out["const"]] if "const" in out else [])]
+    if any(key in out for key in ("pattern", "format")) or any(isinstance(value, str) for value in literals):
+        # the client's own string constraint, intersected with the safe pattern (it replaced it, so a
+        # pattern like ".*" let a JSON string hold the value closer; an unknown format is ignored)
+        out["allOf"] = [*out.get("allOf", ()), {"pattern": pattern}]
+    elif "string" in types and "enum" not in out and "const" not in out:
         out["pattern"] = pattern
     if "number" in types and not any(key in out for key in (*_BOUNDS, "enum", "const")):
         out.update(minimum=-NUMBER_LIMIT, maximum=NUMBER_LIMIT)
