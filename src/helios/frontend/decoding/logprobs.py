@@ -10,7 +10,9 @@ and the top-k/top-p/min-p filters, so greedy rows get exactly ``log_softmax`` of
 Which tokens: every generated token the output shows or cuts, in order; EOS tokens (never shown)
 and tokens after a matched stop are left out. A token's text is its id decoded alone (special
 tokens kept), so a token holding part of a UTF-8 character (a byte-fallback or byte-level token)
-reads U+FFFD there, in chat ``token`` and in text completions' ``tokens`` alike. Chat ``bytes``
+reads U+FFFD there, in chat ``token`` and in text completions' ``tokens`` alike (text
+completions' ``text_offset`` still index the choice's ``text``: a split character counts once, for
+the token holding its first byte, see `TextOffsets`). Chat ``bytes``
 (of the token and of each alternative) are the token's own raw bytes, as the tokenizer's
 vocabulary spells them (`TokenTexts` takes them from the grammar's tokenizer), so the ``bytes`` of
 a choice's content tokens, joined, decode to its text even where a character spans tokens; a
@@ -24,6 +26,7 @@ carry the entries of the tokens they deliver.
 
 from __future__ import annotations
 
+import codecs
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -218,12 +221,47 @@ def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict:
     return {"content": content, "refusal": None}
 
 
-def text_logprobs(entries: Sequence[LogprobEntry], text_offset: int = 0) -> dict:
-    """A text completion choice's (or chunk's) ``logprobs`` object; offsets start at `text_offset`."""
-    offsets = []
-    for entry in entries:
-        offsets.append(text_offset)
-        text_offset += len(entry.text)
+class TextOffsets:
+    """Where each scored token starts in a text completion's ``text``: the number of characters the
+    tokens before it decode to, a character still open after them counted once (as the lossy UTF-8
+    decoding of the text spells an incomplete one), so a character split over tokens belongs to the
+    token with its first byte and a stray byte reads one U+FFFD, as in the text.
+
+    A token's text (decoded alone) counts as it is while no character is open and it holds no
+    U+FFFD; otherwise its raw bytes are decoded after the open character's. One per response (a
+    stream's chunks share it); mutable, used by one thread."""
+
+    def __init__(self, start: int = 0):
+        self._num_chars = start  # characters of complete text so far
+        self._open = b""  # the bytes of a character not yet complete (at most 3)
+
+    @property
+    def position(self) -> int:
+        return self._num_chars + bool(self._open)
+
+    def place(self, entries: Sequence[LogprobEntry]) -> list[int]:
+        """The offsets of `entries` (the next tokens, in order); advances past them."""
+        offsets = []
+        for entry in entries:
+            offsets.append(self.position)
+            if not self._open and "\ufffd" not in entry.text:
+                self._num_chars += len(entry.text)
+                continue
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self._num_chars += len(decoder.decode(self._open + entry.token_bytes))
+            self._open = decoder.getstate()[0]
+        return offsets
+
+    def skip(self, text: str) -> None:
+        """Advances past `text` shown without entries (an echoed prompt)."""
+        self._num_chars = self.position + len(text)
+        self._open = b""
+
+
+def text_logprobs(entries: Sequence[LogprobEntry], offsets: TextOffsets | None = None) -> dict:
+    """A text completion choice's (or chunk's) ``logprobs`` object; `offsets` places the entries
+    (and advances), a fresh `TextOffsets` when None."""
+    text_offset = (offsets or TextOffsets()).place(entries)
     top = []
     for entry in entries:
         if entry.top is None:
@@ -234,7 +272,7 @@ def text_logprobs(entries: Sequence[LogprobEntry], text_offset: int = 0) -> dict
             alternatives.setdefault(alt.text, _number(alt.logprob))  # two ids may decode alike: the likelier wins
         top.append(alternatives)
     return {"tokens": [e.text for e in entries], "token_logprobs": [_number(e.logprob) for e in entries],
-            "top_logprobs": top, "text_offset": offsets}
+            "top_logprobs": top, "text_offset": text_offset}
 
 
 def prompt_logprobs_body(entries: Sequence[LogprobEntry | None]) -> list:

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 
 from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown
 from helios.frontend.decoding.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStart
-from helios.frontend.decoding.logprobs import LogprobEntry, PromptRequest, chat_logprobs, prompt_logprobs_body, text_logprobs
+from helios.frontend.decoding.logprobs import (
+    LogprobEntry, PromptRequest, TextOffsets, chat_logprobs, prompt_logprobs_body, text_logprobs,
+)
 from helios.frontend.decoding.observation import ObservationRecord
 from helios.frontend.responses.output import OutputFinal, OutputStep, Usage
 from helios.frontend.responses.sse_encoding import ChunkTemplate, encode_json, sse_data
@@ -176,10 +178,11 @@ def _add_prompt_logprobs(head: ResponseHead, prompt: tuple | None, body: dict, c
     (body if head.kind is ResponseKind.CHAT else choice)["prompt_logprobs"] = prompt_logprobs_body(trimmed)
 
 
-def _logprobs_body(kind: ResponseKind, entries: tuple[LogprobEntry, ...] | None, text_offset: int = 0) -> dict | None:
+def _logprobs_body(kind: ResponseKind, entries: tuple[LogprobEntry, ...] | None,
+                   text_offsets: TextOffsets | None = None) -> dict | None:
     if entries is None:
         return None
-    return chat_logprobs(entries) if kind is ResponseKind.CHAT else text_logprobs(entries, text_offset)
+    return chat_logprobs(entries) if kind is ResponseKind.CHAT else text_logprobs(entries, text_offsets)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -263,7 +266,7 @@ class StreamPresenter:
         self._head = head
         self._is_chat = head.kind is ResponseKind.CHAT
         self._has_sent_first = False
-        self._text_offset = 0  # text streams: characters of the scored tokens sent so far
+        self._text_offsets = TextOffsets()  # text streams: where the scored tokens sent so far end
         self._num_entries_sent = 0  # output log-probability entries sent so far
         self._has_echoed = False
         self._is_steady = False  # the first chunk is out and nothing is left to echo
@@ -292,10 +295,9 @@ class StreamPresenter:
         choice = self._choice(head.echo_text or "")
         entries = _echoed(head, prompt, ())
         if entries:
-            choice["logprobs"] = _logprobs_body(head.kind, entries)
-            self._text_offset += sum(len(e.text) for e in entries)
+            choice["logprobs"] = _logprobs_body(head.kind, entries, self._text_offsets)
         elif head.echo_text:
-            self._text_offset += len(head.echo_text)
+            self._text_offsets.skip(head.echo_text)
         chunk = self._chunk([choice])
         _add_prompt_logprobs(head, prompt, chunk, choice)
         return [chunk] if head.echo_text or "prompt_logprobs" in choice else []
@@ -320,8 +322,7 @@ class StreamPresenter:
         if entries:
             if not events:
                 events = [self._chunk([self._choice({} if self._is_chat else "")])]
-            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, entries, self._text_offset)
-            self._text_offset += sum(len(entry.text) for entry in entries)
+            events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, entries, self._text_offsets)
             self._num_entries_sent += len(entries)
         return events
 
