@@ -132,3 +132,42 @@ def test_the_encoding_is_pinned():
     words = WireEncoder().encode(message())
     digest = hashlib.sha256(struct.pack(f"<{len(words)}q", *words)).hexdigest()
     assert digest == "c158f005bfc3377ccde42efb43a8cfbff33a549f9a4366a10c020a0b206a6b9b"
+
+
+def _replace(words: list[int], at: int, value: int) -> list[int]:
+    broken = list(words)
+    broken[at] = value
+    return broken
+
+
+@pytest.mark.parametrize("kind, has_plan", [(MessageKind.UNSPECIFIED, 0), (MessageKind.STEP, 0),
+                                            (MessageKind.LAUNCH, 0), (MessageKind.KEEPALIVE, 1),
+                                            (MessageKind.STOP, 1)])
+def test_a_kind_and_its_plan_must_go_together(kind, has_plan):
+    """A peer runs a STEP or LAUNCH message's plan: one without a plan (or a message of no kind)
+    would end it with an AttributeError instead of a WireError."""
+    words = WireEncoder().encode(message() if has_plan else StepMessage(MessageKind.KEEPALIVE))
+    with pytest.raises(WireError, match="plan|no kind"):
+        WireDecoder().decode(_replace(words, 1, int(kind)))
+
+
+def test_mask_words_beyond_int32_and_nan_floats_are_wire_errors():
+    words = WireEncoder().encode(message())
+    with pytest.raises(WireError, match="int32"):
+        WireDecoder().decode(_replace(words, len(words) - 1, 2**40))  # the last grammar mask word
+    nan = struct.unpack("<q", struct.pack("<d", float("nan")))[0]
+    temperature = struct.unpack("<q", struct.pack("<d", 0.7))[0]
+    with pytest.raises(WireError, match="NaN"):
+        WireDecoder().decode(_replace(words, words.index(temperature), nan))
+
+
+def test_counts_past_the_words_left_are_wire_errors():
+    """Every count, a huge or negative one included, is checked against the words that remain
+    before anything is read or built for it."""
+    words = WireEncoder().encode(message())
+    for at in range(5, len(words)):
+        for value in (-1, -(2**63), 2**62, len(words)):
+            try:
+                WireDecoder().decode(_replace(words, at, value))
+            except WireError:
+                pass

@@ -14,7 +14,10 @@ carry only the handle (`WireEncoder` on rank zero and `WireDecoder` on each peer
 tables in step; a finished handle is dropped on both sides, and an id rank zero never sent - a
 request whose admitting plan never reached the wire - is left out of `finished`). Floats travel as
 their IEEE-754 bits, strings and bytes as a byte length and the bytes packed eight to a word.
-Decoding checks every count, enum value, flag and handle and raises `WireError` on anything else.
+Decoding checks every count, enum value, flag and handle, that a message's kind and its plan go
+together (STEP and LAUNCH carry one, no other kind does), that mask words fit int32 and that no
+float is NaN, and raises `WireError` on anything else: never another exception, and no count
+is trusted beyond the words that remain.
 
 The codec lists each record's fields by name (`RECORD_FIELDS`); a record class that gains a field
 no longer matches it (tests/parallel/test_wire.py) and changes `wire_signature()`, which every
@@ -28,6 +31,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 import struct
 from typing import NamedTuple, Sequence
 
@@ -65,6 +69,10 @@ class StepMessage(NamedTuple):
 
 class WireError(ExecutionError):
     """Words that do not decode into a `StepMessage` (a peer of another version or a broken link)."""
+
+
+_PLAN_KINDS = frozenset({MessageKind.STEP, MessageKind.LAUNCH})  # the kinds that carry a plan (and must)
+_INT32 = (-(2**31), 2**31 - 1)  # grammar mask words
 
 
 RECORD_FIELDS = {  # the codec's positional layout of every record (checked against the classes)
@@ -109,14 +117,16 @@ class WireEncoder:
         self._handles: dict[str, int] = {}
         self._next = 1
 
-    def encode(self, message: StepMessage) -> list[int]:
-        """The message's words; a message that cannot be encoded (`WireError`) changes nothing, so
-        the handle tables of rank zero and its peers stay in step."""
+    def encode(self, message: StepMessage, max_words: int | None = None) -> list[int]:
+        """The message's words; a message that cannot be encoded (`WireError`), or that is longer
+        than `max_words`, changes nothing, so the handle tables of rank zero and its peers stay in step."""
         out = [MAGIC, int(message.kind), int(message.sequence), int(bool(message.reset)), int(message.plan is not None)]
         if message.plan is not None:
             handles, next_handle = dict(self._handles), self._next
             try:
                 self._put_plan(out, message.plan)
+                if max_words is not None and len(out) > max_words:
+                    raise WireError(f"a step message of {len(out)} words is longer than the channel's {max_words}")
             except BaseException:
                 self._handles, self._next = handles, next_handle
                 raise
@@ -171,6 +181,10 @@ class WireDecoder:
         if read.one() != MAGIC:
             raise WireError("not a step message of this wire version")
         kind, sequence, reset, has_plan = MessageKind(read.one()), read.one(), read.flag(), read.flag()
+        if kind is MessageKind.UNSPECIFIED:
+            raise WireError("a message of no kind")
+        if has_plan != (kind in _PLAN_KINDS):
+            raise WireError(f"a {kind.name} message {'with' if has_plan else 'without'} a plan")
         plan = self._plan(read) if has_plan else None
         if read.left():
             raise WireError(f"{read.left()} words after the message")
@@ -200,7 +214,7 @@ class WireDecoder:
         plan_rows = tuple(self._row(read) for _ in range(rows))
         plan_copies = tuple(CopyOp(Location(StorageKind(read.one()), read.one()),
                                    Location(StorageKind(read.one()), read.one()), read.one()) for _ in range(copies))
-        masks = {self._name(read.one()): torch.tensor(read.many(read.count()), dtype=torch.int32) for _ in range(masked)}
+        masks = {self._name(read.one()): _mask(read.many(read.count())) for _ in range(masked)}
         return StepPlan(sequence, frame, operation, variant, plan_rows, plan_copies, num_tokens, tuple(specs),
                         dropped).with_masks(masks)
 
@@ -246,6 +260,12 @@ class _Reader:
         return len(self._words) - self._at
 
 
+def _mask(words: tuple[int, ...]) -> torch.Tensor:
+    if words and not (_INT32[0] <= min(words) and max(words) <= _INT32[1]):
+        raise WireError("a grammar mask word does not fit int32")
+    return torch.tensor(words, dtype=torch.int32)
+
+
 def _put_str(out: list[int], text: str) -> None:
     _put_bytes(out, text.encode("utf-8"))
 
@@ -261,7 +281,10 @@ def _put_floats(out: list[int], values: Sequence[float]) -> None:
 
 def _get_floats(read: _Reader) -> tuple[float, ...]:
     words = read.many(read.count())
-    return struct.unpack(f"<{len(words)}d", struct.pack(f"<{len(words)}q", *words))
+    values = struct.unpack(f"<{len(words)}d", struct.pack(f"<{len(words)}q", *words))
+    if any(math.isnan(value) for value in values):
+        raise WireError("a float is NaN")
+    return values
 
 
 def _put_bytes(out: list[int], data: bytes) -> None:
