@@ -5,6 +5,10 @@ message's length, then its words; `helios.runtime.parallel.rank_wire` encodes th
 the buffer (a batch of long prompts admitted at once, many grammar masks) sends its remaining
 words in a second broadcast sized by the first. Compared with a length broadcast followed by a
 JSON byte broadcast this is one collective per step instead of two, and no allocation.
+
+A message is at most `MAX_MESSAGE_WORDS` words: rank zero refuses to send a longer one (`WireError`:
+that plan fails, nothing crossed, the group stays in step), and a peer checks the length word
+before it allocates the spill buffer, so a broken length never allocates more than that.
 """
 
 from __future__ import annotations
@@ -16,13 +20,17 @@ from helios.runtime.parallel.rank_timing import PhaseTimers
 from helios.runtime.parallel.rank_wire import StepMessage, WireDecoder, WireEncoder, WireError
 
 CHANNEL_WORDS = 2048  # 16 KiB: a 64-row decode plan with fresh pages fits; admissions may spill
+# 512 MiB of words: hundreds of context-long prompts admitted at once, with grammar masks, fit.
+MAX_MESSAGE_WORDS = 1 << 26
 
 
 class StepChannel:
     """Rank zero sends (`send`), every peer receives (`receive`) the same sequence of messages."""
 
-    def __init__(self, group: RankGroup, timers: PhaseTimers, words: int = CHANNEL_WORDS):
+    def __init__(self, group: RankGroup, timers: PhaseTimers, words: int = CHANNEL_WORDS,
+                 max_words: int = MAX_MESSAGE_WORDS):
         self.group = group
+        self._max_words = max_words
         self.timers = timers
         self._buffer = torch.zeros(words, dtype=torch.int64)
         self._encoder = WireEncoder()
@@ -30,7 +38,7 @@ class StepChannel:
 
     def send(self, message: StepMessage) -> None:
         with self.timers.phase("encode"):
-            words = self._encoder.encode(message)
+            words = self._encoder.encode(message, self._max_words)  # refused: no handle taken
             room = self._buffer.numel() - 1
             self._buffer[0] = len(words)
             head = words[:room]
@@ -45,8 +53,8 @@ class StepChannel:
         with self.timers.phase("receive"):  # includes waiting for rank zero
             self.group.broadcast(self._buffer, 0)
             length, room = int(self._buffer[0]), self._buffer.numel() - 1
-            if length < 0:
-                raise WireError(f"message length {length}")
+            if not 0 <= length <= self._max_words:  # before allocating anything for it
+                raise WireError(f"message length {length} is outside 0..{self._max_words}")
             words = self._buffer[1:1 + min(length, room)].tolist()
             if length > room:
                 rest = torch.empty(length - room, dtype=torch.int64)
