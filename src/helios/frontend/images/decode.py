@@ -1,10 +1,15 @@
 """Image sources to decoded pixels: `data:` URLs (base64 PNG, JPEG or WebP), bounded.
 
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
-`helios serve --allow-remote-images`), bounded by the same byte limit. Every failure is an
-`ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is off, a failed fetch, a malformed data URL or base64 payload, a media type that is not an image, more bytes or
-pixels than the limits, bytes that are not an image, and a truncated image. The image's content
-hash (SHA-256 of the decoded bytes) keys its vision features in the prefix cache.
+`helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_TIMEOUT_S` in all
+(a server that trickles bytes is cut off), following redirects to http(s) URLs only. Every failure
+is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is off, a failed
+fetch, a malformed data URL or base64 payload (whitespace, URL-safe characters and missing padding
+named as such), a media type that is not an image, more bytes or pixels than the limits (a
+decompression bomb whose header declares billions of pixels included), bytes that are not an
+image (another format is named), a corrupt or truncated PNG, JPEG or WebP. URL schemes are
+case-insensitive. The image's content hash (SHA-256 of the decoded bytes) keys its vision features
+in the prefix cache.
 """
 
 from __future__ import annotations
@@ -12,15 +17,23 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import http.client
 import io
 import re
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 from helios.frontend.images.errors import ImageRejected
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 _DATA_URL = re.compile(r"^data:(?P<media>[A-Za-z0-9.+/-]*)(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,(?P<data>.*)$",
-                       re.DOTALL)
+                       re.DOTALL | re.IGNORECASE)
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
+# Leading bytes of the accepted formats, and of others a client may send by mistake (named in the error).
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"), (b"BM", "BMP"),
+               (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"%PDF", "PDF"), (b"\x00\x00\x01\x00", "ICO"))
 
 
 @dataclass(frozen=True)
@@ -41,12 +54,14 @@ class DecodedImage:
 
 def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
     """The encoded bytes of an image URL; remote URLs are refused unless fetching is enabled."""
-    if not url.startswith("data:"):
-        if url.startswith(("http://", "https://")):
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme != "data":
+        if scheme in ("http", "https"):
             if limits.allow_remote:
                 return fetch_image(url, limits)
             raise ImageRejected("remote image URLs are not fetched by this server; send a data: URL")
-        raise ImageRejected("image_url must be a data: URL (data:image/png;base64,...)")
+        named = f"; {scheme!r} URLs are not accepted" if scheme else ""
+        raise ImageRejected(f"image_url must be a data: URL (data:image/png;base64,...){named}")
     match = _DATA_URL.match(url)
     if match is None:
         raise ImageRejected("malformed data: URL (expected data:image/...;base64,...)")
@@ -61,7 +76,7 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageRejected("data: URL payload is not valid base64") from None
+        raise ImageRejected(f"data: URL payload is not valid base64{_base64_problem(payload)}") from None
     if not data:
         raise ImageRejected("data: URL image is empty")
     if len(data) > limits.max_bytes:
@@ -73,20 +88,56 @@ FETCH_TIMEOUT_S = 10.0
 
 
 def fetch_image(url: str, limits: ImageLimits) -> bytes:
-    """The bytes at an http(s) URL (only when the operator enabled fetching), within the byte bound."""
-    import urllib.error
-    import urllib.request
-
+    """The bytes at an http(s) URL (only when the operator enabled fetching), within the byte bound
+    and `FETCH_TIMEOUT_S` in all: each read waits at most that long, and reading stops once the
+    whole fetch has taken longer."""
+    deadline = time.monotonic() + FETCH_TIMEOUT_S
+    opener = urllib.request.build_opener(_HttpRedirectsOnly())
+    chunks, size = [], 0
     try:
-        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 - http(s) only
-            data = response.read(limits.max_bytes + 1)
-    except (urllib.error.URLError, OSError, ValueError) as error:
+        with opener.open(url, timeout=FETCH_TIMEOUT_S) as response:
+            while size <= limits.max_bytes:
+                chunk = response.read1(limits.max_bytes + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if time.monotonic() > deadline and size <= limits.max_bytes:
+                    raise ImageRejected(f"fetching the image URL took longer than {FETCH_TIMEOUT_S:g} s")
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
         raise ImageRejected(f"cannot fetch image URL: {getattr(error, 'reason', error)}") from None
-    if len(data) > limits.max_bytes:
+    if size > limits.max_bytes:
         raise ImageRejected(f"image is larger than the {limits.max_bytes}-byte limit")
-    if not data:
+    if not size:
         raise ImageRejected("fetched image is empty")
-    return data
+    return b"".join(chunks)
+
+
+class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
+    """urllib follows redirects to ftp: too; an image fetch follows http(s) ones only."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if newurl.split(":", 1)[0].lower() not in ("http", "https"):
+            raise ImageRejected("the image URL redirects to a URL that is not http(s)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _base64_problem(payload: str) -> str:
+    """What makes `payload` invalid base64, as a suffix for the error (empty when unclear)."""
+    bad = _NOT_BASE64.search(payload)
+    if bad is not None:
+        char, offset = bad.group(), bad.start()
+        if char.isspace():
+            return f": whitespace at offset {offset} (send the base64 text unwrapped)"
+        if char in "-_":
+            return f": {char!r} at offset {offset} is URL-safe base64 (send standard base64, with + and /)"
+        return f": {char!r} at offset {offset} is not a base64 character"
+    inner = payload.rstrip("=").find("=")
+    if inner >= 0:
+        return f": '=' padding at offset {inner} before the end"
+    if len(payload) % 4:
+        return f": {len(payload)} characters are not a multiple of 4 (missing '=' padding?)"
+    return ""
 
 
 def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
@@ -95,8 +146,12 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
 
     try:
         image = Image.open(io.BytesIO(data), formats=list(FORMATS))
+    except Image.DecompressionBombError as error:  # PIL's own bound: a header declaring billions of pixels
+        pixels = re.search(r"\((\d+) pixels\)", str(error))
+        raise ImageRejected(f"image has {pixels.group(1) if pixels else 'too many'} pixels; at most "
+                            f"{limits.max_pixels} are accepted") from None
     except UnidentifiedImageError:
-        raise ImageRejected("image data is not a PNG, JPEG or WebP image") from None
+        raise ImageRejected(_unidentified(data)) from None
     except (OSError, ValueError, SyntaxError) as error:
         raise ImageRejected(f"image data cannot be read: {error}") from None
     if image.width * image.height > limits.max_pixels:
@@ -106,6 +161,28 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ImageRejected(f"image data is truncated or corrupt: {error}") from None
     return DecodedImage(image, hashlib.sha256(data).hexdigest())
+
+
+def _unidentified(data: bytes) -> str:
+    """Why PIL identified no accepted format in `data`: a corrupt PNG, JPEG or WebP (PIL's reason,
+    which `Image.open` drops), another format, or bytes of no known image."""
+    fmt = "WEBP" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else next(
+        (name for signature, name in _SIGNATURES if data.startswith(signature)), None)
+    if fmt is None:
+        return "image data is not a PNG, JPEG or WebP image"
+    if fmt not in FORMATS:
+        return f"image data is a {fmt} image; only PNG, JPEG and WebP images are accepted"
+    if fmt == "PNG" and len(data) >= 24 and 0 in (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")):
+        return "PNG image data is corrupt: its width or height is 0"
+    from PIL import JpegImagePlugin, PngImagePlugin, WebPImagePlugin
+
+    plugin = {"PNG": PngImagePlugin.PngImageFile, "JPEG": JpegImagePlugin.JpegImageFile,
+              "WEBP": WebPImagePlugin.WebPImageFile}[fmt]
+    try:
+        plugin(io.BytesIO(data)).close()  # `Image.open` drops the plugin's reason; opened alone, it raises it
+    except Exception as error:  # noqa: BLE001 - any failure of the plugin is the corruption's description
+        return f"{fmt} image data is corrupt: {error or type(error).__name__}"
+    return f"{fmt} image data is corrupt"
 
 
 def decode_image_urls(urls: list[str], limits: ImageLimits) -> list[DecodedImage]:

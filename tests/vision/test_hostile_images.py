@@ -1,0 +1,298 @@
+"""Hostile and malformed images through the OpenAI chat API (the tiny Qwen2.5-VL core served in this
+process, driven over ASGI) and through the frontend's functions: every bad image is a 400 whose body
+names the problem, never a 500, a hang or a dead worker; decompression bombs are refused from their
+header; odd but valid images (16-bit, palette, CMYK, transparency, 1x1) prepare
+exactly as transformers' processor does; remote fetches are bounded in time and scheme."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.server
+import io
+import socket
+import struct
+import threading
+import time
+import zlib
+
+import httpx
+import numpy as np
+import pytest
+
+from helios.frontend.images import decode as decode_module
+from helios.frontend.images.decode import ImageLimits, decode_image_urls
+from helios.frontend.images.errors import ImageRejected
+from helios.frontend.images.preparation import PreparationParams, prepare_image
+from helios.server.app import create_app
+
+from .tiny_vl import MAX_PIXELS, MEAN, MIN_PIXELS, STD, hf_image_processor, image_bytes
+from .vl_checkpoint import SERVED_ID, shared_vl_core
+
+PIL = pytest.importorskip("PIL.Image")
+LIMITS = ImageLimits(max_images=2, max_bytes=256 * 1024)
+GOOD = "data:image/png;base64," + base64.b64encode(image_bytes(40, 30, 1)).decode()
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A well-formed PNG header (valid CRCs) declaring `width` x `height` RGB, with one tiny IDAT."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(b"\0" * 64))
+            + _chunk(b"IEND", b""))
+
+
+def webp_declaring(width: int, height: int) -> bytes:
+    """An animated WebP whose VP8X canvas is patched to `width` x `height`."""
+    frames = [PIL.new("RGB", (16, 16), (80 * i, 255 - 80 * i, 0)) for i in range(3)]
+    out = io.BytesIO()
+    frames[0].save(out, "WEBP", save_all=True, append_images=frames[1:], duration=100)
+    data = bytearray(out.getvalue())
+    assert data[12:16] == b"VP8X"
+    data[24:27], data[27:30] = (width - 1).to_bytes(3, "little"), (height - 1).to_bytes(3, "little")
+    return bytes(data)
+
+
+def saved(image, fmt: str = "PNG", **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+def data_url(data: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64," + base64.b64encode(data).decode()
+
+
+# --- through the server -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from helios.core.reader import open_core
+    from helios.runtime.service import RuntimeOptions, build_runtime
+    from helios.server.service import ServedModel
+
+    _, core = shared_vl_core(tmp_path_factory.getbasetemp(), "vl-core")
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))
+    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=2, image_limits=LIMITS)
+    served.start()
+    yield served
+    served.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return create_app(served)
+
+
+def chat(app, messages: list[dict]) -> httpx.Response:
+    async def scenario():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=120) as client:
+            return await client.post("/v1/chat/completions",
+                                     json={"model": SERVED_ID, "messages": messages, "max_tokens": 1})
+
+    return asyncio.run(scenario())
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def error_of(response: httpx.Response) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == 400, error
+    return error
+
+
+@pytest.mark.parametrize("data, problem", [
+    (png_declaring(50_000, 50_000), "image has 2500000000 pixels; at most"),
+    (webp_declaring(16_000, 16_000), "image has 256000000 pixels; at most"),
+], ids=["png-50000x50000", "animated-webp-16000x16000"])
+def test_a_decompression_bomb_is_a_400_and_the_server_serves_on(app, served, data, problem):
+    media = "image/webp" if data.startswith(b"RIFF") else "image/png"
+    error = error_of(chat(app, [{"role": "user", "content": [image_part(data_url(data, media))]}]))
+    assert problem in error["message"], error
+    assert chat(app, [{"role": "user", "content": [image_part(GOOD)]}]).status_code == 200
+    assert served.is_healthy
+
+
+@pytest.mark.parametrize("width, height", [(50_000, 50_000), (9_000, 9_000)], ids=["past-pil-limit", "past-ours"])
+def test_a_bomb_is_refused_from_its_header(monkeypatch, width, height):
+    """Refused before any pixel is decoded (no `load`), whether PIL's own bound or ours refuses it."""
+    from PIL import ImageFile
+
+    loads = []
+    real_load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda image: loads.append(image.size) or real_load(image))
+    with pytest.raises(ImageRejected, match=f"image has {width * height} pixels|{width}x{height} pixels"):
+        decode_image_urls([data_url(png_declaring(width, height))], LIMITS)
+    assert loads == []
+    assert decode_image_urls([GOOD], LIMITS)[0].image.size == (40, 30) and loads == [(40, 30)]
+
+
+def test_count_and_shape_errors_stay_400s(app):
+    too_many = error_of(chat(app, [{"role": "user", "content": [image_part(GOOD)] * 3}]))
+    assert "at most 2 images; it has 3" in too_many["message"] and too_many["param"] == "messages"
+    for role in ("system", "assistant"):
+        messages = [{"role": role, "content": [image_part(GOOD)]}, {"role": "user", "content": "hi"}]
+        assert error_of(chat(app, messages))["param"] == "messages[0].content"
+    for part in ({"type": "image_url", "image_url": GOOD}, {"type": "image_url", "image_url": {"url": GOOD,
+                                                                                               "detail": "ultra"}},
+                 {"type": "image_url", "image_url": {"url": GOOD, "size": 3}}, {**image_part(GOOD), "x": 1}):
+        assert error_of(chat(app, [{"role": "user", "content": [part]}]))["param"] == "messages[0].content"
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("data:image/png;base64," + base64.encodebytes(image_bytes(40, 30, 1)).decode(), "whitespace at offset 76"),
+    ("data:image/png;base64," + base64.urlsafe_b64encode(b"\xfb\xff" * 30).decode(), "URL-safe base64"),
+    ("data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n!!").decode().rstrip("="),
+     "not a multiple of 4 (missing '=' padding?)"),
+    ("data:image/png;base64,AA==AAAA", "'=' padding at offset 2 before the end"),
+    ("ftp://host/cat.png", "'ftp' URLs are not accepted"),
+], ids=["wrapped", "url-safe", "unpadded", "inner-padding", "ftp"])
+def test_malformed_payloads_are_named(url, problem):
+    with pytest.raises(ImageRejected, match=problem.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        decode_image_urls([url], LIMITS)
+
+
+def _bad_crc() -> bytes:
+    data = bytearray(saved(PIL.new("RGB", (20, 20))))
+    data[29] ^= 0xFF  # inside IHDR's CRC
+    return bytes(data)
+
+
+@pytest.mark.parametrize("data, problem", [
+    (_bad_crc(), "PNG image data is corrupt: broken PNG file (bad header checksum"),
+    (png_declaring(10, 0), "PNG image data is corrupt: its width or height is 0"),
+    (saved(PIL.new("RGB", (8, 8)), "BMP"), "is a BMP image"),
+    (b"\xff\xd8\xff\xe0" + b"\0" * 30, "JPEG image data is corrupt"),
+], ids=["bad-crc", "zero-height", "bmp-bytes", "jpeg-garbage"])
+def test_corrupt_images_are_named_as_such(data, problem):
+    with pytest.raises(ImageRejected, match=problem.replace("(", r"\(")):
+        decode_image_urls([data_url(data)], LIMITS)
+
+
+def test_url_schemes_are_case_insensitive():
+    upper = "DATA:IMAGE/PNG;BASE64," + base64.b64encode(image_bytes(20, 10, 3)).decode()
+    assert decode_image_urls([upper], LIMITS)[0].image.size == (20, 10)
+    with pytest.raises(ImageRejected, match="remote image URLs are not fetched"):
+        decode_image_urls(["HTTPS://example.com/cat.png"], LIMITS)
+
+
+ODD = {
+    "16-bit-gray": lambda rgb, alpha: saved(PIL.fromarray(rgb[..., 0].astype(np.uint16) * 257)),
+    "palette-transparency": lambda rgb, alpha: saved(PIL.fromarray(rgb).convert("P"), transparency=5),
+    "gray-alpha": lambda rgb, alpha: saved(PIL.fromarray(np.dstack([rgb[..., 0], alpha]), "LA")),
+    "rgba": lambda rgb, alpha: saved(PIL.fromarray(np.dstack([rgb, alpha]))),
+    "rgba-webp": lambda rgb, alpha: saved(PIL.fromarray(np.dstack([rgb, alpha])), "WEBP", lossless=True),
+    "gray": lambda rgb, alpha: saved(PIL.fromarray(rgb).convert("L")),
+    "bilevel": lambda rgb, alpha: saved(PIL.fromarray(rgb).convert("1")),
+    "cmyk-jpeg": lambda rgb, alpha: saved(PIL.fromarray(rgb).convert("CMYK"), "JPEG"),
+    "1x1": lambda rgb, alpha: saved(PIL.fromarray(rgb[:1, :1])),
+    "apng": lambda rgb, alpha: saved(PIL.fromarray(rgb), save_all=True,
+                                     append_images=[PIL.fromarray(255 - rgb)] * 20),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD))
+def test_odd_valid_images_prepare_as_transformers_does(name):
+    rng = np.random.default_rng(7)
+    rgb = rng.integers(0, 255, size=(45, 67, 3), dtype=np.uint8)
+    data = ODD[name](rgb, rng.integers(0, 255, size=(45, 67), dtype=np.uint8))
+    media = "image/jpeg" if name.endswith("jpeg") else "image/webp" if name.endswith("webp") else "image/png"
+    (decoded,) = decode_image_urls([data_url(data, media)], LIMITS)
+    ours = prepare_image(decoded.image, PreparationParams(14, 2, MEAN, STD, MIN_PIXELS, MAX_PIXELS), decoded.digest)
+    reference = hf_image_processor()(images=[PIL.open(io.BytesIO(data))], return_tensors="np")
+    assert [1, ours.grid_h, ours.grid_w] == reference["image_grid_thw"][0].tolist()
+    np.testing.assert_array_equal(ours.patches, reference["pixel_values"])
+
+
+# --- remote fetches ------------------------------------------------------------------------------
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    payload = image_bytes(30, 20, 4)
+
+    def do_GET(self):  # noqa: N802
+        if self.path == "/ftp":
+            self.send_response(302)
+            self.send_header("Location", "ftp://127.0.0.1:1/cat.png")
+            self.end_headers()
+        elif self.path == "/slow":  # 40 bytes of a 10000-byte body, 50 ms apart: 2 s at least
+            self.send_response(200)
+            self.send_header("Content-Length", "10000")
+            self.end_headers()
+            try:
+                for _ in range(40):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:  # the fetch gave up and closed the connection
+                pass
+        elif self.path == "/chunked-cut":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"400\r\n" + self.payload[:100])
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.payload)))
+            self.end_headers()
+            self.wfile.write(self.payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def remote():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+ALLOWED = ImageLimits(max_images=2, max_bytes=64 * 1024, allow_remote=True)
+
+
+def test_remote_fetches_follow_http_redirects_only(remote):
+    assert decode_image_urls([f"HTTP://{remote}/cat.png"], ALLOWED)[0].image.size == (30, 20)
+    with pytest.raises(ImageRejected, match="redirects to a URL that is not http"):
+        decode_image_urls([f"http://{remote}/ftp"], ALLOWED)
+
+
+def test_a_trickling_remote_is_cut_off(remote, monkeypatch):
+    monkeypatch.setattr(decode_module, "FETCH_TIMEOUT_S", 0.3)
+    with pytest.raises(ImageRejected, match="took longer than 0.3 s"):
+        decode_image_urls([f"http://{remote}/slow"], ALLOWED)
+
+
+def test_a_broken_remote_response_is_a_400(remote):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def garbage():
+        connection, _ = listener.accept()
+        connection.recv(4096)
+        connection.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        connection.close()
+
+    threading.Thread(target=garbage, daemon=True).start()
+    try:
+        with pytest.raises(ImageRejected, match="cannot fetch image URL"):
+            decode_image_urls([f"http://127.0.0.1:{listener.getsockname()[1]}/cat.png"], ALLOWED)
+    finally:
+        listener.close()
+    with pytest.raises(ImageRejected, match="cannot fetch image URL"):
+        decode_image_urls([f"http://{remote}/chunked-cut"], ALLOWED)
