@@ -1,19 +1,22 @@
 """Hostile and malformed images through the OpenAI chat API (the tiny Qwen2.5-VL core served in this
 process, driven over ASGI) and through the frontend's functions: every bad image is a 400 whose body
-names the problem, never a 500, a hang or a dead worker; decompression bombs are refused from their
-header; odd but valid images (16-bit, palette, CMYK, transparency, 1x1) prepare
+names the problem and whose ``param`` is the image's part (``messages[i].content[j]``), never a 500,
+a hang or a dead worker; decompression bombs are refused from their header; a request holds one
+decoded image at a time; odd but valid images (16-bit, palette, CMYK, transparency, 1x1) prepare
 exactly as transformers' processor does; remote fetches are bounded in time and scheme."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import http.server
 import io
 import socket
 import struct
 import threading
 import time
+import weakref
 import zlib
 
 import httpx
@@ -21,9 +24,11 @@ import numpy as np
 import pytest
 
 from helios.frontend.images import decode as decode_module
+from helios.frontend.images import pipeline as pipeline_module
 from helios.frontend.images.decode import ImageLimits, decode_image_urls
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.preparation import PreparationParams, prepare_image
+from helios.frontend.preparation.image_parts import ImageSource
 from helios.server.app import create_app
 
 from .tiny_vl import MAX_PIXELS, MEAN, MIN_PIXELS, STD, hf_image_processor, image_bytes
@@ -117,7 +122,7 @@ def error_of(response: httpx.Response) -> dict:
 def test_a_decompression_bomb_is_a_400_and_the_server_serves_on(app, served, data, problem):
     media = "image/webp" if data.startswith(b"RIFF") else "image/png"
     error = error_of(chat(app, [{"role": "user", "content": [image_part(data_url(data, media))]}]))
-    assert problem in error["message"], error
+    assert problem in error["message"] and error["param"] == "messages[0].content[0]", error
     assert chat(app, [{"role": "user", "content": [image_part(GOOD)]}]).status_code == 200
     assert served.is_healthy
 
@@ -136,6 +141,27 @@ def test_a_bomb_is_refused_from_its_header(monkeypatch, width, height):
     assert decode_image_urls([GOOD], LIMITS)[0].image.size == (40, 30) and loads == [(40, 30)]
 
 
+BAD = [
+    ("data:image/png;base64,@@@@", "not valid base64: '@' at offset 0"),
+    ("data:image/svg+xml;base64," + base64.b64encode(b"<svg/>").decode(), "'image/svg+xml' is not image/png"),
+    (data_url(saved(PIL.new("RGB", (8, 8)), "GIF")), "is a GIF image; only PNG, JPEG and WebP"),
+    ("file:///etc/passwd", "'file' URLs are not accepted"),
+    ("https://example.com/cat.png", "remote image URLs are not fetched"),
+    (data_url(png_declaring(9000, 9000)), "9000x9000 pixels"),
+    (data_url(saved(PIL.new("RGB", (1, 150)))), "less extreme aspect ratio"),
+]
+
+
+@pytest.mark.parametrize("url, problem", BAD, ids=[
+    "base64", "svg", "gif-bytes", "file", "remote", "pixels", "thin"])
+def test_an_image_error_names_its_part(app, url, problem):
+    messages = [{"role": "user", "content": "first"},
+                {"role": "user", "content": [image_part(GOOD), {"type": "text", "text": "and"}, image_part(url)]}]
+    error = error_of(chat(app, messages))
+    assert error["param"] == "messages[1].content[2]", error
+    assert error["message"].startswith("messages[1].content[2]: ") and problem in error["message"], error
+
+
 def test_count_and_shape_errors_stay_400s(app):
     too_many = error_of(chat(app, [{"role": "user", "content": [image_part(GOOD)] * 3}]))
     assert "at most 2 images; it has 3" in too_many["message"] and too_many["param"] == "messages"
@@ -146,6 +172,17 @@ def test_count_and_shape_errors_stay_400s(app):
                                                                                                "detail": "ultra"}},
                  {"type": "image_url", "image_url": {"url": GOOD, "size": 3}}, {**image_part(GOOD), "x": 1}):
         assert error_of(chat(app, [{"role": "user", "content": [part]}]))["param"] == "messages[0].content"
+
+
+def test_images_for_a_model_without_vision_name_the_part():
+    from helios.frontend.preparation.prompt import Prompt, ReasoningState
+    from helios.frontend.preparation.prompt_images import UnavailableImages, with_images
+
+    prompt = Prompt("", (1, 2), ReasoningState.NO_REASONING, "", 0, (ImageSource(GOOD, "messages[2].content[1]"),))
+    for pipeline, problem in ((None, "this model takes no images"), (UnavailableImages("why"), "cannot prepare")):
+        with pytest.raises(ImageRejected, match=problem) as caught:
+            with_images(prompt, pipeline)
+        assert caught.value.param == "messages[2].content[1]"
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -186,6 +223,33 @@ def test_url_schemes_are_case_insensitive():
     assert decode_image_urls([upper], LIMITS)[0].image.size == (20, 10)
     with pytest.raises(ImageRejected, match="remote image URLs are not fetched"):
         decode_image_urls(["HTTPS://example.com/cat.png"], LIMITS)
+
+
+def test_a_request_holds_one_decoded_image_at_a_time(monkeypatch):
+    """Each image is prepared (reduced to its patches) before the next is decoded, so a request's
+    transient memory is one image's pixels (up to --max-image-pixels), not max_images of them."""
+    from helios.frontend.images.layout import LayoutParams
+
+    decoded, alive_at_prepare = [], []
+    real_decode, real_prepare = decode_module.decode_image, pipeline_module.prepare_image
+
+    def decode(data, limits):
+        result = real_decode(data, limits)
+        decoded.append(weakref.ref(result.image))
+        return result
+
+    def prepare(image, params, digest):
+        gc.collect()
+        alive_at_prepare.append(sum(ref() is not None for ref in decoded))
+        return real_prepare(image, params, digest)
+
+    monkeypatch.setattr(decode_module, "decode_image", decode)
+    monkeypatch.setattr(pipeline_module, "prepare_image", prepare)
+    params = PreparationParams(14, 2, MEAN, STD, MIN_PIXELS, MAX_PIXELS)
+    pipeline = pipeline_module.ImagePipeline(params, LayoutParams(7, 2, 56, 14), (80,), ImageLimits(max_images=3))
+    urls = [data_url(image_bytes(60, 40, seed)) for seed in (1, 2, 3)]
+    prepared = pipeline.prepare(urls, (1, 7, 7, 7, 2))
+    assert len(prepared.images) == 3 and alive_at_prepare == [1, 1, 1]
 
 
 ODD = {

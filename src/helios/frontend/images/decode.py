@@ -172,7 +172,8 @@ def _unidentified(data: bytes) -> str:
         return "image data is not a PNG, JPEG or WebP image"
     if fmt not in FORMATS:
         return f"image data is a {fmt} image; only PNG, JPEG and WebP images are accepted"
-    if fmt == "PNG" and len(data) >= 24 and 0 in (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")):
+    if fmt == "PNG" and len(data) >= 24 and 0 in (int.from_bytes(data[16:20], "big"),
+                                                  int.from_bytes(data[20:24], "big")):  # IHDR width, height
         return "PNG image data is corrupt: its width or height is 0"
     from PIL import JpegImagePlugin, PngImagePlugin, WebPImagePlugin
 
@@ -185,8 +186,21 @@ def _unidentified(data: bytes) -> str:
     return f"{fmt} image data is corrupt"
 
 
-def decode_image_urls(urls: list[str], limits: ImageLimits) -> list[DecodedImage]:
-    """Every image of one request, within the request's count bound."""
+def check_image_count(urls: list[str], limits: ImageLimits) -> None:
     if len(urls) > limits.max_images:
         raise ImageRejected(f"a request may carry at most {limits.max_images} images; it has {len(urls)}")
-    return [decode_image(image_bytes_of(url, limits), limits) for url in urls]
+
+
+def decode_image_url(url: str, limits: ImageLimits) -> DecodedImage:
+    """One image URL decoded; an error names the image's part when `url` knows it
+    (`helios.frontend.preparation.image_parts.ImageSource`)."""
+    try:
+        return decode_image(image_bytes_of(url, limits), limits)
+    except ImageRejected as error:
+        raise error.at(getattr(url, "where", None)) from None
+
+
+def decode_image_urls(urls: list[str], limits: ImageLimits) -> list[DecodedImage]:
+    """Every image of one request, within the request's count bound."""
+    check_image_count(urls, limits)
+    return [decode_image_url(url, limits) for url in urls]

@@ -10,3 +10,8 @@ class ImageRejected(RequestError):
     the request's image bounds. The message names the problem."""
 
     param = "messages"
+
+    def at(self, where: str | None) -> ImageRejected:
+        """This error located at one image part (``messages[1].content[0]``): the message starts with
+        the place and `param` names it; unchanged when the place is unknown."""
+        return self if not where else ImageRejected(f"{where}: {self}", where)

@@ -6,7 +6,9 @@ are a `LoadError` at startup. `prepare` turns a request's image URLs and its ren
 (one feature placeholder per image) into the expanded prompt, its rotary positions and feature
 mapping, and each image's vision tensors at the smallest captured patch capacity that holds it
 (images are encoded one at a time, so a repeated image's features can be reused by content hash).
-Layouts: SPATIAL_POSITIONS_3D (`layout`) and FEATURE_SPAN (`feature_span`).
+Each image is decoded and prepared before the next is decoded (a request holds one image's decoded
+pixels at a time), and an image's error names its part (``messages[1].content[0]``) when its URL is
+an `ImageSource`. Layouts: SPATIAL_POSITIONS_3D (`layout`) and FEATURE_SPAN (`feature_span`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
-from helios.frontend.images.decode import ImageLimits, decode_image_urls
+from helios.frontend.images.decode import ImageLimits, check_image_count, decode_image_url
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.layout import LAYOUT_OUTPUTS, ImagePrompt, LayoutParams, features_of, layout_prompt, vision_tensors
 from helios.frontend.images.feature_span import SPAN_OUTPUTS, TEMPORAL_PATCH_SIZE, span_prompt, span_tensors
@@ -85,17 +87,28 @@ class ImagePipeline:
         return cls(preparation, layout, tuple(int(c) for c in vision.patch_capacities), limits, kind)
 
     def prepare(self, urls: list[str], token_ids) -> PreparedImages:
-        images = [prepare_image(d.image, self.preparation, d.digest) for d in decode_image_urls(urls, self.limits)]
+        check_image_count(urls, self.limits)
+        images = [self._prepare_one(url) for url in urls]
         span = self.kind == spb.IMAGE_LAYOUT_FEATURE_SPAN
         prompt = (span_prompt if span else layout_prompt)(token_ids, images, self.layout)
         capacities = []
         for number, image in enumerate(images, 1):
             capacity = next((c for c in self.patch_capacities if c >= image.num_patches), None)
-            if capacity is None:
+            if capacity is None:  # a thin image is scaled up to min_pixels on its short side: many patches
                 raise ImageRejected(f"image {number} needs {image.num_patches} vision patches; at most "
-                                    f"{self.patch_capacities[-1]} are prepared (send a smaller image)")
+                                    f"{self.patch_capacities[-1]} are prepared (send a smaller image, or one "
+                                    f"with a less extreme aspect ratio)").at(getattr(urls[number - 1], "where", None))
             capacities.append(capacity)
         tensors = tuple(span_tensors(image, c) if span else vision_tensors([image], self.layout, c)
                         for image, c in zip(images, capacities))
         counts = tuple(features_of(image, self.layout.merge_size) for image in images)
         return PreparedImages(prompt, tuple(images), tuple(capacities), tensors, counts)
+
+    def _prepare_one(self, url: str) -> PreparedImage:
+        """One image decoded and prepared; the decoded pixels (up to `ImageLimits.max_pixels`) are
+        dropped before the next image is decoded, so a request holds one image's pixels at a time."""
+        decoded = decode_image_url(url, self.limits)
+        try:
+            return prepare_image(decoded.image, self.preparation, decoded.digest)
+        except ImageRejected as error:
+            raise error.at(getattr(url, "where", None)) from None

@@ -4,7 +4,8 @@ A user message's content may mix text parts and ``{"type": "image_url", "image_u
 "detail": ...}}`` parts. The message keeps its parts in order (`parts`: ("text", text) or ("image",
 url)); the chat template receives them as Hugging Face content parts (``{"type": "text", "text"}``
 and ``{"type": "image"}``, never the URL), so it renders each image's placeholder exactly as the
-family's template does. `image_urls` lists a conversation's image URLs in prompt order.
+family's template does. `image_urls` lists a conversation's image URLs in prompt order, each an
+`ImageSource` that also names its part (``messages[1].content[0]``), so an image's error points at it.
 """
 
 from __future__ import annotations
@@ -59,9 +60,25 @@ def template_parts(parts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     return [{"type": "image"} if kind == "image" else {"type": "text", "text": value} for kind, value in parts]
 
 
-def image_urls(messages) -> list[str]:
-    """Image URLs of parsed messages, in prompt order."""
-    return [value for message in messages for kind, value in message.parts if kind == "image"]
+class ImageSource(str):
+    """An image part's URL (the string itself) and `where` the part is in the request body."""
+
+    where: str
+
+    def __new__(cls, url: str, where: str) -> ImageSource:
+        source = super().__new__(cls, url)
+        source.where = where
+        return source
+
+    def __reduce__(self):
+        return ImageSource, (str(self), self.where)
+
+
+def image_urls(messages) -> list[ImageSource]:
+    """Image URLs of parsed messages, in prompt order. A message's parts are its content's entries
+    (`user_content` keeps every one), so part j of message i is ``messages[i].content[j]``."""
+    return [ImageSource(value, f"messages[{i}].content[{j}]") for i, message in enumerate(messages)
+            for j, (kind, value) in enumerate(message.parts) if kind == "image"]
 
 
 def without_image_urls(messages: list[dict]) -> list[dict]:
