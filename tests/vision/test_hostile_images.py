@@ -28,7 +28,6 @@ from helios.frontend.images import pipeline as pipeline_module
 from helios.frontend.images.decode import ImageLimits, decode_image_urls
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.preparation import PreparationParams, prepare_image
-from helios.frontend.preparation.image_parts import ImageSource
 from helios.server.app import create_app
 
 from .tiny_vl import MAX_PIXELS, MEAN, MIN_PIXELS, STD, hf_image_processor, image_bytes
@@ -172,17 +171,6 @@ def test_count_and_shape_errors_stay_400s(app):
                                                                                                "detail": "ultra"}},
                  {"type": "image_url", "image_url": {"url": GOOD, "size": 3}}, {**image_part(GOOD), "x": 1}):
         assert error_of(chat(app, [{"role": "user", "content": [part]}]))["param"] == "messages[0].content"
-
-
-def test_images_for_a_model_without_vision_name_the_part():
-    from helios.frontend.preparation.prompt import Prompt, ReasoningState
-    from helios.frontend.preparation.prompt_images import UnavailableImages, with_images
-
-    prompt = Prompt("", (1, 2), ReasoningState.NO_REASONING, "", 0, (ImageSource(GOOD, "messages[2].content[1]"),))
-    for pipeline, problem in ((None, "this model takes no images"), (UnavailableImages("why"), "cannot prepare")):
-        with pytest.raises(ImageRejected, match=problem) as caught:
-            with_images(prompt, pipeline)
-        assert caught.value.param == "messages[2].content[1]"
 
 
 # --- decoding ----------------------------------------------------------------------------------

@@ -32,11 +32,10 @@ def with_images(prompt: Prompt, pipeline: ImagePipeline | UnavailableImages | No
                 ) -> tuple[Prompt, RequestImages | None]:
     if not prompt.image_urls:
         return prompt, None
-    first = getattr(prompt.image_urls[0], "where", None)  # the error points at the first image part
     if pipeline is None:
-        raise ImageRejected("this model takes no images (its core declares no vision contract)").at(first)
+        raise ImageRejected("this model takes no images (its core declares no vision contract)")
     if isinstance(pipeline, UnavailableImages):
-        raise ImageRejected(f"this server cannot prepare this model's images: {pipeline.reason}").at(first)
+        raise ImageRejected(f"this server cannot prepare this model's images: {pipeline.reason}")
     prepared = pipeline.prepare(list(prompt.image_urls), prompt.token_ids)
     feature_id = pipeline.layout.feature_id
     before = [i for i, token in enumerate(prompt.token_ids) if token == feature_id]
