@@ -189,6 +189,18 @@ def test_malformed_payloads_are_named(url, problem):
         decode_image_urls([url], LIMITS)
 
 
+@pytest.mark.parametrize("url", [
+    "x" * 100_000 + ":cat.png",
+    "data:image/" + "x" * 100_000 + ";base64,AAAA",
+    "http://127.0.0.1:1/" + "\x01" * 100_000,
+], ids=["scheme", "media-type", "fetched-url"])
+def test_an_error_quotes_at_most_a_clip_of_the_client_text(url):
+    with pytest.raises(ImageRejected) as caught:
+        decode_image_urls([url], ALLOWED)
+    assert "characters)" in str(caught.value)
+    assert len(str(caught.value)) < 400, str(caught.value)[:400]
+
+
 def _bad_crc() -> bytes:
     data = bytearray(saved(PIL.new("RGB", (20, 20))))
     data[29] ^= 0xFF  # inside IHDR's CRC

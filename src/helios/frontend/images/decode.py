@@ -60,14 +60,15 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
             if limits.allow_remote:
                 return fetch_image(url, limits)
             raise ImageRejected("remote image URLs are not fetched by this server; send a data: URL")
-        named = f"; {scheme!r} URLs are not accepted" if scheme else ""
+        named = f"; {_clipped(scheme)!r} URLs are not accepted" if scheme else ""
         raise ImageRejected(f"image_url must be a data: URL (data:image/png;base64,...){named}")
     match = _DATA_URL.match(url)
     if match is None:
         raise ImageRejected("malformed data: URL (expected data:image/...;base64,...)")
     media = match.group("media").lower()
     if media not in FORMATS.values():
-        raise ImageRejected(f"data: URL media type {media or '(none)'!r} is not image/png, image/jpeg or image/webp")
+        raise ImageRejected(f"data: URL media type {_clipped(media) or '(none)'!r} is not image/png, image/jpeg or "
+                            "image/webp")
     if not match.group("b64"):
         raise ImageRejected("data: URL images must be base64-encoded (;base64)")
     payload = match.group("data")
@@ -105,7 +106,7 @@ def fetch_image(url: str, limits: ImageLimits) -> bytes:
                 if time.monotonic() > deadline and size <= limits.max_bytes:
                     raise ImageRejected(f"fetching the image URL took longer than {FETCH_TIMEOUT_S:g} s")
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
-        raise ImageRejected(f"cannot fetch image URL: {getattr(error, 'reason', error)}") from None
+        raise ImageRejected(f"cannot fetch image URL: {_clipped(str(getattr(error, 'reason', error)))}") from None
     if size > limits.max_bytes:
         raise ImageRejected(f"image is larger than the {limits.max_bytes}-byte limit")
     if not size:
@@ -120,6 +121,12 @@ class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
         if newurl.split(":", 1)[0].lower() not in ("http", "https"):
             raise ImageRejected("the image URL redirects to a URL that is not http(s)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _clipped(text: str, limit: int = 120) -> str:
+    """`text` as an error quotes it: the client's own text (a scheme, a media type, a URL inside a
+    library's reason) can be megabytes long."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _base64_problem(payload: str) -> str:
@@ -153,13 +160,13 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
     except UnidentifiedImageError:
         raise ImageRejected(_unidentified(data)) from None
     except (OSError, ValueError, SyntaxError) as error:
-        raise ImageRejected(f"image data cannot be read: {error}") from None
+        raise ImageRejected(f"image data cannot be read: {_clipped(str(error))}") from None
     if image.width * image.height > limits.max_pixels:
         raise ImageRejected(f"image has {image.width}x{image.height} pixels; at most {limits.max_pixels} are accepted")
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise ImageRejected(f"image data is truncated or corrupt: {error}") from None
+        raise ImageRejected(f"image data is truncated or corrupt: {_clipped(str(error))}") from None
     return DecodedImage(image, hashlib.sha256(data).hexdigest())
 
 
@@ -182,7 +189,7 @@ def _unidentified(data: bytes) -> str:
     try:
         plugin(io.BytesIO(data)).close()  # `Image.open` drops the plugin's reason; opened alone, it raises it
     except Exception as error:  # noqa: BLE001 - any failure of the plugin is the corruption's description
-        return f"{fmt} image data is corrupt: {error or type(error).__name__}"
+        return f"{fmt} image data is corrupt: {_clipped(str(error)) or type(error).__name__}"
     return f"{fmt} image data is corrupt"
 
 
