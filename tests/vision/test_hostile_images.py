@@ -201,6 +201,14 @@ def test_an_error_quotes_at_most_a_clip_of_the_client_text(url):
     assert len(str(caught.value)) < 400, str(caught.value)[:400]
 
 
+def test_the_default_limits_are_the_documented_ones():
+    """A server built without image limits (`ServedModel.from_runtime`) bounds images as `helios
+    serve` does: 2 MiB (its 8 MiB default was four times the documented bound)."""
+    over = b"\x89PNG\r\n\x1a\n" + b"\0" * (2 * 1024 * 1024)
+    with pytest.raises(ImageRejected, match="larger than the 2097152-byte limit"):
+        decode_image_urls([data_url(over)], ImageLimits())
+
+
 def _bad_crc() -> bytes:
     data = bytearray(saved(PIL.new("RGB", (20, 20))))
     data[29] ^= 0xFF  # inside IHDR's CRC

@@ -38,10 +38,10 @@ _SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """Per-request bounds on image inputs."""
+    """Per-request bounds on image inputs; the defaults are `helios serve`'s (README "Images")."""
 
     max_images: int = 4
-    max_bytes: int = 8 * 1024 * 1024
+    max_bytes: int = 2 * 1024 * 1024
     max_pixels: int = 4096 * 4096
     allow_remote: bool = False
 
