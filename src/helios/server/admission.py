@@ -2,7 +2,9 @@
 
 At most `queue_capacity + max_active` requests hold a permit at once; that counts CPU preparation,
 queued generation and finished responses whose reader has not yet released them. A request that
-finds no permit gets `OverloadedError` (HTTP 429) at once. Admitted requests then wait
+finds no permit gets `OverloadedError` (HTTP 429) at once. A request of several choices takes its
+permits all at once or none (`acquire_many`); one that asks for more than there are could never be
+admitted, so it is a `BeyondPermits` (HTTP 400), not a 429 that no retry would get past. Admitted requests then wait
 asynchronously for one of `frontend_workers` preparation slots (`helios.server.preparation`).
 
 Invariants: `in_use` equals the number of unreleased permits; a permit is released exactly once
@@ -14,11 +16,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from helios.errors import OverloadedError
+from helios.errors import OverloadedError, RequestError
 
 
 class IngressFull(OverloadedError):
     """Every admission permit is held."""
+
+
+class BeyondPermits(RequestError):
+    """A request of more choices than the server has admission permits (it can never be admitted)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,20 @@ class AdmissionController:
                 )
             self._in_use += 1
         return Permit(self)
+
+    def acquire_many(self, count: int, param: str | None = None) -> list[Permit]:
+        """`count` permits at once, or `IngressFull` with none taken; never waits. `BeyondPermits`
+        (naming `param`) when `count` exceeds every permit there is."""
+        total = self.limits.num_permits
+        if count > total:
+            raise BeyondPermits(f"the request has {count} choices (n times the prompts), each an engine request "
+                                f"holding an admission permit, and this server admits at most {total} at once; "
+                                "ask for fewer", param)
+        with self._lock:
+            if self._in_use + count > total:
+                raise IngressFull(f"server is at capacity ({total} admitted requests); retry later")
+            self._in_use += count
+        return [Permit(self) for _ in range(count)]
 
     def _give_back(self) -> None:
         with self._lock:

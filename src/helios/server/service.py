@@ -185,7 +185,8 @@ class ServedModel:
         self._check_serving()
         several = choice_bodies(body, is_chat)
         if several is not None:
-            return await self._respond_choices(several, is_chat, ingress_ns, receive, record)
+            param = "n" if (body.n or 1) > 1 else "prompt"  # what a request of too many choices names
+            return await self._respond_choices(several, is_chat, ingress_ns, receive, record, param)
         permit = self.admission.acquire()
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
@@ -201,12 +202,10 @@ class ServedModel:
         return await json_response(lease, prepared, receive)
 
     async def _respond_choices(self, bodies, is_chat: bool, ingress_ns: int | None, receive: Receive,
-                               record: RequestRecord) -> Response:
+                               record: RequestRecord, param: str) -> Response:
         """Several choices (``n``, batched prompts): one engine request each (`helios.server.fanout`)."""
-        permits = []
+        permits = self.admission.acquire_many(len(bodies), param)
         try:
-            for _ in bodies:
-                permits.append(self.admission.acquire())
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
             base = uuid.uuid4().hex
             prepared, first_seeds = [], {}
