@@ -12,6 +12,7 @@ import base64
 import gc
 import http.server
 import io
+import re
 import socket
 import struct
 import threading
@@ -185,7 +186,7 @@ def test_count_and_shape_errors_stay_400s(app):
     ("ftp://host/cat.png", "'ftp' URLs are not accepted"),
 ], ids=["wrapped", "url-safe", "unpadded", "inner-padding", "ftp"])
 def test_malformed_payloads_are_named(url, problem):
-    with pytest.raises(ImageRejected, match=problem.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+    with pytest.raises(ImageRejected, match=re.escape(problem)):
         decode_image_urls([url], LIMITS)
 
 
@@ -222,7 +223,7 @@ def _bad_crc() -> bytes:
     (b"\xff\xd8\xff\xe0" + b"\0" * 30, "JPEG image data is corrupt"),
 ], ids=["bad-crc", "zero-height", "bmp-bytes", "jpeg-garbage"])
 def test_corrupt_images_are_named_as_such(data, problem):
-    with pytest.raises(ImageRejected, match=problem.replace("(", r"\(")):
+    with pytest.raises(ImageRejected, match=re.escape(problem)):
         decode_image_urls([data_url(data)], LIMITS)
 
 
