@@ -174,6 +174,21 @@ def test_count_and_shape_errors_stay_400s(app):
         assert error_of(chat(app, [{"role": "user", "content": [part]}]))["param"] == "messages[0].content"
 
 
+def test_too_many_image_parts_are_refused_before_the_prompt_is_rendered(app, monkeypatch):
+    """The text bound leaves image parts out: 20000 tiny image parts (a 1 MB body) were rendered and
+    tokenized (seconds of a preparation worker) before the count was refused."""
+    from helios.frontend.preparation.prompt import PromptBuilder
+
+    builds = []
+    real_build = PromptBuilder.build
+    monkeypatch.setattr(PromptBuilder, "build", lambda self, *args, **kwargs: builds.append(1) or real_build(
+        self, *args, **kwargs))
+    error = error_of(chat(app, [{"role": "user", "content": [image_part("data:,")] * 20_000}]))
+    assert "at most 2 images; it has 20000" in error["message"] and error["param"] == "messages", error
+    assert builds == []
+    assert chat(app, [{"role": "user", "content": [image_part(GOOD)]}]).status_code == 200 and builds == [1]
+
+
 # --- decoding ----------------------------------------------------------------------------------
 
 

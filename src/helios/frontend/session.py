@@ -48,7 +48,7 @@ from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, T
 from helios.frontend.parsers.pipeline import PlainText
 from helios.frontend.responses.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
 from helios.frontend.preparation.prompt import Prompt, PromptBuilder
-from helios.frontend.preparation.prompt_images import UnavailableImages, with_images
+from helios.frontend.preparation.prompt_images import UnavailableImages, check_image_parts, with_images
 from helios.frontend.preparation.request_options import (
     ResponseOptions,
     has_structured_output,
@@ -277,6 +277,7 @@ class FrontendModel:
         template_kwargs = effective_template_kwargs(
             getattr(body, "reasoning_effort", None), body.chat_template_kwargs, self._thinking_switch)
         self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]))
+        check_image_parts(messages, self._images)
         prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs)
         prompt, images = with_images(prompt, self._images)
         answer = None

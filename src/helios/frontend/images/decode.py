@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Sequence
 
 from helios.frontend.images.errors import ImageRejected
 
@@ -193,7 +194,7 @@ def _unidentified(data: bytes) -> str:
     return f"{fmt} image data is corrupt"
 
 
-def check_image_count(urls: list[str], limits: ImageLimits) -> None:
+def check_image_count(urls: Sequence[object], limits: ImageLimits) -> None:
     if len(urls) > limits.max_images:
         raise ImageRejected(f"a request may carry at most {limits.max_images} images; it has {len(urls)}")
 

@@ -81,6 +81,13 @@ def image_urls(messages) -> list[ImageSource]:
             for j, (kind, value) in enumerate(message.parts) if kind == "image"]
 
 
+def count_image_parts(messages: list[dict]) -> int:
+    """Image parts of raw messages (any role: the request's schema admits them in user messages only)."""
+    return sum(isinstance(part, dict) and part.get("type") == "image_url" for message in messages
+               if isinstance(message, dict) and isinstance(message.get("content"), list)
+               for part in message["content"])
+
+
 def without_image_urls(messages: list[dict]) -> list[dict]:
     """Raw messages with each image part's URL left out (for text-size bounds: images have their own)."""
     def strip(message):
