@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from helios.cli.core_options import check_output_path, load_private_key, read_bounded
 from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
 from helios.contract.rules import enum_label
@@ -20,6 +21,7 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import UsageError
 
 FILE_HELP = "contract file: semantic JSON, or the binary PreparedContractBundle; '-' reads stdin"
+MAX_CONTRACT_NBYTES = 64 * 1024 * 1024  # the full example contract is 80 KB
 
 
 def register(subparsers) -> None:
@@ -55,18 +57,26 @@ def register(subparsers) -> None:
         "assistant boundary. The core loads and serves like a prepared one: use it to try a contract end to "
         "end. Every weight is materialised: use a contract of small sizes, e.g. examples/contract-tiny.json."))
     core.add_argument("file", metavar="FILE", help=FILE_HELP)
-    core.add_argument("-o", "--output", required=True, help="path of the core to write")
-    core.add_argument("--key", required=True, help="Ed25519 private key (from `helios keygen`)")
-    core.add_argument("--namespace", required=True, help="publisher namespace signed into the core")
-    core.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    core.add_argument("-o", "--output", required=True, metavar="OUT", help="path of the core to write")
+    core.add_argument("--key", required=True, metavar="KEY", help="Ed25519 private key (from `helios keygen`)")
+    core.add_argument("--namespace", required=True, metavar="NS", help="publisher namespace signed into the core")
+    core.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random weights (default 0)")
     core.set_defaults(func=_example_core)
 
 
 def _load(name: str) -> PreparedContract:
+    """The contract in file `name` (or stdin), read to at most `MAX_CONTRACT_NBYTES`: a larger file,
+    a device or a FIFO with no writer is one line, never an unbounded read or a wait."""
     try:
-        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        if name == "-":
+            data = sys.stdin.buffer.read(MAX_CONTRACT_NBYTES + 1)
+            data = None if len(data) > MAX_CONTRACT_NBYTES else data
+        else:
+            data = read_bounded(name, MAX_CONTRACT_NBYTES)
     except OSError as error:
         raise UsageError(f"cannot read {name}: {error.strerror or error}") from None
+    if data is None:
+        raise UsageError(f"{name} is larger than any contract ({MAX_CONTRACT_NBYTES} bytes at most)")
     return load_bytes(data)
 
 
@@ -94,16 +104,25 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _example_core(args: argparse.Namespace) -> int:
-    from helios.core.keys import load_signing_key
+    from helios.core.keys import check_namespace
     from helios.ignition.contract_core import write_contract_core
 
+    try:
+        check_namespace(args.namespace)
+    except ValueError as error:
+        raise UsageError(f"--namespace: {error}") from None
+    if not 0 <= args.seed < 2**63:
+        raise UsageError("--seed must be in [0, 2**63)")
+    output = check_output_path("-o", args.output, {"--key file": args.key, "contract FILE": args.file})
+    key = load_private_key(args.key)
     prepared = _load(args.file)
-    write_contract_core(prepared, Path(args.output), load_signing_key(Path(args.key)), args.namespace, args.seed)
+    write_contract_core(prepared, output, key, args.namespace, args.seed)
     print(f"wrote {args.output}: {len(prepared.manifest.graph_handles)} programs of {prepared.contract.served_id}")
     return 0
 
 
 def _encode(args: argparse.Namespace) -> int:
+    check_output_path("OUT", args.out, {"contract FILE": args.file})
     prepared = _load(args.file)
     try:
         Path(args.out).write_bytes(prepared.to_bundle())

@@ -11,15 +11,26 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
+from helios.cli.core_options import (
+    add_core_options, aes_key_from_args, check_core_path, check_output_path, load_private_key, open_core_from_args,
+)
 from helios.core.inspection import CoreInspection, inspect_core
-from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+from helios.core.keys import SigningKey, check_namespace, write_key_pair
+from helios.core.reader import load_unverified
 from helios.core.records import ResourceKind
 from helios.core.relocate import add_signatures, relocate_core
 from helios.errors import UsageError
 
 
 def _keygen(args: argparse.Namespace) -> int:
+    for namespace in args.namespace or ():
+        try:
+            check_namespace(namespace)
+        except ValueError as error:
+            raise UsageError(f"--namespace: {error}") from None
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
     key = SigningKey.generate()
     pub_path = write_key_pair(Path(args.output), key, args.namespace or ())
     print(f"wrote {args.output} (private, keep secret) and {pub_path}")
@@ -27,8 +38,18 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_parts(core: str) -> list[Path]:
+    """The sibling part files the core at `core` stores resources in (none for a single file)."""
+    loaded = load_unverified(core)
+    return [loaded.path.parent / p.file for p in loaded.placements.values() if p.file]
+
+
 def _sign(args: argparse.Namespace) -> int:
-    keys = [load_signing_key(Path(path)) for path in args.key]
+    check_core_path(args.core)
+    keys = [load_private_key(path) for path in args.key]
+    if args.output:
+        check_output_path("-o", args.output, {"--key file": args.key, "--aes-key file": args.aes_key,
+                                              "part file of the core": _source_parts(args.core)})
     files = add_signatures(
         args.core, args.output or args.core, keys, replace=args.replace,
         aes_key=aes_key_from_args(args),
@@ -113,6 +134,7 @@ def _inspection_json(report: CoreInspection) -> dict:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    check_core_path(args.core)
     report = inspect_core(args.core)
     if args.json:
         print(json.dumps(_inspection_json(report), indent=2, sort_keys=True))
@@ -124,45 +146,68 @@ def _inspect(args: argparse.Namespace) -> int:
 def _relocate(args: argparse.Namespace) -> int:
     if args.split_bytes is not None and args.split_bytes <= 0:
         raise UsageError("--split-bytes must be positive")
+    check_core_path(args.core)
+    check_output_path("-o", args.output, {"part file of the core": _source_parts(args.core)})
     files = relocate_core(args.core, args.output, split_nbytes=args.split_bytes)
     print(f"wrote {len(files)} file(s): {', '.join(str(f) for f in files)}")
     return 0
 
 
 def register(subparsers) -> None:
-    keygen = subparsers.add_parser("keygen", help="create an Ed25519 signing key pair")
+    keygen = subparsers.add_parser(
+        "keygen", help="create an Ed25519 signing key pair",
+        description="Write a new Ed25519 private key to KEY (mode 0600) and its public key to KEY.pub; "
+        "neither file may exist already.",
+    )
     keygen.add_argument("-o", "--output", required=True, metavar="KEY",
                         help="private key path; the public key goes to KEY.pub")
     keygen.add_argument("--namespace", action="append", metavar="NS",
                         help="scope KEY.pub to this publisher namespace (repeatable)")
     keygen.set_defaults(func=_keygen)
 
-    sign = subparsers.add_parser("sign", help="add (or replace) signatures on a core")
-    sign.add_argument("core", metavar="CORE")
+    sign = subparsers.add_parser(
+        "sign", help="add (or replace) signatures on a core",
+        description="Check every existing signature and stored byte of CORE, then add a signature by each "
+        "--key (with --replace, instead of the existing ones), in place or to OUT.",
+    )
+    sign.add_argument("core", metavar="CORE", help="core file to sign")
     sign.add_argument("--key", action="append", required=True, metavar="KEY",
                       help="private key file (repeatable)")
-    sign.add_argument("-o", "--output", metavar="OUT", help="write here instead of in place")
+    sign.add_argument("-o", "--output", metavar="OUT",
+                      help="write here instead of in place (default: CORE itself); never a --key file")
     sign.add_argument("--replace", action="store_true", help="drop the existing signatures")
-    sign.add_argument("--aes-key", metavar="FILE", help="AES key to check v4 resources first")
+    sign.add_argument("--aes-key", metavar="FILE",
+                      help="AES-256 key file to check version 4 resources first (default: they are copied unchecked)")
     sign.set_defaults(func=_sign)
 
     verify = subparsers.add_parser(
-        "verify", help="verify signatures, authorization and every stored byte of a core"
+        "verify", help="verify signatures, authorization and every stored byte of a core",
+        description="Check that a trusted key signed CORE, that --accept equals its publisher namespace and "
+        "that every stored byte matches its signed digest; exit 0 only then (2 usage, 4 unreadable core, "
+        "5 stored bytes, 6 signature, 7 authorization).",
     )
-    verify.add_argument("core", metavar="CORE")
+    verify.add_argument("core", metavar="CORE", help="core file to verify")
     add_core_options(verify)
     verify.set_defaults(func=_verify)
 
-    inspect = subparsers.add_parser("inspect", help="show what a core claims (unverified)")
-    inspect.add_argument("core", metavar="CORE")
+    inspect = subparsers.add_parser(
+        "inspect", help="show what a core claims (unverified)",
+        description="Print what CORE claims: publisher, signatures (checked for form only), contract and "
+        "resources. Nothing is trusted or read beyond the signed payload: use `helios verify` before "
+        "trusting any of it.",
+    )
+    inspect.add_argument("core", metavar="CORE", help="core file to inspect")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=_inspect)
 
     relocate = subparsers.add_parser(
-        "relocate", help="rewrite a core as one file or split parts, without re-signing"
+        "relocate", help="rewrite a core as one file or split parts, without re-signing",
+        description="Copy CORE to OUT as one file, or with --split-bytes as OUT plus OUT.partNNN siblings, "
+        "checking every stored chunk against its signed digest on the way; the signed payload is unchanged.",
     )
-    relocate.add_argument("core", metavar="CORE")
-    relocate.add_argument("-o", "--output", required=True, metavar="OUT")
+    relocate.add_argument("core", metavar="CORE", help="core file to read")
+    relocate.add_argument("-o", "--output", required=True, metavar="OUT",
+                          help="core file to write (may be CORE itself, not one of its part files)")
     relocate.add_argument("--split-bytes", type=int, metavar="N",
                           help="split into sibling parts of about N bytes (default: one file)")
     relocate.set_defaults(func=_relocate)

@@ -7,20 +7,31 @@
 string must equal the signed publisher namespace exactly. `--trust` takes KEY.pub files or
 directories of them (repeatable); without it the `HELIOS_TRUST` environment variable (paths
 separated by the OS path separator) is used, and with neither the command fails.
+
+Key files and cores named on the command line are read through the checks here, so an operator's
+mistake is one line, never a hang or an unbounded read: a FIFO nobody writes to reads as empty, a
+device such as /dev/zero or a file larger than any key is refused (`read_key_file`), a core must be a
+regular file (`check_core_path`), and an output path may not name one of the command's inputs
+(`check_output_path`).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 from pathlib import Path
+from typing import Mapping
 
-from helios.core.aead import load_aead_key
-from helios.core.keys import TrustedKeys
+from helios.core.aead import check_aead_key
+from helios.core.errors import KeyFileError
+from helios.core.keys import PublicKey, SigningKey, TrustedKeys, parse_public_key
 from helios.core.reader import Core, open_core
 from helios.errors import UsageError
 
 TRUST_ENV = "HELIOS_TRUST"
+MAX_KEY_FILE_NBYTES = 64 * 1024  # a PEM private key, a .pub line or 64 hex digits are well under 1 KiB
 
 
 def add_core_options(parser: argparse.ArgumentParser, *, accept_required: bool = True) -> None:
@@ -46,19 +57,141 @@ def add_core_options(parser: argparse.ArgumentParser, *, accept_required: bool =
     )
 
 
+def read_bounded(path: os.PathLike | str, max_nbytes: int) -> bytes | None:
+    """The bytes of the file at `path`, or None when it holds more than `max_nbytes`; an OSError
+    (IsADirectoryError for a directory) when it cannot be read. Opened without blocking, so a FIFO
+    with no writer reads as empty rather than waiting for one (a pipe that has one, as `<(...)`
+    gives, is read to its end); reading stops past `max_nbytes`, so /dev/zero ends too."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= max_nbytes:
+            chunk = handle.read(max_nbytes + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    return None if total > max_nbytes else b"".join(chunks)
+
+
+def read_key_file(path: os.PathLike | str, what: str, max_nbytes: int = MAX_KEY_FILE_NBYTES) -> bytes:
+    """The bytes of the key file at `path` (`read_bounded`); `KeyFileError` naming `what` and the
+    path when it cannot be read or is larger than any key (a core given by mistake, /dev/zero)."""
+    try:
+        data = read_bounded(path, max_nbytes)
+    except OSError as error:
+        raise KeyFileError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    if data is None:
+        raise KeyFileError(f"{what} {path} is larger than any key file ({max_nbytes} bytes at most)")
+    return data
+
+
+def _is_public_key(data: bytes) -> bool:
+    try:
+        parse_public_key(data.decode("ascii"))
+    except (UnicodeDecodeError, KeyFileError):
+        return False
+    return True
+
+
+def load_private_key(path: os.PathLike | str, option: str = "--key") -> SigningKey:
+    """The Ed25519 private key file given to `option`, read through `read_key_file`."""
+    data = read_key_file(path, "private key")
+    if not data.strip():
+        raise KeyFileError(f"{option} {path} is empty; it takes a private key from `helios keygen`")
+    if _is_public_key(data):
+        raise KeyFileError(f"{option} {path} is a public key; it takes the private key (the file without .pub)")
+    try:
+        return SigningKey.from_pem(data)
+    except KeyFileError as error:
+        raise KeyFileError(f"{option} {path}: {error}") from None
+
+
+def load_public_key_file(path: os.PathLike | str) -> PublicKey:
+    data = read_key_file(path, "public key")
+    if b"PRIVATE KEY-----" in data:
+        raise KeyFileError(f"--trust {path} is a private key; trust takes public keys (KEY.pub)")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise KeyFileError(f"{path}: not a public key file (bytes that are not ASCII)") from None
+    return parse_public_key(text, str(path))
+
+
 def trusted_keys_from_args(args: argparse.Namespace) -> TrustedKeys:
+    """`--trust` (else `$HELIOS_TRUST`): .pub files, and directories whose *.pub files are read."""
     paths = args.trust or [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
     if not paths:
         raise UsageError(f"no trusted keys: pass --trust KEY.pub|DIR or set {TRUST_ENV}")
-    return TrustedKeys.from_paths(Path(p) for p in paths)
+    keys: list[PublicKey] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files = sorted(path.glob("*.pub"))
+            if not files:
+                raise KeyFileError(f"{path} holds no *.pub key files")
+            keys.extend(load_public_key_file(f) for f in files)
+        else:
+            keys.append(load_public_key_file(path))
+    return TrustedKeys.of(keys)
+
+
+def load_aes_key(path: os.PathLike | str) -> bytes:
+    """An AES-256 key file: 64 hexadecimal digits (surrounding whitespace allowed)."""
+    data = read_key_file(path, "AES key")
+    try:
+        key = bytes.fromhex(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = None
+    if key is None or len(key) != 32:
+        raise KeyFileError(f"--aes-key {path}: an AES key file holds 64 hexadecimal digits")
+    return check_aead_key(key)
 
 
 def aes_key_from_args(args: argparse.Namespace) -> bytes | None:
-    return load_aead_key(Path(args.aes_key)) if getattr(args, "aes_key", None) else None
+    return load_aes_key(args.aes_key) if getattr(args, "aes_key", None) else None
+
+
+def check_core_path(path: os.PathLike | str) -> None:
+    """A core is read by offset: a FIFO (whose open would wait for a writer), a device or a socket
+    is refused as a usage error. A missing path or a directory is left to the reader's own error."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise UsageError(f"{path} is not a regular file; a core is a file")
+
+
+def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[str, object]) -> Path:
+    """Refuses, before any work, an output path that is a directory, lies in a missing directory or
+    names one of the command's inputs (`inputs`: what each is called -> its path or paths), which
+    the written file would replace."""
+    output = Path(output)
+    if output.is_dir():
+        raise UsageError(f"{option} {output} is a directory; name the file to write")
+    if not output.parent.is_dir():
+        raise UsageError(f"{option} {output}: the directory {output.parent} does not exist")
+    if output.exists():
+        for name, paths in inputs.items():
+            for path in paths if isinstance(paths, (list, tuple, set, frozenset)) else [paths]:
+                if path is not None and _same_file(output, Path(path)):
+                    raise UsageError(f"{option} {output} is the {name}; writing there would replace it")
+    return output
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def open_core_from_args(args: argparse.Namespace, path: str) -> Core:
     """Verifies and authorizes the core at `path` with the shared options."""
+    check_core_path(path)
     return open_core(
         path,
         accept=args.accept,

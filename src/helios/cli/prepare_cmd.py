@@ -11,7 +11,8 @@ import time
 import unicodedata
 from pathlib import Path
 
-from helios.core.keys import check_namespace, load_signing_key
+from helios.cli.core_options import check_output_path, load_private_key
+from helios.core.keys import check_namespace
 from helios.errors import UsageError
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.speculative_plan import SpeculativePlan
@@ -40,20 +41,21 @@ def register(subparsers) -> None:
         description="Capture the checkpoint's programs at the given capacities, declare the serving "
         "contract and write one signed core (weights, programs, tokenizer, chat template).",
     )
-    parser.add_argument("checkpoint", help="checkpoint directory (config.json, *.safetensors, tokenizer files)")
-    parser.add_argument("-o", "--output", required=True, help="core file to write")
-    parser.add_argument("--key", required=True, help="Ed25519 private key (from `helios keygen`)")
-    parser.add_argument("--namespace", required=True, help="publisher namespace signed into the core")
-    parser.add_argument("--served-id", help="model name served by the API (default: the namespace)")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory (config.json, *.safetensors, tokenizer files)")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="core file to write")
+    parser.add_argument("--key", required=True, metavar="KEY", help="Ed25519 private key (from `helios keygen`)")
+    parser.add_argument("--namespace", required=True, metavar="NS", help="publisher namespace signed into the core")
+    parser.add_argument("--served-id", metavar="NAME", help="model name served by the API (default: the namespace)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="weight dtype (default: the checkpoint's)")
-    parser.add_argument("--license", default="", help="license terms recorded in the signed payload")
-    parser.add_argument("--page-tokens", type=int, default=16, help="tokens per cache page (default 16)")
-    parser.add_argument("--context-tokens", type=int, default=2048, help="largest prompt+output per request (default 2048)")
-    parser.add_argument("--prefill-tokens", type=int, default=256, help="prompt tokens per prefill step (default 256)")
+    parser.add_argument("--license", default="", metavar="TEXT",
+                        help="license terms recorded in the signed payload (default: none)")
+    parser.add_argument("--page-tokens", type=int, default=16, metavar="N", help="tokens per cache page (default 16)")
+    parser.add_argument("--context-tokens", type=int, default=2048, metavar="N", help="largest prompt+output per request (default 2048)")
+    parser.add_argument("--prefill-tokens", type=int, default=256, metavar="N", help="prompt tokens per prefill step (default 256)")
     parser.add_argument("--prefill-chunks", type=_batches, default=(), metavar="N,N",
                         help="smaller prompt-token capacities also captured for prefill and mixed steps, e.g. 64,512 "
                         "(a short prompt then runs a smaller program; default none)")
-    parser.add_argument("--decode-batches", type=_batches, default=(1, 4, 16),
+    parser.add_argument("--decode-batches", type=_batches, default=(1, 4, 16), metavar="N,N",
                         help="captured decode batch capacities, comma-separated (default 1,4,16)")
     parser.add_argument("--patch-capacities", type=_batches, default=(), metavar="N,N",
                         help="vision-language checkpoints: image patch capacities of the captured vision "
@@ -158,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     for source in (checkpoint, Path(args.draft) if args.draft else None):
         if source is not None and _is_input_file(output, source):
             raise UsageError(f"-o {output} would replace a file of the checkpoint {source}")
+    check_output_path("-o", output, {"--key file": args.key, "public key of --key": f"{args.key}.pub"})
+    key = load_private_key(args.key)
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
@@ -172,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         with _terminate_as_exception():
-            written = prepare_core(checkpoint, output, load_signing_key(Path(args.key)), options,
+            written = prepare_core(checkpoint, output, key, options,
                                    progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     except _Terminated:
         print("helios prepare: terminated", file=sys.stderr)

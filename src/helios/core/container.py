@@ -113,7 +113,10 @@ class ContainerWriter:
 
     def abort(self) -> None:
         for pending in (self._main, *self._parts):
-            pending.handle.close()
+            try:
+                pending.handle.close()
+            except OSError:  # flushing the buffer fails again on a full disk; the file goes anyway
+                pass
             pending.temp.unlink(missing_ok=True)
 
     def __enter__(self) -> "ContainerWriter":
