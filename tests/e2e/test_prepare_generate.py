@@ -92,6 +92,18 @@ def test_generate_rejects_bad_prompt_ids(prepared, capsys):
     assert "non-empty" in capsys.readouterr().err
 
 
+def test_generate_refuses_an_empty_text_prompt_as_a_usage_error(prepared, capsys):
+    """A prompt with no tokens is the operator's mistake (exit 2, naming which prompt), not a
+    rejected request of the engine (exit 9)."""
+    _, core, public = prepared
+    capsys.readouterr()
+    code = main(["generate", str(core), "--accept", NAMESPACE, "--trust", str(public), "hello", ""])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines()[-1] == "helios generate: error: prompt 2 is empty: it has no tokens to generate from"
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("device, message", [
     ("tpu:0", "not a device"), ("mps", "CPU or on CUDA"), ("cuda:99", "CUDA"),
 ])

@@ -40,18 +40,21 @@ def register(subparsers) -> None:
         "server uses. Prompts are text (tokenized with the core's tokenizer; --chat applies its chat "
         "template to each as a user message) or token ids (--prompt-ids).",
     )
-    parser.add_argument("core", nargs="?", help="core file (default: the embedded default model, chat prompts)")
-    parser.add_argument("prompts", nargs="*", help="prompt texts")
-    parser.add_argument("--prompt-ids", help='JSON list of token-id lists, e.g. "[[1, 2, 3]]"')
+    parser.add_argument("core", nargs="?", metavar="MODEL.core", help="core file (default: the embedded default model, chat prompts)")
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt texts")
+    parser.add_argument("--prompt-ids", metavar="JSON", help='JSON list of token-id lists, e.g. "[[1, 2, 3]]"')
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user message with the chat template")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus probability mass (default 1)")
-    parser.add_argument("--top-k", type=int, default=0, help="top-k cutoff; 0 disables (default)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per prompt (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="sampling temperature in [0, 2]; 0 is greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                        help="nucleus probability mass in (0, 1] (default 1)")
+    parser.add_argument("--top-k", type=int, default=0, metavar="K", help="top-k cutoff; 0 disables (default)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="sampling seed, a signed 64-bit integer (default 0)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the core's EOS tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
-    parser.add_argument("--device", default="cpu", help="torch device of the model: cpu (default), cuda or cuda:N")
+    parser.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device of the model: cpu (default), cuda or cuda:N")
     add_runtime_flags(parser)
     add_core_options(parser, accept_required=False)
     add_rank_options(parser)
@@ -62,21 +65,33 @@ def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> l
     if bool(args.prompts) == bool(args.prompt_ids):
         raise UsageError("give prompt texts or --prompt-ids, not both or neither")
     if args.prompt_ids:
-        try:
-            ids = json.loads(args.prompt_ids)
-        except ValueError as error:
-            raise UsageError(f"--prompt-ids is not JSON: {error}") from None
-        if not isinstance(ids, list) or not all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in ids):
-            raise UsageError("--prompt-ids must be a JSON list of non-empty lists of integers")
-        return ids
+        return _parsed_prompt_ids(args.prompt_ids)
     for text in args.prompts:
         if not is_unicode_text(text):  # bytes that are not UTF-8 arrive as lone surrogates
             raise UsageError(f"prompt {text!r} is not valid UTF-8 text")
     if args.chat:
         chat = ChatTemplate(template, template_tokens)
         texts = [chat.render([{"role": "user", "content": text}], add_generation_prompt=True) for text in args.prompts]
-        return [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
-    return [tokenizer.encode(text).ids for text in args.prompts]
+        ids = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    else:
+        ids = [tokenizer.encode(text).ids for text in args.prompts]
+    for index, prompt in enumerate(ids):
+        if not prompt:
+            raise UsageError(f"prompt {index + 1} is empty: it has no tokens to generate from")
+    return ids
+
+
+def _parsed_prompt_ids(text: str) -> list[list[int]]:
+    try:
+        ids = json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"--prompt-ids is not JSON: {error}") from None
+    except RecursionError:  # nested past the interpreter's limit
+        raise UsageError("--prompt-ids is nested too deeply") from None
+    if not isinstance(ids, list) or not ids or not all(
+            isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in ids):
+        raise UsageError("--prompt-ids must be a JSON list of non-empty lists of integers")
+    return ids
 
 
 def _is_core_path(text: str) -> bool:
@@ -112,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--top-p must be in (0, 1]")
     if args.top_k < 0:
         raise UsageError("--top-k must not be negative")
+    if not -(2**63) <= args.seed < 2**63:  # the server's bounds of `seed`
+        raise UsageError("--seed must be a signed 64-bit integer, in [-2**63, 2**63)")
+    if args.prompt_ids:
+        _parsed_prompt_ids(args.prompt_ids)  # checked before the load; used once the tokenizer is known
     load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
     runtime = build_runtime(_open(args), options)

@@ -32,6 +32,7 @@ from helios.runtime.loading.model import LoadOptions
 from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 
+MAX_COUNT = 2**31 - 1  # past any page, slot or worker count a machine holds; larger fails in torch, not here
 _PREEMPTION = {"recompute": PreemptionMode.RECOMPUTE, "offload": PreemptionMode.OFFLOAD}
 _CPU_KERNELS = {"auto": None, "on": True, "off": False}
 
@@ -51,7 +52,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     drafting = group.add_mutually_exclusive_group()
     drafting.add_argument("--history-drafting", dest="history_drafting", action="store_true", default=None,
                           help="draft proposals from each request's own history")
-    drafting.add_argument("--no-history-drafting", dest="history_drafting", action="store_false")
+    drafting.add_argument("--no-history-drafting", dest="history_drafting", action="store_false",
+                          help="do not draft from request history (default for both: the core's setting)")
     group.add_argument("--preemption", choices=sorted(_PREEMPTION), default="recompute",
                        help="what a preempted request keeps: recompute (default) or offload to host slots")
     group.add_argument("--host-pages", type=int, default=0, metavar="N",
@@ -98,6 +100,11 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
         raise UsageError("--host-pages must not be negative")
     if args.compile_workers is not None and args.compile_workers < 0:
         raise UsageError("--compile-workers must not be negative")
+    for name in ("pages", "snapshot_capacity", "speculative_width", "image_cache_images", "host_pages",
+                 "compile_workers"):
+        value = getattr(args, name)
+        if value is not None and value > MAX_COUNT:
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {MAX_COUNT}")
     if args.preemption == "offload" and args.host_pages == 0:
         raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
     startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,

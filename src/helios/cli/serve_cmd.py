@@ -36,6 +36,9 @@ from helios.server.serve import DRAIN_SECONDS, ServeOptions, bind, serve
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_THREADS = 1024  # --frontend-workers, --torch-threads: far past any use, short of what a process can start
+MAX_COUNT = 2**31 - 1  # the other counts and byte sizes: past any use, within what sockets and torch take
+MAX_SECONDS = 365 * 24 * 3600  # timeouts: a year is "never"; larger ones overflow the timers of threads
+_SECONDS = ("send_timeout", "header_timeout", "body_timeout")
 
 
 def register(subparsers) -> None:
@@ -45,20 +48,20 @@ def register(subparsers) -> None:
         "/health and /metrics. Without MODEL.core the embedded default model is served. SIGTERM or "
         f"SIGINT stops accepting, drains connections for {DRAIN_SECONDS} s, then stops the model.",
     )
-    parser.add_argument("core", nargs="?", help="core file (default: the embedded default model)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default 8000)")
-    parser.add_argument("--max-active", type=int, help="requests generating at once (default: the core's concurrency)")
-    parser.add_argument("--queue-capacity", type=int, default=256,
+    parser.add_argument("core", nargs="?", metavar="MODEL.core", help="core file (default: the embedded default model)")
+    parser.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, metavar="PORT", help="TCP port; 0 picks a free one (default 8000)")
+    parser.add_argument("--max-active", type=int, metavar="N", help="requests generating at once (default: the core's concurrency)")
+    parser.add_argument("--queue-capacity", type=int, default=256, metavar="N",
                         help="requests waiting for a slot; admission allows max-active + this (default 256)")
-    parser.add_argument("--frontend-workers", type=int, default=min(4, os.cpu_count() or 1),
+    parser.add_argument("--frontend-workers", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
                         help="concurrent request preparations (template, tokenize, grammar; default min(4, CPUs))")
-    parser.add_argument("--context-tokens", type=int, help="largest prompt+output per request (default: the core's)")
-    parser.add_argument("--device", default="cpu", help="torch device of the model: cpu (default), cuda or cuda:N")
-    parser.add_argument("--torch-threads", type=int, help="intra-op threads of the model worker (default: torch's)")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_NBYTES,
+    parser.add_argument("--context-tokens", type=int, metavar="N", help="largest prompt+output per request (default: the core's)")
+    parser.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device of the model: cpu (default), cuda or cuda:N")
+    parser.add_argument("--torch-threads", type=int, metavar="N", help="intra-op threads of the model worker (default: torch's)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_NBYTES, metavar="BYTES",
                         help=f"largest request body; larger ones get 413 (default {DEFAULT_MAX_BODY_NBYTES})")
-    parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S,
+    parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S, metavar="SECONDS",
                         help="seconds a response write may wait for a client that stopped reading before the "
                         f"response is dropped and its admission permit released (default {DEFAULT_SEND_TIMEOUT_S:.0f})")
     parser.add_argument("--stream-interval", type=int, default=1, metavar="N",
@@ -66,7 +69,7 @@ def register(subparsers) -> None:
                         "(default 1: every token as it comes; larger N: fewer, larger writes for up to "
                         "N - 1 tokens of added latency)")
     connections = parser.add_argument_group("connections (what a client may hold before its request is admitted)")
-    connections.add_argument("--max-header-bytes", type=int, default=DEFAULT_MAX_HEAD_NBYTES,
+    connections.add_argument("--max-header-bytes", type=int, default=DEFAULT_MAX_HEAD_NBYTES, metavar="BYTES",
                              help="largest request line plus header block; a larger one gets 431 and the "
                              f"connection is closed, before more is buffered (default {DEFAULT_MAX_HEAD_NBYTES})")
     connections.add_argument("--header-timeout", type=float, default=DEFAULT_HEAD_TIMEOUT_S, metavar="SECONDS",
@@ -77,15 +80,15 @@ def register(subparsers) -> None:
                              help="seconds from the start of a request's handling (the end of its headers, or "
                              "for a pipelined request the end of the response before it) to the end of its "
                              f"body; later: 408 and the connection closed (default {DEFAULT_BODY_TIMEOUT_S:.0f})")
-    connections.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+    connections.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                              help="open connections at once; one more gets 503 and is closed, the refusals "
                              "logged at most every 10 s; the open-file limit is raised to fit, or the cap "
                              f"lowered, logged (default {DEFAULT_MAX_CONNECTIONS})")
     images = parser.add_argument_group("images (vision-language cores)")
-    images.add_argument("--max-images", type=int, default=4, help="images per request (default 4)")
-    images.add_argument("--max-image-bytes", type=int, default=2 * 1024 * 1024,
+    images.add_argument("--max-images", type=int, default=4, metavar="N", help="images per request (default 4)")
+    images.add_argument("--max-image-bytes", type=int, default=2 * 1024 * 1024, metavar="BYTES",
                         help="encoded bytes per image (default 2 MiB; the request body bound applies too)")
-    images.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+    images.add_argument("--max-image-pixels", type=int, default=4096 * 4096, metavar="PIXELS",
                         help="decoded pixels per image (default 4096x4096)")
     images.add_argument("--allow-remote-images", action="store_true",
                         help="fetch http(s) image URLs (default: only data: URLs; remote URLs are a 400)")
@@ -95,7 +98,7 @@ def register(subparsers) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per HTTP request: status, tokens, latency (default on)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on /v1/ requests, else 401 (default: ${API_KEY_ENV})")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
                         help="names the model is served under, the first reported in responses "
@@ -171,10 +174,10 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and not 0 < value < math.inf:  # nan and inf too: timers cannot take them
             raise UsageError(f"--{name.replace('_', '-')} must be positive and finite")
-    for name in ("frontend_workers", "torch_threads"):
-        value = getattr(args, name)
-        if value is not None and value > MAX_THREADS:
-            raise UsageError(f"--{name.replace('_', '-')} must be at most {MAX_THREADS}")
+        limit = MAX_THREADS if name in ("frontend_workers", "torch_threads") else (
+            MAX_SECONDS if name in _SECONDS else MAX_COUNT)
+        if value is not None and value > limit:
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {limit}")
     names = tuple(args.served_model_name or ())
     if any(not name.strip() for name in names) or len(set(names)) != len(names):
         raise UsageError("--served-model-name takes distinct, nonempty names")

@@ -1,0 +1,359 @@
+"""Operator mistakes and hostile inputs at the `helios` command line: every one is a single line on
+stderr naming the problem and a documented exit status (2 for a usage mistake), never a traceback,
+a wait on a FIFO, an unbounded read or a replaced input file. In process through `main`; the
+commands that load a model are stopped by their checks before any load."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import signal
+from pathlib import Path
+
+import pytest
+
+from core.builders import NAMESPACE, build_core, random_bytes
+from helios.cli.main import build_parser, main
+from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as done:  # argparse's own usage errors
+        code = done.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """A signed single-file core, its publisher's key pair, another key pair, and hostile paths."""
+    root = tmp_path_factory.mktemp("cli-inputs")
+    write_key_pair(root / "pub.key", SigningKey.generate())
+    write_key_pair(root / "other.key", SigningKey.generate())
+    core = root / "m.core"
+    build_core(core, [load_signing_key(root / "pub.key")], extra={"blob": random_bytes(3000)})
+    os.mkfifo(root / "fifo")  # nobody ever writes to it: opening it for reading would wait
+    (root / "empty").write_bytes(b"")
+    (root / "dir").mkdir()
+    return {"root": root, "core": core, "key": root / "pub.key", "pub": root / "pub.key.pub",
+            "other": root / "other.key", "fifo": root / "fifo", "empty": root / "empty", "dir": root / "dir"}
+
+
+def trusted(files) -> list:
+    return ["--accept", NAMESPACE, "--trust", files["pub"]]
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+# -- help and usage ----------------------------------------------------------------------------------
+
+
+def _commands(parser: argparse.ArgumentParser, prefix=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _commands(sub, (*prefix, name))
+
+
+COMMANDS = [names for names, _ in _commands(build_parser())]
+
+
+def test_every_command_says_what_it_does_and_every_option_has_help_and_a_metavar():
+    missing = []
+    for names, parser in _commands(build_parser()):
+        if names[0] == "rank":  # `helios rank`'s own tests hold it to its options (tests/parallel)
+            continue
+        if not parser.description:
+            missing.append(f"{' '.join(names)}: no description")
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            label = f"{' '.join(names)} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(f"{label}: no help")
+            takes_value = action.nargs != 0 and not isinstance(action, argparse.BooleanOptionalAction)
+            if action.option_strings and takes_value and action.metavar is None and action.choices is None:
+                missing.append(f"{label}: no metavar")
+            stated = action.default not in (None, False, True, [], (), argparse.SUPPRESS)
+            if stated and "default" not in (action.help or ""):
+                missing.append(f"{label}: default {action.default!r} not stated")
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("names", COMMANDS, ids=" ".join)
+def test_help_of_every_command(names, capsys):
+    code, out, err = run(capsys, *names, "--help")
+    assert code == 0 and err == ""
+    assert out.startswith(f"usage: helios {' '.join(names)}")
+
+
+def test_no_arguments_prints_usage_and_exits_2(capsys):
+    code, out, err = run(capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("usage: helios") and "required: COMMAND" in err
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["verify", "x.core", "--bogus", "--accept", "a"],
+                                  ["contract", "bogus"], ["generate", "--max-tokens", "nan"],
+                                  ["serve", "--port", "1e30"], ["relocate", "x", "-o", "y", "--split-bytes", "inf"]])
+def test_unknown_commands_options_and_non_numbers_are_usage_errors(argv, capsys):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.splitlines()
+    assert lines[0].startswith("usage: helios") and sum(line.startswith("helios") for line in lines) == 1
+
+
+# -- key files ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, message", [("--key", "is empty"), ("--aes-key", "64 hexadecimal digits")])
+def test_a_key_file_that_is_a_fifo_nobody_writes_to_is_read_as_empty(files, flag, message, capsys):
+    output = files["root"] / "fifo-signed.core"
+    signer = [] if flag == "--key" else ["--key", files["other"]]
+    code, _, err = run(capsys, "sign", files["core"], *signer, flag, files["fifo"], "-o", output)
+    assert code == 4 and message in one_line(err) and f"{flag} {files['fifo']}" in err
+    assert not output.exists()
+
+
+def test_trusting_a_fifo_does_not_wait(files, capsys):
+    code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", files["fifo"])
+    assert code == 4 and str(files["fifo"]) in one_line(err)
+
+
+def test_a_fifo_among_a_trusted_directory_does_not_wait(tmp_path, files, capsys):
+    (tmp_path / "a.pub").write_bytes(files["pub"].read_bytes())
+    os.mkfifo(tmp_path / "b.pub")
+    code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path)
+    assert code == 4 and "b.pub" in one_line(err)
+
+
+@pytest.mark.parametrize("flag", ["--key", "--aes-key", "--trust"])
+def test_a_device_or_a_core_given_as_a_key_is_not_read_whole(files, flag, capsys):
+    """/dev/zero never ends; a core given by mistake may be gigabytes: reading stops past 64 KiB."""
+    big = files["root"] / "big.core"
+    if not big.exists():
+        with open(big, "wb") as out:
+            out.truncate(1 << 40)  # sparse: a terabyte that takes no disk
+    for path in ("/dev/zero", big):
+        if flag == "--trust":
+            argv = ["verify", files["core"], "--accept", NAMESPACE, "--trust", path]
+        else:
+            argv = ["sign", files["core"], "--key", files["other"], flag, path, "-o", files["root"] / "n.core"]
+        code, _, err = run(capsys, *argv)
+        assert code == 4 and "larger than any key file" in one_line(err) and str(path) in err
+
+
+def test_a_public_key_where_the_private_key_goes_and_the_reverse(files, capsys):
+    code, _, err = run(capsys, "sign", files["core"], "--key", files["pub"])
+    assert code == 4 and "is a public key" in one_line(err) and str(files["pub"]) in err
+    code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", files["key"])
+    assert code == 4 and "is a private key" in one_line(err) and str(files["key"]) in err
+
+
+@pytest.mark.parametrize("content", [b"", b"-----BEGIN PRIVATE KEY-----\njunk\n-----END PRIVATE KEY-----\n",
+                                     b"\xff\xfe binary"])
+def test_a_private_key_file_that_is_empty_or_junk(files, tmp_path, content, capsys):
+    (tmp_path / "bad.key").write_bytes(content)
+    code, _, err = run(capsys, "sign", files["core"], "--key", tmp_path / "bad.key")
+    assert code == 4 and f"--key {tmp_path / 'bad.key'}" in one_line(err)
+
+
+@pytest.mark.parametrize("content", [b"", b"00" * 16, b"zz" * 32])
+def test_an_aes_key_file_of_the_wrong_length_or_form_is_named(files, tmp_path, content, capsys):
+    (tmp_path / "aes").write_bytes(content)
+    code, _, err = run(capsys, "verify", files["core"], *trusted(files), "--aes-key", tmp_path / "aes")
+    assert code == 4 and f"--aes-key {tmp_path / 'aes'}" in one_line(err) and "64 hexadecimal digits" in err
+
+
+def test_keygen_refuses_an_invalid_namespace_and_a_missing_directory(files, capsys):
+    for namespace in ("two words", ""):
+        code, _, err = run(capsys, "keygen", "-o", files["root"] / "ns.key", "--namespace", namespace)
+        assert code == 2 and "--namespace" in one_line(err)
+    assert not (files["root"] / "ns.key").exists()
+    code, _, err = run(capsys, "keygen", "-o", files["root"] / "absent" / "k.key")
+    assert code == 2 and "does not exist" in one_line(err)
+
+
+# -- core files and outputs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect", "sign", "relocate"])
+@pytest.mark.parametrize("source", ["fifo", "/dev/zero"])
+def test_a_core_that_is_not_a_regular_file(files, command, source, capsys):
+    path = files.get(source, source)
+    extra = {"verify": trusted(files), "inspect": [], "sign": ["--key", files["other"]],
+             "relocate": ["-o", files["root"] / "from-fifo.core"]}[command]
+    code, _, err = run(capsys, command, path, *extra)
+    assert code == 2 and f"{path} is not a regular file" in one_line(err)
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect", "sign", "relocate"])
+@pytest.mark.parametrize("source", ["missing", "dir", "empty", "truncated"])
+def test_a_core_that_is_missing_a_directory_empty_or_truncated(files, command, source, capsys):
+    truncated = files["root"] / "truncated.core"
+    truncated.write_bytes(files["core"].read_bytes()[:600])
+    path = {"missing": files["root"] / "absent.core", "truncated": truncated}.get(source) or files[source]
+    extra = {"verify": trusted(files), "inspect": [], "sign": ["--key", files["other"]],
+             "relocate": ["-o", files["root"] / "from-bad.core"]}[command]
+    code, _, err = run(capsys, command, path, *extra)
+    assert code == 4 and one_line(err).startswith(f"helios {command}: error: ")
+    assert not (files["root"] / "from-bad.core").exists()
+
+
+def test_a_core_signed_by_an_untrusted_key_or_for_another_namespace(files, capsys):
+    code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE,
+                       "--trust", files["other"].with_name("other.key.pub"))
+    assert code == 6 and one_line(err)
+    code, _, err = run(capsys, "verify", files["core"], "--accept", "someone/else", "--trust", files["pub"])
+    assert code == 7 and "someone/else" in one_line(err)
+
+
+def test_sign_never_writes_over_its_key(files, tmp_path, capsys):
+    key = tmp_path / "cosigner.key"
+    write_key_pair(key, SigningKey.generate())
+    before = key.read_bytes()
+    code, _, err = run(capsys, "sign", files["core"], "--key", key, "-o", key)
+    assert code == 2 and "is the --key file" in one_line(err)
+    assert key.read_bytes() == before and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["sign", "relocate"])
+def test_an_output_in_a_missing_directory_or_a_directory(files, command, capsys):
+    signer = ["--key", files["other"]] if command == "sign" else []
+    for output, problem in ((files["root"] / "absent" / "x.core", "does not exist"), (files["dir"], "is a directory")):
+        code, _, err = run(capsys, command, files["core"], *signer, "-o", output)
+        assert code == 2 and problem in one_line(err)
+    assert leftovers(files["root"]) == [] and list(files["dir"].iterdir()) == []
+
+
+def test_relocate_never_writes_over_a_part_of_the_core_it_reads(files, tmp_path, capsys):
+    split = tmp_path / "split.core"
+    assert run(capsys, "relocate", files["core"], "-o", split, "--split-bytes", "1000")[0] == 0
+    part = tmp_path / "split.core.part001"
+    before = part.read_bytes()
+    for command, extra in (("relocate", []), ("sign", ["--key", files["other"]])):
+        code, _, err = run(capsys, command, split, *extra, "-o", part)
+        assert code == 2 and "part file of the core" in one_line(err)
+        assert part.read_bytes() == before
+    assert run(capsys, "verify", split, *trusted(files))[0] == 0
+    assert run(capsys, "relocate", split, "-o", split)[0] == 0  # onto itself stays allowed
+    assert run(capsys, "verify", split, *trusted(files))[0] == 0
+
+
+def test_a_write_that_runs_out_of_room_leaves_no_output(files, tmp_path, capsys):
+    """RLIMIT_FSIZE stands in for a full disk: the write fails with EFBIG past a few bytes."""
+    output = tmp_path / "full.core"
+    output.write_bytes(b"the operator's previous file")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+    try:
+        code = main(["relocate", str(files["core"]), "-o", str(output)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    err = capsys.readouterr().err
+    assert code == 1 and "File too large" in one_line(err)
+    assert output.read_bytes() == b"the operator's previous file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.core"]
+
+
+# -- contracts -------------------------------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "contract-tiny.json"
+
+
+@pytest.mark.parametrize("source", ["fifo", "/dev/zero", "huge"])
+def test_a_contract_that_is_a_fifo_a_device_or_huge_is_one_line(files, source, capsys):
+    path = {"fifo": files["fifo"], "/dev/zero": Path("/dev/zero"), "huge": files["root"] / "huge.json"}[source]
+    if source == "huge" and not path.exists():
+        with open(path, "wb") as out:
+            out.write(b"{")
+            out.truncate(1 << 40)  # sparse
+    code, _, err = run(capsys, "contract", "check", path)
+    assert str(path) in one_line(err) or source == "fifo"
+    assert code == (3 if source == "fifo" else 2)  # an empty FIFO is an empty contract: a contract error
+
+
+def test_contract_encode_never_writes_over_its_input(tmp_path, capsys):
+    contract = tmp_path / "c.json"
+    contract.write_bytes(EXAMPLE.read_bytes())
+    code, _, err = run(capsys, "contract", "encode", contract, contract)
+    assert code == 2 and "is the contract FILE" in one_line(err)
+    assert contract.read_bytes() == EXAMPLE.read_bytes()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-o", "{key}"], "is the --key file"),
+    (["-o", "{dir}/absent/x.core"], "does not exist"),
+    (["--namespace", "two words"], "--namespace"),
+    (["--seed", str(2**64)], "--seed"),
+    (["--seed", "-1"], "--seed"),
+    (["--key", "{fifo}"], "empty"),
+])
+def test_example_core_refuses_mistakes_before_any_work(files, argv, message, capsys):
+    before = files["key"].read_bytes()
+    options = {"-o": str(files["root"] / "ex.core"), "--key": str(files["key"]), "--namespace": "acme/x"}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        options[flag] = value.format(key=files["key"], dir=files["root"], fifo=files["fifo"])
+    code, _, err = run(capsys, "contract", "example-core", EXAMPLE, *[x for kv in options.items() for x in kv])
+    assert code in (2, 4) and message in one_line(err)
+    assert files["key"].read_bytes() == before and not (files["root"] / "ex.core").exists()
+
+
+def test_prepare_never_writes_over_its_key(files, tmp_path, capsys):
+    key = tmp_path / "publisher.key"
+    write_key_pair(key, SigningKey.generate())
+    before = key.read_bytes()
+    (tmp_path / "checkpoint").mkdir()
+    code, _, err = run(capsys, "prepare", tmp_path / "checkpoint", "-o", key, "--key", key, "--namespace", "a/b")
+    assert code == 2 and "is the --key file" in one_line(err)
+    assert key.read_bytes() == before
+
+
+# -- generate and serve: checked before any load ------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", str(2**63)], "--seed"),
+    (["--seed", str(-(2**63) - 1)], "--seed"),
+    (["--prompt-ids", "[[true]]"], "--prompt-ids"),
+    (["--prompt-ids", "[]"], "--prompt-ids"),
+    (["--prompt-ids", "[" * 100_000 + "]" * 100_000], "nested too deeply"),
+    (["--host-pages", str(10**30), "--preemption", "offload"], "--host-pages must be at most"),
+    (["--compile-workers", str(10**30)], "--compile-workers must be at most"),
+    (["--image-cache-images", str(10**30)], "--image-cache-images must be at most"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--max-tokens", "-5"], "--max-tokens"),
+])
+def test_generate_refuses_option_values_before_loading(files, argv, message, capsys):
+    code, _, err = run(capsys, "generate", files["root"] / "never-opened.core", "--accept", NAMESPACE, *argv)
+    assert code == 2 and message in one_line(err)
+
+
+@pytest.mark.parametrize("option", ["--send-timeout", "--header-timeout", "--body-timeout"])
+def test_serve_refuses_timeouts_past_a_year(option, capsys):
+    code, _, err = run(capsys, "serve", "no.core", option, "1e30")
+    assert code == 2 and f"{option} must be at most" in one_line(err)
+
+
+@pytest.mark.parametrize("option", ["--queue-capacity", "--max-body-bytes", "--max-connections", "--max-images",
+                                    "--max-image-bytes", "--max-image-pixels", "--stream-interval",
+                                    "--max-header-bytes", "--host-pages"])
+def test_serve_refuses_counts_past_int32(option, capsys):
+    code, _, err = run(capsys, "serve", "no.core", option, str(10**30))
+    assert code == 2 and f"{option} must be at most" in one_line(err)
