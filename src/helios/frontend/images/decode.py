@@ -1,15 +1,16 @@
 """Image sources to decoded pixels: `data:` URLs (base64 PNG, JPEG or WebP), bounded.
 
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
-`helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_TIMEOUT_S` in all
-(a server that trickles bytes is cut off), following redirects to http(s) URLs only. Every failure
-is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is off, a failed
-fetch, a malformed data URL or base64 payload (whitespace, URL-safe characters and missing padding
-named as such), a media type that is not an image, more bytes or pixels than the limits (a
-decompression bomb whose header declares billions of pixels included), bytes that are not an
-image (another format is named), a corrupt or truncated PNG, JPEG or WebP. URL schemes are
-case-insensitive. The image's content hash (SHA-256 of the decoded bytes) keys its vision features
-in the prefix cache.
+`helios serve --allow-remote-images`), bounded by the same byte limit, by `FETCH_TIMEOUT_S` per
+network operation and by `FETCH_DEADLINE_S` in all once the body arrives (a server that trickles
+bytes is cut off), following redirects to http(s) URLs only. Every failure is an `ImageRejected`
+(HTTP 400) naming the problem: a remote URL while fetching is off, a failed fetch, a malformed data
+URL or base64 payload (whitespace, URL-safe characters and missing padding named as such), a media
+type that is not an image, more bytes or pixels than the limits (a decompression bomb whose header
+declares billions of pixels included), bytes that are not an image (another format is named), a
+corrupt or truncated PNG, JPEG or WebP. URL schemes are case-insensitive; errors quote at most a
+clip of the client's text. The image's content hash (SHA-256 of the decoded bytes) keys its vision
+features in the prefix cache.
 """
 
 from __future__ import annotations
@@ -86,14 +87,15 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
     return data
 
 
-FETCH_TIMEOUT_S = 10.0
+FETCH_TIMEOUT_S = 10.0  # each connect and read
+FETCH_DEADLINE_S = 10.0  # the whole fetch, checked as the body arrives (the preparation timeout's default)
 
 
 def fetch_image(url: str, limits: ImageLimits) -> bytes:
     """The bytes at an http(s) URL (only when the operator enabled fetching), within the byte bound
-    and `FETCH_TIMEOUT_S` in all: each read waits at most that long, and reading stops once the
-    whole fetch has taken longer."""
-    deadline = time.monotonic() + FETCH_TIMEOUT_S
+    and time: each network operation waits at most `FETCH_TIMEOUT_S`, and reading stops once the
+    whole fetch has taken longer than `FETCH_DEADLINE_S`."""
+    deadline = time.monotonic() + FETCH_DEADLINE_S
     opener = urllib.request.build_opener(_HttpRedirectsOnly())
     chunks, size = [], 0
     try:
@@ -105,7 +107,7 @@ def fetch_image(url: str, limits: ImageLimits) -> bytes:
                 chunks.append(chunk)
                 size += len(chunk)
                 if time.monotonic() > deadline and size <= limits.max_bytes:
-                    raise ImageRejected(f"fetching the image URL took longer than {FETCH_TIMEOUT_S:g} s")
+                    raise ImageRejected(f"fetching the image URL took longer than {FETCH_DEADLINE_S:g} s")
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
         raise ImageRejected(f"cannot fetch image URL: {_clipped(str(getattr(error, 'reason', error)))}") from None
     if size > limits.max_bytes:
