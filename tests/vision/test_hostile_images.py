@@ -326,6 +326,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     time.sleep(0.05)
             except OSError:  # the fetch gave up and closed the connection
                 pass
+        elif self.path == "/slow-headers":  # a header of 40 bytes, 50 ms apart
+            self.wfile.write(b"HTTP/1.0 200 OK\r\n")
+            try:
+                for _ in range(40):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+                self.wfile.write(b": y\r\n\r\n")
+            except OSError:
+                pass
         elif self.path == "/chunked-cut":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -359,10 +369,11 @@ def test_remote_fetches_follow_http_redirects_only(remote):
         decode_image_urls([f"http://{remote}/ftp"], ALLOWED)
 
 
-def test_a_trickling_remote_is_cut_off(remote, monkeypatch):
+@pytest.mark.parametrize("path", ["/slow", "/slow-headers"])
+def test_a_trickling_remote_is_cut_off(remote, monkeypatch, path):
     monkeypatch.setattr(decode_module, "FETCH_DEADLINE_S", 0.3)  # each read may still wait FETCH_TIMEOUT_S
     with pytest.raises(ImageRejected, match="took longer than 0.3 s"):
-        decode_image_urls([f"http://{remote}/slow"], ALLOWED)
+        decode_image_urls([f"http://{remote}{path}"], ALLOWED)
 
 
 def test_a_broken_remote_response_is_a_400(remote):

@@ -1,9 +1,8 @@
 """Image sources to decoded pixels: `data:` URLs (base64 PNG, JPEG or WebP), bounded.
 
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
-`helios serve --allow-remote-images`), bounded by the same byte limit, by `FETCH_TIMEOUT_S` per
-network operation and by `FETCH_DEADLINE_S` in all once the body arrives (a server that trickles
-bytes is cut off), following redirects to http(s) URLs only. Every failure is an `ImageRejected`
+`helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_DEADLINE_S` in
+all (a server that trickles its headers or body is cut off), following redirects to http(s) URLs only. Every failure is an `ImageRejected`
 (HTTP 400) naming the problem: a remote URL while fetching is off, a failed fetch, a malformed data
 URL or base64 payload (whitespace, URL-safe characters and missing padding named as such), a media
 type that is not an image, more bytes or pixels than the limits (a decompression bomb whose header
@@ -21,6 +20,7 @@ import hashlib
 import http.client
 import io
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -88,14 +88,36 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
 
 
 FETCH_TIMEOUT_S = 10.0  # each connect and read
-FETCH_DEADLINE_S = 10.0  # the whole fetch, checked as the body arrives (the preparation timeout's default)
+FETCH_DEADLINE_S = 10.0  # the whole fetch (the preparation timeout's default)
 
 
 def fetch_image(url: str, limits: ImageLimits) -> bytes:
     """The bytes at an http(s) URL (only when the operator enabled fetching), within the byte bound
-    and time: each network operation waits at most `FETCH_TIMEOUT_S`, and reading stops once the
-    whole fetch has taken longer than `FETCH_DEADLINE_S`."""
+    and `FETCH_DEADLINE_S`: the fetch runs in a thread of its own that the caller waits for that long
+    (name resolution, a server that trickles its headers and one that trickles its body included);
+    a fetch given up on stops by itself at its next body read past the deadline, or once a network
+    operation waits `FETCH_TIMEOUT_S`."""
     deadline = time.monotonic() + FETCH_DEADLINE_S
+    outcome: list = []
+    done = threading.Event()
+
+    def fetch() -> None:
+        try:
+            outcome.append(_fetch(url, limits, deadline))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, which raises it
+            outcome.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=fetch, name="helios-image-fetch", daemon=True).start()
+    if not done.wait(FETCH_DEADLINE_S):
+        raise ImageRejected(f"fetching the image URL took longer than {FETCH_DEADLINE_S:g} s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _fetch(url: str, limits: ImageLimits, deadline: float) -> bytes:
     opener = urllib.request.build_opener(_HttpRedirectsOnly())
     chunks, size = [], 0
     try:
