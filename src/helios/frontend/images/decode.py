@@ -2,14 +2,14 @@
 
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
 `helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_DEADLINE_S` in
-all (a server that trickles its headers or body is cut off), following redirects to http(s) URLs only. Every failure is an `ImageRejected`
-(HTTP 400) naming the problem: a remote URL while fetching is off, a failed fetch, a malformed data
-URL or base64 payload (whitespace, URL-safe characters and missing padding named as such), a media
-type that is not an image, more bytes or pixels than the limits (a decompression bomb whose header
-declares billions of pixels included), bytes that are not an image (another format is named), a
-corrupt or truncated PNG, JPEG or WebP. URL schemes are case-insensitive; errors quote at most a
-clip of the client's text. The image's content hash (SHA-256 of the decoded bytes) keys its vision
-features in the prefix cache.
+all (a server that trickles its headers or body is cut off), following redirects to http(s) URLs
+only. Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while
+fetching is off, a failed fetch, a malformed data URL or base64 payload (whitespace, URL-safe
+characters and missing padding named as such), a media type that is not an image, more bytes or
+pixels than the limits (a decompression bomb whose header declares billions of pixels included),
+bytes that are not an image (another format is named), a corrupt or truncated PNG, JPEG or WebP.
+URL schemes are case-insensitive; errors quote at most a clip of the client's text. The image's
+content hash (SHA-256 of the decoded bytes) keys its vision features in the prefix cache.
 """
 
 from __future__ import annotations
