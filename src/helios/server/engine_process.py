@@ -14,7 +14,8 @@ serving process, `helios.cli.stack_dumps`) rather than ending it: the serving pr
 it stops (`Shutdown` over the pipe, after the HTTP drain; a kill when interrupted while it loads)
 and it stops by itself when the serving process is gone, also while it loads (no pipe is read
 then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
-does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`.
+does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
+`connection`, the pipe end the link writes, whose backlog `helios.server.engine_commands` reads.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class FrontendView:
 class EngineProcessRuntime:
     model: FrontendView
     engine: EngineLink
+    connection: object = None  # the pipe end `engine` writes (`helios.server.engine_commands` reads its backlog)
 
     def close(self) -> None:
         """Stops the engine process (idempotent)."""
@@ -105,7 +107,7 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
             raise message.error
         raise ExecutionError(f"{ended_how(process)} while starting")
     view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
-    return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats)))
+    return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats)), connection)
 
 
 def _stop_unready(process, connection) -> None:

@@ -12,7 +12,8 @@ specification fixes:
 5. enqueue timestamp and submission to the model worker; the request's `ResponseBridge` is
    registered with the output workers (`helios.frontend.output_workers`), which take the engine's
    per-round event batches and run each request's output work off the model worker thread; its
-   grammar matcher goes to the engine, which owns it from then on;
+   grammar matcher goes to the engine, which owns it from then on (an engine process's commands
+   never wait on its pipe: `helios.server.engine_commands`);
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
 A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once per choice
@@ -56,6 +57,7 @@ from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.service import Runtime
+from helios.server.engine_commands import engine_commands
 from helios.server.engine_process import EngineProcessRuntime
 from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
@@ -106,6 +108,8 @@ class ServedModel:
         `stream_interval`: steps per SSE write after a stream's first (`helios.server.bridge`)."""
         self.runtime = runtime
         self.engine = runtime.engine
+        # submit / cancel / stop_matched: never waiting on an engine process's full pipe
+        self.commands = engine_commands(runtime)
         self.output = output or OutputWorkers()
         self.engine.connect(self.output.post)
         self.frontend = frontend
@@ -151,6 +155,8 @@ class ServedModel:
     def shutdown(self) -> None:
         """Stops the model worker once its current round is done, then any tensor-parallel ranks,
         then the output workers once they consumed every event (blocking; idempotent)."""
+        if self.commands is not self.engine:
+            self.commands.close()  # the commands already made reach the engine before its shutdown
         self.runtime.close()
         self.output.close()
 
@@ -244,8 +250,8 @@ class ServedModel:
         output = prepared.new_output()
         bridge = ResponseBridge(
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
-            cancel=self.engine.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
-            stop=self.engine.stop_matched, observe=event_stamps(record, self.latency),
+            cancel=self.commands.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
+            stop=self.commands.stop_matched, observe=event_stamps(record, self.latency),
             stream_interval=self.stream_interval,
         )
         grammar = TensorGrammar(prepared.grammar) if prepared.grammar is not None else None
@@ -254,5 +260,5 @@ class ServedModel:
         record.submitted_s = time.monotonic()
         self._bridges.add(bridge)
         self.output.register(prepared.request_id, bridge)
-        self.engine.submit(request)
+        self.commands.submit(request)
         return bridge
