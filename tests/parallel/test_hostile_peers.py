@@ -5,12 +5,29 @@ error (one line and a documented exit code for the command), never a hang, a cra
 
 from __future__ import annotations
 
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from datetime import timedelta
+
 import pytest
 import torch
 
+from helios.contract import StartupOptions
 from helios.runtime.parallel.rank_channel import StepChannel
+from helios.runtime.parallel.rank_peers import join_rank
+from helios.runtime.parallel.rank_rendezvous import (
+    AddressError,
+    Launch,
+    MissingRankError,
+    RankIdentity,
+    RankJoinError,
+    Rendezvous,
+)
 from helios.runtime.parallel.rank_timing import PhaseTimers
-from helios.runtime.parallel.rank_wire import MessageKind, StepMessage, WireDecoder, WireError
+from helios.runtime.parallel.rank_wire import MessageKind, StepMessage, WireDecoder, WireError, wire_signature
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.plan import StepPlan
 from helios.runtime.records.request import RequestSpec
@@ -55,3 +72,120 @@ def test_a_message_past_the_channel_limit_is_refused_before_it_crosses():
     assert group.shapes == []
     words = channel._encoder.encode(_admitting("short", 3))
     assert WireDecoder().decode(words).plan.admitted[0].request_id == "short"
+
+
+def _launch(ranks: int = 2) -> Launch:
+    return Launch(RankIdentity(ranks, "cache-identity", "contract-digest", wire_signature()), StartupOptions(), 4, 1,
+                  5.0, join_timeout_s=5.0)
+
+
+@pytest.fixture
+def rank_zero():
+    """Rank zero's rendezvous on a free loopback port, its launch published."""
+    rendezvous = Rendezvous.serve("127.0.0.1", 0, timedelta(seconds=10))
+    rendezvous.publish(_launch())
+    return rendezvous
+
+
+def test_raw_clients_at_the_rendezvous_change_nothing_for_a_real_rank(rank_zero):
+    """A client that sends nothing, garbage, a huge length prefix after the store's handshake, or
+    half a message and goes away: the store refuses each before allocating, and a real rank still
+    reads the launch and is seen ready."""
+    port = int(rank_zero.address.rpartition(":")[2])
+    handshake = b"\0" + struct.pack("<I", 0x3C85F7CE)  # the store's validation message
+    hostile = [b"", b"\xff" * 64, b"GET / HTTP/1.1\r\n\r\n", handshake + b"\x01" + struct.pack("<Q", 2**62)]
+    sockets = [socket.create_connection(("127.0.0.1", port)) for _ in hostile]
+    try:
+        for connection, data in zip(sockets, hostile):
+            connection.sendall(data)
+        with socket.create_connection(("127.0.0.1", port)) as truncated:
+            truncated.sendall(handshake[:3])
+        peer = Rendezvous.join(rank_zero.address, timedelta(seconds=10))
+        assert peer.read_launch(timedelta(seconds=10)) == _launch()
+        peer.claim(1)
+        peer.mark_ready(1)
+        rank_zero.wait_ready(range(1, 2), 10.0, lambda: None)
+    finally:
+        for connection in sockets:
+            connection.close()
+
+
+def test_a_rank_claimed_twice_is_refused_to_the_second_claimant_before_it_loads():
+    rendezvous = Rendezvous.in_process()
+    rendezvous.publish(_launch())
+    rendezvous.claim(1)
+    with pytest.raises(RankJoinError, match="rank 1 is already taken"):
+        join_rank(None, rendezvous, 1)  # no core: refused before anything of it is read
+    with pytest.raises(RankJoinError, match="not a peer rank"):
+        join_rank(None, rendezvous, 2)
+
+
+class _BrokenCore:
+    @property
+    def prepared(self):
+        raise RuntimeError("the disk went away")
+
+
+def test_a_rank_that_fails_to_load_for_any_reason_tells_rank_zero_why():
+    """Not only a `LoadError`: rank zero hears the refusal at once instead of at its join timeout."""
+    rendezvous = Rendezvous.in_process()
+    rendezvous.publish(_launch())
+    with pytest.raises(RuntimeError, match="disk"):
+        join_rank(_BrokenCore(), rendezvous, 1)
+    with pytest.raises(RankJoinError, match="rank 1 refused to join: RuntimeError: the disk went away"):
+        rendezvous.wait_ready(range(1, 2), 30.0, lambda: None)
+
+
+def test_records_rank_zero_cannot_read_are_refused():
+    rendezvous = Rendezvous.in_process()
+    rendezvous.store.set("helios/ready/1", b"yes")  # neither ready nor a refusal
+    with pytest.raises(RankJoinError, match="neither ready nor a refusal"):
+        rendezvous.wait_ready(range(1, 2), 30.0, lambda: None)
+    rendezvous.store.set("helios/sizing", b"\xff{not json")
+    with pytest.raises(RankJoinError, match="cannot read"):
+        rendezvous.read_sizing(timedelta(seconds=1))
+    rendezvous.store.set("helios/launch", b'{"identity": []}')
+    with pytest.raises(RankJoinError, match="another helios version"):
+        rendezvous.read_launch(timedelta(seconds=1))
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:99999", ":80", "nosuchhost.invalid:80"])
+def test_a_bad_rendezvous_address_is_refused_at_once(address):
+    with pytest.raises(AddressError, match="HOST:PORT|does not resolve"):
+        Rendezvous.join(address, timedelta(seconds=30))
+
+
+def test_joining_a_listener_that_never_answers_ends_at_the_timeout():
+    """A rank zero that accepts but never speaks (the rank's side of a slowloris) holds a joiner
+    only for its timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with pytest.raises(MissingRankError, match="accepted the connection but never answered"):
+            Rendezvous.join(f"127.0.0.1:{listener.getsockname()[1]}", timedelta(seconds=1))
+
+
+_STORE_SERVER = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_joiner_whose_rank_zero_stops_answering_gives_up_at_its_timeout():
+    """Rank zero stopped (SIGSTOP) while a peer waits for its launch: the store's client would
+    block for ever in that call, whatever its timeout; the peer ends with `MissingRankError`."""
+    server = subprocess.Popen([sys.executable, "-c", _STORE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        address = f"127.0.0.1:{int(server.stdout.readline())}"
+        peer = Rendezvous.join(address, timedelta(seconds=1))
+        server.send_signal(signal.SIGSTOP)
+        with pytest.raises(MissingRankError, match="stopped answering|published no launch"):
+            peer.read_launch(timedelta(seconds=1))
+    finally:
+        server.kill()
+        server.wait()
+

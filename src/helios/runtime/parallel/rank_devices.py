@@ -111,7 +111,7 @@ def join_device(backend: RankBackend, device: str | None, visible_gpus: int | No
     """The device of a rank that joins a group of `backend`: its ``--device``, or the default
     (``cpu`` for gloo, ``cuda:0`` for NCCL). Raises `UnsupportedRanksError` when the device's kind
     does not fit `backend`, `MissingDeviceError` for a GPU beyond `visible_gpus` (default: CUDA's)."""
-    chosen = torch.device("cpu" if backend is RankBackend.GLOO else "cuda") if device is None else torch.device(device)
+    chosen = torch.device("cpu" if backend is RankBackend.GLOO else "cuda") if device is None else parse_device(device)
     if backend_for(chosen) is not backend:
         raise UnsupportedRanksError(f"rank zero runs a {backend.value} group; device {chosen} needs "
                                     f"{backend_for(chosen).value}")
@@ -122,6 +122,18 @@ def join_device(backend: RankBackend, device: str | None, visible_gpus: int | No
     if chosen.index >= visible:
         raise MissingDeviceError(f"this rank's device {chosen} is not one of the {visible} visible GPU(s)")
     return chosen
+
+
+def parse_device(device: str) -> torch.device:
+    """`device` as a torch device of the CPU or CUDA; `UnsupportedRanksError` for anything else
+    (a name torch does not know, ``cuda:-1``, another device type)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise UnsupportedRanksError(f"device {device!r}: a rank runs on cpu or cuda[:N]")
+    return parsed
 
 
 def check_nccl_environment(environ=os.environ) -> None:

@@ -298,14 +298,15 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
     rank = rendezvous.next_remote_rank(launch.first_remote_rank) if rank is None else rank
     if not 1 <= rank < launch.ranks:
         raise RankJoinError(f"rank {rank} is not a peer rank of a {launch.ranks}-rank group (is it full?)")
+    rendezvous.claim(rank)  # a second claimant is refused here, before it could answer for the rank
     try:
         placed = join_device(RankBackend(launch.backend), device)  # checks that the GPU is visible
         if placed.type == "cuda":
             check_nccl_environment()
             torch.cuda.set_device(placed)  # this process's CUDA work (and NCCL's) goes to its GPU
         executor = _load_rank(core, launch, rank, str(placed), rendezvous)
-    except LoadError as error:
-        rendezvous.reject(rank, str(error))
+    except Exception as error:  # rank zero learns why at once, not at its join timeout
+        rendezvous.reject(rank, str(error) if isinstance(error, LoadError) else f"{type(error).__name__}: {error}")
         raise
     rendezvous.mark_ready(rank)
     group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s),

@@ -11,13 +11,25 @@ of one process). The protocol, in order:
 2. once loaded, rank zero publishes the `Sizing` (physical pages, which only its load decides, and
    the variants it selected), or why it failed to load; a peer loads its programs and weights,
    waits for the sizing, allocates its buffers and compares its variants;
-3. each peer takes its rank (given, or the next free one after the local ranks), compares its own
-   core with the identity and either marks itself ready after loading its model or records why it
-   refuses (``reject``); rank zero waits for every rank, failing with a typed `LoadError` on a
-   refusal, a local peer that died, or a rank that did not come within the join timeout;
+3. each peer takes its rank (given, or the next free one after the local ranks) and claims it
+   (``claim``: a rank claimed twice is refused to the second claimant, which never reaches the
+   group), compares its own core with the identity and either marks itself ready after loading
+   its model or records why it refuses (``reject``); rank zero waits for every rank, failing with
+   a typed `LoadError` on a refusal (or an answer it cannot read), a local peer that died, or a
+   rank that did not come within the join timeout;
 4. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
    CPU collective (rank zero keeps an idle group alive with keepalive exchanges, see
    `helios.runtime.parallel.ranks`), and for a CUDA model also an NCCL group for the programs' collectives.
+
+The store itself (torch's libuv TCPStore server) validates what clients send before it allocates
+(a handshake magic, keys of at most 8 KiB) and serves the other clients meanwhile, so a client that
+connects and sends nothing, garbage or a huge length changes nothing for the real ranks. The
+store's client is less careful: against a server that accepts but never answers (or a rank zero
+stopped with SIGSTOP) its calls block for ever, whatever their timeout. A peer therefore makes
+every store call in a helper thread that it waits for at most the join timeout (`_bounded`;
+`MissingRankError` when it passes), waits for rank zero's records by polling in short slices,
+refuses a record it cannot decode with a typed error, and checks the rendezvous address (a port
+1..65535, a host that resolves) before it connects.
 
 Gloo carries the control messages in every case, since they are CPU tensors and NCCL moves device
 memory only. Gloo collectives work for ranks that are threads of one process as long as each rank
@@ -27,10 +39,12 @@ module does; NCCL ranks are processes (`helios.runtime.parallel.rank_devices` sa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
@@ -134,19 +148,37 @@ class Sizing:
         return cls(**fields)
 
 
+class AddressError(RankJoinError):
+    """A rendezvous address that is not HOST:PORT with a port 1..65535, or whose host does not resolve."""
+
+
 def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of a rendezvous to join: a port 1..65535 (no port 0: a joiner needs rank zero's)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise RankJoinError(f"rendezvous address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise AddressError(f"rendezvous address {address!r} is not HOST:PORT with a port 1..65535")
+    return host, int(port)
+
+
+def resolve_address(address: str) -> tuple[str, int]:
+    """`parse_address`, and the host must resolve (`AddressError` at once otherwise)."""
+    host, port = parse_address(address)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as error:
+        raise AddressError(f"rendezvous host {host!r} does not resolve: {error}") from None
+    return host, port
 
 
 class Rendezvous:
     """The store shared by the ranks, and the address this rank's gloo device listens on."""
 
-    def __init__(self, store, device_host: str | None, address: str = "in-process"):
+    def __init__(self, store, device_host: str | None, address: str = "in-process",
+                 call_timeout_s: float | None = None):
         self.symmetric_refusal: str | None = None  # why `form_group(symmetric=True)` kept NCCL only
         self.store = store
+        self.call_timeout_s = call_timeout_s  # a joiner's bound on each store call (None: rank zero's own store)
         self.device_host = device_host  # None: gloo's default device for this host
         self.address = address
 
@@ -163,24 +195,32 @@ class Rendezvous:
 
     @classmethod
     def join(cls, address: str, timeout: timedelta) -> "Rendezvous":
-        host, port = parse_address(address)
+        """A peer's store client. Waits up to `timeout` for rank zero to listen, in short
+        connection attempts (a signal is handled between them), then connects the store."""
+        host, port = resolve_address(address)
+        timeout_s = timeout.total_seconds()
+        _await_listener(host, port, address, timeout_s)
         try:
-            store = dist.TCPStore(host, port, None, False, timeout)
+            store = _bounded(lambda: dist.TCPStore(host, port, None, False, timeout), timeout_s + 1.0,
+                             f"rank zero at {address} accepted the connection but never answered")
         except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError
-            raise MissingRankError(f"cannot reach rank zero at {address}: {error}") from error
-        return cls(store, _route_to(host), address)
+            raise MissingRankError(f"cannot reach rank zero at {address}: {_first_line(error)}") from error
+        return cls(store, _route_to(host), address, timeout_s)
+
+    def _call(self, call, what: str):
+        """`call()` (a store call), bounded by `call_timeout_s` for a joiner."""
+        if self.call_timeout_s is None:
+            return call()
+        return _bounded(call, self.call_timeout_s, f"rank zero at {self.address} stopped answering ({what})")
 
     def publish(self, launch: Launch) -> None:
         self.store.set(_LAUNCH, launch.encode())
 
     def read_launch(self, timeout: timedelta) -> Launch:
+        data = self._await(_LAUNCH, timeout.total_seconds(), "published no launch")
         try:
-            self.store.wait([_LAUNCH], timeout)
-        except RuntimeError as error:
-            raise MissingRankError(f"rank zero at {self.address} published no launch: {error}") from error
-        try:
-            return Launch.decode(self.store.get(_LAUNCH))
-        except (ValueError, TypeError, KeyError) as error:  # another version's launch record
+            return Launch.decode(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:  # another version's launch record
             raise RankJoinError(f"rank zero at {self.address} runs another helios version: {error}") from None
 
     def publish_sizing(self, sizing: Sizing) -> None:
@@ -189,23 +229,47 @@ class Rendezvous:
     def read_sizing(self, timeout: timedelta) -> Sizing:
         """A peer: rank zero's sizing, waiting up to `timeout` for it to load; raises
         `RankJoinError` when rank zero failed to load, `MissingRankError` when it never answered."""
+        data = self._await(_SIZING, timeout.total_seconds(), "did not finish loading")
         try:
-            self.store.wait([_SIZING], timeout)
-        except RuntimeError as error:
-            raise MissingRankError(f"rank zero at {self.address} did not finish loading: {error}") from error
-        sizing = Sizing.decode(self.store.get(_SIZING))
+            sizing = Sizing.decode(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise RankJoinError(f"rank zero at {self.address} published a sizing this rank cannot read "
+                                f"(another helios version?): {error}") from None
         if sizing.error:
             raise RankJoinError(f"rank zero failed to load: {sizing.error}")
         return sizing
 
+    def _await(self, key: str, timeout_s: float, missing: str) -> bytes:
+        """The value of `key` once rank zero set it, polled in short slices up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not self._call(lambda: self.store.check([key]), key):
+                if time.monotonic() >= deadline:
+                    raise MissingRankError(f"rank zero at {self.address} {missing} within {timeout_s:g} s")
+                time.sleep(_POLL_S)
+            return self._call(lambda: self.store.get(key), key)
+        except RuntimeError as error:  # the store's connection broke: rank zero is gone
+            raise MissingRankError(f"rank zero at {self.address} {missing}: it went away "
+                                   f"({_first_line(error)})") from error
+
     def next_remote_rank(self, first_remote: int) -> int:
-        return first_remote + self.store.add(_NEXT_REMOTE, 1) - 1
+        return first_remote + self._call(lambda: self.store.add(_NEXT_REMOTE, 1), _NEXT_REMOTE) - 1
+
+    def claim(self, rank: int) -> None:
+        """Takes `rank` for this peer; `RankJoinError` when another peer claimed it first (two
+        ranks of one number would break the group for every rank)."""
+        if self._call(lambda: self.store.add(f"helios/claim/{rank}", 1), "claim") != 1:
+            raise RankJoinError(f"rank {rank} is already taken by another peer of {self.address}")
 
     def mark_ready(self, rank: int) -> None:
-        self.store.set(f"helios/ready/{rank}", b"ok")
+        self._call(lambda: self.store.set(f"helios/ready/{rank}", b"ok"), "ready")
 
     def reject(self, rank: int, reason: str) -> None:
-        self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8"))
+        """Tells rank zero why `rank` does not join; best effort (rank zero may be gone, which the
+        caller's own error then says). The reason is cut to what the store takes."""
+        with contextlib.suppress(RuntimeError, MissingRankError):
+            self._call(lambda: self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8")[:4096]),
+                       "refusal")
 
     def wait_ready(self, ranks: range, timeout_s: float, lost: Callable[[], str | None]) -> None:
         """Rank zero: returns once every rank in `ranks` is ready; `lost()` names a dead local peer."""
@@ -218,6 +282,9 @@ class Rendezvous:
                 answer = self.store.get(key)
                 if answer.startswith(b"reject:"):
                     raise RankJoinError(f"rank {rank} refused to join: {answer[7:].decode('utf-8', 'replace')}")
+                if answer != b"ok":
+                    raise RankJoinError(f"rank {rank} answered {answer[:64]!r}, which is neither ready nor a refusal "
+                                        "(another helios version?)")
                 waiting.discard(rank)
             reason = lost()
             if reason is not None:
@@ -305,6 +372,43 @@ def _all_ranks(group: RankGroup, flag: bool) -> bool:
 
 def _first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _bounded(call: Callable[[], object], timeout_s: float, why: str):
+    """`call()` in a helper thread, waited for at most `timeout_s`: its result or its exception,
+    or `MissingRankError(why)` when it has not returned by then (the thread is left behind, blocked
+    on a connection that its process's exit or the peer's closing ends)."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, error))
+
+    helper = threading.Thread(target=run, name="helios-rendezvous-call", daemon=True)
+    helper.start()
+    helper.join(timeout_s)
+    if not box:
+        raise MissingRankError(f"{why}: no answer within {timeout_s:g} s")
+    done, value = box[0]
+    if not done:
+        raise value
+    return value
+
+
+def _await_listener(host: str, port: int, address: str, timeout_s: float) -> None:
+    """Returns once something accepts connections on host:port, trying every 0.2 s up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise MissingRankError(f"cannot reach rank zero at {address} within {timeout_s:g} s: "
+                                       f"{error.strerror or error}") from None
+        time.sleep(0.2)
 
 
 def _route_to(host: str) -> str:
