@@ -31,6 +31,9 @@ from helios.runtime.parallel.rank_wire import MessageKind, StepMessage, WireDeco
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.plan import StepPlan
 from helios.runtime.records.request import RequestSpec
+from ignition.hf_checkpoints import QWEN3
+
+from .conftest import NAMESPACE
 
 
 class _Broadcasts:
@@ -189,3 +192,80 @@ def test_a_joiner_whose_rank_zero_stops_answering_gives_up_at_its_timeout():
         server.kill()
         server.wait()
 
+
+# `helios rank`: operator mistakes, stop signals and a rank zero that goes away.
+
+HANG_GUARD_S = 120  # a rank must be done long before this; reaching it means a hang
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--join", "127.0.0.1"], "HOST:PORT"),
+    (["--join", "127.0.0.1:0"], "port 1..65535"),
+    (["--join", "127.0.0.1:99999"], "port 1..65535"),
+    (["--join", "nosuchhost.invalid:5000"], "does not resolve"),
+    (["--join", "127.0.0.1:5000", "--rank", "-1"], "--rank"),
+    (["--join", "127.0.0.1:5000", "--device", "nosuchdevice"], "cpu or cuda"),
+    (["--join", "127.0.0.1:5000", "--device", "cuda:-1"], "cpu or cuda"),
+    (["--join", "127.0.0.1:5000", "--torch-threads", "-2"], "--torch-threads"),
+    (["--join", "127.0.0.1:5000", "--join-timeout", "nan"], "--join-timeout"),
+    (["--join", "127.0.0.1:5000", "--join-timeout", "inf"], "--join-timeout"),
+])
+def test_rank_options_are_checked_before_anything_else(options, says, capsys, tmp_path):
+    """Exit 2 and one line, before the core is opened (none exists here) or rank zero is asked."""
+    from helios.cli.rank_cmd import run_alone
+
+    code = run_alone([str(tmp_path / "missing.core"), *options, "--accept", "ns", "--trust", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("helios rank: error:") and says in err
+
+
+def _rank(core, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "helios.cli.rank_cmd", str(core), "--torch-threads", "1",
+                             *options], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _ended(process: subprocess.Popen) -> tuple[int, list[str]]:
+    """Exit status and stderr lines of a rank process (killed if it outlives the hang guard)."""
+    try:
+        _, err = process.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "Traceback" not in err, err
+    return process.returncode, [line for line in err.splitlines() if line.startswith("helios rank:")]
+
+
+@pytest.mark.parametrize("how, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "sigint"])
+def test_a_stop_signal_while_joining_ends_the_rank_with_one_line(cores, how, code):
+    """The rank blocks in the store's connection to a listener that never answers; the signal
+    still ends it at once, with its line and status."""
+    core = cores.core(QWEN3, 2)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(HANG_GUARD_S)
+        rank = _rank(core, "--join", f"127.0.0.1:{listener.getsockname()[1]}", "--join-timeout", "600",
+                     *cores.cli_trust())
+        accepted = [listener.accept()[0] for _ in range(2)]  # the reachability probe, then the store's
+        rank.send_signal(how)
+        status, lines = _ended(rank)
+        for connection in accepted:
+            connection.close()
+    assert status == code
+    assert lines == [f"helios rank: stopped by {how.name}"]
+
+
+def test_a_core_for_one_rank_or_signed_by_an_untrusted_key_is_one_line(cores, tmp_path):
+    status, lines = _ended(_rank(cores.core(QWEN3, 1), "--join", "127.0.0.1:9", "--join-timeout", "1",
+                                 *cores.cli_trust()))
+    assert status == 8 and len(lines) == 1 and "prepared for one rank" in lines[0]
+    stranger = tmp_path / "stranger.key"
+    from helios.cli.main import main
+
+    assert main(["keygen", "-o", str(stranger)]) == 0
+    status, lines = _ended(_rank(cores.core(QWEN3, 2), "--join", "127.0.0.1:9", "--accept", NAMESPACE, "--trust",
+                                 f"{stranger}.pub"))
+    assert status == 6 and len(lines) == 1 and "no trusted key" in lines[0]

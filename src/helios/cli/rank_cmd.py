@@ -3,15 +3,38 @@
 Rank zero (``helios serve`` / ``helios generate`` on a core prepared with ``--tensor-parallel N``)
 serves a rendezvous; each rank on another host runs this command with its own copy of the same
 core. It takes the next free rank (or ``--rank``), checks that its core is rank zero's, loads its
-rank's weights and programs, and then runs every plan rank zero sends until rank zero stops (exit
-0) or the group breaks (exit 9). Rank zero starts its own local ranks as
-``python -m helios.cli.rank_cmd ...`` (this command alone, without importing every other command).
+rank's weights and programs, and then runs every plan rank zero sends until rank zero stops.
+Rank zero starts its own local ranks as ``python -m helios.cli.rank_cmd ...`` (this command
+alone, without importing every other command).
+
+Every outcome is one line on stderr (``helios rank: ...``, no traceback) and an exit status:
+
+* 0: rank zero stopped the group;
+* 2: a bad option, checked before the core is opened (``--join`` not HOST:PORT with a port
+  1..65535 or a host that does not resolve, ``--rank`` below 1, ``--device`` not cpu or cuda[:N],
+  ``--torch-threads`` outside 1..1024, a ``--join-timeout`` that is not a positive number);
+* 4 to 7: the core cannot be opened, verified or is not admitted (`helios.errors`);
+* 8: the rank could not join: rank zero unreachable within ``--join-timeout``, gone before the
+  group formed (also while this rank loads), a rank out of range or already taken, a device that
+  does not fit rank zero's, a core that is not rank zero's (rank zero is told why) or one not
+  prepared for tensor parallelism;
+* 9: the group broke while serving (rank zero or another rank lost or silent past the collective
+  timeout, or a step message that does not decode), or, for a local rank (``--parent``), rank
+  zero's process is gone;
+* 130 / 143: stopped by SIGINT / SIGTERM, at any point (joining, loading or serving);
+* 1: anything else (an operating-system error, or a fault this list does not name).
+
+The rank runs in a worker thread while the main thread only waits, so a stop signal is handled
+at once even while the rank is blocked in the rendezvous or a collective; the process then ends
+without the interpreter's teardown (see `_exit_now`), which leaves no process behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -22,8 +45,12 @@ import torch
 from helios.cli.core_options import add_core_options, open_core_from_args
 from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.errors import HeliosError, UsageError
+from helios.runtime.parallel.rank_devices import UnsupportedRanksError, parse_device
 from helios.runtime.parallel.rank_peers import join_rank
-from helios.runtime.parallel.rank_rendezvous import Rendezvous
+from helios.runtime.parallel.rank_rendezvous import AddressError, Rendezvous, resolve_address
+
+MAX_THREADS = 1024  # --torch-threads: as `helios serve` bounds it
+_STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def register(subparsers) -> None:
@@ -48,31 +75,76 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_options(args)
     dump_stacks_on_sigusr1()
-    if args.rank is not None and args.rank < 1:
-        raise UsageError("--rank must be at least 1 (rank zero is the serving process)")
+    for signum, code in _STOP_SIGNALS.items():
+        signal.signal(signum, lambda received, frame, code=code: _exit_now(
+            code, f"stopped by {signal.Signals(received).name}"))
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.parent is not None:
         _exit_with_parent(args.parent)
-    core = open_core_from_args(args, args.core)
-    timeout = timedelta(seconds=args.join_timeout)
-    rendezvous = Rendezvous.join(args.join, timeout)
-    say = (lambda line: None) if args.quiet else (lambda line: print(f"helios rank: {line}", file=sys.stderr, flush=True))
-    join_rank(core, rendezvous, args.rank, args.device, timeout, on_joined=lambda rank, ranks: say(
-        f"serving rank {rank} of {ranks} for {args.join}"))
-    say("rank zero stopped the group")
-    _exit_stopped()
+    outcome: list = []
+    worker = threading.Thread(target=_serve, args=(args, outcome), name="helios-rank", daemon=True)
+    worker.start()
+    while worker.is_alive():  # the main thread only waits: a stop signal is handled within 0.2 s
+        worker.join(0.2)
+    code, line = outcome[0] if outcome else (1, "error: the rank ended without an outcome")
+    _exit_now(code, line)
 
 
-def _exit_stopped() -> None:
-    """A rank that rank zero stopped exits at once, without the interpreter's teardown: its process
-    group's gloo and store destructors talk to rank zero, which may be gone by then, and one of them
-    aborted the process (SIGABRT) after a clean stop. Nothing is left to release: rank zero owns the
-    group's end, and this process's device memory goes with it."""
+def _check_options(args: argparse.Namespace) -> None:
+    """Operator mistakes, refused before the core is opened (`UsageError`: exit 2)."""
+    if args.rank is not None and args.rank < 1:
+        raise UsageError("--rank must be at least 1 (rank zero is the serving process)")
+    if args.torch_threads is not None and not 1 <= args.torch_threads <= MAX_THREADS:
+        raise UsageError(f"--torch-threads must be 1..{MAX_THREADS}")
+    if not (math.isfinite(args.join_timeout) and args.join_timeout > 0):
+        raise UsageError("--join-timeout must be a positive number of seconds")
+    try:
+        resolve_address(args.join)
+        if args.device is not None:
+            parse_device(args.device)
+    except (AddressError, UnsupportedRanksError) as error:
+        raise UsageError(f"{error}") from None
+
+
+def _serve(args: argparse.Namespace, outcome: list) -> None:
+    """The rank itself (the worker thread): `outcome` gets (exit status, line)."""
+    try:
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)  # this thread's intra-op pool too
+        core = open_core_from_args(args, args.core)
+        if core.prepared.manifest.ranks < 2:
+            raise UnsupportedRanksError(f"{args.core} is prepared for one rank; `helios rank` serves a rank of a core "
+                                        "prepared with --tensor-parallel N")
+        timeout = timedelta(seconds=args.join_timeout)
+        rendezvous = Rendezvous.join(args.join, timeout)
+        say = (lambda line: None) if args.quiet else (
+            lambda line: print(f"helios rank: {line}", file=sys.stderr, flush=True))
+        join_rank(core, rendezvous, args.rank, args.device, timeout, on_joined=lambda rank, ranks: say(
+            f"serving rank {rank} of {ranks} for {args.join}"))
+        outcome.append((0, None if args.quiet else "rank zero stopped the group"))
+    except HeliosError as error:
+        outcome.append((error.exit_code, f"error: {error}"))
+    except OSError as error:  # a file the command cannot read (as `helios.cli.main` reports it)
+        where = f": {error.filename}" if error.filename else ""
+        outcome.append((1, f"error: {error.strerror or error}{where}"))
+    except BaseException as error:  # noqa: BLE001 - one line, never a traceback (see the docstring)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        outcome.append((1, f"error: {type(error).__name__}: {first}"))
+
+
+def _exit_now(code: int, line: str | None) -> None:
+    """Prints `line` and ends the process at once, without the interpreter's teardown: the process
+    group's gloo and store destructors talk to rank zero, which may be gone by then, and one of
+    them aborted the process (SIGABRT) after a clean stop. Nothing is left to release: rank zero
+    owns the group's end, and this process's memory goes with it."""
+    if line is not None:
+        print(f"helios rank: {line}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -81,7 +153,7 @@ def _exit_with_parent(parent: int) -> None:
     def watch() -> None:
         while os.getppid() == parent:  # a dead parent's children are re-parented
             time.sleep(0.5)
-        os._exit(9)  # no cleanup is owed to a group whose rank zero is gone
+        _exit_now(9, f"error: rank zero's process {parent} is gone")  # no cleanup is owed to its group
 
     threading.Thread(target=watch, name="helios-parent-watch", daemon=True).start()
 
@@ -97,6 +169,7 @@ def run_alone(argv: list[str]) -> int:
         print(f"helios rank: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
+        print("helios rank: interrupted", file=sys.stderr)
         return 130
 
 
