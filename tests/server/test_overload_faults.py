@@ -446,3 +446,27 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:
 def assert_started(server, thread) -> None:
     wait_until(lambda: server.started or not thread.is_alive())
     assert server.started, "the server did not start"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_choice_that_fails_at_submission_releases_every_choices_permit(runner, app, served, monkeypatch, stream):
+    """Before: the choices submitted before the one that raised kept running with no reader and,
+    with the permits of the choices after it, held their permits for good."""
+    from helios.frontend.session import PreparedRequest
+
+    request_spec, calls = PreparedRequest.request_spec, []
+
+    def second_fails(self, **scheduling):
+        calls.append(self.request_id)
+        if len(calls) == 2:
+            raise RuntimeError("unexpected")
+        return request_spec(self, **scheduling)
+
+    monkeypatch.setattr(PreparedRequest, "request_spec", second_fails)
+    body = {"model": SERVED_ID, "prompt": "hi", "max_tokens": 200, "temperature": 0, "n": 4, "stream": stream}
+    response = runner.run(post(app, "/v1/completions", body))
+    monkeypatch.undo()
+    assert_error(response, 500, "execution_error")
+    runner.run(eventually(lambda: served.admission.in_use == 0 and served.stats().active_requests == 0))
+    assert_idle(served)
+    assert runner.run(post(app, "/v1/chat/completions", chat(max_tokens=2))).status_code == 200

@@ -225,8 +225,16 @@ class ServedModel:
             for permit in permits:
                 permit.release()
             raise
-        choices = [Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index)
-                   for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies))]
+        choices = []
+        try:
+            for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies)):
+                choices.append(Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index))
+        except BaseException:  # the choices submitted are cancelled (each permit back with its end), the rest freed
+            for choice in choices:
+                choice.bridge.close()
+            for permit in permits[len(choices):]:
+                permit.release()
+            raise
         if prepared[0].head.options.is_stream:
             return fanout_stream(choices, self.send_timeout_s, lambda: self._is_dropping)
         return await fanout_json(choices, receive)
