@@ -269,3 +269,53 @@ def test_a_core_for_one_rank_or_signed_by_an_untrusted_key_is_one_line(cores, tm
     status, lines = _ended(_rank(cores.core(QWEN3, 2), "--join", "127.0.0.1:9", "--accept", NAMESPACE, "--trust",
                                  f"{stranger}.pub"))
     assert status == 6 and len(lines) == 1 and "no trusted key" in lines[0]
+
+
+_RANK_ZERO = """
+import os, sys, time
+from datetime import timedelta
+from pathlib import Path
+from helios.contract import StartupOptions
+from helios.core.reader import open_core
+from helios.runtime.parallel.rank_peers import RankOptions
+from helios.runtime.parallel.rank_rendezvous import Launch, RankIdentity, Rendezvous
+from helios.runtime.service import RuntimeOptions, build_runtime
+
+path, namespace, trust, address, when = sys.argv[1:]
+core = open_core(Path(path), accept=namespace, trusted_keys=[Path(trust)])
+if when == "serving":  # rank zero with rank 1 joining over loopback, then idle
+    options = RankOptions(local_ranks=1, rendezvous=address, join_timeout_s=60.0, collective_timeout_s=3.0)
+    runtime = build_runtime(core, RuntimeOptions(ranks=options))
+else:  # only the rendezvous: gone once rank 1 has claimed its rank, while it loads
+    host, _, port = address.rpartition(":")
+    rendezvous = Rendezvous.serve(host, int(port), timedelta(seconds=60))
+    rendezvous.publish(Launch(RankIdentity.of(core.prepared), StartupOptions(), 0, 1, 3.0, join_timeout_s=60.0))
+    while not rendezvous.store.check(["helios/claim/1"]):
+        time.sleep(0.05)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("when, code, says", [("serving", 9, "the group broke"),
+                                              ("loading", 8, "rank zero at")], ids=["serving", "loading"])
+def test_a_rank_whose_rank_zero_dies_exits_with_its_status(cores, when, code, says):
+    """Rank zero killed while the rank serves (the group broke: 9) or while it loads (it could
+    not join: 8): one line each, no traceback, and the rank's process is gone."""
+    from .test_generate_cli import free_port
+
+    core, address = cores.core(QWEN3, 2), f"127.0.0.1:{free_port()}"
+    zero = subprocess.Popen([sys.executable, "-c", _RANK_ZERO, str(core), NAMESPACE, str(cores.trust), address, when],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
+        assert zero.stdout.readline() == "ready\n"
+        zero.kill()
+        status, lines = _ended(rank)
+    finally:
+        zero.kill()
+        zero.wait()
+    assert status == code, lines
+    *before, last = lines
+    assert all(line.startswith("helios rank: serving rank 1 of 2") for line in before) and len(before) <= 1, lines
+    assert last.startswith("helios rank: error:") and says in last, lines

@@ -42,6 +42,7 @@ from datetime import timedelta
 
 import torch
 
+from helios.abi.collectives import CollectiveError
 from helios.cli.core_options import add_core_options, open_core_from_args
 from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.errors import HeliosError, UsageError
@@ -125,6 +126,9 @@ def _serve(args: argparse.Namespace, outcome: list) -> None:
         join_rank(core, rendezvous, args.rank, args.device, timeout, on_joined=lambda rank, ranks: say(
             f"serving rank {rank} of {ranks} for {args.join}"))
         outcome.append((0, None if args.quiet else "rank zero stopped the group"))
+    except CollectiveError as error:
+        outcome.append((error.exit_code, f"error: the group broke (rank zero or another rank is gone or silent): "
+                                         f"{error}"))
     except HeliosError as error:
         outcome.append((error.exit_code, f"error: {error}"))
     except OSError as error:  # a file the command cannot read (as `helios.cli.main` reports it)
