@@ -470,3 +470,23 @@ def test_a_choice_that_fails_at_submission_releases_every_choices_permit(runner,
     runner.run(eventually(lambda: served.admission.in_use == 0 and served.stats().active_requests == 0))
     assert_idle(served)
     assert runner.run(post(app, "/v1/chat/completions", chat(max_tokens=2))).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_of_several_choices_that_leaves_mid_generation_releases_every_choice(runner, app, served, stream):
+    async def scenario():
+        cancelled = finished(served, "cancelled")
+        body = {"model": SERVED_ID, "prompt": "hi", "max_tokens": 200, "temperature": 0, "n": 4, "stream": stream}
+        call = AsgiCall(app, "/v1/completions", body)
+        await eventually(lambda: served.stats().generated_tokens > 0 and served.stats().active_requests == 4)
+        if stream:
+            await call.started.wait()
+        call.disconnect()
+        await call.task
+        await eventually(lambda: served.admission.in_use == 0 and finished(served, "cancelled") == cancelled + 4)
+
+    generated = served.stats().generated_tokens
+    runner.run(scenario())
+    runner.run(eventually(lambda: served.stats().active_requests == 0))
+    assert_idle(served)
+    assert served.stats().generated_tokens > generated
