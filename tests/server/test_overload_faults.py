@@ -490,3 +490,32 @@ def test_a_client_of_several_choices_that_leaves_mid_generation_releases_every_c
     runner.run(eventually(lambda: served.stats().active_requests == 0))
     assert_idle(served)
     assert served.stats().generated_tokens > generated
+
+
+def test_a_choice_that_fails_ends_the_other_choices_of_its_json_response(runner, app, served, monkeypatch):
+    """Before: the JSON response of several choices waited for every choice's end, so after one
+    failed (its answer a 500 whatever the others do) the others generated to their limits,
+    holding their slots and permits."""
+    from helios.frontend.responses.output import OutputProcessor
+
+    feed, failing = OutputProcessor.feed, []
+
+    def first_fails(self, *args, **kwargs):
+        if not failing:
+            failing.append(self)
+        if self is failing[0]:
+            raise UnicodeError("broken detokenizer")
+        return feed(self, *args, **kwargs)
+
+    monkeypatch.setattr(OutputProcessor, "feed", first_fails)
+    before = dict(served.stats().requests_finished)
+    body = {"model": SERVED_ID, "prompt": "hi", "max_tokens": 200, "temperature": 0, "n": 3}
+    response = runner.run(post(app, "/v1/completions", body))
+    error = assert_error(response, 500, "execution_error")
+    assert "output processing failed" in error["message"]
+    runner.run(eventually(lambda: served.admission.in_use == 0))
+    monkeypatch.undo()
+    after = served.stats().requests_finished
+    assert after.get("cancelled", 0) == before.get("cancelled", 0) + 3, (before, after)
+    assert after.get("length", 0) == before.get("length", 0)
+    assert_idle(served)

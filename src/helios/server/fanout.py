@@ -2,7 +2,8 @@
 
 A request with ``n`` choices per prompt (and, for text completions, a list of prompts) runs as one
 engine request per choice, each prepared like a request of its own (its own grammar matcher and
-output path) and holding its own admission permit (all taken at once, or the request gets 429).
+output path) and holding its own admission permit (all taken at once, or the request gets 429;
+more choices than the server has permits is a 400, `helios.server.admission`).
 Choice ``j`` of a prompt samples with seed ``s + j`` (mod 2**64), ``s`` being the seed that prompt's
 first choice resolved (the request's ``seed``, the core's fixed seed, or fresh random bits), so a
 seeded request is reproducible choice by choice and greedy choices are identical. The prompt is
@@ -14,7 +15,7 @@ that one copied) so each computes only the last prompt token and samples with it
 
 Choices are numbered prompt by prompt: choice ``j`` of prompt ``i`` has ``index = i * n + j``.
 Usage counts each prompt once and every choice's output. JSON: one body with every choice (the first
-failure instead, as its status, with the other choices cancelled). SSE: the choices' chunks
+failure instead, as its status, with the other choices cancelled as soon as it arrives). SSE: the choices' chunks
 interleaved as they come, each with its ``index`` and the response's ``id``, then one usage chunk
 (with ``stream_options.include_usage``) and one ``[DONE]``; a failure ends the stream with one
 ``event: error`` and cancels the other choices (`helios.server.choice_stream`, which keeps the
@@ -70,10 +71,14 @@ async def fanout_json(choices: Sequence[Choice], receive) -> Response:
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
     try:
         gathered = asyncio.gather(*waiters)
-        await asyncio.wait((gathered, watcher), return_when=asyncio.FIRST_COMPLETED)
-        if not gathered.done():
-            for choice in choices:
-                choice.bridge.cancel()
+        remaining = set(waiters)
+        while remaining:  # until every choice ended, the client left, or one choice failed
+            done, _ = await asyncio.wait((*remaining, watcher), return_when=asyncio.FIRST_COMPLETED)
+            remaining -= done
+            if watcher in done or any(isinstance(waiter.result(), Failure) for waiter in done - {watcher}):
+                for choice in choices:  # the answer is settled: the others stop generating
+                    choice.bridge.cancel()
+                break
         terminals = await gathered
     finally:
         watcher.cancel()
