@@ -319,3 +319,30 @@ def test_a_rank_whose_rank_zero_dies_exits_with_its_status(cores, when, code, sa
     *before, last = lines
     assert all(line.startswith("helios rank: serving rank 1 of 2") for line in before) and len(before) <= 1, lines
     assert last.startswith("helios rank: error:") and says in last, lines
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--rendezvous", "127.0.0.1:99999"], "port 0..65535"),
+    (["--rendezvous", "nosuchhost.invalid:0"], "cannot serve the rendezvous"),
+    (["--rendezvous", "192.0.2.1:0"], "cannot serve the rendezvous"),  # TEST-NET-1: not this machine's
+    (["--join-timeout", "nan"], "--join-timeout"),
+    (["--collective-timeout", "inf"], "--collective-timeout"),
+])
+def test_rank_options_of_serve_and_generate_are_usage_errors(options, says):
+    """Refused while the options are read (exit 2), not by the store after its timeout or with a
+    traceback (a port past 65535, a NaN timeout)."""
+    import argparse
+
+    from helios.cli.rank_options import add_rank_options, rank_options_from_args
+    from helios.errors import UsageError
+
+    parser = argparse.ArgumentParser()
+    add_rank_options(parser)
+    with pytest.raises(UsageError, match=says):
+        rank_options_from_args(parser.parse_args(options))
+
+
+def test_a_taken_rendezvous_port_is_an_address_error(rank_zero):
+    port = int(rank_zero.address.rpartition(":")[2])
+    with pytest.raises(AddressError, match="cannot serve the rendezvous"):
+        Rendezvous.serve("127.0.0.1", port, timedelta(seconds=5))

@@ -11,9 +11,11 @@ others to join ``--rendezvous HOST:PORT`` with ``helios rank --join HOST:PORT``.
 from __future__ import annotations
 
 import argparse
+import math
 
 from helios.errors import UsageError
 from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
+from helios.runtime.parallel.rank_rendezvous import AddressError, serve_address
 
 
 def add_rank_options(parser: argparse.ArgumentParser) -> None:
@@ -31,10 +33,17 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
 
 
 def rank_options_from_args(args: argparse.Namespace) -> RankOptions:
+    """The options, checked (`UsageError`, exit 2): counts, positive finite timeouts, and a
+    `--rendezvous` this host can serve (HOST:PORT, a port 0..65535, an address of this machine)."""
     if args.local_ranks is not None and args.local_ranks < 1:
         raise UsageError("--local-ranks must be at least 1")
-    if args.join_timeout <= 0 or args.collective_timeout <= 0:
-        raise UsageError("--join-timeout and --collective-timeout must be positive")
+    for name, value in (("--join-timeout", args.join_timeout), ("--collective-timeout", args.collective_timeout)):
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{name} must be a positive number of seconds")
+    try:
+        serve_address(args.rendezvous)
+    except AddressError as error:
+        raise UsageError(f"--rendezvous: {error}") from None
     return RankOptions(
         local_ranks=args.local_ranks, peers=PeerKind(args.rank_peers), rendezvous=args.rendezvous,
         join_timeout_s=args.join_timeout, collective_timeout_s=args.collective_timeout,

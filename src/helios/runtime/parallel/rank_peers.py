@@ -65,7 +65,14 @@ from helios.runtime.parallel.rank_devices import (
     place_local_ranks,
     share_local_threads,
 )
-from helios.runtime.parallel.rank_rendezvous import Launch, RankIdentity, RankJoinError, Rendezvous, Sizing
+from helios.runtime.parallel.rank_rendezvous import (
+    Launch,
+    RankIdentity,
+    RankJoinError,
+    Rendezvous,
+    Sizing,
+    serve_address,
+)
 from helios.runtime.parallel.ranks import RankedExecutor, serve_rank
 from helios.runtime.records.stats import WorkerStats
 
@@ -279,10 +286,8 @@ def capture_rank(executor: Executor, host_pages: int) -> GraphExecutor:
 def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
     if options.peers is PeerKind.THREADS and not has_remote:
         return Rendezvous.in_process()
-    host, _, port = options.rendezvous.rpartition(":")
-    if not host or not port.isdigit():
-        raise UnsupportedRanksError(f"rendezvous address {options.rendezvous!r} is not HOST:PORT")
-    return Rendezvous.serve(host.strip("[]"), int(port), timedelta(seconds=options.join_timeout_s))
+    host, port = serve_address(options.rendezvous)  # AddressError, a RankJoinError, when it cannot
+    return Rendezvous.serve(host, port, timedelta(seconds=options.join_timeout_s))
 
 
 def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None = None,

@@ -161,6 +161,25 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def serve_address(address: str) -> tuple[str, int]:
+    """(host, port) rank zero can serve a rendezvous on: HOST:PORT with a port 0..65535 (0: any free
+    one) and a host that is an address of this machine (or 0.0.0.0 / ::), checked by binding a
+    probe socket to it; `AddressError` otherwise, at once (the store itself would wait its whole
+    timeout for a host that is not this machine's)."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise AddressError(f"rendezvous address {address!r} is not HOST:PORT with a port 0..65535")
+    try:
+        family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except (OSError, UnicodeError) as error:
+        raise AddressError(f"cannot serve the rendezvous on {host!r}: {getattr(error, 'strerror', None) or error} "
+                           "(give an address of this machine)") from None
+    return host, int(port)
+
+
 def resolve_address(address: str) -> tuple[str, int]:
     """`parse_address`, and the host must resolve (`AddressError` at once otherwise)."""
     host, port = parse_address(address)
@@ -188,8 +207,13 @@ class Rendezvous:
 
     @classmethod
     def serve(cls, host: str, port: int, timeout: timedelta) -> "Rendezvous":
-        """Rank zero's store on host:port (port 0: any free port)."""
-        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+        """Rank zero's store on host:port (port 0: any free port); `AddressError` when it cannot
+        serve there (checked by `serve_address`, or a taken port)."""
+        host, port = serve_address(f"{host}:{port}")
+        try:
+            store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+        except (RuntimeError, OSError) as error:  # DistNetworkError (a taken port) is a RuntimeError
+            raise AddressError(f"cannot serve the rendezvous on {host}:{port}: {_first_line(error)}") from error
         device = None if host in ("0.0.0.0", "::", "") else host
         return cls(store, device, f"{host}:{store.port}")
 
