@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from helios.frontend.parsers.schema_refs import SchemaRefError
 from helios.frontend.structured.grammar_lark import not_containing
 from helios.frontend.structured.grammar_values import safe_schema
 
@@ -55,3 +56,51 @@ def test_safe_schema_adds_the_closer_rule_beside_string_constraints():
     assert safe_schema({"enum": ["a", 1]}, pattern)["allOf"] == [{"pattern": pattern}]
     assert "allOf" not in safe_schema({"enum": [1, 2]}, pattern)
     assert safe_schema({"type": "string"}, pattern) == {"type": "string", "pattern": pattern}
+
+
+# -- $refs: only local ones, never fetched; errors name the field -------------------------------------
+
+REMOTE_REFS = ["http://127.0.0.1:9/schema.json", "https://example.com/s#/a", "file:///etc/passwd",
+               "other.json#/a", "//host/x", "urn:x:y"]
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fails the test if anything opens a socket or a URL."""
+    import socket
+    import urllib.request
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a schema $ref was fetched: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+@pytest.mark.parametrize("ref", REMOTE_REFS)
+def test_remote_and_file_refs_are_400s_naming_the_field_and_never_fetched(served, no_network, ref):
+    """A bad $ref was a 400 without ``param`` (the error body's param was null)."""
+    case = served["qwen"]
+    schema = {"type": "object", "properties": {"a": {"$ref": ref}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(SchemaRefError, match="is not local") as caught:
+        case.model.prepare_chat(chat(case, response_format=rf))
+    assert (caught.value.http_status, caught.value.param) == (400, "response_format")
+    for fields in ({"tool_choice": "required"}, {}):
+        with pytest.raises(SchemaRefError, match="tool 'f' parameters: .*is not local") as caught:
+            case.model.prepare_chat(chat(case, tools=[tool(schema)], **fields))
+        assert (caught.value.http_status, caught.value.param) == (400, "tools")
+
+
+def test_ref_cycles_and_dangling_refs_name_the_field(served):
+    case = served["qwen"]
+    cycle = {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}
+    dangling = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    for schema, reason in ((cycle, "refers to itself"), (dangling, "does not resolve")):
+        rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        with pytest.raises(SchemaRefError, match=reason) as caught:
+            case.model.prepare_chat(chat(case, response_format=rf))
+        assert caught.value.param == "response_format"
+    recursive = {"$ref": "#/$defs/A", "$defs": {"A": {"type": "object", "properties": {"n": {"$ref": "#/$defs/A"}}}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": recursive}}
+    assert case.model.prepare_chat(chat(case, response_format=rf)).grammar is not None  # recursion stays a ref

@@ -35,18 +35,21 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
 class SchemaRefError(RequestError):
-    """A ``$ref`` in a request's JSON schema that is not local, does not resolve, or loops."""
+    """A ``$ref`` in a request's JSON schema that is not local, does not resolve, or loops; `param`
+    names the request field holding the schema (the document's ``param``)."""
 
 
 class SchemaDocument:
     """One JSON-schema document and its checked local refs (see the module docstring).
 
-    ``where`` names the document in error messages (``tool 'f' parameters``).
+    ``where`` names the document in error messages (``tool 'f' parameters``), ``param`` the request
+    field that holds it (``tools``, ``response_format``), which its errors carry.
     """
 
-    def __init__(self, root: Any, where: str = "schema"):
+    def __init__(self, root: Any, where: str = "schema", param: str | None = None):
         self.root = root
         self.where = where
+        self.param = param
         self._anchors: dict[str, Any] = {}
         self._targets: dict[str, Any] = {}
         refs = []
@@ -136,7 +139,7 @@ class SchemaDocument:
             settled.update(path)
 
     def _error(self, ref: str, problem: str) -> SchemaRefError:
-        return SchemaRefError(f"{self.where}: $ref {ref!r} {problem}")
+        return SchemaRefError(f"{self.where}: $ref {ref!r} {problem}", self.param)
 
 
 class _Bundle:
@@ -156,7 +159,7 @@ class _Bundle:
             return node
         self._num_nodes += 1
         if self._num_nodes > MAX_BUNDLED_NODES:
-            raise SchemaRefError(f"{self._document.where}: too large once its $refs are resolved")
+            raise SchemaRefError(f"{self._document.where}: too large once its $refs are resolved", self._document.param)
         out = {}
         for key, value in node.items():
             if is_name_map:

@@ -57,7 +57,7 @@ class ToolSpec:
 
 def tool_document(name: str, schema: Any) -> SchemaDocument:
     """A tool's ``parameters`` as a checked schema document (an absent schema is ``{}``)."""
-    return SchemaDocument(schema if isinstance(schema, Mapping) else {}, f"tool {name!r} parameters")
+    return SchemaDocument(schema if isinstance(schema, Mapping) else {}, f"tool {name!r} parameters", "tools")
 
 
 def tool_properties(document: SchemaDocument) -> Mapping[str, Any]:

@@ -113,7 +113,7 @@ def parse_response_format(value: object) -> GrammarRequest | None:
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise GrammarError("response_format.json_schema.schema must be a JSON schema object", "response_format")
-        SchemaDocument(schema, "response_format.json_schema.schema")  # SchemaRefError: a non-local or dangling $ref
+        SchemaDocument(schema, "response_format.json_schema.schema", "response_format")  # SchemaRefError: a bad $ref
         return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
     if kind == "regex" and isinstance(value.get("regex"), str) and value["regex"]:
         return GrammarRequest(GrammarKind.REGEX, value["regex"])
