@@ -171,3 +171,14 @@ def test_counts_past_the_words_left_are_wire_errors():
                 WireDecoder().decode(_replace(words, at, value))
             except WireError:
                 pass
+
+
+def test_the_signature_covers_the_timer_phases(monkeypatch):
+    """A TIMINGS exchange gathers one tensor per rank whose width is the phase count: ranks whose
+    phases differ must refuse to form a group, as for a record's fields."""
+    from helios.runtime.parallel import rank_timing
+    from helios.runtime.parallel.rank_wire import wire_signature
+
+    before = wire_signature()
+    monkeypatch.setattr(rank_timing, "PHASES", rank_timing.PHASES + ("run.new_operation",))
+    assert wire_signature() != before

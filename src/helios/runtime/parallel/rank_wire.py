@@ -21,7 +21,7 @@ is trusted beyond the words that remain.
 
 The codec lists each record's fields by name (`RECORD_FIELDS`); a record class that gains a field
 no longer matches it (tests/parallel/test_wire.py) and changes `wire_signature()`, which every
-rank compares at startup, so ranks of different versions refuse to form a group instead of
+rank compares at startup (it also covers the timer phases, whose count sizes the TIMINGS exchange), so ranks of different versions refuse to form a group instead of
 misreading each other. The words travel in a preallocated int64 tensor (`helios.runtime.parallel.rank_channel`).
 """
 
@@ -38,6 +38,7 @@ from typing import NamedTuple, Sequence
 from helios.errors import ExecutionError
 import torch
 
+from helios.runtime.parallel import rank_timing
 from helios.runtime.records.capacities import LengthSource, Operation, ProgramVariant
 from helios.runtime.records.plan import CopyOp, Location, PlanRow, StepPlan, StorageKind
 from helios.runtime.records.request import RequestSpec
@@ -103,10 +104,11 @@ def record_fields(cls) -> tuple[str, ...]:
 
 
 def wire_signature() -> str:
-    """Digest of the wire version and every record's field names: equal on compatible ranks."""
+    """Digest of the wire version, every record's field names and the timer phases a TIMINGS
+    exchange gathers (its tensor's width): equal on compatible ranks."""
     fields = {cls.__name__: list(record_fields(cls)) for cls in _RECORDS}
     members = {cls.__name__: [m.name for m in cls] for cls in _ENUMS}
-    text = json.dumps([WIRE_VERSION, fields, members], sort_keys=True)
+    text = json.dumps([WIRE_VERSION, fields, members, list(rank_timing.PHASES)], sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
