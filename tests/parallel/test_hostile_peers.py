@@ -346,3 +346,11 @@ def test_a_taken_rendezvous_port_is_an_address_error(rank_zero):
     port = int(rank_zero.address.rpartition(":")[2])
     with pytest.raises(AddressError, match="cannot serve the rendezvous"):
         Rendezvous.serve("127.0.0.1", port, timedelta(seconds=5))
+
+
+def test_a_peer_refusal_is_read_up_to_a_bound():
+    rendezvous = Rendezvous.in_process()
+    rendezvous.store.set("helios/ready/1", b"reject:" + b"x" * 1_000_000)
+    with pytest.raises(RankJoinError) as refused:
+        rendezvous.wait_ready(range(1, 2), 30.0, lambda: None)
+    assert len(str(refused.value)) < 5000

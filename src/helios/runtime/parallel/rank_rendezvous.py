@@ -62,6 +62,7 @@ from helios.runtime.parallel.rank_wire import wire_signature
 
 _LAUNCH, _SIZING, _NEXT_REMOTE = "helios/launch", "helios/sizing", "helios/next_remote"
 _POLL_S = 0.05
+_REASON_BYTES = 4096  # of a peer's refusal, as sent and as read
 
 
 class RankJoinError(LoadError):
@@ -292,7 +293,7 @@ class Rendezvous:
         """Tells rank zero why `rank` does not join; best effort (rank zero may be gone, which the
         caller's own error then says). The reason is cut to what the store takes."""
         with contextlib.suppress(RuntimeError, MissingRankError):
-            self._call(lambda: self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8")[:4096]),
+            self._call(lambda: self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8")[:_REASON_BYTES]),
                        "refusal")
 
     def wait_ready(self, ranks: range, timeout_s: float, lost: Callable[[], str | None]) -> None:
@@ -305,7 +306,8 @@ class Rendezvous:
                     continue
                 answer = self.store.get(key)
                 if answer.startswith(b"reject:"):
-                    raise RankJoinError(f"rank {rank} refused to join: {answer[7:].decode('utf-8', 'replace')}")
+                    reason = answer[7:7 + _REASON_BYTES].decode("utf-8", "replace")  # a peer's text: bounded
+                    raise RankJoinError(f"rank {rank} refused to join: {reason}")
                 if answer != b"ok":
                     raise RankJoinError(f"rank {rank} answered {answer[:64]!r}, which is neither ready nor a refusal "
                                         "(another helios version?)")
