@@ -357,3 +357,19 @@ def test_serve_refuses_timeouts_past_a_year(option, capsys):
 def test_serve_refuses_counts_past_int32(option, capsys):
     code, _, err = run(capsys, "serve", "no.core", option, str(10**30))
     assert code == 2 and f"{option} must be at most" in one_line(err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--host", ""], "--host must not be empty"),
+    (["--host", "  "], "--host must not be empty"),
+    (["--api-key", "secret\n"], "--api-key"),
+])
+def test_serve_refuses_an_empty_host_and_an_unsendable_api_key(argv, message, capsys):
+    """An empty --host (an unset variable, say) would listen on every interface."""
+    code, _, err = run(capsys, "serve", "no.core", *argv)
+    assert code == 2 and message in one_line(err)
+
+
+def test_serve_names_the_core_that_served_model_name_swallowed(files, capsys):
+    code, _, err = run(capsys, "serve", "--served-model-name", "a", files["core"])
+    assert code == 2 and "put MODEL.core before the option" in one_line(err)

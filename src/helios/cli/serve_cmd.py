@@ -115,6 +115,13 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _is_core_file(name: str) -> bool:
+    try:
+        return name.endswith(".core") or os.path.isfile(name)
+    except (OSError, ValueError):
+        return False
+
+
 def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
     """The verified core, and how an engine process opens it again."""
     if args.core:
@@ -183,6 +190,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--served-model-name takes distinct, nonempty names")
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError(f"--api-key (or ${API_KEY_ENV}) must not be empty")
+    if args.api_key is not None and not args.api_key.isprintable():  # no header could carry it: every request a 401
+        raise UsageError(f"--api-key (or ${API_KEY_ENV}) holds control characters")
+    if not args.host.strip():  # the socket would listen on every interface: say so with 0.0.0.0 or ::
+        raise UsageError("--host must not be empty (0.0.0.0 or :: listens on every interface)")
+    if args.core is None and any(_is_core_file(name) for name in names):
+        raise UsageError("--served-model-name took the core file as a name: put MODEL.core before the option, "
+                         "or end the names with --")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be in [0, 65535]")
     ranks = rank_options_from_args(args)
