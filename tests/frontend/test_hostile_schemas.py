@@ -5,9 +5,12 @@ a fetch, a hang or a memory blow-up. Memory is bounded by tracemalloc peaks, nev
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helios.frontend.parsers.schema_refs import SchemaRefError
+from helios.frontend.structured.grammar import GrammarError, GrammarKind, GrammarRequest, shape_error
 from helios.frontend.structured.grammar_lark import not_containing
 from helios.frontend.structured.grammar_values import safe_schema
 
@@ -104,3 +107,79 @@ def test_ref_cycles_and_dangling_refs_name_the_field(served):
     recursive = {"$ref": "#/$defs/A", "$defs": {"A": {"type": "object", "properties": {"n": {"$ref": "#/$defs/A"}}}}}
     rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": recursive}}
     assert case.model.prepare_chat(chat(case, response_format=rf)).grammar is not None  # recursion stays a ref
+
+
+# -- shapes llguidance compiles in unbounded time are refused before it sees them ----------------------
+
+
+def pattern_properties(n: int) -> dict:
+    return {"type": "object", "patternProperties": {f"^p{i}$": {"type": "integer"} for i in range(n)}}
+
+
+def joint_patterns(n: int) -> dict:
+    """A string under ``n`` patterns together: its own, an allOf branch's, and one behind a $ref."""
+    return {"$defs": {"tail": {"pattern": "^[a-z]{1,}$"}}, "type": "object", "properties": {"s": {
+        "type": "string", "pattern": "^[a-z]{2,}$",
+        "allOf": [{"$ref": "#/$defs/tail"}, *({"pattern": f"^[a-z]{{{i},}}$"} for i in range(3, n + 1))]}}}
+
+
+@pytest.fixture
+def no_compile_of(monkeypatch):
+    """Makes llguidance refuse (AssertionError) any grammar whose text holds `marker`: a schema the
+    shape check must refuse first never reaches the compiler (where it would run for minutes)."""
+    import types
+
+    import llguidance
+
+    from helios.frontend.structured import grammar
+
+    markers = []
+    real = llguidance.LLMatcher
+
+    class Matcher:
+        def __call__(self, tokenizer, source, *args, **kwargs):
+            assert not any(marker in source for marker in markers), "the compiler got an unbounded shape"
+            return real(tokenizer, source, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    names = {name: getattr(llguidance, name) for name in dir(llguidance) if not name.startswith("__")}
+    monkeypatch.setattr(grammar, "llguidance", types.SimpleNamespace(**{**names, "LLMatcher": Matcher()}))
+    return markers.append
+
+
+@pytest.mark.parametrize("shape, limit, reason", [
+    (pattern_properties, 64, "65 patternProperties: at most 64"),
+    (joint_patterns, 8, "match 9 patterns together .*: at most 8"),
+])
+def test_shapes_that_compile_in_unbounded_time_are_400s_before_compiling(served, no_compile_of, shape, limit, reason):
+    """2000 patternProperties (63 kB) or 50 patterns on one string held a worker for minutes inside
+    llguidance, which no `LIMITS` bound; one past the bound is now refused before any compile, and
+    the bound itself still compiles."""
+    case = served["qwen"]
+    bounded = chat(case, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": shape(limit)}})
+    assert case.model.prepare_chat(bounded).grammar is not None
+    no_compile_of(json.dumps(shape(limit + 1))[-40:])
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": shape(limit + 1)}}
+    with pytest.raises(GrammarError, match=reason) as caught:
+        case.model.prepare_chat(chat(case, response_format=rf))
+    assert (caught.value.http_status, caught.value.param) == (400, "response_format")
+    with pytest.raises(GrammarError, match=f"tool 'f' parameters: .*{reason}") as caught:
+        case.model.prepare_chat(chat(case, tools=[tool(shape(limit + 1))], tool_choice="required"))
+    assert (caught.value.http_status, caught.value.param) == (400, "tools")
+
+
+def test_joint_patterns_count_any_of_branches_once_and_stop_at_cycles():
+    def request(schema):
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+
+    either = {"anyOf": [{"pattern": "a"}, {"allOf": [{"pattern": "b"}, {"pattern": "c"}]}]}
+    assert shape_error(request({"allOf": [either] * 4})) == ""  # 4 x 2: the larger branch of each
+    assert "9 patterns" in shape_error(request({"pattern": "x", "allOf": [either] * 4}))
+    looping = {"$defs": {"a": {"pattern": "x", "allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
+    assert shape_error(request(looping)) == ""
+    chain = {"$defs": {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}]} for i in range(300)}, "$ref": "#/$defs/d0"}
+    chain["$defs"]["d300"] = {"type": "string"}
+    assert "too many" in shape_error(request(chain))
+    assert shape_error(GrammarRequest(GrammarKind.REGEX, "(" * 50)) == ""

@@ -16,7 +16,9 @@ matcher must compute its first mask. For a JSON schema, the regexes llguidance c
 too, but at most `PATTERN_PROBES` distinct ones per check (a request's answer grammar, or all of its
 tools' parameter schemas together); the rest, like a limit met deeper in the output, are left to the
 runtime backstop: the matcher enters its error state and the runtime ends that request as an error
-(`helios.runtime.feedback.GrammarFailure`), never as a "stop". One verdict per check (the grammars and
+(`helios.runtime.feedback.GrammarFailure`), never as a "stop". Schema shapes llguidance compiles in
+unbounded time, which no limit stops, are refused before it sees them (`shape_error`: at most
+`MAX_PATTERN_PROPERTIES` per object, `MAX_JOINT_PATTERNS` patterns on one string). One verdict per check (the grammars and
 their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is one cache hit.
 
 Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
@@ -77,6 +79,13 @@ VERDICT_CACHE = 256  # checks (a grammar, or a request's tool schemas together) 
 # Distinct schema patterns one check probes on their own (about 1.5 ms each with a 128k vocabulary):
 # a schema with thousands of patterns must not cost seconds of preparation CPU.
 PATTERN_PROBES = 32
+# Schema shapes llguidance's JSON compiler checks without fuel, in time that grows much faster than
+# the schema (a 60 kB schema held a worker for minutes), so `LIMITS` cannot bound them and `check`
+# refuses them first (`shape_error`): the patternProperties of one object (each pair is proved
+# disjoint: 300 took seconds) and the patterns one string must match together (its own, its allOf
+# branches' and their refs' are intersected: 20 took seconds, 50 minutes).
+MAX_PATTERN_PROPERTIES = 64
+MAX_JOINT_PATTERNS = 8
 
 
 class GrammarError(RequestError):
@@ -332,6 +341,9 @@ class GrammarCompiler:
 
     def _probe(self, request: GrammarRequest) -> str:
         """The check's verdict on one grammar: "" when it passes, else the error text for a client."""
+        shape = shape_error(request)
+        if shape:
+            return f"invalid {request.kind.value} grammar: {shape}"
         try:
             source = self.document_text(PROBE_LARK.format(token_id=self._probe_token_id), request)
         except GrammarError as error:
@@ -421,6 +433,81 @@ _SUBSCHEMA_KEYS = frozenset({"items", "prefixItems", "additionalProperties", "an
 # ...or a map of them (``$defs``, ``definitions``: also those no ``$ref`` reaches, whose patterns
 # llguidance never compiles; a bad regex there is an error in the client's schema all the same).
 _SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def shape_error(request: GrammarRequest) -> str:
+    """Why a JSON-schema request's shape is past `MAX_PATTERN_PROPERTIES` or `MAX_JOINT_PATTERNS`
+    (its error for a client), or "" when it is within them (and for other kinds of grammar)."""
+    if request.kind is not GrammarKind.JSON_SCHEMA:
+        return ""
+    try:
+        schema = json.loads(request.source)
+        document = SchemaDocument(schema)
+    except (ValueError, RequestError):
+        return ""  # the compile reports an unreadable schema or a bad $ref
+    joint = _JointPatterns(document)
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        extra = node.get("patternProperties")
+        if isinstance(extra, dict) and len(extra) > MAX_PATTERN_PROPERTIES:
+            return (f"an object schema with {len(extra)} patternProperties: at most {MAX_PATTERN_PROPERTIES} "
+                    "can be compiled in bounded time")
+        count = joint.count(node)
+        if count is None or count > MAX_JOINT_PATTERNS:
+            return (f"a string must match {'too many' if count is None else count} patterns together (its own "
+                    f"pattern and those of its allOf branches): at most {MAX_JOINT_PATTERNS} can be intersected "
+                    "in bounded time")
+        for key, value in node.items():
+            if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key in _SUBSCHEMA_KEYS:
+                stack.extend(value if isinstance(value, list) else [value])
+    return ""
+
+
+class _JointPatterns:
+    """How many ``pattern``s a value of a schema node may have to match at once: its own, plus those
+    of its ``$ref`` target and of every ``allOf`` branch, plus the most of any one ``anyOf``/``oneOf``
+    branch (llguidance distributes allOf over them). Memoized per node; a node met again on its own
+    path (a cycle through allOf or refs) adds nothing; None past `_MAX_JOINT_DEPTH` nested nodes."""
+
+    def __init__(self, document: SchemaDocument):
+        self._document = document
+        self._counts: dict[int, int | None] = {}
+        self._path: set[int] = set()
+
+    def count(self, node: Any, depth: int = 0) -> int | None:
+        if not isinstance(node, dict) or id(node) in self._path:
+            return 0
+        if id(node) in self._counts:
+            return self._counts[id(node)]
+        if depth > _MAX_JOINT_DEPTH:
+            return None
+        self._path.add(id(node))
+        try:
+            parts = [1 if isinstance(node.get("pattern"), str) else 0]
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                parts.append(self.count(self._document.resolve(ref), depth + 1))
+            branches = node.get("allOf")
+            for branch in branches if isinstance(branches, list) else ():
+                parts.append(self.count(branch, depth + 1))
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list):
+                    counts = [self.count(branch, depth + 1) for branch in branches]
+                    parts.append(None if None in counts else max(counts, default=0))
+        finally:
+            self._path.discard(id(node))
+        total = None if None in parts else sum(parts)
+        self._counts[id(node)] = total
+        return total
+
+
+_MAX_JOINT_DEPTH = 200  # refs and allOf/anyOf nested this deep are past any real schema (and Python's stack)
 
 
 def string_pattern_request(pattern: str) -> GrammarRequest:
