@@ -9,6 +9,8 @@ import argparse
 import os
 import resource
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -373,3 +375,16 @@ def test_serve_refuses_an_empty_host_and_an_unsendable_api_key(argv, message, ca
 def test_serve_names_the_core_that_served_model_name_swallowed(files, capsys):
     code, _, err = run(capsys, "serve", "--served-model-name", "a", files["core"])
     assert code == 2 and "put MODEL.core before the option" in one_line(err)
+
+
+def test_output_into_a_closed_pipe_ends_quietly_with_141(files):
+    """`helios inspect CORE | true`: the reader is gone before the first write. One real process
+    (its stdout a pipe whose read end is closed at once), for every command, not only generate."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "helios.cli.main", "inspect", str(files["core"])],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=240)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == ""

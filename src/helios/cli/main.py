@@ -3,17 +3,21 @@
 Each command module defines `register(subparsers)`, which adds its subcommands and sets
 `func(args) -> int` on each. Errors derived from `HeliosError` print one line and exit with the
 class's exit code; an operating-system error (a file that cannot be read or written) prints one line
-and exits 1; no traceback reaches the user.
+and exits 1; output into a pipe whose reader stopped (`| head`) ends quietly with status 141, as SIGPIPE
+would end it; no traceback reaches the user.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from helios import __version__
 from helios.errors import HeliosError
+
+EXIT_BROKEN_PIPE = 141  # as a shell reports a command SIGPIPE ended (128 + 13)
 
 # Command modules, in the order their commands appear in --help.
 COMMAND_MODULES = (
@@ -53,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts = list(args.prompts or []) + extra
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader of the output stopped early (`| head`): quietly, as SIGPIPE would end it
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     except HeliosError as error:
         print(f"helios {args.command}: error: {error}", file=sys.stderr)
         return error.exit_code
@@ -63,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"helios {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _discard_stdout() -> None:
+    """Points standard output at /dev/null, so that the flush at exit has nowhere to fail."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no descriptor (a captured stream): nothing to flush into a pipe
+        pass
 
 
 if __name__ == "__main__":
