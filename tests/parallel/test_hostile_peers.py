@@ -354,3 +354,26 @@ def test_a_peer_refusal_is_read_up_to_a_bound():
     with pytest.raises(RankJoinError) as refused:
         rendezvous.wait_ready(range(1, 2), 30.0, lambda: None)
     assert len(str(refused.value)) < 5000
+
+
+@pytest.mark.parametrize("field, value", [("collective_timeout_s", float("nan")), ("join_timeout_s", -1.0),
+                                          ("collective_timeout_s", "60"), ("first_remote_rank", 7),
+                                          ("host_pages", -3), ("backend", "mpi"), ("cuda_graphs", "yes")])
+def test_a_launch_with_values_no_rank_zero_publishes_is_refused(field, value):
+    """Read from the store, a launch must hold what this version's rank zero publishes; a NaN
+    timeout ended a joiner with a ValueError traceback when it formed the group."""
+    import json
+
+    rendezvous = Rendezvous.in_process()
+    fields = json.loads(_launch().encode())
+    fields[field] = value
+    rendezvous.store.set("helios/launch", json.dumps(fields).encode())
+    with pytest.raises(RankJoinError, match="another helios version"):
+        rendezvous.read_launch(timedelta(seconds=1))
+
+
+def test_a_sizing_with_values_of_the_wrong_kind_is_refused():
+    rendezvous = Rendezvous.in_process()
+    rendezvous.store.set("helios/sizing", b'{"num_pages": -1, "variants": [], "error": ""}')
+    with pytest.raises(RankJoinError, match="cannot read"):
+        rendezvous.read_sizing(timedelta(seconds=1))

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import socket
 import threading
@@ -124,7 +125,24 @@ class Launch:
         fields["identity"] = RankIdentity(**fields["identity"])
         startup = fields["startup"]
         fields["startup"] = replace(StartupOptions(**startup), sampling=SamplingOptions(**startup["sampling"]))
-        return cls(**fields)
+        launch = cls(**fields)
+        launch._check()
+        return launch
+
+    def _check(self) -> None:
+        """Raises ValueError for values no rank zero publishes (a peer then refuses the launch)."""
+        identity = self.identity
+        if not (_is_int(identity.ranks) and identity.ranks >= 1
+                and all(isinstance(v, str) for v in (identity.cache_identity, identity.contract_digest, identity.wire))):
+            raise ValueError("the launch's identity has values of the wrong kind")
+        if not (_is_int(self.host_pages) and self.host_pages >= 0
+                and _is_int(self.first_remote_rank) and 1 <= self.first_remote_rank <= self.ranks):
+            raise ValueError("the launch's host pages or first remote rank are out of range")
+        if not all(_is_seconds(v) for v in (self.collective_timeout_s, self.join_timeout_s)):
+            raise ValueError("the launch's timeouts are not positive finite seconds")
+        if self.backend not in {b.value for b in RankBackend} or not all(
+                isinstance(v, bool) for v in (self.cuda_graphs, self.symmetric_all_reduce)):
+            raise ValueError("the launch's backend or flags are not of this version")
 
     @property
     def ranks(self) -> int:
@@ -146,7 +164,19 @@ class Sizing:
     def decode(cls, data: bytes) -> "Sizing":
         fields = json.loads(data.decode("utf-8"))
         fields["variants"] = tuple(fields["variants"])
-        return cls(**fields)
+        sizing = cls(**fields)
+        if not (_is_int(sizing.num_pages) and sizing.num_pages >= 0 and isinstance(sizing.error, str)
+                and all(isinstance(name, str) for name in sizing.variants)):
+            raise ValueError("the sizing has values of the wrong kind")
+        return sizing
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 class AddressError(RankJoinError):
