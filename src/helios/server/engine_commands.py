@@ -114,7 +114,6 @@ class QueuedCommands:
                 with self._wake:
                     self._is_writing = False
 
-
     def _refused(self, call: Callable, args: tuple, error: Exception) -> None:
         """A queued command the link raised on (on the caller's thread it would have raised there):
         logged, and a refused submission ends its request with ERROR, so that its response ends."""
