@@ -377,3 +377,16 @@ def test_a_sizing_with_values_of_the_wrong_kind_is_refused():
     rendezvous.store.set("helios/sizing", b'{"num_pages": -1, "variants": [], "error": ""}')
     with pytest.raises(RankJoinError, match="cannot read"):
         rendezvous.read_sizing(timedelta(seconds=1))
+
+
+def test_the_exit_line_is_one_line_whatever_the_error_holds(monkeypatch, capsys):
+    from helios.cli import rank_cmd
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(rank_cmd.os, "_exit", exit_)
+    with pytest.raises(SystemExit) as ended:
+        rank_cmd._exit_now(9, "error: the group broke:\n  gloo said\n\nthis")
+    assert ended.value.code == 9
+    assert capsys.readouterr().err == "helios rank: error: the group broke: | gloo said | this\n"

@@ -144,8 +144,8 @@ def _exit_now(code: int, line: str | None) -> None:
     group's gloo and store destructors talk to rank zero, which may be gone by then, and one of
     them aborted the process (SIGABRT) after a clean stop. Nothing is left to release: rank zero
     owns the group's end, and this process's memory goes with it."""
-    if line is not None:
-        print(f"helios rank: {line}", file=sys.stderr)
+    if line is not None:  # one line, whatever the error's text holds
+        print(f"helios rank: {' | '.join(part.strip() for part in line.splitlines() if part.strip())}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
