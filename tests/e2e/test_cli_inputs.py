@@ -388,3 +388,17 @@ def test_output_into_a_closed_pipe_ends_quietly_with_141(files):
     finally:
         os.close(write)
     assert done.returncode == 141 and done.stderr == ""
+
+
+@pytest.mark.parametrize("argv", [[], ["--max-tokens", "4"], ["a.core"], ["hello", "--prompt-ids", "[[1]]"]])
+def test_generate_without_prompts_or_with_both_kinds_loads_nothing(argv, capsys, monkeypatch):
+    """Said before the embedded model is prepared or a core loaded (which takes seconds to minutes)."""
+    import helios.cli.generate_cmd as generate_cmd
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model for a command line that names no prompt")
+
+    monkeypatch.setattr(generate_cmd, "build_runtime", no_load)
+    monkeypatch.setattr(generate_cmd, "_open", no_load)
+    code, _, err = run(capsys, "generate", *argv)
+    assert code == 2 and "give prompt texts or --prompt-ids" in one_line(err)

@@ -62,8 +62,6 @@ def register(subparsers) -> None:
 
 
 def _prompt_ids(args, tokenizer: Tokenizer, template: str, template_tokens) -> list[list[int]]:
-    if bool(args.prompts) == bool(args.prompt_ids):
-        raise UsageError("give prompt texts or --prompt-ids, not both or neither")
     if args.prompt_ids:
         return _parsed_prompt_ids(args.prompt_ids)
     for text in args.prompts:
@@ -101,11 +99,18 @@ def _is_core_path(text: str) -> bool:
         return False
 
 
-def _open(args: argparse.Namespace):
-    """The core to generate from: the given file, else the embedded model (prompts as chat)."""
+def _split_core_and_prompts(args: argparse.Namespace) -> None:
+    """The first positional is the core when it names one, else the first prompt; then exactly one of
+    prompt texts and --prompt-ids must be given (checked before any load)."""
     if args.core is not None and not _is_core_path(args.core):
         args.prompts = [args.core, *(args.prompts or [])]
         args.core = None
+    if bool(args.prompts) == bool(args.prompt_ids):
+        raise UsageError("give prompt texts or --prompt-ids, not both or neither")
+
+
+def _open(args: argparse.Namespace):
+    """The core to generate from: the given file, else the embedded model (prompts as chat)."""
     if args.core is not None:
         if not args.accept:
             raise UsageError("--accept NAMESPACE is required to generate from a core file")
@@ -129,9 +134,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--top-k must not be negative")
     if not -(2**63) <= args.seed < 2**63:  # the server's bounds of `seed`
         raise UsageError("--seed must be a signed 64-bit integer, in [-2**63, 2**63)")
+    load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
+    _split_core_and_prompts(args)
     if args.prompt_ids:
         _parsed_prompt_ids(args.prompt_ids)  # checked before the load; used once the tokenizer is known
-    load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
     runtime = build_runtime(_open(args), options)
     try:
