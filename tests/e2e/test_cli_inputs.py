@@ -107,6 +107,17 @@ def test_no_arguments_prints_usage_and_exits_2(capsys):
     assert err.startswith("usage: helios") and "required: COMMAND" in err
 
 
+@pytest.mark.parametrize("argv, unknown, usage", [
+    (["verify", "x.core", "--bogus", "--accept", "a"], "--bogus", "usage: helios verify"),
+    (["contract", "check", "f.json", "--bogus"], "--bogus", "usage: helios contract check"),
+    (["serve", "a.core", "extra"], "extra", "usage: helios serve"),
+])
+def test_an_unknown_option_shows_its_command_usage(argv, unknown, usage, capsys):
+    code, _, err = run(capsys, *argv)
+    lines = err.splitlines()
+    assert code == 2 and lines[0].startswith(usage) and lines[-1].endswith(f"unrecognized arguments: {unknown}")
+
+
 @pytest.mark.parametrize("argv", [["bogus"], ["verify", "x.core", "--bogus", "--accept", "a"],
                                   ["contract", "bogus"], ["generate", "--max-tokens", "nan"],
                                   ["serve", "--port", "1e30"], ["relocate", "x", "-o", "y", "--split-bytes", "inf"]])

@@ -43,6 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` selected, whose usage line an error should show."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None))
+            if chosen is not None:
+                return _command_parser(chosen, args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # importing the command modules (torch among them) takes seconds: Ctrl-C here is one line too
         parser = build_parser()
@@ -53,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         # Positional lists (generate's prompts) may follow options; anything else is an error.
         if not hasattr(args, "prompts") or any(item.startswith("-") for item in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         args.prompts = list(args.prompts or []) + extra
     try:
         return int(args.func(args) or 0)
