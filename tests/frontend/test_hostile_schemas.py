@@ -183,3 +183,18 @@ def test_joint_patterns_count_any_of_branches_once_and_stop_at_cycles():
     chain["$defs"]["d300"] = {"type": "string"}
     assert "too many" in shape_error(request(chain))
     assert shape_error(GrammarRequest(GrammarKind.REGEX, "(" * 50)) == ""
+
+
+def test_a_raw_enum_whose_every_value_holds_the_closer_is_a_400_not_free_text(served):
+    """A plain string parameter whose enum values all hold the value closer fell back to free text
+    (any value, none of the enum's); now a 400 naming the parameter. Writable values are kept."""
+    case = served["qwen"]
+    closing = {"type": "object", "properties": {"a": {"enum": ["x</parameter>", "</parameter>"]}}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="tool 'f' parameter 'a': .*holds the value closer") as caught:
+        case.model.prepare_chat(chat(case, tools=[tool(closing)], tool_choice="required"))
+    assert (caught.value.http_status, caught.value.param) == (400, "tools")
+    mixed = {"type": "object", "properties": {"a": {"enum": ["ok", "x</parameter>"]}}, "required": ["a"]}
+    prepared = case.model.prepare_chat(chat(case, tools=[tool(mixed)], tool_choice="required"))
+    head = ids_of(case.tokenizer, "</think>", "<tool_call>", "\n<function=f>\n<parameter=a>\n")
+    assert accepts(prepared.grammar, head + plain_ids(case.tokenizer, "ok\n</parameter>"))
+    assert not accepts(prepared.grammar, head + plain_ids(case.tokenizer, "x</"))

@@ -270,9 +270,11 @@ class ValueGrammar:
             if escaped:
                 literals = [xml_escape(text) for text in literals]
             allowed = [t for t in literals if spelled_closer(self._closer) not in t]
-            if allowed:
-                choices = " | ".join(json_literal(text) for text in allowed)
-                return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
+            if not allowed:  # the value would be left free: none of the schema's values can be written
+                raise GrammarError(f"each of its enum/const values holds the value closer "
+                                   f"{spelled_closer(self._closer)!r}, so none can be written as this value")
+            choices = " | ".join(json_literal(text) for text in allowed)
+            return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
         bounds = StringBounds.of(schema)
         if bounds is not None:
             return self._bounded(bounds)
