@@ -278,7 +278,7 @@ def test_a_write_that_runs_out_of_room_leaves_no_output(files, tmp_path, capsys)
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
     err = capsys.readouterr().err
-    assert code == 1 and "File too large" in one_line(err)
+    assert code == 1 and one_line(err) == f"helios relocate: error: File too large: {output}\n"
     assert output.read_bytes() == b"the operator's previous file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.core"]
 
@@ -413,3 +413,17 @@ def test_generate_without_prompts_or_with_both_kinds_loads_nothing(argv, capsys,
     monkeypatch.setattr(generate_cmd, "_open", no_load)
     code, _, err = run(capsys, "generate", *argv)
     assert code == 2 and "give prompt texts or --prompt-ids" in one_line(err)
+
+
+def test_keys_of_the_wrong_type_or_length(files, tmp_path, capsys):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (tmp_path / "ec.key").write_bytes(pem)
+    code, _, err = run(capsys, "sign", files["core"], "--key", tmp_path / "ec.key")
+    assert code == 4 and "not an Ed25519 key" in one_line(err)
+    (tmp_path / "short.pub").write_text("helios-ed25519 AAAA\n")
+    code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "short.pub")
+    assert code == 4 and "32 base64-encoded bytes" in one_line(err) and "short.pub" in err

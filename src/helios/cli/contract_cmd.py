@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from helios.cli.core_options import check_output_path, load_private_key, read_bounded
+from helios.cli.core_options import check_output_path, load_private_key, naming_output, read_bounded
 from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
 from helios.contract.rules import enum_label
@@ -116,7 +116,8 @@ def _example_core(args: argparse.Namespace) -> int:
     output = check_output_path("-o", args.output, {"--key file": args.key, "contract FILE": args.file})
     key = load_private_key(args.key)
     prepared = _load(args.file)
-    write_contract_core(prepared, output, key, args.namespace, args.seed)
+    with naming_output(output):
+        write_contract_core(prepared, output, key, args.namespace, args.seed)
     print(f"wrote {args.output}: {len(prepared.manifest.graph_handles)} programs of {prepared.contract.served_id}")
     return 0
 

@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from helios.cli.core_options import (
-    add_core_options, aes_key_from_args, check_core_path, check_output_path, load_private_key, open_core_from_args,
+    add_core_options, aes_key_from_args, check_core_path, check_output_path, load_private_key, naming_output,
+    open_core_from_args,
 )
 from helios.core.inspection import CoreInspection, inspect_core
 from helios.core.keys import SigningKey, check_namespace, write_key_pair
@@ -50,10 +51,11 @@ def _sign(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path("-o", args.output, {"--key file": args.key, "--aes-key file": args.aes_key,
                                               "part file of the core": _source_parts(args.core)})
-    files = add_signatures(
-        args.core, args.output or args.core, keys, replace=args.replace,
-        aes_key=aes_key_from_args(args),
-    )
+    with naming_output(args.output or args.core):
+        files = add_signatures(
+            args.core, args.output or args.core, keys, replace=args.replace,
+            aes_key=aes_key_from_args(args),
+        )
     ids = ", ".join(key.key_id.hex() for key in keys)
     print(f"signed {files[0]} with key {ids}")
     return 0
@@ -148,7 +150,8 @@ def _relocate(args: argparse.Namespace) -> int:
         raise UsageError("--split-bytes must be positive")
     check_core_path(args.core)
     check_output_path("-o", args.output, {"part file of the core": _source_parts(args.core)})
-    files = relocate_core(args.core, args.output, split_nbytes=args.split_bytes)
+    with naming_output(args.output):
+        files = relocate_core(args.core, args.output, split_nbytes=args.split_bytes)
     print(f"wrote {len(files)} file(s): {', '.join(str(f) for f in files)}")
     return 0
 

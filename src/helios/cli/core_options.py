@@ -18,6 +18,7 @@ regular file (`check_core_path`), and an output path may not name one of the com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import stat
@@ -180,6 +181,18 @@ def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[st
                 if path is not None and _same_file(output, Path(path)):
                     raise UsageError(f"{option} {output} is the {name}; writing there would replace it")
     return output
+
+
+@contextlib.contextmanager
+def naming_output(output: os.PathLike | str):
+    """An OSError raised inside without a file name (a write that failed for want of room, say)
+    gets `output`'s, so that its one line says which file could not be written."""
+    try:
+        yield
+    except OSError as error:
+        if not error.filename:
+            error.filename = str(output)
+        raise
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -11,7 +11,7 @@ import time
 import unicodedata
 from pathlib import Path
 
-from helios.cli.core_options import check_output_path, load_private_key
+from helios.cli.core_options import check_output_path, load_private_key, naming_output
 from helios.core.keys import check_namespace
 from helios.errors import UsageError
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                              capacities=plan, tensor_parallel=args.tensor_parallel, frontend=tuple(args.frontend))
     started = time.monotonic()
     try:
-        with _terminate_as_exception():
+        with _terminate_as_exception(), naming_output(output):
             written = prepare_core(checkpoint, output, key, options,
                                    progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     except _Terminated:
