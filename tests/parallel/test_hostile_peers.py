@@ -390,3 +390,23 @@ def test_the_exit_line_is_one_line_whatever_the_error_holds(monkeypatch, capsys)
         rank_cmd._exit_now(9, "error: the group broke:\n  gloo said\n\nthis")
     assert ended.value.code == 9
     assert capsys.readouterr().err == "helios rank: error: the group broke: | gloo said | this\n"
+
+
+def test_a_stop_signal_while_serving_ends_the_rank_with_one_line(cores):
+    """The rank waits for rank zero's next message inside a gloo collective; SIGTERM still ends
+    it at once (143, one line), not when the collective returns."""
+    from .test_generate_cli import free_port
+
+    core, address = cores.core(QWEN3, 2), f"127.0.0.1:{free_port()}"
+    zero = subprocess.Popen([sys.executable, "-c", _RANK_ZERO, str(core), NAMESPACE, str(cores.trust), address,
+                             "serving"], stdout=subprocess.PIPE, text=True)
+    try:
+        rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
+        assert zero.stdout.readline() == "ready\n"
+        rank.send_signal(signal.SIGTERM)
+        status, lines = _ended(rank)
+    finally:
+        zero.kill()
+        zero.wait()
+    assert status == 143, lines
+    assert lines[-1] == "helios rank: stopped by SIGTERM" and len(lines) <= 2, lines
