@@ -198,3 +198,14 @@ def test_a_raw_enum_whose_every_value_holds_the_closer_is_a_400_not_free_text(se
     head = ids_of(case.tokenizer, "</think>", "<tool_call>", "\n<function=f>\n<parameter=a>\n")
     assert accepts(prepared.grammar, head + plain_ids(case.tokenizer, "ok\n</parameter>"))
     assert not accepts(prepared.grammar, head + plain_ids(case.tokenizer, "x</"))
+
+
+def test_a_tool_call_grammar_past_the_compile_limits_is_a_400_naming_tools(served):
+    """Tool schemas that pass their own check can still make the whole call grammar too big for
+    llguidance (a DSML value grammar per enum value); its GrammarError named no param."""
+    case = served["dsml"]
+    schema = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(2500)]},
+                                               "b": {"type": "array", "items": {"enum": [f"w{i}" for i in range(2500)]}}}}
+    with pytest.raises(GrammarError, match="tool-call grammar") as caught:
+        case.model.prepare_chat(chat(case, tools=[tool(schema)], tool_choice="required"))
+    assert (caught.value.http_status, caught.value.param) == (400, "tools")

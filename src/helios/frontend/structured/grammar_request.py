@@ -79,7 +79,8 @@ class OutputConstraints:
         syntax, options = self._syntax, self._compiler.json_options
         if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # forced calls only (see _call_policy)
             lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
-            return self._answer_only(GrammarRequest(GrammarKind.LARK, lark), prompt, reasoning_budget)
+            with _fault_of("tools"):
+                return self._answer_only(GrammarRequest(GrammarKind.LARK, lark), prompt, reasoning_budget)
         if syntax.has_frames:
             start = syntax.output_start(prompt).frame
             lark = frames_lark(syntax.output.frames, self._speller, start, calls, calls.answer, options)
@@ -89,7 +90,8 @@ class OutputConstraints:
                                  reasoning_budget)
         else:
             lark = tag_tool_lark(syntax.output, self._speller, TagEnvelope(prompt.reasoning_state, calls), options)
-        return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
+        with _fault_of("tools"):  # the answer grammar passed its own check above: the calls' grammar failed
+            return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
 
     def _check_tools(self, tools: Sequence[ToolSchema]) -> None:
         """GrammarError naming the first tool whose parameters schema cannot constrain its arguments.
