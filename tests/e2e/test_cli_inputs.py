@@ -383,9 +383,21 @@ def test_serve_refuses_an_empty_host_and_an_unsendable_api_key(argv, message, ca
     assert code == 2 and message in one_line(err)
 
 
-def test_serve_names_the_core_that_served_model_name_swallowed(files, capsys):
-    code, _, err = run(capsys, "serve", "--served-model-name", "a", files["core"])
-    assert code == 2 and "put MODEL.core before the option" in one_line(err)
+def test_serve_names_the_core_that_served_model_name_swallowed(files, tmp_path, capsys, monkeypatch):
+    renamed = tmp_path / "model"
+    renamed.write_bytes(files["core"].read_bytes()[:64])
+    for core in (files["core"], renamed, "absent.core"):
+        code, _, err = run(capsys, "serve", "--served-model-name", "a", core)
+        assert code == 2 and "put MODEL.core before the option" in one_line(err)
+    import helios.cli.serve_cmd as serve_cmd
+
+    monkeypatch.setattr(serve_cmd, "_start", lambda *a: pytest.fail("names that are not cores were refused"))
+    monkeypatch.setattr(serve_cmd, "bind", lambda *a: pytest.fail("names that are not cores were refused"))
+    (tmp_path / "notes").write_text("a file that is not a core")
+    os.mkfifo(tmp_path / "fifo-name")  # not opened: that would wait for a writer
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pytest.fail.Exception):
+        main(["serve", "--served-model-name", "notes", "fifo-name"])
 
 
 def test_output_into_a_closed_pipe_ends_quietly_with_141(files):

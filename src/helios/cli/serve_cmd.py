@@ -20,6 +20,7 @@ from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.contract import StartupOptions
+from helios.core.layout import MAGIC
 from helios.core.reader import Core, open_core
 from helios.errors import UsageError
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
@@ -116,8 +117,14 @@ def register(subparsers) -> None:
 
 
 def _is_core_file(name: str) -> bool:
+    """Whether a --served-model-name is a core file's path: named .core, or a file that starts as one."""
+    if name.endswith(".core"):
+        return True
     try:
-        return name.endswith(".core") or os.path.isfile(name)
+        if not os.path.isfile(name):  # first: opening a FIFO would wait for a writer
+            return False
+        with open(name, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
     except (OSError, ValueError):
         return False
 
