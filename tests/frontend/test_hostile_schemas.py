@@ -12,7 +12,8 @@ import pytest
 from helios.frontend.parsers.schema_refs import SchemaRefError
 from helios.frontend.structured.grammar import GrammarError, GrammarKind, GrammarRequest, shape_error
 from helios.frontend.structured.grammar_lark import not_containing
-from helios.frontend.structured.grammar_values import safe_schema
+from helios.frontend.parsers.calls import ValueFormat
+from helios.frontend.structured.grammar_values import ValueStyle, safe_schema, string_pattern
 
 from .served import ids_of
 from .test_grammar_tools import accepts, chat, plain_ids, served, tool  # noqa: F401
@@ -51,13 +52,25 @@ def test_escaped_json_strings_keep_entities_under_their_own_pattern(served):
     assert not accepts(prepared.grammar, head + plain_ids(case.tokenizer, '["a <'))
 
 
+def test_large_string_enums_in_json_values_still_compile(served):
+    """String enum values are filtered against the closer rule, not intersected with it one by one
+    (which made a DSML call grammar of 2 x 2500 enum values too big to compile)."""
+    case = served["dsml"]
+    schema = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(2500)]},
+                                               "b": {"type": "array", "items": {"enum": [f"w{i}" for i in range(2500)]}}}}
+    assert case.model.prepare_chat(chat(case, tools=[tool(schema)], tool_choice="required")).grammar is not None
+
+
 def test_safe_schema_adds_the_closer_rule_beside_string_constraints():
     pattern = f"^{not_containing('</v>')}$"
     safe = safe_schema({"type": "string", "pattern": "^a", "allOf": [{"type": "string", "maxLength": 9}]}, pattern)
     assert safe["pattern"] == "^a"
     assert safe["allOf"] == [{"type": "string", "maxLength": 9, "pattern": pattern}, {"pattern": pattern}]
-    assert safe_schema({"enum": ["a", 1]}, pattern)["allOf"] == [{"pattern": pattern}]
-    assert "allOf" not in safe_schema({"enum": [1, 2]}, pattern)
+    assert safe_schema({"enum": ["a", "b</v>", 1, "</v"]}, pattern) == {"enum": ["a", 1, "</v"]}
+    assert safe_schema({"const": "x</v>y"}, pattern) == {"enum": []}
+    assert safe_schema({"const": "x</y"}, pattern) == {"const": "x</y"}
+    escaped = string_pattern(ValueStyle(ValueFormat.XML_ESCAPED), "</v>")
+    assert safe_schema({"enum": ["a &lt; b", "a < b", "&quot;"]}, escaped) == {"enum": ["a &lt; b"]}
     assert safe_schema({"type": "string"}, pattern) == {"type": "string", "pattern": pattern}
 
 
@@ -200,12 +213,20 @@ def test_a_raw_enum_whose_every_value_holds_the_closer_is_a_400_not_free_text(se
     assert not accepts(prepared.grammar, head + plain_ids(case.tokenizer, "x</"))
 
 
-def test_a_tool_call_grammar_past_the_compile_limits_is_a_400_naming_tools(served):
-    """Tool schemas that pass their own check can still make the whole call grammar too big for
-    llguidance (a DSML value grammar per enum value); its GrammarError named no param."""
-    case = served["dsml"]
-    schema = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(2500)]},
-                                               "b": {"type": "array", "items": {"enum": [f"w{i}" for i in range(2500)]}}}}
+def test_a_tool_call_grammar_past_the_compile_limits_is_a_400_naming_tools(served, monkeypatch):
+    """The whole tool-call grammar can fail to compile though each tool schema passed its check (here
+    under a tiny grammar-size limit); its GrammarError named no param."""
+    import llguidance
+
+    case = served["qwen"]
+    compiler = case.model._constraints._compiler
+    tiny = llguidance.LLParserLimits(max_grammar_size=100)
+
+    def matcher(lark, answer):
+        source = compiler.document_text(lark, answer)
+        return llguidance.LLMatcher(compiler._tokenizer, source, log_level=0, limits=tiny), source
+
+    monkeypatch.setattr(compiler, "_matcher", matcher)
     with pytest.raises(GrammarError, match="tool-call grammar") as caught:
-        case.model.prepare_chat(chat(case, tools=[tool(schema)], tool_choice="required"))
+        case.model.prepare_chat(chat(case, tools=[tool(PATTERNED)], tool_choice="required"))
     assert (caught.value.http_status, caught.value.param) == (400, "tools")

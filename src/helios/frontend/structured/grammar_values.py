@@ -23,8 +23,8 @@ the schema accepts:
 JSON strings must not end the value early: their decoded text never contains the value closer (raw
 syntaxes) and holds ``&``, ``<`` and ``>`` only as the entities the parser decodes (escaped
 syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote); a string's own
-``pattern``, ``format``, ``enum`` or ``const`` is intersected with that rule (``allOf``), not replaced
-by it. Numbers without
+``pattern`` or ``format`` is intersected with that rule (``allOf``), not replaced by it, and string
+``enum``/``const`` values that break it are left out. Numbers without
 declared bounds stay within ``NUMBER_LIMIT`` (llguidance then writes them without an exponent), so
 none overflows to an infinity the parsers reject. Free-form objects, arrays and untyped values use
 a recursive "safe JSON" definition with the same string and number rules for keys and values.
@@ -40,7 +40,9 @@ JSON values keep every keyword llguidance implements (``minLength``, ``maxLength
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -166,8 +168,12 @@ def safe_schema(schema: Any, pattern: str) -> Any:
             out[key] = {name: safe_schema(value, pattern) for name, value in out[key].items()}
     types = out.get("type")
     types = set(types) if isinstance(types, list) else {types}
-    literals = [*(out["enum"] if isinstance(out.get("enum"), list) else []), *([out["const"]] if "const" in out else [])]
-    if any(key in out for key in ("pattern", "format")) or any(isinstance(value, str) for value in literals):
+    if isinstance(out.get("enum"), list):  # string values are filtered here: intersecting each is costly
+        out["enum"] = [value for value in out["enum"] if not isinstance(value, str) or _matches(pattern, value)]
+    if isinstance(out.get("const"), str) and not _matches(pattern, out["const"]):
+        del out["const"]
+        out["enum"] = []  # its one value cannot be written
+    if "pattern" in out or "format" in out:
         # the client's own string constraint, intersected with the safe pattern (it replaced it, so a
         # pattern like ".*" let a JSON string hold the value closer; an unknown format is ignored)
         out["allOf"] = [*out.get("allOf", ()), {"pattern": pattern}]
@@ -183,6 +189,16 @@ def safe_schema(schema: Any, pattern: str) -> Any:
             out["patternProperties"] = {pattern: safe_schema(extra, pattern)}
             out["additionalProperties"] = False
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def _safe_regex(pattern: str) -> re.Pattern:
+    return re.compile(pattern, re.DOTALL)
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """Whether ``text`` is a string value the safe ``pattern`` (`string_pattern`) allows."""
+    return _safe_regex(pattern).fullmatch(text) is not None
 
 
 def without_strings(schema: Any, document: SchemaDocument | None = None,
