@@ -127,16 +127,7 @@ def trusted_keys_from_args(args: argparse.Namespace) -> TrustedKeys:
     paths = args.trust or [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
     if not paths:
         raise UsageError(f"no trusted keys: pass --trust KEY.pub|DIR or set {TRUST_ENV}")
-    keys: list[PublicKey] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            files = sorted(path.glob("*.pub"))
-            if not files:
-                raise KeyFileError(f"{path} holds no *.pub key files")
-            keys.extend(load_public_key_file(f) for f in files)
-        else:
-            keys.append(load_public_key_file(path))
-    return TrustedKeys.of(keys)
+    return TrustedKeys.from_paths(paths, load=load_public_key_file)
 
 
 def load_aes_key(path: os.PathLike | str) -> bytes:

@@ -18,7 +18,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -196,15 +196,17 @@ class TrustedKeys:
         return cls(dict(merged))
 
     @classmethod
-    def from_paths(cls, paths: Iterable[Path]) -> "TrustedKeys":
-        """Loads `.pub` files; a directory contributes every `*.pub` file directly inside it."""
+    def from_paths(cls, paths: Iterable[Path], load: Callable[[Path], PublicKey] | None = None) -> "TrustedKeys":
+        """Loads `.pub` files (each through `load`, default `load_public_key`); a directory
+        contributes every `*.pub` file directly inside it."""
+        load = load or load_public_key
         keys: list[PublicKey] = []
         for path in map(Path, paths):
             if path.is_dir():
                 files = sorted(path.glob("*.pub"))
                 if not files:
                     raise KeyFileError(f"{path} holds no *.pub key files")
-                keys.extend(load_public_key(f) for f in files)
+                keys.extend(load(f) for f in files)
             else:
-                keys.append(load_public_key(path))
+                keys.append(load(path))
         return cls.of(keys)
