@@ -23,6 +23,15 @@ the responses, `helios.server.bridge`), and a later `submit` gets ERROR at once,
 its worker failed; `failure` then says why (the worker loop's error, or how the process ended). `shutdown` asks the engine process to stop (requests still running end
 CANCELLED, from the engine), waits for the process, and kills it if it does not exit in time. An
 engine process whose serving process is gone (end of file on the pipe) shuts down the same way.
+
+Liveness: the engine process's command loop sends a `Beat` every `HEARTBEAT_INTERVAL_S` (one small
+message, never on a token's path), so a process that is alive but not serving (stopped by SIGSTOP
+or a debugger, its main thread hung or busy for longer than any legitimate grammar compile) is told
+from a busy one: once no beat arrived for `liveness_timeout_s`, `unresponsive_reason` says why (it
+is None again when the beats resume). Nothing is killed for it while serving. `shutdown` never
+waits on a pipe the engine process stopped reading: the `Shutdown` record is written by a thread of
+its own and waited for at most its deadline (a short one where the engine process is already
+unresponsive), then the process is killed, which also frees any writer blocked on the pipe.
 """
 
 from __future__ import annotations
@@ -48,6 +57,9 @@ MAX_QUEUED = 64  # messages the engine process holds for a serving process that 
 STATS_INTERVAL_S = 0.05  # an idle engine process sends changed gauges at most this late
 DIED = "the model worker died"
 DIRECT_EVENTS = 64  # a batch of at most this many events may be written by the thread that sent it
+HEARTBEAT_INTERVAL_S = 1.0  # how often the engine process's command loop says it is alive
+DEFAULT_LIVENESS_TIMEOUT_S = 60.0  # no beat for this long: unresponsive (far past a long prefill or compile)
+UNRESPONSIVE_GRACE_S = 2.0  # shutdown's wait for an engine process already unresponsive, before the kill
 
 
 class Admit(NamedTuple):
@@ -73,6 +85,10 @@ def wire_events(batch: StepBatch) -> tuple:
 def batch_of(events: tuple) -> StepBatch:
     new = tuple.__new__
     return StepBatch(tuple([new(TokenEvent, e) if type(e) is tuple else e for e in events]))
+
+
+class Beat(NamedTuple):
+    """The engine process's command loop is alive (see the module docstring)."""
 
 
 class Died(NamedTuple):
@@ -102,9 +118,11 @@ class EngineLink:
     """The serving process's side (see the module docstring). `submit`, `cancel` and
     `stop_matched` are thread-safe; events reach the connected sink from the link's reader thread."""
 
-    def __init__(self, connection, process, stats: StatsSnapshot | None = None):
+    def __init__(self, connection, process, stats: StatsSnapshot | None = None,
+                 liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S):
         """`connection`: the duplex pipe end; `process`: the engine process (`join`, `kill`,
-        `is_alive`), already serving."""
+        `is_alive`), already serving; `liveness_timeout_s`: how long without a `Beat` makes it
+        unresponsive."""
         self._connection = connection
         self._process = process
         self._send_lock = threading.Lock()
@@ -112,6 +130,9 @@ class EngineLink:
         self._outstanding: dict[str, int] = {}  # admitted, finish not yet seen -> prompt tokens
         self._is_closed = False  # shut down or died: submissions end at once
         self._has_died = False
+        self._is_stopping = False  # `shutdown` began: its kill is not a death
+        self.liveness_timeout_s = liveness_timeout_s
+        self._last_beat: float | None = None  # monotonic time of the latest beat (None: not started)
         self.failure: str | None = None  # why the engine process stopped serving (None: it did not)
         self._reader: threading.Thread | None = None
         self.sink: EventSink | None = None
@@ -122,12 +143,25 @@ class EngineLink:
         self.sink = sink
 
     def start(self) -> None:
+        self._last_beat = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="helios-engine-link", daemon=True)
         self._reader.start()
 
     @property
     def is_healthy(self) -> bool:
         return not self._has_died
+
+    @property
+    def unresponsive_reason(self) -> str | None:
+        """Why the engine process counts as unresponsive (no beat for `liveness_timeout_s`), or None."""
+        last = self._last_beat
+        if last is None or self._has_died or self._is_closed:
+            return None
+        silent_s = time.monotonic() - last
+        if silent_s <= self.liveness_timeout_s:
+            return None
+        return (f"the model worker has not answered for {silent_s:.0f} s (more than {self.liveness_timeout_s:g} s): "
+                "its engine process is stopped or hung")
 
     def submit(self, request: EngineRequest) -> None:
         """Sends a served request (no `on_event`, no `host_stop`; its grammar, if any, must have a
@@ -160,8 +194,14 @@ class EngineLink:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stops the engine process after its current round; requests still running end CANCELLED
-        (ERROR where it is gone). Blocking; idempotent."""
-        self._send(Shutdown())
+        (ERROR where it is gone). Blocking, for at most about `timeout` (`UNRESPONSIVE_GRACE_S`
+        where the engine process is unresponsive) plus a few seconds: an engine process that did not
+        take the `Shutdown` record or exit by then is killed. Idempotent."""
+        if self.unresponsive_reason is not None:
+            timeout = min(timeout, UNRESPONSIVE_GRACE_S)
+        self._is_stopping = True
+        if not self._send_within(Shutdown(), timeout):  # a full pipe it does not read: no waiting on the lock
+            self._process.kill()
         if self._reader is not None:
             self._reader.join(timeout)
         self._process.join(timeout if self._reader is None or not self._reader.is_alive() else 1.0)
@@ -169,6 +209,14 @@ class EngineLink:
             self._process.kill()
             self._process.join(5.0)
         self._end_outstanding(FinishReason.CANCELLED, "the model worker shut down")
+
+    def _send_within(self, message, timeout: float) -> bool:
+        """Sends `message` on a thread of its own; False if that did not end within `timeout` (the
+        thread stays blocked until the pipe closes)."""
+        writer = threading.Thread(target=self._send, args=(message,), name="helios-engine-shutdown", daemon=True)
+        writer.start()
+        writer.join(timeout)
+        return not writer.is_alive()
 
     def _send(self, message) -> bool:
         """False when the engine process can no longer be reached."""
@@ -187,6 +235,8 @@ class EngineLink:
                 message = self._connection.recv()
                 if isinstance(message, Batch):
                     self._deliver(message)
+                elif isinstance(message, Beat):
+                    self._last_beat = time.monotonic()
                 elif isinstance(message, Died):
                     died = message.failure
                     break
@@ -194,7 +244,7 @@ class EngineLink:
                     break
         except (EOFError, OSError):
             died = DIED
-        if died is not None and not self._is_closed:
+        if died is not None and not self._is_closed and not self._is_stopping:
             self.failure = died if died != DIED else ended_how(self._process)
             self._has_died = True
         self._end_outstanding(FinishReason.ERROR if self._has_died else FinishReason.CANCELLED,
@@ -356,8 +406,13 @@ def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Gram
     sender = _BatchSender(connection, engine)
     engine.connect(sender)
     engine.start()
+    next_beat = 0.0
     try:
         while engine.is_healthy:
+            now = time.monotonic()
+            if now >= next_beat:  # from this loop: a loop stopped or stuck sends none
+                sender.send(Beat())
+                next_beat = now + HEARTBEAT_INTERVAL_S
             if not connection.poll(STATS_INTERVAL_S):
                 stats = sender.changed_stats()
                 if stats is not None:

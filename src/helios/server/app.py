@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or SSE with
 ``stream: true``), ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (503 once the
-model worker died), ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``. Request bodies are
+model worker died, or while its engine process sends no heartbeat: stopped or hung), ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``. Request bodies are
 the strict models of `helios.server.schemas`, so the OpenAPI document describes exactly what the
 server accepts: unknown or unsupported fields are rejected, not ignored.
 
@@ -142,11 +142,15 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
         check_model(model_id, served.card.served_names)
         return _model_entry(served, model_id)
 
-    @app.get("/health", responses={503: {"description": "The model worker is not running"}})
+    @app.get("/health", responses={503: {"description": "The model worker died, or its engine process is "
+                                                        "unresponsive (stopped or hung); `reason` says which"}})
     async def health() -> JSONResponse:
-        if served.is_healthy:
+        if not served.is_healthy:
+            return JSONResponse({"status": "unhealthy"}, status_code=503)
+        problem = served.health_problem()
+        if problem is None:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy"}, status_code=503)
+        return JSONResponse({"status": "unresponsive", "reason": problem}, status_code=503)
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:

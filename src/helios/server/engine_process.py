@@ -16,6 +16,8 @@ and it stops by itself when the serving process is gone, also while it loads (no
 then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
 does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
 `connection`, the pipe end the link writes, whose backlog `helios.server.engine_commands` reads.
+The engine process's command loop sends a heartbeat every second; one that sends none for the
+liveness timeout (`helios serve --liveness-timeout`) is reported unresponsive, not killed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from pathlib import Path
 
 from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
 from helios.errors import ExecutionError, HeliosError
-from helios.runtime.engine_link import EngineLink, ended_how, serve_link, stats_of, wait_ready
+from helios.runtime.engine_link import (
+    DEFAULT_LIVENESS_TIMEOUT_S, EngineLink, ended_how, serve_link, stats_of, wait_ready,
+)
 from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
@@ -87,8 +91,11 @@ class EngineProcessRuntime:
 
 def start_engine_process(source: CoreSource, prepared: PreparedContract, options: RuntimeOptions,
                          torch_threads: int | None = None,
-                         timeout_s: float = STARTUP_TIMEOUT_S) -> EngineProcessRuntime:
-    """Starts the engine process and waits until it serves; raises its startup error."""
+                         timeout_s: float = STARTUP_TIMEOUT_S,
+                         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> EngineProcessRuntime:
+    """Starts the engine process and waits until it serves; raises its startup error.
+    `liveness_timeout_s`: seconds without its heartbeat after which the link reports it
+    unresponsive (`EngineLink.unresponsive_reason`, `/health` 503)."""
     settings = resolve_settings(prepared, options.load.startup)  # options the core refuses fail before a load
     context = multiprocessing.get_context("spawn")
     connection, child = context.Pipe()
@@ -107,7 +114,8 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
             raise message.error
         raise ExecutionError(f"{ended_how(process)} while starting")
     view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
-    return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats)), connection)
+    return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats), liveness_timeout_s),
+                                connection)
 
 
 def _stop_unready(process, connection) -> None:

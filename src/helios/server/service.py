@@ -30,7 +30,8 @@ with one `ShuttingDown` error; after it, responses whose connections the server 
 quietly, and requests still preparing are refused with the same error.
 
 `start` / `shutdown` start and stop the model worker; `shutdown` returns after the worker drained
-its current round, the runtime's tensor-parallel ranks (if any) stopped and the output workers
+its current round (an engine process that stopped answering is killed after a bounded wait: its
+queued commands get `UNRESPONSIVE_CLOSE_S`, its `Shutdown` record `EngineLink.shutdown`'s deadline), the runtime's tensor-parallel ranks (if any) stopped and the output workers
 consumed every event. The object is shared by every request; after construction it is not mutated
 except through the engine's and the admission controller's own thread-safe methods.
 """
@@ -57,7 +58,7 @@ from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import EngineRequest
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.service import Runtime
-from helios.server.engine_commands import engine_commands
+from helios.server.engine_commands import CLOSE_TIMEOUT_S, engine_commands
 from helios.server.engine_process import EngineProcessRuntime
 from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
@@ -75,6 +76,7 @@ class WorkerUnavailable(ShuttingDown):
     ``server_shutting_down``: `helios serve` shuts down so that a supervisor restarts it)."""
 
 
+UNRESPONSIVE_CLOSE_S = 1.0  # shutdown: queued commands' wait for an engine process that stopped answering
 WORKER_UNAVAILABLE = "the model worker died; this server is not serving requests (retry later or on another instance)"
 
 
@@ -155,8 +157,9 @@ class ServedModel:
     def shutdown(self) -> None:
         """Stops the model worker once its current round is done, then any tensor-parallel ranks,
         then the output workers once they consumed every event (blocking; idempotent)."""
-        if self.commands is not self.engine:
-            self.commands.close()  # the commands already made reach the engine before its shutdown
+        if self.commands is not self.engine:  # the commands already made reach the engine before its shutdown
+            is_unresponsive = getattr(self.engine, "unresponsive_reason", None) is not None
+            self.commands.close(UNRESPONSIVE_CLOSE_S if is_unresponsive else CLOSE_TIMEOUT_S)
         self.runtime.close()
         self.output.close()
 
@@ -175,6 +178,13 @@ class ServedModel:
     @property
     def is_healthy(self) -> bool:
         return self.engine.is_healthy
+
+    def health_problem(self) -> str | None:
+        """Why `/health` answers 503 (the model worker died, or its engine process sent no
+        heartbeat for its liveness timeout: stopped or hung), or None."""
+        if not self.engine.is_healthy:
+            return getattr(self.engine, "failure", None) or "the model worker died"
+        return getattr(self.engine, "unresponsive_reason", None)
 
     def stats(self) -> StatsSnapshot:
         return dataclasses.replace(self.engine.stats.snapshot(), healthy=self.is_healthy)

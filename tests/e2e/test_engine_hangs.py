@@ -1,0 +1,164 @@
+"""An engine process that is alive but not serving (stopped by SIGSTOP), seen through the app.
+
+Its command loop sends a heartbeat every second; here the liveness timeout is cut to a moment, so a
+stopped engine process turns `/health` into a 503 naming why, and SIGCONT turns it back. Shutdown
+with the engine process stopped and its pipe full (the serving end's send buffer shrunk, as in
+tests/e2e/test_engine_faults.py) used to wait forever on the link's send lock, held by the write
+blocked on that pipe; it must end, killing the engine process. States are asserted, never times; a
+bounded wait fails a test that would otherwise hang, and every test resumes what it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import httpx
+import pytest
+
+from helios.core.reader import open_core
+from helios.runtime.engine_link import unread_bytes
+from helios.runtime.service import RuntimeOptions
+from helios.server.app import create_app
+from helios.server.engine_process import CoreSource, start_engine_process
+from helios.server.service import ServedModel
+from support.server_core import SERVED_ID, tiny_core
+
+HANG_GUARD_S = 120.0
+LIVENESS_S = 1.5  # far below the default: a stopped engine process is unresponsive within the test
+REQUESTS = 24  # each command ~0.5 KiB: several times what the shrunk pipe holds
+
+
+def start(core, queue_capacity: int = 4) -> ServedModel:
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
+    runtime = start_engine_process(source, opened.prepared, RuntimeOptions(queue_capacity=queue_capacity),
+                                   torch_threads=1, liveness_timeout_s=LIVENESS_S)
+    served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, frontend_workers=2)
+    served.start()
+    return served
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    return tiny_core(tmp_path_factory.getbasetemp())
+
+
+def client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=HANG_GUARD_S)
+
+
+async def health_until(c: httpx.AsyncClient, status_code: int) -> httpx.Response:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HANG_GUARD_S
+    while True:
+        response = await c.get("/health")
+        if response.status_code == status_code:
+            return response
+        assert loop.time() < deadline, f"/health stayed {response.status_code}: {response.text}"
+        await asyncio.sleep(0.05)
+
+
+def resume(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_it_resumes(core):
+    """Before: `/health` answered 200 with the engine process stopped (a supervisor could not tell)."""
+    served = start(core)
+    app = create_app(served)
+    pid = served.engine._process.pid
+
+    async def scenario():
+        async with client(app) as c:
+            before = await c.get("/health")
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                stopped = await health_until(c, 503)
+                models = await c.get("/v1/models")
+                is_healthy = served.is_healthy  # not a death: the server keeps serving
+            finally:
+                resume(pid)
+            resumed = await health_until(c, 200)
+            completion = await c.post("/v1/completions", json={
+                "model": SERVED_ID, "prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0})
+            return before, stopped, models, is_healthy, resumed, completion
+
+    try:
+        before, stopped, models, is_healthy, resumed, completion = asyncio.run(scenario())
+    finally:
+        resume(pid)
+        served.shutdown()
+    assert before.status_code == 200 and before.json() == {"status": "ok"}
+    body = stopped.json()
+    assert body["status"] == "unresponsive" and "stopped or hung" in body["reason"], body
+    assert is_healthy and models.status_code == 200
+    assert resumed.json() == {"status": "ok"}
+    assert completion.status_code == 200, completion.text
+    assert not served.engine._process.is_alive() and served.engine._process.exitcode == 0  # a clean stop
+
+
+def shrink_send_buffer(connection) -> None:
+    import socket
+
+    sock = socket.socket(fileno=os.dup(connection.fileno()))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    finally:
+        sock.close()
+
+
+def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core):
+    """Before: `EngineLink.shutdown` waited for the send lock, held by the command write blocked on
+    the full pipe of the stopped engine process: forever."""
+    served = start(core, queue_capacity=REQUESTS + 4)
+    app = create_app(served)
+    process = served.engine._process
+    connection = served.engine._connection
+    shrink_send_buffer(connection)
+    outcome: dict = {}
+
+    async def fill() -> list:
+        async with client(app) as c:
+            os.kill(process.pid, signal.SIGSTOP)
+            requests = [asyncio.ensure_future(c.post("/v1/completions", json={
+                "model": SERVED_ID, "prompt": [3 + k] * 250, "max_tokens": 2, "temperature": 0}))
+                for k in range(REQUESTS)]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + HANG_GUARD_S
+            while not (served.admission.in_use == REQUESTS and unread_bytes(connection) > 0
+                       and served.commands.num_queued > 0):  # the pipe is full: commands wait
+                assert loop.time() < deadline, "the pipe never filled"
+                await asyncio.sleep(0.01)
+            unresponsive = await health_until(c, 503)
+
+            def stop() -> None:  # what the app's lifespan does after the HTTP drain
+                served.shutdown()
+                outcome["ended"] = True
+
+            stopper = threading.Thread(target=stop, daemon=True)
+            stopper.start()
+            await asyncio.to_thread(stopper.join, HANG_GUARD_S)
+            if "ended" not in outcome:
+                return unresponsive, []
+            done = await asyncio.wait_for(asyncio.gather(*requests), HANG_GUARD_S)
+            return unresponsive, done
+
+    try:
+        unresponsive, done = asyncio.run(fill())
+    finally:
+        resume(process.pid)  # lets a shutdown that waited on the pipe go on
+        if "ended" not in outcome:
+            served.shutdown()
+    assert outcome.get("ended"), "shutdown waited on the stopped engine process's pipe"
+    assert unresponsive.json()["status"] == "unresponsive"
+    assert not process.is_alive() and process.exitcode == -signal.SIGKILL
+    # every request ended (the stopped engine process generated nothing): cancelled by the shutdown
+    assert [r.status_code for r in done] == [200] * REQUESTS, [r.text for r in done if r.status_code != 200]
+    assert {r.json()["choices"][0]["finish_reason"] for r in done} == {"cancelled"}
+    assert served.admission.in_use == 0
