@@ -308,3 +308,31 @@ def test_the_engine_side_writes_on_the_calling_thread_while_the_pipe_is_drained_
     sender.close()
     ours.close()
     theirs.close()
+
+
+def test_request_text_past_the_context_bound_is_a_400_naming_messages_or_prompt(served):
+    """Before: the refusal raised before tokenizing had `param: null`."""
+    from helios.frontend.decoding.text_bounds import TextBounds
+
+    app = create_app(served)
+    bound = TextBounds.from_tokenizer(served.frontend._tokenizer, served.card.context_tokens).max_text_chars
+    text = "a" * (bound + 1)
+    chat_answer = post(app, chat(messages=[{"role": "user", "content": text}]))
+    completion = post(app, {"model": SERVED_ID, "prompt": text, "max_tokens": 2}, "/v1/completions")
+    for response, param in ((chat_answer, "messages"), (completion, "prompt")):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert f"more than {bound} characters" in error["message"] and error["param"] == param, error
+
+
+def test_head_on_openapi_json_is_a_405_as_on_every_get_route(served):
+    """Before: starlette's HEAD on FastAPI's /openapi.json route answered 200."""
+    app = create_app(served)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.head("/openapi.json"), await c.head("/health"), await c.get("/openapi.json")
+
+    head, health_head, document = asyncio.run(scenario())
+    assert (head.status_code, head.headers.get("allow")) == (405, "GET")
+    assert head.status_code == health_head.status_code and document.status_code == 200

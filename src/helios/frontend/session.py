@@ -276,7 +276,7 @@ class FrontendModel:
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         template_kwargs = effective_template_kwargs(
             getattr(body, "reasoning_effort", None), body.chat_template_kwargs, self._thinking_switch)
-        self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]))
+        self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]), "messages")
         check_image_parts(messages, self._images)
         prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs)
         prompt, images = with_images(prompt, self._images)
@@ -326,7 +326,7 @@ class FrontendModel:
 
     def _completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):
-            self._text_bounds.check([prompt])
+            self._text_bounds.check([prompt], "prompt")
             ids = tuple(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
         else:
             begin, end = self._facts.input_range

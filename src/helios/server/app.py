@@ -111,6 +111,7 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
     _install_error_handlers(app)
     _install_routes(app, served)
     _document_400_not_422(app)
+    _openapi_get_only(app)
     app.add_middleware(BodyGuard, max_body_nbytes=max_body_nbytes)
     if api_key:
         app.add_middleware(ApiKeyGuard, api_key=api_key)
@@ -155,6 +156,14 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
         return Response(served.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+
+def _openapi_get_only(app: FastAPI) -> None:
+    """Starlette adds HEAD to the route FastAPI serves ``/openapi.json`` on (a plain route with GET);
+    every other GET route answers HEAD with 405, so this one does too."""
+    for route in app.router.routes:
+        if getattr(route, "path", None) == app.openapi_url and getattr(route, "methods", None):
+            route.methods = {"GET"}
 
 
 def _document_400_not_422(app: FastAPI) -> None:

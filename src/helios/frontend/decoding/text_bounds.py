@@ -42,8 +42,9 @@ class TextBounds:
         max_token_chars = max((len(token) for token in vocab), default=1)
         return cls(context_tokens * max(1, max_token_chars), context_tokens)
 
-    def check(self, texts: Iterable[str]) -> None:
-        """Raises `TextNotUnicode` or `PromptTooLong` for the request's texts (all of them)."""
+    def check(self, texts: Iterable[str], param: str | None = None) -> None:
+        """Raises `TextNotUnicode` or `PromptTooLong` for the request's texts (all of them);
+        `param`: the request field `PromptTooLong` names."""
         total = 0
         for text in texts:
             check_unicode(text)
@@ -51,7 +52,7 @@ class TextBounds:
             if total > self.max_text_chars:
                 raise PromptTooLong(
                     f"the request text is more than {self.max_text_chars} characters, longer than any "
-                    f"prompt that fits the context extent of {self.context_tokens} tokens")
+                    f"prompt that fits the context extent of {self.context_tokens} tokens", param)
 
 
 def is_unicode_text(text: str) -> bool:
