@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -162,3 +163,80 @@ def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core):
     assert [r.status_code for r in done] == [200] * REQUESTS, [r.text for r in done if r.status_code != 200]
     assert {r.json()["choices"][0]["finish_reason"] for r in done} == {"cancelled"}
     assert served.admission.in_use == 0
+
+
+def engine_pid_of(server_pid: int) -> int:
+    """The engine process among `helios serve`'s children (multiprocessing's spawned one)."""
+    children = []
+    for task in os.listdir(f"/proc/{server_pid}/task"):
+        with open(f"/proc/{server_pid}/task/{task}/children") as listing:
+            children.extend(int(pid) for pid in listing.read().split())
+    engines = []
+    for pid in children:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            words = cmdline.read().split(b"\0")
+        if any(b"spawn_main" in word for word in words) and not any(b"resource_tracker" in w for w in words):
+            engines.append(pid)
+    assert len(engines) == 1, (children, engines)
+    return engines[0]
+
+
+def test_helios_serve_reports_a_stopped_engine_process_and_a_sigterm_still_ends_it_with_143(core, tmp_path):
+    """`helios serve --liveness-timeout`: /health turns 503 with the engine process stopped; with
+    its pipe filled by submissions meanwhile, SIGTERM still ends the server (before: shutdown
+    waited on the send lock forever), by the signal, the engine process killed."""
+    import subprocess
+
+    from support.server_core import ServerProcess
+
+    server = ServerProcess(core, "--liveness-timeout", str(LIVENESS_S), "--queue-capacity", "300",
+                           log=tmp_path / "server.log")
+    engine_pid = None
+    try:
+        engine_pid = engine_pid_of(server.process.pid)
+        with httpx.Client(base_url=server.url, timeout=HANG_GUARD_S) as http:
+            assert http.get("/health").json() == {"status": "ok"}
+            os.kill(engine_pid, signal.SIGSTOP)
+            num_requests = 240  # ~1.3 KiB of command each: more than the pipe's buffers hold
+
+            async def flood() -> list:
+                limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+                async with httpx.AsyncClient(base_url=server.url, timeout=HANG_GUARD_S, limits=limits) as c:
+                    return await asyncio.gather(*(c.post("/v1/completions", json={
+                        "model": SERVED_ID, "prompt": [3 + k % 50] * 250, "max_tokens": 2})
+                        for k in range(num_requests)), return_exceptions=True)
+
+            answers: list = []
+            flooding = threading.Thread(target=lambda: answers.extend(asyncio.run(flood())), daemon=True)
+            flooding.start()
+            in_use = f"helios_admission_permits_in_use {num_requests}.0"
+            for _ in range(int(HANG_GUARD_S / 0.05)):
+                health = http.get("/health")
+                if health.status_code == 503 and in_use in http.get("/metrics").text:
+                    break
+                time.sleep(0.05)
+            assert health.status_code == 503 and in_use in http.get("/metrics").text, health.text
+            assert health.json()["status"] == "unresponsive"
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            code = server.process.wait(timeout=HANG_GUARD_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail("helios serve did not exit: its shutdown waited on the stopped engine process")
+        flooding.join(HANG_GUARD_S)
+        log = server.log.read_text()
+        assert code == -signal.SIGTERM and "helios serve: shut down" in log and "Traceback" not in log, log
+        assert not os.path.exists(f"/proc/{engine_pid}") or open(f"/proc/{engine_pid}/stat").read().split()[2] == "Z"
+        assert len(answers) == num_requests
+        assert all(isinstance(a, httpx.Response) and a.status_code == 503 for a in answers), \
+            {repr(a)[:120] for a in answers if not isinstance(a, httpx.Response) or a.status_code != 503}
+    finally:
+        if engine_pid is not None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(engine_pid, sig)
+                except ProcessLookupError:
+                    pass
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+        server.process.stdout.close()

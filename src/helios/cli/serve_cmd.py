@@ -31,6 +31,7 @@ from helios.server.body_guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_NB
 from helios.server.connection_limits import (
     DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAD_NBYTES, ConnectionLimits,
 )
+from helios.runtime.engine_link import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.server.engine_process import CoreSource, start_engine_process
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S
 from helios.server.serve import DRAIN_SECONDS, ServeOptions, bind, serve
@@ -39,7 +40,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_THREADS = 1024  # --frontend-workers, --torch-threads: far past any use, short of what a process can start
 MAX_COUNT = 2**31 - 1  # the other counts and byte sizes: past any use, within what sockets and torch take
 MAX_SECONDS = 365 * 24 * 3600  # timeouts: a year is "never"; larger ones overflow the timers of threads
-_SECONDS = ("send_timeout", "header_timeout", "body_timeout")
+_SECONDS = ("send_timeout", "header_timeout", "body_timeout", "liveness_timeout")
 
 
 def register(subparsers) -> None:
@@ -96,6 +97,10 @@ def register(subparsers) -> None:
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                         help="run the model worker in a process of its own, beside the HTTP server's "
                         "(default on; off: a thread of the server's process)")
+    parser.add_argument("--liveness-timeout", type=float, default=DEFAULT_LIVENESS_TIMEOUT_S, metavar="SECONDS",
+                        help="seconds without a heartbeat from the engine process (sent every second) after which "
+                        "/health answers 503 (stopped or hung; 200 again once heartbeats resume; the process is "
+                        f"not killed), far past a long prefill or grammar compile (default {DEFAULT_LIVENESS_TIMEOUT_S:.0f})")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per HTTP request: status, tokens, latency (default on)")
@@ -184,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
                  "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels",
-                 "stream_interval", "max_header_bytes", "header_timeout", "body_timeout", "max_connections"):
+                 "stream_interval", "max_header_bytes", "header_timeout", "body_timeout", "max_connections",
+                 "liveness_timeout"):
         value = getattr(args, name)
         if value is not None and not 0 < value < math.inf:  # nan and inf too: timers cannot take them
             raise UsageError(f"--{name.replace('_', '-')} must be positive and finite")
@@ -236,7 +242,8 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions):
         with _stop_signals_unwind():
             core, source = _open(args)
             if args.engine_process:
-                runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads)
+                runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
+                                               liveness_timeout_s=args.liveness_timeout)
             else:
                 runtime = build_runtime(core, runtime_options)
             return runtime, core.publisher.namespace
