@@ -617,7 +617,7 @@ def test_raw_string_bounds_the_grammar_cannot_enforce_are_400s_naming_the_parame
     case = served["qwen"]
     with pytest.raises(GrammarError, match=f"tool 'f' parameter 'a': .*{reason}") as caught:
         case.model.prepare_chat(chat(case, tools=[tool(with_property(schema))], tool_choice="required"))
-    assert caught.value.param == "tools"
+    assert caught.value.param == "tools[0].function.parameters.properties.a"
     long = case.model.prepare_chat(chat(case, tools=[tool(with_property({"type": "string", "maxLength": 100000}))],
                                         tool_choice="required"))
     assert long.grammar is not None  # a maxLength alone has no limit

@@ -105,7 +105,7 @@ def test_remote_and_file_refs_are_400s_naming_the_field_and_never_fetched(served
     for fields in ({"tool_choice": "required"}, {}):
         with pytest.raises(SchemaRefError, match="tool 'f' parameters: .*is not local") as caught:
             case.model.prepare_chat(chat(case, tools=[tool(schema)], **fields))
-        assert (caught.value.http_status, caught.value.param) == (400, "tools")
+        assert (caught.value.http_status, caught.value.param) == (400, "tools[0].function.parameters")
 
 
 def test_ref_cycles_and_dangling_refs_name_the_field(served):
@@ -180,7 +180,7 @@ def test_shapes_that_compile_in_unbounded_time_are_400s_before_compiling(served,
     assert (caught.value.http_status, caught.value.param) == (400, "response_format")
     with pytest.raises(GrammarError, match=f"tool 'f' parameters: .*{reason}") as caught:
         case.model.prepare_chat(chat(case, tools=[tool(shape(limit + 1))], tool_choice="required"))
-    assert (caught.value.http_status, caught.value.param) == (400, "tools")
+    assert (caught.value.http_status, caught.value.param) == (400, "tools[0].function.parameters")
 
 
 def test_joint_patterns_count_any_of_branches_once_and_stop_at_cycles():
@@ -205,7 +205,7 @@ def test_a_raw_enum_whose_every_value_holds_the_closer_is_a_400_not_free_text(se
     closing = {"type": "object", "properties": {"a": {"enum": ["x</parameter>", "</parameter>"]}}, "required": ["a"]}
     with pytest.raises(GrammarError, match="tool 'f' parameter 'a': .*holds the value closer") as caught:
         case.model.prepare_chat(chat(case, tools=[tool(closing)], tool_choice="required"))
-    assert (caught.value.http_status, caught.value.param) == (400, "tools")
+    assert (caught.value.http_status, caught.value.param) == (400, "tools[0].function.parameters.properties.a")
     mixed = {"type": "object", "properties": {"a": {"enum": ["ok", "x</parameter>"]}}, "required": ["a"]}
     prepared = case.model.prepare_chat(chat(case, tools=[tool(mixed)], tool_choice="required"))
     head = ids_of(case.tokenizer, "</think>", "<tool_call>", "\n<function=f>\n<parameter=a>\n")

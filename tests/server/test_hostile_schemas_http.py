@@ -83,12 +83,20 @@ REFUSED = {
     "50 patterns on one string": (answer({"type": "string", "allOf": [{"pattern": f"^[a-z]{{{i},}}$"} for i in range(50)]}),
                                   400, "response_format", "patterns together"),
     "tool file $ref": (calls(function("f", {"type": "object", "properties": {"a": {"$ref": "file:///etc/passwd"}}})),
-                       400, "tools", "is not local"),
+                       400, "tools[0].function.parameters", "is not local"),
     "tool 65 patternProperties": (calls(function("f", {"type": "object", "patternProperties": {
-        f"^{i}$": {} for i in range(65)}})), 400, "tools", "65 patternProperties"),
+        f"^{i}$": {} for i in range(65)}})), 400, "tools[0].function.parameters", "65 patternProperties"),
     "tool invalid regex": (calls(function("f", {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}})),
-                           400, "tools", "regex parse error"),
-    "tool string parameters": (calls(function("f", {"type": "string"})), 400, "tools", "type \"object\""),
+                           400, "tools[0].function.parameters", "regex parse error"),
+    "tool string parameters": (calls(function("f", {"type": "string"})), 400, "tools[0].function.parameters", "type \"object\""),
+    "second tool's dangling $ref": (calls(function("f", OBJECT), function("g", {"type": "object", "properties": {
+        "a": {"$ref": "#/$defs/missing"}}})), 400, "tools[1].function.parameters", "does not resolve"),
+    "second tool's regex, named": (calls(function("f", OBJECT), function("g", {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(("}}}), choice={"type": "function", "function": {"name": "g"}}),
+        400, "tools[1].function.parameters", "regex parse error"),
+    "second tool's unwritable enum": (calls(function("f", OBJECT), function("g", {"type": "object", "properties": {
+        "a": {"enum": ["</parameter>"]}}, "required": ["a"]})), 400, "tools[1].function.parameters.properties.a",
+        "holds the value closer"),
     "tool false parameters": (calls(function("f", False)), 400, "tools[0].function.parameters", "dictionary"),
     "duplicate tool names": (calls(function("f", OBJECT), function("f", {"type": "object"})), 400, "tools", "unique"),
     "tool name with a space": (calls(function("a b", OBJECT)), 400, "tools[0].function.name", "pattern"),

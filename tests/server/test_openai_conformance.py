@@ -181,7 +181,7 @@ STRING_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"typ
     (CHAT, {"messages": NOT_AN_OBJECT_CALL}, "messages"),
     (CHAT, {"prompt_logprobs": 1}, "prompt_logprobs"),  # the tiny core has no scored prefill
     (CHAT, {"response_format": {"type": "regex", "regex": "("}}, "response_format"),
-    (CHAT, {"tools": [STRING_TOOL], "tool_choice": "required"}, "tools"),
+    (CHAT, {"tools": [STRING_TOOL], "tool_choice": "required"}, "tools[0].function.parameters"),
     (CHAT, {"max_tokens": 1000}, "max_tokens"),
     (CHAT, {"max_tokens": None, "max_completion_tokens": 1000}, "max_completion_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hello " * 300}]}, "messages"),

@@ -48,16 +48,24 @@ class ToolSpec:
     parameters: Mapping[str, frozenset[ValueKind]]
 
     @classmethod
-    def from_schema(cls, name: str, schema: Mapping[str, Any] | None) -> "ToolSpec":
-        """SchemaRefError when the schema's refs are not local or do not resolve."""
-        document = tool_document(name, schema)
+    def from_schema(cls, name: str, schema: Mapping[str, Any] | None, index: int | None = None) -> "ToolSpec":
+        """SchemaRefError when the schema's refs are not local or do not resolve (its param names
+        the tool's ``parameters`` by its `index` in the request's ``tools``, where given)."""
+        document = tool_document(name, schema, index)
         properties = tool_properties(document)
         return cls(name, {str(key): schema_kinds(value, document) for key, value in properties.items()})
 
 
-def tool_document(name: str, schema: Any) -> SchemaDocument:
-    """A tool's ``parameters`` as a checked schema document (an absent schema is ``{}``)."""
-    return SchemaDocument(schema if isinstance(schema, Mapping) else {}, f"tool {name!r} parameters", "tools")
+def tool_param(index: int | None) -> str:
+    """The request field holding the ``parameters`` of the tool at `index` of ``tools`` (as
+    pydantic's errors spell it); ``tools`` when the index is not known."""
+    return "tools" if index is None else f"tools[{index}].function.parameters"
+
+
+def tool_document(name: str, schema: Any, index: int | None = None) -> SchemaDocument:
+    """A tool's ``parameters`` as a checked schema document (an absent schema is ``{}``); its errors
+    name the field by the tool's `index` in the request's ``tools`` (`tool_param`)."""
+    return SchemaDocument(schema if isinstance(schema, Mapping) else {}, f"tool {name!r} parameters", tool_param(index))
 
 
 def tool_properties(document: SchemaDocument) -> Mapping[str, Any]:
@@ -78,10 +86,10 @@ class ToolRegistry:
     def from_openai(cls, tools: Sequence[Mapping[str, Any]] | None) -> "ToolRegistry":
         """From the request's ``tools`` list (``{"type": "function", "function": {...}}`` items)."""
         specs = []
-        for tool in tools or ():
+        for index, tool in enumerate(tools or ()):
             function = tool.get("function") or {}
             if tool.get("type", "function") == "function" and function.get("name"):
-                specs.append(ToolSpec.from_schema(function["name"], function.get("parameters")))
+                specs.append(ToolSpec.from_schema(function["name"], function.get("parameters"), index))
         return cls(specs)
 
     def has(self, name: str) -> bool:

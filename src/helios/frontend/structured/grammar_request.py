@@ -102,11 +102,11 @@ class OutputConstraints:
             try:
                 requests.append(tool.parameters_request())
             except GrammarError as error:
-                raise GrammarError(f"tool {tool.name!r} parameters: {error}", "tools") from None
+                raise GrammarError(f"tool {tool.name!r} parameters: {error}", tool.param) from None
         failure = self._compiler.first_failure(requests)
         if failure is not None:
             index, error = failure
-            raise GrammarError(f"tool {tools[index].name!r} parameters: {error}", "tools")
+            raise GrammarError(f"tool {tools[index].name!r} parameters: {error}", tools[index].param)
 
     def _answer_only(self, answer: GrammarRequest, prompt: Prompt, budget: int | None) -> GrammarMatcher:
         syntax = self._syntax

@@ -49,7 +49,7 @@ from helios.frontend.parsers.pipeline import tool_grammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.parsers.tool_grammar import ToolGrammar
-from helios.frontend.parsers.values import tool_document, tool_properties
+from helios.frontend.parsers.values import tool_document, tool_param, tool_properties
 from helios.frontend.preparation.prompt import ReasoningState
 from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, ThinkSyntax, ToolSyntaxKind
 
@@ -80,19 +80,26 @@ class ToolSchema:
 
     name: str
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    index: int | None = field(default=None, compare=False)  # its place in the request's ``tools``
     document: SchemaDocument = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "document", tool_document(self.name, self.parameters))
+        object.__setattr__(self, "document", tool_document(self.name, self.parameters, self.index))
+
+    @property
+    def param(self) -> str:
+        """The request field of its parameters schema (``tools[i].function.parameters``; ``tools``
+        without an index), which its schema errors name."""
+        return tool_param(self.index)
 
     @classmethod
     def from_openai(cls, tools: Sequence[Mapping[str, Any]] | None) -> tuple[ToolSchema, ...]:
         out = []
-        for tool in tools or ():
+        for index, tool in enumerate(tools or ()):
             function = tool.get("function") or {}
             if tool.get("type", "function") == "function" and function.get("name"):
                 parameters = function.get("parameters")
-                out.append(cls(function["name"], parameters if isinstance(parameters, Mapping) else {}))
+                out.append(cls(function["name"], parameters if isinstance(parameters, Mapping) else {}, index))
         return tuple(out)
 
     def parameters_request(self) -> GrammarRequest:
@@ -169,7 +176,8 @@ class CallGrammar:
             try:
                 rule = self._parameter(key, schema, tool.document)
             except GrammarError as error:
-                raise GrammarError(f"tool {tool.name!r} parameter {key!r}: {error}", "tools") from None
+                where = "tools" if tool.index is None else f"{tool.param}.properties.{key}"
+                raise GrammarError(f"tool {tool.name!r} parameter {key!r}: {error}", where) from None
             out.append(rule if required else f"({rule})?")
         return out
 
