@@ -3,7 +3,11 @@
 Field names are the .proto names (snake_case), enums are written by name, 64-bit integers as
 decimal strings (protobuf's canonical JSON mapping). Reading is strict: an unknown field, a
 value of the wrong JSON type, an unknown enum name or an out-of-range integer is rejected
-with the path of the offending field, before protobuf's own parser sees the document.
+with the path of the offending field, before protobuf's own parser sees the document. The
+text itself must be standard JSON: a key repeated in one object (where Python's json module
+would keep the last silently) and the bare constants ``NaN``, ``Infinity`` and ``-Infinity``
+are rejected with their path (a double's special values are written as the strings "NaN",
+"Infinity" and "-Infinity", as protobuf's JSON mapping has them).
 """
 
 from __future__ import annotations
@@ -48,9 +52,10 @@ def to_json(contract: spb.ServingContract, manifest: mpb.ExecutionManifest) -> s
 def from_json(text: str) -> tuple[spb.ServingContract, mpb.ExecutionManifest]:
     """Parse the semantic JSON form into the two messages; raise `ContractError` on any defect."""
     try:
-        document = json.loads(text)
+        document = json.loads(text, object_pairs_hook=_Object, parse_constant=_Constant)
     except (ValueError, RecursionError) as error:
         fail("", f"not valid JSON: {error}")
+    _check_standard(document)
     require(isinstance(document, dict), "", "the document is a JSON object with 'contract' and 'manifest'")
     for key in document:
         require(key in TOP_LEVEL, str(key), "unknown field (expected 'contract' and 'manifest')")
@@ -59,6 +64,46 @@ def from_json(text: str) -> tuple[spb.ServingContract, mpb.ExecutionManifest]:
     contract = _parse(document["contract"], spb.ServingContract(), "contract")
     manifest = _parse(document["manifest"], mpb.ExecutionManifest(), "manifest")
     return contract, manifest
+
+
+class _Object(dict):
+    """A JSON object as read, remembering the first key its text repeats (if any)."""
+
+    duplicate: str | None = None
+
+    def __init__(self, pairs):
+        super().__init__()
+        for key, value in pairs:
+            if key in self and self.duplicate is None:
+                self.duplicate = key
+            self[key] = value
+
+
+class _Constant:
+    """Stands in for a bare NaN, Infinity or -Infinity until its path is known."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _check_standard(document) -> None:
+    """Reject a repeated key or a non-standard constant, naming its path (outer objects first)."""
+    stack = [("", document)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _Constant):
+            fail(path, f"{value.name} is not a JSON value (write a double's special values as the string "
+                       f"\"{value.name}\")")
+        if isinstance(value, dict):
+            if value.duplicate is not None:
+                fail(_join(path, value.duplicate), "duplicate key (each field may appear once per object)")
+            stack.extend((_join(path, key), item) for key, item in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
 
 
 def _parse(value, message: Message, path: str):
