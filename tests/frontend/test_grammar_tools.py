@@ -730,6 +730,7 @@ def test_frames_continue_an_open_body_or_refuse_an_unusable_header(frames_parts)
     matcher = compiler.compile_lark(lark, answer)
     steps = ids_of(case.tokenizer, "still thinking<|eom|><|start|>assistant to=user<|message|>", '{"t":"x"}')
     assert all(matcher.consume_token(t) for t in steps + [case.eos]), matcher.error
-    with pytest.raises(GrammarError, match="cannot continue"):
+    with pytest.raises(GrammarError, match="cannot continue") as caught:
         frames_lark(frames, speller, FrameStart(FramePosition.HEADER, header_text="assistant to=nobody"),
                     None, AnswerKind.STRUCTURED, {})
+    assert caught.value.param == "messages"  # the rendered messages left the frame open

@@ -71,4 +71,5 @@ def channels_lark(channels: ChannelSyntax, speller: Speller, start: FrameStart, 
         then = f"{role} {final}" if budget is not None else frames
         return rules.text(f"{first}{final} | {first}{reasoning} {then}")
     where = start.recipient or start.header_text
-    raise GrammarError(f"the prompt's open frame {where!r} cannot continue under this request's constraints")
+    raise GrammarError(f"the prompt's open frame {where!r} cannot continue under this request's constraints",
+                       "messages")  # the rendered messages left it open

@@ -85,7 +85,8 @@ class FrameGrammar:
                     continuations.append(_seq(rest, self._message, body, follow[kind]))
         if not continuations:
             where = start.recipient or start.header_text
-            raise GrammarError(f"the prompt's open frame {where!r} cannot continue under this request's constraints")
+            raise GrammarError(f"the prompt's open frame {where!r} cannot continue under this request's constraints",
+                               "messages")  # the rendered messages left it open
         return rules.text(" | ".join(continuations))
 
     def _head(self, header: str, body: str) -> str:
