@@ -31,6 +31,7 @@ pages) is allocated here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,6 +42,7 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import ExecutionError
 from helios.runtime.records.plan import CopyOp, Location, StorageKind
 from helios.runtime.cache.window_pages import window_region_name
+from helios.runtime.loading.memory_budget import host_pages_allocation
 
 
 class UnsupportedCopyError(ExecutionError):
@@ -76,10 +78,7 @@ class HistoryStorage:
             StorageKind.PAGE: (list(page_planes), []),
             StorageKind.STATE: ([], slots),
             StorageKind.CONTINUATION: ([_rows_like(p, continuation_rows) for p in page_planes], continuation),
-            StorageKind.HOST: (
-                [_rows_like(p, host_slots, host=True) for p in page_planes],
-                [_rows_like(p, host_slots * r, host=True) for p in state_planes],
-            ),
+            StorageKind.HOST: _host_parts(page_planes, state_planes, host_slots, r),
         }
 
     @property
@@ -172,6 +171,23 @@ def _tokens(plane: Plane, index: int, num_tokens: int) -> torch.Tensor:
     row per token, or per `tokens_per_record` tokens of a compressed plane (a partial record too)."""
     records = -(-num_tokens // max(1, plane.tokens_per_record))
     return plane.tensor.select(plane.dim, index).narrow(plane.dim, 0, records)
+
+
+def _host_parts(page_planes: Sequence[Plane], state_planes: Sequence[Plane], host_slots: int,
+                rows_per_request: int) -> tuple[list[Plane], list[Plane]]:
+    """The host slots' planes, checked against the host's memory first (`host_pages_allocation`)."""
+    nbytes = host_slots * (sum(_row_nbytes(p) for p in page_planes)
+                           + rows_per_request * sum(_row_nbytes(p) for p in state_planes))
+    with host_pages_allocation(host_slots, nbytes):
+        return ([_rows_like(p, host_slots, host=True) for p in page_planes],
+                [_rows_like(p, host_slots * rows_per_request, host=True) for p in state_planes])
+
+
+def _row_nbytes(plane: Plane) -> int:
+    """Bytes of one index of the plane's extent dimension (one page, or one state row)."""
+    shape = list(plane.tensor.shape)
+    shape[plane.dim] = 1
+    return math.prod(shape) * plane.tensor.element_size()
 
 
 def _rows_like(plane: Plane, rows: int, host: bool = False) -> Plane:
