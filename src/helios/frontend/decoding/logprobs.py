@@ -12,7 +12,9 @@ and tokens after a matched stop are left out. A token's text is its id decoded a
 tokens kept), so a token holding part of a UTF-8 character (a byte-fallback or byte-level token)
 reads U+FFFD there, in chat ``token`` and in text completions' ``tokens`` alike (text
 completions' ``text_offset`` still index the choice's ``text``: a split character counts once, for
-the token holding its first byte, see `TextOffsets`). Chat ``bytes``
+the token holding its first byte, and a token whose text alone differs from its text in context,
+such as a SentencePiece ``▁`` word that reads without its leading space alone, counts as the text
+shows it, see `TextOffsets`). Chat ``bytes``
 (of the token and of each alternative) are the token's own raw bytes, as the tokenizer's
 vocabulary spells them (`TokenTexts` takes them from the grammar's tokenizer), so the ``bytes`` of
 a choice's content tokens, joined, decode to its text even where a character spans tokens; a
@@ -158,13 +160,19 @@ class Alternative(NamedTuple):
 class LogprobEntry:
     """One token's id, text and log-probability, with its alternatives, most probable first. The
     first prompt token has no log-probability (None) and no alternatives. `raw` is the token's own
-    bytes (None: its text's UTF-8)."""
+    bytes (None: its text's UTF-8). `shown` is the text the output's incremental detokenization
+    gave this token in context (None: not known, as for prompt tokens), which differs from `text`
+    where a decoder treats a token alone differently (SentencePiece's ``▁`` reads as a leading space
+    except at the start); `settled`: no character was left open after it (its `shown` then holds
+    the text of every token since the last settled one)."""
 
     token_id: int
     text: str
     logprob: float | None
     top: tuple[Alternative, ...] | None
     raw: bytes | None = None
+    shown: str | None = None
+    settled: bool = True
 
     @property
     def token_bytes(self) -> bytes:
@@ -189,15 +197,16 @@ class TokenTexts:
         raw = self._token_bytes(token_id)
         return self.text(token_id).encode("utf-8") if raw is None else raw
 
-    def entry(self, token_id: int, values: TokenLogprobs | None, num_top: int | None = None) -> LogprobEntry:
+    def entry(self, token_id: int, values: TokenLogprobs | None, num_top: int | None = None,
+              shown: str | None = None, settled: bool = True) -> LogprobEntry:
         """`values` of `token_id` with at most `num_top` alternatives (None: all); a token without
-        values (the first prompt token) gets None for both."""
+        values (the first prompt token) gets None for both. `shown`/`settled`: see `LogprobEntry`."""
         if values is None:
-            return LogprobEntry(token_id, self.text(token_id), None, None, self.raw(token_id))
+            return LogprobEntry(token_id, self.text(token_id), None, None, self.raw(token_id), shown, settled)
         top = values.top if num_top is None else values.top[:num_top]
         return LogprobEntry(token_id, self.text(token_id), values.logprob,
                             tuple(Alternative(alt, self.text(alt), value, self.raw(alt)) for alt, value in top),
-                            self.raw(token_id))
+                            self.raw(token_id), shown, settled)
 
 
 def _number(value: float | None) -> float | None:
@@ -227,13 +236,19 @@ class TextOffsets:
     decoding of the text spells an incomplete one), so a character split over tokens belongs to the
     token with its first byte and a stray byte reads one U+FFFD, as in the text.
 
-    A token's text (decoded alone) counts as it is while no character is open and it holds no
-    U+FFFD; otherwise its raw bytes are decoded after the open character's. One per response (a
-    stream's chunks share it); mutable, used by one thread."""
+    A settled output token (`LogprobEntry.settled`) ends where the text its detokenization showed
+    ends: the characters at the last settled token plus its `shown` text (which holds any character
+    completed there), so a token whose text alone differs from its text in context (SentencePiece's
+    ``▁`` word marker, a leading space in the text except at its start) counts as the text shows it.
+    Otherwise (a character left open, or a token without `shown`) a token's text (decoded alone)
+    counts as it is while no character is open and it holds no U+FFFD, and its raw bytes are decoded
+    after the open character's where one is. One per response (a stream's chunks share it);
+    mutable, used by one thread."""
 
     def __init__(self, start: int = 0):
         self._num_chars = start  # characters of complete text so far
         self._open = b""  # the bytes of a character not yet complete (at most 3)
+        self._settled = start  # characters of text after the last token that left no character open
 
     @property
     def position(self) -> int:
@@ -244,17 +259,23 @@ class TextOffsets:
         offsets = []
         for entry in entries:
             offsets.append(self.position)
+            if entry.shown is not None and entry.settled:
+                self._num_chars = self._settled = self._settled + len(entry.shown)
+                self._open = b""
+                continue
             if not self._open and "\ufffd" not in entry.text:
                 self._num_chars += len(entry.text)
-                continue
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            self._num_chars += len(decoder.decode(self._open + entry.token_bytes))
-            self._open = decoder.getstate()[0]
+            else:
+                decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                self._num_chars += len(decoder.decode(self._open + entry.token_bytes))
+                self._open = decoder.getstate()[0]
+            if entry.shown is None and not self._open:
+                self._settled = self._num_chars
         return offsets
 
     def skip(self, text: str) -> None:
         """Advances past `text` shown without entries (an echoed prompt)."""
-        self._num_chars = self.position + len(text)
+        self._num_chars = self._settled = self.position + len(text)
         self._open = b""
 
 

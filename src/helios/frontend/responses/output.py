@@ -228,8 +228,8 @@ class OutputProcessor:
         if token_id in self._eos:
             self._is_ended = True
             return OutputStep(observation, (), False)
-        entry = self._logprob_entry(token_id, logprobs)
         text = self._detokenizer.feed(token_id)
+        entry = self._logprob_entry(token_id, logprobs, text)
         if self._stops is None:
             self._logprobs.extend(entry)
             return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
@@ -244,10 +244,12 @@ class OutputProcessor:
         self._logprobs.extend(entries)
         return OutputStep(observation, tuple(self._parse(segments)), result.matched, tuple(entries))
 
-    def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None) -> tuple[LogprobEntry, ...]:
+    def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None, text: str) -> tuple[LogprobEntry, ...]:
+        """The token's entry, with the text its detokenization just gave (`LogprobEntry.shown`)."""
         if self._token_texts is None or logprobs is None:
             return ()
-        return (self._token_texts.entry(token_id, logprobs),)
+        settled = self._detokenizer.num_pending_tokens == 0
+        return (self._token_texts.entry(token_id, logprobs, shown=text, settled=settled),)
 
     def finish(self, reason: FinishReason, reused_prompt_tokens: int = 0) -> OutputFinal:
         """Ends the output with the engine's reason (a matched stop makes it STOP) and flushes."""
