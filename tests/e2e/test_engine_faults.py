@@ -17,32 +17,18 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import threading
 
-import httpx
 import pytest
 
-from helios.core.reader import open_core
 from helios.runtime.engine_link import unread_bytes
-from helios.runtime.service import RuntimeOptions
 from helios.server.app import create_app
-from helios.server.engine_process import CoreSource, start_engine_process
-from helios.server.service import ServedModel
+from support.engine_served import HANG_GUARD_S, asgi_client, shrink_send_buffer, start_served
 from support.server_core import SERVED_ID, tiny_core
 
 REQUESTS = 24  # each command ~0.5 KiB: several times what the shrunk pipe holds
-HANG_GUARD_S = 120.0
 
 
-def start(core, queue_capacity: int) -> ServedModel:
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
-    runtime = start_engine_process(source, opened.prepared, RuntimeOptions(queue_capacity=queue_capacity),
-                                   torch_threads=1)
-    served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, frontend_workers=2)
-    served.start()
-    return served
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +36,6 @@ def core(tmp_path_factory):
     return tiny_core(tmp_path_factory.getbasetemp())
 
 
-def client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=HANG_GUARD_S)
 
 
 def chat(**fields) -> dict:
@@ -90,19 +74,13 @@ def run_guarded(scenario, on_hang) -> object:
     return outcome["value"]
 
 
-def shrink_send_buffer(connection) -> None:
-    sock = socket.socket(fileno=os.dup(connection.fileno()))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    finally:
-        sock.close()
 
 
 def test_an_engine_process_that_stops_reading_never_blocks_the_event_loop(core):
     """Before: the event loop wrote each submission to the engine process's pipe itself; with the
     engine process stopped, the write that found the pipe full blocked the loop, so /health,
     /metrics and every connection hung until the engine process read again."""
-    served = start(core, queue_capacity=REQUESTS + 4)
+    served = start_served(core, queue_capacity=REQUESTS + 4)
     app = create_app(served)
     pid = served.engine._process.pid
     connection = served.engine._connection
@@ -111,7 +89,7 @@ def test_an_engine_process_that_stops_reading_never_blocks_the_event_loop(core):
 
     async def scenario():
         nonlocal stopped
-        async with client(app) as c:
+        async with asgi_client(app) as c:
             assert (await c.post("/v1/chat/completions", json=chat(max_tokens=2))).status_code == 200
             cancelled = served.stats().requests_finished.get("cancelled", 0)
             os.kill(pid, signal.SIGSTOP)
@@ -180,11 +158,11 @@ class StreamCall:
 
 
 def test_a_killed_engine_process_ends_what_it_held_and_every_later_request_is_a_503(core):
-    served = start(core, queue_capacity=4)
+    served = start_served(core, queue_capacity=4)
     app = create_app(served)
 
     async def scenario():
-        async with client(app) as c:
+        async with asgi_client(app) as c:
             streaming = StreamCall(app, chat(max_tokens=200, temperature=0, stream=True))
             await streaming.started.wait()  # httpx's ASGI transport hands over a body only once it ended
             await eventually(lambda: served.stats().generated_tokens > 0)

@@ -19,27 +19,15 @@ import time
 import httpx
 import pytest
 
-from helios.core.reader import open_core
 from helios.runtime.engine_link import unread_bytes
-from helios.runtime.service import RuntimeOptions
 from helios.server.app import create_app
-from helios.server.engine_process import CoreSource, start_engine_process
-from helios.server.service import ServedModel
+from support.engine_served import HANG_GUARD_S, asgi_client, shrink_send_buffer, start_served
 from support.server_core import SERVED_ID, tiny_core
 
-HANG_GUARD_S = 120.0
 LIVENESS_S = 1.5  # far below the default: a stopped engine process is unresponsive within the test
 REQUESTS = 24  # each command ~0.5 KiB: several times what the shrunk pipe holds
 
 
-def start(core, queue_capacity: int = 4) -> ServedModel:
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
-    runtime = start_engine_process(source, opened.prepared, RuntimeOptions(queue_capacity=queue_capacity),
-                                   torch_threads=1, liveness_timeout_s=LIVENESS_S)
-    served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, frontend_workers=2)
-    served.start()
-    return served
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +35,6 @@ def core(tmp_path_factory):
     return tiny_core(tmp_path_factory.getbasetemp())
 
 
-def client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=HANG_GUARD_S)
 
 
 async def health_until(c: httpx.AsyncClient, status_code: int) -> httpx.Response:
@@ -71,12 +57,12 @@ def resume(pid: int) -> None:
 
 def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_it_resumes(core):
     """Before: `/health` answered 200 with the engine process stopped (a supervisor could not tell)."""
-    served = start(core)
+    served = start_served(core, 4, liveness_timeout_s=LIVENESS_S)
     app = create_app(served)
     pid = served.engine._process.pid
 
     async def scenario():
-        async with client(app) as c:
+        async with asgi_client(app) as c:
             before = await health_until(c, 200)  # a loaded machine may delay a beat past the short bound
             os.kill(pid, signal.SIGSTOP)
             try:
@@ -104,20 +90,12 @@ def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_
     assert not served.engine._process.is_alive() and served.engine._process.exitcode == 0  # a clean stop
 
 
-def shrink_send_buffer(connection) -> None:
-    import socket
-
-    sock = socket.socket(fileno=os.dup(connection.fileno()))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    finally:
-        sock.close()
 
 
 def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core):
     """Before: `EngineLink.shutdown` waited for the send lock, held by the command write blocked on
     the full pipe of the stopped engine process: forever."""
-    served = start(core, queue_capacity=REQUESTS + 4)
+    served = start_served(core, REQUESTS + 4, liveness_timeout_s=LIVENESS_S)
     app = create_app(served)
     process = served.engine._process
     connection = served.engine._connection
@@ -125,7 +103,7 @@ def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core):
     outcome: dict = {}
 
     async def fill() -> list:
-        async with client(app) as c:
+        async with asgi_client(app) as c:
             os.kill(process.pid, signal.SIGSTOP)
             requests = [asyncio.ensure_future(c.post("/v1/completions", json={
                 "model": SERVED_ID, "prompt": [3 + k] * 250, "max_tokens": 2, "temperature": 0}))
