@@ -28,13 +28,9 @@ LIVENESS_S = 1.5  # far below the default: a stopped engine process is unrespons
 REQUESTS = 24  # each command ~0.5 KiB: several times what the shrunk pipe holds
 
 
-
-
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
     return tiny_core(tmp_path_factory.getbasetemp())
-
-
 
 
 async def health_until(c: httpx.AsyncClient, status_code: int) -> httpx.Response:
@@ -67,17 +63,19 @@ def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_
             os.kill(pid, signal.SIGSTOP)
             try:
                 stopped = await health_until(c, 503)
+                metrics = await c.get("/metrics")
                 models = await c.get("/v1/models")
                 is_healthy = served.is_healthy  # not a death: the server keeps serving
             finally:
                 resume(pid)
             resumed = await health_until(c, 200)
+            metrics_resumed = await c.get("/metrics")
             completion = await c.post("/v1/completions", json={
                 "model": SERVED_ID, "prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0})
-            return before, stopped, models, is_healthy, resumed, completion
+            return before, stopped, metrics, models, is_healthy, resumed, metrics_resumed, completion
 
     try:
-        before, stopped, models, is_healthy, resumed, completion = asyncio.run(scenario())
+        before, stopped, metrics, models, is_healthy, resumed, metrics_resumed, completion = asyncio.run(scenario())
     finally:
         resume(pid)
         served.shutdown()
@@ -85,11 +83,10 @@ def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_
     body = stopped.json()
     assert body["status"] == "unresponsive" and "stopped or hung" in body["reason"], body
     assert is_healthy and models.status_code == 200
+    assert "helios_healthy 0.0" in metrics.text and "helios_healthy 1.0" in metrics_resumed.text  # as /health
     assert resumed.json() == {"status": "ok"}
     assert completion.status_code == 200, completion.text
     assert not served.engine._process.is_alive() and served.engine._process.exitcode == 0  # a clean stop
-
-
 
 
 def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core):

@@ -59,7 +59,7 @@ class _RuntimeCollector:
         yield _gauge("helios_requests_active", "Requests holding a slot", s.active_requests)
         yield _gauge("helios_requests_queued", "Requests waiting for scheduler admission", s.queued_requests)
         yield _gauge("helios_request_slots", "Selected concurrency (request slots)", s.request_slots)
-        yield _gauge("helios_healthy", "1 while the model worker is healthy", int(s.healthy))
+        yield _gauge("helios_healthy", "1 while the model worker is healthy and responsive (as /health answers 200)", int(s.healthy))
         yield _counter(
             "flare_mixed_grammar_decode_steps",
             "Successful decode submissions whose lanes include constrained and unconstrained requests",

@@ -187,7 +187,8 @@ class ServedModel:
         return getattr(self.engine, "unresponsive_reason", None)
 
     def stats(self) -> StatsSnapshot:
-        return dataclasses.replace(self.engine.stats.snapshot(), healthy=self.is_healthy)
+        # `helios_healthy` follows `/health`: 0 once the worker died or while it is unresponsive
+        return dataclasses.replace(self.engine.stats.snapshot(), healthy=self.health_problem() is None)
 
     async def respond(self, body: ChatCompletionRequest | CompletionRequest, receive: Receive,
                       record: RequestRecord | None = None) -> Response:
