@@ -96,12 +96,13 @@ def test_remote_urls_are_fetched_only_when_enabled():
         url = f"http://127.0.0.1:{server.server_address[1]}"
         with pytest.raises(ImageRejected, match="not fetched"):
             decode_image_urls([url + "/cat.png"], LIMITS)
-        enabled = ImageLimits(max_images=2, max_bytes=64 * 1024, max_pixels=400 * 400, allow_remote=True)
+        enabled = ImageLimits(max_images=2, max_bytes=64 * 1024, max_pixels=400 * 400, allow_remote=True,
+                              allow_internal_hosts=True)
         (decoded,) = decode_image_urls([url + "/cat.png"], enabled)
         assert decoded.image.size == (30, 20)
         with pytest.raises(ImageRejected, match="cannot fetch image URL"):
             decode_image_urls([url + "/missing.png"], enabled)
-        small = ImageLimits(max_bytes=16, allow_remote=True)
+        small = ImageLimits(max_bytes=16, allow_remote=True, allow_internal_hosts=True)
         with pytest.raises(ImageRejected, match="16-byte limit"):
             decode_image_urls([url + "/cat.png"], small)
     finally:

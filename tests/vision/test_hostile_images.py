@@ -360,7 +360,7 @@ def remote():
     server.shutdown()
 
 
-ALLOWED = ImageLimits(max_images=2, max_bytes=64 * 1024, allow_remote=True)
+ALLOWED = ImageLimits(max_images=2, max_bytes=64 * 1024, allow_remote=True, allow_internal_hosts=True)
 
 
 def test_remote_fetches_follow_http_redirects_only(remote):

@@ -94,6 +94,9 @@ def register(subparsers) -> None:
                         help="decoded pixels per image (default 4096x4096)")
     images.add_argument("--allow-remote-images", action="store_true",
                         help="fetch http(s) image URLs (default: only data: URLs; remote URLs are a 400)")
+    images.add_argument("--allow-internal-image-hosts", action="store_true",
+                        help="fetch remote images from loopback, private and link-local addresses too; only "
+                        "with --allow-remote-images")
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                         help="run the model worker in a process of its own, beside the HTTP server's "
                         "(default on; off: a thread of the server's process)")
@@ -212,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
                          "or end the names with --")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be in [0, 65535]")
+    if args.allow_internal_image_hosts and not args.allow_remote_images:
+        raise UsageError("--allow-internal-image-hosts is only meaningful with --allow-remote-images")
     ranks = rank_options_from_args(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -225,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
                                max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
                                api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,
                                image_limits=ImageLimits(args.max_images, args.max_image_bytes,
-                                                        args.max_image_pixels, args.allow_remote_images),
+                                                        args.max_image_pixels, args.allow_remote_images,
+                                                        allow_internal_hosts=args.allow_internal_image_hosts),
                                connection_limits=ConnectionLimits(args.max_header_bytes, args.header_timeout,
                                                                   args.body_timeout, args.max_connections))
         try:

@@ -3,7 +3,12 @@
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
 `helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_DEADLINE_S` in
 all (a server that trickles its headers or body is cut off), following redirects to http(s) URLs
-only. Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while
+only. Unless the operator allows internal hosts too (`ImageLimits.allow_internal_hosts`,
+`--allow-internal-image-hosts`), a fetch connects to public addresses only: each host (every
+redirect's included) is resolved once, refused when any of its addresses is loopback, private,
+link-local (the cloud metadata address), unspecified, multicast or reserved (IPv4-mapped forms
+included), and the connection goes to the checked address itself (the Host header and TLS name
+stay the URL's), so a name that resolves anew in between cannot switch it. Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while
 fetching is off, a failed fetch, a malformed data URL or base64 payload (whitespace, URL-safe
 characters and missing padding named as such), a media type that is not an image, more bytes or
 pixels than the limits (a decompression bomb whose header declares billions of pixels included),
@@ -19,7 +24,9 @@ import binascii
 import hashlib
 import http.client
 import io
+import ipaddress
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -46,6 +53,7 @@ class ImageLimits:
     max_bytes: int = 2 * 1024 * 1024
     max_pixels: int = 4096 * 4096
     allow_remote: bool = False
+    allow_internal_hosts: bool = False  # remote fetches may reach loopback, private and link-local addresses
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,11 @@ def fetch_image(url: str, limits: ImageLimits) -> bytes:
 
 
 def _fetch(url: str, limits: ImageLimits, deadline: float) -> bytes:
-    opener = urllib.request.build_opener(_HttpRedirectsOnly())
+    if limits.allow_internal_hosts:
+        opener = urllib.request.build_opener(_HttpRedirectsOnly())
+    else:  # no proxy either: a proxy would reach the internal host on the client's behalf, unchecked
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _PublicHttpHandler(),
+                                             _PublicHttpsHandler(), _HttpRedirectsOnly())
     chunks, size = [], 0
     try:
         with opener.open(url, timeout=FETCH_TIMEOUT_S) as response:
@@ -146,6 +158,68 @@ class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
         if newurl.split(":", 1)[0].lower() not in ("http", "https"):
             raise ImageRejected("the image URL redirects to a URL that is not http(s)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (a name, or an IP in any form the resolver accepts)."""
+    return [info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
+def _is_internal(address: str) -> bool:
+    """Whether `address` (an IP as the resolver returns it) is not a public unicast address."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone (fe80::1%eth0) dropped
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return (not ip.is_global or ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified
+            or ip.is_multicast or ip.is_reserved)
+
+
+def _public_connection(address: tuple, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None):
+    """A connection to `address`'s host on one of its resolved addresses, each checked first: an
+    internal one refuses the fetch before any connection is made."""
+    host, port = address
+    try:
+        resolved = _resolve(host, port)
+    except (OSError, UnicodeError) as error:
+        raise ImageRejected(f"cannot fetch image URL: cannot resolve {_clipped(str(host))!r}: {error}") from None
+    internal = next((ip for ip in resolved if _is_internal(ip)), None)
+    if internal is not None:
+        shown = _clipped(str(host))
+        raise ImageRejected(f"the image URL's host {shown!r} is an internal address ({internal}: loopback, private, "
+                            "link-local or reserved); this server fetches images from public addresses only "
+                            "(the operator allows internal ones with helios serve --allow-internal-image-hosts)")
+    error: OSError | None = None
+    for ip in dict.fromkeys(resolved):
+        try:
+            return socket.create_connection((ip, port), timeout, source_address)
+        except OSError as failed:
+            error = failed
+    raise error if error is not None else OSError(f"{host!r} resolved to no address")
+
+
+class _PublicHttpConnection(http.client.HTTPConnection):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._create_connection = _public_connection
+
+
+class _PublicHttpsConnection(http.client.HTTPSConnection):
+    """Connects to the checked address; the TLS server name and certificate check stay the host's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._create_connection = _public_connection
+
+
+class _PublicHttpHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(_PublicHttpConnection, req)
+
+
+class _PublicHttpsHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        hostname = {"check_hostname": self._check_hostname} if self._check_hostname is not None else {}
+        return self.do_open(_PublicHttpsConnection, req, context=self._context, **hostname)
 
 
 def _clipped(text: str, limit: int = 120) -> str:
