@@ -8,8 +8,10 @@ only. Unless the operator allows internal hosts too (`ImageLimits.allow_internal
 redirect's included) is resolved once, refused when any of its addresses is loopback, private,
 link-local (the cloud metadata address), unspecified, multicast or reserved (IPv4-mapped forms
 included), and the connection goes to the checked address itself (the Host header and TLS name
-stay the URL's), so a name that resolves anew in between cannot switch it. Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while
-fetching is off, a failed fetch, a malformed data URL or base64 payload (whitespace, URL-safe
+stay the URL's), so a name that resolves anew in between cannot switch it.
+
+Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is
+off, a failed fetch, an internal host, a malformed data URL or base64 payload (whitespace, URL-safe
 characters and missing padding named as such), a media type that is not an image, more bytes or
 pixels than the limits (a decompression bomb whose header declares billions of pixels included),
 bytes that are not an image (another format is named), a corrupt or truncated PNG, JPEG or WebP.
