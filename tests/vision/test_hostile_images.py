@@ -32,7 +32,7 @@ from helios.frontend.images.preparation import PreparationParams, prepare_image
 from helios.server.app import create_app
 
 from .tiny_vl import MAX_PIXELS, MEAN, MIN_PIXELS, STD, hf_image_processor, image_bytes
-from .vl_checkpoint import SERVED_ID, shared_vl_core
+from .vl_checkpoint import SERVED_ID, served_vl_core
 
 PIL = pytest.importorskip("PIL.Image")
 LIMITS = ImageLimits(max_images=2, max_bytes=256 * 1024)
@@ -76,17 +76,8 @@ def data_url(data: bytes, media: str = "image/png") -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from helios.core.reader import open_core
-    from helios.runtime.service import RuntimeOptions, build_runtime
-    from helios.server.service import ServedModel
-
-    _, core = shared_vl_core(tmp_path_factory.getbasetemp(), "vl-core")
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))
-    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=2, image_limits=LIMITS)
-    served.start()
-    yield served
-    served.shutdown()
+    with served_vl_core(tmp_path_factory.getbasetemp(), LIMITS) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

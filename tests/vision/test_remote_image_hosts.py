@@ -22,7 +22,7 @@ from helios.frontend.preparation.image_parts import ImageSource
 from helios.server.app import create_app
 
 from .tiny_vl import image_bytes
-from .vl_checkpoint import SERVED_ID, shared_vl_core
+from .vl_checkpoint import SERVED_ID, served_vl_core
 
 PUBLIC_ONLY = ImageLimits(max_images=2, max_bytes=64 * 1024, allow_remote=True)
 INTERNAL_TOO = ImageLimits(max_images=2, max_bytes=64 * 1024, allow_remote=True, allow_internal_hosts=True)
@@ -217,17 +217,8 @@ def test_an_unresolvable_host_is_a_400(monkeypatch):
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from helios.core.reader import open_core
-    from helios.runtime.service import RuntimeOptions, build_runtime
-    from helios.server.service import ServedModel
-
-    _, core = shared_vl_core(tmp_path_factory.getbasetemp(), "vl-core")
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))
-    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=2, image_limits=PUBLIC_ONLY)
-    served.start()
-    yield create_app(served)
-    served.shutdown()
+    with served_vl_core(tmp_path_factory.getbasetemp(), PUBLIC_ONLY) as served:
+        yield create_app(served)
 
 
 def test_a_metadata_or_loopback_url_is_a_400_naming_the_part(app, local):

@@ -4,6 +4,7 @@ ranks with the Qwen2.5 special tokens), the Qwen2.5-VL chat template and the ima
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from dataclasses import dataclass
@@ -96,3 +97,22 @@ def shared_vl_core(base: Path, name: str, model_factory=None, **options):
 
     prepared_once(root, done, prepare)
     return model, TinyCore(root / "model.core", root / "publisher.key.pub", NAMESPACE, SERVED_ID)
+
+
+@contextlib.contextmanager
+def served_vl_core(base: Path, image_limits):
+    """The shared tiny Qwen2.5-VL core (`shared_vl_core(base, "vl-core")`) served in this process
+    (four queue slots, two frontend workers) under `image_limits`; shut down on exit."""
+    from helios.core.reader import open_core
+    from helios.runtime.service import RuntimeOptions, build_runtime
+    from helios.server.service import ServedModel
+
+    _, core = shared_vl_core(base, "vl-core")
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))
+    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=2, image_limits=image_limits)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.shutdown()
