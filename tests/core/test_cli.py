@@ -49,7 +49,7 @@ def test_keygen_writes_a_pair_and_never_overwrites(tmp_path, capsys):
     assert code == 0 and "key id" in out
     assert (tmp_path / "k.pub").read_text().strip().endswith("acme/x")
     code, _, err = run(capsys, "keygen", "-o", tmp_path / "k")
-    assert code == 4 and err.count("\n") == 1 and "refusing" in err
+    assert code == 2 and err.count("\n") == 1 and "refusing" in err
 
 
 def test_verify_exit_codes(published, tmp_path, capsys, monkeypatch):

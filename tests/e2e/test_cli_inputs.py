@@ -136,20 +136,20 @@ def test_a_key_file_that_is_a_fifo_nobody_writes_to_is_read_as_empty(files, flag
     output = files["root"] / "fifo-signed.core"
     signer = [] if flag == "--key" else ["--key", files["other"]]
     code, _, err = run(capsys, "sign", files["core"], *signer, flag, files["fifo"], "-o", output)
-    assert code == 4 and message in one_line(err) and f"{flag} {files['fifo']}" in err
+    assert code == 2 and message in one_line(err) and f"{flag} {files['fifo']}" in err
     assert not output.exists()
 
 
 def test_trusting_a_fifo_does_not_wait(files, capsys):
     code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", files["fifo"])
-    assert code == 4 and str(files["fifo"]) in one_line(err)
+    assert code == 2 and str(files["fifo"]) in one_line(err)
 
 
 def test_a_fifo_among_a_trusted_directory_does_not_wait(tmp_path, files, capsys):
     (tmp_path / "a.pub").write_bytes(files["pub"].read_bytes())
     os.mkfifo(tmp_path / "b.pub")
     code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path)
-    assert code == 4 and "b.pub" in one_line(err)
+    assert code == 2 and "b.pub" in one_line(err)
 
 
 @pytest.mark.parametrize("flag", ["--key", "--aes-key", "--trust"])
@@ -165,14 +165,14 @@ def test_a_device_or_a_core_given_as_a_key_is_not_read_whole(files, flag, capsys
         else:
             argv = ["sign", files["core"], "--key", files["other"], flag, path, "-o", files["root"] / "n.core"]
         code, _, err = run(capsys, *argv)
-        assert code == 4 and "larger than any key file" in one_line(err) and str(path) in err
+        assert code == 2 and "larger than any key file" in one_line(err) and str(path) in err
 
 
 def test_a_public_key_where_the_private_key_goes_and_the_reverse(files, capsys):
     code, _, err = run(capsys, "sign", files["core"], "--key", files["pub"])
-    assert code == 4 and "is a public key" in one_line(err) and str(files["pub"]) in err
+    assert code == 2 and "is a public key" in one_line(err) and str(files["pub"]) in err
     code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", files["key"])
-    assert code == 4 and "is a private key" in one_line(err) and str(files["key"]) in err
+    assert code == 2 and "is a private key" in one_line(err) and str(files["key"]) in err
 
 
 @pytest.mark.parametrize("content", [b"", b"-----BEGIN PRIVATE KEY-----\njunk\n-----END PRIVATE KEY-----\n",
@@ -180,14 +180,40 @@ def test_a_public_key_where_the_private_key_goes_and_the_reverse(files, capsys):
 def test_a_private_key_file_that_is_empty_or_junk(files, tmp_path, content, capsys):
     (tmp_path / "bad.key").write_bytes(content)
     code, _, err = run(capsys, "sign", files["core"], "--key", tmp_path / "bad.key")
-    assert code == 4 and f"--key {tmp_path / 'bad.key'}" in one_line(err)
+    assert code == 2 and f"--key {tmp_path / 'bad.key'}" in one_line(err)
 
 
 @pytest.mark.parametrize("content", [b"", b"00" * 16, b"zz" * 32])
 def test_an_aes_key_file_of_the_wrong_length_or_form_is_named(files, tmp_path, content, capsys):
     (tmp_path / "aes").write_bytes(content)
     code, _, err = run(capsys, "verify", files["core"], *trusted(files), "--aes-key", tmp_path / "aes")
-    assert code == 4 and f"--aes-key {tmp_path / 'aes'}" in one_line(err) and "64 hexadecimal digits" in err
+    assert code == 2 and f"--aes-key {tmp_path / 'aes'}" in one_line(err) and "64 hexadecimal digits" in err
+
+
+def test_key_file_mistakes_are_usage_errors_in_every_command_that_reads_keys(files, tmp_path, capsys):
+    """A key file is the operator's input: exit 2 (usage), not 4 (a core that cannot be read), in
+    every command that takes one, before any core is opened or model loaded."""
+    (tmp_path / "junk.pub").write_text("not a key\n")
+    (tmp_path / "no-keys").mkdir()
+    (tmp_path / "checkpoint").mkdir()
+    absent = files["root"] / "never-opened.core"
+    for argv, message in [
+        (["sign", files["core"], "--key", tmp_path / "junk.pub"], "--key"),
+        (["verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "junk.pub"], "junk.pub"),
+        (["verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "no-keys"], "holds no *.pub"),
+        (["verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "absent.pub"], "cannot read"),
+        (["generate", files["core"], "--accept", NAMESPACE, "--trust", files["key"], "--prompt-ids", "[[1]]"],
+         "is a private key"),
+        (["generate", absent, "--accept", NAMESPACE, "--trust", files["pub"], "--aes-key", files["pub"],
+          "--prompt-ids", "[[1]]"], "64 hexadecimal digits"),
+        (["prepare", tmp_path / "checkpoint", "-o", tmp_path / "p.core", "--key", files["pub"], "--namespace", "a/b"],
+         "is a public key"),
+        (["contract", "example-core", EXAMPLE, "-o", tmp_path / "e.core", "--key", files["pub"],
+          "--namespace", "a/b"], "is a public key"),
+        (["keygen", "-o", files["key"]], "refusing to overwrite"),
+    ]:
+        code, _, err = run(capsys, *argv)
+        assert (code, message in one_line(err)) == (2, True), (argv, err)
 
 
 def test_keygen_refuses_an_invalid_namespace_and_a_missing_directory(files, capsys):
@@ -322,7 +348,7 @@ def test_example_core_refuses_mistakes_before_any_work(files, argv, message, cap
     for flag, value in zip(argv[::2], argv[1::2]):
         options[flag] = value.format(key=files["key"], dir=files["root"], fifo=files["fifo"])
     code, _, err = run(capsys, "contract", "example-core", EXAMPLE, *[x for kv in options.items() for x in kv])
-    assert code in (2, 4) and message in one_line(err)
+    assert code == 2 and message in one_line(err)
     assert files["key"].read_bytes() == before and not (files["root"] / "ex.core").exists()
 
 
@@ -435,7 +461,7 @@ def test_keys_of_the_wrong_type_or_length(files, tmp_path, capsys):
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     (tmp_path / "ec.key").write_bytes(pem)
     code, _, err = run(capsys, "sign", files["core"], "--key", tmp_path / "ec.key")
-    assert code == 4 and "not an Ed25519 key" in one_line(err)
+    assert code == 2 and "not an Ed25519 key" in one_line(err)
     (tmp_path / "short.pub").write_text("helios-ed25519 AAAA\n")
     code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "short.pub")
-    assert code == 4 and "32 base64-encoded bytes" in one_line(err) and "short.pub" in err
+    assert code == 2 and "32 base64-encoded bytes" in one_line(err) and "short.pub" in err

@@ -1,6 +1,7 @@
 """`helios keygen | sign | verify | inspect | relocate`: making, checking and moving cores.
 
-Exit codes come from the error classes (`helios.errors`): 2 usage, 3 contract, 4 core format,
+Exit codes come from the error classes (`helios.errors`): 2 usage (a key file that cannot be read or
+is not a key of the kind its option takes among them), 3 contract, 4 core format,
 5 integrity (stored bytes), 6 signature, 7 authorization.
 """
 
@@ -12,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from helios.cli.core_options import (
-    add_core_options, aes_key_from_args, check_core_path, check_output_path, load_private_key, naming_output,
-    open_core_from_args,
+    add_core_options, aes_key_from_args, check_core_path, check_output_path, key_file_mistakes, load_private_key,
+    naming_output, open_core_from_args,
 )
 from helios.core.inspection import CoreInspection, inspect_core
 from helios.core.keys import SigningKey, check_namespace, write_key_pair
@@ -33,7 +34,8 @@ def _keygen(args: argparse.Namespace) -> int:
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
     key = SigningKey.generate()
-    pub_path = write_key_pair(Path(args.output), key, args.namespace or ())
+    with key_file_mistakes():  # a key already there: exit 2, as for any output the command refuses
+        pub_path = write_key_pair(Path(args.output), key, args.namespace or ())
     print(f"wrote {args.output} (private, keep secret) and {pub_path}")
     print(f"key id {key.key_id.hex()}")
     return 0

@@ -12,7 +12,9 @@ Key files and cores named on the command line are read through the checks here, 
 mistake is one line, never a hang or an unbounded read: a FIFO nobody writes to reads as empty, a
 device such as /dev/zero or a file larger than any key is refused (`read_key_file`), a core must be a
 regular file (`check_core_path`), and an output path may not name one of the command's inputs
-(`check_output_path`).
+(`check_output_path`). A key file that cannot be read or is not a key of the kind its option takes is
+the operator's input, so `KeyOptionError`, a usage error (exit 2), although the library calls it a
+`KeyFileError` (a core error, exit 4, for a core that cannot be read).
 """
 
 from __future__ import annotations
@@ -90,6 +92,20 @@ def read_key_file(path: os.PathLike | str, what: str, max_nbytes: int = MAX_KEY_
     return data
 
 
+class KeyOptionError(UsageError):
+    """A key file named by `--key`, `--trust` or `--aes-key` (or a key `keygen` would overwrite)
+    that cannot be read or has the wrong form: a usage error, exit 2."""
+
+
+@contextlib.contextmanager
+def key_file_mistakes():
+    """A `KeyFileError` raised inside becomes a `KeyOptionError` with the same line."""
+    try:
+        yield
+    except KeyFileError as error:
+        raise KeyOptionError(str(error)) from None
+
+
 def _is_public_key(data: bytes) -> bool:
     try:
         parse_public_key(data.decode("ascii"))
@@ -99,7 +115,12 @@ def _is_public_key(data: bytes) -> bool:
 
 
 def load_private_key(path: os.PathLike | str, option: str = "--key") -> SigningKey:
-    """The Ed25519 private key file given to `option`, read through `read_key_file`."""
+    """The Ed25519 private key file given to `option`, read through `read_key_file`; `KeyOptionError`."""
+    with key_file_mistakes():
+        return _private_key(path, option)
+
+
+def _private_key(path: os.PathLike | str, option: str) -> SigningKey:
     data = read_key_file(path, "private key")
     if not data.strip():
         raise KeyFileError(f"{option} {path} is empty; it takes a private key from `helios keygen`")
@@ -127,19 +148,21 @@ def trusted_keys_from_args(args: argparse.Namespace) -> TrustedKeys:
     paths = args.trust or [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
     if not paths:
         raise UsageError(f"no trusted keys: pass --trust KEY.pub|DIR or set {TRUST_ENV}")
-    return TrustedKeys.from_paths(paths, load=load_public_key_file)
+    with key_file_mistakes():
+        return TrustedKeys.from_paths(paths, load=load_public_key_file)
 
 
 def load_aes_key(path: os.PathLike | str) -> bytes:
-    """An AES-256 key file: 64 hexadecimal digits (surrounding whitespace allowed)."""
-    data = read_key_file(path, "AES key")
-    try:
-        key = bytes.fromhex(data.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        key = None
-    if key is None or len(key) != 32:
-        raise KeyFileError(f"--aes-key {path}: an AES key file holds 64 hexadecimal digits")
-    return check_aead_key(key)
+    """An AES-256 key file: 64 hexadecimal digits (surrounding whitespace allowed); `KeyOptionError`."""
+    with key_file_mistakes():
+        data = read_key_file(path, "AES key")
+        try:
+            key = bytes.fromhex(data.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            key = None
+        if key is None or len(key) != 32:
+            raise KeyFileError(f"--aes-key {path}: an AES key file holds 64 hexadecimal digits")
+        return check_aead_key(key)
 
 
 def aes_key_from_args(args: argparse.Namespace) -> bytes | None:

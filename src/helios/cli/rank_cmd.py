@@ -12,7 +12,8 @@ Every outcome is one line on stderr (``helios rank: ...``, no traceback) and an 
 * 0: rank zero stopped the group;
 * 2: a bad option, checked before the core is opened (``--join`` not HOST:PORT with a port
   1..65535 or a host that does not resolve, ``--rank`` below 1, ``--device`` not cpu or cuda[:N],
-  ``--torch-threads`` outside 1..1024, a ``--join-timeout`` that is not a positive number);
+  ``--torch-threads`` outside 1..1024, a ``--join-timeout`` that is not a positive number), or a
+  ``--trust`` or ``--aes-key`` file that cannot be read or is not a key of that kind;
 * 4 to 7: the core cannot be opened, verified or is not admitted (`helios.errors`);
 * 8: the rank could not join: rank zero unreachable within ``--join-timeout``, gone before the
   group formed (also while this rank loads), a rank out of range or already taken, a device that
