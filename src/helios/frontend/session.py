@@ -40,7 +40,8 @@ from helios.frontend.images.decode import ImageLimits
 from helios.frontend.images.pipeline import ImagePipeline
 from helios.frontend.preparation.logit_bias import parse_logit_bias
 from helios.frontend.decoding.logprobs import (
-    LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, requested_logprobs, requested_prompt,
+    LogprobRequest, PromptScoring, TokenTexts, check_logprobs_capability, echoed_token_texts, requested_logprobs,
+    requested_prompt,
 )
 from helios.frontend.decoding.observation import ObservationOptions
 from helios.frontend.responses.output import OutputFinal, OutputProcessor
@@ -374,8 +375,11 @@ class FrontendModel:
     def _head(self, response_id: str, created: int | None, kind: ResponseKind, response: ResponseOptions,
               prompt_ids: tuple[int, ...], logprobs: LogprobRequest, echo_text: str | None = None) -> ResponseHead:
         created = int(time.time()) if created is None else created
+        echo_token_texts = None
+        if echo_text is not None and logprobs.prompt.echo_logprobs is not None:
+            echo_token_texts = echoed_token_texts(self._tokenizer, prompt_ids, echo_text)
         return ResponseHead(response_id, created, self.served_id, kind, response, prompt_ids, logprobs.prompt,
-                            echo_text)
+                            echo_text, echo_token_texts)
 
     def _factory(self, syntax: FrontendSyntax | None, request: OutputRequest | None, stops: StopOptions,
                  response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None,

@@ -42,6 +42,7 @@ class IncrementalDetokenizer:
         self._num_tokens = 0
         self._prefix_offset = 0
         self._read_offset = 0
+        self._open_text = ""  # the pending ids' text (ends in U+FFFD), "" when none are pending
         self._finished = False
 
     @property
@@ -54,6 +55,12 @@ class IncrementalDetokenizer:
         """Ids fed whose text has not been emitted yet (an incomplete UTF-8 character)."""
         return len(self._ids) - self._read_offset
 
+    @property
+    def open_text(self) -> str:
+        """The text the pending ids decode to so far, ending in U+FFFD for the open character ("" when
+        no id is pending); it holds any complete character before the open one."""
+        return self._open_text
+
     def feed(self, token_id: int) -> str:
         """Adds one generated id and returns the newly complete text ("" while a character is open)."""
         if self._finished:
@@ -63,6 +70,7 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset, len(self._ids))
         if new_text.endswith(REPLACEMENT_CHAR):
+            self._open_text = new_text[len(prefix_text) :]
             return ""
         if len(new_text) <= len(prefix_text):
             # The id adds no text (a skipped special token): leave it out of later windows.
@@ -70,6 +78,7 @@ class IncrementalDetokenizer:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
+        self._open_text = ""
         return new_text[len(prefix_text) :]
 
     def feed_many(self, token_ids: Sequence[int]) -> str:
@@ -89,6 +98,7 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset, len(self._ids))
         self._read_offset = len(self._ids)
+        self._open_text = ""
         return new_text[len(prefix_text) :]
 
     def _decode(self, start: int, end: int) -> str:

@@ -14,11 +14,12 @@ reads U+FFFD there, in chat ``token`` and in text completions' ``tokens`` alike 
 completions' ``text_offset`` still index the choice's ``text``: a split character counts once, for
 the token holding its first byte, and a token whose text alone differs from its text in context,
 such as a SentencePiece ``▁`` word that reads without its leading space alone, counts as the text
-shows it, see `TextOffsets`). Chat ``bytes``
-(of the token and of each alternative) are the token's own raw bytes, as the tokenizer's
-vocabulary spells them (`TokenTexts` takes them from the grammar's tokenizer), so the ``bytes`` of
-a choice's content tokens, joined, decode to its text even where a character spans tokens; a
-token the vocabulary cannot spell (outside the sampled range) falls back to its text's UTF-8.
+shows it, see `TextOffsets`; with ``echo``, each prompt token counts as its part of the echoed
+prompt, `echoed_token_texts`, and the output's offsets continue after it). Chat ``bytes`` (of
+the token and of each alternative) are the token's own raw bytes, as the tokenizer's vocabulary
+spells them (`TokenTexts` takes them from the grammar's tokenizer), so the ``bytes`` of a choice's
+content tokens, joined, decode to its text even where a character spans tokens; a token the
+vocabulary cannot spell (outside the sampled range) falls back to its text's UTF-8.
 
 Shapes: chat ``choices[].logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs":
 [{"token", "logprob", "bytes"}]}], "refusal": null}``; text completions ``choices[].logprobs =
@@ -35,6 +36,7 @@ from functools import lru_cache
 from typing import Any, Callable, NamedTuple, Sequence
 
 from helios.errors import RequestError
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, Decoder, IncrementalDetokenizer
 from helios.runtime.records.events import TokenLogprobs
 
 MAX_TOP_LOGPROBS = 20
@@ -161,10 +163,11 @@ class LogprobEntry:
     """One token's id, text and log-probability, with its alternatives, most probable first. The
     first prompt token has no log-probability (None) and no alternatives. `raw` is the token's own
     bytes (None: its text's UTF-8). `shown` is the text the output's incremental detokenization
-    gave this token in context (None: not known, as for prompt tokens), which differs from `text`
-    where a decoder treats a token alone differently (SentencePiece's ``▁`` reads as a leading space
-    except at the start); `settled`: no character was left open after it (its `shown` then holds
-    the text of every token since the last settled one)."""
+    gave this token in context (None: not known, as for prompt tokens until an echo gives each its
+    part of the echoed prompt), which differs from `text` where a decoder treats a token alone
+    differently (SentencePiece's ``▁`` reads as a leading space except at the start); `settled`: no
+    character was left open after it (its `shown` then holds the text of every token since the last
+    settled one)."""
 
     token_id: int
     text: str
@@ -277,6 +280,61 @@ class TextOffsets:
         """Advances past `text` shown without entries (an echoed prompt)."""
         self._num_chars = self._settled = self.position + len(text)
         self._open = b""
+
+
+def echoed_token_texts(tokenizer: Decoder, token_ids: Sequence[int], text: str) -> tuple[str, ...]:
+    """The part of `text` (a text completion's echoed prompt) each of `token_ids` (the prompt's
+    tokens) contributes, in order; joined, they are `text`. A token's part is what the incremental
+    detokenization of the prompt gives it in context, so a SentencePiece ``▁`` word keeps the space
+    it shows there, and a character split over tokens belongs to the token with its first byte (as
+    `TextOffsets` counts output tokens). Special tokens contribute their text when `text` holds it
+    (ids decoded with special tokens, as an id prompt is echoed) and nothing otherwise (a BOS the
+    tokenizer added to a text prompt). Where `text` is not the ids' decoding either way (a
+    normalizing tokenizer, an unknown token), positions in their common prefix and suffix keep their
+    place in `text` and the text between goes to the token that ends past it."""
+    ids = list(token_ids)
+    for skip_special_tokens in (False, True):
+        decoded = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if decoded == text:
+            break
+    ends = _token_ends(tokenizer, ids, skip_special_tokens, len(decoded))
+    if decoded != text:
+        ends = _aligned(ends, decoded, text)
+    starts = [0] + ends[:-1]
+    return tuple(text[start:end] for start, end in zip(starts, ends))
+
+
+def _token_ends(tokenizer: Decoder, token_ids: list[int], skip_special_tokens: bool, decoded_len: int) -> list[int]:
+    """Where each token's text ends in the ids' decoding: the complete text so far plus one
+    character for one left open; the last token ends at `decoded_len`, and ends never go back."""
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+    ends, num_chars, last = [], 0, 0
+    for token_id in token_ids:
+        num_chars += len(detokenizer.feed(token_id))
+        pending = detokenizer.open_text
+        complete = pending.rstrip(REPLACEMENT_CHAR)
+        last = min(max(last, num_chars + len(complete) + (complete != pending)), decoded_len)
+        ends.append(last)
+    if ends:
+        ends[-1] = decoded_len
+    return ends
+
+
+def _aligned(positions: list[int], decoded: str, text: str) -> list[int]:
+    """`positions` in `decoded` as positions in `text`: kept within their common prefix, counted
+    from the end within their common suffix, the end of the prefix between (never decreasing)."""
+    shorter = min(len(decoded), len(text))
+    prefix = next((i for i in range(shorter) if decoded[i] != text[i]), shorter)
+    suffix = next((i for i in range(shorter - prefix) if decoded[-1 - i] != text[-1 - i]), shorter - prefix)
+    aligned = []
+    for position in positions:
+        if position <= prefix:
+            aligned.append(position)
+        elif position >= len(decoded) - suffix:
+            aligned.append(position - len(decoded) + len(text))
+        else:
+            aligned.append(prefix)
+    return aligned
 
 
 def text_logprobs(entries: Sequence[LogprobEntry], offsets: TextOffsets | None = None) -> dict:

@@ -84,6 +84,8 @@ class ResponseHead:
     prompt_token_ids: tuple[int, ...] = field(default=(), repr=False)
     prompt: PromptRequest = PromptRequest()  # echo, prompt scores, max_tokens 0
     echo_text: str | None = field(default=None, repr=False)  # the prompt text echo returns
+    # echo with logprobs: the part of echo_text each prompt token contributes (`echoed_token_texts`)
+    echo_token_texts: tuple[str, ...] | None = field(default=None, repr=False)
 
 
 def finish_reason(final: OutputFinal) -> str:
@@ -166,6 +168,9 @@ def _echoed(head: ResponseHead, prompt: tuple | None, output: tuple[LogprobEntry
         return output
     top = head.prompt.echo_logprobs
     echoed = tuple(e if e is None or e.top is None else dataclasses.replace(e, top=e.top[:top]) for e in prompt)
+    if head.echo_token_texts is not None:  # text_offset counts each token as the echoed text shows it
+        echoed = tuple(e if e is None else dataclasses.replace(e, shown=shown, settled=True)
+                       for e, shown in zip(echoed, head.echo_token_texts))
     return echoed + (output or ())
 
 
