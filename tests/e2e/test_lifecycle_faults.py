@@ -314,7 +314,7 @@ def test_generate_takes_a_prompt_too_long_for_a_file_name_as_a_prompt(generate_w
     from helios.cli.main import main
 
     with pytest.raises(Loaded):
-        main(["generate", "word " * 3000, "--max-tokens", "2"])
+        main(["generate", "word " * 100, "--max-tokens", "2"])  # 500 characters: past NAME_MAX, within the context
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -5,6 +5,10 @@ Without a core file the embedded default model is used (prepared into the cache 
 ``helios generate "What is 2 + 3?"`` needs nothing else. The first positional is the core when it
 is an existing file or ends in ``.core``; otherwise every positional is a prompt. Output into a
 pipe whose reader stopped (``| head``) ends quietly with status 141, as SIGPIPE would end it.
+
+Every mistake the command line can hold is refused before the model loads (exit 2): option values
+before the core is opened, and prompts (tokenized with the core's tokenizer, read before the load)
+whose ids leave the core's input vocabulary or that, with --max-tokens, pass its context extent.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from tokenizers import Tokenizer
 from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.core.reader import open_core
-from helios.errors import UsageError
+from helios.errors import LoadError, UsageError
 from helios.frontend.preparation.template import ChatTemplate
-from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
+from helios.cli.runtime_flags import MAX_COUNT, add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.frontend.decoding.text_bounds import is_unicode_text
 from helios.runtime.offline import generate
@@ -123,10 +127,12 @@ def _open(args: argparse.Namespace):
                      trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.max_tokens <= 0:
-        raise UsageError("--max-tokens must be positive")
-    if not 0 <= args.temperature <= 2:  # the server's bounds (`helios.server.schemas`); nan fails too
+def _check_sampling_options(args: argparse.Namespace) -> None:
+    """The sampling options against their bounds (the server's, `helios.server.schemas`), before any
+    core is opened; the output limit is checked against the core's context extent once it is open."""
+    if not 0 < args.max_tokens <= MAX_COUNT:
+        raise UsageError(f"--max-tokens must be in 1..{MAX_COUNT}")
+    if not 0 <= args.temperature <= 2:  # nan fails too
         raise UsageError("--temperature must be in [0, 2]")
     if not 0 < args.top_p <= 1:
         raise UsageError("--top-p must be in (0, 1]")
@@ -134,12 +140,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--top-k must not be negative")
     if not -(2**63) <= args.seed < 2**63:  # the server's bounds of `seed`
         raise UsageError("--seed must be a signed 64-bit integer, in [-2**63, 2**63)")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_sampling_options(args)
     load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     _split_core_and_prompts(args)
     if args.prompt_ids:
-        _parsed_prompt_ids(args.prompt_ids)  # checked before the load; used once the tokenizer is known
+        _parsed_prompt_ids(args.prompt_ids)  # checked before the core is opened
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
-    runtime = build_runtime(_open(args), options)
+    core = _open(args)
+    tokenizer, template = _tokenizer_and_template(core)
+    template_tokens = {t.name: t.text for t in core.prepared.contract.defaults.template_tokens}
+    args.prompt_token_ids = _prompt_ids(args, tokenizer, template, template_tokens)
+    # before the load, which takes seconds to minutes
+    _check_prompts_fit(args.prompt_token_ids, args.max_tokens, core.prepared)
+    runtime = build_runtime(core, options)
     try:
         with frozen_heap():  # the load's objects out of the collector's full walks while generating
             return _generate(args, runtime)
@@ -147,11 +163,46 @@ def run(args: argparse.Namespace) -> int:
         runtime.close()
 
 
+def _tokenizer_and_template(core) -> tuple[Tokenizer, str]:
+    """The core's tokenizer and chat template source, read before the load so that the prompts are
+    checked first; `LoadError` for a core without them or whose tokenizer does not parse."""
+    def resource(kind: str) -> str:
+        for info in core.resources:
+            if info.kind.name == kind:
+                try:
+                    return core.read_resource(info.id).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise LoadError(f"the core's {kind.lower()} resource is not UTF-8 text") from None
+        raise LoadError(f"the core holds no {kind.lower()} resource")
+
+    try:
+        tokenizer = Tokenizer.from_str(resource("TOKENIZER"))
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises its own untyped errors
+        raise LoadError(f"the core's tokenizer does not parse: {error}") from None
+    return tokenizer, resource("CHAT_TEMPLATE")
+
+
+def _check_prompts_fit(prompts: list[list[int]], max_tokens: int, prepared) -> None:
+    """Each prompt's ids lie in the core's input vocabulary and, with `max_tokens`, fit its context
+    extent: what the engine would otherwise reject (exit 9) once the model is loaded."""
+    begin, end = prepared.input_range
+    context_tokens = prepared.defaults.context_tokens
+    for number, prompt in enumerate(prompts, 1):
+        outside = next((t for t in prompt if not begin <= t < end), None)
+        if outside is not None:
+            raise UsageError(f"prompt {number}: token id {outside} is outside the core's vocabulary [{begin}, {end})")
+        if len(prompt) + max_tokens > context_tokens:
+            room = context_tokens - len(prompt)
+            advice = f"ask for at most {room} tokens" if room > 0 else "shorten the prompt"
+            raise UsageError(f"prompt {number}: {len(prompt)} prompt tokens + --max-tokens {max_tokens} exceed the "
+                             f"context extent of {context_tokens} tokens; {advice}")
+
+
 def _generate(args: argparse.Namespace, runtime) -> int:
+    """Generates for `args.prompt_token_ids` (the checked prompts `run` tokenized) and prints the results."""
     model = runtime.model
     tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
-    template_tokens = {t.name: t.text for t in model.prepared.contract.defaults.template_tokens}
-    prompts = _prompt_ids(args, tokenizer, model.chat_template, template_tokens)
+    prompts = args.prompt_token_ids
     eos = () if args.ignore_eos else model.settings.eos_token_ids
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=signed_seed(args.seed))

@@ -12,7 +12,8 @@ Every outcome is one line on stderr (``helios rank: ...``, no traceback) and an 
 * 0: rank zero stopped the group;
 * 2: a bad option, checked before the core is opened (``--join`` not HOST:PORT with a port
   1..65535 or a host that does not resolve, ``--rank`` below 1, ``--device`` not cpu or cuda[:N],
-  ``--torch-threads`` outside 1..1024, a ``--join-timeout`` that is not a positive number), or a
+  ``--torch-threads`` outside 1..1024, a ``--join-timeout`` that is not a positive number of seconds
+  up to a year), or a
   ``--trust`` or ``--aes-key`` file that cannot be read or is not a key of that kind;
 * 4 to 7: the core cannot be opened, verified or is not admitted (`helios.errors`);
 * 8: the rank could not join: rank zero unreachable within ``--join-timeout``, gone before the
@@ -52,6 +53,7 @@ from helios.runtime.parallel.rank_peers import join_rank
 from helios.runtime.parallel.rank_rendezvous import AddressError, Rendezvous, resolve_address
 
 MAX_THREADS = 1024  # --torch-threads: as `helios serve` bounds it
+MAX_SECONDS = 365 * 24 * 3600  # --join-timeout: as `helios serve` bounds timeouts
 _STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -103,6 +105,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--torch-threads must be 1..{MAX_THREADS}")
     if not (math.isfinite(args.join_timeout) and args.join_timeout > 0):
         raise UsageError("--join-timeout must be a positive number of seconds")
+    if args.join_timeout > MAX_SECONDS:  # a timedelta of 1e30 seconds overflows
+        raise UsageError(f"--join-timeout must be at most {MAX_SECONDS} seconds (a year)")
     try:
         resolve_address(args.join)
         if args.device is not None:

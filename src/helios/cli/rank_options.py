@@ -17,6 +17,9 @@ from helios.errors import UsageError
 from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.parallel.rank_rendezvous import AddressError, serve_address
 
+MAX_COUNT = 2**31 - 1  # --local-ranks: past any host's ranks
+MAX_SECONDS = 365 * 24 * 3600  # timeouts: a year is "never"; a timedelta of 1e30 seconds overflows
+
 
 def add_rank_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tensor parallel (cores prepared with --tensor-parallel N)")
@@ -33,13 +36,15 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
 
 
 def rank_options_from_args(args: argparse.Namespace) -> RankOptions:
-    """The options, checked (`UsageError`, exit 2): counts, positive finite timeouts, and a
+    """The options, checked (`UsageError`, exit 2): counts, positive timeouts up to a year, and a
     `--rendezvous` this host can serve (HOST:PORT, a port 0..65535, an address of this machine)."""
-    if args.local_ranks is not None and args.local_ranks < 1:
-        raise UsageError("--local-ranks must be at least 1")
+    if args.local_ranks is not None and not 1 <= args.local_ranks <= MAX_COUNT:
+        raise UsageError(f"--local-ranks must be in 1..{MAX_COUNT}")
     for name, value in (("--join-timeout", args.join_timeout), ("--collective-timeout", args.collective_timeout)):
         if not (math.isfinite(value) and value > 0):
             raise UsageError(f"{name} must be a positive number of seconds")
+        if value > MAX_SECONDS:  # a timedelta of 1e30 seconds overflows
+            raise UsageError(f"{name} must be at most {MAX_SECONDS} seconds (a year)")
     try:
         serve_address(args.rendezvous)
     except AddressError as error:

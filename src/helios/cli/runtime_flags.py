@@ -25,6 +25,8 @@ import argparse
 import sys
 from dataclasses import replace
 
+import torch
+
 from helios.contract import StartupOptions
 from helios.errors import UsageError
 from helios.runtime.loading.image_features import DEFAULT_CACHE_BYTES, DEFAULT_CACHED_IMAGES
@@ -85,9 +87,20 @@ def _stderr(line: str) -> None:
     print(f"helios: {line}", file=sys.stderr, flush=True)
 
 
+def _check_device_name(device: str) -> None:
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(f"--device {device!r} is not a device: give cpu, cuda or cuda:N") from None
+    if kind not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: models run on the CPU or on CUDA (cpu, cuda or cuda:N)")
+
+
 def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
                   ) -> tuple[LoadOptions, SchedulerPolicy, int]:
-    """(load options, scheduler policy, host pages) from the flags; bad values raise `UsageError`."""
+    """(load options, scheduler policy, host pages) from the flags; bad values raise `UsageError`,
+    `device` among them when it names no CPU or CUDA device (one this machine lacks is the load's error)."""
+    _check_device_name(device)
     for name in ("pages", "snapshot_capacity", "speculative_width"):
         value = getattr(args, name)
         if value is not None and value <= 0 and not (name == "snapshot_capacity" and value == 0):

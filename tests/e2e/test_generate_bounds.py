@@ -1,0 +1,96 @@
+"""`helios generate` refuses what the engine would reject, before the model loads: a prompt whose
+ids leave the core's vocabulary or that, with --max-tokens, passes the context extent is one line
+and exit 2 once the core is opened (it was exit 9, after a load of seconds to minutes). Options
+whose bounds need no core (a device name, tensor-parallel timeouts and counts) are refused before
+the core is opened. In process through `main`, on the shared tiny prepared core."""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.cli.main import main
+from support.server_core import CONTEXT_TOKENS, tiny_core
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    return tiny_core(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    import helios.cli.generate_cmd as generate_cmd
+
+    def refused(*args, **kwargs):
+        raise AssertionError("loaded the model for a command line it should have refused")
+
+    monkeypatch.setattr(generate_cmd, "build_runtime", refused)
+
+
+def run(capsys, *argv) -> tuple[int, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as done:
+        code = done.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and err.endswith("\n"), err
+    return code, err
+
+
+def generate(core, *argv):
+    return ["generate", core.path, "--accept", core.namespace, "--trust", core.public_key, *argv]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-ids", "[[5, 6, 7]]", "--max-tokens", str(CONTEXT_TOKENS - 2)],
+     f"prompt 1: 3 prompt tokens + --max-tokens {CONTEXT_TOKENS - 2} exceed the context extent of "
+     f"{CONTEXT_TOKENS} tokens; ask for at most {CONTEXT_TOKENS - 3} tokens"),
+    (["--prompt-ids", f"[[5], {list(range(3, 3 + CONTEXT_TOKENS))}]"], "prompt 2: "),
+    (["--prompt-ids", f"[[5], {list(range(3, 3 + CONTEXT_TOKENS))}]"], "shorten the prompt"),
+    (["hello", "--max-tokens", str(CONTEXT_TOKENS)], "exceed the context extent"),
+    (["--chat", "hello", "--max-tokens", str(CONTEXT_TOKENS - 1)], "exceed the context extent"),
+    (["--prompt-ids", "[[5], [-1]]"], "prompt 2: token id -1 is outside the core's vocabulary [0, "),
+    (["--prompt-ids", f"[[{10**30}]]"], f"prompt 1: token id {10**30} is outside the core's vocabulary"),
+])
+def test_prompts_that_cannot_fit_the_core_are_refused_before_the_load(core, no_load, argv, message, capsys):
+    code, err = run(capsys, *generate(core, *argv))
+    assert code == 2 and message in err and err.startswith("helios generate: error: prompt ")
+
+
+def test_a_prompt_that_fits_exactly_reaches_the_load(core, no_load, capsys):
+    """The bound is the engine's: prompt plus output limit up to the context extent, not below it."""
+    with pytest.raises(AssertionError, match="loaded the model"):
+        main([str(a) for a in generate(core, "--prompt-ids", "[[5, 6, 7]]", "--max-tokens", str(CONTEXT_TOKENS - 3))])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-tokens", str(10**30)], "--max-tokens must be in 1..2147483647"),
+    (["--device", "bogus"], "--device 'bogus' is not a device: give cpu, cuda or cuda:N"),
+    (["--device", "meta"], "--device 'meta': models run on the CPU or on CUDA"),
+    (["--device", "cuda:-1"], "--device 'cuda:-1' is not a device"),
+    (["--join-timeout", "1e30"], "--join-timeout must be at most"),
+    (["--collective-timeout", "1e30"], "--collective-timeout must be at most"),
+    (["--local-ranks", str(10**30)], "--local-ranks must be in 1.."),
+])
+def test_generate_refuses_option_values_before_opening_the_core(tmp_path, argv, message, capsys):
+    code, err = run(capsys, "generate", tmp_path / "never-opened.core", "--accept", "a/b", "--prompt-ids", "[[1]]",
+                    *argv)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "bogus"], "--device 'bogus'"),
+    (["--join-timeout", "1e30"], "--join-timeout must be at most"),
+])
+def test_serve_refuses_a_device_that_is_no_device_and_timeouts_past_a_year(argv, message, capsys):
+    code, err = run(capsys, "serve", "no.core", *argv)
+    assert code == 2 and message in err
+
+
+def test_rank_refuses_a_join_timeout_past_a_year(tmp_path, capsys):
+    from helios.cli.rank_cmd import run_alone
+
+    code = run_alone([str(tmp_path / "missing.core"), "--join", "127.0.0.1:5000", "--join-timeout", "1e30",
+                      "--accept", "ns", "--trust", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--join-timeout must be at most" in err
