@@ -233,6 +233,25 @@ def test_corrupt_images_are_named_as_such(data, problem):
         decode_image_urls([data_url(data)], LIMITS)
 
 
+@pytest.mark.parametrize("media", ["image/jpg", "IMAGE/JPG", "image/jpeg"])
+def test_image_jpg_is_taken_as_jpeg(media):
+    """image/jpg is a common non-standard alias of image/jpeg (it was refused as not an image type);
+    the bytes still decide the format: a PNG under it decodes as the PNG it is, junk is still refused."""
+    (jpeg,) = decode_image_urls([data_url(image_bytes(20, 10, 3, "JPEG"), media)], LIMITS)
+    assert jpeg.image.format == "JPEG" and jpeg.image.size == (20, 10)
+    (png,) = decode_image_urls([data_url(image_bytes(20, 10, 3), media)], LIMITS)
+    assert png.image.format == "PNG"
+    with pytest.raises(ImageRejected, match="not a PNG, JPEG or WebP image"):
+        decode_image_urls([data_url(b"hello, not an image", media)], LIMITS)
+    with pytest.raises(ImageRejected, match="'image/gif' is not image/png, image/jpeg or image/webp"):
+        decode_image_urls([data_url(image_bytes(20, 10, 3, "JPEG"), "image/gif")], LIMITS)
+
+
+def test_image_jpg_through_the_chat_api(app):
+    url = data_url(image_bytes(40, 30, 1, "JPEG"), "image/jpg")
+    assert chat(app, [{"role": "user", "content": [image_part(url)]}]).status_code == 200
+
+
 def test_url_schemes_are_case_insensitive():
     upper = "DATA:IMAGE/PNG;BASE64," + base64.b64encode(image_bytes(20, 10, 3)).decode()
     assert decode_image_urls([upper], LIMITS)[0].image.size == (20, 10)
@@ -327,6 +346,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b": y\r\n\r\n")
             except OSError:
                 pass
+        elif self.path == "/jpg":  # the non-standard alias as the Content-Type
+            body = image_bytes(30, 20, 4, "JPEG")
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpg")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/chunked-cut":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -358,6 +384,11 @@ def test_remote_fetches_follow_http_redirects_only(remote):
     assert decode_image_urls([f"HTTP://{remote}/cat.png"], ALLOWED)[0].image.size == (30, 20)
     with pytest.raises(ImageRejected, match="redirects to a URL that is not http"):
         decode_image_urls([f"http://{remote}/ftp"], ALLOWED)
+
+
+def test_a_remote_image_served_as_image_jpg_is_fetched(remote):
+    (image,) = decode_image_urls([f"http://{remote}/jpg"], ALLOWED)
+    assert image.image.format == "JPEG" and image.image.size == (30, 20)
 
 
 @pytest.mark.parametrize("path", ["/slow", "/slow-headers"])

@@ -39,6 +39,9 @@ from typing import Sequence
 from helios.frontend.images.errors import ImageRejected
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
+# Media types a data: URL may name: the formats', and image/jpg, a common non-standard alias of
+# image/jpeg. The bytes decide the format either way (sniffed by `decode_image`).
+MEDIA_TYPES = frozenset({*FORMATS.values(), "image/jpg"})
 _DATA_URL = re.compile(r"^data:(?P<media>[A-Za-z0-9.+/-]*)(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,(?P<data>.*)$",
                        re.DOTALL | re.IGNORECASE)
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
@@ -78,7 +81,7 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
     if match is None:
         raise ImageRejected("malformed data: URL (expected data:image/...;base64,...)")
     media = match.group("media").lower()
-    if media not in FORMATS.values():
+    if media not in MEDIA_TYPES:
         raise ImageRejected(f"data: URL media type {_clipped(media) or '(none)'!r} is not image/png, image/jpeg or "
                             "image/webp")
     if not match.group("b64"):
