@@ -56,15 +56,16 @@ def qwen(qwen_tokenizer):
 
 
 def run(model, tokenizer, prompt, output_ids: list[int], **fields):
-    """A prepared echo request fed like the engine feeds it (prompt scores, then the output ids
-    and EOS): (prepared, steps, final)."""
+    """A prepared echo request fed like the engine feeds it (prompt scores where it asks for them,
+    then the output ids and EOS): (prepared, steps, final)."""
     body = CompletionRequest.model_validate({"model": model.served_id, "prompt": prompt, "echo": True, "logprobs": 2,
                                              "max_tokens": len(output_ids) + 1, **fields})
     prepared = model.prepare_completion(body, request_id="e", created=1)
     output = prepared.new_output()
     prompt_ids = prepared.prompt_token_ids
-    output.score_prompt(PromptScoresEvent("e", 1, tuple(TokenLogprobs(-1.0, ((t, -1.0), (BOS, -2.0)))
-                                                          for t in prompt_ids[1:])))
+    if prepared.params.score_prompt:
+        output.score_prompt(PromptScoresEvent("e", 1, tuple(TokenLogprobs(-1.0, ((t, -1.0), (BOS, -2.0)))
+                                                              for t in prompt_ids[1:])))
     steps = [output.feed(t, None, TokenLogprobs(-0.5, ((t, -0.5),))) for t in output_ids + [EOS]]
     final = output.finish(FinishReason.EOS)
     return prepared, [s for s in steps if s.events or s.logprobs or s.prompt_logprobs], final

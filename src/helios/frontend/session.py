@@ -125,7 +125,8 @@ class OutputFactory:
         else:
             pipeline = OutputPipeline.create(self.frontend.output, self.frontend.delimiters, self.request)
         return OutputProcessor(
-            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False),
+            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False,  # a text completion continues its prompt
+                                   context_ids=self.prompt_token_ids if self.frontend is None else ()),
             pipeline,
             self.stops.new_matcher(),
             self.eos_token_ids,

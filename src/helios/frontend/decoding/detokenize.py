@@ -10,9 +10,14 @@ fed so far and two offsets into them (the window scheme of TGI and vLLM):
 
 The window restarts at the last emission and ids that add no text (skipped special tokens) are left
 out of it, so each feed decodes only a few tokens; decoders that treat the first token of a sequence
-specially (leading-space stripping) see the same first token in both decodes. Invariants: a delta never ends inside a UTF-8 character, emitted text is never emitted
-again, and the concatenation of every delta and `finish()` equals
-``tokenizer.decode(all_ids, skip_special_tokens=...)``.
+specially (leading-space stripping) see the same first token in both decodes. A detokenizer may
+start after context ids (a text completion's prompt, its last `CONTEXT_IDS`), already read: the
+first output token then decodes as it does after them, so a SentencePiece ``▁`` word keeps the
+leading space it has in the text rather than losing it as the first token of a sequence (context
+ending inside a character is not used). Invariants: a delta never ends inside a UTF-8 character,
+emitted text is never emitted again, and the concatenation of every delta and `finish()` equals
+``tokenizer.decode(all_ids, skip_special_tokens=...)`` (with context: what decoding the context and
+all ids adds to the context's text).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
+CONTEXT_IDS = 5  # context ids a detokenizer keeps (vLLM's initial offset): a few tokens of text before the output
 
 
 class Decoder(Protocol):
@@ -32,18 +38,30 @@ class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas; see the module docstring for the invariants.
 
     `skip_special_tokens` follows `tokenizers`: tokens the tokenizer marks special decode to nothing
-    when true and to their content when false. Mutates only its own state; `tokenizer` is read-only.
+    when true and to their content when false. `context_ids`: ids before the output (their last
+    `CONTEXT_IDS` are decoded with it, their text not emitted). Mutates only its own state;
+    `tokenizer` is read-only.
     """
 
-    def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True, context_ids: Sequence[int] = ()):
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._ids: list[int] = []  # ids that produce text; ids that decode to nothing are dropped
+        # the context, then the ids that produce text (ids that decode to nothing are dropped)
+        self._ids: list[int] = self._usable_context(context_ids)
         self._num_tokens = 0
         self._prefix_offset = 0
-        self._read_offset = 0
+        self._read_offset = len(self._ids)
         self._open_text = ""  # the pending ids' text (ends in U+FFFD), "" when none are pending
         self._finished = False
+
+    def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
+        """The last `CONTEXT_IDS` of `context_ids`, or none where they hold no text but special
+        tokens' (a lone BOS: the output starts the text) or end inside a character."""
+        context = list(context_ids[-CONTEXT_IDS:])
+        if not context or not self._tokenizer.decode(context, skip_special_tokens=True):
+            return []
+        decoded = self._tokenizer.decode(context, skip_special_tokens=self._skip_special_tokens)
+        return [] if decoded.endswith(REPLACEMENT_CHAR) else context
 
     @property
     def num_tokens(self) -> int:
