@@ -100,6 +100,18 @@ def test_echoed_offsets_follow_the_text_on_sentencepiece_with_bos(spm, by_ids):
     assert parts[euro:euro + 3] == ["€", "", ""]  # a split character: the token with its first byte
 
 
+def test_a_text_prompt_holding_a_special_token_s_text_echoes_it_and_not_the_bos(spm):
+    """The ids decode to the text neither with special tokens (the BOS) nor without (``</s>``): the
+    special tokens' texts are kept and the BOS's falls before the echoed text."""
+    model, tokenizer = spm
+    prompt = "Hello world,</s> the fox"
+    prepared, _, final = run(model, tokenizer, prompt, tokenizer.encode(OUTPUT, add_special_tokens=False).ids)
+    choice = prepared.response_body(final)["choices"][0]
+    parts = parts_of(choice["text"], choice["logprobs"]["text_offset"])
+    assert parts == ["", "Hello", " world,", "</s>", " the", " fox", " the", " quick", " fox"]
+    assert choice["text"] == prompt + OUTPUT
+
+
 @pytest.mark.parametrize("grouping", list(GROUPINGS))
 @pytest.mark.parametrize("by_ids", [False, True], ids=["text prompt", "id prompt"])
 def test_streamed_echo_offsets_equal_the_body_s(spm, by_ids, grouping):

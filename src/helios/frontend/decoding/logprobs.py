@@ -290,13 +290,15 @@ def echoed_token_texts(tokenizer: Decoder, token_ids: Sequence[int], text: str) 
     `TextOffsets` counts output tokens). Special tokens contribute their text when `text` holds it
     (ids decoded with special tokens, as an id prompt is echoed) and nothing otherwise (a BOS the
     tokenizer added to a text prompt). Where `text` is not the ids' decoding either way (a
-    normalizing tokenizer, an unknown token), positions in their common prefix and suffix keep their
-    place in `text` and the text between goes to the token that ends past it."""
+    normalizing tokenizer, an unknown token), the decoding sharing more of its start and end with
+    `text` is used: positions in their common prefix and suffix keep their place in `text`, and the
+    text between goes to the token that ends in the suffix."""
     ids = list(token_ids)
-    for skip_special_tokens in (False, True):
-        decoded = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-        if decoded == text:
-            break
+    decodings = {skip: tokenizer.decode(ids, skip_special_tokens=skip) for skip in (False, True)}
+    skip_special_tokens = next((skip for skip in (False, True) if decodings[skip] == text), None)
+    if skip_special_tokens is None:
+        skip_special_tokens = max((True, False), key=lambda skip: sum(_common_ends(decodings[skip], text)))
+    decoded = decodings[skip_special_tokens]
     ends = _token_ends(tokenizer, ids, skip_special_tokens, len(decoded))
     if decoded != text:
         ends = _aligned(ends, decoded, text)
@@ -320,20 +322,26 @@ def _token_ends(tokenizer: Decoder, token_ids: list[int], skip_special_tokens: b
     return ends
 
 
-def _aligned(positions: list[int], decoded: str, text: str) -> list[int]:
-    """`positions` in `decoded` as positions in `text`: kept within their common prefix, counted
-    from the end within their common suffix, the end of the prefix between (never decreasing)."""
+def _common_ends(decoded: str, text: str) -> tuple[int, int]:
+    """The lengths of the longest common prefix of `decoded` and `text` and of the longest common
+    suffix of what follows it."""
     shorter = min(len(decoded), len(text))
     prefix = next((i for i in range(shorter) if decoded[i] != text[i]), shorter)
     suffix = next((i for i in range(shorter - prefix) if decoded[-1 - i] != text[-1 - i]), shorter - prefix)
+    return prefix, suffix
+
+
+def _aligned(positions: list[int], decoded: str, text: str) -> list[int]:
+    """`positions` in `decoded` as positions in `text`: counted from the end within their common
+    suffix, kept within their common prefix, the end of the prefix between (never decreasing; the
+    end of `decoded` is the end of `text`)."""
+    prefix, suffix = _common_ends(decoded, text)
     aligned = []
     for position in positions:
-        if position <= prefix:
-            aligned.append(position)
-        elif position >= len(decoded) - suffix:
+        if position >= len(decoded) - suffix:
             aligned.append(position - len(decoded) + len(text))
         else:
-            aligned.append(prefix)
+            aligned.append(min(position, prefix))
     return aligned
 
 
