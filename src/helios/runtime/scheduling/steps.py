@@ -181,6 +181,8 @@ class StepBuilder:
             lane_limit = draft.variant.lane_limit
             if draft.variant.length_source == LengthSource.PREFIX_LIMIT:
                 max_tokens = count * lane_limit
+            else:  # exact lengths: the lanes' tokens must fit the chosen program's P (below B x W
+                max_tokens = draft.variant.packed_token_capacity  # when prepared with --packed-per-lane)
         for req, ahead, kind in lanes:
             if len(draft.rows) >= max_rows:
                 break
