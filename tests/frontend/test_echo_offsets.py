@@ -100,6 +100,18 @@ def test_echoed_offsets_follow_the_text_on_sentencepiece_with_bos(spm, by_ids):
     assert parts[euro:euro + 3] == ["€", "", ""]  # a split character: the token with its first byte
 
 
+def test_a_stream_echoing_an_empty_text_still_lists_its_prompt_tokens(spm):
+    """A text prompt of no text is its BOS alone: the stream's echo chunk (empty text) carries the
+    BOS's entry, as the body lists it (the chunk was dropped with its entry)."""
+    model, tokenizer = spm
+    prepared, steps, final = run(model, tokenizer, "", tokenizer.encode(OUTPUT, add_special_tokens=False).ids,
+                                 stream=True)
+    body = prepared.response_body(final)["choices"][0]
+    assert body["logprobs"]["tokens"][0] == "<s>" and body["logprobs"]["text_offset"][:2] == [0, 0]
+    state = accumulated(streamed(prepared, steps, final, [1] * len(steps)), is_chat=False)
+    assert state["text"] == body["text"] and state["logprobs"] == body["logprobs"]
+
+
 def test_a_text_prompt_holding_a_special_token_s_text_echoes_it_and_not_the_bos(spm):
     """The ids decode to the text neither with special tokens (the BOS) nor without (``</s>``): the
     special tokens' texts are kept and the BOS's falls before the echoed text."""

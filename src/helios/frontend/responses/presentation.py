@@ -305,7 +305,7 @@ class StreamPresenter:
             self._text_offsets.skip(head.echo_text)
         chunk = self._chunk([choice])
         _add_prompt_logprobs(head, prompt, chunk, choice)
-        return [chunk] if head.echo_text or "prompt_logprobs" in choice else []
+        return [chunk] if head.echo_text or entries or "prompt_logprobs" in choice else []
 
     def step_chunks(self, step: OutputStep) -> list[dict]:
         return self.run_chunks(StepRun.of((step,)))
