@@ -259,6 +259,29 @@ def test_a_core_signed_by_an_untrusted_key_or_for_another_namespace(files, capsy
     assert code == 7 and "someone/else" in one_line(err)
 
 
+def test_a_part_file_name_with_terminal_controls_is_escaped_in_the_error(files, tmp_path, capsys):
+    """The location set naming a core's part files is unsigned: a name carrying an escape sequence
+    and a newline reached the terminal as they were, and forged a second line ("verified")."""
+    from core.builders import read_body, write_body
+
+    split = tmp_path / "split.core"
+    assert run(capsys, "relocate", files["core"], "-o", split, "--split-bytes", "1000")[0] == 0
+    evil = "p\x1b[31mred\x1b[0m\nhelios verify: verified\u202e"
+    _, body = read_body(split)
+    for loc in body.locations.locations:
+        if loc.file == "split.core.part001":
+            loc.file = evil
+    write_body(split, body)
+    (tmp_path / "split.core.part001").rename(tmp_path / evil)
+    with open(tmp_path / evil, "ab") as part:
+        part.write(b"x")  # so that its stored ranges do not tile it: an error that names it
+    for argv in (["verify", split, *trusted(files)], ["relocate", split, "-o", tmp_path / "out.core"],
+                 ["sign", split, "--key", files["other"], "-o", tmp_path / "out.core"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 5 and "\\x1b[31mred\\x1b[0m\\nhelios verify: verified\\u202e" in one_line(err), err
+        assert not any(ch in err for ch in "\x1b\u202e")
+
+
 def test_sign_never_writes_over_its_key(files, tmp_path, capsys):
     key = tmp_path / "cosigner.key"
     write_key_pair(key, SigningKey.generate())

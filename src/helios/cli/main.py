@@ -1,10 +1,10 @@
 """`helios` entry point: a dispatcher over one module per command family.
 
 Each command module defines `register(subparsers)`, which adds its subcommands and sets
-`func(args) -> int` on each. Errors derived from `HeliosError` print one line and exit with the
-class's exit code; an operating-system error (a file that cannot be read or written) prints one line
-and exits 1; output into a pipe whose reader stopped (`| head`) ends quietly with status 141, as SIGPIPE
-would end it; no traceback reaches the user.
+`func(args) -> int` on each. Errors derived from `HeliosError` print one line (control characters
+escaped, `printable_line`) and exit with the class's exit code; an operating-system error (a file
+that cannot be read or written) prints one line and exits 1; output into a pipe whose reader stopped
+(`| head`) ends quietly with status 141, as SIGPIPE would end it; no traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -71,15 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
     except HeliosError as error:
-        print(f"helios {args.command}: error: {error}", file=sys.stderr)
+        print(f"helios {args.command}: error: {printable_line(str(error))}", file=sys.stderr)
         return error.exit_code
     except OSError as error:  # a file the command cannot read or write: one line, no traceback
         where = f": {error.filename}" if error.filename else ""
-        print(f"helios {args.command}: error: {error.strerror or error}{where}", file=sys.stderr)
+        print(f"helios {args.command}: error: {printable_line(f'{error.strerror or error}{where}')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"helios {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def printable_line(text: str) -> str:
+    """`text` as one line a terminal shows as it is: newlines, escape sequences, other controls and
+    bidirectional overrides written as their Python escapes. An error may quote a core's unsigned
+    text (a part file's name), which must neither drive the terminal nor forge a line of its own."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _discard_stdout() -> None:

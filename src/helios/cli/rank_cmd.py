@@ -46,6 +46,7 @@ import torch
 
 from helios.abi.collectives import CollectiveError
 from helios.cli.core_options import add_core_options, open_core_from_args
+from helios.cli.main import printable_line
 from helios.cli.stack_dumps import dump_stacks_on_sigusr1
 from helios.errors import HeliosError, UsageError
 from helios.runtime.parallel.rank_devices import UnsupportedRanksError, parse_device
@@ -149,8 +150,9 @@ def _exit_now(code: int, line: str | None) -> None:
     group's gloo and store destructors talk to rank zero, which may be gone by then, and one of
     them aborted the process (SIGABRT) after a clean stop. Nothing is left to release: rank zero
     owns the group's end, and this process's memory goes with it."""
-    if line is not None:  # one line, whatever the error's text holds
-        print(f"helios rank: {' | '.join(part.strip() for part in line.splitlines() if part.strip())}", file=sys.stderr)
+    if line is not None:  # one line, whatever the error's text holds (a core's unsigned text escaped)
+        joined = " | ".join(part.strip() for part in line.splitlines() if part.strip())
+        print(f"helios rank: {printable_line(joined)}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -175,7 +177,7 @@ def run_alone(argv: list[str]) -> int:
     try:
         return int(args.func(args) or 0)
     except HeliosError as error:
-        print(f"helios rank: error: {error}", file=sys.stderr)
+        print(f"helios rank: error: {printable_line(str(error))}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("helios rank: interrupted", file=sys.stderr)
