@@ -449,6 +449,19 @@ def test_serve_names_the_core_that_served_model_name_swallowed(files, tmp_path, 
         main(["serve", "--served-model-name", "notes", "fifo-name"])
 
 
+def test_output_the_locale_cannot_encode_is_escaped(tmp_path, monkeypatch, capsys):
+    """Under an ASCII locale (or PYTHONIOENCODING=ascii) a non-ASCII path in keygen's output, or
+    generated text, raised UnicodeEncodeError (a traceback, exit 1) after the work was done."""
+    import io
+
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["keygen", "-o", str(tmp_path / "ключ.key")]) == 0
+    out.flush()
+    assert "\\u043a\\u043b\\u044e\\u0447.key (private" in out.buffer.getvalue().decode("ascii")
+    assert (tmp_path / "ключ.key.pub").is_file() and "Traceback" not in capsys.readouterr().err
+
+
 def test_output_into_a_closed_pipe_ends_quietly_with_141(files):
     """`helios inspect CORE | true`: the reader is gone before the first write. One real process
     (its stdout a pipe whose read end is closed at once), for every command, not only generate."""

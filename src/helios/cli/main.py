@@ -4,7 +4,8 @@ Each command module defines `register(subparsers)`, which adds its subcommands a
 `func(args) -> int` on each. Errors derived from `HeliosError` print one line (control characters
 escaped, `printable_line`) and exit with the class's exit code; an operating-system error (a file
 that cannot be read or written) prints one line and exits 1; output into a pipe whose reader stopped
-(`| head`) ends quietly with status 141, as SIGPIPE would end it; no traceback reaches the user.
+(`| head`) ends quietly with status 141, as SIGPIPE would end it; output the locale cannot encode
+is written as backslash escapes; no traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    _escape_unencodable_output()
     try:  # importing the command modules (torch among them) takes seconds: Ctrl-C here is one line too
         parser = build_parser()
     except KeyboardInterrupt:
@@ -87,6 +89,16 @@ def printable_line(text: str) -> str:
     bidirectional overrides written as their Python escapes. An error may quote a core's unsigned
     text (a part file's name), which must neither drive the terminal nor forge a line of its own."""
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _escape_unencodable_output() -> None:
+    """Standard output writes what its encoding cannot (generated text, a non-ASCII path, under an
+    ASCII or Latin-1 locale or PYTHONIOENCODING) as backslash escapes, as standard error already
+    does, rather than failing with UnicodeEncodeError after the work is done."""
+    try:
+        sys.stdout.reconfigure(errors="backslashreplace")
+    except (AttributeError, ValueError, OSError):  # not a text stream that can be reconfigured: left as it is
+        pass
 
 
 def _discard_stdout() -> None:
