@@ -489,6 +489,26 @@ def test_generate_without_prompts_or_with_both_kinds_loads_nothing(argv, capsys,
     assert code == 2 and "give prompt texts or --prompt-ids" in one_line(err)
 
 
+def test_prompts_after_options_and_a_double_dash_may_start_with_a_dash(files, capsys, monkeypatch):
+    """`helios generate M.core --accept NS -- -5`: the `--` that ends the options was refused with the
+    prompts as "unrecognized arguments", so a prompt starting with "-" could not follow the options."""
+    import helios.cli.generate_cmd as generate_cmd
+
+    seen = []
+
+    def opened(args):
+        seen.append(args.prompts)
+        raise generate_cmd.UsageError("stop before opening the core")
+
+    monkeypatch.setattr(generate_cmd, "_open", opened)
+    head = ["generate", files["core"], "--accept", NAMESPACE]
+    for tail, prompts in ((["--", "-5 apples"], ["-5 apples"]), (["hi", "--", "--json", "--"], ["hi", "--json", "--"])):
+        code, _, err = run(capsys, *head, *tail)
+        assert code == 2 and "stop before opening" in one_line(err) and seen.pop() == prompts
+    code, _, err = run(capsys, *head, "hi", "--json2")  # an unknown option before any `--` stays an error
+    assert code == 2 and err.splitlines()[-1].endswith("unrecognized arguments: hi --json2") and not seen
+
+
 def test_keys_of_the_wrong_type_or_length(files, tmp_path, capsys):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -63,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     args, extra = parser.parse_known_args(argv)
     if extra:
-        # Positional lists (generate's prompts) may follow options; anything else is an error.
-        if not hasattr(args, "prompts") or any(item.startswith("-") for item in extra):
+        # Positional lists (generate's prompts) may follow options, and after `--` start with "-" too
+        # (argparse leaves a `--` after options among the extras); anything else is an error.
+        cut = extra.index("--") if "--" in extra else len(extra)
+        if not hasattr(args, "prompts") or any(item.startswith("-") for item in extra[:cut]):
             _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-        args.prompts = list(args.prompts or []) + extra
+        args.prompts = list(args.prompts or []) + extra[:cut] + extra[cut + 1:]
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader of the output stopped early (`| head`): quietly, as SIGPIPE would end it
