@@ -103,6 +103,7 @@ class Engine:
         self._is_closed = False  # shut down or failed: `submit` answers at once
         self._thread: threading.Thread | None = None
         self.failure: str | None = None  # why the worker loop failed (None: it did not)
+        self._rounds = 0  # rounds completed (`progress`)
         self.feedback = LaneFeedback(executor.model.prepared.contract.model.vocabulary.mask_words)
         self.stats.request_slots = scheduler.caps.max_active
         self.stats.pages_total = scheduler.caps.cache.num_pages
@@ -132,6 +133,17 @@ class Engine:
         if not self.stats.healthy:
             return False
         return self._thread is None or self._thread.is_alive() or self._is_closed
+
+    @property
+    def progress(self) -> int:
+        """Rounds the worker completed (`step` calls returned): grows while it serves; a worker
+        stuck inside a round (a device sync, a collective, a native call) leaves it still."""
+        return self._rounds
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether a submitted request has not finished yet (waiting for admission or admitted)."""
+        return bool(self._ingress) or bool(self._active)
 
     def submit(self, request: EngineRequest) -> None:
         """Queues `request` for admission (any thread); its events go to its `on_event`, or to the
@@ -291,6 +303,7 @@ class Engine:
             self._complete_oldest()
         self.outbox.flush()  # the frontend works on this round's output while the worker packs the next
         self.refresh_gauges()  # admissions and cancellations change them without a plan too
+        self._rounds += 1
 
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding

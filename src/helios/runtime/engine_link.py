@@ -28,10 +28,21 @@ Liveness: the engine process's command loop sends a `Beat` every `HEARTBEAT_INTE
 message, never on a token's path), so a process that is alive but not serving (stopped by SIGSTOP
 or a debugger, its main thread hung or busy for longer than any legitimate grammar compile) is told
 from a busy one: once no beat arrived for `liveness_timeout_s`, `unresponsive_reason` says why (it
-is None again when the beats resume). Nothing is killed for it while serving. `shutdown` never
-waits on a pipe the engine process stopped reading: the `Shutdown` record is written by a thread of
-its own and waited for at most its deadline (a short one where the engine process is already
-unresponsive), then the process is killed, which also frees any writer blocked on the pipe.
+is None again when the beats resume). The command loop runs beside the model worker's thread, so a
+worker stuck inside a round without holding the interpreter lock (a device sync that never returns,
+a deadlocked collective, a native call) would leave the beats flowing: each beat also carries the
+engine's progress (`Engine.progress`, rounds completed) and whether requests are pending
+(`Engine.has_pending`), and once the beats showed requests pending and the count unchanged for
+longer than `liveness_timeout_s`, `stalled_reason` says why (None again at the first beat whose
+count moved or that shows nothing pending: an idle engine is never stalled). A round is bounded by
+what the worker does in it: a prefill is chunked to the program's extent, a grammar mask is filled
+within llguidance's step limits, and grammar compiles run on the command loop, off the worker's
+rounds (a compile longer than the timeout stops the beats instead: unresponsive). Nothing is
+killed for either while serving. `shutdown` never waits on a pipe the engine process stopped
+reading: the `Shutdown` record is written by a thread of its own and waited for at most its
+deadline (a short one where the engine process is already unresponsive or stalled: its worker
+would not finish its round), then the process is killed, which also frees any writer blocked on
+the pipe.
 """
 
 from __future__ import annotations
@@ -88,7 +99,10 @@ def batch_of(events: tuple) -> StepBatch:
 
 
 class Beat(NamedTuple):
-    """The engine process's command loop is alive (see the module docstring)."""
+    """The engine process's command loop is alive, and how far its worker got (see the module docstring)."""
+
+    progress: int = 0  # `Engine.progress`: rounds the worker completed
+    has_pending: bool = False  # `Engine.has_pending`: a submitted request has not finished
 
 
 class Died(NamedTuple):
@@ -133,6 +147,9 @@ class EngineLink:
         self._is_stopping = False  # `shutdown` began: its kill is not a death
         self.liveness_timeout_s = liveness_timeout_s
         self._last_beat: float | None = None  # monotonic time of the latest beat (None: not started)
+        self._progress: int | None = None  # the latest beat's `Beat.progress`
+        # (first, latest) times of the beats showing requests pending at the latest count (None: none pending)
+        self._still: tuple[float, float] | None = None
         self.failure: str | None = None  # why the engine process stopped serving (None: it did not)
         self._reader: threading.Thread | None = None
         self.sink: EventSink | None = None
@@ -162,6 +179,32 @@ class EngineLink:
             return None
         return (f"the model worker has not answered for {silent_s:.0f} s (more than {self.liveness_timeout_s:g} s): "
                 "its engine process is stopped or hung")
+
+    @property
+    def stalled_reason(self) -> str | None:
+        """Why the model worker counts as stalled (its beats showed requests pending and no round
+        completed for more than `liveness_timeout_s`), or None."""
+        still = self._still  # one read: the reader thread replaces it whole
+        if still is None or self._has_died or self._is_closed:
+            return None
+        still_s = still[1] - still[0]  # what the beats showed, never extrapolated past the latest one
+        if still_s <= self.liveness_timeout_s:
+            return None
+        return (f"the model worker has completed no step for {still_s:.0f} s (more than {self.liveness_timeout_s:g} s) "
+                "with requests pending: a step is stuck (a device sync, a collective or a native call that "
+                "does not return)")
+
+    def _beat(self, beat: Beat, now: float) -> None:
+        """Takes a beat received at `now` (the reader thread)."""
+        still = self._still
+        if not beat.has_pending:
+            self._still = None
+        elif still is None or beat.progress != self._progress:
+            self._still = (now, now)
+        else:
+            self._still = (still[0], now)
+        self._progress = beat.progress
+        self._last_beat = now
 
     def submit(self, request: EngineRequest) -> None:
         """Sends a served request (no `on_event`, no `host_stop`; its grammar, if any, must have a
@@ -195,9 +238,9 @@ class EngineLink:
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stops the engine process after its current round; requests still running end CANCELLED
         (ERROR where it is gone). Blocking, for at most about `timeout` (`UNRESPONSIVE_GRACE_S`
-        where the engine process is unresponsive) plus a few seconds: an engine process that did not
+        where the engine process is unresponsive or stalled) plus a few seconds: an engine process that did not
         take the `Shutdown` record or exit by then is killed. Idempotent."""
-        if self.unresponsive_reason is not None:
+        if self.unresponsive_reason is not None or self.stalled_reason is not None:
             timeout = min(timeout, UNRESPONSIVE_GRACE_S)
         self._is_stopping = True
         if not self._send_within(Shutdown(), timeout):  # a full pipe it does not read: no waiting on the lock
@@ -236,7 +279,7 @@ class EngineLink:
                 if isinstance(message, Batch):
                     self._deliver(message)
                 elif isinstance(message, Beat):
-                    self._last_beat = time.monotonic()
+                    self._beat(message, time.monotonic())
                 elif isinstance(message, Died):
                     died = message.failure
                     break
@@ -411,7 +454,7 @@ def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Gram
         while engine.is_healthy:
             now = time.monotonic()
             if now >= next_beat:  # from this loop: a loop stopped or stuck sends none
-                sender.send(Beat())
+                sender.send(Beat(engine.progress, engine.has_pending))
                 next_beat = now + HEARTBEAT_INTERVAL_S
             if not connection.poll(STATS_INTERVAL_S):
                 stats = sender.changed_stats()

@@ -2,9 +2,11 @@
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or SSE with
 ``stream: true``), ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (503 once the
-model worker died, or while its engine process sends no heartbeat: stopped or hung), ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``. Request bodies are
-the strict models of `helios.server.schemas`, so the OpenAPI document describes exactly what the
-server accepts: unknown or unsupported fields are rejected, not ignored.
+model worker died, or while its engine process sends no heartbeat: stopped or hung, or while its
+worker completes no step with requests pending: stalled), ``GET /metrics`` (Prometheus text) and
+``GET /openapi.json``. Request bodies are the strict models of `helios.server.schemas`, so the
+OpenAPI document describes exactly what the server accepts: unknown or unsupported fields are
+rejected, not ignored.
 
 Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}}``) whose status
 comes from the error's class: a missing API key 401 (when the server has one), schema violations
@@ -144,14 +146,15 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
         return _model_entry(served, model_id)
 
     @app.get("/health", responses={503: {"description": "The model worker died, or its engine process is "
-                                                        "unresponsive (stopped or hung); `reason` says which"}})
+                                                        "unresponsive (stopped or hung) or stalled (a step stuck "
+                                                        "with requests pending); `reason` says which"}})
     async def health() -> JSONResponse:
         if not served.is_healthy:
             return JSONResponse({"status": "unhealthy"}, status_code=503)
-        problem = served.health_problem()
+        problem = served.liveness_problem()
         if problem is None:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unresponsive", "reason": problem}, status_code=503)
+        return JSONResponse({"status": problem[0], "reason": problem[1]}, status_code=503)
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:

@@ -17,7 +17,10 @@ then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.
 does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
 `connection`, the pipe end the link writes, whose backlog `helios.server.engine_commands` reads.
 The engine process's command loop sends a heartbeat every second; one that sends none for the
-liveness timeout (`helios serve --liveness-timeout`) is reported unresponsive, not killed.
+liveness timeout (`helios serve --liveness-timeout`) is reported unresponsive, not killed. Each
+heartbeat carries the model worker's progress: requests pending and no round completed for that
+timeout (a step stuck in a device sync, a collective or a native call) is reported stalled, not
+killed.
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
                          liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> EngineProcessRuntime:
     """Starts the engine process and waits until it serves; raises its startup error.
     `liveness_timeout_s`: seconds without its heartbeat after which the link reports it
-    unresponsive (`EngineLink.unresponsive_reason`, `/health` 503)."""
+    unresponsive (`EngineLink.unresponsive_reason`, `/health` 503), and without a completed round
+    while requests are pending after which it reports it stalled (`EngineLink.stalled_reason`)."""
     settings = resolve_settings(prepared, options.load.startup)  # options the core refuses fail before a load
     context = multiprocessing.get_context("spawn")
     connection, child = context.Pipe()

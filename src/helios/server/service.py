@@ -180,14 +180,27 @@ class ServedModel:
         return self.engine.is_healthy
 
     def health_problem(self) -> str | None:
-        """Why `/health` answers 503 (the model worker died, or its engine process sent no
-        heartbeat for its liveness timeout: stopped or hung), or None."""
+        """Why `/health` answers 503 (the model worker died, or `liveness_problem`), or None."""
         if not self.engine.is_healthy:
             return getattr(self.engine, "failure", None) or "the model worker died"
-        return getattr(self.engine, "unresponsive_reason", None)
+        problem = self.liveness_problem()
+        return problem[1] if problem is not None else None
+
+    def liveness_problem(self) -> tuple[str, str] | None:
+        """`/health`'s 503 status and reason for a live engine process that does not serve:
+        ("unresponsive", why) when it sent no heartbeat for its liveness timeout (stopped or hung),
+        ("stalled", why) when its heartbeats showed requests pending and its worker completing no
+        round for that long (stuck in a step); else None (`helios.runtime.engine_link`)."""
+        reason = getattr(self.engine, "unresponsive_reason", None)
+        if reason is not None:
+            return "unresponsive", reason
+        reason = getattr(self.engine, "stalled_reason", None)
+        if reason is not None:
+            return "stalled", reason
+        return None
 
     def stats(self) -> StatsSnapshot:
-        # `helios_healthy` follows `/health`: 0 once the worker died or while it is unresponsive
+        # `helios_healthy` follows `/health`: 0 once the worker died or while it is unresponsive or stalled
         return dataclasses.replace(self.engine.stats.snapshot(), healthy=self.health_problem() is None)
 
     async def respond(self, body: ChatCompletionRequest | CompletionRequest, receive: Receive,
