@@ -206,6 +206,8 @@ def test_key_file_mistakes_are_usage_errors_in_every_command_that_reads_keys(fil
          "is a private key"),
         (["generate", absent, "--accept", NAMESPACE, "--trust", files["pub"], "--aes-key", files["pub"],
           "--prompt-ids", "[[1]]"], "64 hexadecimal digits"),
+        (["serve", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "junk.pub", "--port", "0"],
+         "junk.pub"),
         (["prepare", tmp_path / "checkpoint", "-o", tmp_path / "p.core", "--key", files["pub"], "--namespace", "a/b"],
          "is a public key"),
         (["contract", "example-core", EXAMPLE, "-o", tmp_path / "e.core", "--key", files["pub"],
