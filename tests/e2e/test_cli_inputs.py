@@ -284,6 +284,23 @@ def test_a_part_file_name_with_terminal_controls_is_escaped_in_the_error(files, 
         assert not any(ch in err for ch in "\x1b\u202e")
 
 
+def test_inspect_refuses_more_signatures_than_any_reader_accepts(files, tmp_path, capsys):
+    """Each signature costs inspect an Ed25519 verification: 100,000 copies of one (12 MB) took 14 s,
+    and a 256 MiB body holds 2 million. Every other reader refuses more than 16 (exit 6); so does
+    inspect, before verifying any."""
+    from core.builders import read_body, write_body
+
+    core = tmp_path / "many.core"
+    core.write_bytes(files["core"].read_bytes())
+    _, body = read_body(core)
+    for _ in range(16):
+        body.envelope.signatures.add().CopyFrom(body.envelope.signatures[0])
+    write_body(core, body)
+    for command in (["inspect", core], ["inspect", "--json", core], ["verify", core, *trusted(files)]):
+        code, out, err = run(capsys, *command)
+        assert code == 6 and "more than 16 signatures" in one_line(err) and out == ""
+
+
 def test_sign_never_writes_over_its_key(files, tmp_path, capsys):
     key = tmp_path / "cosigner.key"
     write_key_pair(key, SigningKey.generate())

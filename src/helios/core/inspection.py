@@ -14,7 +14,8 @@ from pathlib import Path
 
 from helios.contract import PreparedContract, manifest_pb2, serving_pb2
 from helios.core.body import parse_core_body, parse_payload, publisher_of, signed_content
-from helios.core.envelope import signature_reports
+from helios.core.envelope import MAX_SIGNATURES, signature_reports
+from helios.core.errors import BadSignatureError
 from helios.core.layout import read_raw_core
 from helios.core.locations import resolve_locations
 from helios.core.records import CoreFormat, Placement, Publisher, ResourceInfo
@@ -111,6 +112,8 @@ def inspect_core(path: os.PathLike | str) -> CoreInspection:
     path = Path(path)
     raw = read_raw_core(path)
     body = parse_core_body(raw.body)
+    if len(body.envelope.signatures) > MAX_SIGNATURES:  # each costs a verification; every reader refuses more
+        raise BadSignatureError(f"more than {MAX_SIGNATURES} signatures")
     reports = signature_reports(body.format_version, body.envelope)
     message = parse_payload(body.format_version, body.envelope.payload)
     content = signed_content(body.format_version, message, publisher_of(message))
