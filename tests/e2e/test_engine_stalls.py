@@ -76,7 +76,7 @@ async def watch_beats(c: httpx.AsyncClient, link, until) -> tuple[list[dict], se
     loop = asyncio.get_running_loop()
     deadline = loop.time() + HANG_GUARD_S
     answers, pending_beats = [], set()
-    while not until(pending_beats):
+    while not until():
         answers.append((await c.get("/health")).json())
         if link._still is not None:  # the latest beat showed requests pending
             pending_beats.add(link._last_beat)
@@ -168,11 +168,13 @@ def test_slow_rounds_that_complete_are_never_stalled(served, fault, app):
             await health_until(c, "ok")
             requests = asyncio.gather(*(c.post("/v1/completions", json=completion(12)) for _ in range(2)))
             requests = asyncio.ensure_future(requests)
-            answers, pending_beats = await watch_beats(c, link, lambda beats: requests.done())
+            answers, pending_beats = await watch_beats(c, link, requests.done)
             return answers, pending_beats, await requests
 
     answers, pending_beats, done = asyncio.run(scenario())
-    assert len(pending_beats) >= BEATS_PAST_TIMEOUT, pending_beats  # the requests ran past the timeout
+    # the beats watched showed requests pending for longer than the timeout (the rounds' sleeps
+    # bound this from below: a loaded machine only lengthens it)
+    assert max(pending_beats) - min(pending_beats) > LIVENESS_S, sorted(pending_beats)
     assert {a["status"] for a in answers} <= {"ok", "unresponsive"}, answers  # as above
     assert [r.status_code for r in done] == [200, 200], [r.text for r in done]
     assert [r.json()["usage"]["completion_tokens"] for r in done] == [12, 12]

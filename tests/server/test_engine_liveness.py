@@ -49,7 +49,7 @@ def test_requests_pending_and_no_round_completed_for_longer_than_the_timeout_is_
     link = link_after((12, 7, True), (6, 7, True), (0, 7, True))
     assert link.unresponsive_reason is None  # the command loop beats
     reason = link.stalled_reason
-    assert reason is not None and "completed no step for 12 s" in reason and "more than 10 s" in reason
+    assert reason is not None and "completed no step for 12.0 s" in reason and "more than 10 s" in reason
 
 
 def test_a_count_unchanged_for_the_timeout_or_less_is_no_stall():

@@ -190,7 +190,7 @@ class EngineLink:
         still_s = still[1] - still[0]  # what the beats showed, never extrapolated past the latest one
         if still_s <= self.liveness_timeout_s:
             return None
-        return (f"the model worker has completed no step for {still_s:.0f} s (more than {self.liveness_timeout_s:g} s) "
+        return (f"the model worker has completed no step for {still_s:.1f} s (more than {self.liveness_timeout_s:g} s) "
                 "with requests pending: a step is stuck (a device sync, a collective or a native call that "
                 "does not return)")
 
