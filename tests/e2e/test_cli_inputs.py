@@ -301,6 +301,25 @@ def test_inspect_refuses_more_signatures_than_any_reader_accepts(files, tmp_path
         assert code == 6 and "more than 16 signatures" in one_line(err) and out == ""
 
 
+def test_sign_refuses_more_signatures_than_a_reader_accepts_and_a_key_given_twice(files, tmp_path, capsys):
+    """Signing past 16 signatures wrote a core (in place too) that verify, inspect and serve then
+    refused ("more than 16 signatures"); a key given twice was "already signed" (exit 6)."""
+    keys = []
+    for number in range(16):
+        write_key_pair(tmp_path / f"k{number}.key", SigningKey.generate())
+        keys += ["--key", tmp_path / f"k{number}.key"]
+    core = tmp_path / "m.core"
+    core.write_bytes(files["core"].read_bytes())
+    before = core.read_bytes()
+    code, _, err = run(capsys, "sign", core, *keys)
+    assert code == 2 and "at most 16 signatures; it has 1 and --key adds 16" in one_line(err)
+    code, _, err = run(capsys, "sign", core, "--key", files["other"], "--key", files["other"])
+    assert code == 2 and "the same key more than once" in one_line(err)
+    assert core.read_bytes() == before and leftovers(tmp_path) == []
+    assert run(capsys, "sign", core, *keys, "--replace")[0] == 0  # 16 in all: the most a reader accepts
+    assert run(capsys, "inspect", core)[0] == 0
+
+
 def test_sign_never_writes_over_its_key(files, tmp_path, capsys):
     key = tmp_path / "cosigner.key"
     write_key_pair(key, SigningKey.generate())

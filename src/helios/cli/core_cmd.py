@@ -16,6 +16,7 @@ from helios.cli.core_options import (
     add_core_options, aes_key_from_args, check_core_path, check_output_path, key_file_mistakes, load_private_key,
     naming_output, open_core_from_args,
 )
+from helios.core.envelope import MAX_SIGNATURES
 from helios.core.inspection import CoreInspection, inspect_core
 from helios.core.keys import SigningKey, check_namespace, write_key_pair
 from helios.core.reader import load_unverified
@@ -47,9 +48,22 @@ def _source_parts(core: str) -> list[Path]:
     return [loaded.path.parent / p.file for p in loaded.placements.values() if p.file]
 
 
+def _check_signature_count(args: argparse.Namespace, keys: list[SigningKey]) -> None:
+    """Refuses, before anything is written, a key given twice and more signatures than any reader
+    accepts (`MAX_SIGNATURES`): the signed core, in place too, could no longer be read."""
+    ids = [key.key_id for key in keys]
+    if len(set(ids)) != len(ids):
+        raise UsageError("--key names the same key more than once")
+    kept = 0 if args.replace else len(load_unverified(args.core).signers)
+    if kept + len(keys) > MAX_SIGNATURES:
+        raise UsageError(f"a core holds at most {MAX_SIGNATURES} signatures; it has {kept} and --key adds "
+                         f"{len(keys)} (--replace drops the existing ones)")
+
+
 def _sign(args: argparse.Namespace) -> int:
     check_core_path(args.core)
     keys = [load_private_key(path) for path in args.key]
+    _check_signature_count(args, keys)
     if args.output:
         check_output_path("-o", args.output, {"--key file": args.key, "--aes-key file": args.aes_key,
                                               "part file of the core": _source_parts(args.core)})
