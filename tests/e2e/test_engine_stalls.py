@@ -78,7 +78,7 @@ async def watch_beats(c: httpx.AsyncClient, link, until) -> tuple[list[dict], se
     answers, pending_beats = [], set()
     while not until():
         answers.append((await c.get("/health")).json())
-        if link._still is not None:  # the latest beat showed requests pending
+        if link.shows_pending:  # the latest beat showed requests pending
             pending_beats.add(link._last_beat)
         assert link.stalled_reason is None, link.stalled_reason
         assert loop.time() < deadline, "the scenario did not end"
@@ -135,14 +135,14 @@ def test_an_idle_engine_is_never_stalled_even_with_its_worker_held(served, fault
             await health_until(c, "ok")
             loop = asyncio.get_running_loop()
             deadline = loop.time() + HANG_GUARD_S
-            while link._still is not None:  # a beat since an earlier test's requests ended
+            while link.shows_pending:  # a beat since an earlier test's requests ended
                 assert loop.time() < deadline, "requests still pending"
                 await asyncio.sleep(0.02)
             beats = {link._last_beat}
             answers = []
             while len(beats) < BEATS_PAST_TIMEOUT:
                 answers.append((await c.get("/health")).json())
-                assert link.stalled_reason is None and link._still is None
+                assert link.stalled_reason is None and not link.shows_pending
                 beats.add(link._last_beat)
                 assert loop.time() < deadline, "no beats"
                 await asyncio.sleep(0.02)

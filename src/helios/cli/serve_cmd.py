@@ -102,8 +102,10 @@ def register(subparsers) -> None:
                         "(default on; off: a thread of the server's process)")
     parser.add_argument("--liveness-timeout", type=float, default=DEFAULT_LIVENESS_TIMEOUT_S, metavar="SECONDS",
                         help="seconds without a heartbeat from the engine process (sent every second) after which "
-                        "/health answers 503 (stopped or hung; 200 again once heartbeats resume; the process is "
-                        f"not killed), far past a long prefill or grammar compile (default {DEFAULT_LIVENESS_TIMEOUT_S:.0f})")
+                        "/health answers 503 unresponsive, or with requests pending and no model-worker step "
+                        "completed after which it answers 503 stalled (200 again once heartbeats resume or a step "
+                        "completes; nothing is killed), far past a long prefill or grammar compile "
+                        f"(default {DEFAULT_LIVENESS_TIMEOUT_S:.0f})")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="server log level (default info)")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per HTTP request: status, tokens, latency (default on)")
@@ -233,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
                                                         args.max_image_pixels, args.allow_remote_images,
                                                         allow_internal_hosts=args.allow_internal_image_hosts),
                                connection_limits=ConnectionLimits(args.max_header_bytes, args.header_timeout,
-                                                                  args.body_timeout, args.max_connections))
+                                                                  args.body_timeout, args.max_connections),
+                               liveness_timeout_s=args.liveness_timeout)
         try:
             return serve(runtime, options, owned_by=owned_by, sock=sock)
         finally:

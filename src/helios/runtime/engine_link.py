@@ -59,6 +59,7 @@ from typing import Callable, NamedTuple
 
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.feedback import GrammarState
+from helios.runtime.stall_watch import StallWatch
 from helios.runtime.outlet import Cancel, EventSink, StepBatch, StopMatched
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.request import RequestSpec
@@ -147,9 +148,7 @@ class EngineLink:
         self._is_stopping = False  # `shutdown` began: its kill is not a death
         self.liveness_timeout_s = liveness_timeout_s
         self._last_beat: float | None = None  # monotonic time of the latest beat (None: not started)
-        self._progress: int | None = None  # the latest beat's `Beat.progress`
-        # (first, latest) times of the beats showing requests pending at the latest count (None: none pending)
-        self._still: tuple[float, float] | None = None
+        self._stall_watch = StallWatch(liveness_timeout_s)  # the beats' progress
         self.failure: str | None = None  # why the engine process stopped serving (None: it did not)
         self._reader: threading.Thread | None = None
         self.sink: EventSink | None = None
@@ -184,26 +183,18 @@ class EngineLink:
     def stalled_reason(self) -> str | None:
         """Why the model worker counts as stalled (its beats showed requests pending and no round
         completed for more than `liveness_timeout_s`), or None."""
-        still = self._still  # one read: the reader thread replaces it whole
-        if still is None or self._has_died or self._is_closed:
+        if self._has_died or self._is_closed:
             return None
-        still_s = still[1] - still[0]  # what the beats showed, never extrapolated past the latest one
-        if still_s <= self.liveness_timeout_s:
-            return None
-        return (f"the model worker has completed no step for {still_s:.1f} s (more than {self.liveness_timeout_s:g} s) "
-                "with requests pending: a step is stuck (a device sync, a collective or a native call that "
-                "does not return)")
+        return self._stall_watch.reason
+
+    @property
+    def shows_pending(self) -> bool:
+        """Whether the latest beat showed requests pending."""
+        return self._stall_watch.shows_pending
 
     def _beat(self, beat: Beat, now: float) -> None:
         """Takes a beat received at `now` (the reader thread)."""
-        still = self._still
-        if not beat.has_pending:
-            self._still = None
-        elif still is None or beat.progress != self._progress:
-            self._still = (now, now)
-        else:
-            self._still = (still[0], now)
-        self._progress = beat.progress
+        self._stall_watch.observe(beat.progress, beat.has_pending, now)
         self._last_beat = now
 
     def submit(self, request: EngineRequest) -> None:

@@ -40,6 +40,7 @@ import uvicorn
 
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
+from helios.runtime.engine_link import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.runtime.service import Runtime
 from helios.server.engine_process import EngineProcessRuntime
 from helios.runtime.host_heap import hold_freed_memory
@@ -74,6 +75,7 @@ class ServeOptions:
     served_names: tuple[str, ...] = ()  # operator names (served id first); empty: the core's
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # per-request image bounds
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # head size, deadlines, cap
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S  # an in-process engine's stall timeout (`ServedModel`)
 
 
 class ListenError(HeliosError):
@@ -197,6 +199,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
         send_timeout_s=options.send_timeout_s, served_names=options.served_names,
         image_limits=options.image_limits, stream_interval=options.stream_interval,
+        liveness_timeout_s=options.liveness_timeout_s,
     )
     app = with_transport_send(create_app(served, options.max_body_nbytes, options.api_key))
     config = uvicorn_config(app, options, fit_to_fd_limit(options.connection_limits))

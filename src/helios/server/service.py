@@ -55,9 +55,11 @@ from helios.frontend.decoding.observation import ObservationClock
 from helios.frontend.output_workers import OutputWorkers
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
-from helios.runtime.engine import EngineRequest
+from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.engine_link import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.service import Runtime
+from helios.runtime.stall_watch import StallWatch
 from helios.server.engine_commands import CLOSE_TIMEOUT_S, engine_commands
 from helios.server.engine_process import EngineProcessRuntime
 from helios.runtime.records.stats import StatsSnapshot
@@ -105,11 +107,15 @@ class ServedModel:
     def __init__(self, runtime: Runtime | EngineProcessRuntime, frontend: FrontendModel, admission: AdmissionController,
                  clock: ObservationClock, card: ModelCard, preparation: PreparationGate,
                  send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S, output: OutputWorkers | None = None,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S):
         """`output`: the output workers (two when None); the engine's events go to them from now on.
-        `stream_interval`: steps per SSE write after a stream's first (`helios.server.bridge`)."""
+        `stream_interval`: steps per SSE write after a stream's first (`helios.server.bridge`).
+        `liveness_timeout_s`: for an engine in this process, how long its worker may complete no
+        round with requests pending before it counts as stalled (an engine process's link has its own)."""
         self.runtime = runtime
         self.engine = runtime.engine
+        # an in-process engine's progress, sampled whenever `/health` or `/metrics` asks
+        self._stall_watch = StallWatch(liveness_timeout_s) if isinstance(self.engine, Engine) else None
         # submit / cancel / stop_matched: never waiting on an engine process's full pipe
         self.commands = engine_commands(runtime)
         self.output = output or OutputWorkers()
@@ -135,7 +141,8 @@ class ServedModel:
                      preparation_timeout_s: float = DEFAULT_PREPARATION_TIMEOUT_S,
                      served_names: tuple[str, ...] = (),
                      image_limits: ImageLimits | None = None, output_workers: int = 2,
-                     stream_interval: int = 1) -> ServedModel:
+                     stream_interval: int = 1,
+                     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`).
         `served_names` (the served id, then aliases) replace the contract's names when given."""
         model = runtime.model
@@ -149,7 +156,7 @@ class ServedModel:
                          model.settings.context_tokens, model.prepared.sampled_range[1])
         gate = PreparationGate(PreparationPool(frontend_workers), frontend_workers, preparation_timeout_s)
         return cls(runtime, frontend, AdmissionController(limits), clock or ObservationClock(), card, gate,
-                   send_timeout_s, OutputWorkers(output_workers), stream_interval)
+                   send_timeout_s, OutputWorkers(output_workers), stream_interval, liveness_timeout_s)
 
     def start(self) -> None:
         self.engine.start()
@@ -190,11 +197,17 @@ class ServedModel:
         """`/health`'s 503 status and reason for a live engine process that does not serve:
         ("unresponsive", why) when it sent no heartbeat for its liveness timeout (stopped or hung),
         ("stalled", why) when its heartbeats showed requests pending and its worker completing no
-        round for that long (stuck in a step); else None (`helios.runtime.engine_link`)."""
+        round for that long (stuck in a step); else None (`helios.runtime.engine_link`). An engine in
+        this process is sampled here: ("stalled", why) when the samples of its progress showed the
+        same (`helios.runtime.stall_watch`)."""
         reason = getattr(self.engine, "unresponsive_reason", None)
         if reason is not None:
             return "unresponsive", reason
-        reason = getattr(self.engine, "stalled_reason", None)
+        if self._stall_watch is not None:
+            self._stall_watch.observe(self.engine.progress, self.engine.has_pending, time.monotonic())
+            reason = self._stall_watch.reason
+        else:
+            reason = getattr(self.engine, "stalled_reason", None)
         if reason is not None:
             return "stalled", reason
         return None
