@@ -45,3 +45,13 @@ def test_context_ending_inside_a_character_is_not_used(spm):  # noqa: F811
     assert detokenizer.feed_many(euro[1:] + word) + detokenizer.finish() == tokenizer.decode(euro[1:] + word)
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False, context_ids=word + euro)
     assert detokenizer.feed_many(word) + detokenizer.finish() == " Hello"
+
+
+def test_helios_generate_prints_a_plain_prompt_s_output_as_it_continues_the_prompt(spm):  # noqa: F811
+    from helios.cli.generate_cmd import _output_text
+
+    _, tokenizer = spm
+    prompt_ids = tokenizer.encode(PROMPT).ids
+    output_ids = tokenizer.encode(OUTPUT, add_special_tokens=False).ids + [tokenizer.token_to_id("</s>")]
+    assert _output_text(tokenizer, output_ids, prompt_ids) == OUTPUT  # it printed the first word without its space
+    assert _output_text(tokenizer, output_ids, ()) == tokenizer.decode(output_ids, skip_special_tokens=True)

@@ -25,6 +25,7 @@ from helios.cli.core_options import add_core_options, aes_key_from_args, open_co
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.core.reader import open_core
 from helios.errors import LoadError, UsageError
+from helios.frontend.decoding.detokenize import IncrementalDetokenizer
 from helios.frontend.preparation.template import ChatTemplate
 from helios.cli.runtime_flags import MAX_COUNT, add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
@@ -198,6 +199,14 @@ def _check_prompts_fit(prompts: list[list[int]], max_tokens: int, prepared) -> N
                              f"context extent of {context_tokens} tokens; {advice}")
 
 
+def _output_text(tokenizer: Tokenizer, token_ids, context_ids) -> str:
+    """The output's text as it continues `context_ids` (a plain prompt: a SentencePiece word keeps
+    its leading space, as the server's text completions have it; a chat prompt's answer starts the
+    text), special tokens left out."""
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True, context_ids=context_ids)
+    return detokenizer.feed_many(list(token_ids)) + detokenizer.finish()
+
+
 def _generate(args: argparse.Namespace, runtime) -> int:
     """Generates for `args.prompt_token_ids` (the checked prompts `run` tokenized) and prints the results."""
     model = runtime.model
@@ -209,7 +218,7 @@ def _generate(args: argparse.Namespace, runtime) -> int:
     results = generate(runtime.engine, prompts, args.max_tokens, eos, sampling)
     try:
         for prompt, result in zip(prompts, results):
-            text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+            text = _output_text(tokenizer, result.token_ids, () if getattr(args, "chat", False) else prompt)
             if args.json:
                 print(json.dumps({"prompt_ids": prompt, "token_ids": list(result.token_ids), "text": text,
                                   "finish_reason": result.finish_reason.name.lower(), "message": result.message}))
