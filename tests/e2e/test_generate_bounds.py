@@ -94,3 +94,18 @@ def test_rank_refuses_a_join_timeout_past_a_year(tmp_path, capsys):
                       "--accept", "ns", "--trust", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--join-timeout must be at most" in err
+
+
+def test_pages_too_few_for_one_request_are_refused_before_anything_loads(core, monkeypatch, capsys):
+    """`--pages 1` was "cache.max_pages_per_request exceeds cache.num_pages" after the programs,
+    weights and kernels had loaded; now the count one request of the context extent takes is named
+    before any of them."""
+    import helios.runtime.loading.model as model
+
+    def refused(*args, **kwargs):
+        raise AssertionError("loaded weights for a page count that cannot hold one request")
+
+    monkeypatch.setattr(model, "_load_weights_on_device", refused)
+    code, err = run(capsys, *generate(core, "--prompt-ids", "[[5, 6, 7]]", "--pages", "1"))
+    assert code == 8 and "1 physical cache pages asked for, but one request of the context extent" in err
+    assert f"({CONTEXT_TOKENS} tokens" in err and "ask for at least" in err

@@ -151,8 +151,8 @@ def test_static_page_extents_size_the_stand_ins_and_bound_the_pages_a_load_takes
     assert model.static_pages(open_fixture().prepared, _loaded_programs(open_fixture())) == 0  # symbolic pages
     core = open_fixture(engram[1])
     assert model.static_pages(core.prepared, _loaded_programs(core)) == 32
-    with pytest.raises(TooFewPagesError, match="8 physical cache pages asked for.*take 32"):
-        build_runtime(open_fixture(engram[1]), RuntimeOptions(load=LoadOptions(startup=StartupOptions(), num_pages=8)))
+    with pytest.raises(TooFewPagesError, match="9 physical cache pages asked for.*take 32"):
+        build_runtime(open_fixture(engram[1]), RuntimeOptions(load=LoadOptions(startup=StartupOptions(), num_pages=9)))
     runtime = build_runtime(open_fixture(engram[1]), RuntimeOptions(load=LoadOptions(startup=StartupOptions(),
                                                                                      num_pages=32)))
     runtime.close()

@@ -167,6 +167,20 @@ class LoadedModel:
         return self.settings.max_concurrency * self.state_rows_per_request
 
 
+def _check_request_pages(prepared, settings, num_pages: int | None) -> None:
+    """Before anything loads: physical pages asked for (`--pages`) must hold one request of the
+    context extent (its page table: the extent's pages and the layout's lookahead)."""
+    if num_pages is None:
+        return
+    cache = prepared.contract.model.cache
+    lookahead = max((view.page_offset for view in cache.page_table_views), default=0)
+    request_pages = -(-settings.context_tokens // cache.page_tokens) + lookahead
+    if num_pages < request_pages:
+        raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but one request of the context extent "
+                               f"({settings.context_tokens} tokens, {cache.page_tokens} a page) takes {request_pages}; "
+                               f"ask for at least {request_pages}, or a smaller --context-tokens")
+
+
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
     """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring).
 
@@ -191,6 +205,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     device = serving_device(options.device)
     if not 0 <= options.rank < prepared.manifest.ranks:
         raise RankResourceError(f"rank {options.rank} is not one of the core's {prepared.manifest.ranks} ranks")
+    _check_request_pages(prepared, settings, options.num_pages)
     handles = select_handles(prepared, settings.max_concurrency, options.rank, settings.speculative_widths,
                              token_logprobs=options.startup.token_logprobs is not False)
     declared = {op.name: op.schema for op in prepared.manifest.abi_operations}
