@@ -122,3 +122,10 @@ def test_key_files(tmp_path):
             load_aead_key(bad)
     with pytest.raises(KeyFileError):
         load_aead_key(tmp_path / "missing.key")
+
+
+def test_a_wrong_key_is_named_as_a_possible_cause(tmp_path):
+    sealed = seal(random_bytes(3000), 1000)
+    with open_sealed(tmp_path, sealed, 3000, 1000, key=bytes(reversed(AES_KEY))) as stream:
+        with pytest.raises(ChunkAuthenticationError, match=r"chunk 0 fails authentication \(the AES key is not"):
+            stream.read()

@@ -143,7 +143,8 @@ class AeadChunkReader(io.RawIOBase):
             )
         except InvalidTag:
             raise ChunkAuthenticationError(
-                f"resource {self._resource_id!r}: chunk {self._index} fails authentication"
+                f"resource {self._resource_id!r}: chunk {self._index} fails authentication (the AES key is "
+                "not the one the core was sealed with, or its stored bytes were altered)"
             ) from None
         self._index += 1
         return plain
