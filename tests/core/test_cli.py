@@ -139,7 +139,8 @@ def test_real_process_on_the_fixtures():
         capture_output=True, text=True, check=False,
     )
     assert done.returncode == 4 and "Traceback" not in done.stderr
-    assert done.stderr.count("\n") == 1
+    assert done.stderr.count("\n") == 1 and "needs the operator's AES key" in done.stderr
+    assert done.stderr.rstrip().endswith("give it with --aes-key FILE")
 
 
 def test_ctrl_c_while_the_commands_are_imported_is_one_line(monkeypatch, capsys):

@@ -16,6 +16,7 @@ import os
 import sys
 
 from helios import __version__
+from helios.core.errors import MissingAeadKeyError
 from helios.errors import HeliosError
 
 EXIT_BROKEN_PIPE = 141  # as a shell reports a command SIGPIPE ended (128 + 13)
@@ -75,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
     except HeliosError as error:
-        print(f"helios {args.command}: error: {printable_line(str(error))}", file=sys.stderr)
+        text = str(error)
+        if isinstance(error, MissingAeadKeyError) and hasattr(args, "aes_key"):
+            text += "; give it with --aes-key FILE"
+        print(f"helios {args.command}: error: {printable_line(text)}", file=sys.stderr)
         return error.exit_code
     except OSError as error:  # a file the command cannot read or write: one line, no traceback
         where = f": {error.filename}" if error.filename else ""
