@@ -12,7 +12,8 @@ Reuse rules derived from the storage layout:
   its score); it publishes its pages like any other request;
 - requests with the same prompt (the choices of one request) share it through `PromptGroups`:
   one prefills, the others wait for it and then compute only the prompt's last token, on its
-  pages (see `prompt_sharing`).
+  pages (see `prompt_sharing`); not on a layout with a window region, where they reuse the
+  prompt through the prefix caches.
 
 A layout with a window region of its own page ids (`StorageLayout.window_region`) keeps a second
 table per request through `WindowPages` (its module docstring: release, prefix reuse, snapshots);
@@ -110,7 +111,10 @@ class CacheManager:
         return req.prompt_key
 
     def _may_share(self, req: RequestState, reuse: bool) -> bool:
-        return reuse and self.page_reuse and req.num_output_tokens == 0 and req.num_prompt_tokens > 1
+        """Whether `req` may wait for and share a source's prompt: not on a layout with a window
+        region (`_admit_onto` gives no window table, and no copy reaches that region's pages)."""
+        return (reuse and self.page_reuse and self.window is None and req.num_output_tokens == 0
+                and req.num_prompt_tokens > 1)
 
     def _admit_onto(self, req: RequestState, source: RequestState, key: bytes) -> tuple[int, CopyWork] | None:
         """Admit `req` onto `source`'s prompt: all but the last prompt token reused (complete pages

@@ -20,9 +20,11 @@ So n members compute P + (n - 1) prompt tokens and take ceil(P / page_tokens) + 
 admission, where separate prefills compute n * P tokens and take n * ceil(P / page_tokens) pages. (Should a complete page have been evicted meanwhile, the member is
 admitted from the prefix cache as any request is.)
 
-Only layouts whose pages hold a prefix's whole state share this way, and only with prefix caching
-on; a request that must score its prompt, or that has outputs already (readmitted after
-preemption), neither waits nor shares, but may serve as a source. `PromptGroups` holds no page
+Only layouts whose pages hold a prefix's whole state share this way (not one with a window region of
+its own page ids, whose pages the member would lack: its members reuse the prompt through both
+prefix caches, `window_pages`), and only with prefix caching on; a request that must score its
+prompt, or that has outputs already (readmitted after preemption), neither waits nor shares, but
+may serve as a source. `PromptGroups` holds no page
 references: membership follows the request's page table (joined at admission, left at release).
 """
 
