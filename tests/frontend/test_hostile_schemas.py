@@ -136,6 +136,21 @@ def joint_patterns(n: int) -> dict:
         "allOf": [{"$ref": "#/$defs/tail"}, *({"pattern": f"^[a-z]{{{i},}}$"} for i in range(3, n + 1))]}}}
 
 
+def ref_alternatives(n: int) -> dict:
+    """A value that is an integer or one of `n` kinds of array of such values: `n` self-referencing
+    alternatives of one anyOf, half of them behind a nested anyOf (llguidance flattens it in)."""
+    arrays = [{"type": "array", "items": {"$ref": "#/$defs/v"}, "maxItems": i + 1} for i in range(n)]
+    either = {"anyOf": [*arrays[: n // 2], {"anyOf": arrays[n // 2:]}, {"type": "integer"}]}
+    return {"$defs": {"v": either}, "type": "object", "properties": {"v": {"$ref": "#/$defs/v"}}}
+
+
+def multiple_of(n: int) -> dict:
+    """Numbers whose multipleOf values have `n` as their least common multiple (n = 2^a 5^b m)."""
+    twos = (n & -n).bit_length() - 1
+    return {"type": "object", "properties": {"a": {"type": "integer", "multipleOf": n >> twos},
+                                             "b": {"type": "number", "multipleOf": 2 ** twos / 10 ** 3}}}
+
+
 @pytest.fixture
 def no_compile_of(monkeypatch):
     """Makes llguidance refuse (AssertionError) any grammar whose text holds `marker`: a schema the
@@ -165,11 +180,14 @@ def no_compile_of(monkeypatch):
 @pytest.mark.parametrize("shape, limit, reason", [
     (pattern_properties, 64, "65 patternProperties: at most 64"),
     (joint_patterns, 8, "match 9 patterns together .*: at most 8"),
+    (ref_alternatives, 128, "anyOf/oneOf with 129 alternatives that hold a \\$ref .*: at most 128"),
+    (multiple_of, 10_000, "multipleOf values whose least common multiple is 10001 .*: at most 10000"),
 ])
 def test_shapes_that_compile_in_unbounded_time_are_400s_before_compiling(served, no_compile_of, shape, limit, reason):
     """2000 patternProperties (63 kB) or 50 patterns on one string held a worker for minutes inside
-    llguidance, which no `LIMITS` bound; one past the bound is now refused before any compile, and
-    the bound itself still compiles."""
+    llguidance, which no `LIMITS` bound, as did 64 x 64 nested self-referencing anyOf alternatives
+    (55 kB) or four multipleOf values near 1000 in one anyOf (171 bytes); one past the bound is now
+    refused before any compile, and the bound itself still compiles."""
     case = served["qwen"]
     bounded = chat(case, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": shape(limit)}})
     assert case.model.prepare_chat(bounded).grammar is not None
@@ -196,6 +214,64 @@ def test_joint_patterns_count_any_of_branches_once_and_stop_at_cycles():
     chain["$defs"]["d300"] = {"type": "string"}
     assert "too many" in shape_error(request(chain))
     assert shape_error(GrammarRequest(GrammarKind.REGEX, "(" * 50)) == ""
+
+
+def test_ref_alternatives_count_nested_anyof_but_not_through_refs_or_without_refs():
+    def request(schema):
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+
+    nested = {"anyOf": [{"anyOf": [{"$ref": "#"}] * 11 + [{"type": "integer"}]} for _ in range(12)]}
+    assert "132 alternatives" in shape_error(request(nested))  # 12 x 11 flattened; the integers hold no $ref
+    inner = {"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#"}}}}
+    assert "129 alternatives" in shape_error(request({"oneOf": [inner] * 129, "anyOf": [{"type": "null"}]}))
+    assert "129 alternatives" in shape_error(request({"anyOf": [inner] * 100, "oneOf": [inner] * 29}))
+    via_ref = {"$defs": {"u": {"anyOf": [{"$ref": "#"}] * 128 + [{"type": "integer"}]}}, "anyOf": [{"$ref": "#/$defs/u"}] * 128}
+    assert shape_error(request(via_ref)) == ""  # a ref stays a rule of its own: 128 and 128, not 16384
+    consts = {"anyOf": [{"const": f"Zone/{i}", "description": f"zone {i}"} for i in range(2000)]}
+    assert shape_error(request(consts)) == ""
+
+
+def test_multiple_of_values_are_scaled_to_integers_and_combined_by_least_common_multiple():
+    def error(*values):
+        properties = {f"p{i}": {"type": "number", "multipleOf": value} for i, value in enumerate(values)}
+        return shape_error(GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({"type": "object", "properties": properties})))
+
+    assert error(0.01, 0.25, 5, 50, 0.5, 1e-9, 2500, 10_000) == ""  # lcm 10000: 0.25 counts as 25
+    assert error(15, 60, 3600, 0.05) == ""
+    assert "least common multiple is 61200" in error(0.25, 3600, 17)
+    assert "is 30000" in error(10_000, 3)
+    assert "is 999983" in error(999983)
+    assert "is about 1e400" in error(10 ** 400)
+    assert error(True, -5, 0, "7", None, [3]) == ""  # not positive numbers: the compile reports them
+
+
+REALISTIC = {
+    # OpenAI's structured-output UI example: a recursive component tree.
+    "ui": {"type": "object", "properties": {
+        "type": {"type": "string", "enum": ["div", "button", "header", "section", "field", "form"]},
+        "label": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}},
+        "attributes": {"type": "array", "items": {"$ref": "#/$defs/attribute"}}},
+        "required": ["type", "label", "children", "attributes"], "additionalProperties": False,
+        "$defs": {"attribute": {"type": "object", "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
+                                "required": ["name", "value"], "additionalProperties": False}}},
+    # A Pydantic-style tool of 250 optional model fields, a 120-way union of models, a 300-way anyOf of consts.
+    "pydantic": {"type": "object", "$defs": {
+        **{f"M{i}": {"type": "object", "properties": {"kind": {"const": f"m{i}"}, "x": {"type": "number", "multipleOf": 0.01}},
+                     "required": ["kind"]} for i in range(120)}},
+        "properties": {**{f"f{i}": {"anyOf": [{"$ref": f"#/$defs/M{i % 120}"}, {"type": "null"}], "default": None} for i in range(250)},
+                       "union": {"anyOf": [{"$ref": f"#/$defs/M{i}"} for i in range(120)]},
+                       "minutes": {"type": "integer", "multipleOf": 15, "minimum": 0, "maximum": 1440},
+                       "zone": {"anyOf": [{"const": f"Zone/{i}", "description": f"zone {i}"} for i in range(300)]}}},
+}
+
+
+@pytest.mark.parametrize("name", list(REALISTIC))
+def test_realistic_schemas_near_the_shape_bounds_compile(served, name):
+    case = served["qwen"]
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": REALISTIC[name]}}
+    assert case.model.prepare_chat(chat(case, response_format=rf)).grammar is not None
+    if name != "ui":  # the tool-call grammar refuses recursive parameters (circular references with sibling keys)
+        assert case.model.prepare_chat(chat(case, tools=[tool(REALISTIC[name])], tool_choice="required")).grammar is not None
 
 
 def test_a_raw_enum_whose_every_value_holds_the_closer_is_a_400_not_free_text(served):

@@ -18,7 +18,9 @@ tools' parameter schemas together); the rest, like a limit met deeper in the out
 runtime backstop: the matcher enters its error state and the runtime ends that request as an error
 (`helios.runtime.feedback.GrammarFailure`), never as a "stop". Schema shapes llguidance compiles in
 unbounded time, which no limit stops, are refused before it sees them (`shape_error`: at most
-`MAX_PATTERN_PROPERTIES` per object, `MAX_JOINT_PATTERNS` patterns on one string). One verdict per check (the grammars and
+`MAX_PATTERN_PROPERTIES` per object, `MAX_JOINT_PATTERNS` patterns on one string,
+`MAX_REF_ALTERNATIVES` alternatives holding a $ref in one anyOf/oneOf, a least common multiple
+of the multipleOf values up to `MAX_MULTIPLE_OF`). One verdict per check (the grammars and
 their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is one cache hit.
 
 Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
@@ -47,9 +49,11 @@ workers. A `GrammarMatcher` belongs to one request and is used by one thread at 
 
 from __future__ import annotations
 
+import decimal
 import enum
 import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -86,6 +90,15 @@ PATTERN_PROBES = 32
 # branches' and their refs' are intersected: 20 took seconds, 50 minutes).
 MAX_PATTERN_PROPERTIES = 64
 MAX_JOINT_PATTERNS = 8
+# Two more, whose cost grows with a number rather than the schema's size: the alternatives of one
+# anyOf/oneOf (nested ones counted in, as llguidance flattens them; not through refs) that hold a
+# $ref (a 600-way self-referencing anyOf took seconds to construct and mask, 64 x 64 nested ones
+# a minute: 55 kB), and the least common multiple of the schema's multipleOf values, each scaled
+# to an integer past its decimals (the number automaton has that many states: 999983 alone, 41
+# bytes, took 15 s; four values near 1000 in one anyOf, minutes). Alternatives without a $ref,
+# long enums, length and item bounds, ref chains and allOf of objects stay cheap; none is bounded.
+MAX_REF_ALTERNATIVES = 128
+MAX_MULTIPLE_OF = 10_000
 
 
 class GrammarError(RequestError):
@@ -436,8 +449,9 @@ _SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "defini
 
 
 def shape_error(request: GrammarRequest) -> str:
-    """Why a JSON-schema request's shape is past `MAX_PATTERN_PROPERTIES` or `MAX_JOINT_PATTERNS`
-    (its error for a client), or "" when it is within them (and for other kinds of grammar)."""
+    """Why a JSON-schema request's shape is past `MAX_PATTERN_PROPERTIES`, `MAX_JOINT_PATTERNS`,
+    `MAX_REF_ALTERNATIVES` or `MAX_MULTIPLE_OF` (its error for a client), or "" when it is within
+    them (and for other kinds of grammar)."""
     if request.kind is not GrammarKind.JSON_SCHEMA:
         return ""
     try:
@@ -445,7 +459,7 @@ def shape_error(request: GrammarRequest) -> str:
         document = SchemaDocument(schema)
     except (ValueError, RequestError):
         return ""  # the compile reports an unreadable schema or a bad $ref
-    joint = _JointPatterns(document)
+    joint, alternatives, multiple = _JointPatterns(document), _RefAlternatives(), 1
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -455,6 +469,14 @@ def shape_error(request: GrammarRequest) -> str:
         if isinstance(extra, dict) and len(extra) > MAX_PATTERN_PROPERTIES:
             return (f"an object schema with {len(extra)} patternProperties: at most {MAX_PATTERN_PROPERTIES} "
                     "can be compiled in bounded time")
+        ways = alternatives.count(node)
+        if ways > MAX_REF_ALTERNATIVES:
+            return (f"an anyOf/oneOf with {ways} alternatives that hold a $ref (nested anyOf/oneOf counted in): "
+                    f"at most {MAX_REF_ALTERNATIVES} can be compiled in bounded time")
+        multiple = math.lcm(multiple, _scaled_multiple(node.get("multipleOf")))
+        if multiple > MAX_MULTIPLE_OF:
+            return (f"multipleOf values whose least common multiple is {_short_number(multiple)} (each scaled to an "
+                    f"integer past its decimals): at most {MAX_MULTIPLE_OF} can be compiled in bounded time")
         count = joint.count(node)
         if count is None or count > MAX_JOINT_PATTERNS:
             return (f"a string must match {'too many' if count is None else count} patterns together (its own "
@@ -466,6 +488,63 @@ def shape_error(request: GrammarRequest) -> str:
             elif key in _SUBSCHEMA_KEYS:
                 stack.extend(value if isinstance(value, list) else [value])
     return ""
+
+
+def _scaled_multiple(value: Any) -> int:
+    """A ``multipleOf`` value as the integer llguidance's number automaton counts by (0.25 -> 25,
+    1.5e3 -> 1500); 1 for anything else (not a positive finite number: the compile reports it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return 1
+    if isinstance(value, float) and not math.isfinite(value):
+        return 1
+    _, digits, exponent = decimal.Decimal(value if isinstance(value, int) else repr(value)).normalize().as_tuple()
+    mantissa = int("".join(map(str, digits)))
+    return mantissa * 10 ** exponent if exponent > 0 else mantissa
+
+
+def _short_number(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 12 else f"about 1e{len(text) - 1}"
+
+
+class _RefAlternatives:
+    """How many alternatives of a node's ``anyOf``/``oneOf`` hold a ``$ref`` somewhere inside them
+    (not through it); a branch that is itself an anyOf/oneOf adds its own count instead, as
+    llguidance flattens nested alternatives into one (it keeps refs as rules of their own)."""
+
+    def __init__(self):
+        self._counts: dict[int, int] = {}
+        self._refs: dict[int, bool] = {}
+
+    def count(self, node: dict) -> int:
+        if id(node) not in self._counts:
+            total = 0
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                for branch in branches if isinstance(branches, list) else ():
+                    if not isinstance(branch, dict):
+                        continue
+                    if isinstance(branch.get("anyOf"), list) or isinstance(branch.get("oneOf"), list):
+                        total += self.count(branch)
+                    else:
+                        total += self.holds_ref(branch)
+            self._counts[id(node)] = total
+        return self._counts[id(node)]
+
+    def holds_ref(self, node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        if id(node) not in self._refs:
+            found = isinstance(node.get("$ref"), str)
+            for key, value in node.items():
+                if found:
+                    break
+                if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                    found = any(self.holds_ref(child) for child in value.values())
+                elif key in _SUBSCHEMA_KEYS:
+                    found = any(self.holds_ref(child) for child in (value if isinstance(value, list) else [value]))
+            self._refs[id(node)] = found
+        return self._refs[id(node)]
 
 
 class _JointPatterns:
