@@ -17,10 +17,9 @@ too, but at most `PATTERN_PROBES` distinct ones per check (a request's answer gr
 tools' parameter schemas together); the rest, like a limit met deeper in the output, are left to the
 runtime backstop: the matcher enters its error state and the runtime ends that request as an error
 (`helios.runtime.feedback.GrammarFailure`), never as a "stop". Schema shapes llguidance compiles in
-unbounded time, which no limit stops, are refused before it sees them (`shape_error`: at most
-`MAX_PATTERN_PROPERTIES` per object, `MAX_JOINT_PATTERNS` patterns on one string,
-`MAX_REF_ALTERNATIVES` alternatives holding a $ref in one anyOf/oneOf, a least common multiple
-of the multipleOf values up to `MAX_MULTIPLE_OF`). One verdict per check (the grammars and
+unbounded time, which no limit stops, are refused before it sees them (`shape_error`, bounds in
+`grammar_shapes`: patternProperties per object, patterns on one string, alternatives holding a $ref
+in one anyOf/oneOf, the multipleOf values' least common multiple). One verdict per check (the grammars and
 their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is one cache hit.
 
 Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
@@ -49,11 +48,9 @@ workers. A `GrammarMatcher` belongs to one request and is used by one thread at 
 
 from __future__ import annotations
 
-import decimal
 import enum
 import functools
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -63,6 +60,7 @@ import numpy as np
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.preparation.prompt import ReasoningState
+from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
 COMPACT_JSON = {"whitespace_flexible": False}  # llguidance JSON option: no free whitespace
@@ -83,22 +81,6 @@ VERDICT_CACHE = 256  # checks (a grammar, or a request's tool schemas together) 
 # Distinct schema patterns one check probes on their own (about 1.5 ms each with a 128k vocabulary):
 # a schema with thousands of patterns must not cost seconds of preparation CPU.
 PATTERN_PROBES = 32
-# Schema shapes llguidance's JSON compiler checks without fuel, in time that grows much faster than
-# the schema (a 60 kB schema held a worker for minutes), so `LIMITS` cannot bound them and `check`
-# refuses them first (`shape_error`): the patternProperties of one object (each pair is proved
-# disjoint: 300 took seconds) and the patterns one string must match together (its own, its allOf
-# branches' and their refs' are intersected: 20 took seconds, 50 minutes).
-MAX_PATTERN_PROPERTIES = 64
-MAX_JOINT_PATTERNS = 8
-# Two more, whose cost grows with a number rather than the schema's size: the alternatives of one
-# anyOf/oneOf (nested ones counted in, as llguidance flattens them; not through refs) that hold a
-# $ref (a 600-way self-referencing anyOf took seconds to construct and mask, 64 x 64 nested ones
-# a minute: 55 kB), and the least common multiple of the schema's multipleOf values, each scaled
-# to an integer past its decimals (the number automaton has that many states: 999983 alone, 41
-# bytes, took 15 s; four values near 1000 in one anyOf, minutes). Alternatives without a $ref,
-# long enums, length and item bounds, ref chains and allOf of objects stay cheap; none is bounded.
-MAX_REF_ALTERNATIVES = 128
-MAX_MULTIPLE_OF = 10_000
 
 
 class GrammarError(RequestError):
@@ -439,154 +421,14 @@ def lowest_allowed(mask: np.ndarray, skip: frozenset[int]) -> int | None:
     return None
 
 
-# The keywords whose subschemas llguidance compiles, in strict and lenient mode alike (keywords it
-# does not implement, such as ``not``, ``if`` or ``propertyNames``, are errors in strict mode and
-# ignored in lenient mode; vendor ``x-*`` keys are never schemas): a subschema, or a list of them...
-_SUBSCHEMA_KEYS = frozenset({"items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "allOf"})
-# ...or a map of them (``$defs``, ``definitions``: also those no ``$ref`` reaches, whose patterns
-# llguidance never compiles; a bad regex there is an error in the client's schema all the same).
-_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
 
 
 def shape_error(request: GrammarRequest) -> str:
-    """Why a JSON-schema request's shape is past `MAX_PATTERN_PROPERTIES`, `MAX_JOINT_PATTERNS`,
-    `MAX_REF_ALTERNATIVES` or `MAX_MULTIPLE_OF` (its error for a client), or "" when it is within
-    them (and for other kinds of grammar)."""
-    if request.kind is not GrammarKind.JSON_SCHEMA:
-        return ""
-    try:
-        schema = json.loads(request.source)
-        document = SchemaDocument(schema)
-    except (ValueError, RequestError):
-        return ""  # the compile reports an unreadable schema or a bad $ref
-    joint, alternatives, multiple = _JointPatterns(document), _RefAlternatives(), 1
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        extra = node.get("patternProperties")
-        if isinstance(extra, dict) and len(extra) > MAX_PATTERN_PROPERTIES:
-            return (f"an object schema with {len(extra)} patternProperties: at most {MAX_PATTERN_PROPERTIES} "
-                    "can be compiled in bounded time")
-        ways = alternatives.count(node)
-        if ways > MAX_REF_ALTERNATIVES:
-            return (f"an anyOf/oneOf with {ways} alternatives that hold a $ref (nested anyOf/oneOf counted in): "
-                    f"at most {MAX_REF_ALTERNATIVES} can be compiled in bounded time")
-        multiple = math.lcm(multiple, _scaled_multiple(node.get("multipleOf")))
-        if multiple > MAX_MULTIPLE_OF:
-            return (f"multipleOf values whose least common multiple is {_short_number(multiple)} (each scaled to an "
-                    f"integer past its decimals): at most {MAX_MULTIPLE_OF} can be compiled in bounded time")
-        count = joint.count(node)
-        if count is None or count > MAX_JOINT_PATTERNS:
-            return (f"a string must match {'too many' if count is None else count} patterns together (its own "
-                    f"pattern and those of its allOf branches): at most {MAX_JOINT_PATTERNS} can be intersected "
-                    "in bounded time")
-        for key, value in node.items():
-            if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-                stack.extend(value.values())
-            elif key in _SUBSCHEMA_KEYS:
-                stack.extend(value if isinstance(value, list) else [value])
-    return ""
-
-
-def _scaled_multiple(value: Any) -> int:
-    """A ``multipleOf`` value as the integer llguidance's number automaton counts by (0.25 -> 25,
-    1.5e3 -> 1500); 1 for anything else (not a positive finite number: the compile reports it)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        return 1
-    if isinstance(value, float) and not math.isfinite(value):
-        return 1
-    _, digits, exponent = decimal.Decimal(value if isinstance(value, int) else repr(value)).normalize().as_tuple()
-    mantissa = int("".join(map(str, digits)))
-    return mantissa * 10 ** exponent if exponent > 0 else mantissa
-
-
-def _short_number(value: int) -> str:
-    text = str(value)
-    return text if len(text) <= 12 else f"about 1e{len(text) - 1}"
-
-
-class _RefAlternatives:
-    """How many alternatives of a node's ``anyOf``/``oneOf`` hold a ``$ref`` somewhere inside them
-    (not through it); a branch that is itself an anyOf/oneOf adds its own count instead, as
-    llguidance flattens nested alternatives into one (it keeps refs as rules of their own)."""
-
-    def __init__(self):
-        self._counts: dict[int, int] = {}
-        self._refs: dict[int, bool] = {}
-
-    def count(self, node: dict) -> int:
-        if id(node) not in self._counts:
-            total = 0
-            for key in ("anyOf", "oneOf"):
-                branches = node.get(key)
-                for branch in branches if isinstance(branches, list) else ():
-                    if not isinstance(branch, dict):
-                        continue
-                    if isinstance(branch.get("anyOf"), list) or isinstance(branch.get("oneOf"), list):
-                        total += self.count(branch)
-                    else:
-                        total += self.holds_ref(branch)
-            self._counts[id(node)] = total
-        return self._counts[id(node)]
-
-    def holds_ref(self, node: Any) -> bool:
-        if not isinstance(node, dict):
-            return False
-        if id(node) not in self._refs:
-            found = isinstance(node.get("$ref"), str)
-            for key, value in node.items():
-                if found:
-                    break
-                if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-                    found = any(self.holds_ref(child) for child in value.values())
-                elif key in _SUBSCHEMA_KEYS:
-                    found = any(self.holds_ref(child) for child in (value if isinstance(value, list) else [value]))
-            self._refs[id(node)] = found
-        return self._refs[id(node)]
-
-
-class _JointPatterns:
-    """How many ``pattern``s a value of a schema node may have to match at once: its own, plus those
-    of its ``$ref`` target and of every ``allOf`` branch, plus the most of any one ``anyOf``/``oneOf``
-    branch (llguidance distributes allOf over them). Memoized per node; a node met again on its own
-    path (a cycle through allOf or refs) adds nothing; None past `_MAX_JOINT_DEPTH` nested nodes."""
-
-    def __init__(self, document: SchemaDocument):
-        self._document = document
-        self._counts: dict[int, int | None] = {}
-        self._path: set[int] = set()
-
-    def count(self, node: Any, depth: int = 0) -> int | None:
-        if not isinstance(node, dict) or id(node) in self._path:
-            return 0
-        if id(node) in self._counts:
-            return self._counts[id(node)]
-        if depth > _MAX_JOINT_DEPTH:
-            return None
-        self._path.add(id(node))
-        try:
-            parts = [1 if isinstance(node.get("pattern"), str) else 0]
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                parts.append(self.count(self._document.resolve(ref), depth + 1))
-            branches = node.get("allOf")
-            for branch in branches if isinstance(branches, list) else ():
-                parts.append(self.count(branch, depth + 1))
-            for key in ("anyOf", "oneOf"):
-                branches = node.get(key)
-                if isinstance(branches, list):
-                    counts = [self.count(branch, depth + 1) for branch in branches]
-                    parts.append(None if None in counts else max(counts, default=0))
-        finally:
-            self._path.discard(id(node))
-        total = None if None in parts else sum(parts)
-        self._counts[id(node)] = total
-        return total
-
-
-_MAX_JOINT_DEPTH = 200  # refs and allOf/anyOf nested this deep are past any real schema (and Python's stack)
+    """Why a JSON-schema request's shape is one llguidance compiles in unbounded time (its error for
+    a client, see `grammar_shapes`), or "" when it is not (and for other kinds of grammar)."""
+    return schema_shape_error(request.source) if request.kind is GrammarKind.JSON_SCHEMA else ""
 
 
 def string_pattern_request(pattern: str) -> GrammarRequest:
@@ -597,7 +439,7 @@ def string_pattern_request(pattern: str) -> GrammarRequest:
 def schema_patterns(request: GrammarRequest) -> set[str]:
     """The regexes of a JSON-schema request where llguidance compiles them: the ``pattern`` of a
     (sub)schema and the keys of its ``patternProperties``, walking only the keywords that hold
-    subschemas llguidance honours (`_SUBSCHEMA_KEYS`, `_SUBSCHEMA_MAPS`); never data (``enum``,
+    subschemas llguidance honours (`SUBSCHEMA_KEYS`, `SUBSCHEMA_MAPS`); never data (``enum``,
     ``const``, ``default``, ...), vendor ``x-*`` keys or keywords llguidance ignores."""
     if request.kind is not GrammarKind.JSON_SCHEMA:
         return set()
@@ -617,11 +459,11 @@ def _patterns(schema: Any) -> Iterator[str]:
         if isinstance(node.get("pattern"), str):
             yield node["pattern"]
         for key, value in node.items():
-            if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            if key in SUBSCHEMA_MAPS and isinstance(value, dict):
                 if key == "patternProperties":
                     yield from value
                 stack.extend(value.values())
-            elif key in _SUBSCHEMA_KEYS:
+            elif key in SUBSCHEMA_KEYS:
                 stack.extend(value if isinstance(value, list) else [value])
 
 

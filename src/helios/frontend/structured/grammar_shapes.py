@@ -1,0 +1,186 @@
+"""JSON-schema shapes llguidance compiles in time far past their size, refused before it sees them.
+
+llguidance's `LIMITS` bound grammar size and lexer states, but some shapes cost work no limit stops
+(checks without fuel, automata whose size is a number in the schema): a 41-byte ``multipleOf`` or a
+55 kB nest of self-referencing ``anyOf`` held a preparation worker for seconds to minutes. The
+grammar check (`helios.frontend.structured.grammar.GrammarCompiler.check`) asks `schema_shape_error`
+first and answers such a schema with a 400; the bounds below are set so that realistic schemas
+(recursive UI trees, tools of hundreds of properties, unions of a hundred models) stay within them.
+Measured on a 2-core machine, llguidance 1.9: cheap whatever their size within the 64 KiB schema
+bound, hence unbounded here, are long enums, ``minLength``/``maxLength``/``minItems``/``maxItems``
+of any size, number bounds, ref chains and ``allOf`` of many objects.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import math
+from typing import Any
+
+from helios.errors import RequestError
+from helios.frontend.parsers.schema_refs import SchemaDocument
+
+# Schema shapes llguidance's JSON compiler checks without fuel, in time that grows much faster than
+# the schema (a 60 kB schema held a worker for minutes), so `LIMITS` cannot bound them and the check
+# refuses them first (`schema_shape_error`): the patternProperties of one object (each pair is proved
+# disjoint: 300 took seconds) and the patterns one string must match together (its own, its allOf
+# branches' and their refs' are intersected: 20 took seconds, 50 minutes).
+MAX_PATTERN_PROPERTIES = 64
+MAX_JOINT_PATTERNS = 8
+# Two more, whose cost grows with a number rather than the schema's size: the alternatives of one
+# anyOf/oneOf (nested ones counted in, as llguidance flattens them; not through refs) that hold a
+# $ref (a 600-way self-referencing anyOf took seconds to construct and mask, 64 x 64 nested ones
+# a minute: 55 kB), and the least common multiple of the schema's multipleOf values, each scaled
+# to an integer past its decimals (the number automaton has about that many states: 999983 alone, 41
+# bytes, took 15 s; four values near 1000 in one anyOf, minutes). Alternatives without a $ref,
+# long enums, length and item bounds, ref chains and allOf of objects stay cheap; none is bounded.
+MAX_REF_ALTERNATIVES = 128
+MAX_MULTIPLE_OF = 10_000
+
+# The keywords whose subschemas llguidance compiles, in strict and lenient mode alike (keywords it
+# does not implement, such as ``not``, ``if`` or ``propertyNames``, are errors in strict mode and
+# ignored in lenient mode; vendor ``x-*`` keys are never schemas): a subschema, or a list of them...
+SUBSCHEMA_KEYS = frozenset({"items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "allOf"})
+# ...or a map of them (``$defs``, ``definitions``: also those no ``$ref`` reaches, whose patterns
+# llguidance never compiles; a bad regex there is an error in the client's schema all the same).
+SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def schema_shape_error(source: str) -> str:
+    """Why the JSON schema `source` is past `MAX_PATTERN_PROPERTIES`, `MAX_JOINT_PATTERNS`,
+    `MAX_REF_ALTERNATIVES` or `MAX_MULTIPLE_OF` (its error for a client), or "" when it is within
+    them (or unreadable: the compile reports that)."""
+    try:
+        schema = json.loads(source)
+        document = SchemaDocument(schema)
+    except (ValueError, RequestError):
+        return ""  # the compile reports an unreadable schema or a bad $ref
+    joint, alternatives, multiple = _JointPatterns(document), _RefAlternatives(), 1
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        extra = node.get("patternProperties")
+        if isinstance(extra, dict) and len(extra) > MAX_PATTERN_PROPERTIES:
+            return (f"an object schema with {len(extra)} patternProperties: at most {MAX_PATTERN_PROPERTIES} "
+                    "can be compiled in bounded time")
+        ways = alternatives.count(node)
+        if ways > MAX_REF_ALTERNATIVES:
+            return (f"an anyOf/oneOf with {ways} alternatives that hold a $ref (nested anyOf/oneOf counted in): "
+                    f"at most {MAX_REF_ALTERNATIVES} can be compiled in bounded time")
+        multiple = math.lcm(multiple, _scaled_multiple(node.get("multipleOf")))
+        if multiple > MAX_MULTIPLE_OF:
+            return (f"multipleOf values whose least common multiple is {_short_number(multiple)} (each scaled to an "
+                    f"integer past its decimals): at most {MAX_MULTIPLE_OF} can be compiled in bounded time")
+        count = joint.count(node)
+        if count is None or count > MAX_JOINT_PATTERNS:
+            return (f"a string must match {'too many' if count is None else count} patterns together (its own "
+                    f"pattern and those of its allOf branches): at most {MAX_JOINT_PATTERNS} can be intersected "
+                    "in bounded time")
+        for key, value in node.items():
+            if key in SUBSCHEMA_MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key in SUBSCHEMA_KEYS:
+                stack.extend(value if isinstance(value, list) else [value])
+    return ""
+
+
+def _scaled_multiple(value: Any) -> int:
+    """A ``multipleOf`` value as the integer llguidance's number automaton counts by (0.25 -> 25,
+    1.5e3 -> 1500); 1 for anything else (not a positive finite number: the compile reports it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return 1
+    if isinstance(value, float) and not math.isfinite(value):
+        return 1
+    _, digits, exponent = decimal.Decimal(value if isinstance(value, int) else repr(value)).normalize().as_tuple()
+    mantissa = int("".join(map(str, digits)))
+    return mantissa * 10 ** exponent if exponent > 0 else mantissa
+
+
+def _short_number(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 12 else f"about 1e{len(text) - 1}"
+
+
+class _RefAlternatives:
+    """How many alternatives of a node's ``anyOf``/``oneOf`` hold a ``$ref`` somewhere inside them
+    (not through it); a branch that is itself an anyOf/oneOf adds its own count instead, as
+    llguidance flattens nested alternatives into one (it keeps refs as rules of their own)."""
+
+    def __init__(self):
+        self._counts: dict[int, int] = {}
+        self._refs: dict[int, bool] = {}
+
+    def count(self, node: dict) -> int:
+        if id(node) not in self._counts:
+            total = 0
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                for branch in branches if isinstance(branches, list) else ():
+                    if not isinstance(branch, dict):
+                        continue
+                    if isinstance(branch.get("anyOf"), list) or isinstance(branch.get("oneOf"), list):
+                        total += self.count(branch)
+                    else:
+                        total += self.holds_ref(branch)
+            self._counts[id(node)] = total
+        return self._counts[id(node)]
+
+    def holds_ref(self, node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        if id(node) not in self._refs:
+            found = isinstance(node.get("$ref"), str)
+            for key, value in node.items():
+                if found:
+                    break
+                if key in SUBSCHEMA_MAPS and isinstance(value, dict):
+                    found = any(self.holds_ref(child) for child in value.values())
+                elif key in SUBSCHEMA_KEYS:
+                    found = any(self.holds_ref(child) for child in (value if isinstance(value, list) else [value]))
+            self._refs[id(node)] = found
+        return self._refs[id(node)]
+
+
+class _JointPatterns:
+    """How many ``pattern``s a value of a schema node may have to match at once: its own, plus those
+    of its ``$ref`` target and of every ``allOf`` branch, plus the most of any one ``anyOf``/``oneOf``
+    branch (llguidance distributes allOf over them). Memoized per node; a node met again on its own
+    path (a cycle through allOf or refs) adds nothing; None past `_MAX_JOINT_DEPTH` nested nodes."""
+
+    def __init__(self, document: SchemaDocument):
+        self._document = document
+        self._counts: dict[int, int | None] = {}
+        self._path: set[int] = set()
+
+    def count(self, node: Any, depth: int = 0) -> int | None:
+        if not isinstance(node, dict) or id(node) in self._path:
+            return 0
+        if id(node) in self._counts:
+            return self._counts[id(node)]
+        if depth > _MAX_JOINT_DEPTH:
+            return None
+        self._path.add(id(node))
+        try:
+            parts = [1 if isinstance(node.get("pattern"), str) else 0]
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                parts.append(self.count(self._document.resolve(ref), depth + 1))
+            branches = node.get("allOf")
+            for branch in branches if isinstance(branches, list) else ():
+                parts.append(self.count(branch, depth + 1))
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list):
+                    counts = [self.count(branch, depth + 1) for branch in branches]
+                    parts.append(None if None in counts else max(counts, default=0))
+        finally:
+            self._path.discard(id(node))
+        total = None if None in parts else sum(parts)
+        self._counts[id(node)] = total
+        return total
+
+
+_MAX_JOINT_DEPTH = 200  # refs and allOf/anyOf nested this deep are past any real schema (and Python's stack)
