@@ -90,11 +90,11 @@ SPECULATING, TOKENS = "speculating", "tokens"
 
 
 def capacity_plan(width: int | None, allocate: bool = False, per_lane: int | None = None,
-                  draft_tokens: int | None = None) -> CapacityPlan:
+                  draft_tokens: int | None = None, scored: bool = True) -> CapacityPlan:
     speculative = SpeculativePlan(UNUSED, widths=(width,), allocate_prefixes=allocate, packed_per_lane=per_lane,
                                   draft_tokens=draft_tokens) if width else None
     return CapacityPlan(page_tokens=PAGE_TOKENS, context_tokens=CONTEXT, prefill_tokens=16, decode_batches=(1, 4),
-                        scored_prefill=True, speculative=speculative)
+                        scored_prefill=scored, speculative=speculative)
 
 
 def stress_model(recipe, draft, plan: CapacityPlan, startup: StartupOptions = StartupOptions(),
@@ -114,8 +114,10 @@ def stress_model(recipe, draft, plan: CapacityPlan, startup: StartupOptions = St
         label = f"{capacity.batch_capacity}.{capacity.verify_tokens}.{capacity.packed_token_capacity}"
         specs[f"{operation.value}{'_logprobs' if logprobs else ''}.{label}"] = spec
     programs = [ProgramResource(spec, resource_id) for resource_id, spec in specs.items()]
-    declaration = dataclasses.replace(_declaration(recipe, plan), history_window=history_window(arch.layer_windows),
-                                      split_window=window_tokens(arch, options))
+    declaration = dataclasses.replace(  # (recurrent state: continuation rows for two snapshots per request)
+        _declaration(recipe, plan), history_window=history_window(arch.layer_windows),
+        split_window=window_tokens(arch, options),
+        snapshot_capacity=2 * plan.max_concurrency if arch.recurrent is not None else 0)
     prepared = declare_paged_text(declaration, programs, [WEIGHTS_RESOURCE],
                                   DRAFT_WEIGHTS_RESOURCE if draft is not None else None)
     settings = resolve_settings(prepared, startup)
@@ -156,7 +158,8 @@ class Alone(NamedTuple):
 
 def run_alone(recipe, spec: RequestSpec) -> Alone:
     """`spec`'s output alone on a fresh plain engine (no speculation, pages to spare)."""
-    engine = stress_engine(stress_model(recipe, None, capacity_plan(None)), SchedulerPolicy(speculative=False))
+    plan = capacity_plan(None, scored=recipe.architecture.recurrent is None)
+    engine = stress_engine(stress_model(recipe, None, plan), SchedulerPolicy(speculative=False))
     tokens, scores, finishes = [], [], []
 
     def record(event) -> None:
@@ -198,7 +201,12 @@ class Scenario:
     sampled: float = 0.0  # share of prompts sampled with a seed (exact only without speculation)
     family: str = "llama3"
     reuse: float = 0.1  # chance that an arriving request takes the id of one that ended
+    turns: float = 0.15  # share of prompts continuing an earlier one (its prompt and output)
     faults: float = 0.0  # chance that a plan fails (before its launch, after its program ran, or at finish)
+
+    def __post_init__(self) -> None:
+        if self.sampled and self.draft != "none":  # speculative sampling keeps the distribution, not the draws
+            raise ValueError("sampled requests are exact only without speculation")
 
 
 @dataclass
@@ -229,7 +237,10 @@ class Planned:
 
 
 def draft_of(recipe, kind: str):
-    return {"self": recipe, "truncated": truncated(recipe, 1), "none": None}[kind]
+    """The draft model of a scenario: the target itself, its first layer, or none."""
+    if kind == "none":
+        return None
+    return recipe if kind == "self" else truncated(recipe, 1)
 
 
 class StressRun:
@@ -240,7 +251,8 @@ class StressRun:
         self.rng = random.Random(scenario.seed)
         width = scenario.width if scenario.draft != "none" else None
         startup = StartupOptions(history_drafting=scenario.history_drafting)
-        plan = capacity_plan(width, scenario.allocate, scenario.per_lane, scenario.draft_tokens)
+        scored = recipe.architecture.recurrent is None  # (hybrid recurrent decoders score no prompts)
+        plan = capacity_plan(width, scenario.allocate, scenario.per_lane, scenario.draft_tokens, scored)
         self.model = stress_model(recipe, draft_of(recipe, scenario.draft), plan, startup, scenario.num_pages)
         policy = SchedulerPolicy(preemption=scenario.preemption, prefix_caching=scenario.prefix_caching,
                                  two_frames=scenario.two_frames)
@@ -266,15 +278,29 @@ class StressRun:
         vocab = recipe.architecture.vocab_size
         shared = [[rng.randrange(1, vocab - 1) for _ in range(24)] for _ in range(3)]
         shapes: list[tuple[RequestSpec, int]] = []
+        outputs: dict[RequestSpec, Alone] = {}  # by shape with output limit 1: its longest output alone
+
+        def alone(shape: RequestSpec, limit: int) -> Alone:
+            key = dataclasses.replace(shape, request_id="", max_output_tokens=1)
+            if key not in outputs or len(outputs[key].tokens) < limit:
+                outputs[key] = run_alone(recipe, dataclasses.replace(key, max_output_tokens=limit))
+            return outputs[key]
+
         while len(shapes) < scenario.num_requests:
             prefix = rng.choice(shared)[:rng.randrange(0, 25)] if rng.random() < 0.7 else []
+            stable = 0
+            short = [(shape, limit) for shape, limit in shapes if len(shape.prompt_ids) + limit < CONTEXT - 26]
+            if short and rng.random() < scenario.turns:  # a later turn: an earlier prompt, its output, more
+                earlier, limit = rng.choice(short)
+                prefix = list(earlier.prompt_ids) + alone(earlier, limit).tokens[:limit]
+                stable = len(earlier.prompt_ids)
             tail = [rng.randrange(1, vocab - 1) for _ in range(rng.randrange(1, 20))]
             prompt = tuple(prefix + tail)[:CONTEXT - 24]
-            options = {}
+            options = {"stable_prefix_len": min(stable, len(prompt))}
             if rng.random() < scenario.biased:  # a strong bias against a token (plain programs only)
                 banned, favoured = rng.sample(range(1, vocab - 1), 2)
                 options["logit_bias"] = ((banned, -100.0), (favoured, 5.0))
-            if rng.random() < scenario.scored:
+            if rng.random() < scenario.scored and recipe.architecture.recurrent is None:
                 options["score_prompt"] = True
             sampled = rng.random() < scenario.sampled
             copies = rng.choice([2, 3]) if rng.random() < 0.15 else 1  # n choices of one prompt
@@ -282,14 +308,7 @@ class StressRun:
                 limit = 1 if rng.random() < 0.15 else rng.randrange(2, 24)
                 sampling = SamplingParams.from_packed(SAMPLED, rng.randrange(2**31)) if sampled else GREEDY
                 shapes.append((RequestSpec("", prompt, limit, sampling=sampling, **options), limit))
-        demands: dict[RequestSpec, int] = {}
-        for shape, limit in shapes:
-            key = dataclasses.replace(shape, max_output_tokens=1)
-            demands[key] = max(demands.get(key, 0), limit)
-        alone = {key: run_alone(recipe, dataclasses.replace(key, max_output_tokens=limit))
-                 for key, limit in demands.items()}
-        return [self._planned(dataclasses.replace(shape, request_id=f"r{index}"),
-                              alone[dataclasses.replace(shape, max_output_tokens=1)], limit)
+        return [self._planned(dataclasses.replace(shape, request_id=f"r{index}"), alone(shape, limit), limit)
                 for index, (shape, limit) in enumerate(shapes)]
 
     def _planned(self, shape: RequestSpec, alone: Alone, limit: int) -> Planned:
