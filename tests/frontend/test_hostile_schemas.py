@@ -151,6 +151,14 @@ def multiple_of(n: int) -> dict:
                                              "b": {"type": "number", "multipleOf": 2 ** twos / 10 ** 3}}}
 
 
+def ref_depth(n: int) -> dict:
+    """Arrays nested `n` levels deep (the object and its property first), the rest through a chain of
+    refs, and a recursive ref back to the top that adds no depth."""
+    chain = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(n - 2)}
+    chain[f"d{n - 2}"] = {"type": "integer"}
+    return {"$defs": chain, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}, "b": {"$ref": "#"}}}
+
+
 @pytest.fixture
 def no_compile_of(monkeypatch):
     """Makes llguidance refuse (AssertionError) any grammar whose text holds `marker`: a schema the
@@ -182,12 +190,14 @@ def no_compile_of(monkeypatch):
     (joint_patterns, 8, "match 9 patterns together .*: at most 8"),
     (ref_alternatives, 128, "anyOf/oneOf with 129 alternatives that hold a \\$ref .*: at most 128"),
     (multiple_of, 10_000, "multipleOf values whose least common multiple is 10001 .*: at most 10000"),
+    (ref_depth, 128, "nested more than 128 levels deep through its \\$refs"),
 ])
 def test_shapes_that_compile_in_unbounded_time_are_400s_before_compiling(served, no_compile_of, shape, limit, reason):
     """2000 patternProperties (63 kB) or 50 patterns on one string held a worker for minutes inside
     llguidance, which no `LIMITS` bound, as did 64 x 64 nested self-referencing anyOf alternatives
     (55 kB) or four multipleOf values near 1000 in one anyOf (171 bytes); one past the bound is now
-    refused before any compile, and the bound itself still compiles."""
+    refused before any compile, and the bound itself still compiles. A chain of 1200 $refs (50 kB)
+    overflowed an 8 MiB native stack (the engine process recompiles on its main thread): a segfault."""
     case = served["qwen"]
     bounded = chat(case, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": shape(limit)}})
     assert case.model.prepare_chat(bounded).grammar is not None
@@ -229,6 +239,21 @@ def test_ref_alternatives_count_nested_anyof_but_not_through_refs_or_without_ref
     assert shape_error(request(via_ref)) == ""  # a ref stays a rule of its own: 128 and 128, not 16384
     consts = {"anyOf": [{"const": f"Zone/{i}", "description": f"zone {i}"} for i in range(2000)]}
     assert shape_error(request(consts)) == ""
+
+
+def test_ref_depth_counts_a_ref_as_its_target_and_recursion_as_one_level():
+    def error(schema):
+        return shape_error(GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema)))
+
+    assert error(ref_depth(128)) == "" and "more than 128 levels" in error(ref_depth(129))
+    tree = {"$defs": {"node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+            "$ref": "#/$defs/node"}
+    assert error(tree) == ""
+    shared = {"$defs": {f"d{i}": {"prefixItems": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(200)}}
+    shared["$defs"]["d200"] = {"type": "integer"}
+    assert "more than 128 levels" in error({**shared, "$ref": "#/$defs/d0"})  # a DAG of 2^200 paths, walked once per node
+    unused = {"$defs": ref_depth(300)["$defs"], "type": "integer"}
+    assert error(unused) == ""  # definitions no ref reaches nest nothing
 
 
 def test_multiple_of_values_are_scaled_to_integers_and_combined_by_least_common_multiple():

@@ -88,6 +88,9 @@ REFUSED = {
                                       400, "response_format", "least common multiple"),
     "tool multipleOf 999983": (calls(function("f", {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 999983}}})),
                                400, "tools[0].function.parameters", "least common multiple is 999983"),
+    "a chain of 1200 $refs": (answer({"$defs": {**{f"{i:x}": {"items": {"$ref": f"#/$defs/{i + 1:x}"}} for i in range(1200)},
+                                                "4b0": {}}, "$ref": "#/$defs/0"}), 400, "response_format",
+                              "levels deep through its $refs"),
     "tool file $ref": (calls(function("f", {"type": "object", "properties": {"a": {"$ref": "file:///etc/passwd"}}})),
                        400, "tools[0].function.parameters", "is not local"),
     "tool 65 patternProperties": (calls(function("f", {"type": "object", "patternProperties": {

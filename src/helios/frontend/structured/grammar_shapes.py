@@ -16,7 +16,7 @@ from __future__ import annotations
 import decimal
 import json
 import math
-from typing import Any
+from typing import Any, Iterator
 
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
@@ -37,6 +37,12 @@ MAX_JOINT_PATTERNS = 8
 # long enums, length and item bounds, ref chains and allOf of objects stay cheap; none is bounded.
 MAX_REF_ALTERNATIVES = 128
 MAX_MULTIPLE_OF = 10_000
+# And one that costs native stack, not time: llguidance compiles a schema recursively, one frame
+# chain per level of nesting, and $refs nest without the 32 levels a schema's own JSON text may
+# have; a chain of 1200 refs (`{"items": {"$ref": next}}`, 50 kB) overflowed an 8 MiB stack, which
+# kills the process (the engine process recompiles each admitted grammar on its main thread).
+# Recursion (a ref back into its own path) adds no depth: llguidance keeps it a rule.
+MAX_REF_DEPTH = 128
 
 # The keywords whose subschemas llguidance compiles, in strict and lenient mode alike (keywords it
 # does not implement, such as ``not``, ``if`` or ``propertyNames``, are errors in strict mode and
@@ -49,8 +55,8 @@ SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definit
 
 def schema_shape_error(source: str) -> str:
     """Why the JSON schema `source` is past `MAX_PATTERN_PROPERTIES`, `MAX_JOINT_PATTERNS`,
-    `MAX_REF_ALTERNATIVES` or `MAX_MULTIPLE_OF` (its error for a client), or "" when it is within
-    them (or unreadable: the compile reports that)."""
+    `MAX_REF_ALTERNATIVES`, `MAX_MULTIPLE_OF` or `MAX_REF_DEPTH` (its error for a client), or ""
+    when it is within them (or unreadable: the compile reports that)."""
     try:
         schema = json.loads(source)
         document = SchemaDocument(schema)
@@ -84,6 +90,9 @@ def schema_shape_error(source: str) -> str:
                 stack.extend(value.values())
             elif key in SUBSCHEMA_KEYS:
                 stack.extend(value if isinstance(value, list) else [value])
+    if _RefDepth(document).depth(schema) is None:
+        return (f"a schema nested more than {MAX_REF_DEPTH} levels deep through its $refs: at most "
+                f"{MAX_REF_DEPTH} can be compiled safely")
     return ""
 
 
@@ -102,6 +111,60 @@ def _scaled_multiple(value: Any) -> int:
 def _short_number(value: int) -> str:
     text = str(value)
     return text if len(text) <= 12 else f"about 1e{len(text) - 1}"
+
+
+class _RefDepth:
+    """How many levels a schema's subschemas nest, a ``$ref`` counting as its target in its place; a
+    ref back into its own path (recursion) counts as one level. Memoized per node; None past
+    `MAX_REF_DEPTH`."""
+
+    def __init__(self, document: SchemaDocument):
+        self._document = document
+        self._depths: dict[int, int] = {}
+        self._path: set[int] = set()
+
+    def depth(self, node: Any, level: int = 1) -> int | None:
+        if not isinstance(node, dict) or id(node) in self._path:
+            return 1
+        if id(node) in self._depths:
+            deepest = self._depths[id(node)]
+            return None if level + deepest - 1 > MAX_REF_DEPTH else deepest
+        if level > MAX_REF_DEPTH:
+            return None
+        self._path.add(id(node))
+        try:
+            deepest = 1
+            target = self._target(node)
+            if target is not None:
+                deepest = self.depth(target, level)
+                if deepest is None:
+                    return None
+            for child in self._children(node):
+                below = self.depth(child, level + 1)
+                if below is None:
+                    return None
+                deepest = max(deepest, below + 1)
+        finally:
+            self._path.discard(id(node))
+        self._depths[id(node)] = deepest
+        return deepest
+
+    def _target(self, node: dict) -> Any:
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            return None
+        try:
+            return self._document.resolve(ref)
+        except RequestError:
+            return None  # the compile reports a bad $ref
+
+    @staticmethod
+    def _children(node: dict) -> Iterator[Any]:
+        for key, value in node.items():
+            if key in SUBSCHEMA_MAPS and key not in ("$defs", "definitions") and isinstance(value, dict):
+                yield from value.values()
+            elif key in SUBSCHEMA_KEYS:
+                yield from (value if isinstance(value, list) else [value])
 
 
 class _RefAlternatives:
