@@ -1,14 +1,16 @@
-"""JSON-schema shapes llguidance compiles in time far past their size, refused before it sees them.
+"""JSON-schema shapes llguidance compiles in time (or native stack) far past their size, refused
+before it sees them.
 
 llguidance's `LIMITS` bound grammar size and lexer states, but some shapes cost work no limit stops
 (checks without fuel, automata whose size is a number in the schema): a 41-byte ``multipleOf`` or a
-55 kB nest of self-referencing ``anyOf`` held a preparation worker for seconds to minutes. The
+55 kB nest of self-referencing ``anyOf`` held a preparation worker for seconds to minutes, and a
+long chain of ``$ref``s overflows a native stack (`MAX_REF_DEPTH`). The
 grammar check (`helios.frontend.structured.grammar.GrammarCompiler.check`) asks `schema_shape_error`
 first and answers such a schema with a 400; the bounds below are set so that realistic schemas
 (recursive UI trees, tools of hundreds of properties, unions of a hundred models) stay within them.
 Measured on a 2-core machine, llguidance 1.9: cheap whatever their size within the 64 KiB schema
 bound, hence unbounded here, are long enums, ``minLength``/``maxLength``/``minItems``/``maxItems``
-of any size, number bounds, ref chains and ``allOf`` of many objects.
+of any size, number bounds, ref chains within `MAX_REF_DEPTH` and ``allOf`` of many objects.
 """
 
 from __future__ import annotations
