@@ -734,3 +734,46 @@ def test_frames_continue_an_open_body_or_refuse_an_unusable_header(frames_parts)
         frames_lark(frames, speller, FrameStart(FramePosition.HEADER, header_text="assistant to=nobody"),
                     None, AnswerKind.STRUCTURED, {})
     assert caught.value.param == "messages"  # the rendered messages left the frame open
+
+
+RECURSIVE_TREE = {"type": "object", "properties": {"label": {"type": "string"},
+                                                   "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                                                   "next": {"$ref": "#/$defs/node"}},
+                  "required": ["label"],
+                  "$defs": {"node": {"type": "object", "properties": {"label": {"type": "string"},
+                                                                       "next": {"$ref": "#/$defs/node"}}}}}
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+def test_recursive_tool_parameters_constrain_calls_under_every_syntax(served, syntax):
+    """A tool whose parameters refer to themselves (a tree, a linked list) was a 400 under every
+    forcing choice ("circular references with sibling keys"): the safe key pattern, added for keys
+    the schema does not declare, applied to the declared keys too, so llguidance had to intersect
+    the recursive `$ref` with it. Declared keys now take their own schemas only."""
+    case = served[syntax]
+    for fields in FORCING.values():
+        prepared = case.model.prepare_chat(chat(case, tools=[tool(RECURSIVE_TREE)], **fields))
+        assert prepared.grammar is not None
+    linked = {**RECURSIVE_TREE, "properties": {k: v for k, v in RECURSIVE_TREE["properties"].items() if k != "children"}}
+    prepared = case.model.prepare_chat(chat(case, tools=[tool(linked)], tool_choice="required"))
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        _, final = run_output(prepared, sample(prepared.grammar.fork(), case, rng))
+        assert final.result.errors == () and final.result.tool_calls, final.result
+        for call in final.result.tool_calls:
+            arguments = json.loads(call.arguments)
+            assert call.complete and call.name == "f" and "label" in arguments, call
+            assert is_tree(arguments), arguments
+
+
+def is_tree(value, root: bool = True) -> bool:
+    """Whether `value` is valid under RECURSIVE_TREE (root) or its `node` definition."""
+    keys = {"label", "children", "next"} if root else {"label", "next"}
+    if not isinstance(value, dict) or not set(value) <= keys:
+        return False
+    if "label" in value and not isinstance(value["label"], str):
+        return False
+    if "next" in value and not is_tree(value["next"], root=False):
+        return False
+    children = value.get("children", [])
+    return isinstance(children, list) and all(is_tree(child, root=False) for child in children)

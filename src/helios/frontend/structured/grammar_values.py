@@ -185,10 +185,24 @@ def safe_schema(schema: Any, pattern: str) -> Any:
         out["items"] = safe_schema(out.get("items", True), pattern)
     if ("object" in types or "properties" in out) and "patternProperties" not in out:
         extra = out.get("additionalProperties", True)
-        if extra is not False:
+        if extra is not False and _refers(out.get("properties")):
+            # The safe key pattern would apply to the declared keys too, and llguidance cannot
+            # intersect a `$ref` (recursion) with it: such an object takes its declared keys only,
+            # which every value it allows also satisfies.
+            out["additionalProperties"] = False
+        elif extra is not False:
             out["patternProperties"] = {pattern: safe_schema(extra, pattern)}
             out["additionalProperties"] = False
     return out
+
+
+def _refers(schema: Any) -> bool:
+    """Whether ``schema`` holds a ``$ref`` anywhere."""
+    if isinstance(schema, Mapping):
+        return "$ref" in schema or any(_refers(value) for value in schema.values())
+    if isinstance(schema, list):
+        return any(_refers(value) for value in schema)
+    return False
 
 
 @functools.lru_cache(maxsize=16)
