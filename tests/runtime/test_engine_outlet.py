@@ -161,6 +161,38 @@ def test_a_token_hook_that_raises_ends_its_request_alone(engine):
 
 
 
+def test_a_hook_that_raises_at_the_last_token_ends_error_with_that_token_counted(engine):
+    """The scheduler had already ended the request in that round (its finish was among the events
+    being dispatched): the ERROR finish reported 0 output tokens after one was delivered."""
+    seen = []
+
+    def failing(event) -> None:
+        seen.append(event)
+        if isinstance(event, TokenEvent):
+            raise RuntimeError("hook failed")
+    engine.submit(request("last", 1, failing))
+    engine.run_until_idle()
+    finish = [e for e in seen if isinstance(e, FinishEvent)]
+    assert len(tokens_of(seen, "last")) == 1 and len(finish) == 1 and finish[0].reason is FinishReason.ERROR
+    assert finish[0].num_output_tokens == 1 and finish[0].num_prompt_tokens == len(PROMPT)
+
+
+def test_run_until_idle_ends_requests_still_waiting_in_the_ingress_channel():
+    """Queue capacity 1: a request cancelled before its round emptied the scheduler's queue while
+    another waited in the ingress channel, and `run_until_idle` returned with that one never run."""
+    from helios.runtime.service import RuntimeOptions
+
+    engine = build_runtime(open_fixture(), RuntimeOptions(queue_capacity=1)).engine
+    events = {"a": [], "b": []}
+    engine.submit(request("a", 3, events["a"].append))
+    engine.submit(request("b", 3, events["b"].append))
+    engine.cancel("a")
+    engine.run_until_idle()
+    assert [e.reason for e in events["a"] if isinstance(e, FinishEvent)] == [FinishReason.CANCELLED]
+    assert [e.reason for e in events["b"] if isinstance(e, FinishEvent)] == [FinishReason.LENGTH]
+    assert len(tokens_of(events["b"], "b")) == 3
+
+
 def test_a_logit_bias_on_a_core_whose_programs_take_none_is_rejected(engine):
     """The committed fixture core was prepared without logit-bias inputs: a biased request from the
     engine API (no frontend checked it) is rejected alone instead of served unbiased."""

@@ -230,8 +230,8 @@ class Engine:
                 self._apply(commands)
             else:
                 self.outbox.flush()  # what `_apply` ends with
-            if not self.scheduler.has_work:
-                self.outbox.flush()
+            if not self.scheduler.has_work and not self._ingress:  # a cancellation may have emptied the
+                self.outbox.flush()  # scheduler's queue while requests still wait in the ingress channel
                 return
             self.step()
         raise ExecutionError("the engine did not go idle")
@@ -362,7 +362,7 @@ class Engine:
                 try:
                     outbox.deliver_tokens(request.on_event, event)
                 except Exception as error:  # noqa: BLE001 - as below
-                    self._fail_request(request, error)
+                    self._fail_request(request, error, events)
                 continue
             if isinstance(event, FinishEvent):
                 self._finish(request, event)
@@ -371,7 +371,7 @@ class Engine:
                 try:
                     self.outbox.deliver(request.on_event, event)
                 except Exception as error:  # noqa: BLE001
-                    self._fail_request(request, error)
+                    self._fail_request(request, error, events)
                 continue
             outbox.count(event)
             try:
@@ -379,14 +379,18 @@ class Engine:
                 if watching and self.feedback.advance(event.request_id, event.token_ids):
                     self._dispatch(self.scheduler.stop(event.request_id))
             except Exception as error:  # noqa: BLE001 - this request's hooks failed: it ends, the worker serves on
-                self._fail_request(request, error)
+                self._fail_request(request, error, events)
 
-    def _fail_request(self, request: EngineRequest, error: Exception) -> None:
-        """Ends one request with ERROR after its own hook raised; the scheduler frees what it holds."""
+    def _fail_request(self, request: EngineRequest, error: Exception, round_events=()) -> None:
+        """Ends one request with ERROR after its own hook raised; the scheduler frees what it holds.
+        `round_events`: the events being dispatched, which hold its finish where the scheduler had
+        already ended it this round (its counts are then that finish's)."""
         request_id = request.spec.request_id
         message = _request_failure(error)
         events = self.scheduler.cancel(request_id)
         ended = [e for e in events if isinstance(e, FinishEvent) and e.request_id == request_id]
+        if not ended:
+            ended = [e for e in round_events if isinstance(e, FinishEvent) and e.request_id == request_id]
         others = [e for e in events if e not in ended]
         self._dispatch(others)
         if request_id in self._active:
