@@ -183,11 +183,14 @@ def test_run_until_idle_ends_requests_still_waiting_in_the_ingress_channel():
     from helios.runtime.service import RuntimeOptions
 
     engine = build_runtime(open_fixture(), RuntimeOptions(queue_capacity=1)).engine
-    events = {"a": [], "b": []}
-    engine.submit(request("a", 3, events["a"].append))
-    engine.submit(request("b", 3, events["b"].append))
+    events = {"a": [], "b": [], "c": []}
+    for name in events:
+        engine.submit(request(name, 3, events[name].append))
     engine.cancel("a")
+    engine.cancel("c")  # still in the ingress channel at its cancellation: counted as cancelled too
     engine.run_until_idle()
+    assert engine.stats.requests_finished["cancelled"] == 2
+    assert [e.reason for e in events["c"] if isinstance(e, FinishEvent)] == [FinishReason.CANCELLED]
     assert [e.reason for e in events["a"] if isinstance(e, FinishEvent)] == [FinishReason.CANCELLED]
     assert [e.reason for e in events["b"] if isinstance(e, FinishEvent)] == [FinishReason.LENGTH]
     assert len(tokens_of(events["b"], "b")) == 3

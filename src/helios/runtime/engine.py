@@ -288,7 +288,8 @@ class Engine:
             waiting = [r for r in self._ingress if r.spec.request_id == request_id]
             for request in waiting:
                 self._ingress.remove(request)
-        for request in waiting:
+        for request in waiting:  # never admitted, counted as finished (as a request failing admission is)
+            self.stats.requests_finished["cancelled"] += 1
             self.outbox.end(request.on_event, _ended(request, FinishReason.CANCELLED, ""))
         self._dispatch(self.scheduler.cancel(request_id))
 
