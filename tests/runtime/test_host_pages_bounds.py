@@ -90,3 +90,35 @@ def test_generate_with_too_many_host_pages_prints_one_line_and_exits_8(monkeypat
     assert errors == [captured.err.splitlines()[-1]]
     assert errors[0].startswith("helios generate: error: --host-pages 1000000000: the host page slots need ")
     assert "10000000000 bytes are available" in errors[0] and "Traceback" not in captured.err
+
+
+def test_snapshot_rows_beyond_the_available_memory_are_refused_before_allocating(loaded, monkeypatch):
+    """`--snapshot-capacity 2000000000` was the allocator's RuntimeError (a traceback, exit 1) for
+    the continuation rows; now one typed error names the option before anything is allocated."""
+    monkeypatch.setattr(memory_budget, "available_memory_nbytes", lambda: 1 << 20)
+    real = history_storage._rows_like
+
+    def rows_like(plane, rows, host=False):
+        if rows >= 2_000_000_000:
+            pytest.fail("the snapshot rows were allocated")
+        return real(plane, rows, host)
+
+    monkeypatch.setattr(history_storage, "_rows_like", rows_like)
+    with pytest.raises(InsufficientMemoryError, match=r"^--snapshot-capacity 2000000000: the snapshot rows need \d+ "
+                                                      r"bytes on cpu; 1048576 bytes are available \(fewer snapshot"):
+        model_storage(loaded, 0, continuation_rows=2_000_000_000)
+
+
+def test_the_allocators_own_failure_for_snapshot_rows_is_the_same_typed_error(loaded, monkeypatch):
+    real = history_storage._rows_like
+
+    def rows_like(plane, rows, host=False):
+        if rows == 7 and not host:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return real(plane, rows, host)
+
+    monkeypatch.setattr(memory_budget, "available_memory_nbytes", lambda: None)
+    monkeypatch.setattr(history_storage, "_rows_like", rows_like)
+    with pytest.raises(InsufficientMemoryError, match=r"^--snapshot-capacity 7: the snapshot rows need \d+ bytes on "
+                                                      r"cpu; the allocator could not hold them"):
+        model_storage(loaded, 0, continuation_rows=7)

@@ -31,6 +31,7 @@ pages) is allocated here.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -42,7 +43,7 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import ExecutionError
 from helios.runtime.records.plan import CopyOp, Location, StorageKind
 from helios.runtime.cache.window_pages import window_region_name
-from helios.runtime.loading.memory_budget import host_pages_allocation
+from helios.runtime.loading.memory_budget import allocation_within, host_pages_allocation
 
 
 class UnsupportedCopyError(ExecutionError):
@@ -70,14 +71,17 @@ class HistoryStorage:
         self.host_slots = host_slots
         self.resident_from = resident_from
         r = self.rows_per_request
-        slots, continuation = list(state_planes), [_rows_like(p, continuation_rows * r) for p in state_planes]
-        if resident_from is not None:
-            slots = [_narrowed(p, 0, resident_from) for p in state_planes]
-            continuation = [_narrowed(p, resident_from, continuation_rows * r) for p in state_planes]
+        allocated_state = state_planes if resident_from is None else ()  # else views of the state planes
+        with _continuation_allocation(page_planes, allocated_state, continuation_rows, r):
+            slots, continuation = list(state_planes), [_rows_like(p, continuation_rows * r) for p in state_planes]
+            if resident_from is not None:
+                slots = [_narrowed(p, 0, resident_from) for p in state_planes]
+                continuation = [_narrowed(p, resident_from, continuation_rows * r) for p in state_planes]
+            continuation_pages = [_rows_like(p, continuation_rows) for p in page_planes]
         self._parts: dict[StorageKind, tuple[list[Plane], list[Plane]]] = {
             StorageKind.PAGE: (list(page_planes), []),
             StorageKind.STATE: ([], slots),
-            StorageKind.CONTINUATION: ([_rows_like(p, continuation_rows) for p in page_planes], continuation),
+            StorageKind.CONTINUATION: (continuation_pages, continuation),
             StorageKind.HOST: _host_parts(page_planes, state_planes, host_slots, r),
         }
 
@@ -171,6 +175,19 @@ def _tokens(plane: Plane, index: int, num_tokens: int) -> torch.Tensor:
     row per token, or per `tokens_per_record` tokens of a compressed plane (a partial record too)."""
     records = -(-num_tokens // max(1, plane.tokens_per_record))
     return plane.tensor.select(plane.dim, index).narrow(plane.dim, 0, records)
+
+
+def _continuation_allocation(page_planes: Sequence[Plane], state_planes: Sequence[Plane], rows: int,
+                             rows_per_request: int):
+    """Guards the continuation rows' allocation (`--snapshot-capacity`, sized by the operator) on the
+    planes' device (`allocation_within`); `state_planes`: those whose rows are allocated here."""
+    planes = [*page_planes, *state_planes]
+    if not planes or rows == 0:
+        return contextlib.nullcontext()
+    nbytes = rows * (sum(_row_nbytes(p) for p in page_planes)
+                     + rows_per_request * sum(_row_nbytes(p) for p in state_planes))
+    return allocation_within(f"--snapshot-capacity {rows}: the snapshot rows", nbytes, planes[0].tensor.device,
+                             "fewer snapshot rows: --snapshot-capacity N")
 
 
 def _host_parts(page_planes: Sequence[Plane], state_planes: Sequence[Plane], host_slots: int,

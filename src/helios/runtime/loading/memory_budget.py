@@ -41,21 +41,28 @@ def check_fits(what: str, nbytes: int, device: torch.device, remedy: str = "") -
             f"{what} need {nbytes} bytes on {device}; {available} bytes are available{remedy}")
 
 
-def _host_pages_message(host_pages: int, nbytes: int, available: int | None) -> str:
-    found = f"{available} bytes are available" if available is not None else "the allocator could not hold them"
-    return (f"--host-pages {host_pages}: the host page slots need {nbytes} bytes of host memory; {found} "
-            "(fewer host pages: --host-pages N)")
-
-
 @contextmanager
-def host_pages_allocation(host_pages: int, nbytes: int) -> Iterator[None]:
-    """Guards the allocation of `host_pages` host page slots of `nbytes` bytes in all: refused with
-    `InsufficientMemoryError` before it when they exceed the host's available memory (unknown:
-    not checked), and the allocator's own `RuntimeError`/`MemoryError` turned into the same error."""
-    available = available_nbytes(torch.device("cpu"))
+def allocation_within(what: str, nbytes: int, device: torch.device, remedy: str,
+                      where: str | None = None) -> Iterator[None]:
+    """Guards an allocation of `nbytes` bytes on `device` sized by an operator's option (`what`
+    names it and what it allocates): refused with `InsufficientMemoryError` before it when it
+    exceeds the available memory (unknown: not checked), and the allocator's own
+    `RuntimeError`/`MemoryError` turned into the same error; `remedy` ends the message, `where`
+    (default "on <device>") follows the byte count."""
+    where = where or f"on {device}"
+    available = available_nbytes(device)
     if available is not None and nbytes > available:
-        raise InsufficientMemoryError(_host_pages_message(host_pages, nbytes, available))
+        raise InsufficientMemoryError(f"{what} need {nbytes} bytes {where}; {available} bytes are available "
+                                      f"({remedy})")
     try:
         yield
     except (RuntimeError, MemoryError) as error:
-        raise InsufficientMemoryError(_host_pages_message(host_pages, nbytes, None)) from error
+        raise InsufficientMemoryError(f"{what} need {nbytes} bytes {where}; the allocator could not hold them "
+                                      f"({remedy})") from error
+
+
+def host_pages_allocation(host_pages: int, nbytes: int):
+    """Guards the allocation of `host_pages` host page slots of `nbytes` bytes in all
+    (`allocation_within` on the host)."""
+    return allocation_within(f"--host-pages {host_pages}: the host page slots", nbytes, torch.device("cpu"),
+                             "fewer host pages: --host-pages N", where="of host memory")
