@@ -33,6 +33,10 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     accepted = 0
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.hosts: list[str] = []  # each request's Host header
+
     def get_request(self):
         request = super().get_request()
         self.accepted += 1
@@ -42,6 +46,7 @@ class _Server(http.server.ThreadingHTTPServer):
 def _handler(redirect_to: str | None = None):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
+            self.server.hosts.append(self.headers["Host"])
             if redirect_to is not None:
                 self.send_response(302)
                 self.send_header("Location", redirect_to)
@@ -144,21 +149,7 @@ def test_a_public_name_resolving_to_a_private_address_is_refused(monkeypatch, lo
 def test_the_connection_goes_to_the_checked_address_with_the_original_host_header(monkeypatch):
     """The host is resolved once: the connection is made to the address that was checked, never to a
     second resolution of the name; the request still names the URL's host."""
-    hosts = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            hosts.append(self.headers["Host"])
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(PAYLOAD)))
-            self.end_headers()
-            self.wfile.write(PAYLOAD)
-
-        def log_message(self, *args):
-            pass
-
-    server = _Server(("127.0.0.2", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _start("127.0.0.2")
     resolved = []
     original = decode_module._is_internal
     monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
@@ -167,7 +158,7 @@ def test_the_connection_goes_to_the_checked_address_with_the_original_host_heade
         port = server.server_address[1]
         (decoded,) = decode_image_urls([f"http://cdn.example.com:{port}/cat.png"], PUBLIC_ONLY)
         assert decoded.image.size == (30, 20)
-        assert resolved == ["cdn.example.com"] and hosts == [f"cdn.example.com:{port}"]
+        assert resolved == ["cdn.example.com"] and server.hosts == [f"cdn.example.com:{port}"]
         assert server.accepted == 1
     finally:
         server.shutdown()
