@@ -30,6 +30,7 @@ from helios.frontend.preparation.template import ChatTemplate
 from helios.cli.runtime_flags import MAX_COUNT, add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.frontend.decoding.text_bounds import is_unicode_text
+from helios.runtime.loading.model import resource_of_kind
 from helios.runtime.offline import generate
 from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
@@ -168,13 +169,10 @@ def _tokenizer_and_template(core) -> tuple[Tokenizer, str]:
     """The core's tokenizer and chat template source, read before the load so that the prompts are
     checked first; `LoadError` for a core without them or whose tokenizer does not parse."""
     def resource(kind: str) -> str:
-        for info in core.resources:
-            if info.kind.name == kind:
-                try:
-                    return core.read_resource(info.id).decode("utf-8")
-                except UnicodeDecodeError:
-                    raise LoadError(f"the core's {kind.lower()} resource is not UTF-8 text") from None
-        raise LoadError(f"the core holds no {kind.lower()} resource")
+        try:
+            return core.read_resource(resource_of_kind(core, kind)).decode("utf-8")
+        except UnicodeDecodeError:
+            raise LoadError(f"the core's {kind.lower()} resource is not UTF-8 text") from None
 
     try:
         tokenizer = Tokenizer.from_str(resource("TOKENIZER"))

@@ -20,7 +20,7 @@ from helios.runtime.records.capacities import (
     StorageLayout,
 )
 from helios.runtime.execution.program_variants import OPERATIONS, logprob_twins, variant_name
-from helios.runtime.loading.model import LoadedModel, LoadedProgram
+from helios.runtime.loading.model import LoadedModel, LoadedProgram, request_pages
 from helios.runtime.cache.window_pages import window_region_name
 
 _KINDS = {
@@ -106,7 +106,7 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
     vocab_begin, vocab_end = model.prepared.sampled_range
     geometry = CacheGeometry(
         layout=layout, num_pages=model.num_pages,
-        max_pages_per_request=-(-settings.context_tokens // layout.page_tokens) + layout.lookahead_pages,
+        max_pages_per_request=request_pages(model.prepared, settings.context_tokens),
         identity=model.prepared.contract.cache_identity.encode("utf-8"), num_host_slots=host_pages,
         num_continuation_rows=settings.snapshot_capacity, num_window_pages=model.num_window_pages,
     )

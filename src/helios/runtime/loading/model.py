@@ -167,18 +167,25 @@ class LoadedModel:
         return self.settings.max_concurrency * self.state_rows_per_request
 
 
+def request_pages(prepared, context_tokens: int) -> int:
+    """Pages one request of `context_tokens` takes: its page table, the extent's pages and the
+    layout's lookahead (the largest page offset of a page-table view)."""
+    cache = prepared.contract.model.cache
+    lookahead = max((view.page_offset for view in cache.page_table_views), default=0)
+    return -(-context_tokens // cache.page_tokens) + lookahead
+
+
 def _check_request_pages(prepared, settings, num_pages: int | None) -> None:
     """Before anything loads: physical pages asked for (`--pages`) must hold one request of the
-    context extent (its page table: the extent's pages and the layout's lookahead)."""
+    context extent."""
     if num_pages is None:
         return
     cache = prepared.contract.model.cache
-    lookahead = max((view.page_offset for view in cache.page_table_views), default=0)
-    request_pages = -(-settings.context_tokens // cache.page_tokens) + lookahead
-    if num_pages < request_pages:
+    needed = request_pages(prepared, settings.context_tokens)
+    if num_pages < needed:
         raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but one request of the context extent "
-                               f"({settings.context_tokens} tokens, {cache.page_tokens} a page) takes {request_pages}; "
-                               f"ask for at least {request_pages}, or a smaller --context-tokens")
+                               f"({settings.context_tokens} tokens, {cache.page_tokens} a page) takes {needed}; "
+                               f"ask for at least {needed}, or a smaller --context-tokens")
 
 
 def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], int] | None = None) -> LoadedModel:
@@ -290,8 +297,8 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     write_constants(prepared, buffers)  # again: capture zeroes the buffers after its warm-up runs
     return LoadedModel(
         prepared, settings, programs, MappingProxyType(weights), MappingProxyType(buffers), num_pages,
-        num_state_rows, core.read_resource(_resource_of_kind(core, "TOKENIZER")),
-        core.read_resource(_resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
+        num_state_rows, core.read_resource(resource_of_kind(core, "TOKENIZER")),
+        core.read_resource(resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8"), device, options.rank,
         rows_per_request,
         vision,
         image_cache,
@@ -524,7 +531,8 @@ def _image_cache(prepared: PreparedContract, num_images: int | None, device) -> 
     return ImageFeatureCache(num_images, rows, width, dtype, device)
 
 
-def _resource_of_kind(core, kind: str) -> str:
+def resource_of_kind(core, kind: str) -> str:
+    """The id of `core`'s resource of `kind` (a `ResourceKind` name); `LoadError` when it holds none."""
     for info in core.resources:
         if info.kind.name == kind:
             return info.id
