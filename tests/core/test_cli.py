@@ -119,7 +119,10 @@ def test_relocate_and_sign(published, tmp_path, capsys):
     co_pub = tmp_path / "co.key.pub"
     assert run(capsys, "verify", tmp_path / "s.core", "--accept", NAMESPACE, "--trust", co_pub)[0] == 0
     code, _, err = run(capsys, "sign", tmp_path / "s.core", "--key", tmp_path / "co.key")
-    assert code == 6 and "already signed" in err
+    assert code == 2 and "already signed this core (--replace re-signs it)" in err  # a usage error (was 6)
+    before = (tmp_path / "s.core").read_bytes()
+    assert run(capsys, "sign", tmp_path / "s.core", "--key", tmp_path / "co.key", "--replace")[0] == 0
+    assert (tmp_path / "s.core").read_bytes() != before
 
 
 def test_real_process_on_the_fixtures():

@@ -49,12 +49,17 @@ def _source_parts(core: str) -> list[Path]:
 
 
 def _check_signature_count(args: argparse.Namespace, keys: list[SigningKey]) -> None:
-    """Refuses, before anything is written, a key given twice and more signatures than any reader
-    accepts (`MAX_SIGNATURES`): the signed core, in place too, could no longer be read."""
+    """Refuses, before anything is written, a key given twice or one that already signed the core
+    (unless `--replace`), and more signatures than any reader accepts (`MAX_SIGNATURES`): the
+    signed core, in place too, could no longer be read."""
     ids = [key.key_id for key in keys]
     if len(set(ids)) != len(ids):
         raise UsageError("--key names the same key more than once")
-    kept = 0 if args.replace else len(load_unverified(args.core).signers)
+    signers = () if args.replace else load_unverified(args.core).signers
+    for key in keys:
+        if any(signer.key_id == key.key_id for signer in signers):
+            raise UsageError(f"key {key.key_id.hex()} already signed this core (--replace re-signs it)")
+    kept = len(signers)
     if kept + len(keys) > MAX_SIGNATURES:
         raise UsageError(f"a core holds at most {MAX_SIGNATURES} signatures; it has {kept} and --key adds "
                          f"{len(keys)} (--replace drops the existing ones)")
