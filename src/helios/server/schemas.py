@@ -168,7 +168,8 @@ class NamedToolChoice(_Strict):
 
 
 class JsonSchemaFormat(_Strict):
-    name: StrictStr = Field(min_length=1, max_length=64)
+    # OpenAI's rule for the name: letters, digits, underscores and dashes, at most 64
+    name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
     schema_: JsonSchema = Field(alias="schema")
     description: StrictStr | None = None
     strict: StrictBool | None = None
@@ -220,6 +221,20 @@ class StreamOptions(_Strict):
     include_usage: StrictBool | None = None
 
 
+def _not_served(field: str, reason: str) -> Any:
+    """The type of an OpenAI field Helios does not serve: null (what a client that always sends
+    the field sends for "not given") is accepted and means nothing; any other value is a 400 naming
+    the field, with `reason`. The document says the same (``null`` only)."""
+
+    def null_only(value: Any) -> None:
+        if value is not None:
+            raise ValueError(f"{field} is not served here ({reason}); omit it or send null")
+        return None
+
+    return Annotated[None, BeforeValidator(null_only),
+                     WithJsonSchema({"type": "null", "description": f"Not served ({reason}): null only"})]
+
+
 _StopString = Annotated[StrictStr, Field(min_length=1)]
 StopField = Union[_StopString, Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)], None]
 _TokenId = Annotated[StrictInt, Field(ge=0)]
@@ -238,7 +253,8 @@ class _SamplingFields(_Strict):
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0,
+                                description="Nucleus sampling; 0 keeps only the most probable token")
     top_k: StrictInt | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -289,9 +305,26 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: StrictInt | None = Field(
         default=None, ge=0, le=MAX_TOP_LOGPROBS,
         description="Most probable alternatives per output token, 0-20 (a nonzero value needs logprobs: true)")
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = Field(
         default=None, description="Sets the family's thinking switch (the chat template argument "
         "enable_thinking) where it has one: none turns thinking off, any other value on")
+    safety_identifier: StrictStr | None = Field(default=None, max_length=256,
+                                                description="An end-user id (as user); changes nothing in the response")
+    prompt_cache_key: StrictStr | None = Field(
+        default=None, max_length=256, description="A cache-routing hint: cached prompt prefixes are reused by "
+        "their content whatever the key, so it changes nothing in the response")
+    modalities: list[Literal["text"]] | None = Field(default=None, min_length=1, max_length=2,
+                                                     description="[\"text\"] only: Helios generates text")
+    # OpenAI fields whose effect Helios does not have: null only (see `_not_served`).
+    audio: _not_served("audio", "Helios generates text only") = None
+    prediction: _not_served("prediction", "no predicted outputs") = None
+    verbosity: _not_served("verbosity", "the model's answer length is not graded") = None
+    web_search_options: _not_served("web_search_options", "no web search") = None
+    moderation: _not_served("moderation", "no moderation") = None
+    prompt_cache_retention: _not_served("prompt_cache_retention", "cached prefixes live while cache pages allow") = None
+    prompt_cache_options: _not_served("prompt_cache_options", "cached prefixes are found by their content") = None
+    functions: _not_served("functions", "legacy function calling: declare them as tools") = None
+    function_call: _not_served("function_call", "legacy function calling: use tool_choice") = None
 
 
 def _prompt_shape(value: Any) -> str:
@@ -327,6 +360,7 @@ class CompletionRequest(_SamplingFields):
         description="Return each output token's log-probability and this many most probable alternatives (0-20)")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
+    suffix: _not_served("suffix", "no insertion: the output continues the prompt") = None
 
 
 class ModelNotFound(RequestError):

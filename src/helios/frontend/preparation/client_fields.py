@@ -9,9 +9,15 @@ that change the request their effect:
   thinking off, any other effort turns it on (Helios has no graded effort levels). A template
   without the switch renders as it always does. An explicit ``chat_template_kwargs.enable_thinking``
   that contradicts the effort is a 400.
-- ``user``, ``metadata``, ``service_tier`` (``auto``/``default``: there is one tier), ``store``
-  (``false``: Helios keeps no completions) change nothing in the request; they are accepted so
-  clients that always send them work. ``logprobs``/``top_logprobs`` are in `helios.frontend.decoding.logprobs`.
+- ``user``, ``safety_identifier`` (chat), ``prompt_cache_key`` (chat: cached prefixes are found by
+  their content whatever the key), ``metadata``, ``service_tier`` (``auto``/``default``: there is
+  one tier), ``store`` (``false``: Helios keeps no completions) and ``modalities`` (chat:
+  ``["text"]`` only) change nothing in the request; they are accepted so clients that always send
+  them work. ``logprobs``/``top_logprobs`` are in `helios.frontend.decoding.logprobs`.
+- OpenAI fields whose effect Helios does not have (``audio``, ``prediction``, ``verbosity``,
+  ``web_search_options``, ``moderation``, ``prompt_cache_retention``, ``prompt_cache_options``,
+  the legacy ``functions``/``function_call``, completions' ``suffix``) are accepted as null only
+  (a client's "not given"); any other value is a 400 naming the field (`helios.server.schemas`).
 """
 
 from __future__ import annotations

@@ -39,13 +39,16 @@ class SamplingBody(Protocol):
 
 
 def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: Callable[[], int]) -> SamplingParams:
-    """Explicit request values, else the defaults. A request seed (signed 64-bit) is used as given;
+    """Explicit request values, else the defaults; ``top_p`` 0 (OpenAI's lower bound) keeps only
+    the most probable token, as top_k 1 (the sampling programs' top_p is above 0). A request seed (signed 64-bit) is used as given;
     without one, a fixed seed policy uses the default seed and a random policy draws fresh bits with
     `draw_seed` (called only then), both unsigned bits converted once to the signed seed."""
     values = {}
     for name in SAMPLING_FIELDS:
         given = getattr(body, name)
         values[name] = given if given is not None else getattr(defaults, name)
+    if body.top_p == 0:  # the smallest nucleus: the most probable token alone, whatever top_k says
+        values.update(top_p=1.0, top_k=1)
     if body.seed is not None:
         seed = signed_seed(body.seed)  # already signed (the schema's range): unchanged
     elif defaults.seed_policy == spb.SEED_POLICY_FIXED and defaults.seed is not None:

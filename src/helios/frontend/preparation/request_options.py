@@ -82,10 +82,12 @@ def has_structured_output(body: ChatOptionsBody) -> bool:
 
 
 def requested_output_limit(body: SamplingBody) -> int | None:
-    """The explicit output limit: ``max_completion_tokens`` or its older alias ``max_tokens``."""
+    """The explicit output limit: ``max_completion_tokens`` or its older alias ``max_tokens`` (clients
+    that send both for older and newer servers send them equal; different values are a 400)."""
     newer = getattr(body, "max_completion_tokens", None)
-    if newer is not None and body.max_tokens is not None:
-        raise ChatOptionError("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+    if newer is not None and body.max_tokens is not None and newer != body.max_tokens:
+        raise ChatOptionError(f"max_tokens ({body.max_tokens}) and max_completion_tokens ({newer}) differ: give one "
+                              "of them, not both with different values", "max_completion_tokens")
     return newer if newer is not None else body.max_tokens
 
 
