@@ -271,6 +271,21 @@ def test_echo_best_of_and_null_fields_of_a_completion(runner, client):
 
 
 @pytest.mark.parametrize("create", [chat, text])
+def test_stream_obfuscation_off_is_served_and_on_is_a_400(runner, client, create):
+    """``stream_options.include_obfuscation`` (the client's `ChatCompletionStreamOptionsParam`) was a
+    400 whatever its value; Helios pads no chunk, so false (and null) is what it does."""
+    async def usage(stream):
+        return [chunk.usage async for chunk in stream][-1]
+
+    for off in (False, None):
+        stream = create(runner, client, stream=True, stream_options={"include_usage": True, "include_obfuscation": off})
+        assert runner.run(usage(stream)).completion_tokens == 3
+    error = refused(runner, lambda **f: create(runner, client, **f), stream=True,
+                    stream_options={"include_obfuscation": True})
+    assert error["param"] == "stream_options.include_obfuscation", error
+
+
+@pytest.mark.parametrize("create", [chat, text])
 def test_n_choices_stream_each_with_its_index(runner, client, create):
     async def indices(stream) -> set[int]:
         return {choice.index async for chunk in stream for choice in chunk.choices}

@@ -219,6 +219,8 @@ ResponseFormat = Annotated[
 
 class StreamOptions(_Strict):
     include_usage: StrictBool | None = None
+    include_obfuscation: Literal[False] | None = Field(
+        default=None, description="Helios pads no chunk with an obfuscation field: false only")
 
 
 def _not_served(field: str, reason: str) -> Any:
