@@ -249,6 +249,8 @@ def test_every_prompt_form_is_served(runner, client):
     ({"prompt": ["hello", ""]}, "prompt"),
     ({"prompt": [[10], "hello"]}, "prompt[1]"),
     ({"prompt": [10**6]}, "prompt"),
+    ({"prompt": [[10], [11], [12], [13], [14]], "n": 4}, "n"),  # 20 choices: param was null
+    ({"prompt": ["a", "b", "c"], "n": 6}, "n"),
     ({"best_of": 2}, "best_of"),
     ({"n": 2, "best_of": 3}, "best_of"),
     ({"logprobs": 21}, "logprobs"),

@@ -379,8 +379,14 @@ def check_model(name: str, served_names: tuple[str, ...]) -> None:
 
 
 def validate_common(body: _SamplingFields, vocab_size: int) -> None:
-    """Combined-field rules of a text completion body (stops, observation, stream options)."""
+    """Combined-field rules of a text completion body (stops, observation, stream options, ``n``
+    times a batch's prompts, ``best_of``)."""
     check_completion_options(body, vocab_size)
+    prompt = getattr(body, "prompt", None)
+    num_prompts = len(prompt) if _prompt_shape(prompt) in ("texts", "token_lists") else 1
+    if (body.n or 1) * num_prompts > MAX_CHOICES:
+        raise ChatOptionError(f"n ({body.n}) times the number of prompts ({num_prompts}) may be at most {MAX_CHOICES}",
+                              "n")
     best_of = getattr(body, "best_of", None)
     if best_of is not None and best_of != (body.n or 1):
         raise ChatOptionError("best_of is accepted only equal to n (Helios returns every choice it samples)", "best_of")
