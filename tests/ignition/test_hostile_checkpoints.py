@@ -259,15 +259,15 @@ def _set_tokenizer_config(directory: Path, **settings) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **settings}))
 
 
-def test_named_templates_with_a_malformed_name_are_skipped(checkpoint):
+def test_named_templates_with_a_malformed_name_are_refused(checkpoint):
     _set_tokenizer_config(checkpoint, chat_template=[{"name": ["default"], "template": "x"}])
-    _assets_refused(checkpoint, "declares no chat template")
+    _assets_refused(checkpoint, "tokenizer_config.json: chat_template\\[0\\] must be an object with a string name")
 
 
 def test_a_boolean_eos_id_is_not_token_one(checkpoint):
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": True}))
     _set_tokenizer_config(checkpoint, eos_token="<absent>")
-    _assets_refused(checkpoint, "declares no EOS token inside the vocabulary")
+    _assets_refused(checkpoint, "generation_config.json: eos_token_id must be a token id or a list of token ids, not True")
 
 
 @pytest.mark.parametrize("template, phrase", [

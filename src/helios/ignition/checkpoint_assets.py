@@ -19,6 +19,8 @@ from helios.ignition.architecture import CheckpointError
 from helios.ignition.frontend.families import select_family
 from helios.ignition.frontend.probes import message_boundary, prefix_rules, reasoning_facts, tool_call_text
 from helios.ignition.frontend.render import ProbeTemplate
+from helios.ignition.frontend.tokenizer_files import (
+    chat_template, eos_token_ids, missing_tokenizer_json, special_tokens, template_tokens)
 from helios.ignition.preparation.contract import FrontendDeclaration
 
 # Keys of `--frontend KEY=VALUE`: what a publisher may state instead of what the probes derive.
@@ -51,7 +53,7 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
         raise CheckpointError(f"unknown frontend keys {sorted(unknown)}; known: {', '.join(STATED_KEYS)}")
     path = directory / "tokenizer.json"
     if not path.is_file():
-        raise CheckpointError(f"{directory} has no tokenizer.json")
+        raise CheckpointError(missing_tokenizer_json(directory))
     tokenizer_json = path.read_bytes()
     try:
         tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
@@ -63,9 +65,10 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
         raise CheckpointError(f"{path} holds {tokenizer.get_vocab_size(with_added_tokens=False)} tokens, more than "
                               f"the model's vocab_size {vocab_size}: the excess ids have no embedding")
     config = _read_json(directory / "tokenizer_config.json")
-    template = _chat_template(directory, config)
-    tokens = _template_tokens(tokenizer, config, vocab_size)
-    eos = _eos_ids(directory, tokenizer, config, vocab_size)
+    template = chat_template(directory, config)
+    named = special_tokens(directory, config)
+    tokens = template_tokens(tokenizer, named, vocab_size)
+    eos = eos_token_ids(directory, tokenizer, named, vocab_size)
     digest = hashlib.sha256(tokenizer_json + template.encode("utf-8")).hexdigest()
     frontend = _frontend(template, tokenizer, _read_json(directory / "config.json"), stated, tokens)
     return CheckpointAssets(tokenizer_json, template, eos, tokens, frontend, digest)
@@ -79,54 +82,6 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"cannot read {path}: {error}") from None
     return value if isinstance(value, dict) else {}
-
-
-def _chat_template(directory: Path, config: dict) -> str:
-    jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        try:
-            return jinja.read_text(encoding="utf-8")
-        except ValueError as error:
-            raise CheckpointError(f"cannot read {jinja}: {error}") from None
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: take the default one
-        named = {entry.get("name"): entry.get("template") for entry in template
-                 if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
-        template = named.get("default")
-    if not isinstance(template, str) or not template:
-        raise CheckpointError(f"{directory} declares no chat template (tokenizer_config.json or chat_template.jinja)")
-    return template
-
-
-def _token_text(value) -> str | None:
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else None
-
-
-def _template_tokens(tokenizer: Tokenizer, config: dict, vocab_size: int) -> tuple[spb.TemplateToken, ...]:
-    tokens = []
-    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        text = _token_text(config.get(name))
-        token_id = tokenizer.token_to_id(text) if text else None
-        if token_id is not None and token_id < vocab_size:
-            tokens.append(spb.TemplateToken(name=name, text=text, token_id=token_id))
-    return tuple(tokens)
-
-
-def _eos_ids(directory: Path, tokenizer: Tokenizer, config: dict, vocab_size: int) -> tuple[int, ...]:
-    ids: list[int] = []
-    generation = _read_json(directory / "generation_config.json").get("eos_token_id")
-    for value in generation if isinstance(generation, list) else [generation]:
-        if isinstance(value, int) and not isinstance(value, bool):
-            ids.append(value)
-    text = _token_text(config.get("eos_token"))
-    if text and tokenizer.token_to_id(text) is not None:
-        ids.append(tokenizer.token_to_id(text))
-    unique = tuple(dict.fromkeys(i for i in ids if 0 <= i < vocab_size))
-    if not unique:
-        raise CheckpointError(f"{directory} declares no EOS token inside the vocabulary")
-    return unique
 
 
 def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping[str, str],

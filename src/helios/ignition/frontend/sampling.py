@@ -1,8 +1,11 @@
 """Sampling recommendations from a checkpoint's generation_config.json, as contract defaults.
 
 ``do_sample: false`` recommends greedy decoding (temperature 0); otherwise the temperature, top_p,
-top_k and repetition_penalty the file gives are recorded (values outside the contract's ranges are
-a prepare error naming the field). Fields the publisher sets explicitly in `PrepareOptions.sampling`
+min_p, top_k (0 disables it, as in transformers) and repetition_penalty the file gives are recorded
+(values outside the contract's ranges are a prepare error naming the field). Without ``do_sample``
+the values given are recorded too, as vLLM and SGLang read them (transformers would decode greedily
+and warn). ``max_new_tokens`` and ``max_length`` are not read: a request's output limit is its
+``max_tokens``, else what its context leaves. Fields the publisher sets explicitly in `PrepareOptions.sampling`
 win; anything neither gives is left to the runtime's neutral defaults. Requests that set a value
 win over all of these.
 """
@@ -53,6 +56,9 @@ def recommended_sampling(directory: Path) -> spb.SamplingDefaults:
         top_p = _number(config, "top_p", 0.0, 1.0, low_open=True)
         if top_p is not None:
             out.top_p = top_p
+        min_p = _number(config, "min_p", 0.0, 1.0)
+        if min_p is not None:
+            out.min_p = min_p
         top_k = config.get("top_k")
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:

@@ -1,0 +1,194 @@
+"""What a checkpoint's tokenizer and generation files declare, read as `transformers` reads them.
+
+- `chat_template`: the template `AutoTokenizer` + ``apply_chat_template`` render. Template files win
+  over ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{"name", "template"}``):
+  ``chat_template.jinja`` is the ``default`` template, ``additional_chat_templates/NAME.jinja`` the
+  others.
+  A ``tool_use`` template serves requests that declare tools and ``default`` the rest (transformers'
+  `get_chat_template`); both then become one template that switches on ``tools``. A processor's
+  ``chat_template.json`` is read when the tokenizer declares none (vision-language checkpoints).
+- `special_tokens`: the named special tokens a template sees (``bos_token``, ``eos_token``, ...,
+  and a model's own ``*_token`` strings), from ``tokenizer_config.json`` (strings or AddedToken
+  objects) or, in the legacy layout without ``added_tokens_decoder``, ``special_tokens_map.json``
+  over it.
+- `eos_token_ids`: ``generation_config.json``'s ``eos_token_id`` (``config.json``'s where the
+  generation config gives none, as transformers' ``GenerationConfig`` falls back) plus the
+  tokenizer's ``eos_token``.
+
+A value of the wrong shape stops prepare with a `CheckpointError` naming the file and key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Mapping
+
+from tokenizers import Tokenizer
+
+from helios.contract import serving_pb2 as spb
+from helios.ignition.architecture import CheckpointError
+
+TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP = "tokenizer_config.json", "special_tokens_map.json"
+TEMPLATE_FILE, TEMPLATE_DIR, PROCESSOR_TEMPLATE = "chat_template.jinja", "additional_chat_templates", "chat_template.json"
+GENERATION_CONFIG, MODEL_CONFIG = "generation_config.json", "config.json"
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: the names apply_chat_template passes to every template.
+NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# Jinja drops one trailing newline of a template's source; a template inside another would keep it.
+_TRAILING_NEWLINE = re.compile(r"(\r\n|\r|\n)\Z")
+# `{%+` keeps the whitespace ahead of a tag (no lstrip_blocks); the newline after each tag is the one
+# trim_blocks removes, so each template starts at a line start, as it does alone.
+_TOOLS_SWITCH = ("{%+ if tools is defined and tools is not none %}\n", "{%+ else %}\n", "{%+ endif %}")
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in `path` ({} when there is no such file)."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
+def chat_template(directory: Path, tokenizer_config: Mapping[str, object]) -> str:
+    """The chat template source to serve (see the module docstring)."""
+    where, templates = _template_files(directory)
+    if not templates and tokenizer_config.get("chat_template") is not None:
+        where, templates = f"{TOKENIZER_CONFIG}: chat_template", _named(tokenizer_config["chat_template"], TOKENIZER_CONFIG)
+    if not templates:
+        processor = read_json(directory / PROCESSOR_TEMPLATE)
+        if processor.get("chat_template") is not None:
+            where, templates = f"{PROCESSOR_TEMPLATE}: chat_template", _named(processor["chat_template"], PROCESSOR_TEMPLATE)
+    if not templates:
+        raise CheckpointError(
+            f"{directory} declares no chat template (no {TEMPLATE_FILE}, no chat_template in {TOKENIZER_CONFIG} "
+            f"or {PROCESSOR_TEMPLATE}): a base model without one cannot serve chat; add the template to serve it")
+    default = templates.get("default")
+    if default is None:
+        raise CheckpointError(f"{where} names templates {sorted(templates)} but none 'default', which "
+                              f"apply_chat_template renders for requests without tools")
+    tool_use = templates.get("tool_use")
+    if tool_use is None or tool_use == default:
+        return default
+    return tools_switch(tool_use, default)
+
+
+def tools_switch(tool_use: str, default: str) -> str:
+    """One template that renders as `tool_use` where a request declares tools and as `default` elsewhere."""
+    when_tools, otherwise, end = _TOOLS_SWITCH
+    return when_tools + _TRAILING_NEWLINE.sub("", tool_use) + otherwise + _TRAILING_NEWLINE.sub("", default) + end
+
+
+def _template_files(directory: Path) -> tuple[str, dict[str, str]]:
+    files = [directory / TEMPLATE_FILE] if (directory / TEMPLATE_FILE).is_file() else []
+    if (directory / TEMPLATE_DIR).is_dir():
+        files += sorted((directory / TEMPLATE_DIR).glob("*.jinja"))
+    templates = {}
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"cannot read {path}: {error}") from None
+        templates["default" if path.name == TEMPLATE_FILE and path.parent == directory else path.stem] = text
+    return f"{TEMPLATE_FILE} and {TEMPLATE_DIR}/", {name: text for name, text in templates.items() if text}
+
+
+def _named(value: object, file: str) -> dict[str, str]:
+    """name -> template of a ``chat_template`` value: a string, a list of {name, template}, or a mapping."""
+    if isinstance(value, str):
+        return {"default": value} if value else {}
+    if isinstance(value, dict):
+        value = [{"name": name, "template": template} for name, template in value.items()]
+    if not isinstance(value, list):
+        raise CheckpointError(f"{file}: chat_template must be a string or a list of {{name, template}} objects, "
+                              f"not {type(value).__name__}")
+    named = {}
+    for i, entry in enumerate(value):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        template = entry.get("template") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not isinstance(template, str):
+            raise CheckpointError(f"{file}: chat_template[{i}] must be an object with a string name and template")
+        named[name] = template
+    return {name: template for name, template in named.items() if template}
+
+
+def special_tokens(directory: Path, tokenizer_config: Mapping[str, object]) -> dict[str, str]:
+    """Template variable -> token text of every named special token the files set."""
+    values = {key: (TOKENIZER_CONFIG, value) for key, value in tokenizer_config.items()}
+    if "added_tokens_decoder" not in tokenizer_config:  # the legacy layout, where transformers reads the map
+        values.update((key, (SPECIAL_TOKENS_MAP, value)) for key, value in read_json(directory / SPECIAL_TOKENS_MAP).items())
+    extra = values.get("extra_special_tokens", (None, None))
+    if isinstance(extra[1], dict):  # a model's own named tokens ({"image_token": "<|image|>"})
+        values.update((key, (extra[0], value)) for key, value in extra[1].items() if key not in values)
+    tokens = {}
+    for key, (file, value) in values.items():
+        if key in NAMED_TOKENS:
+            text = _token_text(value, file, key)
+        elif key.endswith("_token") and key.isidentifier() and isinstance(value, str):
+            text = value or None  # transformers keeps a model's own *_token strings as template variables
+        else:
+            continue
+        if text is not None:
+            tokens[key] = text
+    return tokens
+
+
+def _token_text(value: object, file: str, key: str) -> str | None:
+    """The text of a string or AddedToken object ({"content": ..., "lstrip": ...}); None when unset."""
+    if isinstance(value, dict):
+        content = value.get("content")
+        if not isinstance(content, str):
+            raise CheckpointError(f"{file}: {key} is an object without a string content")
+        value = content
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise CheckpointError(f"{file}: {key} must be a string or an AddedToken object, not {value!r}")
+    return value
+
+
+def template_tokens(tokenizer: Tokenizer, named: Mapping[str, str], vocab_size: int) -> tuple[spb.TemplateToken, ...]:
+    """The named tokens that are one token of the tokenizer inside the vocabulary (the contract's
+    template tokens: the runtime checks each encodes as exactly its id)."""
+    tokens = []
+    for name, text in named.items():
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) == 1 and ids[0] == tokenizer.token_to_id(text) and ids[0] < vocab_size:
+            tokens.append(spb.TemplateToken(name=name, text=text, token_id=ids[0]))
+    return tuple(tokens)
+
+
+def eos_token_ids(directory: Path, tokenizer: Tokenizer, named: Mapping[str, str], vocab_size: int) -> tuple[int, ...]:
+    """The declared EOS ids inside the vocabulary, generation config first (see the module docstring)."""
+    file, value = GENERATION_CONFIG, read_json(directory / GENERATION_CONFIG).get("eos_token_id")
+    if value is None:
+        model = read_json(directory / MODEL_CONFIG)
+        text_config = model.get("text_config") if isinstance(model.get("text_config"), dict) else {}
+        file, value = MODEL_CONFIG, model.get("eos_token_id", text_config.get("eos_token_id"))
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        raise CheckpointError(f"{file}: eos_token_id must be a token id or a list of token ids, not {value!r}")
+    ids = list(values)
+    text = named.get("eos_token")
+    if text is not None and tokenizer.token_to_id(text) is not None:
+        ids.append(tokenizer.token_to_id(text))
+    unique = tuple(dict.fromkeys(i for i in ids if 0 <= i < vocab_size))
+    if not unique:
+        raise CheckpointError(f"{directory} declares no EOS token inside the vocabulary (eos_token_id in "
+                              f"{GENERATION_CONFIG} or {MODEL_CONFIG}, eos_token in {TOKENIZER_CONFIG})")
+    return unique
+
+
+def missing_tokenizer_json(directory: Path) -> str:
+    """The refusal for a checkpoint without tokenizer.json, naming what it has instead."""
+    slow = [name for name in ("tokenizer.model", "vocab.json", "tiktoken.model") if (directory / name).is_file()]
+    if not slow:
+        return f"{directory} has no tokenizer.json"
+    return (f"{directory} has no tokenizer.json, only {slow[0]} (a slow tokenizer's file): write tokenizer.json with "
+            f"transformers (AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR), which needs sentencepiece "
+            f"for tokenizer.model) and prepare again")
