@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.runtime.records.stats import StatsSnapshot
+from helios.server.access import CLIENT_CLOSED_REQUEST
 
 
 class _RuntimeCollector:
@@ -104,7 +105,9 @@ class ServerMetrics:
 
 class ResponseCounter:
     """ASGI middleware counting HTTP responses by endpoint and status. Paths outside `endpoints`
-    (a fixed path -> label map) count as "other", so labels stay a small fixed set."""
+    (a fixed path -> label map) count as "other", so labels stay a small fixed set. A request whose
+    client went away before its response started (it disconnected while its answer was computed)
+    counts as 499, as the access log writes it, whether or not the application then answered."""
 
     def __init__(self, app: ASGIApp, counter: Counter, endpoints: Mapping[str, str]):
         self.app = app
@@ -116,10 +119,23 @@ class ResponseCounter:
             await self.app(scope, receive, send)
             return
         endpoint = self._endpoints.get(scope["path"], "other")
+        is_client_gone = is_counted = False
+
+        async def noting_receive() -> Message:
+            nonlocal is_client_gone
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                is_client_gone = True
+            return message
 
         async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self._counter.labels(endpoint, str(message["status"])).inc()
+            nonlocal is_counted
+            if message["type"] == "http.response.start" and not is_counted:
+                is_counted = True
+                status = CLIENT_CLOSED_REQUEST if is_client_gone else message["status"]
+                self._counter.labels(endpoint, str(status)).inc()
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        await self.app(scope, noting_receive, counting_send)
+        if not is_counted and is_client_gone:  # gone before any answer, and none was sent
+            self._counter.labels(endpoint, str(CLIENT_CLOSED_REQUEST)).inc()
