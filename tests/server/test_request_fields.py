@@ -263,6 +263,14 @@ def test_a_completion_field_that_cannot_hold_is_a_400_naming_it(runner, client, 
     assert refused(runner, lambda **f: text(runner, client, **f), **fields)["param"] == param
 
 
+@pytest.mark.parametrize("prompt", [None, 5, {"text": "hello"}])
+def test_a_prompt_of_no_form_is_a_400_listing_the_forms(runner, client, prompt):
+    """The client's type allows a null prompt (OpenAI: an empty document); Helios generates from
+    none, and said "Input should be a valid list" for it."""
+    error = refused(runner, lambda **f: text(runner, client, **f), prompt=prompt)
+    assert error["param"] == "prompt" and "a text, a list of token ids, or a batch" in error["message"], error
+
+
 def test_echo_best_of_and_null_fields_of_a_completion(runner, client):
     plain = text(runner, client).choices[0].text
     assert text(runner, client, echo=True).choices[0].text == "hello" + plain

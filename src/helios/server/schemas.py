@@ -139,6 +139,7 @@ class ToolMessage(_Strict):
     role: Literal["tool"]
     content: Union[StrictStr, list[TextPart]]
     tool_call_id: StrictStr = Field(min_length=1)
+    name: StrictStr | None = None  # the called function's name, as clients (and OpenAI's examples) send it
 
 
 Message = Annotated[
@@ -329,14 +330,21 @@ class ChatCompletionRequest(_SamplingFields):
     function_call: _not_served("function_call", "legacy function calling: use tool_choice") = None
 
 
-def _prompt_shape(value: Any) -> str:
+def _prompt_shape(value: Any) -> str | None:
     """The `Prompt` member a value is meant as, from its shape: an invalid prompt is then reported
-    against that member alone (``prompt[0]: ... greater than or equal to 0``), not every member."""
+    against that member alone (``prompt[0]: ... greater than or equal to 0``), not every member.
+    None (no member: `PROMPT_FORMS` is the error) for what is neither a text nor a list (null,
+    which OpenAI reads as an empty document, included)."""
     if isinstance(value, str):
         return "text"
-    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+    if not isinstance(value, list):
+        return None
+    if value and isinstance(value[0], (str, list)):
         return "texts" if isinstance(value[0], str) else "token_lists"
     return "tokens"
+
+
+PROMPT_FORMS = "the prompt is a text, a list of token ids, or a batch: a list of texts or of token-id lists"
 
 
 Prompt = Annotated[Union[
@@ -344,7 +352,7 @@ Prompt = Annotated[Union[
     Annotated[list[_TokenId], Tag("tokens")],
     Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES), Tag("texts")],
     Annotated[list[list[_TokenId]], Field(min_length=1, max_length=MAX_CHOICES), Tag("token_lists")],
-], Discriminator(_prompt_shape)]
+], Discriminator(_prompt_shape, custom_error_type="prompt_form", custom_error_message=PROMPT_FORMS)]
 
 
 class CompletionRequest(_SamplingFields):
