@@ -1,13 +1,317 @@
-"""/metrics is exact: HTTP responses by endpoint and status count a client gone before its answer
-started as 499, as the access log does."""
+"""/metrics is exact under a random mix of requests an operator sees.
+
+A seeded mix (chat and text completions, streamed and not, ``n`` 1 to 3, batched prompts, stops,
+``max_tokens`` 0 to 8 with ``echo``, forced tool calls, repeated prompts that hit the prefix cache,
+invalid bodies, requests the scheduler rejects or fails, crowds that get 429, and clients that
+disconnect at random points) runs against a tiny served core in this process, in waves of
+concurrent requests. Every response's status, usage and finish reasons are recorded (a request
+whose client left has no usage: its access-log record, the request's `RequestRecord`, counts it).
+Once the server is idle, the scraped /metrics must say exactly what the responses said:
+
+- ``helios_http_responses_total`` by endpoint and status (499 for a client gone before its answer);
+- ``helios_requests_finished_total`` by reason (one per choice), ``helios_requests_rejected_total``;
+- ``helios_prompt_tokens_total`` and ``helios_generated_tokens_total``: the sum of usage (each prompt
+  once for ``n`` > 1; ``echo`` and ``max_tokens`` 0 as usage counts them; streams cut by a
+  disconnect as their access-log record counts them);
+- each latency histogram one observation per request that ran (finished or cancelled), the time to
+  first token one per request with an output token; the token histograms sum to the usage;
+- ``helios_prefix_reused_tokens_total``: the prompt tokens the responses report as reused;
+- running, queued and admission gauges back at zero.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import json
+import random
+from dataclasses import dataclass, field
+
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from helios.errors import AdmissionRejected
 from helios.runtime.records.stats import WorkerStats
+from helios.server.access import RECORD_KEY
+from helios.server.app import create_app
 from helios.server.metrics import ResponseCounter, ServerMetrics
+from support.server_core import SERVED_ID, served_tiny_core
+
+SEED = 20261205
+NUM_WAVES = 9
+WAVE = 9  # concurrent requests per wave: more choices than the 10 permits, so some get 429
+WAIT_S = 60.0
+KEY_HEADER = "x-test-key"
+REJECTED_STOPS = ["#r1", "#r2", "#r3", "#r4"]  # the scheduler rejects these (503)
+FAILED_STOPS = ["#e1", "#e2", "#e3", "#e4"]  # the scheduler raises on these (500)
+PROMPTS = [
+    "hello",
+    "the weather today is",
+    " ".join(["once upon a time there was a small house by the sea"] * 3),  # over two pages: cache hits
+    " ".join(["alpha beta gamma delta epsilon zeta eta theta"] * 4),
+]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"], "additionalProperties": False}}}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+class Rejected(AdmissionRejected):
+    """The test's stand-in for a capacity the request exceeds."""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 2, frontend_workers=2) as served:
+        scheduler = served.engine.scheduler
+        submit = scheduler.submit
+
+        def submitting(spec):
+            if list(spec.stop_strings) == REJECTED_STOPS:
+                raise Rejected("rejected by the test")
+            if list(spec.stop_strings) == FAILED_STOPS:
+                raise ValueError("failed by the test")
+            return submit(spec)
+
+        scheduler.submit = submitting
+        yield served
+
+
+@dataclass
+class Outcome:
+    """One request and what its client saw."""
+
+    key: str
+    endpoint: str
+    body: object
+    kind: str  # ok, gone, invalid, overloaded, rejected, failed
+    num_choices: int = 0  # engine requests it makes once admitted
+    status: str = ""  # the label /metrics should count it under
+    error_code: int | None = None  # a failure's code (a stream's error event's, once its headers are out)
+    usage: dict | None = None
+    finishes: list = field(default_factory=list)  # per choice, as the client saw them
+    reused: dict = field(default_factory=dict)  # choice index -> reused_prompt_tokens, where reported
+    record: object = None
+
+    @property
+    def ran(self) -> bool:
+        return self.kind in ("ok", "gone")
+
+
+# -- the mix -----------------------------------------------------------------------------------------
+
+
+def valid_body(rng: random.Random, endpoint: str) -> dict:
+    prompt = rng.choice(PROMPTS)
+    body = {"model": SERVED_ID, "max_tokens": rng.randint(1, 8), "n": rng.choice([1, 1, 2, 3])}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        if rng.random() < 0.15:
+            body.update(tools=[TOOL], tool_choice="required", max_tokens=rng.choice([4, 40]))
+    else:
+        body["prompt"] = prompt
+        if rng.random() < 0.15:
+            body["prompt"] = [prompt, rng.choice(PROMPTS)]
+            body["n"] = rng.choice([1, 2])
+        if rng.random() < 0.2:
+            body["echo"] = True
+            body["max_tokens"] = rng.choice([0, body["max_tokens"]])
+    if rng.random() < 0.3 and "tools" not in body:
+        body["stop"] = rng.sample(["e", "a", "o", " ", "t"], rng.randint(1, 2))
+    if rng.random() < 0.5:
+        body.update(temperature=1.0, seed=rng.randrange(1000))
+    else:
+        body["temperature"] = 0
+    if rng.random() < 0.4:
+        body["return_token_ids"] = True
+    if rng.random() < 0.5:
+        body["stream"] = True
+        if rng.random() < 0.7:
+            body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def invalid_body(rng: random.Random, endpoint: str) -> tuple[object, str]:
+    """A body the server refuses before admission, and its status."""
+    base = valid_body(rng, endpoint)
+    case = rng.choice(["n", "max_tokens", "unknown", "json", "model", "stops"])
+    if case == "n":
+        return {**base, "n": 0}, "400"
+    if case == "max_tokens":
+        return {**base, "max_tokens": -1}, "400"
+    if case == "unknown":
+        return {**base, "suffix": "x"}, "400"
+    if case == "json":
+        return b'{"model": ', "400"
+    if case == "model":
+        return {**base, "model": "not-served"}, "404"
+    return {**base, "stop": ["a"] * 5}, "400"
+
+
+def plan(rng: random.Random, index: int) -> Outcome:
+    endpoint = rng.choice(["chat", "completions"])
+    key = f"r{index}"
+    draw = rng.random()
+    if draw < 0.12:
+        body, status = invalid_body(rng, endpoint)
+        return Outcome(key, endpoint, body, "invalid", status=status)
+    body = valid_body(rng, endpoint)
+    if draw < 0.17:
+        body.pop("tools", None), body.pop("tool_choice", None)
+        return Outcome(key, endpoint, {**body, "stop": REJECTED_STOPS}, "rejected")
+    if draw < 0.21:
+        body.pop("tools", None), body.pop("tool_choice", None)
+        return Outcome(key, endpoint, {**body, "stop": FAILED_STOPS}, "failed")
+    if draw < 0.38:
+        body["max_tokens"] = rng.choice([body["max_tokens"], 60])  # long enough to be cut, often
+        return Outcome(key, endpoint, body, "gone")
+    return Outcome(key, endpoint, body, "ok")
+
+
+def num_choices(body: dict) -> int:
+    prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [None]
+    return body.get("n", 1) * len(prompts)
+
+
+# -- running a request ---------------------------------------------------------------------------------
+
+
+def capturing(app, records: dict):
+    """`app`, keeping each request's `RequestRecord` (the access log's) by its test key."""
+
+    async def asgi(scope, receive, send):
+        try:
+            await app(scope, receive, send)
+        finally:
+            headers = dict(scope.get("headers", ()))
+            key = headers.get(KEY_HEADER.encode())
+            if key is not None:
+                records[key.decode()] = scope.get("state", {}).get(RECORD_KEY)
+
+    return asgi
+
+
+def read_sse(text: str, outcome: Outcome) -> None:
+    """Usage, finish reasons and the error of a complete stream."""
+    finishes: dict[int, str] = {}
+    lines = text.split("\n")
+    for number, line in enumerate(lines):
+        if line == "event: error":
+            outcome.error_code = json.loads(lines[number + 1][6:])["error"]["code"]
+            return
+        if not line.startswith("data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        for choice in chunk["choices"]:
+            if choice.get("finish_reason"):
+                finishes[choice["index"]] = choice["finish_reason"]
+        if chunk.get("usage"):
+            outcome.usage = chunk["usage"]
+        if "reused_prompt_tokens" in chunk:  # a choice's terminal chunk, or a usage chunk (the first choice's)
+            index = chunk["choices"][0]["index"] if chunk["choices"] else 0
+            outcome.reused[index] = chunk["reused_prompt_tokens"]
+    assert lines[-3:] == ["data: [DONE]", "", ""], text[-300:]
+    outcome.finishes = [finishes[i] for i in sorted(finishes)]
+
+
+async def run_http(client: httpx.AsyncClient, outcome: Outcome) -> None:
+    headers = {"content-type": "application/json", KEY_HEADER: outcome.key}
+    content = outcome.body if isinstance(outcome.body, bytes) else json.dumps(outcome.body).encode()
+    response = await client.post(PATHS[outcome.endpoint], content=content, headers=headers)
+    outcome.status = str(response.status_code)
+    if response.status_code != 200:
+        outcome.error_code = response.status_code
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        read_sse(response.text, outcome)
+    elif response.status_code == 200:
+        data = response.json()
+        outcome.usage = data["usage"]
+        outcome.finishes = [choice["finish_reason"] for choice in data["choices"]]
+        if "reused_prompt_tokens" in data:  # the first choice's
+            outcome.reused[0] = data["reused_prompt_tokens"]
+    if outcome.status == "429":
+        outcome.kind = "overloaded"
+    elif outcome.kind == "ok" and outcome.error_code is not None:
+        raise AssertionError(f"{outcome.body}: {response.text}")
+
+
+async def run_disconnecting(app, outcome: Outcome, rng: random.Random) -> None:
+    """The request through the ASGI app with a client that leaves: a stream after a random number
+    of body messages, a JSON request after a random pause. Writes after it left go nowhere (as
+    uvicorn's do)."""
+    body = json.dumps(outcome.body).encode()
+    path = PATHS[outcome.endpoint]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()), (KEY_HEADER.encode(), outcome.key.encode())],
+             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    is_stream = outcome.body.get("stream", False)
+    leave_after = rng.randint(1, 4)
+    pause_s = rng.choice([0.0, 0.001, 0.01, 0.03])
+    requested, gone, told = asyncio.Event(), asyncio.Event(), False
+    num_bodies = 0
+
+    async def receive():
+        nonlocal told
+        if not requested.is_set():
+            requested.set()
+            return {"type": "http.request", "body": body, "more_body": False}
+        if is_stream:
+            await gone.wait()
+        else:
+            await asyncio.sleep(pause_s)
+            gone.set()
+        told = True
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        nonlocal num_bodies
+        if message["type"] == "http.response.start":
+            outcome.status = "499" if told else str(message["status"])
+        elif message["type"] == "http.response.body" and not gone.is_set():
+            num_bodies += 1
+            if num_bodies == leave_after or not message.get("more_body", False):
+                gone.set()
+
+    await asyncio.wait_for(app(scope, receive, send), WAIT_S)
+    if outcome.status == "429":
+        outcome.kind = "overloaded"
+
+
+async def drive(app, served, outcomes: list[Outcome], records: dict, rng: random.Random) -> str:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=WAIT_S) as client:
+        for start in range(0, len(outcomes), WAVE):
+            wave = outcomes[start:start + WAVE]
+            await asyncio.gather(*(
+                run_disconnecting(app, outcome, random.Random(rng.random())) if outcome.kind == "gone"
+                else run_http(client, outcome) for outcome in wave))
+        await idle(served, outcomes, records)
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    return response.text
+
+
+def ended(record) -> bool:
+    return all(r.num_prompt_tokens is not None for r in (record, *record.choices))
+
+
+async def idle(served, outcomes: list[Outcome], records: dict) -> None:
+    """Every permit back, nothing running or queued, every request's record complete."""
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+
+    def is_idle() -> bool:
+        counters = served.engine.scheduler.counters()
+        return (served.admission.in_use == 0 and counters.num_running == 0 and counters.num_waiting == 0
+                and all(ended(records[o.key]) for o in outcomes if o.ran))
+
+    while not is_idle():
+        assert asyncio.get_running_loop().time() < deadline, "the server did not go idle"
+        await asyncio.sleep(0.01)
+
+
+# -- reading /metrics ---------------------------------------------------------------------------------
 
 
 def parse(text: str) -> dict[tuple[str, tuple], float]:
@@ -18,8 +322,113 @@ def parse(text: str) -> dict[tuple[str, tuple], float]:
     return samples
 
 
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
 def by_label(samples, name: str, label: str) -> dict[str, float]:
     return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name and v}
+
+
+# -- the test ------------------------------------------------------------------------------------------
+
+
+def test_metrics_equal_what_the_responses_said(runner, served):
+    rng = random.Random(SEED)
+    records: dict = {}
+    app = capturing(create_app(served), records)
+    outcomes = [plan(rng, i) for i in range(NUM_WAVES * WAVE)]
+    for outcome in outcomes:
+        if outcome.kind != "invalid":
+            outcome.num_choices = num_choices(outcome.body)
+    text = runner.run(drive(app, served, outcomes, records, rng))
+    for outcome in outcomes:
+        outcome.record = records.get(outcome.key)
+    kinds = collections.Counter(o.kind for o in outcomes)
+    assert all(kinds[k] for k in ("ok", "gone", "invalid", "rejected", "failed", "overloaded")), kinds
+    for kind, code in (("rejected", 503), ("failed", 500)):
+        assert all(o.error_code == code for o in outcomes if o.kind == kind), kind
+    problems = discrepancies(outcomes, parse(text))
+    assert not problems, "\n".join(problems)
+
+
+def choice_records(outcome: Outcome) -> tuple:
+    return (outcome.record, *outcome.record.choices)
+
+
+def discrepancies(outcomes: list[Outcome], samples) -> list[str]:
+    """Every way /metrics differs from what the responses said (empty: none)."""
+    problems = []
+
+    def check(what: str, exposed, expected) -> None:
+        if exposed != expected:
+            problems.append(f"{what}: server says {exposed}, responses say {expected}")
+
+    ran = [o for o in outcomes if o.ran]
+    ok = [o for o in outcomes if o.kind == "ok"]
+
+    # what each response said agrees with its access-log record (which counts the ones cut short)
+    usage = {}
+    for outcome in ran:
+        usage[outcome.key] = outcome.record.totals()
+        if outcome.kind == "ok" and outcome.usage is not None:
+            check(f"access-log tokens of {outcome.key} (n {outcome.num_choices})", usage[outcome.key],
+                  (outcome.usage["prompt_tokens"], outcome.usage["completion_tokens"]))
+    prompt_tokens, output_tokens = sum(p for p, _ in usage.values()), sum(c for _, c in usage.values())
+
+    # HTTP responses by endpoint and status
+    statuses = collections.Counter((o.endpoint, o.status) for o in outcomes)
+    exposed = {(dict(labels)["endpoint"], dict(labels)["status"]): v for (n, labels), v in samples.items()
+               if n == "helios_http_responses_total" and dict(labels)["endpoint"] != "metrics"}
+    check("responses by endpoint and status", exposed, dict(statuses))
+
+    # requests by terminal reason: one per choice (the client sees eos and stop both as "stop")
+    seen = collections.Counter()
+    for outcome in ok:
+        seen.update({"tool_calls": "stop"}.get(f, f) for f in outcome.finishes)
+    for outcome in outcomes:
+        if outcome.kind == "gone":
+            seen.update({"eos": "stop"}.get(r.finish_reason, r.finish_reason) for r in choice_records(outcome))
+    seen["error"] = sum(o.num_choices for o in outcomes if o.kind == "failed")
+    exposed_reasons = collections.Counter()
+    for reason, count in by_label(samples, "helios_requests_finished_total", "reason").items():
+        exposed_reasons[{"eos": "stop"}.get(reason, reason)] += count
+    check("requests finished by reason", dict(exposed_reasons), dict(+seen))
+    check("requests rejected", value(samples, "helios_requests_rejected_total"),
+          sum(o.num_choices for o in outcomes if o.kind == "rejected"))
+
+    # tokens: the sum of usage
+    check("prompt tokens", value(samples, "helios_prompt_tokens_total"), prompt_tokens)
+    check("generated tokens", value(samples, "helios_generated_tokens_total"), output_tokens)
+
+    # histograms: one observation per request that ran, the time to first token per request with a token
+    label = {"model_name": SERVED_ID}
+    for name in ("helios_e2e_request_latency_seconds", "helios_request_queue_time_seconds",
+                 "helios_request_prompt_tokens", "helios_request_generation_tokens"):
+        check(f"{name} observations", value(samples, f"{name}_count", **label), len(ran))
+    check("prompt-token histogram sum", value(samples, "helios_request_prompt_tokens_sum", **label), prompt_tokens)
+    check("generation-token histogram sum", value(samples, "helios_request_generation_tokens_sum", **label),
+          output_tokens)
+    check("time-to-first-token observations", value(samples, "helios_time_to_first_token_seconds_count", **label),
+          sum(usage[o.key][1] > 0 for o in ran))
+    check("time-per-output-token observations",
+          value(samples, "helios_time_per_output_token_seconds_count", **label),
+          sum(max(r.num_output_tokens for r in choice_records(o)) > 1 for o in ran))
+
+    # the prefix cache: reused tokens as the responses report them
+    reused = [getattr(r, "num_reused_tokens", None) for o in ran for r in choice_records(o)]
+    check("prefix reused tokens", value(samples, "helios_prefix_reused_tokens_total"), sum(n or 0 for n in reused))
+    for outcome in ok:
+        for index, num_reused in outcome.reused.items():
+            check(f"reused tokens of {outcome.key} choice {index}",
+                  getattr(choice_records(outcome)[index], "num_reused_tokens", None), num_reused)
+    if not value(samples, "helios_prefix_lookup_tokens_total") >= value(samples, "helios_prefix_reused_tokens_total") > 0:
+        problems.append("the mix looked up fewer prompt tokens than it reused, or reused none")
+
+    # idle: nothing running, queued or holding a permit
+    for name in ("helios_requests_active", "helios_requests_queued", "helios_admission_permits_in_use"):
+        check(name, value(samples, name), 0)
+    return problems
 
 
 # -- HTTP responses of clients that left ------------------------------------------------------------

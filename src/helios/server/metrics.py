@@ -2,7 +2,10 @@
 
 One `CollectorRegistry` per server (no process-global state). Runtime values come from the model
 worker's `StatsSnapshot` through a custom collector read at scrape time; HTTP-level outcomes
-(429, 400) are counted here. Labels hold operation names, terminal reasons and status codes only.
+(429, 400) are counted here. Requests finished by reason and their prompt and generated tokens are
+counted by the responses, from the counts their usage reports (`helios.server.request_metrics`),
+not from the worker's engine-request counts (which count a prompt once per choice, and tokens the
+frontend drops). Labels hold operation names, terminal reasons and status codes only.
 """
 
 from __future__ import annotations
@@ -28,18 +31,12 @@ class _RuntimeCollector:
         s = self._source()
         yield _counter("helios_requests_admitted", "Requests admitted by the scheduler", s.requests_admitted)
         yield _counter("helios_requests_rejected", "Requests rejected by scheduler admission", s.requests_rejected)
-        finished = CounterMetricFamily("helios_requests_finished", "Requests finished, by terminal reason", labels=["reason"])
-        for reason, value in sorted(s.requests_finished.items()):
-            finished.add_metric([reason], value)
-        yield finished
         launches = CounterMetricFamily("helios_graph_launches", "Program launches, by operation", labels=["operation"])
         for operation, value in sorted(s.graph_launches.items()):
             launches.add_metric([operation], value)
         yield launches
         yield _counter("helios_second_frame_launches", "Plans submitted while another was still running on the device",
                        s.second_frames)
-        yield _counter("helios_prompt_tokens", "Prompt tokens admitted", s.prompt_tokens)
-        yield _counter("helios_generated_tokens", "Tokens generated", s.generated_tokens)
         yield _counter("helios_prefix_lookup_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_lookup_tokens)
         yield _counter("helios_prefix_reused_tokens", "Prompt tokens served from the prefix cache", s.prefix_reused_tokens)
         yield _counter("helios_image_cache_hits", "Request images whose features were reused by content hash",

@@ -263,9 +263,10 @@ class ServedModel:
                 permit.release()
             raise
         choices = []
+        records = [record, *(record.choice(index) for index, _, _ in bodies[1:])]  # all before any can end
         try:
-            for k, (one, permit, (index, _, _)) in enumerate(zip(prepared, permits, bodies)):
-                choices.append(Choice(one, self._submit(one, permit, record if k == 0 else record.choice()), index))
+            for one, permit, (index, _, _), choice_record in zip(prepared, permits, bodies, records):
+                choices.append(Choice(one, self._submit(one, permit, choice_record), index))
         except BaseException:  # the choices submitted are cancelled (each permit back with its end), the rest freed
             for choice in choices:
                 choice.bridge.close()
@@ -293,14 +294,16 @@ class ServedModel:
 
     def _submit(self, prepared: PreparedRequest, permit: Permit, record: RequestRecord) -> ResponseBridge:
         output = prepared.new_output()
+        spec = prepared.request_spec(images=prepared.images)
+        observe = event_stamps(record, self.latency, counts_at_end=spec.has_host_stops,
+                               hides_output=prepared.head.prompt.hides_output)
         bridge = ResponseBridge(
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
             cancel=self.commands.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
-            stop=self.commands.stop_matched, observe=event_stamps(record, self.latency),
-            stream_interval=self.stream_interval,
+            stop=self.commands.stop_matched, observe=observe, stream_interval=self.stream_interval,
         )
         grammar = TensorGrammar(prepared.grammar) if prepared.grammar is not None else None
-        request = EngineRequest(prepared.request_spec(images=prepared.images), grammar=grammar)
+        request = EngineRequest(spec, grammar=grammar)
         output.mark_enqueue(self.clock)
         record.submitted_s = time.monotonic()
         self._bridges.add(bridge)

@@ -2,6 +2,12 @@
 
 Only the model worker thread mutates a `WorkerStats`; readers take `snapshot()`, a frozen copy.
 Labels are operation names and terminal reasons only: never request ids, prompts or token ids.
+
+Request counts are the engine's: one engine request per choice of a response, so
+`requests_finished`, `prompt_tokens` (a prompt once per choice, counted at admission) and
+`generated_tokens` (tokens the device generated, including a late stop's overrun that the engine
+ended first and the token ``max_tokens: 0`` samples and hides) are not what the responses' usage
+says. The server's /metrics counts those from the responses instead (`helios.server.request_metrics`).
 """
 
 from __future__ import annotations
