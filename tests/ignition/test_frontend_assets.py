@@ -222,6 +222,49 @@ def test_added_tokens_special_or_not_are_single_tokens_as_in_transformers(tmp_pa
     assert tokenizer.token_to_id(PLAIN_ADDED) in ids
 
 
+def _decoder_entry(content: str, special: bool) -> dict:
+    return {"content": content, "special": special, "lstrip": False, "rstrip": False, "normalized": False,
+            "single_word": False}
+
+
+def test_added_tokens_decoder_adds_and_flags_tokens_as_transformers_does(tmp_path, tokenizer):
+    """tokenizer_config.json declares a token tokenizer.json lacks, and [INST] as not special."""
+    size = tokenizer.get_vocab_size()
+    decoder = {str(tokenizer.token_to_id("[INST]")): _decoder_entry("[INST]", False),
+               str(size): _decoder_entry("<extra>", True), str(size + 1): _decoder_entry("<word>", False)}
+    write(tmp_path, tokenizer, {"tokenizer_config.json": {"chat_template": CHATML, "eos_token": "<|im_end|>",
+                                                          "added_tokens_decoder": decoder}})
+    messages = [user("say <extra> and <word> and [INST] hello")]
+    text, ids = served(tmp_path, tokenizer, messages)
+    assert (text, ids) == reference(tmp_path, messages)
+    assert {size, size + 1} <= set(ids)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    flags = {i: t.special for i, t in assets(tmp_path, tokenizer).tokenizer.get_added_tokens_decoder().items()}
+    assert flags == {i: t.special for i, t in hf.added_tokens_decoder.items()}
+
+
+def test_added_tokens_decoder_that_agrees_leaves_tokenizer_json_as_it_is(tmp_path, tokenizer):
+    decoder = {str(i): {"content": t.content, "special": t.special, "lstrip": t.lstrip, "rstrip": t.rstrip,
+                        "normalized": t.normalized, "single_word": t.single_word}
+               for i, t in tokenizer.get_added_tokens_decoder().items()}
+    write(tmp_path, tokenizer, {"tokenizer_config.json": {"chat_template": CHATML, "eos_token": "<|im_end|>",
+                                                          "added_tokens_decoder": decoder}})
+    assert assets(tmp_path, tokenizer).tokenizer_json == (tmp_path / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("decoder, phrase", [
+    ({"9999": _decoder_entry("<far>", True)}, "added_tokens_decoder\\['9999'\\] declares '<far>', which tokenizer.json "
+                                             "does not hold, at id 9999, not at the next free id"),
+    ({"3": _decoder_entry("<s>", True)}, "added_tokens_decoder\\['3'\\] declares '<s>', which tokenizer.json holds as id 0"),
+    ({"x": _decoder_entry("<s>", True)}, "added_tokens_decoder\\['x'\\] must map a token id"),
+    ([], "added_tokens_decoder must map token ids"),
+])
+def test_an_added_tokens_decoder_that_contradicts_tokenizer_json_is_refused(tmp_path, tokenizer, decoder, phrase):
+    write(tmp_path, tokenizer, {"tokenizer_config.json": {"chat_template": CHATML, "eos_token": "<|im_end|>",
+                                                          "added_tokens_decoder": decoder}})
+    refused(tmp_path, tokenizer, f"tokenizer_config.json: {phrase}")
+
+
 # --- EOS ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("files, expected", [

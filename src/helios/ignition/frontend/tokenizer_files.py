@@ -192,3 +192,48 @@ def missing_tokenizer_json(directory: Path) -> str:
     return (f"{directory} has no tokenizer.json, only {slow[0]} (a slow tokenizer's file): write tokenizer.json with "
             f"transformers (AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR), which needs sentencepiece "
             f"for tokenizer.model) and prepare again")
+
+
+_ADDED_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def declared_added_tokens(tokenizer_json: bytes, tokenizer: Tokenizer,
+                          tokenizer_config: Mapping[str, object]) -> tuple[bytes, Tokenizer]:
+    """tokenizer.json with ``tokenizer_config.json``'s ``added_tokens_decoder`` applied as transformers
+    applies it: a declared token becomes an added token at its id with the declared flags (``special``
+    decides what a decode skips and what is a control marker). The files unchanged when they agree."""
+    declared = tokenizer_config.get("added_tokens_decoder")
+    if declared is None:
+        return tokenizer_json, tokenizer
+    if not isinstance(declared, dict):
+        raise CheckpointError(f"{TOKENIZER_CONFIG}: added_tokens_decoder must map token ids to AddedToken objects")
+    data = json.loads(tokenizer_json)
+    added = {entry["id"]: entry for entry in data.get("added_tokens") or []}
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    next_id, changed = tokenizer.get_vocab_size(with_added_tokens=True), False
+    for key, entry in sorted(declared.items(), key=lambda item: int(item[0]) if item[0].isdigit() else -1):
+        where = f"{TOKENIZER_CONFIG}: added_tokens_decoder[{key!r}]"
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if not key.isdigit() or not isinstance(content, str) or not content:
+            raise CheckpointError(f"{where} must map a token id to an object with a non-empty string content")
+        token_id, held = int(key), vocab.get(content)
+        if held is None and token_id != next_id:
+            raise CheckpointError(f"{where} declares {content!r}, which tokenizer.json does not hold, at id {token_id}, "
+                                  f"not at the next free id {next_id}")
+        if held is not None and held != token_id:
+            raise CheckpointError(f"{where} declares {content!r}, which tokenizer.json holds as id {held}")
+        flags = {name: entry[name] for name in _ADDED_FLAGS if isinstance(entry.get(name), bool)}
+        special = flags.get("special", False)
+        base = added.get(token_id) or {"id": token_id, "content": content, "single_word": False, "lstrip": False,
+                                       "rstrip": False, "normalized": not special, "special": special}
+        if {**base, **flags} != added.get(token_id):
+            added[token_id], changed = {**base, **flags}, True
+        next_id += held is None
+    if not changed:
+        return tokenizer_json, tokenizer
+    data["added_tokens"] = [added[token_id] for token_id in sorted(added)]
+    text = json.dumps(data, ensure_ascii=False)
+    try:
+        return text.encode("utf-8"), Tokenizer.from_str(text)
+    except Exception as error:  # tokenizers raises a bare Exception for a file it cannot build
+        raise CheckpointError(f"{TOKENIZER_CONFIG}: added_tokens_decoder does not fit tokenizer.json: {error}") from None
