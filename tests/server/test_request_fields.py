@@ -181,8 +181,12 @@ def test_edge_values_in_range_are_served(runner, client):
 
 
 @pytest.mark.parametrize("effort", ["xhigh", "max"])
-def test_the_client_s_newer_reasoning_efforts_turn_thinking_on(runner, client, effort):
-    """The client's `ReasoningEffort` lists ``xhigh`` and ``max``; they were a 400."""
+def test_the_client_s_newer_reasoning_efforts_are_efforts(runner, client, effort):
+    """The client's `ReasoningEffort` lists ``xhigh`` and ``max``; they were a 400. Like any effort
+    but ``none`` they turn thinking on (the tiny template has no switch: they render as ``high``)."""
+    from helios.frontend.preparation.client_fields import effective_template_kwargs
+
+    assert effective_template_kwargs(effort, None, "enable_thinking") == {"enable_thinking": True}
     assert chat(runner, client, reasoning_effort=effort).usage == chat(runner, client, reasoning_effort="high").usage
 
 
