@@ -140,6 +140,19 @@ def test_a_processor_chat_template_json_serves_when_the_tokenizer_declares_none(
     refused(tmp_path, tokenizer, "chat_template.json must hold a JSON object, not list")
 
 
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "generation_config.json"])
+def test_a_settings_file_that_is_not_a_json_object_is_refused_naming_it(tmp_path, tokenizer, name):
+    write(tmp_path, tokenizer, {"tokenizer_config.json": {"chat_template": CHATML, "eos_token": "<|im_end|>"}})
+    (tmp_path / name).write_text('["chat_template"]')
+    refused(tmp_path, tokenizer, f"{name} must hold a JSON object, not list")
+
+
+def test_sampling_from_a_generation_config_that_is_not_a_json_object_is_refused(tmp_path):
+    (tmp_path / "generation_config.json").write_text("[0.7]")
+    with pytest.raises(CheckpointError, match="generation_config.json must hold a JSON object, not list"):
+        recommended_sampling(tmp_path)
+
+
 def test_a_checkpoint_without_a_template_is_refused_naming_the_files(tmp_path, tokenizer):
     write(tmp_path, tokenizer, {"tokenizer_config.json": {"eos_token": "</s>"}})
     refused(tmp_path, tokenizer, "declares no chat template \\(no chat_template.jinja, no chat_template in "
@@ -171,6 +184,10 @@ def test_the_template_writes_the_only_bos_as_in_transformers(tmp_path, tokenizer
     assert (text, ids) == reference(tmp_path, CONVERSATION, generation=False)
     bos = tokenizer.token_to_id("<s>")
     assert ids.count(bos) == (0 if settings["bos_token"] is None else 1)
+    # A completions prompt is the client's text with the tokenizer's own special tokens, as tok(text).
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert assets(tmp_path, tokenizer).tokenizer.encode("hello").ids == hf("hello")["input_ids"] == [bos,
+        tokenizer.token_to_id("hello")]
 
 
 def test_special_tokens_map_alone_names_the_tokens(tmp_path, tokenizer):

@@ -20,7 +20,8 @@ from helios.ignition.frontend.families import select_family
 from helios.ignition.frontend.probes import message_boundary, prefix_rules, reasoning_facts, tool_call_text
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.frontend.tokenizer_files import (
-    chat_template, declared_added_tokens, eos_token_ids, missing_tokenizer_json, special_tokens, template_tokens)
+    chat_template, declared_added_tokens, eos_token_ids, missing_tokenizer_json, read_json, special_tokens,
+    template_tokens)
 from helios.ignition.preparation.contract import FrontendDeclaration
 
 # Keys of `--frontend KEY=VALUE`: what a publisher may state instead of what the probes derive.
@@ -64,7 +65,7 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     if tokenizer.get_vocab_size(with_added_tokens=False) > vocab_size:
         raise CheckpointError(f"{path} holds {tokenizer.get_vocab_size(with_added_tokens=False)} tokens, more than "
                               f"the model's vocab_size {vocab_size}: the excess ids have no embedding")
-    config = _read_json(directory / "tokenizer_config.json")
+    config = read_json(directory / "tokenizer_config.json")
     tokenizer_json, tokenizer = declared_added_tokens(tokenizer_json, tokenizer, config)
     template = chat_template(directory, config)
     named = special_tokens(directory, config)

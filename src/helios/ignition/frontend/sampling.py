@@ -12,24 +12,17 @@ win over all of these.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
+from helios.ignition.frontend.tokenizer_files import read_json
 
 FILE = "generation_config.json"
 
 
 def _read(directory: Path) -> dict:
-    path = directory / FILE
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"cannot read {path}: {error}") from error
-    return value if isinstance(value, dict) else {}
+    return read_json(directory / FILE)
 
 
 def _number(config: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
