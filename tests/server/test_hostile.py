@@ -179,6 +179,14 @@ def test_types_are_strict_as_the_openapi_document_says(app, fields):
     assert response.status_code == 400, response.text
 
 
+@pytest.mark.parametrize("seed, words", [(2**63, "less than 9223372036854775808"),
+                                         (-(2**63) - 1, "greater than or equal to -9223372036854775808")])
+def test_an_integer_bound_is_named_exactly(app, seed, words):
+    """pydantic printed 2**63 as a float: "less than 9223372036854776000", a seed the server takes."""
+    error = send(app, "/v1/chat/completions", chat(max_tokens=2, seed=seed)).json()["error"]
+    assert error["message"] == f"invalid request body: seed: Input should be {words}" and error["param"] == "seed"
+
+
 def test_an_integer_is_a_number(app):
     assert send(app, "/v1/chat/completions", chat(max_tokens=2, temperature=1, top_p=1)).status_code == 200
 

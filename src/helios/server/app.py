@@ -322,8 +322,18 @@ def _render(parts) -> str:
     return text
 
 
+# pydantic's messages for numeric bounds print the bound as a float (2**63: "less than
+# 9223372036854776000"); an integer bound is written from its exact value instead.
+_BOUNDS = {"less_than": ("lt", "less than"), "less_than_equal": ("le", "less than or equal to"),
+           "greater_than": ("gt", "greater than"), "greater_than_equal": ("ge", "greater than or equal to")}
+
+
 def _describe(entry: dict, body) -> str:
     message = UNSUPPORTED_FIELD if entry.get("type") == "extra_forbidden" else str(entry.get("msg", "invalid"))
+    key, words = _BOUNDS.get(entry.get("type"), (None, ""))
+    bound = entry.get("ctx", {}).get(key)
+    if type(bound) is int:
+        message = f"Input should be {words} {bound}"
     message = clipped(clipped_runs(message), 2 * MAX_ECHO_CHARS)  # pydantic may quote the value (a tag)
     where = _location(entry, body)
     return f"{where}: {message}" if where else message
