@@ -64,7 +64,10 @@ class ChoiceMailbox:
 
 class ChoicesPresenter:
     """SSE bytes of several choices' items: each chunk with its choice's ``index`` and the
-    response's ``id``; the per-choice usage chunks dropped for one merged usage chunk at the end."""
+    response's ``id`` and ``created`` (the first choice's, as in the JSON body); the per-choice
+    usage chunks dropped for one merged usage chunk at the end (without include_usage, an observed
+    response's merged usage rides on the terminal chunk of the last choice to finish, as a single
+    choice's rides on its own)."""
 
     def __init__(self, choices: Sequence, presenters: Sequence[StreamPresenter]):
         self._choices = choices
@@ -78,7 +81,14 @@ class ChoicesPresenter:
         for chunk in chunks:
             if not chunk["choices"] and chunk.get("usage") is not None:
                 continue  # a choice's usage-only chunk: one merged chunk at the end instead
-            chunk["id"] = self._head.response_id
+            if chunk["choices"] and chunk.get("usage") is not None:
+                # An observed choice's terminal chunk (no include_usage) carries usage: the
+                # response's, merged, on the last choice to finish; none on the others.
+                if self._is_over():
+                    chunk["usage"] = merged_usage(self._choices, self.finals)
+                else:
+                    del chunk["usage"]
+            chunk["id"], chunk["created"] = self._head.response_id, self._head.created  # each choice has its own
             for entry in chunk["choices"]:
                 entry["index"] = index
             out.append(sse_data(chunk))
@@ -99,18 +109,21 @@ class ChoicesPresenter:
                     if isinstance(item, StepRun):
                         parts.append(self._render(index, presenter.run_chunks(item)))
                     elif isinstance(item, OutputFinal):
-                        parts.append(self._render(index, presenter.finish_chunks(item)))
                         self.finals[index] = item
+                        parts.append(self._render(index, presenter.finish_chunks(item)))
                     else:
                         parts.append(sse_error(item.error))
                         return b"".join(parts), True
-            if any(final is None for final in self.finals):
+            if not self._is_over():
                 return b"".join(parts), False
             parts.append(self._end())
         except Exception as error:  # noqa: BLE001 - the stream still ends with one terminal event
             failure = error if isinstance(error, HeliosError) else ExecutionError(f"presentation failed: {error}")
             parts.append(sse_error(failure))
         return b"".join(parts), True
+
+    def _is_over(self) -> bool:
+        return all(final is not None for final in self.finals)
 
     def _end(self) -> bytes:
         head = self._head

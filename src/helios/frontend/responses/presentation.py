@@ -23,7 +23,8 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
 - log-probabilities (requests that ask, `helios.frontend.decoding.logprobs`): ``choices[0].logprobs`` of
   the JSON body holds every entry; in a stream, each token's entry rides on the first chunk that
   step produces (a step that shows no text yet gets a chunk of its own, ``delta={}`` or ``text=""``);
-  text streams count ``text_offset`` across chunks;
+  text streams count ``text_offset`` across chunks; a stream that sends no entry (EOS or a stop
+  came first) has an empty ``logprobs`` object on its terminal chunk, as the JSON body has;
 - finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
   ``stop``, output limit -> ``length``, cancellation -> ``cancelled``. Execution failure and
   admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
@@ -273,6 +274,7 @@ class StreamPresenter:
         self._has_sent_first = False
         self._text_offsets = TextOffsets()  # text streams: where the scored tokens sent so far end
         self._num_entries_sent = 0  # output log-probability entries sent so far
+        self._has_sent_logprobs = False  # a chunk carried a logprobs object (echoed or output entries)
         self._has_echoed = False
         self._is_steady = False  # the first chunk is out and nothing is left to echo
         self._template = ChunkTemplate(head.response_id, _OBJECTS[head.kind][1], head.created, head.model,
@@ -301,6 +303,7 @@ class StreamPresenter:
         entries = _echoed(head, prompt, ())
         if entries:
             choice["logprobs"] = _logprobs_body(head.kind, entries, self._text_offsets)
+            self._has_sent_logprobs = True
         elif head.echo_text:
             self._text_offsets.skip(head.echo_text)
         chunk = self._chunk([choice])
@@ -329,6 +332,7 @@ class StreamPresenter:
                 events = [self._chunk([self._choice({} if self._is_chat else "")])]
             events[0]["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, entries, self._text_offsets)
             self._num_entries_sent += len(entries)
+            self._has_sent_logprobs = True
         return events
 
     def finish_chunks(self, final: OutputFinal) -> list[dict]:
@@ -337,6 +341,10 @@ class StreamPresenter:
         chunks = self._echo_chunks(final.prompt_logprobs)
         chunks += self._with_entries(self._event_chunks(final.events), (final.logprobs or ())[self._num_entries_sent:])
         terminal = self._chunk([self._choice({}, finish_reason=finish_reason(final))])
+        if final.logprobs is not None and not self._has_sent_logprobs:
+            # Log-probabilities asked for and no entry to send (EOS or a stop came first): an empty
+            # object, as the JSON body has, not none.
+            terminal["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, (), self._text_offsets)
         chunks.append(terminal)
         if self._head.options.include_usage:
             usage_chunk = self._chunk([])

@@ -1,0 +1,486 @@
+"""Streamed and non-streamed responses agree (differential test over the in-process app).
+
+Seeded draws of chat and text completion requests over the tiny served core (think-tag reasoning
+and function-tag tools, `support.server_core`): sampling at temperature 0 or seeded at
+temperature > 0, ``n`` up to 3, stop strings, ``max_tokens`` cuts, log-probabilities (chat
+``top_logprobs``, text ``logprobs`` with ``echo``), ``prompt_logprobs``, token ids, include_usage,
+json_object / json_schema output, tools with every ``tool_choice``, and ``logit_bias`` towards the
+special tokens (so outputs reason in think tags, write tool-call markup and end at EOS). Each
+request is sent twice, with ``stream`` false and true; the stream is reassembled as a client does
+(chat: also by the `openai` client's own `ChatCompletionStreamState`) and must equal the JSON body
+choice by choice: text, reasoning, tool calls (ids, names, arguments), finish reason, log-probabilities,
+token ids, prompt ids and usage. Each stream's framing is checked too: every event is a JSON chunk of
+the stream's object with one id, created, model and system_fingerprint; a chat choice's first
+delta carries the role; exactly one finish_reason per choice, its last chunk; the usage chunk
+(include_usage) last with ``choices: []``; ``data: [DONE]`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
+
+from helios.core.reader import open_core
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.app import create_app
+from helios.server.responses import with_transport_send
+from helios.server.service import ServedModel
+from support.server_core import NAMESPACE, SERVED_ID, TinyCore
+
+NUM_CHAT_DRAWS = 28
+NUM_TEXT_DRAWS = 20
+SPECIALS = ("<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                   "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "integer"}}}}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+          "required": ["ok", "n"], "additionalProperties": False}
+MESSAGES = (
+    [{"role": "user", "content": "hello"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "what is 12 plus 30?"}],
+    [{"role": "user", "content": "the weather in paris?"}, {"role": "assistant", "content": "sunny"},
+     {"role": "user", "content": "and london?"}],
+)
+PROMPTS = ("hello", "the quick brown fox", "what is 12 plus 30? it is", [7, 8, 9, 10, 11])
+STOPS = ("e", "o", " t", "the", "\n", ", ", "<think>")
+
+
+def _scored_core(root) -> TinyCore:
+    """The tiny core's checkpoint prepared with scored prefill too (echo with logprobs and
+    prompt_logprobs need it)."""
+    from helios.core.keys import SigningKey, write_key_pair
+    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+    from ignition.hf_checkpoints import QWEN3
+    from support.chat_checkpoint import write_chat_checkpoint
+
+    key = SigningKey.generate()
+    write_key_pair(root / "publisher.key", key, [NAMESPACE])
+    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
+    # One decode batch (up to the 3 choices drawn) and no mixed step: fewer programs, a faster prepare.
+    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=False, scored_prefill=True)
+    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+    return TinyCore(root / "model.core", root / "publisher.key.pub")
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory) -> TinyCore:
+    return _scored_core(tmp_path_factory.mktemp("stream-parity"))
+
+
+@pytest.fixture(scope="module")
+def served(core):
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=8)), queue_capacity=8,
+                                      frontend_workers=2, owned_by=core.namespace)
+    served.start()
+    yield served
+    served.shutdown()
+
+
+@pytest.fixture(scope="module")
+def live(served):
+    """The app served by uvicorn as `helios serve` runs it (uvloop, httptools, the transport send in
+    the scope: streams write straight to the transport) on a free port, in a thread; its URL."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(with_transport_send(create_app(served)), loop="uvloop", http="httptools",
+                            lifespan="off", log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def http(served, live):
+    """Clients of the app over ASGI ("asgi") and over a socket served by uvicorn ("uvicorn"); the
+    requests of this module never overlap, so the two event loops take turns with `served`."""
+    return {"asgi": httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test",
+                                      timeout=120),
+            "uvicorn": httpx.AsyncClient(base_url=live, timeout=120)}
+
+
+@pytest.fixture(scope="module")
+def special_ids(served):
+    tokenizer = served.frontend._tokenizer
+    return {text: tokenizer.token_to_id(text) for text in SPECIALS}
+
+
+# -- draws ---------------------------------------------------------------------------------------
+
+
+def _sampling(rng: random.Random, body: dict, special_ids: dict) -> None:
+    body["max_tokens"] = rng.choice((1, 2, 5, 9, 16, 24))
+    if rng.random() < 0.35:
+        body["temperature"] = 0.0
+    else:
+        body["temperature"] = rng.choice((0.6, 1.0, 1.5))
+        body["seed"] = rng.randrange(2**31)
+    body["n"] = rng.choice((1, 1, 2, 3))
+    stops = rng.random()
+    if stops < 0.4:
+        body["stop"] = rng.sample(STOPS, rng.randint(1, 2))
+    elif stops < 0.5:
+        body["stop_token_ids"] = rng.sample(sorted(special_ids.values()) + [40, 41, 42, 43], 2)
+    if rng.random() < 0.5:
+        body["stream_options"] = {"include_usage": True}
+    if rng.random() < 0.3:
+        body["return_token_ids"] = True
+    if rng.random() < 0.5:
+        chosen = rng.sample(SPECIALS, rng.randint(1, 3))
+        body["logit_bias"] = {str(special_ids[text]): rng.choice((3.0, 6.0)) for text in chosen}
+
+
+def draw_chat(seed: int, special_ids: dict) -> dict:
+    rng = random.Random(seed)
+    body = {"model": SERVED_ID, "messages": rng.choice(MESSAGES)}
+    _sampling(rng, body, special_ids)
+    if rng.random() < 0.4:
+        body["logprobs"] = True
+        body["top_logprobs"] = rng.choice((0, 1, 3))
+    if rng.random() < 0.15:
+        body["prompt_logprobs"] = rng.choice((0, 2))
+    shape = rng.random()
+    if shape < 0.2:
+        body["response_format"] = rng.choice((
+            {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}))
+        body["max_tokens"] = rng.choice((5, 24, 40))
+        body.pop("stop", None)  # stop strings cannot be combined with structured output
+    elif shape < 0.55:
+        body["tools"] = rng.choice(([WEATHER], [WEATHER, CLOCK]))
+        body["tool_choice"] = rng.choice(("auto", "required", "none",
+                                          {"type": "function", "function": {"name": "get_weather"}}))
+        if rng.random() < 0.5:
+            body["parallel_tool_calls"] = rng.random() < 0.5
+        body["max_tokens"] = rng.choice((9, 30, 60))
+        if body["tool_choice"] not in ("auto", "none") or body.get("parallel_tool_calls") is False:
+            body.pop("stop", None)  # stop strings cannot be combined with a call the grammar forces
+    return body
+
+
+def draw_text(seed: int, special_ids: dict) -> dict:
+    rng = random.Random(seed)
+    body = {"model": SERVED_ID, "prompt": rng.choice(PROMPTS)}
+    _sampling(rng, body, special_ids)
+    if rng.random() < 0.5:
+        body["logprobs"] = rng.choice((0, 1, 3))
+    if rng.random() < 0.4:
+        body["echo"] = True
+    if rng.random() < 0.15:
+        body["prompt_logprobs"] = rng.choice((0, 2))
+    return body
+
+
+# -- exchanges -----------------------------------------------------------------------------------
+
+
+def exchange(runner, http, path: str, body: dict) -> tuple[dict, str]:
+    """The JSON body of `body` sent without stream (and stream_options, which only a stream may
+    have), and the SSE text of it sent with stream true."""
+
+    async def both():
+        plain = await http.post(path, json={key: value for key, value in body.items() if key != "stream_options"})
+        streamed = await http.post(path, json={**body, "stream": True})
+        return plain, streamed
+
+    plain, streamed = runner.run(both())
+    assert plain.status_code == 200, plain.text
+    assert streamed.status_code == 200, streamed.text
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    return plain.json(), streamed.text
+
+
+def stream_chunks(raw: str, object_name: str) -> list[dict]:
+    """The chunks of an SSE body whose framing holds (see the module docstring)."""
+    blocks = [block for block in raw.split("\n\n") if block]
+    assert raw.endswith("\n\n") and blocks[-1] == "data: [DONE]", raw[-500:]
+    assert all(block.startswith("data: {") and "\n" not in block for block in blocks[:-1]), raw
+    chunks = [json.loads(block[len("data: "):]) for block in blocks[:-1]]
+    assert chunks, raw
+    first = chunks[0]
+    for chunk in chunks:
+        assert chunk["object"] == object_name, chunk
+        for key in ("id", "created", "model", "system_fingerprint"):
+            assert chunk.get(key) == first.get(key), (key, chunk, first)
+    return chunks
+
+
+def check_choice_framing(chunks: list[dict], num_choices: int, is_chat: bool, include_usage: bool) -> None:
+    """Per choice: the role on its first delta (chat), one finish_reason on its last chunk; the
+    usage chunk last with include_usage (every other chunk's usage null)."""
+    if include_usage:
+        *chunks, last = chunks
+        assert last["choices"] == [] and last["usage"] is not None, last
+        assert all("usage" in chunk and chunk["usage"] is None for chunk in chunks), chunks
+    seen: dict[int, list[dict]] = {}
+    for chunk in chunks:
+        assert len(chunk["choices"]) == 1, chunk  # one choice per chunk, never an empty list
+        choice = chunk["choices"][0]
+        seen.setdefault(choice["index"], []).append(choice)
+    assert sorted(seen) == list(range(num_choices)), sorted(seen)
+    for index, entries in seen.items():
+        if is_chat:
+            assert entries[0]["delta"].get("role") == "assistant", entries[0]
+            assert all("role" not in entry["delta"] for entry in entries[1:]), entries
+        reasons = [entry["finish_reason"] for entry in entries]
+        assert reasons[-1] is not None and reasons.count(None) == len(reasons) - 1, (index, reasons)
+
+
+# -- canonical forms -----------------------------------------------------------------------------
+
+_CALL_ID = re.compile(r"^call_[0-9a-f]{32}(-\d+)?_(\d+)$")
+
+
+def _call_id(call_id: str) -> str:
+    """A tool call id without its request's random part (each request draws its own)."""
+    match = _CALL_ID.match(call_id)
+    assert match is not None, call_id
+    return f"call_{match.group(1) or ''}_{match.group(2)}"
+
+
+def canonical_chat_body(body: dict) -> dict:
+    choices = {}
+    for choice in body["choices"]:
+        message = choice["message"]
+        calls = [(_call_id(c["id"]), c["type"], c["function"]["name"], c["function"]["arguments"])
+                 for c in message.get("tool_calls") or []]
+        choices[choice["index"]] = {
+            "role": message["role"], "content": message.get("content") or "",
+            "reasoning": message.get("reasoning_content") or "", "tool_calls": calls,
+            "finish_reason": choice["finish_reason"],
+            "logprobs": (choice.get("logprobs") or {}).get("content"), "token_ids": choice.get("token_ids"),
+        }
+    return {"model": body["model"], "choices": choices, "usage": body["usage"],
+            "prompt_token_ids": body.get("prompt_token_ids"), "prompt_logprobs": body.get("prompt_logprobs"),
+            "system_fingerprint": body.get("system_fingerprint")}
+
+
+def reassembled_chat(chunks: list[dict]) -> dict:
+    """A chat stream's chunks put together the way a client does."""
+    choices: dict[int, dict] = {}
+    usage = prompt_ids = prompt_logprobs = None
+    for chunk in chunks:
+        usage = chunk.get("usage") or usage
+        prompt_ids = chunk.get("prompt_token_ids", prompt_ids)
+        prompt_logprobs = chunk.get("prompt_logprobs", prompt_logprobs)
+        for choice in chunk["choices"]:
+            state = choices.setdefault(choice["index"], {
+                "role": None, "content": "", "reasoning": "", "calls": {}, "finish_reason": None,
+                "logprobs": None, "token_ids": None})
+            delta = choice["delta"]
+            state["role"] = delta.get("role", state["role"])
+            state["content"] += delta.get("content") or ""
+            state["reasoning"] += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                entry = state["calls"].setdefault(call["index"], {"id": None, "type": None, "name": None,
+                                                                  "arguments": ""})
+                if "id" in call:
+                    assert entry["id"] is None, ("a call's id sent twice", call)
+                    entry["id"], entry["type"], entry["name"] = call["id"], call["type"], call["function"]["name"]
+                entry["arguments"] += call["function"].get("arguments") or ""
+            if choice.get("logprobs") is not None:
+                state["logprobs"] = (state["logprobs"] or []) + choice["logprobs"]["content"]
+            if "token_ids" in choice:
+                state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
+            state["finish_reason"] = choice["finish_reason"] or state["finish_reason"]
+    out = {}
+    for index, state in choices.items():
+        calls = [state["calls"][k] for k in sorted(state["calls"])]
+        assert sorted(state["calls"]) == list(range(len(calls))), state["calls"]
+        out[index] = {
+            "role": state["role"], "content": state["content"], "reasoning": state["reasoning"],
+            "tool_calls": [(_call_id(c["id"]), c["type"], c["name"], c["arguments"]) for c in calls],
+            "finish_reason": state["finish_reason"], "logprobs": state["logprobs"], "token_ids": state["token_ids"],
+        }
+    return {"model": chunks[0]["model"], "choices": out, "usage": usage, "prompt_token_ids": prompt_ids,
+            "prompt_logprobs": prompt_logprobs, "system_fingerprint": chunks[0].get("system_fingerprint")}
+
+
+def openai_reassembled(chunks: list[dict]) -> dict:
+    """The same stream accumulated by the `openai` client's `ChatCompletionStreamState`."""
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    completion = state.current_completion_snapshot
+    out = {}
+    for choice in completion.choices:
+        message = choice.message
+        calls = [(_call_id(c.id), c.type, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        logprobs = None if choice.logprobs is None else [entry.model_dump() for entry in choice.logprobs.content]
+        out[choice.index] = {"content": message.content or "", "reasoning": getattr(message, "reasoning_content", None)
+                             or "", "tool_calls": calls, "finish_reason": choice.finish_reason, "logprobs": logprobs}
+    return out
+
+
+def canonical_text_body(body: dict) -> dict:
+    choices = {}
+    for choice in body["choices"]:
+        choices[choice["index"]] = {"text": choice["text"], "finish_reason": choice["finish_reason"],
+                                    "logprobs": choice.get("logprobs"), "token_ids": choice.get("token_ids"),
+                                    "prompt_logprobs": choice.get("prompt_logprobs")}
+    return {"model": body["model"], "choices": choices, "usage": body["usage"],
+            "prompt_token_ids": body.get("prompt_token_ids"), "system_fingerprint": body.get("system_fingerprint")}
+
+
+def reassembled_text(chunks: list[dict]) -> dict:
+    choices: dict[int, dict] = {}
+    usage = prompt_ids = None
+    for chunk in chunks:
+        usage = chunk.get("usage") or usage
+        prompt_ids = chunk.get("prompt_token_ids", prompt_ids)
+        for choice in chunk["choices"]:
+            state = choices.setdefault(choice["index"], {"text": "", "finish_reason": None, "logprobs": None,
+                                                         "token_ids": None, "prompt_logprobs": None})
+            state["text"] += choice["text"]
+            if choice.get("logprobs") is not None:
+                if state["logprobs"] is None:
+                    state["logprobs"] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                for key, values in state["logprobs"].items():
+                    values.extend(choice["logprobs"][key])
+            if "token_ids" in choice:
+                state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
+            if "prompt_logprobs" in choice:
+                assert state["prompt_logprobs"] is None, choice
+                state["prompt_logprobs"] = choice["prompt_logprobs"]
+            state["finish_reason"] = choice["finish_reason"] or state["finish_reason"]
+    return {"model": chunks[0]["model"], "choices": choices, "usage": usage, "prompt_token_ids": prompt_ids,
+            "system_fingerprint": chunks[0].get("system_fingerprint")}
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+
+# Log-probability values may differ in the last float bits between the two runs of a request with
+# several choices: its choices decode in batches that the two runs may compose differently.
+LOGPROB_TOLERANCE = 1e-4
+
+
+def is_close(a, b) -> bool:
+    """Equal values, floats within `LOGPROB_TOLERANCE` (and of one type: an int never equals a float)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= LOGPROB_TOLERANCE
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(is_close(a[key], b[key]) for key in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(is_close(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def assert_same(streamed: dict, expected: dict, body: dict) -> None:
+    """`streamed` equals `expected`; a difference is reported by its place (choice and field)."""
+    assert sorted(streamed["choices"]) == sorted(expected["choices"]), json.dumps(body)
+    for index, choice in expected["choices"].items():
+        for key, value in choice.items():
+            mine = streamed["choices"][index][key]
+            assert is_close(mine, value), (f"choice {index} {key}", mine, value, json.dumps(body))
+    for key, value in expected.items():
+        if key != "choices":
+            assert is_close(streamed[key], value), (key, streamed[key], value, json.dumps(body))
+
+
+def _num_choices(body: dict) -> int:
+    prompts = body.get("prompt")
+    batch = len(prompts) if isinstance(prompts, list) and prompts and not isinstance(prompts[0], int) else 1
+    return (body.get("n") or 1) * batch
+
+
+def check_parity(runner, http, path: str, body: dict) -> tuple[dict, list[dict]]:
+    """Sends `body` streamed and not, checks the stream's framing and that it reassembles to the
+    JSON body; returns both."""
+    is_chat = path == "/v1/chat/completions"
+    plain, raw = exchange(runner, http, path, body)
+    chunks = stream_chunks(raw, "chat.completion.chunk" if is_chat else "text_completion")
+    include_usage = bool(body.get("stream_options", {}).get("include_usage"))
+    check_choice_framing(chunks, _num_choices(body), is_chat, include_usage)
+    prefix = "chatcmpl-" if is_chat else "cmpl-"
+    assert chunks[0]["id"].startswith(prefix) and plain["id"].startswith(prefix)
+    if is_chat:
+        expected, streamed = canonical_chat_body(plain), reassembled_chat(chunks)
+    else:
+        expected, streamed = canonical_text_body(plain), reassembled_text(chunks)
+    if not include_usage and not body.get("return_token_ids"):
+        expected["usage"] = None  # usage travels in a stream only when asked for (or observed)
+    assert_same(streamed, expected, body)
+    if is_chat:
+        for index, choice in openai_reassembled(chunks).items():
+            mine = streamed["choices"][index]
+            assert is_close(choice, {key: mine[key] for key in choice}), (index, choice, json.dumps(body))
+    return plain, chunks
+
+
+def transport_of(http: dict, draw: int):
+    """Even draws go through the app over ASGI, odd ones over a socket (uvicorn)."""
+    return http["asgi" if draw % 2 == 0 else "uvicorn"]
+
+
+@pytest.mark.parametrize("draw", range(NUM_CHAT_DRAWS))
+def test_chat_stream_equals_json(draw, runner, http, special_ids):
+    check_parity(runner, transport_of(http, draw), "/v1/chat/completions", draw_chat(1000 + draw, special_ids))
+
+
+@pytest.mark.parametrize("draw", range(NUM_TEXT_DRAWS))
+def test_text_stream_equals_json(draw, runner, http, special_ids):
+    check_parity(runner, transport_of(http, draw), "/v1/completions", draw_text(2000 + draw, special_ids))
+
+
+# -- divergences found, pinned -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["asgi", "uvicorn"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_observed_choices_stream_the_merged_usage(runner, http, transport, path):
+    """n > 1 with return_token_ids and no include_usage: the usage a client keeps (the last one
+    sent) is the response's, as in the JSON body, not the last choice's own."""
+    body = {"model": SERVED_ID, "max_tokens": 3, "temperature": 0, "n": 3, "return_token_ids": True,
+            **({"messages": MESSAGES[0]} if path == "/v1/chat/completions" else {"prompt": "hello"})}
+    plain, chunks = check_parity(runner, http[transport], path, body)
+    assert plain["usage"]["completion_tokens"] == 9
+    assert [chunk["usage"] for chunk in chunks if "usage" in chunk] == [plain["usage"]]
+
+
+@pytest.mark.parametrize("transport", ["asgi", "uvicorn"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_logprobs_of_an_output_without_entries_stream_empty(runner, http, special_ids, transport, path):
+    """Log-probabilities asked for and EOS first: the JSON body's logprobs are empty, not null, and
+    so is what the stream reassembles to (the terminal chunk carries the empty object)."""
+    bias = {"logit_bias": {str(special_ids["<|im_end|>"]): 100.0}}
+    if path == "/v1/chat/completions":
+        body = {"model": SERVED_ID, "messages": MESSAGES[0], "logprobs": True, "top_logprobs": 2, **bias}
+    else:
+        body = {"model": SERVED_ID, "prompt": "hello", "logprobs": 2, **bias}
+    for n in (1, 2):
+        plain, _ = check_parity(runner, http[transport], path, {**body, "n": n, "max_tokens": 4, "temperature": 0})
+        assert plain["usage"]["completion_tokens"] == n and plain["choices"][0]["finish_reason"] == "stop"
+        logprobs = plain["choices"][0]["logprobs"]
+        assert logprobs is not None and not (logprobs.get("content") if path == "/v1/chat/completions"
+                                              else logprobs["tokens"])
+
+
+def test_choices_of_one_stream_share_created(runner, http, monkeypatch):
+    """Each choice is prepared apart, and may be prepared in a later second than the first: every
+    chunk of the stream carries the first choice's ``created``, as the JSON body does."""
+    from helios.frontend import session
+
+    seconds = iter(range(1_800_000_000, 1_900_000_000))
+    monkeypatch.setattr(session, "time", type("Clock", (), {"time": staticmethod(lambda: next(seconds))}))
+    body = {"model": SERVED_ID, "prompt": "hello", "max_tokens": 2, "temperature": 0, "n": 3}
+    _, chunks = check_parity(runner, http["asgi"], "/v1/completions", body)
+    assert len({chunk["created"] for chunk in chunks}) == 1
