@@ -12,6 +12,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from helios.contract import serving_pb2 as spb
+from helios.frontend.preparation.template import ChatTemplate
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.checkpoint_assets import read_assets
 from helios.ignition.frontend.probes import PROBE_TOOLS, TOOL_NAME, tool_call_message, user
@@ -106,6 +107,10 @@ def test_named_templates_serve_tool_use_to_requests_with_tools_and_default_to_th
     assert (declared.family, declared.tool_parser) == ("hermes", spb.TOOL_PARSER_JSON_CALLS)
     called = [user("hello"), tool_call_message()]
     assert TOOL_NAME in served(tmp_path, tokenizer, called, PROBE_TOOLS, generation=False)[0]
+    # The serving frontend's template renders the stored source the same way.
+    serving = ChatTemplate(assets(tmp_path, tokenizer).chat_template)
+    for tools in (None, PROBE_TOOLS):
+        assert serving.render(CONVERSATION, tools=tools) == reference(tmp_path, CONVERSATION, tools)[0]
 
 
 @pytest.mark.parametrize("chat_template, phrase", [
