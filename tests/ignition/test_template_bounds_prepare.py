@@ -6,14 +6,12 @@ time, instead of hanging or being taken for a template that merely rejects the p
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.checkpoint_assets import read_assets
-from helios.ignition.frontend.render import PROBE_BOUNDS
 from support.chat_checkpoint import CHAT_TEMPLATE, VOCAB_SIZE
 
 SPIN = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
@@ -25,11 +23,11 @@ def _with_template(directory: Path, template: str) -> Path:
     return directory
 
 
-def _refused_in_time(directory: Path, phrase: str) -> None:
-    start = time.monotonic()
+def _refused(directory: Path, phrase: str) -> None:
+    """The bound that stopped the render is the one `phrase` names (its CPU time, a size): no
+    wall-clock assertion, which a loaded machine fails; pytest-timeout catches a render that hangs."""
     with pytest.raises(CheckpointError, match=phrase):
         read_assets(directory, VOCAB_SIZE)
-    assert time.monotonic() - start < PROBE_BOUNDS.cpu_seconds + 5.0
 
 
 def test_the_unbounded_probes_still_pass(checkpoint):
@@ -37,7 +35,7 @@ def test_the_unbounded_probes_still_pass(checkpoint):
 
 
 def test_nested_loops_that_render_nothing_stop_prepare(checkpoint):
-    _refused_in_time(_with_template(checkpoint, SPIN + CHAT_TEMPLATE),
+    _refused(_with_template(checkpoint, SPIN + CHAT_TEMPLATE),
                      "the chat template cannot render a single user message: .*CPU time")
 
 
@@ -48,4 +46,4 @@ def test_nested_loops_that_render_nothing_stop_prepare(checkpoint):
     ("{% if tools %}{% for i in range(10**9) %}{% endfor %}{% endif %}", "range of 1000000000 items"),
 ], ids=["spins on tools", "spins on three messages", "blows up on three messages", "huge range on tools"])
 def test_a_template_that_runs_away_on_an_optional_probe_stops_prepare(checkpoint, trap, phrase):
-    _refused_in_time(_with_template(checkpoint, trap + CHAT_TEMPLATE), f"the chat template .*{phrase}")
+    _refused(_with_template(checkpoint, trap + CHAT_TEMPLATE), f"the chat template .*{phrase}")

@@ -289,10 +289,10 @@ def test_a_bare_crlf_after_a_kept_alive_response_meets_the_head_deadline(server)
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, b"\r\n\r\nok").startswith(b"HTTP/1.1 200")
         sock.sendall(b"\r\n")  # cancels uvicorn's keep-alive timer; the parser skips it, no message begins
-        sock.settimeout(3.0)  # uvicorn's own keep-alive timeout is 5 s: the close must come from the head deadline
-        started = time.monotonic()
+        # uvicorn's own keep-alive timeout is 5 s: a close within 3 s (the socket's timeout raises
+        # otherwise) comes from the head deadline
+        sock.settimeout(3.0)
         assert read_all(sock) == b""  # closed quietly, no request having begun
-        assert time.monotonic() - started < 2.0
 
 
 def test_pipelined_requests_in_one_read_larger_than_the_cap_are_each_judged_on_their_own_head(server):
