@@ -215,6 +215,7 @@ def stream_chunks(raw: str, object_name: str) -> list[dict]:
     assert all(block.startswith("data: {") and "\n" not in block for block in blocks[:-1]), raw
     chunks = [json.loads(block[len("data: "):]) for block in blocks[:-1]]
     assert chunks, raw
+    assert sum("prompt_token_ids" in chunk for chunk in chunks) <= 1, raw  # the response's, once
     first = chunks[0]
     for chunk in chunks:
         assert chunk["object"] == object_name, chunk
@@ -335,7 +336,8 @@ def canonical_text_body(body: dict) -> dict:
     for choice in body["choices"]:
         choices[choice["index"]] = {"text": choice["text"], "finish_reason": choice["finish_reason"],
                                     "logprobs": choice.get("logprobs"), "token_ids": choice.get("token_ids"),
-                                    "prompt_logprobs": choice.get("prompt_logprobs")}
+                                    "prompt_logprobs": choice.get("prompt_logprobs"),
+                                    "prompt_token_ids": choice.get("prompt_token_ids")}
     return {"model": body["model"], "choices": choices, "usage": body["usage"],
             "prompt_token_ids": body.get("prompt_token_ids"), "system_fingerprint": body.get("system_fingerprint")}
 
@@ -348,7 +350,8 @@ def reassembled_text(chunks: list[dict]) -> dict:
         prompt_ids = chunk.get("prompt_token_ids", prompt_ids)
         for choice in chunk["choices"]:
             state = choices.setdefault(choice["index"], {"text": "", "finish_reason": None, "logprobs": None,
-                                                         "token_ids": None, "prompt_logprobs": None})
+                                                         "token_ids": None, "prompt_logprobs": None,
+                                                         "prompt_token_ids": None})
             state["text"] += choice["text"]
             if choice.get("logprobs") is not None:
                 if state["logprobs"] is None:
@@ -357,9 +360,10 @@ def reassembled_text(chunks: list[dict]) -> dict:
                     values.extend(choice["logprobs"][key])
             if "token_ids" in choice:
                 state["token_ids"] = (state["token_ids"] or []) + choice["token_ids"]
-            if "prompt_logprobs" in choice:
-                assert state["prompt_logprobs"] is None, choice
-                state["prompt_logprobs"] = choice["prompt_logprobs"]
+            for key in ("prompt_logprobs", "prompt_token_ids"):  # once, on the choice's first chunk
+                if key in choice:
+                    assert state[key] is None, choice
+                    state[key] = choice[key]
             state["finish_reason"] = choice["finish_reason"] or state["finish_reason"]
     return {"model": chunks[0]["model"], "choices": choices, "usage": usage, "prompt_token_ids": prompt_ids,
             "system_fingerprint": chunks[0].get("system_fingerprint")}
@@ -484,3 +488,28 @@ def test_choices_of_one_stream_share_created(runner, http, monkeypatch):
     body = {"model": SERVED_ID, "prompt": "hello", "max_tokens": 2, "temperature": 0, "n": 3}
     _, chunks = check_parity(runner, http["asgi"], "/v1/completions", body)
     assert len({chunk["created"] for chunk in chunks}) == 1
+
+
+@pytest.mark.parametrize("transport", ["asgi", "uvicorn"])
+def test_observed_batches_give_each_choice_its_prompt_ids(runner, http, transport):
+    """A batch of prompts with return_token_ids: each choice has its own prompt's ids (on the choice,
+    streamed and not); the top level has the first prompt's once, as the JSON body has."""
+    body = {"model": SERVED_ID, "prompt": ["hello", "the quick brown fox"], "n": 2, "max_tokens": 2,
+            "temperature": 0, "return_token_ids": True}
+    plain, chunks = check_parity(runner, http[transport], "/v1/completions", body)
+    by_prompt = [choice["prompt_token_ids"] for choice in plain["choices"]]
+    assert by_prompt[0] == by_prompt[1] == plain["prompt_token_ids"] and by_prompt[2] == by_prompt[3] != by_prompt[0]
+    assert [chunk["prompt_token_ids"] for chunk in chunks if "prompt_token_ids" in chunk] == [by_prompt[0]]
+
+
+@pytest.mark.parametrize("transport", ["asgi", "uvicorn"])
+def test_an_observed_output_without_tokens_streams_empty_ids(runner, http, transport):
+    """``max_tokens: 0`` with echo and return_token_ids: no id is generated; the stream's choice
+    reassembles to the JSON body's empty ``token_ids`` (and timestamps), not to none."""
+    body = {"model": SERVED_ID, "prompt": "hello", "max_tokens": 0, "echo": True, "logprobs": 1,
+            "return_token_ids": True, "return_token_timestamps": True}
+    plain, chunks = check_parity(runner, http[transport], "/v1/completions", body)
+    choice = plain["choices"][0]
+    assert choice["token_ids"] == [] and choice["token_timestamps_ns"] == [] and choice["text"] == "hello"
+    (terminal,) = [chunk["choices"][0] for chunk in chunks if chunk["choices"][0]["finish_reason"]]
+    assert terminal["token_ids"] == [] and terminal["token_timestamps_ns"] == []

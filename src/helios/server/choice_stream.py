@@ -28,6 +28,11 @@ from helios.server.bridge import Item
 from helios.server.responses import Lease, LeasedSSE
 
 
+def is_batch(choices: Sequence) -> bool:
+    """Whether the choices answer several prompts (a batch of text completions)."""
+    return any(choice.prompt_index for choice in choices)
+
+
 def merged_usage(choices: Sequence, finals: Sequence[OutputFinal]) -> dict:
     """The usage of several choices: each prompt counted once, every choice's output."""
     prompts = {choice.prompt_index: final.usage.prompt_tokens for choice, final in zip(choices, finals)}
@@ -64,7 +69,9 @@ class ChoiceMailbox:
 
 class ChoicesPresenter:
     """SSE bytes of several choices' items: each chunk with its choice's ``index`` and the
-    response's ``id`` and ``created`` (the first choice's, as in the JSON body); the per-choice
+    response's ``id`` and ``created`` (the first choice's, as in the JSON body), observed choices'
+    ``prompt_token_ids`` as in the JSON body (the first choice's at the top level; with a batch of
+    prompts each choice's on the choice too); the per-choice
     usage chunks dropped for one merged usage chunk at the end (without include_usage, an observed
     response's merged usage rides on the terminal chunk of the last choice to finish, as a single
     choice's rides on its own)."""
@@ -74,6 +81,7 @@ class ChoicesPresenter:
         self._presenters = presenters
         head = choices[0].prepared.head
         self._head = head
+        self._is_batch = is_batch(choices)
         self.finals: list[OutputFinal | None] = [None] * len(choices)
 
     def _render(self, index: int, chunks: list[dict]) -> bytes:
@@ -91,6 +99,12 @@ class ChoicesPresenter:
             chunk["id"], chunk["created"] = self._head.response_id, self._head.created  # each choice has its own
             for entry in chunk["choices"]:
                 entry["index"] = index
+            prompt_ids = chunk.pop("prompt_token_ids", None)  # on each observed choice's first chunk
+            if prompt_ids is not None:
+                if index == 0:
+                    chunk["prompt_token_ids"] = prompt_ids
+                if self._is_batch:
+                    chunk["choices"][0]["prompt_token_ids"] = prompt_ids
             out.append(sse_data(chunk))
         return b"".join(out)
 

@@ -14,6 +14,8 @@ that one copied) so each computes only the last prompt token and samples with it
 ``best_of`` equal to ``n`` is the same thing.
 
 Choices are numbered prompt by prompt: choice ``j`` of prompt ``i`` has ``index = i * n + j``.
+An observed response (``return_token_ids``) has the first prompt's ``prompt_token_ids`` at the top
+level and, for a batch of several prompts, each choice its own prompt's on the choice.
 Usage counts each prompt once and every choice's output. JSON: one body with every choice (the first
 failure instead, as its status, with the other choices cancelled as soon as it arrives). SSE: the choices' chunks
 interleaved as they come, each with its ``index`` and the response's ``id``, then one usage chunk
@@ -34,7 +36,7 @@ from helios.errors import RequestError
 from helios.frontend.responses.presentation import error_body
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
-from helios.server.choice_stream import ChoicesSSEResponse, merged_usage
+from helios.server.choice_stream import ChoicesSSEResponse, is_batch, merged_usage
 from helios.server.responses import Lease
 from helios.server.schemas import MAX_CHOICES
 
@@ -88,8 +90,11 @@ async def fanout_json(choices: Sequence[Choice], receive) -> Response:
         return JSONResponse(error_body(failure.error), status_code=failure.error.http_status)
     bodies = [choice.prepared.response_body(final) for choice, final in zip(choices, terminals)]
     entries = [body["choices"][0] for body in bodies]
-    for index, entry in enumerate(entries):
+    batch = is_batch(choices)
+    for index, (entry, body) in enumerate(zip(entries, bodies)):
         entry["index"] = index
+        if batch and "prompt_token_ids" in body:  # the top level has the first prompt's only
+            entry["prompt_token_ids"] = body["prompt_token_ids"]
     merged = bodies[0]
     merged["choices"] = entries
     merged["usage"] = merged_usage(choices, terminals)

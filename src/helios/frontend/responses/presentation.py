@@ -12,7 +12,8 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   (text: ``text=""``) with ``choices[0].token_ids=[id]`` and, when timed,
   ``choices[0].token_timestamps_ns=[t]``. Steps that waited together for a slow reader are
   presented as one (`helios.frontend.responses.step_run`): one metadata chunk with their ids (and
-  timestamps) in order, then their deltas merged. The stream ends with a terminal choice chunk
+  timestamps) in order, then their deltas merged (an observed output without a token, ``max_tokens:
+  0``, has its empty lists on the terminal chunk). The stream ends with a terminal choice chunk
   (``delta={}`` and the finish reason), then, with ``stream_options.include_usage``, a usage-only
   chunk with ``choices=[]`` (every earlier chunk has ``usage: null``), then ``data: [DONE]``;
 - observation: ``prompt_token_ids`` at the top level of the JSON body or of the first chunk;
@@ -345,6 +346,10 @@ class StreamPresenter:
             # Log-probabilities asked for and no entry to send (EOS or a stop came first): an empty
             # object, as the JSON body has, not none.
             terminal["choices"][0]["logprobs"] = _logprobs_body(self._head.kind, (), self._text_offsets)
+        if final.observation is not None and not final.observation.token_ids:
+            # An observed output without a token (``max_tokens: 0``): no id chunk was sent; the
+            # empty lists, as the JSON body has, not none.
+            terminal["choices"][0].update(_token_fields(final.observation))
         chunks.append(terminal)
         if self._head.options.include_usage:
             usage_chunk = self._chunk([])
