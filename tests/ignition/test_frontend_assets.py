@@ -17,7 +17,7 @@ from helios.ignition.architecture import CheckpointError
 from helios.ignition.checkpoint_assets import read_assets
 from helios.ignition.frontend.probes import PROBE_TOOLS, TOOL_NAME, tool_call_message, user
 from helios.ignition.frontend.render import ProbeTemplate
-from helios.ignition.frontend.sampling import recommended_sampling
+from helios.ignition.frontend.sampling import merged_sampling, recommended_sampling
 
 SPECIALS = ("<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "[INST]", "[/INST]", "<|image|>")
 PLAIN_ADDED = "<plain>"  # an added token that is not special
@@ -330,12 +330,28 @@ def test_eos_declarations_of_the_wrong_shape_are_refused_naming_the_file(tmp_pat
     ({"do_sample": True, "top_k": 0, "repetition_penalty": 1.0},
      spb.SamplingDefaults(top_k=0, repetition_penalty=1.0)),
     ({"do_sample": True, "temperature": 0.6, "min_p": 0.05}, spb.SamplingDefaults(temperature=0.6, min_p=0.05)),
-    ({"max_new_tokens": 512, "max_length": 4096, "pad_token_id": 0, "transformers_version": "4.51.0",
+    ({"max_length": 4096, "pad_token_id": 0, "transformers_version": "4.51.0",
       "cache_implementation": "hybrid"}, spb.SamplingDefaults()),
-], ids=["greedy", "temperature 0", "neutral values", "min_p", "unread keys"])
+    ({"max_new_tokens": 512, "max_length": 20}, spb.SamplingDefaults(max_output_tokens=512)),
+], ids=["greedy", "temperature 0", "neutral values", "min_p", "unread keys", "max_new_tokens"])
 def test_generation_config_keys_become_sampling_defaults(tmp_path, values, expected):
     (tmp_path / "generation_config.json").write_text(json.dumps(values))
     assert recommended_sampling(tmp_path) == expected
+
+
+@pytest.mark.parametrize("limit", [0, -5, 1.5, "64", True])
+def test_a_max_new_tokens_that_is_no_positive_integer_is_refused_naming_it(tmp_path, limit):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": limit}))
+    with pytest.raises(CheckpointError, match="generation_config.json: max_new_tokens must be a positive integer"):
+        recommended_sampling(tmp_path)
+
+
+def test_max_new_tokens_is_capped_at_the_context_extent_and_an_explicit_limit_wins(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 100_000, "temperature": 0.5}))
+    assert merged_sampling(tmp_path, spb.SamplingDefaults(), 4096) == spb.SamplingDefaults(
+        temperature=0.5, max_output_tokens=4096)
+    explicit = spb.SamplingDefaults(max_output_tokens=7)
+    assert merged_sampling(tmp_path, explicit, 4096).max_output_tokens == 7
 
 
 def test_a_min_p_outside_its_range_is_refused_naming_it(tmp_path):

@@ -4,9 +4,10 @@
 min_p, top_k (0 disables it, as in transformers) and repetition_penalty the file gives are recorded
 (values outside the contract's ranges are a prepare error naming the field). Without ``do_sample``
 the values given are recorded too, as vLLM and SGLang read them (transformers would decode greedily
-and warn). ``max_new_tokens`` and ``max_length`` are not read: a request's output limit is its
-``max_tokens``, else what its context leaves. Fields the publisher sets explicitly in `PrepareOptions.sampling`
-win; anything neither gives is left to the runtime's neutral defaults. Requests that set a value
+and warn). ``max_new_tokens`` is the default output limit of a request that gives no
+``max_tokens`` (as vLLM reads it; capped by the prepared context extent); ``max_length`` is not read
+(transformers writes its default 20 into saved configs). Fields the publisher sets explicitly in
+`PrepareOptions.sampling` win; anything neither gives is left to the runtime's neutral defaults. Requests that set a value
 win over all of these.
 """
 
@@ -60,11 +61,19 @@ def recommended_sampling(directory: Path) -> spb.SamplingDefaults:
     penalty = _number(config, "repetition_penalty", 0.0, 100.0, low_open=True)
     if penalty is not None:
         out.repetition_penalty = penalty
+    limit = config.get("max_new_tokens")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise CheckpointError(f"{FILE}: max_new_tokens must be a positive integer, not {limit!r}")
+        out.max_output_tokens = min(limit, 2**31 - 1)
     return out
 
 
-def merged_sampling(directory: Path, explicit: spb.SamplingDefaults) -> spb.SamplingDefaults:
-    """`explicit` fields over the checkpoint's recommendations."""
+def merged_sampling(directory: Path, explicit: spb.SamplingDefaults, context_tokens: int) -> spb.SamplingDefaults:
+    """`explicit` fields over the checkpoint's recommendations; the checkpoint's output limit is
+    capped at the prepared context extent (`context_tokens`), the most any request can generate."""
     merged = recommended_sampling(directory)
+    if merged.HasField("max_output_tokens"):
+        merged.max_output_tokens = min(merged.max_output_tokens, context_tokens)
     merged.MergeFrom(explicit)  # set fields of `explicit` overwrite
     return merged
