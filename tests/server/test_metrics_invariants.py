@@ -2,8 +2,8 @@
 
 A seeded mix (chat and text completions, streamed and not, ``n`` 1 to 3, batched prompts, stops,
 ``max_tokens`` 0 to 8 with ``echo``, forced tool calls, repeated prompts that hit the prefix cache,
-invalid bodies, requests the scheduler rejects or fails, crowds that get 429, and clients that
-disconnect at random points) runs against a tiny served core in this process, in waves of
+invalid bodies, requests the scheduler rejects or fails, requests whose output fails at its end,
+crowds that get 429, and clients that disconnect at random points) runs against a tiny served core in this process, in waves of
 concurrent requests. Every response's status, usage and finish reasons are recorded (a request
 whose client left has no usage: its access-log record, the request's `RequestRecord`, counts it).
 Once the server is idle, the scraped /metrics must say exactly what the responses said:
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ WAIT_S = 60.0
 KEY_HEADER = "x-test-key"
 REJECTED_STOPS = ["#r1", "#r2", "#r3", "#r4"]  # the scheduler rejects these (503)
 FAILED_STOPS = ["#e1", "#e2", "#e3", "#e4"]  # the scheduler raises on these (500)
+BROKEN_USER = "broken-output"  # these requests' output processing fails at their end (500)
 PROMPTS = [
     "hello",
     "the weather today is",
@@ -58,6 +60,34 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 class Rejected(AdmissionRejected):
     """The test's stand-in for a capacity the request exceeds."""
+
+
+class BrokenEnd:
+    """An output factory whose processors fail when the output ends."""
+
+    def __init__(self, factory):
+        self._factory = factory
+
+    def create(self):
+        processor = self._factory.create()
+
+        def finish(*args, **kwargs):
+            raise RuntimeError("broken by the test")
+
+        processor.finish = finish
+        return processor
+
+
+def breaking(prepare):
+    """`prepare`, with a broken output for the requests of `BROKEN_USER`."""
+
+    def preparing(body, *args, **kwargs):
+        prepared = prepare(body, *args, **kwargs)
+        if body.user == BROKEN_USER:
+            prepared = dataclasses.replace(prepared, output=BrokenEnd(prepared.output))
+        return prepared
+
+    return preparing
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +104,8 @@ def served(tmp_path_factory):
             return submit(spec)
 
         scheduler.submit = submitting
+        served.frontend.prepare_chat = breaking(served.frontend.prepare_chat)
+        served.frontend.prepare_completion = breaking(served.frontend.prepare_completion)
         yield served
 
 
@@ -84,7 +116,7 @@ class Outcome:
     key: str
     endpoint: str
     body: object
-    kind: str  # ok, gone, invalid, overloaded, rejected, failed
+    kind: str  # ok, gone, invalid, overloaded, rejected, failed, broken
     num_choices: int = 0  # engine requests it makes once admitted
     status: str = ""  # the label /metrics should count it under
     error_code: int | None = None  # a failure's code (a stream's error event's, once its headers are out)
@@ -96,6 +128,10 @@ class Outcome:
     @property
     def ran(self) -> bool:
         return self.kind in ("ok", "gone")
+
+    @property
+    def reached_engine(self) -> bool:
+        return self.kind in ("ok", "gone", "broken")
 
 
 # -- the mix -----------------------------------------------------------------------------------------
@@ -162,7 +198,10 @@ def plan(rng: random.Random, index: int) -> Outcome:
     if draw < 0.21:
         body.pop("tools", None), body.pop("tool_choice", None)
         return Outcome(key, endpoint, {**body, "stop": FAILED_STOPS}, "failed")
-    if draw < 0.38:
+    if draw < 0.25:
+        body.pop("stop", None)  # its tokens count as they arrive
+        return Outcome(key, endpoint, {**body, "user": BROKEN_USER}, "broken")
+    if draw < 0.40:
         body["max_tokens"] = rng.choice([body["max_tokens"], 60])  # long enough to be cut, often
         return Outcome(key, endpoint, body, "gone")
     return Outcome(key, endpoint, body, "ok")
@@ -304,7 +343,7 @@ async def idle(served, outcomes: list[Outcome], records: dict) -> None:
     def is_idle() -> bool:
         counters = served.engine.scheduler.counters()
         return (served.admission.in_use == 0 and counters.num_running == 0 and counters.num_waiting == 0
-                and all(ended(records[o.key]) for o in outcomes if o.ran))
+                and all(ended(records[o.key]) for o in outcomes if o.reached_engine))
 
     while not is_idle():
         assert asyncio.get_running_loop().time() < deadline, "the server did not go idle"
@@ -345,8 +384,8 @@ def test_metrics_equal_what_the_responses_said(runner, served):
     for outcome in outcomes:
         outcome.record = records.get(outcome.key)
     kinds = collections.Counter(o.kind for o in outcomes)
-    assert all(kinds[k] for k in ("ok", "gone", "invalid", "rejected", "failed", "overloaded")), kinds
-    for kind, code in (("rejected", 503), ("failed", 500)):
+    assert all(kinds[k] for k in ("ok", "gone", "invalid", "rejected", "failed", "broken", "overloaded")), kinds
+    for kind, code in (("rejected", 503), ("failed", 500), ("broken", 500)):
         assert all(o.error_code == code for o in outcomes if o.kind == kind), kind
     problems = discrepancies(outcomes, parse(text))
     assert not problems, "\n".join(problems)
@@ -366,9 +405,16 @@ def discrepancies(outcomes: list[Outcome], samples) -> list[str]:
 
     ran = [o for o in outcomes if o.ran]
     ok = [o for o in outcomes if o.kind == "ok"]
+    broken = [o for o in outcomes if o.kind == "broken"]
 
-    # what each response said agrees with its access-log record (which counts the ones cut short)
+    # what each response said agrees with its access-log record (which counts the ones cut short);
+    # a request that failed in its output counts the tokens it was given, and the prompts of its
+    # choices that did not fail
     usage = {}
+    for outcome in broken:
+        records_of = choice_records(outcome)
+        prompts = {r.prompt_index: r.num_prompt_tokens for r in records_of if r.finish_reason != "error"}
+        usage[outcome.key] = sum(prompts.values()), sum(r.num_output_tokens for r in records_of)
     for outcome in ran:
         usage[outcome.key] = outcome.record.totals()
         if outcome.kind == "ok" and outcome.usage is not None:
@@ -387,9 +433,9 @@ def discrepancies(outcomes: list[Outcome], samples) -> list[str]:
     for outcome in ok:
         seen.update({"tool_calls": "stop"}.get(f, f) for f in outcome.finishes)
     for outcome in outcomes:
-        if outcome.kind == "gone":
+        if outcome.kind in ("gone", "broken"):
             seen.update({"eos": "stop"}.get(r.finish_reason, r.finish_reason) for r in choice_records(outcome))
-    seen["error"] = sum(o.num_choices for o in outcomes if o.kind == "failed")
+    seen["error"] += sum(o.num_choices for o in outcomes if o.kind == "failed")
     exposed_reasons = collections.Counter()
     for reason, count in by_label(samples, "helios_requests_finished_total", "reason").items():
         exposed_reasons[{"eos": "stop"}.get(reason, reason)] += count
@@ -406,17 +452,18 @@ def discrepancies(outcomes: list[Outcome], samples) -> list[str]:
     for name in ("helios_e2e_request_latency_seconds", "helios_request_queue_time_seconds",
                  "helios_request_prompt_tokens", "helios_request_generation_tokens"):
         check(f"{name} observations", value(samples, f"{name}_count", **label), len(ran))
-    check("prompt-token histogram sum", value(samples, "helios_request_prompt_tokens_sum", **label), prompt_tokens)
+    check("prompt-token histogram sum", value(samples, "helios_request_prompt_tokens_sum", **label),
+          sum(usage[o.key][0] for o in ran))
     check("generation-token histogram sum", value(samples, "helios_request_generation_tokens_sum", **label),
-          output_tokens)
+          sum(usage[o.key][1] for o in ran))
     check("time-to-first-token observations", value(samples, "helios_time_to_first_token_seconds_count", **label),
-          sum(usage[o.key][1] > 0 for o in ran))
+          sum(usage[o.key][1] > 0 for o in ran + broken))
     check("time-per-output-token observations",
           value(samples, "helios_time_per_output_token_seconds_count", **label),
           sum(max(r.num_output_tokens for r in choice_records(o)) > 1 for o in ran))
 
     # the prefix cache: reused tokens as the responses report them
-    reused = [getattr(r, "num_reused_tokens", None) for o in ran for r in choice_records(o)]
+    reused = [getattr(r, "num_reused_tokens", None) for o in ran + broken for r in choice_records(o)]
     check("prefix reused tokens", value(samples, "helios_prefix_reused_tokens_total"), sum(n or 0 for n in reused))
     for outcome in ok:
         for index, num_reused in outcome.reused.items():

@@ -148,7 +148,8 @@ class ResponseBridge:
     def on_event(self, event: RequestEvent) -> None:
         """One engine event of this request, in order; never blocks."""
         if isinstance(event, FinishEvent):
-            event = self._settled(event)
+            self._finish(self._settled(event))
+            return
         if self._observe is not None:
             self._observe(event)
         if self._is_terminal_posted:
@@ -162,8 +163,19 @@ class ResponseBridge:
                 self._stop(self.request_id, self._output.num_output_tokens)
         elif isinstance(event, PromptScoresEvent):  # not the end: the scores wait for the first token
             self._score_prompt(event)
-        else:
-            self._post_terminal(self._terminal(event))
+
+    def _finish(self, event: FinishEvent) -> None:
+        """The end: the terminal item, and `observe` told the end as the response ends (a failure
+        of the output's end is an ERROR; a stop found in the output's last text a STOP)."""
+        terminal = None if self._is_terminal_posted else self._terminal(event)
+        if isinstance(terminal, Failure) and event.reason not in _FAILURES:
+            event = event._replace(reason=FinishReason.ERROR)
+        elif isinstance(terminal, OutputFinal) and terminal.reason is not event.reason:
+            event = event._replace(reason=terminal.reason)
+        if self._observe is not None:
+            self._observe(event)
+        if terminal is not None:
+            self._post_terminal(terminal)
 
     def on_failure(self, error: Exception, event: RequestEvent) -> None:
         """The output worker caught `error` from `on_event(event)`: this request ends with an
