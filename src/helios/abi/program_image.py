@@ -223,8 +223,8 @@ def _record(cls):
     fields = []
 
     def convert(data):
-        if not fields:
-            fields.extend((name, _converter(hints[name])) for name in names)
+        if not fields:  # filled whole in one step: a thread loading beside this one never reads part of it
+            fields[:] = [(name, _converter(hints[name])) for name in names]
         return cls(**{name: field(data[name]) for name, field in fields if name in data})
     return convert
 

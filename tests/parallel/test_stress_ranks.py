@@ -1,0 +1,81 @@
+"""A seeded stress of tensor-parallel serving: `tests/runtime/stress.py`'s request mix through a
+core prepared for two ranks (rank 1 a thread of this process), checked against the one-rank core.
+
+`StressRun` draws the scenario as for one engine - arrivals in bursts and at plans and tokens,
+shared prefixes, `n` choices of one prompt, output limits down to one, EOS ids, stop sequences,
+frontend stops, failing hooks, grammars (an allow-all matcher: the constrained path), logit
+biases, log-probabilities, prompt scores, reused ids, cancellations aimed at the ingress channel,
+waiting, a prompt chunk, a decode round, a speculative round and some tokens - and here drives the
+runtime's engine over a `RankedExecutor` (a small page pool: preemption). Each request's output
+alone comes from the same family's one-rank core (no speculation). `StressRun.check` then asserts
+every request's tokens and end against it, one finish each with its counts, and that the idle
+engine holds nothing; here also that the peer holds exactly the request records rank zero holds
+(both packers applied the same plans), and, for a run shut down midway, that every rank thread ends.
+
+The dense family (Llama 3) speculates with its first layer as the draft; the mixture-of-experts
+family (Qwen3-MoE) runs plain programs, some requests sampled with a seed (exact on two ranks: the
+draws use the gathered logits), and offloads preempted requests to host pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+
+from helios.ignition.recipes import load_checkpoint
+from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.execution.geometry import capacities_for
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.offline import generate
+from helios.runtime.parallel.rank_timing import PhaseTimers, run_phase
+from helios.runtime.records.capacities import Operation
+from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, TokenEvent
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from helios.runtime.scheduling.scheduler import Scheduler
+from helios.runtime.service import RuntimeOptions, build_runtime
+from ignition.hf_checkpoints import LLAMA3, QWEN3_MOE
+from runtime import stress
+from runtime.stress import DECODE, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING, Alone, Scenario, StressRun
+
+from .conftest import FAST, MAX_TOKENS, PROMPTS, running
+
+@dataclass
+class _Pair:
+    first: int
+    second: int
+
+
+def test_a_schema_record_first_converted_by_two_loading_threads_gets_every_field(monkeypatch):
+    """Thread ranks load their programs beside rank zero, converting the same schema types; a
+    record converter filled its field list one field at a time, so a thread converting while
+    another was filling it built the record from the fields so far ("TensorMeta.__init__() missing
+    2 required positional arguments": rank 1 refused to join)."""
+    from helios.abi import program_image
+
+    convert = program_image._record(_Pair)
+    build, calls, beside = program_image._converter, [], []
+
+    def converter(hint):  # the second field's converter is built while another thread converts
+        calls.append(hint)
+        if len(calls) == 2:
+            thread = threading.Thread(target=lambda: beside.append(_outcome(convert, {"first": 1, "second": 2})))
+            thread.start()
+            thread.join()
+        return build(hint)
+
+    monkeypatch.setattr(program_image, "_converter", converter)
+    assert convert({"first": 3, "second": 4}) == _Pair(3, 4)
+    assert beside == [_Pair(1, 2)]
+
+
+def _outcome(call, *args):
+    try:
+        return call(*args)
+    except Exception as error:  # noqa: BLE001 - the outcome is compared
+        return error
