@@ -79,3 +79,17 @@ def _outcome(call, *args):
         return call(*args)
     except Exception as error:  # noqa: BLE001 - the outcome is compared
         return error
+
+
+def test_an_idle_group_outlives_its_collective_timeout_when_keepalives_are_rarer_than_polls(cores):
+    """The monitor polls every 0.5 s and sends a keepalive once the group idled a quarter of the
+    collective timeout; with a quarter longer than a poll, a poll that found the group not idle
+    long enough restarted the idle time, so no keepalive was ever sent and the peer, waiting for
+    rank zero's next message, timed out (the default 60 s timeout: a server idle for a minute
+    lost its ranks)."""
+    core = cores.open(cores.core(QWEN3_MOE, 2))
+    with running(core, replace(FAST, collective_timeout_s=3.0)) as runtime:  # keepalive after 0.75 s idle
+        time.sleep(4.5)  # one and a half collective timeouts without a plan
+        assert runtime.peers.live_peers == (1,) and runtime.engine.is_healthy, runtime.peers.executor.failure
+        results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
+    assert [(r.finish_reason, len(r.token_ids)) for r in results] == [(FinishReason.LENGTH, MAX_TOKENS)] * len(PROMPTS)

@@ -215,12 +215,14 @@ class RankedExecutor:
         return output
 
     def keepalive(self, idle_s: float) -> None:
-        """When the group has been idle `idle_s` and no plan runs: one exchange with every rank."""
+        """When the group has been idle `idle_s` and no plan runs: one exchange with every rank.
+        (A call before then changes nothing: the idle time counts from the last exchange.)"""
         if self._failure is not None or not self._group_lock.acquire(blocking=False):
             return
+        if time.monotonic() - self._last_exchange < idle_s:
+            self._group_lock.release()
+            return
         try:
-            if time.monotonic() - self._last_exchange < idle_s:
-                return
             self._channel.send(StepMessage(MessageKind.KEEPALIVE))
             self._group.all_reduce(torch.ones(1, dtype=torch.int64))
         except CollectiveError as failure:
