@@ -93,3 +93,14 @@ def test_an_idle_group_outlives_its_collective_timeout_when_keepalives_are_rarer
         assert runtime.peers.live_peers == (1,) and runtime.engine.is_healthy, runtime.peers.executor.failure
         results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
     assert [(r.finish_reason, len(r.token_ids)) for r in results] == [(FinishReason.LENGTH, MAX_TOKENS)] * len(PROMPTS)
+
+
+def test_every_operation_has_a_rank_phase():
+    """A plan of cache copies alone (no operation: a preempted request offloaded to host pages) run
+    in one exchange is timed as "run.copies"; it had no phase, so the timer's KeyError ended the
+    peer and failed rank zero's plan."""
+    timers = PhaseTimers()
+    for operation in Operation:
+        with timers.phase(run_phase(operation)):
+            pass
+    assert timers.counts["run.copies"] == 1 and sum(timers.counts.values()) == len(Operation)

@@ -21,9 +21,17 @@ import torch
 
 from helios.runtime.records.capacities import Operation
 
-# Control-plane phases, then one program phase per operation ("run.decode", ...).
+# Control-plane phases, then one program phase per operation ("run.decode", ...) and "run.copies"
+# (a plan of cache copies alone, of no operation: a preempted request's pages offloaded).
 CONTROL_PHASES = ("encode", "send", "receive", "decode", "apply", "launch", "finish", "agree")
-PHASES = CONTROL_PHASES + tuple(f"run.{op.name.lower()}" for op in Operation if op is not Operation.UNSPECIFIED)
+
+
+def run_phase(operation: Operation) -> str:
+    """The phase that times a plan of `operation` run in one exchange."""
+    return "run.copies" if operation is Operation.UNSPECIFIED else f"run.{operation.name.lower()}"
+
+
+PHASES = CONTROL_PHASES + tuple(run_phase(op) for op in Operation)
 
 
 class PhaseTimers:
@@ -66,6 +74,3 @@ class PhaseTimers:
         """{phase: (seconds, count)} of the phases that ran."""
         return {n: (self.seconds[n], self.counts[n]) for n in PHASES if self.counts[n]}
 
-
-def run_phase(operation: Operation) -> str:
-    return f"run.{operation.name.lower()}"
