@@ -107,7 +107,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
 
 @pytest.mark.parametrize("changes, message", [
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}, "rope_type"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}}, "rope_type"),
     ({"tie_word_embeddings": False}, "lm_head.weight"),
 ])
 def test_unsupported_settings_are_refused(checkpoints, tmp_path, changes, message):

@@ -28,7 +28,7 @@ import torch
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows
+from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows, with_original_context
 from helios.ignition.recipes.yarn import yarn_inv_freq
 
 ARCHITECTURES = ("GptOssForCausalLM",)
@@ -75,9 +75,11 @@ def rope(config: Mapping[str, Any]) -> tuple[torch.Tensor, float]:
     """(float32 inverse frequencies, attention factor) as GptOss's rotary embedding computes them."""
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     params.setdefault("rope_theta", config.get("rope_theta", 150000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    params.setdefault("rope_type", params.get("type", "default"))
+    rope_type = params["rope_type"]
     if rope_type not in _ROPE_TYPES:
         raise UnsupportedCheckpoint(f"rope_type {rope_type!r} is not one of {_ROPE_TYPES}")
+    with_original_context(params, config)
     num_heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or config["hidden_size"] // num_heads)
     if rope_type == "yarn":

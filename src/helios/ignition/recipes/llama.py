@@ -1,6 +1,7 @@
 """Recipe for the Llama family of Hugging Face checkpoints.
 
-Covers LlamaForCausalLM (Llama 2 and 3, rope scaling "default", "linear" and "llama3"),
+Covers LlamaForCausalLM (Llama 2 and 3, rope scaling "default", "linear", "llama3" and "yarn", whose
+attention factor scales the rotary cos/sin tables: `Architecture.rotary_factor`),
 MistralForCausalLM (sliding window on every layer), Qwen2ForCausalLM / Qwen2.5 (q/k/v bias, optional
 sliding layers) and Qwen3ForCausalLM (per-head q/k RMS norm): grouped-query attention, tied or
 untied embeddings. All the family knowledge lives here; it becomes Architecture fields and the
@@ -21,9 +22,14 @@ import torch
 from helios.ignition.architecture import Architecture
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
+from helios.ignition.recipes.yarn import yarn_attention_factor, yarn_inv_freq
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Rope types whose pretraining context transformers reads from a top-level
+# ``original_max_position_embeddings`` before the rope dict's own (Phi-3's spelling), else from
+# ``max_position_embeddings``.
+_ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -59,6 +65,7 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
         qk_norm=prefix + "self_attn.q_norm.weight" in tensors,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype or _checkpoint_dtype(config, tensors),
+        rotary_factor=rope_attention_factor(config),
     )
 
 
@@ -91,17 +98,38 @@ def rope_parameters(config: Mapping[str, Any], partial: bool = False) -> dict[st
     params["partial_rotary_factor"] = float(params.get("partial_rotary_factor",
                                                        config.get("partial_rotary_factor") or 1.0))
     if params["partial_rotary_factor"] != 1.0 and not partial:
-        raise UnsupportedCheckpoint("partial rotary embeddings are not supported")
-    if params["rope_type"] == "llama3":
-        params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
+        raise UnsupportedCheckpoint(f"partial_rotary_factor {params['partial_rotary_factor']} is not supported "
+                                    f"(this family rotates whole heads)")
+    return with_original_context(params, config)
+
+
+def with_original_context(params: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with the pretraining context transformers gives a "llama3" or "yarn" rope: a top-level
+    ``original_max_position_embeddings`` (Phi-3's spelling) before the rope dict's own, else
+    ``max_position_embeddings``."""
+    if params.get("rope_type") in _ORIGINAL_CONTEXT_TYPES:
+        if config.get("original_max_position_embeddings") is not None:
+            params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        elif params.get("original_max_position_embeddings") is None:
+            params["original_max_position_embeddings"] = config.get("max_position_embeddings")
     return params
+
+
+def rope_attention_factor(config: Mapping[str, Any]) -> float:
+    """The factor on the rotary cos/sin tables: YaRN's attention factor, 1.0 for every other rope type."""
+    params = rope_parameters(config, partial=True)
+    if params["rope_type"] != "yarn":
+        return 1.0
+    return yarn_attention_factor(params, config.get("max_position_embeddings"))
 
 
 def rotary_width(config: Mapping[str, Any], head_dim: int) -> int:
     """The rotated leading dimensions of a head: head_dim times the partial rotary factor."""
-    width = int(head_dim * rope_parameters(config, partial=True)["partial_rotary_factor"])
+    factor = rope_parameters(config, partial=True)["partial_rotary_factor"]
+    width = int(head_dim * factor)
     if width <= 0 or width % 2:
-        raise UnsupportedCheckpoint(f"a rotary width of {width} of head_dim {head_dim} is not a positive even width")
+        raise UnsupportedCheckpoint(f"partial_rotary_factor {factor} gives a rotary width of {width} of head_dim "
+                                    f"{head_dim}, not a positive even width")
     return width
 
 
@@ -115,6 +143,8 @@ def rope_inv_freq(config: Mapping[str, Any], head_dim: int, partial: bool = Fals
         return inv_freq / params["factor"]
     if params["rope_type"] == "llama3":
         return _llama3_scaled(inv_freq, params)
+    if params["rope_type"] == "yarn":
+        return yarn_inv_freq(params, head_dim, config.get("max_position_embeddings"))[0]
     return inv_freq
 
 

@@ -87,6 +87,8 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     interleaved = bool(params.pop("mrope_interleaved", False))
     if not section:
         raise UnsupportedCheckpoint(f"a {source} checkpoint needs rope mrope_section")
+    if params.get("rope_type", params.get("type")) == "yarn":  # the mrope tables have no attention factor
+        raise UnsupportedCheckpoint(f"rope_type 'yarn' is not supported with mrope_section ({source})")
     text["rope_parameters"] = params
     view = _TextTensors(tensors, text_prefix)
     arch = llama.architecture_from_config(source, text, view, dtype)

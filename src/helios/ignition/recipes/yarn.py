@@ -15,16 +15,8 @@ def yarn_inv_freq(params: Mapping[str, Any], head_dim: int,
     """(float32 inverse frequencies [head_dim / 2], attention factor) of a YaRN rope config."""
     base, dim = float(params["rope_theta"]), head_dim
     original = params["original_max_position_embeddings"]
-    factor = params.get("factor")
-    if factor is None:
-        factor = max_position_embeddings / original
-    attention_factor = params.get("attention_factor")
-    if attention_factor is None:
-        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
-        if mscale and mscale_all_dim:
-            attention_factor = float(_mscale(factor, mscale) / _mscale(factor, mscale_all_dim))
-        else:
-            attention_factor = _mscale(factor)
+    factor = _factor(params, max_position_embeddings)
+    attention_factor = yarn_attention_factor(params, max_position_embeddings)
     beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
     low, high = _correction_range(beta_fast, beta_slow, dim, base, original, params.get("truncate", True))
     pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
@@ -32,6 +24,24 @@ def yarn_inv_freq(params: Mapping[str, Any], head_dim: int,
     extrapolation_factor = 1 - _linear_ramp(low, high, dim // 2)
     inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
     return inv_freq, float(attention_factor)
+
+
+def yarn_attention_factor(params: Mapping[str, Any], max_position_embeddings: int | None = None) -> float:
+    """The factor on the rotary cos/sin tables of a YaRN rope config."""
+    factor = _factor(params, max_position_embeddings)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = float(_mscale(factor, mscale) / _mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = _mscale(factor)
+    return float(attention_factor)
+
+
+def _factor(params: Mapping[str, Any], max_position_embeddings: int | None) -> float:
+    factor = params.get("factor")
+    return max_position_embeddings / params["original_max_position_embeddings"] if factor is None else factor
 
 
 def _mscale(scale: float, mscale: float = 1.0) -> float:
