@@ -68,13 +68,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
-    """cos and sin [T, 1, D] for the packed positions,
-    times `factor` (a rope scaling's attention factor)."""
+    """cos and sin [T, 1, D] for the packed positions, the rotated pairs' times `factor` (a rope
+    scaling's attention factor). A zero frequency marks a pass-through pair of a partially rotated
+    head (`helios.ignition.recipes.moe.partial_rotary`): the reference leaves it unscaled, so it keeps
+    cos 1 and sin 0."""
     freqs = positions[:, None].to(torch.float32) * inv_freq[None, :].to(torch.float32)
     angles = torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
     if factor != 1.0:
-        cos, sin = cos * factor, sin * factor
+        both = torch.cat((inv_freq, inv_freq)).to(torch.float32)
+        scale = torch.where(both == 0, torch.ones_like(both), torch.full_like(both, factor))
+        cos, sin = cos * scale, sin * scale
     return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 

@@ -13,7 +13,8 @@ Family knowledge turned into Architecture fields and the prepared weight layout:
 * dense first layers (``first_k_dense_replace``) with the gated MLP of ``intermediate_size``, then
   mixture-of-experts layers (`MixtureOfExperts`, read as `helios.ignition.recipes.moe` reads them): sigmoid scoring with the router's correction bias
   (``e_score_correction_bias``), group-limited top-k (``n_group``, ``topk_group``), ``norm_topk_prob``,
-  ``routed_scaling_factor`` and ``n_shared_experts`` shared experts of ``moe_intermediate_size`` each.
+  ``routed_scaling_factor`` and ``n_shared_experts`` shared experts of ``moe_intermediate_size`` each
+  (for none, transformers saves zero-width shared-expert tensors, which are skipped).
 
 A checkpoint tensor this recipe does not place is an error (multi-token-prediction layers past
 ``num_hidden_layers`` are not served and are skipped, as transformers skips them).
@@ -29,8 +30,8 @@ import torch
 from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import _checkpoint_dtype
-from helios.ignition.recipes.moe import ExpertNames, mixture_from_config, sparse_weights
+from helios.ignition.recipes.llama import _checkpoint_dtype, with_original_context
+from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 ROPE_TYPES = ("default", "yarn")
@@ -42,7 +43,8 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     arch = architecture_from_config(source, config, tensors, dtype)
     weights, used = prepared_weights(arch, config, tensors)
     unplaced = sorted(name for name in tensors.names - used
-                      if not name.endswith(_IGNORED_SUFFIXES) and not _is_extra_layer(name, arch.num_layers))
+                      if not name.endswith(_IGNORED_SUFFIXES) and not _is_extra_layer(name, arch.num_layers)
+                      and not is_empty_shared_expert(name, arch, tensors))
     if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
     return Recipe(source, arch, weights)
@@ -88,7 +90,7 @@ def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
     if params["rope_type"] not in ROPE_TYPES:
         raise UnsupportedCheckpoint(f"rope_type {params['rope_type']!r} is not one of {ROPE_TYPES}")
     if params["rope_type"] == "yarn":
-        params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
+        with_original_context(params, config)
         if params.get("factor") is None:
             params["factor"] = config["max_position_embeddings"] / params["original_max_position_embeddings"]
     return params

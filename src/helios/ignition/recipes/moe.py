@@ -11,7 +11,10 @@ Attention is the Llama recipe's (`helios.ignition.recipes.llama`); this module a
 per-expert gate/up/down tensors (``experts.N.gate_proj`` / ``w1`` style, or the fused
 ``experts.gate_up_proj`` / ``experts.down_proj`` layout) are stacked into [E, 2F, H] and [E, H, F],
 the router weight and correction bias are kept in float32. GLM's multi-token-prediction layers
-(``num_nextn_predict_layers``, stored after the last layer) are not served and are skipped.
+(``num_nextn_predict_layers``, stored after the last layer) are not served and are skipped, and so
+are the zero-width shared-expert tensors transformers saves for ``n_shared_experts`` 0. Only GLM's
+reference honours ``partial_rotary_factor``; Qwen3-MoE and Mixtral rotate whole heads, so a partial
+factor there is refused rather than applied.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class ExpertNames(NamedTuple):
     down: str
 
 
+# The families whose reference honours partial_rotary_factor (the others' rotate whole heads).
+_PARTIAL_ROTARY = ("Glm4MoeForCausalLM",)
+
 _NAMES = {
     "Qwen3MoeForCausalLM": ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj"),
     "MixtralForCausalLM": ExpertNames("block_sparse_moe.", "w1", "w3", "w2"),
@@ -53,6 +59,8 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     dense = len(moe.sparse_layers) < base.num_layers
     arch = dataclasses.replace(base, moe=moe, intermediate_size=base.intermediate_size if dense else 0)
     names = _NAMES[source]
+    if source not in _PARTIAL_ROTARY:
+        llama.rope_parameters(config)  # refuses a partial_rotary_factor: the family rotates whole heads
     rotary = llama.rotary_width(config, arch.head_dim)
 
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
@@ -65,7 +73,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     if rotary < arch.head_dim:
         inv_freq, transform = partial_rotary(config, arch.head_dim, rotary)
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, inv_freq, transform)
-    unplaced = sorted(name for name in tensors.names - used if not _ignored(name, arch, config))
+    unplaced = sorted(name for name in tensors.names - used if not _ignored(name, arch, config, tensors))
     if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
     return Recipe(source, arch, weights)
@@ -87,8 +95,11 @@ def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int)
                                 normalize=bool(config.get("norm_topk_prob", False)))
     first_sparse = int(config.get("first_k_dense_replace", 0))
     ffn = int(config["moe_intermediate_size"])
+    experts, groups = int(config.get("n_routed_experts") or config["num_local_experts"]), int(config.get("n_group") or 1)
+    if groups > 1 and experts < 2 * groups:  # a group's score is the sum of its two best experts
+        raise UnsupportedCheckpoint(f"n_group {groups} leaves fewer than 2 of the {experts} routed experts per group")
     return MixtureOfExperts(
-        int(config.get("n_routed_experts") or config["num_local_experts"]), top_k, ffn,
+        experts, top_k, ffn,
         tuple(range(first_sparse, num_layers)), scoring="sigmoid", num_groups=int(config.get("n_group") or 1),
         topk_groups=int(config.get("topk_group") or 1), normalize=bool(config.get("norm_topk_prob", True)),
         scale=float(config.get("routed_scaling_factor", 1.0)), correction_bias=True,
@@ -151,9 +162,19 @@ def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
     return out
 
 
-def _ignored(name: str, arch: Architecture, config: Mapping[str, Any]) -> bool:
-    """Rotary buffers, and the multi-token-prediction layers stored after the last decoder layer."""
+def is_empty_shared_expert(name: str, arch: Architecture, tensors: CheckpointTensors) -> bool:
+    """A tensor of the zero-width shared expert transformers saves for ``n_shared_experts`` 0 (it adds
+    nothing: its output is zeros)."""
+    return (".shared_experts." in name and arch.moe is not None and not arch.moe.shared_intermediate_size
+            and tensors.get(name).numel() == 0)
+
+
+def _ignored(name: str, arch: Architecture, config: Mapping[str, Any], tensors: CheckpointTensors) -> bool:
+    """Rotary buffers, the multi-token-prediction layers stored after the last decoder layer, and the
+    empty shared-expert tensors transformers saves for ``n_shared_experts`` 0 (they add nothing)."""
     if name.endswith("rotary_emb.inv_freq"):
+        return True
+    if is_empty_shared_expert(name, arch, tensors):
         return True
     match = _LAYER_INDEX.match(name)
     return bool(match and int(config.get("num_nextn_predict_layers") or 0) > 0
