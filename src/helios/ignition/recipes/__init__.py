@@ -15,6 +15,7 @@ from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
+from helios.ignition.recipes.defaults import with_reference_defaults
 from helios.ignition.recipes.fp8_blocks import tensors_for_config
 
 __all__ = ["NamedWeight", "Recipe", "SUPPORTED_ARCHITECTURES", "UnsupportedCheckpoint", "load_checkpoint"]
@@ -47,6 +48,7 @@ def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
         )
     tensors = CheckpointTensors.open(directory)
     _check_layer_count(config, len(tensors.names))
+    config = with_reference_defaults(source, config)  # what the reference reads for missing keys
     try:  # Block-fp8 weights (quantization_config) are dequantized as the recipe reads them.
         return builder(source, config, tensors_for_config(config, tensors), dtype)
     except KeyError as error:  # a config key every checkpoint of the family has (the types were checked)

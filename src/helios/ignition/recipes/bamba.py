@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture
+from helios.ignition.recipes import llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import RecurrentGeometry
@@ -39,9 +40,9 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     hidden, num_layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
     num_heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or hidden // num_heads)
-    rope = dict(config.get("rope_parameters") or {})
-    if rope.get("rope_type", "default") != "default":
-        raise UnsupportedCheckpoint(f"rope_type {rope.get('rope_type')!r} is not supported (only 'default')")
+    rope = llama.rope_parameters(config, partial=True)  # either layout; partial_rotary_factor beside it too
+    if rope["rope_type"] != "default":
+        raise UnsupportedCheckpoint(f"rope_type {rope['rope_type']!r} is not supported (only 'default')")
     attention = set(config.get("attn_layer_indices") or ())
     return Architecture(
         vocab_size=int(config["vocab_size"]), hidden_size=hidden, intermediate_size=int(config["intermediate_size"]),
@@ -53,7 +54,7 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype or _checkpoint_dtype(config, tensors),
         recurrent=_geometry(config, hidden, tuple(i for i in range(num_layers) if i not in attention)),
-        rotary_dim=int(head_dim * float(rope.get("partial_rotary_factor", 0.5))),
+        rotary_dim=llama.rotary_width(config, head_dim),
     )
 
 
@@ -80,7 +81,7 @@ def _float(value: Any) -> float:
 
 
 def rope_inv_freq(config: Mapping[str, Any], rotary_dim: int) -> torch.Tensor:
-    theta = float((config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0)))
+    theta = float(llama.rope_parameters(config, partial=True)["rope_theta"])
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
 
 

@@ -1,0 +1,40 @@
+"""The reference's values for the settings a config.json leaves out.
+
+transformers fills a key missing from config.json with its config class's default, and for several
+families that default is not the generic fallback a recipe reads (Mixtral's ``rope_theta`` 1e6 and
+``rms_norm_eps`` 1e-5, Mistral's ``sliding_window`` 4096, GLM-4.5's ``partial_rotary_factor`` 0.5,
+DeepSeek-V3's routing groups, ...). `with_reference_defaults` fills them in before a recipe reads
+the configuration, so a terse config.json prepares the model the reference loads, not another one.
+Only missing keys are filled: an explicit null keeps its meaning (``"sliding_window": null`` is full
+attention). Values are transformers 5's class defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+_GROUPED_QWEN = {"max_window_layers": 28, "num_key_value_heads": 32}
+REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "MistralForCausalLM": {"sliding_window": 4096, "num_key_value_heads": 8},
+    "Qwen2ForCausalLM": _GROUPED_QWEN,
+    "Qwen3ForCausalLM": {**_GROUPED_QWEN, "head_dim": 128},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+    "MixtralForCausalLM": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "num_key_value_heads": 8,
+                           "num_local_experts": 8, "num_experts_per_tok": 2},
+    "Glm4MoeForCausalLM": {"rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "num_key_value_heads": 8,
+                           "n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
+                           "n_shared_experts": 1, "first_k_dense_replace": 1, "num_nextn_predict_layers": 1},
+    "DeepseekV3ForCausalLM": {"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+                              "n_group": 8, "topk_group": 4, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+                              "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                              "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+                              "num_nextn_predict_layers": 1},
+    "GptOssForCausalLM": {"sliding_window": 128, "num_key_value_heads": 8, "head_dim": 64,
+                          "num_local_experts": 128, "num_experts_per_tok": 4},
+    "BambaForCausalLM": {"num_key_value_heads": 8, "mamba_d_head": 64, "partial_rotary_factor": 0.5},
+}
+
+
+def with_reference_defaults(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` with the `source` family's reference defaults for the keys it does not hold."""
+    return {**REFERENCE_DEFAULTS.get(source, {}), **config}
