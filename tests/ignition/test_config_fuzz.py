@@ -1,0 +1,462 @@
+"""Differential fuzzing of preparation over the configuration variants real checkpoints carry.
+
+Each seed draws one tiny (2-layer, hidden <= 64) checkpoint of a family with varied settings: GQA
+ratios, an explicit head_dim, tied embeddings, rope types and thetas (in the current
+``rope_parameters`` layout or the legacy ``rope_theta`` / ``rope_scaling`` one), partial rotary,
+biases, q/k norms, sliding windows, norm epsilons, activations, routing settings, odd vocabularies.
+Some variants are saved as older or terser checkpoints write config.json: the rope settings in the
+legacy layout, no ``layer_types``, or every setting at its config class's default left out (the
+reference fills those in). Preparing a variant must either give a model whose float32 prefill
+logits, scored log-probabilities and greedy tokens equal transformers' on the same weights (eager
+programs through the test driver), or refuse it with a `CheckpointError` (`UnsupportedCheckpoint`
+mostly) naming one of the settings drawn: never a different model, never another exception.
+`PINNED` keeps the variants the fuzz found defects in.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from helios.ignition.architecture import CheckpointError
+from helios.ignition.capture import build_program
+from helios.ignition.program_spec import Capacity, Operation, program_spec
+from helios.ignition.recipes import load_checkpoint
+
+from support.bamba_reference import grouped_gated_norm
+
+from .driver import PagedModel, RowWork, Sequence, generate
+from .hf_checkpoints import Family, random_model, write_checkpoint
+from .test_equivalence import TOLERANCE, relative_error
+
+PAGE_TOKENS = 4
+PROMPT_LEN = 19  # longer than every drawn sliding window
+NEW_TOKENS = 6
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One drawn checkpoint: the family and config overrides, and config.json rewrites after saving
+    (`legacy`: the settings as older checkpoints spell them, written over what transformers saved)."""
+
+    family: Family
+    legacy: tuple[tuple[str, object], ...] = ()
+    sparse: bool = False  # config.json leaves out every setting at its config class's default
+
+    @property
+    def fields(self) -> set[str]:
+        """Every config key the variant sets (nested rope keys included): a refusal names one."""
+        names = set()
+        for key, value in (*self.family.overrides, *self.legacy):
+            names.add(key)
+            if isinstance(value, dict):
+                names |= set(value)
+        return names
+
+
+def _choice(rng: random.Random, options):
+    return options[rng.randrange(len(options))]
+
+
+def _attention_geometry(rng: random.Random, explicit_head_dim: bool = False) -> dict:
+    """Heads, key/value heads (1, all, or between) and an explicit head_dim or none; Qwen3's
+    config class defaults head_dim to 128, so its variants always set one."""
+    heads = _choice(rng, (2, 4, 8))
+    kv_heads = _choice(rng, [n for n in (1, 2, 4, 8) if heads % n == 0])
+    hidden = _choice(rng, (32, 48, 64))
+    head_dim = _choice(rng, (8, 12, 16, 24) if explicit_head_dim else (None, 8, 12, 16, 24))
+    if head_dim is None and (hidden % heads or (hidden // heads) % 2):
+        head_dim = 16
+    return dict(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                **({} if head_dim is None else {"head_dim": head_dim}))
+
+
+def _rope(rng: random.Random, kinds=("default", "default", "linear", "llama3", "yarn", "yarn", "dynamic", "longrope"),
+          rotary_dim: int = 16) -> dict:
+    """A rope_parameters dict; small thetas make every frequency turn within the prompt, no theta
+    leaves the config class's default."""
+    kind = _choice(rng, kinds)
+    params = {"rope_type": kind}
+    theta = _choice(rng, (None, 100.0, 10000.0, 1000000.0))
+    if theta is not None:
+        params["rope_theta"] = theta
+    original = _choice(rng, (None, 16, 64))
+    if kind == "linear":
+        params["factor"] = _choice(rng, (2.0, 4.0))
+    elif kind == "dynamic":
+        params["factor"] = 2.0
+    elif kind == "llama3":
+        params.update(factor=_choice(rng, (2.0, 8.0)), low_freq_factor=1.0, high_freq_factor=4.0)
+    elif kind == "yarn":
+        params["factor"] = _choice(rng, (2.0, 4.0))
+        if rng.random() < 0.5:
+            params.update(beta_fast=_choice(rng, (8.0, 32.0)), beta_slow=1.0)
+        if rng.random() < 0.3:
+            params["attention_factor"] = 1.25
+    elif kind == "longrope":
+        params.update(short_factor=[1.0] * (rotary_dim // 2), long_factor=[2.0] * (rotary_dim // 2))
+        original = original or 64
+    if original is not None and kind != "default":
+        params["original_max_position_embeddings"] = original
+    return params
+
+
+def _legacy_rope(rng: random.Random, rope: dict) -> tuple[tuple[str, object], ...]:
+    """Half the time: the rope settings as pre-`rope_parameters` checkpoints write them (``rope_theta``
+    and ``partial_rotary_factor`` beside ``rope_scaling``, ``type`` for ``rope_type``, no theta where
+    the class default was drawn, sometimes Phi-3's top-level ``original_max_position_embeddings``)."""
+    if rng.random() < 0.5:
+        return ()
+    top = {"rope_parameters": None}
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if "original_max_position_embeddings" in scaling and rng.random() < 0.5:
+        top["original_max_position_embeddings"] = scaling.pop("original_max_position_embeddings")
+    if scaling.get("rope_type") == "default":
+        scaling = None
+    elif rng.random() < 0.5:
+        scaling["type"] = scaling.pop("rope_type")
+    top["rope_scaling"] = scaling
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key in rope:
+            top[key] = rope[key]
+    return tuple(top.items())
+
+
+DENSE = {
+    "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+}
+
+
+def draw_dense(seed: int) -> Variant:
+    rng = random.Random(seed)
+    name = _choice(rng, sorted(DENSE))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131, 250)),
+                  intermediate_size=_choice(rng, (32, 48, 80)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  **_attention_geometry(rng, name == "qwen3"))
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if rng.random() < 0.1:
+        config["hidden_act"] = _choice(rng, ("gelu", "gelu_pytorch_tanh"))
+    partial = _choice(rng, (None,) * 7 + (0.5,))
+    rope = _rope(rng, rotary_dim=int(head_dim * (partial or 1.0)))
+    if partial:
+        rope["partial_rotary_factor"] = partial
+    config["rope_parameters"] = rope
+    if name == "llama":
+        config.update(attention_bias=rng.random() < 0.4, mlp_bias=rng.random() < 0.3)
+    if name == "mistral":
+        config["sliding_window"] = _choice(rng, (None, 5, 8, 4096))
+    if name in ("qwen2", "qwen3"):
+        if rng.random() < 0.5:
+            config.update(use_sliding_window=True, sliding_window=_choice(rng, (5, 7)),
+                          max_window_layers=_choice(rng, (0, 1, 2)))
+        else:
+            config.update(use_sliding_window=False, sliding_window=_choice(rng, (None, 4096)))
+    if name == "qwen3" and rng.random() < 0.3:
+        config["attention_bias"] = True
+    legacy = _legacy_rope(rng, rope)
+    if name in ("qwen2", "qwen3") and rng.random() < 0.5:  # older checkpoints: no layer_types
+        legacy += (("layer_types", None),)
+    if name == "llama" and config["num_key_value_heads"] == config["num_attention_heads"] and rng.random() < 0.5:
+        legacy += (("num_key_value_heads", None),)  # Llama 1 and 2 configs
+    return Variant(Family(f"{name}-{seed}", DENSE[name], tuple(config.items())), legacy, rng.random() < 0.3)
+
+
+def draw_moe(seed: int) -> Variant:
+    rng = random.Random(seed)
+    name = _choice(rng, ("qwen3_moe", "mixtral", "glm4_moe"))
+    experts = _choice(rng, (4, 6, 8))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), intermediate_size=48,
+                  rms_norm_eps=_choice(rng, (1e-6, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  max_position_embeddings=512, num_experts_per_tok=_choice(rng, (1, 2, 3)),
+                  **_attention_geometry(rng, name == "qwen3_moe"))
+    partial = _choice(rng, (0.5, 1.0) if name == "glm4_moe" else (None, None, None, 0.5))
+    rope = _rope(rng, ("default", "linear", "yarn", "llama3"))
+    if partial:
+        rope["partial_rotary_factor"] = partial
+    if name == "mixtral" and "head_dim" not in config:  # transformers' yarn reads Mixtral's head_dim (None)
+        config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
+    if name == "qwen3_moe":
+        config.update(num_experts=experts, moe_intermediate_size=_choice(rng, (16, 24)),
+                      norm_topk_prob=rng.random() < 0.5, mlp_only_layers=_choice(rng, ([], [0])),
+                      decoder_sparse_step=_choice(rng, (1, 1, 2)))
+    elif name == "mixtral":
+        config.update(num_local_experts=experts, sliding_window=_choice(rng, (None, 6)))
+    else:
+        groups = _choice(rng, [g for g in (1, 2) if experts % g == 0])
+        config.update(n_routed_experts=experts, moe_intermediate_size=_choice(rng, (16, 24)),
+                      first_k_dense_replace=_choice(rng, (0, 1)), n_group=groups,
+                      topk_group=_choice(rng, range(1, groups + 1)), n_shared_experts=_choice(rng, (0, 1, 2)),
+                      routed_scaling_factor=_choice(rng, (1.0, 2.5)), norm_topk_prob=rng.random() < 0.5,
+                      use_qk_norm=rng.random() < 0.5, attention_bias=rng.random() < 0.5)
+        if config["num_experts_per_tok"] > experts // groups * config["topk_group"]:
+            config["num_experts_per_tok"] = 1
+    config["rope_parameters"] = rope
+    cls = {"qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig,
+           "glm4_moe": transformers.Glm4MoeConfig}[name]
+    return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
+def draw_deepseek(seed: int) -> Variant:
+    rng = random.Random(seed)
+    experts = _choice(rng, (4, 8))
+    groups = _choice(rng, [g for g in (1, 2, 4) if experts % g == 0])
+    rope_dim, heads = _choice(rng, (8, 16)), _choice(rng, (2, 4))  # latent attention: a key head per head
+    rope = _rope(rng, ("default", "yarn", "linear"), rope_dim)
+    if rope["rope_type"] == "yarn" and rng.random() < 0.5:
+        rope.update(mscale=_choice(rng, (0.707, 1.0)), mscale_all_dim=_choice(rng, (0.707, 1.0)))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), hidden_size=_choice(rng, (32, 64)),
+                  intermediate_size=48, num_attention_heads=heads, num_key_value_heads=heads,
+                  q_lora_rank=_choice(rng, (None, 16)), kv_lora_rank=_choice(rng, (16, 32)), qk_rope_head_dim=rope_dim,
+                  qk_nope_head_dim=_choice(rng, (8, 16)), v_head_dim=_choice(rng, (8, 24)),
+                  first_k_dense_replace=_choice(rng, (0, 1, 2)), n_routed_experts=experts,
+                  num_experts_per_tok=_choice(rng, (1, 2)), n_group=groups,
+                  topk_group=_choice(rng, range(1, groups + 1)),
+                  n_shared_experts=_choice(rng, (0, 1, 2)), moe_intermediate_size=_choice(rng, (16, 24)),
+                  routed_scaling_factor=_choice(rng, (1.0, 2.5)), norm_topk_prob=rng.random() < 0.7,
+                  rope_interleave=rng.random() < 0.7, rms_norm_eps=_choice(rng, (1e-6, 0.1)),
+                  tie_word_embeddings=rng.random() < 0.3, max_position_embeddings=512, rope_parameters=rope)
+    if rng.random() < 0.1:
+        config["attention_bias"] = True
+    if config["num_experts_per_tok"] > experts // groups * config["topk_group"]:
+        config["num_experts_per_tok"] = 1
+    return Variant(Family(f"deepseek_v3-{seed}", transformers.DeepseekV3Config, tuple(config.items())),
+                   _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
+def draw_gpt_oss(seed: int) -> Variant:
+    rng = random.Random(seed)
+    geometry = _attention_geometry(rng, explicit_head_dim=True)
+    rope = _rope(rng, ("default", "yarn"), geometry["head_dim"])
+    if rope["rope_type"] == "yarn" and rng.random() < 0.5:
+        rope["truncate"] = False
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 131)), intermediate_size=_choice(rng, (16, 32)),
+                  num_local_experts=_choice(rng, (2, 4)), num_experts_per_tok=_choice(rng, (1, 2)),
+                  sliding_window=_choice(rng, (4, 6, 128)), swiglu_limit=_choice(rng, (1.0, 7.0)),
+                  rms_norm_eps=_choice(rng, (1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  attention_bias=rng.random() < 0.7, max_position_embeddings=512, rope_parameters=rope, **geometry)
+    if rng.random() < 0.5:
+        config["layer_types"] = _choice(rng, (["full_attention", "sliding_attention"],
+                                              ["sliding_attention", "sliding_attention"]))
+    return Variant(Family(f"gpt_oss-{seed}", transformers.GptOssConfig, tuple(config.items())),
+                   _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
+def draw_bamba(seed: int) -> Variant:
+    rng = random.Random(seed)
+    geometry = _attention_geometry(rng)
+    rope = {"rope_type": "default", "rope_theta": _choice(rng, (100.0, 10000.0))}
+    partial = _choice(rng, (None, 0.5, 1.0, 0.25))
+    if partial is not None:
+        rope["partial_rotary_factor"] = partial
+    if rng.random() < 0.15:
+        rope = _rope(rng, ("linear", "yarn"))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 131)), intermediate_size=_choice(rng, (32, 48)),
+                  attn_layer_indices=[_choice(rng, (0, 1))], mamba_n_heads=_choice(rng, (2, 4)),
+                  mamba_d_state=_choice(rng, (4, 8)), mamba_n_groups=_choice(rng, (1, 2)),
+                  mamba_d_conv=_choice(rng, (2, 4)),
+                  mamba_expand=2, mamba_chunk_size=8, rms_norm_eps=_choice(rng, (1e-5, 0.1)),
+                  tie_word_embeddings=rng.random() < 0.3, mlp_bias=rng.random() < 0.2,
+                  attention_bias=rng.random() < 0.2, max_position_embeddings=512, rope_parameters=rope, **geometry)
+    config["mamba_d_head"] = config["hidden_size"] * 2 // config["mamba_n_heads"]
+    return Variant(Family(f"bamba-{seed}", transformers.BambaConfig, tuple(config.items())),
+                   _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
+DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba}
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _materialize(variant: Variant, directory: Path):
+    """(reference model, checkpoint directory) of `variant`."""
+    reference = random_model(variant.family, seed=7)
+    grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it
+    reference.generation_config.eos_token_id = None
+    reference.generation_config.pad_token_id = 0
+    write_checkpoint(reference, directory)
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in variant.legacy:
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    if variant.sparse:  # as hand-written configs do: the reference fills in its class defaults
+        defaults = json.loads(variant.family.config_class().to_json_string(use_diff=False))
+        config = {key: value for key, value in config.items()
+                  if key in _KEPT or key not in defaults or defaults[key] != value}
+    path.write_text(json.dumps(config))
+    return reference, directory
+
+
+_KEPT = ("architectures", "model_type", "transformers_version", "dtype")
+
+
+def _programs(arch):
+    variants = ((Operation.PREFILL, Capacity(1, 32)), (Operation.DECODE, Capacity(1, 1)),
+                (Operation.MIXED, Capacity(1, 32)))
+    if arch.recurrent is None:  # hybrid decoders have no scoring program
+        variants += ((Operation.SCORED_PREFILL, Capacity(1, 32)),)
+    return {op: (program_spec(arch, op, capacity, PAGE_TOKENS), build_program(arch, op, PAGE_TOKENS))
+            for op, capacity in variants}
+
+
+def check_variant(variant: Variant, directory: Path) -> str:
+    """'refused: <reason>' or 'matches'; raises AssertionError where Helios and transformers differ."""
+    reference, directory = _materialize(variant, directory)
+    try:
+        recipe = load_checkpoint(directory)
+    except CheckpointError as error:  # UnsupportedCheckpoint among them
+        named = [field for field in variant.fields if field in str(error)]
+        assert named, f"refusal names none of the drawn settings {sorted(variant.fields)}: {error}"
+        return f"refused: {error}"
+    vocab = recipe.architecture.vocab_size
+    prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt])).logits[0]
+        out = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, PROMPT_LEN, dtype=torch.long),
+                                 max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+    model = PagedModel(recipe.weight_tensors, _programs(recipe.architecture))
+    if Operation.SCORED_PREFILL in model.programs:
+        scored = Sequence(0, list(prompt))
+        model.admit(scored, PROMPT_LEN)
+        targets = prompt[1:] + [int(logits[-1].argmax())]
+        outputs = model.run(Operation.SCORED_PREFILL, [RowWork(scored, tuple(prompt), 0, sample=True,
+                                                               targets=tuple(targets))])
+        expected = torch.log_softmax(logits, dim=-1)[torch.arange(PROMPT_LEN), torch.tensor(targets)]
+        assert relative_error(outputs["logits"][0], logits[-1]) < TOLERANCE, "last prompt token's logits differ"
+        torch.testing.assert_close(outputs["target_logprobs"][:PROMPT_LEN], expected, rtol=TOLERANCE,
+                                   atol=TOLERANCE, msg="scored log-probabilities differ")
+    sequence = Sequence(1, list(prompt))
+    generate(model, [sequence], NEW_TOKENS, chunk=8)
+    assert sequence.generated == out.sequences[0, PROMPT_LEN:].tolist(), "greedy tokens differ"
+    assert relative_error(torch.stack(sequence.logits), torch.cat(out.logits)) < TOLERANCE, "greedy logits differ"
+    return "matches"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
+
+SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12)}
+
+
+@pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
+                         ids=lambda value: str(value))
+def test_a_drawn_configuration_matches_the_reference_or_is_refused_by_name(tmp_path, kind, seed):
+    check_variant(DRAWS[kind](seed), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Variants the fuzz found defects in, pinned (each failed before its fix).
+
+_TINY = dict(num_hidden_layers=2, vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+_GLM = dict(_TINY, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            first_k_dense_replace=0, n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            use_qk_norm=True, attention_bias=True)
+_DEEPSEEK = dict(_TINY, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                 qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=0, n_routed_experts=4,
+                 num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=16, routed_scaling_factor=1.0)
+_YARN = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _variant(name: str, config_class, overrides: dict, legacy: dict | None = None, sparse: bool = False) -> Variant:
+    return Variant(Family(name, config_class, tuple(overrides.items())), tuple((legacy or {}).items()), sparse)
+
+
+PINNED = {
+    # YaRN on a Llama-family checkpoint (Qwen2.5's long-context spelling): refused before
+    "qwen2-yarn-legacy": (_variant("qwen2-yarn", transformers.Qwen2Config, dict(_TINY, rope_parameters=_YARN),
+                                   {"rope_parameters": None, "rope_theta": 100.0,
+                                    "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 64}}), "matches"),
+    # Llama 3's context spelled at the top level (Phi-3's way): transformers reads it before the rope dict's
+    "llama3-top-level-original-context": (_variant(
+        "llama3-top", transformers.LlamaConfig,
+        dict(_TINY, rope_parameters={"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        {"rope_parameters": None, "rope_theta": 100.0, "original_max_position_embeddings": 16,
+         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 500}}), "matches"),
+    # Qwen3-MoE's reference rotates whole heads whatever partial_rotary_factor says: it was rotated in part
+    "qwen3_moe-partial-rotary": (_variant("qwen3_moe-partial", transformers.Qwen3MoeConfig, dict(
+        _TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5})),
+        "partial_rotary_factor 0.5 is not supported"),
+    # YaRN's attention factor scaled GLM's pass-through (unrotated) dimensions too
+    "glm4_moe-partial-yarn": (_variant("glm4_moe-yarn", transformers.Glm4MoeConfig,
+                                       dict(_GLM, rope_parameters={**_YARN, "partial_rotary_factor": 0.5})), "matches"),
+    # n_shared_experts 0: transformers saves zero-width shared-expert tensors, which were refused as unused
+    "glm4_moe-no-shared-expert": (_variant("glm4_moe-unshared", transformers.Glm4MoeConfig,
+                                           dict(_GLM, n_shared_experts=0)), "matches"),
+    "deepseek-no-shared-expert": (_variant("deepseek-unshared", transformers.DeepseekV3Config,
+                                           dict(_DEEPSEEK, n_shared_experts=0)), "matches"),
+    # Settings left out of config.json at the reference class's default (Mixtral's rope_theta 1e6 and
+    # rms_norm_eps 1e-5, GLM's partial_rotary_factor 0.5 and shared expert, DeepSeek's scaling 2.5)
+    "mixtral-terse-config": (_variant("mixtral-terse", transformers.MixtralConfig, dict(
+        _TINY, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), sparse=True), "matches"),
+    "glm4_moe-terse-config": (_variant("glm4_moe-terse", transformers.Glm4MoeConfig, dict(
+        _GLM, n_shared_experts=1, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), sparse=True),
+        "matches"),
+    "deepseek-terse-config": (_variant("deepseek-terse", transformers.DeepseekV3Config,
+                                       dict(_DEEPSEEK, routed_scaling_factor=2.5, n_shared_experts=1), sparse=True),
+                              "matches"),
+    # gpt-oss YaRN without original_max_position_embeddings: the reference takes max_position_embeddings
+    "gpt_oss-yarn-default-context": (_variant("gpt_oss-yarn", transformers.GptOssConfig, dict(
+        _TINY, head_dim=8, num_local_experts=2, num_experts_per_tok=2, sliding_window=6, max_position_embeddings=256,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0}),
+        {"rope_parameters": None, "rope_theta": 100.0, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+        "matches"),
+    # A group of one routed expert: group scoring sums each group's two best (prepared, it failed at serving)
+    "deepseek-one-expert-groups": (_variant("deepseek-groups", transformers.DeepseekV3Config,
+                                            dict(_DEEPSEEK, n_group=4, topk_group=2, num_experts_per_tok=1)),
+                                   "n_group 4 leaves fewer than 2"),
+    # Bamba's rotary settings in the legacy layout (top-level partial_rotary_factor) were not read
+    "bamba-legacy-partial-rotary": (_variant("bamba-legacy", transformers.BambaConfig, dict(
+        _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 1.0}),
+        {"rope_parameters": None, "rope_theta": 100.0, "partial_rotary_factor": 1.0}), "matches"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_pinned_variant(tmp_path, name):
+    variant, expected = PINNED[name]
+    outcome = check_variant(variant, tmp_path)
+    assert outcome == expected if expected == "matches" else expected in outcome
+
+
+def test_a_vision_language_checkpoint_with_yarn_is_refused_by_name():
+    """The mrope tables have no YaRN attention factor: the text decoder's yarn is refused, not dropped."""
+    from helios.ignition.recipes import qwen_vl
+    from helios.ignition.recipes.base import UnsupportedCheckpoint
+
+    class NoTensors:
+        names = frozenset()
+
+        def __contains__(self, name):
+            return False
+
+    text = dict(_TINY, rope_scaling={"type": "yarn", "factor": 4.0, "mrope_section": [2, 2, 4]})
+    with pytest.raises(UnsupportedCheckpoint, match="rope_type 'yarn'"):
+        qwen_vl.build("Qwen2_5_VLForConditionalGeneration", {"text_config": text}, NoTensors(), None)
+
+
+def test_mixture_groups_need_two_experts_each():
+    from helios.ignition.architecture import MixtureOfExperts
+
+    with pytest.raises(CheckpointError, match="fewer than 2 per group"):
+        MixtureOfExperts(4, 1, 16, (0,), scoring="sigmoid", num_groups=4, topk_groups=2)
