@@ -79,6 +79,42 @@ class Cores:
             self._cores[key] = path
         return self._cores[key]
 
+    def custom_core(self, family, ranks: int, name: str, options: tuple[str, ...] = (), seed: int = 3) -> Path:
+        """A core of `family` for `ranks` ranks prepared with `options` beside the usual context and
+        prefill sizes (no other default of `core`: page size, decode batches and programs as `options`
+        or `helios prepare` choose), once per run under `name`."""
+        key = (f"{family.name}-{name}", ranks, seed)
+        if key not in self._cores:
+            path = self.shared / f"{family.name}-{seed}-{name}-tp{ranks}.core"
+            checkpoint = self.checkpoint(family, seed)
+
+            def prepare() -> None:
+                scratch = path.with_suffix(".partial")
+                assert main([
+                    "prepare", str(checkpoint), "-o", str(scratch), "--key", str(self.key),
+                    "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
+                    "--tensor-parallel", str(ranks), *options,
+                ]) == 0
+                scratch.rename(path)
+
+            prepared_once(path, path, prepare)
+            self._cores[key] = path
+        return self._cores[key]
+
+    def draft_checkpoint(self, family, layers: int = 1, seed: int = 3) -> Path:
+        """The first `layers` layers of the family's checkpoint (a draft model), written once per run."""
+        from speculative.support import write_truncated_checkpoint
+
+        directory = self.shared / f"{family.name}-{seed}-draft{layers}"
+        written = directory / ".written"
+
+        def write() -> None:
+            write_truncated_checkpoint(self.checkpoint(family, seed), directory, layers)
+            written.touch()
+
+        prepared_once(directory, written, write)
+        return directory
+
     def one_rank_tokens(self, family) -> list[list[int]]:
         """Greedy tokens of PROMPTS from the family's one-rank core (the reference), computed once."""
         if family.name not in self._one_rank:

@@ -45,6 +45,215 @@ from runtime.stress import DECODE, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 
+# The dense family's cores: small pages (prefix reuse and preemption at a 4-token grain), four
+# lanes, scored prefill; its two-rank core speculates (width 4) with its first layer as the draft.
+DENSE_CORE = ("--page-tokens", "4", "--decode-batches", "4", "--no-mixed", "--scored-prefill")
+
+
+@dataclass(frozen=True)
+class Case:
+    family: object
+    scenario: Scenario
+    speculative: bool  # the dense family's cores (the two-rank one speculates); else conftest's cores
+    cancelled_in: frozenset[str]  # phases the seed's cancellations reach (together, every phase)
+
+
+CASES = {
+    "llama3-speculative-two-frames": Case(LLAMA3, Scenario(
+        seed=27, frames=2, num_requests=30, num_pages=20, constrained=0.15, biased=0.1, scored=0.1, logprobs=0.2),
+        speculative=True, cancelled_in=frozenset({INGRESS, WAITING, SPECULATING, TOKENS})),
+    # conftest's cores: 16-token pages, two lanes, no scored prefill
+    "qwen3_moe-offload-sampled": Case(QWEN3_MOE, Scenario(
+        seed=21, draft="none", family="qwen3_moe", num_requests=24, num_pages=5, preemption=PreemptionMode.OFFLOAD,
+        host_pages=8, constrained=0.15, biased=0.1, scored=0.0, logprobs=0.2, sampled=0.2),
+        speculative=False, cancelled_in=frozenset({INGRESS, PROMPT, DECODE, TOKENS})),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Rank threads and the test share two busy cores: one intra-op thread each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _core(cores, case: Case, ranks: int):
+    if not case.speculative:
+        return cores.open(cores.core(case.family, ranks))
+    if ranks == 1:
+        return cores.open(cores.custom_core(case.family, 1, "stress", DENSE_CORE))
+    draft = ("--draft", str(cores.draft_checkpoint(case.family)), "--speculative-widths", "4")
+    return cores.open(cores.custom_core(case.family, ranks, "stress-draft", DENSE_CORE + draft))
+
+
+@pytest.fixture(scope="module")
+def references(cores):
+    """Per case: a function of a request spec to its output alone on the family's one-rank core."""
+    cache, runtimes = {}, contextlib.ExitStack()
+
+    def alone_on(case: Case):
+        if case.family.name not in cache:
+            options = RuntimeOptions(ranks=FAST, policy=SchedulerPolicy(speculative=False, prefix_caching=False))
+            runtime = build_runtime(_core(cores, case, 1), options)
+            runtimes.callback(runtime.close)
+            cache[case.family.name] = lambda spec: _alone(runtime.engine, spec)
+        return cache[case.family.name]
+
+    with runtimes:
+        yield alone_on
+
+
+def _alone(engine: Engine, spec) -> Alone:
+    tokens, scores, finishes = [], [], []
+
+    def record(event) -> None:
+        if isinstance(event, TokenEvent):
+            tokens.extend(event.token_ids)
+        elif isinstance(event, PromptScoresEvent):
+            scores.extend(event.scores)
+        else:
+            finishes.append(event)
+
+    engine.submit(EngineRequest(spec, record))
+    engine.run_until_idle()
+    assert [f.reason for f in finishes] == [FinishReason.LENGTH], finishes
+    return Alone(tokens, scores)
+
+
+@contextlib.contextmanager
+def ranked_run(cores, references, case: Case, monkeypatch):
+    """A `StressRun` of `case` whose engine runs the two-rank core (the scenario's pages, host
+    pages, queue, policy and frames) and whose outputs alone come from the one-rank core."""
+    scenario = case.scenario
+    options = RuntimeOptions(load=LoadOptions(num_pages=scenario.num_pages), queue_capacity=scenario.queue_capacity,
+                             host_pages=scenario.host_pages, ranks=FAST)
+    runtime = build_runtime(_core(cores, case, 2), options)
+    try:
+        def engine_for(model, policy, host_pages, queue_capacity, frames):
+            scheduler = Scheduler.create(capacities_for(model, queue_capacity, host_pages), policy)
+            return Engine(scheduler, runtime.engine.executor, runtime.engine.stats, frames=frames)
+
+        alone = references(case)
+        monkeypatch.setattr(stress, "stress_model", lambda *args, **kwargs: runtime.model)
+        monkeypatch.setattr(stress, "stress_engine", engine_for)
+        monkeypatch.setattr(stress, "run_alone", lambda recipe, spec: alone(spec))
+        run = StressRun(scenario, load_checkpoint(cores.checkpoint(case.family)))
+        monkeypatch.undo()
+        yield run, runtime
+    finally:
+        if "run" in locals():
+            run.engine.shutdown()
+        runtime.close()
+
+
+def _check_ranks(run: StressRun, runtime) -> None:
+    """Every peer holds the request records rank zero's packer holds (none but those whose release
+    the next plan carries), and the same counts of log-probability and drawing requests."""
+    zero = runtime.peers.executor.packer
+    peers = runtime.peers.peer_executors
+    assert len(peers) == 1 and all(peer is not None for peer in peers)
+    for peer in peers:
+        packer = peer.packer
+        assert set(packer._requests) == set(zero._requests), (set(packer._requests) ^ set(zero._requests))
+        assert (packer._num_logprob_requests, packer._num_drawing_requests) == (
+            zero._num_logprob_requests, zero._num_drawing_requests)
+    assert set(zero._requests) <= set(run.engine.scheduler._released_ids)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_two_ranks_serve_the_stress_mix_as_one_rank(cores, references, monkeypatch, name):
+    case = CASES[name]
+    with ranked_run(cores, references, case, monkeypatch) as (run, runtime):
+        run.run()
+        reasons = run.check()
+        _check_ranks(run, runtime)
+        assert runtime.peers.live_peers == (1,) and runtime.engine.stats.healthy
+        counters = run.engine.scheduler.counters()
+        assert counters.prefix_reused_tokens > 0 and counters.preemptions > 0, counters
+        assert run.engine.scheduler.cache.groups.num_shared_admissions > 0  # n choices shared a prompt's pages
+        assert reasons[FinishReason.LENGTH] and reasons[FinishReason.CANCELLED], reasons
+        assert case.cancelled_in <= set(run.cancels_sent), run.cancels_sent
+        assert (run.operations["SPECULATIVE"] > 0) == case.speculative, run.operations
+        served = [p for p in run.planned if p.tokens]
+        assert any(p.spec.top_logprobs is not None for p in served)
+        assert any(p.spec.score_prompt and p.score_events for p in served) == bool(case.scenario.scored)
+        assert any(p.spec.constrained for p in served) and any(p.spec.logit_bias for p in served)
+        assert any(not p.spec.sampling.is_greedy for p in served) == bool(case.scenario.sampled)
+    assert runtime.peers.live_peers == ()
+
+
+class Cycling:
+    """A grammar that allows at its n-th token only the ids congruent to n modulo 3: a mask that
+    changes every token, and most of every rank's vocabulary shard masked."""
+
+    def __init__(self) -> None:
+        self.consumed: list[int] = []
+
+    def fill_bitmask(self, row: torch.Tensor) -> None:
+        words = [0] * row.numel()
+        for token in range(len(self.consumed) % 3, 32 * row.numel(), 3):
+            words[token >> 5] |= 1 << (token & 31)
+        row.copy_(torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32))
+
+    def consume_token(self, token_id: int) -> bool:
+        self.consumed.append(token_id)
+        return True
+
+
+def _grammar_and_bias(core) -> tuple[list, list[list[int]]]:
+    """Outputs of requests under a grammar, a logit bias, both, and neither (with log-probabilities),
+    served together; and each grammar's consumed tokens."""
+    bias = ((8, -100.0), (7, 3.0))  # (8: the plain greedy choice after PROMPTS[1])
+    shapes = [(PROMPTS[0], True, ()), (PROMPTS[1], False, bias), (PROMPTS[2], True, bias), (PROMPTS[1][:9], False, ())]
+    outputs, grammars = [], []
+    with running(core) as runtime:
+        for index, (prompt, constrained, logit_bias) in enumerate(shapes):
+            spec = RequestSpec(f"g{index}", tuple(prompt), 12, constrained=constrained, logit_bias=logit_bias,
+                               top_logprobs=None if constrained or logit_bias else 2)
+            events: list = []
+            grammar = Cycling() if constrained else None
+            grammars += [grammar.consumed] if grammar else []
+            outputs.append(events)
+            runtime.engine.submit(EngineRequest(spec, events.append, grammar))
+        runtime.engine.run_until_idle()
+    return [_delivered(events) for events in outputs], grammars
+
+
+def _delivered(events) -> tuple:
+    tokens = [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
+    logprobs = [round(p.logprob, 3) for e in events if isinstance(e, TokenEvent) for p in e.logprobs or ()]
+    (finish,) = [e for e in events if isinstance(e, FinishEvent)]
+    return tokens, logprobs, finish.reason, finish.num_output_tokens
+
+
+def test_two_ranks_mask_and_bias_as_one_rank(cores):
+    """Grammar masks (they cross to the peer in the plan) and logit biases apply to each rank's share
+    of the vocabulary as to the whole: the speculating two-rank core delivers the one-rank core's
+    tokens, each allowed by the grammar at its position."""
+    case = CASES["llama3-speculative-two-frames"]
+    one, one_consumed = _grammar_and_bias(_core(cores, case, 1))
+    two, two_consumed = _grammar_and_bias(_core(cores, case, 2))
+    assert two == one and two_consumed == one_consumed
+    assert all(reason is FinishReason.LENGTH and count == 12 for _, _, reason, count in two)
+    for consumed in two_consumed:
+        assert len(consumed) == 12 and all(token % 3 == n % 3 for n, token in enumerate(consumed)), consumed
+    assert 8 not in two[1][0] + two[2][0]
+
+
+def test_two_ranks_shut_down_mid_run(cores, references, monkeypatch):
+    """The engine on its worker thread, shut down with requests queued, running and in the
+    ingress channel: every request ends once, and closing the runtime ends the rank thread."""
+    case = Case(LLAMA3, Scenario(seed=13, frames=2, num_requests=20), speculative=True, cancelled_in=frozenset())
+    with ranked_run(cores, references, case, monkeypatch) as (run, runtime):
+        run.run_threaded(ended_before_shutdown=6)
+        reasons = run.check()
+        assert reasons[FinishReason.CANCELLED] > run.cancels_sent[INGRESS], reasons
+        runtime.close()
+        assert runtime.peers.live_peers == ()
+
+
 @dataclass
 class _Pair:
     first: int

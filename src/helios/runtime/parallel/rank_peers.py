@@ -119,6 +119,17 @@ class RankPeers:
         self._monitor.start()
 
     @property
+    def peer_executors(self) -> tuple[Executor | None, ...]:
+        """The executors of the local peers that are threads of this process, in rank order (None
+        for one not serving yet): their packers hold the request records rank zero's plans gave them."""
+        return tuple(peer.executor for peer in self._peers if isinstance(peer, _ThreadPeer))
+
+    @property
+    def live_peers(self) -> tuple[int, ...]:
+        """Ranks of the local peers (threads or processes) still running."""
+        return tuple(peer.rank for peer in self._peers if peer.lost() is None)
+
+    @property
     def local_pids(self) -> tuple[int, ...]:
         """Process ids of the local rank processes (none when the peers are threads)."""
         return tuple(peer.process.pid for peer in self._peers if isinstance(peer, _ProcessPeer))
@@ -292,12 +303,14 @@ def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
 
 def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None = None,
               launch_timeout: timedelta = timedelta(seconds=60),
-              on_joined: Callable[[int, int], None] = lambda rank, ranks: None) -> None:
+              on_joined: Callable[[int, int], None] = lambda rank, ranks: None,
+              on_serving: Callable[[Executor], None] = lambda executor: None) -> None:
     """A peer: take a rank, check the core, load it, join the group and serve until rank zero stops.
 
     `device`: this rank's (None: ``cpu`` when rank zero runs on the CPU, ``cuda:0`` when it runs on
-    CUDA). `on_joined(rank, ranks)` runs once the group is formed. Raises `RankJoinError` /
-    `MissingRankError` / `UnsupportedRanksError` (startup) or `CollectiveError` (the group broke).
+    CUDA). `on_joined(rank, ranks)` runs once the group is formed, `on_serving(executor)` with the
+    executor this rank then serves (a thread peer keeps it: `RankPeers.peer_executors`). Raises
+    `RankJoinError` / `MissingRankError` / `UnsupportedRanksError` (startup) or `CollectiveError` (the group broke).
     """
     launch = rendezvous.read_launch(launch_timeout)
     rank = rendezvous.next_remote_rank(launch.first_remote_rank) if rank is None else rank
@@ -322,6 +335,7 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
         if launch.cuda_graphs:
             executor = capture_rank(executor, launch.host_pages)
         on_joined(rank, launch.ranks)
+        on_serving(executor)
         serve_rank(executor, group)
     finally:
         release_graphs(executor.model.programs)  # NCCL teardown waits for the graphs that use it
@@ -354,15 +368,19 @@ class _ThreadPeer:
     def __init__(self, core, rendezvous: Rendezvous, rank: int):
         self.rank = rank
         self.error: BaseException | None = None
+        self.executor: Executor | None = None  # this rank's, once it serves
         self._thread = threading.Thread(target=self._run, args=(core, rendezvous), name=f"helios-rank-{rank}",
                                         daemon=True)
         self._thread.start()
 
     def _run(self, core, rendezvous) -> None:
         try:
-            join_rank(core, rendezvous, self.rank)
+            join_rank(core, rendezvous, self.rank, on_serving=self._serving)
         except BaseException as error:  # noqa: BLE001 - reported to rank zero through lost()
             self.error = error
+
+    def _serving(self, executor: Executor) -> None:
+        self.executor = executor
 
     def lost(self) -> str | None:
         if self._thread.is_alive():
