@@ -267,6 +267,19 @@ def _call_id(call_id: str) -> str:
     return f"call_{match.group(1) or ''}_{match.group(2)}"
 
 
+def observed_fields(body: dict) -> dict:
+    """Which observation fields the terminal response has: ``reused_prompt_tokens`` and the timed
+    ``performance`` (their values differ from run to run: the second run of a prompt reuses the
+    first one's cached prefix, and the timings are the run's)."""
+    return {"has_reused_prompt_tokens": "reused_prompt_tokens" in body,
+            "performance": sorted(body["performance"]) if "performance" in body else None}
+
+
+def terminal_of(chunks: list[dict]) -> dict:
+    """The chunk that carries a stream's usage (the last that has one), else the last chunk."""
+    return next((chunk for chunk in reversed(chunks) if chunk.get("usage") is not None), chunks[-1])
+
+
 def canonical_chat_body(body: dict) -> dict:
     choices = {}
     for choice in body["choices"]:
@@ -281,7 +294,7 @@ def canonical_chat_body(body: dict) -> dict:
         }
     return {"model": body["model"], "choices": choices, "usage": body["usage"],
             "prompt_token_ids": body.get("prompt_token_ids"), "prompt_logprobs": body.get("prompt_logprobs"),
-            "system_fingerprint": body.get("system_fingerprint")}
+            "system_fingerprint": body.get("system_fingerprint"), **observed_fields(body)}
 
 
 def reassembled_chat(chunks: list[dict]) -> dict:
@@ -322,7 +335,8 @@ def reassembled_chat(chunks: list[dict]) -> dict:
             "finish_reason": state["finish_reason"], "logprobs": state["logprobs"], "token_ids": state["token_ids"],
         }
     return {"model": chunks[0]["model"], "choices": out, "usage": usage, "prompt_token_ids": prompt_ids,
-            "prompt_logprobs": prompt_logprobs, "system_fingerprint": chunks[0].get("system_fingerprint")}
+            "prompt_logprobs": prompt_logprobs, "system_fingerprint": chunks[0].get("system_fingerprint"),
+            **observed_fields(terminal_of(chunks))}
 
 
 def openai_reassembled(chunks: list[dict]) -> dict:
@@ -349,7 +363,8 @@ def canonical_text_body(body: dict) -> dict:
                                     "prompt_logprobs": choice.get("prompt_logprobs"),
                                     "prompt_token_ids": choice.get("prompt_token_ids")}
     return {"model": body["model"], "choices": choices, "usage": body["usage"],
-            "prompt_token_ids": body.get("prompt_token_ids"), "system_fingerprint": body.get("system_fingerprint")}
+            "prompt_token_ids": body.get("prompt_token_ids"), "system_fingerprint": body.get("system_fingerprint"),
+            **observed_fields(body)}
 
 
 def reassembled_text(chunks: list[dict]) -> dict:
@@ -376,7 +391,7 @@ def reassembled_text(chunks: list[dict]) -> dict:
                     state[key] = choice[key]
             state["finish_reason"] = choice["finish_reason"] or state["finish_reason"]
     return {"model": chunks[0]["model"], "choices": choices, "usage": usage, "prompt_token_ids": prompt_ids,
-            "system_fingerprint": chunks[0].get("system_fingerprint")}
+            "system_fingerprint": chunks[0].get("system_fingerprint"), **observed_fields(terminal_of(chunks))}
 
 
 # -- tests ---------------------------------------------------------------------------------------
@@ -468,6 +483,22 @@ def test_observed_choices_stream_the_merged_usage(runner, http, transport, path)
     plain, chunks = check_parity(runner, http[transport], path, body)
     assert plain["usage"]["completion_tokens"] == 9
     assert [chunk["usage"] for chunk in chunks if "usage" in chunk] == [plain["usage"]]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_observed_choices_stream_the_terminal_fields(runner, http, include_usage):
+    """n > 1, timed: the chunk that carries the usage carries ``reused_prompt_tokens`` and
+    ``performance`` as the JSON body does (the first choice's), and no other chunk has them."""
+    body = {"model": SERVED_ID, "prompt": [21, 22, 23], "max_tokens": 2, "temperature": 0, "n": 2,
+            "return_token_ids": True, "return_token_timestamps": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    plain, chunks = check_parity(runner, http["asgi"], "/v1/completions", body)
+    assert set(plain["performance"]) == {"ingress_ns", "enqueue_ns", "reused_prompt_tokens"}
+    carrying = [chunk for chunk in chunks if {"usage", "reused_prompt_tokens", "performance"} & set(chunk)
+                and chunk.get("usage") is not None]
+    assert len(carrying) == 1 and {"reused_prompt_tokens", "performance"} <= set(carrying[0])
+    assert sum("performance" in chunk for chunk in chunks) == 1
 
 
 @pytest.mark.parametrize("transport", ["asgi", "uvicorn"])

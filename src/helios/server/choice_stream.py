@@ -22,10 +22,15 @@ from starlette.types import Receive, Scope, Send
 
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.responses.output import OutputFinal
-from helios.frontend.responses.presentation import _OBJECTS, SSE_DONE, StreamPresenter, sse_data, sse_error
+from helios.frontend.responses.presentation import (
+    _OBJECTS, SSE_DONE, StreamPresenter, _terminal_fields, sse_data, sse_error,
+)
 from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.server.bridge import Item
 from helios.server.responses import Lease, LeasedSSE
+
+
+_TERMINAL_FIELDS = ("usage", "reused_prompt_tokens", "performance")  # `presentation._terminal_fields`
 
 
 def is_batch(choices: Sequence) -> bool:
@@ -72,9 +77,9 @@ class ChoicesPresenter:
     response's ``id`` and ``created`` (the first choice's, as in the JSON body), observed choices'
     ``prompt_token_ids`` as in the JSON body (the first choice's at the top level; with a batch of
     prompts each choice's on the choice too); the per-choice
-    usage chunks dropped for one merged usage chunk at the end (without include_usage, an observed
-    response's merged usage rides on the terminal chunk of the last choice to finish, as a single
-    choice's rides on its own)."""
+    usage chunks dropped for one merged usage chunk at the end, with the first choice's observation
+    fields as the JSON body has them (without include_usage, an observed response's terminal fields
+    ride on the terminal chunk of the last choice to finish, as a single choice's ride on its own)."""
 
     def __init__(self, choices: Sequence, presenters: Sequence[StreamPresenter]):
         self._choices = choices
@@ -90,12 +95,13 @@ class ChoicesPresenter:
             if not chunk["choices"] and chunk.get("usage") is not None:
                 continue  # a choice's usage-only chunk: one merged chunk at the end instead
             if chunk["choices"] and chunk.get("usage") is not None:
-                # An observed choice's terminal chunk (no include_usage) carries usage: the
-                # response's, merged, on the last choice to finish; none on the others.
+                # An observed choice's terminal chunk (no include_usage) carries the terminal
+                # fields: the response's (as in the JSON body) on the last choice to finish, none
+                # on the others.
+                for name in _TERMINAL_FIELDS:
+                    chunk.pop(name, None)
                 if self._is_over():
-                    chunk["usage"] = merged_usage(self._choices, self.finals)
-                else:
-                    del chunk["usage"]
+                    chunk.update(self._terminal_fields())
             chunk["id"], chunk["created"] = self._head.response_id, self._head.created  # each choice has its own
             for entry in chunk["choices"]:
                 entry["index"] = index
@@ -139,12 +145,19 @@ class ChoicesPresenter:
     def _is_over(self) -> bool:
         return all(final is not None for final in self.finals)
 
+    def _terminal_fields(self) -> dict:
+        """The terminal fields of the JSON body: the merged usage and the first choice's observation
+        fields (`helios.server.fanout.fanout_json`)."""
+        fields = _terminal_fields(self.finals[0])
+        fields["usage"] = merged_usage(self._choices, self.finals)
+        return fields
+
     def _end(self) -> bytes:
         head = self._head
         if not head.options.include_usage:
             return SSE_DONE
         usage = {"id": head.response_id, "object": _OBJECTS[head.kind][1], "created": head.created,
-                 "model": head.model, "choices": [], "usage": merged_usage(self._choices, self.finals)}
+                 "model": head.model, "choices": [], **self._terminal_fields()}
         return sse_data(usage) + SSE_DONE
 
 
