@@ -3,13 +3,15 @@
 A seeded mix (chat and text completions, streamed and not, ``n`` 1 to 3, batched prompts, stops,
 ``max_tokens`` 0 to 8 with ``echo``, forced tool calls, repeated prompts that hit the prefix cache,
 invalid bodies, requests the scheduler rejects or fails, requests whose output fails at its end,
-crowds that get 429, and clients that disconnect at random points) runs against a tiny served core in this process, in waves of
-concurrent requests. Every response's status, usage and finish reasons are recorded (a request
-whose client left has no usage: its access-log record, the request's `RequestRecord`, counts it).
-Once the server is idle, the scraped /metrics must say exactly what the responses said:
+crowds that get 429, and clients that disconnect at random points) runs against a tiny served core
+in this process, in waves of concurrent requests. Every response's status, usage and finish
+reasons are recorded (a request whose client left, or whose output failed, has no usage: its
+access-log record, the request's `RequestRecord`, counts it). Once the server is idle, the scraped
+/metrics must say exactly what the responses said:
 
 - ``helios_http_responses_total`` by endpoint and status (499 for a client gone before its answer);
-- ``helios_requests_finished_total`` by reason (one per choice), ``helios_requests_rejected_total``;
+- ``helios_requests_finished_total`` by reason (one per choice; an output that failed an ``error``),
+  ``helios_requests_rejected_total``;
 - ``helios_prompt_tokens_total`` and ``helios_generated_tokens_total``: the sum of usage (each prompt
   once for ``n`` > 1; ``echo`` and ``max_tokens`` 0 as usage counts them; streams cut by a
   disconnect as their access-log record counts them);
@@ -40,8 +42,10 @@ from helios.server.metrics import ResponseCounter, ServerMetrics
 from support.server_core import SERVED_ID, served_tiny_core
 
 SEED = 20261205
-NUM_WAVES = 9
-WAVE = 9  # concurrent requests per wave: more choices than the 10 permits, so some get 429
+NUM_WAVES = 8
+WAVE = 9  # concurrent requests per wave: often more choices than the 10 permits, so some get 429
+CROWDED_WAVE = 2  # all permits but two held meanwhile: some of this wave's requests surely get 429
+KINDS = ("ok", "gone", "rejected", "failed", "broken")  # one of each more, one at a time (none gets 429)
 WAIT_S = 60.0
 KEY_HEADER = "x-test-key"
 REJECTED_STOPS = ["#r1", "#r2", "#r3", "#r4"]  # the scheduler rejects these (503)
@@ -319,13 +323,25 @@ async def run_disconnecting(app, outcome: Outcome, rng: random.Random) -> None:
 
 
 async def drive(app, served, outcomes: list[Outcome], records: dict, rng: random.Random) -> str:
+    """Runs the waves of `outcomes`, then the last `len(KINDS)` one at a time."""
     transport = httpx.ASGITransport(app=app)
+    waves = [outcomes[start:start + WAVE] for start in range(0, len(outcomes) - len(KINDS), WAVE)]
+    waves += [[outcome] for outcome in outcomes[-len(KINDS):]]
+
+    def run(outcome: Outcome):
+        if outcome.kind == "gone":
+            return run_disconnecting(app, outcome, random.Random(rng.random()))
+        return run_http(client, outcome)
+
     async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=WAIT_S) as client:
-        for start in range(0, len(outcomes), WAVE):
-            wave = outcomes[start:start + WAVE]
-            await asyncio.gather(*(
-                run_disconnecting(app, outcome, random.Random(rng.random())) if outcome.kind == "gone"
-                else run_http(client, outcome) for outcome in wave))
+        for number, wave in enumerate(waves):
+            crowd = served.admission.limits.num_permits - 2 if number == CROWDED_WAVE else 0
+            held = served.admission.acquire_many(crowd) if crowd else []
+            try:
+                await asyncio.gather(*(run(outcome) for outcome in wave))
+            finally:
+                for permit in held:
+                    permit.release()
         await idle(served, outcomes, records)
         response = await client.get("/metrics")
     assert response.status_code == 200
@@ -337,12 +353,14 @@ def ended(record) -> bool:
 
 
 async def idle(served, outcomes: list[Outcome], records: dict) -> None:
-    """Every permit back, nothing running or queued, every request's record complete."""
+    """Every permit back, nothing running or queued, every request's record complete (a gauge the
+    worker refreshes after its round's events went out may lag them: a stuck one never gets here)."""
     deadline = asyncio.get_running_loop().time() + WAIT_S
 
     def is_idle() -> bool:
-        counters = served.engine.scheduler.counters()
+        counters, stats = served.engine.scheduler.counters(), served.stats()
         return (served.admission.in_use == 0 and counters.num_running == 0 and counters.num_waiting == 0
+                and stats.active_requests == 0 and stats.queued_requests == 0
                 and all(ended(records[o.key]) for o in outcomes if o.reached_engine))
 
     while not is_idle():
@@ -377,6 +395,11 @@ def test_metrics_equal_what_the_responses_said(runner, served):
     records: dict = {}
     app = capturing(create_app(served), records)
     outcomes = [plan(rng, i) for i in range(NUM_WAVES * WAVE)]
+    for kind in KINDS:
+        outcome = plan(rng, len(outcomes))
+        while outcome.kind != kind:
+            outcome = plan(rng, len(outcomes))
+        outcomes.append(outcome)
     for outcome in outcomes:
         if outcome.kind != "invalid":
             outcome.num_choices = num_choices(outcome.body)
@@ -469,7 +492,8 @@ def discrepancies(outcomes: list[Outcome], samples) -> list[str]:
         for index, num_reused in outcome.reused.items():
             check(f"reused tokens of {outcome.key} choice {index}",
                   getattr(choice_records(outcome)[index], "num_reused_tokens", None), num_reused)
-    if not value(samples, "helios_prefix_lookup_tokens_total") >= value(samples, "helios_prefix_reused_tokens_total") > 0:
+    lookups, reuses = (value(samples, f"helios_prefix_{name}_tokens_total") for name in ("lookup", "reused"))
+    if not lookups >= reuses > 0:
         problems.append("the mix looked up fewer prompt tokens than it reused, or reused none")
 
     # idle: nothing running, queued or holding a permit
