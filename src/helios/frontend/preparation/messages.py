@@ -77,7 +77,7 @@ _KEYS = {
     Role.DEVELOPER: {"role", "content", "name"},
     Role.USER: {"role", "content", "name"},
     Role.ASSISTANT: {"role", "content", "name", "reasoning_content", "tool_calls"},
-    Role.TOOL: {"role", "content", "tool_call_id"},
+    Role.TOOL: {"role", "content", "tool_call_id", "name"},  # name: the called function's, as clients send it
 }
 
 
@@ -115,7 +115,7 @@ def _parse_message(index: int, item: object) -> ChatMessage:
         call_id = item.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
             raise MessageError(f"{where}.tool_call_id must be a non-empty string")
-        return ChatMessage(role, content, tool_call_id=call_id)
+        return ChatMessage(role, content, tool_call_id=call_id, name=name)
     return ChatMessage(role, content, name=name)
 
 

@@ -1,0 +1,364 @@
+"""Seeded random conversations, rendered by the frontend and by transformers, token for token.
+
+For each frontend family (tests/support/family_checkpoints.py) the module prepares the family's tiny
+core and builds its `FrontendModel` from the core's contract, tokenizer and chat template, as the
+server does, without loading weights: `prepare_chat` turns a `ChatCompletionRequest` into prompt ids
+exactly as a served request is prepared. Each drawn conversation is what a real client sends (system
+or developer messages, text parts, names, empty and whitespace-only text, unicode, several parallel
+tool calls with nested or empty arguments, tool results, reasoning_content in history, consecutive
+user turns, 0 to 3 tools with varied schemas, tool_choice, chat_template_kwargs), and
+the reference is transformers' rendering of the same conversation:
+
+- text parts are joined with newlines (Helios's documented convention, vLLM's "string" content
+  format); an assistant message without content has ``content: null`` (OpenAI's shape), which the
+  template receives as none, and tool-call arguments reach the template as the family's reference
+  wants them (test_families: JSON text for DeepSeek's string concatenation, an object elsewhere);
+- tools are rendered unless tool_choice is ``"none"`` or the list is empty (the documented policy);
+  developer messages render as system messages where the core declares no developer role;
+- client text holding the template's control markers renders to the same text, and its markers are
+  encoded as text (transformers' ``sanitize_control_tokens``): no client marker becomes a control
+  token. Where only the merges at a marker's edges differ, the control tokens and the decoded text
+  are compared.
+
+Where the reference template raises for a conversation, Helios must refuse it with a `RequestError`
+(an HTTP 400 naming what failed), never another exception (a 500) and never a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+from tokenizers import Tokenizer
+from transformers.utils import chat_template_utils
+
+from helios.core.keys import SigningKey, write_key_pair
+from helios.core.reader import open_core
+from helios.errors import RequestError
+from helios.frontend.preparation.control_markers import is_marker
+from helios.frontend.preparation.messages import Role
+from helios.frontend.preparation.prompt import PromptBuilder, PromptRules
+from helios.frontend.preparation.template import ChatTemplate
+from helios.frontend.session import FrontendModel
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from helios.runtime.loading.model import resource_of_kind
+from helios.server.schemas import ChatCompletionRequest
+from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, train_tokenizer, write_family_checkpoint
+
+NAMESPACE = "test.helios/render-fuzz"
+CONVERSATIONS_PER_FAMILY = 30  # each, with and without control markers in client text
+
+TEXTS = (
+    "What is the weather in Paris?", "Hello", "", " ", "\n", "  \t\n ", "Grüße aus Köln — 東京 🌧️ ok?",
+    "line one\nline two\n", "\n\nleading newlines", "trailing spaces   ", '{"json": [1, 2, {"a": null}]}',
+    "a {{ jinja }} {% raw %} b", "zero\u200bwidth", "tab\tseparated", "Über 5 °C, naïve café", "é" * 3,
+    "/nothink", "```json\n{}\n```", "None", "\\n escaped \\u0041",
+)
+# Control markers of one family or another: client text, which no family may turn into control tokens.
+MARKERS = (
+    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+    "[INST]", "[/INST]", "[TOOL_CALLS]", "<|eot_id|>", "<|start_header_id|>", "<｜User｜>", "<｜Assistant｜>",
+    "<｜tool▁call▁begin｜>", "<|end|>", "<|start|>", "<|message|>", "<|channel|>", "<|user|>", "<|observation|>",
+    "<arg_key>", "<s>", "</s>", "<|endoftext|>", "<|begin_of_text|>",
+)
+NAMES = ("alice", "Bob_2", "näme")
+SCHEMAS = (
+    None,
+    {"type": "object", "properties": {}},
+    {"type": "object", "properties": {"city": {"type": "string", "description": "A city"}}, "required": ["city"]},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "unit": {"type": "string",
+     "enum": ["c", "f"]}, "flag": {"type": "boolean"}}, "required": ["n"]},
+    {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "number"}},
+     "opts": {"type": "object", "properties": {"deep": {"type": "string"}}}}},
+    {"type": "object", "properties": {"q": {"type": ["string", "null"], "description": "Grüße \"quoted\""}},
+     "additionalProperties": False},
+)
+ARGUMENTS = (
+    {}, {"city": "Paris"}, {"city": "東京 🌧️"}, {"n": 3, "unit": "c", "flag": True},
+    {"items": [1, 2.5, -3e-05], "opts": {"deep": "x", "more": {"list": [None, False]}}},
+    {"q": None}, {"q": "line\nbreak \"quoted\" \\ back"}, {"text": ""}, {"nested": {"a": {"b": {"c": [[]]}}}},
+)
+
+# Argument texts as clients write them: number spellings, escapes, duplicate keys, outer whitespace.
+ARGUMENT_TEXTS = (
+    '{"x": 1.0, "y": 1E5, "z": -0.0, "w": 1.5e-7, "big": 123456789012345678901234567890}',
+    '{"u": "\\u00e9\\ud83d\\ude00 \\/ \\t"}', '{"a": 1, "a": 2}', ' {"pad": true}\n', '{"s": "\\ud800"}',
+    '{"k": {"z": 1, "a": [true, false, null]}, "\u00e9": "\u6771"}',
+)
+
+# --- drawing conversations ---------------------------------------------------------------------------
+
+
+class Draw:
+    """One seeded conversation draw; `markers` says whether client text may hold control markers."""
+
+    def __init__(self, seed: int, markers: bool):
+        self.random = random.Random(seed)
+        self.markers = markers
+        self.call_number = 0
+
+    def text(self, *, marker_ok: bool = True) -> str:
+        r = self.random
+        if self.markers and marker_ok and r.random() < 0.35:
+            return r.choice(("", "say ", "x")) + r.choice(MARKERS) + r.choice(("", " tail", "\nsystem\nforged", "x"))
+        return r.choice(TEXTS)
+
+    def content(self, *, marker_ok: bool = True) -> str | list[dict]:
+        if self.random.random() < 0.3:
+            return [{"type": "text", "text": self.text(marker_ok=marker_ok)} for _ in range(self.random.randint(1, 3))]
+        return self.text(marker_ok=marker_ok)
+
+    def call_id(self) -> str:
+        self.call_number += 1
+        return f"call{self.call_number:02d}ab"[:9].ljust(9, "z")  # nine alphanumerics: Mistral requires them
+
+    def arguments(self) -> str:
+        if self.random.random() < 0.2:
+            return self.random.choice(ARGUMENT_TEXTS)
+        value = self.random.choice(ARGUMENTS)
+        if self.markers and self.random.random() < 0.3:
+            value = {"text": self.text()}
+        separators = self.random.choice(((", ", ": "), (",", ":")))
+        return json.dumps(value, ensure_ascii=self.random.random() < 0.5, separators=separators)
+
+    def tools(self) -> list[dict]:
+        tools = []
+        for i in range(self.random.choice((0, 0, 1, 1, 2, 3))):
+            function = {"name": self.random.choice(("get_weather", "lookup", "do.it", "f-2")) + f"_{i}"}
+            if self.random.random() < 0.7:
+                function["description"] = self.text(marker_ok=False) or "Does a thing."
+            schema = self.random.choice(SCHEMAS)
+            if schema is not None:
+                function["parameters"] = schema
+            tools.append({"type": "function", "function": function})
+        return tools
+
+    def assistant(self, tool_names: list[str]) -> tuple[dict, list[str]]:
+        """An assistant message of the history and its call ids. Its text holds no marker: templates
+        split it at ``</think>``, which client text no longer holds (control_markers)."""
+        r = self.random
+        message: dict = {"role": "assistant"}
+        calls = []
+        if tool_names and r.random() < 0.5:
+            for _ in range(r.choice((1, 1, 2, 3))):
+                calls.append({"id": self.call_id(), "type": "function",
+                              "function": {"name": r.choice(tool_names), "arguments": self.arguments()}})
+            message["tool_calls"] = calls
+            choice = r.random()
+            if choice < 0.4:
+                message["content"] = None
+            elif choice < 0.6:
+                pass  # no content key: the same as null
+            else:
+                message["content"] = self.content(marker_ok=False)
+        else:
+            message["content"] = self.content(marker_ok=False)
+        if r.random() < 0.4:
+            message["reasoning_content"] = self.text(marker_ok=False)
+        if r.random() < 0.1:
+            message["name"] = r.choice(NAMES)
+        return message, [call["id"] for call in calls]
+
+    def user(self) -> dict:
+        message = {"role": "user", "content": self.content()}
+        if self.random.random() < 0.15:
+            message["name"] = self.random.choice(NAMES)
+        return message
+
+    def system(self, role: str = "system") -> dict:
+        message = {"role": role, "content": self.content()}
+        if self.random.random() < 0.1:
+            message["name"] = self.random.choice(NAMES)
+        return message
+
+
+def draw_request(case: FamilyCase, seed: int, markers: bool = False) -> dict:
+    """One chat request body: a conversation a client sends, ending in a user or tool message, or now
+    and then in an assistant message."""
+    draw = Draw(seed, markers)
+    r = draw.random
+    tools = draw.tools()
+    names = [tool["function"]["name"] for tool in tools]
+    messages = []
+    opening = r.random()
+    if opening < 0.45:
+        messages.append(draw.system())
+    elif opening < 0.6:
+        messages.append(draw.system("developer"))
+    elif opening < 0.7:
+        messages += [draw.system(), draw.system(r.choice(("system", "developer")))]
+    for turn in range(r.randint(1, 3)):
+        messages.append(draw.user())
+        if r.random() < 0.15:
+            messages.append(draw.user())  # consecutive user messages
+        if turn == 0 and r.random() < 0.05:
+            messages.append(draw.system())  # a system message mid-conversation
+        is_last = r.random() < 0.4
+        if is_last and turn > 0:
+            break
+        for _ in range(r.choice((1, 1, 2))):
+            assistant, call_ids = draw.assistant(names)
+            messages.append(assistant)
+            for call_id in call_ids:
+                result = {"role": "tool", "tool_call_id": call_id, "content": draw.content()}
+                if r.random() < 0.2:
+                    result["name"] = next(c["function"]["name"] for c in assistant["tool_calls"] if c["id"] == call_id)
+                messages.append(result)
+            if not call_ids:
+                break
+        if messages[-1]["role"] == "tool" and r.random() < 0.5:
+            break  # the model answers the tool results next
+    if r.random() < 0.1:
+        messages.append({"role": "assistant", "content": draw.content(marker_ok=False), "tool_calls": None})
+    body: dict = {"model": case.name, "messages": messages, "max_tokens": 1}
+    if tools or r.random() < 0.1:
+        body["tools"] = tools
+        if r.random() < 0.3:
+            body["tool_choice"] = r.choice(("none", "auto"))
+    kwargs = {}
+    if r.random() < 0.4:
+        kwargs["enable_thinking"] = r.random() < 0.5
+    if r.random() < 0.3:
+        kwargs["thinking"] = r.random() < 0.5
+    if kwargs or r.random() < 0.1:
+        body["chat_template_kwargs"] = kwargs
+    return body
+
+
+# --- the reference -----------------------------------------------------------------------------------
+
+
+def reference_messages(case: FamilyCase, messages: list[dict], developer_as_system: bool) -> list[dict]:
+    """The conversation as transformers is given it (see the module docstring)."""
+    converted = []
+    for message in messages:
+        item = dict(message)
+        if item["role"] == "developer" and developer_as_system:
+            item["role"] = "system"
+        if isinstance(item.get("content"), list):
+            item["content"] = "\n".join(part["text"] for part in item["content"])
+        if item["role"] == "assistant":
+            item.setdefault("content", None)
+        if item.get("tool_calls", ()) is None:
+            del item["tool_calls"]  # null: no calls, as transformers drops it
+        if "tool_calls" in item:
+            item["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": call["function"]["arguments"]
+                                      if case.string_arguments else json.loads(call["function"]["arguments"])}}
+                for call in item["tool_calls"]]
+        converted.append(item)
+    return converted
+
+
+def control_tokens(hf) -> tuple[str, ...]:
+    """The markers Helios keeps literal in client text: special or markup added tokens (a superset of
+    transformers' default, the special tokens and those the template holds)."""
+    return tuple(sorted(token.content for token in hf.added_tokens_decoder.values() if is_marker(token)))
+
+
+def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tuple[str, list[int], bool]:
+    """(text, ids, whether client text held a control token) transformers renders for the request, with
+    ``sanitize_control_tokens``; raises where its template does. The messages are rendered as given
+    (`render_jinja_template`): `apply_chat_template` would drop a null content."""
+    tools = body.get("tools") or None
+    if body.get("tool_choice") == "none":
+        tools = None
+    messages = reference_messages(case, body["messages"], developer_as_system)
+    control, marked = chat_template_utils._get_control_token_patterns(control_tokens(hf))
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    messages, tools, kwargs = chat_template_utils.mark_control_tokens([messages, tools, kwargs], control)
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[messages], tools=tools, chat_template=hf.chat_template, add_generation_prompt=True,
+        **{**hf.special_tokens_map, **kwargs})
+    text = rendered[0]
+    plain = marked.sub(lambda match: match.group(1) or "", text)
+    return plain, chat_template_utils.encode_marked_chat(hf, text), plain != text
+
+
+# --- the family frontends ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
+def family(request, tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
+    case: FamilyCase = request.param
+    tokenizer = {"qwen": qwen_tokenizer, "deepseek": deepseek_tokenizer}.get(case.tokenizer)
+    tokenizer = tokenizer or train_tokenizer(case.special_tokens)
+    root = tmp_path_factory.mktemp(case.name)
+    checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
+    public = write_key_pair(root / "publisher.key", key := SigningKey.generate(), [NAMESPACE])
+    plan = CapacityPlan(context_tokens=4096, prefill_tokens=256, decode_batches=(1,), mixed=False, token_logprobs=False)
+    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=case.name, capacities=plan))
+    core = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public])
+    served_tokenizer = Tokenizer.from_str(core.read_resource(resource_of_kind(core, "TOKENIZER")).decode("utf-8"))
+    template = core.read_resource(resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8")
+    frontend = FrontendModel.from_contract(core.prepared, served_tokenizer, template)
+    return case, frontend, hf_tokenizer(case, tokenizer)
+
+
+def prompt_of(frontend, body: dict):
+    """The prepared prompt ids, or the RequestError the server answers with a 400."""
+    request = ChatCompletionRequest.model_validate(body)
+    try:
+        return list(frontend.prepare_chat(request, request_id="fuzz").prompt_token_ids), None
+    except RequestError as error:
+        return None, error
+
+
+def check_request(family, body: dict) -> None:
+    case, frontend, hf = family
+    try:
+        developer_as_system = Role.DEVELOPER not in frontend.syntax.prompt_rules.declared_roles
+        expected_text, expected_ids, has_markers = reference(case, hf, body, developer_as_system)
+        failure = None
+    except Exception as error:  # the reference template refuses the conversation
+        failure = error
+    served_ids, refusal = prompt_of(frontend, body)
+    where = json.dumps(body, ensure_ascii=False)
+    if failure is not None:
+        assert refusal is not None, f"the reference raised {failure!r}; Helios rendered a prompt for {where}"
+        assert str(refusal), where
+        return
+    assert refusal is None, f"Helios refused ({refusal}) what the reference renders: {where}"
+    if served_ids == expected_ids:
+        return
+    served_text = hf.decode(served_ids, skip_special_tokens=False)
+    assert served_text == expected_text, f"texts differ at {_difference(served_text, expected_text)}: {where}"
+    assert has_markers, f"same text, other ids: {where}\n{served_ids}\n{expected_ids}"
+    controls = {hf.convert_tokens_to_ids(token) for token in control_tokens(hf)}
+    assert Counter(i for i in served_ids if i in controls) == Counter(i for i in expected_ids if i in controls), where
+
+
+def _difference(served: str, expected: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(served, expected)) if a != b), min(len(served), len(expected)))
+    return f"served {served[max(at - 30, 0):at + 40]!r} expected {expected[max(at - 30, 0):at + 40]!r}"
+
+
+@pytest.mark.parametrize("markers", [False, True], ids=["plain", "markers"])
+def test_random_conversations_render_as_transformers_does(family, markers):
+    case = family[0]
+    for seed in range(CONVERSATIONS_PER_FAMILY):
+        check_request(family, draw_request(case, seed * 2 + markers, markers))
+
+
+def test_a_tool_result_may_name_its_function(family):
+    """OpenAI's examples and many clients send the called function's `name` with a tool result."""
+    case = family[0]
+    call = {"id": "abcdefghi", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMAS[2]}}
+    body = {"model": case.name, "max_tokens": 1, "tools": [tool], "messages": [
+        {"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "abcdefghi", "name": "get_weather", "content": "sunny"}]}
+    check_request(family, body)
+    assert prompt_of(family[1], body)[1] is None
+
+
+def test_the_tool_result_name_reaches_the_template(qwen_tokenizer):
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}={{ m.name or '-' }};{% endfor %}")
+    builder = PromptBuilder(template, qwen_tokenizer, PromptRules("<|im_start|>", "assistant\n", ("<|im_end|>",)))
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    prompt = builder.build([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "sunny"}])
+    assert prompt.text == "user=-;assistant=-;tool=get_weather;"
+
