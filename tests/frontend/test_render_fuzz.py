@@ -6,7 +6,7 @@ server does, without loading weights: `prepare_chat` turns a `ChatCompletionRequ
 exactly as a served request is prepared. Each drawn conversation is what a real client sends (system
 or developer messages, text parts, names, empty and whitespace-only text, unicode, several parallel
 tool calls with nested or empty arguments, tool results, reasoning_content in history, consecutive
-user turns, 0 to 3 tools with varied schemas, tool_choice, chat_template_kwargs), and
+user turns, 0 to 3 tools with varied schemas, tool_choice, chat_template_kwargs, reasoning_effort), and
 the reference is transformers' rendering of the same conversation:
 
 - text parts are joined with newlines (Helios's documented convention, vLLM's "string" content
@@ -15,6 +15,8 @@ the reference is transformers' rendering of the same conversation:
   wants them (test_families: JSON text for DeepSeek's string concatenation, an object elsewhere);
 - tools are rendered unless tool_choice is ``"none"`` or the list is empty (the documented policy);
   developer messages render as system messages where the core declares no developer role;
+- ``reasoning_effort`` is the template's ``reasoning_effort`` argument (gpt-oss reads it), and
+  ``enable_thinking`` where the template reads that switch;
 - client text holding the template's control markers renders to the same text, and its markers are
   encoded as text (transformers' ``sanitize_control_tokens``): no client marker becomes a control
   token. Where only the merges at a marker's edges differ, the control tokens and the decoded text
@@ -37,6 +39,7 @@ from transformers.utils import chat_template_utils
 from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
 from helios.errors import RequestError
+from helios.frontend.preparation.client_fields import ReasoningEffortConflict
 from helios.frontend.preparation.control_markers import is_marker
 from helios.frontend.preparation.messages import Role
 from helios.frontend.preparation.prompt import PromptBuilder, PromptRules
@@ -224,6 +227,8 @@ def draw_request(case: FamilyCase, seed: int, markers: bool = False) -> dict:
         kwargs["thinking"] = r.random() < 0.5
     if kwargs or r.random() < 0.1:
         body["chat_template_kwargs"] = kwargs
+    if r.random() < 0.15 and "enable_thinking" not in kwargs:
+        body["reasoning_effort"] = r.choice(("none", "low", "high"))
     return body
 
 
@@ -268,6 +273,10 @@ def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tu
     messages = reference_messages(case, body["messages"], developer_as_system)
     control, marked = chat_template_utils._get_control_token_patterns(control_tokens(hf))
     kwargs = dict(body.get("chat_template_kwargs") or {})
+    if (effort := body.get("reasoning_effort")) is not None:  # the template's own argument, and its switch
+        kwargs["reasoning_effort"] = effort
+        if "enable_thinking" in hf.chat_template:
+            kwargs["enable_thinking"] = effort != "none"
     messages, tools, kwargs = chat_template_utils.mark_control_tokens([messages, tools, kwargs], control)
     rendered, _ = chat_template_utils.render_jinja_template(
         conversations=[messages], tools=tools, chat_template=hf.chat_template, add_generation_prompt=True,
@@ -361,4 +370,18 @@ def test_the_tool_result_name_reaches_the_template(qwen_tokenizer):
     prompt = builder.build([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
                             {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "sunny"}])
     assert prompt.text == "user=-;assistant=-;tool=get_weather;"
+
+
+def test_reasoning_effort_reaches_a_template_that_grades_it(family):
+    """gpt-oss's template reads `reasoning_effort` (``Reasoning: high``), not `enable_thinking`: the
+    request's effort is its argument, as transformers passes it; the others render as before."""
+    case, frontend, _ = family
+    body = {"model": case.name, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "high"}
+    check_request(family, body)
+    text = frontend.prepare_chat(ChatCompletionRequest.model_validate(body), request_id="e").prompt.text
+    assert ("Reasoning: high" in text) is (case.name == "harmony")
+    conflicting = {**body, "chat_template_kwargs": {"reasoning_effort": "low"}}
+    refusal = prompt_of(frontend, conflicting)[1]
+    if case.name == "harmony":
+        assert isinstance(refusal, ReasoningEffortConflict) and refusal.param == "reasoning_effort", refusal
 

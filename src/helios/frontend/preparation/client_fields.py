@@ -8,7 +8,10 @@ that change the request their effect:
   template argument ``enable_thinking`` when the core's chat template reads it. ``"none"`` turns
   thinking off, any other effort turns it on (Helios has no graded effort levels). A template
   without the switch renders as it always does. An explicit ``chat_template_kwargs.enable_thinking``
-  that contradicts the effort is a 400.
+  that contradicts the effort is a 400. A template that reads no ``enable_thinking`` but a
+  ``reasoning_effort`` argument of its own (gpt-oss: ``Reasoning: high`` in its system message)
+  receives the effort itself, as `apply_chat_template(..., reasoning_effort=...)` passes it; an
+  explicit ``chat_template_kwargs.reasoning_effort`` that differs is a 400.
 - ``user``, ``safety_identifier`` (chat), ``prompt_cache_key`` (chat: cached prefixes are found by
   their content whatever the key), ``metadata``, ``service_tier`` (``auto``/``default``: there is
   one tier), ``store`` (``false``: Helios keeps no completions) and ``modalities`` (chat:
@@ -27,17 +30,23 @@ from typing import Any, Mapping
 from helios.errors import RequestError
 
 THINKING_KWARG = "enable_thinking"
+EFFORT_KWARG = "reasoning_effort"  # a template's graded effort argument (gpt-oss)
 
 
 class ReasoningEffortConflict(RequestError):
-    """``reasoning_effort`` contradicts an explicit ``chat_template_kwargs.enable_thinking``."""
+    """``reasoning_effort`` contradicts an explicit ``chat_template_kwargs.enable_thinking`` (or
+    ``chat_template_kwargs.reasoning_effort``)."""
 
     param = "reasoning_effort"
 
 
 def thinking_switch_of(chat_template_source: str) -> str | None:
-    """The template argument that switches thinking, when the chat template reads one."""
-    return THINKING_KWARG if THINKING_KWARG in chat_template_source else None
+    """The template argument that switches thinking (or grades it: `EFFORT_KWARG`), when the chat
+    template reads one."""
+    for name in (THINKING_KWARG, EFFORT_KWARG):
+        if name in chat_template_source:
+            return name
+    return None
 
 
 def check_reasoning_effort(effort: str | None, template_kwargs: Mapping[str, Any] | None) -> bool | None:
@@ -61,4 +70,11 @@ def effective_template_kwargs(effort: str | None, template_kwargs: Mapping[str, 
     thinking = check_reasoning_effort(effort, template_kwargs)
     if thinking is None or switch is None:
         return dict(template_kwargs) if template_kwargs is not None else None
+    if switch == EFFORT_KWARG:
+        explicit = (template_kwargs or {}).get(EFFORT_KWARG)
+        if explicit is not None and explicit != effort:
+            raise ReasoningEffortConflict(
+                f"reasoning_effort {effort!r} contradicts chat_template_kwargs.{EFFORT_KWARG}={explicit!r}; "
+                "give one of them")
+        return {**(template_kwargs or {}), EFFORT_KWARG: effort}
     return {**(template_kwargs or {}), switch: thinking}
