@@ -250,9 +250,8 @@ def read_sse(text: str, outcome: Outcome) -> None:
                 finishes[choice["index"]] = choice["finish_reason"]
         if chunk.get("usage"):
             outcome.usage = chunk["usage"]
-        if "reused_prompt_tokens" in chunk:  # a choice's terminal chunk, or a usage chunk (the first choice's)
-            index = chunk["choices"][0]["index"] if chunk["choices"] else 0
-            outcome.reused[index] = chunk["reused_prompt_tokens"]
+        if "reused_prompt_tokens" in chunk:  # the response's, as in the JSON body: the first choice's
+            outcome.reused[0] = chunk["reused_prompt_tokens"]
     assert lines[-3:] == ["data: [DONE]", "", ""], text[-300:]
     outcome.finishes = [finishes[i] for i in sorted(finishes)]
 
