@@ -155,7 +155,7 @@ def draw_dense(seed: int) -> Variant:
         config["sliding_window"] = _choice(rng, (None, 5, 8, 4096))
     if name in ("qwen2", "qwen3"):
         if rng.random() < 0.5:
-            config.update(use_sliding_window=True, sliding_window=_choice(rng, (5, 7)),
+            config.update(use_sliding_window=True, sliding_window=_choice(rng, (5, 7, None)),
                           max_window_layers=_choice(rng, (0, 1, 2)))
         else:
             config.update(use_sliding_window=False, sliding_window=_choice(rng, (None, 4096)))
@@ -186,7 +186,8 @@ def draw_moe(seed: int) -> Variant:
     if name == "qwen3_moe":
         config.update(num_experts=experts, moe_intermediate_size=_choice(rng, (16, 24)),
                       norm_topk_prob=rng.random() < 0.5, mlp_only_layers=_choice(rng, ([], [0])),
-                      decoder_sparse_step=_choice(rng, (1, 1, 2)))
+                      decoder_sparse_step=_choice(rng, (1, 1, 2)), use_sliding_window=rng.random() < 0.3,
+                      sliding_window=_choice(rng, (6, 4096)), max_window_layers=_choice(rng, (0, 1, 2)))
     elif name == "mixtral":
         config.update(num_local_experts=experts, sliding_window=_choice(rng, (None, 6)))
     else:
@@ -423,6 +424,16 @@ PINNED = {
     "deepseek-one-expert-groups": (_variant("deepseek-groups", transformers.DeepseekV3Config,
                                             dict(_DEEPSEEK, n_group=4, topk_group=2, num_experts_per_tok=1)),
                                    "n_group 4 leaves fewer than 2"),
+    # Sliding windows as each reference resolves them: Qwen3-MoE slides every layer (it slid none),
+    # Qwen2 without use_sliding_window and Llama ignore a window and layer_types (they slid)
+    "qwen3_moe-sliding-window": (_variant("qwen3_moe-sliding", transformers.Qwen3MoeConfig, dict(
+        _TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, use_sliding_window=True,
+        sliding_window=6)), "matches"),
+    "qwen2-window-without-use-sliding-window": (_variant(
+        "qwen2-unswitched", transformers.Qwen2Config, dict(_TINY, use_sliding_window=False),
+        {"sliding_window": 6, "layer_types": ["full_attention", "sliding_attention"]}), "matches"),
+    "llama-layer-types-ignored": (_variant("llama-unslid", transformers.LlamaConfig, dict(_TINY),
+                                           {"sliding_window": 6, "layer_types": ["sliding_attention"] * 2}), "matches"),
     # Bamba's rotary settings in the legacy layout (top-level partial_rotary_factor) were not read
     "bamba-legacy-partial-rotary": (_variant("bamba-legacy", transformers.BambaConfig, dict(
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-_GROUPED_QWEN = {"max_window_layers": 28, "num_key_value_heads": 32}
+_GROUPED_QWEN = {"max_window_layers": 28, "num_key_value_heads": 32, "sliding_window": 4096}
 REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "MistralForCausalLM": {"sliding_window": 4096, "num_key_value_heads": 8},
     "Qwen2ForCausalLM": _GROUPED_QWEN,
     "Qwen3ForCausalLM": {**_GROUPED_QWEN, "head_dim": 128},
-    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                            "sliding_window": 4096},
     "MixtralForCausalLM": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "num_key_value_heads": 8,
                            "num_local_experts": 8, "num_experts_per_tok": 2},
     "Glm4MoeForCausalLM": {"rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "num_key_value_heads": 8,

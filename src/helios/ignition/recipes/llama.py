@@ -30,6 +30,8 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # ``original_max_position_embeddings`` before the rope dict's own (Phi-3's spelling), else from
 # ``max_position_embeddings``.
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
+_EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+_WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -70,11 +72,19 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 
 
 def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
-    """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it."""
+    """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it: Llama
+    has none; Mistral, Mixtral and Qwen3-MoE slide every layer over ``sliding_window`` (their
+    references read no ``layer_types``); the Qwen families' window applies only with
+    ``use_sliding_window`` (their references drop it otherwise, and a sliding layer without a window
+    attends fully); the others follow ``layer_types``, or slide from ``max_window_layers`` on."""
     window = int(config.get("sliding_window") or 0)
+    if source in _WINDOW_SWITCHED and not config.get("use_sliding_window"):
+        window = 0
+    if source == "LlamaForCausalLM":
+        return (0,) * num_layers
+    if source in _EVERY_LAYER_WINDOW:
+        return (window,) * num_layers
     layer_types = config.get("layer_types")
-    if layer_types is None and source in ("MistralForCausalLM", "MixtralForCausalLM"):
-        layer_types = ["sliding_attention" if window else "full_attention"] * num_layers
     if layer_types is None and config.get("use_sliding_window"):
         first = int(config.get("max_window_layers", num_layers))
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
@@ -82,7 +92,7 @@ def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tu
         return (0,) * num_layers
     if len(layer_types) != num_layers or not set(layer_types) <= {"sliding_attention", "full_attention"}:
         raise UnsupportedCheckpoint(f"layer_types {layer_types} are not full/sliding attention per layer")
-    if "sliding_attention" in layer_types and window <= 0:
+    if "sliding_attention" in layer_types and window <= 0 and source not in _WINDOW_SWITCHED:
         raise UnsupportedCheckpoint("sliding_attention layers need a positive sliding_window")
     return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
 
