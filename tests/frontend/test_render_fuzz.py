@@ -385,3 +385,21 @@ def test_reasoning_effort_reaches_a_template_that_grades_it(family):
     if case.name == "harmony":
         assert isinstance(refusal, ReasoningEffortConflict) and refusal.param == "reasoning_effort", refusal
 
+
+# gpt-oss's published template reads an assistant's reasoning as `thinking` (transformers aliases it).
+READS_THINKING = (
+    "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- if 'thinking' in message %}"
+    "<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>{%- endif %}"
+    "<|start|>assistant<|channel|>final<|message|>{{ message.content }}<|end|>{%- else %}"
+    "<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>{%- endif %}{%- endfor %}"
+)
+
+
+def test_reasoning_content_reaches_a_template_that_reads_thinking(qwen_tokenizer):
+    builder = PromptBuilder(ChatTemplate(READS_THINKING), qwen_tokenizer, PromptRules("<|start|>", "assistant", ("<|end|>",)))
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "Add."},
+                {"role": "user", "content": "And 3+3?"}]
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[messages], chat_template=READS_THINKING, add_generation_prompt=True)
+    assert builder.build(messages).text == rendered[0]
+    assert "<|channel|>analysis<|message|>Add.<|end|>" in rendered[0]

@@ -10,7 +10,9 @@ return immutable records, raising `MessageError` (HTTP 400) for anything malform
   no ``NaN``/``Infinity``, no number beyond the float range such as ``1e999``, as in the body);
 - a tool message answers a call id of the closest preceding assistant message with tool calls.
 
-`template_messages` / `template_tools` build the plain structures a chat template receives. Tool-call
+`template_messages` / `template_tools` build the plain structures a chat template receives (an
+assistant's `reasoning_content` also as ``thinking``, as transformers' `apply_chat_template` aliases
+it, for templates such as gpt-oss's that read that name). Tool-call
 arguments become `ToolArguments`: a read-only mapping of the decoded object that renders as the
 original JSON text when printed or concatenated with strings, so templates written for either
 Hugging Face convention (``arguments | tojson`` / ``arguments.items()`` or ``'...' + arguments``)
@@ -240,8 +242,8 @@ def template_messages(messages: tuple[ChatMessage, ...], render_developer_as_sys
             item["content"] = template_parts(message.parts)
         if message.name is not None:
             item["name"] = message.name
-        if message.reasoning_content is not None:
-            item["reasoning_content"] = message.reasoning_content
+        if message.reasoning_content is not None:  # also as `thinking`, which gpt-oss's template reads
+            item = {"thinking": message.reasoning_content, **item, "reasoning_content": message.reasoning_content}
         if message.tool_calls:
             item["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": ToolArguments(c.arguments)}}
