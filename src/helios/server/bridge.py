@@ -8,7 +8,8 @@ detokenizing, stops, parsing and logprob entries. When a stop string matches, `s
 have generated a few more by then: the processor ignores every token after a stop, so they are never
 shown or counted, and a finish the engine reported for them (EOS, output limit) is settled as STOP
 with the processor's count before the response sees it (`observe`, the request's metrics record,
-gets the settled event). A finish that counts fewer output tokens than the processor was given (a
+gets the settled event, with the reason the response ends with: ERROR when the output failed, STOP
+when the output's last text completed a stop). A finish that counts fewer output tokens than the processor was given (a
 model worker that died or shut down ends its requests without their counts) is settled with the
 processor's count, so the access log counts the tokens the response had. The resulting `OutputStep`s (streamed responses only) and the one terminal
 item are handed to the event loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup

@@ -29,8 +29,10 @@ class _RuntimeCollector:
 
     def collect(self):
         s = self._source()
-        yield _counter("helios_requests_admitted", "Requests admitted by the scheduler", s.requests_admitted)
-        yield _counter("helios_requests_rejected", "Requests rejected by scheduler admission", s.requests_rejected)
+        yield _counter("helios_requests_admitted", "Engine requests (one per choice) admitted by the scheduler",
+                       s.requests_admitted)
+        yield _counter("helios_requests_rejected", "Engine requests (one per choice) rejected by scheduler admission",
+                       s.requests_rejected)
         launches = CounterMetricFamily("helios_graph_launches", "Program launches, by operation", labels=["operation"])
         for operation, value in sorted(s.graph_launches.items()):
             launches.add_metric([operation], value)

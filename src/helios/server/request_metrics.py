@@ -5,9 +5,10 @@ scope's state). A request of several choices (``n``, batched prompts) gets one m
 choice (`RequestRecord.choices`), all made before the first choice is submitted, so that the
 request's end (every choice's finish) is known. The service stamps the record when it hands the
 request to the model worker, and `event_stamps` stamps each choice's record from its events on its
-output worker (the response bridge calls it with each event, a finish settled against a stop the
-frontend found, so its counts and reason are those of the response). One monotonic clock read per
-token event; nothing of it runs on the model worker.
+output worker (the response bridge calls it with each event, the finish as the response ends:
+settled against a stop the frontend found, an ERROR when the output failed, so its counts and
+reason are those of the response). One monotonic clock read per token event; nothing of it runs on
+the model worker.
 
 Counters (what the responses' usage says, so they equal the sum of usage over responses):
 
