@@ -17,6 +17,7 @@ delta carries the role; exactly one finish_reason per choice, its last chunk; th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -28,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+import uvloop
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
@@ -91,32 +93,50 @@ def served(core):
     served.shutdown()
 
 
+class ServerLoop:
+    """The event loop uvicorn serves on, in its thread: every request of this module runs on it
+    (`run`), the in-process ASGI ones too, so `served` only ever meets one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, url: str):
+        self.loop = loop
+        self.url = url
+
+    def run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+
 @pytest.fixture(scope="module")
 def live(served):
     """The app served by uvicorn as `helios serve` runs it (uvloop, httptools, the transport send in
-    the scope: streams write straight to the transport) on a free port, in a thread; its URL."""
+    the scope: streams write straight to the transport) on a free port, in a thread."""
     sock = socket.create_server(("127.0.0.1", 0))
     config = uvicorn.Config(with_transport_send(create_app(served)), loop="uvloop", http="httptools",
                             lifespan="off", log_config=None, access_log=False)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    loop = uvloop.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(sockets=[sock]),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    yield ServerLoop(loop, f"http://127.0.0.1:{sock.getsockname()[1]}")
     server.should_exit = True
     thread.join(10)
 
 
 @pytest.fixture(scope="module")
+def runner(live):
+    """This module's requests run on the server's loop (`ServerLoop`), not on a loop of their own."""
+    return live
+
+
+@pytest.fixture(scope="module")
 def http(served, live):
-    """Clients of the app over ASGI ("asgi") and over a socket served by uvicorn ("uvicorn"); the
-    requests of this module never overlap, so the two event loops take turns with `served`."""
+    """Clients of the app over ASGI ("asgi") and over a socket served by uvicorn ("uvicorn")."""
     return {"asgi": httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test",
                                       timeout=120),
-            "uvicorn": httpx.AsyncClient(base_url=live, timeout=120)}
+            "uvicorn": httpx.AsyncClient(base_url=live.url, timeout=120)}
 
 
 @pytest.fixture(scope="module")
