@@ -245,7 +245,8 @@ def stream_chunks(raw: str, object_name: str) -> list[dict]:
     assert all(block.startswith("data: {") and "\n" not in block for block in blocks[:-1]), raw
     chunks = [json.loads(block[len("data: "):]) for block in blocks[:-1]]
     assert chunks, raw
-    assert sum("prompt_token_ids" in chunk for chunk in chunks) <= 1, raw  # the response's, once
+    for key in ("prompt_token_ids", "prompt_logprobs"):  # the response's, once
+        assert sum(key in chunk for chunk in chunks) <= 1, (key, raw)
     first = chunks[0]
     for chunk in chunks:
         assert chunk["object"] == object_name, chunk
@@ -711,3 +712,13 @@ def test_family_stream_equals_json(family, draw):
     assert_same(streamed, expected, {**body, "ids": ids, "groups": groups})
     for index, choice in openai_reassembled(chunks).items():
         assert is_close(choice, {key: streamed["choices"][index][key] for key in choice}), (index, choice)
+
+
+def test_choices_of_a_scored_chat_stream_its_prompt_logprobs_once(runner, http):
+    """n > 1 chat with prompt_logprobs: the stream carries the prompt's scores once (the first
+    choice's, at the top level), as the JSON body has them."""
+    body = {"model": SERVED_ID, "messages": MESSAGES[1], "max_tokens": 2, "temperature": 0, "n": 3,
+            "prompt_logprobs": 1}
+    plain, chunks = check_parity(runner, http["uvicorn"], "/v1/chat/completions", body)
+    assert plain["prompt_logprobs"][0] is None and len(plain["prompt_logprobs"]) == plain["usage"]["prompt_tokens"]
+    assert [chunk["choices"][0]["index"] for chunk in chunks if "prompt_logprobs" in chunk] == [0]

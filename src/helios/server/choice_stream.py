@@ -76,7 +76,8 @@ class ChoicesPresenter:
     """SSE bytes of several choices' items: each chunk with its choice's ``index`` and the
     response's ``id`` and ``created`` (the first choice's, as in the JSON body), observed choices'
     ``prompt_token_ids`` as in the JSON body (the first choice's at the top level; with a batch of
-    prompts each choice's on the choice too); the per-choice
+    prompts each choice's on the choice too), a chat prompt's ``prompt_logprobs`` once (the first
+    choice's); the per-choice
     usage chunks dropped for one merged usage chunk at the end, with the first choice's observation
     fields as the JSON body has them (without include_usage, an observed response's terminal fields
     ride on the terminal chunk of the last choice to finish, as a single choice's ride on its own)."""
@@ -111,6 +112,8 @@ class ChoicesPresenter:
                     chunk["prompt_token_ids"] = prompt_ids
                 if self._is_batch:
                     chunk["choices"][0]["prompt_token_ids"] = prompt_ids
+            if index != 0:  # a chat prompt's scores: once, the first choice's, as the JSON body has
+                chunk.pop("prompt_logprobs", None)
             out.append(sse_data(chunk))
         return b"".join(out)
 
