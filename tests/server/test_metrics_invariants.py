@@ -126,7 +126,7 @@ class Outcome:
     error_code: int | None = None  # a failure's code (a stream's error event's, once its headers are out)
     usage: dict | None = None
     finishes: list = field(default_factory=list)  # per choice, as the client saw them
-    reused: dict = field(default_factory=dict)  # choice index -> reused_prompt_tokens, where reported
+    reused: int | None = None  # the response's reused_prompt_tokens (its first choice's), where reported
     record: object = None
 
     @property
@@ -134,8 +134,8 @@ class Outcome:
         return self.kind in ("ok", "gone")
 
     @property
-    def reached_engine(self) -> bool:
-        return self.kind in ("ok", "gone", "broken")
+    def is_submitted(self) -> bool:
+        return self.kind in ("ok", "gone", "broken", "rejected", "failed")
 
 
 # -- the mix -----------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def read_sse(text: str, outcome: Outcome) -> None:
         if chunk.get("usage"):
             outcome.usage = chunk["usage"]
         if "reused_prompt_tokens" in chunk:  # the response's, as in the JSON body: the first choice's
-            outcome.reused[0] = chunk["reused_prompt_tokens"]
+            outcome.reused = chunk["reused_prompt_tokens"]
     assert lines[-3:] == ["data: [DONE]", "", ""], text[-300:]
     outcome.finishes = [finishes[i] for i in sorted(finishes)]
 
@@ -269,8 +269,7 @@ async def run_http(client: httpx.AsyncClient, outcome: Outcome) -> None:
         data = response.json()
         outcome.usage = data["usage"]
         outcome.finishes = [choice["finish_reason"] for choice in data["choices"]]
-        if "reused_prompt_tokens" in data:  # the first choice's
-            outcome.reused[0] = data["reused_prompt_tokens"]
+        outcome.reused = data.get("reused_prompt_tokens")
     if outcome.status == "429":
         outcome.kind = "overloaded"
     elif outcome.kind == "ok" and outcome.error_code is not None:
@@ -360,7 +359,7 @@ async def idle(served, outcomes: list[Outcome], records: dict) -> None:
         counters, stats = served.engine.scheduler.counters(), served.stats()
         return (served.admission.in_use == 0 and counters.num_running == 0 and counters.num_waiting == 0
                 and stats.active_requests == 0 and stats.queued_requests == 0
-                and all(ended(records[o.key]) for o in outcomes if o.reached_engine))
+                and all(ended(records[o.key]) for o in outcomes if o.is_submitted))
 
     while not is_idle():
         assert asyncio.get_running_loop().time() < deadline, "the server did not go idle"
@@ -488,9 +487,9 @@ def discrepancies(outcomes: list[Outcome], samples) -> list[str]:
     reused = [getattr(r, "num_reused_tokens", None) for o in ran + broken for r in choice_records(o)]
     check("prefix reused tokens", value(samples, "helios_prefix_reused_tokens_total"), sum(n or 0 for n in reused))
     for outcome in ok:
-        for index, num_reused in outcome.reused.items():
-            check(f"reused tokens of {outcome.key} choice {index}",
-                  getattr(choice_records(outcome)[index], "num_reused_tokens", None), num_reused)
+        if outcome.reused is not None:
+            check(f"reused tokens of {outcome.key}", getattr(outcome.record, "num_reused_tokens", None),
+                  outcome.reused)
     lookups, reuses = (value(samples, f"helios_prefix_{name}_tokens_total") for name in ("lookup", "reused"))
     if not lookups >= reuses > 0:
         problems.append("the mix looked up fewer prompt tokens than it reused, or reused none")
