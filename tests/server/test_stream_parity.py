@@ -577,14 +577,15 @@ def test_an_observed_output_without_tokens_streams_empty_ids(runner, http, trans
     assert terminal["token_ids"] == [] and terminal["token_timestamps_ns"] == []
 
 
-# -- every family's parsers: the presented stream of given tokens equals the JSON body ----------
+# -- every family's parsers: the presented stream of given tokens equals the JSON body -----------
 #
 # The engine is left out: a family's frontend (tokenizer, template, tool syntax and reasoning, the
-# way `tests/frontend/served.py` fits them to the example contract) turns generated ids drawn from
-# its own markup (think tags, whole and broken tool calls, recipient headers, multi-byte text) into
-# output steps twice, once presented as the JSON body and once as the server's stream writes
-# present them (`helios.server.step_writes.present`: a lone step by the byte template, steps that
-# piled up for a slow reader as one run), in random groupings.
+# way `tests/frontend/served.py` fits them to the example contract: Qwen function tags, DSML,
+# recipient frames, harmony channels) turns generated ids drawn from its own markup (think tags,
+# whole and broken tool calls, headers and channels, multi-byte text) into output steps twice, once
+# presented as the JSON body and once as the server's stream writes present them
+# (`helios.server.step_writes.present`: a lone step by the byte template, steps that piled up for a
+# slow reader as one run), in random groupings.
 
 NUM_FAMILY_DRAWS = 40
 TEXTS = ("Hello", " world", ".", "\n\n", " é", "東京", " 🧪", "{", '"', " 12", "  ")
@@ -631,7 +632,29 @@ def _recipient_family():
     return model, tokenizer, frames, call, "<|endoftext|>"
 
 
-FAMILIES = {"qwen": _qwen_family, "deepseek": _deepseek_family, "recipient": _recipient_family}
+def _harmony_family():
+    from contract.cases_contract import HARMONY
+    from frontend.parsers.conftest import HARMONY_CONTROLS, small_bpe
+    from frontend.served import RECIPIENT_FRAMES, served_contract
+    from helios.frontend.session import FrontendModel
+
+    tokenizer = small_bpe(["<|endoftext|>", *HARMONY_CONTROLS])
+    frontend = {"tool_parser": "TOOL_PARSER_HARMONY_CHANNELS", "reasoning_parser": "REASONING_PARSER_HARMONY_CHANNELS",
+                "channel_syntax": dict(HARMONY),
+                "assistant_boundary": {"message_start": "<|start|>", "message_end": "<|end|>",
+                                       "assistant_header": "assistant"}}
+    eos = [tokenizer.token_to_id(text) for text in ("<|endoftext|>", "<|return|>", "<|call|>")]
+    model = FrontendModel.from_contract(served_contract(tokenizer.get_vocab_size(), frontend, eos), tokenizer,
+                                        RECIPIENT_FRAMES)
+    frames = ("<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
+              "<|end|>", "<|start|>assistant")
+    call = ("<|start|>assistant", " to=functions.get_weather", "<|channel|>commentary json", "<|message|>",
+            '{"city": ', '"Rome"}', "<|call|>")
+    return model, tokenizer, frames, call, "<|return|>"
+
+
+FAMILIES = {"qwen": _qwen_family, "deepseek": _deepseek_family, "recipient": _recipient_family,
+            "harmony": _harmony_family}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
