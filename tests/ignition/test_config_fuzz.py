@@ -122,6 +122,8 @@ def _legacy_rope(rng: random.Random, rope: dict) -> tuple[tuple[str, object], ..
     elif rng.random() < 0.5:
         scaling["type"] = scaling.pop("rope_type")
     top["rope_scaling"] = scaling
+    if scaling and rng.random() < 0.3:  # a stale rope_parameters beside it: transformers reads rope_scaling
+        top["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
     for key in ("rope_theta", "partial_rotary_factor"):
         if key in rope:
             top[key] = rope[key]
@@ -448,6 +450,12 @@ PINNED = {
         {"sliding_window": 6, "layer_types": ["full_attention", "sliding_attention"]}), "matches"),
     "llama-layer-types-ignored": (_variant("llama-unslid", transformers.LlamaConfig, dict(_TINY),
                                            {"sliding_window": 6, "layer_types": ["sliding_attention"] * 2}), "matches"),
+    # Both rope layouts in one config.json: transformers reads rope_scaling (rope_parameters was read)
+    "llama-rope-scaling-beside-rope-parameters": (_variant(
+        "llama-both", transformers.LlamaConfig,
+        dict(_TINY, rope_parameters={"rope_type": "linear", "rope_theta": 100.0, "factor": 4.0}),
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "rope_theta": 100.0,
+         "rope_scaling": {"type": "linear", "factor": 4.0}}), "matches"),
     # Bamba's rotary settings in the legacy layout (top-level partial_rotary_factor) were not read
     "bamba-legacy-partial-rotary": (_variant("bamba-legacy", transformers.BambaConfig, dict(
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,

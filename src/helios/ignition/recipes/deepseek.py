@@ -30,7 +30,7 @@ import torch
 from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import _checkpoint_dtype, with_original_context
+from helios.ignition.recipes.llama import _checkpoint_dtype, rope_settings, with_original_context
 from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM",)
@@ -84,7 +84,7 @@ def experts(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureO
 
 
 def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params = rope_settings(config)
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
     if params["rope_type"] not in ROPE_TYPES:

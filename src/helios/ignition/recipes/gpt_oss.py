@@ -28,7 +28,7 @@ import torch
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows, with_original_context
+from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows, rope_settings, with_original_context
 from helios.ignition.recipes.yarn import yarn_inv_freq
 
 ARCHITECTURES = ("GptOssForCausalLM",)
@@ -73,7 +73,7 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 
 def rope(config: Mapping[str, Any]) -> tuple[torch.Tensor, float]:
     """(float32 inverse frequencies, attention factor) as GptOss's rotary embedding computes them."""
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params = rope_settings(config)
     params.setdefault("rope_theta", config.get("rope_theta", 150000.0))
     params.setdefault("rope_type", params.get("type", "default"))
     rope_type = params["rope_type"]

@@ -97,10 +97,16 @@ def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tu
     return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
 
 
+def rope_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the rope dict transformers reads: a legacy ``rope_scaling`` before ``rope_parameters``
+    (a config holding both is read from ``rope_scaling``), or an empty one."""
+    return dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+
+
 def rope_parameters(config: Mapping[str, Any], partial: bool = False) -> dict[str, Any]:
     """The rope settings in the current layout, from either `rope_parameters` or `rope_theta`/`rope_scaling`.
     A partial rotary factor is an error unless the family supports it (`partial`)."""
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params = rope_settings(config)
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
     if params["rope_type"] not in ROPE_TYPES:

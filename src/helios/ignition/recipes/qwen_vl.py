@@ -82,14 +82,14 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     new_layout = "model.language_model.embed_tokens.weight" in tensors
     text_prefix, vision_prefix = ("model.language_model.", "model.visual.") if new_layout else ("model.", "visual.")
     text = text_config(config)
-    params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    params = llama.rope_settings(text)
     section = params.pop("mrope_section", None)
     interleaved = bool(params.pop("mrope_interleaved", False))
     if not section:
         raise UnsupportedCheckpoint(f"a {source} checkpoint needs rope mrope_section")
     if params.get("rope_type", params.get("type")) == "yarn":  # the mrope tables have no attention factor
         raise UnsupportedCheckpoint(f"rope_type 'yarn' is not supported with mrope_section ({source})")
-    text["rope_parameters"] = params
+    text["rope_parameters"], text["rope_scaling"] = params, None  # the mrope keys read, the rest for the decoder
     view = _TextTensors(tensors, text_prefix)
     arch = llama.architecture_from_config(source, text, view, dtype)
     if sum(section) * 2 != arch.head_dim:
