@@ -257,11 +257,14 @@ def stream_chunks(raw: str, object_name: str) -> list[dict]:
 
 def check_choice_framing(chunks: list[dict], num_choices: int, is_chat: bool, include_usage: bool) -> None:
     """Per choice: the role on its first delta (chat), one finish_reason on its last chunk; the
-    usage chunk last with include_usage (every other chunk's usage null)."""
+    usage chunk last with include_usage (every other chunk's usage null), else usage on the last
+    chunk at most."""
     if include_usage:
         *chunks, last = chunks
         assert last["choices"] == [] and last["usage"] is not None, last
         assert all("usage" in chunk and chunk["usage"] is None for chunk in chunks), chunks
+    else:  # usage only where the terminal chunk of an observed response carries it: the last chunk
+        assert all("usage" not in chunk for chunk in chunks[:-1]), chunks
     seen: dict[int, list[dict]] = {}
     for chunk in chunks:
         assert len(chunk["choices"]) == 1, chunk  # one choice per chunk, never an empty list
@@ -625,7 +628,8 @@ def _recipient_family():
     from helios.frontend.session import FrontendModel
 
     tokenizer = small_bpe(["<|endoftext|>", "<|start|>", "<|message|>", "<|eom|>", "<|end|>"])
-    contract = served_contract(tokenizer.get_vocab_size(), recipient_frontend(), [tokenizer.token_to_id("<|endoftext|>")])
+    eos = [tokenizer.token_to_id("<|endoftext|>")]
+    contract = served_contract(tokenizer.get_vocab_size(), recipient_frontend(), eos)
     model = FrontendModel.from_contract(contract, tokenizer, RECIPIENT_FRAMES)
     frames = (" to=self<|message|>", "<|eom|>", "<|start|>assistant", " to=user<|message|>", "<|end|>")
     call = (" to=functions.get_weather", "<|message|>", '{"city": ', '"Paris"}', "<|eom|>")
