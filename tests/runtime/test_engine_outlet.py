@@ -196,6 +196,21 @@ def test_run_until_idle_ends_requests_still_waiting_in_the_ingress_channel():
     assert len(tokens_of(events["b"], "b")) == 3
 
 
+def test_requests_in_the_ingress_channel_count_as_queued():
+    """A burst beyond the scheduler's queue capacity waits in the ingress channel: the queued gauge
+    showed the scheduler's queue alone (2 of 10 requests waiting, permits held for all 10)."""
+    from helios.runtime.service import RuntimeOptions
+
+    engine = build_runtime(open_fixture(), RuntimeOptions(queue_capacity=1)).engine
+    for name in "abc":
+        engine.submit(request(name, 2, lambda event: None))
+    engine.refresh_gauges()
+    assert (engine.stats.queued_requests, engine.stats.active_requests) == (3, 0)
+    engine.run_until_idle()
+    engine.refresh_gauges()
+    assert (engine.stats.queued_requests, engine.stats.active_requests) == (0, 0)
+
+
 def test_a_logit_bias_on_a_core_whose_programs_take_none_is_rejected(engine):
     """The committed fixture core was prepared without logit-bias inputs: a biased request from the
     engine API (no frontend checked it) is rejected alone instead of served unbiased."""

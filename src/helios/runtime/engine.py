@@ -406,11 +406,12 @@ class Engine:
         self.outbox.end(request.on_event, event)
 
     def refresh_gauges(self) -> None:
-        """Reads the scheduler's gauges into `stats` (the model worker thread)."""
+        """Reads the scheduler's gauges into `stats` (the model worker thread). Queued requests
+        include those still in the ingress channel (beyond the scheduler's queue capacity)."""
         c = self.scheduler.counters()
         stats = self.stats
         with stats._lock:
-            stats.active_requests, stats.queued_requests = c.num_running, c.num_waiting
+            stats.active_requests, stats.queued_requests = c.num_running, c.num_waiting + len(self._ingress)
             stats.pages_total, stats.pages_free, stats.pages_cached = c.pages_total, c.pages_free, c.pages_cached
             stats.window_pages_total, stats.window_pages_free = c.window_pages_total, c.window_pages_free
             stats.window_pages_cached = c.window_pages_cached
