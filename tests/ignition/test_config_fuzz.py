@@ -200,7 +200,7 @@ def draw_moe(seed: int) -> Variant:
                       routed_scaling_factor=_choice(rng, (1.0, 2.5)), norm_topk_prob=rng.random() < 0.5,
                       use_qk_norm=rng.random() < 0.5, attention_bias=rng.random() < 0.5)
         if config["num_experts_per_tok"] > experts // groups * config["topk_group"]:
-            config["num_experts_per_tok"] = 1
+            config["num_experts_per_tok"] = _choice(rng, (1, 1, 1, config["num_experts_per_tok"]))  # refused
     config["rope_parameters"] = rope
     cls = {"qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig,
            "glm4_moe": transformers.Glm4MoeConfig}[name]
@@ -229,7 +229,7 @@ def draw_deepseek(seed: int) -> Variant:
     if rng.random() < 0.1:
         config["attention_bias"] = True
     if config["num_experts_per_tok"] > experts // groups * config["topk_group"]:
-        config["num_experts_per_tok"] = 1
+        config["num_experts_per_tok"] = _choice(rng, (1, 1, 1, config["num_experts_per_tok"]))  # refused
     return Variant(Family(f"deepseek_v3-{seed}", transformers.DeepseekV3Config, tuple(config.items())),
                    _legacy_rope(rng, rope), rng.random() < 0.3)
 
@@ -456,6 +456,10 @@ PINNED = {
         dict(_TINY, rope_parameters={"rope_type": "linear", "rope_theta": 100.0, "factor": 4.0}),
         {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "rope_theta": 100.0,
          "rope_scaling": {"type": "linear", "factor": 4.0}}), "matches"),
+    # More experts per token than the kept groups hold: the choice falls on dropped groups (accepted before)
+    "glm4_moe-top-k-past-kept-groups": (_variant("glm4_moe-top-k", transformers.Glm4MoeConfig, dict(
+        _GLM, n_routed_experts=8, n_group=4, topk_group=1, num_experts_per_tok=3, n_shared_experts=1)),
+        "num_experts_per_tok 3 exceeds the 2 experts"),
     # Bamba's rotary settings in the legacy layout (top-level partial_rotary_factor) were not read
     "bamba-legacy-partial-rotary": (_variant("bamba-legacy", transformers.BambaConfig, dict(
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
@@ -488,8 +492,10 @@ def test_a_vision_language_checkpoint_with_yarn_is_refused_by_name():
         qwen_vl.build("Qwen2_5_VLForConditionalGeneration", {"text_config": text}, NoTensors(), None)
 
 
-def test_mixture_groups_need_two_experts_each():
+def test_mixture_groups_need_two_experts_each_and_hold_the_choice():
     from helios.ignition.architecture import MixtureOfExperts
 
     with pytest.raises(CheckpointError, match="fewer than 2 per group"):
         MixtureOfExperts(4, 1, 16, (0,), scoring="sigmoid", num_groups=4, topk_groups=2)
+    with pytest.raises(CheckpointError, match="3 experts per token of the 1 kept groups of 2"):
+        MixtureOfExperts(8, 3, 16, (0,), scoring="sigmoid", num_groups=4, topk_groups=1)

@@ -99,6 +99,9 @@ class MixtureOfExperts:
                                   f"of which {self.topk_groups} are kept")
         if self.num_groups > 1 and self.num_experts < 2 * self.num_groups:  # helios::moe_route sums a group's top 2
             raise CheckpointError(f"{self.num_experts} experts in {self.num_groups} groups leave fewer than 2 per group")
+        if self.experts_per_token > self.topk_groups * (self.num_experts // self.num_groups):
+            raise CheckpointError(f"{self.experts_per_token} experts per token of the {self.topk_groups} kept groups "
+                                  f"of {self.num_experts // self.num_groups}")
         if self.expert_intermediate_size < 1 or self.shared_intermediate_size < 0:
             raise CheckpointError("expert widths must be positive")
 

@@ -98,6 +98,10 @@ def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int)
     experts, groups = int(config.get("n_routed_experts") or config["num_local_experts"]), int(config.get("n_group") or 1)
     if groups > 1 and experts < 2 * groups:  # a group's score is the sum of its two best experts
         raise UnsupportedCheckpoint(f"n_group {groups} leaves fewer than 2 of the {experts} routed experts per group")
+    kept = int(config.get("topk_group") or 1) * experts // groups
+    if groups > 1 and top_k > kept:  # the choice would fall on experts of dropped groups (ill-defined)
+        raise UnsupportedCheckpoint(f"num_experts_per_tok {top_k} exceeds the {kept} experts of the topk_group "
+                                    f"groups kept")
     return MixtureOfExperts(
         experts, top_k, ffn,
         tuple(range(first_sparse, num_layers)), scoring="sigmoid", num_groups=int(config.get("n_group") or 1),
