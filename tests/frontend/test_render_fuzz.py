@@ -57,7 +57,8 @@ TEXTS = (
     "What is the weather in Paris?", "Hello", "", " ", "\n", "  \t\n ", "Grüße aus Köln — 東京 🌧️ ok?",
     "line one\nline two\n", "\n\nleading newlines", "trailing spaces   ", '{"json": [1, 2, {"a": null}]}',
     "a {{ jinja }} {% raw %} b", "zero\u200bwidth", "tab\tseparated", "Über 5 °C, naïve café", "é" * 3,
-    "/nothink", "```json\n{}\n```", "None", "\\n escaped \\u0041",
+    "/nothink", "```json\n{}\n```", "None", "\\n escaped \\u0041", "crlf\r\nline", "nul\x00byte", "sep\u2028para",
+    "\ufeffbom", "e\u0301 combining", "<", "<|", "[", "tail <|im",
 )
 # Control markers of one family or another: client text, which no family may turn into control tokens.
 MARKERS = (
@@ -146,8 +147,11 @@ class Draw:
         calls = []
         if tool_names and r.random() < 0.5:
             for _ in range(r.choice((1, 1, 2, 3))):
+                name = r.choice(tool_names)
+                if self.markers and r.random() < 0.15:
+                    name += r.choice(MARKERS)  # a history's call names what the model wrote
                 calls.append({"id": self.call_id(), "type": "function",
-                              "function": {"name": r.choice(tool_names), "arguments": self.arguments()}})
+                              "function": {"name": name, "arguments": self.arguments()}})
             message["tool_calls"] = calls
             choice = r.random()
             if choice < 0.4:
@@ -167,7 +171,7 @@ class Draw:
     def user(self) -> dict:
         message = {"role": "user", "content": self.content()}
         if self.random.random() < 0.15:
-            message["name"] = self.random.choice(NAMES)
+            message["name"] = self.random.choice(NAMES) + (self.random.choice(MARKERS) if self.markers else "")
         return message
 
     def system(self, role: str = "system") -> dict:
@@ -327,7 +331,7 @@ def check_request(family, body: dict) -> None:
     where = json.dumps(body, ensure_ascii=False)
     if failure is not None:
         assert refusal is not None, f"the reference raised {failure!r}; Helios rendered a prompt for {where}"
-        assert str(refusal), where
+        assert str(refusal) and refusal.param in ("messages", "tools", "chat_template_kwargs"), (refusal, where)
         return
     assert refusal is None, f"Helios refused ({refusal}) what the reference renders: {where}"
     if served_ids == expected_ids:
@@ -354,7 +358,8 @@ def test_random_conversations_render_as_transformers_does(family, markers):
 def test_a_tool_result_may_name_its_function(family):
     """OpenAI's examples and many clients send the called function's `name` with a tool result."""
     case = family[0]
-    call = {"id": "abcdefghi", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    call = {"id": "abcdefghi", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMAS[2]}}
     body = {"model": case.name, "max_tokens": 1, "tools": [tool], "messages": [
         {"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -376,7 +381,8 @@ def test_reasoning_effort_reaches_a_template_that_grades_it(family):
     """gpt-oss's template reads `reasoning_effort` (``Reasoning: high``), not `enable_thinking`: the
     request's effort is its argument, as transformers passes it; the others render as before."""
     case, frontend, _ = family
-    body = {"model": case.name, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "high"}
+    body = {"model": case.name, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+            "reasoning_effort": "high"}
     check_request(family, body)
     text = frontend.prepare_chat(ChatCompletionRequest.model_validate(body), request_id="e").prompt.text
     assert ("Reasoning: high" in text) is (case.name == "harmony")
@@ -396,10 +402,36 @@ READS_THINKING = (
 
 
 def test_reasoning_content_reaches_a_template_that_reads_thinking(qwen_tokenizer):
-    builder = PromptBuilder(ChatTemplate(READS_THINKING), qwen_tokenizer, PromptRules("<|start|>", "assistant", ("<|end|>",)))
+    rules = PromptRules("<|start|>", "assistant", ("<|end|>",))
+    builder = PromptBuilder(ChatTemplate(READS_THINKING), qwen_tokenizer, rules)
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "Add."},
                 {"role": "user", "content": "And 3+3?"}]
     rendered, _ = chat_template_utils.render_jinja_template(
         conversations=[messages], chat_template=READS_THINKING, add_generation_prompt=True)
     assert builder.build(messages).text == rendered[0]
     assert "<|channel|>analysis<|message|>Add.<|end|>" in rendered[0]
+
+
+REFUSES_SYSTEM = (
+    "{% if messages[0].role == 'system' %}{{ raise_exception('no system messages') }}{% endif %}"
+    "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}"
+    "{% endfor %}{% endfor %}"
+)
+
+
+def test_a_refused_rendering_names_the_field_at_fault(qwen_tokenizer):
+    """The 400 of a conversation the template refuses names messages; of arguments no template takes,
+    chat_template_kwargs; of a tool call's arguments escaping a lone surrogate, messages."""
+    builder = PromptBuilder(ChatTemplate(REFUSES_SYSTEM), qwen_tokenizer,
+                            PromptRules("<|im_start|>", "assistant\n", ("<|im_end|>",)))
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"s": "\\ud800"}'}}
+    refused = [
+        ([{"role": "system", "content": "s"}], None, "messages", "no system messages"),
+        ([{"role": "user", "content": "u"}], {"add_generation_prompt": False}, "chat_template_kwargs", "may not set"),
+        ([{"role": "user", "content": "u"}], {"x": [1]}, "chat_template_kwargs", "boolean, number, string"),
+        ([{"role": "assistant", "tool_calls": [call]}], None, "messages", "lone surrogate"),
+    ]
+    for messages, kwargs, param, message in refused:
+        with pytest.raises(RequestError, match=message) as raised:
+            builder.build(messages, template_kwargs=kwargs)
+        assert raised.value.param == param

@@ -44,7 +44,7 @@ from helios.frontend.preparation.messages import (
     template_tools,
 )
 from helios.frontend.preparation.template import ChatTemplate
-from helios.frontend.decoding.text_bounds import check_unicode
+from helios.frontend.decoding.text_bounds import TextNotUnicode, check_unicode
 
 
 class ReasoningState(enum.Enum):
@@ -191,7 +191,11 @@ class PromptBuilder:
             messages, tools=inputs.tools, add_generation_prompt=add_generation_prompt, template_kwargs=inputs.kwargs)
 
     def _encode(self, rendered: str, inputs: TemplateInputs) -> tuple[str, tuple[int, ...]]:
-        check_unicode(rendered)  # a template may place request text (kwargs, tool JSON) anywhere
+        try:
+            check_unicode(rendered)  # a template may place request text (kwargs, tool JSON) anywhere
+        except TextNotUnicode as error:  # the server checked the request's strings: decoded arguments remain
+            raise TextNotUnicode(f"{error} (a tool call's arguments may escape one, such as \\ud800, and the "
+                                 "chat template renders them decoded)", "messages") from None
         return self._markers.encode(rendered, inputs.is_escaped)
 
     def _stable_prefix_len(self, messages, inputs: TemplateInputs, token_ids: Sequence[int]) -> int:

@@ -43,7 +43,11 @@ class TemplateLoadError(LoadError):
 
 
 class TemplateRenderError(RequestError):
-    """Rendering the chat template failed for this request's messages, tools or arguments."""
+    """Rendering the chat template failed for this request's messages, tools or arguments; `param`
+    is ``messages`` (what a template refuses, with `raise_exception`, is the conversation) or
+    ``chat_template_kwargs`` for arguments no template may receive."""
+
+    param = "messages"
 
 
 class TemplateLimitError(LoadError):
@@ -121,12 +125,13 @@ def check_template_kwargs(template_kwargs: Mapping[str, object] | None, token_na
     if template_kwargs is None:
         return {}
     if not isinstance(template_kwargs, Mapping):
-        raise TemplateRenderError("chat_template_kwargs must be an object")
+        raise TemplateRenderError("chat_template_kwargs must be an object", "chat_template_kwargs")
     for name, value in template_kwargs.items():
         if not isinstance(name, str) or not name.isidentifier():
-            raise TemplateRenderError(f"chat_template_kwargs: {name!r} is not an identifier")
+            raise TemplateRenderError(f"chat_template_kwargs: {name!r} is not an identifier", "chat_template_kwargs")
         if name in RESERVED_NAMES or name in token_names:
-            raise TemplateRenderError(f"chat_template_kwargs may not set {name!r}")
+            raise TemplateRenderError(f"chat_template_kwargs may not set {name!r}", "chat_template_kwargs")
         if not isinstance(value, TEMPLATE_KWARG_TYPES):
-            raise TemplateRenderError(f"chat_template_kwargs.{name} must be a boolean, number, string or null")
+            raise TemplateRenderError(
+                f"chat_template_kwargs.{name} must be a boolean, number, string or null", "chat_template_kwargs")
     return dict(template_kwargs)
