@@ -14,7 +14,8 @@ placeholder counts but other pixels in one image.
 Checked per response: the prompt token ids equal the chat template's rendering with each image's
 placeholder expanded as the transformers processor expands it, `usage` counts them, every choice's
 tokens are transformers' greedy tokens (teacher-forced: at each step Helios's token has the largest
-logit, to 1e-3) and a `stop` finish is transformers' end-of-sequence token; a request reuses at most
+logit, to 1e-3), their log-probabilities where asked (Qwen2.5-VL, whose core has token-logprobs
+programs) are transformers' log-softmax, and a `stop` finish is transformers' end-of-sequence token; a request reuses at most
 the cached prefix it shares with an earlier or concurrent request, where an image's feature tokens
 match only the same image bytes (so a twin shares no page past the image that differs). Afterwards:
 the server is healthy, no request holds pages, every page is free or cached, a batch that
@@ -96,13 +97,14 @@ class Family:
     options: dict
     batches: int  # random batches before the one that outgrows the page pool
     seed: int
+    logprobs: bool  # the core has token-logprobs programs: some requests ask for log-probabilities
 
     def patches(self, image: Image) -> int:
         return int(np.prod(self.processor()(images=[PIL.open(io.BytesIO(image.data))])["image_grid_thw"][0]))
 
 
-FAMILIES = {"qwen2.5-vl": Family("vl-core", tiny_model, hf_image_processor, {}, 2, 20261205),
-            "qwen3-vl": Family("vl3-core", tiny_model3, hf_image_processor3, VL3_OPTIONS, 1, 20261206)}
+FAMILIES = {"qwen2.5-vl": Family("vl-core", tiny_model, hf_image_processor, {}, 2, 20261205, True),
+            "qwen3-vl": Family("vl3-core", tiny_model3, hf_image_processor3, VL3_OPTIONS, 1, 20261206, False)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -285,6 +287,10 @@ def check_response(family: Family, model, case: Case, status: int, body: dict) -
         chosen = logits[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.int64)]
         gaps = logits[:len(tokens)].max(-1).values - chosen
         assert (gaps <= GREEDY_TOLERANCE).all(), (choice["index"], tokens, logits.argmax(-1).tolist())
+        if case.body.get("logprobs"):  # the log-softmax of the logits at each step
+            reported = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
+            expected = torch.log_softmax(logits[:len(tokens)], -1)[torch.arange(len(tokens)), tokens]
+            torch.testing.assert_close(reported, expected, atol=1e-3, rtol=0)
         if choice["finish_reason"] == "stop":
             assert int(logits[len(tokens)].argmax()) == EOS
         else:
@@ -404,6 +410,8 @@ def test_random_image_requests_equal_transformers(served):
                 cases = [long_image_case(rng, seen) for _ in range(4)]
             else:
                 cases = [make_case(rng, seen) for _ in range(4)] + [repeat_case(family, rng, seen)]
+                for case in cases:
+                    case.body["logprobs"] = family.logprobs and rng.random() < 0.3
                 with_images = [c for c in sent + cases if c.images]
                 twins = (twin_of(family, rng, c) for c in rng.sample(with_images, k=min(3, len(with_images))))
                 cases += [twin for twin in twins if twin is not None][:2]
