@@ -1,20 +1,27 @@
-"""Streamed and non-streamed responses agree (differential test over the in-process app).
+"""Streamed and non-streamed responses agree (a differential test over HTTP).
 
-Seeded draws of chat and text completion requests over the tiny served core (think-tag reasoning
-and function-tag tools, `support.server_core`): sampling at temperature 0 or seeded at
-temperature > 0, ``n`` up to 3, stop strings, ``max_tokens`` cuts, log-probabilities (chat
-``top_logprobs``, text ``logprobs`` with ``echo``), ``prompt_logprobs``, token ids, include_usage,
-json_object / json_schema output, tools with every ``tool_choice``, and ``logit_bias`` towards the
-special tokens (so outputs reason in think tags, write tool-call markup and end at EOS). Each
-request is sent twice, with ``stream`` false and true; the stream is reassembled as a client does
-(chat: also by the `openai` client's own `ChatCompletionStreamState`) and must equal the JSON body
-choice by choice: text, reasoning, tool calls (ids, names, arguments), finish reason, log-probabilities,
-token ids, prompt ids and usage. Each stream's framing is checked too: every event is a JSON chunk of
-the stream's object with one id, created, model and system_fingerprint; a chat choice's first
-delta carries the role; exactly one finish_reason per choice, its last chunk; the usage chunk
-(include_usage) last with ``choices: []``; ``data: [DONE]`` last.
+Seeded draws of chat and text completion requests over a tiny served core (the tiny chat core's
+checkpoint, `support.server_core`, prepared with scored prefill too: think-tag reasoning and
+function-tag tools): sampling at temperature 0 or seeded at temperature > 0, ``n`` up to 3,
+batches of prompts, stop strings and stop tokens, ``max_tokens`` cuts (0 with ``echo``),
+log-probabilities (chat ``top_logprobs``, text ``logprobs`` with ``echo``), ``prompt_logprobs``,
+token ids and timestamps, include_usage, json_object / json_schema output, tools with every
+``tool_choice``, and ``logit_bias`` towards the special tokens (so outputs reason in think tags,
+write tool-call markup and end at EOS). Each request is sent twice, without ``stream`` and with
+``stream: true``, through the app over ASGI or over a socket served by uvicorn as `helios serve`
+runs it (streams written straight to the transport); the stream is reassembled as a client does
+(chat: also by the `openai` client's own `ChatCompletionStreamState`) and must equal the JSON
+body choice by choice: text, reasoning, tool calls (ids, names, arguments), finish reason,
+log-probabilities (values within float noise: choices decode in batches the two runs may compose
+differently), token ids, prompt ids, usage and the observation fields. Each stream's framing is
+checked too: every event is a JSON chunk of the stream's object with one id, created, model and
+system_fingerprint; a chat choice's first delta carries the role; exactly one finish_reason per
+choice, its last chunk; the usage chunk (include_usage) last with ``choices: []``; ``data: [DONE]``
+last. A chat message's ``content`` null (tool calls, no text) and the stream's empty text count as
+equal: the role chunk opens every message with ``content: ""`` before the calls are known.
+
+The family section below does the same for every family's output parsers, without the engine.
 """
-
 from __future__ import annotations
 
 import asyncio
