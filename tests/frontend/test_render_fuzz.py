@@ -51,7 +51,7 @@ from helios.server.schemas import ChatCompletionRequest
 from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, train_tokenizer, write_family_checkpoint
 
 NAMESPACE = "test.helios/render-fuzz"
-CONVERSATIONS_PER_FAMILY = 30  # each, with and without control markers in client text
+CONVERSATIONS_PER_FAMILY = 100  # each, with and without control markers in client text
 
 TEXTS = (
     "What is the weather in Paris?", "Hello", "", " ", "\n", "  \t\n ", "Grüße aus Köln — 東京 🌧️ ok?",
@@ -78,6 +78,10 @@ SCHEMAS = (
      "opts": {"type": "object", "properties": {"deep": {"type": "string"}}}}},
     {"type": "object", "properties": {"q": {"type": ["string", "null"], "description": "Grüße \"quoted\""}},
      "additionalProperties": False},
+    {"type": "object", "properties": {"node": {"$ref": "#/$defs/node"}}, "$defs": {"node": {"type": "object",
+     "properties": {"ünï": {"type": "string", "default": "x"}, "next": {"$ref": "#/$defs/node"}}}}},
+    {"type": "object", "properties": {"when": {"anyOf": [{"type": "string", "format": "date"}, {"type": "integer"}]},
+     "mode": {"const": "fast"}, "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1}}},
 )
 ARGUMENTS = (
     {}, {"city": "Paris"}, {"city": "東京 🌧️"}, {"n": 3, "unit": "c", "flag": True},
@@ -132,7 +136,7 @@ class Draw:
         for i in range(self.random.choice((0, 0, 1, 1, 2, 3))):
             function = {"name": self.random.choice(("get_weather", "lookup", "do.it", "f-2")) + f"_{i}"}
             if self.random.random() < 0.7:
-                function["description"] = self.text(marker_ok=False) or "Does a thing."
+                function["description"] = self.text() or "Does a thing."
             schema = self.random.choice(SCHEMAS)
             if schema is not None:
                 function["parameters"] = schema
