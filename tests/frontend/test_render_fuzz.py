@@ -11,8 +11,9 @@ the reference is transformers' rendering of the same conversation:
 
 - text parts are joined with newlines (Helios's documented convention, vLLM's "string" content
   format); an assistant message without content has ``content: null`` (OpenAI's shape), which the
-  template receives as none, and tool-call arguments reach the template as the family's reference
-  wants them (test_families: JSON text for DeepSeek's string concatenation, an object elsewhere);
+  template receives as none, ``tool_calls`` null or ``[]`` are no calls (the key is left out), and
+  tool-call arguments reach the template as the family's reference wants them (test_families: JSON
+  text for DeepSeek's string concatenation, an object elsewhere);
 - tools are rendered unless tool_choice is ``"none"`` or the list is empty (the documented policy);
   developer messages render as system messages where the core declares no developer role;
 - ``reasoning_effort`` is the template's ``reasoning_effort`` argument (gpt-oss reads it), and
@@ -166,6 +167,8 @@ class Draw:
                 message["content"] = self.content(marker_ok=False)
         else:
             message["content"] = self.content(marker_ok=False)
+            if r.random() < 0.1:
+                message["tool_calls"] = []  # some clients send an empty list for "no calls"
         if r.random() < 0.4:
             message["reasoning_content"] = self.text(marker_ok=False)
         if r.random() < 0.1:
@@ -254,8 +257,8 @@ def reference_messages(case: FamilyCase, messages: list[dict], developer_as_syst
             item["content"] = "\n".join(part["text"] for part in item["content"])
         if item["role"] == "assistant":
             item.setdefault("content", None)
-        if item.get("tool_calls", ()) is None:
-            del item["tool_calls"]  # null: no calls, as transformers drops it
+        if "tool_calls" in item and not item["tool_calls"]:
+            del item["tool_calls"]  # null or []: no calls (templates testing the key would render an empty block)
         if "tool_calls" in item:
             item["tool_calls"] = [
                 {**call, "function": {**call["function"], "arguments": call["function"]["arguments"]
