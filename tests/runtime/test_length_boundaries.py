@@ -42,7 +42,7 @@ if __name__ == "__main__":  # the full sweep runs as a script: the tests' own im
 
 from runtime.harness import assert_all_released  # noqa: E402
 from ignition.hf_checkpoints import BAMBA, MISTRAL, QWEN3, Family  # noqa: E402
-from support.chat_checkpoint import VOCAB_SIZE, write_chat_checkpoint  # noqa: E402
+from support.chat_checkpoint import SPECIAL_TOKENS, VOCAB_SIZE, write_chat_checkpoint  # noqa: E402
 
 NAMESPACE = "test.helios/lengths"
 SERVED_ID = "lengths"
@@ -50,6 +50,7 @@ PAGE, CHUNK, CONTEXT = 4, 8, 48
 # Lengths on, one before and one after every page and chunk multiple the context holds (the page
 # multiples include the chunk multiples), plus the shortest and the longest prompt.
 SAMPLED = sorted({1, CONTEXT - 1} | {k + d for k in range(PAGE, CONTEXT, PAGE) for d in (-1, 0, 1)} - {CONTEXT})
+EOS_ID = SPECIAL_TOKENS.index("<|im_end|>")  # special tokens take the first ids
 WINDOW = 6  # a sliding window that is no multiple of the page
 SLIDING = Family("mistral-window", MISTRAL.config_class, MISTRAL.overrides + (("sliding_window", WINDOW),))
 
@@ -331,6 +332,23 @@ def test_http_chat_limit_filling_the_context_is_served_one_more_is_a_400(client)
     assert all(c["finish_reason"] in ("length", "stop") for c in response.json()["choices"])
     response = client("/v1/chat/completions", {"messages": messages, "max_tokens": room + 1})
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens", response.text
+
+
+
+def test_http_echo_without_output_ends_length_where_the_hidden_token_is_eos(client):
+    """max_tokens 0 with echo: the one token the prefill samples is hidden, so the request ends
+    `length` (with no output) even where that token is the end of sequence."""
+    messages = [{"role": "user", "content": "hello world " * 3}]
+    response = client("/v1/chat/completions", {"messages": messages, "return_token_ids": True})
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    assert choice["finish_reason"] == "stop"  # the greedy reply ends with the end of sequence
+    reply = [token for token in choice["token_ids"] if token != EOS_ID]
+    prompt = response.json()["prompt_token_ids"] + reply  # its next greedy token is the EOS
+    response = client("/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True})
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    assert choice["finish_reason"] == "length" and response.json()["usage"]["completion_tokens"] == 0
 
 
 # -- the full sweep, outside the suite -------------------------------------------------------------
