@@ -139,7 +139,7 @@ BAD = [
     ("file:///etc/passwd", "'file' URLs are not accepted"),
     ("https://example.com/cat.png", "remote image URLs are not fetched"),
     (data_url(png_declaring(9000, 9000)), "9000x9000 pixels"),
-    (data_url(saved(PIL.new("RGB", (1, 150)))), "less extreme aspect ratio"),
+    (data_url(saved(PIL.new("RGB", (1, 201)))), "image aspect ratio 201.0 exceeds 200"),
 ]
 
 

@@ -60,11 +60,44 @@ def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
     return settings
 
 
+MAX_ASPECT = 200  # the processor refuses images whose longer side is more than 200 times the shorter
+
+
 def max_image_patches(recipe: VisionLanguageRecipe, processor: ImageProcessorSettings) -> int:
-    """Patches of the largest image the processor produces (a multiple of merge^2)."""
+    """Patches of the largest image the processor produces (a multiple of merge^2).
+
+    Usually the most whole merge units `max_pixels` holds; but a thin image keeps at least one
+    unit on its short side, so where ``max_pixels`` is below 200 units' area its long side alone
+    may pass it, and a small one scaled up to ``min_pixels`` rounds both sides up
+    (`largest_resized_area`)."""
     vision = recipe.vision
     unit = vision.merge_size * vision.merge_size
-    return processor.max_pixels // (vision.patch_size * vision.patch_size) // unit * unit
+    factor = vision.patch_size * vision.merge_size
+    within = processor.max_pixels // (vision.patch_size * vision.patch_size) // unit * unit
+    resized = largest_resized_area(factor, processor.min_pixels, processor.max_pixels)
+    return max(within, resized // (vision.patch_size * vision.patch_size))
+
+
+def largest_resized_area(factor: int, min_pixels: int, max_pixels: int) -> int:
+    """The most pixels the Qwen-VL processor's resize (sides multiples of `factor`) gives an image
+    it accepts, in the two cases where that passes ``max_pixels``: a thin image scaled down keeps
+    one `factor` on its short side (its long side ``sqrt(r * max_pixels)``, largest at the aspect
+    limit r = 200), and one scaled up to ``min_pixels`` rounds both sides up. The scaled sides
+    depend on the aspect ratio r alone, so the rounded-up area is evaluated just past each ratio
+    where either side's rounding steps (a bound, and the area of images near those ratios)."""
+    thin = factor * max(factor, math.isqrt(MAX_ASPECT * max_pixels) // factor * factor)
+    ratios = {1.0, float(MAX_ASPECT)}
+    for k in range(1, math.isqrt(MAX_ASPECT * min_pixels) // factor + 2):
+        ratios.add((k * factor) ** 2 / min_pixels)  # where the long side's rounding steps
+        ratios.add(min_pixels / (k * factor) ** 2)  # where the short side's does
+    scaled = 0
+    for ratio in ratios:
+        for r in (ratio * (1 - 1e-9), ratio * (1 + 1e-9)):
+            if 1.0 <= r <= MAX_ASPECT:
+                short = math.ceil(math.sqrt(min_pixels / r) / factor) * factor
+                long = math.ceil(math.sqrt(min_pixels * r) / factor) * factor
+                scaled = max(scaled, short * long)
+    return max(thin, scaled)
 
 
 def declare_vision(model: spb.ModelContract, recipe: VisionLanguageRecipe, processor: ImageProcessorSettings,
