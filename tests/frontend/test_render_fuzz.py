@@ -42,7 +42,7 @@ from helios.core.reader import open_core
 from helios.errors import RequestError
 from helios.frontend.preparation.client_fields import ReasoningEffortConflict
 from helios.frontend.preparation.control_markers import is_marker
-from helios.frontend.preparation.messages import Role
+from helios.frontend.preparation.messages import MessageError, Role
 from helios.frontend.preparation.prompt import PromptBuilder, PromptRules
 from helios.frontend.preparation.template import ChatTemplate
 from helios.frontend.session import FrontendModel
@@ -417,6 +417,23 @@ def test_reasoning_content_reaches_a_template_that_reads_thinking(qwen_tokenizer
         conversations=[messages], chat_template=READS_THINKING, add_generation_prompt=True)
     assert builder.build(messages).text == rendered[0]
     assert "<|channel|>analysis<|message|>Add.<|end|>" in rendered[0]
+
+
+def test_reasoning_under_vllm_s_newer_name_is_reasoning_content(qwen_tokenizer):
+    """An assistant history message's `reasoning` (vLLM's newer name) was a 400 ("fields an
+    assistant message does not take"); it renders as `reasoning_content`, and the two differing is a 400."""
+    rules = PromptRules("<|start|>", "assistant", ("<|end|>",))
+    builder = PromptBuilder(ChatTemplate(READS_THINKING), qwen_tokenizer, rules)
+
+    def history(**reasoning):
+        return [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", **reasoning},
+                {"role": "user", "content": "And 3+3?"}]
+
+    expected = builder.build(history(reasoning_content="Add.")).text
+    assert builder.build(history(reasoning="Add.")).text == expected
+    assert builder.build(history(reasoning="Add.", reasoning_content="Add.")).text == expected
+    with pytest.raises(MessageError, match=r"messages\[1\]: reasoning and reasoning_content differ"):
+        builder.build(history(reasoning="Add.", reasoning_content="Sum."))
 
 
 REFUSES_SYSTEM = (

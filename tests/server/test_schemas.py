@@ -39,6 +39,12 @@ def test_minimal_chat_request_is_valid():
     assert body.messages[0].role == "user"
 
 
+def test_assistant_history_takes_reasoning_under_either_name():
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": "r"}]
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": history})
+    assert body.model_dump(exclude_none=True)["messages"][1] == history[1]
+
+
 @pytest.mark.parametrize(
     "fields",
     [

@@ -124,6 +124,7 @@ class AssistantMessage(_Strict):
     role: Literal["assistant"]
     content: Union[StrictStr, list[TextPart], None] = None
     reasoning_content: StrictStr | None = None
+    reasoning: StrictStr | None = Field(default=None, description="vLLM's newer name for reasoning_content")
     tool_calls: list[ToolCall] | None = None
     name: StrictStr | None = None
     # Fields of a response message (the openai client's `ChatCompletionMessage.model_dump()`, sent

@@ -5,7 +5,8 @@ return immutable records, raising `MessageError` (HTTP 400) for anything malform
 
 - content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with newlines; a
   user message may also carry ``image_url`` parts (`helios.frontend.preparation.image_parts`);
-- an assistant message has content, tool calls, or both; its `reasoning_content` is optional;
+- an assistant message has content, tool calls, or both; its `reasoning_content` (or `reasoning`,
+  vLLM's newer name) is optional;
 - tool-call arguments are strict JSON text of an object (what the model generated, kept verbatim;
   no ``NaN``/``Infinity``, no number beyond the float range such as ``1e999``, as in the body);
 - a tool message answers a call id of the closest preceding assistant message with tool calls.
@@ -78,7 +79,7 @@ _KEYS = {
     Role.SYSTEM: {"role", "content", "name"},
     Role.DEVELOPER: {"role", "content", "name"},
     Role.USER: {"role", "content", "name"},
-    Role.ASSISTANT: {"role", "content", "name", "reasoning_content", "tool_calls"},
+    Role.ASSISTANT: {"role", "content", "name", "reasoning_content", "reasoning", "tool_calls"},
     Role.TOOL: {"role", "content", "tool_call_id", "name"},  # name: the called function's, as clients send it
 }
 
@@ -109,7 +110,10 @@ def _parse_message(index: int, item: object) -> ChatMessage:
         if content is None and not calls:
             raise MessageError(f"{where}: an assistant message needs content or tool_calls")
         reasoning = _optional_str(item, "reasoning_content", where)
-        return ChatMessage(role, content, reasoning, calls, name=name)
+        alias = _optional_str(item, "reasoning", where)  # vLLM's newer name for it
+        if alias is not None and reasoning is not None and alias != reasoning:
+            raise MessageError(f"{where}: reasoning and reasoning_content differ; send one of them")
+        return ChatMessage(role, content, reasoning if reasoning is not None else alias, calls, name=name)
     if role is Role.USER and (mixed := user_content(item.get("content"), where)) is not None:
         return ChatMessage(role, mixed[0], name=name, parts=mixed[1])
     content = _content(item.get("content"), where)
