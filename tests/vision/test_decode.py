@@ -36,7 +36,7 @@ def test_formats_decode_with_content_hash(fmt, media):
     ("data:image/png,rawbytes", "base64-encoded"),
     ("data:image/png;base64,@@@@", "not valid base64"),
     ("data:image/png;base64,", "empty"),
-    ("data:image/png;base64," + base64.b64encode(b"hello, not an image").decode(), "not a PNG, JPEG or WebP"),
+    ("data:image/png;base64," + base64.b64encode(b"hello, not an image").decode(), "not a PNG, JPEG, WebP or GIF"),
 ])
 def test_bad_sources_name_the_problem(source, problem):
     with pytest.raises(ImageRejected, match=problem) as caught:

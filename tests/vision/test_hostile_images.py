@@ -135,7 +135,7 @@ def test_a_bomb_is_refused_from_its_header(monkeypatch, width, height):
 BAD = [
     ("data:image/png;base64,@@@@", "not valid base64: '@' at offset 0"),
     ("data:image/svg+xml;base64," + base64.b64encode(b"<svg/>").decode(), "'image/svg+xml' is not image/png"),
-    (data_url(saved(PIL.new("RGB", (8, 8)), "GIF")), "is a GIF image; only PNG, JPEG and WebP"),
+    (data_url(saved(PIL.new("RGB", (8, 8)), "BMP")), "is a BMP image; only PNG, JPEG, WebP and GIF"),
     ("file:///etc/passwd", "'file' URLs are not accepted"),
     ("https://example.com/cat.png", "remote image URLs are not fetched"),
     (data_url(png_declaring(9000, 9000)), "9000x9000 pixels"),
@@ -144,7 +144,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("url, problem", BAD, ids=[
-    "base64", "svg", "gif-bytes", "file", "remote", "pixels", "thin"])
+    "base64", "svg", "bmp-bytes", "file", "remote", "pixels", "thin"])
 def test_an_image_error_names_its_part(app, url, problem):
     messages = [{"role": "user", "content": "first"},
                 {"role": "user", "content": [image_part(GOOD), {"type": "text", "text": "and"}, image_part(url)]}]
@@ -241,10 +241,29 @@ def test_image_jpg_is_taken_as_jpeg(media):
     assert jpeg.image.format == "JPEG" and jpeg.image.size == (20, 10)
     (png,) = decode_image_urls([data_url(image_bytes(20, 10, 3), media)], LIMITS)
     assert png.image.format == "PNG"
-    with pytest.raises(ImageRejected, match="not a PNG, JPEG or WebP image"):
+    with pytest.raises(ImageRejected, match="not a PNG, JPEG, WebP or GIF image"):
         decode_image_urls([data_url(b"hello, not an image", media)], LIMITS)
-    with pytest.raises(ImageRejected, match="'image/gif' is not image/png, image/jpeg or image/webp"):
-        decode_image_urls([data_url(image_bytes(20, 10, 3, "JPEG"), "image/gif")], LIMITS)
+    with pytest.raises(ImageRejected, match="'image/bmp' is not image/png, image/jpeg, image/webp or image/gif"):
+        decode_image_urls([data_url(image_bytes(20, 10, 3, "JPEG"), "image/bmp")], LIMITS)
+
+
+def test_a_gif_is_taken_as_openai_takes_it():
+    """OpenAI's image inputs include GIF (it was a 400, 'only PNG, JPEG and WebP'): a palette GIF
+    with a transparent index decodes to its pixels, an animated one to its first frame."""
+    palette = PIL.new("P", (12, 6))
+    palette.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)
+    palette.paste(1, (6, 0, 12, 6))
+    (gif,) = decode_image_urls([data_url(saved(palette, "GIF"), "image/gif")], LIMITS)
+    assert gif.image.format == "GIF" and gif.image.size == (12, 6)
+    assert gif.image.convert("RGB").getpixel((0, 0)) == (255, 0, 0)
+    assert gif.image.convert("RGB").getpixel((11, 5)) == (0, 0, 255)
+    frames = [PIL.new("RGB", (8, 8), color) for color in ((0, 255, 0), (255, 255, 255))]
+    animated = io.BytesIO()
+    frames[0].save(animated, "GIF", save_all=True, append_images=frames[1:], duration=50)
+    (first,) = decode_image_urls([data_url(animated.getvalue(), "image/gif")], LIMITS)
+    assert first.image.n_frames == 2 and first.image.convert("RGB").getpixel((4, 4)) == (0, 255, 0)
+    with pytest.raises(ImageRejected, match="GIF image data is corrupt|truncated or corrupt"):
+        decode_image_urls([data_url(saved(palette, "GIF")[:40], "image/gif")], LIMITS)
 
 
 def test_image_jpg_through_the_chat_api(app):

@@ -5,7 +5,7 @@ the same weights and the same image bytes through its own processor.
 Each batch of concurrent chat requests mixes text-only and image requests: 0 to 3 images of varied
 sizes (1x1, non-square, sides that are not multiples of the patch or merge size, past max_pixels),
 modes (RGB, RGBA, grayscale with and without alpha, palette with transparency, 16-bit, 1-bit, CMYK)
-and formats (PNG, JPEG, WebP; GIF and over-thin or over-wide images are 400s naming their part),
+and formats (PNG, JPEG, WebP, GIF; BMP and over-wide images are 400s naming their part),
 in any message position (before or after text, several user turns with assistant turns between),
 the same image repeated in one request and across requests, `n` > 1 choices, and streams the client
 abandons after the first chunk. A twin of an earlier request has the same text and the same
@@ -56,7 +56,7 @@ SIZES = [(1, 1), (2, 3), (27, 29), (28, 28), (57, 30), (100, 7), (7, 100), (90, 
          (640, 480), (29, 300), (150, 40), (64, 64), (140, 112), (1, 150), (300, 1), (1, 250)]
 KINDS = [("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "L"), ("PNG", "LA"), ("PNG", "P"), ("PNG", "P-transparent"),
          ("PNG", "I;16"), ("PNG", "1"), ("JPEG", "RGB"), ("JPEG", "L"), ("JPEG", "CMYK"), ("WEBP", "RGB"),
-         ("WEBP", "RGBA"), ("GIF", "P")]
+         ("WEBP", "RGBA"), ("GIF", "P"), ("GIF", "P-transparent"), ("BMP", "RGB")]
 WORDS = "the a cat dog red blue image picture describe what is this and then tell me more about it".split()
 
 
@@ -146,7 +146,7 @@ def make_image(rng: random.Random, size=None, kind=None) -> Image:
     out = io.BytesIO()
     image.save(out, format=fmt, **({"transparency": 3} if "transparency" in image.info else {}))
     media = {"PNG": "image/png", "JPEG": rng.choice(["image/jpeg", "image/jpg"]), "WEBP": "image/webp",
-             "GIF": rng.choice(["image/gif", "image/png"])}[fmt]
+             "GIF": "image/gif", "BMP": rng.choice(["image/bmp", "image/png"])}[fmt]
     return Image(out.getvalue(), media, (width, height), (fmt, mode))
 
 
@@ -210,15 +210,15 @@ def twin_of(family: Family, rng: random.Random, case: Case) -> Case | None:
 
 def expected_error(family: Family, images: list[Image], places: list[str]) -> tuple[str, str] | None:
     """(message part, param) of the 400 a request's images get, None when they are served: images
-    are decoded and prepared in prompt order (a GIF or an aspect ratio past 200 fails there), then
+    are decoded and prepared in prompt order (a BMP or an aspect ratio past 200 fails there), then
     each fits the default patch capacity, which holds every image the processor produces (a thin
     image scaled up past max_pixels too: 252 patches, not max_pixels' 80). More than four images
     are refused first, for the request as a whole."""
     if len(images) > 4:
         return f"at most 4 images; it has {len(images)}", "messages"
     for image, place in zip(images, places):
-        if image.kind[0] == "GIF":
-            return ("is not image/png" if image.media == "image/gif" else "is a GIF image"), place
+        if image.kind[0] == "BMP":
+            return ("is not image/png" if image.media == "image/bmp" else "is a BMP image"), place
         if max(image.size) / min(image.size) > 200:
             return "exceeds 200", place
     return None

@@ -132,7 +132,7 @@ def test_a_repeated_image_hits_the_feature_cache_and_another_image_misses_the_pr
     ("data:image/png;base64,@@@not-base64@@@", "not valid base64"),
     ("data:image/png,rawbytes", "base64-encoded"),
     ("data:text/plain;base64," + base64.b64encode(b"hello").decode(), "is not image/png"),
-    ("data:image/png;base64," + base64.b64encode(b"hello, not an image").decode(), "not a PNG, JPEG or WebP"),
+    ("data:image/png;base64," + base64.b64encode(b"hello, not an image").decode(), "not a PNG, JPEG, WebP or GIF"),
     ("data:image/png;base64," + base64.b64encode(IMAGES[0][: len(IMAGES[0]) // 2]).decode(), "truncated"),
     ("data:image/png;base64," + base64.b64encode(_uniform_png(5000, 4000)).decode(), "pixels"),
     ("data:image/png;base64," + base64.b64encode(image_bytes(400, 400, 3, "BMP")[:300_000]).decode(),

@@ -1,4 +1,4 @@
-"""Image sources to decoded pixels: `data:` URLs (base64 PNG, JPEG or WebP), bounded.
+"""Image sources to decoded pixels: `data:` URLs (base64 PNG, JPEG, WebP or GIF), bounded.
 
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
 `helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_DEADLINE_S` in
@@ -14,7 +14,7 @@ Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL 
 off, a failed fetch, an internal host, a malformed data URL or base64 payload (whitespace, URL-safe
 characters and missing padding named as such), a media type that is not an image, more bytes or
 pixels than the limits (a decompression bomb whose header declares billions of pixels included),
-bytes that are not an image (another format is named), a corrupt or truncated PNG, JPEG or WebP.
+bytes that are not an image (another format is named), a corrupt or truncated PNG, JPEG, WebP or GIF.
 URL schemes are case-insensitive; errors quote at most a clip of the client's text. The image's
 content hash (SHA-256 of the decoded bytes) keys its vision features in the prefix cache.
 """
@@ -38,7 +38,7 @@ from typing import Sequence
 
 from helios.frontend.images.errors import ImageRejected
 
-FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 # Media types a data: URL may name: the formats', and image/jpg, a common non-standard alias of
 # image/jpeg. The bytes decide the format either way (sniffed by `decode_image`).
 MEDIA_TYPES = frozenset({*FORMATS.values(), "image/jpg"})
@@ -82,8 +82,8 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
         raise ImageRejected("malformed data: URL (expected data:image/...;base64,...)")
     media = match.group("media").lower()
     if media not in MEDIA_TYPES:
-        raise ImageRejected(f"data: URL media type {_clipped(media) or '(none)'!r} is not image/png, image/jpeg or "
-                            "image/webp")
+        raise ImageRejected(f"data: URL media type {_clipped(media) or '(none)'!r} is not image/png, image/jpeg, "
+                            "image/webp or image/gif")
     if not match.group("b64"):
         raise ImageRejected("data: URL images must be base64-encoded (;base64)")
     payload = match.group("data")
@@ -252,7 +252,8 @@ def _base64_problem(payload: str) -> str:
 
 
 def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
-    """A PNG, JPEG or WebP image, fully loaded; its pixel count bounded before decoding."""
+    """A PNG, JPEG, WebP or GIF image (an animated one: its first frame), fully loaded; its pixel
+    count bounded before decoding."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -275,21 +276,21 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
 
 
 def _unidentified(data: bytes) -> str:
-    """Why PIL identified no accepted format in `data`: a corrupt PNG, JPEG or WebP (PIL's reason,
+    """Why PIL identified no accepted format in `data`: a corrupt PNG, JPEG, WebP or GIF (PIL's reason,
     which `Image.open` drops), another format, or bytes of no known image."""
     fmt = "WEBP" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else next(
         (name for signature, name in _SIGNATURES if data.startswith(signature)), None)
     if fmt is None:
-        return "image data is not a PNG, JPEG or WebP image"
+        return "image data is not a PNG, JPEG, WebP or GIF image"
     if fmt not in FORMATS:
-        return f"image data is a {fmt} image; only PNG, JPEG and WebP images are accepted"
+        return f"image data is a {fmt} image; only PNG, JPEG, WebP and GIF images are accepted"
     if fmt == "PNG" and len(data) >= 24 and 0 in (int.from_bytes(data[16:20], "big"),
                                                   int.from_bytes(data[20:24], "big")):  # IHDR width, height
         return "PNG image data is corrupt: its width or height is 0"
-    from PIL import JpegImagePlugin, PngImagePlugin, WebPImagePlugin
+    from PIL import GifImagePlugin, JpegImagePlugin, PngImagePlugin, WebPImagePlugin
 
     plugin = {"PNG": PngImagePlugin.PngImageFile, "JPEG": JpegImagePlugin.JpegImageFile,
-              "WEBP": WebPImagePlugin.WebPImageFile}[fmt]
+              "WEBP": WebPImagePlugin.WebPImageFile, "GIF": GifImagePlugin.GifImageFile}[fmt]
     try:
         plugin(io.BytesIO(data)).close()  # `Image.open` drops the plugin's reason; opened alone, it raises it
     except Exception as error:  # noqa: BLE001 - any failure of the plugin is the corruption's description
