@@ -186,7 +186,7 @@ def test_a_batch_at_neighbouring_lengths_fills_the_context_together(dense_served
 
 # -- cached prefixes --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shared", [4 * PAGE - 1, 4 * PAGE, 4 * PAGE + 1, 5 * PAGE - 1])
+@pytest.mark.parametrize("shared", [3 * PAGE, 4 * PAGE - 1, 4 * PAGE, 4 * PAGE + 1, 5 * PAGE - 1])
 def test_a_cached_prefix_ending_at_and_around_a_page_boundary(dense_served, shared):
     rng = random.Random(shared)
     first = random_ids(rng, 5 * PAGE + 2)
