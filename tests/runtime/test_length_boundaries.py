@@ -337,7 +337,7 @@ def test_http_chat_limit_filling_the_context_is_served_one_more_is_a_400(client)
 
 def test_http_echo_without_output_ends_length_where_the_hidden_token_is_eos(client):
     """max_tokens 0 with echo: the one token the prefill samples is hidden, so the request ends
-    `length` (with no output) even where that token is the end of sequence."""
+    `length` (with no output) even where that token is the end of sequence or a stop token."""
     messages = [{"role": "user", "content": "hello world " * 3}]
     response = client("/v1/chat/completions", {"messages": messages, "return_token_ids": True})
     assert response.status_code == 200, response.text
@@ -345,10 +345,12 @@ def test_http_echo_without_output_ends_length_where_the_hidden_token_is_eos(clie
     assert choice["finish_reason"] == "stop"  # the greedy reply ends with the end of sequence
     reply = [token for token in choice["token_ids"] if token != EOS_ID]
     prompt = response.json()["prompt_token_ids"] + reply  # its next greedy token is the EOS
-    response = client("/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True})
-    assert response.status_code == 200, response.text
-    (choice,) = response.json()["choices"]
-    assert choice["finish_reason"] == "length" and response.json()["usage"]["completion_tokens"] == 0
+    first = response.json()["prompt_token_ids"]  # its next greedy token is the reply's first
+    for body in ({"prompt": prompt}, {"prompt": first, "stop_token_ids": [reply[0]]}):
+        response = client("/v1/completions", {**body, "max_tokens": 0, "echo": True})
+        assert response.status_code == 200, response.text
+        (choice,) = response.json()["choices"]
+        assert choice["finish_reason"] == "length" and response.json()["usage"]["completion_tokens"] == 0
 
 
 # -- the full sweep, outside the suite -------------------------------------------------------------

@@ -357,20 +357,19 @@ class FrontendModel:
 
     def _params(self, body, stops: StopOptions, requested: RequestedOutput, prompt_len: int, is_constrained: bool,
                 response: ResponseOptions, logprobs: LogprobRequest = LogprobRequest()) -> GenerationParams:
-        eos_token_ids, stop_strings = self._settings.eos_token_ids, stops.strings
-        stop_token_sequences = tuple((t,) for t in stops.token_ids) + stops.token_sequences
+        eos_token_ids = self._settings.eos_token_ids
         if logprobs.prompt.hides_output:
             # The prefill samples one token anyway and the output hides it: it ends the request at
-            # its limit (`length`), never as an end of sequence or a stop that nobody sees.
+            # its limit (`length`), never as an end of sequence that nobody sees.
             requested = requested._replace(tokens=1)
-            eos_token_ids, stop_strings, stop_token_sequences = (), (), ()
+            eos_token_ids = ()
         defaults = self._settings.sampling
         return GenerationParams(
             sampling=resolve_sampling(body, defaults, self._draw_seed),
             max_output_tokens=self._output_limit(requested, prompt_len),
             eos_token_ids=eos_token_ids,
-            stop_strings=stop_strings,
-            stop_token_sequences=stop_token_sequences,
+            stop_strings=stops.strings,
+            stop_token_sequences=tuple((t,) for t in stops.token_ids) + stops.token_sequences,
             is_constrained=is_constrained,
             is_timed=response.observation.is_timed,
             top_logprobs=logprobs.top_logprobs,
