@@ -57,6 +57,21 @@ def test_prompts_that_cannot_fit_the_core_are_refused_before_the_load(core, no_l
     assert code == 2 and message in err and err.startswith("helios generate: error: prompt ")
 
 
+def test_without_max_tokens_a_long_prompt_gets_what_its_context_leaves(core, no_load, monkeypatch, capsys):
+    """The default --max-tokens (64) was refused after a prompt leaving fewer tokens ("ask for at
+    most 1 tokens"), where the server's omitted limit is the rest of the context."""
+    import helios.cli.generate_cmd as generate_cmd
+
+    limits, real = [], generate_cmd._output_limits
+    monkeypatch.setattr(generate_cmd, "_output_limits", lambda *args: limits.append(real(*args)) or limits[-1])
+    long_prompt = list(range(3, 3 + CONTEXT_TOKENS - 1))
+    with pytest.raises(AssertionError, match="loaded the model"):
+        main([str(a) for a in generate(core, "--prompt-ids", f"[[5, 6, 7], {long_prompt}]")])
+    assert limits == [[min(generate_cmd.DEFAULT_MAX_TOKENS, CONTEXT_TOKENS - 3), 1]]
+    code, err = run(capsys, *generate(core, "--prompt-ids", f"[{long_prompt}]", "--max-tokens", "2"))
+    assert code == 2 and err.rstrip().endswith("ask for at most 1 token")
+
+
 def test_a_prompt_that_fits_exactly_reaches_the_load(core, no_load, capsys):
     """The bound is the engine's: prompt plus output limit up to the context extent, not below it."""
     with pytest.raises(AssertionError, match="loaded the model"):

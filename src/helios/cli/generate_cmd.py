@@ -8,7 +8,9 @@ pipe whose reader stopped (``| head``) ends quietly with status 141, as SIGPIPE 
 
 Every mistake the command line can hold is refused before the model loads (exit 2): option values
 before the core is opened, and prompts (tokenized with the core's tokenizer, read before the load)
-whose ids leave the core's input vocabulary or that, with --max-tokens, pass its context extent.
+whose ids leave the core's input vocabulary, that leave no room for output in its context extent,
+or that, with an explicit --max-tokens, pass it (without one a prompt generates up to 64 tokens or
+what its context leaves, as the server's omitted limit does).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.heap import frozen_heap
 
+DEFAULT_MAX_TOKENS = 64  # an output limit per prompt where --max-tokens is not given (capped by the context)
 EXIT_BROKEN_PIPE = 141  # as a shell reports a command SIGPIPE ended (128 + 13)
 
 
@@ -50,7 +53,9 @@ def register(subparsers) -> None:
     parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt texts")
     parser.add_argument("--prompt-ids", metavar="JSON", help='JSON list of token-id lists, e.g. "[[1, 2, 3]]"')
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user message with the chat template")
-    parser.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per prompt (default 64)")
+    parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                        help=f"tokens to generate per prompt (default {DEFAULT_MAX_TOKENS}, or what the context "
+                             "extent leaves after the prompt where that is less)")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
                         help="sampling temperature in [0, 2]; 0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
@@ -132,7 +137,7 @@ def _open(args: argparse.Namespace):
 def _check_sampling_options(args: argparse.Namespace) -> None:
     """The sampling options against their bounds (the server's, `helios.server.schemas`), before any
     core is opened; the output limit is checked against the core's context extent once it is open."""
-    if not 0 < args.max_tokens <= MAX_COUNT:
+    if args.max_tokens is not None and not 0 < args.max_tokens <= MAX_COUNT:
         raise UsageError(f"--max-tokens must be in 1..{MAX_COUNT}")
     if not 0 <= args.temperature <= 2:  # nan fails too
         raise UsageError("--temperature must be in [0, 2]")
@@ -156,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     template_tokens = {t.name: t.text for t in core.prepared.contract.defaults.template_tokens}
     args.prompt_token_ids = _prompt_ids(args, tokenizer, template, template_tokens)
     # before the load, which takes seconds to minutes
-    _check_prompts_fit(args.prompt_token_ids, args.max_tokens, core.prepared)
+    args.output_limits = _output_limits(args.prompt_token_ids, args.max_tokens, core.prepared)
     runtime = build_runtime(core, options)
     try:
         with frozen_heap():  # the load's objects out of the collector's full walks while generating
@@ -181,20 +186,28 @@ def _tokenizer_and_template(core) -> tuple[Tokenizer, str]:
     return tokenizer, resource("CHAT_TEMPLATE")
 
 
-def _check_prompts_fit(prompts: list[list[int]], max_tokens: int, prepared) -> None:
-    """Each prompt's ids lie in the core's input vocabulary and, with `max_tokens`, fit its context
-    extent: what the engine would otherwise reject (exit 9) once the model is loaded."""
+def _output_limits(prompts: list[list[int]], max_tokens: int | None, prepared) -> list[int]:
+    """Each prompt's output limit, once its ids are checked against the core's input vocabulary and
+    the limit against its context extent: what the engine would otherwise reject (exit 9) once the
+    model is loaded. Without --max-tokens a prompt gets `DEFAULT_MAX_TOKENS` or what its context
+    leaves, as the server's omitted limit does; an explicit one must fit."""
     begin, end = prepared.input_range
     context_tokens = prepared.defaults.context_tokens
+    limits = []
     for number, prompt in enumerate(prompts, 1):
         outside = next((t for t in prompt if not begin <= t < end), None)
         if outside is not None:
             raise UsageError(f"prompt {number}: token id {outside} is outside the core's vocabulary [{begin}, {end})")
-        if len(prompt) + max_tokens > context_tokens:
-            room = context_tokens - len(prompt)
-            advice = f"ask for at most {room} tokens" if room > 0 else "shorten the prompt"
+        room = context_tokens - len(prompt)
+        if room < 1:
+            raise UsageError(f"prompt {number}: {len(prompt)} prompt tokens leave no room for output in the context "
+                             f"extent of {context_tokens} tokens; shorten the prompt")
+        if max_tokens is not None and max_tokens > room:
             raise UsageError(f"prompt {number}: {len(prompt)} prompt tokens + --max-tokens {max_tokens} exceed the "
-                             f"context extent of {context_tokens} tokens; {advice}")
+                             f"context extent of {context_tokens} tokens; ask for at most {room} "
+                             f"token{'s' if room > 1 else ''}")
+        limits.append(min(max_tokens or DEFAULT_MAX_TOKENS, room))
+    return limits
 
 
 def _output_text(tokenizer: Tokenizer, token_ids, context_ids) -> str:
@@ -213,7 +226,7 @@ def _generate(args: argparse.Namespace, runtime) -> int:
     eos = () if args.ignore_eos else model.settings.eos_token_ids
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=signed_seed(args.seed))
-    results = generate(runtime.engine, prompts, args.max_tokens, eos, sampling)
+    results = generate(runtime.engine, prompts, args.output_limits, eos, sampling)
     try:
         for prompt, result in zip(prompts, results):
             text = _output_text(tokenizer, result.token_ids, () if getattr(args, "chat", False) else prompt)

@@ -23,9 +23,13 @@ class Generation:
     message: str = ""
 
 
-def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int, eos_ids: Sequence[int] = (),
-             sampling: SamplingParams = GREEDY) -> list[Generation]:
-    """Generates for every prompt (one request each, all submitted before the first step)."""
+def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int | Sequence[int],
+             eos_ids: Sequence[int] = (), sampling: SamplingParams = GREEDY) -> list[Generation]:
+    """Generates for every prompt (one request each, all submitted before the first step), up to
+    `max_tokens` each (one limit for all, or one per prompt)."""
+    limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(limits) != len(prompts):
+        raise ValueError(f"{len(limits)} output limits for {len(prompts)} prompts")
     tokens: dict[str, list[int]] = {}
     finished: dict[str, FinishEvent] = {}
 
@@ -36,9 +40,9 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int, 
             finished[event.request_id] = event
 
     ids = [f"offline-{index}" for index in range(len(prompts))]
-    for request_id, prompt in zip(ids, prompts):
+    for request_id, prompt, limit in zip(ids, prompts, limits):
         tokens[request_id] = []
-        spec = RequestSpec(request_id, tuple(prompt), max_tokens, frozenset(eos_ids), sampling=sampling)
+        spec = RequestSpec(request_id, tuple(prompt), limit, frozenset(eos_ids), sampling=sampling)
         engine.submit(EngineRequest(spec, record))
     engine.run_until_idle()
     return [

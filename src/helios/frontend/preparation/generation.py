@@ -81,7 +81,7 @@ def resolve_output_limit(requested: int | None, default_limit: int, context_toke
     if requested > room:
         raise ContextLimitExceeded(
             f"the prompt ({prompt_len} tokens) plus {field} ({requested}) exceed the context extent "
-            f"of {context_tokens} tokens: ask for at most {room} output tokens, or omit {field} for "
+            f"of {context_tokens} tokens: ask for at most {room} output token{'s' if room > 1 else ''}, or omit {field} for "
             "up to the rest of the context", field)
     return requested
 
