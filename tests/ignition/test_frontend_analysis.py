@@ -132,7 +132,7 @@ def test_generation_config_recommendations(tmp_path):
                                                   repetition_penalty=1.05))
     assert given == spb.SamplingDefaults(temperature=0.6, top_p=0.95, top_k=20, repetition_penalty=1.05)
     explicit = spb.SamplingDefaults(temperature=1.0, seed_policy=spb.SEED_POLICY_RANDOM)
-    merged = merged_sampling(tmp_path, explicit)
+    merged = merged_sampling(tmp_path, explicit, 2048)
     assert (merged.temperature, merged.top_k, merged.seed_policy) == (1.0, 20, spb.SEED_POLICY_RANDOM)
 
 

@@ -185,7 +185,8 @@ def prepare_core(
     weight_files = rank_weight_files(recipe, ranks)
     digests = [digest_in_background(weights.image) for weights in weight_files]  # rank, then part order
     assets = read_assets(checkpoint, arch.vocab_size, dict(options.frontend))
-    assets = dataclasses.replace(assets, sampling=merged_sampling(checkpoint, options.sampling, options.capacities.context_tokens))
+    sampling = merged_sampling(checkpoint, options.sampling, options.capacities.context_tokens)
+    assets = dataclasses.replace(assets, sampling=sampling)
     declared = assets.frontend
     progress(f"frontend: {declared.family} family, tool parser {spb.ToolParser.Name(declared.tool_parser)}, "
              f"reasoning {spb.ReasoningParser.Name(declared.reasoning_parser)}")
