@@ -7,7 +7,6 @@ its frontend (special tokens, template, EOS) becomes typed contract data here.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -72,18 +71,8 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     tokens = template_tokens(tokenizer, named, vocab_size)
     eos = eos_token_ids(directory, tokenizer, named, vocab_size)
     digest = hashlib.sha256(tokenizer_json + template.encode("utf-8")).hexdigest()
-    frontend = _frontend(template, tokenizer, _read_json(directory / "config.json"), stated, tokens)
+    frontend = _frontend(template, tokenizer, read_json(directory / "config.json"), stated, tokens)
     return CheckpointAssets(tokenizer_json, template, eos, tokens, frontend, digest)
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as error:
-        raise CheckpointError(f"cannot read {path}: {error}") from None
-    return value if isinstance(value, dict) else {}
 
 
 def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping[str, str],
