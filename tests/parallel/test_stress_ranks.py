@@ -39,14 +39,14 @@ from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.parallel.rank_timing import PhaseTimers, run_phase
 from helios.runtime.records.capacities import Operation
-from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, TokenEvent
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3_MOE
 from runtime import stress
-from runtime.stress import DECODE, FAULT, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING, Alone, Scenario, StressRun
+from runtime.stress import DECODE, FAULT, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING, Scenario, StressRun
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 
@@ -103,28 +103,11 @@ def references(cores):
             options = RuntimeOptions(ranks=FAST, policy=SchedulerPolicy(speculative=False, prefix_caching=False))
             runtime = build_runtime(_core(cores, case, 1), options)
             runtimes.callback(runtime.close)
-            cache[case.family.name] = lambda spec: _alone(runtime.engine, spec)
+            cache[case.family.name] = lambda spec: stress.alone_on(runtime.engine, spec)
         return cache[case.family.name]
 
     with runtimes:
         yield alone_on
-
-
-def _alone(engine: Engine, spec) -> Alone:
-    tokens, scores, finishes = [], [], []
-
-    def record(event) -> None:
-        if isinstance(event, TokenEvent):
-            tokens.extend(event.token_ids)
-        elif isinstance(event, PromptScoresEvent):
-            scores.extend(event.scores)
-        else:
-            finishes.append(event)
-
-    engine.submit(EngineRequest(spec, record))
-    engine.run_until_idle()
-    assert [f.reason for f in finishes] == [FinishReason.LENGTH], finishes
-    return Alone(tokens, scores)
 
 
 @contextlib.contextmanager

@@ -159,7 +159,11 @@ class Alone(NamedTuple):
 def run_alone(recipe, spec: RequestSpec) -> Alone:
     """`spec`'s output alone on a fresh plain engine (no speculation, pages to spare)."""
     plan = capacity_plan(None, scored=recipe.architecture.recurrent is None)
-    engine = stress_engine(stress_model(recipe, None, plan), SchedulerPolicy(speculative=False))
+    return alone_on(stress_engine(stress_model(recipe, None, plan), SchedulerPolicy(speculative=False)), spec)
+
+
+def alone_on(engine: Engine, spec: RequestSpec) -> Alone:
+    """`spec`'s output as the only request of an idle `engine`; it must end by its length."""
     tokens, scores, finishes = [], [], []
 
     def record(event) -> None:
