@@ -18,19 +18,16 @@ import httpx
 import pytest
 
 from helios.errors import RequestError
-from helios.core.keys import SigningKey, write_key_pair
-from helios.core.reader import open_core
 from helios.frontend.decoding.syntax import ReasoningSyntaxKind, ToolSyntaxKind
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.schemas import ChatCompletionRequest
 from helios.server.service import ServedModel
-from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, train_tokenizer, write_family_checkpoint
+from support.family_checkpoints import CASES, FAMILY_NAMESPACE, FamilyCase, hf_tokenizer, prepared_family_core
 
 from .served import ids_of, run_output
 
-NAMESPACE = "test.helios/families"
+NAMESPACE = FAMILY_NAMESPACE
 TOOL_KINDS = {
     "hermes": ToolSyntaxKind.JSON_CALLS, "qwen3-coder": ToolSyntaxKind.QWEN_CODER_FUNCTIONS,
     "deepseek-v3": ToolSyntaxKind.JSON_CALLS, "deepseek-v3.1": ToolSyntaxKind.JSON_CALLS, "glm-4.5": ToolSyntaxKind.GLM_ARGUMENTS,
@@ -64,15 +61,8 @@ def conversation(arguments) -> list[dict]:
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
 def family(request, tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
     case: FamilyCase = request.param
-    tokenizer = {"qwen": qwen_tokenizer, "deepseek": deepseek_tokenizer}.get(case.tokenizer)
-    tokenizer = tokenizer or train_tokenizer(case.special_tokens)
-    root = tmp_path_factory.mktemp(case.name)
-    checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
-    public = write_key_pair(root / "publisher.key", key := SigningKey.generate(), [NAMESPACE])
     # No token-logprobs programs: no request here asks for log-probabilities.
-    plan = CapacityPlan(context_tokens=1024, prefill_tokens=256, decode_batches=(1,), mixed=False, token_logprobs=False)
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=case.name, capacities=plan))
-    opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public])
+    tokenizer, opened = prepared_family_core(case, tmp_path_factory.getbasetemp(), qwen_tokenizer, deepseek_tokenizer)
     runtime = build_runtime(opened, RuntimeOptions(queue_capacity=4))
     served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=1, owned_by=NAMESPACE)
     served.start()

@@ -1,9 +1,10 @@
 """Seeded random conversations, rendered by the frontend and by transformers, token for token.
 
-For each frontend family (tests/support/family_checkpoints.py) the module prepares the family's tiny
-core and builds its `FrontendModel` from the core's contract, tokenizer and chat template, as the
-server does, without loading weights: `prepare_chat` turns a `ChatCompletionRequest` into prompt ids
-exactly as a served request is prepared. Each drawn conversation is what a real client sends (system
+For each frontend family (tests/support/family_checkpoints.py) the module takes the family's tiny
+core (prepared once per process with test_families, `prepared_family_core`) and builds its
+`FrontendModel` from the core's contract, tokenizer and chat template, as the server does, without
+loading weights: `prepare_chat` turns a `ChatCompletionRequest` into prompt ids exactly as a served
+request is prepared. Each drawn conversation is what a real client sends (system
 or developer messages, text parts, names, empty and whitespace-only text, unicode, several parallel
 tool calls with nested or empty arguments, tool results, reasoning_content in history, consecutive
 user turns, 0 to 3 tools with varied schemas, tool_choice, chat_template_kwargs, reasoning_effort), and
@@ -37,8 +38,6 @@ import pytest
 from tokenizers import Tokenizer
 from transformers.utils import chat_template_utils
 
-from helios.core.keys import SigningKey, write_key_pair
-from helios.core.reader import open_core
 from helios.errors import RequestError
 from helios.frontend.preparation.client_fields import ReasoningEffortConflict
 from helios.frontend.preparation.control_markers import is_marker
@@ -46,12 +45,10 @@ from helios.frontend.preparation.messages import MessageError, Role
 from helios.frontend.preparation.prompt import PromptBuilder, PromptRules
 from helios.frontend.preparation.template import ChatTemplate
 from helios.frontend.session import FrontendModel
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.loading.model import resource_of_kind
 from helios.server.schemas import ChatCompletionRequest
-from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, train_tokenizer, write_family_checkpoint
+from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, prepared_family_core
 
-NAMESPACE = "test.helios/render-fuzz"
 CONVERSATIONS_PER_FAMILY = 100  # each, with and without control markers in client text
 
 TEXTS = (
@@ -303,14 +300,7 @@ def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tu
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
 def family(request, tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
     case: FamilyCase = request.param
-    tokenizer = {"qwen": qwen_tokenizer, "deepseek": deepseek_tokenizer}.get(case.tokenizer)
-    tokenizer = tokenizer or train_tokenizer(case.special_tokens)
-    root = tmp_path_factory.mktemp(case.name)
-    checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
-    public = write_key_pair(root / "publisher.key", key := SigningKey.generate(), [NAMESPACE])
-    plan = CapacityPlan(context_tokens=4096, prefill_tokens=256, decode_batches=(1,), mixed=False, token_logprobs=False)
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=case.name, capacities=plan))
-    core = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public])
+    tokenizer, core = prepared_family_core(case, tmp_path_factory.getbasetemp(), qwen_tokenizer, deepseek_tokenizer)
     served_tokenizer = Tokenizer.from_str(core.read_resource(resource_of_kind(core, "TOKENIZER")).decode("utf-8"))
     template = core.read_resource(resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8")
     frontend = FrontendModel.from_contract(core.prepared, served_tokenizer, template)

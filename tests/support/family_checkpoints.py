@@ -155,3 +155,31 @@ CASES = (
                tool_text='<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
                reasoning=True),
 )
+
+
+FAMILY_NAMESPACE = "test.helios/families"
+_PREPARED: dict[str, tuple] = {}
+
+
+def prepared_family_core(case: FamilyCase, base: Path, qwen_tokenizer, deepseek_tokenizer):
+    """(the family's tokenizer, its opened core): a tiny random checkpoint of `case` prepared once per
+    process under `base` (a 4,096-token context, one decode batch, no token-logprobs programs), so
+    the modules that serve or render each family share its preparation."""
+    from helios.core.keys import SigningKey, write_key_pair
+    from helios.core.reader import open_core
+    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+
+    if case.name not in _PREPARED:
+        tokenizer = {"qwen": qwen_tokenizer, "deepseek": deepseek_tokenizer}.get(case.tokenizer)
+        tokenizer = tokenizer or train_tokenizer(case.special_tokens)
+        root = base / f"family-{case.name}"
+        root.mkdir(parents=True, exist_ok=True)
+        checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
+        public = write_key_pair(root / "publisher.key", key := SigningKey.generate(), [FAMILY_NAMESPACE])
+        plan = CapacityPlan(context_tokens=4096, prefill_tokens=256, decode_batches=(1,), mixed=False,
+                            token_logprobs=False)
+        prepare_core(checkpoint, root / "model.core", key,
+                     PrepareOptions(FAMILY_NAMESPACE, served_id=case.name, capacities=plan))
+        _PREPARED[case.name] = (tokenizer, root / "model.core", public)
+    tokenizer, path, public = _PREPARED[case.name]
+    return tokenizer, open_core(path, accept=FAMILY_NAMESPACE, trusted_keys=[public])
