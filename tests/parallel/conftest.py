@@ -43,7 +43,7 @@ class Cores:
         self.key = shared / "publisher.key"
         prepared_once(shared / "key", shared / ".key-written", lambda: _keygen(self.key, shared / ".key-written"))
         self._checkpoints: dict[tuple[str, int], Path] = {}
-        self._cores: dict[tuple[str, int, int], Path] = {}
+        self._cores: dict[str, Path] = {}  # by file name
         self._one_rank: dict[str, list[list[int]]] = {}
 
     @property
@@ -60,32 +60,20 @@ class Cores:
         return self._checkpoints[key]
 
     def core(self, family, ranks: int, seed: int = 3) -> Path:
-        key = (family.name, ranks, seed)
-        if key not in self._cores:
-            path = self.shared / f"{family.name}-{seed}-tp{ranks}.core"
-            checkpoint = self.checkpoint(family, seed)
-
-            def prepare() -> None:
-                scratch = path.with_suffix(".partial")
-                assert main([
-                    "prepare", str(checkpoint), "-o", str(scratch), "--key", str(self.key),
-                    "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
-                    "--decode-batches", "2", "--no-mixed", "--tensor-parallel", str(ranks),
-                    *(() if family.name in SCORED_FAMILIES else ("--no-logprobs",)),
-                ]) == 0
-                scratch.rename(path)
-
-            prepared_once(path, path, prepare)
-            self._cores[key] = path
-        return self._cores[key]
+        logprobs = () if family.name in SCORED_FAMILIES else ("--no-logprobs",)
+        options = ("--decode-batches", "2", "--no-mixed", *logprobs)
+        return self._prepared(family, ranks, seed, f"{family.name}-{seed}-tp{ranks}.core", options)
 
     def custom_core(self, family, ranks: int, name: str, options: tuple[str, ...] = (), seed: int = 3) -> Path:
         """A core of `family` for `ranks` ranks prepared with `options` beside the usual context and
         prefill sizes (no other default of `core`: page size, decode batches and programs as `options`
         or `helios prepare` choose), once per run under `name`."""
-        key = (f"{family.name}-{name}", ranks, seed)
-        if key not in self._cores:
-            path = self.shared / f"{family.name}-{seed}-{name}-tp{ranks}.core"
+        return self._prepared(family, ranks, seed, f"{family.name}-{seed}-{name}-tp{ranks}.core", options)
+
+    def _prepared(self, family, ranks: int, seed: int, file: str, options: tuple[str, ...]) -> Path:
+        """The core `file` of `family` prepared for `ranks` ranks with `options`, once per run."""
+        if file not in self._cores:
+            path = self.shared / file
             checkpoint = self.checkpoint(family, seed)
 
             def prepare() -> None:
@@ -98,8 +86,8 @@ class Cores:
                 scratch.rename(path)
 
             prepared_once(path, path, prepare)
-            self._cores[key] = path
-        return self._cores[key]
+            self._cores[file] = path
+        return self._cores[file]
 
     def draft_checkpoint(self, family, layers: int = 1, seed: int = 3) -> Path:
         """The first `layers` layers of the family's checkpoint (a draft model), written once per run."""
