@@ -5,12 +5,11 @@ a request that can never fit the context extent is a 400 naming the limit."""
 from __future__ import annotations
 
 
-import httpx
 import openai
 import pytest
 
 from helios.server.app import create_app
-from support.server_core import NAMESPACE, SERVED_ID, served_tiny_core
+from support.server_core import NAMESPACE, SERVED_ID, openai_client, served_tiny_core
 
 ACCEPTED_CHAT_FIELDS = {
     "logprobs": False, "top_logprobs": None, "user": "user-1", "metadata": {"run": "7", "team": "eval"},
@@ -33,9 +32,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(served):
-    transport = httpx.ASGITransport(app=create_app(served))
-    http = httpx.AsyncClient(transport=transport, base_url="http://test")
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+    return openai_client(served)
 
 
 def chat(client, **fields):

@@ -9,16 +9,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from helios.core.reader import open_core
 from helios.frontend.preparation.logit_bias import LogitBiasError, parse_logit_bias
 from helios.runtime.service import RuntimeOptions, build_runtime
-from helios.server.app import create_app
 from helios.server.service import ServedModel
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import SERVED_ID, openai_client, tiny_core
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FORCED = 77
@@ -31,17 +29,11 @@ def _serve(opened) -> ServedModel:
     return served
 
 
-def _client(served):
-    transport = httpx.ASGITransport(app=create_app(served))
-    http = httpx.AsyncClient(transport=transport, base_url="http://test")
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
-
-
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     core = tiny_core(tmp_path_factory.getbasetemp())
     served = _serve(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]))
-    yield _client(served)
+    yield openai_client(served)
     served.shutdown()
 
 
@@ -112,7 +104,7 @@ def old_client():
     key = FIXTURES / "cores" / "TEST-ONLY-signing.key.pub"
     opened = open_core(FIXTURES / "models" / "tiny_qwen3.core", accept="test.helios/fixtures", trusted_keys=[key])
     served = _serve(opened)
-    yield _client(served), served.card.served_names[0]
+    yield openai_client(served), served.card.served_names[0]
     served.shutdown()
 
 

@@ -6,17 +6,15 @@ a core prepared without token-logprobs programs answers 400 naming the missing c
 from __future__ import annotations
 
 
-import httpx
 import openai
 import pytest
 import torch
 
 from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
-from helios.server.app import create_app
 from helios.server.service import ServedModel
 from support.logprob_runs import transformers_logprob_table
-from support.server_core import SERVED_ID, tiny_core
+from support.server_core import SERVED_ID, openai_client, tiny_core
 
 TOLERANCE = 1e-4
 TOP = 5
@@ -28,12 +26,6 @@ def _serve(core):
                                       frontend_workers=2, owned_by=core.namespace)
     served.start()
     return served
-
-
-def _client(served):
-    transport = httpx.ASGITransport(app=create_app(served))
-    http = httpx.AsyncClient(transport=transport, base_url="http://test")
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +42,7 @@ def served(core):
 
 @pytest.fixture(scope="module")
 def client(served):
-    return _client(served)
+    return openai_client(served)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +180,7 @@ def test_a_core_without_logprob_programs_answers_400_naming_it(runner, tmp_path)
                  PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
     served = _serve(TinyCore(tmp_path / "model.core", tmp_path / "publisher.key.pub"))
     try:
-        client = _client(served)
+        client = openai_client(served)
         with pytest.raises(openai.BadRequestError, match="no token-logprobs programs"):
             runner.run(client.chat.completions.create(model=SERVED_ID, messages=[{"role": "user", "content": "hi"}],
                                                       max_tokens=2, logprobs=True))

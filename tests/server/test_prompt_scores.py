@@ -8,17 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import torch
 
 from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
-from helios.server.app import create_app
 from helios.server.service import ServedModel
 from support.logprob_runs import transformers_logprob_table
-from support.server_core import NAMESPACE, SERVED_ID, TinyCore, tiny_core
+from support.server_core import NAMESPACE, SERVED_ID, TinyCore, openai_client, tiny_core
 
 TOLERANCE = 1e-4
 TOP = 3
@@ -50,12 +48,6 @@ def _serve(core: TinyCore):
     return served
 
 
-def _client(served):
-    transport = httpx.ASGITransport(app=create_app(served))
-    http = httpx.AsyncClient(transport=transport, base_url="http://test")
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
-
-
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
     return _scored_core(tmp_path_factory.mktemp("scored"))
@@ -70,7 +62,7 @@ def served(core):
 
 @pytest.fixture(scope="module")
 def client(served):
-    return _client(served)
+    return openai_client(served)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +170,7 @@ def test_max_tokens_0_needs_echo_or_prompt_logprobs(runner, client):
 def plain_client(tmp_path_factory):
     core = tiny_core(tmp_path_factory.getbasetemp())  # prepared without --scored-prefill
     served = _serve(core)
-    yield _client(served)
+    yield openai_client(served)
     served.shutdown()
 
 

@@ -5,12 +5,10 @@ never accepted while its effect is missing."""
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 
-from helios.server.app import create_app
-from support.server_core import NAMESPACE, SERVED_ID, served_tiny_core
+from support.server_core import NAMESPACE, SERVED_ID, openai_client, served_tiny_core
 
 HELLO = [{"role": "user", "content": "hello"}]
 WEATHER_TOOL = {"type": "function", "function": {
@@ -27,8 +25,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(served):
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test")
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+    return openai_client(served)
 
 
 def chat(runner, client, **fields):

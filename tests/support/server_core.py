@@ -53,6 +53,16 @@ def served_tiny_core(base: Path, queue_capacity: int = 4, runtime_options=None, 
         served.shutdown()
 
 
+def openai_client(served):
+    """The official `openai` async client over `served`'s app in process (ASGI: no socket)."""
+    import openai
+
+    from helios.server.app import create_app
+
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+
+
 @dataclass(frozen=True)
 class TinyCore:
     path: Path
