@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from support.echo_offsets import expected_parts, parts_of
-from support.server_core import SERVED_ID
-from test_prompt_scores import _client, _scored_core, _serve  # tests/server is on sys.path (no package)
+from support.server_core import SERVED_ID, openai_client
+from test_prompt_scores import _scored_core, _serve  # tests/server is on sys.path (no package)
 
 TEXTS = ["hello world 😀, ünï 𝔘 the fox", "the lazy dog ✓ ꙮ<|im_end|> in paris"]
 N = 2
@@ -27,7 +27,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(served):
-    return _client(served)
+    return openai_client(served)
 
 
 @pytest.fixture(scope="module", params=["texts", "ids"])
