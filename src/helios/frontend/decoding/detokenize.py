@@ -8,9 +8,10 @@ fed so far and two offsets into them (the window scheme of TGI and vLLM):
   the decoded text ends in U+FFFD, which is how the tokenizer's lossy UTF-8 decoding spells an
   incomplete trailing character; such text stays pending until a later token completes it.
 
-The window restarts at the last emission and ids that add no text (skipped special tokens) are left
-out of it, so each feed decodes only a few tokens; decoders that treat the first token of a sequence
-specially (leading-space stripping) see the same first token in both decodes. A detokenizer may
+The window restarts at the last emission and skipped special tokens (which decode to nothing
+anywhere) are left out of it, so each feed decodes only a few tokens; decoders that treat the first
+token of a sequence specially (leading-space stripping) see the same first token in both decodes;
+another id that adds no text (a SentencePiece ``▁`` first in the text) stays pending. A detokenizer may
 start after context ids (a text completion's prompt, its last `CONTEXT_IDS`), already read: the
 first output token then decodes as it does after them, so a SentencePiece ``▁`` word keeps the
 leading space it has in the text rather than losing it as the first token of a sequence (context
@@ -91,8 +92,10 @@ class IncrementalDetokenizer:
             self._open_text = new_text[len(prefix_text) :]
             return ""
         if len(new_text) <= len(prefix_text):
-            # The id adds no text (a skipped special token): leave it out of later windows.
-            self._ids.pop()
+            if self._is_skipped_special(token_id):  # decodes to nothing anywhere: leave it out of later windows
+                self._ids.pop()
+            # Otherwise it stays pending: a SentencePiece ``▁`` first in the text reads as nothing
+            # alone but keeps the space of the word after it.
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
@@ -118,6 +121,11 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self._open_text = ""
         return new_text[len(prefix_text) :]
+
+    def _is_skipped_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a special token that skipping removes from every decode."""
+        return (self._skip_special_tokens and not self._tokenizer.decode([token_id], skip_special_tokens=True)
+                and bool(self._tokenizer.decode([token_id], skip_special_tokens=False)))
 
     def _decode(self, start: int, end: int) -> str:
         if start == end:

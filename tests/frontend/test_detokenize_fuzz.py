@@ -1,0 +1,185 @@
+"""Differential fuzz of the output text path against the tokenizers' own ``decode``.
+
+Random id sequences (ids of text pieces, ids holding part of a UTF-8 character, byte-fallback
+tokens, special and added tokens, ``\\r\\n``, SentencePiece ``▁`` tokens) go through
+`IncrementalDetokenizer` one id at a time and in random groups, and through the frontend's output
+path (`OutputProcessor` with string stops, token stops, EOS and log-probabilities) as a request
+builds it, on five tokenizers: the embedded default model's, Qwen's and DeepSeek's (byte-level BPE),
+a SentencePiece-style one (``▁`` word markers, byte-fallback tokens, Llama-2's decoder) and one with
+added special and non-special tokens. References:
+
+- detokenization: the deltas joined equal ``tokenizer.decode(ids, skip_special_tokens=...)``; only
+  the flushed tail may end in U+FFFD (an open character);
+- string stops: the decode cut at the stop that completes first (of those, the longest; stop
+  excluded), finish reason ``stop``, the text streamed equal to it; token stops: the text of the
+  ids before the matched sequence (a character they leave open is not shown);
+- log-probabilities: one entry per token whose text the output shows, ``text_offset`` the length
+  of the text the tokens before it decode to (an open character counted once).
+
+Where a tokenizer's decode of the whole is not the decode of its start followed by more text
+(byte-fallback groups: a complete character followed by a stray byte decodes to U+FFFD for every
+byte of the group), no stream can match it and the sequence is not checked against it.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, Tokenizer, decoders
+
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
+from helios.frontend.decoding.logprobs import TokenTexts, text_logprobs
+from helios.frontend.decoding.observation import ObservationOptions
+from helios.frontend.decoding.stops import StopOptions
+from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
+from helios.frontend.responses.output import OutputProcessor
+from helios.runtime.records.events import FinishReason, TokenLogprobs
+
+from .conftest import _byte_to_unicode
+from .test_logprob_offsets_spm import sentencepiece_like
+
+EMBEDDED = Path(__file__).resolve().parents[2] / "src/helios/embedded/default_model/tokenizer.json"
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                         HealthCheck.too_slow])
+LLAMA2 = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                            decoders.Strip(" ", 1, 0)])
+PIECES = ["Hello", " world", ", the", " quick", "\r\n", "\n\n", "  ", " ", "é", "世界", "😀", "👍🏽", "€uro", "x",
+          "<think>", "end", "\t{\"a\": 1}", "ꙮ", "𓀀"]
+ADDED = [("<|sep|>", True), ("[TOOL]", False), ("<think>", False), (" spaced ", False)]
+EOS_TEXT = "<|im_end|>"
+
+
+class Case:
+    """A tokenizer and the pools of ids a fuzz draws from."""
+
+    def __init__(self, tokenizer: Tokenizer, partial_ids: list[int], eos: int, space_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.partial_ids = partial_ids  # ids holding part of a UTF-8 character
+        self.space_ids = space_ids  # ids of white space alone
+        self.special_ids = sorted(tokenizer.get_added_tokens_decoder())
+        self.piece_ids = [tokenizer.encode(piece, add_special_tokens=False).ids for piece in PIECES]
+        self.vocab_size = tokenizer.get_vocab_size()
+        self.eos = eos
+
+    def ids(self, data, max_size: int = 24) -> list[int]:
+        """A random id sequence (without EOS)."""
+        pools = [st.sampled_from(self.piece_ids),
+                 st.sampled_from(self.partial_ids).map(lambda i: [i]),
+                 st.sampled_from(self.special_ids).map(lambda i: [i]),
+                 st.sampled_from(self.space_ids).map(lambda i: [i]),
+                 st.integers(0, self.vocab_size - 1).map(lambda i: [i])]
+        groups = data.draw(st.lists(st.one_of(*pools), max_size=max_size // 2))
+        return [i for group in groups for i in group if i != self.eos and self.tokenizer.id_to_token(i) is not None]
+
+
+def _byte_level_partial_ids(tokenizer: Tokenizer) -> list[int]:
+    alphabet = {char: byte for byte, char in _byte_to_unicode().items()}
+    partial = []
+    for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
+        raw = bytes(alphabet[char] for char in token if char in alphabet)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            partial.append(token_id)
+    return sorted(partial)[:400]
+
+
+def _byte_level(tokenizer: Tokenizer) -> Case:
+    return Case(tokenizer, _byte_level_partial_ids(tokenizer), tokenizer.token_to_id(EOS_TEXT) or -1,
+                _space_ids(tokenizer))
+
+
+def _space_ids(tokenizer: Tokenizer) -> list[int]:
+    return sorted({i for text in (" ", "  ", "\r\n", "\n") for i in tokenizer.encode(text, add_special_tokens=False).ids})
+
+
+def _sentencepiece() -> Case:
+    tokenizer = sentencepiece_like(LLAMA2)
+    partial = [tokenizer.token_to_id(f"<0x{byte:02X}>") for byte in range(0x80, 0x100)]
+    return Case(tokenizer, partial, tokenizer.token_to_id("</s>"), [tokenizer.token_to_id("▁")] + _space_ids(tokenizer))
+
+
+def _with_added_tokens() -> Case:
+    tokenizer = Tokenizer.from_file(str(EMBEDDED))
+    tokenizer.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in ADDED])
+    return _byte_level(tokenizer)
+
+
+@pytest.fixture(scope="module", params=["embedded", "qwen", "deepseek", "sentencepiece", "added"])
+def case(request) -> Case:
+    if request.param == "embedded":
+        return _byte_level(Tokenizer.from_file(str(EMBEDDED)))
+    if request.param == "qwen":
+        return _byte_level(request.getfixturevalue("qwen_tokenizer"))
+    if request.param == "deepseek":
+        return _byte_level(request.getfixturevalue("deepseek_tokenizer"))
+    if request.param == "sentencepiece":
+        return _sentencepiece()
+    return _with_added_tokens()
+
+
+def _groups(data, ids: list[int]) -> list[list[int]]:
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=len(ids), max_size=len(ids)))
+    out, start = [], 0
+    for size in sizes:
+        if start >= len(ids):
+            break
+        out.append(ids[start:start + size])
+        start += size
+    return out
+
+
+def _is_prefix_stable(tokenizer: Tokenizer, ids: list[int], skip: bool) -> bool:
+    """Whether the complete text of every start of `ids` begins the decode of all of them."""
+    whole = tokenizer.decode(ids, skip_special_tokens=skip)
+    return all(whole.startswith(tokenizer.decode(ids[:k], skip_special_tokens=skip).rstrip(REPLACEMENT_CHAR))
+               for k in range(len(ids)))
+
+
+def _complete(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """The text `ids` show before the end: their decode without a character left open."""
+    return tokenizer.decode(ids, skip_special_tokens=False).rstrip(REPLACEMENT_CHAR)
+
+
+# --- detokenization ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@FUZZ
+@given(data=st.data())
+def test_streamed_deltas_join_to_the_whole_decode(case, skip, data):
+    ids = case.ids(data)
+    if not _is_prefix_stable(case.tokenizer, ids, skip):
+        return
+    detokenizer = IncrementalDetokenizer(case.tokenizer, skip_special_tokens=skip)
+    deltas = [detokenizer.feed_many(group) for group in _groups(data, ids)]
+    tail = detokenizer.finish()
+    assert "".join(deltas) + tail == case.tokenizer.decode(ids, skip_special_tokens=skip)
+    assert not any(delta.endswith(REPLACEMENT_CHAR) for delta in deltas)
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_continuation_adds_what_the_context_and_output_decode_to(case, data):
+    context, ids = case.ids(data, 8), case.ids(data)
+    tokenizer = case.tokenizer
+    context_text = tokenizer.decode(context[-5:], skip_special_tokens=False)
+    if (not tokenizer.decode(context[-5:]) or context_text.endswith(REPLACEMENT_CHAR)
+            or not _is_prefix_stable(tokenizer, context[-5:] + ids, False)):
+        return
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False, context_ids=context)
+    text = detokenizer.feed_many(ids) + detokenizer.finish()
+    assert context_text + text == tokenizer.decode(context[-5:] + ids, skip_special_tokens=False)
+
+
+def test_a_leading_space_token_keeps_its_space():
+    """A SentencePiece ``▁`` alone at the start decodes to nothing (Llama-2's decoder strips one
+    space), but it is text: the word after it keeps its space, as in the whole decode."""
+    tokenizer = sentencepiece_like(LLAMA2)
+    ids = [tokenizer.token_to_id("▁"), tokenizer.token_to_id("▁world,")]
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+    assert detokenizer.feed_many(ids) + detokenizer.finish() == tokenizer.decode(ids) == " world,"
