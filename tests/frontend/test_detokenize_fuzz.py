@@ -37,6 +37,7 @@ from helios.frontend.decoding.observation import ObservationOptions
 from helios.frontend.decoding.stops import StopOptions
 from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
 from helios.frontend.responses.output import OutputProcessor
+from helios.frontend.structured.grammar import GrammarCompiler
 from helios.runtime.records.events import FinishReason, TokenLogprobs
 
 from .conftest import _byte_to_unicode
@@ -50,7 +51,7 @@ LLAMA2 = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(
 PIECES = ["Hello", " world", ", the", " quick", "\r\n", "\n\n", "  ", " ", "é", "世界", "😀", "👍🏽", "€uro", "x",
           "<think>", "end", "\t{\"a\": 1}", "ꙮ", "𓀀"]
 ADDED = [("<|sep|>", True), ("[TOOL]", False), ("<think>", False), (" spaced ", False)]
-EOS_TEXT = "<|im_end|>"
+EOS_TEXTS = ("<|im_end|>", "<｜end▁of▁sentence｜>")
 
 
 class Case:
@@ -64,6 +65,8 @@ class Case:
         self.piece_ids = [tokenizer.encode(piece, add_special_tokens=False).ids for piece in PIECES]
         self.vocab_size = tokenizer.get_vocab_size()
         self.eos = eos
+        grammar = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=self.vocab_size, eos_token_ids=[eos])
+        self.token_texts = TokenTexts(tokenizer, grammar.token_bytes)  # as a request's output path has them
 
     def ids(self, data, max_size: int = 24) -> list[int]:
         """A random id sequence (without EOS)."""
@@ -89,7 +92,8 @@ def _byte_level_partial_ids(tokenizer: Tokenizer) -> list[int]:
 
 
 def _byte_level(tokenizer: Tokenizer) -> Case:
-    return Case(tokenizer, _byte_level_partial_ids(tokenizer), tokenizer.token_to_id(EOS_TEXT) or -1,
+    eos = next(tokenizer.token_to_id(text) for text in EOS_TEXTS if tokenizer.token_to_id(text) is not None)
+    return Case(tokenizer, _byte_level_partial_ids(tokenizer), eos,
                 _space_ids(tokenizer))
 
 
@@ -140,9 +144,14 @@ def _is_prefix_stable(tokenizer: Tokenizer, ids: list[int], skip: bool) -> bool:
                for k in range(len(ids)))
 
 
-def _complete(tokenizer: Tokenizer, ids: list[int]) -> str:
-    """The text `ids` show before the end: their decode without a character left open."""
-    return tokenizer.decode(ids, skip_special_tokens=False).rstrip(REPLACEMENT_CHAR)
+def _shown(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """The text `ids` show before the end: the decode of the longest start of them that leaves no
+    character open (a token's text is shown whole, with the character it completes)."""
+    for count in range(len(ids), -1, -1):
+        text = tokenizer.decode(ids[:count], skip_special_tokens=False)
+        if not text.endswith(REPLACEMENT_CHAR):
+            return text
+    return ""
 
 
 # --- detokenization ----------------------------------------------------------------------------
@@ -183,3 +192,142 @@ def test_a_leading_space_token_keeps_its_space():
     ids = [tokenizer.token_to_id("▁"), tokenizer.token_to_id("▁world,")]
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
     assert detokenizer.feed_many(ids) + detokenizer.finish() == tokenizer.decode(ids) == " world,"
+
+
+# --- the output path: stops, EOS and log-probabilities ----------------------------------------
+
+
+class Run:
+    """One request's output path fed `ids`: the text each step shows, the final record and the
+    number of steps fed before one reported a stop (None: none did)."""
+
+    def __init__(self, case: Case, ids: list[int], stops: StopOptions, finish: FinishReason):
+        output = OutputProcessor(IncrementalDetokenizer(case.tokenizer, skip_special_tokens=False),
+                                 OutputPipeline(PlainText()), stops.new_matcher(), [case.eos], ObservationOptions(),
+                                 [1], None, case.token_texts)
+        self.step_texts, self.step_entries, self.stopped_at = [], [], None
+        for index, token_id in enumerate(ids):
+            step = output.feed(token_id, None, TokenLogprobs(-1.0, ((token_id, -1.0),)))
+            self.step_texts.append("".join(event.text for event in step.events))
+            self.step_entries += step.logprobs
+            if step.is_stopped and self.stopped_at is None:
+                self.stopped_at = index + 1
+        self.final = output.finish(finish)
+        self.text = "".join(self.step_texts) + "".join(event.text for event in self.final.events)
+
+
+def _reference_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Where `text` is cut: the start of the stop that completes first (of those, the longest)."""
+    best = None
+    for stop in stops:
+        start = text.find(stop)
+        if start >= 0:
+            best = min(best or (len(text) + 1, 0), (start + len(stop), -len(stop)))
+    return None if best is None else best[0] + best[1]
+
+
+def _stop_strings(data, case: Case, text: str) -> tuple[str, ...]:
+    """1-4 stops: pieces of `text` (across token boundaries), prefixes of one another, characters
+    of several bytes, pieces of special tokens' text and a stop longer than the output."""
+    def piece(length_cap: int) -> str:
+        if not text:
+            return "é"
+        start = data.draw(st.integers(0, len(text) - 1))
+        return text[start:start + data.draw(st.integers(1, length_cap))]
+
+    specials = [token.content for token in case.tokenizer.get_added_tokens_decoder().values()]
+    kinds = st.sampled_from(["piece", "prefix", "multibyte", "special", "long"])
+    stops: list[str] = []
+    for kind in data.draw(st.lists(kinds, min_size=1, max_size=4)):
+        if kind == "piece":
+            stops.append(piece(8))
+        elif kind == "prefix":
+            whole = piece(8)
+            stops += [whole, whole[:data.draw(st.integers(1, len(whole)))]]
+        elif kind == "multibyte":
+            stops.append(data.draw(st.sampled_from(["é", "世", "😀", "界\n", "🏽", "\r\n"])))
+        elif kind == "special":
+            special = data.draw(st.sampled_from(specials))
+            start = data.draw(st.integers(0, len(special) - 1))
+            stops.append(special[start:start + data.draw(st.integers(1, 6))])
+        else:
+            stops.append(text + "!" + text)
+    return tuple(stops[:4])
+
+
+def _check_offsets(tokenizer: Tokenizer, ids: list[int], offsets: list[int], text: str) -> None:
+    """`offsets` (of `ids`' entries) index `text`: in order, within it, and a token after which no
+    character is open starts where the text of the tokens before it ends."""
+    assert len(offsets) == len(ids)
+    assert offsets == sorted(offsets) and all(0 <= offset <= len(text) for offset in offsets)
+    for count, offset in enumerate(offsets):
+        before = tokenizer.decode(ids[:count], skip_special_tokens=False)
+        if not before.endswith(REPLACEMENT_CHAR):
+            assert offset == len(before)
+        else:  # a character left open counts once
+            assert len(before.rstrip(REPLACEMENT_CHAR)) < offset <= len(before)
+
+
+@FUZZ
+@given(data=st.data())
+def test_string_stops_cut_the_decode_at_the_first_completed_stop(case, data):
+    tokenizer = case.tokenizer
+    ids = case.ids(data)
+    if not _is_prefix_stable(tokenizer, ids, False):
+        return
+    whole = tokenizer.decode(ids, skip_special_tokens=False)
+    stops = _stop_strings(data, case, whole)
+    ends_with_eos = data.draw(st.booleans())
+    run = Run(case, ids + ([case.eos, ids[0] if ids else case.eos] if ends_with_eos else []),
+              StopOptions(strings=stops), FinishReason.EOS if ends_with_eos else FinishReason.LENGTH)
+    cut = _reference_stop(whole, stops)
+    assert run.text == whole[:cut]
+    if cut is None:
+        assert run.final.reason == (FinishReason.EOS if ends_with_eos else FinishReason.LENGTH)
+        assert run.stopped_at is None
+        listed = len(ids)
+    else:
+        assert run.final.reason == FinishReason.STOP
+        # The stop is reported by the token that completes it (or at the end, in the flushed tail).
+        completes = next((count for count in range(1, len(ids) + 1)
+                          if _reference_stop(_shown(tokenizer, ids[:count]), stops) is not None), None)
+        assert run.stopped_at == completes
+        assert run.final.usage.completion_tokens == (completes or len(ids) + ends_with_eos)
+        # Listed: the tokens whose text starts before the cut; a token that shows nothing itself (its
+        # character is completed by a later one) goes with the text that shows it.
+        listed = sum(len(_shown(tokenizer, ids[:count])) < cut for count in range(len(ids)))
+    # Log-probabilities: the entries of the returned text, placed where their text starts in it.
+    entries = list(run.final.logprobs)
+    assert entries[:len(run.step_entries)] == run.step_entries
+    assert [entry.token_id for entry in entries] == ids[:listed]
+    _check_offsets(tokenizer, ids[:listed], text_logprobs(entries)["text_offset"], run.text)
+
+
+@FUZZ
+@given(data=st.data())
+def test_token_stops_show_the_text_before_the_matched_ids(case, data):
+    tokenizer = case.tokenizer
+    ids = case.ids(data)
+    if not ids or not _is_prefix_stable(tokenizer, ids, False):
+        return
+    start = data.draw(st.integers(0, len(ids) - 1))
+    sequence = tuple(ids[start:start + data.draw(st.integers(1, 3))])
+    singles = tuple(data.draw(st.lists(st.sampled_from(ids + case.special_ids), max_size=2)))
+    run = Run(case, ids + [case.eos], StopOptions(token_ids=singles, token_sequences=(sequence,)), FinishReason.EOS)
+    stops = [(i,) for i in singles] + [sequence]
+    end = next(count for count in range(1, len(ids) + 1) if any(tuple(ids[:count][-len(s):]) == s for s in stops))
+    first = min(end - len(s) for s in stops if tuple(ids[:end][-len(s):]) == s)
+    assert run.stopped_at == end
+    assert run.final.reason == FinishReason.STOP
+    assert run.text == _shown(tokenizer, ids[:first])
+    assert run.final.usage.completion_tokens == end
+
+
+def test_a_stop_that_hides_a_split_character_hides_the_entry_of_its_first_byte(deepseek_tokenizer):
+    """The emoji's first token shows nothing (its character is open); the stop hides the emoji, so
+    neither of its tokens is listed (the first was, at the end of the empty text)."""
+    case = Case(deepseek_tokenizer, [], deepseek_tokenizer.token_to_id(EOS_TEXTS[1]), [])
+    ids = deepseek_tokenizer.encode("a😀!", add_special_tokens=False).ids
+    run = Run(case, ids, StopOptions(strings=("😀",)), FinishReason.LENGTH)
+    assert (run.text, run.stopped_at, run.final.reason) == ("a", 3, FinishReason.STOP)
+    assert [entry.token_id for entry in run.final.logprobs] == ids[:1]

@@ -119,23 +119,40 @@ class PendingText:
 
     def release(self, num_chars: int) -> tuple[list[Segment], list[LogprobEntry]]:
         """Adds `num_chars` released characters; returns the segments now released completely and
-        their entries."""
+        their entries. A segment without text (a token whose character a later token completes)
+        leaves with the next segment that has text, so a stop that hides that text hides its entry."""
         self._num_released += num_chars
         out, entries = [], []
-        while self._segments and len(self._segments[0][1]) <= self._num_released:
-            segment = self._segments.popleft()
-            entries.extend(self._entries.popleft())
-            self._num_released -= len(segment[1])
-            out.append(segment)
+        while (end := self._first_text()) is not None and len(self._segments[end][1]) <= self._num_released:
+            for _ in range(end + 1):
+                out.append(self._segments.popleft())
+                entries.extend(self._entries.popleft())
+            self._num_released -= len(out[-1][1])
         return out, entries
 
+    def release_all(self) -> tuple[list[Segment], list[LogprobEntry]]:
+        """The end of an output without a stop: every remaining segment (none has text left)."""
+        out, entries = list(self._segments), [entry for item in self._entries for entry in item]
+        self._segments.clear()
+        self._entries.clear()
+        return out, entries
+
+    @property
+    def has_text(self) -> bool:
+        return self._first_text() is not None
+
+    def _first_text(self) -> int | None:
+        return next((index for index, (_, text) in enumerate(self._segments) if text), None)
+
     def cut(self) -> tuple[list[Segment], list[LogprobEntry]]:
-        """A stop matched: the released part of the first segment, as plain text, with that token's
-        entries; drops the rest (text the stop hides, and its tokens' entries)."""
+        """A stop matched: the released part of the first segment with text, as plain text, with the
+        entries up to that token's; drops the rest (text the stop hides, and its tokens' entries)."""
         out, entries = [], []
-        if self._segments and self._num_released:
-            out.append((NOT_A_TOKEN, self._segments[0][1][: self._num_released]))
-            entries.extend(self._entries[0])
+        end = self._first_text()
+        if end is not None and self._num_released:
+            out.append((NOT_A_TOKEN, self._segments[end][1][: self._num_released]))
+            for index in range(end + 1):
+                entries.extend(self._entries[index])
         self._segments.clear()
         self._entries.clear()
         self._num_released = 0
@@ -273,11 +290,15 @@ class OutputProcessor:
             return [(NOT_A_TOKEN, tail)]
         self._pending.push(NOT_A_TOKEN, tail)
         segments, entries = self._pending.release(len(self._stops.finish(tail)))
-        if self._pending:
+        if self._pending.has_text:  # the stop completed in the tail
             cut, cut_entries = self._pending.cut()
             segments += cut
             entries += cut_entries
             self._is_stopped = True
+        else:
+            rest, rest_entries = self._pending.release_all()
+            segments += rest
+            entries += rest_entries
         self._logprobs.extend(entries)
         return segments
 
