@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from helios.abi.sampling import SAMPLING_PARAMETER_COLUMNS
 
 SEED_BITS = 64
+# A top_k this large is at least every vocabulary (a float32 row of 2**30 logits is 4 GiB), so it is
+# off, as 0 is; larger values are stored as 0, which float32 and the wire's int64 word hold exactly.
+TOP_K_OFF = 2**30
+# The smallest positive float32 (a subnormal): a positive repetition penalty below it is packed as it,
+# not rounded to 0, which would divide logits by zero instead of scaling them by a huge factor.
+_F32_TINY = float.fromhex("0x1p-149")
 SEED_MIN, SEED_MAX = -(2 ** (SEED_BITS - 1)), 2 ** (SEED_BITS - 1) - 1
 _SPAN = 2**SEED_BITS
 
@@ -42,6 +48,8 @@ class SamplingParams:
     `temperature` not above 0 (0, negative or NaN) is greedy; `top_k` 0 (or at least the
     vocabulary), `top_p` 1 and `min_p` 0 turn their filters off; penalties 1 (repetition) and 0
     (presence, frequency) are neutral. `seed` is a signed 64-bit integer (`SEED_MIN`..`SEED_MAX`).
+    A `top_k` of `TOP_K_OFF` or more, or of -`TOP_K_OFF` or less (any size: a client's integer), is
+    off and stored as 0.
     """
 
     temperature: float = 0.0
@@ -56,6 +64,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed {self.seed!r} is not a signed 64-bit integer (convert with signed_seed)")
+        if not -TOP_K_OFF < self.top_k < TOP_K_OFF:  # off whatever its size; float() of it may overflow
+            object.__setattr__(self, "top_k", 0)
 
     @property
     def is_greedy(self) -> bool:
@@ -69,9 +79,12 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def packed(self) -> tuple[float, ...]:
-        """The FP32 parameter row of ``helios::sample``, in `SAMPLING_PARAMETER_COLUMNS` order."""
+        """The FP32 parameter row of ``helios::sample``, in `SAMPLING_PARAMETER_COLUMNS` order (a
+        positive repetition penalty stays positive in float32: see `_F32_TINY`)."""
+        repetition = float(self.repetition_penalty)
+        repetition = _F32_TINY if 0.0 < repetition < _F32_TINY else repetition
         return (float(self.temperature), float(self.top_k), float(self.top_p), float(self.min_p),
-                float(self.repetition_penalty), float(self.presence_penalty), float(self.frequency_penalty))
+                repetition, float(self.presence_penalty), float(self.frequency_penalty))
 
     @classmethod
     def from_packed(cls, row, seed: int = 0) -> SamplingParams:
