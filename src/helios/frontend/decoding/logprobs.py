@@ -198,7 +198,14 @@ class TokenTexts:
 
     def _raw(self, token_id: int) -> bytes:
         raw = self._token_bytes(token_id)
-        return self.text(token_id).encode("utf-8") if raw is None else raw
+        if raw is None:
+            return self.text(token_id).encode("utf-8")
+        if not raw and self.text(token_id) == REPLACEMENT_CHAR:
+            # llguidance marks its special tokens with a leading 0xFF byte (never in UTF-8), so it
+            # spells the vocabulary's token of the lone byte 0xFF (byte-level "ÿ", byte-fallback
+            # <0xFF>) as an unnamed special token: empty. That token alone reads U+FFFD.
+            return b"\xff"
+        return raw
 
     def entry(self, token_id: int, values: TokenLogprobs | None, num_top: int | None = None,
               shown: str | None = None, settled: bool = True) -> LogprobEntry:

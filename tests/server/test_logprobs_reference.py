@@ -1,0 +1,404 @@
+"""Reported log-probabilities against `transformers`' float32 forward on the same weights, over the
+official `openai` client (in-process app), for one core of each architecture: dense, MoE, DeepSeek
+latent attention, gpt-oss (sinks, sliding windows), Mistral (sliding window) and the Bamba hybrid.
+
+README (`logprobs`, `logit_bias`) documents the values as the distribution a token was drawn from
+after penalties, the logit bias and the grammar mask, before temperature and the top-k/top-p/min-p
+filters, so the reference is ``log_softmax`` of the raw logits (plus the request's bias or
+penalties), whatever the temperature. Checked: the chosen token's value, the alternatives (0-20,
+most probable first, the chosen token's value equal to its entry there), chat ``bytes`` (the
+vocabulary's own bytes of each token), ``echo`` and vLLM's ``prompt_logprobs`` over prompts longer
+than one prefill step and windows, streamed and not, n > 1, a second request over a cached prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer
+
+from helios.core.reader import open_core
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.service import ServedModel
+from support.server_core import NAMESPACE, SERVED_ID, openai_client
+
+TOLERANCE = 1e-4
+PREFILL_TOKENS = 16
+LONG_PROMPT = [(7 * i) % 290 + 6 for i in range(45)]  # three prefill steps, past every sliding window
+USER = [{"role": "user", "content": "the weather in paris? caf\u00e9 \u65e5\u672c"}]  # split characters
+
+_PREPARED: dict[str, Path] = {}
+
+
+def _family(name: str):
+    from ignition import hf_checkpoints
+
+    return {"dense": hf_checkpoints.QWEN3, "moe": hf_checkpoints.QWEN3_MOE, "latent": hf_checkpoints.DEEPSEEK,
+            "sinks": hf_checkpoints.GPT_OSS, "window": hf_checkpoints.MISTRAL, "hybrid": hf_checkpoints.BAMBA}[name]
+
+
+SCORED = ("dense", "moe", "latent", "sinks", "window")  # a hybrid core has no scored-prefill program
+ALL = SCORED + ("hybrid",)
+
+
+def _prepared(name: str, base: Path) -> Path:
+    """The core of family `name` (prepared once per process): token-logprobs programs, scored
+    prefill where the architecture has it, 16-token prefill steps, decode batches of 1 and 4."""
+    from helios.core.keys import SigningKey, write_key_pair
+    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+    from support.chat_checkpoint import write_chat_checkpoint
+
+    if name not in _PREPARED:
+        root = base / f"logprobs-{name}"
+        root.mkdir(parents=True, exist_ok=True)
+        key = SigningKey.generate()
+        write_key_pair(root / "publisher.key", key, [NAMESPACE])
+        write_chat_checkpoint(_family(name), root / "checkpoint", seed=3)
+        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4), mixed=False,
+                            scored_prefill=name in SCORED)
+        prepare_core(root / "checkpoint", root / "model.core", key,
+                     PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+        _PREPARED[name] = root
+    return _PREPARED[name]
+
+
+class Reference:
+    """`transformers`' float32 model of a prepared checkpoint: ``table(ids)`` is float64
+    ``log_softmax`` of the logits after every prefix of `ids` (row i scores ids[i + 1]), with
+    `bias` ({id: value}) added to the logits first."""
+
+    def __init__(self, checkpoint: Path):
+        from support.bamba_reference import grouped_gated_norm
+
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(checkpoint), attn_implementation="eager").float().eval()
+        grouped_gated_norm(self.model)
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(torch.tensor([ids])).logits[0].double()
+
+    def table(self, ids: list[int], bias: dict[int, float] | None = None) -> torch.Tensor:
+        logits = self.logits(ids)
+        for token, value in (bias or {}).items():
+            logits[:, token] += value
+        return torch.log_softmax(logits, dim=-1)
+
+
+class Family:
+    """One served core, its reference and its tokenizer's texts and bytes."""
+
+    def __init__(self, name: str, root: Path):
+        self.name = name
+        opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
+        self.served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=8)),
+                                               queue_capacity=8, frontend_workers=2, owned_by=NAMESPACE)
+        self.served.start()
+        self.client = openai_client(self.served)
+        self.reference = Reference(root / "checkpoint")
+        self.tokenizer = Tokenizer.from_file(str(root / "checkpoint" / "tokenizer.json"))
+        self._bytes = _byte_level_bytes(self.tokenizer)
+
+    def text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def raw(self, token_id: int) -> bytes:
+        return self._bytes[token_id]
+
+
+def _byte_level_bytes(tokenizer) -> dict[int, bytes]:
+    """Each id's bytes as the byte-level vocabulary spells them (GPT-2's byte-to-character map
+    undone; a special token: its text's UTF-8)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    characters = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(shifted)}
+    special = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+    spelled = {}
+    for piece, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+        spelled[token_id] = piece.encode() if piece in special else bytes(characters[c] for c in piece)
+    return spelled
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    served: dict[str, Family] = {}
+
+    def get(name: str) -> Family:
+        if name not in served:
+            served[name] = Family(name, _prepared(name, tmp_path_factory.getbasetemp()))
+        return served[name]
+
+    yield get
+    for family in served.values():
+        family.served.shutdown()
+
+
+async def _collect(stream) -> list:
+    return [chunk async for chunk in stream]
+
+
+def _check_row(row: torch.Tensor, chosen_id: int, chosen: float, top: list[tuple[int, float]], num_top: int) -> None:
+    """One token's reported value and alternatives (ids, values) against the reference row."""
+    assert abs(chosen - row[chosen_id].item()) < TOLERANCE, (chosen, row[chosen_id].item())
+    assert len(top) == num_top
+    values = [value for _, value in top]
+    assert values == sorted(values, reverse=True)  # most probable first
+    expected = torch.topk(row, num_top)
+    assert max((abs(v - e) for v, e in zip(values, expected.values.tolist())), default=0) < TOLERANCE
+    # the ids: the reference's, except where two values lie within the tolerance (either order is right)
+    for (token, value), expected_id in zip(top, expected.indices.tolist()):
+        assert token == expected_id or abs(row[token].item() - value) < TOLERANCE
+    for token, value in top:
+        if token == chosen_id:
+            assert value == chosen  # the chosen token's entry among the alternatives is its value
+
+
+def _chat_rows(family: Family, messages, output_ids: list[int], prompt_ids: list[int], bias=None):
+    return family.reference.table(list(prompt_ids) + list(output_ids), bias)[len(prompt_ids) - 1:]
+
+
+def _ids_of(family: Family, items) -> list[int]:
+    """The ids of chat logprob items, by their bytes (texts of split characters read alike)."""
+    by_bytes: dict[bytes, list[int]] = {}
+    for token_id, raw in family._bytes.items():
+        by_bytes.setdefault(raw, []).append(token_id)
+    return [by_bytes[bytes(item.bytes)] for item in items]
+
+
+def _check_chat_items(family: Family, content, rows: torch.Tensor, output_ids: list[int], num_top: int) -> None:
+    assert [item.bytes for item in content] == [list(family.raw(t)) for t in output_ids[: len(content)]]
+    for position, item in enumerate(content):
+        token_id = output_ids[position]
+        assert item.token == family.text(token_id)
+        top = []
+        for alt, candidates in zip(item.top_logprobs, _ids_of(family, item.top_logprobs)):
+            assert alt.token == family.text(candidates[0])
+            # one id per byte string, except special tokens that spell the same text
+            token = candidates[0] if len(candidates) == 1 else max(candidates, key=lambda t: rows[position][t].item())
+            top.append((token, alt.logprob))
+        _check_row(rows[position], token_id, item.logprob, top, num_top)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_equal_transformers(runner, families, name, stream):
+    family = families(name)
+    kwargs = dict(model=SERVED_ID, messages=USER, max_tokens=6, temperature=0)
+    ids = runner.run(family.client.chat.completions.create(**kwargs, extra_body={"return_token_ids": True}))
+    prompt_ids, output_ids = ids.model_extra["prompt_token_ids"], ids.choices[0].model_extra["token_ids"]
+    response = runner.run(family.client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=20,
+                                                                stream=stream))
+    if stream:
+        content = [item for chunk in runner.run(_collect(response)) if chunk.choices and chunk.choices[0].logprobs
+                   for item in chunk.choices[0].logprobs.content]
+    else:
+        content = response.choices[0].logprobs.content
+    assert content
+    rows = _chat_rows(family, USER, output_ids, prompt_ids)
+    for position, token_id in enumerate(output_ids[: len(content)]):
+        assert token_id == int(rows[position].argmax())  # greedy
+    _check_chat_items(family, content, rows, output_ids, 20)
+
+
+def _check_text_entries(family: Family, logprobs, ids: list[int], rows: list, num_top: int) -> None:
+    """A text completion's ``logprobs`` (its lists as dicts or objects) for tokens `ids`, token i
+    scored by reference row `rows[i]` (None: the first prompt token, no value)."""
+    tokens, chosen, tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
+    assert tokens == [family.text(t) for t in ids]
+    assert len(chosen) == len(tops) == len(ids)
+    for token_id, row, value, top in zip(ids, rows, chosen, tops):
+        if row is None:
+            assert value is None and top is None
+            continue
+        assert abs(value - row[token_id].item()) < TOLERANCE
+        expected: dict[str, float] = {}
+        best = torch.topk(row, num_top)
+        for alt, alt_value in zip(best.indices.tolist(), best.values.tolist()):
+            expected.setdefault(family.text(alt), alt_value)  # ids that read alike: the likelier one
+        if len(expected) == num_top or min(best.values.tolist(), default=0) - row.sort(descending=True).values[
+                num_top].item() > TOLERANCE:  # the set of texts is not decided by a near tie
+            assert list(top) == list(expected)  # in order: most probable first
+        assert all(abs(top[text] - row[_id_of(family, text, row)].item()) < TOLERANCE for text in top)
+        if family.text(token_id) in top and token_id == _id_of(family, family.text(token_id), row):
+            assert top[family.text(token_id)] == value
+
+
+def _id_of(family: Family, text: str, row: torch.Tensor) -> int:
+    """The likeliest id reading `text`."""
+    candidates = [t for t in range(row.shape[0]) if family.text(t) == text]
+    return max(candidates, key=lambda t: row[t].item())
+
+
+def _plain(logprobs) -> dict | None:
+    if logprobs is None:
+        return None
+    return {"tokens": logprobs.tokens, "token_logprobs": logprobs.token_logprobs,
+            "top_logprobs": logprobs.top_logprobs, "text_offset": logprobs.text_offset}
+
+
+def _joined(parts: list[dict]) -> dict:
+    return {key: [v for part in parts for v in part[key]] for key in ("tokens", "token_logprobs", "top_logprobs",
+                                                                         "text_offset")}
+
+
+def _completion(runner, family: Family, stream: bool, **fields):
+    """(text, logprobs as one dict, output ids, choice extras of the first chunk or the choice)."""
+    extra = fields.pop("extra_body", {})
+    response = runner.run(family.client.completions.create(model=SERVED_ID, stream=stream, **fields,
+                                                           extra_body={"return_token_ids": True, **extra}))
+    if not stream:
+        choice = response.choices[0]
+        return choice.text, _plain(choice.logprobs), choice.model_extra["token_ids"], choice.model_extra
+    chunks = [c for c in runner.run(_collect(response)) if c.choices]
+    logprobs = _joined([_plain(c.choices[0].logprobs) for c in chunks if c.choices[0].logprobs])
+    ids = [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])]
+    return "".join(c.choices[0].text for c in chunks), logprobs, ids, chunks[0].choices[0].model_extra
+
+
+@pytest.mark.parametrize("name", SCORED)
+@pytest.mark.parametrize(("num_top", "stream"), [(0, False), (1, True), (5, False), (20, True)])
+def test_echo_with_logprobs_equals_transformers(runner, families, name, num_top, stream):
+    family = families(name)
+    text, logprobs, output_ids, _ = _completion(runner, family, stream, prompt=LONG_PROMPT, max_tokens=4,
+                                                temperature=0, echo=True, logprobs=num_top)
+    ids = LONG_PROMPT + output_ids
+    table = family.reference.table(ids)
+    _check_text_entries(family, logprobs, ids, [None, *table[:-1]], num_top)
+    assert output_ids == [int(table[len(LONG_PROMPT) - 1 + i].argmax()) for i in range(len(output_ids))]
+    offsets = logprobs["text_offset"]
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+
+
+@pytest.mark.parametrize("name", SCORED)
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_logprobs_equal_transformers_and_repeat_over_a_cached_prefix(runner, families, name, stream):
+    family = families(name)
+    bodies = []
+    for _ in range(2):  # the second request finds the first's prompt in the prefix cache
+        _, _, _, extra = _completion(runner, family, stream, prompt=LONG_PROMPT, max_tokens=2, temperature=0,
+                                     extra_body={"prompt_logprobs": 3})
+        bodies.append(extra["prompt_logprobs"])
+    assert bodies[0] == bodies[1]
+    table = family.reference.table(LONG_PROMPT)
+    body = bodies[0]
+    assert len(body) == len(LONG_PROMPT) and body[0] is None
+    for i in range(1, len(LONG_PROMPT)):
+        row, token = table[i - 1], LONG_PROMPT[i]
+        assert abs(body[i][str(token)]["logprob"] - row[token].item()) < TOLERANCE
+        best = torch.topk(row, 3).indices.tolist()
+        assert {str(t) for t in best} | {str(token)} == set(body[i])
+        for rank, alt in enumerate(best, 1):
+            assert body[i][str(alt)]["rank"] == rank and body[i][str(alt)]["decoded_token"] == family.text(alt)
+            assert abs(body[i][str(alt)]["logprob"] - row[alt].item()) < TOLERANCE
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_output_logprobs_after_a_cached_prefix_equal_transformers(runner, families, name):
+    family = families(name)
+    prefix = LONG_PROMPT[:40]
+    before = family.served.stats().prefix_reused_tokens
+    results = [(prompt, _completion(runner, family, False, prompt=prompt, max_tokens=3, temperature=0, logprobs=5))
+               for prompt in (prefix, prefix + [11, 12])]
+    assert family.served.stats().prefix_reused_tokens > before  # the second prompt reused the first's pages
+    for prompt, (_, logprobs, output_ids, _) in results:
+        table = family.reference.table(prompt + output_ids)
+        listed = output_ids[: len(logprobs["tokens"])]  # an EOS ends the output unlisted
+        assert listed and len(output_ids) - len(listed) <= 1
+        _check_text_entries(family, logprobs, listed, list(table[len(prompt) - 1:]), 5)
+
+
+def _chat(runner, family: Family, stream: bool, **fields):
+    """Each choice's (logprob items, output ids) and the prompt ids of a chat request."""
+    response = runner.run(family.client.chat.completions.create(
+        model=SERVED_ID, messages=USER, logprobs=True, stream=stream, extra_body={"return_token_ids": True}, **fields))
+    if not stream:
+        return ([(c.logprobs.content, c.model_extra["token_ids"]) for c in sorted(response.choices, key=lambda c: c.index)],
+                response.model_extra["prompt_token_ids"])
+    chunks = runner.run(_collect(response))
+    choices: dict[int, tuple[list, list]] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            items, ids = choices.setdefault(choice.index, ([], []))
+            items.extend(choice.logprobs.content if choice.logprobs else [])
+            ids.extend(choice.model_extra.get("token_ids") or [])
+    prompt_ids = next(c.model_extra["prompt_token_ids"] for c in chunks if c.model_extra.get("prompt_token_ids"))
+    return [choices[i] for i in sorted(choices)], prompt_ids
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("stream", [False, True])
+def test_sampled_choices_report_the_distribution_before_temperature(runner, families, name, stream):
+    family = families(name)
+    choices, prompt_ids = _chat(runner, family, stream, n=3, max_tokens=5, temperature=1.7, top_p=0.9, seed=11,
+                                top_logprobs=4)
+    assert len(choices) == 3
+    for content, output_ids in choices:
+        assert content and len(output_ids) - len(content) <= 1  # an EOS ends the output unlisted
+        rows = _chat_rows(family, USER, output_ids, prompt_ids)
+        _check_chat_items(family, content, rows, output_ids, 4)
+
+
+def _byte_ff(family: Family) -> int:
+    (token_id,) = (t for t, raw in family._bytes.items() if raw == b"\xff")
+    return token_id
+
+
+@pytest.mark.parametrize("name", ["dense", "hybrid"])
+def test_logprobs_report_the_biased_distribution(runner, families, name):
+    family = families(name)
+    bias = {_byte_ff(family): 4.0, 7: -100.0, 40: 2.5}
+    choices, prompt_ids = _chat(runner, family, False, max_tokens=5, temperature=0, top_logprobs=6,
+                                logit_bias={str(t): v for t, v in bias.items()})
+    ((content, output_ids),) = choices
+    rows = family.reference.table(list(prompt_ids) + list(output_ids), bias)[len(prompt_ids) - 1:]
+    assert output_ids[: len(content)] == [int(rows[i].argmax()) for i in range(len(content))]
+    _check_chat_items(family, content, rows, output_ids, 6)
+
+
+@pytest.mark.parametrize("name", ["dense", "hybrid"])
+def test_the_byte_ff_token_reports_its_own_byte(runner, families, name):
+    """llguidance spells the lone byte 0xFF (its special-token marker) as nothing; the token's
+    ``bytes`` are still [255] and its text U+FFFD, as an alternative and as the chosen token."""
+    family = families(name)
+    token_id = _byte_ff(family)
+    choices, prompt_ids = _chat(runner, family, False, max_tokens=2, temperature=0, top_logprobs=3,
+                                logit_bias={str(token_id): 100})
+    ((content, output_ids),) = choices
+    assert output_ids[:2] == [token_id, token_id]
+    for item in content:
+        assert item.token == "\ufffd" and item.bytes == [255]
+        assert item.top_logprobs[0].bytes == [255] and item.top_logprobs[0].logprob == item.logprob
+    rows = family.reference.table(list(prompt_ids) + list(output_ids), {token_id: 100.0})[len(prompt_ids) - 1:]
+    _check_chat_items(family, content, rows, output_ids, 3)
+
+
+def test_an_echoed_byte_ff_token_counts_as_one_character(runner, families):
+    family = families("dense")
+    token_id = _byte_ff(family)
+    text, logprobs, _, _ = _completion(runner, family, False, prompt=[40, token_id, 41], max_tokens=1,
+                                       temperature=0, echo=True, logprobs=1)
+    assert text.startswith(family.text(40) + "\ufffd" + family.text(41))
+    assert logprobs["text_offset"][:4] == [0, len(family.text(40)), len(family.text(40)) + 1,
+                                           len(family.text(40)) + 1 + len(family.text(41))]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_logprobs_report_the_penalized_distribution(runner, families, name):
+    family = families(name)
+    choices, prompt_ids = _chat(runner, family, False, max_tokens=6, temperature=0, top_logprobs=3,
+                                frequency_penalty=1.5, presence_penalty=0.5)
+    ((content, output_ids),) = choices
+    logits = family.reference.logits(list(prompt_ids) + list(output_ids))[len(prompt_ids) - 1:]
+    rows = []
+    for position in range(len(output_ids)):
+        counts = torch.bincount(torch.tensor(output_ids[:position], dtype=torch.long), minlength=logits.shape[1])
+        penalized = logits[position] - 1.5 * counts.double() - 0.5 * (counts > 0).double()
+        rows.append(torch.log_softmax(penalized, dim=-1))
+    assert output_ids[: len(content)] == [int(rows[i].argmax()) for i in range(len(content))]
+    _check_chat_items(family, content, torch.stack(rows), output_ids, 3)
