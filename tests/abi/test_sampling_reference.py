@@ -415,3 +415,31 @@ def test_seeded_frequencies_match_the_reference(settings):
     shifted[order[0]] -= 0.03
     shifted[order[1]] += 0.03
     assert chi_square(counts, shifted) > 80.0
+
+
+# ---------------------------------------------------------------- the distribution itself
+
+
+PENALTY_SETTINGS = dict(temperature=0.9, repetition=1.2, presence=0.75, frequency=0.5, top_k=50, top_p=0.9, min_p=0.01)
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(TIE_CASES) + ["penalised"])
+def test_sampling_weights_are_the_reference_distribution(case):
+    """``helios::sampling_weights`` (the distribution ``helios::sample`` draws from, which speculative
+    programs verify against) normalised: the reference's kept set exactly and every probability to
+    1e-9 relative; `draw_weighted` of it at the sampling offset draws `sample`'s tokens."""
+    if case == "penalised":
+        logits, prompt_ids, output_ids = penalised_row(500, 20)
+        settings = PENALTY_SETTINGS
+    else:
+        (logits, settings), prompt_ids, output_ids = {**CASES, **TIE_CASES}[case], (), ()
+    args = sample_args(logits, 64, settings, prompt_ids, output_ids)
+    weights = torch.ops.helios.sampling_weights(
+        args["logits"], args["temperature"], args["top_k"], args["top_p"], args["min_p"], args["penalties"],
+        args["prompt_counts"], args["output_counts"], args["grammar_mask"], args["mask_rows"])
+    expected = reference_probs(logits, settings, prompt_ids, output_ids)
+    distribution = weights[0] / weights[0].sum()
+    assert torch.equal(distribution > 0, expected > 0)
+    torch.testing.assert_close(distribution, expected, rtol=1e-9, atol=1e-15)
+    drawn = torch.ops.helios.draw_weighted(weights, args["seeds"], args["counters"], rng.SAMPLE_OFFSET)
+    assert drawn.tolist() == run_host(args)
