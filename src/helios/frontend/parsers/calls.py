@@ -4,7 +4,8 @@
 one started call: ``{"key": value, ...}``. A key is written when its value starts. A value typed as
 a plain string is streamed as it arrives (JSON-escaped); any other value is written whole when it
 ends, typed by `helios.frontend.parsers.values`. Ending a call writes the closing brace, so the
-fragments of every ended call concatenate to a JSON object text.
+fragments of every ended call concatenate to a JSON object text. A key is written once: a repeated
+parameter is `MALFORMED_CALL` and its value is dropped (the first one was streamed already).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import enum
 import json
 
-from helios.frontend.decoding.events import Event, ParseError, ParseErrorKind, ToolCallArguments, ToolCallEnd
+from helios.frontend.decoding.events import (
+    Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallArguments, ToolCallEnd,
+)
 from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
 from helios.frontend.parsers.values import STRING_ONLY, ValueKind, dump_json, json_value, typed_value
 
@@ -59,6 +62,8 @@ class OpenCall:
         self._wrap = value_wrap
         self._format = value_format
         self._num_values = 0
+        self._keys: set[str] = set()
+        self._is_repeat = False  # the open value's key was written before: its text is dropped
         self._key = ""
         self._mode = ValueMode.SCHEMA
         self._kinds: frozenset[ValueKind] = STRING_ONLY
@@ -77,6 +82,10 @@ class OpenCall:
         self._key, self._mode, self._kinds = key, mode, kinds
         self._text = WrappedText(self._wrap, self._wrap, decoder)
         self._raw = []
+        self._is_repeat = key in self._keys
+        if self._is_repeat:
+            return [ParseError(ParseErrorKind.MALFORMED_CALL, f"{self.name}.{key}: repeated parameter")]
+        self._keys.add(key)
         opening = ("{" if self._num_values == 0 else ", ") + dump_json(key) + ": "
         self._num_values += 1
         if self._is_streamed():
@@ -87,6 +96,8 @@ class OpenCall:
         return self._mode is ValueMode.RAW_STRING or (self._mode is ValueMode.SCHEMA and self._kinds == STRING_ONLY)
 
     def value_text(self, raw: str) -> list[Event]:
+        if self._is_repeat:
+            return [MarkupDropped(raw)] if raw else []
         text = self._text.push(raw)
         if self._is_streamed():
             return self._fragment(_escape_fragment(text))
@@ -96,6 +107,8 @@ class OpenCall:
     def end_value(self) -> list[Event]:
         text = self._text.close()
         self._text = None
+        if self._is_repeat:
+            return []
         if self._is_streamed():
             return self._fragment(_escape_fragment(text) + '"')
         raw = "".join(self._raw) + text

@@ -17,6 +17,9 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
   an invocation beyond the frame limit (`EXTRA_INVOCATION`), or non-whitespace text before a block's
   first invocation (`MALFORMED_CALL`): if the block has no started call yet, the whole block up to
   and including its closer is raw; otherwise that invocation up to its closer is raw;
+- a value closer is the value's end only where whitespace and then a tag that may follow a value
+  (a key, the invocation or block closer) or the end of the output follow it; before other text it
+  is value text (templates write values unescaped: ``x</parameter>y`` is one value);
 - stray text inside a started call: `UNEXPECTED_TEXT` with the complete run, dropped;
 - a typed value that does not parse: kept as a JSON string, `INVALID_VALUE`;
 - a block closer while an invocation is open: the call ends normally, `MALFORMED_CALL`;
@@ -47,6 +50,7 @@ class _S(enum.Enum):
     REJECT_BLOCK = 7
     REJECT_INVOKE = 8
     OPAQUE = 9
+    CLOSING = 10  # after a value closer: the value's end, or value text (decided by what follows)
 
 
 def _tags(**forms: TagForm | str) -> TagSet:
@@ -82,6 +86,7 @@ class TagToolParser:
         self._after_block = False
         self._raw: list[str] = []  # block text before its first started call (raw if rejected)
         self._stray: list[str] = []
+        self._closing: list[str] = []  # a value closer and the whitespace after it, while CLOSING
         self._name: list[str] = []
         self._key = ""
         self._block_calls = 0
@@ -98,6 +103,8 @@ class TagToolParser:
         """Ends the output. An undecided tail inside tool markup (a tag cut off by the end) belongs
         to the unterminated markup; elsewhere it is text."""
         out: list[Event] = []
+        if self._state is _S.CLOSING:
+            self._end_value(out)
         if self._state not in (_S.CONTENT, _S.OPAQUE, _S.REJECT_BLOCK, _S.REJECT_INVOKE):
             tail, self._buf = self._buf, ""
             if self._state in (_S.BLOCK, _S.NAME) and not self._block_calls:
@@ -122,6 +129,8 @@ class TagToolParser:
             self._state = _S.OPAQUE
             self._buf, self._pending_ws = self._pending_ws + self._buf, ""
             return True
+        if self._state is _S.CLOSING:
+            return self._closing_step(out, final)
         buf = self._buf
         safe, tag = self._sets[self._state].find(buf, final)
         changed = self._text(out, buf[:safe])
@@ -197,12 +206,37 @@ class TagToolParser:
         elif state in (_S.INVOKE, _S.KEY):
             self._call_tag(out, label, captures, tag_text)
         elif state is _S.VALUE:
-            out.extend(self._call.end_value())
-            self._markup(out, tag_text)
-            self._state = _S.INVOKE
+            self._closing = [tag_text]
+            self._state = _S.CLOSING
         else:  # a rejected block or invocation ends
             self._raw_out(out, tag_text)
             self._state = _S.CONTENT if state is _S.REJECT_BLOCK else _S.BLOCK
+
+    def _closing_step(self, out: list[Event], final: bool) -> bool:
+        """After a value closer: whitespace is held; a tag that may follow a value ends the value
+        (the tag is read in INVOKE); other text makes the closer value text."""
+        rest = self._buf.lstrip()
+        if len(rest) < len(self._buf):
+            self._closing.append(self._buf[: len(self._buf) - len(rest)])
+            self._buf = rest
+            if not rest:
+                return False
+        safe, tag = self._sets[_S.INVOKE].find(rest, final)
+        if safe == 0 and tag is not None:
+            self._end_value(out)
+        elif safe == 0:
+            return False  # the start of a tag: wait for more text
+        else:
+            out.extend(self._call.value_text("".join(self._closing)))
+            self._closing = []
+            self._state = _S.VALUE
+        return True
+
+    def _end_value(self, out: list[Event]) -> None:
+        out.extend(self._call.end_value())
+        self._markup(out, "".join(self._closing))
+        self._closing = []
+        self._state = _S.INVOKE
 
     def _open_block(self, out: list[Event], tag_text: str) -> None:
         lead = ""  # wrapping before the opener: markup if a call starts, content if the block is raw
