@@ -232,3 +232,46 @@ def test_a_huge_top_k_is_served_as_off(served):
     status, body = asyncio.run(complete(top_k=10**400))
     assert status == 200, body
     assert body["choices"][0]["token_ids"] == asyncio.run(complete(top_k=0))[1]["choices"][0]["token_ids"]
+
+
+def test_penalties_count_the_whole_prompt_whether_it_was_cached_or_shared(engine):
+    """A penalised request's prompt histogram holds its whole prompt (transformers' repetition
+    penalty reads every input id) whether its prefix was computed, found in the prefix cache or
+    shared with identical prompts in the same batch: the same tokens each time."""
+    prompt = tuple(range(60, 100)) + (61, 62, 61)  # more than a prefill chunk, repeated ids
+    penalised = SamplingParams(repetition_penalty=3.0, presence_penalty=1.0, frequency_penalty=0.5)
+
+    def tokens(*names, sampling=penalised):
+        events = run_requests(engine, [RequestSpec(name, prompt, 6, sampling=sampling) for name in names])
+        return [tokens_of(events[name]) for name in names]
+
+    (computed,) = tokens("computed")
+    assert tokens("cached") == [computed]
+    assert tokens("shared-0", "shared-1", "shared-2") == [computed] * 3
+    (plain,) = tokens("plain", sampling=SamplingParams())
+    assert plain != computed  # the penalties change these tokens
+
+
+def test_presence_and_frequency_shift_each_rows_generated_tokens_only(engine):
+    """OpenAI's definition through the runtime: beside a plain greedy row, a row with presence a and
+    frequency f reports (its logprobs: after penalties) the same distribution with each token t
+    that row generated c > 0 times lowered by a + f * c relative to the others, prompt ids untouched,
+    at every step (the rows decode side by side and, as the penalties are small, stay on one path)."""
+    presence, frequency = 0.25, 0.125
+    specs = [RequestSpec("plain", PROMPT, 5, top_logprobs=TOP),
+             RequestSpec("penalised", PROMPT, 5, top_logprobs=TOP,
+                         sampling=SamplingParams(presence_penalty=presence, frequency_penalty=frequency))]
+    events = run_requests(engine, specs)
+    tokens = tokens_of(events["plain"])
+    assert tokens_of(events["penalised"]) == tokens
+    shifted = 0
+    for step, (plain, penalised) in enumerate(zip(logprobs_of(events["plain"]), logprobs_of(events["penalised"]))):
+        counts = {token: tokens[:step].count(token) for token in set(tokens[:step])}
+        penalty = lambda token: presence + frequency * counts[token] if token in counts else 0.0  # noqa: E731
+        plain_values, penalised_values = dict(plain.top), dict(penalised.top)
+        anchor = next(token for token, _ in plain.top if token not in counts and token in penalised_values)
+        for token in plain_values.keys() & penalised_values.keys():
+            expected = plain_values[token] - plain_values[anchor] - penalty(token)
+            assert penalised_values[token] - penalised_values[anchor] == pytest.approx(expected, abs=1e-5)
+            shifted += penalty(token) > 0
+    assert shifted >= 2  # generated tokens were among the reported ones
