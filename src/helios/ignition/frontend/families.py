@@ -54,11 +54,11 @@ FAMILIES = (
            spb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS, spb.ToolSyntax(
                opener="<tool_call>", closer="</tool_call>", tag_separator="\n", wrapping_newlines=1,
                invoke_open="<function=", invoke_close="</function>", parameter_open="<parameter=",
-               parameter_close="</parameter>", name_end=">"), reasoning_ends_at_tools=True),
+               parameter_close="</parameter>", name_end=">", block_lead="\n\n"), reasoning_ends_at_tools=True),
     Family("glm-4.5", ("glm4_moe", "glm4"), ("<tool_call>", "<arg_key>"), spb.TOOL_PARSER_GLM_ARGUMENT_TAGS,
            spb.ToolSyntax(opener="<tool_call>", closer="</tool_call>", tag_separator="\n",
                           parameter_open="<arg_key>", name_end="</arg_key>", value_open="<arg_value>",
-                          parameter_close="</arg_value>"), reasoning_ends_at_tools=True),
+                          parameter_close="</arg_value>", block_lead="\n"), reasoning_ends_at_tools=True),
     Family("deepseek-v3.2", ("deepseek_v32", "deepseek_v3"), (f"<{_DS}invoke",), spb.TOOL_PARSER_DSML,
            spb.ToolSyntax(opener=f"<{_DS}function_calls>", closer=f"</{_DS}function_calls>",
                           invoke_open=f'<{_DS}invoke name="', invoke_close=f"</{_DS}invoke>",
