@@ -114,11 +114,30 @@ class ToolSchema:
 
     def properties(self) -> list[tuple[str, Any, bool]]:
         """(name, schema, required) for each declared property the parsers can read, in order."""
-        root = self.document.deref(self.parameters)
-        required = root.get("required") if isinstance(root, Mapping) else None
-        required = set(required) if isinstance(required, list) else set()
+        required = self._required()
         properties = tool_properties(self.document)
         return [(key, value, key in required) for key, value in properties.items() if is_markup_name(key)]
+
+    def unwritable_required(self) -> tuple[str, str, str] | None:
+        """(name, why, request field) of the first required property a tag syntax cannot write,
+        which a forced call would leave out: its name is no markup name, or it is not declared
+        (a tag grammar writes declared properties only). None when every one can be written."""
+        properties = tool_properties(self.document)
+        for key in self._required():
+            if key not in properties:
+                return key, "it is not declared in properties (calls write declared parameters only)", \
+                    f"{self.param}.required"
+            if not is_markup_name(key):
+                return key, ("a parameter name in this model's tool-call syntax holds no '<', '>', '\"' or "
+                             f"newline, no surrounding whitespace and at most {MAX_CAPTURE_LEN} characters"), \
+                    f"{self.param}.properties.{key}"
+        return None
+
+    def _required(self) -> tuple[str, ...]:
+        """The ``required`` names, in order."""
+        root = self.document.deref(self.parameters)
+        required = root.get("required") if isinstance(root, Mapping) else None
+        return tuple(dict.fromkeys(k for k in required if isinstance(k, str))) if isinstance(required, list) else ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +190,11 @@ class CallGrammar:
         return self._rules.rule(f"call_{_slug(tool.name)}", " ".join(parts))
 
     def _parameters(self, tool: ToolSchema) -> list[str]:
+        unwritable = tool.unwritable_required()
+        if unwritable is not None:
+            key, why, where = unwritable
+            raise GrammarError(f"tool {tool.name!r} parameter {key!r} is required but cannot be written: {why}",
+                               "tools" if tool.index is None else where)
         out = []
         for key, schema, required in tool.properties():
             try:
