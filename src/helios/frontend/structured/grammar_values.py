@@ -7,7 +7,9 @@ the schema accepts:
 - a parameter the parsers read as a plain string (only ``string`` allowed, or no usable type) is raw
   text up to the value closer, or one of its string ``enum``/``const`` values; its ``minLength``,
   ``maxLength`` and ``pattern`` (unanchored unless it spells ``^``/``$``, as in JSON) hold for the
-  text the parser reads (`StringBounds`), with the syntax's value wrap written around it. Such a value
+  text the parser reads (`StringBounds`), with the syntax's value wrap written around it, wherever
+  the schema gives them: behind a ``$ref``, in ``allOf`` or ``anyOf``/``oneOf`` branches
+  (`grammar_strings.raw_string`; differently bounded alternatives are a 400). Such a value
   never holds the closer's text (XML-escaped: holds no entity, so its text is the value). Limits,
   each a 400 naming the tool and parameter rather than a bound silently dropped: ``^``/``$`` only at
   the ends of the pattern or of its top-level alternatives, and minLength/maxLength at most
@@ -24,7 +26,9 @@ JSON strings must not end the value early: their decoded text never contains the
 syntaxes) and holds ``&``, ``<`` and ``>`` only as the entities the parser decodes (escaped
 syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote); a string's own
 ``pattern`` or ``format`` is intersected with that rule (``allOf``), not replaced by it, and string
-``enum``/``const`` values that break it are left out. Numbers without
+``enum``/``const`` values that break it are left out. In escaped syntaxes a string with a
+``minLength`` or ``maxLength`` holds no ``&``, ``<`` or ``>`` at all: llguidance counts the
+characters as written, the parser reads them decoded. Numbers without
 declared bounds stay within ``NUMBER_LIMIT`` (llguidance then writes them without an exponent), so
 none overflows to an infinity the parsers reject. Free-form objects, arrays and untyped values use
 a recursive "safe JSON" definition with the same string and number rules for keys and values.
@@ -49,6 +53,7 @@ from typing import Any, Mapping
 import llguidance
 
 from helios.frontend.structured.grammar import GrammarError
+from helios.frontend.structured.grammar_strings import FREE, RawString, StringBounds, raw_string
 from helios.frontend.structured.grammar_lark import (
     LarkRules,
     Spelling,
@@ -73,6 +78,7 @@ NUMBER_LIMIT = 1e15  # unbounded JSON numbers: |x| <= 1e15, written without an e
 MAX_COUNTED_LEN = 1000
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _ENTITY_PATTERN = "^(?:[^<>&]|&(?:amp|lt|gt|apos);)*$"
+_TEXT_PATTERN = "^[^<>&]*$"  # escaped text without entities: it reads as many characters as it spells
 _XML_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
 
 
@@ -84,34 +90,6 @@ class ValueStyle:
     format: ValueFormat = ValueFormat.RAW
     wrap: str = ""
     flag: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class StringBounds:
-    """The keywords a raw string value is held to: ``minLength``, ``maxLength``, ``pattern``."""
-
-    min_len: int = 0
-    max_len: int | None = None
-    pattern: str | None = None
-
-    @classmethod
-    def of(cls, schema: Any) -> StringBounds | None:
-        """The schema's bounds, or None when it sets none of them."""
-        if not isinstance(schema, Mapping):
-            return None
-        low, high, pattern = schema.get("minLength"), schema.get("maxLength"), schema.get("pattern")
-        bounds = cls(low if _is_count(low) else 0, high if _is_count(high) else None,
-                     pattern if isinstance(pattern, str) else None)
-        return None if bounds == cls() else bounds
-
-    @property
-    def is_prefix_closed(self) -> bool:
-        """Whether every prefix of an allowed value is allowed (a maxLength alone)."""
-        return self.min_len == 0 and self.pattern is None
-
-
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
 
 
 @dataclass(frozen=True)
@@ -173,22 +151,28 @@ def safe_schema(schema: Any, pattern: str) -> Any:
     if isinstance(out.get("const"), str) and not _matches(pattern, out["const"]):
         del out["const"]
         out["enum"] = []  # its one value cannot be written
+    # A length-bounded string of an escaped syntax holds no entity: llguidance counts the characters
+    # written, the parser reads them decoded ("&amp;" is one character).
+    counted = _TEXT_PATTERN if pattern == _ENTITY_PATTERN and ("minLength" in out or "maxLength" in out) else pattern
     if "pattern" in out or "format" in out:
         # the client's own string constraint, intersected with the safe pattern (it replaced it, so a
         # pattern like ".*" let a JSON string hold the value closer; an unknown format is ignored)
-        out["allOf"] = [*out.get("allOf", ()), {"pattern": pattern}]
-    elif "string" in types and "enum" not in out and "const" not in out:
-        out["pattern"] = pattern
+        out["allOf"] = [*out.get("allOf", ()), {"pattern": counted}]
+    elif "string" in types and "enum" not in out and "const" not in out or counted is _TEXT_PATTERN:
+        out["pattern"] = counted
     if "number" in types and not any(key in out for key in (*_BOUNDS, "enum", "const")):
         out.update(minimum=-NUMBER_LIMIT, maximum=NUMBER_LIMIT)
     if "array" in types or "items" in out:
         out["items"] = safe_schema(out.get("items", True), pattern)
     if ("object" in types or "properties" in out) and "patternProperties" not in out:
         extra = out.get("additionalProperties", True)
-        if extra is not False and _refers(out.get("properties")):
-            # The safe key pattern would apply to the declared keys too, and llguidance cannot
-            # intersect a `$ref` (recursion) with it: such an object takes its declared keys only,
-            # which every value it allows also satisfies.
+        declared = out.get("properties")
+        if extra is not False and (_refers(declared) or (declared and extra is not True and extra != {})):
+            # The safe key pattern applies to the declared keys too (patternProperties do): llguidance
+            # cannot intersect a `$ref` (recursion) with it, and a declared value would have to satisfy
+            # the undeclared values' own schema as well (a string property beside integer extras could
+            # never be written). Such an object takes its declared keys only, which every value it
+            # allows also satisfies.
             out["additionalProperties"] = False
         elif extra is not False:
             out["patternProperties"] = {pattern: safe_schema(extra, pattern)}
@@ -282,21 +266,24 @@ class ValueGrammar:
         flag = self._style.flag
         if flag is not None:
             if kinds == STRING_ONLY:
-                return ParameterValue(flag[0], self._string(document.deref(schema)))
+                return ParameterValue(flag[0], self._string(raw_string(schema, document)))
             return ParameterValue(flag[1], self._json(schema, document))
         if not kinds or kinds == STRING_ONLY:
-            return ParameterValue("", self._string(document.deref(schema)))
+            return ParameterValue("", self._string(raw_string(schema, document)))
         if ValueKind.STRING in kinds:
             schema = without_strings(schema, document)
             if schema is None:
-                return ParameterValue("", self._string({}))
+                return ParameterValue("", self._string(FREE))
         return ParameterValue("", self._json(schema, document))
 
-    def _string(self, schema: Any) -> str:
-        literals = _string_literals(schema)
+    def _string(self, text: RawString) -> str:
+        literals = text.allowed_literals()
         closer = lark_of(self._closer)
         escaped = self._style.format is ValueFormat.XML_ESCAPED
-        if literals:
+        if literals is not None:
+            if not literals:
+                raise GrammarError("none of its enum/const values is a string that its minLength, maxLength and "
+                                   "pattern allow, so no value can be written")
             if escaped:
                 literals = [xml_escape(text) for text in literals]
             allowed = [t for t in literals if spelled_closer(self._closer) not in t]
@@ -305,9 +292,8 @@ class ValueGrammar:
                                    f"{spelled_closer(self._closer)!r}, so none can be written as this value")
             choices = " | ".join(json_literal(text) for text in allowed)
             return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
-        bounds = StringBounds.of(schema)
-        if bounds is not None:
-            return self._bounded(bounds)
+        if text.bounds != StringBounds():
+            return self._bounded(text.bounds)
         if escaped:
             text = free_text(self._rules, escaped=True)
             return self._rules.rule("string", f"{text}? {closer}")
@@ -330,10 +316,10 @@ class ValueGrammar:
             return self._rules.rule("string", " ".join(filter(None, (value, lark_of(rest)))))
         low = bounds.min_len if stop or wrap else max(bounds.min_len, 1)  # before a token: absent, not empty
         texts = [f"{char}{{{low},{'' if bounds.max_len is None else bounds.max_len}}}"]
-        if bounds.pattern is not None:
-            search = search_regex(bounds.pattern)
+        for pattern in bounds.patterns:
+            search = search_regex(pattern)
             if search is None:
-                raise GrammarError(f"pattern {bounds.pattern[:80]!r}: a raw string value takes ^ and $ only at "
+                raise GrammarError(f"pattern {pattern[:80]!r}: a raw string value takes ^ and $ only at "
                                    "the ends of the pattern or of its top-level alternatives")
             texts.append(llguidance.regex_to_lark(search))
         conjuncts = [f"/{wrap}(?:{text}){wrap}{stop}/" for text in texts]
@@ -344,7 +330,7 @@ class ValueGrammar:
         if (lexeme != joined or len(conjuncts) > 1) and max(bounds.min_len, bounds.max_len or 0) > MAX_COUNTED_LEN:
             raise GrammarError(f"minLength or maxLength above {MAX_COUNTED_LEN} cannot be enforced on a raw string "
                                "value together with minLength or a pattern (llguidance's lexer limits)")
-        may_be_empty = not (stop or wrap) and bounds.min_len == 0 and bounds.pattern is None
+        may_be_empty = not (stop or wrap) and bounds.min_len == 0 and not bounds.patterns
         value = self._rules.terminal("bounded", lexeme)
         return self._rules.rule("string", f"{value}{'?' if may_be_empty else ''} {lark_of(rest)}")
 
@@ -363,13 +349,3 @@ class ValueGrammar:
 
 def spelled_closer(closer: Spelling) -> str:
     return "".join(piece.text for piece in closer)
-
-
-def _string_literals(schema: Any) -> list[str]:
-    """The string values an ``enum``/``const`` allows (empty when it does not restrict them)."""
-    if not isinstance(schema, Mapping):
-        return []
-    values = list(schema.get("enum") or [])
-    if "const" in schema:
-        values.append(schema["const"])
-    return [v for v in values if isinstance(v, str)] if values and all(isinstance(v, str) for v in values) else []
