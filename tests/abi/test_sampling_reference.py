@@ -19,16 +19,22 @@ the first k in canonical order; after top-p, each group of tied tokens keeps as 
 transformers kept of it, the lowest ids. Min-p has no such choice (tied tokens fall on the same
 side of its threshold).
 
-How the distribution is observed: the op draws by inverse CDF over its kept tokens in canonical
-order with a uniform u (its docstring, step 8). The tests replace the uniform by chosen values
-(`probe_uniforms`): the middle of every kept token's reference interval and points 1e-9 inside
-both of its ends, u = 0 and u = 1 - 2**-53 (the last kept token). Each probe must give the
-reference token, which fixes every kept token's probability to within 1e-9 and the kept set exactly
-(a token kept by one side only moves u = 1 - 2**-53 to another token). The two computations are
+How the distribution is observed: ``helios::sampling_weights`` returns it (the weights
+``helios::sample`` draws from, which speculative verification uses), compared token by token. The
+op itself draws by inverse CDF over its kept tokens in canonical order with a uniform u (its
+docstring, step 8); the tests replace the uniform by chosen values (`probe_uniforms`): the middle
+of every kept token's reference interval and points 1e-9 inside both of its ends, u = 0 and
+u = 1 - 2**-53 (the last kept token, where its probability exceeds 1e-9). Each probe must give the
+reference token, which fixes every kept token's probability to within 1e-9 and the kept set (a
+token kept by one side only moves u = 1 - 2**-53 to another token). The two computations are
 float64 with different summation orders (about 1e-15 apart), far inside the 1e-9 margin, so the
 comparison is deterministic. Seeded draws with the real generator are checked the same way and with
 a chi-square test of their frequencies. Each pipeline is run: the CPU's row selection, the device
-path (`selective` false, what a CUDA graph runs) and the fused Triton pass (interpreted on the CPU).
+path (`selective` false, what a CUDA graph runs) and the fused Triton pass (interpreted on the CPU,
+compiled where CUDA is present).
+
+Where vLLM differs (not compared here): it applies min-p before top-k and top-p, so its nucleus is
+taken over the min-p survivors' mass; transformers and Helios take it before min-p.
 """
 
 from __future__ import annotations
