@@ -13,7 +13,7 @@ than one prefill step and windows, streamed and not, n > 1, a second request ove
 
 from __future__ import annotations
 
-import math
+import codecs
 from pathlib import Path
 
 import openai
@@ -271,8 +271,19 @@ def test_echo_with_logprobs_equals_transformers(runner, families, name, num_top,
     table = family.reference.table(ids)
     _check_text_entries(family, logprobs, ids, [None, *table[:-1]], num_top)
     assert output_ids == [int(table[len(LONG_PROMPT) - 1 + i].argmax()) for i in range(len(output_ids))]
-    offsets = logprobs["text_offset"]
-    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+    assert logprobs["text_offset"] == _first_byte_offsets(family, ids)
+    assert text == b"".join(family.raw(t) for t in ids).decode(errors="replace")
+
+
+def _first_byte_offsets(family: Family, ids: list[int]) -> list[int]:
+    """Where each token starts in the lossy UTF-8 decoding of the tokens' bytes, a character
+    belonging to the token holding its first byte (each stray byte reads one U+FFFD)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, num_chars = [], 0
+    for token_id in ids:
+        offsets.append(num_chars + bool(decoder.getstate()[0]))
+        num_chars += len(decoder.decode(family.raw(token_id)))
+    return offsets
 
 
 @pytest.mark.parametrize("name", SCORED)
@@ -402,3 +413,20 @@ def test_logprobs_report_the_penalized_distribution(runner, families, name):
         rows.append(torch.log_softmax(penalized, dim=-1))
     assert output_ids[: len(content)] == [int(rows[i].argmax()) for i in range(len(content))]
     _check_chat_items(family, content, torch.stack(rows), output_ids, 3)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_stray_bytes_count_one_character_each_in_text_offsets(runner, families, echo):
+    """Prompt and output tokens of lone continuation bytes and a start byte cut short: each reads
+    one U+FFFD of the text, so each starts one character after the one before."""
+    family = families("dense")
+    strays = [t for t, raw in family._bytes.items() if len(raw) == 1 and 0x80 <= raw[0] < 0xC0][:3]
+    start = next(t for t, raw in family._bytes.items() if raw == b"\xc3")
+    prompt = [40, *strays, start, 41]  # the start byte's character ends at the next token
+    text, logprobs, output_ids, _ = _completion(runner, family, False, prompt=prompt, max_tokens=3, temperature=0,
+                                                echo=echo, logprobs=1, logit_bias={str(strays[0]): 100})
+    assert output_ids == [strays[0]] * 3
+    ids = prompt + output_ids if echo else output_ids
+    shown = b"".join(family.raw(t) for t in ids).decode(errors="replace")
+    assert text == shown and logprobs["tokens"] == [family.text(t) for t in ids]
+    assert logprobs["text_offset"] == _first_byte_offsets(family, ids)

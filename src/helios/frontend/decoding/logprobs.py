@@ -306,26 +306,30 @@ def echoed_token_texts(tokenizer: Decoder, token_ids: Sequence[int], text: str) 
     if skip_special_tokens is None:
         skip_special_tokens = max((True, False), key=lambda skip: sum(_common_ends(decodings[skip], text)))
     decoded = decodings[skip_special_tokens]
-    ends = _token_ends(tokenizer, ids, skip_special_tokens, len(decoded))
+    ends = _token_ends(tokenizer, ids, skip_special_tokens, decoded)
     if decoded != text:
         ends = _aligned(ends, decoded, text)
     starts = [0] + ends[:-1]
     return tuple(text[start:end] for start, end in zip(starts, ends))
 
 
-def _token_ends(tokenizer: Decoder, token_ids: list[int], skip_special_tokens: bool, decoded_len: int) -> list[int]:
-    """Where each token's text ends in the ids' decoding: the complete text so far plus one
-    character for one left open; the last token ends at `decoded_len`, and ends never go back."""
+def _token_ends(tokenizer: Decoder, token_ids: list[int], skip_special_tokens: bool, decoded: str) -> list[int]:
+    """Where each token's text ends in `decoded` (the ids' decoding): the text completed so far, then
+    as much of the open text as `decoded` shows there, and one character more for a character still
+    open (its U+FFFD, one or one per byte as the decoder spells it, counted once, for the token
+    holding its first byte); a stray byte already reading U+FFFD in `decoded` counts as its own
+    character. The last token ends at the end of `decoded`, and ends never go back."""
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
     ends, num_chars, last = [], 0, 0
     for token_id in token_ids:
         num_chars += len(detokenizer.feed(token_id))
         pending = detokenizer.open_text
-        complete = pending.rstrip(REPLACEMENT_CHAR)
-        last = min(max(last, num_chars + len(complete) + (complete != pending)), decoded_len)
+        shown = decoded[num_chars:num_chars + len(pending)]
+        agreed = next((i for i, (a, b) in enumerate(zip(pending, shown)) if a != b), min(len(pending), len(shown)))
+        last = min(max(last, num_chars + agreed + (agreed < len(pending))), len(decoded))
         ends.append(last)
     if ends:
-        ends[-1] = decoded_len
+        ends[-1] = len(decoded)
     return ends
 
 
