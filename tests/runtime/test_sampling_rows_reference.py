@@ -79,6 +79,17 @@ def test_a_tiny_repetition_penalty_scales_seen_logits_instead_of_dividing_by_zer
     assert set(drawn) == {1}  # 2e50 above the next logit: every draw takes it
 
 
+def test_a_huge_repetition_penalty_keeps_a_seen_zero_logit():
+    """A core's or operator's default repetition penalty may be any finite value above 0; 1e39
+    rounded to float32 inf made a seen zero logit 0 * inf = NaN, banned. Transformers' processor
+    keeps it at 0 (0 / 1e39), where it is the largest of these logits."""
+    logits = torch.tensor([[0.0, -1.0, -2.0, -0.5]])
+    seen = torch.tensor([[1, 0, 0, 1]])
+    expected = RepetitionPenaltyLogitsProcessor(1e39)(torch.tensor([[0, 3]]), logits.double())
+    assert int(expected.argmax()) == 0
+    assert op_tokens(SamplingParams(repetition_penalty=1e39), logits, seen) == [0]
+
+
 # ---------------------------------------------------------------- served rows
 
 

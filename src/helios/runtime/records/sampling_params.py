@@ -23,9 +23,10 @@ SEED_BITS = 64
 # A top_k this large is at least every vocabulary (a float32 row of 2**30 logits is 4 GiB), so it is
 # off, as 0 is; larger values are stored as 0, which float32 and the wire's int64 word hold exactly.
 TOP_K_OFF = 2**30
-# The smallest positive float32 (a subnormal): a positive repetition penalty below it is packed as it,
-# not rounded to 0, which would divide logits by zero instead of scaling them by a huge factor.
-_F32_TINY = float.fromhex("0x1p-149")
+# The smallest positive float32 (a subnormal) and the largest: a positive repetition penalty outside
+# them is packed as the nearer one, not rounded to 0 (x / 0 = inf: every seen positive logit ties)
+# or to inf (0 * inf = NaN: a seen zero logit is banned), so seen logits are scaled, as in float64.
+_F32_TINY, _F32_MAX = float.fromhex("0x1p-149"), float.fromhex("0x1.fffffep127")
 SEED_MIN, SEED_MAX = -(2 ** (SEED_BITS - 1)), 2 ** (SEED_BITS - 1) - 1
 _SPAN = 2**SEED_BITS
 
@@ -80,9 +81,10 @@ class SamplingParams:
 
     def packed(self) -> tuple[float, ...]:
         """The FP32 parameter row of ``helios::sample``, in `SAMPLING_PARAMETER_COLUMNS` order (a
-        positive repetition penalty stays positive in float32: see `_F32_TINY`)."""
+        positive repetition penalty stays positive and finite in float32: see `_F32_TINY`)."""
         repetition = float(self.repetition_penalty)
-        repetition = _F32_TINY if 0.0 < repetition < _F32_TINY else repetition
+        if repetition > 0.0:
+            repetition = min(max(repetition, _F32_TINY), _F32_MAX)
         return (float(self.temperature), float(self.top_k), float(self.top_p), float(self.min_p),
                 repetition, float(self.presence_penalty), float(self.frequency_penalty))
 
