@@ -10,6 +10,9 @@ transformers' warpers applied to the distribution the engine reports for the req
 ``top_logprobs`` 20, a distribution after penalties and bias, before temperature and filters; the
 mass outside them spread over tokens less probable than the 20th), and each row's parameters are
 chosen from that distribution so that its last kept token is a different rank inside the 20.
+Penalties through the runtime: a penalised request's tokens do not depend on whether its prompt was
+computed, cached or shared, and presence/frequency lower exactly each row's own generated tokens in
+the reported distribution (OpenAI's definition).
 """
 
 from __future__ import annotations
