@@ -14,6 +14,7 @@ than one prefill step and windows, streamed and not, n > 1, a second request ove
 from __future__ import annotations
 
 import codecs
+import math
 from pathlib import Path
 
 import openai
@@ -42,13 +43,15 @@ def _family(name: str):
             "sinks": hf_checkpoints.GPT_OSS, "window": hf_checkpoints.MISTRAL, "hybrid": hf_checkpoints.BAMBA}[name]
 
 
+SPECIAL_IDS = set(range(6))  # support.chat_checkpoint's special tokens: 0-5
 SCORED = ("dense", "moe", "latent", "sinks", "window")  # a hybrid core has no scored-prefill program
 ALL = SCORED + ("hybrid",)
 
 
 def _prepared(name: str, base: Path) -> Path:
     """The core of family `name` (prepared once per process): token-logprobs programs, scored
-    prefill where the architecture has it, 16-token prefill steps, decode batches of 1 and 4."""
+    prefill where the architecture has it, 16-token prefill steps, decode batches of 1 and 4, and
+    mixed steps (prefill beside decoding rows) on the dense core."""
     from helios.core.keys import SigningKey, write_key_pair
     from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
     from support.chat_checkpoint import write_chat_checkpoint
@@ -59,8 +62,8 @@ def _prepared(name: str, base: Path) -> Path:
         key = SigningKey.generate()
         write_key_pair(root / "publisher.key", key, [NAMESPACE])
         write_chat_checkpoint(_family(name), root / "checkpoint", seed=3)
-        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4), mixed=False,
-                            scored_prefill=name in SCORED)
+        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4),
+                            mixed=name == "dense", scored_prefill=name in SCORED)
         prepare_core(root / "checkpoint", root / "model.core", key,
                      PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
         _PREPARED[name] = root
@@ -195,11 +198,15 @@ def test_chat_logprobs_equal_transformers(runner, families, name, stream):
     response = runner.run(family.client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=20,
                                                                 stream=stream))
     if stream:
-        content = [item for chunk in runner.run(_collect(response)) if chunk.choices and chunk.choices[0].logprobs
-                   for item in chunk.choices[0].logprobs.content]
+        chunks = [chunk for chunk in runner.run(_collect(response)) if chunk.choices]
+        content = [item for chunk in chunks if chunk.choices[0].logprobs for item in chunk.choices[0].logprobs.content]
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
     else:
         content = response.choices[0].logprobs.content
+        text = response.choices[0].message.content
     assert content
+    if not set(output_ids[: len(content)]) & SPECIAL_IDS:  # no reasoning or tool markup: all is content
+        assert b"".join(bytes(item.bytes) for item in content).decode(errors="replace") == text
     rows = _chat_rows(family, USER, output_ids, prompt_ids)
     for position, token_id in enumerate(output_ids[: len(content)]):
         assert token_id == int(rows[position].argmax())  # greedy
@@ -430,3 +437,50 @@ def test_stray_bytes_count_one_character_each_in_text_offsets(runner, families, 
     shown = b"".join(family.raw(t) for t in ids).decode(errors="replace")
     assert text == shown and logprobs["tokens"] == [family.text(t) for t in ids]
     assert logprobs["text_offset"] == _first_byte_offsets(family, ids)
+
+
+def test_a_grammar_masks_the_reported_distribution_and_ties_keep_id_order(runner, families):
+    """Under a JSON-schema grammar the values are ``log_softmax`` over the tokens the mask allows;
+    the masked alternatives (all tied at the lowest value JSON can carry) follow in id order."""
+    family = families("dense")
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"enum": ["yes", "no"]}}}
+    choices, prompt_ids = _chat(runner, family, False, max_tokens=3, temperature=0, top_logprobs=20,
+                                response_format=schema)
+    ((content, output_ids),) = choices
+    logits = family.reference.logits(list(prompt_ids) + list(output_ids))[len(prompt_ids) - 1:]
+    for position, item in enumerate(content):
+        ids = [candidates[0] for candidates in _ids_of(family, item.top_logprobs)]
+        allowed = [t for t, alt in zip(ids, item.top_logprobs) if alt.logprob > -1e30]
+        masked = [t for t, alt in zip(ids, item.top_logprobs) if alt.logprob <= -1e30]
+        assert allowed and masked  # every allowed token is listed, then the masked ones
+        assert masked == sorted(masked) and all(alt.logprob == -3.4028234663852886e38
+                                                for alt in item.top_logprobs[len(allowed):])
+        row = torch.full_like(logits[position], -math.inf)
+        row[allowed] = torch.log_softmax(logits[position][allowed], dim=-1)
+        assert output_ids[position] == int(row.argmax())
+        _check_row(row, output_ids[position], item.logprob, list(zip(ids, [a.logprob for a in item.top_logprobs]))[
+            : len(allowed)], len(allowed))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_concurrent_requests_each_get_their_own_logprobs(runner, families, name):
+    """Requests of different prompt lengths sent together share decode steps (on the dense core a
+    prompt also prefills beside decoding rows, when it arrives after another's prefill); each
+    one's values are its own prefix's."""
+    import asyncio
+
+    family = families(name)
+    prompts = [LONG_PROMPT[:n] for n in (3, 19, 33)]
+
+    async def together():
+        return await asyncio.gather(*(family.client.completions.create(
+            model=SERVED_ID, prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+            extra_body={"return_token_ids": True}) for prompt in prompts))
+
+    for prompt, response in zip(prompts, runner.run(together())):
+        choice = response.choices[0]
+        output_ids = choice.model_extra["token_ids"]
+        listed = output_ids[: len(choice.logprobs.tokens)]
+        assert listed and len(output_ids) - len(listed) <= 1
+        table = family.reference.table(prompt + output_ids)
+        _check_text_entries(family, _plain(choice.logprobs), listed, list(table[len(prompt) - 1:]), 3)
