@@ -41,9 +41,12 @@ from google.protobuf import json_format
 from helios.contract import serving_pb2 as spb
 from helios.frontend.decoding.events import ParseErrorKind
 from helios.frontend.decoding.syntax import (
-    OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_glm_arguments, example_qwen_coder,
+    OutputSyntax, ReasoningSyntaxKind, ThinkSyntax, ToolSyntaxKind, example_glm_arguments, example_qwen_coder,
 )
-from helios.frontend.parsers import OutputPipeline, OutputRequest, TokenDelimiters, ToolRegistry
+from helios.frontend.parsers import (
+    OutputPipeline, OutputRequest, OutputStart, ReasoningState, TokenDelimiters, ToolRegistry,
+)
+from helios.frontend.parsers.start import pending_answer_lead
 from helios.frontend.session import FrontendModel
 from helios.frontend.structured.grammar import GrammarCompiler
 from helios.ignition.checkpoint_assets import read_assets
@@ -67,15 +70,16 @@ class Rendering:
     typed_text: bool = False  # values are written as text, typed by the tool's schema
     turn_end: str = ""  # appended where the template renders no end of the final turn
     system: bool = True  # a system message renders the same with and without the final turn
+    thinking_switch: str = ""  # the template argument that closes reasoning in the prompt when false
 
 
 RENDERINGS = {
-    "hermes": Rendering(reasoning=True),
+    "hermes": Rendering(reasoning=True, thinking_switch="enable_thinking"),
     "qwen3-coder": Rendering(typed_text=True),
     "deepseek-v3": Rendering(),
     "deepseek-v3.1": Rendering(),
     # The model stops with <|observation|> (a generation_config EOS) before the tool results.
-    "glm-4.5": Rendering(reasoning=True, typed_text=True, turn_end="<|observation|>"),
+    "glm-4.5": Rendering(reasoning=True, typed_text=True, turn_end="<|observation|>", thinking_switch="enable_thinking"),
     "llama3": Rendering(max_calls=1, content=False),
     # The system message renders only in front of the conversation's last message.
     "mistral": Rendering(content=False, system=False),
@@ -165,11 +169,12 @@ TEXTS = ("Checking the weather.", "Sure — 東京 🧪 first.", "a < b && c > d
 class Draw:
     """One seeded draw: tools with schemas, a conversation, and its final assistant turn."""
 
-    def __init__(self, case: FamilyCase, seed: int, controls: tuple[str, ...]):
+    def __init__(self, case: FamilyCase, seed: int, controls: tuple[str, ...], opener: str = ""):
         self.random = random.Random(seed)
         self.case = case
         self.rendering = RENDERINGS[case.name]
         self.controls = controls
+        self.opener = opener  # the tool block opener: text holding it starts a block
 
     def _usable(self, text: str) -> bool:
         if any(control in text for control in self.controls):  # would be re-tokenized as the control
@@ -183,6 +188,16 @@ class Draw:
             text = "".join(r.choice(PIECES) if r.random() < 0.7 else r.choice(string.printable)
                            for _ in range(r.randint(0, limit)))
             if self._usable(text):
+                return text
+
+    def prose(self) -> str:
+        """Content or reasoning: no outer whitespace (templates strip it), no tool-block opener."""
+        r = self.random
+        if r.random() < 0.5:
+            return r.choice(TEXTS)
+        while True:
+            text = self.text(6).strip()
+            if text and self._usable(text) and not (self.opener and self.opener in text):
                 return text
 
     def name(self) -> str:
@@ -256,8 +271,9 @@ class Draw:
     def call_id(self, index: int) -> str:  # nine alphanumerics: the Mistral template requires them
         return "".join(self.random.choice(string.ascii_letters + string.digits) for _ in range(8)) + str(index)
 
-    def conversation(self) -> tuple[list[dict], dict, list[dict]]:
-        """(the messages before the final turn, the final assistant message, the tools)."""
+    def conversation(self) -> tuple[list[dict], dict, list[dict], dict]:
+        """(the messages before the final turn, the final assistant message, the tools, the
+        chat_template_kwargs)."""
         r = self.random
         tools = self.tools()
         messages = []
@@ -276,20 +292,23 @@ class Draw:
                           "function": {"name": tool["function"]["name"], "arguments": arguments}})
         final = {"role": "assistant", "content": "", "tool_calls": calls}
         if self.rendering.content and r.random() < 0.6:
-            final["content"] = r.choice(TEXTS)
-        if self.rendering.reasoning and r.random() < 0.7:
-            final["reasoning_content"] = r.choice(TEXTS)
-        return messages, final, tools
+            final["content"] = self.prose()
+        switch, kwargs = self.rendering.thinking_switch, {}
+        if switch and r.random() < 0.4:
+            kwargs[switch] = r.random() < 0.3
+        if self.rendering.reasoning and kwargs.get(switch, True) and r.random() < 0.7:
+            final["reasoning_content"] = self.prose()
+        return messages, final, tools, kwargs
 
 
 # --- rendering and parsing -------------------------------------------------------------------------
 
 
-def generated_part(case: FamilyCase, hf, messages: list[dict], final: dict, tools: list[dict]) -> str:
+def generated_part(case: FamilyCase, hf, messages: list[dict], final: dict, tools: list[dict], kwargs: dict) -> str:
     """The final assistant turn as the model generates it: the rendering of the whole conversation
     after the generation prompt, up to and including its first end-of-turn token."""
-    prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-    whole = hf.apply_chat_template([*messages, final], tools=tools, tokenize=False)
+    prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+    whole = hf.apply_chat_template([*messages, final], tools=tools, tokenize=False, **kwargs)
     assert whole.startswith(prompt), (prompt, whole)
     turn = whole[len(prompt):] + RENDERINGS[case.name].turn_end
     ends = [turn.find(t) + len(t) for t in (case.eos, *case.eos_extra) if t in turn]
@@ -305,10 +324,12 @@ def expected_message(final: dict) -> tuple[str, str, list]:
 
 def check_conversation(family, seed: int) -> None:
     case, tokenizer, frontend, hf, controls = family
-    messages, final, tools = Draw(case, seed, controls).conversation()
-    turn = generated_part(case, hf, messages, final, tools)
+    tools_syntax = frontend.syntax.output.tools
+    opener = tools_syntax.block_open if tools_syntax is not None else ""
+    messages, final, tools, kwargs = Draw(case, seed, controls, opener).conversation()
+    turn = generated_part(case, hf, messages, final, tools, kwargs)
     ids = tokenizer.encode(turn, add_special_tokens=False).ids
-    body = {"model": frontend.served_id, "messages": messages, "tools": tools}
+    body = {"model": frontend.served_id, "messages": messages, "tools": tools, "chat_template_kwargs": kwargs}
     prepared = frontend.prepare_chat(ChatCompletionRequest.model_validate(body), request_id="rt")
     where = f"seed {seed}: {turn!r}"
 
@@ -392,3 +413,21 @@ def test_a_repeated_parameter_keeps_its_first_value(syntax, call):
     assert [(e.kind, e.detail) for e in result.errors] == [
         (repeated, "f.a: repeated parameter"), (repeated, "f.n: repeated parameter")]
     assert "three" in result.markup and "5" in result.markup
+
+
+@pytest.mark.parametrize("envelope, after_close, lead", [
+    ("<think></think>", "\n", "\n"),  # GLM-4.5 with enable_thinking false: the model writes the newline
+    ("<think>\n\n</think>\n\n", "\n\n", ""),  # Qwen3: the prompt wrote it
+    ("</think>\n", "\n\n", "\n"),
+    ("</think>x", "\n", ""),
+    ("no close", "\n", ""),
+])
+def test_a_prompt_that_closed_reasoning_leaves_the_rest_of_its_wrapping_to_the_answer(envelope, after_close, lead):
+    think = ThinkSyntax("<think>", "</think>", after_close=after_close)
+    assert pending_answer_lead(envelope, think) == lead
+    syntax = OutputSyntax(ReasoningSyntaxKind.THINK_TAGS, ToolSyntaxKind.NONE, think=think)
+    for output in ("Hello\n", f"{lead}Hello\n"):
+        start = OutputStart(ReasoningState.CLOSED, answer_lead=lead)
+        pipeline = OutputPipeline.create(syntax, TokenDelimiters({}), OutputRequest(STRINGS, "c", start))
+        result = run(pipeline, [(FILLER_ID, output)]).result
+        assert (result.content, result.reasoning) == ("Hello\n", "")

@@ -107,7 +107,8 @@ class OutputPipeline:
             first: OutputParser = PlainText()
         else:
             escaped = syntax.reasoning_kind is ReasoningSyntaxKind.XTML_THINK
-            first = ThinkTagParser(syntax.think, delimiters, request.start.reasoning, escaped)
+            start = request.start
+            first = ThinkTagParser(syntax.think, delimiters, start.reasoning, escaped, start.answer_lead)
         grammar = tool_grammar(syntax)
         second = None
         if syntax.tool_kind is ToolSyntaxKind.JSON_CALLS:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from helios.frontend.decoding.syntax import ThinkSyntax
+
 # The prompt path's verdict on the open assistant envelope (see `helios.frontend.preparation.prompt`), used by
 # the delimiter syntaxes: OPEN -> output starts inside reasoning; UNOPENED -> output may open
 # reasoning once, before any answer text; CLOSED -> reasoning ended in the prompt, so reasoning
@@ -56,3 +58,17 @@ class OutputStart:
 
     reasoning: ReasoningState = ReasoningState.UNOPENED
     frame: FrameStart = FrameStart()
+    answer_lead: str = ""  # CLOSED: wrapping after the close delimiter that the prompt has not written
+
+
+def pending_answer_lead(envelope_text: str, think: ThinkSyntax | None) -> str:
+    """The part of ``think.after_close`` that a prompt which closed reasoning has not written: a
+    generation prompt ending ``</think>`` leaves the model to write the ``\\n`` after it (GLM), one
+    ending ``</think>\\n\\n`` leaves nothing (Qwen3). `envelope_text` is the open assistant envelope."""
+    if think is None or not think.after_close:
+        return ""
+    at = envelope_text.rfind(think.close)
+    if at < 0:
+        return ""
+    written = envelope_text[at + len(think.close) :]
+    return think.after_close[len(written) :] if think.after_close.startswith(written) else ""

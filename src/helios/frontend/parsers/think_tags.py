@@ -12,7 +12,8 @@ Delimiter rules (from the serving contract):
 - the initial state comes from the prompt path: OPEN starts inside reasoning; UNOPENED (and
   NO_REASONING) lets the output open reasoning once, with the open delimiter before any answer text
   (leading whitespace is then dropped); CLOSED starts in the answer, where delimiter tokens are
-  protocol markup;
+  protocol markup, and the ``after_close`` wrapping the prompt has not written (``answer_lead``) is
+  removed from the answer's start where present;
 - the terminal marker (the tool syntax's opener) also ends reasoning, and is passed on as answer
   text so the tool parser sees its block open;
 - wrapping text (``after_open``, ``before_close``, ``after_close``) is removed where present.
@@ -46,7 +47,7 @@ class ThinkTagParser:
     """
 
     def __init__(self, syntax: ThinkSyntax, delimiters: TokenDelimiters, start: ReasoningState,
-                 escaped: bool = False):
+                 escaped: bool = False, answer_lead: str = ""):
         self._syntax = syntax
         self._delimiters = delimiters
         self._escaped = escaped
@@ -65,6 +66,7 @@ class ThinkTagParser:
             self._open_reasoning()
         elif start is ReasoningState.CLOSED:
             self._state = _S.ANSWER
+            self._answer = WrappedText(answer_lead)
 
     def feed(self, token_id: int, text: str) -> list[Event]:
         before, delimiter, markup = split_feed(self._delimiters, token_id, text)

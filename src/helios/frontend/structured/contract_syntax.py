@@ -30,6 +30,7 @@ from helios.contract import serving_pb2 as spb
 from helios.errors import ContractError
 from helios.frontend.structured.grammar import ReasoningEnvelope
 from helios.frontend.parsers import FramePosition, FrameStart, OutputStart, TokenDelimiters
+from helios.frontend.parsers.start import pending_answer_lead
 from helios.frontend.preparation.prompt import Prompt, PromptRules, ReasoningState
 from helios.frontend.decoding.syntax import (
     ChannelSyntax,
@@ -291,7 +292,10 @@ class FrontendSyntax:
             frame = channel_start(prompt.text, self.output.channels)
         else:
             frame = FrameStart()
-        return OutputStart(reasoning=prompt.reasoning_state, frame=frame)
+        lead = ""
+        if prompt.reasoning_state is ReasoningState.CLOSED:
+            lead = pending_answer_lead(prompt.assistant_prefill, self.output.think)
+        return OutputStart(reasoning=prompt.reasoning_state, frame=frame, answer_lead=lead)
 
 
 def frame_start(prompt_text: str, frames: RecipientSyntax, message_ends: Sequence[str] = ()) -> FrameStart:
