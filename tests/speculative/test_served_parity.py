@@ -1,0 +1,431 @@
+"""Speculation served over HTTP answers what the same core answers without it (a differential test).
+
+One tiny chat core (the server tests' Qwen3-shaped checkpoint with the test tokenizer and chat
+template) is prepared with a one-layer truncated copy of itself as the draft (speculative widths
+1 and 4, so D = 3 proposals a round; the draft agrees about one time in three: rounds both accept
+drafted runs and reject them) and served four times in this process: speculating with the learned
+draft ("learned"), speculating with history drafting too ("history"), `--speculative-width 1` (the
+documented switch that turns speculation off: the reference) and a scheduler that never picks
+speculative programs ("decode": plain DECODE steps).
+
+Every greedy request below goes to both speculating servers, as JSON and as a stream, and must come
+back as the reference answers it: text, token ids, finish reason, usage, log-probabilities (float32
+noise allowed), tool calls (their random ids aside), prompt scores and echoed prompts. The fields:
+max_tokens 1 to D + 3 around the draft's boundaries, EOS inside a round, stop strings inside a
+repeated run, stop_token_ids and stop_token_sequences on a token the draft proposes, n > 1, logprobs
+and top_logprobs, echo, prompt_logprobs, json_schema output, tools with tool_choice required and
+named, logit_bias on a drafted token, presence/frequency/repetition penalties on outputs that repeat
+(a drafted token must see the penalties of the tokens accepted before it). Then all of them at once
+on each of the three other servers (speculating lanes beside lanes that cannot draft in one round,
+and beside requests that keep every step plain).
+
+Seeded sampling (temperature 1): Helios does not document that a seeded request draws the same
+tokens with and without speculation (it does not: verification is rejection sampling), so the
+output distribution is compared with the target's exact one instead (as test_distribution.py does
+at the program level), and n seeded choices are checked against single requests with their seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import torch
+import transformers
+
+from helios.contract import StartupOptions
+from helios.core.keys import SigningKey, write_key_pair
+from helios.core.reader import open_core
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from helios.ignition.speculative_plan import SpeculativePlan
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.app import create_app
+from helios.server.service import ServedModel
+from ignition.hf_checkpoints import QWEN3
+from support.chat_checkpoint import write_chat_checkpoint
+
+from .support import Counting, write_truncated_checkpoint
+
+NAMESPACE = "test.helios/served-speculation"
+SERVED_ID = "tiny-chat"
+QUEUE = 16  # permits for n = 16 beside max-active 4
+REFERENCE = "width-1"
+SPECULATING = ("learned", "history")
+WIDTH, DRAFTS = 4, 3
+# A prompt whose greedy output repeats one token (298, "ld") many times: stops, penalties and a
+# bias on that token all act inside runs the draft proposes.
+REPEATING = "the quick brown fox"
+REPEATED_TOKEN = 298
+# Token-id prompts whose greedy outputs end at EOS (<|im_end|>) after 34, 20 and 35 tokens: inside
+# a round, and at a round's last position.
+EOS_PROMPTS = ([301, 130, 155, 101], [102, 23, 140], [287, 73, 157, 65, 251])
+
+
+@dataclass
+class Server:
+    served: ServedModel
+    counting: Counting
+    client: httpx.AsyncClient
+    mixed_rounds: list  # speculative rounds with lanes that draft beside lanes that cannot (ceiling 1)
+
+
+def count_mixed_rounds(executor, into: list) -> None:
+    finish = executor.finish
+
+    def counted(launched):
+        ceilings = {row.token_ceiling > 1 for row in launched.plan.rows}
+        if launched.plan.operation.name == "SPECULATIVE" and ceilings == {True, False}:
+            into.append(launched.plan.sequence)
+        return finish(launched)
+
+    executor.finish = counted
+
+
+@pytest.fixture(scope="module")
+def checkpoint_and_core(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served-speculation")
+    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
+    draft = write_truncated_checkpoint(checkpoint, root / "draft", 1)
+    key = SigningKey.generate()
+    write_key_pair(root / "publisher.key", key, [NAMESPACE])
+    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=False, scored_prefill=True,
+                        speculative=SpeculativePlan(draft, widths=(1, WIDTH)))
+    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+    return checkpoint, draft, root
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with asyncio.Runner() as runner:
+        yield runner
+
+
+@pytest.fixture(scope="module")
+def servers(checkpoint_and_core):
+    _, _, root = checkpoint_and_core
+    configurations = {
+        "learned": (StartupOptions(), SchedulerPolicy()),
+        "history": (StartupOptions(history_drafting=True), SchedulerPolicy()),
+        REFERENCE: (StartupOptions(speculative_width=1), SchedulerPolicy()),
+        "decode": (StartupOptions(), SchedulerPolicy(speculative=False)),
+    }
+    started = {}
+    try:
+        for name, (startup, policy) in configurations.items():
+            opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
+            options = RuntimeOptions(load=LoadOptions(startup=startup), queue_capacity=QUEUE, policy=policy)
+            runtime = build_runtime(opened, options)
+            counting, mixed_rounds = Counting(), []
+            counting.wrap(runtime.engine.executor)
+            count_mixed_rounds(runtime.engine.executor, mixed_rounds)
+            served = ServedModel.from_runtime(runtime, queue_capacity=QUEUE, frontend_workers=2)
+            served.start()
+            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test",
+                                       timeout=120)
+            started[name] = Server(served, counting, client, mixed_rounds)
+        yield started
+    finally:
+        for server in started.values():
+            server.served.shutdown()
+
+
+def test_the_servers_select_the_widths_they_were_started_with(servers):
+    widths = {name: {p.speculative.verify_tokens for p in server.served.engine.executor.model.programs
+                     if p.speculative is not None} for name, server in servers.items()}
+    assert widths == {"learned": {WIDTH}, "history": {WIDTH}, REFERENCE: {1}, "decode": {WIDTH}}
+
+
+# -- the requests ---------------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "integer"}},
+                                       "required": ["zone"]}}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+          "required": ["ok", "n"], "additionalProperties": False}
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def text(prompt, max_tokens: int, **fields) -> dict:
+    return {"model": SERVED_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True, **fields}
+
+
+def chat(messages, max_tokens: int, **fields) -> dict:
+    return {"model": SERVED_ID, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True, **fields}
+
+
+# name -> (body, speculates: the learned server accepts drafted tokens while serving it)
+CASES = {
+    **{f"max_tokens_{limit}": (text(REPEATING, limit), limit > 2) for limit in range(1, DRAFTS + 4)},
+    **{f"max_tokens_{limit}_of_hello": (chat(HELLO, limit), limit > 3) for limit in (2, 4, 5)},
+    **{f"eos_after_{index}": (text(prompt, 40), True) for index, prompt in enumerate(EOS_PROMPTS)},
+    "echo_only": (text("hello world", 0, echo=True), False),
+    "prompt_logprobs_only": (text("hello world", 0, prompt_logprobs=1), False),
+    "repeating": (text(REPEATING, 40), True),
+    "chat": (chat(HELLO, 40), True),
+    "chat_system": (chat([{"role": "system", "content": "You are terse."},
+                          {"role": "user", "content": "what is 12 plus 30?"}], 40), True),
+    "stop_inside_a_repeated_run": (text(REPEATING, 40, stop=["ldld"]), False),
+    "stop_late": (text(REPEATING, 60, stop=["am"]), False),
+    "stop_token_ids": (text(REPEATING, 40, stop_token_ids=[REPEATED_TOKEN]), False),
+    "stop_token_sequences": (text(REPEATING, 40, stop_token_sequences=[[REPEATED_TOKEN, REPEATED_TOKEN]]), False),
+    "n_3": (text("hello world", 30, n=3), True),
+    "n_2_chat": (chat(HELLO, 30, n=2), True),
+    "batch_of_prompts": (text(["hello world", REPEATING], 30, n=2), True),
+    "logprobs": (text(REPEATING, 24, logprobs=3), False),
+    "logprobs_echo": (text("hello world", 12, logprobs=2, echo=True), False),
+    "chat_top_logprobs": (chat(HELLO, 24, logprobs=True, top_logprobs=3), False),
+    "echo": (text("hello world", 24, echo=True), True),
+    "prompt_logprobs": (text("hello world", 24, prompt_logprobs=2), True),
+    "chat_prompt_logprobs": (chat(HELLO, 24, prompt_logprobs=1), True),
+    "json_schema": (chat(HELLO, 40, response_format={
+        "type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}), False),
+    "json_object": (chat(HELLO, 40, response_format={"type": "json_object"}), False),
+    "tools_required": (chat([{"role": "user", "content": "weather?"}], 40, tools=[WEATHER, CLOCK],
+                            tool_choice="required"), False),
+    "tools_named": (chat([{"role": "user", "content": "time?"}], 40, tools=[WEATHER, CLOCK],
+                         tool_choice={"type": "function", "function": {"name": "get_time"}}), False),
+    "tools_auto": (chat([{"role": "user", "content": "weather?"}], 40, tools=[WEATHER]), True),
+    "logit_bias_bans_the_drafted_token": (text(REPEATING, 30, logit_bias={str(REPEATED_TOKEN): -100}), False),
+    "logit_bias_nudges_the_drafted_token": (text(REPEATING, 30, logit_bias={str(REPEATED_TOKEN): 2}), False),
+    "presence_penalty": (text(REPEATING, 40, presence_penalty=1.5), True),
+    "frequency_penalty": (text(REPEATING, 40, frequency_penalty=0.7), True),
+    "repetition_penalty": (text(REPEATING, 40, repetition_penalty=1.3), True),
+    "all_penalties_chat": (chat(HELLO, 40, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2),
+                           True),
+    "negative_penalties": (text("hello world", 40, presence_penalty=-1.0, frequency_penalty=-0.5), True),
+}
+PENALIZED = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def path_of(body: dict) -> str:
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
+async def post(server: Server, body: dict) -> dict:
+    response = await server.client.post(path_of(body), json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def stream(server: Server, body: dict) -> dict:
+    """The streamed response to `body`, reassembled into one body (see `merge`)."""
+    merged: dict = {}
+    async with server.client.stream("POST", path_of(body), json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            assert "error" not in chunk, chunk
+            choices = chunk.pop("choices")
+            merge(merged, chunk)
+            for choice in choices:
+                merge(merged.setdefault("choices", {}).setdefault(choice.pop("index"), {}), choice)
+    return merged
+
+
+def merge(into: dict, delta: dict) -> None:
+    """Folds a chunk into the reassembled body: strings and lists concatenate, objects merge, and
+    a tool call's fragments join by its index (its random id dropped)."""
+    for key, value in delta.items():
+        if key in ("id", "created", "reused_prompt_tokens"):
+            continue
+        if key == "tool_calls":
+            calls = into.setdefault(key, {})
+            for call in value:
+                merge(calls.setdefault(call["index"], {}), {k: v for k, v in call.items() if k != "index"})
+        elif value is None or key not in into or into[key] is None:
+            if value is not None or key not in into:
+                into[key] = value
+        elif isinstance(value, str) and key not in ("role", "type", "finish_reason", "object", "model"):
+            into[key] += value
+        elif isinstance(value, list):
+            into[key] = into[key] + value
+        elif isinstance(value, dict):
+            merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def canonical(body: dict) -> dict:
+    """A JSON body without what differs by design: its id, creation time, tool-call ids and the
+    prompt tokens this server happened to have cached."""
+    body = {k: v for k, v in body.items() if k not in ("id", "created", "reused_prompt_tokens")}
+    choices = []
+    for choice in body.get("choices", []):
+        message = choice.get("message")
+        if message and message.get("tool_calls"):
+            calls = [{k: v for k, v in call.items() if k != "id"} for call in message["tool_calls"]]
+            choice = {**choice, "message": {**message, "tool_calls": calls}}
+        choices.append(choice)
+    return {**body, "choices": choices}
+
+
+def assert_same(actual, expected, where: str = "") -> None:
+    """Equal, floats within float32 noise (log-probabilities of batches composed differently)."""
+    if isinstance(expected, float) and isinstance(actual, (int, float)):
+        assert actual == pytest.approx(expected, rel=1e-4, abs=1e-4), where
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), (where, actual, expected)
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), (where, actual, expected)
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{where}[{index}]")
+    else:
+        assert actual == expected, (where, actual, expected)
+
+
+@pytest.fixture(scope="module")
+def expected(servers, runner):
+    """The reference server's JSON and streamed answer to every case, asked one at a time."""
+    reference = servers[REFERENCE]
+
+    async def ask():
+        return {name: (canonical(await post(reference, body)), await stream(reference, body))
+                for name, (body, _) in CASES.items()}
+
+    return runner.run(ask())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_request_is_answered_as_without_speculation(name, servers, runner, expected):
+    body, speculates = CASES[name]
+    json_body, streamed = expected[name]
+
+    async def ask(server: Server):
+        before = server.counting.accepted
+        answer = canonical(await post(server, body)), await stream(server, body)
+        return answer, server.counting.accepted - before
+
+    for server_name in SPECULATING:
+        (actual_json, actual_stream), accepted = runner.run(ask(servers[server_name]))
+        assert_same(actual_json, json_body, f"{server_name} JSON")
+        assert_same(actual_stream, streamed, f"{server_name} stream")
+        if server_name == "learned":
+            assert (accepted > 0) == speculates, (server_name, accepted)
+
+
+def test_the_cases_exercise_what_they_name(expected):
+    finish = {name: [c["finish_reason"] for c in body["choices"]] for name, (body, _) in expected.items()}
+    assert all(reason == ["stop"] for name, reason in finish.items() if name.startswith("eos_after"))
+    assert finish["stop_inside_a_repeated_run"] == finish["stop_token_ids"] == ["stop"]
+    plain_ids = expected["max_tokens_6"][0]["choices"][0]["token_ids"]
+    assert REPEATED_TOKEN in plain_ids
+    banned = expected["logit_bias_bans_the_drafted_token"][0]["choices"][0]["token_ids"]
+    assert REPEATED_TOKEN not in banned
+    unpenalized = expected["repeating"][0]["choices"][0]["token_ids"]
+    for name in PENALIZED:  # each penalty changes the greedy continuation
+        assert expected[name][0]["choices"][0]["token_ids"] != unpenalized, name
+    calls = expected["tools_named"][0]["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+    assert expected["tools_required"][0]["choices"][0]["message"]["tool_calls"]
+
+
+@pytest.mark.parametrize("server_name", [*SPECULATING, "decode"])
+def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers, runner, expected):
+    # JSON and streamed requests of every case, five at a time (at most 20 choices: the permits):
+    # lanes that draft share rounds with lanes that cannot (grammar, stops, max_tokens) and with
+    # steps that do not speculate at all (log-probabilities, logit bias)
+    server = servers[server_name]
+    gate = asyncio.Semaphore(5)
+    before_accepted, before_mixed = server.counting.accepted, len(server.mixed_rounds)
+
+    async def one(name: str, streamed: bool):
+        async with gate:
+            body = CASES[name][0]
+            return (await stream(server, body)) if streamed else canonical(await post(server, body))
+
+    async def everything():
+        tasks = [(name, streamed) for name in reversed(CASES) for streamed in (False, True)]
+        return tasks, await asyncio.gather(*(one(name, streamed) for name, streamed in tasks))
+
+    tasks, answers = runner.run(everything())
+    for (name, streamed), answer in zip(tasks, answers):
+        assert_same(answer, expected[name][streamed], f"{server_name} {name} {'stream' if streamed else 'JSON'}")
+    if server_name in SPECULATING:
+        assert server.counting.accepted > before_accepted
+        assert len(server.mixed_rounds) > before_mixed
+
+
+# -- seeded sampling ------------------------------------------------------------------------------
+
+SAMPLED_PROMPT = [220, 291, 58, 102]
+SAMPLED = {"temperature": 1.0, "top_k": 4}  # four candidates a token: few draws resolve the frequencies
+NUM_REQUESTS, NUM_CHOICES = 24, 16
+TOLERANCE = 0.1  # 384 draws a position: a frequency's standard error is at most 0.026
+
+
+def exact_marginals(checkpoint, prompt: list[int]) -> torch.Tensor:
+    """[2, vocab]: the first and second output tokens' distributions after `prompt` (temperature 1,
+    top-k 4) by transformers on the same weights: p(x1) and sum_x1 p(x1) p(x2 | x1)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint)).float().eval()
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        first = model(torch.tensor([prompt])).logits[0, -1:]
+        second = model(torch.tensor([prompt + [token] for token in range(vocab)])).logits[:, -1]
+    p1, p2 = top_k_weights(first)[0], top_k_weights(second)
+    return torch.stack((p1, p1 @ p2))
+
+
+def top_k_weights(logits: torch.Tensor) -> torch.Tensor:
+    probabilities = torch.softmax(logits.double(), dim=-1)
+    kept = torch.zeros_like(probabilities).scatter(-1, probabilities.topk(SAMPLED["top_k"], dim=-1).indices, 1.0)
+    weights = probabilities * kept
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def sampled_frequencies(server: Server, runner, vocab: int) -> torch.Tensor:
+    """[2, vocab]: how often each token came first and second among every seeded choice."""
+    # the first token is the prefill's, the second the first round's (one proposal verified)
+    body = {"model": SERVED_ID, "prompt": SAMPLED_PROMPT, "max_tokens": 3, "n": NUM_CHOICES, **SAMPLED,
+            "return_token_ids": True}
+
+    async def draw():
+        answers = []
+        for request in range(NUM_REQUESTS):  # choice j of a request samples with seed + j
+            answers.append(await post(server, {**body, "seed": 1000 + request * NUM_CHOICES}))
+        return answers
+
+    tokens = torch.tensor([c["token_ids"][:2] for a in runner.run(draw()) for c in a["choices"]])
+    return torch.stack([torch.bincount(tokens[:, i], minlength=vocab).double() / len(tokens) for i in range(2)])
+
+
+def test_seeded_sampling_keeps_the_target_distribution(servers, runner, checkpoint_and_core):
+    checkpoint, draft, _ = checkpoint_and_core
+    exact, drafted = exact_marginals(checkpoint, SAMPLED_PROMPT), exact_marginals(draft, SAMPLED_PROMPT)
+    assert (exact[1] - drafted[1]).abs().max() > 2 * TOLERANCE  # emitting unchecked proposals would show
+    server = servers["learned"]
+    before = server.counting.accepted
+    observed = sampled_frequencies(server, runner, exact.shape[-1])
+    assert (observed - exact).abs().max() < TOLERANCE, (observed, exact)
+    assert server.counting.accepted > before
+
+
+def test_seeded_choices_equal_single_requests_with_their_seeds(servers, runner):
+    # README: choice j samples with seed s + j and equals a single request with that seed; here
+    # every one of them speculates (the same rounds alone and beside each other)
+    body = {"model": SERVED_ID, "prompt": REPEATING, "max_tokens": 24, "seed": 41, **SAMPLED, "return_token_ids": True}
+    server = servers["learned"]
+
+    async def ask():
+        together = await post(server, {**body, "n": 3})
+        alone = [await post(server, {**body, "seed": 41 + j}) for j in range(3)]
+        return together, alone
+
+    before = server.counting.accepted
+    together, alone = runner.run(ask())
+    assert [c["token_ids"] for c in together["choices"]] == [a["choices"][0]["token_ids"] for a in alone]
+    assert len({tuple(c["token_ids"]) for c in together["choices"]}) == 3
+    assert server.counting.accepted > before
