@@ -162,7 +162,8 @@ def _check_row(row: torch.Tensor, chosen_id: int, chosen: float, top: list[tuple
             assert value == chosen  # the chosen token's entry among the alternatives is its value
 
 
-def _chat_rows(family: Family, messages, output_ids: list[int], prompt_ids: list[int], bias=None):
+def _output_rows(family: Family, prompt_ids: list[int], output_ids: list[int], bias=None) -> torch.Tensor:
+    """The reference rows that score each output token (row i: output_ids[i])."""
     return family.reference.table(list(prompt_ids) + list(output_ids), bias)[len(prompt_ids) - 1:]
 
 
@@ -175,6 +176,8 @@ def _ids_of(family: Family, items) -> list[int]:
 
 
 def _check_chat_items(family: Family, content, rows: torch.Tensor, output_ids: list[int], num_top: int) -> None:
+    """Chat ``logprobs.content`` items of `output_ids` (an EOS after them unlisted): texts, bytes
+    and values against the reference rows."""
     assert [item.bytes for item in content] == [list(family.raw(t)) for t in output_ids[: len(content)]]
     for position, item in enumerate(content):
         token_id = output_ids[position]
@@ -207,7 +210,7 @@ def test_chat_logprobs_equal_transformers(runner, families, name, stream):
     assert content
     if not set(output_ids[: len(content)]) & SPECIAL_IDS:  # no reasoning or tool markup: all is content
         assert b"".join(bytes(item.bytes) for item in content).decode(errors="replace") == text
-    rows = _chat_rows(family, USER, output_ids, prompt_ids)
+    rows = _output_rows(family, prompt_ids, output_ids)
     for position, token_id in enumerate(output_ids[: len(content)]):
         assert token_id == int(rows[position].argmax())  # greedy
     _check_chat_items(family, content, rows, output_ids, 20)
@@ -336,8 +339,9 @@ def _chat(runner, family: Family, stream: bool, **fields):
     response = runner.run(family.client.chat.completions.create(
         model=SERVED_ID, messages=USER, logprobs=True, stream=stream, extra_body={"return_token_ids": True}, **fields))
     if not stream:
-        return ([(c.logprobs.content, c.model_extra["token_ids"]) for c in sorted(response.choices, key=lambda c: c.index)],
-                response.model_extra["prompt_token_ids"])
+        ordered = sorted(response.choices, key=lambda c: c.index)
+        prompt_ids = response.model_extra["prompt_token_ids"]
+        return [(c.logprobs.content, c.model_extra["token_ids"]) for c in ordered], prompt_ids
     chunks = runner.run(_collect(response))
     choices: dict[int, tuple[list, list]] = {}
     for chunk in chunks:
@@ -358,7 +362,7 @@ def test_sampled_choices_report_the_distribution_before_temperature(runner, fami
     assert len(choices) == 3
     for content, output_ids in choices:
         assert content and len(output_ids) - len(content) <= 1  # an EOS ends the output unlisted
-        rows = _chat_rows(family, USER, output_ids, prompt_ids)
+        rows = _output_rows(family, prompt_ids, output_ids)
         _check_chat_items(family, content, rows, output_ids, 4)
 
 
@@ -374,7 +378,7 @@ def test_logprobs_report_the_biased_distribution(runner, families, name):
     choices, prompt_ids = _chat(runner, family, False, max_tokens=5, temperature=0, top_logprobs=6,
                                 logit_bias={str(t): v for t, v in bias.items()})
     ((content, output_ids),) = choices
-    rows = family.reference.table(list(prompt_ids) + list(output_ids), bias)[len(prompt_ids) - 1:]
+    rows = _output_rows(family, prompt_ids, output_ids, bias)
     assert output_ids[: len(content)] == [int(rows[i].argmax()) for i in range(len(content))]
     _check_chat_items(family, content, rows, output_ids, 6)
 
@@ -392,7 +396,7 @@ def test_the_byte_ff_token_reports_its_own_byte(runner, families, name):
     for item in content:
         assert item.token == "\ufffd" and item.bytes == [255]
         assert item.top_logprobs[0].bytes == [255] and item.top_logprobs[0].logprob == item.logprob
-    rows = family.reference.table(list(prompt_ids) + list(output_ids), {token_id: 100.0})[len(prompt_ids) - 1:]
+    rows = _output_rows(family, prompt_ids, output_ids, {token_id: 100.0})
     _check_chat_items(family, content, rows, output_ids, 3)
 
 
@@ -458,8 +462,8 @@ def test_a_grammar_masks_the_reported_distribution_and_ties_keep_id_order(runner
         row = torch.full_like(logits[position], -math.inf)
         row[allowed] = torch.log_softmax(logits[position][allowed], dim=-1)
         assert output_ids[position] == int(row.argmax())
-        _check_row(row, output_ids[position], item.logprob, list(zip(ids, [a.logprob for a in item.top_logprobs]))[
-            : len(allowed)], len(allowed))
+        listed = [(token, alt.logprob) for token, alt in zip(ids, item.top_logprobs)]
+        _check_row(row, output_ids[position], item.logprob, listed[: len(allowed)], len(allowed))
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -484,3 +488,10 @@ def test_concurrent_requests_each_get_their_own_logprobs(runner, families, name)
         assert listed and len(output_ids) - len(listed) <= 1
         table = family.reference.table(prompt + output_ids)
         _check_text_entries(family, _plain(choice.logprobs), listed, list(table[len(prompt) - 1:]), 3)
+
+
+@pytest.mark.parametrize("fields", [{"echo": True, "logprobs": 1}, {"extra_body": {"prompt_logprobs": 1}}])
+def test_the_hybrid_core_refuses_prompt_scores_naming_scored_prefill(runner, families, fields):
+    family = families("hybrid")
+    with pytest.raises(openai.BadRequestError, match="no scored-prefill program"):
+        runner.run(family.client.completions.create(model=SERVED_ID, prompt=LONG_PROMPT[:5], max_tokens=1, **fields))
