@@ -23,7 +23,7 @@ byte of the group), no stream can match it and the sequence is not checked again
 
 from __future__ import annotations
 
-import random
+import codecs
 from pathlib import Path
 
 import pytest
@@ -51,14 +51,17 @@ LLAMA2 = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(
 PIECES = ["Hello", " world", ", the", " quick", "\r\n", "\n\n", "  ", " ", "é", "世界", "😀", "👍🏽", "€uro", "x",
           "<think>", "end", "\t{\"a\": 1}", "ꙮ", "𓀀"]
 ADDED = [("<|sep|>", True), ("[TOOL]", False), ("<think>", False), (" spaced ", False)]
+BYTES_OF = {char: byte for byte, char in _byte_to_unicode().items()}  # byte-level BPE's alphabet
 EOS_TEXTS = ("<|im_end|>", "<｜end▁of▁sentence｜>")
 
 
 class Case:
     """A tokenizer and the pools of ids a fuzz draws from."""
 
-    def __init__(self, tokenizer: Tokenizer, partial_ids: list[int], eos: int, space_ids: list[int]):
+    def __init__(self, tokenizer: Tokenizer, partial_ids: list[int], eos: int, space_ids: list[int],
+                 is_byte_level: bool = True):
         self.tokenizer = tokenizer
+        self.is_byte_level = is_byte_level
         self.partial_ids = partial_ids  # ids holding part of a UTF-8 character
         self.space_ids = space_ids  # ids of white space alone
         self.special_ids = sorted(tokenizer.get_added_tokens_decoder())
@@ -67,6 +70,13 @@ class Case:
         self.eos = eos
         grammar = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=self.vocab_size, eos_token_ids=[eos])
         self.token_texts = TokenTexts(tokenizer, grammar.token_bytes)  # as a request's output path has them
+
+    def raw(self, token_id: int) -> bytes:
+        """A byte-level token's bytes (an added token's: its text's UTF-8)."""
+        added = self.tokenizer.get_added_tokens_decoder().get(token_id)
+        if added is not None:
+            return added.content.encode("utf-8")
+        return bytes(BYTES_OF[char] for char in self.tokenizer.id_to_token(token_id))
 
     def ids(self, data, max_size: int = 24) -> list[int]:
         """A random id sequence (without EOS)."""
@@ -80,10 +90,9 @@ class Case:
 
 
 def _byte_level_partial_ids(tokenizer: Tokenizer) -> list[int]:
-    alphabet = {char: byte for byte, char in _byte_to_unicode().items()}
     partial = []
     for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
-        raw = bytes(alphabet[char] for char in token if char in alphabet)
+        raw = bytes(BYTES_OF[char] for char in token if char in BYTES_OF)
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -104,7 +113,8 @@ def _space_ids(tokenizer: Tokenizer) -> list[int]:
 def _sentencepiece() -> Case:
     tokenizer = sentencepiece_like(LLAMA2)
     partial = [tokenizer.token_to_id(f"<0x{byte:02X}>") for byte in range(0x80, 0x100)]
-    return Case(tokenizer, partial, tokenizer.token_to_id("</s>"), [tokenizer.token_to_id("▁")] + _space_ids(tokenizer))
+    return Case(tokenizer, partial, tokenizer.token_to_id("</s>"), [tokenizer.token_to_id("▁")] + _space_ids(tokenizer),
+                False)
 
 
 def _with_added_tokens() -> Case:
@@ -255,17 +265,38 @@ def _stop_strings(data, case: Case, text: str) -> tuple[str, ...]:
     return tuple(stops[:4])
 
 
-def _check_offsets(tokenizer: Tokenizer, ids: list[int], offsets: list[int], text: str) -> None:
-    """`offsets` (of `ids`' entries) index `text`: in order, within it, and a token after which no
-    character is open starts where the text of the tokens before it ends."""
+def _check_offsets(case: Case, ids: list[int], offsets: list[int], text: str) -> None:
+    """`offsets` (of `ids`' entries) index `text`: in order, within it, and a token after which
+    no character is open starts where the text of the tokens before it ends; on byte-level
+    tokenizers, whose decode spells an open character as one U+FFFD, every token starts there."""
     assert len(offsets) == len(ids)
     assert offsets == sorted(offsets) and all(0 <= offset <= len(text) for offset in offsets)
     for count, offset in enumerate(offsets):
-        before = tokenizer.decode(ids[:count], skip_special_tokens=False)
-        if not before.endswith(REPLACEMENT_CHAR):
+        before = case.tokenizer.decode(ids[:count], skip_special_tokens=False)
+        if case.is_byte_level or not before.endswith(REPLACEMENT_CHAR):
             assert offset == len(before)
         else:  # a character left open counts once
             assert len(before.rstrip(REPLACEMENT_CHAR)) < offset <= len(before)
+
+
+def _check_listed(case: Case, ids: list[int], cut: int, num_listed: int) -> None:
+    """Listed: the ids whose text starts before `cut`. On byte-level tokenizers, exactly those whose
+    first byte is in a character before it (the UTF-8 decoding of the bytes before them completes
+    fewer characters); elsewhere at least those whose text ends before `cut` and none whose text
+    starts after it."""
+    if case.is_byte_level:
+        raw = [case.raw(token_id) for token_id in ids]
+        assert num_listed == sum(_complete_chars(b"".join(raw[:count])) < cut for count in range(len(ids)))
+        return
+    decoded = [case.tokenizer.decode(ids[:count], skip_special_tokens=False) for count in range(1, len(ids) + 1)]
+    within = next((count for count in range(len(ids), 0, -1)
+                   if not decoded[count - 1].endswith(REPLACEMENT_CHAR) and len(decoded[count - 1]) < cut), 0)
+    assert within <= num_listed <= sum(len(_shown(case.tokenizer, ids[:count])) < cut for count in range(len(ids)))
+
+
+def _complete_chars(raw: bytes) -> int:
+    """Characters of `raw`'s lossy UTF-8 decoding, an incomplete character at its end left out."""
+    return len(codecs.getincrementaldecoder("utf-8")(errors="replace").decode(raw, final=False))
 
 
 @FUZZ
@@ -282,25 +313,23 @@ def test_string_stops_cut_the_decode_at_the_first_completed_stop(case, data):
               StopOptions(strings=stops), FinishReason.EOS if ends_with_eos else FinishReason.LENGTH)
     cut = _reference_stop(whole, stops)
     assert run.text == whole[:cut]
-    if cut is None:
-        assert run.final.reason == (FinishReason.EOS if ends_with_eos else FinishReason.LENGTH)
-        assert run.stopped_at is None
-        listed = len(ids)
-    else:
-        assert run.final.reason == FinishReason.STOP
-        # The stop is reported by the token that completes it (or at the end, in the flushed tail).
-        completes = next((count for count in range(1, len(ids) + 1)
-                          if _reference_stop(_shown(tokenizer, ids[:count]), stops) is not None), None)
-        assert run.stopped_at == completes
-        assert run.final.usage.completion_tokens == (completes or len(ids) + ends_with_eos)
-        # Listed: the tokens whose text starts before the cut; a token that shows nothing itself (its
-        # character is completed by a later one) goes with the text that shows it.
-        listed = sum(len(_shown(tokenizer, ids[:count])) < cut for count in range(len(ids)))
     # Log-probabilities: the entries of the returned text, placed where their text starts in it.
     entries = list(run.final.logprobs)
     assert entries[:len(run.step_entries)] == run.step_entries
-    assert [entry.token_id for entry in entries] == ids[:listed]
-    _check_offsets(tokenizer, ids[:listed], text_logprobs(entries)["text_offset"], run.text)
+    assert [entry.token_id for entry in entries] == ids[:len(entries)]
+    _check_offsets(case, ids[:len(entries)], text_logprobs(entries)["text_offset"], run.text)
+    if cut is None:
+        assert run.final.reason == (FinishReason.EOS if ends_with_eos else FinishReason.LENGTH)
+        assert run.stopped_at is None
+        assert len(entries) == len(ids)
+        return
+    assert run.final.reason == FinishReason.STOP
+    # The stop is reported by the token that completes it (or at the end, in the flushed tail).
+    completes = next((count for count in range(1, len(ids) + 1)
+                      if _reference_stop(_shown(tokenizer, ids[:count]), stops) is not None), None)
+    assert run.stopped_at == completes
+    assert run.final.usage.completion_tokens == (completes or len(ids) + ends_with_eos)
+    _check_listed(case, ids, cut, len(entries))
 
 
 @FUZZ
@@ -321,6 +350,10 @@ def test_token_stops_show_the_text_before_the_matched_ids(case, data):
     assert run.final.reason == FinishReason.STOP
     assert run.text == _shown(tokenizer, ids[:first])
     assert run.final.usage.completion_tokens == end
+    entries = list(run.final.logprobs)
+    assert [entry.token_id for entry in entries] == ids[:len(entries)]
+    _check_offsets(case, ids[:len(entries)], text_logprobs(entries)["text_offset"], run.text)
+    _check_listed(case, ids[:first], len(run.text), len(entries))
 
 
 def test_a_stop_that_hides_a_split_character_hides_the_entry_of_its_first_byte(deepseek_tokenizer):
@@ -331,3 +364,18 @@ def test_a_stop_that_hides_a_split_character_hides_the_entry_of_its_first_byte(d
     run = Run(case, ids, StopOptions(strings=("😀",)), FinishReason.LENGTH)
     assert (run.text, run.stopped_at, run.final.reason) == ("a", 3, FinishReason.STOP)
     assert [entry.token_id for entry in run.final.logprobs] == ids[:1]
+
+
+def test_a_stop_inside_a_held_group_lists_only_the_tokens_whose_text_it_shows(deepseek_tokenizer):
+    """`` \\xf0\\x9f\\x98`` holds a space and the emoji's first bytes and shows nothing alone; ``\\x80``
+    completes the emoji, and its delta `` 😀`` starts with the first token's space. The stop hides
+    the emoji: the space is shown (its token is listed), and the second token's text is all hidden
+    (it was listed, with a text_offset past the end of the text)."""
+    case = Case(deepseek_tokenizer, [], deepseek_tokenizer.token_to_id(EOS_TEXTS[1]), [])
+    ids = deepseek_tokenizer.encode("a 😀x", add_special_tokens=False).ids
+    assert [case.raw(token_id) for token_id in ids[1:3]] == [b" \xf0\x9f\x98", b"\x80"]
+    run = Run(case, ids, StopOptions(strings=("😀",)), FinishReason.LENGTH)
+    assert (run.text, run.stopped_at) == ("a ", 3)
+    entries = list(run.final.logprobs)
+    assert [entry.token_id for entry in entries] == ids[:2]
+    assert text_logprobs(entries)["text_offset"] == [0, 1]

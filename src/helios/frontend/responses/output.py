@@ -37,12 +37,13 @@ An `OutputProcessor` belongs to one request and is driven by one thread at a tim
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from helios.frontend.decoding.detokenize import IncrementalDetokenizer
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
 from helios.frontend.decoding.events import Event, ParseResult
 from helios.frontend.decoding.logprobs import LogprobEntry, PromptScoring, TokenTexts
 from helios.frontend.decoding.observation import (
@@ -146,17 +147,35 @@ class PendingText:
 
     def cut(self) -> tuple[list[Segment], list[LogprobEntry]]:
         """A stop matched: the released part of the first segment with text, as plain text, with the
-        entries up to that token's; drops the rest (text the stop hides, and its tokens' entries)."""
+        entries of the tokens whose text starts in it (that segment's text can begin with the text of
+        the tokens without text before it); drops the rest (text the stop hides, its tokens' entries)."""
         out, entries = [], []
         end = self._first_text()
         if end is not None and self._num_released:
             out.append((NOT_A_TOKEN, self._segments[end][1][: self._num_released]))
-            for index in range(end + 1):
-                entries.extend(self._entries[index])
+            group = [entry for index in range(end + 1) for entry in self._entries[index]]
+            entries.extend(entry for entry, start in zip(group, _text_starts(group)) if start < self._num_released)
         self._segments.clear()
         self._entries.clear()
         self._num_released = 0
         return out, entries
+
+
+def _text_starts(group: Sequence[LogprobEntry]) -> list[int]:
+    """Where each token of a held group (tokens that showed no text, then the one whose delta shows
+    theirs and its own) starts in that delta: the characters the tokens before it complete, counted
+    as `TextOffsets` counts a token with a character open, and a token that continues an open
+    character where that character begins."""
+    starts, num_chars, open_bytes = [], 0, b""
+    for entry in group:
+        starts.append(num_chars)
+        if not open_bytes and REPLACEMENT_CHAR not in entry.text:
+            num_chars += len(entry.text)
+        else:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            num_chars += len(decoder.decode(open_bytes + entry.token_bytes))
+            open_bytes = decoder.getstate()[0]
+    return starts
 
 
 class OutputProcessor:
