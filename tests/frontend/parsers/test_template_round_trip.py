@@ -71,10 +71,11 @@ class Rendering:
     turn_end: str = ""  # appended where the template renders no end of the final turn
     system: bool = True  # a system message renders the same with and without the final turn
     thinking_switch: str = ""  # the template argument that closes reasoning in the prompt when false
+    text_arguments: bool = False  # arguments given as JSON text are written as that text
 
 
 RENDERINGS = {
-    "hermes": Rendering(reasoning=True, thinking_switch="enable_thinking"),
+    "hermes": Rendering(reasoning=True, thinking_switch="enable_thinking", text_arguments=True),
     "qwen3-coder": Rendering(typed_text=True),
     "deepseek-v3": Rendering(),
     "deepseek-v3.1": Rendering(),
@@ -83,7 +84,7 @@ RENDERINGS = {
     "llama3": Rendering(max_calls=1, content=False),
     # The system message renders only in front of the conversation's last message.
     "mistral": Rendering(content=False, system=False),
-    "harmony": Rendering(max_calls=1, reasoning=True),
+    "harmony": Rendering(max_calls=1, reasoning=True, text_arguments=True),
 }
 # Text-valued syntaxes write values unescaped: a value holding its closing tag followed by (space
 # and) a tag that may follow a value reads as the value's end and the next tag, so none is drawn.
@@ -163,6 +164,22 @@ PIECES = (
     "<tool_call>", "<arg_key>", "</arg_value>", "<arg_value>", "```", "```json\n", '{"a": 1}', "null", "true", "3",
     "-1.5e3", "to=functions.x", "<|", "|>", "[TOOL_CALLS]", "<think>", "</think>", "\u2028", "e\u0301",
 )
+# Parameter schemas and the value kinds drawn for them. Each allows one reading of a value's text:
+# no string parameter also allows another type (see the module docstring).
+NODE = {"type": "object", "properties": {"name": {"type": "string"}, "next": {"$ref": "#/$defs/node"}}}
+PARAMETERS = (
+    (("string",), {"type": "string"}),
+    (("string",), {"type": "string", "description": "Any text.", "maxLength": 200}),
+    (("integer",), {"type": "integer", "minimum": -(10**20)}),
+    (("number",), {"type": "number"}),
+    (("integer",), {"type": "number"}),
+    (("boolean",), {"type": "boolean"}),
+    (("object",), {"type": "object", "properties": {"a": {"type": "string"}}}),
+    (("object",), {"$ref": "#/$defs/node"}),
+    (("array",), {"type": "array", "items": {}}),
+    (("integer", "null"), {"anyOf": [{"type": "integer"}, {"type": "null"}]}),
+    (("number", "null"), {"type": ["number", "null"]}),
+)
 TEXTS = ("Checking the weather.", "Sure — 東京 🧪 first.", "a < b && c > d", "Line one\nline two", "Use \"quotes\" \\ ok")
 
 
@@ -175,6 +192,7 @@ class Draw:
         self.rendering = RENDERINGS[case.name]
         self.controls = controls
         self.opener = opener  # the tool block opener: text holding it starts a block
+        self.kinds: dict[tuple[str, str], tuple[str, ...]] = {}  # (tool, parameter) -> the kinds drawn
 
     def _usable(self, text: str) -> bool:
         if any(control in text for control in self.controls):  # would be re-tokenized as the control
@@ -245,25 +263,23 @@ class Draw:
             names.add(name)
             properties = {}
             for _ in range(self.random.randint(0, 5)):
-                kind = self.random.choice(("string", "string", "integer", "number", "boolean", "object", "array",
-                                           "nullable"))
-                schema = {"type": kind}
-                if kind == "nullable":  # typed text: "None"/"null" is null, anything else an integer
-                    schema = {"anyOf": [{"type": "integer"}, {"type": "null"}]}
-                properties["p_" + self.name()] = schema
-            tools.append({"type": "function", "function": {
-                "name": name, "description": "A tool.", "parameters": {"type": "object", "properties": properties}}})
+                kinds, schema = self.random.choice(PARAMETERS)
+                key = self.random.choice(("p_", "城市_", "ключ.")) + self.name()
+                properties[key] = schema
+                self.kinds[name, key] = kinds
+            parameters = {"type": "object", "properties": properties, "$defs": {"node": NODE}}
+            tools.append({"type": "function", "function": {"name": name, "description": "A tool.",
+                                                           "parameters": parameters}})
         return tools
 
     def arguments(self, tool: dict) -> dict:
         r = self.random
-        properties = tool["function"]["parameters"]["properties"]
+        name = tool["function"]["name"]
         arguments = {}
-        for key, schema in properties.items():
+        for key in tool["function"]["parameters"]["properties"]:
             if r.random() < 0.2:
                 continue
-            kind = schema.get("type") or r.choice(("integer", "null"))
-            arguments[key] = self.value_of(kind)
+            arguments[key] = self.value_of(r.choice(self.kinds[name, key]))
         if not self.rendering.typed_text and r.random() < 0.3:  # free JSON where the syntax carries JSON
             arguments.update({self.key(): self.json_value() for _ in range(r.randint(1, 3))})
         return arguments
@@ -286,8 +302,10 @@ class Draw:
         for index in range(r.randint(1, self.rendering.max_calls)):
             tool = r.choice(tools)
             arguments = self.arguments(tool)
-            if self.case.string_arguments:  # the template concatenates the arguments text
-                arguments = json.dumps(arguments, ensure_ascii=r.random() < 0.5)
+            text = self.case.string_arguments or (self.rendering.text_arguments and r.random() < 0.5)
+            if text:  # JSON text as clients send it back, in the spellings a model may write
+                arguments = json.dumps(arguments, ensure_ascii=r.random() < 0.5, indent=r.choice((None, None, 2)),
+                                       separators=r.choice((None, (",", ":"), (", ", ": "))))
             calls.append({"id": self.call_id(index), "type": "function",
                           "function": {"name": tool["function"]["name"], "arguments": arguments}})
         final = {"role": "assistant", "content": "", "tool_calls": calls}
