@@ -300,8 +300,9 @@ def _first_byte_offsets(family: Family, ids: list[int]) -> list[int]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompt_logprobs_equal_transformers_and_repeat_over_a_cached_prefix(runner, families, name, stream):
     family = families(name)
+    _completion(runner, family, stream, prompt=LONG_PROMPT, max_tokens=1, temperature=0)  # cached, unscored
     bodies = []
-    for _ in range(2):  # the second request finds the first's prompt in the prefix cache
+    for _ in range(2):  # each finds the prompt in the prefix cache
         _, _, _, extra = _completion(runner, family, stream, prompt=LONG_PROMPT, max_tokens=2, temperature=0,
                                      extra_body={"prompt_logprobs": 3})
         bodies.append(extra["prompt_logprobs"])
