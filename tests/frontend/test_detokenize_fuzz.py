@@ -37,7 +37,6 @@ from helios.frontend.decoding.observation import ObservationOptions
 from helios.frontend.decoding.stops import StopOptions
 from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
 from helios.frontend.responses.output import OutputProcessor
-from helios.frontend.structured.grammar import GrammarCompiler
 from helios.runtime.records.events import FinishReason, TokenLogprobs
 
 from .conftest import _byte_to_unicode
@@ -68,15 +67,20 @@ class Case:
         self.piece_ids = [tokenizer.encode(piece, add_special_tokens=False).ids for piece in PIECES]
         self.vocab_size = tokenizer.get_vocab_size()
         self.eos = eos
-        grammar = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=self.vocab_size, eos_token_ids=[eos])
-        self.token_texts = TokenTexts(tokenizer, grammar.token_bytes)  # as a request's output path has them
+        self.token_texts = TokenTexts(tokenizer, self.raw)  # raw bytes as the grammar's vocabulary spells them
 
     def raw(self, token_id: int) -> bytes:
-        """A byte-level token's bytes (an added token's: its text's UTF-8)."""
+        """A token's own bytes: a byte-level token's, a byte-fallback token's byte, a ``▁`` word's text
+        with its space, an added token's text."""
         added = self.tokenizer.get_added_tokens_decoder().get(token_id)
+        token = self.tokenizer.id_to_token(token_id)
         if added is not None:
             return added.content.encode("utf-8")
-        return bytes(BYTES_OF[char] for char in self.tokenizer.id_to_token(token_id))
+        if self.is_byte_level:
+            return bytes(BYTES_OF[char] for char in token)
+        if token.startswith("<0x") and len(token) == 6:
+            return bytes([int(token[3:5], 16)])
+        return token.replace("▁", " ").encode("utf-8")
 
     def ids(self, data, max_size: int = 24) -> list[int]:
         """A random id sequence (without EOS)."""
