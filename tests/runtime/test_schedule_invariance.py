@@ -6,10 +6,11 @@ boundary; output limits of 1 to 20) runs on engines over eager programs of a tin
 (`stress.stress_model`, as `helios prepare` would declare them) that schedule it differently: one,
 two, five or sixteen rows at a time, prompt chunks of 16 or 256 tokens, the prefix cache on or off,
 a page pool small enough to preempt (recompute or offload), requests arriving in a shuffled order
-while others decode, some cancelled while waiting, in a prompt chunk or after some tokens. Every
-request that is not cancelled gives exactly the tokens it gives alone on a fresh engine (a
-cancelled one a prefix of them), and the idle engine holds nothing: every slot free, every page
-free or cached (free when the prefix cache is off), no snapshot owned by a request. The cores: a
+while others decode, some cancelled while waiting, in a prompt chunk or after some tokens, some
+ending early at an EOS id. Every request that is not cancelled gives exactly the tokens it gives
+alone on a fresh engine (a cancelled one a prefix of them), and the idle engine holds nothing: every
+slot free, every page free or cached (free when the prefix cache is off), no snapshot owned by a
+request, no request record left with the engine or its packer. The cores: a
 dense Llama, a sliding-window Mistral, a mixture-of-experts Qwen3 and the Bamba hybrid (recurrent
 state, reused through published snapshots). The dense core's requests alone also give transformers'
 float32 greedy tokens, up to a flip where transformers' top-2 logit margin is below `NEAR_TIE`.
@@ -74,6 +75,11 @@ class Schedule:
     staggered: bool = False  # arrivals in a shuffled order, while others decode
     cancels: float = 0.0  # share of requests cancelled (while waiting, in a prompt chunk, after tokens)
     priorities: bool = False  # random priorities (preemption takes the least important first)
+    smaller_chunks: tuple[int, ...] = ()  # smaller prompt programs beside `chunk` (CapacityPlan.prefill_chunks)
+    prefill_rows: tuple[int, ...] = (1,)  # row capacities of the PREFILL programs
+    offload_watermark: int = 0  # published snapshots move to host slots below this many available pages
+    eos: float = 0.0  # share of requests given an EOS id from their output alone (they end early)
+    window_pages: int | None = None  # pages of a window region of its own (None: never a shortage)
 
 
 # Where a cancellation is aimed (`Request.cancel_at`): still waiting (right after its submission),
@@ -128,18 +134,60 @@ def request_set(seed: int, vocab: int, count: int, snapshots: bool = False,
             for i, (prompt, limit, stable) in enumerate(shapes)]
 
 
-def engine_for(recipe, schedule: Schedule) -> Engine:
+def policy_of(schedule: Schedule) -> SchedulerPolicy:
+    return SchedulerPolicy(preemption=schedule.preemption, prefix_caching=schedule.prefix_caching,
+                           offload_watermark_pages=schedule.offload_watermark)
+
+
+def engine_for(core, schedule: Schedule) -> Engine:
+    """An engine for `core`: a recipe (its programs called eagerly, `stress.stress_model`) or a
+    prepared core (`PreparedCore`: the runtime `helios serve` builds)."""
+    if isinstance(core, PreparedCore):
+        return core.engine(schedule)
     plan = CapacityPlan(page_tokens=PAGE, context_tokens=CONTEXT, prefill_tokens=schedule.chunk,
-                        decode_batches=DECODE_BATCHES, token_logprobs=False)
+                        decode_batches=DECODE_BATCHES, prefill_batches=schedule.prefill_rows,
+                        prefill_chunks=schedule.smaller_chunks, token_logprobs=False)
     startup = StartupOptions(max_concurrency=schedule.max_batch)
-    model = stress_model(recipe, None, plan, startup, schedule.num_pages)
-    policy = SchedulerPolicy(preemption=schedule.preemption, prefix_caching=schedule.prefix_caching)
-    return stress_engine(model, policy, schedule.host_pages, frames=schedule.frames)
+    model = stress_model(core, None, plan, startup, schedule.num_pages, schedule.window_pages)
+    return stress_engine(model, policy_of(schedule), schedule.host_pages, frames=schedule.frames)
 
 
-def alone(recipe, spec: RequestSpec) -> list[int]:
+class PreparedCore:
+    """A core prepared from a checkpoint with the tokenizer of `support.chat_checkpoint`, prompt
+    programs of 16, 64 and 256 tokens; a schedule picks its startup chunk and rows (the programs
+    that hold them), pages and policy, as `helios serve` would (`build_runtime`)."""
+
+    NAMESPACE = "test.helios/schedule-invariance"
+
+    def __init__(self, family, seed: int, root: Path):
+        from helios.core.keys import SigningKey
+        from helios.core.reader import open_core
+        from helios.ignition.export import PrepareOptions, prepare_core
+        from support.chat_checkpoint import VOCAB_SIZE, write_chat_checkpoint
+
+        key = SigningKey.generate()
+        checkpoint = write_chat_checkpoint(family, root / "checkpoint", seed=seed)
+        plan = CapacityPlan(page_tokens=PAGE, context_tokens=CONTEXT, prefill_tokens=256, prefill_chunks=(16, 64),
+                            decode_batches=DECODE_BATCHES, token_logprobs=False)
+        prepare_core(checkpoint, root / "model.core", key, PrepareOptions(self.NAMESPACE, capacities=plan))
+        self.core = open_core(root / "model.core", accept=self.NAMESPACE, trusted_keys=[key.public])
+        self.vocab_size = VOCAB_SIZE
+
+    def engine(self, schedule: Schedule) -> Engine:
+        from helios.runtime.loading.model import LoadOptions
+        from helios.runtime.service import RuntimeOptions, build_runtime
+
+        startup = StartupOptions(max_concurrency=schedule.max_batch, prefill_tokens=schedule.chunk)
+        load = LoadOptions(startup=startup, num_pages=schedule.num_pages, window_pages=schedule.window_pages)
+        runtime = build_runtime(self.core, RuntimeOptions(load=load, policy=policy_of(schedule),
+                                                          host_pages=schedule.host_pages))
+        runtime.engine.frames = schedule.frames
+        return runtime.engine
+
+
+def alone(core, spec: RequestSpec) -> list[int]:
     """`spec`'s tokens as the only request of a fresh engine (the default schedule)."""
-    (request,) = serve(recipe, Schedule(), [spec], random.Random(0)).requests.values()
+    (request,) = serve(core, Schedule(), [spec], random.Random(0)).requests.values()
     assert [f.reason for f in request.finishes] == [FinishReason.LENGTH], request.finishes
     return request.tokens
 
@@ -218,9 +266,9 @@ class Served:
     max_rows: int  # the most rows of a plan
 
 
-def serve(recipe, schedule: Schedule, specs: list[RequestSpec], rng: random.Random) -> Served:
+def serve(core, schedule: Schedule, specs: list[RequestSpec], rng: random.Random) -> Served:
     """Serves `specs` under `schedule` on a fresh engine; asserts it holds nothing once idle."""
-    engine = engine_for(recipe, schedule)
+    engine = engine_for(core, schedule)
     run = Run(engine, schedule, specs, rng)
     requests = run.run()
     max_rows = max(len(plan.rows) for plan in run.plans)
@@ -231,7 +279,9 @@ def serve(recipe, schedule: Schedule, specs: list[RequestSpec], rng: random.Rand
 
 
 def assert_idle(engine: Engine, schedule: Schedule) -> None:
-    """Nothing held: every slot free, every page free or cached, no snapshot owned by a request."""
+    """Nothing held: every slot free, every page (and window page) free or cached, or held by a
+    published snapshot; with the prefix cache off and no snapshot, every page free; no snapshot
+    owned by a request; no request left with the engine or its packer."""
     scheduler = engine.scheduler
     assert not scheduler.has_work and not scheduler.queues.requests
     scheduler.check_invariants()
@@ -239,32 +289,46 @@ def assert_idle(engine: Engine, schedule: Schedule) -> None:
     cache = scheduler.cache
     assert all(s.owner is None and s.ready and not s.is_busy for s in cache.snapshots.snapshots())
     held = set(cache.snapshots.page_holders())
-    pool = cache.pool
-    for page in range(pool.num_pages):
-        assert pool.allocator.is_free(page) or pool.cache.is_parked(page) or page in held, f"page {page} held"
+    pools = [(cache.pool, held)] + ([(cache.window.pool, set())] if cache.window is not None else [])
+    for pool, holders in pools:
+        for page in range(pool.num_pages):
+            assert pool.allocator.is_free(page) or pool.cache.is_parked(page) or page in holders, f"page {page} held"
     counters = scheduler.counters()
     assert counters.num_running == counters.num_waiting == counters.num_inflight_plans == 0
+    assert counters.window_pages_free + counters.window_pages_cached == counters.window_pages_total, counters
     if not schedule.prefix_caching and not held:
         assert counters.pages_free == counters.pages_total, counters
-    assert not cache.groups.num_members and not engine._active
+        assert counters.window_pages_free == counters.window_pages_total, counters
+    assert not cache.groups.num_members and not engine._active and not engine.feedback.watching
+    released = set(scheduler._released_ids)  # (the packers drop these with the next plan)
+    assert set(engine.executor.packer._requests) <= released, set(engine.executor.packer._requests) - released
 
 
 def check_invariance(recipe, schedule: Schedule, specs: list[RequestSpec], expected: dict[str, list[int]],
                      seed: int) -> Served:
-    """Serves `specs` under `schedule`; asserts each request against its tokens alone."""
-    served = serve(recipe, schedule, specs, random.Random(seed))
+    """Serves `specs` under `schedule`; asserts each request against its tokens alone (with
+    `schedule.eos`, some end at an EOS id drawn from their output alone: cut after its first)."""
+    rng, specs = random.Random(seed), list(specs)
+    natural = {}  # request id -> (its tokens, how it ends) when it is not cancelled
+    for index, spec in enumerate(specs):
+        want, reason = expected[spec.request_id][:spec.max_output_tokens], FinishReason.LENGTH
+        if rng.random() < schedule.eos:
+            eos = rng.choice(want)
+            specs[index] = spec = dataclasses.replace(spec, eos_ids=frozenset({eos}))
+            want, reason = want[:want.index(eos) + 1], FinishReason.EOS
+        natural[spec.request_id] = want, reason
+    served = serve(recipe, schedule, specs, rng)
     for name, request in served.requests.items():
-        want = expected[name][:request.spec.max_output_tokens]
+        want, reason = natural[name]
         assert len(request.finishes) == 1, (name, request.finishes)
         finish = request.finishes[0]
         where = f"{name} ({len(request.spec.prompt_ids)} prompt tokens) under {schedule}"
         if request.cancelled:
-            assert finish.reason in (FinishReason.CANCELLED, FinishReason.LENGTH), (where, finish)
+            assert finish.reason in (FinishReason.CANCELLED, reason), (where, finish)
             assert request.tokens == want[:len(request.tokens)], (where, request.tokens, want)
         else:
-            assert finish.reason == FinishReason.LENGTH, (where, finish)
-            assert request.tokens == want, (where, request.tokens, want)
-        if finish.reason == FinishReason.LENGTH:
+            assert finish.reason == reason, (where, finish)
+        if finish.reason == reason:
             assert request.tokens == want, (where, request.tokens, want)
         assert finish.num_output_tokens == len(request.tokens), (where, finish)
         assert finish.num_prompt_tokens == len(request.spec.prompt_ids), (where, finish)
@@ -302,7 +366,7 @@ SCHEDULES = {
     "two-rows-small-chunks": Schedule(max_batch=2, chunk=16),
     "five-rows-no-prefix-cache": Schedule(max_batch=5, prefix_caching=False),
     "many-small-chunks-one-frame": Schedule(chunk=16, frames=1),
-    "staggered-cancels": Schedule(max_batch=5, chunk=16, staggered=True, cancels=0.3),
+    "staggered-cancels": Schedule(max_batch=5, chunk=16, staggered=True, cancels=0.3, eos=0.3),
     "preempt-recompute": Schedule(num_pages=48, staggered=True),
     "preempt-offload-cancels": Schedule(num_pages=48, chunk=16, preemption=OFFLOAD, host_pages=48,
                                         staggered=True, cancels=0.25),
@@ -318,6 +382,19 @@ HUNT_SCHEDULES = {
     "tight-priorities-cancels": Schedule(num_pages=44, chunk=24, preemption=OFFLOAD, host_pages=24, staggered=True,
                                          cancels=0.3, priorities=True),
     "many-priorities-one-frame": Schedule(chunk=40, frames=1, staggered=True, cancels=0.1, priorities=True),
+    "program-sizes-staggered": Schedule(chunk=64, smaller_chunks=(8, 24), prefill_rows=(1, 4), staggered=True,
+                                        cancels=0.2),
+    "program-sizes-tight": Schedule(max_batch=5, chunk=48, smaller_chunks=(16,), prefill_rows=(1, 2), num_pages=44,
+                                    preemption=OFFLOAD, host_pages=32, staggered=True, priorities=True),
+    "snapshots-to-host": Schedule(num_pages=60, chunk=32, host_pages=64, offload_watermark=40, staggered=True,
+                                  cancels=0.1),
+    "snapshots-to-host-preempt": Schedule(max_batch=5, num_pages=44, chunk=16, preemption=OFFLOAD, host_pages=40,
+                                          offload_watermark=30, staggered=True, priorities=True),
+    "eos-staggered": Schedule(chunk=32, staggered=True, cancels=0.1, eos=0.5),
+    "eos-tight-two-rows": Schedule(max_batch=2, num_pages=44, chunk=16, staggered=True, eos=0.5, priorities=True),
+    "tight-window-pages": Schedule(chunk=16, window_pages=9, staggered=True, cancels=0.2),
+    "tight-window-and-pages": Schedule(max_batch=5, chunk=16, num_pages=44, window_pages=12, staggered=True,
+                                       eos=0.2, priorities=True),
     "tight-no-prefix-cache": Schedule(max_batch=2, num_pages=44, chunk=7, prefix_caching=False, staggered=True,
                                       cancels=0.3),
 }
@@ -414,26 +491,34 @@ def test_alone_the_dense_core_gives_transformers_greedy_tokens(models, request_s
 # -- more seeds, outside the suite ---------------------------------------------------------------
 
 def hunt(seeds: range, names: list[str], count: int = 16) -> None:
+    """Every hunt schedule over `seeds` on each named core (`prepared:NAME`: its prepared core)."""
     import tempfile
 
     failures = 0
     with tempfile.TemporaryDirectory() as directory:
-        recipes = {name: load_checkpoint(write_checkpoint(random_model(*family), Path(directory) / name))
-                   for name, family in HUNT_FAMILIES.items() if name in names}
+        cores = {}
+        for name in names:
+            family = HUNT_FAMILIES[name.removeprefix("prepared:")]
+            root = Path(directory) / name.replace(":", "-")
+            if name.startswith("prepared:"):
+                cores[name] = PreparedCore(*family, root)
+            else:
+                cores[name] = load_checkpoint(write_checkpoint(random_model(*family), root))
         for seed in seeds:
-            for name, recipe in recipes.items():
-                specs = request_set(seed, recipe.architecture.vocab_size, count, True, continuations(recipe))
-                expected = expected_alone(recipe, specs)
+            for name, core in cores.items():
+                vocab = core.vocab_size if isinstance(core, PreparedCore) else core.architecture.vocab_size
+                specs = request_set(seed, vocab, count, True, continuations(core))
+                expected = expected_alone(core, specs)
                 for label, schedule in HUNT_SCHEDULES.items():
                     try:
-                        served = check_invariance(recipe, schedule, specs, expected, seed)
+                        served = check_invariance(core, schedule, specs, expected, seed)
                         c = served.counters
                         print(seed, name, label, "rows", served.max_rows, "preempt", c.preemptions, "reused",
                               c.prefix_reused_tokens, "cancelled", sum(r.cancelled for r in served.requests.values()),
                               "snap", c.snapshots_published, c.snapshots_restored, flush=True)
-                    except AssertionError as error:
+                    except Exception as error:  # (an engine failure as well as a mismatch)
                         failures += 1
-                        print("FAIL", seed, name, label, str(error)[:600], flush=True)
+                        print("FAIL", seed, name, label, type(error).__name__, str(error)[:800], flush=True)
             print("seed", seed, "done, failures so far", failures, flush=True)
     print("failures:", failures)
 
