@@ -6,7 +6,8 @@ template) is prepared with a one-layer truncated copy of itself as the draft (sp
 drafted runs and reject them) and served four times in this process: speculating with the learned
 draft ("learned"), speculating with history drafting too ("history"), `--speculative-width 1` (the
 documented switch that turns speculation off: the reference) and a scheduler that never picks
-speculative programs ("decode": plain DECODE steps).
+speculative programs ("decode": plain DECODE steps); the same weights are also prepared with device
+prefix allocation (ceilings of 4 a lane within P = 2 a lane) and MIXED steps ("allocating").
 
 Every greedy request below goes to both speculating servers, as JSON and as a stream, and must come
 back as the reference answers it: text, token ids, finish reason, usage, log-probabilities (float32
@@ -16,8 +17,9 @@ repeated run, stop_token_ids and stop_token_sequences on a token the draft propo
 and top_logprobs, echo, prompt_logprobs, json_schema output, tools with tool_choice required and
 named, logit_bias on a drafted token, presence/frequency/repetition penalties on outputs that repeat
 (a drafted token must see the penalties of the tokens accepted before it). Then all of them at once
-on each of the three other servers (speculating lanes beside lanes that cannot draft in one round,
-and beside requests that keep every step plain).
+on every server but the reference (speculating lanes beside lanes that cannot draft in one round,
+beside requests that keep every step plain, and on "allocating" in rounds trimmed to P and in MIXED
+steps).
 
 Seeded sampling (temperature 1): Helios does not document that a seeded request draws the same
 tokens with and without speculation (it does not: verification is rejection sampling), so the
@@ -28,8 +30,8 @@ at the program level), and n seeded choices are checked against single requests 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -37,7 +39,7 @@ import torch
 import transformers
 
 from helios.contract import StartupOptions
-from helios.core.keys import SigningKey, write_key_pair
+from helios.core.keys import SigningKey, load_signing_key, write_key_pair
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.speculative_plan import SpeculativePlan
@@ -56,6 +58,7 @@ SERVED_ID = "tiny-chat"
 QUEUE = 16  # permits for n = 16 beside max-active 4
 REFERENCE = "width-1"
 SPECULATING = ("learned", "history")
+ALLOCATING = "allocating"  # the same weights prepared with device prefix allocation and MIXED steps
 WIDTH, DRAFTS = 4, 3
 # A prompt whose greedy output repeats one token (298, "ld") many times: stops, penalties and a
 # bias on that token all act inside runs the draft proposes.
@@ -66,7 +69,7 @@ REPEATED_TOKEN = 298
 EOS_PROMPTS = ([301, 130, 155, 101], [102, 23, 140], [287, 73, 157, 65, 251])
 
 
-@dataclass
+@dataclasses.dataclass
 class Server:
     served: ServedModel
     counting: Counting
@@ -86,6 +89,12 @@ def count_mixed_rounds(executor, into: list) -> None:
     executor.finish = counted
 
 
+def prepare(checkpoint, draft, root, key: SigningKey, speculative: SpeculativePlan, mixed: bool):
+    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=mixed, scored_prefill=True,
+                        speculative=speculative)
+    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+
+
 @pytest.fixture(scope="module")
 def checkpoint_and_core(tmp_path_factory):
     root = tmp_path_factory.mktemp("served-speculation")
@@ -93,10 +102,23 @@ def checkpoint_and_core(tmp_path_factory):
     draft = write_truncated_checkpoint(checkpoint, root / "draft", 1)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=False, scored_prefill=True,
-                        speculative=SpeculativePlan(draft, widths=(1, WIDTH)))
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+    prepare(checkpoint, draft, root, key, SpeculativePlan(draft, widths=(1, WIDTH)), mixed=False)
     return checkpoint, draft, root
+
+
+def start_server(root, startup: StartupOptions, policy: SchedulerPolicy = SchedulerPolicy(),
+                 public_key=None) -> Server:
+    opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public_key or root / "publisher.key.pub"])
+    options = RuntimeOptions(load=LoadOptions(startup=startup), queue_capacity=QUEUE, policy=policy)
+    runtime = build_runtime(opened, options)
+    counting, mixed_rounds = Counting(), []
+    counting.wrap(runtime.engine.executor)
+    count_mixed_rounds(runtime.engine.executor, mixed_rounds)
+    served = ServedModel.from_runtime(runtime, queue_capacity=QUEUE, frontend_workers=2)
+    served.start()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test",
+                               timeout=120)
+    return Server(served, counting, client, mixed_rounds)
 
 
 @pytest.fixture(scope="module")
@@ -106,28 +128,25 @@ def runner():
 
 
 @pytest.fixture(scope="module")
-def servers(checkpoint_and_core):
-    _, _, root = checkpoint_and_core
+def servers(checkpoint_and_core, tmp_path_factory):
+    checkpoint, draft, root = checkpoint_and_core
+    # the same weights prepared with device prefix allocation (ceilings of 4 a lane within P = 2 a
+    # lane: a lane's length depends on the others' confidence) and MIXED steps (decoding lanes
+    # take one plain token beside a prompt)
+    allocating = tmp_path_factory.mktemp("allocating")
+    prepare(checkpoint, draft, allocating, load_signing_key(root / "publisher.key"),
+            SpeculativePlan(draft, widths=(1, WIDTH), allocate_prefixes=True, packed_per_lane=2), mixed=True)
     configurations = {
-        "learned": (StartupOptions(), SchedulerPolicy()),
-        "history": (StartupOptions(history_drafting=True), SchedulerPolicy()),
-        REFERENCE: (StartupOptions(speculative_width=1), SchedulerPolicy()),
-        "decode": (StartupOptions(), SchedulerPolicy(speculative=False)),
+        "learned": (root, StartupOptions(), SchedulerPolicy()),
+        "history": (root, StartupOptions(history_drafting=True), SchedulerPolicy()),
+        REFERENCE: (root, StartupOptions(speculative_width=1), SchedulerPolicy()),
+        "decode": (root, StartupOptions(), SchedulerPolicy(speculative=False)),
+        ALLOCATING: (allocating, StartupOptions(), SchedulerPolicy()),
     }
     started = {}
     try:
-        for name, (startup, policy) in configurations.items():
-            opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
-            options = RuntimeOptions(load=LoadOptions(startup=startup), queue_capacity=QUEUE, policy=policy)
-            runtime = build_runtime(opened, options)
-            counting, mixed_rounds = Counting(), []
-            counting.wrap(runtime.engine.executor)
-            count_mixed_rounds(runtime.engine.executor, mixed_rounds)
-            served = ServedModel.from_runtime(runtime, queue_capacity=QUEUE, frontend_workers=2)
-            served.start()
-            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(served)), base_url="http://test",
-                                       timeout=120)
-            started[name] = Server(served, counting, client, mixed_rounds)
+        for name, (core_root, startup, policy) in configurations.items():
+            started[name] = start_server(core_root, startup, policy, root / "publisher.key.pub")
         yield started
     finally:
         for server in started.values():
@@ -137,7 +156,7 @@ def servers(checkpoint_and_core):
 def test_the_servers_select_the_widths_they_were_started_with(servers):
     widths = {name: {p.speculative.verify_tokens for p in server.served.engine.executor.model.programs
                      if p.speculative is not None} for name, server in servers.items()}
-    assert widths == {"learned": {WIDTH}, "history": {WIDTH}, REFERENCE: {1}, "decode": {WIDTH}}
+    assert widths == {"learned": {WIDTH}, "history": {WIDTH}, REFERENCE: {1}, "decode": {WIDTH}, ALLOCATING: {WIDTH}}
 
 
 # -- the requests ---------------------------------------------------------------------------------
@@ -333,14 +352,16 @@ def test_the_cases_exercise_what_they_name(expected):
     assert expected["tools_required"][0]["choices"][0]["message"]["tool_calls"]
 
 
-@pytest.mark.parametrize("server_name", [*SPECULATING, "decode"])
+@pytest.mark.parametrize("server_name", [*SPECULATING, ALLOCATING, "decode"])
 def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers, runner, expected):
     # JSON and streamed requests of every case, five at a time (at most 20 choices: the permits):
     # lanes that draft share rounds with lanes that cannot (grammar, stops, max_tokens) and with
     # steps that do not speculate at all (log-probabilities, logit bias)
     server = servers[server_name]
     gate = asyncio.Semaphore(5)
-    before_accepted, before_mixed = server.counting.accepted, len(server.mixed_rounds)
+    counting = server.counting
+    accepted, trimmed, mixed_steps = counting.accepted, counting.trimmed_rounds, counting.operations["MIXED"]
+    before_mixed = len(server.mixed_rounds)
 
     async def one(name: str, streamed: bool):
         async with gate:
@@ -354,9 +375,11 @@ def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers
     tasks, answers = runner.run(everything())
     for (name, streamed), answer in zip(tasks, answers):
         assert_same(answer, expected[name][streamed], f"{server_name} {name} {'stream' if streamed else 'JSON'}")
-    if server_name in SPECULATING:
-        assert server.counting.accepted > before_accepted
+    if server_name != "decode":
+        assert counting.accepted > accepted
         assert len(server.mixed_rounds) > before_mixed
+    if server_name == ALLOCATING:  # rounds trimmed to P, and decoding lanes in MIXED steps
+        assert counting.trimmed_rounds > trimmed and counting.operations["MIXED"] > mixed_steps
 
 
 # -- seeded sampling ------------------------------------------------------------------------------
@@ -414,8 +437,10 @@ def test_seeded_sampling_keeps_the_target_distribution(servers, runner, checkpoi
 
 
 def test_seeded_choices_equal_single_requests_with_their_seeds(servers, runner):
-    # README: choice j samples with seed s + j and equals a single request with that seed; here
-    # every one of them speculates (the same rounds alone and beside each other)
+    # README: choice j samples with seed s + j and equals a single request with that seed. On this
+    # core every one of them speculates in the same rounds alone and beside each other; on
+    # "allocating" a lane's rounds depend on the other lanes (prefix allocation within P, MIXED
+    # steps) and rejection sampling's tokens on the rounds, so there they differ (not asserted)
     body = {"model": SERVED_ID, "prompt": REPEATING, "max_tokens": 24, "seed": 41, **SAMPLED, "return_token_ids": True}
     server = servers["learned"]
 
