@@ -337,8 +337,9 @@ def test_output_logprobs_after_a_cached_prefix_equal_transformers(runner, famili
 
 def _chat(runner, family: Family, stream: bool, **fields):
     """Each choice's (logprob items, output ids) and the prompt ids of a chat request."""
+    extra = {"return_token_ids": True, **fields.pop("extra_body", {})}
     response = runner.run(family.client.chat.completions.create(
-        model=SERVED_ID, messages=USER, logprobs=True, stream=stream, extra_body={"return_token_ids": True}, **fields))
+        model=SERVED_ID, messages=USER, logprobs=True, stream=stream, extra_body=extra, **fields))
     if not stream:
         ordered = sorted(response.choices, key=lambda c: c.index)
         prompt_ids = response.model_extra["prompt_token_ids"]
@@ -413,16 +414,22 @@ def test_an_echoed_byte_ff_token_counts_as_one_character(runner, families):
 
 @pytest.mark.parametrize("name", ALL)
 def test_logprobs_report_the_penalized_distribution(runner, families, name):
+    """Repetition (over prompt and output tokens), then frequency and presence penalties (over
+    output tokens), as `helios.abi.sampling.apply_penalties` documents them."""
     family = families(name)
     choices, prompt_ids = _chat(runner, family, False, max_tokens=6, temperature=0, top_logprobs=3,
-                                frequency_penalty=1.5, presence_penalty=0.5)
+                                frequency_penalty=1.5, presence_penalty=0.5, extra_body={"repetition_penalty": 1.3})
     ((content, output_ids),) = choices
     logits = family.reference.logits(list(prompt_ids) + list(output_ids))[len(prompt_ids) - 1:]
+    vocab = logits.shape[1]
+    prompt_seen = torch.bincount(torch.tensor(prompt_ids), minlength=vocab) > 0
     rows = []
     for position in range(len(output_ids)):
-        counts = torch.bincount(torch.tensor(output_ids[:position], dtype=torch.long), minlength=logits.shape[1])
-        penalized = logits[position] - 1.5 * counts.double() - 0.5 * (counts > 0).double()
-        rows.append(torch.log_softmax(penalized, dim=-1))
+        counts = torch.bincount(torch.tensor(output_ids[:position], dtype=torch.long), minlength=vocab).double()
+        row = logits[position]
+        row = torch.where(prompt_seen | (counts > 0), torch.where(row > 0, row / 1.3, row * 1.3), row)
+        row = row - 1.5 * counts - 0.5 * (counts > 0).double()
+        rows.append(torch.log_softmax(row, dim=-1))
     assert output_ids[: len(content)] == [int(rows[i].argmax()) for i in range(len(content))]
     _check_chat_items(family, content, torch.stack(rows), output_ids, 3)
 
