@@ -4,17 +4,18 @@ Random id sequences (ids of text pieces, ids holding part of a UTF-8 character, 
 tokens, special and added tokens, ``\\r\\n``, SentencePiece ``▁`` tokens) go through
 `IncrementalDetokenizer` one id at a time and in random groups, and through the frontend's output
 path (`OutputProcessor` with string stops, token stops, EOS and log-probabilities) as a request
-builds it, on five tokenizers: the embedded default model's, Qwen's and DeepSeek's (byte-level BPE),
-a SentencePiece-style one (``▁`` word markers, byte-fallback tokens, Llama-2's decoder) and one with
-added special and non-special tokens. References:
+builds it, on six tokenizers: the embedded default model's, Qwen's and DeepSeek's (byte-level BPE),
+SentencePiece-style ones (``▁`` word markers, byte-fallback tokens; Llama-2's decoder and the
+Metaspace decoder) and one with added special and non-special tokens. References:
 
 - detokenization: the deltas joined equal ``tokenizer.decode(ids, skip_special_tokens=...)``; only
   the flushed tail may end in U+FFFD (an open character);
 - string stops: the decode cut at the stop that completes first (of those, the longest; stop
   excluded), finish reason ``stop``, the text streamed equal to it; token stops: the text of the
   ids before the matched sequence (a character they leave open is not shown);
-- log-probabilities: one entry per token whose text the output shows, ``text_offset`` the length
-  of the text the tokens before it decode to (an open character counted once).
+- log-probabilities: one entry per token whose text starts before the cut (a token continuing a
+  character where that character starts), ``text_offset`` the length of the text the tokens before
+  it decode to (an open character counted once).
 
 Where a tokenizer's decode of the whole is not the decode of its start followed by more text
 (byte-fallback groups: a complete character followed by a stray byte decodes to U+FFFD for every
@@ -47,6 +48,7 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
                                                                          HealthCheck.too_slow])
 LLAMA2 = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                             decoders.Strip(" ", 1, 0)])
+METASPACE = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace("▁", prepend_scheme="first")])
 PIECES = ["Hello", " world", ", the", " quick", "\r\n", "\n\n", "  ", " ", "é", "世界", "😀", "👍🏽", "€uro", "x",
           "<think>", "end", "\t{\"a\": 1}", "ꙮ", "𓀀"]
 ADDED = [("<|sep|>", True), ("[TOOL]", False), ("<think>", False), (" spaced ", False)]
@@ -114,8 +116,8 @@ def _space_ids(tokenizer: Tokenizer) -> list[int]:
     return sorted({i for text in (" ", "  ", "\r\n", "\n") for i in tokenizer.encode(text, add_special_tokens=False).ids})
 
 
-def _sentencepiece() -> Case:
-    tokenizer = sentencepiece_like(LLAMA2)
+def _sentencepiece(decoder) -> Case:
+    tokenizer = sentencepiece_like(decoder)
     partial = [tokenizer.token_to_id(f"<0x{byte:02X}>") for byte in range(0x80, 0x100)]
     return Case(tokenizer, partial, tokenizer.token_to_id("</s>"), [tokenizer.token_to_id("▁")] + _space_ids(tokenizer),
                 False)
@@ -127,7 +129,7 @@ def _with_added_tokens() -> Case:
     return _byte_level(tokenizer)
 
 
-@pytest.fixture(scope="module", params=["embedded", "qwen", "deepseek", "sentencepiece", "added"])
+@pytest.fixture(scope="module", params=["embedded", "qwen", "deepseek", "sentencepiece", "metaspace", "added"])
 def case(request) -> Case:
     if request.param == "embedded":
         return _byte_level(Tokenizer.from_file(str(EMBEDDED)))
@@ -136,7 +138,9 @@ def case(request) -> Case:
     if request.param == "deepseek":
         return _byte_level(request.getfixturevalue("deepseek_tokenizer"))
     if request.param == "sentencepiece":
-        return _sentencepiece()
+        return _sentencepiece(LLAMA2)
+    if request.param == "metaspace":
+        return _sentencepiece(METASPACE)
     return _with_added_tokens()
 
 
@@ -185,24 +189,31 @@ def test_streamed_deltas_join_to_the_whole_decode(case, skip, data):
     assert not any(delta.endswith(REPLACEMENT_CHAR) for delta in deltas)
 
 
+@pytest.mark.parametrize("skip", [True, False])
 @FUZZ
 @given(data=st.data())
-def test_a_continuation_adds_what_the_context_and_output_decode_to(case, data):
+def test_a_continuation_adds_what_the_context_and_output_decode_to(case, skip, data):
     context, ids = case.ids(data, 8), case.ids(data)
     tokenizer = case.tokenizer
-    context_text = tokenizer.decode(context[-5:], skip_special_tokens=False)
-    if (not tokenizer.decode(context[-5:]) or context_text.endswith(REPLACEMENT_CHAR)
-            or not _is_prefix_stable(tokenizer, context[-5:] + ids, False)):
+    # The detokenizer reads the context's last ids unless they hold no text or end inside a character.
+    usable = context[-5:]
+    if not tokenizer.decode(usable) or tokenizer.decode(usable, skip_special_tokens=skip).endswith(REPLACEMENT_CHAR):
+        usable = []
+    context_text = tokenizer.decode(usable, skip_special_tokens=skip)
+    if not _is_prefix_stable(tokenizer, usable + ids, skip):
         return
-    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False, context_ids=context)
-    text = detokenizer.feed_many(ids) + detokenizer.finish()
-    assert context_text + text == tokenizer.decode(context[-5:] + ids, skip_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, context_ids=context)
+    deltas = [detokenizer.feed_many(group) for group in _groups(data, ids)]
+    assert context_text + "".join(deltas) + detokenizer.finish() == tokenizer.decode(usable + ids,
+                                                                                    skip_special_tokens=skip)
+    assert not any(delta.endswith(REPLACEMENT_CHAR) for delta in deltas)
 
 
-def test_a_leading_space_token_keeps_its_space():
-    """A SentencePiece ``▁`` alone at the start decodes to nothing (Llama-2's decoder strips one
-    space), but it is text: the word after it keeps its space, as in the whole decode."""
-    tokenizer = sentencepiece_like(LLAMA2)
+@pytest.mark.parametrize("decoder", [LLAMA2, METASPACE], ids=["llama-2", "metaspace"])
+def test_a_leading_space_token_keeps_its_space(decoder):
+    """A SentencePiece ``▁`` alone at the start decodes to nothing (the decoder strips the text's
+    first space), but it is text: the word after it keeps its space, as in the whole decode."""
+    tokenizer = sentencepiece_like(decoder)
     ids = [tokenizer.token_to_id("▁"), tokenizer.token_to_id("▁world,")]
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
     assert detokenizer.feed_many(ids) + detokenizer.finish() == tokenizer.decode(ids) == " world,"
