@@ -445,3 +445,41 @@ def test_served_forced_call_arguments_validate(served_app):
                 assert validate(arguments, raw_text_schema(parameters)) == [], (call, parameters)
             judged += 1
     assert judged >= 4
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
+    from helios.runtime.service import RuntimeOptions, build_runtime
+    from helios.server.service import ServedModel
+    from support.family_checkpoints import CASES, prepared_family_core
+
+    case = next(case for case in CASES if case.name == "hermes")
+    tokenizer, opened = prepared_family_core(case, tmp_path_factory.getbasetemp(), qwen_tokenizer, deepseek_tokenizer)
+    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=2)), queue_capacity=2,
+                                      frontend_workers=1)
+    return case.name, tokenizer, served.frontend
+
+
+def test_json_call_arguments_never_spell_the_block_closer(hermes):
+    """Hermes finds ``</tool_call>`` as text: a string argument that spelled it in plain-text tokens
+    ended the block inside the JSON, and the forced call came back as answer text with a parse error."""
+    name, tokenizer, frontend = hermes
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string"}, "o": {"type": "object"}}, "required": ["s"]}}}
+    body = {"model": name, "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required"}
+    prepared = frontend.prepare_chat(ChatCompletionRequest.model_validate(body))
+
+    def call_ids(arguments: str) -> list[int]:  # the arguments one character a token: no special token
+        pieces = ['<tool_call>\n{"name": "f", "arguments": ', *arguments, "}\n", "</tool_call>"]
+        return [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False).ids]
+
+    def accepts(ids: list[int]) -> bool:
+        probe = prepared.grammar.fork()
+        return all(probe.consume_token(t) for t in ids)
+
+    good = call_ids('{"s":"a</tool_cal>"}')
+    assert accepts(good)
+    _, final = run_output(prepared, good)
+    assert final.result.errors == () and [call.arguments for call in final.result.tool_calls] == ['{"s": "a</tool_cal>"}']
+    assert not accepts(call_ids('{"s":"a</tool_call>b"}'))
+    assert not accepts(call_ids('{"s":"","o":{"</tool_call>":1}}'))

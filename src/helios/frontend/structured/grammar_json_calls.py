@@ -21,16 +21,25 @@ from typing import Mapping, Sequence
 
 from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
 from helios.frontend.structured.grammar_tools import ToolSchema
+from helios.frontend.structured.grammar_values import SAFE_JSON, ValueStyle, safe_json_definition, safe_schema, string_pattern
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
 
-def arguments_schema(tool: ToolSchema, json_options: Mapping) -> str:
+def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") -> str:
     """The arguments schema; like the tag grammars, a call writes only the declared properties and
     ignores the keywords llguidance does not implement (``lenient``, as the check of the tool's
-    schema and the tag grammars do; they were an error here, a 400 the check had passed)."""
+    schema and the tag grammars do; they were an error here, a 400 the check had passed). With a
+    block ``closer``, which the parser finds as text, no string or key spells it (`safe_schema`,
+    as in tag syntaxes: a string argument holding it ended the block inside the JSON)."""
     schema = dict(tool.parameters) or {"type": "object"}
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
+    if closer:
+        bundle = tool.document.bundled(schema, reserved=(SAFE_JSON,))
+        pattern = string_pattern(ValueStyle(), closer)
+        schema = safe_schema(bundle if isinstance(bundle, Mapping) else {}, pattern)
+        if f"#/$defs/{SAFE_JSON}" in json.dumps(schema):
+            schema.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(pattern)
     options = schema.get("x-guidance")
     schema["x-guidance"] = {**json_options, **(options if isinstance(options, Mapping) else {}), "lenient": True}
     return json.dumps(schema, ensure_ascii=False)
@@ -41,7 +50,7 @@ def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSc
     for i, tool in enumerate(tools):
         names.append(f"call_{i}")
         arguments = f"args_{i}"
-        rules.append(f"{arguments}: %json {arguments_schema(tool, json_options)}")
+        rules.append(f"{arguments}: %json {arguments_schema(tool, json_options, syntax.block_close)}")
         if syntax.name_key:
             head = '{"%s": %s, "%s": ' % (syntax.name_key, json.dumps(tool.name), syntax.arguments_key)
             rules.append(f"call_{i}: {json_literal(head)} {arguments} \"}}\"")
