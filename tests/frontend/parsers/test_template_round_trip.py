@@ -10,8 +10,8 @@ them. transformers' `apply_chat_template` renders the conversation; the assistan
 part (after the generation prompt, up to and including its end-of-turn token) is tokenized with the
 family's real tokenizer and run through the served output path, which must answer the same calls
 (name; arguments JSON-equal, or for text-valued syntaxes equal under the tool schema's typing), the
-same content and reasoning, and finish reason ``tool_calls``. The same tokens fed to the output
-pipeline in random chunks give the identical result.
+same content and reasoning, and finish reason ``tool_calls``; its SSE chunks add up to the same
+message. The same tokens fed to the output pipeline in random chunks give the identical result.
 
 What a template cannot represent is left out of the draws, each where it is drawn:
 - a value or text holding the spelling of a control token, or of a delimiter the parsers read by its
@@ -340,6 +340,29 @@ def expected_message(final: dict) -> tuple[str, str, list]:
     return final.get("reasoning_content") or "", final.get("content") or "", calls
 
 
+def streamed_choice(chunks: list[dict]) -> dict:
+    """The chat choice that a stream's chunks add up to (content null beside calls, as the body)."""
+    message: dict = {"role": "assistant", "content": ""}
+    calls: dict[int, dict] = {}
+    reason = None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice.get("delta", {})
+            for key in ("content", "reasoning_content"):
+                if delta.get(key):
+                    message[key] = message.get(key, "") + delta[key]
+            for call in delta.get("tool_calls") or ():
+                into = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
+                                                        "function": {"name": "", "arguments": ""}})
+                for key in ("name", "arguments"):
+                    into["function"][key] += call.get("function", {}).get(key) or ""
+            reason = choice.get("finish_reason") or reason
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        message["content"] = message["content"] or None
+    return {"message": message, "finish_reason": reason}
+
+
 def check_conversation(family, seed: int) -> None:
     case, tokenizer, frontend, hf, controls = family
     tools_syntax = frontend.syntax.output.tools
@@ -351,7 +374,7 @@ def check_conversation(family, seed: int) -> None:
     prepared = frontend.prepare_chat(ChatCompletionRequest.model_validate(body), request_id="rt")
     where = f"seed {seed}: {turn!r}"
 
-    _, output = run_output(prepared, ids)
+    steps, output = run_output(prepared, ids)
     choice = prepared.response_body(output)["choices"][0]
     message = choice["message"]
     got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
@@ -361,6 +384,10 @@ def check_conversation(family, seed: int) -> None:
     assert (message.get("reasoning_content") or "") == reasoning, where
     assert choice["finish_reason"] == "tool_calls", where
     assert not output.result.errors, where
+    presenter = prepared.new_stream()  # the SSE deltas add up to the JSON body
+    chunks = [*presenter.start_chunks(), *(c for step in steps for c in presenter.step_chunks(step)),
+              *presenter.finish_chunks(output)]
+    assert streamed_choice(chunks) == {key: choice[key] for key in ("message", "finish_reason")}, where
 
     # The same tokens (the withheld end-of-turn token left out) in random chunks: the same result.
     factory = prepared.output
