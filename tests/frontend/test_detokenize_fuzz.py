@@ -394,3 +394,13 @@ def test_a_stop_inside_a_held_group_lists_only_the_tokens_whose_text_it_shows(de
     entries = list(run.final.logprobs)
     assert [entry.token_id for entry in entries] == ids[:2]
     assert text_logprobs(entries)["text_offset"] == [0, 1]
+
+
+def test_a_token_without_text_at_the_end_is_listed_and_no_stop_is_reported():
+    """A lone ``▁`` output shows no text; its entry waits for text that never comes, and the end
+    releases it without reporting a stop (held text left at the end means a stop only if it has text)."""
+    case = _sentencepiece(LLAMA2)
+    space = case.tokenizer.token_to_id("▁")
+    run = Run(case, [space], StopOptions(strings=("x",)), FinishReason.LENGTH)
+    assert (run.text, run.stopped_at, run.final.reason) == ("", None, FinishReason.LENGTH)
+    assert [entry.token_id for entry in run.final.logprobs] == [space]
