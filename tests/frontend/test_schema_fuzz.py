@@ -203,10 +203,18 @@ def without_formats(schema, defs: dict, depth: int = 0):
             for key, value in schema.items() if key != "format"}
 
 
-@pytest.mark.parametrize("syntax", TOOL_SYNTAXES)
-def test_forced_call_arguments_validate(tool_models, syntax):
-    assert forced_calls(tool_models[syntax], random.Random(TOOL_SYNTAXES.index(syntax)), np.random.default_rng(11),
-                        16) >= 12
+@pytest.mark.parametrize("syntax", [*TOOL_SYNTAXES, "hermes"])
+def test_forced_call_arguments_validate(request, syntax):
+    if syntax == "hermes":  # a JSON-call syntax
+        from .test_grammar_tools import Served, closers_for
+
+        _, tokenizer, frontend = request.getfixturevalue("hermes")
+        eos = tokenizer.token_to_id("<|im_end|>")
+        served = Served(frontend, tokenizer, eos, closers_for(frontend, tokenizer, eos),
+                        {"chat_template_kwargs": {"enable_thinking": False}})
+    else:
+        served = request.getfixturevalue("tool_models")[syntax]
+    assert forced_calls(served, random.Random(len(syntax)), np.random.default_rng(11), 16) >= 12
 
 
 def is_documented_refusal(parameters: dict, error: GrammarError) -> bool:
