@@ -100,8 +100,10 @@ def test_history_drafting_needs_copied_inputs_in_each_selected_wider_graph():
     with pytest.raises(StartupOptionError) as caught:
         resolve_settings(prepared, StartupOptions(history_drafting=True))
     assert caught.value.path == "startup.history_drafting" and "speculate_w4" in caught.value.reason
-    # Selecting only width one leaves no wider graph that needs copied inputs.
-    assert resolve_settings(prepared, StartupOptions(history_drafting=True, speculative_width=1)).history_drafting
+    # Selecting only width one leaves nothing to draft into: refused rather than accepted and unused.
+    with pytest.raises(StartupOptionError) as caught:
+        resolve_settings(prepared, StartupOptions(history_drafting=True, speculative_width=1))
+    assert caught.value.path == "startup.history_drafting" and "width above 1" in caught.value.reason
 
 
 @pytest.mark.parametrize(

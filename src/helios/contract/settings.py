@@ -172,6 +172,8 @@ def _resolve_history_drafting(contract: "PreparedContract", value: bool | None, 
         return False
     if not learned:
         _fail("history_drafting", "history drafting requires enabled learned speculation")
+    if not any(width > 1 for width in widths):  # it drafts only into rounds wider than one token
+        _fail("history_drafting", f"history drafting requires a selected speculative width above 1 (selected: {list(widths)})")
     for graph in contract.graphs_for(spb.GRAPH_OPERATION_SPECULATIVE):
         selected = any(v.token_capacity in widths and v.token_capacity > 1 for v in graph.variants)
         if selected and not graph.has_copied_inputs:
