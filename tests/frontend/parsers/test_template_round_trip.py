@@ -334,9 +334,18 @@ def generated_part(case: FamilyCase, hf, messages: list[dict], final: dict, tool
     return turn[:min(ends)]
 
 
+def typed(value):
+    """A JSON value compared with its types: ``True`` is not ``1`` (``3`` and ``3.0`` are one number)."""
+    if isinstance(value, dict):
+        return "object", {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return "array", [typed(item) for item in value]
+    return type(value).__name__ if isinstance(value, (bool, str)) or value is None else "number", value
+
+
 def expected_message(final: dict) -> tuple[str, str, list]:
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in final["tool_calls"]]
-    calls = [(name, json.loads(a) if isinstance(a, str) else a) for name, a in calls]
+    calls = [(name, typed(json.loads(a) if isinstance(a, str) else a)) for name, a in calls]
     return final.get("reasoning_content") or "", final.get("content") or "", calls
 
 
@@ -377,7 +386,8 @@ def check_conversation(family, seed: int) -> None:
     steps, output = run_output(prepared, ids)
     choice = prepared.response_body(output)["choices"][0]
     message = choice["message"]
-    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+    got = [(c["function"]["name"], typed(json.loads(c["function"]["arguments"])))
+           for c in message.get("tool_calls") or []]
     reasoning, content, calls = expected_message(final)
     assert got == calls, where
     assert (message.get("content") or "") == content, where
