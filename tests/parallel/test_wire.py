@@ -30,7 +30,7 @@ def spec(request_id="req-1", prompt=(1, 2, 3)) -> RequestSpec:
     sampling = SamplingParams(0.7, 0.9, 50, 0.0, 1.1, 0.25, float("inf"), -(2**40) - 7)
     return RequestSpec(request_id, prompt, 32, frozenset({2}), priority=1, constrained=True, stop_strings=("é",),
                        stop_token_sequences=((4, 5),), cache_salt=b"salt", top_logprobs=0, sampling=sampling,
-                       logit_bias=((7, -1.5),), token_keys=((0, 99),))
+                       logit_bias=((7, -1.5),), pinned_seed=True, token_keys=((0, 99),))
 
 
 def same(left: StepMessage, right: StepMessage) -> bool:
@@ -131,7 +131,7 @@ def test_the_encoding_is_pinned():
     must bump WIRE_VERSION. This digest is of the words `message()` encodes to."""
     words = WireEncoder().encode(message())
     digest = hashlib.sha256(struct.pack(f"<{len(words)}q", *words)).hexdigest()
-    assert digest == "c158f005bfc3377ccde42efb43a8cfbff33a549f9a4366a10c020a0b206a6b9b"
+    assert digest == "58205d4cc6903ce51861c40ed82946abb4dd6118717819ceffcd861bb591c4fe"
 
 
 def _replace(words: list[int], at: int, value: int) -> list[int]:

@@ -21,16 +21,19 @@ on every server but the reference (speculating lanes beside lanes that cannot dr
 beside requests that keep every step plain, and on "allocating" in rounds trimmed to P and in MIXED
 steps).
 
-Seeded sampling (temperature 1): Helios does not document that a seeded request draws the same
-tokens with and without speculation (it does not: verification is rejection sampling), so the
-output distribution is compared with the target's exact one instead (as test_distribution.py does
-at the program level), and n seeded choices are checked against single requests with their seeds.
+Sampling (temperature 1): verification is rejection sampling, whose tokens depend on where a
+lane's rounds fall, so speculating sampled output is compared by distribution with the target's
+exact one (as test_distribution.py does at the program level; requests without a seed, their fresh
+seeds drawn from a fixed sequence here). A request with a chosen seed never speculates (README: the
+same seed gives the same tokens): it answers the same alone and beside requests that change the
+rounds, and n seeded choices equal single requests with their seeds, on every server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 
 import httpx
@@ -410,18 +413,22 @@ def top_k_weights(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sampled_frequencies(server: Server, runner, vocab: int) -> torch.Tensor:
-    """[2, vocab]: how often each token came first and second among every seeded choice."""
+    """[2, vocab]: how often each token came first and second among every choice of requests
+    without a seed (they speculate), their fresh seeds drawn from a fixed sequence."""
     # the first token is the prefill's, the second the first round's (one proposal verified)
     body = {"model": SERVED_ID, "prompt": SAMPLED_PROMPT, "max_tokens": 3, "n": NUM_CHOICES, **SAMPLED,
             "return_token_ids": True}
+    frontend, fresh = server.served.frontend, itertools.count(1000, NUM_CHOICES)  # choice j: seed + j
+    drawn, frontend._draw_seed = frontend._draw_seed, fresh.__next__
 
     async def draw():
-        answers = []
-        for request in range(NUM_REQUESTS):  # choice j of a request samples with seed + j
-            answers.append(await post(server, {**body, "seed": 1000 + request * NUM_CHOICES}))
-        return answers
+        return [await post(server, body) for _ in range(NUM_REQUESTS)]
 
-    tokens = torch.tensor([c["token_ids"][:2] for a in runner.run(draw()) for c in a["choices"]])
+    try:
+        answers = runner.run(draw())
+    finally:
+        frontend._draw_seed = drawn
+    tokens = torch.tensor([c["token_ids"][:2] for a in answers for c in a["choices"]])
     return torch.stack([torch.bincount(tokens[:, i], minlength=vocab).double() / len(tokens) for i in range(2)])
 
 
@@ -436,21 +443,43 @@ def test_seeded_sampling_keeps_the_target_distribution(servers, runner, checkpoi
     assert server.counting.accepted > before
 
 
-def test_seeded_choices_equal_single_requests_with_their_seeds(servers, runner):
-    # README: choice j samples with seed s + j and equals a single request with that seed. On this
-    # core every one of them speculates in the same rounds alone and beside each other; on
-    # "allocating" a lane's rounds depend on the other lanes (prefix allocation within P, MIXED
-    # steps) and rejection sampling's tokens on the rounds, so there they differ (not asserted)
-    body = {"model": SERVED_ID, "prompt": REPEATING, "max_tokens": 24, "seed": 41, **SAMPLED, "return_token_ids": True}
-    server = servers["learned"]
+SEEDED = {"model": SERVED_ID, "prompt": REPEATING, "max_tokens": 24, "seed": 41, **SAMPLED, "return_token_ids": True}
+
+
+@pytest.mark.parametrize("server_name", [*SPECULATING, ALLOCATING])
+def test_seeded_choices_equal_single_requests_with_their_seeds(server_name, servers, runner):
+    # README: choice j samples with seed s + j and equals a single request with that seed. A
+    # speculating lane's tokens would depend on its rounds, which the other lanes move (on
+    # "allocating": prefix allocation within P, MIXED steps): seeded requests never speculate.
+    server = servers[server_name]
 
     async def ask():
-        together = await post(server, {**body, "n": 3})
-        alone = [await post(server, {**body, "seed": 41 + j}) for j in range(3)]
+        together = await post(server, {**SEEDED, "n": 4})
+        alone = [await post(server, {**SEEDED, "seed": 41 + j}) for j in range(4)]
         return together, alone
 
     before = server.counting.accepted
     together, alone = runner.run(ask())
     assert [c["token_ids"] for c in together["choices"]] == [a["choices"][0]["token_ids"] for a in alone]
-    assert len({tuple(c["token_ids"]) for c in together["choices"]}) == 3
-    assert server.counting.accepted > before
+    assert len({tuple(c["token_ids"]) for c in together["choices"]}) == 4
+    assert server.counting.accepted == before
+
+
+@pytest.mark.parametrize("server_name", [*SPECULATING, ALLOCATING])
+def test_a_seeded_request_answers_the_same_beside_requests_that_change_the_rounds(server_name, servers, runner):
+    # A logprobs request makes every step plain; unseeded sampled and greedy requests speculate.
+    server = servers[server_name]
+    beside = [{**text(REPEATING, 40), "logprobs": 1}, {**text(REPEATING, 40), **SAMPLED},
+              text(SAMPLED_PROMPT, 40), {**text(REPEATING, 30), **SAMPLED, "n": 3}]
+
+    async def ask():
+        alone = await post(server, SEEDED)
+        together = await asyncio.gather(post(server, SEEDED), *(post(server, body) for body in beside),
+                                        post(server, SEEDED))
+        return alone, together
+
+    before = server.counting.accepted
+    alone, together = runner.run(ask())
+    assert server.counting.accepted > before  # the others speculated beside it
+    assert together[0]["choices"][0]["token_ids"] == together[-1]["choices"][0]["token_ids"] \
+        == alone["choices"][0]["token_ids"]

@@ -31,7 +31,7 @@ from helios.frontend.preparation.client_fields import effective_template_kwargs,
 from helios.frontend.structured.contract_syntax import FrontendSyntax
 from helios.frontend.decoding.detokenize import IncrementalDetokenizer
 from helios.frontend.preparation.generation import (
-    GenerationParams, resolve_output_limit, resolve_sampling,
+    GenerationParams, is_seed_pinned, resolve_output_limit, resolve_sampling,
 )
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.structured.grammar_request import OutputConstraints
@@ -375,6 +375,7 @@ class FrontendModel:
             top_logprobs=logprobs.top_logprobs,
             score_prompt=logprobs.prompt.scores,
             logit_bias=parse_logit_bias(body.logit_bias, self._facts.vocab_size, self._facts.logit_bias),
+            pinned_seed=is_seed_pinned(body, defaults),
         )
 
     def _head(self, response_id: str, created: int | None, kind: ResponseKind, response: ResponseOptions,

@@ -58,6 +58,12 @@ def resolve_sampling(body: SamplingBody, defaults: ResolvedSampling, draw_seed: 
     return SamplingParams(**values, seed=seed)
 
 
+def is_seed_pinned(body: SamplingBody, defaults: ResolvedSampling) -> bool:
+    """Whether `resolve_sampling` takes a chosen seed (the request's, or a fixed policy's) rather
+    than fresh bits: the same request then promises the same tokens."""
+    return body.seed is not None or (defaults.seed_policy == spb.SEED_POLICY_FIXED and defaults.seed is not None)
+
+
 class ContextLimitExceeded(RequestError):
     """A request that can never fit the context extent: its prompt leaves no room for one output
     token, or its prompt plus explicit output limit exceed the extent (HTTP 400, naming the limit).
@@ -105,6 +111,7 @@ class GenerationParams:
     top_logprobs: int | None = None  # None: no log-probabilities; K: each token's and K alternatives
     score_prompt: bool = False  # run the prompt through scored prefill (prompt scores)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), added to logits on the device
+    pinned_seed: bool = False  # the seed was chosen: a sampled request never speculates (RequestSpec)
 
     @property
     def has_host_stops(self) -> bool:
@@ -125,5 +132,6 @@ class GenerationParams:
             score_prompt=self.score_prompt,
             sampling=self.sampling,
             logit_bias=self.logit_bias,
+            pinned_seed=self.pinned_seed,
             **scheduling,
         )

@@ -47,7 +47,8 @@ from helios.runtime.records.sampling_params import SamplingParams
 # 2: TIMINGS; 3: int64 words with request handles, LAUNCH / FINISH; 4: admission top_logprobs, logit_bias;
 # 5: ProgramVariant.admits_slots; 6: plan rows carry the window region's new table entries;
 # 7: self-contained plans (request specs, finished ids and grammar masks inside the plan)
-WIRE_VERSION = 7
+# 8: RequestSpec.pinned_seed (a sampled request with a chosen seed runs single-token lanes)
+WIRE_VERSION = 8
 MAGIC = 0x48454C494F53_0000 + WIRE_VERSION  # "HELIOS" and the version: the first word of every message
 
 
@@ -89,7 +90,7 @@ RECORD_FIELDS = {  # the codec's positional layout of every record (checked agai
                        "verify_tokens", "length_source", "device_pending", "draft_lag_tokens", "admits_slots"),
     "RequestSpec": ("request_id", "prompt_ids", "max_output_tokens", "eos_ids", "priority", "constrained",
                     "stop_strings", "stop_token_sequences", "observe", "publish_snapshot", "score_prompt", "cache_salt",
-                    "top_logprobs", "sampling", "logit_bias", "stable_prefix_len", "token_keys", "images"),
+                    "top_logprobs", "sampling", "logit_bias", "stable_prefix_len", "pinned_seed", "token_keys", "images"),
     "SamplingParams": ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                        "frequency_penalty", "seed"),
 }
@@ -344,6 +345,7 @@ def _put_spec(out: list[int], spec: RequestSpec) -> None:
     out += (len(spec.logit_bias), *(token for token, _ in spec.logit_bias))
     _put_floats(out, [bias for _, bias in spec.logit_bias])
     out += (spec.stable_prefix_len, len(spec.token_keys), *(word for pair in spec.token_keys for word in pair))
+    out.append(int(spec.pinned_seed))
 
 
 def _get_spec(read: _Reader) -> RequestSpec:
@@ -356,10 +358,10 @@ def _get_spec(read: _Reader) -> RequestSpec:
     bias_ids, biases = read.many(read.count()), _get_floats(read)
     if len(bias_ids) != len(biases):
         raise WireError(f"{len(bias_ids)} logit-bias ids with {len(biases)} values")
-    stable_prefix_len, keys = read.one(), read.many(2 * read.count())
+    stable_prefix_len, keys, pinned_seed = read.one(), read.many(2 * read.count()), read.flag()
     return RequestSpec(request_id, prompt_ids, max_output, eos_ids, priority, constrained, stop_strings, stop_sequences,
                        observe, publish, score, salt, top, sampling, tuple(zip(bias_ids, biases)), stable_prefix_len,
-                       tuple(zip(keys[::2], keys[1::2])))
+                       pinned_seed, tuple(zip(keys[::2], keys[1::2])))
 
 
 def _put_variant(out: list[int], variant: ProgramVariant) -> None:

@@ -44,7 +44,10 @@ class RequestSpec:
     request with a bias never speculates either. `stable_prefix_len`: prompt tokens that later
     turns of the same conversation render identically (the frontend's prefix-boundary rules; 0:
     none known); where snapshots are the only prefix reuse, the prompt's state is published there
-    too, so the next turn restores it.
+    too, so the next turn restores it. `pinned_seed`: its seed was chosen (the request's, or a
+    fixed seed policy's), so a sampled request runs at width one (`single_lane`): each token is the
+    plain draw at its position, whatever speculative rounds the requests beside it make (verifying a
+    drafted run couples its draws to where the rounds fall).
 
     This is the one record of what a request asks for: the scheduler keeps it in the request's
     `RequestState`, a plan carries it once to the packers (`StepPlan.admitted`, the tensor-parallel
@@ -67,6 +70,7 @@ class RequestSpec:
     sampling: SamplingParams = GREEDY
     logit_bias: tuple[tuple[int, float], ...] = ()
     stable_prefix_len: int = 0
+    pinned_seed: bool = False
     # (prompt index, key) pairs the prefix cache digests instead of the token id there: image
     # feature tokens keyed by their image's content hash.
     token_keys: tuple[tuple[int, int], ...] = ()
@@ -85,6 +89,11 @@ class RequestSpec:
     def needs_feedback(self) -> bool:
         """Each round waits for the host to see the previous one (grammar, host stops)."""
         return self.constrained or self.has_host_stops
+
+    @cached_property
+    def single_lane(self) -> bool:
+        """Each round holds one token of it: it needs feedback, or samples with a pinned seed."""
+        return self.needs_feedback or (self.pinned_seed and not self.sampling.is_greedy)
 
 
 class RequestStatus(enum.IntEnum):

@@ -190,7 +190,7 @@ class StepBuilder:
                 continue
             if kind == DECODE:
                 num_decoders -= 1
-                want = min(1 if req.spec.needs_feedback else lane_limit, req.num_output_budget)
+                want = min(1 if req.spec.single_lane else lane_limit, req.num_output_budget)
             else:
                 want = self.cache.until_boundary(req, req.frontier, ahead)
             room = max_tokens - draft.num_tokens - num_decoders
