@@ -5,7 +5,8 @@ prefix of another, one the extension of another, two diverging one token before,
 boundary; output limits of 1 to 20) runs on engines over eager programs of a tiny random checkpoint
 (`stress.stress_model`, as `helios prepare` would declare them) that schedule it differently: one,
 two, five or sixteen rows at a time, prompt chunks of 16 or 256 tokens, the prefix cache on or off,
-a page pool small enough to preempt (recompute or offload), requests arriving in a shuffled order
+a page pool small enough to preempt (recompute or offload), speculative rounds (a one-layer draft of
+the target; not on the hybrid, which takes no draft), requests arriving in a shuffled order
 while others decode, some cancelled while waiting, in a prompt chunk or after some tokens, some
 ending early at an EOS id. Every request that is not cancelled gives exactly the tokens it gives
 alone on a fresh engine (a cancelled one a prefix of them), and the idle engine holds nothing: every
@@ -34,6 +35,7 @@ import torch
 from helios.contract import StartupOptions
 from helios.ignition.export import CapacityPlan
 from helios.ignition.recipes import load_checkpoint
+from helios.ignition.speculative_plan import SpeculativePlan
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.plan import StepPlan
@@ -46,6 +48,7 @@ if __name__ == "__main__":  # more seeds run as a script: the tests' own imports
 from ignition.hf_checkpoints import (BAMBA, GPT_OSS, LLAMA2, MISTRAL, QWEN2, QWEN3_MOE, Family,  # noqa: E402
                                      random_model, write_checkpoint)
 from runtime.stress import stress_engine, stress_model  # noqa: E402
+from speculative.support import truncated  # noqa: E402
 
 PAGE = 8
 MAX_PROMPT, MAX_OUTPUT = 300, 20
@@ -80,6 +83,7 @@ class Schedule:
     offload_watermark: int = 0  # published snapshots move to host slots below this many available pages
     eos: float = 0.0  # share of requests given an EOS id from their output alone (they end early)
     window_pages: int | None = None  # pages of a window region of its own (None: never a shortage)
+    speculative: int | None = None  # SPECULATIVE programs of this width, the target's first layer drafting
 
 
 # Where a cancellation is aimed (`Request.cancel_at`): still waiting (right after its submission),
@@ -144,11 +148,15 @@ def engine_for(core, schedule: Schedule) -> Engine:
     prepared core (`PreparedCore`: the runtime `helios serve` builds)."""
     if isinstance(core, PreparedCore):
         return core.engine(schedule)
+    speculative, draft = None, None
+    if schedule.speculative and core.architecture.recurrent is None:  # (hybrid decoders take no draft model)
+        draft = truncated(core, 1)
+        speculative = SpeculativePlan(Path("draft-is-given"), widths=(schedule.speculative,))
     plan = CapacityPlan(page_tokens=PAGE, context_tokens=CONTEXT, prefill_tokens=schedule.chunk,
                         decode_batches=DECODE_BATCHES, prefill_batches=schedule.prefill_rows,
-                        prefill_chunks=schedule.smaller_chunks, token_logprobs=False)
+                        prefill_chunks=schedule.smaller_chunks, token_logprobs=False, speculative=speculative)
     startup = StartupOptions(max_concurrency=schedule.max_batch)
-    model = stress_model(core, None, plan, startup, schedule.num_pages, schedule.window_pages)
+    model = stress_model(core, draft, plan, startup, schedule.num_pages, schedule.window_pages)
     return stress_engine(model, policy_of(schedule), schedule.host_pages, frames=schedule.frames)
 
 
@@ -296,6 +304,8 @@ def assert_idle(engine: Engine, schedule: Schedule) -> None:
     counters = scheduler.counters()
     assert counters.num_running == counters.num_waiting == counters.num_inflight_plans == 0
     assert counters.window_pages_free + counters.window_pages_cached == counters.window_pages_total, counters
+    if not held:
+        assert counters.pages_free + counters.pages_cached == counters.pages_total, counters
     if not schedule.prefix_caching and not held:
         assert counters.pages_free == counters.pages_total, counters
         assert counters.window_pages_free == counters.window_pages_total, counters
@@ -370,6 +380,7 @@ SCHEDULES = {
     "preempt-recompute": Schedule(num_pages=48, staggered=True),
     "preempt-offload-cancels": Schedule(num_pages=48, chunk=16, preemption=OFFLOAD, host_pages=48,
                                         staggered=True, cancels=0.25),
+    "speculative-cancels": Schedule(max_batch=5, chunk=32, speculative=4, staggered=True, cancels=0.2, eos=0.3),
 }
 
 # Outside the suite, more schedules: chunks that are no page multiple, tighter pools, one frame.
@@ -395,6 +406,9 @@ HUNT_SCHEDULES = {
     "tight-window-pages": Schedule(chunk=16, window_pages=9, staggered=True, cancels=0.2),
     "tight-window-and-pages": Schedule(max_batch=5, chunk=16, num_pages=44, window_pages=12, staggered=True,
                                        eos=0.2, priorities=True),
+    "speculative-staggered": Schedule(chunk=32, speculative=4, staggered=True, cancels=0.2, eos=0.3),
+    "speculative-tight": Schedule(max_batch=5, chunk=16, num_pages=44, speculative=3, preemption=OFFLOAD,
+                                  host_pages=24, staggered=True, priorities=True, eos=0.2),
     "tight-no-prefix-cache": Schedule(max_batch=2, num_pages=44, chunk=7, prefix_caching=False, staggered=True,
                                       cancels=0.3),
 }
