@@ -27,7 +27,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import pytest
 import torch
@@ -54,6 +54,7 @@ PAGE = 8
 MAX_PROMPT, MAX_OUTPUT = 300, 20
 CONTEXT = MAX_PROMPT + MAX_OUTPUT + PAGE
 DECODE_BATCHES = (1, 4, 16)
+LOGPROB_TOLERANCE = 1e-4  # a token's log-probability may differ this much from its value alone (float32)
 NEAR_TIE = 1e-3  # a flip against transformers is allowed where its top-2 logits are this close
 # (family, weights seed): seeds whose greedy outputs vary (a tied-embedding Llama 3 only repeats a token)
 FAMILIES = {"llama": (LLAMA2, 1), "mistral": (MISTRAL, 0), "qwen3_moe": (QWEN3_MOE, 1), "bamba": (BAMBA, 0)}
@@ -96,15 +97,19 @@ class Request:
     spec: RequestSpec
     cancel_at: int | None = None  # WAITING, PROMPT or a token count; None: never cancelled
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # (when it asks for them)
     finishes: list[FinishEvent] = field(default_factory=list)
     cancelled: bool = False
 
 
 def request_set(seed: int, vocab: int, count: int, snapshots: bool = False,
-                continuation: Callable[[list[int]], list[int]] | None = None) -> list[RequestSpec]:
+                continuation: Callable[[list[int]], list[int]] | None = None,
+                logprobs: float = 0.3) -> list[RequestSpec]:
     """`count` greedy requests whose prompts often share long prefixes with an earlier one; with
     `continuation` (a prompt's output alone, `MAX_OUTPUT` tokens) also later turns: an earlier
-    prompt, its output and new text, the earlier prompt stable."""
+    prompt, its output and new text, the earlier prompt stable. A `logprobs` share asks for each token's
+    log-probability (compared with its value alone: a corrupted history that leaves the argmax alone
+    still moves it)."""
     rng = random.Random(seed)
 
     def fresh(length: int) -> list[int]:
@@ -134,7 +139,7 @@ def request_set(seed: int, vocab: int, count: int, snapshots: bool = False,
         prompt = prompt[:MAX_PROMPT]
         shapes.append((prompt, rng.randrange(1, MAX_OUTPUT + 1), min(stable, len(prompt))))
     return [RequestSpec(f"r{i}", tuple(prompt), limit, publish_snapshot=snapshots and rng.random() < 0.5,
-                        stable_prefix_len=stable)
+                        stable_prefix_len=stable, top_logprobs=0 if rng.random() < logprobs else None)
             for i, (prompt, limit, stable) in enumerate(shapes)]
 
 
@@ -154,7 +159,7 @@ def engine_for(core, schedule: Schedule) -> Engine:
         speculative = SpeculativePlan(Path("draft-is-given"), widths=(schedule.speculative,))
     plan = CapacityPlan(page_tokens=PAGE, context_tokens=CONTEXT, prefill_tokens=schedule.chunk,
                         decode_batches=DECODE_BATCHES, prefill_batches=schedule.prefill_rows,
-                        prefill_chunks=schedule.smaller_chunks, token_logprobs=False, speculative=speculative)
+                        prefill_chunks=schedule.smaller_chunks, speculative=speculative)
     startup = StartupOptions(max_concurrency=schedule.max_batch)
     model = stress_model(core, draft, plan, startup, schedule.num_pages, schedule.window_pages)
     return stress_engine(model, policy_of(schedule), schedule.host_pages, frames=schedule.frames)
@@ -176,7 +181,7 @@ class PreparedCore:
         key = SigningKey.generate()
         checkpoint = write_chat_checkpoint(family, root / "checkpoint", seed=seed)
         plan = CapacityPlan(page_tokens=PAGE, context_tokens=CONTEXT, prefill_tokens=256, prefill_chunks=(16, 64),
-                            decode_batches=DECODE_BATCHES, token_logprobs=False)
+                            decode_batches=DECODE_BATCHES)
         prepare_core(checkpoint, root / "model.core", key, PrepareOptions(self.NAMESPACE, capacities=plan))
         self.core = open_core(root / "model.core", accept=self.NAMESPACE, trusted_keys=[key.public])
         self.vocab_size = VOCAB_SIZE
@@ -193,11 +198,18 @@ class PreparedCore:
         return runtime.engine
 
 
-def alone(core, spec: RequestSpec) -> list[int]:
+class Alone(NamedTuple):
+    """A request's output alone: its tokens and each one's log-probability."""
+
+    tokens: list[int]
+    logprobs: list[float]
+
+
+def alone(core, spec: RequestSpec) -> Alone:
     """`spec`'s tokens as the only request of a fresh engine (the default schedule)."""
     (request,) = serve(core, Schedule(), [spec], random.Random(0)).requests.values()
     assert [f.reason for f in request.finishes] == [FinishReason.LENGTH], request.finishes
-    return request.tokens
+    return Alone(request.tokens, request.logprobs)
 
 
 class Run:
@@ -259,6 +271,7 @@ class Run:
                 return
             assert isinstance(event, TokenEvent) and not request.finishes
             request.tokens.extend(event.token_ids)
+            request.logprobs.extend(entry.logprob for entry in event.logprobs or ())
             if request.cancel_at is not None and 0 < request.cancel_at <= len(request.tokens):
                 self.cancel(request)
             if self.schedule.staggered and self.rng.random() < 0.15:
@@ -321,7 +334,7 @@ def check_invariance(recipe, schedule: Schedule, specs: list[RequestSpec], expec
     rng, specs = random.Random(seed), list(specs)
     natural = {}  # request id -> (its tokens, how it ends) when it is not cancelled
     for index, spec in enumerate(specs):
-        want, reason = expected[spec.request_id][:spec.max_output_tokens], FinishReason.LENGTH
+        want, reason = expected[spec.request_id].tokens[:spec.max_output_tokens], FinishReason.LENGTH
         if rng.random() < schedule.eos:
             eos = rng.choice(want)
             specs[index] = spec = dataclasses.replace(spec, eos_ids=frozenset({eos}))
@@ -340,6 +353,11 @@ def check_invariance(recipe, schedule: Schedule, specs: list[RequestSpec], expec
             assert finish.reason == reason, (where, finish)
         if finish.reason == reason:
             assert request.tokens == want, (where, request.tokens, want)
+        if request.spec.top_logprobs is not None:  # the same distribution, not only the same argmax
+            got, alone_logprobs = request.logprobs, expected[name].logprobs
+            assert len(got) == len(request.tokens), (where, got)
+            worst = max((abs(a - b) for a, b in zip(got, alone_logprobs)), default=0.0)
+            assert worst <= LOGPROB_TOLERANCE, (where, worst, got, alone_logprobs)
         assert finish.num_output_tokens == len(request.tokens), (where, finish)
         assert finish.num_prompt_tokens == len(request.spec.prompt_ids), (where, finish)
     return served
@@ -352,21 +370,23 @@ def continuations(recipe) -> Callable[[list[int]], list[int]]:
     def output(prompt: list[int]) -> list[int]:
         key = tuple(prompt)
         if key not in known:
-            known[key] = alone(recipe, RequestSpec("turn", key, MAX_OUTPUT))
+            known[key] = alone(recipe, RequestSpec("turn", key, MAX_OUTPUT)).tokens
         return known[key]
 
     return output
 
 
-def expected_alone(recipe, specs: list[RequestSpec]) -> dict[str, list[int]]:
-    """Each request's tokens alone; one run per distinct prompt (at the largest limit asked)."""
+def expected_alone(recipe, specs: list[RequestSpec]) -> dict[str, Alone]:
+    """Each request's tokens and their log-probabilities alone; one run per distinct prompt (at the
+    largest limit asked)."""
     longest: dict[tuple[int, ...], RequestSpec] = {}
     for spec in specs:
         known = longest.get(spec.prompt_ids)
         if known is None or known.max_output_tokens < spec.max_output_tokens:
-            longest[spec.prompt_ids] = dataclasses.replace(spec, publish_snapshot=False)
+            longest[spec.prompt_ids] = dataclasses.replace(spec, publish_snapshot=False, top_logprobs=0)
     outputs = {prompt: alone(recipe, spec) for prompt, spec in longest.items()}
-    return {spec.request_id: outputs[spec.prompt_ids][:spec.max_output_tokens] for spec in specs}
+    return {spec.request_id: Alone(*(values[:spec.max_output_tokens] for values in outputs[spec.prompt_ids]))
+            for spec in specs}
 
 
 # -- the suite ------------------------------------------------------------------------------------
@@ -483,7 +503,7 @@ def test_alone_the_dense_core_gives_transformers_greedy_tokens(models, request_s
     specs, expected = request_sets("llama")
     flips = 0
     for spec in {s.prompt_ids: s for s in specs}.values():
-        got = expected[spec.request_id]
+        got = expected[spec.request_id].tokens
         with torch.no_grad():
             ids = torch.tensor([spec.prompt_ids])
             out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=None,
