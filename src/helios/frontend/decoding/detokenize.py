@@ -19,6 +19,17 @@ ending inside a character is not used). Invariants: a delta never ends inside a 
 emitted text is never emitted again, and the concatenation of every delta and `finish()` equals
 ``tokenizer.decode(all_ids, skip_special_tokens=...)`` (with context: what decoding the context and
 all ids adds to the context's text).
+
+A run of stray bytes (bytes that start no character, or start one cut short) keeps the decoded text
+ending in U+FFFD, so its ids stay pending; decoding the whole growing window on each id would cost
+quadratic time. Once the pending ids hold `SETTLE_IDS` more ids than that, the text of the older ones
+is settled: the window decodes from the last `SETTLE_IDS` ids (the live window) and the text before
+it is kept. A split is taken only where no later id can change the text before it: the whole window's
+text ends with the live window's, which holds at least 4 characters (UTF-8 resynchronises within a
+character's 4 bytes), and the live window's text still ends in U+FFFD without each of its last 3 ids
+(so its open byte group is invalid wherever it ends, not a valid start with a character cut short: a
+byte-fallback decoder spells an invalid group as one U+FFFD per byte however long it grows). Each id
+is then decoded a bounded number of times.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ from typing import Protocol, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 CONTEXT_IDS = 5  # context ids a detokenizer keeps (vLLM's initial offset): a few tokens of text before the output
+SETTLE_IDS = 8  # ids a live window keeps when pending text is settled (it is tried at twice this many)
+MIN_LIVE_CHARS = 4  # a UTF-8 character's most bytes: the live window's text holds at least this many characters
 
 
 class Decoder(Protocol):
@@ -52,8 +65,16 @@ class IncrementalDetokenizer:
         self._num_tokens = 0
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self._open_text = ""  # the pending ids' text (ends in U+FFFD), "" when none are pending
+        self._open_text = ""  # the pending ids' text (ends in U+FFFD), "" when none are pending (unsettled)
         self._finished = False
+        self._prefix_text: str | None = None  # decode of ids[prefix_offset:read_offset], cached until they move
+        # Settled pending text (see the module docstring): ids[read_offset:live_start] read as the
+        # pieces, then ids[live_start:] decode to the live text. live_start == prefix_offset: unsettled.
+        self._settled: list[str] = []
+        self._settled_len = 0
+        self._live_start = self._prefix_offset
+        self._live_text = ""
+        self._next_settle = 0  # ids in the live window at the next settling try
 
     def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
         """The last `CONTEXT_IDS` of `context_ids`, or none where they hold no text but special
@@ -78,7 +99,24 @@ class IncrementalDetokenizer:
     def open_text(self) -> str:
         """The text the pending ids decode to so far, ending in U+FFFD for the open character ("" when
         no id is pending); it holds any complete character before the open one."""
+        if self._settled:
+            return "".join(self._settled) + self._live_text
         return self._open_text
+
+    @property
+    def unsettled_open_text(self) -> str:
+        """The part of `open_text` after its settled pieces (all of it when none is settled)."""
+        return self._live_text if self._settled else self._open_text
+
+    @property
+    def num_settled_pieces(self) -> int:
+        """Pieces of settled pending text so far (`settled_pieces`); 0 when none is settled."""
+        return len(self._settled)
+
+    def settled_pieces(self, start: int = 0) -> list[str]:
+        """The settled pieces from `start` on: joined, all of them begin `open_text` and no later id
+        changes them while the ids stay pending (they are dropped when the text is emitted)."""
+        return self._settled[start:]
 
     def feed(self, token_id: int) -> str:
         """Adds one generated id and returns the newly complete text ("" while a character is open)."""
@@ -86,10 +124,13 @@ class IncrementalDetokenizer:
             raise ValueError("feed after finish")
         self._num_tokens += 1
         self._ids.append(token_id)
-        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        if self._settled:
+            return self._feed_settled()
+        prefix_text = self._prefix()
         new_text = self._decode(self._prefix_offset, len(self._ids))
         if new_text.endswith(REPLACEMENT_CHAR):
             self._open_text = new_text[len(prefix_text) :]
+            self._try_settle(new_text, prefix_text)
             return ""
         if len(new_text) <= len(prefix_text):
             if self._is_skipped_special(token_id):  # decodes to nothing anywhere: leave it out of later windows
@@ -97,10 +138,52 @@ class IncrementalDetokenizer:
             # Otherwise it stays pending: a SentencePiece ``▁`` first in the text reads as nothing
             # alone but keeps the space of the word after it.
             return ""
+        self._emitted()
+        return new_text[len(prefix_text) :]
+
+    def _feed_settled(self) -> str:
+        """`feed` once some pending text is settled: only the live window is decoded."""
+        live_text = self._decode(self._live_start, len(self._ids))
+        self._live_text = live_text
+        if live_text.endswith(REPLACEMENT_CHAR) or not live_text:
+            self._try_settle(live_text, "")
+            return ""
+        delta = "".join(self._settled) + live_text
+        self._emitted()
+        return delta
+
+    def _emitted(self) -> None:
+        """The pending ids' text was emitted: they become the next window's prefix."""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
+        self._prefix_text = None
         self._open_text = ""
-        return new_text[len(prefix_text) :]
+        self._settled, self._settled_len = [], 0
+        self._live_start, self._live_text, self._next_settle = self._prefix_offset, "", 0
+
+    def _try_settle(self, window_text: str, prefix_text: str) -> None:
+        """Settles the text of all but the last `SETTLE_IDS` ids of a long live window (whose text,
+        `window_text`, begins with `prefix_text`) where no later id can change it (module docstring)."""
+        live_ids = len(self._ids) - self._live_start
+        if live_ids < max(2 * SETTLE_IDS, self._next_settle):
+            return
+        start = len(self._ids) - SETTLE_IDS
+        if start <= self._read_offset:
+            return
+        self._next_settle = live_ids + SETTLE_IDS  # where this try fails, the next waits for more ids
+        live_text = self._decode(start, len(self._ids))
+        if len(live_text) < MIN_LIVE_CHARS or not window_text.endswith(live_text):
+            return
+        before = window_text[: len(window_text) - len(live_text)]
+        if len(before) < len(prefix_text) or not before.startswith(prefix_text):
+            return
+        if not all(self._decode(start, len(self._ids) - cut).endswith(REPLACEMENT_CHAR) for cut in (1, 2, 3)):
+            return
+        piece = before[len(prefix_text) :]
+        self._settled.append(piece)
+        self._settled_len += len(piece)
+        self._live_start, self._live_text, self._next_settle = start, live_text, 0
+        self._open_text = ""
 
     def feed_many(self, token_ids: Sequence[int]) -> str:
         """Feeds several ids and returns their combined delta (same text as feeding one by one)."""
@@ -116,16 +199,23 @@ class IncrementalDetokenizer:
         self._finished = True
         if self._read_offset == len(self._ids):
             return ""
-        prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        new_text = self._decode(self._prefix_offset, len(self._ids))
-        self._read_offset = len(self._ids)
-        self._open_text = ""
-        return new_text[len(prefix_text) :]
+        if self._settled:
+            tail = "".join(self._settled) + self._decode(self._live_start, len(self._ids))
+        else:
+            tail = self._decode(self._prefix_offset, len(self._ids))[len(self._prefix()) :]
+        self._emitted()
+        return tail
 
     def _is_skipped_special(self, token_id: int) -> bool:
         """Whether `token_id` is a special token that skipping removes from every decode."""
         return (self._skip_special_tokens and not self._tokenizer.decode([token_id], skip_special_tokens=True)
                 and bool(self._tokenizer.decode([token_id], skip_special_tokens=False)))
+
+    def _prefix(self) -> str:
+        """The emitted window's text (ids[prefix_offset:read_offset]), decoded once per window."""
+        if self._prefix_text is None:
+            self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        return self._prefix_text
 
     def _decode(self, start: int, end: int) -> str:
         if start == end:

@@ -321,16 +321,35 @@ def _token_ends(tokenizer: Decoder, token_ids: list[int], skip_special_tokens: b
     character. The last token ends at the end of `decoded`, and ends never go back."""
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
     ends, num_chars, last = [], 0, 0
+    # The open text's settled pieces never change while its ids stay pending: each is compared once.
+    num_pieces, settled_len, settled_agreed = 0, 0, None  # settled_agreed: where they first differ
     for token_id in token_ids:
-        num_chars += len(detokenizer.feed(token_id))
-        pending = detokenizer.open_text
-        shown = decoded[num_chars:num_chars + len(pending)]
-        agreed = next((i for i, (a, b) in enumerate(zip(pending, shown)) if a != b), min(len(pending), len(shown)))
-        last = min(max(last, num_chars + agreed + (agreed < len(pending))), len(decoded))
+        delta = detokenizer.feed(token_id)
+        if delta:
+            num_chars += len(delta)
+            num_pieces, settled_len, settled_agreed = 0, 0, None
+        for piece in detokenizer.settled_pieces(num_pieces):
+            if settled_agreed is None:
+                agreed = _agreed(piece, decoded[num_chars + settled_len:num_chars + settled_len + len(piece)])
+                settled_agreed = settled_len + agreed if agreed < len(piece) else None
+            settled_len += len(piece)
+        num_pieces = detokenizer.num_settled_pieces
+        live = detokenizer.unsettled_open_text
+        if settled_agreed is None:
+            start = num_chars + settled_len
+            agreed = settled_len + _agreed(live, decoded[start:start + len(live)])
+        else:
+            agreed = settled_agreed
+        last = min(max(last, num_chars + agreed + (agreed < settled_len + len(live))), len(decoded))
         ends.append(last)
     if ends:
         ends[-1] = len(decoded)
     return ends
+
+
+def _agreed(text: str, shown: str) -> int:
+    """The length of the longest common prefix of `text` and `shown`."""
+    return next((i for i, (a, b) in enumerate(zip(text, shown)) if a != b), min(len(text), len(shown)))
 
 
 def _common_ends(decoded: str, text: str) -> tuple[int, int]:
