@@ -11,11 +11,13 @@ settled once no later id can change it, so each id is decoded a bounded number o
   fallback), the deltas, pending text and echo parts equal those of the straightforward reference
   below (the whole pending window decoded on every id, as before), including where a byte-fallback
   decoder reads an invalid group differently from its parts;
-- a work bound: the ids decoded for 4,000 and 8,000 stray bytes grow linearly (counted, not timed).
+- a work bound: the ids decoded for 4,000 and 8,000 stray bytes grow linearly (counted, not timed),
+  and the output path's held tokens (`PendingText`) are not rescanned on every release.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +28,7 @@ from tokenizers import Tokenizer
 
 from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
 from helios.frontend.decoding.logprobs import _token_ends, echoed_token_texts
+from helios.frontend.responses.output import PendingText
 
 from .test_detokenize_fuzz import FUZZ, LLAMA2, METASPACE, Case, _groups, _sentencepiece, case  # noqa: F401 (fixture)
 from .test_logprob_offsets_spm import sentencepiece_like
@@ -195,3 +198,34 @@ def test_echo_parts_of_a_stray_run_decode_each_id_a_bounded_number_of_times(embe
     counting = CountingDecoder(embedded)
     assert echoed_token_texts(counting, ids, text) == (REPLACEMENT_CHAR,) * count
     assert counting.decoded_ids <= DECODES_PER_ID * len(ids)
+
+
+class CountingSegments(deque):
+    """A deque that counts the items read by iterating it."""
+
+    read = 0
+
+    def __iter__(self):
+        for item in super().__iter__():
+            CountingSegments.read += 1
+            yield item
+
+
+def test_held_tokens_without_text_are_not_rescanned_on_each_release():
+    """The output path holds each stray byte's token (no text yet) for a stop matcher; finding the
+    first token with text must not rescan them all on every release (quadratic in the run)."""
+    pending = PendingText()
+    pending._segments = CountingSegments()
+    CountingSegments.read = 0
+    count = 4000
+    for token_id in range(count):
+        pending.push(token_id, "")
+        assert pending.release(0) == ([], [])
+    pending.push(count, REPLACEMENT_CHAR * count + "!")
+    released, _ = pending.release(count + 1)
+    assert [token_id for token_id, _ in released] == list(range(count + 1))
+    pending.push(count + 1, "")
+    pending.push(count + 2, "a")
+    assert not pending.release(0)[0] and pending.has_text
+    assert [token_id for token_id, _ in pending.release(1)[0]] == [count + 1, count + 2] and not pending
+    assert CountingSegments.read <= 4 * count

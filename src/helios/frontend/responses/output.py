@@ -110,11 +110,17 @@ class PendingText:
         self._segments: deque[Segment] = deque()
         self._entries: deque[tuple[LogprobEntry, ...]] = deque()  # one item per segment
         self._num_released = 0  # released characters at the front of the first segment
+        self._num_texts = 0  # segments with text
+        self._first = 0  # the first of them (while there is one): found once, not on each release
 
     def __bool__(self) -> bool:
         return bool(self._segments)
 
     def push(self, token_id: int, text: str, entries: tuple[LogprobEntry, ...] = ()) -> None:
+        if text:
+            if not self._num_texts:
+                self._first = len(self._segments)
+            self._num_texts += 1
         self._segments.append((token_id, text))
         self._entries.append(entries)
 
@@ -129,6 +135,9 @@ class PendingText:
                 out.append(self._segments.popleft())
                 entries.extend(self._entries.popleft())
             self._num_released -= len(out[-1][1])
+            self._num_texts -= 1
+            if self._num_texts:
+                self._first = next(index for index, (_, text) in enumerate(self._segments) if text)
         return out, entries
 
     def release_all(self) -> tuple[list[Segment], list[LogprobEntry]]:
@@ -136,6 +145,7 @@ class PendingText:
         out, entries = list(self._segments), [entry for item in self._entries for entry in item]
         self._segments.clear()
         self._entries.clear()
+        self._num_texts = 0
         return out, entries
 
     @property
@@ -143,7 +153,7 @@ class PendingText:
         return self._first_text() is not None
 
     def _first_text(self) -> int | None:
-        return next((index for index, (_, text) in enumerate(self._segments) if text), None)
+        return self._first if self._num_texts else None
 
     def cut(self) -> tuple[list[Segment], list[LogprobEntry]]:
         """A stop matched: the released part of the first segment with text, as plain text, with the
@@ -157,6 +167,7 @@ class PendingText:
             entries.extend(entry for entry, start in zip(group, _text_starts(group)) if start < self._num_released)
         self._segments.clear()
         self._entries.clear()
+        self._num_texts = 0
         self._num_released = 0
         return out, entries
 
