@@ -71,7 +71,6 @@ class IncrementalDetokenizer:
         # Settled pending text (see the module docstring): ids[read_offset:live_start] read as the
         # pieces, then ids[live_start:] decode to the live text. live_start == prefix_offset: unsettled.
         self._settled: list[str] = []
-        self._settled_len = 0
         self._live_start = self._prefix_offset
         self._live_text = ""
         self._next_settle = 0  # ids in the live window at the next settling try
@@ -98,7 +97,8 @@ class IncrementalDetokenizer:
     @property
     def open_text(self) -> str:
         """The text the pending ids decode to so far, ending in U+FFFD for the open character ("" when
-        no id is pending); it holds any complete character before the open one."""
+        no id is pending); it holds any complete character before the open one. Built on each call
+        (as long as the pending text): a caller reading it per id reads `settled_pieces` instead."""
         if self._settled:
             return "".join(self._settled) + self._live_text
         return self._open_text
@@ -158,7 +158,7 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self._prefix_text = None
         self._open_text = ""
-        self._settled, self._settled_len = [], 0
+        self._settled = []
         self._live_start, self._live_text, self._next_settle = self._prefix_offset, "", 0
 
     def _try_settle(self, window_text: str, prefix_text: str) -> None:
@@ -181,7 +181,6 @@ class IncrementalDetokenizer:
             return
         piece = before[len(prefix_text) :]
         self._settled.append(piece)
-        self._settled_len += len(piece)
         self._live_start, self._live_text, self._next_settle = start, live_text, 0
         self._open_text = ""
 
