@@ -9,7 +9,8 @@ a page pool small enough to preempt (recompute or offload), speculative rounds (
 the target; not on the hybrid, which takes no draft), requests arriving in a shuffled order
 while others decode, some cancelled while waiting, in a prompt chunk or after some tokens, some
 ending early at an EOS id. Every request that is not cancelled gives exactly the tokens it gives
-alone on a fresh engine (a cancelled one a prefix of them), and the idle engine holds nothing: every
+alone on a fresh engine (a cancelled one a prefix of them; those that ask for log-probabilities, each
+token's within `LOGPROB_TOLERANCE` of its value alone), and the idle engine holds nothing: every
 slot free, every page free or cached (free when the prefix cache is off), no snapshot owned by a
 request, no request record left with the engine or its packer. The cores: a
 dense Llama, a sliding-window Mistral, a mixture-of-experts Qwen3 and the Bamba hybrid (recurrent
