@@ -15,6 +15,10 @@ the schema accepts:
   the ends of the pattern or of its top-level alternatives, and minLength/maxLength at most
   ``MAX_COUNTED_LEN`` when the value also has a pattern or a minLength (a maxLength alone has no
   limit). ``format`` is not enforced on raw text (llguidance implements formats only inside JSON);
+- a nullable plain string (the parsers try ``null``, then take the text: ``type: [string, null]``,
+  pydantic's ``Optional[str]``) is that raw text (its string alternatives' bounds, null-only
+  ``anyOf``/``oneOf`` branches aside) or ``null``; raw text reading ``null`` is null, which the
+  schema allows;
 - any other parameter is a JSON document under its schema (llguidance ``%json``), with string
   branches removed when the parsers would read the text as a raw string instead; scalars are then
   spelled as the parsers expect them (``3``, ``true``, ``null``);
@@ -242,6 +246,23 @@ def without_strings(schema: Any, document: SchemaDocument | None = None,
     return out
 
 
+NULLABLE_STRING = frozenset({ValueKind.STRING, ValueKind.NULL})
+
+
+def without_null_branches(schema: Any, document: SchemaDocument) -> Any:
+    """``schema`` (its ``$ref`` followed) without the ``anyOf``/``oneOf`` alternatives that allow only
+    null: the string part of a nullable string, whose bounds those alternatives would free."""
+    if isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
+        schema = document.deref(schema)
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [b for b in out[key] if schema_kinds(b, document) != frozenset({ValueKind.NULL})]
+    return out
+
+
 def _is_repeat(schema: Any, visiting: frozenset[str]) -> bool:
     ref = schema.get("$ref") if isinstance(schema, Mapping) else None
     return isinstance(ref, str) and ref in visiting
@@ -270,13 +291,17 @@ class ValueGrammar:
             return ParameterValue(flag[1], self._json(schema, document))
         if not kinds or kinds == STRING_ONLY:
             return ParameterValue("", self._string(raw_string(schema, document)))
+        if kinds == NULLABLE_STRING:
+            text = self._string(raw_string(without_null_branches(schema, document), document), nullable=True)
+            null = self._json({"type": "null"}, document)
+            return ParameterValue("", self._rules.rule("nullable", f"{text} | {null}"))
         if ValueKind.STRING in kinds:
             schema = without_strings(schema, document)
             if schema is None:
                 return ParameterValue("", self._string(FREE))
         return ParameterValue("", self._json(schema, document))
 
-    def _string(self, text: RawString) -> str:
+    def _string(self, text: RawString, nullable: bool = False) -> str:
         literals = text.allowed_literals()
         closer = lark_of(self._closer)
         escaped = self._style.format is ValueFormat.XML_ESCAPED
@@ -293,18 +318,20 @@ class ValueGrammar:
             choices = " | ".join(json_literal(text) for text in allowed)
             return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
         if text.bounds != StringBounds():
-            return self._bounded(text.bounds)
+            return self._bounded(text.bounds, nullable)
         if escaped:
             text = free_text(self._rules, escaped=True)
             return self._rules.rule("string", f"{text}? {closer}")
         return text_then(self._rules, [self._closer])[0]
 
-    def _bounded(self, bounds: StringBounds) -> str:
+    def _bounded(self, bounds: StringBounds, nullable: bool = False) -> str:
         """A raw string value held to `bounds`, then the closer. The value never holds the closer's
         text (nor, escaped, an entity: its text is then the value itself). Before a text closer, a
         maxLength alone is one lazy lexeme of the value and the closer's text (every prefix of a value
         is one, so it ends at the first closer); other bounds intersect in one lexeme that writes the
-        wrap on both sides, so the parser, which strips it, reads exactly the value matched."""
+        wrap on both sides, so the parser, which strips it, reads exactly the value matched. A `nullable`
+        value's lazy lexeme also spells ``null`` (the JSON null beside it is never reached once the
+        lazy lexeme holds its first characters)."""
         escaped = self._style.format is ValueFormat.XML_ESCAPED
         char = "[^<>&]" if escaped else "(?s:.)"
         wrap = regex_escape(self._style.wrap)
@@ -312,7 +339,9 @@ class ValueGrammar:
         stop, rest = (regex_escape(head.text), self._closer[1:]) if head else ("", self._closer)
         if bounds.is_prefix_closed and stop:
             optional = f"(?:{wrap})?" if wrap else ""
-            value = self._rules.rule("bounded", f"/{optional}{char}{{0,{bounds.max_len}}}{optional}{stop}/", "lazy")
+            text = f"{char}{{0,{bounds.max_len}}}"
+            text = f"(?:{text}|null)" if nullable else text
+            value = self._rules.rule("bounded", f"/{optional}{text}{optional}{stop}/", "lazy")
             return self._rules.rule("string", " ".join(filter(None, (value, lark_of(rest)))))
         low = bounds.min_len if stop or wrap else max(bounds.min_len, 1)  # before a token: absent, not empty
         texts = [f"{char}{{{low},{'' if bounds.max_len is None else bounds.max_len}}}"]
