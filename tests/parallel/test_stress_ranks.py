@@ -44,7 +44,7 @@ from helios.runtime.records.request import RequestSpec
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import LLAMA3, QWEN3_MOE
+from ignition.hf_checkpoints import LLAMA3_UNTIED, QWEN3_MOE
 from runtime import stress
 from runtime.stress import DECODE, FAULT, INGRESS, PROMPT, SPECULATING, TOKENS, WAITING, Scenario, StressRun
 
@@ -64,7 +64,7 @@ class Case:
 
 
 CASES = {
-    "llama3-speculative-two-frames": Case(LLAMA3, Scenario(
+    "llama3-speculative-two-frames": Case(LLAMA3_UNTIED, Scenario(
         seed=33, frames=2, num_requests=30, num_pages=20, constrained=0.15, biased=0.1, scored=0.1, logprobs=0.2),
         speculative=True, cancelled_in=frozenset({INGRESS, PROMPT, SPECULATING, TOKENS})),
     # conftest's cores: 16-token pages, two lanes, no scored prefill
@@ -288,7 +288,7 @@ def test_two_ranks_mask_and_bias_as_one_rank(cores):
 def test_two_ranks_shut_down_mid_run(cores, references, monkeypatch):
     """The engine on its worker thread, shut down with requests queued, running and in the
     ingress channel: every request ends once, and closing the runtime ends the rank thread."""
-    case = Case(LLAMA3, Scenario(seed=13, frames=2, num_requests=20), speculative=True, cancelled_in=frozenset())
+    case = Case(LLAMA3_UNTIED, Scenario(seed=13, frames=2, num_requests=20), speculative=True, cancelled_in=frozenset())
     with ranked_run(cores, references, case, monkeypatch) as (run, runtime):
         run.run_threaded(ended_before_shutdown=6)
         reasons = run.check()

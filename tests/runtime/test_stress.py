@@ -22,14 +22,14 @@ import pytest
 from helios.ignition.recipes import load_checkpoint
 from helios.runtime.records.events import FinishReason
 from helios.runtime.scheduling.policy import PreemptionMode
-from ignition.hf_checkpoints import BAMBA, GPT_OSS, LLAMA3, MISTRAL, random_model, write_checkpoint
+from ignition.hf_checkpoints import BAMBA, GPT_OSS, LLAMA3_UNTIED, MISTRAL, random_model, write_checkpoint
 
 from .stress import INGRESS, Scenario, StressRun
 
 OFFLOAD = PreemptionMode.OFFLOAD
-FAMILIES = {"llama3": LLAMA3, "mistral": MISTRAL, "gpt_oss": GPT_OSS, "bamba": BAMBA}
+FAMILIES = {"llama3": LLAMA3_UNTIED, "mistral": MISTRAL, "gpt_oss": GPT_OSS, "bamba": BAMBA}
 SCENARIOS = {
-    "truncated-draft-faults": Scenario(seed=1, faults=0.03),
+    "truncated-draft-faults": Scenario(seed=3, faults=0.03),
     "self-draft-history-offload": Scenario(seed=1, draft="self", history_drafting=True, preemption=OFFLOAD,
                                            host_pages=24),
     "two-frames-offload-logprobs-sampled": Scenario(seed=2, draft="none", frames=2, preemption=OFFLOAD, host_pages=24,
