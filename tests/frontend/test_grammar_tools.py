@@ -136,31 +136,45 @@ def closers_for(model: FrontendModel, tokenizer, eos: int, extra=()) -> tuple[tu
     return tuple(sorted(sequences | {(eos,)}))
 
 
+def served_models(qwen_tokenizer, deepseek_tokenizer, names=("qwen", "dsml", "glm", "xtml", "atem")) -> dict:
+    """The `Served` frontend of each syntax in `names`."""
+    out = {}
+    if "qwen" in names:
+        qwen = qwen_model(qwen_tokenizer)
+        eos = qwen_tokenizer.token_to_id("<|im_end|>")
+        out["qwen"] = Served(qwen, qwen_tokenizer, eos, closers_for(qwen, qwen_tokenizer, eos), {})
+    if "dsml" in names:
+        dsml = deepseek_model(deepseek_tokenizer)
+        out["dsml"] = Served(dsml, deepseek_tokenizer, 1, closers_for(dsml, deepseek_tokenizer, 1), {})
+    if "glm" in names:
+        bos = {"name": "bos_token", "text": "<｜begin▁of▁sentence｜>", "token_id": 0}
+        contract = served_contract(deepseek_tokenizer.get_vocab_size(), glm_frontend(deepseek_tokenizer), [1], [bos])
+        glm = FrontendModel.from_contract(contract, deepseek_tokenizer, DEEPSEEK_THINK, json_defaults=JSON_DEFAULTS)
+        out["glm"] = Served(glm, deepseek_tokenizer, 1, closers_for(glm, deepseek_tokenizer, 1),
+                            {"chat_template_kwargs": {"thinking": True}})
+    if "xtml" in names:
+        xtml_tokenizer = small_bpe(["<|endoftext|>"])
+        eos = xtml_tokenizer.token_to_id("<|endoftext|>")
+        contract = served_contract(xtml_tokenizer.get_vocab_size(), xtml_frontend(), [eos])
+        xtml = FrontendModel.from_contract(contract, xtml_tokenizer, XTML_TEMPLATE, json_defaults=JSON_DEFAULTS)
+        out["xtml"] = Served(xtml, xtml_tokenizer, eos, closers_for(xtml, xtml_tokenizer, eos, ["&lt;", "&amp;"]), {})
+    if "atem" in names:
+        out["atem"] = _frames_served()
+    return out
+
+
 @pytest.fixture(scope="module")
 def served(qwen_tokenizer, deepseek_tokenizer):
-    out = {}
-    qwen = qwen_model(qwen_tokenizer)
-    eos = qwen_tokenizer.token_to_id("<|im_end|>")
-    out["qwen"] = Served(qwen, qwen_tokenizer, eos, closers_for(qwen, qwen_tokenizer, eos), {})
-    dsml = deepseek_model(deepseek_tokenizer)
-    out["dsml"] = Served(dsml, deepseek_tokenizer, 1, closers_for(dsml, deepseek_tokenizer, 1), {})
-    bos = {"name": "bos_token", "text": "<｜begin▁of▁sentence｜>", "token_id": 0}
-    contract = served_contract(deepseek_tokenizer.get_vocab_size(), glm_frontend(deepseek_tokenizer), [1], [bos])
-    glm = FrontendModel.from_contract(contract, deepseek_tokenizer, DEEPSEEK_THINK, json_defaults=JSON_DEFAULTS)
-    out["glm"] = Served(glm, deepseek_tokenizer, 1, closers_for(glm, deepseek_tokenizer, 1),
-                        {"chat_template_kwargs": {"thinking": True}})
-    xtml_tokenizer = small_bpe(["<|endoftext|>"])
-    eos = xtml_tokenizer.token_to_id("<|endoftext|>")
-    contract = served_contract(xtml_tokenizer.get_vocab_size(), xtml_frontend(), [eos])
-    xtml = FrontendModel.from_contract(contract, xtml_tokenizer, XTML_TEMPLATE, json_defaults=JSON_DEFAULTS)
-    out["xtml"] = Served(xtml, xtml_tokenizer, eos, closers_for(xtml, xtml_tokenizer, eos, ["&lt;", "&amp;"]), {})
+    return served_models(qwen_tokenizer, deepseek_tokenizer)
+
+
+def _frames_served() -> Served:
     frames_tokenizer = small_bpe(["<|endoftext|>", "<|start|>", "<|message|>", "<|eom|>", "<|end|>"])
     eos = frames_tokenizer.token_to_id("<|endoftext|>")
     contract = served_contract(frames_tokenizer.get_vocab_size(), recipient_frontend(), [eos])
     frames = FrontendModel.from_contract(contract, frames_tokenizer, RECIPIENT_FRAMES, json_defaults=JSON_DEFAULTS)
     headers = [" to=self", " to=user", " to=functions", "assistant to=functions.get_weather"]
-    out["atem"] = Served(frames, frames_tokenizer, eos, closers_for(frames, frames_tokenizer, eos, headers), {})
-    return out
+    return Served(frames, frames_tokenizer, eos, closers_for(frames, frames_tokenizer, eos, headers), {})
 
 
 SYNTAXES = ["qwen", "dsml", "glm", "xtml", "atem"]

@@ -23,15 +23,13 @@ import pytest
 
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.parsers.values import STRING_ONLY, schema_kinds
-from helios.frontend.session import FrontendModel
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, parse_response_format
 from helios.frontend.structured.grammar_tools import is_markup_name
 from helios.server.schemas import ChatCompletionRequest
 from support.schema_fuzz import (NoInstance, SchemaWriter, compact, random_instance, random_schema, validate,
                                  with_unsupported)
 
-from .parsers.conftest import small_bpe
-from .served import JSON_DEFAULTS, deepseek_model, qwen_model, run_output, served_contract
+from .served import run_output
 
 EOS = 1  # <｜end▁of▁sentence｜>
 NUM_SCHEMAS = 20
@@ -144,20 +142,9 @@ TOOL_SYNTAXES = ["qwen", "dsml", "xtml"]
 
 @pytest.fixture(scope="module")
 def tool_models(qwen_tokenizer, deepseek_tokenizer):
-    from .test_grammar_tools import XTML_TEMPLATE, Served, closers_for, xtml_frontend
+    from .test_grammar_tools import served_models
 
-    out = {}
-    qwen = qwen_model(qwen_tokenizer)
-    eos = qwen_tokenizer.token_to_id("<|im_end|>")
-    out["qwen"] = Served(qwen, qwen_tokenizer, eos, closers_for(qwen, qwen_tokenizer, eos), {})
-    dsml = deepseek_model(deepseek_tokenizer)
-    out["dsml"] = Served(dsml, deepseek_tokenizer, 1, closers_for(dsml, deepseek_tokenizer, 1), {})
-    xtml_tokenizer = small_bpe(["<|endoftext|>"])
-    eos = xtml_tokenizer.token_to_id("<|endoftext|>")
-    contract = served_contract(xtml_tokenizer.get_vocab_size(), xtml_frontend(), [eos])
-    xtml = FrontendModel.from_contract(contract, xtml_tokenizer, XTML_TEMPLATE, json_defaults=JSON_DEFAULTS)
-    out["xtml"] = Served(xtml, xtml_tokenizer, eos, closers_for(xtml, xtml_tokenizer, eos, ["&lt;", "&amp;"]), {})
-    return out
+    return served_models(qwen_tokenizer, deepseek_tokenizer, TOOL_SYNTAXES)
 
 
 def tool_output(matcher, served, rng: np.random.Generator) -> list[int] | None:
