@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
 from helios.frontend.structured.grammar_tools import ToolSchema
-from helios.frontend.structured.grammar_values import SAFE_JSON, ValueStyle, safe_json_definition, safe_schema, string_pattern
+from helios.frontend.structured.grammar_values import ValueStyle, safe_bundle, string_pattern
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
 
@@ -35,11 +35,7 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
     if closer:
-        bundle = tool.document.bundled(schema, reserved=(SAFE_JSON,))
-        pattern = string_pattern(ValueStyle(), closer)
-        schema = safe_schema(bundle if isinstance(bundle, Mapping) else {}, pattern)
-        if f"#/$defs/{SAFE_JSON}" in json.dumps(schema):
-            schema.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(pattern)
+        schema = safe_bundle(schema, tool.document, string_pattern(ValueStyle(), closer))
     options = schema.get("x-guidance")
     schema["x-guidance"] = {**json_options, **(options if isinstance(options, Mapping) else {}), "lenient": True}
     return json.dumps(schema, ensure_ascii=False)

@@ -184,6 +184,16 @@ def safe_schema(schema: Any, pattern: str) -> Any:
     return out
 
 
+def safe_bundle(schema: Any, source: SchemaDocument, pattern: str) -> dict:
+    """`schema` (a subschema of `source`) as a standalone document whose strings and keys match
+    `pattern` (`safe_schema`), with the safe JSON definition where it is used."""
+    bundle = source.bundled(schema, reserved=(SAFE_JSON,))
+    document = safe_schema(bundle if isinstance(bundle, Mapping) else {}, pattern)
+    if f"#/$defs/{SAFE_JSON}" in json.dumps(document):
+        document.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(pattern)
+    return document
+
+
 def _refers(schema: Any) -> bool:
     """Whether ``schema`` holds a ``$ref`` anywhere."""
     if isinstance(schema, Mapping):
@@ -364,10 +374,7 @@ class ValueGrammar:
         return self._rules.rule("string", f"{value}{'?' if may_be_empty else ''} {lark_of(rest)}")
 
     def _json(self, schema: Any, source: SchemaDocument) -> str:
-        bundle = source.bundled(schema, reserved=(SAFE_JSON,))
-        document = safe_schema(bundle if isinstance(bundle, Mapping) else {}, self._pattern)
-        if f"#/$defs/{SAFE_JSON}" in json.dumps(document):
-            document.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(self._pattern)
+        document = safe_bundle(schema, source, self._pattern)
         document["x-guidance"] = self._options
         body = f"%json {json.dumps(document, ensure_ascii=False)}"
         return self._rules.rule("json", f"{self._wrap()}{body} {self._wrap()}{lark_of(self._closer)}")
