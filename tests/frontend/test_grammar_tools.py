@@ -230,8 +230,9 @@ def guided(matcher, mask: np.ndarray, served: Served, rng: np.random.Generator) 
     return None
 
 
-def sample(matcher, served: Served, rng: np.random.Generator, max_tokens: int = 400) -> list[int]:
-    """One output: random allowed tokens, or (probability 1/2) a guide."""
+def sample_until_eos(matcher, served: Served, rng: np.random.Generator, max_tokens: int) -> tuple[list[int], bool]:
+    """Random allowed tokens, or (probability 1/2) a guide, up to EOS or `max_tokens`: (the ids,
+    whether EOS ended them)."""
     ids: list[int] = []
     while len(ids) < max_tokens:
         mask = matcher.bitmask()
@@ -240,9 +241,17 @@ def sample(matcher, served: Served, rng: np.random.Generator, max_tokens: int = 
             assert matcher.consume_token(token_id), matcher.error
             ids.append(token_id)
             if token_id == served.eos:
-                return ids
-    text = served.tokenizer.decode(ids, skip_special_tokens=False)
-    raise AssertionError(f"no EOS within {max_tokens} tokens: {text!r}")
+                return ids, True
+    return ids, False
+
+
+def sample(matcher, served: Served, rng: np.random.Generator, max_tokens: int = 400) -> list[int]:
+    """One output ending at EOS: random allowed tokens, or (probability 1/2) a guide."""
+    ids, ended = sample_until_eos(matcher, served, rng, max_tokens)
+    if not ended:
+        text = served.tokenizer.decode(ids, skip_special_tokens=False)
+        raise AssertionError(f"no EOS within {max_tokens} tokens: {text!r}")
+    return ids
 
 
 # -- checks -------------------------------------------------------------------------------------------

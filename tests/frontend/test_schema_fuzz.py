@@ -149,18 +149,10 @@ def tool_models(qwen_tokenizer, deepseek_tokenizer):
 
 def tool_output(matcher, served, rng: np.random.Generator) -> list[int] | None:
     """Random allowed tokens or (probability 1/2) a guide, up to EOS; None when MAX_TOOL_TOKENS ran out."""
-    from .test_grammar_tools import guided, random_allowed
+    from .test_grammar_tools import sample_until_eos
 
-    ids: list[int] = []
-    while len(ids) < MAX_TOOL_TOKENS:
-        mask = matcher.bitmask()
-        step = guided(matcher, mask, served, rng) if rng.random() < 0.5 else None
-        for token_id in step or [random_allowed(mask, rng)]:
-            assert matcher.consume_token(token_id), matcher.error
-            ids.append(token_id)
-            if token_id == served.eos:
-                return ids
-    return None
+    ids, ended = sample_until_eos(matcher, served, rng, MAX_TOOL_TOKENS)
+    return ids if ended else None
 
 
 MAX_TOOL_TOKENS = 300
