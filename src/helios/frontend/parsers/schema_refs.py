@@ -86,6 +86,17 @@ class SchemaDocument:
             schema = {**target, **rest}
         return schema
 
+    def follow(self, schema: Any, visiting: frozenset[str]) -> tuple[Any, frozenset[str]] | None:
+        """`deref` of ``schema`` on a walk that has followed the refs in ``visiting``: (the schema,
+        ``visiting`` with its ref), or None when its ref is already on the walk (a recursion, which
+        adds nothing where a walk takes the least fixed point)."""
+        ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+        if not isinstance(ref, str):
+            return schema, visiting
+        if ref in visiting:
+            return None
+        return self.deref(schema), visiting | {ref}
+
     def bundled(self, schema: Any, reserved: Iterable[str] = ()) -> Any:
         """A standalone copy of ``schema`` (a subschema of this document) whose refs point into its
         own ``$defs``; definition names avoid ``reserved``. Its original ``$defs``/``definitions``

@@ -88,11 +88,10 @@ def raw_string(schema: Any, document: SchemaDocument, visiting: frozenset[str] =
 
 def _gather(schema: Any, document: SchemaDocument, visiting: frozenset[str]) -> RawString | None:
     """None: a ref already being followed (it adds nothing)."""
-    if isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
-        if schema["$ref"] in visiting:
-            return None
-        visiting = visiting | {schema["$ref"]}
-        schema = document.deref(schema)
+    followed = document.follow(schema, visiting)
+    if followed is None:
+        return None
+    schema, visiting = followed
     if not isinstance(schema, Mapping):
         return FREE
     out = _own(schema)

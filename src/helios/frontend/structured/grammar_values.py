@@ -221,11 +221,11 @@ def without_strings(schema: Any, document: SchemaDocument | None = None,
     replaced by its target first; a ref already on the path (``A = anyOf[A, ...]``) adds nothing
     and its branch is dropped.
     """
-    if document is not None and isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
-        if schema["$ref"] in visiting:
+    if document is not None:
+        followed = document.follow(schema, visiting)
+        if followed is None:
             return None
-        visiting = visiting | {schema["$ref"]}
-        schema = document.deref(schema)
+        schema, visiting = followed
     if not isinstance(schema, Mapping):
         return schema
     out = dict(schema)
