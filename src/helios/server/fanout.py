@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 from starlette.responses import JSONResponse, Response
 
 from helios.errors import RequestError
+from helios.frontend.preparation.generation import ContextLimitExceeded
 from helios.frontend.responses.presentation import error_body
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
@@ -128,6 +129,25 @@ def choice_bodies(body, is_chat: bool) -> list[tuple[int, int, object]] | None:
         one = body.model_copy(update=update)
         out.extend((i, j, one) for j in range(n))
     return out
+
+
+def is_prompt_batch(body, is_chat: bool) -> bool:
+    """Whether `body` is a text completion with a batch of prompts (a batch of one included)."""
+    return not is_chat and _is_batch(body.prompt)
+
+
+def named_batch_prompt(error: RequestError, prompt_index: int) -> RequestError:
+    """`error`, raised preparing prompt `prompt_index` of a batch, naming that prompt as a schema
+    violation names it: a prompt error's ``param`` becomes ``prompt[i]``, and its message (or that
+    of an output limit the prompt leaves no room for) starts with ``prompt[i]: ``. Other errors
+    (the same for every prompt) are returned as they are. Changes `error` in place."""
+    where = f"prompt[{prompt_index}]"
+    if error.param == "prompt":
+        error.param = where
+    elif not isinstance(error, ContextLimitExceeded):
+        return error
+    error.args = (f"{where}: {error}",)
+    return error
 
 
 def _is_batch(prompt) -> bool:

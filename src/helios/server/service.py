@@ -50,7 +50,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 from tokenizers import Tokenizer
 
-from helios.errors import ShuttingDown
+from helios.errors import RequestError, ShuttingDown
 from helios.frontend.decoding.observation import ObservationClock
 from helios.frontend.output_workers import OutputWorkers
 from helios.frontend.images.decode import ImageLimits
@@ -66,7 +66,9 @@ from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
 from helios.server.metrics import ServerMetrics
-from helios.server.fanout import Choice, choice_bodies, fanout_json, fanout_stream, with_choice_seed
+from helios.server.fanout import (
+    Choice, choice_bodies, fanout_json, fanout_stream, is_prompt_batch, named_batch_prompt, with_choice_seed,
+)
 from helios.server.request_metrics import LatencyHistograms, RequestRecord, event_stamps
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
 from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
@@ -229,7 +231,8 @@ class ServedModel:
         several = choice_bodies(body, is_chat)
         if several is not None:
             param = "n" if (body.n or 1) > 1 else "prompt"  # what a request of too many choices names
-            return await self._respond_choices(several, is_chat, ingress_ns, receive, record, param)
+            return await self._respond_choices(several, is_chat, ingress_ns, receive, record, param,
+                                               is_prompt_batch(body, is_chat))
         permit = self.admission.acquire()
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
@@ -245,16 +248,21 @@ class ServedModel:
         return await json_response(lease, prepared, receive)
 
     async def _respond_choices(self, bodies, is_chat: bool, ingress_ns: int | None, receive: Receive,
-                               record: RequestRecord, param: str) -> Response:
-        """Several choices (``n``, batched prompts): one engine request each (`helios.server.fanout`)."""
+                               record: RequestRecord, param: str, is_batch: bool) -> Response:
+        """Several choices (``n``, batched prompts): one engine request each (`helios.server.fanout`);
+        every choice is prepared before any is submitted, so a batch with a prompt it cannot serve
+        is that prompt's 400 (naming ``prompt[i]``), never a partial answer."""
         permits = self.admission.acquire_many(len(bodies), param)
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
             base = uuid.uuid4().hex
             prepared, first_seeds = [], {}
             for k, (prompt_index, choice, body) in enumerate(bodies):
-                one = await self.preparation.run(functools.partial(prepare, request_id=f"{base}-{k}"), body,
-                                                 ingress_ns, compiles=is_chat and compiles_grammar(body))
+                try:
+                    one = await self.preparation.run(functools.partial(prepare, request_id=f"{base}-{k}"), body,
+                                                     ingress_ns, compiles=is_chat and compiles_grammar(body))
+                except RequestError as error:
+                    raise named_batch_prompt(error, prompt_index) if is_batch else error
                 seed = first_seeds.setdefault(prompt_index, one.params.sampling.seed)
                 prepared.append(with_choice_seed(one, seed, choice))
             self._check_serving()
