@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import math
 import shlex
 import subprocess
@@ -195,6 +196,10 @@ def main() -> None:
     gemm_algos.SUSTAIN_MS, lever_ab.STEP_SUSTAIN_MS = args.gemm_sustain_ms, args.sustain_ms
     if args.gemm_rows:
         gemm_algos.MIN_ROWS, gemm_algos.MAX_ROWS = (int(v) for v in args.gemm_rows.split(","))
+    memory_log = logging.StreamHandler(sys.stdout)  # the pages' sizing beside the capture's measured need
+    for name in ("helios.runtime.loading.dry_run_ahead", "helios.runtime.loading.page_sizing"):
+        logging.getLogger(name).setLevel(logging.INFO)
+        logging.getLogger(name).addHandler(memory_log)
     with CLOCKS:
         compare(args)
     for line in CLOCKS.describe():
@@ -296,6 +301,10 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
     runtime = load_runtime(core, key, workloads, device)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        log(f"after load: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB allocated, "
+            f"{torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved, {free / 2**30:.2f} of {total / 2**30:.2f} GiB free")
     if args.freeze_heap == "on":
         log(f"heap frozen as `helios serve` does when ready: {freeze_startup_heap():,} objects")
     collections = GcLog()

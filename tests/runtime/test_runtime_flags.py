@@ -85,6 +85,47 @@ def test_pages_are_sized_from_free_memory_beside_the_other_buffers():
         pages_for_memory(prepared, free, 1.0, 4, min_pages=200)
 
 
+def test_pages_leave_the_capture_its_measured_reserve_where_the_fraction_leaves_less(caplog):
+    prepared = open_fixture().prepared
+    per_page, others = page_bytes(prepared), other_bytes(prepared, num_state_rows=4)
+    free = 1000 * per_page
+    fraction_pages = (int(free * 0.85) - others) // per_page
+    # A reserve the fraction's remainder covers changes nothing (a large device).
+    assert pages_for_memory(prepared, free, 0.85, 4, min_pages=8, reserve_bytes=100 * per_page) == fraction_pages
+    # One it does not cover takes pages away (a smaller device), logged.
+    with caplog.at_level(logging.INFO, logger=page_sizing.__name__):
+        assert pages_for_memory(prepared, free, 0.85, 4, min_pages=8,
+                                reserve_bytes=300 * per_page) == (700 * per_page - others) // per_page
+    assert "the CUDA graph capture needs" in caplog.text
+    with pytest.raises(CacheMemoryError, match="less the .* GiB the capture needs"):
+        pages_for_memory(prepared, free, 0.85, 4, min_pages=8, reserve_bytes=free)
+
+
+def test_the_dry_runs_pool_size_is_its_segments_and_the_reserve_twice_that():
+    from helios.runtime.loading.dry_run_ahead import CAPTURE_MARGIN_BYTES, DryRunAhead, pool_bytes
+
+    snapshot = [{"total_size": 2 << 20, "allocated_size": 0}, {"total_size": 6 << 20, "allocated_size": 1 << 20}]
+    assert pool_bytes(snapshot) == 8 << 20 and pool_bytes([]) == 0
+    ahead = DryRunAhead.__new__(DryRunAhead)  # its measure alone: no device here
+    ahead.plans, ahead.peak_bytes = 0, 8 << 20
+    assert ahead.capture_reserve() == 0  # nothing ran, nothing measured
+    ahead.plans = 3
+    assert ahead.capture_reserve() == 2 * (8 << 20) + CAPTURE_MARGIN_BYTES
+
+
+def test_running_out_of_memory_in_the_capture_is_a_typed_error_with_its_remedy(monkeypatch):
+    from helios.runtime.loading import cuda_graphs
+
+    def out_of_memory(*_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 252.00 MiB")
+
+    monkeypatch.setattr(cuda_graphs, "_capture_module", out_of_memory)
+    plan = cuda_graphs._Plan(program=None, name="decode_b256", main=(None, None), fresh=None, arguments=[])
+    with pytest.raises(cuda_graphs.CaptureMemoryError, match="decode_b256 ran out of device memory.*--memory-fraction"):
+        cuda_graphs._capture(plan, None, 1)
+    assert issubclass(cuda_graphs.CaptureMemoryError, InsufficientMemoryError)
+
+
 def test_the_cpu_default_is_the_cores_pages_or_as_many_as_the_available_memory_holds(monkeypatch, caplog):
     prepared = open_fixture().prepared
     per_page, others = page_bytes(prepared), other_bytes(prepared, num_state_rows=4)

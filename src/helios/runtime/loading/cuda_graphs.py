@@ -69,6 +69,7 @@ from helios.runtime.loading.fresh_calls import fresh_module, wants_fresh_graph
 from helios.runtime.loading.gemm_algos import choose_algorithms, lt_shapes
 from helios.runtime.loading.gemv_calls import gemv_module
 from helios.runtime.loading.kernel_precompile import KernelCompiler
+from helios.runtime.loading.memory_budget import InsufficientMemoryError
 from helios.runtime.loading.program_build import deferred_recompile, finish_recompile
 from helios.runtime.loading.rotary_calls import rotary_module
 from helios.runtime.loading.sampling_rewrite import bind_greedy_rows
@@ -80,6 +81,10 @@ _LOG = logging.getLogger(__name__)
 
 class CaptureError(LoadError):
     """A program could not be captured into a CUDA graph (it synchronises or allocates host data)."""
+
+
+class CaptureMemoryError(InsufficientMemoryError):
+    """The device ran out of memory while a program was warmed up or captured (the pages took too much)."""
 
 
 class CapturedProgram:
@@ -357,6 +362,10 @@ def dry_run_plan(plan: _Plan, arguments: list, compiler: KernelCompiler) -> None
 def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:
     try:
         captured = _capture_module(plan.main, plan.arguments, pool, warmups)
+    except torch.OutOfMemoryError as error:
+        raise CaptureMemoryError(f"program {plan.name} ran out of device memory in its CUDA graph capture: fewer "
+                                 "cache pages leave it room (--memory-fraction F below the default, or --pages N)"
+                                 ) from error
     except RuntimeError as error:
         raise CaptureError(f"program {plan.name} cannot be captured into a CUDA graph: {error}") from error
     if plan.fresh is not None:

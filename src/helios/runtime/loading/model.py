@@ -245,13 +245,14 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                              options.window_pages)
         least_pages = static_pages(prepared, programs + producers + initializers + state_copies)
-        ahead = None
+        ahead, capture_reserve = None, 0
         if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
             ahead = _dry_run_ahead(prepared, producers, compiler, device, max(context_pages + 1, least_pages),
                                    num_state_rows, num_window_pages)
         plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load
         if ahead is not None:
             ahead.close()
+            capture_reserve = ahead.capture_reserve()
         weights = loading.result()
     if plans is not None:  # the projections' cuBLASLt algorithms, timed while the device memory is free
         choose_gemm_algorithms(plans, device)
@@ -262,7 +263,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         image_cache = _image_cache(prepared, options.image_cache_images, device)
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
-        num_window_pages)
+        num_window_pages, reserve_bytes=capture_reserve)
     if num_pages < least_pages:
         raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but the core's programs take "
                                f"{least_pages} (a static page extent); ask for at least {least_pages}")
