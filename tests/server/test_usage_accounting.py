@@ -1,0 +1,645 @@
+"""Usage and /metrics against ground truth the server does not compute.
+
+A seeded workload (chat and text completions; text, token-id and batched prompts; ``n`` 1 to 3;
+``max_tokens`` cut-offs; stop strings taken from the output they cut; EOS forced by ``logit_bias``;
+reasoning opened by ``logit_bias`` on ``<think>``; ``echo`` with ``max_tokens`` 0 and more; sampled
+choices with EOS banned; streamed and not; invalid bodies; clients that leave mid-stream) runs
+against the tiny served core in this process. Every expectation comes from outside the server:
+
+- prompt tokens: ``transformers``' ``apply_chat_template`` over the checkpoint's own chat template
+  and tokenizer (chat), the tokenizer (text), the list itself (token ids); each prompt once for
+  ``n`` > 1, summed over a batch's prompts;
+- completion tokens: a greedy continuation from ``transformers``' float32 model of the same
+  checkpoint (with the request's ``logit_bias``), cut where OpenAI's usage cuts it: at
+  ``max_tokens``, at the EOS token (counted: it was generated), or at the token whose text
+  completes a stop string (counted: the stop hides text, not the tokens generated); ``echo`` adds
+  nothing; sampled choices with EOS banned make exactly ``max_tokens`` each;
+- the same request streamed with ``include_usage`` reports the usage its JSON body reports;
+- ``reused_prompt_tokens`` (this server's report of the prefix the cache served; it sends no
+  ``prompt_tokens_details``) follows the rule of `helios.runtime.cache.cache_manager`: complete
+  16-token pages of the longest prefix an earlier request committed, never the last prompt token;
+- /metrics after the workload, as differences from a scrape before it: prompt and generated token
+  counters and the token histograms' sums equal the ground truth (a client that left counts as its
+  access-log record, whose prompt is the ground truth and whose output is at most the ground
+  truth), requests finished by reason, HTTP responses by endpoint and status (400s included), the
+  latency histograms' observations, the prefix-reuse counter, in-flight gauges back at zero, and
+  every page either free or cached, the cached ones exactly the distinct complete pages committed.
+
+``HELIOS_USAGE_ROUNDS`` (default 1) runs more seeded workloads (the sweep outside the suite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import tokenizers
+import pytest
+import torch
+import transformers
+from prometheus_client.parser import text_string_to_metric_families
+
+from helios.server.access import RECORD_KEY
+from helios.server.app import create_app
+from support.server_core import CONTEXT_TOKENS, SERVED_ID, served_tiny_core
+from support.shared_prepare import shared_root
+
+ROUNDS = int(os.environ.get("HELIOS_USAGE_ROUNDS", "1"))
+FIRST_SEED = int(os.environ.get("HELIOS_USAGE_SEED", "20261205"))
+NUM_REQUESTS = 26  # per round, beside the cache sequence, the invalid bodies and the clients that leave
+WAVE = 3  # concurrent requests
+EOS_ID, THINK_ID = 1, 2  # support.chat_checkpoint: <|im_end|> (the EOS) and <think>
+KEY_HEADER = "x-test-key"
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+TEXTS = [
+    "hello world, how are you today?",
+    "the weather in paris is sunny; in london it rains.",
+    "what is 12 plus 30? it is 42.",
+    " ".join(["the quick brown fox jumps over the lazy dog"] * 3),
+    "caf\u00e9 \u65e5\u672c <|im_start|>user and <think> inside",  # split characters, special-token text
+]
+WAIT_S = 60.0
+CASES = ("eos", "stop", "length", "stop token ids", "reasoning", "echo", "max_tokens 0", "batch", "n > 1", "sampled",
+         "marker text", "too long")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def reference(served, tmp_path_factory):
+    return Reference(shared_root(tmp_path_factory.getbasetemp()) / "helios-server-core" / "checkpoint")
+
+
+class Reference:
+    """The checkpoint the core was prepared from, read by `transformers`: prompt ids and greedy
+    continuations (float32, the request's logit bias added to every step's logits)."""
+
+    def __init__(self, checkpoint: Path):
+        config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+        self.tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(checkpoint / "tokenizer.json"))
+        self.tokenizer.chat_template = config["chat_template"]
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self._literal = tokenizers.Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+        self._literal.encode_special_tokens = True
+        self._continuations: dict[tuple, list[int]] = {}
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        """`apply_chat_template`'s ids, except that marker strings in client text are text (README:
+        "Client text is text", as ``encode_special_tokens=True`` would tokenize them): the template
+        renders the messages with a private-use character in place of each marker, the rendered
+        text splits at the template's markers, and each piece between them, the markers put back,
+        is encoded with no added vocabulary."""
+        markers = sorted(self.tokenizer.get_added_vocab(), key=len, reverse=True)
+        stand_ins = {marker: chr(0xE000 + index) for index, marker in enumerate(markers)}
+
+        def hidden(text: str) -> str:
+            for marker, stand_in in stand_ins.items():
+                text = text.replace(marker, stand_in)
+            return text
+
+        rendered = self.tokenizer.apply_chat_template(
+            [{**message, "content": hidden(message["content"])} for message in messages],
+            add_generation_prompt=True, tokenize=False)
+        ids = []
+        for piece in re.split("(" + "|".join(map(re.escape, markers)) + ")", rendered):
+            if piece in stand_ins:
+                ids.append(self.tokenizer.convert_tokens_to_ids(piece))
+            elif piece:
+                for marker, stand_in in stand_ins.items():
+                    piece = piece.replace(stand_in, marker)
+                ids += self._literal.encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=False)
+
+    def greedy(self, prompt_ids: list[int], length: int, bias: dict[int, float]) -> list[int]:
+        key = (tuple(prompt_ids), tuple(sorted(bias.items())))
+        ids = self._continuations.setdefault(key, [])
+        with torch.no_grad():
+            while len(ids) < length:
+                logits = self.model(torch.tensor([list(prompt_ids) + ids])).logits[0, -1].double()
+                for token, value in bias.items():
+                    logits[token] += value
+                ids.append(int(torch.argmax(logits)))
+        return ids[:length]
+
+
+def num_generated(reference: Reference, continuation: list[int], max_tokens: int, stops: list[str],
+                  sequences: list[list[int]] = ()) -> tuple[int, str]:
+    """Tokens a greedy choice generates, as OpenAI's usage counts them, and its finish reason
+    (``eos`` or ``stop`` or ``length``, as /metrics labels them): a stop string or stop token
+    sequence ends it at the token that completes it, that token counted."""
+    for count in range(1, max_tokens + 1):
+        if continuation[count - 1] == EOS_ID:
+            return count, "eos"
+        if stops and any(stop in reference.decode(continuation[:count]) for stop in stops):
+            return count, "stop"
+        if any(count >= len(seq) and continuation[count - len(seq):count] == seq for seq in sequences):
+            return count, "stop"
+    return max_tokens, "length"
+
+
+# -- the workload --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    """One request, what the ground truth says of it, and what its client saw."""
+
+    key: str
+    endpoint: str
+    body: dict | bytes
+    kind: str = "ok"  # ok, invalid, gone
+    prompts: list[list[int]] = field(default_factory=list)  # each prompt's ids (the ground truth)
+    continuations: list[list[int]] | None = None  # each prompt's greedy continuation (None: sampled)
+    expected_status: str = "200"
+    status: str = ""
+    usage: dict | None = None
+    reused: int | None = None
+    finishes: list[str] = field(default_factory=list)
+    record: object = None
+
+    @property
+    def n(self) -> int:
+        return self.body.get("n", 1)
+
+    def expected_usage(self, reference: Reference) -> dict:
+        prompt = sum(len(ids) for ids in self.prompts)
+        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens(reference),
+                "total_tokens": prompt + self.completion_tokens(reference)}
+
+    @property
+    def max_tokens(self) -> int:
+        return self.body.get("max_tokens", self.body.get("max_completion_tokens"))
+
+    def choice_outcomes(self, reference: Reference) -> list[tuple[int, str]]:
+        """(tokens, finish reason) of every choice, by the ground truth."""
+        max_tokens = self.max_tokens
+        if max_tokens == 0:
+            return [(0, "length")] * (self.n * len(self.prompts))
+        if self.continuations is None:  # sampled, EOS banned, no stops
+            return [(max_tokens, "length")] * (self.n * len(self.prompts))
+        stops = self.body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        sequences = [[t] for t in self.body.get("stop_token_ids", [])] + self.body.get("stop_token_sequences", [])
+        return [num_generated(reference, c, max_tokens, stops, sequences)
+                for c in self.continuations for _ in range(self.n)]
+
+    def completion_tokens(self, reference: Reference) -> int:
+        return sum(count for count, _ in self.choice_outcomes(reference))
+
+
+def plan_request(rng: random.Random, reference: Reference, key: str) -> Request:
+    endpoint = rng.choice(["chat", "completions"])
+    body: dict = {"model": SERVED_ID, "max_tokens": rng.randint(1, 8), "n": rng.choice([1, 1, 2, 3])}
+    bias: dict[int, float] = {}
+    draw = rng.random()
+    if draw < 0.15:
+        bias[EOS_ID] = rng.choice([3.0, 8.0, 100.0])  # EOS soon, or at once
+    elif draw < 0.25:
+        bias[THINK_ID] = 100.0  # reasoning opens: its tokens count as any others
+    if endpoint == "chat":
+        messages = [{"role": "user", "content": rng.choice(TEXTS)}]
+        if rng.random() < 0.3:
+            messages = [{"role": "system", "content": rng.choice(TEXTS)},
+                        *messages, {"role": "assistant", "content": rng.choice(TEXTS)},
+                        {"role": "user", "content": rng.choice(TEXTS)}]
+        body["messages"] = messages
+        prompts = [reference.chat_ids(messages)]
+    else:
+        shape = rng.choice(["text", "text", "ids", "batch", "id batch"])
+        if shape in ("text", "batch"):
+            texts = [rng.choice(TEXTS) for _ in range(1 if shape == "text" else rng.randint(2, 3))]
+            body["prompt"] = texts[0] if shape == "text" else texts
+            prompts = [reference.text_ids(t) for t in texts]
+        else:
+            prompts = [[rng.randrange(6, 320) for _ in range(rng.randint(1, 40))]
+                       for _ in range(1 if shape == "ids" else 2)]
+            body["prompt"] = prompts[0] if shape == "ids" else prompts
+        if len(prompts) > 1:
+            body["n"] = rng.choice([1, 2])
+        if rng.random() < 0.25:
+            body["echo"] = True
+            body["max_tokens"] = rng.choice([0, body["max_tokens"]])
+    request = Request(key, endpoint, body, prompts=prompts)
+    if any(len(ids) + body["max_tokens"] > CONTEXT_TOKENS for ids in prompts):
+        request.kind, request.expected_status = "too long", "400"  # README: beyond the context extent
+    if rng.random() < 0.2 and not bias and body["max_tokens"]:
+        body.update(temperature=1.0, seed=rng.randrange(1000), logit_bias={str(EOS_ID): -100})
+        return request
+    body["temperature"] = 0
+    if bias:
+        body["logit_bias"] = {str(token): value for token, value in bias.items()}
+    request.continuations = [reference.greedy(ids, body["max_tokens"], bias) for ids in prompts]
+    draw = rng.random()
+    if draw < 0.4 and body["max_tokens"] > 1:  # a stop taken from the output it cuts
+        text = reference.decode(request.continuations[0])
+        start = rng.randrange(len(text)) if text else 0
+        stop = text[start:start + rng.randint(1, 3)]
+        if stop and "\ufffd" not in stop:  # a stray byte's U+FFFD is no text a stop can match
+            body["stop"] = stop if rng.random() < 0.3 else [stop] + rng.sample(["zz", "\n\n\n"], rng.randint(0, 1))
+    elif draw < 0.55 and body["max_tokens"] > 1:  # stop token ids, or a sequence of them, from the output
+        ids = request.continuations[0]
+        start = rng.randrange(len(ids))
+        if rng.random() < 0.5:
+            body["stop_token_ids"] = [ids[start]]
+        else:
+            body["stop_token_sequences"] = [ids[start:start + rng.randint(1, 3)]]
+    if endpoint == "chat" and rng.random() < 0.3:
+        body["max_completion_tokens"] = body.pop("max_tokens")
+    return request
+
+
+def invalid_request(rng: random.Random, reference: Reference, key: str) -> Request:
+    request = plan_request(rng, reference, key)
+    case = rng.choice(["n", "max_tokens", "unknown", "json"])
+    body = dict(request.body)
+    if case == "n":
+        body["n"] = 0
+    elif case == "max_tokens":
+        body["max_tokens"] = -1
+    elif case == "unknown":
+        body["suffix"] = "x"
+    return Request(key, request.endpoint, b'{"model": ' if case == "json" else body, kind="invalid",
+                   expected_status="400")
+
+
+def boundary_requests(rng: random.Random, reference: Reference, tag: int) -> list[Request]:
+    """Token-id prompts whose prompt and ``max_tokens`` fill the context extent, and one past it."""
+    requests = []
+    for index, num_prompt in enumerate((CONTEXT_TOKENS - 6, CONTEXT_TOKENS - 5)):
+        prompt = [rng.randrange(6, 320) for _ in range(num_prompt)]
+        body = {"model": SERVED_ID, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+        request = Request(f"b{tag}-{index}", "completions", body, prompts=[prompt])
+        if index:
+            request.kind, request.expected_status = "too long", "400"
+        else:
+            request.continuations = [reference.greedy(prompt, 6, {})]
+        requests.append(request)
+    return requests
+
+
+def leaving_request(rng: random.Random, reference: Reference, key: str) -> Request:
+    """A long greedy stream whose client leaves after a few chunks."""
+    request = plan_request(rng, reference, key)
+    while request.continuations is None or request.max_tokens == 0 or len(request.prompts[0]) > CONTEXT_TOKENS - 40:
+        request = plan_request(rng, reference, key)
+    body = {k: v for k, v in request.body.items()
+            if k not in ("stop", "stop_token_ids", "stop_token_sequences", "logit_bias", "max_completion_tokens")}
+    body.update(stream=True, max_tokens=40, n=1)
+    request.body, request.kind = body, "gone"
+    request.continuations = [reference.greedy(ids, 40, {}) for ids in request.prompts]
+    return request
+
+
+def cache_sequence(rng: random.Random, reference: Reference, tag: int) -> list[Request]:
+    """Greedy token-id prompts, one at a time, over shared prefixes: a prompt again, a part of it, a
+    prompt extended, one shorter than a page past a shared page, an ``n`` of 2, and unrelated ones."""
+    base = [rng.randrange(6, 320) for _ in range(37)] + [tag % 300 + 6]
+    other = [rng.randrange(6, 320) for _ in range(21)]
+    extension = [rng.randrange(6, 320) for _ in range(25)]
+    prompts = [base, base, base[:20] + other, base + extension, base[:16], base[:17], other, other + base,
+               base[:33] + other]
+    requests = []
+    for index, prompt in enumerate(prompts):
+        body = {"model": SERVED_ID, "prompt": prompt, "max_tokens": rng.randint(1, 4), "temperature": 0,
+                "n": 2 if index == 6 else 1, "return_token_ids": True}
+        if rng.random() < 0.5:
+            body.update(stream=True, stream_options={"include_usage": True})
+        request = Request(f"c{tag}-{index}", "completions", body, prompts=[prompt])
+        request.continuations = [reference.greedy(prompt, body["max_tokens"], {})]
+        requests.append(request)
+    return requests
+
+
+# -- running requests ------------------------------------------------------------------------------------
+
+
+def capturing(app, records: dict):
+    """`app`, keeping each request's `RequestRecord` (the access log's) by its test key."""
+
+    async def asgi(scope, receive, send):
+        try:
+            await app(scope, receive, send)
+        finally:
+            key = dict(scope.get("headers", ())).get(KEY_HEADER.encode())
+            if key is not None:
+                records[key.decode()] = scope.get("state", {}).get(RECORD_KEY)
+
+    return asgi
+
+
+def read_sse(text: str, request: Request) -> None:
+    finishes: dict[int, str] = {}
+    lines = text.split("\n")
+    assert lines[-3:] == ["data: [DONE]", "", ""], text[-300:]
+    for line in lines:
+        assert line != "event: error", text
+        if not line.startswith("data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        for choice in chunk["choices"]:
+            if choice.get("finish_reason"):
+                finishes[choice["index"]] = choice["finish_reason"]
+        if chunk.get("usage"):
+            assert request.usage is None, "two usage chunks"
+            request.usage = chunk["usage"]
+        if "reused_prompt_tokens" in chunk:
+            request.reused = chunk["reused_prompt_tokens"]
+    request.finishes = [finishes[i] for i in sorted(finishes)]
+
+
+async def send(client: httpx.AsyncClient, request: Request) -> None:
+    headers = {"content-type": "application/json", KEY_HEADER: request.key}
+    content = request.body if isinstance(request.body, bytes) else json.dumps(request.body).encode()
+    response = await client.post(PATHS[request.endpoint], content=content, headers=headers)
+    request.status = str(response.status_code)
+    if response.status_code != 200:
+        return
+    if response.headers["content-type"].startswith("text/event-stream"):
+        read_sse(response.text, request)
+    else:
+        data = response.json()
+        request.usage = data["usage"]
+        request.reused = data.get("reused_prompt_tokens")
+        request.finishes = [choice["finish_reason"] for choice in data["choices"]]
+
+
+async def send_and_leave(app, request: Request, leave_after: int) -> None:
+    """The request through the ASGI app with a client that leaves after `leave_after` body messages."""
+    body = json.dumps(request.body).encode()
+    path = PATHS[request.endpoint]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()), (KEY_HEADER.encode(), request.key.encode())],
+             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    requested, gone = asyncio.Event(), asyncio.Event()
+    num_bodies = 0
+
+    async def receive():
+        if not requested.is_set():
+            requested.set()
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def sending(message):
+        nonlocal num_bodies
+        if message["type"] == "http.response.start":
+            request.status = str(message["status"])
+        elif message["type"] == "http.response.body" and not gone.is_set():
+            num_bodies += 1
+            if num_bodies >= leave_after or not message.get("more_body", False):
+                gone.set()
+
+    await asyncio.wait_for(app(scope, receive, sending), WAIT_S)
+
+
+async def idle(served, records: dict, keys: list[str]) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+
+    def ended(record) -> bool:
+        return record is not None and all(r.num_prompt_tokens is not None for r in (record, *record.choices))
+
+    def is_idle() -> bool:
+        counters, stats = served.engine.scheduler.counters(), served.stats()
+        return (served.admission.in_use == 0 and counters.num_running == 0 and counters.num_waiting == 0
+                and stats.active_requests == 0 and stats.queued_requests == 0
+                and all(ended(records.get(key)) for key in keys))
+
+    while not is_idle():
+        if asyncio.get_running_loop().time() > deadline:
+            pending = {key: records.get(key) for key in keys if not ended(records.get(key))}
+            raise AssertionError(f"the server did not go idle: {served.admission.in_use} permits in use, "
+                                 f"{served.engine.scheduler.counters()}, records not ended: {pending}")
+        await asyncio.sleep(0.01)
+
+
+def scrape(served) -> dict:
+    samples = collections.Counter()
+    for family in text_string_to_metric_families(served.metrics.render().decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def delta(before: dict, after: dict, name: str, **labels) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def deltas_by(before: dict, after: dict, name: str, *labels: str) -> dict:
+    found = {}
+    for key in set(before) | set(after):
+        if key[0] == name:
+            value = after.get(key, 0.0) - before.get(key, 0.0)
+            if value:
+                found[tuple(dict(key[1])[label] for label in labels)] = value
+    return found
+
+
+# -- the ground truth of the cache -----------------------------------------------------------------
+
+
+def committed_pages(history: list[int], page: int) -> set[tuple[int, ...]]:
+    """Every complete page of `history`, as its whole prefix (a page's digest chains its prefix)."""
+    return {tuple(history[:end]) for end in range(page, len(history) + 1, page)}
+
+
+def expected_reuse(prompt: list[int], cached: set[tuple[int, ...]], page: int) -> int:
+    """Complete pages of the prompt's leading run in the cache, never the last prompt token."""
+    num = 0
+    while (num + 1) * page <= len(prompt) - 1 and tuple(prompt[:(num + 1) * page]) in cached:
+        num += 1
+    return num * page
+
+
+# -- the test ------------------------------------------------------------------------------------------------
+
+
+def run_round(runner, served, reference: Reference, seed: int, seen_cases: collections.Counter) -> list[str]:
+    """One seeded workload; every discrepancy with the ground truth (empty: none)."""
+    rng = random.Random(seed)
+    records: dict = {}
+    app = capturing(create_app(served), records)
+    page = served.engine.scheduler.cache.layout.page_tokens
+    problems: list[str] = []
+
+    def check(what: str, seen, expected) -> None:
+        if seen != expected:
+            problems.append(f"seed {seed}: {what}: server says {seen}, ground truth {expected}")
+
+    requests = [plan_request(rng, reference, f"s{seed}-{i}") for i in range(NUM_REQUESTS)]
+    twins = [Request(r.key + "-twin", r.endpoint, {**r.body, "stream": not r.body.get("stream", False)}, r.kind,
+                     r.prompts, r.continuations, r.expected_status) for r in requests[::2]]
+    for twin in twins:
+        if twin.body["stream"]:
+            twin.body["stream_options"] = {"include_usage": True}
+        else:
+            twin.body.pop("stream_options", None)
+    for request in requests[1::2]:  # streams with and without a usage chunk
+        if rng.random() < 0.6:
+            request.body["stream"] = True
+            if rng.random() < 0.8:
+                request.body["stream_options"] = {"include_usage": True}
+    invalid = [invalid_request(rng, reference, f"i{seed}-{i}") for i in range(3)]
+    requests += boundary_requests(rng, reference, seed)
+    gone = [leaving_request(rng, reference, f"g{seed}-{i}") for i in range(2)]
+    cached_run = cache_sequence(rng, reference, seed)
+    every = requests + twins + invalid + gone + cached_run
+    permits = served.admission.limits.num_permits
+    cache_pages: list[int] = []  # cached pages before and after the cache sequence
+    evictions = 0  # pages the cache sequence evicted
+    cached: set[tuple[int, ...]] = set()  # the sequence's committed pages (its prompts share with nothing before it)
+
+    async def drive() -> tuple[dict, dict]:
+        before = scrape(served)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=WAIT_S) as client:
+            mixed = requests + twins + invalid
+            rng.shuffle(mixed)
+            waves, wave = [], []
+            for request in mixed:  # no wave holds more choices than the permits: no 429
+                size = request.n * max(1, len(request.prompts)) if request.kind == "ok" else 0
+                if wave and sum(r.n * max(1, len(r.prompts)) for r in wave if r.kind == "ok") + size > permits:
+                    waves.append(wave)
+                    wave = []
+                wave.append(request)
+                if len(wave) == WAVE:
+                    waves.append(wave)
+                    wave = []
+            waves += [wave] if wave else []
+            for wave in waves:
+                await asyncio.gather(*(send(client, request) for request in wave))
+                await idle(served, records, [r.key for r in wave if r.status == "200"])
+            for request in gone:
+                await send_and_leave(app, request, rng.randint(2, 4))
+            await idle(served, records, [r.key for r in gone])
+            evicted = served.engine.scheduler.counters().pages_evicted
+            cache_pages.append(served.stats().pages_cached)
+            for request in cached_run:  # one at a time: each sees the pages the ones before committed
+                await send(client, request)
+                await idle(served, records, [request.key])
+            cache_pages.append(served.stats().pages_cached)
+            nonlocal evictions
+            evictions = served.engine.scheduler.counters().pages_evicted - evicted
+        return before, scrape(served)
+
+    before, after = runner.run(drive())
+    for request in every:
+        request.record = records.get(request.key)
+        check(f"status of {request.key} {request.body}", request.status, request.expected_status)
+
+    # usage: each response's, JSON and streamed alike, equals the ground truth
+    ok = [r for r in every if r.kind == "ok"]
+    seen_cases.update(cases(ok, reference))
+    seen_cases["too long"] += sum(r.kind == "too long" for r in every)
+    for request in ok:
+        expected = request.expected_usage(reference)
+        streamed_without_usage = request.body.get("stream") and not request.body.get("stream_options")
+        check(f"usage of {request.key} {request.body}", request.usage, None if streamed_without_usage else expected)
+        if request.continuations is not None:
+            reasons = [{"eos": "stop"}.get(reason, reason) for _, reason in request.choice_outcomes(reference)]
+            check(f"finish reasons of {request.key}", request.finishes, reasons)
+        check(f"access-log tokens of {request.key}", request.record.totals(),
+              (expected["prompt_tokens"], expected["completion_tokens"]))
+    for request in gone:
+        full = request.expected_usage(reference)
+        prompt, output = request.record.totals()
+        check(f"prompt tokens of {request.key} (left)", prompt, full["prompt_tokens"])
+        if not 0 <= output <= full["completion_tokens"]:
+            problems.append(f"seed {seed}: {request.key} (left) counts {output} output tokens of at most "
+                            f"{full['completion_tokens']}")
+
+    # the prefix cache: the sequence's reuse by the rule (the response reports its first choice's;
+    # the others of an ``n`` share that choice's prompt and compute only its last token), and the
+    # cached pages it added: the distinct complete pages it committed, less the pages it evicted
+    for request in cached_run:
+        prompt = request.prompts[0]
+        expected = expected_reuse(prompt, cached, page)
+        check(f"reused prompt tokens of {request.key} (prompt of {len(prompt)})", request.reused, expected)
+        count = request.choice_outcomes(reference)[0][0]
+        cached |= committed_pages(prompt + request.continuations[0][:count - 1], page)
+        for choice in request.record.choices:  # onto the first's prompt, or (it ended first) its pages
+            shared = len(prompt) - 1
+            seen_cases["choice on the first's prompt" if choice.num_reused_tokens == shared else
+                       "choice from the cache"] += 1
+            if choice.num_reused_tokens not in (shared, expected_reuse(prompt, cached, page)):
+                problems.append(f"seed {seed}: a choice of {request.key} reused {choice.num_reused_tokens} "
+                                f"prompt tokens of {len(prompt)}")
+    check("pages the cache sequence cached", cache_pages[1] - cache_pages[0], len(cached) - evictions)
+
+    # /metrics: the differences the workload made
+    ran = ok + gone
+    prompt_total = sum(r.record.totals()[0] for r in ran)
+    output_total = sum(r.record.totals()[1] for r in ran)
+    check("prompt tokens counter", delta(before, after, "helios_prompt_tokens_total"), prompt_total)
+    check("generated tokens counter", delta(before, after, "helios_generated_tokens_total"), output_total)
+    label = {"model_name": SERVED_ID}
+    check("prompt-token histogram sum", delta(before, after, "helios_request_prompt_tokens_sum", **label),
+          prompt_total)
+    check("generation-token histogram sum", delta(before, after, "helios_request_generation_tokens_sum", **label),
+          output_total)
+    for name in ("helios_e2e_request_latency_seconds", "helios_request_queue_time_seconds",
+                 "helios_request_prompt_tokens", "helios_request_generation_tokens"):
+        check(f"{name} observations", delta(before, after, f"{name}_count", **label), len(ran))
+    check("time-to-first-token observations", delta(before, after, "helios_time_to_first_token_seconds_count",
+                                                    **label), sum(r.record.totals()[1] > 0 for r in ran))
+    reasons = collections.Counter()
+    for request in ok:
+        reasons.update(reason for _, reason in request.choice_outcomes(reference))
+    for request in gone:
+        reasons.update(r.finish_reason for r in (request.record, *request.record.choices))
+    check("requests finished by reason", deltas_by(before, after, "helios_requests_finished_total", "reason"),
+          {(reason,): count for reason, count in reasons.items()})
+    statuses = collections.Counter((r.endpoint, r.status) for r in every)
+    check("HTTP responses by endpoint and status",
+          deltas_by(before, after, "helios_http_responses_total", "endpoint", "status"), dict(statuses))
+    reused = sum(r.num_reused_tokens or 0 for request in ran for r in (request.record, *request.record.choices))
+    check("prefix reused tokens counter", delta(before, after, "helios_prefix_reused_tokens_total"), reused)
+    for name in ("helios_requests_active", "helios_requests_queued", "helios_admission_permits_in_use"):
+        check(name, after[(name, ())], 0)
+    check("pages free and cached", after[("helios_cache_pages_free", ())] + after[("helios_cache_pages_cached", ())],
+          after[("helios_cache_pages", ())])
+    return problems
+
+
+def cases(ok: list[Request], reference: Reference) -> collections.Counter:
+    """How often the workload holds each case the ground truth distinguishes."""
+    reasons = collections.Counter(reason for r in ok for _, reason in r.choice_outcomes(reference))
+    found = {
+        "eos": reasons["eos"], "stop": reasons["stop"], "length": reasons["length"],
+        "stop token ids": sum("stop_token_ids" in r.body or "stop_token_sequences" in r.body for r in ok),
+        "reasoning": sum(THINK_ID in (c or [])[:1] for r in ok for c in r.continuations or []),
+        "echo": sum(bool(r.body.get("echo")) for r in ok),
+        "max_tokens 0": sum(r.max_tokens == 0 for r in ok),
+        "batch": sum(len(r.prompts) > 1 for r in ok), "n > 1": sum(r.n > 1 for r in ok),
+        "sampled": sum(r.continuations is None for r in ok),
+        "marker text": sum(TEXTS[-1] in json.dumps(r.body, ensure_ascii=False) for r in ok if r.endpoint == "chat"),
+    }
+    return collections.Counter(found)
+
+
+def test_usage_and_metrics_equal_the_ground_truth(runner, served, reference):
+    problems, seen_cases = [], collections.Counter()
+    for seed in range(ROUNDS):
+        problems += run_round(runner, served, reference, FIRST_SEED + seed, seen_cases)
+    assert not problems, "\n".join(problems)
+    missing = [case for case in CASES if not seen_cases[case]]
+    assert not missing, f"the workload has no {missing}: {seen_cases}"
