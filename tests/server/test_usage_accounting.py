@@ -67,7 +67,7 @@ TEXTS = [
 ]
 WAIT_S = 60.0
 CASES = ("eos", "stop", "length", "stop token ids", "reasoning", "echo", "max_tokens 0", "batch", "n > 1", "sampled",
-         "marker text", "too long")
+         "marker text", "too long", "logprobs")
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +172,7 @@ class Request:
     usage: dict | None = None
     reused: int | None = None
     finishes: list[str] = field(default_factory=list)
+    num_entries: dict[int, int] = field(default_factory=collections.Counter)  # log-probability entries by choice
     record: object = None
 
     @property
@@ -185,7 +186,9 @@ class Request:
 
     @property
     def max_tokens(self) -> int:
-        return self.body.get("max_tokens", self.body.get("max_completion_tokens"))
+        """The output limit: as given, else the rest of the context (the tiny core's default limit is larger)."""
+        given = self.body.get("max_tokens", self.body.get("max_completion_tokens"))
+        return CONTEXT_TOKENS - max(map(len, self.prompts)) if given is None else given
 
     def choice_outcomes(self, reference: Reference) -> list[tuple[int, str]]:
         """(tokens, finish reason) of every choice, by the ground truth."""
@@ -204,11 +207,12 @@ class Request:
         return sum(count for count, _ in self.choice_outcomes(reference))
 
 
-def plan_request(rng: random.Random, reference: Reference, key: str) -> Request:
+def plan_request(rng: random.Random, reference: Reference, key: str, draw: float | None = None) -> Request:
+    """A random request; `draw` picks its logit bias (below 0.15 EOS, below 0.25 ``<think>``)."""
     endpoint = rng.choice(["chat", "completions"])
     body: dict = {"model": SERVED_ID, "max_tokens": rng.randint(1, 8), "n": rng.choice([1, 1, 2, 3])}
     bias: dict[int, float] = {}
-    draw = rng.random()
+    draw = rng.random() if draw is None else draw
     if draw < 0.15:
         bias[EOS_ID] = rng.choice([3.0, 8.0, 100.0])  # EOS soon, or at once
     elif draw < 0.25:
@@ -260,6 +264,8 @@ def plan_request(rng: random.Random, reference: Reference, key: str) -> Request:
             body["stop_token_ids"] = [ids[start]]
         else:
             body["stop_token_sequences"] = [ids[start:start + rng.randint(1, 3)]]
+    if rng.random() < 0.3 and not body.get("echo"):  # entries to count: one per token shown
+        body["logprobs"] = True if endpoint == "chat" else 0
     if endpoint == "chat" and rng.random() < 0.3:
         body["max_completion_tokens"] = body.pop("max_tokens")
     return request
@@ -290,6 +296,15 @@ def boundary_requests(rng: random.Random, reference: Reference, tag: int) -> lis
             request.kind, request.expected_status = "too long", "400"
         else:
             request.continuations = [reference.greedy(prompt, 6, {})]
+        requests.append(request)
+    for index, num_prompt in enumerate((CONTEXT_TOKENS - 9, CONTEXT_TOKENS), 2):  # no max_tokens: the rest
+        prompt = [rng.randrange(6, 320) for _ in range(num_prompt)]
+        body = {"model": SERVED_ID, "prompt": prompt, "temperature": 0, "logit_bias": {str(EOS_ID): -100}}
+        request = Request(f"b{tag}-{index}", "completions", body, prompts=[prompt])
+        if num_prompt < CONTEXT_TOKENS:
+            request.continuations = [reference.greedy(prompt, CONTEXT_TOKENS - num_prompt, {EOS_ID: -100})]
+        else:
+            request.kind, request.expected_status = "too long", "400"
         requests.append(request)
     return requests
 
@@ -356,12 +371,20 @@ def read_sse(text: str, request: Request) -> None:
         for choice in chunk["choices"]:
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
+            request.num_entries[choice["index"]] += num_entries(choice.get("logprobs"))
         if chunk.get("usage"):
             assert request.usage is None, "two usage chunks"
             request.usage = chunk["usage"]
         if "reused_prompt_tokens" in chunk:
             request.reused = chunk["reused_prompt_tokens"]
     request.finishes = [finishes[i] for i in sorted(finishes)]
+
+
+def num_entries(logprobs: dict | None) -> int:
+    """Token entries of a choice's (or a chunk's) ``logprobs``: chat's ``content``, completions' ``tokens``."""
+    if not logprobs:
+        return 0
+    return len(logprobs.get("content") or logprobs.get("tokens") or [])
 
 
 async def send(client: httpx.AsyncClient, request: Request) -> None:
@@ -378,6 +401,8 @@ async def send(client: httpx.AsyncClient, request: Request) -> None:
         request.usage = data["usage"]
         request.reused = data.get("reused_prompt_tokens")
         request.finishes = [choice["finish_reason"] for choice in data["choices"]]
+        for choice in data["choices"]:
+            request.num_entries[choice["index"]] += num_entries(choice.get("logprobs"))
 
 
 async def send_and_leave(app, request: Request, leave_after: int) -> None:
@@ -485,7 +510,7 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
         if seen != expected:
             problems.append(f"seed {seed}: {what}: server says {seen}, ground truth {expected}")
 
-    requests = [plan_request(rng, reference, f"s{seed}-{i}") for i in range(NUM_REQUESTS)]
+    requests = [plan_request(rng, reference, f"s{seed}-{i}", 0.2 if i == 0 else None) for i in range(NUM_REQUESTS)]
     twins = [Request(r.key + "-twin", r.endpoint, {**r.body, "stream": not r.body.get("stream", False)}, r.kind,
                      r.prompts, r.continuations, r.expected_status) for r in requests[::2]]
     for twin in twins:
@@ -555,8 +580,15 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
         streamed_without_usage = request.body.get("stream") and not request.body.get("stream_options")
         check(f"usage of {request.key} {request.body}", request.usage, None if streamed_without_usage else expected)
         if request.continuations is not None:
-            reasons = [{"eos": "stop"}.get(reason, reason) for _, reason in request.choice_outcomes(reference)]
-            check(f"finish reasons of {request.key}", request.finishes, reasons)
+            outcomes = request.choice_outcomes(reference)
+            check(f"finish reasons of {request.key}", request.finishes,
+                  [{"eos": "stop"}.get(reason, reason) for _, reason in outcomes])
+            if "logprobs" in request.body and all(reason != "stop" for _, reason in outcomes):
+                # one entry per token shown: every token generated but an EOS
+                check(f"log-probability entries of {request.key}",
+                      [request.num_entries[index] for index in range(len(outcomes))],
+                      [count - (reason == "eos") for count, reason in outcomes])
+                seen_cases["logprobs"] += 1
         check(f"access-log tokens of {request.key}", request.record.totals(),
               (expected["prompt_tokens"], expected["completion_tokens"]))
     for request in gone:
