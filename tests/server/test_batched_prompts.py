@@ -385,6 +385,24 @@ def test_a_client_leaving_a_batched_stream_frees_every_prompts_requests(runner, 
     assert_idle(runner, app, served)
 
 
+def reused_tokens(runner, app) -> float:
+    return metric_values(runner, app)["helios_prefix_reused_tokens_total"]
+
+
+def test_repeated_prompts_of_a_batch_share_the_prompt_pages(runner, app, served):
+    """A prompt repeated in a batch is computed once: the repeats reuse all of it but its last token
+    (a prompt group, as ``n`` choices form one), and answer as the first does."""
+    prompt = "a prompt that no other test sends"
+    before = reused_tokens(runner, app)
+    response = runner.run(post_ok(app, {"prompt": [prompt, "ab", prompt, prompt], "max_tokens": 5, "temperature": 0}))
+    tokenizer = served.frontend._tokenizer
+    num_prompt, num_other = (len(tokenizer.encode(text, add_special_tokens=True).ids) for text in (prompt, "ab"))
+    assert reused_tokens(runner, app) - before == 2 * (num_prompt - 1)
+    texts = [choice["text"] for choice in response["choices"]]
+    assert texts[0] == texts[2] == texts[3]
+    assert response["usage"]["prompt_tokens"] == 3 * num_prompt + num_other  # each prompt of the batch counted
+
+
 def test_a_client_leaving_a_batched_json_request_frees_every_prompts_requests(runner, app, served):
     body = json.dumps({"model": SERVED_ID, "prompt": [[5, 6, 7], [8] * 40, [5, 6, 7]], "n": 2,
                        "temperature": 0}).encode()
