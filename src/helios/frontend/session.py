@@ -118,15 +118,20 @@ class OutputFactory:
     ingress_ns: int | None
     token_texts: TokenTexts | None = None  # set when the request asks for log-probabilities
     prompt_scoring: PromptScoring | None = None  # echo, prompt scores, max_tokens 0
+    is_constrained: bool = False  # a grammar constrains the output
 
     def create(self) -> OutputProcessor:
         if self.frontend is None:
             pipeline = OutputPipeline(PlainText())
         else:
             pipeline = OutputPipeline.create(self.frontend.output, self.frontend.delimiters, self.request)
+        # A text completion continues its prompt, and a constrained output is the text its grammar
+        # matched: decoded as the first token of a sequence, a SentencePiece ▁ word would lose the
+        # leading space the grammar saw (a regex " \d" answered "3").
+        continues = self.frontend is None or self.is_constrained
         return OutputProcessor(
-            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False,  # a text completion continues its prompt
-                                   context_ids=self.prompt_token_ids if self.frontend is None else ()),
+            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False,
+                                   context_ids=self.prompt_token_ids if continues else ()),
             pipeline,
             self.stops.new_matcher(),
             self.eos_token_ids,
@@ -299,7 +304,7 @@ class FrontendModel:
         head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids,
                           logprobs)
         factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns,
-                                logprobs)
+                                logprobs, is_constrained=grammar is not None)
         return PreparedChat(
             request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt,
             images=images,
@@ -389,7 +394,7 @@ class FrontendModel:
 
     def _factory(self, syntax: FrontendSyntax | None, request: OutputRequest | None, stops: StopOptions,
                  response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None,
-                 logprobs: LogprobRequest) -> OutputFactory:
+                 logprobs: LogprobRequest, *, is_constrained: bool = False) -> OutputFactory:
         prompt = logprobs.prompt
         scoring = None
         if prompt.scores or prompt.hides_output:
@@ -397,7 +402,7 @@ class FrontendModel:
         return OutputFactory(
             self._tokenizer, syntax, request, stops,
             self._settings.eos_token_ids, response.observation, prompt_ids, ingress_ns,
-            self._token_texts if logprobs.top_logprobs is not None else None, scoring,
+            self._token_texts if logprobs.top_logprobs is not None else None, scoring, is_constrained,
         )
 
 

@@ -209,6 +209,25 @@ def sampled_tokenizer_json(text: str, vocab_size: int) -> str:
     return json.dumps(data)
 
 
+def spaced_metaspace_json(text: str) -> str:
+    """The tokenizer JSON with each Metaspace step of its decoder sequence written as the Replace
+    step it is per token (its replacement character read as a space). llguidance reads a sequence
+    holding ByteFallback as SentencePiece-style but honours only Replace steps: with a Metaspace
+    step it spelled ``▁the`` as a literal U+2581 and ``the`` where the text shows `` the``, so an
+    answer's spaces were unconstrained and its ``▁`` words never matched a space."""
+    if '"Metaspace"' not in text:
+        return text
+    data = json.loads(text)
+    decoder = data.get("decoder") or {}
+    steps = decoder.get("decoders") if decoder.get("type") == "Sequence" else None
+    if not steps or not any(step.get("type") == "Metaspace" for step in steps):
+        return text
+    data["decoder"] = {**decoder, "decoders": [
+        {"type": "Replace", "pattern": {"String": step.get("replacement", "\u2581")}, "content": " "}
+        if step.get("type") == "Metaspace" else step for step in steps]}
+    return json.dumps(data)
+
+
 class GrammarCompiler:
     """Compiles request grammars against one model's tokenizer and sampled vocabulary."""
 
@@ -239,7 +258,8 @@ class GrammarCompiler:
         text = tokenizer.to_str()
         if tokenizer.get_vocab_size(with_added_tokens=True) > vocab_size:  # it holds input-only ids
             text = sampled_tokenizer_json(text, vocab_size)
-        ll_tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        ll_tokenizer = llguidance.LLTokenizer(spaced_metaspace_json(text), n_vocab=vocab_size,
+                                              eos_token=list(eos_token_ids))
         return cls(ll_tokenizer, vocab_size, json_defaults)
 
     @property
@@ -354,7 +374,7 @@ class GrammarCompiler:
             if matcher.is_error or token_id is None or not matcher.consume_token(token_id):
                 break
         if matcher.is_error:
-            return f"the {request.kind.value} grammar exceeds llguidance's limits: {user_message(matcher.error)}"
+            return f"the {request.kind.value} grammar {failure_reason(matcher.error)}"
         return ""
 
     def _started(self, matcher: llguidance.LLMatcher, source: str, what: str) -> GrammarMatcher:
@@ -364,7 +384,7 @@ class GrammarCompiler:
         started = GrammarMatcher(matcher, self.mask_words, source)
         started.bitmask()
         if started.is_error:
-            raise GrammarError(f"{what} exceeds llguidance's limits: {user_message(started.error)}")
+            raise GrammarError(f"{what} {failure_reason(started.error)}")
         return started
 
     def _matcher(self, lark: str, answer: GrammarRequest | None) -> tuple[llguidance.LLMatcher, str]:
@@ -406,6 +426,20 @@ def user_message(message: str) -> str:
         details = [part if len(part) <= 80 else part[:80] + "..." for part in details]  # an echoed pattern
         line = " ".join([line, "; ".join(details)])
     return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
+
+
+# llguidance's error when a mask allows no token and the grammar is not complete: nothing can be
+# written next (a class or rule that matches no text), which no limit causes.
+_DEAD_END = "NoExtensionBias"
+
+
+def failure_reason(error: str) -> str:
+    """Why a matcher that constructed entered its error state at a mask or token, for a client:
+    a dead end (no token can follow and the output is not complete: the grammar, or the part of it
+    reached, matches no text) or a limit llguidance met."""
+    if error.startswith(_DEAD_END):
+        return "matches no text: no output can complete it (an empty class such as [^\\s\\S], or a rule that never ends)"
+    return f"exceeds llguidance's limits: {user_message(error)}"
 
 
 def lowest_allowed(mask: np.ndarray, skip: frozenset[int]) -> int | None:
