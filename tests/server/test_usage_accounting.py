@@ -67,7 +67,7 @@ TEXTS = [
 ]
 WAIT_S = 60.0
 CASES = ("eos", "stop", "length", "stop token ids", "reasoning", "echo", "max_tokens 0", "batch", "n > 1", "sampled",
-         "marker text", "too long", "logprobs")
+         "marker text", "too long", "logprobs", "token ids")
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +173,8 @@ class Request:
     reused: int | None = None
     finishes: list[str] = field(default_factory=list)
     num_entries: dict[int, int] = field(default_factory=collections.Counter)  # log-probability entries by choice
+    token_ids: dict[int, list[int]] = field(default_factory=lambda: collections.defaultdict(list))  # by choice
+    prompt_ids: dict[int, list[int]] = field(default_factory=dict)  # by choice (-1: the top level's)
     record: object = None
 
     @property
@@ -264,6 +266,8 @@ def plan_request(rng: random.Random, reference: Reference, key: str, draw: float
             body["stop_token_ids"] = [ids[start]]
         else:
             body["stop_token_sequences"] = [ids[start:start + rng.randint(1, 3)]]
+    if rng.random() < 0.3:  # observed: the ids of the prompt and of every token generated
+        body["return_token_ids"] = True
     if rng.random() < 0.3 and not body.get("echo"):  # entries to count: one per token shown
         body["logprobs"] = True if endpoint == "chat" else 0
     if endpoint == "chat" and rng.random() < 0.3:
@@ -368,10 +372,15 @@ def read_sse(text: str, request: Request) -> None:
         if not line.startswith("data: {"):
             continue
         chunk = json.loads(line[6:])
+        if "prompt_token_ids" in chunk:
+            request.prompt_ids.setdefault(-1, chunk["prompt_token_ids"])
         for choice in chunk["choices"]:
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
             request.num_entries[choice["index"]] += num_entries(choice.get("logprobs"))
+            request.token_ids[choice["index"]] += choice.get("token_ids") or []
+            if "prompt_token_ids" in choice:
+                request.prompt_ids[choice["index"]] = choice["prompt_token_ids"]
         if chunk.get("usage"):
             assert request.usage is None, "two usage chunks"
             request.usage = chunk["usage"]
@@ -401,12 +410,18 @@ async def send(client: httpx.AsyncClient, request: Request) -> None:
         request.usage = data["usage"]
         request.reused = data.get("reused_prompt_tokens")
         request.finishes = [choice["finish_reason"] for choice in data["choices"]]
+        if "prompt_token_ids" in data:
+            request.prompt_ids[-1] = data["prompt_token_ids"]
         for choice in data["choices"]:
             request.num_entries[choice["index"]] += num_entries(choice.get("logprobs"))
+            request.token_ids[choice["index"]] += choice.get("token_ids") or []
+            if "prompt_token_ids" in choice:
+                request.prompt_ids[choice["index"]] = choice["prompt_token_ids"]
 
 
 async def send_and_leave(app, request: Request, leave_after: int) -> None:
-    """The request through the ASGI app with a client that leaves after `leave_after` body messages."""
+    """The request through the ASGI app with a client that leaves: a stream after `leave_after` body
+    messages, a JSON request at once (499 if it left before the answer started, as /metrics counts it)."""
     body = json.dumps(request.body).encode()
     path = PATHS[request.endpoint]
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -421,13 +436,15 @@ async def send_and_leave(app, request: Request, leave_after: int) -> None:
         if not requested.is_set():
             requested.set()
             return {"type": "http.request", "body": body, "more_body": False}
-        await gone.wait()
+        if request.body["stream"]:
+            await gone.wait()
+        gone.set()
         return {"type": "http.disconnect"}
 
     async def sending(message):
         nonlocal num_bodies
         if message["type"] == "http.response.start":
-            request.status = str(message["status"])
+            request.status = "499" if gone.is_set() else str(message["status"])
         elif message["type"] == "http.response.body" and not gone.is_set():
             num_bodies += 1
             if num_bodies >= leave_after or not message.get("more_body", False):
@@ -525,11 +542,12 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
                 request.body["stream_options"] = {"include_usage": True}
     invalid = [invalid_request(rng, reference, f"i{seed}-{i}") for i in range(3)]
     requests += boundary_requests(rng, reference, seed)
-    gone = [leaving_request(rng, reference, f"g{seed}-{i}") for i in range(2)]
+    gone = [leaving_request(rng, reference, f"g{seed}-{i}") for i in range(3)]
+    gone[-1].body["stream"], gone[-1].expected_status = False, "499"
     cached_run = cache_sequence(rng, reference, seed)
     every = requests + twins + invalid + gone + cached_run
     permits = served.admission.limits.num_permits
-    cache_pages: list[int] = []  # cached pages before and after the cache sequence
+    cache_stats: list = []  # the worker's stats before and after the cache sequence
     evictions = 0  # pages the cache sequence evicted
     cached: set[tuple[int, ...]] = set()  # the sequence's committed pages (its prompts share with nothing before it)
 
@@ -557,11 +575,11 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
                 await send_and_leave(app, request, rng.randint(2, 4))
             await idle(served, records, [r.key for r in gone])
             evicted = served.engine.scheduler.counters().pages_evicted
-            cache_pages.append(served.stats().pages_cached)
+            cache_stats.append(served.stats())
             for request in cached_run:  # one at a time: each sees the pages the ones before committed
                 await send(client, request)
                 await idle(served, records, [request.key])
-            cache_pages.append(served.stats().pages_cached)
+            cache_stats.append(served.stats())
             nonlocal evictions
             evictions = served.engine.scheduler.counters().pages_evicted - evicted
         return before, scrape(served)
@@ -577,12 +595,19 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
     seen_cases["too long"] += sum(r.kind == "too long" for r in every)
     for request in ok:
         expected = request.expected_usage(reference)
-        streamed_without_usage = request.body.get("stream") and not request.body.get("stream_options")
+        # a stream without include_usage has none, unless observed (its terminal chunk then has it)
+        streamed_without_usage = (request.body.get("stream") and not request.body.get("stream_options")
+                                  and not request.body.get("return_token_ids"))
         check(f"usage of {request.key} {request.body}", request.usage, None if streamed_without_usage else expected)
         if request.continuations is not None:
             outcomes = request.choice_outcomes(reference)
             check(f"finish reasons of {request.key}", request.finishes,
                   [{"eos": "stop"}.get(reason, reason) for _, reason in outcomes])
+            if request.body.get("return_token_ids"):  # every token generated: EOS, stop-crossing
+                choices = [continuation for continuation in request.continuations for _ in range(request.n)]
+                check(f"token ids of {request.key}", [request.token_ids[index] for index in range(len(outcomes))],
+                      [continuation[:count] for continuation, (count, _) in zip(choices, outcomes)])
+                seen_cases["token ids"] += 1
             if "logprobs" in request.body and all(reason != "stop" for _, reason in outcomes):
                 # one entry per token shown: every token generated but an EOS
                 check(f"log-probability entries of {request.key}",
@@ -591,6 +616,13 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
                 seen_cases["logprobs"] += 1
         check(f"access-log tokens of {request.key}", request.record.totals(),
               (expected["prompt_tokens"], expected["completion_tokens"]))
+    for request in ok:
+        if request.body.get("return_token_ids"):  # the first prompt's at the top, a batch's each on its choices
+            check(f"prompt token ids of {request.key}", request.prompt_ids.get(-1), request.prompts[0])
+            if len(request.prompts) > 1:
+                check(f"prompt token ids of {request.key}'s choices",
+                      [request.prompt_ids.get(index) for index in range(request.n * len(request.prompts))],
+                      [ids for ids in request.prompts for _ in range(request.n)])
     for request in gone:
         full = request.expected_usage(reference)
         prompt, output = request.record.totals()
@@ -602,10 +634,12 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
     # the prefix cache: the sequence's reuse by the rule (the response reports its first choice's;
     # the others of an ``n`` share that choice's prompt and compute only its last token), and the
     # cached pages it added: the distinct complete pages it committed, less the pages it evicted
+    num_reused = 0  # the sequence's reused tokens, every choice's
     for request in cached_run:
         prompt = request.prompts[0]
         expected = expected_reuse(prompt, cached, page)
         check(f"reused prompt tokens of {request.key} (prompt of {len(prompt)})", request.reused, expected)
+        num_reused += expected
         count = request.choice_outcomes(reference)[0][0]
         cached |= committed_pages(prompt + request.continuations[0][:count - 1], page)
         for choice in request.record.choices:  # onto the first's prompt, or (it ended first) its pages
@@ -615,7 +649,13 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
             if choice.num_reused_tokens not in (shared, expected_reuse(prompt, cached, page)):
                 problems.append(f"seed {seed}: a choice of {request.key} reused {choice.num_reused_tokens} "
                                 f"prompt tokens of {len(prompt)}")
-    check("pages the cache sequence cached", cache_pages[1] - cache_pages[0], len(cached) - evictions)
+            num_reused += choice.num_reused_tokens
+    start, end = cache_stats
+    check("pages the cache sequence cached", end.pages_cached - start.pages_cached, len(cached) - evictions)
+    check("prompt tokens the cache sequence looked up", end.prefix_lookup_tokens - start.prefix_lookup_tokens,
+          sum(len(r.prompts[0]) * r.n for r in cached_run))
+    check("prompt tokens the cache sequence reused", end.prefix_reused_tokens - start.prefix_reused_tokens,
+          num_reused)
 
     # /metrics: the differences the workload made
     ran = ok + gone
@@ -673,5 +713,6 @@ def test_usage_and_metrics_equal_the_ground_truth(runner, served, reference):
     for seed in range(ROUNDS):
         problems += run_round(runner, served, reference, FIRST_SEED + seed, seen_cases)
     assert not problems, "\n".join(problems)
+    print(f"cases over {ROUNDS} round(s): {dict(seen_cases)}")
     missing = [case for case in CASES if not seen_cases[case]]
     assert not missing, f"the workload has no {missing}: {seen_cases}"
