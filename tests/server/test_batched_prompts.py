@@ -107,7 +107,8 @@ def input_range(served) -> tuple[int, int]:
 
 async def post(app, body: dict, path: str = "/v1/completions") -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120) as http:
-        return await http.post(path, json={"model": SERVED_ID, **body})
+        content = json.dumps({"model": SERVED_ID, **body}).encode()  # ASCII: a lone surrogate as its escape
+        return await http.post(path, content=content, headers={"content-type": "application/json"})
 
 
 async def post_ok(app, body: dict, path: str = "/v1/completions") -> dict:
@@ -354,6 +355,7 @@ def test_a_batch_with_a_prompt_it_cannot_serve_is_a_400_naming_that_prompt(runne
         ({"prompt": ["hello", long_text, "ab"]}, "prompt[1]", "no room for output"),
         ({"prompt": [[5, 6], [7], [9] * CONTEXT_TOKENS]}, "prompt[2]", "no room for output"),
         ({"prompt": [long_text, "hello"], "n": 2}, "prompt[0]", "no room for output"),
+        ({"prompt": ["hello", "x" * 5000]}, "prompt[1]", "characters"),
         ({"prompt": ["hello", ""]}, "prompt[1]", "empty"),
         ({"prompt": [[begin, end - 1], [end - 1, end]]}, "prompt[1]", f"[{begin}, {end})"),
         ({"prompt": [[5], [6] * (CONTEXT_TOKENS - 4)], "max_tokens": 8}, "max_tokens", "prompt[1]"),

@@ -106,7 +106,7 @@ class Engine:
         self._rounds = 0  # rounds completed (`progress`)
         self.feedback = LaneFeedback(executor.model.prepared.contract.model.vocabulary.mask_words)
         self.stats.request_slots = scheduler.caps.max_active
-        self.stats.pages_total = scheduler.caps.cache.num_pages
+        self.refresh_gauges()  # every page free from the start, not from the first round on
 
     def connect(self, sink: EventSink) -> None:
         """Sends the events of requests submitted without `on_event` to `sink`, one `StepBatch`
