@@ -42,6 +42,7 @@ from test_choice_stream import stream as raw_stream  # tests/server is on sys.pa
 from test_slow_reader import eventually
 
 NUM_DRAWS = int(os.environ.get("HELIOS_BATCHED_DRAWS", "24"))
+FIRST_DRAW = int(os.environ.get("HELIOS_BATCHED_FIRST_DRAW", "0"))
 CONTEXT_TOKENS = 64
 QUEUE_CAPACITY = 16
 TOLERANCE = 2e-4
@@ -305,7 +306,7 @@ async def check_draw(app, body: dict) -> None:
 
 
 def test_batched_prompts_and_choices_equal_single_requests(runner, app, served, input_range):
-    for seed in range(NUM_DRAWS):
+    for seed in range(FIRST_DRAW, FIRST_DRAW + NUM_DRAWS):
         body = draw(seed, input_range)
         try:
             runner.run(check_draw(app, body))
@@ -435,52 +436,96 @@ def test_a_client_leaving_a_batched_json_request_frees_every_prompts_requests(ru
 
 MESSAGES = ([{"role": "user", "content": "hello"}],
             [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "what is 12 plus 30?"}])
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                          "required": ["city"]}}}
+SPECIALS = ("<think>", "</think>", "<tool_call>", "<|im_end|>")
 
 
-def chat_choice(response: dict) -> list[dict]:
-    return [{"index": c["index"], "message": c["message"], "finish_reason": c["finish_reason"],
-             "logprobs": c.get("logprobs")} for c in response["choices"]]
+def draw_chat(seed: int, special_ids: dict) -> dict:
+    rng = random.Random(seed)
+    body = {"messages": rng.choice(MESSAGES), "n": rng.choice((2, 3)), "max_tokens": rng.choice((4, 12, 24)),
+            "seed": rng.randrange(2**31), "temperature": rng.choice((0.0, 1.0))}
+    if rng.random() < 0.5:
+        body["logprobs"] = True
+        body["top_logprobs"] = rng.choice((0, 1))
+    shape = rng.random()
+    if shape < 0.2:
+        body["response_format"] = {"type": "json_object"}
+    elif shape < 0.45:
+        body["tools"] = [WEATHER]
+        body["tool_choice"] = rng.choice(("auto", "required"))
+        body["max_tokens"] = None  # what the 64-token context leaves after the tool declarations
+    elif shape < 0.7:
+        body["stop"] = rng.sample(STOPS, 1)
+    if rng.random() < 0.4:
+        body["logit_bias"] = {str(special_ids[text]): 5.0 for text in rng.sample(SPECIALS, 2)}
+    if rng.random() < 0.6:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def chat_choice(choice: dict) -> dict:
+    """A chat choice without its tool calls' ids (drawn fresh for every request)."""
+    message = dict(choice["message"])
+    if message.get("tool_calls"):
+        message["tool_calls"] = [{key: value for key, value in call.items() if key != "id"}
+                                 for call in message["tool_calls"]]
+    return {"index": choice["index"], "message": message, "finish_reason": choice["finish_reason"],
+            "logprobs": choice.get("logprobs")}
 
 
 def chat_streamed(chunks: list[dict], num_choices: int) -> list[dict]:
     states: dict[int, dict] = {}
     for chunk in chunks:
         for entry in chunk["choices"]:
-            state = states.setdefault(entry["index"], {"content": "", "reasoning_content": "", "finish": []})
+            state = states.setdefault(entry["index"], {"content": "", "reasoning_content": "", "calls": {},
+                                                       "finish": []})
+            delta = entry["delta"]
             for key in ("content", "reasoning_content"):
-                state[key] += entry["delta"].get(key) or ""
+                state[key] += delta.get(key) or ""
+            for call in delta.get("tool_calls") or ():
+                known = state["calls"].setdefault(call["index"], {"type": "function",
+                                                                  "function": {"name": "", "arguments": ""}})
+                for key in ("name", "arguments"):
+                    known["function"][key] += call.get("function", {}).get(key) or ""
             if entry["finish_reason"] is not None:
                 state["finish"].append(entry["finish_reason"])
     assert sorted(states) == list(range(num_choices))
     return [states[index] for index in range(num_choices)]
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_chat_choices_equal_single_requests_with_seed_plus_j(runner, app, seed):
-    rng = random.Random(seed)
-    n = rng.choice((2, 3))
-    body = {"messages": rng.choice(MESSAGES), "n": n, "max_tokens": rng.choice((4, 12)), "seed": rng.randrange(2**31),
-            "temperature": rng.choice((0.0, 1.0)), "logprobs": True, "top_logprobs": 1,
-            "stream_options": {"include_usage": True}}
-    path = "/v1/chat/completions"
+NUM_CHAT_DRAWS = int(os.environ.get("HELIOS_BATCHED_CHAT_DRAWS", "6"))
 
-    async def run() -> None:
-        single_body = {key: value for key, value in body.items() if key not in ("n", "stream_options")}
-        singles = await asyncio.gather(*(post_ok(app, {**single_body, "seed": body["seed"] + j}, path)
-                                         for j in range(n)))
-        response = await post_ok(app, single_body | {"n": n, "seed": body["seed"]}, path)
-        want = [dict(chat_choice(single)[0], index=j) for j, single in enumerate(singles)]
-        assert_close(chat_choice(response), want, "chat")
-        usage = {"prompt_tokens": singles[0]["usage"]["prompt_tokens"],
-                 "completion_tokens": sum(s["usage"]["completion_tokens"] for s in singles)}
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        assert {key: response["usage"][key] for key in usage} == usage
-        chunks = await post_stream(app, body, path)
-        streamed = chat_streamed(chunks, n)
-        for state, choice in zip(streamed, want):
-            assert state["content"] == (choice["message"]["content"] or "")
-            assert state["reasoning_content"] == (choice["message"].get("reasoning_content") or "")
-            assert state["finish"] == [choice["finish_reason"]]
+
+def test_chat_choices_equal_single_requests_with_seed_plus_j(runner, app, served):
+    tokenizer = served.frontend._tokenizer
+    special_ids = {text: tokenizer.token_to_id(text) for text in SPECIALS}
+    for seed in range(NUM_CHAT_DRAWS):
+        body = draw_chat(seed, special_ids)
+        try:
+            runner.run(check_chat_draw(app, body))
+        except AssertionError as error:
+            raise AssertionError(f"chat draw {seed}: {json.dumps(body)}") from error
+
+
+async def check_chat_draw(app, body: dict) -> None:
+    path, n = "/v1/chat/completions", body["n"]
+    single_body = {key: value for key, value in body.items() if key not in ("n", "stream_options")}
+    singles = await asyncio.gather(*(post_ok(app, {**single_body, "seed": body["seed"] + j}, path) for j in range(n)))
+    response = await post_ok(app, single_body | {"n": n}, path)
+    want = [chat_choice(dict(single["choices"][0], index=j)) for j, single in enumerate(singles)]
+    assert_close([chat_choice(choice) for choice in response["choices"]], want, "chat")
+    usage = {"prompt_tokens": singles[0]["usage"]["prompt_tokens"],
+             "completion_tokens": sum(s["usage"]["completion_tokens"] for s in singles)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    assert {key: response["usage"][key] for key in usage} == usage
+    chunks = await post_stream(app, body, path)
+    for state, choice in zip(chat_streamed(chunks, n), want):
+        message = choice["message"]
+        assert state["content"] == (message["content"] or "")
+        assert state["reasoning_content"] == (message.get("reasoning_content") or "")
+        assert [state["calls"][k] for k in sorted(state["calls"])] == (message.get("tool_calls") or [])
+        assert state["finish"] == [choice["finish_reason"]]
+    if body.get("stream_options"):
         assert {key: chunks[-1]["usage"][key] for key in usage} == usage
-
-    runner.run(run())
