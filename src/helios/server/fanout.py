@@ -13,6 +13,9 @@ that one copied) so each computes only the last prompt token and samples with it
 (`helios.runtime.cache.prompt_sharing`; ``reused_prompt_tokens`` is the prompt length minus one).
 ``best_of`` equal to ``n`` is the same thing.
 
+Every choice is prepared before any is submitted: a batch with a prompt that cannot be served
+(longer than the context, empty, ids outside the input vocabulary, no room for ``max_tokens``) is
+that prompt's 400, naming ``prompt[i]`` (`named_batch_prompt`), never a partial answer.
 Choices are numbered prompt by prompt: choice ``j`` of prompt ``i`` has ``index = i * n + j``.
 An observed response (``return_token_ids``) has the first prompt's ``prompt_token_ids`` at the top
 level and, for a batch of several prompts, each choice its own prompt's on the choice.
