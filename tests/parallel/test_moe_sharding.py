@@ -35,10 +35,11 @@ def test_rank_architecture_divides_expert_widths():
 
 
 def test_uneven_expert_widths_are_refused_by_name():
-    with pytest.raises(CheckpointError, match="expert width \\(moe_intermediate_size\\) 6"):
+    width = "expert width \\(moe_intermediate_size; Mixtral's and gpt-oss's intermediate_size\\) 6"
+    with pytest.raises(CheckpointError, match=width):
         rank_architecture(dataclasses.replace(ARCH, intermediate_size=4), 4)
     odd_shared = dataclasses.replace(ARCH, moe=dataclasses.replace(MOE, shared_intermediate_size=3))
-    with pytest.raises(CheckpointError, match="shared expert width 3"):
+    with pytest.raises(CheckpointError, match="shared expert width \\(n_shared_experts x moe_intermediate_size\\) 3"):
         rank_architecture(odd_shared, 2)
 
 

@@ -39,7 +39,7 @@ def test_rank_architecture_divides_heads_and_mlp_and_keeps_the_vocabulary():
 
 
 def test_uneven_heads_are_refused_by_name():
-    with pytest.raises(CheckpointError, match="key/value heads 2"):
+    with pytest.raises(CheckpointError, match="key/value heads \\(num_key_value_heads\\) 2"):
         rank_architecture(ARCH, 4)
     with pytest.raises(CheckpointError, match="MLP width"):
         rank_architecture(dataclasses.replace(ARCH, intermediate_size=5), 2)

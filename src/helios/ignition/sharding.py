@@ -32,8 +32,9 @@ whole on every rank and its gated norm sums each token's squares over the ranks 
 Experts are split by their intermediate width (each rank runs every selected expert on its share
 and one all-reduce sums the routed and shared experts). Heads, key/value heads, the MLP width, the
 expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError`
-says which does not); the vocabulary need not (the last rank's rows are padded with zeros and
-their logits cut).
+says which does not, and the config.json setting that holds it: fewer key/value heads than ranks
+are refused, not replicated); the vocabulary need not (the last rank's rows are padded with zeros
+and their logits cut).
 Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
@@ -64,7 +65,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
-    extents = {"attention heads": arch.num_heads, "key/value heads": arch.num_kv_heads,
+    extents = {"attention heads (num_attention_heads)": arch.num_heads,
+               "key/value heads (num_key_value_heads)": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
     recurrent = arch.recurrent
     if recurrent is not None:  # a mixer's heads and the B/C groups they read are split alike
@@ -73,8 +75,9 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
             extents["mixer groups (mamba_n_groups)"] = recurrent.num_groups
     moe = arch.moe
     if moe is not None:
-        extents["expert width (moe_intermediate_size)"] = moe.expert_intermediate_size
-        extents["shared expert width"] = moe.shared_intermediate_size
+        extents["expert width (moe_intermediate_size; Mixtral's and gpt-oss's intermediate_size)"] = \
+            moe.expert_intermediate_size
+        extents["shared expert width (n_shared_experts x moe_intermediate_size)"] = moe.shared_intermediate_size
     uneven = [f"{name} {value}" for name, value in extents.items() if value % ranks]
     if uneven:
         raise CheckpointError(f"tensor parallel {ranks} needs {', '.join(uneven)} divisible by {ranks}")
