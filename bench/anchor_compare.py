@@ -55,6 +55,7 @@ from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofl
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
 from helios.abi import gemv_tiles  # noqa: E402
+from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION  # noqa: E402
 from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
@@ -132,6 +133,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--long", default="64x1024x1024", help="the roofline workload, REQUESTSxPROMPTxOUTPUT")
     parser.add_argument("--ttft-prompt", type=int, default=2048)
+    parser.add_argument("--memory-fraction", type=float, default=DEFAULT_MEMORY_FRACTION,
+                        help="the load's --memory-fraction (the cache pages' share of the free device memory)")
     parser.add_argument("--anchor-timeout", type=float, default=270.0, help="seconds the anchor may run")
     parser.add_argument("--serial", action="store_true", help="run the anchor before preparing (no overlap)")
     parser.add_argument("--tests", default="", help="pytest arguments (one string) run on the device first, "
@@ -200,6 +203,7 @@ def main() -> None:
     for name in ("helios.runtime.loading.dry_run_ahead", "helios.runtime.loading.page_sizing"):
         logging.getLogger(name).setLevel(logging.INFO)
         logging.getLogger(name).addHandler(memory_log)
+    MEMORY_FRACTION[0] = args.memory_fraction
     with CLOCKS:
         compare(args)
     for line in CLOCKS.describe():
@@ -288,9 +292,13 @@ def save(results: dict, path: Path | None) -> None:
         path.write_text(json.dumps(results, indent=1, default=str))
 
 
+MEMORY_FRACTION = [DEFAULT_MEMORY_FRACTION]  # --memory-fraction
+
+
 def load_runtime(core, key, workloads, device):
     """The core loaded as served (CUDA graphs on a GPU), its queue holding the largest workload."""
-    options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda"),
+    options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda",
+                                              memory_fraction=MEMORY_FRACTION[0]),
                              queue_capacity=max(w.requests for w in workloads) + 8)
     return build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
 
