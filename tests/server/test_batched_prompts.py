@@ -444,7 +444,7 @@ SPECIALS = ("<think>", "</think>", "<tool_call>", "<|im_end|>")
 
 def draw_chat(seed: int, special_ids: dict) -> dict:
     rng = random.Random(seed)
-    body = {"messages": rng.choice(MESSAGES), "n": rng.choice((2, 3)), "max_tokens": rng.choice((4, 12, 24)),
+    body = {"messages": rng.choice(MESSAGES), "n": rng.choice((2, 3)), "max_tokens": rng.choice((4, 12, None)),
             "seed": rng.randrange(2**31), "temperature": rng.choice((0.0, 1.0))}
     if rng.random() < 0.5:
         body["logprobs"] = True
