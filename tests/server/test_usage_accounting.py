@@ -25,13 +25,16 @@ against the tiny served core in this process. Every expectation comes from outsi
   latency histograms' observations, the prefix-reuse counter, in-flight gauges back at zero, and
   every page either free or cached, the cached ones exactly the distinct complete pages committed.
 
-``HELIOS_USAGE_ROUNDS`` (default 1) runs more seeded workloads (the sweep outside the suite).
+``HELIOS_USAGE_ROUNDS`` (default 1) runs more seeded workloads, from ``HELIOS_USAGE_SEED``, and
+``HELIOS_USAGE_SPECULATIVE=1`` serves the first test's from a core with a draft (the sweeps outside
+the suite).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -53,6 +56,7 @@ from support.shared_prepare import shared_root
 
 ROUNDS = int(os.environ.get("HELIOS_USAGE_ROUNDS", "1"))
 FIRST_SEED = int(os.environ.get("HELIOS_USAGE_SEED", "20261205"))
+SPECULATIVE = os.environ.get("HELIOS_USAGE_SPECULATIVE") == "1"
 NUM_REQUESTS = 26  # per round, beside the cache sequence, the invalid bodies and the clients that leave
 WAVE = 3  # concurrent requests
 EOS_ID, THINK_ID = 1, 2  # support.chat_checkpoint: <|im_end|> (the EOS) and <think>
@@ -73,8 +77,44 @@ CASES = ("eos", "stop", "length", "stop token ids", "reasoning", "echo", "max_to
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    """The tiny core, or with ``HELIOS_USAGE_SPECULATIVE=1`` the same weights prepared with a
+    one-layer draft (speculative widths 1 and 4: greedy unseeded requests speculate)."""
+    if SPECULATIVE:
+        with served_speculating(tmp_path_factory.getbasetemp() / "usage-speculative") as served:
+            yield served
+        return
     with served_tiny_core(tmp_path_factory.getbasetemp(), 4, frontend_workers=2) as served:
         yield served
+
+
+@contextlib.contextmanager
+def served_speculating(root: Path):
+    from helios.core.keys import SigningKey, write_key_pair
+    from helios.core.reader import open_core
+    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+    from helios.ignition.speculative_plan import SpeculativePlan
+    from helios.runtime.service import RuntimeOptions, build_runtime
+    from helios.server.service import ServedModel
+    from ignition.hf_checkpoints import QWEN3
+    from speculative.support import write_truncated_checkpoint
+    from support.chat_checkpoint import write_chat_checkpoint
+
+    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
+    draft = write_truncated_checkpoint(checkpoint, root / "draft", 1)
+    key = SigningKey.generate()
+    write_key_pair(root / "publisher.key", key, ["test.helios/usage"])
+    plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8),
+                        speculative=SpeculativePlan(draft, widths=(1, 4)))
+    prepare_core(checkpoint, root / "model.core", key,
+                 PrepareOptions("test.helios/usage", served_id=SERVED_ID, capacities=plan))
+    opened = open_core(root / "model.core", accept="test.helios/usage", trusted_keys=[root / "publisher.key.pub"])
+    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=4)), queue_capacity=4,
+                                      frontend_workers=2)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +130,8 @@ def tight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(served, tmp_path_factory):
+    if SPECULATIVE:
+        return Reference(tmp_path_factory.getbasetemp() / "usage-speculative" / "checkpoint")
     return Reference(shared_root(tmp_path_factory.getbasetemp()) / "helios-server-core" / "checkpoint")
 
 
@@ -603,6 +645,7 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
     before, after = runner.run(drive())
     seen_cases["preemptions" if is_roomy else "tight preemptions"] += (
         served.engine.scheduler.counters().preemptions - preemptions)
+    seen_cases["speculative launches"] += (delta(before, after, "helios_graph_launches_total", operation="speculative"))
     for request in every:
         request.record = records.get(request.key)
         check(f"status of {request.key} {request.body}", request.status, request.expected_status)
