@@ -370,11 +370,12 @@ def boundary_requests(rng: random.Random, reference: Reference, tag: int) -> lis
 def leaving_request(rng: random.Random, reference: Reference, key: str) -> Request:
     """A long greedy stream whose client leaves after a few chunks."""
     request = plan_request(rng, reference, key)
-    while request.continuations is None or request.max_tokens == 0 or len(request.prompts[0]) > CONTEXT_TOKENS - 40:
+    while (request.continuations is None or request.max_tokens == 0
+           or max(map(len, request.prompts)) > CONTEXT_TOKENS - 40):
         request = plan_request(rng, reference, key)
     body = {k: v for k, v in request.body.items()
             if k not in ("stop", "stop_token_ids", "stop_token_sequences", "logit_bias", "max_completion_tokens")}
-    body.update(stream=True, max_tokens=40, n=1)
+    body.update(stream=True, max_tokens=40, n=rng.choice([1, 2]))
     request.body, request.kind = body, "gone"
     request.continuations = [reference.greedy(ids, 40, {}) for ids in request.prompts]
     return request
@@ -742,6 +743,11 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
         reasons.update(r.finish_reason for r in (request.record, *request.record.choices))
     check("requests finished by reason", deltas_by(before, after, "helios_requests_finished_total", "reason"),
           {(reason,): count for reason, count in reasons.items()})
+    # admitted: one per choice that ran (a choice cancelled before the scheduler took it is not)
+    sure = sum(len(r.choice_outcomes(reference)) for r in ok + gone if r.status == "200")
+    admitted = delta(before, after, "helios_requests_admitted_total")
+    if not sure <= admitted <= sure + sum(len(r.choice_outcomes(reference)) for r in gone if r.status == "499"):
+        problems.append(f"seed {seed}: {admitted} requests admitted, {sure} choices ran to their end or a stream's")
     statuses = collections.Counter((r.endpoint, r.status) for r in every)
     check("HTTP responses by endpoint and status",
           deltas_by(before, after, "helios_http_responses_total", "endpoint", "status"), dict(statuses))
