@@ -1,33 +1,43 @@
 """Usage and /metrics against ground truth the server does not compute.
 
-A seeded workload (chat and text completions; text, token-id and batched prompts; ``n`` 1 to 3;
-``max_tokens`` cut-offs; stop strings taken from the output they cut; EOS forced by ``logit_bias``;
-reasoning opened by ``logit_bias`` on ``<think>``; ``echo`` with ``max_tokens`` 0 and more; sampled
-choices with EOS banned; streamed and not; invalid bodies; clients that leave mid-stream) runs
-against the tiny served core in this process. Every expectation comes from outside the server:
+A seeded workload (chat and text completions; text, token-id and batched prompts; client text
+holding marker strings; ``n`` 1 to 3; ``max_tokens`` cut-offs, omitted, or at and past the context
+extent; stop strings and stop token ids taken from the output they cut; EOS forced by
+``logit_bias``; reasoning opened by ``logit_bias`` on ``<think>``; ``echo`` with ``max_tokens`` 0
+and more; log-probabilities; observed ids; sampled choices with EOS banned; streamed and not;
+invalid bodies; clients that leave mid-stream or before their answer) runs against the tiny served
+core in this process. Every expectation comes from outside the server:
 
 - prompt tokens: ``transformers``' ``apply_chat_template`` over the checkpoint's own chat template
-  and tokenizer (chat), the tokenizer (text), the list itself (token ids); each prompt once for
-  ``n`` > 1, summed over a batch's prompts;
+  and tokenizer (chat; marker strings in client text tokenized as text, as the README promises),
+  the tokenizer (text), the list itself (token ids); each prompt once for ``n`` > 1, summed over a
+  batch's prompts; an observed response's ``prompt_token_ids`` are those ids;
 - completion tokens: a greedy continuation from ``transformers``' float32 model of the same
   checkpoint (with the request's ``logit_bias``), cut where OpenAI's usage cuts it: at
-  ``max_tokens``, at the EOS token (counted: it was generated), or at the token whose text
-  completes a stop string (counted: the stop hides text, not the tokens generated); ``echo`` adds
-  nothing; sampled choices with EOS banned make exactly ``max_tokens`` each;
+  ``max_tokens``, at the EOS token (counted: it was generated), or at the token that completes a
+  stop string or stop token sequence (counted: the stop hides text, not the tokens generated);
+  ``echo`` adds nothing; sampled choices with EOS banned make exactly ``max_tokens`` each; an
+  observed choice's ``token_ids`` are the continuation so cut, and its log-probability entries one
+  per token but an EOS (without stops, which hide entries with their text);
 - the same request streamed with ``include_usage`` reports the usage its JSON body reports;
 - ``reused_prompt_tokens`` (this server's report of the prefix the cache served; it sends no
   ``prompt_tokens_details``) follows the rule of `helios.runtime.cache.cache_manager`: complete
   16-token pages of the longest prefix an earlier request committed, never the last prompt token;
+  a later choice of ``n`` reuses all but the last prompt token (on the first choice's pages) or,
+  where the first ended before it was admitted, the first's cached pages;
 - /metrics after the workload, as differences from a scrape before it: prompt and generated token
   counters and the token histograms' sums equal the ground truth (a client that left counts as its
   access-log record, whose prompt is the ground truth and whose output is at most the ground
-  truth), requests finished by reason, HTTP responses by endpoint and status (400s included), the
-  latency histograms' observations, the prefix-reuse counter, in-flight gauges back at zero, and
-  every page either free or cached, the cached ones exactly the distinct complete pages committed.
+  truth), requests finished by reason and admitted per choice, HTTP responses by endpoint and
+  status (400s and 499s included), the latency histograms' observations, the prefix lookup and
+  reuse counters, in-flight gauges back at zero, and every page either free or cached, the pages
+  the cache sequence cached exactly the distinct complete pages it committed less those it evicted.
 
-``HELIOS_USAGE_ROUNDS`` (default 1) runs more seeded workloads, from ``HELIOS_USAGE_SEED``, and
-``HELIOS_USAGE_SPECULATIVE=1`` serves the first test's from a core with a draft (the sweeps outside
-the suite).
+The second test runs the same workloads on a server with pages for a context and a quarter, where
+requests are preempted and recomputed and pages evicted (the cache sequence's reuse is not
+predicted there). ``HELIOS_USAGE_ROUNDS`` (default 1) runs more seeded workloads, from
+``HELIOS_USAGE_SEED``, and ``HELIOS_USAGE_SPECULATIVE=1`` serves the first test's from a core with a
+draft (the sweeps outside the suite).
 """
 
 from __future__ import annotations
@@ -43,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import tokenizers
 import pytest
+import tokenizers
 import torch
 import transformers
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +81,7 @@ TEXTS = [
 ]
 WAIT_S = 60.0
 TIGHT_PAGES = 20  # 16-token pages: a full context and a quarter
+PRESSURE = 3  # requests of 160 tokens at once (30 pages): on TIGHT_PAGES, some are preempted
 CASES = ("eos", "stop", "length", "stop token ids", "reasoning", "echo", "max_tokens 0", "batch", "n > 1", "sampled",
          "marker text", "too long", "logprobs", "token ids")
 
@@ -570,21 +581,37 @@ def expected_reuse(prompt: list[int], cached: set[tuple[int, ...]], page: int) -
 # -- the test ------------------------------------------------------------------------------------------------
 
 
-def run_round(runner, served, reference: Reference, seed: int, seen_cases: collections.Counter,
-              is_roomy: bool = True) -> list[str]:
-    """One seeded workload; every discrepancy with the ground truth (empty: none). On a server
-    without room for every page (not `is_roomy`: requests are preempted and recomputed, pages
-    evicted) the cache sequence's reuse and cached pages are not predicted."""
-    rng = random.Random(seed)
-    records: dict = {}
-    app = capturing(create_app(served), records)
-    page = served.engine.scheduler.cache.layout.page_tokens
-    problems: list[str] = []
+@dataclass
+class Round:
+    """One seeded workload, what the server said of it, and every discrepancy found."""
 
-    def check(what: str, seen, expected) -> None:
+    seed: int
+    mixed: list[Request]  # sent in concurrent waves (valid, invalid, twins)
+    pressure: list[Request]  # long requests at once: on a server short of pages, preempted
+    gone: list[Request]  # clients that leave, one at a time
+    cached_run: list[Request]  # the cache sequence, one at a time
+    seen_cases: collections.Counter
+    records: dict = field(default_factory=dict)  # access-log records by test key
+    before: dict = field(default_factory=dict)  # /metrics samples before the workload
+    after: dict = field(default_factory=dict)  # and after it, the server idle
+    cache_stats: list = field(default_factory=list)  # the worker's stats before and after the cache sequence
+    num_evictions: int = 0  # pages the cache sequence evicted
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def every(self) -> list[Request]:
+        return self.mixed + self.pressure + self.gone + self.cached_run
+
+    @property
+    def ok(self) -> list[Request]:
+        return [r for r in self.every if r.kind == "ok"]
+
+    def check(self, what: str, seen, expected) -> None:
         if seen != expected:
-            problems.append(f"seed {seed}: {what}: server says {seen}, ground truth {expected}")
+            self.problems.append(f"seed {self.seed}: {what}: server says {seen}, ground truth {expected}")
 
+
+def plan_round(rng: random.Random, reference: Reference, seed: int, seen_cases: collections.Counter) -> Round:
     requests = [plan_request(rng, reference, f"s{seed}-{i}", 0.2 if i == 0 else None) for i in range(NUM_REQUESTS)]
     twins = [Request(r.key + "-twin", r.endpoint, {**r.body, "stream": not r.body.get("stream", False)}, r.kind,
                      r.prompts, r.continuations, r.expected_status) for r in requests[::2]]
@@ -602,162 +629,202 @@ def run_round(runner, served, reference: Reference, seed: int, seen_cases: colle
     requests += boundary_requests(rng, reference, seed)
     gone = [leaving_request(rng, reference, f"g{seed}-{i}") for i in range(3)]
     gone[-1].body["stream"], gone[-1].expected_status = False, "499"
-    cached_run = cache_sequence(rng, reference, seed)
-    every = requests + twins + invalid + gone + cached_run
-    permits = served.admission.limits.num_permits
-    cache_stats: list = []  # the worker's stats before and after the cache sequence
-    evictions = 0  # pages the cache sequence evicted
-    cached: set[tuple[int, ...]] = set()  # the sequence's committed pages (its prompts share with nothing before it)
+    mixed = requests + twins + invalid
+    rng.shuffle(mixed)
+    pressure = []
+    for index in range(PRESSURE):
+        prompt = [rng.randrange(6, 320) for _ in range(60)]
+        body = {"model": SERVED_ID, "prompt": prompt, "max_tokens": 100, "temperature": 0,
+                "logit_bias": {str(EOS_ID): -100}, "stream": index % 2 == 1}
+        pressure.append(Request(f"p{seed}-{index}", "completions", body, prompts=[prompt],
+                                continuations=[reference.greedy(prompt, 100, {EOS_ID: -100})]))
+    return Round(seed, mixed, pressure, gone, cache_sequence(rng, reference, seed), seen_cases)
 
-    async def drive() -> tuple[dict, dict]:
-        before = scrape(served)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=WAIT_S) as client:
-            mixed = requests + twins + invalid
-            rng.shuffle(mixed)
-            waves, wave = [], []
-            for request in mixed:  # no wave holds more choices than the permits: no 429
-                size = request.n * max(1, len(request.prompts)) if request.kind == "ok" else 0
-                if wave and sum(r.n * max(1, len(r.prompts)) for r in wave if r.kind == "ok") + size > permits:
-                    waves.append(wave)
-                    wave = []
-                wave.append(request)
-                if len(wave) == WAVE:
-                    waves.append(wave)
-                    wave = []
-            waves += [wave] if wave else []
-            for wave in waves:
-                await asyncio.gather(*(send(client, request) for request in wave))
-                await idle(served, records, [r.key for r in wave if r.status == "200"])
-            for request in gone:
-                await send_and_leave(app, request, rng.randint(2, 4))
-            await idle(served, records, [r.key for r in gone])
-            evicted = served.engine.scheduler.counters().pages_evicted
-            cache_stats.append(served.stats())
-            for request in cached_run:  # one at a time: each sees the pages the ones before committed
-                await send(client, request)
-                await idle(served, records, [request.key])
-            cache_stats.append(served.stats())
-            nonlocal evictions
-            evictions = served.engine.scheduler.counters().pages_evicted - evicted
-        return before, scrape(served)
 
+def waves(requests: list[Request], permits: int) -> list[list[Request]]:
+    """`requests` in waves of at most `WAVE`, none holding more choices than the permits (no 429)."""
+    out, wave = [], []
+    for request in requests:
+        size = request.n * len(request.prompts) if request.kind == "ok" else 0
+        if wave and sum(r.n * len(r.prompts) for r in wave if r.kind == "ok") + size > permits:
+            out.append(wave)
+            wave = []
+        wave.append(request)
+        if len(wave) == WAVE:
+            out.append(wave)
+            wave = []
+    return out + ([wave] if wave else [])
+
+
+async def drive(served, app, run: Round, rng: random.Random) -> None:
+    """Sends the round's requests: the mixed waves, the clients that leave, the cache sequence."""
+    run.before = scrape(served)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                 timeout=WAIT_S) as client:
+        for wave in waves(run.mixed, served.admission.limits.num_permits):
+            await asyncio.gather(*(send(client, request) for request in wave))
+            await idle(served, run.records, [r.key for r in wave if r.status == "200"])
+        await asyncio.gather(*(send(client, request) for request in run.pressure))
+        await idle(served, run.records, [r.key for r in run.pressure])
+        for request in run.gone:
+            await send_and_leave(app, request, rng.randint(2, 4))
+        await idle(served, run.records, [r.key for r in run.gone])
+        evicted = served.engine.scheduler.counters().pages_evicted
+        run.cache_stats.append(served.stats())
+        for request in run.cached_run:  # one at a time: each sees the pages the ones before committed
+            await send(client, request)
+            await idle(served, run.records, [request.key])
+        run.cache_stats.append(served.stats())
+        run.num_evictions = served.engine.scheduler.counters().pages_evicted - evicted
+    run.after = scrape(served)
+
+
+def run_round(runner, served, reference: Reference, seed: int, seen_cases: collections.Counter,
+              is_roomy: bool = True) -> list[str]:
+    """One seeded workload; every discrepancy with the ground truth (empty: none). On a server
+    without room for every page (not `is_roomy`: requests are preempted and recomputed, pages
+    evicted) the cache sequence's reuse and cached pages are not predicted."""
+    rng = random.Random(seed)
+    run = plan_round(rng, reference, seed, seen_cases)
     preemptions = served.engine.scheduler.counters().preemptions
-    before, after = runner.run(drive())
+    runner.run(drive(served, capturing(create_app(served), run.records), run, rng))
     seen_cases["preemptions" if is_roomy else "tight preemptions"] += (
         served.engine.scheduler.counters().preemptions - preemptions)
-    seen_cases["speculative launches"] += (delta(before, after, "helios_graph_launches_total", operation="speculative"))
-    for request in every:
-        request.record = records.get(request.key)
-        check(f"status of {request.key} {request.body}", request.status, request.expected_status)
+    seen_cases["speculative launches"] += delta(run.before, run.after, "helios_graph_launches_total",
+                                                operation="speculative")
+    for request in run.every:
+        request.record = run.records.get(request.key)
+        run.check(f"status of {request.key} {request.body}", request.status, request.expected_status)
+    seen_cases.update(cases(run.ok, reference))
+    seen_cases["too long"] += sum(r.kind == "too long" for r in run.every)
+    check_usage(run, reference)
+    check_cache(run, reference, served.engine.scheduler.cache.layout.page_tokens, is_roomy)
+    check_metrics(run, reference)
+    return run.problems
 
-    # usage: each response's, JSON and streamed alike, equals the ground truth
-    ok = [r for r in every if r.kind == "ok"]
-    seen_cases.update(cases(ok, reference))
-    seen_cases["too long"] += sum(r.kind == "too long" for r in every)
-    for request in ok:
+
+def check_usage(run: Round, reference: Reference) -> None:
+    """Each response's usage, JSON and streamed alike, its finish reasons, observed ids and
+    log-probability entries, and each access-log record, against the ground truth."""
+    for request in run.ok:
         expected = request.expected_usage(reference)
         # a stream without include_usage has none, unless observed (its terminal chunk then has it)
         streamed_without_usage = (request.body.get("stream") and not request.body.get("stream_options")
                                   and not request.body.get("return_token_ids"))
-        check(f"usage of {request.key} {request.body}", request.usage, None if streamed_without_usage else expected)
-        if request.continuations is not None:
-            outcomes = request.choice_outcomes(reference)
-            check(f"finish reasons of {request.key}", request.finishes,
-                  [{"eos": "stop"}.get(reason, reason) for _, reason in outcomes])
-            if request.body.get("return_token_ids"):  # every token generated: EOS, stop-crossing
-                choices = [continuation for continuation in request.continuations for _ in range(request.n)]
-                check(f"token ids of {request.key}", [request.token_ids[index] for index in range(len(outcomes))],
-                      [continuation[:count] for continuation, (count, _) in zip(choices, outcomes)])
-                seen_cases["token ids"] += 1
-            if "logprobs" in request.body and all(reason != "stop" for _, reason in outcomes):
-                # one entry per token shown: every token generated but an EOS
-                check(f"log-probability entries of {request.key}",
-                      [request.num_entries[index] for index in range(len(outcomes))],
-                      [count - (reason == "eos") for count, reason in outcomes])
-                seen_cases["logprobs"] += 1
-        check(f"access-log tokens of {request.key}", request.record.totals(),
-              (expected["prompt_tokens"], expected["completion_tokens"]))
-    for request in ok:
+        run.check(f"usage of {request.key} {request.body}", request.usage,
+                  None if streamed_without_usage else expected)
+        run.check(f"access-log tokens of {request.key}", request.record.totals(),
+                  (expected["prompt_tokens"], expected["completion_tokens"]))
         if request.body.get("return_token_ids"):  # the first prompt's at the top, a batch's each on its choices
-            check(f"prompt token ids of {request.key}", request.prompt_ids.get(-1), request.prompts[0])
+            run.check(f"prompt token ids of {request.key}", request.prompt_ids.get(-1), request.prompts[0])
             if len(request.prompts) > 1:
-                check(f"prompt token ids of {request.key}'s choices",
-                      [request.prompt_ids.get(index) for index in range(request.n * len(request.prompts))],
-                      [ids for ids in request.prompts for _ in range(request.n)])
-    for request in gone:
+                run.check(f"prompt token ids of {request.key}'s choices",
+                          [request.prompt_ids.get(index) for index in range(request.n * len(request.prompts))],
+                          [ids for ids in request.prompts for _ in range(request.n)])
+        if request.continuations is not None:
+            check_outputs(run, request, reference)
+    for request in run.gone:
         full = request.expected_usage(reference)
         prompt, output = request.record.totals()
-        check(f"prompt tokens of {request.key} (left)", prompt, full["prompt_tokens"])
+        run.check(f"prompt tokens of {request.key} (left)", prompt, full["prompt_tokens"])
         if not 0 <= output <= full["completion_tokens"]:
-            problems.append(f"seed {seed}: {request.key} (left) counts {output} output tokens of at most "
-                            f"{full['completion_tokens']}")
+            run.problems.append(f"seed {run.seed}: {request.key} (left) counts {output} output tokens of at most "
+                                f"{full['completion_tokens']}")
 
-    # the prefix cache: the sequence's reuse by the rule (the response reports its first choice's;
-    # the others of an ``n`` share that choice's prompt and compute only its last token), and the
-    # cached pages it added: the distinct complete pages it committed, less the pages it evicted
+
+def check_outputs(run: Round, request: Request, reference: Reference) -> None:
+    """A greedy request's finish reasons, observed token ids (every token generated: EOS and the
+    stop-crossing one included) and log-probability entries (one per token shown: every token
+    generated but an EOS, where no stop hid any) against its continuations."""
+    outcomes = request.choice_outcomes(reference)
+    run.check(f"finish reasons of {request.key}", request.finishes,
+              [{"eos": "stop"}.get(reason, reason) for _, reason in outcomes])
+    if request.body.get("return_token_ids"):
+        choices = [continuation for continuation in request.continuations for _ in range(request.n)]
+        run.check(f"token ids of {request.key}", [request.token_ids[index] for index in range(len(outcomes))],
+                  [continuation[:count] for continuation, (count, _) in zip(choices, outcomes)])
+        run.seen_cases["token ids"] += 1
+    if "logprobs" in request.body and all(reason != "stop" for _, reason in outcomes):
+        run.check(f"log-probability entries of {request.key}",
+                  [request.num_entries[index] for index in range(len(outcomes))],
+                  [count - (reason == "eos") for count, reason in outcomes])
+        run.seen_cases["logprobs"] += 1
+
+
+def check_cache(run: Round, reference: Reference, page: int, is_roomy: bool) -> None:
+    """The cache sequence's reuse by the rule (the response reports its first choice's; a later
+    choice shares the first's prompt and computes only its last token, or, the first ended before
+    it was admitted, reuses the first's cached pages), its lookups, and the cached pages it added:
+    the distinct complete pages it committed, less the pages it evicted."""
+    cached: set[tuple[int, ...]] = set()  # the sequence's committed pages (its prompts share with nothing before it)
     num_reused = 0  # the sequence's reused tokens, every choice's
-    for request in cached_run if is_roomy else ():
+    for request in run.cached_run if is_roomy else ():
         prompt = request.prompts[0]
         expected = expected_reuse(prompt, cached, page)
-        check(f"reused prompt tokens of {request.key} (prompt of {len(prompt)})", request.reused, expected)
+        run.check(f"reused prompt tokens of {request.key} (prompt of {len(prompt)})", request.reused, expected)
         num_reused += expected
         count = request.choice_outcomes(reference)[0][0]
         cached |= committed_pages(prompt + request.continuations[0][:count - 1], page)
-        for choice in request.record.choices:  # onto the first's prompt, or (it ended first) its pages
+        for choice in request.record.choices:
             shared = len(prompt) - 1
-            seen_cases["choice on the first's prompt" if choice.num_reused_tokens == shared else
-                       "choice from the cache"] += 1
+            run.seen_cases["choice on the first's prompt" if choice.num_reused_tokens == shared else
+                           "choice from the cache"] += 1
             if choice.num_reused_tokens not in (shared, expected_reuse(prompt, cached, page)):
-                problems.append(f"seed {seed}: a choice of {request.key} reused {choice.num_reused_tokens} "
-                                f"prompt tokens of {len(prompt)}")
+                run.problems.append(f"seed {run.seed}: a choice of {request.key} reused "
+                                    f"{choice.num_reused_tokens} prompt tokens of {len(prompt)}")
             num_reused += choice.num_reused_tokens
-    start, end = cache_stats
-    check("prompt tokens the cache sequence looked up", end.prefix_lookup_tokens - start.prefix_lookup_tokens,
-          sum(len(r.prompts[0]) * r.n for r in cached_run))
+    start, end = run.cache_stats
+    run.check("prompt tokens the cache sequence looked up", end.prefix_lookup_tokens - start.prefix_lookup_tokens,
+              sum(len(r.prompts[0]) * r.n for r in run.cached_run))
     if is_roomy:
-        check("pages the cache sequence cached", end.pages_cached - start.pages_cached, len(cached) - evictions)
-        check("prompt tokens the cache sequence reused", end.prefix_reused_tokens - start.prefix_reused_tokens,
-              num_reused)
+        run.check("pages the cache sequence cached", end.pages_cached - start.pages_cached,
+                  len(cached) - run.num_evictions)
+        run.check("prompt tokens the cache sequence reused", end.prefix_reused_tokens - start.prefix_reused_tokens,
+                  num_reused)
 
-    # /metrics: the differences the workload made
+
+def check_metrics(run: Round, reference: Reference) -> None:
+    """/metrics: the differences the workload made, against the ground truth (a client that left,
+    as its access-log record counts it)."""
+    before, after, ok, gone = run.before, run.after, run.ok, run.gone
     ran = ok + gone
     prompt_total = sum(r.record.totals()[0] for r in ran)
     output_total = sum(r.record.totals()[1] for r in ran)
-    check("prompt tokens counter", delta(before, after, "helios_prompt_tokens_total"), prompt_total)
-    check("generated tokens counter", delta(before, after, "helios_generated_tokens_total"), output_total)
+    run.check("prompt tokens counter", delta(before, after, "helios_prompt_tokens_total"), prompt_total)
+    run.check("generated tokens counter", delta(before, after, "helios_generated_tokens_total"), output_total)
     label = {"model_name": SERVED_ID}
-    check("prompt-token histogram sum", delta(before, after, "helios_request_prompt_tokens_sum", **label),
-          prompt_total)
-    check("generation-token histogram sum", delta(before, after, "helios_request_generation_tokens_sum", **label),
-          output_total)
+    run.check("prompt-token histogram sum", delta(before, after, "helios_request_prompt_tokens_sum", **label),
+              prompt_total)
+    run.check("generation-token histogram sum",
+              delta(before, after, "helios_request_generation_tokens_sum", **label), output_total)
     for name in ("helios_e2e_request_latency_seconds", "helios_request_queue_time_seconds",
                  "helios_request_prompt_tokens", "helios_request_generation_tokens"):
-        check(f"{name} observations", delta(before, after, f"{name}_count", **label), len(ran))
-    check("time-to-first-token observations", delta(before, after, "helios_time_to_first_token_seconds_count",
-                                                    **label), sum(r.record.totals()[1] > 0 for r in ran))
+        run.check(f"{name} observations", delta(before, after, f"{name}_count", **label), len(ran))
+    run.check("time-to-first-token observations",
+              delta(before, after, "helios_time_to_first_token_seconds_count", **label),
+              sum(r.record.totals()[1] > 0 for r in ran))
     reasons = collections.Counter()
     for request in ok:
         reasons.update(reason for _, reason in request.choice_outcomes(reference))
     for request in gone:
         reasons.update(r.finish_reason for r in (request.record, *request.record.choices))
-    check("requests finished by reason", deltas_by(before, after, "helios_requests_finished_total", "reason"),
-          {(reason,): count for reason, count in reasons.items()})
+    run.check("requests finished by reason", deltas_by(before, after, "helios_requests_finished_total", "reason"),
+              {(reason,): count for reason, count in reasons.items()})
     # admitted: one per choice that ran (a choice cancelled before the scheduler took it is not)
-    sure = sum(len(r.choice_outcomes(reference)) for r in ok + gone if r.status == "200")
+    sure = sum(len(r.choice_outcomes(reference)) for r in ran if r.status == "200")
     admitted = delta(before, after, "helios_requests_admitted_total")
     if not sure <= admitted <= sure + sum(len(r.choice_outcomes(reference)) for r in gone if r.status == "499"):
-        problems.append(f"seed {seed}: {admitted} requests admitted, {sure} choices ran to their end or a stream's")
-    statuses = collections.Counter((r.endpoint, r.status) for r in every)
-    check("HTTP responses by endpoint and status",
-          deltas_by(before, after, "helios_http_responses_total", "endpoint", "status"), dict(statuses))
+        run.problems.append(f"seed {run.seed}: {admitted} requests admitted, {sure} choices ran")
+    run.check("HTTP responses by endpoint and status",
+              deltas_by(before, after, "helios_http_responses_total", "endpoint", "status"),
+              dict(collections.Counter((r.endpoint, r.status) for r in run.every)))
     reused = sum(r.num_reused_tokens or 0 for request in ran for r in (request.record, *request.record.choices))
-    check("prefix reused tokens counter", delta(before, after, "helios_prefix_reused_tokens_total"), reused)
+    run.check("prefix reused tokens counter", delta(before, after, "helios_prefix_reused_tokens_total"), reused)
     for name in ("helios_requests_active", "helios_requests_queued", "helios_admission_permits_in_use"):
-        check(name, after[(name, ())], 0)
-    check("pages free and cached", after[("helios_cache_pages_free", ())] + after[("helios_cache_pages_cached", ())],
-          after[("helios_cache_pages", ())])
-    return problems
+        run.check(name, after[(name, ())], 0)
+    run.check("pages free and cached",
+              after[("helios_cache_pages_free", ())] + after[("helios_cache_pages_cached", ())],
+              after[("helios_cache_pages", ())])
 
 
 def cases(ok: list[Request], reference: Reference) -> collections.Counter:
