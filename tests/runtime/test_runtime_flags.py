@@ -85,32 +85,33 @@ def test_pages_are_sized_from_free_memory_beside_the_other_buffers():
         pages_for_memory(prepared, free, 1.0, 4, min_pages=200)
 
 
-def test_pages_leave_the_capture_its_measured_reserve_where_the_fraction_leaves_less(caplog):
-    prepared = open_fixture().prepared
-    per_page, others = page_bytes(prepared), other_bytes(prepared, num_state_rows=4)
-    free = 1000 * per_page
-    fraction_pages = (int(free * 0.85) - others) // per_page
-    # A reserve the fraction's remainder covers changes nothing (a large device).
-    assert pages_for_memory(prepared, free, 0.85, 4, min_pages=8, reserve_bytes=100 * per_page) == fraction_pages
-    # One it does not cover takes pages away (a smaller device), logged.
-    with caplog.at_level(logging.INFO, logger=page_sizing.__name__):
-        assert pages_for_memory(prepared, free, 0.85, 4, min_pages=8,
-                                reserve_bytes=300 * per_page) == (700 * per_page - others) // per_page
-    assert "the CUDA graph capture needs" in caplog.text
-    with pytest.raises(CacheMemoryError, match="less the .* GiB the capture needs"):
-        pages_for_memory(prepared, free, 0.85, 4, min_pages=8, reserve_bytes=free)
+def test_a_capture_out_of_memory_loads_again_with_a_lower_fraction_where_the_fraction_sized_the_pages(
+        monkeypatch, caplog):
+    from helios.runtime.loading.cuda_graphs import CaptureMemoryError
 
+    tried = []
 
-def test_the_dry_runs_pool_size_is_its_segments_and_the_reserve_twice_that():
-    from helios.runtime.loading.dry_run_ahead import CAPTURE_MARGIN_BYTES, DryRunAhead, pool_bytes
+    def load(core, options, pages, compiler, succeed_at=3):
+        tried.append(options.memory_fraction)
+        if len(tried) < succeed_at:
+            raise CaptureMemoryError("program decode_logprobs (batch 256) ran out of device memory")
+        return "loaded"
 
-    snapshot = [{"total_size": 2 << 20, "allocated_size": 0}, {"total_size": 6 << 20, "allocated_size": 1 << 20}]
-    assert pool_bytes(snapshot) == 8 << 20 and pool_bytes([]) == 0
-    ahead = DryRunAhead.__new__(DryRunAhead)  # its measure alone: no device here
-    ahead.plans, ahead.peak_bytes = 0, 8 << 20
-    assert ahead.capture_reserve() == 0  # nothing ran, nothing measured
-    ahead.plans = 3
-    assert ahead.capture_reserve() == 2 * (8 << 20) + CAPTURE_MARGIN_BYTES
+    monkeypatch.setattr(model, "_load_model", load)
+    with caplog.at_level(logging.WARNING, logger=model.__name__):
+        assert load_model(None, LoadOptions(device="cpu")) == "loaded"
+    assert tried == [0.85, 0.75, 0.65]
+    assert "loading again with --memory-fraction 0.75" in caplog.text
+    tried.clear()
+    monkeypatch.setattr(model, "_load_model", lambda *a: load(*a, succeed_at=9))
+    with pytest.raises(CaptureMemoryError):  # twice at most, then the error
+        load_model(None, LoadOptions(device="cpu", memory_fraction=0.9))
+    assert tried == [0.9, 0.8, 0.7]
+    for options, pages in ((LoadOptions(device="cpu", num_pages=64), None), (LoadOptions(device="cpu"), lambda: 64)):
+        tried.clear()  # pages the operator or rank zero chose: not this load's to change
+        with pytest.raises(CaptureMemoryError):
+            load_model(None, options, pages)
+        assert tried == [0.85]
 
 
 def test_running_out_of_memory_in_the_capture_is_a_typed_error_with_its_remedy(monkeypatch):
@@ -124,6 +125,19 @@ def test_running_out_of_memory_in_the_capture_is_a_typed_error_with_its_remedy(m
     with pytest.raises(cuda_graphs.CaptureMemoryError, match="decode_b256 ran out of device memory.*--memory-fraction"):
         cuda_graphs._capture(plan, None, 1)
     assert issubclass(cuda_graphs.CaptureMemoryError, InsufficientMemoryError)
+
+    class Captured:
+        pass
+
+    def fresh_out_of_memory(variants, *_):  # the main graphs fit; the fresh-chunk variant does not
+        if variants == ("fresh",):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return Captured()
+
+    monkeypatch.setattr(cuda_graphs, "_capture_module", fresh_out_of_memory)
+    plan = cuda_graphs._Plan(program=None, name="prefill_t2048", main=(None, None), fresh=("fresh",), arguments=[])
+    with pytest.raises(cuda_graphs.CaptureMemoryError, match="prefill_t2048's fresh-chunk variant ran out"):
+        cuda_graphs._capture(plan, None, 1)  # not left out with a warning: fewer pages make room for it
 
 
 def test_the_cpu_default_is_the_cores_pages_or_as_many_as_the_available_memory_holds(monkeypatch, caplog):

@@ -87,6 +87,9 @@ class CaptureMemoryError(InsufficientMemoryError):
     """The device ran out of memory while a program was warmed up or captured (the pages took too much)."""
 
 
+_FEWER_PAGES = "fewer cache pages leave it room (--memory-fraction F below the default, or --pages N)"
+
+
 class CapturedProgram:
     """A program's CUDA graphs (full and greedy-only) and their static outputs; `fresh`, when the
     program has them, its fresh-chunk variant's graphs (a `CapturedProgram` of the same arguments)."""
@@ -363,14 +366,16 @@ def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:
     try:
         captured = _capture_module(plan.main, plan.arguments, pool, warmups)
     except torch.OutOfMemoryError as error:
-        raise CaptureMemoryError(f"program {plan.name} ran out of device memory in its CUDA graph capture: fewer "
-                                 "cache pages leave it room (--memory-fraction F below the default, or --pages N)"
-                                 ) from error
+        raise CaptureMemoryError(f"program {plan.name} ran out of device memory in its CUDA graph capture: "
+                                 f"{_FEWER_PAGES}") from error
     except RuntimeError as error:
         raise CaptureError(f"program {plan.name} cannot be captured into a CUDA graph: {error}") from error
     if plan.fresh is not None:
         try:
             captured._fresh = _capture_module(plan.fresh, plan.arguments, pool, 1)
+        except torch.OutOfMemoryError as error:  # not left out: fewer pages make room for it
+            raise CaptureMemoryError(f"program {plan.name}'s fresh-chunk variant ran out of device memory in its CUDA "
+                                     f"graph capture: {_FEWER_PAGES}") from error
         except RuntimeError as error:  # the program's own graphs serve every step
             _fresh_left_out(plan.name, error)
     return captured

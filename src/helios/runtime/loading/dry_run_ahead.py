@@ -22,17 +22,9 @@ never a result: a variant the stand-ins did not reveal is compiled by its warm-u
 and a plan whose arguments the stand-ins cannot give is left to the capture's dry run (logged).
 It is made only where it is safe to: one rank (a tensor-parallel rank's plans run collectives,
 which every rank must make in the same order), and only if the stand-ins and the whole weights fit
-the free device memory twice over; they are freed, and the device's cache emptied, before the
-pages are sized.
-
-The dry run is also the load's measure of the memory the capture needs beside the pages: its
-allocations go to a pool of their own (`torch.cuda.MemPool`: only this thread's, so the weights
-loading meanwhile are not counted), whose largest size after a plan ran is the largest working set
-of one program's run (`DryRunAhead.peak_bytes`). The capture holds about that twice: its eager
-warm-up runs beside the graphs' shared pool (`capture_reserve`). The pages are sized to leave it free
-(`helios.runtime.loading.page_sizing`): on an H100 with 80 GB, an 8B core's 2,048-row sampling
-warm-up needed about 6 GB more than the memory fraction's 15% left, and the load failed with an
-out-of-memory error halfway through its capture.
+the free device memory twice over; they are freed (their device storages emptied: something that
+kept a reference, such as a Triton autotuner's last arguments, held 1.4 GB of an 8B core's stand-ins
+through the capture), and the device's cache emptied, before the pages are sized.
 """
 
 from __future__ import annotations
@@ -49,7 +41,6 @@ from helios.runtime.loading.cuda_graphs import dry_run_plan
 
 _LOG = logging.getLogger(__name__)
 MARGIN_BYTES = 2 << 30  # beyond twice the stand-ins (activations of the largest plan's dry run)
-CAPTURE_MARGIN_BYTES = 1 << 30  # beyond twice the measured working set (cuBLAS workspaces, fragmentation)
 
 
 class DryRunAhead:
@@ -61,11 +52,8 @@ class DryRunAhead:
         self._arguments = arguments  # every stand-in: their storages are never zeroed
         self._stream = torch.cuda.Stream(device)
         self._stream.wait_stream(torch.cuda.current_stream(device))
-        self._device = device
-        self._memory = torch.cuda.MemPool()  # this thread's dry-run allocations: their size is measured
         self.seconds = 0.0
         self.plans = 0
-        self.peak_bytes = 0  # the pool's largest size after a plan ran
 
     def __call__(self, plan) -> None:
         """Dry-runs `plan` on the stand-ins; a plan whose arguments the stand-ins cannot give is left
@@ -77,10 +65,8 @@ class DryRunAhead:
             _LOG.info("the Triton precompile's dry run leaves %s to the capture (stand-ins: %s: %s)", plan.name,
                       type(error).__name__, error)
             return
-        with (self.compiler.dry_run(self._arguments), torch.cuda.stream(self._stream),
-              torch.cuda.use_mem_pool(self._memory, self._device)):
+        with self.compiler.dry_run(self._arguments), torch.cuda.stream(self._stream):
             dry_run_plan(plan, arguments, self.compiler)
-            self.peak_bytes = max(self.peak_bytes, pool_bytes(self._memory.snapshot()))  # its segments: no sync
         self.plans += 1
         self.seconds += time.perf_counter() - started
 
@@ -88,21 +74,13 @@ class DryRunAhead:
         """Waits for the dry run's device work, drops the stand-ins and empties the device's cache (the
         pages are sized from the free memory next); the capture then only awaits the compiles."""
         self._stream.synchronize()
-        _LOG.info("the dry run's largest working set: %.2f GiB (the capture keeps %.2f GiB free beside the pages)",
-                  self.peak_bytes / 2**30, self.capture_reserve() / 2**30)
-        self._arguments = self.arguments_of = self._memory = None
+        for tensor in self._arguments:  # a kernel's last arguments can outlive the dry run (Triton's
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:  # autotuners keep theirs): memory back now
+                tensor.untyped_storage().resize_(0)
+        self._arguments = self.arguments_of = None
         self.compiler.ran_ahead = self.plans > 0
         self.compiler.ahead_seconds = self.seconds
         torch.cuda.empty_cache()
-
-    def capture_reserve(self) -> int:
-        """Bytes the capture needs free beside the pages (see the module docstring); 0 when no plan ran."""
-        return 2 * self.peak_bytes + CAPTURE_MARGIN_BYTES if self.plans else 0
-
-
-def pool_bytes(snapshot: list) -> int:
-    """Bytes of the segments a memory pool holds, from its snapshot (`MemPool.snapshot`)."""
-    return sum(int(segment["total_size"]) for segment in snapshot)
 
 
 def stand_in_weights(manifest, dtypes: Mapping, device: torch.device) -> dict[str, torch.Tensor]:

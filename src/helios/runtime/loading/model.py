@@ -17,7 +17,9 @@ nothing here runs on untrusted bytes. `load_model` then
    one rank dry-runs each on stand-ins so that the Triton variants compile meanwhile,
    `helios.runtime.loading.dry_run_ahead`; a failure of the programs or the weights fails the load);
 4. backs every other buffer after graph loading: physical page and state-row extents are chosen
-   now and replace preparation's working-set counts; on a device, the buffers every step rewrites
+   now and replace preparation's working-set counts (pages sized from the free device memory whose
+   CUDA graph capture then runs out of memory are sized again, from a lower fraction: the load
+   starts over, `CAPTURE_RETRY_STEP`); on a device, the buffers every step rewrites
    share one allocation (`helios.runtime.loading.step_arena`: one upload per step);
 5. runs the startup tuning producers the selected serving graphs depend on (`helios.runtime.loading.tuning`;
    loaded like serving programs in step 2), once, before any CUDA graph is captured and before the
@@ -40,6 +42,8 @@ rank is shared). `helios.runtime.parallel.ranks` loads the other ranks and ties 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +63,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import LoadError
 from helios.runtime.loading import gc_pause, thread_switch
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
-from helios.runtime.loading.cuda_graphs import capture_programs, choose_gemm_algorithms, plan_captures
+from helios.runtime.loading.cuda_graphs import CaptureMemoryError, capture_programs, choose_gemm_algorithms, plan_captures
 from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
@@ -78,6 +82,11 @@ from helios.runtime.loading.weight_stream import (  # noqa: F401 (WeightMismatch
 )
 
 _LOG = logging.getLogger(__name__)
+# A load whose CUDA graph capture runs out of device memory beside the pages its memory fraction sized
+# (the fraction's remainder too small for the capture's working set: an 8B core on an 80 GB H100 at
+# 0.85) loads again with the fraction this much lower, at most this many times.
+CAPTURE_RETRY_STEP = 0.1
+CAPTURE_RETRIES = 2
 SERVING_OPERATIONS = (
     spb.GRAPH_OPERATION_DECODE, spb.GRAPH_OPERATION_PREFILL, spb.GRAPH_OPERATION_MIXED, spb.GRAPH_OPERATION_SPECULATIVE,
     spb.GRAPH_OPERATION_SCORED_PREFILL, spb.GRAPH_OPERATION_RESUME,
@@ -200,7 +209,26 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     # loading thread gets the GIL back from the weight threads sooner (`thread_switch`).
     compiler = KernelCompiler(workers, longest_first=options.compile_longest_first)
     with gc_pause.paused(), thread_switch.shortened(), compiler:
-        return _load_model(core, options, pages, compiler)
+        fraction = options.memory_fraction
+        while True:
+            try:
+                return _load_model(core, dataclasses.replace(options, memory_fraction=fraction), pages, compiler)
+            except CaptureMemoryError as error:
+                fraction = _retry_fraction(options, pages, fraction, error)
+            gc.collect()  # the failed load's tensors (cycles of its programs included), then their memory
+            torch.cuda.empty_cache()
+
+
+def _retry_fraction(options: LoadOptions, pages, fraction: float, error: CaptureMemoryError) -> float:
+    """The memory fraction a load whose capture ran out of device memory retries with, where its pages
+    were sized from that fraction (no --pages, one rank): `CAPTURE_RETRY_STEP` less, at most
+    `CAPTURE_RETRIES` times; otherwise `error` is raised."""
+    lowered = round(fraction - CAPTURE_RETRY_STEP, 2)
+    retries = round((options.memory_fraction - fraction) / CAPTURE_RETRY_STEP)
+    if options.num_pages or pages is not None or retries >= CAPTURE_RETRIES or lowered <= 0:
+        raise error
+    _LOG.warning("%s; loading again with --memory-fraction %.2f (start with it to skip this attempt)", error, lowered)
+    return lowered
 
 
 def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> LoadedModel:
@@ -245,14 +273,13 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                              options.window_pages)
         least_pages = static_pages(prepared, programs + producers + initializers + state_copies)
-        ahead, capture_reserve = None, 0
+        ahead = None
         if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
             ahead = _dry_run_ahead(prepared, producers, compiler, device, max(context_pages + 1, least_pages),
                                    num_state_rows, num_window_pages)
         plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load
         if ahead is not None:
             ahead.close()
-            capture_reserve = ahead.capture_reserve()
         weights = loading.result()
     if plans is not None:  # the projections' cuBLASLt algorithms, timed while the device memory is free
         choose_gemm_algorithms(plans, device)
@@ -263,7 +290,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         image_cache = _image_cache(prepared, options.image_cache_images, device)
     num_pages = pages() if pages is not None else options.num_pages or default_pages(
         prepared, device, options.memory_fraction, num_state_rows, context_pages, settings.page_capacity,
-        num_window_pages, reserve_bytes=capture_reserve)
+        num_window_pages)
     if num_pages < least_pages:
         raise TooFewPagesError(f"{num_pages} physical cache pages asked for, but the core's programs take "
                                f"{least_pages} (a static page extent); ask for at least {least_pages}")

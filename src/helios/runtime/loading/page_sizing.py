@@ -5,9 +5,7 @@ memory available (Linux's MemAvailable) beside the other buffers where that is f
 core prepared for a larger machine still serves, with fewer contexts at once). On CUDA: as many pages as fit in a fraction of the
 device memory that is free after weights and programs are loaded, less every other buffer the
 model allocates (state rows, inputs, outputs), never fewer than one request's context needs and at
-most `MAX_DEFAULT_PAGES`; where the load measured what its CUDA graph capture needs beside the pages
-(`helios.runtime.loading.dry_run_ahead`), the pages leave that much free even where the fraction's
-remainder is smaller (a device with less memory: logged).
+most `MAX_DEFAULT_PAGES`.
 A page costs the bytes of one page of every buffer sized by PHYSICAL_PAGES; the pages of a window
 region with its own page ids (WINDOW_PAGES, a count fixed before) come out of the budget first.
 """
@@ -62,36 +60,27 @@ def other_bytes(prepared: PreparedContract, num_state_rows: int, num_window_page
 
 
 def pages_for_memory(prepared: PreparedContract, free_bytes: int, fraction: float, num_state_rows: int,
-                     min_pages: int, num_window_pages: int = 0, most: int = MAX_DEFAULT_PAGES,
-                     reserve_bytes: int = 0) -> int:
-    """Pages that fit in `fraction` of `free_bytes` beside the other buffers, leaving at least
-    `reserve_bytes` of it free (at least `min_pages`, at most `most`)."""
+                     min_pages: int, num_window_pages: int = 0, most: int = MAX_DEFAULT_PAGES) -> int:
+    """Pages that fit in `fraction` of `free_bytes` beside the other buffers (at least `min_pages`,
+    at most `most`)."""
     if not 0 < fraction <= 1:
         raise LoadError(f"the cache memory fraction must be in (0, 1], got {fraction}")
     per_page = page_bytes(prepared)
-    usable = int(free_bytes * fraction)
-    if free_bytes - reserve_bytes < usable:
-        usable = free_bytes - reserve_bytes
-        _LOG.info("the CUDA graph capture needs %.2f GiB beside the pages: they take %.2f GiB of the %.2f GiB free, "
-                  "less than %.0f%%", reserve_bytes / 2**30, max(usable, 0) / 2**30, free_bytes / 2**30, fraction * 100)
-    budget = usable - other_bytes(prepared, num_state_rows, num_window_pages)
+    budget = int(free_bytes * fraction) - other_bytes(prepared, num_state_rows, num_window_pages)
     pages = budget // per_page if per_page else 0
     if pages < min_pages:
-        kept = f", less the {reserve_bytes / 2**30:.2f} GiB the capture needs," if usable < int(free_bytes * fraction) else ""
-        raise CacheMemoryError(f"{fraction:.0%} of the {free_bytes / 2**30:.2f} GiB free{kept} holds {max(pages, 0)} "
-                               f"cache pages of {per_page} bytes; one request needs {min_pages}")
+        raise CacheMemoryError(f"{fraction:.0%} of the {free_bytes / 2**30:.2f} GiB free holds {max(pages, 0)} cache "
+                               f"pages of {per_page} bytes; one request needs {min_pages}")
     return min(pages, most)
 
 
 def default_pages(prepared: PreparedContract, device: torch.device, fraction: float, num_state_rows: int,
-                  min_pages: int, contract_pages: int, num_window_pages: int = 0, reserve_bytes: int = 0) -> int:
-    """The page count without an explicit option: sized from free memory on CUDA (leaving
-    `reserve_bytes` free for the capture); elsewhere the contract's, or what fits the available
-    memory where that is fewer (see the module docstring)."""
+                  min_pages: int, contract_pages: int, num_window_pages: int = 0) -> int:
+    """The page count without an explicit option: sized from free memory on CUDA; elsewhere the
+    contract's, or what fits the available memory where that is fewer (see the module docstring)."""
     available = available_nbytes(device)  # CUDA: the free device memory; the CPU: MemAvailable
     if device.type == "cuda":
-        return pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages,
-                                reserve_bytes=reserve_bytes)
+        return pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages)
     if available is None:
         return contract_pages
     fitting = pages_for_memory(prepared, available, fraction, num_state_rows, min_pages, num_window_pages,
