@@ -88,6 +88,8 @@ def main() -> None:
     parser.add_argument("--memory-fraction", default=str(DEFAULT_MEMORY_FRACTION),
                         help="comma-separated: one load after another, each summarised")
     parser.add_argument("--top", type=int, default=30, help="allocation sites listed")
+    parser.add_argument("--device-gib", type=float, default=None,
+                        help="hold the device's memory beyond this many GiB first (an H200 loading as an 80 GB H100 would)")
     args = parser.parse_args()
     device = torch.device("cuda")
     shape = with_layers(LLAMA_31_8B, args.layers)
@@ -95,6 +97,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         key = SigningKey.generate()
         core = prepare(shape, workloads, Path(scratch), key, "bfloat16", 2048, device)
+        _, total = torch.cuda.mem_get_info(device)
+        ballast = None
+        if args.device_gib is not None and total > args.device_gib * GIB:
+            ballast = torch.empty(int(total - args.device_gib * GIB), dtype=torch.uint8, device=device)
+            log(f"holding {ballast.numel() / GIB:.2f} GiB: the load sees a {args.device_gib:.2f} GiB device")
         for name in ("default_pages", "capture_programs", "choose_gemm_algorithms"):
             traced(name, device)
         torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
