@@ -1,0 +1,13 @@
+# session 52 call 4 (H100 80 GB, at 15dc06f: stand-ins freed, the capture retried with a lower fraction)
+# session 52 call 3: where the 8B core's load puts its device memory (the default fraction, after the fixes: stand-ins freed, a capture out of memory retried with fewer pages)
+set -uo pipefail
+out=${OUT:-device-out}; mkdir -p "$out"
+[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD/src:$PWD/bench:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+TRITON_CACHE_DIR=/tmp/triton-mem timeout 300 python3 bench/load_memory.py --memory-fraction ${FRACTIONS:-0.85} --top 30 --device-gib 79.18 2>&1 \
+  | grep -v "checkpoint: layer\|DEBUG\|FutureWarning\|isinstance(treespec" > "$out/load_memory.log"
+echo "== done at ${SECONDS}s"
+grep -E "GiB|load|out of memory|Error|again" "$out/load_memory.log" | tail -60 | cut -c1-300
+timeout 170 python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/gpu/test_kernel_precompile_cuda.py tests/gpu/test_runtime_cuda.py tests/gpu/test_example_core_cuda.py > "$out/gpu_tests.log" 2>&1
+echo "== tests rc $? at ${SECONDS}s"; tail -5 "$out/gpu_tests.log" | cut -c1-300
