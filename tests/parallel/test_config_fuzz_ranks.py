@@ -96,7 +96,8 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         config["head_dim"] = _head_dim(config)  # the drawn head width, whatever the hidden size and heads
     hidden = config["hidden_size"] = _choice(rng, (48, 64, 96))
     heads = config["num_attention_heads"] = _cut(rng, ranks, (1, 2, 3), lambda n: hidden % n == 0, 0.1)
-    if kind == "deepseek":  # latent attention: a key head per query head
+    if kind == "deepseek" or ("num_key_value_heads", None) in base.legacy:
+        # latent attention: a key head per query head; a Llama 1/2 config.json without the count
         config["num_key_value_heads"] = heads
     else:  # fewer key/value heads than ranks, or a count they do not divide: a quarter of the draws
         config["num_key_value_heads"] = _cut(rng, ranks, (1, 2, 3), lambda n: heads % n == 0, 0.25)
