@@ -95,11 +95,15 @@ def _assert_matches(reference, sequence: Sequence, prompt: list[int], what: str)
 
 
 def check_long_positions(variant: Variant, directory: Path, chunk: int, prompt_lens=(SHORT_PROMPT, LONG_PROMPT),
-                         seed: int = 0) -> str:
+                         seed: int = 0, reread: bool = False) -> str:
     """'refused: <reason>' or 'matches'; raises AssertionError where Helios and transformers differ.
     The first prompt generates CROSSING_TOKENS (in chunks of 8), the second LONG_TOKENS (in chunks
-    of `chunk`); a continuation of the second then starts from its cached full pages."""
+    of `chunk`); a continuation of the second then starts from its cached full pages. `reread`: the
+    reference is transformers loading the written checkpoint (its config.json rewrites included)."""
     reference, directory = _materialize(variant, directory)
+    if reread:
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, attn_implementation="eager", dtype=torch.float32).eval()
     try:
         recipe = load_checkpoint(directory)
     except CheckpointError as error:
@@ -133,6 +137,32 @@ def check_long_positions(variant: Variant, directory: Path, chunk: int, prompt_l
 def test_long_positions_match_the_reference(tmp_path, name):
     variant, chunk = CASES[name]
     assert check_long_positions(variant, tmp_path, chunk) == "matches"
+
+
+# The pretraining context as older checkpoints spell it: Phi-3's top-level
+# original_max_position_embeddings (16) before the rope dict's (64), which transformers reads first;
+# none at all, where llama3 takes max_position_embeddings (40, passed by the long prompt too).
+_TOP_LEVEL_CONTEXT = {"rope_parameters": None, "rope_theta": 100.0, "original_max_position_embeddings": 16,
+                      "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}
+REREAD_CASES = {
+    "mixtral-yarn-top-level-context": _variant("mixtral-yarn", transformers.MixtralConfig, dict(
+        _LONG, head_dim=8, num_local_experts=4, num_experts_per_tok=2, rope_parameters=_YARN), _TOP_LEVEL_CONTEXT),
+    "deepseek-yarn-top-level-context": _variant("deepseek-yarn", transformers.DeepseekV3Config, dict(
+        _DEEPSEEK, max_position_embeddings=512, rope_parameters=_YARN), {**_TOP_LEVEL_CONTEXT, "rope_scaling": {
+            **_TOP_LEVEL_CONTEXT["rope_scaling"], "mscale": 1.0, "mscale_all_dim": 0.8}}),
+    "gpt_oss-yarn-top-level-context": _variant("gpt_oss-yarn", transformers.GptOssConfig, dict(
+        _LONG, head_dim=8, num_local_experts=2, num_experts_per_tok=2, sliding_window=6, rope_parameters=_YARN),
+        _TOP_LEVEL_CONTEXT),
+    "qwen2-llama3-without-context": _variant("qwen2-llama3", transformers.Qwen2Config, dict(
+        _LONG, head_dim=16, rope_parameters=_LLAMA3), {
+            "rope_parameters": None, "rope_theta": 100.0, "max_position_embeddings": 40,
+            "rope_scaling": {key: value for key, value in _LLAMA3.items() if key != "original_max_position_embeddings"}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REREAD_CASES))
+def test_long_positions_match_the_reference_reading_the_same_config(tmp_path, name):
+    assert check_long_positions(REREAD_CASES[name], tmp_path, chunk=7, reread=True) == "matches"
 
 
 # test_config_fuzz's draws (rope types with original contexts 16 and 64, windows 4-8, sinks) at long
