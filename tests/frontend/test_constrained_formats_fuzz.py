@@ -33,6 +33,7 @@ import pytest
 import regex
 
 from helios.frontend.session import FrontendModel
+from helios.frontend.structured.grammar import GrammarError
 from helios.runtime.records.events import FinishReason
 from helios.server.schemas import ChatCompletionRequest
 from support.format_fuzz import language, mutations, random_choices, random_grammar, random_regex
@@ -160,6 +161,12 @@ def forced(prepared, case: Case, text: str, rng: random.Random) -> bool:
     return all(probe.consume_token(t) for t in case.tokenize(text.encode(), rng) + [case.eos])
 
 
+def matches(pattern: str, text: str, partial: bool = False) -> bool:
+    """The judge: `regex`'s fullmatch (``partial``: `text` can still be completed to a match); a
+    backtracking blow-up fails the test instead of hanging it."""
+    return bool(regex.fullmatch(pattern, text, partial=partial, timeout=10))
+
+
 # -- regexes ------------------------------------------------------------------------------------------
 
 
@@ -171,10 +178,10 @@ def test_sampled_and_greedy_outputs_match_the_regex(case):
         prepared = case.prepare({"type": "regex", "regex": pattern})
         for seen, returned, done in outputs(prepared, case, np_rng, 6):
             if done:
-                assert returned == seen and regex.fullmatch(pattern, returned), (pattern, seen, returned)
+                assert returned == seen and matches(pattern, returned), (pattern, seen, returned)
                 ended += 1
             else:  # finish "length": the text so far can still be completed
-                assert regex.fullmatch(pattern, seen, partial=True), (pattern, seen)
+                assert matches(pattern, seen, partial=True), (pattern, seen)
     assert ended >= 12 * SEEDS * 2
 
 
@@ -187,7 +194,7 @@ def test_every_member_of_a_small_regex_language_is_reachable_and_nothing_else(ca
         if not members:
             continue
         pattern = tree.pattern
-        assert all(regex.fullmatch(pattern, member) for member in members), pattern  # the enumeration is right
+        assert all(matches(pattern, member) for member in members), pattern  # the enumeration is right
         prepared = case.prepare({"type": "regex", "regex": pattern})
         for member in sorted(members):
             assert forced(prepared, case, member, rng), (pattern, member)
@@ -212,11 +219,11 @@ UNICODE_CLASSES = [
 ]
 
 
-@pytest.mark.parametrize("pattern, text, matches", UNICODE_CLASSES)
-def test_class_escapes_are_unicode(case, pattern, text, matches):
+@pytest.mark.parametrize("pattern, text, expected", UNICODE_CLASSES)
+def test_class_escapes_are_unicode(case, pattern, text, expected):
     prepared = case.prepare({"type": "regex", "regex": pattern})
-    assert forced(prepared, case, text, random.Random(1)) is matches
-    assert bool(regex.fullmatch(pattern, text)) is matches
+    assert forced(prepared, case, text, random.Random(1)) is expected
+    assert matches(pattern, text) is expected
 
 
 @pytest.mark.parametrize("decoder", list(DECODERS))
@@ -280,10 +287,15 @@ def test_outputs_are_exactly_one_choice_and_every_choice_is_reachable(case):
 
 def test_grammar_outputs_are_derivable_and_short_derivations_are_reachable(case):
     rng, np_rng = random.Random(14), np.random.default_rng(14)
-    judged = 0
+    judged, refused = 0, []
     for _ in range(10 * SEEDS):
         grammar = random_grammar(rng)
-        prepared = case.prepare({"type": "grammar", "grammar": grammar.lark})
+        try:
+            prepared = case.prepare({"type": "grammar", "grammar": grammar.lark})
+        except GrammarError as error:  # a very ambiguous grammar over short lexemes: llguidance's Earley items
+            assert "exceeds llguidance's limits: parser error: Too many items" in str(error), (grammar.lark, error)
+            refused.append(grammar.lark)
+            continue
         for seen, returned, done in outputs(prepared, case, np_rng, 4):
             if done:
                 assert returned == seen and grammar.cfg.accepts(seen), (grammar.lark, seen)
@@ -294,7 +306,7 @@ def test_grammar_outputs_are_derivable_and_short_derivations_are_reachable(case)
             for near in mutations(rng, word, 2):
                 if not grammar.cfg.accepts(near):
                     assert not forced(prepared, case, near, rng), (grammar.lark, near)
-    assert judged >= 50 * SEEDS
+    assert judged >= 50 * SEEDS and len(refused) <= SEEDS, refused
 
 
 def test_the_recognizer_agrees_with_hand_written_grammars():
@@ -350,10 +362,10 @@ def test_served_answers_match_and_end_with_stop_or_length(served_app):
             (choice,) = body["choices"]
             text = choice["message"]["content"]
             if choice["finish_reason"] == "stop":
-                assert regex.fullmatch(pattern, text), (pattern, text)
+                assert matches(pattern, text), (pattern, text)
             else:
                 assert choice["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 12, body
-                assert regex.fullmatch(pattern, text, partial=True), (pattern, text)
+                assert matches(pattern, text, partial=True), (pattern, text)
             finished[choice["finish_reason"]] += 1
     assert finished["stop"] and finished["length"], finished
 

@@ -174,7 +174,8 @@ def _quantified(rng: random.Random, depth: int, finite: bool):
         return atom
     bounded = [(0, 1), (2, 2), (1, 2), (0, 3)]
     unbounded = [(0, None), (1, None), (2, None)]
-    low, high = rng.choice(bounded if finite or rng.random() < 0.5 else unbounded)
+    # A group repeats a bounded number of times: (?:x{0,3}){2,} backtracks exponentially in the judge.
+    low, high = rng.choice(bounded if finite or isinstance(atom, Group) or rng.random() < 0.5 else unbounded)
     return Rep(atom, low, high, lazy=rng.random() < 0.15)
 
 
