@@ -104,7 +104,7 @@ def test_a_capture_out_of_memory_loads_again_with_a_lower_fraction_where_the_fra
     assert "loading again with --memory-fraction 0.75" in caplog.text
     tried.clear()
     monkeypatch.setattr(model, "_load_model", lambda *a: load(*a, succeed_at=9))
-    with pytest.raises(CaptureMemoryError):  # twice at most, then the error
+    with pytest.raises(CaptureMemoryError, match=r"tried --memory-fraction 0\.90, 0\.80, 0\.70"):  # twice at most
         load_model(None, LoadOptions(device="cpu", memory_fraction=0.9))
     assert tried == [0.9, 0.8, 0.7]
     for options, pages in ((LoadOptions(device="cpu", num_pages=64), None), (LoadOptions(device="cpu"), lambda: 64)):
@@ -127,17 +127,23 @@ def test_running_out_of_memory_in_the_capture_is_a_typed_error_with_its_remedy(m
     assert issubclass(cuda_graphs.CaptureMemoryError, InsufficientMemoryError)
 
     class Captured:
-        pass
+        released = False
+
+        def release(self):
+            self.released = True
+
+    main = Captured()
 
     def fresh_out_of_memory(variants, *_):  # the main graphs fit; the fresh-chunk variant does not
         if variants == ("fresh",):
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return Captured()
+        return main
 
     monkeypatch.setattr(cuda_graphs, "_capture_module", fresh_out_of_memory)
     plan = cuda_graphs._Plan(program=None, name="prefill_t2048", main=(None, None), fresh=("fresh",), arguments=[])
     with pytest.raises(cuda_graphs.CaptureMemoryError, match="prefill_t2048's fresh-chunk variant ran out"):
         cuda_graphs._capture(plan, None, 1)  # not left out with a warning: fewer pages make room for it
+    assert main.released  # its graphs are not kept alive by the error's traceback
 
 
 def test_the_cpu_default_is_the_cores_pages_or_as_many_as_the_available_memory_holds(monkeypatch, caplog):

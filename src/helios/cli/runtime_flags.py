@@ -46,7 +46,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                        "available memory; sized from free memory on CUDA)")
     group.add_argument("--memory-fraction", type=float, default=DEFAULT_MEMORY_FRACTION, metavar="F",
                        help="without --pages: share of the memory free after loading that pages may take (CUDA: "
-                       f"sized to it; CPU: the core's pages, fewer where they exceed it) (default {DEFAULT_MEMORY_FRACTION})")
+                       f"sized to it, and loaded again at up to 0.2 less where the CUDA graph capture then runs out of memory; "
+                       f"CPU: the core's pages, fewer where they exceed it) (default {DEFAULT_MEMORY_FRACTION})")
     group.add_argument("--snapshot-capacity", type=int, metavar="N",
                        help="continuation rows for snapshots at exact endpoints (default: the core's)")
     group.add_argument("--speculative-width", type=int, metavar="W",

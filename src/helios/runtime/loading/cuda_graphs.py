@@ -34,7 +34,8 @@ its fresh-chunk variant (`fresh_module`: each layer's rotary cache write and att
 by a fused kernel), full and greedy: `GraphExecutor` replays those only for steps that hold one
 prompt chunk starting at position 0 (`helios.runtime.execution.program_variants.is_fresh_chunk`),
 where they compute the program's result. A fresh variant that cannot be captured is left out with a
-warning (the program's own graphs serve every step).
+warning (the program's own graphs serve every step); one that runs out of device memory is a
+`CaptureMemoryError`, as the program's own graphs would be (fewer pages make room for it).
 
 Both graphs are captured from `helios.runtime.loading.gemv_calls.gemv_module` of the program: its
 projections whose shapes the committed tables (`helios.abi.gemv_tiles`) name run a Triton kernel
@@ -85,9 +86,6 @@ class CaptureError(LoadError):
 
 class CaptureMemoryError(InsufficientMemoryError):
     """The device ran out of memory while a program was warmed up or captured (the pages took too much)."""
-
-
-_FEWER_PAGES = "fewer cache pages leave it room (--memory-fraction F below the default, or --pages N)"
 
 
 class CapturedProgram:
@@ -169,7 +167,8 @@ def capture_programs(programs: Sequence, arguments_of, buffers: Mapping[str, tor
     runs would compile one after another compile side by side in its workers
     (`helios.runtime.loading.kernel_precompile`). `plans`: the programs' graph modules built
     beforehand (`plan_captures`, while the weights load); a program it lacks is planned here.
-    Raises `CaptureError` naming the program when warm-up or capture fails.
+    Raises `CaptureError` naming the program when warm-up or capture fails, `CaptureMemoryError` (an
+    `InsufficientMemoryError`) when it runs out of device memory.
     """
     pool = torch.cuda.graph_pool_handle()
     ordered = sorted(programs, key=lambda p: (p.packed_token_capacity, p.batch_capacity), reverse=True)
@@ -366,19 +365,23 @@ def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:
     try:
         captured = _capture_module(plan.main, plan.arguments, pool, warmups)
     except torch.OutOfMemoryError as error:
-        raise CaptureMemoryError(f"program {plan.name} ran out of device memory in its CUDA graph capture: "
-                                 f"{_FEWER_PAGES}") from error
+        raise _out_of_memory(f"program {plan.name}") from error
     except RuntimeError as error:
         raise CaptureError(f"program {plan.name} cannot be captured into a CUDA graph: {error}") from error
     if plan.fresh is not None:
         try:
             captured._fresh = _capture_module(plan.fresh, plan.arguments, pool, 1)
         except torch.OutOfMemoryError as error:  # not left out: fewer pages make room for it
-            raise CaptureMemoryError(f"program {plan.name}'s fresh-chunk variant ran out of device memory in its CUDA "
-                                     f"graph capture: {_FEWER_PAGES}") from error
+            captured.release()  # the traceback would keep its graphs (and any NCCL work they hold) alive
+            raise _out_of_memory(f"program {plan.name}'s fresh-chunk variant") from error
         except RuntimeError as error:  # the program's own graphs serve every step
             _fresh_left_out(plan.name, error)
     return captured
+
+
+def _out_of_memory(what: str) -> CaptureMemoryError:
+    return CaptureMemoryError(f"{what} ran out of device memory in its CUDA graph capture: fewer cache pages leave "
+                              "it room (--memory-fraction F below the default, or --pages N)")
 
 
 def _capture_module(variants: tuple, arguments: list, pool, warmups: int) -> CapturedProgram:

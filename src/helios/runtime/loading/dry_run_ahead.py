@@ -22,9 +22,9 @@ never a result: a variant the stand-ins did not reveal is compiled by its warm-u
 and a plan whose arguments the stand-ins cannot give is left to the capture's dry run (logged).
 It is made only where it is safe to: one rank (a tensor-parallel rank's plans run collectives,
 which every rank must make in the same order), and only if the stand-ins and the whole weights fit
-the free device memory twice over; they are freed (their device storages emptied: something that
-kept a reference, such as a Triton autotuner's last arguments, held 1.4 GB of an 8B core's stand-ins
-through the capture), and the device's cache emptied, before the pages are sized.
+the free device memory twice over; they are freed (their device storages emptied: something, not
+yet identified, kept 1.4 GB of an 8B core's stand-in weights referenced through the capture,
+bench/results/h100_session52_call3), and the device's cache emptied, before the pages are sized.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class DryRunAhead:
 
     def __init__(self, compiler, arguments: list, arguments_of: Callable, device: torch.device):
         self.compiler, self.arguments_of = compiler, arguments_of
-        self._arguments = arguments  # every stand-in: their storages are never zeroed
+        self._arguments = arguments  # every stand-in: skipped launches never zero them; `close` frees them
         self._stream = torch.cuda.Stream(device)
         self._stream.wait_stream(torch.cuda.current_stream(device))
         self.seconds = 0.0
@@ -74,8 +74,8 @@ class DryRunAhead:
         """Waits for the dry run's device work, drops the stand-ins and empties the device's cache (the
         pages are sized from the free memory next); the capture then only awaits the compiles."""
         self._stream.synchronize()
-        for tensor in self._arguments:  # a kernel's last arguments can outlive the dry run (Triton's
-            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:  # autotuners keep theirs): memory back now
+        for tensor in self._arguments:  # referenced beyond the dry run (see the module docstring): memory back now
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
                 tensor.untyped_storage().resize_(0)
         self._arguments = self.arguments_of = None
         self.compiler.ran_ahead = self.plans > 0

@@ -201,7 +201,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     """Loads a verified, authorized `helios.core.reader.Core` (see the module docstring).
 
     `pages`: called once programs and weights are loaded, for the page count (a tensor-parallel
-    peer waits there for rank zero's, so every rank reads its weights at the same time)."""
+    peer waits there for rank zero's, so every rank reads its weights at the same time). Pages sized
+    from `LoadOptions.memory_fraction` whose capture runs out of device memory load again at a lower
+    fraction (`CAPTURE_RETRY_STEP`, logged)."""
     workers = 0
     if serving_device(options.device).type == "cuda" and options.cuda_graphs:
         workers = default_compile_workers() if options.compile_workers is None else options.compile_workers
@@ -209,30 +211,35 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     # loading thread gets the GIL back from the weight threads sooner (`thread_switch`).
     compiler = KernelCompiler(workers, longest_first=options.compile_longest_first)
     with gc_pause.paused(), thread_switch.shortened(), compiler:
-        fraction = options.memory_fraction
+        tried = []
         while True:
+            fraction = round(options.memory_fraction - len(tried) * CAPTURE_RETRY_STEP, 2)
             try:
                 return _load_model(core, dataclasses.replace(options, memory_fraction=fraction), pages, compiler)
             except CaptureMemoryError as error:
-                fraction = _retry_fraction(options, pages, fraction, error)
+                tried.append(fraction)
+                _check_retry(options, pages, tried, error)
             gc.collect()  # the failed load's tensors (cycles of its programs included), then their memory
             torch.cuda.empty_cache()
 
 
-def _retry_fraction(options: LoadOptions, pages, fraction: float, error: CaptureMemoryError) -> float:
-    """The memory fraction a load whose capture ran out of device memory retries with, where its pages
-    were sized from that fraction (no --pages, one rank): `CAPTURE_RETRY_STEP` less, at most
-    `CAPTURE_RETRIES` times; otherwise `error` is raised."""
-    lowered = round(fraction - CAPTURE_RETRY_STEP, 2)
-    retries = round((options.memory_fraction - fraction) / CAPTURE_RETRY_STEP)
-    if options.num_pages or pages is not None or retries >= CAPTURE_RETRIES or lowered <= 0:
+def _check_retry(options: LoadOptions, pages, tried: list[float], error: CaptureMemoryError) -> None:
+    """Whether a load whose capture ran out of device memory at the fractions `tried` starts over with
+    `CAPTURE_RETRY_STEP` less: where its pages were sized from the fraction (no --pages, one rank), at
+    most `CAPTURE_RETRIES` times (logged); otherwise `error` is raised, naming the fractions tried."""
+    lowered = round(tried[-1] - CAPTURE_RETRY_STEP, 2)
+    if options.num_pages or pages is not None:
         raise error
-    _LOG.warning("%s; loading again with --memory-fraction %.2f (start with it to skip this attempt)", error, lowered)
-    return lowered
+    if len(tried) > CAPTURE_RETRIES or lowered <= 0:
+        error.args = (f"{error} (tried --memory-fraction {', '.join(f'{f:.2f}' for f in tried)})",)
+        raise error
+    _LOG.warning("%s; loading again with --memory-fraction %.2f (start with it to skip this attempt)", str(error),
+                 lowered)
 
 
 def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> LoadedModel:
     prepared = core.prepared
+    compiler.ran_ahead, compiler.ahead_seconds = False, 0.0  # this attempt's dry run, if it makes one
     # Reading the core checked the specification's rules; what this runtime serves is checked here
     # (the same table `helios contract check` and preparation apply: helios.contract.servable).
     check_servable(prepared.contract, prepared.manifest)
