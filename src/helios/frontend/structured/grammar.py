@@ -438,7 +438,8 @@ def failure_reason(error: str) -> str:
     a dead end (no token can follow and the output is not complete: the grammar, or the part of it
     reached, matches no text) or a limit llguidance met."""
     if error.startswith(_DEAD_END):
-        return "matches no text: no output can complete it (an empty class such as [^\\s\\S], or a rule that never ends)"
+        return ("reaches a dead end: no token can follow the output it allows first, which is not complete "
+                "(an empty class such as [^\\s\\S], or a rule that never ends)")
     return f"exceeds llguidance's limits: {user_message(error)}"
 
 
