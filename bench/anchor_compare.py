@@ -51,7 +51,7 @@ import lever_ab  # noqa: E402
 import served_timeline  # noqa: E402
 from gc_log import GcLog, describe as describe_gc  # noqa: E402
 from gpu_clocks import ClockLog  # noqa: E402
-from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, prepare, roofline, run_helios, ttft_rows  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, log_memory, prepare, roofline, run_helios, ttft_rows  # noqa: E402
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
 from helios.abi import gemv_tiles  # noqa: E402
@@ -203,7 +203,6 @@ def main() -> None:
     for name in ("helios.runtime.loading.dry_run_ahead", "helios.runtime.loading.page_sizing"):
         logging.getLogger(name).setLevel(logging.INFO)
         logging.getLogger(name).addHandler(memory_log)
-    MEMORY_FRACTION[0] = args.memory_fraction
     with CLOCKS:
         compare(args)
     for line in CLOCKS.describe():
@@ -247,13 +246,14 @@ def compare(args) -> None:
             results["anchor"] = queue.wait(args.anchor_timeout)
         helios_part(core, key, shape, workloads, results, device, bandwidth, ttft_prompt, args)
         if args.rotary_fusion == "both":
-            unfused_part(core, key, workloads[:-1], results, device, shape.vocab_size)
+            unfused_part(core, key, workloads[:-1], results, device, shape.vocab_size, args.memory_fraction)
     print_levers(results)
     results["clocks"] = CLOCKS.summary()
     save(results, args.json)
 
 
-def unfused_part(core, key, workloads, results: dict, device, vocab_size: int) -> None:
+def unfused_part(core, key, workloads, results: dict, device, vocab_size: int,
+                 memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> None:
     """The batch workloads again on a second load whose captured programs keep each layer's rotary cache
     write and its attention as two launches (`rotary_calls.FUSE_AT_CAPTURE` off); prints both loads'
     rates against the anchor. Never fatal."""
@@ -263,7 +263,7 @@ def unfused_part(core, key, workloads, results: dict, device, vocab_size: int) -
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the first load's pools (it is closed)
     try:
-        runtime = load_runtime(core, key, workloads, device)
+        runtime = load_runtime(core, key, workloads, device, memory_fraction)
         try:
             run_helios(runtime.engine, Workload(2, 16, 4), vocab_size, salt=99)  # warm-up
             unfused = {str(w): run_helios(runtime.engine, w, vocab_size) for w in workloads}
@@ -292,13 +292,10 @@ def save(results: dict, path: Path | None) -> None:
         path.write_text(json.dumps(results, indent=1, default=str))
 
 
-MEMORY_FRACTION = [DEFAULT_MEMORY_FRACTION]  # --memory-fraction
-
-
-def load_runtime(core, key, workloads, device):
+def load_runtime(core, key, workloads, device, memory_fraction: float = DEFAULT_MEMORY_FRACTION):
     """The core loaded as served (CUDA graphs on a GPU), its queue holding the largest workload."""
     options = RuntimeOptions(load=LoadOptions(device=str(device), cuda_graphs=device.type == "cuda",
-                                              memory_fraction=MEMORY_FRACTION[0]),
+                                              memory_fraction=memory_fraction),
                              queue_capacity=max(w.requests for w in workloads) + 8)
     return build_runtime(open_core(core, accept=NAMESPACE, trusted_keys=[key.public]), options)
 
@@ -306,13 +303,11 @@ def load_runtime(core, key, workloads, device):
 def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: float, ttft_prompt: int, args) -> None:
     CLOCKS.phase("helios load")
     started = time.perf_counter()
-    runtime = load_runtime(core, key, workloads, device)
+    runtime = load_runtime(core, key, workloads, device, args.memory_fraction)
     results["load_seconds"] = time.perf_counter() - started
     log(f"loaded in {results['load_seconds']:.0f} s")
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        log(f"after load: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB allocated, "
-            f"{torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved, {free / 2**30:.2f} of {total / 2**30:.2f} GiB free")
+        log_memory(device, "after load")
     if args.freeze_heap == "on":
         log(f"heap frozen as `helios serve` does when ready: {freeze_startup_heap():,} objects")
     collections = GcLog()

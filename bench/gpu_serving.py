@@ -72,6 +72,14 @@ def log(line: str) -> None:
     print(line, flush=True)
 
 
+def log_memory(device: torch.device, what: str) -> None:
+    """Logs the allocator's view of `device`'s memory (allocated, reserved, peak) and its free memory."""
+    free, total = torch.cuda.mem_get_info(device)
+    log(f"{what}: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB allocated, "
+        f"{torch.cuda.memory_reserved(device) / 2**30:.2f} reserved, peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f}; "
+        f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free")
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes/s of a large device-to-device copy (bytes read plus bytes written), median of 20."""
     if device.type != "cuda":

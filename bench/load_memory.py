@@ -3,8 +3,9 @@ capture holds beside them, and, where the capture runs out of memory, what is li
 
 Prepares the Llama-3.1-8B-shaped random core as bench/gpu_serving.py does, records the allocator's
 history (Python stacks) while it loads with `--memory-fraction` (default the load's), and prints
-the live allocations at the end of the load (or at its failure) summed by the first Helios frame
-that allocated them, graph pools apart. Run on a CUDA device from the repository root:
+the live allocations at the end of the load, and the first time a load runs out of device memory
+(a capture that does is retried at a lower fraction, `helios.runtime.loading.model`), summed by the
+first Helios frame that allocated them, graph pools apart. Run on a CUDA device from the repository root:
     PYTHONPATH=src:bench python3 bench/load_memory.py [--layers 32] [--memory-fraction 0.85]
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_serving import NAMESPACE, Workload, log, prepare  # noqa: E402
+from gpu_serving import NAMESPACE, Workload, log, log_memory, prepare  # noqa: E402
 from random_llama import LLAMA_31_8B, with_layers  # noqa: E402
 
 from helios.core.keys import SigningKey  # noqa: E402
@@ -33,22 +34,15 @@ from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 GIB = 2**30
 
 
-def memory(device, what: str) -> None:
-    free, total = torch.cuda.mem_get_info(device)
-    log(f"{what}: {torch.cuda.memory_allocated(device) / GIB:.2f} GiB allocated, "
-        f"{torch.cuda.memory_reserved(device) / GIB:.2f} reserved, peak {torch.cuda.max_memory_allocated(device) / GIB:.2f}; "
-        f"{free / GIB:.2f} of {total / GIB:.2f} GiB free")
-
-
 def traced(name: str, device):
     """Wraps `loading_model.<name>` to log the memory before and after it."""
     inner = getattr(loading_model, name)
 
     def wrapper(*args, **kwargs):
-        memory(device, f"before {name}")
+        log_memory(device, f"before {name}")
         torch.cuda.reset_peak_memory_stats(device)
         result = inner(*args, **kwargs)
-        memory(device, f"after {name}" + (f" ({result} pages)" if isinstance(result, int) else ""))
+        log_memory(device, f"after {name}" + (f" ({result} pages)" if isinstance(result, int) else ""))
         return result
 
     setattr(loading_model, name, wrapper)
@@ -131,15 +125,16 @@ def load(core, key, fraction: float, device, top: int) -> None:
         log(f"load failed after {time.perf_counter() - started:.0f} s: {type(error).__name__}: {error}")
         del error
         torch.cuda.empty_cache()
-        memory(device, "after the failure")
+        log_memory(device, "after the failure")
         return
     log(f"loaded in {time.perf_counter() - started:.0f} s")
-    memory(device, "loaded")
+    log_memory(device, "loaded")
     live_summary(top)
     runtime.close()
     del runtime
     torch.cuda.empty_cache()
-    memory(device, "closed")
+    log_memory(device, "closed")
+
 
 if __name__ == "__main__":
     main()

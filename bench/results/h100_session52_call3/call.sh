@@ -1,5 +1,4 @@
 # session 52 call 3 (H100 80 GB, at 775d517): bench/load_memory.py at 0.85 then 0.93, live allocations by site at the out-of-memory moment
-# session 52 call 3: where the 8B core's load puts its device memory (the default fraction, after the fixes: stand-ins freed, a capture out of memory retried with fewer pages)
 set -uo pipefail
 out=${OUT:-device-out}; mkdir -p "$out"
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,5 +1,4 @@
 # session 52 call 4 (H100 80 GB, at 15dc06f: stand-ins freed, the capture retried with a lower fraction)
-# session 52 call 3: where the 8B core's load puts its device memory (the default fraction, after the fixes: stand-ins freed, a capture out of memory retried with fewer pages)
 set -uo pipefail
 out=${OUT:-device-out}; mkdir -p "$out"
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

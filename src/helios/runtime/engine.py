@@ -406,8 +406,9 @@ class Engine:
         self.outbox.end(request.on_event, event)
 
     def refresh_gauges(self) -> None:
-        """Reads the scheduler's gauges into `stats` (the model worker thread). Queued requests
-        include those still in the ingress channel (beyond the scheduler's queue capacity)."""
+        """Reads the scheduler's gauges into `stats` (the model worker thread; once from the
+        constructor, before it starts). Queued requests include those still in the ingress channel
+        (beyond the scheduler's queue capacity)."""
         c = self.scheduler.counters()
         stats = self.stats
         with stats._lock:

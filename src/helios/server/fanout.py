@@ -117,7 +117,7 @@ def choice_bodies(body, is_chat: bool) -> list[tuple[int, int, object]] | None:
     prompts (a batch of one included); None for ``n`` 1 and one unbatched prompt."""
     n = body.n or 1
     prompts = [None]
-    is_batch = not is_chat and _is_batch(body.prompt)
+    is_batch = is_prompt_batch(body, is_chat)
     if is_batch:
         prompts = list(body.prompt)
     elif n == 1:
