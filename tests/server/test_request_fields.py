@@ -246,8 +246,8 @@ def test_every_prompt_form_is_served(runner, client):
 @pytest.mark.parametrize("fields, param", [
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": [[]]}, "prompt"),
-    ({"prompt": ["hello", ""]}, "prompt"),
+    ({"prompt": [[]]}, "prompt[0]"),  # a batch names the prompt it cannot serve
+    ({"prompt": ["hello", ""]}, "prompt[1]"),
     ({"prompt": [[10], "hello"]}, "prompt[1]"),
     ({"prompt": [10**6]}, "prompt"),
     ({"prompt": [[10], [11], [12], [13], [14]], "n": 4}, "n"),  # 20 choices: param was null
