@@ -36,6 +36,7 @@ import httpx
 import pytest
 
 from helios.server.app import create_app
+from support.asgi_scope import post_scope
 from support.server_core import NAMESPACE, SERVED_ID, TinyCore
 from support.shared_prepare import prepared_once, shared_root
 from test_choice_stream import stream as raw_stream  # tests/server is on sys.path (no package)
@@ -412,11 +413,7 @@ def test_a_client_leaving_a_batched_json_request_frees_every_prompts_requests(ru
     body = json.dumps({"model": SERVED_ID, "prompt": [[5, 6, 7], [8] * 40, [5, 6, 7]], "n": 2,
                        "temperature": 0}).encode()
     path = "/v1/completions"
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    scope = post_scope(path, body)
     requested = asyncio.Event()
 
     async def receive():

@@ -14,6 +14,7 @@ import pytest
 from helios.frontend.responses.presentation import StreamPresenter
 from helios.server.app import create_app
 from helios.server.responses import TRANSPORT_SEND
+from support.asgi_scope import post_scope
 from support.server_core import SERVED_ID, served_tiny_core
 from test_slow_reader import accumulated, eventually, post  # tests/server is on sys.path (no package)
 
@@ -42,11 +43,7 @@ async def stream(app, payload: dict, *, disconnect_after: int | None = None, pau
     noticing the disconnect."""
     body = json.dumps({**payload, "stream": True}).encode()
     path = "/v1/completions"
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    scope = post_scope(path, body)
     messages: list[tuple[str, dict]] = []
     requested, gone = asyncio.Event(), asyncio.Event()
 

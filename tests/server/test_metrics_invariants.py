@@ -39,6 +39,7 @@ from helios.runtime.records.stats import WorkerStats
 from helios.server.access import RECORD_KEY
 from helios.server.app import create_app
 from helios.server.metrics import ResponseCounter, ServerMetrics
+from support.asgi_scope import post_scope
 from support.server_core import SERVED_ID, served_tiny_core
 
 SEED = 20261205
@@ -282,11 +283,7 @@ async def run_disconnecting(app, outcome: Outcome, rng: random.Random) -> None:
     uvicorn's do)."""
     body = json.dumps(outcome.body).encode()
     path = PATHS[outcome.endpoint]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode()), (KEY_HEADER.encode(), outcome.key.encode())],
-             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    scope = post_scope(path, body, ((KEY_HEADER.encode(), outcome.key.encode()),))
     is_stream = outcome.body.get("stream", False)
     leave_after = rng.randint(1, 4)
     pause_s = rng.choice([0.0, 0.001, 0.01, 0.03])

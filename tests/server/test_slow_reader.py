@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from helios.server.app import create_app
+from support.asgi_scope import post_scope
 from support.server_core import SERVED_ID, served_tiny_core
 
 WAIT_S = 60.0
@@ -46,11 +47,7 @@ async def stream_slowly(app, served, path: str, payload: dict) -> tuple[list[byt
     """Streams `payload` through the ASGI app with a client that takes its first body write only
     once the request has ended: the writes and the SSE data of the stream."""
     body = json.dumps({**payload, "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    scope = post_scope(path, body)
     requested = asyncio.Event()
     writes: list[bytes] = []
 

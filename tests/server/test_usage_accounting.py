@@ -59,9 +59,10 @@ import torch
 import transformers
 from prometheus_client.parser import text_string_to_metric_families
 
-from helios.server.access import RECORD_KEY
 from helios.server.app import create_app
+from support.asgi_scope import post_scope
 from support.server_core import CONTEXT_TOKENS, SERVED_ID, served_tiny_core
+from server.test_metrics_invariants import KEY_HEADER, capturing
 from support.shared_prepare import shared_root
 
 ROUNDS = int(os.environ.get("HELIOS_USAGE_ROUNDS", "1"))
@@ -70,7 +71,6 @@ SPECULATIVE = os.environ.get("HELIOS_USAGE_SPECULATIVE") == "1"
 NUM_REQUESTS = 26  # per round, beside the cache sequence, the invalid bodies and the clients that leave
 WAVE = 3  # concurrent requests
 EOS_ID, THINK_ID = 1, 2  # support.chat_checkpoint: <|im_end|> (the EOS) and <think>
-KEY_HEADER = "x-test-key"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TEXTS = [
     "hello world, how are you today?",
@@ -415,20 +415,6 @@ def cache_sequence(rng: random.Random, reference: Reference, tag: int) -> list[R
 # -- running requests ------------------------------------------------------------------------------------
 
 
-def capturing(app, records: dict):
-    """`app`, keeping each request's `RequestRecord` (the access log's) by its test key."""
-
-    async def asgi(scope, receive, send):
-        try:
-            await app(scope, receive, send)
-        finally:
-            key = dict(scope.get("headers", ())).get(KEY_HEADER.encode())
-            if key is not None:
-                records[key.decode()] = scope.get("state", {}).get(RECORD_KEY)
-
-    return asgi
-
-
 def read_sse(text: str, request: Request) -> None:
     finishes: dict[int, str] = {}
     lines = text.split("\n")
@@ -490,11 +476,7 @@ async def send_and_leave(app, request: Request, leave_after: int) -> None:
     messages, a JSON request at once (499 if it left before the answer started, as /metrics counts it)."""
     body = json.dumps(request.body).encode()
     path = PATHS[request.endpoint]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"test"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode()), (KEY_HEADER.encode(), request.key.encode())],
-             "client": ("127.0.0.1", 5000), "server": ("test", 80), "state": {}}
+    scope = post_scope(path, body, ((KEY_HEADER.encode(), request.key.encode()),))
     requested, gone = asyncio.Event(), asyncio.Event()
     num_bodies = 0
 
