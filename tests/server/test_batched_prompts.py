@@ -306,15 +306,21 @@ async def check_draw(app, body: dict) -> None:
         assert streamed_usage == usage
 
 
-def test_batched_prompts_and_choices_equal_single_requests(runner, app, served, input_range):
-    failures = []  # every failing draw, so that a sweep outside the suite counts them all
-    for seed in range(FIRST_DRAW, FIRST_DRAW + NUM_DRAWS):
-        body = draw(seed, input_range)
+def assert_all_agree(runner, label: str, bodies: dict, check) -> None:
+    """Runs `check(body)` for every drawn body; fails listing every draw that differs, so that a
+    sweep outside the suite counts them all."""
+    failures = []
+    for seed, body in bodies.items():
         try:
-            runner.run(check_draw(app, body))
+            runner.run(check(body))
         except AssertionError as error:
-            failures.append(f"draw {seed}: {json.dumps(body)}: {str(error)[:300]}")
-    assert not failures, f"{len(failures)} of {NUM_DRAWS} draws differ:\n" + "\n".join(failures)
+            failures.append(f"{label} {seed}: {json.dumps(body)}: {str(error)[:300]}")
+    assert not failures, f"{len(failures)} of {len(bodies)} {label}s differ:\n" + "\n".join(failures)
+
+
+def test_batched_prompts_and_choices_equal_single_requests(runner, app, served, input_range):
+    bodies = {seed: draw(seed, input_range) for seed in range(FIRST_DRAW, FIRST_DRAW + NUM_DRAWS)}
+    assert_all_agree(runner, "draw", bodies, lambda body: check_draw(app, body))
     runner.run(eventually(lambda: served.admission.in_use == 0))
 
 
@@ -500,14 +506,8 @@ NUM_CHAT_DRAWS = int(os.environ.get("HELIOS_BATCHED_CHAT_DRAWS", "6"))
 def test_chat_choices_equal_single_requests_with_seed_plus_j(runner, app, served):
     tokenizer = served.frontend._tokenizer
     special_ids = {text: tokenizer.token_to_id(text) for text in SPECIALS}
-    failures = []
-    for seed in range(NUM_CHAT_DRAWS):
-        body = draw_chat(seed, special_ids)
-        try:
-            runner.run(check_chat_draw(app, body))
-        except AssertionError as error:
-            failures.append(f"chat draw {seed}: {json.dumps(body)}: {str(error)[:300]}")
-    assert not failures, f"{len(failures)} of {NUM_CHAT_DRAWS} chat draws differ:\n" + "\n".join(failures)
+    bodies = {seed: draw_chat(seed, special_ids) for seed in range(NUM_CHAT_DRAWS)}
+    assert_all_agree(runner, "chat draw", bodies, lambda body: check_chat_draw(app, body))
 
 
 async def check_chat_draw(app, body: dict) -> None:

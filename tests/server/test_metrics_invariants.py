@@ -257,10 +257,14 @@ def read_sse(text: str, outcome: Outcome) -> None:
     outcome.finishes = [finishes[i] for i in sorted(finishes)]
 
 
+async def post_keyed(client: httpx.AsyncClient, path: str, body, key: str) -> httpx.Response:
+    """POSTs `body` (bytes as they are, else as JSON) with the test key header `capturing` files it by."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return await client.post(path, content=content, headers={"content-type": "application/json", KEY_HEADER: key})
+
+
 async def run_http(client: httpx.AsyncClient, outcome: Outcome) -> None:
-    headers = {"content-type": "application/json", KEY_HEADER: outcome.key}
-    content = outcome.body if isinstance(outcome.body, bytes) else json.dumps(outcome.body).encode()
-    response = await client.post(PATHS[outcome.endpoint], content=content, headers=headers)
+    response = await post_keyed(client, PATHS[outcome.endpoint], outcome.body, outcome.key)
     outcome.status = str(response.status_code)
     if response.status_code != 200:
         outcome.error_code = response.status_code

@@ -62,7 +62,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helios.server.app import create_app
 from support.asgi_scope import post_scope
 from support.server_core import CONTEXT_TOKENS, SERVED_ID, served_tiny_core
-from server.test_metrics_invariants import KEY_HEADER, capturing
+from server.test_metrics_invariants import KEY_HEADER, capturing, post_keyed
 from support.shared_prepare import shared_root
 
 ROUNDS = int(os.environ.get("HELIOS_USAGE_ROUNDS", "1"))
@@ -449,9 +449,7 @@ def num_entries(logprobs: dict | None) -> int:
 
 
 async def send(client: httpx.AsyncClient, request: Request) -> None:
-    headers = {"content-type": "application/json", KEY_HEADER: request.key}
-    content = request.body if isinstance(request.body, bytes) else json.dumps(request.body).encode()
-    response = await client.post(PATHS[request.endpoint], content=content, headers=headers)
+    response = await post_keyed(client, PATHS[request.endpoint], request.body, request.key)
     request.status = str(response.status_code)
     if response.status_code != 200:
         return
