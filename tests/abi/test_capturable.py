@@ -203,3 +203,20 @@ def _sample_arguments(inputs: dict) -> tuple:
                                  inputs["top_p"], inputs["min_p"])
     return (inputs["logits"], params, inputs["penalties"], (inputs["prompt_counts"], inputs["output_counts"]),
             inputs["grammar_mask"], inputs["mask_rows"])
+
+
+def test_device_path_draws_in_row_blocks_with_the_cpu_paths_tokens(device_path, monkeypatch):
+    """The device path's float64 draws run a few rows at a time (its temporaries stay small at
+    any batch, `sampling.row_blocks`) and still give the CPU path's tokens."""
+    body, make_inputs, _ = CASES["sample"]
+    inputs = make_inputs()  # 37 rows, 300 tokens
+    expected = OPS.sample(**inputs)
+    monkeypatch.setattr(sampling, "ROW_BLOCK_ELEMENTS", 5 * 300)
+    drawn_rows = []
+    draw_tokens = sampling.draw_tokens
+    monkeypatch.setattr(sampling, "draw_tokens", lambda logits, params: drawn_rows.append(len(logits))
+                        or draw_tokens(logits, params))
+    with forbid_host_sync():
+        actual = body(**inputs)
+    _assert_identical(actual, expected)
+    assert drawn_rows == [5] * 7 + [2]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import helios.abi.token_logprobs  # noqa: F401 - registers the op
+import helios.abi.token_logprobs as token_logprobs  # registers the op
+from helios.abi import sampling
 from helios.abi.registry import AbiArgumentError
 from helios.abi.sampling import NO_TOKEN
 
@@ -80,3 +81,23 @@ def test_no_alternatives_and_bad_arguments():
         call(args, num_top=21)
     with pytest.raises(AbiArgumentError, match="tokens"):
         call({**args, "tokens": args["tokens"].int()})
+
+
+def test_row_blocks_give_the_values_of_one_block(monkeypatch):
+    """Rows run a few at a time (`helios.abi.sampling.row_blocks`, so that the float64 temporaries
+    stay small at 256 rows of a 128k vocabulary) with the values of all rows at once."""
+    args = inputs(7, seed=3)
+    args["penalties"][2] = torch.tensor([1.3, 0.5, 0.25])
+    args["output_counts"][2, :9] = 2
+    args["mask_rows"][4] = True
+    args["grammar_mask"][4, 0] = 0b1011
+    args["tokens"][5] = NO_TOKEN
+    whole = call(args)
+    blocked_rows = []
+    monkeypatch.setattr(sampling, "ROW_BLOCK_ELEMENTS", 3 * V)
+    rows_of = token_logprobs._logprobs_rows
+    monkeypatch.setattr(token_logprobs, "_logprobs_rows", lambda logits, *rest: blocked_rows.append(len(logits))
+                        or rows_of(logits, *rest))
+    for got, want in zip(call(args), whole):
+        assert torch.equal(got, want)
+    assert blocked_rows == [3, 3, 1]

@@ -25,11 +25,13 @@ import random
 import pytest
 import torch
 
+from helios.abi import sampling, token_logprobs  # noqa: F401 - token_logprobs registers its op
 from support.abi_inputs import (
     AttentionCase,
     allocate_inputs,
     attention_inputs,
     cache_write_inputs,
+    control_inputs,
     draw_inputs,
     grammar_inputs,
     philox_inputs,
@@ -109,6 +111,37 @@ def test_sample(rows, vocab):
     drawn = inputs["temperature"] > 0
     assert bool((expected[drawn] != inputs["logits"][drawn].argmax(-1)).any())  # the inputs really draw
     check_pure_op("sample", make, lambda a, e: compare_tokens(a, e, inputs["temperature"]))
+
+
+def logprob_inputs(rows: int, vocab: int, seed: int) -> dict:
+    """Keyword arguments of ``helios::token_logprobs`` (some rows without a token)."""
+    controls = control_inputs(rows, vocab, seed)
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        del controls[name]
+    tokens = controls["logits"].argmax(dim=-1)
+    tokens[::5] = -1
+    return dict(logits=controls.pop("logits"), tokens=tokens, **controls, num_top=5)
+
+
+@pytest.mark.parametrize("op,make", [("sample", sample_inputs), ("token_logprobs", logprob_inputs)])
+def test_row_blocks_change_no_value(op, make, monkeypatch):
+    """80 rows of a 128k vocabulary run in row blocks of 32 (`helios.abi.sampling.row_blocks`):
+    the values of all rows at once, bit for bit, eager and in a captured graph."""
+    function = getattr(OPS, op)
+    static = to_cuda(make(80, 128256, seed=7))
+    monkeypatch.setattr(sampling, "ROW_BLOCK_ELEMENTS", 1 << 62)
+    whole = tuple(value.cpu() for value in _tuple(function(**static)))
+    monkeypatch.undo()
+    assert sampling.row_blocks(80, 128256) == [slice(0, 32), slice(32, 64), slice(64, 80)]
+    identical(function(**static), whole)
+    graph, outputs = capture(lambda: function(**static))
+    graph.replay()
+    torch.cuda.synchronize()
+    identical(outputs, whole)
+
+
+def _tuple(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
 
 
 def close_weights(actual: torch.Tensor, expected: torch.Tensor) -> None:

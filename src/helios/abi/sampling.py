@@ -215,8 +215,24 @@ def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor
             return tokens
         return tokens.index_put((rows,), draw_tokens(logits[rows], params.rows(rows)))
     safe = params._replace(temperature=torch.where(drawing, params.temperature, 1.0))
-    drawn = draw_tokens(torch.where(drawing.unsqueeze(-1), logits, 0.0), safe)
-    return torch.where(drawing, drawn, tokens)
+    drawn = [draw_tokens(torch.where(drawing[rows].unsqueeze(-1), logits[rows], 0.0), safe.rows(rows))
+             for rows in row_blocks(*logits.shape)]
+    return torch.where(drawing, torch.cat(drawn), tokens) if drawn else tokens
+
+
+ROW_BLOCK_ELEMENTS = 1 << 22  # float64 values per row block of the device path's draws (32 MiB)
+
+
+def row_blocks(num_rows: int, vocab_size: int) -> list[slice]:
+    """Row slices of at most ``ROW_BLOCK_ELEMENTS // vocab_size`` rows (at least one each).
+
+    The device path's full-vocabulary float64 work (the draws here, `helios.abi.token_logprobs`)
+    runs block by block, so that its temporaries (a dozen [rows, V] float64 tensors) take ~0.4 GiB
+    whatever the batch: at 256 rows of a 128k vocabulary they took ~3 GiB, which a CUDA graph
+    capture beside the cache pages had to find twice (warm-up, then its own pool). Every row's
+    values are its own, so blocking changes no result."""
+    step = max(1, ROW_BLOCK_ELEMENTS // max(vocab_size, 1))
+    return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 def sample_reference(logits: torch.Tensor, params: DrawParams, penalties: torch.Tensor,

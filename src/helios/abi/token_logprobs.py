@@ -35,7 +35,7 @@ import torch
 from helios.abi.grammar import check_mask_args, disallowed
 from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
-from helios.abi.sampling import NUM_PENALTIES, apply_penalties
+from helios.abi.sampling import NUM_PENALTIES, apply_penalties, row_blocks
 
 MAX_TOP = 20  # OpenAI's top_logprobs bound
 _OP = "helios::token_logprobs"
@@ -63,7 +63,18 @@ def check_logprob_args(logits, tokens, penalties, prompt_counts, output_counts, 
 
 def logprobs_reference(logits, tokens, penalties, prompt_counts, output_counts, grammar_mask, mask_rows,
                        num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The op's values on validated inputs (see the module docstring)."""
+    """The op's values on validated inputs (see the module docstring), computed in row blocks
+    (`helios.abi.sampling.row_blocks`: the float64 temporaries stay small at any batch)."""
+    blocks = [_logprobs_rows(logits[rows], tokens[rows], penalties[rows], prompt_counts[rows], output_counts[rows],
+                             grammar_mask[rows], mask_rows[rows], num_top) for rows in row_blocks(*logits.shape)]
+    if not blocks:
+        return _logprobs_rows(logits, tokens, penalties, prompt_counts, output_counts, grammar_mask, mask_rows,
+                              num_top)
+    return tuple(torch.cat(parts) for parts in zip(*blocks))
+
+
+def _logprobs_rows(logits, tokens, penalties, prompt_counts, output_counts, grammar_mask, mask_rows,
+                   num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     values = torch.nan_to_num(logits.to(torch.float64), nan=_NEG_INF, posinf=_F32_MAX, neginf=_NEG_INF)
     values = apply_penalties(values, penalties, prompt_counts, output_counts)
     values = values.masked_fill(disallowed(grammar_mask, mask_rows, logits.shape[1]), _NEG_INF)
