@@ -210,22 +210,34 @@ def sampled_tokenizer_json(text: str, vocab_size: int) -> str:
 
 
 def spaced_metaspace_json(text: str) -> str:
-    """The tokenizer JSON with each Metaspace step of its decoder sequence written as the Replace
-    step it is per token (its replacement character read as a space). llguidance reads a sequence
-    holding ByteFallback as SentencePiece-style but honours only Replace steps: with a Metaspace
-    step it spelled ``▁the`` as a literal U+2581 and ``the`` where the text shows `` the``, so an
-    answer's spaces were unconstrained and its ``▁`` words never matched a space."""
+    """The tokenizer JSON with each Metaspace step of its decoder written as the Replace step it is
+    per token (its replacement character read as a space). llguidance reads a sequence holding
+    ByteFallback as SentencePiece-style but honours only Replace steps: with a Metaspace step it
+    spelled ``▁the`` as a literal U+2581 and ``the`` where the text shows `` the``, so an answer's
+    spaces were unconstrained and its ``▁`` words never matched a space. A bare Metaspace decoder
+    (not inside a sequence: Unigram models such as T5's) it refuses outright ("can't determine
+    decoder type"); it becomes the same Replace step followed by ByteFallback, the marker llguidance
+    needs to read the vocabulary as SentencePiece-style (a no-op for the usual such vocabulary, which
+    has no ``<0xNN>`` tokens; one that has them would be read as bytes where the bare decoder shows
+    their names)."""
     if '"Metaspace"' not in text:
         return text
     data = json.loads(text)
     decoder = data.get("decoder") or {}
+    if decoder.get("type") == "Metaspace":
+        data["decoder"] = {"type": "Sequence", "decoders": [_metaspace_replace(decoder), {"type": "ByteFallback"}]}
+        return json.dumps(data)
     steps = decoder.get("decoders") if decoder.get("type") == "Sequence" else None
     if not steps or not any(step.get("type") == "Metaspace" for step in steps):
         return text
     data["decoder"] = {**decoder, "decoders": [
-        {"type": "Replace", "pattern": {"String": step.get("replacement", "\u2581")}, "content": " "}
-        if step.get("type") == "Metaspace" else step for step in steps]}
+        _metaspace_replace(step) if step.get("type") == "Metaspace" else step for step in steps]}
     return json.dumps(data)
+
+
+def _metaspace_replace(step: dict) -> dict:
+    """The Replace decoder step a Metaspace step is per token: its replacement character to a space."""
+    return {"type": "Replace", "pattern": {"String": step.get("replacement", "\u2581")}, "content": " "}
 
 
 class GrammarCompiler:
