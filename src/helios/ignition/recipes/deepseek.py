@@ -30,7 +30,8 @@ import torch
 from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import _checkpoint_dtype, rope_settings, with_original_context
+from helios.ignition.recipes.llama import (_checkpoint_dtype, checked_rope, rope_settings, rotary_fraction,
+                                           with_original_context)
 from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM",)
@@ -89,10 +90,10 @@ def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
     params.setdefault("rope_type", params.get("type", "default"))
     if params["rope_type"] not in ROPE_TYPES:
         raise UnsupportedCheckpoint(f"rope_type {params['rope_type']!r} is not one of {ROPE_TYPES}")
-    if params["rope_type"] == "yarn":
-        with_original_context(params, config)
-        if params.get("factor") is None:
-            params["factor"] = config["max_position_embeddings"] / params["original_max_position_embeddings"]
+    rotary_fraction(params, config, partial=False)
+    checked_rope(with_original_context(params, config))
+    if params["rope_type"] == "yarn" and params.get("factor") is None:
+        params["factor"] = config["max_position_embeddings"] / params["original_max_position_embeddings"]
     return params
 
 

@@ -28,7 +28,8 @@ import torch
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import _checkpoint_dtype, layer_windows, rope_settings, with_original_context
+from helios.ignition.recipes.llama import (_checkpoint_dtype, checked_rope, layer_windows, rope_settings,
+                                           rotary_fraction, with_original_context)
 from helios.ignition.recipes.yarn import yarn_inv_freq
 
 ARCHITECTURES = ("GptOssForCausalLM",)
@@ -74,12 +75,17 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 def rope(config: Mapping[str, Any]) -> tuple[torch.Tensor, float]:
     """(float32 inverse frequencies, attention factor) as GptOss's rotary embedding computes them."""
     params = rope_settings(config)
+    if not params:
+        raise UnsupportedCheckpoint("a gpt-oss config.json without rope_scaling (or rope_parameters) is refused: "
+                                    "transformers 5 reads YaRN factor 32 over 4096 positions, 4.x over "
+                                    "max_position_embeddings, and for an empty rope_parameters the plain rope")
     params.setdefault("rope_theta", config.get("rope_theta", 150000.0))
     params.setdefault("rope_type", params.get("type", "default"))
     rope_type = params["rope_type"]
     if rope_type not in _ROPE_TYPES:
         raise UnsupportedCheckpoint(f"rope_type {rope_type!r} is not one of {_ROPE_TYPES}")
-    with_original_context(params, config)
+    rotary_fraction(params, config, partial=False)
+    checked_rope(with_original_context(params, config))
     num_heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or config["hidden_size"] // num_heads)
     if rope_type == "yarn":

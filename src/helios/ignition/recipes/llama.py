@@ -111,12 +111,58 @@ def rope_parameters(config: Mapping[str, Any], partial: bool = False) -> dict[st
     params.setdefault("rope_type", params.get("type", "default"))
     if params["rope_type"] not in ROPE_TYPES:
         raise UnsupportedCheckpoint(f"rope_type {params['rope_type']!r} is not one of {ROPE_TYPES}")
-    params["partial_rotary_factor"] = float(params.get("partial_rotary_factor",
-                                                       config.get("partial_rotary_factor") or 1.0))
-    if params["partial_rotary_factor"] != 1.0 and not partial:
-        raise UnsupportedCheckpoint(f"partial_rotary_factor {params['partial_rotary_factor']} is not supported "
+    params["partial_rotary_factor"] = rotary_fraction(params, config, partial)
+    return checked_rope(with_original_context(params, config))
+
+
+def rotary_fraction(params: Mapping[str, Any], config: Mapping[str, Any], partial: bool) -> float:
+    """The partial rotary factor, the rope dict's before config.json's top-level one; other than 1 an
+    error unless the family rotates part of each head (`partial`): the reference's scaled ropes
+    would compute frequencies for part of a head its attention rotates whole."""
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0)
+    if factor is None:
+        raise UnsupportedCheckpoint("config.json: partial_rotary_factor must be a number, got null")
+    if float(factor) != 1.0 and not partial:
+        raise UnsupportedCheckpoint(f"partial_rotary_factor {float(factor)} is not supported "
                                     f"(this family rotates whole heads)")
-    return with_original_context(params, config)
+    return float(factor)
+
+
+# The keys transformers requires of a rope type (its _validate_<type>_rope_parameters refuses a
+# config.json without one; rope_theta and original_max_position_embeddings it fills in).
+_REQUIRED = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "yarn": ("factor",)}
+_LARGEST_ATTENTION_FACTOR = math.sqrt(torch.finfo(torch.float32).max)  # its square is q.k's factor
+
+
+def checked_rope(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` (type and original context resolved) if the reference computes finite rotary
+    frequencies from them; otherwise an UnsupportedCheckpoint naming the config.json key: a key the
+    reference requires, a null it would compute with, a divisor of zero (llama3's frequency factors;
+    YaRN's log of theta, of the original context and of the correction betas, whose null or 0 means
+    their defaults 32 and 1). (A null YaRN factor is the reference's too: max / original context.)"""
+    kind = params["rope_type"]
+    for key in _REQUIRED.get(kind, ()):
+        if key not in params:
+            raise UnsupportedCheckpoint(f"config.json: rope_type {kind!r} has no {key!r}, which the reference requires")
+    if params.get("rope_theta") is None:
+        raise UnsupportedCheckpoint("config.json: rope_theta must be a positive number, got null")
+    nonzero = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+    for key in nonzero:
+        if not params[key]:
+            raise UnsupportedCheckpoint(f"rope_type {kind!r} needs a non-zero {key}, got {params[key]!r}")
+    attention_factor = params.get("attention_factor")
+    if attention_factor is not None and abs(attention_factor) > _LARGEST_ATTENTION_FACTOR:
+        raise UnsupportedCheckpoint(f"attention_factor {attention_factor} overflows every attention logit "
+                                    f"(it multiplies both queries and keys)")
+    if kind == "yarn":
+        if float(params["rope_theta"]) == 1.0:
+            raise UnsupportedCheckpoint("rope_type 'yarn' needs a rope_theta other than 1 (its log divides)")
+        betas = {"beta_fast": params.get("beta_fast") or 32, "beta_slow": params.get("beta_slow") or 1,
+                 "original_max_position_embeddings": params.get("original_max_position_embeddings") or 0}
+        for key, value in betas.items():
+            if not value > 0:
+                raise UnsupportedCheckpoint(f"rope_type 'yarn' needs a positive {key}, got {params.get(key)!r}")
+    return params
 
 
 def with_original_context(params: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
