@@ -10,8 +10,11 @@ row with `fill_bitmask` and, after the completion, advances with `consume_token`
 Limits: llguidance builds lexer states lazily, so a grammar can construct fine and exceed `LIMITS`
 only when a mask or a token needs those states. Compiling therefore also checks (`check`) the answer
 grammar where it hurts most, right after a reasoning section (`PROBE_LARK`): its first masks and a
-few tokens along the lowest allowed ids must stay out of the error state; and the request's own
-matcher must compute its first mask. For a JSON schema, the regexes llguidance compiles
+few tokens along the lowest allowed ids must stay out of llguidance's limits, and where that walk
+meets a dead end the check searches other tokens for an output that completes (`dead_ends`: it
+refuses a grammar only when every output it explored, all there are, dead-ends; within a bound of
+masks per check, past which it passes the grammar); and the request's own matcher must compute its
+first mask. For a JSON schema, the regexes llguidance compiles
 (`schema_patterns`) are checked the same way each on its own, so a pattern no walk reaches is checked
 too, but at most `PATTERN_PROBES` distinct ones per check (a request's answer grammar, or all of its
 tools' parameter schemas together); the rest, like a limit met deeper in the output, are left to the
@@ -48,11 +51,12 @@ workers. A `GrammarMatcher` belongs to one request and is used by one thread at 
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import llguidance
 import numpy as np
@@ -60,6 +64,7 @@ import numpy as np
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.preparation.prompt import ReasoningState
+from helios.frontend.structured.dead_ends import BranchVocabulary, SearchBudget, is_dead_end, walk
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -76,7 +81,11 @@ LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, max_lexer_states=50
 # it (`envelope_lark`): lexer limits show there at the answer's first masks and tokens, even for
 # grammars whose masks stay within the limits at the start of an output.
 PROBE_LARK = "start: probe_text <[{token_id}]> @" + ANSWER_GRAMMAR + "\nprobe_text: /(?s:.*)/\n"
-PROBE_TOKENS = 3  # answer tokens the check consumes (the lowest allowed ids)
+PROBE_TOKENS = 3  # answer tokens the check's walk consumes first (the lowest allowed ids)
+# Masks one check may compute past those walks, for all its grammars together, searching past a dead
+# end for an output that completes (`dead_ends`): a check computes at most
+# (grammars + PATTERN_PROBES) * (1 + PROBE_TOKENS) + DEAD_END_MASKS masks.
+DEAD_END_MASKS = 48
 VERDICT_CACHE = 256  # checks (a grammar, or a request's tool schemas together) whose verdict the compiler keeps
 # Distinct schema patterns one check probes on their own (about 1.5 ms each with a 128k vocabulary):
 # a schema with thousands of patterns must not cost seconds of preparation CPU.
@@ -240,6 +249,18 @@ def _metaspace_replace(step: dict) -> dict:
     return {"type": "Replace", "pattern": {"String": step.get("replacement", "\u2581")}, "content": " "}
 
 
+class ProbeVerdict(NamedTuple):
+    """The check's verdict on one grammar: `message` for a client ("" when it passes); `dead_end`
+    when every output the check explored (all there are) dead-ended."""
+
+    message: str = ""
+    dead_end: bool = False
+
+
+# The dead-end search budget of the check running in this context (`GrammarCompiler._first_failure`).
+_CHECK_BUDGET: contextvars.ContextVar[SearchBudget] = contextvars.ContextVar("helios_check_budget")
+
+
 class GrammarCompiler:
     """Compiles request grammars against one model's tokenizer and sampled vocabulary."""
 
@@ -252,6 +273,7 @@ class GrammarCompiler:
         self._eos_ids = frozenset(tokenizer.eos_tokens)
         self._probe_token_id = min(set(range(len(self._eos_ids) + 1)) - self._eos_ids)
         self._verdict = functools.lru_cache(maxsize=VERDICT_CACHE)(self._first_failure)
+        self._branches: BranchVocabulary | None = None  # built at the first walk that meets a dead end
 
     @classmethod
     def from_tokenizer(
@@ -347,10 +369,21 @@ class GrammarCompiler:
         return self._verdict(tuple(requests))
 
     def _first_failure(self, requests: tuple[GrammarRequest, ...]) -> tuple[int, str] | None:
+        budget = _CHECK_BUDGET.set(SearchBudget(DEAD_END_MASKS))  # one for the check's grammars together
+        try:
+            return self._first_failure_within(requests)
+        finally:
+            _CHECK_BUDGET.reset(budget)
+
+    def _first_failure_within(self, requests: tuple[GrammarRequest, ...]) -> tuple[int, str] | None:
         for index, request in enumerate(requests):
-            error = self._probe(request)
-            if error:
-                return index, error
+            verdict = self._probe(request)
+            if verdict.message:
+                return index, verdict.message
+        # A pattern alone is probed for llguidance's limits only: its subschema may be a branch the
+        # output never needs (an anyOf member), so its dead end is no verdict on the schema and is
+        # not searched past.
+        _CHECK_BUDGET.set(SearchBudget(0))
         probed, budget = set(requests), PATTERN_PROBES
         for index, request in enumerate(requests):
             for pattern in sorted(schema_patterns(request), key=lambda text: (-len(text), text)):
@@ -361,33 +394,42 @@ class GrammarCompiler:
                     return None
                 probed.add(alone)
                 budget -= 1
-                error = self._probe(alone)
-                if error:
-                    return index, error
+                verdict = self._probe(alone)
+                if verdict.message and not verdict.dead_end:
+                    return index, verdict.message
         return None
 
-    def _probe(self, request: GrammarRequest) -> str:
-        """The check's verdict on one grammar: "" when it passes, else the error text for a client."""
+    def _probe(self, request: GrammarRequest) -> ProbeVerdict:
+        """The check's verdict on one grammar (its message "" when it passes). After the first mask and the probe token, `dead_ends.walk` walks the answer's first tokens
+        and searches past a dead end (masks from the check's `SearchBudget`: at most 1 + PROBE_TOKENS
+        masks plus those)."""
         shape = shape_error(request)
         if shape:
-            return f"invalid {request.kind.value} grammar: {shape}"
+            return ProbeVerdict(f"invalid {request.kind.value} grammar: {shape}")
         try:
             source = self.document_text(PROBE_LARK.format(token_id=self._probe_token_id), request)
         except GrammarError as error:
-            return str(error)
+            return ProbeVerdict(str(error))
         matcher = GrammarMatcher(llguidance.LLMatcher(self._tokenizer, source, log_level=0, limits=LIMITS),
                                  self.mask_words)
         if matcher.is_error:
-            return f"invalid {request.kind.value} grammar: {user_message(matcher.error)}"
+            return ProbeVerdict(f"invalid {request.kind.value} grammar: {user_message(matcher.error)}")
         matcher.bitmask()
         matcher.consume_token(self._probe_token_id)
-        for _ in range(PROBE_TOKENS):
-            token_id = lowest_allowed(matcher.bitmask(), self._eos_ids)
-            if matcher.is_error or token_id is None or not matcher.consume_token(token_id):
-                break
         if matcher.is_error:
-            return f"the {request.kind.value} grammar {failure_reason(matcher.error)}"
-        return ""
+            return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(matcher.error)}")
+        # A grammar that counts tokens (max_tokens) is searched token by token, not byte by byte.
+        by_bytes = not (request.kind is GrammarKind.LARK and "max_tokens" in request.source)
+        result = walk(matcher._matcher, self.mask_words, self._branch_vocabulary(), walk_masks=PROBE_TOKENS,
+                      budget=_CHECK_BUDGET.get(None) or SearchBudget(DEAD_END_MASKS), by_bytes=by_bytes)
+        if not result.error:
+            return ProbeVerdict()
+        return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(result.error)}", result.dead_end)
+
+    def _branch_vocabulary(self) -> BranchVocabulary:
+        if self._branches is None:  # racing threads build the same value
+            self._branches = BranchVocabulary.of(self._tokenizer, self._vocab_size)
+        return self._branches
 
     def _started(self, matcher: llguidance.LLMatcher, source: str, what: str) -> GrammarMatcher:
         """The request's matcher once it constructed and computed its first mask (GrammarError otherwise)."""
@@ -440,36 +482,15 @@ def user_message(message: str) -> str:
     return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
 
 
-# llguidance's error when a mask allows no token and the grammar is not complete: nothing can be
-# written next (a class or rule that matches no text), which no limit causes.
-_DEAD_END = "NoExtensionBias"
-
-
 def failure_reason(error: str) -> str:
     """Why a matcher that constructed entered its error state at a mask or token, for a client:
-    a dead end (no token can follow and the output is not complete: the grammar, or the part of it
-    reached, matches no text) or a limit llguidance met."""
-    if error.startswith(_DEAD_END):
-        return ("reaches a dead end: no token can follow the output it allows first, which is not complete "
-                "(an empty class such as [^\\s\\S], or a rule that never ends)")
+    a dead end (no token can follow and the output is not complete: the grammar, or every part of
+    it the check explored, matches no text) or a limit llguidance met."""
+    if is_dead_end(error):
+        return ("reaches a dead end: every output it allows stops where no token can follow and the output "
+                "is not complete (an empty class such as [^\\s\\S], a rule that never ends, or text the "
+                "vocabulary cannot spell)")
     return f"exceeds llguidance's limits: {user_message(error)}"
-
-
-def lowest_allowed(mask: np.ndarray, skip: frozenset[int]) -> int | None:
-    """The lowest token id a mask row allows that is not in `skip` (None when there is none)."""
-    for word_index in np.flatnonzero(mask):
-        word = int(mask[word_index]) & 0xFFFFFFFF
-        while word:
-            low = word & -word
-            token_id = MASK_WORD_BITS * int(word_index) + low.bit_length() - 1
-            if token_id not in skip:
-                return token_id
-            word ^= low
-    return None
-
-
-
-
 
 
 def shape_error(request: GrammarRequest) -> str:

@@ -1,0 +1,203 @@
+"""The compile check's walk through a grammar's first outputs, and its search past dead ends.
+
+A dead end is a state where no token can follow and the output is not complete (llguidance's
+``NoExtension`` error: an empty class such as ``[^\\s\\S]``, a rule that never ends, text the
+vocabulary cannot spell). A grammar may hold one in a branch and still be satisfiable through
+another (Lark ``start: "a" /[^\\s\\S]/ | "b"``), so the check must not refuse a grammar because the
+first output it tries dead-ends.
+
+`walk` is that check: a depth-first search over token paths from the answer's start. It first walks
+the lowest allowed ids, as the check always did (`walk_masks` masks: a limit llguidance meets there
+refuses the grammar). When a path dead-ends it backs up and tries the next allowed token (after a
+token refused at a mask, the matcher is rebuilt from the start and the path replayed: llguidance's
+error state is sticky). It refuses a grammar only when every path it explored dead-ended and the
+paths it explored are all there are; it passes it when the walk of the lowest ids met no dead end,
+when a path reaches a complete answer, or when the shared `SearchBudget` runs out first (the runtime
+ends an output that later dead-ends cleanly: `helios.runtime.feedback.GrammarDeadEnd`).
+
+Which tokens a state branches to (`branch_ids`): every allowed id but EOS, except that on a vocabulary
+with a plain token for each of the 256 bytes, the allowed ids that start with one byte are covered
+by that byte's own token (llguidance works on bytes: whatever follows a longer token follows its
+first byte too), unless the grammar counts tokens (``max_tokens``), where token boundaries matter.
+Special tokens always branch on their own. So the search is exhaustive over the grammar's outputs
+wherever it ends without running out of masks.
+
+Cost: one mask per state expanded; a check computes at most ``walk_masks`` per grammar it walks plus
+the masks its `SearchBudget` holds, whatever the grammars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import llguidance
+import numpy as np
+
+# llguidance's error when a mask allows no token and the grammar is not complete.
+DEAD_END = "NoExtension"
+# llguidance's error for a token its own mask allowed but its parser refused (a token it cannot
+# spell, such as an unknown-word token): for the search, a dead end like the other.
+REFUSED_TOKEN = "doesn't satisfy the grammar"
+
+
+def is_dead_end(error: str) -> bool:
+    """Whether a matcher's error is a dead end (``NoExtension`` or ``NoExtensionBias``)."""
+    return error.startswith(DEAD_END)
+
+
+class SearchBudget:
+    """Masks one check may compute past the walks of the lowest ids, shared by all its grammars.
+    Used by one thread (the check's)."""
+
+    def __init__(self, masks: int):
+        self.masks = masks
+
+    def take(self) -> bool:
+        """Spends one mask; False (spending nothing) when none is left."""
+        if self.masks <= 0:
+            return False
+        self.masks -= 1
+        return True
+
+
+@dataclass(frozen=True)
+class BranchVocabulary:
+    """What `branch_ids` needs of a sampled vocabulary (read-only; built once per compiler).
+    `first_bytes`: int16 [V], the first byte of each plain token's spelling (-1 for special or empty
+    tokens); `byte_ids`: int64 [256], the plain one-byte token of each byte, or None when some byte
+    has none."""
+
+    eos_ids: frozenset[int]
+    first_bytes: np.ndarray
+    byte_ids: np.ndarray | None
+
+    @classmethod
+    def of(cls, tokenizer: llguidance.LLTokenizer, vocab_size: int) -> BranchVocabulary:
+        first_bytes = np.full(vocab_size, -1, dtype=np.int16)
+        byte_ids = np.full(256, -1, dtype=np.int64)
+        for token_id in range(vocab_size):
+            if tokenizer.is_special_token(token_id):
+                continue
+            spelled = tokenizer.decode_bytes([token_id])
+            if spelled:
+                first_bytes[token_id] = spelled[0]
+                if len(spelled) == 1 and byte_ids[spelled[0]] < 0:
+                    byte_ids[spelled[0]] = token_id
+        return cls(frozenset(tokenizer.eos_tokens), first_bytes, byte_ids if (byte_ids >= 0).all() else None)
+
+
+def allowed_ids(mask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The ids a mask row allows, ascending."""
+    return np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab_size])
+
+
+def branch_ids(mask: np.ndarray, vocabulary: BranchVocabulary, by_bytes: bool) -> list[int]:
+    """The tokens a state branches to (see the module docstring): the lowest allowed id but EOS
+    first (the walk's), then the others ascending."""
+    allowed = allowed_ids(mask, len(vocabulary.first_bytes))
+    allowed = allowed[~np.isin(allowed, list(vocabulary.eos_ids))]
+    if allowed.size == 0:
+        return []
+    lowest = int(allowed[0])
+    if by_bytes and vocabulary.byte_ids is not None:
+        first = vocabulary.first_bytes[allowed]
+        own = vocabulary.byte_ids[np.maximum(first, 0)]  # the own token of each one's first byte
+        covered = (first >= 0) & np.isin(own, allowed)
+        allowed = np.union1d(allowed[~covered], own[covered])
+    return [lowest] + [token_id for token_id in allowed.tolist() if token_id != lowest]
+
+
+class WalkResult(NamedTuple):
+    """The check's verdict on one grammar: `error` is "" when it passes, else llguidance's error;
+    `dead_end` when every output explored (all there are) dead-ended."""
+
+    error: str = ""
+    dead_end: bool = False
+
+
+class _Path:
+    """A matcher and the tokens it consumed from the walk's start (which it can be rebuilt from)."""
+
+    def __init__(self, start: llguidance.LLMatcher):
+        self._start = start
+        self.matcher = start.deep_copy()
+        self.ids: list[int] = []
+
+    def rebuild(self) -> None:
+        """After an error (sticky in llguidance): a fresh copy of the start with the path replayed."""
+        self.matcher = self._start.deep_copy()
+        if self.ids:
+            self.matcher.consume_tokens(self.ids)
+
+    def back(self) -> None:
+        self.ids.pop()
+        if self.matcher.is_error() or not self.matcher.rollback(1):
+            self.rebuild()
+
+
+def walk(start: llguidance.LLMatcher, mask_words: int, vocabulary: BranchVocabulary, *, walk_masks: int,
+         budget: SearchBudget, by_bytes: bool) -> WalkResult:
+    """The verdict on the grammar `start` is at (the answer's start; `start` is not changed): see
+    the module docstring. Computes at most `walk_masks` masks plus what it takes from `budget`."""
+    path, mask = _Path(start), np.empty(mask_words, dtype=np.int32)
+    stack: list[list[int]] = []  # stack[i]: the tokens still to try after path.ids[:i]
+    masks, live, dead, exhaustive, lowest = 0, False, False, True, True
+    token_id: int | None = None  # the token to consume next (None: expand the state the path is at)
+    while True:
+        if token_id is not None:
+            if path.matcher.consume_token(token_id) and not path.matcher.is_error():
+                path.ids.append(token_id)
+                token_id = None
+                if lowest and len(path.ids) == walk_masks:
+                    return WalkResult()  # the lowest ids' walk met no dead end: the check's pass
+                continue
+            error = path.matcher.get_error()
+            refused = is_dead_end(error) or REFUSED_TOKEN in error
+            if lowest and not refused:
+                return WalkResult(error)  # a limit on the walk the check always made
+            dead, exhaustive = dead or refused, exhaustive and refused
+            path.rebuild()  # the state before the token
+        else:
+            if masks >= walk_masks and not budget.take():
+                return WalkResult()  # out of masks without a verdict: pass
+            masks += 1
+            path.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+            error = path.matcher.get_error() if path.matcher.is_error() else ""
+            if error and lowest and not is_dead_end(error):
+                return WalkResult(error)
+            branches = [] if error else branch_ids(mask, vocabulary, by_bytes)
+            live = live or (not error and path.matcher.is_accepting())
+            dead, exhaustive = dead or is_dead_end(error), exhaustive and (not error or is_dead_end(error))
+            if live and not (lowest and branches):
+                return WalkResult()  # a complete answer (after the lowest ids' walk, when on it)
+            if branches:
+                stack.append(branches[1:][::-1])
+                token_id = branches[0]
+                continue
+            if path.ids:
+                path.back()  # this state is a dead end (or complete): its parent tries its next token
+        lowest = False
+        if live:
+            return WalkResult()
+        token_id = _next(stack, path)
+        if token_id is None:
+            return _verdict(live, dead, exhaustive)
+
+
+def _next(stack: list[list[int]], path: _Path) -> int | None:
+    """The next token to try (the path backed up to its parent state), None when none is left."""
+    while stack:
+        if stack[-1]:
+            return stack[-1].pop()
+        stack.pop()
+        if path.ids:
+            path.back()
+    return None
+
+
+def _verdict(live: bool, dead: bool, exhaustive: bool) -> WalkResult:
+    if dead and exhaustive and not live:
+        return WalkResult(DEAD_END, dead_end=True)
+    return WalkResult()
+
