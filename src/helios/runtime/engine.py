@@ -308,9 +308,11 @@ class Engine:
 
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
-        its grammar masks; a failure fails the plan at once."""
+        its grammar masks; a failure fails the plan at once. A request whose grammar met a dead
+        end at its mask ends then (GRAMMAR_DEAD_END): its row runs, its token is dropped."""
         try:
             plan = plan.with_masks(self.feedback.fill_masks(plan.rows))
+            dead_ends = self.feedback.dead_ends
             launched = self.executor.launch(plan, alone=self.frames == 1)
         except Exception as error:  # noqa: BLE001 - failed like a failed completion
             self._fail(plan, error)
@@ -318,6 +320,8 @@ class Engine:
         if self._launched:
             self.stats.second_frames += 1
         self._launched.append((plan, launched))
+        for request_id in dead_ends:
+            self._dispatch(self.scheduler.dead_end(request_id))
 
     def _fail(self, plan, error: Exception) -> None:
         message = str(error) if isinstance(error, ExecutionError) else f"execution failed: {type(error).__name__}: {error}"

@@ -13,6 +13,14 @@ request with an ERROR finish (HTTP 500, or one `event: error` in a stream) inste
 A mask filled in the error state allows only EOS: the EOS the lane then samples is consumed next
 and reported there, so no other request in the plan is touched.
 
+A dead end is different: the grammar is fine but allows no token after the output, which is not
+complete (a branch that can never finish, which the compile check passed because another branch
+can; or one deeper than the check looks). The matcher enters its error state at that mask, and the
+EOS its mask then allows would be a token the model did not choose, reported as a normal stop.
+`fill_masks` notes such requests (`dead_ends`); the engine ends each one with GRAMMAR_DEAD_END right
+after launching the plan (`Scheduler.dead_end`), so the row's forced token is dropped at completion
+and the output is the text so far (finish_reason ``grammar_dead_end``, HTTP 200).
+
 A runtime-side host stop (`EngineRequest.host_stop`, a callable on token ids for in-process
 callers that resolve stops within the frame) runs in `advance` too. Stop strings of served
 requests are matched by the frontend's output workers instead, off the worker thread, and come back
@@ -59,6 +67,11 @@ class ArrayMaskGrammar(Protocol):
     @property
     def error(self) -> str: ...
 
+    @property
+    def is_dead_end(self) -> bool:
+        """In the error state because no token can follow the output, which is not complete."""
+        ...
+
 
 class TensorGrammar:
     """Adapts a matcher writing numpy mask rows to the engine's `GrammarState` (torch rows); the
@@ -80,6 +93,11 @@ class TensorGrammar:
         return accepted
 
     @property
+    def is_dead_end(self) -> bool:
+        """Whether the last mask met a dead end (a matcher that cannot tell never does)."""
+        return bool(getattr(self._matcher, "is_dead_end", False))
+
+    @property
     def source(self) -> str | None:
         """The matcher's grammar text, when it has one (what an engine process compiles again)."""
         return getattr(self._matcher, "source", None)
@@ -93,6 +111,7 @@ class LaneFeedback:
         self._mask_words = mask_words
         self._grammars: dict[str, GrammarState] = {}
         self._host_stops: dict[str, Callable[[int], bool]] = {}
+        self.dead_ends: list[str] = []  # requests whose last `fill_masks` met a dead end
 
     def register(self, request_id: str, grammar: GrammarState | None,
                  host_stop: Callable[[int], bool] | None) -> None:
@@ -111,7 +130,9 @@ class LaneFeedback:
         return bool(self._grammars or self._host_stops)
 
     def fill_masks(self, rows: Iterable) -> dict[str, torch.Tensor]:
-        """Mask rows of the plan rows that sample under a grammar (a grammar that raises fails the plan)."""
+        """Mask rows of the plan rows that sample under a grammar (a grammar that raises fails the
+        plan); `dead_ends` then lists the requests whose grammar met a dead end at its mask."""
+        self.dead_ends = []
         if not self._grammars:  # no row has a grammar to fill from
             return {}
         masks = {}
@@ -121,6 +142,8 @@ class LaneFeedback:
                 mask = torch.empty(self._mask_words, dtype=torch.int32)
                 grammar.fill_bitmask(mask)
                 masks[row.request_id] = mask
+                if getattr(grammar, "is_dead_end", False):
+                    self.dead_ends.append(row.request_id)
         return masks
 
     def advance(self, request_id: str, token_ids: Iterable[int]) -> bool:

@@ -54,7 +54,8 @@ _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 
                           0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 _LENGTH_BUCKETS = tuple(float(2**i) for i in range(0, 21))
 _FAILED = (FinishReason.REJECTED, FinishReason.ERROR)
-_REASONS = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.ERROR)
+_REASONS = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.ERROR,
+            FinishReason.GRAMMAR_DEAD_END)
 
 
 @dataclass

@@ -71,6 +71,7 @@ _FINISH_REASONS = {
     FinishReason.STOP: "stop",
     FinishReason.LENGTH: "length",
     FinishReason.CANCELLED: "cancelled",
+    FinishReason.GRAMMAR_DEAD_END: "grammar_dead_end",  # the grammar allowed no token; the output is incomplete
 }
 
 

@@ -559,6 +559,12 @@ class GrammarMatcher:
         return self._matcher.get_error()
 
     @property
+    def is_dead_end(self) -> bool:
+        """In the error state because no token can follow the output, which is not complete (set
+        by the mask that found it; the runtime ends the request there: GRAMMAR_DEAD_END)."""
+        return self._matcher.is_error() and is_dead_end(self._matcher.get_error())
+
+    @property
     def is_accepting(self) -> bool:
         """The answer is complete: EOS is allowed now."""
         return self._matcher.is_accepting()

@@ -24,6 +24,9 @@ class FinishReason(enum.IntEnum):
     CANCELLED = 4  # the client cancelled or dropped the response
     REJECTED = 5  # admission refused it (engines report rejections raised by `submit` this way)
     ERROR = 6  # its execution failed or its completion record was invalid
+    # its output grammar allowed no token after an incomplete output (a dead end); reported through
+    # `Scheduler.dead_end` before the token the grammar's error mask would force
+    GRAMMAR_DEAD_END = 7
 
 
 class TokenLogprobs(NamedTuple):

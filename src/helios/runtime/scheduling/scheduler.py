@@ -134,6 +134,12 @@ class Scheduler:
         """A host stop matched: end with STOP, discard its unpublished state; [] if already ended."""
         return self._terminate(request_id, FinishReason.STOP)
 
+    def dead_end(self, request_id: str) -> list[RequestEvent]:
+        """Its grammar allows no token after its output, which is incomplete: end with
+        GRAMMAR_DEAD_END (the output so far, nothing published); [] if already ended. A row of a
+        launched plan then completes without a token for it."""
+        return self._terminate(request_id, FinishReason.GRAMMAR_DEAD_END)
+
     def view(self, request_id: str) -> RequestView | None:
         req = self.queues.requests.get(request_id)
         return None if req is None else req.view()

@@ -1,0 +1,117 @@
+"""A grammar that reaches a dead end while decoding (no token can follow an output that is not
+complete) ends its request cleanly: finish GRAMMAR_DEAD_END with the output so far, never the token
+the grammar's error mask forces, never an error, and the request beside it runs on untouched.
+
+A dead end can reach the runtime although the compile check searches for one: the check passes a
+grammar with a live branch (`helios.frontend.structured.dead_ends`), a sampled output may take the
+dead one, and a dead end deeper than the check looks is not seen at all. Before, llguidance's error
+mask let the lane sample EOS only, and consuming it failed the request as an execution error
+(HTTP 500) after that EOS had been reported as an output token.
+
+The matchers here follow llguidance's contract (never raise; a sticky error state found by the
+mask, whose mask allows only EOS), so the point where the dead end appears is exact; a real
+matcher shows the same state (`GrammarMatcher.is_dead_end`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import decoders
+
+from helios.frontend.structured.grammar import GrammarCompiler, GrammarKind, GrammarRequest
+from helios.runtime.engine import EngineRequest
+from helios.runtime.feedback import TensorGrammar
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.service import build_runtime
+from runtime.test_model_fixture import open_fixture
+
+from .test_logprob_offsets_spm import sentencepiece_like
+
+PROMPT = (5, 9, 14, 3, 22, 7)
+EOS = 2
+DEAD_END = "NoExtensionBias\n<state>\nTokens: ..."
+
+
+class DeadEndMatcher:
+    """Allows every token until `num_fine` were consumed; the mask after them finds a dead end (the
+    sticky error state, its mask allowing only EOS)."""
+
+    def __init__(self, num_fine: int):
+        self.num_fine = num_fine
+        self.consumed: list[int] = []
+        self.error = ""
+        self.num_masks = 0
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.error)
+
+    @property
+    def is_dead_end(self) -> bool:
+        return self.error.startswith("NoExtension")
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        self.num_masks += 1
+        if len(self.consumed) >= self.num_fine:
+            self.error = DEAD_END
+        out[:] = -1
+        if self.error:
+            out[:] = 0
+            out[EOS // 32] = np.int32(1 << (EOS % 32))
+
+    def consume_token(self, token_id: int) -> bool:
+        if self.error:
+            return False
+        self.consumed.append(token_id)
+        return True
+
+
+@pytest.fixture
+def engine():
+    return build_runtime(open_fixture()).engine
+
+
+def run(engine, matcher, max_tokens: int = 8):
+    grammar, beside = [], []
+    engine.submit(EngineRequest(RequestSpec("g", PROMPT, max_tokens, frozenset({EOS}), constrained=True),
+                                grammar.append, grammar=TensorGrammar(matcher)))
+    engine.submit(EngineRequest(RequestSpec("b", PROMPT, max_tokens), beside.append))
+    engine.run_until_idle()
+    return grammar, beside
+
+
+def tokens_of(events) -> list[int]:
+    return [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
+
+
+@pytest.mark.parametrize("num_fine", [0, 1, 3])
+def test_a_dead_end_ends_the_request_with_its_output_so_far(engine, num_fine):
+    matcher = DeadEndMatcher(num_fine)
+    grammar, beside = run(engine, matcher)
+    finish = [e for e in grammar if isinstance(e, FinishEvent)]
+    assert len(finish) == 1 and finish[0].reason is FinishReason.GRAMMAR_DEAD_END
+    assert tokens_of(grammar) == matcher.consumed and len(matcher.consumed) == num_fine  # no forced EOS
+    assert finish[0].num_output_tokens == num_fine and matcher.num_masks == num_fine + 1
+    assert grammar[-1] is finish[0]
+    assert beside[-1].reason is FinishReason.LENGTH and len(tokens_of(beside)) == 8
+    stats = engine.stats
+    assert stats.requests_finished["grammar_dead_end"] == 1 and "error" not in stats.requests_finished
+    assert not engine.feedback.watching and stats.healthy
+    _, again = run(engine, DeadEndMatcher(100))  # the engine serves on, a live grammar too
+    assert again[-1].reason is FinishReason.LENGTH
+
+
+def test_a_real_matcher_reports_the_dead_end_its_mask_found():
+    tokenizer = sentencepiece_like(decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                                      decoders.Fuse(), decoders.Strip(" ", 1, 0)]))
+    compiler = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=tokenizer.get_vocab_size(), eos_token_ids=[EOS])
+    matcher = compiler.compile(GrammarRequest(GrammarKind.LARK, 'start: "a" /[^\\s\\S]/ | "b"'))
+    grammar = TensorGrammar(matcher)
+    assert not grammar.is_dead_end
+    assert matcher.consume_token(tokenizer.token_to_id("a"))
+    assert not matcher.is_dead_end  # found by the next mask
+    mask = matcher.bitmask()
+    assert matcher.is_dead_end and grammar.is_dead_end
+    allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:tokenizer.get_vocab_size()])
+    assert allowed.tolist() == [EOS]  # what the lane would have had to sample
