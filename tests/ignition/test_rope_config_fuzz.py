@@ -71,6 +71,7 @@ FAMILIES = {
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8).items())),
 }
+VISION_LANGUAGE = "qwen2_5_vl"  # drawn in its text_config, with an mrope_section
 # The rotated width of each family's heads before a partial_rotary_factor (DeepSeek's rotary key).
 HEAD_DIMS = {"qwen2": 8, "mistral": 8, "mixtral": 8, "bamba": 8}
 # The config.json keys a rope configuration is spelled with (removed from the saved config, then drawn).
@@ -204,10 +205,12 @@ def _layout(rng: random.Random, params: dict) -> tuple[dict, str]:
 def draw_case(seed: int) -> tuple[str, dict, str]:
     """(family name, config.json rope keys, description) of seed `seed`."""
     rng = random.Random(f"rope-{seed}")
-    family = _choice(rng, sorted(FAMILIES))
+    family = _choice(rng, (*sorted(FAMILIES), VISION_LANGUAGE))
     kind = _choice(rng, (*ROPE_TYPES, "yarn", "llama3", "linear", _choice(rng, UNKNOWN_TYPES)))
     pairs = HEAD_DIMS.get(family, 16) // 2
     params = _valid(rng, kind, pairs)
+    if family == VISION_LANGUAGE:
+        params["mrope_section"] = [2, 3, 3]
     mutations = [_mutate(rng, params, pairs) for _ in range(_choice(rng, (0, 1, 1, 1, 2, 3)))]
     keys, layout = _layout(rng, params)
     return family, keys, f"{family} {kind} in {layout}: {'; '.join(mutations) or 'well-formed'}"
@@ -217,11 +220,23 @@ def draw_case(seed: int) -> tuple[str, dict, str]:
 # Running one case on both sides.
 
 
+def _vision_language_model():
+    """A tiny Qwen2.5-VL (its decoder's rope is what is drawn; the encoder is one small block)."""
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(_TINY, hidden_size=64, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, patch_size=14,
+                           temporal_patch_size=2, spatial_merge_size=2, window_size=56, out_hidden_size=64,
+                           fullatt_block_indexes=[0]),
+        image_token_id=90, vision_start_token_id=91, vision_end_token_id=92, tie_word_embeddings=False)
+    torch.manual_seed(7)
+    return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """Each family's tiny checkpoint, written once (its rope keys are rewritten per case)."""
     root = tmp_path_factory.mktemp("rope-families")
-    written = {}
+    written = {VISION_LANGUAGE: write_checkpoint(_vision_language_model(), root / VISION_LANGUAGE)}
     for name, family in FAMILIES.items():
         written[name] = write_checkpoint(random_model(family, seed=7), root / name)
     return written
@@ -234,9 +249,11 @@ def _write_case(source: Path, directory: Path, keys: dict) -> Path:
         if path.name != "config.json" and not (directory / path.name).exists():
             (directory / path.name).symlink_to(path)
     config = json.loads((source / "config.json").read_text())
+    text = config["text_config"] if "vision_config" in config else config  # a vision-language decoder's
     for key in ROPE_KEYS:
         config.pop(key, None)
-    config.update(json.loads(json.dumps(keys)))  # the rope dicts copied: both sides may change theirs
+        text.pop(key, None)
+    text.update(json.loads(json.dumps(keys)))  # the rope dicts copied: both sides may change theirs
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
@@ -246,18 +263,19 @@ class Reference:
 
     def __init__(self, directory: Path):
         self.model, self.refusal = None, None
+        vision = "vision_config" in json.loads((directory / "config.json").read_text())
+        auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
-                                                                      dtype=torch.float32).eval()
+            model = auto.from_pretrained(directory, attn_implementation="eager", dtype=torch.float32).eval()
             with torch.no_grad():
                 logits = model(torch.tensor([[1, 5, 9, 2, 7]])).logits
         except Exception as error:  # noqa: BLE001 - any refusal of the reference counts as one
             self.refusal = f"{type(error).__name__}: {error}"
             return
-        self.model = model
-        rotary = model.model.rotary_emb
+        self.model, decoder = model, getattr(model.model, "language_model", model.model)
+        rotary = decoder.rotary_emb
         self.inv_freq, self.attention_factor = rotary.inv_freq.float(), float(rotary.attention_scaling)
-        attention = model.model.layers[0].self_attn if hasattr(model.model.layers[0], "self_attn") else None
+        attention = getattr(decoder.layers[0], "self_attn", None)
         self.scale = float(attention.scaling) if hasattr(attention, "scaling") else None
         values = torch.cat([self.inv_freq, logits.flatten(), torch.tensor([self.attention_factor])])
         self.finite = bool(torch.isfinite(values).all())
@@ -277,7 +295,7 @@ def _reference(directory: Path) -> Reference:
     reference = Reference(directory)
     if re.search(r"'NoneType' and '(float|int)'", reference.refusal or ""):
         config = json.loads((directory / "config.json").read_text())
-        if config.get("head_dim") is None:
+        if "hidden_size" in config and config.get("head_dim") is None:
             config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
             explicit = _write_case(directory, directory.with_name(directory.name + "-head-dim"), {})
             (explicit / "config.json").write_text(json.dumps(config))
@@ -287,11 +305,11 @@ def _reference(directory: Path) -> Reference:
 
 def _named(message: str, keys: dict, required: set[str]) -> bool:
     """Whether a refusal names a drawn setting: a key of the rope dict or beside it (not the dict's
-    own name unless there is none, nor the type unless the type is what is refused), or a required
-    key it lacks."""
+    own name unless there is none, nor the type unless the type is what is refused), a required
+    key it lacks, or the mrope_section a vision-language decoder needs."""
     if re.search(r"rope_type \S+ is not|(rope_type|\.type) must be", message):
         return True
-    names = {key for key, value in keys.items() if not isinstance(value, dict)} | required
+    names = {key for key, value in keys.items() if not isinstance(value, dict)} | required | {"mrope_section"}
     names |= {key for value in keys.values() if isinstance(value, dict) for key in value}
     if not any(isinstance(value, dict) and value for value in keys.values()):  # no rope dict: its name
         names |= {"rope_scaling", "rope_parameters"}
@@ -424,6 +442,15 @@ PINNED = {
     # an attention factor whose square overflows float32: the reference's logits are NaN
     "qwen3-yarn-huge-attention-factor": ("qwen3", {"rope_parameters": {**_YARN, "attention_factor": 1e30}},
                                          "both refuse: attention_factor 1e+30 overflows"),
+    # Qwen2-VL's "type": "mrope" (transformers' Qwen2.5-VL reads the plain rope): refused as an unknown type
+    "qwen2_5_vl-mrope-type": (VISION_LANGUAGE, {"rope_theta": 100.0, "rope_scaling": {
+        "type": "mrope", "mrope_section": [2, 3, 3]}}, "match"),
+    # no rope_theta: the decoder took 10000, transformers' Qwen2.5-VL text config 1000000
+    "qwen2_5_vl-default-theta": (VISION_LANGUAGE, {"rope_parameters": {"rope_type": "default",
+                                                                       "mrope_section": [2, 3, 3]}}, "match"),
+    # an mrope_section not a list of integers: a TypeError's words, naming nothing
+    "qwen2_5_vl-mrope-section-string": (VISION_LANGUAGE, {"rope_parameters": {
+        "rope_type": "default", "mrope_section": "2.0"}}, "mrope_section must be a list of non-negative integers"),
 }
 
 

@@ -23,6 +23,11 @@ from helios.ignition.recipes.vision import (QWEN2_5_VL, QWEN3_VL, VisionArchitec
 
 FAMILIES = {"Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL, "Qwen3VLForConditionalGeneration": QWEN3_VL}
 ARCHITECTURES = tuple(FAMILIES)
+# Qwen2-VL's config.json spelling of the plain rope, "type": "mrope", which transformers' Qwen2.5-VL
+# config reads as "default" (its Qwen3-VL config does not).
+_MROPE_MEANS_DEFAULT = ("Qwen2_5_VLForConditionalGeneration",)
+# The decoder's rope_theta where config.json gives none (transformers' text config class defaults).
+_REFERENCE_THETA = {"Qwen2_5_VLForConditionalGeneration": 1000000.0, "Qwen3VLForConditionalGeneration": 500000.0}
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,17 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     new_layout = "model.language_model.embed_tokens.weight" in tensors
     text_prefix, vision_prefix = ("model.language_model.", "model.visual.") if new_layout else ("model.", "visual.")
     text = text_config(config)
+    text.setdefault("rope_theta", _REFERENCE_THETA[source])
     params = llama.rope_settings(text)
     section = params.pop("mrope_section", None)
     interleaved = bool(params.pop("mrope_interleaved", False))
     if not section:
         raise UnsupportedCheckpoint(f"a {source} checkpoint needs rope mrope_section")
+    if not isinstance(section, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                for n in section):
+        raise UnsupportedCheckpoint(f"rope mrope_section must be a list of non-negative integers, got {section!r}")
+    if source in _MROPE_MEANS_DEFAULT and params.get("rope_type", params.get("type")) == "mrope":
+        params["rope_type"] = "default"
     if params.get("rope_type", params.get("type")) == "yarn":  # the mrope tables have no attention factor
         raise UnsupportedCheckpoint(f"rope_type 'yarn' is not supported with mrope_section ({source})")
     text["rope_parameters"], text["rope_scaling"] = params, None  # the mrope keys read, the rest for the decoder
