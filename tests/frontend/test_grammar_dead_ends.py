@@ -28,12 +28,13 @@ import os
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import regex
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from helios.frontend.structured import grammar as grammar_module
-from helios.frontend.structured.dead_ends import BranchVocabulary, SearchBudget, walk
+from helios.frontend.structured.dead_ends import BranchVocabulary, SearchBudget, allowed_ids, branch_ids, walk
 from helios.frontend.structured.grammar import (PROBE_LARK, PROBE_TOKENS, GrammarCompiler,
                                                 GrammarError, GrammarKind, GrammarRequest)
 from support.format_fuzz import Cfg
@@ -307,9 +308,9 @@ def walked(compiler: GrammarCompiler, lark: str, budget: SearchBudget) -> tuple[
     matcher.bitmask()
     assert matcher.consume_token(compiler._probe_token_id)
     counter = [0]
-    result = walk(CountingMatcher(matcher._matcher, counter), compiler.mask_words,
-                  BranchVocabulary.of(compiler._tokenizer, compiler._tokenizer.vocab_size), walk_masks=PROBE_TOKENS,
-                  budget=budget, by_bytes=True)
+    vocabulary = BranchVocabulary.of(compiler._tokenizer, compiler._tokenizer.vocab_size)
+    result = walk(CountingMatcher(matcher._matcher, counter), compiler.mask_words, compiler._eos_ids,
+                  lambda: vocabulary, walk_masks=PROBE_TOKENS, budget=budget, by_bytes=True)
     return result.error, counter[0]
 
 
@@ -372,3 +373,19 @@ def test_a_json_schema_whose_first_member_cannot_complete_is_accepted():
         compiler.compile(request)
     alone = verdict(compiler, GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({"const": low + "\u00e9"})))
     assert "reaches a dead end" in alone and "cannot spell" in alone
+
+
+def test_allowed_ids_and_branches_read_the_mask_layout():
+    rng = np.random.default_rng(4)
+    vocabulary = BranchVocabulary(frozenset({3}), np.array([-1, 97, 97, 98, -1, 97, 99, 98], dtype=np.int16),
+                                  np.array([1 if b == 97 else 3 if b == 98 else -1 for b in range(256)]))
+    for vocab_size in (1, 31, 32, 33, 100):
+        words = -(-vocab_size // 32)
+        mask = rng.integers(-2**31, 2**31, size=words, dtype=np.int64).astype(np.int32)
+        mask[rng.random(words) < 0.3] = 0
+        expected = [i for i in range(vocab_size) if (int(mask[i // 32]) >> (i % 32)) & 1]
+        assert allowed_ids(mask, vocab_size).tolist() == expected
+    mask = np.array([0b11101110], dtype=np.int32)  # ids 1, 2, 3, 5, 6, 7
+    # "a" (1) covers 2 and 5, which start with its byte; 3 is EOS; "b" (3) is not allowed, so 7 stays
+    assert branch_ids(mask, vocabulary, by_bytes=True) == [1, 6, 7]
+    assert branch_ids(mask, vocabulary, by_bytes=False) == [1, 2, 5, 6, 7]

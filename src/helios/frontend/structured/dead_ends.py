@@ -16,9 +16,10 @@ when a path reaches a complete answer, or when the shared `SearchBudget` runs ou
 ends an output that later dead-ends cleanly: `helios.runtime.feedback.GrammarDeadEnd`).
 
 Which tokens a state branches to (`branch_ids`): every allowed id but EOS, except that on a vocabulary
-with a plain token for each of the 256 bytes, the allowed ids that start with one byte are covered
-by that byte's own token (llguidance works on bytes: whatever follows a longer token follows its
-first byte too), unless the grammar counts tokens (``max_tokens``), where token boundaries matter.
+with a plain token for each byte UTF-8 text can hold, the allowed ids that start with one byte are
+covered by that byte's own token (llguidance works on bytes: whatever follows a longer token follows
+its first byte too, spelled byte by byte), unless the grammar counts tokens (``max_tokens``), where
+token boundaries matter.
 Special tokens always branch on their own. So the search is exhaustive over the grammar's outputs
 wherever it ends without running out of masks.
 
@@ -29,7 +30,7 @@ the masks its `SearchBudget` holds, whatever the grammars.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import llguidance
 import numpy as np
@@ -39,6 +40,11 @@ DEAD_END = "NoExtension"
 # llguidance's error for a token its own mask allowed but its parser refused (a token it cannot
 # spell, such as an unknown-word token): for the search, a dead end like the other.
 REFUSED_TOKEN = "doesn't satisfy the grammar"
+
+
+# Bytes no UTF-8 text holds (llguidance's grammars are over text): a vocabulary may lack them
+# (llguidance reserves 0xFF to mark special tokens).
+_NEVER_IN_UTF8 = frozenset([0xC0, 0xC1, *range(0xF5, 0x100)])
 
 
 def is_dead_end(error: str) -> bool:
@@ -65,8 +71,9 @@ class SearchBudget:
 class BranchVocabulary:
     """What `branch_ids` needs of a sampled vocabulary (read-only; built once per compiler).
     `first_bytes`: int16 [V], the first byte of each plain token's spelling (-1 for special or empty
-    tokens); `byte_ids`: int64 [256], the plain one-byte token of each byte, or None when some byte
-    has none."""
+    tokens); `byte_ids`: int64 [256], the plain one-byte token of each byte (-1 for a byte UTF-8
+    text never holds and the vocabulary has no token for), or None when a byte of UTF-8 text has none
+    (then nothing is covered)."""
 
     eos_ids: frozenset[int]
     first_bytes: np.ndarray
@@ -84,28 +91,42 @@ class BranchVocabulary:
                 first_bytes[token_id] = spelled[0]
                 if len(spelled) == 1 and byte_ids[spelled[0]] < 0:
                     byte_ids[spelled[0]] = token_id
-        return cls(frozenset(tokenizer.eos_tokens), first_bytes, byte_ids if (byte_ids >= 0).all() else None)
+        spells_text = all(byte_ids[byte] >= 0 for byte in range(256) if byte not in _NEVER_IN_UTF8)
+        return cls(frozenset(tokenizer.eos_tokens), first_bytes, byte_ids if spells_text else None)
 
 
 def allowed_ids(mask: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The ids a mask row allows, ascending."""
-    return np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab_size])
+    """The ids a mask row allows, ascending (only its nonzero words are unpacked)."""
+    words = np.flatnonzero(mask)
+    bits = np.unpackbits(mask[words].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    rows, columns = np.nonzero(bits)
+    ids = words[rows] * 32 + columns
+    return ids[ids < vocab_size]
+
+
+def lowest_allowed(mask: np.ndarray, skip: frozenset[int]) -> int | None:
+    """The lowest id a mask row allows that is not in `skip` (None when there is none)."""
+    for word_index in np.flatnonzero(mask):
+        word = int(mask[word_index]) & 0xFFFFFFFF
+        while word:
+            low = word & -word
+            token_id = 32 * int(word_index) + low.bit_length() - 1
+            if token_id not in skip:
+                return token_id
+            word ^= low
+    return None
 
 
 def branch_ids(mask: np.ndarray, vocabulary: BranchVocabulary, by_bytes: bool) -> list[int]:
-    """The tokens a state branches to (see the module docstring): the lowest allowed id but EOS
-    first (the walk's), then the others ascending."""
+    """The tokens a state branches to (see the module docstring), ascending, EOS left out."""
     allowed = allowed_ids(mask, len(vocabulary.first_bytes))
     allowed = allowed[~np.isin(allowed, list(vocabulary.eos_ids))]
-    if allowed.size == 0:
-        return []
-    lowest = int(allowed[0])
-    if by_bytes and vocabulary.byte_ids is not None:
+    if by_bytes and vocabulary.byte_ids is not None and allowed.size:
         first = vocabulary.first_bytes[allowed]
         own = vocabulary.byte_ids[np.maximum(first, 0)]  # the own token of each one's first byte
-        covered = (first >= 0) & np.isin(own, allowed)
+        covered = (first >= 0) & (own >= 0) & np.isin(own, allowed)
         allowed = np.union1d(allowed[~covered], own[covered])
-    return [lowest] + [token_id for token_id in allowed.tolist() if token_id != lowest]
+    return allowed.tolist()
 
 
 class WalkResult(NamedTuple):
@@ -136,12 +157,25 @@ class _Path:
             self.rebuild()
 
 
-def walk(start: llguidance.LLMatcher, mask_words: int, vocabulary: BranchVocabulary, *, walk_masks: int,
-         budget: SearchBudget, by_bytes: bool) -> WalkResult:
+class _Level:
+    """One state on the path: its mask, and the tokens still to try there (listed when the walk
+    first backs up to it: the walk of the lowest ids needs only the lowest)."""
+
+    __slots__ = ("mask", "tried", "rest")
+
+    def __init__(self, mask: np.ndarray, tried: int):
+        self.mask, self.tried = mask.copy(), tried
+        self.rest: list[int] | None = None
+
+
+def walk(start: llguidance.LLMatcher, mask_words: int, eos_ids: frozenset[int],
+         vocabulary: Callable[[], BranchVocabulary], *, walk_masks: int, budget: SearchBudget,
+         by_bytes: bool) -> WalkResult:
     """The verdict on the grammar `start` is at (the answer's start; `start` is not changed): see
-    the module docstring. Computes at most `walk_masks` masks plus what it takes from `budget`."""
+    the module docstring. Computes at most `walk_masks` masks plus what it takes from `budget`;
+    `vocabulary` is called only once the walk backs up."""
     path, mask = _Path(start), np.empty(mask_words, dtype=np.int32)
-    stack: list[list[int]] = []  # stack[i]: the tokens still to try after path.ids[:i]
+    stack: list[_Level] = []  # stack[i]: the state after path.ids[:i]
     masks, live, dead, exhaustive, lowest = 0, False, False, True, True
     token_id: int | None = None  # the token to consume next (None: expand the state the path is at)
     while True:
@@ -166,30 +200,33 @@ def walk(start: llguidance.LLMatcher, mask_words: int, vocabulary: BranchVocabul
             error = path.matcher.get_error() if path.matcher.is_error() else ""
             if error and lowest and not is_dead_end(error):
                 return WalkResult(error)
-            branches = [] if error else branch_ids(mask, vocabulary, by_bytes)
+            first = None if error else lowest_allowed(mask, eos_ids)
             live = live or (not error and path.matcher.is_accepting())
             dead, exhaustive = dead or is_dead_end(error), exhaustive and (not error or is_dead_end(error))
-            if live and not (lowest and branches):
+            if live and not (lowest and first is not None):
                 return WalkResult()  # a complete answer (after the lowest ids' walk, when on it)
-            if branches:
-                stack.append(branches[1:][::-1])
-                token_id = branches[0]
+            if first is not None:
+                stack.append(_Level(mask, first))
+                token_id = first
                 continue
             if path.ids:
                 path.back()  # this state is a dead end (or complete): its parent tries its next token
         lowest = False
         if live:
             return WalkResult()
-        token_id = _next(stack, path)
+        token_id = _next(stack, path, vocabulary, by_bytes)
         if token_id is None:
             return _verdict(live, dead, exhaustive)
 
 
-def _next(stack: list[list[int]], path: _Path) -> int | None:
+def _next(stack: list[_Level], path: _Path, vocabulary: Callable[[], BranchVocabulary], by_bytes: bool) -> int | None:
     """The next token to try (the path backed up to its parent state), None when none is left."""
     while stack:
-        if stack[-1]:
-            return stack[-1].pop()
+        level = stack[-1]
+        if level.rest is None:
+            level.rest = [t for t in reversed(branch_ids(level.mask, vocabulary(), by_bytes)) if t != level.tried]
+        if level.rest:
+            return level.rest.pop()
         stack.pop()
         if path.ids:
             path.back()
@@ -200,4 +237,3 @@ def _verdict(live: bool, dead: bool, exhaustive: bool) -> WalkResult:
     if dead and exhaustive and not live:
         return WalkResult(DEAD_END, dead_end=True)
     return WalkResult()
-

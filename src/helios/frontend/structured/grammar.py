@@ -35,7 +35,8 @@ then the request's grammar as an opaque subgrammar, so delimiters spelled inside
 text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state
 (`GrammarMatcher.is_error`, `.error`), after which the mask allows only EOS; whoever drives a matcher
 reads that state (the compiler at preparation, the model worker's `TensorGrammar` while decoding,
-which raises it as a request failure). A request's reasoning section ahead of a structured answer
+which raises it as a request failure; except a dead end, `GrammarMatcher.is_dead_end`, which ends
+the request with finish_reason ``grammar_dead_end`` and its output so far). A request's reasoning section ahead of a structured answer
 is bounded (`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the
 rest of the output. JSON schemas compile to compact JSON by default (``whitespace_flexible`` off: no
 free whitespace between tokens), so a sampled model cannot spend its budget on whitespace; a
@@ -420,8 +421,9 @@ class GrammarCompiler:
             return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(matcher.error)}")
         # A grammar that counts tokens (max_tokens) is searched token by token, not byte by byte.
         by_bytes = not (request.kind is GrammarKind.LARK and "max_tokens" in request.source)
-        result = walk(matcher._matcher, self.mask_words, self._branch_vocabulary(), walk_masks=PROBE_TOKENS,
-                      budget=_CHECK_BUDGET.get(None) or SearchBudget(DEAD_END_MASKS), by_bytes=by_bytes)
+        result = walk(matcher._matcher, self.mask_words, self._eos_ids, self._branch_vocabulary,
+                      walk_masks=PROBE_TOKENS, budget=_CHECK_BUDGET.get(None) or SearchBudget(DEAD_END_MASKS),
+                      by_bytes=by_bytes)
         if not result.error:
             return ProbeVerdict()
         return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(result.error)}", result.dead_end)
