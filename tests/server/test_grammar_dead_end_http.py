@@ -96,3 +96,29 @@ def test_a_dead_end_leaves_the_requests_beside_it_untouched(app, served):
     assert [c["finish_reason"] for r in (responses[0], responses[2]) for c in r.json()["choices"]] == \
         ["grammar_dead_end"] * 3
     assert_serving(app, served)
+
+
+def test_a_dead_end_in_an_engine_process_ends_the_same_way(tmp_path):
+    """The engine in its own process compiles the grammar again from its source; the dead end and
+    its finish cross the process boundary as in-thread."""
+    from helios.core.reader import open_core
+    from helios.runtime.service import RuntimeOptions
+    from helios.server.engine_process import CoreSource, start_engine_process
+    from helios.server.service import ServedModel
+    from support.server_core import tiny_core
+
+    core = tiny_core(tmp_path)
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
+    runtime = start_engine_process(source, opened.prepared, RuntimeOptions(queue_capacity=4), torch_threads=1)
+    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=1)
+    served.start()
+    try:
+        app = create_app(served)
+        response = post(app, chat(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "grammar_dead_end" and re.fullmatch("[b-z]{12}", choice["message"]["content"])
+        assert_serving(app, served)
+    finally:
+        served.shutdown()
