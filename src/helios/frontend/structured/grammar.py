@@ -14,40 +14,43 @@ few tokens along the lowest allowed ids must stay out of llguidance's limits, an
 meets a dead end the check searches other tokens for an output that completes (`dead_ends`: it
 refuses a grammar only when every output it explored, all there are, dead-ends; within a bound of
 masks per check, past which it passes the grammar); and the request's own matcher must compute its
-first mask. For a JSON schema, the regexes llguidance compiles
-(`schema_patterns`) are checked the same way each on its own, so a pattern no walk reaches is checked
-too, but at most `PATTERN_PROBES` distinct ones per check (a request's answer grammar, or all of its
-tools' parameter schemas together); the rest, like a limit met deeper in the output, are left to the
-runtime backstop: the matcher enters its error state and the runtime ends that request as an error
+first mask. For a JSON schema, the regexes llguidance compiles (`schema_patterns`) are checked the
+same way each on its own, so a pattern no walk reaches is checked too, but at most `PATTERN_PROBES`
+distinct ones per check (a request's answer grammar, or all of its tools' parameter schemas
+together); the rest, like a limit met deeper in the output, are left to the runtime backstop: the
+matcher enters its error state and the runtime ends that request as an error
 (`helios.runtime.feedback.GrammarFailure`), never as a "stop". Schema shapes llguidance compiles in
 unbounded time, which no limit stops, are refused before it sees them (`shape_error`, bounds in
 `grammar_shapes`: patternProperties per object, patterns on one string, alternatives holding a $ref
-in one anyOf/oneOf, the multipleOf values' least common multiple). One verdict per check (the grammars and
-their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is one cache hit.
+in one anyOf/oneOf, the multipleOf values' least common multiple). One verdict per check (the
+grammars and their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is
+one cache hit.
 
-Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of word
-w allows token 32 * w + j, where V is the sampled vocabulary size.
+Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of
+word w allows token 32 * w + j, where V is the sampled vocabulary size.
 
 Envelope: the grammar constrains only the answer. When the model has tag reasoning, the top-level
 grammar first admits the reasoning section still ahead of the output (free text up to the close
 delimiter, generated as its token when the tokenizer has one), then an optional declared separator,
-then the request's grammar as an opaque subgrammar, so delimiters spelled inside the answer are answer
-text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error state
-(`GrammarMatcher.is_error`, `.error`), after which the mask allows only EOS; whoever drives a matcher
-reads that state (the compiler at preparation, the model worker's `TensorGrammar` while decoding,
-which raises it as a request failure; except a dead end, `GrammarMatcher.is_dead_end`, which ends
-the request with finish_reason ``grammar_dead_end`` and its output so far). A request's reasoning section ahead of a structured answer
-is bounded (`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the
-rest of the output. JSON schemas compile to compact JSON by default (``whitespace_flexible`` off: no
-free whitespace between tokens), so a sampled model cannot spend its budget on whitespace; a
-schema's own ``x-guidance`` options, or the server's `json_defaults`, may turn it back on.
+then the request's grammar as an opaque subgrammar, so delimiters spelled inside the answer are
+answer text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error
+state (`GrammarMatcher.is_error`, `.error`), after which the mask allows only EOS; whoever drives a
+matcher reads that state (the compiler at preparation, the model worker's `TensorGrammar` while
+decoding, which raises it as a request failure; except a dead end, `GrammarMatcher.is_dead_end`,
+which ends the request with finish_reason ``grammar_dead_end`` and its output so far). A request's
+reasoning section ahead of a structured answer is bounded (`ReasoningEnvelope.budget`, half the
+request's output limit): the answer always gets the rest of the output. JSON schemas compile to
+compact JSON by default (``whitespace_flexible`` off: no free whitespace between tokens), so a
+sampled model cannot spend its budget on whitespace; a schema's own ``x-guidance`` options, or the
+server's `json_defaults`, may turn it back on.
 
 Requests with tools or recipient frames get a grammar built from the contract's syntax data instead
 (`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
 top-level Lark grammar together with the answer grammar it references as ``@answer``.
 
-`GrammarCompiler` is immutable (but for its thread-safe verdict cache) and shared by preparation
-workers. A `GrammarMatcher` belongs to one request and is used by one thread at a time.
+`GrammarCompiler` is immutable (but for its thread-safe verdict cache and the branch table its first
+dead-end search builds) and shared by preparation workers. A `GrammarMatcher` belongs to one request
+and is used by one thread at a time.
 """
 
 from __future__ import annotations
@@ -401,9 +404,10 @@ class GrammarCompiler:
         return None
 
     def _probe(self, request: GrammarRequest) -> ProbeVerdict:
-        """The check's verdict on one grammar (its message "" when it passes). After the first mask and the probe token, `dead_ends.walk` walks the answer's first tokens
-        and searches past a dead end (masks from the check's `SearchBudget`: at most 1 + PROBE_TOKENS
-        masks plus those)."""
+        """The check's verdict on one grammar (its message "" when it passes). After the first mask
+        and the probe token, `dead_ends.walk` walks the answer's first tokens and searches past a
+        dead end: at most 1 + PROBE_TOKENS masks plus those it takes from the check's `SearchBudget`
+        (none for a pattern probed alone)."""
         shape = shape_error(request)
         if shape:
             return ProbeVerdict(f"invalid {request.kind.value} grammar: {shape}")
