@@ -10,21 +10,24 @@ first output it tries dead-ends.
 the lowest allowed ids, as the check always did (`walk_masks` masks: a limit llguidance meets there
 refuses the grammar). When a path dead-ends it backs up and tries the next allowed token (after a
 token refused at a mask, the matcher is rebuilt from the start and the path replayed: llguidance's
-error state is sticky). It refuses a grammar only when every path it explored dead-ended and the
-paths it explored are all there are; it passes it when the walk of the lowest ids met no dead end,
-when a path reaches a complete answer, or when the shared `SearchBudget` runs out first (the runtime
-ends an output that later dead-ends cleanly: `helios.runtime.feedback.GrammarDeadEnd`).
+error state is sticky; a state left without error is rolled back). It refuses a grammar only when
+every path it explored dead-ended and the paths it explored are all there are; it passes it when the
+walk of the lowest ids took its tokens without meeting a dead end (as the check always passed it),
+when a path reaches a complete answer, or when the shared `SearchBudget` runs out first. A dead end
+the check passes (a branch it did not explore, or one deeper than its walk) is ended cleanly at run
+time: finish_reason ``grammar_dead_end`` (`helios.runtime.feedback`). A limit llguidance meets off
+the lowest ids' walk refuses nothing and makes the search inconclusive.
 
 Which tokens a state branches to (`branch_ids`): every allowed id but EOS, except that on a vocabulary
 with a plain token for each byte UTF-8 text can hold, the allowed ids that start with one byte are
 covered by that byte's own token (llguidance works on bytes: whatever follows a longer token follows
 its first byte too, spelled byte by byte), unless the grammar counts tokens (``max_tokens``), where
-token boundaries matter.
-Special tokens always branch on their own. So the search is exhaustive over the grammar's outputs
-wherever it ends without running out of masks.
+token boundaries matter. Special tokens always branch on their own. So where the search ends without
+running out of masks, it has explored every output the grammar allows.
 
-Cost: one mask per state expanded; a check computes at most ``walk_masks`` per grammar it walks plus
-the masks its `SearchBudget` holds, whatever the grammars.
+Cost: one mask per state expanded; a check computes at most ``walk_masks`` masks per grammar it walks
+plus the masks its `SearchBudget` holds, whatever the grammars (`GrammarCompiler` states the bound
+of a whole check). A state's other tokens are listed only when the search first backs up to it.
 """
 
 from __future__ import annotations
