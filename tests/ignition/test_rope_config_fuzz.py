@@ -181,8 +181,10 @@ def _mutate(rng: random.Random, params: dict, rotary_pairs: int) -> str:
     return "unchanged"
 
 
-def _layout(rng: random.Random, params: dict) -> tuple[dict, str]:
-    """The config.json keys holding `params`: transformers 5's rope_parameters, or the legacy spelling."""
+def _layout(rng: random.Random, params: dict, family: str) -> tuple[dict, str]:
+    """The config.json keys holding `params`: transformers 5's rope_parameters, or the legacy spelling.
+    (Not for Bamba a top-level partial_rotary_factor: BambaConfig replaces it with 0.5, where Helios
+    reads it, and test_config_fuzz pins Helios' reading; see the module docstring.)"""
     layout = _choice(rng, ("current", "current", "legacy", "legacy", "none"))
     if layout == "none":
         return {}, "no rope keys"
@@ -190,7 +192,7 @@ def _layout(rng: random.Random, params: dict) -> tuple[dict, str]:
         return {"rope_parameters": params}, "rope_parameters"
     scaling, top = dict(params), {}
     for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
-        if key in scaling and rng.random() < 0.6:
+        if key in scaling and rng.random() < 0.6 and (family, key) != ("bamba", "partial_rotary_factor"):
             top[key] = scaling.pop(key)
     if scaling.get("rope_type") == "default" and rng.random() < 0.5:
         scaling.pop("rope_type")
@@ -212,7 +214,7 @@ def draw_case(seed: int) -> tuple[str, dict, str]:
     if family == VISION_LANGUAGE:
         params["mrope_section"] = [2, 3, 3]
     mutations = [_mutate(rng, params, pairs) for _ in range(_choice(rng, (0, 1, 1, 1, 2, 3)))]
-    keys, layout = _layout(rng, params)
+    keys, layout = _layout(rng, params, family)
     return family, keys, f"{family} {kind} in {layout}: {'; '.join(mutations) or 'well-formed'}"
 
 
@@ -442,6 +444,17 @@ PINNED = {
     # an attention factor whose square overflows float32: the reference's logits are NaN
     "qwen3-yarn-huge-attention-factor": ("qwen3", {"rope_parameters": {**_YARN, "attention_factor": 1e30}},
                                          "both refuse: attention_factor 1e+30 overflows"),
+    # a null original context (transformers refuses it): max_position_embeddings was taken
+    "qwen2-llama3-null-original-context": ("qwen2", {"rope_parameters": {
+        **_LLAMA3, "original_max_position_embeddings": None}}, "both refuse: rope_type 'llama3' needs original_max"),
+    "llama-yarn-top-level-null-original-context": ("llama", {
+        "rope_theta": 100.0, "original_max_position_embeddings": None,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+        "both refuse: rope_type 'yarn' needs original_max"),
+    # a rotary width past the head: refused by the architecture's check, naming no config.json key
+    "bamba-partial-rotary-past-the-head": ("bamba", {"rope_parameters": {
+        "rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 1.5}},
+        "both refuse: partial_rotary_factor 1.5 gives a rotary width of 12"),
     # Qwen2-VL's "type": "mrope" (transformers' Qwen2.5-VL reads the plain rope): refused as an unknown type
     "qwen2_5_vl-mrope-type": (VISION_LANGUAGE, {"rope_theta": 100.0, "rope_scaling": {
         "type": "mrope", "mrope_section": [2, 3, 3]}}, "match"),

@@ -154,6 +154,9 @@ def checked_rope(params: dict[str, Any]) -> dict[str, Any]:
     if attention_factor is not None and abs(attention_factor) > _LARGEST_ATTENTION_FACTOR:
         raise UnsupportedCheckpoint(f"attention_factor {attention_factor} overflows every attention logit "
                                     f"(it multiplies both queries and keys)")
+    if kind in _ORIGINAL_CONTEXT_TYPES and params.get("original_max_position_embeddings") is None:
+        raise UnsupportedCheckpoint(f"rope_type {kind!r} needs original_max_position_embeddings (or "
+                                    f"max_position_embeddings), got null")
     if kind == "yarn":
         if float(params["rope_theta"]) == 1.0:
             raise UnsupportedCheckpoint("rope_type 'yarn' needs a rope_theta other than 1 (its log divides)")
@@ -170,9 +173,9 @@ def with_original_context(params: dict[str, Any], config: Mapping[str, Any]) -> 
     ``original_max_position_embeddings`` (Phi-3's spelling) before the rope dict's own, else
     ``max_position_embeddings``."""
     if params.get("rope_type") in _ORIGINAL_CONTEXT_TYPES:
-        if config.get("original_max_position_embeddings") is not None:
+        if "original_max_position_embeddings" in config:  # even null: the reference reads it, and refuses null
             params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
-        elif params.get("original_max_position_embeddings") is None:
+        elif "original_max_position_embeddings" not in params:
             params["original_max_position_embeddings"] = config.get("max_position_embeddings")
     return params
 
@@ -189,9 +192,9 @@ def rotary_width(config: Mapping[str, Any], head_dim: int) -> int:
     """The rotated leading dimensions of a head: head_dim times the partial rotary factor."""
     factor = rope_parameters(config, partial=True)["partial_rotary_factor"]
     width = int(head_dim * factor)
-    if width <= 0 or width % 2:
+    if width <= 0 or width % 2 or width > head_dim:
         raise UnsupportedCheckpoint(f"partial_rotary_factor {factor} gives a rotary width of {width} of head_dim "
-                                    f"{head_dim}, not a positive even width")
+                                    f"{head_dim}, not a positive even width within the head")
     return width
 
 
