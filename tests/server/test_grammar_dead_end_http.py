@@ -122,3 +122,18 @@ def test_a_dead_end_in_an_engine_process_ends_the_same_way(tmp_path):
         assert_serving(app, served)
     finally:
         served.shutdown()
+
+
+def test_a_grammar_with_a_dead_branch_is_served_and_either_branch_ends_cleanly(app, served):
+    """``start: "a" /[^\\s\\S]/ | "b"`` was a 400 (the compile check tried "a" first and met the dead
+    end); it is served: an answer that takes "b" ends with ``stop``, one that takes "a" with
+    ``grammar_dead_end``."""
+    dead_branch = {"type": "grammar", "grammar": 'start: "a" /[^\\s\\S]/ | "b"'}
+    endings = set()
+    for seed in range(6):
+        response = post(app, chat(max_tokens=8, temperature=1.5, seed=seed, response_format=dead_branch))
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        endings.add((choice["message"]["content"], choice["finish_reason"]))
+    assert endings == {("b", "stop"), ("a", "grammar_dead_end")}, endings  # seeds that take each branch
+    assert_serving(app, served)
