@@ -1,7 +1,8 @@
 """Differential fuzz of the rope settings a config.json carries, against transformers.
 
 Each seed draws one family's tiny checkpoint (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
-GLM-4.5, DeepSeek-V3, gpt-oss, Bamba; the weights written once per family) and a rope configuration
+GLM-4.5, DeepSeek-V3, gpt-oss, Bamba, and Qwen2.5-VL's decoder with an ``mrope_section`` in its
+``text_config``; the weights written once per family) and a rope configuration
 of one of the types Helios or transformers knows (``default`` and every key of transformers'
 ``ROPE_INIT_FUNCTIONS``, plus names neither knows), in the layout transformers 5 writes
 (``rope_parameters``), the legacy one (``rope_theta`` / ``partial_rotary_factor`` /
@@ -20,8 +21,15 @@ must refuse by name too: a configuration never prepares into a model the referen
 no NaN or infinite frequency reaches a core. Every `GREEDY_EVERY`-th case Helios accepts is also run
 end to end (eager programs through the test driver) for transformers' float32 greedy tokens and logits.
 
+Two readings of transformers 5.25 are not taken at face value: its yarn, dynamic and longrope
+functions fail on a Mixtral config.json without ``head_dim`` (they read the null attribute), so the
+reference re-reads such a checkpoint with ``head_dim`` written out (`_reference`); and BambaConfig
+replaces a top-level ``partial_rotary_factor`` with 0.5 (only the rope dict's own counts), where
+Helios reads it (test_config_fuzz pins that reading), so no Bamba draw puts it at the top level.
+
 ``HELIOS_ROPE_FUZZ_SEEDS`` (default 60) sets the number of drawn cases; ``HELIOS_ROPE_FUZZ_GREEDY``
-(default 6) how often an accepted one also runs end to end.
+(default 6) how often an accepted one also runs end to end. `PINNED` keeps the configurations the
+fuzz found defects in.
 """
 
 from __future__ import annotations
