@@ -137,9 +137,10 @@ _LARGEST_ATTENTION_FACTOR = math.sqrt(torch.finfo(torch.float32).max)  # its squ
 def checked_rope(params: dict[str, Any]) -> dict[str, Any]:
     """`params` (type and original context resolved) if the reference computes finite rotary
     frequencies from them; otherwise an UnsupportedCheckpoint naming the config.json key: a key the
-    reference requires, a null it would compute with, a divisor of zero (llama3's frequency factors;
-    YaRN's log of theta, of the original context and of the correction betas, whose null or 0 means
-    their defaults 32 and 1). (A null YaRN factor is the reference's too: max / original context.)"""
+    reference requires, a null it would compute with (theta, a llama3/yarn original context), a
+    divisor of zero (llama3's frequency factors; YaRN's log of theta, of the original context and of
+    the correction betas, whose null or 0 means their defaults 32 and 1), an attention factor whose
+    square overflows float32. (A null YaRN factor is the reference's too: max / original context.)"""
     kind = params["rope_type"]
     for key in _REQUIRED.get(kind, ()):
         if key not in params:
