@@ -115,3 +115,24 @@ def test_a_real_matcher_reports_the_dead_end_its_mask_found():
     assert matcher.is_dead_end and grammar.is_dead_end
     allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:tokenizer.get_vocab_size()])
     assert allowed.tolist() == [EOS]  # what the lane would have had to sample
+
+
+def test_text_the_vocabulary_cannot_spell_is_a_dead_end_not_an_unknown_word_token():
+    """Where the grammar needs "\u00e9" and the vocabulary (no byte fallback) has no token for it,
+    llguidance's mask allows the unknown-word token instead of finding a dead end, and refuses that
+    token when it comes: the lane would write "<unk>" and then fail with a 500. The matcher reports
+    the mask as the dead end it is."""
+    from .test_grammar_dead_ends import small_vocabulary_compiler
+
+    compiler, _ = small_vocabulary_compiler()
+    matcher = compiler.compile(GrammarRequest(GrammarKind.LARK, 'start: /[bc]{4}/ "\u00e9" | "0"'))
+    b = next(i for i in range(compiler._vocab_size) if compiler.token_bytes(i) == b"b")
+    for _ in range(4):
+        matcher.bitmask()
+        assert not matcher.is_dead_end
+        assert matcher.consume_token(b)
+    mask = matcher.bitmask()
+    allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:compiler._vocab_size])
+    assert not matcher.is_error and len(allowed) == 1 and compiler.is_special_token(int(allowed[0]))
+    assert matcher.is_dead_end and TensorGrammar(matcher).is_dead_end
+    assert not matcher.fork().consume_token(int(allowed[0]))  # what the lane would have met

@@ -68,7 +68,7 @@ import numpy as np
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.preparation.prompt import ReasoningState
-from helios.frontend.structured.dead_ends import BranchVocabulary, SearchBudget, is_dead_end, walk
+from helios.frontend.structured.dead_ends import REFUSED_TOKEN, BranchVocabulary, SearchBudget, is_dead_end, walk
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -555,6 +555,7 @@ class GrammarMatcher:
         self._matcher = matcher
         self._mask_words = mask_words
         self.source = source
+        self._is_unspellable = False  # the last mask allowed only tokens llguidance then refuses
 
     @property
     def is_error(self) -> bool:
@@ -566,9 +567,15 @@ class GrammarMatcher:
 
     @property
     def is_dead_end(self) -> bool:
-        """In the error state because no token can follow the output, which is not complete (set
-        by the mask that found it; the runtime ends the request there: GRAMMAR_DEAD_END)."""
-        return self._matcher.is_error() and is_dead_end(self._matcher.get_error())
+        """No token can follow the output, which is not complete (found by the last mask; the
+        runtime ends the request there: GRAMMAR_DEAD_END): llguidance's error state for a dead end,
+        or a mask that allows only tokens llguidance then refuses. Where the grammar needs text the
+        vocabulary cannot spell (a character without a token, no byte fallback), llguidance's mask
+        lets the unknown-word token through instead of finding a dead end, and refuses it when it
+        comes; that token would be written as output before the request failed."""
+        if self._matcher.is_error():
+            return is_dead_end(self._matcher.get_error())
+        return self._is_unspellable
 
     @property
     def is_accepting(self) -> bool:
@@ -585,6 +592,21 @@ class GrammarMatcher:
         if out.dtype != np.int32 or out.shape != (self._mask_words,) or not out.flags["C_CONTIGUOUS"]:
             raise ValueError(f"mask row must be C-contiguous int32 [{self._mask_words}]")
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self._is_unspellable = self._refuses_all(out)
+
+    def _refuses_all(self, mask: np.ndarray) -> bool:
+        """Whether `mask` (just computed) allows only tokens this matcher would refuse as not
+        satisfying the grammar (not for a limit): checked on copies, where the mask allows one word's
+        tokens at most and not EOS (an unknown-word token)."""
+        words = np.flatnonzero(mask)
+        if words.size != 1 or self._matcher.is_error() or self._matcher.is_accepting():
+            return False
+        word = int(mask[words[0]]) & 0xFFFFFFFF
+        for token_id in (MASK_WORD_BITS * int(words[0]) + bit for bit in range(MASK_WORD_BITS) if word >> bit & 1):
+            probe = self._matcher.deep_copy()
+            if probe.consume_token(token_id) or REFUSED_TOKEN not in probe.get_error():
+                return False  # a token it takes, or one that meets a limit (an error when it comes)
+        return True
 
     def bitmask(self) -> np.ndarray:
         out = np.empty(self._mask_words, dtype=np.int32)
