@@ -143,7 +143,7 @@ def _mutate(rng: random.Random, params: dict, rotary_pairs: int) -> str:
         params[key] = _choice(rng, (*WRONG_TYPES, None))
         return f"{key} {params[key]!r}"
     if mutation == 2:
-        params["factor"] = _choice(rng, (-2.0, 0.0, 0.5, 1.0, 0.999, 1e30))
+        params["factor"] = _choice(rng, (-2.0, 0.0, 0.5, 1.0, 0.999, 1e30, None))
         return f"factor {params['factor']}"
     if mutation == 3:
         fast, slow = _choice(rng, ((1.0, 32.0), (2.0, 2.0), (-1.0, 1.0), (32.0, -1.0), (0.0, 0.0), (1e-3, 1.0)))
@@ -452,6 +452,17 @@ PINNED = {
     # an attention factor whose square overflows float32: the reference's logits are NaN
     "qwen3-yarn-huge-attention-factor": ("qwen3", {"rope_parameters": {**_YARN, "attention_factor": 1e30}},
                                          "both refuse: attention_factor 1e+30 overflows"),
+    # DeepSeek's softmax scale reads a null yarn factor (and transformers fails): max / original was taken
+    "deepseek-yarn-null-factor-mscale-all-dim": ("deepseek", {"rope_parameters": {
+        **_YARN, "factor": None, "mscale": 1.0, "mscale_all_dim": 1.0}},
+        "both refuse: rope_type 'yarn' with mscale_all_dim needs a factor"),
+    "deepseek-yarn-null-factor": ("deepseek", {"rope_parameters": {**_YARN, "factor": None}}, "match"),  # (control)
+    # a theta whose frequencies underflow to 0 in float32: the programs took those pairs for pass-through
+    # ones and left YaRN's attention factor off them (greedy tokens differed)
+    "glm4_moe-yarn-theta-underflow": ("glm4_moe", {"rope_parameters": {**_YARN, "rope_theta": 1e300}},
+                                      "helios refuses: rope_theta 1e+300 underflows rotary frequencies"),
+    "llama-yarn-theta-underflow": ("llama", {"rope_parameters": {**_YARN, "rope_theta": 1e60}},
+                                   "helios refuses: rope_theta 1e+60 underflows rotary frequencies"),
     # a null original context (transformers refuses it): max_position_embeddings was taken
     "qwen2-llama3-null-original-context": ("qwen2", {"rope_parameters": {
         **_LLAMA3, "original_max_position_embeddings": None}}, "both refuse: rope_type 'llama3' needs original_max"),

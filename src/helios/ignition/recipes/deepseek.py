@@ -33,6 +33,7 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.llama import (_checkpoint_dtype, checked_rope, rope_settings, rotary_fraction,
                                            with_original_context)
 from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
+from helios.ignition.recipes.yarn import nonzero_frequencies
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 ROPE_TYPES = ("default", "yarn")
@@ -93,6 +94,8 @@ def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
     rotary_fraction(params, config, partial=False)
     checked_rope(with_original_context(params, config))
     if params["rope_type"] == "yarn" and params.get("factor") is None:
+        if params.get("mscale_all_dim"):  # the reference's softmax scale reads the null factor, and fails
+            raise UnsupportedCheckpoint("rope_type 'yarn' with mscale_all_dim needs a factor, got null")
         params["factor"] = config["max_position_embeddings"] / params["original_max_position_embeddings"]
     return params
 
@@ -131,7 +134,7 @@ def rope_inv_freq(config: Mapping[str, Any], dim: int) -> tuple[torch.Tensor, fl
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     extrapolation_factor = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
-    return inv_freq, float(attention_factor)
+    return nonzero_frequencies(inv_freq, attention_factor, base), float(attention_factor)
 
 
 def _correction_range(params: Mapping[str, Any], dim: int, base: float) -> tuple[float, float]:

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import torch
 
+from helios.ignition.recipes.base import UnsupportedCheckpoint
+
 
 def yarn_inv_freq(params: Mapping[str, Any], head_dim: int,
                   max_position_embeddings: int | None = None) -> tuple[torch.Tensor, float]:
@@ -23,7 +25,17 @@ def yarn_inv_freq(params: Mapping[str, Any], head_dim: int,
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     extrapolation_factor = 1 - _linear_ramp(low, high, dim // 2)
     inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
-    return inv_freq, float(attention_factor)
+    return nonzero_frequencies(inv_freq, attention_factor, base), float(attention_factor)
+
+
+def nonzero_frequencies(inv_freq: torch.Tensor, attention_factor: float, theta: float) -> torch.Tensor:
+    """`inv_freq`, unless a frequency underflowed to 0 in float32 (a theta past ~1e38) while an
+    attention factor scales the rotated pairs: the programs take a zero frequency for a pass-through
+    pair of a partially rotated head and leave it unscaled, where the reference scales it."""
+    if attention_factor != 1.0 and not bool(inv_freq.all()):
+        raise UnsupportedCheckpoint(f"rope_theta {theta:g} underflows rotary frequencies to 0 in float32 under "
+                                    f"YaRN's attention factor {attention_factor:g}")
+    return inv_freq
 
 
 def yarn_attention_factor(params: Mapping[str, Any], max_position_embeddings: int | None = None) -> float:
