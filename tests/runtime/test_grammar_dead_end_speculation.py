@@ -1,0 +1,103 @@
+"""A grammar dead end in the plans that speculate and preempt (`helios.runtime.feedback`): the
+request ends GRAMMAR_DEAD_END with exactly the tokens its grammar took, and the requests beside it,
+speculating in the same plans (drafts and verify rows), keep their outputs alone.
+
+A constrained request is single-lane: in a SPECULATIVE plan its row samples one token under its
+mask while the other lanes draft and verify. The row whose mask found the dead end still runs (its
+token is the one the error mask forces) and must be dropped at completion, as must the rows of a
+plan launched before the end; nothing of it may reach the request's events or its neighbours'
+lanes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helios.ignition.recipes import load_checkpoint
+from helios.runtime.engine import EngineRequest
+from helios.runtime.feedback import TensorGrammar
+from helios.runtime.records.capacities import Operation
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
+from helios.runtime.scheduling.policy import SchedulerPolicy
+from ignition.hf_checkpoints import LLAMA3_UNTIED, random_model, write_checkpoint
+
+from .stress import capacity_plan, run_alone, stress_engine, stress_model, truncated
+
+EOS = 2
+
+
+class DeadEndAfter:
+    """Allows every token but EOS until `num_fine` were consumed; the next mask finds a dead end
+    (llguidance's sticky error state: the mask then allows only EOS)."""
+
+    def __init__(self, num_fine: int):
+        self.num_fine, self.consumed, self.error = num_fine, [], ""
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.error)
+
+    @property
+    def is_dead_end(self) -> bool:
+        return self.error.startswith("NoExtension")
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        if len(self.consumed) >= self.num_fine:
+            self.error = "NoExtension"
+        out[:] = 0 if self.error else -1
+        out[EOS // 32] = np.int32(1 << (EOS % 32)) if self.error else np.int32(~(1 << (EOS % 32)))
+
+    def consume_token(self, token_id: int) -> bool:
+        if self.error:
+            return False
+        self.consumed.append(token_id)
+        return True
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    return load_checkpoint(write_checkpoint(random_model(LLAMA3_UNTIED), tmp_path_factory.mktemp("llama3")))
+
+
+def events_of(engine, requests):
+    """Submits (spec, grammar) pairs and runs the engine idle; the events of each, by request id."""
+    events = {spec.request_id: [] for spec, _ in requests}
+    for spec, grammar in requests:
+        engine.submit(EngineRequest(spec, events[spec.request_id].append, grammar=grammar))
+    engine.run_until_idle()
+    return events
+
+
+def tokens_of(events) -> list[int]:
+    return [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
+
+
+@pytest.mark.parametrize("num_pages", [None, 18], ids=["pages-to-spare", "preempting"])
+def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_none(recipe, num_pages):
+    plan = capacity_plan(4)
+    engine = stress_engine(stress_model(recipe, truncated(recipe, 1), plan, num_pages=num_pages),
+                           SchedulerPolicy())
+    operations = []
+    launch = engine.executor.launch
+    engine.executor.launch = lambda plan, **kw: operations.append(
+        (plan.operation, {r.request_id for r in plan.rows})) or launch(plan, **kw)
+    plain = [RequestSpec(f"p{i}", tuple(range(5 + i, 25 + i)), 14, frozenset({EOS})) for i in range(3)]
+    matchers = {f"g{k}": DeadEndAfter(k) for k in (0, 1, 6)}
+    constrained = [(RequestSpec(name, tuple(range(40, 52)), 14, frozenset({EOS}), constrained=True),
+                    TensorGrammar(matcher)) for name, matcher in matchers.items()]
+    events = events_of(engine, [(spec, None) for spec in plain] + constrained)
+    for spec in plain:
+        finish = events[spec.request_id][-1]
+        assert tokens_of(events[spec.request_id]) == run_alone(recipe, spec).tokens[:finish.num_output_tokens]
+        assert finish.reason in (FinishReason.LENGTH, FinishReason.EOS)
+    for name, matcher in matchers.items():
+        finishes = [e for e in events[name] if isinstance(e, FinishEvent)]
+        assert [f.reason for f in finishes] == [FinishReason.GRAMMAR_DEAD_END], finishes
+        assert tokens_of(events[name]) == matcher.consumed and len(matcher.consumed) == matcher.num_fine
+        assert finishes[0].num_output_tokens == matcher.num_fine and events[name][-1] is finishes[0]
+    assert any(op == Operation.SPECULATIVE and ids & set(matchers) for op, ids in operations), operations
+    counters = engine.scheduler.counters()
+    assert (counters.preemptions > 0) == (num_pages is not None), counters
+    assert counters.num_running == counters.num_waiting == 0 and not engine.feedback.watching
+    assert engine.stats.requests_finished["grammar_dead_end"] == 3 and engine.stats.healthy
