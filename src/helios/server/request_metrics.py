@@ -13,8 +13,8 @@ the model worker.
 Counters (what the responses' usage says, so they equal the sum of usage over responses):
 
 - ``helios_requests_finished{reason}``: engine requests (one per choice) by their settled terminal
-  reason (``eos``, ``stop``, ``length``, ``cancelled``, ``error``; a scheduler rejection is
-  ``helios_requests_rejected``);
+  reason (``eos``, ``stop``, ``length``, ``cancelled``, ``error``, ``grammar_dead_end``; a scheduler
+  rejection is ``helios_requests_rejected``);
 - ``helios_prompt_tokens``: each prompt of a request once (as usage counts it), counted when its
   first choice ends (finished or cancelled; not when rejected or failed);
 - ``helios_generated_tokens``: output tokens as usage counts them, counted as they arrive (a request

@@ -27,7 +27,8 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   text streams count ``text_offset`` across chunks; a stream that sends no entry (EOS or a stop
   came first) has an empty ``logprobs`` object on its terminal chunk, as the JSON body has;
 - finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
-  ``stop``, output limit -> ``length``, cancellation -> ``cancelled``. Execution failure and
+  ``stop``, output limit -> ``length``, cancellation -> ``cancelled``, a grammar dead end (no token
+  can follow the output, which is incomplete) -> ``grammar_dead_end``. Execution failure and
   admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
   `error_body` for JSON (the status is the error class's), `sse_error` once the SSE headers are out: one ``event: error`` with an
   ``{"error": ...}`` body and no ``[DONE]``; the error ``type`` tells admission rejection
