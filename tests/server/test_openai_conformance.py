@@ -228,6 +228,34 @@ def test_a_response_message_dumped_by_the_client_is_accepted_as_history(runner, 
     assert error["param"] == "messages[1].refusal"
 
 
+# -- a grammar dead end ------------------------------------------------------------------------------
+
+
+def test_the_client_reads_a_grammar_dead_end_as_its_finish_reason(runner, client, http):
+    """``grammar_dead_end`` (the output grammar allowed no token after an incomplete output) is a
+    Helios finish reason beside OpenAI's, as ``cancelled`` is: the client's strict model refuses it
+    (its ``finish_reason`` is a closed Literal), the client's own parsing keeps it, streamed or not,
+    and every other field of the body and the chunks validates."""
+    fields = dict(model=SERVED_ID, messages=HELLO, max_tokens=40, temperature=0, n=2,
+                  response_format={"type": "grammar", "grammar": "start: /[b-z]{6}/ /[^\\s\\S]/"})
+    response = runner.run(client.chat.completions.create(**fields))
+    assert [(c.finish_reason, len(c.message.content)) for c in response.choices] == [("grammar_dead_end", 6)] * 2
+    assert response.usage.completion_tokens < 80
+    raw = runner.run(post(http, "/v1/chat/completions", fields)).json()
+    validated(ChatCompletion, {**raw, "choices": [{**c, "finish_reason": "stop"} for c in raw["choices"]]})
+
+    async def streamed() -> dict[int, str]:
+        reasons = {}
+        async for chunk in await client.chat.completions.create(**fields, stream=True):
+            reasons.update({c.index: c.finish_reason for c in chunk.choices if c.finish_reason})
+        return reasons
+
+    assert runner.run(streamed()) == {0: "grammar_dead_end", 1: "grammar_dead_end"}
+    for data in sse_data(runner.run(post(http, "/v1/chat/completions", {**fields, "stream": True})).text):
+        validated(ChatCompletionChunk, {**data, "choices": [{**c, "finish_reason": c["finish_reason"] and "stop"}
+                                                            for c in data["choices"]]})
+
+
 # -- stops ---------------------------------------------------------------------------------------------
 
 
