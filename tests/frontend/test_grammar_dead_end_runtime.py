@@ -19,52 +19,21 @@ import pytest
 from tokenizers import decoders
 
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarKind, GrammarRequest
-from helios.runtime.engine import EngineRequest
 from helios.runtime.feedback import TensorGrammar
-from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.records.request import RequestSpec
+from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.service import build_runtime
 from runtime.test_model_fixture import open_fixture
+from support.scripted_grammar import EOS, ScriptedMatcher, run_beside, tokens_of
 
 from .test_logprob_offsets_spm import sentencepiece_like
 
-PROMPT = (5, 9, 14, 3, 22, 7)
-EOS = 2
 DEAD_END = "NoExtensionBias\n<state>\nTokens: ..."
 
 
-class DeadEndMatcher:
+def dead_end_after(num_fine: int) -> ScriptedMatcher:
     """Allows every token until `num_fine` were consumed; the mask after them finds a dead end (the
     sticky error state, its mask allowing only EOS)."""
-
-    def __init__(self, num_fine: int):
-        self.num_fine = num_fine
-        self.consumed: list[int] = []
-        self.error = ""
-        self.num_masks = 0
-
-    @property
-    def is_error(self) -> bool:
-        return bool(self.error)
-
-    @property
-    def is_dead_end(self) -> bool:
-        return self.error.startswith("NoExtension")
-
-    def fill_bitmask(self, out: np.ndarray) -> None:
-        self.num_masks += 1
-        if len(self.consumed) >= self.num_fine:
-            self.error = DEAD_END
-        out[:] = -1
-        if self.error:
-            out[:] = 0
-            out[EOS // 32] = np.int32(1 << (EOS % 32))
-
-    def consume_token(self, token_id: int) -> bool:
-        if self.error:
-            return False
-        self.consumed.append(token_id)
-        return True
+    return ScriptedMatcher(num_fine, DEAD_END, on_fill=True)
 
 
 @pytest.fixture
@@ -72,23 +41,10 @@ def engine():
     return build_runtime(open_fixture()).engine
 
 
-def run(engine, matcher, max_tokens: int = 8):
-    grammar, beside = [], []
-    engine.submit(EngineRequest(RequestSpec("g", PROMPT, max_tokens, frozenset({EOS}), constrained=True),
-                                grammar.append, grammar=TensorGrammar(matcher)))
-    engine.submit(EngineRequest(RequestSpec("b", PROMPT, max_tokens), beside.append))
-    engine.run_until_idle()
-    return grammar, beside
-
-
-def tokens_of(events) -> list[int]:
-    return [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
-
-
 @pytest.mark.parametrize("num_fine", [0, 1, 3])
 def test_a_dead_end_ends_the_request_with_its_output_so_far(engine, num_fine):
-    matcher = DeadEndMatcher(num_fine)
-    grammar, beside = run(engine, matcher)
+    matcher = dead_end_after(num_fine)
+    grammar, beside = run_beside(engine, matcher)
     finish = [e for e in grammar if isinstance(e, FinishEvent)]
     assert len(finish) == 1 and finish[0].reason is FinishReason.GRAMMAR_DEAD_END
     assert tokens_of(grammar) == matcher.consumed and len(matcher.consumed) == num_fine  # no forced EOS
@@ -98,7 +54,7 @@ def test_a_dead_end_ends_the_request_with_its_output_so_far(engine, num_fine):
     stats = engine.stats
     assert stats.requests_finished["grammar_dead_end"] == 1 and "error" not in stats.requests_finished
     assert not engine.feedback.watching and stats.healthy
-    _, again = run(engine, DeadEndMatcher(100))  # the engine serves on, a live grammar too
+    _, again = run_beside(engine, dead_end_after(100))  # the engine serves on, a live grammar too
     assert again[-1].reason is FinishReason.LENGTH
 
 

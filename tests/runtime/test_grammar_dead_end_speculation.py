@@ -10,49 +10,25 @@ lanes."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from helios.ignition.recipes import load_checkpoint
 from helios.runtime.engine import EngineRequest
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.records.capacities import Operation
-from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.scheduling.policy import SchedulerPolicy
 from ignition.hf_checkpoints import LLAMA3_UNTIED, random_model, write_checkpoint
+from support.scripted_grammar import EOS, ScriptedMatcher, tokens_of
 
 from .stress import capacity_plan, run_alone, stress_engine, stress_model, truncated
 
-EOS = 2
 
-
-class DeadEndAfter:
+def dead_end_after(num_fine: int) -> ScriptedMatcher:
     """Allows every token but EOS until `num_fine` were consumed; the next mask finds a dead end
     (llguidance's sticky error state: the mask then allows only EOS)."""
-
-    def __init__(self, num_fine: int):
-        self.num_fine, self.consumed, self.error = num_fine, [], ""
-
-    @property
-    def is_error(self) -> bool:
-        return bool(self.error)
-
-    @property
-    def is_dead_end(self) -> bool:
-        return self.error.startswith("NoExtension")
-
-    def fill_bitmask(self, out: np.ndarray) -> None:
-        if len(self.consumed) >= self.num_fine:
-            self.error = "NoExtension"
-        out[:] = 0 if self.error else -1
-        out[EOS // 32] = np.int32(1 << (EOS % 32)) if self.error else np.int32(~(1 << (EOS % 32)))
-
-    def consume_token(self, token_id: int) -> bool:
-        if self.error:
-            return False
-        self.consumed.append(token_id)
-        return True
+    return ScriptedMatcher(num_fine, "NoExtension", on_fill=True, allows_eos=False)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +45,6 @@ def events_of(engine, requests):
     return events
 
 
-def tokens_of(events) -> list[int]:
-    return [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
-
-
 @pytest.mark.parametrize("num_pages", [None, 18], ids=["pages-to-spare", "preempting"])
 def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_none(recipe, num_pages):
     plan = capacity_plan(4)
@@ -83,7 +55,7 @@ def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_
     engine.executor.launch = lambda plan, **kw: operations.append(
         (plan.operation, {r.request_id for r in plan.rows})) or launch(plan, **kw)
     plain = [RequestSpec(f"p{i}", tuple(range(5 + i, 25 + i)), 14, frozenset({EOS})) for i in range(3)]
-    matchers = {f"g{k}": DeadEndAfter(k) for k in (0, 1, 6)}
+    matchers = {f"g{k}": dead_end_after(k) for k in (0, 1, 6)}
     constrained = [(RequestSpec(name, tuple(range(40, 52)), 14, frozenset({EOS}), constrained=True),
                     TensorGrammar(matcher)) for name, matcher in matchers.items()]
     events = events_of(engine, [(spec, None) for spec in plain] + constrained)
