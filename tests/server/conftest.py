@@ -12,3 +12,22 @@ def runner():
     """One event loop per test module, for the module's in-process HTTP clients."""
     with asyncio.Runner() as runner:
         yield runner
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The tiny core served in this process with two frontend workers, one per test module
+    (`support.server_core.served_tiny_core`), shut down after the module. Modules that serve
+    something else define their own `served` (and `app`), which take precedence."""
+    from support.server_core import served_tiny_core
+
+    with served_tiny_core(tmp_path_factory.getbasetemp(), frontend_workers=2) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    """The app (ASGI, in process) over the module's `served`."""
+    from helios.server.app import create_app
+
+    return create_app(served)

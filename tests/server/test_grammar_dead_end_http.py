@@ -10,7 +10,6 @@ request: HTTP 500 ``execution_error`` (``NoExtensionBias``), or ``event: error``
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -18,46 +17,19 @@ import httpx
 import pytest
 
 from helios.server.app import create_app
-from support.server_core import SERVED_ID, served_tiny_core
+from support.server_core import assert_serving, chat_body, post_chats
 
 DEEP_DEAD_END = {"type": "grammar", "grammar": "start: /[b-z]{12}/ /[^\\s\\S]/"}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_tiny_core(tmp_path_factory.getbasetemp(), frontend_workers=2) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def app(served):
-    return create_app(served)
-
-
-def chat(**fields) -> dict:
-    return {"model": SERVED_ID, "messages": [{"role": "user", "content": "Give an answer"}], **fields}
-
-
-async def post_all(app, *bodies: dict) -> list[httpx.Response]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
-        return await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for body in bodies))
-
-
 def post(app, body: dict) -> httpx.Response:
-    return asyncio.run(post_all(app, body))[0]
-
-
-def assert_serving(app, served) -> None:
-    ok = post(app, chat(max_tokens=2))
-    assert ok.status_code == 200, ok.text
-    assert served.admission.in_use == 0
+    return post_chats(app, body)[0]
 
 
 @pytest.mark.parametrize("temperature", [0, 1.0])
 def test_a_dead_end_mid_output_ends_the_choice_with_its_text_so_far(app, served, temperature):
-    response = post(app, chat(max_tokens=60, temperature=temperature, seed=3, logprobs=True,
-                              response_format=DEEP_DEAD_END))
+    response = post(app, chat_body(max_tokens=60, temperature=temperature, seed=3, logprobs=True,
+                                   response_format=DEEP_DEAD_END))
     assert response.status_code == 200, response.text
     body = response.json()
     choice = body["choices"][0]
@@ -71,8 +43,8 @@ def test_a_dead_end_mid_output_ends_the_choice_with_its_text_so_far(app, served,
 
 
 def test_a_streamed_dead_end_ends_with_its_finish_reason_and_done(app, served):
-    response = post(app, chat(max_tokens=60, temperature=0, stream=True, response_format=DEEP_DEAD_END,
-                              stream_options={"include_usage": True}))
+    response = post(app, chat_body(max_tokens=60, temperature=0, stream=True, response_format=DEEP_DEAD_END,
+                                   stream_options={"include_usage": True}))
     assert response.status_code == 200
     text = response.text
     assert "event: error" not in text and text.rstrip().endswith("data: [DONE]")
@@ -86,10 +58,10 @@ def test_a_streamed_dead_end_ends_with_its_finish_reason_and_done(app, served):
 
 
 def test_a_dead_end_leaves_the_requests_beside_it_untouched(app, served):
-    plain = chat(max_tokens=16, temperature=0)
+    plain = chat_body(max_tokens=16, temperature=0)
     alone = post(app, plain).json()["choices"][0]
-    responses = asyncio.run(post_all(app, chat(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END),
-                                     plain, chat(max_tokens=60, temperature=0, n=2, response_format=DEEP_DEAD_END)))
+    responses = post_chats(app, chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END),
+                           plain, chat_body(max_tokens=60, temperature=0, n=2, response_format=DEEP_DEAD_END))
     assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
     beside = responses[1].json()["choices"][0]
     assert (beside["message"]["content"], beside["finish_reason"]) == (alone["message"]["content"], alone["finish_reason"])
@@ -115,7 +87,7 @@ def test_a_dead_end_in_an_engine_process_ends_the_same_way(tmp_path):
     served.start()
     try:
         app = create_app(served)
-        response = post(app, chat(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
+        response = post(app, chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
         assert response.status_code == 200, response.text
         choice = response.json()["choices"][0]
         assert choice["finish_reason"] == "grammar_dead_end" and re.fullmatch("[b-z]{12}", choice["message"]["content"])
@@ -131,7 +103,7 @@ def test_a_grammar_with_a_dead_branch_is_served_and_either_branch_ends_cleanly(a
     dead_branch = {"type": "grammar", "grammar": 'start: "a" /[^\\s\\S]/ | "b"'}
     endings = set()
     for seed in range(6):
-        response = post(app, chat(max_tokens=8, temperature=1.5, seed=seed, response_format=dead_branch))
+        response = post(app, chat_body(max_tokens=8, temperature=1.5, seed=seed, response_format=dead_branch))
         assert response.status_code == 200, response.text
         choice = response.json()["choices"][0]
         endings.add((choice["message"]["content"], choice["finish_reason"]))

@@ -5,45 +5,17 @@ error (500 `execution_error`, or one `event: error` in a stream), never as a suc
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 
 import httpx
 import pytest
 
-from helios.server.app import create_app
-from support.server_core import SERVED_ID, served_tiny_core
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_tiny_core(tmp_path_factory.getbasetemp(), frontend_workers=2) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def app(served):
-    return create_app(served)
-
-
-def chat(**fields) -> dict:
-    return {"model": SERVED_ID, "messages": [{"role": "user", "content": "Give an answer"}], **fields}
+from support.server_core import assert_serving, chat_body, post_chats
 
 
 def post(app, body: dict) -> httpx.Response:
-    async def scenario():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
-            return await client.post("/v1/chat/completions", json=body)
-
-    return asyncio.run(scenario())
-
-
-def assert_serving(app, served) -> None:
-    ok = post(app, chat(max_tokens=2))
-    assert ok.status_code == 200, ok.text
-    assert served.admission.in_use == 0
+    return post_chats(app, body)[0]
 
 
 def many_terminals_lark(count: int = 1500) -> str:
@@ -63,7 +35,7 @@ PAST_THE_LIMITS = {
 
 @pytest.mark.parametrize("name", list(PAST_THE_LIMITS))
 def test_a_response_format_past_the_lexer_limits_is_a_400(app, served, name):
-    response = post(app, chat(max_tokens=24, temperature=0, response_format=PAST_THE_LIMITS[name]))
+    response = post(app, chat_body(max_tokens=24, temperature=0, response_format=PAST_THE_LIMITS[name]))
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and "exceeds llguidance's limits" in error["message"]
@@ -86,7 +58,7 @@ def test_a_tool_schema_that_cannot_constrain_its_arguments_is_a_400_naming_the_t
     parameters, reason = BAD_TOOL_PARAMETERS[name]
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": parameters}}]
     for choice in ("required", {"type": "function", "function": {"name": "lookup"}}):
-        response = post(app, chat(max_tokens=8, tools=tools, tool_choice=choice))
+        response = post(app, chat_body(max_tokens=8, tools=tools, tool_choice=choice))
         assert response.status_code == 400, response.text
         message = response.json()["error"]["message"]
         assert message.startswith("tool 'lookup' parameters: ") and reason in message
@@ -99,7 +71,7 @@ LATE_LIMIT = {"type": "grammar", "grammar": "start: /[b-z]{40}/ /a{100000}/"}
 
 
 def test_a_grammar_that_reaches_the_limits_mid_output_ends_as_an_error_not_a_stop(app, served):
-    response = post(app, chat(max_tokens=120, temperature=0, response_format=LATE_LIMIT))
+    response = post(app, chat_body(max_tokens=120, temperature=0, response_format=LATE_LIMIT))
     assert response.status_code == 500, response.text
     error = response.json()["error"]
     assert error["type"] == "execution_error"
@@ -109,7 +81,7 @@ def test_a_grammar_that_reaches_the_limits_mid_output_ends_as_an_error_not_a_sto
 
 
 def test_a_streamed_grammar_that_reaches_the_limits_mid_output_ends_with_one_error_event(app, served):
-    response = post(app, chat(max_tokens=120, temperature=0, stream=True, response_format=LATE_LIMIT))
+    response = post(app, chat_body(max_tokens=120, temperature=0, stream=True, response_format=LATE_LIMIT))
     assert response.status_code == 200
     text = response.text
     assert text.count("event: error") == 1 and "[DONE]" not in text and '"finish_reason":"stop"' not in text

@@ -7,7 +7,8 @@ test modules pass pytest's session base directory so that all of them share one 
 pytest-xdist, the run's directory above the workers' bases: one core for all the workers).
 
 `served_tiny_core(base, ...)` serves that core in this process (a started `ServedModel`, shut down
-on exit), as the ASGI-level server tests use it.
+on exit), as the ASGI-level server tests use it; `post_chats` sends chat bodies (`chat_body`) to its
+app concurrently, and `assert_serving` checks it still answers with no admission permit held.
 
 `ServerProcess` runs `helios serve` on a free loopback port in a subprocess, waits for /health and
 stops it with SIGTERM.
@@ -51,6 +52,30 @@ def served_tiny_core(base: Path, queue_capacity: int = 4, runtime_options=None, 
         yield served
     finally:
         served.shutdown()
+
+
+def chat_body(**fields) -> dict:
+    """A chat request body for the served tiny core: one user message and `fields`."""
+    return {"model": SERVED_ID, "messages": [{"role": "user", "content": "Give an answer"}], **fields}
+
+
+def post_chats(app, *bodies: dict) -> list[httpx.Response]:
+    """The responses of `app` (ASGI, in process) to chat `bodies`, posted concurrently."""
+    import asyncio
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for body in bodies))
+
+    return asyncio.run(scenario())
+
+
+def assert_serving(app, served) -> None:
+    """`app` answers a short chat request, and no admission permit of `served` stays held."""
+    (ok,) = post_chats(app, chat_body(max_tokens=2))
+    assert ok.status_code == 200, ok.text
+    assert served.admission.in_use == 0
 
 
 def openai_client(served):
