@@ -330,6 +330,44 @@ def test_the_search_computes_at_most_its_walk_and_its_budget(compiler, lark, err
     assert masks <= PROBE_TOKENS + 12 and masks == PROBE_TOKENS + 12 - budget.masks
 
 
+class RefusalCounter(CountingMatcher):
+    """`CountingMatcher` that counts the tokens it and its copies refuse instead of the masks."""
+
+    def deep_copy(self):
+        return RefusalCounter(self._matcher.deep_copy(), self._counter)
+
+    def unsafe_compute_mask_ptr(self, pointer, size):
+        return self._matcher.unsafe_compute_mask_ptr(pointer, size)
+
+    def consume_token(self, token_id: int) -> bool:
+        accepted = self._matcher.consume_token(token_id)
+        self._counter[0] += not accepted or self._matcher.is_error()
+        return accepted
+
+
+# The walk dead-ends at once ("a"); every other first token ([b-z] and the tokens that start with
+# one) then meets llguidance's lexer limit (a{100000}) when consumed, which takes no mask.
+LIMITED_PAST_THE_WALK = 'start: "a" /[^\\s\\S]/ | /[b-z]+/ /a{100000}/'
+
+
+@pytest.mark.parametrize("by_bytes", [True, False])
+def test_tokens_refused_past_the_walk_are_spent_from_the_budget(compiler, by_bytes):
+    """A token the matcher refuses (a limit, an unknown-word token) costs a rebuilt matcher, as a
+    mask does. They took nothing from the budget: a grammar like this one tried every allowed token
+    of every state the search reached, 20k of them at one state of DeepSeek's vocabulary when the
+    grammar counts tokens (a minute of preparation CPU for one check with the whole budget)."""
+    matcher = compiler.compile_source(compiler.document_text(
+        PROBE_LARK.format(token_id=compiler._probe_token_id), GrammarRequest(GrammarKind.LARK, LIMITED_PAST_THE_WALK)))
+    matcher.bitmask()
+    assert matcher.consume_token(compiler._probe_token_id)
+    refused, budget = [0], SearchBudget(12)
+    vocabulary = BranchVocabulary.of(compiler._tokenizer, compiler._tokenizer.vocab_size)
+    result = walk(RefusalCounter(matcher._matcher, refused), compiler.mask_words, compiler._eos_ids,
+                  lambda: vocabulary, walk_masks=PROBE_TOKENS, budget=budget, by_bytes=by_bytes)
+    assert 0 < refused[0] <= 12, refused
+    assert result == ("", False) and budget.masks == 0  # inconclusive: passed
+
+
 def test_one_check_shares_one_budget_between_its_grammars(compiler, monkeypatch):
     """A check of many grammars (a request's tools) gives all their searches one budget, spent once:
     the grammars past it pass unsearched; the next check has a budget of its own."""

@@ -27,7 +27,10 @@ running out of masks, it has explored every output the grammar allows.
 
 Cost: one mask per state expanded; a check computes at most ``walk_masks`` masks per grammar it walks
 plus the masks its `SearchBudget` holds, whatever the grammars (`GrammarCompiler` states the bound
-of a whole check). A state's other tokens are listed only when the search first backs up to it.
+of a whole check). A token the matcher refuses when it is consumed (a limit met off the lowest ids'
+walk, an unknown-word token) takes one from the budget too: it costs a rebuilt matcher, as a mask
+does, and no mask follows it (uncounted, a search tried every allowed token of each state it
+reached). A state's other tokens are listed only when the search first backs up to it.
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ def is_dead_end(error: str) -> bool:
 
 
 class SearchBudget:
-    """Masks one check may compute past the walks of the lowest ids, shared by all its grammars.
-    Used by one thread (the check's)."""
+    """Masks one check may compute past the walks of the lowest ids, shared by all its grammars
+    (a token refused when consumed counts as one). Used by one thread (the check's)."""
 
     def __init__(self, masks: int):
         self.masks = masks
@@ -193,6 +196,8 @@ def walk(start: llguidance.LLMatcher, mask_words: int, eos_ids: frozenset[int],
             refused = is_dead_end(error) or REFUSED_TOKEN in error
             if lowest and not refused:
                 return WalkResult(error)  # a limit on the walk the check always made
+            if not budget.take():  # a refused token costs a rebuilt matcher, as a state's mask does
+                return WalkResult()
             dead, exhaustive = dead or refused, exhaustive and refused
             path.rebuild()  # the state before the token
         else:

@@ -87,8 +87,8 @@ LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, max_lexer_states=50
 PROBE_LARK = "start: probe_text <[{token_id}]> @" + ANSWER_GRAMMAR + "\nprobe_text: /(?s:.*)/\n"
 PROBE_TOKENS = 3  # answer tokens the check's walk consumes first (the lowest allowed ids)
 # Masks one check may compute past those walks, for all its grammars together, searching past a dead
-# end for an output that completes (`dead_ends`): a check computes at most
-# (grammars + PATTERN_PROBES) * (1 + PROBE_TOKENS) + DEAD_END_MASKS masks.
+# end for an output that completes (`dead_ends`; a token refused when consumed counts as a mask): a
+# check computes at most (grammars + PATTERN_PROBES) * (1 + PROBE_TOKENS) + DEAD_END_MASKS masks.
 DEAD_END_MASKS = 48
 VERDICT_CACHE = 256  # checks (a grammar, or a request's tool schemas together) whose verdict the compiler keeps
 # Distinct schema patterns one check probes on their own (about 1.5 ms each with a 128k vocabulary):
