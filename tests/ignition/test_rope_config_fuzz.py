@@ -79,7 +79,8 @@ FAMILIES = {
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8).items())),
 }
-VISION_LANGUAGE = "qwen2_5_vl"  # drawn in its text_config, with an mrope_section
+# Vision-language decoders, drawn in their text_config with an mrope_section (Qwen3-VL's interleaved).
+VISION_LANGUAGE, VISION_LANGUAGE_3 = "qwen2_5_vl", "qwen3_vl"
 # The rotated width of each family's heads before a partial_rotary_factor (DeepSeek's rotary key).
 HEAD_DIMS = {"qwen2": 8, "mistral": 8, "mixtral": 8, "bamba": 8}
 # The config.json keys a rope configuration is spelled with (removed from the saved config, then drawn).
@@ -215,12 +216,12 @@ def _layout(rng: random.Random, params: dict, family: str) -> tuple[dict, str]:
 def draw_case(seed: int) -> tuple[str, dict, str]:
     """(family name, config.json rope keys, description) of seed `seed`."""
     rng = random.Random(f"rope-{seed}")
-    family = _choice(rng, (*sorted(FAMILIES), VISION_LANGUAGE))
+    family = _choice(rng, (*sorted(FAMILIES), VISION_LANGUAGE, VISION_LANGUAGE_3))
     kind = _choice(rng, (*ROPE_TYPES, "yarn", "llama3", "linear", _choice(rng, UNKNOWN_TYPES)))
     pairs = HEAD_DIMS.get(family, 16) // 2
     params = _valid(rng, kind, pairs)
-    if family == VISION_LANGUAGE:
-        params["mrope_section"] = [2, 3, 3]
+    if family in (VISION_LANGUAGE, VISION_LANGUAGE_3):
+        params.update(mrope_section=[2, 3, 3], **({"mrope_interleaved": True} if family == VISION_LANGUAGE_3 else {}))
     mutations = [_mutate(rng, params, pairs) for _ in range(_choice(rng, (0, 1, 1, 1, 2, 3)))]
     keys, layout = _layout(rng, params, family)
     return family, keys, f"{family} {kind} in {layout}: {'; '.join(mutations) or 'well-formed'}"
@@ -230,23 +231,29 @@ def draw_case(seed: int) -> tuple[str, dict, str]:
 # Running one case on both sides.
 
 
-def _vision_language_model():
-    """A tiny Qwen2.5-VL (its decoder's rope is what is drawn; the encoder is one small block)."""
-    config = transformers.Qwen2_5_VLConfig(
-        text_config=dict(_TINY, hidden_size=64, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, patch_size=14,
-                           temporal_patch_size=2, spatial_merge_size=2, window_size=56, out_hidden_size=64,
-                           fullatt_block_indexes=[0]),
-        image_token_id=90, vision_start_token_id=91, vision_end_token_id=92, tie_word_embeddings=False)
+def _vision_language_model(name: str):
+    """A tiny Qwen2.5-VL or Qwen3-VL (its decoder's rope is what is drawn; the encoder is one block)."""
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, temporal_patch_size=2,
+                  spatial_merge_size=2, out_hidden_size=64)
+    tokens = dict(image_token_id=90, vision_start_token_id=91, vision_end_token_id=92, tie_word_embeddings=False)
     torch.manual_seed(7)
-    return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    if name == VISION_LANGUAGE:
+        config = transformers.Qwen2_5_VLConfig(text_config=dict(_TINY, hidden_size=64, rope_parameters={
+            "rope_type": "default", "mrope_section": [2, 3, 3]}), vision_config=dict(
+            vision, patch_size=14, window_size=56, fullatt_block_indexes=[0]), **tokens)
+        return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    config = transformers.Qwen3VLConfig(text_config=dict(_TINY, hidden_size=64, head_dim=16, rope_parameters={
+        "rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}), vision_config=dict(
+        vision, patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0]), **tokens)
+    return transformers.Qwen3VLForConditionalGeneration(config).eval()
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """Each family's tiny checkpoint, written once (its rope keys are rewritten per case)."""
     root = tmp_path_factory.mktemp("rope-families")
-    written = {VISION_LANGUAGE: write_checkpoint(_vision_language_model(), root / VISION_LANGUAGE)}
+    written = {name: write_checkpoint(_vision_language_model(name), root / name)
+               for name in (VISION_LANGUAGE, VISION_LANGUAGE_3)}
     for name, family in FAMILIES.items():
         written[name] = write_checkpoint(random_model(family, seed=7), root / name)
     return written
@@ -485,9 +492,13 @@ PINNED = {
     # Qwen2-VL's "type": "mrope" (transformers' Qwen2.5-VL reads the plain rope): refused as an unknown type
     "qwen2_5_vl-mrope-type": (VISION_LANGUAGE, {"rope_theta": 100.0, "rope_scaling": {
         "type": "mrope", "mrope_section": [2, 3, 3]}}, "match"),
-    # no rope_theta: the decoder took 10000, transformers' Qwen2.5-VL text config 1000000
+    # no rope_theta: the decoder took 10000, transformers' text configs 1000000 (Qwen2.5-VL), 500000 (Qwen3-VL)
     "qwen2_5_vl-default-theta": (VISION_LANGUAGE, {"rope_parameters": {"rope_type": "default",
                                                                        "mrope_section": [2, 3, 3]}}, "match"),
+    "qwen3_vl-default-theta": (VISION_LANGUAGE_3, {"rope_parameters": {
+        "rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}, "match"),
+    "qwen3_vl-mrope-type": (VISION_LANGUAGE_3, {"rope_parameters": {  # transformers' Qwen3-VL refuses it too
+        "rope_type": "mrope", "rope_theta": 100.0, "mrope_section": [2, 3, 3]}}, "both refuse: rope_type 'mrope'"),
     # an mrope_section not a list of integers: a TypeError's words, naming nothing
     "qwen2_5_vl-mrope-section-string": (VISION_LANGUAGE, {"rope_parameters": {
         "rope_type": "default", "mrope_section": "2.0"}}, "mrope_section must be a list of non-negative integers"),
