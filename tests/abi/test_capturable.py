@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from helios.abi import completion, grammar, rng, sampling, speculative
+from helios.abi import completion, grammar, rng, sampling, speculative, token_logprobs
 from support.abi_inputs import (
     AttentionCase,
     allocate_inputs,
@@ -220,3 +220,24 @@ def test_device_path_draws_in_row_blocks_with_the_cpu_paths_tokens(device_path, 
         actual = body(**inputs)
     _assert_identical(actual, expected)
     assert drawn_rows == [5] * 7 + [2]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+@pytest.mark.parametrize("block", [299, 600, 1 << 22], ids=["row-longer-than-a-block", "two-rows", "one-block"])
+def test_row_blocks_at_the_edges_give_the_cpu_paths_values(device_path, monkeypatch, rows, block):
+    """No row, one row, rows not a multiple of the block, and a vocabulary longer than a block (one
+    row per block): the device path's draws and token logprobs are the CPU path's, bit for bit."""
+    inputs = {name: value[:rows] for name, value in sample_inputs(7, 300, seed=11).items()}
+    with monkeypatch.context() as cpu_path:
+        cpu_path.setattr(sampling, "selective", lambda device: True)
+        tokens = OPS.sample(**inputs)
+    logprob_args = [inputs["logits"], tokens, *(inputs[name] for name in (
+        "penalties", "prompt_counts", "output_counts", "grammar_mask", "mask_rows"))]
+    expected = [OPS.token_logprobs(*logprob_args, num_top) for num_top in (0, 3)]
+    monkeypatch.setattr(sampling, "ROW_BLOCK_ELEMENTS", block)
+    with forbid_host_sync():
+        drawn = _sample(**inputs)
+        blocked = [token_logprobs.logprobs_reference(*logprob_args, num_top) for num_top in (0, 3)]
+    _assert_identical(drawn, tokens)
+    for got, want in zip(blocked, expected):
+        assert all(a.shape == w.shape and a.dtype == w.dtype and torch.equal(a, w) for a, w in zip(got, want))
