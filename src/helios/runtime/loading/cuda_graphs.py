@@ -434,12 +434,9 @@ def variant_module(module, variant: SampleVariant):
 
 def _record(module, arguments: list, pool, warmups: int) -> tuple:
     """Warm-up calls on a side stream, then one call captured: (graph, its static outputs).
-
-    The blocks the warm-up freed go back to the device before the capture: it allocates in the
-    graphs' own pool, and while a capture is underway the allocator releases no cached block of
-    the general pool, so beside the cache pages it would run out of memory the warm-up left cached."""
+    (`torch.cuda.graph` empties the allocator's cache before it captures, so the blocks the warm-up
+    freed serve the capture's own pool.)"""
     _warm_up(module, arguments, warmups)
-    torch.cuda.empty_cache()
     return _record_graph(module, arguments, pool)
 
 
