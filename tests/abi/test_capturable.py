@@ -241,3 +241,22 @@ def test_row_blocks_at_the_edges_give_the_cpu_paths_values(device_path, monkeypa
     _assert_identical(drawn, tokens)
     for got, want in zip(blocked, expected):
         assert all(a.shape == w.shape and a.dtype == w.dtype and torch.equal(a, w) for a, w in zip(got, want))
+
+
+@pytest.mark.parametrize("op,blocked", [("sampling_weights", "_weights_rows"), ("draw_weighted", "_draw_rows"),
+                                        ("verify_proposals", "_draw_rows")])
+def test_speculative_ops_in_row_blocks_give_the_cpu_paths_values(device_path, monkeypatch, op, blocked):
+    """The speculative ops' float64 weights and draws run a few rows at a time too (their temporaries
+    stay block-sized in a verify program's capture) and give the CPU path's values bit for bit."""
+    body, make_inputs, _ = CASES[op]
+    inputs = make_inputs()
+    expected = getattr(OPS, op)(**inputs)
+    vocab = next(value for name, value in inputs.items() if name in ("logits", "weights", "target_weights")).shape[-1]
+    monkeypatch.setattr(sampling, "ROW_BLOCK_ELEMENTS", 4 * vocab)
+    rows_seen = []
+    inner = getattr(speculative, blocked)
+    monkeypatch.setattr(speculative, blocked, lambda first, *rest: rows_seen.append(len(first)) or inner(first, *rest))
+    with forbid_host_sync():
+        actual = body(**inputs)
+    _assert_identical(actual, expected)
+    assert len(rows_seen) > 1 and max(rows_seen) == 4

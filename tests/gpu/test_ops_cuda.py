@@ -123,7 +123,15 @@ def logprob_inputs(rows: int, vocab: int, seed: int) -> dict:
     return dict(logits=controls.pop("logits"), tokens=tokens, **controls, num_top=5)
 
 
-@pytest.mark.parametrize("op,make", [("sample", sample_inputs), ("token_logprobs", logprob_inputs)])
+def weights_inputs(rows: int, vocab: int, seed: int) -> dict:
+    """Keyword arguments of ``helios::sampling_weights`` (``sample``'s less seeds and counters)."""
+    inputs = sample_inputs(rows, vocab, seed)
+    del inputs["seeds"], inputs["counters"]
+    return inputs
+
+
+@pytest.mark.parametrize("op,make", [("sample", sample_inputs), ("token_logprobs", logprob_inputs),
+                                     ("sampling_weights", weights_inputs), ("draw_weighted", draw_inputs)])
 def test_row_blocks_change_no_value(op, make, monkeypatch):
     """80 rows of a 128k vocabulary run in row blocks of 32 (`helios.abi.sampling.row_blocks`):
     the values of all rows at once, bit for bit, eager and in a captured graph."""

@@ -104,7 +104,20 @@ def _finite_or_neg_inf(values: torch.Tensor, posinf: float) -> torch.Tensor:
 
 
 def sampling_weights_reference(logits, controls, penalties, counts, grammar_mask, mask_rows) -> torch.Tensor:
-    """`helios::sampling_weights` on validated inputs; controls = (temperature, top_k, top_p, min_p)."""
+    """`helios::sampling_weights` on validated inputs; controls = (temperature, top_k, top_p, min_p).
+    Computed in row blocks (`helios.abi.sampling.row_blocks`: a dozen float64 temporaries the size of
+    a block, whatever the rows), written into the one output."""
+    blocks = sampling.row_blocks(*logits.shape)
+    if len(blocks) <= 1:
+        return _weights_rows(logits, controls, penalties, counts, grammar_mask, mask_rows)
+    weights = logits.new_empty(logits.shape, dtype=torch.float64)
+    for rows in blocks:
+        weights[rows] = _weights_rows(logits[rows], tuple(control[rows] for control in controls), penalties[rows],
+                                      (counts[0][rows], counts[1][rows]), grammar_mask[rows], mask_rows[rows])
+    return weights
+
+
+def _weights_rows(logits, controls, penalties, counts, grammar_mask, mask_rows) -> torch.Tensor:
     temperature, top_k, top_p, min_p = controls
     values = _finite_or_neg_inf(logits.to(torch.float64), _F32_MAX)
     values = apply_penalties(values, penalties, counts[0], counts[1])
@@ -171,8 +184,16 @@ def uniforms(seeds: torch.Tensor, counters: torch.Tensor, offset: int, needed: t
 def draw_reference(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
     """`helios::draw_weighted` on validated inputs (the inverse CDF of `helios.abi.sampling`, step 8).
 
-    A row with a single positive weight (a greedy row) needs no random number.
+    A row with a single positive weight (a greedy row) needs no random number. Rows are drawn in
+    blocks (`helios.abi.sampling.row_blocks`), as the weights were computed.
     """
+    blocks = sampling.row_blocks(*weights.shape)
+    if len(blocks) <= 1:
+        return _draw_rows(weights, seeds, counters, offset)
+    return torch.cat([_draw_rows(weights[rows], seeds[rows], counters[rows], offset) for rows in blocks])
+
+
+def _draw_rows(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
     sorted_weights, sorted_ids = torch.sort(weights, dim=-1, descending=True, stable=True)
     cumulative = sorted_weights.cumsum(dim=-1)
     random = sorted_weights[:, 1] > 0 if weights.shape[1] > 1 else torch.zeros_like(seeds, dtype=torch.bool)
