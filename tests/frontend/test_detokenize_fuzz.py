@@ -11,8 +11,8 @@ Metaspace decoder) and one with added special and non-special tokens. References
 - detokenization: the deltas joined equal ``tokenizer.decode(ids, skip_special_tokens=...)``; only
   the flushed tail may end in U+FFFD (an open character);
 - string stops: the decode cut at the stop that completes first (of those, the longest; stop
-  excluded), finish reason ``stop``, the text streamed equal to it; token stops: the text of the
-  ids before the matched sequence (a character they leave open is not shown);
+  excluded), finish reason ``stop``, the text streamed equal to it; token stops: the decode of the
+  ids before the matched sequence (a character they leave open shows as U+FFFD, as at EOS);
 - log-probabilities: one entry per token whose text starts before the cut (a token continuing a
   character where that character starts), ``text_offset`` the length of the text the tokens before
   it decode to (an open character counted once).
@@ -164,12 +164,20 @@ def _is_prefix_stable(tokenizer: Tokenizer, ids: list[int], skip: bool) -> bool:
 
 def _shown(tokenizer: Tokenizer, ids: list[int]) -> str:
     """The text `ids` show before the end: the decode of the longest start of them that leaves no
-    character open (a token's text is shown whole, with the character it completes)."""
+    character open (a token's text is shown whole, with the character it completes) and, on a
+    byte-fallback tokenizer, does not end in a byte token (a later byte can change its run's text)."""
     for count in range(len(ids), -1, -1):
         text = tokenizer.decode(ids[:count], skip_special_tokens=False)
-        if not text.endswith(REPLACEMENT_CHAR):
+        if not text.endswith(REPLACEMENT_CHAR) and not (count and _is_fallback_byte(tokenizer, ids[count - 1])):
             return text
     return ""
+
+
+def _is_fallback_byte(tokenizer: Tokenizer, token_id: int) -> bool:
+    """Whether `token_id` is a ``<0xNN>`` token that `tokenizer` decodes as a byte (byte fallback)."""
+    low = tokenizer.token_to_id("<0x80>")
+    token = tokenizer.id_to_token(token_id) or ""
+    return low is not None and tokenizer.decode([low]) == REPLACEMENT_CHAR and len(token) == 6 and token.startswith("<0x")
 
 
 # --- detokenization ----------------------------------------------------------------------------
@@ -363,12 +371,11 @@ def test_token_stops_show_the_text_before_the_matched_ids(case, data):
     first = min(end - len(s) for s in stops if tuple(ids[:end][-len(s):]) == s)
     assert run.stopped_at == end
     assert run.final.reason == FinishReason.STOP
-    assert run.text == _shown(tokenizer, ids[:first])
+    assert run.text == tokenizer.decode(ids[:first], skip_special_tokens=False)
     assert run.final.usage.completion_tokens == end
     entries = list(run.final.logprobs)
-    assert [entry.token_id for entry in entries] == ids[:len(entries)]
-    _check_offsets(case, ids[:len(entries)], text_logprobs(entries)["text_offset"], run.text)
-    _check_listed(case, ids[:first], len(run.text), len(entries))
+    assert [entry.token_id for entry in entries] == ids[:first]  # every id before the stop shows its text
+    _check_offsets(case, ids[:first], text_logprobs(entries)["text_offset"], run.text)
 
 
 def test_a_stop_that_hides_a_split_character_hides_the_entry_of_its_first_byte(deepseek_tokenizer):

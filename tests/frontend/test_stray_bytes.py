@@ -39,10 +39,15 @@ DECODES_PER_ID = 40  # a bound on the ids decoded per id fed: constant, whatever
 
 
 class Reference:
-    """The straightforward detokenizer: the whole pending window decoded on every id."""
+    """The straightforward detokenizer: the whole pending window decoded on every id (a byte-fallback
+    tokenizer's run of byte tokens pending until a token that is not one ends it)."""
 
-    def __init__(self, tokenizer, skip_special_tokens: bool):
+    def __init__(self, tokenizer, skip_special_tokens: bool, holds_byte_runs: bool = True):
         self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        low = tokenizer.token_to_id("<0x80>")
+        is_fallback = holds_byte_runs and low is not None and tokenizer.decode([low]) == REPLACEMENT_CHAR
+        self.byte_ids = {tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256)} if is_fallback else set()
+        self.in_run = False  # the last id, skipped special tokens aside, is a byte token
         self.ids: list[int] = []
         self.prefix_offset = self.read_offset = 0
         self.open_text = ""
@@ -50,16 +55,21 @@ class Reference:
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.ids[start:end], skip_special_tokens=self.skip) if start < end else ""
 
+    def _is_skipped(self, token_id: int) -> bool:
+        return (self.skip and not self.tokenizer.decode([token_id], skip_special_tokens=True)
+                and bool(self.tokenizer.decode([token_id], skip_special_tokens=False)))
+
     def feed(self, token_id: int) -> str:
         self.ids.append(token_id)
+        if not self._is_skipped(token_id):
+            self.in_run = token_id in self.byte_ids
         prefix_text = self._decode(self.prefix_offset, self.read_offset)
         new_text = self._decode(self.prefix_offset, len(self.ids))
-        if new_text.endswith(REPLACEMENT_CHAR):
+        if new_text.endswith(REPLACEMENT_CHAR) or self.in_run:
             self.open_text = new_text[len(prefix_text):]
             return ""
         if len(new_text) <= len(prefix_text):
-            if (self.skip and not self.tokenizer.decode([token_id], skip_special_tokens=True)
-                    and self.tokenizer.decode([token_id], skip_special_tokens=False)):
+            if self._is_skipped(token_id):
                 self.ids.pop()
             return ""
         self.prefix_offset, self.read_offset, self.open_text = self.read_offset, len(self.ids), ""
@@ -73,7 +83,7 @@ class Reference:
 
 def _reference_ends(tokenizer, ids: list[int], skip: bool, decoded: str) -> list[int]:
     """`_token_ends` as it was: each id's open text compared whole with the decode."""
-    reference, ends, num_chars, last = Reference(tokenizer, skip), [], 0, 0
+    reference, ends, num_chars, last = Reference(tokenizer, skip, holds_byte_runs=False), [], 0, 0
     for token_id in ids:
         num_chars += len(reference.feed(token_id))
         pending = reference.open_text

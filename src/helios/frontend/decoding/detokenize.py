@@ -30,10 +30,23 @@ character's 4 bytes), and the live window's text still ends in U+FFFD without ea
 (so its open byte group is invalid wherever it ends, not a valid start with a character cut short: a
 byte-fallback decoder spells an invalid group as one U+FFFD per byte however long it grows). Each id
 is then decoded a bounded number of times.
+
+A byte-fallback tokenizer (SentencePiece ``<0xNN>`` tokens, `tokenizers`' ByteFallback decoder) reads
+a run of byte tokens as one group: valid UTF-8, its characters; otherwise one U+FFFD per byte, the
+characters before any invalid byte included (``é`` then a stray ``0x80`` reads as three U+FFFD). A
+later byte token can so change the text of every byte token before it in the run, so a run's text
+stays pending until a token that is not a byte token ends it (or `finish`; a special token that
+skipping removes does not end it); the whole decode is then the stream's text wherever the run is
+split. There the U+FFFD test above does not tell that a group is invalid for good (a run open in the
+middle of a character reads U+FFFD on every byte, and bytes spelling a literal U+FFFD read as one), so
+a split inside a run is taken only where the open run and the live window's bytes both hold a UTF-8
+error no later byte can mend (both then read U+FFFD per byte however the run grows). A run valid so
+far is not decoded on each id: its text is decoded when a token ends it (or `open_text` is read).
 """
 
 from __future__ import annotations
 
+import codecs
 from typing import Protocol, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -47,17 +60,24 @@ class Decoder(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
+    def token_to_id(self, token: str) -> int | None: ...
+
+    def id_to_token(self, token_id: int) -> str | None: ...
+
 
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas; see the module docstring for the invariants.
 
     `skip_special_tokens` follows `tokenizers`: tokens the tokenizer marks special decode to nothing
     when true and to their content when false. `context_ids`: ids before the output (their last
-    `CONTEXT_IDS` are decoded with it, their text not emitted). Mutates only its own state;
+    `CONTEXT_IDS` are decoded with it, their text not emitted). `holds_byte_runs`: false for a caller
+    that places text rather than streams it (echo offsets): a byte-fallback run then shows its text
+    as its characters complete, as if no later byte could change it. Mutates only its own state;
     `tokenizer` is read-only.
     """
 
-    def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True, context_ids: Sequence[int] = ()):
+    def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True, context_ids: Sequence[int] = (),
+                 holds_byte_runs: bool = True):
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         # the context, then the ids that produce text (ids that decode to nothing are dropped)
@@ -74,6 +94,12 @@ class IncrementalDetokenizer:
         self._live_start = self._prefix_offset
         self._live_text = ""
         self._next_settle = 0  # ids in the live window at the next settling try
+        self._is_byte_fallback = holds_byte_runs and _reads_byte_groups(tokenizer)
+        self._in_byte_run = False  # byte fallback: the last id that is not a skipped special is a byte token
+        self._run_check = codecs.getincrementaldecoder("utf-8")()  # the open run's bytes, strictly
+        self._is_run_valid = True  # no UTF-8 error in the open run's bytes so far
+        self._is_text_stale = False  # ids fed since the pending text was last decoded (a valid open run)
+        self._skipped_specials: dict[int, bool] = {}
 
     def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
         """The last `CONTEXT_IDS` of `context_ids`, or none where they hold no text but special
@@ -99,6 +125,7 @@ class IncrementalDetokenizer:
         """The text the pending ids decode to so far, ending in U+FFFD for the open character ("" when
         no id is pending); it holds any complete character before the open one. Built on each call
         (as long as the pending text): a caller reading it per id reads `settled_pieces` instead."""
+        self._refresh()
         if self._settled:
             return "".join(self._settled) + self._live_text
         return self._open_text
@@ -106,7 +133,17 @@ class IncrementalDetokenizer:
     @property
     def unsettled_open_text(self) -> str:
         """The part of `open_text` after its settled pieces (all of it when none is settled)."""
+        self._refresh()
         return self._live_text if self._settled else self._open_text
+
+    def _refresh(self) -> None:
+        """Decodes the pending text that feeding a valid open run left undecoded."""
+        if self._is_text_stale:
+            self._is_text_stale = False
+            if self._settled:
+                self._live_text = self._decode(self._live_start, len(self._ids))
+            else:
+                self._open_text = self._decode(self._prefix_offset, len(self._ids))[len(self._prefix()) :]
 
     @property
     def num_settled_pieces(self) -> int:
@@ -124,13 +161,21 @@ class IncrementalDetokenizer:
             raise ValueError("feed after finish")
         self._num_tokens += 1
         self._ids.append(token_id)
+        holds_run = self._holds_byte_run(token_id)
+        if holds_run and self._is_run_valid:  # its text waits for the token that ends it: not decoded now
+            self._is_text_stale = True
+            return ""
+        self._is_text_stale = False
         if self._settled:
-            return self._feed_settled()
+            return self._feed_settled(holds_run)
         prefix_text = self._prefix()
         new_text = self._decode(self._prefix_offset, len(self._ids))
         if new_text.endswith(REPLACEMENT_CHAR):
             self._open_text = new_text[len(prefix_text) :]
             self._try_settle(new_text, prefix_text)
+            return ""
+        if holds_run:  # a later byte can still change the run's text
+            self._open_text = new_text[len(prefix_text) :]
             return ""
         if len(new_text) <= len(prefix_text):
             if self._is_skipped_special(token_id):  # decodes to nothing anywhere: leave it out of later windows
@@ -141,12 +186,29 @@ class IncrementalDetokenizer:
         self._emitted()
         return new_text[len(prefix_text) :]
 
-    def _feed_settled(self) -> str:
+    def _holds_byte_run(self, token_id: int) -> bool:
+        """Byte fallback: whether `token_id` leaves a run of byte tokens open (its text pending)."""
+        if self._is_byte_fallback and not self._is_skipped_special(token_id):
+            byte = _byte_of(self._tokenizer, token_id)
+            if not self._in_byte_run:
+                self._run_check.reset()
+                self._is_run_valid = True
+            self._in_byte_run = byte is not None
+            if byte is not None and self._is_run_valid:
+                try:
+                    self._run_check.decode(bytes((byte,)))
+                except UnicodeDecodeError:
+                    self._is_run_valid = False
+        return self._in_byte_run
+
+    def _feed_settled(self, holds_run: bool) -> str:
         """`feed` once some pending text is settled: only the live window is decoded."""
         live_text = self._decode(self._live_start, len(self._ids))
         self._live_text = live_text
         if live_text.endswith(REPLACEMENT_CHAR) or not live_text:
             self._try_settle(live_text, "")
+            return ""
+        if holds_run:
             return ""
         delta = "".join(self._settled) + live_text
         self._emitted()
@@ -160,6 +222,7 @@ class IncrementalDetokenizer:
         self._open_text = ""
         self._settled = []
         self._live_start, self._live_text, self._next_settle = self._prefix_offset, "", 0
+        self._is_text_stale = False
 
     def _try_settle(self, window_text: str, prefix_text: str) -> None:
         """Settles the text of all but the last `SETTLE_IDS` ids of a long live window (whose text,
@@ -177,7 +240,10 @@ class IncrementalDetokenizer:
         before = window_text[: len(window_text) - len(live_text)]
         if len(before) < len(prefix_text) or not before.startswith(prefix_text):
             return
-        if not all(self._decode(start, len(self._ids) - cut).endswith(REPLACEMENT_CHAR) for cut in (1, 2, 3)):
+        if self._is_byte_fallback:
+            if not self._is_invalid_for_good(start):
+                return
+        elif not all(self._decode(start, len(self._ids) - cut).endswith(REPLACEMENT_CHAR) for cut in (1, 2, 3)):
             return
         piece = before[len(prefix_text) :]
         self._settled.append(piece)
@@ -205,10 +271,36 @@ class IncrementalDetokenizer:
         self._emitted()
         return tail
 
+    def _is_invalid_for_good(self, start: int) -> bool:
+        """Byte fallback: whether the live window (ids[start:]) reads as the end of the whole window
+        whatever ids follow: a token in it ends the run that crosses `start` (ids after it read alike
+        in both), or the open run and the live window's bytes both hold a UTF-8 error that no later
+        byte mends (a run holding one reads U+FFFD per byte, in the live window and the whole one)."""
+        if self._is_run_valid:
+            return False
+        raw = bytearray()
+        for token_id in self._ids[start:]:
+            byte = _byte_of(self._tokenizer, token_id)
+            if byte is None and not self._is_skipped_special(token_id):
+                return True
+            if byte is not None:
+                raw.append(byte)
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(bytes(raw))
+        except UnicodeDecodeError:
+            return True
+        return False
+
     def _is_skipped_special(self, token_id: int) -> bool:
         """Whether `token_id` is a special token that skipping removes from every decode."""
-        return (self._skip_special_tokens and not self._tokenizer.decode([token_id], skip_special_tokens=True)
-                and bool(self._tokenizer.decode([token_id], skip_special_tokens=False)))
+        if not self._skip_special_tokens:
+            return False
+        known = self._skipped_specials.get(token_id)
+        if known is None:
+            known = (not self._tokenizer.decode([token_id], skip_special_tokens=True)
+                     and bool(self._tokenizer.decode([token_id], skip_special_tokens=False)))
+            self._skipped_specials[token_id] = known
+        return known
 
     def _prefix(self) -> str:
         """The emitted window's text (ids[prefix_offset:read_offset]), decoded once per window."""
@@ -220,3 +312,44 @@ class IncrementalDetokenizer:
         if start == end:
             return ""
         return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special_tokens)
+
+
+def _byte_of(tokenizer: Decoder, token_id: int) -> int | None:
+    """The byte of a byte-fallback token (spelled ``<0xNN>``), None for any other id."""
+    token = tokenizer.id_to_token(token_id)
+    if token is None or len(token) != 6 or not token.startswith("<0x") or not token.endswith(">"):
+        return None
+    try:
+        return int(token[3:5], 16)
+    except ValueError:
+        return None
+
+
+def _reads_byte_groups(tokenizer: Decoder) -> bool:
+    """Whether `tokenizer` decodes ``<0xNN>`` tokens as bytes (a lone 0x80 reads U+FFFD)."""
+    if not hasattr(tokenizer, "token_to_id"):
+        return False
+    token_id = tokenizer.token_to_id("<0x80>")
+    return token_id is not None and tokenizer.decode([token_id], skip_special_tokens=True) == REPLACEMENT_CHAR
+
+
+# The second bytes a lead byte allows where UTF-8 narrows them (no overlong form, no surrogate, nothing
+# past U+10FFFF); any other lead byte takes 0x80-0xBF.
+_SECOND_BYTES = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def lossy_utf8(data: bytes) -> tuple[int, bytes]:
+    """The characters the lossy UTF-8 decoding of `data` completes and the bytes of a character it
+    leaves open, read as `tokenizers` reads them (Rust's ``from_utf8_lossy``): one U+FFFD per maximal
+    invalid part. Python's incremental decoder holds a lead byte whose next byte no character can
+    follow it with (``ED A1``: a surrogate) as open; it is a stray byte at once."""
+    num_chars, open_bytes = 0, data
+    while True:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        num_chars += len(decoder.decode(open_bytes))
+        open_bytes = decoder.getstate()[0]
+        low, high = _SECOND_BYTES.get(open_bytes[0], (0x80, 0xBF)) if open_bytes else (0, 0)
+        if len(open_bytes) < 2 or low <= open_bytes[1] <= high:
+            return num_chars, open_bytes
+        num_chars += 1  # the lead byte alone
+        open_bytes = open_bytes[1:]

@@ -29,14 +29,13 @@ carry the entries of the tokens they deliver.
 
 from __future__ import annotations
 
-import codecs
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple, Sequence
 
 from helios.errors import RequestError
-from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, Decoder, IncrementalDetokenizer
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, Decoder, IncrementalDetokenizer, lossy_utf8
 from helios.runtime.records.events import TokenLogprobs
 
 MAX_TOP_LOGPROBS = 20
@@ -276,9 +275,8 @@ class TextOffsets:
             if not self._open and "\ufffd" not in entry.text:
                 self._num_chars += len(entry.text)
             else:
-                decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-                self._num_chars += len(decoder.decode(self._open + entry.token_bytes))
-                self._open = decoder.getstate()[0]
+                num_chars, self._open = lossy_utf8(self._open + entry.token_bytes)
+                self._num_chars += num_chars
             if entry.shown is None and not self._open:
                 self._settled = self._num_chars
         return offsets
@@ -319,7 +317,7 @@ def _token_ends(tokenizer: Decoder, token_ids: list[int], skip_special_tokens: b
     open (its U+FFFD, one or one per byte as the decoder spells it, counted once, for the token
     holding its first byte); a stray byte already reading U+FFFD in `decoded` counts as its own
     character. The last token ends at the end of `decoded`, and ends never go back."""
-    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens, holds_byte_runs=False)
     ends, num_chars, last = [], 0, 0
     # The open text's settled pieces never change while its ids stay pending: each is compared once.
     num_pieces, settled_len, settled_agreed = 0, 0, None  # settled_agreed: where they first differ

@@ -208,7 +208,9 @@ class TokenStopMatcher:
     """Matches stop id sequences (single stop ids are sequences of one) on sampled ids.
 
     Pending entries pair each held id with its text; text of ids that can no longer begin a match
-    is released in order, text of matched ids is dropped.
+    is released in order, text of matched ids is dropped. `advance` is the same matching on ids
+    alone, for a caller that holds ids back before detokenizing them (the output path: a token's
+    delta can hold text of ids before it, which a stop must not hide).
     """
 
     def __init__(self, sequences: Sequence[Sequence[int]]):
@@ -222,21 +224,31 @@ class TokenStopMatcher:
     def num_held_tokens(self) -> int:
         return len(self._pending)
 
+    def advance(self, token_id: int) -> tuple[int, bool]:
+        """Adds one id; returns how many held ids (oldest first, this one included) are released
+        and whether a stop matched, in which case every id still held is dropped."""
+        num_released, matched = self._match(token_id, "")
+        self._release(num_released)
+        return num_released, matched
+
     def feed(self, token_id: int, text: str) -> StopResult:
+        num_released, matched = self._match(token_id, text)
+        return StopResult(self._release(num_released), matched)
+
+    def _match(self, token_id: int, text: str) -> tuple[int, bool]:
         if self._done:
             raise ValueError("feed after a stop or finish")
         self._pending.append((token_id, text))
         ids = tuple(pending_id for pending_id, _ in self._pending)
         for sequence in self._sequences:  # longest first: a tie at this token omits the most
             if ids[len(ids) - len(sequence) :] == sequence:
-                emit = self._release(len(ids) - len(sequence))
-                self._done, self._pending = True, []
-                return StopResult(emit, True)
+                self._done = True
+                return len(ids) - len(sequence), True
         keep = next(
             (start for start in range(len(ids)) if any(seq[: len(ids) - start] == ids[start:] for seq in self._sequences)),
             len(ids),
         )
-        return StopResult(self._release(keep), False)
+        return keep, False
 
     def finish(self, final_text: str = "") -> str:
         """EOS or output limit: releases held tokens' text, then `final_text` (the detokenizer's
@@ -249,4 +261,6 @@ class TokenStopMatcher:
 
     def _release(self, count: int) -> str:
         released, self._pending = self._pending[:count], self._pending[count:]
+        if self._done:
+            self._pending = []
         return "".join(text for _, text in released)

@@ -8,8 +8,11 @@ order, and returns an `OutputStep`:
 2. EOS ids end the output and are not decoded or parsed;
 3. the id is detokenized (special tokens kept, so envelope markup is in the text);
 4. string stops match that decoded text before presentation, reasoning and tool envelopes
-   included; token stops match the ids. A match sets `OutputStep.is_stopped`: the caller cancels
-   the rest of the generation, and any later token is ignored;
+   included; token stops match the ids, before they are detokenized: ids that could begin a stop
+   sequence are held, and a match detokenizes only the ids before it and flushes the detokenizer,
+   so the text shown is the whole decode of those ids (text the detokenizer held for them, an open
+   character as U+FFFD, is never dropped with the stop's ids). A match sets `OutputStep.is_stopped`:
+   the caller cancels the rest of the generation, and any later token is ignored;
 5. the text the stops release goes to the parser pipeline, one token's text per feed: text a stop
    matcher held back and released later still reaches the parsers token by token, so a delimiter
    token always ends its feed (the parsers' feeding contract). Only the visible part of a token
@@ -37,13 +40,12 @@ An `OutputProcessor` belongs to one request and is driven by one thread at a tim
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer, lossy_utf8
 from helios.frontend.decoding.events import Event, ParseResult
 from helios.frontend.decoding.logprobs import LogprobEntry, PromptScoring, TokenTexts
 from helios.frontend.decoding.observation import (
@@ -54,7 +56,7 @@ from helios.frontend.decoding.observation import (
     observation_record,
 )
 from helios.frontend.parsers import OutputPipeline
-from helios.frontend.decoding.stops import StopMatcher
+from helios.frontend.decoding.stops import StopMatcher, TokenStopMatcher
 from helios.runtime.records.events import FinishReason, PromptScoresEvent, TokenLogprobs
 
 NOT_A_TOKEN = -1  # id fed with text that no single generated token ends (flushed or cut text)
@@ -183,9 +185,8 @@ def _text_starts(group: Sequence[LogprobEntry]) -> list[int]:
         if not open_bytes and REPLACEMENT_CHAR not in entry.text:
             num_chars += len(entry.text)
         else:
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            num_chars += len(decoder.decode(open_bytes + entry.token_bytes))
-            open_bytes = decoder.getstate()[0]
+            num_complete, open_bytes = lossy_utf8(open_bytes + entry.token_bytes)
+            num_chars += num_complete
     return starts
 
 
@@ -209,6 +210,8 @@ class OutputProcessor:
         self._detokenizer = detokenizer
         self._pipeline = pipeline
         self._stops = stops
+        self._token_stops = stops if isinstance(stops, TokenStopMatcher) else None
+        self._held: deque[tuple[int, TokenLogprobs | None]] = deque()  # ids token stops hold, not yet decoded
         self._pending = PendingText()
         self._eos = frozenset(eos_token_ids)
         self._observation = observation
@@ -275,6 +278,8 @@ class OutputProcessor:
         if token_id in self._eos:
             self._is_ended = True
             return OutputStep(observation, (), False)
+        if self._token_stops is not None:
+            return self._feed_token_stops(observation, token_id, logprobs)
         text = self._detokenizer.feed(token_id)
         entry = self._logprob_entry(token_id, logprobs, text)
         if self._stops is None:
@@ -290,6 +295,30 @@ class OutputProcessor:
             self._is_ended = self._is_stopped = True
         self._logprobs.extend(entries)
         return OutputStep(observation, tuple(self._parse(segments)), result.matched, tuple(entries))
+
+    def _feed_token_stops(self, observation: TokenObservation | None, token_id: int,
+                          logprobs: TokenLogprobs | None) -> OutputStep:
+        """Token stops: ids are detokenized once the matcher releases them, and a match flushes the
+        text of the ids before it (a delta can hold text of earlier ids, which the stop must not hide)."""
+        self._held.append((token_id, logprobs))
+        num_released, matched = self._token_stops.advance(token_id)
+        segments, entries = self._detokenize_held(num_released)
+        if matched:
+            self._held.clear()
+            segments.append((NOT_A_TOKEN, self._detokenizer.finish()))
+            self._is_ended = self._is_stopped = True
+        self._logprobs.extend(entries)
+        return OutputStep(observation, tuple(self._parse(segments)), matched, tuple(entries))
+
+    def _detokenize_held(self, count: int) -> tuple[list[Segment], list[LogprobEntry]]:
+        """Detokenizes the first `count` held ids, each with its log-probability entry."""
+        segments, entries = [], []
+        for _ in range(count):
+            held_id, held_logprobs = self._held.popleft()
+            text = self._detokenizer.feed(held_id)
+            entries.extend(self._logprob_entry(held_id, held_logprobs, text))
+            segments.append((held_id, text))
+        return segments, entries
 
     def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None, text: str) -> tuple[LogprobEntry, ...]:
         """The token's entry, with the text its detokenization just gave (`LogprobEntry.shown`)."""
@@ -315,6 +344,10 @@ class OutputProcessor:
 
     def _flush(self) -> list[Segment]:
         """Held text at EOS or the output limit; a stop may still complete in the detokenizer's tail."""
+        if self._token_stops is not None:  # no stop matched: the held ids' text, then the tail
+            segments, entries = self._detokenize_held(len(self._held))
+            self._logprobs.extend(entries)
+            return segments + [(NOT_A_TOKEN, self._detokenizer.finish())]
         tail = self._detokenizer.finish()
         if self._stops is None:
             return [(NOT_A_TOKEN, tail)]
