@@ -117,13 +117,15 @@ class IncrementalDetokenizer:
 
     @property
     def num_pending_tokens(self) -> int:
-        """Ids fed whose text has not been emitted yet (an incomplete UTF-8 character)."""
+        """Ids fed whose text has not been emitted yet (an incomplete UTF-8 character, or a
+        byte-fallback run that a later byte can still change)."""
         return len(self._ids) - self._read_offset
 
     @property
     def open_text(self) -> str:
-        """The text the pending ids decode to so far, ending in U+FFFD for the open character ("" when
-        no id is pending); it holds any complete character before the open one. Built on each call
+        """The text the pending ids decode to so far, ending in U+FFFD for the open character (or a
+        byte-fallback run's text; "" when no id is pending); it holds any complete character before
+        the open one. Built on each call
         (as long as the pending text): a caller reading it per id reads `settled_pieces` instead."""
         self._refresh()
         if self._settled:
