@@ -271,8 +271,11 @@ def draw_bamba(seed: int) -> Variant:
                   mamba_conv_bias=rng.random() < 0.7, mamba_proj_bias=rng.random() < 0.3,
                   time_step_limit=_choice(rng, ((0.0, float("inf")), (0.01, 0.5))), **geometry)
     config["mamba_d_head"] = config["hidden_size"] * 2 // config["mamba_n_heads"]
-    return Variant(Family(f"bamba-{seed}", transformers.BambaConfig, tuple(config.items())),
-                   _legacy_rope(rng, rope), rng.random() < 0.3)
+    legacy = _legacy_rope(rng, rope)
+    if legacy:  # BambaConfig sets a top-level partial_rotary_factor to 0.5 whatever config.json says
+        config["rope_parameters"] = {**rope, "partial_rotary_factor": 0.5}
+    return Variant(Family(f"bamba-{seed}", transformers.BambaConfig, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
 
 
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba}
@@ -461,10 +464,12 @@ PINNED = {
         _GLM, n_routed_experts=8, n_group=4, topk_group=1, num_experts_per_tok=3, n_shared_experts=1)),
         "num_experts_per_tok 3 exceeds the 2 experts"),
     # Bamba's rotary settings in the legacy layout (top-level partial_rotary_factor) were not read
+    # BambaConfig sets a top-level partial_rotary_factor to 0.5 whatever config.json says (only the rope
+    # dict's own counts): a legacy config.json's 1.0 there was read, a different model from transformers'
     "bamba-legacy-partial-rotary": (_variant("bamba-legacy", transformers.BambaConfig, dict(
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 1.0}),
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}),
         {"rope_parameters": None, "rope_theta": 100.0, "partial_rotary_factor": 1.0}), "matches"),
 }
 

@@ -23,9 +23,9 @@ end to end (eager programs through the test driver) for transformers' float32 gr
 
 Two readings of transformers 5.25 are not taken at face value: its yarn, dynamic and longrope
 functions fail on a Mixtral config.json without ``head_dim`` (they read the null attribute), so the
-reference re-reads such a checkpoint with ``head_dim`` written out (`_reference`); and BambaConfig
-replaces a top-level ``partial_rotary_factor`` with 0.5 (only the rope dict's own counts), where
-Helios reads it (test_config_fuzz pins that reading), so no Bamba draw puts it at the top level.
+reference re-reads such a checkpoint with ``head_dim`` written out (`_reference`). (BambaConfig
+replaces a top-level ``partial_rotary_factor`` with 0.5, only the rope dict's own counting; Helios
+reads it the same way, and the legacy draws put it at the top level too.)
 
 ``HELIOS_ROPE_FUZZ_SEEDS`` (default 60) sets the number of drawn cases; ``HELIOS_ROPE_FUZZ_GREEDY``
 (default 6) how often an accepted one also runs end to end. `PINNED` keeps the configurations the
@@ -191,9 +191,7 @@ def _mutate(rng: random.Random, params: dict, rotary_pairs: int) -> str:
 
 
 def _layout(rng: random.Random, params: dict, family: str) -> tuple[dict, str]:
-    """The config.json keys holding `params`: transformers 5's rope_parameters, or the legacy spelling.
-    (Not for Bamba a top-level partial_rotary_factor: BambaConfig replaces it with 0.5, where Helios
-    reads it, and test_config_fuzz pins Helios' reading; see the module docstring.)"""
+    """The config.json keys holding `params`: transformers 5's rope_parameters, or the legacy spelling."""
     layout = _choice(rng, ("current", "current", "legacy", "legacy", "none"))
     if layout == "none":
         return {}, "no rope keys"
@@ -201,7 +199,7 @@ def _layout(rng: random.Random, params: dict, family: str) -> tuple[dict, str]:
         return {"rope_parameters": params}, "rope_parameters"
     scaling, top = dict(params), {}
     for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
-        if key in scaling and rng.random() < 0.6 and (family, key) != ("bamba", "partial_rotary_factor"):
+        if key in scaling and rng.random() < 0.6:
             top[key] = scaling.pop(key)
     if scaling.get("rope_type") == "default" and rng.random() < 0.5:
         scaling.pop("rope_type")

@@ -26,6 +26,9 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    # BambaConfig sets a top-level partial_rotary_factor to 0.5 whatever config.json says ("for BC"):
+    # only the rope dict's own factor counts, as here.
+    config = {**config, "partial_rotary_factor": 0.5}
     arch = architecture_from_config(config, tensors, dtype)
     weights, used = prepared_weights(arch, config, tensors)
     unplaced = sorted(tensors.names - used)
@@ -40,7 +43,7 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     hidden, num_layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
     num_heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or hidden // num_heads)
-    rope = llama.rope_parameters(config, partial=True)  # either layout; partial_rotary_factor beside it too
+    rope = llama.rope_parameters(config, partial=True)  # either layout (`build` sets the top-level factor)
     if rope["rope_type"] != "default":
         raise UnsupportedCheckpoint(f"rope_type {rope['rope_type']!r} is not supported (only 'default')")
     attention = set(config.get("attn_layer_indices") or ())
