@@ -260,3 +260,12 @@ def test_speculative_ops_in_row_blocks_give_the_cpu_paths_values(device_path, mo
         actual = body(**inputs)
     _assert_identical(actual, expected)
     assert len(rows_seen) > 1 and max(rows_seen) == 4
+
+
+def test_row_blocks_leave_a_served_batch_whole():
+    """Blocks are large (the row-wise scans slow down with fewer rows a launch): up to 440 rows of a
+    152k vocabulary are one block; more rows are cut into blocks no smaller."""
+    assert sampling.row_blocks(440, 151936) == [slice(0, 440)]
+    assert sampling.row_blocks(256, 128256) == [slice(0, 256)]
+    blocks = sampling.row_blocks(2048, 151936)
+    assert len(blocks) > 1 and min(block.stop - block.start for block in blocks[:-1]) >= 440

@@ -220,17 +220,19 @@ def with_draws(tokens: torch.Tensor, logits: torch.Tensor, drawing: torch.Tensor
     return torch.where(drawing, torch.cat(drawn), tokens) if drawn else tokens
 
 
-ROW_BLOCK_ELEMENTS = 1 << 22  # float64 values per row block of the device path's draws (32 MiB)
+ROW_BLOCK_ELEMENTS = 1 << 26  # float64 values per row block of the device path's draws (512 MiB)
 
 
 def row_blocks(num_rows: int, vocab_size: int) -> list[slice]:
     """Row slices of at most ``ROW_BLOCK_ELEMENTS // vocab_size`` rows (at least one each).
 
-    The device path's full-vocabulary float64 work (the draws here, `helios.abi.token_logprobs`)
-    runs block by block, so that its temporaries (a dozen [rows, V] float64 tensors) take ~0.4 GiB
-    whatever the batch: at 256 rows of a 128k vocabulary they took ~3 GiB, which a CUDA graph
-    capture beside the cache pages had to find twice (warm-up, then its own pool). Every row's
-    values are its own, so blocking changes no result."""
+    The device path's full-vocabulary float64 work (the draws here, `helios.abi.token_logprobs`,
+    the speculative weights and draws) runs block by block, so that its temporaries (a dozen
+    [rows, V] float64 tensors) stay bounded however many rows a program samples. Blocks are large:
+    the row-wise scans run slower the fewer rows a launch holds (256 rows of a 128k vocabulary in
+    a CUDA graph took 1.66x as long in blocks of 32 rows, 1.19x in blocks of 64 or 128, on an
+    H100; bench/results/h100_session53_call4/row_blocks.md), so up to ~440 rows of a 152k
+    vocabulary run as one block. Every row's values are its own: blocking changes no result."""
     step = max(1, ROW_BLOCK_ELEMENTS // max(vocab_size, 1))
     return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
