@@ -180,6 +180,12 @@ class CountingDecoder:
         self.decoded_ids += len(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.tokenizer.id_to_token(token_id)
+
 
 @pytest.fixture(scope="module")
 def embedded() -> Tokenizer:
@@ -239,3 +245,21 @@ def test_held_tokens_without_text_are_not_rescanned_on_each_release():
     assert not pending.release(0)[0] and pending.has_text
     assert [token_id for token_id, _ in pending.release(1)[0]] == [count + 1, count + 2] and not pending
     assert CountingSegments.read <= 4 * count
+
+
+@pytest.mark.parametrize("count", [2000, 4000])
+def test_an_invalid_byte_fallback_run_growing_by_valid_bytes_decodes_each_id_a_bounded_number_of_times(count):
+    """A byte-fallback run made invalid by its first byte, then bytes spelling a literal U+FFFD, then
+    `count` bytes spelling valid characters: the run's text shows once a token ends it, so it is not
+    decoded on each id (it was, whole: 8 million ids decoded for 4,000 bytes, as the U+FFFD bytes
+    kept the settling test from telling the run was invalid for good)."""
+    tokenizer = _sentencepiece(LLAMA2).tokenizer
+    byte = {value: tokenizer.token_to_id(f"<0x{value:02X}>") for value in range(256)}
+    run = b"\xa5" + "\ufffd".encode() * 3 + "é".encode() * (count // 2)
+    ids = [byte[value] for value in run] + [tokenizer.token_to_id("▁world,")]
+    counting = CountingDecoder(tokenizer)
+    detokenizer = IncrementalDetokenizer(counting)
+    deltas = [detokenizer.feed(token_id) for token_id in ids]
+    assert deltas[:-1] == [""] * (len(ids) - 1)
+    assert deltas[-1] + detokenizer.finish() == tokenizer.decode(ids) == REPLACEMENT_CHAR * len(run) + " world,"
+    assert counting.decoded_ids <= DECODES_PER_ID * len(ids)

@@ -40,8 +40,9 @@ skipping removes does not end it); the whole decode is then the stream's text wh
 split. There the U+FFFD test above does not tell that a group is invalid for good (a run open in the
 middle of a character reads U+FFFD on every byte, and bytes spelling a literal U+FFFD read as one), so
 a split inside a run is taken only where the open run and the live window's bytes both hold a UTF-8
-error no later byte can mend (both then read U+FFFD per byte however the run grows). A run valid so
-far is not decoded on each id: its text is decoded when a token ends it (or `open_text` is read).
+error no later byte can mend (both then read U+FFFD per byte however the run grows). A run is not
+decoded on each id, valid or not (its text shows only once a token ends it either way): it is decoded
+when a token ends it (or `open_text` is read), so an invalid run growing by valid bytes costs linear time.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class IncrementalDetokenizer:
         self._num_tokens += 1
         self._ids.append(token_id)
         holds_run = self._holds_byte_run(token_id)
-        if holds_run and self._is_run_valid:  # its text waits for the token that ends it: not decoded now
+        if holds_run:  # its text waits for the token that ends it, valid or not: not decoded now
             self._is_text_stale = True
             return ""
         self._is_text_stale = False
