@@ -426,6 +426,34 @@ def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_be
     assert "helios serve: stopped by SIGTERM while starting" in log.read_text()
 
 
+@pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, OSError), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_stop_signal_whose_unwinding_turns_into_another_error_still_stops_the_start(monkeypatch, capsys, signum,
+                                                                                     raised):
+    """Before: a SIGTERM while the embedded model was first prepared could end the process with exit
+    1 (once in CI): its unwinding turned into another error on the way out (a cleanup failing, native
+    code wrapping it), which `main` reported as a failure rather than the stop it is."""
+    from helios.cli import serve_cmd
+
+    signalled = []
+    monkeypatch.setattr(signal, "raise_signal", signalled.append)
+
+    def opening(args):
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+        finally:
+            raise OSError("the scratch directory could not be removed")
+
+    monkeypatch.setattr(serve_cmd, "_open", opening)
+    with pytest.raises(raised):
+        serve_cmd._start(None, None)
+    if signum == signal.SIGTERM:
+        assert signalled == [signal.SIGTERM]
+        assert "helios serve: stopped by SIGTERM while starting" in capsys.readouterr().err
+    else:
+        assert signalled == []
+
+
 def paused_reader(url: str, body: dict) -> socket.socket:
     """A connection that sends `body` as a streamed chat request, then reads nothing: a small
     receive buffer, so that the server's writes soon wait for it."""

@@ -173,9 +173,13 @@ def _stop_signals_unwind():
     of an in-process load (native code running Python below it) left CPython's "unhandled
     KeyboardInterrupt" mark set even once `main` caught it, and the interpreter then ended itself by
     SIGINT at exit (status -2, not 130; seen with strace as its own kill). The start raises
-    KeyboardInterrupt itself once unwound."""
+    KeyboardInterrupt itself once unwound. Yields the signals received: the unwinding can turn into
+    another error on its way out (a cleanup that fails, native code that wraps it), which is the
+    stop all the same."""
+    received: list[int] = []
 
     def stop(signum, frame):
+        received.append(signum)
         raise _StopSignal(signum)
 
     caught = [signum for signum in (signal.SIGTERM, signal.SIGHUP)
@@ -184,7 +188,7 @@ def _stop_signals_unwind():
         caught.append(signal.SIGINT)
     previous = {signum: signal.signal(signum, stop) for signum in caught}
     try:
-        yield
+        yield received
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -247,8 +251,9 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions):
     """The loaded runtime (in an engine process by default) and the core's publisher namespace. A
     SIGTERM or SIGHUP meanwhile stops the start (see `_stop_signals_unwind`) and then the process,
     by that signal; a SIGINT stops it with `KeyboardInterrupt` (exit 130, in either mode)."""
+    received: list[int] = []
     try:
-        with _stop_signals_unwind():
+        with _stop_signals_unwind() as received:
             core, source = _open(args)
             if args.engine_process:
                 runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
@@ -256,10 +261,12 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions):
             else:
                 runtime = build_runtime(core, runtime_options)
             return runtime, core.publisher.namespace
-    except _StopSignal as stop:
-        if stop.signum == signal.SIGINT:
+    except BaseException as error:
+        signum = error.signum if isinstance(error, _StopSignal) else received[0] if received else None
+        if signum is None:
+            raise
+        if signum == signal.SIGINT:
             raise KeyboardInterrupt from None  # here, no native code below: `main` exits 130 with one line
-        name = signal.Signals(stop.signum).name
-        print(f"helios serve: stopped by {name} while starting", file=sys.stderr, flush=True)
-        signal.raise_signal(stop.signum)  # its own handler again: the exit a running server's signal gives
+        print(f"helios serve: stopped by {signal.Signals(signum).name} while starting", file=sys.stderr, flush=True)
+        signal.raise_signal(signum)  # its own handler again: the exit a running server's signal gives
         raise
