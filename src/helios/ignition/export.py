@@ -173,13 +173,15 @@ def prepare_core(
 ) -> WrittenCore:
     """Writes the signed core for `checkpoint` to `output`; returns what was written."""
     checkpoint = Path(checkpoint)
-    recipe = load_checkpoint(checkpoint, options.dtype)
+    recipe = load_checkpoint(checkpoint, options.dtype, options.capacities.context_tokens)
     engram = read_engram(checkpoint, recipe.architecture.hidden_size, recipe.architecture.dtype)
     if engram is not None:  # its projection is a weight of every program (every rank holds it whole)
         recipe = dataclasses.replace(recipe, extra_weights=(*recipe.extra_weights, NamedWeight(PROJ_WEIGHT, engram.proj)))
     ranks = options.tensor_parallel
     arch = rank_architecture(recipe.architecture, ranks)
     progress(f"recipe: {recipe.source_architecture}, {arch.num_layers} layers, vocab {arch.vocab_size}, {arch.dtype}")
+    for notice in recipe.notices:
+        progress(f"notice: {notice}")
     # Each rank's file digest (for the cache identity) is hashed in the background while the
     # programs are captured; the weights are compressed straight from the tensors at `write`.
     weight_files = rank_weight_files(recipe, ranks)

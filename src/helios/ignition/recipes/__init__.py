@@ -4,6 +4,10 @@
 block-fp8 quantized weights are dequantized, `helios.ignition.recipes.fp8_blocks`),
 picks the recipe registered for its declared architecture class and returns a `Recipe`. An
 architecture no recipe supports raises `UnsupportedCheckpoint` naming the supported ones.
+
+Supported: Llama, Mistral, Qwen2, Qwen3 (`llama`), Qwen3-MoE, Mixtral, GLM-4.5 (`moe`), DeepSeek-V3
+(`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`) and the
+Qwen vision-language decoders (`qwen_vl`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from helios.ignition.architecture import CheckpointError
-from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, qwen_vl
+from helios.ignition.recipes import bamba, deepseek, gpt_oss, llama, moe, phi3, qwen_vl
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -31,11 +35,16 @@ _REGISTRY: dict[str, RecipeBuilder] = {
     name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss) for name in family.ARCHITECTURES
 }
 _REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})
+_REGISTRY.update({name: phi3.build for name in phi3.ARCHITECTURES})
+# The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
+_CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 
-def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
-    """Prepare the checkpoint at `path`; `dtype` ("float32", "bfloat16", "float16") overrides its own."""
+def load_checkpoint(path: str | Path, dtype: str | None = None, context_tokens: int | None = None) -> Recipe:
+    """Prepare the checkpoint at `path`; `dtype` ("float32", "bfloat16", "float16") overrides its own;
+    `context_tokens` is the served context (prompt + output per request) where a recipe's weights
+    depend on it (None: the recipe's choice for an unknown context, see `phi3`)."""
     directory = Path(path)
     config = read_config(directory)
     declared = config.get("architectures") or []
@@ -50,7 +59,8 @@ def load_checkpoint(path: str | Path, dtype: str | None = None) -> Recipe:
     _check_layer_count(config, len(tensors.names))
     config = with_reference_defaults(source, config)  # what the reference reads for missing keys
     try:  # Block-fp8 weights (quantization_config) are dequantized as the recipe reads them.
-        return builder(source, config, tensors_for_config(config, tensors), dtype)
+        served = {"context_tokens": context_tokens} if source in _CONTEXT_DEPENDENT else {}
+        return builder(source, config, tensors_for_config(config, tensors), dtype, **served)
     except KeyError as error:  # a config key every checkpoint of the family has (the types were checked)
         raise CheckpointError(f"{directory / 'config.json'} has no {error.args[0]!r}, which the {source} "
                               f"recipe reads") from None

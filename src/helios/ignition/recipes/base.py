@@ -26,6 +26,8 @@ class Recipe:
     `extra_weights` follow the decoder's weights in the program weight list: tables and encoders a
     multimodal recipe's programs read (for one rank; tensor parallelism does not cut them).
     `vision` is the recipe's vision-language description (`qwen_vl.VisionLanguageRecipe`), or None.
+    `notices` are lines for whoever prepares the core: a choice the recipe made that the prepared
+    model shows (Phi-3's LongRoPE factor list beyond the original context), not an error.
     """
 
     source_architecture: str
@@ -33,6 +35,7 @@ class Recipe:
     weights: tuple[NamedWeight, ...]
     extra_weights: tuple[NamedWeight, ...] = ()
     vision: Any = None
+    notices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_weights(self.architecture, self.weights)
