@@ -12,8 +12,9 @@ Reuse rules derived from the storage layout:
   its score); it publishes its pages like any other request;
 - requests with the same prompt (the choices of one request) share it through `PromptGroups`:
   one prefills, the others wait for it and then compute only the prompt's last token, on its
-  pages (see `prompt_sharing`); not on a layout with a window region, where they reuse the
-  prompt through the prefix caches.
+  pages (see `prompt_sharing`), or on the prompt held for them when it ended first
+  (`hold_prompt`); not on a layout with a window region, where they reuse the prompt through the
+  prefix caches.
 
 A layout with a window region of its own page ids (`StorageLayout.window_region`) keeps a second
 table per request through `WindowPages` (its module docstring: release, prefix reuse, snapshots);
@@ -32,13 +33,13 @@ published; later requests reuse its prefix only through the pages still cached.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from helios.runtime.records.capacities import StorageLayout
 from helios.runtime.cache.page_pool import PagePool
 from helios.runtime.records.plan import CopyOp, Location, StorageKind
 from helios.runtime.cache.prefix_cache import extend_chain
-from helios.runtime.cache.prompt_sharing import PromptGroups, prompt_key
+from helios.runtime.cache.prompt_sharing import HeldPrompt, PromptGroups, holds_prompt, prompt_key
 from helios.runtime.records.request import RELEASED_PAGE, RequestState
 from helios.runtime.cache.snapshots import FenceKind, Residence, Snapshot, SnapshotStore
 from helios.runtime.cache.window_pages import WindowPages
@@ -80,7 +81,7 @@ class CacheManager:
         when one holds it (`prompt_sharing`), else from the prefix cache or a snapshot. Returns
         (row length, the copies its plan must run first) or None."""
         reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
-        key = self._prompt_key(req)
+        key = self.group_key(req)
         source = self.groups.source(key) if self._may_share(req, reuse) else None
         if source is not None or self.window is not None or self.snapshots.has_published:
             # Their lookups read the whole chain; a plain admission digests only as far as its
@@ -100,11 +101,11 @@ class CacheManager:
         reuse = self.prefix_caching and not req.spec.score_prompt
         if not self._may_share(req, reuse):
             return False
-        key = self._prompt_key(req)
+        key = self.group_key(req)
         return self.groups.source(key) is None and self.groups.is_computing(key)
 
     @staticmethod
-    def _prompt_key(req: RequestState) -> bytes:
+    def group_key(req: RequestState) -> bytes:
         """The request's prompt group digest, computed once (its root and prompt never change)."""
         if not req.prompt_key:
             req.prompt_key = prompt_key(req, keyed_tokens(req))
@@ -116,11 +117,11 @@ class CacheManager:
         return (reuse and self.page_reuse and self.window is None and req.num_output_tokens == 0
                 and req.num_prompt_tokens > 1)
 
-    def _admit_onto(self, req: RequestState, source: RequestState, key: bytes) -> tuple[int, CopyWork] | None:
-        """Admit `req` onto `source`'s prompt: all but the last prompt token reused (complete pages
-        from the prefix cache, the leading tokens of the last token's page copied from `source`'s
-        into a private page); one token to compute. None (nothing changed) when a complete page is
-        no longer cached or no page is free."""
+    def _admit_onto(self, req: RequestState, source: int, key: bytes) -> tuple[int, CopyWork] | None:
+        """Admit `req` onto a holder's prompt: all but the last prompt token reused (complete pages
+        from the prefix cache, the leading tokens of the last token's page copied from the holder's,
+        page `source`, into a private page); one token to compute. None (nothing changed) when a
+        complete page is no longer cached or no page is free."""
         num_shared, partial = divmod(req.num_prompt_tokens - 1, self.layout.page_tokens)
         shared = self.pool.cache.lookup(req.chain[:num_shared])
         if len(shared) < num_shared:
@@ -145,8 +146,7 @@ class CacheManager:
         self.groups.num_shared_admissions += 1
         if not partial:
             return 1, CopyWork()
-        copy = CopyOp(Location(StorageKind.PAGE, source.page_ids[num_shared]), Location(StorageKind.PAGE, fresh[0]),
-                      partial)
+        copy = CopyOp(Location(StorageKind.PAGE, source), Location(StorageKind.PAGE, fresh[0]), partial)
         return 1, CopyWork((copy,))
 
     def _admit_own(self, req: RequestState, budget: int, reuse: bool) -> tuple[int, CopyWork] | None:
@@ -218,11 +218,12 @@ class CacheManager:
 
     def allocate(self, count: int, follow: int | None = None) -> list[int] | None:
         """`count` pages: free, then evicted LRU parked pages, then pages of dropped published
-        snapshots (least recently used first, idle ones only); or None. Consecutive ids where a run
+        snapshots (least recently used first, idle ones only), then of dropped held prompts (oldest
+        first: their waiting members prefill as any request does); or None. Consecutive ids where a run
         is free, those right after page `follow` first (`PageAllocator`)."""
         while True:
             pages = self.pool.allocate(count, follow)
-            if pages is not None or not self.snapshots.drop_lru_device():
+            if pages is not None or not (self.snapshots.drop_lru_device() or self._drop_a_hold()):
                 return pages
 
     # -- running requests ----------------------------------------------------------------------
@@ -297,6 +298,40 @@ class CacheManager:
         req.num_uploaded_pages = 0
         req.num_published_pages = 0
         req.num_released_pages = 0
+
+    def hold_prompt(self, req: RequestState) -> None:
+        """`req` ends (before `release` or `checkpoint`) while requests of its prompt group wait:
+        when it holds the prompt's first P - 1 tokens and no other member (nor a held prompt)
+        does, keep a reference to each of those pages it still holds, for them (`prompt_sharing`)."""
+        if not (self.page_reuse and self.window is None and req.num_prompt_tokens > 1):
+            return
+        key = self.group_key(req)
+        if not holds_prompt(req, self.layout.page_tokens, running=False) or self.groups.has_other_holder(req, key):
+            return
+        num_shared, partial = divmod(req.num_prompt_tokens - 1, self.layout.page_tokens)
+        pages = tuple(page for page in req.page_ids[:num_shared + (partial > 0)] if page != RELEASED_PAGE)
+        self.pool.retain(pages)
+        self.groups.held[key] = HeldPrompt(pages, req.page_ids[num_shared] if partial else RELEASED_PAGE)
+        self.groups.num_holds += 1
+
+    def drop_holds(self, is_awaited: Callable[[bytes], bool]) -> None:
+        """Release the held prompts whose group no request awaits. Only between steps: a plan that
+        copied from one was launched before, so it runs before any plan that reuses its pages."""
+        for key in [key for key in self.groups.held if not is_awaited(key)]:
+            self._release_hold(key)
+
+    def _drop_a_hold(self) -> bool:
+        """Release the oldest held prompt (page pressure); False when none is held. Within a step
+        too: the plan's copies, which run in order before its program, read the held page before
+        any copy or row of the plan writes it again."""
+        if not self.groups.held:
+            return False
+        self._release_hold(next(iter(self.groups.held)))
+        return True
+
+    def _release_hold(self, key: bytes) -> None:
+        held = self.groups.held.pop(key)
+        self.pool.release(list(reversed(held.page_ids)))
 
     def release_outside_window(self, req: RequestState) -> int:
         """After a completion committed `req`'s history: drop the leading pages no later query reads
@@ -380,6 +415,8 @@ class CacheManager:
 
     def page_holders(self, requests: list[RequestState]) -> list[int]:
         held = self.snapshots.page_holders()
+        for prompt in self.groups.held.values():
+            held.extend(prompt.page_ids)
         for req in requests:
             held.extend(page for page in req.page_ids if page != RELEASED_PAGE)
         return held

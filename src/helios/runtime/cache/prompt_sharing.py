@@ -24,13 +24,26 @@ Only layouts whose pages hold a prefix's whole state share this way (not one wit
 its own page ids, whose pages the member would lack: its members reuse the prompt through both
 prefix caches, `window_pages`), and only with prefix caching on; a request that must score its
 prompt, or that has outputs already (readmitted after preemption), neither waits nor shares, but
-may serve as a source. `PromptGroups` holds no page
-references: membership follows the request's page table (joined at admission, left at release).
+may serve as a source. Membership follows the request's page table (joined at admission, left at
+release).
+
+A held prompt: the last member holding the prompt may end while requests of its group still wait
+(a choice whose first token ends it: an output limit of one, a stop or EOS drawn first, a
+cancellation), typically before the others were admitted at all. Released, its page of the last
+prompt token would be freed and every waiting member would recompute that page (the whole prompt
+when it is shorter than a page), one member at a time, each the next ones' source. So the scheduler
+has the cache hold the prompt instead (`CacheManager.hold_prompt`): a `HeldPrompt` keeps one
+reference to each page of the prompt's first P - 1 tokens the member still held, and later members
+are admitted onto it exactly as onto a running source. The hold is dropped once no request of the
+group waits (`CacheManager.drop_holds`, outside step composition, so a plan that copied from it was
+launched before its pages can be allocated again, and runs first), and under page pressure before a
+running request is preempted (`CacheManager.allocate`): a member admitted after that prefills as any
+request does.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from helios.runtime.cache.prefix_cache import page_digest
 from helios.runtime.records.request import RELEASED_PAGE, RequestState, RequestStatus
@@ -41,25 +54,48 @@ def prompt_key(req: RequestState, keyed_ids: Sequence[int]) -> bytes:
     return page_digest(req.root, keyed_ids[:req.num_prompt_tokens])
 
 
-def holds_prompt(member: RequestState, page_tokens: int) -> bool:
-    """`member` has committed its prompt's first P - 1 tokens and still holds the page of the last
-    prompt token when that page has leading prompt tokens to copy (the complete pages before it are
-    shared through the prefix cache, where the member published them)."""
+def waiting_key(req: RequestState) -> bytes:
+    """The group key under which a queued request may wait to be admitted onto a member's prompt
+    (b"": none): it scores no prompt and has no outputs yet (the layout's part is `CacheManager`'s)."""
+    return req.prompt_key if req.num_output_tokens == 0 and not req.spec.score_prompt else b""
+
+
+class HeldPrompt(NamedTuple):
+    """A prompt kept for its group's waiting members after its last holder ended (module docstring)."""
+
+    page_ids: tuple[int, ...]  # one reference each, owned by the hold
+    tail_page: int  # the page of the last prompt token (RELEASED_PAGE: P - 1 starts a page, nothing to copy)
+
+
+def tail_page(member: RequestState, page_tokens: int) -> int:
+    """The page whose leading tokens a member admitted onto `member` copies (RELEASED_PAGE: none)."""
+    index, partial = divmod(member.num_prompt_tokens - 1, page_tokens)
+    return member.page_ids[index] if partial else RELEASED_PAGE
+
+
+def holds_prompt(member: RequestState, page_tokens: int, running: bool = True) -> bool:
+    """`member` (running, unless `running` is False: a finished member about to be released) has
+    committed its prompt's first P - 1 tokens and still holds the page of the last prompt token
+    when that page has leading prompt tokens to copy (the complete pages before it are shared
+    through the prefix cache, where the member published them)."""
     needed = member.num_prompt_tokens - 1
-    if member.status != RequestStatus.RUNNING or member.num_computed_tokens < needed:
+    if (running and member.status != RequestStatus.RUNNING) or member.num_computed_tokens < needed:
         return False
     index, partial = divmod(needed, page_tokens)
     return not partial or (len(member.page_ids) > index and member.page_ids[index] != RELEASED_PAGE)
 
 
 class PromptGroups:
-    """Members (requests holding pages) by prompt key. Mutated by `CacheManager` only."""
+    """Members (requests holding pages) and held prompts by prompt key. Mutated by `CacheManager`
+    only, which owns the held prompts' page references."""
 
     def __init__(self, page_tokens: int):
         self.page_tokens = page_tokens
         self._members: dict[bytes, list[RequestState]] = {}
         self._keys: dict[str, bytes] = {}
+        self.held: dict[bytes, HeldPrompt] = {}
         self.num_shared_admissions = 0
+        self.num_holds = 0  # prompts held for waiting members since the start
 
     def join(self, req: RequestState, key: bytes) -> None:
         """`req` now holds pages with its prompt's history (or will compute it)."""
@@ -77,12 +113,23 @@ class PromptGroups:
         if not members:
             del self._members[key]
 
-    def source(self, key: bytes) -> RequestState | None:
-        """A member whose pages hold the prompt's first P - 1 tokens, or None."""
+    def source(self, key: bytes) -> int | None:
+        """The page a member admitted now copies its last prompt token's leading tokens from
+        (RELEASED_PAGE: nothing to copy): of the held prompt, else of the first member whose pages
+        hold the prompt's first P - 1 tokens (a member admitted in the step being composed comes
+        after the one it copies from); None when neither holds them."""
+        held = self.held.get(key)
+        if held is not None:
+            return held.tail_page
         for member in self._members.get(key, ()):
             if holds_prompt(member, self.page_tokens):
-                return member
+                return tail_page(member, self.page_tokens)
         return None
+
+    def has_other_holder(self, req: RequestState, key: bytes) -> bool:
+        """A member besides `req`, or a held prompt, holds the prompt's first P - 1 tokens."""
+        return key in self.held or any(
+            member is not req and holds_prompt(member, self.page_tokens) for member in self._members.get(key, ()))
 
     def is_computing(self, key: bytes) -> bool:
         """A running member has yet to commit the prompt's first P - 1 tokens."""

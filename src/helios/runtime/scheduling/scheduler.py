@@ -124,7 +124,9 @@ class Scheduler:
             raise QueueFull(f"the admission queue holds {self.caps.queue_capacity} requests")
         self._next_arrival += 1
         root = root_digest(self.caps.cache.identity, spec.cache_salt)
-        self.queues.add(RequestState(spec, self._next_arrival, root, list(spec.prompt_ids)))
+        req = RequestState(spec, self._next_arrival, root, list(spec.prompt_ids))
+        self.cache.group_key(req)  # before it queues: the queue counts waiting requests by group
+        self.queues.add(req)
 
     def cancel(self, request_id: str) -> list[RequestEvent]:
         """End a request with CANCELLED at any point; [] when it already ended or is unknown."""
@@ -186,6 +188,8 @@ class Scheduler:
         constrained = sum(map(_CONSTRAINED, plan.rows))
         if constrained:
             self._constrained_max_inflight = max(self._constrained_max_inflight, len(self._inflight))
+        if self.cache.groups.held:  # its admissions may have taken a group's last waiting member
+            self.cache.drop_holds(self.queues.num_awaiting.__contains__)
         return plan
 
     def complete(self, plan: StepPlan, results: Sequence[RowResult]) -> list[RequestEvent]:
@@ -296,7 +300,7 @@ class Scheduler:
                 self._finish(req, FinishReason.ERROR, events, message)
         for snapshot_id, kind in flight.fences:
             self.cache.snapshots.settle(snapshot_id, kind, False)
-        self._release_done(flight.requests)
+        self._release_done(flight.requests, may_hold=False)  # the failed plan's copies may not have run
         return events
 
     @staticmethod
@@ -340,6 +344,8 @@ class Scheduler:
             return []
         events: list[RequestEvent] = []
         self._finish(req, reason, events)
+        if self.cache.groups.held:  # a group's last waiting member may have left
+            self.cache.drop_holds(self.queues.num_awaiting.__contains__)
         return events
 
     def _finish(self, req: RequestState, reason: FinishReason, events: list[RequestEvent],
@@ -352,14 +358,19 @@ class Scheduler:
         if req.num_inflight_plans == 0:
             self._release(req)
 
-    def _release_done(self, requests: list[RequestState]) -> None:
+    def _release_done(self, requests: list[RequestState], may_hold: bool = True) -> None:
         for req in requests:
             if req.status == RequestStatus.FINISHED and req.num_inflight_plans == 0 and not req.released:
-                self._release(req)
+                self._release(req, may_hold)
 
-    def _release(self, req: RequestState) -> None:
-        """The final fence passed: return the slot and pages (checkpointing a successful end)."""
+    def _release(self, req: RequestState, may_hold: bool = True) -> None:
+        """The final fence passed: return the slot and pages (checkpointing a successful end). With
+        members of its prompt group still waiting, the cache holds the prompt for them first
+        (`CacheManager.hold_prompt`), unless it ended in a failure."""
         if req.slot >= 0:
+            if (may_hold and req.finish_reason != FinishReason.ERROR
+                    and self.queues.num_awaiting.get(req.prompt_key)):
+                self.cache.hold_prompt(req)
             natural = req.finish_reason in (FinishReason.EOS, FinishReason.LENGTH)
             if natural and req.spec.publish_snapshot and self.policy.prefix_caching:
                 work = self.cache.checkpoint(req, Residence.DEVICE)
