@@ -102,7 +102,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM",
                                             "BambaForCausalLM", "GptOssForCausalLM",
                                             "Qwen2_5_VLForConditionalGeneration",
-                                            "Qwen3VLForConditionalGeneration"}
+                                            "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
