@@ -110,8 +110,8 @@ class StepBuilder:
         operation = self._choose_operation(lanes)
         if operation is not None:
             self._fill(draft, operation, lanes)
-            if not draft.rows and operation not in DECODING_OPS and any(k == DECODE for _, _, k in lanes):
-                self._fill(draft, self._decode_operation(), self._classify())
+            if not draft.rows and operation not in DECODING_OPS:
+                self._fill_instead(draft, operation, lanes)
         if not draft.rows:
             draft.operation = Operation.UNSPECIFIED
             return draft if draft.copies else None
@@ -150,6 +150,19 @@ class StepBuilder:
         if decode:
             return self._decode_operation()
         return None
+
+    def _fill_instead(self, draft: Draft, tried: Operation, lanes: list[tuple[RequestState, int, int]]) -> None:
+        """The prompt operation chosen scheduled nothing (its waiting head cannot be admitted, its
+        lanes found no pages): fill the first other operation that has running lanes of its kind
+        (scored prompts, prompts, decoding lanes), so that neither kind waits on the other for
+        good (alternation would choose the empty operation again at every step)."""
+        kinds = {kind for _, _, kind in lanes}
+        others = [Operation.SCORED_PREFILL, self._prefill_operation(), self._decode_operation()]
+        if self.caps.has(Operation.MIXED):
+            others.insert(1, Operation.MIXED)
+        for operation in others:
+            if operation != tried and kinds & _TAKES[operation] and not draft.rows:
+                self._fill(draft, operation, self._classify())
 
     def _decode_operation(self) -> Operation:
         if self.policy.speculative and self.caps.has(Operation.SPECULATIVE) and not self._needs_plain_sampling():
