@@ -4,6 +4,9 @@ Each seed draws one tiny (2-layer, hidden <= 64) checkpoint of a family with var
 ratios, an explicit head_dim, tied embeddings, rope types and thetas (in the current
 ``rope_parameters`` layout or the legacy ``rope_theta`` / ``rope_scaling`` one), partial rotary,
 biases, q/k norms, sliding windows, norm epsilons, activations, routing settings, odd vocabularies.
+Each is prepared for a context of the prompt and its greedy tokens: Phi-3's LongRoPE draws an
+original context those positions stay within (the short factor list) or one the prompt already
+passes (the long list), the two cases where transformers takes one list on every forward.
 Some variants are saved as older or terser checkpoints write config.json: the rope settings in the
 legacy layout, no ``layer_types``, or every setting at its config class's default left out (the
 reference fills those in). Preparing a variant must either give a model whose float32 prefill
@@ -278,7 +281,52 @@ def draw_bamba(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
-DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba}
+def draw_phi3(seed: int) -> Variant:
+    """Phi-3's shapes: the default rope or LongRoPE (random per-pair factor lists; an original context
+    the served 25 positions stay within, or one the 19-token prompt already passes, so the reference
+    takes one list on every forward), partial rotary (Phi-4-mini's 0.75), sliding windows; the legacy
+    layout sometimes with the "su" / "yarn" spellings Phi3Config reads as longrope."""
+    rng = random.Random(seed)
+    geometry = _attention_geometry(rng)
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)),
+                  tie_word_embeddings=rng.random() < 0.5, sliding_window=_choice(rng, (None, None, 5, 8, 2047)),
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **geometry)
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    rope = {"rope_type": _choice(rng, ("default", "longrope", "longrope")),
+            "rope_theta": _choice(rng, (100.0, 10000.0))}
+    partial = _choice(rng, (None, None, 0.5, 0.75))
+    if rope["rope_type"] == "longrope":
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        config["hidden_size"] = head_dim * heads  # Phi3Config sizes the factor lists by hidden / heads
+        if int(head_dim * (partial or 1.0)) % 2:
+            partial = None
+        pairs = int(head_dim * (partial or 1.0)) // 2
+        rope.update(short_factor=[round(rng.uniform(1.0, 1.5), 3) for _ in range(pairs)],
+                    long_factor=[round(rng.uniform(1.0, 8.0), 3) for _ in range(pairs)])
+        if rng.random() < 0.2:
+            rope["attention_factor"] = 1.25
+        elif rng.random() < 0.2:
+            rope["factor"] = 2.0
+        original = _choice(rng, (None, 8, 16, 32, 64))
+        if original is not None:
+            config["original_max_position_embeddings"] = original
+    if partial:
+        rope["partial_rotary_factor"] = partial
+    config["rope_parameters"] = rope
+    legacy = dict(_legacy_rope(rng, rope))
+    scaling = legacy.get("rope_scaling")
+    if scaling and scaling.get("type") == "longrope" and rng.random() < 0.5:
+        scaling["type"] = _choice(rng, ("su", "yarn"))
+    return Variant(Family(f"phi3-{seed}", transformers.Phi3Config, tuple(config.items())), tuple(legacy.items()),
+                   rng.random() < 0.3)
+
+
+DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
+         "phi3": draw_phi3}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -319,8 +367,8 @@ def _programs(arch):
 def check_variant(variant: Variant, directory: Path) -> str:
     """'refused: <reason>' or 'matches'; raises AssertionError where Helios and transformers differ."""
     reference, directory = _materialize(variant, directory)
-    try:
-        recipe = load_checkpoint(directory)
+    try:  # served context: the prompt and its greedy tokens (Phi-3's LongRoPE list follows it)
+        recipe = load_checkpoint(directory, context_tokens=PROMPT_LEN + NEW_TOKENS)
     except CheckpointError as error:  # UnsupportedCheckpoint among them
         named = [field for field in variant.fields if field in str(error)]
         assert named, f"refusal names none of the drawn settings {sorted(variant.fields)}: {error}"
@@ -367,7 +415,8 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # ---------------------------------------------------------------------------------------------------
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
-SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12)}
+SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
+         "phi3": range(16)}
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
