@@ -1,6 +1,7 @@
-"""A grammar matcher that enters its sticky error state while decoding (llguidance's lexer limits
-reached deep in the output) ends its request with an ERROR finish worded for the client, never a
-normal stop; the request beside it runs on untouched.
+"""`TensorGrammar` over a matcher that enters its sticky error state when it consumes a token
+(llguidance's lexer limits reached deep in the output): it raises `GrammarFailure`, worded for the
+client. How the engine ends such a request (GRAMMAR_LIMIT with the tokens its grammar took, never the
+refused token or the error mask's EOS) is `tests/frontend/test_grammar_limit_runtime.py`'s.
 
 The matchers here follow llguidance's contract (never raise; a sticky error state whose mask allows
 only EOS) and go wrong on cue, so the point where the error appears is exact.
@@ -11,11 +12,7 @@ from __future__ import annotations
 import pytest
 
 from helios.runtime.feedback import GrammarFailure, TensorGrammar
-from helios.runtime.records.events import FinishEvent, FinishReason
-from helios.runtime.service import build_runtime
-from support.scripted_grammar import EOS, ScriptedMatcher, run_beside, tokens_of
-
-from .test_model_fixture import open_fixture
+from support.scripted_grammar import ScriptedMatcher
 
 LIMIT_ERROR = "lexer error: too many states: 50000 >= 50000\n<state>\nTokens: ..."
 
@@ -26,34 +23,6 @@ def limited(num_fine: int, on_fill: bool = False) -> ScriptedMatcher:
     return ScriptedMatcher(num_fine, LIMIT_ERROR, on_fill)
 
 
-@pytest.fixture
-def engine():
-    return build_runtime(open_fixture()).engine
-
-
-def test_an_error_state_reached_by_a_token_ends_the_request_as_an_error(engine):
-    matcher = limited(num_fine=3)
-    grammar, beside = run_beside(engine, matcher)
-    finish = [e for e in grammar if isinstance(e, FinishEvent)]
-    assert len(finish) == 1 and finish[0].reason is FinishReason.ERROR
-    assert finish[0].message.startswith("the output grammar failed during decoding")
-    assert "too many states: 50000 >= 50000" in finish[0].message and "<state>" not in finish[0].message
-    assert len(matcher.consumed) == 4 and tokens_of(grammar) == matcher.consumed  # it ends at the 4th token
-    assert beside[-1].reason is FinishReason.LENGTH and len(tokens_of(beside)) == 8
-    assert engine.stats.requests_finished["error"] == 1 and not engine.feedback.watching
-
-
-def test_an_error_state_reached_by_a_mask_ends_the_request_as_an_error_not_an_eos_stop(engine):
-    """The mask computed in the error state allows only EOS: the lane samples it, and consuming it
-    reports the error instead of ending the request as if its answer were complete."""
-    matcher = limited(num_fine=2, on_fill=True)
-    grammar, beside = run_beside(engine, matcher)
-    finish = [e for e in grammar if isinstance(e, FinishEvent)]
-    assert len(finish) == 1 and finish[0].reason is FinishReason.ERROR and "too many states" in finish[0].message
-    assert tokens_of(grammar) == [*matcher.consumed, EOS] and len(matcher.consumed) == 2
-    assert beside[-1].reason is FinishReason.LENGTH
-
-
 def test_tensor_grammar_passes_tokens_through_until_the_error_state():
     matcher = limited(num_fine=1)
     grammar = TensorGrammar(matcher)
@@ -61,3 +30,4 @@ def test_tensor_grammar_passes_tokens_through_until_the_error_state():
     with pytest.raises(GrammarFailure, match="too many states") as caught:
         grammar.consume_token(8)
     assert caught.value.http_status == 500
+    assert caught.value.reason == "lexer error: too many states: 50000 >= 50000"  # its first line only

@@ -1,11 +1,11 @@
 """Structured-output grammars past llguidance's limits, through the app over the tiny core: a grammar
 whose lexer limits show at the answer's first masks (or a tool schema that cannot constrain its
-arguments) is a 400 before admission; one that reaches a limit only deep in the output ends as an
-error (500 `execution_error`, or one `event: error` in a stream), never as a successful stop."""
+arguments) is a 400 before admission; one that reaches a limit only deep in the output ends that
+choice with finish_reason ``grammar_limit`` and the text its grammar took
+(`test_grammar_limit_http.py`, which uses `LATE_LIMIT`), never as a successful stop."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import httpx
@@ -66,26 +66,6 @@ def test_a_tool_schema_that_cannot_constrain_its_arguments_is_a_400_naming_the_t
 
 
 # Constructs and passes the compile check (its first masks and tokens are fine); the lexer reaches
-# its state limit only when the answer nears the second terminal, a dozen tokens in.
+# its state limit only when the answer nears the second terminal, a dozen tokens in
+# (`test_grammar_limit_http.py`).
 LATE_LIMIT = {"type": "grammar", "grammar": "start: /[b-z]{40}/ /a{100000}/"}
-
-
-def test_a_grammar_that_reaches_the_limits_mid_output_ends_as_an_error_not_a_stop(app, served):
-    response = post(app, chat_body(max_tokens=120, temperature=0, response_format=LATE_LIMIT))
-    assert response.status_code == 500, response.text
-    error = response.json()["error"]
-    assert error["type"] == "execution_error"
-    assert error["message"].startswith("the output grammar failed during decoding")
-    assert "lexer error" in error["message"]
-    assert_serving(app, served)
-
-
-def test_a_streamed_grammar_that_reaches_the_limits_mid_output_ends_with_one_error_event(app, served):
-    response = post(app, chat_body(max_tokens=120, temperature=0, stream=True, response_format=LATE_LIMIT))
-    assert response.status_code == 200
-    text = response.text
-    assert text.count("event: error") == 1 and "[DONE]" not in text and '"finish_reason":"stop"' not in text
-    data = json.loads(text.split("event: error", 1)[1].split("data: ", 1)[1].split("\n", 1)[0])
-    assert data["error"]["type"] == "execution_error"
-    assert data["error"]["message"].startswith("the output grammar failed during decoding")
-    assert_serving(app, served)

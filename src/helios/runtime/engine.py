@@ -39,7 +39,9 @@ engine reports itself unhealthy (`is_healthy`, `stats.healthy`).
 One request can never kill the worker: an unexpected exception raised by what belongs to one request
 (its admission checks, its grammar, its host stop, its `on_event`) ends that request with ERROR and
 the worker keeps serving; a failed launch or completion ends that plan's requests with ERROR. Only
-a failure of the worker's own bookkeeping (the scheduler) ends the loop.
+a failure of the worker's own bookkeeping (the scheduler) ends the loop. A grammar that meets a
+dead end or one of llguidance's limits is no failure of the worker: the request ends GRAMMAR_DEAD_END
+or GRAMMAR_LIMIT with the tokens its grammar took (`helios.runtime.feedback`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from typing import Callable
 from helios.errors import AdmissionRejected, ExecutionError
 from helios.runtime.execution.prompt_scores import prompt_score_events
 from helios.runtime.execution.protocol import PlanExecutor
-from helios.runtime.feedback import GrammarState, LaneFeedback
+from helios.runtime.feedback import Advance, GrammarState, LaneFeedback, grammar_limit_message
 from helios.runtime.outlet import Cancel, Command, EventSink, Outbox, StepBatch, StopMatched
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.request import RequestSpec
@@ -309,10 +311,11 @@ class Engine:
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
         its grammar masks; a failure fails the plan at once. A request whose grammar met a dead
-        end at its mask ends then (GRAMMAR_DEAD_END): its row runs, its token is dropped."""
+        end or a limit at its mask ends then (GRAMMAR_DEAD_END, `_end_at_limit`): its row runs, its
+        token is dropped."""
         try:
             plan = plan.with_masks(self.feedback.fill_masks(plan.rows))
-            dead_ends = self.feedback.dead_ends
+            dead_ends, limits = self.feedback.dead_ends, self.feedback.limits
             launched = self.executor.launch(plan, alone=self.frames == 1)
         except Exception as error:  # noqa: BLE001 - failed like a failed completion
             self._fail(plan, error)
@@ -322,6 +325,10 @@ class Engine:
         self._launched.append((plan, launched))
         for request_id in dead_ends:
             self._dispatch(self.scheduler.dead_end(request_id))
+        for request_id, reason in limits.items():
+            request = self._active.get(request_id)
+            if request is not None:
+                self._end_at_limit(request, reason)
 
     def _fail(self, plan, error: Exception) -> None:
         message = str(error) if isinstance(error, ExecutionError) else f"execution failed: {type(error).__name__}: {error}"
@@ -378,13 +385,52 @@ class Engine:
                 except Exception as error:  # noqa: BLE001
                     self._fail_request(request, error, events)
                 continue
-            outbox.count(event)
-            try:
+            try:  # the grammar takes the ids before they are delivered: one it refuses never is
+                fed = self.feedback.advance(event.request_id, event.token_ids) if watching else None
+                if fed is not None and fed.failure:
+                    self._deliver_then_end_at_limit(request, event, fed, events)
+                    continue
+                outbox.count(event)
                 outbox.deliver(request.on_event, event)
-                if watching and self.feedback.advance(event.request_id, event.token_ids):
+                if fed is not None and fed.is_stopped:
                     self._dispatch(self.scheduler.stop(event.request_id))
             except Exception as error:  # noqa: BLE001 - this request's hooks failed: it ends, the worker serves on
                 self._fail_request(request, error, events)
+
+    def _deliver_then_end_at_limit(self, request: EngineRequest, event: TokenEvent, fed: Advance,
+                                   round_events) -> None:
+        """Delivers the ids of `event` the grammar took (`fed.num_taken`), then ends the request at
+        the limit its grammar met on the next one (`_end_at_limit`, the rest dropped uncounted)."""
+        if fed.num_taken:
+            taken = event._replace(token_ids=event.token_ids[:fed.num_taken],
+                                   logprobs=None if event.logprobs is None else event.logprobs[:fed.num_taken])
+            self.outbox.count(taken)
+            self.outbox.deliver(request.on_event, taken)
+        self._end_at_limit(request, fed.failure, len(event.token_ids) - fed.num_taken, round_events)
+
+    def _end_at_limit(self, request: EngineRequest, reason: str, num_dropped: int = 0, round_events=()) -> None:
+        """Ends a request whose grammar met a limit (`helios.runtime.feedback`; `reason`: llguidance's
+        error, bounded): GRAMMAR_LIMIT with the output its grammar took, or ERROR naming the limit
+        when it took none; the scheduler frees what it holds. `num_dropped`: output tokens the
+        scheduler counted past those (the refused one and any after it), never delivered.
+        `round_events` as in `_fail_request`."""
+        request_id = request.spec.request_id
+        events = self.scheduler.cancel(request_id)
+        ended = [e for e in events if isinstance(e, FinishEvent) and e.request_id == request_id]
+        if not ended:
+            ended = [e for e in round_events if isinstance(e, FinishEvent) and e.request_id == request_id]
+        self._dispatch([e for e in events if e not in ended])
+        if request_id not in self._active:
+            return
+        finish = ended[0] if ended else _ended(request, FinishReason.ERROR, "")
+        num_output_tokens = max(finish.num_output_tokens - num_dropped, 0)
+        if num_output_tokens:
+            finish = finish._replace(reason=FinishReason.GRAMMAR_LIMIT, num_output_tokens=num_output_tokens,
+                                     message=reason)
+        else:
+            finish = finish._replace(reason=FinishReason.ERROR, num_output_tokens=0,
+                                     message=grammar_limit_message(reason))
+        self._finish(request, finish)
 
     def _fail_request(self, request: EngineRequest, error: Exception, round_events=()) -> None:
         """Ends one request with ERROR after its own hook raised; the scheduler frees what it holds.

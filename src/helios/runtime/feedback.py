@@ -6,12 +6,25 @@ before each sampled token (`fill_masks`) and advances the matcher with every tok
 (`advance`), before the scheduler plans the lane again. Nothing in the server or the frontend is
 called for it on the worker thread.
 
-A matcher never raises on its own: on a grammar or token error (a lexer limit reached deep in the
-output, a token it forbids) it enters a sticky error state whose mask allows only EOS. `TensorGrammar`
-reads that state after every token it consumes and raises `GrammarFailure`, so the engine ends the
-request with an ERROR finish (HTTP 500, or one `event: error` in a stream) instead of a normal stop.
-A mask filled in the error state allows only EOS: the EOS the lane then samples is consumed next
-and reported there, so no other request in the plan is touched.
+A matcher never raises on its own: on a grammar or token error it enters a sticky error state whose
+mask allows only EOS. Neither kind of error below may put a token the grammar did not take into the
+output: the error mask's EOS is one the model did not choose, and a token the matcher refused is one
+the grammar did not take.
+
+A limit: llguidance refuses to go on past the output (its lexer's state or expression limits, its
+parser's "Too many items" in a row or a step, its fuel; or a token its mask allowed that its parser
+then refused, such as an unknown-word token). It shows at a mask (`fill_masks` notes the request in
+`limits`; the engine ends it right after launching the plan, so the row's forced token is dropped at
+completion) or when a token is consumed (`TensorGrammar.consume_token` raises `GrammarFailure`;
+`advance` reports it in `Advance.failure`, and the engine delivers only the ids before that token).
+The request ends with GRAMMAR_LIMIT and its output so far, every token the grammar took
+(finish_reason ``grammar_limit``, HTTP 200, or a stream's final chunk and ``[DONE]``). Met before any
+output token, it ends with ERROR instead, its message naming the limit (`grammar_limit_message`:
+HTTP 500 ``execution_error``, or one ``event: error`` in a stream): an empty answer that ends as if
+normally would hide why (the compile check refuses, with a 400, a grammar whose first masks meet a
+limit, so this is a limit the check did not see). The limit's text is the finish's message either
+way. Only that request ends: the rows beside it in the plan, the other choices of its response
+(``n``) and the requests after it run on.
 
 A dead end is different: the grammar is fine but allows no token after the output, which is not
 complete (a branch that can never finish, which the compile check passed because another branch
@@ -29,7 +42,7 @@ as a stop-matched command (`Engine.stop_matched`).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -40,9 +53,23 @@ MAX_GRAMMAR_ERROR_CHARS = 240
 
 
 class GrammarFailure(ExecutionError):
-    """A request's grammar matcher entered its error state while decoding (for example llguidance's
-    lexer limits reached deep in the output): the output no longer follows the grammar, so the
-    request ends in error. The message is worded for the client."""
+    """A request's grammar matcher entered its error state when it consumed a token (for example
+    llguidance's lexer limits reached deep in the output): the grammar did not take that token. The
+    message is worded for the client; `reason` is llguidance's error, bounded (`limit_reason`)."""
+
+    def __init__(self, reason: str):
+        super().__init__(grammar_failure_message(reason))
+        self.reason = reason
+
+
+class Advance(NamedTuple):
+    """What `LaneFeedback.advance` made of a token event's ids, when not all of them simply went
+    through: the first `num_taken` were taken; then either the host stop matched at the last of them
+    (`is_stopped`) or the grammar refused the next one (`failure`: llguidance's error, bounded)."""
+
+    num_taken: int
+    is_stopped: bool = False
+    failure: str = ""
 
 
 class GrammarState(Protocol):
@@ -89,13 +116,21 @@ class TensorGrammar:
     def consume_token(self, token_id: int) -> object:
         accepted = self._matcher.consume_token(token_id)
         if self._matcher.is_error:
-            raise GrammarFailure(grammar_failure_message(self._matcher.error))
+            raise GrammarFailure(limit_reason(self._matcher.error))
         return accepted
 
     @property
     def is_dead_end(self) -> bool:
         """Whether the last mask met a dead end (a matcher that cannot tell never does)."""
         return bool(getattr(self._matcher, "is_dead_end", False))
+
+    @property
+    def limit(self) -> str:
+        """llguidance's error (bounded, `limit_reason`) when the matcher is in its error state for a
+        reason other than a dead end, else "" (a matcher that cannot tell never is)."""
+        if not getattr(self._matcher, "is_error", False) or self.is_dead_end:
+            return ""
+        return limit_reason(self._matcher.error)
 
     @property
     def source(self) -> str | None:
@@ -112,6 +147,7 @@ class LaneFeedback:
         self._grammars: dict[str, GrammarState] = {}
         self._host_stops: dict[str, Callable[[int], bool]] = {}
         self.dead_ends: list[str] = []  # requests whose last `fill_masks` met a dead end
+        self.limits: dict[str, str] = {}  # requests whose last `fill_masks` met a limit: its reason
 
     def register(self, request_id: str, grammar: GrammarState | None,
                  host_stop: Callable[[int], bool] | None) -> None:
@@ -131,8 +167,9 @@ class LaneFeedback:
 
     def fill_masks(self, rows: Iterable) -> dict[str, torch.Tensor]:
         """Mask rows of the plan rows that sample under a grammar (a grammar that raises fails the
-        plan); `dead_ends` then lists the requests whose grammar met a dead end at its mask."""
-        self.dead_ends = []
+        plan); `dead_ends` then lists the requests whose grammar met a dead end at its mask, and
+        `limits` those whose grammar met a limit there (with llguidance's reason)."""
+        self.dead_ends, self.limits = [], {}
         if not self._grammars:  # no row has a grammar to fill from
             return {}
         masks = {}
@@ -144,28 +181,46 @@ class LaneFeedback:
                 masks[row.request_id] = mask
                 if getattr(grammar, "is_dead_end", False):
                     self.dead_ends.append(row.request_id)
+                elif getattr(grammar, "limit", ""):
+                    self.limits[row.request_id] = grammar.limit
         return masks
 
-    def advance(self, request_id: str, token_ids: Iterable[int]) -> bool:
-        """Feeds generated ids to the request's grammar and host stop, in order; True when the host
-        stop matched (the ids after it are not fed). Raises what a hook raises."""
+    def advance(self, request_id: str, token_ids: Sequence[int]) -> Advance | None:
+        """Feeds generated ids to the request's grammar and host stop, in order, before they are
+        delivered; None when every id was taken and no host stop matched, else how far they went
+        (`Advance`: the ids after a host stop's match, or from the id the grammar refused on, are
+        not fed). Raises what a hook raises, but for the grammar's `GrammarFailure`."""
         grammar = self._grammars.get(request_id)
         host_stop = self._host_stops.get(request_id)
         if grammar is None and host_stop is None:
-            return False
-        for token_id in token_ids:
+            return None
+        for index, token_id in enumerate(token_ids):
             if grammar is not None:
-                grammar.consume_token(token_id)
+                try:
+                    grammar.consume_token(token_id)
+                except GrammarFailure as failure:
+                    return Advance(index, failure=failure.reason)
             if host_stop is not None and host_stop(token_id):
-                return True
-        return False
+                return Advance(index + 1, is_stopped=True)
+        return None
 
 
-def grammar_failure_message(error: str) -> str:
-    """What a client reads when its output grammar failed mid-output: llguidance's first line, bounded."""
+def limit_reason(error: str) -> str:
+    """llguidance's error as a client may read it: its first line (never its state dump), bounded."""
     lines = error.strip().splitlines()
     reason = lines[0] if lines else "unknown error"
     if len(reason) > MAX_GRAMMAR_ERROR_CHARS:
         reason = reason[:MAX_GRAMMAR_ERROR_CHARS] + "..."
+    return reason
+
+
+def grammar_failure_message(reason: str) -> str:
+    """What a client reads when its output grammar refused a token (`reason`: `limit_reason`'s)."""
     return ("the output grammar failed during decoding (it exceeded llguidance's limits or met a token "
             f"it forbids): {reason}")
+
+
+def grammar_limit_message(reason: str) -> str:
+    """The error of a request whose grammar met a limit before any output token (see the module
+    docstring); `reason` is `limit_reason`'s, which names the limit."""
+    return f"the output grammar exceeded llguidance's limits before any output: {reason}"

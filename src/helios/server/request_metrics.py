@@ -13,8 +13,8 @@ the model worker.
 Counters (what the responses' usage says, so they equal the sum of usage over responses):
 
 - ``helios_requests_finished{reason}``: engine requests (one per choice) by their settled terminal
-  reason (``eos``, ``stop``, ``length``, ``cancelled``, ``error``, ``grammar_dead_end``; a scheduler
-  rejection is ``helios_requests_rejected``);
+  reason (``eos``, ``stop``, ``length``, ``cancelled``, ``error``, ``grammar_dead_end``,
+  ``grammar_limit``; a scheduler rejection is ``helios_requests_rejected``);
 - ``helios_prompt_tokens``: each prompt of a request once (as usage counts it), counted when its
   first choice ends (finished or cancelled; not when rejected or failed);
 - ``helios_generated_tokens``: output tokens as usage counts them, counted as they arrive (a request
@@ -55,7 +55,7 @@ _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 
 _LENGTH_BUCKETS = tuple(float(2**i) for i in range(0, 21))
 _FAILED = (FinishReason.REJECTED, FinishReason.ERROR)
 _REASONS = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.ERROR,
-            FinishReason.GRAMMAR_DEAD_END)
+            FinishReason.GRAMMAR_DEAD_END, FinishReason.GRAMMAR_LIMIT)
 
 
 @dataclass

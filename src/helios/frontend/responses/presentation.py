@@ -28,8 +28,9 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   came first) has an empty ``logprobs`` object on its terminal chunk, as the JSON body has;
 - finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
   ``stop``, output limit -> ``length``, cancellation -> ``cancelled``, a grammar dead end (no token
-  can follow the output, which is incomplete) -> ``grammar_dead_end``. Execution failure and
-  admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
+  can follow the output, which is incomplete) -> ``grammar_dead_end``, a grammar limit (llguidance
+  refused to go on past the output, `helios.runtime.feedback`) -> ``grammar_limit``. Execution
+  failure and admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
   `error_body` for JSON (the status is the error class's), `sse_error` once the SSE headers are out: one ``event: error`` with an
   ``{"error": ...}`` body and no ``[DONE]``; the error ``type`` tells admission rejection
   (``admission_rejected``) from execution failure (``execution_error``).
@@ -73,6 +74,7 @@ _FINISH_REASONS = {
     FinishReason.LENGTH: "length",
     FinishReason.CANCELLED: "cancelled",
     FinishReason.GRAMMAR_DEAD_END: "grammar_dead_end",  # the grammar allowed no token; the output is incomplete
+    FinishReason.GRAMMAR_LIMIT: "grammar_limit",  # the grammar's matcher met a limit; the output is incomplete
 }
 
 

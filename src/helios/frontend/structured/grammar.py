@@ -18,8 +18,9 @@ first mask. For a JSON schema, the regexes llguidance compiles (`schema_patterns
 same way each on its own, so a pattern no walk reaches is checked too, but at most `PATTERN_PROBES`
 distinct ones per check (a request's answer grammar, or all of its tools' parameter schemas
 together); the rest, like a limit met deeper in the output, are left to the runtime backstop: the
-matcher enters its error state and the runtime ends that request as an error
-(`helios.runtime.feedback.GrammarFailure`), never as a "stop". Schema shapes llguidance compiles in
+matcher enters its error state and the runtime ends that request with finish_reason ``grammar_limit``
+and the output its grammar took (an error naming the limit where it took none;
+`helios.runtime.feedback`), never as a "stop". Schema shapes llguidance compiles in
 unbounded time, which no limit stops, are refused before it sees them (`shape_error`, bounds in
 `grammar_shapes`: patternProperties per object, patterns on one string, alternatives holding a $ref
 in one anyOf/oneOf, the multipleOf values' least common multiple). One verdict per check (the
@@ -36,8 +37,8 @@ then the request's grammar as an opaque subgrammar, so delimiters spelled inside
 answer text. Matchers never raise on grammar or token errors: they enter llguidance's sticky error
 state (`GrammarMatcher.is_error`, `.error`), after which the mask allows only EOS; whoever drives a
 matcher reads that state (the compiler at preparation, the model worker's `TensorGrammar` while
-decoding, which raises it as a request failure; except a dead end, `GrammarMatcher.is_dead_end`,
-which ends the request with finish_reason ``grammar_dead_end`` and its output so far). A request's
+decoding, which ends the request with finish_reason ``grammar_limit`` and its output so far; or
+``grammar_dead_end`` for a dead end, `GrammarMatcher.is_dead_end`). A request's
 reasoning section ahead of a structured answer is bounded (`ReasoningEnvelope.budget`, half the
 request's output limit): the answer always gets the rest of the output. JSON schemas compile to
 compact JSON by default (``whitespace_flexible`` off: no free whitespace between tokens), so a
@@ -367,8 +368,8 @@ class GrammarCompiler:
         pass. Each grammar is probed whole, then the distinct patterns of their JSON schemas
         (`schema_patterns`; longest first, request by request) on their own, at most
         `PATTERN_PROBES` of them for all `requests` together; patterns past that bound are left to
-        the runtime backstop (`helios.runtime.feedback.GrammarFailure`: a matcher that errors
-        mid-output ends its request as an error). The verdict is cached once for the whole tuple, so
+        the runtime backstop (`helios.runtime.feedback`: a matcher that errors mid-output ends its
+        request with finish_reason ``grammar_limit``). The verdict is cached once for the whole tuple, so
         the same requests again are one cache hit. Safe to call from any thread."""
         return self._verdict(tuple(requests))
 

@@ -27,6 +27,10 @@ class FinishReason(enum.IntEnum):
     # its output grammar allowed no token after an incomplete output (a dead end); reported through
     # `Scheduler.dead_end` before the token the grammar's error mask would force
     GRAMMAR_DEAD_END = 7
+    # its output grammar's matcher refused to go on after some output (one of llguidance's limits, or
+    # a token its mask allowed that its parser then refused); the engine's, not the scheduler's: the
+    # output is every token the grammar took (`helios.runtime.feedback`)
+    GRAMMAR_LIMIT = 8
 
 
 class TokenLogprobs(NamedTuple):
