@@ -262,3 +262,39 @@ def test_a_fused_projection_of_the_wrong_shape_is_refused(long_checkpoint, tmp_p
     directory = _rewritten(long_checkpoint[1], tmp_path, lambda config: config.update(num_key_value_heads=4))
     with pytest.raises(CheckpointError, match="qkv_proj"):
         load_checkpoint(directory)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The released shapes (config values only, no weights): Phi-3.5-mini (head_dim 96, whole-head
+# rotary), Phi-4-mini (head_dim 128, 0.75 of it rotated), Phi-3-medium-128k (head_dim 128, GQA).
+
+_RELEASED = {
+    "phi3.5-mini": dict(hidden_size=3072, num_attention_heads=32, num_key_value_heads=32, pairs=48),
+    "phi4-mini": dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, pairs=48,
+                      partial_rotary_factor=0.75),
+    "phi3-medium-128k": dict(hidden_size=5120, num_attention_heads=40, num_key_value_heads=10, pairs=64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RELEASED))
+@pytest.mark.parametrize("context", [4096, 131072])
+def test_released_shapes_get_the_references_rotary_tables(name, context):
+    from helios.ignition.recipes.defaults import with_reference_defaults
+    from helios.ignition.recipes.phi3 import rope_from_config
+
+    shape = dict(_RELEASED[name])
+    pairs = shape.pop("pairs")
+    generator = torch.Generator().manual_seed(pairs)
+    rope = {"type": "longrope", "short_factor": (1 + 0.1 * torch.rand(pairs, generator=generator)).tolist(),
+            "long_factor": (1 + 60 * torch.rand(pairs, generator=generator)).tolist()}
+    config = dict(shape, vocab_size=32064, intermediate_size=8192, num_hidden_layers=32, rope_theta=10000.0,
+                  max_position_embeddings=131072, original_max_position_embeddings=4096, rope_scaling=rope)
+    reference = transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding(transformers.Phi3Config(**config))
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    ours, notices = rope_from_config(with_reference_defaults("Phi3ForCausalLM", config), head_dim, context)
+    long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](reference.config, seq_len=context)
+    expected = long_freq if context > 4096 else reference.original_inv_freq
+    assert torch.equal(ours.inv_freq, expected) and ours.rotary == 2 * pairs
+    assert ours.attention_factor == reference.attention_scaling == pytest.approx(
+        math.sqrt(1 + math.log(32) / math.log(4096)))
+    assert bool(notices) == (context > 4096)
