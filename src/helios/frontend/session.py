@@ -31,7 +31,7 @@ from helios.frontend.preparation.client_fields import effective_template_kwargs,
 from helios.frontend.structured.contract_syntax import FrontendSyntax
 from helios.frontend.decoding.detokenize import IncrementalDetokenizer
 from helios.frontend.preparation.generation import (
-    GenerationParams, is_seed_pinned, resolve_output_limit, resolve_sampling,
+    GenerationParams, is_seed_pinned, resolve_output_limit, resolve_sampling, scored_prompt_limit,
 )
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarMatcher, parse_response_format
 from helios.frontend.structured.grammar_request import OutputConstraints
@@ -365,13 +365,16 @@ class FrontendModel:
         eos_token_ids = self._settings.eos_token_ids
         if logprobs.prompt.hides_output:
             # The prefill samples one token anyway and the output hides it: it ends the request at
-            # its limit (`length`), never as an end of sequence that nobody sees.
-            requested = requested._replace(tokens=1)
+            # its limit (`length`), never as an end of sequence that nobody sees. Never fed back, it
+            # needs no room: a prompt of the whole context is scored.
+            max_output_tokens = scored_prompt_limit(self._settings.context_tokens, prompt_len, requested.prompt_field)
             eos_token_ids = ()
+        else:
+            max_output_tokens = self._output_limit(requested, prompt_len)
         defaults = self._settings.sampling
         return GenerationParams(
             sampling=resolve_sampling(body, defaults, self._draw_seed),
-            max_output_tokens=self._output_limit(requested, prompt_len),
+            max_output_tokens=max_output_tokens,
             eos_token_ids=eos_token_ids,
             stop_strings=stops.strings,
             stop_token_sequences=tuple((t,) for t in stops.token_ids) + stops.token_sequences,

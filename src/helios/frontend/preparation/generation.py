@@ -20,7 +20,7 @@ from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 
 __all__ = ["ContextLimitExceeded", "GenerationParams", "SamplingBody", "SamplingParams", "resolve_output_limit",
-           "resolve_sampling"]
+           "resolve_sampling", "scored_prompt_limit"]
 # The request fields (and model defaults) of the same names as `SamplingParams`' values.
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.name != "seed")
 
@@ -66,7 +66,8 @@ def is_seed_pinned(body: SamplingBody, defaults: ResolvedSampling) -> bool:
 
 class ContextLimitExceeded(RequestError):
     """A request that can never fit the context extent: its prompt leaves no room for one output
-    token, or its prompt plus explicit output limit exceed the extent (HTTP 400, naming the limit).
+    token (a request that generates nothing: its prompt is longer than the extent), or its prompt
+    plus explicit output limit exceed the extent (HTTP 400, naming the limit).
     `param` is the field at fault: the output limit the body sent, or the prompt's field when the
     prompt alone fills the context."""
 
@@ -90,6 +91,18 @@ def resolve_output_limit(requested: int | None, default_limit: int, context_toke
             f"of {context_tokens} tokens: ask for at most {room} output token{'s' if room > 1 else ''}, or omit {field} for "
             "up to the rest of the context", field)
     return requested
+
+
+def scored_prompt_limit(context_tokens: int, prompt_len: int, prompt_field: str = "prompt") -> int:
+    """The output limit of a request that generates nothing (``max_tokens: 0``: an echo, prompt
+    scores): 1, the token its prompt row samples anyway and the output hides. That token is never
+    fed back, so the prompt alone must fit: up to the whole context extent. `ContextLimitExceeded`
+    naming `prompt_field` for a longer prompt."""
+    if prompt_len > context_tokens:
+        raise ContextLimitExceeded(
+            f"the prompt is {prompt_len} tokens; the context extent is {context_tokens} tokens, and max_tokens 0 "
+            "needs the prompt to fit it: shorten the prompt", prompt_field)
+    return 1
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class InvalidLogitBias(AdmissionRejected):
 
 
 class ContextExceeded(AdmissionRejected):
-    """Prompt plus output limit exceed the prepared context extent."""
+    """Prompt plus output limit exceed the prepared context extent (`context_positions`)."""
 
 
 class CacheExceeded(AdmissionRejected):
@@ -61,7 +61,7 @@ def check_admission(spec: RequestSpec, caps: Capacities) -> None:
     if min(spec.prompt_ids) < 0 or max(spec.prompt_ids) >= limit:  # (builtins: a 2,048-token prompt in 0.1 ms)
         raise TokenOutOfRange(f"request {spec.request_id}: prompt token outside [0, {limit})")
     _check_logit_bias(spec, caps)
-    total = num_prompt + spec.max_output_tokens
+    total = context_positions(spec)
     if total > caps.context_tokens:
         raise ContextExceeded(
             f"request {spec.request_id}: {num_prompt} prompt + {spec.max_output_tokens} output tokens "
@@ -80,6 +80,16 @@ def check_admission(spec: RequestSpec, caps: Capacities) -> None:
         raise UnsupportedRequest(
             f"request {spec.request_id}: {spec.top_logprobs} alternatives per token; the programs return "
             f"{caps.token_logprobs}")
+
+
+def context_positions(spec: RequestSpec) -> int:
+    """The context a request takes: its prompt and its output limit, except that a request of one
+    output token takes its prompt alone. That token is sampled from the prompt's last row and the
+    request ends with it: it is never fed back, so no program computes or stores its position (a
+    prompt of the whole context can be scored; the frontend's ``max_tokens: 0``). A longer output
+    keeps a position for its last token too, as the OpenAI limit (prompt + max_tokens) counts it."""
+    num_prompt = len(spec.prompt_ids)
+    return num_prompt if spec.max_output_tokens == 1 else num_prompt + spec.max_output_tokens
 
 
 def _check_logit_bias(spec: RequestSpec, caps: Capacities) -> None:
