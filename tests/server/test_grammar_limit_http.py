@@ -31,7 +31,9 @@ from server.test_grammar_limits import LATE_LIMIT, many_terminals_lark
 
 MASK_LIMIT = {"type": "grammar", "grammar": many_terminals_lark().replace("start: t*", "start: /[b-z]{12}/ t+", 1)}
 TOKEN_LIMIT = LATE_LIMIT
-GRAMMARS = {"at-a-mask": (MASK_LIMIT, "[b-z]{12}"), "at-a-token": (TOKEN_LIMIT, "[b-z]{40}")}
+# What each lets an output hold before its limit: the letters (a token may reach past the twelfth
+# into a terminal's letters and digits); at most forty letters, never the "a" after them.
+GRAMMARS = {"at-a-mask": (MASK_LIMIT, "[b-z]{12}[a-z0-9]*"), "at-a-token": (TOKEN_LIMIT, "[b-z]{1,40}")}
 
 
 def post(app, body: dict) -> httpx.Response:
@@ -102,9 +104,34 @@ def test_a_limit_leaves_the_requests_and_choices_beside_it_untouched(app, served
     assert (beside["message"]["content"], beside["finish_reason"]) == (alone["message"]["content"], alone["finish_reason"])
     choices = [c for r in (responses[0], responses[2]) for c in r.json()["choices"]]
     assert [c["finish_reason"] for c in choices] == ["grammar_limit"] * 4
-    assert re.fullmatch("[b-z]{12}", choices[0]["message"]["content"])
-    assert all(re.fullmatch("[b-z]{40}", c["message"]["content"]) for c in choices[1:])
+    assert re.fullmatch(GRAMMARS["at-a-mask"][1], choices[0]["message"]["content"])
+    assert all(re.fullmatch(GRAMMARS["at-a-token"][1], c["message"]["content"]) for c in choices[1:])
     assert '"finish_reason":"grammar_limit"' in responses[3].text and "event: error" not in responses[3].text
+    assert_serving(app, served)
+
+
+def test_the_openai_client_reads_grammar_limit_as_its_finish_reason(app, served):
+    """``grammar_limit`` is a Helios finish reason beside OpenAI's, as ``grammar_dead_end`` is: the
+    official client's own parsing keeps it, streamed or not, with n=2."""
+    import asyncio
+
+    from support.server_core import SERVED_ID, openai_client
+
+    fields = dict(model=SERVED_ID, messages=[{"role": "user", "content": "hello"}], max_tokens=120, temperature=0,
+                  n=2, response_format=MASK_LIMIT)
+
+    async def scenario():
+        client = openai_client(served)
+        response = await client.chat.completions.create(**fields)
+        reasons = {}
+        async for chunk in await client.chat.completions.create(**fields, stream=True):
+            reasons.update({c.index: c.finish_reason for c in chunk.choices if c.finish_reason})
+        return response, reasons
+
+    response, streamed = asyncio.run(scenario())
+    assert [c.finish_reason for c in response.choices] == ["grammar_limit"] * 2
+    assert all(re.fullmatch(GRAMMARS["at-a-mask"][1], c.message.content) for c in response.choices)
+    assert streamed == {0: "grammar_limit", 1: "grammar_limit"}
     assert_serving(app, served)
 
 
