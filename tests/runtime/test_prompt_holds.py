@@ -138,3 +138,15 @@ def test_a_failed_plan_leaves_nothing_held():
     assert all(driver.outcomes[f"c{j}"].tokens == reference(PROMPT, 1) for j in (1, 2))
     assert scheduler.cache.pool.num_available == available
     assert_all_released(scheduler)
+
+
+def test_a_member_whose_page_comes_from_the_dropped_hold_copies_nothing():
+    """The pool is full when c1 is admitted onto the held prompt: its one fresh page comes from
+    dropping the hold, and it is the held page of the last prompt token itself, whose leading
+    token is already in place (no copy of a page onto itself)."""
+    x = list(range(40, 55))
+    scheduler, driver = run([spec("x", x, 3), spec("c0", PROMPT, 1), spec("c1", PROMPT, 3)], num_pages=8)
+    admitting = driver.plans[1]
+    assert rows(admitting) == [("x", 15, 1), ("c1", 13, 1)] and admitting.rows[1].new_page_ids == (4, 5, 6, 7)
+    assert not admitting.copies
+    assert driver.outcomes["c1"].tokens == reference(PROMPT, 3) and driver.outcomes["x"].tokens == reference(x, 3)

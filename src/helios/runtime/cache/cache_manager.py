@@ -144,7 +144,7 @@ class CacheManager:
             self.num_reused_tokens += req.num_computed_tokens
         self.groups.join(req, key)
         self.groups.num_shared_admissions += 1
-        if not partial:
+        if not partial or fresh[0] == source:  # (the held page itself, freed to make room: its tokens are in place)
             return 1, CopyWork()
         copy = CopyOp(Location(StorageKind.PAGE, source), Location(StorageKind.PAGE, fresh[0]), partial)
         return 1, CopyWork((copy,))
