@@ -30,15 +30,17 @@ release).
 A held prompt: the last member holding the prompt may end while requests of its group still wait
 (a choice whose first token ends it: an output limit of one, a stop or EOS drawn first, a
 cancellation), typically before the others were admitted at all. Released, its page of the last
-prompt token would be freed and every waiting member would recompute that page (the whole prompt
-when it is shorter than a page), one member at a time, each the next ones' source. So the scheduler
-has the cache hold the prompt instead (`CacheManager.hold_prompt`): a `HeldPrompt` keeps one
-reference to each page of the prompt's first P - 1 tokens the member still held, and later members
-are admitted onto it exactly as onto a running source. The hold is dropped once no request of the
-group waits (`CacheManager.drop_holds`, outside step composition, so a plan that copied from it was
-launched before its pages can be allocated again, and runs first), and under page pressure before a
-running request is preempted (`CacheManager.allocate`): a member admitted after that prefills as any
-request does.
+prompt token would be freed: the next waiting member would recompute that page (the whole prompt
+when it is shorter than a page) while the others waited a step more for it (and did it again in
+turn, each choice ending at its first token). So the scheduler has the cache hold the prompt
+instead (`CacheManager.hold_prompt`; never for a request of a failed plan, whose copies may not
+have run): a `HeldPrompt` keeps one reference to each page of the prompt's first P - 1 tokens the
+member still held, and the waiting members are admitted onto it together, exactly as onto a running
+source. The hold is dropped once no request of the group waits (`CacheManager.drop_holds`, outside
+step composition, so a plan that copied from it was launched before its pages can be allocated
+again, and runs first), and under page pressure before a running request is preempted
+(`CacheManager.allocate`): a member admitted after that reuses the prompt from the prefix cache as
+any request does.
 """
 
 from __future__ import annotations
