@@ -12,7 +12,8 @@ and the logits behind them within `TOLERANCE` (eager programs through the test d
 variants the served core on the C++ kernels). Rope types whose frequencies depend on the current
 sequence length ("dynamic" NTK, and "longrope", which switches from short to long factors once
 ``max(position_ids) + 1`` passes ``original_max_position_embeddings``) are refused by every recipe
-with a typed `CheckpointError` naming the type.
+with a typed `CheckpointError` naming the type, but Phi-3's, which fixes the LongRoPE list by the
+served context (tests/ignition/test_phi3_recipe.py).
 
 ``HELIOS_LONG_POSITION_SEEDS`` (default 2) sets how many of test_config_fuzz's draws per family
 also run at long positions with drawn prompt lengths and chunk sizes.

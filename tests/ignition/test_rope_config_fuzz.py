@@ -1,7 +1,7 @@
 """Differential fuzz of the rope settings a config.json carries, against transformers.
 
 Each seed draws one family's tiny checkpoint (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
-GLM-4.5, DeepSeek-V3, gpt-oss, Bamba, and Qwen2.5-VL's decoder with an ``mrope_section`` in its
+GLM-4.5, DeepSeek-V3, gpt-oss, Bamba, Phi-3, and Qwen2.5-VL's decoder with an ``mrope_section`` in its
 ``text_config``; the weights written once per family) and a rope configuration
 of one of the types Helios or transformers knows (``default`` and every key of transformers'
 ``ROPE_INIT_FUNCTIONS``, plus names neither knows), in the layout transformers 5 writes
@@ -75,6 +75,9 @@ FAMILIES = {
     "deepseek": Family("deepseek", transformers.DeepseekV3Config, tuple(dict(_DEEPSEEK, qk_rope_head_dim=16).items())),
     "gpt_oss": Family("gpt_oss", transformers.GptOssConfig, tuple(dict(
         _TINY, head_dim=16, num_local_experts=2, num_experts_per_tok=2, sliding_window=6).items())),
+    # hidden_size / heads = head_dim 16: Phi3Config sizes LongRoPE's lists by it
+    "phi3": Family("phi3", transformers.Phi3Config, tuple(dict(
+        _TINY, hidden_size=64, pad_token_id=None, bos_token_id=None, eos_token_id=None).items())),
     "bamba": Family("bamba", transformers.BambaConfig, tuple(dict(
         _TINY, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8).items())),
@@ -347,7 +350,9 @@ def check_case(keys: dict, what: str, source: Path, directory: Path, greedy: boo
     directory = _write_case(source, directory, keys)
     reference = _reference(directory)
     try:
-        recipe = load_checkpoint(directory)
+        # Served context: the greedy run's (Phi-3's LongRoPE list follows it; no drawn original context
+        # lies between the reference's 5-token forward and it, where the two would take different lists).
+        recipe = load_checkpoint(directory, context_tokens=PROMPT_LEN + NEW_TOKENS)
     except CheckpointError as error:
         assert _named(str(error), keys, reference.missing_keys), f"{what}: refusal names no drawn setting: {error}"
         return f"{'both refuse' if reference.model is None or not reference.finite else 'helios refuses'}: {error}"
