@@ -238,6 +238,7 @@ REFUSED = {
     "gelu": (lambda config: config.update(hidden_act="gelu"), "hidden_act"),
     "a window of 0": (lambda config: config.update(sliding_window=0), "sliding_window"),
     "null head_dim": (lambda config: config.update(head_dim=None), "head_dim"),
+    "null norm epsilon": (lambda config: config.update(rms_norm_eps=None), "rms_norm_eps"),
     "no context for the factor": (lambda config: config.update(max_position_embeddings=None),
                                   "max_position_embeddings"),
 }

@@ -103,6 +103,9 @@ def _architecture(config, tensors, dtype, head_dim: int, attention_factor: float
     window = config.get("sliding_window")
     if window == 0:  # the reference's mask then hides every key (a softmax over nothing)
         raise UnsupportedCheckpoint("config.json: sliding_window 0 leaves a query no key to attend to")
+    for key in ("intermediate_size", "rms_norm_eps"):  # the reference computes with them: a null breaks it
+        if config[key] is None:
+            raise UnsupportedCheckpoint(f"config.json: {key} must be a number, got null")
     return Architecture(
         vocab_size=int(config["vocab_size"]),
         hidden_size=int(config["hidden_size"]),
