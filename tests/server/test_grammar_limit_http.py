@@ -135,6 +135,22 @@ def test_the_openai_client_reads_grammar_limit_as_its_finish_reason(app, served)
     assert_serving(app, served)
 
 
+def test_a_grammar_with_an_endless_branch_is_served_and_either_branch_ends_cleanly(app, served):
+    """``start: "d" | ("a")* /[^\\s\\S]/`` was a 400 (the check's walk took "a", after which
+    llguidance forces "a" for ever and runs out of parser items); it is served: an answer that takes
+    "d" ends with ``stop``, one that takes "a" meets that limit at the next "a" and ends with
+    ``grammar_limit`` and the "a" its grammar took."""
+    endless_branch = {"type": "grammar", "grammar": 'start: "d" | ("a")* /[^\\s\\S]/'}
+    endings = set()
+    for seed in range(6):
+        response = post(app, chat_body(max_tokens=8, temperature=1.5, seed=seed, response_format=endless_branch))
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        endings.add((choice["message"]["content"], choice["finish_reason"]))
+    assert endings == {("d", "stop"), ("a", "grammar_limit")}, endings  # seeds that take each branch
+    assert_serving(app, served)
+
+
 class _LimitAtFirstMask:
     """A request's real matcher that meets a lexer limit at its first mask, as a grammar whose
     limit the compile check did not see would (llguidance's contract: the error state's mask

@@ -18,6 +18,15 @@ the check passes (a branch it did not explore, or one deeper than its walk) is e
 time: finish_reason ``grammar_dead_end`` (`helios.runtime.feedback`). A limit llguidance meets off
 the lowest ids' walk refuses nothing and makes the search inconclusive.
 
+One limit is a dead end in disguise (`is_endless`): where the only text that can follow a token is
+forced and never ends (``("a")* /[^\\s\\S]/`` after "a": only "a" can follow, for ever), llguidance
+forces byte after byte until its parser's items run out ("Too many items ...; ff_tokens") instead of
+finding the dead end. The search treats it as a dead end it met (on the lowest ids' walk too, where
+another limit refuses the grammar), except that when every output it explored, all there are, ends
+in one or the other and one was that limit, the grammar is refused for the limit, as it was before.
+So ``start: "d" | ("a")* /[^\\s\\S]/`` is served (its output "d" completes); a sampled output that
+takes the endless branch ends at run time with finish_reason ``grammar_limit`` and its text so far.
+
 Which tokens a state branches to (`branch_ids`): every allowed id but EOS, except that on a vocabulary
 with a plain token for each byte UTF-8 text can hold, the allowed ids that start with one byte are
 covered by that byte's own token (llguidance works on bytes: whatever follows a longer token follows
@@ -46,6 +55,9 @@ DEAD_END = "NoExtension"
 # llguidance's error for a token its own mask allowed but its parser refused (a token it cannot
 # spell, such as an unknown-word token): for the search, a dead end like the other.
 REFUSED_TOKEN = "doesn't satisfy the grammar"
+# llguidance's parser error when a step's Earley items run out, and where: forcing the text after a
+# token ("parser error: Too many items (limit 50000; ff_tokens); ...").
+ENDLESS_ITEMS, ENDLESS_WHERE = "Too many items", "ff_tokens"
 
 
 # Bytes no UTF-8 text holds (llguidance's grammars are over text): a vocabulary may lack them
@@ -56,6 +68,13 @@ _NEVER_IN_UTF8 = frozenset([0xC0, 0xC1, *range(0xF5, 0x100)])
 def is_dead_end(error: str) -> bool:
     """Whether a matcher's error is a dead end (``NoExtension`` or ``NoExtensionBias``)."""
     return error.startswith(DEAD_END)
+
+
+def is_endless(error: str) -> bool:
+    """Whether a matcher's error is its parser's item limit met forcing the text after a token (see
+    the module docstring: forced text that never ends, a dead end llguidance meets as a limit)."""
+    first = error.split("\n", 1)[0]
+    return ENDLESS_ITEMS in first and ENDLESS_WHERE in first
 
 
 class SearchBudget:
@@ -183,6 +202,7 @@ def walk(start: llguidance.LLMatcher, mask_words: int, eos_ids: frozenset[int],
     path, mask = _Path(start), np.empty(mask_words, dtype=np.int32)
     stack: list[_Level] = []  # stack[i]: the state after path.ids[:i]
     masks, live, dead, exhaustive, lowest = 0, False, False, True, True
+    endless = ""  # the first endless limit met (`is_endless`): the verdict's error if nothing completes
     token_id: int | None = None  # the token to consume next (None: expand the state the path is at)
     while True:
         if token_id is not None:
@@ -194,11 +214,12 @@ def walk(start: llguidance.LLMatcher, mask_words: int, eos_ids: frozenset[int],
                 continue
             error = path.matcher.get_error()
             refused = is_dead_end(error) or REFUSED_TOKEN in error
-            if lowest and not refused:
+            endless = endless or (error if is_endless(error) else "")
+            if lowest and not (refused or is_endless(error)):
                 return WalkResult(error)  # a limit on the walk the check always made
             if not budget.take():  # a refused token costs a rebuilt matcher, as a state's mask does
                 return WalkResult()
-            dead, exhaustive = dead or refused, exhaustive and refused
+            dead, exhaustive = dead or refused, exhaustive and (refused or is_endless(error))
             path.rebuild()  # the state before the token
         else:
             if masks >= walk_masks and not budget.take():
@@ -206,11 +227,13 @@ def walk(start: llguidance.LLMatcher, mask_words: int, eos_ids: frozenset[int],
             masks += 1
             path.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
             error = path.matcher.get_error() if path.matcher.is_error() else ""
-            if error and lowest and not is_dead_end(error):
+            endless = endless or (error if is_endless(error) else "")
+            if error and lowest and not (is_dead_end(error) or is_endless(error)):
                 return WalkResult(error)
             first = None if error else lowest_allowed(mask, eos_ids)
             live = live or (not error and path.matcher.is_accepting())
-            dead, exhaustive = dead or is_dead_end(error), exhaustive and (not error or is_dead_end(error))
+            dead = dead or is_dead_end(error)
+            exhaustive = exhaustive and (not error or is_dead_end(error) or is_endless(error))
             if live and not (lowest and first is not None):
                 return WalkResult()  # a complete answer (after the lowest ids' walk, when on it)
             if first is not None:
@@ -224,7 +247,7 @@ def walk(start: llguidance.LLMatcher, mask_words: int, eos_ids: frozenset[int],
             return WalkResult()
         token_id = _next(stack, path, vocabulary, by_bytes)
         if token_id is None:
-            return _verdict(live, dead, exhaustive)
+            return _verdict(live, dead, exhaustive, endless)
 
 
 def _next(stack: list[_Level], path: _Path, vocabulary: Callable[[], BranchVocabulary], by_bytes: bool) -> int | None:
@@ -241,7 +264,9 @@ def _next(stack: list[_Level], path: _Path, vocabulary: Callable[[], BranchVocab
     return None
 
 
-def _verdict(live: bool, dead: bool, exhaustive: bool) -> WalkResult:
+def _verdict(live: bool, dead: bool, exhaustive: bool, endless: str) -> WalkResult:
+    if exhaustive and not live and endless:
+        return WalkResult(endless)  # refused for the limit llguidance met, as the lowest ids' walk was
     if dead and exhaustive and not live:
         return WalkResult(DEAD_END, dead_end=True)
     return WalkResult()

@@ -69,7 +69,8 @@ import numpy as np
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.preparation.prompt import ReasoningState
-from helios.frontend.structured.dead_ends import REFUSED_TOKEN, BranchVocabulary, SearchBudget, is_dead_end, walk
+from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabulary, SearchBudget, is_dead_end,
+                                                  is_endless, walk)
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -492,11 +493,17 @@ def user_message(message: str) -> str:
 def failure_reason(error: str) -> str:
     """Why a matcher that constructed entered its error state at a mask or token, for a client:
     a dead end (no token can follow and the output is not complete: the grammar, or every part of
-    it the check explored, matches no text) or a limit llguidance met."""
+    it the check explored, matches no text) or a limit llguidance met. The item limit met forcing
+    endless text (`dead_ends.is_endless`) says so instead of llguidance's hint about short lexemes,
+    which does not apply."""
     if is_dead_end(error):
         return ("reaches a dead end: every output it allows stops where no token can follow and the output "
                 "is not complete (an empty class such as [^\\s\\S], a rule that never ends, or text the "
                 "vocabulary cannot spell)")
+    if is_endless(error):
+        limit = user_message(error).split("; try ", 1)[0]
+        return (f"exceeds llguidance's limits: {limit}: it forces the text after a token and that text never "
+                "ends (a repetition beside what matches nothing, such as (\"a\")* before [^\\s\\S])")
     return f"exceeds llguidance's limits: {user_message(error)}"
 
 
