@@ -1,8 +1,10 @@
 """Scored prompts (prompt scores: SCORED_PREFILL) and plain prompts alternate step by step. When the
-operation whose turn it is schedules nothing, because its waiting head cannot be admitted for
-pages and it has no running lane, the step runs the other kind's running lanes instead: a scored
-prompt whose next chunk waited on a plain request that could not be admitted (or the reverse)
-stalled the scheduler for good, the alternation choosing the empty operation at every step."""
+operation whose turn it is schedules nothing, because its waiting head cannot be admitted (no
+pages, or it waits for a running request computing its prompt) and it has no running lane, the
+step runs the other kind's running lanes instead: a scored prompt whose next chunk waited on a
+plain request that could not be admitted, or on one waiting for the scored prompt itself (a prompt
+group), or a plain prompt behind a scored head, stalled the scheduler for good, the alternation
+choosing the empty operation at every step."""
 
 from __future__ import annotations
 
@@ -45,4 +47,20 @@ def test_a_plain_prompt_goes_on_while_a_scored_head_cannot_be_admitted():
     assert [plan.operation for plan in driver.plans].count(Operation.SCORED_PREFILL) == 1
     assert driver.outcomes["p"].tokens == reference(plain, 2)
     assert driver.outcomes["h"].tokens == reference(scored, 2)
+    assert_all_released(scheduler)
+
+
+def test_a_plain_request_waiting_for_a_scored_source_of_its_prompt():
+    """A scored request (echo with logprobs) and a plain one with the same prompt: the plain one
+    waits for the scored one's prompt (prompt groups), so the prompt step whose turn it is after each
+    scored chunk has nothing to run; the scored chunks go on, then the plain request shares the
+    prompt (before: the scheduler stalled after the first scored chunk, with pages to spare)."""
+    scheduler, driver = make(max_active=4, num_pages=64, prefill_tokens=16)
+    prompt = list(range(1, 41))
+    driver.submit(spec("s", prompt, 2, score_prompt=True), spec("m", prompt, 2))
+    driver.run()
+    assert operations(driver) == [
+        ("SCORED_PREFILL", [("s", 0, 16)]), ("SCORED_PREFILL", [("s", 16, 16)]), ("SCORED_PREFILL", [("s", 32, 8)]),
+        ("DECODE", [("s", 40, 1), ("m", 39, 1)]), ("DECODE", [("m", 40, 1)])]
+    assert driver.outcomes["s"].tokens == driver.outcomes["m"].tokens == reference(prompt, 2)
     assert_all_released(scheduler)
