@@ -130,6 +130,16 @@ def test_the_served_context_chooses_the_factor_list(long_checkpoint):
     assert "long_factor" in notice and f"original_max_position_embeddings ({ORIGINAL})" in notice
 
 
+def test_a_phi3_draft_takes_the_factor_list_of_the_served_context(long_checkpoint):
+    from helios.ignition.speculative_plan import SpeculativePlan, load_draft
+
+    reference, directory = long_checkpoint
+    target = load_checkpoint(directory).architecture
+    long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](reference.config, seq_len=ORIGINAL + 1)
+    draft = load_draft(SpeculativePlan(draft=directory), target, context_tokens=64)
+    assert torch.equal(dict(draft.weights)["rope.inv_freq"], long_freq) and draft.notices
+
+
 def test_a_core_within_the_original_context_equals_the_reference_on_every_sequence(long_checkpoint):
     """Served context 16: a 9-token prompt and 7 new tokens reach position 15, the last one the
     reference still rotates with the short factors."""

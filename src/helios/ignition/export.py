@@ -196,7 +196,9 @@ def prepare_core(
     writer = CoreWriter()
     programs = []
     variants = plan.variants()
-    draft = load_draft(plan.speculative, arch) if plan.speculative is not None else None
+    draft = load_draft(plan.speculative, arch, plan.context_tokens) if plan.speculative is not None else None
+    for notice in () if draft is None else draft.notices:  # the draft's rope follows the served context too
+        progress(f"notice (draft): {notice}")
     program_options = plan.speculative.options(draft.architecture) if draft is not None else ProgramOptions()
     program_options = dataclasses.replace(program_options, attention_tuning=plan.attention_tuning,
                                           device_pending=plan.device_pending)

@@ -65,9 +65,10 @@ class SpeculativePlan:
                               allocates_prefixes=self.allocate_prefixes)
 
 
-def load_draft(plan: SpeculativePlan, target: Architecture) -> Recipe:
-    """The draft recipe in the target's dtype; its vocabulary must be the target's."""
-    draft = load_checkpoint(plan.draft, target.dtype)
+def load_draft(plan: SpeculativePlan, target: Architecture, context_tokens: int | None = None) -> Recipe:
+    """The draft recipe in the target's dtype, for the target's served context (`load_checkpoint`);
+    its vocabulary must be the target's."""
+    draft = load_checkpoint(plan.draft, target.dtype, context_tokens)
     if draft.architecture.vocab_size != target.vocab_size:
         raise CheckpointError(
             f"the draft's vocabulary ({draft.architecture.vocab_size}) differs from the target's ({target.vocab_size})"
