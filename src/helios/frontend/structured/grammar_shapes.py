@@ -10,7 +10,8 @@ first and answers such a schema with a 400; the bounds below are set so that rea
 (recursive UI trees, tools of hundreds of properties, unions of a hundred models) stay within them.
 Measured on a 2-core machine, llguidance 1.9: cheap whatever their size within the 64 KiB schema
 bound, hence unbounded here, are long enums, ``minLength``/``maxLength``/``minItems``/``maxItems``
-of any size, number bounds, ref chains within `MAX_REF_DEPTH` and ``allOf`` of many objects.
+of any size, number bounds, ref chains within `MAX_REF_DEPTH` and ``allOf`` of many objects. Number
+bounds and ``multipleOf`` values llguidance reads inexactly are refused here too (`number_error`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ MAX_MULTIPLE_OF = 10_000
 # kills the process (the engine process recompiles each admitted grammar on its main thread).
 # Recursion (a ref back into its own path) adds no depth: llguidance keeps it a rule.
 MAX_REF_DEPTH = 128
+# And numbers llguidance reads inexactly (`number_error`): bounds (it reads them as 64-bit floats,
+# exact for integers up to 2**53, and builds no range from 1e18 on; the error was its own text, or
+# a rounded bound let a value past it through) and multipleOf values that scale to an integer only
+# past 1e15 (matched llguidance's own refusal on 399 of 399 random decimals).
+MAX_NUMBER_BOUND = 2**53
+MAX_SCALED_MULTIPLE = 1e15
+BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 # The keywords whose subschemas llguidance compiles, in strict and lenient mode alike (keywords it
 # does not implement, such as ``not``, ``if`` or ``propertyNames``, are errors in strict mode and
@@ -57,17 +65,18 @@ SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definit
 
 def schema_shape_error(source: str) -> str:
     """Why the JSON schema `source` is past `MAX_PATTERN_PROPERTIES`, `MAX_JOINT_PATTERNS`,
-    `MAX_REF_ALTERNATIVES`, `MAX_MULTIPLE_OF` or `MAX_REF_DEPTH` (its error for a client), or ""
-    when it is within them (or unreadable: the compile reports that)."""
+    `MAX_REF_ALTERNATIVES`, `MAX_MULTIPLE_OF` or `MAX_REF_DEPTH`, or holds a number llguidance reads
+    inexactly (`number_error`, naming the keyword's place), as its error for a client; "" when it is
+    within them (or unreadable: the compile reports that)."""
     try:
         schema = json.loads(source)
         document = SchemaDocument(schema)
     except (ValueError, RequestError):
         return ""  # the compile reports an unreadable schema or a bad $ref
     joint, alternatives, multiple = _JointPatterns(document), _RefAlternatives(), 1
-    stack = [schema]
+    stack = [(schema, "")]
     while stack:
-        node = stack.pop()
+        node, path = stack.pop()
         if not isinstance(node, dict):
             continue
         extra = node.get("patternProperties")
@@ -82,6 +91,9 @@ def schema_shape_error(source: str) -> str:
         if multiple > MAX_MULTIPLE_OF:
             return (f"multipleOf values whose least common multiple is {_short_number(multiple)} (each scaled to an "
                     f"integer past its decimals): at most {MAX_MULTIPLE_OF} can be compiled in bounded time")
+        number = number_error(node, path)
+        if number:
+            return number
         count = joint.count(node)
         if count is None or count > MAX_JOINT_PATTERNS:
             return (f"a string must match {'too many' if count is None else count} patterns together (its own "
@@ -89,13 +101,58 @@ def schema_shape_error(source: str) -> str:
                     "in bounded time")
         for key, value in node.items():
             if key in SUBSCHEMA_MAPS and isinstance(value, dict):
-                stack.extend(value.values())
+                stack.extend((child, f"{path}/{key}/{_pointer_token(name)}") for name, child in value.items())
+            elif key in SUBSCHEMA_KEYS and isinstance(value, list):
+                stack.extend((child, f"{path}/{key}/{index}") for index, child in enumerate(value))
             elif key in SUBSCHEMA_KEYS:
-                stack.extend(value if isinstance(value, list) else [value])
+                stack.append((value, f"{path}/{key}"))
     if _RefDepth(document).depth(schema) is None:
         return (f"a schema nested more than {MAX_REF_DEPTH} levels deep through its $refs: at most "
                 f"{MAX_REF_DEPTH} can be compiled safely")
     return ""
+
+
+def number_error(node: dict, path: str = "") -> str:
+    """Why a number keyword of the schema ``node`` (at JSON pointer ``path``) cannot be enforced
+    exactly (its error for a client), or "". llguidance reads numbers as 64-bit floats: a bound past
+    `MAX_NUMBER_BOUND` may be rounded (``minimum: 2**53 + 1`` let 2**53 through) and from 1e18 on it
+    builds no range at all; a ``multipleOf`` it scales to an integer by powers of ten in floating
+    point, which fails past `MAX_SCALED_MULTIPLE` (``9e-10`` does, ``3e-10`` does not)."""
+    where = f" at {path}" if path else ""
+    for key in BOUND_KEYWORDS:
+        value = node.get(key)
+        if _is_number(value) and not abs(value) <= MAX_NUMBER_BOUND:  # also an infinity or NaN
+            return (f"{key} {_short_bound(value)}{where}: a number bound must be within -{MAX_NUMBER_BOUND} .. "
+                    f"{MAX_NUMBER_BOUND} (2**53, past which 64-bit floats skip integers) to be enforced exactly")
+    value = node.get("multipleOf")
+    if _is_number(value) and value > 0 and _float_scaled(value) > MAX_SCALED_MULTIPLE:
+        return (f"multipleOf {_short_bound(value)}{where}: it must become an integer of at most 16 digits "
+                "when scaled by a power of ten in 64-bit floating point to be enforced (a decimal with fewer "
+                "places, such as 0.5 or 1e-6, does)")
+    return ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _short_bound(value: int | float) -> str:
+    return (str(value) if len(str(value)) <= 24 else _short_number(value)) if isinstance(value, int) else repr(value)
+
+
+def _float_scaled(value: int | float) -> float:
+    """``value`` times ten until it is an integer, in 64-bit floating point (llguidance's reading)."""
+    try:
+        scaled = float(value)
+    except OverflowError:
+        return math.inf
+    while math.isfinite(scaled) and scaled != math.floor(scaled):
+        scaled *= 10
+    return scaled
+
+
+def _pointer_token(name: str) -> str:
+    return str(name).replace("~", "~0").replace("/", "~1")
 
 
 def _scaled_multiple(value: Any) -> int:

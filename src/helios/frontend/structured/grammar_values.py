@@ -10,7 +10,11 @@ the schema accepts:
   text the parser reads (`StringBounds`), with the syntax's value wrap written around it, wherever
   the schema gives them: behind a ``$ref``, in ``allOf`` or ``anyOf``/``oneOf`` branches
   (`grammar_strings.raw_string`; differently bounded alternatives are a 400). Such a value
-  never holds the closer's text (XML-escaped: holds no entity, so its text is the value). Limits,
+  never holds the closer's text: a forced value ends at its first closer, as the parser reads it
+  (a value the model writes unforced is what the parser reads: `tag_tools`, a closer before other
+  text is value text). XML-escaped, its lengths count decoded characters and its pattern holds for
+  the decoded text (`grammar_escaped`; a pattern that cannot be carried over holds for text without
+  entities, which reads as written). Limits,
   each a 400 naming the tool and parameter rather than a bound silently dropped: ``^``/``$`` only at
   the ends of the pattern or of its top-level alternatives, and minLength/maxLength at most
   ``MAX_COUNTED_LEN`` when the value also has a pattern or a minLength (a maxLength alone has no
@@ -24,15 +28,17 @@ the schema accepts:
   spelled as the parsers expect them (``3``, ``true``, ``null``);
 - a syntax whose markup declares JSON (`ValueStyle.flag`: DSML ``string="false"``) writes JSON
   under the whole schema, and raw text under ``string="true"`` for plain string parameters;
-- XML-escaped syntaxes (XTML) write raw strings as escaped text.
+- XML-escaped syntaxes (XTML) write raw strings as escaped text, held to what it decodes to.
 
 JSON strings must not end the value early: their decoded text never contains the value closer (raw
 syntaxes) and holds ``&``, ``<`` and ``>`` only as the entities the parser decodes (escaped
 syntaxes, where ``&quot;`` is excluded since it would decode to a JSON quote); a string's own
 ``pattern`` or ``format`` is intersected with that rule (``allOf``), not replaced by it, and string
-``enum``/``const`` values that break it are left out. In escaped syntaxes a string with a
-``minLength`` or ``maxLength`` holds no ``&``, ``<`` or ``>`` at all: llguidance counts the
-characters as written, the parser reads them decoded. Numbers without
+``enum``/``const`` values that break it are left out. In escaped syntaxes llguidance checks the text
+as written while the parser decodes it: ``enum``/``const`` values and property names are escaped and
+patterns carried to the escaped language (`grammar_escaped`), and a string with a ``minLength``,
+``maxLength``, ``format`` or a pattern that cannot be carried over holds no ``&``, ``<`` or ``>`` at
+all (llguidance counts and matches the characters as written). Numbers without
 declared bounds stay within ``NUMBER_LIMIT`` (llguidance then writes them without an exponent), so
 none overflows to an infinity the parsers reject. Free-form objects, arrays and untyped values use
 a recursive "safe JSON" definition with the same string and number rules for keys and values.
@@ -57,6 +63,7 @@ from typing import Any, Mapping
 import llguidance
 
 from helios.frontend.structured.grammar import GrammarError
+from helios.frontend.structured.grammar_escaped import ESCAPED_CHAR, escape_text, escaped_keywords, escaped_search
 from helios.frontend.structured.grammar_strings import FREE, RawString, StringBounds, raw_string
 from helios.frontend.structured.grammar_lark import (
     LarkRules,
@@ -83,7 +90,6 @@ MAX_COUNTED_LEN = 1000
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _ENTITY_PATTERN = "^(?:[^<>&]|&(?:amp|lt|gt|apos);)*$"
 _TEXT_PATTERN = "^[^<>&]*$"  # escaped text without entities: it reads as many characters as it spells
-_XML_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
 
 
 @dataclass(frozen=True)
@@ -103,12 +109,6 @@ class ParameterValue:
 
     flag: str
     rule: str
-
-
-def xml_escape(text: str) -> str:
-    for char, entity in _XML_ESCAPES:
-        text = text.replace(char, entity)
-    return text
 
 
 def string_pattern(style: ValueStyle, closer: str) -> str:
@@ -150,14 +150,15 @@ def safe_schema(schema: Any, pattern: str) -> Any:
             out[key] = {name: safe_schema(value, pattern) for name, value in out[key].items()}
     types = out.get("type")
     types = set(types) if isinstance(types, list) else {types}
+    counted = pattern
+    if pattern == _ENTITY_PATTERN:
+        out, as_written = escaped_keywords(out)
+        counted = _TEXT_PATTERN if as_written else pattern
     if isinstance(out.get("enum"), list):  # string values are filtered here: intersecting each is costly
         out["enum"] = [value for value in out["enum"] if not isinstance(value, str) or _matches(pattern, value)]
     if isinstance(out.get("const"), str) and not _matches(pattern, out["const"]):
         del out["const"]
         out["enum"] = []  # its one value cannot be written
-    # A length-bounded string of an escaped syntax holds no entity: llguidance counts the characters
-    # written, the parser reads them decoded ("&amp;" is one character).
-    counted = _TEXT_PATTERN if pattern == _ENTITY_PATTERN and ("minLength" in out or "maxLength" in out) else pattern
     if "pattern" in out or "format" in out:
         # the client's own string constraint, intersected with the safe pattern (it replaced it, so a
         # pattern like ".*" let a JSON string hold the value closer; an unknown format is ignored)
@@ -320,7 +321,7 @@ class ValueGrammar:
                 raise GrammarError("none of its enum/const values is a string that its minLength, maxLength and "
                                    "pattern allow, so no value can be written")
             if escaped:
-                literals = [xml_escape(text) for text in literals]
+                literals = [escape_text(text) for text in literals]
             allowed = [t for t in literals if spelled_closer(self._closer) not in t]
             if not allowed:  # the value would be left free: none of the schema's values can be written
                 raise GrammarError(f"each of its enum/const values holds the value closer "
@@ -341,9 +342,13 @@ class ValueGrammar:
         is one, so it ends at the first closer); other bounds intersect in one lexeme that writes the
         wrap on both sides, so the parser, which strips it, reads exactly the value matched. A `nullable`
         value's lazy lexeme also spells ``null`` (the JSON null beside it is never reached once the
-        lazy lexeme holds its first characters)."""
+        lazy lexeme holds its first characters). Escaped, lengths count decoded characters (an entity is
+        one) and patterns hold for the decoded text (`escaped_search`); a pattern that cannot be carried
+        over holds for text without entities, which reads as written."""
         escaped = self._style.format is ValueFormat.XML_ESCAPED
-        char = "[^<>&]" if escaped else "(?s:.)"
+        searches = [_raw_search(pattern, escaped) for pattern in bounds.patterns]
+        as_written = any(written for _, written in searches)
+        char = ("[^<>&]" if as_written else ESCAPED_CHAR) if escaped else "(?s:.)"
         wrap = regex_escape(self._style.wrap)
         head = self._closer[0] if self._closer and not self._closer[0].is_token else None
         stop, rest = (regex_escape(head.text), self._closer[1:]) if head else ("", self._closer)
@@ -355,12 +360,7 @@ class ValueGrammar:
             return self._rules.rule("string", " ".join(filter(None, (value, lark_of(rest)))))
         low = bounds.min_len if stop or wrap else max(bounds.min_len, 1)  # before a token: absent, not empty
         texts = [f"{char}{{{low},{'' if bounds.max_len is None else bounds.max_len}}}"]
-        for pattern in bounds.patterns:
-            search = search_regex(pattern)
-            if search is None:
-                raise GrammarError(f"pattern {pattern[:80]!r}: a raw string value takes ^ and $ only at "
-                                   "the ends of the pattern or of its top-level alternatives")
-            texts.append(llguidance.regex_to_lark(search))
+        texts += [llguidance.regex_to_lark(search) for search, _ in searches]
         conjuncts = [f"/{wrap}(?:{text}){wrap}{stop}/" for text in texts]
         if stop and not escaped:
             conjuncts.append(f"/{not_containing(head.text)}{stop}/")
@@ -381,6 +381,20 @@ class ValueGrammar:
 
     def _wrap(self) -> str:
         return f"{lark_of(text_spelling(self._style.wrap))}? " if self._style.wrap else ""
+
+
+def _raw_search(pattern: str, escaped: bool) -> tuple[str, bool]:
+    """(the regex a raw value's text fully matches, whether it holds for the text as written):
+    escaped, the pattern's escaped language where `escaped_search` carries it over."""
+    if escaped:
+        written = escaped_search(pattern)
+        if written is not None:
+            return written, False
+    search = search_regex(pattern)
+    if search is None:
+        raise GrammarError(f"pattern {pattern[:80]!r}: a raw string value takes ^ and $ only at "
+                           "the ends of the pattern or of its top-level alternatives")
+    return search, escaped
 
 
 def spelled_closer(closer: Spelling) -> str:

@@ -64,7 +64,7 @@ FAMILIES = (
                           invoke_open=f'<{_DS}invoke name="', invoke_close=f"</{_DS}invoke>",
                           parameter_open=f'<{_DS}parameter name="', parameter_close=f"</{_DS}parameter>",
                           name_end='">', string_attribute='" string="', string_true="true", string_false="false",
-                          tag_separator="\n")),
+                          tag_separator="\n", block_lead="\n\n")),  # encoding_dsv32: content, "\n\n", block
     Family("deepseek-v3", ("deepseek_v3",), ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>",), spb.TOOL_PARSER_JSON_CALLS,
            spb.ToolSyntax(opener="<｜tool▁calls▁begin｜>", closer="<｜tool▁calls▁end｜>",
                           invoke_open="<｜tool▁call▁begin｜>function<｜tool▁sep｜>", name_end="\n",
