@@ -148,6 +148,18 @@ def test_a_grammar_with_an_endless_branch_is_served_and_either_branch_ends_clean
         choice = response.json()["choices"][0]
         endings.add((choice["message"]["content"], choice["finish_reason"]))
     assert endings == {("d", "stop"), ("a", "grammar_limit")}, endings  # seeds that take each branch
+    # The choices of one response (choice j samples with seed + j) end each its own way.
+    for stream in (False, True):
+        response = post(app, chat_body(max_tokens=8, temperature=1.5, seed=2, n=6, stream=stream,
+                                       response_format=endless_branch))
+        assert response.status_code == 200, response.text
+        if stream:
+            chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+            reasons = {c["index"]: c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]}
+        else:
+            reasons = {c["index"]: c["finish_reason"] for c in response.json()["choices"]}
+        assert reasons == {0: "grammar_limit", 1: "grammar_limit", 2: "grammar_limit", 3: "stop", 4: "stop",
+                           5: "stop"}, reasons
     assert_serving(app, served)
 
 
