@@ -23,6 +23,7 @@ import pytest
 
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.parsers.values import STRING_ONLY, schema_kinds
+from helios.frontend.structured.grammar_values import NULLABLE_STRING
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, parse_response_format
 from helios.frontend.structured.grammar_tools import is_markup_name
 from helios.server.schemas import ChatCompletionRequest
@@ -159,11 +160,11 @@ MAX_TOOL_TOKENS = 300
 
 
 def raw_text_schema(parameters: dict) -> dict:
-    """The parameters as tag syntaxes hold them: a plain string parameter is raw text, held to its
-    ``minLength``, ``maxLength`` and ``pattern`` but not ``format`` (README)."""
+    """The parameters as tag syntaxes hold them: a plain (or nullable) string parameter is raw text,
+    held to its ``minLength``, ``maxLength`` and ``pattern`` but not ``format`` (README)."""
     document = SchemaDocument(parameters, "parameters", "tools")
     properties = {name: without_formats(sub, parameters.get("$defs", {}))
-                  if schema_kinds(sub, document) in (STRING_ONLY, frozenset()) else sub
+                  if schema_kinds(sub, document) in (STRING_ONLY, NULLABLE_STRING, frozenset()) else sub
                   for name, sub in parameters.get("properties", {}).items()}
     return {**parameters, "properties": properties}
 

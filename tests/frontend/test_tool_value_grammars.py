@@ -112,6 +112,8 @@ XTML_VALUES = [  # (parameter schema, written value, parsed value or None: refus
     ({"type": "array", "items": {"type": "string", "pattern": "^a&b$"}}, '["a&amp;b"]', ["a&b"]),
     ({"type": "array", "items": {"type": "string", "pattern": "^.{5}$"}}, '["&amp;"]', None),
     ({"type": "array", "items": {"type": "string", "pattern": "^.{5}$"}}, '["a&amp;bcd"]', ["a&bcd"]),
+    ({"type": "array", "items": {"allOf": [{"type": "string"}, {"pattern": "^a&b$"}]}}, '["a&amp;b"]', ["a&b"]),
+    ({"type": "array", "items": {"allOf": [{"type": "string"}, {"minLength": 4}]}}, '["&lt;"]', None),  # reads "<"
     ({"type": "array", "items": {"enum": ["a<b", "x"]}}, '["a&lt;b"]', ["a<b"]),
     ({"type": "array", "items": {"enum": ["&lt;", "x"]}}, '["&lt;"]', None),  # reads "<", not in the enum
     ({"type": "array", "items": {"enum": ["&lt;", "x"]}}, '["&amp;lt;"]', ["&lt;"]),

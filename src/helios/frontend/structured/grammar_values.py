@@ -140,7 +140,11 @@ def safe_schema(schema: Any, pattern: str) -> Any:
     if not isinstance(schema, Mapping):
         return schema
     out = dict(schema)
-    if not any(key in out for key in _CONSTRAINING):
+    if not any(key in out for key in _CONSTRAINING):  # any value, its string keywords held as below
+        if pattern == _ENTITY_PATTERN:
+            out, as_written = escaped_keywords(out)
+            if as_written:
+                out["allOf"] = [{"pattern": _TEXT_PATTERN}]
         return {**out, **ref}
     for key in _COMPOSITE:
         if isinstance(out.get(key), list):
