@@ -1,5 +1,5 @@
-"""Compile the fused decoder kernels, the greedy sampling kernels, the one-row matrix-vector
-kernel and the skinny matrix product for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas;
+"""Compile the fused decoder kernels, the greedy sampling and draw kernels, the one-row
+matrix-vector kernel and the skinny matrix product for a Hopper GPU (sm_90) without a GPU, through PTX and ptxas;
 the norm and skinny kernels also as programmatic dependent launch compiles them.
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
@@ -14,7 +14,7 @@ from triton.compiler import ASTSource
 
 from compile_attention_kernels import TARGET  # sm_90
 
-from helios.abi import triton_fused, triton_gemv, triton_sampling, triton_skinny
+from helios.abi import triton_draws, triton_fused, triton_gemv, triton_sampling, triton_skinny
 from helios.abi.dependent_launch import PREFETCH_COLUMNS
 from helios.abi.gemv_tiles import GEMV_TILES, SKINNY_TILES, SkinnyTile
 
@@ -70,6 +70,24 @@ def compile_sampling() -> None:
                                 ROW_SLOTS=True))
     compile_kernel(triton_sampling._greedy_combine_kernel, dict(part_values="*fp64", part_ids="*i64", tokens="*i64"),
                    dict(NUM_SPLITS=64))
+    rows = dict(values="*fp64", stride="i64", drawing="*i1", temperature="*fp32", bests="*fp64", sums="*fp64")
+    compile_kernel(triton_draws._exp_sum_kernel, dict(rows, greedy="*i64"),
+                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK), num_warps=triton_draws.ROW_WARPS)
+    compile_kernel(triton_draws._probability_kernel,
+                   dict(rows, min_p="*fp32", counts="*i64", bucket_counts="*i64", bucket_masses="*fp64"),
+                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK, NB=triton_draws.NUM_BUCKETS,
+                        GROUP=triton_draws.FIRST_GROUP), num_warps=triton_draws.ROW_WARPS)
+    compile_kernel(triton_draws._partition_kernel,
+                   dict(rows, bucket_counts="*i64", candidate_p="*fp64", candidate_ids="*i32"),
+                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK, NB=triton_draws.NUM_BUCKETS,
+                        GROUP=triton_draws.FIRST_GROUP), num_warps=triton_draws.ROW_WARPS)
+    compile_kernel(triton_draws._draw_kernel,
+                   dict(greedy="*i64", drawing="*i1", top_k="*i32", top_p="*fp32", uniforms="*fp64", sums="*fp64",
+                        counts="*i64", bucket_counts="*i64", bucket_masses="*fp64", candidate_p="*fp64",
+                        candidate_ids="*i32", tokens="*i64"),
+                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.SELECT_BLOCK, WIDE=triton_draws.TIE_BLOCK,
+                        NB=triton_draws.NUM_BUCKETS, GROUP=triton_draws.FIRST_GROUP),
+                   num_warps=triton_draws.SELECT_WARPS)
 
 
 def compile_gemv() -> None:

@@ -91,8 +91,9 @@ def test_the_greedy_variant_takes_the_kernel_only_on_cuda():
 
 @pytest.mark.parametrize("rows, vocab, seed", [(8, 3000, 6), (5, 700, 7)])
 def test_the_kernel_pipeline_with_draws_gives_the_reference_tokens(rows, vocab, seed):
-    """The full pipeline with the fused pass: drawn rows (temperatures > 0, top-k/p, min-p) and
-    greedy rows get the reference's tokens exactly (on the CPU: the same softmax and sums)."""
+    """The full pipeline with the fused pass and the draw kernel: drawn rows (temperatures > 0,
+    top-k/p, min-p) and greedy rows get the reference's tokens exactly (the draw kernel's sums round
+    otherwise; no boundary of these rows is that close)."""
     cpu = sample_inputs(rows, vocab, seed)
     expected = torch.ops.helios.sample(**cpu)  # the CPU op: the reference pipeline
     drawn = cpu["temperature"] > 0

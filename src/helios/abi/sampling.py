@@ -59,8 +59,10 @@ Fused pass on CUDA: steps 1-5 run as `helios.abi.triton_sampling.greedy_tokens`,
 over the float32 logits that applies penalties and the grammar mask only in the rows that need them
 (decided on the device) and takes the float64 argmax: the reference's values and greedy tokens bit
 for bit, without its [R, V] float64 intermediates. In the greedy variant (below) that is all;
-otherwise the pass also stores the float64 values and the draws (steps 6-8) run as in the
-reference's device path.
+otherwise the pass also stores the float64 values and the draws (steps 6-8) run as
+`helios.abi.triton_draws.draw_rows`: the same rules by selection instead of a sort of the whole
+row (its tokens differ from the reference's only where summation rounding moves a boundary, as
+above).
 
 Variants. The registered op is the full pipeline. `SampleVariant` names explicit variants of it
 with the same signature, which a runtime binds into a program's graph in place of the op
@@ -300,9 +302,12 @@ def sample_with_kernel(logits: torch.Tensor, params: DrawParams, penalties: torc
                        counts: tuple[torch.Tensor, torch.Tensor], grammar_mask: torch.Tensor,
                        mask_rows: torch.Tensor, draws: bool = True) -> torch.Tensor:
     """`sample_reference` with steps 1-5 in the fused Triton pass (the same values and greedy
-    tokens bit for bit); without `draws` nothing else runs, otherwise the random draws of the
-    device path (no host selection) start from the values the pass stored."""
+    tokens bit for bit); without `draws` nothing else runs, otherwise steps 6-8 run as
+    `helios.abi.triton_draws.draw_rows` (selection instead of the reference's sort) on the values
+    the pass stored."""
     from helios.abi.triton_sampling import greedy_tokens
+
+    from helios.abi.triton_draws import draw_rows
 
     arguments = (logits, penalties, counts[0], counts[1], grammar_mask, mask_rows)
     if not draws:
@@ -311,7 +316,8 @@ def sample_with_kernel(logits: torch.Tensor, params: DrawParams, penalties: torc
     tokens = greedy_tokens(*arguments, values_out=values)
     has_candidate = tokens >= 0
     drawing = (params.temperature > 0) & has_candidate
-    tokens = with_draws(tokens, values, drawing, params, select_rows=False)
+    uniforms = uniform53(philox_words(params.seeds, params.counters, SAMPLE_OFFSET))
+    tokens = draw_rows(values, tokens, drawing, params.temperature, params.top_k, params.top_p, params.min_p, uniforms)
     return torch.where(has_candidate, tokens, NO_TOKEN)
 
 

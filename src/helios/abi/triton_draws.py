@@ -1,0 +1,392 @@
+"""Triton kernels of ``helios::sample``'s random draws on CUDA (CPU under TRITON_INTERPRET=1), without a sort.
+
+`draw_rows` computes steps 6-8 of `helios.abi.sampling`'s docstring for every drawing row: the token
+at the inverse-CDF position of the canonical order (probability descending, id ascending on ties)
+after top-k, top-p and min-p. The reference's device path sorts the whole row (a stable float64
+sort of V values and their ids: 64% of its time at 256 rows x 128k on an H100,
+bench/results/h100_session54/parts.log) and then scans it a dozen times. But every quantity the
+draw needs is a count or a mass of a *prefix* of the canonical order, and a prefix is the set of
+tokens whose probability bits (a non-negative float64 read as an int64: the same order) are above
+a key, plus the lowest ids among those equal to it. So each is found by selection instead:
+
+1. `_exp_sum_kernel` (SPLITS programs a row): the softmax's sum of exp(z - max z), z = value /
+   temperature sanitised as the reference does; max z is the greedy token's.
+2. `_probability_kernel`: stores p = exp(z - max z) / sum in place of the values; counts p > 0 and
+   p >= min_p * p_max; counts and masses by *first bucket*: 2**FIRST_GROUP exponents below p_max's
+   a bucket, the last bucket every smaller p.
+3. `_partition_kernel`: copies each row's p and ids into candidate lists grouped by first bucket,
+   each group in id order (a counting sort by bucket, in parallel over the splits).
+4. `_draw_kernel` (one program a row): `_first_failing` finds the first canonical position at which
+   a monotone predicate on the prefix (count <= limit, mass < or <= tau) fails. The first buckets
+   locate the crossing bucket; passes over its candidates only then histogram their keys into
+   NUM_BUCKETS digits, take every digit before the crossing whole and narrow to the crossing digit,
+   until one key is left, whose equal tokens are taken in id order. With it: top-k is the mass of
+   the first k positions; top-p the first position whose preceding mass is not below top_p times
+   that (the reference's strict ``below``); min-p a count; the draw the first position whose prefix
+   mass exceeds u times the kept mass, clamped to the last kept token with p > 0.
+
+Equal values give equal probabilities and share every bucket, so ties follow the canonical order
+exactly. The masses are float64 sums in another order than the reference's prefix sums (which on
+CUDA are a parallel scan, rounded otherwise than the CPU's too): a token differs from the
+reference's only where that rounding moves a boundary comparison, as `helios.abi.sampling`'s
+docstring allows for the device path (no difference in 8,192 rows on an H100). Nothing depends on
+other rows or the row count (splits, blocks, buckets and warps are fixed), so a row's token is the
+same alone or in any batch.
+
+Measured on an H100 in CUDA graphs against the sorted path it replaced (bench/results/h100_session54/
+draw_sweep.log; flat and peaked 128k rows, temperature alone, with top-p 0.95, with top-k 50 and
+top-p 0.9; FIRST_GROUP 1): 1.15-1.2x as fast at 1 row, 1.9-2.1x at 8, 2.1-2.2x at 64, 2.6x at 256.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["draw_rows"]
+
+SPLITS = 16  # programs per row of the two passes over whole rows (fixed: sums must not depend on the batch)
+ROW_BLOCK = 1024  # ids per loop iteration of those passes
+ROW_WARPS = 4
+NUM_BUCKETS = 16
+SELECT_WARPS = 8  # warps of the one program per row that selects
+SELECT_BLOCK = 32 * SELECT_WARPS  # candidates per loop iteration of a narrowing pass (one per thread)
+TIE_BLOCK = 2048  # candidates per loop iteration of the pass that finds the nth of equal ones
+FIRST_GROUP = 1  # log2 of the exponents one bucket of the first (whole-row) histogram holds
+_F64_MAX = tl.constexpr(1.7976931348623157e308)
+_MAX_KEY = tl.constexpr(0x7FFFFFFFFFFFFFFF)
+
+
+def draw_rows(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tensor, temperature: torch.Tensor,
+              top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """int64 [R]: the drawn token of each `drawing` row, `greedy` elsewhere.
+
+    `values` is the float64 [R, V] output of steps 1-4 (`helios.abi.triton_sampling.greedy_tokens`'
+    ``values_out``) and is overwritten with the drawing rows' probabilities; `greedy` is that pass's
+    token per row (the row maximum's lowest id); `uniforms` the rows' float64 `uniform53` draws.
+    """
+    num_rows, vocab_size = values.shape
+    tokens = torch.empty_like(greedy)
+    if num_rows == 0:
+        return tokens
+    device = values.device
+    chunk = -(-vocab_size // (SPLITS * ROW_BLOCK)) * ROW_BLOCK
+    bests = torch.empty((num_rows,), dtype=torch.float64, device=device)
+    sums = torch.empty((num_rows, SPLITS), dtype=torch.float64, device=device)
+    counts = torch.empty((num_rows, SPLITS, 2), dtype=torch.int64, device=device)
+    bucket_counts = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.int64, device=device)
+    bucket_masses = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.float64, device=device)
+    candidate_p = torch.empty((num_rows, vocab_size), dtype=torch.float64, device=device)
+    candidate_ids = torch.empty((num_rows, vocab_size), dtype=torch.int32, device=device)
+    rows = (values, values.stride(0), drawing, temperature, bests, sums)
+    _exp_sum_kernel[(num_rows, SPLITS)](*rows, greedy, vocab_size, chunk, S=SPLITS, BLOCK_V=ROW_BLOCK,
+                                         num_warps=ROW_WARPS)
+    _probability_kernel[(num_rows, SPLITS)](*rows, min_p, counts, bucket_counts, bucket_masses, vocab_size, chunk,
+                                            S=SPLITS, BLOCK_V=ROW_BLOCK, NB=NUM_BUCKETS, GROUP=FIRST_GROUP,
+                                            num_warps=ROW_WARPS)
+    _partition_kernel[(num_rows, SPLITS)](*rows, bucket_counts, candidate_p, candidate_ids, vocab_size, chunk,
+                                          S=SPLITS, BLOCK_V=ROW_BLOCK, NB=NUM_BUCKETS, GROUP=FIRST_GROUP,
+                                          num_warps=ROW_WARPS)
+    _draw_kernel[(num_rows,)](
+        greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_counts, bucket_masses, candidate_p,
+        candidate_ids, tokens, vocab_size, S=SPLITS, BLOCK_V=SELECT_BLOCK, WIDE=TIE_BLOCK, NB=NUM_BUCKETS,
+        GROUP=FIRST_GROUP, num_warps=SELECT_WARPS)
+    return tokens
+
+
+@triton.jit
+def _scaled(x, temp):
+    """The reference's z: x / temperature, NaN -> -inf, +inf -> float64 max."""
+    z = x / temp
+    z = tl.where(z != z, float("-inf"), z)
+    return tl.where(z == float("inf"), _F64_MAX, z)
+
+
+@triton.jit
+def _split_range(chunk, vocab_size):
+    start = tl.program_id(1).to(tl.int64) * chunk
+    return start, tl.minimum(start + chunk, vocab_size)
+
+
+@triton.jit
+def _exp_sum_kernel(values, stride, drawing, temperature, bests, sums, greedy, vocab_size, chunk, S: tl.constexpr,
+                    BLOCK_V: tl.constexpr):
+    """sums[row, split]: the sum of exp(z - max z) over the split's ids of a drawing row; bests[row]:
+    max z (the greedy token's z: division by a temperature > 0 keeps the order)."""
+    row = tl.program_id(0)
+    total = tl.zeros((), tl.float64)
+    if tl.load(drawing + row).to(tl.int32) != 0:
+        row_p = values + row.to(tl.int64) * stride
+        temp = tl.load(temperature + row).to(tl.float64)
+        best = _scaled(tl.load(row_p + tl.load(greedy + row)), temp)
+        if tl.program_id(1) == 0:
+            tl.store(bests + row, best)
+        lanes = tl.zeros((BLOCK_V,), tl.float64)
+        start, end = _split_range(chunk, vocab_size)
+        for offset in range(start, end, BLOCK_V):
+            ids = offset + tl.arange(0, BLOCK_V)
+            x = tl.load(row_p + ids, mask=ids < end, other=float("-inf"))
+            lanes += tl.exp(_scaled(x, temp) - best)
+        total = tl.sum(lanes, axis=0)
+    tl.store(sums + row * S + tl.program_id(1), total)
+
+
+@triton.jit
+def _probability_kernel(values, stride, drawing, temperature, bests, sums, min_p, counts, bucket_counts,
+                        bucket_masses, vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
+                        GROUP: tl.constexpr):
+    """Stores p = exp(z - max z) / sum over the split's ids of a drawing row; per split: the counts of
+    p > 0 and of p >= min_p * p_max, and counts and masses by exponent bucket (the first narrowing
+    pass of every selection: bucket b holds the exponents 2**GROUP * b to 2**GROUP * (b + 1) - 1 below
+    p_max's, the last every smaller one)."""
+    row = tl.program_id(0)
+    if tl.load(drawing + row).to(tl.int32) != 0:
+        row_p = values + row.to(tl.int64) * stride
+        temp = tl.load(temperature + row).to(tl.float64)
+        best = tl.load(bests + row)
+        total = tl.sum(tl.load(sums + row * S + tl.arange(0, S)), axis=0)
+        top = (1.0 / total).to(tl.int64, bitcast=True) >> 52  # p_max = exp(0) / total
+        threshold = tl.load(min_p + row).to(tl.float64) * (1.0 / total)
+        buckets = tl.arange(0, NB)
+        bucket_count = tl.zeros((NB,), tl.int64)
+        bucket_mass = tl.zeros((NB,), tl.float64)
+        positive = tl.zeros((), tl.int64)
+        kept_m = tl.zeros((), tl.int64)
+        start, end = _split_range(chunk, vocab_size)
+        for offset in range(start, end, BLOCK_V):
+            ids = offset + tl.arange(0, BLOCK_V)
+            inside = ids < end
+            x = tl.load(row_p + ids, mask=inside, other=float("-inf"))
+            p = tl.exp(_scaled(x, temp) - best) / total
+            tl.store(row_p + ids, p, mask=inside)
+            positive += tl.sum((inside & (p > 0.0)).to(tl.int64), axis=0)
+            kept_m += tl.sum((inside & (p >= threshold)).to(tl.int64), axis=0)
+            bucket = tl.minimum((top - (p.to(tl.int64, bitcast=True) >> 52)) >> GROUP, NB - 1)
+            hit = (bucket[:, None] == buckets[None, :]) & inside[:, None]
+            bucket_count += tl.sum(hit.to(tl.int64), axis=0)
+            bucket_mass += tl.sum(tl.where(hit, p[:, None], 0.0), axis=0)
+        base = (row * S + tl.program_id(1)).to(tl.int64)
+        tl.store(counts + base * 2, positive)
+        tl.store(counts + base * 2 + 1, kept_m)
+        tl.store(bucket_counts + base * NB + buckets, bucket_count)
+        tl.store(bucket_masses + base * NB + buckets, bucket_mass)
+
+
+@triton.jit
+def _partition_kernel(values, stride, drawing, temperature, bests, sums, bucket_counts, candidate_p, candidate_ids,
+                      vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
+                      GROUP: tl.constexpr):
+    """Copies a drawing row's p and ids into its candidate lists grouped by first-histogram bucket
+    (bucket 0's first), each bucket's tokens in id order: the split's tokens of bucket b go after
+    those of every smaller bucket and of bucket b in every earlier split."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    if tl.load(drawing + row).to(tl.int32) != 0:
+        row_p = values + row.to(tl.int64) * stride
+        total = tl.sum(tl.load(sums + row * S + tl.arange(0, S)), axis=0)
+        top = (1.0 / total).to(tl.int64, bitcast=True) >> 52
+        buckets = tl.arange(0, NB)
+        splits = tl.arange(0, S)
+        table = tl.load(bucket_counts + (row * S + splits)[:, None] * NB + buckets[None, :])
+        totals = tl.sum(table, axis=0)
+        slots = tl.cumsum(totals, axis=0) - totals + tl.sum(tl.where(splits[:, None] < split, table, 0), axis=0)
+        out = row.to(tl.int64) * vocab_size
+        start, end = _split_range(chunk, vocab_size)
+        for offset in range(start, end, BLOCK_V):
+            ids = offset + tl.arange(0, BLOCK_V)
+            inside = ids < end
+            p = tl.load(row_p + ids, mask=inside, other=0.0)
+            bucket = tl.minimum((top - (p.to(tl.int64, bitcast=True) >> 52)) >> GROUP, NB - 1)
+            hit = (bucket[:, None] == buckets[None, :]) & inside[:, None]
+            rank = tl.cumsum(hit.to(tl.int32), axis=0)
+            slot = out + tl.sum(tl.where(hit, slots[None, :] + rank - 1, 0), axis=1)
+            tl.store(candidate_p + slot, p, mask=inside)
+            tl.store(candidate_ids + slot, ids.to(tl.int32), mask=inside)
+            slots += tl.sum(hit.to(tl.int64), axis=0)
+
+
+@triton.jit
+def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_counts, bucket_masses, candidate_p,
+                 candidate_ids, tokens, vocab_size, S: tl.constexpr, BLOCK_V: tl.constexpr,
+                 WIDE: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr):
+    row = tl.program_id(0)
+    token = tl.load(greedy + row)
+    if tl.load(drawing + row).to(tl.int32) != 0:
+        size = tl.full((), 0, tl.int64) + vocab_size
+        lists = (candidate_p + row.to(tl.int64) * vocab_size, candidate_ids + row.to(tl.int64) * vocab_size, size)
+        splits = tl.arange(0, S)
+        key_max = (1.0 / tl.sum(tl.load(sums + row * S + splits), axis=0)).to(tl.int64, bitcast=True)
+        positive = tl.sum(tl.load(counts + (row * S + splits) * 2), axis=0)
+        kept_m = tl.sum(tl.load(counts + (row * S + splits) * 2 + 1), axis=0)
+        cells = (row * S + splits)[:, None] * NB + tl.arange(0, NB)[None, :]
+        first = (tl.sum(tl.load(bucket_counts + cells), axis=0), tl.sum(tl.load(bucket_masses + cells), axis=0))
+        mass = tl.sum(first[1], axis=0)
+        inf = float("inf")
+        # top-k: the first k positions and their mass
+        k = tl.load(top_k + row).to(tl.int64)
+        kept_k = size
+        mass_k = mass
+        if (k > 0) & (k < size):
+            _, _, mass_k, _ = _first_failing(lists, key_max, first, k, inf, False, BLOCK_V, WIDE, NB, GROUP)
+            kept_k = k
+        # top-p: positions whose preceding mass is below top_p times the top-k mass
+        top = tl.load(top_p + row).to(tl.float64)
+        kept_p = size
+        mass_p = mass
+        if top < 1.0:
+            failed, _, before, failed_p = _first_failing(lists, key_max, first, kept_k, top * mass_k, True, BLOCK_V,
+                                                         WIDE, NB, GROUP)
+            kept_p = tl.minimum(failed + 1, size)
+            mass_p = tl.where(failed < size, before + failed_p, before)
+        kept = tl.maximum(tl.minimum(tl.minimum(kept_k, kept_p), kept_m), 1)
+        kept_mass = mass_k
+        if kept != kept_k:
+            kept_mass = mass_p
+            if kept != kept_p:
+                _, _, kept_mass, _ = _first_failing(lists, key_max, first, kept, inf, False, BLOCK_V, WIDE, NB,
+                                                    GROUP)
+        # the draw: the first position whose mass exceeds u * kept mass, at most the last kept p > 0
+        drawable = tl.minimum(kept, positive)
+        target = tl.load(uniforms + row) * kept_mass
+        _, token, _, _ = _first_failing(lists, key_max, first, drawable - 1, target, False, BLOCK_V, WIDE, NB,
+                                        GROUP)
+    tl.store(tokens + row, token)
+
+
+@triton.jit
+def _mass_fails(mass, tau, STRICT: tl.constexpr):
+    """Whether a prefix of mass `mass` breaks the mass bound (not < tau if STRICT, else not <= tau)."""
+    if STRICT:
+        return mass >= tau
+    else:
+        return mass > tau
+
+
+@triton.jit
+def _crossing(counts, masses, above_n, above_m, limit, tau, STRICT: tl.constexpr, NB: tl.constexpr,
+              INSIDE: tl.constexpr):
+    """The first bucket holding a position that breaks the predicate, and the count and mass of the
+    positions before it. Where none does: NB, or with INSIDE (the buckets are known to hold the
+    crossing, which only rounding can hide) the last bucket holding a token."""
+    buckets = tl.arange(0, NB)
+    cum_n = above_n + tl.cumsum(counts, axis=0)
+    cum_m = above_m + tl.cumsum(masses, axis=0)
+    fails = (counts > 0) & ((cum_n > limit) | _mass_fails(cum_m, tau, STRICT))
+    j = tl.min(tl.where(fails, buckets, NB), axis=0)
+    if INSIDE:
+        j = tl.where(j == NB, tl.max(tl.where(counts > 0, buckets, 0), axis=0), j)
+    previous = buckets == j - 1
+    above_n = tl.where(j > 0, tl.sum(tl.where(previous, cum_n, 0), axis=0), above_n)
+    above_m = tl.where(j > 0, tl.sum(tl.where(previous, cum_m, 0.0), axis=0), above_m)
+    return j, above_n, above_m
+
+
+@triton.jit
+def _first_failing(lists, key_max, first, limit, tau, STRICT: tl.constexpr, BLOCK_V: tl.constexpr,
+                   WIDE: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr):
+    """The first canonical position j whose prefix (positions 0..j) has more than `limit` tokens or a
+    mass not below `tau` (not at most `tau` unless STRICT): (j, its token id, the mass of positions
+    before j, its p). Where every position holds: (V, -1, the whole mass, 0).
+
+    `first` is the exponent histogram of the whole row (`_probability_kernel`): the first narrowing.
+    Every further narrowing reads only the crossing bucket's tokens (`_partition_kernel` grouped the
+    row's candidate lists by that bucket): NB buckets of the range's keys, a bucket a digit of the
+    smallest shift that fits the range in NB digits, until one key is left."""
+    candidate_p, candidate_ids, size = lists
+    counts, masses = first
+    j, above_n, above_m = _crossing(counts, masses, tl.zeros((), tl.int64), tl.zeros((), tl.float64), limit, tau,
+                                    STRICT, NB, False)
+    position = size
+    token = tl.full((), -1, tl.int64)
+    token_p = tl.zeros((), tl.float64)
+    if j == NB:  # every position holds
+        above_m = tl.sum(masses, axis=0)
+    else:  # exponents 2**GROUP * j ... below p_max's (the last bucket: every smaller one)
+        e_high = (key_max >> 52) - (j << GROUP)
+        e_low = tl.where(j == NB - 1, 0, tl.maximum(e_high - (1 << GROUP) + 1, 0))
+        lo = e_low << 52
+        hi = tl.minimum(key_max, ((e_high + 1) << 52) - 1)
+        listed = tl.sum(tl.where(tl.arange(0, NB) == j, counts, 0), axis=0)
+        region = tl.sum(tl.where(tl.arange(0, NB) < j, counts, 0), axis=0)
+        candidate_p += region
+        candidate_ids += region
+        searching = tl.full((), 1, tl.int32)
+        while searching != 0:
+            shift = tl.zeros((), tl.int64)
+            while (hi >> shift) - (lo >> shift) >= NB:
+                shift += 1
+            top = hi >> shift
+            counts, masses, key_lo, key_hi = _histogram(candidate_p, listed, lo, hi, shift, top, BLOCK_V, NB)
+            if key_lo == key_hi:  # one value left (one token, or equal ones): its tokens in id order
+                q = key_lo.to(tl.float64, bitcast=True)
+                taken = _tied_prefix(above_n, above_m, q, tl.sum(counts, axis=0), limit, tau, STRICT)
+                position = above_n + taken
+                above_m = above_m + taken.to(tl.float64) * q
+                token = _nth_equal(candidate_p, candidate_ids, listed, key_lo, taken, WIDE)
+                token_p = q
+                searching = 0
+            else:
+                j, above_n, above_m = _crossing(counts, masses, above_n, above_m, limit, tau, STRICT, NB, True)
+                lo = tl.maximum(lo, (top - j) << shift)
+                hi = tl.minimum(hi, ((top - j + 1) << shift) - 1)
+    return position, token, above_m, token_p
+
+
+@triton.jit
+def _histogram(candidate_p, listed, lo, hi, shift, top, BLOCK_V: tl.constexpr, NB: tl.constexpr):
+    """Counts and masses of the candidates whose key is in [lo, hi], by bucket top - (key >> shift)
+    (bucket 0 holds the largest keys), and the smallest and largest key among them. Each lane sums
+    its own candidates; the lanes are reduced once, at the end."""
+    buckets = tl.arange(0, NB)
+    lane_counts = tl.zeros((BLOCK_V, NB), tl.int32)
+    lane_masses = tl.zeros((BLOCK_V, NB), tl.float64)
+    lane_lo = tl.full((BLOCK_V,), _MAX_KEY, tl.int64)
+    lane_hi = tl.full((BLOCK_V,), -1, tl.int64)
+    for offset in range(0, listed, BLOCK_V):
+        index = offset + tl.arange(0, BLOCK_V)
+        p = tl.load(candidate_p + index, mask=index < listed, other=-1.0)
+        key = p.to(tl.int64, bitcast=True)
+        inside = (key >= lo) & (key <= hi)
+        hit = ((top - (key >> shift))[:, None] == buckets[None, :]) & inside[:, None]
+        lane_counts += hit.to(tl.int32)
+        lane_masses += tl.where(hit, p[:, None], 0.0)
+        lane_lo = tl.minimum(lane_lo, tl.where(inside, key, _MAX_KEY))
+        lane_hi = tl.maximum(lane_hi, tl.where(inside, key, -1))
+    return (tl.sum(lane_counts, axis=0).to(tl.int64), tl.sum(lane_masses, axis=0), tl.min(lane_lo, axis=0),
+            tl.max(lane_hi, axis=0))
+
+
+@triton.jit
+def _tied_prefix(above_n, above_m, q, count, limit, tau, STRICT: tl.constexpr):
+    """How many of `count` tokens of probability `q` after a prefix (above_n tokens, mass above_m)
+    still hold the predicate, at most count - 1 (the failing position is among them)."""
+    if q > 0.0:
+        guess = tl.floor((tau - above_m) / q)
+        guess = tl.minimum(tl.maximum(guess, 0.0), count.to(tl.float64))
+        taken = guess.to(tl.int64)
+        while (taken > 0) & _mass_fails(above_m + taken.to(tl.float64) * q, tau, STRICT):
+            taken -= 1
+        while (taken < count) & (_mass_fails(above_m + (taken + 1).to(tl.float64) * q, tau, STRICT) == 0):
+            taken += 1
+    else:
+        taken = tl.where(_mass_fails(above_m, tau, STRICT), 0, count)
+    taken = tl.minimum(taken, limit - above_n)
+    return tl.maximum(tl.minimum(taken, count - 1), 0)
+
+
+@triton.jit
+def _nth_equal(candidate_p, candidate_ids, listed, key, nth, BLOCK_V: tl.constexpr):
+    """The id of the `nth` (0-based, in id order) candidate whose probability bits are `key`."""
+    seen = tl.zeros((), tl.int64)
+    found = tl.full((), -1, tl.int64)
+    for offset in range(0, listed, BLOCK_V):
+        index = offset + tl.arange(0, BLOCK_V)
+        p = tl.load(candidate_p + index, mask=index < listed, other=-1.0)
+        equal = p.to(tl.int64, bitcast=True) == key
+        rank = seen + tl.cumsum(equal.to(tl.int64), axis=0) - 1
+        hit = equal & (rank == nth)
+        ids = tl.load(candidate_ids + index, mask=hit, other=-1).to(tl.int64)
+        found = tl.maximum(found, tl.max(tl.where(hit, ids, -1), axis=0))
+        seen += tl.sum(equal.to(tl.int64), axis=0)
+    return found
