@@ -60,8 +60,9 @@ def compiler(deepseek_tokenizer):
 
 ESCAPE_PATTERNS = ["^a&b$", "&", "amp", "^.{3}$", "^[^a]+$", r"^\S{2}$", "(?i)^x<", "^(a|<)+$", "^[&<>]$",
                    "a.*b", "^(?:&|<){2}$", "lt;", "^&amp;$", "^[a-z&;]{1,5}$", "x|^<", r"^\W*$", "^[^&]*$",
-                   ">$", "^[%-?]+$"]
-DECODED_PIECES = ["a", "b", "x", "X", "&", "<", ">", ";", "amp", "lt;", "\n", " ", "é"]
+                   ">$", "^[%-?]+$", r"^\d{2,3}$", "^(?:a|bc)*?x$", "(?i)[a-c]&", r"^[\s<]+$", "^[^\n]*$",
+                   *schema_fuzz.PATTERNS]
+DECODED_PIECES = ["a", "b", "c", "x", "X", "&", "<", ">", ";", "amp", "lt;", "\n", " ", "é", "1", "9", "-"]
 WRITTEN_PIECES = ["a", "b", "x", "&", "<", ">", ";", "amp", "&amp;", "&lt;", "&gt;", "&apos;", "&AMP;", "&#38;"]
 
 
@@ -87,6 +88,8 @@ def test_escaped_search_takes_exactly_the_escapings_of_the_strings_the_pattern_f
         ids = deepseek_tokenizer.encode(text, add_special_tokens=False).ids
         return all(probe.consume_token(t) for t in ids) and probe.is_accepting
 
+    for decoded in schema_fuzz.PATTERNS.get(pattern, []):  # values known to match
+        assert takes(escape_text(decoded)), decoded
     for _ in range(30):
         decoded = "".join(rng.choices(DECODED_PIECES, k=rng.randint(0, 5)))
         assert takes(escape_text(decoded)) == finds(pattern, decoded), decoded
