@@ -61,8 +61,8 @@ over the float32 logits that applies penalties and the grammar mask only in the 
 for bit, without its [R, V] float64 intermediates. In the greedy variant (below) that is all;
 otherwise the pass also stores the float64 values and the draws (steps 6-8) run as
 `helios.abi.triton_draws.draw_rows`: the same rules by selection instead of a sort of the whole
-row (its tokens differ from the reference's only where summation rounding moves a boundary, as
-above).
+row (its tokens differ from the reference's only where summation rounding moves a boundary
+comparison, the case described last).
 
 Variants. The registered op is the full pipeline. `SampleVariant` names explicit variants of it
 with the same signature, which a runtime binds into a program's graph in place of the op
@@ -73,9 +73,10 @@ each program with it and replays that graph only for steps in which no row has t
 and the `REFERENCE` variants run the reference pipeline on CUDA instead of the fused pass
 (benchmarks A/B the two). Nothing is chosen by thread or global state.
 
-Another implementation (a Triton kernel) reproduces the random numbers bit for bit and greedy tokens
-exactly; its sampled tokens differ from this reference only where a different softmax or summation
-rounding moves u * C across a boundary (order 1e-15 per draw), so the distribution is the same.
+Another implementation (a Triton kernel such as `draw_rows`) reproduces the random numbers bit for
+bit and greedy tokens exactly; its sampled tokens differ from this reference only where a different
+softmax or summation rounding moves a boundary comparison (u * C, top-p's mass, min-p's threshold)
+across (order 1e-15 per draw), so the distribution is the same.
 """
 
 from __future__ import annotations
