@@ -3,8 +3,9 @@
 - XTML writes values XML-escaped and its parser decodes them: a string's ``pattern``, its
   ``enum``/``const`` values and object keys hold for the decoded text (`grammar_escaped`), in raw
   string values and in JSON values alike.
-- Number bounds and ``multipleOf`` values llguidance reads inexactly are a 400 naming the keyword,
-  its place and the limit (`grammar_shapes.number_error`), never llguidance's own text.
+- Number bounds, enum/const integers and ``multipleOf`` values llguidance reads inexactly are a 400
+  naming the keyword, its place and the limit (`grammar_shapes.number_error`), never llguidance's
+  own text nor a value past the bound.
 - Tag values that spell the value closer: a forced call never writes one the parser reads
   differently from the grammar (raw values end at the first closer; JSON values hold it only inside
   strings, which the parser reads through); control-token spellings inside values stay value text.
@@ -157,6 +158,8 @@ INEXACT = [
     ("number", "exclusiveMinimum", -1.5e18),
     ("integer", "maximum", 2**63 - 1),
     ("number", "minimum", 10**30),
+    ("integer", "enum", [2**53 + 1, 1]),  # written as 2**53, not in the enum
+    ("number", "const", {"a": [2**64 + 1]}),
     ("number", "multipleOf", 9e-10),  # "Value for 'multipleOf' has too many digits"
     ("integer", "multipleOf", 1e-11),
 ]

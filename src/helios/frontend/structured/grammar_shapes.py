@@ -46,10 +46,11 @@ MAX_MULTIPLE_OF = 10_000
 # kills the process (the engine process recompiles each admitted grammar on its main thread).
 # Recursion (a ref back into its own path) adds no depth: llguidance keeps it a rule.
 MAX_REF_DEPTH = 128
-# And numbers llguidance reads inexactly (`number_error`): bounds (it reads them as 64-bit floats,
-# exact for integers up to 2**53, and builds no range from 1e18 on; the error was its own text, or
-# a rounded bound let a value past it through) and multipleOf values that scale to an integer only
-# past 1e15 (matched llguidance's own refusal on 399 of 399 random decimals).
+# And numbers llguidance reads inexactly (`number_error`): bounds and enum/const integers (it reads
+# them as 64-bit floats, exact for integers up to 2**53, and builds no range from 1e18 on; the error
+# was its own text, or a rounded bound or value let a wrong value through) and multipleOf values
+# that scale to an integer only past 1e15 (matched llguidance's own refusal on 399 of 399 random
+# decimals).
 MAX_NUMBER_BOUND = 2**53
 MAX_SCALED_MULTIPLE = 1e15
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -116,20 +117,39 @@ def number_error(node: dict, path: str = "") -> str:
     """Why a number keyword of the schema ``node`` (at JSON pointer ``path``) cannot be enforced
     exactly (its error for a client), or "". llguidance reads numbers as 64-bit floats: a bound past
     `MAX_NUMBER_BOUND` may be rounded (``minimum: 2**53 + 1`` let 2**53 through) and from 1e18 on it
-    builds no range at all; a ``multipleOf`` it scales to an integer by powers of ten in floating
-    point, which fails past `MAX_SCALED_MULTIPLE` (``9e-10`` does, ``3e-10`` does not)."""
+    builds no range at all; an integer in an ``enum``/``const`` past it may be written rounded
+    (``enum: [2**53 + 1]`` wrote 2**53); a ``multipleOf`` it scales to an integer by powers of ten in
+    floating point, which fails past `MAX_SCALED_MULTIPLE` (``9e-10`` does, ``3e-10`` does not)."""
     where = f" at {path}" if path else ""
     for key in BOUND_KEYWORDS:
         value = node.get(key)
         if _is_number(value) and not abs(value) <= MAX_NUMBER_BOUND:  # also an infinity or NaN
             return (f"{key} {_short_bound(value)}{where}: a number bound must be within -{MAX_NUMBER_BOUND} .. "
                     f"{MAX_NUMBER_BOUND} (2**53, past which 64-bit floats skip integers) to be enforced exactly")
+    for key in ("enum", "const"):
+        values = node.get(key, []) if key == "enum" else [node[key]] if key in node else []
+        big = next((v for v in _integers_in(values) if abs(v) > MAX_NUMBER_BOUND), None)
+        if big is not None:
+            return (f"{key} value {_short_bound(big)}{where}: an integer in an enum or const must be within "
+                    f"-{MAX_NUMBER_BOUND} .. {MAX_NUMBER_BOUND} (2**53) to be written exactly")
     value = node.get("multipleOf")
     if _is_number(value) and value > 0 and _float_scaled(value) > MAX_SCALED_MULTIPLE:
         return (f"multipleOf {_short_bound(value)}{where}: it must become an integer of at most 16 digits "
                 "when scaled by a power of ten in 64-bit floating point to be enforced (a decimal with fewer "
                 "places, such as 0.5 or 1e-6, does)")
     return ""
+
+
+def _integers_in(value: Any) -> Iterator[int]:
+    """The integers in a JSON value (booleans aside)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _integers_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _integers_in(item)
 
 
 def _is_number(value: Any) -> bool:
