@@ -98,7 +98,7 @@ def test_edge_rows_get_the_reference_tokens():
     logits[1, 3:] = float("-inf")  # three candidates
     logits[2, :] = float("-inf")
     logits[2, 500] = 0.0  # one candidate
-    temperature[3] = 1e-30  # z overflows to float64 max for the largest tokens
+    temperature[3] = 1e-30  # z values ~1e30 apart: every token but the largest gets p = 0
     min_p[4] = 1.5  # keeps the first position only
     top_k[5] = vocab - 1  # the k-th token deep in the tail (the first histogram's last bucket)
     logits[5, :4] += 400.0
@@ -153,3 +153,19 @@ def test_top_p_keeps_positions_whose_preceding_mass_is_strictly_below():
     expected = assert_reference_tokens(*rows_of(logits, torch.ones(rows), torch.zeros(rows), torch.full((rows,), 0.5),
                                                 torch.zeros(rows), seed=2))
     assert set(expected.tolist()) == {9, 20}
+
+
+def test_controls_outside_their_ranges_follow_the_reference():
+    """The op takes any float32 controls (the server validates its own): a NaN top_p keeps the first
+    position alone, as the reference's ``below`` (a comparison with NaN) does - the kernel took it
+    for top-p off - and infinite or NaN top_p and min_p, and a top_k past the vocabulary, act as there."""
+    rows, vocab = 10, 300
+    generator = torch.Generator().manual_seed(17)
+    logits = torch.randn(rows, vocab, generator=generator) * 2
+    nan, inf = float("nan"), float("inf")
+    top_p = torch.tensor([nan, nan, nan, inf, -inf, 1.0, 0.9, 1.0, 1.0, 0.5])
+    min_p = torch.tensor([0.0, 0.0, 0.1, 0.0, 0.0, nan, nan, inf, -inf, 0.0])
+    top_k = torch.tensor([0, 7, 0, 0, 0, 0, 0, 0, 3, vocab + 1])
+    expected = assert_reference_tokens(*rows_of(logits, torch.full((rows,), 2.0), top_k, top_p, min_p, seed=6))
+    first = logits.argmax(dim=-1)
+    assert torch.equal(expected[:3], first[:3]) and not torch.equal(expected[8:], first[8:])

@@ -234,7 +234,7 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_c
         top = tl.load(top_p + row).to(tl.float64)
         kept_p = size
         mass_p = mass
-        if top < 1.0:
+        if not (top >= 1.0):  # on unless top_p >= 1 (a NaN top_p keeps the first position alone, as the reference)
             failed, _, before, failed_p = _first_failing(lists, key_max, first, kept_k, top * mass_k, True, BLOCK_V,
                                                          WIDE, NB, GROUP)
             kept_p = tl.minimum(failed + 1, size)
@@ -256,11 +256,12 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_c
 
 @triton.jit
 def _mass_fails(mass, tau, STRICT: tl.constexpr):
-    """Whether a prefix of mass `mass` breaks the mass bound (not < tau if STRICT, else not <= tau)."""
+    """Whether a prefix of mass `mass` breaks the mass bound (not < tau if STRICT, else not <= tau):
+    written as the negation, so that a NaN bound fails at every prefix as the reference's ``below`` does."""
     if STRICT:
-        return mass >= tau
+        return (mass < tau) == 0
     else:
-        return mass > tau
+        return (mass <= tau) == 0
 
 
 @triton.jit
@@ -363,6 +364,7 @@ def _tied_prefix(above_n, above_m, q, count, limit, tau, STRICT: tl.constexpr):
     still hold the predicate, at most count - 1 (the failing position is among them)."""
     if q > 0.0:
         guess = tl.floor((tau - above_m) / q)
+        guess = tl.where(guess == guess, guess, 0.0)  # a NaN bound: no tied token holds (the loops confirm)
         guess = tl.minimum(tl.maximum(guess, 0.0), count.to(tl.float64))
         taken = guess.to(tl.int64)
         while (taken > 0) & _mass_fails(above_m + taken.to(tl.float64) * q, tau, STRICT):
