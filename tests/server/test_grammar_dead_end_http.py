@@ -73,18 +73,10 @@ def test_a_dead_end_leaves_the_requests_beside_it_untouched(app, served):
 def test_a_dead_end_in_an_engine_process_ends_the_same_way(tmp_path):
     """The engine in its own process compiles the grammar again from its source; the dead end and
     its finish cross the process boundary as in-thread."""
-    from helios.core.reader import open_core
-    from helios.runtime.service import RuntimeOptions
-    from helios.server.engine_process import CoreSource, start_engine_process
-    from helios.server.service import ServedModel
+    from support.engine_served import start_served
     from support.server_core import tiny_core
 
-    core = tiny_core(tmp_path)
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
-    runtime = start_engine_process(source, opened.prepared, RuntimeOptions(queue_capacity=4), torch_threads=1)
-    served = ServedModel.from_runtime(runtime, queue_capacity=4, frontend_workers=1)
-    served.start()
+    served = start_served(tiny_core(tmp_path), queue_capacity=4, frontend_workers=1)
     try:
         app = create_app(served)
         response = post(app, chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))

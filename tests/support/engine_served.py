@@ -69,7 +69,8 @@ def _faulty_engine_main(fault: StepFault, *args) -> None:
     engine_process._engine_main(*args)
 
 
-def start_served(core, queue_capacity: int, fault: StepFault | None = None, **engine_options) -> ServedModel:
+def start_served(core, queue_capacity: int, fault: StepFault | None = None, frontend_workers: int = 2,
+                 **engine_options) -> ServedModel:
     """`core` (`support.server_core.tiny_core`) served from an engine process with one torch thread;
     `fault`: held or slowed rounds there; `engine_options` go to `start_engine_process` (e.g.
     `liveness_timeout_s`)."""
@@ -83,7 +84,7 @@ def start_served(core, queue_capacity: int, fault: StepFault | None = None, **en
                                        torch_threads=1, **engine_options)
     finally:
         engine_process._engine_main = main
-    served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, frontend_workers=2)
+    served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, frontend_workers=frontend_workers)
     served.start()
     return served
 
