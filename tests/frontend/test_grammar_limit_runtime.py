@@ -23,11 +23,10 @@ from helios.runtime.feedback import Advance, GrammarFailure, LaneFeedback, Tenso
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
-from helios.runtime.scheduling.policy import SchedulerPolicy
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import LLAMA3_UNTIED, random_model, write_checkpoint
-from runtime.stress import capacity_plan, run_alone, stress_engine, stress_model, truncated
-from runtime.test_grammar_dead_end_speculation import events_of
+from runtime.stress import run_alone
+from runtime.test_grammar_dead_end_speculation import events_of, speculating_engine
 from runtime.test_model_fixture import open_fixture
 from support.scripted_grammar import EOS, ScriptedMatcher, run_beside, tokens_of
 
@@ -146,13 +145,7 @@ def test_a_real_matcher_reports_a_limit_at_its_mask_and_at_a_token():
 
 @pytest.mark.parametrize("num_pages", [None, 18], ids=["pages-to-spare", "preempting"])
 def test_a_limit_beside_speculating_lanes_drops_its_token_and_touches_none(recipe, num_pages):
-    plan = capacity_plan(4)
-    engine = stress_engine(stress_model(recipe, truncated(recipe, 1), plan, num_pages=num_pages),
-                           SchedulerPolicy())
-    operations = []
-    launch = engine.executor.launch
-    engine.executor.launch = lambda plan, **kw: operations.append(
-        (plan.operation, {r.request_id for r in plan.rows})) or launch(plan, **kw)
+    engine, plans = speculating_engine(recipe, num_pages)
     plain = [RequestSpec(f"p{i}", tuple(range(5 + i, 25 + i)), 14, frozenset({EOS})) for i in range(3)]
     matchers = {f"g{k}{'m' if on_fill else 't'}": limited(k, on_fill, allows_eos=False)
                 for k in (1, 6) for on_fill in (False, True)}
@@ -167,7 +160,8 @@ def test_a_limit_beside_speculating_lanes_drops_its_token_and_touches_none(recip
         finish = the_finish(events[name])
         assert finish.reason is FinishReason.GRAMMAR_LIMIT and finish.num_output_tokens == matcher.num_fine
         assert tokens_of(events[name]) == matcher.consumed[:matcher.num_fine]
-    assert any(op == Operation.SPECULATIVE and ids & set(matchers) for op, ids in operations), operations
+    assert any(p.operation == Operation.SPECULATIVE and {r.request_id for r in p.rows} & set(matchers)
+               for p in plans), [p.operation for p in plans]
     counters = engine.scheduler.counters()
     assert (counters.preemptions > 0) == (num_pages is not None), counters
     assert counters.num_running == counters.num_waiting == 0 and not engine.feedback.watching

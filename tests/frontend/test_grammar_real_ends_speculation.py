@@ -24,10 +24,9 @@ from helios.runtime.feedback import TensorGrammar
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
-from helios.runtime.scheduling.policy import SchedulerPolicy
 from ignition.hf_checkpoints import LLAMA3_UNTIED, random_model, write_checkpoint
-from runtime.stress import capacity_plan, run_alone, stress_engine, stress_model, truncated
-from runtime.test_grammar_dead_end_speculation import events_of
+from runtime.stress import run_alone
+from runtime.test_grammar_dead_end_speculation import events_of, speculating_engine
 from support.chat_checkpoint import train_tokenizer
 from support.scripted_grammar import EOS, tokens_of
 
@@ -66,11 +65,7 @@ def grammars():
 @pytest.mark.parametrize("num_pages", [None, 18], ids=["pages-to-spare", "preempting"])
 def test_deep_grammar_ends_beside_speculating_lanes_and_siblings_are_clean(recipe, grammars, num_pages):
     compiler, tokenizer = grammars
-    engine = stress_engine(stress_model(recipe, truncated(recipe, 1), capacity_plan(4), num_pages=num_pages),
-                           SchedulerPolicy())
-    plans = []
-    launch = engine.executor.launch
-    engine.executor.launch = lambda plan, **kw: plans.append(plan) or launch(plan, **kw)
+    engine, plans = speculating_engine(recipe, num_pages)
     prompt = tuple(range(40, 52))
     plain = [RequestSpec(f"p{i}", tuple(range(5 + i, 25 + i)), 24, frozenset({EOS})) for i in range(2)]
     plain.append(RequestSpec("sibling", prompt, 24, frozenset({EOS})))  # a plain choice of the same prompt

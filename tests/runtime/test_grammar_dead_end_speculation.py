@@ -36,6 +36,17 @@ def recipe(tmp_path_factory):
     return load_checkpoint(write_checkpoint(random_model(LLAMA3_UNTIED), tmp_path_factory.mktemp("llama3")))
 
 
+def speculating_engine(recipe, num_pages: int | None):
+    """A stress engine of `recipe` whose lanes speculate (a one-layer draft, four slots; `num_pages`:
+    a pool small enough to preempt, or None for pages to spare), and the plans it launches, in order."""
+    engine = stress_engine(stress_model(recipe, truncated(recipe, 1), capacity_plan(4), num_pages=num_pages),
+                           SchedulerPolicy())
+    plans = []
+    launch = engine.executor.launch
+    engine.executor.launch = lambda plan, **kw: plans.append(plan) or launch(plan, **kw)
+    return engine, plans
+
+
 def events_of(engine, requests):
     """Submits (spec, grammar) pairs and runs the engine idle; the events of each, by request id."""
     events = {spec.request_id: [] for spec, _ in requests}
@@ -47,13 +58,7 @@ def events_of(engine, requests):
 
 @pytest.mark.parametrize("num_pages", [None, 18], ids=["pages-to-spare", "preempting"])
 def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_none(recipe, num_pages):
-    plan = capacity_plan(4)
-    engine = stress_engine(stress_model(recipe, truncated(recipe, 1), plan, num_pages=num_pages),
-                           SchedulerPolicy())
-    operations = []
-    launch = engine.executor.launch
-    engine.executor.launch = lambda plan, **kw: operations.append(
-        (plan.operation, {r.request_id for r in plan.rows})) or launch(plan, **kw)
+    engine, plans = speculating_engine(recipe, num_pages)
     plain = [RequestSpec(f"p{i}", tuple(range(5 + i, 25 + i)), 14, frozenset({EOS})) for i in range(3)]
     matchers = {f"g{k}": dead_end_after(k) for k in (0, 1, 6)}
     constrained = [(RequestSpec(name, tuple(range(40, 52)), 14, frozenset({EOS}), constrained=True),
@@ -68,7 +73,8 @@ def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_
         assert [f.reason for f in finishes] == [FinishReason.GRAMMAR_DEAD_END], finishes
         assert tokens_of(events[name]) == matcher.consumed and len(matcher.consumed) == matcher.num_fine
         assert finishes[0].num_output_tokens == matcher.num_fine and events[name][-1] is finishes[0]
-    assert any(op == Operation.SPECULATIVE and ids & set(matchers) for op, ids in operations), operations
+    assert any(p.operation == Operation.SPECULATIVE and {r.request_id for r in p.rows} & set(matchers)
+               for p in plans), [p.operation for p in plans]
     counters = engine.scheduler.counters()
     assert (counters.preemptions > 0) == (num_pages is not None), counters
     assert counters.num_running == counters.num_waiting == 0 and not engine.feedback.watching
