@@ -205,7 +205,10 @@ def is_documented_refusal(parameters: dict, error: GrammarError) -> bool:
         return error.param == f"tools[0].function.parameters.properties.{unwritable[0]}"
     prefix = "tools[0].function.parameters.properties."
     name = (error.param or "").removeprefix(prefix)
-    return "bound the text differently" in str(error) and "anyOf" in json.dumps(parameters["properties"].get(name))
+    schema = json.dumps(parameters["properties"].get(name))
+    if "$ref" in schema:  # the anyOf may stand in a definition
+        schema += json.dumps(parameters.get("$defs"))
+    return "bound the text differently" in str(error) and "anyOf" in schema
 
 
 def forced_calls(served, writer_rng: random.Random, rng: np.random.Generator, count: int) -> int:

@@ -261,6 +261,25 @@ def test_a_json_value_holds_the_closer_only_inside_strings_which_the_parser_read
     assert call_arguments(served, prepared, text) == {"o": {key: 1}}
 
 
+@pytest.mark.parametrize("syntax", ["qwen", "xtml"])
+def test_a_value_set_a_bounded_alternative_admits_adds_nothing(models, syntax):
+    """anyOf [{maxLength: 4}, {const: "&lt;"}] was a 400 ("bound the text differently") though the
+    const is one of the strings the maxLength allows (the escaping sweep drew it)."""
+    served = models[syntax]
+    write = CALLS[syntax][0]
+
+    def parameters(*alternatives):
+        return {"type": "object", "properties": {"s": {"anyOf": list(alternatives)}}, "required": ["s"]}
+
+    prepared = forced(served, parameters({"type": "string", "maxLength": 4}, {"const": "&lt;"}))
+    assert call_arguments(served, prepared, write({"s": escape_text("&lt;") if syntax == "xtml" else "&lt;"})) \
+        == {"s": "&lt;"}
+    assert call_arguments(served, prepared, write({"s": "abcd"})) == {"s": "abcd"}
+    assert call_arguments(served, prepared, write({"s": "abcde"})) is None
+    with pytest.raises(GrammarError, match="bound the text differently"):  # "long" is no string of maxLength 2
+        forced(served, parameters({"type": "string", "maxLength": 2}, {"const": "long"}))
+
+
 CONTROL_TEXTS = {"qwen": ["<|im_end|>", "<tool_call>", "</think>"],
                  "dsml": ["<｜end▁of▁sentence｜>", "</think>", DSML],
                  "glm": ["<｜end▁of▁sentence｜>", "<tool_call>"]}

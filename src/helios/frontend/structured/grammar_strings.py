@@ -10,7 +10,8 @@ into one `RawString`, so none is dropped:
   and every pattern holds (their number is bounded by `grammar_shapes`);
 - ``anyOf``/``oneOf`` (``oneOf`` read as ``anyOf``, as llguidance's lenient JSON values read it):
   alternatives that are all value sets give their union; an alternative without constraints leaves
-  the text free, length ranges that meet give one range; other differently bounded alternatives
+  the text free, a value set whose values a bounded alternative admits adds nothing, length ranges
+  that meet give one range; other differently bounded alternatives
   cannot be one raw-text lexeme, a `GrammarError`
   (HTTP 400 naming the parameter) rather than a bound silently dropped;
 - values the bounds reject are left out (patterns searched with Python's ``re``).
@@ -125,6 +126,7 @@ def _either(branches: list, document: SchemaDocument, visiting: frozenset[str]) 
         return RawString(literals)
     if any(option == FREE for option in options):
         return FREE
+    options = _without_subsumed(options)
     first = options[0]
     if all(replace(option, literals=None) == replace(first, literals=None) for option in options):
         return RawString(None, first.bounds)  # one bound, some alternatives also listing values
@@ -134,6 +136,28 @@ def _either(branches: list, document: SchemaDocument, visiting: frozenset[str]) 
     raise GrammarError("its anyOf/oneOf alternatives bound the text differently (minLength, maxLength, pattern), "
                        "which a raw string value cannot hold; give the bounds at the parameter's top level or in "
                        "allOf")
+
+
+def _without_subsumed(options: list[RawString]) -> list[RawString]:
+    """``options`` less the value sets whose every value a bounded alternative already admits
+    (``anyOf: [{"maxLength": 4}, {"const": "ab"}]`` is the maxLength alone). A bound with a pattern
+    Python's ``re`` cannot read admits nothing here: its verdict on a value is unknown."""
+    bounded = [option.bounds for option in options
+               if option.literals is None and all(map(_readable, option.bounds.patterns))]
+
+    def subsumed(option: RawString) -> bool:
+        return option.literals is not None and all(any(bound.admits(text) for bound in bounded)
+                                                   for text in option.allowed_literals())
+
+    return [option for option in options if not subsumed(option)]
+
+
+def _readable(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    return True
 
 
 def _length_union(bounds: list[StringBounds]) -> StringBounds | None:
