@@ -54,11 +54,12 @@ MAX_GRAMMAR_ERROR_CHARS = 240
 
 class GrammarFailure(ExecutionError):
     """A request's grammar matcher entered its error state when it consumed a token (for example
-    llguidance's lexer limits reached deep in the output): the grammar did not take that token. The
-    message is worded for the client; `reason` is llguidance's error, bounded (`limit_reason`)."""
+    llguidance's lexer limits reached deep in the output): the grammar did not take that token.
+    `reason` (also the message) is llguidance's error, bounded (`limit_reason`); `LaneFeedback.advance`
+    turns it into `Advance.failure`, and the client reads it as the request's finish message."""
 
     def __init__(self, reason: str):
-        super().__init__(grammar_failure_message(reason))
+        super().__init__(reason)
         self.reason = reason
 
 
@@ -212,12 +213,6 @@ def limit_reason(error: str) -> str:
     if len(reason) > MAX_GRAMMAR_ERROR_CHARS:
         reason = reason[:MAX_GRAMMAR_ERROR_CHARS] + "..."
     return reason
-
-
-def grammar_failure_message(reason: str) -> str:
-    """What a client reads when its output grammar refused a token (`reason`: `limit_reason`'s)."""
-    return ("the output grammar failed during decoding (it exceeded llguidance's limits or met a token "
-            f"it forbids): {reason}")
 
 
 def grammar_limit_message(reason: str) -> str:
