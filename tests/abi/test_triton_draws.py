@@ -11,6 +11,8 @@ histogram's last bucket (tiny probabilities), min-p above 1, one-token rows, tin
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -169,3 +171,46 @@ def test_controls_outside_their_ranges_follow_the_reference():
     expected = assert_reference_tokens(*rows_of(logits, torch.full((rows,), 2.0), top_k, top_p, min_p, seed=6))
     first = logits.argmax(dim=-1)
     assert torch.equal(expected[:3], first[:3]) and not torch.equal(expected[8:], first[8:])
+
+
+SWEEP_SEEDS = int(os.environ.get("HELIOS_DRAW_SWEEP_SEEDS", "2"))  # 120 seeds (1,440 rows): none differ
+
+
+def sweep_rows(seed: int):
+    """Twelve rows of one of six shapes (wide gaussians, rounded ties, few values, 80% masked, logits
+    spread over 800 (probabilities down to the float64 tail), tied groups of 2**n with top_p in
+    1/32 steps: exact boundaries), vocabularies of 1 to 3,000, top_k from -1 to V + 1, temperatures
+    down to 1e-3."""
+    generator = torch.Generator().manual_seed(1000 + seed)
+    rows, kind = 12, seed % 6
+    vocab = int(torch.randint(1, 3000 if seed % 3 else 40, (1,), generator=generator))
+    scale = float(torch.rand(1, generator=generator)) * 60
+    logits = torch.randn(rows, vocab, generator=generator) * scale
+    if kind == 1:
+        logits = logits.round()
+    elif kind == 2:
+        logits = (logits / max(scale, 1)).round() * 0.5
+    elif kind == 3:
+        logits[torch.rand(rows, vocab, generator=generator) < 0.8] = float("-inf")
+    elif kind == 4:
+        logits = torch.linspace(-800, 0, vocab).repeat(rows, 1)[:, torch.randperm(vocab, generator=generator)]
+    elif kind == 5:
+        logits = torch.full((rows, vocab), float("-inf"))
+        size = 2 ** int(torch.randint(0, 6, (1,), generator=generator))
+        for row in range(rows):
+            logits[row, torch.randperm(vocab, generator=generator)[:size]] = 1.0
+    temperature = torch.where(torch.rand(rows, generator=generator) < 0.1, 1e-3,
+                              0.05 + 2 * torch.rand(rows, generator=generator))
+    top_k = torch.where(torch.rand(rows, generator=generator) < 0.4, 0,
+                        torch.randint(-1, vocab + 2, (rows,), generator=generator))
+    fractions = torch.randint(0, 33, (rows,), generator=generator) / 32.0 if kind == 5 else \
+        torch.rand(rows, generator=generator)
+    top_p = torch.where(torch.rand(rows, generator=generator) < 0.3, 1.0, fractions)
+    min_p = torch.where(torch.rand(rows, generator=generator) < 0.5, 0.0, 0.5 * torch.rand(rows, generator=generator))
+    return rows_of(logits, temperature, top_k, top_p, min_p, seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(SWEEP_SEEDS))
+def test_swept_rows_get_the_reference_tokens(seed):
+    """HELIOS_DRAW_SWEEP_SEEDS sets the seed count (2 in the suite)."""
+    assert_reference_tokens(*sweep_rows(seed))
