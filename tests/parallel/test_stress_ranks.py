@@ -67,9 +67,10 @@ CASES = {
     "llama3-speculative-two-frames": Case(LLAMA3_UNTIED, Scenario(
         seed=33, frames=2, num_requests=30, num_pages=20, constrained=0.15, biased=0.1, scored=0.1, logprobs=0.2),
         speculative=True, cancelled_in=frozenset({INGRESS, PROMPT, SPECULATING, TOKENS})),
-    # conftest's cores: 16-token pages, two lanes, no scored prefill
+    # conftest's cores: 16-token pages, two lanes, no scored prefill; seed 35's workload preempts (offloads) and
+    # cancels in every phase named (seed 25's stopped preempting once a group's held prompt spared its recompute)
     "qwen3_moe-offload-sampled": Case(QWEN3_MOE, Scenario(
-        seed=25, draft="none", family="qwen3_moe", num_requests=24, num_pages=5, preemption=PreemptionMode.OFFLOAD,
+        seed=35, draft="none", family="qwen3_moe", num_requests=24, num_pages=5, preemption=PreemptionMode.OFFLOAD,
         host_pages=8, constrained=0.15, biased=0.1, scored=0.0, logprobs=0.2, sampled=0.2),
         speculative=False, cancelled_in=frozenset({INGRESS, WAITING, DECODE, TOKENS})),
 }
