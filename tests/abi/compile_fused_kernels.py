@@ -70,7 +70,8 @@ def compile_sampling() -> None:
                                 ROW_SLOTS=True))
     compile_kernel(triton_sampling._greedy_combine_kernel, dict(part_values="*fp64", part_ids="*i64", tokens="*i64"),
                    dict(NUM_SPLITS=64))
-    rows = dict(values="*fp64", stride="i64", drawing="*i1", temperature="*fp32", bests="*fp64", sums="*fp64")
+    rows = dict(values="*fp64", stride="i64", drawing="*i1", temperature="*fp32", bests="*fp64", sums="*fp64",
+                totals="*fp64")
     compile_kernel(triton_draws._exp_sum_kernel, dict(rows, greedy="*i64"),
                    dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK), num_warps=triton_draws.ROW_WARPS)
     compile_kernel(triton_draws._probability_kernel,
@@ -82,7 +83,7 @@ def compile_sampling() -> None:
                    dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK, NB=triton_draws.NUM_BUCKETS,
                         GROUP=triton_draws.FIRST_GROUP), num_warps=triton_draws.ROW_WARPS)
     compile_kernel(triton_draws._draw_kernel,
-                   dict(greedy="*i64", drawing="*i1", top_k="*i32", top_p="*fp32", uniforms="*fp64", sums="*fp64",
+                   dict(greedy="*i64", drawing="*i1", top_k="*i32", top_p="*fp32", uniforms="*fp64", totals="*fp64",
                         counts="*i64", bucket_counts="*i64", bucket_masses="*fp64", candidate_p="*fp64",
                         candidate_ids="*i32", tokens="*i64"),
                    dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.SELECT_BLOCK, WIDE=triton_draws.TIE_BLOCK,

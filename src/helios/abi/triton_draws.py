@@ -73,13 +73,14 @@ def draw_rows(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tensor,
     device = values.device
     chunk = -(-vocab_size // (SPLITS * ROW_BLOCK)) * ROW_BLOCK
     bests = torch.empty((num_rows,), dtype=torch.float64, device=device)
+    totals = torch.empty((num_rows,), dtype=torch.float64, device=device)
     sums = torch.empty((num_rows, SPLITS), dtype=torch.float64, device=device)
     counts = torch.empty((num_rows, SPLITS, 2), dtype=torch.int64, device=device)
     bucket_counts = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.int64, device=device)
     bucket_masses = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.float64, device=device)
     candidate_p = torch.empty((num_rows, vocab_size), dtype=torch.float64, device=device)
     candidate_ids = torch.empty((num_rows, vocab_size), dtype=torch.int32, device=device)
-    rows = (values, values.stride(0), drawing, temperature, bests, sums)
+    rows = (values, values.stride(0), drawing, temperature, bests, sums, totals)
     _exp_sum_kernel[(num_rows, SPLITS)](*rows, greedy, vocab_size, chunk, S=SPLITS, BLOCK_V=ROW_BLOCK,
                                          num_warps=ROW_WARPS)
     _probability_kernel[(num_rows, SPLITS)](*rows, min_p, counts, bucket_counts, bucket_masses, vocab_size, chunk,
@@ -89,7 +90,7 @@ def draw_rows(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tensor,
                                           S=SPLITS, BLOCK_V=ROW_BLOCK, NB=NUM_BUCKETS, GROUP=FIRST_GROUP,
                                           num_warps=ROW_WARPS)
     _draw_kernel[(num_rows,)](
-        greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_counts, bucket_masses, candidate_p,
+        greedy, drawing, top_k, top_p, uniforms, totals, counts, bucket_counts, bucket_masses, candidate_p,
         candidate_ids, tokens, vocab_size, S=SPLITS, BLOCK_V=SELECT_BLOCK, WIDE=TIE_BLOCK, NB=NUM_BUCKETS,
         GROUP=FIRST_GROUP, num_warps=SELECT_WARPS)
     return tokens
@@ -110,8 +111,8 @@ def _split_range(chunk, vocab_size):
 
 
 @triton.jit
-def _exp_sum_kernel(values, stride, drawing, temperature, bests, sums, greedy, vocab_size, chunk, S: tl.constexpr,
-                    BLOCK_V: tl.constexpr):
+def _exp_sum_kernel(values, stride, drawing, temperature, bests, sums, totals, greedy, vocab_size, chunk,
+                    S: tl.constexpr, BLOCK_V: tl.constexpr):
     """sums[row, split]: the sum of exp(z - max z) over the split's ids of a drawing row; bests[row]:
     max z (the greedy token's z: division by a temperature > 0 keeps the order)."""
     row = tl.program_id(0)
@@ -133,7 +134,7 @@ def _exp_sum_kernel(values, stride, drawing, temperature, bests, sums, greedy, v
 
 
 @triton.jit
-def _probability_kernel(values, stride, drawing, temperature, bests, sums, min_p, counts, bucket_counts,
+def _probability_kernel(values, stride, drawing, temperature, bests, sums, totals, min_p, counts, bucket_counts,
                         bucket_masses, vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
                         GROUP: tl.constexpr):
     """Stores p = exp(z - max z) / sum over the split's ids of a drawing row; per split: the counts of
@@ -146,6 +147,8 @@ def _probability_kernel(values, stride, drawing, temperature, bests, sums, min_p
         temp = tl.load(temperature + row).to(tl.float64)
         best = tl.load(bests + row)
         total = tl.sum(tl.load(sums + row * S + tl.arange(0, S)), axis=0)
+        if tl.program_id(1) == 0:  # the one sum every later kernel reads (a reduction elsewhere could round otherwise)
+            tl.store(totals + row, total)
         top = (1.0 / total).to(tl.int64, bitcast=True) >> 52  # p_max = exp(0) / total
         threshold = tl.load(min_p + row).to(tl.float64) * (1.0 / total)
         buckets = tl.arange(0, NB)
@@ -174,8 +177,8 @@ def _probability_kernel(values, stride, drawing, temperature, bests, sums, min_p
 
 
 @triton.jit
-def _partition_kernel(values, stride, drawing, temperature, bests, sums, bucket_counts, candidate_p, candidate_ids,
-                      vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
+def _partition_kernel(values, stride, drawing, temperature, bests, sums, totals, bucket_counts, candidate_p,
+                      candidate_ids, vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
                       GROUP: tl.constexpr):
     """Copies a drawing row's p and ids into its candidate lists grouped by first-histogram bucket
     (bucket 0's first), each bucket's tokens in id order: the split's tokens of bucket b go after
@@ -184,13 +187,12 @@ def _partition_kernel(values, stride, drawing, temperature, bests, sums, bucket_
     split = tl.program_id(1)
     if tl.load(drawing + row).to(tl.int32) != 0:
         row_p = values + row.to(tl.int64) * stride
-        total = tl.sum(tl.load(sums + row * S + tl.arange(0, S)), axis=0)
-        top = (1.0 / total).to(tl.int64, bitcast=True) >> 52
+        top = (1.0 / tl.load(totals + row)).to(tl.int64, bitcast=True) >> 52
         buckets = tl.arange(0, NB)
         splits = tl.arange(0, S)
         table = tl.load(bucket_counts + (row * S + splits)[:, None] * NB + buckets[None, :])
-        totals = tl.sum(table, axis=0)
-        slots = tl.cumsum(totals, axis=0) - totals + tl.sum(tl.where(splits[:, None] < split, table, 0), axis=0)
+        sizes = tl.sum(table, axis=0)  # each bucket's tokens in the row
+        slots = tl.cumsum(sizes, axis=0) - sizes + tl.sum(tl.where(splits[:, None] < split, table, 0), axis=0)
         out = row.to(tl.int64) * vocab_size
         start, end = _split_range(chunk, vocab_size)
         for offset in range(start, end, BLOCK_V):
@@ -207,7 +209,7 @@ def _partition_kernel(values, stride, drawing, temperature, bests, sums, bucket_
 
 
 @triton.jit
-def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_counts, bucket_masses, candidate_p,
+def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, totals, counts, bucket_counts, bucket_masses, candidate_p,
                  candidate_ids, tokens, vocab_size, S: tl.constexpr, BLOCK_V: tl.constexpr,
                  WIDE: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr):
     row = tl.program_id(0)
@@ -216,7 +218,7 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_c
         size = tl.full((), 0, tl.int64) + vocab_size
         lists = (candidate_p + row.to(tl.int64) * vocab_size, candidate_ids + row.to(tl.int64) * vocab_size, size)
         splits = tl.arange(0, S)
-        key_max = (1.0 / tl.sum(tl.load(sums + row * S + splits), axis=0)).to(tl.int64, bitcast=True)
+        key_max = (1.0 / tl.load(totals + row)).to(tl.int64, bitcast=True)  # p_max's bits, as stored
         positive = tl.sum(tl.load(counts + (row * S + splits) * 2), axis=0)
         kept_m = tl.sum(tl.load(counts + (row * S + splits) * 2 + 1), axis=0)
         cells = (row * S + splits)[:, None] * NB + tl.arange(0, NB)[None, :]
@@ -249,8 +251,9 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, sums, counts, bucket_c
         # the draw: the first position whose mass exceeds u * kept mass, at most the last kept p > 0
         drawable = tl.minimum(kept, positive)
         target = tl.load(uniforms + row) * kept_mass
-        _, token, _, _ = _first_failing(lists, key_max, first, drawable - 1, target, False, BLOCK_V, WIDE, NB,
+        _, drawn, _, _ = _first_failing(lists, key_max, first, drawable - 1, target, False, BLOCK_V, WIDE, NB,
                                         GROUP)
+        token = tl.where(drawn >= 0, drawn, token)
     tl.store(tokens + row, token)
 
 
@@ -319,7 +322,9 @@ def _first_failing(lists, key_max, first, limit, tau, STRICT: tl.constexpr, BLOC
                 shift += 1
             top = hi >> shift
             counts, masses, key_lo, key_hi = _histogram(candidate_p, listed, lo, hi, shift, top, BLOCK_V, NB)
-            if key_lo == key_hi:  # one value left (one token, or equal ones): its tokens in id order
+            if key_hi < 0:  # nothing in range: never, as the stored sums make every bucket's range hold its
+                searching = 0  # tokens; a stop rather than a loop all the same (no token: the caller's fallback)
+            elif key_lo == key_hi:  # one value left (one token, or equal ones): its tokens in id order
                 q = key_lo.to(tl.float64, bitcast=True)
                 taken = _tied_prefix(above_n, above_m, q, tl.sum(counts, axis=0), limit, tau, STRICT)
                 position = above_n + taken
