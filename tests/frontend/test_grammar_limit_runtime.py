@@ -25,8 +25,7 @@ from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import LLAMA3_UNTIED, random_model, write_checkpoint
-from runtime.stress import run_alone
-from runtime.test_grammar_dead_end_speculation import events_of, speculating_engine
+from runtime.test_grammar_dead_end_speculation import events_beside_plain, speculating_engine
 from runtime.test_model_fixture import open_fixture
 from support.scripted_grammar import EOS, ScriptedMatcher, run_beside, tokens_of
 
@@ -151,11 +150,7 @@ def test_a_limit_beside_speculating_lanes_drops_its_token_and_touches_none(recip
                 for k in (1, 6) for on_fill in (False, True)}
     constrained = [(RequestSpec(name, tuple(range(40, 52)), 14, frozenset({EOS}), constrained=True),
                     TensorGrammar(matcher)) for name, matcher in matchers.items()]
-    events = events_of(engine, [(spec, None) for spec in plain] + constrained)
-    for spec in plain:
-        finish = events[spec.request_id][-1]
-        assert tokens_of(events[spec.request_id]) == run_alone(recipe, spec).tokens[:finish.num_output_tokens]
-        assert finish.reason in (FinishReason.LENGTH, FinishReason.EOS)
+    events = events_beside_plain(engine, recipe, plain, constrained)
     for name, matcher in matchers.items():
         finish = the_finish(events[name])
         assert finish.reason is FinishReason.GRAMMAR_LIMIT and finish.num_output_tokens == matcher.num_fine

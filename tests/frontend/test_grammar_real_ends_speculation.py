@@ -25,8 +25,7 @@ from helios.runtime.records.capacities import Operation
 from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
 from ignition.hf_checkpoints import LLAMA3_UNTIED, random_model, write_checkpoint
-from runtime.stress import run_alone
-from runtime.test_grammar_dead_end_speculation import events_of, speculating_engine
+from runtime.test_grammar_dead_end_speculation import events_beside_plain, speculating_engine
 from support.chat_checkpoint import train_tokenizer
 from support.scripted_grammar import EOS, tokens_of
 
@@ -71,15 +70,10 @@ def test_deep_grammar_ends_beside_speculating_lanes_and_siblings_are_clean(recip
     plain.append(RequestSpec("sibling", prompt, 24, frozenset({EOS})))  # a plain choice of the same prompt
     constrained = {f"{kind}{j}": grammar for j in range(2) for kind, grammar in (("dead", DEEP_DEAD_END),
                                                                                    ("limit", DEEP_LIMIT))}
-    requests = [(spec, None) for spec in plain] + [
+    events = events_beside_plain(engine, recipe, plain, [
         (RequestSpec(name, prompt, 24, frozenset({EOS}), constrained=True),
          TensorGrammar(compiler.compile(GrammarRequest(GrammarKind.LARK, grammar))))
-        for name, grammar in constrained.items()]
-    events = events_of(engine, requests)
-    for spec in plain:
-        finish = events[spec.request_id][-1]
-        assert tokens_of(events[spec.request_id]) == run_alone(recipe, spec).tokens[:finish.num_output_tokens]
-        assert finish.reason in (FinishReason.LENGTH, FinishReason.EOS)
+        for name, grammar in constrained.items()])
     for name, grammar in constrained.items():
         finishes = [e for e in events[name] if isinstance(e, FinishEvent)]
         assert [f.reason for f in finishes] == [ENDINGS[grammar]] and events[name][-1] is finishes[0], finishes

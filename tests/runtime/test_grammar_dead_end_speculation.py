@@ -56,6 +56,17 @@ def events_of(engine, requests):
     return events
 
 
+def events_beside_plain(engine, recipe, plain, constrained):
+    """`events_of` the `plain` specs beside the `constrained` (spec, grammar) pairs, after checking that
+    every plain request produced what it produces alone and ended by length or EOS."""
+    events = events_of(engine, [(spec, None) for spec in plain] + constrained)
+    for spec in plain:
+        finish = events[spec.request_id][-1]
+        assert tokens_of(events[spec.request_id]) == run_alone(recipe, spec).tokens[:finish.num_output_tokens]
+        assert finish.reason in (FinishReason.LENGTH, FinishReason.EOS)
+    return events
+
+
 @pytest.mark.parametrize("num_pages", [None, 18], ids=["pages-to-spare", "preempting"])
 def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_none(recipe, num_pages):
     engine, plans = speculating_engine(recipe, num_pages)
@@ -63,11 +74,7 @@ def test_a_dead_end_beside_speculating_lanes_drops_its_forced_token_and_touches_
     matchers = {f"g{k}": dead_end_after(k) for k in (0, 1, 6)}
     constrained = [(RequestSpec(name, tuple(range(40, 52)), 14, frozenset({EOS}), constrained=True),
                     TensorGrammar(matcher)) for name, matcher in matchers.items()]
-    events = events_of(engine, [(spec, None) for spec in plain] + constrained)
-    for spec in plain:
-        finish = events[spec.request_id][-1]
-        assert tokens_of(events[spec.request_id]) == run_alone(recipe, spec).tokens[:finish.num_output_tokens]
-        assert finish.reason in (FinishReason.LENGTH, FinishReason.EOS)
+    events = events_beside_plain(engine, recipe, plain, constrained)
     for name, matcher in matchers.items():
         finishes = [e for e in events[name] if isinstance(e, FinishEvent)]
         assert [f.reason for f in finishes] == [FinishReason.GRAMMAR_DEAD_END], finishes
