@@ -91,6 +91,28 @@ GPT_OSS = Family("gpt_oss", transformers.GptOssConfig, (
 MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
 DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK, GPT_OSS)
+PHI3_IDS = (("pad_token_id", None), ("bos_token_id", None), ("eos_token_id", None))  # Phi3Config's lie past 128
+LONGROPE_SHORT = [1.0 + 0.05 * i for i in range(8)]
+LONGROPE_LONG = [1.0 + 1.7 * i for i in range(8)]
+PHI3_MINI = Family("phi3-mini", transformers.Phi3Config, (
+    ("sliding_window", 6), ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default",
+                                                                                "rope_theta": 10000.0}), *PHI3_IDS,
+))
+# Phi-3 (tests/ignition/test_phi3_recipe.py). Partial rotary: 12 of each head's 16 dims rotate (6 pairs); the
+# original context outlasts every sequence of test_equivalence (14 prompt + 64 new tokens), so the reference keeps
+# its short factors.
+PHI4_MINI = Family("phi4-mini", transformers.Phi3Config, (
+    ("partial_rotary_factor", 0.75), ("original_max_position_embeddings", 128), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": LONGROPE_SHORT[:6],
+                         "long_factor": LONGROPE_LONG[:6]}), *PHI3_IDS,
+))
+# A short original context (16), for the long factors: attention factor sqrt(1 + ln 32 / ln 16) = 1.5.
+PHI35_LONG = Family("phi3.5-long", transformers.Phi3Config, (
+    ("original_max_position_embeddings", 16), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": LONGROPE_SHORT,
+                         "long_factor": LONGROPE_LONG}), *PHI3_IDS,
+))
+PHI3_FAMILIES = (PHI3_MINI, PHI4_MINI)
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

@@ -28,28 +28,9 @@ from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS, Prepared
 from .driver import PagedModel, RowWork, Sequence, generate
-from .hf_checkpoints import Family, random_model, write_checkpoint
+from .hf_checkpoints import (LONGROPE_LONG, LONGROPE_SHORT, PHI3_MINI, PHI4_MINI, PHI35_LONG, random_model,
+                             write_checkpoint)
 
-_IDS = (("pad_token_id", None), ("bos_token_id", None), ("eos_token_id", None))  # Phi3Config's lie past 128
-_SHORT = [1.0 + 0.05 * i for i in range(8)]
-_LONG = [1.0 + 1.7 * i for i in range(8)]
-PHI3_MINI = Family("phi3-mini", transformers.Phi3Config, (
-    ("sliding_window", 6), ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default",
-                                                                                "rope_theta": 10000.0}), *_IDS,
-))
-# Partial rotary: 12 of each head's 16 dims rotate (6 pairs); the original context outlasts every
-# sequence of test_equivalence (14 prompt + 64 new tokens), so the reference keeps its short factors.
-PHI4_MINI = Family("phi4-mini", transformers.Phi3Config, (
-    ("partial_rotary_factor", 0.75), ("original_max_position_embeddings", 128), ("tie_word_embeddings", True),
-    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": _SHORT[:6],
-                         "long_factor": _LONG[:6]}), *_IDS,
-))
-# A short original context (16), for the long factors: attention factor sqrt(1 + ln 32 / ln 16) = 1.5.
-PHI35_LONG = Family("phi3.5-long", transformers.Phi3Config, (
-    ("original_max_position_embeddings", 16), ("tie_word_embeddings", False),
-    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": _SHORT,
-                         "long_factor": _LONG}), *_IDS,
-))
 ORIGINAL = 16
 
 
@@ -234,8 +215,8 @@ def _rope(edit):
 
 
 REFUSED = {
-    "short list too short": (_rope(lambda rope: rope.update(short_factor=_SHORT[:7])), "short_factor"),
-    "long list too long": (_rope(lambda rope: rope.update(long_factor=_LONG + [2.0])), "long_factor"),
+    "short list too short": (_rope(lambda rope: rope.update(short_factor=LONGROPE_SHORT[:7])), "short_factor"),
+    "long list too long": (_rope(lambda rope: rope.update(long_factor=LONGROPE_LONG + [2.0])), "long_factor"),
     "no short list": (_rope(lambda rope: rope.pop("short_factor")), "short_factor"),
     "a list of strings": (_rope(lambda rope: rope.update(long_factor=["1.0"] * 8)), "long_factor"),
     "a zero factor": (_rope(lambda rope: rope.update(long_factor=[0.0] * 8)), "long_factor"),

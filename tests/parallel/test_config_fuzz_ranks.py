@@ -96,6 +96,11 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         config["head_dim"] = _head_dim(config)  # the drawn head width, whatever the hidden size and heads
     hidden = config["hidden_size"] = _choice(rng, (48, 64, 96))
     heads = config["num_attention_heads"] = _cut(rng, ranks, (1, 2, 3), lambda n: hidden % n == 0, 0.1)
+    if "short_factor" in config.get("rope_parameters", {}):  # Phi3Config sizes LongRoPE's lists by hidden / heads
+        config["hidden_size"] = hidden = config["head_dim"] * heads
+        # and switches lists as a forward passes the original context: these short prompts' outputs cross
+        # any shorter one, where no prepared core (one list) can follow it (tests/ignition/test_phi3_recipe.py)
+        config["original_max_position_embeddings"] = config["max_position_embeddings"]
     if kind == "deepseek" or ("num_key_value_heads", None) in base.legacy:
         # latent attention: a key head per query head; a Llama 1/2 config.json without the count
         config["num_key_value_heads"] = heads
@@ -257,6 +262,8 @@ SEEDS = (  # (draw, seed, ranks)
     ("bamba", 7, 2),      # Bamba: 2 mixer groups split over the ranks, vocab 255, MIXED programs
     ("dense", 17, 2),     # refused: one key/value head for 2 ranks (fewer than the ranks)
     ("bamba", 2, 2),      # refused: 3 mixer groups and an MLP width of 9 for 2 ranks
+    ("phi3", 9, 2),       # Phi-3 LongRoPE, 6 heads (3 a rank), untied, vocab 131
+    ("phi3", 6, 4),       # Phi-4-mini-like partial rotary 0.75, window 5, 4 heads on 4 ranks
 )
 
 
