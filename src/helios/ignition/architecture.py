@@ -35,7 +35,8 @@ recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
 With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 right after the o
 projection's slots: one learned logit per query head in the attention softmax's denominator
 (``helios::paged_attention_sinks``). ``rotary_factor`` scales the rotary cos/sin tables
-(YaRN's attention factor; 1.0 for none).
+(YaRN's attention factor; 1.0 for none). The ``nope_layers`` attend without rotary embeddings
+(their cos/sin tables are 1 and 0); they change no weight slot.
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -162,6 +163,7 @@ class Architecture:
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
     rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
+    nope_layers: tuple[int, ...] = ()  # layers whose attention rotates nothing (SmolLM3's NoPE layers)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -185,6 +187,9 @@ class Architecture:
             problems = self.recurrent.problems(self.num_layers)
             if problems or not self.attention_layers:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
+        if self.nope_layers and (not set(self.nope_layers) <= set(range(self.num_layers))
+                                 or self.latent is not None or self.recurrent is not None):
+            raise CheckpointError(f"NoPE layers {self.nope_layers} need plain attention layers of {self.num_layers}")
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
         # Derived from config.json arithmetic (rope and YaRN scaling), so checked: a NaN here is NaN logits.
@@ -207,6 +212,10 @@ class Architecture:
     @property
     def rotary_width(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    def is_rotary(self, layer: int) -> bool:
+        """Whether `layer`'s attention rotates its queries and keys (every layer but `nope_layers`)."""
+        return layer not in self.nope_layers
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""

@@ -82,6 +82,15 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
     return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
+def layer_rotary(arch: Architecture, layer: int, cos: torch.Tensor, sin: torch.Tensor):
+    """The cos/sin tables `layer` rotates with: the step's, or for a NoPE layer (`arch.nope_layers`)
+    cos 1 and sin 0, which leave queries and keys exactly as projected (the same ops and rewrites
+    as every other layer; only NoPE layers add the two fills)."""
+    if arch.is_rotary(layer):
+        return cos, sin
+    return torch.ones_like(cos), torch.zeros_like(sin)
+
+
 class LayerInputs(NamedTuple):
     """What every layer of one step shares: the packed geometry, the cache storage, rotary tables."""
 
@@ -116,7 +125,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     step = shared.step
     k_plane, v_plane, table, slots = layer_storage(arch, layer, shared.k_cache, shared.v_cache, step, step.window)
-    q = torch.ops.helios.rotary_cache_write(q, k, v, shared.cos, shared.sin, k_plane, v_plane, slots)
+    cos, sin = layer_rotary(arch, layer, shared.cos, shared.sin)
+    q = torch.ops.helios.rotary_cache_write(q, k, v, cos, sin, k_plane, v_plane, slots)
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
     attended = attended.reshape(num_tokens, arch.q_size)

@@ -25,6 +25,7 @@ from helios.ignition.decoder import (
     apply_rotary,
     attention_block,
     decoder_hidden,
+    layer_rotary,
     lm_logits,
     mlp_block,
     rms_norm,
@@ -92,7 +93,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)
     if arch.qk_norm:
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    k = apply_rotary(k, cos, sin)
+    k = apply_rotary(k, *layer_rotary(arch, last, cos, sin))
     torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
                                  step.slot_mapping)
 
