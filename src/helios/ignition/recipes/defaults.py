@@ -33,6 +33,8 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "GptOssForCausalLM": {"sliding_window": 128, "num_key_value_heads": 8, "head_dim": 64,
                           "num_local_experts": 128, "num_experts_per_tok": 4},
     "BambaForCausalLM": {"num_key_value_heads": 8, "mamba_d_head": 64, "partial_rotary_factor": 0.5},
+    "SmolLM3ForCausalLM": {"rope_theta": 2000000.0, "num_key_value_heads": 4, "tie_word_embeddings": True,
+                           "no_rope_layer_interval": 4, "max_position_embeddings": 32768},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
 

@@ -39,6 +39,12 @@ _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float1
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     arch = architecture_from_config(source, config, tensors, dtype)
     weights, used = prepared_weights(arch, config, tensors)
+    return placed_recipe(source, arch, weights, used, tensors)
+
+
+def placed_recipe(source: str, arch: Architecture, weights, used: set[str], tensors: CheckpointTensors) -> Recipe:
+    """The recipe of `weights` (made from the checkpoint tensors `used`); an UnsupportedCheckpoint
+    where the checkpoint holds a tensor they leave out (a tied model's own lm_head aside)."""
     unplaced = sorted(name for name in tensors.names - used if not name.endswith(_IGNORED_SUFFIXES))
     if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
