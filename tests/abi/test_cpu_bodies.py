@@ -29,6 +29,22 @@ def test_norms_and_silu_mul_are_the_registered_bodies_bit_for_bit(dtype):
             assert _same(got, expected)
     gate_up = torch.randn(5, 16, generator=generator).to(dtype)
     assert _same(cpu_bodies.silu_mul(gate_up), fused.silu_mul(gate_up))
+    assert _same(cpu_bodies.gelu_tanh_mul(gate_up), fused.gelu_tanh_mul(gate_up))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_tanh_mul_is_transformers_gated_gelu_tanh(dtype):
+    """``helios::gelu_tanh_mul`` is Gemma's MLP activation: transformers' ``gelu_pytorch_tanh`` of the
+    gate columns times the up columns, bit for bit (the registered op and the unchecked CPU body)."""
+    from transformers.activations import ACT2FN
+
+    gate_up = (3 * torch.randn(6, 20, generator=torch.Generator().manual_seed(1))).to(dtype)
+    expected = ACT2FN["gelu_pytorch_tanh"](gate_up[:, :10]) * gate_up[:, 10:]
+    assert _same(torch.ops.helios.gelu_tanh_mul(gate_up), expected)
+    assert _same(cpu_bodies.gelu_tanh_mul(gate_up), expected)
+    assert not torch.equal(expected, torch.ops.helios.silu_mul(gate_up))
+    with pytest.raises(ValueError, match="helios::gelu_tanh_mul: gate_up must be"):
+        torch.ops.helios.gelu_tanh_mul(gate_up[:, :9])
 
 
 def _rotary_inputs(dtype, rows: int, fused_qkv: bool, slots: list[int]):

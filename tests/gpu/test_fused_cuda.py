@@ -94,6 +94,13 @@ def test_silu_mul_of_a_column_major_product_in_a_graph(dtype, rows, width):
     check_in_graph("silu_mul", make, _close(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", [(1, 10240), (64, 10240), (200, 1000)])
+def test_gelu_tanh_mul_in_a_graph(dtype, rows, width):
+    """Gemma's gated GELU-tanh (the torch composite on the device) in a CUDA graph."""
+    check_in_graph("gelu_tanh_mul", lambda seed: dict(gate_up=_random((rows, 2 * width), dtype, seed)), _close(dtype))
+
+
 def rotary_inputs(tokens: int, heads: tuple[int, int], head_dim: int, dtype, seed: int) -> dict:
     """q, k, v as views of one fused projection, decoder cos/sin, distinct slots (a few padding)."""
     num_heads, num_kv_heads = heads

@@ -35,6 +35,7 @@ from helios.abi.sampling_cpu import greedy_tokens_cpu
 
 _FLOAT32 = torch.float32
 _silu = torch._C._nn.silu
+_gelu = torch._C._nn.gelu
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,6 +60,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``helios::silu_mul`` on checked arguments: silu(gate) * up."""
     width = gate_up.shape[1] // 2
     return _silu(gate_up[:, :width]).mul_(gate_up[:, width:])
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``helios::gelu_tanh_mul`` on checked arguments: gelu(gate, approximate="tanh") * up."""
+    width = gate_up.shape[1] // 2
+    return _gelu(gate_up[:, :width], approximate="tanh").mul_(gate_up[:, width:])
 
 
 class SlotPlan(NamedTuple):
@@ -197,5 +204,6 @@ UNCHECKED: dict[str, Callable] = {
     "helios::rms_norm": rms_norm,
     "helios::add_rms_norm": add_rms_norm,
     "helios::silu_mul": silu_mul,
+    "helios::gelu_tanh_mul": gelu_tanh_mul,
     "helios::completion_record": completion_record,
 }

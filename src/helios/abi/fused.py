@@ -19,6 +19,11 @@ device data on the host, so programs calling them are export- and CUDA-graph-cap
 ``helios::silu_mul(Tensor gate_up) -> Tensor``
     gate_up [N, 2F] (gate columns, then up columns): ``silu(gate) * up`` [N, F] in its dtype.
 
+``helios::gelu_tanh_mul(Tensor gate_up) -> Tensor``
+    As ``silu_mul`` with the tanh-approximated GELU (Gemma's ``gelu_pytorch_tanh``):
+    ``gelu(gate, approximate="tanh") * up`` [N, F] in its dtype. Its CUDA kernel is the same torch
+    composite (two kernels: the activation, then the product); no loader rewrite matches it.
+
 ``helios::rotary_cache_write(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin,
 Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> Tensor``
     Rotary embedding on [cos, sin] halves (``x * cos + rotate_half(x) * sin``) of q [T, Hq, D] and
@@ -37,18 +42,21 @@ from helios.abi.attention import check_cache_write_args, reference_cache_write
 from helios.abi.op_library import AbiOp
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
-__all__ = ["RMS_NORM_SCHEMA", "ADD_RMS_NORM_SCHEMA", "SILU_MUL_SCHEMA", "ROTARY_CACHE_WRITE_SCHEMA",
-           "apply_rotary", "reference_rms_norm", "add_rms_norm", "rms_norm", "rotary_cache_write", "silu_mul"]
+__all__ = ["RMS_NORM_SCHEMA", "ADD_RMS_NORM_SCHEMA", "SILU_MUL_SCHEMA", "GELU_TANH_MUL_SCHEMA",
+           "ROTARY_CACHE_WRITE_SCHEMA", "apply_rotary", "reference_rms_norm", "add_rms_norm", "rms_norm",
+           "rotary_cache_write", "silu_mul", "gelu_tanh_mul"]
 
 RMS_NORM_SCHEMA = "(Tensor x, Tensor weight, float eps) -> Tensor"
 ADD_RMS_NORM_SCHEMA = "(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)"
 SILU_MUL_SCHEMA = "(Tensor gate_up) -> Tensor"
+GELU_TANH_MUL_SCHEMA = "(Tensor gate_up) -> Tensor"
 ROTARY_CACHE_WRITE_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
     "Tensor slot_mapping) -> Tensor"
 )
 _NORM, _ADD_NORM, _SILU, _ROTARY = ("helios::rms_norm", "helios::add_rms_norm", "helios::silu_mul",
                                     "helios::rotary_cache_write")
+_GELU = "helios::gelu_tanh_mul"
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -130,11 +138,11 @@ def _add_rms_norm_cuda(x, delta, weight, eps):
     return triton_rms_norm(x, delta, weight, eps)
 
 
-def check_silu_mul_args(gate_up: torch.Tensor) -> int:
-    """Validate gate_up [N, 2F]; return F."""
-    _check_float(_SILU, "gate_up", gate_up)
+def check_silu_mul_args(gate_up: torch.Tensor, op: str = _SILU) -> int:
+    """Validate gate_up [N, 2F] (of `op`, a gated activation); return F."""
+    _check_float(op, "gate_up", gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-        raise AbiArgumentError(f"{_SILU}: gate_up must be [N, 2F], got {list(gate_up.shape)}")
+        raise AbiArgumentError(f"{op}: gate_up must be [N, 2F], got {list(gate_up.shape)}")
     return gate_up.shape[1] // 2
 
 
@@ -160,6 +168,27 @@ def _silu_mul_cuda(gate_up):
     from helios.abi.triton_fused import triton_silu_mul
 
     return triton_silu_mul(gate_up)
+
+
+def reference_gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.split([gate_up.shape[1] // 2] * 2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    check_silu_mul_args(gate_up, _GELU)
+    return reference_gelu_tanh_mul(gate_up)
+
+
+def _gelu_tanh_mul_fake(gate_up):
+    width = check_silu_mul_args(gate_up, _GELU)
+    return gate_up.new_empty((gate_up.shape[0], width))
+
+
+def _gelu_tanh_mul_cuda(gate_up):
+    """The torch composite on the device (a Triton kernel like `triton_silu_mul`'s would save a launch)."""
+    check_silu_mul_args(gate_up, _GELU)
+    return reference_gelu_tanh_mul(gate_up)
 
 
 def check_rotary_cache_write_args(q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> None:
@@ -209,6 +238,7 @@ for _name, _schema, _mutated, _body, _cuda, _fake in (
     ("rms_norm", RMS_NORM_SCHEMA, (), rms_norm, _rms_norm_cuda, _rms_norm_fake),
     ("add_rms_norm", ADD_RMS_NORM_SCHEMA, (), add_rms_norm, _add_rms_norm_cuda, _add_rms_norm_fake),
     ("silu_mul", SILU_MUL_SCHEMA, (), silu_mul, _silu_mul_cuda, _silu_mul_fake),
+    ("gelu_tanh_mul", GELU_TANH_MUL_SCHEMA, (), gelu_tanh_mul, _gelu_tanh_mul_cuda, _gelu_tanh_mul_fake),
     ("rotary_cache_write", ROTARY_CACHE_WRITE_SCHEMA, ("k_cache", "v_cache"), rotary_cache_write,
      _rotary_cache_write_cuda, _rotary_cache_write_fake),
 ):

@@ -51,7 +51,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
 
 
 PURE_BODIES = frozenset({cpu_bodies.rms_norm, cpu_bodies.add_rms_norm, cpu_bodies.silu_mul,
-                         cpu_bodies.completion_record, signed_sine, rotate})
+                         cpu_bodies.gelu_tanh_mul, cpu_bodies.completion_record, signed_sine, rotate})
 
 
 def segment_graph(graph: torch.fx.Graph, inputs: dict[str, torch.Tensor]) -> torch.fx.Graph:

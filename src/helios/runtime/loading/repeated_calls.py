@@ -46,8 +46,8 @@ PURE = VIEWS | frozenset({
 READS_ONLY = frozenset({
     torch._C._nn.linear, torch.embedding, torch.scatter_add, torch.searchsorted, torch.arange, torch.zeros,
     torch.Tensor.size, torch.index_select, torch.roll, torch.rsqrt, torch.pow, torch.mean,
-    cpu_bodies.rms_norm, cpu_bodies.add_rms_norm, cpu_bodies.silu_mul, cpu_bodies.completion_record,
-    cpu_bodies.sample_rows, cpu_bodies.sample_rows_gathering, cpu_bodies.attention_planned,
+    cpu_bodies.rms_norm, cpu_bodies.add_rms_norm, cpu_bodies.silu_mul, cpu_bodies.gelu_tanh_mul,
+    cpu_bodies.completion_record, cpu_bodies.sample_rows, cpu_bodies.sample_rows_gathering, cpu_bodies.attention_planned,
     cpu_bodies.plan_slots, cpu_bodies.plan_rotary, plan_attention,
 })
 
