@@ -91,7 +91,8 @@ GPT_OSS = Family("gpt_oss", transformers.GptOssConfig, (
 MOE_FAMILIES = (QWEN3_MOE, MIXTRAL, GLM4_MOE)
 DENSE_FAMILIES = (LLAMA2, LLAMA3, MISTRAL, QWEN2, QWEN3)
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + (DEEPSEEK, GPT_OSS)
-PHI3_IDS = (("pad_token_id", None), ("bos_token_id", None), ("eos_token_id", None))  # Phi3Config's lie past 128
+# Phi3Config's (and SmolLM3Config's) token ids lie past the tiny vocabulary
+PHI3_IDS = (("pad_token_id", None), ("bos_token_id", None), ("eos_token_id", None))
 LONGROPE_SHORT = [1.0 + 0.05 * i for i in range(8)]
 LONGROPE_LONG = [1.0 + 1.7 * i for i in range(8)]
 PHI3_MINI = Family("phi3-mini", transformers.Phi3Config, (
@@ -113,6 +114,19 @@ PHI35_LONG = Family("phi3.5-long", transformers.Phi3Config, (
                          "long_factor": LONGROPE_LONG}), *PHI3_IDS,
 ))
 PHI3_FAMILIES = (PHI3_MINI, PHI4_MINI)
+# SmolLM3 (tests/ignition/test_smollm3_recipe.py): NoPE layers among rotary ones. Three layers, the middle one
+# NoPE and sliding over 6 positions (the window SmolLM3Config derives for NoPE layers), untied; and tied, with
+# q/k/v/o biases, llama3 rope and every third layer NoPE by no_rope_layer_interval.
+SMOLLM3 = Family("smollm3", transformers.SmolLM3Config, (
+    ("num_hidden_layers", 3), ("no_rope_layers", [1, 0, 1]), ("use_sliding_window", True), ("sliding_window", 6),
+    ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0}), *PHI3_IDS,
+))
+SMOLLM3_TIED = Family("smollm3-tied", transformers.SmolLM3Config, (
+    ("num_hidden_layers", 3), ("no_rope_layer_interval", 3), ("attention_bias", True), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}), *PHI3_IDS,
+))
+SMOLLM3_FAMILIES = (SMOLLM3, SMOLLM3_TIED)
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),
