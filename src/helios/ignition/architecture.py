@@ -38,6 +38,15 @@ projection's slots: one learned logit per query head in the attention softmax's 
 (YaRN's attention factor; 1.0 for none). The ``nope_layers`` attend without rotary embeddings
 (their cos/sin tables are 1 and 0); they change no weight slot.
 
+Sandwich norms (``sandwich_norms``, Gemma 3): each layer also holds ``layers.i.attn_out_norm`` [H]
+right before ``post_norm`` and ``layers.i.mlp_out_norm`` [H] after its MLP slots; they norm the
+attention and the MLP output before each residual add (``post_norm`` is then the norm before the
+MLP). ``local_rope_layers`` rotate with a second table, ``rope.local_inv_freq`` [rotary / 2]
+float32, right after ``rope.inv_freq``. ``mlp_activation`` picks the gated MLP's activation,
+``embedding_scale`` multiplies looked-up embeddings, ``query_pre_attn_scalar`` (> 0) sets the
+attention scale to its inverse square root and ``logit_softcap`` (> 0) caps the logits at
+``tanh(logits / c) * c``.
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -64,6 +73,7 @@ class CheckpointError(UsageError):
 
 ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
 EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # helios::silu_mul, helios::gelu_tanh_mul
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,13 @@ class Architecture:
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
     rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
     nope_layers: tuple[int, ...] = ()  # layers whose attention rotates nothing (SmolLM3's NoPE layers)
+    # Gemma 3's dataflow (see the module docstring); the defaults are every other family's.
+    sandwich_norms: bool = False  # attention and MLP outputs normed before their residual adds
+    mlp_activation: str = "silu"  # the gated MLP's (and shared experts') activation, one of MLP_ACTIVATIONS
+    embedding_scale: float = 1.0  # multiplies looked-up embeddings (Gemma: sqrt(H) rounded to the dtype)
+    query_pre_attn_scalar: float = 0.0  # > 0: the attention scale is its inverse square root (0: head_dim's)
+    local_rope_layers: tuple[int, ...] = ()  # layers rotating with rope.local_inv_freq (Gemma's sliding layers)
+    logit_softcap: float = 0.0  # > 0: logits are tanh(logits / c) * c
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -192,6 +209,7 @@ class Architecture:
             raise CheckpointError(f"NoPE layers {self.nope_layers} need plain attention layers of {self.num_layers}")
         if self.moe is not None and not set(self.moe.sparse_layers) <= set(range(self.num_layers)):
             raise CheckpointError(f"sparse layers {self.moe.sparse_layers} are not layers of {self.num_layers}")
+        self._check_dataflow()
         # Derived from config.json arithmetic (rope and YaRN scaling), so checked: a NaN here is NaN logits.
         scales = {"rms_norm_eps": self.rms_norm_eps, "rotary_factor": self.rotary_factor}
         if self.latent is not None:
@@ -202,6 +220,24 @@ class Architecture:
         bad = {name: value for name, value in scales.items() if not math.isfinite(value)}
         if bad:
             raise CheckpointError(f"config.json yields non-finite {bad}")
+
+    def _check_dataflow(self) -> None:
+        """The Gemma-style switches: each bad value a CheckpointError naming its field."""
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise CheckpointError(f"mlp_activation {self.mlp_activation!r} is not one of {MLP_ACTIVATIONS}")
+        bounds = {"embedding_scale": (self.embedding_scale, 0.0, False),
+                  "query_pre_attn_scalar": (self.query_pre_attn_scalar, 0.0, True),
+                  "logit_softcap": (self.logit_softcap, 0.0, True)}
+        for name, (value, low, zero) in bounds.items():
+            if not (math.isfinite(value) and (value > low or (zero and value == low))):
+                raise CheckpointError(f"{name} {value} must be finite and {'>=' if zero else '>'} {low}")
+        if self.local_rope_layers and (not set(self.local_rope_layers) <= set(range(self.num_layers))
+                                       or set(self.local_rope_layers) & set(self.nope_layers)
+                                       or self.latent is not None or self.recurrent is not None):
+            raise CheckpointError(f"local_rope_layers {self.local_rope_layers} need rotary attention layers of "
+                                  f"{self.num_layers}")
+        if self.sandwich_norms and self.recurrent is not None:
+            raise CheckpointError("sandwich_norms: a hybrid decoder's layers have no sandwich norms")
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -235,7 +271,9 @@ class Architecture:
 
     @property
     def attention_scale(self) -> float:
-        return self.head_dim**-0.5 if self.latent is None else self.latent.scale
+        if self.latent is not None:
+            return self.latent.scale
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def rope_attention_factor(self) -> float:
@@ -272,6 +310,8 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
     slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
+    if arch.local_rope_layers:
+        slots.append(WeightSlot("rope.local_inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.tensor_parallel > 1:
         slots.append(WeightSlot("vocab.start", (1,), "int64"))
     return tuple(slots)
@@ -281,9 +321,12 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden = arch.hidden_size
     slots = [_slot(prefix + "input_norm", arch, hidden)]
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
+    if arch.sandwich_norms:
+        slots.append(_slot(prefix + "attn_out_norm", arch, hidden))
     slots.append(_slot(prefix + "post_norm", arch, hidden))
     layer = int(prefix.split(".")[1])
-    return slots + (_moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix))
+    slots += _moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix)
+    return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if arch.sandwich_norms else [])
 
 
 def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:

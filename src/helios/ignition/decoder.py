@@ -99,6 +99,24 @@ class LayerInputs(NamedTuple):
     v_cache: torch.Tensor
     cos: torch.Tensor  # [T, 1, D]
     sin: torch.Tensor
+    local: tuple | None = None  # (cos, sin) of rope.local_inv_freq for `arch.local_rope_layers`, else None
+
+
+def layer_inputs(arch: Architecture, w: Mapping[str, torch.Tensor], step: PackedStep, k_cache, v_cache,
+                 dtype: torch.dtype) -> LayerInputs:
+    """The step's shared layer inputs: the rotary tables of ``rope.inv_freq`` and, where some layers
+    rotate with ``rope.local_inv_freq`` (Gemma's sliding layers), that table's too (no attention
+    factor: the reference's local rope is unscaled)."""
+    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], dtype, arch.rope_attention_factor)
+    local = rotary_tables(step.positions, w["rope.local_inv_freq"], dtype) if arch.local_rope_layers else None
+    return LayerInputs(step, k_cache, v_cache, cos, sin, local)
+
+
+def layer_tables(arch: Architecture, layer: int, shared: LayerInputs):
+    """The cos/sin tables `layer` rotates with (`layer_rotary`, or the local ones)."""
+    if layer in arch.local_rope_layers:
+        return shared.local
+    return layer_rotary(arch, layer, shared.cos, shared.sin)
 
 
 def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, hidden, shared: LayerInputs,
@@ -125,7 +143,7 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     step = shared.step
     k_plane, v_plane, table, slots = layer_storage(arch, layer, shared.k_cache, shared.v_cache, step, step.window)
-    cos, sin = layer_rotary(arch, layer, shared.cos, shared.sin)
+    cos, sin = layer_tables(arch, layer, shared)
     q = torch.ops.helios.rotary_cache_write(q, k, v, cos, sin, k_plane, v_plane, slots)
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
@@ -157,7 +175,22 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
         return out if partial else summed(arch, out)
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     out = row_parallel_output if partial else row_parallel_linear
-    return out(arch, torch.ops.helios.silu_mul(gate_up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+    return out(arch, gated_activation(arch, gate_up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+
+
+def gated_activation(arch: Architecture, gate_up: torch.Tensor) -> torch.Tensor:
+    """act(gate) * up of a gate/up product: ``helios::silu_mul`` or ``helios::gelu_tanh_mul``."""
+    if arch.mlp_activation == "gelu_tanh":
+        return torch.ops.helios.gelu_tanh_mul(gate_up)
+    return torch.ops.helios.silu_mul(gate_up)
+
+
+def sandwiched(arch: Architecture, w: Mapping[str, torch.Tensor], slot: str, delta):
+    """A block's output as the residual add takes it: `delta` itself, or under ``sandwich_norms``
+    its sum over ranks normed by `slot` (Gemma's post-attention and post-feedforward norms)."""
+    if not arch.sandwich_norms:
+        return delta
+    return rms_norm(summed(arch, delta), w[slot], arch.rms_norm_eps)
 
 
 def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hidden: torch.Tensor):
@@ -174,7 +207,7 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
         hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
         w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
     if moe.shared_intermediate_size:
-        shared = torch.ops.helios.silu_mul(F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
+        shared = gated_activation(arch, F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
         out = out + F.linear(shared, w[prefix + "shared.down.weight"])
     return Partial(out) if arch.tensor_parallel > 1 else out
 
@@ -189,8 +222,7 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     if step.embedding_add is not None:
         hidden = hidden + step.embedding_add.to(hidden.dtype)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
-    shared = LayerInputs(step, k_cache, v_cache, cos, sin)
+    shared = layer_inputs(arch, w, step, k_cache, v_cache, hidden.dtype)
     normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
@@ -199,9 +231,10 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
         attended = attention_block(arch, w, layer, normed, shared, partial=True, rows=kept)
         if kept is not None:
             hidden = hidden[kept]
+        attended = sandwiched(arch, w, prefix + "attn_out_norm", attended)
         hidden, normed = residual_norm(arch, hidden, attended, w[prefix + "post_norm"], arch.rms_norm_eps)
         next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
-        mixed = mlp_block(arch, w, prefix, normed, partial=True)
+        mixed = sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed, partial=True))
         hidden, normed = residual_norm(arch, hidden, mixed, next_norm, arch.rms_norm_eps)
     return normed
 

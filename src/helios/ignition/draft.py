@@ -20,16 +20,16 @@ import torch.nn.functional as F
 
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import (
-    LayerInputs,
     PackedStep,
     apply_rotary,
     attention_block,
     decoder_hidden,
-    layer_rotary,
+    layer_inputs,
+    layer_tables,
     lm_logits,
     mlp_block,
     rms_norm,
-    rotary_tables,
+    sandwiched,
     slot_mapping,
 )
 from helios.ignition.program_spec import DRAFT_PREFIX
@@ -72,15 +72,14 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     """The decoder's cache writes without its output: every layer but the last runs whole, the last
     one only projects, rotates and writes its keys/values (no attention, MLP or final norm)."""
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
-    cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype, arch.rope_attention_factor)
-    shared = LayerInputs(step, storage.k_cache, storage.v_cache, cos, sin)
+    shared = layer_inputs(arch, w, step, storage.k_cache, storage.v_cache, hidden.dtype)
     last = arch.num_layers - 1
     for layer in range(last):
         prefix = f"layers.{layer}."
         normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
-        hidden = hidden + attention_block(arch, w, layer, normed, shared)
+        hidden = hidden + sandwiched(arch, w, prefix + "attn_out_norm", attention_block(arch, w, layer, normed, shared))
         normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
-        hidden = hidden + mlp_block(arch, w, prefix, normed)
+        hidden = hidden + sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed))
     prefix = f"layers.{last}."
     normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
     if arch.latent is not None:
@@ -93,7 +92,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)
     if arch.qk_norm:
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    k = apply_rotary(k, *layer_rotary(arch, last, cos, sin))
+    k = apply_rotary(k, *layer_tables(arch, last, shared))
     torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
                                  step.slot_mapping)
 

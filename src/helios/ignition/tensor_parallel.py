@@ -40,15 +40,28 @@ class Partial(NamedTuple):
 
 
 def embed_tokens(arch: Architecture, embed: torch.Tensor, vocab_start, token_ids: torch.Tensor) -> torch.Tensor:
-    """[T, H] embeddings of `token_ids`; a rank holding rows [start, start + vocab_rows) contributes
+    """[T, H] embeddings of `token_ids` times ``arch.embedding_scale`` (in the embeddings' dtype, as
+    Gemma's scaled embedding multiplies); a rank holding rows [start, start + vocab_rows) contributes
     only the ids among them and zeros elsewhere, so the sum over ranks is exact."""
     if arch.tensor_parallel == 1:
-        return F.embedding(token_ids, embed)
+        return _scaled(arch, F.embedding(token_ids, embed))
     local = token_ids - vocab_start
     is_local = (local >= 0) & (local < arch.vocab_rows)
     rows = F.embedding(torch.where(is_local, local, torch.zeros_like(local)), embed)
     rows = torch.where(is_local[:, None], rows, torch.zeros_like(rows))
-    return torch.ops.helios.all_reduce(rows, arch.tensor_parallel)
+    return _scaled(arch, torch.ops.helios.all_reduce(rows, arch.tensor_parallel))
+
+
+def _scaled(arch: Architecture, rows: torch.Tensor) -> torch.Tensor:
+    return rows if arch.embedding_scale == 1.0 else rows * arch.embedding_scale
+
+
+def capped(arch: Architecture, logits: torch.Tensor) -> torch.Tensor:
+    """float32 `logits` under ``arch.logit_softcap`` c > 0: tanh(logits / c) * c (elementwise, so a
+    rank caps its own vocabulary rows); unchanged without one."""
+    if not arch.logit_softcap:
+        return logits
+    return torch.tanh(logits / arch.logit_softcap) * arch.logit_softcap
 
 
 def row_parallel_linear(arch: Architecture, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -88,8 +101,8 @@ def partial_sum(arch: Architecture, x: torch.Tensor) -> torch.Tensor:
 
 
 def vocab_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """float32 logits [N, V] over the whole vocabulary from this rank's head rows."""
-    logits = F.linear(hidden, head).to(torch.float32)
+    """float32 logits [N, V] over the whole vocabulary from this rank's head rows (`capped`)."""
+    logits = capped(arch, F.linear(hidden, head).to(torch.float32))
     if arch.tensor_parallel == 1:
         return logits
     gathered = torch.ops.helios.all_gather(logits, arch.tensor_parallel)  # [ranks, N, vocab_rows]
@@ -100,8 +113,8 @@ def vocab_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -
 def sampled_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     """float32 logits of `hidden` to sample from: [N, V] on one rank; under tensor parallelism this
     rank's vocabulary rows only, [N, vocab_rows] (ids from ``vocab.start``; the last rank's rows
-    past V are padding), which `sample_tokens` and `token_scores` take as they are."""
-    return F.linear(hidden, head).to(torch.float32)
+    past V are padding), which `sample_tokens` and `token_scores` take as they are (`capped`)."""
+    return capped(arch, F.linear(hidden, head).to(torch.float32))
 
 
 def with_logit_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, vocab_start=None) -> torch.Tensor:

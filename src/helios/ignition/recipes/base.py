@@ -11,6 +11,9 @@ from helios.ignition.architecture import Architecture, CheckpointError, weight_l
 from helios.ignition.recipes.checkpoint import is_finite
 
 
+_ROPE_SLOTS = ("rope.inv_freq", "rope.local_inv_freq")
+
+
 class NamedWeight(NamedTuple):
     name: str
     tensor: torch.Tensor
@@ -77,5 +80,5 @@ def check_weights(arch: Architecture, weights: tuple[NamedWeight, ...]) -> None:
         if weight.tensor.dtype == torch.float16 and not is_finite(weight.tensor):
             raise CheckpointError(f"weight {slot.name} overflows float16 (a value beyond 65504); "
                                   f"prepare it in bfloat16 or float32")
-        if slot.name == "rope.inv_freq" and not is_finite(weight.tensor):  # computed from the rope settings
+        if slot.name in _ROPE_SLOTS and not is_finite(weight.tensor):  # computed from the rope settings
             raise CheckpointError("config.json's rope settings yield non-finite rotary frequencies")
