@@ -135,3 +135,24 @@ def test_a_longer_nope_list_is_read_for_the_layers_there_are(checkpoint, tmp_pat
     """SmolLM3Attention indexes the list by layer: flags past the last layer are never read."""
     directory = _rewritten(checkpoint, tmp_path, lambda c: c.update(no_rope_layers=[0, 1, 1, 0, 0]))
     assert load_checkpoint(directory).architecture.nope_layers == (0,)
+
+
+def test_a_drafts_history_write_leaves_a_last_nope_layer_unrotated(prepare):
+    """A draft's history writes (`draft.write_keys`: the last layer only projects and writes its keys)
+    cache the keys the decoder caches, here where that last layer is NoPE."""
+    from helios.ignition.decoder import PackedStep, decoder_hidden, slot_mapping
+    from helios.ignition.draft import DraftStorage, write_keys
+
+    recipe = prepare(SMOLLM3_TIED).recipe
+    arch, weights = recipe.architecture, dict(recipe.weights)
+    assert arch.nope_layers == (arch.num_layers - 1,)
+    positions, page_tokens = torch.arange(7), 4
+    query_start, table = torch.tensor([0, 7], dtype=torch.int32), torch.tensor([[1, 0]], dtype=torch.int32)
+    step = PackedStep(torch.tensor(equivalence.random_prompt(7, seed=5)), positions, query_start, table,
+                      slot_mapping(query_start, table, positions, page_tokens))
+    shape = (arch.num_layers, 2, page_tokens, arch.num_kv_heads, arch.head_dim)
+    decoded, drafted = [torch.zeros(shape) for _ in range(2)], [torch.zeros(shape) for _ in range(2)]
+    decoder_hidden(arch, weights, *decoded, step)
+    write_keys(arch, weights, DraftStorage(*drafted, table), step)
+    assert drafted[0].abs().sum() > 0
+    torch.testing.assert_close(drafted, decoded, rtol=1e-6, atol=1e-6)

@@ -52,7 +52,8 @@ def truncated(recipe: Recipe, num_layers: int) -> Recipe:
     if moe is not None:
         sparse = tuple(layer for layer in moe.sparse_layers if layer < num_layers)
         moe = dataclasses.replace(moe, sparse_layers=sparse) if sparse else None
-    arch = dataclasses.replace(full, num_layers=num_layers, layer_windows=full.layer_windows[:num_layers], moe=moe)
+    arch = dataclasses.replace(full, num_layers=num_layers, layer_windows=full.layer_windows[:num_layers], moe=moe,
+                               nope_layers=tuple(layer for layer in full.nope_layers if layer < num_layers))
     keep = [w for w in recipe.weights
             if not w.name.startswith("layers.") or int(w.name.split(".")[1]) < num_layers]
     return Recipe(recipe.source_architecture, arch, tuple(NamedWeight(w.name, w.tensor) for w in keep))
