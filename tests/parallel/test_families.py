@@ -17,7 +17,8 @@ from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAM
 # expert; Bamba Mamba2 mixers split
 # by heads and B/C groups, each rank's state rows its own share (one group: B/C whole on each rank,
 # the gated norm summed over the ranks); SmolLM3 NoPE layers (each rank's heads unrotated there).
-FAMILIES = DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES + (SMOLLM3,)
+FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
+            + (SMOLLM3,))
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 
