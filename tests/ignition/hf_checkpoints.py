@@ -127,6 +127,22 @@ SMOLLM3_TIED = Family("smollm3-tied", transformers.SmolLM3Config, (
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}), *PHI3_IDS,
 ))
 SMOLLM3_FAMILIES = (SMOLLM3, SMOLLM3_TIED)
+# Gemma 3 text (tests/ignition/test_gemma3_recipe.py): sliding, full, sliding layers over a window of 5 (shorter
+# than the prompts), local rope theta 100 against a linear-scaled global 10000 (factor 8), query_pre_attn_scalar
+# 24 against head_dim 16, tied as released; and untied with q/k/v/o biases, a final logit soft cap and the legacy
+# sliding_window_pattern (2: sliding, full).
+GEMMA3 = Family("gemma3", transformers.Gemma3TextConfig, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("sliding_window", 5), ("query_pre_attn_scalar", 24),
+    ("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]), ("tie_word_embeddings", True),
+    ("rope_parameters", {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+))
+GEMMA3_CAPPED = Family("gemma3-capped", transformers.Gemma3TextConfig, (
+    ("head_dim", 16), ("sliding_window", 4), ("sliding_window_pattern", 2), ("query_pre_attn_scalar", 32),
+    ("attention_bias", True), ("final_logit_softcapping", 10.0), ("tie_word_embeddings", False),
+    ("rope_theta", 1000.0), ("rope_local_base_freq", 50.0),
+))
+GEMMA3_FAMILIES = (GEMMA3, GEMMA3_CAPPED)
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

@@ -1,0 +1,193 @@
+"""The Gemma 3 text recipe against transformers' Gemma3ForCausalLM on tiny random float32 checkpoints.
+
+Two shapes (tests/ignition/hf_checkpoints.py): tied, sliding/full/sliding layers by ``layer_types``
+with a window shorter than the prompts, a linear-scaled global rope beside a distinct local one and
+``query_pre_attn_scalar`` other than head_dim; and untied with q/k/v/o biases, a final logit soft cap
+and the legacy ``sliding_window_pattern``. Prefill logits, scored log-probabilities and greedy tokens
+(single, batched, from cached prefix pages) equal the reference's (test_equivalence's checks and
+tolerances); the prepared weights are the reference's folded ``1 + w`` norms and rotary tables; the
+legacy config.json spelling prepares the same model; unsupported settings are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+
+from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
+from helios.ignition.capture import capture_program, load_program
+from helios.ignition.program_spec import Operation
+from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+
+from . import test_equivalence as equivalence
+from .conftest import PAGE_TOKENS, VARIANTS
+from .driver import PagedModel, RowWork, Sequence
+from .hf_checkpoints import GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, random_model, write_checkpoint
+
+
+@pytest.fixture(scope="module", params=GEMMA3_FAMILIES, ids=lambda family: family.name)
+def prepared(request, prepare):
+    return prepare(request.param)
+
+
+def test_scored_prefill_logits_and_logprobs_match(prepared):
+    equivalence.test_scored_prefill_logits_and_logprobs_match(prepared)
+
+
+def test_single_prompt_greedy_matches(prepared):
+    equivalence.test_single_prompt_greedy_matches(prepared)
+
+
+def test_continuous_batch_of_different_lengths_matches(prepared):
+    equivalence.test_continuous_batch_of_different_lengths_matches(prepared)
+
+
+def test_prompt_continuing_from_cached_prefix_pages_matches(prepared):
+    equivalence.test_prompt_continuing_from_cached_prefix_pages_matches(prepared)
+
+
+def test_the_prepared_weights_are_the_references_folded_norms_and_rope_tables(prepared):
+    weights, model = dict(prepared.recipe.weights), prepared.reference.model
+    arch, layer = prepared.recipe.architecture, model.layers[1]
+    assert list(weights) == [slot.name for slot in weight_layout(arch)]
+    for slot, norm in (("input_norm", layer.input_layernorm), ("attn_out_norm", layer.post_attention_layernorm),
+                       ("post_norm", layer.pre_feedforward_layernorm), ("mlp_out_norm", layer.post_feedforward_layernorm),
+                       ("q_norm", layer.self_attn.q_norm), ("k_norm", layer.self_attn.k_norm)):
+        assert torch.equal(weights[f"layers.1.{slot}"], 1.0 + norm.weight), slot
+    assert torch.equal(weights["final_norm"], 1.0 + model.norm.weight)
+    rotary = model.rotary_emb
+    assert torch.equal(weights["rope.inv_freq"], rotary.full_attention_inv_freq)
+    assert torch.equal(weights["rope.local_inv_freq"], rotary.sliding_attention_inv_freq)
+    assert not torch.equal(rotary.full_attention_inv_freq, rotary.sliding_attention_inv_freq)
+    assert arch.embedding_scale == model.embed_tokens.embed_scale.item() == 8.0
+    config = prepared.reference.config
+    assert arch.attention_scale == config.query_pre_attn_scalar ** -0.5 != config.head_dim ** -0.5
+    sliding = tuple(i for i, kind in enumerate(config.layer_types) if kind == "sliding_attention")
+    assert arch.local_rope_layers == sliding and 0 < len(sliding) < arch.num_layers
+    assert all((window == config.sliding_window) == (i in sliding) for i, window in enumerate(arch.layer_windows))
+    assert arch.tie_word_embeddings == (prepared.family is GEMMA3)
+    assert arch.logit_softcap == (config.final_logit_softcapping or 0.0)
+
+
+def test_every_gemma_switch_changes_the_logits(prepared):
+    """Each switch matters on these checkpoints (none is vacuous): the program without it differs
+    from the reference by more than ten times the tolerance."""
+    arch = prepared.recipe.architecture
+    prompt = equivalence.random_prompt(13, seed=1)
+    with torch.no_grad():
+        expected = prepared.reference(torch.tensor([prompt])).logits[0, -1]
+    capacity = dict(VARIANTS)[Operation.PREFILL]
+    switches = {"embedding_scale": 1.0, "query_pre_attn_scalar": 0.0, "local_rope_layers": (),
+                "mlp_activation": "silu", "logit_softcap": 0.0}
+    for field, value in switches.items():
+        if getattr(arch, field) == value:  # (the tied shape has no logit cap)
+            continue
+        changed = dataclasses.replace(arch, **{field: value})
+        names = {slot.name for slot in weight_layout(changed)}  # (without local tables: no rope.local_inv_freq)
+        weights = [w.tensor for w in prepared.recipe.weights if w.name in names]
+        program = capture_program(changed, Operation.PREFILL, capacity, PAGE_TOKENS)
+        model = PagedModel(weights, {Operation.PREFILL: (program.spec, load_program(program.program))})
+        sequence = Sequence(0, list(prompt))
+        model.admit(sequence, len(prompt))
+        logits = model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
+        assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE, field
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.json spellings and refusals.
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(random_model(GEMMA3_CAPPED, seed=4), tmp_path_factory.mktemp("gemma3-checkpoint"))
+
+
+def _rewritten(directory, tmp_path, edit):
+    copy = shutil.copytree(directory, tmp_path / "checkpoint")
+    path = copy / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+    return copy
+
+
+def _legacy(config):
+    """A Hub config.json of Gemma 3 (transformers 4): top-level rope_theta, rope_local_base_freq and
+    rope_scaling, a sliding_window_pattern without layer_types."""
+    rope = config.pop("rope_parameters")
+    config.pop("layer_types")
+    config.update(rope_theta=rope["full_attention"]["rope_theta"], rope_scaling=None,
+                  rope_local_base_freq=rope["sliding_attention"]["rope_theta"], sliding_window_pattern=2)
+
+
+def test_the_legacy_layout_prepares_the_same_model(checkpoint, tmp_path):
+    current = load_checkpoint(checkpoint)
+    legacy = load_checkpoint(_rewritten(checkpoint, tmp_path, _legacy))
+    assert legacy.architecture == current.architecture
+    assert all(a.name == b.name and torch.equal(a.tensor, b.tensor) for a, b in zip(legacy.weights, current.weights))
+
+
+def test_a_legacy_linear_rope_scaling_scales_the_global_table_only(checkpoint, tmp_path):
+    def edit(config):
+        _legacy(config)
+        config["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
+
+    current = dict(load_checkpoint(checkpoint).weights)
+    scaled = dict(load_checkpoint(_rewritten(checkpoint, tmp_path, edit)).weights)
+    assert torch.equal(scaled["rope.inv_freq"], current["rope.inv_freq"] / 8.0)
+    assert torch.equal(scaled["rope.local_inv_freq"], current["rope.local_inv_freq"])
+
+
+def _full_rope(**changes):
+    def edit(config):
+        config["rope_parameters"]["full_attention"].update(changes)
+    return edit
+
+
+REFUSED = {
+    "attention soft cap": (lambda config: config.update(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    "another activation": (lambda config: config.update(hidden_activation="gelu"), "hidden_activation"),
+    "a layer kind": (lambda config: config.update(layer_types=["sliding_attention", "chunked_attention"]),
+                     "layer_types"),
+    "too few layer kinds": (lambda config: config.update(layer_types=["full_attention"]), "layer_types"),
+    "a zero pattern": (lambda config: config.update(layer_types=None, sliding_window_pattern=0),
+                       "sliding_window_pattern"),
+    "no window": (lambda config: config.update(sliding_window=None), "sliding_window"),
+    "bidirectional": (lambda config: config.update(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    "a zero query scalar": (lambda config: config.update(query_pre_attn_scalar=0), "query_pre_attn_scalar"),
+    "a negative logit cap": (lambda config: config.update(final_logit_softcapping=-1.0), "final_logit_softcapping"),
+    "yarn": (_full_rope(rope_type="yarn", factor=2.0), "rope_type"),
+    "a null local theta": (lambda config: config["rope_parameters"]["sliding_attention"].update(rope_theta=None),
+                           "rope_local_base_freq"),
+    "flat rope parameters": (lambda config: config.update(rope_parameters={"rope_type": "default"}),
+                             "rope_parameters"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unsupported_gemma3_settings_are_refused_by_name(checkpoint, tmp_path, case):
+    edit, setting = REFUSED[case]
+    with pytest.raises(UnsupportedCheckpoint, match=setting):
+        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+
+
+_GOOD = dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
+             head_dim=4, rms_norm_eps=1e-6, layer_windows=(3, 0))
+BAD_ARCHITECTURES = {
+    "mlp_activation": dict(mlp_activation="relu"),
+    "embedding_scale": dict(embedding_scale=float("nan")),
+    "query_pre_attn_scalar": dict(query_pre_attn_scalar=-1.0),
+    "logit_softcap": dict(logit_softcap=float("inf")),
+    "local_rope_layers": dict(local_rope_layers=(2,)),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_ARCHITECTURES))
+def test_bad_gemma_switches_are_refused_naming_the_field(field):
+    Architecture(**_GOOD, sandwich_norms=True, local_rope_layers=(0,), logit_softcap=30.0)  # the good ones
+    with pytest.raises(CheckpointError, match=field):
+        Architecture(**{**_GOOD, **BAD_ARCHITECTURES[field]})
