@@ -19,6 +19,7 @@ import torch
 
 from helios.contract import StartupOptions, resolve_settings
 from helios.contract import serving_pb2 as spb
+from helios.ignition.architecture import weight_layout
 from helios.ignition.capture import build_program
 from helios.ignition.export import CapacityPlan
 from helios.ignition.preparation.contract import (
@@ -53,9 +54,10 @@ def truncated(recipe: Recipe, num_layers: int) -> Recipe:
         sparse = tuple(layer for layer in moe.sparse_layers if layer < num_layers)
         moe = dataclasses.replace(moe, sparse_layers=sparse) if sparse else None
     arch = dataclasses.replace(full, num_layers=num_layers, layer_windows=full.layer_windows[:num_layers], moe=moe,
-                               nope_layers=tuple(layer for layer in full.nope_layers if layer < num_layers))
-    keep = [w for w in recipe.weights
-            if not w.name.startswith("layers.") or int(w.name.split(".")[1]) < num_layers]
+                               nope_layers=tuple(layer for layer in full.nope_layers if layer < num_layers),
+                               local_rope_layers=tuple(layer for layer in full.local_rope_layers if layer < num_layers))
+    names = {slot.name for slot in weight_layout(arch)}  # (no local rope table without local layers)
+    keep = [w for w in recipe.weights if w.name in names]
     return Recipe(recipe.source_architecture, arch, tuple(NamedWeight(w.name, w.tensor) for w in keep))
 
 
