@@ -325,8 +325,43 @@ def draw_phi3(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_smollm3(seed: int) -> Variant:
+    """SmolLM3's shapes: NoPE layers by an explicit ``no_rope_layers`` list (sometimes longer than the
+    layers) or by ``no_rope_layer_interval``, windows on the NoPE layers (SmolLM3Config derives
+    ``layer_types`` from use_sliding_window and the window), Llama's rope types and biases; older
+    config.json sometimes without ``layer_types`` or with sliding layers written out."""
+    rng = random.Random(seed)
+    layers = _choice(rng, (2, 3))
+    config = dict(num_hidden_layers=layers, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  attention_bias=rng.random() < 0.3, mlp_bias=rng.random() < 0.2,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng))
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    rope = _rope(rng, rotary_dim=head_dim)
+    if rng.random() < 0.1 and rope["rope_type"] != "longrope":  # its factor lists are sized for whole heads
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    if rng.random() < 0.5:
+        config["no_rope_layers"] = [int(rng.random() < 0.6) for _ in range(layers + _choice(rng, (0, 0, 2)))]
+    else:
+        config["no_rope_layer_interval"] = _choice(rng, (1, 2, 3, 4))
+    if rng.random() < 0.6:
+        config.update(use_sliding_window=rng.random() < 0.8, sliding_window=_choice(rng, (None, 5, 8)))
+    if rng.random() < 0.15:  # sliding layers of its own, with or without use_sliding_window
+        config.update(layer_types=[_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)],
+                      sliding_window=6)
+    legacy = _legacy_rope(rng, rope)
+    if "layer_types" not in config and rng.random() < 0.3:  # no layer_types: SmolLM3Config derives them again
+        legacy += (("layer_types", None),)
+    return Variant(Family(f"smollm3-{seed}", transformers.SmolLM3Config, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
-         "phi3": draw_phi3}
+         "phi3": draw_phi3, "smollm3": draw_smollm3}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -416,7 +451,7 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16)}
+         "phi3": range(16), "smollm3": range(16)}
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
