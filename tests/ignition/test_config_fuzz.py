@@ -19,6 +19,7 @@ mostly) naming one of the settings drawn: never a different model, never another
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,8 +361,50 @@ def draw_smollm3(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_gemma3(seed: int) -> Variant:
+    """Gemma 3's shapes: sliding and full layers by ``layer_types`` or ``sliding_window_pattern``, windows
+    under and over the prompt, query_pre_attn_scalar other than head_dim, a default or linear global
+    rope beside the local one (rarely yarn, refused), a final logit soft cap, biases; rarely an
+    attention soft cap or another activation (refused); the legacy layout (``rope_theta``,
+    ``rope_local_base_freq``, ``rope_scaling``, no ``layer_types``) half the time."""
+    rng = random.Random(seed)
+    layers = _choice(rng, (2, 3, 4))
+    config = dict(num_hidden_layers=layers, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.7,
+                  attention_bias=rng.random() < 0.3, sliding_window=_choice(rng, (3, 5, 8, 4096)),
+                  **_attention_geometry(rng, explicit_head_dim=True))
+    config["query_pre_attn_scalar"] = _choice(rng, (config["head_dim"], 24, 256, 1))
+    pattern = _choice(rng, (1, 2, 3, 6)) if rng.random() < 0.6 else None
+    if pattern is None:  # layer kinds of their own
+        config["layer_types"] = [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]
+    else:
+        config["sliding_window_pattern"] = pattern
+    if rng.random() < 0.3:
+        config["final_logit_softcapping"] = _choice(rng, (5.0, 30.0))
+    if rng.random() < 0.05:
+        config["attn_logit_softcapping"] = 50.0
+    if rng.random() < 0.05:
+        config["hidden_activation"] = "gelu"
+    full = _rope(rng, kinds=("default", "default", "linear", "linear", "yarn") if rng.random() < 0.1
+                 else ("default", "linear"))
+    full.setdefault("rope_theta", 1000000.0)
+    local = {"rope_type": "default", "rope_theta": _choice(rng, (10.0, 100.0, 10000.0))}
+    config["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+    legacy = ()
+    if rng.random() < 0.5:  # a transformers 4 config.json
+        scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+        legacy = (("rope_parameters", None), ("rope_theta", full["rope_theta"]),
+                  ("rope_local_base_freq", local["rope_theta"]),
+                  ("rope_scaling", scaling if scaling["rope_type"] != "default" else None))
+        if pattern is not None:  # the kinds Gemma3TextConfig derives from the pattern again
+            legacy += (("layer_types", None),)
+    return Variant(Family(f"gemma3-{seed}", transformers.Gemma3TextConfig, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
-         "phi3": draw_phi3, "smollm3": draw_smollm3}
+         "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -451,7 +494,8 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16), "smollm3": range(16)}
+         "phi3": range(16), "smollm3": range(16),
+         "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12)))}  # the variable: a wider sweep
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],

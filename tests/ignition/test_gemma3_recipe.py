@@ -26,7 +26,7 @@ from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS
 from .driver import PagedModel, RowWork, Sequence
-from .hf_checkpoints import GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, random_model, write_checkpoint
+from .hf_checkpoints import GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, Family, random_model, write_checkpoint
 
 
 @pytest.fixture(scope="module", params=GEMMA3_FAMILIES, ids=lambda family: family.name)
@@ -140,6 +140,39 @@ def test_a_legacy_linear_rope_scaling_scales_the_global_table_only(checkpoint, t
     scaled = dict(load_checkpoint(_rewritten(checkpoint, tmp_path, edit)).weights)
     assert torch.equal(scaled["rope.inv_freq"], current["rope.inv_freq"] / 8.0)
     assert torch.equal(scaled["rope.local_inv_freq"], current["rope.local_inv_freq"])
+
+
+def test_every_layer_full_prepares_one_rope_table(checkpoint, tmp_path):
+    """sliding_window_pattern 1 (no sliding layer): no local layers, so no rope.local_inv_freq slot
+    (preparation failed on the slot before the fuzz found it)."""
+    def edit(config):
+        _legacy(config)
+        config["sliding_window_pattern"] = 1
+
+    recipe = load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+    assert recipe.architecture.layer_windows == (0, 0) and not recipe.architecture.local_rope_layers
+    assert "rope.local_inv_freq" not in dict(recipe.weights)
+
+
+def test_a_terse_config_takes_the_references_defaults(tmp_path):
+    """A config.json that leaves out the settings at Gemma3TextConfig's defaults (8 heads, 4 key/value
+    heads, query_pre_attn_scalar 256, ...) prepares the model the reference loads (a missing head
+    count was refused before the fuzz found it)."""
+    import transformers
+
+    family = Family("gemma3-terse", transformers.Gemma3TextConfig, (
+        ("num_attention_heads", 8), ("num_key_value_heads", 4), ("head_dim", 8), ("query_pre_attn_scalar", 256)))
+    directory = write_checkpoint(random_model(family), tmp_path / "checkpoint")
+    expected = load_checkpoint(directory).architecture
+    path = directory / "config.json"
+    terse = json.loads(path.read_text())
+    for key in ("num_attention_heads", "num_key_value_heads", "query_pre_attn_scalar", "hidden_activation",
+                "sliding_window"):
+        terse.pop(key)
+    path.write_text(json.dumps(terse))
+    config = transformers.AutoConfig.from_pretrained(directory)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.query_pre_attn_scalar) == (8, 4, 256)
+    assert load_checkpoint(directory).architecture == expected
 
 
 def _full_rope(**changes):
