@@ -35,6 +35,9 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "BambaForCausalLM": {"num_key_value_heads": 8, "mamba_d_head": 64, "partial_rotary_factor": 0.5},
     "SmolLM3ForCausalLM": {"rope_theta": 2000000.0, "num_key_value_heads": 4, "tie_word_embeddings": True,
                            "no_rope_layer_interval": 4, "max_position_embeddings": 32768},
+    "SeedOssForCausalLM": {"num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 524288},
+    "Ernie4_5ForCausalLM": {"rope_theta": 500000.0, "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5,
+                            "tie_word_embeddings": True, "max_position_embeddings": 131072},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
 

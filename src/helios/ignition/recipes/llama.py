@@ -3,9 +3,10 @@
 Covers LlamaForCausalLM (Llama 2 and 3, rope scaling "default", "linear", "llama3" and "yarn", whose
 attention factor scales the rotary cos/sin tables: `Architecture.rotary_factor`),
 MistralForCausalLM (sliding window on every layer), Qwen2ForCausalLM / Qwen2.5 (q/k/v bias, optional
-sliding layers) and Qwen3ForCausalLM (per-head q/k RMS norm): grouped-query attention, tied or
-untied embeddings. All the family knowledge lives here; it becomes Architecture fields and the
-prepared weight layout (q/k/v and gate/up fused, rotary frequencies computed once).
+sliding layers), Qwen3ForCausalLM (per-head q/k RMS norm) and SeedOssForCausalLM (Seed-OSS: q/k/v
+bias, an o bias of its own switch): grouped-query attention, tied or untied embeddings. All the
+family knowledge lives here; it becomes Architecture fields and the prepared weight layout (q/k/v
+and gate/up fused, rotary frequencies computed once).
 
 Optional tensors (q/k/v, o and MLP biases, q/k norms) are taken from what the checkpoint holds, so
 a Llama checkpoint with ``attention_bias`` and a Qwen2 one with q/k/v bias need no special case.
@@ -24,12 +25,14 @@ from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpo
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.yarn import yarn_attention_factor, yarn_inv_freq
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "SeedOssForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Rope types whose pretraining context transformers reads from a top-level
 # ``original_max_position_embeddings`` before the rope dict's own (Phi-3's spelling), else from
 # ``max_position_embeddings``.
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
+_NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM")  # their references mask causally
 _EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -78,15 +81,15 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 
 
 def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
-    """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it: Llama
-    has none; Mistral, Mixtral and Qwen3-MoE slide every layer over ``sliding_window`` (their
+    """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it: Llama,
+    Seed-OSS and Ernie 4.5 have none; Mistral, Mixtral and Qwen3-MoE slide every layer over ``sliding_window`` (their
     references read no ``layer_types``); the Qwen families' window applies only with
     ``use_sliding_window`` (their references drop it otherwise, and a sliding layer without a window
     attends fully); the others follow ``layer_types``, or slide from ``max_window_layers`` on."""
     window = int(config.get("sliding_window") or 0)
     if source in _WINDOW_SWITCHED and not config.get("use_sliding_window"):
         window = 0
-    if source == "LlamaForCausalLM":
+    if source in _NO_WINDOW:
         return (0,) * num_layers
     if source in _EVERY_LAYER_WINDOW:
         return (window,) * num_layers
