@@ -72,23 +72,29 @@ def compile_sampling() -> None:
                    dict(NUM_SPLITS=64))
     rows = dict(values="*fp64", stride="i64", drawing="*i1", temperature="*fp32", bests="*fp64", sums="*fp64",
                 totals="*fp64")
-    compile_kernel(triton_draws._exp_sum_kernel, dict(rows, greedy="*i64"),
-                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK), num_warps=triton_draws.ROW_WARPS)
-    compile_kernel(triton_draws._probability_kernel,
-                   dict(rows, min_p="*fp32", counts="*i64", bucket_counts="*i64", bucket_masses="*fp64"),
-                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK, NB=triton_draws.NUM_BUCKETS,
-                        GROUP=triton_draws.FIRST_GROUP), num_warps=triton_draws.ROW_WARPS)
-    compile_kernel(triton_draws._partition_kernel,
-                   dict(rows, bucket_counts="*i64", candidate_p="*fp64", candidate_ids="*i32"),
-                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK, NB=triton_draws.NUM_BUCKETS,
-                        GROUP=triton_draws.FIRST_GROUP), num_warps=triton_draws.ROW_WARPS)
-    compile_kernel(triton_draws._draw_kernel,
-                   dict(greedy="*i64", drawing="*i1", top_k="*i32", top_p="*fp32", uniforms="*fp64", totals="*fp64",
-                        counts="*i64", bucket_counts="*i64", bucket_masses="*fp64", candidate_p="*fp64",
-                        candidate_ids="*i32", tokens="*i64"),
-                   dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.SELECT_BLOCK, WIDE=triton_draws.TIE_BLOCK,
-                        NB=triton_draws.NUM_BUCKETS, GROUP=triton_draws.FIRST_GROUP),
-                   num_warps=triton_draws.SELECT_WARPS)
+    for raw in (False, True):  # softmax probabilities (sample, sampling_weights), given weights (draw_weighted)
+        whole = dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.ROW_BLOCK, RAW=raw)
+        compile_kernel(triton_draws._exp_sum_kernel, dict(rows, greedy="*i64"), whole,
+                       num_warps=triton_draws.ROW_WARPS)
+        buckets = dict(whole, NB=triton_draws.NUM_BUCKETS, GROUP=triton_draws.FIRST_GROUP)
+        compile_kernel(triton_draws._probability_kernel,
+                       dict(rows, min_p="*fp32", counts="*i64", bucket_counts="*i64", bucket_masses="*fp64"),
+                       buckets, num_warps=triton_draws.ROW_WARPS)
+        compile_kernel(triton_draws._partition_kernel,
+                       dict(rows, bucket_counts="*i64", candidate_p="*fp64", candidate_ids="*i32"),
+                       buckets, num_warps=triton_draws.ROW_WARPS)
+        for keep in (False, True) if not raw else (False,):  # keep: sampling_weights' kept prefix
+            compile_kernel(triton_draws._draw_kernel,
+                           dict(greedy="*i64", drawing="*i1", top_k="*i32", top_p="*fp32", uniforms="*fp64",
+                                bests="*fp64", totals="*fp64", counts="*i64", bucket_counts="*i64",
+                                bucket_masses="*fp64", candidate_p="*fp64", candidate_ids="*i32", out="*i64"),
+                           dict(S=triton_draws.SPLITS, BLOCK_V=triton_draws.SELECT_BLOCK, WIDE=triton_draws.TIE_BLOCK,
+                                NB=triton_draws.NUM_BUCKETS, GROUP=triton_draws.FIRST_GROUP, RAW=raw, KEEP=keep),
+                           num_warps=triton_draws.SELECT_WARPS)
+    compile_kernel(triton_draws._keep_kernel,
+                   dict(values="*fp64", stride="i64", drawing="*i1", greedy="*i64", boundary="*i64",
+                        vocab_size="i32", chunk="i32"),
+                   dict(BLOCK_V=triton_draws.ROW_BLOCK), num_warps=triton_draws.ROW_WARPS)
 
 
 def compile_gemv() -> None:

@@ -157,5 +157,5 @@ def test_kernels_compile_for_hopper():
 
 def test_ops_have_cuda_kernels_registered():
     for op in ("helios::rms_norm", "helios::add_rms_norm", "helios::silu_mul", "helios::rotary_cache_write",
-               "helios::sample"):
+               "helios::sample", "helios::sampling_weights", "helios::draw_weighted", "helios::verify_proposals"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")

@@ -318,7 +318,10 @@ def sample_with_kernel(logits: torch.Tensor, params: DrawParams, penalties: torc
     has_candidate = tokens >= 0
     drawing = (params.temperature > 0) & has_candidate
     uniforms = uniform53(philox_words(params.seeds, params.counters, SAMPLE_OFFSET))
-    tokens = draw_rows(values, tokens, drawing, params.temperature, params.top_k, params.top_p, params.min_p, uniforms)
+    controls = (params.temperature, params.top_k, params.top_p, params.min_p, uniforms)
+    blocks = [draw_rows(values[rows], tokens[rows], drawing[rows], *(control[rows] for control in controls))
+              for rows in row_blocks(*logits.shape)]  # the kernels' candidate lists: 12 bytes per value
+    tokens = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
     return torch.where(has_candidate, tokens, NO_TOKEN)
 
 

@@ -6,7 +6,9 @@ commit). Each has a pure-tensor reference registered for every device, and a fak
 that gives shapes only, so a saved program depends on the schemas alone. Off the CPU (see
 `helios.abi.sampling.selective`) the references never read device data on the host and create no
 host tensors, so they can be captured into a CUDA graph; on the CPU, draws skip Philox for rows
-whose outcome no uniform decides.
+whose outcome no uniform decides. On CUDA the weights and every weighted draw (verification's
+included) select instead of sorting (`helios.abi.triton_draws`), as ``helios::sample`` does there:
+the same kept tokens and draws up to the rounding of sums taken in another order.
 
 ``helios::sampling_weights(logits, temperature, top_k, top_p, min_p, penalties, prompt_counts,
 output_counts, grammar_mask, mask_rows) -> Tensor``
@@ -20,7 +22,8 @@ output_counts, grammar_mask, mask_rows) -> Tensor``
     int64 [R]: inverse-CDF draw from non-negative weights [R, V] in canonical order (weight
     descending, id ascending) with u = `uniform53` at (seed, counter, offset); NO_TOKEN (-1) for a
     row without positive weight. ``draw_weighted(sampling_weights(x...), s, c, SAMPLE_OFFSET)``
-    equals ``sample(x..., s, c)`` bit for bit: the same weights, order, sums and uniform.
+    equals ``sample(x..., s, c)`` bit for bit: the same weights, order, sums and uniform (on CUDA,
+    where both select, up to the rounding of their sums).
 
 ``helios::verify_proposals(target_weights, proposals, proposal_weights, lengths, seeds, counters)
 -> (Tensor emitted, Tensor accepted)``
@@ -146,6 +149,26 @@ def sampling_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
     return sampling_weights_reference(logits, controls, penalties, counts, grammar_mask, mask_rows)
 
 
+@sampling_weights.register_kernel("cuda")
+def _sampling_weights_cuda(logits, temperature, top_k, top_p, min_p, penalties, prompt_counts, output_counts,
+                           grammar_mask, mask_rows):
+    """Steps 1-4 in `helios.abi.triton_sampling`'s fused pass, the kept prefixes selected without a
+    sort (`helios.abi.triton_draws.kept_weights`), in row blocks like the reference."""
+    from helios.abi.triton_draws import kept_weights
+    from helios.abi.triton_sampling import greedy_tokens
+
+    controls, counts = (temperature, top_k, top_p, min_p), (prompt_counts, output_counts)
+    _check_weights_args(logits, controls, penalties, counts, grammar_mask, mask_rows)
+    weights = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
+    for rows in sampling.row_blocks(*logits.shape):
+        values = weights[rows]
+        greedy = greedy_tokens(logits[rows], penalties[rows], prompt_counts[rows], output_counts[rows],
+                               grammar_mask[rows], mask_rows[rows], values_out=values)
+        drawing = (temperature[rows] > 0) & (greedy >= 0)
+        kept_weights(values, greedy, drawing, temperature[rows], top_k[rows], top_p[rows], min_p[rows])
+    return weights
+
+
 @sampling_weights.register_fake
 def _sampling_weights_fake(logits, temperature, top_k, top_p, min_p, penalties, prompt_counts,
                            output_counts, grammar_mask, mask_rows):
@@ -181,6 +204,18 @@ def uniforms(seeds: torch.Tensor, counters: torch.Tensor, offset: int, needed: t
     return values
 
 
+def draw_selected(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
+    """`helios::draw_weighted` on CUDA: `helios.abi.triton_draws.draw_from_weights` (selection, no
+    sort) in row blocks. A row with one positive weight gets it whatever its uniform, as in the
+    reference, which skips that uniform; the masses are summed in another order than the
+    reference's prefix sums, so a token differs only where rounding moves a boundary comparison."""
+    from helios.abi.triton_draws import draw_from_weights
+
+    tokens = [draw_from_weights(weights[rows], uniform53(philox_words(seeds[rows], counters[rows], offset)))
+              for rows in sampling.row_blocks(*weights.shape)]
+    return tokens[0] if len(tokens) == 1 else torch.cat(tokens)
+
+
 def draw_reference(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
     """`helios::draw_weighted` on validated inputs (the inverse CDF of `helios.abi.sampling`, step 8).
 
@@ -209,6 +244,12 @@ def draw_weighted(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Te
     """int64 [R] tokens drawn from weights [R, V]; see the module docstring."""
     _check_draw_args(_DRAW, weights, seeds, counters)
     return draw_reference(weights, seeds, counters, offset)
+
+
+@draw_weighted.register_kernel("cuda")
+def _draw_weighted_cuda(weights: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, offset: int) -> torch.Tensor:
+    _check_draw_args(_DRAW, weights, seeds, counters)
+    return draw_selected(weights, seeds, counters, offset)
 
 
 @draw_weighted.register_fake
@@ -250,8 +291,9 @@ def _acceptances(p, q, proposals, lengths, seeds, counters) -> torch.Tensor:
     return passed.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
-def verify_reference(target_weights, proposals, proposal_weights, lengths, seeds, counters):
-    """`helios::verify_proposals` on validated inputs: (emitted [B, W], accepted [B])."""
+def verify_reference(target_weights, proposals, proposal_weights, lengths, seeds, counters, draw=draw_reference):
+    """`helios::verify_proposals` on validated inputs: (emitted [B, W], accepted [B]); `draw` is
+    `helios::draw_weighted`'s implementation for the bonus and residual draws."""
     rows, width, _ = target_weights.shape
     checked = min(width - 1, proposals.shape[1])
     lanes = torch.arange(rows, device=proposals.device)
@@ -265,8 +307,8 @@ def verify_reference(target_weights, proposals, proposal_weights, lengths, seeds
         residual = (p[lanes, at] - q[lanes, at]).clamp(min=0.0)
     position = accepted.clamp(max=width - 1)
     rejected = (accepted < lengths - 1) & (residual.sum(dim=-1) > 0)
-    bonus = draw_reference(target_weights[lanes, position], seeds, counters + position, SAMPLE_OFFSET)
-    corrected = draw_reference(residual, seeds, counters + position, RESIDUAL_OFFSET)
+    bonus = draw(target_weights[lanes, position], seeds, counters + position, SAMPLE_OFFSET)
+    corrected = draw(residual, seeds, counters + position, RESIDUAL_OFFSET)
     last = torch.where(rejected, corrected, bonus)
     index = torch.arange(width, device=proposals.device)
     drafted = torch.full((rows, width), NO_TOKEN, dtype=torch.int64, device=proposals.device)
@@ -285,6 +327,12 @@ def verify_proposals(target_weights: torch.Tensor, proposals: torch.Tensor, prop
     """(emitted int64 [B, W], accepted int64 [B]); see the module docstring."""
     _check_verify_args(target_weights, proposals, proposal_weights, lengths, seeds, counters)
     return verify_reference(target_weights, proposals, proposal_weights, lengths, seeds, counters)
+
+
+@verify_proposals.register_kernel("cuda")
+def _verify_proposals_cuda(target_weights, proposals, proposal_weights, lengths, seeds, counters):
+    _check_verify_args(target_weights, proposals, proposal_weights, lengths, seeds, counters)
+    return verify_reference(target_weights, proposals, proposal_weights, lengths, seeds, counters, draw_selected)
 
 
 @verify_proposals.register_fake

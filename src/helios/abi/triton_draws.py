@@ -33,6 +33,11 @@ docstring allows for the device path (no difference in 8,192 rows on an H100). N
 other rows or the row count (splits, blocks, buckets and warps are fixed), so a row's token is the
 same alone or in any batch.
 
+The same passes serve the speculative ops on CUDA: `kept_weights` (``helios::sampling_weights``)
+ends the selection at the kept prefix's last position instead of drawing and zeroes the tokens after
+it in one more pass; `draw_from_weights` (``helios::draw_weighted``) selects over given weights
+(``RAW``: no softmax, the row maximum in place of p_max, no filters).
+
 Measured on an H100 in CUDA graphs against the sorted path it replaced (bench/results/h100_session54/
 draw_sweep.log; flat and peaked 128k rows, temperature alone, with top-p 0.95, with top-k 50 and
 top-p 0.9; FIRST_GROUP 1): 1.15-1.2x as fast at 1 row, 1.9-2.1x at 8, 2.1-2.2x at 64, 2.6x at 256.
@@ -44,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["draw_rows"]
+__all__ = ["draw_from_weights", "draw_rows", "kept_weights"]
 
 SPLITS = 16  # programs per row of the two passes over whole rows (fixed: sums must not depend on the batch)
 ROW_BLOCK = 1024  # ids per loop iteration of those passes
@@ -66,34 +71,93 @@ def draw_rows(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tensor,
     ``values_out``) and is overwritten with the drawing rows' probabilities; `greedy` is that pass's
     token per row (the row maximum's lowest id); `uniforms` the rows' float64 `uniform53` draws.
     """
-    num_rows, vocab_size = values.shape
     tokens = torch.empty_like(greedy)
-    if num_rows == 0:
-        return tokens
-    device = values.device
-    chunk = -(-vocab_size // (SPLITS * ROW_BLOCK)) * ROW_BLOCK
-    bests = torch.empty((num_rows,), dtype=torch.float64, device=device)
-    totals = torch.empty((num_rows,), dtype=torch.float64, device=device)
-    sums = torch.empty((num_rows, SPLITS), dtype=torch.float64, device=device)
-    counts = torch.empty((num_rows, SPLITS, 2), dtype=torch.int64, device=device)
-    bucket_counts = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.int64, device=device)
-    bucket_masses = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.float64, device=device)
-    candidate_p = torch.empty((num_rows, vocab_size), dtype=torch.float64, device=device)
-    candidate_ids = torch.empty((num_rows, vocab_size), dtype=torch.int32, device=device)
-    rows = (values, values.stride(0), drawing, temperature, bests, sums, totals)
-    _exp_sum_kernel[(num_rows, SPLITS)](*rows, greedy, vocab_size, chunk, S=SPLITS, BLOCK_V=ROW_BLOCK,
-                                         num_warps=ROW_WARPS)
-    _probability_kernel[(num_rows, SPLITS)](*rows, min_p, counts, bucket_counts, bucket_masses, vocab_size, chunk,
-                                            S=SPLITS, BLOCK_V=ROW_BLOCK, NB=NUM_BUCKETS, GROUP=FIRST_GROUP,
-                                            num_warps=ROW_WARPS)
-    _partition_kernel[(num_rows, SPLITS)](*rows, bucket_counts, candidate_p, candidate_ids, vocab_size, chunk,
-                                          S=SPLITS, BLOCK_V=ROW_BLOCK, NB=NUM_BUCKETS, GROUP=FIRST_GROUP,
-                                          num_warps=ROW_WARPS)
-    _draw_kernel[(num_rows,)](
-        greedy, drawing, top_k, top_p, uniforms, totals, counts, bucket_counts, bucket_masses, candidate_p,
-        candidate_ids, tokens, vocab_size, S=SPLITS, BLOCK_V=SELECT_BLOCK, WIDE=TIE_BLOCK, NB=NUM_BUCKETS,
-        GROUP=FIRST_GROUP, num_warps=SELECT_WARPS)
+    if values.shape[0]:
+        selection = _Selection(values, drawing, temperature, min_p, raw=False)
+        selection.select(greedy, top_k, top_p, uniforms, tokens, keep=False)
     return tokens
+
+
+def kept_weights(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tensor, temperature: torch.Tensor,
+                 top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """``helios::sampling_weights`` of steps 1-4's `values` (as `draw_rows` takes them), written in
+    place and returned: a drawing row's kept prefix (top-k, top-p, min-p, at least one position)
+    keeps its probabilities and every other token 0; any other row is one-hot at `greedy`, all
+    zeros where `greedy` is -1 (no allowed token).
+
+    The kept prefix ends at the canonical position ``kept - 1`` that the draw kernel's rules give;
+    its (probability, id) is the boundary, and a token is kept where its probability is above the
+    boundary's, or equal with an id at most the boundary's."""
+    num_rows = values.shape[0]
+    if num_rows:
+        boundary = torch.empty((num_rows, 2), dtype=torch.int64, device=values.device)
+        selection = _Selection(values, drawing, temperature, min_p, raw=False)
+        selection.select(greedy, top_k, top_p, torch.zeros_like(temperature, dtype=torch.float64), boundary,
+                         keep=True)
+        _keep_kernel[(num_rows, SPLITS)](values, values.stride(0), drawing, greedy, boundary, values.shape[1],
+                                         selection.chunk, BLOCK_V=ROW_BLOCK, num_warps=ROW_WARPS)
+    return values
+
+
+def draw_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """``helios::draw_weighted`` on CUDA: int64 [R], each row's token at the inverse-CDF position of
+    `uniforms` (float64 `uniform53` values) in the canonical order of its non-negative float64
+    `weights` [R, V] (left unchanged): the first position whose prefix mass exceeds u times the row's
+    mass, at most the last positive weight; -1 for a row without one."""
+    num_rows = weights.shape[0]
+    tokens = torch.full((num_rows,), -1, dtype=torch.int64, device=weights.device)
+    if num_rows:
+        best = weights.max(dim=-1)
+        drawing = best.values > 0
+        greedy = torch.where(drawing, best.indices, -1)
+        zeros = torch.zeros((num_rows,), dtype=torch.float32, device=weights.device)  # the controls' types
+        selection = _Selection(weights, drawing, zeros, zeros, raw=True)
+        selection.select(greedy, zeros.to(torch.int32), zeros + 1.0, uniforms, tokens, keep=False)
+    return tokens
+
+
+class _Selection:
+    """The three passes over whole rows (sum; bucket histograms; candidate lists) for `select`.
+
+    ``raw`` False: `values` are steps 1-4's float64 values, replaced by the drawing rows' softmax
+    probabilities at `temperature`. ``raw`` True: `values` are already the probabilities (weights, not
+    normalised), read only; `temperature` and `min_p` are then unused zeros."""
+
+    def __init__(self, values: torch.Tensor, drawing: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor,
+                 raw: bool):
+        num_rows, vocab_size = values.shape
+        device = values.device
+        self.chunk = -(-vocab_size // (SPLITS * ROW_BLOCK)) * ROW_BLOCK
+        self.drawing, self.raw, self.vocab_size = drawing, raw, vocab_size
+        self.bests = torch.empty((num_rows,), dtype=torch.float64, device=device)
+        self.totals = torch.empty((num_rows,), dtype=torch.float64, device=device)
+        self.sums = torch.empty((num_rows, SPLITS), dtype=torch.float64, device=device)
+        self.counts = torch.empty((num_rows, SPLITS, 2), dtype=torch.int64, device=device)
+        self.bucket_counts = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.int64, device=device)
+        self.bucket_masses = torch.empty((num_rows, SPLITS, NUM_BUCKETS), dtype=torch.float64, device=device)
+        self.candidate_p = torch.empty((num_rows, vocab_size), dtype=torch.float64, device=device)
+        self.candidate_ids = torch.empty((num_rows, vocab_size), dtype=torch.int32, device=device)
+        self.values, self.temperature, self.min_p = values, temperature, min_p
+
+    def select(self, greedy, top_k, top_p, uniforms, out, keep: bool) -> None:
+        """Writes each row's drawn token into `out` [R] (`greedy` for rows that do not draw) or, with
+        `keep`, its kept prefix's boundary into `out` [R, 2] (probability bits, id)."""
+        num_rows = self.values.shape[0]
+        rows = (self.values, self.values.stride(0), self.drawing, self.temperature, self.bests, self.sums,
+                self.totals)
+        whole = dict(S=SPLITS, BLOCK_V=ROW_BLOCK, RAW=self.raw, num_warps=ROW_WARPS)
+        _exp_sum_kernel[(num_rows, SPLITS)](*rows, greedy, self.vocab_size, self.chunk, **whole)
+        _probability_kernel[(num_rows, SPLITS)](*rows, self.min_p, self.counts, self.bucket_counts,
+                                                self.bucket_masses, self.vocab_size, self.chunk, NB=NUM_BUCKETS,
+                                                GROUP=FIRST_GROUP, **whole)
+        _partition_kernel[(num_rows, SPLITS)](*rows, self.bucket_counts, self.candidate_p, self.candidate_ids,
+                                              self.vocab_size, self.chunk, NB=NUM_BUCKETS, GROUP=FIRST_GROUP,
+                                              **whole)
+        _draw_kernel[(num_rows,)](
+            greedy, self.drawing, top_k, top_p, uniforms, self.bests, self.totals, self.counts, self.bucket_counts,
+            self.bucket_masses, self.candidate_p, self.candidate_ids, out, self.vocab_size, S=SPLITS,
+            BLOCK_V=SELECT_BLOCK, WIDE=TIE_BLOCK, NB=NUM_BUCKETS, GROUP=FIRST_GROUP, RAW=self.raw, KEEP=keep,
+            num_warps=SELECT_WARPS)
 
 
 @triton.jit
@@ -112,23 +176,30 @@ def _split_range(chunk, vocab_size):
 
 @triton.jit
 def _exp_sum_kernel(values, stride, drawing, temperature, bests, sums, totals, greedy, vocab_size, chunk,
-                    S: tl.constexpr, BLOCK_V: tl.constexpr):
+                    S: tl.constexpr, BLOCK_V: tl.constexpr, RAW: tl.constexpr):
     """sums[row, split]: the sum of exp(z - max z) over the split's ids of a drawing row; bests[row]:
-    max z (the greedy token's z: division by a temperature > 0 keeps the order)."""
+    max z (the greedy token's z: division by a temperature > 0 keeps the order). RAW: the sum of the
+    values themselves, and bests[row] the `greedy` id's value (the row maximum)."""
     row = tl.program_id(0)
     total = tl.zeros((), tl.float64)
     if tl.load(drawing + row).to(tl.int32) != 0:
         row_p = values + row.to(tl.int64) * stride
         temp = tl.load(temperature + row).to(tl.float64)
-        best = _scaled(tl.load(row_p + tl.load(greedy + row)), temp)
+        if RAW:
+            best = tl.load(row_p + tl.load(greedy + row))
+        else:
+            best = _scaled(tl.load(row_p + tl.load(greedy + row)), temp)
         if tl.program_id(1) == 0:
             tl.store(bests + row, best)
         lanes = tl.zeros((BLOCK_V,), tl.float64)
         start, end = _split_range(chunk, vocab_size)
         for offset in range(start, end, BLOCK_V):
             ids = offset + tl.arange(0, BLOCK_V)
-            x = tl.load(row_p + ids, mask=ids < end, other=float("-inf"))
-            lanes += tl.exp(_scaled(x, temp) - best)
+            if RAW:
+                lanes += tl.load(row_p + ids, mask=ids < end, other=0.0)
+            else:
+                x = tl.load(row_p + ids, mask=ids < end, other=float("-inf"))
+                lanes += tl.exp(_scaled(x, temp) - best)
         total = tl.sum(lanes, axis=0)
     tl.store(sums + row * S + tl.program_id(1), total)
 
@@ -136,11 +207,11 @@ def _exp_sum_kernel(values, stride, drawing, temperature, bests, sums, totals, g
 @triton.jit
 def _probability_kernel(values, stride, drawing, temperature, bests, sums, totals, min_p, counts, bucket_counts,
                         bucket_masses, vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
-                        GROUP: tl.constexpr):
-    """Stores p = exp(z - max z) / sum over the split's ids of a drawing row; per split: the counts of
-    p > 0 and of p >= min_p * p_max, and counts and masses by exponent bucket (the first narrowing
-    pass of every selection: bucket b holds the exponents 2**GROUP * b to 2**GROUP * (b + 1) - 1 below
-    p_max's, the last every smaller one)."""
+                        GROUP: tl.constexpr, RAW: tl.constexpr):
+    """Stores p = exp(z - max z) / sum over the split's ids of a drawing row (RAW: p is the value, not
+    stored, and min_p is 0); per split: the counts of p > 0 and of p >= min_p * p_max, and counts and
+    masses by exponent bucket (the first narrowing pass of every selection: bucket b holds the
+    exponents 2**GROUP * b to 2**GROUP * (b + 1) - 1 below p_max's, the last every smaller one)."""
     row = tl.program_id(0)
     if tl.load(drawing + row).to(tl.int32) != 0:
         row_p = values + row.to(tl.int64) * stride
@@ -149,8 +220,9 @@ def _probability_kernel(values, stride, drawing, temperature, bests, sums, total
         total = tl.sum(tl.load(sums + row * S + tl.arange(0, S)), axis=0)
         if tl.program_id(1) == 0:  # the one sum every later kernel reads (a reduction elsewhere could round otherwise)
             tl.store(totals + row, total)
-        top = (1.0 / total).to(tl.int64, bitcast=True) >> 52  # p_max = exp(0) / total
-        threshold = tl.load(min_p + row).to(tl.float64) * (1.0 / total)
+        key_max = _key_max(bests, totals, row, RAW)
+        top = key_max >> 52
+        threshold = tl.load(min_p + row).to(tl.float64) * key_max.to(tl.float64, bitcast=True)
         buckets = tl.arange(0, NB)
         bucket_count = tl.zeros((NB,), tl.int64)
         bucket_mass = tl.zeros((NB,), tl.float64)
@@ -160,9 +232,12 @@ def _probability_kernel(values, stride, drawing, temperature, bests, sums, total
         for offset in range(start, end, BLOCK_V):
             ids = offset + tl.arange(0, BLOCK_V)
             inside = ids < end
-            x = tl.load(row_p + ids, mask=inside, other=float("-inf"))
-            p = tl.exp(_scaled(x, temp) - best) / total
-            tl.store(row_p + ids, p, mask=inside)
+            if RAW:
+                p = tl.load(row_p + ids, mask=inside, other=0.0)
+            else:
+                x = tl.load(row_p + ids, mask=inside, other=float("-inf"))
+                p = tl.exp(_scaled(x, temp) - best) / total
+                tl.store(row_p + ids, p, mask=inside)
             positive += tl.sum((inside & (p > 0.0)).to(tl.int64), axis=0)
             kept_m += tl.sum((inside & (p >= threshold)).to(tl.int64), axis=0)
             bucket = tl.minimum((top - (p.to(tl.int64, bitcast=True) >> 52)) >> GROUP, NB - 1)
@@ -179,7 +254,7 @@ def _probability_kernel(values, stride, drawing, temperature, bests, sums, total
 @triton.jit
 def _partition_kernel(values, stride, drawing, temperature, bests, sums, totals, bucket_counts, candidate_p,
                       candidate_ids, vocab_size, chunk, S: tl.constexpr, BLOCK_V: tl.constexpr, NB: tl.constexpr,
-                      GROUP: tl.constexpr):
+                      GROUP: tl.constexpr, RAW: tl.constexpr):
     """Copies a drawing row's p and ids into its candidate lists grouped by first-histogram bucket
     (bucket 0's first), each bucket's tokens in id order: the split's tokens of bucket b go after
     those of every smaller bucket and of bucket b in every earlier split."""
@@ -187,7 +262,7 @@ def _partition_kernel(values, stride, drawing, temperature, bests, sums, totals,
     split = tl.program_id(1)
     if tl.load(drawing + row).to(tl.int32) != 0:
         row_p = values + row.to(tl.int64) * stride
-        top = (1.0 / tl.load(totals + row)).to(tl.int64, bitcast=True) >> 52
+        top = _key_max(bests, totals, row, RAW) >> 52
         buckets = tl.arange(0, NB)
         splits = tl.arange(0, S)
         table = tl.load(bucket_counts + (row * S + splits)[:, None] * NB + buckets[None, :])
@@ -209,16 +284,19 @@ def _partition_kernel(values, stride, drawing, temperature, bests, sums, totals,
 
 
 @triton.jit
-def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, totals, counts, bucket_counts, bucket_masses, candidate_p,
-                 candidate_ids, tokens, vocab_size, S: tl.constexpr, BLOCK_V: tl.constexpr,
-                 WIDE: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr):
+def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, bests, totals, counts, bucket_counts, bucket_masses,
+                 candidate_p, candidate_ids, out, vocab_size, S: tl.constexpr, BLOCK_V: tl.constexpr,
+                 WIDE: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, RAW: tl.constexpr, KEEP: tl.constexpr):
+    """A drawing row's kept prefix (top-k, top-p, min-p) and draw: out[row] its token (`greedy` for other
+    rows); with KEEP, out[row] = (probability bits, id) of the kept prefix's last position instead,
+    nothing for other rows."""
     row = tl.program_id(0)
     token = tl.load(greedy + row)
     if tl.load(drawing + row).to(tl.int32) != 0:
         size = tl.full((), 0, tl.int64) + vocab_size
         lists = (candidate_p + row.to(tl.int64) * vocab_size, candidate_ids + row.to(tl.int64) * vocab_size, size)
         splits = tl.arange(0, S)
-        key_max = (1.0 / tl.load(totals + row)).to(tl.int64, bitcast=True)  # p_max's bits, as stored
+        key_max = _key_max(bests, totals, row, RAW)
         positive = tl.sum(tl.load(counts + (row * S + splits) * 2), axis=0)
         kept_m = tl.sum(tl.load(counts + (row * S + splits) * 2 + 1), axis=0)
         cells = (row * S + splits)[:, None] * NB + tl.arange(0, NB)[None, :]
@@ -242,19 +320,58 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, totals, counts, bucket
             kept_p = tl.minimum(failed + 1, size)
             mass_p = tl.where(failed < size, before + failed_p, before)
         kept = tl.maximum(tl.minimum(tl.minimum(kept_k, kept_p), kept_m), 1)
-        kept_mass = mass_k
-        if kept != kept_k:
-            kept_mass = mass_p
-            if kept != kept_p:
-                _, _, kept_mass, _ = _first_failing(lists, key_max, first, kept, inf, False, BLOCK_V, WIDE, NB,
-                                                    GROUP)
-        # the draw: the first position whose mass exceeds u * kept mass, at most the last kept p > 0
-        drawable = tl.minimum(kept, positive)
-        target = tl.load(uniforms + row) * kept_mass
-        _, drawn, _, _ = _first_failing(lists, key_max, first, drawable - 1, target, False, BLOCK_V, WIDE, NB,
-                                        GROUP)
-        token = tl.where(drawn >= 0, drawn, token)
-    tl.store(tokens + row, token)
+        if KEEP:  # the last kept position: the first whose prefix holds more than kept - 1 tokens
+            _, last, _, last_p = _first_failing(lists, key_max, first, kept - 1, inf, False, BLOCK_V, WIDE, NB,
+                                                GROUP)
+            tl.store(out + row * 2, last_p.to(tl.int64, bitcast=True))
+            tl.store(out + row * 2 + 1, last)
+        else:
+            kept_mass = mass_k
+            if kept != kept_k:
+                kept_mass = mass_p
+                if kept != kept_p:
+                    _, _, kept_mass, _ = _first_failing(lists, key_max, first, kept, inf, False, BLOCK_V, WIDE, NB,
+                                                        GROUP)
+            # the draw: the first position whose mass exceeds u * kept mass, at most the last kept p > 0
+            drawable = tl.minimum(kept, positive)
+            target = tl.load(uniforms + row) * kept_mass
+            _, drawn, _, _ = _first_failing(lists, key_max, first, drawable - 1, target, False, BLOCK_V, WIDE, NB,
+                                            GROUP)
+            token = tl.where(drawn >= 0, drawn, token)
+    if not KEEP:
+        tl.store(out + row, token)
+
+
+@triton.jit
+def _key_max(bests, totals, row, RAW: tl.constexpr):
+    """The bits of a drawing row's largest p: the softmax's exp(0) / sum, or (RAW) the row maximum."""
+    if RAW:
+        return tl.load(bests + row).to(tl.int64, bitcast=True)
+    else:
+        return (1.0 / tl.load(totals + row)).to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def _keep_kernel(values, stride, drawing, greedy, boundary, vocab_size, chunk, BLOCK_V: tl.constexpr):
+    """Zeroes a drawing row's probabilities outside its kept prefix (above the boundary's, or equal
+    with an id at most its id); writes every other row one-hot at `greedy` (all zeros at -1)."""
+    row = tl.program_id(0)
+    row_p = values + row.to(tl.int64) * stride
+    start, end = _split_range(chunk, vocab_size)
+    if tl.load(drawing + row).to(tl.int32) != 0:
+        key = tl.load(boundary + row * 2)
+        last = tl.load(boundary + row * 2 + 1)
+        for offset in range(start, end, BLOCK_V):
+            ids = offset + tl.arange(0, BLOCK_V)
+            p = tl.load(row_p + ids, mask=ids < end, other=0.0)
+            bits = p.to(tl.int64, bitcast=True)
+            kept = (bits > key) | ((bits == key) & (ids <= last))
+            tl.store(row_p + ids, tl.where(kept, p, 0.0), mask=ids < end)
+    else:
+        token = tl.load(greedy + row)
+        for offset in range(start, end, BLOCK_V):
+            ids = offset + tl.arange(0, BLOCK_V)
+            tl.store(row_p + ids, tl.where(ids == token, 1.0, 0.0).to(tl.float64), mask=ids < end)
 
 
 @triton.jit
