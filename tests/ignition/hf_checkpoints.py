@@ -127,6 +127,18 @@ SMOLLM3_TIED = Family("smollm3-tied", transformers.SmolLM3Config, (
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}), *PHI3_IDS,
 ))
 SMOLLM3_FAMILIES = (SMOLLM3, SMOLLM3_TIED)
+# Seed-OSS (q/k/v bias without an o bias, head_dim 16 of hidden 64 / 8 heads) and Ernie 4.5 dense (biases on
+# every projection, interleaved rotary pairs; a small theta turns every pair within the prompts), untied
+# (tests/ignition/test_seed_oss_ernie_recipes.py).
+SEED_OSS = Family("seed_oss", transformers.SeedOssConfig, (
+    ("num_attention_heads", 8), ("head_dim", 16), ("attention_bias", True), ("attention_out_bias", False),
+    ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0}), *PHI3_IDS,
+))
+ERNIE4_5 = Family("ernie4_5", transformers.Ernie4_5Config, (
+    ("head_dim", 16), ("use_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
+))
+LLAMA_SHAPED_FAMILIES = (SEED_OSS, ERNIE4_5)
 # Gemma 3 text (tests/ignition/test_gemma3_recipe.py): sliding, full, sliding layers over a window of 5 (shorter
 # than the prompts), local rope theta 100 against a linear-scaled global 10000 (factor 8), query_pre_attn_scalar
 # 24 against head_dim 16, tied as released; and untied with q/k/v/o biases, a final logit soft cap and the legacy
