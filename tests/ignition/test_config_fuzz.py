@@ -403,8 +403,36 @@ def draw_gemma3(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_llama_shaped(seed: int) -> Variant:
+    """Seed-OSS (q/k/v, o and MLP biases each by its own switch) and Ernie 4.5 dense (one ``use_bias``
+    for all, interleaved rotary pairs): Llama's rope types and geometry, a window in config.json that
+    their references ignore."""
+    rng = random.Random(seed)
+    name = _choice(rng, ("seed_oss", "ernie4_5"))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng, True))
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    rope = _rope(rng, rotary_dim=config["head_dim"])
+    if rng.random() < 0.1 and rope["rope_type"] != "longrope":  # its factor lists are sized for whole heads
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    if name == "seed_oss":
+        config.update(attention_bias=rng.random() < 0.7, attention_out_bias=rng.random() < 0.3,
+                      mlp_bias=rng.random() < 0.2)
+    else:
+        config["use_bias"] = rng.random() < 0.5
+    legacy = _legacy_rope(rng, rope)
+    if rng.random() < 0.2:  # a window the references do not read
+        legacy += (("sliding_window", 5), ("layer_types", ["sliding_attention"] * 2))
+    cls = {"seed_oss": transformers.SeedOssConfig, "ernie4_5": transformers.Ernie4_5Config}[name]
+    return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), legacy, rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
-         "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3}
+         "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -494,7 +522,7 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16), "smollm3": range(16),
+         "phi3": range(16), "smollm3": range(16), "llama_shaped": range(16),
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12)))}  # the variable: a wider sweep
 
 
