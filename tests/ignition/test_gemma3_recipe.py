@@ -73,6 +73,17 @@ def test_the_prepared_weights_are_the_references_folded_norms_and_rope_tables(pr
     assert arch.logit_softcap == (config.final_logit_softcapping or 0.0)
 
 
+def test_two_ranks_hold_the_sandwich_norms_and_both_rope_tables_whole(prepared):
+    from helios.ignition.sharding import rank_weights
+
+    whole = dict(prepared.recipe.weights)
+    replicated = [name for name in whole if name.endswith(("norm", "inv_freq"))]
+    assert {"layers.1.attn_out_norm", "layers.1.mlp_out_norm", "rope.local_inv_freq"} <= set(replicated)
+    for rank in range(2):
+        cut = dict(rank_weights(prepared.recipe, 2, rank))
+        assert all(torch.equal(cut[name], whole[name]) for name in replicated)
+
+
 def test_every_gemma_switch_changes_the_logits(prepared):
     """Each switch matters on these checkpoints (none is vacuous): the program without it differs
     from the reference by more than ten times the tolerance."""

@@ -20,7 +20,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
 | ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
-| norms, ``rope.inv_freq`` | whole (replicated) |
+| norms (``attn_out_norm`` / ``mlp_out_norm`` too), ``rope.inv_freq``, ``rope.local_inv_freq`` | whole (replicated) |
 | ``vocab.start`` | [r * ceil(V/N)] |
 
 A latent layer's history (latent and rotary key) is the same for every head, so each rank keeps the
