@@ -102,7 +102,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM",
                                             "BambaForCausalLM", "GptOssForCausalLM",
                                             "Qwen2_5_VLForConditionalGeneration",
-                                            "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM"}
+                                            "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM",
+                                            "SmolLM3ForCausalLM", "Gemma3ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
