@@ -32,7 +32,8 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # ``original_max_position_embeddings`` before the rope dict's own (Phi-3's spelling), else from
 # ``max_position_embeddings``.
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
-_NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM")  # their references mask causally
+# Their references mask causally whatever sliding_window and layer_types say.
+_NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM", "GraniteForCausalLM")
 _EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -82,10 +83,11 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 
 def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
     """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it: Llama,
-    Seed-OSS and Ernie 4.5 have none; Mistral, Mixtral and Qwen3-MoE slide every layer over ``sliding_window`` (their
-    references read no ``layer_types``); the Qwen families' window applies only with
-    ``use_sliding_window`` (their references drop it otherwise, and a sliding layer without a window
-    attends fully); the others follow ``layer_types``, or slide from ``max_window_layers`` on."""
+    Seed-OSS, Ernie 4.5 and Granite have none; Mistral, Mixtral and Qwen3-MoE slide every layer over
+    ``sliding_window`` (their references read no ``layer_types``); the Qwen families' window applies
+    only with ``use_sliding_window`` (their references drop it otherwise, and a sliding layer without
+    a window attends fully); the others follow ``layer_types``, or slide from ``max_window_layers``
+    on."""
     window = int(config.get("sliding_window") or 0)
     if source in _WINDOW_SWITCHED and not config.get("use_sliding_window"):
         window = 0

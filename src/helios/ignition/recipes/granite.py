@@ -1,0 +1,67 @@
+"""Recipe for Granite checkpoints (GraniteForCausalLM: Granite 3.x dense).
+
+The decoder is Llama's (the llama recipe prepares its weights, biases and rope settings; full
+causal attention), with four multipliers, read as GraniteModel applies them:
+
+- ``embedding_multiplier`` scales the looked-up embeddings: `Architecture.embedding_scale`;
+- ``attention_multiplier`` is the attention softmax scale itself (not head_dim ** -0.5): the
+  Architecture's ``query_pre_attn_scalar`` is its inverse square, whose inverse square root the
+  programs take as the scale;
+- ``residual_multiplier`` scales each attention and MLP output before its residual add: folded into
+  the o and down projections (weights and biases), so the programs add their output as it is;
+- ``logits_scaling`` divides the logits: folded into the final norm's weight (the head is linear in
+  it), which also holds for tied embeddings, whose matrix the input lookup shares.
+
+A multiplier that is not a finite number, or not positive where the programs need it so (the
+embedding and attention multipliers, the logits divisor), is refused naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import torch
+
+from helios.ignition.recipes import llama
+from helios.ignition.recipes.base import Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.checkpoint import CheckpointTensors
+
+ARCHITECTURES = ("GraniteForCausalLM",)
+_RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias")
+_POSITIVE = ("embedding_multiplier", "attention_multiplier", "logits_scaling")
+
+
+def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    if "head_dim" in config and config["head_dim"] is None:  # GraniteAttention sizes heads by it when present
+        raise UnsupportedCheckpoint("config.json: head_dim is null, which the Granite reference cannot size heads by")
+    multipliers = _multipliers(config)
+    arch = llama.architecture_from_config(source, config, tensors, dtype)
+    arch = dataclasses.replace(arch, embedding_scale=multipliers["embedding_multiplier"],
+                               query_pre_attn_scalar=multipliers["attention_multiplier"] ** -2)
+    residual, logits = multipliers["residual_multiplier"], multipliers["logits_scaling"]
+
+    def folded(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if name.endswith(_RESIDUAL_OUTPUTS) and residual != 1.0:
+            return tensor * residual
+        if name == "model.norm.weight" and logits != 1.0:
+            return tensor / logits
+        return tensor
+
+    weights, used = llama.prepared_weights(arch, config, tensors, transform=folded)
+    return llama.placed_recipe(source, arch, weights, used, tensors)
+
+
+def _multipliers(config: Mapping[str, Any]) -> dict[str, float]:
+    values = {}
+    for key in (*_POSITIVE, "residual_multiplier"):
+        value = config.get(key, 1.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise UnsupportedCheckpoint(f"config.json: {key} must be a finite number, got {value!r}")
+        if key in _POSITIVE and value <= 0:
+            raise UnsupportedCheckpoint(f"config.json: {key} {value} is not supported (only positive values)")
+        if key == "attention_multiplier" and not math.isfinite(float(value) ** -2):  # query_pre_attn_scalar
+            raise UnsupportedCheckpoint(f"config.json: attention_multiplier {value} is too small a scale")
+        values[key] = float(value)
+    return values
