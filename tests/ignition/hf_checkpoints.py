@@ -139,6 +139,11 @@ ERNIE4_5 = Family("ernie4_5", transformers.Ernie4_5Config, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
 ))
 LLAMA_SHAPED_FAMILIES = (SEED_OSS, ERNIE4_5)
+# Granite (tests/ignition/test_granite_recipe.py): every multiplier away from 1, q/k/v/o biases, untied.
+GRANITE = Family("granite", transformers.GraniteConfig, (
+    ("embedding_multiplier", 4.0), ("attention_multiplier", 0.2), ("residual_multiplier", 0.5), ("logits_scaling", 2.5),
+    ("attention_bias", True), ("tie_word_embeddings", False), *PHI3_IDS,
+))
 # Gemma 3 text (tests/ignition/test_gemma3_recipe.py): sliding, full, sliding layers over a window of 5 (shorter
 # than the prompts), local rope theta 100 against a linear-scaled global 10000 (factor 8), query_pre_attn_scalar
 # 24 against head_dim 16, tied as released; and untied with q/k/v/o biases, a final logit soft cap and the legacy
