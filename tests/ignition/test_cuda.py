@@ -10,13 +10,14 @@ from helios.abi.program_image import decode_program
 from helios.ignition.program_spec import Operation
 
 from .driver import PagedModel, Sequence, generate
-from .hf_checkpoints import MISTRAL
+from .hf_checkpoints import GEMMA3, MISTRAL
 from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_prompt
 
 
 @pytest.mark.gpu
-def test_moved_programs_generate_the_reference_tokens_on_cuda(prepare):
-    prepared = prepare(MISTRAL)
+@pytest.mark.parametrize("family", [MISTRAL, GEMMA3], ids=lambda family: family.name)  # Gemma 3: gelu_tanh_mul
+def test_moved_programs_generate_the_reference_tokens_on_cuda(prepare, family):
+    prepared = prepare(family)
     programs = {}
     for operation, captured in prepared.captured.items():
         program = move_to_device_pass(decode_program(captured.program), "cuda")
