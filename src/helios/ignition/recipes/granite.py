@@ -31,6 +31,7 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 ARCHITECTURES = ("GraniteForCausalLM",)
 _RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias")
 _POSITIVE = ("embedding_multiplier", "attention_multiplier", "logits_scaling")
+_SMALLEST_SCALE = 1e-150  # query_pre_attn_scalar = attention_multiplier ** -2 stays a finite float
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
@@ -61,7 +62,7 @@ def _multipliers(config: Mapping[str, Any]) -> dict[str, float]:
             raise UnsupportedCheckpoint(f"config.json: {key} must be a finite number, got {value!r}")
         if key in _POSITIVE and value <= 0:
             raise UnsupportedCheckpoint(f"config.json: {key} {value} is not supported (only positive values)")
-        if key == "attention_multiplier" and not math.isfinite(float(value) ** -2):  # query_pre_attn_scalar
+        if key == "attention_multiplier" and not value > _SMALLEST_SCALE:  # its inverse square overflows
             raise UnsupportedCheckpoint(f"config.json: attention_multiplier {value} is too small a scale")
         values[key] = float(value)
     return values
