@@ -431,8 +431,31 @@ def draw_llama_shaped(seed: int) -> Variant:
     return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), legacy, rng.random() < 0.3)
 
 
+def draw_granite(seed: int) -> Variant:
+    """Granite's multipliers (embedding, attention scale, residual, logits divisor; Granite 3's own
+    values among them), Llama's rope types, biases and geometry, a window its reference ignores."""
+    rng = random.Random(seed)
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  attention_bias=rng.random() < 0.3, mlp_bias=rng.random() < 0.2,
+                  embedding_multiplier=_choice(rng, (1.0, 12.0, 0.5)),
+                  attention_multiplier=_choice(rng, (0.0078125, 0.015625, 0.3, 1.0)),
+                  residual_multiplier=_choice(rng, (0.22, 1.0, 1.5, -0.5)),
+                  logits_scaling=_choice(rng, (1.0, 8.0, 8.0, 0.25, -1.0, 0.0)),
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng))
+    rope = _rope(rng, rotary_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    config["rope_parameters"] = rope
+    legacy = _legacy_rope(rng, rope)
+    if rng.random() < 0.2:  # a window the reference does not read
+        legacy += (("sliding_window", 5),)
+    return Variant(Family(f"granite-{seed}", transformers.GraniteConfig, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
-         "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped}
+         "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
+         "granite": draw_granite}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -522,7 +545,7 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16), "smollm3": range(16), "llama_shaped": range(16),
+         "phi3": range(16), "smollm3": range(16), "llama_shaped": range(16), "granite": range(16),
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12)))}  # the variable: a wider sweep
 
 

@@ -12,8 +12,8 @@ causal attention), with four multipliers, read as GraniteModel applies them:
 - ``logits_scaling`` divides the logits: folded into the final norm's weight (the head is linear in
   it), which also holds for tied embeddings, whose matrix the input lookup shares.
 
-A multiplier that is not a finite number, or not positive where the programs need it so (the
-embedding and attention multipliers, the logits divisor), is refused naming it.
+A multiplier that is not a finite number, not positive where the programs need it so (the
+embedding and attention multipliers) or a logits divisor of 0 is refused naming it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("GraniteForCausalLM",)
 _RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias")
-_POSITIVE = ("embedding_multiplier", "attention_multiplier", "logits_scaling")
+_POSITIVE = ("embedding_multiplier", "attention_multiplier")
 _SMALLEST_SCALE = 1e-150  # query_pre_attn_scalar = attention_multiplier ** -2 stays a finite float
 
 
@@ -56,12 +56,14 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 
 def _multipliers(config: Mapping[str, Any]) -> dict[str, float]:
     values = {}
-    for key in (*_POSITIVE, "residual_multiplier"):
+    for key in (*_POSITIVE, "residual_multiplier", "logits_scaling"):
         value = config.get(key, 1.0)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise UnsupportedCheckpoint(f"config.json: {key} must be a finite number, got {value!r}")
         if key in _POSITIVE and value <= 0:
             raise UnsupportedCheckpoint(f"config.json: {key} {value} is not supported (only positive values)")
+        if key == "logits_scaling" and value == 0:
+            raise UnsupportedCheckpoint("config.json: logits_scaling 0 divides every logit by zero")
         if key == "attention_multiplier" and not value > _SMALLEST_SCALE:  # its inverse square overflows
             raise UnsupportedCheckpoint(f"config.json: attention_multiplier {value} is too small a scale")
         values[key] = float(value)
