@@ -267,7 +267,6 @@ SEEDS = (  # (draw, seed, ranks)
     ("smollm3", 0, 2),    # SmolLM3: every other layer NoPE and sliding (window 8), YaRN, tied, 3 layers
     ("smollm3", 14, 4),   # SmolLM3: a NoPE sliding second layer, 8 heads and 4 key/value heads on 4 ranks
     ("llama_shaped", 7, 2),  # Ernie 4.5: de-interleaved q/k rows with their biases, llama3 rope, MIXED programs
-    ("llama_shaped", 8, 4),  # Seed-OSS: q/k/v and o biases, 8 heads and key/value heads on 4 ranks
     ("gemma3", 53, 2),    # Gemma 3: three sliding layers (window 3) then a full one, logit soft cap 5, linear
                           # global rope, the transformers 4 layout, 4 heads on 2 ranks, vocab 97, MIXED programs
     ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
