@@ -54,9 +54,10 @@ def test_the_prepared_weights_are_the_references_folded_norms_and_rope_tables(pr
     weights, model = dict(prepared.recipe.weights), prepared.reference.model
     arch, layer = prepared.recipe.architecture, model.layers[1]
     assert list(weights) == [slot.name for slot in weight_layout(arch)]
-    for slot, norm in (("input_norm", layer.input_layernorm), ("attn_out_norm", layer.post_attention_layernorm),
-                       ("post_norm", layer.pre_feedforward_layernorm), ("mlp_out_norm", layer.post_feedforward_layernorm),
-                       ("q_norm", layer.self_attn.q_norm), ("k_norm", layer.self_attn.k_norm)):
+    norms = {"input_norm": layer.input_layernorm, "attn_out_norm": layer.post_attention_layernorm,
+             "post_norm": layer.pre_feedforward_layernorm, "mlp_out_norm": layer.post_feedforward_layernorm,
+             "q_norm": layer.self_attn.q_norm, "k_norm": layer.self_attn.k_norm}
+    for slot, norm in norms.items():
         assert torch.equal(weights[f"layers.1.{slot}"], 1.0 + norm.weight), slot
     assert torch.equal(weights["final_norm"], 1.0 + model.norm.weight)
     rotary = model.rotary_emb

@@ -52,9 +52,9 @@ ACTIVATION = "gelu_pytorch_tanh"
 # Gemma3TextConfig's defaults (transformers 5) for the keys a config.json may leave out.
 REFERENCE_DEFAULTS: dict[str, Any] = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": ACTIVATION, "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
-    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": ACTIVATION,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "sliding_window_pattern": 6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -193,9 +193,11 @@ def _folded_norm(name: str, tensor: torch.Tensor) -> torch.Tensor:
 
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
-    attention = llama.attention_weights(arch, layer, take)[:-1]  # without its post_norm: Gemma's differs
+    # Llama's slots end with post_attention_layernorm as the norm before the MLP; here it norms the
+    # attention output, and pre_feedforward_layernorm is the norm before the MLP.
+    *attention, attention_out = llama.attention_weights(arch, layer, take)
     return attention + [
-        NamedWeight(dst + "attn_out_norm", take(src + "post_attention_layernorm.weight")),
+        NamedWeight(dst + "attn_out_norm", attention_out.tensor),
         NamedWeight(dst + "post_norm", take(src + "pre_feedforward_layernorm.weight")),
         *llama.dense_mlp_weights(arch, layer, take),
         NamedWeight(dst + "mlp_out_norm", take(src + "post_feedforward_layernorm.weight")),
