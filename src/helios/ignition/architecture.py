@@ -36,7 +36,8 @@ With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 r
 projection's slots: one learned logit per query head in the attention softmax's denominator
 (``helios::paged_attention_sinks``). ``rotary_factor`` scales the rotary cos/sin tables
 (YaRN's attention factor; 1.0 for none). The ``nope_layers`` attend without rotary embeddings
-(their cos/sin tables are 1 and 0); they change no weight slot.
+(their cos/sin tables are 1 and 0); they change no weight slot. With ``qk_norm_after_rotary`` the
+q/k norms apply to the rotated queries and keys (HunYuan) instead of before the rotation (Qwen3).
 
 Sandwich norms (``sandwich_norms``, Gemma 3): each layer also holds ``layers.i.attn_out_norm`` [H]
 right before ``post_norm`` and ``layers.i.mlp_out_norm`` [H] after its MLP slots; they norm the
@@ -174,6 +175,7 @@ class Architecture:
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
     rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
     nope_layers: tuple[int, ...] = ()  # layers whose attention rotates nothing (SmolLM3's NoPE layers)
+    qk_norm_after_rotary: bool = False  # the q/k norms follow the rotation (HunYuan), not precede it (Qwen3)
     # Gemma 3's dataflow (see the module docstring); the defaults are every other family's.
     sandwich_norms: bool = False  # attention and MLP outputs normed before their residual adds
     mlp_activation: str = "silu"  # the gated MLP's (and shared experts') activation, one of MLP_ACTIVATIONS
@@ -204,6 +206,8 @@ class Architecture:
             problems = self.recurrent.problems(self.num_layers)
             if problems or not self.attention_layers:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
+        if self.qk_norm_after_rotary and (not self.qk_norm or self.latent is not None or self.recurrent is not None):
+            raise CheckpointError("qk_norm_after_rotary needs q/k norms of plain attention layers")
         if self.nope_layers and (not set(self.nope_layers) <= set(range(self.num_layers))
                                  or self.latent is not None or self.recurrent is not None):
             raise CheckpointError(f"NoPE layers {self.nope_layers} need plain attention layers of {self.num_layers}")

@@ -138,12 +138,14 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
     k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
     v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
-    if arch.qk_norm:
+    if arch.qk_norm and not arch.qk_norm_after_rotary:
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     step = shared.step
     k_plane, v_plane, table, slots = layer_storage(arch, layer, shared.k_cache, shared.v_cache, step, step.window)
     cos, sin = layer_tables(arch, layer, shared)
+    if arch.qk_norm_after_rotary:
+        q, k, cos, sin = normed_after_rotary(arch, w, prefix, q, k, cos, sin)
     q = torch.ops.helios.rotary_cache_write(q, k, v, cos, sin, k_plane, v_plane, slots)
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
@@ -151,6 +153,15 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     if rows is not None:
         attended = attended[rows]
     return out(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+
+
+def normed_after_rotary(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, q, k, cos, sin):
+    """(q, k, cos, sin) where the q/k norms follow the rotation (`arch.qk_norm_after_rotary`,
+    HunYuan's order): q and k rotated, then normed per head, and cos 1 / sin 0 for the cache write,
+    which then rotates nothing (the same write and rewrites as every other layer)."""
+    q = rms_norm(apply_rotary(q, cos, sin), w[prefix + "q_norm"], arch.rms_norm_eps)
+    k = rms_norm(apply_rotary(k, cos, sin), w[prefix + "k_norm"], arch.rms_norm_eps)
+    return q, k, torch.ones_like(cos), torch.zeros_like(sin)
 
 
 def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, step: PackedStep):

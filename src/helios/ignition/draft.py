@@ -90,9 +90,13 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     bias = w.get(prefix + "qkv.bias")
     kv = F.linear(normed, w[prefix + "qkv.weight"][arch.q_size:], None if bias is None else bias[arch.q_size:])
     k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)
-    if arch.qk_norm:
-        k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
-    k = apply_rotary(k, *layer_tables(arch, last, shared))
+    cos, sin = layer_tables(arch, last, shared)
+    if arch.qk_norm_after_rotary:  # HunYuan's order: rotate, then norm
+        k = rms_norm(apply_rotary(k, cos, sin), w[prefix + "k_norm"], arch.rms_norm_eps)
+    else:
+        if arch.qk_norm:
+            k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
+        k = apply_rotary(k, cos, sin)
     torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
                                  step.slot_mapping)
 
