@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
-from helios.ignition.capture import capture_program, load_program
-from helios.ignition.program_spec import Operation
+from helios.ignition.capture import build_program
+from helios.ignition.program_spec import Operation, program_spec
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
@@ -101,8 +101,8 @@ def test_every_gemma_switch_changes_the_logits(prepared):
         changed = dataclasses.replace(arch, **{field: value})
         names = {slot.name for slot in weight_layout(changed)}  # (without local tables: no rope.local_inv_freq)
         weights = [w.tensor for w in prepared.recipe.weights if w.name in names]
-        program = capture_program(changed, Operation.PREFILL, capacity, PAGE_TOKENS)
-        model = PagedModel(weights, {Operation.PREFILL: (program.spec, load_program(program.program))})
+        spec = program_spec(changed, Operation.PREFILL, capacity, PAGE_TOKENS)  # eager: no export needed here
+        model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(changed, Operation.PREFILL, PAGE_TOKENS))})
         sequence = Sequence(0, list(prompt))
         model.admit(sequence, len(prompt))
         logits = model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
