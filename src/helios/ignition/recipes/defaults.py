@@ -39,6 +39,7 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "Ernie4_5ForCausalLM": {"rope_theta": 500000.0, "num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5,
                             "tie_word_embeddings": True, "max_position_embeddings": 131072},
     "GraniteForCausalLM": {"max_position_embeddings": 2048},
+    "HunYuanDenseV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
 

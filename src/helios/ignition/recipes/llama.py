@@ -33,7 +33,8 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # ``max_position_embeddings``.
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
 # Their references mask causally whatever sliding_window and layer_types say.
-_NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM", "GraniteForCausalLM")
+_NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM", "GraniteForCausalLM",
+              "HunYuanDenseV1ForCausalLM")
 _EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -83,7 +84,7 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 
 def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
     """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it: Llama,
-    Seed-OSS, Ernie 4.5 and Granite have none; Mistral, Mixtral and Qwen3-MoE slide every layer over
+    Seed-OSS, Ernie 4.5, Granite and Hunyuan have none; Mistral, Mixtral and Qwen3-MoE slide every layer over
     ``sliding_window`` (their references read no ``layer_types``); the Qwen families' window applies
     only with ``use_sliding_window`` (their references drop it otherwise, and a sliding layer without
     a window attends fully); the others follow ``layer_types``, or slide from ``max_window_layers``
