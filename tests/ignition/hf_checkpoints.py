@@ -139,6 +139,12 @@ ERNIE4_5 = Family("ernie4_5", transformers.Ernie4_5Config, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
 ))
 LLAMA_SHAPED_FAMILIES = (SEED_OSS, ERNIE4_5)
+# Hunyuan dense (tests/ignition/test_hunyuan_recipe.py): q/k norms after the rotation, NTK-alpha rope ("dynamic"
+# with an alpha), q/k/v/o biases, head_dim 16 of hidden 64 / 8 heads, untied.
+HUNYUAN = Family("hunyuan", transformers.HunYuanDenseV1Config, (
+    ("num_attention_heads", 8), ("head_dim", 16), ("attention_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 1000.0}), *PHI3_IDS,
+))
 # Granite (tests/ignition/test_granite_recipe.py): every multiplier away from 1, q/k/v/o biases, untied.
 GRANITE = Family("granite", transformers.GraniteConfig, (
     ("embedding_multiplier", 4.0), ("attention_multiplier", 0.2), ("residual_multiplier", 0.5), ("logits_scaling", 2.5),
