@@ -453,9 +453,30 @@ def draw_granite(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_hunyuan(seed: int) -> Variant:
+    """Hunyuan dense: q/k norms after the rotation, NTK-alpha rope ("dynamic" with an alpha, sometimes
+    without one: refused) or Llama's rope types, biases, an explicit head_dim (its reference needs one)."""
+    rng = random.Random(seed)
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  attention_bias=rng.random() < 0.3, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                  **_attention_geometry(rng, True))
+    if rng.random() < 0.5:
+        rope = {"rope_type": "dynamic", "alpha": _choice(rng, (1000.0, 50.0, 1.0, None)), "factor": 1.0}
+        if rng.random() < 0.7:
+            rope["rope_theta"] = _choice(rng, (100.0, 10000.0))
+    else:
+        rope = _rope(rng, ("default", "linear", "llama3", "yarn"), config["head_dim"])
+    config["rope_parameters"] = rope
+    legacy = _legacy_rope(rng, rope)
+    return Variant(Family(f"hunyuan-{seed}", transformers.HunYuanDenseV1Config, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
-         "granite": draw_granite}
+         "granite": draw_granite, "hunyuan": draw_hunyuan}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -545,7 +566,7 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16), "smollm3": range(16), "llama_shaped": range(16), "granite": range(16),
+         "phi3": range(16), "smollm3": range(16), "llama_shaped": range(16), "granite": range(16), "hunyuan": range(16),
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12)))}  # the variable: a wider sweep
 
 
