@@ -103,7 +103,9 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "BambaForCausalLM", "GptOssForCausalLM",
                                             "Qwen2_5_VLForConditionalGeneration",
                                             "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM",
-                                            "SmolLM3ForCausalLM", "Gemma3ForCausalLM"}
+                                            "SmolLM3ForCausalLM", "Gemma3ForCausalLM", "SeedOssForCausalLM",
+                                            "Ernie4_5ForCausalLM", "GraniteForCausalLM",
+                                            "HunYuanDenseV1ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
