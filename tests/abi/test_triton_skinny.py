@@ -250,3 +250,25 @@ def test_capture_fuses_no_product_that_has_another_reader_or_a_bias(monkeypatch)
     targets = _targets(gemv_module(module))
     assert triton_skinny.skinny_silu_linear not in targets
     assert targets.count(triton_skinny.skinny_linear) == 2 and targets.count(torch.ops.helios.silu_mul.default) == 2
+
+
+class _GeluMlp(torch.nn.Module):
+    def forward(self, x, gate_up, down):
+        return F.linear(torch.ops.helios.gelu_tanh_mul(F.linear(x, gate_up)), down)
+
+
+def test_capture_fuses_no_gelu_tanh_mul(monkeypatch):
+    """Gemma's gated GELU-tanh is not the SiLU-mul: its tabled gate/up projection runs on the skinny
+    kernel alone and the activation stays ``helios::gelu_tanh_mul`` (the fused epilogue is SiLU's)."""
+    from helios.abi import fused  # noqa: F401  (registers helios::gelu_tanh_mul)
+
+    x, gate_up, _ = _inputs(8, 2 * 64, 64)
+    down = _inputs(1, 64, 64, seed=1)[1]
+    module = torch.export.export(_GeluMlp(), (x, gate_up, down), strict=False).module()
+    monkeypatch.setattr(gemv_tiles, "SKINNY_TILES", {(8, 128, 64): SkinnyTile.parse("16x32x32/1w4s2")})
+    bound = gemv_module(module)
+    targets = _targets(bound)
+    assert triton_skinny.skinny_silu_linear not in targets and triton_skinny.skinny_linear in targets
+    assert targets.count(torch.ops.helios.gelu_tanh_mul.default) == 1
+    torch.testing.assert_close(bound(x, gate_up, down).float().cpu(), module(x, gate_up, down).float().cpu(),
+                               rtol=2e-2, atol=2e-2)

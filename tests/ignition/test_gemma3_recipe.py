@@ -236,3 +236,15 @@ def test_bad_gemma_switches_are_refused_naming_the_field(field):
     Architecture(**_GOOD, sandwich_norms=True, local_rope_layers=(0,), logit_softcap=30.0)  # the good ones
     with pytest.raises(CheckpointError, match=field):
         Architecture(**{**_GOOD, **BAD_ARCHITECTURES[field]})
+
+
+def test_the_embedding_scale_is_rounded_to_the_model_dtype():
+    """Gemma3TextScaledWordEmbedding multiplies by sqrt(hidden_size) cast to the weights' dtype:
+    sqrt(3072) = 55.4256 is 55.5 in bfloat16 (and the reference's own buffer agrees)."""
+    from helios.ignition.recipes.gemma3 import embedding_scale
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    assert embedding_scale(3072, "bfloat16") == 55.5 and embedding_scale(3072, "float32") == pytest.approx(55.4256)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        module = Gemma3TextScaledWordEmbedding(4, 3072, 0, embed_scale=3072**0.5).to(dtype)
+        assert embedding_scale(3072, str(dtype).removeprefix("torch.")) == module.embed_scale.to(dtype).item()
