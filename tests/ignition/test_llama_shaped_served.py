@@ -1,0 +1,80 @@
+"""The newer Llama-shaped families prepared into signed cores and served through the runtime on the
+C++ kernels, against transformers in float32: SmolLM3 (NoPE layers, a sliding NoPE layer), Hunyuan
+dense (q/k norms after the rotation, NTK-alpha rope), Granite (embedding, attention, residual and
+logits multipliers) and Ernie 4.5 (de-interleaved rotary pairs). Two batched prompts (one past the
+32-token prefill capacity: chunked) and a continuation of the longer one served from the prefix
+cache give the reference's greedy tokens and logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helios.core.keys import SigningKey, write_key_pair
+from helios.core.reader import open_core
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.offline import generate
+from helios.runtime.service import RuntimeOptions, build_runtime
+from support.runtime_runs import record_logits
+
+from .hf_checkpoints import ERNIE4_5, GRANITE, HUNYUAN, SMOLLM3, random_model, write_checkpoint
+from .test_config_fuzz_served import write_frontend_files
+from .test_equivalence import TOLERANCE, relative_error
+
+NAMESPACE = "test.helios/llama-shaped-served"
+PAGE_TOKENS = 8
+PROMPT_LENS = (20, 37)
+NEW_TOKENS = 6
+
+
+def _prepared(root, family):
+    reference = random_model(family, seed=9)
+    checkpoint = write_checkpoint(reference, root / "checkpoint")
+    write_frontend_files(checkpoint)
+    key = SigningKey.generate()
+    public = write_key_pair(root / "publisher.key", key, [NAMESPACE])
+    plan = CapacityPlan(page_tokens=PAGE_TOKENS, context_tokens=64, prefill_tokens=32, decode_batches=(2,),
+                        token_logprobs=False)
+    prepare_core(checkpoint, root / "model.core", key,
+                 PrepareOptions(NAMESPACE, dtype="float32", capacities=plan, capture_workers=1))
+    return reference, open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public])
+
+
+def _served(core, prompts):
+    """(prompt, tokens, logits by step) of the batched prompts and of a continuation of the last."""
+    runtime = build_runtime(core, RuntimeOptions(load=LoadOptions(cpu_kernels=True)))
+    try:
+        recorded = record_logits(runtime.engine.executor)
+        tokens = [list(r.token_ids) for r in generate(runtime.engine, prompts, NEW_TOKENS)]
+        runs = [(prompt, got, dict(recorded[f"offline-{i}"])) for i, (prompt, got) in enumerate(zip(prompts, tokens))]
+        continuation = prompts[-1] + tokens[-1] + [2, 3]
+        before = runtime.engine.scheduler.counters().prefix_reused_tokens
+        continued = list(generate(runtime.engine, [continuation], NEW_TOKENS)[0].token_ids)
+        assert runtime.engine.scheduler.counters().prefix_reused_tokens - before >= PAGE_TOKENS
+        runs.append((continuation, continued, dict(recorded["offline-0"])))
+    finally:
+        runtime.close()
+    return runs
+
+
+def _reference_greedy(reference, prompt: list[int]):
+    tokens, rows = list(prompt), []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            rows.append(reference(torch.tensor([tokens])).logits[0, -1])
+            tokens.append(int(rows[-1].argmax()))
+    return tokens[len(prompt):], rows
+
+
+@pytest.mark.parametrize("family", (SMOLLM3, HUNYUAN, GRANITE, ERNIE4_5), ids=lambda family: family.name)
+def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path, family):
+    reference, core = _prepared(tmp_path, family)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, reference.config.vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENS]
+    for prompt, generated, logits in _served(core, prompts):
+        expected, rows = _reference_greedy(reference, prompt)
+        assert generated == expected, f"prompt of {len(prompt)} tokens"
+        worst = max(relative_error(logits[k], rows[k]) for k in range(NEW_TOKENS))
+        assert worst < TOLERANCE, f"prompt of {len(prompt)} tokens: logits differ by {worst:.2e}"
