@@ -248,3 +248,12 @@ def test_the_embedding_scale_is_rounded_to_the_model_dtype():
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         module = Gemma3TextScaledWordEmbedding(4, 3072, 0, embed_scale=3072**0.5).to(dtype)
         assert embedding_scale(3072, str(dtype).removeprefix("torch.")) == module.embed_scale.to(dtype).item()
+
+
+def test_the_multimodal_decoder_refuses_gemma_layers():
+    """The Qwen-VL decoder has no sandwich norms or local rope tables: it refuses them, not drops them."""
+    from helios.ignition.multimodal import multimodal_decoder_hidden
+
+    for switch in (dict(sandwich_norms=True), dict(local_rope_layers=(0,))):
+        with pytest.raises(CheckpointError, match="multimodal decoder"):
+            multimodal_decoder_hidden(Architecture(**_GOOD, **switch), {}, None, None, None, None)

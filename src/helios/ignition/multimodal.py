@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from helios.ignition.architecture import CheckpointError
 from helios.ignition.decoder import LayerInputs, PackedStep, attention_block, mlp_block, rms_norm
 from helios.ignition.tensor_parallel import embed_tokens
 
@@ -64,6 +65,8 @@ def multimodal_decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rotar
     blocks added after the first layers (`add_deepstack`). With `rows` (packed token indices, [N]):
     the states [N, H] of those tokens alone, the last layer's output projection and MLP run on them
     only (`helios.ignition.decoder.decoder_hidden`), unless DeepStack adds to the last layer."""
+    if arch.sandwich_norms or arch.local_rope_layers:  # (Gemma's; its multimodal checkpoints are not prepared)
+        raise CheckpointError("a multimodal decoder has no sandwich norms or local rope layers")
     num_stacked = 0
     if features is None:
         hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
