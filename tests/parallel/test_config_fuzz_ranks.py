@@ -264,7 +264,6 @@ SEEDS = (  # (draw, seed, ranks)
     ("bamba", 2, 2),      # refused: 3 mixer groups and an MLP width of 9 for 2 ranks
     ("phi3", 9, 2),       # Phi-3 LongRoPE, 6 heads (3 a rank), untied, vocab 131
     ("phi3", 6, 4),       # Phi-4-mini-like partial rotary 0.75, window 5, 4 heads on 4 ranks
-    ("smollm3", 0, 2),    # SmolLM3: every other layer NoPE and sliding (window 8), YaRN, tied, 3 layers
     ("smollm3", 14, 4),   # SmolLM3: a NoPE sliding second layer, 8 heads and 4 key/value heads on 4 ranks
     ("llama_shaped", 7, 2),  # Ernie 4.5: de-interleaved q/k rows with their biases, llama3 rope, MIXED programs
     ("gemma3", 53, 2),    # Gemma 3: three sliding layers (window 3) then a full one, logit soft cap 5, linear
