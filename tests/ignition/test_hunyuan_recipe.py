@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
@@ -123,3 +124,20 @@ def test_settings_the_recipe_does_not_implement_are_refused_by_name(checkpoint, 
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
         load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+
+
+def test_the_released_rope_gets_the_references_frequencies():
+    """Hunyuan-7B's rope (head_dim 128, theta 10000, alpha 1000; no weights): the reference's NTK-alpha
+    inverse frequencies, bit for bit."""
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+
+    from helios.ignition.recipes.hunyuan import with_static_rope
+    from helios.ignition.recipes.llama import rope_inv_freq
+
+    rope = {"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+            "mscale_all_dim": 1.0}
+    config = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=10000.0,
+                  rope_scaling=rope, max_position_embeddings=262144)
+    reference = HunYuanDenseV1RotaryEmbedding(transformers.HunYuanDenseV1Config(**config))
+    assert reference.rope_type == "ntk_alpha"
+    assert torch.equal(rope_inv_freq(with_static_rope(config), 128), reference.inv_freq)

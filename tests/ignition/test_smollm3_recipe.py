@@ -156,3 +156,23 @@ def test_a_drafts_history_write_leaves_a_last_nope_layer_unrotated(prepare):
     write_keys(arch, weights, DraftStorage(*drafted, table), step)
     assert drafted[0].abs().sum() > 0
     torch.testing.assert_close(drafted, decoded, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_the_released_shape_gets_the_references_nope_layers_and_windows(sliding):
+    """SmolLM3-3B's config.json shape (36 layers, NoPE every 4th by the interval rule; no weights):
+    the rotary and window of each layer SmolLM3Config derives, with and without a sliding window."""
+    from helios.ignition.recipes.defaults import with_reference_defaults
+    from helios.ignition.recipes.llama import layer_windows
+    from helios.ignition.recipes.smollm3 import layer_types, rotary_layers
+
+    config = dict(hidden_size=2048, num_attention_heads=16, num_hidden_layers=36, rope_theta=5000000.0,
+                  use_sliding_window=sliding, sliding_window=4096 if sliding else None)
+    reference = transformers.SmolLM3Config(**config)
+    ours = with_reference_defaults("SmolLM3ForCausalLM", config)
+    rotary = rotary_layers(ours, 36)
+    assert [int(rotates) for rotates in rotary] == reference.no_rope_layers
+    kinds = layer_types(ours, rotary)
+    assert kinds == reference.layer_types
+    windows = layer_windows("SmolLM3ForCausalLM", {**ours, "layer_types": kinds}, 36)
+    assert windows == tuple(4096 if sliding and (i + 1) % 4 == 0 else 0 for i in range(36))
