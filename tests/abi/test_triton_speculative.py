@@ -27,6 +27,8 @@ from helios.abi.rng import SAMPLE_OFFSET  # noqa: E402
 from helios.abi.sampling import DrawParams, sample_reference  # noqa: E402
 from support.abi_inputs import control_inputs, seeds_and_counters, verify_inputs  # noqa: E402
 
+from abi.test_triton_draws import SWEEP_SEEDS, sweep_rows  # noqa: E402
+
 DEVICE = "cuda" if ON_CUDA else "cpu"
 
 
@@ -201,3 +203,12 @@ def test_weights_then_draw_equal_the_sampled_token():
                                 (arguments["prompt_counts"], arguments["output_counts"]), arguments["grammar_mask"],
                                 arguments["mask_rows"])
     assert torch.equal(drawn, expected)
+
+
+@pytest.mark.parametrize("seed", range(SWEEP_SEEDS))
+def test_swept_rows_keep_the_reference_weights_and_draws(seed):
+    """test_triton_draws' sweep (HELIOS_DRAW_SWEEP_SEEDS seeds, 2 in the suite): each row's kept set
+    and weights, and a draw from the reference's weights, through the selection."""
+    logits, params = sweep_rows(seed)
+    arguments = plain_controls(logits, params.temperature, params.top_k, params.top_p, params.min_p)
+    assert_reference_draws(assert_reference_weights(arguments), seed=seed)
