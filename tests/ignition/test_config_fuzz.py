@@ -565,8 +565,10 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # ---------------------------------------------------------------------------------------------------
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
+_LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16), "smollm3": range(16), "llama_shaped": range(16), "granite": range(16), "hunyuan": range(16),
+         "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
+         "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12)))}  # the variable: a wider sweep
 
 
