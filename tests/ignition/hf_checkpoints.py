@@ -166,6 +166,26 @@ GEMMA3_CAPPED = Family("gemma3-capped", transformers.Gemma3TextConfig, (
     ("rope_theta", 1000.0), ("rope_local_base_freq", 50.0),
 ))
 GEMMA3_FAMILIES = (GEMMA3, GEMMA3_CAPPED)
+# GLM-4 dense (tests/ignition/test_glm4_recipe.py): sandwich norms, fused gate_up_proj, q/k/v biases, interleaved
+# partial rotary (8 of each head's 16 dims; a small theta turns every pair within the prompts), untied.
+GLM4 = Family("glm4", transformers.Glm4Config, (
+    ("head_dim", 16), ("attention_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
+# OLMo 2 and OLMo 3 (tests/ignition/test_olmo_recipe.py): norms only after attention and MLP, q/k norms over the
+# whole projections; OLMo 2 with q/k/v/o biases; OLMo 3 sliding, full, sliding layers over a window of 5 with a
+# default local rope (theta 100) beside a linear-scaled global one; both untied.
+OLMO2 = Family("olmo2", transformers.Olmo2Config, (
+    ("attention_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+OLMO3 = Family("olmo3", transformers.Olmo3Config, (
+    ("num_hidden_layers", 3), ("sliding_window", 5), ("tie_word_embeddings", False),
+    ("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]),
+    ("rope_parameters", {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}), *PHI3_IDS,
+))
+OLMO_FAMILIES = (OLMO2, OLMO3)
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),
