@@ -56,7 +56,6 @@ REFERENCE_DEFAULTS: dict[str, Any] = {
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
     "sliding_window_pattern": 6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
 }
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
@@ -66,10 +65,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, full, transform=_folded_norm)
     if arch.local_rope_layers:  # (every layer full: one table)
         weights += (NamedWeight("rope.local_inv_freq", local),)
-    unplaced = sorted(name for name in tensors.names - used if not name.endswith(_IGNORED_SUFFIXES))
-    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
-        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    return Recipe(source, arch, weights)
+    return llama.placed_recipe(source, arch, weights, used, tensors)
 
 
 def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Architecture:
