@@ -48,6 +48,13 @@ float32, right after ``rope.inv_freq``. ``mlp_activation`` picks the gated MLP's
 attention scale to its inverse square root and ``logit_softcap`` (> 0) caps the logits at
 ``tanh(logits / c) * c``.
 
+Without ``pre_norms`` (OLMo 2 / 3) a layer has no norm before its attention or its MLP: no
+``layers.i.input_norm`` and no ``layers.i.post_norm`` slot, and the blocks take the residual stream
+as it is (``sandwich_norms`` is then required: the output norms are the layer's only norms). With
+``qk_norm_whole`` the q/k norms span the whole q and k projections: ``layers.i.q_norm`` [Hq D] and
+``layers.i.k_norm`` [Hkv D] instead of [D] (under tensor parallelism each rank holds its heads'
+entries and the mean square is summed over the ranks).
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -183,6 +190,9 @@ class Architecture:
     query_pre_attn_scalar: float = 0.0  # > 0: the attention scale is its inverse square root (0: head_dim's)
     local_rope_layers: tuple[int, ...] = ()  # layers rotating with rope.local_inv_freq (Gemma's sliding layers)
     logit_softcap: float = 0.0  # > 0: logits are tanh(logits / c) * c
+    # OLMo 2's dataflow (see the module docstring); the defaults are every other family's.
+    pre_norms: bool = True  # a norm before each attention and MLP block (False: their inputs un-normed)
+    qk_norm_whole: bool = False  # the q/k norms span the whole q / k projections, not each head
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -242,6 +252,10 @@ class Architecture:
                                   f"{self.num_layers}")
         if self.sandwich_norms and self.recurrent is not None:
             raise CheckpointError("sandwich_norms: a hybrid decoder's layers have no sandwich norms")
+        if not self.pre_norms and not self.sandwich_norms:
+            raise CheckpointError("pre_norms False needs sandwich_norms (the layers would have no norm)")
+        if self.qk_norm_whole and (not self.qk_norm or self.qk_norm_after_rotary or self.latent is not None):
+            raise CheckpointError("qk_norm_whole needs q/k norms before the rotation of plain attention layers")
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -323,11 +337,12 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
 
 def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden = arch.hidden_size
-    slots = [_slot(prefix + "input_norm", arch, hidden)]
+    slots = [_slot(prefix + "input_norm", arch, hidden)] if arch.pre_norms else []
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
     if arch.sandwich_norms:
         slots.append(_slot(prefix + "attn_out_norm", arch, hidden))
-    slots.append(_slot(prefix + "post_norm", arch, hidden))
+    if arch.pre_norms:
+        slots.append(_slot(prefix + "post_norm", arch, hidden))
     layer = int(prefix.split(".")[1])
     slots += _moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix)
     return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if arch.sandwich_norms else [])
@@ -357,7 +372,8 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
     if arch.qk_norm:
-        slots += [_slot(prefix + "q_norm", arch, arch.head_dim), _slot(prefix + "k_norm", arch, arch.head_dim)]
+        q_width, k_width = (arch.q_size, arch.kv_size) if arch.qk_norm_whole else (arch.head_dim, arch.head_dim)
+        slots += [_slot(prefix + "q_norm", arch, q_width), _slot(prefix + "k_norm", arch, k_width)]
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
         slots.append(_slot(prefix + "o.bias", arch, hidden))

@@ -22,7 +22,7 @@ import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_e
 from helios.abi.fused import apply_rotary
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import (
-    Partial, embed_tokens, residual_norm, row_parallel_linear, row_parallel_output, summed, vocab_logits,
+    Partial, embed_tokens, partial_sum, residual_norm, row_parallel_linear, row_parallel_output, summed, vocab_logits,
 )
 from helios.ignition.window_split import layer_storage
 
@@ -135,10 +135,12 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         return out(arch, attended if rows is None else attended[rows], w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
+    if arch.qk_norm_whole:  # OLMo 2: one norm over each whole projection, before the heads are split
+        q, k = projection_norm(arch, q, w[prefix + "q_norm"]), projection_norm(arch, k, w[prefix + "k_norm"])
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
     k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
     v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
-    if arch.qk_norm and not arch.qk_norm_after_rotary:
+    if arch.qk_norm and not (arch.qk_norm_after_rotary or arch.qk_norm_whole):
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     step = shared.step
@@ -153,6 +155,18 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     if rows is not None:
         attended = attended[rows]
     return out(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+
+
+def projection_norm(arch: Architecture, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """RMS norm of a whole q or k projection [T, heads * D] (``arch.qk_norm_whole``). Under tensor
+    parallelism a rank holds its heads' share of the row: the squares are summed over the ranks (one
+    all-reduce of [T, 1]) and the mean taken over the whole width (the reference's statistic)."""
+    if arch.tensor_parallel == 1:
+        return rms_norm(x, weight, arch.rms_norm_eps)
+    x32 = x.to(torch.float32)
+    squares = partial_sum(arch, x32.pow(2).sum(-1, keepdim=True))
+    variance = squares / (x.shape[-1] * arch.tensor_parallel)
+    return weight * (x32 * torch.rsqrt(variance + arch.rms_norm_eps)).to(x.dtype)
 
 
 def normed_after_rotary(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, q, k, cos, sin):
@@ -234,7 +248,7 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
     if step.embedding_add is not None:
         hidden = hidden + step.embedding_add.to(hidden.dtype)
     shared = layer_inputs(arch, w, step, k_cache, v_cache, hidden.dtype)
-    normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps)
+    normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps) if arch.pre_norms else hidden
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
         kept = rows if layer == arch.num_layers - 1 else None
@@ -243,11 +257,20 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
         if kept is not None:
             hidden = hidden[kept]
         attended = sandwiched(arch, w, prefix + "attn_out_norm", attended)
-        hidden, normed = residual_norm(arch, hidden, attended, w[prefix + "post_norm"], arch.rms_norm_eps)
-        next_norm = w[f"layers.{layer + 1}.input_norm"] if layer + 1 < arch.num_layers else w["final_norm"]
+        hidden, normed = residual_update(arch, w, hidden, attended, prefix + "post_norm")
+        next_norm = f"layers.{layer + 1}.input_norm" if layer + 1 < arch.num_layers else "final_norm"
         mixed = sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed, partial=True))
-        hidden, normed = residual_norm(arch, hidden, mixed, next_norm, arch.rms_norm_eps)
+        hidden, normed = residual_update(arch, w, hidden, mixed, next_norm)
     return normed
+
+
+def residual_update(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor, delta, slot: str):
+    """(hidden + delta, the next block's input): the sum normed by the `slot` norm (`residual_norm`,
+    one fused op), or without ``pre_norms`` (OLMo 2) the sum itself, only the final norm applied."""
+    if arch.pre_norms or slot == "final_norm":
+        return residual_norm(arch, hidden, delta, w[slot], arch.rms_norm_eps)
+    hidden = hidden + summed(arch, delta)
+    return hidden, hidden
 
 
 def lm_logits(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from helios.ignition.decoder import (
     layer_tables,
     lm_logits,
     mlp_block,
+    projection_norm,
     rms_norm,
     sandwiched,
     slot_mapping,
@@ -76,12 +77,12 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     last = arch.num_layers - 1
     for layer in range(last):
         prefix = f"layers.{layer}."
-        normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+        normed = _block_input(arch, w, hidden, prefix + "input_norm")
         hidden = hidden + sandwiched(arch, w, prefix + "attn_out_norm", attention_block(arch, w, layer, normed, shared))
-        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
+        normed = _block_input(arch, w, hidden, prefix + "post_norm")
         hidden = hidden + sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed))
     prefix = f"layers.{last}."
-    normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+    normed = _block_input(arch, w, hidden, prefix + "input_norm")
     if arch.latent is not None:
         from helios.ignition.latent import latent_keys  # (it builds on the decoder's norms and rotary)
 
@@ -89,16 +90,23 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         return
     bias = w.get(prefix + "qkv.bias")
     kv = F.linear(normed, w[prefix + "qkv.weight"][arch.q_size:], None if bias is None else bias[arch.q_size:])
+    if arch.qk_norm_whole:  # OLMo 2: the whole key projection normed before the heads are split
+        kv = torch.cat((projection_norm(arch, kv[:, :arch.kv_size], w[prefix + "k_norm"]), kv[:, arch.kv_size:]), 1)
     k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)
     cos, sin = layer_tables(arch, last, shared)
     if arch.qk_norm_after_rotary:  # HunYuan's order: rotate, then norm
         k = rms_norm(apply_rotary(k, cos, sin), w[prefix + "k_norm"], arch.rms_norm_eps)
     else:
-        if arch.qk_norm:
+        if arch.qk_norm and not arch.qk_norm_whole:
             k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
         k = apply_rotary(k, cos, sin)
     torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
                                  step.slot_mapping)
+
+
+def _block_input(arch: Architecture, w, hidden: torch.Tensor, slot: str) -> torch.Tensor:
+    """A block's input: the residual stream normed by `slot`, or as it is without ``pre_norms``."""
+    return rms_norm(hidden, w[slot], arch.rms_norm_eps) if arch.pre_norms else hidden
 
 
 def one_token_step(tokens, positions, table_rows, writable, page_tokens: int) -> PackedStep:

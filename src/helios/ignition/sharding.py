@@ -17,6 +17,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: their channels) |
 | ``mixer.out.weight`` (row-parallel) | the input columns of its heads; ``mixer.out.bias`` whole |
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
+| ``q_norm`` / ``k_norm`` spanning whole projections (``qk_norm_whole``) | its q / k heads' entries |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
 | ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
@@ -138,6 +139,8 @@ class _Cutter:
             return self.rows(tensor, tensor.shape[0] // self.shard.tensor_parallel).clone()
         if key == "sinks":
             return self.rows(tensor, self.shard.num_heads).contiguous()
+        if key in ("q_norm", "k_norm") and self.full.qk_norm_whole:  # one entry per q or k projection row
+            return self.rows(tensor, self.shard.q_size if key == "q_norm" else self.shard.kv_size).clone()
         if key == "down.weight":
             return self.columns(tensor, self.shard.intermediate_size)
         if name in ("embed", "lm_head"):
