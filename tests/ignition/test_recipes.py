@@ -105,7 +105,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM",
                                             "SmolLM3ForCausalLM", "Gemma3ForCausalLM", "SeedOssForCausalLM",
                                             "Ernie4_5ForCausalLM", "GraniteForCausalLM",
-                                            "HunYuanDenseV1ForCausalLM"}
+                                            "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
+                                            "Olmo3ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
