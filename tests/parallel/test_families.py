@@ -9,6 +9,7 @@ import pytest
 from helios.runtime.offline import generate
 from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAMILIES, GEMMA3_FAMILIES, GLM4_MOE,
                                      GPT_OSS, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
+from ignition.hf_checkpoints import GLM4, OLMO_FAMILIES
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -18,9 +19,11 @@ from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAM
 # by heads and B/C groups, each rank's state rows its own share (one group: B/C whole on each rank,
 # the gated norm summed over the ranks); SmolLM3 NoPE layers (each rank's heads unrotated there); Gemma 3
 # sandwich norms (each block's output summed over the ranks before its norm), two rope tables, a logit soft
-# cap on each rank's vocabulary rows.
+# cap on each rank's vocabulary rows; GLM-4 dense interleaved partial rotary under sandwich norms; OLMo 2 / 3
+# blocks without pre-norms and q/k norms over whole projections (each rank's heads' share, the mean square
+# summed over the ranks).
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
-            + (SMOLLM3,) + GEMMA3_FAMILIES)
+            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES)
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 
