@@ -7,6 +7,8 @@ q/k/v biases, q/k norms and per-layer norms all matter, and greedy choices are n
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +220,16 @@ def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
     """Save `model` as a Hugging Face checkpoint directory (safetensors weights) and return it."""
     model.save_pretrained(directory)
     return directory
+
+
+def rewritten_checkpoint(directory: Path, tmp_path: Path, edit) -> Path:
+    """A copy of checkpoint `directory` under `tmp_path` whose config.json dict `edit` changed in place."""
+    copy = Path(shutil.copytree(directory, tmp_path / "checkpoint"))
+    path = copy / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+    return copy
 
 
 def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import pytest
 import torch
@@ -26,7 +25,8 @@ from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS
 from .driver import PagedModel, RowWork, Sequence
-from .hf_checkpoints import GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, Family, random_model, write_checkpoint
+from .hf_checkpoints import (GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, Family, random_model, rewritten_checkpoint,
+                             write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=GEMMA3_FAMILIES, ids=lambda family: family.name)
@@ -118,15 +118,6 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(random_model(GEMMA3_CAPPED, seed=4), tmp_path_factory.mktemp("gemma3-checkpoint"))
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def _legacy(config):
     """A Hub config.json of Gemma 3 (transformers 4): top-level rope_theta, rope_local_base_freq and
     rope_scaling, a sliding_window_pattern without layer_types."""
@@ -138,7 +129,7 @@ def _legacy(config):
 
 def test_the_legacy_layout_prepares_the_same_model(checkpoint, tmp_path):
     current = load_checkpoint(checkpoint)
-    legacy = load_checkpoint(_rewritten(checkpoint, tmp_path, _legacy))
+    legacy = load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, _legacy))
     assert legacy.architecture == current.architecture
     assert all(a.name == b.name and torch.equal(a.tensor, b.tensor) for a, b in zip(legacy.weights, current.weights))
 
@@ -149,7 +140,7 @@ def test_a_legacy_linear_rope_scaling_scales_the_global_table_only(checkpoint, t
         config["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
 
     current = dict(load_checkpoint(checkpoint).weights)
-    scaled = dict(load_checkpoint(_rewritten(checkpoint, tmp_path, edit)).weights)
+    scaled = dict(load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit)).weights)
     assert torch.equal(scaled["rope.inv_freq"], current["rope.inv_freq"] / 8.0)
     assert torch.equal(scaled["rope.local_inv_freq"], current["rope.local_inv_freq"])
 
@@ -161,7 +152,7 @@ def test_every_layer_full_prepares_one_rope_table(checkpoint, tmp_path):
         _legacy(config)
         config["sliding_window_pattern"] = 1
 
-    recipe = load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+    recipe = load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
     assert recipe.architecture.layer_windows == (0, 0) and not recipe.architecture.local_rope_layers
     assert "rope.local_inv_freq" not in dict(recipe.weights)
 
@@ -217,7 +208,7 @@ REFUSED = {
 def test_unsupported_gemma3_settings_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
 
 
 _GOOD = dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,

@@ -8,16 +8,13 @@ tied embeddings included; multipliers the programs cannot hold are refused by na
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import GRANITE, Family, random_model, write_checkpoint
+from .hf_checkpoints import GRANITE, Family, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +59,6 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(random_model(GRANITE, seed=8), tmp_path_factory.mktemp("granite"))
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def test_tied_embeddings_keep_the_logits_divisor_out_of_the_embeddings(tmp_path):
     """Tied, the head is the embedding matrix the input lookup shares: the divisor stays in the
     final norm, and the prepared model gives the reference's logits, scores and greedy tokens."""
@@ -95,4 +83,4 @@ REFUSED = {
 def test_multipliers_the_programs_cannot_hold_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))

@@ -9,9 +9,6 @@ what the recipe does not implement is refused by name.
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 import transformers
@@ -19,7 +16,7 @@ import transformers
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import HUNYUAN, random_model, write_checkpoint
+from .hf_checkpoints import HUNYUAN, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +78,6 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(random_model(HUNYUAN, seed=2), tmp_path_factory.mktemp("hunyuan"))
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def test_the_released_rope_spelling_prepares_the_same_model(checkpoint, tmp_path):
     """Hunyuan-7B's config.json: rope_scaling with ``type`` "dynamic", an alpha and YaRN-looking keys
     the reference does not read for it, rope_theta at the top level."""
@@ -100,7 +88,7 @@ def test_the_released_rope_spelling_prepares_the_same_model(checkpoint, tmp_path
             "mscale": 1.0, "mscale_all_dim": 1.0})
 
     current = load_checkpoint(checkpoint)
-    legacy = load_checkpoint(_rewritten(checkpoint, tmp_path, released))
+    legacy = load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, released))
     assert legacy.architecture == current.architecture
     assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(legacy.weights, current.weights))
 
@@ -123,7 +111,7 @@ REFUSED = {
 def test_settings_the_recipe_does_not_implement_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
 
 
 def test_the_released_rope_gets_the_references_frequencies():

@@ -11,9 +11,7 @@ settings are refused by name.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 
 import pytest
 import torch
@@ -28,8 +26,8 @@ from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS, Prepared
 from .driver import PagedModel, RowWork, Sequence, generate
-from .hf_checkpoints import (LONGROPE_LONG, LONGROPE_SHORT, PHI3_MINI, PHI4_MINI, PHI35_LONG, random_model,
-                             write_checkpoint)
+from .hf_checkpoints import (LONGROPE_LONG, LONGROPE_SHORT, PHI35_LONG, PHI3_MINI, PHI4_MINI, random_model,
+                             rewritten_checkpoint, write_checkpoint)
 
 ORIGINAL = 16
 
@@ -169,15 +167,6 @@ def _reference_greedy(reference, prompt: list[int], new_tokens: int):
 # config.json spellings and refusals.
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def _legacy(kind: str):
     """Phi-4-mini's own config.json: rope_scaling with ``type``, rope_theta and partial_rotary_factor
     at the top level."""
@@ -192,7 +181,7 @@ def _legacy(kind: str):
 def test_the_legacy_layout_prepares_the_same_model(tmp_path, kind):
     directory = write_checkpoint(random_model(PHI4_MINI), tmp_path / "current")
     current = load_checkpoint(directory)
-    legacy = load_checkpoint(_rewritten(directory, tmp_path, _legacy(kind)))
+    legacy = load_checkpoint(rewritten_checkpoint(directory, tmp_path, _legacy(kind)))
     assert legacy.architecture == current.architecture
     assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(legacy.weights, current.weights))
 
@@ -200,7 +189,7 @@ def test_the_legacy_layout_prepares_the_same_model(tmp_path, kind):
 def test_a_missing_original_context_is_the_references_default(long_checkpoint, tmp_path):
     """Phi3Config's top-level original_max_position_embeddings (4096 when config.json leaves it out)
     overrides the rope dict's own: the attention factor and the factor list follow it."""
-    directory = _rewritten(long_checkpoint[1], tmp_path, lambda config: config.pop("original_max_position_embeddings"))
+    directory = rewritten_checkpoint(long_checkpoint[1], tmp_path, lambda config: config.pop("original_max_position_embeddings"))
     config = transformers.AutoConfig.from_pretrained(directory)
     assert config.rope_parameters["original_max_position_embeddings"] == 4096
     scaling = ROPE_INIT_FUNCTIONS["longrope"](config)[1]
@@ -238,20 +227,20 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_malformed_phi3_settings_are_refused_by_name(long_checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
-    directory = _rewritten(long_checkpoint[1], tmp_path, edit)
+    directory = rewritten_checkpoint(long_checkpoint[1], tmp_path, edit)
     with pytest.raises(UnsupportedCheckpoint, match=setting):
         load_checkpoint(directory, context_tokens=64)
 
 
 @pytest.mark.parametrize("case", ["short list too short", "long list too long", "linear rope"])
 def test_the_reference_refuses_them_too(long_checkpoint, tmp_path, case):
-    directory = _rewritten(long_checkpoint[1], tmp_path, REFUSED[case][0])
+    directory = rewritten_checkpoint(long_checkpoint[1], tmp_path, REFUSED[case][0])
     with pytest.raises(Exception, match="factor|type"):
         transformers.AutoConfig.from_pretrained(directory)
 
 
 def test_a_fused_projection_of_the_wrong_shape_is_refused(long_checkpoint, tmp_path):
-    directory = _rewritten(long_checkpoint[1], tmp_path, lambda config: config.update(num_key_value_heads=4))
+    directory = rewritten_checkpoint(long_checkpoint[1], tmp_path, lambda config: config.update(num_key_value_heads=4))
     with pytest.raises(CheckpointError, match="qkv_proj"):
         load_checkpoint(directory)
 

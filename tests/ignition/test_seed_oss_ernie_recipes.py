@@ -10,9 +10,6 @@ read a terse config.json with their reference's defaults and refuse what they do
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 import transformers
@@ -20,7 +17,8 @@ import transformers
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import ERNIE4_5, LLAMA_SHAPED_FAMILIES, SEED_OSS, random_model, write_checkpoint
+from .hf_checkpoints import (ERNIE4_5, LLAMA_SHAPED_FAMILIES, SEED_OSS, random_model, rewritten_checkpoint,
+                             write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=LLAMA_SHAPED_FAMILIES, ids=lambda family: family.name)
@@ -89,21 +87,12 @@ def checkpoint(request, checkpoints):
     return request.param, checkpoints(request.param)
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def test_a_window_in_config_json_is_ignored_as_the_reference_ignores_it(checkpoint, tmp_path):
     family, directory = checkpoint
     def windowed(config):
         config.update(sliding_window=4, use_sliding_window=True, layer_types=["sliding_attention"] * 2)
 
-    assert load_checkpoint(_rewritten(directory, tmp_path, windowed)).architecture.layer_windows == (0, 0)
+    assert load_checkpoint(rewritten_checkpoint(directory, tmp_path, windowed)).architecture.layer_windows == (0, 0)
 
 
 def test_a_terse_ernie_config_is_read_with_the_references_defaults(checkpoints, tmp_path):
@@ -113,7 +102,7 @@ def test_a_terse_ernie_config_is_read_with_the_references_defaults(checkpoints, 
             config.pop(key)
         config["rope_parameters"] = {"rope_type": "default"}
 
-    directory = _rewritten(checkpoints(ERNIE4_5), tmp_path, terse)
+    directory = rewritten_checkpoint(checkpoints(ERNIE4_5), tmp_path, terse)
     recipe = load_checkpoint(directory)
     config = transformers.AutoConfig.from_pretrained(directory)
     reference = transformers.models.ernie4_5.modeling_ernie4_5.Ernie4_5RotaryEmbedding(config)
@@ -133,4 +122,4 @@ REFUSED = {
 def test_settings_the_recipes_do_not_implement_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint[1], tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint[1], tmp_path, edit))

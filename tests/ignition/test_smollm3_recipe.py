@@ -10,9 +10,6 @@ NoPE and window settings the reference reads otherwise or refuses are refused by
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 import transformers
@@ -21,7 +18,8 @@ from helios.ignition.architecture import Architecture, CheckpointError
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import SMOLLM3, SMOLLM3_FAMILIES, SMOLLM3_TIED, random_model, write_checkpoint
+from .hf_checkpoints import (SMOLLM3, SMOLLM3_FAMILIES, SMOLLM3_TIED, random_model, rewritten_checkpoint,
+                             write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=SMOLLM3_FAMILIES, ids=lambda family: family.name)
@@ -75,15 +73,6 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(random_model(SMOLLM3_TIED, seed=4), tmp_path_factory.mktemp("smollm3"))
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def test_a_terse_config_is_read_with_the_references_defaults(checkpoint, tmp_path):
     """No rope theta (2e6), key/value head count (4), tied embeddings (tied), NoPE list (every 4th
     layer: none of 3) or layer types: the reference's class defaults, which the recipe fills in."""
@@ -94,7 +83,7 @@ def test_a_terse_config_is_read_with_the_references_defaults(checkpoint, tmp_pat
         config["num_attention_heads"] = 8
         config["rope_parameters"] = {"rope_type": "default"}
 
-    directory = _rewritten(checkpoint, tmp_path, terse)
+    directory = rewritten_checkpoint(checkpoint, tmp_path, terse)
     arch = load_checkpoint(directory).architecture
     assert (arch.num_kv_heads, arch.nope_layers, arch.tie_word_embeddings) == (4, (), True)
     config = transformers.AutoConfig.from_pretrained(directory)
@@ -128,12 +117,12 @@ REFUSED = {
 def test_settings_the_recipe_does_not_implement_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
 
 
 def test_a_longer_nope_list_is_read_for_the_layers_there_are(checkpoint, tmp_path):
     """SmolLM3Attention indexes the list by layer: flags past the last layer are never read."""
-    directory = _rewritten(checkpoint, tmp_path, lambda c: c.update(no_rope_layers=[0, 1, 1, 0, 0]))
+    directory = rewritten_checkpoint(checkpoint, tmp_path, lambda c: c.update(no_rope_layers=[0, 1, 1, 0, 0]))
     assert load_checkpoint(directory).architecture.nope_layers == (0,)
 
 
