@@ -474,9 +474,78 @@ def draw_hunyuan(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_glm4(seed: int) -> Variant:
+    """GLM-4 dense: interleaved partial rotary (the default 0.5 left out, or drawn: 0.25, 0.75, whole
+    heads; an even rotated width), Llama's rope types (rarely dynamic: refused), q/k/v biases or none, an explicit head_dim
+    (Glm4Config's default is 128); a window its reference does not read; rarely another activation."""
+    rng = random.Random(seed)
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  attention_bias=rng.random() < 0.7, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                  **_attention_geometry(rng, explicit_head_dim=True))
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn", "yarn", "dynamic"), config["head_dim"])
+    partial = _choice(rng, (None, None, 0.5, 0.25, 0.75, 1.0))
+    width = int(config["head_dim"] * (partial or 0.5))
+    if width % 2 or (width == 2 and rope["rope_type"] == "dynamic"):  # the reference's YaRN (dynamic) breaks
+        partial = None
+    if partial is not None:
+        rope["partial_rotary_factor"] = partial
+    config["rope_parameters"] = rope
+    legacy = _legacy_rope(rng, rope)
+    if rng.random() < 0.2:  # a window the reference does not read
+        legacy += (("sliding_window", 5), ("layer_types", ["sliding_attention"] * 2))
+    return Variant(Family(f"glm4-{seed}", transformers.Glm4Config, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
+def draw_olmo(seed: int) -> Variant:
+    """OLMo 2 (Llama's rope types, biases) and OLMo 3 (sliding and full layers by ``layer_types`` or the
+    default pattern, windows under and over the prompt, a full-layer rope beside a default local one,
+    rarely a scaled local rope: linear, or yarn, refused); the legacy layout (top-level ``rope_theta``
+    and ``rope_scaling``; OLMo 3's sliding layers then keep theta 500000) half the time."""
+    rng = random.Random(seed)
+    is_olmo3 = rng.random() < 0.6
+    layers = _choice(rng, (2, 3, 4)) if is_olmo3 else 2
+    config = dict(num_hidden_layers=layers, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  attention_bias=rng.random() < 0.4, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                  **_attention_geometry(rng))
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    full = _rope(rng, ("default", "default", "linear", "llama3", "yarn", "dynamic"), head_dim)
+    if not is_olmo3:
+        config["rope_parameters"] = full
+        return Variant(Family(f"olmo2-{seed}", transformers.Olmo2Config, tuple(config.items())),
+                       _legacy_rope(rng, full), rng.random() < 0.3)
+    is_legacy = rng.random() < 0.5
+    full.setdefault("rope_theta", 500000.0)
+    local = {"rope_type": "default", "rope_theta": 500000.0 if is_legacy else _choice(rng, (10.0, 100.0, 10000.0))}
+    if not is_legacy and rng.random() < 0.1:
+        local.update(_choice(rng, ({"rope_type": "linear", "factor": 2.0},
+                                   {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16})))
+    config.update(rope_parameters={"full_attention": full, "sliding_attention": local},
+                  sliding_window=_choice(rng, (3, 5, 8, 4096, 4096, None) if rng.random() < 0.1 else (3, 5, 8, 4096)))
+    if rng.random() < 0.6:
+        config["layer_types"] = [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]
+    legacy = ()
+    if is_legacy:  # a transformers 4 config.json
+        scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+        legacy = (("rope_parameters", None), ("rope_theta", full["rope_theta"]),
+                  ("rope_scaling", scaling if scaling["rope_type"] != "default" else None))
+        if "layer_types" not in config:  # the kinds Olmo3Config derives again
+            legacy += (("layer_types", None),)
+    return Variant(Family(f"olmo3-{seed}", transformers.Olmo3Config, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
-         "granite": draw_granite, "hunyuan": draw_hunyuan}
+         "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -566,10 +635,12 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
 _LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
+_GLM_OLMO_SEEDS = range(int(os.environ.get("HELIOS_GLM_OLMO_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
-         "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12)))}  # the variable: a wider sweep
+         "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
+         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS}
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
