@@ -269,6 +269,10 @@ SEEDS = (  # (draw, seed, ranks)
     ("gemma3", 53, 2),    # Gemma 3: three sliding layers (window 3) then a full one, logit soft cap 5, linear
                           # global rope, the transformers 4 layout, 4 heads on 2 ranks, vocab 97, MIXED programs
     ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
+    ("glm4", 15, 2),      # GLM-4 dense: interleaved partial rotary 0.5 with linear rope, q/k/v biases, sandwich
+                          # norms, 4 heads on 2 ranks, vocab 97, MIXED programs
+    ("olmo", 12, 4),      # OLMo 3: no pre-norms, whole-projection q/k norms over 4 ranks (one head each: the mean
+                          # square summed over the ranks), sliding/full layers, the legacy rope layout, biases, tied
 )
 
 
