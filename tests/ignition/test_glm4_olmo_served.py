@@ -1,0 +1,31 @@
+"""GLM-4 dense and OLMo 3 checkpoints prepared into signed cores and served through the runtime on the
+C++ kernels, against transformers in float32 (tests/ignition/test_llama_shaped_served.py's run: two
+batched prompts, one past the 32-token prefill capacity and chunked, and a continuation of the longer
+one served from the prefix cache give the reference's greedy tokens and logits).
+
+GLM-4: sandwich norms and interleaved partial rotary with q/k/v biases. OLMo 3: blocks without
+pre-norms, q/k norms over the whole projections, sliding and full layers (a window of 5, shorter
+than the prompts) with two rope tables. (OLMo 2 is OLMo 3 without sliding layers, with biases: its
+programs add no op, and tests/parallel/test_families serves it on two ranks.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .hf_checkpoints import GLM4, OLMO3
+from .test_equivalence import TOLERANCE, relative_error
+from .test_llama_shaped_served import NEW_TOKENS, PROMPT_LENS, _prepared, _reference_greedy, _served
+
+
+@pytest.mark.parametrize("family", (GLM4, OLMO3), ids=lambda family: family.name)
+def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path, family):
+    reference, core = _prepared(tmp_path, family)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, reference.config.vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENS]
+    for prompt, generated, logits in _served(core, prompts):
+        expected, rows = _reference_greedy(reference, prompt)
+        assert generated == expected, f"prompt of {len(prompt)} tokens"
+        worst = max(relative_error(logits[k], rows[k]) for k in range(NEW_TOKENS))
+        assert worst < TOLERANCE, f"prompt of {len(prompt)} tokens: logits differ by {worst:.2e}"
