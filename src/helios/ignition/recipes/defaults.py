@@ -40,6 +40,11 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                             "tie_word_embeddings": True, "max_position_embeddings": 131072},
     "GraniteForCausalLM": {"max_position_embeddings": 2048},
     "HunYuanDenseV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "Gemma3ForCausalLM": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                          "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                          "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                          "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+                          "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
 

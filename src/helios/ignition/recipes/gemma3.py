@@ -49,17 +49,9 @@ ARCHITECTURES = ("Gemma3ForCausalLM",)
 LAYER_TYPES = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "linear")
 ACTIVATION = "gelu_pytorch_tanh"
-# Gemma3TextConfig's defaults (transformers 5) for the keys a config.json may leave out.
-REFERENCE_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": ACTIVATION,
-    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
-    "sliding_window_pattern": 6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-}
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    config = {**REFERENCE_DEFAULTS, **config}
     arch = architecture_from_config(config, tensors, dtype)
     full, local = rope_tables(config, arch.head_dim)
     weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, full, transform=_folded_norm)
