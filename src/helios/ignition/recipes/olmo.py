@@ -103,13 +103,17 @@ def rope_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     sliding = dict(params.get("sliding_attention") or {"rope_type": "default"})
     sliding.setdefault("rope_theta", OLMO3_THETA)  # (Olmo3Config hands a top-level rope_theta to the full layers)
     context = {"max_position_embeddings": config.get("max_position_embeddings")}
-    full = llama.rope_parameters({**context, "rope_parameters": full})
-    sliding = llama.rope_parameters({**context, "rope_parameters": sliding})
-    if llama.rope_attention_factor({**context, "rope_parameters": sliding}) != 1.0:
-        raise UnsupportedCheckpoint(f"config.json: the sliding_attention layers' rope_type "
+    tables = {}
+    for kind, table in (("full_attention", full), ("sliding_attention", sliding)):
+        try:
+            tables[kind] = llama.rope_parameters({**context, "rope_parameters": table})
+        except UnsupportedCheckpoint as error:  # named with the table it came from
+            raise UnsupportedCheckpoint(f"config.json: rope_parameters[{kind!r}]: {error}") from None
+    if llama.rope_attention_factor({**context, "rope_parameters": tables["sliding_attention"]}) != 1.0:
+        raise UnsupportedCheckpoint(f"config.json: rope_parameters['sliding_attention']: rope_type "
                                     f"{sliding['rope_type']!r} scales the rotary tables (an attention factor), "
                                     f"which the sliding layers' table does not")
-    return full, sliding
+    return tables["full_attention"], tables["sliding_attention"]
 
 
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
