@@ -220,7 +220,10 @@ def _probability_kernel(values, stride, drawing, temperature, bests, sums, total
         total = tl.sum(tl.load(sums + row * S + tl.arange(0, S)), axis=0)
         if tl.program_id(1) == 0:  # the one sum every later kernel reads (a reduction elsewhere could round otherwise)
             tl.store(totals + row, total)
-        key_max = _key_max(bests, totals, row, RAW)
+        if RAW:  # (not from `totals`: split 0 stores it in this same launch, after other splits may read)
+            key_max = best.to(tl.int64, bitcast=True)
+        else:
+            key_max = (1.0 / total).to(tl.int64, bitcast=True)
         top = key_max >> 52
         threshold = tl.load(min_p + row).to(tl.float64) * key_max.to(tl.float64, bitcast=True)
         buckets = tl.arange(0, NB)
@@ -321,9 +324,13 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, bests, totals, counts,
             mass_p = tl.where(failed < size, before + failed_p, before)
         kept = tl.maximum(tl.minimum(tl.minimum(kept_k, kept_p), kept_m), 1)
         if KEEP:  # the last kept position: the first whose prefix holds more than kept - 1 tokens
-            _, last, _, last_p = _first_failing(lists, key_max, first, kept - 1, inf, False, BLOCK_V, WIDE, NB,
-                                                GROUP)
-            tl.store(out + row * 2, last_p.to(tl.int64, bitcast=True))
+            last_key = tl.zeros((), tl.int64)  # every p > 0 kept (p = 0 is a weight of 0 either way):
+            last = tl.full((), -1, tl.int64)  # no search, which would end deep in the tail
+            if kept < positive:
+                _, last, _, last_p = _first_failing(lists, key_max, first, kept - 1, inf, False, BLOCK_V, WIDE, NB,
+                                                    GROUP)
+                last_key = last_p.to(tl.int64, bitcast=True)
+            tl.store(out + row * 2, last_key)
             tl.store(out + row * 2 + 1, last)
         else:
             kept_mass = mass_k
@@ -344,7 +351,8 @@ def _draw_kernel(greedy, drawing, top_k, top_p, uniforms, bests, totals, counts,
 
 @triton.jit
 def _key_max(bests, totals, row, RAW: tl.constexpr):
-    """The bits of a drawing row's largest p: the softmax's exp(0) / sum, or (RAW) the row maximum."""
+    """The bits of a drawing row's largest p: the softmax's exp(0) / sum, or (RAW) the row maximum, as
+    `_probability_kernel` computed it (for the kernels launched after it)."""
     if RAW:
         return tl.load(bests + row).to(tl.int64, bitcast=True)
     else:
