@@ -75,17 +75,27 @@ def controls(generator, rows, vocab):
     return temperature, top_k, top_p, min_p
 
 
-@pytest.mark.parametrize("kind", ["gaussian", "bfloat16", "halves", "masked"])
-def test_random_rows_get_the_reference_tokens(kind):
-    generator = torch.Generator().manual_seed(["gaussian", "bfloat16", "halves", "masked"].index(kind))
-    rows, vocab = 20, 900
+KINDS = ("gaussian", "bfloat16", "halves", "masked")
+
+
+def kind_logits(kind: str, rows: int, vocab: int) -> tuple[torch.Tensor, torch.Generator]:
+    """Gaussian logits [rows, vocab] of random row scales as `kind` shapes them, and the generator
+    (seeded by the kind) that drew them, for the test's controls."""
+    generator = torch.Generator().manual_seed(KINDS.index(kind))
     logits = torch.randn(rows, vocab, generator=generator) * (1 + 5 * torch.rand(rows, 1, generator=generator))
-    if kind == "bfloat16":  # many equal logits: tied groups in the canonical order
+    if kind == "bfloat16":  # many equal logits: tied groups in the canonical order (and across a kept boundary)
         logits = logits.to(torch.bfloat16).float()
     elif kind == "halves":  # few distinct values, large tied groups
         logits = (logits * 2).round() / 2
     elif kind == "masked":  # p = 0 tokens, also inside top-k's count
         logits[torch.rand(rows, vocab, generator=generator) < 0.7] = float("-inf")
+    return logits, generator
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_rows_get_the_reference_tokens(kind):
+    rows, vocab = 20, 900
+    logits, generator = kind_logits(kind, rows, vocab)
     expected = assert_reference_tokens(*rows_of(logits, *controls(generator, rows, vocab), seed=rows))
     assert len(set(expected.tolist())) > rows // 2  # rows really draw different tokens
 

@@ -27,7 +27,7 @@ from helios.abi.rng import SAMPLE_OFFSET  # noqa: E402
 from helios.abi.sampling import DrawParams, sample_reference  # noqa: E402
 from support.abi_inputs import control_inputs, seeds_and_counters, verify_inputs  # noqa: E402
 
-from abi.test_triton_draws import SWEEP_SEEDS, sweep_rows  # noqa: E402
+from abi.test_triton_draws import KINDS, SWEEP_SEEDS, kind_logits, sweep_rows  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 
@@ -79,17 +79,10 @@ def assert_reference_draws(weights, seed: int, offset: int = SAMPLE_OFFSET) -> t
     return expected
 
 
-@pytest.mark.parametrize("kind", ["gaussian", "bfloat16", "halves", "masked"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_weights_keep_the_reference_tokens(kind):
-    generator = torch.Generator().manual_seed(["gaussian", "bfloat16", "halves", "masked"].index(kind))
     rows, vocab = 10, 900
-    logits = torch.randn(rows, vocab, generator=generator) * (1 + 5 * torch.rand(rows, 1, generator=generator))
-    if kind == "bfloat16":  # many equal logits: tied groups across the kept boundary
-        logits = logits.to(torch.bfloat16).float()
-    elif kind == "halves":
-        logits = (logits * 2).round() / 2
-    elif kind == "masked":
-        logits[torch.rand(rows, vocab, generator=generator) < 0.7] = float("-inf")
+    logits, generator = kind_logits(kind, rows, vocab)
     temperature = 0.2 + 1.6 * torch.rand(rows, generator=generator)
     temperature[::5] = 0.0  # greedy rows: one-hot
     top_k = torch.where(torch.rand(rows, generator=generator) < 0.3, 0,
