@@ -117,6 +117,23 @@ def test_ties_at_the_kept_boundary_go_by_id():
     assert set((expected[0] > 0).nonzero().flatten().tolist()) == set(tied.sort().values[:37].tolist())
 
 
+def test_a_vocabulary_over_every_split_keeps_the_reference_weights_and_draws():
+    """17,000 ids: every split of the whole-row passes loops over more than one block and the last one
+    is partial, and top-k's boundary falls inside a tied group spread over several splits (its lowest
+    ids kept, whichever split holds them); an infinite temperature (every token equal), min_p -inf and
+    NaN (all kept; the first position only)."""
+    rows, vocab = 4, 17000
+    logits, _ = kind_logits("halves", rows, vocab)
+    boundary = logits[1].sort(descending=True).values[8999:9001]
+    assert boundary[0] == boundary[1] and (logits[1] == boundary[0]).sum() > 1000
+    temperature = torch.tensor([0.7, 1.3, float("inf"), 0.9])
+    top_k, top_p = torch.tensor([0, 9000, 0, 5]), torch.tensor([0.9, 1.0, 1.0, 0.8])
+    min_p = torch.tensor([0.0, float("-inf"), 0.0, float("nan")])
+    expected = assert_reference_weights(plain_controls(logits, temperature, top_k, top_p, min_p))
+    assert (expected > 0).sum(dim=-1).tolist()[1:] == [9000, vocab, 1]
+    assert_reference_draws(expected, seed=3)
+
+
 def test_rows_of_one_value_and_edge_controls():
     rows, vocab = 8, 700
     generator = torch.Generator().manual_seed(11)
