@@ -18,7 +18,7 @@ from helios.ignition.engram import ENGRAM_FILE, EngramTable, EngramTableError, r
 from helios.runtime.offline import generate
 from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import LLAMA3, random_model
+from ignition.hf_checkpoints import GRANITE, LLAMA3, random_model
 from support.chat_checkpoint import VOCAB_SIZE, write_frontend_files
 
 NAMESPACE = "test.helios/engram"
@@ -30,10 +30,8 @@ MULTIPLIERS = (11400714819323198485, 13787848793156543929, 10723151780598845931,
 FAST = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=5.0, join_timeout_s=60.0)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("engram") / "checkpoint"
-    sized = type(LLAMA3)(LLAMA3.name, LLAMA3.config_class, LLAMA3.overrides + (("vocab_size", VOCAB_SIZE),))
+def _engram_checkpoint(directory: Path, family):
+    sized = type(family)(family.name, family.config_class, family.overrides + (("vocab_size", VOCAB_SIZE),))
     model = random_model(sized, seed=4)
     directory.mkdir(parents=True)
     model.save_pretrained(directory)
@@ -43,6 +41,11 @@ def checkpoint(tmp_path_factory):
     write_engram(directory, torch.randn(ROWS, WIDTH, generator=g), torch.randn(hidden, HEADS * WIDTH, generator=g) * 2.0,
                  NGRAM, MULTIPLIERS)
     return directory, model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return _engram_checkpoint(tmp_path_factory.mktemp("engram") / "checkpoint", LLAMA3)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,16 @@ def test_an_engram_checkpoint_serves_the_reference_tokens_alone_and_batched(chec
     assert expected[0] != _plain(model, PROMPTS[0])  # the n-gram rows change the tokens
     assert _generate(path, key, PROMPTS[:1]) == expected[:1]
     assert _generate(path, key, PROMPTS) == expected
+
+
+def test_a_scaled_input_embedding_takes_the_rows_where_the_reference_does(tmp_path_factory, key):
+    """Granite multiplies its inputs_embeds (the looked-up embeddings plus the projected rows) by
+    embedding_multiplier (4 here), where the programs scale the lookup alone: the prepared projection
+    carries the multiplier, so the core serves the reference's tokens (it added the rows unscaled)."""
+    directory, model = _engram_checkpoint(tmp_path_factory.mktemp("engram-granite") / "checkpoint", GRANITE)
+    engram = read_engram(directory, model.config.hidden_size, "float32")
+    expected = [_reference(model, engram, prompt) for prompt in PROMPTS]
+    assert _generate(_prepare(directory, key, 1), key, PROMPTS) == expected
 
 
 def _plain(model, prompt: list[int]) -> list[int]:

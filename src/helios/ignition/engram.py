@@ -16,7 +16,10 @@ head-major. The row of head h for the token at position p is the specification's
 modulo ``rows``.
 
 Model: a token's input embedding becomes ``embed[t] + proj @ concat_h(table[row_h(p)])``; every
-decoder layer after it is the checkpoint's. Every token's rows are hashed on the host, so an Engram
+decoder layer after it is the checkpoint's. ``embed[t]`` is the reference's input embedding (Gemma's
+scaled lookup); where the reference scales its ``inputs_embeds`` after the lookup, the sum is scaled
+(Granite's embedding_multiplier, folded into ``proj`` at preparation: `Recipe.inputs_embeds_scale`).
+Every token's rows are hashed on the host, so an Engram
 core's programs take host-known tokens only: DECODE is fed by the host (no device-owned pending
 tokens) and there are no speculative programs. A bad table raises `EngramTableError` naming what is
 wrong.

@@ -176,7 +176,8 @@ def prepare_core(
     recipe = load_checkpoint(checkpoint, options.dtype, options.capacities.context_tokens)
     engram = read_engram(checkpoint, recipe.architecture.hidden_size, recipe.architecture.dtype)
     if engram is not None:  # its projection is a weight of every program (every rank holds it whole)
-        recipe = dataclasses.replace(recipe, extra_weights=(*recipe.extra_weights, NamedWeight(PROJ_WEIGHT, engram.proj)))
+        proj = engram.proj if recipe.inputs_embeds_scale == 1.0 else engram.proj * recipe.inputs_embeds_scale
+        recipe = dataclasses.replace(recipe, extra_weights=(*recipe.extra_weights, NamedWeight(PROJ_WEIGHT, proj)))
     ranks = options.tensor_parallel
     arch = rank_architecture(recipe.architecture, ranks)
     progress(f"recipe: {recipe.source_architecture}, {arch.num_layers} layers, vocab {arch.vocab_size}, {arch.dtype}")

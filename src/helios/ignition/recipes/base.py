@@ -31,6 +31,10 @@ class Recipe:
     `vision` is the recipe's vision-language description (`qwen_vl.VisionLanguageRecipe`), or None.
     `notices` are lines for whoever prepares the core: a choice the recipe made that the prepared
     model shows (Phi-3's LongRoPE factor list beyond the original context), not an error.
+    `inputs_embeds_scale` is the factor the reference applies to its input embeddings after they are
+    formed (Granite's embedding_multiplier, which the programs apply to the lookup as
+    ``Architecture.embedding_scale``): rows added to the looked-up embeddings (an Engram table's
+    projection) are scaled by it too. 1.0 where the scale is part of the lookup (Gemma) or there is none.
     """
 
     source_architecture: str
@@ -39,6 +43,7 @@ class Recipe:
     extra_weights: tuple[NamedWeight, ...] = ()
     vision: Any = None
     notices: tuple[str, ...] = ()
+    inputs_embeds_scale: float = 1.0
 
     def __post_init__(self) -> None:
         check_weights(self.architecture, self.weights)

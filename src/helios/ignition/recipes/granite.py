@@ -3,7 +3,9 @@
 The decoder is Llama's (the llama recipe prepares its weights, biases and rope settings; full
 causal attention), with four multipliers, read as GraniteModel applies them:
 
-- ``embedding_multiplier`` scales the looked-up embeddings: `Architecture.embedding_scale`;
+- ``embedding_multiplier`` scales the looked-up embeddings: `Architecture.embedding_scale`. The
+  reference multiplies its whole ``inputs_embeds``, so rows added to the embeddings (an Engram
+  table's) take it too: `Recipe.inputs_embeds_scale`;
 - ``attention_multiplier`` is the attention softmax scale itself (not head_dim ** -0.5): the
   Architecture's ``query_pre_attn_scalar`` is its inverse square, whose inverse square root the
   programs take as the scale;
@@ -51,7 +53,8 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         return tensor
 
     weights, used = llama.prepared_weights(arch, config, tensors, transform=folded)
-    return llama.placed_recipe(source, arch, weights, used, tensors)
+    recipe = llama.placed_recipe(source, arch, weights, used, tensors)
+    return dataclasses.replace(recipe, inputs_embeds_scale=multipliers["embedding_multiplier"])
 
 
 def _multipliers(config: Mapping[str, Any]) -> dict[str, float]:
