@@ -18,7 +18,7 @@ from helios.ignition.engram import ENGRAM_FILE, EngramTable, EngramTableError, r
 from helios.runtime.offline import generate
 from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import GRANITE, LLAMA3, random_model
+from ignition.hf_checkpoints import GEMMA3, GRANITE, LLAMA3, random_model
 from support.chat_checkpoint import VOCAB_SIZE, write_frontend_files
 
 NAMESPACE = "test.helios/engram"
@@ -103,11 +103,13 @@ def test_an_engram_checkpoint_serves_the_reference_tokens_alone_and_batched(chec
     assert _generate(path, key, PROMPTS) == expected
 
 
-def test_a_scaled_input_embedding_takes_the_rows_where_the_reference_does(tmp_path_factory, key):
+@pytest.mark.parametrize("family", [GRANITE, GEMMA3], ids=lambda family: family.name)
+def test_a_scaled_input_embedding_takes_the_rows_where_the_reference_does(tmp_path_factory, key, family):
     """Granite multiplies its inputs_embeds (the looked-up embeddings plus the projected rows) by
     embedding_multiplier (4 here), where the programs scale the lookup alone: the prepared projection
-    carries the multiplier, so the core serves the reference's tokens (it added the rows unscaled)."""
-    directory, model = _engram_checkpoint(tmp_path_factory.mktemp("engram-granite") / "checkpoint", GRANITE)
+    carries the multiplier, so the core serves the reference's tokens (it added the rows unscaled).
+    Gemma's scale is part of its lookup (its input embeddings), so its rows are added unscaled."""
+    directory, model = _engram_checkpoint(tmp_path_factory.mktemp("engram-scaled") / "checkpoint", family)
     engram = read_engram(directory, model.config.hidden_size, "float32")
     expected = [_reference(model, engram, prompt) for prompt in PROMPTS]
     assert _generate(_prepare(directory, key, 1), key, PROMPTS) == expected
