@@ -12,20 +12,11 @@ programs add no op, and tests/parallel/test_families serves it on two ranks.)
 from __future__ import annotations
 
 import pytest
-import torch
 
 from .hf_checkpoints import GLM4, OLMO3
-from .test_equivalence import TOLERANCE, relative_error
-from .test_llama_shaped_served import NEW_TOKENS, PROMPT_LENS, _prepared, _reference_greedy, _served
+from .test_llama_shaped_served import check_served_core
 
 
 @pytest.mark.parametrize("family", (GLM4, OLMO3), ids=lambda family: family.name)
 def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path, family):
-    reference, core = _prepared(tmp_path, family)
-    generator = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, reference.config.vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENS]
-    for prompt, generated, logits in _served(core, prompts):
-        expected, rows = _reference_greedy(reference, prompt)
-        assert generated == expected, f"prompt of {len(prompt)} tokens"
-        worst = max(relative_error(logits[k], rows[k]) for k in range(NEW_TOKENS))
-        assert worst < TOLERANCE, f"prompt of {len(prompt)} tokens: logits differ by {worst:.2e}"
+    check_served_core(tmp_path, family)

@@ -9,6 +9,8 @@ switch of their own beyond Gemma 3's, which tests/ignition/test_gemma3_served se
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 from support.runtime_runs import record_logits
 
-from .hf_checkpoints import HUNYUAN, SMOLLM3, random_model, write_checkpoint
+from .hf_checkpoints import HUNYUAN, SMOLLM3, Family, random_model, write_checkpoint
 from .test_config_fuzz_served import write_frontend_files
 from .test_equivalence import TOLERANCE, relative_error
 
@@ -69,13 +71,20 @@ def _reference_greedy(reference, prompt: list[int]):
     return tokens[len(prompt):], rows
 
 
-@pytest.mark.parametrize("family", (SMOLLM3, HUNYUAN), ids=lambda family: family.name)
-def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path, family):
-    reference, core = _prepared(tmp_path, family)
+def check_served_core(root: Path, family: Family, prompt_lens: tuple[int, ...] = PROMPT_LENS) -> None:
+    """Prepares `family`'s random checkpoint (seed 9) into a core under `root`, serves random prompts
+    of `prompt_lens` tokens batched and a continuation of the last from the prefix cache, and checks
+    the reference's greedy tokens and logits (test_equivalence's tolerance)."""
+    reference, core = _prepared(root, family)
     generator = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, reference.config.vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENS]
+    prompts = [torch.randint(0, reference.config.vocab_size, (n,), generator=generator).tolist() for n in prompt_lens]
     for prompt, generated, logits in _served(core, prompts):
         expected, rows = _reference_greedy(reference, prompt)
         assert generated == expected, f"prompt of {len(prompt)} tokens"
         worst = max(relative_error(logits[k], rows[k]) for k in range(NEW_TOKENS))
         assert worst < TOLERANCE, f"prompt of {len(prompt)} tokens: logits differ by {worst:.2e}"
+
+
+@pytest.mark.parametrize("family", (SMOLLM3, HUNYUAN), ids=lambda family: family.name)
+def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path, family):
+    check_served_core(tmp_path, family)
