@@ -11,8 +11,6 @@ config.json takes Glm4Config's defaults; unsupported settings are refused by nam
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 
 import pytest
 import torch
@@ -26,7 +24,7 @@ from helios.ignition.recipes.glm4 import rotary_layout
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS
 from .driver import PagedModel, RowWork, Sequence
-from .hf_checkpoints import GLM4, random_model, write_checkpoint
+from .hf_checkpoints import GLM4, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +110,6 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(random_model(GLM4, seed=4), tmp_path_factory.mktemp("glm4-checkpoint"))
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
     """rms_norm_eps and partial_rotary_factor left out are Glm4Config's 1.5625e-7 and 0.5 (Llama's
     fallbacks would have been 1e-6 and whole heads)."""
@@ -130,7 +119,7 @@ def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
         config.pop("rms_norm_eps")
         config["rope_parameters"].pop("partial_rotary_factor")
 
-    directory = _rewritten(checkpoint, tmp_path, edit)
+    directory = rewritten_checkpoint(checkpoint, tmp_path, edit)
     reference = transformers.AutoConfig.from_pretrained(directory)
     assert (reference.rms_norm_eps, reference.rope_parameters["partial_rotary_factor"]) == (1.5625e-7, 0.5)
     arch = load_checkpoint(directory).architecture
@@ -140,7 +129,7 @@ def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
 
 def test_a_window_in_config_json_is_not_read(checkpoint, tmp_path):
     """The reference masks causally whatever sliding_window and layer_types say."""
-    recipe = load_checkpoint(_rewritten(checkpoint, tmp_path, lambda config: config.update(
+    recipe = load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(
         sliding_window=4, use_sliding_window=True, layer_types=["sliding_attention"] * 2)))
     assert recipe.architecture.layer_windows == (0, 0)
 
@@ -157,4 +146,4 @@ REFUSED = {
 def test_unsupported_glm4_settings_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))

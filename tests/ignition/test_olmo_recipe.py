@@ -14,7 +14,6 @@ layers keep theta 500000); unsupported settings are refused by name.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from helios.ignition.architecture import Architecture, CheckpointError, weight_l
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import OLMO2, OLMO3, OLMO_FAMILIES, random_model, write_checkpoint
+from .hf_checkpoints import OLMO2, OLMO3, OLMO_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module", params=OLMO_FAMILIES, ids=lambda family: family.name)
@@ -88,15 +87,6 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(random_model(OLMO3, seed=4), tmp_path_factory.mktemp("olmo3-checkpoint"))
 
 
-def _rewritten(directory, tmp_path, edit):
-    copy = shutil.copytree(directory, tmp_path / "checkpoint")
-    path = copy / "config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    return copy
-
-
 def test_a_legacy_config_gets_the_references_rope_tables(checkpoint, tmp_path):
     """A transformers 4 config.json (top-level rope_theta and rope_scaling): Olmo3Config gives the
     top-level theta and scaling to the full layers only, the sliding layers keep 500000; without
@@ -105,7 +95,7 @@ def test_a_legacy_config_gets_the_references_rope_tables(checkpoint, tmp_path):
         config.pop("rope_parameters")
         config.update(rope_theta=1000.0, rope_scaling={"type": "linear", "factor": 2.0})
 
-    directory = _rewritten(checkpoint, tmp_path, edit)
+    directory = rewritten_checkpoint(checkpoint, tmp_path, edit)
     rotary = transformers.AutoModelForCausalLM.from_pretrained(directory).model.rotary_emb
     weights = dict(load_checkpoint(directory).weights)
     assert torch.equal(weights["rope.inv_freq"], rotary.full_attention_inv_freq)
@@ -153,7 +143,7 @@ REFUSED = {
 def test_unsupported_olmo_settings_are_refused_by_name(checkpoint, tmp_path, case):
     edit, setting = REFUSED[case]
     with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(_rewritten(checkpoint, tmp_path, edit))
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
 
 
 _GOOD = dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
