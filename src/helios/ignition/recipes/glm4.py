@@ -16,11 +16,11 @@ The decoder is Llama's grouped-query attention with these differences:
   de-interleaved, then `helios.ignition.recipes.moe.rotary_order`, with zero frequencies for the
   pass-through pairs); one permutation of both q and k leaves every q.k unchanged.
 
-Glm4Config's defaults fill the keys a config.json leaves out (its ``rms_norm_eps`` 1.5625e-7,
-``head_dim`` 128, ``partial_rotary_factor`` 0.5, ...). The reference attends causally over the
-whole context: a window or ``layer_types`` in config.json are not read. Refused by name: another
-``hidden_act``, rope types other than Llama's (default, linear, llama3, yarn), a partial rotary
-factor that leaves no even rotated width.
+Glm4Config's defaults (`helios.ignition.recipes.defaults`) fill the keys a config.json leaves out
+(its ``rms_norm_eps`` 1.5625e-7, ``head_dim`` 128, ``partial_rotary_factor`` 0.5, ...). The
+reference attends causally over the whole context: a window or ``layer_types`` in config.json are
+not read. Refused by name: another ``hidden_act``, rope types other than Llama's (default, linear,
+llama3, yarn), a partial rotary factor that leaves no even rotated width.
 """
 
 from __future__ import annotations
@@ -37,19 +37,12 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import rotary_order
 
 ARCHITECTURES = ("Glm4ForCausalLM",)
-# Glm4Config's defaults (transformers 5) for the keys a config.json may leave out.
-REFERENCE_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 151_552, "hidden_size": 4096, "intermediate_size": 13_696, "num_hidden_layers": 40,
-    "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "hidden_act": "silu",
-    "rms_norm_eps": 1.5625e-7, "tie_word_embeddings": False, "partial_rotary_factor": 0.5,
-    "max_position_embeddings": 131_072,
-}
 _UNREAD = ("sliding_window", "use_sliding_window", "layer_types")  # the reference masks causally
 _ROTATED = tuple(f"self_attn.{proj}.{kind}" for proj in ("q_proj", "k_proj") for kind in ("weight", "bias"))
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    config = {key: value for key, value in {**REFERENCE_DEFAULTS, **config}.items() if key not in _UNREAD}
+    config = {key: value for key, value in config.items() if key not in _UNREAD}
     arch = dataclasses.replace(llama.architecture_from_config(source, config, tensors, dtype), sandwich_norms=True)
     rotary = llama.rotary_width(config, arch.head_dim)
     order = rotary_layout(arch.head_dim, rotary)
