@@ -105,3 +105,21 @@ def test_prompt_continuing_from_cached_prefix_pages_matches(prepared):
     assert second.pages[:2] == shared_pages
     assert model.operations_run[1] is Operation.PREFILL  # only the 6-token suffix was prefilled
     assert_matches_reference(prepared, second, prompt)
+
+
+class FamilyChecks:
+    """The module's four checks against transformers as methods, for a family's own test module:
+    ``class TestAgainstTransformers(FamilyChecks)`` there runs them on that module's `prepared`
+    fixture (one prepared checkpoint per module serves these and the module's own tests)."""
+
+    def test_scored_prefill_logits_and_logprobs_match(self, prepared):
+        test_scored_prefill_logits_and_logprobs_match(prepared)
+
+    def test_single_prompt_greedy_matches(self, prepared):
+        test_single_prompt_greedy_matches(prepared)
+
+    def test_continuous_batch_of_different_lengths_matches(self, prepared):
+        test_continuous_batch_of_different_lengths_matches(prepared)
+
+    def test_prompt_continuing_from_cached_prefix_pages_matches(self, prepared):
+        test_prompt_continuing_from_cached_prefix_pages_matches(prepared)

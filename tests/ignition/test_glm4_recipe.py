@@ -32,20 +32,8 @@ def prepared(prepare):
     return prepare(GLM4)
 
 
-def test_scored_prefill_logits_and_logprobs_match(prepared):
-    equivalence.test_scored_prefill_logits_and_logprobs_match(prepared)
-
-
-def test_single_prompt_greedy_matches(prepared):
-    equivalence.test_single_prompt_greedy_matches(prepared)
-
-
-def test_continuous_batch_of_different_lengths_matches(prepared):
-    equivalence.test_continuous_batch_of_different_lengths_matches(prepared)
-
-
-def test_prompt_continuing_from_cached_prefix_pages_matches(prepared):
-    equivalence.test_prompt_continuing_from_cached_prefix_pages_matches(prepared)
+class TestAgainstTransformers(equivalence.FamilyChecks):
+    """test_equivalence's four checks on this module's `prepared` families."""
 
 
 def test_the_prepared_weights_are_the_references_in_the_rotary_layout(prepared):
