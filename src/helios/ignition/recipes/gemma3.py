@@ -46,7 +46,7 @@ from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpo
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("Gemma3ForCausalLM",)
-LAYER_TYPES = ("sliding_attention", "full_attention")
+LAYER_TYPES = llama.LAYER_TYPES
 ROPE_TYPES = ("default", "linear")
 ACTIVATION = "gelu_pytorch_tanh"
 
@@ -145,16 +145,7 @@ def embedding_scale(hidden_size: int, dtype: str) -> float:
 
 def rope_tables(config: Mapping[str, Any], head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 inverse frequencies [head_dim / 2] of the full layers, then of the sliding layers."""
-    params = config.get("rope_parameters")
-    if params is not None and (not isinstance(params, dict) or not set(params) <= set(LAYER_TYPES)):
-        raise UnsupportedCheckpoint(f"config.json: rope_parameters {params!r:.120} must map {LAYER_TYPES} to "
-                                    f"rope settings")
-    params = params or {}
-    full = dict(params.get("full_attention") or {"rope_type": "default"})
-    full.update(config.get("rope_scaling") or {})  # a legacy rope_scaling applies to the full layers
-    full.setdefault("rope_theta", config.get("rope_theta"))
-    local = dict(params.get("sliding_attention") or {"rope_type": "default"})
-    local.setdefault("rope_theta", config.get("rope_local_base_freq"))
+    full, local = llama.layer_kind_rope(config, config.get("rope_theta"), config.get("rope_local_base_freq"))
     return _inv_freq(full, "full_attention", head_dim), _inv_freq(local, "sliding_attention", head_dim)
 
 

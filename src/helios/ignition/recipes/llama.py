@@ -28,6 +28,7 @@ from helios.ignition.recipes.yarn import yarn_attention_factor, yarn_inv_freq
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "SeedOssForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+LAYER_TYPES = ("sliding_attention", "full_attention")  # layer kinds of layer_types
 # Rope types whose pretraining context transformers reads from a top-level
 # ``original_max_position_embeddings`` before the rope dict's own (Phi-3's spelling), else from
 # ``max_position_embeddings``.
@@ -113,6 +114,24 @@ def rope_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the rope dict transformers reads: a legacy ``rope_scaling`` before ``rope_parameters``
     (a config holding both is read from ``rope_scaling``), or an empty one."""
     return dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+
+
+def layer_kind_rope(config: Mapping[str, Any], full_theta, sliding_theta) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The unchecked rope settings of the full layers, then of the sliding layers, of a family that
+    rotates its two layer kinds with their own tables (Gemma 3, OLMo 3): ``rope_parameters`` keyed by
+    layer kind, or the legacy top-level spelling, whose ``rope_scaling`` applies to the full layers;
+    a table without ``rope_theta`` takes `full_theta` / `sliding_theta`."""
+    params = config.get("rope_parameters")
+    if params is not None and (not isinstance(params, dict) or not set(params) <= set(LAYER_TYPES)):
+        raise UnsupportedCheckpoint(f"config.json: rope_parameters {params!r:.120} must map {LAYER_TYPES} to "
+                                    f"rope settings")
+    params = params or {}
+    full = dict(params.get("full_attention") or {"rope_type": "default"})
+    full.update(config.get("rope_scaling") or {})
+    full.setdefault("rope_theta", full_theta)
+    sliding = dict(params.get("sliding_attention") or {"rope_type": "default"})
+    sliding.setdefault("rope_theta", sliding_theta)
+    return full, sliding
 
 
 def rope_parameters(config: Mapping[str, Any], partial: bool = False) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpo
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
-LAYER_TYPES = ("sliding_attention", "full_attention")
+LAYER_TYPES = llama.LAYER_TYPES
 OLMO3_THETA = 500_000.0  # Olmo3Config.default_theta
 # The config classes' defaults (transformers 5) for the keys a config.json may leave out.
 REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -92,16 +92,8 @@ def layer_types(config: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
 def rope_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """OLMo 3's rope settings of the full layers, then of the sliding layers (checked as Llama's:
     `helios.ignition.recipes.llama.rope_parameters`), as Olmo3Config resolves them."""
-    params = config.get("rope_parameters")
-    if params is not None and (not isinstance(params, dict) or not set(params) <= set(LAYER_TYPES)):
-        raise UnsupportedCheckpoint(f"config.json: rope_parameters {params!r:.120} must map {LAYER_TYPES} to "
-                                    f"rope settings")
-    params = params or {}
-    full = dict(params.get("full_attention") or {"rope_type": "default"})
-    full.update(config.get("rope_scaling") or {})  # a legacy rope_scaling applies to the full layers
-    full.setdefault("rope_theta", config.get("rope_theta", OLMO3_THETA))
-    sliding = dict(params.get("sliding_attention") or {"rope_type": "default"})
-    sliding.setdefault("rope_theta", OLMO3_THETA)  # (Olmo3Config hands a top-level rope_theta to the full layers)
+    # (Olmo3Config hands a top-level rope_theta to the full layers only)
+    full, sliding = llama.layer_kind_rope(config, config.get("rope_theta", OLMO3_THETA), OLMO3_THETA)
     context = {"max_position_embeddings": config.get("max_position_embeddings")}
     tables = {}
     for kind, table in (("full_attention", full), ("sliding_attention", sliding)):
