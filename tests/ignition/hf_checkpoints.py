@@ -188,6 +188,15 @@ OLMO3 = Family("olmo3", transformers.Olmo3Config, (
                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}), *PHI3_IDS,
 ))
 OLMO_FAMILIES = (OLMO2, OLMO3)
+# Qwen2-MoE (tests/ignition/test_qwen2_moe_recipe.py): sparse, dense, sparse layers (mlp_only_layers), 6 experts,
+# top-2 unnormalised, a gated shared expert, q/k/v biases; the first layer slides over 5 positions (use_sliding_window
+# below max_window_layers 2: Qwen2MoeConfig's every other layer), untied.
+QWEN2_MOE = Family("qwen2_moe", transformers.Qwen2MoeConfig, (
+    ("num_hidden_layers", 3), ("mlp_only_layers", [1]), ("num_experts", 6), ("num_experts_per_tok", 2),
+    ("moe_intermediate_size", 32), ("shared_expert_intermediate_size", 48), ("use_sliding_window", True),
+    ("sliding_window", 5), ("max_window_layers", 2), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
+))
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

@@ -21,7 +21,10 @@ Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) re
   ``layers.i.experts.gate_up`` [E, 2F, H] (per expert rows: gate, then up), optional
   ``layers.i.experts.gate_up_bias`` [E, 2F], ``layers.i.experts.down`` [E, H, F], optional
   ``layers.i.experts.down_bias`` [E, H]; with shared experts (S = ``moe.shared_intermediate_size`` > 0)
-  ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S].
+  ``layers.i.shared.gate_up.weight`` [2S, H] and ``layers.i.shared.down.weight`` [H, S]; with
+  ``moe.shared_gate`` (Qwen2-MoE) also ``layers.i.shared.gate`` [1, H]: the shared expert's output is
+  multiplied per token by sigmoid(x . gate) of the block's input x (whole on every tensor-parallel rank,
+  so each rank scales its share of the shared expert by the same scalar and the gate stays whole).
   The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
 
 Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attention weights are instead
@@ -105,6 +108,7 @@ class MixtureOfExperts:
     alpha: float = 1.0  # swiglu_clamped only
     limit: float = 0.0  # swiglu_clamped only
     shared_intermediate_size: int = 0  # 0: no shared expert
+    shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . shared.gate) (Qwen2-MoE)
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORINGS:
@@ -123,6 +127,8 @@ class MixtureOfExperts:
                                   f"of {self.num_experts // self.num_groups}")
         if self.expert_intermediate_size < 1 or self.shared_intermediate_size < 0:
             raise CheckpointError("expert widths must be positive")
+        if self.shared_gate and not self.shared_intermediate_size:
+            raise CheckpointError("shared_gate needs a shared expert (shared_intermediate_size > 0)")
 
 
 @dataclass(frozen=True)
@@ -418,6 +424,8 @@ def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     if shared:
         slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
                   _slot(prefix + "shared.down.weight", arch, hidden, shared)]
+    if moe.shared_gate:
+        slots.append(_slot(prefix + "shared.gate", arch, 1, hidden))
     return slots
 
 

@@ -233,7 +233,10 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
         w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
     if moe.shared_intermediate_size:
         shared = gated_activation(arch, F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
-        out = out + F.linear(shared, w[prefix + "shared.down.weight"])
+        shared = F.linear(shared, w[prefix + "shared.down.weight"])
+        if moe.shared_gate:  # Qwen2-MoE: per token, sigmoid of the whole input (each rank: the same scalar)
+            shared = shared * torch.sigmoid(F.linear(hidden, w[prefix + "shared.gate"]))
+        out = out + shared
     return Partial(out) if arch.tensor_parallel > 1 else out
 
 

@@ -12,7 +12,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``experts.gate_up`` / ``experts.gate_up_bias``, ``shared.gate_up.weight`` | per expert its gate rows, then its up rows |
 | ``experts.down``, ``shared.down.weight`` | per expert the input columns of its rows |
 | ``experts.down_bias`` | rank 0 whole, other ranks zeros (the sum over ranks adds it once) |
-| ``router.*`` | whole (every rank routes every token alike) |
+| ``router.*``, ``shared.gate`` (Qwen2-MoE's shared-expert gate [1, H]) | whole (every rank routes and gates every token alike) |
 | Mamba2 ``mixer.in_proj`` / ``mixer.conv`` | its heads' z, x, dt rows; its groups' B, C rows (one group: whole) |
 | ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: their channels) |
 | ``mixer.out.weight`` (row-parallel) | the input columns of its heads; ``mixer.out.bias`` whole |
@@ -160,6 +160,8 @@ class _Cutter:
     def experts(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         """Each expert's (or the shared expert's) share of its intermediate width."""
         full, shard = self.full.moe, self.shard.moe
+        if key == "shared.gate":  # reads the whole input, scales each rank's share alike
+            return tensor.clone()
         if key.startswith("shared."):
             full_width, width = full.shared_intermediate_size, shard.shared_intermediate_size
             if key == "shared.gate_up.weight":

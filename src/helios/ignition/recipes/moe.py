@@ -1,7 +1,12 @@
 """Recipe for mixture-of-experts decoders with Llama-family attention.
 
 Covers Qwen3MoeForCausalLM (softmax top-k, ``norm_topk_prob``, dense ``mlp_only_layers`` and
-``decoder_sparse_step``), MixtralForCausalLM (softmax top-k, always normalised; sliding window on
+``decoder_sparse_step``), Qwen2MoeForCausalLM (Qwen1.5-MoE, Qwen2-57B-A14B: Qwen3-MoE's routing and
+dense layers without q/k norms, q/k/v biases by ``qkv_bias``, a shared expert of width
+``shared_expert_intermediate_size`` whose output each token scales by sigmoid(``shared_expert_gate``)
+of its input: `MixtureOfExperts.shared_gate`; sliding layers as Qwen2MoeConfig derives them: with
+``use_sliding_window`` every other layer below ``max_window_layers`` unless ``layer_types`` says),
+MixtralForCausalLM (softmax top-k, always normalised; sliding window on
 every layer when set) and Glm4MoeForCausalLM (sigmoid scoring with ``e_score_correction_bias``,
 ``n_group`` / ``topk_group`` group-limited top-k, ``norm_topk_prob``, ``routed_scaling_factor``,
 shared experts, the first ``first_k_dense_replace`` layers dense, partial rotary
@@ -30,17 +35,19 @@ from helios.ignition.recipes import llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
-ARCHITECTURES = ("Glm4MoeForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+ARCHITECTURES = ("Glm4MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class ExpertNames(NamedTuple):
-    """Where a family keeps its sparse block: the module prefix and the per-expert projection names."""
+    """Where a family keeps its sparse block: the module prefix, the per-expert projection names and
+    the shared expert's module (under the block)."""
 
     block: str
     gate: str
     up: str
     down: str
+    shared: str = "shared_experts."
 
 
 # The families whose reference honours partial_rotary_factor (the others' rotate whole heads).
@@ -48,12 +55,15 @@ _PARTIAL_ROTARY = ("Glm4MoeForCausalLM",)
 
 _NAMES = {
     "Qwen3MoeForCausalLM": ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj"),
+    "Qwen2MoeForCausalLM": ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj", "shared_expert."),
     "MixtralForCausalLM": ExpertNames("block_sparse_moe.", "w1", "w3", "w2"),
     "Glm4MoeForCausalLM": ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj"),
 }
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    if source == "Qwen2MoeForCausalLM":
+        config = qwen2_moe_resolved(config, tensors)
     base = llama.architecture_from_config(source, config, tensors, dtype)
     moe = mixture_from_config(source, config, base.num_layers)
     dense = len(moe.sparse_layers) < base.num_layers
@@ -85,14 +95,20 @@ def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int)
     if source == "MixtralForCausalLM":
         return MixtureOfExperts(int(config["num_local_experts"]), top_k, int(config["intermediate_size"]),
                                 tuple(range(num_layers)), normalize=True)
-    if source == "Qwen3MoeForCausalLM":
+    if source in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
         step, dense = int(config.get("decoder_sparse_step", 1)), set(config.get("mlp_only_layers") or ())
         sparse = tuple(i for i in range(num_layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
         if not sparse:
-            raise UnsupportedCheckpoint("a Qwen3-MoE checkpoint without sparse layers is a Qwen3 checkpoint")
+            raise UnsupportedCheckpoint(f"a {source} checkpoint without sparse layers (num_experts, mlp_only_layers, "
+                                        f"decoder_sparse_step) is a dense checkpoint")
+        shared = int(config["shared_expert_intermediate_size"]) if source == "Qwen2MoeForCausalLM" else 0
+        if source == "Qwen2MoeForCausalLM" and shared < 1:
+            raise UnsupportedCheckpoint(f"shared_expert_intermediate_size {shared} is not supported (a positive "
+                                        f"width: the Qwen2-MoE block always adds its gated shared expert)")
         return MixtureOfExperts(experts, top_k, int(config["moe_intermediate_size"]), sparse,
-                                normalize=bool(config.get("norm_topk_prob", False)))
+                                normalize=bool(config.get("norm_topk_prob", False)),
+                                shared_intermediate_size=shared, shared_gate=shared > 0)
     first_sparse = int(config.get("first_k_dense_replace", 0))
     ffn = int(config["moe_intermediate_size"])
     experts, groups = int(config.get("n_routed_experts") or config["num_local_experts"]), int(config.get("n_group") or 1)
@@ -108,6 +124,28 @@ def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int)
         topk_groups=int(config.get("topk_group") or 1), normalize=bool(config.get("norm_topk_prob", True)),
         scale=float(config.get("routed_scaling_factor", 1.0)), correction_bias=True,
         shared_intermediate_size=ffn * int(config.get("n_shared_experts") or 0))
+
+
+def qwen2_moe_resolved(config: Mapping[str, Any], tensors: CheckpointTensors) -> dict[str, Any]:
+    """`config` with the layer kinds Qwen2MoeConfig derives where ``layer_types`` is missing (with
+    ``use_sliding_window``: layers i < ``max_window_layers`` with i + 1 odd slide, the others are full);
+    refused where the reference's model is not the one its tensors and keys describe: sliding layers
+    without ``use_sliding_window`` (the config class sets the window to 0, with which the reference's
+    sliding mask does not fit its attention: transformers 5.25 raises) or q/k/v bias tensors that ``qkv_bias`` does not declare (or declares and lacks)."""
+    sliding, kinds = bool(config.get("use_sliding_window")), config.get("layer_types")
+    num_layers = int(config["num_hidden_layers"])
+    if kinds is None:
+        first = int(config.get("max_window_layers") or 0)
+        kinds = ["sliding_attention" if sliding and (i + 1) % 2 and i < first else "full_attention"
+                 for i in range(num_layers)]
+    elif not sliding and "sliding_attention" in kinds:
+        raise UnsupportedCheckpoint("layer_types has sliding_attention layers but use_sliding_window is false "
+                                    "(the reference's window is then 0, and its sliding mask does not fit)")
+    declared, held = bool(config.get("qkv_bias", True)), "model.layers.0.self_attn.q_proj.bias" in tensors
+    if declared != held:
+        raise UnsupportedCheckpoint(f"config.json: qkv_bias {declared} but the checkpoint "
+                                    f"{'lacks' if declared else 'holds'} q/k/v bias tensors")
+    return {**config, "layer_types": kinds}
 
 
 def rotary_order(head_dim: int, rotary: int) -> torch.Tensor:
@@ -159,10 +197,12 @@ def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
         down = fused(take, [p + names.down + ".weight" for p in experts], stack=True)
     out += [NamedWeight(dst + "experts.gate_up", gate_up.contiguous()), NamedWeight(dst + "experts.down", down.contiguous())]
     if moe.shared_intermediate_size:
-        shared = block + "shared_experts."
+        shared = block + names.shared
         out += [NamedWeight(dst + "shared.gate_up.weight",
                             fused(take, [shared + "gate_proj.weight", shared + "up_proj.weight"])),
                 NamedWeight(dst + "shared.down.weight", take(shared + "down_proj.weight"))]
+    if moe.shared_gate:
+        out.append(NamedWeight(dst + "shared.gate", take(block + "shared_expert_gate.weight")))
     return out
 
 
