@@ -7,4 +7,4 @@ present), so loading a program that uses them can validate their schemas.
 from helios.abi import attention, attention_sinks, collectives, completion, grammar, latent_attention, moe  # noqa: F401  (registers ops)
 from helios.abi import fused, recurrent, rng, sampling, speculative, token_logprobs, tuning  # noqa: F401  (registers ops)
 from helios.abi import delta_rule, fresh_attention, reduce_norm, rotary_attention  # noqa: F401  (registers ops)
-from helios.abi import vocab_shards  # noqa: F401  (registers ops)
+from helios.abi import layer_norm, vocab_shards  # noqa: F401  (registers ops)
