@@ -58,6 +58,19 @@ as it is (``sandwich_norms`` is then required: the output norms are the layer's 
 ``layers.i.k_norm`` [Hkv D] instead of [D] (under tensor parallelism each rank holds its heads'
 entries and the mean square is summed over the ranks).
 
+Cohere's and StarCoder2's dataflow: with ``layer_norm`` every norm (the layers', the final one and
+the q/k norms) is a mean-subtracted LayerNorm (``helios::layer_norm``) of epsilon ``rms_norm_eps``,
+not an RMSNorm; with ``norm_bias`` too each norm slot ``X`` is followed by its bias ``X_bias`` [H]
+(``layers.i.input_norm_bias``, ``layers.i.post_norm_bias``, ``final_norm_bias``). With
+``parallel_block`` a layer has no ``post_norm``: its attention and its MLP both read the
+``input_norm`` output and their sum is added to the residual stream at once (under tensor
+parallelism both partial outputs are summed by one all-reduce where neither has a bias). With
+``qk_norm_heads`` each head has its own q/k norm weights, ``layers.i.q_norm`` [Hq D] and
+``layers.i.k_norm`` [Hkv D] (head-major), each head normed over its own D (Cohere's
+``use_qk_norm``; under tensor parallelism each rank holds its heads' rows). Without ``gated_mlp``
+the MLP is ``down(act(up(x)))``: ``layers.i.up.weight`` [F, H] and optional ``layers.i.up.bias``
+[F] replace the ``gate_up`` slots (``mlp_activation`` "gelu_tanh": the tanh-approximated GELU).
+
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
 vocabulary stays whole, and ``embed`` / ``lm_head`` hold the rank's ``vocab_rows`` = ceil(V / N)
@@ -199,6 +212,12 @@ class Architecture:
     # OLMo 2's dataflow (see the module docstring); the defaults are every other family's.
     pre_norms: bool = True  # a norm before each attention and MLP block (False: their inputs un-normed)
     qk_norm_whole: bool = False  # the q/k norms span the whole q / k projections, not each head
+    # Cohere's and StarCoder2's dataflow (see the module docstring); the defaults are every other family's.
+    layer_norm: bool = False  # every norm is a mean-subtracted LayerNorm (helios::layer_norm), not an RMSNorm
+    norm_bias: bool = False  # the LayerNorms add a bias (a ``<norm>_bias`` slot after each norm weight)
+    parallel_block: bool = False  # attention and MLP both read input_norm's output; no post_norm
+    qk_norm_heads: bool = False  # q/k norm weights per head: [Hq D] / [Hkv D], each head normed over its D
+    gated_mlp: bool = True  # False: down(act(up(x))) with an ``up`` projection instead of ``gate_up``
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -262,6 +281,22 @@ class Architecture:
             raise CheckpointError("pre_norms False needs sandwich_norms (the layers would have no norm)")
         if self.qk_norm_whole and (not self.qk_norm or self.qk_norm_after_rotary or self.latent is not None):
             raise CheckpointError("qk_norm_whole needs q/k norms before the rotation of plain attention layers")
+        self._check_layer_norms()
+
+    def _check_layer_norms(self) -> None:
+        """Cohere's and StarCoder2's switches: only the dataflow the programs implement with them."""
+        if self.layer_norm and (self.recurrent is not None or self.latent is not None or self.sandwich_norms
+                                or not self.pre_norms or self.qk_norm_whole or self.qk_norm_after_rotary):
+            raise CheckpointError("layer_norm needs pre-norm plain attention layers without sandwich norms or "
+                                  "whole / after-rotary q/k norms")
+        if self.norm_bias and not self.layer_norm:
+            raise CheckpointError("norm_bias needs layer_norm (RMS norms have no bias)")
+        if self.qk_norm_heads and not (self.qk_norm and self.layer_norm):
+            raise CheckpointError("qk_norm_heads needs q/k norms that are layer norms")
+        if self.parallel_block and (not self.pre_norms or self.sandwich_norms or self.recurrent is not None):
+            raise CheckpointError("parallel_block needs pre-norm layers without sandwich norms or recurrent mixers")
+        if not self.gated_mlp and (self.moe is not None or self.recurrent is not None):
+            raise CheckpointError("gated_mlp False: the non-gated MLP is for dense attention decoders only")
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -330,7 +365,7 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
         slots += _mixer_layer_slots(arch, prefix) if layer in mixers else _layer_slots(arch, prefix)
-    slots.append(_slot("final_norm", arch, arch.hidden_size))
+    slots += _norm_slots(arch, "final_norm")
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
     slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
@@ -341,14 +376,20 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     return tuple(slots)
 
 
+def _norm_slots(arch: Architecture, name: str) -> list[WeightSlot]:
+    """A norm's weight [H], and its bias [H] under ``norm_bias``."""
+    return [_slot(name, arch, arch.hidden_size)] + ([_slot(name + "_bias", arch, arch.hidden_size)]
+                                                    if arch.norm_bias else [])
+
+
 def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden = arch.hidden_size
-    slots = [_slot(prefix + "input_norm", arch, hidden)] if arch.pre_norms else []
+    slots = _norm_slots(arch, prefix + "input_norm") if arch.pre_norms else []
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
     if arch.sandwich_norms:
         slots.append(_slot(prefix + "attn_out_norm", arch, hidden))
-    if arch.pre_norms:
-        slots.append(_slot(prefix + "post_norm", arch, hidden))
+    if arch.pre_norms and not arch.parallel_block:
+        slots += _norm_slots(arch, prefix + "post_norm")
     layer = int(prefix.split(".")[1])
     slots += _moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix)
     return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if arch.sandwich_norms else [])
@@ -378,7 +419,8 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
     if arch.qk_norm:
-        q_width, k_width = (arch.q_size, arch.kv_size) if arch.qk_norm_whole else (arch.head_dim, arch.head_dim)
+        whole = arch.qk_norm_whole or arch.qk_norm_heads
+        q_width, k_width = (arch.q_size, arch.kv_size) if whole else (arch.head_dim, arch.head_dim)
         slots += [_slot(prefix + "q_norm", arch, q_width), _slot(prefix + "k_norm", arch, k_width)]
     slots.append(_slot(prefix + "o.weight", arch, hidden, arch.q_size))
     if arch.o_bias:
@@ -390,9 +432,10 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
 
 def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     hidden, ff = arch.hidden_size, arch.intermediate_size
-    slots = [_slot(prefix + "gate_up.weight", arch, 2 * ff, hidden)]
+    first, rows = ("gate_up", 2 * ff) if arch.gated_mlp else ("up", ff)
+    slots = [_slot(prefix + first + ".weight", arch, rows, hidden)]
     if arch.mlp_bias:
-        slots.append(_slot(prefix + "gate_up.bias", arch, 2 * ff))
+        slots.append(_slot(prefix + first + ".bias", arch, rows))
     slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
     if arch.mlp_bias:
         slots.append(_slot(prefix + "down.bias", arch, hidden))

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
+import helios.abi.layer_norm  # noqa: F401  (registers helios::layer_norm)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.abi.fused import apply_rotary
+from helios.abi.layer_norm import reference_layer_norm
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import (
     Partial, embed_tokens, partial_sum, residual_norm, row_parallel_linear, row_parallel_output, summed, vocab_logits,
@@ -65,6 +67,25 @@ def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face RMSNorm over the last dimension (one fused ABI op; see `helios.abi.fused`)."""
     return torch.ops.helios.rms_norm(x, weight, eps)
+
+
+def block_norm(arch: Architecture, w: Mapping[str, torch.Tensor], x: torch.Tensor, slot: str) -> torch.Tensor:
+    """`x` normed by the `slot` norm: RMSNorm, or under ``arch.layer_norm`` ``helios::layer_norm``
+    (with the ``<slot>_bias`` bias under ``arch.norm_bias``)."""
+    if arch.layer_norm:
+        return torch.ops.helios.layer_norm(x, w[slot], w.get(slot + "_bias"), arch.rms_norm_eps)
+    return rms_norm(x, w[slot], arch.rms_norm_eps)
+
+
+def head_norm(arch: Architecture, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """q or k [T, heads, D] normed per head by its q/k norm: RMSNorm of one weight [D], or under
+    ``arch.layer_norm`` a LayerNorm, whose weights under ``arch.qk_norm_heads`` are one row per head
+    ([heads * D], Cohere's; the op takes one [D] row, so those are its arithmetic in torch ops)."""
+    if not arch.layer_norm:
+        return rms_norm(x, weight, arch.rms_norm_eps)
+    if arch.qk_norm_heads:
+        return reference_layer_norm(x, weight.reshape(x.shape[1], x.shape[2]), None, arch.rms_norm_eps)
+    return torch.ops.helios.layer_norm(x, weight, None, arch.rms_norm_eps)
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, factor: float = 1.0):
@@ -141,8 +162,7 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
     v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
     if arch.qk_norm and not (arch.qk_norm_after_rotary or arch.qk_norm_whole):
-        q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
-        k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
+        q, k = head_norm(arch, q, w[prefix + "q_norm"]), head_norm(arch, k, w[prefix + "k_norm"])
     step = shared.step
     k_plane, v_plane, table, slots = layer_storage(arch, layer, shared.k_cache, shared.v_cache, step, step.window)
     cos, sin = layer_tables(arch, layer, shared)
@@ -198,6 +218,10 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     if arch.is_sparse(int(prefix.split(".")[1])):
         out = moe_block(arch, w, prefix, hidden)
         return out if partial else summed(arch, out)
+    if not arch.gated_mlp:  # StarCoder2: down(act(up(x)))
+        up = F.linear(hidden, w[prefix + "up.weight"], w.get(prefix + "up.bias"))
+        out = row_parallel_output if partial else row_parallel_linear
+        return out(arch, plain_activation(arch, up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     out = row_parallel_output if partial else row_parallel_linear
     return out(arch, gated_activation(arch, gate_up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
@@ -208,6 +232,22 @@ def gated_activation(arch: Architecture, gate_up: torch.Tensor) -> torch.Tensor:
     if arch.mlp_activation == "gelu_tanh":
         return torch.ops.helios.gelu_tanh_mul(gate_up)
     return torch.ops.helios.silu_mul(gate_up)
+
+
+def plain_activation(arch: Architecture, x: torch.Tensor) -> torch.Tensor:
+    """The non-gated MLP's activation (``arch.gated_mlp`` False): SiLU or the tanh-approximated GELU."""
+    if arch.mlp_activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    return F.silu(x)
+
+
+def parallel_sum(arch: Architecture, attended, mixed):
+    """A parallel block's attention and MLP outputs as one residual delta (``arch.parallel_block``):
+    under tensor parallelism two unsummed `Partial` outputs are added on the rank, so one all-reduce
+    sums both; an output that came summed (a biased projection's) makes the sum of the summed."""
+    if isinstance(attended, Partial) and isinstance(mixed, Partial):
+        return Partial(attended.value + mixed.value)
+    return summed(arch, attended) + summed(arch, mixed)
 
 
 def sandwiched(arch: Architecture, w: Mapping[str, torch.Tensor], slot: str, delta):
@@ -251,17 +291,21 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
     if step.embedding_add is not None:
         hidden = hidden + step.embedding_add.to(hidden.dtype)
     shared = layer_inputs(arch, w, step, k_cache, v_cache, hidden.dtype)
-    normed = rms_norm(hidden, w["layers.0.input_norm"], arch.rms_norm_eps) if arch.pre_norms else hidden
+    normed = block_norm(arch, w, hidden, "layers.0.input_norm") if arch.pre_norms else hidden
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
         kept = rows if layer == arch.num_layers - 1 else None
+        next_norm = f"layers.{layer + 1}.input_norm" if layer + 1 < arch.num_layers else "final_norm"
         # The residual add and the next norm, one fused op (with the sum over ranks of a Partial).
         attended = attention_block(arch, w, layer, normed, shared, partial=True, rows=kept)
         if kept is not None:
             hidden = hidden[kept]
+        if arch.parallel_block:  # Cohere: the MLP reads the attention's input; both added at once
+            mixed = mlp_block(arch, w, prefix, normed if kept is None else normed[kept], partial=True)
+            hidden, normed = residual_update(arch, w, hidden, parallel_sum(arch, attended, mixed), next_norm)
+            continue
         attended = sandwiched(arch, w, prefix + "attn_out_norm", attended)
         hidden, normed = residual_update(arch, w, hidden, attended, prefix + "post_norm")
-        next_norm = f"layers.{layer + 1}.input_norm" if layer + 1 < arch.num_layers else "final_norm"
         mixed = sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed, partial=True))
         hidden, normed = residual_update(arch, w, hidden, mixed, next_norm)
     return normed
@@ -269,7 +313,11 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
 
 def residual_update(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor, delta, slot: str):
     """(hidden + delta, the next block's input): the sum normed by the `slot` norm (`residual_norm`,
-    one fused op), or without ``pre_norms`` (OLMo 2) the sum itself, only the final norm applied."""
+    one fused op), or without ``pre_norms`` (OLMo 2) the sum itself, only the final norm applied.
+    Under ``layer_norm`` the sum (over ranks too) is added, then normed by ``helios::layer_norm``."""
+    if arch.layer_norm:
+        hidden = hidden + summed(arch, delta)
+        return hidden, block_norm(arch, w, hidden, slot)
     if arch.pre_norms or slot == "final_norm":
         return residual_norm(arch, hidden, delta, w[slot], arch.rms_norm_eps)
     hidden = hidden + summed(arch, delta)

@@ -23,7 +23,9 @@ from helios.ignition.decoder import (
     PackedStep,
     apply_rotary,
     attention_block,
+    block_norm,
     decoder_hidden,
+    head_norm,
     layer_inputs,
     layer_tables,
     lm_logits,
@@ -78,6 +80,9 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
     for layer in range(last):
         prefix = f"layers.{layer}."
         normed = _block_input(arch, w, hidden, prefix + "input_norm")
+        if arch.parallel_block:  # Cohere: attention and MLP read the same normed input
+            hidden = hidden + attention_block(arch, w, layer, normed, shared) + mlp_block(arch, w, prefix, normed)
+            continue
         hidden = hidden + sandwiched(arch, w, prefix + "attn_out_norm", attention_block(arch, w, layer, normed, shared))
         normed = _block_input(arch, w, hidden, prefix + "post_norm")
         hidden = hidden + sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed))
@@ -98,7 +103,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         k = rms_norm(apply_rotary(k, cos, sin), w[prefix + "k_norm"], arch.rms_norm_eps)
     else:
         if arch.qk_norm and not arch.qk_norm_whole:
-            k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
+            k = head_norm(arch, k, w[prefix + "k_norm"])
         k = apply_rotary(k, cos, sin)
     torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
                                  step.slot_mapping)
@@ -106,7 +111,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
 
 def _block_input(arch: Architecture, w, hidden: torch.Tensor, slot: str) -> torch.Tensor:
     """A block's input: the residual stream normed by `slot`, or as it is without ``pre_norms``."""
-    return rms_norm(hidden, w[slot], arch.rms_norm_eps) if arch.pre_norms else hidden
+    return block_norm(arch, w, hidden, slot) if arch.pre_norms else hidden
 
 
 def one_token_step(tokens, positions, table_rows, writable, page_tokens: int) -> PackedStep:

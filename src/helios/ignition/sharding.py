@@ -17,7 +17,8 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``mixer.dt_bias`` / ``mixer.A`` / ``mixer.D`` / ``mixer.norm`` | its heads' entries (the norm: their channels) |
 | ``mixer.out.weight`` (row-parallel) | the input columns of its heads; ``mixer.out.bias`` whole |
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
-| ``q_norm`` / ``k_norm`` spanning whole projections (``qk_norm_whole``) | its q / k heads' entries |
+| ``q_norm`` / ``k_norm`` spanning whole projections (``qk_norm_whole``) or per head (``qk_norm_heads``) | its q / k heads' entries |
+| ``up.weight`` / ``up.bias`` (a non-gated MLP, column-parallel) | its MLP rows |
 | ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
 | ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
@@ -139,7 +140,9 @@ class _Cutter:
             return self.rows(tensor, tensor.shape[0] // self.shard.tensor_parallel).clone()
         if key == "sinks":
             return self.rows(tensor, self.shard.num_heads).contiguous()
-        if key in ("q_norm", "k_norm") and self.full.qk_norm_whole:  # one entry per q or k projection row
+        if key in ("up.weight", "up.bias"):  # a non-gated MLP's rows
+            return self.rows(tensor, self.shard.intermediate_size).contiguous()
+        if key in ("q_norm", "k_norm") and (self.full.qk_norm_whole or self.full.qk_norm_heads):  # per q/k row
             return self.rows(tensor, self.shard.q_size if key == "q_norm" else self.shard.kv_size).clone()
         if key == "down.weight":
             return self.columns(tensor, self.shard.intermediate_size)
