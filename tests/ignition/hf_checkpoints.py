@@ -188,6 +188,20 @@ OLMO3 = Family("olmo3", transformers.Olmo3Config, (
                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}), *PHI3_IDS,
 ))
 OLMO_FAMILIES = (OLMO2, OLMO3)
+# Cohere (tests/ignition/test_cohere_recipe.py): LayerNorms, the parallel block, interleaved rotary over whole heads
+# (theta 100 turns every pair within the prompts), per-head q/k LayerNorms, q/k/v/o biases, logit_scale 0.25 and
+# tied embeddings as released; Cohere2 sliding, full, sliding layers over a window of 5 (its full layer rotates
+# nothing), logit_scale 0.5, untied.
+COHERE = Family("cohere", transformers.CohereConfig, (
+    ("use_qk_norm", True), ("attention_bias", True), ("logit_scale", 0.25), ("layer_norm_eps", 1e-4),
+    ("tie_word_embeddings", True), ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
+))
+COHERE2 = Family("cohere2", transformers.Cohere2Config, (
+    ("num_hidden_layers", 3), ("sliding_window", 5), ("logit_scale", 0.5), ("tie_word_embeddings", False),
+    ("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
+))
+COHERE_FAMILIES = (COHERE, COHERE2)
 # Qwen2-MoE (tests/ignition/test_qwen2_moe_recipe.py): sparse, dense, sparse layers (mlp_only_layers), 6 experts,
 # top-2 unnormalised, a gated shared expert, q/k/v biases; the first layer slides over 5 positions (use_sliding_window
 # below max_window_layers 2: Qwen2MoeConfig's every other layer), untied.

@@ -8,8 +8,8 @@ architecture no recipe supports raises `UnsupportedCheckpoint` naming the suppor
 Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`ernie4_5`), Granite
 (`granite`), Hunyuan dense (`hunyuan`), Qwen3-MoE, Mixtral, GLM-4.5 (`moe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
-(`smollm3`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and OLMo 3 (`olmo`) and the Qwen
-vision-language decoders (`qwen_vl`).
+(`smollm3`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and OLMo 3 (`olmo`), Cohere
+Command R and Cohere2 (`cohere`) and the Qwen vision-language decoders (`qwen_vl`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import (bamba, deepseek, ernie4_5, gemma3, glm4, gpt_oss, granite, hunyuan, llama, moe,
-                                     olmo, phi3, qwen_vl, smollm3)
+                                     cohere, olmo, phi3, qwen_vl, smollm3)
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -36,7 +36,7 @@ def _vision_language(source, config, tensors, dtype) -> Recipe:
 
 _REGISTRY: dict[str, RecipeBuilder] = {
     name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss, smollm3, gemma3, ernie4_5, granite,
-                                      hunyuan, glm4, olmo)
+                                      hunyuan, glm4, olmo, cohere)
     for name in family.ARCHITECTURES
 }
 _REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})

@@ -53,6 +53,10 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                           "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
                           "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
                           "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
+    "CohereForCausalLM": {"rope_theta": 500_000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+                          "tie_word_embeddings": True, "max_position_embeddings": 8192},
+    "Cohere2ForCausalLM": {"rope_theta": 10_000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+                           "tie_word_embeddings": True, "max_position_embeddings": 8192, "sliding_window": 4096},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
 
