@@ -104,7 +104,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Qwen2_5_VLForConditionalGeneration",
                                             "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM",
                                             "SmolLM3ForCausalLM", "Gemma3ForCausalLM", "SeedOssForCausalLM",
-                                            "Ernie4_5ForCausalLM", "GraniteForCausalLM",
+                                            "Ernie4_5ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
+                                            "Cohere2ForCausalLM",
                                             "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
                                             "Olmo3ForCausalLM"}
 
