@@ -43,8 +43,9 @@ def compile_gemv(dtype: str) -> None:
                             out="*fp32"), dict(HAS_BIAS=bias, BLOCK_N=32, BLOCK_K=128), num_warps=4)
 
 
-ROUTES = [  # (scoring, experts, top_k, groups, kept groups, bias): Qwen3-MoE, GLM-4.5, DeepSeek-V3, gpt-oss
+ROUTES = [  # (scoring, experts, top_k, groups, kept groups, bias): Qwen3-MoE, GLM-4.5, DeepSeek-V3, gpt-oss,
     (0, 128, 8, 1, 1, False), (2, 160, 8, 1, 1, True), (2, 256, 8, 8, 4, True), (1, 32, 4, 1, 1, False),
+    (0, 160, 6, 8, 3, False),  # DeepSeek-V2 (softmax groups)
 ]
 
 

@@ -58,6 +58,38 @@ def test_grouped_sigmoid_routing_equals_the_glm4_moe_router(groups, kept, normal
     torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("method,groups,kept,scale", [("greedy", 1, 1, 1.0), ("group_limited_greedy", 4, 2, 16.0),
+                                                      ("group_limited_greedy", 8, 3, 1.0)])
+def test_softmax_routing_equals_the_deepseek_v2_router(method, groups, kept, scale):
+    """DeepSeek-V2: softmax over every expert, groups scored by their best expert (not two), the
+    weights the softmax probabilities themselves (never renormalised) times the scale."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    config = _hf_config("DeepseekV2Config", num_attention_heads=4, n_routed_experts=16, num_experts_per_tok=3,
+                        n_group=groups, topk_group=kept, topk_method=method, routed_scaling_factor=scale)
+    router = DeepseekV2TopkRouter(config)
+    torch.nn.init.normal_(router.weight)
+    hidden = torch.randn(13, 16)
+    _, expected_weights, expected_ids = router(hidden)
+    weights, ids = OPS.moe_route(hidden @ router.weight.T, None, "softmax", 3, groups, kept, False, scale)
+    weights, ids = _sorted(weights, ids)
+    expected_weights, expected_ids = _sorted(expected_weights, expected_ids)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
+
+
+def test_softmax_groups_score_their_best_expert_not_their_best_two():
+    """Group 0 holds the best expert, group 1 the best pair: softmax keeps group 0, sigmoid group 1."""
+    logits = torch.tensor([[6.0, -9.0, -9.0, -9.0, 5.0, 5.0, 5.0, -9.0]])
+    _, ids = OPS.moe_route(logits, None, "softmax", 2, 2, 1, False, 1.0)
+    assert set(ids[0].tolist()) <= {0, 1, 2, 3} and 0 in ids[0].tolist()
+    _, ids = OPS.moe_route(logits, None, "sigmoid", 2, 2, 1, False, 1.0)
+    assert set(ids[0].tolist()) <= {4, 5, 6, 7}
+    weights, ids = OPS.moe_route(torch.tensor([[1.0, 0.0, 3.0, 2.0]]), None, "softmax", 1, 4, 1, False, 1.0)
+    assert ids.tolist() == [[2]]  # groups of one expert: each group is its expert
+    assert weights.item() == pytest.approx(torch.softmax(torch.tensor([1.0, 0.0, 3.0, 2.0]), 0)[2].item())
+
+
 def test_group_limit_keeps_experts_of_the_best_groups_only():
     logits = torch.tensor([[5.0, 4.0, -9.0, -9.0, 3.0, 3.0, 3.0, 3.0]])  # group 0 best pair 5+4, group 1: 3+3
     bias = torch.zeros(8)
@@ -114,6 +146,7 @@ ROUTE_ERRORS = [
     (dict(num_groups=3), "3 groups"),
     (dict(num_groups=2, topk_groups=3), "3 kept"),
     (dict(scoring="softmax", correction_bias=torch.zeros(8)), "no correction bias"),
+    (dict(scoring="topk_softmax", num_groups=2), "takes one group"),
     (dict(correction_bias=torch.zeros(7)), "correction_bias must be torch.float32 \\[8\\]"),
     (dict(num_groups=8, topk_groups=1), "at least two experts"),
     (dict(num_groups=4, topk_groups=1, top_k=3), "exceeds the experts of 1 groups"),

@@ -31,7 +31,7 @@ def check(op: str, make, compare) -> None:
 
 
 ROUTES = [("softmax", 1, 1, True, 1.0, False), ("sigmoid", 8, 4, True, 2.5, True), ("sigmoid", 1, 1, False, 1.0, True),
-          ("topk_softmax", 1, 1, False, 1.0, False)]
+          ("topk_softmax", 1, 1, False, 1.0, False), ("softmax", 8, 3, False, 16.0, False)]  # the last: DeepSeek-V2
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 300])

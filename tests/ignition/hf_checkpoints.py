@@ -67,6 +67,35 @@ DEEPSEEK = Family("deepseek", transformers.DeepseekV3Config, (
     ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("n_group", 4), ("topk_group", 2),
     ("moe_intermediate_size", 32), ("n_shared_experts", 1), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
 ))
+# DeepSeek-V2 (tests/ignition/test_deepseek_v2_recipe.py): one dense then two sparse layers; 8 routed experts
+# in 4 groups scored by their best expert (2 kept), top-3, softmax weights scaled by 2.5 and never
+# renormalised, two shared experts; queries through the low-rank pair; YaRN with DeepSeek's mscale; the
+# rotary rows interleaved (V2 always is).
+DEEPSEEK_V2 = Family("deepseek_v2", transformers.DeepseekV2Config, (
+    ("num_hidden_layers", 3), ("num_key_value_heads", 4), ("q_lora_rank", 24), ("kv_lora_rank", 32),
+    ("qk_rope_head_dim", 16), ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("first_k_dense_replace", 1),
+    ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("topk_method", "group_limited_greedy"), ("n_group", 4),
+    ("topk_group", 2), ("moe_intermediate_size", 32), ("n_shared_experts", 2), ("routed_scaling_factor", 2.5),
+    ("rope_parameters", _YARN), ("tie_word_embeddings", False),
+))
+# DeepSeek-V2-Lite's shape: queries projected directly (q_lora_rank None), greedy top-2 of 6 experts, one
+# dense layer, the default rope (a small theta: every pair turns within the prompts).
+DEEPSEEK_V2_LITE = Family("deepseek_v2_lite", transformers.DeepseekV2Config, (
+    ("num_key_value_heads", 4), ("q_lora_rank", None), ("kv_lora_rank", 32), ("qk_rope_head_dim", 16),
+    ("qk_nope_head_dim", 16), ("v_head_dim", 16), ("first_k_dense_replace", 1), ("n_routed_experts", 6),
+    ("num_experts_per_tok", 2), ("topk_method", "greedy"), ("moe_intermediate_size", 32), ("n_shared_experts", 1),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), ("tie_word_embeddings", False),
+))
+# GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's dataflow with sparse layers by mlp_layer_types (here
+# sparse, dense, sparse), sigmoid routing with the correction bias in 2 groups, a shared expert.
+GLM4_MOE_LITE = Family("glm4_moe_lite", transformers.Glm4MoeLiteConfig, (
+    ("num_hidden_layers", 3), ("num_key_value_heads", 4), ("q_lora_rank", 24), ("kv_lora_rank", 32),
+    ("qk_rope_head_dim", 16), ("qk_nope_head_dim", 16), ("v_head_dim", 24),
+    ("mlp_layer_types", ["sparse", "dense", "sparse"]), ("n_routed_experts", 8), ("num_experts_per_tok", 3),
+    ("n_group", 2), ("topk_group", 1), ("moe_intermediate_size", 32), ("n_shared_experts", 1),
+    ("routed_scaling_factor", 1.8), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
+))
+LATENT_FAMILIES = (DEEPSEEK_V2, DEEPSEEK_V2_LITE, GLM4_MOE_LITE)
 # Mixture-of-experts families: several experts, top-k > 1, two layers of each kind a family mixes.
 QWEN3_MOE = Family("qwen3_moe", transformers.Qwen3MoeConfig, (
     ("head_dim", 32), ("num_hidden_layers", 4), ("mlp_only_layers", [0, 2]), ("num_experts", 8),

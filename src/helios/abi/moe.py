@@ -12,9 +12,11 @@ int topk_groups, bool normalize, float scale) -> (Tensor, Tensor)``
     logits: [T, E] router logits (any float dtype; scored in float32). Returns ``(weights, ids)``:
     weights float32 [T, top_k], ids int64 [T, top_k] (the chosen experts, best first).
     scoring:
-      - ``"softmax"`` (Qwen3-MoE, Mixtral): p = softmax(logits); the top_k largest p; with
-        ``normalize`` the weights are divided by their sum. correction_bias must be None and
-        num_groups 1.
+      - ``"softmax"`` (Qwen3-MoE, Mixtral, DeepSeek-V2): p = softmax(logits); the top_k largest p;
+        with ``normalize`` the weights are divided by their sum. correction_bias must be None. With
+        num_groups > 1 (DeepSeek-V2's "group_limited_greedy") the E experts form num_groups equal
+        groups, a group scores its best p, and only the topk_groups best groups stay eligible; the
+        weights stay the p of the softmax over all E experts.
       - ``"topk_softmax"`` (gpt-oss): the top_k largest logits; weights = softmax over those k
         (normalize is ignored: they already sum to 1). correction_bias None, num_groups 1.
       - ``"sigmoid"`` (DeepSeek-V3, GLM-4.5): s = sigmoid(logits); choice = s + correction_bias
@@ -80,9 +82,11 @@ def check_route_args(logits, correction_bias, scoring: str, top_k: int, num_grou
     if num_groups < 1 or num_experts % num_groups or not 1 <= topk_groups <= num_groups:
         raise AbiArgumentError(
             f"{_ROUTE}: {num_groups} groups / {topk_groups} kept do not fit {num_experts} experts")
-    if scoring != "sigmoid" and (correction_bias is not None or num_groups != 1):
-        raise AbiArgumentError(f"{_ROUTE}: {scoring} scoring takes no correction bias and one group")
-    if num_groups > 1 and num_experts // num_groups < 2:
+    if scoring != "sigmoid" and correction_bias is not None:
+        raise AbiArgumentError(f"{_ROUTE}: {scoring} scoring takes no correction bias")
+    if scoring == "topk_softmax" and num_groups != 1:
+        raise AbiArgumentError(f"{_ROUTE}: {scoring} scoring takes one group")
+    if scoring == "sigmoid" and num_groups > 1 and num_experts // num_groups < 2:
         raise AbiArgumentError(f"{_ROUTE}: a group needs at least two experts (it scores its best two)")
     if num_groups > 1 and top_k > topk_groups * (num_experts // num_groups):
         raise AbiArgumentError(f"{_ROUTE}: top_k {top_k} exceeds the experts of {topk_groups} groups")
@@ -99,7 +103,13 @@ def reference_route(logits, correction_bias, scoring: str, top_k: int, num_group
         values, ids = torch.topk(logits, top_k, dim=-1)
         return torch.softmax(values, dim=-1) * scale, ids
     if scoring == "softmax":
-        weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+        scores = torch.softmax(logits, dim=-1)
+        choice = scores
+        if num_groups > 1:  # a group scores its best expert
+            choice = _best_groups(scores, scores.view(scores.shape[0], num_groups, -1).amax(dim=-1), num_groups,
+                                  topk_groups)
+        ids = torch.topk(choice, top_k, dim=-1)[1]
+        weights = scores.gather(1, ids)
         if normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * scale, ids
@@ -107,15 +117,20 @@ def reference_route(logits, correction_bias, scoring: str, top_k: int, num_group
     choice = scores if correction_bias is None else scores + correction_bias
     if num_groups > 1:
         grouped = choice.view(choice.shape[0], num_groups, -1)
-        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-        kept = torch.topk(group_scores, topk_groups, dim=-1)[1]
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        choice = grouped.masked_fill(~group_mask[:, :, None], float("-inf")).view_as(choice)
+        choice = _best_groups(choice, grouped.topk(2, dim=-1)[0].sum(dim=-1), num_groups, topk_groups)
     ids = torch.topk(choice, top_k, dim=-1)[1]
     weights = scores.gather(1, ids)
     if normalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return weights * scale, ids
+
+
+def _best_groups(choice, group_scores, num_groups: int, topk_groups: int) -> torch.Tensor:
+    """`choice` [T, E] with the experts outside the `topk_groups` best-scoring of `num_groups` groups at -inf."""
+    grouped = choice.view(choice.shape[0], num_groups, -1)
+    kept = torch.topk(group_scores, topk_groups, dim=-1)[1]
+    group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+    return grouped.masked_fill(~group_mask[:, :, None], float("-inf")).view_as(choice)
 
 
 @abi_op(_ROUTE, mutates_args=(), schema=MOE_ROUTE_SCHEMA)

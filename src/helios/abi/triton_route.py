@@ -1,7 +1,7 @@
 """Triton kernel of ``helios::moe_route`` (CUDA; CPU under TRITON_INTERPRET=1).
 
 The semantic contract is the docstring of `helios.abi.moe`. One program per token holds the token's
-E scores as a [groups, experts per group] tile (softmax and top-k softmax scoring: one group), so a
+E scores as a [groups, experts per group] tile (top-k softmax scoring: one group), so a
 whole routing decision (scores, group limit, top-k, normalisation, scale) is one launch instead of a
 dozen small ops. Top-k is k rounds of "take the best remaining score"; equal scores pick the lower
 expert id (the reference breaks ties as ``torch.topk`` does; distinct scores agree exactly).
@@ -29,13 +29,17 @@ def _best(values, index):
 
 @triton.jit
 def _keep_best_groups(choice, member, NUM_GROUPS: tl.constexpr, TOPK_GROUPS: tl.constexpr,
-                      BLOCK_G: tl.constexpr):
-    """choice with every expert outside the TOPK_GROUPS groups of the best two-expert sums at -inf."""
+                      BLOCK_G: tl.constexpr, BEST_ONLY: tl.constexpr):
+    """choice with every expert outside the TOPK_GROUPS best groups at -inf: groups scored by their
+    best two experts' sum, or (BEST_ONLY, softmax scoring) by their best expert."""
     first = tl.max(choice, axis=1)
-    first_at = tl.min(tl.where(choice == first[:, None], member, _NO_INDEX), axis=1)
-    second = tl.max(tl.where(member == first_at[:, None], float("-inf"), choice), axis=1)
+    if BEST_ONLY:
+        group_score = first
+    else:
+        first_at = tl.min(tl.where(choice == first[:, None], member, _NO_INDEX), axis=1)
+        group_score = first + tl.max(tl.where(member == first_at[:, None], float("-inf"), choice), axis=1)
     groups = tl.arange(0, BLOCK_G)
-    group_scores = tl.where(groups < NUM_GROUPS, first + second, float("-inf"))
+    group_scores = tl.where(groups < NUM_GROUPS, group_score, float("-inf"))
     kept = groups < 0
     for _ in tl.static_range(TOPK_GROUPS):
         best = tl.max(group_scores, axis=0)
@@ -60,6 +64,8 @@ def _route_kernel(logits, bias, weights_out, ids_out, stride_l, scale, SCORING: 
         exp = tl.exp(x - tl.max(tl.max(x, axis=1), axis=0))
         scores = exp / tl.sum(tl.sum(exp, axis=1), axis=0)
         choice = tl.where(valid, scores, float("-inf"))
+        if NUM_GROUPS > 1:
+            choice = _keep_best_groups(choice, member, NUM_GROUPS, TOPK_GROUPS, BLOCK_G, True)
     elif SCORING == 1:
         scores = x
         choice = x
@@ -70,7 +76,7 @@ def _route_kernel(logits, bias, weights_out, ids_out, stride_l, scale, SCORING: 
             choice = choice + tl.load(bias + expert, mask=valid, other=0.0)
         choice = tl.where(valid, choice, float("-inf"))
         if NUM_GROUPS > 1:
-            choice = _keep_best_groups(choice, member, NUM_GROUPS, TOPK_GROUPS, BLOCK_G)
+            choice = _keep_best_groups(choice, member, NUM_GROUPS, TOPK_GROUPS, BLOCK_G, False)
     slots = tl.arange(0, BLOCK_K)
     picked_ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
     picked = tl.zeros((BLOCK_K,), dtype=tl.float32)

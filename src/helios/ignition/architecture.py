@@ -133,7 +133,8 @@ class MixtureOfExperts:
         if self.num_groups < 1 or self.num_experts % self.num_groups or not 1 <= self.topk_groups <= self.num_groups:
             raise CheckpointError(f"{self.num_experts} experts do not form {self.num_groups} groups "
                                   f"of which {self.topk_groups} are kept")
-        if self.num_groups > 1 and self.num_experts < 2 * self.num_groups:  # helios::moe_route sums a group's top 2
+        if self.scoring == "sigmoid" and self.num_groups > 1 and self.num_experts < 2 * self.num_groups:
+            # helios::moe_route scores a sigmoid group by its best two (a softmax group by its best one)
             raise CheckpointError(f"{self.num_experts} experts in {self.num_groups} groups leave fewer than 2 per group")
         if self.experts_per_token > self.topk_groups * (self.num_experts // self.num_groups):
             raise CheckpointError(f"{self.experts_per_token} experts per token of the {self.topk_groups} kept groups "

@@ -6,7 +6,7 @@ picks the recipe registered for its declared architecture class and returns a `R
 architecture no recipe supports raises `UnsupportedCheckpoint` naming the supported ones.
 
 Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`ernie4_5`), Granite
-(`granite`), Hunyuan dense (`hunyuan`), Qwen3-MoE, Mixtral, GLM-4.5 (`moe`), DeepSeek-V3
+(`granite`), Hunyuan dense (`hunyuan`), Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5 (`moe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
 (`smollm3`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and OLMo 3 (`olmo`), Cohere
 Command R and Cohere2 (`cohere`) and the Qwen vision-language decoders (`qwen_vl`).

@@ -1,4 +1,5 @@
-"""Recipe for DeepSeek-V3 checkpoints (DeepseekV3ForCausalLM): multi-head latent attention.
+"""Recipe for DeepSeek-V3 checkpoints (DeepseekV3ForCausalLM) and GLM-4.7-Flash's
+(Glm4MoeLiteForCausalLM, the same dataflow): multi-head latent attention.
 
 Family knowledge turned into Architecture fields and the prepared weight layout:
 
@@ -16,12 +17,19 @@ Family knowledge turned into Architecture fields and the prepared weight layout:
   ``routed_scaling_factor`` and ``n_shared_experts`` shared experts of ``moe_intermediate_size`` each
   (for none, transformers saves zero-width shared-expert tensors, which are skipped).
 
+GLM-4.7-Flash (Glm4MoeLiteForCausalLM) is DeepSeek-V3's dataflow under GLM's names: its sparse layers
+are those ``mlp_layer_types`` marks "sparse" (by default every layer but the first, as Glm4MoeLiteConfig
+fills it in; its reference never reads ``first_k_dense_replace``, so a config.json whose
+``first_k_dense_replace`` disagrees with the layer types is refused rather than read either way).
+
 A checkpoint tensor this recipe does not place is an error (multi-token-prediction layers past
-``num_hidden_layers`` are not served and are skipped, as transformers skips them).
+``num_hidden_layers`` are not served and are skipped, as transformers skips them). The functions
+`latent_architecture` and `latent_recipe` serve DeepSeek-V2 too (`helios.ignition.recipes.deepseek_v2`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -35,15 +43,27 @@ from helios.ignition.recipes.llama import (_checkpoint_dtype, checked_rope, rope
 from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
 from helios.ignition.recipes.yarn import nonzero_frequencies
 
-ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+ARCHITECTURES = ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
+_LAYER_KINDS = ("dense", "sparse")  # Glm4MoeLiteConfig.mlp_layer_types
 ROPE_TYPES = ("default", "yarn")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _EXPERT_NAMES = ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj")
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    arch = architecture_from_config(source, config, tensors, dtype)
-    weights, used = prepared_weights(arch, config, tensors)
+    if source == "Glm4MoeLiteForCausalLM":
+        check_key_heads(config)
+        arch = latent_architecture(source, config, tensors, dtype, lite_experts(source, config))
+    else:
+        arch = architecture_from_config(source, config, tensors, dtype)
+    return latent_recipe(source, arch, config, tensors, bool(config.get("rope_interleave", True)))
+
+
+def latent_recipe(source: str, arch: Architecture, config: Mapping[str, Any], tensors: CheckpointTensors,
+                  interleaved: bool) -> Recipe:
+    """The recipe of a latent-attention `arch` (rotary rows interleaved in the checkpoint or not);
+    refuses a checkpoint with tensors it does not place."""
+    weights, used = prepared_weights(arch, config, tensors, interleaved)
     unplaced = sorted(name for name in tensors.names - used
                       if not name.endswith(_IGNORED_SUFFIXES) and not _is_extra_layer(name, arch.num_layers)
                       and not is_empty_shared_expert(name, arch, tensors))
@@ -54,10 +74,17 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 
 def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
                              dtype: str | None) -> Architecture:
+    return latent_architecture(source, config, tensors, dtype,
+                               experts(source, config, int(config["num_hidden_layers"])))
+
+
+def latent_architecture(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None,
+                        moe: MixtureOfExperts | None) -> Architecture:
+    """The latent-attention decoder the config declares, with the family's `moe` layers."""
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedCheckpoint(f"hidden_act {config.get('hidden_act')!r} is not supported (only 'silu')")
     if config.get("attention_bias"):
-        raise UnsupportedCheckpoint("DeepSeek-V3 attention_bias is not supported")
+        raise UnsupportedCheckpoint(f"{source} attention_bias is not supported")
     num_layers, num_heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
     rope_dim = int(config["qk_rope_head_dim"])
     params = rope_parameters(config)
@@ -73,8 +100,36 @@ def architecture_from_config(source: str, config: Mapping[str, Any], tensors: Ch
         intermediate_size=int(config["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_heads, head_dim=rope_dim, rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         layer_windows=(0,) * num_layers, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent, moe=experts(source, config, num_layers),
+        dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent, moe=moe,
     )
+
+
+def check_key_heads(config: Mapping[str, Any]) -> None:
+    """The references up-project one key and value head per query head; a config.json declaring
+    fewer key/value heads makes their attention fail (it repeats the heads by the ratio)."""
+    heads, key_heads = config["num_attention_heads"], config.get("num_key_value_heads")
+    if key_heads is not None and key_heads != heads:
+        raise UnsupportedCheckpoint(f"num_key_value_heads {key_heads} must equal num_attention_heads {heads} "
+                                    f"under latent attention")
+
+
+def lite_experts(source: str, config: Mapping[str, Any]) -> MixtureOfExperts | None:
+    """GLM-4.7-Flash's mixture: DeepSeek-V3's routing on the layers ``mlp_layer_types`` marks sparse."""
+    num_layers = int(config["num_hidden_layers"])
+    kinds = config.get("mlp_layer_types")
+    if kinds is None:  # Glm4MoeLiteConfig's default
+        kinds = ["dense"] + ["sparse"] * (num_layers - 1)
+    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(_LAYER_KINDS):
+        raise UnsupportedCheckpoint(f"mlp_layer_types {kinds!r:.120} must list {_LAYER_KINDS} per layer "
+                                    f"({num_layers})")
+    sparse = tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
+    first = config.get("first_k_dense_replace")
+    if first is not None and (sparse != tuple(range(first, num_layers))):
+        raise UnsupportedCheckpoint(f"first_k_dense_replace {first} disagrees with mlp_layer_types (which the "
+                                    f"reference reads)")
+    if not sparse:
+        return None
+    return dataclasses.replace(mixture_from_config(source, config, num_layers), sparse_layers=sparse)
 
 
 def experts(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts | None:
@@ -150,7 +205,7 @@ def _correction_range(params: Mapping[str, Any], dim: int, base: float) -> tuple
     return max(low, 0), min(high, dim - 1)
 
 
-def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
+def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, interleaved: bool):
     """The weights in program layout, and the checkpoint names they were made from."""
     used: set[str] = set()
 
@@ -158,7 +213,6 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
         used.add(name)
         return tensors.get(name).to(arch.torch_dtype)
 
-    interleaved = bool(config.get("rope_interleave", True))
     weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
     for layer in range(arch.num_layers):
         weights += _layer_weights(arch, layer, take, interleaved, tensors)
