@@ -543,9 +543,46 @@ def draw_olmo(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_qwen2_moe(seed: int) -> Variant:
+    """Qwen2-MoE: softmax top-k with or without renormalisation, dense layers by ``mlp_only_layers`` or
+    ``decoder_sparse_step`` (sometimes none sparse: refused), a gated shared expert (rarely of width 0:
+    refused), q/k/v biases or none, sliding layers by ``use_sliding_window`` and ``max_window_layers`` or
+    by ``layer_types`` (sliding kinds without the switch: refused), no ``layer_types`` half the time
+    (Qwen1.5-MoE's config.json), Llama's rope types (rarely partial: refused), rarely another activation."""
+    rng = random.Random(seed)
+    layers = _choice(rng, (2, 3))
+    config = dict(num_hidden_layers=layers, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  num_experts=_choice(rng, (4, 6, 8)), num_experts_per_tok=_choice(rng, (1, 2, 3)),
+                  moe_intermediate_size=_choice(rng, (16, 24)),
+                  shared_expert_intermediate_size=_choice(rng, (16, 32, 32, 32, 0) if rng.random() < 0.2 else (16, 32)),
+                  norm_topk_prob=rng.random() < 0.5, mlp_only_layers=_choice(rng, ([], [], [0], [1])),
+                  decoder_sparse_step=_choice(rng, (1, 1, 2)), qkv_bias=rng.random() < 0.8,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng))
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn"), head_dim)
+    if rng.random() < 0.1:
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    if rng.random() < 0.5:
+        config.update(use_sliding_window=True, sliding_window=_choice(rng, (3, 5, 8)),
+                      max_window_layers=_choice(rng, (0, 1, 2, 28)))
+    legacy = _legacy_rope(rng, rope)
+    if rng.random() < 0.5:  # Qwen1.5-MoE's config.json: the kinds Qwen2MoeConfig derives
+        legacy += (("layer_types", None),)
+    elif rng.random() < 0.2:
+        legacy += (("layer_types", [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]),)
+    return Variant(Family(f"qwen2_moe-{seed}", transformers.Qwen2MoeConfig, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
-         "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo}
+         "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
+         "qwen2_moe": draw_qwen2_moe}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -636,11 +673,12 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 
 _LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
 _GLM_OLMO_SEEDS = range(int(os.environ.get("HELIOS_GLM_OLMO_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
+_MOE_FAMILY_SEEDS = range(int(os.environ.get("HELIOS_MOE_FAMILY_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
-         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS}
+         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS}
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],

@@ -110,6 +110,8 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         config["intermediate_size"] = _cut(rng, ranks, (3, 4, 5) if kind == "gpt_oss" else (5, 6, 9, 12), uneven=0.1)
     if "moe_intermediate_size" in config:
         config["moe_intermediate_size"] = _cut(rng, ranks, (3, 4, 5), uneven=0.1)
+    if config.get("shared_expert_intermediate_size"):  # Qwen2-MoE's gated shared expert
+        config["shared_expert_intermediate_size"] = _cut(rng, ranks, (2, 4, 5), uneven=0.1)
     experts_key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in config), None)
     if experts_key is not None:  # experts are not split: fewer than the ranks, or a count they do not divide
         experts = config[experts_key] = _choice(rng, (2, 3, 4, 6, 8))
@@ -273,6 +275,8 @@ SEEDS = (  # (draw, seed, ranks)
                           # norms, 4 heads on 2 ranks, vocab 97, MIXED programs
     ("olmo", 12, 4),      # OLMo 3: no pre-norms, whole-projection q/k norms over 4 ranks (one head each: the mean
                           # square summed over the ranks), sliding/full layers, the legacy rope layout, biases, tied
+    ("qwen2_moe", 0, 4),  # Qwen2-MoE: the gated shared expert of width 8 on 4 ranks (2 each, the gate whole), a
+                          # dense first layer, expert width 20, 8 heads, no layer_types, linear rope, vocab 97
 )
 
 
