@@ -252,6 +252,17 @@ BAMBA_ONE_GROUP = Family("bamba-one-group", transformers.BambaConfig, (
     ("mamba_n_groups", 1), ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_chunk_size", 8),
     ("tie_word_embeddings", False),
 ))
+# Qwen3-Next: Gated DeltaNet layers 0 and 2 (2 key heads of 8, 4 value heads of 12: two value heads per
+# key head), a gated attention layer 1 (q/k norms, rotary on half of each 16-wide head); experts (4,
+# top-2, a gated shared expert) in layers 0 and 2, layer 1 dense (mlp_only_layers).
+QWEN3_NEXT = Family("qwen3_next", transformers.Qwen3NextConfig, (
+    ("num_hidden_layers", 3), ("layer_types", ["linear_attention", "full_attention", "linear_attention"]),
+    ("head_dim", 16), ("linear_num_key_heads", 2), ("linear_num_value_heads", 4), ("linear_key_head_dim", 8),
+    ("linear_value_head_dim", 12), ("linear_conv_kernel_dim", 4), ("num_experts", 4), ("num_experts_per_tok", 2),
+    ("moe_intermediate_size", 32), ("shared_expert_intermediate_size", 48), ("mlp_only_layers", [1]),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5}),
+    ("tie_word_embeddings", False),
+))
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

@@ -100,7 +100,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
     assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                             "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
                                             "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM",
-                                            "BambaForCausalLM", "GptOssForCausalLM",
+                                            "BambaForCausalLM", "Qwen3NextForCausalLM", "GptOssForCausalLM",
                                             "Qwen2_5_VLForConditionalGeneration",
                                             "Qwen3VLForConditionalGeneration", "Phi3ForCausalLM",
                                             "SmolLM3ForCausalLM", "Gemma3ForCausalLM", "SeedOssForCausalLM",

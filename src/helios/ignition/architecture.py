@@ -42,6 +42,12 @@ projection's slots: one learned logit per query head in the attention softmax's 
 (their cos/sin tables are 1 and 0); they change no weight slot. With ``qk_norm_after_rotary`` the
 q/k norms apply to the rotated queries and keys (HunYuan) instead of before the rotation (Qwen3).
 
+Hybrid decoders (``recurrent``, see `helios.ignition.recurrent_geometry`): the listed layers hold a
+recurrent mixer - a Mamba2 mixer or a Gated DeltaNet layer, by the geometry's type - in place of
+attention. With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
+``qkv.weight`` / ``qkv.bias`` rows end with Hq D output-gate rows: the attended values are multiplied
+by sigmoid(gate) per channel before ``o``.
+
 Sandwich norms (``sandwich_norms``, Gemma 3): each layer also holds ``layers.i.attn_out_norm`` [H]
 right before ``post_norm`` and ``layers.i.mlp_out_norm`` [H] after its MLP slots; they norm the
 attention and the MLP output before each residual add (``post_norm`` is then the norm before the
@@ -86,7 +92,7 @@ from dataclasses import dataclass
 import torch
 
 from helios.errors import UsageError
-from helios.ignition.recurrent_geometry import RecurrentGeometry, mixer_slots
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, RecurrentGeometry, mixer_slots
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -195,8 +201,9 @@ class Architecture:
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
     # Hybrid decoders: the layers whose attention block is a recurrent mixer (None: none), and the
     # leading head dims that rotary embeddings rotate (0: all of head_dim).
-    recurrent: RecurrentGeometry | None = None
+    recurrent: RecurrentGeometry | GatedDeltaNetGeometry | None = None
     rotary_dim: int = 0
+    attention_gate: bool = False  # attention output gated by sigmoid of extra q rows (hybrid decoders only)
     moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
@@ -242,6 +249,8 @@ class Architecture:
             problems = self.recurrent.problems(self.num_layers)
             if problems or not self.attention_layers:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
+        if self.attention_gate and self.recurrent is None:
+            raise CheckpointError("attention_gate: only a hybrid decoder's attention layers gate their output")
         if self.qk_norm_after_rotary and (not self.qk_norm or self.latent is not None or self.recurrent is not None):
             raise CheckpointError("qk_norm_after_rotary needs q/k norms of plain attention layers")
         if self.nope_layers and (not set(self.nope_layers) <= set(range(self.num_layers))
@@ -414,7 +423,7 @@ def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
 
 
 def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
-    qkv_rows = arch.q_size + 2 * arch.kv_size
+    qkv_rows = arch.q_size * (2 if arch.attention_gate else 1) + 2 * arch.kv_size  # output-gate rows last
     hidden = arch.hidden_size
     slots = [_slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
     if arch.qkv_bias:

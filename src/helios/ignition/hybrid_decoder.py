@@ -3,9 +3,11 @@
 Same packed geometry and weights convention as `helios.ignition.decoder`; the layers listed in
 `Architecture.recurrent` run a Mamba2-style mixer instead of attention (in_proj, causal depthwise
 convolution, selective state-space scan, gated group RMS norm, out_proj), whose state advances in
-the slot's state rows through the ABI ops of `helios.abi.recurrent`. Attention layers rotate the
-leading `Architecture.rotary_width` head dims (partial rotary) and keep their keys/values in the
-paged planes, indexed by attention-layer ordinal. The arithmetic mirrors the Hugging Face
+the slot's state rows through the ABI ops of `helios.abi.recurrent` - or, where the geometry is a
+`GatedDeltaNetGeometry`, a Gated DeltaNet layer (`helios.ignition.delta_mixer`). Attention layers
+norm each q/k head first where `Architecture.qk_norm`, rotate the leading
+`Architecture.rotary_width` head dims (partial rotary), keep their keys/values in the paged planes,
+indexed by attention-layer ordinal, and gate their output where `Architecture.attention_gate`. The arithmetic mirrors the Hugging Face
 reference (float32 norms and scan), so float32 programs agree with it to rounding.
 """
 
@@ -20,6 +22,8 @@ import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_t
 import helios.abi.recurrent  # noqa: F401  (registers helios::causal_conv_update, helios::ssm_scan)
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, apply_rotary, mlp_block, rms_norm, rotary_tables
+from helios.ignition.delta_mixer import delta_block
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear
 
 
@@ -58,13 +62,14 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     mixers = {layer: index for index, layer in enumerate(arch.recurrent.layers)}
+    mixer = delta_block if isinstance(arch.recurrent, GatedDeltaNetGeometry) else mixer_block
     attention = {layer: index for index, layer in enumerate(arch.attention_layers)}
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
         normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
         if layer in mixers:
             planes = (storage.conv_state[mixers[layer]], storage.ssm_state[mixers[layer]])
-            hidden = hidden + mixer_block(arch, w, prefix, normed, planes, step, state)
+            hidden = hidden + mixer(arch, w, prefix, normed, planes, step, state)
         else:
             planes = (storage.k_cache[attention[layer]], storage.v_cache[attention[layer]])
             hidden = hidden + attention_block(arch, w, prefix, normed, planes, step, (cos, sin))
@@ -76,12 +81,18 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
 
 
 def attention_block(arch: Architecture, w, prefix: str, hidden, planes, step: PackedStep, rotary):
-    """Self-attention with partial rotary embeddings; writes this step's keys/values."""
+    """Self-attention with partial rotary embeddings (and per-head q/k norms, an output gate where the
+    Architecture says so); writes this step's keys/values."""
     num_tokens = hidden.shape[0]
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
-    q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
-    q = _rotate(q.reshape(num_tokens, arch.num_heads, arch.head_dim), rotary, arch.rotary_width)
-    k = _rotate(k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim), rotary, arch.rotary_width)
+    gate_size = arch.q_size if arch.attention_gate else 0
+    q, k, v, gate = qkv.split([arch.q_size, arch.kv_size, arch.kv_size, gate_size], dim=-1)
+    q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
+    k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
+    if arch.qk_norm:
+        q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
+        k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
+    q, k = _rotate(q, rotary, arch.rotary_width), _rotate(k, rotary, arch.rotary_width)
     v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
     k_plane, v_plane = planes
     torch.ops.helios.cache_write(k_plane, v_plane, k, v, step.slot_mapping)
@@ -94,6 +105,8 @@ def attention_block(arch: Architecture, w, prefix: str, hidden, planes, step: Pa
             q, k_plane, v_plane, step.page_table, step.query_start, step.positions, arch.attention_scale, window,
             step.splits)
     attended = attended.reshape(num_tokens, arch.q_size)
+    if arch.attention_gate:
+        attended = attended * torch.sigmoid(gate)
     return row_parallel_linear(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
 
 

@@ -392,7 +392,8 @@ def _draft_inputs(draft: Architecture | None, page_tokens: int) -> tuple[TensorS
 
 
 def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
-    """A hybrid decoder's mixer state rows (see `helios.ignition.hybrid_program`)."""
+    """A hybrid decoder's mixer state rows (see `helios.ignition.hybrid_program`); ``ssm_state`` holds
+    either kind's float32 recurrent state (`helios.ignition.recurrent_geometry`)."""
     g = arch.recurrent
     if g is None:
         return ()
@@ -400,7 +401,7 @@ def _recurrent_inputs(arch: Architecture) -> tuple[TensorSpec, ...]:
     return (
         TensorSpec("conv_state", arch.dtype, (layers, "slots", g.conv_dim, g.conv_kernel - 1), cache,
                    Access.READ_WRITE),
-        TensorSpec("ssm_state", "float32", (layers, "slots", g.num_heads, g.head_dim, g.state_size), cache,
+        TensorSpec("ssm_state", "float32", (layers, "slots", *g.state_shape), cache,
                    Access.READ_WRITE),
     )
 

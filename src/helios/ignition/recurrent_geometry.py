@@ -1,10 +1,15 @@
-"""Recurrent (state-space mixer) layers of a hybrid decoder: their geometry and weight slots.
+"""Recurrent layers of a hybrid decoder: their geometry and weight slots, of two kinds.
 
 A hybrid Architecture (`Architecture.recurrent`) replaces the attention block of the listed layers
-with a Mamba2-style mixer; every layer keeps its pre-norm, post-norm and gated MLP. The mixer's
-state lives outside pages, in state rows (a RECURRENT history region): per layer a convolution
-window [conv_dim, conv_kernel - 1] in the model dtype and an SSM state [heads, head_dim, state_size]
-in float32.
+with a recurrent mixer; every layer keeps its pre-norm, post-norm and MLP (gated, or the mixture of
+experts where the layer is sparse). The mixer's state lives outside pages, in state rows (a
+RECURRENT history region, the programs' ``conv_state`` and ``ssm_state`` inputs): per layer a
+convolution window [conv_dim, conv_kernel - 1] in the model dtype and a float32 recurrent state of
+`state_shape`. The kind is the geometry's type:
+
+- `RecurrentGeometry`: a Mamba2 mixer (Bamba); state [heads, head_dim, state_size].
+- `GatedDeltaNetGeometry`: a Gated DeltaNet linear-attention layer (Qwen3-Next); state
+  [value heads, key_head_dim, value_head_dim] (`helios::gated_delta_rule`).
 
 Weight slots of a mixer layer i (after ``layers.i.input_norm``): ``layers.i.mixer.in_proj.weight``
 [intermediate + conv_dim + heads, H] (rows: gate z, then x/B/C, then dt), optional
@@ -13,6 +18,17 @@ Weight slots of a mixer layer i (after ``layers.i.input_norm``): ``layers.i.mixe
 ``layers.i.mixer.dt_bias`` [heads], ``layers.i.mixer.A`` float32 [heads] (negative decay rates,
 -exp(A_log)), ``layers.i.mixer.D`` [heads], ``layers.i.mixer.norm`` [intermediate] (gated group
 RMS norm), ``layers.i.mixer.out.weight`` [H, intermediate], optional ``layers.i.mixer.out.bias``.
+
+Weight slots of a Gated DeltaNet layer i (Hk key heads of Dk, Hv value heads of Dv, Hv a multiple of
+Hk; key_dim = Hk Dk, value_dim = Hv Dv): ``layers.i.delta.in_proj.weight`` [2 key_dim + 2 value_dim
++ 2 Hv, H] (rows: q, k, v - the convolved channels, in the convolution's order - then the output
+gate z, then b, then a; value head h belongs to key head h // (Hv / Hk)), ``layers.i.delta.conv.weight``
+[2 key_dim + value_dim, conv_kernel], ``layers.i.delta.conv.bias`` (zeros: the reference's
+convolution has none), ``layers.i.delta.dt_bias`` [Hv], ``layers.i.delta.A`` float32 [Hv]
+(-exp(A_log)), ``layers.i.delta.norm`` [Dv] (the gated RMS norm of each value head's output, before
+its SiLU gate z) and ``layers.i.delta.out.weight`` [H, value_dim]. Per token: q, k, v =
+silu(conv(in_proj rows)); beta = sigmoid(b); g = A softplus(a + dt_bias); o = the gated delta rule;
+out(norm(o) silu(z)) (`helios.ignition.delta_mixer`).
 """
 
 from __future__ import annotations
@@ -51,6 +67,11 @@ class RecurrentGeometry:
     def projection(self) -> int:
         return self.intermediate + self.conv_dim + self.num_heads
 
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """One state row's float32 recurrent state (the ``ssm_state`` plane's trailing dims)."""
+        return (self.num_heads, self.head_dim, self.state_size)
+
     def problems(self, num_layers: int) -> list[str]:
         """Invariant violations (empty when the geometry is consistent)."""
         found = []
@@ -65,8 +86,60 @@ class RecurrentGeometry:
         return found
 
 
+@dataclass(frozen=True)
+class GatedDeltaNetGeometry:
+    """Which layers are Gated DeltaNet linear-attention layers and their extents (module docstring).
+    Tensor parallelism does not split them (`helios.ignition.sharding` refuses it)."""
+
+    layers: tuple[int, ...]
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def projection(self) -> int:
+        return self.conv_dim + self.value_dim + 2 * self.num_value_heads
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """One state row's float32 recurrent state (the ``ssm_state`` plane's trailing dims)."""
+        return (self.num_value_heads, self.key_head_dim, self.value_head_dim)
+
+    def problems(self, num_layers: int) -> list[str]:
+        """Invariant violations (empty when the geometry is consistent)."""
+        found = []
+        if not self.layers or len(set(self.layers)) != len(self.layers):
+            found.append("linear-attention layers must be distinct and at least one")
+        if any(not 0 <= layer < num_layers for layer in self.layers):
+            found.append(f"linear-attention layers {self.layers} lie outside 0..{num_layers - 1}")
+        if min(self.num_key_heads, self.num_value_heads, self.key_head_dim, self.value_head_dim) < 1:
+            found.append("linear-attention heads and head dims must be positive")
+        elif self.num_value_heads % self.num_key_heads:
+            found.append(f"{self.num_value_heads} linear-attention value heads are not a multiple of "
+                         f"{self.num_key_heads} key heads")
+        if self.conv_kernel < 2:
+            found.append("the linear-attention convolution needs at least 2 taps")
+        return found
+
+
 def mixer_slots(arch, prefix: str, slot) -> list:
-    """Weight slots of one mixer (see the module docstring); `slot(name, *shape)` makes one."""
+    """Weight slots of one recurrent layer (see the module docstring); `slot(name, *shape)` makes one."""
+    if isinstance(arch.recurrent, GatedDeltaNetGeometry):
+        return _delta_slots(arch, prefix, slot)
     g: RecurrentGeometry = arch.recurrent
     p = prefix + "mixer."
     slots = [slot(p + "in_proj.weight", g.projection, arch.hidden_size)]
@@ -79,3 +152,12 @@ def mixer_slots(arch, prefix: str, slot) -> list:
     if g.out_bias:
         slots.append(slot(p + "out.bias", arch.hidden_size))
     return slots
+
+
+def _delta_slots(arch, prefix: str, slot) -> list:
+    g: GatedDeltaNetGeometry = arch.recurrent
+    p = prefix + "delta."
+    return [slot(p + "in_proj.weight", g.projection, arch.hidden_size),
+            slot(p + "conv.weight", g.conv_dim, g.conv_kernel), slot(p + "conv.bias", g.conv_dim),
+            slot(p + "dt_bias", g.num_value_heads), slot(p + "A", g.num_value_heads, dtype="float32"),
+            slot(p + "norm", g.value_head_dim), slot(p + "out.weight", arch.hidden_size, g.value_dim)]

@@ -36,7 +36,8 @@ and one all-reduce sums the routed and shared experts). Heads, key/value heads, 
 expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError`
 says which does not, and the config.json setting that holds it: fewer key/value heads than ranks
 are refused, not replicated); the vocabulary need not (the last rank's rows are padded with zeros
-and their logits cut).
+and their logits cut). Gated DeltaNet hybrids (Qwen3-Next) are not split: `rank_architecture`
+refuses them by name.
 Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
@@ -56,6 +57,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.core.catalogs import TensorView, WeightCatalog
 from helios.ignition.architecture import Architecture, CheckpointError
 from helios.ignition.recipes.base import NamedWeight, Recipe, check_weights
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
 from helios.ignition.safetensors_image import SafetensorsImage, safetensors_image
 
 
@@ -67,6 +69,9 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
+    if isinstance(arch.recurrent, GatedDeltaNetGeometry):
+        raise CheckpointError(f"tensor parallel {ranks}: Gated DeltaNet layers (layer_types 'linear_attention') "
+                              f"are not split over ranks; serve this checkpoint on one rank")
     extents = {"attention heads (num_attention_heads)": arch.num_heads,
                "key/value heads (num_key_value_heads)": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}

@@ -1,0 +1,97 @@
+"""A Qwen3-Next core (Gated DeltaNet + gated attention, experts with a gated shared expert) prepared,
+signed and served by the generic runtime: the contract's recurrent region holds the delta rule's
+[Hv, Dk, Dv] state rows; greedy tokens equal transformers' (float32), alone and batched; a shared
+prompt prefix is restored from a snapshot (state rows and partial page copied back) with the same
+tokens as a cold run."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from helios.contract import StartupOptions
+from helios.contract import serving_pb2 as spb
+from helios.core.keys import SigningKey, write_key_pair
+from helios.core.reader import open_core
+from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from helios.runtime.loading.model import LoadOptions
+from helios.runtime.offline import generate
+from helios.runtime.records.plan import StorageKind
+from helios.runtime.service import RuntimeOptions, build_runtime
+from ignition.hf_checkpoints import QWEN3_NEXT
+from support.chat_checkpoint import write_chat_checkpoint
+
+NAMESPACE = "test.helios/qwen3-next"
+STEPS = 24
+PREFIX = [17, 40, 41, 99, 5, 6, 7, 8, 120, 121, 122, 200, 201, 3, 9, 11, 12, 13, 14, 15, 16, 30]
+PROMPTS = [PREFIX[:13], PREFIX + [50, 51, 52], [7, 8, 9]]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    return _prepared(tmp_path_factory.getbasetemp())
+
+
+@functools.cache
+def _prepared(base: Path):
+    root = base / "qwen3-next-runtime"
+    root.mkdir()
+    checkpoint = write_chat_checkpoint(QWEN3_NEXT, root / "checkpoint", seed=4)
+    key = SigningKey.generate()
+    write_key_pair(root / "publisher.key", key, [NAMESPACE])
+    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
+                        prefill_chunks=(8,), token_logprobs=False)
+    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
+    reference.generation_config.eos_token_id = None
+    with torch.no_grad():
+        expected = []
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=STEPS,
+                                     do_sample=False, pad_token_id=0)
+            expected.append(out[0, len(prompt):].tolist())
+    return root, expected
+
+
+def _runtime(root: Path, concurrency=None):
+    core = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
+    load = LoadOptions(startup=StartupOptions(max_concurrency=concurrency), device="cpu")
+    return build_runtime(core, RuntimeOptions(load=load))
+
+
+def test_the_contract_declares_the_delta_rule_state_rows(served):
+    root, _ = served
+    runtime = _runtime(root)
+    prepared = runtime.engine.executor.model.prepared
+    regions = {r.name: r for r in prepared.contract.model.cache.regions}
+    assert regions["recurrent"].kind == spb.HISTORY_KIND_RECURRENT
+    assert list(regions["recurrent"].planes) == ["conv_state", "ssm_state"]
+    _, state = runtime.engine.executor.storage.planes(StorageKind.STATE)
+    conv, rule = (p.tensor for p in state)
+    # two linear-attention layers; conv channels 2 * 2 * 8 + 4 * 12, window 3; state [Hv, Dk, Dv] float32
+    assert tuple(conv.shape[2:]) == (80, 3) and conv.shape[0] == 2
+    assert tuple(rule.shape[2:]) == (4, 8, 12) and rule.dtype == torch.float32
+
+
+def test_greedy_tokens_equal_transformers_alone_and_batched(served):
+    root, expected = served
+    alone = _runtime(root, concurrency=1)
+    assert [list(generate(alone.engine, [p], STEPS)[0].token_ids) for p in PROMPTS] == expected
+    batched = _runtime(root)
+    assert [list(r.token_ids) for r in generate(batched.engine, PROMPTS, STEPS)] == expected
+
+
+def test_a_shared_prefix_restores_a_snapshot_with_the_same_tokens(served):
+    root, expected = served
+    runtime = _runtime(root)
+    generate(runtime.engine, [PROMPTS[0]], STEPS)  # publishes a snapshot at its prompt boundary
+    assert runtime.engine.scheduler.counters().snapshots_published > 0
+    warm = generate(runtime.engine, [PROMPTS[1]], STEPS)[0]
+    assert list(warm.token_ids) == expected[1]
+    counters = runtime.engine.scheduler.counters()
+    assert counters.snapshots_restored == 1 and counters.prefix_reused_tokens >= len(PROMPTS[0])
