@@ -3,7 +3,9 @@
 Run as a script in a process without TRITON_INTERPRET (the interpreter accepts code the compiler
 rejects, such as loop-carried values that change type). Kernels are compiled at Llama-3.1-8B shapes
 (bfloat16, 32 query heads, 8 key/value heads, head_dim 128, pages of 16) and at a float16 head_dim 96,
-group 3 case, with the specialisation a launch gives (unit strides constant, the rest multiples of 16).
+group 3 case, with the specialisation a launch gives (unit strides constant, the rest multiples of 16);
+in bfloat16 the prefill and decode kernels also with an attention soft cap
+(``helios::paged_attention_softcap``).
 Exits 0 when every kernel compiles; prints each kernel's shared memory use.
 """
 
@@ -36,7 +38,9 @@ def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], 
     print(f"{kernel.fn.__name__} {options}: {compiled.metadata.shared} bytes of shared memory")
 
 
-def compile_all(dtype: str, group: int, head_dim: int) -> None:
+def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False) -> None:
+    """Every kernel at these shapes; `capped`: the soft-capped prefill (split, fused combine; and one
+    contiguous tile) and decode (tuned, fused) too."""
     pointer = f"*{dtype}"
     block_d = triton.next_power_of_2(head_dim)
     attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
@@ -62,6 +66,19 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                                 ROTARY=tuned, KV_PAD=1, L2_PREFETCH=tuned and fused,  # helios::rotary_paged_attention
                                 PDL=tuned),  # programmatic dependent launch: a wait first thing
                            num_warps=4, num_stages=2, launch_pdl=tuned)
+    for splits, fused in ((4, True),) if capped else ():  # helios::paged_attention_softcap (Gemma 2's cap 50)
+        compile_kernel(prefill._prefill_kernel, attend,
+                       dict(shape, HEADS=group, HEADS_FIRST=False, BLOCK_G=block_g, BLOCK_M=128 // block_g,
+                            BLOCK_N=64, HAS_SINKS=False, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused,
+                            CONTIGUOUS=False, SOFTCAP=50.0),
+                       num_warps=8, num_stages=3)
+    for splits, tuned, fused in ((8, True, True),) if capped else ():
+        compile_kernel(decode._decode_kernel, attend,
+                       dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=False,
+                            MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned, ROTARY=False,
+                            KV_PAD=1, L2_PREFETCH=False, PDL=tuned, SOFTCAP=50.0),
+                       num_warps=4, num_stages=2, launch_pdl=tuned)
+    capped_contiguous = not capped  # one contiguous (descriptor) tile with the cap too
     for tile in prefill_sweep_tiles():  # the prefill tiles the benchmark sweeps, split where they fuse
         heads = tile.heads_per_program(group)
         descriptor = f"tensordesc<{dtype}[{tile.block_n},{head_dim}]>"
@@ -73,6 +90,14 @@ def compile_all(dtype: str, group: int, head_dim: int) -> None:
                             NUM_SPLITS=4 if tile.fused_combine else 1, MIN_TILES=tile.min_split_tiles,
                             FUSED_COMBINE=tile.fused_combine, CONTIGUOUS=contiguous),
                        num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if contiguous and not capped_contiguous:
+            capped_contiguous = True
+            compile_kernel(prefill._prefill_kernel, types,
+                           dict(shape, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
+                                BLOCK_M=tile.block_tokens(group), BLOCK_N=tile.block_n, HAS_SINKS=False,
+                                NUM_SPLITS=4 if tile.fused_combine else 1, MIN_TILES=tile.min_split_tiles,
+                                FUSED_COMBINE=tile.fused_combine, CONTIGUOUS=contiguous, SOFTCAP=50.0),
+                           num_warps=tile.num_warps, num_stages=tile.num_stages)
     compile_kernel(prefill._prefill_combine_kernel, attend,
                    dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
                         MIN_TILES=4), num_warps=4)
@@ -107,5 +132,5 @@ def prefill_sweep_tiles() -> list[prefill.PrefillTile]:
 
 
 if __name__ == "__main__":
-    compile_all("bf16", group=4, head_dim=128)
+    compile_all("bf16", group=4, head_dim=128, capped=True)
     compile_all("fp16", group=3, head_dim=96)

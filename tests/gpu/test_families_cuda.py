@@ -7,8 +7,11 @@ Each family reaches an op or switch the older ones do not: Phi-3's partial rotar
 LongRoPE list; SmolLM3's NoPE layers; Seed-OSS's biases; Ernie 4.5's de-interleaved heads; Granite's
 multipliers; Hunyuan's q/k norms after rotary; Gemma 3's sandwich norms, gated GELU-tanh
 (``helios::gelu_tanh_mul``), scaled embeddings, local rope table and (capped) final logit soft cap;
-GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
+Cohere's LayerNorms (``helios::layer_norm``, a torch composite on CUDA), parallel block and per-head q/k
+LayerNorms, Cohere2's unrotated full layers; GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
 q/k norms over whole projections; Qwen2-MoE's gated shared expert beside sparse and dense layers.
+DeepSeek-V2's softmax routing with groups scored by their best expert (the Triton route kernel), V2-Lite's
+direct query projection, GLM-4.7-Flash's sparse layers by layer kind.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import pytest
 
 from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
-from ignition.hf_checkpoints import GLM4, OLMO2, OLMO3
+from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3
 from ignition.hf_checkpoints import QWEN2_MOE
+from ignition.hf_checkpoints import LATENT_FAMILIES
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +34,9 @@ def cores(tmp_path_factory) -> base.Cores:
 
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
-                                    GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, QWEN2_MOE], ids=lambda f: f.name)
+                                    GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
+                                    COHERE2, QWEN2_MOE,
+                                    *LATENT_FAMILIES], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)
     run = greedy_run(cores.open(family), base.PROMPTS, base.NEW_TOKENS, base.cuda_options())

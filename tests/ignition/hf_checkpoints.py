@@ -197,6 +197,20 @@ GEMMA3_CAPPED = Family("gemma3-capped", transformers.Gemma3TextConfig, (
     ("rope_theta", 1000.0), ("rope_local_base_freq", 50.0),
 ))
 GEMMA3_FAMILIES = (GEMMA3, GEMMA3_CAPPED)
+# Gemma and Gemma 2 (tests/ignition/test_gemma_recipe.py). Gemma 1: head_dim 32 of hidden 64 / 4 heads, q/k/v/o
+# biases, the legacy "gelu" activation name, tied. Gemma 2: sliding, full, sliding layers (Gemma2Config's default
+# layer_types) over a window of 5, query_pre_attn_scalar 24 against head_dim 16, an attention soft cap of 2 (the
+# scores here reach several times it) and a final logit cap of 12, untied.
+GEMMA = Family("gemma", transformers.GemmaConfig, (
+    ("head_dim", 32), ("attention_bias", True), ("hidden_act", "gelu"), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
+))
+GEMMA2 = Family("gemma2", transformers.Gemma2Config, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("sliding_window", 5), ("query_pre_attn_scalar", 24),
+    ("attn_logit_softcapping", 2.0), ("final_logit_softcapping", 12.0), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
+))
+GEMMA_FAMILIES = (GEMMA, GEMMA2)
 # GLM-4 dense (tests/ignition/test_glm4_recipe.py): sandwich norms, fused gate_up_proj, q/k/v biases, interleaved
 # partial rotary (8 of each head's 16 dims; a small theta turns every pair within the prompts), untied.
 GLM4 = Family("glm4", transformers.Glm4Config, (

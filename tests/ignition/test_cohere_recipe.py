@@ -130,6 +130,24 @@ def test_two_ranks_hold_their_heads_rows_of_the_qk_norms(prepare):
         assert torch.equal(cut["layers.0.input_norm"], whole["layers.0.input_norm"])
 
 
+def _all_reduces(arch) -> int:
+    from helios.ignition.capture import export_program
+
+    _, exported = export_program(arch, Operation.DECODE, dict(VARIANTS)[Operation.DECODE], PAGE_TOKENS)
+    reduce = torch.ops.helios.all_reduce.default
+    return sum(node.op == "call_function" and node.target == reduce for node in exported.graph.nodes)
+
+
+def test_a_parallel_block_on_two_ranks_sums_attention_and_mlp_with_one_all_reduce(prepare):
+    """A rank's DECODE graph reduces the embeddings once and each parallel layer once (its attention
+    and MLP partials added on the rank first); the same layers run sequentially reduce twice."""
+    from helios.ignition.sharding import rank_architecture
+
+    arch = rank_architecture(prepare(COHERE).recipe.architecture, 2)
+    assert _all_reduces(arch) == 1 + arch.num_layers
+    assert _all_reduces(dataclasses.replace(arch, parallel_block=False)) == 1 + 2 * arch.num_layers
+
+
 # ---------------------------------------------------------------------------------------------------
 # config.json spellings and refusals.
 

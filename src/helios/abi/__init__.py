@@ -8,3 +8,4 @@ from helios.abi import attention, attention_sinks, collectives, completion, gram
 from helios.abi import fused, recurrent, rng, sampling, speculative, token_logprobs, tuning  # noqa: F401  (registers ops)
 from helios.abi import delta_rule, fresh_attention, reduce_norm, rotary_attention  # noqa: F401  (registers ops)
 from helios.abi import layer_norm, vocab_shards  # noqa: F401  (registers ops)
+from helios.abi import attention_softcap  # noqa: F401  (registers ops)

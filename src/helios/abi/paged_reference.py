@@ -5,8 +5,8 @@ in two stages, so that what every layer of a step shares is computed once per st
 and positions on the host and builds an `AttentionPlan`: which rows attend together with one query
 each (a decode step's rows), which rows attend with several (prompt chunks), the page ids each
 gathers and the positions each query may see (as the bool mask and as the additive float mask that
-``scaled_dot_product_attention`` makes of it). `attend(plan, q, k_cache, v_cache, scale, sinks)`
-is then one layer's attention: gather the pages, attend, place the rows. The ops' bodies run both
+``scaled_dot_product_attention`` makes of it). `attend(plan, q, k_cache, v_cache, scale, sinks,
+softcap)` is then one layer's attention: gather the pages, attend, place the rows. The ops' bodies run both
 stages per call; a CPU program builds one plan per step for all its layers
 (`helios.runtime.loading.cpu_programs`). Either way the same kernels run on the same values, so the
 results are bit for bit the same: the additive mask holds exactly what SDPA derives from the bool
@@ -93,20 +93,21 @@ def plan_attention(page_table: torch.Tensor, query_start: torch.Tensor, position
 
 
 def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
-           sinks: torch.Tensor | None = None) -> torch.Tensor:
+           sinks: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """One layer's attention [T, Hq, D] (q's dtype) over `plan`; padding tokens get zeros.
-    `sinks` (float32 [Hq], optional) adds one learned logit per query head to each denominator."""
+    `sinks` (float32 [Hq], optional) adds one learned logit per query head to each denominator;
+    `softcap` > 0 caps every scaled score at ``tanh(s / softcap) * softcap`` before the mask."""
     if k_cache.shape[0] != plan.plane_pages or k_cache.shape[1] != plan.page_tokens:
         raise AbiArgumentError(f"{_ATTEND}: planned for planes of {plan.plane_pages} pages of {plan.page_tokens} "
                                f"tokens, got {list(k_cache.shape[:2])}")
     group = plan.group
     if plan.full:
-        return _attend_group(group, q, k_cache, v_cache, scale, sinks)
+        return _attend_group(group, q, k_cache, v_cache, scale, sinks, softcap)
     out = torch.zeros_like(q)
     for row in plan.rows:
-        out[row.start:row.end] = _attend_row(row, q[row.start:row.end], k_cache, v_cache, scale, sinks)
+        out[row.start:row.end] = _attend_row(row, q[row.start:row.end], k_cache, v_cache, scale, sinks, softcap)
     if group is not None:
-        out[group.tokens] = _attend_group(group, q[group.tokens], k_cache, v_cache, scale, sinks)
+        out[group.tokens] = _attend_group(group, q[group.tokens], k_cache, v_cache, scale, sinks, softcap)
     return out
 
 
@@ -184,24 +185,24 @@ def _row(start: int, end: int, pages, positions, window: int, page_tokens: int) 
     return _Row(start, end, pages[:num_pages].to(torch.int64), context_len, allowed, _additive(allowed))
 
 
-def _attend_group(group: _Group, q, k_cache, v_cache, scale: float, sinks) -> torch.Tensor:
+def _attend_group(group: _Group, q, k_cache, v_cache, scale: float, sinks, softcap: float = 0.0) -> torch.Tensor:
     """Attention of the group's rows, one query each [n, Hq, D], over their padded contexts."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     shape = (group.num_rows, -1, num_kv_heads, head_dim)
     keys = _float(k_cache.index_select(0, group.page_ids).view(shape).transpose(1, 2))
     values = _float(v_cache.index_select(0, group.page_ids).view(shape).transpose(1, 2))
     queries = _float(q).unsqueeze(2)  # [n, Hq, 1, D]
-    attended = _softmax_attention(queries, keys, values, group, scale, sinks).squeeze(2)
+    attended = _softmax_attention(queries, keys, values, group, scale, sinks, softcap).squeeze(2)
     return attended if attended.dtype == q.dtype else attended.to(q.dtype)
 
 
-def _attend_row(row: _Row, q, k_cache, v_cache, scale: float, sinks) -> torch.Tensor:
+def _attend_row(row: _Row, q, k_cache, v_cache, scale: float, sinks, softcap: float = 0.0) -> torch.Tensor:
     """Attention of one row's queries [n, Hq, D] over its cached positions 0..context_len - 1."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     keys = _float(k_cache.index_select(0, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
     values = _float(v_cache.index_select(0, row.page_ids).view(-1, num_kv_heads, head_dim)[:row.context_len].transpose(0, 1))
     queries = q.float().transpose(0, 1)  # [Hq, n, D]
-    attended = _softmax_attention(queries, keys, values, row, scale, sinks)
+    attended = _softmax_attention(queries, keys, values, row, scale, sinks, softcap)
     return attended.transpose(0, 1).to(q.dtype)
 
 
@@ -222,11 +223,16 @@ def _additive(allowed: torch.Tensor) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
-def _softmax_attention(queries, keys, values, masks: _Group | _Row, scale: float, sinks=None) -> torch.Tensor:
+def _softmax_attention(queries, keys, values, masks: _Group | _Row, scale: float, sinks=None,
+                       softcap: float = 0.0) -> torch.Tensor:
     """softmax(scale * q.k, masked) . v in float32, query heads grouped over the key/value heads
     (head h reads key/value head h // (Hq // Hkv)); one fused op instead of a dozen small ones.
     Every query sees at least its own position, so no row is fully masked. Query heads are dim -3.
-    With `sinks` [Hq], each head's sink logit joins the softmax's denominator (and adds no value)."""
+    With `sinks` [Hq], each head's sink logit joins the softmax's denominator (and adds no value).
+    With `softcap` > 0 the scaled scores s become ``tanh(s / softcap) * softcap`` before the mask
+    (Gemma 2's attention logit soft cap, in the reference's order)."""
+    if softcap > 0.0:
+        return _capped_attention(queries, keys, values, masks, scale, sinks, softcap)
     if sinks is None:
         return torch.nn.functional.scaled_dot_product_attention(
             queries, keys, values, attn_mask=masks.mask, scale=scale, enable_gqa=True)
@@ -239,3 +245,15 @@ def _softmax_attention(queries, keys, values, masks: _Group | _Row, scale: float
     combined = combined - combined.max(dim=-1, keepdim=True).values
     probs = torch.softmax(combined, dim=-1)[..., :-1]
     return torch.matmul(probs, values)
+
+
+def _capped_attention(queries, keys, values, masks: _Group | _Row, scale: float, sinks, softcap: float):
+    """`_softmax_attention` with the soft cap: scores, cap, mask, (sink), softmax, values."""
+    group = queries.shape[-3] // keys.shape[-3]
+    keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
+    scores = torch.tanh(torch.matmul(queries, keys.transpose(-1, -2)) * scale / softcap) * softcap
+    scores = scores.masked_fill(~masks.allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(torch.float32).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.matmul(torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1], values)
+    return torch.matmul(torch.softmax(scores, dim=-1), values)

@@ -100,29 +100,31 @@ def triton_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Te
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                            scale: float, window: int, *, split: int | None = None,
-                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """``helios::paged_attention`` (arguments as the op, already validated): a new [T, Hq, D] tensor.
 
     The path is chosen from shapes: the decode kernel when T <= R (at most as many tokens as rows),
     else the prefill kernel; both are exact for any layout. `split` is the decode path's number of
     key/value splits (None: `decode_splits`; 1: no split and no combine); the prefill path ignores it.
-    `sinks` (float32 [Hq]): ``helios::paged_attention_sinks`` instead.
+    `sinks` (float32 [Hq]): ``helios::paged_attention_sinks`` instead; `softcap` > 0:
+    ``helios::paged_attention_softcap``.
     """
     if q.shape[0] <= page_table.shape[0]:
         return paged_attention_decode(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
-                                      split=split, sinks=sinks)
+                                      split=split, sinks=sinks, softcap=softcap)
     return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
-                                   sinks=sinks)
+                                   sinks=sinks, softcap=softcap)
 
 
 def triton_paged_attention_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                                  scale: float, window: int, splits: torch.Tensor, *,
-                                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+                                 sinks: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """``helios::paged_attention_tuned`` (arguments as the op, already validated): the tuned decode
-    path when T <= R, else the prefill kernel (which ignores `splits`). `sinks`: the sinks variant."""
+    path when T <= R, else the prefill kernel (which ignores `splits`). `sinks`, `softcap` > 0: the
+    sinks and soft-cap variants."""
     if q.shape[0] <= page_table.shape[0]:
         return paged_attention_decode_tuned(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
-                                            splits, sinks=sinks)
+                                            splits, sinks=sinks, softcap=softcap)
     return paged_attention_prefill(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
-                                   sinks=sinks)
+                                   sinks=sinks, softcap=softcap)

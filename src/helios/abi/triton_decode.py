@@ -135,7 +135,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
                    TUNED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
                    MIN_TILES: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
                    BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr, ROTARY: tl.constexpr, KV_PAD: tl.constexpr,
-                   L2_PREFETCH: tl.constexpr, PDL: tl.constexpr = False):
+                   L2_PREFETCH: tl.constexpr, PDL: tl.constexpr = False, SOFTCAP: tl.constexpr = 0.0):
     """Program (token, key/value heads, split): the GROUP query heads of each of the BLOCK_KV key/value
     heads from kv_head = program_id(1) * BLOCK_KV (BLOCK_KV > 1: a wide or partly wide tile, each tile
     those key/value heads' keys of its positions, contiguous in a page) over its split's run of cached
@@ -156,7 +156,8 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
     first thing, before any load or store, so only the launch and the programs' placement overlap
     the previous kernel's tail. (Loading the position, the rows' bounds and the first page entries
     before the wait saved no more, bench/decode_fixed_cost.py, and is unsafe where the previous
-    kernel may still be writing them.)"""
+    kernel may still be writing them.) SOFTCAP > 0: scores capped at tanh(s / SOFTCAP) * SOFTCAP
+    (``helios::paged_attention_softcap``; 0, the default, compiles no cap)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
@@ -201,7 +202,7 @@ def _decode_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, q_ptr
             spec = (spec_pages, (lo == 0) & (row == guess))
             acc, m_i, l_i = walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages,
                                  kv_head, head // GROUP, num_heads // GROUP, offs_d, d_ok, kv_strides, scale_log2, spec,
-                                 BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV, SPECULATE)
+                                 BLOCK_N, PAGE_TOKENS, DOT_PRECISION, PREFETCH, BLOCK_KV, SPECULATE, SOFTCAP)
             result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
                 tl.store(out_at, result.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -256,7 +257,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, window: int, *, split: int | None = None,
                            sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
                            rotary: tuple | None = None, prefetch: torch.Tensor | None = None,
-                           pdl: bool | None = None) -> torch.Tensor:
+                           pdl: bool | None = None, softcap: float = 0.0) -> torch.Tensor:
     """Flash-decoding (arguments as ``helios::paged_attention``, already validated): grid (T, Hkv,
     splits), then a combine kernel when splits > 1. `split` asks for a count (None: the tile's fixed
     count, else `decode_splits`;
@@ -264,7 +265,8 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `rotary` = (k, v, cos, sin, slot_mapping): q is unrotated and the kernel rotates it and writes this
     step's keys and values first (``helios::rotary_paged_attention``, `helios.abi.triton_decode_rotary`);
     `prefetch`: a tensor whose bytes extra programs ask the L2 cache to fetch (`l2_prefetch`); `pdl`
-    (default: `takes_dependent_launch`) launches with programmatic dependent launch."""
+    (default: `takes_dependent_launch`) launches with programmatic dependent launch; `softcap` > 0
+    caps the scores (``helios::paged_attention_softcap``)."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
@@ -274,7 +276,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if split is None:
         split = tile.splits or decode_splits(num_tokens, k_cache.shape[2], max_context, q.device)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-            grid_splits(max_context, split, tile.block_n), None, sinks, tile, rotary, prefetch, pdl)
+            grid_splits(max_context, split, tile.block_n), None, sinks, tile, rotary, prefetch, pdl, softcap)
     return out
 
 
@@ -283,13 +285,14 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  scale: float, window: int, splits: torch.Tensor, *,
                                  sinks: torch.Tensor | None = None, tile: DecodeTile | None = None,
                                  bound: int | None = None, rotary: tuple | None = None,
-                                 prefetch: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
+                                 prefetch: torch.Tensor | None = None, pdl: bool | None = None,
+                                 softcap: float = 0.0) -> torch.Tensor:
     """Flash-decoding with the split count read on the device from `splits` (int32 [1]): grid
     (T, Hkv, `tuned_split_bound`), programs of splits past the count exit; the combine kernel runs
     (and reads the count) whenever the bound allows more than one split. A tile with a fixed split
     count (`DecodeTile.splits`) launches that many instead and reads no count. `tile` and `bound` (the
-    grid's split bound) override the static choices (benchmarks sweep them); `rotary`, `prefetch` and
-    `pdl` as `paged_attention_decode`."""
+    grid's split bound) override the static choices (benchmarks sweep them); `rotary`, `prefetch`,
+    `pdl` and `softcap` as `paged_attention_decode`."""
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or page_table.shape[0] == 0:
         return torch.zeros_like(q)
@@ -298,12 +301,13 @@ def paged_attention_decode_tuned(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     max_context = page_table.shape[1] * k_cache.shape[1]
     if tile.splits:  # a fixed count: the static launch, the tuned count is not read
         _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
-                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile, rotary, prefetch, pdl)
+                grid_splits(max_context, tile.splits, tile.block_n), None, sinks, tile, rotary, prefetch, pdl,
+                softcap)
         return out
     bound = bound or tuned_split_bound(num_tokens, k_cache.shape[2], max_context)
     _launch(out, (q, k_cache, v_cache, page_table, query_start, positions), scale, window,
             grid_splits(max_context, bound, tile.block_n),
-            splits.contiguous(), sinks, tile, rotary, prefetch, pdl)
+            splits.contiguous(), sinks, tile, rotary, prefetch, pdl, softcap)
     return out
 
 
@@ -338,12 +342,12 @@ def grid_splits(max_context: int, split: int, block_n: int) -> int:
 
 def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: int, splits: torch.Tensor | None,
             sinks: torch.Tensor | None, tile: DecodeTile, rotary: tuple | None = None,
-            prefetch: torch.Tensor | None = None, pdl: bool | None = None) -> None:
+            prefetch: torch.Tensor | None = None, pdl: bool | None = None, softcap: float = 0.0) -> None:
     """Launch the decode kernel (and the combine kernel when more than one split can run and the tile
     does not fuse the combine). splits: the tuned count (int32 [1]) or None; sinks: float32 [Hq] sink
     logits or None; rotary: (k, v, cos, sin, slot_mapping) with unit strides along D, or None;
     prefetch: a contiguous tensor the added prefetch programs fetch into L2, or None; pdl: launch with
-    programmatic dependent launch (None: `takes_dependent_launch`)."""
+    programmatic dependent launch (None: `takes_dependent_launch`); softcap: the scores' cap (0: none)."""
     q, k_cache, v_cache, page_table, query_start, positions = tensors
     pdl = takes_dependent_launch(q) if pdl is None else pdl
     num_tokens, num_heads, head_dim = q.shape
@@ -381,7 +385,7 @@ def _launch(out: torch.Tensor, tensors, scale: float, window: int, num_splits: i
             MIN_TILES=max(1, -(-tile.min_split_tokens // block_n)), FUSED=fused, PREFETCH=tile.prefetch,
             SPECULATE=tile.speculate and tile.prefetch > 0, ROTARY=rotary is not None,
             KV_PAD=triton.next_power_of_2(block_kv), L2_PREFETCH=prefetch is not None, PDL=pdl,
-            num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
+            SOFTCAP=float(softcap), num_warps=tile.num_warps, num_stages=tile.num_stages, launch_pdl=pdl)
         if num_splits > 1 and not fused:
             _combine_kernel[(num_tokens, num_heads)](
                 out, *parts, query_start, positions, splits, window_bound(window), num_rows, num_heads,

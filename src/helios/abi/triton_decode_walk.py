@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from helios.abi.triton_paged import find_row, kv_offsets, merge_runs
+from helios.abi.triton_paged import capped_scores, find_row, kv_offsets, merge_runs
 
 __all__ = ["combine_if_last", "token_row", "walk"]
 
@@ -98,9 +98,12 @@ def _load_kv(k_ptr, v_ptr, page, offset, valid, kv_head, offs_d, d_ok, kv_stride
 
 
 @triton.jit
-def _attend(q, acc, m_i, l_i, k_tile, v_tile, allowed, scale_log2, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over a loaded tile (as `attend_tile`; `allowed` from `_score_mask`)."""
-    scores = tl.dot(q, k_tile, input_precision=DOT_PRECISION) * scale_log2
+def _attend(q, acc, m_i, l_i, k_tile, v_tile, allowed, scale_log2, DOT_PRECISION: tl.constexpr,
+            SOFTCAP: tl.constexpr):
+    """One online-softmax step over a loaded tile (as `attend_tile`; `allowed` from `_score_mask`);
+    SOFTCAP > 0: the scores capped before the mask (`capped_scores`)."""
+    scores, factor = capped_scores(tl.dot(q, k_tile, input_precision=DOT_PRECISION), scale_log2, SOFTCAP)
+    scores = scores * factor
     scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -113,13 +116,14 @@ def _attend(q, acc, m_i, l_i, k_tile, v_tile, allowed, scale_log2, DOT_PRECISION
 @triton.jit
 def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, hi, max_pages, kv_head, kv_rows,
          num_kv_heads, offs_d, d_ok, kv_strides, scale_log2, spec, BLOCK_N: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-         DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr):
+         DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_KV: tl.constexpr, SPECULATE: tl.constexpr,
+         SOFTCAP: tl.constexpr = 0.0):
     """The online softmax over the run [lo, hi) in tiles of BLOCK_N positions (of one key/value head
     `kv_head`, or, BLOCK_KV > 1, of the BLOCK_KV from `kv_head`: query head rows see their own, `kv_rows`). PREFETCH
     0: each tile's page entries, then its keys and values; 1: the next tile's page entries are loaded
     before this tile's keys and values; 2: the next tile's keys and values too (two tiles in flight,
     twice the registers). SPECULATE (prefetch 1 or 2): the first tile's page entries may come from
-    `spec` (`_first_pages`)."""
+    `spec` (`_first_pages`). SOFTCAP > 0: scores capped (``helios::paged_attention_softcap``)."""
     kv_cols = kv_head + tl.arange(0, BLOCK_N * BLOCK_KV) % BLOCK_KV
     geometry = (page_table_ptr, row_pages, first, hi, max_pages, num_kv_heads - kv_head)
     if PREFETCH == 0:
@@ -127,14 +131,14 @@ def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, h
             page, offset, valid = _pages_at(geometry, start, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
             k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
             mask = _score_mask(valid, kv_cols, kv_rows, BLOCK_KV)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION, SOFTCAP)
     elif PREFETCH == 1:
         page, offset, valid = _first_pages(geometry, lo, spec, BLOCK_N, PAGE_TOKENS, BLOCK_KV, SPECULATE)
         for start in range(lo, hi, BLOCK_N):
             n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
             k_tile, v_tile = _load_kv(k_ptr, v_ptr, page, offset, valid, kv_cols, offs_d, d_ok, kv_strides)
             mask = _score_mask(valid, kv_cols, kv_rows, BLOCK_KV)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION, SOFTCAP)
             page, offset, valid = n_page, n_offset, n_valid
     else:
         page, offset, valid = _first_pages(geometry, lo, spec, BLOCK_N, PAGE_TOKENS, BLOCK_KV, SPECULATE)
@@ -143,7 +147,7 @@ def walk(q, acc, m_i, l_i, k_ptr, v_ptr, page_table_ptr, row_pages, first, lo, h
             n_page, n_offset, n_valid = _pages_at(geometry, start + BLOCK_N, BLOCK_N, PAGE_TOKENS, BLOCK_KV)
             n_k, n_v = _load_kv(k_ptr, v_ptr, n_page, n_offset, n_valid, kv_cols, offs_d, d_ok, kv_strides)
             mask = _score_mask(valid, kv_cols, kv_rows, BLOCK_KV)
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_tile, v_tile, mask, scale_log2, DOT_PRECISION, SOFTCAP)
             k_tile, v_tile, valid = n_k, n_v, n_valid
     return acc, m_i, l_i
 

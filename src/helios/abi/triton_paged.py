@@ -92,6 +92,25 @@ def attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, page, offset, valid, allowed, kv
 
 
 @triton.jit
+def capped_scores(raw, scale_log2, SOFTCAP: tl.constexpr):
+    """(scores, factor) of raw q.k products: SOFTCAP 0, the products themselves and scale_log2 (the
+    caller's multiply, unchanged); SOFTCAP > 0 (``helios::paged_attention_softcap``), the capped
+    scores ``tanh(scale q.k / c) * c`` already in log2 units, and factor 1.0. tanh(x) is computed
+    as 1 - 2 / (exp(2x) + 1) (exact at both ends: exp2 overflows to inf, or 0; within a few units of
+    1e-7 of torch's tanh in between), the same code compiled and interpreted (the interpreter has no
+    libdevice)."""
+    if SOFTCAP > 0.0:
+        x = raw * (scale_log2 / SOFTCAP)  # scale q.k / c, times log2 e
+        tanh = 1.0 - 2.0 / (tl.exp2(2.0 * x) + 1.0)
+        scores = tanh * (SOFTCAP * 1.4426950408889634)
+        factor = 1.0
+    else:
+        scores = raw
+        factor = scale_log2
+    return scores, factor
+
+
+@triton.jit
 def softmax_start(sinks_ptr, head, with_sink, SIZE: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Initial online-softmax (max, sum) of SIZE (query, head) pairs in log2 units: empty, or for
     the pairs `with_sink` the head's sink logit alone (max = sink * log2 e, sum = 1)."""

@@ -48,7 +48,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from helios.abi.triton_paged import (
-    LOG2E, block_d, dot_precision, find_row, merge_runs, on_device, row_major, sinks_or, softmax_start,
+    LOG2E, block_d, capped_scores, dot_precision, find_row, merge_runs, on_device, row_major, sinks_or, softmax_start,
     window_bound,
 )
 from helios.abi.triton_prefill_steps import attend_contiguous, consecutive_pages, softmax_step
@@ -102,10 +102,11 @@ def _block_runs(lo, hi, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TIL
 def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides, pos, lo, hi,
                window, max_pages, scale_log2, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr, MASKED: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     """One online-softmax step over cached positions [start, start + BLOCK_N). MASKED: positions
     outside [lo, hi), past the table's pages, after a token's position or below its window are
-    excluded (and not read); unmasked tiles lie wholly inside every token's view."""
+    excluded (and not read); unmasked tiles lie wholly inside every token's view. SOFTCAP > 0: the
+    scores are capped before the mask (`capped_scores`)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     page_index = offs_n // PAGE_TOKENS
@@ -130,30 +131,30 @@ def _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages,
         k = tl.load(k_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
         v = tl.load(v_at, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
     if MASKED:
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        scores, factor = capped_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), scale_log2, SOFTCAP)
         allowed = valid[None, :] & (offs_n[None, :] <= pos[:, None]) & (pos[:, None] - offs_n[None, :] < window)
         scores = tl.where(allowed, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
-        probs = tl.exp2(scores * scale_log2 - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(scores, 1) * factor)
+        probs = tl.exp2(scores * factor - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(probs, 1)
         acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # in place
     else:
-        acc, m_new, l_i = softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION)
+        acc, m_new, l_i = softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION, SOFTCAP)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _attend_run(q, acc, m_i, l_i, kv, descs, pos, lo, hi, pos_min, run_lo, run_hi, window, max_pages, scale_log2,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, CONTIGUOUS: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, CONTIGUOUS: tl.constexpr, SOFTCAP: tl.constexpr):
     """The online softmax over the run [run_lo, run_hi) of a block's span, in three loops: tiles below
     some token's window (masked), tiles wholly inside every token's view (at or above the highest
     token's window start, at or below the lowest token's position, within the table's pages: no
     mask), then the diagonal (masked). kv: (k_ptr, v_ptr, page_table_ptr, the row's page-table
     offset, (k, v) head offsets, (k page, k offset, v page, v offset, k dim, v dim) strides). CONTIGUOUS:
     the unmasked tiles are read through descs (k and v descriptors, the head's first column) when
-    their pages are consecutive."""
+    their pages are consecutive. SOFTCAP > 0: every tile's scores are capped (`capped_scores`)."""
     k_ptr, v_ptr, page_table_ptr, row_pages, kv_base, kv_strides = kv
     whole_lo = (tl.maximum(tl.max(pos) - window + 1, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     whole_hi = tl.minimum(pos_min + 1, max_pages * PAGE_TOKENS) // BLOCK_N * BLOCK_N
@@ -162,22 +163,22 @@ def _attend_run(q, acc, m_i, l_i, kv, descs, pos, lo, hi, pos_min, run_lo, run_h
     for start in range(run_lo, mid_lo, BLOCK_N):
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
-                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION, SOFTCAP)
     gather_hi = mid_hi
     if CONTIGUOUS:
         consecutive, row0 = consecutive_pages(page_table_ptr, row_pages, mid_lo, mid_hi, BLOCK_N, PAGE_TOKENS)
         if consecutive:
             acc, m_i, l_i = attend_contiguous(q, acc, m_i, l_i, descs[0], descs[1], row0, descs[2], mid_lo, mid_hi,
-                                              scale_log2, BLOCK_N, DOT_PRECISION)
+                                              scale_log2, BLOCK_N, DOT_PRECISION, SOFTCAP)
             gather_hi = mid_lo
     for start in range(mid_lo, gather_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
-                                   HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION)
+                                   HEAD_DIM, PAGE_TOKENS, False, DOT_PRECISION, SOFTCAP)
     for start in range(mid_hi, run_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(q, acc, m_i, l_i, start, k_ptr, v_ptr, page_table_ptr, row_pages, kv_base,
                                    kv_strides, pos, lo, hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D,
-                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION)
+                                   HEAD_DIM, PAGE_TOKENS, True, DOT_PRECISION, SOFTCAP)
     return acc, m_i, l_i
 
 
@@ -209,14 +210,17 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TOKENS: tl.constexpr,
                     NUM_SPLITS: tl.constexpr, MIN_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    HAS_SINKS: tl.constexpr, FUSED_COMBINE: tl.constexpr, CONTIGUOUS: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, FUSED_COMBINE: tl.constexpr, CONTIGUOUS: tl.constexpr,
+                    SOFTCAP: tl.constexpr = 0.0):
     """Program (query block, head program, split), or (head program, query block, split) when
     HEADS_FIRST (a GQA group's programs adjacent): up to BLOCK_M tokens of one row x HEADS query heads
     of one key/value head (its GROUP heads, or one) over the split's run of the block's span. Writes the
     output (the block has one run) or the run's partials; split 0 also writes zeros for the padding
     tokens of its block's index range. HAS_SINKS: split 0 starts from the heads' sink logits (the
-    combine counts each once). FUSED_COMBINE: the run that finishes last (a per-program counter in
-    `counters_ptr`, zero between launches) merges the block's partials itself: no combine launch."""
+    combine counts each once). SOFTCAP > 0: scores capped at tanh(s / SOFTCAP) * SOFTCAP
+    (``helios::paged_attention_softcap``; 0, the default, compiles no cap). FUSED_COMBINE: the run
+    that finishes last (a per-program counter in `counters_ptr`, zero between launches) merges the
+    block's partials itself: no combine launch."""
     if HEADS_FIRST:
         head_program = tl.program_id(0)
         grid_block = tl.program_id(1)
@@ -247,7 +251,7 @@ def _prefill_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, counters_ptr, q
               (stride_kp, stride_kt, stride_vp, stride_vt, stride_kd, stride_vd))
         acc, m_i, l_i = _attend_run(q, acc, m_i, l_i, kv, (k_desc, v_desc, kv_head * HEAD_DIM), pos, lo, hi, pos_min,
                                     run_lo, run_hi, window, max_pages, scale_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                    PAGE_TOKENS, DOT_PRECISION, CONTIGUOUS)
+                                    PAGE_TOKENS, DOT_PRECISION, CONTIGUOUS, SOFTCAP)
         result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_at = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         if NUM_SPLITS == 1:  # a one-split grid: no partials compiled in
@@ -293,11 +297,13 @@ def _prefill_combine_kernel(out_ptr, part_m_ptr, part_l_ptr, part_o_ptr, query_s
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor,
                             scale: float, window: int, *, sinks: torch.Tensor | None = None,
-                            tile: PrefillTile | None = None, splits: int | None = None) -> torch.Tensor:
+                            tile: PrefillTile | None = None, splits: int | None = None,
+                            softcap: float = 0.0) -> torch.Tensor:
     """The prefill kernel (arguments as ``helios::paged_attention``, already validated): grid
     (T // BLOCK_M + R, Hkv, splits) packed, (Hq, T // BLOCK_M + R, splits) per head, then the combine
     kernel when splits > 1 (see the module doc). `tile` overrides `prefill_tile`, `splits` overrides
-    `prefill_splits` (benchmarks sweep them)."""
+    `prefill_splits` (benchmarks sweep them). `softcap` > 0: the capped scores of
+    ``helios::paged_attention_softcap``."""
     num_tokens, num_heads, head_dim = q.shape
     num_rows, num_kv_heads = page_table.shape[0], k_cache.shape[2]
     if num_tokens == 0 or num_rows == 0:
@@ -329,7 +335,7 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             BLOCK_M=block_m, BLOCK_N=tile.block_n, HEAD_DIM=head_dim, BLOCK_D=width, PAGE_TOKENS=k_cache.shape[1],
             NUM_SPLITS=splits, MIN_TILES=tile.min_split_tiles, DOT_PRECISION=dot_precision(q),
             HAS_SINKS=sinks is not None, FUSED_COMBINE=fused, CONTIGUOUS=descs[0] is not None,
-            num_warps=tile.num_warps, num_stages=tile.num_stages)
+            SOFTCAP=float(softcap), num_warps=tile.num_warps, num_stages=tile.num_stages)
         if splits > 1 and not fused:
             _prefill_combine_kernel[(blocks, num_heads)](
                 out, *parts, query_start, positions, window_bound(window), num_rows, num_heads, *out.stride(),

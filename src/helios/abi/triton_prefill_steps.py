@@ -11,15 +11,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from helios.abi.triton_paged import capped_scores
+
 __all__ = ["attend_contiguous", "consecutive_pages", "softmax_step"]
 
 
 @triton.jit
-def softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION: tl.constexpr):
-    """One unmasked online-softmax step of q against the key and value tiles k, v ([BLOCK_N, D])."""
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
-    probs = tl.exp2(scores * scale_log2 - m_new[:, None])
+def softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
+    """One unmasked online-softmax step of q against the key and value tiles k, v ([BLOCK_N, D]);
+    SOFTCAP > 0: the scores capped first (`capped_scores`)."""
+    scores, factor = capped_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), scale_log2, SOFTCAP)
+    m_new = tl.maximum(m_i, tl.max(scores, 1) * factor)
+    probs = tl.exp2(scores * factor - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(probs, 1)
     acc = tl.dot(probs.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # accumulates in place
@@ -44,12 +47,12 @@ def consecutive_pages(page_table_ptr, row_pages, lo, hi, BLOCK: tl.constexpr, PA
 
 @triton.jit
 def attend_contiguous(q, acc, m_i, l_i, k_desc, v_desc, row0, column, lo, hi, scale_log2, BLOCK_N: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
+                      DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     """The unmasked tiles [lo, hi) (whole BLOCK_N tiles) of a block whose positions p sit at cache row
     ``row0 + p`` of the descriptors' [pages x page tokens, key/value heads x D] view, head columns
     from `column`."""
     for start in range(lo, hi, BLOCK_N):
         k = k_desc.load([row0 + start, column])
         v = v_desc.load([row0 + start, column])
-        acc, m_i, l_i = softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION)
+        acc, m_i, l_i = softmax_step(q, k, v, acc, m_i, l_i, scale_log2, DOT_PRECISION, SOFTCAP)
     return acc, m_i, l_i

@@ -55,7 +55,9 @@ MLP). ``local_rope_layers`` rotate with a second table, ``rope.local_inv_freq`` 
 float32, right after ``rope.inv_freq``. ``mlp_activation`` picks the gated MLP's activation,
 ``embedding_scale`` multiplies looked-up embeddings, ``query_pre_attn_scalar`` (> 0) sets the
 attention scale to its inverse square root and ``logit_softcap`` (> 0) caps the logits at
-``tanh(logits / c) * c``.
+``tanh(logits / c) * c``. ``attention_softcap`` (> 0, Gemma 2) caps every scaled attention score the
+same way before the mask and the softmax (``helios::paged_attention_softcap``; plain attention layers
+only: not with sinks, latent attention or recurrent mixers); it changes no weight slot.
 
 Without ``pre_norms`` (OLMo 2 / 3) a layer has no norm before its attention or its MLP: no
 ``layers.i.input_norm`` and no ``layers.i.post_norm`` slot, and the blocks take the residual stream
@@ -217,6 +219,7 @@ class Architecture:
     query_pre_attn_scalar: float = 0.0  # > 0: the attention scale is its inverse square root (0: head_dim's)
     local_rope_layers: tuple[int, ...] = ()  # layers rotating with rope.local_inv_freq (Gemma's sliding layers)
     logit_softcap: float = 0.0  # > 0: logits are tanh(logits / c) * c
+    attention_softcap: float = 0.0  # > 0: attention scores are tanh(s / c) * c before the mask (Gemma 2)
     # OLMo 2's dataflow (see the module docstring); the defaults are every other family's.
     pre_norms: bool = True  # a norm before each attention and MLP block (False: their inputs un-normed)
     qk_norm_whole: bool = False  # the q/k norms span the whole q / k projections, not each head
@@ -276,7 +279,8 @@ class Architecture:
             raise CheckpointError(f"mlp_activation {self.mlp_activation!r} is not one of {MLP_ACTIVATIONS}")
         bounds = {"embedding_scale": (self.embedding_scale, 0.0, False),
                   "query_pre_attn_scalar": (self.query_pre_attn_scalar, 0.0, True),
-                  "logit_softcap": (self.logit_softcap, 0.0, True)}
+                  "logit_softcap": (self.logit_softcap, 0.0, True),
+                  "attention_softcap": (self.attention_softcap, 0.0, True)}
         for name, (value, low, zero) in bounds.items():
             if not (math.isfinite(value) and (value > low or (zero and value == low))):
                 raise CheckpointError(f"{name} {value} must be finite and {'>=' if zero else '>'} {low}")
@@ -285,6 +289,9 @@ class Architecture:
                                        or self.latent is not None or self.recurrent is not None):
             raise CheckpointError(f"local_rope_layers {self.local_rope_layers} need rotary attention layers of "
                                   f"{self.num_layers}")
+        if self.attention_softcap and (self.attention_sinks or self.latent is not None or self.recurrent is not None):
+            raise CheckpointError("attention_softcap needs plain attention layers without sinks (no latent attention, "
+                                  "no recurrent mixers)")
         if self.sandwich_norms and self.recurrent is not None:
             raise CheckpointError("sandwich_norms: a hybrid decoder's layers have no sandwich norms")
         if not self.pre_norms and not self.sandwich_norms:

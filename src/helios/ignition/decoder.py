@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
+import helios.abi.attention_softcap  # noqa: F401  (registers helios::paged_attention_softcap(_tuned))
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.layer_norm  # noqa: F401  (registers helios::layer_norm)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
@@ -199,10 +200,15 @@ def normed_after_rotary(arch: Architecture, w: Mapping[str, torch.Tensor], prefi
 
 
 def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, step: PackedStep):
-    """The layer's attention op: with or without sinks, tuned (device split count) or not."""
+    """The layer's attention op: with or without sinks, soft-capped (``arch.attention_softcap``) or
+    not, tuned (device split count) or not."""
     geometry = (q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
                 arch.attention_scale, arch.layer_windows[layer])
     ops = torch.ops.helios
+    if arch.attention_softcap:  # (never with sinks: the Architecture refuses the pair)
+        if step.splits is None:
+            return ops.paged_attention_softcap(*geometry, arch.attention_softcap)
+        return ops.paged_attention_softcap_tuned(*geometry, arch.attention_softcap, step.splits)
     if sinks is None:
         return ops.paged_attention(*geometry) if step.splits is None else ops.paged_attention_tuned(*geometry,
                                                                                                       step.splits)
@@ -241,13 +247,24 @@ def plain_activation(arch: Architecture, x: torch.Tensor) -> torch.Tensor:
     return F.silu(x)
 
 
-def parallel_sum(arch: Architecture, attended, mixed):
-    """A parallel block's attention and MLP outputs as one residual delta (``arch.parallel_block``):
-    under tensor parallelism two unsummed `Partial` outputs are added on the rank, so one all-reduce
-    sums both; an output that came summed (a biased projection's) makes the sum of the summed."""
-    if isinstance(attended, Partial) and isinstance(mixed, Partial):
-        return Partial(attended.value + mixed.value)
-    return summed(arch, attended) + summed(arch, mixed)
+def parallel_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, normed, shared: LayerInputs,
+                   rows: torch.Tensor | None = None):
+    """(delta, bias): a parallel layer's residual delta (``arch.parallel_block``), its attention plus
+    its MLP of the same normed input (with `rows`, of those tokens: `attention_block`'s). Under tensor
+    parallelism the delta is the rank's `Partial`, both products added on the rank so that one
+    all-reduce sums them (`residual_update`), and `bias` the o and down biases to add once (None
+    without them); on one rank `bias` is None and the delta the whole sum."""
+    prefix = f"layers.{layer}."
+    mlp_input = normed if rows is None else normed[rows]
+    if arch.tensor_parallel == 1:
+        attended = attention_block(arch, w, layer, normed, shared, rows=rows)
+        return attended + mlp_block(arch, w, prefix, mlp_input), None
+    names = (prefix + "o.bias", prefix + "down.bias")
+    unbiased = {name: tensor for name, tensor in w.items() if name not in names}
+    attended = attention_block(arch, unbiased, layer, normed, shared, partial=True, rows=rows)
+    mixed = mlp_block(arch, unbiased, prefix, mlp_input, partial=True)
+    biases = [w[name] for name in names if name in w]
+    return Partial(attended.value + mixed.value), (sum(biases[1:], biases[0]) if biases else None)
 
 
 def sandwiched(arch: Architecture, w: Mapping[str, torch.Tensor], slot: str, delta):
@@ -297,13 +314,14 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
         kept = rows if layer == arch.num_layers - 1 else None
         next_norm = f"layers.{layer + 1}.input_norm" if layer + 1 < arch.num_layers else "final_norm"
         # The residual add and the next norm, one fused op (with the sum over ranks of a Partial).
+        if arch.parallel_block:  # Cohere: attention and MLP of one normed input, added at once
+            delta, bias = parallel_block(arch, w, layer, normed, shared, kept)
+            hidden = hidden if kept is None else hidden[kept]
+            hidden, normed = residual_update(arch, w, hidden if bias is None else hidden + bias, delta, next_norm)
+            continue
         attended = attention_block(arch, w, layer, normed, shared, partial=True, rows=kept)
         if kept is not None:
             hidden = hidden[kept]
-        if arch.parallel_block:  # Cohere: the MLP reads the attention's input; both added at once
-            mixed = mlp_block(arch, w, prefix, normed if kept is None else normed[kept], partial=True)
-            hidden, normed = residual_update(arch, w, hidden, parallel_sum(arch, attended, mixed), next_norm)
-            continue
         attended = sandwiched(arch, w, prefix + "attn_out_norm", attended)
         hidden, normed = residual_update(arch, w, hidden, attended, prefix + "post_norm")
         mixed = sandwiched(arch, w, prefix + "mlp_out_norm", mlp_block(arch, w, prefix, normed, partial=True))

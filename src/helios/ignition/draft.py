@@ -30,13 +30,14 @@ from helios.ignition.decoder import (
     layer_tables,
     lm_logits,
     mlp_block,
+    parallel_block,
     projection_norm,
     rms_norm,
     sandwiched,
     slot_mapping,
 )
 from helios.ignition.program_spec import DRAFT_PREFIX
-from helios.ignition.tensor_parallel import embed_tokens
+from helios.ignition.tensor_parallel import embed_tokens, summed
 
 
 class DraftStorage(NamedTuple):
@@ -81,7 +82,9 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         prefix = f"layers.{layer}."
         normed = _block_input(arch, w, hidden, prefix + "input_norm")
         if arch.parallel_block:  # Cohere: attention and MLP read the same normed input
-            hidden = hidden + attention_block(arch, w, layer, normed, shared) + mlp_block(arch, w, prefix, normed)
+            delta, bias = parallel_block(arch, w, layer, normed, shared)
+            hidden = hidden + summed(arch, delta)
+            hidden = hidden if bias is None else hidden + bias
             continue
         hidden = hidden + sandwiched(arch, w, prefix + "attn_out_norm", attention_block(arch, w, layer, normed, shared))
         normed = _block_input(arch, w, hidden, prefix + "post_norm")

@@ -1,0 +1,146 @@
+"""Recipe for Gemma and Gemma 2 checkpoints: GemmaForCausalLM (transformers' GemmaConfig: Gemma 1 2B and
+7B, CodeGemma, Gemma 1.1) and Gemma2ForCausalLM (Gemma2Config: Gemma 2 2B, 9B, 27B).
+
+Both are Llama's grouped-query attention with Gemma 3's pieces (`helios.ignition.recipes.gemma3`):
+every RMSNorm's weight folded to ``1 + w`` at preparation (the reference's
+``norm(x.float()) * (1 + w.float())``), the gated MLP's tanh-approximated GELU
+(``helios::gelu_tanh_mul``) and the embeddings times sqrt(hidden_size) rounded to the model dtype
+(``embedding_scale``). ``head_dim`` may differ from hidden_size / heads (Gemma 7B: 16 heads of 256
+over 3072). One rope table (``rope_parameters`` or the legacy top-level spelling; Llama's checked rope
+types) for every layer; no q/k norms.
+
+Gemma 1: the attention scale is ``head_dim ** -0.5``, every layer attends fully and the norms are
+Llama's (input norm, post-attention norm before the MLP). The reference's activation is
+``hidden_act`` (its legacy ``"gelu"`` means the tanh approximation, as GemmaConfig converts it);
+``hidden_activation`` (older config.json files) is accepted where it names the same.
+
+Gemma 2, beside those:
+
+- sandwich norms (``sandwich_norms``): ``post_attention_layernorm`` on the attention output and
+  ``post_feedforward_layernorm`` on the MLP output before each residual add; ``pre_feedforward_layernorm``
+  is the prepared ``post_norm``;
+- the activation is ``hidden_activation`` (Gemma2MLP reads no ``hidden_act``);
+- ``layer_types`` (default, as Gemma2Config fills it: even layers slide, odd layers attend fully)
+  with the reference's window convention (a sliding query sees its last ``sliding_window`` positions,
+  its own included);
+- the attention scale ``query_pre_attn_scalar ** -0.5``;
+- ``attn_logit_softcapping``: every scaled attention score capped at ``tanh(s / c) * c`` before the
+  mask (``attention_softcap``, ``helios::paged_attention_softcap``); null: no cap;
+- ``final_logit_softcapping``: the logits capped the same way on every logits path (``logit_softcap``);
+  null: no cap.
+
+Refused by name: another activation, ``use_bidirectional_attention``, a non-positive or non-numeric
+soft cap or ``query_pre_attn_scalar``, malformed ``layer_types``, a sliding layer without a positive
+window, rope types Llama's recipe refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from helios.ignition.architecture import Architecture
+from helios.ignition.recipes import gemma3, llama
+from helios.ignition.recipes.base import Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.checkpoint import CheckpointTensors
+
+GEMMA, GEMMA2 = "GemmaForCausalLM", "Gemma2ForCausalLM"
+ARCHITECTURES = (GEMMA, GEMMA2)
+ACTIVATIONS = ("gelu_pytorch_tanh",)  # and Gemma 1's legacy "gelu" (hidden_act), the same function
+
+
+def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    arch = architecture_from_config(source, config, tensors, dtype)
+    # Gemma 2's slots are Gemma 3's sandwich-norm slots (no q/k norms here); Gemma 1's are Llama's.
+    layer_weights = gemma3._layer_weights if source == GEMMA2 else None
+    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, transform=gemma3._folded_norm)
+    return llama.placed_recipe(source, arch, weights, used, tensors)
+
+
+def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
+                             dtype: str | None) -> Architecture:
+    _check_activation(source, config)
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedCheckpoint("use_bidirectional_attention is not supported (the programs attend causally)")
+    num_layers, num_heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+    for key in ("head_dim", "intermediate_size", "rms_norm_eps"):
+        if config[key] is None:  # the reference computes with them: a null breaks it
+            raise UnsupportedCheckpoint(f"config.json: {key} must be a number, got null")
+    dtype = dtype or llama._checkpoint_dtype(config, tensors)
+    prefix = "model.layers.0.self_attn."
+    common = dict(
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=int(config["hidden_size"]),
+        intermediate_size=int(config["intermediate_size"]),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        head_dim=int(config["head_dim"]),
+        rms_norm_eps=float(config["rms_norm_eps"]),
+        qkv_bias=prefix + "q_proj.bias" in tensors,
+        o_bias=prefix + "o_proj.bias" in tensors,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        dtype=dtype,
+        mlp_activation="gelu_tanh",
+        embedding_scale=gemma3.embedding_scale(int(config["hidden_size"]), dtype),
+    )
+    if source == GEMMA:
+        return Architecture(**common, layer_windows=(0,) * num_layers)
+    return Architecture(
+        **common,
+        layer_windows=_layer_windows(config, num_layers),
+        sandwich_norms=True,
+        query_pre_attn_scalar=_positive(config, "query_pre_attn_scalar", nullable=False),
+        attention_softcap=_positive(config, "attn_logit_softcapping"),
+        logit_softcap=_positive(config, "final_logit_softcapping"),
+    )
+
+
+def _check_activation(source: str, config: Mapping[str, Any]) -> None:
+    """The MLP activation the reference reads: GemmaMLP's ``hidden_act`` ("gelu" converted to the tanh
+    approximation), Gemma2MLP's ``hidden_activation``; Gemma 1's ``hidden_activation``, which
+    transformers 5 ignores, must not name another."""
+    if source == GEMMA:
+        act = config.get("hidden_act", "gelu_pytorch_tanh")
+        if act not in (*ACTIVATIONS, "gelu"):
+            raise UnsupportedCheckpoint(f"hidden_act {act!r} is not supported (only 'gelu_pytorch_tanh' or 'gelu')")
+        named = config.get("hidden_activation")
+        if named is not None and named not in ACTIVATIONS:
+            raise UnsupportedCheckpoint(f"hidden_activation {named!r} is not supported (only {ACTIVATIONS[0]!r})")
+        return
+    act = config.get("hidden_activation")
+    if act not in ACTIVATIONS:
+        raise UnsupportedCheckpoint(f"hidden_activation {act!r} is not supported (only {ACTIVATIONS[0]!r})")
+
+
+def _positive(config: Mapping[str, Any], key: str, nullable: bool = True) -> float:
+    """config.json's `key` as a positive float; a null (where the reference reads it as "none") is 0."""
+    value = config.get(key)
+    if value is None and nullable:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or value == float("inf"):
+        kind = "a positive number or null" if nullable else "a positive number"
+        raise UnsupportedCheckpoint(f"config.json: {key} must be {kind}, got {value!r}")
+    return float(value)
+
+
+def layer_types(config: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
+    """Each layer's attention kind, as Gemma2Config resolves it: ``layer_types``, else even layers
+    slide and odd layers attend fully."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers))
+    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(llama.LAYER_TYPES):
+        raise UnsupportedCheckpoint(f"config.json: layer_types {kinds!r:.120} must name one of {llama.LAYER_TYPES} "
+                                    f"for each of the {num_layers} layers")
+    return tuple(kinds)
+
+
+def _layer_windows(config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
+    kinds = layer_types(config, num_layers)
+    window = config.get("sliding_window")
+    if "sliding_attention" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise UnsupportedCheckpoint(f"config.json: sliding_window {window!r} must be a positive count for the "
+                                    f"sliding_attention layers")
+    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+
