@@ -238,6 +238,59 @@ def draw_deepseek(seed: int) -> Variant:
                    _legacy_rope(rng, rope), rng.random() < 0.3)
 
 
+def draw_latent(seed: int) -> Variant:
+    """DeepSeek-V2 / V2-Lite (softmax routing, greedy or over groups scored by their best expert, never
+    renormalised; rarely norm_topk_prob, moe_layer_freq 2 or another topk_method: refused) and
+    GLM-4.7-Flash (DeepSeek-V3's dataflow, sparse layers by mlp_layer_types or its default, sometimes
+    beside a first_k_dense_replace that agrees or not); latent geometry with or without a query rank,
+    default or YaRN rope with DeepSeek's mscale, rarely attention biases (refused)."""
+    rng = random.Random(seed)
+    name = _choice(rng, ("deepseek_v2", "deepseek_v2", "glm4_moe_lite"))
+    experts, rope_dim, heads = _choice(rng, (4, 6, 8)), _choice(rng, (8, 16)), _choice(rng, (2, 4))
+    rope = _rope(rng, ("default", "yarn", "yarn"), rope_dim)
+    if rope["rope_type"] == "yarn" and rng.random() < 0.6:
+        rope.update(mscale=_choice(rng, (0.707, 1.0)), mscale_all_dim=_choice(rng, (0.707, 1.0)))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), hidden_size=_choice(rng, (32, 64)),
+                  intermediate_size=48, num_attention_heads=heads, num_key_value_heads=heads,
+                  q_lora_rank=_choice(rng, (None, 16)), kv_lora_rank=_choice(rng, (16, 32)), qk_rope_head_dim=rope_dim,
+                  qk_nope_head_dim=_choice(rng, (8, 16)), v_head_dim=_choice(rng, (8, 24)), n_routed_experts=experts,
+                  num_experts_per_tok=_choice(rng, (1, 2, 3)), moe_intermediate_size=_choice(rng, (16, 24)),
+                  n_shared_experts=_choice(rng, (0, 1, 2)), routed_scaling_factor=_choice(rng, (1.0, 2.5, 16.0)),
+                  rms_norm_eps=_choice(rng, (1e-6, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  max_position_embeddings=512, rope_parameters=rope)
+    # GLM's sigmoid groups score their best two (a group of one is refused); DeepSeek-V2's their best one
+    sizes = (1, 2, 3, 4) if name == "deepseek_v2" else (1, 2, 2, 4)
+    groups, legacy = _choice(rng, [g for g in sizes if experts % g == 0]), ()
+    if name == "deepseek_v2":
+        method = "greedy" if groups == 1 else _choice(rng, ("greedy", "group_limited_greedy", "group_limited_greedy"))
+        config.update(topk_method=method, first_k_dense_replace=_choice(rng, (0, 1, 2)))
+        if method == "group_limited_greedy":
+            config.update(n_group=groups, topk_group=_choice(rng, range(1, groups + 1)))
+        if rng.random() < 0.08:
+            config["norm_topk_prob"] = True
+        if rng.random() < 0.05:
+            config["topk_method"] = "noaux_tc"
+        if rng.random() < 0.3:  # DeepSeek's own config.json spells the layer frequency
+            legacy += (("moe_layer_freq", _choice(rng, (1, 1, 1, 2))),)
+    else:
+        config.update(n_group=groups, topk_group=_choice(rng, range(1, groups + 1)), norm_topk_prob=rng.random() < 0.7,
+                      rope_interleave=rng.random() < 0.7)
+        kinds = ["dense", "sparse"]  # Glm4MoeLiteConfig's default for 2 layers
+        if rng.random() < 0.6:
+            config["mlp_layer_types"] = kinds = [_choice(rng, ("dense", "sparse")) for _ in range(2)]
+        if rng.random() < 0.3:  # the first dense layers, as GLM-4.5 spells them: agreeing or not
+            agreeing = kinds.index("sparse") if "sparse" in kinds and kinds[-1] == "sparse" else 2
+            legacy += (("first_k_dense_replace", _choice(rng, (agreeing, agreeing, agreeing, 0, 1))),)
+    kept = experts // groups * int(config.get("topk_group") or 1)
+    if config["num_experts_per_tok"] > kept and (name != "deepseek_v2" or "n_group" in config):
+        config["num_experts_per_tok"] = _choice(rng, (1, 1, 1, config["num_experts_per_tok"]))  # refused
+    if rng.random() < 0.05:
+        config["attention_bias"] = True
+    cls = transformers.DeepseekV2Config if name == "deepseek_v2" else transformers.Glm4MoeLiteConfig
+    return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), legacy + _legacy_rope(rng, rope),
+                   rng.random() < 0.3)
+
+
 def draw_gpt_oss(seed: int) -> Variant:
     rng = random.Random(seed)
     geometry = _attention_geometry(rng, explicit_head_dim=True)
@@ -579,7 +632,8 @@ def draw_qwen2_moe(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
-DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
+DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
+         "latent": draw_latent, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
          "qwen2_moe": draw_qwen2_moe}
@@ -673,8 +727,10 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 
 _LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
 _GLM_OLMO_SEEDS = range(int(os.environ.get("HELIOS_GLM_OLMO_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
+_LATENT_SEEDS = range(int(os.environ.get("HELIOS_LATENT_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 _MOE_FAMILY_SEEDS = range(int(os.environ.get("HELIOS_MOE_FAMILY_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
-SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14), "gpt_oss": range(10), "bamba": range(12),
+SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
+         "latent": _LATENT_SEEDS, "gpt_oss": range(10), "bamba": range(12),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
