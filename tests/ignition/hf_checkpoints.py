@@ -254,6 +254,19 @@ QWEN2_MOE = Family("qwen2_moe", transformers.Qwen2MoeConfig, (
     ("sliding_window", 5), ("max_window_layers", 2), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
 ))
+# OLMoE (tests/ignition/test_olmoe_recipe.py): q/k norms over the whole projections, a mixture of 6 experts in every
+# layer, top-2; as released (no biases, unnormalised top-k, untied), and with q/k/v/o biases, renormalised top-3,
+# one key/value head and tied embeddings.
+OLMOE = Family("olmoe", transformers.OlmoeConfig, (
+    ("num_experts", 6), ("num_experts_per_tok", 2), ("intermediate_size", 32), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+OLMOE_BIASED = Family("olmoe-biased", transformers.OlmoeConfig, (
+    ("num_experts", 6), ("num_experts_per_tok", 3), ("intermediate_size", 32), ("norm_topk_prob", True),
+    ("attention_bias", True), ("num_key_value_heads", 1), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0}), *PHI3_IDS,
+))
+OLMOE_FAMILIES = (OLMOE, OLMOE_BIASED)
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

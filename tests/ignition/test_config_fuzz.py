@@ -626,9 +626,41 @@ def draw_qwen2_moe(seed: int) -> Variant:
     legacy = _legacy_rope(rng, rope)
     if rng.random() < 0.5:  # Qwen1.5-MoE's config.json: the kinds Qwen2MoeConfig derives
         legacy += (("layer_types", None),)
-    elif rng.random() < 0.2:
-        legacy += (("layer_types", [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]),)
+    elif rng.random() < 0.2:  # kinds of its own (the reference's too)
+        config["layer_types"] = [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]
     return Variant(Family(f"qwen2_moe-{seed}", transformers.Qwen2MoeConfig, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
+def draw_olmoe(seed: int) -> Variant:
+    """OLMoE: whole-projection q/k norms, softmax top-k with or without renormalisation in every layer,
+    q/k/v/o biases or none, Llama's rope types (rarely partial: refused), a window its reference does
+    not read; rarely ``clip_qkv``, an explicit head_dim other than hidden / heads or another activation
+    (refused)."""
+    rng = random.Random(seed)
+    heads = _choice(rng, (2, 4, 8))
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), hidden_size=_choice(rng, (32, 48, 64)),
+                  num_attention_heads=heads, num_key_value_heads=_choice(rng, [n for n in (1, 2, 4, 8) if heads % n == 0]),
+                  intermediate_size=_choice(rng, (16, 32)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  num_experts=_choice(rng, (4, 6, 8)), num_experts_per_tok=_choice(rng, (1, 2, 3)),
+                  norm_topk_prob=rng.random() < 0.5, attention_bias=rng.random() < 0.3,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    head_dim = config["hidden_size"] // heads
+    if rng.random() < 0.05:
+        config["hidden_act"] = "gelu"
+    if rng.random() < 0.05:
+        config["clip_qkv"] = 2.0
+    if rng.random() < 0.05:
+        config["head_dim"] = 2 * head_dim
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn"), head_dim)
+    if rng.random() < 0.1:
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    legacy = _legacy_rope(rng, rope)
+    if rng.random() < 0.2:  # a window the reference does not read
+        legacy += (("sliding_window", 5),)
+    return Variant(Family(f"olmoe-{seed}", transformers.OlmoeConfig, tuple(config.items())), legacy,
                    rng.random() < 0.3)
 
 
@@ -636,7 +668,7 @@ DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
          "latent": draw_latent, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
-         "qwen2_moe": draw_qwen2_moe}
+         "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -734,7 +766,8 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
-         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS}
+         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
+         "olmoe": _MOE_FAMILY_SEEDS}
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],

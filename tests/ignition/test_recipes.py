@@ -107,7 +107,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Ernie4_5ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
                                             "Cohere2ForCausalLM",
                                             "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
-                                            "Olmo3ForCausalLM", "Qwen2MoeForCausalLM",
+                                            "Olmo3ForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM"}
 
 

@@ -101,6 +101,8 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         # and switches lists as a forward passes the original context: these short prompts' outputs cross
         # any shorter one, where no prepared core (one list) can follow it (tests/ignition/test_phi3_recipe.py)
         config["original_max_position_embeddings"] = config["max_position_embeddings"]
+    if kind == "olmoe":  # OlmoeAttention sizes its q/k norms by hidden_size: the head width is hidden / heads
+        config["hidden_size"] = hidden = config.pop("head_dim") * heads
     if kind == "deepseek" or ("num_key_value_heads", None) in base.legacy:
         # latent attention: a key head per query head; a Llama 1/2 config.json without the count
         config["num_key_value_heads"] = heads
@@ -277,6 +279,8 @@ SEEDS = (  # (draw, seed, ranks)
                           # square summed over the ranks), sliding/full layers, the legacy rope layout, biases, tied
     ("qwen2_moe", 0, 4),  # Qwen2-MoE: the gated shared expert of width 8 on 4 ranks (2 each, the gate whole), a
                           # dense first layer, expert width 20, 8 heads, no layer_types, linear rope, vocab 97
+    ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
+                          # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
 )
 
 

@@ -24,6 +24,8 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                             "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
                             "shared_expert_intermediate_size": 5632, "qkv_bias": True,
                             "max_position_embeddings": 32768},
+    "OlmoeForCausalLM": {"rms_norm_eps": 1e-5, "num_experts": 64, "num_experts_per_tok": 8, "intermediate_size": 2048,
+                         "max_position_embeddings": 4096},
     "MixtralForCausalLM": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "num_key_value_heads": 8,
                            "num_local_experts": 8, "num_experts_per_tok": 2},
     "Glm4MoeForCausalLM": {"rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "num_key_value_heads": 8,
