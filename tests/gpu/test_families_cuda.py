@@ -23,6 +23,7 @@ from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
 from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3
 from ignition.hf_checkpoints import OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import LATENT_FAMILIES
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
@@ -36,7 +37,7 @@ def cores(tmp_path_factory) -> base.Cores:
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
-                                    COHERE2, QWEN2_MOE, OLMOE,
+                                    COHERE2, QWEN2_MOE, OLMOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -809,6 +809,47 @@ PINNED = {
          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 500}}), "matches"),
     # Qwen3-MoE's reference rotates whole heads whatever partial_rotary_factor says: it was rotated in part
+def draw_gemma(seed: int) -> Variant:
+    """Gemma 1 or Gemma 2 (half each): an explicit head_dim other than hidden / heads mostly, biases, tied or
+    not, Llama's rope types (rarely one Llama's recipe refuses) in either layout. Gemma 1: the activation
+    as "gelu_pytorch_tanh" or the legacy "gelu", sometimes an older ``hidden_activation`` beside it (rarely
+    another: refused). Gemma 2: ``layer_types`` of its own or Gemma2Config's alternating default, windows
+    under and over the prompt, query_pre_attn_scalar other than head_dim, an attention soft cap (null, 1,
+    5 or 50) and a final one (null, 5 or 30); rarely a non-positive cap or another activation (refused)."""
+    rng = random.Random(seed)
+    gemma2 = rng.random() < 0.5
+    layers = _choice(rng, (2, 3))
+    config = dict(num_hidden_layers=layers, vocab_size=_choice(rng, (97, 128)), intermediate_size=_choice(rng, (32, 48)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.7,
+                  attention_bias=rng.random() < 0.3, **_attention_geometry(rng, explicit_head_dim=True))
+    rope = _rope(rng, kinds=("default", "default", "linear", "llama3", "yarn", "dynamic") if rng.random() < 0.2
+                 else ("default", "linear"), rotary_dim=config["head_dim"])
+    config["rope_parameters"] = rope
+    if not gemma2:
+        config["hidden_act"] = _choice(rng, ("gelu_pytorch_tanh", "gelu", "gelu", "silu" if rng.random() < 0.1
+                                             else "gelu"))
+        if rng.random() < 0.3:
+            config["hidden_activation"] = "gelu_pytorch_tanh" if rng.random() < 0.8 else "relu"
+        return Variant(Family(f"gemma-{seed}", transformers.GemmaConfig, tuple(config.items())),
+                       _legacy_rope(rng, rope), rng.random() < 0.3)
+    config.update(sliding_window=_choice(rng, (3, 5, 8, 4096)),
+                  query_pre_attn_scalar=_choice(rng, (config["head_dim"], 24, 256, 1)),
+                  attn_logit_softcapping=_choice(rng, (None, 1.0, 5.0, 50.0)),
+                  final_logit_softcapping=_choice(rng, (None, 5.0, 30.0)))
+    if rng.random() < 0.5:
+        config["layer_types"] = [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]
+    if rng.random() < 0.05:
+        config["attn_logit_softcapping"] = _choice(rng, (0.0, -1.0))
+    if rng.random() < 0.05:
+        config["hidden_activation"] = "gelu"
+    return Variant(Family(f"gemma2-{seed}", transformers.Gemma2Config, tuple(config.items())),
+                   _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
+DRAWS["gemma"] = draw_gemma
+SEEDS["gemma"] = range(int(os.environ.get("HELIOS_GEMMA_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
+
+
     "qwen3_moe-partial-rotary": (_variant("qwen3_moe-partial", transformers.Qwen3MoeConfig, dict(
         _TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
         rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5})),

@@ -12,6 +12,7 @@ from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAM
 from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES
 from ignition.hf_checkpoints import OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
+from ignition.hf_checkpoints import GEMMA_FAMILIES
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -28,8 +29,10 @@ from ignition.hf_checkpoints import DEEPSEEK_V2
 # DeepSeek-V2: softmax routing over expert groups scored by their best expert (the router whole on each rank).
 # Cohere / Cohere2: the parallel block (the attention and MLP partials summed by one all-reduce before the
 # LayerNorm), each rank's heads' rows of the per-head q/k LayerNorms, Cohere2's unrotated full layer.
+# Gemma / Gemma 2: Gemma 1's head_dim other than hidden / heads; Gemma 2's attention soft cap on each rank's heads.
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
-            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (QWEN2_MOE, OLMOE) + (DEEPSEEK_V2,))
+            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (QWEN2_MOE, OLMOE) + (DEEPSEEK_V2,)
+            + GEMMA_FAMILIES)
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 
