@@ -161,7 +161,7 @@ def checkpoints(tmp_path_factory):
 def test_a_terse_config_takes_the_references_defaults(checkpoints, tmp_path):
     """logit_scale, layer_norm_eps, the rope theta and the tying left out are CohereConfig's 0.0625,
     1e-5, 500000 and tied; Cohere2's layer kinds and window left out are every fourth layer full over
-    4096, and its head_dim is hidden_size // num_attention_heads whatever config.json says."""
+    4096, and its head_dim hidden_size // num_attention_heads."""
     import transformers
 
     def edit(config):
@@ -178,9 +178,8 @@ def test_a_terse_config_takes_the_references_defaults(checkpoints, tmp_path):
     assert torch.allclose(weights["rope.inv_freq"], 1 / 500_000.0 ** (torch.arange(0, 16, 2) / 16))
 
     def edit2(config):
-        for key in ("layer_types", "sliding_window"):
+        for key in ("layer_types", "sliding_window", "head_dim"):
             config.pop(key)
-        config.update(head_dim=8)
 
     directory = rewritten_checkpoint(checkpoints["cohere2"], tmp_path / "cohere2", edit2)
     arch = load_checkpoint(directory).architecture
@@ -197,6 +196,7 @@ REFUSED = {
     "a partial rotary": ("cohere", lambda config: config["rope_parameters"].update(partial_rotary_factor=0.5),
                          "partial_rotary_factor"),
     "a null logit_scale": ("cohere", lambda config: config.update(logit_scale=None), "logit_scale"),
+    "a null head_dim": ("cohere2", lambda config: config.update(head_dim=None), "head_dim"),
     "a null layer_norm_eps": ("cohere2", lambda config: config.update(layer_norm_eps=None), "layer_norm_eps"),
     "a null window": ("cohere2", lambda config: config.update(sliding_window=None), "sliding_window"),
     "malformed layer kinds": ("cohere2", lambda config: config.update(layer_types=["sliding_attention"]),

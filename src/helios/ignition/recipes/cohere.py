@@ -20,16 +20,16 @@ The decoder is Llama's grouped-query attention and gated SiLU MLP with these dif
 Cohere2 adds sliding layers by ``layer_types`` (default: every fourth layer full, the others
 sliding, or a legacy ``sliding_window_pattern``) over ``sliding_window`` (a sliding query sees its
 last ``sliding_window`` positions, its own included); its full layers rotate nothing
-(``nope_layers``), as Cohere2Attention rotates only where it slides. Cohere2Config sizes heads as
-``hidden_size // num_attention_heads`` whatever config.json's ``head_dim`` says, and has no q/k norms.
+(``nope_layers``), as Cohere2Attention rotates only where it slides. Cohere2 has no q/k norms. Both
+size heads by config.json's ``head_dim`` where it holds one, else ``hidden_size // num_attention_heads``.
 
 The config classes' defaults fill the keys a config.json leaves out (`helios.ignition.recipes.defaults`:
 Cohere's rope theta 500000, Cohere2's 10000, ``logit_scale`` 0.0625, tied embeddings, ...). Both
 references rotate in float32 and apply the norm weights in float32 before rounding to the dtype; a
 float32 core equals them, a bfloat16 one rotates in bfloat16 and may differ in the last bit.
 Refused by name: another ``hidden_act``, rope types other than Llama's (default, linear, llama3,
-yarn), a partial rotary factor, a ``logit_scale`` or ``layer_norm_eps`` that is not a finite number,
-malformed ``layer_types``, sliding layers without a positive ``sliding_window``.
+yarn), a partial rotary factor, a null ``head_dim``, a ``logit_scale`` or ``layer_norm_eps`` that is
+not a finite number, malformed ``layer_types``, sliding layers without a positive ``sliding_window``.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ _HEAD_NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     is_cohere2 = source == "Cohere2ForCausalLM"
     scale, eps = (_finite(config, key) for key in ("logit_scale", "layer_norm_eps"))
+    if "head_dim" in config and config["head_dim"] is None:  # the references size heads by it when present
+        raise UnsupportedCheckpoint("config.json: head_dim is null, which the Cohere references cannot size heads by")
     plain = {key: value for key, value in config.items() if key not in _UNREAD}
-    if is_cohere2:  # Cohere2Config.__post_init__ overwrites head_dim
-        plain["head_dim"] = int(config["hidden_size"]) // int(config["num_attention_heads"])
     base = llama.architecture_from_config(source, {**plain, "rms_norm_eps": eps}, tensors, dtype)
     kinds = layer_types(config, base.num_layers) if is_cohere2 else ("full_attention",) * base.num_layers
     window = config.get("sliding_window")
