@@ -245,6 +245,12 @@ COHERE2 = Family("cohere2", transformers.Cohere2Config, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
 ))
 COHERE_FAMILIES = (COHERE, COHERE2)
+# StarCoder2 (tests/ignition/test_starcoder2_recipe.py): LayerNorms with biases, the non-gated gelu_pytorch_tanh MLP
+# (c_fc, c_proj) with biases, q/k/v/o biases, every layer sliding over a window of 5, theta 100, untied.
+STARCODER2 = Family("starcoder2", transformers.Starcoder2Config, (
+    ("sliding_window", 5), ("norm_epsilon", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
+))
 # Qwen2-MoE (tests/ignition/test_qwen2_moe_recipe.py): sparse, dense, sparse layers (mlp_only_layers), 6 experts,
 # top-2 unnormalised, a gated shared expert, q/k/v biases; the first layer slides over 5 positions (use_sliding_window
 # below max_window_layers 2: Qwen2MoeConfig's every other layer), untied.

@@ -9,7 +9,7 @@ Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`e
 (`granite`), Hunyuan dense (`hunyuan`), Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5 (`moe`), OLMoE (`olmoe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
 (`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and
-OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`) and the Qwen vision-language decoders (`qwen_vl`).
+OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`) and the Qwen vision-language decoders (`qwen_vl`).
 
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers) and Qwen3-Next (`qwen3_next`, Gated
 DeltaNet linear attention and gated attention).
@@ -22,7 +22,7 @@ from typing import Callable
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import (bamba, deepseek, ernie4_5, gemma3, glm4, gpt_oss, granite, hunyuan, llama, moe,
-                                     cohere, olmo, phi3, qwen_vl, smollm3)
+                                     cohere, olmo, phi3, qwen_vl, smollm3, starcoder2)
 from helios.ignition.recipes import qwen3_next
 from helios.ignition.recipes import gemma
 from helios.ignition.recipes import olmoe
@@ -42,7 +42,7 @@ def _vision_language(source, config, tensors, dtype) -> Recipe:
 
 _REGISTRY: dict[str, RecipeBuilder] = {
     name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss, smollm3, gemma3, ernie4_5, granite,
-                                      hunyuan, glm4, olmo, cohere)
+                                      hunyuan, glm4, olmo, cohere, starcoder2)
     for name in family.ARCHITECTURES
 }
 _REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})

@@ -86,6 +86,8 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                           "attn_logit_softcapping": 50.0, "rope_theta": 10_000.0, "max_position_embeddings": 8192},
     "Cohere2ForCausalLM": {"rope_theta": 10_000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
                            "tie_word_embeddings": True, "max_position_embeddings": 8192, "sliding_window": 4096},
+    "Starcoder2ForCausalLM": {"norm_epsilon": 1e-5, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+                              "rope_theta": 10_000.0, "max_position_embeddings": 4096},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
 
