@@ -92,7 +92,7 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
     rng = random.Random(f"cut-{kind}-{seed}-{ranks}")
     config = dict(base.family.overrides)
     name = base.family.name.rsplit("-", 1)[0]
-    if kind != "deepseek":
+    if kind not in ("deepseek", "latent"):
         config["head_dim"] = _head_dim(config)  # the drawn head width, whatever the hidden size and heads
     hidden = config["hidden_size"] = _choice(rng, (48, 64, 96))
     heads = config["num_attention_heads"] = _cut(rng, ranks, (1, 2, 3), lambda n: hidden % n == 0, 0.1)
@@ -103,7 +103,7 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         config["original_max_position_embeddings"] = config["max_position_embeddings"]
     if kind == "olmoe":  # OlmoeAttention sizes its q/k norms by hidden_size: the head width is hidden / heads
         config["hidden_size"] = hidden = config.pop("head_dim") * heads
-    if kind == "deepseek" or ("num_key_value_heads", None) in base.legacy:
+    if kind in ("deepseek", "latent") or ("num_key_value_heads", None) in base.legacy:
         # latent attention: a key head per query head; a Llama 1/2 config.json without the count
         config["num_key_value_heads"] = heads
     else:  # fewer key/value heads than ranks, or a count they do not divide: a quarter of the draws
