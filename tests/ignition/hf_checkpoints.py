@@ -296,6 +296,21 @@ QWEN3_NEXT = Family("qwen3_next", transformers.Qwen3NextConfig, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5}),
     ("tie_word_embeddings", False),
 ))
+# Qwen3.5 text decoders: the same dataflow with whole in_proj_qkv / z / b / a projections; dense MLPs in
+# every layer (Qwen3_5ForCausalLM) or experts in every layer (Qwen3_5MoeForCausalLM); the released
+# configs' interleaved multimodal rope settings (text positions: the ordinary rope); tied embeddings.
+_QWEN3_5_SHAPE = (
+    ("num_hidden_layers", 3), ("layer_types", ["linear_attention", "full_attention", "linear_attention"]),
+    ("head_dim", 16), ("linear_num_key_heads", 2), ("linear_num_value_heads", 4), ("linear_key_head_dim", 8),
+    ("linear_value_head_dim", 12), ("linear_conv_kernel_dim", 4),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.25,
+                         "mrope_interleaved": True, "mrope_section": [1, 1, 0]}),
+)
+QWEN3_5 = Family("qwen3_5", transformers.Qwen3_5TextConfig, (*_QWEN3_5_SHAPE, ("tie_word_embeddings", True)))
+QWEN3_5_MOE = Family("qwen3_5_moe", transformers.Qwen3_5MoeTextConfig, (
+    *_QWEN3_5_SHAPE, ("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 32),
+    ("shared_expert_intermediate_size", 48), ("tie_word_embeddings", False),
+))
 
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

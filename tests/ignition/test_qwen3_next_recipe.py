@@ -1,6 +1,7 @@
-"""Qwen3-Next (Qwen3NextForCausalLM): captured hybrid programs against transformers (float32) - greedy
-tokens and logits of a chunked prompt, a continuous batch of different lengths - the prepared layout,
-the config class's layer kinds, sparse layers and defaults, and refusals by name."""
+"""Qwen3-Next (Qwen3NextForCausalLM) and the Qwen3.5 text decoders (Qwen3_5ForCausalLM,
+Qwen3_5MoeForCausalLM): captured hybrid programs against transformers (float32) - greedy tokens and
+logits of a chunked prompt, a continuous batch of different lengths - the prepared layout, the
+config classes' layer kinds, sparse layers and defaults, and refusals by name."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from helios.ignition.sharding import rank_architecture
 
 from .conftest import PAGE_TOKENS, single_thread
 from .driver import PagedModel, Sequence, generate
-from .hf_checkpoints import QWEN3_NEXT, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT, random_model, rewritten_checkpoint, write_checkpoint
 from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_prompt
 
 VARIANTS = ((Operation.PREFILL, Capacity(2, 32)), (Operation.DECODE, Capacity(4, 4)),
@@ -36,20 +37,37 @@ class Prepared:
     directory: object
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+_PREPARED: dict[str, Prepared] = {}
+
+
+def _prepared(family, base) -> Prepared:
+    """`family` prepared once per session (its reference, recipe and captured programs)."""
+    if family.name in _PREPARED:
+        return _PREPARED[family.name]
     with single_thread():
-        reference = random_model(QWEN3_NEXT)
+        reference = random_model(family)
         reference.generation_config.eos_token_id = None
         reference.generation_config.pad_token_id = 0
-        directory = write_checkpoint(reference, tmp_path_factory.mktemp("qwen3_next"))
+        directory = write_checkpoint(reference, base / family.name)
         recipe = load_checkpoint(directory)
         captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS}
         programs = {op: (program.spec, load_program(program.program)) for op, program in captured.items()}
-    return Prepared(reference, recipe, programs, directory)
+    _PREPARED[family.name] = Prepared(reference, recipe, programs, directory)
+    return _PREPARED[family.name]
 
 
-def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return _prepared(QWEN3_NEXT, tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module", params=[QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE], ids=lambda family: family.name)
+def each_family(request, tmp_path_factory):
+    return _prepared(request.param, tmp_path_factory.getbasetemp())
+
+
+def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(each_family):
+    prepared = each_family
     prompt = random_prompt(13, seed=3)
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequence = Sequence(0, list(prompt))
@@ -59,7 +77,8 @@ def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
     assert_matches_reference(prepared, sequence, prompt)
 
 
-def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):
+def test_a_continuous_batch_of_different_lengths_matches_transformers(each_family):
+    prepared = each_family
     prompts = [random_prompt(5, seed=4), random_prompt(14, seed=5), random_prompt(9, seed=6)]
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequences = [Sequence(slot, list(prompt)) for slot, prompt in enumerate(prompts)]
@@ -148,7 +167,7 @@ def test_multi_token_prediction_tensors_are_skipped_and_others_refused(prepared,
 
 def test_sparse_layers_follow_the_reference_decoder_layers():
     """decoder_sparse_step, mlp_only_layers and num_experts 0 pick the layers the reference makes sparse."""
-    from helios.ignition.recipes.qwen3_next import _mixture
+    from helios.ignition.recipes.qwen3_next import mixture
 
     tiny = dict(hidden_size=16, intermediate_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                 linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=4, linear_value_head_dim=4,
@@ -159,5 +178,27 @@ def test_sparse_layers_follow_the_reference_decoder_layers():
                                               **tiny, **settings)
         model = transformers.Qwen3NextForCausalLM(config)
         sparse = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
-        moe = _mixture(config.to_dict(), 5)
+        moe = mixture("Qwen3NextForCausalLM", config.to_dict(), 5)
         assert (moe.sparse_layers if moe else ()) == sparse, settings
+
+
+def test_qwen3_5_layouts(each_family):
+    """Qwen3.5's whole projections are the prepared in_proj rows as they are; its MLPs are dense or
+    sparse throughout (always renormalised routing)."""
+    arch, state = each_family.recipe.architecture, each_family.reference.state_dict()
+    kind = type(each_family.reference).__name__
+    if kind == "Qwen3NextForCausalLM":
+        return
+    weights = {w.name: w.tensor for w in each_family.recipe.weights}
+    parts = [state[f"model.layers.2.linear_attn.in_proj_{name}.weight"] for name in ("qkv", "z", "b", "a")]
+    assert torch.equal(weights["layers.2.delta.in_proj.weight"], torch.cat(parts))
+    if kind == "Qwen3_5ForCausalLM":
+        assert arch.moe is None and arch.tie_word_embeddings and "lm_head" not in weights
+    else:
+        assert arch.moe.sparse_layers == (0, 1, 2) and arch.moe.normalize and arch.intermediate_size == 0
+
+
+def test_the_three_architectures_are_supported():
+    from helios.ignition.recipes import SUPPORTED_ARCHITECTURES
+
+    assert {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)

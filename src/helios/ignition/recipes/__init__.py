@@ -11,8 +11,8 @@ Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`e
 (`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and
 OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`) and the Qwen vision-language decoders (`qwen_vl`).
 
-Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers) and Qwen3-Next (`qwen3_next`, Gated
-DeltaNet linear attention and gated attention).
+Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
+(`qwen3_next`, Gated DeltaNet linear attention and gated attention).
 """
 
 from __future__ import annotations

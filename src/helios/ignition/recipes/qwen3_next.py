@@ -1,4 +1,5 @@
-"""Recipe for Qwen3-Next: `Qwen3NextForCausalLM`, a hybrid of Gated DeltaNet and gated attention layers.
+"""Recipe for Qwen3-Next (`Qwen3NextForCausalLM`) and the Qwen3.5 text decoders (`Qwen3_5ForCausalLM`,
+`Qwen3_5MoeForCausalLM`): hybrids of Gated DeltaNet and gated attention layers.
 
 ``layer_types`` (or, where missing, every ``full_attention_interval``-th layer, as Qwen3NextConfig
 derives it) names each layer ``linear_attention`` - a Gated DeltaNet layer whose convolution window
@@ -11,12 +12,19 @@ a shared expert scaled by sigmoid(``shared_expert_gate``): `MixtureOfExperts.sha
 ``mlp_only_layers`` lists it, ``decoder_sparse_step`` skips it or ``num_experts`` is 0 (a gated
 MLP of ``intermediate_size``).
 
+Qwen3.5 has the same dataflow: its linear-attention projections come apart (in_proj_qkv, in_proj_z,
+in_proj_b, in_proj_a, already in the prepared order), Qwen3_5ForCausalLM's MLP is dense in every
+layer and Qwen3_5MoeForCausalLM's sparse in every layer (always renormalised top-k). Its rotary
+tables are the interleaved multimodal rope of three position grids, which for text (every grid the
+token's position) is the ordinary rope; the vision tower (``model.visual.*``, which the reference's
+text model ignores too) is not served.
+
 Prepared layout: the zero-centred RMS norms' (1 + w) folded into their weights (the layers', the
 final and the q/k norms; the linear-attention output norm is a plain weight); q_proj's interleaved
 query/gate rows split into the query rows and output-gate rows of ``qkv``; in_proj_qkvz /
 in_proj_ba (grouped per key head) rearranged into q | k | v | z | b | a rows; A as -exp(A_log) in
 float32; experts as `helios.ignition.recipes.moe` stacks them. The multi-token-prediction layers
-(``mtp.*``) are not served and are skipped. Refused by name: an activation other than SiLU, a rope
+(``mtp.*``) are not served and are skipped, as the reference skips them. Refused by name: an activation other than SiLU, a rope
 type other than default, layer kinds other than the two, and tensor parallelism (`sharding`).
 """
 
@@ -33,16 +41,17 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import ExpertNames, sparse_weights
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
 
-ARCHITECTURES = ("Qwen3NextForCausalLM",)
+ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+_SKIPPED = ("mtp.", "model.visual.")  # multi-token prediction and the vision tower: not served
 LAYER_KINDS = ("linear_attention", "full_attention")
 _DTYPES = ("float32", "bfloat16", "float16")
 _EXPERTS = ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj", "shared_expert.")
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    arch = architecture_from_config(config, tensors, dtype)
+    arch = architecture_from_config(source, config, tensors, dtype)
     weights, used = prepared_weights(arch, config, tensors)
-    unplaced = sorted(name for name in tensors.names - used if not name.startswith("mtp."))
+    unplaced = sorted(name for name in tensors.names - used if not name.startswith(_SKIPPED))
     if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
     return Recipe(source, arch, weights)
@@ -67,7 +76,8 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     return kinds
 
 
-def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Architecture:
+def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
+                             dtype: str | None) -> Architecture:
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedCheckpoint(f"hidden_act {config.get('hidden_act')!r} is not supported (only 'silu')")
     hidden, num_layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
@@ -77,7 +87,7 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     if rope["rope_type"] != "default":
         raise UnsupportedCheckpoint(f"rope_type {rope['rope_type']!r} is not supported (only 'default')")
     kinds = layer_kinds(config)
-    moe = _mixture(config, num_layers)
+    moe = mixture(source, config, num_layers)
     dense = moe is None or len(moe.sparse_layers) < num_layers
     bias = bool(config.get("attention_bias", False))
     return Architecture(
@@ -96,22 +106,28 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     )
 
 
-def _mixture(config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts | None:
-    """Qwen3NextDecoderLayer's rule: sparse unless in mlp_only_layers, when num_experts > 0 and
-    (layer + 1) % decoder_sparse_step == 0; None when no layer is sparse."""
-    experts, step = int(config.get("num_experts") or 0), int(config.get("decoder_sparse_step", 1))
-    if experts > 0 and step < 1:
-        raise UnsupportedCheckpoint(f"decoder_sparse_step {step} must be >= 1")
-    dense = set(config.get("mlp_only_layers") or ())
-    sparse = tuple(i for i in range(num_layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
-    if not sparse:
+def mixture(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts | None:
+    """The sparse layers (None: none). Qwen3NextDecoderLayer's rule: sparse unless in mlp_only_layers,
+    when num_experts > 0 and (layer + 1) % decoder_sparse_step == 0; Qwen3.5: dense or sparse throughout."""
+    if source == "Qwen3_5ForCausalLM":
         return None
+    experts, step = int(config.get("num_experts") or 0), int(config.get("decoder_sparse_step", 1))
+    if source == "Qwen3_5MoeForCausalLM":
+        sparse = tuple(range(num_layers))
+    else:
+        if experts > 0 and step < 1:
+            raise UnsupportedCheckpoint(f"decoder_sparse_step {step} must be >= 1")
+        dense = set(config.get("mlp_only_layers") or ())
+        sparse = tuple(i for i in range(num_layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
+        if not sparse:
+            return None
     shared = int(config["shared_expert_intermediate_size"])
     if shared < 1:
         raise UnsupportedCheckpoint(f"shared_expert_intermediate_size {shared} is not supported (a positive width: "
                                     f"the Qwen3-Next block always adds its gated shared expert)")
     return MixtureOfExperts(experts, int(config["num_experts_per_tok"]), int(config["moe_intermediate_size"]), sparse,
-                            normalize=bool(config.get("norm_topk_prob", True)), shared_intermediate_size=shared,
+                            normalize=source == "Qwen3_5MoeForCausalLM" or bool(config.get("norm_topk_prob", True)),
+                            shared_intermediate_size=shared,
                             shared_gate=True)
 
 
@@ -172,14 +188,19 @@ def _attention_weights(arch: Architecture, src: str, dst: str, take, centred) ->
 
 
 def _delta_weights(arch: Architecture, src: str, dst: str, take, tensors, used: set) -> list[NamedWeight]:
-    """in_proj_qkvz / in_proj_ba hold, per key head, [q Dk, k Dk, v r Dv, z r Dv] and [b r, a r] rows
-    (r value heads per key head); the prepared in_proj holds q | k | v | z | b | a, head-major."""
+    """Qwen3-Next's in_proj_qkvz / in_proj_ba hold, per key head, [q Dk, k Dk, v r Dv, z r Dv] and
+    [b r, a r] rows (r value heads per key head); Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and
+    in_proj_a are whole. The prepared in_proj holds q | k | v | z | b | a, head-major."""
     g: GatedDeltaNetGeometry = arch.recurrent
-    per_key = g.num_value_heads // g.num_key_heads
-    qkvz = take(src + "in_proj_qkvz.weight").reshape(g.num_key_heads, -1, arch.hidden_size)
-    parts = qkvz.split([g.key_head_dim, g.key_head_dim, per_key * g.value_head_dim, per_key * g.value_head_dim], 1)
-    ba = take(src + "in_proj_ba.weight").reshape(g.num_key_heads, 2 * per_key, arch.hidden_size).split(per_key, 1)
-    in_proj = torch.cat([part.reshape(-1, arch.hidden_size) for part in (*parts, *ba)]).contiguous()
+    if src + "in_proj_qkv.weight" in tensors:
+        in_proj = fused(take, [src + f"in_proj_{name}.weight" for name in ("qkv", "z", "b", "a")])
+    else:
+        per_key = g.num_value_heads // g.num_key_heads
+        qkvz = take(src + "in_proj_qkvz.weight").reshape(g.num_key_heads, -1, arch.hidden_size)
+        parts = qkvz.split([g.key_head_dim, g.key_head_dim, per_key * g.value_head_dim, per_key * g.value_head_dim],
+                           1)
+        ba = take(src + "in_proj_ba.weight").reshape(g.num_key_heads, 2 * per_key, arch.hidden_size).split(per_key, 1)
+        in_proj = torch.cat([part.reshape(-1, arch.hidden_size) for part in (*parts, *ba)]).contiguous()
     used.add(src + "A_log")
     a = -torch.exp(tensors.get(src + "A_log").to(torch.float32))
     return [NamedWeight(dst + "in_proj.weight", in_proj),
