@@ -96,6 +96,16 @@ GLM4_MOE_LITE = Family("glm4_moe_lite", transformers.Glm4MoeLiteConfig, (
     ("routed_scaling_factor", 1.8), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
 ))
 LATENT_FAMILIES = (DEEPSEEK_V2, DEEPSEEK_V2_LITE, GLM4_MOE_LITE)
+# dots.llm1 (tests/ignition/test_dots1_recipe.py): Qwen3's per-head q/k norms with q/k/v/o biases, a dense
+# then two sparse layers (DeepSeek-V3's sigmoid routing: 8 experts in 2 groups, 1 kept, top-3, a
+# correction bias, renormalised and scaled), a shared expert; the last layer sliding over 5 positions.
+DOTS1 = Family("dots1", transformers.Dots1Config, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("attention_bias", True), ("first_k_dense_replace", 1),
+    ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("n_group", 2), ("topk_group", 1),
+    ("moe_intermediate_size", 32), ("n_shared_experts", 1), ("norm_topk_prob", True), ("routed_scaling_factor", 2.0),
+    ("sliding_window", 5), ("max_window_layers", 2), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
+))
 # Mixture-of-experts families: several experts, top-k > 1, two layers of each kind a family mixes.
 QWEN3_MOE = Family("qwen3_moe", transformers.Qwen3MoeConfig, (
     ("head_dim", 32), ("num_hidden_layers", 4), ("mlp_only_layers", [0, 2]), ("num_experts", 8),

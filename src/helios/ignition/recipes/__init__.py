@@ -11,6 +11,9 @@ Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`e
 (`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and
 OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`) and the Qwen vision-language decoders (`qwen_vl`).
 
+Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite
+(`deepseek_v2`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
+
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention).
 """
@@ -26,6 +29,8 @@ from helios.ignition.recipes import (bamba, deepseek, ernie4_5, gemma3, glm4, gp
 from helios.ignition.recipes import qwen3_next
 from helios.ignition.recipes import gemma
 from helios.ignition.recipes import olmoe
+from helios.ignition.recipes import deepseek_v2
+from helios.ignition.recipes import dots1
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -50,6 +55,8 @@ _REGISTRY.update({name: phi3.build for name in phi3.ARCHITECTURES})
 _REGISTRY.update({name: qwen3_next.build for name in qwen3_next.ARCHITECTURES})
 _REGISTRY.update({name: gemma.build for name in gemma.ARCHITECTURES})
 _REGISTRY.update({name: olmoe.build for name in olmoe.ARCHITECTURES})
+_REGISTRY.update({name: deepseek_v2.build for name in deepseek_v2.ARCHITECTURES})
+_REGISTRY.update({name: dots1.build for name in dots1.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
