@@ -10,7 +10,8 @@ multipliers; Hunyuan's q/k norms after rotary; Gemma 3's sandwich norms, gated G
 Cohere's LayerNorms (``helios::layer_norm``, a torch composite on CUDA), parallel block and per-head q/k
 LayerNorms, Cohere2's unrotated full layers; GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
 q/k norms over whole projections; Qwen2-MoE's gated shared expert beside sparse and dense layers;
-OLMoE's whole-projection q/k norms beside a mixture in every layer.
+OLMoE's whole-projection q/k norms beside a mixture in every layer; Granite MoE's top-k softmax routing
+(and the shared variant's shared expert).
 DeepSeek-V2's softmax routing with groups scored by their best expert (the Triton route kernel), V2-Lite's
 direct query projection, GLM-4.7-Flash's sparse layers by layer kind.
 """
@@ -22,7 +23,7 @@ import pytest
 from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
 from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3
-from ignition.hf_checkpoints import OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import LATENT_FAMILIES
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -37,7 +38,7 @@ def cores(tmp_path_factory) -> base.Cores:
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
-                                    COHERE2, QWEN2_MOE, OLMOE, *GEMMA_FAMILIES,
+                                    COHERE2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -283,6 +283,20 @@ OLMOE_BIASED = Family("olmoe-biased", transformers.OlmoeConfig, (
     ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0}), *PHI3_IDS,
 ))
 OLMOE_FAMILIES = (OLMOE, OLMOE_BIASED)
+# Granite MoE and Granite MoE Shared (tests/ignition/test_granite_moe_recipe.py): Granite's multipliers away from 1,
+# a mixture in every layer weighted by the softmax of its top-k logits; 6 experts, top-2, q/k/v/o biases, untied; and
+# 4 experts, top-3, a shared expert, tied.
+_GRANITE_MULTIPLIERS = (("embedding_multiplier", 4.0), ("attention_multiplier", 0.2), ("residual_multiplier", 0.5),
+                        ("logits_scaling", 2.5))
+GRANITE_MOE = Family("granite_moe", transformers.GraniteMoeConfig, (
+    *_GRANITE_MULTIPLIERS, ("num_local_experts", 6), ("num_experts_per_tok", 2), ("intermediate_size", 32),
+    ("attention_bias", True), ("tie_word_embeddings", False), *PHI3_IDS,
+))
+GRANITE_MOE_SHARED = Family("granite_moe_shared", transformers.GraniteMoeSharedConfig, (
+    *_GRANITE_MULTIPLIERS, ("num_local_experts", 4), ("num_experts_per_tok", 3), ("intermediate_size", 32),
+    ("shared_intermediate_size", 48), ("tie_word_embeddings", True), *PHI3_IDS,
+))
+GRANITE_MOE_FAMILIES = (GRANITE_MOE, GRANITE_MOE_SHARED)
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

@@ -702,11 +702,40 @@ def draw_cohere(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_granite_moe(seed: int) -> Variant:
+    """Granite MoE and Granite MoE Shared: Granite's multipliers (as `draw_granite`), a mixture in every
+    layer weighted by the softmax of its top-k logits, the shared variant's shared expert (or none: width
+    0), Llama's rope types, q/k/v/o biases, a window its reference ignores."""
+    rng = random.Random(seed)
+    is_shared = rng.random() < 0.5
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (16, 32)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  attention_bias=rng.random() < 0.3, num_local_experts=_choice(rng, (4, 6, 8)),
+                  num_experts_per_tok=_choice(rng, (1, 2, 3)),
+                  embedding_multiplier=_choice(rng, (1.0, 12.0, 0.5)),
+                  attention_multiplier=_choice(rng, (0.0078125, 0.015625, 0.3, 1.0)),
+                  residual_multiplier=_choice(rng, (0.22, 1.0, 1.5, -0.5)),
+                  logits_scaling=_choice(rng, (1.0, 8.0, 0.25, -1.0)),
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng))
+    if is_shared:
+        config["shared_intermediate_size"] = _choice(rng, (0, 16, 32, 32))
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn"),
+                 config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    config["rope_parameters"] = rope
+    legacy = _legacy_rope(rng, rope)
+    if rng.random() < 0.2:  # a window the reference does not read
+        legacy += (("sliding_window", 5),)
+    cls = transformers.GraniteMoeSharedConfig if is_shared else transformers.GraniteMoeConfig
+    name = "granite_moe_shared" if is_shared else "granite_moe"
+    return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), legacy, rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
          "latent": draw_latent, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo, "cohere": draw_cohere,
-         "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe}
+         "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe, "granite_moe": draw_granite_moe}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -806,7 +835,7 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
          "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
-         "olmoe": _MOE_FAMILY_SEEDS}
+         "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS}
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],

@@ -110,6 +110,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Cohere2ForCausalLM",
                                             "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
                                             "Olmo3ForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM",
+                                            "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM"}
 
 

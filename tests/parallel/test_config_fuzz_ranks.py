@@ -114,6 +114,8 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         config["moe_intermediate_size"] = _cut(rng, ranks, (3, 4, 5), uneven=0.1)
     if config.get("shared_expert_intermediate_size"):  # Qwen2-MoE's gated shared expert
         config["shared_expert_intermediate_size"] = _cut(rng, ranks, (2, 4, 5), uneven=0.1)
+    if config.get("shared_intermediate_size"):  # Granite MoE Shared's shared expert
+        config["shared_intermediate_size"] = _cut(rng, ranks, (2, 4, 5), uneven=0.1)
     experts_key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in config), None)
     if experts_key is not None:  # experts are not split: fewer than the ranks, or a count they do not divide
         experts = config[experts_key] = _choice(rng, (2, 3, 4, 6, 8))
@@ -283,6 +285,8 @@ SEEDS = (  # (draw, seed, ranks)
                           # dense first layer, expert width 20, 8 heads, no layer_types, linear rope, vocab 97
     ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
                           # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
+    ("granite_moe", 3, 2),  # Granite MoE Shared: a shared expert of width 10 (5 a rank), top-1 of 2 experts,
+                            # Granite's multipliers, tied, llama3 rope in the legacy layout, MIXED programs
 )
 
 

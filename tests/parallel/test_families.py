@@ -10,7 +10,7 @@ from helios.runtime.offline import generate
 from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAMILIES, GEMMA3_FAMILIES, GLM4_MOE,
                                      GPT_OSS, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
 from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES
-from ignition.hf_checkpoints import OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import GRANITE_MOE_FAMILIES, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 
@@ -25,13 +25,14 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 # cap on each rank's vocabulary rows; GLM-4 dense interleaved partial rotary under sandwich norms; OLMo 2 / 3
 # blocks without pre-norms and q/k norms over whole projections (each rank's heads' share, the mean square
 # summed over the ranks); Qwen2-MoE's gated shared expert (the gate whole on each rank, scaling its share);
-# OLMoE's whole-projection q/k norms beside a mixture in every layer (its biased shape has one key/value head).
+# OLMoE's whole-projection q/k norms beside a mixture in every layer (its biased shape has one key/value head);
+# Granite MoE's top-k softmax routing with the residual multiplier folded into every expert's share.
 # DeepSeek-V2: softmax routing over expert groups scored by their best expert (the router whole on each rank).
 # Cohere / Cohere2: the parallel block (the attention and MLP partials summed by one all-reduce before the
 # LayerNorm), each rank's heads' rows of the per-head q/k LayerNorms, Cohere2's unrotated full layer.
 # Gemma / Gemma 2: Gemma 1's head_dim other than hidden / heads; Gemma 2's attention soft cap on each rank's heads.
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
-            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (QWEN2_MOE, OLMOE) + (DEEPSEEK_V2,)
+            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (QWEN2_MOE, OLMOE) + GRANITE_MOE_FAMILIES + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES)
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running

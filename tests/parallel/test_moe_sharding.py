@@ -40,7 +40,7 @@ def test_uneven_expert_widths_are_refused_by_name():
         rank_architecture(dataclasses.replace(ARCH, intermediate_size=4), 4)
     odd_shared = dataclasses.replace(ARCH, moe=dataclasses.replace(MOE, shared_intermediate_size=3))
     with pytest.raises(CheckpointError, match="shared expert width \\(n_shared_experts x moe_intermediate_size, or "
-                                             "shared_expert_intermediate_size\\) 3"):
+                                             "shared_expert_intermediate_size / shared_intermediate_size\\) 3"):
         rank_architecture(odd_shared, 2)
 
 

@@ -85,7 +85,7 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         extents["expert width (moe_intermediate_size; Mixtral's and gpt-oss's intermediate_size)"] = \
             moe.expert_intermediate_size
         extents["shared expert width (n_shared_experts x moe_intermediate_size, or "
-                "shared_expert_intermediate_size)"] = moe.shared_intermediate_size
+                "shared_expert_intermediate_size / shared_intermediate_size)"] = moe.shared_intermediate_size
     uneven = [f"{name} {value}" for name, value in extents.items() if value % ranks]
     if uneven:
         raise CheckpointError(f"tensor parallel {ranks} needs {', '.join(uneven)} divisible by {ranks}")

@@ -39,7 +39,7 @@ _SMALLEST_SCALE = 1e-150  # query_pre_attn_scalar = attention_multiplier ** -2 s
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     if "head_dim" in config and config["head_dim"] is None:  # GraniteAttention sizes heads by it when present
         raise UnsupportedCheckpoint("config.json: head_dim is null, which the Granite reference cannot size heads by")
-    multipliers = _multipliers(config)
+    multipliers = read_multipliers(config)
     arch = llama.architecture_from_config(source, config, tensors, dtype)
     arch = dataclasses.replace(arch, embedding_scale=multipliers["embedding_multiplier"],
                                query_pre_attn_scalar=multipliers["attention_multiplier"] ** -2)
@@ -57,7 +57,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     return dataclasses.replace(recipe, inputs_embeds_scale=multipliers["embedding_multiplier"])
 
 
-def _multipliers(config: Mapping[str, Any]) -> dict[str, float]:
+def read_multipliers(config: Mapping[str, Any]) -> dict[str, float]:
+    """The four multipliers as GraniteModel reads them (1.0 where missing), each checked (the module
+    docstring says which values are refused)."""
     values = {}
     for key in (*_POSITIVE, "residual_multiplier", "logits_scaling"):
         value = config.get(key, 1.0)
