@@ -157,6 +157,19 @@ def test_a_terse_gemma2_config_takes_the_references_caps(checkpoints, tmp_path):
     assert (config.attn_logit_softcapping, config.final_logit_softcapping, config.sliding_window) == (50.0, 30.0, 4096)
 
 
+@pytest.mark.parametrize("name", ["gemma", "gemma2"])
+def test_a_yarn_rope_scales_the_rotary_tables_as_the_reference(checkpoints, tmp_path, name):
+    """YaRN's attention factor multiplies the reference's cos/sin (the fuzz found it missing: every
+    yarn draw's logits differed)."""
+    import transformers
+
+    rope = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 64}
+    directory = rewritten_checkpoint(checkpoints[name], tmp_path, _set(rope_parameters=rope))
+    arch = load_checkpoint(directory).architecture
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    assert arch.rotary_factor == pytest.approx(reference.model.rotary_emb.attention_scaling, rel=1e-12) != 1.0
+
+
 def _set(**changes):
     return lambda config: config.update(changes)
 

@@ -7,7 +7,7 @@ every RMSNorm's weight folded to ``1 + w`` at preparation (the reference's
 (``helios::gelu_tanh_mul``) and the embeddings times sqrt(hidden_size) rounded to the model dtype
 (``embedding_scale``). ``head_dim`` may differ from hidden_size / heads (Gemma 7B: 16 heads of 256
 over 3072). One rope table (``rope_parameters`` or the legacy top-level spelling; Llama's checked rope
-types) for every layer; no q/k norms.
+types, YaRN's attention factor on the cos/sin tables) for every layer; no q/k norms.
 
 Gemma 1: the attention scale is ``head_dim ** -0.5``, every layer attends fully and the norms are
 Llama's (input norm, post-attention norm before the MLP). The reference's activation is
@@ -82,6 +82,7 @@ def architecture_from_config(source: str, config: Mapping[str, Any], tensors: Ch
         dtype=dtype,
         mlp_activation="gelu_tanh",
         embedding_scale=gemma3.embedding_scale(int(config["hidden_size"]), dtype),
+        rotary_factor=llama.rope_attention_factor(config),  # YaRN's factor on cos/sin, as the reference's rope
     )
     if source == GEMMA:
         return Architecture(**common, layer_windows=(0,) * num_layers)
