@@ -8,7 +8,8 @@ LongRoPE list; SmolLM3's NoPE layers; Seed-OSS's biases; Ernie 4.5's de-interlea
 multipliers; Hunyuan's q/k norms after rotary; Gemma 3's sandwich norms, gated GELU-tanh
 (``helios::gelu_tanh_mul``), scaled embeddings, local rope table and (capped) final logit soft cap;
 Cohere's LayerNorms (``helios::layer_norm``, a torch composite on CUDA), parallel block and per-head q/k
-LayerNorms, Cohere2's unrotated full layers; GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
+LayerNorms, Cohere2's unrotated full layers; StarCoder2's biased LayerNorms and non-gated GELU-tanh
+MLP; GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
 q/k norms over whole projections; Qwen2-MoE's gated shared expert beside sparse and dense layers;
 OLMoE's whole-projection q/k norms beside a mixture in every layer; Granite MoE's top-k softmax routing
 (and the shared variant's shared expert).
@@ -22,7 +23,7 @@ import pytest
 
 from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
-from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3
+from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3, STARCODER2
 from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import LATENT_FAMILIES
@@ -38,7 +39,7 @@ def cores(tmp_path_factory) -> base.Cores:
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
-                                    COHERE2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, *GEMMA_FAMILIES,
+                                    COHERE2, STARCODER2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 _GROUPED_QWEN = {"max_window_layers": 28, "num_key_value_heads": 32, "sliding_window": 4096}
+_COHERE_GEOMETRY = {"vocab_size": 256_000, "hidden_size": 8192, "intermediate_size": 22_528,
+                    "num_hidden_layers": 40, "num_attention_heads": 64}
 REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "MistralForCausalLM": {"sliding_window": 4096, "num_key_value_heads": 8},
     "Qwen2ForCausalLM": _GROUPED_QWEN,
@@ -91,8 +93,8 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                           "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
                           "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
                           "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
-    "CohereForCausalLM": {"rope_theta": 500_000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
-                          "tie_word_embeddings": True, "max_position_embeddings": 8192},
+    "CohereForCausalLM": {**_COHERE_GEOMETRY, "rope_theta": 500_000.0, "layer_norm_eps": 1e-5,
+                          "logit_scale": 0.0625, "tie_word_embeddings": True, "max_position_embeddings": 8192},
     "GemmaForCausalLM": {"vocab_size": 256_000, "hidden_size": 3072, "intermediate_size": 24_576,
                          "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
                          "hidden_act": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
@@ -102,9 +104,12 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                           "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
                           "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
                           "attn_logit_softcapping": 50.0, "rope_theta": 10_000.0, "max_position_embeddings": 8192},
-    "Cohere2ForCausalLM": {"rope_theta": 10_000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
-                           "tie_word_embeddings": True, "max_position_embeddings": 8192, "sliding_window": 4096},
-    "Starcoder2ForCausalLM": {"norm_epsilon": 1e-5, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+    "Cohere2ForCausalLM": {**_COHERE_GEOMETRY, "rope_theta": 10_000.0, "layer_norm_eps": 1e-5,
+                           "logit_scale": 0.0625, "tie_word_embeddings": True, "max_position_embeddings": 8192,
+                           "sliding_window": 4096},
+    "Starcoder2ForCausalLM": {"vocab_size": 49_152, "hidden_size": 3072, "intermediate_size": 12_288,
+                              "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
+                              "norm_epsilon": 1e-5, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
                               "rope_theta": 10_000.0, "max_position_embeddings": 4096},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
 }
