@@ -111,7 +111,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
                                             "Olmo3ForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM",
                                             "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                                            "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM"}
+                                            "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
+                                            "Dots1ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
