@@ -694,8 +694,10 @@ def draw_cohere(seed: int) -> Variant:
     kinds = rng.random()
     if kinds < 0.5:
         config["layer_types"] = [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(layers)]
-    elif kinds < 0.75:  # the legacy pattern, which Cohere2Config turns into layer_types
-        legacy += (("layer_types", None), ("sliding_window_pattern", _choice(rng, (1, 2, 3))))
+    elif kinds < 0.75:  # the legacy pattern, which Cohere2Config turns into the reference's layer_types
+        pattern = _choice(rng, (1, 2, 3))
+        config["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        legacy += (("layer_types", None), ("sliding_window_pattern", pattern))
     else:
         legacy += (("layer_types", None),)
     return Variant(Family(f"cohere2-{seed}", transformers.Cohere2Config, tuple(config.items())), legacy,
@@ -731,10 +733,33 @@ def draw_granite_moe(seed: int) -> Variant:
     return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), legacy, rng.random() < 0.3)
 
 
+def draw_starcoder2(seed: int) -> Variant:
+    """StarCoder2: ``use_bias`` or none, a window under or over the prompt or none, ``norm_epsilon``,
+    tied or untied, ``gelu_pytorch_tanh`` (rarely silu, or gelu: refused), Llama's rope types (rarely
+    dynamic or a partial factor: refused), the legacy rope layout half the time."""
+    rng = random.Random(seed)
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)), norm_epsilon=_choice(rng, (1e-6, 1e-5, 0.1)),
+                  tie_word_embeddings=rng.random() < 0.5, use_bias=rng.random() < 0.7,
+                  sliding_window=_choice(rng, (None, 3, 5, 8, 4096)), pad_token_id=None, bos_token_id=None,
+                  eos_token_id=None, **_attention_geometry(rng))
+    activation = rng.random()
+    if activation < 0.15:
+        config["hidden_act"] = "silu" if activation < 0.1 else "gelu"
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn", "dynamic"), head_dim)
+    if rng.random() < 0.1 and not (rope["rope_type"] == "dynamic" and head_dim == 4):  # (the reference's breaks)
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    return Variant(Family(f"starcoder2-{seed}", transformers.Starcoder2Config, tuple(config.items())),
+                   _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
          "latent": draw_latent, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
-         "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo, "cohere": draw_cohere,
+         "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
+         "cohere": draw_cohere, "starcoder2": draw_starcoder2,
          "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe, "granite_moe": draw_granite_moe}
 
 
@@ -826,7 +851,7 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 
 _LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
 _GLM_OLMO_SEEDS = range(int(os.environ.get("HELIOS_GLM_OLMO_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
-_COHERE_SEEDS = range(int(os.environ.get("HELIOS_COHERE_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
+_COHERE_SEEDS = range(int(os.environ.get("HELIOS_COHERE_FUZZ_SEEDS", 8)))  # (and StarCoder2's) a wider sweep
 _LATENT_SEEDS = range(int(os.environ.get("HELIOS_LATENT_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 _MOE_FAMILY_SEEDS = range(int(os.environ.get("HELIOS_MOE_FAMILY_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
@@ -834,7 +859,7 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
-         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
+         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "starcoder2": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
          "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS}
 
 

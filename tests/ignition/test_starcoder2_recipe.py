@@ -94,12 +94,12 @@ def checkpoint(tmp_path_factory):
 
 
 def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
-    """norm_epsilon, hidden_act and the window left out are Starcoder2Config's 1e-5, gelu_pytorch_tanh and
-    none (full attention)."""
+    """norm_epsilon, hidden_act, the window and num_key_value_heads left out are Starcoder2Config's 1e-5,
+    gelu_pytorch_tanh, none (full attention) and 2 (Llama's fallback would have been one per head)."""
     import transformers
 
     def edit(config):
-        for key in ("norm_epsilon", "hidden_act", "sliding_window"):
+        for key in ("norm_epsilon", "hidden_act", "sliding_window", "num_key_value_heads"):
             config.pop(key)
 
     directory = rewritten_checkpoint(checkpoint, tmp_path, edit)
@@ -107,6 +107,7 @@ def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
     assert (reference.norm_epsilon, reference.hidden_act, reference.sliding_window) == (1e-5, "gelu_pytorch_tanh", None)
     arch = load_checkpoint(directory).architecture
     assert arch.rms_norm_eps == 1e-5 and arch.mlp_activation == "gelu_tanh" and arch.layer_windows == (0, 0)
+    assert reference.num_key_value_heads == arch.num_kv_heads == 2
 
 
 REFUSED = {
