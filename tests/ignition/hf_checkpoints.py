@@ -96,6 +96,13 @@ GLM4_MOE_LITE = Family("glm4_moe_lite", transformers.Glm4MoeLiteConfig, (
     ("routed_scaling_factor", 1.8), ("rope_parameters", _YARN), ("tie_word_embeddings", False),
 ))
 LATENT_FAMILIES = (DEEPSEEK_V2, DEEPSEEK_V2_LITE, GLM4_MOE_LITE)
+# Youtu-LLM (tests/ignition/test_youtu_recipe.py): DeepSeek-V3's latent attention with a dense MLP in every
+# layer, queries through the low-rank pair, YaRN with DeepSeek's mscale, tied embeddings (YoutuConfig's default).
+YOUTU = Family("youtu", transformers.YoutuConfig, (
+    ("num_key_value_heads", 4), ("q_lora_rank", 24), ("kv_lora_rank", 32), ("qk_rope_head_dim", 16),
+    ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("rope_parameters", _YARN), ("tie_word_embeddings", True),
+    ("bos_token_id", None), ("eos_token_id", None),
+))
 # dots.llm1 (tests/ignition/test_dots1_recipe.py): Qwen3's per-head q/k norms with q/k/v/o biases, a dense
 # then two sparse layers (DeepSeek-V3's sigmoid routing: 8 experts in 2 groups, 1 kept, top-3, a
 # correction bias, renormalised and scaled), a shared expert; the last layer sliding over 5 positions.

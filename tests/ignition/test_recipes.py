@@ -112,7 +112,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Olmo3ForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM",
                                             "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
-                                            "Dots1ForCausalLM"}
+                                            "Dots1ForCausalLM", "YoutuForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

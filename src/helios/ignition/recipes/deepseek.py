@@ -1,5 +1,5 @@
-"""Recipe for DeepSeek-V3 checkpoints (DeepseekV3ForCausalLM) and GLM-4.7-Flash's
-(Glm4MoeLiteForCausalLM, the same dataflow): multi-head latent attention.
+"""Recipe for DeepSeek-V3 checkpoints (DeepseekV3ForCausalLM), GLM-4.7-Flash's (Glm4MoeLiteForCausalLM)
+and Youtu-LLM's (YoutuForCausalLM), the same dataflow: multi-head latent attention.
 
 Family knowledge turned into Architecture fields and the prepared weight layout:
 
@@ -22,6 +22,9 @@ are those ``mlp_layer_types`` marks "sparse" (by default every layer but the fir
 fills it in; its reference never reads ``first_k_dense_replace``, so a config.json whose
 ``first_k_dense_replace`` disagrees with the layer types is refused rather than read either way).
 
+Youtu-LLM (YoutuForCausalLM) is DeepSeek-V3's latent attention with the gated MLP in every layer (no
+experts; embeddings tied by default, as YoutuConfig has it).
+
 A checkpoint tensor this recipe does not place is an error (multi-token-prediction layers past
 ``num_hidden_layers`` are not served and are skipped, as transformers skips them). The functions
 `latent_architecture` and `latent_recipe` serve DeepSeek-V2 too (`helios.ignition.recipes.deepseek_v2`).
@@ -43,7 +46,7 @@ from helios.ignition.recipes.llama import (_checkpoint_dtype, checked_rope, rope
 from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
 from helios.ignition.recipes.yarn import nonzero_frequencies
 
-ARCHITECTURES = ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
+ARCHITECTURES = ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "YoutuForCausalLM")
 _LAYER_KINDS = ("dense", "sparse")  # Glm4MoeLiteConfig.mlp_layer_types
 ROPE_TYPES = ("default", "yarn")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -54,6 +57,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     if source == "Glm4MoeLiteForCausalLM":
         check_key_heads(config)
         arch = latent_architecture(source, config, tensors, dtype, lite_experts(source, config))
+    elif source == "YoutuForCausalLM":
+        check_key_heads(config)
+        arch = latent_architecture(source, config, tensors, dtype, None)
     else:
         arch = architecture_from_config(source, config, tensors, dtype)
     return latent_recipe(source, arch, config, tensors, bool(config.get("rope_interleave", True)))
