@@ -291,6 +291,39 @@ def draw_latent(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_dots1(seed: int) -> Variant:
+    """dots.llm1: Qwen3's attention (q/k norms always, biases or not, layer kinds by layer_types or, as
+    older config.json files leave them out, derived from sliding_window / max_window_layers) with
+    DeepSeek-V3's routing (sigmoid with the correction bias, groups, dense first layers, shared
+    experts); Llama's rope types, rarely partial rotary (refused)."""
+    rng = random.Random(seed)
+    experts = _choice(rng, (4, 6, 8))
+    groups = _choice(rng, [g for g in (1, 2) if experts % g == 0])
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), intermediate_size=48,
+                  rms_norm_eps=_choice(rng, (1e-6, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  max_position_embeddings=512, attention_bias=rng.random() < 0.4, n_routed_experts=experts,
+                  num_experts_per_tok=_choice(rng, (1, 2, 3)), n_group=groups,
+                  topk_group=_choice(rng, range(1, groups + 1)), n_shared_experts=_choice(rng, (0, 1, 2)),
+                  moe_intermediate_size=_choice(rng, (16, 24)), first_k_dense_replace=_choice(rng, (0, 1)),
+                  norm_topk_prob=rng.random() < 0.5, routed_scaling_factor=_choice(rng, (1.0, 2.5)),
+                  sliding_window=_choice(rng, (None, 5, 8)), max_window_layers=_choice(rng, (0, 1, 2)),
+                  **_attention_geometry(rng))
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rope = _rope(rng, ("default", "linear", "llama3", "yarn"), head_dim)
+    if rng.random() < 0.1:
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    if config["sliding_window"] is not None and rng.random() < 0.5:
+        config["layer_types"] = [_choice(rng, ("sliding_attention", "full_attention")) for _ in range(2)]
+    if config["num_experts_per_tok"] > experts // groups * config["topk_group"]:
+        config["num_experts_per_tok"] = _choice(rng, (1, 1, 1, config["num_experts_per_tok"]))  # refused
+    legacy = _legacy_rope(rng, rope)
+    if "layer_types" not in config and rng.random() < 0.5:  # older checkpoints: the kinds Dots1Config derives
+        legacy += (("layer_types", None),)
+    return Variant(Family(f"dots1-{seed}", transformers.Dots1Config, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
 def draw_gpt_oss(seed: int) -> Variant:
     rng = random.Random(seed)
     geometry = _attention_geometry(rng, explicit_head_dim=True)
@@ -756,7 +789,7 @@ def draw_starcoder2(seed: int) -> Variant:
 
 
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
-         "latent": draw_latent, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
+         "latent": draw_latent, "dots1": draw_dots1, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
          "cohere": draw_cohere, "starcoder2": draw_starcoder2,
@@ -855,7 +888,7 @@ _COHERE_SEEDS = range(int(os.environ.get("HELIOS_COHERE_FUZZ_SEEDS", 8)))  # (an
 _LATENT_SEEDS = range(int(os.environ.get("HELIOS_LATENT_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 _MOE_FAMILY_SEEDS = range(int(os.environ.get("HELIOS_MOE_FAMILY_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
-         "latent": _LATENT_SEEDS, "gpt_oss": range(10), "bamba": range(12),
+         "latent": _LATENT_SEEDS, "dots1": _LATENT_SEEDS, "gpt_oss": range(10), "bamba": range(12),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
@@ -863,45 +896,6 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS}
 
 
-@pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
-                         ids=lambda value: str(value))
-def test_a_drawn_configuration_matches_the_reference_or_is_refused_by_name(tmp_path, kind, seed):
-    check_variant(DRAWS[kind](seed), tmp_path)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Variants the fuzz found defects in, pinned (each failed before its fix).
-
-_TINY = dict(num_hidden_layers=2, vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
-_GLM = dict(_TINY, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-            first_k_dense_replace=0, n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-            use_qk_norm=True, attention_bias=True)
-_DEEPSEEK = dict(_TINY, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
-                 qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=0, n_routed_experts=4,
-                 num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=16, routed_scaling_factor=1.0)
-_YARN = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 64}
-
-
-def _variant(name: str, config_class, overrides: dict, legacy: dict | None = None, sparse: bool = False) -> Variant:
-    return Variant(Family(name, config_class, tuple(overrides.items())), tuple((legacy or {}).items()), sparse)
-
-
-PINNED = {
-    # YaRN on a Llama-family checkpoint (Qwen2.5's long-context spelling): refused before
-    "qwen2-yarn-legacy": (_variant("qwen2-yarn", transformers.Qwen2Config, dict(_TINY, rope_parameters=_YARN),
-                                   {"rope_parameters": None, "rope_theta": 100.0,
-                                    "rope_scaling": {"type": "yarn", "factor": 4.0,
-                                                     "original_max_position_embeddings": 64}}), "matches"),
-    # Llama 3's context spelled at the top level (Phi-3's way): transformers reads it before the rope dict's
-    "llama3-top-level-original-context": (_variant(
-        "llama3-top", transformers.LlamaConfig,
-        dict(_TINY, rope_parameters={"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0,
-                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-        {"rope_parameters": None, "rope_theta": 100.0, "original_max_position_embeddings": 16,
-         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 500}}), "matches"),
-    # Qwen3-MoE's reference rotates whole heads whatever partial_rotary_factor says: it was rotated in part
 def draw_gemma(seed: int) -> Variant:
     """Gemma 1 or Gemma 2 (half each): an explicit head_dim other than hidden / heads mostly, biases, tied or
     not, Llama's rope types (rarely one Llama's recipe refuses) in either layout. Gemma 1: the activation
@@ -943,6 +937,45 @@ DRAWS["gemma"] = draw_gemma
 SEEDS["gemma"] = range(int(os.environ.get("HELIOS_GEMMA_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 
 
+@pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
+                         ids=lambda value: str(value))
+def test_a_drawn_configuration_matches_the_reference_or_is_refused_by_name(tmp_path, kind, seed):
+    check_variant(DRAWS[kind](seed), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Variants the fuzz found defects in, pinned (each failed before its fix).
+
+_TINY = dict(num_hidden_layers=2, vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+_GLM = dict(_TINY, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            first_k_dense_replace=0, n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            use_qk_norm=True, attention_bias=True)
+_DEEPSEEK = dict(_TINY, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                 qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=0, n_routed_experts=4,
+                 num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=16, routed_scaling_factor=1.0)
+_YARN = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _variant(name: str, config_class, overrides: dict, legacy: dict | None = None, sparse: bool = False) -> Variant:
+    return Variant(Family(name, config_class, tuple(overrides.items())), tuple((legacy or {}).items()), sparse)
+
+
+PINNED = {
+    # YaRN on a Llama-family checkpoint (Qwen2.5's long-context spelling): refused before
+    "qwen2-yarn-legacy": (_variant("qwen2-yarn", transformers.Qwen2Config, dict(_TINY, rope_parameters=_YARN),
+                                   {"rope_parameters": None, "rope_theta": 100.0,
+                                    "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 64}}), "matches"),
+    # Llama 3's context spelled at the top level (Phi-3's way): transformers reads it before the rope dict's
+    "llama3-top-level-original-context": (_variant(
+        "llama3-top", transformers.LlamaConfig,
+        dict(_TINY, rope_parameters={"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        {"rope_parameters": None, "rope_theta": 100.0, "original_max_position_embeddings": 16,
+         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 500}}), "matches"),
+    # Qwen3-MoE's reference rotates whole heads whatever partial_rotary_factor says: it was rotated in part
     "qwen3_moe-partial-rotary": (_variant("qwen3_moe-partial", transformers.Qwen3MoeConfig, dict(
         _TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
         rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5})),
