@@ -78,6 +78,8 @@ parallelism both partial outputs are summed by one all-reduce where neither has 
 ``use_qk_norm``; under tensor parallelism each rank holds its heads' rows). Without ``gated_mlp``
 the MLP is ``down(act(up(x)))``: ``layers.i.up.weight`` [F, H] and optional ``layers.i.up.bias``
 [F] replace the ``gate_up`` slots (``mlp_activation`` "gelu_tanh": the tanh-approximated GELU).
+With ``head_bias`` (Phi) ``lm_head_bias`` [vocab_rows] follows the head's slot (``lm_head``, or
+``final_norm`` where embeddings are tied): a bias added to the logits (each rank: its rows').
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -229,6 +231,7 @@ class Architecture:
     parallel_block: bool = False  # attention and MLP both read input_norm's output; no post_norm
     qk_norm_heads: bool = False  # q/k norm weights per head: [Hq D] / [Hkv D], each head normed over its D
     gated_mlp: bool = True  # False: down(act(up(x))) with an ``up`` projection instead of ``gate_up``
+    head_bias: bool = False  # the logits add ``lm_head_bias`` (Phi's lm_head bias)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -385,6 +388,8 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     slots += _norm_slots(arch, "final_norm")
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
+    if arch.head_bias:
+        slots.append(_slot("lm_head_bias", arch, arch.vocab_rows))
     slots.append(WeightSlot("rope.inv_freq", (arch.rotary_width // 2,), "float32"))
     if arch.local_rope_layers:
         slots.append(WeightSlot("rope.local_inv_freq", (arch.rotary_width // 2,), "float32"))

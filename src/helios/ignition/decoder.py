@@ -345,4 +345,4 @@ def residual_update(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: t
 def lm_logits(arch: Architecture, w: Mapping[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
     """float32 logits [N, V] of hidden states [N, H] (the embedding matrix when embeddings are tied)."""
     head = w["embed"] if arch.tie_word_embeddings else w["lm_head"]
-    return vocab_logits(arch, hidden, head)
+    return vocab_logits(arch, hidden, head, w.get("lm_head_bias"))

@@ -163,7 +163,7 @@ class GenerationProgram(torch.nn.Module):
         request_slots, sample_rows = lanes[0], lanes[2]
         seeds, counters, params, grammar_mask, bias_ids, bias_values = controls
         head = w["embed"] if self.arch.tie_word_embeddings else w["lm_head"]
-        logits = sampled_logits(self.arch, hidden, head)
+        logits = sampled_logits(self.arch, hidden, head, w.get("lm_head_bias"))
         slots, start = request_slots.clamp(min=0), w.get("vocab.start")
         biased = with_logit_bias(logits, bias_ids[slots], bias_values[slots], start)
         temperature, top_k, top_p, min_p, penalties = split_sampling_parameters(params)

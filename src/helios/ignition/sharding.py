@@ -19,7 +19,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``sinks`` (attention sinks, one per query head) | its q heads' |
 | ``q_norm`` / ``k_norm`` spanning whole projections (``qk_norm_whole``) or per head (``qk_norm_heads``) | its q / k heads' entries |
 | ``up.weight`` / ``up.bias`` (a non-gated MLP, column-parallel) | its MLP rows |
-| ``embed`` / ``lm_head`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
+| ``embed`` / ``lm_head`` / ``lm_head_bias`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
 | ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
 | norms (``attn_out_norm`` / ``mlp_out_norm`` too), ``rope.inv_freq``, ``rope.local_inv_freq`` | whole (replicated) |
@@ -152,7 +152,7 @@ class _Cutter:
             return self.rows(tensor, self.shard.q_size if key == "q_norm" else self.shard.kv_size).clone()
         if key == "down.weight":
             return self.columns(tensor, self.shard.intermediate_size)
-        if name in ("embed", "lm_head"):
+        if name in ("embed", "lm_head", "lm_head_bias"):
             return self.vocabulary(tensor)
         return tensor.clone()  # norms, o/down biases, rotary frequencies: replicated
 
@@ -217,7 +217,7 @@ class _Cutter:
     def vocabulary(self, tensor: torch.Tensor) -> torch.Tensor:
         rows = self.shard.vocab_rows
         held = tensor[self.rank * rows:(self.rank + 1) * rows]
-        padded = torch.zeros((rows, tensor.shape[1]), dtype=tensor.dtype)
+        padded = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
         padded[: held.shape[0]] = held
         return padded
 

@@ -100,9 +100,10 @@ def partial_sum(arch: Architecture, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.helios.all_reduce(x, arch.tensor_parallel)
 
 
-def vocab_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """float32 logits [N, V] over the whole vocabulary from this rank's head rows (`capped`)."""
-    logits = capped(arch, F.linear(hidden, head).to(torch.float32))
+def vocab_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor, bias=None) -> torch.Tensor:
+    """float32 logits [N, V] over the whole vocabulary from this rank's head rows (and their `bias`
+    entries, ``arch.head_bias``; `capped`)."""
+    logits = capped(arch, F.linear(hidden, head, bias).to(torch.float32))
     if arch.tensor_parallel == 1:
         return logits
     gathered = torch.ops.helios.all_gather(logits, arch.tensor_parallel)  # [ranks, N, vocab_rows]
@@ -110,11 +111,12 @@ def vocab_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -
     return whole[:, : arch.vocab_size]
 
 
-def sampled_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+def sampled_logits(arch: Architecture, hidden: torch.Tensor, head: torch.Tensor, bias=None) -> torch.Tensor:
     """float32 logits of `hidden` to sample from: [N, V] on one rank; under tensor parallelism this
     rank's vocabulary rows only, [N, vocab_rows] (ids from ``vocab.start``; the last rank's rows
-    past V are padding), which `sample_tokens` and `token_scores` take as they are (`capped`)."""
-    return capped(arch, F.linear(hidden, head).to(torch.float32))
+    past V are padding), which `sample_tokens` and `token_scores` take as they are (`capped`; with
+    the rows' `bias` entries under ``arch.head_bias``)."""
+    return capped(arch, F.linear(hidden, head, bias).to(torch.float32))
 
 
 def with_logit_bias(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, vocab_start=None) -> torch.Tensor:
