@@ -268,6 +268,12 @@ STARCODER2 = Family("starcoder2", transformers.Starcoder2Config, (
     ("sliding_window", 5), ("norm_epsilon", 1e-4), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
 ))
+# Phi-2 (tests/ignition/test_phi2_recipe.py): LayerNorms with biases, the parallel block, the non-gated gelu_new MLP
+# with biases, q/k/v/dense biases, partial rotary (8 of each head's 16 dims, theta 100), an lm_head bias, untied.
+PHI2 = Family("phi2", transformers.PhiConfig, (
+    ("layer_norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
 # Qwen2-MoE (tests/ignition/test_qwen2_moe_recipe.py): sparse, dense, sparse layers (mlp_only_layers), 6 experts,
 # top-2 unnormalised, a gated shared expert, q/k/v biases; the first layer slides over 5 positions (use_sliding_window
 # below max_window_layers 2: Qwen2MoeConfig's every other layer), untied.

@@ -10,7 +10,7 @@ Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`e
 and Granite MoE Shared (`granite_moe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
 (`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and
-OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`) and the Qwen vision-language decoders (`qwen_vl`).
+OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`), Phi-1 / Phi-2 (`phi`) and the Qwen vision-language decoders (`qwen_vl`).
 
 Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite
 (`deepseek_v2`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
@@ -26,7 +26,7 @@ from typing import Callable
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import (bamba, deepseek, ernie4_5, gemma3, glm4, gpt_oss, granite, hunyuan, llama, moe,
-                                     cohere, olmo, phi3, qwen_vl, smollm3, starcoder2)
+                                     cohere, olmo, phi, phi3, qwen_vl, smollm3, starcoder2)
 from helios.ignition.recipes import qwen3_next
 from helios.ignition.recipes import gemma
 from helios.ignition.recipes import olmoe
@@ -49,7 +49,7 @@ def _vision_language(source, config, tensors, dtype) -> Recipe:
 
 _REGISTRY: dict[str, RecipeBuilder] = {
     name: family.build for family in (llama, moe, deepseek, bamba, gpt_oss, smollm3, gemma3, ernie4_5, granite,
-                                      hunyuan, glm4, olmo, cohere, starcoder2)
+                                      hunyuan, glm4, olmo, cohere, starcoder2, phi)
     for name in family.ARCHITECTURES
 }
 _REGISTRY.update({name: _vision_language for name in qwen_vl.ARCHITECTURES})
