@@ -12,7 +12,8 @@ LayerNorms, Cohere2's unrotated full layers; StarCoder2's biased LayerNorms and 
 MLP; GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
 q/k norms over whole projections; Qwen2-MoE's gated shared expert beside sparse and dense layers;
 OLMoE's whole-projection q/k norms beside a mixture in every layer; Granite MoE's top-k softmax routing
-(and the shared variant's shared expert).
+(and the shared variant's shared expert); Hunyuan MoE's
+shared expert beside experts after q/k norms that follow the rotation.
 DeepSeek-V2's softmax routing with groups scored by their best expert (the Triton route kernel), V2-Lite's
 direct query projection, GLM-4.7-Flash's sparse layers by layer kind; dots.llm1's q/k norms and biases
 beside grouped sigmoid routing, its last layer sliding; Youtu-LLM's dense latent layers, tied.
@@ -25,7 +26,7 @@ import pytest
 from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
 from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3, STARCODER2
-from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -40,7 +41,7 @@ def cores(tmp_path_factory) -> base.Cores:
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
-                                    COHERE2, STARCODER2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, *GEMMA_FAMILIES,
+                                    COHERE2, STARCODER2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -310,6 +310,15 @@ GRANITE_MOE_SHARED = Family("granite_moe_shared", transformers.GraniteMoeSharedC
     ("shared_intermediate_size", 48), ("tie_word_embeddings", True), *PHI3_IDS,
 ))
 GRANITE_MOE_FAMILIES = (GRANITE_MOE, GRANITE_MOE_SHARED)
+# Hunyuan MoE (tests/ignition/test_hunyuan_moe_recipe.py): Hunyuan dense's attention (q/k norms after the rotation,
+# NTK-alpha rope, q/k/v/o biases, head_dim 16 of hidden 64 / 8 heads) with a mixture in every layer: 6 experts,
+# top-2 renormalised, and the shared expert, all of width intermediate_size; untied.
+HUNYUAN_MOE = Family("hunyuan_moe", transformers.HunYuanMoEV1Config, (
+    ("num_attention_heads", 8), ("head_dim", 16), ("attention_bias", True), ("intermediate_size", 32),
+    ("num_experts", 6), ("moe_topk", 2), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 1000.0}), *PHI3_IDS,
+    ("eod_token_id", None), ("sep_token_id", None),
+))
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

@@ -788,12 +788,28 @@ def draw_starcoder2(seed: int) -> Variant:
                    _legacy_rope(rng, rope), rng.random() < 0.3)
 
 
+def draw_hunyuan_moe(seed: int) -> Variant:
+    """Hunyuan MoE: `draw_hunyuan`'s attention (q/k norms after the rotation, NTK-alpha or Llama's rope
+    types, biases, an explicit head_dim) with a mixture in every layer (softmax top-k renormalised, a
+    shared expert of the experts' width), ``moe_topk`` as a number or a per-layer list (rarely uneven:
+    refused)."""
+    base = dict(draw_hunyuan(seed).family.overrides)
+    rng = random.Random(f"hunyuan_moe-{seed}")
+    top_k = _choice(rng, (1, 2, 3))
+    base.update(num_experts=_choice(rng, (4, 6, 8)), intermediate_size=_choice(rng, (16, 32)),
+                moe_topk=_choice(rng, (top_k, top_k, top_k, [top_k] * 2, [top_k, 1] if top_k > 1 else top_k)),
+                eod_token_id=None, sep_token_id=None)
+    return Variant(Family(f"hunyuan_moe-{seed}", transformers.HunYuanMoEV1Config, tuple(base.items())),
+                   draw_hunyuan(seed).legacy, rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
          "latent": draw_latent, "dots1": draw_dots1, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
          "cohere": draw_cohere, "starcoder2": draw_starcoder2,
-         "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe, "granite_moe": draw_granite_moe}
+         "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe, "granite_moe": draw_granite_moe,
+         "hunyuan_moe": draw_hunyuan_moe}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -893,7 +909,8 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
          "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "starcoder2": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
-         "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS}
+         "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS,
+         "hunyuan_moe": _MOE_FAMILY_SEEDS}
 
 
 def draw_gemma(seed: int) -> Variant:

@@ -123,7 +123,11 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
             groups = _choice(rng, [g for g in (1, 2, 4) if experts % g == 0 and experts // g >= 2])
             config.update(n_group=groups, topk_group=_choice(rng, range(1, groups + 1)))
             experts = experts // groups * config["topk_group"]
-        config["num_experts_per_tok"] = min(config["num_experts_per_tok"], experts)
+        if "moe_topk" in config:  # Hunyuan MoE: a number or a per-layer list
+            top_k = config["moe_topk"]
+            config["moe_topk"] = [min(k, experts) for k in top_k] if isinstance(top_k, list) else min(top_k, experts)
+        else:
+            config["num_experts_per_tok"] = min(config["num_experts_per_tok"], experts)
     if kind == "bamba":
         inner = hidden * 2  # mamba_expand 2
         mixer_heads = _cut(rng, ranks, (1, 2, 3), lambda n: inner % n == 0 and n > 1, 0.1)
@@ -289,6 +293,8 @@ SEEDS = (  # (draw, seed, ranks)
                           # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
     ("granite_moe", 3, 2),  # Granite MoE Shared: a shared expert of width 10 (5 a rank), top-1 of 2 experts,
                             # Granite's multipliers, tied, llama3 rope in the legacy layout, MIXED programs
+    ("hunyuan_moe", 3, 2),  # Hunyuan MoE: a per-layer moe_topk list [2, 2] of 8 experts, the shared expert and
+                            # the experts of width 18 (9 a rank), q/k norms after the rotation, tied, MIXED programs
 )
 
 

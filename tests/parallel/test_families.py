@@ -10,7 +10,7 @@ from helios.runtime.offline import generate
 from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAMILIES, GEMMA3_FAMILIES, GLM4_MOE,
                                      GPT_OSS, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
 from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES, STARCODER2
-from ignition.hf_checkpoints import GRANITE_MOE_FAMILIES, OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 
@@ -26,14 +26,15 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 # blocks without pre-norms and q/k norms over whole projections (each rank's heads' share, the mean square
 # summed over the ranks); Qwen2-MoE's gated shared expert (the gate whole on each rank, scaling its share);
 # OLMoE's whole-projection q/k norms beside a mixture in every layer (its biased shape has one key/value head);
-# Granite MoE's top-k softmax routing with the residual multiplier folded into every expert's share.
+# Granite MoE's top-k softmax routing with the residual multiplier folded into every expert's share; Hunyuan
+# MoE's shared expert beside experts after q/k norms that follow the rotation.
 # DeepSeek-V2: softmax routing over expert groups scored by their best expert (the router whole on each rank).
 # Cohere / Cohere2: the parallel block (the attention and MLP partials summed by one all-reduce before the
 # LayerNorm), each rank's heads' rows of the per-head q/k LayerNorms, Cohere2's unrotated full layer; StarCoder2
 # LayerNorms with biases (replicated) and the non-gated MLP (its up rows and biases cut by the MLP width).
 # Gemma / Gemma 2: Gemma 1's head_dim other than hidden / heads; Gemma 2's attention soft cap on each rank's heads.
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
-            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (STARCODER2,) + (QWEN2_MOE, OLMOE) + GRANITE_MOE_FAMILIES + (DEEPSEEK_V2,)
+            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (STARCODER2,) + (QWEN2_MOE, OLMOE) + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE,) + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES)
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running

@@ -32,6 +32,8 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                               "intermediate_size": 11008},
     "GraniteMoeSharedForCausalLM": {"max_position_embeddings": 2048, "num_local_experts": 8, "num_experts_per_tok": 2,
                                     "intermediate_size": 11008},
+    "HunYuanMoEV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "num_experts": 1,
+                                "moe_topk": 1},
     "MixtralForCausalLM": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "num_key_value_heads": 8,
                            "num_local_experts": 8, "num_experts_per_tok": 2},
     "Glm4MoeForCausalLM": {"rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "num_key_value_heads": 8,

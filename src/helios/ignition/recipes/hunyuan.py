@@ -29,24 +29,36 @@ _NORM_NAMES = {"self_attn.q_norm.weight": "self_attn.query_layernorm.weight",
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    if not isinstance(config.get("head_dim"), int) or isinstance(config.get("head_dim"), bool):
-        raise UnsupportedCheckpoint(f"config.json: head_dim must be an integer (the HunYuan reference sizes heads "
-                                    f"by it), got {config.get('head_dim')!r}")
+    check_head_dim(config)
     config = with_static_rope(config)
     arch = llama.architecture_from_config(source, config, tensors, dtype)
     arch = dataclasses.replace(arch, qk_norm=True, qk_norm_after_rotary=True)
 
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-        def renamed(name: str):
-            for ours, theirs in _NORM_NAMES.items():
-                if name.endswith(ours):
-                    return take(name.removesuffix(ours) + theirs)
-            return take(name)
-
-        return llama.attention_weights(arch, layer, renamed) + llama.dense_mlp_weights(arch, layer, take)
+        return attention_weights(arch, layer, take) + llama.dense_mlp_weights(arch, layer, take)
 
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights)
     return llama.placed_recipe(source, arch, weights, used, tensors)
+
+
+def attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """Llama's attention slots of `layer`, the q/k norms read from HunYuan's ``query_layernorm`` /
+    ``key_layernorm`` (shared with `helios.ignition.recipes.hunyuan_moe`)."""
+    def renamed(name: str):
+        for ours, theirs in _NORM_NAMES.items():
+            if name.endswith(ours):
+                return take(name.removesuffix(ours) + theirs)
+        return take(name)
+
+    return llama.attention_weights(arch, layer, renamed)
+
+
+def check_head_dim(config: Mapping[str, Any]) -> None:
+    """An UnsupportedCheckpoint unless config.json gives an integer head_dim (the reference sizes its
+    heads and q/k norms by it)."""
+    if not isinstance(config.get("head_dim"), int) or isinstance(config.get("head_dim"), bool):
+        raise UnsupportedCheckpoint(f"config.json: head_dim must be an integer (the HunYuan reference sizes heads "
+                                    f"by it), got {config.get('head_dim')!r}")
 
 
 def with_static_rope(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -40,14 +40,15 @@ _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class ExpertNames(NamedTuple):
-    """Where a family keeps its sparse block: the module prefix, the per-expert projection names and
-    the shared expert's module (under the block)."""
+    """Where a family keeps its sparse block: the module prefix, the per-expert projection names, the
+    shared expert's module and the router's weight (both under the block)."""
 
     block: str
     gate: str
     up: str
     down: str
     shared: str = "shared_experts."
+    router: str = "gate.weight"
 
 
 # The families whose reference honours partial_rotary_factor (the others' rotate whole heads).
@@ -185,7 +186,7 @@ def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
     """A sparse layer's router, stacked experts and shared expert, in `weight_layout` order."""
     moe, dst = arch.moe, f"layers.{layer}."
     block = f"model.layers.{layer}.{names.block}"
-    out = [NamedWeight(dst + "router.weight", take(block + "gate.weight").float())]
+    out = [NamedWeight(dst + "router.weight", take(block + names.router).float())]
     if moe.correction_bias:
         out.append(NamedWeight(dst + "router.correction_bias", take(block + "gate.e_score_correction_bias").float()))
     if block + "experts.gate_up_proj" in tensors:
