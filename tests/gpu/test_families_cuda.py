@@ -17,6 +17,8 @@ shared expert beside experts after q/k norms that follow the rotation.
 DeepSeek-V2's softmax routing with groups scored by their best expert (the Triton route kernel), V2-Lite's
 direct query projection, GLM-4.7-Flash's sparse layers by layer kind; dots.llm1's q/k norms and biases
 beside grouped sigmoid routing, its last layer sliding; Youtu-LLM's dense latent layers, tied.
+Qwen3-Next's and Qwen3.5's Gated DeltaNet layers (``helios::gated_delta_rule``, its torch body on CUDA, and
+the short convolution in state rows) beside gated attention with partial rotary.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3, STARCOD
 from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
+from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
 pytestmark = pytest.mark.gpu
@@ -42,7 +45,7 @@ def cores(tmp_path_factory) -> base.Cores:
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
                                     COHERE2, STARCODER2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, *GEMMA_FAMILIES,
-                                    *LATENT_FAMILIES, DOTS1, YOUTU], ids=lambda f: f.name)
+                                    *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)
     run = greedy_run(cores.open(family), base.PROMPTS, base.NEW_TOKENS, base.cuda_options())

@@ -146,9 +146,14 @@ def test_unsupported_settings_are_refused_by_name(prepared, tmp_path, edit, name
         load_checkpoint(_edited(prepared, tmp_path, edit))
 
 
-def test_tensor_parallelism_is_refused_by_name(prepared):
-    with pytest.raises(CheckpointError, match="linear_attention"):
-        rank_architecture(prepared.recipe.architecture, 2)
+def test_ranks_split_key_heads_with_their_value_heads(prepared):
+    """Two ranks: one key head and its two value heads each; four ranks: fewer key heads than ranks,
+    refused naming linear_num_key_heads."""
+    shard = rank_architecture(prepared.recipe.architecture, 2)
+    assert (shard.recurrent.num_key_heads, shard.recurrent.num_value_heads) == (1, 2)
+    assert shard.recurrent.state_shape == (2, 8, 12) and shard.recurrent.conv_dim == 8 + 8 + 24
+    with pytest.raises(CheckpointError, match="linear_num_key_heads"):
+        rank_architecture(prepared.recipe.architecture, 4)
 
 
 def test_multi_token_prediction_tensors_are_skipped_and_others_refused(prepared, tmp_path):

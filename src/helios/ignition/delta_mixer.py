@@ -5,7 +5,8 @@ one projection gives q, k, v (the convolved channels), the output gate z and b, 
 through the causal short convolution (``helios::causal_conv_update``, zero bias) and SiLU; the
 recurrence is ``helios::gated_delta_rule`` with beta = sigmoid(b) and the log decay
 g = A softplus(a + dt_bias) (float32); each value head's output is RMS-normed, weighted, gated by
-silu(z) (`gated_head_norm`) and projected by ``out``. Both ops advance the row's state rows in
+silu(z) (`gated_head_norm`) and projected by ``out`` (under tensor parallelism each rank's key heads
+and their value heads; the ranks' outputs summed by one all-reduce). Both ops advance the row's state rows in
 place (``conv_state`` and ``ssm_state`` of `helios.ignition.hybrid_decoder.HybridStorage`). The
 arithmetic mirrors transformers' Qwen3NextGatedDeltaNet (float32 decay, rule and norm).
 """
@@ -19,6 +20,7 @@ import helios.abi.delta_rule  # noqa: F401  (registers helios::gated_delta_rule)
 import helios.abi.recurrent  # noqa: F401  (registers helios::causal_conv_update)
 from helios.ignition.architecture import Architecture
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
+from helios.ignition.tensor_parallel import row_parallel_linear
 
 
 def delta_block(arch: Architecture, w, prefix: str, hidden: torch.Tensor, planes, step, state) -> torch.Tensor:
@@ -41,7 +43,7 @@ def delta_block(arch: Architecture, w, prefix: str, hidden: torch.Tensor, planes
         torch.sigmoid(b).contiguous(), step.query_start, state.rows, state.fresh, state.max_query_len)
     gate = z.reshape(num_tokens, g.num_value_heads, g.value_head_dim)
     normed = gated_head_norm(attended, gate, w[p + "norm"], arch.rms_norm_eps)
-    return F.linear(normed.reshape(num_tokens, g.value_dim), w[p + "out.weight"])
+    return row_parallel_linear(arch, normed.reshape(num_tokens, g.value_dim), w[p + "out.weight"], None)
 
 
 def gated_head_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

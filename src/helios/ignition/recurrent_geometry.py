@@ -88,8 +88,8 @@ class RecurrentGeometry:
 
 @dataclass(frozen=True)
 class GatedDeltaNetGeometry:
-    """Which layers are Gated DeltaNet linear-attention layers and their extents (module docstring).
-    Tensor parallelism does not split them (`helios.ignition.sharding` refuses it)."""
+    """Which layers are Gated DeltaNet linear-attention layers and their extents (module docstring);
+    under tensor parallelism one rank's key heads and their value heads (`helios.ignition.sharding`)."""
 
     layers: tuple[int, ...]
     num_key_heads: int

@@ -36,8 +36,11 @@ and one all-reduce sums the routed and shared experts). Heads, key/value heads, 
 expert widths and a mixer's heads and groups (unless one) must divide by N (a `CheckpointError`
 says which does not, and the config.json setting that holds it: fewer key/value heads than ranks
 are refused, not replicated); the vocabulary need not (the last rank's rows are padded with zeros
-and their logits cut). Gated DeltaNet hybrids (Qwen3-Next) are not split: `rank_architecture`
-refuses them by name.
+and their logits cut). A Gated DeltaNet layer (Qwen3-Next, Qwen3.5) is split by key heads, each with
+the value heads that read it (rank r: key heads [r Hk/N, (r+1) Hk/N) and their Hv/N value heads): its
+q/k/v/z/b/a rows, convolution channels, dt_bias and A, its state rows and the input columns of out
+are the rank's own (the per-head output norm is whole on each rank), and one all-reduce after out
+sums the layer; an attention output gate's rows are cut by query heads like the queries.
 Every rank has the same shapes, so one captured program serves all of them.
 
 `rank_weight_files` turns each rank's weights into its safetensors resource and the per-rank
@@ -69,14 +72,13 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
         raise CheckpointError("the architecture is already one rank's share")
     if ranks == 1:
         return arch
-    if isinstance(arch.recurrent, GatedDeltaNetGeometry):
-        raise CheckpointError(f"tensor parallel {ranks}: Gated DeltaNet layers (layer_types 'linear_attention') "
-                              f"are not split over ranks; serve this checkpoint on one rank")
     extents = {"attention heads (num_attention_heads)": arch.num_heads,
                "key/value heads (num_key_value_heads)": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
     recurrent = arch.recurrent
-    if recurrent is not None:  # a mixer's heads and the B/C groups they read are split alike
+    if isinstance(recurrent, GatedDeltaNetGeometry):  # key heads, each with the value heads reading it
+        extents["linear-attention key heads (linear_num_key_heads)"] = recurrent.num_key_heads
+    elif recurrent is not None:  # a mixer's heads and the B/C groups they read are split alike
         extents["mixer heads (mamba_n_heads)"] = recurrent.num_heads
         if recurrent.num_groups > 1:  # one group: B/C whole on every rank, the norm summed over ranks
             extents["mixer groups (mamba_n_groups)"] = recurrent.num_groups
@@ -92,7 +94,10 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     if moe is not None:
         moe = dataclasses.replace(moe, expert_intermediate_size=moe.expert_intermediate_size // ranks,
                                   shared_intermediate_size=moe.shared_intermediate_size // ranks)
-    if recurrent is not None:
+    if isinstance(recurrent, GatedDeltaNetGeometry):
+        recurrent = dataclasses.replace(recurrent, num_key_heads=recurrent.num_key_heads // ranks,
+                                        num_value_heads=recurrent.num_value_heads // ranks)
+    elif recurrent is not None:
         split = recurrent.num_groups > 1
         recurrent = dataclasses.replace(recurrent, num_heads=recurrent.num_heads // ranks,
                                         num_groups=recurrent.num_groups // ranks if split else 1,
@@ -140,6 +145,8 @@ class _Cutter:
             return self.experts(key, tensor)
         if key.startswith("mixer.") and key != "mixer.out.bias":
             return self.mixer(key, tensor)
+        if key.startswith("delta."):
+            return self.delta(key, tensor)
         if key == "o.weight":
             return self.columns(tensor, self.shard.attention_out_size)
         if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
@@ -157,9 +164,29 @@ class _Cutter:
         return tensor.clone()  # norms, o/down biases, rotary frequencies: replicated
 
     def qkv(self, tensor: torch.Tensor) -> torch.Tensor:
-        q, k, v = tensor.split([self.full.q_size, self.full.kv_size, self.full.kv_size])
+        gate_size = self.full.q_size if self.full.attention_gate else 0  # output-gate rows last, by query head
+        q, k, v, gate = tensor.split([self.full.q_size, self.full.kv_size, self.full.kv_size, gate_size])
         return torch.cat([self.rows(q, self.shard.q_size), self.rows(k, self.shard.kv_size),
-                          self.rows(v, self.shard.kv_size)]).contiguous()
+                          self.rows(v, self.shard.kv_size), self.rows(gate, gate_size // self.shard.tensor_parallel)
+                          ]).contiguous()
+
+    def delta(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A Gated DeltaNet layer's share: its key heads' q/k rows, their value heads' v/z/b/a rows
+        (in_proj and the convolution's q/k/v channels), dt_bias and A, the input columns of out."""
+        full, shard = self.full.recurrent, self.shard.recurrent
+        if key == "delta.out.weight":
+            return self.columns(tensor, shard.value_dim)
+        if key == "delta.norm":  # one weight for every value head
+            return tensor.clone()
+        if key in ("delta.dt_bias", "delta.A"):
+            return self.rows(tensor, shard.num_value_heads).clone()
+        widths = [full.key_dim, full.key_dim, full.value_dim]
+        shares = [shard.key_dim, shard.key_dim, shard.value_dim]
+        if key == "delta.in_proj.weight":  # q | k | v | z | b | a
+            widths += [full.value_dim, full.num_value_heads, full.num_value_heads]
+            shares += [shard.value_dim, shard.num_value_heads, shard.num_value_heads]
+        parts = tensor.split(widths)  # delta.conv.weight / delta.conv.bias: q | k | v channels
+        return torch.cat([self.rows(part, share) for part, share in zip(parts, shares)]).contiguous()
 
     def gate_up(self, tensor: torch.Tensor, full: int, width: int, dim: int = 0) -> torch.Tensor:
         gate, up = tensor.split([full, full], dim=dim)
