@@ -124,6 +124,7 @@ def test_a_terse_config_takes_the_config_class_defaults(lite, tmp_path):
     ({"norm_topk_prob": True}, "norm_topk_prob"),
     ({"moe_layer_freq": 2}, "moe_layer_freq"),
     ({"topk_method": "noaux_tc"}, "topk_method"),
+    ({"scoring_func": "sigmoid"}, "scoring_func"),
     ({"topk_method": "group_limited_greedy", "n_group": None, "topk_group": None}, "n_group"),
     ({"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 3}, "topk_group"),
     ({"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 1}, "n_group 4"),

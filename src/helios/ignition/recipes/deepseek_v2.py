@@ -20,7 +20,8 @@ no ``rope_interleave``), so the recipe de-interleaves them as V3's does under ``
 Refused by name: ``norm_topk_prob`` true (transformers' router ignores it, DeepSeek's own code
 renormalises: two different models), ``moe_layer_freq`` other than 1 (the same disagreement: DeepSeek's
 code keeps the other layers dense, transformers makes every layer from ``first_k_dense_replace`` on
-sparse), another ``topk_method``, ``attention_bias`` / ``mlp_bias``, fewer key/value heads than heads.
+sparse), another ``topk_method`` or a ``scoring_func`` other than softmax (DeepSeek's config.json
+spells it; transformers ignores it), ``attention_bias`` / ``mlp_bias``, fewer key/value heads than heads.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def experts(config: Mapping[str, Any]) -> MixtureOfExperts | None:
     if config.get("norm_topk_prob"):
         raise UnsupportedCheckpoint("norm_topk_prob true is not supported (transformers' DeepSeek-V2 router ignores "
                                     "it, DeepSeek's code renormalises)")
+    if config.get("scoring_func", "softmax") != "softmax":  # DeepSeek's V2 code raises on any other
+        raise UnsupportedCheckpoint(f"scoring_func {config['scoring_func']!r} is not supported (only 'softmax')")
     method = config.get("topk_method", "greedy")
     if method not in TOPK_METHODS:
         raise UnsupportedCheckpoint(f"topk_method {method!r} is not one of {TOPK_METHODS}")
