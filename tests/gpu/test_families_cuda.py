@@ -9,7 +9,8 @@ multipliers; Hunyuan's q/k norms after rotary; Gemma 3's sandwich norms, gated G
 (``helios::gelu_tanh_mul``), scaled embeddings, local rope table and (capped) final logit soft cap;
 Cohere's LayerNorms (``helios::layer_norm``, a torch composite on CUDA), parallel block and per-head q/k
 LayerNorms, Cohere2's unrotated full layers; StarCoder2's biased LayerNorms and non-gated GELU-tanh
-MLP; GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
+MLP; Phi-2's lm_head bias under the parallel block and partial rotary;
+GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's blocks without pre-norms and
 q/k norms over whole projections; Qwen2-MoE's gated shared expert beside sparse and dense layers;
 OLMoE's whole-projection q/k norms beside a mixture in every layer; Granite MoE's top-k softmax routing
 (and the shared variant's shared expert); Hunyuan MoE's
@@ -27,7 +28,7 @@ import pytest
 
 from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
-from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3, STARCODER2
+from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3, PHI2, STARCODER2
 from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
@@ -44,7 +45,7 @@ def cores(tmp_path_factory) -> base.Cores:
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
-                                    COHERE2, STARCODER2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, *GEMMA_FAMILIES,
+                                    COHERE2, STARCODER2, PHI2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

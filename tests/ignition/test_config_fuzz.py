@@ -803,11 +803,38 @@ def draw_hunyuan_moe(seed: int) -> Variant:
                    draw_hunyuan(seed).legacy, rng.random() < 0.3)
 
 
+def draw_phi2(seed: int) -> Variant:
+    """Phi-1 / Phi-2: partial rotary (the default 0.5 left out, or drawn: 0.25, 0.75, whole heads; an
+    even rotated width), ``layer_norm_eps``, tied or untied, ``gelu_new`` (rarely gelu_pytorch_tanh or
+    silu, or gelu: refused), rarely ``qk_layernorm`` (refused), Llama's rope types (rarely dynamic:
+    refused), an explicit head_dim, the legacy rope layout half the time."""
+    rng = random.Random(seed)
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  layer_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.3,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                  **_attention_geometry(rng, explicit_head_dim=True))
+    if rng.random() < 0.2:
+        config["hidden_act"] = _choice(rng, ("gelu_pytorch_tanh", "silu", "gelu"))
+    if rng.random() < 0.05:
+        config["qk_layernorm"] = True
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn", "dynamic"), config["head_dim"])
+    partial = _choice(rng, (None, None, 0.5, 0.25, 0.75, 1.0))
+    width = int(config["head_dim"] * (partial or 0.5))
+    if width % 2 or (width == 2 and rope["rope_type"] == "dynamic"):  # the reference's YaRN (dynamic) breaks
+        partial = None
+    if partial is not None:
+        rope["partial_rotary_factor"] = partial
+    config["rope_parameters"] = rope
+    return Variant(Family(f"phi2-{seed}", transformers.PhiConfig, tuple(config.items())), _legacy_rope(rng, rope),
+                   rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
          "latent": draw_latent, "dots1": draw_dots1, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
-         "cohere": draw_cohere, "starcoder2": draw_starcoder2,
+         "cohere": draw_cohere, "starcoder2": draw_starcoder2, "phi2": draw_phi2,
          "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe, "granite_moe": draw_granite_moe,
          "hunyuan_moe": draw_hunyuan_moe}
 
@@ -900,7 +927,7 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 
 _LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
 _GLM_OLMO_SEEDS = range(int(os.environ.get("HELIOS_GLM_OLMO_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
-_COHERE_SEEDS = range(int(os.environ.get("HELIOS_COHERE_FUZZ_SEEDS", 8)))  # (and StarCoder2's) a wider sweep
+_COHERE_SEEDS = range(int(os.environ.get("HELIOS_COHERE_FUZZ_SEEDS", 8)))  # (StarCoder2's, Phi-2's) a wider sweep
 _LATENT_SEEDS = range(int(os.environ.get("HELIOS_LATENT_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 _MOE_FAMILY_SEEDS = range(int(os.environ.get("HELIOS_MOE_FAMILY_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
 SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
@@ -908,7 +935,8 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
          "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
-         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "starcoder2": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
+         "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "starcoder2": _COHERE_SEEDS,
+         "phi2": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
          "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS,
          "hunyuan_moe": _MOE_FAMILY_SEEDS}
 

@@ -107,7 +107,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "SmolLM3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                                             "Gemma3ForCausalLM", "SeedOssForCausalLM",
                                             "Ernie4_5ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
-                                            "Cohere2ForCausalLM", "Starcoder2ForCausalLM",
+                                            "Cohere2ForCausalLM", "Starcoder2ForCausalLM", "PhiForCausalLM",
                                             "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
                                             "Olmo3ForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM",
                                             "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",

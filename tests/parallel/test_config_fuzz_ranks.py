@@ -287,6 +287,8 @@ SEEDS = (  # (draw, seed, ranks)
                           # added after), the legacy sliding_window_pattern, tied, 4 heads on 2 ranks, MIXED programs
     ("starcoder2", 0, 4),  # StarCoder2: biased LayerNorms, the non-gated MLP (width 48, 12 a rank) with biases, q/k/v/o
                            # biases, window 5, linear rope in the legacy layout, 4 heads on 4 ranks, untied
+    ("phi2", 1, 2),       # Phi-2: the parallel block with biases, partial rotary 0.75 of 24, the lm_head bias over a
+                          # vocabulary of 255 (the last rank's row padded), the legacy layout, MIXED programs
     ("qwen2_moe", 0, 4),  # Qwen2-MoE: the gated shared expert of width 8 on 4 ranks (2 each, the gate whole), a
                           # dense first layer, expert width 20, 8 heads, no layer_types, linear rope, vocab 97
     ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3

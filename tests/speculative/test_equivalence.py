@@ -22,7 +22,7 @@ from helios.runtime.records.sampling_params import GREEDY, SamplingParams
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from ignition.hf_checkpoints import (FAMILIES, GEMMA3_FAMILIES, GRANITE, HUNYUAN, LLAMA2, LLAMA3, LLAMA_SHAPED_FAMILIES,
                                      PHI3_FAMILIES, QWEN2, SMOLLM3_FAMILIES, random_model, write_checkpoint)
-from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES, STARCODER2
+from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES, PHI2, STARCODER2
 from ignition.hf_checkpoints import GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE_FAMILIES, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2, DOTS1, YOUTU
 from ignition.hf_checkpoints import GEMMA_FAMILIES
@@ -64,7 +64,7 @@ def run(recipe, draft, capacity_plan, speculative=True, startup=StartupOptions()
 
 
 @pytest.mark.parametrize("family", FAMILIES + PHI3_FAMILIES + SMOLLM3_FAMILIES + GEMMA3_FAMILIES + COHERE_FAMILIES
-                         + (STARCODER2,)
+                         + (STARCODER2, PHI2)
                          + LLAMA_SHAPED_FAMILIES + (GRANITE, HUNYUAN, GLM4) + OLMO_FAMILIES + (QWEN2_MOE,)
                          + OLMOE_FAMILIES + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE,)
                          + (DEEPSEEK_V2, DOTS1, YOUTU) + GEMMA_FAMILIES,
