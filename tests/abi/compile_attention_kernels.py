@@ -24,10 +24,12 @@ UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd"
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options):
-    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants`; absent
+    """Compile `kernel` with pointer/scalar `types` (others i32) and constexpr `constants` (constexpr
+    parameters not named keep their defaults, as a launch does: PDL, SOFTCAP); absent
     tensor-descriptor arguments (`*_desc`) are None."""
     names = kernel.arg_names
-    constants = {**constants, **{name: 1 for name in names if name in UNIT_STRIDES},
+    defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    constants = {**defaults, **constants, **{name: 1 for name in names if name in UNIT_STRIDES},
                  **{name: None for name in names if name.endswith("_desc") and name not in types}}
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in names}
     aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(names)

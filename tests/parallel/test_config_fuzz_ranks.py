@@ -291,6 +291,8 @@ SEEDS = (  # (draw, seed, ranks)
                           # vocabulary of 255 (the last rank's row padded), the legacy layout, MIXED programs
     ("qwen2_moe", 0, 4),  # Qwen2-MoE: the gated shared expert of width 8 on 4 ranks (2 each, the gate whole), a
                           # dense first layer, expert width 20, 8 heads, no layer_types, linear rope, vocab 97
+    ("gemma", 12, 2),     # Gemma 2: an attention soft cap of 1 on each rank's head (2 heads, 2 key/value heads on
+                          # 2 ranks), window 5, the legacy rope layout, vocab 97
     ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
                           # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
     ("granite_moe", 3, 2),  # Granite MoE Shared: a shared expert of width 10 (5 a rank), top-1 of 2 experts,

@@ -29,7 +29,8 @@ and these differences, each an `Architecture` switch:
   logits path (``logit_softcap``);
 - tied embeddings (Gemma 3 ties; an untied checkpoint's ``lm_head`` is taken).
 
-Refused by name: ``attn_logit_softcapping`` (the attention kernels have no soft cap),
+Refused by name: ``attn_logit_softcapping`` (transformers' Gemma3Attention stores it but never applies
+it, unlike Gemma 2's; a checkpoint that sets it is ambiguous),
 ``use_bidirectional_attention``, another activation, malformed ``layer_types`` or pattern, a
 sliding layer without a positive window, rope types other than default and linear.
 """
@@ -106,7 +107,7 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
                                     f"(only {ACTIVATION!r})")
     if config.get("attn_logit_softcapping") is not None:
         raise UnsupportedCheckpoint(f"attn_logit_softcapping {config['attn_logit_softcapping']!r} is not supported "
-                                    f"(the attention kernels have no soft cap)")
+                                    f"(transformers' Gemma 3 attention ignores it; Gemma 2's applies it)")
     if config.get("use_bidirectional_attention"):
         raise UnsupportedCheckpoint("use_bidirectional_attention is not supported (the programs attend causally)")
 
