@@ -10,12 +10,13 @@ from helios.abi.program_image import decode_program
 from helios.ignition.program_spec import Operation
 
 from .driver import PagedModel, Sequence, generate
-from .hf_checkpoints import GEMMA3, MISTRAL
+from .hf_checkpoints import GEMMA2, GEMMA3, MISTRAL
 from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_prompt
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", [MISTRAL, GEMMA3], ids=lambda family: family.name)  # Gemma 3: gelu_tanh_mul
+# Gemma 3: gelu_tanh_mul; Gemma 2: helios::paged_attention_softcap's Triton kernels (prefill, decode, tuned)
+@pytest.mark.parametrize("family", [MISTRAL, GEMMA3, GEMMA2], ids=lambda family: family.name)
 def test_moved_programs_generate_the_reference_tokens_on_cuda(prepare, family):
     prepared = prepare(family)
     programs = {}
