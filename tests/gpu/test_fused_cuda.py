@@ -101,6 +101,16 @@ def test_gelu_tanh_mul_in_a_graph(dtype, rows, width):
     check_in_graph("gelu_tanh_mul", lambda seed: dict(gate_up=_random((rows, 2 * width), dtype, seed)), _close(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width,bias", [(1, 8192, False), (64, 4096, True), (300, 896, True)])
+def test_layer_norm_in_a_graph(dtype, rows, width, bias):
+    """Cohere's / StarCoder2's LayerNorm (the torch composite on the device) in a CUDA graph."""
+    def make(seed):
+        return dict(x=_random((rows, width), dtype, seed), weight=_random((width,), dtype, seed + 50),
+                    bias=_random((width,), dtype, seed + 90) if bias else None, eps=1e-5)
+    check_in_graph("layer_norm", make, _close(dtype))
+
+
 def rotary_inputs(tokens: int, heads: tuple[int, int], head_dim: int, dtype, seed: int) -> dict:
     """q, k, v as views of one fused projection, decoder cos/sin, distinct slots (a few padding)."""
     num_heads, num_kv_heads = heads

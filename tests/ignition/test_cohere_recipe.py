@@ -17,7 +17,6 @@ import dataclasses
 import pytest
 import torch
 
-import helios.abi.layer_norm  # noqa: F401  (registers helios::layer_norm)
 from helios.ignition.architecture import weight_layout
 from helios.ignition.capture import build_program
 from helios.ignition.program_spec import Operation, program_spec
@@ -59,19 +58,6 @@ def test_the_prepared_weights_are_the_references_in_the_rotary_layout(prepared):
         assert torch.equal(weights["layers.1.k_norm"], attn.k_norm.weight[:, order].reshape(-1))
     else:
         assert arch.layer_windows == (5, 0, 5) and arch.nope_layers == (1,) and not arch.qk_norm
-
-
-def test_the_layer_norm_is_cohere_layer_norm():
-    """helios::layer_norm is the reference's CohereLayerNorm bit for bit (float32 and bfloat16 inputs)."""
-    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
-
-    norm = CohereLayerNorm(24, eps=1e-4)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        norm.weight.copy_(1 + 0.1 * torch.randn(24, generator=generator))
-        for dtype in (torch.float32, torch.bfloat16):
-            x = (3 + 2 * torch.randn(5, 24, generator=generator)).to(dtype)
-            assert torch.equal(torch.ops.helios.layer_norm(x, norm.weight, None, 1e-4), norm(x)), dtype
 
 
 def _prefill_logits(arch, weights, prompt):
