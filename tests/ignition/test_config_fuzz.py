@@ -982,6 +982,60 @@ DRAWS["gemma"] = draw_gemma
 SEEDS["gemma"] = range(int(os.environ.get("HELIOS_GEMMA_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
 
 
+def draw_qwen3_next(seed: int) -> Variant:
+    """Qwen3-Next, or a Qwen3.5 text decoder (dense or experts in every layer): Gated DeltaNet layers of 1-2
+    key heads with 1-2 value heads each, head widths and convolution kernels, gated attention of any head
+    geometry with partial rotary 0.25 / 0.5 / 1 (an odd rotated width: refused), ``layer_types`` or
+    Qwen3NextConfig's ``full_attention_interval`` (rarely no attention layer: refused), biases, tied or not;
+    Qwen3-Next's experts (none, or 4 with top-1/2, normalised or not, decoder_sparse_step, mlp_only_layers)
+    and its gated shared expert; rarely a rope type other than the default (refused)."""
+    rng = random.Random(seed)
+    kind = _choice(rng, ("next", "next", "qwen3_5", "qwen3_5_moe"))
+    layers = _choice(rng, (2, 3))
+    key_heads = _choice(rng, (1, 2))
+    config = dict(num_hidden_layers=layers, vocab_size=_choice(rng, (97, 128)), rms_norm_eps=_choice(rng, (1e-6, 0.1)),
+                  tie_word_embeddings=rng.random() < 0.3, attention_bias=rng.random() < 0.3, max_position_embeddings=512,
+                  linear_num_key_heads=key_heads, linear_num_value_heads=key_heads * _choice(rng, (1, 2)),
+                  linear_key_head_dim=_choice(rng, (4, 8)), linear_value_head_dim=_choice(rng, (4, 6, 8)),
+                  linear_conv_kernel_dim=_choice(rng, (2, 3, 4)), **_attention_geometry(rng, explicit_head_dim=True))
+    rope = {"rope_type": "default", "rope_theta": _choice(rng, (100.0, 10000.0)),
+            "partial_rotary_factor": _choice(rng, (0.25, 0.5, 1.0))}
+    if rng.random() < 0.1:
+        rope.update(rope_type="linear", factor=2.0)
+    config["rope_parameters"] = rope
+    legacy: tuple = ()
+    if rng.random() < 0.3:  # the kinds as Qwen3NextConfig derives them (config.json without layer_types)
+        interval = _choice(rng, range(2, layers + 1)) if rng.random() < 0.95 else 1
+        config["full_attention_interval"] = interval
+        legacy = (("layer_types", None), ("full_attention_interval", interval))
+    else:
+        kinds = ["linear_attention"] * layers
+        if rng.random() < 0.95:
+            kinds[rng.randrange(layers)] = "full_attention"
+        config["layer_types"] = kinds
+    experts = dict(num_experts=4, num_experts_per_tok=_choice(rng, (1, 2)), moe_intermediate_size=_choice(rng, (16, 32)),
+                   shared_expert_intermediate_size=_choice(rng, (16, 32)))
+    if kind == "qwen3_5_moe":
+        config.update(experts)
+        return Variant(Family(f"qwen3_5_moe-{seed}", transformers.Qwen3_5MoeTextConfig, tuple(config.items())),
+                       legacy, rng.random() < 0.3)
+    config["intermediate_size"] = _choice(rng, (32, 48))
+    if kind == "qwen3_5":
+        return Variant(Family(f"qwen3_5-{seed}", transformers.Qwen3_5TextConfig, tuple(config.items())),
+                       legacy, rng.random() < 0.3)
+    if rng.random() < 0.9:  # num_experts 0 (dense throughout) is refused by load_checkpoint's count check
+        config.update(experts, norm_topk_prob=rng.random() < 0.5, decoder_sparse_step=_choice(rng, (1, 1, 2)),
+                      mlp_only_layers=[layer for layer in range(layers) if rng.random() < 0.3])
+    else:
+        config["num_experts"] = 0
+    return Variant(Family(f"qwen3_next-{seed}", transformers.Qwen3NextConfig, tuple(config.items())), legacy,
+                   rng.random() < 0.3)
+
+
+DRAWS["qwen3_next"] = draw_qwen3_next
+SEEDS["qwen3_next"] = range(int(os.environ.get("HELIOS_QWEN3_NEXT_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
+
+
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
                          ids=lambda value: str(value))
 def test_a_drawn_configuration_matches_the_reference_or_is_refused_by_name(tmp_path, kind, seed):
