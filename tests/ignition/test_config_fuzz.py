@@ -1026,8 +1026,8 @@ def draw_qwen3_next(seed: int) -> Variant:
     if rng.random() < 0.9:  # num_experts 0 (dense throughout) is refused by load_checkpoint's count check
         config.update(experts, norm_topk_prob=rng.random() < 0.5, decoder_sparse_step=_choice(rng, (1, 1, 2)),
                       mlp_only_layers=[layer for layer in range(layers) if rng.random() < 0.3])
-    else:
-        config["num_experts"] = 0
+    else:  # (with a top-k: the rank fuzz redraws the expert count of every draw that has one)
+        config.update(num_experts=0, num_experts_per_tok=1)
     return Variant(Family(f"qwen3_next-{seed}", transformers.Qwen3NextConfig, tuple(config.items())), legacy,
                    rng.random() < 0.3)
 

@@ -62,6 +62,7 @@ PLAN = dict(page_tokens=PAGE_TOKENS, context_tokens=64, prefill_tokens=16, decod
 PROMPT_LENS = (3, 13, 21)  # within a page; past one page; past the prefill capacity (chunked)
 NEW_TOKENS = 6
 TOP = 3  # alternatives asked with every sampled token
+HYBRID_MODEL_TYPES = ("bamba", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")  # no scoring program
 
 
 def _choice(rng: random.Random, options):
@@ -133,6 +134,10 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         mixer_heads = _cut(rng, ranks, (1, 2, 3), lambda n: inner % n == 0 and n > 1, 0.1)
         groups = 1 if rng.random() < 0.4 else _cut(rng, ranks, (1, 2), lambda n: mixer_heads % n == 0, 0.25)
         config.update(mamba_n_heads=mixer_heads, mamba_d_head=inner // mixer_heads, mamba_n_groups=groups)
+    if kind == "qwen3_next":  # Gated DeltaNet layers: key heads split, each with the value heads reading it
+        key_heads = _cut(rng, ranks, (1, 2), uneven=0.15)
+        config.update(linear_num_key_heads=key_heads, linear_num_value_heads=key_heads * (
+            config["linear_num_value_heads"] // config["linear_num_key_heads"]))
     config["vocab_size"] = _choice(rng, (97, 128, 131, 250, 255))
     family = Family(f"{name}-cut{ranks}-{seed}", base.family.config_class, tuple(config.items()))
     return dataclasses.replace(base, family=family)
@@ -165,7 +170,7 @@ def prepare_ranks(variant: Variant, ranks: int, root: Path, mixed: bool):
     write_frontend_files(checkpoint)
     key = SigningKey.generate()
     public = write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    scored = reference.config.model_type != "bamba"  # hybrid decoders have no scoring program
+    scored = reference.config.model_type not in HYBRID_MODEL_TYPES  # hybrid decoders have no scoring program
     plan = CapacityPlan(**PLAN, mixed=mixed, scored_prefill=scored)
     options = PrepareOptions(NAMESPACE, dtype="float32", capacities=plan, capture_workers=1, tensor_parallel=ranks)
     try:
@@ -238,7 +243,7 @@ def check_ranks(variant: Variant, ranks: int, root: Path, mixed: bool = False) -
     vocab = reference.config.vocab_size
     generator = torch.Generator().manual_seed(zlib.crc32(variant.family.name.encode()))
     prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in PROMPT_LENS]
-    scored = reference.config.model_type != "bamba"
+    scored = reference.config.model_type not in HYBRID_MODEL_TYPES
     served = serve(core, prompts, scored)
     for index, prompt in enumerate(prompts):
         expected, rows, prompt_rows = reference_rows(reference, prompt)
@@ -266,6 +271,9 @@ def check_ranks(variant: Variant, ranks: int, root: Path, mixed: bool = False) -
 # The suite's seeds (each variant's cut noted), or a sweep of HELIOS_RANK_FUZZ_SEEDS seeds per family.
 
 SEEDS = (  # (draw, seed, ranks)
+    ("qwen3_next", 3, 2),  # Qwen3-Next: 4 linear-attention key heads (2 a rank, each with its 2 value heads), the
+                           # legacy full_attention_interval 2, gated attention of 4 heads, 8 experts of width 6 (3 a
+                           # rank) and a gated shared expert of width 8, vocab 255, MIXED programs
     ("gpt_oss", 18, 4),   # 12 query heads on 4 ranks (3 each, with their sinks), window 6, vocab 255, 8 experts
     ("deepseek", 7, 2),   # latent attention, 6 heads (3 a rank), vocab 255, MIXED programs
     ("moe", 6, 2),        # GLM-4 MoE: 6 heads, 2 routed experts of width 10 (5 a rank), 2 shared, vocab 131
