@@ -39,6 +39,25 @@ def test_softmax_routing_equals_the_qwen3_moe_router(normalize):
     torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
 
 
+def test_biased_softmax_routing_equals_the_ernie4_5_moe_router():
+    """Ernie 4.5 MoE: the choice is the softmax plus the correction bias, the weights the softmax alone
+    renormalised (its norm_min floor below every top-k sum)."""
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
+
+    config = _hf_config("Ernie4_5_MoeConfig", moe_num_experts=8, moe_k=3)
+    router = Ernie4_5_MoeTopKRouter(config)
+    torch.nn.init.normal_(router.weight)
+    with torch.no_grad():  # a bias of the softmax's own size moves the choice off the top-k of p
+        router.moe_statics.e_score_correction_bias.normal_(std=0.2)
+    hidden = torch.randn(9, 16)
+    _, expected_weights, expected_ids = router(hidden)
+    bias = router.moe_statics.e_score_correction_bias.detach().reshape(-1)
+    weights, ids = OPS.moe_route(hidden @ router.weight.T, bias, "softmax", 3, 1, 1, True, 1.0)
+    unbiased = OPS.moe_route(hidden @ router.weight.T, None, "softmax", 3, 1, 1, True, 1.0)[1]
+    assert torch.equal(ids, expected_ids) and not torch.equal(ids, unbiased)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("groups,kept,normalize,scale", [(4, 2, True, 2.5), (1, 1, False, 1.0), (2, 1, True, 1.0)])
 def test_grouped_sigmoid_routing_equals_the_glm4_moe_router(groups, kept, normalize, scale):
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
@@ -145,7 +164,8 @@ ROUTE_ERRORS = [
     (dict(top_k=0), "top_k 0"),
     (dict(num_groups=3), "3 groups"),
     (dict(num_groups=2, topk_groups=3), "3 kept"),
-    (dict(scoring="softmax", correction_bias=torch.zeros(8)), "no correction bias"),
+    (dict(scoring="topk_softmax", correction_bias=torch.zeros(8)), "no correction bias"),
+    (dict(scoring="softmax", correction_bias=torch.zeros(8), num_groups=2), "correction bias with one group only"),
     (dict(scoring="topk_softmax", num_groups=2), "takes one group"),
     (dict(correction_bias=torch.zeros(7)), "correction_bias must be torch.float32 \\[8\\]"),
     (dict(num_groups=8, topk_groups=1), "at least two experts"),

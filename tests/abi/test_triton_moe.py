@@ -122,7 +122,8 @@ def test_expert_op_has_a_cuda_kernel_registered():
 ROUTES = [("softmax", 1, 1, True, 1.0, False), ("softmax", 1, 1, False, 1.0, False),
           ("topk_softmax", 1, 1, False, 1.0, False), ("sigmoid", 4, 2, True, 2.5, True),
           ("sigmoid", 1, 1, False, 1.0, True), ("sigmoid", 3, 2, True, 1.0, False),
-          ("softmax", 4, 2, False, 16.0, False), ("softmax", 3, 1, True, 1.0, False)]  # DeepSeek-V2's groups
+          ("softmax", 4, 2, False, 16.0, False), ("softmax", 3, 1, True, 1.0, False),  # DeepSeek-V2's groups
+          ("softmax", 1, 1, True, 1.0, True)]  # Ernie 4.5 MoE's choice bias
 
 
 @pytest.mark.parametrize("scoring,groups,kept,normalize,scale,bias", ROUTES)

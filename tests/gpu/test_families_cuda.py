@@ -14,7 +14,8 @@ GLM-4 dense's interleaved partial rotary under sandwich norms; OLMo 2 / 3's bloc
 q/k norms over whole projections; Qwen2-MoE's gated shared expert beside sparse and dense layers;
 OLMoE's whole-projection q/k norms beside a mixture in every layer; Granite MoE's top-k softmax routing
 (and the shared variant's shared expert); Hunyuan MoE's
-shared expert beside experts after q/k norms that follow the rotation.
+shared expert beside experts after q/k norms that follow the rotation; Ernie 4.5 MoE's
+softmax routing with a choice bias (the Triton routing kernel's biased softmax).
 DeepSeek-V2's softmax routing with groups scored by their best expert (the Triton route kernel), V2-Lite's
 direct query projection, GLM-4.7-Flash's sparse layers by layer kind; dots.llm1's q/k norms and biases
 beside grouped sigmoid routing, its last layer sliding; Youtu-LLM's dense latent layers, tied.
@@ -29,7 +30,7 @@ import pytest
 from gpu import test_runtime_cuda as base
 from ignition.hf_checkpoints import ERNIE4_5, GEMMA3, GEMMA3_CAPPED, GRANITE, HUNYUAN, PHI3_MINI, SEED_OSS, SMOLLM3
 from ignition.hf_checkpoints import COHERE, COHERE2, GLM4, OLMO2, OLMO3, PHI2, STARCODER2
-from ignition.hf_checkpoints import GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
@@ -45,7 +46,8 @@ def cores(tmp_path_factory) -> base.Cores:
 
 @pytest.mark.parametrize("family", [PHI3_MINI, SMOLLM3, SEED_OSS, ERNIE4_5, GRANITE, HUNYUAN, GEMMA3,
                                     GEMMA3_CAPPED, GLM4, OLMO2, OLMO3, COHERE,
-                                    COHERE2, STARCODER2, PHI2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, *GEMMA_FAMILIES,
+                                    COHERE2, STARCODER2, PHI2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE,
+                                    ERNIE4_5_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE], ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

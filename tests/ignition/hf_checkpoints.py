@@ -319,6 +319,14 @@ HUNYUAN_MOE = Family("hunyuan_moe", transformers.HunYuanMoEV1Config, (
     ("rope_parameters", {"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0, "rope_theta": 1000.0}), *PHI3_IDS,
     ("eod_token_id", None), ("sep_token_id", None),
 ))
+# Ernie 4.5 MoE (tests/ignition/test_ernie4_5_moe_recipe.py): Ernie's interleaved rotary pairs (a small theta turns
+# every pair within the prompts), a dense first layer then two sparse ones: 6 experts, top-2 of the softmax plus a
+# random correction bias, renormalised, one shared expert; untied.
+ERNIE4_5_MOE = Family("ernie4_5_moe", transformers.Ernie4_5_MoeConfig, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("moe_num_experts", 6), ("moe_k", 2), ("moe_intermediate_size", 32),
+    ("moe_num_shared_experts", 1), ("moe_layer_start_index", 1), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
+))
 # A hybrid decoder: Mamba2 mixers in layers 0 and 2, attention in layer 1 (recurrent state rows).
 BAMBA = Family("bamba", transformers.BambaConfig, (
     ("num_hidden_layers", 3), ("attn_layer_indices", [1]), ("mamba_n_heads", 4), ("mamba_d_state", 8),

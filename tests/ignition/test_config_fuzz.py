@@ -830,13 +830,38 @@ def draw_phi2(seed: int) -> Variant:
                    rng.random() < 0.3)
 
 
+def draw_ernie4_5_moe(seed: int) -> Variant:
+    """Ernie 4.5 MoE: interleaved rotary pairs (Llama's rope types, rarely partial: refused), sparse layers
+    by ``moe_layer_start_index`` / ``moe_layer_interval`` (sometimes none: refused), softmax routing with a
+    random correction bias, none to two shared experts; rarely ``use_bias``, a binding ``moe_norm_min``
+    or another activation (refused)."""
+    rng = random.Random(seed)
+    config = dict(num_hidden_layers=_choice(rng, (2, 3)), vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (32, 48)), max_position_embeddings=_choice(rng, (64, 512)),
+                  rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)), tie_word_embeddings=rng.random() < 0.5,
+                  moe_num_experts=_choice(rng, (4, 6, 8)), moe_k=_choice(rng, (1, 2, 3)),
+                  moe_intermediate_size=_choice(rng, (16, 24)), moe_num_shared_experts=_choice(rng, (0, 1, 2)),
+                  moe_layer_start_index=_choice(rng, (0, 1)), moe_layer_interval=_choice(rng, (1, 1, 2)),
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng))
+    for key, value in (("use_bias", True), ("moe_norm_min", 0.9), ("hidden_act", "gelu")):
+        if rng.random() < 0.04:
+            config[key] = value
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn"), head_dim)
+    if rng.random() < 0.1:
+        rope["partial_rotary_factor"] = 0.5
+    config["rope_parameters"] = rope
+    return Variant(Family(f"ernie4_5_moe-{seed}", transformers.Ernie4_5_MoeConfig, tuple(config.items())),
+                   _legacy_rope(rng, rope), rng.random() < 0.3)
+
+
 DRAWS = {"dense": draw_dense, "moe": draw_moe, "deepseek": draw_deepseek,
          "latent": draw_latent, "dots1": draw_dots1, "gpt_oss": draw_gpt_oss, "bamba": draw_bamba,
          "phi3": draw_phi3, "smollm3": draw_smollm3, "gemma3": draw_gemma3, "llama_shaped": draw_llama_shaped,
          "granite": draw_granite, "hunyuan": draw_hunyuan, "glm4": draw_glm4, "olmo": draw_olmo,
          "cohere": draw_cohere, "starcoder2": draw_starcoder2, "phi2": draw_phi2,
          "qwen2_moe": draw_qwen2_moe, "olmoe": draw_olmoe, "granite_moe": draw_granite_moe,
-         "hunyuan_moe": draw_hunyuan_moe}
+         "hunyuan_moe": draw_hunyuan_moe, "ernie4_5_moe": draw_ernie4_5_moe}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -938,7 +963,7 @@ SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
          "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "starcoder2": _COHERE_SEEDS,
          "phi2": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
          "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS,
-         "hunyuan_moe": _MOE_FAMILY_SEEDS}
+         "hunyuan_moe": _MOE_FAMILY_SEEDS, "ernie4_5_moe": _MOE_FAMILY_SEEDS}
 
 
 def draw_gemma(seed: int) -> Variant:

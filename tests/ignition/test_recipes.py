@@ -111,7 +111,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "HunYuanDenseV1ForCausalLM", "Glm4ForCausalLM", "Olmo2ForCausalLM",
                                             "Olmo3ForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM",
                                             "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                                            "HunYuanMoEV1ForCausalLM",
+                                            "HunYuanMoEV1ForCausalLM", "Ernie4_5_MoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
                                             "Dots1ForCausalLM", "YoutuForCausalLM"}
 

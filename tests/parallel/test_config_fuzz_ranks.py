@@ -117,7 +117,8 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         config["shared_expert_intermediate_size"] = _cut(rng, ranks, (2, 4, 5), uneven=0.1)
     if config.get("shared_intermediate_size"):  # Granite MoE Shared's shared expert
         config["shared_intermediate_size"] = _cut(rng, ranks, (2, 4, 5), uneven=0.1)
-    experts_key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in config), None)
+    experts_key = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+                        if k in config), None)
     if experts_key is not None:  # experts are not split: fewer than the ranks, or a count they do not divide
         experts = config[experts_key] = _choice(rng, (2, 3, 4, 6, 8))
         if "n_group" in config:  # groups of two experts at least, the choice within the kept groups
@@ -127,6 +128,8 @@ def draw_cut(kind: str, seed: int, ranks: int) -> Variant:
         if "moe_topk" in config:  # Hunyuan MoE: a number or a per-layer list
             top_k = config["moe_topk"]
             config["moe_topk"] = [min(k, experts) for k in top_k] if isinstance(top_k, list) else min(top_k, experts)
+        elif "moe_k" in config:  # Ernie 4.5 MoE
+            config["moe_k"] = min(config["moe_k"], experts)
         else:
             config["num_experts_per_tok"] = min(config["num_experts_per_tok"], experts)
     if kind == "bamba":
@@ -307,6 +310,8 @@ SEEDS = (  # (draw, seed, ranks)
                             # Granite's multipliers, tied, llama3 rope in the legacy layout, MIXED programs
     ("hunyuan_moe", 3, 2),  # Hunyuan MoE: a per-layer moe_topk list [2, 2] of 8 experts, the shared expert and
                             # the experts of width 18 (9 a rank), q/k norms after the rotation, tied, MIXED programs
+    ("ernie4_5_moe", 2, 4),  # Ernie 4.5 MoE: a dense then a sparse layer on 4 ranks (one head each), top-2 of 2
+                             # experts by softmax plus the choice bias, 2 shared experts, linear rope, legacy layout
 )
 
 

@@ -23,7 +23,7 @@ from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from ignition.hf_checkpoints import (FAMILIES, GEMMA3_FAMILIES, GRANITE, HUNYUAN, LLAMA2, LLAMA3, LLAMA_SHAPED_FAMILIES,
                                      PHI3_FAMILIES, QWEN2, SMOLLM3_FAMILIES, random_model, write_checkpoint)
 from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES, PHI2, STARCODER2
-from ignition.hf_checkpoints import GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE_FAMILIES, QWEN2_MOE
+from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE_FAMILIES, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2, DOTS1, YOUTU
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 
@@ -66,7 +66,7 @@ def run(recipe, draft, capacity_plan, speculative=True, startup=StartupOptions()
 @pytest.mark.parametrize("family", FAMILIES + PHI3_FAMILIES + SMOLLM3_FAMILIES + GEMMA3_FAMILIES + COHERE_FAMILIES
                          + (STARCODER2, PHI2)
                          + LLAMA_SHAPED_FAMILIES + (GRANITE, HUNYUAN, GLM4) + OLMO_FAMILIES + (QWEN2_MOE,)
-                         + OLMOE_FAMILIES + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE,)
+                         + OLMOE_FAMILIES + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE, ERNIE4_5_MOE)
                          + (DEEPSEEK_V2, DOTS1, YOUTU) + GEMMA_FAMILIES,
                          ids=lambda f: f.name)
 def test_greedy_speculative_output_equals_ordinary_decoding(recipes, family):

@@ -12,8 +12,9 @@ int topk_groups, bool normalize, float scale) -> (Tensor, Tensor)``
     logits: [T, E] router logits (any float dtype; scored in float32). Returns ``(weights, ids)``:
     weights float32 [T, top_k], ids int64 [T, top_k] (the chosen experts, best first).
     scoring:
-      - ``"softmax"`` (Qwen3-MoE, Mixtral, DeepSeek-V2): p = softmax(logits); the top_k largest p;
-        with ``normalize`` the weights are divided by their sum. correction_bias must be None. With
+      - ``"softmax"`` (Qwen3-MoE, Mixtral, DeepSeek-V2, Ernie 4.5 MoE): p = softmax(logits); the top_k
+        largest p (with a correction_bias, Ernie's, one group only: the top_k largest p + correction_bias,
+        weighted by p); with ``normalize`` the weights are divided by their sum. With
         num_groups > 1 (DeepSeek-V2's "group_limited_greedy") the E experts form num_groups equal
         groups, a group scores its best p, and only the topk_groups best groups stay eligible; the
         weights stay the p of the softmax over all E experts.
@@ -82,8 +83,10 @@ def check_route_args(logits, correction_bias, scoring: str, top_k: int, num_grou
     if num_groups < 1 or num_experts % num_groups or not 1 <= topk_groups <= num_groups:
         raise AbiArgumentError(
             f"{_ROUTE}: {num_groups} groups / {topk_groups} kept do not fit {num_experts} experts")
-    if scoring != "sigmoid" and correction_bias is not None:
+    if scoring == "topk_softmax" and correction_bias is not None:
         raise AbiArgumentError(f"{_ROUTE}: {scoring} scoring takes no correction bias")
+    if scoring == "softmax" and correction_bias is not None and num_groups != 1:
+        raise AbiArgumentError(f"{_ROUTE}: softmax scoring takes a correction bias with one group only")
     if scoring == "topk_softmax" and num_groups != 1:
         raise AbiArgumentError(f"{_ROUTE}: {scoring} scoring takes one group")
     if scoring == "sigmoid" and num_groups > 1 and num_experts // num_groups < 2:
@@ -104,7 +107,7 @@ def reference_route(logits, correction_bias, scoring: str, top_k: int, num_group
         return torch.softmax(values, dim=-1) * scale, ids
     if scoring == "softmax":
         scores = torch.softmax(logits, dim=-1)
-        choice = scores
+        choice = scores if correction_bias is None else scores + correction_bias
         if num_groups > 1:  # a group scores its best expert
             choice = _best_groups(scores, scores.view(scores.shape[0], num_groups, -1).amax(dim=-1), num_groups,
                                   topk_groups)

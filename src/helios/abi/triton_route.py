@@ -63,7 +63,10 @@ def _route_kernel(logits, bias, weights_out, ids_out, stride_l, scale, SCORING: 
     if SCORING == 0:
         exp = tl.exp(x - tl.max(tl.max(x, axis=1), axis=0))
         scores = exp / tl.sum(tl.sum(exp, axis=1), axis=0)
-        choice = tl.where(valid, scores, float("-inf"))
+        choice = scores
+        if HAS_BIAS:  # Ernie 4.5 MoE's choice bias (one group)
+            choice = choice + tl.load(bias + expert, mask=valid, other=0.0)
+        choice = tl.where(valid, choice, float("-inf"))
         if NUM_GROUPS > 1:
             choice = _keep_best_groups(choice, member, NUM_GROUPS, TOPK_GROUPS, BLOCK_G, True)
     elif SCORING == 1:

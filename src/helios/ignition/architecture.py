@@ -17,7 +17,8 @@ Weight layout (prepared at ignition time, torch ``nn.Linear`` convention ``[out,
 Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) replace the gated MLP's
 ``gate_up`` / ``down`` slots by (E experts, F = ``moe.expert_intermediate_size``):
   ``layers.i.router.weight`` [E, H] float32, optional ``layers.i.router.bias`` [E] float32 (added to the
-  logits), optional ``layers.i.router.correction_bias`` [E] float32 (sigmoid routing's choice bias),
+  logits), optional ``layers.i.router.correction_bias`` [E] float32 (the choice bias of sigmoid routing, or of
+  one-group softmax routing: Ernie 4.5 MoE),
   ``layers.i.experts.gate_up`` [E, 2F, H] (per expert rows: gate, then up), optional
   ``layers.i.experts.gate_up_bias`` [E, 2F], ``layers.i.experts.down`` [E, H, F], optional
   ``layers.i.experts.down_bias`` [E, H]; with shared experts (S = ``moe.shared_intermediate_size`` > 0)

@@ -7,7 +7,8 @@ architecture no recipe supports raises `UnsupportedCheckpoint` naming the suppor
 
 Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`ernie4_5`), Granite
 (`granite`), Hunyuan dense (`hunyuan`), Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5 (`moe`), OLMoE (`olmoe`), Granite MoE
-and Granite MoE Shared (`granite_moe`), Hunyuan MoE (`hunyuan_moe`), DeepSeek-V3
+and Granite MoE Shared (`granite_moe`), Hunyuan MoE (`hunyuan_moe`), Ernie 4.5
+MoE (`ernie4_5_moe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
 (`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and
 OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`), Phi-1 / Phi-2 (`phi`) and the Qwen vision-language decoders (`qwen_vl`).
@@ -32,6 +33,7 @@ from helios.ignition.recipes import gemma
 from helios.ignition.recipes import olmoe
 from helios.ignition.recipes import granite_moe
 from helios.ignition.recipes import hunyuan_moe
+from helios.ignition.recipes import ernie4_5_moe
 from helios.ignition.recipes import deepseek_v2
 from helios.ignition.recipes import dots1
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
@@ -60,6 +62,7 @@ _REGISTRY.update({name: gemma.build for name in gemma.ARCHITECTURES})
 _REGISTRY.update({name: olmoe.build for name in olmoe.ARCHITECTURES})
 _REGISTRY.update({name: granite_moe.build for name in granite_moe.ARCHITECTURES})
 _REGISTRY.update({name: hunyuan_moe.build for name in hunyuan_moe.ARCHITECTURES})
+_REGISTRY.update({name: ernie4_5_moe.build for name in ernie4_5_moe.ARCHITECTURES})
 _REGISTRY.update({name: deepseek_v2.build for name in deepseek_v2.ARCHITECTURES})
 _REGISTRY.update({name: dots1.build for name in dots1.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).

@@ -26,14 +26,19 @@ _ROTATED = tuple(f"self_attn.{proj}.{kind}" for proj in ("q_proj", "k_proj") for
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     arch = llama.architecture_from_config(source, config, tensors, dtype)
-    order = torch.cat((torch.arange(0, arch.head_dim, 2), torch.arange(1, arch.head_dim, 2)))
+    weights, used = llama.prepared_weights(arch, config, tensors, transform=deinterleaved(arch.head_dim))
+    return llama.placed_recipe(source, arch, weights, used, tensors)
+
+
+def deinterleaved(head_dim: int):
+    """The checkpoint transform (name, tensor) -> tensor that de-interleaves each q and k head's rows
+    (and biases) into halves: even dims first, then odd (shared with `helios.ignition.recipes.ernie4_5_moe`)."""
+    order = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
 
     def halves(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A q or k projection's rows (or bias) with each head's pairs de-interleaved into halves."""
         if not name.endswith(_ROTATED):
             return tensor
-        heads = tensor.shape[0] // arch.head_dim
-        return tensor.reshape(heads, arch.head_dim, *tensor.shape[1:])[:, order].reshape(tensor.shape)
+        heads = tensor.shape[0] // head_dim
+        return tensor.reshape(heads, head_dim, *tensor.shape[1:])[:, order].reshape(tensor.shape)
 
-    weights, used = llama.prepared_weights(arch, config, tensors, transform=halves)
-    return llama.placed_recipe(source, arch, weights, used, tensors)
+    return halves

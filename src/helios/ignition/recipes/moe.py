@@ -41,7 +41,7 @@ _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 class ExpertNames(NamedTuple):
     """Where a family keeps its sparse block: the module prefix, the per-expert projection names, the
-    shared expert's module and the router's weight (both under the block)."""
+    shared expert's module, the router's weight and its correction bias (all under the block)."""
 
     block: str
     gate: str
@@ -49,6 +49,7 @@ class ExpertNames(NamedTuple):
     down: str
     shared: str = "shared_experts."
     router: str = "gate.weight"
+    correction_bias: str = "gate.e_score_correction_bias"
 
 
 # The families whose reference honours partial_rotary_factor (the others' rotate whole heads).
@@ -132,7 +133,8 @@ def qwen2_moe_resolved(config: Mapping[str, Any], tensors: CheckpointTensors) ->
     ``use_sliding_window``: layers i < ``max_window_layers`` with i + 1 odd slide, the others are full);
     refused where the reference's model is not the one its tensors and keys describe: sliding layers
     without ``use_sliding_window`` (the config class sets the window to 0, with which the reference's
-    sliding mask does not fit its attention: transformers 5.25 raises) or q/k/v bias tensors that ``qkv_bias`` does not declare (or declares and lacks)."""
+    sliding mask does not fit its attention: transformers 5.25 raises) or q/k/v bias tensors that
+    ``qkv_bias`` does not declare (or declares and lacks)."""
     sliding, kinds = bool(config.get("use_sliding_window")), config.get("layer_types")
     num_layers = int(config["num_hidden_layers"])
     if kinds is None:
@@ -188,7 +190,8 @@ def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
     block = f"model.layers.{layer}.{names.block}"
     out = [NamedWeight(dst + "router.weight", take(block + names.router).float())]
     if moe.correction_bias:
-        out.append(NamedWeight(dst + "router.correction_bias", take(block + "gate.e_score_correction_bias").float()))
+        bias = take(block + names.correction_bias).float()
+        out.append(NamedWeight(dst + "router.correction_bias", bias.reshape(-1)))  # (Ernie stores [1, E])
     if block + "experts.gate_up_proj" in tensors:
         gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
     else:
