@@ -9,7 +9,7 @@ import pytest
 from helios.runtime.offline import generate
 from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAMILIES, GEMMA3_FAMILIES, GLM4_MOE,
                                      GPT_OSS, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
-from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES, PHI2, STARCODER2
+from ignition.hf_checkpoints import COHERE, GLM4, OLMO_FAMILIES, PHI2, STARCODER2
 from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
 from ignition.hf_checkpoints import GEMMA_FAMILIES
@@ -31,15 +31,15 @@ from ignition.hf_checkpoints import QWEN3_5_MOE, QWEN3_NEXT
 # MoE's shared expert beside experts after q/k norms that follow the rotation; Ernie 4.5 MoE's choice bias over
 # softmax routing (whole on each rank) and de-interleaved q/k rows.
 # DeepSeek-V2: softmax routing over expert groups scored by their best expert (the router whole on each rank).
-# Cohere / Cohere2: the parallel block (the attention and MLP partials summed by one all-reduce before the
-# LayerNorm), each rank's heads' rows of the per-head q/k LayerNorms, Cohere2's unrotated full layer; StarCoder2
+# Cohere: the parallel block (the attention and MLP partials summed by one all-reduce before the LayerNorm),
+# each rank's heads' rows of the per-head q/k LayerNorms (Cohere2 runs on two ranks in the rank fuzz); StarCoder2
 # LayerNorms with biases (replicated) and the non-gated MLP (its up rows and biases cut by the MLP width); Phi-2
 # the parallel block with biases (added once after the one all-reduce) and the lm_head bias cut by vocabulary rows.
 # Gemma / Gemma 2: Gemma 1's head_dim other than hidden / heads; Gemma 2's attention soft cap on each rank's heads.
 # Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers split by key heads (each with its value heads: their q/k/v/z/b/a
 # rows, convolution channels and state rows), the attention output gate's rows by query heads, gated shared experts.
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
-            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + COHERE_FAMILIES + (STARCODER2, PHI2) + (QWEN2_MOE, OLMOE) + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
+            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + (COHERE, STARCODER2, PHI2) + (QWEN2_MOE, OLMOE) + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES + (QWEN3_NEXT, QWEN3_5_MOE))
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
