@@ -10,7 +10,7 @@ from helios.runtime.offline import generate
 from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAMILIES, GEMMA3_FAMILIES, GLM4_MOE,
                                      GPT_OSS, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
 from ignition.hf_checkpoints import COHERE, GLM4, OLMO_FAMILIES, PHI2, STARCODER2
-from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE, QWEN2_MOE
+from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import QWEN3_5_MOE, QWEN3_NEXT
@@ -27,7 +27,7 @@ from ignition.hf_checkpoints import QWEN3_5_MOE, QWEN3_NEXT
 # blocks without pre-norms and q/k norms over whole projections (each rank's heads' share, the mean square
 # summed over the ranks); Qwen2-MoE's gated shared expert (the gate whole on each rank, scaling its share);
 # OLMoE's whole-projection q/k norms beside a mixture in every layer (its biased shape has one key/value head);
-# Granite MoE's top-k softmax routing with the residual multiplier folded into every expert's share; Hunyuan
+# Granite MoE Shared's top-k softmax routing with the residual multiplier folded into every expert's share; Hunyuan
 # MoE's shared expert beside experts after q/k norms that follow the rotation; Ernie 4.5 MoE's choice bias over
 # softmax routing (whole on each rank) and de-interleaved q/k rows.
 # DeepSeek-V2: softmax routing over expert groups scored by their best expert (the router whole on each rank).
@@ -39,7 +39,8 @@ from ignition.hf_checkpoints import QWEN3_5_MOE, QWEN3_NEXT
 # Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers split by key heads (each with its value heads: their q/k/v/z/b/a
 # rows, convolution channels and state rows), the attention output gate's rows by query heads, gated shared experts.
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
-            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + (COHERE, STARCODER2, PHI2) + (QWEN2_MOE, OLMOE) + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
+            + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + (COHERE, STARCODER2, PHI2)
+            + (QWEN2_MOE, OLMOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES + (QWEN3_NEXT, QWEN3_5_MOE))
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
