@@ -61,13 +61,16 @@ def prepared(tmp_path_factory):
     return _prepared(QWEN3_NEXT, tmp_path_factory.getbasetemp())
 
 
-@pytest.fixture(scope="module", params=[QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE], ids=lambda family: family.name)
-def each_family(request, tmp_path_factory):
-    return _prepared(request.param, tmp_path_factory.getbasetemp())
+@pytest.fixture(scope="module", params=[QWEN3_5, QWEN3_5_MOE], ids=lambda family: family.name)
+def qwen3_5(request, tmp_path_factory):
+    """A Qwen3.5 family's reference and recipe (its programs are Qwen3-Next's: the configuration fuzz's
+    Qwen3.5 draws run them against transformers)."""
+    reference = random_model(request.param)
+    directory = write_checkpoint(reference, tmp_path_factory.mktemp(request.param.name))
+    return Prepared(reference, load_checkpoint(directory), {}, directory)
 
 
-def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(each_family):
-    prepared = each_family
+def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
     prompt = random_prompt(13, seed=3)
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequence = Sequence(0, list(prompt))
@@ -77,8 +80,7 @@ def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(each_family):
     assert_matches_reference(prepared, sequence, prompt)
 
 
-def test_a_continuous_batch_of_different_lengths_matches_transformers(each_family):
-    prepared = each_family
+def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):
     prompts = [random_prompt(5, seed=4), random_prompt(14, seed=5), random_prompt(9, seed=6)]
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequences = [Sequence(slot, list(prompt)) for slot, prompt in enumerate(prompts)]
@@ -187,14 +189,13 @@ def test_sparse_layers_follow_the_reference_decoder_layers():
         assert (moe.sparse_layers if moe else ()) == sparse, settings
 
 
-def test_qwen3_5_layouts(each_family):
+def test_qwen3_5_layouts(qwen3_5):
     """Qwen3.5's whole projections are the prepared in_proj rows as they are; its MLPs are dense or
     sparse throughout (always renormalised routing)."""
-    arch, state = each_family.recipe.architecture, each_family.reference.state_dict()
-    kind = type(each_family.reference).__name__
-    if kind == "Qwen3NextForCausalLM":
-        return
-    weights = {w.name: w.tensor for w in each_family.recipe.weights}
+    arch, state = qwen3_5.recipe.architecture, qwen3_5.reference.state_dict()
+    kind = type(qwen3_5.reference).__name__
+    assert arch.recurrent.layers == (0, 2) and arch.attention_gate and arch.rotary_width == 4
+    weights = {w.name: w.tensor for w in qwen3_5.recipe.weights}
     parts = [state[f"model.layers.2.linear_attn.in_proj_{name}.weight"] for name in ("qkv", "z", "b", "a")]
     assert torch.equal(weights["layers.2.delta.in_proj.weight"], torch.cat(parts))
     if kind == "Qwen3_5ForCausalLM":

@@ -13,7 +13,7 @@ from ignition.hf_checkpoints import COHERE, GLM4, OLMO_FAMILIES, PHI2, STARCODER
 from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
 from ignition.hf_checkpoints import GEMMA_FAMILIES
-from ignition.hf_checkpoints import QWEN3_5_MOE, QWEN3_NEXT
+from ignition.hf_checkpoints import QWEN3_NEXT
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -36,12 +36,12 @@ from ignition.hf_checkpoints import QWEN3_5_MOE, QWEN3_NEXT
 # LayerNorms with biases (replicated) and the non-gated MLP (its up rows and biases cut by the MLP width); Phi-2
 # the parallel block with biases (added once after the one all-reduce) and the lm_head bias cut by vocabulary rows.
 # Gemma / Gemma 2: Gemma 1's head_dim other than hidden / heads; Gemma 2's attention soft cap on each rank's heads.
-# Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers split by key heads (each with its value heads: their q/k/v/z/b/a
+# Qwen3-Next: Gated DeltaNet layers split by key heads (each with its value heads: their q/k/v/z/b/a
 # rows, convolution channels and state rows), the attention output gate's rows by query heads, gated shared experts.
 FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAMBA_ONE_GROUP) + PHI3_FAMILIES
             + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + (COHERE, STARCODER2, PHI2)
             + (QWEN2_MOE, OLMOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
-            + GEMMA_FAMILIES + (QWEN3_NEXT, QWEN3_5_MOE))
+            + GEMMA_FAMILIES + (QWEN3_NEXT,))
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 

@@ -1,6 +1,6 @@
 """A Qwen3-Next core (Gated DeltaNet + gated attention, experts with a gated shared expert) prepared,
 signed and served by the generic runtime: the contract's recurrent region holds the delta rule's
-[Hv, Dk, Dv] state rows; greedy tokens equal transformers' (float32), alone and batched; a shared
+[Hv, Dk, Dv] state rows; greedy tokens equal transformers' (float32), batched; a shared
 prompt prefix is restored from a snapshot (state rows and partial page copied back) with the same
 tokens as a cold run."""
 
@@ -26,7 +26,7 @@ from ignition.hf_checkpoints import QWEN3_NEXT
 from support.chat_checkpoint import write_chat_checkpoint
 
 NAMESPACE = "test.helios/qwen3-next"
-STEPS = 24
+STEPS = 16
 PREFIX = [17, 40, 41, 99, 5, 6, 7, 8, 120, 121, 122, 200, 201, 3, 9, 11, 12, 13, 14, 15, 16, 30]
 PROMPTS = [PREFIX[:13], PREFIX + [50, 51, 52], [7, 8, 9]]
 
@@ -78,10 +78,8 @@ def test_the_contract_declares_the_delta_rule_state_rows(served):
     assert tuple(rule.shape[2:]) == (4, 8, 12) and rule.dtype == torch.float32
 
 
-def test_greedy_tokens_equal_transformers_alone_and_batched(served):
+def test_greedy_tokens_equal_transformers_batched(served):
     root, expected = served
-    alone = _runtime(root, concurrency=1)
-    assert [list(generate(alone.engine, [p], STEPS)[0].token_ids) for p in PROMPTS] == expected
     batched = _runtime(root)
     assert [list(r.token_ids) for r in generate(batched.engine, PROMPTS, STEPS)] == expected
 
