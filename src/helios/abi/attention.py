@@ -188,8 +188,13 @@ def _paged_attention_cuda(q, k_cache, v_cache, page_table, query_start, position
 def check_paged_attention_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, splits) -> None:
     """Metadata-only validation of ``helios::paged_attention_tuned`` (safe on fake tensors)."""
     check_paged_attention_args(q, k_cache, v_cache, page_table, query_start, positions)
-    check_tensor(_TUNED, "splits", splits, torch.int32, (1,))
-    check_same_device(_TUNED, dict(q=q, splits=splits))
+    check_splits(_TUNED, q, splits)
+
+
+def check_splits(op: str, q, splits) -> None:
+    """Metadata-only validation of a tuned attention op's decode split schedule: int32 [1] on q's device."""
+    check_tensor(op, "splits", splits, torch.int32, (1,))
+    check_same_device(op, dict(q=q, splits=splits))
 
 
 @abi_op(_TUNED, mutates_args=(), schema=PAGED_ATTENTION_TUNED_SCHEMA)

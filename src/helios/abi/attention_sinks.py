@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from helios.abi.attention import _reference_attention, check_paged_attention_args
+from helios.abi.attention import _reference_attention, check_paged_attention_args, check_splits
 from helios.abi.op_library import abi_op
 from helios.abi.registry import check_same_device, check_tensor
 
@@ -50,8 +50,7 @@ def check_sinks_args(q, k_cache, v_cache, page_table, query_start, positions, si
 
 def check_sinks_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, sinks, splits) -> None:
     check_sinks_args(q, k_cache, v_cache, page_table, query_start, positions, sinks)
-    check_tensor(_SINKS_TUNED, "splits", splits, torch.int32, (1,))
-    check_same_device(_SINKS_TUNED, dict(q=q, splits=splits))
+    check_splits(_SINKS_TUNED, q, splits)
 
 
 @abi_op(_SINKS, mutates_args=(), schema=PAGED_ATTENTION_SINKS_SCHEMA)

@@ -29,9 +29,9 @@ import math
 
 import torch
 
-from helios.abi.attention import _reference_attention, check_paged_attention_args
+from helios.abi.attention import _reference_attention, check_paged_attention_args, check_splits
 from helios.abi.op_library import abi_op
-from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
+from helios.abi.registry import AbiArgumentError
 
 __all__ = ["PAGED_ATTENTION_SOFTCAP_SCHEMA", "PAGED_ATTENTION_SOFTCAP_TUNED_SCHEMA", "check_softcap",
            "paged_attention_softcap", "paged_attention_softcap_tuned"]
@@ -62,8 +62,7 @@ def check_softcap_args(q, k_cache, v_cache, page_table, query_start, positions, 
 
 def check_softcap_tuned_args(q, k_cache, v_cache, page_table, query_start, positions, softcap, splits) -> None:
     check_softcap_args(q, k_cache, v_cache, page_table, query_start, positions, softcap)
-    check_tensor(_SOFTCAP_TUNED, "splits", splits, torch.int32, (1,))
-    check_same_device(_SOFTCAP_TUNED, dict(q=q, splits=splits))
+    check_splits(_SOFTCAP_TUNED, q, splits)
 
 
 @abi_op(_SOFTCAP, mutates_args=(), schema=PAGED_ATTENTION_SOFTCAP_SCHEMA)
