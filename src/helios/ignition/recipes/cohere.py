@@ -42,7 +42,7 @@ import torch
 
 from helios.ignition.architecture import Architecture
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.glm4 import rotary_layout
 
@@ -112,17 +112,4 @@ def _finite(config: Mapping[str, Any], key: str) -> float:
 
 
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-    src, dst = f"model.layers.{layer}.", f"layers.{layer}."
-    attn = src + "self_attn."
-    qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
-    out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
-           NamedWeight(dst + "qkv.weight", fused(take, [p + "weight" for p in qkv]))]
-    if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", fused(take, [p + "bias" for p in qkv])))
-    if arch.qk_norm:
-        out += [NamedWeight(dst + "q_norm", take(attn + "q_norm.weight")),
-                NamedWeight(dst + "k_norm", take(attn + "k_norm.weight"))]
-    out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
-    if arch.o_bias:
-        out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
-    return out + llama.dense_mlp_weights(arch, layer, take)
+    return llama.attention_block_weights(arch, layer, take) + llama.dense_mlp_weights(arch, layer, take)

@@ -287,6 +287,14 @@ def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
 
 def attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     """A layer's slots from ``input_norm`` through ``post_norm`` (attention and its norms)."""
+    out = attention_block_weights(arch, layer, take)
+    post_norm = take(f"model.layers.{layer}.post_attention_layernorm.weight")
+    return out + [NamedWeight(f"layers.{layer}.post_norm", post_norm)]
+
+
+def attention_block_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """A layer's slots from ``input_norm`` through ``o`` (the attention and its input norm; a
+    parallel block, Cohere's, has no post norm)."""
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     attn = src + "self_attn."
     qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
@@ -300,7 +308,6 @@ def attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]
     out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
     if arch.o_bias:
         out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
-    out.append(NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")))
     return out
 
 
