@@ -61,12 +61,8 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     plain = {key: value for key, value in config.items() if key not in _UNREAD}
     base = llama.architecture_from_config(source, {**plain, "rms_norm_eps": eps}, tensors, dtype)
     kinds = layer_types(config, base.num_layers) if is_cohere2 else ("full_attention",) * base.num_layers
-    window = config.get("sliding_window")
-    if "sliding_attention" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise UnsupportedCheckpoint(f"config.json: sliding_window {window!r} must be a positive count for the "
-                                    f"sliding_attention layers")
     arch = dataclasses.replace(
-        base, layer_windows=tuple(window if kind == "sliding_attention" else 0 for kind in kinds),
+        base, layer_windows=llama.sliding_layer_windows(config, kinds),
         nope_layers=tuple(i for i, kind in enumerate(kinds) if is_cohere2 and kind == "full_attention"),
         layer_norm=True, parallel_block=True, qk_norm=not is_cohere2 and bool(config.get("use_qk_norm")),
         qk_norm_heads=not is_cohere2 and bool(config.get("use_qk_norm")))
@@ -96,10 +92,7 @@ def layer_types(config: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise UnsupportedCheckpoint(f"config.json: sliding_window_pattern {pattern!r} must be a positive count")
         return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers))
-    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(LAYER_TYPES):
-        raise UnsupportedCheckpoint(f"config.json: layer_types {kinds!r:.120} must name one of {LAYER_TYPES} for "
-                                    f"each of the {num_layers} layers")
-    return tuple(kinds)
+    return llama.listed_layer_types(kinds, num_layers)
 
 
 def _finite(config: Mapping[str, Any], key: str) -> float:

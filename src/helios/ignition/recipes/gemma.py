@@ -88,7 +88,7 @@ def architecture_from_config(source: str, config: Mapping[str, Any], tensors: Ch
         return Architecture(**common, layer_windows=(0,) * num_layers)
     return Architecture(
         **common,
-        layer_windows=_layer_windows(config, num_layers),
+        layer_windows=llama.sliding_layer_windows(config, layer_types(config, num_layers)),
         sandwich_norms=True,
         query_pre_attn_scalar=_positive(config, "query_pre_attn_scalar", nullable=False),
         attention_softcap=_positive(config, "attn_logit_softcapping"),
@@ -131,17 +131,5 @@ def layer_types(config: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
     kinds = config.get("layer_types")
     if kinds is None:
         return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers))
-    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(llama.LAYER_TYPES):
-        raise UnsupportedCheckpoint(f"config.json: layer_types {kinds!r:.120} must name one of {llama.LAYER_TYPES} "
-                                    f"for each of the {num_layers} layers")
-    return tuple(kinds)
-
-
-def _layer_windows(config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
-    kinds = layer_types(config, num_layers)
-    window = config.get("sliding_window")
-    if "sliding_attention" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise UnsupportedCheckpoint(f"config.json: sliding_window {window!r} must be a positive count for the "
-                                    f"sliding_attention layers")
-    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+    return llama.listed_layer_types(kinds, num_layers)
 

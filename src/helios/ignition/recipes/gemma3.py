@@ -132,10 +132,7 @@ def layer_types(config: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
             raise UnsupportedCheckpoint(f"config.json: sliding_window_pattern must be a positive count, "
                                         f"got {pattern!r}")
         return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers))
-    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(LAYER_TYPES):
-        raise UnsupportedCheckpoint(f"config.json: layer_types {kinds!r:.120} must name one of {LAYER_TYPES} for "
-                                    f"each of the {num_layers} layers")
-    return tuple(kinds)
+    return llama.listed_layer_types(kinds, num_layers)
 
 
 def embedding_scale(hidden_size: int, dtype: str) -> float:

@@ -110,6 +110,25 @@ def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tu
     return tuple(window if kind == "sliding_attention" else 0 for kind in layer_types)
 
 
+def listed_layer_types(kinds, num_layers: int) -> tuple[str, ...]:
+    """A config's own ``layer_types`` (families that default them otherwise: Gemma 2 and 3, Cohere 2,
+    OLMo 3), checked: a list naming one of `LAYER_TYPES` for each layer."""
+    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(LAYER_TYPES):
+        raise UnsupportedCheckpoint(f"config.json: layer_types {kinds!r:.120} must name one of {LAYER_TYPES} for "
+                                    f"each of the {num_layers} layers")
+    return tuple(kinds)
+
+
+def sliding_layer_windows(config: Mapping[str, Any], kinds: tuple[str, ...]) -> tuple[int, ...]:
+    """Each layer's window for the layer `kinds`: ``sliding_window`` (a positive count wherever a
+    layer slides) for the sliding_attention layers, 0 for the others."""
+    window = config.get("sliding_window")
+    if "sliding_attention" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise UnsupportedCheckpoint(f"config.json: sliding_window {window!r} must be a positive count for the "
+                                    f"sliding_attention layers")
+    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+
+
 def rope_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the rope dict transformers reads: a legacy ``rope_scaling`` before ``rope_parameters``
     (a config holding both is read from ``rope_scaling``), or an empty one."""

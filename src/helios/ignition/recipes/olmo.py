@@ -61,13 +61,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     plain = {key: value for key, value in config.items() if key not in _UNREAD}
     base = llama.architecture_from_config(source, {**plain, "rope_parameters": full}, tensors, dtype)
     kinds = layer_types(config, base.num_layers) if is_olmo3 else ("full_attention",) * base.num_layers
-    window = config.get("sliding_window")
-    if "sliding_attention" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise UnsupportedCheckpoint(f"config.json: sliding_window {window!r} must be a positive count for the "
-                                    f"sliding_attention layers")
     local = tuple(layer for layer, kind in enumerate(kinds) if kind == "sliding_attention")
     arch = dataclasses.replace(
-        base, layer_windows=tuple(window if kind == "sliding_attention" else 0 for kind in kinds),
+        base, layer_windows=llama.sliding_layer_windows(config, kinds),
         sandwich_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True, local_rope_layers=local)
     inv_freq = llama.rope_inv_freq({**context, "rope_parameters": full}, arch.head_dim)
     weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, inv_freq)
@@ -83,10 +79,7 @@ def layer_types(config: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
     kinds = config.get("layer_types")
     if kinds is None:
         return tuple("full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(num_layers))
-    if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(LAYER_TYPES):
-        raise UnsupportedCheckpoint(f"config.json: layer_types {kinds!r:.120} must name one of {LAYER_TYPES} for "
-                                    f"each of the {num_layers} layers")
-    return tuple(kinds)
+    return llama.listed_layer_types(kinds, num_layers)
 
 
 def rope_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
