@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -43,18 +43,27 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     arch = llama.architecture_from_config(source, config, tensors, dtype)
     arch = dataclasses.replace(arch, embedding_scale=multipliers["embedding_multiplier"],
                                query_pre_attn_scalar=multipliers["attention_multiplier"] ** -2)
+    folded = folded_multipliers(multipliers, _RESIDUAL_OUTPUTS)
+    weights, used = llama.prepared_weights(arch, config, tensors, transform=folded)
+    recipe = llama.placed_recipe(source, arch, weights, used, tensors)
+    return dataclasses.replace(recipe, inputs_embeds_scale=multipliers["embedding_multiplier"])
+
+
+def folded_multipliers(multipliers: Mapping[str, float],
+                       residual_outputs: tuple[str, ...]) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The weight transform folding ``residual_multiplier`` into the checkpoint tensors whose names end
+    in one of `residual_outputs` (each block's output projections) and ``logits_scaling`` into the
+    final norm (module docstring); a multiplier of 1.0 leaves its tensors as they are."""
     residual, logits = multipliers["residual_multiplier"], multipliers["logits_scaling"]
 
     def folded(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if name.endswith(_RESIDUAL_OUTPUTS) and residual != 1.0:
+        if name.endswith(residual_outputs) and residual != 1.0:
             return tensor * residual
         if name == "model.norm.weight" and logits != 1.0:
             return tensor / logits
         return tensor
 
-    weights, used = llama.prepared_weights(arch, config, tensors, transform=folded)
-    recipe = llama.placed_recipe(source, arch, weights, used, tensors)
-    return dataclasses.replace(recipe, inputs_embeds_scale=multipliers["embedding_multiplier"])
+    return folded
 
 
 def read_multipliers(config: Mapping[str, Any]) -> dict[str, float]:

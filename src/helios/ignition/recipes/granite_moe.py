@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import torch
-
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import granite, llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
@@ -53,14 +51,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
                                embedding_scale=multipliers["embedding_multiplier"],
                                query_pre_attn_scalar=multipliers["attention_multiplier"] ** -2)
     llama.rope_parameters(config)  # refuses a partial_rotary_factor: the reference rotates whole heads
-    residual, logits = multipliers["residual_multiplier"], multipliers["logits_scaling"]
-
-    def folded(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if name.endswith(_RESIDUAL_OUTPUTS) and residual != 1.0:
-            return tensor * residual
-        if name == "model.norm.weight" and logits != 1.0:
-            return tensor / logits
-        return tensor
+    folded = granite.folded_multipliers(multipliers, _RESIDUAL_OUTPUTS)
 
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
         return llama.attention_weights(arch, layer, take) + _sparse_weights(arch, layer, take, tensors)
