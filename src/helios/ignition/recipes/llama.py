@@ -129,6 +129,25 @@ def sliding_layer_windows(config: Mapping[str, Any], kinds: tuple[str, ...]) -> 
     return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
 
 
+def mlp_activation(config: Mapping[str, Any], activations: Mapping[str, str]) -> str:
+    """The `Architecture.mlp_activation` that `activations` maps the config's ``hidden_act`` to (a
+    non-gated MLP family's: Phi, StarCoder2); an UnsupportedCheckpoint naming those taken otherwise."""
+    activation = config.get("hidden_act")
+    if activation not in activations:
+        raise UnsupportedCheckpoint(f"config.json: hidden_act {activation!r} is not supported (only "
+                                    f"{sorted(activations)})")
+    return activations[activation]
+
+
+def norm_epsilon(config: Mapping[str, Any], key: str):
+    """The config's LayerNorm epsilon under `key`, as it stands; an UnsupportedCheckpoint unless it
+    is a finite number >= 0."""
+    eps = config.get(key)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise UnsupportedCheckpoint(f"config.json: {key} must be a finite number >= 0, got {eps!r}")
+    return eps
+
+
 def rope_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the rope dict transformers reads: a legacy ``rope_scaling`` before ``rope_parameters``
     (a config holding both is read from ``rope_scaling``), or an empty one."""

@@ -25,7 +25,6 @@ causally over the whole context. The dropouts are training-only. Refused by name
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping
 
 from helios.ignition.recipes import llama
@@ -41,20 +40,15 @@ _UNREAD = ("sliding_window", "use_sliding_window", "layer_types", "max_window_la
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     if config.get("qk_layernorm"):
         raise UnsupportedCheckpoint("config.json: qk_layernorm (per-head q/k LayerNorms with biases) is not supported")
-    activation = config.get("hidden_act")
-    if activation not in _ACTIVATIONS:
-        raise UnsupportedCheckpoint(f"config.json: hidden_act {activation!r} is not supported (only "
-                                    f"{sorted(_ACTIVATIONS)})")
-    eps = config.get("layer_norm_eps")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise UnsupportedCheckpoint(f"config.json: layer_norm_eps must be a finite number >= 0, got {eps!r}")
+    activation = llama.mlp_activation(config, _ACTIVATIONS)
+    eps = llama.norm_epsilon(config, "layer_norm_eps")
     if "head_dim" in config and config["head_dim"] is None:  # PhiAttention sizes heads by it when present
         raise UnsupportedCheckpoint("config.json: head_dim is null, which the Phi reference cannot size heads by")
     plain = {key: value for key, value in config.items() if key not in _UNREAD}
     base = llama.architecture_from_config(source, {**plain, "rms_norm_eps": eps}, tensors, dtype)
     arch = dataclasses.replace(
         base, layer_norm=True, norm_bias=True, parallel_block=True, gated_mlp=False, head_bias=True,
-        mlp_activation=_ACTIVATIONS[activation], qkv_bias=True, o_bias=True, mlp_bias=True)
+        mlp_activation=activation, qkv_bias=True, o_bias=True, mlp_bias=True)
     rotary = llama.rotary_width(config, arch.head_dim)
     inv_freq, spread = partial_rotary(config, arch.head_dim, rotary)
     used: set[str] = set()

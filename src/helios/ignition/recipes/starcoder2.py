@@ -23,7 +23,6 @@ llama3, yarn), a partial rotary factor, a ``norm_epsilon`` that is not a finite 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping
 
 from helios.ignition.architecture import Architecture
@@ -37,13 +36,8 @@ _UNREAD = ("sliding_window", "use_sliding_window", "layer_types", "max_window_la
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    activation = config.get("hidden_act")
-    if activation not in _ACTIVATIONS:
-        raise UnsupportedCheckpoint(f"config.json: hidden_act {activation!r} is not supported (only "
-                                    f"{sorted(_ACTIVATIONS)})")
-    eps = config.get("norm_epsilon")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise UnsupportedCheckpoint(f"config.json: norm_epsilon must be a finite number >= 0, got {eps!r}")
+    activation = llama.mlp_activation(config, _ACTIVATIONS)
+    eps = llama.norm_epsilon(config, "norm_epsilon")
     window = config.get("sliding_window")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise UnsupportedCheckpoint(f"config.json: sliding_window {window!r} must be a positive count or null")
@@ -51,7 +45,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     base = llama.architecture_from_config(source, {**plain, "rms_norm_eps": eps}, tensors, dtype)
     arch = dataclasses.replace(
         base, layer_windows=(window or 0,) * base.num_layers, layer_norm=True, norm_bias=True, gated_mlp=False,
-        mlp_activation=_ACTIVATIONS[activation], mlp_bias="model.layers.0.mlp.c_fc.bias" in tensors)
+        mlp_activation=activation, mlp_bias="model.layers.0.mlp.c_fc.bias" in tensors)
     weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights)
     final = next(index for index, weight in enumerate(weights) if weight.name == "final_norm") + 1
     used.add("model.norm.bias")
