@@ -71,6 +71,8 @@ def draw_rows(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tensor,
     ``values_out``) and is overwritten with the drawing rows' probabilities; `greedy` is that pass's
     token per row (the row maximum's lowest id); `uniforms` the rows' float64 `uniform53` draws.
     """
+    greedy, drawing, temperature, top_k, top_p, min_p, uniforms = _row_vectors(
+        values, greedy, drawing, temperature, top_k, top_p, min_p, uniforms)
     tokens = torch.empty_like(greedy)
     if values.shape[0]:
         selection = _Selection(values, drawing, temperature, min_p, raw=False)
@@ -88,6 +90,8 @@ def kept_weights(values: torch.Tensor, greedy: torch.Tensor, drawing: torch.Tens
     The kept prefix ends at the canonical position ``kept - 1`` that the draw kernel's rules give;
     its (probability, id) is the boundary, and a token is kept where its probability is above the
     boundary's, or equal with an id at most the boundary's."""
+    greedy, drawing, temperature, top_k, top_p, min_p = _row_vectors(values, greedy, drawing, temperature, top_k,
+                                                                     top_p, min_p)
     num_rows = values.shape[0]
     if num_rows:
         boundary = torch.empty((num_rows, 2), dtype=torch.int64, device=values.device)
@@ -104,6 +108,7 @@ def draw_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     `uniforms` (float64 `uniform53` values) in the canonical order of its non-negative float64
     `weights` [R, V] (left unchanged): the first position whose prefix mass exceeds u times the row's
     mass, at most the last positive weight; -1 for a row without one."""
+    (uniforms,) = _row_vectors(weights, uniforms)
     num_rows = weights.shape[0]
     tokens = torch.full((num_rows,), -1, dtype=torch.int64, device=weights.device)
     if num_rows:
@@ -114,6 +119,20 @@ def draw_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
         selection = _Selection(weights, drawing, zeros, zeros, raw=True)
         selection.select(greedy, zeros.to(torch.int32), zeros + 1.0, uniforms, tokens, keep=False)
     return tokens
+
+
+def _row_vectors(values: torch.Tensor, *vectors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`vectors` (the per-row [R] arguments) contiguous, as the kernels index them (``pointer + row``);
+    `values` must hold each row's ids contiguously (the kernels take its row stride only).
+
+    A runtime's program passes strided views: ``temperature``, ``top_p`` and ``min_p`` are columns of
+    the packed [R, 7] sampling parameters (`helios.abi.sampling.split_sampling_parameters`, stride
+    7), which read as contiguous gave row r the parameters at ``r`` entries past row 0's column (row
+    1's temperature was row 0's top_k, 0: on CUDA a sampled choice drew 1, 0, 1, 0, ...). A copy of
+    R entries where one is needed; no host read, so a CUDA graph holds it."""
+    if values.dim() != 2 or (values.shape[1] > 1 and values.stride(1) != 1):
+        raise ValueError(f"triton_draws: values must be [R, V] with contiguous rows, got strides {values.stride()}")
+    return tuple(vector.contiguous() for vector in vectors)
 
 
 class _Selection:
