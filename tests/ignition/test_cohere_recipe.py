@@ -18,14 +18,12 @@ import pytest
 import torch
 
 from helios.ignition.architecture import weight_layout
-from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Operation, program_spec
+from helios.ignition.program_spec import Operation
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from helios.ignition.recipes.glm4 import rotary_layout
 
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS
-from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import COHERE, COHERE_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
 
 
@@ -60,15 +58,6 @@ def test_the_prepared_weights_are_the_references_in_the_rotary_layout(prepared):
         assert arch.layer_windows == (5, 0, 5) and arch.nope_layers == (1,) and not arch.qk_norm
 
 
-def _prefill_logits(arch, weights, prompt):
-    capacity = dict(VARIANTS)[Operation.PREFILL]
-    spec = program_spec(arch, Operation.PREFILL, capacity, PAGE_TOKENS)  # eager: no export needed here
-    model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(arch, Operation.PREFILL, PAGE_TOKENS))})
-    sequence = Sequence(0, list(prompt))
-    model.admit(sequence, len(prompt))
-    return model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
-
-
 def test_the_layer_norms_the_parallel_block_and_the_interleaved_layout_each_matter(prepare):
     """With RMS norms, with the MLP reading the attention's sum (a sequential block reusing input_norm),
     or with the q/k rows in the checkpoint's order, the logits differ from the reference by more
@@ -76,44 +65,29 @@ def test_the_layer_norms_the_parallel_block_and_the_interleaved_layout_each_matt
     prepared = prepare(COHERE)
     arch, recipe = prepared.recipe.architecture, prepared.recipe
     prompt = equivalence.random_prompt(13, seed=1)
-    with torch.no_grad():
-        expected = prepared.reference(torch.tensor([prompt])).logits[0, -1]
-    weights = recipe.weight_tensors
-    assert equivalence.relative_error(_prefill_logits(arch, weights, prompt), expected) < 1e-4
+    expected = equivalence.reference_last_logits(prepared, prompt)
+    assert equivalence.relative_error(equivalence.prefill_logits(arch, recipe.weight_tensors, prompt), expected) < 1e-4
     far = 10 * equivalence.TOLERANCE
     rms = dataclasses.replace(arch, layer_norm=False, qk_norm=False, qk_norm_heads=False)
-    kept = {slot.name for slot in weight_layout(rms)}
-    assert equivalence.relative_error(
-        _prefill_logits(rms, [w.tensor for w in recipe.weights if w.name in kept], prompt), expected) > far
+    rms_weights = equivalence.layout_tensors(recipe, rms)
+    assert equivalence.relative_error(equivalence.prefill_logits(rms, rms_weights, prompt), expected) > far
     sequential = dataclasses.replace(arch, parallel_block=False)
     named = dict(recipe.weights)
     reordered = []
     for slot in weight_layout(sequential):  # post_norm: the layer's input norm again
         source = slot.name.replace("post_norm", "input_norm")
         reordered.append(named[source])
-    assert equivalence.relative_error(_prefill_logits(sequential, reordered, prompt), expected) > far
-    inverse = torch.argsort(rotary_layout(16, 16))
-    unordered = []
-    for w in recipe.weights:
-        tensor = w.tensor
-        if w.name.startswith("layers.") and w.name.endswith(("qkv.weight", "qkv.bias")):
-            q, k, v = tensor.split([arch.q_size, arch.kv_size, arch.kv_size])
-            q, k = (x.reshape(-1, 16, *x.shape[1:])[:, inverse].reshape(x.shape) for x in (q, k))
-            tensor = torch.cat((q, k, v))
-        unordered.append(tensor)
-    assert equivalence.relative_error(_prefill_logits(arch, unordered, prompt), expected) > far
+    assert equivalence.relative_error(equivalence.prefill_logits(sequential, reordered, prompt), expected) > far
+    unordered = equivalence.with_checkpoint_qk_order(recipe, rotary_layout(16, 16))
+    assert equivalence.relative_error(equivalence.prefill_logits(arch, unordered, prompt), expected) > far
 
 
 def test_two_ranks_hold_their_heads_rows_of_the_qk_norms(prepare):
-    from helios.ignition.sharding import rank_weights
-
     recipe = prepare(COHERE).recipe
-    whole, arch = dict(recipe.weights), recipe.architecture
-    for rank in range(2):
-        cut = dict(rank_weights(recipe, 2, rank))
-        for slot, width in (("q_norm", arch.q_size // 2), ("k_norm", arch.kv_size // 2)):
-            assert torch.equal(cut[f"layers.0.{slot}"], whole[f"layers.0.{slot}"][rank * width:(rank + 1) * width])
-        assert torch.equal(cut["layers.0.input_norm"], whole["layers.0.input_norm"])
+    arch = recipe.architecture
+    equivalence.assert_two_rank_shares(
+        recipe, rows={"layers.0.q_norm": arch.q_size // 2, "layers.0.k_norm": arch.kv_size // 2},
+        whole=("layers.0.input_norm",))
 
 
 def _all_reduces(arch) -> int:

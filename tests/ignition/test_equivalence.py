@@ -7,11 +7,16 @@ batched set of prompts of different lengths, and a prompt whose prefix pages wer
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import pytest
 import torch
 
-from helios.ignition.program_spec import Operation
+from helios.ignition.architecture import Architecture, weight_layout
+from helios.ignition.capture import build_program
+from helios.ignition.program_spec import Operation, program_spec
 
+from .conftest import PAGE_TOKENS, VARIANTS
 from .driver import PagedModel, RowWork, Sequence, generate
 from .hf_checkpoints import FAMILIES
 
@@ -30,6 +35,64 @@ def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
 
 def random_prompt(length: int, seed: int, vocab_size: int = 128) -> list[int]:
     return torch.randint(0, vocab_size, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def reference_last_logits(prepared, prompt: list[int]) -> torch.Tensor:
+    """transformers' logits at the last position of `prompt` [V]."""
+    with torch.no_grad():
+        return prepared.reference(torch.tensor([prompt])).logits[0, -1]
+
+
+def prefill_logits(arch: Architecture, weights, prompt: list[int]) -> torch.Tensor:
+    """The logits at the last position of one PREFILL of `prompt` by `arch`'s program with `weights`
+    (its layout's tensors, in order), built eagerly: no export needed here [V]."""
+    capacity = dict(VARIANTS)[Operation.PREFILL]
+    spec = program_spec(arch, Operation.PREFILL, capacity, PAGE_TOKENS)
+    model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(arch, Operation.PREFILL, PAGE_TOKENS))})
+    sequence = Sequence(0, list(prompt))
+    model.admit(sequence, len(prompt))
+    return model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
+
+
+def layout_tensors(recipe, arch: Architecture) -> list[torch.Tensor]:
+    """The recipe's weight tensors that `arch`'s layout names, in order (for an `arch` with a switch
+    turned off that drops slots)."""
+    names = {slot.name for slot in weight_layout(arch)}
+    return [w.tensor for w in recipe.weights if w.name in names]
+
+
+def with_checkpoint_qk_order(recipe, layout: torch.Tensor) -> list[torch.Tensor]:
+    """The recipe's weight tensors with each head's q/k rows (qkv weights and biases) put back from
+    `layout` (a head's row order: `helios.ignition.recipes.glm4.rotary_layout`) into the checkpoint's
+    order, for a check that the layout matters."""
+    arch, inverse, head_dim = recipe.architecture, torch.argsort(layout), len(layout)
+    unordered = []
+    for w in recipe.weights:
+        tensor = w.tensor
+        if w.name.startswith("layers.") and w.name.endswith(("qkv.weight", "qkv.bias")):
+            q, k, v = tensor.split([arch.q_size, arch.kv_size, arch.kv_size])
+            q, k = (x.reshape(-1, head_dim, *x.shape[1:])[:, inverse].reshape(x.shape) for x in (q, k))
+            tensor = torch.cat((q, k, v))
+        unordered.append(tensor)
+    return unordered
+
+
+def assert_two_rank_shares(recipe, rows: Mapping[str, int] | None = None, columns: Mapping[str, int] | None = None,
+                           whole: tuple[str, ...] = ()) -> None:
+    """Each of two ranks' weights (`helios.ignition.sharding.rank_weights`) holds its share of the
+    `rows` tensors (rank r: rows r * width to (r + 1) * width, width the value), its share of the
+    `columns` tensors' columns likewise, and the `whole` tensors whole."""
+    from helios.ignition.sharding import rank_weights
+
+    full = dict(recipe.weights)
+    for rank in range(2):
+        cut = dict(rank_weights(recipe, 2, rank))
+        for name, width in (rows or {}).items():
+            assert torch.equal(cut[name], full[name][rank * width:(rank + 1) * width]), (name, rank)
+        for name, width in (columns or {}).items():
+            assert torch.equal(cut[name], full[name][:, rank * width:(rank + 1) * width]), (name, rank)
+        for name in whole:
+            assert torch.equal(cut[name], full[name]), (name, rank)
 
 
 def reference_greedy(model, prompt: list[int]) -> tuple[list[int], torch.Tensor]:

@@ -18,13 +18,9 @@ import pytest
 import torch
 
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
-from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Operation, program_spec
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .conftest import PAGE_TOKENS, VARIANTS
-from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import (GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, Family, random_model, rewritten_checkpoint,
                              write_checkpoint)
 
@@ -78,22 +74,15 @@ def test_every_gemma_switch_changes_the_logits(prepared):
     from the reference by more than ten times the tolerance."""
     arch = prepared.recipe.architecture
     prompt = equivalence.random_prompt(13, seed=1)
-    with torch.no_grad():
-        expected = prepared.reference(torch.tensor([prompt])).logits[0, -1]
-    capacity = dict(VARIANTS)[Operation.PREFILL]
+    expected = equivalence.reference_last_logits(prepared, prompt)
     switches = {"embedding_scale": 1.0, "query_pre_attn_scalar": 0.0, "local_rope_layers": (),
                 "mlp_activation": "silu", "logit_softcap": 0.0}
     for field, value in switches.items():
         if getattr(arch, field) == value:  # (the tied shape has no logit cap)
             continue
         changed = dataclasses.replace(arch, **{field: value})
-        names = {slot.name for slot in weight_layout(changed)}  # (without local tables: no rope.local_inv_freq)
-        weights = [w.tensor for w in prepared.recipe.weights if w.name in names]
-        spec = program_spec(changed, Operation.PREFILL, capacity, PAGE_TOKENS)  # eager: no export needed here
-        model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(changed, Operation.PREFILL, PAGE_TOKENS))})
-        sequence = Sequence(0, list(prompt))
-        model.admit(sequence, len(prompt))
-        logits = model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
+        weights = equivalence.layout_tensors(prepared.recipe, changed)  # (without local tables: no rope.local_inv_freq)
+        logits = equivalence.prefill_logits(changed, weights, prompt)
         assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE, field
 
 

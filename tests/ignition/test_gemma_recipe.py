@@ -21,14 +21,10 @@ import math
 import pytest
 import torch
 
-from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
-from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Operation, program_spec
+from helios.ignition.architecture import CheckpointError, weight_layout
 from helios.ignition.recipes import SUPPORTED_ARCHITECTURES, UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .conftest import PAGE_TOKENS, VARIANTS
-from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import GEMMA2, GEMMA_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
 
 
@@ -72,31 +68,20 @@ def test_the_prepared_weights_are_the_references_folded_norms(prepared):
         assert arch.layer_windows == (0, 0) and arch.attention_softcap == arch.logit_softcap == 0.0
 
 
-def _logits(arch: Architecture, prepared, prompt) -> torch.Tensor:
-    names = {slot.name for slot in weight_layout(arch)}
-    weights = [w.tensor for w in prepared.recipe.weights if w.name in names]
-    capacity = dict(VARIANTS)[Operation.PREFILL]
-    spec = program_spec(arch, Operation.PREFILL, capacity, PAGE_TOKENS)  # eager: no export needed here
-    model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(arch, Operation.PREFILL, PAGE_TOKENS))})
-    sequence = Sequence(0, list(prompt))
-    model.admit(sequence, len(prompt))
-    return model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
-
-
 def test_every_gemma_switch_changes_the_logits(prepared):
     """Each switch matters on these checkpoints (none is vacuous): the program without it differs
     from the reference by more than ten times the tolerance."""
     arch = prepared.recipe.architecture
     prompt = equivalence.random_prompt(13, seed=1)
-    with torch.no_grad():
-        expected = prepared.reference(torch.tensor([prompt])).logits[0, -1]
+    expected = equivalence.reference_last_logits(prepared, prompt)
     switches = {"embedding_scale": 1.0, "query_pre_attn_scalar": 0.0, "mlp_activation": "silu",
                 "logit_softcap": 0.0, "attention_softcap": 0.0, "layer_windows": (0,) * arch.num_layers}
     changed_any = 0
     for field, value in switches.items():
         if getattr(arch, field) == value:  # (Gemma 1 has no caps, windows or query scalar)
             continue
-        logits = _logits(dataclasses.replace(arch, **{field: value}), prepared, prompt)
+        changed = dataclasses.replace(arch, **{field: value})
+        logits = equivalence.prefill_logits(changed, equivalence.layout_tensors(prepared.recipe, changed), prompt)
         assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE, field
         changed_any += 1
     assert changed_any == (6 if prepared.family is GEMMA2 else 2)

@@ -16,14 +16,10 @@ import pytest
 import torch
 
 from helios.ignition.architecture import weight_layout
-from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Operation, program_spec
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from helios.ignition.recipes.glm4 import rotary_layout
 
 from . import test_equivalence as equivalence
-from .conftest import PAGE_TOKENS, VARIANTS
-from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import GLM4, random_model, rewritten_checkpoint, write_checkpoint
 
 
@@ -56,37 +52,19 @@ def test_the_prepared_weights_are_the_references_in_the_rotary_layout(prepared):
     assert torch.equal(inv_freq[:4], model.rotary_emb.inv_freq) and not inv_freq[4:].any()
 
 
-def _prefill_logits(arch, weights, prompt):
-    capacity = dict(VARIANTS)[Operation.PREFILL]
-    spec = program_spec(arch, Operation.PREFILL, capacity, PAGE_TOKENS)  # eager: no export needed here
-    model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(arch, Operation.PREFILL, PAGE_TOKENS))})
-    sequence = Sequence(0, list(prompt))
-    model.admit(sequence, len(prompt))
-    return model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
-
-
 def test_the_sandwich_norms_and_the_interleaved_layout_each_matter(prepared):
     """Without the output norms, or with the q/k rows in the checkpoint's order (the reference's pairs
     rotated as halves), the logits differ from the reference by more than ten times the tolerance."""
     arch, recipe = prepared.recipe.architecture, prepared.recipe
     prompt = equivalence.random_prompt(13, seed=1)
-    with torch.no_grad():
-        expected = prepared.reference(torch.tensor([prompt])).logits[0, -1]
-    assert equivalence.relative_error(_prefill_logits(arch, recipe.weight_tensors, prompt), expected) < 1e-4
+    expected = equivalence.reference_last_logits(prepared, prompt)
+    assert equivalence.relative_error(equivalence.prefill_logits(arch, recipe.weight_tensors, prompt), expected) < 1e-4
+    far = 10 * equivalence.TOLERANCE
     plain = dataclasses.replace(arch, sandwich_norms=False)
-    kept = {slot.name for slot in weight_layout(plain)}
-    unnormed = [w.tensor for w in recipe.weights if w.name in kept]
-    assert equivalence.relative_error(_prefill_logits(plain, unnormed, prompt), expected) > 10 * equivalence.TOLERANCE
-    inverse = torch.argsort(rotary_layout(16, 8))
-    unordered = []
-    for w in recipe.weights:
-        tensor = w.tensor
-        if w.name.startswith("layers.") and w.name.endswith(("qkv.weight", "qkv.bias")):
-            q, k, v = tensor.split([arch.q_size, arch.kv_size, arch.kv_size])
-            q, k = (x.reshape(-1, 16, *x.shape[1:])[:, inverse].reshape(x.shape) for x in (q, k))
-            tensor = torch.cat((q, k, v))
-        unordered.append(tensor)
-    assert equivalence.relative_error(_prefill_logits(arch, unordered, prompt), expected) > 10 * equivalence.TOLERANCE
+    unnormed = equivalence.layout_tensors(recipe, plain)
+    assert equivalence.relative_error(equivalence.prefill_logits(plain, unnormed, prompt), expected) > far
+    unordered = equivalence.with_checkpoint_qk_order(recipe, rotary_layout(16, 8))
+    assert equivalence.relative_error(equivalence.prefill_logits(arch, unordered, prompt), expected) > far
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -56,14 +56,10 @@ def test_the_prepared_layout_has_no_pre_norms_and_whole_projection_qk_norms(prep
 
 
 def test_two_ranks_hold_their_heads_entries_of_the_qk_norms(prepared):
-    from helios.ignition.sharding import rank_weights
-
-    whole, arch = dict(prepared.recipe.weights), prepared.recipe.architecture
-    for rank in range(2):
-        cut = dict(rank_weights(prepared.recipe, 2, rank))
-        for slot, width in (("q_norm", arch.q_size // 2), ("k_norm", arch.kv_size // 2)):
-            assert torch.equal(cut[f"layers.0.{slot}"], whole[f"layers.0.{slot}"][rank * width:(rank + 1) * width])
-        assert torch.equal(cut["layers.0.attn_out_norm"], whole["layers.0.attn_out_norm"])
+    arch = prepared.recipe.architecture
+    equivalence.assert_two_rank_shares(
+        prepared.recipe, rows={"layers.0.q_norm": arch.q_size // 2, "layers.0.k_norm": arch.kv_size // 2},
+        whole=("layers.0.attn_out_norm",))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -45,15 +45,11 @@ def test_the_prepared_layout_is_the_mixture_with_whole_projection_qk_norms(prepa
 
 
 def test_two_ranks_hold_their_heads_entries_of_the_qk_norms(checkpoint):
-    from helios.ignition.sharding import rank_weights
-
     recipe = load_checkpoint(checkpoint)
-    whole, arch = dict(recipe.weights), recipe.architecture
-    for rank in range(2):
-        cut = dict(rank_weights(recipe, 2, rank))
-        for slot, width in (("q_norm", arch.q_size // 2), ("k_norm", arch.kv_size // 2)):
-            assert torch.equal(cut[f"layers.0.{slot}"], whole[f"layers.0.{slot}"][rank * width:(rank + 1) * width])
-        assert torch.equal(cut["layers.0.router.weight"], whole["layers.0.router.weight"])
+    arch = recipe.architecture
+    equivalence.assert_two_rank_shares(
+        recipe, rows={"layers.0.q_norm": arch.q_size // 2, "layers.0.k_norm": arch.kv_size // 2},
+        whole=("layers.0.router.weight",))
 
 
 def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path):

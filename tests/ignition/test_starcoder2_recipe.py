@@ -14,13 +14,9 @@ import pytest
 import torch
 
 from helios.ignition.architecture import weight_layout
-from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Operation, program_spec
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .conftest import PAGE_TOKENS, VARIANTS
-from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import STARCODER2, random_model, rewritten_checkpoint, write_checkpoint
 
 
@@ -49,39 +45,25 @@ def test_the_prepared_weights_are_the_references(prepared):
     assert torch.equal(weights["layers.1.down.bias"], layer.mlp.c_proj.bias)
 
 
-def _prefill_logits(arch, weights, prompt):
-    capacity = dict(VARIANTS)[Operation.PREFILL]
-    spec = program_spec(arch, Operation.PREFILL, capacity, PAGE_TOKENS)  # eager: no export needed here
-    model = PagedModel(weights, {Operation.PREFILL: (spec, build_program(arch, Operation.PREFILL, PAGE_TOKENS))})
-    sequence = Sequence(0, list(prompt))
-    model.admit(sequence, len(prompt))
-    return model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
-
-
 def test_the_norm_biases_matter(prepared):
     """With the norm biases zeroed the logits differ from the reference by more than ten times the tolerance."""
     arch, recipe = prepared.recipe.architecture, prepared.recipe
     prompt = equivalence.random_prompt(13, seed=1)
-    with torch.no_grad():
-        expected = prepared.reference(torch.tensor([prompt])).logits[0, -1]
-    assert equivalence.relative_error(_prefill_logits(arch, recipe.weight_tensors, prompt), expected) < 1e-4
+    expected = equivalence.reference_last_logits(prepared, prompt)
+    logits = equivalence.prefill_logits(arch, recipe.weight_tensors, prompt)
+    assert equivalence.relative_error(logits, expected) < 1e-4
     zeroed = [torch.zeros_like(w.tensor) if w.name.endswith("norm_bias") else w.tensor for w in recipe.weights]
-    assert equivalence.relative_error(_prefill_logits(arch, zeroed, prompt), expected) > 10 * equivalence.TOLERANCE
+    logits = equivalence.prefill_logits(arch, zeroed, prompt)
+    assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE
 
 
 def test_two_ranks_hold_their_rows_of_the_mlp(prepared):
-    from helios.ignition.sharding import rank_weights
-
-    whole, arch = dict(prepared.recipe.weights), prepared.recipe.architecture
+    arch = prepared.recipe.architecture
     width = arch.intermediate_size // 2
-    for rank in range(2):
-        cut = dict(rank_weights(prepared.recipe, 2, rank))
-        for slot in ("up.weight", "up.bias"):
-            assert torch.equal(cut[f"layers.0.{slot}"], whole[f"layers.0.{slot}"][rank * width:(rank + 1) * width])
-        own = slice(rank * width, (rank + 1) * width)
-        assert torch.equal(cut["layers.0.down.weight"], whole["layers.0.down.weight"][:, own])
-        for slot in ("layers.0.down.bias", "layers.0.input_norm_bias", "final_norm_bias"):
-            assert torch.equal(cut[slot], whole[slot])
+    equivalence.assert_two_rank_shares(
+        prepared.recipe, rows={"layers.0.up.weight": width, "layers.0.up.bias": width},
+        columns={"layers.0.down.weight": width},
+        whole=("layers.0.down.bias", "layers.0.input_norm_bias", "final_norm_bias"))
 
 
 # ---------------------------------------------------------------------------------------------------
