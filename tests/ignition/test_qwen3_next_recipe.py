@@ -20,6 +20,7 @@ from helios.ignition.recipes.qwen3_next import layer_kinds
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
 from helios.ignition.sharding import rank_architecture
 
+from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, single_thread
 from .driver import PagedModel, Sequence, generate
 from .hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT, random_model, rewritten_checkpoint, write_checkpoint
@@ -81,13 +82,7 @@ def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
 
 
 def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):
-    prompts = [random_prompt(5, seed=4), random_prompt(14, seed=5), random_prompt(9, seed=6)]
-    model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
-    sequences = [Sequence(slot, list(prompt)) for slot, prompt in enumerate(prompts)]
-    generate(model, sequences, NEW_TOKENS, chunk=8, arrivals=[0, 0, 3])
-    assert {Operation.PREFILL, Operation.MIXED, Operation.DECODE} <= set(model.operations_run)
-    for sequence, prompt in zip(sequences, prompts):
-        assert_matches_reference(prepared, sequence, prompt)
+    equivalence.test_continuous_batch_of_different_lengths_matches(prepared)
 
 
 def test_the_prepared_layout(prepared):
