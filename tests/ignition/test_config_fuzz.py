@@ -134,6 +134,11 @@ def _legacy_rope(rng: random.Random, rope: dict) -> tuple[tuple[str, object], ..
     return tuple(top.items())
 
 
+def _unread_window(rng: random.Random) -> tuple[tuple[str, object], ...]:
+    """A legacy ``sliding_window`` that the family's reference does not read, one draw in five."""
+    return (("sliding_window", 5),) if rng.random() < 0.2 else ()
+
+
 DENSE = {
     "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
     "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
@@ -532,9 +537,7 @@ def draw_granite(seed: int) -> Variant:
                   pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng))
     rope = _rope(rng, rotary_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     config["rope_parameters"] = rope
-    legacy = _legacy_rope(rng, rope)
-    if rng.random() < 0.2:  # a window the reference does not read
-        legacy += (("sliding_window", 5),)
+    legacy = _legacy_rope(rng, rope) + _unread_window(rng)
     return Variant(Family(f"granite-{seed}", transformers.GraniteConfig, tuple(config.items())), legacy,
                    rng.random() < 0.3)
 
@@ -690,9 +693,7 @@ def draw_olmoe(seed: int) -> Variant:
     if rng.random() < 0.1:
         rope["partial_rotary_factor"] = 0.5
     config["rope_parameters"] = rope
-    legacy = _legacy_rope(rng, rope)
-    if rng.random() < 0.2:  # a window the reference does not read
-        legacy += (("sliding_window", 5),)
+    legacy = _legacy_rope(rng, rope) + _unread_window(rng)
     return Variant(Family(f"olmoe-{seed}", transformers.OlmoeConfig, tuple(config.items())), legacy,
                    rng.random() < 0.3)
 
@@ -758,9 +759,7 @@ def draw_granite_moe(seed: int) -> Variant:
     rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn"),
                  config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     config["rope_parameters"] = rope
-    legacy = _legacy_rope(rng, rope)
-    if rng.random() < 0.2:  # a window the reference does not read
-        legacy += (("sliding_window", 5),)
+    legacy = _legacy_rope(rng, rope) + _unread_window(rng)
     cls = transformers.GraniteMoeSharedConfig if is_shared else transformers.GraniteMoeConfig
     name = "granite_moe_shared" if is_shared else "granite_moe"
     return Variant(Family(f"{name}-{seed}", cls, tuple(config.items())), legacy, rng.random() < 0.3)
