@@ -33,21 +33,11 @@ def reference(batch: base.Batch, window: int, sinks: torch.Tensor) -> torch.Tens
 
 def direct(batch: base.Batch, window: int, sinks: torch.Tensor) -> torch.Tensor:
     """Row by row, head by head: softmax over [scores of visible positions, sink], sink column dropped."""
-    k_cache, v_cache, table = batch.clean
-    page_tokens, group = k_cache.shape[1], batch.q.shape[1] // k_cache.shape[2]
     out = torch.zeros_like(batch.q)
-    bounds = batch.query_start.tolist()
-    for row in range(len(bounds) - 1):
-        for token in range(bounds[row], bounds[row + 1]):
-            pos = int(batch.positions[token])
-            cached = [c for c in range(pos + 1) if window <= 0 or pos - c < window]
-            slots = torch.tensor([int(table[row, c // page_tokens]) * page_tokens + c % page_tokens for c in cached])
-            for head in range(batch.q.shape[1]):
-                keys = k_cache.view(-1, *k_cache.shape[2:])[slots, head // group].double()
-                values = v_cache.view(-1, *v_cache.shape[2:])[slots, head // group].double()
-                scores = SCALE * keys @ batch.q[token, head].double()
-                weights = torch.softmax(torch.cat((scores, sinks[head].double().view(1))), 0)[:-1]
-                out[token, head] = (weights @ values).to(out.dtype)
+    for token, head, keys, values in base.visible_rows(batch, window):
+        scores = SCALE * keys @ batch.q[token, head].double()
+        weights = torch.softmax(torch.cat((scores, sinks[head].double().view(1))), 0)[:-1]
+        out[token, head] = (weights @ values).to(out.dtype)
     return out
 
 

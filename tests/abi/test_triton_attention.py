@@ -101,6 +101,24 @@ def reference(batch: Batch, window: int) -> torch.Tensor:
                                             batch.positions, SCALE, window)
 
 
+def visible_rows(batch: Batch, window: int):
+    """For each real token of `batch` and each query head: (token, head, keys, values), the keys and
+    values (float64 [n, D]) of the positions the token sees (its row's context, within `window` when
+    > 0), read from the clean caches through the page table: a direct formula's inputs."""
+    k_cache, v_cache, table = batch.clean
+    page_tokens, group = k_cache.shape[1], batch.q.shape[1] // k_cache.shape[2]
+    bounds = batch.query_start.tolist()
+    for row in range(len(bounds) - 1):
+        for token in range(bounds[row], bounds[row + 1]):
+            pos = int(batch.positions[token])
+            cached = [c for c in range(pos + 1) if window <= 0 or pos - c < window]
+            slots = torch.tensor([int(table[row, c // page_tokens]) * page_tokens + c % page_tokens for c in cached])
+            for head in range(batch.q.shape[1]):
+                keys = k_cache.view(-1, *k_cache.shape[2:])[slots, head // group].double()
+                values = v_cache.view(-1, *v_cache.shape[2:])[slots, head // group].double()
+                yield token, head, keys, values
+
+
 def run(launcher, batch: Batch, window: int, **options) -> torch.Tensor:
     """Call a launcher on the poisoned batch on DEVICE; the result comes back on the CPU."""
     k_cache, v_cache, table = (t.to(DEVICE) for t in batch.poisoned)
