@@ -139,6 +139,17 @@ def _unread_window(rng: random.Random) -> tuple[tuple[str, object], ...]:
     return (("sliding_window", 5),) if rng.random() < 0.2 else ()
 
 
+def _draw_partial_rotary(rng: random.Random, rope: dict, head_dim: int) -> None:
+    """Sets a drawn ``partial_rotary_factor`` in `rope` (none a third of the time: the class default
+    of 0.5), dropping one that leaves an odd rotated width or a width of 2 under dynamic rope."""
+    partial = _choice(rng, (None, None, 0.5, 0.25, 0.75, 1.0))
+    width = int(head_dim * (partial or 0.5))
+    if width % 2 or (width == 2 and rope["rope_type"] == "dynamic"):  # the reference's YaRN (dynamic) breaks
+        partial = None
+    if partial is not None:
+        rope["partial_rotary_factor"] = partial
+
+
 DENSE = {
     "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
     "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
@@ -576,12 +587,7 @@ def draw_glm4(seed: int) -> Variant:
     if rng.random() < 0.05:
         config["hidden_act"] = "gelu"
     rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn", "yarn", "dynamic"), config["head_dim"])
-    partial = _choice(rng, (None, None, 0.5, 0.25, 0.75, 1.0))
-    width = int(config["head_dim"] * (partial or 0.5))
-    if width % 2 or (width == 2 and rope["rope_type"] == "dynamic"):  # the reference's YaRN (dynamic) breaks
-        partial = None
-    if partial is not None:
-        rope["partial_rotary_factor"] = partial
+    _draw_partial_rotary(rng, rope, config["head_dim"])
     config["rope_parameters"] = rope
     legacy = _legacy_rope(rng, rope)
     if rng.random() < 0.2:  # a window the reference does not read
@@ -818,12 +824,7 @@ def draw_phi2(seed: int) -> Variant:
     if rng.random() < 0.05:
         config["qk_layernorm"] = True
     rope = _rope(rng, ("default", "default", "linear", "llama3", "yarn", "dynamic"), config["head_dim"])
-    partial = _choice(rng, (None, None, 0.5, 0.25, 0.75, 1.0))
-    width = int(config["head_dim"] * (partial or 0.5))
-    if width % 2 or (width == 2 and rope["rope_type"] == "dynamic"):  # the reference's YaRN (dynamic) breaks
-        partial = None
-    if partial is not None:
-        rope["partial_rotary_factor"] = partial
+    _draw_partial_rotary(rng, rope, config["head_dim"])
     config["rope_parameters"] = rope
     return Variant(Family(f"phi2-{seed}", transformers.PhiConfig, tuple(config.items())), _legacy_rope(rng, rope),
                    rng.random() < 0.3)
