@@ -42,18 +42,26 @@ def hybrid(tmp_path_factory):
 def prepared_hybrid(base: Path):
     root = base / "hybrid-runtime"
     root.mkdir()
-    checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
-    key = SigningKey.generate()
-    write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    # No token-logprobs programs: no request on this core asks for log-probabilities (the hybrid chat
-    # core of tests/server/test_hybrid_chat_turns.py carries them); each runtime loads half the programs.
-    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
-                        prefill_chunks=(8,), token_logprobs=False)
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
+    checkpoint = prepare_signed(BAMBA, root, NAMESPACE)
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
     grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it (the GPU machine's)
     reference.generation_config.eos_token_id = None
     return root, reference
+
+
+def prepare_signed(family, root: Path, namespace: str) -> Path:
+    """`family`'s chat checkpoint (seed 4) written to root/checkpoint and prepared into root/model.core
+    for `namespace`, signed by a fresh publisher key (root/publisher.key); returns the checkpoint
+    directory. A small plan without token-logprobs programs: no request on these cores asks for
+    log-probabilities (the hybrid chat core of tests/server/test_hybrid_chat_turns.py carries them),
+    so each runtime loads half the programs."""
+    checkpoint = write_chat_checkpoint(family, root / "checkpoint", seed=4)
+    key = SigningKey.generate()
+    write_key_pair(root / "publisher.key", key, [namespace])
+    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
+                        prefill_chunks=(8,), token_logprobs=False)
+    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(namespace, capacities=plan))
+    return checkpoint
 
 
 def runtime_of(hybrid, **options):

@@ -15,15 +15,13 @@ import transformers
 
 from helios.contract import StartupOptions
 from helios.contract import serving_pb2 as spb
-from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.records.plan import StorageKind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import QWEN3_NEXT
-from support.chat_checkpoint import write_chat_checkpoint
+from runtime.test_hybrid_runtime import prepare_signed
 
 NAMESPACE = "test.helios/qwen3-next"
 STEPS = 16
@@ -40,12 +38,7 @@ def served(tmp_path_factory):
 def _prepared(base: Path):
     root = base / "qwen3-next-runtime"
     root.mkdir()
-    checkpoint = write_chat_checkpoint(QWEN3_NEXT, root / "checkpoint", seed=4)
-    key = SigningKey.generate()
-    write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
-                        prefill_chunks=(8,), token_logprobs=False)
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
+    checkpoint = prepare_signed(QWEN3_NEXT, root, NAMESPACE)
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
     reference.generation_config.eos_token_id = None
     with torch.no_grad():
